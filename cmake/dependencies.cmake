@@ -1,0 +1,86 @@
+# Finds dtrain's dependencies (DESIGN.md, Dependencies) and decides the feature switches:
+# DTRAIN_HAVE_{TORCH,TORCH_CUDA,GLOO,NCCL} and their 0/1 twins for dtrain/config.h.
+# Header-only and small dependencies may come from a folder on CMAKE_PREFIX_PATH (the GPU check
+# unpacks Debian packages there).
+
+find_package(Threads REQUIRED)
+find_package(fmt REQUIRED)
+find_package(OpenSSL REQUIRED COMPONENTS Crypto)
+find_package(nlohmann_json REQUIRED)
+find_package(cxxopts REQUIRED)
+
+# libuv: pkg-config when available, else a plain search (no CMake package in Debian 12).
+find_path(LIBUV_INCLUDE_DIR uv.h)
+find_library(LIBUV_LIBRARY NAMES uv libuv.so.1)
+if(NOT LIBUV_INCLUDE_DIR OR NOT LIBUV_LIBRARY)
+  message(FATAL_ERROR "libuv not found. HINT: scripts/setup.sh installs libuv1-dev")
+endif()
+add_library(dtrain_libuv INTERFACE)
+target_include_directories(dtrain_libuv SYSTEM INTERFACE "${LIBUV_INCLUDE_DIR}")
+target_link_libraries(dtrain_libuv INTERFACE "${LIBUV_LIBRARY}")
+
+# xxHash (XXH3 checksums).
+find_path(XXHASH_INCLUDE_DIR xxhash.h)
+find_library(XXHASH_LIBRARY NAMES xxhash libxxhash.so.0)
+if(NOT XXHASH_INCLUDE_DIR OR NOT XXHASH_LIBRARY)
+  message(FATAL_ERROR "xxHash not found. HINT: scripts/setup.sh installs libxxhash-dev")
+endif()
+add_library(dtrain_xxhash INTERFACE)
+target_include_directories(dtrain_xxhash SYSTEM INTERFACE "${XXHASH_INCLUDE_DIR}")
+target_link_libraries(dtrain_xxhash INTERFACE "${XXHASH_LIBRARY}")
+
+# Gloo (CPU collectives).
+set(DTRAIN_HAVE_GLOO OFF)
+if(DTRAIN_WITH_GLOO)
+  find_package(Gloo QUIET)
+  if(Gloo_FOUND AND TARGET gloo)
+    set(DTRAIN_HAVE_GLOO ON)
+  else()
+    message(STATUS "Gloo not found: the Gloo backend is not built (HINT: apt-get install libgloo-dev)")
+  endif()
+endif()
+
+# NCCL + CUDA runtime (GPU collectives). Compiles and links without a GPU.
+set(DTRAIN_HAVE_NCCL OFF)
+if(DTRAIN_WITH_NCCL)
+  if(NOT CUDAToolkit_ROOT AND NOT DEFINED ENV{CUDAToolkit_ROOT} AND EXISTS /usr/local/cuda)
+    set(CUDAToolkit_ROOT /usr/local/cuda)
+  endif()
+  find_package(CUDAToolkit QUIET)
+  find_package(NCCL QUIET)
+  if(CUDAToolkit_FOUND AND NCCL_FOUND)
+    set(DTRAIN_HAVE_NCCL ON)
+    message(STATUS "NCCL ${NCCL_VERSION} (${NCCL_LIBRARY}), CUDA ${CUDAToolkit_VERSION}")
+  else()
+    message(STATUS "NCCL or CUDA not found: the NCCL backend is not built "
+                   "(HINT: set NCCL_ROOT / CUDAToolkit_ROOT)")
+  endif()
+endif()
+
+# libtorch (the dtrain library, examples, torch tests). Not needed by `launch`.
+set(DTRAIN_HAVE_TORCH OFF)
+set(DTRAIN_HAVE_TORCH_CUDA OFF)
+if(DTRAIN_WITH_TORCH)
+  find_package(Torch QUIET)
+  if(Torch_FOUND OR TORCH_FOUND)
+    set(DTRAIN_HAVE_TORCH ON)
+    # A CUDA build of libtorch brings c10_cuda.
+    foreach(_lib IN LISTS TORCH_LIBRARIES)
+      if(_lib MATCHES "c10_cuda")
+        set(DTRAIN_HAVE_TORCH_CUDA ON)
+      endif()
+    endforeach()
+    message(STATUS "libtorch ${Torch_VERSION} (cuda=${DTRAIN_HAVE_TORCH_CUDA})")
+  else()
+    message(STATUS "libtorch not found: only launch and the torch-free libraries are built "
+                   "(HINT: apt-get install libtorch-dev, or set CMAKE_PREFIX_PATH)")
+  endif()
+endif()
+
+foreach(_feature GLOO NCCL TORCH TORCH_CUDA)
+  if(DTRAIN_HAVE_${_feature})
+    set(DTRAIN_WITH_${_feature}_01 1)
+  else()
+    set(DTRAIN_WITH_${_feature}_01 0)
+  endif()
+endforeach()

@@ -1,0 +1,2 @@
+# Sample trainers a new user copies to start.
+include(examples/samples.cmake OPTIONAL)

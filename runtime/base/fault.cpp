@@ -1,0 +1,360 @@
+#include "dtrain/fault.h"
+
+#include <signal.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <chrono>
+#include <cstdlib>
+#include <cstring>
+#include <thread>
+#include <utility>
+
+#include "dtrain/error.h"
+
+namespace dtrain::fault {
+
+namespace {
+
+constexpr const char* kFaultForms =
+    "exit:CODE, signal:NAME, abort, hang, stop, slow:MS, nan-grad, skip-collective, wrong-shape, "
+    "flood:LINES, grandchild, error-file:CODE";
+
+struct KindInfo {
+  const char* name;
+  Kind kind;
+  bool hasArg;
+};
+
+constexpr KindInfo kKinds[] = {
+    {"exit", Kind::Exit, true},          {"signal", Kind::Signal, true},
+    {"abort", Kind::Abort, false},       {"hang", Kind::Hang, false},
+    {"stop", Kind::Stop, false},         {"slow", Kind::Slow, true},
+    {"nan-grad", Kind::NanGrad, false},  {"skip-collective", Kind::SkipCollective, false},
+    {"wrong-shape", Kind::WrongShape, false}, {"flood", Kind::Flood, true},
+    {"grandchild", Kind::Grandchild, false},  {"error-file", Kind::ErrorFile, true},
+};
+
+const KindInfo& infoOf(Kind kind) {
+  for (const auto& k : kKinds) {
+    if (k.kind == kind) return k;
+  }
+  return kKinds[0];
+}
+
+std::vector<std::string> split(const std::string& s, char sep) {
+  std::vector<std::string> parts;
+  size_t start = 0;
+  while (true) {
+    size_t at = s.find(sep, start);
+    parts.push_back(s.substr(start, at == std::string::npos ? std::string::npos : at - start));
+    if (at == std::string::npos) break;
+    start = at + 1;
+  }
+  return parts;
+}
+
+std::string trim(const std::string& s) {
+  size_t b = s.find_first_not_of(" \t");
+  if (b == std::string::npos) return "";
+  size_t e = s.find_last_not_of(" \t");
+  return s.substr(b, e - b + 1);
+}
+
+bool parseInt(const std::string& text, int64_t* out) {
+  if (text.empty()) return false;
+  char* end = nullptr;
+  errno = 0;
+  long long v = std::strtoll(text.c_str(), &end, 10);
+  if (errno != 0 || end != text.c_str() + text.size()) return false;
+  *out = v;
+  return true;
+}
+
+Fault parseOne(const std::string& text) {
+  std::string what = text;
+  std::string conds;
+  if (size_t at = text.find('@'); at != std::string::npos) {
+    what = text.substr(0, at);
+    conds = text.substr(at + 1);
+  }
+  std::string name = what;
+  std::string arg;
+  bool hasArg = false;
+  if (size_t colon = what.find(':'); colon != std::string::npos) {
+    name = what.substr(0, colon);
+    arg = what.substr(colon + 1);
+    hasArg = true;
+  }
+  const KindInfo* info = nullptr;
+  for (const auto& k : kKinds) {
+    if (name == k.name) info = &k;
+  }
+  DTRAIN_CHECK_ARG(info, "DTRAIN_FAULT: unknown fault kind \"{}\" in \"{}\"; HINT: use one of {}",
+                   name, text, kFaultForms);
+  DTRAIN_CHECK_ARG(hasArg == info->hasArg,
+                   "DTRAIN_FAULT: \"{}\" {} an argument in \"{}\"; HINT: use one of {}", name,
+                   info->hasArg ? "needs" : "takes no", text, kFaultForms);
+  Fault f;
+  f.kind = info->kind;
+  if (f.kind == Kind::Signal) {
+    f.arg = parseSignal(arg);
+    DTRAIN_CHECK_ARG(f.arg > 0, "DTRAIN_FAULT: unknown signal \"{}\" in \"{}\"; HINT: KILL, SEGV, "
+                     "TERM, or a number", arg, text);
+  } else if (info->hasArg) {
+    DTRAIN_CHECK_ARG(parseInt(arg, &f.arg) && f.arg >= 0,
+                     "DTRAIN_FAULT: \"{}\" is not a non-negative integer in \"{}\"", arg, text);
+    DTRAIN_CHECK_ARG(!(f.kind == Kind::Exit || f.kind == Kind::ErrorFile) || f.arg <= 255,
+                     "DTRAIN_FAULT: exit code {} is out of range 0..255 in \"{}\"", f.arg, text);
+  }
+  if (conds.empty()) {
+    DTRAIN_CHECK_ARG(text.find('@') == std::string::npos,
+                     "DTRAIN_FAULT: empty condition after '@' in \"{}\"", text);
+    return f;
+  }
+  for (const auto& cond : split(conds, ',')) {
+    size_t eq = cond.find('=');
+    std::string key = eq == std::string::npos ? cond : cond.substr(0, eq);
+    int64_t value = 0;
+    DTRAIN_CHECK_ARG(eq != std::string::npos && parseInt(cond.substr(eq + 1), &value) && value >= 0,
+                     "DTRAIN_FAULT: bad condition \"{}\" in \"{}\"; HINT: rank=R, step=S, "
+                     "attempt=A with non-negative integers",
+                     cond, text);
+    if (key == "rank") {
+      f.rank = static_cast<int>(value);
+    } else if (key == "step") {
+      f.step = value;
+    } else if (key == "attempt") {
+      f.attempt = static_cast<int>(value);
+    } else {
+      DTRAIN_THROW(InvalidArgument,
+                   "DTRAIN_FAULT: unknown condition \"{}\" in \"{}\"; HINT: rank=, step=, attempt=",
+                   key, text);
+    }
+  }
+  return f;
+}
+
+int envAttempt() {
+  const char* v = std::getenv("DTRAIN_RESTART_COUNT");
+  int64_t n = 0;
+  return v && parseInt(v, &n) ? static_cast<int>(n) : 0;
+}
+
+struct NamedNumber {
+  const char* name;
+  int number;
+};
+
+constexpr NamedNumber kSignals[] = {
+    {"SIGHUP", SIGHUP},   {"SIGINT", SIGINT},   {"SIGQUIT", SIGQUIT}, {"SIGILL", SIGILL},
+    {"SIGTRAP", SIGTRAP}, {"SIGABRT", SIGABRT}, {"SIGBUS", SIGBUS},   {"SIGFPE", SIGFPE},
+    {"SIGKILL", SIGKILL}, {"SIGUSR1", SIGUSR1}, {"SIGSEGV", SIGSEGV}, {"SIGUSR2", SIGUSR2},
+    {"SIGPIPE", SIGPIPE}, {"SIGALRM", SIGALRM}, {"SIGTERM", SIGTERM}, {"SIGCHLD", SIGCHLD},
+    {"SIGCONT", SIGCONT}, {"SIGSTOP", SIGSTOP}, {"SIGTSTP", SIGTSTP}, {"SIGTTIN", SIGTTIN},
+    {"SIGTTOU", SIGTTOU}, {"SIGXCPU", SIGXCPU}, {"SIGXFSZ", SIGXFSZ}, {"SIGSYS", SIGSYS},
+};
+
+constexpr NamedNumber kErrnos[] = {
+    {"EPERM", EPERM},   {"ENOENT", ENOENT}, {"EINTR", EINTR},   {"EIO", EIO},
+    {"EBADF", EBADF},   {"EAGAIN", EAGAIN}, {"ENOMEM", ENOMEM}, {"EACCES", EACCES},
+    {"EEXIST", EEXIST}, {"EXDEV", EXDEV},   {"ENOTDIR", ENOTDIR}, {"EISDIR", EISDIR},
+    {"EINVAL", EINVAL}, {"EMFILE", EMFILE}, {"EFBIG", EFBIG},   {"ENOSPC", ENOSPC},
+    {"EROFS", EROFS},   {"EDQUOT", EDQUOT},
+};
+
+std::string upper(std::string s) {
+  for (auto& c : s) c = static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
+  return s;
+}
+
+constexpr const char* kOpNames[] = {"open", "write", "fsync", "rename"};
+
+}  // namespace
+
+bool Fault::matches(int r, int64_t s, int a) const {
+  return (rank < 0 || rank == r) && (step < 0 || step == s) && (attempt < 0 || attempt == a);
+}
+
+std::string Fault::describe() const {
+  const KindInfo& info = infoOf(kind);
+  std::string out = info.name;
+  if (kind == Kind::Signal) {
+    out += ":" + signalName(static_cast<int>(arg)).substr(3);
+  } else if (info.hasArg) {
+    out += ":" + std::to_string(arg);
+  }
+  std::vector<std::string> conds;
+  if (rank >= 0) conds.push_back("rank=" + std::to_string(rank));
+  if (step >= 0) conds.push_back("step=" + std::to_string(step));
+  if (attempt >= 0) conds.push_back("attempt=" + std::to_string(attempt));
+  for (size_t i = 0; i < conds.size(); ++i) out += (i == 0 ? "@" : ",") + conds[i];
+  return out;
+}
+
+std::vector<Fault> parseFaults(const std::string& spec) {
+  std::vector<Fault> faults;
+  for (const auto& part : split(spec, ';')) {
+    std::string text = trim(part);
+    if (text.empty()) continue;
+    faults.push_back(parseOne(text));
+  }
+  return faults;
+}
+
+const std::vector<Fault>& activeFaults() {
+  static const std::vector<Fault> faults = [] {
+    const char* spec = std::getenv("DTRAIN_FAULT");
+    return spec ? parseFaults(spec) : std::vector<Fault>{};
+  }();
+  return faults;
+}
+
+const Fault* findFault(Kind kind, int rank, int64_t step, int attempt) {
+  if (attempt < 0) attempt = envAttempt();
+  for (const auto& f : activeFaults()) {
+    if (f.kind == kind && f.matches(rank, step, attempt)) return &f;
+  }
+  return nullptr;
+}
+
+void injectAt(int rank, int64_t step, int attempt) {
+  if (activeFaults().empty()) return;
+  if (attempt < 0) attempt = envAttempt();
+  for (const auto& f : activeFaults()) {
+    if (f.matches(rank, step, attempt)) execute(f);
+  }
+}
+
+void execute(const Fault& fault) {
+  switch (fault.kind) {
+    case Kind::Exit:
+      std::fflush(nullptr);
+      ::_exit(static_cast<int>(fault.arg));
+    case Kind::Signal:
+      std::fflush(nullptr);
+      ::signal(static_cast<int>(fault.arg), SIG_DFL);
+      ::raise(static_cast<int>(fault.arg));
+      ::pause();  // a blocked or ignored signal: wait to be killed rather than run on
+      return;
+    case Kind::Abort:
+      std::fflush(nullptr);
+      std::abort();
+    case Kind::Hang:
+      while (true) ::pause();
+    case Kind::Stop:
+      std::fflush(nullptr);
+      ::raise(SIGSTOP);
+      return;
+    case Kind::Slow:
+      std::this_thread::sleep_for(std::chrono::milliseconds(fault.arg));
+      return;
+    default:
+      return;  // interpreted by the runtime or the test worker
+  }
+}
+
+std::string IoFault::describe() const {
+  if (crash) return "crash@io=" + std::to_string(nth);
+  return std::string(kOpNames[static_cast<int>(op)]) + ":" + errnoName(error) + "@" +
+         std::to_string(nth);
+}
+
+std::vector<IoFault> parseIoFaults(const std::string& spec) {
+  std::vector<IoFault> faults;
+  for (const auto& part : split(spec, ';')) {
+    std::string text = trim(part);
+    if (text.empty()) continue;
+    IoFault f;
+    size_t at = text.find('@');
+    DTRAIN_CHECK_ARG(at != std::string::npos,
+                     "DTRAIN_IO_FAULT: \"{}\" has no '@'; HINT: OP:ERRNO@N (OP = open, write, "
+                     "fsync, rename) or crash@io=K",
+                     text);
+    std::string head = text.substr(0, at);
+    std::string tail = text.substr(at + 1);
+    if (head == "crash") {
+      DTRAIN_CHECK_ARG(tail.rfind("io=", 0) == 0 && parseInt(tail.substr(3), &f.nth) && f.nth > 0,
+                       "DTRAIN_IO_FAULT: bad crash point \"{}\"; HINT: crash@io=K with K >= 1",
+                       text);
+      f.crash = true;
+      faults.push_back(f);
+      continue;
+    }
+    size_t colon = head.find(':');
+    std::string op = head.substr(0, colon);
+    int opIndex = -1;
+    for (int i = 0; i < 4; ++i) {
+      if (op == kOpNames[i]) opIndex = i;
+    }
+    DTRAIN_CHECK_ARG(opIndex >= 0 && colon != std::string::npos,
+                     "DTRAIN_IO_FAULT: bad operation \"{}\" in \"{}\"; HINT: OP:ERRNO@N with OP = "
+                     "open, write, fsync or rename",
+                     head, text);
+    f.op = static_cast<IoOp>(opIndex);
+    f.error = parseErrno(head.substr(colon + 1));
+    DTRAIN_CHECK_ARG(f.error > 0, "DTRAIN_IO_FAULT: unknown errno \"{}\" in \"{}\"; HINT: ENOSPC, "
+                     "EIO, EXDEV, ... or a number", head.substr(colon + 1), text);
+    DTRAIN_CHECK_ARG(parseInt(tail, &f.nth) && f.nth > 0,
+                     "DTRAIN_IO_FAULT: \"{}\" is not a call number >= 1 in \"{}\"", tail, text);
+    faults.push_back(f);
+  }
+  return faults;
+}
+
+IoFaultInjector IoFaultInjector::fromEnv() {
+  const char* spec = std::getenv("DTRAIN_IO_FAULT");
+  return IoFaultInjector(spec ? parseIoFaults(spec) : std::vector<IoFault>{});
+}
+
+int IoFaultInjector::before(IoOp op) {
+  int64_t n = ++counts_[static_cast<int>(op)];
+  for (const auto& f : faults_) {
+    if (!f.crash && f.op == op && f.nth == n) return f.error;
+  }
+  return 0;
+}
+
+void IoFaultInjector::after() {
+  ++total_;
+  for (const auto& f : faults_) {
+    if (f.crash && f.nth == total_) ::kill(::getpid(), SIGKILL);
+  }
+}
+
+int parseSignal(const std::string& name) {
+  int64_t n = 0;
+  if (parseInt(name, &n)) return n > 0 && n < 65 ? static_cast<int>(n) : -1;
+  std::string up = upper(name);
+  if (up.rfind("SIG", 0) != 0) up = "SIG" + up;
+  for (const auto& s : kSignals) {
+    if (up == s.name) return s.number;
+  }
+  return -1;
+}
+
+std::string signalName(int signo) {
+  for (const auto& s : kSignals) {
+    if (s.number == signo) return s.name;
+  }
+  return "signal " + std::to_string(signo);
+}
+
+int parseErrno(const std::string& name) {
+  int64_t n = 0;
+  if (parseInt(name, &n)) return n > 0 && n < 4096 ? static_cast<int>(n) : -1;
+  std::string up = upper(name);
+  for (const auto& e : kErrnos) {
+    if (up == e.name) return e.number;
+  }
+  return -1;
+}
+
+std::string errnoName(int error) {
+  for (const auto& e : kErrnos) {
+    if (e.number == error) return e.name;
+  }
+  return std::to_string(error);
+}
+
+}  // namespace dtrain::fault

@@ -1,0 +1,110 @@
+#pragma once
+// Communicator: collectives on raw buffers (pointer, count, dtype, op), torch-free. Backends: Gloo
+// (CPU, dtrain/gloo_communicator.h) and NCCL (CUDA, dtrain/nccl_communicator.h). The torch layer
+// wraps a Communicator in dtrain::ProcessGroup (dtrain/process_group.h).
+//
+// Every collective is asynchronous and returns a Work; the non-virtual synchronous forms are the
+// async call plus wait(). Collectives run in the order they are issued, on every rank in the same
+// order. Once a collective fails, the communicator is failed: every later call fails fast with the
+// first error, which names this rank, the peer and the operation.
+
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+namespace dtrain::comm {
+
+using Millis = std::chrono::milliseconds;
+
+constexpr Millis kDefaultCollectiveTimeout{300000};
+
+enum class DataType : uint8_t { Float32, Float64, Float16, BFloat16, Int32, Int64, UInt8, Int8 };
+enum class ReduceOp : uint8_t { Sum, Avg, Max, Min };
+
+size_t elementSize(DataType dtype);
+const char* dataTypeName(DataType dtype);
+const char* reduceOpName(ReduceOp op);
+
+// A pending collective. wait() rethrows the collective's error; a Work is waited on at most by one
+// thread at a time.
+class Work {
+ public:
+  virtual ~Work() = default;
+  // True once finished, successfully or not; never blocks.
+  virtual bool isCompleted() = 0;
+  // Blocks until finished; rethrows its error. `timeout` zero: the communicator's timeout.
+  // On CUDA: returns when the caller's stream (CallOptions::stream) is ordered after the
+  // collective; the host does not wait for the GPU.
+  virtual void wait(Millis timeout = Millis::zero()) = 0;
+};
+
+// Per-call options. Zero/null members mean "the communicator's default".
+struct CallOptions {
+  // CUDA only: the cudaStream_t the buffers are produced and consumed on. The collective runs on
+  // the communicator's own stream, ordered after this one, and this one after it.
+  void* stream = nullptr;
+  Millis timeout = Millis::zero();
+};
+
+// Memory owned by the communicator (see allocate()).
+class Buffer {
+ public:
+  virtual ~Buffer() = default;
+  virtual void* data() = 0;
+  virtual size_t bytes() const = 0;
+};
+
+class Communicator {
+ public:
+  virtual ~Communicator() = default;
+
+  virtual int rank() const = 0;
+  virtual int size() const = 0;
+  virtual const char* backendName() const = 0;  // "gloo", "nccl", ...
+
+  // In place: every rank ends with op over all ranks' `data`. Avg is Sum / size (integer types:
+  // truncated).
+  virtual std::shared_ptr<Work> allreduceAsync(void* data, size_t count, DataType dtype,
+                                               ReduceOp op, const CallOptions& options = {}) = 0;
+  // In place: every rank ends with `root`'s `data`.
+  virtual std::shared_ptr<Work> broadcastAsync(void* data, size_t count, DataType dtype, int root,
+                                               const CallOptions& options = {}) = 0;
+  // `recv` holds size() * count elements: rank r's `send` at offset r * count.
+  virtual std::shared_ptr<Work> allgatherAsync(const void* send, void* recv, size_t count,
+                                               DataType dtype, const CallOptions& options = {}) = 0;
+  // `send` holds size() * count elements; rank r receives op over all ranks' block r.
+  virtual std::shared_ptr<Work> reduceScatterAsync(const void* send, void* recv, size_t count,
+                                                   DataType dtype, ReduceOp op,
+                                                   const CallOptions& options = {}) = 0;
+  virtual std::shared_ptr<Work> barrierAsync(const CallOptions& options = {}) = 0;
+
+  // Memory for buffers that are communicated again and again (DDP's buckets): reused, and placed
+  // where the backend moves it fastest (a segment shared by the ranks of a node, for the
+  // shared-memory path). Device memory for a CUDA communicator.
+  virtual std::shared_ptr<Buffer> allocate(size_t bytes) = 0;
+
+  // Finishes pending work and releases connections; later calls fail. Idempotent.
+  virtual void shutdown() = 0;
+
+  void allreduce(void* data, size_t count, DataType dtype, ReduceOp op,
+                 const CallOptions& options = {}) {
+    allreduceAsync(data, count, dtype, op, options)->wait(options.timeout);
+  }
+  void broadcast(void* data, size_t count, DataType dtype, int root,
+                 const CallOptions& options = {}) {
+    broadcastAsync(data, count, dtype, root, options)->wait(options.timeout);
+  }
+  void allgather(const void* send, void* recv, size_t count, DataType dtype,
+                 const CallOptions& options = {}) {
+    allgatherAsync(send, recv, count, dtype, options)->wait(options.timeout);
+  }
+  void reduceScatter(const void* send, void* recv, size_t count, DataType dtype, ReduceOp op,
+                     const CallOptions& options = {}) {
+    reduceScatterAsync(send, recv, count, dtype, op, options)->wait(options.timeout);
+  }
+  void barrier(const CallOptions& options = {}) { barrierAsync(options)->wait(options.timeout); }
+};
+
+}  // namespace dtrain::comm

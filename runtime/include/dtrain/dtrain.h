@@ -1,0 +1,12 @@
+#pragma once
+// The one header a training program includes.
+
+#include "dtrain/config.h"
+#include "dtrain/error.h"
+
+namespace dtrain {
+
+// The version of the dtrain library the program runs with.
+const char* version();
+
+}  // namespace dtrain

@@ -1,0 +1,47 @@
+#pragma once
+// The worker environment of DESIGN.md's Contracts, by name. The launcher writes it
+// (launcher/worker_env.*), the runtime reads it (dtrain::init); both spell the names from here.
+
+namespace dtrain::env {
+
+// torchrun's variables, so a PyTorch script runs unchanged under `launch`.
+constexpr const char* kRank = "RANK";
+constexpr const char* kLocalRank = "LOCAL_RANK";
+constexpr const char* kWorldSize = "WORLD_SIZE";
+constexpr const char* kLocalWorldSize = "LOCAL_WORLD_SIZE";
+constexpr const char* kGroupRank = "GROUP_RANK";
+constexpr const char* kGroupWorldSize = "GROUP_WORLD_SIZE";
+constexpr const char* kRoleRank = "ROLE_RANK";
+constexpr const char* kRoleWorldSize = "ROLE_WORLD_SIZE";
+constexpr const char* kRoleName = "ROLE_NAME";
+constexpr const char* kMasterAddr = "MASTER_ADDR";
+constexpr const char* kMasterPort = "MASTER_PORT";
+constexpr const char* kRestartCount = "TORCHELASTIC_RESTART_COUNT";
+constexpr const char* kMaxRestarts = "TORCHELASTIC_MAX_RESTARTS";
+constexpr const char* kRunId = "TORCHELASTIC_RUN_ID";
+constexpr const char* kUseAgentStore = "TORCHELASTIC_USE_AGENT_STORE";
+constexpr const char* kErrorFile = "TORCHELASTIC_ERROR_FILE";
+constexpr const char* kOmpNumThreads = "OMP_NUM_THREADS";
+constexpr const char* kCudaVisibleDevices = "CUDA_VISIBLE_DEVICES";
+
+// dtrain's own.
+constexpr const char* kStoreAddr = "DTRAIN_STORE_ADDR";
+constexpr const char* kStorePort = "DTRAIN_STORE_PORT";
+constexpr const char* kStoreToken = "DTRAIN_STORE_TOKEN";  // secret: environment only
+constexpr const char* kDtrainRestartCount = "DTRAIN_RESTART_COUNT";
+constexpr const char* kDtrainRunId = "DTRAIN_RUN_ID";
+
+// Runtime settings, forwarded to every node.
+constexpr const char* kVerbose = "DTRAIN_VERBOSE";
+constexpr const char* kBackend = "DTRAIN_BACKEND";
+constexpr const char* kShm = "DTRAIN_SHM";
+constexpr const char* kFault = "DTRAIN_FAULT";
+constexpr const char* kIoFault = "DTRAIN_IO_FAULT";
+
+// Launcher options from the environment: DTRAIN_LAUNCH_<OPTION>, never forwarded.
+constexpr const char* kLaunchOptionPrefix = "DTRAIN_LAUNCH_";
+
+// What --dry-run and logs print instead of the token.
+constexpr const char* kRedacted = "<redacted>";
+
+}  // namespace dtrain::env

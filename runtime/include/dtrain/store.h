@@ -1,0 +1,121 @@
+#pragma once
+// The key-value store every rendezvous in dtrain goes through.
+//
+// `Store` is the small interface (c10d's shape); implementations:
+//   - TcpStore (dtrain/tcp_store.h): client of a TcpStoreServer, the job's rendezvous store;
+//   - HashStore: in-process, for tests and for ranks run as threads;
+//   - PrefixStore: a view of another store with every key under "prefix/" (restart rounds).
+// Every blocking call has a deadline; a deadline that passes throws TimeoutError naming the keys,
+// the store and the time waited.
+
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+namespace dtrain::store {
+
+using Bytes = std::vector<uint8_t>;
+using Millis = std::chrono::milliseconds;
+
+constexpr Millis kDefaultStoreTimeout{300000};
+
+Bytes toBytes(const std::string& s);
+std::string toString(const Bytes& b);
+
+class Store {
+ public:
+  virtual ~Store() = default;
+
+  virtual void set(const std::string& key, const Bytes& value) = 0;
+  // Blocks until `key` exists or timeout() passes (TimeoutError).
+  virtual Bytes get(const std::string& key) = 0;
+  // Atomically adds `delta` to the int64 stored at `key` (absent = 0) and returns the new value.
+  virtual int64_t add(const std::string& key, int64_t delta) = 0;
+  // c10d's semantics: if `key` holds `expected` (or is absent and `expected` is empty) it becomes
+  // `desired`. Returns the value now stored, or `expected` when the key is absent and `expected` is
+  // not empty.
+  virtual Bytes compareSet(const std::string& key, const Bytes& expected, const Bytes& desired) = 0;
+  // Blocks until every key exists or `timeout` passes (TimeoutError naming the missing keys).
+  virtual void wait(const std::vector<std::string>& keys, Millis timeout) = 0;
+  void wait(const std::vector<std::string>& keys) { wait(keys, timeout()); }
+  // True when every key exists; never blocks.
+  virtual bool check(const std::vector<std::string>& keys) = 0;
+  // True when the key existed.
+  virtual bool deleteKey(const std::string& key) = 0;
+  virtual int64_t numKeys() = 0;
+
+  // Deadline of get() and of every network round trip.
+  virtual Millis timeout() const { return timeout_; }
+  virtual void setTimeout(Millis timeout) { timeout_ = timeout; }
+
+  // Human-readable location for error messages ("127.0.0.1:29400", "HashStore").
+  virtual std::string describe() const = 0;
+
+  // Conveniences over set/get for text values.
+  void setString(const std::string& key, const std::string& value) { set(key, toBytes(value)); }
+  std::string getString(const std::string& key) { return toString(get(key)); }
+
+ protected:
+  Millis timeout_{kDefaultStoreTimeout};
+};
+
+// In-process store: one mutex and one condition variable. Cheap; use it in tests that need a
+// store but are not about stores, and for ranks run as threads (share one instance).
+class HashStore : public Store {
+ public:
+  void set(const std::string& key, const Bytes& value) override;
+  Bytes get(const std::string& key) override;
+  int64_t add(const std::string& key, int64_t delta) override;
+  Bytes compareSet(const std::string& key, const Bytes& expected, const Bytes& desired) override;
+  void wait(const std::vector<std::string>& keys, Millis timeout) override;
+  using Store::wait;
+  bool check(const std::vector<std::string>& keys) override;
+  bool deleteKey(const std::string& key) override;
+  int64_t numKeys() override;
+  std::string describe() const override { return "HashStore"; }
+
+ private:
+  std::mutex mutex_;
+  std::condition_variable changed_;
+  std::unordered_map<std::string, Bytes> map_;  // guarded by mutex_
+};
+
+// Every key of `inner` seen through "prefix/". Restart rounds use PrefixStore("round<N>", store).
+class PrefixStore : public Store {
+ public:
+  PrefixStore(std::string prefix, std::shared_ptr<Store> inner);
+
+  void set(const std::string& key, const Bytes& value) override;
+  Bytes get(const std::string& key) override;
+  int64_t add(const std::string& key, int64_t delta) override;
+  Bytes compareSet(const std::string& key, const Bytes& expected, const Bytes& desired) override;
+  void wait(const std::vector<std::string>& keys, Millis timeout) override;
+  using Store::wait;
+  bool check(const std::vector<std::string>& keys) override;
+  bool deleteKey(const std::string& key) override;
+  // Counts the keys of the inner store (all prefixes), as c10d's PrefixStore does.
+  int64_t numKeys() override;
+  Millis timeout() const override { return inner_->timeout(); }
+  void setTimeout(Millis timeout) override { inner_->setTimeout(timeout); }
+  std::string describe() const override;
+
+  const std::string& prefix() const { return prefix_; }
+  const std::shared_ptr<Store>& inner() const { return inner_; }
+
+ private:
+  std::string join(const std::string& key) const { return prefix_ + "/" + key; }
+  std::vector<std::string> join(const std::vector<std::string>& keys) const;
+
+  std::string prefix_;
+  std::shared_ptr<Store> inner_;
+};
+
+// The round's prefix of DESIGN.md's Contracts: "round<N>".
+std::string roundPrefix(int round);
+
+}  // namespace dtrain::store

@@ -1,0 +1,90 @@
+#pragma once
+// The job's rendezvous store over TCP.
+//
+// TcpStoreServer: one libuv event-loop thread serving every client; waiting clients cost no
+// thread; length-prefixed binary frames with limits checked before any allocation; optional
+// HMAC-SHA256 challenge-response with the job token before any operation. Bad clients are dropped
+// and logged with their address; everyone else keeps being served.
+//
+// TcpStore: the client, a Store. Connects with retry and backoff until connectTimeout; every
+// operation has a deadline. Safe to share between threads (one request in flight at a time).
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "dtrain/store.h"
+
+namespace dtrain::store {
+
+constexpr Millis kDefaultConnectTimeout{60000};
+constexpr Millis kDefaultHandshakeTimeout{10000};
+constexpr Millis kDefaultIdleTimeout{0};  // zero: idle clients are kept (workers wait for hours)
+constexpr uint16_t kDefaultStorePort = 29400;
+
+// Wire limits, checked before allocating.
+struct StoreLimits {
+  size_t maxKeyBytes = 8 * 1024;
+  size_t maxValueBytes = 64 * 1024 * 1024;
+  size_t maxKeysPerRequest = 4096;
+};
+
+struct TcpStoreServerOptions {
+  std::string host = "127.0.0.1";  // the address to bind; "0.0.0.0" for every interface
+  uint16_t port = 0;               // 0: a free port, see TcpStoreServer::port()
+  std::string token;               // empty: no authentication
+  StoreLimits limits;
+  Millis handshakeTimeout = kDefaultHandshakeTimeout;  // a connection must authenticate / send
+                                                       // its first frame within this
+  Millis idleTimeout = kDefaultIdleTimeout;            // zero: never
+  int backlog = 1024;
+};
+
+class TcpStoreServer {
+ public:
+  // Binds and starts serving; throws NetworkError naming address and port when it cannot bind
+  // (never falls back to being a client).
+  static std::unique_ptr<TcpStoreServer> start(const TcpStoreServerOptions& options);
+  virtual ~TcpStoreServer() = default;
+
+  virtual uint16_t port() const = 0;
+  virtual std::string host() const = 0;
+  // Number of connected clients right now.
+  virtual size_t numConnections() const = 0;
+  // Stops serving and closes every connection; clients waiting get NetworkError. Idempotent.
+  virtual void stop() = 0;
+};
+
+struct TcpStoreOptions {
+  std::string host = "127.0.0.1";
+  uint16_t port = kDefaultStorePort;
+  std::string token;  // empty: take DTRAIN_STORE_TOKEN from the environment when set
+  Millis connectTimeout = kDefaultConnectTimeout;
+  Millis timeout = kDefaultStoreTimeout;  // every operation
+  StoreLimits limits;
+};
+
+class TcpStore : public Store {
+ public:
+  // Connects and authenticates; throws NetworkError / TimeoutError naming host:port, or Error
+  // when the server refuses the token.
+  explicit TcpStore(const TcpStoreOptions& options);
+  ~TcpStore() override;
+
+  void set(const std::string& key, const Bytes& value) override;
+  Bytes get(const std::string& key) override;
+  int64_t add(const std::string& key, int64_t delta) override;
+  Bytes compareSet(const std::string& key, const Bytes& expected, const Bytes& desired) override;
+  void wait(const std::vector<std::string>& keys, Millis timeout) override;
+  using Store::wait;
+  bool check(const std::vector<std::string>& keys) override;
+  bool deleteKey(const std::string& key) override;
+  int64_t numKeys() override;
+  std::string describe() const override;  // "host:port"
+
+ private:
+  class Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace dtrain::store

@@ -1,0 +1,44 @@
+#!/usr/bin/env bash
+# Installs what is missing, configures, builds (all cores) and runs every test.
+# Exits non-zero on any failure. Environment: BUILD_DIR (default build), CTEST_ARGS (extra ctest
+# arguments, e.g. "-L unit").
+set -euo pipefail
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+build="${BUILD_DIR:-$root/build}"
+jobs="$(nproc)"
+start=$(date +%s)
+
+"$root/scripts/setup.sh"
+
+generator=()
+command -v ninja >/dev/null 2>&1 && generator=(-G Ninja)
+if [ ! -f "$build/CMakeCache.txt" ]; then
+  cmake -S "$root" -B "$build" "${generator[@]}" -DCMAKE_BUILD_TYPE=Release >/dev/null
+else
+  cmake "$build" >/dev/null
+fi
+cmake --build "$build" -j "$jobs"
+built=$(date +%s)
+echo "test.sh: build took $((built - start)) s"
+
+# Seconds each label may take (sum of its tests' time); printed against what they took.
+declare -A budget=([unit]=60 [integration]=600 [e2e]=300 [gpu]=300)
+
+status=0
+log="$build/ctest.log"
+( cd "$build" && ctest --output-on-failure -j "$jobs" ${CTEST_ARGS:-} ) 2>&1 | tee "$log" || status=$?
+
+echo
+echo "test.sh: time per label (budget):"
+for label in unit integration e2e gpu; do
+  line=$(grep -E "^ *$label +=" "$log" || true)
+  secs=$(echo "$line" | sed -nE 's/.*= *([0-9.]+) sec.*/\1/p')
+  tests=$(echo "$line" | sed -nE 's/.*\(([0-9]+) tests?\).*/\1/p')
+  printf '  %-12s %8s s of %4s s budget  (%s tests)\n' "$label" "${secs:-0}" "${budget[$label]}" "${tests:-0}"
+  if [ -n "$secs" ] && awk -v s="$secs" -v b="${budget[$label]}" 'BEGIN{exit !(s>b)}'; then
+    echo "  WARNING: label $label is over its budget"
+  fi
+done
+end=$(date +%s)
+echo "test.sh: total $((end - start)) s (build $((built - start)) s, tests $((end - built)) s)"
+exit $status

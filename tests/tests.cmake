@@ -1,0 +1,49 @@
+# Tests. Few executables (each links once; torch ones are expensive to compile), labelled
+# unit | integration | e2e | gpu. Each area owns one include below.
+find_package(GTest REQUIRED)
+include(GoogleTest)
+
+# dtrain_gtest(<name> LABEL <label> SOURCES ... [LIBS ...] [SERIAL] [LOCK <resource>]
+#              [TIMEOUT <s>] [TORCH])
+# One gtest executable; every TEST becomes a CTest test carrying the label (and RUN_SERIAL /
+# RESOURCE_LOCK for timing-bound and namespace tests). TORCH reuses the torch layer's PCH.
+function(dtrain_gtest name)
+  cmake_parse_arguments(A "SERIAL;TORCH" "LABEL;LOCK;TIMEOUT" "SOURCES;LIBS" ${ARGN})
+  if(NOT A_TIMEOUT)
+    set(A_TIMEOUT 120)
+  endif()
+  add_executable(${name} ${A_SOURCES})
+  target_link_libraries(${name} PRIVATE ${A_LIBS} GTest::gtest GTest::gtest_main dtrain_test_support)
+  target_compile_definitions(${name} PRIVATE
+    DTRAIN_TEST_BINARY_DIR="${CMAKE_BINARY_DIR}" DTRAIN_TEST_SOURCE_DIR="${CMAKE_SOURCE_DIR}")
+  if(A_TORCH)
+    target_precompile_headers(${name} REUSE_FROM dtrain)
+  endif()
+  dtrain_warnings(${name})
+  set(props LABELS ${A_LABEL} TIMEOUT ${A_TIMEOUT})
+  if(A_SERIAL)
+    list(APPEND props RUN_SERIAL TRUE)
+  endif()
+  if(A_LOCK)
+    list(APPEND props RESOURCE_LOCK ${A_LOCK})
+  endif()
+  gtest_discover_tests(${name} DISCOVERY_MODE PRE_TEST TEST_PREFIX "${name}." PROPERTIES ${props})
+endfunction()
+
+# Helpers shared by the tests (paths of built binaries, temporary directories, process checks).
+add_library(dtrain_test_support STATIC tests/support/test_support.cpp)
+target_include_directories(dtrain_test_support PUBLIC ${CMAKE_CURRENT_SOURCE_DIR}/tests/support)
+target_link_libraries(dtrain_test_support PUBLIC dtrain_base GTest::gtest)
+target_compile_definitions(dtrain_test_support PRIVATE
+  DTRAIN_TEST_BINARY_DIR="${CMAKE_BINARY_DIR}" DTRAIN_TEST_SOURCE_DIR="${CMAKE_SOURCE_DIR}")
+dtrain_warnings(dtrain_test_support)
+
+include(tests/unit/unit.cmake)
+include(tests/comm/comm.cmake OPTIONAL)
+include(tests/integration/integration.cmake OPTIONAL)
+include(tests/e2e/e2e.cmake OPTIONAL)
+include(tests/gpu/gpu.cmake OPTIONAL)
+if(DTRAIN_HAVE_TORCH)
+  include(tests/torch/torch.cmake OPTIONAL)
+endif()
+include(tests/scripts/scripts.cmake OPTIONAL)

@@ -1,0 +1,147 @@
+#include <signal.h>
+
+#include <gtest/gtest.h>
+
+#include "dtrain/error.h"
+#include "dtrain/fault.h"
+
+namespace dtrain::fault {
+namespace {
+
+struct GoodSpec {
+  const char* spec;
+  Kind kind;
+  int64_t arg;
+  int rank;
+  int64_t step;
+  int attempt;
+  const char* roundTrip;
+};
+
+class FaultParseTest : public ::testing::TestWithParam<GoodSpec> {};
+
+TEST_P(FaultParseTest, ParsesAndPrintsBack) {
+  const GoodSpec& g = GetParam();
+  auto faults = parseFaults(g.spec);
+  ASSERT_EQ(faults.size(), 1u);
+  EXPECT_EQ(faults[0].kind, g.kind);
+  EXPECT_EQ(faults[0].arg, g.arg);
+  EXPECT_EQ(faults[0].rank, g.rank);
+  EXPECT_EQ(faults[0].step, g.step);
+  EXPECT_EQ(faults[0].attempt, g.attempt);
+  EXPECT_EQ(faults[0].describe(), g.roundTrip);
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Table, FaultParseTest,
+    ::testing::Values(
+        GoodSpec{"exit:3", Kind::Exit, 3, -1, -1, -1, "exit:3"},
+        GoodSpec{"exit:0@rank=1", Kind::Exit, 0, 1, -1, -1, "exit:0@rank=1"},
+        GoodSpec{"signal:KILL@rank=3,step=17,attempt=0", Kind::Signal, SIGKILL, 3, 17, 0,
+                 "signal:KILL@rank=3,step=17,attempt=0"},
+        GoodSpec{"signal:SIGSEGV", Kind::Signal, SIGSEGV, -1, -1, -1, "signal:SEGV"},
+        GoodSpec{"signal:15", Kind::Signal, SIGTERM, -1, -1, -1, "signal:TERM"},
+        GoodSpec{"abort@step=2", Kind::Abort, 0, -1, 2, -1, "abort@step=2"},
+        GoodSpec{"hang@rank=0", Kind::Hang, 0, 0, -1, -1, "hang@rank=0"},
+        GoodSpec{"stop", Kind::Stop, 0, -1, -1, -1, "stop"},
+        GoodSpec{"slow:250@attempt=1", Kind::Slow, 250, -1, -1, 1, "slow:250@attempt=1"},
+        GoodSpec{"nan-grad@rank=2,step=5", Kind::NanGrad, 0, 2, 5, -1, "nan-grad@rank=2,step=5"},
+        GoodSpec{"skip-collective@rank=1", Kind::SkipCollective, 0, 1, -1, -1,
+                 "skip-collective@rank=1"},
+        GoodSpec{"wrong-shape", Kind::WrongShape, 0, -1, -1, -1, "wrong-shape"},
+        GoodSpec{"flood:10000", Kind::Flood, 10000, -1, -1, -1, "flood:10000"},
+        GoodSpec{"grandchild@rank=0", Kind::Grandchild, 0, 0, -1, -1, "grandchild@rank=0"},
+        GoodSpec{"error-file:7", Kind::ErrorFile, 7, -1, -1, -1, "error-file:7"},
+        GoodSpec{" exit:1 ", Kind::Exit, 1, -1, -1, -1, "exit:1"}));
+
+struct BadSpec {
+  const char* spec;
+  const char* mentions;  // the message must name the offending part
+};
+
+class FaultRejectTest : public ::testing::TestWithParam<BadSpec> {};
+
+TEST_P(FaultRejectTest, SaysWhatIsWrong) {
+  const BadSpec& b = GetParam();
+  try {
+    parseFaults(b.spec);
+    FAIL() << "accepted " << b.spec;
+  } catch (const InvalidArgument& e) {
+    std::string what = e.what();
+    EXPECT_NE(what.find("DTRAIN_FAULT"), std::string::npos) << what;
+    EXPECT_NE(what.find(b.mentions), std::string::npos) << what;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Table, FaultRejectTest,
+                         ::testing::Values(BadSpec{"explode", "explode"},
+                                           BadSpec{"exit", "needs"},
+                                           BadSpec{"abort:3", "takes no"},
+                                           BadSpec{"exit:x", "\"x\""},
+                                           BadSpec{"exit:300", "300"},
+                                           BadSpec{"signal:NOPE", "NOPE"},
+                                           BadSpec{"exit:1@rnk=1", "rnk"},
+                                           BadSpec{"exit:1@rank=-1", "rank=-1"},
+                                           BadSpec{"exit:1@rank", "rank"},
+                                           BadSpec{"exit:1@", "empty condition"},
+                                           BadSpec{"slow:-5", "-5"}));
+
+TEST(FaultTest, SeveralFaultsAndMatching) {
+  auto faults = parseFaults("exit:1@rank=1;slow:10@step=3,attempt=2;");
+  ASSERT_EQ(faults.size(), 2u);
+  EXPECT_TRUE(faults[0].matches(1, 0, 0));
+  EXPECT_TRUE(faults[0].matches(1, 99, 5));
+  EXPECT_FALSE(faults[0].matches(0, 0, 0));
+  EXPECT_TRUE(faults[1].matches(7, 3, 2));
+  EXPECT_FALSE(faults[1].matches(7, 3, 1));
+  EXPECT_FALSE(faults[1].matches(7, 4, 2));
+  EXPECT_TRUE(parseFaults("").empty());
+}
+
+TEST(IoFaultTest, ParsesAndCounts) {
+  auto faults = parseIoFaults("write:ENOSPC@3;fsync:EIO@1;crash@io=5");
+  ASSERT_EQ(faults.size(), 3u);
+  EXPECT_EQ(faults[0].describe(), "write:ENOSPC@3");
+  EXPECT_EQ(faults[1].describe(), "fsync:EIO@1");
+  EXPECT_EQ(faults[2].describe(), "crash@io=5");
+
+  IoFaultInjector inj(parseIoFaults("write:ENOSPC@3;fsync:5@1"));
+  EXPECT_EQ(inj.before(IoOp::Write), 0);
+  EXPECT_EQ(inj.before(IoOp::Write), 0);
+  EXPECT_EQ(inj.before(IoOp::Fsync), EIO);
+  EXPECT_EQ(inj.before(IoOp::Write), ENOSPC);
+  EXPECT_EQ(inj.before(IoOp::Write), 0);
+}
+
+TEST(IoFaultTest, CrashPointKillsAfterTheKthCall) {
+  EXPECT_EXIT(
+      {
+        IoFaultInjector inj(parseIoFaults("crash@io=2"));
+        inj.before(IoOp::Open);
+        inj.after();
+        inj.before(IoOp::Write);
+        inj.after();
+        std::exit(0);  // not reached
+      },
+      ::testing::KilledBySignal(SIGKILL), "");
+}
+
+TEST(IoFaultTest, RejectsBadSpecs) {
+  for (const char* bad : {"write:ENOSPC", "unlink:EIO@1", "write:EWHAT@1", "write:EIO@0",
+                          "crash@io=0", "crash@step=1", "write@1"}) {
+    EXPECT_THROW(parseIoFaults(bad), InvalidArgument) << bad;
+  }
+}
+
+TEST(SignalNamesTest, BothWays) {
+  EXPECT_EQ(parseSignal("KILL"), SIGKILL);
+  EXPECT_EQ(parseSignal("sigterm"), SIGTERM);
+  EXPECT_EQ(parseSignal("11"), SIGSEGV);
+  EXPECT_EQ(parseSignal("BOGUS"), -1);
+  EXPECT_EQ(signalName(SIGSEGV), "SIGSEGV");
+  EXPECT_EQ(signalName(SIGKILL), "SIGKILL");
+  EXPECT_EQ(signalName(77), "signal 77");
+}
+
+}  // namespace
+}  // namespace dtrain::fault

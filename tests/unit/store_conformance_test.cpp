@@ -1,0 +1,155 @@
+// One conformance suite for every Store (STYLE.md pattern 2). Implementations register a factory
+// in the instantiation at the bottom; PrefixStore is checked over each of them.
+#include <atomic>
+#include <thread>
+
+#include <gtest/gtest.h>
+
+#include "dtrain/error.h"
+#include "dtrain/store.h"
+#include "store_factories.h"
+
+namespace dtrain::store {
+namespace {
+
+using testing::StoreFactory;
+
+class StoreConformance : public ::testing::TestWithParam<StoreFactory> {
+ protected:
+  void SetUp() override { store_ = GetParam().make(); }
+  std::shared_ptr<Store> another() { return GetParam().another(store_); }
+  std::shared_ptr<Store> store_;
+};
+
+TEST_P(StoreConformance, SetThenGet) {
+  store_->set("a", toBytes("1"));
+  EXPECT_EQ(toString(store_->get("a")), "1");
+  store_->set("a", toBytes("two"));
+  EXPECT_EQ(store_->getString("a"), "two");
+  store_->set("empty", {});
+  EXPECT_TRUE(store_->get("empty").empty());
+}
+
+TEST_P(StoreConformance, BinaryValuesSurvive) {
+  Bytes value;
+  for (int i = 0; i < 256; ++i) value.push_back(static_cast<uint8_t>(i));
+  store_->set("bin", value);
+  EXPECT_EQ(store_->get("bin"), value);
+}
+
+TEST_P(StoreConformance, GetTimesOutNamingTheKey) {
+  store_->setTimeout(Millis(100));
+  try {
+    store_->get("never");
+    FAIL() << "get of a missing key returned";
+  } catch (const TimeoutError& e) {
+    // Through a PrefixStore the message names the full key ("job/never").
+    EXPECT_NE(std::string(e.what()).find("never\""), std::string::npos) << e.what();
+  }
+}
+
+TEST_P(StoreConformance, GetWaitsForALaterSet) {
+  auto other = another();
+  std::thread setter([&] {
+    std::this_thread::sleep_for(Millis(50));
+    other->set("late", toBytes("x"));
+  });
+  EXPECT_EQ(store_->getString("late"), "x");
+  setter.join();
+}
+
+TEST_P(StoreConformance, AddIsAtomicAndReturnsTheNewValue) {
+  EXPECT_EQ(store_->add("c", 5), 5);
+  EXPECT_EQ(store_->add("c", -2), 3);
+  EXPECT_EQ(store_->getString("c"), "3");
+}
+
+TEST_P(StoreConformance, SixteenThreadsTimesThousandAddsAreExact) {
+  constexpr int kThreads = 16;
+  constexpr int kAdds = 1000;
+  std::vector<std::shared_ptr<Store>> clients;
+  for (int t = 0; t < kThreads; ++t) clients.push_back(another());
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&, t] {
+      for (int i = 0; i < kAdds; ++i) clients[t]->add("counter", 1);
+    });
+  }
+  for (auto& th : threads) th.join();
+  EXPECT_EQ(store_->add("counter", 0), kThreads * kAdds);
+}
+
+TEST_P(StoreConformance, CompareSetFollowsC10dSemantics) {
+  // Absent key, empty expected: set.
+  EXPECT_EQ(toString(store_->compareSet("k", {}, toBytes("v1"))), "v1");
+  // Wrong expected: unchanged, current value returned.
+  EXPECT_EQ(toString(store_->compareSet("k", toBytes("nope"), toBytes("v2"))), "v1");
+  // Right expected: swapped.
+  EXPECT_EQ(toString(store_->compareSet("k", toBytes("v1"), toBytes("v2"))), "v2");
+  EXPECT_EQ(store_->getString("k"), "v2");
+  // Absent key, non-empty expected: expected returned, nothing set.
+  EXPECT_EQ(toString(store_->compareSet("absent", toBytes("e"), toBytes("d"))), "e");
+  EXPECT_FALSE(store_->check({"absent"}));
+}
+
+TEST_P(StoreConformance, WaitAndCheck) {
+  EXPECT_FALSE(store_->check({"w1"}));
+  store_->set("w1", toBytes("1"));
+  EXPECT_TRUE(store_->check({"w1"}));
+  EXPECT_FALSE(store_->check({"w1", "w2"}));
+  try {
+    store_->wait({"w1", "w2"}, Millis(100));
+    FAIL() << "wait returned without w2";
+  } catch (const TimeoutError& e) {
+    std::string what = e.what();
+    EXPECT_NE(what.find("w2\""), std::string::npos) << what;
+    EXPECT_EQ(what.find("w1\""), std::string::npos) << "names a key that exists: " << what;
+  }
+  store_->set("w2", toBytes("2"));
+  store_->wait({"w1", "w2"}, Millis(1000));
+}
+
+TEST_P(StoreConformance, WaitTimeoutLeavesTheStoreUsable) {
+  EXPECT_THROW(store_->wait({"nothing"}, Millis(50)), TimeoutError);
+  store_->set("after", toBytes("ok"));
+  EXPECT_EQ(store_->getString("after"), "ok");
+}
+
+TEST_P(StoreConformance, DeleteAndNumKeys) {
+  int64_t before = store_->numKeys();
+  store_->set("d1", toBytes("1"));
+  store_->set("d2", toBytes("2"));
+  EXPECT_EQ(store_->numKeys(), before + 2);
+  EXPECT_TRUE(store_->deleteKey("d1"));
+  EXPECT_FALSE(store_->deleteKey("d1"));
+  EXPECT_EQ(store_->numKeys(), before + 1);
+  EXPECT_FALSE(store_->check({"d1"}));
+}
+
+TEST_P(StoreConformance, AddOnANonCounterIsRefused) {
+  store_->set("text", toBytes("hello"));
+  EXPECT_THROW(store_->add("text", 1), Error);
+  // The store still answers afterwards.
+  EXPECT_EQ(store_->getString("text"), "hello");
+}
+
+TEST_P(StoreConformance, PrefixStoresAreDisjoint) {
+  auto inner = store_;
+  PrefixStore r0(roundPrefix(0), inner);
+  PrefixStore r1(roundPrefix(1), inner);
+  r0.set("k", toBytes("zero"));
+  r1.set("k", toBytes("one"));
+  EXPECT_EQ(r0.getString("k"), "zero");
+  EXPECT_EQ(r1.getString("k"), "one");
+  EXPECT_EQ(inner->getString("round0/k"), "zero");
+  EXPECT_FALSE(r1.check({"only0"}));
+  r0.set("only0", {});
+  EXPECT_FALSE(r1.check({"only0"}));
+  EXPECT_TRUE(r0.check({"only0"}));
+}
+
+INSTANTIATE_TEST_SUITE_P(Stores, StoreConformance, ::testing::ValuesIn(testing::allStoreFactories()),
+                         [](const auto& info) { return info.param.name; });
+
+}  // namespace
+}  // namespace dtrain::store
