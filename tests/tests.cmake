@@ -38,12 +38,15 @@ target_compile_definitions(dtrain_test_support PRIVATE
   DTRAIN_TEST_BINARY_DIR="${CMAKE_BINARY_DIR}" DTRAIN_TEST_SOURCE_DIR="${CMAKE_SOURCE_DIR}")
 dtrain_warnings(dtrain_test_support)
 
+# One include per owner, so areas do not all edit one file.
 include(tests/unit/unit.cmake)
 include(tests/comm/comm.cmake OPTIONAL)
-include(tests/integration/integration.cmake OPTIONAL)
+include(tests/integration/launcher.cmake OPTIONAL)
+include(tests/integration/comm.cmake OPTIONAL)
 include(tests/e2e/e2e.cmake OPTIONAL)
 include(tests/gpu/gpu.cmake OPTIONAL)
 if(DTRAIN_HAVE_TORCH)
-  include(tests/torch/torch.cmake OPTIONAL)
+  include(tests/torch/torch.cmake)
+  include(tests/integration/ddp.cmake OPTIONAL)
 endif()
 include(tests/scripts/scripts.cmake OPTIONAL)

@@ -1,11 +1,14 @@
-# dtrain: the libtorch layer (init, ProcessGroup, DDP, GradScaler, Checkpointer, sampler).
-# torch/torch.h costs ~15-30 s per translation unit: the layer shares one precompiled header.
-add_library(dtrain SHARED
-  runtime/torch/version.cpp
-)
+# dtrain: the libtorch layer (init, ProcessGroup, DDP, GradScaler, Checkpointer, sampler): every
+# runtime/torch/*.cpp. torch/torch.h costs ~15-30 s per translation unit: the layer and the torch
+# tests share one precompiled header.
+file(GLOB DTRAIN_TORCH_SOURCES CONFIGURE_DEPENDS ${CMAKE_CURRENT_SOURCE_DIR}/runtime/torch/*.cpp)
+add_library(dtrain SHARED ${DTRAIN_TORCH_SOURCES})
 add_library(dtrain::dtrain ALIAS dtrain)
 target_link_libraries(dtrain PUBLIC dtrain_comm torch)
-target_precompile_headers(dtrain PRIVATE runtime/torch/pch.h)
+if(DTRAIN_HAVE_TORCH_CUDA AND DTRAIN_HAVE_NCCL)
+  target_link_libraries(dtrain PRIVATE CUDA::cudart)
+endif()
+target_precompile_headers(dtrain PRIVATE ${CMAKE_CURRENT_SOURCE_DIR}/runtime/torch/pch.h)
 set_target_properties(dtrain PROPERTIES VERSION ${PROJECT_VERSION} SOVERSION ${PROJECT_VERSION_MAJOR})
 dtrain_warnings(dtrain)
 list(APPEND DTRAIN_INSTALL_TARGETS dtrain)
