@@ -1,0 +1,22 @@
+#pragma once
+// The job's store as a worker sees it: a TcpStore client built from the environment the launcher
+// sets (DESIGN.md, Contracts: DTRAIN_STORE_ADDR, DTRAIN_STORE_PORT, DTRAIN_STORE_TOKEN), wrapped
+// in the restart round's prefix ("round<DTRAIN_RESTART_COUNT>/").
+
+#include <memory>
+
+#include "dtrain/store.h"
+
+namespace dtrain::store {
+
+struct JobStoreOptions {
+  Millis connectTimeout{60000};
+  Millis timeout = kDefaultStoreTimeout;  // every operation
+};
+
+// Throws InvalidArgument naming a missing or malformed variable ("... is not set; HINT: start
+// the program with `launch`, which sets it"), NetworkError/TimeoutError when the store cannot be
+// reached. The returned store is the round's PrefixStore; its inner() is the job-wide store.
+std::shared_ptr<PrefixStore> connectToJobStore(const JobStoreOptions& options = {});
+
+}  // namespace dtrain::store
