@@ -262,7 +262,7 @@ std::string formatFailureReport(const ReportContext& ctx, const std::vector<Atte
     }
     std::string note;
     if (w.wasStopped) note += " [it was stopped (SIGSTOP) when the teardown began: a hung rank?]";
-    if (w.stoppedByLaunch) note += " after launch stopped it";
+    if (w.stoppedByLaunch) note += " after launch asked it to stop";
     out += fmt::format("    rank {} (local rank {}, pid {}) {}{} at {:.2f} s\n", w.rank,
                        w.localRank, w.pid, describeOutcome(w), note, w.endSeconds);
     if (w.failed() && !w.stoppedByLaunch && !w.errorFileMessage.empty()) {

@@ -275,7 +275,7 @@ int countLines(const std::string& text, const std::string& needle) {
 }
 
 std::vector<std::string> workerStoreFlags() {
-  return {"--no-store"};
+  return {"--connect-timeout-ms", "10000", "--barrier-timeout-ms", "20000"};
 }
 
 std::vector<std::string> launchArgs(const std::vector<std::string>& launchOptions,

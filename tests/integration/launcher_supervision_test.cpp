@@ -27,7 +27,7 @@ TEST(LaunchSupervision, A1_CrashIsDetectedWithinOneSecond) {
       << r.err;
   EXPECT_NE(r.err.find("rank:        3 (local rank 3)"), std::string::npos) << r.err;
   EXPECT_NE(r.err.find("exit code 137"), std::string::npos) << r.err;
-  EXPECT_EQ(countLines(r.err, "after launch stopped it"), 3) << r.err;
+  EXPECT_EQ(countLines(r.err, "after launch asked it to stop"), 3) << r.err;
   const double injected = p.firstSeen("rank 3: step 4: injecting");
   ASSERT_GT(injected, 0);
   EXPECT_LT(r.seconds - injected, 1.0 + kMargin) << "crash noticed and group stopped too late";
@@ -221,6 +221,35 @@ TEST(LaunchSupervision, A7_GrandchildrenEndWithTheJob) {
   }
 }
 
+// A4: a hung rank (stopped, or spinning) is caught by its peers' store timeouts; the group is
+// torn down (a stopped worker too: SIGTERM comes with SIGCONT) and the report points at it.
+class HungRankTest : public ::testing::TestWithParam<const char*> {};
+
+TEST_P(HungRankTest, PeersTimeOutAndTheGroupIsTornDown) {
+  const std::string fault = GetParam();
+  LaunchProcess p({"--nproc-per-node", "3", "--grace-period", "2", workerPath(), "--steps", "200",
+                   "--step-ms", "20", "--barrier-every-step", "--barrier-timeout-ms", "1000"},
+                  {"DTRAIN_FAULT=" + fault + "@rank=1,step=3"});
+  LaunchResult r = p.wait(30);
+  EXPECT_EQ(r.exitCode, 1) << r.all();
+  EXPECT_NE(r.err.find("timed out after 1000 ms: 2/3 ranks arrived, missing rank(s) 1"),
+            std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("error file:"), std::string::npos) << r.err;
+  if (fault == "stop") {
+    EXPECT_NE(r.err.find("it was stopped (SIGSTOP) when the teardown began"), std::string::npos)
+        << r.err;
+  }
+  const double hung = p.firstSeen("rank 1: step 3: injecting");
+  ASSERT_GT(hung, 0);
+  EXPECT_LT(r.seconds - hung, 1.0 /* barrier timeout */ + 1.0 + kMargin);
+  expectNoneLeft(r.out);
+}
+
+INSTANTIATE_TEST_SUITE_P(A4, HungRankTest, ::testing::Values("stop", "hang"),
+                         [](const ::testing::TestParamInfo<const char*>& info) {
+                           return std::string(info.param);
+                         });
+
 // A8: a rank that exits 0 early is not a failure by itself; the job waits for the others.
 TEST(LaunchSupervision, A8_EarlyZeroExitIsNotAFailure) {
   LaunchResult r = runLaunch(launchArgs({"--nproc-per-node", "2"},
@@ -229,6 +258,19 @@ TEST(LaunchSupervision, A8_EarlyZeroExitIsNotAFailure) {
   EXPECT_EQ(r.exitCode, 0) << r.all();
   EXPECT_NE(r.out.find("rank 0: done"), std::string::npos) << r.out;
   EXPECT_GE(r.seconds, 30 * 0.040);
+  expectNoneLeft(r.out);
+}
+
+// A8 with collectives: the peers of a rank that left early fail at their next barrier, naming it.
+TEST(LaunchSupervision, A8_EarlyExitIsCaughtByPeersCollectives) {
+  LaunchResult r = runLaunch({"--nproc-per-node", "2", workerPath(), "--steps", "30", "--step-ms",
+                              "20", "--barrier-every-step", "--barrier-timeout-ms", "1000"},
+                             {"DTRAIN_FAULT=exit:0@rank=1,step=2"});
+  EXPECT_EQ(r.exitCode, 1) << r.all();
+  EXPECT_NE(r.err.find("launch: job failed: rank 0 exited with code 1"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("missing rank(s) 1"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("rank 1 (local rank 1, pid"), std::string::npos) << r.err;
+  EXPECT_LT(r.seconds, 2 * 0.020 + 1.0 + 1.0 + kMargin);
   expectNoneLeft(r.out);
 }
 

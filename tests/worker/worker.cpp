@@ -6,8 +6,8 @@
 //   1. "worker rank=R local_rank=L world_size=W attempt=A torchelastic_restart_count=A pid=P
 //      ppid=Q" -- pids let tests prove no process of the job survives;
 //   2. joins the job's store (connectToJobStore(): round<A>/ prefix) and passes the barrier
-//      "start" (add("barrier/start/count", 1); the last to arrive sets "barrier/start/done";
-//      everyone waits for it);
+//      "start" (set "barrier/start/rank<R>", add("barrier/start/count", 1); the last to arrive
+//      sets "barrier/start/done"; everyone waits for it; a timeout names the missing ranks);
 //   3. runs --steps steps; at each step it obeys DTRAIN_FAULT (fault::injectAt for exit, signal,
 //      abort, hang, stop, slow; and itself for flood:LINES, grandchild, error-file:CODE), prints
 //      "rank R: step S", sleeps --step-ms, and with --barrier-every-step passes barrier "step<S>";
@@ -168,15 +168,21 @@ void onSigterm(int) {
 
 void barrier(dtrain::store::Store& store, const std::string& name, int world,
              std::chrono::milliseconds timeout) {
-  const std::string count = "barrier/" + name + "/count";
-  const std::string done = "barrier/" + name + "/done";
-  if (store.add(count, 1) >= world) store.setString(done, "1");
+  const std::string base = "barrier/" + name;
+  store.setString(base + "/rank" + std::to_string(gRank), "1");  // who arrived, for the message
+  if (store.add(base + "/count", 1) >= world) store.setString(base + "/done", "1");
   try {
-    store.wait({done}, timeout);
+    store.wait({base + "/done"}, timeout);
   } catch (const dtrain::TimeoutError& e) {
-    int64_t arrived = store.add(count, 0);
+    std::string missing;
+    for (int r = 0; r < world; ++r) {
+      if (!store.check({base + "/rank" + std::to_string(r)})) {
+        missing += (missing.empty() ? "" : ", ") + std::to_string(r);
+      }
+    }
     DTRAIN_THROW(dtrain::TimeoutError, "rank {}: barrier \"{}\" timed out after {} ms: {}/{} ranks "
-                 "arrived ({})", gRank, name, timeout.count(), arrived, world, e.what());
+                 "arrived, missing rank(s) {} ({})", gRank, name, timeout.count(),
+                 store.add(base + "/count", 0), world, missing, e.what());
   }
 }
 
