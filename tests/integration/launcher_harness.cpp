@@ -47,7 +47,8 @@ std::string launchPath() { return binaryPath("launch"); }
 std::string workerPath() { return binaryPath("tests/worker/worker"); }
 
 LaunchProcess::LaunchProcess(const std::vector<std::string>& args,
-                             const std::vector<std::string>& env) {
+                             const std::vector<std::string>& env,
+                             const std::vector<std::string>& wrapper) {
   becomeSubreaper();
   // The child's environment: ours, minus launcher options a developer may have set, plus `env`.
   std::map<std::string, std::string> vars;
@@ -69,7 +70,8 @@ LaunchProcess::LaunchProcess(const std::vector<std::string>& args,
   }
   std::vector<std::string> envStrings;
   for (const auto& [k, v] : vars) envStrings.push_back(k + "=" + v);
-  std::vector<std::string> argvStrings{launchPath()};
+  std::vector<std::string> argvStrings = wrapper;
+  argvStrings.push_back(launchPath());
   argvStrings.insert(argvStrings.end(), args.begin(), args.end());
   std::vector<char*> argv, envp;
   for (auto& s : argvStrings) argv.push_back(s.data());

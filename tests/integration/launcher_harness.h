@@ -33,7 +33,9 @@ struct LaunchResult {
 class LaunchProcess {
  public:
   // Starts `launch args...` with the test environment plus `env` ("KEY=VALUE"; "KEY=" unsets).
-  LaunchProcess(const std::vector<std::string>& args, const std::vector<std::string>& env = {});
+  // `wrapper` runs first and must exec its arguments (e.g. sh -c '...; exec "$@"' sh).
+  LaunchProcess(const std::vector<std::string>& args, const std::vector<std::string>& env = {},
+                const std::vector<std::string>& wrapper = {});
   ~LaunchProcess();  // SIGKILLs launch if still running
   LaunchProcess(const LaunchProcess&) = delete;
   LaunchProcess& operator=(const LaunchProcess&) = delete;
