@@ -35,6 +35,7 @@ seed numkeys  "0000000000000000 01 08 0000"
   -lfmt -o "$build/store_frame_fuzz"
 
 echo "fuzz.sh: fuzzing the store frame parser for ${seconds} s"
+cd "$build"  # parallel jobs write their fuzz-N.log files here
 parallel=()
 if [ "${JOBS:-1}" -gt 1 ]; then parallel=(-jobs="$JOBS" -workers="$JOBS"); fi
 "$build/store_frame_fuzz" "$build/corpus" -max_total_time="$seconds" -max_len=4096 \
