@@ -135,6 +135,14 @@ bool RawClient::hungUpByServer(std::chrono::milliseconds timeout) {
   }
 }
 
+void RawClient::reset() {
+  if (fd_ < 0) return;
+  linger l{1, 0};
+  ::setsockopt(fd_, SOL_SOCKET, SO_LINGER, &l, sizeof(l));
+  ::close(fd_);
+  fd_ = -1;
+}
+
 size_t residentBytes() {
   FILE* f = std::fopen("/proc/self/statm", "r");
   if (f == nullptr) return 0;

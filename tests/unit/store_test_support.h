@@ -40,6 +40,8 @@ class RawClient {
   bool closedByServer(std::chrono::milliseconds timeout);
   // The same, without reading anything: for a client that must not drain its replies.
   bool hungUpByServer(std::chrono::milliseconds timeout);
+  // Closes with a reset (SO_LINGER 0), as a crashing peer's kernel may.
+  void reset();
 
  private:
   int fd_ = -1;

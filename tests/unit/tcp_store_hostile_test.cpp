@@ -205,5 +205,27 @@ TEST_F(TcpStoreHostile, AClientThatNeverReadsItsRepliesIsCutOff) {
   expectRssGrewLessThan(64 * kMiB);
 }
 
+TEST_F(TcpStoreHostile, ClientsVanishingMidReplyDoNotKillTheServersProcess) {
+  // Writing to a reset connection raises SIGPIPE, whose default action would end the process
+  // hosting the server (the launcher) -- not just the one connection.
+  good_->set("blob", Bytes(4 * kMiB, 'b'));
+  wire::Request get;
+  get.op = wire::Op::Get;
+  get.keys = {"blob"};
+  get.timeoutMs = 1000;
+  Bytes frame = wire::encodeRequest(get);
+  Bytes burst;
+  for (int i = 0; i < 8; ++i) burst.insert(burst.end(), frame.begin(), frame.end());
+  for (int round = 0; round < 30; ++round) {
+    RawClient raw(server_->port());
+    ASSERT_TRUE(raw.handshake());
+    raw.send(burst);
+    raw.recv(1000, milliseconds(1000));  // the first reply has begun
+    raw.reset();
+  }
+  expectGoodClientServed();
+  EXPECT_TRUE(connectionsSettleTo(1));
+}
+
 }  // namespace
 }  // namespace dtrain::store

@@ -2,6 +2,7 @@
 // is in server_connection.cpp.
 #include <netdb.h>
 #include <pthread.h>
+#include <signal.h>
 
 #include <algorithm>
 #include <cstring>
@@ -87,6 +88,14 @@ UvStoreServer::UvStoreServer(const TcpStoreServerOptions& options)
   }
   thread_ = std::thread([this] {
     pthread_setname_np(pthread_self(), "dtrain-store");
+    // libuv writes with write(2): on a connection the peer has reset, that raises SIGPIPE, whose
+    // default action would end the whole process hosting the store (the launcher). Blocked in
+    // this thread, the signal stays pending on it and the write fails with EPIPE instead, which
+    // closes just that connection. Other threads of the process keep their own mask.
+    sigset_t pipe;
+    sigemptyset(&pipe);
+    sigaddset(&pipe, SIGPIPE);
+    pthread_sigmask(SIG_BLOCK, &pipe, nullptr);
     uv_run(&loop_, UV_RUN_DEFAULT);
   });
   DTRAIN_LOG(Info, "store server listening on {}{}", where_,
@@ -145,10 +154,10 @@ void UvStoreServer::onConnection(int status) {
     return;
   }
   auto* c = new Connection(this);
-  if (!c->acceptOnLoop(reinterpret_cast<uv_stream_t*>(&listener_))) return;
-  if (c->closing()) return;
   live_.insert(c);
   connections_.fetch_add(1);
+  // acceptOnLoop() closes the connection itself on failure (an exception included).
+  c->acceptOnLoop(reinterpret_cast<uv_stream_t*>(&listener_));
 }
 
 void UvStoreServer::connectionClosingOnLoop(Connection* c) {
