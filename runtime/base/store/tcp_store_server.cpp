@@ -43,6 +43,19 @@ sockaddr_storage resolveBindAddress(const std::string& host, uint16_t port) {
   return addr;
 }
 
+bool isLoopback(const sockaddr_storage& addr) {
+  if (addr.ss_family == AF_INET) {
+    auto* a = reinterpret_cast<const sockaddr_in*>(&addr);
+    return (ntohl(a->sin_addr.s_addr) >> 24) == 127;
+  }
+  if (addr.ss_family == AF_INET6) {
+    auto* a = reinterpret_cast<const sockaddr_in6*>(&addr);
+    return IN6_IS_ADDR_LOOPBACK(&a->sin6_addr) ||
+           (IN6_IS_ADDR_V4MAPPED(&a->sin6_addr) && a->sin6_addr.s6_addr[12] == 127);
+  }
+  return false;
+}
+
 const char* bindHint(int rc) {
   switch (rc) {
     case UV_EADDRINUSE: return "another job uses this port? pick --rdzv-endpoint / a free port";
@@ -104,6 +117,12 @@ UvStoreServer::UvStoreServer(const TcpStoreServerOptions& options)
 
 void UvStoreServer::bindOrThrow() {
   sockaddr_storage addr = resolveBindAddress(options_.host, options_.port);
+  DTRAIN_CHECK_ARG(!options_.token.empty() || options_.allowNoTokenOffLoopback || isLoopback(addr),
+                   "store server {}: refusing to serve a non-loopback address without a job "
+                   "token: anyone who can reach it could read and write the job's keys. HINT: "
+                   "set a token (`launch` does), bind 127.0.0.1, or set "
+                   "TcpStoreServerOptions::allowNoTokenOffLoopback",
+                   where_);
   // libuv may report a bind failure at bind() or only at listen(); both end here.
   int rc = uv_tcp_bind(&listener_, reinterpret_cast<const sockaddr*>(&addr), 0);
   if (rc == 0) {
@@ -129,6 +148,8 @@ void UvStoreServer::bindOrThrow() {
 UvStoreServer::~UvStoreServer() { stop(); }
 
 void UvStoreServer::stop() {
+  DTRAIN_CHECK(std::this_thread::get_id() != thread_.get_id(),
+               "store server {}: stop() called from its own event-loop thread", where_);
   std::lock_guard<std::mutex> lock(stopMutex_);
   if (stopped_) return;
   stopped_ = true;
