@@ -30,8 +30,9 @@ namespace dtrain::launcher {
 //     its process group (setsid, double fork) are reparented to the guardian, which finds them in
 //     /proc/thread-self/children and SIGKILLs them too;
 //   - the worker is its child, so the guardian gets the worker's real wait status (a pidfd wakes
-//     it at once: crash detection in milliseconds) and no pid is ever signalled after being
-//     reaped -- the launcher never kill()s a pid it did not reap itself;
+//     it at once: crash detection in milliseconds), and signals reach the worker's group through
+//     the guardian, which kills what is left of the group while the worker is still an unreaped
+//     zombie -- so a group id is never signalled after its number could have been reused;
 //   - the worker carries PR_SET_PDEATHSIG(SIGKILL) towards its single-threaded guardian, for the
 //     case that someone SIGKILLs the guardian itself.
 // Between fork and exec only async-signal-safe calls run (the launcher has other threads: the

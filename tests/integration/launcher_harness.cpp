@@ -130,22 +130,21 @@ void LaunchProcess::pump(int timeoutMs) {
       got = true;
     }
   }
-  if (got) outTimes_.emplace_back(out_.size() + err_.size(), elapsed());
+  if (got) outTimes_.push_back({out_.size(), err_.size(), elapsed()});
 }
 
 double LaunchProcess::firstSeen(const std::string& needle) const {
-  // Approximate: the time of the first read after which the needle was present in either stream.
+  // outTimes_ records, after each read, how far each stream had got and when: the first record
+  // covering the end of the needle's first occurrence is when it arrived, to within one read.
   size_t atOut = out_.find(needle);
   size_t atErr = err_.find(needle);
-  if (atOut == std::string::npos && atErr == std::string::npos) return -1;
-  // Replay: find the earliest record whose out/err totals cover the needle. Totals are combined,
-  // so use the combined position of the earlier occurrence as a bound.
-  size_t bound = std::min(atOut == std::string::npos ? SIZE_MAX : atOut + needle.size(),
-                          atErr == std::string::npos ? SIZE_MAX : atErr + needle.size());
-  for (const auto& [size, when] : outTimes_) {
-    if (size >= bound) return when;
+  for (const auto& t : outTimes_) {
+    if ((atOut != std::string::npos && t.outSize >= atOut + needle.size()) ||
+        (atErr != std::string::npos && t.errSize >= atErr + needle.size())) {
+      return t.when;
+    }
   }
-  return outTimes_.empty() ? -1 : outTimes_.back().second;
+  return -1;
 }
 
 bool LaunchProcess::waitFor(const std::function<bool(const std::string&, const std::string&)>& pred,

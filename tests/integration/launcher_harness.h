@@ -63,7 +63,12 @@ class LaunchProcess {
   std::chrono::steady_clock::time_point start_;
   std::string out_;
   std::string err_;
-  std::vector<std::pair<size_t, double>> outTimes_;  // (size of out_+err_ after a read, when)
+  struct ReadTime {
+    size_t outSize;
+    size_t errSize;
+    double when;
+  };
+  std::vector<ReadTime> outTimes_;  // after each read that got something
   bool exited_ = false;
   int status_ = 0;
 };
