@@ -245,7 +245,10 @@ int runJob(const LaunchConfig& configIn, const EnvMap& environment) {
   if (tempDir) {
     node.jobDir = makeTempJobDir(environment, node.runId);
   } else {
-    node.jobDir = config.logDir + "/" + node.runId;
+    // Absolute: a worker that changes its directory still finds its error file.
+    std::error_code ec;
+    std::filesystem::path dir = std::filesystem::absolute(config.logDir, ec);
+    node.jobDir = (ec ? config.logDir : dir.lexically_normal().string()) + "/" + node.runId;
   }
   const bool tempLogs = tempDir && (config.redirects.any() || config.tee.any());
   if (tempLogs) {
