@@ -18,11 +18,12 @@ def main():
     if store.add("barrier/start/count", 1) >= world:
         store.set("barrier/start/done", "1")
     store.wait(["barrier/start/done"])
-    # Rank 0 hosts the store: it leaves last, so no peer loses the store mid-wait.
-    if store.add("barrier/exit/count", 1) >= world:
-        store.set("barrier/exit/done", "1")
-    store.wait(["barrier/exit/done"])
-
+    # Rank 0 hosts the store, so it leaves last: the others say goodbye (a set returns once the
+    # store has it), rank 0 waits for every goodbye.
+    if rank == 0:
+        store.wait([f"left/{r}" for r in range(1, world)])
+    else:
+        store.set(f"left/{rank}", "1")
 
 if __name__ == "__main__":
     main()

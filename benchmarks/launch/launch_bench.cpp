@@ -8,13 +8,17 @@
 //             of the same binary started at once without a launcher (and without the store): the
 //             floor every N-process libtorch job pays on this machine
 //   python    benchmarks/launch/bench_worker.py (torch.distributed.TCPStore at MASTER_ADDR:PORT),
-//             under launch and under torchrun (default, and --monitor_interval 0.1)
+//             under launch and under torchrun (default, and --monitor_interval 0.1); torchrun
+//             runs what --standalone means (c10d rendezvous on localhost, one node) on a free port
 //
 //   launch_bench [--reps N] [--nprocs 1,2,4] [--no-torchrun] [--smoke]
 //                [--launch PATH] [--worker PATH] [--torch-worker PATH]
 //                [--python /usr/bin/python3] [--torchrun /usr/bin/torchrun] [--script PATH]
 // --smoke: one rep of the torch-free worker with N = 1, 2 (CI: checks it runs, < 15 s).
+#include <arpa/inet.h>
 #include <fcntl.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -132,6 +136,25 @@ double timeRun(const std::vector<std::string>& argv, std::string* failure, int c
   return ok ? seconds : -seconds;
 }
 
+// Stands for "localhost:<a port free right now>" in a command line.
+constexpr const char* kFreeEndpoint = "@free-endpoint@";
+
+std::vector<std::string> withFreePort(std::vector<std::string> argv) {
+  for (auto& a : argv) {
+    if (a != kFreeEndpoint) continue;
+    int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in sa{};
+    sa.sin_family = AF_INET;
+    sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    socklen_t len = sizeof sa;
+    ::bind(fd, reinterpret_cast<sockaddr*>(&sa), sizeof sa);
+    ::getsockname(fd, reinterpret_cast<sockaddr*>(&sa), &len);
+    ::close(fd);
+    a = "localhost:" + std::to_string(ntohs(sa.sin_port));
+  }
+  return argv;
+}
+
 struct Config {
   std::string workload;  // worker | libtorch | python
   std::string runner;    // launch | bare | torchrun | torchrun-mi0.1
@@ -172,9 +195,11 @@ int main(int argc, char** argv) {
     }
     if (o.torchrun && executable(o.torchrunPath)) {
       // Debian's torchrun 1.13 crashes at start without a --redirects/--tee value: 9:0 names a
-      // local rank that does not exist, so nothing is redirected.
-      std::vector<std::string> base = {o.python, o.torchrunPath, "--standalone",
-                                       "--nproc_per_node", ns, "--redirects", "9:0", "--tee", "9:0"};
+      // local rank that does not exist, so nothing is redirected. Its --standalone always uses
+      // port 29400 (busy on a shared machine), so spell out what it means with a free port.
+      std::vector<std::string> base = {o.python, o.torchrunPath, "--nnodes", "1", "--rdzv_backend",
+                                       "c10d", "--rdzv_endpoint", kFreeEndpoint, "--nproc_per_node",
+                                       ns, "--redirects", "9:0", "--tee", "9:0"};
       std::vector<std::string> mi = base;
       mi.insert(mi.end(), {"--monitor_interval", "0.1"});
       base.push_back(o.script);
@@ -185,11 +210,11 @@ int main(int argc, char** argv) {
   }
 
   // Warm-up: page cache, dynamic loader caches.
-  for (auto& c : configs) timeRun(c.argv, nullptr, c.copies);
+  for (auto& c : configs) timeRun(withFreePort(c.argv), nullptr, c.copies);
   for (int rep = 0; rep < o.reps; ++rep) {
     for (auto& c : configs) {
       std::string failure;
-      double s = timeRun(c.argv, &failure, c.copies);
+      double s = timeRun(withFreePort(c.argv), &failure, c.copies);
       if (s < 0) {
         ++c.failures;
         c.lastFailure = failure;
