@@ -4,14 +4,28 @@ add_library(dtrain_base SHARED
   runtime/base/error.cpp
   runtime/base/fault.cpp
   runtime/base/logging.cpp
+  runtime/base/net/socket.cpp
+  runtime/base/store/auth.cpp
   runtime/base/store/hash_store.cpp
+  runtime/base/store/job_store.cpp
+  runtime/base/store/kv_table.cpp
   runtime/base/store/prefix_store.cpp
+  runtime/base/store/server_connection.cpp
+  runtime/base/store/tcp_store_client.cpp
+  runtime/base/store/tcp_store_server.cpp
+  runtime/base/store/wire.cpp
 )
 add_library(dtrain::dtrain_base ALIAS dtrain_base)
 target_include_directories(dtrain_base PUBLIC
   $<BUILD_INTERFACE:${CMAKE_CURRENT_SOURCE_DIR}/runtime/include>
   $<BUILD_INTERFACE:${DTRAIN_GENERATED_INCLUDE}>
   $<INSTALL_INTERFACE:${CMAKE_INSTALL_INCLUDEDIR}>)
+# Internal headers (store/wire.h, net/socket.h): for dtrain_base itself and, through
+# dtrain_base_internal, for tests, benchmarks and fuzz targets of this tree; never installed.
+target_include_directories(dtrain_base PRIVATE ${CMAKE_CURRENT_SOURCE_DIR}/runtime/base)
+add_library(dtrain_base_internal INTERFACE)
+target_include_directories(dtrain_base_internal INTERFACE ${CMAKE_CURRENT_SOURCE_DIR}/runtime/base)
+target_link_libraries(dtrain_base_internal INTERFACE dtrain_base dtrain_libuv OpenSSL::Crypto)
 target_link_libraries(dtrain_base
   PUBLIC fmt::fmt Threads::Threads
   PRIVATE dtrain_libuv OpenSSL::Crypto)

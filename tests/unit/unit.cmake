@@ -6,3 +6,4 @@ file(GLOB DTRAIN_UNIT_TEST_SOURCES CONFIGURE_DEPENDS
 dtrain_gtest(dtrain_unit_tests LABEL unit
   SOURCES ${DTRAIN_UNIT_TEST_SOURCES}
   LIBS dtrain_base dtrain_comm dtrain_launcher)
+include(tests/unit/store_tests.cmake OPTIONAL)

@@ -20,6 +20,7 @@ namespace dtrain::store {
 constexpr Millis kDefaultConnectTimeout{60000};
 constexpr Millis kDefaultHandshakeTimeout{10000};
 constexpr Millis kDefaultIdleTimeout{0};  // zero: idle clients are kept (workers wait for hours)
+constexpr Millis kDefaultFrameTimeout{30000};
 constexpr uint16_t kDefaultStorePort = 29400;
 
 // Wire limits, checked before allocating.
@@ -37,6 +38,8 @@ struct TcpStoreServerOptions {
   Millis handshakeTimeout = kDefaultHandshakeTimeout;  // a connection must authenticate / send
                                                        // its first frame within this
   Millis idleTimeout = kDefaultIdleTimeout;            // zero: never
+  Millis frameTimeout = kDefaultFrameTimeout;  // a frame whose first byte came must be complete
+                                               // within this (half a frame then silence)
   int backlog = 1024;
 };
 
@@ -51,6 +54,8 @@ class TcpStoreServer {
   virtual std::string host() const = 0;
   // Number of connected clients right now.
   virtual size_t numConnections() const = 0;
+  // Get/Wait requests parked on missing keys right now (each costs no thread).
+  virtual size_t numWaiting() const = 0;
   // Stops serving and closes every connection; clients waiting get NetworkError. Idempotent.
   virtual void stop() = 0;
 };
@@ -61,7 +66,8 @@ struct TcpStoreOptions {
   std::string token;  // empty: take DTRAIN_STORE_TOKEN from the environment when set
   Millis connectTimeout = kDefaultConnectTimeout;
   Millis timeout = kDefaultStoreTimeout;  // every operation
-  StoreLimits limits;
+  Millis handshakeTimeout = kDefaultHandshakeTimeout;  // per connection attempt, after connect
+  StoreLimits limits;  // checked here too, so an oversize key fails before it is sent
 };
 
 class TcpStore : public Store {

@@ -1,0 +1,195 @@
+// TcpStoreServer on libuv: binding, the loop thread, accepting, stopping. The per-client work
+// is in server_connection.cpp.
+#include <netdb.h>
+#include <pthread.h>
+
+#include <algorithm>
+#include <cstring>
+
+#include <fmt/format.h>
+
+#include "dtrain/error.h"
+#include "dtrain/logging.h"
+#include "net/socket.h"
+#include "store/server.h"
+
+namespace dtrain::store {
+
+namespace {
+
+constexpr size_t kReadBufferBytes = 64 * 1024;
+constexpr int kLoggedDropsPerSecond = 10;
+
+// The socket address to bind: numeric addresses directly, names through the resolver.
+sockaddr_storage resolveBindAddress(const std::string& host, uint16_t port) {
+  sockaddr_storage addr{};
+  if (uv_ip4_addr(host.c_str(), port, reinterpret_cast<sockaddr_in*>(&addr)) == 0) return addr;
+  if (uv_ip6_addr(host.c_str(), port, reinterpret_cast<sockaddr_in6*>(&addr)) == 0) return addr;
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  hints.ai_flags = AI_PASSIVE | AI_NUMERICSERV;
+  addrinfo* list = nullptr;
+  int rc = ::getaddrinfo(host.c_str(), std::to_string(port).c_str(), &hints, &list);
+  if (rc != 0) {
+    DTRAIN_THROW(NetworkError,
+                 "store server cannot listen on {}: cannot resolve \"{}\": {}. HINT: give an IP "
+                 "address of this host (or 0.0.0.0 for all interfaces)",
+                 net::hostPort(host, port), host, ::gai_strerror(rc));
+  }
+  std::memcpy(&addr, list->ai_addr, list->ai_addrlen);
+  ::freeaddrinfo(list);
+  return addr;
+}
+
+const char* bindHint(int rc) {
+  switch (rc) {
+    case UV_EADDRINUSE: return "another job uses this port? pick --rdzv-endpoint / a free port";
+    case UV_EADDRNOTAVAIL: return "the address is not one of this host's; pick one it has";
+    case UV_EACCES: return "ports below 1024 need privileges; pick a port above 1024";
+    default: return "check the address and port";
+  }
+}
+
+}  // namespace
+
+std::unique_ptr<TcpStoreServer> TcpStoreServer::start(const TcpStoreServerOptions& options) {
+  return std::make_unique<UvStoreServer>(options);
+}
+
+UvStoreServer::UvStoreServer(const TcpStoreServerOptions& options)
+    : options_(options), where_(net::hostPort(options.host, options.port)),
+      readBuffer_(kReadBufferBytes) {
+  DTRAIN_CHECK_ARG(options_.handshakeTimeout.count() > 0,
+                   "store server {}: handshakeTimeout must be positive, got {} ms", where_,
+                   options_.handshakeTimeout.count());
+  DTRAIN_CHECK_ARG(options_.frameTimeout.count() > 0,
+                   "store server {}: frameTimeout must be positive, got {} ms", where_,
+                   options_.frameTimeout.count());
+  int rc = uv_loop_init(&loop_);
+  DTRAIN_CHECK_T(NetworkError, rc == 0, "store server {}: uv_loop_init failed: {}", where_,
+                 uv_strerror(rc));
+  uv_tcp_init(&loop_, &listener_);
+  listener_.data = this;
+  uv_async_init(&loop_, &stopAsync_, [](uv_async_t* a) {
+    static_cast<UvStoreServer*>(a->data)->stopOnLoop();
+  });
+  stopAsync_.data = this;
+  try {
+    bindOrThrow();
+  } catch (...) {
+    // Close what was opened; the loop runs only to deliver the close callbacks.
+    uv_close(reinterpret_cast<uv_handle_t*>(&listener_), nullptr);
+    uv_close(reinterpret_cast<uv_handle_t*>(&stopAsync_), nullptr);
+    uv_run(&loop_, UV_RUN_DEFAULT);
+    uv_loop_close(&loop_);
+    throw;
+  }
+  thread_ = std::thread([this] {
+    pthread_setname_np(pthread_self(), "dtrain-store");
+    uv_run(&loop_, UV_RUN_DEFAULT);
+  });
+  DTRAIN_LOG(Info, "store server listening on {}{}", where_,
+             options_.token.empty() ? " (no job token)" : " (job token required)");
+}
+
+void UvStoreServer::bindOrThrow() {
+  sockaddr_storage addr = resolveBindAddress(options_.host, options_.port);
+  // libuv may report a bind failure at bind() or only at listen(); both end here.
+  int rc = uv_tcp_bind(&listener_, reinterpret_cast<const sockaddr*>(&addr), 0);
+  if (rc == 0) {
+    rc = uv_listen(reinterpret_cast<uv_stream_t*>(&listener_), options_.backlog,
+                   [](uv_stream_t* s, int status) {
+                     static_cast<UvStoreServer*>(s->data)->onConnection(status);
+                   });
+  }
+  if (rc != 0) {
+    DTRAIN_THROW(NetworkError,
+                 "store server cannot listen on {} (address {}, port {}): {} ({}). HINT: {}",
+                 where_, options_.host, options_.port, uv_strerror(rc), uv_err_name(rc),
+                 bindHint(rc));
+  }
+  sockaddr_storage bound{};
+  int len = sizeof(bound);
+  uv_tcp_getsockname(&listener_, reinterpret_cast<sockaddr*>(&bound), &len);
+  port_ = ntohs(bound.ss_family == AF_INET6 ? reinterpret_cast<sockaddr_in6*>(&bound)->sin6_port
+                                            : reinterpret_cast<sockaddr_in*>(&bound)->sin_port);
+  where_ = net::hostPort(options_.host, port_);
+}
+
+UvStoreServer::~UvStoreServer() { stop(); }
+
+void UvStoreServer::stop() {
+  std::lock_guard<std::mutex> lock(stopMutex_);
+  if (stopped_) return;
+  stopped_ = true;
+  uv_async_send(&stopAsync_);
+  if (thread_.joinable()) thread_.join();
+  int rc = uv_loop_close(&loop_);
+  if (rc != 0) {
+    DTRAIN_LOG(Warn, "store server {}: loop did not close cleanly: {}", where_, uv_strerror(rc));
+  }
+  DTRAIN_LOG(Info, "store server {} stopped", where_);
+}
+
+void UvStoreServer::stopOnLoop() {
+  std::vector<Connection*> all(live_.begin(), live_.end());
+  for (Connection* c : all) c->closeOnLoop();
+  uv_close(reinterpret_cast<uv_handle_t*>(&listener_), nullptr);
+  uv_close(reinterpret_cast<uv_handle_t*>(&stopAsync_), nullptr);
+}
+
+void UvStoreServer::onConnection(int status) {
+  if (status < 0) {
+    logDropOnLoop("a new client", fmt::format("accept failed: {}", uv_strerror(status)));
+    return;
+  }
+  auto* c = new Connection(this);
+  if (!c->acceptOnLoop(reinterpret_cast<uv_stream_t*>(&listener_))) return;
+  if (c->closing()) return;
+  live_.insert(c);
+  connections_.fetch_add(1);
+}
+
+void UvStoreServer::connectionClosingOnLoop(Connection* c) {
+  if (live_.erase(c) > 0) connections_.fetch_sub(1);
+}
+
+void UvStoreServer::scheduleResumeOnLoop(Connection* c) {
+  if (c->inResumeList) return;
+  c->inResumeList = true;
+  resumes_.push_back(c);
+}
+
+void UvStoreServer::drainResumesOnLoop() {
+  // Connections are deleted only by close callbacks, which libuv runs in a later phase of the
+  // loop, so every pointer here is still valid (closing ones just return).
+  while (!resumes_.empty()) {
+    std::vector<Connection*> batch;
+    batch.swap(resumes_);
+    for (Connection* c : batch) {
+      c->inResumeList = false;
+      c->resumeOnLoop();
+    }
+  }
+}
+
+void UvStoreServer::logDropOnLoop(const std::string& peer, const std::string& why) {
+  auto now = std::chrono::steady_clock::now();
+  if (now - logWindow_ >= std::chrono::seconds(1)) {
+    if (suppressed_ > 0) {
+      DTRAIN_LOG(Warn, "store {}: {} more dropped clients not shown", where_, suppressed_);
+    }
+    logWindow_ = now;
+    loggedInWindow_ = 0;
+    suppressed_ = 0;
+  }
+  if (loggedInWindow_ < kLoggedDropsPerSecond) {
+    ++loggedInWindow_;
+    DTRAIN_LOG(Warn, "store {}: dropped client {}: {}", where_, peer, why);
+  } else {
+    ++suppressed_;
+  }
+}
+
+}  // namespace dtrain::store

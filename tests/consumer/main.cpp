@@ -1,0 +1,21 @@
+// Uses the installed headers and libraries: the config header, the store, and (when the torch
+// layer was built) the library's version symbol.
+#include <cstdio>
+
+#include "dtrain/config.h"
+#include "dtrain/store.h"
+#if CONSUMER_HAS_TORCH_LAYER
+#include "dtrain/dtrain.h"
+#endif
+
+int main() {
+  dtrain::store::HashStore store;
+  store.setString("hello", "world");
+  std::printf("consumer: store says %s; built with dtrain %s", store.getString("hello").c_str(),
+              DTRAIN_VERSION);
+#if CONSUMER_HAS_TORCH_LAYER
+  std::printf("; torch layer %s", dtrain::version());
+#endif
+  std::printf("\n");
+  return 0;
+}

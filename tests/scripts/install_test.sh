@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# Installs the build tree into a scratch prefix, then builds and runs a tiny out-of-tree program
+# that does find_package(dtrain) and links dtrain::dtrain; checks the installed launch runs.
+# Usage: install_test.sh <build-dir> <source-dir>
+set -euo pipefail
+build="$1"
+src="$2"
+scratch="$(mktemp -d)"
+trap 'rm -rf "$scratch"' EXIT
+
+cmake --install "$build" --prefix "$scratch/prefix" >/dev/null
+generator=()
+command -v ninja >/dev/null 2>&1 && generator=(-G Ninja)
+cmake -S "$src/tests/consumer" -B "$scratch/consumer" "${generator[@]}" \
+  -DCMAKE_PREFIX_PATH="$scratch/prefix" -DCMAKE_BUILD_TYPE=Release >/dev/null
+cmake --build "$scratch/consumer" >/dev/null
+
+out="$("$scratch/consumer/consumer")"
+echo "$out"
+grep -q "store says world" <<<"$out"
+version="$("$scratch/prefix/bin/launch" --version)"
+echo "$version"
+grep -q "launch (dtrain)" <<<"$version"
+# The installed tree holds the package files and headers a user needs.
+test -f "$scratch/prefix/include/dtrain/config.h"
+ls "$scratch"/prefix/lib*/cmake/dtrain/dtrainConfig.cmake >/dev/null
+echo "install_test: ok"

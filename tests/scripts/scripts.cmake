@@ -1,0 +1,5 @@
+# Tests of the scripts and of the installed package.
+add_test(NAME install.consumer
+         COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/tests/scripts/install_test.sh
+                 ${CMAKE_BINARY_DIR} ${CMAKE_CURRENT_SOURCE_DIR})
+set_tests_properties(install.consumer PROPERTIES LABELS integration TIMEOUT 300)

@@ -1,0 +1,152 @@
+#include "store_test_support.h"
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <sys/resource.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdio>
+#include <thread>
+
+#include "store/auth.h"
+#include "store/wire.h"
+
+namespace dtrain::store::testing {
+
+TcpStoreServerOptions serverOptions() {
+  TcpStoreServerOptions o;
+  o.host = "127.0.0.1";
+  o.port = 0;
+  o.handshakeTimeout = Millis(5000);
+  o.frameTimeout = Millis(5000);
+  return o;
+}
+
+TcpStoreOptions clientOptions(const TcpStoreServer& server) {
+  TcpStoreOptions o;
+  o.host = "127.0.0.1";
+  o.port = server.port();
+  o.connectTimeout = Millis(10000);
+  o.timeout = Millis(10000);
+  return o;
+}
+
+RawClient::RawClient(uint16_t port) {
+  fd_ = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd_ < 0) return;
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(port);
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  int one = 1;
+  ::setsockopt(fd_, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+  if (::connect(fd_, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
+    ::close(fd_);
+    fd_ = -1;
+  }
+}
+
+RawClient::~RawClient() {
+  if (fd_ >= 0) ::close(fd_);
+}
+
+bool RawClient::send(const std::vector<uint8_t>& bytes) { return send(bytes.data(), bytes.size()); }
+
+bool RawClient::send(const uint8_t* data, size_t size) {
+  size_t done = 0;
+  while (done < size) {
+    ssize_t n = ::send(fd_, data + done, size - done, MSG_NOSIGNAL);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) return false;
+    done += static_cast<size_t>(n);
+  }
+  return true;
+}
+
+std::vector<uint8_t> RawClient::recv(size_t n, std::chrono::milliseconds timeout) {
+  std::vector<uint8_t> out(n);
+  size_t done = 0;
+  auto deadline = Clock::now() + timeout;
+  while (done < n) {
+    auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
+    if (left.count() <= 0) break;
+    pollfd p{fd_, POLLIN, 0};
+    int rc = ::poll(&p, 1, static_cast<int>(left.count()));
+    if (rc < 0 && errno == EINTR) continue;
+    if (rc <= 0) break;
+    ssize_t got = ::recv(fd_, out.data() + done, n - done, 0);
+    if (got < 0 && errno == EINTR) continue;
+    if (got <= 0) break;
+    done += static_cast<size_t>(got);
+  }
+  out.resize(done);
+  return out;
+}
+
+bool RawClient::handshake(const std::string& token) {
+  wire::Hello hello;
+  hello.flags = token.empty() ? 0 : wire::kFlagToken;
+  hello.nonce = auth::randomNonce();
+  auto h = wire::encodeHello(hello);
+  if (!send(h.data(), h.size())) return false;
+  auto c = recv(wire::kChallengeBytes, std::chrono::milliseconds(5000));
+  wire::Challenge challenge;
+  if (c.size() != wire::kChallengeBytes || !wire::decodeChallenge(c.data(), &challenge)) {
+    return false;
+  }
+  wire::Mac proof{};
+  if (!token.empty()) proof = auth::clientProof(token, challenge.nonce, hello.nonce);
+  if (!send(proof.data(), proof.size())) return false;
+  auto v = recv(wire::kVerdictBytes, std::chrono::milliseconds(5000));
+  return v.size() == wire::kVerdictBytes && wire::decodeVerdict(v.data()) == 0;
+}
+
+bool RawClient::closedByServer(std::chrono::milliseconds timeout) {
+  auto deadline = Clock::now() + timeout;
+  uint8_t sink[4096];
+  for (;;) {
+    auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
+    if (left.count() <= 0) return false;
+    pollfd p{fd_, POLLIN, 0};
+    int rc = ::poll(&p, 1, static_cast<int>(left.count()));
+    if (rc < 0 && errno == EINTR) continue;
+    if (rc <= 0) return false;
+    ssize_t n = ::recv(fd_, sink, sizeof(sink), 0);
+    if (n == 0) return true;
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) return errno == ECONNRESET;
+  }
+}
+
+size_t residentBytes() {
+  FILE* f = std::fopen("/proc/self/statm", "r");
+  if (f == nullptr) return 0;
+  unsigned long size = 0, resident = 0;
+  int n = std::fscanf(f, "%lu %lu", &size, &resident);
+  std::fclose(f);
+  return n == 2 ? resident * static_cast<size_t>(::sysconf(_SC_PAGESIZE)) : 0;
+}
+
+size_t raiseFdLimit() {
+  rlimit rl{};
+  ::getrlimit(RLIMIT_NOFILE, &rl);
+  rl.rlim_cur = rl.rlim_max;
+  ::setrlimit(RLIMIT_NOFILE, &rl);
+  ::getrlimit(RLIMIT_NOFILE, &rl);
+  return static_cast<size_t>(rl.rlim_cur);
+}
+
+bool eventually(const std::function<bool()>& condition, std::chrono::milliseconds timeout) {
+  auto deadline = Clock::now() + timeout;
+  while (Clock::now() < deadline) {
+    if (condition()) return true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  return condition();
+}
+
+}  // namespace dtrain::store::testing

@@ -1,0 +1,53 @@
+#pragma once
+// Helpers for the TcpStore tests: servers on port 0 with short test timeouts, a raw-socket client
+// that speaks (or breaks) the wire format byte by byte, and process measurements.
+
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "dtrain/tcp_store.h"
+
+namespace dtrain::store::testing {
+
+using Clock = std::chrono::steady_clock;
+
+TcpStoreServerOptions serverOptions();
+TcpStoreOptions clientOptions(const TcpStoreServer& server);
+
+// A blocking TCP socket to 127.0.0.1:port, for hostile and hand-made traffic.
+class RawClient {
+ public:
+  explicit RawClient(uint16_t port);
+  ~RawClient();
+  RawClient(const RawClient&) = delete;
+  RawClient& operator=(const RawClient&) = delete;
+
+  bool valid() const { return fd_ >= 0; }
+  int fd() const { return fd_; }
+  // False when the server has already closed the connection.
+  bool send(const std::vector<uint8_t>& bytes);
+  bool send(const uint8_t* data, size_t size);
+  // Exactly `n` bytes, or fewer when the peer closed or `timeout` passed.
+  std::vector<uint8_t> recv(size_t n, std::chrono::milliseconds timeout);
+  // Runs the client half of the handshake (with `token`, "" for none); true when accepted.
+  bool handshake(const std::string& token = "");
+  // True when the server closed the connection (EOF or reset) within `timeout`; bytes it sent
+  // first are skipped.
+  bool closedByServer(std::chrono::milliseconds timeout);
+
+ private:
+  int fd_ = -1;
+};
+
+// This process's resident set, in bytes (/proc/self/statm).
+size_t residentBytes();
+// Raises RLIMIT_NOFILE's soft limit to the hard one; returns the new soft limit.
+size_t raiseFdLimit();
+// Polls `condition` every few ms until it holds or `timeout` passes.
+bool eventually(const std::function<bool()>& condition, std::chrono::milliseconds timeout);
+
+}  // namespace dtrain::store::testing

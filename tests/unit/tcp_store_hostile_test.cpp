@@ -1,0 +1,206 @@
+// Hostile clients on raw sockets (RELIABILITY.md B5-B7, R12): each case checks that the offender
+// is dropped, that a well-behaved client is still served, and that the server did not allocate
+// what the offender announced.
+#include <random>
+#include <thread>
+
+#include <gtest/gtest.h>
+
+#include "dtrain/tcp_store.h"
+#include "store/wire.h"
+#include "store_test_support.h"
+
+namespace dtrain::store {
+namespace {
+
+using namespace testing;
+using std::chrono::milliseconds;
+
+constexpr size_t kMiB = 1 << 20;
+
+Bytes header(uint64_t length, wire::Op op) {
+  Bytes h(wire::kHeaderBytes);
+  for (int i = 0; i < 8; ++i) h[i] = static_cast<uint8_t>(length >> (8 * i));
+  h[8] = wire::kVersion;
+  h[9] = static_cast<uint8_t>(op);
+  return h;
+}
+
+void appendU64(Bytes* b, uint64_t v) {
+  for (int i = 0; i < 8; ++i) b->push_back(static_cast<uint8_t>(v >> (8 * i)));
+}
+
+class TcpStoreHostile : public ::testing::Test {
+ protected:
+  void SetUp() override { start(serverOptions()); }
+  void start(const TcpStoreServerOptions& o) {
+    good_.reset();
+    server_ = TcpStoreServer::start(o);
+    good_ = std::make_unique<TcpStore>(clientOptions(*server_));
+    good_->setString("probe", "alive");
+    rssBefore_ = residentBytes();
+  }
+  // The well-behaved client is still served, with a fresh write and a read of it.
+  void expectGoodClientServed() {
+    static int n = 0;
+    std::string key = "after-" + std::to_string(++n);
+    good_->setString(key, "yes");
+    EXPECT_EQ(good_->getString(key), "yes");
+    EXPECT_EQ(good_->getString("probe"), "alive");
+  }
+  void expectRssGrewLessThan(size_t bytes) {
+    size_t now = residentBytes();
+    size_t grown = now > rssBefore_ ? now - rssBefore_ : 0;
+    EXPECT_LT(grown, bytes) << "resident set grew by " << grown / kMiB << " MiB";
+  }
+  bool connectionsSettleTo(size_t n) {
+    return eventually([&] { return server_->numConnections() == n; }, milliseconds(10000));
+  }
+
+  std::unique_ptr<TcpStoreServer> server_;
+  std::unique_ptr<TcpStore> good_;
+  size_t rssBefore_ = 0;
+};
+
+TEST_F(TcpStoreHostile, RandomBytesAreDroppedBeforeAndAfterTheHandshake) {  // B5
+  std::mt19937 rng(42);
+  for (int i = 0; i < 50; ++i) {
+    Bytes junk(4096);
+    for (auto& b : junk) b = static_cast<uint8_t>(rng());
+    junk[0] = 'X';  // never the magic's first byte, so the drop is certain
+    RawClient raw(server_->port());
+    raw.send(junk);
+    EXPECT_TRUE(raw.closedByServer(milliseconds(5000))) << "before the handshake, round " << i;
+
+    RawClient authed(server_->port());
+    ASSERT_TRUE(authed.handshake());
+    junk[8] = 77;  // a header with an unknown version
+    authed.send(junk);
+    EXPECT_TRUE(authed.closedByServer(milliseconds(5000))) << "after the handshake, round " << i;
+  }
+  expectGoodClientServed();
+  EXPECT_TRUE(connectionsSettleTo(1));
+}
+
+TEST_F(TcpStoreHostile, OversizeLengthsAreRefusedWithoutAllocating) {  // B6
+  for (uint64_t length : {uint64_t{1} << 30, ~uint64_t{0}, uint64_t{65} * kMiB * 2}) {
+    for (wire::Op op : {wire::Op::Set, wire::Op::CompareSet, wire::Op::Wait}) {
+      RawClient raw(server_->port());
+      ASSERT_TRUE(raw.handshake());
+      raw.send(header(length, op));
+      Bytes filler(64 * 1024, 0);
+      raw.send(filler);  // may fail once the server has closed; that is the point
+      EXPECT_TRUE(raw.closedByServer(milliseconds(5000))) << length;
+    }
+  }
+  expectGoodClientServed();
+  expectRssGrewLessThan(32 * kMiB);
+}
+
+TEST_F(TcpStoreHostile, AKeyCountOfTwoToTheFortyIsRefused) {  // B6
+  for (wire::Op op : {wire::Op::Wait, wire::Op::Check}) {
+    RawClient raw(server_->port());
+    ASSERT_TRUE(raw.handshake());
+    Bytes frame = header(op == wire::Op::Wait ? 16 : 8, op);
+    if (op == wire::Op::Wait) appendU64(&frame, 1000);  // timeout
+    appendU64(&frame, uint64_t{1} << 40);               // key count
+    raw.send(frame);
+    EXPECT_TRUE(raw.closedByServer(milliseconds(5000)));
+  }
+  expectGoodClientServed();
+  expectRssGrewLessThan(32 * kMiB);
+}
+
+TEST_F(TcpStoreHostile, HalfAFrameAnnouncingSixtyMiBAllocatesOnlyWhatCame) {  // B6, B7
+  TcpStoreServerOptions o = serverOptions();
+  o.frameTimeout = Millis(300);
+  start(o);
+  std::vector<std::unique_ptr<RawClient>> raws;
+  for (int i = 0; i < 20; ++i) {
+    raws.push_back(std::make_unique<RawClient>(server_->port()));
+    ASSERT_TRUE(raws.back()->handshake());
+    Bytes frame = header(60 * kMiB, wire::Op::Set);
+    appendU64(&frame, 1);
+    frame.push_back('k');
+    appendU64(&frame, 60 * kMiB - 17);
+    frame.resize(frame.size() + 1000, 'v');  // then silence
+    raws.back()->send(frame);
+  }
+  expectGoodClientServed();
+  // 20 x 60 MiB announced; only ~20 KiB came.
+  expectRssGrewLessThan(16 * kMiB);
+  for (auto& raw : raws) EXPECT_TRUE(raw->closedByServer(milliseconds(10000)));
+  EXPECT_TRUE(connectionsSettleTo(1));
+  expectGoodClientServed();
+}
+
+TEST_F(TcpStoreHostile, AThousandSlowlorisClientsAreDroppedAtTheHandshakeDeadline) {  // B7
+  ASSERT_GE(raiseFdLimit(), 2200u);
+  TcpStoreServerOptions o = serverOptions();
+  o.handshakeTimeout = Millis(500);
+  start(o);
+  std::vector<std::unique_ptr<RawClient>> raws;
+  for (int i = 0; i < 1000; ++i) {
+    raws.push_back(std::make_unique<RawClient>(server_->port()));
+    ASSERT_TRUE(raws.back()->valid()) << i;
+    if (i % 2 == 0) raws.back()->send(Bytes{'D'});  // one byte of the magic, then nothing
+  }
+  expectGoodClientServed();
+  for (auto& raw : raws) EXPECT_TRUE(raw->closedByServer(milliseconds(15000)));
+  EXPECT_TRUE(connectionsSettleTo(1));
+  expectGoodClientServed();
+}
+
+TEST_F(TcpStoreHostile, IdleClientsAreKeptByDefaultAndDroppedWithAnIdleTimeout) {
+  {
+    RawClient idle(server_->port());
+    ASSERT_TRUE(idle.handshake());
+    EXPECT_FALSE(idle.closedByServer(milliseconds(300))) << "idle timeout is off by default";
+    wire::Request n;
+    n.op = wire::Op::NumKeys;
+    ASSERT_TRUE(idle.send(wire::encodeRequest(n)));
+    EXPECT_EQ(idle.recv(wire::kHeaderBytes + 8, milliseconds(5000)).size(),
+              wire::kHeaderBytes + 8);
+  }
+  TcpStoreServerOptions o = serverOptions();
+  o.idleTimeout = Millis(200);
+  start(o);
+  RawClient idle(server_->port());
+  ASSERT_TRUE(idle.handshake());
+  EXPECT_TRUE(idle.closedByServer(milliseconds(10000)));
+  // Parked requests are not idleness: a long wait outlives the idle timeout.
+  good_->setTimeout(Millis(10000));
+  std::thread later([&] {
+    std::this_thread::sleep_for(milliseconds(600));
+    TcpStore other(clientOptions(*server_));
+    other.setString("late", "1");
+  });
+  EXPECT_NO_THROW(EXPECT_EQ(good_->getString("late"), "1"));
+  later.join();
+}
+
+TEST_F(TcpStoreHostile, AClientThatNeverReadsItsRepliesIsCutOff) {
+  TcpStoreServerOptions o = serverOptions();
+  o.limits.maxValueBytes = 64 * 1024;
+  start(o);
+  good_->set("blob", Bytes(60 * 1024, 'b'));
+  rssBefore_ = residentBytes();
+  RawClient raw(server_->port());
+  ASSERT_TRUE(raw.handshake());
+  wire::Request get;
+  get.op = wire::Op::Get;
+  get.keys = {"blob"};
+  get.timeoutMs = 1000;
+  Bytes frame = wire::encodeRequest(get);
+  Bytes burst;
+  for (int i = 0; i < 4096; ++i) burst.insert(burst.end(), frame.begin(), frame.end());
+  // ~100 KiB of requests asking for ~240 MiB of replies, none of which is read.
+  for (int i = 0; i < 20 && raw.send(burst); ++i) {
+  }
+  EXPECT_TRUE(raw.closedByServer(milliseconds(10000)));
+  expectGoodClientServed();
+  expectRssGrewLessThan(64 * kMiB);
+}
+
+}  // namespace
+}  // namespace dtrain::store
