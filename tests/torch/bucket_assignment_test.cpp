@@ -24,7 +24,7 @@ std::vector<BucketInput> sized(std::vector<size_t> bytes) {
   return out;
 }
 
-TEST(BucketAssignment, Table) {
+void checkTable() {
   const std::vector<Case> cases = {
       {"nothing", {}, 4, 10, {}},
       {"one tensor", sized({3}), 4, 10, {{0}}},
@@ -51,7 +51,7 @@ TEST(BucketAssignment, Table) {
   }
 }
 
-TEST(BucketAssignment, EveryIndexExactlyOnce) {
+void checkEveryIndexExactlyOnce() {
   std::vector<BucketInput> inputs;
   for (size_t i = 0; i < 50; ++i) inputs.push_back({(i * 37) % 11 * KiB, static_cast<int>(i % 3)});
   auto buckets = assignBuckets(inputs, 4 * KiB, 16 * KiB);
@@ -63,6 +63,11 @@ TEST(BucketAssignment, EveryIndexExactlyOnce) {
     }
   }
   for (size_t i = 0; i < seen.size(); ++i) EXPECT_EQ(seen[i], 1) << "index " << i;
+}
+
+TEST(BucketAssignment, TableAndInvariants) {
+  checkTable();
+  checkEveryIndexExactlyOnce();
 }
 
 }  // namespace

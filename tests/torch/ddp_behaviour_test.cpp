@@ -83,7 +83,7 @@ torch::Tensor branchLoss(BranchNet& net, const torch::Tensor& x, const torch::Te
   return total / world;
 }
 
-TEST(DdpUnusedParameters, SkippedLayerIsStillSynchronised) {
+void checkSkippedLayerIsStillSynchronised() {
   // Per step, which ranks skip fc2: one rank, the other, none, all (fc2 unused everywhere).
   const std::vector<std::vector<bool>> skips = {
       {true, false}, {false, true}, {false, false}, {true, true}};
@@ -124,7 +124,7 @@ TEST(DdpUnusedParameters, SkippedLayerIsStillSynchronised) {
   for (int r = 0; r < 2; ++r) expectSameParameters(*nets[r], *reference, "rank " + std::to_string(r));
 }
 
-TEST(DdpUnusedParameters, UsedOnlyInsideNoSyncStillSynchronised) {
+void checkUsedOnlyInsideNoSyncStillSynchronised() {
   torch::manual_seed(3);
   auto x = torch::randn({8, 6});
   auto y = torch::randn({8, 3});
@@ -163,7 +163,7 @@ TEST(DdpUnusedParameters, UsedOnlyInsideNoSyncStillSynchronised) {
   for (int r = 0; r < 2; ++r) expectSameParameters(*nets[r], *reference, "rank " + std::to_string(r));
 }
 
-TEST(DdpUnusedParameters, WithoutFindUnusedTheBackwardNamesThem) {
+void checkWithoutFindUnusedTheBackwardNamesThem() {
   auto world = ThreadWorld::create(2);
   std::vector<BranchNet> nets(2);
   world->run([&](int rank) {
@@ -205,7 +205,7 @@ struct OpaqueOutputImpl : torch::nn::Module {
 };
 TORCH_MODULE(OpaqueOutput);
 
-TEST(DdpUnusedParameters, SearchesTupleOutputsAndRejectsOpaqueOnes) {
+void checkSearchesTupleOutputsAndRejectsOpaqueOnes() {
   auto world = ThreadWorld::create(2);
   std::vector<TwoHeads> heads(2);
   std::vector<OpaqueOutput> opaque(2);
@@ -220,7 +220,7 @@ TEST(DdpUnusedParameters, SearchesTupleOutputsAndRejectsOpaqueOnes) {
   });
 }
 
-TEST(DdpConstruction, MismatchedModelsNameTheParameterAndRanks) {
+void checkMismatchedModelsNameTheParameterAndRanks() {
   auto world = ThreadWorld::create(3);
   std::vector<Mlp> nets = {Mlp(8, 16, 4), Mlp(8, 17, 4), Mlp(8, 16, 4)};
   expectErrorOnEveryRank(
@@ -230,7 +230,7 @@ TEST(DdpConstruction, MismatchedModelsNameTheParameterAndRanks) {
        "rank 1 has parameter fc1.weight Float [17, 8]", "HINT"});
 }
 
-TEST(DdpConstruction, ExtraParameterAndDtypeMismatchAreNamed) {
+void checkExtraParameterAndDtypeMismatchAreNamed() {
   auto world = ThreadWorld::create(2);
   std::vector<Mlp> nets = {Mlp(), Mlp()};
   nets[1]->register_module("fc4", torch::nn::Linear(4, 2));
@@ -303,7 +303,7 @@ bool sameBuffers(BnCnn& a, BnCnn& b) {
   return true;
 }
 
-TEST(DdpBuffers, BatchNormParametersAndBuffersIdenticalOnEveryRank) {
+void checkBatchNormParametersAndBuffersIdenticalOnEveryRank() {
   auto nets = trainBnCnn(/*broadcastBuffers=*/true, AfterTraining::SyncBuffers);
   auto want = nets[0]->named_parameters();
   for (const auto& p : nets[1]->named_parameters()) {
@@ -313,7 +313,7 @@ TEST(DdpBuffers, BatchNormParametersAndBuffersIdenticalOnEveryRank) {
   EXPECT_EQ(nets[1]->bn1->num_batches_tracked.item<int64_t>(), 3);
 }
 
-TEST(DdpBuffers, BroadcastBeforeEveryForward) {
+void checkBroadcastBeforeEveryForward() {
   // Each rank's last training forward updated its statistics with its own batch ...
   auto unsynced = trainBnCnn(true, AfterTraining::Nothing);
   EXPECT_FALSE(sameBuffers(unsynced[0], unsynced[1]));
@@ -427,6 +427,26 @@ TEST(DdpFailure, CommunicatorErrorComesOutOfBackward) {
         mseLoss(ddp(torch::randn({2, 8})), torch::randn({2, 4})).backward();
       },
       {"injected failure of collective #2", "allreduce"});
+}
+
+TEST(DdpUnusedParameters, SkippedGradientsAreSynchronised) {
+  checkSkippedLayerIsStillSynchronised();
+  checkUsedOnlyInsideNoSyncStillSynchronised();
+}
+
+TEST(DdpUnusedParameters, Errors) {
+  checkWithoutFindUnusedTheBackwardNamesThem();
+  checkSearchesTupleOutputsAndRejectsOpaqueOnes();
+}
+
+TEST(DdpConstruction, MismatchedModelsAreNamed) {
+  checkMismatchedModelsNameTheParameterAndRanks();
+  checkExtraParameterAndDtypeMismatchAreNamed();
+}
+
+TEST(DdpBuffers, BatchNorm) {
+  checkBatchNormParametersAndBuffersIdenticalOnEveryRank();
+  checkBroadcastBeforeEveryForward();
 }
 
 }  // namespace

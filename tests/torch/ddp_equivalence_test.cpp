@@ -64,7 +64,7 @@ Batches cnnData(int world) {
   return d;
 }
 
-TEST(DdpEquivalence, MlpOnTwoThreeFourRanks) {
+void checkMlpOnTwoThreeFourRanks() {
   for (int world : {2, 3, 4}) {
     torch::manual_seed(world);
     auto data = mlpData(world);
@@ -72,7 +72,7 @@ TEST(DdpEquivalence, MlpOnTwoThreeFourRanks) {
   }
 }
 
-TEST(DdpEquivalence, MlpWithGradientsAsBucketViews) {
+void checkMlpWithGradientsAsBucketViews() {
   for (int world : {2, 3}) {
     torch::manual_seed(10 + world);
     auto data = mlpData(world);
@@ -80,7 +80,7 @@ TEST(DdpEquivalence, MlpWithGradientsAsBucketViews) {
   }
 }
 
-TEST(DdpEquivalence, MlpWithDefaultBuckets) {
+void checkMlpWithDefaultBuckets() {
   torch::manual_seed(20);
   auto data = mlpData(2);
   expectEquivalent<Mlp>(2, [] { return Mlp(); }, data, mseLoss, DdpOptions{});
@@ -94,7 +94,7 @@ TEST(DdpEquivalence, CnnOnTwoThreeFourRanks) {
   }
 }
 
-TEST(DdpEquivalence, GradientsAsBucketViewsAliasTheBuckets) {
+void checkGradientsAsBucketViewsAliasTheBuckets() {
   torch::manual_seed(40);
   auto data = mlpData(2);
   Mlp reference;
@@ -116,6 +116,13 @@ TEST(DdpEquivalence, GradientsAsBucketViewsAliasTheBuckets) {
           << "step " << step;
     }
   });
+}
+
+TEST(DdpEquivalence, MlpOnTwoThreeFourRanks) {
+  checkMlpOnTwoThreeFourRanks();
+  checkMlpWithGradientsAsBucketViews();
+  checkMlpWithDefaultBuckets();
+  checkGradientsAsBucketViewsAliasTheBuckets();
 }
 
 }  // namespace

@@ -31,7 +31,7 @@ SamplerOptions shuffled(uint64_t seed, bool dropLast = false) {
   return o;
 }
 
-TEST(DistributedSampler, MatchesPyTorch) {
+void checkMatchesPyTorch() {
   // torch.utils.data.distributed.DistributedSampler (PyTorch 1.13), shuffle=True.
   struct Case {
     size_t n;
@@ -53,7 +53,7 @@ TEST(DistributedSampler, MatchesPyTorch) {
   }
 }
 
-TEST(DistributedSampler, PartitionsCoverTheDatasetOncePlusPadding) {
+void checkPartitionsCoverTheDatasetOncePlusPadding() {
   for (size_t n : {0, 1, 7, 12, 13}) {
     for (int world : {1, 2, 3, 4, 5}) {
       auto shards = shardsOf(n, world, shuffled(3), 0);
@@ -76,7 +76,7 @@ TEST(DistributedSampler, PartitionsCoverTheDatasetOncePlusPadding) {
   }
 }
 
-TEST(DistributedSampler, DropLastCutsToAMultipleOfTheWorld) {
+void checkDropLastCutsToAMultipleOfTheWorld() {
   auto shards = shardsOf(13, 4, shuffled(1, true), 0);
   std::set<size_t> seen;
   for (const auto& s : shards) {
@@ -86,7 +86,7 @@ TEST(DistributedSampler, DropLastCutsToAMultipleOfTheWorld) {
   EXPECT_EQ(seen.size(), 12u) << "no sample twice";
 }
 
-TEST(DistributedSampler, EpochsDifferAndAreReproducible) {
+void checkEpochsDifferAndAreReproducible() {
   auto e0 = shardsOf(20, 2, shuffled(5), 0);
   auto e1 = shardsOf(20, 2, shuffled(5), 1);
   EXPECT_NE(e0, e1);
@@ -96,7 +96,7 @@ TEST(DistributedSampler, EpochsDifferAndAreReproducible) {
   EXPECT_EQ(shardsOf(5, 2, sequential, 3), (Shards{{0, 2, 4}, {1, 3, 0}}));
 }
 
-TEST(DistributedSampler, NextHandsOutBatchesAndResetRewinds) {
+void checkNextHandsOutBatchesAndResetRewinds() {
   DistributedSampler s(10, 1, 2, shuffled(0));
   std::vector<size_t> all;
   while (auto batch = s.next(2)) all.insert(all.end(), batch->begin(), batch->end());
@@ -106,7 +106,7 @@ TEST(DistributedSampler, NextHandsOutBatchesAndResetRewinds) {
   EXPECT_EQ(s.next(100).value(), s.indices());
 }
 
-TEST(DistributedSampler, ResumeAtTheSameWorldSizeContinuesExactly) {
+void checkResumeAtTheSameWorldSizeContinuesExactly() {
   for (bool dropLast : {false, true}) {
     auto options = shuffled(9, dropLast);
     auto full = shardsOf(23, 3, options, 4);
@@ -127,7 +127,7 @@ TEST(DistributedSampler, ResumeAtTheSameWorldSizeContinuesExactly) {
   }
 }
 
-TEST(DistributedSampler, ResumeAtAnotherWorldSizeReshardsTheRemainder) {
+void checkResumeAtAnotherWorldSizeReshardsTheRemainder() {
   const size_t n = 29;
   auto options = shuffled(11);
   auto full = shardsOf(n, 4, options, 2);
@@ -168,7 +168,7 @@ TEST(DistributedSampler, ResumeAtAnotherWorldSizeReshardsTheRemainder) {
   }
 }
 
-TEST(SamplerState, EncodingRoundTripsAndRejectsDamage) {
+void checkEncodingRoundTripsAndRejectsDamage() {
   SamplerState s;
   s.seed = 0x0102030405060708ull;
   s.epoch = 7;
@@ -202,7 +202,7 @@ TEST(SamplerState, EncodingRoundTripsAndRejectsDamage) {
   expectRejected(badCursor, "cursor");
 }
 
-TEST(DistributedSampler, LoadStateRefusesAnotherDatasetOrSeed) {
+void checkLoadStateRefusesAnotherDatasetOrSeed() {
   DistributedSampler s(100, 0, 2, shuffled(1));
   auto state = s.state();
   DistributedSampler otherSize(99, 0, 2, shuffled(1));
@@ -211,7 +211,7 @@ TEST(DistributedSampler, LoadStateRefusesAnotherDatasetOrSeed) {
   EXPECT_THROW(otherSeed.loadState(state), InvalidArgument);
 }
 
-TEST(DistributedSampler, WorksAsADataLoaderSamplerAndSerializes) {
+void checkWorksAsADataLoaderSamplerAndSerializes() {
   auto data = torch::arange(40).reshape({20, 2}).to(torch::kFloat);
   auto dataset = torch::data::datasets::TensorDataset(data).map(
       torch::data::transforms::Stack<torch::data::TensorExample>());
@@ -239,6 +239,28 @@ TEST(DistributedSampler, WorksAsADataLoaderSamplerAndSerializes) {
   restored.load(in);
   EXPECT_EQ(restored.state(), sampler.state());
   EXPECT_EQ(restored.indices(), std::vector<size_t>(expected.begin() + 4, expected.end()));
+}
+
+TEST(DistributedSampler, MatchesPyTorchAndPartitionsEachEpoch) {
+  checkMatchesPyTorch();
+  checkPartitionsCoverTheDatasetOncePlusPadding();
+  checkDropLastCutsToAMultipleOfTheWorld();
+  checkEpochsDifferAndAreReproducible();
+}
+
+TEST(DistributedSampler, SamplerInterfaceAndDataLoader) {
+  checkNextHandsOutBatchesAndResetRewinds();
+  checkWorksAsADataLoaderSamplerAndSerializes();
+}
+
+TEST(DistributedSampler, ResumesMidEpoch) {
+  checkResumeAtTheSameWorldSizeContinuesExactly();
+  checkResumeAtAnotherWorldSizeReshardsTheRemainder();
+}
+
+TEST(DistributedSampler, StateFormatAndValidation) {
+  checkEncodingRoundTripsAndRejectsDamage();
+  checkLoadStateRefusesAnotherDatasetOrSeed();
 }
 
 }  // namespace
