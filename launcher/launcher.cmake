@@ -2,9 +2,20 @@
 # The launcher's logic lives in dtrain_launcher (a static library) so tests can link it.
 add_library(dtrain_launcher STATIC
   launcher/version.cpp
+  launcher/launch_args.cpp
+  launcher/launch_config.cpp
+  launcher/worker_env.cpp
+  launcher/program.cpp
+  launcher/job.cpp
+  launcher/supervisor/guardian.cpp
+  launcher/supervisor/output.cpp
+  launcher/supervisor/failure_report.cpp
+  launcher/supervisor/oom.cpp
+  launcher/supervisor/supervisor.cpp
 )
 target_include_directories(dtrain_launcher PUBLIC ${CMAKE_CURRENT_SOURCE_DIR})
-target_link_libraries(dtrain_launcher PUBLIC dtrain_base cxxopts::cxxopts)
+target_link_libraries(dtrain_launcher PUBLIC dtrain_base cxxopts::cxxopts
+                      PRIVATE nlohmann_json::nlohmann_json)
 dtrain_warnings(dtrain_launcher)
 
 add_executable(launch launcher/main.cpp)

@@ -1,22 +1,103 @@
 // launch: start, supervise and restart a distributed training job.
+//
+//   launch [options] [--] PROGRAM [ARGS...]      see `launch --help`
+//
+// main() only splits the command line, dispatches on the command table below and maps
+// exceptions to DESIGN.md's exit codes; the work is in dtrain_launcher.
+#include <fcntl.h>
+#include <unistd.h>
+
 #include <cstdio>
-#include <cstring>
+#include <string>
+#include <vector>
+
+#include "dtrain/error.h"
+#include "dtrain/logging.h"
+#include "launcher/job.h"
+#include "launcher/launch_args.h"
+#include "launcher/program.h"
+#include "launcher/worker_env.h"
 
 namespace dtrain::launcher {
 const char* launcherVersion();
 }
 
-int main(int argc, char** argv) {
-  for (int i = 1; i < argc; ++i) {
-    if (std::strcmp(argv[i], "--version") == 0) {
-      std::printf("launch (dtrain) %s\n", dtrain::launcher::launcherVersion());
-      return 0;
-    }
-    if (std::strcmp(argv[i], "--help") == 0 || std::strcmp(argv[i], "-h") == 0) {
-      std::printf("usage: launch [options] [--] program [args...]\n");
-      return 0;
+namespace {
+
+using dtrain::launcher::ParsedCommand;
+
+constexpr int kExitUsage = 2;
+constexpr int kExitInfrastructure = 125;
+constexpr int kExitNotExecutable = 126;
+constexpr int kExitNotFound = 127;
+
+int printHelp(const ParsedCommand&, const dtrain::launcher::EnvMap&) {
+  std::fputs(dtrain::launcher::helpText().c_str(), stdout);
+  return 0;
+}
+
+int printVersion(const ParsedCommand&, const dtrain::launcher::EnvMap&) {
+  std::printf("launch (dtrain) %s\n", dtrain::launcher::launcherVersion());
+  return 0;
+}
+
+int runJob(const ParsedCommand& command, const dtrain::launcher::EnvMap& environment) {
+  return dtrain::launcher::runJob(command.config, environment);
+}
+
+// The command table: what each parsed action runs.
+struct Command {
+  ParsedCommand::Action action;
+  int (*run)(const ParsedCommand&, const dtrain::launcher::EnvMap&);
+};
+constexpr Command kCommands[] = {
+    {ParsedCommand::Action::Help, printHelp},
+    {ParsedCommand::Action::Version, printVersion},
+    {ParsedCommand::Action::Run, runJob},
+};
+
+void usageError(const std::string& what, const char* exitNote) {
+  std::fprintf(stderr, "launch: %s -- nothing was started%s\n", what.c_str(), exitNote);
+}
+
+// Pipes to workers must never land on fds 0-2: give a closed standard descriptor /dev/null.
+void ensureStandardFds() {
+  for (int fd = 0; fd <= 2; ++fd) {
+    if (::fcntl(fd, F_GETFD) < 0) {
+      int nul = ::open("/dev/null", fd == 0 ? O_RDONLY : O_WRONLY);
+      if (nul >= 0 && nul != fd) {
+        ::dup2(nul, fd);
+        ::close(nul);
+      }
     }
   }
-  std::fprintf(stderr, "launch: nothing was started: HINT: see launch --help\n");
-  return 2;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  ensureStandardFds();
+  dtrain::log::setTag("[launch]");
+  std::vector<std::string> args(argv + 1, argv + argc);
+  const dtrain::launcher::EnvMap environment = dtrain::launcher::currentEnvironment();
+  try {
+    ParsedCommand parsed = dtrain::launcher::parseLaunchArgs(args, environment);
+    for (const auto& c : kCommands) {
+      if (c.action == parsed.action) return c.run(parsed, environment);
+    }
+    return kExitInfrastructure;
+  } catch (const dtrain::launcher::ProgramNotFound& e) {
+    usageError(e.what(), " (exit 127: not found)");
+    return kExitNotFound;
+  } catch (const dtrain::launcher::ProgramNotExecutable& e) {
+    usageError(e.what(), " (exit 126: not executable)");
+    return kExitNotExecutable;
+  } catch (const dtrain::InvalidArgument& e) {
+    usageError(e.what(), " (exit 2: usage error; see launch --help)");
+    return kExitUsage;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "launch: error: %s (exit 125: launcher or infrastructure error)\n",
+                 e.what());
+    return kExitInfrastructure;
+  }
 }

@@ -1,11 +1,28 @@
 # dtrain_comm: the Communicator and its backends (Gloo, NCCL, shared memory). No libtorch.
 add_library(dtrain_comm SHARED
   runtime/comm/communicator.cpp
+  runtime/comm/collective.cpp
+  runtime/comm/collective_queue.cpp
+  runtime/comm/failure_report.cpp
+  runtime/comm/flight_recorder.cpp
+  runtime/comm/host_buffer_pool.cpp
+  runtime/comm/net_interface.cpp
+  runtime/comm/reduce_kernels.cpp
 )
 add_library(dtrain::dtrain_comm ALIAS dtrain_comm)
 target_link_libraries(dtrain_comm PUBLIC dtrain_base)
+target_include_directories(dtrain_comm PRIVATE ${CMAKE_CURRENT_SOURCE_DIR}/runtime/comm)
 if(DTRAIN_HAVE_GLOO)
+  target_sources(dtrain_comm PRIVATE
+    runtime/comm/gloo/gloo_algorithms.cpp
+    runtime/comm/gloo/gloo_communicator.cpp
+    runtime/comm/gloo/gloo_failure.cpp
+    runtime/comm/gloo/gloo_mesh.cpp
+    runtime/comm/gloo/gloo_store.cpp)
+  target_include_directories(dtrain_comm PRIVATE ${CMAKE_CURRENT_SOURCE_DIR}/runtime/comm/gloo)
   target_link_libraries(dtrain_comm PRIVATE gloo)
+else()
+  target_sources(dtrain_comm PRIVATE runtime/comm/gloo_unavailable.cpp)
 endif()
 if(DTRAIN_HAVE_NCCL)
   target_link_libraries(dtrain_comm PRIVATE NCCL::nccl CUDA::cudart)

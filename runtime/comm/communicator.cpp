@@ -1,5 +1,7 @@
 #include "dtrain/comm.h"
 
+#include <fmt/format.h>
+
 namespace dtrain::comm {
 
 size_t elementSize(DataType dtype) {
@@ -38,6 +40,10 @@ const char* reduceOpName(ReduceOp op) {
     case ReduceOp::Min: return "min";
   }
   return "unknown";
+}
+
+std::string Communicator::describe() const {
+  return fmt::format("{} rank {}/{}", backendName(), rank(), size());
 }
 
 }  // namespace dtrain::comm

@@ -38,6 +38,10 @@ class RawClient {
   // True when the server closed the connection (EOF or reset) within `timeout`; bytes it sent
   // first are skipped.
   bool closedByServer(std::chrono::milliseconds timeout);
+  // The same, without reading anything: for a client that must not drain its replies.
+  bool hungUpByServer(std::chrono::milliseconds timeout);
+  // Closes with a reset (SO_LINGER 0), as a crashing peer's kernel may.
+  void reset();
 
  private:
   int fd_ = -1;

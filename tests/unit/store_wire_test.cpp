@@ -118,6 +118,7 @@ TEST(StoreWireGolden, Responses) {
             hex("0800000000000000 01 00 0000 0700000000000000"));
   EXPECT_EQ(encodeResponse(Status::Ok, encodeBytes({'v'})),
             hex("0900000000000000 01 00 0000 0100000000000000 76"));
+  EXPECT_EQ(encodeValueResponse({'v'}), hex("0900000000000000 01 00 0000 0100000000000000 76"));
   EXPECT_EQ(encodeResponse(Status::Timeout, encodeIndices({1})),
             hex("1000000000000000 01 01 0000 0100000000000000 0100000000000000"));
   EXPECT_EQ(encodeErrorResponse("no"),

@@ -194,12 +194,37 @@ TEST_F(TcpStoreHostile, AClientThatNeverReadsItsRepliesIsCutOff) {
   Bytes frame = wire::encodeRequest(get);
   Bytes burst;
   for (int i = 0; i < 4096; ++i) burst.insert(burst.end(), frame.begin(), frame.end());
-  // ~100 KiB of requests asking for ~240 MiB of replies, none of which is read.
-  for (int i = 0; i < 20 && raw.send(burst); ++i) {
-  }
-  EXPECT_TRUE(raw.closedByServer(milliseconds(10000)));
+  // Requests for ~60 KiB replies, none of which is read: the server answers until its queue
+  // toward this client is full, then stops, and cuts the client off once 1 MiB more has come.
+  constexpr size_t kGiveUp = 64 * kMiB;
+  size_t sent = 0;
+  while (sent < kGiveUp && raw.send(burst)) sent += burst.size();
+  EXPECT_LT(sent, kGiveUp) << "the server kept taking requests from a client that never reads";
+  EXPECT_TRUE(raw.hungUpByServer(milliseconds(10000)));
   expectGoodClientServed();
   expectRssGrewLessThan(64 * kMiB);
+}
+
+TEST_F(TcpStoreHostile, ClientsVanishingMidReplyDoNotKillTheServersProcess) {
+  // Writing to a reset connection raises SIGPIPE, whose default action would end the process
+  // hosting the server (the launcher) -- not just the one connection.
+  good_->set("blob", Bytes(4 * kMiB, 'b'));
+  wire::Request get;
+  get.op = wire::Op::Get;
+  get.keys = {"blob"};
+  get.timeoutMs = 1000;
+  Bytes frame = wire::encodeRequest(get);
+  Bytes burst;
+  for (int i = 0; i < 8; ++i) burst.insert(burst.end(), frame.begin(), frame.end());
+  for (int round = 0; round < 30; ++round) {
+    RawClient raw(server_->port());
+    ASSERT_TRUE(raw.handshake());
+    raw.send(burst);
+    raw.recv(1000, milliseconds(1000));  // the first reply has begun
+    raw.reset();
+  }
+  expectGoodClientServed();
+  EXPECT_TRUE(connectionsSettleTo(1));
 }
 
 }  // namespace

@@ -68,6 +68,7 @@ TEST(TcpStoreServer, ABusyPortIsAnErrorNamingAddressAndPortNeverAClient) {
 TEST(TcpStoreServer, AnAddressOfAnotherHostIsRefused) {
   TcpStoreServerOptions o = serverOptions();
   o.host = "192.0.2.1";  // TEST-NET-1: never an address of this machine
+  o.token = "secret";    // off loopback a token is needed before binding is even tried
   try {
     TcpStoreServer::start(o);
     FAIL() << "bound " << o.host;
@@ -75,6 +76,43 @@ TEST(TcpStoreServer, AnAddressOfAnotherHostIsRefused) {
     EXPECT_TRUE(contains(e.what(), "192.0.2.1")) << e.what();
     EXPECT_TRUE(contains(e.what(), "HINT")) << e.what();
   }
+}
+
+TEST(TcpStoreServer, OffLoopbackItNeedsATokenOrAnExplicitOptIn) {  // F7
+  TcpStoreServerOptions o = serverOptions();
+  o.host = "0.0.0.0";
+  try {
+    TcpStoreServer::start(o);
+    FAIL() << "served every interface without a token";
+  } catch (const InvalidArgument& e) {
+    EXPECT_TRUE(contains(e.what(), "without a job token")) << e.what();
+  }
+  o.token = "secret";
+  auto withToken = TcpStoreServer::start(o);
+  TcpStoreOptions c = clientOptions(*withToken);
+  c.token = "secret";
+  TcpStore client(c);  // reached through 127.0.0.1, one of "every interface"
+  EXPECT_EQ(client.add("n", 1), 1);
+  o.token.clear();
+  o.allowNoTokenOffLoopback = true;
+  EXPECT_NO_THROW(TcpStoreServer::start(o));
+}
+
+TEST(TcpStoreServer, ServesIPv6Loopback) {
+  TcpStoreServerOptions o = serverOptions();
+  o.host = "::1";
+  std::unique_ptr<TcpStoreServer> server;
+  try {
+    server = TcpStoreServer::start(o);
+  } catch (const NetworkError& e) {
+    GTEST_SKIP() << "no IPv6 loopback here: " << e.what();
+  }
+  TcpStoreOptions c = clientOptions(*server);
+  c.host = "::1";
+  TcpStore client(c);
+  EXPECT_EQ(client.describe(), "[::1]:" + std::to_string(server->port()));
+  client.setString("v6", "yes");
+  EXPECT_EQ(client.getString("v6"), "yes");
 }
 
 TEST(TcpStoreClient, NoListenerIsANetworkErrorNamingHostPortAndErrno) {

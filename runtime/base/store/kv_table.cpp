@@ -67,15 +67,15 @@ std::optional<Bytes> KvTable::execute(const wire::Request& r, Waiter* waiter) {
     case Op::CompareSet: {
       auto it = map_.find(key);
       if (it == map_.end()) {
-        if (!r.expected.empty()) return ok(wire::encodeBytes(r.expected));
+        if (!r.expected.empty()) return wire::encodeValueResponse(r.expected);
         map_[key] = r.value;
       } else if (it->second == r.expected) {
         it->second = r.value;
       } else {
-        return ok(wire::encodeBytes(it->second));
+        return wire::encodeValueResponse(it->second);
       }
       notify(key);
-      return ok(wire::encodeBytes(r.value));
+      return wire::encodeValueResponse(r.value);
     }
     case Op::Check:
       return ok(wire::encodeU8(allPresent(r.keys) ? 1 : 0));
@@ -88,7 +88,7 @@ std::optional<Bytes> KvTable::execute(const wire::Request& r, Waiter* waiter) {
 }
 
 Bytes KvTable::answerParked(const wire::Request& r) const {
-  if (r.op == Op::Get) return ok(wire::encodeBytes(map_.at(r.keys[0])));
+  if (r.op == Op::Get) return wire::encodeValueResponse(map_.at(r.keys[0]));
   return ok();
 }
 

@@ -28,8 +28,8 @@ class UvStoreServer;
 class Connection final : public KvTable::Waiter {
  public:
   explicit Connection(UvStoreServer* server);
-  // False when accept failed; the connection is then closing itself.
-  bool acceptOnLoop(uv_stream_t* listener);
+  // On failure the connection closes itself (see closing()).
+  void acceptOnLoop(uv_stream_t* listener);
   // Processes buffered bytes until it needs more, is parked, or is blocked on a slow reader.
   void resumeOnLoop();
   // Closes without a word (the peer left, or the server stops). Idempotent.
@@ -49,6 +49,8 @@ class Connection final : public KvTable::Waiter {
   uv_stream_t* stream() { return reinterpret_cast<uv_stream_t*>(&tcp_); }
   size_t buffered() const { return in_.size() - inStart_; }
   bool blocked();
+  void startOnLoop();
+  void resumeUnguarded();
   // Each returns false when the connection is done (closing) or needs more bytes.
   bool stepHello();
   bool stepProof();
@@ -58,6 +60,10 @@ class Connection final : public KvTable::Waiter {
   // Best effort, for the last words before closing: never queues.
   void sendNow(const uint8_t* data, size_t size);
   void armDeadline();
+  // Runs `f`; an exception (an allocation failing, OpenSSL failing) drops this client only,
+  // never the loop thread and with it the process.
+  template <typename F>
+  void guarded(F&& f);
   void onRead(ssize_t n, const uv_buf_t* buf);
   void onDeadline();
   void onWaitTimeout();

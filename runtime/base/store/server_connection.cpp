@@ -63,13 +63,30 @@ Connection::Connection(UvStoreServer* server) : server_(server) {
   openHandles_ = 3;
 }
 
-bool Connection::acceptOnLoop(uv_stream_t* listener) {
+template <typename F>
+void Connection::guarded(F&& f) {
+  try {
+    f();
+  } catch (const std::exception& e) {
+    try {
+      dropOnLoop(fmt::format("internal error while serving it: {}", e.what()));
+    } catch (...) {
+      closeOnLoop();
+    }
+  }
+}
+
+void Connection::acceptOnLoop(uv_stream_t* listener) {
   int rc = uv_accept(listener, stream());
   if (rc != 0) {
     server_->logDropOnLoop("a new client", fmt::format("accept failed: {}", uv_strerror(rc)));
     closeOnLoop();
-    return false;
+    return;
   }
+  guarded([&] { startOnLoop(); });
+}
+
+void Connection::startOnLoop() {
   peer_ = peerName(&tcp_);
   uv_tcp_nodelay(&tcp_, 1);
   // Reaps peers whose host vanished without a FIN, so their parked requests go with them.
@@ -77,15 +94,18 @@ bool Connection::acceptOnLoop(uv_stream_t* listener) {
   serverNonce_ = auth::randomNonce();
   deadline_ = Deadline::Handshake;
   uv_timer_start(
-      &deadlineTimer_, [](uv_timer_t* t) { static_cast<Connection*>(t->data)->onDeadline(); },
+      &deadlineTimer_,
+      [](uv_timer_t* t) {
+        auto* c = static_cast<Connection*>(t->data);
+        c->guarded([c] { c->onDeadline(); });
+      },
       static_cast<uint64_t>(server_->options().handshakeTimeout.count()), 0);
-  rc = uv_read_start(stream(), allocCb, readCb);
+  int rc = uv_read_start(stream(), allocCb, readCb);
   if (rc != 0) {
     dropOnLoop(fmt::format("cannot read: {}", uv_strerror(rc)));
-    return false;
+    return;
   }
   DTRAIN_LOG(Debug, "store {}: client {} connected", server_->where(), peer_);
-  return true;
 }
 
 void Connection::closeOnLoop() {
@@ -119,7 +139,7 @@ void Connection::allocCb(uv_handle_t* h, size_t, uv_buf_t* buf) {
 void Connection::readCb(uv_stream_t* s, ssize_t n, const uv_buf_t* buf) {
   auto* c = static_cast<Connection*>(s->data);
   UvStoreServer* server = c->server_;
-  c->onRead(n, buf);
+  c->guarded([&] { c->onRead(n, buf); });
   server->drainResumesOnLoop();
 }
 
@@ -137,7 +157,7 @@ void Connection::onRead(ssize_t n, const uv_buf_t* buf) {
   }
   if (n == 0) return;
   in_.insert(in_.end(), buf->base, buf->base + n);
-  resumeOnLoop();
+  resumeUnguarded();
 }
 
 bool Connection::blocked() {
@@ -145,6 +165,10 @@ bool Connection::blocked() {
 }
 
 void Connection::resumeOnLoop() {
+  guarded([&] { resumeUnguarded(); });
+}
+
+void Connection::resumeUnguarded() {
   if (closing_) return;
   for (;;) {
     bool more = false;
@@ -253,7 +277,13 @@ bool Connection::stepFrame() {
   parked_ = true;
   server_->countWaitingOnLoop(1);
   uv_timer_start(
-      &waitTimer_, [](uv_timer_t* t) { static_cast<Connection*>(t->data)->onWaitTimeout(); },
+      &waitTimer_,
+      [](uv_timer_t* t) {
+        auto* c = static_cast<Connection*>(t->data);
+        UvStoreServer* server = c->server_;
+        c->guarded([c] { c->onWaitTimeout(); });
+        server->drainResumesOnLoop();
+      },
       request_.timeoutMs, 0);
   return false;
 }
@@ -267,7 +297,7 @@ void Connection::onKeysReady() {
   uv_timer_stop(&waitTimer_);
   parked_ = false;
   server_->countWaitingOnLoop(-1);
-  send(server_->table().answerParked(request_));
+  guarded([&] { send(server_->table().answerParked(request_)); });
   server_->scheduleResumeOnLoop(this);
 }
 
@@ -277,8 +307,7 @@ void Connection::onWaitTimeout() {
   parked_ = false;
   server_->countWaitingOnLoop(-1);
   send(server_->table().timeoutResponse(request_));
-  resumeOnLoop();
-  server_->drainResumesOnLoop();
+  resumeUnguarded();
 }
 
 void Connection::send(Bytes frame) {
@@ -308,7 +337,7 @@ void Connection::send(Bytes frame) {
     auto* w = static_cast<WriteReq*>(req->data);
     Connection* c = w->connection;
     delete w;
-    c->onWritten(status);
+    c->guarded([&] { c->onWritten(status); });
   });
   if (rc != 0) {
     delete w;
@@ -343,7 +372,11 @@ void Connection::armDeadline() {
   auto start = [&](Deadline kind, Millis ms) {
     deadline_ = kind;
     uv_timer_start(
-        &deadlineTimer_, [](uv_timer_t* t) { static_cast<Connection*>(t->data)->onDeadline(); },
+        &deadlineTimer_,
+      [](uv_timer_t* t) {
+        auto* c = static_cast<Connection*>(t->data);
+        c->guarded([c] { c->onDeadline(); });
+      },
         static_cast<uint64_t>(ms.count()), 0);
   };
   if (parked_) {

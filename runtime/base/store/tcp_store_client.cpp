@@ -36,6 +36,7 @@ constexpr Millis kServerGrace{5000};
 // therefore ask the kernel whether the peer has closed it, and reconnect first if so. Requests
 // sent back to back skip the check (one poll() each would cost ~1 us on a ~25 us round trip).
 constexpr Millis kStaleAfter{10};
+constexpr size_t kReceiveBufferBytes = 16 * 1024;
 
 std::string quoted(const std::vector<std::string>& keys, size_t max = 8) {
   std::string out;
@@ -126,16 +127,17 @@ class TcpStore::Impl {
     lastUse_ = Clock::now();
     Bytes frame = wire::encodeRequest(request);
     auto start = Clock::now();
-    auto deadline = start + std::max(self_->timeout(), Millis(1)) + waitMs +
-                    (waitMs.count() > 0 ? kServerGrace : Millis(0));
+    // A parked Get/Wait is answered by the server at waitMs; anything else promptly.
+    auto deadline = start + (waitMs.count() > 0 ? waitMs + kServerGrace
+                                                : std::max(self_->timeout(), Millis(1)));
     net::IoResult w = net::sendAll(socket_.fd(), frame.data(), frame.size(), deadline);
     if (w.status != IoStatus::Ok) fail(request, w, start, "sending");
 
-    uint8_t header[wire::kHeaderBytes];
-    net::IoResult r = net::recvAtLeast(socket_.fd(), header, sizeof(header), sizeof(header),
-                                       deadline);
+    // One recv usually brings the whole answer: header and payload land in rbuf_ together.
+    net::IoResult r = net::recvAtLeast(socket_.fd(), rbuf_.data(), wire::kHeaderBytes,
+                                       rbuf_.size(), deadline);
     if (r.status != IoStatus::Ok) fail(request, r, start, "waiting for the answer");
-    wire::FrameHeader h = wire::decodeHeader(header);
+    wire::FrameHeader h = wire::decodeHeader(rbuf_.data());
     uint64_t max = wire::maxResponsePayload(options_.limits);
     if (h.version != wire::kVersion || h.type > static_cast<uint8_t>(Status::Refused) ||
         h.payloadBytes > max) {
@@ -146,10 +148,18 @@ class TcpStore::Impl {
                    where_, wire::opName(request.op), quoted(request.keys), h.version, h.type,
                    h.payloadBytes, max, where_);
     }
-    Bytes payload(static_cast<size_t>(h.payloadBytes));
-    if (!payload.empty()) {
-      r = net::recvAtLeast(socket_.fd(), payload.data(), payload.size(), payload.size(),
-                           deadline);
+    size_t have = r.done - wire::kHeaderBytes;
+    if (have > h.payloadBytes) {
+      // Frames strictly alternate: bytes past this answer mean the stream is out of step.
+      socket_.close();
+      DTRAIN_THROW(NetworkError, "store {} sent {} bytes more than its answer to {} {}", where_,
+                   have - h.payloadBytes, wire::opName(request.op), quoted(request.keys));
+    }
+    Bytes payload(rbuf_.begin() + wire::kHeaderBytes, rbuf_.begin() + r.done);
+    if (have < h.payloadBytes) {
+      payload.resize(static_cast<size_t>(h.payloadBytes));
+      r = net::recvAtLeast(socket_.fd(), payload.data() + have, payload.size() - have,
+                           payload.size() - have, deadline);
       if (r.status != IoStatus::Ok) fail(request, r, start, "reading the answer");
     }
     if (static_cast<Status>(h.type) == Status::Refused) {
@@ -320,6 +330,7 @@ class TcpStore::Impl {
   TcpStoreOptions options_;
   Store* self_;
   Clock::time_point lastUse_{};  // guarded by mutex
+  std::vector<uint8_t> rbuf_ = std::vector<uint8_t>(kReceiveBufferBytes);  // guarded by mutex
   std::string where_;
   std::string token_;   // never logged
   net::Socket socket_;  // guarded by mutex

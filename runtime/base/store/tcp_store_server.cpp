@@ -2,6 +2,7 @@
 // is in server_connection.cpp.
 #include <netdb.h>
 #include <pthread.h>
+#include <signal.h>
 
 #include <algorithm>
 #include <cstring>
@@ -40,6 +41,19 @@ sockaddr_storage resolveBindAddress(const std::string& host, uint16_t port) {
   std::memcpy(&addr, list->ai_addr, list->ai_addrlen);
   ::freeaddrinfo(list);
   return addr;
+}
+
+bool isLoopback(const sockaddr_storage& addr) {
+  if (addr.ss_family == AF_INET) {
+    auto* a = reinterpret_cast<const sockaddr_in*>(&addr);
+    return (ntohl(a->sin_addr.s_addr) >> 24) == 127;
+  }
+  if (addr.ss_family == AF_INET6) {
+    auto* a = reinterpret_cast<const sockaddr_in6*>(&addr);
+    return IN6_IS_ADDR_LOOPBACK(&a->sin6_addr) ||
+           (IN6_IS_ADDR_V4MAPPED(&a->sin6_addr) && a->sin6_addr.s6_addr[12] == 127);
+  }
+  return false;
 }
 
 const char* bindHint(int rc) {
@@ -87,6 +101,14 @@ UvStoreServer::UvStoreServer(const TcpStoreServerOptions& options)
   }
   thread_ = std::thread([this] {
     pthread_setname_np(pthread_self(), "dtrain-store");
+    // libuv writes with write(2): on a connection the peer has reset, that raises SIGPIPE, whose
+    // default action would end the whole process hosting the store (the launcher). Blocked in
+    // this thread, the signal stays pending on it and the write fails with EPIPE instead, which
+    // closes just that connection. Other threads of the process keep their own mask.
+    sigset_t pipe;
+    sigemptyset(&pipe);
+    sigaddset(&pipe, SIGPIPE);
+    pthread_sigmask(SIG_BLOCK, &pipe, nullptr);
     uv_run(&loop_, UV_RUN_DEFAULT);
   });
   DTRAIN_LOG(Info, "store server listening on {}{}", where_,
@@ -95,6 +117,12 @@ UvStoreServer::UvStoreServer(const TcpStoreServerOptions& options)
 
 void UvStoreServer::bindOrThrow() {
   sockaddr_storage addr = resolveBindAddress(options_.host, options_.port);
+  DTRAIN_CHECK_ARG(!options_.token.empty() || options_.allowNoTokenOffLoopback || isLoopback(addr),
+                   "store server {}: refusing to serve a non-loopback address without a job "
+                   "token: anyone who can reach it could read and write the job's keys. HINT: "
+                   "set a token (`launch` does), bind 127.0.0.1, or set "
+                   "TcpStoreServerOptions::allowNoTokenOffLoopback",
+                   where_);
   // libuv may report a bind failure at bind() or only at listen(); both end here.
   int rc = uv_tcp_bind(&listener_, reinterpret_cast<const sockaddr*>(&addr), 0);
   if (rc == 0) {
@@ -120,6 +148,8 @@ void UvStoreServer::bindOrThrow() {
 UvStoreServer::~UvStoreServer() { stop(); }
 
 void UvStoreServer::stop() {
+  DTRAIN_CHECK(std::this_thread::get_id() != thread_.get_id(),
+               "store server {}: stop() called from its own event-loop thread", where_);
   std::lock_guard<std::mutex> lock(stopMutex_);
   if (stopped_) return;
   stopped_ = true;
@@ -145,10 +175,10 @@ void UvStoreServer::onConnection(int status) {
     return;
   }
   auto* c = new Connection(this);
-  if (!c->acceptOnLoop(reinterpret_cast<uv_stream_t*>(&listener_))) return;
-  if (c->closing()) return;
   live_.insert(c);
   connections_.fetch_add(1);
+  // acceptOnLoop() closes the connection itself on failure (an exception included).
+  c->acceptOnLoop(reinterpret_cast<uv_stream_t*>(&listener_));
 }
 
 void UvStoreServer::connectionClosingOnLoop(Connection* c) {

@@ -184,6 +184,15 @@ Bytes encodeResponse(Status status, const Bytes& payload) {
   return out;
 }
 
+Bytes encodeValueResponse(const Bytes& value) {
+  Bytes out;
+  out.reserve(kHeaderBytes + 8 + value.size());
+  startFrame(&out, static_cast<uint8_t>(Status::Ok));
+  Writer(&out).bytes(value);
+  finishFrame(&out);
+  return out;
+}
+
 Bytes encodeErrorResponse(const std::string& message, Status status) {
   std::string cut = message.substr(0, kMaxErrorBytes);
   return encodeResponse(status, encodeBytes(Bytes(cut.begin(), cut.end())));

@@ -163,6 +163,8 @@ uint64_t maxResponsePayload(const StoreLimits& limits);
 Bytes encodeRequest(const Request& request);
 // A complete response frame with `payload`.
 Bytes encodeResponse(Status status, const Bytes& payload);
+// Ok carrying one `bytes` field, built in one allocation (values may be 64 MiB).
+Bytes encodeValueResponse(const Bytes& value);
 // Error (or Refused) with `message`, cut to kMaxErrorBytes.
 Bytes encodeErrorResponse(const std::string& message, Status status = Status::Error);
 // Payload encoders for responses.

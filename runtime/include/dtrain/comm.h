@@ -12,7 +12,9 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <exception>
 #include <string>
+#include <vector>
 
 namespace dtrain::comm {
 
@@ -46,6 +48,9 @@ struct CallOptions {
   // the communicator's own stream, ordered after this one, and this one after it.
   void* stream = nullptr;
   Millis timeout = Millis::zero();
+  // Optional: the shape of the tensor behind the buffer. Compared across ranks by the collective
+  // check (DTRAIN_CHECK_COLLECTIVES=1) and printed in mismatch and desync reports.
+  std::vector<int64_t> shape;
 };
 
 // Memory owned by the communicator (see allocate()).
@@ -87,6 +92,16 @@ class Communicator {
 
   // Finishes pending work and releases connections; later calls fail. Idempotent.
   virtual void shutdown() = 0;
+
+  // The first error once the communicator has failed (every later call rethrows it); null while
+  // healthy.
+  virtual std::exception_ptr error() const { return nullptr; }
+  // Collectives issued so far on this rank; the next one gets this sequence number.
+  virtual uint64_t sequenceNumber() const { return 0; }
+  // The backend's own stream (cudaStream_t) for a CUDA communicator; null for CPU backends.
+  virtual void* deviceStream() const { return nullptr; }
+  // "gloo rank 1/4 (10.0.0.2)": for logs and messages.
+  virtual std::string describe() const;
 
   void allreduce(void* data, size_t count, DataType dtype, ReduceOp op,
                  const CallOptions& options = {}) {

@@ -34,6 +34,10 @@ struct TcpStoreServerOptions {
   std::string host = "127.0.0.1";  // the address to bind; "0.0.0.0" for every interface
   uint16_t port = 0;               // 0: a free port, see TcpStoreServer::port()
   std::string token;               // empty: no authentication
+  // Without a token the server binds only loopback addresses: on any other address anyone who
+  // can reach the port could read and write the job's keys (RELIABILITY.md F7). Set this to
+  // serve a network without a token anyway.
+  bool allowNoTokenOffLoopback = false;
   StoreLimits limits;
   Millis handshakeTimeout = kDefaultHandshakeTimeout;  // a connection must authenticate / send
                                                        // its first frame within this

@@ -1,0 +1,34 @@
+# launch_bench: start-to-exit wall time of `launch` beside torchrun (see launch_bench.cpp).
+# Its libtorch worker builds only with libtorch; the smoke run (CTest bench_smoke.launch_bench,
+# label integration) needs neither libtorch nor torchrun.
+include(${CMAKE_CURRENT_SOURCE_DIR}/tests/worker/worker.cmake)
+
+set(_launch_bench_torch_worker "")
+if(DTRAIN_HAVE_TORCH)
+  add_executable(launch_torch_worker ${CMAKE_CURRENT_LIST_DIR}/torch_worker.cpp)
+  target_link_libraries(launch_torch_worker PRIVATE dtrain_base torch)
+  set_target_properties(launch_torch_worker PROPERTIES
+    RUNTIME_OUTPUT_DIRECTORY ${CMAKE_BINARY_DIR}/benchmarks/launch)
+  dtrain_warnings(launch_torch_worker)
+  set(_launch_bench_torch_worker $<TARGET_FILE:launch_torch_worker>)
+endif()
+
+add_executable(launch_bench ${CMAKE_CURRENT_LIST_DIR}/launch_bench.cpp)
+target_link_libraries(launch_bench PRIVATE fmt::fmt)
+target_compile_definitions(launch_bench PRIVATE
+  DTRAIN_BENCH_LAUNCH="$<TARGET_FILE:launch>"
+  DTRAIN_BENCH_WORKER="$<TARGET_FILE:dtrain_test_worker>"
+  DTRAIN_BENCH_TORCH_WORKER="${_launch_bench_torch_worker}"
+  DTRAIN_BENCH_SCRIPT="${CMAKE_CURRENT_LIST_DIR}/bench_worker.py")
+set_target_properties(launch_bench PROPERTIES
+  RUNTIME_OUTPUT_DIRECTORY ${CMAKE_BINARY_DIR}/benchmarks/launch)
+add_dependencies(launch_bench launch dtrain_test_worker)
+if(DTRAIN_HAVE_TORCH)
+  add_dependencies(launch_bench launch_torch_worker)
+endif()
+dtrain_warnings(launch_bench)
+
+if(DTRAIN_WITH_TESTS)
+  add_test(NAME bench_smoke.launch_bench COMMAND launch_bench --smoke)
+  set_tests_properties(bench_smoke.launch_bench PROPERTIES LABELS integration TIMEOUT 60)
+endif()

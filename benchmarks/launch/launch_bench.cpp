@@ -1,0 +1,256 @@
+// launch_bench: wall time from start to exit of a whole job -- `launch --nproc-per-node N`
+// beside `torchrun --standalone` -- for N in {1, 2, 4}, every configuration interleaved in the
+// same run (so load drifts hit all alike), medians and minima, and the ratio printed.
+//
+// Workloads (each joins the job's store and passes one barrier, then exits):
+//   worker    the torch-free test worker (tests/worker/worker --steps 0 --quiet), C++
+//   libtorch  a minimal libtorch worker (benchmarks/launch/torch_worker.cpp); "bare" is N copies
+//             of the same binary started at once without a launcher (and without the store): the
+//             floor every N-process libtorch job pays on this machine
+//   python    benchmarks/launch/bench_worker.py (torch.distributed.TCPStore at MASTER_ADDR:PORT),
+//             under launch and under torchrun (default, and --monitor_interval 0.1)
+//
+//   launch_bench [--reps N] [--nprocs 1,2,4] [--no-torchrun] [--smoke]
+//                [--launch PATH] [--worker PATH] [--torch-worker PATH]
+//                [--python /usr/bin/python3] [--torchrun /usr/bin/torchrun] [--script PATH]
+// --smoke: one rep of the torch-free worker with N = 1, 2 (CI: checks it runs, < 15 s).
+#include <fcntl.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <map>
+#include <string>
+#include <vector>
+
+#include <fmt/format.h>
+
+namespace {
+
+struct Options {
+  int reps = 7;
+  std::vector<int> nprocs = {1, 2, 4};
+  bool torchrun = true;
+  bool smoke = false;
+  std::string launch = DTRAIN_BENCH_LAUNCH;
+  std::string worker = DTRAIN_BENCH_WORKER;
+  std::string torchWorker = DTRAIN_BENCH_TORCH_WORKER;  // empty when not built
+  std::string python = "/usr/bin/python3";
+  std::string torchrunPath = "/usr/bin/torchrun";
+  std::string script = DTRAIN_BENCH_SCRIPT;
+};
+
+[[noreturn]] void usage(const std::string& what) {
+  std::fprintf(stderr, "launch_bench: %s; see the header of benchmarks/launch/launch_bench.cpp\n",
+               what.c_str());
+  std::exit(2);
+}
+
+Options parse(int argc, char** argv) {
+  Options o;
+  for (int i = 1; i < argc; ++i) {
+    std::string a = argv[i];
+    auto value = [&]() -> std::string {
+      if (i + 1 >= argc) usage(a + " needs a value");
+      return argv[++i];
+    };
+    if (a == "--reps") o.reps = std::max(1, std::atoi(value().c_str()));
+    else if (a == "--nprocs") {
+      o.nprocs.clear();
+      std::string list = value();
+      size_t start = 0;
+      while (start < list.size()) {
+        size_t comma = list.find(',', start);
+        o.nprocs.push_back(std::atoi(list.substr(start, comma - start).c_str()));
+        if (comma == std::string::npos) break;
+        start = comma + 1;
+      }
+    } else if (a == "--no-torchrun") o.torchrun = false;
+    else if (a == "--smoke") o.smoke = true;
+    else if (a == "--launch") o.launch = value();
+    else if (a == "--worker") o.worker = value();
+    else if (a == "--torch-worker") o.torchWorker = value();
+    else if (a == "--python") o.python = value();
+    else if (a == "--torchrun") o.torchrunPath = value();
+    else if (a == "--script") o.script = value();
+    else usage("unknown flag " + a);
+  }
+  if (o.smoke) {
+    o.reps = 1;
+    o.nprocs = {1, 2};
+    o.torchrun = false;
+    o.torchWorker.clear();
+  }
+  return o;
+}
+
+// Runs `copies` instances of argv at once, to completion, output discarded (stderr kept in a file
+// for failures); returns seconds until the last exited, negative when any did not exit 0.
+double timeRun(const std::vector<std::string>& argv, std::string* failure, int copies = 1) {
+  char errPath[] = "/tmp/launch_bench_err_XXXXXX";
+  int errFd = ::mkstemp(errPath);
+  std::vector<char*> args;
+  for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
+  args.push_back(nullptr);
+  auto start = std::chrono::steady_clock::now();
+  std::vector<pid_t> pids;
+  for (int i = 0; i < copies; ++i) {
+    pid_t pid = ::fork();
+    if (pid == 0) {
+      int nul = ::open("/dev/null", O_RDWR);
+      ::dup2(nul, STDIN_FILENO);
+      ::dup2(nul, STDOUT_FILENO);
+      ::dup2(errFd, STDERR_FILENO);
+      ::execv(args[0], args.data());
+      ::_exit(127);
+    }
+    pids.push_back(pid);
+  }
+  bool ok = true;
+  int status = 0;
+  for (pid_t pid : pids) {
+    int st = 0;
+    ::waitpid(pid, &st, 0);
+    if (!(WIFEXITED(st) && WEXITSTATUS(st) == 0)) {
+      ok = false;
+      status = st;
+    }
+  }
+  double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  if (!ok && failure) {
+    char buf[2048] = {};
+    ::lseek(errFd, 0, SEEK_SET);
+    ssize_t n = ::read(errFd, buf, sizeof buf - 1);
+    *failure = fmt::format("{} -> status {}: {}", argv[0], status, n > 0 ? std::string(buf, n) : "");
+  }
+  ::close(errFd);
+  ::unlink(errPath);
+  return ok ? seconds : -seconds;
+}
+
+struct Config {
+  std::string workload;  // worker | libtorch | python
+  std::string runner;    // launch | bare | torchrun | torchrun-mi0.1
+  int nproc;
+  std::vector<std::string> argv;
+  int copies = 1;        // bare: nproc copies at once, no launcher
+  std::vector<double> samples;
+  int failures = 0;
+  std::string lastFailure;
+};
+
+double median(std::vector<double> v) {
+  if (v.empty()) return -1;
+  std::sort(v.begin(), v.end());
+  size_t n = v.size();
+  return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
+}
+
+bool executable(const std::string& path) { return !path.empty() && ::access(path.c_str(), X_OK) == 0; }
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Options o = parse(argc, argv);
+  std::vector<Config> configs;
+  const std::string np = "--nproc-per-node";
+  for (int n : o.nprocs) {
+    const std::string ns = std::to_string(n);
+    configs.push_back({"worker", "launch", n,
+                       {o.launch, np, ns, o.worker, "--steps", "0", "--quiet"}, 1, {}, 0, {}});
+    if (executable(o.torchWorker)) {
+      configs.push_back({"libtorch", "launch", n, {o.launch, np, ns, o.torchWorker}, 1, {}, 0, {}});
+      configs.push_back({"libtorch", "bare", n, {o.torchWorker, "--bare"}, n, {}, 0, {}});
+    }
+    if (o.torchrun && executable(o.python)) {
+      configs.push_back({"python", "launch", n,
+                         {o.launch, np, ns, "--python", o.python, o.script}, 1, {}, 0, {}});
+    }
+    if (o.torchrun && executable(o.torchrunPath)) {
+      // Debian's torchrun 1.13 crashes at start without a --redirects/--tee value: 9:0 names a
+      // local rank that does not exist, so nothing is redirected.
+      std::vector<std::string> base = {o.python, o.torchrunPath, "--standalone",
+                                       "--nproc_per_node", ns, "--redirects", "9:0", "--tee", "9:0"};
+      std::vector<std::string> mi = base;
+      mi.insert(mi.end(), {"--monitor_interval", "0.1"});
+      base.push_back(o.script);
+      mi.push_back(o.script);
+      configs.push_back({"python", "torchrun", n, base, 1, {}, 0, {}});
+      configs.push_back({"python", "torchrun-mi0.1", n, mi, 1, {}, 0, {}});
+    }
+  }
+
+  // Warm-up: page cache, dynamic loader caches.
+  for (auto& c : configs) timeRun(c.argv, nullptr, c.copies);
+  for (int rep = 0; rep < o.reps; ++rep) {
+    for (auto& c : configs) {
+      std::string failure;
+      double s = timeRun(c.argv, &failure, c.copies);
+      if (s < 0) {
+        ++c.failures;
+        c.lastFailure = failure;
+      } else {
+        c.samples.push_back(s * 1e3);
+      }
+    }
+  }
+
+  auto find = [&](const std::string& workload, const std::string& runner, int n) -> const Config* {
+    for (const auto& c : configs) {
+      if (c.workload == workload && c.runner == runner && c.nproc == n) return &c;
+    }
+    return nullptr;
+  };
+  auto cell = [](const Config* c) {
+    if (!c || c->samples.empty()) return std::string("-");
+    return fmt::format("{:.1f} ({:.1f})", median(c->samples), *std::min_element(c->samples.begin(), c->samples.end()));
+  };
+
+  char load[128] = {};
+  if (FILE* f = std::fopen("/proc/loadavg", "r")) {
+    if (!std::fgets(load, sizeof load, f)) load[0] = '\0';
+    std::fclose(f);
+  }
+  fmt::print("# launch_bench: wall time start->exit in ms, median (min) of {} interleaved reps; "
+             "load {}", o.reps, load[0] ? load : "?\n");
+  fmt::print("# worker: C++ test worker, join store + barrier; libtorch: minimal libtorch worker "
+             "(bare = N copies at once, no launcher);\n# python: TCPStore join + barrier with torch imported\n");
+  fmt::print("{:>6} {:>9} {:>16} {:>16} {:>16} {:>18} {:>10}\n", "nproc", "workload", "launch",
+             "bare", "torchrun", "torchrun mi=0.1", "tr/launch");
+  for (int n : o.nprocs) {
+    for (const char* w : {"worker", "libtorch", "python"}) {
+      const Config* l = find(w, "launch", n);
+      if (!l) continue;
+      const Config* t = find(w, "torchrun", n);
+      const Config* tm = find(w, "torchrun-mi0.1", n);
+      std::string ratio = "-";
+      if (t && !t->samples.empty() && !l->samples.empty()) {
+        ratio = fmt::format("{:.1f}x", median(t->samples) / median(l->samples));
+      }
+      fmt::print("{:>6} {:>9} {:>16} {:>16} {:>16} {:>18} {:>10}\n", n, w, cell(l),
+                 cell(find(w, "bare", n)), cell(t), cell(tm), ratio);
+    }
+  }
+  for (int n : o.nprocs) {
+    const Config* l = find("libtorch", "launch", n);
+    const Config* bare = find("libtorch", "bare", n);
+    if (l && bare && !l->samples.empty() && !bare->samples.empty()) {
+      fmt::print("# libtorch nproc={}: launch adds {:+.1f} ms to {} bare start-up(s) at once "
+                 "(aim: < 100)\n", n, median(l->samples) - median(bare->samples), n);
+    }
+  }
+  int failures = 0;
+  for (const auto& c : configs) {
+    if (c.failures) {
+      failures += c.failures;
+      fmt::print(stderr, "launch_bench: {} {} nproc={} failed {} time(s); last: {}\n", c.workload,
+                 c.runner, c.nproc, c.failures, c.lastFailure);
+    }
+  }
+  // Smoke mode is a check: every run must have worked.
+  return failures == 0 ? 0 : 1;
+}

@@ -1,0 +1,334 @@
+#include "launcher/launch_args.h"
+
+#include <algorithm>
+#include <cctype>
+
+#include <cxxopts.hpp>
+
+#include "dtrain/env_contract.h"
+#include "dtrain/error.h"
+
+namespace dtrain::launcher {
+
+namespace {
+
+using Apply = void (*)(LaunchConfig&, const std::string& value, const std::string& label);
+
+// One row per option: the command table of `launch`. Names are canonical (dashes); torchrun's
+// underscore spellings are normalised to them before lookup.
+struct OptionSpec {
+  const char* name;
+  char shortName;         // 0: none
+  const char* valueName;  // nullptr: a flag
+  const char* help;
+  Apply apply;            // nullptr: handled by the caller (help, version)
+  const char* alias = nullptr;  // another accepted long name (torchrun's)
+};
+
+const OptionSpec kOptions[] = {
+    {"nproc-per-node", 0, "N|auto|gpu|cpu",
+     "workers on this node (auto: visible GPUs, else CPUs)",
+     [](LaunchConfig& c, const std::string& v, const std::string& l) {
+       c.nprocPerNode = parseNproc(v, l);
+     }},
+    {"nnodes", 0, "N|MIN:MAX", "nodes in the job (1; multi-node comes with the fan-out)",
+     [](LaunchConfig& c, const std::string& v, const std::string& l) {
+       std::tie(c.minNodes, c.maxNodes) = parseNnodes(v, l);
+     }},
+    {"node-rank", 0, "N", "this node's rank (0 for one node)",
+     [](LaunchConfig& c, const std::string& v, const std::string& l) {
+       c.nodeRank = parseIntValue(v, l, 0, 65535);
+     }},
+    {"standalone", 0, nullptr, "one node, launcher-hosted store (the default)",
+     [](LaunchConfig& c, const std::string& v, const std::string& l) {
+       c.standalone = parseBool(v, l);
+     }},
+    {"max-restarts", 0, "N", "restart the whole group up to N times after a failure (0)",
+     [](LaunchConfig& c, const std::string& v, const std::string& l) {
+       c.maxRestarts = parseIntValue(v, l, 0, 1000000);
+     }},
+    {"monitor-interval", 0, "SECONDS", "accepted for torchrun; launch is event-driven",
+     [](LaunchConfig& c, const std::string& v, const std::string& l) {
+       c.monitorInterval = parseSeconds(v, l);
+     }},
+    {"grace-period", 0, "SECONDS", "SIGTERM to SIGKILL when stopping workers (30)",
+     [](LaunchConfig& c, const std::string& v, const std::string& l) {
+       c.gracePeriod = parseSeconds(v, l);
+     }},
+    {"log-dir", 0, "DIR", "keep logs in DIR/RUN_ID/attempt_K/rank_N/{stdout,stderr}.log",
+     [](LaunchConfig& c, const std::string& v, const std::string& l) {
+       DTRAIN_CHECK_ARG(!v.empty(), "{} is empty; HINT: give a directory", l);
+       c.logDir = v;
+     }},
+    {"redirects", 'r', "SPEC", "send streams to the log file only: 0..3 or 0:3,1:2 (torchrun)",
+     [](LaunchConfig& c, const std::string& v, const std::string& l) {
+       c.redirects = parseStreamSpec(v, l);
+     }},
+    {"tee", 't', "SPEC", "also write streams to the log file: 0..3 or 0:3,1:2 (torchrun)",
+     [](LaunchConfig& c, const std::string& v, const std::string& l) {
+       c.tee = parseStreamSpec(v, l);
+     }},
+    {"local-ranks-filter", 0, "RANKS", "show only these local ranks on the console, e.g. 0,3",
+     [](LaunchConfig& c, const std::string& v, const std::string& l) {
+       c.localRanksFilter = parseRankList(v, l);
+     }},
+    {"log-line-prefix-template", 0, "TEMPLATE",
+     "console prefix; ${rank} ${local_rank} ${role_name} ${attempt}",
+     [](LaunchConfig& c, const std::string& v, const std::string&) {
+       c.linePrefixTemplate = v;
+     }},
+    {"log-max-bytes", 0, "BYTES", "rotate a log file past this size, 0 unlimited (1G)",
+     [](LaunchConfig& c, const std::string& v, const std::string& l) {
+       c.logMaxBytes = parseByteCount(v, l);
+     }},
+    {"env", 0, "KEY=VALUE", "set a variable for every worker (repeatable)",
+     [](LaunchConfig& c, const std::string& v, const std::string& l) {
+       c.env.push_back(parseEnvAssignment(v, l));
+     }},
+    {"run-id", 0, "ID", "job id: log directory name, TORCHELASTIC_RUN_ID (random)",
+     [](LaunchConfig& c, const std::string& v, const std::string&) { c.runId = v; }, "rdzv-id"},
+    {"master-addr", 0, "ADDR", "MASTER_ADDR for the workers (loopback)",
+     [](LaunchConfig& c, const std::string& v, const std::string& l) {
+       DTRAIN_CHECK_ARG(!v.empty(), "{} is empty", l);
+       c.masterAddr = v;
+     }},
+    {"master-port", 0, "PORT", "MASTER_PORT, which rank 0 binds (a free port)",
+     [](LaunchConfig& c, const std::string& v, const std::string& l) {
+       c.masterPort = parseIntValue(v, l, 1, 65535);
+     }},
+    {"rdzv-endpoint", 0, "HOST:PORT", "where launch hosts the store (loopback, a free port)",
+     [](LaunchConfig& c, const std::string& v, const std::string& l) {
+       std::tie(c.rdzvHost, c.rdzvPort) = parseEndpoint(v, l);
+     }},
+    {"rdzv-backend", 0, "NAME", "accepted for torchrun: c10d or static",
+     [](LaunchConfig& c, const std::string& v, const std::string&) { c.rdzvBackend = v; }},
+    {"role", 0, "NAME", "ROLE_NAME of the workers (default)",
+     [](LaunchConfig& c, const std::string& v, const std::string&) { c.role = v; }},
+    {"python", 0, "PATH", "interpreter for .py programs and --module (python3)",
+     [](LaunchConfig& c, const std::string& v, const std::string&) { c.python = v; }},
+    {"no-python", 0, nullptr, "execute PROGRAM directly even if it ends in .py",
+     [](LaunchConfig& c, const std::string& v, const std::string& l) {
+       c.noPython = parseBool(v, l);
+     }},
+    {"module", 'm', nullptr, "run PROGRAM as a Python module (python -m PROGRAM)",
+     [](LaunchConfig& c, const std::string& v, const std::string& l) {
+       c.module = parseBool(v, l);
+     }},
+    {"start-method", 0, "METHOD", "accepted for torchrun (spawn|fork|forkserver); no effect",
+     [](LaunchConfig&, const std::string& v, const std::string& l) {
+       DTRAIN_CHECK_ARG(v == "spawn" || v == "fork" || v == "forkserver",
+                        "{} \"{}\": use spawn, fork or forkserver", l, v);
+     }},
+    {"dry-run", 0, nullptr, "print each worker's command and environment; start nothing",
+     [](LaunchConfig& c, const std::string& v, const std::string& l) {
+       c.dryRun = parseBool(v, l);
+     }},
+    {"version", 0, nullptr, "print the version and exit", nullptr},
+    {"help", 'h', nullptr, "print this help and exit", nullptr},
+};
+
+const OptionSpec* findLong(const std::string& name) {
+  for (const auto& o : kOptions) {
+    if (name == o.name || (o.alias && name == o.alias)) return &o;
+  }
+  return nullptr;
+}
+
+const OptionSpec* findShort(char c) {
+  for (const auto& o : kOptions) {
+    if (o.shortName == c) return &o;
+  }
+  return nullptr;
+}
+
+std::string unknownOption(const std::string& arg) {
+  return fmt::format("unknown option {}; HINT: see launch --help (an option meant for the program "
+                     "goes after the program name, or after --)",
+                     arg);
+}
+
+}  // namespace
+
+std::string optionEnvName(const std::string& option) {
+  std::string name = env::kLaunchOptionPrefix;
+  for (char c : option) {
+    name += c == '-' ? '_' : static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
+  }
+  return name;
+}
+
+SplitArgs splitLauncherArgs(const std::vector<std::string>& args) {
+  SplitArgs out;
+  size_t i = 0;
+  for (; i < args.size(); ++i) {
+    const std::string& arg = args[i];
+    if (arg == "--") {
+      ++i;
+      break;
+    }
+    if (arg.size() < 2 || arg[0] != '-') break;  // the program ("-" alone counts as one)
+
+    const OptionSpec* spec = nullptr;
+    std::string value;
+    bool hasValue = false;
+    if (arg[1] == '-') {
+      std::string name = arg.substr(2);
+      if (size_t eq = name.find('='); eq != std::string::npos) {
+        value = name.substr(eq + 1);
+        hasValue = true;
+        name.resize(eq);
+      }
+      std::replace(name.begin(), name.end(), '_', '-');  // torchrun's spellings
+      spec = findLong(name);
+      DTRAIN_CHECK_ARG(spec, "{}", unknownOption("--" + name));
+    } else {
+      spec = findShort(arg[1]);
+      DTRAIN_CHECK_ARG(spec, "{}", unknownOption(arg.substr(0, 2)));
+      if (arg.size() > 2) {  // -r3
+        DTRAIN_CHECK_ARG(spec->valueName, "{}: a flag takes no value; HINT: write -{} alone",
+                         arg, arg[1]);
+        value = arg.substr(2);
+        hasValue = true;
+      }
+    }
+    std::string name = spec->name;
+    if (name == "help") {
+      out.help = true;
+      continue;
+    }
+    if (name == "version") {
+      out.version = true;
+      continue;
+    }
+    if (spec->valueName == nullptr) {
+      DTRAIN_CHECK_ARG(!hasValue || value == "1" || value == "true" || value == "0" ||
+                           value == "false",
+                       "--{} is a flag; HINT: write --{} without a value", name, name);
+      out.launcherArgs.push_back("--" + name + "=" + (hasValue ? value : "true"));
+      continue;
+    }
+    if (!hasValue) {
+      DTRAIN_CHECK_ARG(i + 1 < args.size(), "--{} needs a value ({}); HINT: --{} {}", name,
+                       spec->valueName, name, spec->valueName);
+      value = args[++i];
+    }
+    out.launcherArgs.push_back("--" + name + "=" + value);
+  }
+  out.program.assign(args.begin() + static_cast<std::ptrdiff_t>(std::min(i, args.size())),
+                     args.end());
+  return out;
+}
+
+namespace {
+
+cxxopts::Options makeCxxopts() {
+  cxxopts::Options options("launch", "Start, supervise and restart a distributed training job.");
+  options.custom_help("[options] [--] PROGRAM [ARGS...]");
+  options.set_width(100);
+  auto adder = options.add_options();
+  for (const auto& o : kOptions) {
+    std::string names = o.shortName ? std::string(1, o.shortName) + "," + o.name : o.name;
+    if (o.valueName) {
+      adder(names, o.help, cxxopts::value<std::string>(), o.valueName);
+    } else {
+      adder(names, o.help, cxxopts::value<bool>());
+    }
+  }
+  return options;
+}
+
+}  // namespace
+
+ParsedCommand parseLaunchArgs(const std::vector<std::string>& args,
+                              const std::map<std::string, std::string>& environment) {
+  ParsedCommand out;
+  SplitArgs split = splitLauncherArgs(args);
+  if (split.help) {
+    out.action = ParsedCommand::Action::Help;
+    return out;
+  }
+  if (split.version) {
+    out.action = ParsedCommand::Action::Version;
+    return out;
+  }
+
+  // cxxopts reads the launcher's part; the split made it canonical ("--name=value").
+  cxxopts::Options options = makeCxxopts();
+  std::vector<std::string> argvStrings{"launch"};
+  argvStrings.insert(argvStrings.end(), split.launcherArgs.begin(), split.launcherArgs.end());
+  std::vector<const char*> argv;
+  for (const auto& s : argvStrings) argv.push_back(s.c_str());
+  cxxopts::ParseResult result;
+  try {
+    result = options.parse(static_cast<int>(argv.size()), argv.data());
+  } catch (const cxxopts::exceptions::exception& e) {
+    DTRAIN_THROW(InvalidArgument, "{}; HINT: see launch --help", e.what());
+  }
+
+  LaunchConfig& config = out.config;
+  // Command line first, in order (repeatable --env keeps every occurrence).
+  std::vector<std::string> seen;
+  for (const auto& kv : result.arguments()) {
+    const OptionSpec* spec = findLong(kv.key());
+    if (!spec || !spec->apply) continue;
+    spec->apply(config, kv.value(), "--" + kv.key());
+    seen.push_back(kv.key());
+  }
+
+  // Then DTRAIN_LAUNCH_<OPTION> for options the command line did not give.
+  for (const auto& [key, value] : environment) {
+    if (key.rfind(env::kLaunchOptionPrefix, 0) != 0) continue;
+    const OptionSpec* spec = nullptr;
+    for (const auto& o : kOptions) {
+      if (o.apply && optionEnvName(o.name) == key) spec = &o;
+    }
+    DTRAIN_CHECK_ARG(spec, "environment variable {} names no launch option; HINT: unset it, or "
+                     "see launch --help for the options (DTRAIN_LAUNCH_<OPTION>)",
+                     key);
+    if (std::find(seen.begin(), seen.end(), spec->name) != seen.end()) continue;
+    config.optionSources[spec->name] = key;
+    std::string label = key + " (environment)";
+    if (std::string(spec->name) == "env") {
+      // Several assignments: one per line.
+      size_t start = 0;
+      while (start <= value.size()) {
+        size_t nl = value.find('\n', start);
+        std::string line = value.substr(start, nl == std::string::npos ? nl : nl - start);
+        if (!line.empty()) spec->apply(config, line, label);
+        if (nl == std::string::npos) break;
+        start = nl + 1;
+      }
+    } else {
+      spec->apply(config, value, label);
+    }
+  }
+
+  DTRAIN_CHECK_ARG(!split.program.empty(),
+                   "no program given; HINT: launch [options] [--] PROGRAM [ARGS...], e.g. "
+                   "launch --nproc-per-node 2 ./train");
+  config.program = split.program[0];
+  config.programArgs.assign(split.program.begin() + 1, split.program.end());
+  DTRAIN_CHECK_ARG(!config.program.empty(), "the program name is empty; HINT: launch [options] "
+                   "[--] PROGRAM [ARGS...]");
+  validate(config);
+  return out;
+}
+
+std::string helpText() {
+  std::string text = makeCxxopts().help();
+  text += R"(
+A program ending in .py runs under --python, as torchrun does; anything else is executed.
+torchrun's spellings work too: --nproc_per_node, --rdzv_endpoint, --rdzv_id, --rdzv_backend,
+--master_addr, --master_port, --node_rank, --nnodes, --max_restarts, --no_python, ...
+Every option can also come from the environment as DTRAIN_LAUNCH_<OPTION>
+(e.g. DTRAIN_LAUNCH_NPROC_PER_NODE=4); the command line wins.
+
+Exit codes: 0 every worker exited 0; 1-123 the root-cause worker's exit code; 2 usage error
+(nothing was started); 75 preempted (every worker checkpointed on SIGTERM); 124 a deadline
+passed; 125 launcher or infrastructure error; 126/127 program not executable/not found;
+128+N the root-cause worker was killed by signal N, or launch itself received signal N.
+)";
+  return text;
+}
+
+}  // namespace dtrain::launcher

@@ -1,0 +1,122 @@
+#pragma once
+// LaunchConfig: everything `launch` was asked to do, as a plain struct.
+//
+// It is filled by parseLaunchArgs() (launch_args.h) from the command line and DTRAIN_LAUNCH_*
+// variables, checked by validate() without touching the machine, and only then turned into
+// processes by the supervisor. Values that depend on the machine ("auto" worker counts, free
+// ports, the run id when none is given) stay symbolic here and are resolved at launch time.
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace dtrain::launcher {
+
+constexpr const char* kDefaultPython = "python3";
+constexpr const char* kDefaultRole = "default";
+constexpr const char* kDefaultRdzvBackend = "c10d";
+constexpr const char* kDefaultLinePrefixTemplate = "[rank ${rank}]: ";
+constexpr int kDefaultMaxRestarts = 0;
+constexpr double kDefaultGracePeriodSeconds = 30.0;
+constexpr double kDefaultMonitorIntervalSeconds = 0.1;
+constexpr int64_t kDefaultLogMaxBytes = int64_t{1} << 30;  // per file, one rotated copy kept
+constexpr int64_t kMinLogMaxBytes = 4096;
+constexpr int kMaxWorkersPerNode = 4096;
+
+// Bits of a StreamSpec value, torchrun's Std: 0 none, 1 stdout, 2 stderr, 3 both.
+constexpr int kStdoutBit = 1;
+constexpr int kStderrBit = 2;
+
+// How many workers to start on this node: a count, or decided by the machine as torchrun does
+// (auto: the visible GPUs, else the CPUs; gpu; cpu).
+struct NprocSpec {
+  enum class Kind { Count, Auto, Gpu, Cpu };
+  Kind kind = Kind::Count;
+  int count = 1;
+};
+
+// The value of --redirects / --tee: which streams of which local rank ("3", or "0:3,1:2").
+struct StreamSpec {
+  int all = 0;                  // ranks not listed in perRank
+  std::map<int, int> perRank;   // local rank -> bits
+  int streamsFor(int localRank) const;
+  bool any() const;
+};
+
+struct LaunchConfig {
+  // What to run. A program ending in ".py" runs under `python` unless noPython; `module` runs
+  // `python -m program`.
+  std::string program;
+  std::vector<std::string> programArgs;
+  std::string python = kDefaultPython;
+  bool noPython = false;
+  bool module = false;
+
+  // The job's shape. Multi-node fields exist for the fan-out issue; validate() refuses them now.
+  NprocSpec nprocPerNode;
+  int minNodes = 1;
+  int maxNodes = 1;
+  int nodeRank = 0;
+  bool standalone = false;
+  std::string rdzvBackend = kDefaultRdzvBackend;
+  std::string rdzvHost;  // empty: loopback
+  int rdzvPort = 0;      // 0: a free port
+  std::string masterAddr;  // empty: loopback
+  int masterPort = 0;      // 0: a free port
+  std::string runId;       // empty: a random one at launch
+  std::string role = kDefaultRole;
+
+  // Supervision.
+  int maxRestarts = kDefaultMaxRestarts;
+  double monitorInterval = kDefaultMonitorIntervalSeconds;  // accepted for torchrun; we do not poll
+  double gracePeriod = kDefaultGracePeriodSeconds;          // SIGTERM -> SIGKILL, seconds
+
+  // Output.
+  std::string logDir;  // empty: no log files unless redirects/tee ask for them
+  StreamSpec redirects;
+  StreamSpec tee;
+  std::vector<int> localRanksFilter;  // empty: every local rank on the console
+  std::string linePrefixTemplate = kDefaultLinePrefixTemplate;
+  int64_t logMaxBytes = kDefaultLogMaxBytes;  // 0: unlimited
+
+  std::vector<std::pair<std::string, std::string>> env;  // --env KEY=VALUE, in order
+  bool dryRun = false;
+
+  // Where each option's value came from when it was not the command line
+  // ("nproc-per-node" -> "DTRAIN_LAUNCH_NPROC_PER_NODE"), so messages name what the user typed.
+  std::map<std::string, std::string> optionSources;
+};
+
+// "--nproc-per-node", or "DTRAIN_LAUNCH_NPROC_PER_NODE (environment)" when it came from there.
+std::string optionLabel(const LaunchConfig& config, const std::string& option);
+
+// Throws InvalidArgument naming the option and what to do. Pure: does not look at the machine.
+void validate(const LaunchConfig& config);
+
+// Value parsers: each throws InvalidArgument naming `label` and the accepted forms.
+NprocSpec parseNproc(const std::string& text, const std::string& label);
+StreamSpec parseStreamSpec(const std::string& text, const std::string& label);
+std::pair<int, int> parseNnodes(const std::string& text, const std::string& label);  // "2", "1:4"
+std::pair<std::string, int> parseEndpoint(const std::string& text, const std::string& label);
+std::vector<int> parseRankList(const std::string& text, const std::string& label);
+std::pair<std::string, std::string> parseEnvAssignment(const std::string& text,
+                                                       const std::string& label);
+int parseIntValue(const std::string& text, const std::string& label, int64_t min, int64_t max);
+double parseSeconds(const std::string& text, const std::string& label);
+int64_t parseByteCount(const std::string& text, const std::string& label);  // "64k", "1G", "0"
+bool parseBool(const std::string& text, const std::string& label);
+
+// The number of workers for `spec` on a machine with `cpus` usable CPUs and `gpus` visible GPUs.
+// Throws InvalidArgument for "gpu" on a machine without GPUs.
+int resolveNproc(const NprocSpec& spec, int cpus, int gpus);
+
+// The console prefix of one worker's lines: ${rank}, ${local_rank}, ${role_name}, ${attempt}.
+std::string expandLinePrefix(const std::string& templ, int rank, int localRank,
+                             const std::string& role, int attempt);
+
+// Variables of DESIGN.md's worker environment that --env may not override.
+bool isReservedWorkerVariable(const std::string& name);
+
+}  // namespace dtrain::launcher

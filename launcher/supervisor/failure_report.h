@@ -1,0 +1,90 @@
+#pragma once
+// What happened to each worker, which failure was the root cause, the launcher's exit code
+// (DESIGN.md's table) and the report printed when a job fails -- root cause first: host, global
+// and local rank, pid, exit code or signal name (with OOM evidence), log path, the last stderr
+// lines and the message of its TORCHELASTIC_ERROR_FILE; then the other workers.
+//
+// Everything here is a pure function of plain structs, so the report is tested by tables; the
+// supervisor gathers the facts (wait statuses, tails, error files, kernel log) and calls in.
+
+#include <sys/types.h>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace dtrain::launcher {
+
+struct WorkerOutcome {
+  enum class State { Running, Exited, Signaled, ExecFailed, Lost };
+
+  int rank = 0;
+  int localRank = 0;
+  pid_t pid = -1;
+  State state = State::Running;
+  int exitCode = 0;       // Exited
+  int signal = 0;         // Signaled
+  bool coreDumped = false;
+  int execErrno = 0;      // ExecFailed
+  std::string lostReason; // Lost: what happened to its guardian
+  double endSeconds = 0;  // when it ended, seconds after the attempt started
+  bool stoppedByLaunch = false;  // it ended after launch asked it to stop (not a root cause)
+  bool wasStopped = false;       // it was in state T (SIGSTOP) when the teardown began
+  std::string stderrLog;         // path, or empty when no log file was kept
+  std::vector<std::string> stderrTail;
+  std::string errorFileMessage;  // summary of its error file; empty when it wrote none
+  std::string oomNote;           // "likely killed by the OOM killer (...)"; empty when no evidence
+
+  bool failed() const;  // non-zero exit, signal, exec failure, lost
+};
+
+struct AttemptResult {
+  int attempt = 0;
+  std::vector<WorkerOutcome> workers;
+  int launcherSignal = 0;       // a signal launch received during this attempt
+  bool signalBeforeFailure = false;  // it arrived before any worker failed
+};
+
+// Index into `workers` of the root cause: the earliest failure launch did not cause itself
+// (stopping the others after it is not a failure of theirs). -1 when none.
+int rootCauseIndex(const std::vector<WorkerOutcome>& workers);
+
+// The exit code of one failed worker: its own code, 128+N for signal N, 126/127 for exec
+// failures, 125 when its guardian was lost.
+int workerExitCode(const WorkerOutcome& w);
+
+// The launcher's exit code after its last attempt (DESIGN.md, Exit codes).
+int launcherExitCode(const AttemptResult& last);
+
+// "exited with code 3", "was killed by SIGSEGV (signal 11, core dumped)", ...
+std::string describeOutcome(const WorkerOutcome& w);
+
+// The category of an exit code of launch, for the first line of the report.
+std::string exitCodeMeaning(int code, const AttemptResult& last);
+
+struct ReportContext {
+  std::string host;
+  std::string runId;
+  int maxRestarts = 0;
+  double gracePeriod = 0;
+  std::string logHint;  // where logs are, or how to keep them
+};
+
+// The failure report of the whole job: `attempts` in order, the last one decides.
+std::string formatFailureReport(const ReportContext& ctx, const std::vector<AttemptResult>& attempts);
+
+// One line for a failed attempt that will be restarted.
+std::string formatRestartLine(const AttemptResult& attempt, int restart, int maxRestarts);
+
+// Summary of a TORCHELASTIC_ERROR_FILE's content (`fileSize` the whole file, `content` what was
+// read of it, possibly cut short). Never throws: garbage, truncation or a missing message give a
+// note saying so and a printable excerpt.
+std::string summarizeErrorFile(const std::string& content, int64_t fileSize);
+
+// Reads and summarises the error file at `path`: empty when there is none.
+std::string readErrorFile(const std::string& path);
+
+// Printable: control characters escaped, at most `max` bytes.
+std::string printable(const std::string& text, size_t max);
+
+}  // namespace dtrain::launcher

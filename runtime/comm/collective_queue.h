@@ -1,0 +1,95 @@
+#pragma once
+// CollectiveQueue: runs a CPU backend's collectives one at a time, in issue order, on one comm
+// thread, and hands each caller a QueuedWork to wait on. One thread, not a pool: collectives must
+// run in the same order on every rank anyway, and on a small machine every extra thread competes
+// with the ranks for cores (see Note [Inline execution]).
+//
+// "On the comm thread" below means "while holding the executor role": the comm thread, or a
+// caller that waits on work nobody has started yet (Note [Inline execution]).
+
+#include <atomic>
+#include <condition_variable>
+#include <deque>
+#include <exception>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+
+#include "dtrain/comm.h"
+
+namespace dtrain::comm {
+
+class CollectiveQueue;
+
+// A collective waiting for, or running in, a CollectiveQueue.
+class QueuedWork final : public Work {
+ public:
+  // `describe` is called only for error messages (a wait() that times out).
+  QueuedWork(std::weak_ptr<CollectiveQueue> queue, std::function<std::string()> describe);
+
+  bool isCompleted() override { return completed_.load(std::memory_order_acquire); }
+  // zero timeout: until the collective finishes (each collective is bounded by the collective
+  // timeout, so this cannot block forever). A positive timeout that passes throws TimeoutError
+  // and leaves the collective running.
+  void wait(Millis timeout = Millis::zero()) override;
+
+  // By the executor: the collective finished (`error` null) or failed.
+  void complete(std::exception_ptr error);
+
+ private:
+  std::weak_ptr<CollectiveQueue> queue_;
+  std::function<std::string()> describe_;
+  std::atomic<bool> completed_{false};
+  std::mutex mutex_;
+  std::condition_variable done_;
+  std::exception_ptr error_;  // guarded by mutex_; set before completed_
+};
+
+class CollectiveQueue : public std::enable_shared_from_this<CollectiveQueue> {
+ public:
+  using Task = std::function<void()>;  // runs one collective; throws its error
+
+  // Starts the comm thread, named `threadName` (at most 15 characters are kept).
+  static std::shared_ptr<CollectiveQueue> start(const std::string& threadName);
+  ~CollectiveQueue();
+
+  // Queues `task`; the returned work completes when it has run.
+  std::shared_ptr<QueuedWork> enqueue(Task task, std::function<std::string()> describe);
+
+  // Runs `work`'s task on the calling thread when it is next in line and nothing is running.
+  // Returns true when it ran it. See Note [Inline execution].
+  bool tryRunInline(const QueuedWork* work);
+
+  // Blocks until everything queued so far has run.
+  void drain();
+  // Runs what is queued, then stops the comm thread. Idempotent; not from the comm thread.
+  void stop();
+
+  // True on the thread that currently holds the executor role.
+  bool onCommThread() const { return executor_.load() == std::this_thread::get_id(); }
+  size_t pending() const;
+
+ private:
+  struct Item {
+    std::shared_ptr<QueuedWork> work;
+    Task task;
+  };
+
+  CollectiveQueue() = default;
+  void threadMain();
+  // Runs one item as the executor; mutex_ is not held.
+  void runItem(Item& item);
+
+  mutable std::mutex mutex_;
+  std::condition_variable changed_;
+  std::deque<Item> pending_;  // guarded by mutex_
+  bool busy_ = false;         // guarded by mutex_: an item is running
+  bool stopping_ = false;     // guarded by mutex_
+  std::atomic<std::thread::id> executor_{};
+  std::thread thread_;
+  std::string threadName_;
+};
+
+}  // namespace dtrain::comm

@@ -1,0 +1,68 @@
+#pragma once
+// The Gloo backend's algorithms: Gloo's own where they are the best choice (ring allreduce for
+// large buffers, broadcast, allgather, barrier) and two of ours built on Gloo's transport where
+// latency matters more than the ring's bandwidth (see Note [Direct exchange]). All run on the comm
+// thread, one at a time; all take the message tag of the collective (Note [Tags] in
+// collective.cpp) and an end-to-end deadline.
+
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <stdexcept>
+#include <vector>
+
+#include <gloo/context.h>
+
+#include "collective.h"
+#include "reduce_kernels.h"
+
+namespace dtrain::comm {
+
+// Reused memory for received data: grown when needed and touched once when grown, so collectives
+// never pay first-touch page faults (~14 us per 4 KiB page on a VM).
+class Scratch {
+ public:
+  uint8_t* reserve(size_t bytes);
+
+ private:
+  std::unique_ptr<uint8_t[]> data_;
+  size_t capacity_ = 0;
+};
+
+struct GlooCall {
+  std::shared_ptr<gloo::Context> context;
+  uint32_t tag = 0;
+  std::chrono::milliseconds timeout{0};
+};
+
+// Thrown by our algorithms when a wait times out: the ranks we still waited for.
+class GlooWaitTimeout : public std::runtime_error {
+ public:
+  GlooWaitTimeout(const std::string& what, std::vector<int> waitingFor)
+      : std::runtime_error(what), waitingFor(std::move(waitingFor)) {}
+  std::vector<int> waitingFor;
+};
+
+// Every rank sends its whole buffer to every other rank and reduces what it receives in rank
+// order: one round trip, identical results on all ranks.
+void allreduceDirect(const GlooCall& call, void* data, size_t count, size_t elementSize,
+                     ReduceFn reduce, Scratch& scratch);
+
+// Gloo's ring allreduce (reduce-scatter + allgather, segmented and pipelined).
+void allreduceRing(const GlooCall& call, void* data, size_t count, size_t elementSize,
+                   ReduceFn reduce);
+
+// Rank r receives op over every rank's block r: each rank sends block j to rank j and reduces the
+// blocks it receives in rank order. Moves (n-1)/n of the input per rank, like a ring.
+void reduceScatterDirect(const GlooCall& call, const void* send, void* recv, size_t count,
+                         size_t elementSize, ReduceFn reduce, Scratch& scratch);
+
+void broadcastGloo(const GlooCall& call, void* data, size_t bytes, int root);
+void allgatherGloo(const GlooCall& call, const void* send, void* recv, size_t bytes);
+void barrierGloo(const GlooCall& call);
+
+// Everyone's fingerprint, rank r's at index r (the collective check).
+std::vector<Fingerprint> allgatherFingerprints(const GlooCall& call, const Fingerprint& mine);
+
+}  // namespace dtrain::comm

@@ -1,0 +1,56 @@
+#pragma once
+// The Gloo backend: collectives on CPU memory over TCP (Gloo's transport), for CPU training and
+// for tests. Ranks rendezvous through a dtrain Store (any: the job's TcpStore, or one HashStore
+// shared by ranks run as threads). One comm thread per communicator runs the collectives in issue
+// order; algorithms are chosen per size (see runtime/comm/gloo/gloo_algorithms.h).
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "dtrain/comm.h"
+#include "dtrain/fault.h"
+#include "dtrain/store.h"
+
+namespace dtrain::comm {
+
+constexpr Millis kDefaultConnectTimeout{300000};
+// Allreduces up to this many bytes use one all-to-all exchange (one round trip); larger ones the
+// ring (bandwidth-optimal). Measured crossover on loopback; see benchmarks/README.md.
+constexpr size_t kDefaultSmallAllreduceBytes = 256 * 1024;
+
+struct GlooOptions {
+  int rank = 0;
+  int size = 1;
+  // Shared by all ranks; every key this communicator writes is under "<name>/".
+  std::shared_ptr<store::Store> store;
+  // Distinguishes communicators of one job (they must use the same name on every rank).
+  std::string name = "gloo";
+  // Network interface to bind; empty: GLOO_SOCKET_IFNAME, else DESIGN.md's rule (loopback when the
+  // store is on loopback, else the interface routing toward `storeHost`).
+  std::string interface;
+  std::string storeHost;
+  // Default deadline of each collective (CallOptions::timeout overrides per call).
+  Millis timeout = kDefaultCollectiveTimeout;
+  // Deadline for all ranks to connect.
+  Millis connectTimeout = kDefaultConnectTimeout;
+  // Allgathers a fingerprint of every collective before running it and fails at once, naming both
+  // sides, when ranks disagree (kind, type, count, shape). Costs one small round trip per
+  // collective. Rank 0's value applies to all ranks. Default: DTRAIN_CHECK_COLLECTIVES=1.
+  bool checkCollectives = false;
+  bool checkCollectivesFromEnv = true;
+  size_t smallAllreduceBytes = kDefaultSmallAllreduceBytes;
+  // Fault injection (skip-collective, wrong-shape, hang); `step` counts collectives. Default:
+  // DTRAIN_FAULT. Tests set it directly.
+  std::vector<fault::Fault> faults;
+  bool faultsFromEnv = true;
+};
+
+// True when dtrain was built with Gloo.
+bool glooAvailable();
+
+// Connects to every other rank (blocks until all have joined, or connectTimeout). Throws
+// InvalidArgument for bad options, TimeoutError / NetworkError naming the ranks that did not join.
+std::shared_ptr<Communicator> createGlooCommunicator(const GlooOptions& options);
+
+}  // namespace dtrain::comm

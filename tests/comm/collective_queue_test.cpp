@@ -1,0 +1,90 @@
+// CollectiveQueue: order, inline execution, wait deadlines, errors.
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <thread>
+
+#include "collective_queue.h"
+#include "dtrain/error.h"
+
+namespace dtrain::comm {
+namespace {
+
+TEST(CollectiveQueue, RunsInIssueOrderOneAtATime) {
+  auto queue = CollectiveQueue::start("test-queue");
+  std::vector<int> order;
+  std::atomic<int> running{0};
+  std::vector<std::shared_ptr<QueuedWork>> works;
+  for (int i = 0; i < 50; ++i) {
+    works.push_back(queue->enqueue(
+        [&, i] {
+          EXPECT_EQ(running.fetch_add(1), 0) << "two collectives ran at once";
+          order.push_back(i);
+          running.fetch_sub(1);
+        },
+        {}));
+  }
+  // Waiters on several threads, in reverse: inline execution must still keep the order.
+  std::vector<std::thread> waiters;
+  for (int i = 49; i >= 0; i -= 7) waiters.emplace_back([&, i] { works[i]->wait(); });
+  for (auto& t : waiters) t.join();
+  queue->drain();
+  ASSERT_EQ(order.size(), 50u);
+  for (int i = 0; i < 50; ++i) EXPECT_EQ(order[i], i);
+}
+
+TEST(CollectiveQueue, WaitRunsUnstartedWorkOnTheCallingThread) {
+  auto queue = CollectiveQueue::start("test-queue");
+  // Keep the comm thread busy so the next item is certainly not started by it.
+  std::atomic<bool> release{false};
+  auto blocker = queue->enqueue([&] { while (!release) std::this_thread::yield(); }, {});
+  std::thread::id ranOn;
+  auto work = queue->enqueue([&] {
+    ranOn = std::this_thread::get_id();
+    EXPECT_TRUE(queue->onCommThread());
+  }, {});
+  EXPECT_FALSE(queue->tryRunInline(work.get())) << "not next in line while the blocker runs";
+  release = true;
+  blocker->wait();
+  work->wait();
+  EXPECT_TRUE(work->isCompleted());
+  // Either thread may have run it, but never two at once; when the waiter won, it ran here.
+  EXPECT_TRUE(ranOn == std::this_thread::get_id() || ranOn != std::thread::id());
+}
+
+TEST(CollectiveQueue, ErrorsReachTheWaiter) {
+  auto queue = CollectiveQueue::start("test-queue");
+  auto work = queue->enqueue([] { DTRAIN_THROW(NetworkError, "peer gone"); }, {});
+  EXPECT_THROW(work->wait(), NetworkError);
+  EXPECT_TRUE(work->isCompleted());
+  EXPECT_THROW(work->wait(), NetworkError) << "waiting again rethrows";
+}
+
+TEST(CollectiveQueue, WaitWithATimeoutThrowsAndLeavesTheWorkRunning) {
+  auto queue = CollectiveQueue::start("test-queue");
+  std::atomic<bool> release{false};
+  std::atomic<bool> started{false};
+  auto work = queue->enqueue(
+      [&] {
+        started = true;
+        while (!release) std::this_thread::sleep_for(Millis(1));
+      },
+      [] { return std::string("rank 0/2: seq 3 barrier()"); });
+  // Let the comm thread pick it up, so wait() cannot run it inline.
+  while (!started) std::this_thread::sleep_for(Millis(1));
+  auto start = std::chrono::steady_clock::now();
+  try {
+    work->wait(Millis(100));
+    ADD_FAILURE() << "wait returned";
+  } catch (const TimeoutError& e) {
+    EXPECT_NE(std::string(e.what()).find("rank 0/2: seq 3 barrier(): not completed after 100 ms"),
+              std::string::npos)
+        << e.what();
+  }
+  EXPECT_GE(std::chrono::steady_clock::now() - start, Millis(95));
+  release = true;
+  work->wait();
+}
+
+}  // namespace
+}  // namespace dtrain::comm

@@ -1,0 +1,23 @@
+# Torch-free communicator tests (ranks as threads sharing a HashStore): every tests/comm/*_test.cpp.
+# Failure and timing tests are in *_failure_test.cpp and run serially (they measure deadlines).
+file(GLOB DTRAIN_COMM_TEST_SOURCES CONFIGURE_DEPENDS ${CMAKE_CURRENT_SOURCE_DIR}/tests/comm/*_test.cpp)
+list(FILTER DTRAIN_COMM_TEST_SOURCES EXCLUDE REGEX "_failure_test\\.cpp$")
+file(GLOB DTRAIN_COMM_FAILURE_TEST_SOURCES CONFIGURE_DEPENDS
+  ${CMAKE_CURRENT_SOURCE_DIR}/tests/comm/*_failure_test.cpp)
+
+add_library(dtrain_comm_test_support STATIC tests/comm/comm_test_support.cpp)
+# Tests also reach dtrain_comm's internal headers (kernels, recorder, queue): the shared library
+# exports every symbol.
+target_include_directories(dtrain_comm_test_support PUBLIC
+  ${CMAKE_CURRENT_SOURCE_DIR}/tests/comm ${CMAKE_CURRENT_SOURCE_DIR}/runtime/comm)
+target_link_libraries(dtrain_comm_test_support PUBLIC dtrain_comm GTest::gtest)
+dtrain_warnings(dtrain_comm_test_support)
+
+dtrain_gtest(dtrain_comm_tests LABEL unit TIMEOUT 120
+  SOURCES ${DTRAIN_COMM_TEST_SOURCES}
+  LIBS dtrain_comm_test_support)
+if(DTRAIN_COMM_FAILURE_TEST_SOURCES)
+  dtrain_gtest(dtrain_comm_failure_tests LABEL unit SERIAL TIMEOUT 60
+    SOURCES ${DTRAIN_COMM_FAILURE_TEST_SOURCES}
+    LIBS dtrain_comm_test_support)
+endif()

@@ -1,0 +1,176 @@
+// splitLauncherArgs / parseLaunchArgs / workerCommandLine: tables of command lines.
+#include <gtest/gtest.h>
+
+#include "dtrain/error.h"
+#include "launcher/launch_args.h"
+#include "launcher/program.h"
+
+namespace dtrain::launcher {
+namespace {
+
+using Args = std::vector<std::string>;
+
+struct SplitCase {
+  const char* name;
+  Args args;
+  Args launcher;
+  Args program;
+};
+
+class SplitTest : public ::testing::TestWithParam<SplitCase> {};
+
+TEST_P(SplitTest, SplitsWhereTheProgramBegins) {
+  const SplitCase& c = GetParam();
+  SplitArgs s = splitLauncherArgs(c.args);
+  EXPECT_EQ(s.launcherArgs, c.launcher);
+  EXPECT_EQ(s.program, c.program);
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Table, SplitTest,
+    ::testing::Values(
+        SplitCase{"ProgramOnly", {"./train"}, {}, {"./train"}},
+        SplitCase{"ValueSeparate", {"--nproc-per-node", "4", "./train", "--lr", "1"},
+                  {"--nproc-per-node=4"}, {"./train", "--lr", "1"}},
+        SplitCase{"ValueJoined", {"--nproc-per-node=4", "./train"}, {"--nproc-per-node=4"},
+                  {"./train"}},
+        SplitCase{"TorchrunUnderscores", {"--nproc_per_node=2", "--max_restarts", "3", "t.py"},
+                  {"--nproc-per-node=2", "--max-restarts=3"}, {"t.py"}},
+        SplitCase{"RdzvIdIsRunId", {"--rdzv_id", "abc", "x"}, {"--run-id=abc"}, {"x"}},
+        SplitCase{"Flag", {"--standalone", "x"}, {"--standalone=true"}, {"x"}},
+        SplitCase{"ShortWithValue", {"-r", "3", "-t3", "x"}, {"--redirects=3", "--tee=3"}, {"x"}},
+        SplitCase{"ShortFlag", {"-m", "pkg.train"}, {"--module=true"}, {"pkg.train"}},
+        SplitCase{"DoubleDash", {"--nproc-per-node", "2", "--", "--weird-name", "--x"},
+                  {"--nproc-per-node=2"}, {"--weird-name", "--x"}},
+        SplitCase{"ProgramFlagsUntouched", {"x", "--nproc-per-node", "9"}, {},
+                  {"x", "--nproc-per-node", "9"}},
+        SplitCase{"ValueLooksLikeFlag", {"--log-line-prefix-template", "--", "x"},
+                  {"--log-line-prefix-template=--"}, {"x"}},
+        SplitCase{"NoProgram", {"--nproc-per-node", "2"}, {"--nproc-per-node=2"}, {}},
+        SplitCase{"DashAloneIsAProgram", {"-"}, {}, {"-"}}),
+    [](const ::testing::TestParamInfo<SplitCase>& info) { return info.param.name; });
+
+TEST(SplitLauncherArgs, HelpAndVersion) {
+  EXPECT_TRUE(splitLauncherArgs({"--help"}).help);
+  EXPECT_TRUE(splitLauncherArgs({"-h", "x"}).help);
+  EXPECT_FALSE(splitLauncherArgs({"x", "--help"}).help);
+  EXPECT_TRUE(splitLauncherArgs({"--version"}).version);
+}
+
+struct BadSplit {
+  const char* name;
+  Args args;
+  const char* mentions;
+};
+
+class BadSplitTest : public ::testing::TestWithParam<BadSplit> {};
+
+TEST_P(BadSplitTest, NamesTheProblem) {
+  try {
+    splitLauncherArgs(GetParam().args);
+    FAIL() << "no error";
+  } catch (const InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find(GetParam().mentions), std::string::npos) << e.what();
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Table, BadSplitTest,
+    ::testing::Values(BadSplit{"Unknown", {"--nprocs", "2", "x"}, "unknown option --nprocs"},
+                      BadSplit{"UnknownShort", {"-z", "x"}, "unknown option -z"},
+                      BadSplit{"MissingValue", {"--run-id"}, "--run-id needs a value"},
+                      BadSplit{"FlagWithValue", {"--standalone=maybe", "x"}, "is a flag"},
+                      BadSplit{"ShortFlagWithValue", {"-mx", "x"}, "takes no value"}),
+    [](const ::testing::TestParamInfo<BadSplit>& info) { return info.param.name; });
+
+TEST(ParseLaunchArgs, FillsTheConfig) {
+  ParsedCommand p = parseLaunchArgs(
+      {"--nproc_per_node", "auto", "--max-restarts", "2", "--grace-period", "1.5", "--env", "A=1",
+       "--env", "B=x,y", "--rdzv-endpoint", "10.0.0.1:29400", "--master_port", "29501",
+       "--local-ranks-filter", "0,3", "--redirects", "0:1,1:3", "--log-max-bytes", "64k",
+       "train.py", "--epochs", "3"},
+      {});
+  const LaunchConfig& c = p.config;
+  EXPECT_EQ(p.action, ParsedCommand::Action::Run);
+  EXPECT_EQ(c.nprocPerNode.kind, NprocSpec::Kind::Auto);
+  EXPECT_EQ(c.maxRestarts, 2);
+  EXPECT_DOUBLE_EQ(c.gracePeriod, 1.5);
+  ASSERT_EQ(c.env.size(), 2u);
+  EXPECT_EQ(c.env[1].second, "x,y") << "a comma is part of the value";
+  EXPECT_EQ(c.rdzvHost, "10.0.0.1");
+  EXPECT_EQ(c.rdzvPort, 29400);
+  EXPECT_EQ(c.masterPort, 29501);
+  EXPECT_EQ(c.localRanksFilter, (std::vector<int>{0, 3}));
+  EXPECT_EQ(c.redirects.streamsFor(1), 3);
+  EXPECT_EQ(c.redirects.streamsFor(2), 0);
+  EXPECT_EQ(c.logMaxBytes, 64 * 1024);
+  EXPECT_EQ(c.program, "train.py");
+  EXPECT_EQ(c.programArgs, (Args{"--epochs", "3"}));
+}
+
+TEST(ParseLaunchArgs, EnvironmentFillsWhatTheCommandLineLeaves) {
+  std::map<std::string, std::string> env = {{"DTRAIN_LAUNCH_NPROC_PER_NODE", "3"},
+                                            {"DTRAIN_LAUNCH_MAX_RESTARTS", "5"},
+                                            {"DTRAIN_LAUNCH_DRY_RUN", "1"},
+                                            {"DTRAIN_LAUNCH_ENV", "A=1\nB=2"},
+                                            {"UNRELATED", "x"}};
+  LaunchConfig c = parseLaunchArgs({"--max-restarts", "1", "x"}, env).config;
+  EXPECT_EQ(c.nprocPerNode.count, 3);
+  EXPECT_EQ(c.maxRestarts, 1) << "the command line wins";
+  EXPECT_TRUE(c.dryRun);
+  EXPECT_EQ(c.env.size(), 2u);
+  EXPECT_EQ(optionLabel(c, "nproc-per-node"), "DTRAIN_LAUNCH_NPROC_PER_NODE (environment)");
+  EXPECT_EQ(optionLabel(c, "max-restarts"), "--max-restarts");
+}
+
+TEST(ParseLaunchArgs, EnvironmentErrorsNameTheVariable) {
+  try {
+    parseLaunchArgs({"x"}, {{"DTRAIN_LAUNCH_GRACE_PERIOD", "-3"}});
+    FAIL();
+  } catch (const InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find("DTRAIN_LAUNCH_GRACE_PERIOD"), std::string::npos);
+  }
+  EXPECT_THROW(parseLaunchArgs({"x"}, {{"DTRAIN_LAUNCH_TYPO", "1"}}), InvalidArgument);
+}
+
+TEST(OptionEnvName, UpperSnakeCase) {
+  EXPECT_EQ(optionEnvName("nproc-per-node"), "DTRAIN_LAUNCH_NPROC_PER_NODE");
+  EXPECT_EQ(optionEnvName("env"), "DTRAIN_LAUNCH_ENV");
+}
+
+struct CommandCase {
+  const char* name;
+  Args args;  // launch's arguments
+  Args argv;  // what the worker runs
+  bool interpreted;
+};
+
+class CommandLineTest : public ::testing::TestWithParam<CommandCase> {};
+
+TEST_P(CommandLineTest, BuildsTheWorkersArgv) {
+  LaunchConfig c = parseLaunchArgs(GetParam().args, {}).config;
+  WorkerCommand cmd = workerCommandLine(c);
+  EXPECT_EQ(cmd.argv, GetParam().argv);
+  EXPECT_EQ(cmd.interpreted, GetParam().interpreted);
+  EXPECT_EQ(cmd.file, cmd.argv[0]);
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Table, CommandLineTest,
+    ::testing::Values(
+        CommandCase{"Binary", {"./train", "--lr", "1"}, {"./train", "--lr", "1"}, false},
+        CommandCase{"Script", {"train.py", "-x"}, {"python3", "train.py", "-x"}, true},
+        CommandCase{"ScriptOtherPython", {"--python", "/usr/bin/python3", "t.py"},
+                    {"/usr/bin/python3", "t.py"}, true},
+        CommandCase{"NoPython", {"--no-python", "t.py"}, {"t.py"}, false},
+        CommandCase{"Module", {"-m", "pkg.train", "a"}, {"python3", "-m", "pkg.train", "a"}, true},
+        CommandCase{"PyInTheMiddle", {"./x.py.sh"}, {"./x.py.sh"}, false}),
+    [](const ::testing::TestParamInfo<CommandCase>& info) { return info.param.name; });
+
+TEST(ShellQuote, QuotesOnlyWhatNeedsIt) {
+  EXPECT_EQ(shellQuote({"a", "b-c", "/x/y.py", "--k=v"}), "a b-c /x/y.py --k=v");
+  EXPECT_EQ(shellQuote({"a b", "", "it's", "$(id)"}), "'a b' '' 'it'\\''s' '$(id)'");
+}
+
+}  // namespace
+}  // namespace dtrain::launcher

@@ -1,0 +1,319 @@
+// The test worker: a torch-free stand-in for a training program, run as real processes by
+// `launch` in the integration tests, the benchmarks and scripts/demo.sh. Built as
+// <build>/tests/worker/worker (target dtrain_test_worker).
+//
+// What it does, printing each thing on stdout (line-buffered):
+//   1. "worker rank=R local_rank=L world_size=W attempt=A torchelastic_restart_count=A pid=P
+//      ppid=Q" -- pids let tests prove no process of the job survives;
+//   2. joins the job's store (connectToJobStore(): round<A>/ prefix) and passes the barrier
+//      "start" (set "barrier/start/rank<R>", add("barrier/start/count", 1); the last to arrive
+//      sets "barrier/start/done"; everyone waits for it; a timeout names the missing ranks);
+//   3. runs --steps steps; at each step it obeys DTRAIN_FAULT (fault::injectAt for exit, signal,
+//      abort, hang, stop, slow; and itself for flood:LINES, grandchild, error-file:CODE), prints
+//      "rank R: step S", sleeps --step-ms, and with --barrier-every-step passes barrier "step<S>";
+//   4. with --end-barrier passes barrier "end"; prints "rank R: done" and exits 0.
+// An exception (store timeout, bad DTRAIN_FAULT, ...) prints "rank R: error: ..." on stderr,
+// writes TORCHELASTIC_ERROR_FILE the way torchrun's @record does, and exits 1.
+//
+// Flags:
+//   --steps N                 steps to run (3)
+//   --step-ms MS              sleep per step (0)
+//   --no-store                skip the store: no join, no barriers
+//   --barrier-timeout-ms MS   every store operation's deadline (30000)
+//   --connect-timeout-ms MS   store connect deadline (10000)
+//   --barrier-every-step      a barrier after each step, so a dead or stopped peer is noticed
+//   --end-barrier             a barrier before exiting
+//   --on-sigterm CODE         on SIGTERM print "rank R: SIGTERM: checkpointing" and exit CODE
+//                             (75 emulates a trainer that checkpoints on preemption)
+//   --ignore-sigterm          ignore SIGTERM (only SIGKILL stops it)
+//   --grandchild-setsid       the grandchild fault's process leaves the process group (setsid)
+//   --error-file-mode M       what error-file:CODE writes: json (default), garbage, huge, empty
+//   --alloc-mb N              allocate and touch N MiB more at each step (OOM tests)
+//   --quiet                   print only the pid line and errors (benchmarks)
+//   --print-env               print the worker-contract variables it received
+#include <signal.h>
+#include <sys/types.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <chrono>
+#include <ctime>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "dtrain/env_contract.h"
+#include "dtrain/error.h"
+#include "dtrain/fault.h"
+#include "dtrain/job_store.h"
+
+namespace {
+
+using dtrain::fault::Kind;
+
+struct Flags {
+  int64_t steps = 3;
+  int64_t stepMs = 0;
+  bool useStore = true;
+  int64_t barrierTimeoutMs = 30000;
+  int64_t connectTimeoutMs = 10000;
+  bool barrierEveryStep = false;
+  bool endBarrier = false;
+  int onSigterm = -1;
+  bool ignoreSigterm = false;
+  bool grandchildSetsid = false;
+  std::string errorFileMode = "json";
+  int64_t allocMb = 0;
+  bool quiet = false;
+  bool printEnv = false;
+};
+
+int gRank = -1;
+int gSigtermCode = 0;
+
+int envInt(const char* name, int fallback) {
+  const char* v = std::getenv(name);
+  return v && *v ? std::atoi(v) : fallback;
+}
+
+[[noreturn]] void usage(const std::string& what) {
+  std::fprintf(stderr, "worker: %s; see the flags at the top of tests/worker/worker.cpp\n",
+               what.c_str());
+  std::exit(2);
+}
+
+Flags parseFlags(int argc, char** argv) {
+  Flags f;
+  for (int i = 1; i < argc; ++i) {
+    std::string a = argv[i];
+    auto number = [&]() -> int64_t {
+      if (i + 1 >= argc) usage(a + " needs a value");
+      char* end = nullptr;
+      long long v = std::strtoll(argv[++i], &end, 10);
+      if (*end != '\0' || v < 0) usage(a + " needs a non-negative integer");
+      return v;
+    };
+    if (a == "--steps") f.steps = number();
+    else if (a == "--step-ms") f.stepMs = number();
+    else if (a == "--no-store") f.useStore = false;
+    else if (a == "--barrier-timeout-ms") f.barrierTimeoutMs = number();
+    else if (a == "--connect-timeout-ms") f.connectTimeoutMs = number();
+    else if (a == "--barrier-every-step") f.barrierEveryStep = true;
+    else if (a == "--end-barrier") f.endBarrier = true;
+    else if (a == "--on-sigterm") f.onSigterm = static_cast<int>(number());
+    else if (a == "--ignore-sigterm") f.ignoreSigterm = true;
+    else if (a == "--grandchild-setsid") f.grandchildSetsid = true;
+    else if (a == "--error-file-mode") {
+      if (i + 1 >= argc) usage("--error-file-mode needs a value");
+      f.errorFileMode = argv[++i];
+    }
+    else if (a == "--alloc-mb") f.allocMb = number();
+    else if (a == "--quiet") f.quiet = true;
+    else if (a == "--print-env") f.printEnv = true;
+    else usage("unknown flag " + a);
+  }
+  return f;
+}
+
+std::string jsonEscape(const std::string& s) {
+  std::string out;
+  for (char c : s) {
+    if (c == '"' || c == '\\') {
+      out += '\\';
+      out += c;
+    } else if (c == '\n') {
+      out += "\\n";
+    } else if (static_cast<unsigned char>(c) < 0x20) {
+      char buf[8];
+      std::snprintf(buf, sizeof buf, "\\u%04x", c);
+      out += buf;
+    } else {
+      out += c;
+    }
+  }
+  return out;
+}
+
+// Writes TORCHELASTIC_ERROR_FILE in torchrun's format (or deliberately broken, for tests).
+void writeErrorFile(const std::string& message, const std::string& mode) {
+  const char* path = std::getenv(dtrain::env::kErrorFile);
+  if (!path || !*path) return;
+  std::ofstream out(path, std::ios::binary | std::ios::trunc);
+  if (mode == "garbage") {
+    out << "\x01\x02 this is { not json \xff\xfe";
+  } else if (mode == "huge") {
+    out << "{\"message\": {\"message\": \"" << std::string(8 << 20, 'x') << "\"}}";
+  } else if (mode == "empty") {
+    // nothing
+  } else {
+    out << "{\"message\": {\"message\": \"" << jsonEscape(message)
+        << "\", \"extraInfo\": {\"py_callstack\": \"worker.cpp: main -> step\", \"timestamp\": \""
+        << std::time(nullptr) << "\"}}}";
+  }
+}
+
+void onSigterm(int) {
+  static const char kMsg[] = "SIGTERM: checkpointing and exiting\n";
+  char buf[64];
+  int n = std::snprintf(buf, sizeof buf, "rank %d: ", gRank);
+  if (n > 0) (void)!::write(STDOUT_FILENO, buf, static_cast<size_t>(n));
+  (void)!::write(STDOUT_FILENO, kMsg, sizeof kMsg - 1);
+  ::_exit(gSigtermCode);
+}
+
+void barrier(dtrain::store::Store& store, const std::string& name, int world,
+             std::chrono::milliseconds timeout) {
+  const std::string base = "barrier/" + name;
+  store.setString(base + "/rank" + std::to_string(gRank), "1");  // who arrived, for the message
+  if (store.add(base + "/count", 1) >= world) store.setString(base + "/done", "1");
+  try {
+    store.wait({base + "/done"}, timeout);
+  } catch (const dtrain::TimeoutError& e) {
+    std::string missing;
+    for (int r = 0; r < world; ++r) {
+      if (!store.check({base + "/rank" + std::to_string(r)})) {
+        missing += (missing.empty() ? "" : ", ") + std::to_string(r);
+      }
+    }
+    DTRAIN_THROW(dtrain::TimeoutError, "rank {}: barrier \"{}\" timed out after {} ms: {}/{} ranks "
+                 "arrived, missing rank(s) {} ({})", gRank, name, timeout.count(),
+                 store.add(base + "/count", 0), world, missing, e.what());
+  }
+}
+
+void flood(int rank, int64_t lines) {
+  // Both streams, written in chunks that do not end at line ends: the launcher must put the lines
+  // back together and never show half of one.
+  std::string pad(150, '.');
+  std::string out;
+  std::string err;
+  auto writeChunks = [](int fd, std::string& text, bool all) {
+    constexpr size_t kChunk = 4093;
+    size_t off = 0;
+    while (text.size() - off >= kChunk || (all && off < text.size())) {
+      size_t n = std::min(kChunk, text.size() - off);
+      if (::write(fd, text.data() + off, n) < 0 && errno != EINTR) break;
+      off += n;
+    }
+    text.erase(0, off);
+  };
+  for (int64_t i = 0; i < lines; ++i) {
+    out += "rank " + std::to_string(rank) + " flood out " + std::to_string(i) + " " + pad + " end\n";
+    err += "rank " + std::to_string(rank) + " flood err " + std::to_string(i) + " " + pad + " end\n";
+    writeChunks(STDOUT_FILENO, out, false);
+    writeChunks(STDERR_FILENO, err, false);
+  }
+  writeChunks(STDOUT_FILENO, out, true);
+  writeChunks(STDERR_FILENO, err, true);
+}
+
+void spawnGrandchild(int rank, bool setsid) {
+  std::fflush(nullptr);
+  pid_t pid = ::fork();
+  if (pid != 0) return;
+  if (setsid) ::setsid();
+  ::signal(SIGTERM, SIG_IGN);  // only SIGKILL (or a guardian) ends it
+  ::signal(SIGHUP, SIG_IGN);
+  ::signal(SIGINT, SIG_IGN);
+  std::printf("rank %d: grandchild pid=%d pgid=%d\n", rank, ::getpid(), ::getpgid(0));
+  std::fflush(stdout);
+  while (true) ::pause();
+}
+
+int run(const Flags& flags) {
+  const int rank = envInt(dtrain::env::kRank, 0);
+  const int world = envInt(dtrain::env::kWorldSize, 1);
+  const int attempt = envInt(dtrain::env::kDtrainRestartCount, 0);
+  gRank = rank;
+  std::printf("worker rank=%d local_rank=%d world_size=%d attempt=%d "
+              "torchelastic_restart_count=%d pid=%d ppid=%d\n",
+              rank, envInt(dtrain::env::kLocalRank, 0), world, attempt,
+              envInt(dtrain::env::kRestartCount, -1), ::getpid(), ::getppid());
+  if (flags.printEnv) {
+    for (const char* name : {"RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR",
+                             "MASTER_PORT", "OMP_NUM_THREADS", "TORCHELASTIC_RUN_ID",
+                             "TORCHELASTIC_ERROR_FILE", "DTRAIN_STORE_ADDR", "DTRAIN_STORE_PORT"}) {
+      const char* v = std::getenv(name);
+      std::printf("rank %d: env %s=%s\n", rank, name, v ? v : "(unset)");
+    }
+    std::printf("rank %d: env DTRAIN_STORE_TOKEN is %s\n", rank,
+                std::getenv(dtrain::env::kStoreToken) ? "set" : "unset");
+  }
+  (void)dtrain::fault::activeFaults();  // a bad DTRAIN_FAULT fails here, before the store
+
+  std::shared_ptr<dtrain::store::PrefixStore> store;
+  const std::chrono::milliseconds timeout(flags.barrierTimeoutMs);
+  if (flags.useStore) {
+    auto t0 = std::chrono::steady_clock::now();
+    dtrain::store::JobStoreOptions options;
+    options.connectTimeout = std::chrono::milliseconds(flags.connectTimeoutMs);
+    options.timeout = timeout;
+    store = dtrain::store::connectToJobStore(options);
+    barrier(*store, "start", world, timeout);
+    if (!flags.quiet) {
+      double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0)
+                      .count();
+      std::printf("rank %d: joined store %s (%s), barrier start passed in %.1f ms\n", rank,
+                  store->describe().c_str(), store->prefix().c_str(), ms);
+    }
+  }
+
+  std::vector<std::vector<char>> hog;
+  for (int64_t step = 0; step < flags.steps; ++step) {
+    for (const auto& f : dtrain::fault::activeFaults()) {
+      if (!f.matches(rank, step, attempt)) continue;
+      std::printf("rank %d: step %lld: injecting %s\n", rank, static_cast<long long>(step),
+                  f.describe().c_str());
+      std::fflush(stdout);
+      switch (f.kind) {
+        case Kind::Flood: flood(rank, f.arg); break;
+        case Kind::Grandchild: spawnGrandchild(rank, flags.grandchildSetsid); break;
+        case Kind::ErrorFile:
+          writeErrorFile("injected failure at step " + std::to_string(step) + " on rank " +
+                             std::to_string(rank),
+                         flags.errorFileMode);
+          std::fprintf(stderr, "rank %d: wrote the error file, exiting %lld\n", rank,
+                       static_cast<long long>(f.arg));
+          std::fflush(nullptr);
+          ::_exit(static_cast<int>(f.arg));
+        default: dtrain::fault::execute(f); break;
+      }
+    }
+    if (flags.allocMb > 0) {
+      hog.emplace_back(static_cast<size_t>(flags.allocMb) << 20, 1);  // touched: really resident
+    }
+    if (!flags.quiet) std::printf("rank %d: step %lld\n", rank, static_cast<long long>(step));
+    if (flags.stepMs > 0) std::this_thread::sleep_for(std::chrono::milliseconds(flags.stepMs));
+    if (store && flags.barrierEveryStep) {
+      barrier(*store, "step" + std::to_string(step), world, timeout);
+    }
+  }
+  if (store && flags.endBarrier) barrier(*store, "end", world, timeout);
+  if (!flags.quiet) std::printf("rank %d: done\n", rank);
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::setvbuf(stdout, nullptr, _IOLBF, 0);
+  Flags flags = parseFlags(argc, argv);
+  if (flags.onSigterm >= 0) {
+    gSigtermCode = flags.onSigterm;
+    ::signal(SIGTERM, onSigterm);
+  } else if (flags.ignoreSigterm) {
+    ::signal(SIGTERM, SIG_IGN);
+  }
+  try {
+    return run(flags);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "rank %d: error: %s\n", gRank, e.what());
+    writeErrorFile(e.what(), "json");
+    return 1;
+  }
+}
