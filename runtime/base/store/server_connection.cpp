@@ -270,6 +270,9 @@ bool Connection::stepFrame() {
   consume(r.consumed);
   deadline_ = Deadline::None;  // the next frame gets its own frame deadline
   std::optional<Bytes> response = server_->table().execute(request_, this);
+  // parseRequest() reuses these buffers; one 64 MiB request must not pin 64 MiB per connection.
+  if (request_.value.capacity() > kKeepBufferBytes) Bytes().swap(request_.value);
+  if (request_.expected.capacity() > kKeepBufferBytes) Bytes().swap(request_.expected);
   if (response) {
     send(std::move(*response));
     return !closing_;
