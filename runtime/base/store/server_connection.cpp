@@ -211,7 +211,8 @@ bool Connection::stepHello() {
   size_t n = std::min(buffered(), wire::kMagic.size());
   // Garbage goes as soon as its first byte differs from the magic.
   if (!std::equal(p, p + n, wire::kMagic.begin())) {
-    dropOnLoop(fmt::format("not a dtrain store client (first bytes {})", shownBytes(p, buffered())));
+    dropOnLoop(
+        fmt::format("not a dtrain store client (first bytes {})", shownBytes(p, buffered())));
     return false;
   }
   if (buffered() < wire::kHelloBytes) return false;
