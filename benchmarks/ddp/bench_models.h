@@ -49,12 +49,13 @@ struct BasicBlockImpl : torch::nn::Module {
 };
 TORCH_MODULE(BasicBlock);
 
+// `width` 64 is ResNet-18; smaller widths give the same layout, cheaper (--smoke).
 struct ResNet18Impl : torch::nn::Module {
-  explicit ResNet18Impl(int64_t classes = 10) {
-    conv1 = register_module("conv1", torch::nn::Conv2d(conv(3, 64, 7, 2, 3)));
-    bn1 = register_module("bn1", torch::nn::BatchNorm2d(64));
-    int64_t in = 64;
-    const int64_t widths[] = {64, 128, 256, 512};
+  explicit ResNet18Impl(int64_t classes = 10, int64_t width = 64) {
+    conv1 = register_module("conv1", torch::nn::Conv2d(conv(3, width, 7, 2, 3)));
+    bn1 = register_module("bn1", torch::nn::BatchNorm2d(width));
+    int64_t in = width;
+    const int64_t widths[] = {width, 2 * width, 4 * width, 8 * width};
     for (int stage = 0; stage < 4; ++stage) {
       torch::nn::Sequential layer;
       for (int block = 0; block < 2; ++block) {
@@ -64,7 +65,7 @@ struct ResNet18Impl : torch::nn::Module {
       }
       layers.push_back(register_module("layer" + std::to_string(stage + 1), layer));
     }
-    fc = register_module("fc", torch::nn::Linear(512, classes));
+    fc = register_module("fc", torch::nn::Linear(8 * width, classes));
   }
   torch::Tensor forward(const torch::Tensor& x) {
     auto h = torch::relu(bn1(conv1(x)));

@@ -168,9 +168,11 @@ StepResult runOurs(const Options& o, const std::string& model, int batch, const 
 }
 
 StepResult runPeer(const Options& o, const std::string& model, int batch, const std::string& out) {
+  // torchrun polls its workers every --monitor_interval seconds (default 5): keep the wait short.
   std::vector<std::string> argv = {o.python, "-m", "torch.distributed.run", "--standalone",
                                    "--nnodes", "1", "--nproc_per_node", std::to_string(kWorld),
-                                   "--redirects", "9:0", "--tee", "9:0", o.peerScript};
+                                   "--monitor_interval", "0.5", "--redirects", "9:0", "--tee",
+                                   "9:0", o.peerScript};
   auto rest = workerArgs(o, model, batch, out);
   argv.insert(argv.end(), rest.begin(), rest.end());
   waitAll({spawn(argv, {{"OMP_NUM_THREADS", "1"}})}, "PyTorch peer (" + model + ")");

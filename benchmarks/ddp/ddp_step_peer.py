@@ -45,19 +45,19 @@ class BasicBlock(nn.Module):
 
 
 class ResNet18(nn.Module):
-    def __init__(self, classes=10):
+    def __init__(self, classes=10, base=64):
         super().__init__()
-        self.conv1 = conv(3, 64, 7, 2, 3)
-        self.bn1 = nn.BatchNorm2d(64)
-        layers, cin = [], 64
-        for stage, width in enumerate([64, 128, 256, 512]):
+        self.conv1 = conv(3, base, 7, 2, 3)
+        self.bn1 = nn.BatchNorm2d(base)
+        layers, cin = [], base
+        for stage, width in enumerate([base, 2 * base, 4 * base, 8 * base]):
             blocks = []
             for block in range(2):
                 blocks.append(BasicBlock(cin, width, 2 if stage > 0 and block == 0 else 1))
                 cin = width
             layers.append(nn.Sequential(*blocks))
         self.layers = nn.ModuleList(layers)
-        self.fc = nn.Linear(512, classes)
+        self.fc = nn.Linear(8 * base, classes)
 
     def forward(self, x):
         h = F.max_pool2d(F.relu(self.bn1(self.conv1(x))), 3, 2, 1)
@@ -85,7 +85,7 @@ def main():
         net, classify = BenchMlp(width, io), False
         x, y = torch.randn(args.batch, io), torch.randn(args.batch, io)
     else:
-        net, classify = ResNet18(10), True
+        net, classify = ResNet18(10, 8 if args.smoke else 64), True
         x, y = torch.randn(args.batch, 3, 32, 32), torch.randint(0, 10, (args.batch,))
     ddp = nn.parallel.DistributedDataParallel(net)
     sgd = torch.optim.SGD(ddp.parameters(), lr=0.01, momentum=0.9)

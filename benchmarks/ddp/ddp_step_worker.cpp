@@ -86,7 +86,7 @@ int runWorker(const StepConfig& config) {
     result = measure(BenchMlp(width, io), torch::randn({config.batch, io}),
                      torch::randn({config.batch, io}), false, config, group);
   } else if (config.model == "resnet18") {
-    result = measure(ResNet18(10), torch::randn({config.batch, 3, 32, 32}),
+    result = measure(ResNet18(10, config.smoke ? 8 : 64), torch::randn({config.batch, 3, 32, 32}),
                      torch::randint(0, 10, {config.batch}, torch::kLong), true, config, group);
   } else {
     DTRAIN_THROW(InvalidArgument, "unknown model \"{}\" (mlp | resnet18)", config.model);
