@@ -314,38 +314,50 @@ void Reducer::finalizeLocked(std::vector<size_t>& missing) {
   }
   // See Note [DDP backward]: launch what is left so that the ranks' collectives line up.
   for (size_t i : missing) markReadyLocked(i, false);
-  auto waitStart = Clock::now();
+  // Bucket by bucket, so that writing one back overlaps with the later ones' allreduces.
+  // With findUnusedParameters, parameters this rank did not use wait for the used map: whether
+  // another rank used them decides whether their .grad is touched.
+  bool deferUnused = options_.findUnusedParameters;
+  std::chrono::nanoseconds waited{0};
   for (auto& bucket : buckets_) {
+    auto start = Clock::now();
     bucket.work->wait(options_.timeout);
+    waited += Clock::now() - start;
     bucket.work.reset();
+    if (!missing.empty()) continue;
+    at::NoGradGuard noGrad;
+    if (bucket.wire.defined()) bucket.flat.copy_(bucket.wire);
+    for (size_t entry = 0; entry < bucket.params.size(); ++entry) {
+      size_t i = bucket.params[entry];
+      if (!deferUnused || usedLocally_[i]) writeBackLocked(i, bucket.views[entry]);
+    }
   }
-  if (usedWork_) usedWork_->wait(options_.timeout);
-  stats_.waited = Clock::now() - waitStart;
-  if (missing.empty()) writeBackLocked();
+  if (usedWork_) {
+    auto start = Clock::now();
+    usedWork_->wait(options_.timeout);
+    waited += Clock::now() - start;
+    if (missing.empty()) {
+      at::NoGradGuard noGrad;
+      at::Tensor used = usedMap_.cpu();
+      for (size_t i = 0; i < params_.size(); ++i) {
+        // No rank used it: .grad stays as it was (PyTorch's semantics).
+        if (!usedLocally_[i] && used.data_ptr<int32_t>()[i] > 0) writeBackLocked(i, viewOf(i));
+      }
+    }
+  }
+  stats_.waited = waited;
   stats_.finished = Clock::now();
   ++stats_.iteration;
 }
 
-void Reducer::writeBackLocked() {
-  at::NoGradGuard noGrad;
-  at::Tensor used;
-  if (options_.findUnusedParameters) used = usedMap_.cpu();
-  for (auto& bucket : buckets_) {
-    if (bucket.wire.defined()) bucket.flat.copy_(bucket.wire);
-    for (size_t entry = 0; entry < bucket.params.size(); ++entry) {
-      size_t i = bucket.params[entry];
-      // No rank used it: .grad stays as it was (PyTorch's semantics).
-      if (used.defined() && used.data_ptr<int32_t>()[i] == 0) continue;
-      at::Tensor& grad = params_[i].tensor.mutable_grad();
-      const at::Tensor& view = bucket.views[entry];
-      if (options_.gradientAsBucketView) {
-        if (!grad.defined() || grad.data_ptr() != view.data_ptr()) grad = view;
-      } else if (grad.defined()) {
-        grad.copy_(view);
-      } else {
-        grad = view.clone();
-      }
-    }
+void Reducer::writeBackLocked(size_t index, const at::Tensor& view) {
+  at::Tensor& grad = params_[index].tensor.mutable_grad();
+  if (options_.gradientAsBucketView) {
+    if (!grad.defined() || grad.data_ptr() != view.data_ptr()) grad = view;
+  } else if (grad.defined()) {
+    grad.copy_(view);
+  } else {
+    grad = view.clone();
   }
 }
 

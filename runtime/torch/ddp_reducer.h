@@ -74,7 +74,7 @@ class Reducer {
   void launchReadyBucketsLocked();
   void finalizeBackward();
   void finalizeLocked(std::vector<size_t>& missing);
-  void writeBackLocked();
+  void writeBackLocked(size_t index, const at::Tensor& view);
   void resetPassLocked();
   at::Tensor& viewOf(size_t index) {
     return buckets_[slots_[index].bucket].views[slots_[index].entry];
