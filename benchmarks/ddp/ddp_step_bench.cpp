@@ -8,8 +8,11 @@
 //
 //   ddp_step_bench [--rounds 3] [--steps 10] [--warmup 3] [--models mlp,resnet18] [--no-peer]
 //                  [--python /usr/bin/python3] [--smoke]
+#include <arpa/inet.h>
+#include <netinet/in.h>
 #include <signal.h>
 #include <spawn.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -167,16 +170,45 @@ StepResult runOurs(const Options& o, const std::string& model, int batch, const 
   return fromJson(readResultFile(out));
 }
 
+// A port free right now on loopback (the kernel's choice).
+uint16_t freePort() {
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  DTRAIN_CHECK(fd >= 0, "socket: {}", std::strerror(errno));
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof(addr);
+  bool ok = bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0 &&
+            getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) == 0;
+  close(fd);
+  DTRAIN_CHECK(ok, "cannot find a free port: {}", std::strerror(errno));
+  return ntohs(addr.sin_port);
+}
+
 StepResult runPeer(const Options& o, const std::string& model, int batch, const std::string& out) {
-  // torchrun polls its workers every --monitor_interval seconds (default 5): keep the wait short.
-  std::vector<std::string> argv = {o.python, "-m", "torch.distributed.run", "--standalone",
-                                   "--nnodes", "1", "--nproc_per_node", std::to_string(kWorld),
-                                   "--monitor_interval", "0.5", "--redirects", "9:0", "--tee",
-                                   "9:0", o.peerScript};
+  // Not --standalone: that always puts the rendezvous on port 29400, which other jobs on the
+  // machine may hold. torchrun polls its workers every --monitor_interval seconds (default 5),
+  // most of a smoke run.
+  std::vector<std::string> argv = {o.python, "-m", "torch.distributed.run", "--nnodes", "1",
+                                   "--nproc_per_node", std::to_string(kWorld),
+                                   "--rdzv_backend", "c10d", "--rdzv_endpoint",
+                                   fmt::format("127.0.0.1:{}", freePort()), "--rdzv_id",
+                                   "ddp_step_bench", "--monitor_interval",
+                                   o.step.smoke ? "1" : "5", "--redirects", "9:0", "--tee", "9:0",
+                                   o.peerScript};
   auto rest = workerArgs(o, model, batch, out);
   argv.insert(argv.end(), rest.begin(), rest.end());
-  waitAll({spawn(argv, {{"OMP_NUM_THREADS", "1"}})}, "PyTorch peer (" + model + ")");
-  return fromJson(readResultFile(out));
+  // torchrun --standalone's rendezvous occasionally fails to connect to its own store on a busy
+  // machine; one more attempt, said aloud, rather than a lost run.
+  for (int attempt = 1;; ++attempt) {
+    try {
+      waitAll({spawn(argv, {{"OMP_NUM_THREADS", "1"}})}, "PyTorch peer (" + model + ")");
+      return fromJson(readResultFile(out));
+    } catch (const Error& e) {
+      if (attempt == 2) throw;
+      fmt::print(stderr, "ddp_step_bench: {}; trying once more\n", e.what());
+    }
+  }
 }
 
 double median(std::vector<double> v) {
