@@ -18,6 +18,9 @@ function(dtrain_gtest name)
     DTRAIN_TEST_BINARY_DIR="${CMAKE_BINARY_DIR}" DTRAIN_TEST_SOURCE_DIR="${CMAKE_SOURCE_DIR}")
   if(A_TORCH)
     target_precompile_headers(${name} REUSE_FROM dtrain)
+    # The PCH is built -fPIC (shared library); an executable's default -fPIE would make GCC
+    # reject it (-Winvalid-pch) and parse torch/torch.h again in every file.
+    target_compile_options(${name} PRIVATE -fPIC)
   endif()
   dtrain_warnings(${name})
   set(props LABELS ${A_LABEL} TIMEOUT ${A_TIMEOUT})

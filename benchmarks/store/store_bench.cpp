@@ -187,8 +187,8 @@ std::vector<std::string> split(const std::string& s) {
   return out;
 }
 
-int usage(const char* why) {
-  std::fprintf(stderr,
+int usage(const char* why, FILE* out = stderr) {
+  std::fprintf(out,
                "store_bench: %s\nusage: store_bench [--iters N] [--warmup N] [--rounds N] "
                "[--clients 1,16,64] [--ops set,get,add] [--value-bytes N] [--no-peer] "
                "[--smoke]\n",
@@ -205,7 +205,7 @@ int main(int argc, char** argv) {
     auto next = [&]() -> const char* { return i + 1 < argc ? argv[++i] : nullptr; };
     const char* v = nullptr;
     if (a == "--help" || a == "-h") {
-      usage("round trips of TcpStore beside c10d::TCPStore");
+      usage("round trips of TcpStore beside c10d::TCPStore", stdout);
       return 0;
     } else if (a == "--smoke") {
       cfg.iters = 50;
@@ -251,7 +251,12 @@ int main(int argc, char** argv) {
               "%zu-byte values, loopback\n",
               cfg.iters, cfg.warmup, cfg.rounds, cfg.valueBytes);
   std::printf("# ratio: p50 = c10d p50 / dtrain p50, ops = dtrain ops/s / c10d ops/s "
-              "(above 1: dtrain is faster)\n#\n");
+              "(above 1: dtrain is faster)\n");
+  if (subjects.size() > 1) {
+    std::printf("# note: c10d's set does not wait for the server (one-way); dtrain's returns once "
+                "the server has applied it\n");
+  }
+  std::printf("#\n");
   std::printf("# %-4s %7s  %9s %9s %10s", "op", "clients", "p50_us", "p99_us", "ops/s");
   if (subjects.size() > 1) {
     std::printf("  %9s %9s %10s  %6s %6s", "c10d_p50", "c10d_p99", "c10d_ops/s", "r_p50",

@@ -9,6 +9,9 @@ if(DTRAIN_HAVE_TORCH_CUDA AND DTRAIN_HAVE_NCCL)
   target_link_libraries(dtrain PRIVATE CUDA::cudart)
 endif()
 target_precompile_headers(dtrain PRIVATE ${CMAKE_CURRENT_SOURCE_DIR}/runtime/torch/pch.h)
+# No dtrain_EXPORTS macro (nothing uses it): GCC refuses a PCH built with a macro the reusing
+# target lacks, and the torch tests and benchmarks reuse this one.
+set_target_properties(dtrain PROPERTIES DEFINE_SYMBOL "")
 set_target_properties(dtrain PROPERTIES VERSION ${PROJECT_VERSION} SOVERSION ${PROJECT_VERSION_MAJOR})
 dtrain_warnings(dtrain)
 list(APPEND DTRAIN_INSTALL_TARGETS dtrain)

@@ -129,7 +129,9 @@ TEST(StoreWireGolden, Responses) {
 
 class StoreWireParse : public ::testing::Test {
  protected:
-  ParseResult parse(const Bytes& frame) { return parseRequest(frame.data(), frame.size(), limits_, &out_); }
+  ParseResult parse(const Bytes& frame) {
+    return parseRequest(frame.data(), frame.size(), limits_, &out_);
+  }
   StoreLimits limits_;
   Request out_;
 };
@@ -206,8 +208,8 @@ TEST_F(StoreWireParse, OversizeLengthsAreRefusedFromTheHeaderAlone) {
     EXPECT_NE(p.error.find(std::to_string(length)), std::string::npos) << p.error;
   }
   EXPECT_EQ(parse(header(9, static_cast<uint8_t>(Op::NumKeys))).status, ParseStatus::Bad);
-  EXPECT_EQ(parse(header(maxRequestPayload(Op::Set, limits_), static_cast<uint8_t>(Op::Set))).status,
-            ParseStatus::NeedMore);
+  Bytes largest = header(maxRequestPayload(Op::Set, limits_), static_cast<uint8_t>(Op::Set));
+  EXPECT_EQ(parse(largest).status, ParseStatus::NeedMore);
 }
 
 TEST_F(StoreWireParse, BadHeadersAreRefused) {

@@ -227,5 +227,53 @@ TEST_F(TcpStoreHostile, ClientsVanishingMidReplyDoNotKillTheServersProcess) {
   EXPECT_TRUE(connectionsSettleTo(1));
 }
 
+TEST_F(TcpStoreHostile, MutatedFramesNeverHurtTheServer) {  // B5, R12
+  // Valid frames with a few bytes flipped, cut short or doubled: many stay valid-looking deep
+  // into the parser, or are valid requests with odd contents (huge timeouts, empty keys).
+  std::vector<wire::Request> seeds(5);
+  seeds[0].op = wire::Op::Set;
+  seeds[0].keys = {"k"};
+  seeds[0].value = toBytes("value");
+  seeds[1].op = wire::Op::Get;
+  seeds[1].keys = {"k"};
+  seeds[1].timeoutMs = 50;
+  seeds[2].op = wire::Op::Wait;
+  seeds[2].keys = {"a", "k"};
+  seeds[2].timeoutMs = 50;
+  seeds[3].op = wire::Op::CompareSet;
+  seeds[3].keys = {"k"};
+  seeds[3].expected = toBytes("value");
+  seeds[3].value = toBytes("other");
+  seeds[4].op = wire::Op::Add;
+  seeds[4].keys = {"n"};
+  seeds[4].delta = 3;
+  std::mt19937 rng(7);
+  for (int round = 0; round < 300; ++round) {
+    Bytes frame = wire::encodeRequest(seeds[rng() % seeds.size()]);
+    switch (rng() % 3) {
+      case 0:
+        for (int flips = 1 + rng() % 3; flips > 0; --flips) {
+          frame[rng() % frame.size()] ^= static_cast<uint8_t>(1 << (rng() % 8));
+        }
+        break;
+      case 1:
+        frame.resize(rng() % frame.size());
+        break;
+      default: {
+        Bytes twice = frame;
+        twice.insert(twice.end(), frame.begin(), frame.end());
+        frame = twice;
+      }
+    }
+    RawClient raw(server_->port());
+    ASSERT_TRUE(raw.handshake());
+    raw.send(frame);
+    raw.recv(64, milliseconds(2));  // whatever comes back, if anything
+  }
+  expectGoodClientServed();
+  EXPECT_TRUE(connectionsSettleTo(1));
+  EXPECT_TRUE(eventually([&] { return server_->numWaiting() == 0; }, milliseconds(10000)));
+}
+
 }  // namespace
 }  // namespace dtrain::store

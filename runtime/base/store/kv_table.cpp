@@ -29,12 +29,12 @@ bool parseCounter(const Bytes& value, int64_t* out) {
 
 }  // namespace
 
-std::optional<Bytes> KvTable::execute(const wire::Request& r, Waiter* waiter) {
+std::optional<Bytes> KvTable::execute(wire::Request& r, Waiter* waiter) {
   static const std::string kNoKey;
   const std::string& key = r.keys.empty() ? kNoKey : r.keys[0];
   switch (r.op) {
     case Op::Set:
-      map_[key] = r.value;
+      map_[key] = std::move(r.value);
       notify(key);
       return ok();
     case Op::Get:

@@ -38,8 +38,9 @@ class KvTable {
 
   // Runs `request`. Returns the response frame, or nothing when the request (Get or Wait on a
   // missing key) was parked with `waiter` registered; the caller keeps `request` alive until it
-  // answers it with answerParked() or timeoutResponse(), or cancel()s it.
-  std::optional<Bytes> execute(const wire::Request& request, Waiter* waiter);
+  // answers it with answerParked() or timeoutResponse(), or cancel()s it. A Set moves its value
+  // out of `request` (values may be 64 MiB: no copy).
+  std::optional<Bytes> execute(wire::Request& request, Waiter* waiter);
   // The answer to a parked Get/Wait whose keys now exist.
   Bytes answerParked(const wire::Request& request) const;
   // The Timeout answer naming the keys of `request` still missing.

@@ -211,7 +211,8 @@ bool Connection::stepHello() {
   size_t n = std::min(buffered(), wire::kMagic.size());
   // Garbage goes as soon as its first byte differs from the magic.
   if (!std::equal(p, p + n, wire::kMagic.begin())) {
-    dropOnLoop(fmt::format("not a dtrain store client (first bytes {})", shownBytes(p, buffered())));
+    dropOnLoop(
+        fmt::format("not a dtrain store client (first bytes {})", shownBytes(p, buffered())));
     return false;
   }
   if (buffered() < wire::kHelloBytes) return false;
@@ -270,6 +271,9 @@ bool Connection::stepFrame() {
   consume(r.consumed);
   deadline_ = Deadline::None;  // the next frame gets its own frame deadline
   std::optional<Bytes> response = server_->table().execute(request_, this);
+  // parseRequest() reuses these buffers; one 64 MiB request must not pin 64 MiB per connection.
+  if (request_.value.capacity() > kKeepBufferBytes) Bytes().swap(request_.value);
+  if (request_.expected.capacity() > kKeepBufferBytes) Bytes().swap(request_.expected);
   if (response) {
     send(std::move(*response));
     return !closing_;

@@ -281,7 +281,8 @@ class TcpStore::Impl {
     }
     wire::Mac proof{};
     if (serverWantsToken) {
-      if (!auth::sameMac(challenge.proof, auth::serverProof(token_, hello.nonce, challenge.nonce))) {
+      wire::Mac expected = auth::serverProof(token_, hello.nonce, challenge.nonce);
+      if (!auth::sameMac(challenge.proof, expected)) {
         throw HandshakeRefused(fmt::format(
             "store {} refused the job token: it does not hold the token this client has. HINT: "
             "another job's store on this port, or a stale DTRAIN_STORE_TOKEN; check "

@@ -4,6 +4,11 @@
 #include "dtrain/config.h"
 #include "dtrain/error.h"
 
+#if DTRAIN_WITH_TORCH
+#include "dtrain/ddp.h"
+#include "dtrain/distributed_sampler.h"
+#endif
+
 namespace dtrain {
 
 // The version of the dtrain library the program runs with.

@@ -1,0 +1,38 @@
+#pragma once
+// Options of dtrain::DistributedDataParallel (dtrain/ddp.h), with PyTorch's defaults.
+
+#include <cstddef>
+
+#include "dtrain/bucket_assignment.h"
+#include "dtrain/comm.h"
+
+namespace dtrain {
+
+// How gradients travel. Compression halves the bytes on the wire for float32 gradients: they are
+// averaged in float32, rounded to 16 bits, summed across ranks in 16 bits and widened again
+// (PyTorch's fp16_compress_hook / bf16_compress_hook). Other dtypes travel uncompressed.
+enum class GradientCompression { None, Fp16, Bf16 };
+
+const char* gradientCompressionName(GradientCompression compression);
+
+struct DdpOptions {
+  // Bucket limits; see Note [Bucket order] in dtrain/bucket_assignment.h.
+  size_t firstBucketBytes = kDefaultFirstBucketBytes;
+  size_t bucketBytes = kDefaultBucketBytes;
+  // Broadcast the module's buffers (BatchNorm running statistics) from rank 0 before every forward
+  // outside noSync(). Every such forward is then a collective: call it on every rank.
+  bool broadcastBuffers = true;
+  // Allow parameters that get no gradient in an iteration: after each forward the autograd graph
+  // is searched from the outputs, and parameters it cannot reach take part with a zero gradient.
+  // Costs one graph walk per forward and one small allreduce per backward. Without it, a parameter
+  // that gets no gradient fails the backward with an error naming it.
+  bool findUnusedParameters = false;
+  // Make each parameter's .grad a view into its bucket: saves one copy of every gradient into and
+  // out of the buckets, and the memory of the separate .grad tensors.
+  bool gradientAsBucketView = false;
+  GradientCompression compression = GradientCompression::None;
+  // Deadline of every collective DDP waits for; zero: the communicator's.
+  comm::Millis timeout = comm::Millis::zero();
+};
+
+}  // namespace dtrain

@@ -1,0 +1,107 @@
+#pragma once
+// DistributedSampler: which dataset indices each rank trains on, with PyTorch's
+// torch.utils.data.distributed.DistributedSampler semantics, plus a global cursor that a
+// checkpoint saves so that a resumed run continues mid-epoch with exactly the samples that
+// remained, also at another world size.
+//
+// Each epoch has one order of the whole dataset: a permutation drawn from a generator seeded with
+// seed + epoch (the same permutation PyTorch draws), or 0..n-1 without shuffling. The order is
+// padded by repeating it from its start until every rank gets as many samples (or, with dropLast,
+// cut to a multiple of the world size), and rank r takes entries r, r + W, r + 2W, ... Call
+// setEpoch() before each epoch, or every epoch repeats the first one's order.
+//
+// It is a torch::data sampler, so it plugs into torch::data::make_data_loader; it can also be
+// used directly through indices() or next().
+
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+#include <torch/data/samplers/base.h>
+
+namespace dtrain {
+
+struct SamplerOptions {
+  bool shuffle = true;
+  uint64_t seed = 0;  // every rank must use the same seed
+  bool dropLast = false;
+};
+
+// Note [Sampler state]
+// Where a job is in its data, independent of the world size: the epoch, and `cursor`, the number
+// of entries of that epoch's order (padding not counted) that the ranks together have consumed.
+// Since rank r takes entries r, r + W, ..., after every rank consumed k samples the ranks together
+// consumed exactly the first k * W entries, so one number describes all ranks. A sampler resumed
+// from it hands out the entries after the cursor, re-sharded for its own world size and padded
+// (or cut) as a fresh epoch would be; at an unchanged world size that is exactly the rest of the
+// epoch the interrupted run would have seen.
+//
+// Encoded (checkpoints) as 48 bytes, integers little-endian:
+//   offset  size  field
+//        0     8  magic "DTSAMPLR"
+//        8     4  format version (1)
+//       12     4  flags: bit 0 shuffle, bit 1 dropLast; other bits 0
+//       16     8  seed (uint64)
+//       24     8  epoch (int64)
+//       32     8  datasetSize (uint64)
+//       40     8  cursor (uint64, <= datasetSize)
+struct SamplerState {
+  uint64_t seed = 0;
+  int64_t epoch = 0;
+  uint64_t datasetSize = 0;
+  uint64_t cursor = 0;
+  bool shuffle = true;
+  bool dropLast = false;
+
+  static constexpr size_t kEncodedSize = 48;
+  static constexpr uint32_t kFormatVersion = 1;
+  std::vector<uint8_t> encode() const;
+  // Throws CheckpointError naming the field that is wrong.
+  static SamplerState decode(const std::vector<uint8_t>& bytes);
+  bool operator==(const SamplerState& other) const;
+};
+
+class DistributedSampler : public torch::data::samplers::Sampler<std::vector<size_t>> {
+ public:
+  DistributedSampler(size_t datasetSize, int rank, int worldSize, SamplerOptions options = {});
+
+  // Starts `epoch` from its beginning (drops a resumed position).
+  void setEpoch(int64_t epoch);
+  int64_t epoch() const { return epoch_; }
+
+  // This rank's samples of the current epoch, from its beginning or from the resumed position.
+  const std::vector<size_t>& indices() const { return indices_; }
+  // PyTorch's len(sampler): indices().size().
+  size_t size() const { return indices_.size(); }
+
+  // torch::data::samplers::Sampler. reset() rewinds next() to the start of indices() (the data
+  // loader calls it at the start of each pass); with a new dataset size the epoch restarts.
+  void reset(c10::optional<size_t> newSize = c10::nullopt) override;
+  c10::optional<std::vector<size_t>> next(size_t batchSize) override;
+  void save(torch::serialize::OutputArchive& archive) const override;
+  void load(torch::serialize::InputArchive& archive) override;
+
+  // The position after the samples next() has handed out (on every rank alike, when the ranks
+  // step in lockstep).
+  SamplerState state() const { return state(handedOut_); }
+  // The position after this rank consumed `consumed` entries of indices(): use it when a
+  // prefetching loader runs ahead of training.
+  SamplerState state(size_t consumed) const;
+  // Continues from `state`. Throws InvalidArgument when the state belongs to another dataset size,
+  // seed, or shuffle/dropLast setting.
+  void loadState(const SamplerState& state);
+
+ private:
+  void rebuild();
+
+  size_t datasetSize_;
+  int rank_;
+  int worldSize_;
+  SamplerOptions options_;
+  int64_t epoch_ = 0;
+  uint64_t start_ = 0;  // entries of the epoch's order consumed before indices() begins
+  std::vector<size_t> indices_;
+  size_t handedOut_ = 0;
+};
+
+}  // namespace dtrain

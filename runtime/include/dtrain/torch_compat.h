@@ -1,0 +1,77 @@
+#pragma once
+// Every difference between the libtorch versions dtrain supports (1.13, the Debian CI's, and 2.x)
+// that the torch layer touches, in one place, keyed on TORCH_VERSION_MAJOR/MINOR. Code elsewhere
+// calls these helpers and never tests versions itself.
+//
+// What is here and why:
+//   - PostHook: a gradient-accumulator post-hook from a std::function. libtorch's LambdaPostHook
+//     changed its constructor (and grew compiled-autograd callbacks) in 2.x; the FunctionPostHook
+//     interface we derive from kept operator()(outputs, inputs) in both.
+//   - queueEngineCallback: the autograd engine's end-of-backward callback.
+//   - currentStream: the caller's CUDA stream, only in CUDA builds of libtorch.
+
+#include <functional>
+#include <memory>
+
+#include <c10/core/Device.h>
+#include <torch/csrc/autograd/engine.h>
+#include <torch/csrc/autograd/function.h>
+#include <torch/csrc/autograd/function_hook.h>
+#include <torch/csrc/autograd/variable.h>
+#include <torch/version.h>
+
+#include "dtrain/config.h"
+
+#if DTRAIN_WITH_TORCH_CUDA
+#include <c10/cuda/CUDAStream.h>
+#endif
+
+#if TORCH_VERSION_MAJOR < 1 || (TORCH_VERSION_MAJOR == 1 && TORCH_VERSION_MINOR < 13)
+#error "dtrain needs libtorch 1.13 or newer"
+#endif
+
+namespace dtrain::compat {
+
+using torch::autograd::variable_list;
+
+class PostHook : public torch::autograd::FunctionPostHook {
+ public:
+  using Fn = std::function<void()>;
+  explicit PostHook(Fn fn) : fn_(std::move(fn)) {}
+  variable_list operator()(const variable_list& outputs, const variable_list& /*inputs*/) override {
+    fn_();
+    return outputs;
+  }
+
+ private:
+  Fn fn_;
+};
+
+// Adds `fn` as a post-hook of a parameter's gradient accumulator; returns the key that removes it.
+inline uintptr_t addAccumulatorPostHook(const std::shared_ptr<torch::autograd::Node>& accumulator,
+                                        PostHook::Fn fn) {
+  return accumulator->add_post_hook(std::make_unique<PostHook>(std::move(fn)));
+}
+
+inline void removeAccumulatorPostHook(const std::shared_ptr<torch::autograd::Node>& accumulator,
+                                      uintptr_t key) {
+  accumulator->del_post_hook(key);
+}
+
+// Runs `fn` once the running backward pass has finished; call it only from inside that pass
+// (a hook), since the engine attaches callbacks to the current graph task.
+inline void queueEngineCallback(std::function<void()> fn) {
+  torch::autograd::Engine::get_default_engine().queue_callback(std::move(fn));
+}
+
+// The cudaStream_t that work on `device` is ordered on, for comm::CallOptions::stream; nullptr on
+// the CPU and in CPU-only builds of libtorch.
+inline void* currentStream(const c10::Device& device) {
+#if DTRAIN_WITH_TORCH_CUDA
+  if (device.is_cuda()) return c10::cuda::getCurrentCUDAStream(device.index()).stream();
+#endif
+  (void)device;
+  return nullptr;
+}
+
+}  // namespace dtrain::compat

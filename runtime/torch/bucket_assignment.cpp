@@ -1,0 +1,45 @@
+#include "dtrain/bucket_assignment.h"
+
+#include <algorithm>
+#include <map>
+
+namespace dtrain {
+
+namespace {
+
+struct OpenBucket {
+  std::vector<size_t> indices;
+  size_t bytes = 0;
+  size_t limit = 0;
+};
+
+}  // namespace
+
+std::vector<std::vector<size_t>> assignBuckets(const std::vector<BucketInput>& inputs,
+                                               size_t firstBucketBytes, size_t bucketBytes) {
+  std::vector<std::vector<size_t>> closed;
+  std::map<int, OpenBucket> open;  // by group
+  for (size_t i = inputs.size(); i-- > 0;) {
+    auto [it, fresh] = open.try_emplace(inputs[i].group);
+    OpenBucket& bucket = it->second;
+    if (fresh) bucket.limit = firstBucketBytes;
+    bucket.indices.push_back(i);
+    bucket.bytes += inputs[i].bytes;
+    if (bucket.bytes >= bucket.limit) {
+      closed.push_back(std::move(bucket.indices));
+      bucket.indices.clear();
+      bucket.bytes = 0;
+      bucket.limit = bucketBytes;
+    }
+  }
+  for (auto& [group, bucket] : open) {
+    if (!bucket.indices.empty()) closed.push_back(std::move(bucket.indices));
+  }
+  // See Note [Bucket order]: the walk goes from high to low indices, so a bucket whose first
+  // gradient has the higher index is walked (and becomes ready) first.
+  std::stable_sort(closed.begin(), closed.end(),
+                   [](const auto& a, const auto& b) { return a.front() > b.front(); });
+  return closed;
+}
+
+}  // namespace dtrain

@@ -1,0 +1,113 @@
+#include "dtrain/ddp_core.h"
+
+#include <unordered_set>
+
+#include <torch/nn/module.h>
+
+#include "ddp_reducer.h"
+#include "ddp_sync.h"
+#include "dtrain/error.h"
+
+namespace dtrain {
+
+namespace {
+
+std::vector<ddp::NamedTensor> named(const torch::OrderedDict<std::string, at::Tensor>& dict) {
+  // A tensor registered under two names (tied weights) takes part once, under its first name.
+  std::unordered_set<const void*> seen;
+  std::vector<ddp::NamedTensor> out;
+  for (const auto& item : dict) {
+    if (seen.insert(item.value().unsafeGetTensorImpl()).second) {
+      out.push_back({item.key(), item.value()});
+    }
+  }
+  return out;
+}
+
+void checkDevice(const ProcessGroup& group, const ddp::NamedTensor& t, const char* kind) {
+  c10::Device want = group.device();
+  c10::Device have = t.tensor.device();
+  bool ok = have.type() == want.type() && (!want.has_index() || have.index() == want.index());
+  DTRAIN_CHECK_ARG(ok,
+                   "DistributedDataParallel: {} {} is on {} but the process group works on {}. "
+                   "HINT: move the module there before wrapping it: module->to(group->device())",
+                   kind, t.name, have.str(), want.str());
+}
+
+}  // namespace
+
+const char* gradientCompressionName(GradientCompression compression) {
+  switch (compression) {
+    case GradientCompression::None: return "none";
+    case GradientCompression::Fp16: return "fp16";
+    case GradientCompression::Bf16: return "bf16";
+  }
+  return "unknown";
+}
+
+DdpCore::DdpCore(std::shared_ptr<torch::nn::Module> module, std::shared_ptr<ProcessGroup> group,
+                 DdpOptions options)
+    : module_(std::move(module)), group_(std::move(group)), options_(options) {
+  DTRAIN_CHECK_ARG(module_ != nullptr, "DistributedDataParallel needs a module");
+  DTRAIN_CHECK_ARG(group_ != nullptr, "DistributedDataParallel needs a process group");
+  auto params = named(module_->named_parameters(/*recurse=*/true));
+  auto buffers = named(module_->named_buffers(/*recurse=*/true));
+  for (const auto& p : params) checkDevice(*group_, p, "parameter");
+  for (const auto& b : buffers) checkDevice(*group_, b, "buffer");
+
+  ddp::verifySameModel(*group_, params, buffers);
+
+  std::vector<at::Tensor> everything;
+  for (const auto& p : params) everything.push_back(p.tensor);
+  for (const auto& b : buffers) everything.push_back(b.tensor);
+  ddp::CoalescedBroadcast(*group_, everything).run(0, options_.timeout);
+
+  std::vector<ddp::NamedTensor> trained;
+  for (const auto& p : params) {
+    if (p.tensor.requires_grad()) trained.push_back(p);
+  }
+  reducer_ = std::make_unique<ddp::Reducer>(group_, std::move(trained), options_);
+  if (!buffers.empty()) {
+    std::vector<at::Tensor> tensors;
+    for (const auto& b : buffers) tensors.push_back(b.tensor);
+    buffers_ = std::make_unique<ddp::CoalescedBroadcast>(*group_, tensors);
+  }
+}
+
+DdpCore::~DdpCore() = default;
+
+void DdpCore::beforeForward() {
+  if (options_.broadcastBuffers && syncEnabled_ && buffers_ && group_->size() > 1) {
+    buffers_->run(0, options_.timeout);
+  }
+}
+
+bool DdpCore::wantsOutputs() const {
+  return options_.findUnusedParameters && syncEnabled_ && at::GradMode::is_enabled();
+}
+
+void DdpCore::afterForward(const std::vector<at::Tensor>& outputs, bool outputsSearchable) {
+  if (!at::GradMode::is_enabled()) return;  // no backward can follow this forward
+  if (!syncEnabled_) {
+    reducer_->disarm();
+    return;
+  }
+  DTRAIN_CHECK_ARG(
+      !options_.findUnusedParameters || outputsSearchable,
+      "DistributedDataParallel: findUnusedParameters searches the autograd graph from the "
+      "forward's outputs, but the module's forward returned a type the wrapper cannot search for "
+      "tensors. HINT: return a torch::Tensor, or a std::vector, std::tuple or std::pair of them");
+  reducer_->arm(outputs);
+}
+
+void DdpCore::syncBuffers() {
+  if (buffers_ && group_->size() > 1) buffers_->run(0, options_.timeout);
+}
+
+const DdpIterationStats& DdpCore::lastIteration() const { return reducer_->lastIteration(); }
+
+std::vector<std::vector<std::string>> DdpCore::bucketNames() const {
+  return reducer_->bucketNames();
+}
+
+}  // namespace dtrain

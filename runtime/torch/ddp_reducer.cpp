@@ -1,0 +1,379 @@
+#include "ddp_reducer.h"
+
+#include <ATen/ATen.h>
+#include <fmt/format.h>
+
+#include "dtrain/error.h"
+#include "dtrain/logging.h"
+#include "dtrain/torch_compat.h"
+
+// Note [DDP backward]
+// Each parameter's gradient accumulator (the AccumulateGrad node that adds into .grad) carries a
+// post-hook, so the hook runs once per backward, after the gradient is complete in .grad. The hook
+// copies the gradient, already divided by the world size, into its slot of a bucket (or, with
+// gradientAsBucketView, the gradient already lives there); the bucket whose last gradient this was
+// starts its allreduce at once, while autograd goes on with the earlier layers. Buckets are launched
+// strictly in bucket order, so every rank issues the same collectives in the same order even when
+// gradients arrive in a different order on different ranks.
+//
+// The first hook of a pass queues a callback with the autograd engine; the engine runs it after the
+// last node of the pass, still inside backward(). It waits for every bucket, widens compressed
+// buckets and writes the averaged gradients back to .grad, so that they are synchronised when
+// backward() returns and no call can be forgotten. An exception thrown there comes out of
+// backward().
+//
+// A parameter whose hook did not run by then got no gradient. Its slot is zeroed and its bucket
+// launched anyway (so the ranks' collectives still line up); then the callback throws, naming it,
+// unless findUnusedParameters marked it unused at the start of the pass, as PyTorch does.
+
+namespace dtrain::ddp {
+
+namespace {
+
+using Clock = DdpIterationStats::Clock;
+
+// A tensor over `length` elements of `buffer` starting at element `offset`, keeping the buffer
+// alive. Not an autograd view of the bucket: optimizers may detach_() a .grad that is one.
+at::Tensor tensorOver(const std::shared_ptr<comm::Buffer>& buffer, int64_t offset,
+                      at::IntArrayRef sizes, const at::TensorOptions& options) {
+  auto* base = static_cast<char*>(buffer->data()) +
+               offset * static_cast<int64_t>(c10::elementSize(c10::typeMetaToScalarType(options.dtype())));
+  return at::from_blob(
+      base, sizes, [keep = buffer](void*) mutable { keep.reset(); }, options);
+}
+
+std::string namesOf(const std::vector<NamedTensor>& params, const std::vector<size_t>& indices,
+                    size_t limit = 8) {
+  std::string out;
+  for (size_t k = 0; k < indices.size() && k < limit; ++k) {
+    out += (k ? ", " : "") + params[indices[k]].name;
+  }
+  if (indices.size() > limit) out += fmt::format(" and {} more", indices.size() - limit);
+  return out;
+}
+
+}  // namespace
+
+Reducer::Reducer(std::shared_ptr<ProcessGroup> group, std::vector<NamedTensor> params,
+                 const DdpOptions& options)
+    : group_(std::move(group)),
+      comm_(group_->communicator()),
+      options_(options),
+      params_(std::move(params)) {
+  divisor_ = at::scalar_tensor(1.0 / group_->size(), at::TensorOptions().dtype(at::kDouble));
+  ready_.assign(params_.size(), 0);
+  usedLocally_.assign(params_.size(), 0);
+  buildBuckets();
+  installHooks();
+}
+
+Reducer::~Reducer() {
+  for (size_t i = 0; i < hookKeys_.size(); ++i) {
+    compat::removeAccumulatorPostHook(accumulators_[i], hookKeys_[i]);
+  }
+  // A pass interrupted by an error may leave collectives that still write into the buckets.
+  for (auto& bucket : buckets_) {
+    if (!bucket.work) continue;
+    try {
+      bucket.work->wait(options_.timeout);
+    } catch (const std::exception& e) {
+      DTRAIN_LOG(Debug, "DDP: pending bucket allreduce failed at shutdown: {}", e.what());
+    }
+  }
+}
+
+void Reducer::buildBuckets() {
+  std::vector<BucketInput> inputs;
+  for (const auto& p : params_) {
+    inputs.push_back({static_cast<size_t>(p.tensor.numel()) * p.tensor.element_size(),
+                      static_cast<int>(p.tensor.scalar_type())});
+  }
+  auto assignment = assignBuckets(inputs, options_.firstBucketBytes, options_.bucketBytes);
+  slots_.resize(params_.size());
+  for (auto& indices : assignment) {
+    Bucket bucket;
+    bucket.params = indices;
+    bucket.dtype = params_[indices.front()].tensor.scalar_type();
+    for (size_t i : indices) bucket.numel += params_[i].tensor.numel();
+    auto options = at::TensorOptions().dtype(bucket.dtype).device(group_->device());
+    size_t elem = c10::elementSize(bucket.dtype);
+    bucket.memory = comm_.allocate(std::max<size_t>(1, bucket.numel * elem));
+    bucket.flat = tensorOver(bucket.memory, 0, {bucket.numel}, options);
+    int64_t offset = 0;
+    for (size_t entry = 0; entry < indices.size(); ++entry) {
+      const at::Tensor& p = params_[indices[entry]].tensor;
+      bucket.views.push_back(tensorOver(bucket.memory, offset, p.sizes(), options));
+      slots_[indices[entry]] = {buckets_.size(), entry};
+      offset += p.numel();
+    }
+    if (options_.compression != GradientCompression::None && bucket.dtype == at::kFloat) {
+      auto wireType =
+          options_.compression == GradientCompression::Fp16 ? at::kHalf : at::kBFloat16;
+      bucket.wireMemory = comm_.allocate(std::max<size_t>(1, bucket.numel * 2));
+      bucket.wire = tensorOver(bucket.wireMemory, 0, {bucket.numel}, options.dtype(wireType));
+    }
+    bucket.pending = indices.size();
+    buckets_.push_back(std::move(bucket));
+  }
+  if (options_.gradientAsBucketView) {
+    at::NoGradGuard noGrad;
+    for (size_t i = 0; i < params_.size(); ++i) {
+      at::Tensor& grad = params_[i].tensor.mutable_grad();
+      if (!grad.defined()) continue;
+      viewOf(i).copy_(grad);
+      grad = viewOf(i);
+    }
+  }
+  if (options_.findUnusedParameters) {
+    usedMemory_ = comm_.allocate(std::max<size_t>(1, params_.size() * sizeof(int32_t)));
+    usedMap_ = tensorOver(usedMemory_, 0, {static_cast<int64_t>(params_.size())},
+                          at::TensorOptions().dtype(at::kInt).device(group_->device()));
+  }
+  if (log::enabled(log::Level::Info)) {
+    std::string sizes;
+    for (const auto& b : buckets_) {
+      sizes += fmt::format("{}{:.2f} MiB ({} tensors)", sizes.empty() ? "" : ", ",
+                           b.numel * c10::elementSize(b.dtype) / 1048576.0, b.params.size());
+    }
+    DTRAIN_LOG(Info, "DDP: {} parameters in {} buckets: {}", params_.size(), buckets_.size(),
+               sizes);
+  }
+}
+
+void Reducer::installHooks() {
+  for (size_t i = 0; i < params_.size(); ++i) {
+    auto accumulator = torch::autograd::impl::grad_accumulator(params_[i].tensor);
+    DTRAIN_CHECK(accumulator != nullptr,
+                 "DistributedDataParallel: parameter {} has no gradient accumulator (is it a leaf "
+                 "tensor that requires grad?)",
+                 params_[i].name);
+    hookKeys_.push_back(compat::addAccumulatorPostHook(accumulator, [this, i] {
+      onGradientReady(i);
+    }));
+    accumulators_.push_back(std::move(accumulator));
+  }
+}
+
+std::vector<std::vector<std::string>> Reducer::bucketNames() const {
+  std::vector<std::vector<std::string>> out;
+  for (const auto& b : buckets_) {
+    out.emplace_back();
+    for (size_t i : b.params) out.back().push_back(params_[i].name);
+  }
+  return out;
+}
+
+void Reducer::arm(const std::vector<at::Tensor>& outputs) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  DTRAIN_CHECK(!callbackQueued_,
+               "rank {}: DistributedDataParallel: the previous backward pass stopped after {} of "
+               "{} bucket allreduces were launched, so the ranks' collectives no longer line up. "
+               "HINT: an exception escaped that backward; end the job (or restart it) rather than "
+               "train on",
+               group_->rank(), nextBucket_, buckets_.size());
+  bool rearm = state_ == State::Armed;
+  state_ = State::Armed;
+  if (!options_.findUnusedParameters) return;
+  // Two forwards before one backward (e.g. a siamese network): a parameter is used if either
+  // forward's outputs reach it.
+  auto nodes = reachableNodes(outputs);
+  if (rearm) {
+    reachable_.insert(nodes.begin(), nodes.end());
+  } else {
+    reachable_ = std::move(nodes);
+  }
+  unused_.clear();
+  for (size_t i = 0; i < params_.size(); ++i) {
+    if (!reachable_.count(accumulators_[i].get())) unused_.push_back(i);
+  }
+}
+
+void Reducer::disarm() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  state_ = State::Local;
+  reachable_.clear();
+  unused_.clear();
+}
+
+void Reducer::onGradientReady(size_t index) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  auto now = Clock::now();
+  if (state_ != State::Armed) {
+    if (state_ == State::Local) {
+      if (params_[index].tensor.grad().defined()) usedLocally_[index] = 1;
+    } else if (!warnedUnexpected_) {
+      warnedUnexpected_ = true;
+      DTRAIN_LOG(Warn,
+                 "rank {}: a backward pass reached DistributedDataParallel's parameters without a "
+                 "forward through the wrapper since the last synchronised backward; these "
+                 "gradients stay local to this rank. HINT: call the wrapper's forward (not the "
+                 "module's) before each backward",
+                 group_->rank());
+    }
+    return;
+  }
+  if (!callbackQueued_) {
+    callbackQueued_ = true;
+    uint64_t iteration = stats_.iteration;
+    stats_ = DdpIterationStats{};
+    stats_.iteration = iteration;
+    stats_.firstGradient = now;
+    compat::queueEngineCallback([this] { finalizeBackward(); });
+    for (size_t u : unused_) markReadyLocked(u, false);
+  }
+  stats_.lastGradient = now;
+  DTRAIN_CHECK(!ready_[index],
+               "rank {}: DistributedDataParallel: parameter {} received a gradient {} in this "
+               "backward pass. HINT: {}",
+               group_->rank(), params_[index].name,
+               options_.findUnusedParameters ? "although no forward output reaches it" : "twice",
+               options_.findUnusedParameters
+                   ? "compute the loss from the tensors the wrapper's forward returned"
+                   : "a parameter's gradient must be accumulated once per backward (no reentrant "
+                     "checkpointing, no second backward through the same graph)");
+  markReadyLocked(index, true);
+}
+
+void Reducer::markReadyLocked(size_t index, bool hookFired) {
+  ready_[index] = 1;
+  at::Tensor& view = viewOf(index);
+  at::Tensor& param = params_[index].tensor;
+  const at::Tensor& grad = param.grad();
+  {
+    at::NoGradGuard noGrad;
+    if (grad.defined()) {
+      DTRAIN_CHECK(!grad.is_sparse(),
+                   "DistributedDataParallel: parameter {} has a sparse gradient; only dense "
+                   "gradients are supported. HINT: use a dense embedding (sparse=false)",
+                   params_[index].name);
+      if (hookFired) usedLocally_[index] = 1;
+      if (grad.data_ptr() == view.data_ptr()) {
+        view.mul_(divisor_);
+      } else {
+        at::mul_out(view, grad, divisor_);
+        if (options_.gradientAsBucketView && hookFired) param.mutable_grad() = view;
+      }
+    } else {
+      view.zero_();
+    }
+  }
+  Bucket& bucket = buckets_[slots_[index].bucket];
+  if (--bucket.pending == 0) launchReadyBucketsLocked();
+}
+
+void Reducer::launchReadyBucketsLocked() {
+  comm::CallOptions call;
+  call.stream = compat::currentStream(group_->device());
+  call.timeout = options_.timeout;
+  while (nextBucket_ < buckets_.size() && buckets_[nextBucket_].pending == 0) {
+    Bucket& b = buckets_[nextBucket_++];
+    stats_.bucketLaunched.push_back(Clock::now());
+    at::Tensor& travels = b.wire.defined() ? b.wire : b.flat;
+    if (b.wire.defined()) b.wire.copy_(b.flat);
+    b.work = comm_.allreduceAsync(travels.data_ptr(), static_cast<size_t>(b.numel),
+                                  toDataType(travels), comm::ReduceOp::Sum, call);
+  }
+  if (nextBucket_ == buckets_.size() && options_.findUnusedParameters && !usedWork_) {
+    auto host = at::from_blob(usedLocally_.data(), {static_cast<int64_t>(usedLocally_.size())},
+                              at::kChar);
+    usedMap_.copy_(host);
+    usedWork_ = comm_.allreduceAsync(usedMap_.data_ptr(), usedLocally_.size(),
+                                     comm::DataType::Int32, comm::ReduceOp::Sum, call);
+  }
+}
+
+void Reducer::finalizeBackward() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  stats_.backwardEnd = Clock::now();
+  std::vector<size_t> missing;
+  std::exception_ptr error;
+  try {
+    finalizeLocked(missing);
+  } catch (...) {
+    error = std::current_exception();
+  }
+  resetPassLocked();
+  if (error) std::rethrow_exception(error);
+  if (missing.empty()) return;
+  DTRAIN_THROW(Error,
+               "rank {}: DistributedDataParallel: {} of {} parameters received no gradient in "
+               "this backward pass: {}. HINT: {}",
+               group_->rank(), missing.size(), params_.size(), namesOf(params_, missing),
+               options_.findUnusedParameters
+                   ? "the forward's outputs reach them but the loss does not; compute the loss "
+                     "from every output the wrapper's forward returned"
+                   : "if the model skips them in some iterations, construct "
+                     "DistributedDataParallel with DdpOptions::findUnusedParameters = true; "
+                     "otherwise exclude them from the module or freeze them "
+                     "(requires_grad(false))");
+}
+
+void Reducer::finalizeLocked(std::vector<size_t>& missing) {
+  for (size_t i = 0; i < params_.size(); ++i) {
+    if (!ready_[i]) missing.push_back(i);
+  }
+  // See Note [DDP backward]: launch what is left so that the ranks' collectives line up.
+  for (size_t i : missing) markReadyLocked(i, false);
+  // Bucket by bucket, so that writing one back overlaps with the later ones' allreduces.
+  // With findUnusedParameters, parameters this rank did not use wait for the used map: whether
+  // another rank used them decides whether their .grad is touched.
+  bool deferUnused = options_.findUnusedParameters;
+  std::chrono::nanoseconds waited{0};
+  for (auto& bucket : buckets_) {
+    auto start = Clock::now();
+    bucket.work->wait(options_.timeout);
+    waited += Clock::now() - start;
+    bucket.work.reset();
+    if (!missing.empty()) continue;
+    at::NoGradGuard noGrad;
+    if (bucket.wire.defined()) bucket.flat.copy_(bucket.wire);
+    for (size_t entry = 0; entry < bucket.params.size(); ++entry) {
+      size_t i = bucket.params[entry];
+      if (!deferUnused || usedLocally_[i]) writeBackLocked(i, bucket.views[entry]);
+    }
+  }
+  if (usedWork_) {
+    auto start = Clock::now();
+    usedWork_->wait(options_.timeout);
+    waited += Clock::now() - start;
+    if (missing.empty()) {
+      at::NoGradGuard noGrad;
+      at::Tensor used = usedMap_.cpu();
+      for (size_t i = 0; i < params_.size(); ++i) {
+        // No rank used it: .grad stays as it was (PyTorch's semantics).
+        if (!usedLocally_[i] && used.data_ptr<int32_t>()[i] > 0) writeBackLocked(i, viewOf(i));
+      }
+    }
+  }
+  stats_.waited = waited;
+  stats_.finished = Clock::now();
+  ++stats_.iteration;
+}
+
+void Reducer::writeBackLocked(size_t index, const at::Tensor& view) {
+  at::Tensor& grad = params_[index].tensor.mutable_grad();
+  if (options_.gradientAsBucketView) {
+    if (!grad.defined() || grad.data_ptr() != view.data_ptr()) grad = view;
+  } else if (grad.defined()) {
+    grad.copy_(view);
+  } else {
+    grad = view.clone();
+  }
+}
+
+void Reducer::resetPassLocked() {
+  state_ = State::Idle;
+  callbackQueued_ = false;
+  std::fill(ready_.begin(), ready_.end(), 0);
+  std::fill(usedLocally_.begin(), usedLocally_.end(), 0);
+  nextBucket_ = 0;
+  for (auto& bucket : buckets_) {
+    bucket.pending = bucket.params.size();
+    bucket.work.reset();
+  }
+  usedWork_.reset();
+  unused_.clear();
+  reachable_.clear();
+}
+
+}  // namespace dtrain::ddp

@@ -1,0 +1,144 @@
+#include "ddp_sync.h"
+
+#include <map>
+#include <sstream>
+
+#include <ATen/ATen.h>
+#include <fmt/format.h>
+
+#include "dtrain/error.h"
+
+namespace dtrain::ddp {
+
+namespace {
+
+// "parameter fc.weight float32 [10, 20]": what every rank must agree on, one line per entry.
+std::vector<std::string> describe(const std::vector<NamedTensor>& params,
+                                  const std::vector<NamedTensor>& buffers) {
+  std::vector<std::string> lines;
+  auto add = [&](const char* kind, const NamedTensor& t) {
+    lines.push_back(fmt::format("{} {} {} [{}]", kind, t.name,
+                                c10::toString(t.tensor.scalar_type()),
+                                fmt::join(t.tensor.sizes(), ", ")));
+  };
+  for (const auto& p : params) add("parameter", p);
+  for (const auto& b : buffers) add("buffer", b);
+  return lines;
+}
+
+// FNV-1a: a fingerprint to compare ranks cheaply, not a security measure.
+int64_t fingerprint(const std::string& text) {
+  uint64_t h = 1469598103934665603ull;
+  for (unsigned char c : text) {
+    h ^= c;
+    h *= 1099511628211ull;
+  }
+  return static_cast<int64_t>(h);
+}
+
+std::string rankList(const std::vector<int>& ranks) {
+  return fmt::format("{} {}", ranks.size() == 1 ? "rank" : "ranks", fmt::join(ranks, ", "));
+}
+
+}  // namespace
+
+void verifySameModel(ProcessGroup& group, const std::vector<NamedTensor>& params,
+                     const std::vector<NamedTensor>& buffers) {
+  auto lines = describe(params, buffers);
+  std::string text = fmt::format("{}", fmt::join(lines, "\n"));
+  auto device = group.device();
+  auto hashes = group.allgather(at::tensor({fingerprint(text)}, at::kLong).to(device));
+  bool same = true;
+  for (const auto& h : hashes) same = same && h.item<int64_t>() == hashes[0].item<int64_t>();
+  if (same) return;
+
+  // They differ: exchange the descriptions to say where.
+  auto lengths = group.allgather(at::tensor({static_cast<int64_t>(text.size())}, at::kLong).to(device));
+  int64_t longest = 0;
+  for (const auto& l : lengths) longest = std::max(longest, l.item<int64_t>());
+  auto mine = at::zeros({longest}, at::kByte);
+  std::memcpy(mine.data_ptr(), text.data(), text.size());
+  auto texts = group.allgather(mine.to(device));
+  std::vector<std::vector<std::string>> perRank;
+  for (size_t r = 0; r < texts.size(); ++r) {
+    auto host = texts[r].cpu();
+    std::string s(static_cast<const char*>(host.data_ptr()),
+                  static_cast<size_t>(lengths[r].item<int64_t>()));
+    std::vector<std::string> entries;
+    std::istringstream in(s);
+    for (std::string line; std::getline(in, line);) entries.push_back(line);
+    perRank.push_back(std::move(entries));
+  }
+  size_t longestList = 0;
+  for (const auto& e : perRank) longestList = std::max(longestList, e.size());
+  for (size_t i = 0; i < longestList; ++i) {
+    std::map<std::string, std::vector<int>> variants;
+    for (size_t r = 0; r < perRank.size(); ++r) {
+      variants[i < perRank[r].size() ? perRank[r][i]
+                                     : fmt::format("nothing (only {} entries)", perRank[r].size())]
+          .push_back(static_cast<int>(r));
+    }
+    if (variants.size() < 2) continue;
+    std::vector<std::string> parts;
+    for (const auto& [entry, ranks] : variants) {
+      parts.push_back(fmt::format("{} {} {}", rankList(ranks), ranks.size() == 1 ? "has" : "have",
+                                  entry));
+    }
+    // Rank 0's view first: it is the one every other rank is compared with.
+    std::stable_partition(parts.begin(), parts.end(), [&](const std::string& p) {
+      return p.rfind("rank 0 ", 0) == 0 || p.rfind("ranks 0,", 0) == 0;
+    });
+    DTRAIN_THROW(Error,
+                 "rank {}: DistributedDataParallel: the model differs across ranks at entry {}: "
+                 "{}. HINT: build the same model on every rank (the same modules in the same "
+                 "order, with the same sizes and dtypes) before wrapping it",
+                 group.rank(), i, fmt::join(parts, "; "));
+  }
+  DTRAIN_THROW(Error,
+               "rank {}: DistributedDataParallel: the ranks' model fingerprints differ but their "
+               "descriptions agree. HINT: this is a bug in dtrain; please report it",
+               group.rank());
+}
+
+CoalescedBroadcast::CoalescedBroadcast(ProcessGroup& group, const std::vector<at::Tensor>& tensors)
+    : group_(group) {
+  std::map<at::ScalarType, std::vector<at::Tensor>> byType;
+  for (const auto& t : tensors) {
+    if (t.numel() > 0) byType[t.scalar_type()].push_back(t);
+  }
+  for (auto& [type, list] : byType) {
+    int64_t total = 0;
+    for (const auto& t : list) total += t.numel();
+    Group g;
+    g.flat = at::empty({total}, at::TensorOptions().dtype(type).device(group_.device()));
+    g.tensors = std::move(list);
+    groups_.push_back(std::move(g));
+  }
+}
+
+void CoalescedBroadcast::run(int root, comm::Millis timeout) {
+  at::NoGradGuard noGrad;
+  bool isRoot = group_.rank() == root;
+  std::vector<std::shared_ptr<comm::Work>> works;
+  for (auto& g : groups_) {
+    if (isRoot) {
+      int64_t offset = 0;
+      for (const auto& t : g.tensors) {
+        g.flat.narrow(0, offset, t.numel()).copy_(t.reshape({-1}));
+        offset += t.numel();
+      }
+    }
+    works.push_back(group_.broadcastAsync(g.flat, root));
+  }
+  for (size_t k = 0; k < groups_.size(); ++k) {
+    works[k]->wait(timeout);
+    if (isRoot) continue;
+    int64_t offset = 0;
+    for (auto& t : groups_[k].tensors) {
+      t.copy_(groups_[k].flat.narrow(0, offset, t.numel()).view(t.sizes()));
+      offset += t.numel();
+    }
+  }
+}
+
+}  // namespace dtrain::ddp

@@ -1,0 +1,187 @@
+#include "dtrain/distributed_sampler.h"
+
+#include <algorithm>
+#include <cstring>
+
+#include <ATen/ATen.h>
+#include <ATen/CPUGeneratorImpl.h>
+#include <torch/serialize/archive.h>
+
+#include "dtrain/error.h"
+
+namespace dtrain {
+
+namespace {
+
+constexpr char kMagic[8] = {'D', 'T', 'S', 'A', 'M', 'P', 'L', 'R'};
+constexpr const char* kArchiveKey = "dtrain_sampler_state";
+
+void putLE(std::vector<uint8_t>& out, size_t offset, uint64_t value, size_t bytes) {
+  for (size_t i = 0; i < bytes; ++i) out[offset + i] = static_cast<uint8_t>(value >> (8 * i));
+}
+uint64_t getLE(const std::vector<uint8_t>& in, size_t offset, size_t bytes) {
+  uint64_t value = 0;
+  for (size_t i = 0; i < bytes; ++i) value |= uint64_t{in[offset + i]} << (8 * i);
+  return value;
+}
+
+// The epoch's order of the whole dataset (PyTorch's: randperm with a generator seeded seed+epoch).
+std::vector<int64_t> epochOrder(size_t n, const SamplerOptions& options, int64_t epoch) {
+  at::Tensor order;
+  if (options.shuffle) {
+    auto gen = at::make_generator<at::CPUGeneratorImpl>(options.seed + static_cast<uint64_t>(epoch));
+    order = at::randperm(static_cast<int64_t>(n), gen, at::kLong);
+  } else {
+    order = at::arange(static_cast<int64_t>(n), at::kLong);
+  }
+  const int64_t* p = order.data_ptr<int64_t>();
+  return std::vector<int64_t>(p, p + n);
+}
+
+}  // namespace
+
+std::vector<uint8_t> SamplerState::encode() const {
+  std::vector<uint8_t> out(kEncodedSize, 0);
+  std::memcpy(out.data(), kMagic, sizeof(kMagic));
+  putLE(out, 8, kFormatVersion, 4);
+  putLE(out, 12, (shuffle ? 1u : 0u) | (dropLast ? 2u : 0u), 4);
+  putLE(out, 16, seed, 8);
+  putLE(out, 24, static_cast<uint64_t>(epoch), 8);
+  putLE(out, 32, datasetSize, 8);
+  putLE(out, 40, cursor, 8);
+  return out;
+}
+
+SamplerState SamplerState::decode(const std::vector<uint8_t>& bytes) {
+  DTRAIN_CHECK_T(CheckpointError, bytes.size() == kEncodedSize,
+                 "sampler state: expected {} bytes, got {}", kEncodedSize, bytes.size());
+  DTRAIN_CHECK_T(CheckpointError, std::memcmp(bytes.data(), kMagic, sizeof(kMagic)) == 0,
+                 "sampler state: bad magic (not a dtrain sampler state)");
+  uint64_t version = getLE(bytes, 8, 4);
+  DTRAIN_CHECK_T(CheckpointError, version == kFormatVersion,
+                 "sampler state: format version {} is not supported (this build reads {}). "
+                 "HINT: resume with the dtrain version that wrote the checkpoint",
+                 version, kFormatVersion);
+  uint64_t flags = getLE(bytes, 12, 4);
+  DTRAIN_CHECK_T(CheckpointError, (flags & ~uint64_t{3}) == 0,
+                 "sampler state: unknown flags {:#x}", flags);
+  SamplerState s;
+  s.shuffle = flags & 1;
+  s.dropLast = flags & 2;
+  s.seed = getLE(bytes, 16, 8);
+  s.epoch = static_cast<int64_t>(getLE(bytes, 24, 8));
+  s.datasetSize = getLE(bytes, 32, 8);
+  s.cursor = getLE(bytes, 40, 8);
+  DTRAIN_CHECK_T(CheckpointError, s.epoch >= 0, "sampler state: negative epoch {}", s.epoch);
+  DTRAIN_CHECK_T(CheckpointError, s.cursor <= s.datasetSize,
+                 "sampler state: cursor {} is past the dataset size {}", s.cursor, s.datasetSize);
+  return s;
+}
+
+bool SamplerState::operator==(const SamplerState& o) const {
+  return seed == o.seed && epoch == o.epoch && datasetSize == o.datasetSize &&
+         cursor == o.cursor && shuffle == o.shuffle && dropLast == o.dropLast;
+}
+
+DistributedSampler::DistributedSampler(size_t datasetSize, int rank, int worldSize,
+                                       SamplerOptions options)
+    : datasetSize_(datasetSize), rank_(rank), worldSize_(worldSize), options_(options) {
+  DTRAIN_CHECK_ARG(worldSize >= 1, "DistributedSampler: world size {} must be at least 1",
+                   worldSize);
+  DTRAIN_CHECK_ARG(rank >= 0 && rank < worldSize,
+                   "DistributedSampler: rank {} is outside 0..{}", rank, worldSize - 1);
+  rebuild();
+}
+
+void DistributedSampler::rebuild() {
+  indices_.clear();
+  handedOut_ = 0;
+  const size_t n = datasetSize_;
+  const size_t w = static_cast<size_t>(worldSize_);
+  if (n == 0) return;
+  auto order = epochOrder(n, options_, epoch_);
+  const size_t remaining = n - start_;
+  const size_t perRank = options_.dropLast ? remaining / w : (remaining + w - 1) / w;
+  indices_.reserve(perRank);
+  // Entry j of what is left: the order after the cursor, then (padding) the order from its start.
+  for (size_t k = 0; k < perRank; ++k) {
+    size_t j = k * w + static_cast<size_t>(rank_);
+    size_t pos = j < remaining ? start_ + j : (j - remaining) % n;
+    indices_.push_back(static_cast<size_t>(order[pos]));
+  }
+}
+
+void DistributedSampler::setEpoch(int64_t epoch) {
+  DTRAIN_CHECK_ARG(epoch >= 0, "DistributedSampler: negative epoch {}", epoch);
+  epoch_ = epoch;
+  start_ = 0;
+  rebuild();
+}
+
+void DistributedSampler::reset(c10::optional<size_t> newSize) {
+  if (newSize.has_value() && *newSize != datasetSize_) {
+    datasetSize_ = *newSize;
+    start_ = 0;
+    rebuild();
+  }
+  handedOut_ = 0;
+}
+
+c10::optional<std::vector<size_t>> DistributedSampler::next(size_t batchSize) {
+  if (handedOut_ >= indices_.size()) return c10::nullopt;
+  size_t count = std::min(batchSize, indices_.size() - handedOut_);
+  std::vector<size_t> batch(indices_.begin() + static_cast<std::ptrdiff_t>(handedOut_),
+                            indices_.begin() + static_cast<std::ptrdiff_t>(handedOut_ + count));
+  handedOut_ += count;
+  return batch;
+}
+
+SamplerState DistributedSampler::state(size_t consumed) const {
+  consumed = std::min(consumed, indices_.size());
+  SamplerState s;
+  s.seed = options_.seed;
+  s.epoch = epoch_;
+  s.datasetSize = datasetSize_;
+  s.cursor = std::min<uint64_t>(datasetSize_, start_ + uint64_t{consumed} * worldSize_);
+  s.shuffle = options_.shuffle;
+  s.dropLast = options_.dropLast;
+  return s;
+}
+
+void DistributedSampler::loadState(const SamplerState& s) {
+  DTRAIN_CHECK_ARG(s.datasetSize == datasetSize_,
+                   "DistributedSampler: the saved state is for a dataset of {} samples, this "
+                   "sampler has {}. HINT: resume with the same dataset",
+                   s.datasetSize, datasetSize_);
+  DTRAIN_CHECK_ARG(s.seed == options_.seed && s.shuffle == options_.shuffle,
+                   "DistributedSampler: the saved state was shuffled with seed {} (shuffle={}), "
+                   "this sampler uses seed {} (shuffle={}); the epoch's order would differ. "
+                   "HINT: construct the sampler with the saved options",
+                   s.seed, s.shuffle, options_.seed, options_.shuffle);
+  DTRAIN_CHECK_ARG(s.dropLast == options_.dropLast,
+                   "DistributedSampler: the saved state has dropLast={}, this sampler {}",
+                   s.dropLast, options_.dropLast);
+  DTRAIN_CHECK_ARG(s.cursor <= s.datasetSize && s.epoch >= 0,
+                   "DistributedSampler: invalid state (epoch {}, cursor {} of {})", s.epoch,
+                   s.cursor, s.datasetSize);
+  epoch_ = s.epoch;
+  start_ = s.cursor;
+  rebuild();
+}
+
+void DistributedSampler::save(torch::serialize::OutputArchive& archive) const {
+  auto bytes = state().encode();
+  archive.write(kArchiveKey, at::tensor(std::vector<int64_t>(bytes.begin(), bytes.end()), at::kLong)
+                                 .to(at::kByte),
+                /*is_buffer=*/true);
+}
+
+void DistributedSampler::load(torch::serialize::InputArchive& archive) {
+  at::Tensor t;
+  archive.read(kArchiveKey, t, /*is_buffer=*/true);
+  t = t.to(at::kByte).contiguous();
+  const uint8_t* p = t.data_ptr<uint8_t>();
+  loadState(SamplerState::decode(std::vector<uint8_t>(p, p + t.numel())));
+}
+
+}  // namespace dtrain

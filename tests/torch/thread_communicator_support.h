@@ -1,0 +1,55 @@
+#pragma once
+// Ranks as threads: a comm::Communicator whose ranks are threads of one test process sharing
+// memory (Gloo's tests run ranks the same way). Each rank's collectives run in order on the rank's
+// own worker thread, so they really overlap with what the rank's main thread does (backward).
+// Reductions add the ranks' values in rank order, so every rank gets bit-identical results, as
+// with Gloo's and NCCL's allreduce. A slow link can be simulated, and a collective made to fail.
+
+#include <chrono>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "dtrain/comm.h"
+
+namespace dtrain::testing {
+
+struct ThreadWorldOptions {
+  comm::Millis timeout{10000};
+  // Added to every collective, plus bytes / bytesPerSecond (0: no bandwidth limit).
+  std::chrono::microseconds latency{0};
+  double bytesPerSecond = 0;
+  // The collective with this sequence number (0-based, per rank) fails on every rank.
+  int64_t failAtCollective = -1;
+};
+
+class ThreadWorld : public std::enable_shared_from_this<ThreadWorld> {
+ public:
+  static std::shared_ptr<ThreadWorld> create(int size, ThreadWorldOptions options = {});
+
+  int size() const { return size_; }
+  const ThreadWorldOptions& options() const { return options_; }
+  // Rank `rank`'s communicator (created on first use, then the same one).
+  std::shared_ptr<comm::Communicator> communicator(int rank);
+  // Collectives rank `rank` has issued so far.
+  int64_t issued(int rank);
+
+  // Runs fn(rank) on one thread per rank and waits for all. When a rank throws, the world is
+  // aborted (the other ranks' collectives fail at once instead of timing out) and the first
+  // exception is rethrown here.
+  void run(const std::function<void(int rank)>& fn);
+  void abort(const std::string& why);
+
+  // Internal: the rendezvous of the collectives; see thread_communicator_support.cpp.
+  struct Impl;
+  Impl& impl() { return *impl_; }
+
+ private:
+  ThreadWorld(int size, ThreadWorldOptions options);
+  int size_;
+  ThreadWorldOptions options_;
+  std::shared_ptr<Impl> impl_;
+};
+
+}  // namespace dtrain::testing
