@@ -6,8 +6,11 @@ add_library(dtrain_comm SHARED
   runtime/comm/failure_report.cpp
   runtime/comm/flight_recorder.cpp
   runtime/comm/host_buffer_pool.cpp
+  runtime/comm/nccl_env.cpp
   runtime/comm/net_interface.cpp
   runtime/comm/reduce_kernels.cpp
+  runtime/comm/world.cpp
+  runtime/comm/world_env.cpp
 )
 add_library(dtrain::dtrain_comm ALIAS dtrain_comm)
 target_link_libraries(dtrain_comm PUBLIC dtrain_base)

@@ -8,6 +8,7 @@
 // never hangs this rank. Compiled whenever NCCL and the CUDA toolkit are found; runs where a GPU
 // is.
 
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -44,9 +45,10 @@ bool ncclAvailable();
 // CUDA devices this process can use; 0 without a GPU, a driver, or NCCL support in this build.
 int cudaDeviceCount();
 
-// Throws InvalidArgument naming the variable when an NCCL_* (or TORCH_NCCL_*) variable of this
-// process's environment has a value NCCL would reject or misread. Torch- and CUDA-free.
-void validateNcclEnvironment();
+// Throws InvalidArgument naming the variable when an NCCL_* (or TORCH_NCCL_*) variable has a value
+// NCCL would reject or silently misread (RELIABILITY.md D7). Torch- and CUDA-free; `env` looks a
+// variable up (nullptr when unset), std::getenv by default.
+void validateNcclEnvironment(const std::function<const char*(const char*)>& env = {});
 
 std::shared_ptr<Communicator> createNcclCommunicator(const NcclOptions& options);
 
