@@ -28,7 +28,11 @@ else()
   target_sources(dtrain_comm PRIVATE runtime/comm/gloo_unavailable.cpp)
 endif()
 if(DTRAIN_HAVE_NCCL)
-  target_sources(dtrain_comm PRIVATE runtime/comm/nccl_unavailable.cpp)
+  target_sources(dtrain_comm PRIVATE
+    runtime/comm/nccl/nccl_communicator.cpp
+    runtime/comm/nccl/nccl_errors.cpp
+    runtime/comm/nccl/nccl_work.cpp)
+  target_include_directories(dtrain_comm PRIVATE ${CMAKE_CURRENT_SOURCE_DIR}/runtime/comm/nccl)
   target_link_libraries(dtrain_comm PRIVATE NCCL::nccl CUDA::cudart)
 else()
   target_sources(dtrain_comm PRIVATE runtime/comm/nccl_unavailable.cpp)

@@ -77,6 +77,12 @@ World connectWorld(const WorldOptions& o, bool cudaDevicesUsable) {
   World w;
   w.env = resolveWorldEnv(o, env);
   log::setTag(fmt::format("[dtrain rank {}]", w.env.rank));
+  // An explicit NCCL request is checked first: a bad NCCL_* value is named even on a machine
+  // where NCCL cannot run (RELIABILITY.md D7).
+  const char* requested = std::getenv(env::kBackend);
+  if (o.backend == "nccl" || (o.backend.empty() && requested && std::string(requested) == "nccl")) {
+    validateNcclEnvironment();
+  }
   const int devices = cudaDevicesUsable ? cudaDeviceCount() : 0;
   w.backend = chooseBackend(o.backend, env, ncclAvailable(), glooAvailable(), devices);
   if (w.backend == "nccl") {

@@ -91,6 +91,9 @@ ProcessGroup::ProcessGroup(comm::World world, c10::Device device)
 }
 
 ProcessGroup::~ProcessGroup() {
+  // A group built over someone else's communicator leaves it alone; one built by init() owns
+  // its world and closes it.
+  if (!world_) return;
   try {
     shutdown();
   } catch (...) {

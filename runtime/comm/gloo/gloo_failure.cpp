@@ -1,4 +1,6 @@
 // How the Gloo communicator fails: see Note [Failing once].
+#include <algorithm>
+
 #include <gloo/common/error.h>
 
 #include <fmt/format.h>
@@ -85,7 +87,8 @@ void GlooCommunicator::failOnCommThread(const CollectiveInfo& info, Millis timeo
   mine.seq = info.seq;
   mine.collective = info.describe();
   mine.error = what;
-  const Millis grace = reportGrace(timeout);
+  // A lost connection usually means a dead peer that will never report: wait less for it.
+  const Millis grace = timedOut ? reportGrace(timeout) : std::min(reportGrace(timeout), Millis(500));
   const auto reports = exchangeReports(*store_, name_ + "/failure", size_, mine, grace);
   const std::string summary = summarizeReports(reports, mine, grace);
 
