@@ -1,16 +1,17 @@
 #!/usr/bin/env bash
 # Opt-in (not CI): builds the torch-free targets with AddressSanitizer + UndefinedBehaviorSanitizer
 # in their own build directory and runs the torch-free unit tests there.
-# Environment: BUILD_DIR (default build-sanitize), CXX (default clang++ when installed, else g++),
-# JOBS (default: all cores), CTEST_ARGS (extra ctest arguments, e.g. "-R Store").
+# Environment: CXX and CC (default g++ and gcc, the compilers CI builds with; clang++ and clang
+# work too), BUILD_DIR (default build-sanitize-<compiler>), JOBS (default: all cores), CTEST_ARGS
+# (extra ctest arguments, e.g. "-R Store").
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-build="${BUILD_DIR:-$root/build-sanitize}"
-jobs="${JOBS:-$(nproc)}"
-if [ -z "${CXX:-}" ]; then
-  if command -v clang++ >/dev/null 2>&1; then CXX=clang++; CC=clang; else CXX=g++; CC=gcc; fi
+CXX="${CXX:-g++}"
+if [ -z "${CC:-}" ]; then
+  case "$CXX" in *clang++*) CC="${CXX/clang++/clang}" ;; *) CC="${CXX/g++/gcc}" ;; esac
 fi
-CC="${CC:-gcc}"
+build="${BUILD_DIR:-$root/build-sanitize-$(basename "$CXX")}"
+jobs="${JOBS:-$(nproc)}"
 
 "$root/scripts/setup.sh"
 

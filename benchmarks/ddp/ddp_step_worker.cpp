@@ -1,7 +1,6 @@
 // The worker of ddp_step_bench: times one model's training step under dtrain's DDP, alternating
 // synchronised steps with communication-free ones (noSync) so that both see the same conditions.
 #include <chrono>
-#include <cstdlib>
 #include <fstream>
 
 #include <nlohmann/json.hpp>
@@ -11,30 +10,11 @@
 #include "ddp_step_bench.h"
 #include "dtrain/ddp.h"
 #include "dtrain/error.h"
-#include "dtrain/gloo_communicator.h"
-#include "dtrain/job_store.h"
+#include "dtrain/init.h"
 
 namespace dtrain::bench {
 
 namespace {
-
-int envInt(const char* name) {
-  const char* v = std::getenv(name);
-  DTRAIN_CHECK_ARG(v != nullptr, "{} is not set. HINT: ddp_step_bench starts its workers itself",
-                   name);
-  return std::atoi(v);
-}
-
-std::shared_ptr<ProcessGroup> groupFromEnv() {
-  int rank = envInt("RANK");
-  comm::GlooOptions options;
-  options.rank = rank;
-  options.size = envInt("WORLD_SIZE");
-  options.store = store::connectToJobStore();
-  options.storeHost = "127.0.0.1";
-  return std::make_shared<ProcessGroup>(comm::createGlooCommunicator(options), rank,
-                                        c10::Device(c10::kCPU));
-}
 
 double msSince(std::chrono::steady_clock::time_point start) {
   return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start)
@@ -78,7 +58,7 @@ StepResult measure(Net net, const torch::Tensor& x, const torch::Tensor& y, bool
 
 int runWorker(const StepConfig& config) {
   torch::set_num_threads(1);
-  auto group = groupFromEnv();
+  auto group = init();  // from the environment ddp_step_bench gives its workers
   torch::manual_seed(group->rank());  // each rank its own data; DDP broadcasts rank 0's model
   StepResult result;
   if (config.model == "mlp") {

@@ -6,8 +6,11 @@ add_library(dtrain_comm SHARED
   runtime/comm/failure_report.cpp
   runtime/comm/flight_recorder.cpp
   runtime/comm/host_buffer_pool.cpp
+  runtime/comm/nccl_env.cpp
   runtime/comm/net_interface.cpp
   runtime/comm/reduce_kernels.cpp
+  runtime/comm/world.cpp
+  runtime/comm/world_env.cpp
 )
 add_library(dtrain::dtrain_comm ALIAS dtrain_comm)
 target_link_libraries(dtrain_comm PUBLIC dtrain_base)
@@ -25,7 +28,14 @@ else()
   target_sources(dtrain_comm PRIVATE runtime/comm/gloo_unavailable.cpp)
 endif()
 if(DTRAIN_HAVE_NCCL)
+  target_sources(dtrain_comm PRIVATE
+    runtime/comm/nccl/nccl_communicator.cpp
+    runtime/comm/nccl/nccl_errors.cpp
+    runtime/comm/nccl/nccl_work.cpp)
+  target_include_directories(dtrain_comm PRIVATE ${CMAKE_CURRENT_SOURCE_DIR}/runtime/comm/nccl)
   target_link_libraries(dtrain_comm PRIVATE NCCL::nccl CUDA::cudart)
+else()
+  target_sources(dtrain_comm PRIVATE runtime/comm/nccl_unavailable.cpp)
 endif()
 set_target_properties(dtrain_comm PROPERTIES VERSION ${PROJECT_VERSION}
                       SOVERSION ${PROJECT_VERSION_MAJOR})

@@ -2,7 +2,12 @@
 
 #include <ATen/ATen.h>
 
+#include "dtrain/config.h"
 #include "dtrain/error.h"
+
+#if DTRAIN_WITH_TORCH_CUDA
+#include <c10/cuda/CUDAStream.h>
+#endif
 
 namespace dtrain {
 
@@ -27,10 +32,11 @@ struct Staged {
   }
 };
 
-// Wraps a Work so that wait() also copies a non-contiguous tensor's result back.
-class WriteBackWork : public comm::Work {
+// Wraps a Work: keeps the tensors alive while the collective may still use them, and copies a
+// non-contiguous tensor's result back once it has finished.
+class TensorWork : public comm::Work {
  public:
-  WriteBackWork(std::shared_ptr<comm::Work> inner, Staged staged)
+  TensorWork(std::shared_ptr<comm::Work> inner, Staged staged)
       : inner_(std::move(inner)), staged_(std::move(staged)) {}
   bool isCompleted() override { return inner_->isCompleted(); }
   void wait(comm::Millis timeout) override {
@@ -47,9 +53,8 @@ class WriteBackWork : public comm::Work {
   bool done_ = false;
 };
 
-std::shared_ptr<comm::Work> withWriteBack(std::shared_ptr<comm::Work> work, Staged staged) {
-  if (!staged.copied) return work;
-  return std::make_shared<WriteBackWork>(std::move(work), std::move(staged));
+std::vector<int64_t> shapeOf(const at::Tensor& t) {
+  return std::vector<int64_t>(t.sizes().begin(), t.sizes().end());
 }
 
 }  // namespace
@@ -77,41 +82,87 @@ ProcessGroup::ProcessGroup(std::shared_ptr<comm::Communicator> communicator, int
   DTRAIN_CHECK_ARG(communicator_ != nullptr, "ProcessGroup needs a communicator");
 }
 
-ProcessGroup::~ProcessGroup() = default;
+ProcessGroup::ProcessGroup(comm::World world, c10::Device device)
+    : communicator_(world.communicator),
+      localRank_(world.env.localRank),
+      device_(device),
+      world_(std::make_unique<comm::World>(std::move(world))) {
+  DTRAIN_CHECK_ARG(communicator_ != nullptr, "ProcessGroup needs a communicator");
+}
+
+ProcessGroup::~ProcessGroup() {
+  // A group built over someone else's communicator leaves it alone; one built by init() owns
+  // its world and closes it.
+  if (!world_) return;
+  try {
+    shutdown();
+  } catch (...) {
+    // Destructors do not throw; shutdown() errors were logged by the communicator.
+  }
+}
+
+std::shared_ptr<store::Store> ProcessGroup::store() const {
+  return world_ ? world_->store : nullptr;
+}
+
+void ProcessGroup::checkTensor(const at::Tensor& tensor, const char* what) const {
+  DTRAIN_CHECK_ARG(tensor.defined(), "{}: undefined tensor", what);
+  DTRAIN_CHECK_ARG(tensor.device().type() == device_.type(),
+                   "{}: the tensor is on {}, but this {} process group works on {} tensors", what,
+                   tensor.device().str(), communicator_->backendName(),
+                   c10::DeviceTypeName(device_.type(), /*lower_case=*/true));
+  DTRAIN_CHECK_ARG(!tensor.is_sparse(), "{}: sparse tensors are not supported", what);
+}
+
+comm::CallOptions ProcessGroup::callOptions(const at::Tensor& tensor) const {
+  comm::CallOptions o;
+  o.shape = shapeOf(tensor);
+#if DTRAIN_WITH_TORCH_CUDA
+  if (tensor.is_cuda()) {
+    o.stream = c10::cuda::getCurrentCUDAStream(tensor.device().index()).stream();
+  }
+#endif
+  return o;
+}
 
 void ProcessGroup::allreduce(at::Tensor& tensor, ReduceOp op) { allreduceAsync(tensor, op)->wait(); }
 
 std::shared_ptr<comm::Work> ProcessGroup::allreduceAsync(at::Tensor& tensor, ReduceOp op) {
+  checkTensor(tensor, "allreduce");
   Staged staged(tensor);
   auto work = communicator_->allreduceAsync(staged.contiguous.data_ptr(),
                                             static_cast<size_t>(staged.contiguous.numel()),
-                                            toDataType(tensor), op);
-  return withWriteBack(std::move(work), std::move(staged));
+                                            toDataType(tensor), op, callOptions(tensor));
+  return std::make_shared<TensorWork>(std::move(work), std::move(staged));
 }
 
 void ProcessGroup::broadcast(at::Tensor& tensor, int root) { broadcastAsync(tensor, root)->wait(); }
 
 std::shared_ptr<comm::Work> ProcessGroup::broadcastAsync(at::Tensor& tensor, int root) {
+  checkTensor(tensor, "broadcast");
   DTRAIN_CHECK_ARG(root >= 0 && root < size(), "broadcast root {} is outside 0..{}", root,
                    size() - 1);
   Staged staged(tensor);
   auto work = communicator_->broadcastAsync(staged.contiguous.data_ptr(),
                                             static_cast<size_t>(staged.contiguous.numel()),
-                                            toDataType(tensor), root);
-  return withWriteBack(std::move(work), std::move(staged));
+                                            toDataType(tensor), root, callOptions(tensor));
+  return std::make_shared<TensorWork>(std::move(work), std::move(staged));
 }
 
 std::vector<at::Tensor> ProcessGroup::allgather(const at::Tensor& input) {
+  checkTensor(input, "allgather");
   at::Tensor in = input.contiguous();
   std::vector<int64_t> shape{size()};
   shape.insert(shape.end(), in.sizes().begin(), in.sizes().end());
   at::Tensor out = at::empty(shape, in.options());
   communicator_->allgather(in.data_ptr(), out.data_ptr(), static_cast<size_t>(in.numel()),
-                           toDataType(in));
+                           toDataType(in), callOptions(in));
   return out.unbind(0);
 }
 
 void ProcessGroup::reduceScatter(at::Tensor& output, const at::Tensor& input, ReduceOp op) {
+  checkTensor(output, "reduceScatter");
+  checkTensor(input, "reduceScatter");
   DTRAIN_CHECK_ARG(input.numel() == output.numel() * size(),
                    "reduceScatter: input has {} elements, expected size() * output = {} * {}",
                    input.numel(), size(), output.numel());
@@ -121,12 +172,19 @@ void ProcessGroup::reduceScatter(at::Tensor& output, const at::Tensor& input, Re
   at::Tensor in = input.contiguous();
   Staged staged(output);
   communicator_->reduceScatter(in.data_ptr(), staged.contiguous.data_ptr(),
-                               static_cast<size_t>(output.numel()), toDataType(output), op);
+                               static_cast<size_t>(output.numel()), toDataType(output), op,
+                               callOptions(output));
   staged.writeBack();
 }
 
 void ProcessGroup::barrier() { communicator_->barrier(); }
 
-void ProcessGroup::shutdown() { communicator_->shutdown(); }
+void ProcessGroup::shutdown() {
+  if (world_) {
+    comm::shutdownWorld(*world_);
+  } else {
+    communicator_->shutdown();
+  }
+}
 
 }  // namespace dtrain

@@ -6,7 +6,6 @@
 //   ddp_worker --scenarios sampler-save   --state FILE --consumed K
 //   ddp_worker --scenarios sampler-resume --state FILE --consumed K --original-world W
 #include <chrono>
-#include <cstdlib>
 #include <fstream>
 #include <functional>
 #include <iostream>
@@ -22,8 +21,7 @@
 #include "dtrain/ddp.h"
 #include "dtrain/distributed_sampler.h"
 #include "dtrain/error.h"
-#include "dtrain/gloo_communicator.h"
-#include "dtrain/job_store.h"
+#include "dtrain/init.h"
 
 namespace dtrain::testing {
 namespace {
@@ -45,19 +43,10 @@ struct Ctx {
 #define EXPECT_OR_FAIL(cond, ...) DTRAIN_CHECK(cond, __VA_ARGS__)
 
 std::shared_ptr<ProcessGroup> groupFromEnv() {
-  auto env = [](const char* name) {
-    const char* v = std::getenv(name);
-    DTRAIN_CHECK_ARG(v != nullptr, "{} is not set: run me under launch", name);
-    return std::atoi(v);
-  };
-  comm::GlooOptions options;
-  options.rank = env("RANK");
-  options.size = env("WORLD_SIZE");
-  options.store = store::connectToJobStore();
+  InitOptions options;
   options.timeout = std::chrono::seconds(30);
   options.connectTimeout = std::chrono::seconds(30);
-  return std::make_shared<ProcessGroup>(comm::createGlooCommunicator(options), options.rank,
-                                        c10::Device(c10::kCPU));
+  return init(options);
 }
 
 torch::Tensor shardOf(const torch::Tensor& whole, const Ctx& c) {

@@ -79,6 +79,34 @@ TEST_P(StoreConformance, SixteenThreadsTimesThousandAddsAreExact) {
   EXPECT_EQ(store_->add("counter", 0), kThreads * kAdds);
 }
 
+TEST_P(StoreConformance, SixteenThreadsOfCompareSetIncrementsLoseNoUpdate) {  // B11
+  constexpr int kThreads = 16;
+  constexpr int kIncrements = 100;
+  std::vector<std::shared_ptr<Store>> clients;
+  for (int t = 0; t < kThreads; ++t) clients.push_back(another());
+  // Values are "<count>/<writer>": compareSet returns the value now stored, so only a value no
+  // other thread would write tells that this thread's swap is the one that happened.
+  store_->setString("cas", "0/-");
+  auto countOf = [](const Bytes& v) { return std::stol(toString(v)); };  // stops at '/'
+  std::atomic<long> attempts{0};
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&, t] {
+      Bytes seen = clients[t]->get("cas");
+      for (int i = 0; i < kIncrements;) {
+        Bytes next = toBytes(std::to_string(countOf(seen) + 1) + "/" + std::to_string(t));
+        Bytes now = clients[t]->compareSet("cas", seen, next);
+        attempts.fetch_add(1);
+        if (now == next) ++i;
+        seen = now;
+      }
+    });
+  }
+  for (auto& th : threads) th.join();
+  EXPECT_EQ(countOf(store_->get("cas")), kThreads * kIncrements);
+  EXPECT_GE(attempts.load(), kThreads * kIncrements);
+}
+
 TEST_P(StoreConformance, CompareSetFollowsC10dSemantics) {
   // Absent key, empty expected: set.
   EXPECT_EQ(toString(store_->compareSet("k", {}, toBytes("v1"))), "v1");

@@ -154,7 +154,7 @@ TEST_F(TcpStoreAuth, NonStoreServersAreNamedAsSuch) {
     int c = ::accept(fd, nullptr, nullptr);
     const char banner[] = "SSH-2.0-OpenSSH_9.2\r\n";
     ::send(c, banner, sizeof(banner) - 1, MSG_NOSIGNAL);
-    ::usleep(500 * 1000);
+    ::usleep(50 * 1000);
     ::close(c);
   });
   TcpStoreOptions o;

@@ -80,6 +80,7 @@ TEST_F(TcpStoreHostile, RandomBytesAreDroppedBeforeAndAfterTheHandshake) {  // B
   }
   expectGoodClientServed();
   EXPECT_TRUE(connectionsSettleTo(1));
+  expectRssGrewLessThan(32 * kMiB);
 }
 
 TEST_F(TcpStoreHostile, OversizeLengthsAreRefusedWithoutAllocating) {  // B6
@@ -149,6 +150,7 @@ TEST_F(TcpStoreHostile, AThousandSlowlorisClientsAreDroppedAtTheHandshakeDeadlin
   for (auto& raw : raws) EXPECT_TRUE(raw->closedByServer(milliseconds(15000)));
   EXPECT_TRUE(connectionsSettleTo(1));
   expectGoodClientServed();
+  expectRssGrewLessThan(32 * kMiB);
 }
 
 TEST_F(TcpStoreHostile, IdleClientsAreKeptByDefaultAndDroppedWithAnIdleTimeout) {
@@ -273,6 +275,7 @@ TEST_F(TcpStoreHostile, MutatedFramesNeverHurtTheServer) {  // B5, R12
   expectGoodClientServed();
   EXPECT_TRUE(connectionsSettleTo(1));
   EXPECT_TRUE(eventually([&] { return server_->numWaiting() == 0; }, milliseconds(10000)));
+  expectRssGrewLessThan(32 * kMiB);
 }
 
 }  // namespace

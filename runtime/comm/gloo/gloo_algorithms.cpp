@@ -50,18 +50,14 @@ bool isTimeout(const std::exception& e) {
   return std::string(e.what()).find("Timed out") != std::string::npos;
 }
 
-void waitAll(PeerBuffers& bufs, const std::vector<int>& peers, Clock::time_point deadline,
-             std::chrono::milliseconds timeout) {
+void waitAll(PeerBuffers& bufs, const std::vector<int>& peers, Clock::time_point deadline) {
   for (size_t i = 0; i < peers.size(); ++i) {
     try {
       bufs.recv[i]->waitRecv(remaining(deadline));
     } catch (const gloo::IoException& e) {
       if (!isTimeout(e)) throw;
       std::vector<int> missing(peers.begin() + static_cast<long>(i), peers.end());
-      throw GlooWaitTimeout(fmt::format("timed out after {} ms waiting for data from rank{} {}",
-                                        timeout.count(), missing.size() > 1 ? "s" : "",
-                                        fmt::join(missing, ", ")),
-                            missing);
+      throw GlooWaitTimeout("waiting for data from", missing);
     }
   }
   for (size_t i = 0; i < peers.size(); ++i) {
@@ -69,9 +65,7 @@ void waitAll(PeerBuffers& bufs, const std::vector<int>& peers, Clock::time_point
       bufs.send[i]->waitSend(remaining(deadline));
     } catch (const gloo::IoException& e) {
       if (!isTimeout(e)) throw;
-      throw GlooWaitTimeout(
-          fmt::format("timed out after {} ms sending to rank {}", timeout.count(), peers[i]),
-          std::vector<int>{peers[i]});
+      throw GlooWaitTimeout("sending to", std::vector<int>{peers[i]});
     }
   }
 }
@@ -132,7 +126,7 @@ void allreduceDirect(const GlooCall& call, void* data, size_t count, size_t elem
     bufs.send.push_back(ctx.createUnboundBuffer(data, bytes));
     bufs.send.back()->send(peer, slot);
   }
-  waitAll(bufs, peers, deadline, call.timeout);
+  waitAll(bufs, peers, deadline);
 
   std::vector<const uint8_t*> contributions(n);
   for (int r = 0; r < n; ++r) {
@@ -179,7 +173,7 @@ void reduceScatterDirect(const GlooCall& call, const void* send, void* recv, siz
     bufs.send.push_back(ctx.createUnboundBuffer(const_cast<uint8_t*>(input) + bytes * peer, bytes));
     bufs.send.back()->send(peer, slot);
   }
-  waitAll(bufs, peers, deadline, call.timeout);
+  waitAll(bufs, peers, deadline);
 
   std::vector<const uint8_t*> contributions(n);
   for (int r = 0; r < n; ++r) {
@@ -233,7 +227,7 @@ std::vector<Fingerprint> allgatherFingerprints(const GlooCall& call, const Finge
     bufs.send.push_back(ctx.createUnboundBuffer(&all[ctx.rank], bytes));
     bufs.send.back()->send(peer, slot);
   }
-  waitAll(bufs, peers, deadline, call.timeout);
+  waitAll(bufs, peers, deadline);
   return all;
 }
 

@@ -36,12 +36,14 @@ struct GlooCall {
   std::chrono::milliseconds timeout{0};
 };
 
-// Thrown by our algorithms when a wait times out: the ranks we still waited for.
+// Thrown by our algorithms when a wait times out: what was waited for, and from which ranks.
 class GlooWaitTimeout : public std::runtime_error {
  public:
-  GlooWaitTimeout(const std::string& what, std::vector<int> waitingFor)
-      : std::runtime_error(what), waitingFor(std::move(waitingFor)) {}
-  std::vector<int> waitingFor;
+  GlooWaitTimeout(std::string action, std::vector<int> ranks)
+      : std::runtime_error("timed out " + action), action(std::move(action)),
+        ranks(std::move(ranks)) {}
+  std::string action;  // "waiting for data from", "sending to"
+  std::vector<int> ranks;
 };
 
 // Every rank sends its whole buffer to every other rank and reduces what it receives in rank

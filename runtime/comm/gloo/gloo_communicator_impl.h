@@ -60,7 +60,7 @@ class GlooCommunicator final : public Communicator {
   [[noreturn]] void failOnCommThread(const CollectiveInfo& info, Millis timeout,
                                      std::exception_ptr cause);
   // What went wrong, in words naming the peer; sets `timedOut`.
-  std::string explainOnCommThread(std::exception_ptr cause, bool& timedOut);
+  std::string explainOnCommThread(std::exception_ptr cause, Millis timeout, bool& timedOut);
   const fault::Fault* faultAt(fault::Kind kind, uint64_t seq) const;
   void throwIfUnusable() const;
   std::string who() const;  // "rank 1/4"

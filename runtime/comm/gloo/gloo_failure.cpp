@@ -1,4 +1,6 @@
 // How the Gloo communicator fails: see Note [Failing once].
+#include <algorithm>
+
 #include <gloo/common/error.h>
 
 #include <fmt/format.h>
@@ -29,15 +31,17 @@ bool contains(const std::string& text, const char* part) {
 
 }  // namespace
 
-std::string GlooCommunicator::explainOnCommThread(std::exception_ptr cause, bool& timedOut) {
+std::string GlooCommunicator::explainOnCommThread(std::exception_ptr cause, Millis timeout,
+                                                  bool& timedOut) {
   timedOut = false;
   try {
     std::rethrow_exception(cause);
   } catch (const GlooWaitTimeout& e) {
     timedOut = true;
     std::vector<std::string> peers;
-    for (int r : e.waitingFor) peers.push_back(mesh_ ? mesh_->describePeer(r) : fmt::format("rank {}", r));
-    return fmt::format("{} ({})", e.what(), fmt::join(peers, ", "));
+    for (int r : e.ranks) peers.push_back(mesh_ ? mesh_->describePeer(r) : fmt::format("rank {}", r));
+    return fmt::format("timed out after {} ms {} {}", timeout.count(), e.action,
+                       fmt::join(peers, ", "));
   } catch (const std::exception& e) {
     const std::string text = e.what();
     const std::string peer = mesh_ ? mesh_->peerIn(text) : std::string();
@@ -74,7 +78,7 @@ void GlooCommunicator::failOnCommThread(const CollectiveInfo& info, Millis timeo
   }
 
   bool timedOut = false;
-  const std::string what = explainOnCommThread(cause, timedOut);
+  const std::string what = explainOnCommThread(cause, timeout, timedOut);
   if (mesh_) mesh_->abort();  // Note [Failing once] (1)
   recorder_.setState(info.seq, FlightRecorder::State::Failed);
 
@@ -83,12 +87,13 @@ void GlooCommunicator::failOnCommThread(const CollectiveInfo& info, Millis timeo
   mine.seq = info.seq;
   mine.collective = info.describe();
   mine.error = what;
-  const Millis grace = reportGrace(timeout);
+  // A lost connection usually means a dead peer that will never report: wait less for it.
+  const Millis grace = timedOut ? reportGrace(timeout) : std::min(reportGrace(timeout), Millis(500));
   const auto reports = exchangeReports(*store_, name_ + "/failure", size_, mine, grace);
   const std::string summary = summarizeReports(reports, mine, grace);
 
   std::string message = fmt::format("{}: {} failed: {}", who(), info.describeWithSeq(), what);
-  if (!summary.empty()) message += ". " + summary;
+  if (!summary.empty()) message += ". Other ranks: " + summary;
   message += ". Recent collectives here: " + recorder_.dump(4);
   if (timedOut) {
     message += fmt::format(". HINT: the collective timeout is {} ms; a rank that skipped a "

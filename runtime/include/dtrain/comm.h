@@ -21,6 +21,8 @@ namespace dtrain::comm {
 using Millis = std::chrono::milliseconds;
 
 constexpr Millis kDefaultCollectiveTimeout{300000};
+// Deadline for all ranks to join when a communicator is created.
+constexpr Millis kDefaultConnectTimeout{300000};
 
 enum class DataType : uint8_t { Float32, Float64, Float16, BFloat16, Int32, Int64, UInt8, Int8 };
 enum class ReduceOp : uint8_t { Sum, Avg, Max, Min };

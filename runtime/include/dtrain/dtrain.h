@@ -7,6 +7,7 @@
 #if DTRAIN_WITH_TORCH
 #include "dtrain/ddp.h"
 #include "dtrain/distributed_sampler.h"
+#include "dtrain/init.h"
 #endif
 
 namespace dtrain {

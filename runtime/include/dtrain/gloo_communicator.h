@@ -14,7 +14,6 @@
 
 namespace dtrain::comm {
 
-constexpr Millis kDefaultConnectTimeout{300000};
 // Allreduces up to this many bytes use one all-to-all exchange (one round trip); larger ones the
 // ring (bandwidth-optimal). Measured crossover on loopback; see benchmarks/README.md.
 constexpr size_t kDefaultSmallAllreduceBytes = 256 * 1024;

@@ -2,7 +2,9 @@
 // ProcessGroup: the training program's handle on the job: its rank, the world, and collectives on
 // tensors. Created by dtrain::init() (dtrain/init.h) from the launcher's environment, or directly
 // over a Communicator (tests, ranks as threads). A thin facade: it checks tensors, maps dtypes and
-// hands raw buffers to the Communicator; non-contiguous tensors go through a contiguous copy.
+// hands raw buffers to the Communicator; non-contiguous tensors go through a contiguous copy that
+// is written back when the collective has finished. Async forms keep their tensors alive until
+// the Work is waited on (or dropped).
 
 #include <memory>
 #include <vector>
@@ -11,6 +13,7 @@
 #include <c10/core/Device.h>
 
 #include "dtrain/comm.h"
+#include "dtrain/world.h"
 
 namespace dtrain {
 
@@ -20,6 +23,8 @@ class ProcessGroup {
  public:
   ProcessGroup(std::shared_ptr<comm::Communicator> communicator, int localRank,
                c10::Device device);
+  // What init() builds: the group owns the world (store, hosted store server) and shuts it down.
+  ProcessGroup(comm::World world, c10::Device device);
   ~ProcessGroup();
 
   int rank() const { return communicator_->rank(); }
@@ -27,8 +32,11 @@ class ProcessGroup {
   int localRank() const { return localRank_; }
   // cuda:LOCAL_RANK for NCCL, cpu for Gloo.
   c10::Device device() const { return device_; }
+  const char* backend() const { return communicator_->backendName(); }
   comm::Communicator& communicator() { return *communicator_; }
   const std::shared_ptr<comm::Communicator>& communicatorPtr() const { return communicator_; }
+  // The job's store (keys of this restart round), when created by init(); null otherwise.
+  std::shared_ptr<store::Store> store() const;
 
   // In place on `tensor` (any layout; on this group's device type).
   void allreduce(at::Tensor& tensor, ReduceOp op = ReduceOp::Sum);
@@ -40,13 +48,18 @@ class ProcessGroup {
   // `input` has size() * output.numel() elements; `output` receives op over all ranks' block rank().
   void reduceScatter(at::Tensor& output, const at::Tensor& input, ReduceOp op = ReduceOp::Sum);
   void barrier();
-  // Idempotent; collectives after it fail.
+  // Idempotent; collectives after it fail. When rank 0 hosts the store (srun/mpirun), every rank
+  // meets at a barrier first, so call it on every rank.
   void shutdown();
 
  private:
+  comm::CallOptions callOptions(const at::Tensor& tensor) const;
+  void checkTensor(const at::Tensor& tensor, const char* what) const;
+
   std::shared_ptr<comm::Communicator> communicator_;
   int localRank_;
   c10::Device device_;
+  std::unique_ptr<comm::World> world_;  // set by init()
 };
 
 // Maps a tensor's scalar type to the Communicator's; throws InvalidArgument for unsupported ones.

@@ -1,0 +1,460 @@
+#include "nccl_communicator_impl.h"
+
+#include <cstdlib>
+#include <cstring>
+#include <thread>
+
+#include <fmt/format.h>
+
+#include "dtrain/error.h"
+#include "dtrain/logging.h"
+#include "nccl_errors.h"
+
+namespace dtrain::comm {
+
+namespace {
+
+ncclDataType_t toNccl(DataType dtype) {
+  switch (dtype) {
+    case DataType::Float32: return ncclFloat32;
+    case DataType::Float64: return ncclFloat64;
+    case DataType::Float16: return ncclFloat16;
+    case DataType::BFloat16:
+#if DTRAIN_NCCL_HAS_BF16
+      return ncclBfloat16;
+#else
+      DTRAIN_THROW(InvalidArgument, "bfloat16 collectives need NCCL >= 2.10 built with CUDA >= 11");
+#endif
+    case DataType::Int32: return ncclInt32;
+    case DataType::Int64: return ncclInt64;
+    case DataType::UInt8: return ncclUint8;
+    case DataType::Int8: return ncclInt8;
+  }
+  return ncclFloat32;
+}
+
+ncclRedOp_t toNccl(ReduceOp op) {
+  switch (op) {
+    case ReduceOp::Sum: return ncclSum;
+    case ReduceOp::Max: return ncclMax;
+    case ReduceOp::Min: return ncclMin;
+    case ReduceOp::Avg:
+#if DTRAIN_NCCL_HAS_AVG
+      return ncclAvg;
+#else
+      DTRAIN_THROW(InvalidArgument, "ReduceOp::Avg needs NCCL >= 2.10");
+#endif
+  }
+  return ncclSum;
+}
+
+// Device memory from allocate(): freed on the communicator's device when released.
+class DeviceBuffer final : public Buffer {
+ public:
+  DeviceBuffer(void* data, size_t bytes, int device) : data_(data), bytes_(bytes), device_(device) {}
+  ~DeviceBuffer() override {
+    int previous = 0;
+    cudaGetDevice(&previous);
+    cudaSetDevice(device_);
+    cudaFree(data_);
+    cudaSetDevice(previous);
+  }
+  void* data() override { return data_; }
+  size_t bytes() const override { return bytes_; }
+
+ private:
+  void* data_;
+  size_t bytes_;
+  int device_;
+};
+
+// Makes `device` current for the calling thread for one scope.
+class DeviceGuard {
+ public:
+  explicit DeviceGuard(int device) {
+    cudaGetDevice(&previous_);
+    if (previous_ != device) checkCuda(cudaSetDevice(device), "cudaSetDevice");
+  }
+  ~DeviceGuard() { cudaSetDevice(previous_); }
+
+ private:
+  int previous_ = 0;
+};
+
+}  // namespace
+
+// Note [NCCL watchdog]
+// NCCL collectives are asynchronous on the GPU: a peer that dies or hangs leaves this rank's
+// kernel spinning forever, and a host that only waits on events would hang with it. So every
+// collective records an end event, and one watchdog thread per communicator polls (every
+// watchdogInterval): the end events of pending collectives, and ncclCommGetAsyncError for errors
+// NCCL detected (a peer's connection closed, an internal failure). A collective that is not done
+// by its deadline, or an asynchronous error, fails the communicator: the first error is kept,
+// ncclCommAbort stops the kernels (so the device is usable for cleanup), every pending Work fails
+// with that error, and every later call rethrows it. The ranks then compare notes through the
+// store, as the Gloo backend does (failure_report.h).
+
+NcclCommunicator::NcclCommunicator(const NcclOptions& o)
+    : rank_(o.rank),
+      size_(o.size),
+      device_(o.device),
+      name_(o.name),
+      store_(o.store),
+      timeout_(o.timeout),
+      watchdogInterval_(o.watchdogInterval),
+      blockingWait_(o.blockingWait),
+      faults_(o.faults) {
+  DTRAIN_CHECK_ARG(size_ >= 1 && rank_ >= 0 && rank_ < size_, "NCCL: rank {} / world size {}",
+                   rank_, size_);
+  DTRAIN_CHECK_ARG(store_ != nullptr, "NCCL: {}: no store to share the ncclUniqueId through", who());
+  DTRAIN_CHECK_ARG(timeout_ > Millis::zero(), "NCCL: the collective timeout must be positive");
+  validateNcclEnvironment();
+  if (o.faultsFromEnv && faults_.empty()) faults_ = fault::activeFaults();
+  if (const char* restart = std::getenv("DTRAIN_RESTART_COUNT")) attempt_ = std::atoi(restart);
+
+  const int devices = cudaDeviceCount();
+  DTRAIN_CHECK_ARG(device_ >= 0 && device_ < devices,
+                   "NCCL: {}: CUDA device {} does not exist here ({} visible)", who(), device_,
+                   devices);
+  DeviceGuard guard(device_);
+
+  // Rank 0 creates the id; everyone else reads it from the store.
+  const std::string idKey = name_ + "/nccl_id";
+  ncclUniqueId id;
+  if (rank_ == 0) {
+    checkNccl(ncclGetUniqueId(&id), nullptr, who(), "ncclGetUniqueId");
+    store_->set(idKey, store::Bytes(reinterpret_cast<uint8_t*>(&id),
+                                    reinterpret_cast<uint8_t*>(&id) + sizeof(id)));
+  } else {
+    try {
+      store_->wait({idKey}, o.connectTimeout);
+    } catch (const TimeoutError& e) {
+      DTRAIN_THROW(TimeoutError, "NCCL: {}: rank 0 did not publish the ncclUniqueId within {} ms "
+                   "({}). HINT: rank 0 must call init() too", who(), o.connectTimeout.count(),
+                   e.what());
+    }
+    store::Bytes bytes = store_->get(idKey);
+    DTRAIN_CHECK(bytes.size() == sizeof(id), "NCCL: {}: the ncclUniqueId in the store has {} bytes, "
+                 "expected {}", who(), bytes.size(), sizeof(id));
+    std::memcpy(&id, bytes.data(), sizeof(id));
+  }
+  checkNccl(ncclCommInitRank(&comm_, size_, id, rank_), nullptr, who(),
+            fmt::format("ncclCommInitRank on cuda:{}", device_));
+  checkCuda(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "cudaStreamCreate");
+  checkCuda(cudaMalloc(&barrierScratch_, sizeof(float)), "cudaMalloc");
+  DTRAIN_LOG(Info, "nccl {}: communicator on cuda:{} (NCCL {}), collective timeout {} ms", who(),
+             device_, NCCL_VERSION_CODE, timeout_.count());
+}
+
+void NcclCommunicator::start() {
+  watchdog_ = std::thread([this] { watchdogMain(); });
+}
+
+NcclCommunicator::~NcclCommunicator() {
+  try {
+    shutdown();
+  } catch (const std::exception& e) {
+    DTRAIN_LOG(Warn, "nccl {}: shutdown in destructor failed: {}", who(), e.what());
+  }
+}
+
+std::string NcclCommunicator::who() const { return fmt::format("rank {}/{}", rank_, size_); }
+
+std::string NcclCommunicator::describe() const {
+  return fmt::format("nccl rank {}/{} (cuda:{})", rank_, size_, device_);
+}
+
+std::exception_ptr NcclCommunicator::error() const {
+  std::lock_guard<std::mutex> lock(stateMutex_);
+  return error_;
+}
+
+void NcclCommunicator::throwIfUnusable() const {
+  std::lock_guard<std::mutex> lock(stateMutex_);
+  if (error_) std::rethrow_exception(error_);
+  DTRAIN_CHECK(!closing_, "nccl {}: the communicator was shut down; no collectives after "
+               "shutdown()", who());
+}
+
+const fault::Fault* NcclCommunicator::faultAt(fault::Kind kind, uint64_t seq) const {
+  for (const auto& f : faults_) {
+    if (f.kind == kind && f.matches(rank_, static_cast<int64_t>(seq), attempt_)) return &f;
+  }
+  return nullptr;
+}
+
+void CUDART_CB NcclCommunicator::hangHostFunc(void* self) {
+  auto* comm = static_cast<NcclCommunicator*>(self);
+  while (!comm->hangReleased_.load()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+}
+
+void CUDART_CB NcclCommunicator::slowHostFunc(void* millis) {
+  std::this_thread::sleep_for(std::chrono::milliseconds(reinterpret_cast<intptr_t>(millis)));
+}
+
+void NcclCommunicator::releaseHang() { hangReleased_.store(true); }
+
+std::shared_ptr<Work> NcclCommunicator::submit(CollectiveInfo info, const CallOptions& options,
+                                               bool blocking, const Launch& launch) {
+  throwIfUnusable();
+  const Millis timeout = options.timeout > Millis::zero() ? options.timeout : timeout_;
+  const auto caller = static_cast<cudaStream_t>(options.stream);
+  info.shape = options.shape;
+  std::lock_guard<std::timed_mutex> issue(issueMutex_);
+  throwIfUnusable();  // the watchdog may have aborted while this caller waited for the lock
+  DeviceGuard guard(device_);
+  info.seq = nextSeq_.load();
+  nextSeq_.store(info.seq + 1);
+  recorder_.recordQueued(info);
+
+  cudaEvent_t ready = nullptr;
+  cudaEvent_t done = nullptr;
+  checkCuda(cudaEventCreateWithFlags(&ready, cudaEventDisableTiming), "cudaEventCreate");
+  checkCuda(cudaEventCreateWithFlags(&done, cudaEventDisableTiming), "cudaEventCreate");
+  // The collective starts after everything the caller queued on its stream so far.
+  checkCuda(cudaEventRecord(ready, caller), "cudaEventRecord on the caller's stream");
+  checkCuda(cudaStreamWaitEvent(stream_, ready, 0), "cudaStreamWaitEvent");
+  cudaEventDestroy(ready);  // released once the recorded work completes
+
+  if (const fault::Fault* slow = faultAt(fault::Kind::Slow, info.seq)) {
+    checkCuda(cudaLaunchHostFunc(stream_, &NcclCommunicator::slowHostFunc,
+                                 reinterpret_cast<void*>(static_cast<intptr_t>(slow->arg))),
+              "cudaLaunchHostFunc");
+  }
+  if (faultAt(fault::Kind::Hang, info.seq)) {
+    DTRAIN_LOG(Info, "nccl {}: {} hangs on the GPU stream (DTRAIN_FAULT)", who(),
+               info.describeWithSeq());
+    checkCuda(cudaLaunchHostFunc(stream_, &NcclCommunicator::hangHostFunc, this),
+              "cudaLaunchHostFunc");
+  }
+  if (faultAt(fault::Kind::SkipCollective, info.seq)) {
+    recorder_.setState(info.seq, FlightRecorder::State::Skipped);
+  } else {
+    recorder_.setState(info.seq, FlightRecorder::State::Running);
+    ncclResult_t rc = launch(comm_, stream_);
+    if (rc != ncclSuccess) {
+      cudaEventDestroy(done);
+      auto error = ncclError(rc, comm_, who(), info.describeWithSeq());
+      if (rc != ncclInvalidArgument && rc != ncclInvalidUsage) {
+        std::lock_guard<std::mutex> lock(stateMutex_);
+        if (!error_) error_ = error;  // the watchdog aborts on its next round
+      }
+      std::rethrow_exception(error);
+    }
+  }
+  checkCuda(cudaEventRecord(done, stream_), "cudaEventRecord on the NCCL stream");
+  auto work = std::make_shared<NcclWork>(weak_from_this(), who(), device_, info, done, caller,
+                                         std::chrono::steady_clock::now() + timeout,
+                                         blocking || blockingWait_);
+  {
+    std::lock_guard<std::mutex> lock(stateMutex_);
+    pending_.push_back(work);
+  }
+  return work;
+}
+
+void NcclCommunicator::watchdogMain() {
+  std::unique_lock<std::mutex> lock(stateMutex_);
+  while (true) {
+    wake_.wait_for(lock, watchdogInterval_);
+    if (closing_ && pending_.empty()) return;
+    if (error_) {
+      if (!aborted_) {
+        auto error = error_;
+        lock.unlock();
+        failOnWatchdog(error);
+        lock.lock();
+      }
+      if (closing_) return;
+      continue;
+    }
+    // NCCL's own view first: a failed peer connection shows up here before any timeout.
+    ncclResult_t async = ncclSuccess;
+    if (comm_ != nullptr && ncclCommGetAsyncError(comm_, &async) == ncclSuccess &&
+        async != ncclSuccess && async != ncclInProgress) {
+      auto error = ncclError(async, comm_, who(), "asynchronous error");
+      lock.unlock();
+      failOnWatchdog(error);
+      lock.lock();
+      continue;
+    }
+    auto now = std::chrono::steady_clock::now();
+    std::shared_ptr<NcclWork> late;
+    while (!pending_.empty()) {
+      auto& head = pending_.front();
+      if (head->pollOnWatchdog()) {
+        recorder_.setState(head->info().seq, FlightRecorder::State::Done);
+        pending_.pop_front();
+        continue;
+      }
+      if (now > head->deadline()) late = head;
+      break;
+    }
+    if (late) {
+      lock.unlock();
+      failOnWatchdog(timeoutError(*this, late->info(), recorder_));
+      lock.lock();
+    }
+  }
+}
+
+void NcclCommunicator::failOnWatchdog(std::exception_ptr error) {
+  std::deque<std::shared_ptr<NcclWork>> pending;
+  {
+    std::lock_guard<std::mutex> lock(stateMutex_);
+    if (!error_) error_ = error;
+    error = error_;
+    pending.swap(pending_);
+    if (aborted_) return;
+    aborted_ = true;
+  }
+  DTRAIN_LOG(Error, "{}", [&] {
+    try {
+      std::rethrow_exception(error);
+    } catch (const std::exception& e) {
+      return std::string(e.what());
+    }
+  }());
+  // Release an injected hang before aborting, so the stream can drain once the kernels stop.
+  releaseHang();
+  // Abort under the issue lock, so no caller is inside NCCL with comm_; a caller blocked inside
+  // NCCL (a lazy connect to a dead peer) holds it forever, and then only the abort unblocks it.
+  std::unique_lock<std::timed_mutex> issue(issueMutex_, std::defer_lock);
+  const bool locked = issue.try_lock_for(std::chrono::milliseconds(200) + 2 * watchdogInterval_);
+  if (comm_ != nullptr) ncclCommAbort(comm_);
+  if (locked) comm_ = nullptr;
+  for (auto& w : pending) {
+    recorder_.setState(w->info().seq, FlightRecorder::State::Failed);
+    w->fail(error);
+  }
+}
+
+std::shared_ptr<Work> NcclCommunicator::allreduceAsync(void* data, size_t count, DataType dtype,
+                                                       ReduceOp op, const CallOptions& options) {
+  CollectiveInfo info;
+  info.kind = CollectiveKind::Allreduce;
+  info.dtype = dtype;
+  info.op = op;
+  info.count = count;
+  const ncclDataType_t t = toNccl(dtype);
+  const ncclRedOp_t o = toNccl(op);
+  return submit(std::move(info), options, false, [=](ncclComm_t comm, cudaStream_t stream) {
+    return ncclAllReduce(data, data, count, t, o, comm, stream);
+  });
+}
+
+std::shared_ptr<Work> NcclCommunicator::broadcastAsync(void* data, size_t count, DataType dtype,
+                                                       int root, const CallOptions& options) {
+  DTRAIN_CHECK_ARG(root >= 0 && root < size_, "nccl {}: broadcast root {} is outside 0..{}", who(),
+                   root, size_ - 1);
+  CollectiveInfo info;
+  info.kind = CollectiveKind::Broadcast;
+  info.dtype = dtype;
+  info.count = count;
+  info.root = root;
+  const ncclDataType_t t = toNccl(dtype);
+  return submit(std::move(info), options, false, [=](ncclComm_t comm, cudaStream_t stream) {
+    return ncclBroadcast(data, data, count, t, root, comm, stream);
+  });
+}
+
+std::shared_ptr<Work> NcclCommunicator::allgatherAsync(const void* send, void* recv, size_t count,
+                                                       DataType dtype,
+                                                       const CallOptions& options) {
+  CollectiveInfo info;
+  info.kind = CollectiveKind::Allgather;
+  info.dtype = dtype;
+  info.count = count;
+  const ncclDataType_t t = toNccl(dtype);
+  return submit(std::move(info), options, false, [=](ncclComm_t comm, cudaStream_t stream) {
+    return ncclAllGather(send, recv, count, t, comm, stream);
+  });
+}
+
+std::shared_ptr<Work> NcclCommunicator::reduceScatterAsync(const void* send, void* recv,
+                                                           size_t count, DataType dtype,
+                                                           ReduceOp op,
+                                                           const CallOptions& options) {
+  CollectiveInfo info;
+  info.kind = CollectiveKind::ReduceScatter;
+  info.dtype = dtype;
+  info.op = op;
+  info.count = count;
+  const ncclDataType_t t = toNccl(dtype);
+  const ncclRedOp_t o = toNccl(op);
+  return submit(std::move(info), options, false, [=](ncclComm_t comm, cudaStream_t stream) {
+    return ncclReduceScatter(send, recv, count, t, o, comm, stream);
+  });
+}
+
+std::shared_ptr<Work> NcclCommunicator::barrierAsync(const CallOptions& options) {
+  // NCCL has no barrier: a one-element allreduce, and wait() blocks the host until it is done.
+  CollectiveInfo info;
+  info.kind = CollectiveKind::Barrier;
+  void* scratch = barrierScratch_;
+  return submit(std::move(info), options, /*blocking=*/true,
+                [scratch](ncclComm_t comm, cudaStream_t stream) {
+                  return ncclAllReduce(scratch, scratch, 1, ncclFloat32, ncclSum, comm, stream);
+                });
+}
+
+std::shared_ptr<Buffer> NcclCommunicator::allocate(size_t bytes) {
+  DeviceGuard guard(device_);
+  void* data = nullptr;
+  checkCuda(cudaMalloc(&data, bytes == 0 ? 1 : bytes),
+            fmt::format("cudaMalloc({} bytes) on cuda:{}", bytes, device_));
+  return std::make_shared<DeviceBuffer>(data, bytes, device_);
+}
+
+void NcclCommunicator::shutdown() {
+  {
+    std::lock_guard<std::mutex> lock(stateMutex_);
+    if (closing_) return;
+    closing_ = true;
+  }
+  // Pending collectives finish (or time out: the watchdog fails them) before the watchdog exits.
+  wake_.notify_all();
+  if (watchdog_.joinable()) watchdog_.join();
+  releaseHang();
+  DeviceGuard guard(device_);
+  bool healthy = false;
+  {
+    std::lock_guard<std::mutex> lock(stateMutex_);
+    healthy = !error_ && !aborted_;
+  }
+  if (comm_ != nullptr) {
+    if (healthy) {
+#if DTRAIN_NCCL_HAS_FINALIZE
+      ncclCommFinalize(comm_);
+#endif
+      ncclCommDestroy(comm_);
+    } else {
+      ncclCommAbort(comm_);
+    }
+    comm_ = nullptr;
+  }
+  if (stream_ != nullptr) cudaStreamSynchronize(stream_);
+  if (barrierScratch_ != nullptr) cudaFree(barrierScratch_);
+  if (stream_ != nullptr) cudaStreamDestroy(stream_);
+  barrierScratch_ = nullptr;
+  stream_ = nullptr;
+}
+
+bool ncclAvailable() { return true; }
+
+int cudaDeviceCount() {
+  int count = 0;
+  if (cudaGetDeviceCount(&count) != cudaSuccess) {
+    cudaGetLastError();  // clear the sticky "no device / no driver" error
+    return 0;
+  }
+  return count;
+}
+
+std::shared_ptr<Communicator> createNcclCommunicator(const NcclOptions& options) {
+  auto comm = std::make_shared<NcclCommunicator>(options);
+  comm->start();
+  return comm;
+}
+
+}  // namespace dtrain::comm

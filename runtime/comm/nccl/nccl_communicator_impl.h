@@ -1,0 +1,139 @@
+#pragma once
+// NcclCommunicator: the Communicator over one ncclComm_t on one CUDA device. Callers' threads
+// enqueue collectives on the communicator's stream (in issue order, one thread at a time); the
+// watchdog thread owns completion and failure: it polls each collective's end event and NCCL's
+// asynchronous error, and aborts the communicator when a collective outlives its timeout or NCCL
+// reports an error (see Note [NCCL watchdog]).
+
+#include <cuda_runtime.h>
+
+#include <atomic>
+#include <condition_variable>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <thread>
+
+#include "collective.h"
+#include "dtrain/nccl_communicator.h"
+#include "flight_recorder.h"
+#include "nccl_compat.h"
+
+namespace dtrain::comm {
+
+class NcclCommunicator;
+
+// One enqueued collective: its end event on the communicator's stream.
+class NcclWork final : public Work {
+ public:
+  NcclWork(std::weak_ptr<NcclCommunicator> owner, std::string who, int device,
+           CollectiveInfo info, cudaEvent_t done, cudaStream_t caller,
+           std::chrono::steady_clock::time_point deadline, bool blocking);
+  ~NcclWork() override;
+
+  bool isCompleted() override;
+  void wait(Millis timeout = Millis::zero()) override;
+
+  const CollectiveInfo& info() const { return info_; }
+  std::chrono::steady_clock::time_point deadline() const { return deadline_; }
+  // By the watchdog: the collective finished on the GPU.
+  bool pollOnWatchdog();
+  void fail(std::exception_ptr error);
+
+ private:
+  std::exception_ptr errorNow();
+
+  std::weak_ptr<NcclCommunicator> owner_;
+  std::string who_;  // "rank 1/4"
+  int device_;
+  CollectiveInfo info_;
+  cudaEvent_t done_;
+  cudaStream_t caller_;
+  std::chrono::steady_clock::time_point deadline_;
+  bool blocking_;
+  std::atomic<bool> finished_{false};
+  std::mutex mutex_;
+  std::exception_ptr error_;  // guarded by mutex_
+};
+
+class NcclCommunicator final : public Communicator,
+                               public std::enable_shared_from_this<NcclCommunicator> {
+ public:
+  explicit NcclCommunicator(const NcclOptions& options);
+  ~NcclCommunicator() override;
+  // Starts the watchdog (needs shared_from_this, so not in the constructor).
+  void start();
+
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+  const char* backendName() const override { return "nccl"; }
+
+  std::shared_ptr<Work> allreduceAsync(void* data, size_t count, DataType dtype, ReduceOp op,
+                                       const CallOptions& options) override;
+  std::shared_ptr<Work> broadcastAsync(void* data, size_t count, DataType dtype, int root,
+                                       const CallOptions& options) override;
+  std::shared_ptr<Work> allgatherAsync(const void* send, void* recv, size_t count, DataType dtype,
+                                       const CallOptions& options) override;
+  std::shared_ptr<Work> reduceScatterAsync(const void* send, void* recv, size_t count,
+                                           DataType dtype, ReduceOp op,
+                                           const CallOptions& options) override;
+  std::shared_ptr<Work> barrierAsync(const CallOptions& options) override;
+  std::shared_ptr<Buffer> allocate(size_t bytes) override;
+  void shutdown() override;
+
+  std::exception_ptr error() const override;
+  uint64_t sequenceNumber() const override { return nextSeq_.load(); }
+  void* deviceStream() const override { return stream_; }
+  std::string describe() const override;
+
+  int device() const { return device_; }
+  Millis watchdogInterval() const { return watchdogInterval_; }
+  std::string who() const;
+
+ private:
+  using Launch = std::function<ncclResult_t(ncclComm_t comm, cudaStream_t stream)>;
+
+  std::shared_ptr<Work> submit(CollectiveInfo info, const CallOptions& options, bool blocking,
+                               const Launch& launch);
+  void watchdogMain();
+  // Fails the communicator with `error` (first error wins), aborts NCCL, fails pending work.
+  void failOnWatchdog(std::exception_ptr error);
+  void releaseHang();
+  static void CUDART_CB hangHostFunc(void* self);
+  static void CUDART_CB slowHostFunc(void* millis);
+  const fault::Fault* faultAt(fault::Kind kind, uint64_t seq) const;
+  void throwIfUnusable() const;
+
+  const int rank_;
+  const int size_;
+  const int device_;
+  const std::string name_;
+  const std::shared_ptr<store::Store> store_;
+  const Millis timeout_;
+  const Millis watchdogInterval_;
+  const bool blockingWait_;
+  std::vector<fault::Fault> faults_;
+  int attempt_ = 0;
+
+  ncclComm_t comm_ = nullptr;  // used under issueMutex_ (callers, abort) or by shutdown()
+  cudaStream_t stream_ = nullptr;
+  void* barrierScratch_ = nullptr;  // one float on the device for barrier()
+  FlightRecorder recorder_;
+
+  // One caller enqueues at a time, in sequence order. The watchdog takes it to abort, so an
+  // abort never frees the ncclComm_t under a caller that is using it (Note [NCCL watchdog]).
+  std::timed_mutex issueMutex_;
+  std::atomic<uint64_t> nextSeq_{0};  // written under issueMutex_
+
+  mutable std::mutex stateMutex_;
+  std::condition_variable wake_;                // watchdog sleeps on it
+  std::deque<std::shared_ptr<NcclWork>> pending_;  // guarded by stateMutex_
+  std::exception_ptr error_;                    // guarded by stateMutex_: the first error
+  bool closing_ = false;                        // guarded by stateMutex_
+  bool aborted_ = false;                        // guarded by stateMutex_
+  std::atomic<bool> hangReleased_{false};
+  std::thread watchdog_;
+};
+
+}  // namespace dtrain::comm

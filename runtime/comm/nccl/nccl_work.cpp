@@ -1,0 +1,91 @@
+// NcclWork: the Work of one NCCL collective (see nccl_communicator_impl.h).
+#include <thread>
+
+#include <fmt/format.h>
+
+#include "dtrain/error.h"
+#include "nccl_communicator_impl.h"
+#include "nccl_errors.h"
+
+namespace dtrain::comm {
+
+NcclWork::NcclWork(std::weak_ptr<NcclCommunicator> owner, std::string who, int device,
+                   CollectiveInfo info, cudaEvent_t done, cudaStream_t caller,
+                   std::chrono::steady_clock::time_point deadline, bool blocking)
+    : owner_(std::move(owner)),
+      who_(std::move(who)),
+      device_(device),
+      info_(std::move(info)),
+      done_(done),
+      caller_(caller),
+      deadline_(deadline),
+      blocking_(blocking) {}
+
+NcclWork::~NcclWork() {
+  if (done_ != nullptr) cudaEventDestroy(done_);
+}
+
+bool NcclWork::pollOnWatchdog() {
+  if (finished_.load()) return true;
+  cudaError_t rc = cudaEventQuery(done_);
+  if (rc == cudaSuccess) {
+    finished_.store(true);
+    return true;
+  }
+  if (rc != cudaErrorNotReady) {
+    fail(std::make_exception_ptr(Error(fmt::format("nccl {}: {}: CUDA error {} while waiting for "
+                                                   "the collective", who_, info_.describeWithSeq(),
+                                                   cudaGetErrorString(rc)))));
+    return true;
+  }
+  return false;
+}
+
+void NcclWork::fail(std::exception_ptr error) {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (!error_) error_ = std::move(error);
+  }
+  finished_.store(true);
+}
+
+std::exception_ptr NcclWork::errorNow() {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (error_) return error_;
+  }
+  if (auto owner = owner_.lock()) return owner->error();
+  return nullptr;
+}
+
+bool NcclWork::isCompleted() {
+  if (finished_.load()) return true;
+  return cudaEventQuery(done_) == cudaSuccess || errorNow() != nullptr;
+}
+
+void NcclWork::wait(Millis timeout) {
+  if (auto error = errorNow()) std::rethrow_exception(error);
+  if (!blocking_) {
+    // The caller's stream continues after the collective; the host does not wait for the GPU.
+    checkCuda(cudaStreamWaitEvent(caller_, done_, 0),
+              fmt::format("nccl {}: {}: cudaStreamWaitEvent", who_, info_.describeWithSeq()));
+    return;
+  }
+  // Blocking: poll until the GPU is done, the watchdog fails the communicator, or `timeout`.
+  const auto limit = timeout > Millis::zero() ? std::chrono::steady_clock::now() + timeout
+                                              : std::chrono::steady_clock::time_point::max();
+  while (cudaEventQuery(done_) == cudaErrorNotReady) {
+    if (auto error = errorNow()) std::rethrow_exception(error);
+    if (std::chrono::steady_clock::now() > limit) {
+      DTRAIN_THROW(TimeoutError, "nccl {}: {}: not completed after {} ms of wait() (the "
+                   "collective keeps running; the watchdog aborts it at its timeout)",
+                   who_, info_.describeWithSeq(), timeout.count());
+    }
+    std::this_thread::sleep_for(std::chrono::microseconds(50));
+  }
+  if (auto error = errorNow()) std::rethrow_exception(error);
+  finished_.store(true);
+  checkCuda(cudaStreamWaitEvent(caller_, done_, 0), "cudaStreamWaitEvent");
+}
+
+}  // namespace dtrain::comm

@@ -1,0 +1,17 @@
+// Built instead of the NCCL backend when NCCL or the CUDA toolkit was not found.
+#include "dtrain/error.h"
+#include "dtrain/nccl_communicator.h"
+
+namespace dtrain::comm {
+
+bool ncclAvailable() { return false; }
+
+int cudaDeviceCount() { return 0; }
+
+std::shared_ptr<Communicator> createNcclCommunicator(const NcclOptions&) {
+  DTRAIN_THROW(InvalidArgument,
+               "dtrain was built without NCCL, so there is no GPU backend. HINT: build on a "
+               "machine with the CUDA toolkit and NCCL (NCCL_ROOT, CUDAToolkit_ROOT)");
+}
+
+}  // namespace dtrain::comm

@@ -1,0 +1,154 @@
+// resolveWorldEnv / chooseBackend: the pure half of connectWorld() (dtrain/world.h).
+#include <cerrno>
+#include <cstdlib>
+#include <string>
+
+#include "dtrain/env_contract.h"
+#include "dtrain/error.h"
+#include "dtrain/world.h"
+
+namespace dtrain::comm {
+
+namespace {
+
+constexpr const char* kLaunchHint = "HINT: start the program with `launch`, which sets it";
+
+const char* get(const EnvLookup& env, const char* name) {
+  const char* v = env(name);
+  return (v != nullptr && *v != '\0') ? v : nullptr;
+}
+
+long long parseInt(const char* name, const char* text, long long min, long long max,
+                   const char* hint) {
+  char* end = nullptr;
+  errno = 0;
+  long long v = std::strtoll(text, &end, 10);
+  DTRAIN_CHECK_ARG(end != text && *end == '\0' && errno == 0 && v >= min && v <= max,
+                   "{}=\"{}\" is not an integer in [{}, {}]. {}", name, text, min, max, hint);
+  return v;
+}
+
+int requireInt(const EnvLookup& env, const char* name, long long min, long long max,
+               const char* hint) {
+  const char* v = get(env, name);
+  DTRAIN_CHECK_ARG(v != nullptr, "{} is not set. {}", name, hint);
+  return static_cast<int>(parseInt(name, v, min, max, hint));
+}
+
+int optionalInt(const EnvLookup& env, const char* name, int fallback, long long min,
+                long long max, const char* hint) {
+  const char* v = get(env, name);
+  return v ? static_cast<int>(parseInt(name, v, min, max, hint)) : fallback;
+}
+
+struct Names {
+  Launcher launcher;
+  const char* rank;
+  const char* size;
+  const char* local;
+  const char* hint;
+};
+
+constexpr Names kLaunch{Launcher::Launch, env::kRank, env::kWorldSize, env::kLocalRank,
+                        kLaunchHint};
+constexpr Names kSlurm{Launcher::Slurm, "SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID",
+                       "HINT: srun sets it; or start the program with `launch`"};
+constexpr Names kMpi{Launcher::Mpi, "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE",
+                     "OMPI_COMM_WORLD_LOCAL_RANK",
+                     "HINT: mpirun (Open MPI) sets it; or start the program with `launch`"};
+
+}  // namespace
+
+const char* launcherName(Launcher launcher) {
+  switch (launcher) {
+    case Launcher::Explicit: return "explicit options";
+    case Launcher::Launch: return "launch";
+    case Launcher::Slurm: return "srun";
+    case Launcher::Mpi: return "mpirun";
+  }
+  return "?";
+}
+
+WorldEnv resolveWorldEnv(const WorldOptions& o, const EnvLookup& env) {
+  WorldEnv w;
+  const Names* names = nullptr;
+  if (o.rank >= 0 || o.worldSize >= 0) {
+    DTRAIN_CHECK_ARG(o.rank >= 0 && o.worldSize >= 1 && o.rank < o.worldSize,
+                     "init: explicit rank {} and world size {} do not fit (0 <= rank < size)",
+                     o.rank, o.worldSize);
+    w.launcher = Launcher::Explicit;
+    w.rank = o.rank;
+    w.worldSize = o.worldSize;
+    w.localRank = o.localRank >= 0 ? o.localRank
+                                   : optionalInt(env, env::kLocalRank, o.rank, 0, 1 << 20, kLaunchHint);
+  } else {
+    if (get(env, env::kRank)) names = &kLaunch;
+    else if (get(env, kSlurm.rank)) names = &kSlurm;
+    else if (get(env, kMpi.rank)) names = &kMpi;
+    DTRAIN_CHECK_ARG(names != nullptr,
+                     "{} is not set: this process does not know its rank. {} (with {}, {} and "
+                     "the store's address); srun and mpirun work too, with MASTER_ADDR exported",
+                     env::kRank, kLaunchHint, env::kWorldSize, env::kLocalRank);
+    w.launcher = names->launcher;
+    w.worldSize = requireInt(env, names->size, 1, 1 << 24, names->hint);
+    w.rank = requireInt(env, names->rank, 0, w.worldSize - 1, names->hint);
+    w.localRank = o.localRank >= 0 ? o.localRank
+                                   : requireInt(env, names->local, 0, 1 << 20, names->hint);
+  }
+  w.round = optionalInt(env, env::kDtrainRestartCount, 0, 0, 1000000000, kLaunchHint);
+
+  if (o.store) {
+    w.storeHost = o.storeHost;
+    return w;
+  }
+  if (get(env, env::kStoreAddr)) {
+    w.jobStore = true;  // connectToJobStore() checks the port and the round
+    w.storeHost = get(env, env::kStoreAddr);
+    return w;
+  }
+  // No launcher's store: rank 0 hosts one at MASTER_ADDR:MASTER_PORT.
+  const char* master = get(env, env::kMasterAddr);
+  DTRAIN_CHECK_ARG(master != nullptr,
+                   "neither {} nor {} is set, so there is no store to meet the other ranks at. "
+                   "{}; under srun or mpirun export {} (the first node's IP address) and "
+                   "optionally {} (default {})",
+                   env::kStoreAddr, env::kMasterAddr, kLaunchHint, env::kMasterAddr,
+                   env::kMasterPort, kDefaultMasterPort);
+  w.hostStore = true;
+  w.masterAddr = master;
+  w.masterPort = static_cast<uint16_t>(
+      optionalInt(env, env::kMasterPort, kDefaultMasterPort, 1, 65535, kLaunchHint));
+  w.storeHost = master;
+  return w;
+}
+
+std::string chooseBackend(const std::string& requested, const EnvLookup& env, bool ncclBuilt,
+                          bool glooBuilt, int cudaDevices) {
+  std::string source = "the backend option";
+  std::string backend = requested;
+  if (backend.empty()) {
+    const char* v = get(env, env::kBackend);
+    if (v) {
+      backend = v;
+      source = env::kBackend;
+    }
+  }
+  if (backend.empty()) {
+    if (ncclBuilt && cudaDevices > 0) return "nccl";
+    DTRAIN_CHECK_ARG(glooBuilt, "no backend: this build has no Gloo and no CUDA device is "
+                     "usable for NCCL");
+    return "gloo";
+  }
+  DTRAIN_CHECK_ARG(backend == "gloo" || backend == "nccl",
+                   "{}=\"{}\" is not a backend: use gloo (CPU) or nccl (CUDA)", source, backend);
+  if (backend == "nccl") {
+    DTRAIN_CHECK_ARG(ncclBuilt, "{}=nccl, but this dtrain was built without NCCL", source);
+    DTRAIN_CHECK_ARG(cudaDevices > 0, "{}=nccl, but no CUDA device is usable here{}", source,
+                     ncclBuilt ? " (no GPU, no driver, or a libtorch without CUDA)" : "");
+  } else {
+    DTRAIN_CHECK_ARG(glooBuilt, "{}=gloo, but this dtrain was built without Gloo", source);
+  }
+  return backend;
+}
+
+}  // namespace dtrain::comm

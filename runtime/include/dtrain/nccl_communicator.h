@@ -1,0 +1,55 @@
+#pragma once
+// The NCCL backend: collectives on CUDA device memory. Rank 0 creates the ncclUniqueId and shares
+// it through the store; every collective runs on the communicator's own CUDA stream, ordered after
+// the caller's stream (CallOptions::stream) by an event, and the caller's stream after it when
+// the Work is waited on. A watchdog thread polls each collective's completion and NCCL's
+// asynchronous errors; a collective that does not finish within its timeout aborts the
+// communicator (ncclCommAbort) and fails with an error naming rank and operation, so a hung peer
+// never hangs this rank. Compiled whenever NCCL and the CUDA toolkit are found; runs where a GPU
+// is.
+
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "dtrain/comm.h"
+#include "dtrain/fault.h"
+#include "dtrain/store.h"
+
+namespace dtrain::comm {
+
+constexpr Millis kDefaultWatchdogInterval{20};
+
+struct NcclOptions {
+  int rank = 0;
+  int size = 1;
+  std::shared_ptr<store::Store> store;  // shared by all ranks; keys under "<name>/"
+  std::string name = "nccl";
+  int device = 0;                        // CUDA device index: cuda:LOCAL_RANK
+  Millis timeout = kDefaultCollectiveTimeout;
+  Millis connectTimeout = kDefaultConnectTimeout;  // waiting for rank 0's ncclUniqueId
+  // Work::wait() blocks the host until the GPU has finished the collective (or its timeout
+  // passed) instead of only ordering the caller's stream after it.
+  bool blockingWait = false;
+  Millis watchdogInterval = kDefaultWatchdogInterval;
+  // Fault injection (hang: the collective's stream stalls until the watchdog aborts); `step`
+  // counts collectives. Default: DTRAIN_FAULT.
+  std::vector<fault::Fault> faults;
+  bool faultsFromEnv = true;
+};
+
+// True when dtrain was built with NCCL.
+bool ncclAvailable();
+
+// CUDA devices this process can use; 0 without a GPU, a driver, or NCCL support in this build.
+int cudaDeviceCount();
+
+// Throws InvalidArgument naming the variable when an NCCL_* (or TORCH_NCCL_*) variable has a value
+// NCCL would reject or silently misread (RELIABILITY.md D7). Torch- and CUDA-free; `env` looks a
+// variable up (nullptr when unset), std::getenv by default.
+void validateNcclEnvironment(const std::function<const char*(const char*)>& env = {});
+
+std::shared_ptr<Communicator> createNcclCommunicator(const NcclOptions& options);
+
+}  // namespace dtrain::comm

@@ -1,0 +1,96 @@
+#pragma once
+// The world a process belongs to: its rank, the world size, its local rank, the job's store and a
+// communicator, set up from the environment the way dtrain::init() does, but torch-free (the
+// torch layer's init() adds the device and the ProcessGroup; test workers and benchmarks use this
+// directly).
+//
+// Where the rank comes from, in order: explicit options (tests); RANK/WORLD_SIZE/LOCAL_RANK as
+// `launch` (or torchrun) sets them; SLURM_PROCID/SLURM_NTASKS/SLURM_LOCALID under srun;
+// OMPI_COMM_WORLD_RANK/_SIZE/_LOCAL_RANK under mpirun. Where the store is: an explicit one; the
+// job's store (DTRAIN_STORE_ADDR/_PORT/_TOKEN, set by `launch`); else rank 0 hosts one at
+// MASTER_ADDR:MASTER_PORT (DESIGN.md's ports table, "no launcher" row) and every rank connects.
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+
+#include "dtrain/comm.h"
+#include "dtrain/store.h"
+
+namespace dtrain::store {
+class TcpStoreServer;
+}
+
+namespace dtrain::comm {
+
+constexpr uint16_t kDefaultMasterPort = 29500;
+
+struct WorldOptions {
+  // "gloo" or "nccl"; empty: DTRAIN_BACKEND, else NCCL when this build has it and a CUDA device is
+  // usable, else Gloo.
+  std::string backend;
+  // Explicit placement (tests, custom launchers); -1: from the environment.
+  int rank = -1;
+  int worldSize = -1;
+  int localRank = -1;
+  // Explicit store (tests: one HashStore shared by ranks run as threads). Null: from the
+  // environment. `storeHost` is its host, for choosing the network interface (empty: loopback).
+  std::shared_ptr<store::Store> store;
+  std::string storeHost;
+  Millis timeout = kDefaultCollectiveTimeout;       // each collective
+  Millis connectTimeout = kDefaultConnectTimeout;   // store connection and rendezvous
+  // Check every collective's type and shape across ranks (also DTRAIN_CHECK_COLLECTIVES=1).
+  bool checkCollectives = false;
+  // Distinguishes process groups of one job (the same on every rank).
+  std::string name = "default";
+};
+
+enum class Launcher { Explicit, Launch, Slurm, Mpi };
+const char* launcherName(Launcher launcher);
+
+// What the environment says, before connecting anywhere. Pure: see resolveWorldEnv().
+struct WorldEnv {
+  Launcher launcher = Launcher::Explicit;
+  int rank = 0;
+  int worldSize = 1;
+  int localRank = 0;
+  int round = 0;            // restart round: store keys live under "round<N>/"
+  bool jobStore = false;    // connect to the launcher's store (DTRAIN_STORE_*)
+  bool hostStore = false;   // no launcher: rank 0 hosts the store at masterAddr:masterPort
+  std::string masterAddr;
+  uint16_t masterPort = kDefaultMasterPort;
+  std::string storeHost;    // where the store is, for the interface rule
+};
+
+// Looks a variable up (nullptr when unset). Tests pass a map; the real one is std::getenv.
+using EnvLookup = std::function<const char*(const char*)>;
+
+// Throws InvalidArgument naming the first missing or malformed variable, saying that `launch`
+// sets it (or what srun/mpirun users must export).
+WorldEnv resolveWorldEnv(const WorldOptions& options, const EnvLookup& env);
+
+// "gloo" or "nccl" from the request, DTRAIN_BACKEND and what this machine has; throws
+// InvalidArgument naming DTRAIN_BACKEND (or the option) for an unknown or unbuilt backend.
+std::string chooseBackend(const std::string& requested, const EnvLookup& env, bool ncclBuilt,
+                          bool glooBuilt, int cudaDevices);
+
+struct World {
+  WorldEnv env;
+  std::string backend;                             // "gloo" / "nccl"
+  int device = -1;                                 // CUDA device index for NCCL, else -1
+  std::shared_ptr<store::Store> store;             // the round's view of the job store
+  std::shared_ptr<store::TcpStoreServer> server;   // rank 0 without a launcher: the store it hosts
+  std::shared_ptr<Communicator> communicator;
+  bool closed = false;                             // set by shutdownWorld()
+};
+
+// Resolves the environment, connects to (or hosts) the store and creates the communicator.
+// `cudaDevicesUsable` lets the torch layer veto NCCL when its libtorch has no CUDA.
+World connectWorld(const WorldOptions& options, bool cudaDevicesUsable = true);
+
+// Shuts `world` down cleanly: when rank 0 hosts the store, everyone first meets at a barrier so
+// the store outlives every rank's last use of it. Idempotent.
+void shutdownWorld(World& world);
+
+}  // namespace dtrain::comm

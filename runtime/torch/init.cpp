@@ -1,0 +1,29 @@
+#include "dtrain/init.h"
+
+#include "dtrain/config.h"
+#include "dtrain/error.h"
+
+#if DTRAIN_WITH_TORCH_CUDA
+#include <c10/cuda/CUDAFunctions.h>
+#endif
+
+namespace dtrain {
+
+std::shared_ptr<ProcessGroup> init(const InitOptions& options) {
+  // NCCL needs CUDA tensors: only a CUDA build of libtorch with a device can use it.
+  bool cudaUsable = false;
+#if DTRAIN_WITH_TORCH_CUDA
+  cudaUsable = c10::cuda::device_count() > 0;
+#endif
+  comm::World world = comm::connectWorld(options, cudaUsable);
+  c10::Device device(c10::kCPU);
+  if (world.backend == "nccl") {
+#if DTRAIN_WITH_TORCH_CUDA
+    device = c10::Device(c10::kCUDA, static_cast<c10::DeviceIndex>(world.device));
+    c10::cuda::set_device(static_cast<c10::DeviceIndex>(world.device));
+#endif
+  }
+  return std::make_shared<ProcessGroup>(std::move(world), device);
+}
+
+}  // namespace dtrain

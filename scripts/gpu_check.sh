@@ -1,0 +1,129 @@
+#!/usr/bin/env bash
+# Builds dtrain against a CUDA libtorch and runs the GPU tests (CTest label gpu) and the GPU
+# allreduce benchmark, within 10 minutes, on a machine with an NVIDIA GPU.
+#
+#   scripts/gpu_check.sh [--dry-run] [--deps DIR] [--build DIR] [--python PYTHON] [--jobs N]
+#
+# Where things come from:
+#   libtorch    the pip `torch` of PYTHON (default python3): torch.utils.cmake_prefix_path
+#   NCCL        the pip `nvidia-nccl` wheel beside torch (site-packages/nvidia/nccl/{include,lib}),
+#               else NCCL_ROOT from the environment, else the CUDA toolkit
+#   CUDA        the toolkit of the `nvcc` on PATH (else CUDAToolkit_ROOT, else /usr/local/cuda)
+#   small deps  fmt, cxxopts, nlohmann-json, libuv, xxhash, gtest, openssl headers: Debian packages
+#               unpacked by scripts/gpu_deps.sh into DIR (default .deps/root); Gloo is off
+# --dry-run prints every step with what it found and checks the script's inputs; it runs nothing
+# and passes on a machine without a GPU (a CTest, label unit, runs it everywhere).
+set -euo pipefail
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+dry=0
+deps="$root/.deps/root"
+build="$root/build-gpu"
+python="${PYTHON:-python3}"
+jobs="$(nproc)"
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --dry-run) dry=1 ;;
+    --deps) deps="$2"; shift ;;
+    --build) build="$2"; shift ;;
+    --python) python="$2"; shift ;;
+    --jobs) jobs="$2"; shift ;;
+    -h|--help) sed -n '2,17p' "$0"; exit 0 ;;
+    *) echo "gpu_check.sh: unknown argument $1 (see --help)" >&2; exit 2 ;;
+  esac
+  shift
+done
+
+start=$(date +%s)
+step=0
+problems=0
+say() { echo "gpu_check.sh: $*"; }
+note() {  # a missing input: fatal for a real run, reported by a dry run
+  if [ "$dry" = 1 ]; then say "  (dry run) would fail here: $*"; problems=$((problems + 1))
+  else say "error: $*" >&2; exit 1; fi
+}
+run() {  # prints and runs one step (prints only, in a dry run)
+  step=$((step + 1))
+  say "step $step: $*"
+  [ "$dry" = 1 ] || "$@"
+}
+
+# The script's own inputs must exist everywhere.
+for f in CMakeLists.txt tests/gpu/gpu.cmake tests/gpu/nccl_gpu_test.cpp \
+         tests/gpu/process_group_cuda_test.cpp benchmarks/allreduce/allreduce_bench.cpp \
+         scripts/gpu_deps.sh; do
+  [ -e "$root/$f" ] || { say "error: $f is missing from the source tree" >&2; exit 1; }
+done
+
+say "1. libtorch from $python"
+torch_prefix=""
+if command -v "$python" >/dev/null 2>&1; then
+  torch_prefix="$("$python" -c 'import torch;print(torch.utils.cmake_prefix_path)' 2>/dev/null || true)"
+  torch_cuda="$("$python" -c 'import torch;print(torch.version.cuda or "")' 2>/dev/null || true)"
+fi
+if [ -z "$torch_prefix" ]; then
+  note "$python has no torch (pip install torch with CUDA, or --python PATH)"
+elif [ -z "${torch_cuda:-}" ]; then
+  note "the torch of $python is a CPU build (torch.version.cuda is None)"
+else
+  say "   torch cmake prefix $torch_prefix (CUDA $torch_cuda)"
+fi
+
+say "2. NCCL"
+nccl_root="${NCCL_ROOT:-}"
+if [ -n "$torch_prefix" ]; then
+  site="$("$python" -c 'import os,torch;print(os.path.dirname(os.path.dirname(torch.__file__)))')"
+  [ -f "$site/nvidia/nccl/include/nccl.h" ] && nccl_root="$site/nvidia/nccl"
+fi
+if [ -n "$nccl_root" ]; then say "   NCCL_ROOT=$nccl_root"
+else say "   no nvidia-nccl wheel and no NCCL_ROOT: CMake looks in the CUDA toolkit"; fi
+
+say "3. CUDA toolkit"
+cuda_root="${CUDAToolkit_ROOT:-}"
+if command -v nvcc >/dev/null 2>&1; then cuda_root="$(cd "$(dirname "$(command -v nvcc)")/.." && pwd)"; fi
+[ -z "$cuda_root" ] && [ -d /usr/local/cuda ] && cuda_root=/usr/local/cuda
+if [ -n "$cuda_root" ]; then say "   CUDAToolkit_ROOT=$cuda_root"; else note "no nvcc on PATH and no CUDA toolkit"; fi
+
+say "4. small dependencies from $deps"
+if [ -d "$deps/usr" ]; then
+  say "   found $(ls "$deps/usr/include" 2>/dev/null | wc -l) include entries"
+else
+  note "$deps/usr does not exist: run scripts/gpu_deps.sh on a Debian machine and copy .deps along"
+fi
+multiarch="$deps/usr/lib/x86_64-linux-gnu"
+prefix_path="$torch_prefix;$deps/usr"
+export LD_LIBRARY_PATH="$multiarch${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+[ -n "$nccl_root" ] && export LD_LIBRARY_PATH="$nccl_root/lib:$LD_LIBRARY_PATH"
+
+generator=()
+command -v ninja >/dev/null 2>&1 && generator=(-G Ninja)
+command -v cmake >/dev/null 2>&1 || note "cmake (>= 3.22) is not on PATH (pip install cmake ninja)"
+
+say "5. configure, build, test, benchmark"
+run cmake -S "$root" -B "$build" "${generator[@]}" -DCMAKE_BUILD_TYPE=Release \
+  "-DCMAKE_PREFIX_PATH=$prefix_path" ${nccl_root:+"-DNCCL_ROOT=$nccl_root"} \
+  ${cuda_root:+"-DCUDAToolkit_ROOT=$cuda_root"} -DDTRAIN_WITH_GLOO=OFF \
+  -DDTRAIN_WITH_EXAMPLES=OFF -DDTRAIN_WITH_TESTS=ON -DDTRAIN_WITH_BENCHMARKS=ON
+if [ "$dry" = 0 ] && ! grep -q 'DTRAIN_WITH_NCCL 1' "$build/generated/dtrain/config.h"; then
+  say "error: CMake did not find NCCL and CUDA (see the configure output)" >&2
+  exit 1
+fi
+run cmake --build "$build" -j "$jobs" --target dtrain_gpu_tests allreduce_bench
+# The torch layer against this libtorch: its failure is reported, the torch-free checks still run.
+torch_ok=1
+step=$((step + 1))
+say "step $step: cmake --build $build -j $jobs --target dtrain_gpu_torch_tests"
+if [ "$dry" = 0 ] && ! cmake --build "$build" -j "$jobs" --target dtrain_gpu_torch_tests; then
+  torch_ok=0
+  say "FAILED: the torch layer does not build against this libtorch; continuing without it"
+fi
+run ctest --test-dir "$build" -L gpu --output-on-failure --timeout 180
+run "$build/allreduce_bench" --backend nccl --world 1 --no-peer --warmup 5 --iters 20 \
+  --sizes 4K,16K,64K,256K,1M,4M,16M,64M,256M
+
+end=$(date +%s)
+if [ "$dry" = 1 ]; then
+  say "dry run: $step steps printed, $problems input(s) missing on this machine ($((end - start)) s)"
+  exit 0
+fi
+say "done in $((end - start)) s$([ "$torch_ok" = 0 ] && echo ' (torch layer FAILED to build)')"
+[ "$torch_ok" = 1 ]

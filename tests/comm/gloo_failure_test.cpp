@@ -1,0 +1,216 @@
+// Failure behaviour of the Gloo communicator with ranks as threads (RELIABILITY.md D1-D3, R2/R3):
+// timeouts that name the silent rank, desync and shape reports, fast failure when a peer goes
+// away, fail-fast afterwards. Real processes (SIGKILL, SIGSTOP) are in tests/integration.
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <thread>
+
+#include "comm_test_support.h"
+#include "dtrain/error.h"
+
+namespace dtrain::comm {
+namespace {
+
+using std::chrono::milliseconds;
+using testing::elapsedMs;
+using testing::makeGlooWorld;
+using testing::runRanks;
+
+constexpr milliseconds kTimeout{1500};
+constexpr double kGraceMs = 500;  // reportGrace(kTimeout)
+
+std::string messageOf(const std::function<void()>& fn) {
+  try {
+    fn();
+  } catch (const std::exception& e) {
+    return e.what();
+  }
+  return "(no error)";
+}
+
+#define EXPECT_CONTAINS(text, part) \
+  EXPECT_NE((text).find(part), std::string::npos) << "missing \"" << (part) << "\" in: " << (text)
+
+fault::Fault faultAt(fault::Kind kind, int rank, int64_t seq) {
+  fault::Fault f;
+  f.kind = kind;
+  f.rank = rank;
+  f.step = seq;
+  return f;
+}
+
+std::vector<std::shared_ptr<Communicator>> world(int n, std::vector<fault::Fault> faults = {},
+                                                 bool check = false) {
+  return makeGlooWorld(n, [&](GlooOptions& o) {
+    o.timeout = kTimeout;
+    o.faults = faults;
+    o.checkCollectives = check;
+  });
+}
+
+TEST(GlooFailure, TimeoutNamesTheSilentRankAndLaterCallsFailFast) {
+  auto w = world(2);
+  std::vector<float> x(16, 1.0f);
+  auto start = std::chrono::steady_clock::now();
+  std::string first;
+  try {
+    w[0]->allreduce(x.data(), x.size(), DataType::Float32, ReduceOp::Sum);
+    ADD_FAILURE() << "allreduce without a peer returned";
+  } catch (const TimeoutError& e) {
+    first = e.what();
+  }
+  double ms = elapsedMs(start);
+  EXPECT_GE(ms, kTimeout.count() - 50);
+  EXPECT_LE(ms, kTimeout.count() + kGraceMs + 1000) << "R3: within T + 2 s";
+  EXPECT_CONTAINS(first, "rank 0/2: seq 0 allreduce(float32 x 16, sum) failed");
+  EXPECT_CONTAINS(first, "timed out after 1500 ms waiting for data from rank 1 (127.0.0.1)");
+  EXPECT_CONTAINS(first, "rank 1 did not report within 500 ms");
+  EXPECT_CONTAINS(first, "HINT");
+  EXPECT_TRUE(w[0]->error() != nullptr);
+
+  start = std::chrono::steady_clock::now();
+  std::string again = messageOf([&] { w[0]->barrier(); });
+  EXPECT_LT(elapsedMs(start), 100) << "a failed communicator fails fast";
+  EXPECT_EQ(again, first) << "every later call rethrows the first error";
+
+  // The silent rank finds its peer gone at once: rank 0 reset the connections.
+  start = std::chrono::steady_clock::now();
+  std::string peer = messageOf([&] { w[1]->barrier(); });
+  EXPECT_LT(elapsedMs(start), 2000 + kGraceMs);
+  EXPECT_CONTAINS(peer, "rank 1/2: seq 0 barrier() failed: connection");
+  EXPECT_CONTAINS(peer, "by rank 0 (127.0.0.1:");
+}
+
+TEST(GlooFailure, QueuedCollectivesBehindAFailureFailWithTheFirstError) {
+  auto w = world(2);
+  std::vector<int32_t> a(8), b(8), c(8);
+  auto wa = w[0]->allreduceAsync(a.data(), 8, DataType::Int32, ReduceOp::Sum);
+  auto wb = w[0]->allreduceAsync(b.data(), 8, DataType::Int32, ReduceOp::Sum);
+  auto wc = w[0]->allreduceAsync(c.data(), 8, DataType::Int32, ReduceOp::Sum);
+  std::string ea = messageOf([&] { wa->wait(); });
+  auto start = std::chrono::steady_clock::now();
+  EXPECT_EQ(messageOf([&] { wb->wait(); }), ea);
+  EXPECT_EQ(messageOf([&] { wc->wait(); }), ea);
+  EXPECT_LT(elapsedMs(start), 200);
+  EXPECT_CONTAINS(ea, "seq 0 allreduce(int32 x 8, sum) failed");
+  w[1]->shutdown();
+}
+
+TEST(GlooFailure, SkippedCollectiveIsReportedAsDesync) {
+  // D2: rank 1 skips seq 1. Sequence numbers still count the call, so rank 1's next collective
+  // (seq 2) never matches rank 0's seq 1: both time out and compare notes.
+  auto w = world(2, {faultAt(fault::Kind::SkipCollective, 1, 1)});
+  std::vector<std::string> errors(2);
+  std::vector<double> took(2);
+  runRanks(2, [&](int r) {
+    std::vector<float> x(1000, 1.0f);
+    auto start = std::chrono::steady_clock::now();
+    errors[r] = messageOf([&] {
+      for (int i = 0; i < 3; ++i) w[r]->allreduce(x.data(), x.size(), DataType::Float32, ReduceOp::Sum);
+    });
+    took[r] = elapsedMs(start);
+  });
+  EXPECT_CONTAINS(errors[0], "rank 0/2: seq 1 allreduce(float32 x 1000, sum) failed");
+  EXPECT_CONTAINS(errors[0], "rank 1 is ahead at seq 2");
+  EXPECT_CONTAINS(errors[1], "rank 1/2: seq 2 allreduce(float32 x 1000, sum) failed");
+  EXPECT_CONTAINS(errors[1], "rank 0 is behind at seq 1");
+  EXPECT_CONTAINS(errors[1], "seq 1 allreduce(float32 x 1000, sum) skipped");
+  for (double ms : took) EXPECT_LE(ms, kTimeout.count() + 2000);
+}
+
+TEST(GlooFailure, WrongShapeTimesOutNamingBothShapes) {
+  // D3 without the collective check: the counts differ, so the tags differ and no data mixes;
+  // the report names both shapes.
+  auto w = world(2, {faultAt(fault::Kind::WrongShape, 1, 0)});
+  std::vector<std::string> errors(2);
+  runRanks(2, [&](int r) {
+    std::vector<float> x(32, 1.0f);
+    CallOptions o;
+    o.shape = {4, 8};
+    errors[r] = messageOf([&] { w[r]->allreduce(x.data(), 32, DataType::Float32, ReduceOp::Sum, o); });
+  });
+  EXPECT_CONTAINS(errors[0], "rank 1 calls allreduce(float32 [4, 7], sum) at seq 0 where this "
+                             "rank calls allreduce(float32 [4, 8], sum)");
+  EXPECT_CONTAINS(errors[1], "rank 0 calls allreduce(float32 [4, 8], sum) at seq 0 where this "
+                             "rank calls allreduce(float32 [4, 7], sum)");
+}
+
+TEST(GlooFailure, CollectiveCheckCatchesAShapeMismatchAtOnce) {
+  auto w = world(2, {faultAt(fault::Kind::WrongShape, 1, 1)}, /*check=*/true);
+  std::vector<std::string> errors(2);
+  std::vector<double> took(2);
+  runRanks(2, [&](int r) {
+    std::vector<float> x(32, 1.0f);
+    CallOptions o;
+    o.shape = {4, 8};
+    auto start = std::chrono::steady_clock::now();
+    errors[r] = messageOf([&] {
+      w[r]->allreduce(x.data(), 32, DataType::Float32, ReduceOp::Sum, o);  // seq 0: fine
+      EXPECT_EQ(x[0], 2.0f);
+      w[r]->allreduce(x.data(), 32, DataType::Float32, ReduceOp::Sum, o);
+    });
+    took[r] = elapsedMs(start);
+    EXPECT_THROW(std::rethrow_exception(w[r]->error()), InvalidArgument);
+  });
+  EXPECT_CONTAINS(errors[0], "collective check failed: this rank calls seq 1 allreduce(float32 "
+                             "[4, 8], sum); rank 1 calls seq 1 allreduce(float32 [4, 7], sum)");
+  EXPECT_CONTAINS(errors[1], "this rank calls seq 1 allreduce(float32 [4, 7], sum); rank 0 calls "
+                             "seq 1 allreduce(float32 [4, 8], sum)");
+  for (double ms : took) EXPECT_LT(ms, kTimeout.count() / 2) << "no timeout needed";
+}
+
+TEST(GlooFailure, CollectiveCheckCatchesASkippedCollectiveAtOnce) {
+  auto w = world(2, {faultAt(fault::Kind::SkipCollective, 0, 0)}, /*check=*/true);
+  std::vector<std::string> errors(2);
+  runRanks(2, [&](int r) {
+    std::vector<int64_t> x(4, 1);
+    errors[r] = messageOf([&] {
+      w[r]->allreduce(x.data(), 4, DataType::Int64, ReduceOp::Sum);
+      w[r]->broadcast(x.data(), 4, DataType::Int64, 0);
+    });
+  });
+  EXPECT_CONTAINS(errors[1], "this rank calls seq 0 allreduce(int64 x 4, sum); rank 0 calls seq 1 "
+                             "broadcast(int64 x 4, root 0)");
+}
+
+TEST(GlooFailure, APeerThatGoesAwayFailsTheOthersWithinTwoSeconds) {
+  // D1 with threads: rank 2 closes its connections while ranks 0 and 1 wait for it in an
+  // allreduce whose timeout is far away.
+  auto w = makeGlooWorld(3, [](GlooOptions& o) { o.timeout = milliseconds(20000); });
+  std::vector<std::string> errors(3);
+  std::vector<double> took(3);
+  auto start = std::chrono::steady_clock::now();
+  runRanks(3, [&](int r) {
+    if (r == 2) {
+      std::this_thread::sleep_for(milliseconds(200));
+      w[2]->shutdown();
+      return;
+    }
+    std::vector<double> x(100000, 1.0);  // the ring path
+    errors[r] = messageOf([&] { w[r]->allreduce(x.data(), x.size(), DataType::Float64, ReduceOp::Sum); });
+    took[r] = elapsedMs(start) - 200;
+  });
+  for (int r = 0; r < 2; ++r) {
+    EXPECT_LT(took[r], 2000) << "R2: rank " << r << " took " << took[r] << " ms";
+    EXPECT_CONTAINS(errors[r], "failed: connection");
+    EXPECT_CONTAINS(errors[r], "rank 2 (127.0.0.1:");
+  }
+}
+
+TEST(GlooFailure, HangFaultLooksFrozenToThePeers) {
+  auto w = world(2, {faultAt(fault::Kind::Hang, 1, 0)});
+  std::string hung;
+  std::thread frozen([&] {
+    hung = messageOf([&] { w[1]->barrier(); });
+  });
+  std::string error = messageOf([&] { w[0]->barrier(); });
+  EXPECT_CONTAINS(error, "seq 0 barrier() failed: timed out");
+  EXPECT_CONTAINS(error, "rank 1 did not report");
+  w[1]->shutdown();  // releases the hang
+  frozen.join();
+  EXPECT_CONTAINS(hung, "hung (DTRAIN_FAULT hang@rank=1,step=0)");
+}
+
+}  // namespace
+}  // namespace dtrain::comm

@@ -1,0 +1,18 @@
+# GPU tests (label gpu): built whenever NCCL and CUDA are found, skipped at run time without a
+# GPU. scripts/gpu_check.sh builds and runs them on a GPU machine against a CUDA libtorch.
+if(DTRAIN_HAVE_NCCL)
+  dtrain_gtest(dtrain_gpu_tests LABEL gpu SERIAL TIMEOUT 180
+    SOURCES tests/gpu/nccl_gpu_test.cpp
+    LIBS dtrain_comm CUDA::cudart)
+  target_include_directories(dtrain_gpu_tests PRIVATE ${CMAKE_CURRENT_SOURCE_DIR}/runtime/comm)
+endif()
+if(DTRAIN_HAVE_NCCL AND DTRAIN_HAVE_TORCH AND DTRAIN_HAVE_TORCH_CUDA)
+  dtrain_gtest(dtrain_gpu_torch_tests LABEL gpu SERIAL TORCH TIMEOUT 180
+    SOURCES tests/gpu/process_group_cuda_test.cpp
+    LIBS dtrain)
+endif()
+
+# The GPU check script itself, on every machine: --dry-run prints each step and checks its inputs.
+add_test(NAME scripts.gpu_check_dry_run
+         COMMAND ${CMAKE_CURRENT_SOURCE_DIR}/scripts/gpu_check.sh --dry-run)
+set_tests_properties(scripts.gpu_check_dry_run PROPERTIES LABELS unit TIMEOUT 60)
