@@ -227,7 +227,7 @@ std::string formatFailureReport(const ReportContext& ctx, const std::vector<Atte
                        last.attempt, ctx.runId, w.endSeconds);
     out += fmt::format("    host:        {}\n", ctx.host);
     out += fmt::format("    rank:        {} (local rank {})\n", w.rank, w.localRank);
-    out += fmt::format("    pid:         {}\n", w.pid);
+    out += fmt::format("    pid:         {}\n", w.pid > 0 ? std::to_string(w.pid) : "none (not started)");
     out += fmt::format("    cause:       {}\n", describeOutcome(w));
     if (!w.errorFileMessage.empty()) {
       out += "    error file:\n" + indentLines(w.errorFileMessage, "      ");
@@ -259,6 +259,10 @@ std::string formatFailureReport(const ReportContext& ctx, const std::vector<Atte
     if (!header) {
       out += root >= 0 ? "  other workers:\n" : "  workers:\n";
       header = true;
+    }
+    if (w.pid <= 0) {
+      out += fmt::format("    rank {} (local rank {}) {}\n", w.rank, w.localRank, describeOutcome(w));
+      continue;
     }
     std::string note;
     if (w.wasStopped) note += " [it was stopped (SIGSTOP) when the teardown began: a hung rank?]";

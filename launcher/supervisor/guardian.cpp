@@ -211,10 +211,19 @@ std::vector<char*> cStrings(const std::vector<std::string>& strings) {
 GuardedWorker spawnGuarded(const SpawnSpec& spec) {
   std::vector<char*> argv = cStrings(spec.argv);
   std::vector<char*> envp = cStrings(spec.env);
-  Pipe control = makePipe("control");
-  Pipe status = makePipe("status");
-  Pipe out = makePipe("stdout");
-  Pipe err = makePipe("stderr");
+  Pipe control, status, out, err;
+  try {
+    control = makePipe("control");
+    status = makePipe("status");
+    out = makePipe("stdout");
+    err = makePipe("stderr");
+  } catch (...) {
+    for (const Pipe& p : {control, status, out, err}) {
+      if (p.read >= 0) ::close(p.read);
+      if (p.write >= 0) ::close(p.write);
+    }
+    throw;
+  }
 
   pid_t pid = ::fork();
   if (pid == 0) {

@@ -175,7 +175,7 @@ AttemptResult Supervisor::runAttempt(int attempt) {
     s.outcome.localRank = i;
     if (stopping) {
       s.outcome.state = WorkerOutcome::State::Lost;
-      s.outcome.lostReason = "not started: the job was stopping";
+      s.outcome.lostReason = "it was not started: the job was already stopping";
       s.outcome.stoppedByLaunch = true;
       continue;
     }
