@@ -2,11 +2,13 @@
 // at world size 2 with one thread per rank, for an MLP of ~25M parameters (batch 64 per rank) and
 // ResNet-18 on 3x32x32 (batch 32 per rank). Both jobs run at once and take turns step by step, so
 // that both see the same machine load (Note [Turns] in ddp_step_bench.h); each alternates
-// synchronised and communication-free (noSync / no_sync) steps. Prints, per model: both medians
-// and their ratio, the overhead of communication over the communication-free step, and the
-// exposed communication share (step - communication-free step) / step.
+// synchronised and communication-free (noSync / no_sync) steps. Prints, per model: both medians,
+// the ratio dtrain / PyTorch, the overhead of communication over the communication-free step, and
+// the exposed communication share (step - communication-free step) / step; ratios and shares are
+// medians of per-sample values (Note [Paired statistics]).
 //
 //   ddp_step_bench [--rounds 3] [--steps 10] [--warmup 3] [--models mlp,resnet18] [--no-peer]
+//                  [--grad-as-bucket-view] [--compression none|fp16|bf16]
 //                  [--python /usr/bin/python3] [--smoke]
 #include <unistd.h>
 
@@ -71,6 +73,8 @@ Options parse(int argc, char** argv) {
     else if (a == "--models") o.models = split(value(), ',');
     else if (a == "--out") o.step.out = value();
     else if (a == "--turns") o.step.turns = value();
+    else if (a == "--grad-as-bucket-view") o.step.gradAsBucketView = true;
+    else if (a == "--compression") o.step.compression = value();
     else if (a == "--python") o.python = value();
     else if (a == "--peer-script") o.peerScript = value();
     else DTRAIN_THROW(InvalidArgument, "unknown argument {} (see the comment atop ddp_step_bench.cpp)", a);
@@ -98,6 +102,8 @@ std::vector<std::string> workerArgs(const Options& o, const std::string& model, 
                                 std::to_string(o.step.warmup), "--steps",
                                 std::to_string(o.step.steps), "--out", out};
   if (!turns.empty()) a.insert(a.end(), {"--turns", turns});
+  if (o.step.gradAsBucketView) a.push_back("--grad-as-bucket-view");
+  a.insert(a.end(), {"--compression", o.step.compression});
   if (o.step.smoke) a.push_back("--smoke");
   return a;
 }
@@ -222,6 +228,10 @@ int runDriver(const Options& o) {
   fmt::print("# ddp_step_bench: world size {}, 1 thread per rank, {} round(s) x {} steps "
              "(+{} warm-up), medians in ms{}\n",
              kWorld, o.rounds, o.step.steps, o.step.warmup, o.step.smoke ? ", SMOKE (tiny models)" : "");
+  if (o.step.gradAsBucketView || o.step.compression != "none") {
+    fmt::print("# both sides: gradient as bucket view {}, compression {}\n",
+               o.step.gradAsBucketView ? "on" : "off", o.step.compression);
+  }
   if (!peer) fmt::print("# PyTorch peer skipped (--no-peer, or {} cannot import torch)\n", o.python);
   fmt::print("# {:>8} {:>5} {:>7} {:>9} {:>9} {:>6} {:>9} {:>9} {:>9} {:>9} {:>9}\n", "model",
              "batch", "params", "dtrain", "pytorch", "ratio", "d-nosync", "p-nosync", "overhead",
@@ -243,15 +253,28 @@ int runDriver(const Options& o) {
         append(peerLocal, p.noSyncMs);
       }
     }
-    double d = median(ours), dl = median(oursLocal), p = median(peerStep), pl = median(peerLocal);
+    // Note [Paired statistics]: samples i of the four series ran next to each other in time (see
+    // Note [Turns]), so ratios are taken per sample and their median reported; a load swing then
+    // moves both sides of a ratio together instead of one side of a ratio of medians.
+    auto paired = [](const std::vector<double>& a, const std::vector<double>& b,
+                     double (*f)(double, double)) {
+      std::vector<double> out;
+      for (size_t i = 0; i < a.size() && i < b.size(); ++i) out.push_back(f(a[i], b[i]));
+      return median(out);
+    };
+    auto ratio = [](double a, double b) { return a / b; };
+    auto exposed = [](double step, double local) { return (step - local) / step; };
+    auto overhead = [](double step, double local) { return (step - local) / local; };
     auto pct = [](double x) { return fmt::format("{:.1f}%", 100 * x); };
     fmt::print("  {:>8} {:>5} {:>6.2f}M {:>9.1f} {:>9} {:>6} {:>9.1f} {:>9} {:>9} {:>9} {:>9}\n",
-               model, batch, params / 1e6, d, peer ? fmt::format("{:.1f}", p) : "-",
-               peer ? fmt::format("{:.3f}", d / p) : "-", dl,
-               peer ? fmt::format("{:.1f}", pl) : "-", pct((d - dl) / dl), pct((d - dl) / d),
-               peer ? pct((p - pl) / p) : "-");
+               model, batch, params / 1e6, median(ours),
+               peer ? fmt::format("{:.1f}", median(peerStep)) : "-",
+               peer ? fmt::format("{:.3f}", paired(ours, peerStep, ratio)) : "-",
+               median(oursLocal), peer ? fmt::format("{:.1f}", median(peerLocal)) : "-",
+               pct(paired(ours, oursLocal, overhead)), pct(paired(ours, oursLocal, exposed)),
+               peer ? pct(paired(peerStep, peerLocal, exposed)) : "-");
     fmt::print("  {:>8} dtrain end-of-backward wait (median): {:.1f} ms = {} of the step\n", "",
-               median(waits), pct(median(waits) / d));
+               median(waits), pct(median(waits) / median(ours)));
   }
   std::system(("rm -rf " + dir).c_str());
   return 0;

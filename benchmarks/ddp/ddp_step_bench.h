@@ -14,6 +14,11 @@ struct StepConfig {
   int warmup = 3;
   int steps = 10;             // timed synchronised steps, and as many communication-free ones
   bool smoke = false;         // tiny models: checks the plumbing only
+  // DDP options, the same on both sides: DdpOptions::gradientAsBucketView / PyTorch's
+  // gradient_as_bucket_view, and "fp16" / "bf16" compression / PyTorch's fp16_compress_hook and
+  // bf16_compress_hook.
+  bool gradAsBucketView = false;
+  std::string compression = "none";
   std::string out;            // rank 0 writes its result here (JSON)
   // Turn-taking with the driver (see Note [Turns]): "<dir>/<side>", rank 0 reads "<...>.go" and
   // writes "<...>.done". Empty: run freely.

@@ -75,6 +75,8 @@ def main():
     parser.add_argument("--smoke", action="store_true")
     parser.add_argument("--out", default="")
     parser.add_argument("--turns", default="")
+    parser.add_argument("--grad-as-bucket-view", action="store_true")
+    parser.add_argument("--compression", default="none", choices=["none", "fp16", "bf16"])
     args = parser.parse_args()
 
     torch.set_num_threads(1)
@@ -88,7 +90,13 @@ def main():
     else:
         net, classify = ResNet18(10, 8 if args.smoke else 64), True
         x, y = torch.randn(args.batch, 3, 32, 32), torch.randint(0, 10, (args.batch,))
-    ddp = nn.parallel.DistributedDataParallel(net)
+    ddp = nn.parallel.DistributedDataParallel(
+        net, gradient_as_bucket_view=args.grad_as_bucket_view)
+    if args.compression != "none":
+        from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+        hook = (default_hooks.fp16_compress_hook if args.compression == "fp16"
+                else default_hooks.bf16_compress_hook)
+        ddp.register_comm_hook(None, hook)
     sgd = torch.optim.SGD(ddp.parameters(), lr=0.01, momentum=0.9)
 
     def step():

@@ -50,7 +50,12 @@ double msSince(std::chrono::steady_clock::time_point start) {
 template <typename Net>
 StepResult measure(Net net, const torch::Tensor& x, const torch::Tensor& y, bool classify,
                    const StepConfig& config, const std::shared_ptr<ProcessGroup>& group) {
-  DistributedDataParallel<Net> ddp(net, group);
+  DdpOptions options;
+  options.gradientAsBucketView = config.gradAsBucketView;
+  options.compression = config.compression == "fp16"   ? GradientCompression::Fp16
+                        : config.compression == "bf16" ? GradientCompression::Bf16
+                                                       : GradientCompression::None;
+  DistributedDataParallel<Net> ddp(net, group, options);
   torch::optim::SGD sgd(ddp.parameters(), torch::optim::SGDOptions(0.01).momentum(0.9));
   auto step = [&] {
     sgd.zero_grad();
