@@ -15,7 +15,10 @@ endif()
 dtrain_warnings(allreduce_bench)
 
 if(DTRAIN_WITH_TESTS)
-  add_test(NAME bench_smoke.allreduce_bench COMMAND allreduce_bench --smoke --world 2)
+  # Started the way it is meant to be: by launch, one process per rank, rank 0's table only.
+  add_test(NAME bench_smoke.allreduce_bench
+           COMMAND $<TARGET_FILE:launch> --nproc-per-node 2 --local-ranks-filter 0
+                   --log-line-prefix-template "" $<TARGET_FILE:allreduce_bench> --smoke)
   set_tests_properties(bench_smoke.allreduce_bench PROPERTIES LABELS integration TIMEOUT 60
                        RUN_SERIAL TRUE)
 endif()

@@ -7,7 +7,9 @@
 //
 // Options: --sizes 4K,64K,... (default 4 KiB..256 MiB by 4x), --warmup N, --iters N,
 // --dtype float32|float64|float16|bfloat16|int32|int64, --op sum|avg|max|min, --no-peer,
-// --python PATH, --smoke (three small sizes, few iterations: the CTest).
+// --small-iters N (iterations for sizes up to 256 KiB, default 200), --segment-bytes N and
+// --small-bytes N (algorithm tuning), --python PATH, --smoke (three small sizes, few iterations:
+// the CTest).
 //
 // Columns: size count dtype op time_us algbw busbw #wrong (busbw = algbw * 2(n-1)/n), then the
 // peer's time and busbw, ours/theirs busbw, and memcpy GB/s. Times are medians of rank 0's
@@ -56,6 +58,8 @@ struct Config {
   std::string python = "/usr/bin/python3";
   std::string peerScript;
   size_t smallAllreduceBytes = comm::kDefaultSmallAllreduceBytes;
+  size_t ringSegmentBytes = comm::kDefaultRingSegmentBytes;
+  int smallIters = 200;  // sizes up to 256 KiB: more iterations, a steadier median
 };
 
 size_t parseSize(const std::string& text) {
@@ -110,6 +114,10 @@ struct Row {
   long wrong = 0;
 };
 
+int itersFor(size_t bytes, const Config& cfg) {
+  return bytes <= (256u << 10) ? std::max(cfg.iters, cfg.smallIters) : cfg.iters;
+}
+
 Row measureOurs(comm::Communicator& c, BenchBuffers& buf, size_t bytes, const Config& cfg) {
   const size_t count = bytes / comm::elementSize(cfg.dtype);
   buf.fillContribution(c.rank(), count);
@@ -120,7 +128,7 @@ Row measureOurs(comm::Communicator& c, BenchBuffers& buf, size_t bytes, const Co
   buf.synchronize();
   c.barrier();
   std::vector<double> times;
-  for (int i = 0; i < cfg.iters; ++i) {
+  for (int i = 0; i < itersFor(bytes, cfg); ++i) {
     auto t0 = Clock::now();
     c.allreduce(buf.data(), count, cfg.dtype, cfg.op);
     buf.synchronize();
@@ -154,6 +162,7 @@ std::shared_ptr<comm::Communicator> makeCommunicator(const Config& cfg, int rank
   o.storeHost = host ? host : "";
   o.name = "allreduce_bench";
   o.smallAllreduceBytes = cfg.smallAllreduceBytes;
+  o.ringSegmentBytes = cfg.ringSegmentBytes;
   return comm::createGlooCommunicator(o);
 }
 
@@ -167,9 +176,11 @@ int runWorker(const Config& cfg) {
   }
   const double busFactor = world > 1 ? 2.0 * (world - 1) / world : 1.0;
   if (rank == 0) {
-    std::printf("# allreduce_bench: %s, world %d, %s %s, warmup %d, iters %d; medians of rank 0\n",
+    std::printf("# allreduce_bench: %s, world %d, %s %s, warmup %d, iters %d (%d up to 256 KiB); "
+                "medians of rank 0\n",
                 cfg.backend.c_str(), world, comm::dataTypeName(cfg.dtype),
-                comm::reduceOpName(cfg.op), cfg.warmup, cfg.iters);
+                comm::reduceOpName(cfg.op), cfg.warmup, cfg.iters,
+                std::max(cfg.iters, cfg.smallIters));
     std::printf("# peer: %s\n", peer ? "torch.distributed.all_reduce (gloo), same sizes, interleaved"
                                      : "none");
     std::printf("%10s %11s %8s %4s %10s %7s %7s %6s | %10s %7s %6s | %7s\n", "size", "count",
@@ -189,8 +200,8 @@ int runWorker(const Config& cfg) {
     std::optional<TorchPeer::Result> theirs;
     double copyUs = 0;
     if (rank == 0) {
-      if (peer) theirs = peer->run(bytes, cfg.warmup, cfg.iters, std::chrono::seconds(300));
-      copyUs = memcpyMedianUs(bytes, std::max(cfg.iters, 3));
+      if (peer) theirs = peer->run(bytes, cfg.warmup, itersFor(bytes, cfg), std::chrono::seconds(300));
+      copyUs = memcpyMedianUs(bytes, std::max(itersFor(bytes, cfg), 3));
     }
     c->barrier();
     if (rank != 0) continue;
@@ -272,6 +283,10 @@ int main(int argc, char** argv) {
       ("dtype", "element type", cxxopts::value<std::string>()->default_value("float32"))
       ("op", "reduction", cxxopts::value<std::string>()->default_value("sum"))
       ("backend", "gloo or nccl", cxxopts::value<std::string>()->default_value("gloo"))
+      ("segment-bytes", "ring allreduce segment (bytes)",
+       cxxopts::value<size_t>()->default_value(std::to_string(dtrain::comm::kDefaultRingSegmentBytes)))
+      ("small-iters", "timed iterations for sizes up to 256 KiB",
+       cxxopts::value<int>()->default_value("200"))
       ("small-bytes", "direct/ring allreduce crossover (bytes)",
        cxxopts::value<size_t>()->default_value(std::to_string(dtrain::comm::kDefaultSmallAllreduceBytes)))
       ("no-peer", "skip the PyTorch peer")
@@ -296,11 +311,14 @@ int main(int argc, char** argv) {
     cfg.python = args["python"].as<std::string>();
     cfg.peerScript = args["peer-script"].as<std::string>();
     cfg.smallAllreduceBytes = args["small-bytes"].as<size_t>();
+    cfg.ringSegmentBytes = args["segment-bytes"].as<size_t>();
+    cfg.smallIters = args["small-iters"].as<int>();
     std::string sizes = args["sizes"].as<std::string>();
     if (args.count("smoke")) {
       if (sizes.empty()) sizes = "4K,64K,1M";
       cfg.warmup = std::min(cfg.warmup, 2);
       cfg.iters = std::min(cfg.iters, 5);
+      cfg.smallIters = std::min(cfg.smallIters, 20);
     }
     if (sizes.empty()) sizes = "4K,16K,64K,256K,1M,4M,16M,64M,256M";
     for (size_t at = 0; at < sizes.size();) {

@@ -136,7 +136,7 @@ void allreduceDirect(const GlooCall& call, void* data, size_t count, size_t elem
 }
 
 void allreduceRing(const GlooCall& call, void* data, size_t count, size_t elementSize,
-                   ReduceFn reduce) {
+                   ReduceFn reduce, size_t segmentBytes) {
   gloo::AllreduceOptions opts(call.context);
   auto buffer = call.context->createUnboundBuffer(data, count * elementSize);
   switch (elementSize) {
@@ -146,6 +146,7 @@ void allreduceRing(const GlooCall& call, void* data, size_t count, size_t elemen
     default: opts.setOutput<uint64_t>(std::move(buffer)); break;
   }
   opts.setReduceFunction(reduce);
+  opts.setMaxSegmentSize(segmentBytes);
   opts.setTag(call.tag);
   opts.setTimeout(call.timeout);
   gloo::allreduce(opts);

@@ -53,7 +53,7 @@ void allreduceDirect(const GlooCall& call, void* data, size_t count, size_t elem
 
 // Gloo's ring allreduce (reduce-scatter + allgather, segmented and pipelined).
 void allreduceRing(const GlooCall& call, void* data, size_t count, size_t elementSize,
-                   ReduceFn reduce);
+                   ReduceFn reduce, size_t segmentBytes);
 
 // Rank r receives op over every rank's block r: each rank sends block j to rank j and reduces the
 // blocks it receives in rank order. Moves (n-1)/n of the input per rank, like a ring.

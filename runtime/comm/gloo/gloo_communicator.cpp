@@ -42,6 +42,7 @@ GlooCommunicator::GlooCommunicator(const GlooOptions& o)
       store_(o.store),
       timeout_(o.timeout),
       smallAllreduceBytes_(o.smallAllreduceBytes),
+      ringSegmentBytes_(o.ringSegmentBytes),
       faults_(o.faults) {
   DTRAIN_CHECK_ARG(size_ >= 1, "Gloo: world size must be >= 1, got {}", size_);
   DTRAIN_CHECK_ARG(rank_ >= 0 && rank_ < size_, "Gloo: rank {} is outside 0..{}", rank_, size_ - 1);
@@ -213,7 +214,7 @@ std::shared_ptr<Work> GlooCommunicator::allreduceAsync(void* data, size_t count,
     if (bytes <= smallAllreduceBytes_) {
       allreduceDirect(call, data, i.count, elementSize(i.dtype), reduce, scratch_);
     } else {
-      allreduceRing(call, data, i.count, elementSize(i.dtype), reduce);
+      allreduceRing(call, data, i.count, elementSize(i.dtype), reduce, ringSegmentBytes_);
     }
     finishAverage(data, i.count, i.dtype, i.op, size_);
   });

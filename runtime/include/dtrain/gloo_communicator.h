@@ -17,6 +17,7 @@ namespace dtrain::comm {
 // Allreduces up to this many bytes use one all-to-all exchange (one round trip); larger ones the
 // ring (bandwidth-optimal). Measured crossover on loopback; see benchmarks/README.md.
 constexpr size_t kDefaultSmallAllreduceBytes = 256 * 1024;
+constexpr size_t kDefaultRingSegmentBytes = 1024 * 1024;
 
 struct GlooOptions {
   int rank = 0;
@@ -39,6 +40,8 @@ struct GlooOptions {
   bool checkCollectives = false;
   bool checkCollectivesFromEnv = true;
   size_t smallAllreduceBytes = kDefaultSmallAllreduceBytes;
+  // Largest message of the ring allreduce (Gloo's segment); see benchmarks/README.md.
+  size_t ringSegmentBytes = kDefaultRingSegmentBytes;
   // Fault injection (skip-collective, wrong-shape, hang); `step` counts collectives. Default:
   // DTRAIN_FAULT. Tests set it directly.
   std::vector<fault::Fault> faults;
