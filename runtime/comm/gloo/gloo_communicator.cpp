@@ -142,6 +142,7 @@ std::shared_ptr<Work> GlooCommunicator::submit(CollectiveInfo info, const CallOp
 
 void GlooCommunicator::runOnCommThread(const CollectiveInfo& requested, Millis timeout,
                                        const Body& body) {
+  DTRAIN_CHECK(queue_->onCommThread(), "{}: a collective ran outside the executor", who());
   {
     // A collective queued behind a failed one fails with the first error.
     std::lock_guard<std::mutex> lock(stateMutex_);

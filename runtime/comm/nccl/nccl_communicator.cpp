@@ -299,6 +299,8 @@ void NcclCommunicator::watchdogMain() {
 }
 
 void NcclCommunicator::failOnWatchdog(std::exception_ptr error) {
+  DTRAIN_CHECK(std::this_thread::get_id() == watchdog_.get_id(),
+               "nccl {}: failOnWatchdog() called outside the watchdog thread", who());
   std::deque<std::shared_ptr<NcclWork>> pending;
   {
     std::lock_guard<std::mutex> lock(stateMutex_);
