@@ -8,9 +8,9 @@
 // Options: --sizes 4K,64K,... (default 4 KiB..256 MiB by 4x), --warmup N, --iters N,
 // --dtype float32|float64|float16|bfloat16|int32|int64, --op sum|avg|max|min, --no-peer,
 // --rounds N (ours and the peer alternate N times per size, default 3), --small-iters N
-// (iterations for sizes up to 256 KiB, default 200), --segment-bytes N and
-// --small-bytes N (algorithm tuning), --python PATH, --smoke (three small sizes, few iterations:
-// the CTest).
+// (iterations for sizes up to 256 KiB, default 200), --segment-bytes N, --chunk-bytes N,
+// --small-bytes N and --two-rank-ring (algorithm tuning), --python PATH, --smoke (three small
+// sizes, few iterations: the CTest).
 //
 // Columns: size count dtype op time_us algbw busbw #wrong (busbw = algbw * 2(n-1)/n), then the
 // peer's time and busbw, ours/theirs busbw, and memcpy GB/s. For each size ours and the peer
@@ -61,6 +61,8 @@ struct Config {
   std::string peerScript;
   size_t smallAllreduceBytes = comm::kDefaultSmallAllreduceBytes;
   size_t ringSegmentBytes = comm::kDefaultRingSegmentBytes;
+  size_t directChunkBytes = comm::kDefaultDirectChunkBytes;
+  bool twoRankExchange = true;
   int smallIters = 200;  // sizes up to 256 KiB: more iterations, a steadier median
   int rounds = 3;        // ours and the peer alternate this many times per size
 };
@@ -167,6 +169,8 @@ std::shared_ptr<comm::Communicator> makeCommunicator(const Config& cfg, int rank
   o.name = "allreduce_bench";
   o.smallAllreduceBytes = cfg.smallAllreduceBytes;
   o.ringSegmentBytes = cfg.ringSegmentBytes;
+  o.directChunkBytes = cfg.directChunkBytes;
+  o.twoRankExchange = cfg.twoRankExchange;
   return comm::createGlooCommunicator(o);
 }
 
@@ -300,6 +304,9 @@ int main(int argc, char** argv) {
       ("dtype", "element type", cxxopts::value<std::string>()->default_value("float32"))
       ("op", "reduction", cxxopts::value<std::string>()->default_value("sum"))
       ("backend", "gloo or nccl", cxxopts::value<std::string>()->default_value("gloo"))
+      ("chunk-bytes", "direct exchange chunk (bytes)",
+       cxxopts::value<size_t>()->default_value(std::to_string(dtrain::comm::kDefaultDirectChunkBytes)))
+      ("two-rank-ring", "at two ranks use the ring above --small-bytes (tuning)")
       ("segment-bytes", "ring allreduce segment (bytes)",
        cxxopts::value<size_t>()->default_value(std::to_string(dtrain::comm::kDefaultRingSegmentBytes)))
       ("rounds", "ours and the peer alternate this many times per size",
@@ -331,6 +338,8 @@ int main(int argc, char** argv) {
     cfg.peerScript = args["peer-script"].as<std::string>();
     cfg.smallAllreduceBytes = args["small-bytes"].as<size_t>();
     cfg.ringSegmentBytes = args["segment-bytes"].as<size_t>();
+    cfg.directChunkBytes = args["chunk-bytes"].as<size_t>();
+    cfg.twoRankExchange = !args.count("two-rank-ring");
     cfg.smallIters = args["small-iters"].as<int>();
     cfg.rounds = std::max(1, args["rounds"].as<int>());
     std::string sizes = args["sizes"].as<std::string>();
