@@ -2,6 +2,7 @@
 # collectives; the PyTorch peer (ddp_step_peer.py) runs when python3 can import torch.
 if(DTRAIN_HAVE_GLOO)
   add_executable(ddp_step_bench
+    benchmarks/ddp/bench_process.cpp
     benchmarks/ddp/ddp_step_bench.cpp
     benchmarks/ddp/ddp_step_worker.cpp)
   target_link_libraries(ddp_step_bench PRIVATE dtrain nlohmann_json::nlohmann_json)

@@ -1,36 +1,31 @@
 // ddp_step_bench: median training-step time of dtrain's DistributedDataParallel against PyTorch's,
 // at world size 2 with one thread per rank, for an MLP of ~25M parameters (batch 64 per rank) and
-// ResNet-18 on 3x32x32 (batch 32 per rank). Rounds alternate dtrain and PyTorch so that both see
-// the same machine load; each worker alternates synchronised and communication-free (noSync /
-// no_sync) steps. Prints, per model: both medians and their ratio, the overhead of communication
-// over the communication-free step, and the exposed communication share
-// (step - communication-free step) / step.
+// ResNet-18 on 3x32x32 (batch 32 per rank). Both jobs run at once and take turns step by step, so
+// that both see the same machine load (Note [Turns] in ddp_step_bench.h); each alternates
+// synchronised and communication-free (noSync / no_sync) steps. Prints, per model: both medians
+// and their ratio, the overhead of communication over the communication-free step, and the
+// exposed communication share (step - communication-free step) / step.
 //
 //   ddp_step_bench [--rounds 3] [--steps 10] [--warmup 3] [--models mlp,resnet18] [--no-peer]
 //                  [--python /usr/bin/python3] [--smoke]
-#include <arpa/inet.h>
-#include <netinet/in.h>
-#include <signal.h>
-#include <spawn.h>
-#include <sys/socket.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
+#include <cstdlib>
 #include <algorithm>
 #include <cstdio>
 #include <cstring>
 #include <fstream>
 #include <map>
+#include <memory>
 #include <random>
 #include <sstream>
 
 #include <fmt/format.h>
 
+#include "bench_process.h"
 #include "ddp_step_bench.h"
 #include "dtrain/error.h"
 #include "dtrain/tcp_store.h"
-
-extern char** environ;
 
 namespace dtrain::bench {
 namespace {
@@ -75,6 +70,7 @@ Options parse(int argc, char** argv) {
     else if (a == "--model") o.step.model = value();
     else if (a == "--models") o.models = split(value(), ',');
     else if (a == "--out") o.step.out = value();
+    else if (a == "--turns") o.step.turns = value();
     else if (a == "--python") o.python = value();
     else if (a == "--peer-script") o.peerScript = value();
     else DTRAIN_THROW(InvalidArgument, "unknown argument {} (see the comment atop ddp_step_bench.cpp)", a);
@@ -88,43 +84,6 @@ Options parse(int argc, char** argv) {
   return o;
 }
 
-// Spawns `argv` with `env` added to this process's environment.
-pid_t spawn(const std::vector<std::string>& argv, const std::map<std::string, std::string>& env) {
-  std::vector<std::string> envStrings;
-  for (char** e = environ; *e; ++e) {
-    std::string kv = *e;
-    if (!env.count(kv.substr(0, kv.find('=')))) envStrings.push_back(kv);
-  }
-  for (const auto& [k, v] : env) envStrings.push_back(k + "=" + v);
-  std::vector<char*> args, envp;
-  for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
-  for (const auto& e : envStrings) envp.push_back(const_cast<char*>(e.c_str()));
-  args.push_back(nullptr);
-  envp.push_back(nullptr);
-  pid_t pid = 0;
-  int rc = posix_spawnp(&pid, args[0], nullptr, nullptr, args.data(), envp.data());
-  DTRAIN_CHECK(rc == 0, "cannot start {}: {}", argv[0], std::strerror(rc));
-  return pid;
-}
-
-// Waits for all; on the first failure kills the rest. Throws naming what failed.
-void waitAll(std::vector<pid_t> pids, const std::string& what) {
-  std::string failure;
-  while (!pids.empty()) {
-    int status = 0;
-    pid_t pid = waitpid(-1, &status, 0);
-    if (pid < 0) break;
-    pids.erase(std::remove(pids.begin(), pids.end(), pid), pids.end());
-    bool ok = WIFEXITED(status) && WEXITSTATUS(status) == 0;
-    if (!ok && failure.empty()) {
-      failure = WIFEXITED(status) ? fmt::format("exit code {}", WEXITSTATUS(status))
-                                  : fmt::format("signal {}", WTERMSIG(status));
-      for (pid_t other : pids) kill(other, SIGKILL);
-    }
-  }
-  DTRAIN_CHECK(failure.empty(), "{} failed: {}", what, failure);
-}
-
 std::string readResultFile(const std::string& path) {
   std::ifstream in(path);
   std::stringstream s;
@@ -134,58 +93,53 @@ std::string readResultFile(const std::string& path) {
 }
 
 std::vector<std::string> workerArgs(const Options& o, const std::string& model, int batch,
-                                    const std::string& out) {
+                                    const std::string& out, const std::string& turns) {
   std::vector<std::string> a = {"--model", model, "--batch", std::to_string(batch), "--warmup",
                                 std::to_string(o.step.warmup), "--steps",
                                 std::to_string(o.step.steps), "--out", out};
+  if (!turns.empty()) a.insert(a.end(), {"--turns", turns});
   if (o.step.smoke) a.push_back("--smoke");
   return a;
 }
 
-StepResult runOurs(const Options& o, const std::string& model, int batch, const std::string& out) {
+// A running job: dtrain's (two workers and the store they rendezvous in) or PyTorch's (torchrun).
+struct Job {
+  std::string name;
+  std::vector<pid_t> pids;
+  std::unique_ptr<store::TcpStoreServer> store;
+  std::string out;
+};
+
+Job startOurs(const Options& o, const std::string& model, int batch, const std::string& out,
+              const std::string& turns) {
+  Job job{"dtrain workers (" + model + ")", {}, nullptr, out};
   std::random_device rd;
   std::string token = fmt::format("{:016x}{:016x}", (uint64_t{rd()} << 32) | rd(),
                                   (uint64_t{rd()} << 32) | rd());
   store::TcpStoreServerOptions so;
   so.token = token;
-  auto server = store::TcpStoreServer::start(so);
-  std::vector<pid_t> pids;
+  job.store = store::TcpStoreServer::start(so);
+  char* self = realpath("/proc/self/exe", nullptr);
+  std::vector<std::string> argv = {self, "--worker"};
+  std::free(self);
+  auto rest = workerArgs(o, model, batch, out, turns);
+  argv.insert(argv.end(), rest.begin(), rest.end());
   for (int rank = 0; rank < kWorld; ++rank) {
-    std::vector<std::string> argv = {"/proc/self/exe", "--worker"};
-    auto rest = workerArgs(o, model, batch, out);
-    argv.insert(argv.end(), rest.begin(), rest.end());
-    argv[0] = std::string(realpath("/proc/self/exe", nullptr));
-    pids.push_back(spawn(argv, {{"RANK", std::to_string(rank)},
-                                {"LOCAL_RANK", std::to_string(rank)},
-                                {"WORLD_SIZE", std::to_string(kWorld)},
-                                {"LOCAL_WORLD_SIZE", std::to_string(kWorld)},
-                                {"OMP_NUM_THREADS", "1"},
-                                {"DTRAIN_STORE_ADDR", "127.0.0.1"},
-                                {"DTRAIN_STORE_PORT", std::to_string(server->port())},
-                                {"DTRAIN_STORE_TOKEN", token},
-                                {"DTRAIN_RESTART_COUNT", "0"}}));
+    job.pids.push_back(spawn(argv, {{"RANK", std::to_string(rank)},
+                                    {"LOCAL_RANK", std::to_string(rank)},
+                                    {"WORLD_SIZE", std::to_string(kWorld)},
+                                    {"LOCAL_WORLD_SIZE", std::to_string(kWorld)},
+                                    {"OMP_NUM_THREADS", "1"},
+                                    {"DTRAIN_STORE_ADDR", "127.0.0.1"},
+                                    {"DTRAIN_STORE_PORT", std::to_string(job.store->port())},
+                                    {"DTRAIN_STORE_TOKEN", token},
+                                    {"DTRAIN_RESTART_COUNT", "0"}}));
   }
-  waitAll(pids, "dtrain workers (" + model + ")");
-  server->stop();
-  return fromJson(readResultFile(out));
+  return job;
 }
 
-// A port free right now on loopback (the kernel's choice).
-uint16_t freePort() {
-  int fd = socket(AF_INET, SOCK_STREAM, 0);
-  DTRAIN_CHECK(fd >= 0, "socket: {}", std::strerror(errno));
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t len = sizeof(addr);
-  bool ok = bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0 &&
-            getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) == 0;
-  close(fd);
-  DTRAIN_CHECK(ok, "cannot find a free port: {}", std::strerror(errno));
-  return ntohs(addr.sin_port);
-}
-
-StepResult runPeer(const Options& o, const std::string& model, int batch, const std::string& out) {
+Job startPeer(const Options& o, const std::string& model, int batch, const std::string& out,
+              const std::string& turns) {
   // Not --standalone: that always puts the rendezvous on port 29400, which other jobs on the
   // machine may hold. torchrun polls its workers every --monitor_interval seconds (default 5),
   // most of a smoke run.
@@ -196,19 +150,52 @@ StepResult runPeer(const Options& o, const std::string& model, int batch, const 
                                    "ddp_step_bench", "--monitor_interval",
                                    o.step.smoke ? "1" : "5", "--redirects", "9:0", "--tee", "9:0",
                                    o.peerScript};
-  auto rest = workerArgs(o, model, batch, out);
+  auto rest = workerArgs(o, model, batch, out, turns);
   argv.insert(argv.end(), rest.begin(), rest.end());
-  // torchrun --standalone's rendezvous occasionally fails to connect to its own store on a busy
-  // machine; one more attempt, said aloud, rather than a lost run.
-  for (int attempt = 1;; ++attempt) {
-    try {
-      waitAll({spawn(argv, {{"OMP_NUM_THREADS", "1"}})}, "PyTorch peer (" + model + ")");
-      return fromJson(readResultFile(out));
-    } catch (const Error& e) {
-      if (attempt == 2) throw;
-      fmt::print(stderr, "ddp_step_bench: {}; trying once more\n", e.what());
-    }
+  return Job{"PyTorch peer (" + model + ")", {spawn(argv, {{"OMP_NUM_THREADS", "1"}})}, nullptr,
+             out};
+}
+
+StepResult finish(Job& job) {
+  waitAll(job.pids, job.name);
+  job.pids.clear();
+  if (job.store) job.store->stop();
+  return fromJson(readResultFile(job.out));
+}
+
+// One round: dtrain's job alone, or both jobs taking turns (Note [Turns]).
+std::pair<StepResult, StepResult> runRound(const Options& o, bool peer, const std::string& model,
+                                           int batch, const std::string& dir, int round) {
+  auto out = [&](const char* impl) { return fmt::format("{}/{}_{}_{}.json", dir, impl, model, round); };
+  if (!peer) {
+    Job ours = startOurs(o, model, batch, out("dtrain"), "");
+    return {finish(ours), StepResult{}};
   }
+  auto turnPath = [&](const char* impl) { return fmt::format("{}/{}_{}_{}", dir, impl, model, round); };
+  TurnGiver oursTurns(turnPath("dtrain")), peerTurns(turnPath("pytorch"));
+  Job ours = startOurs(o, model, batch, out("dtrain"), oursTurns.path());
+  Job theirs;
+  try {
+    theirs = startPeer(o, model, batch, out("pytorch"), peerTurns.path());
+    oursTurns.connect(ours.pids, 120);
+    peerTurns.connect(theirs.pids, 120);
+    int turns = o.step.warmup + 2 * o.step.steps;
+    for (int t = 0; t < turns; ++t) {
+      // Alternate who goes first, so neither always follows the other.
+      if (t % 2 == 0) {
+        oursTurns.give();
+        peerTurns.give();
+      } else {
+        peerTurns.give();
+        oursTurns.give();
+      }
+    }
+  } catch (const Error&) {
+    killAll(ours.pids);
+    killAll(theirs.pids);
+    throw;
+  }
+  return {finish(ours), finish(theirs)};
 }
 
 double median(std::vector<double> v) {
@@ -244,13 +231,12 @@ int runDriver(const Options& o) {
     std::vector<double> ours, oursLocal, peerStep, peerLocal, waits;
     int64_t params = 0;
     for (int round = 0; round < o.rounds; ++round) {
-      auto r = runOurs(o, model, batch, fmt::format("{}/dtrain_{}_{}.json", dir, model, round));
+      auto [r, p] = runRound(o, peer, model, batch, dir, round);
       params = r.parameters;
       append(ours, r.stepMs);
       append(oursLocal, r.noSyncMs);
       append(waits, r.waitMs);
       if (peer) {
-        auto p = runPeer(o, model, batch, fmt::format("{}/pytorch_{}_{}.json", dir, model, round));
         DTRAIN_CHECK(p.parameters == params, "the PyTorch model has {} parameters, ours {}",
                      p.parameters, params);
         append(peerStep, p.stepMs);

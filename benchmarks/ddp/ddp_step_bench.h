@@ -15,7 +15,20 @@ struct StepConfig {
   int steps = 10;             // timed synchronised steps, and as many communication-free ones
   bool smoke = false;         // tiny models: checks the plumbing only
   std::string out;            // rank 0 writes its result here (JSON)
+  // Turn-taking with the driver (see Note [Turns]): "<dir>/<side>", rank 0 reads "<...>.go" and
+  // writes "<...>.done". Empty: run freely.
+  std::string turns;
 };
+
+// Note [Turns]
+// The development machine is shared and its load swings within seconds, more than the
+// differences measured here. So both jobs, dtrain's and PyTorch's, run at once and take turns step
+// by step: before each step (warm-up ones included) rank 0 of a job waits for a byte on its "go"
+// FIFO, the job's ranks meet in a barrier, run and time the step, meet again, and rank 0 answers
+// on "done". The driver hands the turns out alternately, so every dtrain step has a PyTorch step
+// next to it in time, and a job that waits for its turn sleeps in a barrier (no CPU).
+// Turns per job: warmup + 2 * steps (each measured step is a synchronised one followed by a
+// communication-free one).
 
 // One worker's measurement: milliseconds per step.
 struct StepResult {

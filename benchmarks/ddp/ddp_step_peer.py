@@ -47,7 +47,7 @@ class BasicBlock(nn.Module):
 class ResNet18(nn.Module):
     def __init__(self, classes=10, base=64):
         super().__init__()
-        self.conv1 = conv(3, base, 7, 2, 3)
+        self.conv1 = conv(3, base, 3, 1, 1)  # CIFAR stem: no stride, no max-pool
         self.bn1 = nn.BatchNorm2d(base)
         layers, cin = [], base
         for stage, width in enumerate([base, 2 * base, 4 * base, 8 * base]):
@@ -60,7 +60,7 @@ class ResNet18(nn.Module):
         self.fc = nn.Linear(8 * base, classes)
 
     def forward(self, x):
-        h = F.max_pool2d(F.relu(self.bn1(self.conv1(x))), 3, 2, 1)
+        h = F.relu(self.bn1(self.conv1(x)))
         for layer in self.layers:
             h = layer(h)
         return self.fc(torch.flatten(F.adaptive_avg_pool2d(h, 1), 1))
@@ -74,6 +74,7 @@ def main():
     parser.add_argument("--steps", type=int, default=10)
     parser.add_argument("--smoke", action="store_true")
     parser.add_argument("--out", default="")
+    parser.add_argument("--turns", default="")
     args = parser.parse_args()
 
     torch.set_num_threads(1)
@@ -97,17 +98,34 @@ def main():
         loss.backward()
         sgd.step()
 
+    # Turns with the driver: Note [Turns] in ddp_step_bench.h.
+    go = done = None
+    if args.turns and rank == 0:
+        go = open(args.turns + ".go", "rb", buffering=0)
+        done = open(args.turns + ".done", "wb", buffering=0)
+
+    def turn(sync):
+        if go is not None and not go.read(1):
+            raise RuntimeError("the driver closed the turn FIFO")
+        dist.barrier()
+        start = time.perf_counter()
+        if sync:
+            step()
+        else:
+            with ddp.no_sync():
+                step()
+        ms = (time.perf_counter() - start) * 1e3
+        dist.barrier()
+        if done is not None:
+            done.write(b"d")
+        return ms
+
     for _ in range(args.warmup):
-        step()
+        turn(True)
     step_ms, nosync_ms = [], []
     for _ in range(args.steps):
-        start = time.perf_counter()
-        step()
-        step_ms.append((time.perf_counter() - start) * 1e3)
-        start = time.perf_counter()
-        with ddp.no_sync():
-            step()
-        nosync_ms.append((time.perf_counter() - start) * 1e3)
+        step_ms.append(turn(True))
+        nosync_ms.append(turn(False))
     if rank == 0 and args.out:
         with open(args.out, "w") as f:
             json.dump({"impl": "pytorch", "model": args.model,

@@ -1,5 +1,6 @@
 // The worker of ddp_step_bench: times one model's training step under dtrain's DDP, alternating
-// synchronised steps with communication-free ones (noSync) so that both see the same conditions.
+// synchronised steps with communication-free ones (noSync) so that both see the same conditions,
+// in turns with the PyTorch job (Note [Turns] in ddp_step_bench.h).
 #include <chrono>
 #include <fstream>
 
@@ -15,6 +16,31 @@
 namespace dtrain::bench {
 
 namespace {
+
+// Rank 0's side of Note [Turns]; a no-op on other ranks and without --turns.
+class Turns {
+ public:
+  Turns(const std::string& path, bool owner) {
+    if (path.empty() || !owner) return;
+    go_.open(path + ".go", std::ios::binary);  // the same order as the driver: go, then done
+    done_.open(path + ".done", std::ios::binary);
+    DTRAIN_CHECK(go_ && done_, "cannot open the turn FIFOs {}.go / .done", path);
+  }
+  void begin() {
+    if (!go_.is_open()) return;
+    char c;
+    DTRAIN_CHECK(go_.get(c), "the driver closed the turn FIFO");
+  }
+  void end() {
+    if (!done_.is_open()) return;
+    done_.put('d');
+    done_.flush();
+  }
+
+ private:
+  std::ifstream go_;
+  std::ofstream done_;
+};
 
 double msSince(std::chrono::steady_clock::time_point start) {
   return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start)
@@ -37,19 +63,29 @@ StepResult measure(Net net, const torch::Tensor& x, const torch::Tensor& y, bool
   result.impl = "dtrain";
   result.model = config.model;
   for (const auto& p : ddp.parameters()) result.parameters += p.numel();
-  for (int i = 0; i < config.warmup; ++i) step();
-  for (int i = 0; i < config.steps; ++i) {
+  Turns turns(config.turns, group->rank() == 0);
+  // One step in its turn; returns its milliseconds.
+  auto turn = [&](bool sync) {
+    turns.begin();
+    group->barrier();
     auto start = std::chrono::steady_clock::now();
-    step();
-    result.stepMs.push_back(msSince(start));
-    result.waitMs.push_back(
-        std::chrono::duration<double, std::milli>(ddp.lastIteration().waited).count());
-    start = std::chrono::steady_clock::now();
-    {
+    if (sync) {
+      step();
+    } else {
       auto guard = ddp.noSync();
       step();
     }
-    result.noSyncMs.push_back(msSince(start));
+    double ms = msSince(start);
+    group->barrier();
+    turns.end();
+    return ms;
+  };
+  for (int i = 0; i < config.warmup; ++i) turn(true);
+  for (int i = 0; i < config.steps; ++i) {
+    result.stepMs.push_back(turn(true));
+    result.waitMs.push_back(
+        std::chrono::duration<double, std::milli>(ddp.lastIteration().waited).count());
+    result.noSyncMs.push_back(turn(false));
   }
   return result;
 }

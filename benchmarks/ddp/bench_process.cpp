@@ -1,0 +1,128 @@
+#include "bench_process.h"
+
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <chrono>
+#include <cstring>
+#include <thread>
+
+#include <fmt/format.h>
+
+#include "dtrain/error.h"
+
+extern char** environ;
+
+namespace dtrain::bench {
+
+pid_t spawn(const std::vector<std::string>& argv, const std::map<std::string, std::string>& env) {
+  std::vector<std::string> envStrings;
+  for (char** e = environ; *e; ++e) {
+    std::string kv = *e;
+    if (!env.count(kv.substr(0, kv.find('=')))) envStrings.push_back(kv);
+  }
+  for (const auto& [k, v] : env) envStrings.push_back(k + "=" + v);
+  std::vector<char*> args, envp;
+  for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
+  for (const auto& e : envStrings) envp.push_back(const_cast<char*>(e.c_str()));
+  args.push_back(nullptr);
+  envp.push_back(nullptr);
+  pid_t pid = 0;
+  int rc = posix_spawnp(&pid, args[0], nullptr, nullptr, args.data(), envp.data());
+  DTRAIN_CHECK(rc == 0, "cannot start {}: {}", argv[0], std::strerror(rc));
+  return pid;
+}
+
+void waitAll(std::vector<pid_t> pids, const std::string& what) {
+  std::string failure;
+  while (!pids.empty()) {
+    int status = 0;
+    pid_t pid = waitpid(pids.front(), &status, 0);
+    if (pid < 0) break;
+    pids.erase(pids.begin());
+    bool ok = WIFEXITED(status) && WEXITSTATUS(status) == 0;
+    if (!ok && failure.empty()) {
+      failure = WIFEXITED(status) ? fmt::format("exit code {}", WEXITSTATUS(status))
+                                  : fmt::format("signal {}", WTERMSIG(status));
+      killAll(pids);
+      pids.clear();
+    }
+  }
+  DTRAIN_CHECK(failure.empty(), "{} failed: {}", what, failure);
+}
+
+void killAll(const std::vector<pid_t>& pids) {
+  for (pid_t pid : pids) kill(pid, SIGKILL);
+  for (pid_t pid : pids) waitpid(pid, nullptr, 0);
+}
+
+uint16_t freePort() {
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  DTRAIN_CHECK(fd >= 0, "socket: {}", std::strerror(errno));
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof(addr);
+  bool ok = bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0 &&
+            getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) == 0;
+  close(fd);
+  DTRAIN_CHECK(ok, "cannot find a free port: {}", std::strerror(errno));
+  return ntohs(addr.sin_port);
+}
+
+TurnGiver::TurnGiver(std::string path) : path_(std::move(path)) {
+  signal(SIGPIPE, SIG_IGN);  // a job that died shows up as EPIPE, not as our death
+  for (const char* suffix : {".go", ".done"}) {
+    std::string p = path_ + suffix;
+    DTRAIN_CHECK(mkfifo(p.c_str(), 0600) == 0, "mkfifo {}: {}", p, std::strerror(errno));
+  }
+}
+
+TurnGiver::~TurnGiver() {
+  if (go_ >= 0) close(go_);
+  if (done_ >= 0) close(done_);
+}
+
+void TurnGiver::connect(const std::vector<pid_t>& pids, double timeoutSeconds) {
+  auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(timeoutSeconds);
+  std::string go = path_ + ".go";
+  // A non-blocking open for writing fails (ENXIO) until the reader is there: poll for it, so a
+  // job that dies while starting is noticed instead of blocking us forever.
+  while ((go_ = open(go.c_str(), O_WRONLY | O_NONBLOCK)) < 0) {
+    DTRAIN_CHECK(errno == ENXIO, "open {}: {}", go, std::strerror(errno));
+    for (pid_t pid : pids) {
+      DTRAIN_CHECK(waitpid(pid, nullptr, WNOHANG) == 0, "a job ended before taking turns ({})",
+                   path_);
+    }
+    DTRAIN_CHECK(std::chrono::steady_clock::now() < deadline,
+                 "the job did not open {} within {} s", go, timeoutSeconds);
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  fcntl(go_, F_SETFL, fcntl(go_, F_GETFL) & ~O_NONBLOCK);
+  // Rank 0 opens "done" right after "go".
+  std::string done = path_ + ".done";
+  done_ = open(done.c_str(), O_RDONLY);
+  DTRAIN_CHECK(done_ >= 0, "open {}: {}", done, std::strerror(errno));
+}
+
+void TurnGiver::give() {
+  char c = 'g';
+  DTRAIN_CHECK(write(go_, &c, 1) == 1, "the job behind {} is gone ({})", path_,
+               std::strerror(errno));
+  ssize_t n;
+  do {
+    n = read(done_, &c, 1);
+  } while (n < 0 && errno == EINTR);
+  DTRAIN_CHECK(n == 1, "the job behind {} ended during its turn", path_);
+}
+
+}  // namespace dtrain::bench
