@@ -28,7 +28,8 @@ command -v apt-get >/dev/null && command -v dpkg >/dev/null || {
 mkdir -p "$dir/debs" "$dir/root"
 cd "$dir/debs"
 echo "gpu_deps.sh: downloading ${#packages[@]} packages into $dir/debs"
-apt-get download "${packages[@]}" >/dev/null
+# As root, apt drops to its sandbox user, which cannot write here; downloads need no sandbox.
+apt-get download -o APT::Sandbox::User=root "${packages[@]}" >/dev/null
 for deb in ./*.deb; do
   dpkg -x "$deb" "$dir/root"
 done

@@ -14,8 +14,11 @@ if(DTRAIN_HAVE_NCCL)
 endif()
 dtrain_warnings(allreduce_bench)
 
-if(DTRAIN_WITH_TESTS)
-  add_test(NAME bench_smoke.allreduce_bench COMMAND allreduce_bench --smoke --world 2)
+if(DTRAIN_WITH_TESTS AND DTRAIN_HAVE_GLOO)
+  # Started the way it is meant to be: by launch, one process per rank, rank 0's table only.
+  add_test(NAME bench_smoke.allreduce_bench
+           COMMAND $<TARGET_FILE:launch> --nproc-per-node 2 --local-ranks-filter 0
+                   --log-line-prefix-template "" $<TARGET_FILE:allreduce_bench> --smoke)
   set_tests_properties(bench_smoke.allreduce_bench PROPERTIES LABELS integration TIMEOUT 60
                        RUN_SERIAL TRUE)
 endif()

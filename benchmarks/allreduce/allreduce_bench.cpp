@@ -7,10 +7,14 @@
 //
 // Options: --sizes 4K,64K,... (default 4 KiB..256 MiB by 4x), --warmup N, --iters N,
 // --dtype float32|float64|float16|bfloat16|int32|int64, --op sum|avg|max|min, --no-peer,
-// --python PATH, --smoke (three small sizes, few iterations: the CTest).
+// --rounds N (ours and the peer alternate N times per size, default 3), --small-iters N
+// (iterations for sizes up to 256 KiB, default 200), --segment-bytes N, --chunk-bytes N,
+// --small-bytes N and --two-rank-ring (algorithm tuning), --python PATH, --smoke (three small
+// sizes, few iterations: the CTest).
 //
 // Columns: size count dtype op time_us algbw busbw #wrong (busbw = algbw * 2(n-1)/n), then the
-// peer's time and busbw, ours/theirs busbw, and memcpy GB/s. Times are medians of rank 0's
+// peer's time and busbw, ours/theirs busbw, and memcpy GB/s. For each size ours and the peer
+// alternate --rounds times (default 3); a time is the median of the rounds' medians of rank 0's
 // per-iteration times. #wrong counts elements that differ from the closed form (rank r
 // contributes r + i % 5) after one checked allreduce.
 #include <sys/wait.h>
@@ -56,6 +60,11 @@ struct Config {
   std::string python = "/usr/bin/python3";
   std::string peerScript;
   size_t smallAllreduceBytes = comm::kDefaultSmallAllreduceBytes;
+  size_t ringSegmentBytes = comm::kDefaultRingSegmentBytes;
+  size_t directChunkBytes = comm::kDefaultDirectChunkBytes;
+  bool twoRankExchange = true;
+  int smallIters = 200;  // sizes up to 256 KiB: more iterations, a steadier median
+  int rounds = 3;        // ours and the peer alternate this many times per size
 };
 
 size_t parseSize(const std::string& text) {
@@ -110,17 +119,22 @@ struct Row {
   long wrong = 0;
 };
 
-Row measureOurs(comm::Communicator& c, BenchBuffers& buf, size_t bytes, const Config& cfg) {
+int itersFor(size_t bytes, const Config& cfg) {
+  return bytes <= (256u << 10) ? std::max(cfg.iters, cfg.smallIters) : cfg.iters;
+}
+
+Row measureOurs(comm::Communicator& c, BenchBuffers& buf, size_t bytes, const Config& cfg,
+               int warmup) {
   const size_t count = bytes / comm::elementSize(cfg.dtype);
   buf.fillContribution(c.rank(), count);
   c.allreduce(buf.data(), count, cfg.dtype, cfg.op);
   Row row;
   row.wrong = buf.countWrong(count, c.size(), cfg.op);
-  for (int i = 0; i < cfg.warmup; ++i) c.allreduce(buf.data(), count, cfg.dtype, cfg.op);
+  for (int i = 0; i < warmup; ++i) c.allreduce(buf.data(), count, cfg.dtype, cfg.op);
   buf.synchronize();
   c.barrier();
   std::vector<double> times;
-  for (int i = 0; i < cfg.iters; ++i) {
+  for (int i = 0; i < itersFor(bytes, cfg); ++i) {
     auto t0 = Clock::now();
     c.allreduce(buf.data(), count, cfg.dtype, cfg.op);
     buf.synchronize();
@@ -154,6 +168,9 @@ std::shared_ptr<comm::Communicator> makeCommunicator(const Config& cfg, int rank
   o.storeHost = host ? host : "";
   o.name = "allreduce_bench";
   o.smallAllreduceBytes = cfg.smallAllreduceBytes;
+  o.ringSegmentBytes = cfg.ringSegmentBytes;
+  o.directChunkBytes = cfg.directChunkBytes;
+  o.twoRankExchange = cfg.twoRankExchange;
   return comm::createGlooCommunicator(o);
 }
 
@@ -167,9 +184,11 @@ int runWorker(const Config& cfg) {
   }
   const double busFactor = world > 1 ? 2.0 * (world - 1) / world : 1.0;
   if (rank == 0) {
-    std::printf("# allreduce_bench: %s, world %d, %s %s, warmup %d, iters %d; medians of rank 0\n",
+    std::printf("# allreduce_bench: %s, world %d, %s %s, warmup %d, iters %d (%d up to 256 KiB), "
+                "%d rounds; median of the rounds' medians, rank 0\n",
                 cfg.backend.c_str(), world, comm::dataTypeName(cfg.dtype),
-                comm::reduceOpName(cfg.op), cfg.warmup, cfg.iters);
+                comm::reduceOpName(cfg.op), cfg.warmup, cfg.iters,
+                std::max(cfg.iters, cfg.smallIters), cfg.rounds);
     std::printf("# peer: %s\n", peer ? "torch.distributed.all_reduce (gloo), same sizes, interleaved"
                                      : "none");
     std::printf("%10s %11s %8s %4s %10s %7s %7s %6s | %10s %7s %6s | %7s\n", "size", "count",
@@ -183,28 +202,41 @@ int runWorker(const Config& cfg) {
   size_t maxBytes = *std::max_element(cfg.sizes.begin(), cfg.sizes.end());
   auto buf = BenchBuffers::create(*c, maxBytes, cfg.dtype);
   for (size_t bytes : cfg.sizes) {
-    Row ours = measureOurs(*c, *buf, bytes, cfg);
-    totalWrong += ours.wrong;
-    // The other ranks wait here while rank 0 drives the peer and the memcpy.
-    std::optional<TorchPeer::Result> theirs;
-    double copyUs = 0;
-    if (rank == 0) {
-      if (peer) theirs = peer->run(bytes, cfg.warmup, cfg.iters, std::chrono::seconds(300));
-      copyUs = memcpyMedianUs(bytes, std::max(cfg.iters, 3));
+    // Ours and theirs alternate --rounds times, so a burst of load from elsewhere hits both.
+    std::vector<double> ourRounds;
+    std::vector<double> theirRounds;
+    long peerWrong = 0;
+    long ourWrong = 0;
+    for (int round = 0; round < cfg.rounds; ++round) {
+      Row ours = measureOurs(*c, *buf, bytes, cfg, round == 0 ? cfg.warmup : 1);
+      ourRounds.push_back(ours.us);
+      ourWrong += ours.wrong;
+      // The other ranks wait here while rank 0 drives the peer.
+      if (rank == 0 && peer) {
+        auto theirs = peer->run(bytes, round == 0 ? cfg.warmup : 1, itersFor(bytes, cfg),
+                                std::chrono::seconds(300));
+        if (theirs) {
+          theirRounds.push_back(theirs->medianUs);
+          peerWrong += theirs->wrong;
+        }
+      }
+      c->barrier();
     }
-    c->barrier();
+    totalWrong += ourWrong + peerWrong;
     if (rank != 0) continue;
-    const double algbw = bytes / ours.us / 1e3;
+    const double copyUs = memcpyMedianUs(bytes, std::max(itersFor(bytes, cfg), 3));
+    const double ourUs = median(ourRounds);
+    const double algbw = bytes / ourUs / 1e3;
     std::string peerCols = fmt::format("{:>10} {:>7} {:>6}", "-", "-", "-");
-    if (theirs) {
-      const double theirBus = bytes / theirs->medianUs / 1e3 * busFactor;
-      peerCols = fmt::format("{:>10.1f} {:>7.3f} {:>6.2f}", theirs->medianUs, theirBus,
+    if (!theirRounds.empty()) {
+      const double theirUs = median(theirRounds);
+      const double theirBus = bytes / theirUs / 1e3 * busFactor;
+      peerCols = fmt::format("{:>10.1f} {:>7.3f} {:>6.2f}", theirUs, theirBus,
                              algbw * busFactor / theirBus);
-      totalWrong += theirs->wrong;
     }
     std::printf("%10zu %11zu %8s %4s %10.1f %7.3f %7.3f %6ld | %s | %7.2f\n", bytes,
                 bytes / comm::elementSize(cfg.dtype), comm::dataTypeName(cfg.dtype),
-                comm::reduceOpName(cfg.op), ours.us, algbw, algbw * busFactor, ours.wrong,
+                comm::reduceOpName(cfg.op), ourUs, algbw, algbw * busFactor, ourWrong + peerWrong,
                 peerCols.c_str(), bytes / copyUs / 1e3);
     std::fflush(stdout);
   }
@@ -272,6 +304,15 @@ int main(int argc, char** argv) {
       ("dtype", "element type", cxxopts::value<std::string>()->default_value("float32"))
       ("op", "reduction", cxxopts::value<std::string>()->default_value("sum"))
       ("backend", "gloo or nccl", cxxopts::value<std::string>()->default_value("gloo"))
+      ("chunk-bytes", "direct exchange chunk (bytes)",
+       cxxopts::value<size_t>()->default_value(std::to_string(dtrain::comm::kDefaultDirectChunkBytes)))
+      ("two-rank-ring", "at two ranks use the ring above --small-bytes (tuning)")
+      ("segment-bytes", "ring allreduce segment (bytes)",
+       cxxopts::value<size_t>()->default_value(std::to_string(dtrain::comm::kDefaultRingSegmentBytes)))
+      ("rounds", "ours and the peer alternate this many times per size",
+       cxxopts::value<int>()->default_value("3"))
+      ("small-iters", "timed iterations for sizes up to 256 KiB",
+       cxxopts::value<int>()->default_value("200"))
       ("small-bytes", "direct/ring allreduce crossover (bytes)",
        cxxopts::value<size_t>()->default_value(std::to_string(dtrain::comm::kDefaultSmallAllreduceBytes)))
       ("no-peer", "skip the PyTorch peer")
@@ -296,11 +337,18 @@ int main(int argc, char** argv) {
     cfg.python = args["python"].as<std::string>();
     cfg.peerScript = args["peer-script"].as<std::string>();
     cfg.smallAllreduceBytes = args["small-bytes"].as<size_t>();
+    cfg.ringSegmentBytes = args["segment-bytes"].as<size_t>();
+    cfg.directChunkBytes = args["chunk-bytes"].as<size_t>();
+    cfg.twoRankExchange = !args.count("two-rank-ring");
+    cfg.smallIters = args["small-iters"].as<int>();
+    cfg.rounds = std::max(1, args["rounds"].as<int>());
     std::string sizes = args["sizes"].as<std::string>();
     if (args.count("smoke")) {
       if (sizes.empty()) sizes = "4K,64K,1M";
       cfg.warmup = std::min(cfg.warmup, 2);
       cfg.iters = std::min(cfg.iters, 5);
+      cfg.smallIters = std::min(cfg.smallIters, 20);
+      cfg.rounds = 1;
     }
     if (sizes.empty()) sizes = "4K,16K,64K,256K,1M,4M,16M,64M,256M";
     for (size_t at = 0; at < sizes.size();) {

@@ -151,6 +151,23 @@ TEST(GlooCollectives, RingAndDirectAgreeBitwiseOnFloats) {
   }
 }
 
+TEST(GlooCollectives, ChunkedDirectExchangeAcrossManyWindows) {
+  // 1000-byte chunks: a 5003-element buffer spans far more chunks than the in-flight window, with
+  // a partial last chunk and (for 2-byte types) chunks that split no element.
+  for (int n : {2, 3}) {
+    auto world = makeGlooWorld(n, [](GlooOptions& o) {
+      o.directChunkBytes = 1000;
+      o.smallAllreduceBytes = size_t(1) << 30;
+    });
+    for (DataType dtype : kAllDtypes) {
+      for (size_t count : {size_t(1), size_t(7), size_t(5003)}) {
+        checkAllreduce(world, dtype, ReduceOp::Sum, count);
+        checkAllreduce(world, dtype, ReduceOp::Max, count);
+      }
+    }
+  }
+}
+
 TEST(GlooCollectives, AsyncWorkCompletesInIssueOrder) {
   const int n = 2;
   auto world = makeGlooWorld(n);

@@ -71,6 +71,7 @@ at::Tensor expected(int n, ReduceOp op, at::IntArrayRef shape, at::ScalarType dt
 }
 
 TEST(ProcessGroupCollectives, AllreduceEveryDtypeAndOpInPlace) {
+  if (!comm::glooAvailable()) GTEST_SKIP() << "built without Gloo";
   const int n = 3;
   auto pgs = makeGroups(n);
   for (auto dtype : {torch::kFloat, torch::kDouble, torch::kHalf, torch::kBFloat16, torch::kInt,
@@ -89,6 +90,7 @@ TEST(ProcessGroupCollectives, AllreduceEveryDtypeAndOpInPlace) {
 }
 
 TEST(ProcessGroupCollectives, NonContiguousTensorsAreWrittenBackInPlace) {
+  if (!comm::glooAvailable()) GTEST_SKIP() << "built without Gloo";
   const int n = 2;
   auto pgs = makeGroups(n);
   onRanks(n, [&](int r) {
@@ -112,6 +114,7 @@ TEST(ProcessGroupCollectives, NonContiguousTensorsAreWrittenBackInPlace) {
 }
 
 TEST(ProcessGroupCollectives, AsyncWorkKeepsItsTensorAlive) {
+  if (!comm::glooAvailable()) GTEST_SKIP() << "built without Gloo";
   const int n = 2;
   auto pgs = makeGroups(n);
   onRanks(n, [&](int r) {
@@ -130,6 +133,7 @@ TEST(ProcessGroupCollectives, AsyncWorkKeepsItsTensorAlive) {
 }
 
 TEST(ProcessGroupCollectives, AllgatherAndReduceScatter) {
+  if (!comm::glooAvailable()) GTEST_SKIP() << "built without Gloo";
   const int n = 4;
   auto pgs = makeGroups(n);
   onRanks(n, [&](int r) {
@@ -148,6 +152,7 @@ TEST(ProcessGroupCollectives, AllgatherAndReduceScatter) {
 }
 
 TEST(ProcessGroupCollectives, ZeroElementTensors) {
+  if (!comm::glooAvailable()) GTEST_SKIP() << "built without Gloo";
   const int n = 2;
   auto pgs = makeGroups(n);
   onRanks(n, [&](int r) {
@@ -159,6 +164,7 @@ TEST(ProcessGroupCollectives, ZeroElementTensors) {
 }
 
 TEST(ProcessGroupCollectives, TheCollectiveCheckNamesBothShapes) {
+  if (!comm::glooAvailable()) GTEST_SKIP() << "built without Gloo";
   const int n = 2;
   auto pgs = makeGroups(n, /*check=*/true);
   std::vector<std::string> errors(n);
@@ -181,6 +187,7 @@ TEST(ProcessGroupCollectives, TheCollectiveCheckNamesBothShapes) {
 }
 
 TEST(ProcessGroupCollectives, RejectsUnsupportedTensors) {
+  if (!comm::glooAvailable()) GTEST_SKIP() << "built without Gloo";
   auto pgs = makeGroups(1);
   auto c = torch::ones({2}, torch::kComplexFloat);
   EXPECT_THROW(pgs[0]->allreduce(c), InvalidArgument);

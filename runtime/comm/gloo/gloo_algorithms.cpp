@@ -19,13 +19,21 @@ namespace dtrain::comm {
 // Note [Direct exchange]
 // Gloo's ring allreduce splits even a 4 KiB buffer into 2n segments and moves them in 2(n-1)
 // dependent steps; on loopback each step costs a notification round trip and a thread wake-up,
-// ~150 us in all for 4 KiB at 2 ranks. Below kDefaultSmallAllreduceBytes we instead post every
-// receive, send the whole buffer to each peer and reduce locally: one round trip. Every rank
-// reduces the contributions in rank order, so all ranks hold bitwise-identical results (what the
-// ring also guarantees). Reduce-scatter uses the same pattern at every size: sending block j to
-// rank j moves exactly as many bytes as a ring would.
+// ~150 us in all for 4 KiB at 2 ranks, and on a loaded 2-core machine any of those wake-ups may
+// wait for a scheduler tick (4 ms). Below kDefaultSmallAllreduceBytes we instead post every
+// receive, send the whole buffer to each peer and reduce locally: one round trip. With two ranks
+// this moves exactly the bytes a ring moves (B per rank), so it is used at every size there:
+// large buffers go in chunks, each reduced as soon as it has arrived while the next ones are in
+// flight, through a window of kDirectWindow scratch chunks per peer (scratch stays a few MiB for
+// any buffer). With more ranks it would move (n-1)B instead of 2(n-1)/n B, so large buffers take
+// the ring. Every rank reduces the contributions in rank order, so all ranks hold
+// bitwise-identical results (what the ring also guarantees). Reduce-scatter uses the same pattern
+// at every size: sending block j to rank j moves exactly as many bytes as a ring would.
 
 namespace {
+
+// Chunks of a direct allreduce in flight per peer (see allreduceDirect).
+constexpr size_t kDirectWindow = 8;
 
 // Slot prefixes of our own algorithms; Gloo's own use 0x01..0x08.
 constexpr uint8_t kDirectAllreducePrefix = 0x40;
@@ -48,6 +56,21 @@ struct PeerBuffers {
 
 bool isTimeout(const std::exception& e) {
   return std::string(e.what()).find("Timed out") != std::string::npos;
+}
+
+// Waits for one receive (or send) on `buf`, naming `peer` when the deadline passes.
+void waitOne(gloo::transport::UnboundBuffer& buf, bool receive, int peer,
+             Clock::time_point deadline) {
+  try {
+    if (receive) {
+      buf.waitRecv(remaining(deadline));
+    } else {
+      buf.waitSend(remaining(deadline));
+    }
+  } catch (const gloo::IoException& e) {
+    if (!isTimeout(e)) throw;
+    throw GlooWaitTimeout(receive ? "waiting for data from" : "sending to", std::vector<int>{peer});
+  }
 }
 
 void waitAll(PeerBuffers& bufs, const std::vector<int>& peers, Clock::time_point deadline) {
@@ -106,37 +129,68 @@ uint8_t* Scratch::reserve(size_t bytes) {
 }
 
 void allreduceDirect(const GlooCall& call, void* data, size_t count, size_t elementSize,
-                     ReduceFn reduce, Scratch& scratch) {
+                     ReduceFn reduce, Scratch& scratch, size_t chunkBytes) {
   gloo::Context& ctx = *call.context;
   const int n = ctx.size;
   const int me = ctx.rank;
-  const size_t bytes = count * elementSize;
   const auto deadline = Clock::now() + call.timeout;
   const uint64_t slot = gloo::Slot::build(kDirectAllreducePrefix, call.tag);
   const auto peers = peersOf(ctx);
+  const size_t npeers = peers.size();
+  uint8_t* const out = static_cast<uint8_t*>(data);
 
-  // Scratch: one slot per rank for received data, plus an accumulator.
-  uint8_t* base = scratch.reserve(bytes * (static_cast<size_t>(n) + 1));
-  PeerBuffers bufs;
-  for (int peer : peers) {
-    bufs.recv.push_back(ctx.createUnboundBuffer(base + bytes * peer, bytes));
-    bufs.recv.back()->recv(peer, slot);
+  // Chunks of the buffer flow through a window of kDirectWindow scratch slots per peer, so
+  // scratch stays small for any size while several chunks are in flight (Note [Direct exchange]).
+  const size_t chunkElems = std::max<size_t>(1, chunkBytes / elementSize);
+  const size_t chunkLen = std::min(count, chunkElems) * elementSize;
+  const size_t chunks = (count + chunkElems - 1) / chunkElems;
+  const size_t window = std::min(chunks, kDirectWindow);
+  uint8_t* base = scratch.reserve(chunkLen * (window * npeers + 1));
+  uint8_t* accumulator = base + chunkLen * window * npeers;
+  auto scratchOf = [&](size_t chunk, size_t p) {
+    return base + chunkLen * ((chunk % window) * npeers + p);
+  };
+  auto elemsOf = [&](size_t chunk) { return std::min(chunkElems, count - chunk * chunkElems); };
+
+  std::vector<std::unique_ptr<gloo::transport::UnboundBuffer>> recvs(chunks * npeers);
+  std::vector<std::unique_ptr<gloo::transport::UnboundBuffer>> sends(chunks * npeers);
+  auto postRecvs = [&](size_t chunk) {
+    for (size_t p = 0; p < npeers; ++p) {
+      auto& r = recvs[chunk * npeers + p];
+      r = ctx.createUnboundBuffer(scratchOf(chunk, p), elemsOf(chunk) * elementSize);
+      r->recv(peers[p], slot);
+    }
+  };
+  for (size_t k = 0; k < window; ++k) postRecvs(k);
+  for (size_t k = 0; k < chunks; ++k) {
+    for (size_t p = 0; p < npeers; ++p) {
+      auto& snd = sends[k * npeers + p];
+      snd = ctx.createUnboundBuffer(out + k * chunkElems * elementSize, elemsOf(k) * elementSize);
+      snd->send(peers[p], slot);
+    }
   }
-  for (int peer : peers) {
-    bufs.send.push_back(ctx.createUnboundBuffer(data, bytes));
-    bufs.send.back()->send(peer, slot);
-  }
-  waitAll(bufs, peers, deadline);
 
   std::vector<const uint8_t*> contributions(n);
-  for (int r = 0; r < n; ++r) {
-    contributions[r] = (r == me) ? static_cast<const uint8_t*>(data) : base + bytes * r;
+  for (size_t k = 0; k < chunks; ++k) {
+    for (size_t p = 0; p < npeers; ++p) {
+      waitOne(*recvs[k * npeers + p], /*receive=*/true, peers[p], deadline);
+    }
+    // This rank's chunk has left (the kernel copied it) before the result overwrites it.
+    for (size_t p = 0; p < npeers; ++p) {
+      waitOne(*sends[k * npeers + p], /*receive=*/false, peers[p], deadline);
+    }
+    uint8_t* chunkOut = out + k * chunkElems * elementSize;
+    for (int r = 0, p = 0; r < n; ++r) {
+      contributions[r] = (r == me) ? chunkOut : scratchOf(k, static_cast<size_t>(p++));
+    }
+    reduceInRankOrder(contributions, chunkOut, accumulator, elemsOf(k), reduce);
+    recvs[k * npeers].reset();
+    if (k + window < chunks) postRecvs(k + window);  // its scratch slot is free now
   }
-  reduceInRankOrder(contributions, static_cast<uint8_t*>(data), base + bytes * n, count, reduce);
 }
 
 void allreduceRing(const GlooCall& call, void* data, size_t count, size_t elementSize,
-                   ReduceFn reduce) {
+                   ReduceFn reduce, size_t segmentBytes) {
   gloo::AllreduceOptions opts(call.context);
   auto buffer = call.context->createUnboundBuffer(data, count * elementSize);
   switch (elementSize) {
@@ -146,6 +200,7 @@ void allreduceRing(const GlooCall& call, void* data, size_t count, size_t elemen
     default: opts.setOutput<uint64_t>(std::move(buffer)); break;
   }
   opts.setReduceFunction(reduce);
+  opts.setMaxSegmentSize(segmentBytes);
   opts.setTag(call.tag);
   opts.setTimeout(call.timeout);
   gloo::allreduce(opts);

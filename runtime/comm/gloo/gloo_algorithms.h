@@ -47,13 +47,14 @@ class GlooWaitTimeout : public std::runtime_error {
 };
 
 // Every rank sends its whole buffer to every other rank and reduces what it receives in rank
-// order: one round trip, identical results on all ranks.
+// order: one round trip, identical results on all ranks. Large buffers go in chunks of
+// `chunkBytes`, each reduced as soon as it has arrived while the next ones are in flight.
 void allreduceDirect(const GlooCall& call, void* data, size_t count, size_t elementSize,
-                     ReduceFn reduce, Scratch& scratch);
+                     ReduceFn reduce, Scratch& scratch, size_t chunkBytes);
 
 // Gloo's ring allreduce (reduce-scatter + allgather, segmented and pipelined).
 void allreduceRing(const GlooCall& call, void* data, size_t count, size_t elementSize,
-                   ReduceFn reduce);
+                   ReduceFn reduce, size_t segmentBytes);
 
 // Rank r receives op over every rank's block r: each rank sends block j to rank j and reduces the
 // blocks it receives in rank order. Moves (n-1)/n of the input per rank, like a ring.

@@ -42,6 +42,9 @@ GlooCommunicator::GlooCommunicator(const GlooOptions& o)
       store_(o.store),
       timeout_(o.timeout),
       smallAllreduceBytes_(o.smallAllreduceBytes),
+      ringSegmentBytes_(o.ringSegmentBytes),
+      directChunkBytes_(o.directChunkBytes),
+      twoRankExchange_(o.twoRankExchange),
       faults_(o.faults) {
   DTRAIN_CHECK_ARG(size_ >= 1, "Gloo: world size must be >= 1, got {}", size_);
   DTRAIN_CHECK_ARG(rank_ >= 0 && rank_ < size_, "Gloo: rank {} is outside 0..{}", rank_, size_ - 1);
@@ -141,6 +144,7 @@ std::shared_ptr<Work> GlooCommunicator::submit(CollectiveInfo info, const CallOp
 
 void GlooCommunicator::runOnCommThread(const CollectiveInfo& requested, Millis timeout,
                                        const Body& body) {
+  DTRAIN_CHECK(queue_->onCommThread(), "{}: a collective ran outside the executor", who());
   {
     // A collective queued behind a failed one fails with the first error.
     std::lock_guard<std::mutex> lock(stateMutex_);
@@ -210,10 +214,11 @@ std::shared_ptr<Work> GlooCommunicator::allreduceAsync(void* data, size_t count,
                                                                 const CollectiveInfo& i) {
     if (i.count == 0 || size_ == 1) return;
     const size_t bytes = i.count * elementSize(i.dtype);
-    if (bytes <= smallAllreduceBytes_) {
-      allreduceDirect(call, data, i.count, elementSize(i.dtype), reduce, scratch_);
+    if (bytes <= smallAllreduceBytes_ || (size_ == 2 && twoRankExchange_)) {
+      allreduceDirect(call, data, i.count, elementSize(i.dtype), reduce, scratch_,
+                      directChunkBytes_);
     } else {
-      allreduceRing(call, data, i.count, elementSize(i.dtype), reduce);
+      allreduceRing(call, data, i.count, elementSize(i.dtype), reduce, ringSegmentBytes_);
     }
     finishAverage(data, i.count, i.dtype, i.op, size_);
   });

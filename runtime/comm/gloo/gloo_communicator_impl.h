@@ -71,6 +71,9 @@ class GlooCommunicator final : public Communicator {
   const std::shared_ptr<store::Store> store_;
   const Millis timeout_;
   const size_t smallAllreduceBytes_;
+  const size_t ringSegmentBytes_;
+  const size_t directChunkBytes_;
+  const bool twoRankExchange_;
   bool checkCollectives_ = false;    // agreed at construction (rank 0's value)
   std::vector<fault::Fault> faults_;
   int attempt_ = 0;                  // DTRAIN_RESTART_COUNT, for faults' attempt= condition

@@ -299,6 +299,8 @@ void NcclCommunicator::watchdogMain() {
 }
 
 void NcclCommunicator::failOnWatchdog(std::exception_ptr error) {
+  DTRAIN_CHECK(std::this_thread::get_id() == watchdog_.get_id(),
+               "nccl {}: failOnWatchdog() called outside the watchdog thread", who());
   std::deque<std::shared_ptr<NcclWork>> pending;
   {
     std::lock_guard<std::mutex> lock(stateMutex_);
@@ -418,9 +420,11 @@ void NcclCommunicator::shutdown() {
   releaseHang();
   DeviceGuard guard(device_);
   bool healthy = false;
+  bool aborted = false;
   {
     std::lock_guard<std::mutex> lock(stateMutex_);
     healthy = !error_ && !aborted_;
+    aborted = aborted_;
   }
   if (comm_ != nullptr) {
     if (healthy) {
@@ -428,10 +432,10 @@ void NcclCommunicator::shutdown() {
       ncclCommFinalize(comm_);
 #endif
       ncclCommDestroy(comm_);
-    } else {
+    } else if (!aborted) {
       ncclCommAbort(comm_);
     }
-    comm_ = nullptr;
+    comm_ = nullptr;  // an aborted communicator is already freed
   }
   if (stream_ != nullptr) cudaStreamSynchronize(stream_);
   if (barrierScratch_ != nullptr) cudaFree(barrierScratch_);

@@ -15,8 +15,12 @@
 namespace dtrain::comm {
 
 // Allreduces up to this many bytes use one all-to-all exchange (one round trip); larger ones the
-// ring (bandwidth-optimal). Measured crossover on loopback; see benchmarks/README.md.
+// ring (bandwidth-optimal), except at two ranks (see twoRankExchange). Measured on loopback; see
+// benchmarks/README.md.
 constexpr size_t kDefaultSmallAllreduceBytes = 256 * 1024;
+constexpr size_t kDefaultRingSegmentBytes = 1024 * 1024;
+// Chunk of the direct exchange for large buffers.
+constexpr size_t kDefaultDirectChunkBytes = 1024 * 1024;
 
 struct GlooOptions {
   int rank = 0;
@@ -39,6 +43,12 @@ struct GlooOptions {
   bool checkCollectives = false;
   bool checkCollectivesFromEnv = true;
   size_t smallAllreduceBytes = kDefaultSmallAllreduceBytes;
+  // Largest message of the ring allreduce (Gloo's segment); see benchmarks/README.md.
+  size_t ringSegmentBytes = kDefaultRingSegmentBytes;
+  size_t directChunkBytes = kDefaultDirectChunkBytes;
+  // With two ranks the direct exchange moves exactly the ring's bytes in one round instead of
+  // 2(n-1) dependent steps: use it at every size (false: the ring above smallAllreduceBytes).
+  bool twoRankExchange = true;
   // Fault injection (skip-collective, wrong-shape, hang); `step` counts collectives. Default:
   // DTRAIN_FAULT. Tests set it directly.
   std::vector<fault::Fault> faults;
