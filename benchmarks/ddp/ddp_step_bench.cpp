@@ -55,7 +55,7 @@ std::vector<std::string> split(const std::string& s, char sep) {
 
 Options parse(int argc, char** argv) {
   Options o;
-  bool batchSet = false;
+  bool batchSet = false, modelsSet = false;
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
     auto value = [&]() -> std::string {
@@ -70,7 +70,7 @@ Options parse(int argc, char** argv) {
     else if (a == "--warmup") o.step.warmup = std::stoi(value());
     else if (a == "--batch") o.step.batch = std::stoi(value()), batchSet = true;
     else if (a == "--model") o.step.model = value();
-    else if (a == "--models") o.models = split(value(), ',');
+    else if (a == "--models") o.models = split(value(), ','), modelsSet = true;
     else if (a == "--out") o.step.out = value();
     else if (a == "--turns") o.step.turns = value();
     else if (a == "--grad-as-bucket-view") o.step.gradAsBucketView = true;
@@ -80,9 +80,12 @@ Options parse(int argc, char** argv) {
     else DTRAIN_THROW(InvalidArgument, "unknown argument {} (see the comment atop ddp_step_bench.cpp)", a);
   }
   if (o.step.smoke && !o.worker) {
+    // The plumbing only, in CI time: one round of a narrow ResNet-18 (convolutions, BatchNorm
+    // buffers, several buckets) unless --models says otherwise.
     o.rounds = 1;
     o.step.warmup = 1;
     o.step.steps = 2;
+    if (!modelsSet) o.models = {"resnet18"};
   }
   if (!batchSet && o.worker) o.step.batch = o.step.model == "mlp" ? 64 : 32;
   return o;
