@@ -1,5 +1,7 @@
 #include "gloo_mesh.h"
 
+#include <sched.h>
+
 #include <regex>
 #include <sstream>
 
@@ -24,6 +26,45 @@ std::string plainEndpoint(const std::string& bracketed) {
   return bracketed;
 }
 
+// Note [Gloo's event loop and the scheduler]
+// Gloo's TCP transport reads on one event-loop thread per device; a collective's own thread
+// writes, and both take the pair's mutex. When the loop thread finds the mutex taken it returns
+// to epoll, which (level-triggered) reports the same socket again at once: it spins until the
+// holder releases the mutex. On a 2-core machine with other work running, the holder is often
+// preempted right after its write, and the spinning loop thread (woken with little CPU time used,
+// so favoured by the scheduler) keeps it off the CPU until the next scheduler tick: every step of
+// the collective then costs 4 ms (HZ=250), for whole runs of calls. perf shows the loop thread
+// burning its time in epoll_wait then. Two measures remove most of it: the loop thread runs as
+// SCHED_BATCH, so its wake-ups never preempt the thread that holds the mutex (it still gets its
+// fair share, and runs at once on an idle core); and the direct exchange posts its sends before
+// its receives, so its data is written by the loop thread itself rather than under contention
+// (gloo_algorithms.cpp). Gloo's ring, still used for large buffers with more than two ranks,
+// keeps writing from the collective's thread.
+//
+// Creates the device from this thread with SCHED_BATCH in effect, so the loop thread that Gloo
+// starts inherits it; this thread's own policy is restored at once. A process running under a
+// real-time policy is left alone.
+std::shared_ptr<gloo::transport::Device> createDeviceWithBatchLoop(
+    const gloo::transport::tcp::attr& attr) {
+  const int policy = sched_getscheduler(0);
+  sched_param saved{};
+  sched_getparam(0, &saved);
+  const bool batch = policy == SCHED_OTHER;
+  if (batch) {
+    sched_param none{};
+    sched_setscheduler(0, SCHED_BATCH, &none);  // the loop thread inherits it
+  }
+  std::shared_ptr<gloo::transport::Device> device;
+  try {
+    device = gloo::transport::tcp::CreateDevice(attr);
+  } catch (...) {
+    if (batch) sched_setscheduler(0, policy, &saved);
+    throw;
+  }
+  if (batch) sched_setscheduler(0, policy, &saved);
+  return device;
+}
+
 }  // namespace
 
 GlooMesh::GlooMesh(const Options& o) : rank_(o.rank), size_(o.size), address_(o.bind.address) {
@@ -31,7 +72,7 @@ GlooMesh::GlooMesh(const Options& o) : rank_(o.rank), size_(o.size), address_(o.
   attr.hostname = o.bind.address;
   std::shared_ptr<gloo::transport::Device> device;
   try {
-    device = gloo::transport::tcp::CreateDevice(attr);
+    device = createDeviceWithBatchLoop(attr);
   } catch (const std::exception& e) {
     DTRAIN_THROW(NetworkError, "rank {}/{}: cannot create the Gloo TCP device on {} ({}): {}",
                  rank_, size_, o.bind.address, o.bind.reason, e.what());
