@@ -3,6 +3,7 @@
 #include <pthread.h>
 
 #include "dtrain/error.h"
+#include "sigpipe_guard.h"
 
 namespace dtrain::comm {
 
@@ -79,6 +80,7 @@ std::shared_ptr<QueuedWork> CollectiveQueue::enqueue(Task task,
 }
 
 void CollectiveQueue::runItem(Item& item) {
+  SigpipeGuard sigpipe;  // a collective may write to a socket whose peer died: EPIPE, not death
   executor_.store(std::this_thread::get_id());
   std::exception_ptr error;
   try {
@@ -110,6 +112,7 @@ bool CollectiveQueue::tryRunInline(const QueuedWork* work) {
 
 void CollectiveQueue::threadMain() {
   pthread_setname_np(pthread_self(), threadName_.c_str());
+  blockSigpipeOnThisThread();
   std::unique_lock<std::mutex> lock(mutex_);
   while (true) {
     changed_.wait(lock, [&] { return (!busy_ && !pending_.empty()) || (stopping_ && !busy_); });
