@@ -55,8 +55,11 @@ class CollectiveQueue : public std::enable_shared_from_this<CollectiveQueue> {
   static std::shared_ptr<CollectiveQueue> start(const std::string& threadName);
   ~CollectiveQueue();
 
-  // Queues `task`; the returned work completes when it has run.
-  std::shared_ptr<QueuedWork> enqueue(Task task, std::function<std::string()> describe);
+  // Queues `task`; the returned work completes when it has run. `wake` false: the caller waits on
+  // the work at once and will run it itself (Note [Inline execution]); the comm thread is not
+  // woken for it, though it still runs it if it is busy with earlier work anyway.
+  std::shared_ptr<QueuedWork> enqueue(Task task, std::function<std::string()> describe,
+                                      bool wake = true);
 
   // Runs `work`'s task on the calling thread when it is next in line and nothing is running.
   // Returns true when it ran it. See Note [Inline execution].

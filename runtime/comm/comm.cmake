@@ -9,6 +9,7 @@ add_library(dtrain_comm SHARED
   runtime/comm/nccl_env.cpp
   runtime/comm/net_interface.cpp
   runtime/comm/reduce_kernels.cpp
+  runtime/comm/sigpipe_guard.cpp
   runtime/comm/world.cpp
   runtime/comm/world_env.cpp
 )

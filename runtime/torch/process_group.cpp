@@ -114,9 +114,10 @@ void ProcessGroup::checkTensor(const at::Tensor& tensor, const char* what) const
   DTRAIN_CHECK_ARG(!tensor.is_sparse(), "{}: sparse tensors are not supported", what);
 }
 
-comm::CallOptions ProcessGroup::callOptions(const at::Tensor& tensor) const {
+comm::CallOptions ProcessGroup::callOptions(const at::Tensor& tensor, bool synchronous) const {
   comm::CallOptions o;
   o.shape = shapeOf(tensor);
+  o.synchronous = synchronous;
 #if DTRAIN_WITH_TORCH_CUDA
   if (tensor.is_cuda()) {
     o.stream = c10::cuda::getCurrentCUDAStream(tensor.device().index()).stream();
@@ -125,27 +126,43 @@ comm::CallOptions ProcessGroup::callOptions(const at::Tensor& tensor) const {
   return o;
 }
 
-void ProcessGroup::allreduce(at::Tensor& tensor, ReduceOp op) { allreduceAsync(tensor, op)->wait(); }
+void ProcessGroup::allreduce(at::Tensor& tensor, ReduceOp op) {
+  startAllreduce(tensor, op, /*synchronous=*/true)->wait();
+}
 
 std::shared_ptr<comm::Work> ProcessGroup::allreduceAsync(at::Tensor& tensor, ReduceOp op) {
+  return startAllreduce(tensor, op, /*synchronous=*/false);
+}
+
+std::shared_ptr<comm::Work> ProcessGroup::startAllreduce(at::Tensor& tensor, ReduceOp op,
+                                                         bool synchronous) {
   checkTensor(tensor, "allreduce");
   Staged staged(tensor);
   auto work = communicator_->allreduceAsync(staged.contiguous.data_ptr(),
                                             static_cast<size_t>(staged.contiguous.numel()),
-                                            toDataType(tensor), op, callOptions(tensor));
+                                            toDataType(tensor), op,
+                                            callOptions(tensor, synchronous));
   return std::make_shared<TensorWork>(std::move(work), std::move(staged));
 }
 
-void ProcessGroup::broadcast(at::Tensor& tensor, int root) { broadcastAsync(tensor, root)->wait(); }
+void ProcessGroup::broadcast(at::Tensor& tensor, int root) {
+  startBroadcast(tensor, root, /*synchronous=*/true)->wait();
+}
 
 std::shared_ptr<comm::Work> ProcessGroup::broadcastAsync(at::Tensor& tensor, int root) {
+  return startBroadcast(tensor, root, /*synchronous=*/false);
+}
+
+std::shared_ptr<comm::Work> ProcessGroup::startBroadcast(at::Tensor& tensor, int root,
+                                                         bool synchronous) {
   checkTensor(tensor, "broadcast");
   DTRAIN_CHECK_ARG(root >= 0 && root < size(), "broadcast root {} is outside 0..{}", root,
                    size() - 1);
   Staged staged(tensor);
   auto work = communicator_->broadcastAsync(staged.contiguous.data_ptr(),
                                             static_cast<size_t>(staged.contiguous.numel()),
-                                            toDataType(tensor), root, callOptions(tensor));
+                                            toDataType(tensor), root,
+                                            callOptions(tensor, synchronous));
   return std::make_shared<TensorWork>(std::move(work), std::move(staged));
 }
 
@@ -156,7 +173,7 @@ std::vector<at::Tensor> ProcessGroup::allgather(const at::Tensor& input) {
   shape.insert(shape.end(), in.sizes().begin(), in.sizes().end());
   at::Tensor out = at::empty(shape, in.options());
   communicator_->allgather(in.data_ptr(), out.data_ptr(), static_cast<size_t>(in.numel()),
-                           toDataType(in), callOptions(in));
+                           toDataType(in), callOptions(in, /*synchronous=*/true));
   return out.unbind(0);
 }
 
@@ -173,7 +190,7 @@ void ProcessGroup::reduceScatter(at::Tensor& output, const at::Tensor& input, Re
   Staged staged(output);
   communicator_->reduceScatter(in.data_ptr(), staged.contiguous.data_ptr(),
                                static_cast<size_t>(output.numel()), toDataType(output), op,
-                               callOptions(output));
+                               callOptions(output, /*synchronous=*/true));
   staged.writeBack();
 }
 

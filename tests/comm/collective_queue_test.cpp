@@ -88,3 +88,43 @@ TEST(CollectiveQueue, WaitWithATimeoutThrowsAndLeavesTheWorkRunning) {
 
 }  // namespace
 }  // namespace dtrain::comm
+
+namespace dtrain::comm {
+namespace {
+
+TEST(CollectiveQueue, UnwokenWorkBehindBusyWorkStillRuns) {
+  // A synchronous item (wake = false) queued behind async work its waiter cannot steal: the comm
+  // thread, busy anyway, runs it after the earlier one.
+  auto queue = CollectiveQueue::start("test-queue");
+  std::atomic<bool> release{false};
+  auto blocker = queue->enqueue([&] { while (!release) std::this_thread::sleep_for(Millis(1)); }, {});
+  std::atomic<bool> ran{false};
+  auto sync = queue->enqueue([&] { ran = true; }, {}, /*wake=*/false);
+  std::thread waiter([&] { sync->wait(); });
+  std::this_thread::sleep_for(Millis(20));
+  EXPECT_FALSE(ran.load());
+  release = true;
+  waiter.join();
+  EXPECT_TRUE(ran.load());
+  EXPECT_TRUE(blocker->isCompleted());
+}
+
+TEST(CollectiveQueue, ConcurrentSynchronousCallersBothFinish) {
+  // Two threads each queue an unwoken item and wait: one runs its own inline; the other's item
+  // is run when the first finishes (by the comm thread, woken then, or by its waiter).
+  auto queue = CollectiveQueue::start("test-queue");
+  for (int round = 0; round < 200; ++round) {
+    std::atomic<int> done{0};
+    auto body = [&] {
+      auto w = queue->enqueue([&] { done++; }, {}, /*wake=*/false);
+      w->wait(Millis(5000));
+    };
+    std::thread a(body), b(body);
+    a.join();
+    b.join();
+    ASSERT_EQ(done.load(), 2) << "round " << round;
+  }
+}
+
+}  // namespace
+}  // namespace dtrain::comm

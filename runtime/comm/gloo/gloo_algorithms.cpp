@@ -161,7 +161,8 @@ void allreduceDirect(const GlooCall& call, void* data, size_t count, size_t elem
       r->recv(peers[p], slot);
     }
   };
-  for (size_t k = 0; k < window; ++k) postRecvs(k);
+  // Sends first: each is then written by Gloo's event loop once the peer's receive is posted,
+  // never by this thread (see Note [Gloo's event loop and the scheduler]).
   for (size_t k = 0; k < chunks; ++k) {
     for (size_t p = 0; p < npeers; ++p) {
       auto& snd = sends[k * npeers + p];
@@ -169,6 +170,7 @@ void allreduceDirect(const GlooCall& call, void* data, size_t count, size_t elem
       snd->send(peers[p], slot);
     }
   }
+  for (size_t k = 0; k < window; ++k) postRecvs(k);
 
   std::vector<const uint8_t*> contributions(n);
   for (size_t k = 0; k < chunks; ++k) {
@@ -218,15 +220,16 @@ void reduceScatterDirect(const GlooCall& call, const void* send, void* recv, siz
   const uint8_t* input = static_cast<const uint8_t*>(send);
 
   uint8_t* base = scratch.reserve(bytes * (static_cast<size_t>(n) + 1));
+  // Sends first, as in allreduceDirect (Note [Gloo's event loop and the scheduler]).
   PeerBuffers bufs;
-  for (int peer : peers) {
-    bufs.recv.push_back(ctx.createUnboundBuffer(base + bytes * peer, bytes));
-    bufs.recv.back()->recv(peer, slot);
-  }
   for (int peer : peers) {
     // Gloo only reads from a buffer it sends.
     bufs.send.push_back(ctx.createUnboundBuffer(const_cast<uint8_t*>(input) + bytes * peer, bytes));
     bufs.send.back()->send(peer, slot);
+  }
+  for (int peer : peers) {
+    bufs.recv.push_back(ctx.createUnboundBuffer(base + bytes * peer, bytes));
+    bufs.recv.back()->recv(peer, slot);
   }
   waitAll(bufs, peers, deadline);
 

@@ -137,7 +137,8 @@ std::shared_ptr<Work> GlooCommunicator::submit(CollectiveInfo info, const CallOp
   recorder_.recordQueued(info);
   auto work = queue_->enqueue(
       [this, info, timeout, body = std::move(body)] { runOnCommThread(info, timeout, body); },
-      [this, info] { return fmt::format("{}: {}", who(), info.describeWithSeq()); });
+      [this, info] { return fmt::format("{}: {}", who(), info.describeWithSeq()); },
+      /*wake=*/!options.synchronous);
   nextSeq_.store(info.seq + 1);
   return work;
 }

@@ -51,6 +51,7 @@ class GlooMesh {
 
  private:
   void publishEndpoints(store::Store& store, const std::string& prefix);
+  void mapListeningAddresses(store::Store& store, const std::string& meshPrefix);
 
   int rank_;
   int size_;

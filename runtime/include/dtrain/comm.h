@@ -53,6 +53,10 @@ struct CallOptions {
   // Optional: the shape of the tensor behind the buffer. Compared across ranks by the collective
   // check (DTRAIN_CHECK_COLLECTIVES=1) and printed in mismatch and desync reports.
   std::vector<int64_t> shape;
+  // The caller waits on the Work right away (the synchronous forms below set it): a CPU backend
+  // then runs the collective on the calling thread without waking its comm thread, one thread
+  // wake-up less per call (see Note [Inline execution] in runtime/comm/collective_queue.cpp).
+  bool synchronous = false;
 };
 
 // Memory owned by the communicator (see allocate()).
@@ -107,21 +111,30 @@ class Communicator {
 
   void allreduce(void* data, size_t count, DataType dtype, ReduceOp op,
                  const CallOptions& options = {}) {
-    allreduceAsync(data, count, dtype, op, options)->wait(options.timeout);
+    allreduceAsync(data, count, dtype, op, synchronous(options))->wait(options.timeout);
   }
   void broadcast(void* data, size_t count, DataType dtype, int root,
                  const CallOptions& options = {}) {
-    broadcastAsync(data, count, dtype, root, options)->wait(options.timeout);
+    broadcastAsync(data, count, dtype, root, synchronous(options))->wait(options.timeout);
   }
   void allgather(const void* send, void* recv, size_t count, DataType dtype,
                  const CallOptions& options = {}) {
-    allgatherAsync(send, recv, count, dtype, options)->wait(options.timeout);
+    allgatherAsync(send, recv, count, dtype, synchronous(options))->wait(options.timeout);
   }
   void reduceScatter(const void* send, void* recv, size_t count, DataType dtype, ReduceOp op,
                      const CallOptions& options = {}) {
-    reduceScatterAsync(send, recv, count, dtype, op, options)->wait(options.timeout);
+    reduceScatterAsync(send, recv, count, dtype, op, synchronous(options))->wait(options.timeout);
   }
-  void barrier(const CallOptions& options = {}) { barrierAsync(options)->wait(options.timeout); }
+  void barrier(const CallOptions& options = {}) {
+    barrierAsync(synchronous(options))->wait(options.timeout);
+  }
+
+ protected:
+  static CallOptions synchronous(const CallOptions& options) {
+    CallOptions o = options;
+    o.synchronous = true;
+    return o;
+  }
 };
 
 }  // namespace dtrain::comm

@@ -53,7 +53,9 @@ class ProcessGroup {
   void shutdown();
 
  private:
-  comm::CallOptions callOptions(const at::Tensor& tensor) const;
+  comm::CallOptions callOptions(const at::Tensor& tensor, bool synchronous) const;
+  std::shared_ptr<comm::Work> startAllreduce(at::Tensor& tensor, ReduceOp op, bool synchronous);
+  std::shared_ptr<comm::Work> startBroadcast(at::Tensor& tensor, int root, bool synchronous);
   void checkTensor(const at::Tensor& tensor, const char* what) const;
 
   std::shared_ptr<comm::Communicator> communicator_;
