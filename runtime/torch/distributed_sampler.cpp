@@ -85,74 +85,78 @@ bool SamplerState::operator==(const SamplerState& o) const {
 
 DistributedSampler::DistributedSampler(size_t datasetSize, int rank, int worldSize,
                                        SamplerOptions options)
-    : datasetSize_(datasetSize), rank_(rank), worldSize_(worldSize), options_(options) {
+    : rank_(rank), worldSize_(worldSize), options_(options), pos_(std::make_shared<Position>()) {
   DTRAIN_CHECK_ARG(worldSize >= 1, "DistributedSampler: world size {} must be at least 1",
                    worldSize);
   DTRAIN_CHECK_ARG(rank >= 0 && rank < worldSize,
                    "DistributedSampler: rank {} is outside 0..{}", rank, worldSize - 1);
+  pos_->datasetSize = datasetSize;
   rebuild();
 }
 
 void DistributedSampler::rebuild() {
-  indices_.clear();
-  handedOut_ = 0;
-  const size_t n = datasetSize_;
+  Position& p = *pos_;
+  p.indices.clear();
+  p.handedOut = 0;
+  const size_t n = p.datasetSize;
   const size_t w = static_cast<size_t>(worldSize_);
   if (n == 0) return;
-  auto order = epochOrder(n, options_, epoch_);
-  const size_t remaining = n - start_;
+  auto order = epochOrder(n, options_, p.epoch);
+  const size_t remaining = n - p.start;
   const size_t perRank = options_.dropLast ? remaining / w : (remaining + w - 1) / w;
-  indices_.reserve(perRank);
+  p.indices.reserve(perRank);
   // Entry j of what is left: the order after the cursor, then (padding) the order from its start.
   for (size_t k = 0; k < perRank; ++k) {
     size_t j = k * w + static_cast<size_t>(rank_);
-    size_t pos = j < remaining ? start_ + j : (j - remaining) % n;
-    indices_.push_back(static_cast<size_t>(order[pos]));
+    size_t at = j < remaining ? p.start + j : (j - remaining) % n;
+    p.indices.push_back(static_cast<size_t>(order[at]));
   }
 }
 
 void DistributedSampler::setEpoch(int64_t epoch) {
   DTRAIN_CHECK_ARG(epoch >= 0, "DistributedSampler: negative epoch {}", epoch);
-  epoch_ = epoch;
-  start_ = 0;
+  pos_->epoch = epoch;
+  pos_->start = 0;
   rebuild();
 }
 
 void DistributedSampler::reset(c10::optional<size_t> newSize) {
-  if (newSize.has_value() && *newSize != datasetSize_) {
-    datasetSize_ = *newSize;
-    start_ = 0;
+  if (newSize.has_value() && *newSize != pos_->datasetSize) {
+    pos_->datasetSize = *newSize;
+    pos_->start = 0;
     rebuild();
   }
-  handedOut_ = 0;
+  pos_->handedOut = 0;
 }
 
 c10::optional<std::vector<size_t>> DistributedSampler::next(size_t batchSize) {
-  if (handedOut_ >= indices_.size()) return c10::nullopt;
-  size_t count = std::min(batchSize, indices_.size() - handedOut_);
-  std::vector<size_t> batch(indices_.begin() + static_cast<std::ptrdiff_t>(handedOut_),
-                            indices_.begin() + static_cast<std::ptrdiff_t>(handedOut_ + count));
-  handedOut_ += count;
+  Position& p = *pos_;
+  if (p.handedOut >= p.indices.size()) return c10::nullopt;
+  size_t count = std::min(batchSize, p.indices.size() - p.handedOut);
+  std::vector<size_t> batch(p.indices.begin() + static_cast<std::ptrdiff_t>(p.handedOut),
+                            p.indices.begin() + static_cast<std::ptrdiff_t>(p.handedOut + count));
+  p.handedOut += count;
   return batch;
 }
 
 SamplerState DistributedSampler::state(size_t consumed) const {
-  consumed = std::min(consumed, indices_.size());
+  const Position& p = *pos_;
+  consumed = std::min(consumed, p.indices.size());
   SamplerState s;
   s.seed = options_.seed;
-  s.epoch = epoch_;
-  s.datasetSize = datasetSize_;
-  s.cursor = std::min<uint64_t>(datasetSize_, start_ + uint64_t{consumed} * worldSize_);
+  s.epoch = p.epoch;
+  s.datasetSize = p.datasetSize;
+  s.cursor = std::min<uint64_t>(p.datasetSize, p.start + uint64_t{consumed} * worldSize_);
   s.shuffle = options_.shuffle;
   s.dropLast = options_.dropLast;
   return s;
 }
 
 void DistributedSampler::loadState(const SamplerState& s) {
-  DTRAIN_CHECK_ARG(s.datasetSize == datasetSize_,
+  DTRAIN_CHECK_ARG(s.datasetSize == pos_->datasetSize,
                    "DistributedSampler: the saved state is for a dataset of {} samples, this "
                    "sampler has {}. HINT: resume with the same dataset",
-                   s.datasetSize, datasetSize_);
+                   s.datasetSize, pos_->datasetSize);
   DTRAIN_CHECK_ARG(s.seed == options_.seed && s.shuffle == options_.shuffle,
                    "DistributedSampler: the saved state was shuffled with seed {} (shuffle={}), "
                    "this sampler uses seed {} (shuffle={}); the epoch's order would differ. "
@@ -164,8 +168,8 @@ void DistributedSampler::loadState(const SamplerState& s) {
   DTRAIN_CHECK_ARG(s.cursor <= s.datasetSize && s.epoch >= 0,
                    "DistributedSampler: invalid state (epoch {}, cursor {} of {})", s.epoch,
                    s.cursor, s.datasetSize);
-  epoch_ = s.epoch;
-  start_ = s.cursor;
+  pos_->epoch = s.epoch;
+  pos_->start = s.cursor;
   rebuild();
 }
 

@@ -211,24 +211,42 @@ void checkLoadStateRefusesAnotherDatasetOrSeed() {
   EXPECT_THROW(otherSeed.loadState(state), InvalidArgument);
 }
 
+std::vector<size_t> rowsOf(const torch::data::TensorExample& batch) {
+  std::vector<size_t> rows;
+  for (int64_t i = 0; i < batch.data.size(0); ++i) {
+    rows.push_back(static_cast<size_t>(batch.data[i][0].item<float>() / 2));
+  }
+  return rows;
+}
+
 void checkWorksAsADataLoaderSamplerAndSerializes() {
   auto data = torch::arange(40).reshape({20, 2}).to(torch::kFloat);
   auto dataset = torch::data::datasets::TensorDataset(data).map(
       torch::data::transforms::Stack<torch::data::TensorExample>());
   DistributedSampler sampler(20, 1, 2, shuffled(4));
-  sampler.setEpoch(1);
-  auto expected = sampler.indices();
+  // The loader holds a copy; the program keeps `sampler`, as it would in Python.
   auto loader = torch::data::make_data_loader(std::move(dataset), sampler,
                                               torch::data::DataLoaderOptions().batch_size(3));
-  std::vector<size_t> rows;
-  for (auto& batch : *loader) {
-    for (int64_t i = 0; i < batch.data.size(0); ++i) {
-      rows.push_back(static_cast<size_t>(batch.data[i][0].item<float>() / 2));
+  std::vector<std::vector<size_t>> epochs;
+  for (int64_t epoch = 0; epoch < 2; ++epoch) {
+    sampler.setEpoch(epoch);  // reaches the loader's copy
+    std::vector<size_t> rows;
+    for (auto& batch : *loader) {
+      auto r = rowsOf(batch);
+      rows.insert(rows.end(), r.begin(), r.end());
     }
+    EXPECT_EQ(rows, sampler.indices()) << "epoch " << epoch;
+    epochs.push_back(rows);
   }
-  EXPECT_EQ(rows, expected);
+  EXPECT_NE(epochs[0], epochs[1]) << "setEpoch on the kept sampler did not reach the loader";
 
-  sampler.next(4);
+  // state() of the kept sampler reports what the loader handed out: a checkpoint taken after two
+  // batches resumes with the rest of the epoch.
+  sampler.setEpoch(2);
+  const auto expected = sampler.indices();
+  auto it = loader->begin();
+  ++it;  // the loader has now handed out two batches of 3
+  EXPECT_EQ(sampler.state().cursor, 6u * 2);
   torch::serialize::OutputArchive out;
   sampler.save(out);
   std::stringstream stream;
@@ -238,7 +256,7 @@ void checkWorksAsADataLoaderSamplerAndSerializes() {
   DistributedSampler restored(20, 1, 2, shuffled(4));
   restored.load(in);
   EXPECT_EQ(restored.state(), sampler.state());
-  EXPECT_EQ(restored.indices(), std::vector<size_t>(expected.begin() + 4, expected.end()));
+  EXPECT_EQ(restored.indices(), std::vector<size_t>(expected.begin() + 6, expected.end()));
 }
 
 TEST(DistributedSampler, MatchesPyTorchAndPartitionsEachEpoch) {

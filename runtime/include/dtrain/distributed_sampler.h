@@ -11,10 +11,12 @@
 // setEpoch() before each epoch, or every epoch repeats the first one's order.
 //
 // It is a torch::data sampler, so it plugs into torch::data::make_data_loader; it can also be
-// used directly through indices() or next().
+// used directly through indices() or next(). Copies share one position: see
+// Note [Sampler copies share their position].
 
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <vector>
 
 #include <torch/data/samplers/base.h>
@@ -61,18 +63,25 @@ struct SamplerState {
   bool operator==(const SamplerState& other) const;
 };
 
+// Note [Sampler copies share their position]
+// torch::data::make_data_loader takes its sampler by value, while PyTorch's DataLoader holds a
+// reference to the sampler the program created. So that the program's own sampler keeps working
+// as in Python - setEpoch() before each epoch reaches the loader, and state() reports what the
+// loader has handed out, for a checkpoint - copies of a DistributedSampler share one position
+// (epoch, cursor, this epoch's indices, how many were handed out). Not thread-safe, as in PyTorch:
+// one thread drives the loader and calls setEpoch()/state().
 class DistributedSampler : public torch::data::samplers::Sampler<std::vector<size_t>> {
  public:
   DistributedSampler(size_t datasetSize, int rank, int worldSize, SamplerOptions options = {});
 
   // Starts `epoch` from its beginning (drops a resumed position).
   void setEpoch(int64_t epoch);
-  int64_t epoch() const { return epoch_; }
+  int64_t epoch() const { return pos_->epoch; }
 
   // This rank's samples of the current epoch, from its beginning or from the resumed position.
-  const std::vector<size_t>& indices() const { return indices_; }
+  const std::vector<size_t>& indices() const { return pos_->indices; }
   // PyTorch's len(sampler): indices().size().
-  size_t size() const { return indices_.size(); }
+  size_t size() const { return pos_->indices.size(); }
 
   // torch::data::samplers::Sampler. reset() rewinds next() to the start of indices() (the data
   // loader calls it at the start of each pass); with a new dataset size the epoch restarts.
@@ -83,7 +92,7 @@ class DistributedSampler : public torch::data::samplers::Sampler<std::vector<siz
 
   // The position after the samples next() has handed out (on every rank alike, when the ranks
   // step in lockstep).
-  SamplerState state() const { return state(handedOut_); }
+  SamplerState state() const { return state(pos_->handedOut); }
   // The position after this rank consumed `consumed` entries of indices(): use it when a
   // prefetching loader runs ahead of training.
   SamplerState state(size_t consumed) const;
@@ -92,16 +101,21 @@ class DistributedSampler : public torch::data::samplers::Sampler<std::vector<siz
   void loadState(const SamplerState& state);
 
  private:
+  // Shared by copies (Note [Sampler copies share their position]).
+  struct Position {
+    size_t datasetSize = 0;
+    int64_t epoch = 0;
+    uint64_t start = 0;  // entries of the epoch's order consumed before indices begin
+    std::vector<size_t> indices;
+    size_t handedOut = 0;
+  };
+
   void rebuild();
 
-  size_t datasetSize_;
   int rank_;
   int worldSize_;
   SamplerOptions options_;
-  int64_t epoch_ = 0;
-  uint64_t start_ = 0;  // entries of the epoch's order consumed before indices() begins
-  std::vector<size_t> indices_;
-  size_t handedOut_ = 0;
+  std::shared_ptr<Position> pos_;
 };
 
 }  // namespace dtrain
