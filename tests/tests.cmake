@@ -1,5 +1,6 @@
 # Tests. Few executables (each links once; torch ones are expensive to compile), labelled
-# unit | integration | e2e | gpu. Each area owns one include below.
+# unit (one process, no sockets beyond loopback), integration (real processes of one component),
+# e2e (a sample program trained under launch) | gpu. Each area owns one include below.
 find_package(GTest REQUIRED)
 include(GoogleTest)
 

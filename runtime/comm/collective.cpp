@@ -26,6 +26,40 @@ const char* collectiveKindName(CollectiveKind kind) {
   return "collective";
 }
 
+namespace {
+CollectiveInfo make(CollectiveKind kind, DataType dtype, size_t count) {
+  CollectiveInfo info;
+  info.kind = kind;
+  info.dtype = dtype;
+  info.count = count;
+  return info;
+}
+}  // namespace
+
+CollectiveInfo CollectiveInfo::allreduce(DataType dtype, size_t count, ReduceOp op) {
+  CollectiveInfo info = make(CollectiveKind::Allreduce, dtype, count);
+  info.op = op;
+  return info;
+}
+
+CollectiveInfo CollectiveInfo::broadcast(DataType dtype, size_t count, int root) {
+  CollectiveInfo info = make(CollectiveKind::Broadcast, dtype, count);
+  info.root = root;
+  return info;
+}
+
+CollectiveInfo CollectiveInfo::allgather(DataType dtype, size_t count) {
+  return make(CollectiveKind::Allgather, dtype, count);
+}
+
+CollectiveInfo CollectiveInfo::reduceScatter(DataType dtype, size_t count, ReduceOp op) {
+  CollectiveInfo info = make(CollectiveKind::ReduceScatter, dtype, count);
+  info.op = op;
+  return info;
+}
+
+CollectiveInfo CollectiveInfo::barrier() { return CollectiveInfo{}; }
+
 std::string CollectiveInfo::describe() const {
   if (kind == CollectiveKind::Barrier) return "barrier()";
   std::string size = shape.empty() ? fmt::format("x {}", count)

@@ -25,6 +25,13 @@ struct CollectiveInfo {
   int root = -1;                // Broadcast
   std::vector<int64_t> shape;   // optional, from CallOptions
 
+  // What a backend's entry point records before submitting (seq and shape come later).
+  static CollectiveInfo allreduce(DataType dtype, size_t count, ReduceOp op);
+  static CollectiveInfo broadcast(DataType dtype, size_t count, int root);
+  static CollectiveInfo allgather(DataType dtype, size_t count);
+  static CollectiveInfo reduceScatter(DataType dtype, size_t count, ReduceOp op);
+  static CollectiveInfo barrier();
+
   // "allreduce(float32 x 1024, sum)", "broadcast(int64 [4, 8], root 0)", "barrier()".
   std::string describe() const;
   // "seq 7 allreduce(float32 x 1024, sum)".

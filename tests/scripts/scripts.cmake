@@ -7,5 +7,5 @@ set_tests_properties(install.consumer PROPERTIES LABELS integration TIMEOUT 300)
 if(TARGET train_linear)
   add_test(NAME examples.train_linear
            COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/tests/scripts/train_linear_test.sh ${CMAKE_BINARY_DIR})
-  set_tests_properties(examples.train_linear PROPERTIES LABELS integration TIMEOUT 120)
+  set_tests_properties(examples.train_linear PROPERTIES LABELS e2e TIMEOUT 120)
 endif()

@@ -205,12 +205,8 @@ void GlooCommunicator::checkCollectiveOnCommThread(const CollectiveInfo& info,
 std::shared_ptr<Work> GlooCommunicator::allreduceAsync(void* data, size_t count, DataType dtype,
                                                        ReduceOp op, const CallOptions& options) {
   DTRAIN_CHECK_ARG(data != nullptr || count == 0, "{}: allreduce of a null buffer", who());
-  CollectiveInfo info;
-  info.kind = CollectiveKind::Allreduce;
-  info.dtype = dtype;
-  info.op = op;
-  info.count = count;
   const ReduceFn reduce = reduceFunction(dtype, op);
+  CollectiveInfo info = CollectiveInfo::allreduce(dtype, count, op);
   return submit(std::move(info), options, [this, data, reduce](const GlooCall& call,
                                                                 const CollectiveInfo& i) {
     if (i.count == 0 || size_ == 1) return;
@@ -230,11 +226,7 @@ std::shared_ptr<Work> GlooCommunicator::broadcastAsync(void* data, size_t count,
   DTRAIN_CHECK_ARG(root >= 0 && root < size_, "{}: broadcast root {} is outside 0..{}", who(),
                    root, size_ - 1);
   DTRAIN_CHECK_ARG(data != nullptr || count == 0, "{}: broadcast of a null buffer", who());
-  CollectiveInfo info;
-  info.kind = CollectiveKind::Broadcast;
-  info.dtype = dtype;
-  info.count = count;
-  info.root = root;
+  CollectiveInfo info = CollectiveInfo::broadcast(dtype, count, root);
   return submit(std::move(info), options, [this, data](const GlooCall& call,
                                                        const CollectiveInfo& i) {
     if (i.count == 0 || size_ == 1) return;
@@ -247,10 +239,7 @@ std::shared_ptr<Work> GlooCommunicator::allgatherAsync(const void* send, void* r
                                                        const CallOptions& options) {
   DTRAIN_CHECK_ARG((send != nullptr && recv != nullptr) || count == 0,
                    "{}: allgather of a null buffer", who());
-  CollectiveInfo info;
-  info.kind = CollectiveKind::Allgather;
-  info.dtype = dtype;
-  info.count = count;
+  CollectiveInfo info = CollectiveInfo::allgather(dtype, count);
   return submit(std::move(info), options, [this, send, recv](const GlooCall& call,
                                                              const CollectiveInfo& i) {
     const size_t bytes = i.count * elementSize(i.dtype);
@@ -269,12 +258,8 @@ std::shared_ptr<Work> GlooCommunicator::reduceScatterAsync(const void* send, voi
                                                            const CallOptions& options) {
   DTRAIN_CHECK_ARG((send != nullptr && recv != nullptr) || count == 0,
                    "{}: reduceScatter of a null buffer", who());
-  CollectiveInfo info;
-  info.kind = CollectiveKind::ReduceScatter;
-  info.dtype = dtype;
-  info.op = op;
-  info.count = count;
   const ReduceFn reduce = reduceFunction(dtype, op);
+  CollectiveInfo info = CollectiveInfo::reduceScatter(dtype, count, op);
   return submit(std::move(info), options, [this, send, recv, reduce](const GlooCall& call,
                                                                      const CollectiveInfo& i) {
     if (i.count == 0) return;
@@ -289,8 +274,7 @@ std::shared_ptr<Work> GlooCommunicator::reduceScatterAsync(const void* send, voi
 }
 
 std::shared_ptr<Work> GlooCommunicator::barrierAsync(const CallOptions& options) {
-  CollectiveInfo info;
-  info.kind = CollectiveKind::Barrier;
+  CollectiveInfo info = CollectiveInfo::barrier();
   return submit(std::move(info), options, [this](const GlooCall& call, const CollectiveInfo&) {
     if (size_ > 1) barrierGloo(call);
   });

@@ -333,13 +333,9 @@ void NcclCommunicator::failOnWatchdog(std::exception_ptr error) {
 
 std::shared_ptr<Work> NcclCommunicator::allreduceAsync(void* data, size_t count, DataType dtype,
                                                        ReduceOp op, const CallOptions& options) {
-  CollectiveInfo info;
-  info.kind = CollectiveKind::Allreduce;
-  info.dtype = dtype;
-  info.op = op;
-  info.count = count;
   const ncclDataType_t t = toNccl(dtype);
   const ncclRedOp_t o = toNccl(op);
+  CollectiveInfo info = CollectiveInfo::allreduce(dtype, count, op);
   return submit(std::move(info), options, false, [=](ncclComm_t comm, cudaStream_t stream) {
     return ncclAllReduce(data, data, count, t, o, comm, stream);
   });
@@ -349,12 +345,8 @@ std::shared_ptr<Work> NcclCommunicator::broadcastAsync(void* data, size_t count,
                                                        int root, const CallOptions& options) {
   DTRAIN_CHECK_ARG(root >= 0 && root < size_, "nccl {}: broadcast root {} is outside 0..{}", who(),
                    root, size_ - 1);
-  CollectiveInfo info;
-  info.kind = CollectiveKind::Broadcast;
-  info.dtype = dtype;
-  info.count = count;
-  info.root = root;
   const ncclDataType_t t = toNccl(dtype);
+  CollectiveInfo info = CollectiveInfo::broadcast(dtype, count, root);
   return submit(std::move(info), options, false, [=](ncclComm_t comm, cudaStream_t stream) {
     return ncclBroadcast(data, data, count, t, root, comm, stream);
   });
@@ -363,11 +355,8 @@ std::shared_ptr<Work> NcclCommunicator::broadcastAsync(void* data, size_t count,
 std::shared_ptr<Work> NcclCommunicator::allgatherAsync(const void* send, void* recv, size_t count,
                                                        DataType dtype,
                                                        const CallOptions& options) {
-  CollectiveInfo info;
-  info.kind = CollectiveKind::Allgather;
-  info.dtype = dtype;
-  info.count = count;
   const ncclDataType_t t = toNccl(dtype);
+  CollectiveInfo info = CollectiveInfo::allgather(dtype, count);
   return submit(std::move(info), options, false, [=](ncclComm_t comm, cudaStream_t stream) {
     return ncclAllGather(send, recv, count, t, comm, stream);
   });
@@ -377,13 +366,9 @@ std::shared_ptr<Work> NcclCommunicator::reduceScatterAsync(const void* send, voi
                                                            size_t count, DataType dtype,
                                                            ReduceOp op,
                                                            const CallOptions& options) {
-  CollectiveInfo info;
-  info.kind = CollectiveKind::ReduceScatter;
-  info.dtype = dtype;
-  info.op = op;
-  info.count = count;
   const ncclDataType_t t = toNccl(dtype);
   const ncclRedOp_t o = toNccl(op);
+  CollectiveInfo info = CollectiveInfo::reduceScatter(dtype, count, op);
   return submit(std::move(info), options, false, [=](ncclComm_t comm, cudaStream_t stream) {
     return ncclReduceScatter(send, recv, count, t, o, comm, stream);
   });
@@ -391,9 +376,8 @@ std::shared_ptr<Work> NcclCommunicator::reduceScatterAsync(const void* send, voi
 
 std::shared_ptr<Work> NcclCommunicator::barrierAsync(const CallOptions& options) {
   // NCCL has no barrier: a one-element allreduce, and wait() blocks the host until it is done.
-  CollectiveInfo info;
-  info.kind = CollectiveKind::Barrier;
   void* scratch = barrierScratch_;
+  CollectiveInfo info = CollectiveInfo::barrier();
   return submit(std::move(info), options, /*blocking=*/true,
                 [scratch](ncclComm_t comm, cudaStream_t stream) {
                   return ncclAllReduce(scratch, scratch, 1, ncclFloat32, ncclSum, comm, stream);
