@@ -1,5 +1,6 @@
 #include "launcher/supervisor/supervisor.h"
 
+#include <fcntl.h>
 #include <sys/epoll.h>
 #include <sys/signalfd.h>
 #include <sys/wait.h>
@@ -10,7 +11,7 @@
 #include <chrono>
 #include <cstring>
 #include <filesystem>
-#include <fstream>
+#include <limits>
 #include <sstream>
 
 #include "dtrain/error.h"
@@ -32,10 +33,18 @@ constexpr size_t kReadChunk = 64 * 1024;
 
 uint64_t tagOf(size_t slot, FdKind kind) { return (static_cast<uint64_t>(slot) << 2) | kind; }
 
-// The state letter of /proc/<pid>/stat ('R', 'S', 'T' for stopped, ...), or 0.
+// The state letter of /proc/<pid>/stat ('R', 'S', 'T' for stopped, ...), or 0. Plain read(2):
+// a process that ends between open and read makes the read fail with ESRCH, which an ifstream
+// turns into an exception out of the teardown.
 char processState(pid_t pid) {
-  std::ifstream in("/proc/" + std::to_string(pid) + "/stat");
-  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  const std::string path = "/proc/" + std::to_string(pid) + "/stat";
+  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return 0;
+  char buf[1024];
+  ssize_t got = ::read(fd, buf, sizeof buf);
+  ::close(fd);
+  if (got <= 0) return 0;
+  std::string text(buf, static_cast<size_t>(got));
   size_t paren = text.rfind(')');
   if (paren == std::string::npos || paren + 2 >= text.size()) return 0;
   return text[paren + 2];
