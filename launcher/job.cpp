@@ -120,7 +120,8 @@ int freePort(const std::string& address) {
 }
 
 // The job directory when no --log-dir is given: for error files, and for log files that
-// --redirects / --tee ask for (torchrun writes those to a temporary directory too).
+// --redirects / --tee ask for (torchrun writes those to a temporary directory too). Removed when
+// the job ends, also when launch is killed: see Note [Temporary job directory].
 std::string makeTempJobDir(const EnvMap& environment, const std::string& runId) {
   auto it = environment.find("TMPDIR");
   std::string base = it != environment.end() && !it->second.empty() ? it->second : "/tmp";
@@ -259,6 +260,7 @@ int runJob(const LaunchConfig& configIn, const EnvMap& environment) {
   plan.command = command;
   plan.node = node;
   plan.logAllStreams = !tempDir;
+  plan.temporaryJobDir = tempDir && !tempLogs;  // logs the user asked for are kept
   plan.logHint = "not kept (HINT: pass --log-dir DIR to keep every worker's output)";
   DTRAIN_LOG(Info, "launch: run {}: {} worker(s) of {} on {}; store {}:{}; MASTER_PORT {}; job "
              "dir {}", node.runId, node.localWorldSize, shellQuote(command.argv), host,

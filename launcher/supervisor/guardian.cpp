@@ -94,6 +94,41 @@ void killEverything(pid_t worker, bool* workerReaped, int* workerStatus) {
   }
 }
 
+// Removes `name` (relative to directory `parent`) and everything under it, without following
+// symbolic links; gives up below kMaxRemoveDepth levels. Raw system calls only: it runs in the
+// forked guardian (see Note [Temporary job directory]). ENOENT anywhere counts as done.
+constexpr int kMaxRemoveDepth = 16;
+
+void removeTree(int parent, const char* name, int depth) {
+  if (::unlinkat(parent, name, 0) == 0 || errno == ENOENT) return;  // not a directory
+  if (errno != EISDIR || depth >= kMaxRemoveDepth) return;
+  int fd = ::openat(parent, name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+  if (fd < 0) return;
+  // Read from the start again after each pass that removed something: entries removed while a
+  // directory is being read may make the kernel skip others.
+  alignas(8) char buf[2048];
+  for (int pass = 0; pass < 8; ++pass) {
+    if (::lseek(fd, 0, SEEK_SET) != 0) break;
+    bool removed = false;
+    long n;
+    while ((n = ::syscall(SYS_getdents64, fd, buf, sizeof buf)) > 0) {
+      for (long off = 0; off < n;) {
+        // struct linux_dirent64: ino (8), off (8), reclen (2), type (1), name.
+        unsigned short reclen = 0;
+        std::memcpy(&reclen, buf + off + 16, sizeof reclen);
+        const char* entry = buf + off + 19;
+        off += reclen;
+        if (entry[0] == '.' && (entry[1] == 0 || (entry[1] == '.' && entry[2] == 0))) continue;
+        removeTree(fd, entry, depth + 1);
+        removed = true;
+      }
+    }
+    if (!removed) break;
+  }
+  ::close(fd);
+  ::unlinkat(parent, name, AT_REMOVEDIR);
+}
+
 [[noreturn]] void workerMain(const char* file, char* const* argv, char* const* envp, int outFd,
                              int errFd, int controlFd, int statusFd, pid_t guardian) {
   ::setpgid(0, 0);
@@ -125,7 +160,8 @@ void killEverything(pid_t worker, bool* workerReaped, int* workerStatus) {
 }
 
 [[noreturn]] void guardianMain(const char* file, char* const* argv, char* const* envp,
-                               int controlFd, int statusFd, int outFd, int errFd) {
+                               int controlFd, int statusFd, int outFd, int errFd,
+                               const char* removeOnLauncherDeath) {
   int keep[4] = {controlFd, statusFd, outFd, errFd};
   closeAllExcept(keep, 4);
   ::prctl(PR_SET_NAME, "dtrain-guard");
@@ -148,6 +184,7 @@ void killEverything(pid_t worker, bool* workerReaped, int* workerStatus) {
   bool reaped = false;
   int status = 0;
   bool launcherGone = false;
+  bool launcherDied = false;  // its end of the control pipe closed: it exited or was killed
   while (!reaped && !launcherGone) {
     struct pollfd fds[2] = {{controlFd, POLLIN, 0}, {pidfd, POLLIN, 0}};
     // Without pidfd (old kernels) poll the worker every 20 ms.
@@ -158,6 +195,7 @@ void killEverything(pid_t worker, bool* workerReaped, int* workerStatus) {
       ssize_t r = ::read(controlFd, sigs, sizeof sigs);
       if (r == 0 || (r < 0 && errno != EINTR && errno != EAGAIN)) {
         launcherGone = true;
+        launcherDied = r == 0;
       } else {
         for (ssize_t i = 0; i < r; ++i) {
           ::kill(-worker, sigs[i]);
@@ -179,6 +217,9 @@ void killEverything(pid_t worker, bool* workerReaped, int* workerStatus) {
   // The worker is done (or the launcher is): its report goes first, then nothing of it survives.
   if (reaped) sendMessage(statusFd, GuardianMessage::kExited, status);
   killEverything(worker, &reaped, &status);
+  if (launcherDied && removeOnLauncherDeath != nullptr) {
+    removeTree(AT_FDCWD, removeOnLauncherDeath, 0);
+  }
   ::_exit(0);
 }
 
@@ -228,7 +269,8 @@ GuardedWorker spawnGuarded(const SpawnSpec& spec) {
   pid_t pid = ::fork();
   if (pid == 0) {
     guardianMain(spec.file.c_str(), argv.data(), envp.data(), control.read, status.write,
-                 out.write, err.write);
+                 out.write, err.write,
+                 spec.removeOnLauncherDeath.empty() ? nullptr : spec.removeOnLauncherDeath.c_str());
   }
   int forkErrno = errno;
   for (int fd : {control.read, status.write, out.write, err.write}) ::close(fd);

@@ -38,6 +38,28 @@ namespace dtrain::launcher {
 // Between fork and exec only async-signal-safe calls run (the launcher has other threads: the
 // store server's event loop), so everything the child needs is prepared before fork().
 
+// Note [Temporary job directory]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// Without --log-dir, launch keeps the workers' error files (TORCHELASTIC_ERROR_FILE) under a
+// fresh $TMPDIR/dtrain-<run id>-XXXXXX and removes it when the job ends. A SIGKILLed launch runs
+// no code, so that removal falls to the guardians, which outlive it by design: when a guardian's
+// control pipe reaches EOF (the launcher is gone) it first kills everything of its worker, then
+// removes the directory (SpawnSpec::removeOnLauncherDeath). Every live guardian does this; they
+// may race, which is harmless (ENOENT is success), and the last one to start finds every worker
+// already dead, so nothing can be written into the tree after it. The removal uses raw system
+// calls only (openat, getdents64, unlinkat: async-signal-safe, see Note [Guardians]), never
+// follows a symbolic link, and stops at a fixed depth.
+//   The other way -- the next launch deletes dtrain-* directories whose owner pid is gone -- was
+// rejected: the directory would stay until someone launches again (and on a node that never
+// does, for ever), and "owner pid gone" is a guess that is wrong when /tmp is shared between pid
+// namespaces (containers) or hosts, where it would delete a live job's files. The guardians know
+// for certain that their launcher is dead, and act within milliseconds.
+//   What is left: a directory whose logs the user asked for (--redirects/--tee without
+// --log-dir: launch prints its path, and it is kept on purpose), and a launcher killed together
+// with all its guardians (SIGKILL to the whole process group, or a cgroup kill), or in the
+// milliseconds when no guardian runs (before the first spawn, between attempts, after the last
+// worker ended) -- then an empty-ish directory of a few error files stays in $TMPDIR.
+
 // One fixed-size record on the status pipe (atomic: smaller than PIPE_BUF).
 struct GuardianMessage {
   enum Kind : int32_t {
@@ -54,6 +76,9 @@ struct SpawnSpec {
   std::string file;               // path for execve
   std::vector<std::string> argv;
   std::vector<std::string> env;   // "KEY=VALUE"
+  // A directory the guardian removes, with everything in it, if the launcher dies while the
+  // worker runs; empty: none. See Note [Temporary job directory].
+  std::string removeOnLauncherDeath;
 };
 
 struct GuardedWorker {

@@ -217,6 +217,7 @@ AttemptResult Supervisor::runAttempt(int attempt) {
       spec.file = plan_.command.file;
       spec.argv = plan_.command.argv;
       spec.env = toEnvStrings(workerEnv(config, node, i, attempt));
+      if (plan_.temporaryJobDir) spec.removeOnLauncherDeath = node.jobDir;
       s.guarded = spawnGuarded(spec);
     } catch (const Error& e) {
       s.outcome.state = WorkerOutcome::State::Lost;

@@ -6,6 +6,8 @@
 #include <unistd.h>
 
 #include <filesystem>
+#include <regex>
+#include <thread>
 
 #include <gtest/gtest.h>
 
@@ -14,6 +16,16 @@
 
 namespace dtrain::testing {
 namespace {
+
+// Names in `dir`, without "." and "..".
+std::vector<std::string> entriesOf(const std::string& dir) {
+  std::vector<std::string> names;
+  std::error_code ec;
+  for (const auto& e : std::filesystem::directory_iterator(dir, ec)) {
+    names.push_back(e.path().filename().string());
+  }
+  return names;
+}
 
 // A1: a worker SIGKILLed mid-step is noticed at once, the others are stopped, the report names it.
 TEST(LaunchSupervision, A1_CrashIsDetectedWithinOneSecond) {
@@ -179,22 +191,36 @@ TEST(LaunchSupervision, A5_SecondSignalKillsAtOnce) {
 // grandchild (also one that left the process group with setsid) is gone within a second.
 class LauncherKilledTest : public ::testing::TestWithParam<bool> {};
 
+// Its temporary job directory (error files) goes too: the guardians remove it (see Note
+// [Temporary job directory]).
 TEST_P(LauncherKilledTest, EveryProcessOfTheJobDiesWithIt) {
+  TempDir tmp;
   std::vector<std::string> workerFlags = {"--steps", "1000", "--step-ms", "20"};
   if (GetParam()) workerFlags.push_back("--grandchild-setsid");
   LaunchProcess p(launchArgs({"--nproc-per-node", "3"}, workerFlags),
-                  {"DTRAIN_FAULT=grandchild@step=1"});
+                  {"DTRAIN_FAULT=grandchild@step=1", "TMPDIR=" + tmp.path()});
   ASSERT_TRUE(p.waitFor([](const std::string& o, const std::string&) {
     return countLines(o, "grandchild pid=") == 3;
   }, 20)) << p.out() << p.err();
   std::vector<pid_t> pids = jobPids(p.out());
   ASSERT_EQ(pids.size(), 9u) << "3 workers, 3 guardians, 3 grandchildren: " << p.out();
+  std::vector<std::string> jobDirs = entriesOf(tmp.path());
+  ASSERT_EQ(jobDirs.size(), 1u) << "launch's temporary job directory in TMPDIR";
+  EXPECT_EQ(jobDirs[0].rfind("dtrain-", 0), 0u) << jobDirs[0];
   auto killed = std::chrono::steady_clock::now();
   p.signal(SIGKILL);
   std::vector<pid_t> left = waitGone(pids, 1.0 + kMargin);
   double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - killed).count();
   EXPECT_TRUE(left.empty()) << left.size() << " processes outlived launch, e.g. " << left[0];
   EXPECT_LT(took, 1.0 + kMargin);
+  // The guardians remove the directory after killing everything: by now, or within moments.
+  const auto deadline = killed + std::chrono::duration<double>(1.0 + kMargin);
+  while (!entriesOf(tmp.path()).empty() && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  EXPECT_TRUE(entriesOf(tmp.path()).empty())
+      << "the job directory outlived launch by " << 1.0 + kMargin << " s: " << tmp.path() << "/"
+      << jobDirs[0];
   p.wait(5);
 }
 
