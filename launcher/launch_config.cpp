@@ -70,15 +70,33 @@ int parseIntValue(const std::string& text, const std::string& label, int64_t min
   return static_cast<int>(v);
 }
 
-double parseSeconds(const std::string& text, const std::string& label) {
+namespace {
+
+// A finite number of seconds in 0..kMaxTimeoutSeconds; `hint` shows the accepted forms.
+double parseNonNegativeSeconds(const std::string& text, const std::string& label,
+                               const char* hint) {
   char* end = nullptr;
   errno = 0;
   double v = text.empty() ? 0 : std::strtod(text.c_str(), &end);
   DTRAIN_CHECK_ARG(!text.empty() && errno == 0 && end == text.c_str() + text.size() &&
                        std::isfinite(v),
-                   "{} \"{}\" is not a number of seconds; HINT: e.g. 30 or 0.5", label, text);
-  DTRAIN_CHECK_ARG(v > 0, "{} {} must be greater than zero; HINT: e.g. 30 or 0.5", label, text);
+                   "{} \"{}\" is not a number of seconds; HINT: {}", label, text, hint);
+  DTRAIN_CHECK_ARG(v >= 0 && v <= kMaxTimeoutSeconds, "{} {} is out of range; HINT: {}", label,
+                   text, hint);
   return v;
+}
+
+}  // namespace
+
+double parseSeconds(const std::string& text, const std::string& label) {
+  constexpr const char* kHint = "e.g. 30 or 0.5";
+  double v = parseNonNegativeSeconds(text, label, kHint);
+  DTRAIN_CHECK_ARG(v > 0, "{} {} must be greater than zero; HINT: {}", label, text, kHint);
+  return v;
+}
+
+double parseTimeoutSeconds(const std::string& text, const std::string& label) {
+  return parseNonNegativeSeconds(text, label, "e.g. 300 or 0.5, or 0 for no limit");
 }
 
 int64_t parseByteCount(const std::string& text, const std::string& label) {
@@ -307,8 +325,12 @@ void validate(const LaunchConfig& c) {
                    label("rdzv-endpoint"), label("master-port"), c.masterPort);
   DTRAIN_CHECK_ARG(c.maxRestarts >= 0, "{} {} must be 0 or more", label("max-restarts"),
                    c.maxRestarts);
-  DTRAIN_CHECK_ARG(c.gracePeriod > 0, "{} {} must be greater than zero seconds",
-                   label("grace-period"), c.gracePeriod);
+  DTRAIN_CHECK_ARG(c.gracePeriod > 0 && c.gracePeriod <= kMaxTimeoutSeconds,
+                   "{} {} must be greater than zero seconds (and at most {:g})",
+                   label("grace-period"), c.gracePeriod, kMaxTimeoutSeconds);
+  DTRAIN_CHECK_ARG(c.exitBarrierTimeout >= 0 && c.exitBarrierTimeout <= kMaxTimeoutSeconds,
+                   "{} {} must be 0 (no limit) or a number of seconds up to {:g}",
+                   label("exit-barrier-timeout"), c.exitBarrierTimeout, kMaxTimeoutSeconds);
   DTRAIN_CHECK_ARG(c.monitorInterval > 0, "{} {} must be greater than zero seconds",
                    label("monitor-interval"), c.monitorInterval);
   DTRAIN_CHECK_ARG(!(c.noPython && c.module),

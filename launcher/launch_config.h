@@ -21,6 +21,8 @@ constexpr const char* kDefaultLinePrefixTemplate = "[rank ${rank}]: ";
 constexpr int kDefaultMaxRestarts = 0;
 constexpr double kDefaultGracePeriodSeconds = 30.0;
 constexpr double kDefaultMonitorIntervalSeconds = 0.1;
+constexpr double kDefaultExitBarrierTimeoutSeconds = 300.0;  // torchrun's exit_barrier_timeout
+constexpr double kMaxTimeoutSeconds = 1e9;  // ~31 years: any longer is a typo (and overflows)
 constexpr int64_t kDefaultLogMaxBytes = int64_t{1} << 30;  // per file, one rotated copy kept
 constexpr int64_t kMinLogMaxBytes = 4096;
 constexpr int kMaxWorkersPerNode = 4096;
@@ -72,6 +74,9 @@ struct LaunchConfig {
   int maxRestarts = kDefaultMaxRestarts;
   double monitorInterval = kDefaultMonitorIntervalSeconds;  // accepted for torchrun; we do not poll
   double gracePeriod = kDefaultGracePeriodSeconds;          // SIGTERM -> SIGKILL, seconds
+  // Once a worker exits 0, the others must end within this many seconds (0: no limit). See
+  // Note [Exit barrier] in supervisor/supervisor.h.
+  double exitBarrierTimeout = kDefaultExitBarrierTimeoutSeconds;
 
   // Output.
   std::string logDir;  // empty: no log files unless redirects/tee ask for them
@@ -104,7 +109,8 @@ std::vector<int> parseRankList(const std::string& text, const std::string& label
 std::pair<std::string, std::string> parseEnvAssignment(const std::string& text,
                                                        const std::string& label);
 int parseIntValue(const std::string& text, const std::string& label, int64_t min, int64_t max);
-double parseSeconds(const std::string& text, const std::string& label);
+double parseSeconds(const std::string& text, const std::string& label);  // > 0
+double parseTimeoutSeconds(const std::string& text, const std::string& label);  // >= 0, 0: none
 int64_t parseByteCount(const std::string& text, const std::string& label);  // "64k", "1G", "0"
 bool parseBool(const std::string& text, const std::string& label);
 

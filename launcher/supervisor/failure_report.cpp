@@ -72,6 +72,9 @@ int workerExitCode(const WorkerOutcome& w) {
 
 int launcherExitCode(const AttemptResult& last) {
   int root = rootCauseIndex(last.workers);
+  // The barrier times out only while nothing failed and launch was not signalled (both stop the
+  // job first); a signal during its teardown does not change what ended the job.
+  if (last.exitBarrier.timedOut && root < 0 && !last.signalBeforeFailure) return kExitDeadline;
   if (last.launcherSignal != 0 && (root < 0 || last.signalBeforeFailure)) {
     // Preemption: launch got SIGTERM and every worker checkpointed and exited 75.
     bool allPreempted = !last.workers.empty();
@@ -107,6 +110,9 @@ std::string describeOutcome(const WorkerOutcome& w) {
 std::string exitCodeMeaning(int code, const AttemptResult& last) {
   int root = rootCauseIndex(last.workers);
   if (code == 0) return "every worker exited 0";
+  if (code == kExitDeadline && last.exitBarrier.timedOut && root < 0) {
+    return "a deadline passed: the exit barrier timed out";
+  }
   if (code == kExitPreempted && last.launcherSignal == SIGTERM) {
     return "preempted: every worker checkpointed on SIGTERM; requeue and rerun to resume";
   }
@@ -212,6 +218,61 @@ std::string formatRestartLine(const AttemptResult& attempt, int restart, int max
                      attempt.attempt, what, restart, maxRestarts);
 }
 
+std::string formatExitBarrierLine(const ExitBarrierTimeout& barrier, const std::string& option,
+                                  double gracePeriod) {
+  std::string ranks;
+  for (const auto& s : barrier.stillRunning) {
+    ranks += (ranks.empty() ? "" : ", ") + std::to_string(s.rank);
+  }
+  return fmt::format("launch: exit barrier timed out: rank {} exited 0 {:g} s ago ({} {:g}) and "
+                     "rank{} {} {} still running; stopping the workers (SIGTERM, SIGKILL after "
+                     "{:g} s)\n",
+                     barrier.firstRank, barrier.timeoutSeconds, option, barrier.timeoutSeconds,
+                     barrier.stillRunning.size() == 1 ? "" : "s", ranks,
+                     barrier.stillRunning.size() == 1 ? "is" : "are", gracePeriod);
+}
+
+namespace {
+
+// The report's head when the exit barrier timed out: who was still running, and what to do.
+std::string formatExitBarrierReport(const ReportContext& ctx, const AttemptResult& last, int code) {
+  const ExitBarrierTimeout& b = last.exitBarrier;
+  std::string out = fmt::format(
+      "launch: job failed: exit barrier timed out: rank {} exited 0 at {:.2f} s, and {} rank{} "
+      "{} still running {:g} s later (exit code {}: {})\n",
+      b.firstRank, b.firstExitSeconds, b.stillRunning.size(), b.stillRunning.size() == 1 ? "" : "s",
+      b.stillRunning.size() == 1 ? "was" : "were", b.timeoutSeconds, code,
+      exitCodeMeaning(code, last));
+  out += fmt::format("  still running when the exit barrier timed out ({} {:g}; attempt {}, "
+                     "run {}, host {}):\n",
+                     ctx.exitBarrierOption, b.timeoutSeconds, last.attempt, ctx.runId, ctx.host);
+  for (const auto& s : b.stillRunning) {
+    out += fmt::format("    rank {} (local rank {}, pid {}): still running {:.2f} s after rank {} "
+                       "exited 0\n",
+                       s.rank, s.localRank, s.pid > 0 ? std::to_string(s.pid) : "unknown",
+                       s.runningFor, b.firstRank);
+    for (const auto& w : last.workers) {
+      if (w.rank != s.rank) continue;
+      out += fmt::format("      stderr log:  {}\n",
+                         w.stderrLog.empty() ? ctx.logHint : w.stderrLog);
+      size_t from = w.stderrTail.size() > kReportTailLines ? w.stderrTail.size() - kReportTailLines
+                                                            : 0;
+      if (from < w.stderrTail.size()) out += "      last stderr lines:\n";
+      for (size_t i = from; i < w.stderrTail.size(); ++i) {
+        out += "        | " + printable(w.stderrTail[i], 600) + "\n";
+      }
+    }
+  }
+  out += fmt::format("  HINT: every rank should finish soon after the first one does; a rank that "
+                     "keeps running is likely stuck outside collectives (a loop, I/O, a lock of "
+                     "its own threads, a missing final barrier) -- see its last output. If ranks "
+                     "legitimately finish far apart, raise {} (0: no limit).\n",
+                     ctx.exitBarrierOption);
+  return out;
+}
+
+}  // namespace
+
 std::string formatFailureReport(const ReportContext& ctx, const std::vector<AttemptResult>& attempts) {
   if (attempts.empty()) return "";
   const AttemptResult& last = attempts.back();
@@ -219,7 +280,9 @@ std::string formatFailureReport(const ReportContext& ctx, const std::vector<Atte
   const int root = rootCauseIndex(last.workers);
   std::string out;
 
-  if (root >= 0 && !(last.launcherSignal != 0 && last.signalBeforeFailure)) {
+  if (code == kExitDeadline && last.exitBarrier.timedOut && root < 0) {
+    out += formatExitBarrierReport(ctx, last, code);
+  } else if (root >= 0 && !(last.launcherSignal != 0 && last.signalBeforeFailure)) {
     const auto& w = last.workers[root];
     out += fmt::format("launch: job failed: rank {} {} (exit code {}: {})\n", w.rank,
                        describeOutcome(w), code, exitCodeMeaning(code, last));

@@ -38,11 +38,28 @@ struct WorkerOutcome {
   bool failed() const;  // non-zero exit, signal, exec failure, lost
 };
 
+// The exit barrier of one attempt when it timed out (see Note [Exit barrier] in supervisor.h):
+// a rank exited 0 and others were still running `timeoutSeconds` later.
+struct ExitBarrierTimeout {
+  struct Straggler {
+    int rank = 0;
+    int localRank = 0;
+    pid_t pid = -1;
+    double runningFor = 0;  // seconds after the first rank exited 0
+  };
+  bool timedOut = false;
+  double timeoutSeconds = 0;
+  int firstRank = -1;              // the first rank that exited 0
+  double firstExitSeconds = 0;     // when, seconds after the attempt started
+  std::vector<Straggler> stillRunning;  // when the barrier timed out
+};
+
 struct AttemptResult {
   int attempt = 0;
   std::vector<WorkerOutcome> workers;
   int launcherSignal = 0;       // a signal launch received during this attempt
   bool signalBeforeFailure = false;  // it arrived before any worker failed
+  ExitBarrierTimeout exitBarrier;
 };
 
 // Index into `workers` of the root cause: the earliest failure launch did not cause itself
@@ -56,6 +73,13 @@ int workerExitCode(const WorkerOutcome& w);
 // The launcher's exit code after its last attempt (DESIGN.md, Exit codes).
 int launcherExitCode(const AttemptResult& last);
 
+// launch's exit code when a deadline passed (DESIGN.md): here, the exit barrier.
+constexpr int kExitDeadline = 124;
+
+// "launch: exit barrier timed out: ..." -- the line printed when it happens, before the teardown.
+std::string formatExitBarrierLine(const ExitBarrierTimeout& barrier, const std::string& option,
+                                  double gracePeriod);
+
 // "exited with code 3", "was killed by SIGSEGV (signal 11, core dumped)", ...
 std::string describeOutcome(const WorkerOutcome& w);
 
@@ -68,6 +92,7 @@ struct ReportContext {
   int maxRestarts = 0;
   double gracePeriod = 0;
   std::string logHint;  // where logs are, or how to keep them
+  std::string exitBarrierOption = "--exit-barrier-timeout";  // as the user gave it
 };
 
 // The failure report of the whole job: `attempts` in order, the last one decides.

@@ -119,7 +119,8 @@ int Supervisor::run() {
   for (int attempt = 0;; ++attempt) {
     attempts.push_back(runAttempt(attempt));
     const AttemptResult& r = attempts.back();
-    if (r.launcherSignal != 0 || rootCauseIndex(r.workers) < 0) break;
+    // A timed-out exit barrier ends the job without a restart: see Note [Exit barrier].
+    if (r.launcherSignal != 0 || r.exitBarrier.timedOut || rootCauseIndex(r.workers) < 0) break;
     if (attempt >= config.maxRestarts) break;
     std::string line = formatRestartLine(r, attempt + 1, config.maxRestarts);
     writeAll(STDERR_FILENO, line.data(), line.size());
@@ -132,6 +133,7 @@ int Supervisor::run() {
     ctx.maxRestarts = config.maxRestarts;
     ctx.gracePeriod = config.gracePeriod;
     ctx.logHint = plan_.logHint;
+    ctx.exitBarrierOption = optionLabel(config, "exit-barrier-timeout");
     std::string report = formatFailureReport(ctx, attempts);
     writeAll(STDERR_FILENO, report.data(), report.size());
   }
@@ -152,6 +154,9 @@ AttemptResult Supervisor::runAttempt(int attempt) {
   bool stopping = false;
   bool killed = false;
   Clock::time_point killAt;
+  // The exit barrier: armed when the first worker exits 0 (see Note [Exit barrier]).
+  bool barrierArmed = false;
+  Clock::time_point barrierAt;
 
   auto beginTeardown = [&] {
     if (stopping) return;
@@ -281,7 +286,17 @@ AttemptResult Supervisor::runAttempt(int attempt) {
           s.outcome.stoppedByLaunch = s.askedToStop;
           DTRAIN_LOG(Info, "launch: rank {} (pid {}) {} after {:.3f} s", s.rank, s.outcome.pid,
                      describeOutcome(s.outcome), s.outcome.endSeconds);
-          if (s.outcome.failed()) beginTeardown();
+          if (s.outcome.failed()) {
+            beginTeardown();
+          } else if (!barrierArmed && !stopping && config.exitBarrierTimeout > 0) {
+            barrierArmed = true;
+            barrierAt = Clock::now() +
+                        std::chrono::duration_cast<Clock::duration>(
+                            std::chrono::duration<double>(config.exitBarrierTimeout));
+            result.exitBarrier.timeoutSeconds = config.exitBarrierTimeout;
+            result.exitBarrier.firstRank = s.rank;
+            result.exitBarrier.firstExitSeconds = s.outcome.endSeconds;
+          }
           break;
         }
         default: break;
@@ -331,14 +346,44 @@ AttemptResult Supervisor::runAttempt(int attempt) {
     }
   };
 
+  // Workers still running when the barrier's deadline passes: the job ends with 124.
+  auto onBarrierTimeout = [&] {
+    barrierArmed = false;  // it fires once
+    ExitBarrierTimeout& b = result.exitBarrier;
+    const double now = seconds();
+    for (const auto& s : slots) {
+      if (!s.statusOpen || s.exitReported) continue;
+      ExitBarrierTimeout::Straggler straggler;
+      straggler.rank = s.rank;
+      straggler.localRank = s.localRank;
+      straggler.pid = s.outcome.pid;
+      straggler.runningFor = now - b.firstExitSeconds;
+      b.stillRunning.push_back(straggler);
+    }
+    if (b.stillRunning.empty()) return;  // the last ones are only being reaped
+    b.timedOut = true;
+    std::string line = formatExitBarrierLine(b, optionLabel(config, "exit-barrier-timeout"),
+                                             config.gracePeriod);
+    writeAll(STDERR_FILENO, line.data(), line.size());
+    beginTeardown();
+  };
+
   auto anyStatusOpen = [&] {
     return std::any_of(slots.begin(), slots.end(), [](const Slot& s) { return s.statusOpen; });
+  };
+  // The event loop's one timer (epoll_wait's timeout): the SIGKILL deadline while stopping,
+  // else the exit barrier's once armed.
+  auto msUntil = [](Clock::time_point at) {
+    auto left = std::chrono::duration_cast<std::chrono::milliseconds>(at - Clock::now());
+    return static_cast<int>(
+        std::clamp<int64_t>(left.count() + 1, 0, std::numeric_limits<int>::max()));
   };
   while (anyStatusOpen()) {
     int timeoutMs = -1;
     if (stopping && !killed) {
-      auto left = std::chrono::duration_cast<std::chrono::milliseconds>(killAt - Clock::now());
-      timeoutMs = static_cast<int>(std::max<int64_t>(0, left.count() + 1));
+      timeoutMs = msUntil(killAt);
+    } else if (!stopping && barrierArmed) {
+      timeoutMs = msUntil(barrierAt);
     }
     epoll_event events[64];
     int ready = ::epoll_wait(epollFd_, events, 64, timeoutMs);
@@ -359,6 +404,7 @@ AttemptResult Supervisor::runAttempt(int attempt) {
         pump(s, kind);
       }
     }
+    if (!stopping && barrierArmed && Clock::now() >= barrierAt) onBarrierTimeout();
     if (stopping && !killed && Clock::now() >= killAt) killAll();
   }
 

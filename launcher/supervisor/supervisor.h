@@ -27,6 +27,27 @@ namespace dtrain::launcher {
 // status pipes), the signalfd, and a timeout for the SIGKILL deadline. Crash detection latency is
 // the guardian's pidfd wake-up plus one pipe write: milliseconds, with no polling interval.
 
+// Note [Exit barrier]
+// ~~~~~~~~~~~~~~~~~~~
+// A worker exiting 0 while others run is not a failure (ranks finish seconds apart), but waiting
+// for the rest without a bound turns one rank stuck after the end of training -- in a loop, in
+// I/O, on a lock of its own threads, outside any collective that would time out -- into a job
+// that never ends. torchrun bounds the same wait with its agent's exit barrier
+// (exit_barrier_timeout, 300 s). So: once the first worker of an attempt exits 0, every other
+// worker of that attempt must end within --exit-barrier-timeout seconds (default 300, 0: no
+// limit); otherwise launch prints which ranks were still running and how long after the first
+// success, tears the job down like after a failure (SIGTERM, SIGKILL after the grace period) and
+// exits 124 ("a deadline passed", DESIGN.md). The deadline is the event loop's epoll timeout,
+// like the SIGKILL deadline: no polling. A failure (non-zero exit, signal) before the deadline
+// stops the job as usual and the barrier no longer matters.
+//
+// A timed-out exit barrier does not consume a restart under --max-restarts: like torchrun, whose
+// agent never retries a worker group after it has started its exit barrier, launch ends the job.
+// Some ranks have finished -- their final checkpoint, metrics and outputs are written -- and a
+// restart would run all of them again (redoing the last epoch, overwriting results) to probably
+// get stuck in the same place; the restart budget is for failures, which a rank stuck after
+// success is not yet. The report says so, and the user decides.
+
 // The signals launch forwards and then tears the job down for.
 constexpr int kForwardedSignals[] = {SIGINT, SIGTERM, SIGHUP, SIGQUIT};
 

@@ -57,6 +57,12 @@ INSTANTIATE_TEST_SUITE_P(
         UsageCase{"NodeRankOnOneNode", {"--node-rank", "1"}, {}, "--node-rank"},
         UsageCase{"ZeroGrace", {"--grace-period", "0"}, {}, "--grace-period"},
         UsageCase{"NegativeGrace", {"--grace-period", "-1"}, {}, "--grace-period"},
+        UsageCase{"NegativeExitBarrier", {"--exit-barrier-timeout", "-1"}, {},
+                  "--exit-barrier-timeout"},
+        UsageCase{"ExitBarrierNotANumber", {"--exit_barrier_timeout=soon"}, {},
+                  "--exit-barrier-timeout"},
+        UsageCase{"BadEnvExitBarrier", {}, {"DTRAIN_LAUNCH_EXIT_BARRIER_TIMEOUT=-5"},
+                  "DTRAIN_LAUNCH_EXIT_BARRIER_TIMEOUT"},
         UsageCase{"ZeroMonitorInterval", {"--monitor_interval", "0"}, {}, "--monitor-interval"},
         UsageCase{"NegativeRestarts", {"--max-restarts", "-1"}, {}, "--max-restarts"},
         UsageCase{"PortOutOfRange", {"--master-port", "70000"}, {}, "--master-port"},
@@ -101,6 +107,7 @@ TEST(LaunchCli, HelpAndVersionExitZero) {
   EXPECT_EQ(help.exitCode, 0);
   EXPECT_NE(help.out.find("--nproc-per-node"), std::string::npos);
   EXPECT_NE(help.out.find("Exit codes"), std::string::npos);
+  EXPECT_NE(help.out.find("--exit-barrier-timeout SECONDS"), std::string::npos) << help.out;
   LaunchResult version = runLaunch({"--version"});
   EXPECT_EQ(version.exitCode, 0);
   EXPECT_NE(version.out.find("launch (dtrain)"), std::string::npos);
@@ -177,6 +184,13 @@ TEST(LaunchCli, DryRunPrintsEachWorkerAndStartsNothing) {
   EXPECT_EQ(countLines(r.out, "NCCL_DEBUG=INFO"), 3);
   EXPECT_EQ(countLines(r.out, "TORCHELASTIC_RUN_ID=dry"), 3);
   EXPECT_NE(r.out.find("command: /bin/sh -c 'touch "), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("Supervision: --max-restarts 0 --grace-period 30 --exit-barrier-timeout "
+                       "300\n"),
+            std::string::npos) << r.out;
+  LaunchResult unbounded = runLaunch({"--dry-run", "/bin/true"},
+                                     {"DTRAIN_LAUNCH_EXIT_BARRIER_TIMEOUT=0"});
+  EXPECT_NE(unbounded.out.find("--exit-barrier-timeout 0 (no limit)"), std::string::npos)
+      << unbounded.out;
 }
 
 // DTRAIN_LAUNCH_<OPTION> sets an option; the command line wins over it.

@@ -319,6 +319,50 @@ TEST(LaunchSupervision, A9_DriftingRanksAndFailingGroup) {
   expectNoneLeft(failing.out);
 }
 
+// A9 bounded: rank 0 exits 0 at once, rank 1 hangs outside any collective. One second after
+// rank 0's success the exit barrier times out: rank 1 is stopped, the report names it, launch
+// exits 124 -- and does not restart, restart budget or not (Note [Exit barrier]).
+TEST(LaunchSupervision, A9_ExitBarrierTimesOut) {
+  TempDir tmp;
+  LaunchProcess p(launchArgs({"--nproc-per-node", "2", "--exit-barrier-timeout", "1",
+                              "--grace-period", "5", "--max-restarts", "1"},
+                             {"--steps", "3"}),
+                  {"DTRAIN_FAULT=hang@rank=1,step=1", "TMPDIR=" + tmp.path()});
+  LaunchResult r = p.wait(30);
+  ASSERT_FALSE(r.timedOut) << r.all();
+  EXPECT_EQ(r.exitCode, 124) << r.all();
+  EXPECT_LT(r.seconds, 10.0) << r.all();
+  const double done = p.firstSeen("rank 0: done");
+  ASSERT_GT(done, 0) << r.out;
+  EXPECT_GE(r.seconds - done, 0.9) << "stopped before the exit barrier's deadline";
+  EXPECT_LT(r.seconds - done, 1.0 + kMargin) << "exit barrier timeout noticed too late";
+  EXPECT_NE(r.err.find("launch: exit barrier timed out: rank 0 exited 0"), std::string::npos)
+      << r.err;
+  EXPECT_NE(r.err.find("launch: job failed: exit barrier timed out"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("exit code 124: a deadline passed"), std::string::npos) << r.err;
+  const std::regex straggler(R"(rank 1 \(local rank 1, pid \d+\): still running \d+\.\d\d s after )"
+                             R"(rank 0 exited 0)");
+  EXPECT_TRUE(std::regex_search(r.err, straggler)) << r.err;
+  EXPECT_NE(r.err.find("HINT:"), std::string::npos) << r.err;
+  EXPECT_EQ(countLines(r.out, "worker rank="), 2) << "no restart: " << r.out;
+  EXPECT_EQ(r.err.find("restarting"), std::string::npos) << r.err;
+  expectNoneLeft(r.out);
+  EXPECT_TRUE(entriesOf(tmp.path()).empty()) << "launch removes its job directory";
+}
+
+// A9 bounded, drift within the bound: ranks finishing 1 s apart under a 4 s exit barrier (set
+// through the environment) is a success.
+TEST(LaunchSupervision, A9_DriftWithinTheExitBarrierSucceeds) {
+  LaunchResult r = runLaunch(launchArgs({"--nproc-per-node", "2"}, {"--steps", "2"}),
+                             {"DTRAIN_FAULT=slow:1000@rank=1,step=1",
+                              "DTRAIN_LAUNCH_EXIT_BARRIER_TIMEOUT=4"});
+  EXPECT_EQ(r.exitCode, 0) << r.all();
+  EXPECT_GE(r.seconds, 1.0);
+  EXPECT_EQ(countLines(r.out, ": done"), 2) << r.out;
+  EXPECT_EQ(r.err.find("exit barrier"), std::string::npos) << r.err;
+  expectNoneLeft(r.out);
+}
+
 // A10: the error file is read when present -- and a missing, garbage, empty or huge one still
 // gives a report, never a crash of launch.
 struct ErrorFileCase {

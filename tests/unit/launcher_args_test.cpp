@@ -133,6 +133,45 @@ TEST(ParseLaunchArgs, EnvironmentErrorsNameTheVariable) {
   EXPECT_THROW(parseLaunchArgs({"x"}, {{"DTRAIN_LAUNCH_TYPO", "1"}}), InvalidArgument);
 }
 
+// --exit-barrier-timeout: seconds, 0 for no limit, 300 by default; from the flag (either
+// spelling) or DTRAIN_LAUNCH_EXIT_BARRIER_TIMEOUT.
+TEST(ParseLaunchArgs, ExitBarrierTimeout) {
+  EXPECT_DOUBLE_EQ(parseLaunchArgs({"x"}, {}).config.exitBarrierTimeout, 300.0);
+  EXPECT_DOUBLE_EQ(parseLaunchArgs({"--exit-barrier-timeout", "1.5", "x"}, {})
+                       .config.exitBarrierTimeout, 1.5);
+  EXPECT_DOUBLE_EQ(parseLaunchArgs({"--exit_barrier_timeout=0", "x"}, {})
+                       .config.exitBarrierTimeout, 0.0) << "0: no limit";
+  LaunchConfig fromEnv =
+      parseLaunchArgs({"x"}, {{"DTRAIN_LAUNCH_EXIT_BARRIER_TIMEOUT", "7"}}).config;
+  EXPECT_DOUBLE_EQ(fromEnv.exitBarrierTimeout, 7.0);
+  EXPECT_EQ(optionLabel(fromEnv, "exit-barrier-timeout"),
+            "DTRAIN_LAUNCH_EXIT_BARRIER_TIMEOUT (environment)");
+  EXPECT_DOUBLE_EQ(parseLaunchArgs({"--exit-barrier-timeout", "2", "x"},
+                                   {{"DTRAIN_LAUNCH_EXIT_BARRIER_TIMEOUT", "7"}})
+                       .config.exitBarrierTimeout, 2.0) << "the command line wins";
+}
+
+TEST(ParseLaunchArgs, BadExitBarrierTimeoutNamesTheFlagOrVariable) {
+  for (const char* bad : {"-1", "x", "", "1s", "inf", "nan", "1e10"}) {
+    try {
+      parseLaunchArgs({std::string("--exit-barrier-timeout=") + bad, "x"}, {});
+      FAIL() << "accepted " << bad;
+    } catch (const InvalidArgument& e) {
+      EXPECT_NE(std::string(e.what()).find("--exit-barrier-timeout"), std::string::npos)
+          << e.what();
+      EXPECT_NE(std::string(e.what()).find("0 for no limit"), std::string::npos) << e.what();
+    }
+    try {
+      parseLaunchArgs({"x"}, {{"DTRAIN_LAUNCH_EXIT_BARRIER_TIMEOUT", bad}});
+      FAIL() << "accepted " << bad << " from the environment";
+    } catch (const InvalidArgument& e) {
+      EXPECT_NE(std::string(e.what()).find("DTRAIN_LAUNCH_EXIT_BARRIER_TIMEOUT (environment)"),
+                std::string::npos) << e.what();
+    }
+  }
+  EXPECT_THROW(splitLauncherArgs({"--exit-barrier-timeout"}), InvalidArgument) << "needs a value";
+}
+
 TEST(OptionEnvName, UpperSnakeCase) {
   EXPECT_EQ(optionEnvName("nproc-per-node"), "DTRAIN_LAUNCH_NPROC_PER_NODE");
   EXPECT_EQ(optionEnvName("env"), "DTRAIN_LAUNCH_ENV");

@@ -47,6 +47,12 @@ TEST(ParseValues, Numbers) {
   for (const char* bad : {"0", "-1", "x", "", "inf", "nan"}) {
     EXPECT_THROW(parseSeconds(bad, "--g"), InvalidArgument) << bad;
   }
+  EXPECT_THROW(parseSeconds("1e10", "--g"), InvalidArgument) << "past kMaxTimeoutSeconds";
+  EXPECT_DOUBLE_EQ(parseTimeoutSeconds("0", "--t"), 0.0);
+  EXPECT_DOUBLE_EQ(parseTimeoutSeconds("2.5", "--t"), 2.5);
+  for (const char* bad : {"-1", "-0.5", "x", "", "inf", "nan", "1e10", "3 "}) {
+    EXPECT_THROW(parseTimeoutSeconds(bad, "--t"), InvalidArgument) << bad;
+  }
   EXPECT_EQ(parseByteCount("0", "--b"), 0);
   EXPECT_EQ(parseByteCount("4k", "--b"), 4096);
   EXPECT_EQ(parseByteCount("2M", "--b"), 2 << 20);
@@ -128,6 +134,11 @@ INSTANTIATE_TEST_SUITE_P(
                   "share a port"},
         BadConfig{"Restarts", [](LaunchConfig& c) { c.maxRestarts = -1; }, "--max-restarts"},
         BadConfig{"Grace", [](LaunchConfig& c) { c.gracePeriod = 0; }, "--grace-period"},
+        BadConfig{"GraceHuge", [](LaunchConfig& c) { c.gracePeriod = 1e300; }, "--grace-period"},
+        BadConfig{"ExitBarrier", [](LaunchConfig& c) { c.exitBarrierTimeout = -1; },
+                  "--exit-barrier-timeout"},
+        BadConfig{"ExitBarrierHuge", [](LaunchConfig& c) { c.exitBarrierTimeout = 1e300; },
+                  "--exit-barrier-timeout"},
         BadConfig{"Monitor", [](LaunchConfig& c) { c.monitorInterval = -1; },
                   "--monitor-interval"},
         BadConfig{"ModuleNoPython", [](LaunchConfig& c) { c.module = c.noPython = true; },

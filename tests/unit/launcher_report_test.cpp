@@ -226,6 +226,63 @@ TEST(FailureReport, LauncherSignal) {
   EXPECT_NE(r.find("exit code 130: launch itself received SIGINT"), std::string::npos) << r;
 }
 
+// Note [Exit barrier]: rank 0 exited 0, rank 1 was still running when the deadline passed and
+// launch stopped it.
+AttemptResult barrierTimedOut() {
+  AttemptResult a;
+  WorkerOutcome straggler = signaled(1, SIGTERM, 2.3, true);
+  straggler.stderrTail = {"rank 1: writing the last shard"};
+  a.workers = {exited(0, 0, 0.3), straggler, exited(2, 0, 0.4)};
+  a.exitBarrier.timedOut = true;
+  a.exitBarrier.timeoutSeconds = 2;
+  a.exitBarrier.firstRank = 0;
+  a.exitBarrier.firstExitSeconds = 0.3;
+  ExitBarrierTimeout::Straggler s;
+  s.rank = s.localRank = 1;
+  s.pid = 1001;
+  s.runningFor = 2.0;
+  a.exitBarrier.stillRunning = {s};
+  return a;
+}
+
+TEST(ExitBarrier, TimeoutExits124) {
+  AttemptResult a = barrierTimedOut();
+  EXPECT_EQ(launcherExitCode(a), 124);
+  EXPECT_EQ(exitCodeMeaning(124, a), "a deadline passed: the exit barrier timed out");
+  a.launcherSignal = SIGINT;  // Ctrl-C during the barrier's teardown
+  a.signalBeforeFailure = false;
+  EXPECT_EQ(launcherExitCode(a), 124) << "the barrier ended the job, not the signal";
+  a.exitBarrier = ExitBarrierTimeout{};
+  EXPECT_EQ(launcherExitCode(a), 130) << "without the barrier, the same workers mean the signal";
+}
+
+TEST(ExitBarrier, ReportNamesTheRanksStillRunning) {
+  ReportContext ctx;
+  ctx.host = "node7";
+  ctx.runId = "j";
+  ctx.logHint = "not kept";
+  ctx.exitBarrierOption = "DTRAIN_LAUNCH_EXIT_BARRIER_TIMEOUT (environment)";
+  std::string r = formatFailureReport(ctx, {barrierTimedOut()});
+  EXPECT_EQ(r.find("launch: job failed: exit barrier timed out: rank 0 exited 0 at 0.30 s, and 1 "
+                   "rank was still running 2 s later (exit code 124: a deadline passed"),
+            0u) << r;
+  EXPECT_NE(r.find("rank 1 (local rank 1, pid 1001): still running 2.00 s after rank 0 exited 0"),
+            std::string::npos) << r;
+  EXPECT_NE(r.find("| rank 1: writing the last shard"), std::string::npos) << r;
+  EXPECT_NE(r.find("HINT:"), std::string::npos) << r;
+  EXPECT_NE(r.find("stuck outside collectives"), std::string::npos) << r;
+  EXPECT_NE(r.find("raise DTRAIN_LAUNCH_EXIT_BARRIER_TIMEOUT (environment)"), std::string::npos)
+      << "the HINT names the option as the user gave it: " << r;
+  EXPECT_EQ(r.find("rank 2 (local rank 2, pid 1002): still running"), std::string::npos) << r;
+  EXPECT_NE(r.find("rank 2 (local rank 2, pid 1002) exited with code 0"), std::string::npos) << r;
+
+  std::string line = formatExitBarrierLine(barrierTimedOut().exitBarrier,
+                                           "--exit-barrier-timeout", 30);
+  EXPECT_EQ(line, "launch: exit barrier timed out: rank 0 exited 0 2 s ago (--exit-barrier-timeout "
+                  "2) and rank 1 is still running; stopping the workers (SIGTERM, SIGKILL after "
+                  "30 s)\n");
+}
+
 TEST(Printable, EscapesAndCuts) {
   EXPECT_EQ(printable("a\x01" "b\n", 100), "a\\x01b\n");
   EXPECT_EQ(printable(std::string(10, 'x'), 4), "xxxx...");
