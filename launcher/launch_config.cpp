@@ -8,6 +8,7 @@
 
 #include "dtrain/env_contract.h"
 #include "dtrain/error.h"
+#include "parse_int.h"
 
 namespace dtrain::launcher {
 
@@ -22,16 +23,6 @@ std::vector<std::string> split(const std::string& s, char sep) {
     if (at == std::string::npos) return parts;
     start = at + 1;
   }
-}
-
-bool toInt64(const std::string& text, int64_t* out) {
-  if (text.empty() || std::isspace(static_cast<unsigned char>(text[0]))) return false;
-  char* end = nullptr;
-  errno = 0;
-  long long v = std::strtoll(text.c_str(), &end, 10);
-  if (errno != 0 || end != text.c_str() + text.size()) return false;
-  *out = v;
-  return true;
 }
 
 bool validIdentifier(const std::string& name) {
@@ -63,7 +54,7 @@ std::string optionLabel(const LaunchConfig& config, const std::string& option) {
 
 int parseIntValue(const std::string& text, const std::string& label, int64_t min, int64_t max) {
   int64_t v = 0;
-  DTRAIN_CHECK_ARG(toInt64(text, &v), "{} \"{}\" is not an integer; HINT: give a number in {}..{}",
+  DTRAIN_CHECK_ARG(parseInt64(text, &v), "{} \"{}\" is not an integer; HINT: give a number in {}..{}",
                    label, text, min, max);
   DTRAIN_CHECK_ARG(v >= min && v <= max, "{} {} is out of range; HINT: give a number in {}..{}",
                    label, v, min, max);
@@ -112,7 +103,7 @@ int64_t parseByteCount(const std::string& text, const std::string& label) {
     if (scale != 1) digits.pop_back();
   }
   int64_t v = 0;
-  DTRAIN_CHECK_ARG(toInt64(digits, &v) && v >= 0 && v <= (int64_t{1} << 50) / scale,
+  DTRAIN_CHECK_ARG(parseInt64(digits, &v) && v >= 0 && v <= (int64_t{1} << 50) / scale,
                    "{} \"{}\" is not a byte count; HINT: e.g. 0 (unlimited), 65536, 64k, 1G",
                    label, text);
   return v * scale;
@@ -137,7 +128,7 @@ NprocSpec parseNproc(const std::string& text, const std::string& label) {
     spec.kind = NprocSpec::Kind::Cpu;
   } else {
     int64_t v = 0;
-    DTRAIN_CHECK_ARG(toInt64(text, &v) && v >= 1 && v <= kMaxWorkersPerNode,
+    DTRAIN_CHECK_ARG(parseInt64(text, &v) && v >= 1 && v <= kMaxWorkersPerNode,
                      "{} \"{}\" is not a worker count; HINT: give 1..{}, or auto, gpu, cpu", label,
                      text, kMaxWorkersPerNode);
     spec.count = static_cast<int>(v);
@@ -151,7 +142,7 @@ StreamSpec parseStreamSpec(const std::string& text, const std::string& label) {
   StreamSpec spec;
   int64_t v = 0;
   if (text.find(':') == std::string::npos) {
-    DTRAIN_CHECK_ARG(toInt64(text, &v) && v >= 0 && v <= 3, "{} \"{}\" is not valid; HINT: use {}",
+    DTRAIN_CHECK_ARG(parseInt64(text, &v) && v >= 0 && v <= 3, "{} \"{}\" is not valid; HINT: use {}",
                      label, text, kForms);
     spec.all = static_cast<int>(v);
     return spec;
@@ -159,9 +150,9 @@ StreamSpec parseStreamSpec(const std::string& text, const std::string& label) {
   for (const auto& part : split(text, ',')) {
     size_t colon = part.find(':');
     int64_t rank = 0;
-    DTRAIN_CHECK_ARG(colon != std::string::npos && toInt64(part.substr(0, colon), &rank) &&
+    DTRAIN_CHECK_ARG(colon != std::string::npos && parseInt64(part.substr(0, colon), &rank) &&
                          rank >= 0 && rank < kMaxWorkersPerNode &&
-                         toInt64(part.substr(colon + 1), &v) && v >= 0 && v <= 3,
+                         parseInt64(part.substr(colon + 1), &v) && v >= 0 && v <= 3,
                      "{} \"{}\": bad entry \"{}\"; HINT: use {}", label, text, part, kForms);
     DTRAIN_CHECK_ARG(spec.perRank.emplace(static_cast<int>(rank), static_cast<int>(v)).second,
                      "{} \"{}\": local rank {} is listed twice", label, text, rank);
@@ -174,8 +165,8 @@ std::pair<int, int> parseNnodes(const std::string& text, const std::string& labe
   int64_t lo = 0;
   int64_t hi = 0;
   bool ok = colon == std::string::npos
-                ? toInt64(text, &lo) && (hi = lo, true)
-                : toInt64(text.substr(0, colon), &lo) && toInt64(text.substr(colon + 1), &hi);
+                ? parseInt64(text, &lo) && (hi = lo, true)
+                : parseInt64(text.substr(0, colon), &lo) && parseInt64(text.substr(colon + 1), &hi);
   DTRAIN_CHECK_ARG(ok, "{} \"{}\" is not a node count; HINT: N or MIN:MAX, e.g. 2 or 1:4", label,
                    text);
   DTRAIN_CHECK_ARG(lo >= 1 && hi >= 1 && lo <= 65536 && hi <= 65536,
@@ -213,7 +204,7 @@ std::vector<int> parseRankList(const std::string& text, const std::string& label
   std::vector<int> ranks;
   for (const auto& part : split(text, ',')) {
     int64_t v = 0;
-    DTRAIN_CHECK_ARG(toInt64(part, &v) && v >= 0 && v < kMaxWorkersPerNode,
+    DTRAIN_CHECK_ARG(parseInt64(part, &v) && v >= 0 && v < kMaxWorkersPerNode,
                      "{} \"{}\": \"{}\" is not a local rank; HINT: e.g. 0,3", label, text, part);
     if (std::find(ranks.begin(), ranks.end(), v) == ranks.end()) {
       ranks.push_back(static_cast<int>(v));

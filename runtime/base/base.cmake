@@ -5,6 +5,7 @@ add_library(dtrain_base SHARED
   runtime/base/fault.cpp
   runtime/base/logging.cpp
   runtime/base/net/socket.cpp
+  runtime/base/parse_int.cpp
   runtime/base/store/auth.cpp
   runtime/base/store/hash_store.cpp
   runtime/base/store/job_store.cpp

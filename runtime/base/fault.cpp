@@ -11,6 +11,7 @@
 #include <utility>
 
 #include "dtrain/error.h"
+#include "parse_int.h"
 
 namespace dtrain::fault {
 
@@ -61,16 +62,6 @@ std::string trim(const std::string& s) {
   return s.substr(b, e - b + 1);
 }
 
-bool parseInt(const std::string& text, int64_t* out) {
-  if (text.empty()) return false;
-  char* end = nullptr;
-  errno = 0;
-  long long v = std::strtoll(text.c_str(), &end, 10);
-  if (errno != 0 || end != text.c_str() + text.size()) return false;
-  *out = v;
-  return true;
-}
-
 Fault parseOne(const std::string& text) {
   std::string what = text;
   std::string conds;
@@ -102,7 +93,7 @@ Fault parseOne(const std::string& text) {
     DTRAIN_CHECK_ARG(f.arg > 0, "DTRAIN_FAULT: unknown signal \"{}\" in \"{}\"; HINT: KILL, SEGV, "
                      "TERM, or a number", arg, text);
   } else if (info->hasArg) {
-    DTRAIN_CHECK_ARG(parseInt(arg, &f.arg) && f.arg >= 0,
+    DTRAIN_CHECK_ARG(parseInt64(arg, &f.arg) && f.arg >= 0,
                      "DTRAIN_FAULT: \"{}\" is not a non-negative integer in \"{}\"", arg, text);
     DTRAIN_CHECK_ARG(!(f.kind == Kind::Exit || f.kind == Kind::ErrorFile) || f.arg <= 255,
                      "DTRAIN_FAULT: exit code {} is out of range 0..255 in \"{}\"", f.arg, text);
@@ -116,7 +107,7 @@ Fault parseOne(const std::string& text) {
     size_t eq = cond.find('=');
     std::string key = eq == std::string::npos ? cond : cond.substr(0, eq);
     int64_t value = 0;
-    DTRAIN_CHECK_ARG(eq != std::string::npos && parseInt(cond.substr(eq + 1), &value) && value >= 0,
+    DTRAIN_CHECK_ARG(eq != std::string::npos && parseInt64(cond.substr(eq + 1), &value) && value >= 0,
                      "DTRAIN_FAULT: bad condition \"{}\" in \"{}\"; HINT: rank=R, step=S, "
                      "attempt=A with non-negative integers",
                      cond, text);
@@ -138,7 +129,7 @@ Fault parseOne(const std::string& text) {
 int envAttempt() {
   const char* v = std::getenv("DTRAIN_RESTART_COUNT");
   int64_t n = 0;
-  return v && parseInt(v, &n) ? static_cast<int>(n) : 0;
+  return v && parseInt64(v, &n) ? static_cast<int>(n) : 0;
 }
 
 struct NamedNumber {
@@ -274,7 +265,7 @@ std::vector<IoFault> parseIoFaults(const std::string& spec) {
     std::string head = text.substr(0, at);
     std::string tail = text.substr(at + 1);
     if (head == "crash") {
-      DTRAIN_CHECK_ARG(tail.rfind("io=", 0) == 0 && parseInt(tail.substr(3), &f.nth) && f.nth > 0,
+      DTRAIN_CHECK_ARG(tail.rfind("io=", 0) == 0 && parseInt64(tail.substr(3), &f.nth) && f.nth > 0,
                        "DTRAIN_IO_FAULT: bad crash point \"{}\"; HINT: crash@io=K with K >= 1",
                        text);
       f.crash = true;
@@ -295,7 +286,7 @@ std::vector<IoFault> parseIoFaults(const std::string& spec) {
     f.error = parseErrno(head.substr(colon + 1));
     DTRAIN_CHECK_ARG(f.error > 0, "DTRAIN_IO_FAULT: unknown errno \"{}\" in \"{}\"; HINT: ENOSPC, "
                      "EIO, EXDEV, ... or a number", head.substr(colon + 1), text);
-    DTRAIN_CHECK_ARG(parseInt(tail, &f.nth) && f.nth > 0,
+    DTRAIN_CHECK_ARG(parseInt64(tail, &f.nth) && f.nth > 0,
                      "DTRAIN_IO_FAULT: \"{}\" is not a call number >= 1 in \"{}\"", tail, text);
     faults.push_back(f);
   }
@@ -324,7 +315,7 @@ void IoFaultInjector::after() {
 
 int parseSignal(const std::string& name) {
   int64_t n = 0;
-  if (parseInt(name, &n)) return n > 0 && n < 65 ? static_cast<int>(n) : -1;
+  if (parseInt64(name, &n)) return n > 0 && n < 65 ? static_cast<int>(n) : -1;
   std::string up = upper(name);
   if (up.rfind("SIG", 0) != 0) up = "SIG" + up;
   for (const auto& s : kSignals) {
@@ -342,7 +333,7 @@ std::string signalName(int signo) {
 
 int parseErrno(const std::string& name) {
   int64_t n = 0;
-  if (parseInt(name, &n)) return n > 0 && n < 4096 ? static_cast<int>(n) : -1;
+  if (parseInt64(name, &n)) return n > 0 && n < 4096 ? static_cast<int>(n) : -1;
   std::string up = upper(name);
   for (const auto& e : kErrnos) {
     if (up == e.name) return e.number;

@@ -16,6 +16,8 @@ add_library(dtrain_comm SHARED
 add_library(dtrain::dtrain_comm ALIAS dtrain_comm)
 target_link_libraries(dtrain_comm PUBLIC dtrain_base)
 target_include_directories(dtrain_comm PRIVATE ${CMAKE_CURRENT_SOURCE_DIR}/runtime/comm)
+# dtrain_base's internal parse_int.h (one integer rule everywhere).
+target_include_directories(dtrain_comm PRIVATE ${CMAKE_CURRENT_SOURCE_DIR}/runtime/base)
 if(DTRAIN_HAVE_GLOO)
   target_sources(dtrain_comm PRIVATE
     runtime/comm/gloo/gloo_algorithms.cpp

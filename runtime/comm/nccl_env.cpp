@@ -4,7 +4,6 @@
 // names the variable (RELIABILITY.md D7, PyTorch's test_invalid_nccl_blocking_wait_env).
 #include <algorithm>
 #include <cctype>
-#include <cerrno>
 #include <cstdlib>
 #include <string>
 #include <vector>
@@ -14,6 +13,7 @@
 
 #include "dtrain/error.h"
 #include "dtrain/nccl_communicator.h"
+#include "parse_int.h"
 
 namespace dtrain::comm {
 
@@ -78,11 +78,8 @@ std::string upper(std::string s) {
 }
 
 bool isInt(const std::string& v, long long min, long long max) {
-  if (v.empty()) return false;
-  char* end = nullptr;
-  errno = 0;
-  long long x = std::strtoll(v.c_str(), &end, 10);
-  return *end == '\0' && errno == 0 && x >= min && x <= max;
+  int64_t x = 0;
+  return parseInt64(v, &x) && x >= min && x <= max;
 }
 
 bool isWord(const std::string& v, const std::vector<const char*>& words) {

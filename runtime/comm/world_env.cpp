@@ -1,11 +1,11 @@
 // resolveWorldEnv / chooseBackend: the pure half of connectWorld() (dtrain/world.h).
-#include <cerrno>
 #include <cstdlib>
 #include <string>
 
 #include "dtrain/env_contract.h"
 #include "dtrain/error.h"
 #include "dtrain/world.h"
+#include "parse_int.h"
 
 namespace dtrain::comm {
 
@@ -20,10 +20,8 @@ const char* get(const EnvLookup& env, const char* name) {
 
 long long parseInt(const char* name, const char* text, long long min, long long max,
                    const char* hint) {
-  char* end = nullptr;
-  errno = 0;
-  long long v = std::strtoll(text, &end, 10);
-  DTRAIN_CHECK_ARG(end != text && *end == '\0' && errno == 0 && v >= min && v <= max,
+  int64_t v = 0;
+  DTRAIN_CHECK_ARG(parseInt64(text, &v) && v >= min && v <= max,
                    "{}=\"{}\" is not an integer in [{}, {}]. {}", name, text, min, max, hint);
   return v;
 }

@@ -3,6 +3,7 @@
 
 #include "dtrain/error.h"
 #include "dtrain/store.h"
+#include "parse_int.h"
 
 namespace dtrain::store {
 
@@ -24,10 +25,8 @@ std::string joinKeys(const std::vector<std::string>& keys) {
 
 int64_t parseCounter(const std::string& key, const Bytes& value) {
   std::string text = toString(value);
-  char* end = nullptr;
-  errno = 0;
-  long long v = std::strtoll(text.c_str(), &end, 10);
-  DTRAIN_CHECK_ARG(!text.empty() && end == text.c_str() + text.size() && errno == 0,
+  int64_t v = 0;
+  DTRAIN_CHECK_ARG(parseInt64(text, &v),
                    "store key \"{}\" holds \"{}\", not an integer: add() needs a counter key", key,
                    text.substr(0, 32));
   return v;

@@ -1,11 +1,11 @@
 #include "dtrain/job_store.h"
 
-#include <cerrno>
 #include <cstdlib>
 
 #include "dtrain/env_contract.h"
 #include "dtrain/error.h"
 #include "dtrain/tcp_store.h"
+#include "parse_int.h"
 
 namespace dtrain::store {
 
@@ -21,10 +21,8 @@ std::string requireEnv(const char* name) {
 }
 
 long long parseInt(const char* name, const std::string& text, long long min, long long max) {
-  char* end = nullptr;
-  errno = 0;
-  long long v = std::strtoll(text.c_str(), &end, 10);
-  DTRAIN_CHECK_ARG(end == text.c_str() + text.size() && errno == 0 && v >= min && v <= max,
+  int64_t v = 0;
+  DTRAIN_CHECK_ARG(parseInt64(text, &v) && v >= min && v <= max,
                    "{}=\"{}\" is not an integer in [{}, {}]. HINT: start the program with "
                    "`launch`, which sets it",
                    name, text, min, max);

@@ -1,10 +1,11 @@
 #include "store/kv_table.h"
 
 #include <algorithm>
-#include <cerrno>
-#include <cstdlib>
+#include <string_view>
 
 #include <fmt/format.h>
+
+#include "parse_int.h"
 
 namespace dtrain::store {
 
@@ -17,14 +18,8 @@ Bytes ok(const Bytes& payload = {}) { return wire::encodeResponse(Status::Ok, pa
 
 // Same rule as HashStore: the whole value must be a decimal int64.
 bool parseCounter(const Bytes& value, int64_t* out) {
-  std::string text(value.begin(), value.end());
-  if (text.empty()) return false;
-  char* end = nullptr;
-  errno = 0;
-  long long v = std::strtoll(text.c_str(), &end, 10);
-  if (end != text.c_str() + text.size() || errno != 0) return false;
-  *out = v;
-  return true;
+  return parseInt64(std::string_view(reinterpret_cast<const char*>(value.data()), value.size()),
+                    out);
 }
 
 }  // namespace
