@@ -1,9 +1,13 @@
 // The torch facade on CUDA tensors (built only against a CUDA libtorch; skipped without a GPU):
-// init() picks NCCL on cuda:0, collectives run in place, ordered with torch's current stream.
+// init() picks NCCL on cuda:0, collectives run in place, ordered with torch's current stream;
+// DistributedDataParallel on a CUDA module. One GPU: world size 1, where the averaged gradient
+// is the rank's own, so a plain copy of the model is the reference.
 #include <gtest/gtest.h>
 
 #include <torch/torch.h>
 
+#include "dtrain/ddp.h"
+#include "dtrain/error.h"
 #include "dtrain/init.h"
 #include "dtrain/nccl_communicator.h"
 
@@ -37,6 +41,91 @@ TEST(ProcessGroupCuda, InitPicksNcclAndReducesCudaTensorsInPlace) {
   auto cpu = torch::ones({2});
   EXPECT_THROW(pg->allreduce(cpu), InvalidArgument) << "a CPU tensor on an NCCL group";
   pg->shutdown();
+}
+
+// Conv + BatchNorm + Linear: parameters of several dtypes' worth of sizes, and buffers.
+struct SmallCnnImpl : torch::nn::Module {
+  SmallCnnImpl() {
+    conv = register_module("conv", torch::nn::Conv2d(torch::nn::Conv2dOptions(3, 8, 3).padding(1)));
+    bn = register_module("bn", torch::nn::BatchNorm2d(8));
+    fc = register_module("fc", torch::nn::Linear(8 * 8 * 8, 5));
+  }
+  torch::Tensor forward(const torch::Tensor& x) {
+    return fc(torch::relu(bn(conv(x))).flatten(1));
+  }
+  torch::nn::Conv2d conv{nullptr};
+  torch::nn::BatchNorm2d bn{nullptr};
+  torch::nn::Linear fc{nullptr};
+};
+TORCH_MODULE(SmallCnn);
+
+std::shared_ptr<ProcessGroup> ncclGroupOfOne() {
+  InitOptions o;
+  o.rank = 0;
+  o.worldSize = 1;
+  o.store = std::make_shared<store::HashStore>();
+  return init(o);
+}
+
+// Gradients of `micro` forward/backward passes of a plain copy and of a DDP-wrapped copy (the
+// first micro - 1 under noSync), on the same CUDA batches.
+void expectDdpMatchesPlainModel(const DdpOptions& options, int micro, double tolerance) {
+  torch::manual_seed(11);
+  SmallCnn plain;
+  plain->to(torch::kCUDA);
+  SmallCnn wrapped;
+  wrapped->to(torch::kCUDA);
+  {
+    torch::NoGradGuard noGrad;
+    auto from = plain->parameters();
+    auto to = wrapped->parameters();
+    for (size_t i = 0; i < from.size(); ++i) to[i].copy_(from[i]);
+  }
+  auto pg = ncclGroupOfOne();
+  DistributedDataParallel<SmallCnn> ddp(wrapped, pg, options);
+  for (int m = 0; m < micro; ++m) {
+    auto x = torch::randn({4, 3, 8, 8}, torch::kCUDA);
+    auto y = torch::randint(0, 5, {4}, torch::TensorOptions().dtype(torch::kLong).device(torch::kCUDA));
+    torch::nn::functional::cross_entropy(plain->forward(x), y).backward();
+    if (m + 1 < micro) {
+      auto guard = ddp.noSync();
+      torch::nn::functional::cross_entropy(ddp(x), y).backward();
+    } else {
+      torch::nn::functional::cross_entropy(ddp(x), y).backward();
+    }
+  }
+  auto expected = plain->parameters();
+  auto actual = wrapped->parameters();
+  ASSERT_EQ(expected.size(), actual.size());
+  for (size_t i = 0; i < expected.size(); ++i) {
+    ASSERT_TRUE(actual[i].grad().defined()) << "parameter " << i << " has no gradient";
+    EXPECT_TRUE(actual[i].grad().is_cuda()) << "parameter " << i;
+    EXPECT_TRUE(torch::allclose(actual[i].grad(), expected[i].grad(), tolerance, tolerance))
+        << "parameter " << i << ": largest difference "
+        << (actual[i].grad() - expected[i].grad()).abs().max().item<double>();
+  }
+  EXPECT_EQ(ddp.lastIteration().iteration, 1u);
+  pg->shutdown();
+}
+
+TEST(DdpCuda, GradientsMatchThePlainModel) {
+  if (comm::cudaDeviceCount() == 0 || !torch::cuda::is_available()) GTEST_SKIP() << "no GPU";
+  expectDdpMatchesPlainModel(DdpOptions{}, 1, 1e-6);
+}
+
+TEST(DdpCuda, GradientsAsBucketViewsAndAccumulationUnderNoSync) {
+  if (comm::cudaDeviceCount() == 0 || !torch::cuda::is_available()) GTEST_SKIP() << "no GPU";
+  DdpOptions options;
+  options.gradientAsBucketView = true;
+  options.firstBucketBytes = 1024;  // several buckets
+  expectDdpMatchesPlainModel(options, 3, 1e-6);
+}
+
+TEST(DdpCuda, HalfPrecisionCompressionStaysClose) {
+  if (comm::cudaDeviceCount() == 0 || !torch::cuda::is_available()) GTEST_SKIP() << "no GPU";
+  DdpOptions options;
+  options.compression = GradientCompression::Fp16;
+  expectDdpMatchesPlainModel(options, 1, 2e-3);
 }
 
 }  // namespace
