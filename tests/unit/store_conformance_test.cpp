@@ -107,6 +107,47 @@ TEST_P(StoreConformance, SixteenThreadsOfCompareSetIncrementsLoseNoUpdate) {  //
   EXPECT_GE(attempts.load(), kThreads * kIncrements);
 }
 
+TEST_P(StoreConformance, SixteenThreadsMixingSetGetAndAddOnSharedAndOwnHandles) {  // B11
+  constexpr int kThreads = 16;
+  constexpr int kRounds = 200;
+  std::vector<std::shared_ptr<Store>> own;
+  for (int t = 0; t < kThreads; ++t) own.push_back(another());
+  std::atomic<int> wrong{0};
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t) {
+    // Even threads share store_, odd ones have a handle each.
+    Store& s = t % 2 == 0 ? *store_ : *own[t];
+    threads.emplace_back([&, t] {
+      for (int i = 0; i < kRounds; ++i) {
+        std::string key = "mix/" + std::to_string(t);
+        s.setString(key, std::to_string(i));
+        s.add("mix/count", 1);
+        if (s.getString(key) != std::to_string(i)) wrong.fetch_add(1);  // reads its own write
+      }
+      s.setString("mix/done/" + std::to_string(t), "1");
+    });
+  }
+  for (auto& th : threads) th.join();
+  EXPECT_EQ(wrong.load(), 0);
+  for (auto& handle : own) handle->flush();
+  store_->flush();
+  auto observer = another();
+  EXPECT_EQ(observer->add("mix/count", 0), kThreads * kRounds);
+  for (int t = 0; t < kThreads; ++t) {
+    EXPECT_TRUE(observer->check({"mix/done/" + std::to_string(t)})) << t;
+    EXPECT_EQ(observer->getString("mix/" + std::to_string(t)), std::to_string(kRounds - 1));
+  }
+}
+
+TEST_P(StoreConformance, FlushMakesEarlierSetsVisibleToEveryHandle) {
+  auto other = another();
+  for (int i = 0; i < 100; ++i) store_->setString("f" + std::to_string(i), std::to_string(i));
+  store_->flush();
+  // check() does not wait: after flush() the sets are applied, not merely sent.
+  EXPECT_TRUE(other->check({"f0", "f50", "f99"}));
+  EXPECT_EQ(other->getString("f99"), "99");
+}
+
 TEST_P(StoreConformance, CompareSetFollowsC10dSemantics) {
   // Absent key, empty expected: set.
   EXPECT_EQ(toString(store_->compareSet("k", {}, toBytes("v1"))), "v1");

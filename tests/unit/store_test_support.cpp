@@ -10,6 +10,7 @@
 
 #include <cerrno>
 #include <cstdio>
+#include <cstdlib>
 #include <thread>
 
 #include "store/auth.h"
@@ -141,6 +142,114 @@ void RawClient::reset() {
   ::setsockopt(fd_, SOL_SOCKET, SO_LINGER, &l, sizeof(l));
   ::close(fd_);
   fd_ = -1;
+}
+
+FakeServer::FakeServer() {
+  listener_ = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof(addr);
+  if (listener_ < 0 || ::bind(listener_, reinterpret_cast<sockaddr*>(&addr), len) != 0 ||
+      ::listen(listener_, 8) != 0 ||
+      ::getsockname(listener_, reinterpret_cast<sockaddr*>(&addr), &len) != 0) {
+    std::perror("FakeServer: cannot listen on 127.0.0.1");
+    std::abort();
+  }
+  port_ = ntohs(addr.sin_port);
+}
+
+FakeServer::~FakeServer() {
+  closeClient();
+  if (listener_ >= 0) ::close(listener_);
+}
+
+std::unique_ptr<TcpStore> FakeServer::connect(
+    const std::function<void(TcpStoreOptions&)>& adjust) {
+  closeClient();
+  std::thread server([&] {
+    pollfd p{listener_, POLLIN, 0};
+    if (::poll(&p, 1, 10000) != 1) return;
+    client_ = ::accept4(listener_, nullptr, nullptr, SOCK_CLOEXEC);
+    if (client_ < 0) return;
+    int one = 1;
+    ::setsockopt(client_, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+    uint8_t hello[wire::kHelloBytes];
+    wire::Hello h;
+    if (!recvExactly(hello, sizeof(hello), std::chrono::milliseconds(10000)) ||
+        !wire::decodeHello(hello, &h)) {
+      return;
+    }
+    wire::Challenge challenge;
+    challenge.nonce = auth::randomNonce();
+    auto c = wire::encodeChallenge(challenge);
+    uint8_t proof[wire::kProofBytes];
+    auto verdict = wire::encodeVerdict(wire::kVerdictAccepted);
+    if (send(Bytes(c.begin(), c.end())) &&
+        recvExactly(proof, sizeof(proof), std::chrono::milliseconds(10000))) {
+      send(Bytes(verdict.begin(), verdict.end()));
+    }
+  });
+  TcpStoreOptions o;
+  o.host = "127.0.0.1";
+  o.port = port_;
+  o.connectTimeout = Millis(10000);
+  o.timeout = Millis(10000);
+  if (adjust) adjust(o);
+  std::unique_ptr<TcpStore> store;
+  try {
+    store = std::make_unique<TcpStore>(o);
+  } catch (...) {
+    server.join();
+    throw;
+  }
+  server.join();
+  return store;
+}
+
+bool FakeServer::recvExactly(uint8_t* data, size_t n, std::chrono::milliseconds timeout) {
+  auto deadline = Clock::now() + timeout;
+  size_t done = 0;
+  while (done < n) {
+    auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
+    if (left.count() <= 0) return false;
+    pollfd p{client_, POLLIN, 0};
+    int rc = ::poll(&p, 1, static_cast<int>(left.count()));
+    if (rc < 0 && errno == EINTR) continue;
+    if (rc <= 0) return false;
+    ssize_t got = ::recv(client_, data + done, n - done, 0);
+    if (got < 0 && errno == EINTR) continue;
+    if (got <= 0) return false;
+    done += static_cast<size_t>(got);
+  }
+  return true;
+}
+
+bool FakeServer::readRequest(wire::Request* out, std::chrono::milliseconds timeout) {
+  Bytes frame(wire::kHeaderBytes);
+  if (client_ < 0 || !recvExactly(frame.data(), frame.size(), timeout)) return false;
+  uint64_t payload = wire::decodeHeader(frame.data()).payloadBytes;
+  if (payload > wire::maxRequestPayload(wire::Op::Set, StoreLimits{})) return false;
+  frame.resize(wire::kHeaderBytes + payload);
+  if (!recvExactly(frame.data() + wire::kHeaderBytes, payload, timeout)) return false;
+  return wire::parseRequest(frame.data(), frame.size(), StoreLimits{}, out).status ==
+         wire::ParseStatus::Ok;
+}
+
+bool FakeServer::send(const std::vector<uint8_t>& frame) {
+  size_t done = 0;
+  while (done < frame.size()) {
+    ssize_t n = ::send(client_, frame.data() + done, frame.size() - done, MSG_NOSIGNAL);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) return false;
+    done += static_cast<size_t>(n);
+  }
+  return true;
+}
+
+void FakeServer::closeClient() {
+  if (client_ >= 0) ::close(client_);
+  client_ = -1;
 }
 
 size_t residentBytes() {

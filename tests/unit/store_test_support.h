@@ -1,6 +1,7 @@
 #pragma once
 // Helpers for the TcpStore tests: servers on port 0 with short test timeouts, a raw-socket client
-// that speaks (or breaks) the wire format byte by byte, and process measurements.
+// that speaks (or breaks) the wire format byte by byte, a hand-driven fake server, and process
+// measurements.
 
 #include <chrono>
 #include <cstdint>
@@ -10,6 +11,7 @@
 #include <vector>
 
 #include "dtrain/tcp_store.h"
+#include "store/wire.h"
 
 namespace dtrain::store::testing {
 
@@ -45,6 +47,35 @@ class RawClient {
 
  private:
   int fd_ = -1;
+};
+
+// A store server driven by hand, for tests of what a client does with answers that come late,
+// never, or wrong: listens on 127.0.0.1 (port 0), runs the server half of the handshake for one
+// client at a time (no token), then hands the test each request and sends what it is told.
+class FakeServer {
+ public:
+  FakeServer();
+  ~FakeServer();
+  FakeServer(const FakeServer&) = delete;
+  FakeServer& operator=(const FakeServer&) = delete;
+
+  uint16_t port() const { return port_; }
+  // A TcpStore connected to this server (test timeouts; `adjust` may change them), the server
+  // side of the handshake run meanwhile.
+  std::unique_ptr<TcpStore> connect(const std::function<void(TcpStoreOptions&)>& adjust = {});
+  // The client's next request; false when it closed, sent garbage, or `timeout` passed.
+  bool readRequest(wire::Request* out, std::chrono::milliseconds timeout);
+  bool send(const std::vector<uint8_t>& frame);
+  bool sendAck() { return send(wire::encodeResponse(wire::Status::Ok, {})); }
+  // Closes the client's connection (an orderly close: the client reads what was sent first).
+  void closeClient();
+
+ private:
+  bool recvExactly(uint8_t* data, size_t n, std::chrono::milliseconds timeout);
+
+  int listener_ = -1;
+  int client_ = -1;
+  uint16_t port_ = 0;
 };
 
 // This process's resident set, in bytes (/proc/self/statm).

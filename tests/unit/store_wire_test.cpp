@@ -80,6 +80,7 @@ TEST(StoreWireGolden, Requests) {
   EXPECT_EQ(encodeRequest(set), hex("1500000000000000 01 01 0000"
                                     "0200000000000000 6162"
                                     "0300000000000000 78797a"));
+  EXPECT_EQ(encodeSet("ab", set.value), encodeRequest(set));  // the client's pipelined sets
   Request get = request(Op::Get, {"k"});
   get.timeoutMs = 1000;
   EXPECT_EQ(encodeRequest(get), hex("1100000000000000 01 02 0000"

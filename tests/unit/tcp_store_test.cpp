@@ -1,5 +1,6 @@
 // TcpStore and TcpStoreServer beyond the conformance suite: binding (B9), connect errors (B1),
-// wait-then-reuse (B12), EINTR (B13), server stop (B14), limits, 1,000 connections, job store.
+// wait-then-reuse (B12), EINTR (B13), server stop (B14), limits, 1,000 connections, pipelined
+// sets, job store.
 #include <pthread.h>
 #include <signal.h>
 
@@ -201,6 +202,41 @@ TEST(TcpStoreClient, SignalsWithoutSaRestartDoNotBreakABlockingGetOrWait) {  // 
   sigaction(SIGUSR1, &old, nullptr);
 }
 
+TEST(TcpStoreClient, SignalsWithoutSaRestartDoNotBreakAFlush) {  // B13, pipelined sets
+  struct sigaction sa{};
+  struct sigaction old{};
+  sa.sa_handler = countSignal;
+  sigemptyset(&sa.sa_mask);
+  sa.sa_flags = 0;
+  ASSERT_EQ(sigaction(SIGUSR1, &sa, &old), 0);
+  FakeServer fake;
+  auto client = fake.connect();
+  for (int i = 0; i < 20; ++i) client->setString("k" + std::to_string(i), "v");
+  gSignals = 0;
+  std::atomic<bool> done{false};
+  pthread_t target = pthread_self();
+  std::thread pester([&] {
+    while (!done) {
+      pthread_kill(target, SIGUSR1);
+      std::this_thread::sleep_for(milliseconds(2));
+    }
+  });
+  std::thread server([&] {
+    // Answer only once the waiting flush has been interrupted many times.
+    eventually([&] { return gSignals.load() >= 50; }, milliseconds(20000));
+    wire::Request r;
+    for (int i = 0; i < 20; ++i) {
+      if (fake.readRequest(&r, milliseconds(5000))) fake.sendAck();
+    }
+  });
+  EXPECT_NO_THROW(client->flush());
+  done = true;
+  pester.join();
+  server.join();
+  EXPECT_GE(gSignals.load(), 50);
+  sigaction(SIGUSR1, &old, nullptr);
+}
+
 TEST(TcpStoreClient, AServerStoppingDuringAGetIsANetworkErrorNotAHang) {  // B14
   auto server = TcpStoreServer::start(serverOptions());
   TcpStoreOptions o = clientOptions(*server);
@@ -269,21 +305,34 @@ TEST(TcpStoreClient, ClientSideLimitsFailBeforeSending) {
   EXPECT_TRUE(client.check({std::string(16, 'k')}));
 }
 
-TEST(TcpStoreClient, ServerSideLimitsRefuseAndTheNextCallReconnects) {
+TEST(TcpStoreClient, ServerSideLimitsRefuseAndTheNextCallReportsItThenReconnects) {
   TcpStoreServerOptions so = serverOptions();
   so.limits.maxValueBytes = 1024;
   auto server = TcpStoreServer::start(so);
   TcpStore client(clientOptions(*server));  // default (larger) limits
+  client.set("big", Bytes(4096));  // sent, not yet refused: see Note [Pipelined sets]
   try {
-    client.set("big", Bytes(4096));
+    client.add("n", 1);
     FAIL() << "the server took a value over its limit";
   } catch (const InvalidArgument& e) {
     EXPECT_TRUE(contains(e.what(), "longer than 1024 bytes")) << e.what();
-    EXPECT_TRUE(contains(e.what(), "\"big\"")) << e.what();
+    EXPECT_TRUE(contains(e.what(), "refused SET \"big\"")) << e.what();
   }
+  // The add that reported it did not run; the next calls reconnect.
   client.setString("small", "ok");
   EXPECT_EQ(client.getString("small"), "ok");
-  EXPECT_FALSE(client.check({"big"}));
+  EXPECT_FALSE(client.check({"big", "n"}));
+  // flush() reports it too, once.
+  client.set("big", Bytes(4096));
+  EXPECT_THROW(client.flush(), InvalidArgument);
+  EXPECT_NO_THROW(client.flush());
+  // Waiting for the acknowledgement, the old way, set() throws by itself.
+  TcpStoreOptions acked = clientOptions(*server);
+  acked.acknowledgedSets = true;
+  TcpStore waiting(acked);
+  EXPECT_THROW(waiting.set("big", Bytes(4096)), InvalidArgument);
+  waiting.setString("small", "again");
+  EXPECT_EQ(client.getString("small"), "again");
 }
 
 TEST(TcpStoreClient, LargeValuesRoundTrip) {
@@ -344,6 +393,229 @@ TEST(TcpStoreServer, ServesAThousandConcurrentConnectionsAndParksWithoutThreads)
   clients.clear();
   raws.clear();
   EXPECT_TRUE(eventually([&] { return server->numConnections() == 0; }, milliseconds(10000)));
+}
+
+// --- pipelined sets (Note [Pipelined sets]) ------------------------------------------------------
+
+TEST(TcpStorePipelining, SetReturnsBeforeTheServerAnswersAndFlushWaitsForEveryAnswer) {
+  FakeServer fake;
+  auto client = fake.connect();
+  client->setString("a", "1");
+  client->setString("b", "2");  // returns though "a" has no answer yet
+  wire::Request r;
+  ASSERT_TRUE(fake.readRequest(&r, milliseconds(5000)));
+  EXPECT_EQ(r.op, wire::Op::Set);
+  EXPECT_EQ(r.keys, std::vector<std::string>{"a"});
+  ASSERT_TRUE(fake.readRequest(&r, milliseconds(5000)));
+  EXPECT_EQ(r.keys, std::vector<std::string>{"b"});
+  std::atomic<bool> flushed{false};
+  std::thread flusher([&] {
+    client->flush();
+    flushed = true;
+  });
+  std::this_thread::sleep_for(milliseconds(100));
+  EXPECT_FALSE(flushed) << "flush() returned before any set was acknowledged";
+  ASSERT_TRUE(fake.sendAck());
+  std::this_thread::sleep_for(milliseconds(100));
+  EXPECT_FALSE(flushed) << "flush() returned with \"b\" unacknowledged";
+  ASSERT_TRUE(fake.sendAck());
+  flusher.join();
+  EXPECT_TRUE(flushed);
+}
+
+TEST(TcpStorePipelining, AcknowledgedSetsWaitForTheServer) {
+  FakeServer fake;
+  auto client = fake.connect([](TcpStoreOptions& o) { o.acknowledgedSets = true; });
+  std::atomic<bool> returned{false};
+  std::thread setter([&] {
+    client->setString("a", "1");
+    returned = true;
+  });
+  wire::Request r;
+  ASSERT_TRUE(fake.readRequest(&r, milliseconds(5000)));
+  std::this_thread::sleep_for(milliseconds(100));
+  EXPECT_FALSE(returned) << "set() returned without its acknowledgement";
+  ASSERT_TRUE(fake.sendAck());
+  setter.join();
+}
+
+TEST(TcpStorePipelining, AnErrorAnswerIsThrownByTheNextCallNamingTheKey) {
+  FakeServer fake;
+  auto client = fake.connect();
+  client->setString("a", "1");
+  client->setString("b", "2");
+  wire::Request r;
+  ASSERT_TRUE(fake.readRequest(&r, milliseconds(5000)));
+  ASSERT_TRUE(fake.readRequest(&r, milliseconds(5000)));
+  ASSERT_TRUE(fake.sendAck());
+  ASSERT_TRUE(fake.send(wire::encodeErrorResponse("no room for it")));
+  try {
+    client->add("n", 1);
+    FAIL() << "the error of SET \"b\" was not reported";
+  } catch (const InvalidArgument& e) {
+    EXPECT_TRUE(contains(e.what(), "refused SET \"b\": no room for it")) << e.what();
+  }
+  EXPECT_FALSE(fake.readRequest(&r, milliseconds(100))) << "the add ran after all";
+  // An Error keeps the connection; the next add goes out on it.
+  std::thread answer([&] {
+    ASSERT_TRUE(fake.readRequest(&r, milliseconds(5000)));
+    EXPECT_EQ(r.op, wire::Op::Add);
+    fake.send(wire::encodeResponse(wire::Status::Ok, wire::encodeI64(7)));
+  });
+  EXPECT_EQ(client->add("n", 1), 7);
+  answer.join();
+}
+
+TEST(TcpStorePipelining, ARefusalNamesTheSetAndTheLaterSetsItTookAlong) {
+  FakeServer fake;
+  auto client = fake.connect();
+  for (const char* k : {"big", "b", "c"}) client->setString(k, "v");
+  wire::Request r;
+  for (int i = 0; i < 3; ++i) ASSERT_TRUE(fake.readRequest(&r, milliseconds(5000)));
+  ASSERT_TRUE(fake.send(wire::encodeErrorResponse("too big", wire::Status::Refused)));
+  fake.closeClient();
+  try {
+    client->flush();
+    FAIL() << "the refusal was not reported";
+  } catch (const InvalidArgument& e) {
+    std::string what = e.what();
+    EXPECT_TRUE(contains(what, "refused SET \"big\" and closed the connection: too big")) << what;
+    EXPECT_TRUE(contains(what, "2 set(s) sent after it were not applied: \"b\", \"c\"")) << what;
+  }
+}
+
+TEST(TcpStorePipelining, AConnectionLostWithSetsUnacknowledgedIsANetworkErrorNamingThem) {
+  FakeServer fake;
+  auto client = fake.connect();
+  client->setString("a", "1");
+  client->setString("b", "2");
+  wire::Request r;
+  ASSERT_TRUE(fake.readRequest(&r, milliseconds(5000)));
+  ASSERT_TRUE(fake.readRequest(&r, milliseconds(5000)));
+  ASSERT_TRUE(fake.sendAck());  // "a" was applied, "b" never will be
+  fake.closeClient();
+  auto start = Clock::now();
+  try {
+    client->flush();
+    FAIL() << "a lost set was not reported";
+  } catch (const NetworkError& e) {
+    std::string what = e.what();
+    EXPECT_TRUE(contains(what, "closed the connection with 1 set(s) unacknowledged")) << what;
+    EXPECT_TRUE(contains(what, "\"b\"")) << what;
+    EXPECT_FALSE(contains(what, "\"a\"")) << what;
+  }
+  EXPECT_LT(Clock::now() - start, milliseconds(2000)) << "waited for a connection that was gone";
+}
+
+TEST(TcpStorePipelining, TheDestructorWaitsOnlyBoundedTimeForAServerThatNeverAnswers) {
+  FakeServer fake;  // reads nothing, answers nothing
+  auto client = fake.connect([](TcpStoreOptions& o) { o.timeout = Millis(300); });
+  for (int i = 0; i < 10; ++i) client->setString("k" + std::to_string(i), "v");
+  auto start = Clock::now();
+  client.reset();  // logs the sets it could not confirm; never throws
+  auto took = Clock::now() - start;
+  EXPECT_GE(took, milliseconds(250)) << "gave up without waiting for the acknowledgements";
+  EXPECT_LT(took, milliseconds(3000));
+}
+
+TEST(TcpStorePipelining, AServerThatNeverAnswersStopsTheClientAfterBoundedSets) {
+  FakeServer fake;  // reads nothing, answers nothing
+  auto client = fake.connect([](TcpStoreOptions& o) { o.timeout = Millis(300); });
+  int returned = 0;
+  auto start = Clock::now();
+  try {
+    for (; returned < 100000; ++returned) client->setString("k" + std::to_string(returned), "v");
+    FAIL() << "100,000 sets went out without a single answer";
+  } catch (const TimeoutError& e) {
+    EXPECT_TRUE(contains(e.what(), "did not acknowledge")) << e.what();
+    EXPECT_TRUE(contains(e.what(), "\"k0\"")) << e.what();
+  }
+  EXPECT_GT(returned, 1);
+  EXPECT_LT(returned, 5000) << "the client kept too many sets in flight";
+  EXPECT_LT(Clock::now() - start, milliseconds(10000));
+}
+
+TEST(TcpStorePipelining, LargeValuesToAServerThatDoesNotReadFailInTime) {
+  FakeServer fake;
+  auto client = fake.connect([](TcpStoreOptions& o) { o.timeout = Millis(300); });
+  Bytes value(8 << 20, 'x');
+  auto start = Clock::now();
+  EXPECT_THROW(
+      for (int i = 0; i < 100; ++i) client->set("big" + std::to_string(i), value), TimeoutError);
+  EXPECT_LT(Clock::now() - start, milliseconds(10000));
+}
+
+TEST(TcpStorePipelining, LongRunsOfSetsNeitherDeadlockNorGrowMemory) {
+  auto server = TcpStoreServer::start(serverOptions());
+  TcpStore client(clientOptions(*server));
+  TcpStore observer(clientOptions(*server));
+  constexpr int kKeys = 1000;
+  for (int i = 0; i < 10000; ++i) client.setString("k" + std::to_string(i % kKeys), "warm-up");
+  client.flush();
+  size_t before = residentBytes();
+  constexpr int kSets = 1000000;
+  for (int i = 0; i < kSets; ++i) {
+    client.setString("k" + std::to_string(i % kKeys), std::to_string(i));
+  }
+  client.flush();
+  EXPECT_LT(residentBytes(), before + (32 << 20)) << "memory grew during the run";
+  EXPECT_EQ(observer.getString("k" + std::to_string((kSets - 1) % kKeys)),
+            std::to_string(kSets - 1));
+
+  // 64 MiB values, back to back: each is sent while the server is still taking the last.
+  Bytes value(64 << 20);
+  for (int i = 0; i < 6; ++i) {
+    std::fill(value.begin(), value.end(), static_cast<uint8_t>('a' + i));
+    client.set("huge", value);
+  }
+  EXPECT_EQ(observer.get("huge"), value);
+}
+
+TEST(TcpStorePipelining, DestroyingAClientRightAfterItsSetsLosesNone) {
+  auto server = TcpStoreServer::start(serverOptions());
+  TcpStore observer(clientOptions(*server));
+  for (int run = 0; run < 300; ++run) {
+    auto client = std::make_unique<TcpStore>(clientOptions(*server));
+    const std::string prefix = "run" + std::to_string(run) + "/";
+    for (int i = 0; i < 50; ++i) client->setString(prefix + std::to_string(i), "x");
+    // Every tenth run ends on a large value: more bytes in flight when the client closes.
+    Bytes last = run % 10 == 0 ? Bytes(1 << 20, 'L') : toBytes(std::to_string(run));
+    client->set(prefix + "last", last);
+    client.reset();
+    // check() does not wait: the destructor must have seen every set applied.
+    ASSERT_TRUE(observer.check({prefix + "0", prefix + "49", prefix + "last"})) << "run " << run;
+    ASSERT_EQ(observer.get(prefix + "last"), last) << "run " << run;
+  }
+}
+
+TEST(TcpStorePipelining, SixteenThreadsMixingSetGetAndAddOnOneClient) {
+  auto server = TcpStoreServer::start(serverOptions());
+  TcpStore client(clientOptions(*server));
+  constexpr int kThreads = 16;
+  constexpr int kRounds = 300;
+  std::atomic<int> wrong{0};
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&, t] {
+      for (int i = 0; i < kRounds; ++i) {
+        std::string key = "t" + std::to_string(t) + "/" + std::to_string(i % 7);
+        std::string value = std::to_string(i);
+        client.setString(key, value);
+        client.setString("t" + std::to_string(t) + "/last", value);
+        if (i % 3 == 0) client.add("count", 1);
+        if (client.getString(key) != value) wrong.fetch_add(1);  // its own last write
+      }
+    });
+  }
+  for (auto& th : threads) th.join();
+  EXPECT_EQ(wrong.load(), 0);
+  client.flush();
+  TcpStore other(clientOptions(*server));
+  EXPECT_EQ(other.add("count", 0), kThreads * ((kRounds + 2) / 3));
+  for (int t = 0; t < kThreads; ++t) {
+    EXPECT_EQ(other.getString("t" + std::to_string(t) + "/last"), std::to_string(kRounds - 1));
+  }
+  EXPECT_EQ(server->numConnections(), 2u);
 }
 
 // --- connectToJobStore ------------------------------------------------------------------------

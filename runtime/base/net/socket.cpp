@@ -169,4 +169,26 @@ IoResult recvAtLeast(int fd, uint8_t* data, size_t min, size_t max, TimePoint de
   return r;
 }
 
+IoResult recvAvailable(int fd, uint8_t* data, size_t max) {
+  IoResult r;
+  if (max == 0) return r;
+  for (;;) {
+    // One call: it returns everything queued up to `max`, and a second would mostly say EAGAIN.
+    ssize_t n = ::recv(fd, data, max, MSG_DONTWAIT);
+    if (n > 0) {
+      r.done = static_cast<size_t>(n);
+      return r;
+    }
+    if (n == 0) {
+      r.status = IoStatus::Closed;
+      return r;
+    }
+    if (errno == EINTR) continue;
+    if (errno == EAGAIN || errno == EWOULDBLOCK) return r;
+    r.err = errno;
+    r.status = r.err == ECONNRESET ? IoStatus::Closed : IoStatus::Error;
+    return r;
+  }
+}
+
 }  // namespace dtrain::net

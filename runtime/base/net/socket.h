@@ -61,5 +61,8 @@ IoResult sendAll(int fd, const uint8_t* data, size_t size, TimePoint deadline);
 // Receives at least `min` and at most `max` bytes on a non-blocking socket. Closed when the peer
 // closed before `min` bytes came.
 IoResult recvAtLeast(int fd, uint8_t* data, size_t min, size_t max, TimePoint deadline);
+// Receives what has already arrived, up to `max` bytes, without waiting: Ok with `done` 0 when
+// nothing has; Closed when the peer closed (or reset) the connection.
+IoResult recvAvailable(int fd, uint8_t* data, size_t max);
 
 }  // namespace dtrain::net

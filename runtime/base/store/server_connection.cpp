@@ -181,8 +181,9 @@ void Connection::resumeUnguarded() {
     if (!more) break;
   }
   // Bound what a peer can make us hold. Unblocked, the parser already bounds the buffer by one
-  // frame; blocked (parked, or its replies unread), a well-behaved client sends nothing at all,
-  // since it waits for its answer.
+  // frame; blocked (parked, or its replies unread), a well-behaved client sends little or
+  // nothing: it waits for the answer to anything but a Set, and reads the answers to its Sets
+  // long before 1 MiB of them could queue up here (Note [Pipelined sets]).
   if (phase_ != Phase::Ready && buffered() > wire::kHelloBytes + wire::kProofBytes) {
     dropOnLoop(fmt::format("sent {} bytes before finishing the handshake", buffered()));
     return;

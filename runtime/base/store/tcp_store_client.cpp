@@ -1,17 +1,19 @@
-// TcpStore, the client: connect with backoff, the handshake, and one request at a time.
+// TcpStore, the client: round trips and pipelined sets over one connection (opened by
+// client_connect.cpp).
 #include <poll.h>
 
 #include <algorithm>
 #include <cstdlib>
-#include <random>
-#include <thread>
+#include <cstring>
+#include <deque>
+#include <exception>
 
 #include <fmt/format.h>
 
 #include "dtrain/error.h"
 #include "dtrain/logging.h"
 #include "net/socket.h"
-#include "store/auth.h"
+#include "store/client_connect.h"
 #include "store/wire.h"
 
 namespace dtrain::store {
@@ -23,8 +25,6 @@ using net::IoStatus;
 using wire::Op;
 using wire::Status;
 
-constexpr Millis kFirstBackoff{10};
-constexpr Millis kMaxBackoff{1000};
 // The server answers a Get/Wait at its deadline; we give its answer this long to arrive before
 // calling the connection dead.
 constexpr Millis kServerGrace{5000};
@@ -33,10 +33,43 @@ constexpr Millis kServerGrace{5000};
 // A server with an idle timeout, or one that restarted, may have closed a connection we still
 // hold. Sending on it would fail only after the request is out -- too late to know whether the
 // server ran it, so not safe to retry an add(). Before using a connection idle for a while we
-// therefore ask the kernel whether the peer has closed it, and reconnect first if so. Requests
-// sent back to back skip the check (one poll() each would cost ~1 us on a ~25 us round trip).
+// therefore take every acknowledgement still due (Note [Pipelined sets]), then ask the kernel
+// whether the peer has closed it, and reconnect first if so. Requests sent back to back skip the
+// check (one poll() each would cost ~1 us on a ~25 us round trip).
 constexpr Millis kStaleAfter{10};
+
+// Note [Pipelined sets]
+// set() sends its frame and returns, as c10d's does: one system call instead of a round trip. The
+// server still answers every Set, in order (the wire format is unchanged, Note [Store wire
+// format]); the client keeps the key of each set not yet acknowledged (unacked_) and reads the
+// acknowledgements later:
+//   - after each send it takes those that have already arrived, without waiting, so its receive
+//     buffer never fills during a long run of sets;
+//   - set() blocks on the oldest ones while more than kMaxUnackedSets sets or kMaxUnackedBytes
+//     bytes of them are outstanding. The server reads whatever arrives and we read its answers
+//     before they could fill any buffer, so a run of sets cannot deadlock; and what is
+//     outstanding (keys kept here, acknowledgements queued there, work left for flush()) stays
+//     bounded. Values of megabytes thus go one at a time -- a round trip is nothing beside
+//     sending them;
+//   - every other request first waits for every outstanding acknowledgement, so it goes out on a
+//     quiet connection (its answer is the next frame) and only after the sets before it were
+//     applied. flush() does just that; the destructor does it with a deadline (kCloseDrain, or
+//     the operation timeout when shorter) before closing: a socket closed with unread bytes --
+//     acknowledgements -- makes the kernel reset the connection instead of closing it in order,
+//     and a reset may discard data the server has not read yet, i.e. the last sets.
+// Whatever goes wrong with a set already sent -- the server answers Error, or Refused (then it
+// closes the connection, and the sets sent after that one are not applied), or the connection is
+// lost or times out with sets unacknowledged -- is kept (the first such error, setError_) and
+// thrown by the next call on this client before it does anything, naming the keys. set() itself
+// throws only when its own frame could not be sent.
+constexpr size_t kMaxUnackedSets = 1024;
+constexpr size_t kMaxUnackedBytes = 4 << 20;
+constexpr Millis kCloseDrain{5000};
+// An acknowledgement is an empty Ok, or an Error/Refused carrying a message.
+constexpr size_t kMaxAckPayload = 8 + wire::kMaxErrorBytes;
+// Holds the largest acknowledgement whole; answers to other requests usually fit as well.
 constexpr size_t kReceiveBufferBytes = 16 * 1024;
+static_assert(kReceiveBufferBytes >= 2 * (wire::kHeaderBytes + kMaxAckPayload));
 
 std::string quoted(const std::vector<std::string>& keys, size_t max = 8) {
   std::string out;
@@ -52,11 +85,27 @@ long long msSince(Clock::time_point start) {
   return std::chrono::duration_cast<Millis>(Clock::now() - start).count();
 }
 
-// A protocol or token problem: retrying will not help.
-class HandshakeRefused : public Error {
- public:
-  using Error::Error;
-};
+std::string errorMessage(const uint8_t* payload, size_t size) {
+  wire::Reader in(payload, size);
+  std::string message;
+  if (!in.string(wire::kMaxErrorBytes, &message)) message = "(unreadable error message)";
+  return message;
+}
+
+// Decoders of Ok answers; false when the answer does not have that shape.
+bool readValue(Status status, const Bytes& payload, Bytes* out) {
+  wire::Reader in(payload.data(), payload.size());
+  return status == Status::Ok && in.bytes(payload.size(), out) && in.left() == 0;
+}
+bool readI64(Status status, const Bytes& payload, int64_t* out) {
+  wire::Reader in(payload.data(), payload.size());
+  return status == Status::Ok && in.i64(out) && in.left() == 0;
+}
+bool readFlag(Status status, const Bytes& payload, bool* out) {
+  if (status != Status::Ok || payload.size() != 1 || payload[0] > 1) return false;
+  *out = payload[0] == 1;
+  return true;
+}
 
 }  // namespace
 
@@ -75,142 +124,78 @@ class TcpStore::Impl {
 
   const std::string& where() const { return where_; }
 
+  // Before the client is shared, or with mutex_ held (and nothing unacknowledged).
   void connect() {
+    socket_ = connectToStore(options_, token_, where_);
+    rbegin_ = rend_ = 0;
+  }
+
+  // --- the operations; each holds mutex_ -------------------------------------------------------
+
+  // See Note [Pipelined sets].
+  void set(const std::string& key, const Bytes& value) {
+    Bytes frame = wire::encodeSet(key, value);
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (options_.acknowledgedSets) {
+      wire::Request r;
+      r.op = Op::Set;
+      r.keys = {key};
+      auto [status, payload] = exchange(r, frame, Millis(0));
+      if (status != Status::Ok || !payload.empty()) throwMalformed(r);
+      return;
+    }
+    settle(Clock::now() - lastUse_ > kStaleAfter);  // Note [Stale connections]
+    open();
     auto start = Clock::now();
-    auto deadline = start + options_.connectTimeout;
-    Millis backoff = kFirstBackoff;
-    std::minstd_rand jitter(std::random_device{}());
-    int attempts = 0;
-    std::string why;
-    for (;;) {
-      ++attempts;
-      net::Socket s = net::connectOnce(options_.host, options_.port, deadline, &why);
-      if (s.valid()) {
+    lastUse_ = start;
+    unacked_.push_back({key, frame.size()});
+    unackedBytes_ += frame.size();
+    net::IoResult w = net::sendAll(socket_.fd(), frame.data(), frame.size(), start + timeout());
+    if (w.status != IoStatus::Ok) {
+      // A server that refused an earlier set closes the connection: its answer says why.
+      takeAcks(false, 0, 0, start);
+      if (socket_.valid()) loseConnection(w, start, fmt::format("sending SET \"{}\"", key));
+      throwSetError();
+    }
+    takeAcks(false, 0, 0, start);
+    takeAcks(true, kMaxUnackedSets, kMaxUnackedBytes, Clock::now() + timeout());
+  }
+
+  // Runs one request on a quiet connection and hands its answer to `decode` (under the lock: an
+  // answer it cannot read closes the connection). A server Error is thrown here.
+  template <typename Decode>
+  void call(const wire::Request& request, Millis waitMs, Decode&& decode) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    auto [status, payload] = exchange(request, wire::encodeRequest(request), waitMs);
+    if (!decode(status, payload)) throwMalformed(request);
+  }
+
+  void flush() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    settle(true);
+  }
+
+  // Takes the acknowledgements still due, within kCloseDrain (or the operation timeout, when
+  // shorter), then closes. Never throws: what it cannot report to a caller it logs.
+  void close() noexcept {
+    try {
+      std::lock_guard<std::mutex> lock(mutex_);
+      takeAcks(true, 0, 0, Clock::now() + std::min<Millis>(kCloseDrain, timeout()));
+      if (setError_) {
         try {
-          handshake(s.fd());
-          socket_ = std::move(s);
-          DTRAIN_LOG(Debug, "store client connected to {} after {} attempt(s)", where_, attempts);
-          return;
-        } catch (const HandshakeRefused&) {
-          throw;
-        } catch (const Error& e) {
-          // The server went away mid-handshake (stopping, or at its fd limit): retry.
-          why = e.what();
+          std::rethrow_exception(setError_);
+        } catch (const std::exception& e) {
+          DTRAIN_LOG(Warn, "store client {} closing: a set() failed and no later call reported "
+                     "it: {}. HINT: call flush() before dropping a TcpStore whose sets matter",
+                     where_, e.what());
         }
       }
-      auto now = Clock::now();
-      if (now + Millis(1) >= deadline) break;
-      auto sleep = std::min<Clock::duration>(
-          Millis(backoff.count() / 2 + jitter() % (backoff.count() / 2 + 1)), deadline - now);
-      std::this_thread::sleep_for(sleep);
-      backoff = std::min(backoff * 2, kMaxBackoff);
-    }
-    DTRAIN_THROW(NetworkError,
-                 "could not connect to store {} within {} ms ({} attempts); last error: {}. HINT: "
-                 "is the launcher (which hosts the store) running, and is {} reachable from this "
-                 "host (firewall, --rdzv-endpoint)?",
-                 where_, msSince(start), attempts, why, where_);
-  }
-
-  // Sends `request` and returns the response's status and payload. `waitMs`: how long the server
-  // may legitimately hold the request (Get/Wait), added to the network deadline.
-  std::pair<Status, Bytes> roundTrip(const wire::Request& request, Millis waitMs) {
-    if (socket_.valid() && Clock::now() - lastUse_ > kStaleAfter && peerClosed()) {
-      // See Note [Stale connections].
-      DTRAIN_LOG(Info, "store {} closed our idle connection", where_);
-      socket_.close();
-    }
-    if (!socket_.valid()) {
-      DTRAIN_LOG(Info, "store client reconnecting to {}", where_);
-      connect();
-    }
-    lastUse_ = Clock::now();
-    Bytes frame = wire::encodeRequest(request);
-    auto start = Clock::now();
-    // A parked Get/Wait is answered by the server at waitMs; anything else promptly.
-    auto deadline = start + (waitMs.count() > 0 ? waitMs + kServerGrace
-                                                : std::max(self_->timeout(), Millis(1)));
-    net::IoResult w = net::sendAll(socket_.fd(), frame.data(), frame.size(), deadline);
-    if (w.status != IoStatus::Ok) fail(request, w, start, "sending");
-
-    // One recv usually brings the whole answer: header and payload land in rbuf_ together.
-    net::IoResult r = net::recvAtLeast(socket_.fd(), rbuf_.data(), wire::kHeaderBytes,
-                                       rbuf_.size(), deadline);
-    if (r.status != IoStatus::Ok) fail(request, r, start, "waiting for the answer");
-    wire::FrameHeader h = wire::decodeHeader(rbuf_.data());
-    uint64_t max = wire::maxResponsePayload(options_.limits);
-    if (h.version != wire::kVersion || h.type > static_cast<uint8_t>(Status::Refused) ||
-        h.payloadBytes > max) {
-      socket_.close();
-      DTRAIN_THROW(NetworkError,
-                   "store {} answered {} {} with a malformed frame (version {}, type {}, {} "
-                   "bytes; limit {}). HINT: is {} a dtrain store of the same version?",
-                   where_, wire::opName(request.op), quoted(request.keys), h.version, h.type,
-                   h.payloadBytes, max, where_);
-    }
-    size_t have = r.done - wire::kHeaderBytes;
-    if (have > h.payloadBytes) {
-      // Frames strictly alternate: bytes past this answer mean the stream is out of step.
-      socket_.close();
-      DTRAIN_THROW(NetworkError, "store {} sent {} bytes more than its answer to {} {}", where_,
-                   have - h.payloadBytes, wire::opName(request.op), quoted(request.keys));
-    }
-    Bytes payload(rbuf_.begin() + wire::kHeaderBytes, rbuf_.begin() + r.done);
-    if (have < h.payloadBytes) {
-      payload.resize(static_cast<size_t>(h.payloadBytes));
-      r = net::recvAtLeast(socket_.fd(), payload.data() + have, payload.size() - have,
-                           payload.size() - have, deadline);
-      if (r.status != IoStatus::Ok) fail(request, r, start, "reading the answer");
-    }
-    if (static_cast<Status>(h.type) == Status::Refused) {
-      socket_.close();  // the server closes it too
-      wire::Reader in(payload.data(), payload.size());
-      std::string message;
-      if (!in.string(wire::kMaxErrorBytes, &message)) message = "(unreadable message)";
-      DTRAIN_THROW(InvalidArgument,
-                   "store {} refused {} {} and closed the connection: {}. HINT: client and server "
-                   "limits (StoreLimits) differ?",
-                   where_, wire::opName(request.op), quoted(request.keys), message);
-    }
-    return {static_cast<Status>(h.type), std::move(payload)};
-  }
-
-  [[noreturn]] void fail(const wire::Request& request, const net::IoResult& r,
-                         Clock::time_point start, const char* doing) {
-    // The stream is out of step (or gone): the next operation starts a fresh connection.
-    socket_.close();
-    std::string what = fmt::format("{} {}", wire::opName(request.op), quoted(request.keys));
-    switch (r.status) {
-      case IoStatus::Timeout:
-        DTRAIN_THROW(TimeoutError,
-                     "store {} did not answer {} within {} ms ({}). HINT: the store host may be "
-                     "overloaded or unreachable",
-                     where_, what, msSince(start), doing);
-      case IoStatus::Closed:
-        DTRAIN_THROW(NetworkError,
-                     "store {} closed the connection during {} ({}, after {} ms){}. HINT: the "
-                     "store's host (the launcher) stopped or crashed; see its log",
-                     where_, what, doing, msSince(start),
-                     r.err ? ": " + net::errnoText(r.err) : std::string());
-      default:
-        DTRAIN_THROW(NetworkError, "lost the connection to store {} during {} ({}): {}", where_,
-                     what, doing, net::errnoText(r.err));
+      closeConnection();
+    } catch (...) {
     }
   }
 
-  [[noreturn]] void throwServerError(const wire::Request& request, const Bytes& payload) {
-    wire::Reader in(payload.data(), payload.size());
-    std::string message;
-    if (!in.string(wire::kMaxErrorBytes, &message)) message = "(unreadable error message)";
-    DTRAIN_THROW(InvalidArgument, "store {} refused {} {}: {}", where_, wire::opName(request.op),
-                 quoted(request.keys), message);
-  }
-
-  [[noreturn]] void throwMalformed(const wire::Request& request) {
-    socket_.close();
-    DTRAIN_THROW(NetworkError, "store {} sent a malformed answer to {} {}", where_,
-                 wire::opName(request.op), quoted(request.keys));
-  }
+  // --- argument checks, before anything is sent ------------------------------------------------
 
   void checkKey(const std::string& key) const {
     DTRAIN_CHECK_ARG(key.size() <= options_.limits.maxKeyBytes,
@@ -232,97 +217,335 @@ class TcpStore::Impl {
     for (const auto& k : keys) checkKey(k);
   }
 
-  std::mutex mutex;  // one request in flight at a time
-
  private:
-  void handshake(int fd) {
-    auto deadline = Clock::now() + options_.handshakeTimeout;
-    wire::Hello hello;
-    hello.flags = token_.empty() ? 0 : wire::kFlagToken;
-    hello.nonce = auth::randomNonce();
-    auto helloBytes = wire::encodeHello(hello);
-    expectIo(net::sendAll(fd, helloBytes.data(), helloBytes.size(), deadline), "sending hello");
+  struct Unacked {
+    std::string key;
+    size_t bytes;  // of its frame
+  };
 
-    uint8_t buf[wire::kChallengeBytes];
-    net::IoResult first = net::recvAtLeast(fd, buf, wire::kMagic.size(), sizeof(buf), deadline);
-    expectIo(first, "reading its challenge");
-    if (!std::equal(wire::kMagic.begin(), wire::kMagic.end(), buf)) {
-      throw HandshakeRefused(fmt::format(
-          "{} is not a dtrain store (it answered with bytes {:02x} {:02x} {:02x} {:02x}). HINT: "
-          "another service uses this port; check --rdzv-endpoint",
-          where_, buf[0], buf[1], buf[2], buf[3]));
+  struct Frame {
+    Status status = Status::Ok;
+    Bytes payload;
+    bool headerDone = false;
+  };
+
+  Millis timeout() const { return std::max(self_->timeout(), Millis(1)); }
+  size_t buffered() const { return rend_ - rbegin_; }
+
+  // Before a request: with `all`, waits for every acknowledgement due; then throws the first
+  // error of a set that no call has reported yet.
+  void settle(bool all) {
+    if (all) takeAcks(true, 0, 0, Clock::now() + timeout());
+    throwSetError();
+  }
+
+  void throwSetError() {
+    if (!setError_) return;
+    std::exception_ptr e = setError_;
+    setError_ = nullptr;
+    std::rethrow_exception(e);
+  }
+
+  void keepSetError(std::exception_ptr e) {
+    if (!setError_) {
+      setError_ = std::move(e);
+      return;
     }
-    // The magic is in; the rest of the fixed-size challenge follows.
-    size_t have = first.done;
-    if (have < sizeof(buf)) {
-      expectIo(net::recvAtLeast(fd, buf + have, sizeof(buf) - have, sizeof(buf) - have, deadline),
-               "reading its challenge");
+    try {
+      std::rethrow_exception(e);
+    } catch (const std::exception& later) {
+      DTRAIN_LOG(Info, "store client {}: another set() failed before the first failure was "
+                 "reported: {}", where_, later.what());
     }
-    wire::Challenge challenge;
-    wire::decodeChallenge(buf, &challenge);
-    if (challenge.version != wire::kVersion) {
-      throw HandshakeRefused(fmt::format(
-          "store {} speaks wire version {}, this client version {}. HINT: run the same dtrain "
-          "build on every node",
-          where_, challenge.version, wire::kVersion));
+  }
+
+  // A live connection. Called on a quiet one (nothing unacknowledged), or right after using it.
+  void open() {
+    if (socket_.valid() && unacked_.empty() && Clock::now() - lastUse_ > kStaleAfter &&
+        peerClosed()) {
+      // See Note [Stale connections].
+      DTRAIN_LOG(Info, "store {} closed our idle connection", where_);
+      closeConnection();
     }
-    bool serverWantsToken = (challenge.flags & wire::kFlagToken) != 0;
-    if (serverWantsToken && token_.empty()) {
-      throw HandshakeRefused(fmt::format(
-          "store {} requires a job token, and this client has none. HINT: DTRAIN_STORE_TOKEN "
-          "is not set; start the program with `launch`, which sets it",
-          where_));
+    if (!socket_.valid()) {
+      DTRAIN_LOG(Info, "store client reconnecting to {}", where_);
+      connect();
     }
-    if (!serverWantsToken && !token_.empty()) {
-      throw HandshakeRefused(fmt::format(
-          "store {} runs without a job token, but this client has one (DTRAIN_STORE_TOKEN). "
-          "HINT: another job's store may be listening on this port; check --rdzv-endpoint",
-          where_));
+  }
+
+  // Every way out of a connection: whatever was unacknowledged on it is accounted for first.
+  void closeConnection() {
+    socket_.close();
+    rbegin_ = rend_ = 0;
+  }
+
+  std::string unackedKeys() const {
+    std::vector<std::string> keys;
+    for (size_t i = 0; i < unacked_.size() && i < 8; ++i) keys.push_back(unacked_[i].key);
+    std::string out = quoted(keys);
+    if (unacked_.size() > keys.size()) {
+      out += fmt::format(" and {} more", unacked_.size() - keys.size());
     }
-    wire::Mac proof{};
-    if (serverWantsToken) {
-      wire::Mac expected = auth::serverProof(token_, hello.nonce, challenge.nonce);
-      if (!auth::sameMac(challenge.proof, expected)) {
-        throw HandshakeRefused(fmt::format(
-            "store {} refused the job token: it does not hold the token this client has. HINT: "
-            "another job's store on this port, or a stale DTRAIN_STORE_TOKEN; check "
-            "--rdzv-endpoint and that every node runs under the same `launch`",
-            where_));
+    return out;
+  }
+
+  // --- acknowledgements of pipelined sets (Note [Pipelined sets]) ------------------------------
+
+  // Takes acknowledgements, oldest first. Without `wait`: those that have already arrived (one
+  // non-blocking receive at most). With it: blocks until no more than `maxCount` sets and
+  // `maxBytes` bytes stay unacknowledged, or `deadline`. Failures are kept for the next call.
+  void takeAcks(bool wait, size_t maxCount, size_t maxBytes, Clock::time_point deadline) {
+    auto start = Clock::now();
+    bool received = false;
+    while (socket_.valid() && !unacked_.empty() &&
+           (!wait || unacked_.size() > maxCount || unackedBytes_ > maxBytes)) {
+      size_t n = bufferedAck();
+      if (n > 0) {
+        takeAck(n);
+        continue;
       }
-      proof = auth::clientProof(token_, challenge.nonce, hello.nonce);
+      if (!socket_.valid() || (!wait && received)) break;
+      received = true;
+      if (rbegin_ > 0) {
+        std::memmove(rbuf_.data(), rbuf_.data() + rbegin_, buffered());
+        rend_ -= rbegin_;
+        rbegin_ = 0;
+      }
+      uint8_t* room = rbuf_.data() + rend_;
+      net::IoResult r = wait ? net::recvAtLeast(socket_.fd(), room, 1, rbuf_.size() - rend_,
+                                                deadline)
+                             : net::recvAvailable(socket_.fd(), room, rbuf_.size() - rend_);
+      rend_ += r.done;
+      if (r.status != IoStatus::Ok) {
+        loseConnection(r, start, "reading their acknowledgements");
+      } else if (r.done == 0) {
+        break;  // nothing has arrived yet
+      }
     }
-    expectIo(net::sendAll(fd, proof.data(), proof.size(), deadline), "sending its proof");
-    uint8_t verdict[wire::kVerdictBytes];
-    net::IoResult r = net::recvAtLeast(fd, verdict, sizeof(verdict), sizeof(verdict), deadline);
-    if (r.status == IoStatus::Closed || (r.status == IoStatus::Ok && verdict[4] != 0)) {
-      throw HandshakeRefused(fmt::format(
-          "store {} refused the job token. HINT: every process of a job needs the same "
-          "DTRAIN_STORE_TOKEN; start the program with `launch`",
-          where_));
-    }
-    expectIo(r, "reading its verdict");
-    if (wire::decodeVerdict(verdict) != wire::kVerdictAccepted) {
-      throw HandshakeRefused(fmt::format("store {} sent a malformed handshake verdict", where_));
+    if (socket_.valid() && unacked_.empty() && buffered() > 0) {
+      breakConnection(fmt::format("{} bytes more than the acknowledgements it owed", buffered()));
     }
   }
 
-  void expectIo(const net::IoResult& r, const char* doing) const {
+  // The size of the acknowledgement at the front of the buffer once all of it is there, else 0.
+  // A malformed header breaks the connection (then 0 too).
+  size_t bufferedAck() {
+    if (buffered() < wire::kHeaderBytes) return 0;
+    wire::FrameHeader h = wire::decodeHeader(rbuf_.data() + rbegin_);
+    if (h.version != wire::kVersion || h.type > static_cast<uint8_t>(Status::Refused) ||
+        h.payloadBytes > kMaxAckPayload) {
+      breakConnection(fmt::format("a malformed frame (version {}, type {}, {} bytes) for the "
+                                  "acknowledgement of SET \"{}\"",
+                                  h.version, h.type, h.payloadBytes, unacked_.front().key));
+      return 0;
+    }
+    size_t size = wire::kHeaderBytes + static_cast<size_t>(h.payloadBytes);
+    return buffered() >= size ? size : 0;
+  }
+
+  // Takes the acknowledgement of the oldest unacknowledged set: `size` bytes at rbuf_[rbegin_].
+  void takeAck(size_t size) {
+    const uint8_t* frame = rbuf_.data() + rbegin_;
+    rbegin_ += size;
+    Unacked set = std::move(unacked_.front());
+    unacked_.pop_front();
+    unackedBytes_ -= set.bytes;
+    auto status = static_cast<Status>(frame[9]);
+    const uint8_t* payload = frame + wire::kHeaderBytes;
+    size_t payloadBytes = size - wire::kHeaderBytes;
+    if (status == Status::Ok && payloadBytes == 0) return;
+    if (status == Status::Error) {
+      keepSetError(DTRAIN_ERROR_PTR(InvalidArgument, "store {} refused SET \"{}\": {}", where_,
+                                    set.key, errorMessage(payload, payloadBytes)));
+      return;
+    }
+    if (status == Status::Refused) {
+      std::string message = errorMessage(payload, payloadBytes);
+      std::string lost;
+      if (!unacked_.empty()) {
+        lost = fmt::format("; the {} set(s) sent after it were not applied: {}", unacked_.size(),
+                           unackedKeys());
+      }
+      dropUnacked();
+      keepSetError(DTRAIN_ERROR_PTR(InvalidArgument,
+                                    "store {} refused SET \"{}\" and closed the connection: {}{}. "
+                                    "HINT: client and server limits (StoreLimits) differ?",
+                                    where_, set.key, message, lost));
+      return;
+    }
+    unacked_.push_front(std::move(set));  // named among those that may not have been applied
+    unackedBytes_ += unacked_.front().bytes;
+    breakConnection(fmt::format("a malformed acknowledgement (status {}, {} bytes)",
+                                static_cast<int>(status), payloadBytes));
+  }
+
+  // The connection is gone with sets unacknowledged: nobody can tell which were applied.
+  void loseConnection(const net::IoResult& r, Clock::time_point start, const std::string& doing) {
+    std::string sets = unackedKeys();
+    size_t count = unacked_.size();
+    dropUnacked();
     switch (r.status) {
-      case IoStatus::Ok: return;
       case IoStatus::Timeout:
-        DTRAIN_THROW(TimeoutError, "store {}: handshake timed out after {} ms {}", where_,
-                     options_.handshakeTimeout.count(), doing);
+        keepSetError(DTRAIN_ERROR_PTR(
+            TimeoutError,
+            "store {} did not acknowledge {} set(s) within {} ms ({}): {}; they may not have "
+            "been applied, and the connection was closed. HINT: the store host may be "
+            "overloaded or unreachable",
+            where_, count, msSince(start), doing, sets));
+        return;
       case IoStatus::Closed:
-        DTRAIN_THROW(NetworkError, "store {} closed the connection during the handshake ({})",
-                     where_, doing);
+        keepSetError(DTRAIN_ERROR_PTR(
+            NetworkError,
+            "store {} closed the connection with {} set(s) unacknowledged ({}): {}; they may "
+            "not have been applied{}. HINT: the store's host (the launcher) stopped or crashed; "
+            "see its log",
+            where_, count, doing, sets, r.err ? " (" + net::errnoText(r.err) + ")" : ""));
+        return;
       default:
-        DTRAIN_THROW(NetworkError, "store {}: handshake failed {}: {}", where_, doing,
-                     net::errnoText(r.err));
+        keepSetError(DTRAIN_ERROR_PTR(
+            NetworkError,
+            "lost the connection to store {} ({}: {}) with {} set(s) unacknowledged: {}; they "
+            "may not have been applied",
+            where_, doing, net::errnoText(r.err), count, sets));
     }
   }
 
-  // Between requests nothing may arrive (frames strictly alternate), so a readable socket means
-  // the server closed it (or broke the protocol).
+  // The server broke the protocol: the stream cannot be trusted past this point.
+  void breakConnection(const std::string& what) {
+    std::string sets = unacked_.empty() ? std::string("none") : unackedKeys();
+    dropUnacked();
+    keepSetError(DTRAIN_ERROR_PTR(NetworkError,
+                                  "store {} sent {}; closed the connection. Sets unacknowledged "
+                                  "(may not have been applied): {}. HINT: is {} a dtrain store of "
+                                  "the same version?",
+                                  where_, what, sets, where_));
+  }
+
+  void dropUnacked() {
+    unacked_.clear();
+    unackedBytes_ = 0;
+    closeConnection();
+  }
+
+  // --- one round trip --------------------------------------------------------------------------
+
+  // Sends `frame` (the encoding of `request`) on a quiet connection and returns the answer's
+  // status and payload; a server Error or Refused is thrown here. `waitMs`: how long the server
+  // may legitimately hold the request (Get/Wait), added to the network deadline.
+  std::pair<Status, Bytes> exchange(const wire::Request& request, const Bytes& frame,
+                                    Millis waitMs) {
+    settle(true);
+    open();
+    auto start = Clock::now();
+    lastUse_ = start;
+    // A parked Get/Wait is answered by the server at waitMs; anything else promptly.
+    auto deadline = start + (waitMs.count() > 0 ? waitMs + kServerGrace : timeout());
+    net::IoResult w = net::sendAll(socket_.fd(), frame.data(), frame.size(), deadline);
+    if (w.status != IoStatus::Ok) fail(request, w, start, "sending");
+
+    Frame answer;
+    std::string malformed;
+    net::IoResult r = readFrame(wire::maxResponsePayload(options_.limits), deadline, &answer,
+                                &malformed);
+    if (!malformed.empty()) {
+      closeConnection();
+      DTRAIN_THROW(NetworkError,
+                   "store {} answered {} {} with a malformed frame ({}). HINT: is {} a dtrain "
+                   "store of the same version?",
+                   where_, wire::opName(request.op), quoted(request.keys), malformed, where_);
+    }
+    if (r.status != IoStatus::Ok) {
+      fail(request, r, start, answer.headerDone ? "reading the answer" : "waiting for the answer");
+    }
+    if (buffered() > 0) {
+      // Nothing else was outstanding: bytes past this answer mean the stream is out of step.
+      size_t extra = buffered();
+      closeConnection();
+      DTRAIN_THROW(NetworkError, "store {} sent {} bytes more than its answer to {} {}", where_,
+                   extra, wire::opName(request.op), quoted(request.keys));
+    }
+    if (answer.status == Status::Refused) {
+      closeConnection();  // the server closes it too
+      DTRAIN_THROW(InvalidArgument,
+                   "store {} refused {} {} and closed the connection: {}. HINT: client and server "
+                   "limits (StoreLimits) differ?",
+                   where_, wire::opName(request.op), quoted(request.keys),
+                   errorMessage(answer.payload.data(), answer.payload.size()));
+    }
+    if (answer.status == Status::Error) {
+      DTRAIN_THROW(InvalidArgument, "store {} refused {} {}: {}", where_,
+                   wire::opName(request.op), quoted(request.keys),
+                   errorMessage(answer.payload.data(), answer.payload.size()));
+    }
+    return {answer.status, std::move(answer.payload)};
+  }
+
+  // The next frame: what is buffered first, then from the socket until `deadline`. A header that
+  // breaks the format or announces more than `maxPayload` is described in *malformed.
+  net::IoResult readFrame(uint64_t maxPayload, Clock::time_point deadline, Frame* out,
+                          std::string* malformed) {
+    net::IoResult r;
+    if (buffered() < wire::kHeaderBytes) {
+      // One recv usually brings the whole answer: header and payload land in rbuf_ together.
+      if (rbegin_ == rend_) rbegin_ = rend_ = 0;
+      r = net::recvAtLeast(socket_.fd(), rbuf_.data() + rend_, wire::kHeaderBytes - buffered(),
+                           rbuf_.size() - rend_, deadline);
+      rend_ += r.done;
+      if (r.status != IoStatus::Ok) return r;
+    }
+    wire::FrameHeader h = wire::decodeHeader(rbuf_.data() + rbegin_);
+    if (h.version != wire::kVersion || h.type > static_cast<uint8_t>(Status::Refused) ||
+        h.payloadBytes > maxPayload) {
+      *malformed = fmt::format("version {}, type {}, {} bytes; limit {}", h.version, h.type,
+                               h.payloadBytes, maxPayload);
+      return r;
+    }
+    rbegin_ += wire::kHeaderBytes;
+    out->headerDone = true;
+    out->status = static_cast<Status>(h.type);
+    size_t size = static_cast<size_t>(h.payloadBytes);
+    size_t have = std::min(buffered(), size);
+    out->payload.assign(rbuf_.begin() + rbegin_, rbuf_.begin() + rbegin_ + have);
+    rbegin_ += have;
+    if (have < size) {
+      out->payload.resize(size);
+      r = net::recvAtLeast(socket_.fd(), out->payload.data() + have, size - have, size - have,
+                           deadline);
+    }
+    return r;
+  }
+
+  [[noreturn]] void fail(const wire::Request& request, const net::IoResult& r,
+                         Clock::time_point start, const char* doing) {
+    // The stream is out of step (or gone): the next operation starts a fresh connection.
+    closeConnection();
+    std::string what = fmt::format("{} {}", wire::opName(request.op), quoted(request.keys));
+    switch (r.status) {
+      case IoStatus::Timeout:
+        DTRAIN_THROW(TimeoutError,
+                     "store {} did not answer {} within {} ms ({}). HINT: the store host may be "
+                     "overloaded or unreachable",
+                     where_, what, msSince(start), doing);
+      case IoStatus::Closed:
+        DTRAIN_THROW(NetworkError,
+                     "store {} closed the connection during {} ({}, after {} ms){}. HINT: the "
+                     "store's host (the launcher) stopped or crashed; see its log",
+                     where_, what, doing, msSince(start),
+                     r.err ? ": " + net::errnoText(r.err) : std::string());
+      default:
+        DTRAIN_THROW(NetworkError, "lost the connection to store {} during {} ({}): {}", where_,
+                     what, doing, net::errnoText(r.err));
+    }
+  }
+
+  [[noreturn]] void throwMalformed(const wire::Request& request) {
+    closeConnection();
+    DTRAIN_THROW(NetworkError, "store {} sent a malformed answer to {} {}", where_,
+                 wire::opName(request.op), quoted(request.keys));
+  }
+
+  // With nothing outstanding, nothing may arrive, so a readable socket means the server closed
+  // it (or broke the protocol).
   bool peerClosed() const {
     pollfd p{socket_.fd(), POLLIN | POLLRDHUP, 0};
     return ::poll(&p, 1, 0) > 0;
@@ -330,11 +553,20 @@ class TcpStore::Impl {
 
   TcpStoreOptions options_;
   Store* self_;
-  Clock::time_point lastUse_{};  // guarded by mutex
-  std::vector<uint8_t> rbuf_ = std::vector<uint8_t>(kReceiveBufferBytes);  // guarded by mutex
   std::string where_;
-  std::string token_;   // never logged
-  net::Socket socket_;  // guarded by mutex
+  std::string token_;  // never logged
+  std::mutex mutex_;   // one request in flight at a time; guards everything below
+  net::Socket socket_;
+  Clock::time_point lastUse_{};
+  // Received, not yet taken: rbuf_[rbegin_, rend_).
+  std::vector<uint8_t> rbuf_ = std::vector<uint8_t>(kReceiveBufferBytes);
+  size_t rbegin_ = 0;
+  size_t rend_ = 0;
+  // Sets sent, oldest first, whose acknowledgement has not been read; empty whenever socket_ is
+  // closed. See Note [Pipelined sets].
+  std::deque<Unacked> unacked_;
+  size_t unackedBytes_ = 0;
+  std::exception_ptr setError_;  // the first failure of a set, for the next call
 };
 
 // --- TcpStore ---------------------------------------------------------------------------------
@@ -346,22 +578,17 @@ TcpStore::TcpStore(const TcpStoreOptions& options) : impl_(std::make_unique<Impl
   impl_->connect();
 }
 
-TcpStore::~TcpStore() = default;
+TcpStore::~TcpStore() { impl_->close(); }
 
 std::string TcpStore::describe() const { return impl_->where(); }
 
 void TcpStore::set(const std::string& key, const Bytes& value) {
   impl_->checkKey(key);
   impl_->checkValue(key, value);
-  wire::Request r;
-  r.op = Op::Set;
-  r.keys = {key};
-  r.value = value;
-  std::lock_guard<std::mutex> lock(impl_->mutex);
-  auto [status, payload] = impl_->roundTrip(r, Millis(0));
-  if (status == Status::Error) impl_->throwServerError(r, payload);
-  if (status != Status::Ok || !payload.empty()) impl_->throwMalformed(r);
+  impl_->set(key, value);
 }
+
+void TcpStore::flush() { impl_->flush(); }
 
 Bytes TcpStore::get(const std::string& key) {
   impl_->checkKey(key);
@@ -370,19 +597,17 @@ Bytes TcpStore::get(const std::string& key) {
   r.keys = {key};
   Millis wait = timeout();
   r.timeoutMs = static_cast<uint64_t>(wait.count());
-  std::lock_guard<std::mutex> lock(impl_->mutex);
   auto start = Clock::now();
-  auto [status, payload] = impl_->roundTrip(r, wait);
-  if (status == Status::Timeout) {
+  Bytes value;
+  bool timedOut = false;
+  impl_->call(r, wait, [&](Status status, const Bytes& payload) {
+    timedOut = status == Status::Timeout;
+    return timedOut || readValue(status, payload, &value);
+  });
+  if (timedOut) {
     DTRAIN_THROW(TimeoutError,
                  "timed out after {} ms waiting for key(s) \"{}\" on store {} (get, timeout {} ms)",
                  msSince(start), key, impl_->where(), wait.count());
-  }
-  if (status == Status::Error) impl_->throwServerError(r, payload);
-  wire::Reader in(payload.data(), payload.size());
-  Bytes value;
-  if (status != Status::Ok || !in.bytes(payload.size(), &value) || in.left() != 0) {
-    impl_->throwMalformed(r);
   }
   return value;
 }
@@ -393,12 +618,8 @@ int64_t TcpStore::add(const std::string& key, int64_t delta) {
   r.op = Op::Add;
   r.keys = {key};
   r.delta = delta;
-  std::lock_guard<std::mutex> lock(impl_->mutex);
-  auto [status, payload] = impl_->roundTrip(r, Millis(0));
-  if (status == Status::Error) impl_->throwServerError(r, payload);
-  wire::Reader in(payload.data(), payload.size());
   int64_t now = 0;
-  if (status != Status::Ok || !in.i64(&now) || in.left() != 0) impl_->throwMalformed(r);
+  impl_->call(r, Millis(0), [&](Status s, const Bytes& p) { return readI64(s, p, &now); });
   return now;
 }
 
@@ -411,14 +632,8 @@ Bytes TcpStore::compareSet(const std::string& key, const Bytes& expected, const 
   r.keys = {key};
   r.expected = expected;
   r.value = desired;
-  std::lock_guard<std::mutex> lock(impl_->mutex);
-  auto [status, payload] = impl_->roundTrip(r, Millis(0));
-  if (status == Status::Error) impl_->throwServerError(r, payload);
-  wire::Reader in(payload.data(), payload.size());
   Bytes value;
-  if (status != Status::Ok || !in.bytes(payload.size(), &value) || in.left() != 0) {
-    impl_->throwMalformed(r);
-  }
+  impl_->call(r, Millis(0), [&](Status s, const Bytes& p) { return readValue(s, p, &value); });
   return value;
 }
 
@@ -430,24 +645,26 @@ void TcpStore::wait(const std::vector<std::string>& keys, Millis timeout) {
   r.op = Op::Wait;
   r.keys = keys;
   r.timeoutMs = static_cast<uint64_t>(timeout.count());
-  std::lock_guard<std::mutex> lock(impl_->mutex);
   auto start = Clock::now();
-  auto [status, payload] = impl_->roundTrip(r, timeout);
-  if (status == Status::Ok && payload.empty()) return;
-  if (status == Status::Error) impl_->throwServerError(r, payload);
-  wire::Reader in(payload.data(), payload.size());
-  uint64_t count = 0;
-  if (status != Status::Timeout || !in.u64(&count) || count > keys.size() ||
-      in.left() != count * 8) {
-    impl_->throwMalformed(r);
-  }
   std::vector<std::string> missing;
-  for (uint64_t i = 0; i < count; ++i) {
-    uint64_t index = 0;
-    in.u64(&index);
-    if (index >= keys.size()) impl_->throwMalformed(r);
-    missing.push_back(keys[index]);
-  }
+  impl_->call(r, timeout, [&](Status status, const Bytes& payload) {
+    if (status == Status::Ok) return payload.empty();
+    // Timeout: the indices of the keys still missing.
+    wire::Reader in(payload.data(), payload.size());
+    uint64_t count = 0;
+    if (status != Status::Timeout || !in.u64(&count) || count > keys.size() ||
+        in.left() != count * 8) {
+      return false;
+    }
+    for (uint64_t i = 0; i < count; ++i) {
+      uint64_t index = 0;
+      in.u64(&index);
+      if (index >= keys.size()) return false;
+      missing.push_back(keys[index]);
+    }
+    return true;
+  });
+  if (missing.empty()) return;
   DTRAIN_THROW(TimeoutError,
                "timed out after {} ms waiting for key(s) {} on store {} ({} of {} keys missing)",
                msSince(start), quoted(missing), impl_->where(), missing.size(), keys.size());
@@ -458,11 +675,9 @@ bool TcpStore::check(const std::vector<std::string>& keys) {
   wire::Request r;
   r.op = Op::Check;
   r.keys = keys;
-  std::lock_guard<std::mutex> lock(impl_->mutex);
-  auto [status, payload] = impl_->roundTrip(r, Millis(0));
-  if (status == Status::Error) impl_->throwServerError(r, payload);
-  if (status != Status::Ok || payload.size() != 1 || payload[0] > 1) impl_->throwMalformed(r);
-  return payload[0] == 1;
+  bool all = false;
+  impl_->call(r, Millis(0), [&](Status s, const Bytes& p) { return readFlag(s, p, &all); });
+  return all;
 }
 
 bool TcpStore::deleteKey(const std::string& key) {
@@ -470,22 +685,16 @@ bool TcpStore::deleteKey(const std::string& key) {
   wire::Request r;
   r.op = Op::Delete;
   r.keys = {key};
-  std::lock_guard<std::mutex> lock(impl_->mutex);
-  auto [status, payload] = impl_->roundTrip(r, Millis(0));
-  if (status == Status::Error) impl_->throwServerError(r, payload);
-  if (status != Status::Ok || payload.size() != 1 || payload[0] > 1) impl_->throwMalformed(r);
-  return payload[0] == 1;
+  bool existed = false;
+  impl_->call(r, Millis(0), [&](Status s, const Bytes& p) { return readFlag(s, p, &existed); });
+  return existed;
 }
 
 int64_t TcpStore::numKeys() {
   wire::Request r;
   r.op = Op::NumKeys;
-  std::lock_guard<std::mutex> lock(impl_->mutex);
-  auto [status, payload] = impl_->roundTrip(r, Millis(0));
-  if (status == Status::Error) impl_->throwServerError(r, payload);
-  wire::Reader in(payload.data(), payload.size());
   int64_t n = 0;
-  if (status != Status::Ok || !in.i64(&n) || in.left() != 0) impl_->throwMalformed(r);
+  impl_->call(r, Millis(0), [&](Status s, const Bytes& p) { return readI64(s, p, &n); });
   return n;
 }
 

@@ -175,6 +175,17 @@ Bytes encodeRequest(const Request& r) {
   return out;
 }
 
+Bytes encodeSet(const std::string& key, const Bytes& value) {
+  Bytes out;
+  out.reserve(kHeaderBytes + 16 + key.size() + value.size());
+  startFrame(&out, static_cast<uint8_t>(Op::Set));
+  Writer w(&out);
+  w.bytes(key);
+  w.bytes(value);
+  finishFrame(&out);
+  return out;
+}
+
 Bytes encodeResponse(Status status, const Bytes& payload) {
   Bytes out;
   out.reserve(kHeaderBytes + payload.size());

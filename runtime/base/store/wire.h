@@ -5,8 +5,11 @@
 //
 // Note [Store wire format]
 // Every integer is little-endian. A connection opens with a fixed-size handshake, then carries
-// frames that strictly alternate: one request, one response (a client has at most one request in
-// flight; the server answers requests of one connection in order).
+// request frames from the client and one response frame to each, in order: the server answers
+// the requests of one connection in the order they came. The client sends a Get, Wait, Add,
+// CompareSet, Check, Delete or NumKeys only when every earlier request has been answered; Set
+// requests it may pipeline -- send several without waiting, and read their (empty) answers
+// later, see Note [Pipelined sets] in tcp_store_client.cpp.
 //
 // Handshake. Every message has a fixed size, so the server reads nothing of variable length from
 // a client that has not proven it holds the job token (RELIABILITY.md, rule 1).
@@ -161,6 +164,8 @@ uint64_t maxResponsePayload(const StoreLimits& limits);
 
 // A complete request frame (header included).
 Bytes encodeRequest(const Request& request);
+// The same bytes as encodeRequest() of a Set, without copying `value` into a Request first.
+Bytes encodeSet(const std::string& key, const Bytes& value);
 // A complete response frame with `payload`.
 Bytes encodeResponse(Status status, const Bytes& payload);
 // Ok carrying one `bytes` field, built in one allocation (values may be 64 MiB).

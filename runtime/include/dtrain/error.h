@@ -5,6 +5,7 @@
 // program's main() maps exceptions to exit codes. Messages say who, where and how far it got, and
 // end in a "HINT: ..." when there is something the user can do.
 
+#include <exception>
 #include <stdexcept>
 #include <string>
 
@@ -51,6 +52,12 @@ std::string withLocation(const std::string& message, const char* file, int line)
 // Throws `Type` with a fmt-formatted message and the throwing location.
 #define DTRAIN_THROW(Type, ...) \
   throw Type(::dtrain::detail::withLocation(::fmt::format(__VA_ARGS__), __FILE__, __LINE__))
+
+// What DTRAIN_THROW would throw, as an exception_ptr: for an error found now and thrown later, by
+// another call or another thread (STYLE.md pattern 5).
+#define DTRAIN_ERROR_PTR(Type, ...)    \
+  ::std::make_exception_ptr(          \
+      Type(::dtrain::detail::withLocation(::fmt::format(__VA_ARGS__), __FILE__, __LINE__)))
 
 // Throws dtrain::Error unless `cond` holds.
 #define DTRAIN_CHECK(cond, ...)                 \

@@ -31,7 +31,12 @@ class Store {
  public:
   virtual ~Store() = default;
 
+  // The value may be applied only after set() returns (TcpStore pipelines sets); any later
+  // call on the same handle sees it, and flush() waits for it.
   virtual void set(const std::string& key, const Bytes& value) = 0;
+  // Returns once every earlier set() of this handle is applied, rethrowing the first error of
+  // one whose failure no call has reported yet. Stores whose set() waits need nothing here.
+  virtual void flush() {}
   // Blocks until `key` exists or timeout() passes (TimeoutError).
   virtual Bytes get(const std::string& key) = 0;
   // Atomically adds `delta` to the int64 stored at `key` (absent = 0) and returns the new value.
@@ -100,6 +105,7 @@ class PrefixStore : public Store {
   bool deleteKey(const std::string& key) override;
   // Counts the keys of the inner store (all prefixes), as c10d's PrefixStore does.
   int64_t numKeys() override;
+  void flush() override { inner_->flush(); }
   Millis timeout() const override { return inner_->timeout(); }
   void setTimeout(Millis timeout) override { inner_->setTimeout(timeout); }
   std::string describe() const override;

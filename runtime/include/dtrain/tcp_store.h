@@ -8,6 +8,7 @@
 //
 // TcpStore: the client, a Store. Connects with retry and backoff until connectTimeout; every
 // operation has a deadline. Safe to share between threads (one request in flight at a time).
+// set() is pipelined, as c10d's: see TcpStore below.
 
 #include <cstdint>
 #include <memory>
@@ -72,8 +73,26 @@ struct TcpStoreOptions {
   Millis timeout = kDefaultStoreTimeout;  // every operation
   Millis handshakeTimeout = kDefaultHandshakeTimeout;  // per connection attempt, after connect
   StoreLimits limits;  // checked here too, so an oversize key fails before it is sent
+  // false: set() returns once its request is sent (see TcpStore). true: set() waits for the
+  // server's acknowledgement, a round trip each (about a fifth of the throughput of sets).
+  bool acknowledgedSets = false;
 };
 
+// The job's store, seen from a worker. Every operation but set() is one round trip.
+//
+// set() is pipelined (Note [Pipelined sets] in tcp_store_client.cpp): when it returns, the value
+// has been sent, not necessarily applied. The next call on the same client (any operation, in
+// any thread), flush(), or the destructor guarantees that it was applied, or reports why not:
+// an error of a set that already returned -- the server refused it, or the connection was lost
+// or timed out before it was acknowledged -- is thrown by the next call on this client, before
+// that call does anything itself, and names the set's key (and any later ones it took along).
+// set() throws by itself only when its own request could not be sent. The destructor waits for
+// outstanding sets (at most a few seconds) and logs what it cannot report; call flush() where an
+// error must reach the caller, and before ending a process without destructors (_exit, exec).
+// Other clients see a set in the order it was sent, once the server applied it -- as with
+// c10d::TCPStore, whose set() is one-way too: a get()/wait() elsewhere waits for it, a check()
+// elsewhere right after set() returns may not see it yet. TcpStoreOptions::acknowledgedSets
+// makes set() wait for the server instead.
 class TcpStore : public Store {
  public:
   // Connects and authenticates; throws NetworkError / TimeoutError naming host:port, or Error
@@ -82,6 +101,9 @@ class TcpStore : public Store {
   ~TcpStore() override;
 
   void set(const std::string& key, const Bytes& value) override;
+  // Returns once the server has applied every set() sent before; throws the first error among
+  // them (then the error is reported, and later calls go on).
+  void flush() override;
   Bytes get(const std::string& key) override;
   int64_t add(const std::string& key, int64_t delta) override;
   Bytes compareSet(const std::string& key, const Bytes& expected, const Bytes& desired) override;
