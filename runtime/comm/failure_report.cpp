@@ -52,6 +52,9 @@ std::vector<RankReport> exchangeReports(store::Store& store, const std::string& 
   auto key = [&](int r) { return fmt::format("{}/{}", prefix, r); };
   try {
     store.setString(key(mine.rank), encode(mine));
+    // The others poll with check(), which does not wait for a key, and this process may end
+    // soon after: the report must be applied, not merely sent (TcpStore pipelines sets).
+    store.flush();
   } catch (const std::exception&) {
     return reports;  // the store is gone too: report what we know
   }

@@ -125,6 +125,9 @@ NcclCommunicator::NcclCommunicator(const NcclOptions& o)
     checkNccl(ncclGetUniqueId(&id), nullptr, who(), "ncclGetUniqueId");
     store_->set(idKey, store::Bytes(reinterpret_cast<uint8_t*>(&id),
                                     reinterpret_cast<uint8_t*>(&id) + sizeof(id)));
+    // ncclCommInitRank below blocks until every rank has the id: a set that failed after it
+    // returned (TcpStore pipelines sets) must fail here, not leave rank 0 waiting in NCCL.
+    store_->flush();
   } else {
     try {
       store_->wait({idKey}, o.connectTimeout);
