@@ -74,7 +74,8 @@ struct TcpStoreOptions {
   Millis handshakeTimeout = kDefaultHandshakeTimeout;  // per connection attempt, after connect
   StoreLimits limits;  // checked here too, so an oversize key fails before it is sent
   // false: set() returns once its request is sent (see TcpStore). true: set() waits for the
-  // server's acknowledgement, a round trip each (about a fifth of the throughput of sets).
+  // server's acknowledgement, a round trip each (on loopback about a quarter of the throughput
+  // of pipelined sets, benchmarks/README.md).
   bool acknowledgedSets = false;
 };
 
