@@ -3,12 +3,16 @@
 // each configuration) so that both see the same machine load.
 //
 //   store_bench [--iters N] [--warmup N] [--rounds N] [--clients 1,16,64] [--ops set,get,add]
-//               [--value-bytes N] [--no-peer] [--smoke]
+//               [--value-bytes N] [--acknowledged-sets] [--no-flush] [--no-peer] [--smoke]
 //
 // Each client is a thread with its own connection. set: every client writes its own key; get:
 // every client reads its own key; add: every client increments one shared counter (the
-// rendezvous pattern). Results are checked: a get must return what was set, and the counter must
-// end at exactly the number of adds (#wrong).
+// rendezvous pattern). Results are checked: a get must return what was set, each client's key
+// must end holding its last set, and the counter must end at exactly the number of adds
+// (#wrong). Both stores' set() return once the request is sent,
+// so each client's timed phase ends with one more round trip on its connection (dtrain: flush();
+// c10d: check()), answered only after the sets before it: ops/s counts sets the server has
+// applied. --no-flush stops the clock when the last set() returns instead (sets sent).
 #include <algorithm>
 #include <atomic>
 #include <chrono>
@@ -41,6 +45,8 @@ struct Config {
   std::vector<int> clients{1, 16, 64};
   std::vector<std::string> ops{"set", "get", "add"};
   size_t valueBytes = 32;
+  bool acknowledgedSets = false;  // dtrain's set() waits for the server (TcpStoreOptions)
+  bool flush = true;              // the timed phase ends once the server applied every set
   bool peer = true;
 };
 
@@ -49,6 +55,7 @@ struct Client {
   std::function<void(const std::string&, const Bytes&)> set;
   std::function<Bytes(const std::string&)> get;
   std::function<int64_t(const std::string&, int64_t)> add;
+  std::function<void()> flush;  // one round trip, answered after every set before it
 };
 
 // One implementation under test: a server and a way to connect clients to it.
@@ -58,22 +65,24 @@ struct Subject {
   std::function<void()> keepAlive;  // holds the server
 };
 
-Subject dtrainSubject() {
+Subject dtrainSubject(bool acknowledgedSets) {
   dtrain::store::TcpStoreServerOptions so;
   so.host = "127.0.0.1";
   so.port = 0;
   std::shared_ptr<dtrain::store::TcpStoreServer> server = dtrain::store::TcpStoreServer::start(so);
   Subject s;
   s.name = "dtrain";
-  s.connect = [server] {
+  s.connect = [server, acknowledgedSets] {
     dtrain::store::TcpStoreOptions o;
     o.host = "127.0.0.1";
     o.port = server->port();
     o.timeout = std::chrono::milliseconds(60000);
+    o.acknowledgedSets = acknowledgedSets;
     auto store = std::make_shared<dtrain::store::TcpStore>(o);
     return Client{[store](const std::string& k, const Bytes& v) { store->set(k, v); },
                   [store](const std::string& k) { return store->get(k); },
-                  [store](const std::string& k, int64_t d) { return store->add(k, d); }};
+                  [store](const std::string& k, int64_t d) { return store->add(k, d); },
+                  [store] { store->flush(); }};
   };
   s.keepAlive = [server] {};
   return s;
@@ -99,7 +108,10 @@ Subject c10dSubject() {
     auto store = std::make_shared<c10d::TCPStore>("127.0.0.1", o);
     return Client{[store](const std::string& k, const Bytes& v) { store->set(k, v); },
                   [store](const std::string& k) { return store->get(k); },
-                  [store](const std::string& k, int64_t d) { return store->add(k, d); }};
+                  [store](const std::string& k, int64_t d) { return store->add(k, d); },
+                  // A round trip: the server answers it after the sets before it on this
+                  // connection, so when it returns they are applied.
+                  [store] { store->check({"bench/key0"}); }};
   };
   s.keepAlive = [server] {};
   return s;
@@ -125,6 +137,7 @@ void runRound(Subject& subject, const std::string& op, int n, const Config& cfg,
 
   std::vector<std::vector<double>> micros(n);
   std::vector<long> wrong(n, 0);
+  std::vector<Bytes> lastSet(n, value);  // set: what each client wrote last, checked after
   std::atomic<int> ready{0};
   std::atomic<bool> go{false};
   std::vector<Clock::time_point> ends(n);
@@ -133,24 +146,27 @@ void runRound(Subject& subject, const std::string& op, int n, const Config& cfg,
     threads.emplace_back([&, i] {
       Client& c = clients[i];
       const std::string key = "bench/key" + std::to_string(i);
-      auto once = [&] {
+      Bytes& mine = lastSet[i];
+      auto once = [&](int it) {
         if (op == "set") {
-          c.set(key, value);
+          if (!mine.empty()) mine[0] = static_cast<uint8_t>(it);  // each set writes news
+          c.set(key, mine);
         } else if (op == "get") {
           if (c.get(key) != value) ++wrong[i];
         } else {
           c.add(counter, 1);
         }
       };
-      for (int w = 0; w < cfg.warmup; ++w) once();
+      for (int w = 0; w < cfg.warmup; ++w) once(w);
       ready.fetch_add(1);
       while (!go.load()) std::this_thread::yield();
       micros[i].reserve(cfg.iters);
       for (int it = 0; it < cfg.iters; ++it) {
         auto t0 = Clock::now();
-        once();
+        once(it);
         micros[i].push_back(std::chrono::duration<double, std::micro>(Clock::now() - t0).count());
       }
+      if (cfg.flush) c.flush();
       ends[i] = Clock::now();
     });
   }
@@ -164,6 +180,12 @@ void runRound(Subject& subject, const std::string& op, int n, const Config& cfg,
   for (int i = 0; i < n; ++i) {
     out->micros.insert(out->micros.end(), micros[i].begin(), micros[i].end());
     out->wrong += wrong[i];
+  }
+  if (op == "set") {
+    // On the client's own connection: both stores answer it after that client's sets.
+    for (int i = 0; i < n; ++i) {
+      if (clients[i].get("bench/key" + std::to_string(i)) != lastSet[i]) ++out->wrong;
+    }
   }
   if (op == "add") {
     int64_t expected = static_cast<int64_t>(n) * (cfg.iters + cfg.warmup);
@@ -190,8 +212,8 @@ std::vector<std::string> split(const std::string& s) {
 int usage(const char* why, FILE* out = stderr) {
   std::fprintf(out,
                "store_bench: %s\nusage: store_bench [--iters N] [--warmup N] [--rounds N] "
-               "[--clients 1,16,64] [--ops set,get,add] [--value-bytes N] [--no-peer] "
-               "[--smoke]\n",
+               "[--clients 1,16,64] [--ops set,get,add] [--value-bytes N] "
+               "[--acknowledged-sets] [--no-flush] [--no-peer] [--smoke]\n",
                why);
   return 2;
 }
@@ -214,6 +236,10 @@ int main(int argc, char** argv) {
       cfg.clients = {1, 4};
     } else if (a == "--no-peer") {
       cfg.peer = false;
+    } else if (a == "--no-flush") {
+      cfg.flush = false;
+    } else if (a == "--acknowledged-sets") {
+      cfg.acknowledgedSets = true;
     } else if ((a == "--iters" || a == "--warmup" || a == "--rounds" || a == "--value-bytes" ||
                 a == "--clients" || a == "--ops") &&
                (v = next()) != nullptr) {
@@ -241,7 +267,7 @@ int main(int argc, char** argv) {
     if (c <= 0) return usage("client counts must be positive");
   }
 
-  std::vector<Subject> subjects{dtrainSubject()};
+  std::vector<Subject> subjects{dtrainSubject(cfg.acknowledgedSets)};
 #if DTRAIN_WITH_TORCH
   if (cfg.peer) subjects.push_back(c10dSubject());
 #else
@@ -252,10 +278,12 @@ int main(int argc, char** argv) {
               cfg.iters, cfg.warmup, cfg.rounds, cfg.valueBytes);
   std::printf("# ratio: p50 = c10d p50 / dtrain p50, ops = dtrain ops/s / c10d ops/s "
               "(above 1: dtrain is faster)\n");
-  if (subjects.size() > 1) {
-    std::printf("# note: c10d's set does not wait for the server (one-way); dtrain's returns once "
-                "the server has applied it\n");
-  }
+  std::printf("# set: %s; ops/s %s\n",
+              cfg.acknowledgedSets ? "dtrain's returns once applied (--acknowledged-sets), "
+                                     "c10d's once sent"
+                                   : "returns once sent, in both",
+              cfg.flush ? "counts sets applied (each client ends with a round trip)"
+                        : "counts sets sent (--no-flush)");
   std::printf("#\n");
   std::printf("# %-4s %7s  %9s %9s %10s", "op", "clients", "p50_us", "p99_us", "ops/s");
   if (subjects.size() > 1) {
