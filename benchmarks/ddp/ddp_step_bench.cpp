@@ -62,6 +62,16 @@ Options parse(int argc, char** argv) {
       DTRAIN_CHECK_ARG(i + 1 < argc, "{} needs a value", a);
       return argv[++i];
     };
+    if (a == "--help" || a == "-h") {
+      std::fputs("usage: ddp_step_bench [--rounds 3] [--steps 10] [--warmup 3] "
+                 "[--models mlp,resnet18] [--no-peer]\n"
+                 "                      [--grad-as-bucket-view] [--compression none|fp16|bf16]\n"
+                 "                      [--python /usr/bin/python3] [--smoke]\n"
+                 "DDP step time against PyTorch's DistributedDataParallel, interleaved; see "
+                 "benchmarks/README.md.\n",
+                 stdout);
+      std::exit(0);
+    }
     if (a == "--smoke") o.step.smoke = true;
     else if (a == "--worker") o.worker = true;
     else if (a == "--no-peer") o.peer = false;
@@ -77,7 +87,7 @@ Options parse(int argc, char** argv) {
     else if (a == "--compression") o.step.compression = value();
     else if (a == "--python") o.python = value();
     else if (a == "--peer-script") o.peerScript = value();
-    else DTRAIN_THROW(InvalidArgument, "unknown argument {} (see the comment atop ddp_step_bench.cpp)", a);
+    else DTRAIN_THROW(InvalidArgument, "unknown argument {} (see ddp_step_bench --help)", a);
   }
   if (o.step.smoke && !o.worker) {
     // The plumbing only, in CI time: one round of a narrow ResNet-18 (convolutions, BatchNorm

@@ -48,9 +48,15 @@ struct Options {
   std::string script = DTRAIN_BENCH_SCRIPT;
 };
 
+constexpr const char* kUsage =
+    "usage: launch_bench [--reps N] [--nprocs 1,2,4] [--no-torchrun] [--smoke]\n"
+    "                    [--launch PATH] [--worker PATH] [--torch-worker PATH]\n"
+    "                    [--python /usr/bin/python3] [--torchrun /usr/bin/torchrun] [--script PATH]\n"
+    "Start-to-exit wall time of `launch --nproc-per-node N` (torch-free worker, libtorch worker,\n"
+    "Python script) beside torchrun; see benchmarks/README.md.\n";
+
 [[noreturn]] void usage(const std::string& what) {
-  std::fprintf(stderr, "launch_bench: %s; see the header of benchmarks/launch/launch_bench.cpp\n",
-               what.c_str());
+  std::fprintf(stderr, "launch_bench: %s\n%s", what.c_str(), kUsage);
   std::exit(2);
 }
 
@@ -62,6 +68,10 @@ Options parse(int argc, char** argv) {
       if (i + 1 >= argc) usage(a + " needs a value");
       return argv[++i];
     };
+    if (a == "--help" || a == "-h") {
+      std::fputs(kUsage, stdout);
+      std::exit(0);
+    }
     if (a == "--reps") o.reps = std::max(1, std::atoi(value().c_str()));
     else if (a == "--nprocs") {
       o.nprocs.clear();
