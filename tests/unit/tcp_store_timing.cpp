@@ -108,6 +108,14 @@ double p99Micros(TcpStore& client, int n) {
   return us[static_cast<size_t>(n * 0.99)];
 }
 
+// The lowest p99 of three series: a burst of outside load spoils one series, while a slowdown
+// the server causes shows in all three.
+double steadyP99Micros(TcpStore& client, int n) {
+  double best = p99Micros(client, n);
+  for (int i = 0; i < 2; ++i) best = std::min(best, p99Micros(client, n));
+  return best;
+}
+
 TEST(StoreTiming, ASlowlorisCrowdDoesNotSlowOthersDown) {  // B7, R12
   ASSERT_GE(raiseFdLimit(), 2600u);
   TcpStoreServerOptions o = serverOptions();
@@ -117,7 +125,7 @@ TEST(StoreTiming, ASlowlorisCrowdDoesNotSlowOthersDown) {  // B7, R12
   TcpStore client(clientOptions(*server));
   client.setString("probe", "x");
   p99Micros(client, 500);  // warm up
-  double before = p99Micros(client, 3000);
+  double before = steadyP99Micros(client, 3000);
 
   std::vector<std::unique_ptr<RawClient>> crowd;
   for (int i = 0; i < 1000; ++i) {  // one byte of hello, then nothing
@@ -131,7 +139,7 @@ TEST(StoreTiming, ASlowlorisCrowdDoesNotSlowOthersDown) {  // B7, R12
     crowd.back()->send(half);
   }
   ASSERT_TRUE(eventually([&] { return server->numConnections() == 1201; }, milliseconds(10000)));
-  double during = p99Micros(client, 3000);
+  double during = steadyP99Micros(client, 3000);
   std::printf("get p99: %.1f us alone, %.1f us beside 1,200 stalled clients\n", before, during);
   // Within 2x (R12), plus a little absolute room for a loaded machine's scheduler.
   EXPECT_LT(during, 2 * before + 500) << "before " << before << " us";

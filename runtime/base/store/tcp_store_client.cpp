@@ -43,8 +43,9 @@ constexpr Millis kStaleAfter{10};
 // server still answers every Set, in order (the wire format is unchanged, Note [Store wire
 // format]); the client keeps the key of each set not yet acknowledged (unacked_) and reads the
 // acknowledgements later:
-//   - after each send it takes those that have already arrived, without waiting, so its receive
-//     buffer never fills during a long run of sets;
+//   - after every kAckPollInterval-th send it takes those that have already arrived, without
+//     waiting, so its receive buffer never fills during a long run of sets. Not after every send:
+//     that extra recv() made a lone client's set() up to twice as slow (p50 3 us, c10d's 1.7 us);
 //   - set() blocks on the oldest ones while more than kMaxUnackedSets sets or kMaxUnackedBytes
 //     bytes of them are outstanding. The server reads whatever arrives and we read its answers
 //     before they could fill any buffer, so a run of sets cannot deadlock; and what is
@@ -63,6 +64,7 @@ constexpr Millis kStaleAfter{10};
 // thrown by the next call on this client before it does anything, naming the keys. set() itself
 // throws only when its own frame could not be sent.
 constexpr size_t kMaxUnackedSets = 1024;
+constexpr size_t kAckPollInterval = 32;
 constexpr size_t kMaxUnackedBytes = 4 << 20;
 constexpr Millis kCloseDrain{5000};
 // An acknowledgement is an empty Ok, or an Error/Refused carrying a message.
@@ -157,7 +159,7 @@ class TcpStore::Impl {
       if (socket_.valid()) loseConnection(w, start, fmt::format("sending SET \"{}\"", key));
       throwSetError();
     }
-    takeAcks(false, 0, 0, start);
+    if (unacked_.size() % kAckPollInterval == 0) takeAcks(false, 0, 0, start);
     takeAcks(true, kMaxUnackedSets, kMaxUnackedBytes, Clock::now() + timeout());
   }
 
