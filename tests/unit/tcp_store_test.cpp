@@ -163,30 +163,53 @@ TEST(TcpStoreClient, AWaitTimeoutKeepsTheSameConnectionUsable) {  // B12
 std::atomic<int> gSignals{0};
 void countSignal(int) { gSignals.fetch_add(1); }
 
-TEST(TcpStoreClient, SignalsWithoutSaRestartDoNotBreakABlockingGetOrWait) {  // B13
-  struct sigaction sa{};
-  struct sigaction old{};
-  sa.sa_handler = countSignal;
-  sigemptyset(&sa.sa_mask);
-  sa.sa_flags = 0;  // no SA_RESTART: blocking calls return EINTR
-  ASSERT_EQ(sigaction(SIGUSR1, &sa, &old), 0);
+// Interrupts the constructing thread with SIGUSR1 every 2 ms, handled without SA_RESTART, so its
+// blocking system calls keep returning EINTR, until destroyed (the old handler is restored).
+class SignalPester {
+ public:
+  SignalPester() : target_(pthread_self()) {
+    struct sigaction sa{};
+    sa.sa_handler = countSignal;
+    sigemptyset(&sa.sa_mask);
+    sa.sa_flags = 0;  // no SA_RESTART: blocking calls return EINTR
+    installed_ = sigaction(SIGUSR1, &sa, &old_) == 0;
+    gSignals = 0;
+    thread_ = std::thread([this] {
+      while (!done_) {
+        pthread_kill(target_, SIGUSR1);
+        std::this_thread::sleep_for(milliseconds(2));
+      }
+    });
+  }
+  ~SignalPester() {
+    done_ = true;
+    thread_.join();
+    if (installed_) sigaction(SIGUSR1, &old_, nullptr);
+  }
+  bool installed() const { return installed_; }
+  // Blocks until the target has been interrupted `n` times (or 20 s passed).
+  static void awaitSignals(int n) {
+    eventually([n] { return gSignals.load() >= n; }, milliseconds(20000));
+  }
 
+ private:
+  pthread_t target_;
+  struct sigaction old_{};
+  bool installed_ = false;
+  std::atomic<bool> done_{false};
+  std::thread thread_;
+};
+
+TEST(TcpStoreClient, SignalsWithoutSaRestartDoNotBreakABlockingGetOrWait) {  // B13
   auto server = TcpStoreServer::start(serverOptions());
   TcpStore waiter(clientOptions(*server));
   TcpStore setter(clientOptions(*server));
   for (const char* mode : {"get", "wait"}) {
-    gSignals = 0;
-    std::atomic<bool> done{false};
-    pthread_t target = pthread_self();
-    std::thread pester([&] {
-      while (!done) {
-        pthread_kill(target, SIGUSR1);
-        std::this_thread::sleep_for(milliseconds(2));
-      }
-    });
+    SignalPester pester;
+    ASSERT_TRUE(pester.installed());
     std::thread later([&] {
       // Set the key only once the blocked call has been interrupted many times.
-      eventually([&] { return gSignals.load() >= 50; }, milliseconds(20000));
+      SignalPester::awaitSignals(50);
       setter.setString(std::string("eintr-") + mode, "ok");
     });
     if (std::string(mode) == "get") {
@@ -194,47 +217,28 @@ TEST(TcpStoreClient, SignalsWithoutSaRestartDoNotBreakABlockingGetOrWait) {  // 
     } else {
       EXPECT_NO_THROW(waiter.wait({"eintr-wait"}, Millis(10000)));
     }
-    done = true;
-    pester.join();
     later.join();
     EXPECT_GE(gSignals.load(), 50) << mode << ": too few signals arrived to mean anything";
   }
-  sigaction(SIGUSR1, &old, nullptr);
 }
 
 TEST(TcpStoreClient, SignalsWithoutSaRestartDoNotBreakAFlush) {  // B13, pipelined sets
-  struct sigaction sa{};
-  struct sigaction old{};
-  sa.sa_handler = countSignal;
-  sigemptyset(&sa.sa_mask);
-  sa.sa_flags = 0;
-  ASSERT_EQ(sigaction(SIGUSR1, &sa, &old), 0);
   FakeServer fake;
   auto client = fake.connect();
   for (int i = 0; i < 20; ++i) client->setString("k" + std::to_string(i), "v");
-  gSignals = 0;
-  std::atomic<bool> done{false};
-  pthread_t target = pthread_self();
-  std::thread pester([&] {
-    while (!done) {
-      pthread_kill(target, SIGUSR1);
-      std::this_thread::sleep_for(milliseconds(2));
-    }
-  });
+  SignalPester pester;
+  ASSERT_TRUE(pester.installed());
   std::thread server([&] {
     // Answer only once the waiting flush has been interrupted many times.
-    eventually([&] { return gSignals.load() >= 50; }, milliseconds(20000));
+    SignalPester::awaitSignals(50);
     wire::Request r;
     for (int i = 0; i < 20; ++i) {
       if (fake.readRequest(&r, milliseconds(5000))) fake.sendAck();
     }
   });
   EXPECT_NO_THROW(client->flush());
-  done = true;
-  pester.join();
   server.join();
   EXPECT_GE(gSignals.load(), 50);
-  sigaction(SIGUSR1, &old, nullptr);
 }
 
 TEST(TcpStoreClient, AServerStoppingDuringAGetIsANetworkErrorNotAHang) {  // B14
