@@ -32,7 +32,7 @@ seed numkeys  "0000000000000000 01 08 0000"
   -I "$root/runtime/include" -I "$root/runtime/base" \
   "$root/tests/fuzz/store_frame_fuzz.cpp" \
   "$root/runtime/base/store/wire.cpp" "$root/runtime/base/store/kv_table.cpp" \
-  -lfmt -o "$build/store_frame_fuzz"
+  "$root/runtime/base/parse_int.cpp" -lfmt -o "$build/store_frame_fuzz"
 
 echo "fuzz.sh: fuzzing the store frame parser for ${seconds} s"
 cd "$build"  # parallel jobs write their fuzz-N.log files here
