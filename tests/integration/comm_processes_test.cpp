@@ -5,9 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <fcntl.h>
-#include <netinet/in.h>
 #include <signal.h>
-#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -147,18 +145,6 @@ TEST(CommProcesses, InvalidNcclVariableIsRejectedAtInitByName) {
 
 // --- Without a launcher: srun / mpirun set these variables and rank 0 hosts the store. ---
 
-int freePort() {
-  int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a));
-  socklen_t len = sizeof(a);
-  getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
-  close(fd);
-  return ntohs(a.sin_port);
-}
-
 struct Spawned {
   int exitCode = -1;
   std::string output;
@@ -210,7 +196,7 @@ std::vector<Spawned> spawnWorkers(const std::vector<std::map<std::string, std::s
 }
 
 TEST(CommProcesses, UnderSrunRankZeroHostsTheStoreAtMasterAddr) {
-  const std::string port = std::to_string(freePort());
+  const std::string port = std::to_string(freeLoopbackPort());
   std::vector<std::map<std::string, std::string>> envs;
   for (int r = 0; r < 3; ++r) {
     envs.push_back({{"SLURM_PROCID", std::to_string(r)}, {"SLURM_NTASKS", "3"},
@@ -226,7 +212,7 @@ TEST(CommProcesses, UnderSrunRankZeroHostsTheStoreAtMasterAddr) {
 }
 
 TEST(CommProcesses, UnderMpirunRankZeroHostsTheStoreAtMasterAddr) {
-  const std::string port = std::to_string(freePort());
+  const std::string port = std::to_string(freeLoopbackPort());
   std::vector<std::map<std::string, std::string>> envs;
   for (int r = 0; r < 2; ++r) {
     envs.push_back({{"OMPI_COMM_WORLD_RANK", std::to_string(r)}, {"OMPI_COMM_WORLD_SIZE", "2"},

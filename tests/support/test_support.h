@@ -35,4 +35,7 @@ void writeFile(const std::string& path, const std::string& text);
 // True while a process with this pid exists (zombies included).
 bool processExists(pid_t pid);
 
+// A TCP port on 127.0.0.1 that was free a moment ago (bound to port 0, then released).
+int freeLoopbackPort();
+
 }  // namespace dtrain::testing

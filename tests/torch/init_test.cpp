@@ -3,8 +3,6 @@
 // srun/mpirun-style variables) are in tests/integration.
 #include <gtest/gtest.h>
 
-#include <netinet/in.h>
-#include <sys/socket.h>
 #include <unistd.h>
 
 #include <cstdlib>
@@ -17,6 +15,7 @@
 #include "dtrain/error.h"
 #include "dtrain/gloo_communicator.h"
 #include "dtrain/init.h"
+#include "test_support.h"
 
 namespace dtrain {
 namespace {
@@ -48,18 +47,6 @@ const std::map<std::string, std::optional<std::string>> kNoLauncher = {
     {"SLURM_PROCID", std::nullopt}, {"OMPI_COMM_WORLD_RANK", std::nullopt},
     {"DTRAIN_STORE_ADDR", std::nullopt}, {"MASTER_ADDR", std::nullopt},
     {"DTRAIN_BACKEND", std::nullopt}, {"DTRAIN_FAULT", std::nullopt}};
-
-int freePort() {
-  int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a));
-  socklen_t len = sizeof(a);
-  getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
-  close(fd);
-  return ntohs(a.sin_port);
-}
 
 std::vector<std::shared_ptr<ProcessGroup>> initRanks(int n, const std::function<InitOptions(int)>& make) {
   std::vector<std::shared_ptr<ProcessGroup>> pgs(n);
@@ -118,7 +105,7 @@ TEST(Init, ExplicitRankWorldSizeAndStore) {
 
 TEST(Init, RankZeroHostsTheStoreWithoutALauncher) {
   if (!comm::glooAvailable()) GTEST_SKIP() << "built without Gloo";
-  const int port = freePort();
+  const int port = testing::freeLoopbackPort();
   auto vars = kNoLauncher;
   vars["MASTER_ADDR"] = "127.0.0.1";
   vars["MASTER_PORT"] = std::to_string(port);

@@ -18,6 +18,35 @@
 
 namespace dtrain::store::testing {
 
+namespace {
+
+// Waits until `fd` reports one of `events` or `deadline` passes (EINTR retried); returns the
+// reported events, 0 on timeout or failure.
+short pollUntil(int fd, short events, Clock::time_point deadline) {
+  for (;;) {
+    auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
+    if (left.count() <= 0) return 0;
+    pollfd p{fd, events, 0};
+    int rc = ::poll(&p, 1, static_cast<int>(left.count()));
+    if (rc < 0 && errno == EINTR) continue;
+    return rc > 0 ? p.revents : 0;
+  }
+}
+
+// Receives until `n` bytes arrived, the peer closed, a failure, or `deadline`; returns how many.
+size_t recvUntil(int fd, uint8_t* data, size_t n, Clock::time_point deadline) {
+  size_t done = 0;
+  while (done < n && pollUntil(fd, POLLIN, deadline) != 0) {
+    ssize_t got = ::recv(fd, data + done, n - done, 0);
+    if (got < 0 && errno == EINTR) continue;
+    if (got <= 0) break;
+    done += static_cast<size_t>(got);
+  }
+  return done;
+}
+
+}  // namespace
+
 TcpStoreServerOptions serverOptions() {
   TcpStoreServerOptions o;
   o.host = "127.0.0.1";
@@ -70,21 +99,7 @@ bool RawClient::send(const uint8_t* data, size_t size) {
 
 std::vector<uint8_t> RawClient::recv(size_t n, std::chrono::milliseconds timeout) {
   std::vector<uint8_t> out(n);
-  size_t done = 0;
-  auto deadline = Clock::now() + timeout;
-  while (done < n) {
-    auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
-    if (left.count() <= 0) break;
-    pollfd p{fd_, POLLIN, 0};
-    int rc = ::poll(&p, 1, static_cast<int>(left.count()));
-    if (rc < 0 && errno == EINTR) continue;
-    if (rc <= 0) break;
-    ssize_t got = ::recv(fd_, out.data() + done, n - done, 0);
-    if (got < 0 && errno == EINTR) continue;
-    if (got <= 0) break;
-    done += static_cast<size_t>(got);
-  }
-  out.resize(done);
+  out.resize(recvUntil(fd_, out.data(), n, Clock::now() + timeout));
   return out;
 }
 
@@ -110,12 +125,7 @@ bool RawClient::closedByServer(std::chrono::milliseconds timeout) {
   auto deadline = Clock::now() + timeout;
   uint8_t sink[4096];
   for (;;) {
-    auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
-    if (left.count() <= 0) return false;
-    pollfd p{fd_, POLLIN, 0};
-    int rc = ::poll(&p, 1, static_cast<int>(left.count()));
-    if (rc < 0 && errno == EINTR) continue;
-    if (rc <= 0) return false;
+    if (pollUntil(fd_, POLLIN, deadline) == 0) return false;
     ssize_t n = ::recv(fd_, sink, sizeof(sink), 0);
     if (n == 0) return true;
     if (n < 0 && errno == EINTR) continue;
@@ -126,13 +136,9 @@ bool RawClient::closedByServer(std::chrono::milliseconds timeout) {
 bool RawClient::hungUpByServer(std::chrono::milliseconds timeout) {
   auto deadline = Clock::now() + timeout;
   for (;;) {
-    auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
-    if (left.count() <= 0) return false;
-    pollfd p{fd_, POLLRDHUP, 0};
-    int rc = ::poll(&p, 1, static_cast<int>(left.count()));
-    if (rc < 0 && errno == EINTR) continue;
-    if (rc <= 0) return false;
-    if (p.revents & (POLLRDHUP | POLLHUP | POLLERR)) return true;
+    short revents = pollUntil(fd_, POLLRDHUP, deadline);
+    if (revents == 0) return false;
+    if (revents & (POLLRDHUP | POLLHUP | POLLERR)) return true;
   }
 }
 
@@ -208,21 +214,7 @@ std::unique_ptr<TcpStore> FakeServer::connect(
 }
 
 bool FakeServer::recvExactly(uint8_t* data, size_t n, std::chrono::milliseconds timeout) {
-  auto deadline = Clock::now() + timeout;
-  size_t done = 0;
-  while (done < n) {
-    auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
-    if (left.count() <= 0) return false;
-    pollfd p{client_, POLLIN, 0};
-    int rc = ::poll(&p, 1, static_cast<int>(left.count()));
-    if (rc < 0 && errno == EINTR) continue;
-    if (rc <= 0) return false;
-    ssize_t got = ::recv(client_, data + done, n - done, 0);
-    if (got < 0 && errno == EINTR) continue;
-    if (got <= 0) return false;
-    done += static_cast<size_t>(got);
-  }
-  return true;
+  return recvUntil(client_, data, n, Clock::now() + timeout) == n;
 }
 
 bool FakeServer::readRequest(wire::Request* out, std::chrono::milliseconds timeout) {
