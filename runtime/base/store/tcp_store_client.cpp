@@ -95,6 +95,13 @@ std::string errorMessage(const uint8_t* payload, size_t size) {
 }
 
 // Decoders of Ok answers; false when the answer does not have that shape.
+// Whether an answer with this header can be read: this version, a known status, a payload
+// within `maxPayload`.
+bool usableAnswerHeader(const wire::FrameHeader& h, uint64_t maxPayload) {
+  return h.version == wire::kVersion && h.type <= static_cast<uint8_t>(Status::Refused) &&
+         h.payloadBytes <= maxPayload;
+}
+
 bool readValue(Status status, const Bytes& payload, Bytes* out) {
   wire::Reader in(payload.data(), payload.size());
   return status == Status::Ok && in.bytes(payload.size(), out) && in.left() == 0;
@@ -334,8 +341,7 @@ class TcpStore::Impl {
   size_t bufferedAck() {
     if (buffered() < wire::kHeaderBytes) return 0;
     wire::FrameHeader h = wire::decodeHeader(rbuf_.data() + rbegin_);
-    if (h.version != wire::kVersion || h.type > static_cast<uint8_t>(Status::Refused) ||
-        h.payloadBytes > kMaxAckPayload) {
+    if (!usableAnswerHeader(h, kMaxAckPayload)) {
       breakConnection(fmt::format("a malformed frame (version {}, type {}, {} bytes) for the "
                                   "acknowledgement of SET \"{}\"",
                                   h.version, h.type, h.payloadBytes, unacked_.front().key));
@@ -352,7 +358,7 @@ class TcpStore::Impl {
     Unacked set = std::move(unacked_.front());
     unacked_.pop_front();
     unackedBytes_ -= set.bytes;
-    auto status = static_cast<Status>(frame[9]);
+    auto status = static_cast<Status>(wire::decodeHeader(frame).type);
     const uint8_t* payload = frame + wire::kHeaderBytes;
     size_t payloadBytes = size - wire::kHeaderBytes;
     if (status == Status::Ok && payloadBytes == 0) return;
@@ -496,8 +502,7 @@ class TcpStore::Impl {
       if (r.status != IoStatus::Ok) return r;
     }
     wire::FrameHeader h = wire::decodeHeader(rbuf_.data() + rbegin_);
-    if (h.version != wire::kVersion || h.type > static_cast<uint8_t>(Status::Refused) ||
-        h.payloadBytes > maxPayload) {
+    if (!usableAnswerHeader(h, maxPayload)) {
       *malformed = fmt::format("version {}, type {}, {} bytes; limit {}", h.version, h.type,
                                h.payloadBytes, maxPayload);
       return r;
