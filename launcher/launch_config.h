@@ -12,6 +12,8 @@
 #include <utility>
 #include <vector>
 
+#include "launcher/monitor/monitor_options.h"
+
 namespace dtrain::launcher {
 
 constexpr const char* kDefaultPython = "python3";
@@ -85,6 +87,9 @@ struct LaunchConfig {
   std::vector<int> localRanksFilter;  // empty: every local rank on the console
   std::string linePrefixTemplate = kDefaultLinePrefixTemplate;
   int64_t logMaxBytes = kDefaultLogMaxBytes;  // 0: unlimited
+
+  // Watching the job: sampling, metrics endpoint and file, status line, stall detection.
+  MonitorOptions monitor;
 
   std::vector<std::pair<std::string, std::string>> env;  // --env KEY=VALUE, in order
   bool dryRun = false;

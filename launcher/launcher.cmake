@@ -12,12 +12,24 @@ add_library(dtrain_launcher STATIC
   launcher/supervisor/failure_report.cpp
   launcher/supervisor/oom.cpp
   launcher/supervisor/supervisor.cpp
+  launcher/monitor/cgroup_memory.cpp
+  launcher/monitor/command.cpp
+  launcher/monitor/gpu_sampler.cpp
+  launcher/monitor/metrics_endpoint.cpp
+  launcher/monitor/monitor.cpp
+  launcher/monitor/monitor_options.cpp
+  launcher/monitor/native_stack.cpp
+  launcher/monitor/proc_files.cpp
+  launcher/monitor/process_sampler.cpp
+  launcher/monitor/records.cpp
+  launcher/monitor/stall_detector.cpp
+  launcher/monitor/watches.cpp
 )
 target_include_directories(dtrain_launcher PUBLIC ${CMAKE_CURRENT_SOURCE_DIR})
 # dtrain_base's internal parse_int.h (one integer rule everywhere).
 target_include_directories(dtrain_launcher PRIVATE ${CMAKE_CURRENT_SOURCE_DIR}/runtime/base)
 target_link_libraries(dtrain_launcher PUBLIC dtrain_base cxxopts::cxxopts
-                      PRIVATE nlohmann_json::nlohmann_json)
+                      PRIVATE nlohmann_json::nlohmann_json dtrain_httplib ${CMAKE_DL_LIBS})
 dtrain_warnings(dtrain_launcher)
 
 add_executable(launch launcher/main.cpp)

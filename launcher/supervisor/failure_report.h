@@ -60,6 +60,8 @@ struct AttemptResult {
   int launcherSignal = 0;       // a signal launch received during this attempt
   bool signalBeforeFailure = false;  // it arrived before any worker failed
   ExitBarrierTimeout exitBarrier;
+  // An observer stopped the job because a deadline passed (--stall-action stop): what it said.
+  std::string deadlineStop;
 };
 
 // Index into `workers` of the root cause: the earliest failure launch did not cause itself

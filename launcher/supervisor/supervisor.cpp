@@ -2,6 +2,7 @@
 
 #include <fcntl.h>
 #include <sys/epoll.h>
+#include <sys/eventfd.h>
 #include <sys/signalfd.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -29,6 +30,7 @@ using Clock = std::chrono::steady_clock;
 
 enum FdKind : uint64_t { kStatusFd = 0, kStdoutFd = 1, kStderrFd = 2 };
 constexpr uint64_t kSignalTag = ~uint64_t{0};
+constexpr uint64_t kStopTag = ~uint64_t{1};
 constexpr size_t kReadChunk = 64 * 1024;
 
 uint64_t tagOf(size_t slot, FdKind kind) { return (static_cast<uint64_t>(slot) << 2) | kind; }
@@ -106,11 +108,24 @@ Supervisor::Supervisor(JobPlan plan) : plan_(std::move(plan)) {
   epollFd_ = ::epoll_create1(EPOLL_CLOEXEC);
   DTRAIN_CHECK(epollFd_ >= 0, "launch: epoll_create1 failed: {}", std::strerror(errno));
   addToEpoll(epollFd_, signalFd_, kSignalTag);
+  stopFd_ = ::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+  DTRAIN_CHECK(stopFd_ >= 0, "launch: eventfd failed: {}", std::strerror(errno));
+  addToEpoll(epollFd_, stopFd_, kStopTag);
 }
 
 Supervisor::~Supervisor() {
+  if (stopFd_ >= 0) ::close(stopFd_);
   if (epollFd_ >= 0) ::close(epollFd_);
   if (signalFd_ >= 0) ::close(signalFd_);
+}
+
+void Supervisor::stopForDeadline(const std::string& reason) {
+  {
+    std::lock_guard<std::mutex> lock(stopMutex_);
+    if (stopReason_.empty()) stopReason_ = reason;
+  }
+  uint64_t one = 1;
+  (void)!::write(stopFd_, &one, sizeof one);
 }
 
 int Supervisor::run() {
@@ -120,7 +135,11 @@ int Supervisor::run() {
     attempts.push_back(runAttempt(attempt));
     const AttemptResult& r = attempts.back();
     // A timed-out exit barrier ends the job without a restart: see Note [Exit barrier].
-    if (r.launcherSignal != 0 || r.exitBarrier.timedOut || rootCauseIndex(r.workers) < 0) break;
+    // So does a deadline an observer enforced (--stall-action stop).
+    if (r.launcherSignal != 0 || r.exitBarrier.timedOut || !r.deadlineStop.empty() ||
+        rootCauseIndex(r.workers) < 0) {
+      break;
+    }
     if (attempt >= config.maxRestarts) break;
     std::string line = formatRestartLine(r, attempt + 1, config.maxRestarts);
     writeAll(STDERR_FILENO, line.data(), line.size());
@@ -151,6 +170,15 @@ AttemptResult Supervisor::runAttempt(int attempt) {
   AttemptResult result;
   result.attempt = attempt;
   std::vector<Slot> slots(static_cast<size_t>(n));
+  {
+    // A stop asked for during the previous attempt belongs to it.
+    uint64_t pending = 0;
+    (void)!::read(stopFd_, &pending, sizeof pending);
+    std::lock_guard<std::mutex> lock(stopMutex_);
+    stopReason_.clear();
+  }
+  JobObserver* observer = plan_.observer;
+  if (observer) observer->attemptStarted(attempt);
   bool stopping = false;
   bool killed = false;
   Clock::time_point killAt;
@@ -161,6 +189,7 @@ AttemptResult Supervisor::runAttempt(int attempt) {
   auto beginTeardown = [&] {
     if (stopping) return;
     stopping = true;
+    if (observer) observer->teardownStarted();
     killAt = Clock::now() + std::chrono::duration_cast<Clock::duration>(
                                 std::chrono::duration<double>(config.gracePeriod));
     for (auto& s : slots) {
@@ -263,7 +292,10 @@ AttemptResult Supervisor::runAttempt(int attempt) {
     bool eof = false;
     for (const auto& m : readGuardianMessages(s.guarded.statusFd, &eof)) {
       switch (m.kind) {
-        case GuardianMessage::kStarted: s.outcome.pid = m.value; break;
+        case GuardianMessage::kStarted:
+          s.outcome.pid = m.value;
+          if (observer) observer->workerStarted(s.rank, s.localRank, s.outcome.pid);
+          break;
         case GuardianMessage::kExecFailed: s.execErrno = m.value; break;
         case GuardianMessage::kSpawnFailed:
           s.outcome.lostReason =
@@ -284,6 +316,7 @@ AttemptResult Supervisor::runAttempt(int attempt) {
             s.outcome.exitCode = WEXITSTATUS(m.value);
           }
           s.outcome.stoppedByLaunch = s.askedToStop;
+          if (observer) observer->workerEnded(s.rank);
           DTRAIN_LOG(Info, "launch: rank {} (pid {}) {} after {:.3f} s", s.rank, s.outcome.pid,
                      describeOutcome(s.outcome), s.outcome.endSeconds);
           if (s.outcome.failed()) {
@@ -321,6 +354,7 @@ AttemptResult Supervisor::runAttempt(int attempt) {
       }
       s.outcome.endSeconds = seconds();
       s.outcome.stoppedByLaunch = s.askedToStop;
+      if (observer) observer->workerEnded(s.rank);
       beginTeardown();
     }
   };
@@ -396,6 +430,16 @@ AttemptResult Supervisor::runAttempt(int attempt) {
         onSignals();
         continue;
       }
+      if (tag == kStopTag) {
+        uint64_t count = 0;
+        (void)!::read(stopFd_, &count, sizeof count);
+        std::lock_guard<std::mutex> lock(stopMutex_);
+        if (!stopping && !stopReason_.empty()) {
+          result.deadlineStop = stopReason_;
+          beginTeardown();
+        }
+        continue;
+      }
       Slot& s = slots[tag >> 2];
       const auto kind = static_cast<FdKind>(tag & 3);
       if (kind == kStatusFd) {
@@ -427,6 +471,8 @@ AttemptResult Supervisor::runAttempt(int attempt) {
       s.stdoutOpen = s.stderrOpen = false;
     }
   }
+
+  if (observer) observer->attemptEnded(attempt);
 
   // Gather the facts for the report.
   std::string kernelLog;

@@ -9,12 +9,14 @@
 
 #include <csignal>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <vector>
 
 #include "launcher/launch_config.h"
 #include "launcher/program.h"
 #include "launcher/supervisor/failure_report.h"
+#include "launcher/supervisor/job_observer.h"
 #include "launcher/worker_env.h"
 
 namespace dtrain::launcher {
@@ -66,18 +68,22 @@ struct JobPlan {
   // node.jobDir is launch's temporary directory, removed when the job ends -- by the guardians
   // if launch is killed (see Note [Temporary job directory]).
   bool temporaryJobDir = false;
+  JobObserver* observer = nullptr;  // told what starts and ends (the monitor); may be null
 };
 
-class Supervisor {
+class Supervisor : public JobControl {
  public:
   explicit Supervisor(JobPlan plan);
-  ~Supervisor();
+  ~Supervisor() override;
   Supervisor(const Supervisor&) = delete;
   Supervisor& operator=(const Supervisor&) = delete;
 
   // Runs attempts until every worker exits 0, a failure outlasts the restart budget, or launch is
   // signalled. Prints the failure report (stderr) and returns launch's exit code.
   int run();
+
+  // JobControl: any thread; the event loop picks it up at once (an eventfd in its epoll set).
+  void stopForDeadline(const std::string& reason) override;
 
  private:
   struct Slot;
@@ -86,6 +92,9 @@ class Supervisor {
   JobPlan plan_;
   int signalFd_ = -1;
   int epollFd_ = -1;
+  int stopFd_ = -1;  // eventfd: stopForDeadline() was called
+  std::mutex stopMutex_;
+  std::string stopReason_;  // guarded by stopMutex_
 };
 
 }  // namespace dtrain::launcher

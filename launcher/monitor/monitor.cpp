@@ -1,0 +1,359 @@
+#include "launcher/monitor/monitor.h"
+
+#include <fcntl.h>
+#include <pthread.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <chrono>
+#include <cstring>
+#include <limits>
+
+#include <fmt/format.h>
+
+#include "dtrain/error.h"
+#include "dtrain/logging.h"
+#include "dtrain/tcp_store.h"
+
+namespace dtrain::launcher::monitor {
+
+namespace {
+
+double steadyNow() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
+double unixNow() {
+  return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch())
+      .count();
+}
+
+constexpr double kNever = std::numeric_limits<double>::infinity();
+// Progress is read (and memory checked) at least this often, whatever the sample interval.
+constexpr double kMaxTickSeconds = 1.0;
+constexpr std::chrono::milliseconds kStoreTimeout{5000};
+
+}  // namespace
+
+Monitor::Monitor(MonitorOptions options, MonitorContext context)
+    : options_(std::move(options)),
+      context_(std::move(context)),
+      sampler_(locateOwnMemoryCgroup()),
+      memory_(context_.memory),
+      gpuIdle_(context_.gpuIdle),
+      stall_(options_.stallTimeout) {
+  if (!options_.metricsFile.empty()) {
+    metricsFd_ = ::open(options_.metricsFile.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC,
+                        0644);
+    DTRAIN_CHECK_ARG(metricsFd_ >= 0, "{} {}: cannot open it for appending: {}; HINT: give a "
+                     "path in a writable directory", context_.label("metrics-file"),
+                     options_.metricsFile, std::strerror(errno));
+  }
+  if (options_.metricsPort >= 0) {
+    endpoint_ = std::make_unique<MetricsEndpoint>(options_.metricsHost, options_.metricsPort,
+                                                  [this] { return render(); });
+    say(fmt::format("launch: metrics on http://{}:{}/metrics\n", options_.metricsHost,
+                    endpoint_->port()));
+  }
+  job_.worldSize = context_.worldSize;
+  job_.maxRestarts = context_.maxRestarts;
+}
+
+Monitor::~Monitor() {
+  stop();
+  endpoint_.reset();
+  if (metricsFd_ >= 0) ::close(metricsFd_);
+}
+
+void Monitor::start(JobControl* control) {
+  control_ = control;
+  thread_ = std::thread([this] { threadMain(); });
+}
+
+void Monitor::stop() {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    stopping_ = true;
+  }
+  wake_.notify_all();
+  if (thread_.joinable()) thread_.join();
+}
+
+void Monitor::attemptStarted(int attempt) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  attempt_ = attempt;
+  attemptChanged_ = true;
+  tearingDown_ = false;
+  workers_.clear();
+  workersChanged_ = true;
+  ended_.clear();
+}
+
+void Monitor::workerStarted(int rank, int localRank, pid_t pid) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  workers_[rank] = WorkerProcess{rank, localRank, pid};
+  workersChanged_ = true;
+}
+
+void Monitor::workerEnded(int rank) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  workers_.erase(rank);
+  workersChanged_ = true;
+  ended_.push_back(rank);
+}
+
+void Monitor::teardownStarted() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  tearingDown_ = true;
+}
+
+void Monitor::attemptEnded(int) {}
+
+void Monitor::say(const std::string& text) {
+  // Whole lines, each write at most PIPE_BUF, so worker lines never land inside one of ours.
+  size_t at = 0;
+  while (at < text.size()) {
+    size_t end = at;
+    while (end < text.size()) {
+      size_t nl = text.find('\n', end);
+      size_t next = nl == std::string::npos ? text.size() : nl + 1;
+      if (next - at > 4096 && end > at) break;
+      end = next;
+    }
+    size_t off = at;
+    while (off < end) {
+      ssize_t n = ::write(STDERR_FILENO, text.data() + off, end - off);
+      if (n < 0 && errno == EINTR) continue;
+      if (n <= 0) return;
+      off += static_cast<size_t>(n);
+    }
+    at = end;
+  }
+}
+
+void Monitor::threadMain() {
+  ::pthread_setname_np(::pthread_self(), "launch-monitor");
+  const double tickSeconds = std::min(options_.sampleInterval, kMaxTickSeconds);
+  const double start = steadyNow();
+  nextSample_ = start;
+  nextStatus_ = options_.statusInterval > 0 ? start + options_.statusInterval : kNever;
+  std::unique_lock<std::mutex> lock(mutex_);
+  double nextTick = start;
+  while (!stopping_) {
+    const double now = steadyNow();
+    if (now < nextTick) {
+      wake_.wait_for(lock, std::chrono::duration<double>(nextTick - now));
+      continue;
+    }
+    nextTick = std::max(nextTick + tickSeconds, now);
+    // Take what the supervisor said, then work without the lock.
+    const bool newAttempt = attemptChanged_;
+    attemptChanged_ = false;
+    currentAttempt_ = attempt_;
+    currentTearingDown_ = tearingDown_;
+    std::vector<int> ended;
+    ended.swap(ended_);
+    const bool workersChanged = workersChanged_;
+    workersChanged_ = false;
+    if (workersChanged) currentWorkers_ = workers_;
+    lock.unlock();
+    try {
+      if (newAttempt) {
+        stall_.reset(context_.worldSize);
+        memory_.resetRanks();
+        gpuIdle_.reset();
+        reports_.clear();
+        lastVersion_ = -1;
+        if (store_) {
+          auto prefixed = std::dynamic_pointer_cast<store::PrefixStore>(store_);
+          store_ = std::make_shared<store::PrefixStore>(store::roundPrefix(currentAttempt_),
+                                                        prefixed ? prefixed->inner() : store_);
+        }
+        std::lock_guard<std::mutex> snap(snapshotMutex_);
+        job_.attempt = currentAttempt_;
+        job_.restarts = currentAttempt_;
+        job_.stalled = false;
+      }
+      if (workersChanged) {
+        std::vector<WorkerProcess> list;
+        for (const auto& [rank, w] : currentWorkers_) list.push_back(w);
+        sampler_.setWorkers(std::move(list));
+      }
+      for (int r : ended) stall_.rankEnded(r);
+      tick(steadyNow());
+    } catch (const std::exception& e) {
+      // Monitoring never takes the job down.
+      DTRAIN_LOG(Warn, "launch: monitoring: {}", e.what());
+    }
+    lock.lock();
+  }
+}
+
+void Monitor::tick(double now) {
+  pollProgress(now);
+  if (now >= nextSample_) {
+    sample(now);
+    nextSample_ = std::max(nextSample_ + options_.sampleInterval, now);
+  } else {
+    lastNode_ = sampler_.sampleMemory();
+  }
+  if (auto warning = memory_.check(now, lastNode_, context_.node)) say(*warning);
+  if (options_.stallTimeout > 0) checkStall(now);
+  if (now >= nextStatus_) {
+    nextStatus_ = std::max(nextStatus_ + options_.statusInterval, now);
+    std::vector<Record> latest;
+    JobState job;
+    {
+      std::lock_guard<std::mutex> snap(snapshotMutex_);
+      latest = latest_;
+      job = job_;
+    }
+    say(formatStatusLine(latest, job));
+  }
+}
+
+void Monitor::pollProgress(double now) {
+  if (!store_) {
+    if (!storeUsable_ || context_.storePort <= 0) return;
+    store::TcpStoreOptions o;
+    o.host = context_.storeHost;
+    o.port = static_cast<uint16_t>(context_.storePort);
+    o.token = context_.storeToken;
+    o.connectTimeout = kStoreTimeout;
+    o.timeout = kStoreTimeout;
+    try {
+      auto client = std::make_shared<store::TcpStore>(o);
+      store_ = std::make_shared<store::PrefixStore>(store::roundPrefix(currentAttempt_), client);
+    } catch (const std::exception& e) {
+      say(fmt::format("launch: monitoring cannot reach the job's store, so it reads no progress "
+                      "(no stall detection, no trainer figures): {}\n", e.what()));
+      storeUsable_ = false;
+      return;
+    }
+  }
+  try {
+    const int64_t version = store_->add(progress::kVersionKey, 0);
+    if (version == lastVersion_) return;
+    lastVersion_ = version;
+    for (int r = 0; r < context_.worldSize; ++r) {
+      const std::string key = progress::rankKey(r);
+      if (!store_->check({key})) continue;
+      try {
+        progress::RankReport report = progress::decodeReport(store::toString(store_->get(key)));
+        stall_.update(now, report);
+        reports_[r] = std::move(report);
+      } catch (const InvalidArgument& e) {
+        DTRAIN_LOG(Info, "launch: monitoring: rank {}'s progress report is malformed: {}", r,
+                   e.what());
+      }
+    }
+  } catch (const std::exception& e) {
+    // The store is going away (the job is ending) or broken: stop reading it.
+    DTRAIN_LOG(Info, "launch: monitoring: reading progress failed: {}", e.what());
+    store_.reset();
+    storeUsable_ = false;
+  }
+}
+
+void Monitor::sample(double now) {
+  std::vector<RankSample> ranks = sampler_.sampleWorkers(now);
+  lastNode_ = sampler_.sampleNode();
+  if (!gpuOpened_) {
+    gpuOpened_ = true;
+    std::string why;
+    gpu_ = openGpuSource(context_.gpu, &why);
+    DTRAIN_LOG(Info, "launch: monitoring: GPUs {}", gpu_ ? "from " + gpu_->describe()
+                                                          : "not sampled: " + why);
+  }
+  std::vector<GpuSample> gpus;
+  if (gpu_) {
+    gpus = gpu_->sample();
+    if (gpus.empty() && !gpu_->lastError().empty()) {
+      DTRAIN_LOG(Info, "launch: monitoring: GPU sample failed: {}", gpu_->lastError());
+    }
+  }
+  memory_.addRanks(now, ranks);
+
+  SampleContext ctx;
+  ctx.time = unixNow();
+  ctx.runId = context_.runId;
+  ctx.node = context_.node;
+  ctx.attempt = currentAttempt_;
+  ctx.workers = context_.localWorldSize;
+  ctx.workersAlive = static_cast<int>(currentWorkers_.size());
+  std::vector<Record> records = sampleRecords(ctx, lastNode_, ranks, gpus, reports_);
+  if (metricsFd_ >= 0) {
+    std::string lines;
+    for (const auto& r : records) lines += toJsonLine(r) + "\n";
+    if (::write(metricsFd_, lines.data(), lines.size()) < 0) {
+      DTRAIN_LOG(Warn, "launch: writing {} failed: {}", options_.metricsFile, std::strerror(errno));
+    }
+  }
+  for (const auto& [rank, report] : reports_) {
+    if (auto t = trainerRecord(report, context_.runId, context_.node)) records.push_back(*t);
+  }
+  {
+    std::lock_guard<std::mutex> snap(snapshotMutex_);
+    latest_ = std::move(records);
+    lastSampleAt_ = now;
+  }
+
+  // Idle GPUs: those a worker of this job uses, or all of them when none can be attributed.
+  std::vector<GpuSample> used;
+  for (const auto& g : gpus) {
+    for (const auto& p : g.processes) {
+      bool ours = std::any_of(ranks.begin(), ranks.end(), [&](const RankSample& r) {
+        return std::find(r.pids.begin(), r.pids.end(), p.pid) != r.pids.end();
+      });
+      if (ours) {
+        used.push_back(g);
+        break;
+      }
+    }
+  }
+  if (auto warning = gpuIdle_.observe(now, used.empty() ? gpus : used,
+                                      !currentWorkers_.empty() && !currentTearingDown_,
+                                      context_.node)) {
+    say(*warning);
+  }
+}
+
+void Monitor::checkStall(double now) {
+  if (currentTearingDown_) return;  // workers being stopped stop publishing
+  std::optional<Stall> stall = stall_.check(now);
+  {
+    std::lock_guard<std::mutex> snap(snapshotMutex_);
+    job_.stalled = stall_.inStall();
+  }
+  if (!stall) return;
+  StallReportContext ctx;
+  ctx.option = context_.label("stall-timeout");
+  ctx.timeout = options_.stallTimeout;
+  ctx.stopping = options_.stallAction == StallAction::Stop;
+  for (int r : stall->stuck) {
+    auto w = currentWorkers_.find(r);
+    if (w == currentWorkers_.end()) continue;  // another node's (its agent takes the stack)
+    ctx.nodes[r] = context_.node;
+    ctx.stacks[r] = nativeStack(w->second.pid, context_.stacks);
+  }
+  say(formatStallReport(*stall, stall_.ranks(), ctx));
+  if (ctx.stopping && control_ != nullptr) {
+    control_->stopForDeadline(fmt::format(
+        "{} for {:.1f} s ({} {:g}, {} stop); the stall report above says where each rank was",
+        stall->kind == Stall::Kind::NoProgress ? "no rank made progress"
+                                               : "ranks " + formatRanks(stall->stuck) +
+                                                     " made no progress",
+        stall->quietSeconds, ctx.option, options_.stallTimeout, context_.label("stall-action")));
+  }
+}
+
+std::string Monitor::render() {
+  std::lock_guard<std::mutex> snap(snapshotMutex_);
+  JobState job = job_;
+  if (lastSampleAt_ >= 0) job.heartbeatAge[context_.node] = steadyNow() - lastSampleAt_;
+  return prometheusText(latest_, job);
+}
+
+}  // namespace dtrain::launcher::monitor
