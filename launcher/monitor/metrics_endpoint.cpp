@@ -1,6 +1,7 @@
 #include "launcher/monitor/metrics_endpoint.h"
 
 #include <pthread.h>
+#include <sys/socket.h>
 
 #include <cerrno>
 #include <cstring>
@@ -23,6 +24,12 @@ MetricsEndpoint::MetricsEndpoint(const std::string& host, int port,
     : impl_(std::make_unique<Impl>()), host_(host) {
   httplib::Server& s = impl_->server;
   s.new_task_queue = [] { return new httplib::ThreadPool(1); };
+  // cpp-httplib's default adds SO_REUSEPORT, with which a second launch on the same port would
+  // bind too and share the scrapes: SO_REUSEADDR only (a restarted launch rebinds at once).
+  s.set_socket_options([](socket_t sock) {
+    int yes = 1;
+    ::setsockopt(sock, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof yes);
+  });
   s.Get("/metrics", [render](const httplib::Request&, httplib::Response& res) {
     res.set_content(render(), "text/plain; version=0.0.4; charset=utf-8");
   });

@@ -357,7 +357,11 @@ TEST(LaunchMonitor, StatusLineEveryInterval) {
 }
 
 TEST(LaunchMonitor, ABusyMetricsPortIsAUsageErrorBeforeAnythingStarts) {
+  // The other listener allows port sharing (as cpp-httplib's default does): launch must not.
   int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  int yes = 1;
+  ::setsockopt(fd, SOL_SOCKET, SO_REUSEPORT, &yes, sizeof yes);
+  ::setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof yes);
   sockaddr_in sa{};
   sa.sin_family = AF_INET;
   sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
