@@ -72,19 +72,32 @@ while IFS= read -r dup; do
   [[ -n "$dup" ]] && fail "docs/reliability.md: row id $dup is used twice"
 done < <(sort <<<"$ids" | uniq -d)
 
+# What the sources define, gathered once: Suite.Test of every TEST/TEST_F/TEST_P,
+# Prefix/Suite of every instantiation, every identifier-like string literal (parameter names),
+# the gtest executables and plain add_test names.
+declare -A defined=() instantiated=() literal=() binary=() plain=()
 mapfile -t test_sources < <(printf '%s\n' "${files[@]}" | grep -E '^tests/.*\.cpp$' || true)
-all_tests="$(cat "${test_sources[@]}" | tr '\n' ' ')"
-binaries="$(printf '%s\n' "${files[@]}" | grep -E '\.cmake$|CMakeLists\.txt$' | xargs cat |
-            grep -oE 'dtrain_gtest\( *[A-Za-z0-9_]+' | sed -E 's/dtrain_gtest\( *//' | sort -u)"
-plain_tests="$(printf '%s\n' "${files[@]}" | grep -E '\.cmake$|CMakeLists\.txt$' | xargs cat |
-               grep -oE 'add_test\( *NAME +[A-Za-z0-9_.-]+' | sed -E 's/add_test\( *NAME +//' | sort -u)"
+flat="$(cat "${test_sources[@]}" | tr '\n' ' ')"
+while read -r kind suite test; do
+  defined["$kind $suite.$test"]=1
+done < <(grep -oE 'TEST(_F|_P)?\( *[A-Za-z0-9_]+, *[A-Za-z0-9_]+ *\)' <<<"$flat" |
+         sed -E 's/^(TEST(_F|_P)?)\( *([A-Za-z0-9_]+), *([A-Za-z0-9_]+) *\)$/\1 \3 \4/')
+while read -r prefix suite; do
+  instantiated["$prefix/$suite"]=1
+done < <(grep -oE 'INSTANTIATE_TEST_SUITE_P\( *[A-Za-z0-9_]+, *[A-Za-z0-9_]+' <<<"$flat" |
+         sed -E 's/^INSTANTIATE_TEST_SUITE_P\( *([A-Za-z0-9_]+), *([A-Za-z0-9_]+)$/\1 \2/')
+while read -r word; do literal["$word"]=1; done < <(grep -oE '"[A-Za-z0-9_]+"' <<<"$flat" | tr -d '"' | sort -u)
+cmake_text="$(printf '%s\n' "${files[@]}" | grep -E '\.cmake$|CMakeLists\.txt$' | xargs cat)"
+while read -r name; do [[ -n "$name" ]] && binary["$name"]=1; done < <(
+  grep -oE 'dtrain_gtest\( *[A-Za-z0-9_]+' <<<"$cmake_text" | sed -E 's/dtrain_gtest\( *//')
+while read -r name; do [[ -n "$name" ]] && plain["$name"]=1; done < <(
+  grep -oE 'add_test\( *NAME +[A-Za-z0-9_.-]+' <<<"$cmake_text" | sed -E 's/add_test\( *NAME +//')
 
 test_exists() {  # CTest name -> 0 when the test is defined in the sources
-  local name="$1" binary rest prefix suite test param
-  if grep -qxF -- "$name" <<<"$plain_tests"; then return 0; fi
-  binary="${name%%.*}"
+  local name="$1" rest prefix suite test param
+  [[ -n "${plain[$name]:-}" ]] && return 0
+  [[ -n "${binary[${name%%.*}]:-}" ]] || return 1
   rest="${name#*.}"
-  grep -qxF -- "$binary" <<<"$binaries" || return 1
   if [[ "$rest" == */* ]]; then
     prefix="${rest%%/*}"
     rest="${rest#*/}"
@@ -92,25 +105,26 @@ test_exists() {  # CTest name -> 0 when the test is defined in the sources
     test="${rest#*.}"
     param="${test#*/}"
     test="${test%%/*}"
-    grep -qE "TEST_P\( *$suite, *$test *\)" <<<"$all_tests" || return 1
-    grep -qE "INSTANTIATE_TEST_SUITE_P\( *$prefix, *$suite\b" <<<"$all_tests" || return 1
-    [[ "$param" == "*" ]] || grep -qE "\"$param\"" <<<"$all_tests" || return 1
+    [[ -n "${defined["TEST_P $suite.$test"]:-}" && -n "${instantiated["$prefix/$suite"]:-}" ]] ||
+      return 1
+    [[ "$param" == "*" || -n "${literal[$param]:-}" ]]
   else
-    suite="${rest%%.*}"
-    test="${rest#*.}"
-    grep -qE "TEST(_F)?\( *$suite, *$test *\)" <<<"$all_tests" || return 1
+    [[ -n "${defined["TEST $rest"]:-}" || -n "${defined["TEST_F $rest"]:-}" ]]
   fi
 }
 
+declare -A is_row=()
+for id in $ids; do is_row["$id"]=1; done
+tick='`'
 while IFS= read -r row; do
   [[ -n "$row" ]] || continue
-  id="$(awk -F'|' '{gsub(/ /, "", $2); print $2}' <<<"$row")"
-  tests="$(awk -F'|' '{print $6}' <<<"$row")"
-  status="$(awk -F'|' '{print $7}' <<<"$row" | sed -E 's/^ +| +$//g')"
+  IFS='|' read -r _ id _ _ _ tests status _ <<<"$row"
+  id="${id// /}"
+  status="$(sed -E 's/^ +| +$//g' <<<"$status")"
   named=0
-  while IFS= read -r token; do
-    [[ -n "$token" ]] || continue
-    token="${token//\`/}"
+  while [[ "$tests" =~ $tick([^$tick]+)$tick ]]; do
+    token="${BASH_REMATCH[1]}"
+    tests="${tests#*"$tick$token$tick"}"
     if [[ "$token" == */* && -e "$token" && "$token" != *.*.* ]]; then
       continue  # a script or file, e.g. scripts/fuzz.sh
     fi
@@ -119,7 +133,7 @@ while IFS= read -r row; do
     else
       fail "docs/reliability.md $id: no test $token in the sources"
     fi
-  done < <(grep -oE '`[^`]+`' <<<"$tests" || true)
+  done
   case "$status" in
     covered*)
       [[ $named -gt 0 ]] || fail "docs/reliability.md $id: covered, but names no test" ;;
@@ -138,7 +152,7 @@ while IFS= read -r hit; do
   after="$(sed -E 's/reliability\.md#[A-Za-z0-9_-]+//g' <<<"$after")"
   while IFS= read -r id; do
     [[ -n "$id" ]] || continue
-    grep -qxF -- "$id" <<<"$ids" || fail "$file:$line: cites row $id, which is not in docs/reliability.md"
+    [[ -n "${is_row[$id]:-}" ]] || fail "$file:$line: cites row $id, which is not in docs/reliability.md"
   done < <(grep -oE '\b[LUSPTNKHM][0-9]{1,3}\b' <<<"$after" || true)
 done < <(grep -nI 'reliability\.md' "${files[@]}" 2>/dev/null | grep -v '^docs/reliability\.md:' || true)
 
@@ -154,7 +168,7 @@ while IFS= read -r hit; do
   lead="$(grep -oE '^[A-Z][0-9]{1,3}((,| and| /|-) *[A-Z][0-9]{1,3})*([:, ]|$)' <<<"$comment" || true)"
   while IFS= read -r id; do
     [[ -n "$id" ]] || continue
-    grep -qxF -- "$id" <<<"$ids" || fail "$file:$line: a comment cites row $id, which is not in docs/reliability.md"
+    [[ -n "${is_row[$id]:-}" ]] || fail "$file:$line: a comment cites row $id, which is not in docs/reliability.md"
   done < <(grep -oE '[A-Z][0-9]{1,3}' <<<"$lead" || true)
 done < <(grep -nIE '(//|#) *[A-Z][0-9]{1,3}((,| and| /|-) *[A-Z][0-9]{1,3})*([:, ]|$)' "${code[@]}" 2>/dev/null || true)
 
