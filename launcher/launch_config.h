@@ -100,6 +100,14 @@ std::string optionLabel(const LaunchConfig& config, const std::string& option);
 // Throws InvalidArgument naming the option and what to do. Pure: does not look at the machine.
 void validate(const LaunchConfig& config);
 
+// How much of a user's value a message quotes (a value may be 128 KiB).
+constexpr size_t kMaxQuotedChars = 200;
+
+// `text` for a one-line message: control characters escaped, at most kMaxQuotedChars of it, and
+// how long it was when cut ("abc... (40000 characters)"). excerpt() leaves out the quotes.
+std::string excerpt(const std::string& text);
+std::string quoteValue(const std::string& text);
+
 // Value parsers: each throws InvalidArgument naming `label` and the accepted forms.
 NprocSpec parseNproc(const std::string& text, const std::string& label);
 StreamSpec parseStreamSpec(const std::string& text, const std::string& label);

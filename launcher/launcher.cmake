@@ -16,8 +16,7 @@ add_library(dtrain_launcher STATIC
 target_include_directories(dtrain_launcher PUBLIC ${CMAKE_CURRENT_SOURCE_DIR})
 # dtrain_base's internal parse_int.h (one integer rule everywhere).
 target_include_directories(dtrain_launcher PRIVATE ${CMAKE_CURRENT_SOURCE_DIR}/runtime/base)
-target_link_libraries(dtrain_launcher PUBLIC dtrain_base cxxopts::cxxopts
-                      PRIVATE nlohmann_json::nlohmann_json)
+target_link_libraries(dtrain_launcher PUBLIC dtrain_base PRIVATE nlohmann_json::nlohmann_json)
 dtrain_warnings(dtrain_launcher)
 
 add_executable(launch launcher/main.cpp)
