@@ -176,9 +176,9 @@ std::string formatDryRun(const LaunchConfig& config, const NodeContext& node,
       "launch --dry-run: nothing was started. {} worker{} on host {} (run id {}).\n",
       node.localWorldSize, node.localWorldSize == 1 ? "" : "s", node.host, node.runId);
   out += fmt::format("Supervision: --max-restarts {} --grace-period {:g} --exit-barrier-timeout "
-                     "{:g}{}\n",
+                     "{:g}{} --kill-timeout {:g}\n",
                      config.maxRestarts, config.gracePeriod, config.exitBarrierTimeout,
-                     config.exitBarrierTimeout > 0 ? "" : " (no limit)");
+                     config.exitBarrierTimeout > 0 ? "" : " (no limit)", config.killTimeout);
   out += "Each worker inherits launch's environment (without DTRAIN_LAUNCH_*), plus:\n";
   for (int i = 0; i < node.localWorldSize; ++i) {
     out += fmt::format("rank {} (local rank {}):\n  command: {}\n  environment:\n",

@@ -61,6 +61,11 @@ const OptionSpec kOptions[] = {
      [](LaunchConfig& c, const std::string& v, const std::string& l) {
        c.exitBarrierTimeout = parseTimeoutSeconds(v, l);
      }},
+    {"kill-timeout", 0, "SECONDS",
+     "after SIGKILL, wait this long for workers to end, then name the survivors and exit 125 (60)",
+     [](LaunchConfig& c, const std::string& v, const std::string& l) {
+       c.killTimeout = parseSeconds(v, l);
+     }},
     {"log-dir", 0, "DIR", "keep logs in DIR/RUN_ID/attempt_K/rank_N/{stdout,stderr}.log",
      [](LaunchConfig& c, const std::string& v, const std::string& l) {
        DTRAIN_CHECK_ARG(!v.empty(), "{} is empty; HINT: give a directory", l);
@@ -348,7 +353,8 @@ Every option can also come from the environment as DTRAIN_LAUNCH_<OPTION>
 
 Exit codes: 0 every worker exited 0; 1-123 the root-cause worker's exit code; 2 usage error
 (nothing was started); 75 preempted (every worker checkpointed on SIGTERM); 124 a deadline
-passed (the exit barrier); 125 launcher or infrastructure error; 126/127 program not
+passed (the exit barrier); 125 launcher or infrastructure error, or workers survived SIGKILL
+(--kill-timeout); 126/127 program not
 executable/not found; 128+N the root-cause worker was killed by signal N, or launch itself
 received signal N.
 )";

@@ -356,6 +356,9 @@ void validate(const LaunchConfig& c) {
   DTRAIN_CHECK_ARG(c.exitBarrierTimeout >= 0 && c.exitBarrierTimeout <= kMaxTimeoutSeconds,
                    "{} {} must be 0 (no limit) or a number of seconds up to {:g}",
                    label("exit-barrier-timeout"), c.exitBarrierTimeout, kMaxTimeoutSeconds);
+  DTRAIN_CHECK_ARG(c.killTimeout > 0 && c.killTimeout <= kMaxTimeoutSeconds,
+                   "{} {} must be greater than zero seconds (and at most {:g})",
+                   label("kill-timeout"), c.killTimeout, kMaxTimeoutSeconds);
   DTRAIN_CHECK_ARG(c.monitorInterval > 0, "{} {} must be greater than zero seconds",
                    label("monitor-interval"), c.monitorInterval);
   DTRAIN_CHECK_ARG(!(c.noPython && c.module),

@@ -22,6 +22,7 @@ constexpr int kDefaultMaxRestarts = 0;
 constexpr double kDefaultGracePeriodSeconds = 30.0;
 constexpr double kDefaultMonitorIntervalSeconds = 0.1;
 constexpr double kDefaultExitBarrierTimeoutSeconds = 300.0;  // torchrun's exit_barrier_timeout
+constexpr double kDefaultKillTimeoutSeconds = 60.0;  // see Note [Last deadline] in supervisor.h
 constexpr double kMaxTimeoutSeconds = 1e9;  // ~31 years: any longer is a typo (and overflows)
 constexpr int64_t kDefaultLogMaxBytes = int64_t{1} << 30;  // per file, one rotated copy kept
 constexpr int64_t kMinLogMaxBytes = 4096;
@@ -77,6 +78,9 @@ struct LaunchConfig {
   // Once a worker exits 0, the others must end within this many seconds (0: no limit). See
   // Note [Exit barrier] in supervisor/supervisor.h.
   double exitBarrierTimeout = kDefaultExitBarrierTimeoutSeconds;
+  // After SIGKILL, how long to wait for every process of a worker to end before reporting the
+  // ones left (state D) and exiting 125. See Note [Last deadline] in supervisor/supervisor.h.
+  double killTimeout = kDefaultKillTimeoutSeconds;
 
   // Output.
   std::string logDir;  // empty: no log files unless redirects/tee ask for them

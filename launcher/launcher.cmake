@@ -11,6 +11,7 @@ add_library(dtrain_launcher STATIC
   launcher/supervisor/output.cpp
   launcher/supervisor/failure_report.cpp
   launcher/supervisor/oom.cpp
+  launcher/supervisor/process_info.cpp
   launcher/supervisor/supervisor.cpp
 )
 target_include_directories(dtrain_launcher PUBLIC ${CMAKE_CURRENT_SOURCE_DIR})

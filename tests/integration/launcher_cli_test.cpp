@@ -63,6 +63,7 @@ INSTANTIATE_TEST_SUITE_P(
                   "--exit-barrier-timeout"},
         UsageCase{"BadEnvExitBarrier", {}, {"DTRAIN_LAUNCH_EXIT_BARRIER_TIMEOUT=-5"},
                   "DTRAIN_LAUNCH_EXIT_BARRIER_TIMEOUT"},
+        UsageCase{"ZeroKillTimeout", {"--kill-timeout", "0"}, {}, "--kill-timeout"},
         UsageCase{"ZeroMonitorInterval", {"--monitor_interval", "0"}, {}, "--monitor-interval"},
         UsageCase{"NegativeRestarts", {"--max-restarts", "-1"}, {}, "--max-restarts"},
         UsageCase{"PortOutOfRange", {"--master-port", "70000"}, {}, "--master-port"},
@@ -231,11 +232,12 @@ TEST(LaunchCli, DryRunPrintsEachWorkerAndStartsNothing) {
   EXPECT_EQ(countLines(r.out, "TORCHELASTIC_RUN_ID=dry"), 3);
   EXPECT_NE(r.out.find("command: /bin/sh -c 'touch "), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("Supervision: --max-restarts 0 --grace-period 30 --exit-barrier-timeout "
-                       "300\n"),
+                       "300 --kill-timeout 60\n"),
             std::string::npos) << r.out;
   LaunchResult unbounded = runLaunch({"--dry-run", "/bin/true"},
                                      {"DTRAIN_LAUNCH_EXIT_BARRIER_TIMEOUT=0"});
-  EXPECT_NE(unbounded.out.find("--exit-barrier-timeout 0 (no limit)"), std::string::npos)
+  EXPECT_NE(unbounded.out.find("--exit-barrier-timeout 0 (no limit) --kill-timeout"),
+            std::string::npos)
       << unbounded.out;
 }
 
