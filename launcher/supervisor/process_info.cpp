@@ -63,10 +63,9 @@ std::optional<ProcessInfo> inspectProcess(pid_t pid) {
   }
   info.command = printable(argv, kCommandChars);
   if (info.command.empty()) {  // a kernel thread, or a zombie: its name at least
-    info.command = "[" + readProcFile(procPath(pid, "comm"), 64) + "]";
-    if (!info.command.empty() && info.command[info.command.size() - 2] == '\n') {
-      info.command.erase(info.command.size() - 2, 1);
-    }
+    std::string name = readProcFile(procPath(pid, "comm"), 64);
+    if (!name.empty() && name.back() == '\n') name.pop_back();
+    info.command = "[" + printable(name, 64) + "]";
   }
   return info;
 }
