@@ -1,6 +1,7 @@
 #include "launcher/monitor/monitor_options.h"
 
 #include "dtrain/error.h"
+#include "launcher/launch_config.h"
 #include "parse_int.h"
 
 namespace dtrain::launcher {
@@ -15,13 +16,14 @@ void parseMetricsEndpoint(const std::string& text, const std::string& label, Mon
     if (host.size() >= 2 && host.front() == '[' && host.back() == ']') {
       host = host.substr(1, host.size() - 2);
     }
-    DTRAIN_CHECK_ARG(!host.empty(), "{} \"{}\": the address before ':' is empty; HINT: PORT or "
-                     "HOST:PORT, e.g. 9400 or 127.0.0.1:9400", label, text);
+    DTRAIN_CHECK_ARG(!host.empty(), "{} {}: the address before ':' is empty; HINT: PORT or "
+                     "HOST:PORT, e.g. 9400 or 127.0.0.1:9400", label, quoteValue(text));
   }
   int64_t value = -1;
   DTRAIN_CHECK_ARG(parseInt64(port, &value) && value >= 0 && value <= 65535,
-                   "{} \"{}\": not a port (0-65535); HINT: PORT or HOST:PORT, e.g. 9400 or "
-                   "127.0.0.1:9400 (0: a free port, printed at the start)", label, text);
+                   "{} {}: not a port (0-65535); HINT: PORT or HOST:PORT, e.g. 9400 or "
+                   "127.0.0.1:9400 (0: a free port, printed at the start)",
+                   label, quoteValue(text));
   out.metricsHost = host;
   out.metricsPort = static_cast<int>(value);
 }
@@ -29,8 +31,8 @@ void parseMetricsEndpoint(const std::string& text, const std::string& label, Mon
 StallAction parseStallAction(const std::string& text, const std::string& label) {
   if (text == "report") return StallAction::Report;
   if (text == "stop") return StallAction::Stop;
-  DTRAIN_THROW(InvalidArgument, "{} \"{}\": use report (print where the ranks are and go on) or "
-               "stop (print it, then stop the job and exit 124)", label, text);
+  DTRAIN_THROW(InvalidArgument, "{} {}: use report (print where the ranks are and go on) or "
+               "stop (print it, then stop the job and exit 124)", label, quoteValue(text));
 }
 
 const char* stallActionName(StallAction action) {

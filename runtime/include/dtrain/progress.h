@@ -27,7 +27,7 @@ namespace dtrain::progress {
 // Note [Monitoring keys]
 // ~~~~~~~~~~~~~~~~~~~~~~
 // Everything monitoring writes to the job's store lives under the restart round's prefix
-// ("round<N>/", DESIGN.md), so a report of an earlier attempt is never read as a current one:
+// ("round<N>/", docs/design.md), so a report of an earlier attempt is never read as a current one:
 //
 //   monitor/version        int64 counter, add(1) after every write below. The master reads it
 //                          once per interval and reads the other keys only when it moved, so an
