@@ -11,6 +11,7 @@
 #include <httplib.h>
 
 #include "dtrain/error.h"
+#include "launcher/launch_config.h"
 
 namespace dtrain::launcher::monitor {
 
@@ -39,11 +40,12 @@ MetricsEndpoint::MetricsEndpoint(const std::string& host, int port,
   if (port == 0) {
     port_ = s.bind_to_any_port(host);
     DTRAIN_CHECK_ARG(port_ > 0, "--metrics-port: cannot bind a free port on {}: {}; HINT: give "
-                     "an address of this machine (0.0.0.0 for all)", host, std::strerror(errno));
+                     "an address of this machine (0.0.0.0 for all)", excerpt(host),
+                     std::strerror(errno));
   } else {
     DTRAIN_CHECK_ARG(s.bind_to_port(host, port), "--metrics-port: cannot listen on {}:{}: {}; "
                      "HINT: the port is probably in use: pick another one, or 0 for a free one",
-                     host, port, std::strerror(errno));
+                     excerpt(host), port, std::strerror(errno));
     port_ = port;
   }
   impl_->thread = std::thread([this] {

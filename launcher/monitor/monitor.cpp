@@ -15,6 +15,7 @@
 #include "dtrain/error.h"
 #include "dtrain/logging.h"
 #include "dtrain/tcp_store.h"
+#include "launcher/launch_config.h"
 
 namespace dtrain::launcher::monitor {
 
@@ -49,7 +50,7 @@ Monitor::Monitor(MonitorOptions options, MonitorContext context)
                         0644);
     DTRAIN_CHECK_ARG(metricsFd_ >= 0, "{} {}: cannot open it for appending: {}; HINT: give a "
                      "path in a writable directory", context_.label("metrics-file"),
-                     options_.metricsFile, std::strerror(errno));
+                     quoteValue(options_.metricsFile), std::strerror(errno));
   }
   if (options_.metricsPort >= 0) {
     endpoint_ = std::make_unique<MetricsEndpoint>(options_.metricsHost, options_.metricsPort,

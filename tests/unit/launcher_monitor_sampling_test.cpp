@@ -296,6 +296,7 @@ TEST(ProcessSampler, SumsTheWorkersProcessTree) {
   pid_t worker = ::fork();
   ASSERT_GE(worker, 0);
   if (worker == 0) {
+    ::setpgid(0, 0);  // the test kills the group: the child must not outlive it
     pid_t child = ::fork();
     if (child == 0) {
       std::vector<char> block(64 << 20, 1);  // 64 MiB, touched
@@ -308,6 +309,7 @@ TEST(ProcessSampler, SumsTheWorkersProcessTree) {
     ::pause();
     ::_exit(0);
   }
+  ::setpgid(worker, worker);
   char c;
   ASSERT_EQ(::read(ready[0], &c, 1), 1);
   ProcessSampler sampler(CgroupLocation{}, /*discoverEvery=*/1);
@@ -320,7 +322,6 @@ TEST(ProcessSampler, SumsTheWorkersProcessTree) {
   std::this_thread::sleep_for(std::chrono::milliseconds(500));
   auto second = sampler.sampleWorkers(now());
   ::kill(-worker, SIGKILL);
-  ::kill(worker, SIGKILL);
   int status = 0;
   ::waitpid(worker, &status, 0);
   ASSERT_EQ(first.size(), 1u);
@@ -331,7 +332,9 @@ TEST(ProcessSampler, SumsTheWorkersProcessTree) {
   EXPECT_EQ(s.processes, 2) << "the worker and its child";
   EXPECT_GE(s.rssBytes, 64 << 20);
   EXPECT_GE(s.peakRssBytes, s.rssBytes);
-  EXPECT_GT(s.cpuPercent, 20.0) << "the child spins";
+  // The child spins (the worker itself only waits): whatever share of a core a loaded machine
+  // gives it, it shows up as the rank's CPU.
+  EXPECT_GT(s.cpuPercent, 1.0) << "the child spins";
   EXPECT_EQ(first[0].cpuPercent, -1) << "no rate from a single sample";
   EXPECT_GE(s.threads, 2);
   // The worker has ended: it is no longer sampled.

@@ -34,9 +34,10 @@ namespace dtrain::progress {
 //                          idle job costs one round trip per interval.
 //   monitor/rank/<R>       rank R's latest report (JSON, encodeReport): pid, step, collectives,
 //                          the trainer's latest figures. Written by the rank's publisher thread.
+// and, for a job on several nodes (written by each node's launch agent; the master samples its
+// own node directly):
 //   monitor/node/<N>       node N's latest resource samples (a JSON array of metrics records,
-//                          source "launch"), written by the node's agent each sample interval;
-//                          the master samples its own node directly.
+//                          source "launch"), each sample interval;
 //   monitor/stacks/request an int64 counter the master bumps to ask every agent for the native
 //                          stacks of its stuck workers; each agent answers in
 //   monitor/stacks/<N>     {"request": K, "stacks": {"<rank>": "<text>"}}.
