@@ -323,6 +323,19 @@ void Monitor::sample(double now) {
 
 void Monitor::checkStall(double now) {
   if (currentTearingDown_) return;  // workers being stopped stop publishing
+  // Workers that never publish (a program without dtrain's runtime) cannot be judged: say so once
+  // instead of watching in silence.
+  if (currentWorkers_.empty() || !reports_.empty()) {
+    workersSince_ = currentWorkers_.empty() ? -1 : workersSince_;
+  } else if (workersSince_ < 0) {
+    workersSince_ = now;
+  } else if (!toldSilent_ && now - workersSince_ >= options_.stallTimeout) {
+    toldSilent_ = true;
+    say(fmt::format("launch: {} {:g}: no rank has published progress after {:.0f} s (a program "
+                    "without dtrain's runtime, e.g. a torchrun-style Python script): there is "
+                    "nothing to detect a stall from\n",
+                    context_.label("stall-timeout"), options_.stallTimeout, now - workersSince_));
+  }
   std::optional<Stall> stall = stall_.check(now);
   {
     std::lock_guard<std::mutex> snap(snapshotMutex_);

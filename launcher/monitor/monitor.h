@@ -124,6 +124,8 @@ class Monitor : public JobObserver {
   double nextSample_ = 0;
   double nextStatus_ = 0;
   NodeSample lastNode_;
+  double workersSince_ = -1;  // when workers ran with no report yet (steady seconds); -1: not so
+  bool toldSilent_ = false;   // the "no rank publishes progress" note was printed
 
   // What a scrape answers: the latest records and the job's state.
   std::mutex snapshotMutex_;

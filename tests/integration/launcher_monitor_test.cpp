@@ -278,6 +278,18 @@ TEST(LaunchMonitor, ReportOnlyLeavesTheJobRunningAndAStallThatEndsIsReportedOnce
   EXPECT_NE(r.err.find("HINT: the job keeps running (--stall-action report)"), std::string::npos);
 }
 
+TEST(LaunchMonitor, RanksThatPublishNoProgressAreNamedNotJudged) {
+  // The test worker uses the store but no collectives and no progress calls.
+  LaunchResult r = runLaunch(launchArgs({"--nproc-per-node", "2", "--sample-interval", "0.5",
+                                         "--stall-timeout", "2"},
+                                        {"--steps", "12", "--step-ms", "400", "--quiet"}),
+                             {}, 60);
+  EXPECT_EQ(r.exitCode, 0) << r.err;
+  EXPECT_EQ(countLines(r.err, "launch: --stall-timeout 2: no rank has published progress"), 1)
+      << r.err;
+  EXPECT_EQ(countLines(r.err, "launch: STALL"), 0) << r.err;
+}
+
 // A memory cgroup of `limit` bytes this test may create and remove, or why not.
 struct TestCgroup {
   std::string dir;
