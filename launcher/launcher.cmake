@@ -14,8 +14,10 @@ add_library(dtrain_launcher STATIC
   launcher/supervisor/process_info.cpp
   launcher/supervisor/supervisor.cpp
   launcher/monitor/cgroup_memory.cpp
+  launcher/monitor/cluster_keys.cpp
   launcher/monitor/command.cpp
   launcher/monitor/gpu_sampler.cpp
+  launcher/monitor/job_view.cpp
   launcher/monitor/metrics_endpoint.cpp
   launcher/monitor/monitor.cpp
   launcher/monitor/monitor_options.cpp

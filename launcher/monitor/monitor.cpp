@@ -15,6 +15,7 @@
 #include "dtrain/error.h"
 #include "dtrain/logging.h"
 #include "dtrain/tcp_store.h"
+#include "launcher/monitor/cluster_keys.h"
 #include "launcher/launch_config.h"
 
 namespace dtrain::launcher::monitor {
@@ -45,21 +46,20 @@ Monitor::Monitor(MonitorOptions options, MonitorContext context)
       memory_(context_.memory),
       gpuIdle_(context_.gpuIdle),
       stall_(options_.stallTimeout) {
-  if (!options_.metricsFile.empty()) {
+  if (!options_.metricsFile.empty() && context_.aggregates) {
     metricsFd_ = ::open(options_.metricsFile.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC,
                         0644);
     DTRAIN_CHECK_ARG(metricsFd_ >= 0, "{} {}: cannot open it for appending: {}; HINT: give a "
                      "path in a writable directory", context_.label("metrics-file"),
                      quoteValue(options_.metricsFile), std::strerror(errno));
   }
-  if (options_.metricsPort >= 0) {
+  if (options_.metricsPort >= 0 && context_.aggregates) {
     endpoint_ = std::make_unique<MetricsEndpoint>(options_.metricsHost, options_.metricsPort,
-                                                  [this] { return render(); });
+                                                  [this] { return view_.prometheus(steadyNow()); });
     say(fmt::format("launch: metrics on http://{}:{}/metrics\n", options_.metricsHost,
                     endpoint_->port()));
   }
-  job_.worldSize = context_.worldSize;
-  job_.maxRestarts = context_.maxRestarts;
+  view_.setJob(0, context_.worldSize, context_.maxRestarts);
 }
 
 Monitor::~Monitor() {
@@ -172,10 +172,8 @@ void Monitor::threadMain() {
           store_ = std::make_shared<store::PrefixStore>(store::roundPrefix(currentAttempt_),
                                                         prefixed ? prefixed->inner() : store_);
         }
-        std::lock_guard<std::mutex> snap(snapshotMutex_);
-        job_.attempt = currentAttempt_;
-        job_.restarts = currentAttempt_;
-        job_.stalled = false;
+        nodeRecordTimes_.clear();
+        view_.newAttempt(currentAttempt_);
       }
       if (workersChanged) {
         std::vector<WorkerProcess> list;
@@ -193,47 +191,50 @@ void Monitor::threadMain() {
 }
 
 void Monitor::tick(double now) {
-  pollProgress(now);
-  if (now >= nextSample_) {
-    sample(now);
-    nextSample_ = std::max(nextSample_ + options_.sampleInterval, now);
-  } else {
-    lastNode_ = sampler_.sampleMemory();
+  if (context_.aggregates || context_.numNodes > 1) connectStore();
+  if (context_.aggregates) pollStore(now);
+  if (context_.samplesNode) {
+    if (now >= nextSample_) {
+      sample(now);
+      nextSample_ = std::max(nextSample_ + options_.sampleInterval, now);
+    } else {
+      lastNode_ = sampler_.sampleMemory();
+    }
+    if (auto warning = memory_.check(now, lastNode_, context_.node)) say(*warning);
+    if (!context_.aggregates) answerStackRequest();
   }
-  if (auto warning = memory_.check(now, lastNode_, context_.node)) say(*warning);
+  if (!context_.aggregates) return;
   if (options_.stallTimeout > 0) checkStall(now);
   if (now >= nextStatus_) {
     nextStatus_ = std::max(nextStatus_ + options_.statusInterval, now);
-    std::vector<Record> latest;
-    JobState job;
-    {
-      std::lock_guard<std::mutex> snap(snapshotMutex_);
-      latest = latest_;
-      job = job_;
-    }
-    say(formatStatusLine(latest, job));
+    say(view_.statusLine(now));
   }
 }
 
-void Monitor::pollProgress(double now) {
-  if (!store_) {
-    if (!storeUsable_ || context_.storePort <= 0) return;
-    store::TcpStoreOptions o;
-    o.host = context_.storeHost;
-    o.port = static_cast<uint16_t>(context_.storePort);
-    o.token = context_.storeToken;
-    o.connectTimeout = kStoreTimeout;
-    o.timeout = kStoreTimeout;
-    try {
-      auto client = std::make_shared<store::TcpStore>(o);
-      store_ = std::make_shared<store::PrefixStore>(store::roundPrefix(currentAttempt_), client);
-    } catch (const std::exception& e) {
-      say(fmt::format("launch: monitoring cannot reach the job's store, so it reads no progress "
-                      "(no stall detection, no trainer figures): {}\n", e.what()));
-      storeUsable_ = false;
-      return;
-    }
+bool Monitor::connectStore() {
+  if (store_) return true;
+  if (!storeUsable_ || context_.storePort <= 0) return false;
+  store::TcpStoreOptions o;
+  o.host = context_.storeHost;
+  o.port = static_cast<uint16_t>(context_.storePort);
+  o.token = context_.storeToken;
+  o.connectTimeout = kStoreTimeout;
+  o.timeout = kStoreTimeout;
+  try {
+    auto client = std::make_shared<store::TcpStore>(o);
+    store_ = std::make_shared<store::PrefixStore>(store::roundPrefix(currentAttempt_), client);
+    return true;
+  } catch (const std::exception& e) {
+    say(fmt::format("launch: monitoring cannot reach the job's store, so it reads no progress "
+                    "(no stall detection, no trainer figures{}): {}\n",
+                    context_.numNodes > 1 ? ", no other node's samples" : "", e.what()));
+    storeUsable_ = false;
+    return false;
   }
+}
+
+void Monitor::pollStore(double now) {
+  if (!store_) return;
   try {
     const int64_t version = store_->add(progress::kVersionKey, 0);
     if (version == lastVersion_) return;
@@ -250,11 +251,57 @@ void Monitor::pollProgress(double now) {
                    e.what());
       }
     }
+    if (context_.numNodes > 1) {
+      std::vector<std::string> problems;
+      const int own = context_.samplesNode ? context_.nodeRank : -1;
+      for (auto& [n, records] : readNodeRecords(*store_, context_.numNodes, own, &problems)) {
+        if (records.empty()) continue;
+        // Each agent's sample once in the file, however often the version moves.
+        if (nodeRecordTimes_[n] != records.front().time) {
+          nodeRecordTimes_[n] = records.front().time;
+          // Agents do not read progress: the master adds each rank's collective count.
+          for (auto& r : records) {
+            auto p = r.rank && !r.gpu ? reports_.find(*r.rank) : reports_.end();
+            if (p == reports_.end()) continue;
+            if (const auto* c = primaryCollectives(p->second)) {
+              r.fields.emplace_back("collective_seq", static_cast<double>(c->issued));
+            }
+          }
+          writeRecords(records);
+          const std::string name = records.front().node;
+          view_.ingest(name.empty() ? fmt::format("node{}", n) : name, std::move(records), now);
+        }
+      }
+      for (const auto& p : problems) DTRAIN_LOG(Info, "launch: monitoring: {}", p);
+    }
+    // The trainers' figures, by the node their rank runs on (from the ranks' records).
+    std::map<int, std::string> nodeOfRank;
+    for (const auto& r : view_.latest()) {
+      if (r.rank && !r.gpu && r.source == "launch") nodeOfRank[*r.rank] = r.node;
+    }
+    std::vector<Record> trainer;
+    for (const auto& [rank, report] : reports_) {
+      auto node = nodeOfRank.find(rank);
+      if (auto t = trainerRecord(report, context_.runId,
+                                 node != nodeOfRank.end() ? node->second : context_.node)) {
+        trainer.push_back(std::move(*t));
+      }
+    }
+    view_.setTrainerRecords(std::move(trainer));
   } catch (const std::exception& e) {
     // The store is going away (the job is ending) or broken: stop reading it.
-    DTRAIN_LOG(Info, "launch: monitoring: reading progress failed: {}", e.what());
+    DTRAIN_LOG(Info, "launch: monitoring: reading the store failed: {}", e.what());
     store_.reset();
     storeUsable_ = false;
+  }
+}
+
+void Monitor::writeRecords(const std::vector<Record>& records) {
+  if (metricsFd_ < 0) return;
+  std::string lines;
+  for (const auto& r : records) lines += toJsonLine(r) + "\n";
+  if (::write(metricsFd_, lines.data(), lines.size()) < 0) {
+    DTRAIN_LOG(Warn, "launch: writing {} failed: {}", options_.metricsFile, std::strerror(errno));
   }
 }
 
@@ -285,20 +332,17 @@ void Monitor::sample(double now) {
   ctx.workers = context_.localWorldSize;
   ctx.workersAlive = static_cast<int>(currentWorkers_.size());
   std::vector<Record> records = sampleRecords(ctx, lastNode_, ranks, gpus, reports_);
-  if (metricsFd_ >= 0) {
-    std::string lines;
-    for (const auto& r : records) lines += toJsonLine(r) + "\n";
-    if (::write(metricsFd_, lines.data(), lines.size()) < 0) {
-      DTRAIN_LOG(Warn, "launch: writing {} failed: {}", options_.metricsFile, std::strerror(errno));
+  if (context_.aggregates) {
+    writeRecords(records);
+    view_.ingest(context_.node, std::move(records), now);
+  } else if (store_) {
+    try {
+      publishNodeRecords(*store_, context_.nodeRank, records);
+    } catch (const std::exception& e) {
+      DTRAIN_LOG(Info, "launch: monitoring: publishing this node's samples failed: {}", e.what());
+      store_.reset();
+      storeUsable_ = false;
     }
-  }
-  for (const auto& [rank, report] : reports_) {
-    if (auto t = trainerRecord(report, context_.runId, context_.node)) records.push_back(*t);
-  }
-  {
-    std::lock_guard<std::mutex> snap(snapshotMutex_);
-    latest_ = std::move(records);
-    lastSampleAt_ = now;
   }
 
   // Idle GPUs: those a worker of this job uses, or all of them when none can be attributed.
@@ -321,12 +365,34 @@ void Monitor::sample(double now) {
   }
 }
 
+std::map<int, std::string> Monitor::stacksOf(const std::vector<int>& ranks) {
+  std::map<int, std::string> out;
+  for (int r : ranks) {
+    auto w = currentWorkers_.find(r);
+    if (w != currentWorkers_.end()) out[r] = nativeStack(w->second.pid, context_.stacks);
+  }
+  return out;
+}
+
+void Monitor::answerStackRequest() {
+  if (!store_) return;
+  try {
+    auto request = pendingStackRequest(*store_, stacksAnswered_);
+    if (!request) return;
+    stacksAnswered_ = request->id;
+    answerStacks(*store_, context_.nodeRank, request->id, stacksOf(request->ranks));
+  } catch (const std::exception& e) {
+    DTRAIN_LOG(Info, "launch: monitoring: answering a stack request failed: {}", e.what());
+  }
+}
+
 void Monitor::checkStall(double now) {
   if (currentTearingDown_) return;  // workers being stopped stop publishing
   // Workers that never publish (a program without dtrain's runtime) cannot be judged: say so once
   // instead of watching in silence.
-  if (currentWorkers_.empty() || !reports_.empty()) {
-    workersSince_ = currentWorkers_.empty() ? -1 : workersSince_;
+  const bool running = !currentWorkers_.empty() || !context_.samplesNode;
+  if (!running || !reports_.empty()) {
+    workersSince_ = running ? workersSince_ : -1;
   } else if (workersSince_ < 0) {
     workersSince_ = now;
   } else if (!toldSilent_ && now - workersSince_ >= options_.stallTimeout) {
@@ -337,20 +403,31 @@ void Monitor::checkStall(double now) {
                     context_.label("stall-timeout"), options_.stallTimeout, now - workersSince_));
   }
   std::optional<Stall> stall = stall_.check(now);
-  {
-    std::lock_guard<std::mutex> snap(snapshotMutex_);
-    job_.stalled = stall_.inStall();
-  }
+  view_.setStalled(stall_.inStall());
   if (!stall) return;
   StallReportContext ctx;
   ctx.option = context_.label("stall-timeout");
   ctx.timeout = options_.stallTimeout;
   ctx.stopping = options_.stallAction == StallAction::Stop;
+  for (const auto& r : view_.latest()) {
+    if (r.rank && !r.gpu && r.source == "launch") ctx.nodes[*r.rank] = r.node;
+  }
+  if (context_.samplesNode) ctx.stacks = stacksOf(stall->stuck);
+  std::vector<int> remote;
   for (int r : stall->stuck) {
-    auto w = currentWorkers_.find(r);
-    if (w == currentWorkers_.end()) continue;  // another node's (its agent takes the stack)
-    ctx.nodes[r] = context_.node;
-    ctx.stacks[r] = nativeStack(w->second.pid, context_.stacks);
+    if (!ctx.stacks.count(r)) remote.push_back(r);
+  }
+  if (!remote.empty() && context_.numNodes > 1 && store_) {
+    try {
+      const int64_t id = requestStacks(*store_, remote);
+      const int own = context_.samplesNode ? context_.nodeRank : -1;
+      for (auto& [rank, text] : collectStacks(*store_, id, context_.numNodes, own,
+                                              context_.stacks.timeout + kStoreTimeout)) {
+        ctx.stacks[rank] = std::move(text);
+      }
+    } catch (const std::exception& e) {
+      DTRAIN_LOG(Info, "launch: monitoring: asking the nodes for stacks failed: {}", e.what());
+    }
   }
   say(formatStallReport(*stall, stall_.ranks(), ctx));
   if (ctx.stopping && control_ != nullptr) {
@@ -361,13 +438,6 @@ void Monitor::checkStall(double now) {
                                                      " made no progress",
         stall->quietSeconds, ctx.option, options_.stallTimeout, context_.label("stall-action")));
   }
-}
-
-std::string Monitor::render() {
-  std::lock_guard<std::mutex> snap(snapshotMutex_);
-  JobState job = job_;
-  if (lastSampleAt_ >= 0) job.heartbeatAge[context_.node] = steadyNow() - lastSampleAt_;
-  return prometheusText(latest_, job);
 }
 
 }  // namespace dtrain::launcher::monitor

@@ -6,8 +6,7 @@
 // so. One thread of its own; the supervisor only tells it what starts and ends (JobObserver).
 //
 // Multi-node: every node's launch samples its own node and runs the memory and GPU warnings for
-// it; the master aggregates. The store keys for that are fixed in Note [Monitoring keys]
-// (dtrain/progress.h).
+// it; the master aggregates. See Note [Monitor roles].
 
 #include <sys/types.h>
 
@@ -25,6 +24,7 @@
 #include "dtrain/progress.h"
 #include "dtrain/store.h"
 #include "launcher/monitor/gpu_sampler.h"
+#include "launcher/monitor/job_view.h"
 #include "launcher/monitor/metrics_endpoint.h"
 #include "launcher/monitor/monitor_options.h"
 #include "launcher/monitor/native_stack.h"
@@ -36,10 +36,26 @@
 
 namespace dtrain::launcher::monitor {
 
+// Note [Monitor roles]
+// ~~~~~~~~~~~~~~~~~~~~
+// A Monitor samples a node, aggregates the job, or both:
+//   - one node (launch alone): both -- it samples its workers and serves, writes and judges
+//     everything itself;
+//   - a multi-node agent: samples its node, prints the memory and idle-GPU warnings for it (its
+//     output reaches the master's console), writes its records to monitor/node/<N> each
+//     interval and answers the master's requests for native stacks of its stuck ranks;
+//   - the multi-node master: aggregates -- reads every rank's progress and every node's records
+//     from the store, serves --metrics-port, writes --metrics-file, prints the status line and
+//     the stall report (asking the agents for stacks) and stops the job through JobControl.
+// Keys: Note [Monitoring keys] in dtrain/progress.h; the protocol: launcher/monitor/cluster_keys.h.
+
 struct MonitorContext {
   std::string runId;
   std::string node;  // this node's name: the `node` label, and in messages
   int nodeRank = 0;
+  int numNodes = 1;
+  bool samplesNode = true;   // see Note [Monitor roles]
+  bool aggregates = true;
   int localWorldSize = 1;
   int worldSize = 1;
   int maxRestarts = 0;
@@ -83,11 +99,14 @@ class Monitor : public JobObserver {
  private:
   void threadMain();
   void tick(double now);
-  void pollProgress(double now);
+  bool connectStore();
+  void pollStore(double now);
   void sample(double now);
+  void answerStackRequest();
   void checkStall(double now);
+  std::map<int, std::string> stacksOf(const std::vector<int>& ranks);
+  void writeRecords(const std::vector<Record>& records);
   void say(const std::string& text);
-  std::string render();
 
   const MonitorOptions options_;
   const MonitorContext context_;
@@ -118,6 +137,8 @@ class Monitor : public JobObserver {
   bool storeUsable_ = true;              // false after it failed once: no more tries
   int64_t lastVersion_ = -1;
   std::map<int, progress::RankReport> reports_;  // this attempt's latest, by rank
+  std::map<int, double> nodeRecordTimes_;        // remote node -> time of its records last written
+  int64_t stacksAnswered_ = 0;                   // agent: the last stack request answered
   int currentAttempt_ = 0;
   bool currentTearingDown_ = false;
   std::map<int, WorkerProcess> currentWorkers_;
@@ -127,11 +148,8 @@ class Monitor : public JobObserver {
   double workersSince_ = -1;  // when workers ran with no report yet (steady seconds); -1: not so
   bool toldSilent_ = false;   // the "no rank publishes progress" note was printed
 
-  // What a scrape answers: the latest records and the job's state.
-  std::mutex snapshotMutex_;
-  std::vector<Record> latest_;   // guarded by snapshotMutex_
-  JobState job_;                 // guarded by snapshotMutex_
-  double lastSampleAt_ = -1;     // guarded by snapshotMutex_ (steady seconds)
+  // What a scrape answers (thread-safe itself).
+  JobView view_;
 };
 
 }  // namespace dtrain::launcher::monitor

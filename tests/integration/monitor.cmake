@@ -4,6 +4,7 @@
 if(TARGET dtrain_launcher_harness AND TARGET comm_worker)
   dtrain_gtest(launcher_monitor_tests LABEL integration SERIAL TIMEOUT 180
     SOURCES ${CMAKE_CURRENT_LIST_DIR}/launcher_monitor_test.cpp
+            ${CMAKE_CURRENT_LIST_DIR}/launcher_monitor_nodes_test.cpp
     LIBS dtrain_launcher_harness dtrain_launcher dtrain_httplib nlohmann_json::nlohmann_json)
   add_dependencies(launcher_monitor_tests launch dtrain_test_worker comm_worker)
 endif()

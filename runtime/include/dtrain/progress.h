@@ -38,8 +38,9 @@ namespace dtrain::progress {
 // own node directly):
 //   monitor/node/<N>       node N's latest resource samples (a JSON array of metrics records,
 //                          source "launch"), each sample interval;
-//   monitor/stacks/request an int64 counter the master bumps to ask every agent for the native
-//                          stacks of its stuck workers; each agent answers in
+//   monitor/stacks/request {"id": K, "ranks": [...]}: the master asks every agent for the native
+//                          stacks of those of the stuck ranks it runs (K from the counter
+//                          monitor/stacks/requests); each agent answers in
 //   monitor/stacks/<N>     {"request": K, "stacks": {"<rank>": "<text>"}}.
 //
 // Values are small JSON documents; the store's limits (64 MiB a value) are far away.
