@@ -75,12 +75,13 @@ std::unique_ptr<TcpStoreServer> TcpStoreServer::start(const TcpStoreServerOption
 UvStoreServer::UvStoreServer(const TcpStoreServerOptions& options)
     : options_(options), where_(net::hostPort(options.host, options.port)),
       readBuffer_(kReadBufferBytes) {
-  DTRAIN_CHECK_ARG(options_.handshakeTimeout.count() > 0,
-                   "store server {}: handshakeTimeout must be positive, got {} ms", where_,
-                   options_.handshakeTimeout.count());
-  DTRAIN_CHECK_ARG(options_.frameTimeout.count() > 0,
-                   "store server {}: frameTimeout must be positive, got {} ms", where_,
-                   options_.frameTimeout.count());
+  // Zero: the default (Note [Zero timeouts]); the default idle timeout is none.
+  options_.handshakeTimeout = timeoutOrDefault(options.handshakeTimeout, kDefaultHandshakeTimeout,
+                                               "TcpStoreServerOptions::handshakeTimeout");
+  options_.frameTimeout = timeoutOrDefault(options.frameTimeout, kDefaultFrameTimeout,
+                                           "TcpStoreServerOptions::frameTimeout");
+  options_.idleTimeout = timeoutOrDefault(options.idleTimeout, kDefaultIdleTimeout,
+                                          "TcpStoreServerOptions::idleTimeout");
   int rc = uv_loop_init(&loop_);
   DTRAIN_CHECK_T(NetworkError, rc == 0, "store server {}: uv_loop_init failed: {}", where_,
                  uv_strerror(rc));
