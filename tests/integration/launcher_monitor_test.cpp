@@ -335,9 +335,9 @@ TEST(LaunchMonitor, MemoryWarningComesBeforeTheCgroupOomKill) {
   makeCgroup(cg, kLimit);
   if (!cg.skip.empty()) GTEST_SKIP() << cg.skip;
   // launch moves itself into the cgroup before it starts (so do its workers); rank 1 grows by
-  // 1 MiB every 100 ms until the kernel kills it.
+  // 2 MiB every 100 ms until the kernel kills it: 90 % to 100 % takes one second, five ticks.
   LaunchProcess p(launchArgs({"--nproc-per-node", "2", "--sample-interval", "0.2"},
-                             {"--steps", "100000", "--step-ms", "100", "--alloc-mb", "1",
+                             {"--steps", "100000", "--step-ms", "100", "--alloc-mb", "2",
                               "--alloc-rank", "1", "--quiet"}),
                   {}, {"/bin/sh", "-c", "echo $$ > '" + cg.dir + "/cgroup.procs' && exec \"$@\"", "sh"});
   LaunchResult r = p.wait(120);
