@@ -33,10 +33,12 @@ json toJson(const Record& r) {
   if (r.gpu) j["gpu"] = *r.gpu;
   if (r.step) j["step"] = *r.step;
   for (const auto& [name, value] : r.fields) {
-    if (std::isfinite(value)) {
-      j[name] = value;
-    } else {
+    if (!std::isfinite(value)) {
       j[name] = nullptr;
+    } else if (value == std::floor(value) && std::fabs(value) < 9007199254740992.0) {
+      j[name] = static_cast<int64_t>(value);  // counts and bytes read as integers: 1048576, not 1048576.0
+    } else {
+      j[name] = value;
     }
   }
   return j;

@@ -273,6 +273,8 @@ TEST(Records, JsonRoundTripInTheSchema) {
   EXPECT_FALSE(j.contains("gpu"));
   EXPECT_FALSE(j.contains("step"));
   EXPECT_EQ(j["rss_bytes"], 1048576);
+  EXPECT_NE(line.find("\"rss_bytes\":1048576,"), std::string::npos) << "an integer: " << line;
+  EXPECT_NE(line.find("\"cpu_percent\":99.5"), std::string::npos) << line;
   Record back = parseJsonLine(line);
   EXPECT_EQ(back.rank, 2);
   EXPECT_EQ(*back.field("cpu_percent"), 99.5);
