@@ -4,6 +4,11 @@ add_library(dtrain_launcher STATIC
   launcher/version.cpp
   launcher/launch_args.cpp
   launcher/launch_config.cpp
+  launcher/hosts.cpp
+  launcher/scheduler_env.cpp
+  launcher/forwarded_env.cpp
+  launcher/nccl_env.cpp
+  launcher/remote/remote_command.cpp
   launcher/worker_env.cpp
   launcher/program.cpp
   launcher/job.cpp

@@ -7,7 +7,7 @@
 
 #include "dtrain/error.h"
 #include "dtrain/logging.h"
-#include "net_interface.h"
+#include "net/net_interface.h"
 #include "reduce_kernels.h"
 
 namespace dtrain::comm {
@@ -78,7 +78,7 @@ GlooCommunicator::GlooCommunicator(const GlooOptions& o)
   mo.size = size_;
   mo.store = store_;
   mo.prefix = name_;
-  mo.bind = chooseBindAddress(iface, ifaceSource, o.storeHost);
+  mo.bind = net::chooseBindAddress(iface, ifaceSource, o.storeHost);
   mo.connectTimeout = o.connectTimeout;
   mo.timeout = timeout_;
   if (size_ > 1) mesh_ = std::make_unique<GlooMesh>(mo);
