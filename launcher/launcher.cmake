@@ -9,6 +9,11 @@ add_library(dtrain_launcher STATIC
   launcher/forwarded_env.cpp
   launcher/nccl_env.cpp
   launcher/remote/remote_command.cpp
+  launcher/remote/session.cpp
+  launcher/rendezvous.cpp
+  launcher/coordinator.cpp
+  launcher/agent.cpp
+  launcher/multinode.cpp
   launcher/worker_env.cpp
   launcher/program.cpp
   launcher/job.cpp

@@ -29,6 +29,7 @@ using Clock = std::chrono::steady_clock;
 
 enum FdKind : uint64_t { kStatusFd = 0, kStdoutFd = 1, kStderrFd = 2 };
 constexpr uint64_t kSignalTag = ~uint64_t{0};
+constexpr uint64_t kStopTag = ~uint64_t{1};
 constexpr size_t kReadChunk = 64 * 1024;
 
 uint64_t tagOf(size_t slot, FdKind kind) { return (static_cast<uint64_t>(slot) << 2) | kind; }
@@ -140,7 +141,7 @@ int Supervisor::run() {
   return code;
 }
 
-AttemptResult Supervisor::runAttempt(int attempt) {
+AttemptResult Supervisor::runAttempt(int attempt, const AttemptHooks& hooks) {
   const LaunchConfig& config = plan_.config;
   const NodeContext& node = plan_.node;
   const int n = node.localWorldSize;
@@ -158,9 +159,11 @@ AttemptResult Supervisor::runAttempt(int attempt) {
   bool barrierArmed = false;
   Clock::time_point barrierAt;
 
-  auto beginTeardown = [&] {
+  // `why`: this node's own reason, passed to the hooks (empty: asked from outside).
+  auto beginTeardown = [&](const std::string& why) {
     if (stopping) return;
     stopping = true;
+    if (!why.empty() && hooks.onTeardown) hooks.onTeardown(why);
     killAt = Clock::now() + std::chrono::duration_cast<Clock::duration>(
                                 std::chrono::duration<double>(config.gracePeriod));
     for (auto& s : slots) {
@@ -184,7 +187,7 @@ AttemptResult Supervisor::runAttempt(int attempt) {
   for (int i = 0; i < n; ++i) {
     Slot& s = slots[static_cast<size_t>(i)];
     s.localRank = i;
-    s.rank = node.nodeRank * n + i;
+    s.rank = node.rankOffset + i;
     s.outcome.rank = s.rank;
     s.outcome.localRank = i;
     if (stopping) {
@@ -204,8 +207,8 @@ AttemptResult Supervisor::runAttempt(int attempt) {
       const int redirected = config.redirects.streamsFor(i);
       const int logged = plan_.logAllStreams ? (kStdoutBit | kStderrBit)
                                              : (redirected | config.tee.streamsFor(i));
-      const std::string prefix =
-          expandLinePrefix(config.linePrefixTemplate, s.rank, i, config.role, attempt);
+      const std::string prefix = expandLinePrefix(config.linePrefixTemplate, s.rank, i,
+                                                  config.role, attempt, node.nodeRank);
       StreamSinks out;
       out.consoleFd = shown && !(redirected & kStdoutBit) ? STDOUT_FILENO : -1;
       out.prefix = prefix;
@@ -228,7 +231,7 @@ AttemptResult Supervisor::runAttempt(int attempt) {
       s.outcome.state = WorkerOutcome::State::Lost;
       s.outcome.lostReason = std::string("could not be started: ") + e.what();
       s.outcome.endSeconds = seconds();
-      beginTeardown();
+      beginTeardown(fmt::format("rank {} could not be started on {}", s.rank, node.host));
       continue;
     }
     s.statusOpen = s.stdoutOpen = s.stderrOpen = true;
@@ -238,6 +241,8 @@ AttemptResult Supervisor::runAttempt(int attempt) {
   }
   DTRAIN_LOG(Info, "launch: attempt {}: started {} workers in {:.1f} ms", attempt, n,
              seconds() * 1e3);
+
+  if (hooks.stopFd >= 0) addToEpoll(epollFd_, hooks.stopFd, kStopTag);
 
   std::vector<char> buffer(kReadChunk);
   auto pump = [&](Slot& s, FdKind kind) {
@@ -287,7 +292,8 @@ AttemptResult Supervisor::runAttempt(int attempt) {
           DTRAIN_LOG(Info, "launch: rank {} (pid {}) {} after {:.3f} s", s.rank, s.outcome.pid,
                      describeOutcome(s.outcome), s.outcome.endSeconds);
           if (s.outcome.failed()) {
-            beginTeardown();
+            beginTeardown(fmt::format("rank {} (pid {}) on {} {}", s.rank, s.outcome.pid,
+                                      node.host, describeOutcome(s.outcome)));
           } else if (!barrierArmed && !stopping && config.exitBarrierTimeout > 0) {
             barrierArmed = true;
             barrierAt = Clock::now() +
@@ -321,7 +327,7 @@ AttemptResult Supervisor::runAttempt(int attempt) {
       }
       s.outcome.endSeconds = seconds();
       s.outcome.stoppedByLaunch = s.askedToStop;
-      beginTeardown();
+      beginTeardown(fmt::format("rank {} on {} {}", s.rank, node.host, describeOutcome(s.outcome)));
     }
   };
 
@@ -336,7 +342,7 @@ AttemptResult Supervisor::runAttempt(int attempt) {
             "launch: received {}; stopping the workers (SIGTERM, SIGKILL after {:g} s)\n",
             fault::signalName(sig), config.gracePeriod);
         writeAll(STDERR_FILENO, line.data(), line.size());
-        beginTeardown();
+        beginTeardown(fmt::format("launch on {} received {}", node.host, fault::signalName(sig)));
       } else if (!killed) {
         std::string line = fmt::format("launch: received {} again; killing the workers now\n",
                                        fault::signalName(sig));
@@ -365,7 +371,7 @@ AttemptResult Supervisor::runAttempt(int attempt) {
     std::string line = formatExitBarrierLine(b, optionLabel(config, "exit-barrier-timeout"),
                                              config.gracePeriod);
     writeAll(STDERR_FILENO, line.data(), line.size());
-    beginTeardown();
+    beginTeardown(fmt::format("the exit barrier timed out on {}", node.host));
   };
 
   auto anyStatusOpen = [&] {
@@ -396,6 +402,12 @@ AttemptResult Supervisor::runAttempt(int attempt) {
         onSignals();
         continue;
       }
+      if (tag == kStopTag) {
+        uint64_t count = 0;
+        (void)!::read(hooks.stopFd, &count, sizeof count);
+        beginTeardown("");
+        continue;
+      }
       Slot& s = slots[tag >> 2];
       const auto kind = static_cast<FdKind>(tag & 3);
       if (kind == kStatusFd) {
@@ -407,6 +419,8 @@ AttemptResult Supervisor::runAttempt(int attempt) {
     if (!stopping && barrierArmed && Clock::now() >= barrierAt) onBarrierTimeout();
     if (stopping && !killed && Clock::now() >= killAt) killAll();
   }
+
+  if (hooks.stopFd >= 0) ::epoll_ctl(epollFd_, EPOLL_CTL_DEL, hooks.stopFd, nullptr);
 
   // Every worker and everything under it is gone: what is left in the pipes is the end of their
   // output. Take it (the report wants the last stderr lines) and close.
