@@ -179,7 +179,6 @@ int takePendingSignal() {
 std::string awaitKey(store::Store& store, Monitor& monitor, const AgentSetup& setup,
                      const std::string& key, Clock::time_point deadline, const std::string& what) {
   while (true) {
-    if (std::string why = monitor.lost(); !why.empty()) throw AgentExit{125, why};
     if (int sig = takePendingSignal()) {
       if (setup.onSignal) setup.onSignal(sig);
       throw AgentExit{128 + sig, fmt::format("received {} while waiting for {}",
@@ -191,6 +190,7 @@ std::string awaitKey(store::Store& store, Monitor& monitor, const AgentSetup& se
         auto [code, message] = decodeEnd(store.getString(keys::end()));
         throw AgentExit{code, message};
       }
+      if (std::string why = monitor.lost(); !why.empty()) throw AgentExit{125, why};
       store.wait({key}, Millis(250));
       return store.getString(key);
     } catch (const TimeoutError&) {

@@ -16,8 +16,9 @@ InterfaceChoice pickSocketInterface(const NcclOptions& options, bool multiNode,
     c.reason = label;
     return c;
   }
-  if (!multiNode) {
-    c.reason = "one node: NCCL picks its own interface";
+  if (!multiNode || net::isLoopbackHost(storeAddress)) {
+    // A store on loopback: every node of the job is this machine.
+    c.reason = "one machine: NCCL picks its own interface";
     return c;
   }
   if (!ownerOfStoreAddress.empty()) {
@@ -29,7 +30,7 @@ InterfaceChoice pickSocketInterface(const NcclOptions& options, bool multiNode,
     c.address = routeAddress;
     c.reason = "the route toward the store at " + storeAddress;
   }
-  DTRAIN_CHECK_ARG(!c.name.empty() && c.name != "lo" && !net::isLoopbackHost(storeAddress),
+  DTRAIN_CHECK_ARG(!c.name.empty() && c.name != "lo",
                    "{} auto: a multi-node job would use {} ({}), which other nodes cannot "
                    "reach; HINT: give --rdzv-endpoint a routable address of the master, or "
                    "--nccl-socket-ifname IFACE (`ip -4 addr` lists them)",
@@ -39,7 +40,7 @@ InterfaceChoice pickSocketInterface(const NcclOptions& options, bool multiNode,
 
 InterfaceChoice resolveSocketInterface(const NcclOptions& options, bool multiNode,
                                        const std::string& storeAddress, const std::string& label) {
-  if (options.socketIfname != kAutoInterface || !multiNode) {
+  if (options.socketIfname != kAutoInterface || !multiNode || net::isLoopbackHost(storeAddress)) {
     InterfaceChoice c = pickSocketInterface(options, multiNode, storeAddress, "", "", "", label);
     if (!c.name.empty() && c.name.find_first_of("^=,") == std::string::npos) {
       c.address = net::interfaceAddress(c.name);

@@ -159,8 +159,8 @@ TEST(NcclEnv, InterfaceRule) {
   EXPECT_EQ(c.address, "10.9.0.2");
   // One node: NCCL's own choice.
   EXPECT_EQ(pickSocketInterface(o, false, "127.0.0.1", "lo", "", "", "x").name, "");
-  // Never loopback for a multi-node job.
-  EXPECT_THROW(pickSocketInterface(o, true, "127.0.0.1", "lo", "", "", "x"), InvalidArgument);
+  // Never loopback for a multi-node job -- unless every node is this machine (store on loopback).
+  EXPECT_EQ(pickSocketInterface(o, true, "127.0.0.1", "lo", "", "", "x").name, "");
   EXPECT_THROW(pickSocketInterface(o, true, "10.9.0.1", "", "lo", "127.0.0.1", "x"), InvalidArgument);
   o.socketIfname = "ib0";
   EXPECT_EQ(pickSocketInterface(o, true, "10.9.0.1", "", "eth1", "", "x").name, "ib0");
