@@ -118,7 +118,9 @@ class Monitor {
             stopSeen = round;
             wake();
           } catch (const TimeoutError&) {
-            // No stop yet: the next heartbeat.
+            // No stop yet: the next heartbeat -- unless the answer itself was that late (the
+            // server answers a wait at its deadline; a partition does not).
+            if (Clock::now() - lastOk >= interval_ + timeout_) throw;
           }
         } else {
           std::this_thread::sleep_for(std::min<Millis>(interval_, Millis(200)));

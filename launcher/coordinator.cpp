@@ -48,6 +48,11 @@ void Coordinator::nodeGone(const std::string& node, const std::string& why) {
   gone_.push_back({node, why});
 }
 
+std::set<std::string> Coordinator::lostNodes() {
+  std::lock_guard<std::mutex> g(mutex_);
+  return lost_;
+}
+
 std::vector<std::string> Coordinator::takeGoneNodes() {
   std::lock_guard<std::mutex> g(mutex_);
   return std::exchange(goneToRestart_, {});
@@ -121,18 +126,19 @@ std::vector<JoinInfo> Coordinator::gatherJoins(int round, int* endCode) {
                                       listing(true), listing(false)));
       return {};
     }
+    const bool timedOut = Clock::now() >= deadline;
     if (joined.size() == static_cast<size_t>(options_.maxNodes) ||
-        (pending == 0 && joined.size() >= static_cast<size_t>(options_.minNodes))) {
+        ((pending == 0 || timedOut) && joined.size() >= static_cast<size_t>(options_.minNodes))) {
+      if (joined.size() < options_.nodes.size()) {
+        say(fmt::format("launch: rendezvous round {}: {} of {} nodes joined{}; going on with "
+                        "them (elastic --nnodes {}:{}); missing: {}",
+                        round, joined.size(), options_.nodes.size(),
+                        timedOut ? fmt::format(" within {:g} s", options_.rdzvTimeout) : "",
+                        options_.minNodes, options_.maxNodes, listing(false)));
+      }
       break;
     }
-    if (Clock::now() >= deadline) {
-      if (joined.size() >= static_cast<size_t>(options_.minNodes)) {
-        say(fmt::format("launch: rendezvous round {}: {} of {} nodes joined within {:g} s; "
-                        "going on with them (elastic --nnodes {}:{}); missing: {}",
-                        round, joined.size(), options_.nodes.size(), options_.rdzvTimeout,
-                        options_.minNodes, options_.maxNodes, listing(false)));
-        break;
-      }
+    if (timedOut) {
       *endCode = end(kExitDeadline,
                      fmt::format("rendezvous timed out after {:g} s (--rdzv-timeout) in round {}: "
                                  "{} of {} nodes joined; joined: {}; missing: {}. HINT: is launch "
@@ -246,14 +252,15 @@ AttemptResult Coordinator::superviseRound(const RoundPlan& plan) {
     {
       std::lock_guard<std::mutex> g(mutex_);
       goneToRestartCandidates_.push_back(n.node);
+      lost_.insert(n.node);
     }
     for (int i = 0; i < n.localWorldSize; ++i) {
       WorkerOutcome w;
       w.rank = n.rankOffset + i;
       w.localRank = i;
       w.state = WorkerOutcome::State::Lost;
-      w.lostReason = fmt::format("its node {} ({}, {}) was lost: {}", n.node, n.label, n.address,
-                                 d.why);
+      w.lostReason = fmt::format("its node {} ({}{}) was lost: {}", n.node, n.label,
+                                 n.address == n.label ? "" : ", " + n.address, d.why);
       w.lostToDeadline = d.deadline;
       w.host = n.label;
       w.endSeconds = d.at;
@@ -297,6 +304,7 @@ int Coordinator::run() {
       {
         std::lock_guard<std::mutex> g(mutex_);
         goneToRestart_ = goneToRestartCandidates_;
+        for (const auto& n : goneToRestart_) lost_.erase(n);
       }
       store_->setString(keys::decision(round), "restart");
       store_->flush();

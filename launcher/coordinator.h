@@ -10,6 +10,7 @@
 #include <atomic>
 #include <memory>
 #include <mutex>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -56,6 +57,9 @@ class Coordinator {
   void nodeGone(const std::string& node, const std::string& why);
   // Nodes whose agents are gone, for the master to start again before the next round.
   std::vector<std::string> takeGoneNodes();
+  // Nodes lost (silent, or their agent gone) in the last round and not started again: the master
+  // does not wait for their sessions at the end.
+  std::set<std::string> lostNodes();
 
  private:
   struct Gone {
@@ -74,6 +78,7 @@ class Coordinator {
   std::vector<Gone> gone_;       // guarded by mutex_; append-only
   std::vector<std::string> goneToRestart_;  // guarded by mutex_
   std::vector<std::string> goneToRestartCandidates_;  // lost in this round; guarded by mutex_
+  std::set<std::string> lost_;                         // guarded by mutex_
 };
 
 }  // namespace dtrain::launcher

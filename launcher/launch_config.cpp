@@ -306,6 +306,9 @@ void validate(const LaunchConfig& c) {
   DTRAIN_CHECK_ARG(c.hostfile.empty() || c.hosts.empty(),
                    "{} and {} both give the host list; HINT: use one of them",
                    label("hostfile"), label("hosts"));
+  DTRAIN_CHECK_ARG(c.include.empty() || c.exclude.empty(),
+                   "{} and {} exclude each other (as in DeepSpeed); HINT: list what to run with "
+                   "{} alone", label("include"), label("exclude"), label("include"));
   DTRAIN_CHECK_ARG(fanOut || (c.include.empty() && c.exclude.empty()),
                    "{} / {} filter a host list; HINT: give --hostfile or --hosts too",
                    label("include"), label("exclude"));

@@ -11,8 +11,11 @@
 #include <cstring>
 #include <fstream>
 #include <memory>
+#include <set>
 #include <sstream>
 #include <thread>
+
+#include <fmt/ranges.h>
 
 #include "dtrain/env_contract.h"
 #include "dtrain/error.h"
@@ -33,6 +36,9 @@ namespace dtrain::launcher {
 const char* launcherVersion();
 
 namespace {
+
+// How long an agent may take to exit after the master's decision, before SIGTERM.
+constexpr double kSessionGraceSeconds = 5;
 
 // Options only the master acts on; the agents get the rest of the job's options.
 bool masterOnlyOption(const std::string& name) {
@@ -161,13 +167,6 @@ MultiNodePlan planMultiNode(const LaunchConfig& config, const EnvMap& environmen
   plan.maxNodes = config.maxNodes;
   plan.storeAddr = resolveAddress(config.rdzvHost, optionLabel(config, "rdzv-endpoint"));
   plan.hostsStore = config.nodeRank == 0;
-  if (plan.hostsStore) {
-    DTRAIN_CHECK_ARG(isLocalAddress(plan.storeAddr),
-                     "{} {}: node rank 0 hosts the store, but {} is not an address of this host "
-                     "({}); HINT: run node rank 0 on the host named by --rdzv-endpoint",
-                     optionLabel(config, "rdzv-endpoint"), config.rdzvHost, plan.storeAddr,
-                     hostName());
-  }
   if (!config.tokenFile.empty()) {
     plan.token = trimmed(readTextFile(config.tokenFile, optionLabel(config, "token-file")));
     DTRAIN_CHECK_ARG(!plan.token.empty(), "{} {} is empty", optionLabel(config, "token-file"),
@@ -182,6 +181,13 @@ MultiNodePlan planMultiNode(const LaunchConfig& config, const EnvMap& environmen
                    "it to each node), then `launch --token-file job.token ...`, or export {} on "
                    "every node",
                    plan.storeAddr, env::kStoreToken, env::kStoreToken);
+  if (plan.hostsStore) {
+    DTRAIN_CHECK_ARG(isLocalAddress(plan.storeAddr),
+                     "{} {}: node rank 0 hosts the store, but {} is not an address of this host "
+                     "({}); HINT: run node rank 0 on the host named by --rdzv-endpoint",
+                     optionLabel(config, "rdzv-endpoint"), config.rdzvHost, plan.storeAddr,
+                     hostName());
+  }
   return plan;
 }
 
@@ -239,8 +245,9 @@ std::string formatMultiNodeDryRun(const LaunchConfig& config, const MultiNodePla
     const PlannedHost& h = plan.hosts[i];
     out += fmt::format("node {} {} ({}{}), {}:\n  command: {}\n", i, h.entry.host, h.address,
                        h.local ? ", this host" : "",
-                       !h.entry.gpus.empty() ? fmt::format("CUDA_VISIBLE_DEVICES slots {}",
-                                                           h.entry.gpus.size())
+                       !h.entry.gpus.empty() ? fmt::format("{} workers, CUDA_VISIBLE_DEVICES={}",
+                                                           h.entry.gpus.size(),
+                                                           fmt::join(h.entry.gpus, ","))
                        : h.entry.slots > 0   ? fmt::format("{} workers", h.entry.slots)
                                              : "--nproc-per-node workers",
                        shellQuote(agentCommand(config, plan, static_cast<int>(i))));
@@ -352,9 +359,15 @@ int runFanOut(const LaunchConfig& config, const MultiNodePlan& plan, const EnvMa
   }
   thread.join();
   if (sfd >= 0) ::close(sfd);
-  // The agents have the decision; give them the time to tear down and say goodbye.
+  // The agents have the decision and go; a lost node's session is not waited for.
+  const std::set<std::string> lost = coordinator.lostNodes();
   for (auto& s : sessions) {
-    if (s) s->finish(config.gracePeriod + 5);
+    if (!s) continue;
+    s->closeStdin();
+    if (lost.count(s->node()) && !s->exited()) ::kill(-s->pid(), SIGTERM);
+  }
+  for (auto& s : sessions) {
+    if (s) s->finish(kSessionGraceSeconds);
   }
   return code;
 }

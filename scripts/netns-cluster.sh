@@ -37,10 +37,10 @@ require_root() {
   [ -x /usr/sbin/sshd ] || die "/usr/sbin/sshd (openssh-server) not found"
 }
 
-# The host's mount namespace: that of its sshd (every session of it lives there).
-sshd_pid() {
+# A process in the host's namespaces (its sshd and every session share them).
+holder_pid() {
   local state="$1" k="$2"
-  [ -f "$state/host$k/sshd.pid" ] && cat "$state/host$k/sshd.pid"
+  [ -f "$state/host$k/holder.pid" ] && cat "$state/host$k/holder.pid"
 }
 
 cmd_down() {
@@ -120,8 +120,11 @@ EOF
     ip netns exec "$ns" unshare --mount --propagation private /bin/sh -c '
       mount -t tmpfs -o mode=1777 tmpfs /tmp &&
       mount -t tmpfs -o mode=1777 tmpfs /dev/shm &&
-      mount --bind "$1" "$2" &&
-      exec /usr/sbin/sshd -f "$3" -E "$4"' sh "$h/work" "$state/work" "$h/sshd_config" "$h/sshd.log"
+      mount --bind "$1" "$2" || exit 1
+      # Holds the host'"'"'s namespaces for `exec` while its sshd may be stopped by a test.
+      sleep infinity </dev/null >/dev/null 2>&1 &
+      echo $! > "$5"
+      exec /usr/sbin/sshd -f "$3" -E "$4"' sh "$h/work" "$state/work" "$h/sshd_config" "$h/sshd.log" "$h/holder.pid"
     echo "$ip $(cut -d' ' -f1,2 "$state/host_key.pub")" >> "$state/known_hosts"
     echo "$ip" >> "$state/hosts"
   done
@@ -168,7 +171,7 @@ cmd_exec() {
   k="${2:-}"
   shift 2 || die "exec NAME K CMD..."
   state="$(state_of "$name")"
-  pid="$(sshd_pid "$state" "$k")" || die "no host $k in cluster $name"
+  pid="$(holder_pid "$state" "$k")" || die "no host $k in cluster $name"
   exec nsenter --target "$pid" --net --mount -- "$@"
 }
 
@@ -185,6 +188,7 @@ cmd_link() {
   k="${2:-}"
   state="${3:-}"
   [ "$state" = up ] || [ "$state" = down ] || die "link NAME K up|down"
+  [ -n "$k" ] || die "link NAME K up|down"
   ip link set "$name-v$k" "$state"
 }
 

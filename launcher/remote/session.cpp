@@ -174,11 +174,15 @@ std::string Session::describeExit() const {
 
 const std::deque<std::string>& Session::stderrTail() const { return err_->tail(); }
 
-void Session::finish(double graceSeconds) {
+void Session::closeStdin() {
   if (inFd_ >= 0) {
     ::close(inFd_);
     inFd_ = -1;
   }
+}
+
+void Session::finish(double graceSeconds) {
+  closeStdin();
   using Clock = std::chrono::steady_clock;
   const auto grace = std::chrono::milliseconds(static_cast<int64_t>(graceSeconds * 1000));
   auto deadline = Clock::now() + grace;

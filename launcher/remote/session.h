@@ -50,6 +50,8 @@ class Session {
   // Closes stdin (the agent then stops its workers and exits) and, after `graceSeconds`,
   // SIGTERMs the process group; returns once it is reaped or `graceSeconds` more passed.
   void finish(double graceSeconds);
+  // Closes stdin: the agent's signal that the master is done.
+  void closeStdin();
 
  private:
   std::string node_;

@@ -1,0 +1,30 @@
+#pragma once
+// Shared pieces of the multi-node e2e tests.
+#include <string>
+#include <vector>
+
+#include "cluster.h"
+#include "launcher_harness.h"
+
+namespace dtrain::testing {
+
+// Test timings: heartbeat every 0.5 s, dead after 3 s, rendezvous 20 s, grace 2 s.
+constexpr double kHeartbeatTimeout = 3;
+constexpr double kGrace = 2;
+
+// Brings up `n` hosts or skips the test (GTEST_SKIP needs the caller's scope: use the macro).
+#define DTRAIN_CLUSTER_OR_SKIP(var, n)                      \
+  std::string var##Skip;                                    \
+  auto var = ::dtrain::testing::Cluster::up(n, &var##Skip); \
+  if (!var) GTEST_SKIP() << var##Skip
+
+// The fan-out options for cluster `c` (all its hosts), then `extra`.
+std::vector<std::string> fanOut(const Cluster& c, const std::vector<std::string>& extra = {});
+// The common timing options alone.
+std::vector<std::string> timings();
+// a + b.
+std::vector<std::string> cat(std::vector<std::string> a, const std::vector<std::string>& b);
+// pids of processes on host k of `c` whose command line contains `needle`.
+std::vector<pid_t> pidsOn(const Cluster& c, int k, const std::string& needle);
+
+}  // namespace dtrain::testing
