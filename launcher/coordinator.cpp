@@ -82,13 +82,14 @@ std::vector<JoinInfo> Coordinator::gatherJoins(int round, int* endCode) {
     std::lock_guard<std::mutex> g(mutex_);
     cursor = gone_.size();
   }
+  // "node 0 (a), node 2 (c)": the joined nodes, or the others -- with why, when they are lost.
   auto listing = [&](bool joinedOnes) {
     std::string out;
     for (const auto& e : options_.nodes) {
       if ((joined.count(e.node) != 0) != joinedOnes) continue;
       if (!out.empty()) out += ", ";
       out += fmt::format("node {} ({})", e.node, e.label);
-      if (!joinedOnes && gone.count(e.node)) out += ": " + gone[e.node];
+      if (!joinedOnes) out += gone.count(e.node) ? ": " + gone[e.node] : ": not joined yet";
     }
     return out.empty() ? std::string("none") : out;
   };
@@ -121,7 +122,7 @@ std::vector<JoinInfo> Coordinator::gatherJoins(int round, int* endCode) {
     const size_t pending = options_.nodes.size() - joined.size() - gone.size();
     if (joined.size() + pending < static_cast<size_t>(options_.minNodes)) {
       *endCode = end(125, fmt::format("rendezvous round {}: only {} of the {} nodes needed can "
-                                      "join; joined: {}; lost: {}",
+                                      "join; joined: {}; the others: {}",
                                       round, joined.size() + pending, options_.minNodes,
                                       listing(true), listing(false)));
       return {};

@@ -6,6 +6,8 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <cstdlib>
 #include <thread>
 
 #include "e2e_support.h"
@@ -13,6 +15,17 @@
 
 namespace dtrain::testing {
 namespace {
+
+// The agent process on host k (its guardians share its command line: they are forks of it).
+pid_t agentOn(const Cluster& c, int k) {
+  std::vector<pid_t> all = pidsOn(c, k, "--agent");
+  for (pid_t p : all) {
+    std::string stat = readFile("/proc/" + std::to_string(p) + "/stat");
+    pid_t parent = std::atoi(stat.c_str() + stat.rfind(')') + 4);
+    if (std::find(all.begin(), all.end(), parent) == all.end()) return p;
+  }
+  return -1;
+}
 
 // A job that runs until stopped: barriers at every step, so a lost peer is noticed.
 std::vector<std::string> longJob(const Cluster& c, const std::vector<std::string>& extra = {}) {
@@ -23,10 +36,10 @@ std::vector<std::string> longJob(const Cluster& c, const std::vector<std::string
 
 // Nothing of the job is left on any host, nor here.
 void expectNothingLeft(const Cluster& c, const LaunchResult& r) {
-  expectNoneLeft(r.all());
+  if (!jobPids(r.all()).empty()) expectNoneLeft(r.all());
   for (int k = 0; k < static_cast<int>(c.hosts().size()); ++k) {
     std::vector<pid_t> left;
-    for (int i = 0; i < 50; ++i) {
+    for (int i = 0; i < 150; ++i) {
       left = pidsOn(c, k, workerPath());
       std::vector<pid_t> agents = pidsOn(c, k, "--agent");
       left.insert(left.end(), agents.begin(), agents.end());
@@ -62,7 +75,8 @@ TEST(MultiNodeFault, UnknownHostKeyIsRefusedWithAHint) {
   LaunchResult r = runLaunch(args, {}, 60);
   EXPECT_EQ(r.exitCode, 125) << r.all();
   EXPECT_NE(r.err.find("Host key verification failed"), std::string::npos) << r.err;
-  EXPECT_NE(r.err.find("ssh-keyscan -H " + c->hosts()[0]), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("ssh-keyscan -H 10."), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("--ssh-accept-new-host-keys"), std::string::npos) << r.err;
   // The opt-in trusts first-seen keys (accept-new) and records them.
   r = runLaunch(cat(cat({"--hosts", c->hostList(), "--ssh-config", cfg,
                          "--ssh-accept-new-host-keys"}, timings()),
@@ -76,9 +90,9 @@ TEST(MultiNodeFault, RemoteAgentKilledEndsTheJobNamingTheNode) {
   DTRAIN_CLUSTER_OR_SKIP(c, 2);
   LaunchProcess p(longJob(*c));
   ASSERT_TRUE(waitForWorkers(p, 4, 30)) << p.out() << p.err();
-  std::vector<pid_t> agents = pidsOn(*c, 1, "--agent");
-  ASSERT_EQ(agents.size(), 1u);
-  ASSERT_EQ(::kill(agents[0], SIGKILL), 0);
+  const pid_t agent = agentOn(*c, 1);
+  ASSERT_GT(agent, 0);
+  ASSERT_EQ(::kill(agent, SIGKILL), 0);
   const double killedAt = p.elapsed();
   LaunchResult r = p.wait(60);
   EXPECT_NE(r.exitCode, 0) << r.all();
