@@ -58,10 +58,10 @@ std::vector<std::string> Coordinator::takeGoneNodes() {
   return std::exchange(goneToRestart_, {});
 }
 
-std::vector<Coordinator::Gone> Coordinator::goneSince(size_t* cursor) {
+std::vector<Coordinator::Gone> Coordinator::goneSince() {
   std::lock_guard<std::mutex> g(mutex_);
-  std::vector<Gone> out(gone_.begin() + static_cast<std::ptrdiff_t>(*cursor), gone_.end());
-  *cursor = gone_.size();
+  std::vector<Gone> out(gone_.begin() + static_cast<std::ptrdiff_t>(goneSeen_), gone_.end());
+  goneSeen_ = gone_.size();
   return out;
 }
 
@@ -77,11 +77,6 @@ std::vector<JoinInfo> Coordinator::gatherJoins(int round, int* endCode) {
   const auto deadline = after(start, options_.rdzvTimeout);
   std::map<std::string, JoinInfo> joined;
   std::map<std::string, std::string> gone;
-  size_t cursor = 0;
-  {
-    std::lock_guard<std::mutex> g(mutex_);
-    cursor = gone_.size();
-  }
   // "node 0 (a), node 2 (c)": the joined nodes, or the others -- with why, when they are lost.
   auto listing = [&](bool joinedOnes) {
     std::string out;
@@ -99,7 +94,7 @@ std::vector<JoinInfo> Coordinator::gatherJoins(int round, int* endCode) {
                                             "(round {})", fault::signalName(sig), round));
       return {};
     }
-    for (const auto& g : goneSince(&cursor)) {
+    for (const auto& g : goneSince()) {
       joined.erase(g.node);
       gone[g.node] = g.why;
     }
@@ -168,11 +163,6 @@ AttemptResult Coordinator::superviseRound(const RoundPlan& plan) {
     double at = 0;
   };
   std::map<std::string, Dead> dead;
-  size_t cursor = 0;
-  {
-    std::lock_guard<std::mutex> g(mutex_);
-    cursor = gone_.size();
-  }
   int signalSeen = 0;
   bool signalFirst = false;
   bool stopSeen = false;
@@ -190,7 +180,7 @@ AttemptResult Coordinator::superviseRound(const RoundPlan& plan) {
       signalFirst = stop(fmt::format("launch (the master, {}) received {}", options_.self.host,
                                      fault::signalName(sig)));
     }
-    for (const auto& g : goneSince(&cursor)) {
+    for (const auto& g : goneSince()) {
       if (!planned(g.node) || results.count(g.node) || dead.count(g.node)) continue;
       dead[g.node] = Dead{g.why, false, secondsSince(start)};
       tracker.forget(g.node);

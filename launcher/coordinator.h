@@ -69,13 +69,15 @@ class Coordinator {
   std::vector<JoinInfo> gatherJoins(int round, int* endCode);
   AttemptResult superviseRound(const RoundPlan& plan);
   int end(int code, const std::string& message);
-  std::vector<Gone> goneSince(size_t* cursor);
+  // Gone events not seen yet (each is seen once: by the rendezvous or by the round it ends).
+  std::vector<Gone> goneSince();
 
   std::shared_ptr<store::Store> store_;
   CoordinatorOptions options_;
   std::atomic<int> signal_{0};
   std::mutex mutex_;
   std::vector<Gone> gone_;       // guarded by mutex_; append-only
+  size_t goneSeen_ = 0;          // guarded by mutex_
   std::vector<std::string> goneToRestart_;  // guarded by mutex_
   std::vector<std::string> goneToRestartCandidates_;  // lost in this round; guarded by mutex_
   std::set<std::string> lost_;                         // guarded by mutex_
