@@ -253,6 +253,10 @@ AgentSetup agentSetupFromRecords(const remote::Records& records, const LaunchCon
       if (!value.empty()) s.gpus = parseRankList(value, "agent plan gpus");
     } else if (name == "store") {
       std::tie(s.storeAddr, s.storePort) = parseEndpoint(value, "agent plan store");
+    } else if (name == "mode") {
+      s.mode = value;
+    } else if (name == "master") {
+      s.master = value;
     } else if (name == "token") {
       s.token = value;
     } else if (name == "env") {

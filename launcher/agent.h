@@ -31,6 +31,8 @@ struct AgentSetup {
   std::string token;
   EnvMap forwarded;           // the master's forwarded environment (fan-out)
   bool watchStdin = false;    // stdin's end means the master (or its ssh session) is gone
+  std::string mode;           // "check": launch --check's probe of this node (preflight.h)
+  std::string master;         // "ADDR:PORT" of MASTER_ADDR/PORT, for the check
   // Called when launch receives a signal between rounds (manual node rank 0: the coordinator
   // in the same process ends the job).
   std::function<void(int)> onSignal;

@@ -14,6 +14,7 @@ add_library(dtrain_launcher STATIC
   launcher/coordinator.cpp
   launcher/agent.cpp
   launcher/multinode.cpp
+  launcher/preflight.cpp
   launcher/worker_env.cpp
   launcher/program.cpp
   launcher/job.cpp

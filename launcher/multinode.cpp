@@ -25,6 +25,7 @@
 #include "launcher/coordinator.h"
 #include "launcher/forwarded_env.h"
 #include "launcher/job.h"
+#include "launcher/preflight.h"
 #include "launcher/program.h"
 #include "launcher/remote/remote_command.h"
 #include "launcher/remote/session.h"
@@ -376,6 +377,12 @@ int runFanOut(const LaunchConfig& config, const MultiNodePlan& plan, const EnvMa
 
 int runMultiNode(const LaunchConfig& config, const EnvMap& environment) {
   MultiNodePlan plan = planMultiNode(config, environment);
+  if (config.check) {
+    DTRAIN_CHECK_ARG(plan.fanOut, "--check checks the nodes of a host list; HINT: give "
+                     "--hostfile FILE or --hosts A,B (in manual mode, run it from one node with "
+                     "the list of all)");
+    return runPreflight(config, plan, environment);
+  }
   if (config.dryRun) {
     std::string text = formatMultiNodeDryRun(config, plan);
     std::fwrite(text.data(), 1, text.size(), stdout);
@@ -457,6 +464,10 @@ int runAgentFromStdin(const LaunchConfig& config, const EnvMap& environment) {
     DTRAIN_CHECK_ARG(text.size() < (64u << 20), "launch --agent: the plan on stdin is too large");
   }
   AgentSetup setup = agentSetupFromRecords(remote::decodePlan(text), config);
+  if (setup.mode == "check") {
+    auto [addr, port] = parseEndpoint(setup.master, "agent plan master");
+    return runNodeCheck(setup, addr, port, environment);
+  }
   return runAgent(setup, environment);
 }
 

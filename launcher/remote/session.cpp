@@ -46,7 +46,8 @@ void closePair(int fds[2]) {
 }  // namespace
 
 Session::Session(std::string node, std::string host, const std::vector<std::string>& argv,
-                 const std::vector<std::string>& env, const std::string& stdinData)
+                 const std::vector<std::string>& env, const std::string& stdinData,
+                 bool captureStdout)
     : node_(std::move(node)), host_(std::move(host)) {
   const std::string file = findProgram(argv.at(0));
   std::vector<char*> cargv;
@@ -113,8 +114,9 @@ Session::Session(std::string node, std::string host, const std::vector<std::stri
                "shorter --env / forwarded variables", host_, stdinData.size());
 
   StreamSinks o;
-  o.consoleFd = STDOUT_FILENO;
-  StreamSinks e = o;
+  o.consoleFd = captureStdout ? -1 : STDOUT_FILENO;
+  o.tailLines = captureStdout ? 10000 : 0;
+  StreamSinks e;
   e.consoleFd = STDERR_FILENO;
   e.tailLines = 20;
   out_ = std::make_unique<WorkerStream>(o);
@@ -173,6 +175,7 @@ std::string Session::describeExit() const {
 }
 
 const std::deque<std::string>& Session::stderrTail() const { return err_->tail(); }
+const std::deque<std::string>& Session::stdoutLines() const { return out_->tail(); }
 
 void Session::closeStdin() {
   if (inFd_ >= 0) {

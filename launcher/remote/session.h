@@ -22,8 +22,10 @@ class Session {
   // own (a Ctrl-C on the master's terminal reaches the master only, which stops the job in
   // order), dying with the master (PR_SET_PDEATHSIG), and writes `stdinData` to its stdin.
   // Throws dtrain::Error naming the host when the fork or a pipe fails.
+  // `captureStdout`: keep its stdout lines (stdoutLines()) instead of showing them.
   Session(std::string node, std::string host, const std::vector<std::string>& argv,
-          const std::vector<std::string>& env, const std::string& stdinData);
+          const std::vector<std::string>& env, const std::string& stdinData,
+          bool captureStdout = false);
   ~Session();  // SIGKILLs the process group if still running, reaps it
   Session(const Session&) = delete;
   Session& operator=(const Session&) = delete;
@@ -47,6 +49,7 @@ class Session {
   // "exited with code 255" / "was killed by SIGKILL".
   std::string describeExit() const;
   const std::deque<std::string>& stderrTail() const;
+  const std::deque<std::string>& stdoutLines() const;
   // Closes stdin (the agent then stops its workers and exits) and, after `graceSeconds`,
   // SIGTERMs the process group; returns once it is reaped or `graceSeconds` more passed.
   void finish(double graceSeconds);

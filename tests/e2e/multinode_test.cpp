@@ -260,3 +260,45 @@ TEST(MultiNode, DryRunShowsEveryNodeAndRedactsTheToken) {
 
 }  // namespace
 }  // namespace dtrain::testing
+
+namespace dtrain::testing {
+namespace {
+
+TEST(MultiNodeCheck, GreenOnAHealthyCluster) {
+  DTRAIN_CLUSTER_OR_SKIP(c, 2);
+  LaunchResult r = runLaunch(fanOut(*c, {"--check", "--nproc-per-node", "2", workerPath()}), {}, 60);
+  EXPECT_EQ(r.exitCode, 0) << r.all();
+  EXPECT_NE(r.out.find("launch --check: all is well"), std::string::npos) << r.out;
+  for (int k = 0; k < 2; ++k) {
+    EXPECT_NE(r.out.find(c->hosts()[k]), std::string::npos) << r.out;
+    EXPECT_NE(r.out.find("eth0 " + c->hosts()[k]), std::string::npos) << r.out;
+  }
+  EXPECT_EQ(r.out.find("FAILED"), std::string::npos) << r.out;
+}
+
+TEST(MultiNodeCheck, NamesAMissingProgramAndAFirewalledPort) {
+  DTRAIN_CLUSTER_OR_SKIP(c, 3);
+  if (::access("/usr/sbin/nft", X_OK) != 0) GTEST_SKIP() << "no nft (nftables) here";
+  // The program only in node 0's private work directory; node 2 drops the store port.
+  const std::string program = c->workDir() + "/prog";
+  ASSERT_EQ(c->run(0, "cp " + workerPath() + " " + program), 0);
+  ASSERT_EQ(c->run(2, "nft add table inet f && nft add chain inet f out '{ type filter hook "
+                      "output priority 0; }' && nft add rule inet f out tcp dport 29400 drop"),
+            0);
+  LaunchResult r = runLaunch(fanOut(*c, {"--check", program}), {}, 60);
+  EXPECT_EQ(r.exitCode, 125) << r.all();
+  EXPECT_NE(r.out.find("node 1 (" + c->hosts()[1] + "): program \"" + program + "\" not found"),
+            std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("node 2 (" + c->hosts()[2] + "): the store port " + c->bridgeAddress() +
+                       ":29400 is dropped (no answer: a firewall?)"),
+            std::string::npos) << r.out;
+  // The real launch says the same about the program, and exits 127 without starting anything.
+  r = runLaunch(fanOut(*c, {"--include", c->hosts()[0] + "@" + c->hosts()[1], program}), {}, 60);
+  EXPECT_EQ(r.exitCode, 127) << r.all();
+  EXPECT_NE(r.err.find("node 1 (" + c->hosts()[1] + ") cannot run: program \"" + program +
+                       "\" not found on host " + c->hosts()[1]),
+            std::string::npos) << r.err;
+}
+
+}  // namespace
+}  // namespace dtrain::testing
