@@ -112,7 +112,9 @@ MultiNodePlan planMultiNode(const LaunchConfig& config, const EnvMap& environmen
     dotEnv = parseDotEnv(readTextFile(kDotEnvFile, "the environment file"),
                          currentDir() + "/" + kDotEnvFile);
   }
-  plan.forwarded = forwardedEnvironment(environment, dotEnv, config.env);
+  // Fan-out: what the master forwards. Manual: every node has its own environment, and only
+  // its .dtrain_env and --env are laid over it.
+  plan.forwarded = forwardedEnvironment(plan.fanOut ? environment : EnvMap{}, dotEnv, config.env);
 
   if (plan.fanOut) {
     std::vector<HostEntry> hosts =
@@ -199,7 +201,7 @@ AgentSetup agentSetupFor(const LaunchConfig& config, const MultiNodePlan& plan, 
   for (const auto& [name, value] : config.appliedOptions) {
     if (!masterOnlyOption(name)) s.config.appliedOptions.emplace_back(name, value);
   }
-  s.config.env.clear();  // in `forwarded`
+  s.config.env.clear();  // in `forwarded`, with .dtrain_env
   s.node = std::to_string(index);
   s.requestedRank = index;
   if (plan.fanOut) {
@@ -406,7 +408,6 @@ int runMultiNode(const LaunchConfig& config, const EnvMap& environment) {
 
   // Manual: this node's agent here; node rank 0 also coordinates.
   AgentSetup setup = agentSetupFor(config, plan, config.nodeRank);
-  setup.forwarded.clear();  // every node has its own environment
   std::unique_ptr<Coordinator> coordinator;
   std::thread thread;
   int code = 125;

@@ -2,6 +2,7 @@
 
 #include <dirent.h>
 #include <signal.h>
+#include <sys/prctl.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -77,6 +78,9 @@ std::unique_ptr<Cluster> Cluster::up(int n, std::string* skipReason) {
     return nullptr;
   }
   removeStale();
+  // The hosts' sshd daemons (and every orphan of their sessions) are reparented to this process,
+  // which reaps them (launcher_harness reapOrphans): this machine's pid 1 may not reap promptly.
+  ::prctl(PR_SET_CHILD_SUBREAPER, 1);
   static std::atomic<int> counter{0};
   std::unique_ptr<Cluster> c(new Cluster);
   c->name_ = "e" + std::to_string(::getpid() % 100000) +
