@@ -47,9 +47,10 @@ void say(const std::string& line) {
 // Note [Agent monitor]
 // ~~~~~~~~~~~~~~~~~~~~
 // One thread per agent, on a store connection of its own (the main thread's may sit in a long
-// wait): it increments the node's heartbeat counter every --heartbeat-interval and, between two
-// heartbeats, waits on the current round's stop key, so another node's failure reaches this
-// node's workers within one store round trip. It wakes the supervisor through an eventfd when the
+// wait): it increments the node's heartbeat counter every --heartbeat-interval and in between
+// waits on the current round's stop key, so another node's failure reaches this node's workers
+// within one store round trip (in slices of at most 100 ms, so the agent itself ends promptly;
+// a server answers a wait at its deadline, so a slice also proves the store alive). It wakes the supervisor through an eventfd when the
 // stop key appears, when the store has not answered for --heartbeat-timeout ("lost the store"),
 // or when stdin ends (the master, or its ssh session, is gone).
 class Monitor {
@@ -99,8 +100,11 @@ class Monitor {
 
   void loop() {
     const std::string where = fmt::format("{}:{}", options_.host, options_.port);
+    // Waits are cut into slices so the agent ends promptly; a heartbeat every interval.
+    const Millis slice = std::min<Millis>(interval_, Millis(100));
     std::unique_ptr<store::TcpStore> store;
     auto lastOk = Clock::now();
+    auto lastBeat = Clock::time_point{};
     int stopSeen = -1;
     while (!quit_) {
       if (stdinEnded()) {
@@ -109,23 +113,25 @@ class Monitor {
       }
       try {
         if (!store) store = std::make_unique<store::TcpStore>(options_);
-        store->add(keys::heartbeat(node_), 1);
-        lastOk = Clock::now();
-        const int round = round_;
-        if (round >= 0 && stopSeen != round) {
-          try {
-            store->wait({keys::stop(round)}, interval_);
-            stopSeen = round;
-            wake();
-          } catch (const TimeoutError&) {
-            // No stop yet: the next heartbeat -- unless the answer itself was that late (the
-            // server answers a wait at its deadline; a partition does not).
-            if (Clock::now() - lastOk >= interval_ + timeout_) throw;
-          }
-        } else {
-          std::this_thread::sleep_for(std::min<Millis>(interval_, Millis(200)));
-          if (Clock::now() - lastOk < interval_) continue;
+        if (Clock::now() - lastBeat >= interval_) {
+          store->add(keys::heartbeat(node_), 1);
+          lastBeat = lastOk = Clock::now();
         }
+        const int round = round_;
+        if (round < 0 || stopSeen == round) {
+          std::this_thread::sleep_for(slice);
+          continue;
+        }
+        const auto asked = Clock::now();
+        try {
+          store->wait({keys::stop(round)}, slice);
+          stopSeen = round;
+          wake();
+        } catch (const TimeoutError&) {
+          // The server answers a wait at its deadline; a partitioned one does not.
+          if (Clock::now() - asked > slice + Millis(1000)) throw;
+        }
+        lastOk = Clock::now();
       } catch (const Error& e) {
         if (quit_) return;
         if (Clock::now() - lastOk >= timeout_) {
