@@ -337,14 +337,26 @@ int runAgent(const AgentSetup& setup, const EnvMap& environment) {
   so.host = setup.storeAddr;
   so.port = static_cast<uint16_t>(setup.storePort);
   so.token = setup.token;
-  so.connectTimeout = millis(config.rdzvTimeout);
   so.timeout = millis(std::max(config.heartbeatTimeout, 1.0));
+  // The first connection may wait for the store's host as long as the rendezvous does (a manual
+  // node 0 may start last); a connection lost later is the store lost: a reconnect gets
+  // --heartbeat-timeout, never the rendezvous timeout.
+  so.connectTimeout = millis(config.heartbeatTimeout);
   std::unique_ptr<store::TcpStore> store;
-  try {
-    store = std::make_unique<store::TcpStore>(so);
-  } catch (const Error& e) {
-    say(fmt::format("{}: cannot reach the store at {}:{}: {}", me, so.host, so.port, e.what()));
-    return 125;
+  const auto connectDeadline = Clock::now() + millis(config.rdzvTimeout);
+  while (!store) {
+    try {
+      store = std::make_unique<store::TcpStore>(so);
+    } catch (const Error& e) {
+      if (int sig = takePendingSignal()) {
+        say(fmt::format("{}: received {} while connecting to the store", me, fault::signalName(sig)));
+        return 128 + sig;
+      }
+      if (Clock::now() < connectDeadline) continue;
+      say(fmt::format("{}: cannot reach the store at {}:{} within {:g} s (--rdzv-timeout): {}", me,
+                      so.host, so.port, config.rdzvTimeout, e.what()));
+      return kExitDeadline;
+    }
   }
   store::TcpStoreOptions mo = so;
   mo.connectTimeout = millis(config.heartbeatTimeout);

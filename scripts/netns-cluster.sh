@@ -64,7 +64,8 @@ cmd_up() {
   [[ "$n" =~ ^[0-9]+$ ]] && [ "$n" -ge 1 ] && [ "$n" -le 32 ] || die "up N: N must be 1..32"
   name="$(name_of "${2:-}")"
   require_root
-  # One `up` at a time picks a subnet and creates links (parallel tests).
+  # One `up` at a time picks a subnet and creates links (parallel tests). The hosts' daemons do
+  # not inherit the lock (9>&- below).
   exec 9>"${DTRAIN_CLUSTER_ROOT:-/var/tmp}/dtrain-cluster.lock"
   flock 9
   cmd_down "$name"
@@ -124,7 +125,7 @@ EOF
       # Holds the host'"'"'s namespaces for `exec` while its sshd may be stopped by a test.
       sleep infinity </dev/null >/dev/null 2>&1 &
       echo $! > "$5"
-      exec /usr/sbin/sshd -f "$3" -E "$4"' sh "$h/work" "$state/work" "$h/sshd_config" "$h/sshd.log" "$h/holder.pid"
+      exec /usr/sbin/sshd -f "$3" -E "$4"' sh "$h/work" "$state/work" "$h/sshd_config" "$h/sshd.log" "$h/holder.pid" 9>&-
     echo "$ip $(cut -d' ' -f1,2 "$state/host_key.pub")" >> "$state/known_hosts"
     echo "$ip" >> "$state/hosts"
   done

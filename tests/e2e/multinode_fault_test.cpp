@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <filesystem>
 #include <cstdlib>
 #include <thread>
 
@@ -47,7 +48,13 @@ void expectNothingLeft(const Cluster& c, const LaunchResult& r, pid_t spare = -1
       if (left.empty()) break;
       std::this_thread::sleep_for(std::chrono::milliseconds(100));
     }
-    EXPECT_TRUE(left.empty()) << "host " << k << " still runs " << left.size() << " process(es)";
+    std::string which;
+    for (pid_t p : left) {
+      std::string stat = readFile("/proc/" + std::to_string(p) + "/stat");
+      which += "\n  " + stat.substr(0, 80);
+    }
+    EXPECT_TRUE(left.empty()) << "host " << k << " still runs " << left.size() << " process(es):"
+                              << which;
   }
 }
 
@@ -99,6 +106,48 @@ TEST(MultiNodeFault, RemoteAgentKilledEndsTheJobNamingTheNode) {
   EXPECT_NE(r.exitCode, 0) << r.all();
   EXPECT_NE(r.err.find("node 1 (" + c->hosts()[1] + ")"), std::string::npos) << r.err;
   EXPECT_LT(r.seconds - killedAt, kHeartbeatTimeout + kGrace + kMargin + 2) << r.err;
+  expectNothingLeft(*c, r);
+}
+
+// The master's ssh process for one node, on this host.
+pid_t sshTo(const std::string& host) {
+  for (const auto& entry : std::filesystem::directory_iterator("/proc")) {
+    const std::string name = entry.path().filename();
+    if (name.find_first_not_of("0123456789") != std::string::npos) continue;
+    std::string cmd = readFile(entry.path().string() + "/cmdline");
+    if (cmd.rfind("ssh", 0) == 0 && cmd.find(std::string("\0") + host + "\0") != std::string::npos &&
+        cmd.find("--agent") != std::string::npos) {
+      return std::stoi(name);
+    }
+  }
+  return -1;
+}
+
+TEST(MultiNodeFault, DroppedSshSessionStopsThatNodesWorkers) {
+  DTRAIN_CLUSTER_OR_SKIP(c, 2);
+  LaunchProcess p(longJob(*c));
+  ASSERT_TRUE(waitForWorkers(p, 4, 30)) << p.out() << p.err();
+  const pid_t ssh = sshTo(c->hosts()[1]);
+  ASSERT_GT(ssh, 0);
+  ASSERT_EQ(::kill(ssh, SIGKILL), 0);
+  const double droppedAt = p.elapsed();
+  LaunchResult r = p.wait(60);
+  EXPECT_NE(r.exitCode, 0) << r.all();
+  EXPECT_NE(r.err.find("node 1 (" + c->hosts()[1] + "): its ssh session was killed by SIGKILL"),
+            std::string::npos) << r.err;
+  EXPECT_LT(r.seconds - droppedAt, kGrace + kMargin + 2) << r.err;
+  // Node 1's agent saw its stdin close and stopped its workers by itself.
+  expectNothingLeft(*c, r);
+}
+
+TEST(MultiNodeFault, SigkilledMasterLeavesNothingOnAnyNode) {
+  DTRAIN_CLUSTER_OR_SKIP(c, 2);
+  LaunchProcess p(longJob(*c));
+  ASSERT_TRUE(waitForWorkers(p, 4, 30)) << p.out() << p.err();
+  p.signal(SIGKILL);
+  LaunchResult r = p.wait(10);
+  EXPECT_EQ(r.exitCode, 128 + SIGKILL);
+  // ssh dies with the master (PDEATHSIG), each agent's stdin closes, agents stop their workers.
   expectNothingLeft(*c, r);
 }
 
