@@ -1,6 +1,6 @@
 #pragma once
-// The environment every node's workers get from the master (DESIGN.md, Contracts: "Environment
-// prefixes"): NCCL_*, GLOO_*, TORCH_*, PATH, LD_LIBRARY_PATH, PYTHONPATH, the runtime settings
+// The environment every node's workers get from the master (docs/design.md, "Forwarded
+// environment"): NCCL_*, GLOO_*, TORCH_*, PATH, LD_LIBRARY_PATH, PYTHONPATH, the runtime settings
 // DTRAIN_VERBOSE / _BACKEND / _SHM / _FAULT / _IO_FAULT, the lines of a `.dtrain_env` file in the
 // working directory (DeepSpeed's `.deepspeed_env` habit) and --env KEY=VALUE, later ones winning.
 // Never DTRAIN_LAUNCH_* (options of this launch only) and never the job token (it travels on its

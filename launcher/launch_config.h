@@ -23,7 +23,7 @@ constexpr const char* kDefaultRdzvBackend = "c10d";
 constexpr const char* kDefaultLinePrefixTemplate = "[rank ${rank}]: ";
 // A multi-node job's default: which node a line came from, too.
 constexpr const char* kDefaultMultiNodeLinePrefixTemplate = "[node${node_rank} rank${rank}]: ";
-constexpr int kDefaultMultiNodeStorePort = 29400;   // DESIGN.md, Ports
+constexpr int kDefaultMultiNodeStorePort = 29400;   // docs/design.md, Ports
 constexpr int kDefaultMultiNodeMasterPort = 29500;
 constexpr double kDefaultRdzvTimeoutSeconds = 900;
 constexpr double kDefaultHeartbeatIntervalSeconds = 5;
@@ -32,6 +32,7 @@ constexpr int kDefaultMaxRestarts = 0;
 constexpr double kDefaultGracePeriodSeconds = 30.0;
 constexpr double kDefaultMonitorIntervalSeconds = 0.1;
 constexpr double kDefaultExitBarrierTimeoutSeconds = 300.0;  // torchrun's exit_barrier_timeout
+constexpr double kDefaultKillTimeoutSeconds = 60.0;  // see Note [Last deadline] in supervisor.h
 constexpr double kMaxTimeoutSeconds = 1e9;  // ~31 years: any longer is a typo (and overflows)
 constexpr int64_t kDefaultLogMaxBytes = int64_t{1} << 30;  // per file, one rotated copy kept
 constexpr int64_t kMinLogMaxBytes = 4096;
@@ -87,6 +88,9 @@ struct LaunchConfig {
   // Once a worker exits 0, the others must end within this many seconds (0: no limit). See
   // Note [Exit barrier] in supervisor/supervisor.h.
   double exitBarrierTimeout = kDefaultExitBarrierTimeoutSeconds;
+  // After SIGKILL, how long to wait for every process of a worker to end before reporting the
+  // ones left (state D) and exiting 125. See Note [Last deadline] in supervisor/supervisor.h.
+  double killTimeout = kDefaultKillTimeoutSeconds;
 
   // Output.
   std::string logDir;  // empty: no log files unless redirects/tee ask for them
@@ -133,6 +137,14 @@ std::string optionLabel(const LaunchConfig& config, const std::string& option);
 // Throws InvalidArgument naming the option and what to do. Pure: does not look at the machine.
 void validate(const LaunchConfig& config);
 
+// How much of a user's value a message quotes (a value may be 128 KiB).
+constexpr size_t kMaxQuotedChars = 200;
+
+// `text` for a one-line message: control characters escaped, at most kMaxQuotedChars of it, and
+// how long it was when cut ("abc... (40000 characters)"). excerpt() leaves out the quotes.
+std::string excerpt(const std::string& text);
+std::string quoteValue(const std::string& text);
+
 // Value parsers: each throws InvalidArgument naming `label` and the accepted forms.
 NprocSpec parseNproc(const std::string& text, const std::string& label);
 StreamSpec parseStreamSpec(const std::string& text, const std::string& label);
@@ -159,7 +171,8 @@ std::string expandLinePrefix(const std::string& templ, int rank, int localRank,
 // True when the config describes a job on more than one node (or on a host list).
 bool isMultiNode(const LaunchConfig& config);
 
-// Variables of DESIGN.md's worker environment that --env may not override.
+// Variables of the worker environment (docs/design.md#worker-environment) that --env may not
+// override.
 bool isReservedWorkerVariable(const std::string& name);
 
 }  // namespace dtrain::launcher

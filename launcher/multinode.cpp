@@ -106,7 +106,7 @@ MultiNodePlan planMultiNode(const LaunchConfig& config, const EnvMap& environmen
   plan.launchPath = config.remoteLaunch.empty() ? selfPath() : config.remoteLaunch;
   plan.cwd = config.remoteCwd.empty() ? currentDir() : config.remoteCwd;
 
-  // The environment the agents get: DESIGN.md's list, .dtrain_env, --env.
+  // The environment the agents get: docs/design.md's list, .dtrain_env, --env.
   std::vector<std::pair<std::string, std::string>> dotEnv;
   if (::access(kDotEnvFile, F_OK) == 0) {
     dotEnv = parseDotEnv(readTextFile(kDotEnvFile, "the environment file"),

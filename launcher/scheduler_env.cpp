@@ -56,7 +56,7 @@ std::vector<SchedulerSetting> schedulerSettings(const std::map<std::string, std:
       if (const std::string* v = lookup(env, var)) out.push_back({option, *v, var});
     }
     // torchrun's static rendezvous meets at MASTER_ADDR; launch's store lives on node rank 0
-    // too, at the rendezvous port (DESIGN.md, Ports).
+    // too, at the rendezvous port (docs/design.md, Ports).
     if (const std::string* addr = lookup(env, "PET_MASTER_ADDR")) {
       if (!lookup(env, "PET_RDZV_ENDPOINT")) {
         out.push_back({"rdzv-endpoint", *addr, "PET_MASTER_ADDR"});
