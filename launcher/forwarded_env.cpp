@@ -52,9 +52,9 @@ std::vector<std::pair<std::string, std::string>> parseDotEnv(const std::string& 
     size_t eq = line.find('=');
     std::string key = line.substr(0, eq);
     DTRAIN_CHECK_ARG(eq != std::string::npos && validName(key),
-                     "{} line {}: \"{}\" is not KEY=VALUE; HINT: one assignment a line, e.g. "
+                     "{} line {}: {} is not KEY=VALUE; HINT: one assignment a line, e.g. "
                      "NCCL_IB_HCA=mlx5",
-                     source, lineNo, line.substr(0, 80));
+                     source, lineNo, quoteValue(line));
     DTRAIN_CHECK_ARG(!isReservedWorkerVariable(key) && key != env::kStoreToken &&
                          !startsWith(key, env::kLaunchOptionPrefix),
                      "{} line {}: {} is set by launch itself; HINT: remove the line", source,

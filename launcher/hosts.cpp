@@ -4,6 +4,7 @@
 #include <cctype>
 
 #include "dtrain/error.h"
+#include "launcher/launch_config.h"
 #include "parse_int.h"
 
 namespace dtrain::launcher {
@@ -41,7 +42,7 @@ bool validHostName(const std::string& h) {
 int parseSlots(const std::string& text, const std::string& where) {
   int64_t v = 0;
   DTRAIN_CHECK_ARG(parseInt64(text, &v) && v >= 1 && v <= kMaxSlotsPerHost,
-                   "{}: slots \"{}\" is not a count in 1..{}; HINT: host slots=8", where, text,
+                   "{}: slots {} is not a count in 1..{}; HINT: host slots=8", where, quoteValue(text),
                    kMaxSlotsPerHost);
   return static_cast<int>(v);
 }
@@ -51,7 +52,7 @@ std::vector<int> parseSlotList(const std::string& text, const std::string& where
   for (const auto& part : split(text, ',')) {
     int64_t v = 0;
     DTRAIN_CHECK_ARG(parseInt64(part, &v) && v >= 0 && v < kMaxSlotsPerHost,
-                     "{}: \"{}\" is not a slot number; HINT: host:0,2", where, part);
+                     "{}: {} is not a slot number; HINT: host:0,2", where, quoteValue(part));
     DTRAIN_CHECK_ARG(std::find(slots.begin(), slots.end(), v) == slots.end(),
                      "{}: slot {} is named twice", where, v);
     slots.push_back(static_cast<int>(v));
@@ -82,13 +83,13 @@ std::vector<HostEntry> parseHostfile(const std::string& text, const std::string&
     HostEntry e;
     e.host = fields[0];
     DTRAIN_CHECK_ARG(validHostName(e.host),
-                     "{}: \"{}\" is not a host name; HINT: one host a line, as `host slots=N`",
-                     where, e.host);
+                     "{}: {} is not a host name; HINT: one host a line, as `host slots=N`",
+                     where, quoteValue(e.host));
     for (size_t i = 1; i < fields.size(); ++i) {
       size_t eq = fields[i].find('=');
       std::string key = fields[i].substr(0, eq);
       DTRAIN_CHECK_ARG(eq != std::string::npos && (key == "slots" || key == "max_slots"),
-                       "{}: unknown field \"{}\"; HINT: `host slots=N`", where, fields[i]);
+                       "{}: unknown field {}; HINT: `host slots=N`", where, quoteValue(fields[i]));
       if (key == "slots") e.slots = parseSlots(fields[i].substr(eq + 1), where);
     }
     for (size_t i = 0; i < hosts.size(); ++i) {
@@ -112,10 +113,10 @@ std::vector<HostEntry> parseHostsOption(const std::string& text, const std::stri
     std::string slots;
     if (!part.empty() && part[0] == '[') {  // an IPv6 literal: [fe80::1] or [fe80::1]:4
       size_t close = part.find(']');
-      DTRAIN_CHECK_ARG(close != std::string::npos, "{} \"{}\": unclosed '['", label, text);
+      DTRAIN_CHECK_ARG(close != std::string::npos, "{} {}: unclosed '['", label, quoteValue(text));
       e.host = part.substr(1, close - 1);
       if (close + 1 < part.size()) {
-        DTRAIN_CHECK_ARG(part[close + 1] == ':', "{} \"{}\": expected ':' after ']'", label, text);
+        DTRAIN_CHECK_ARG(part[close + 1] == ':', "{} {}: expected ':' after ']'", label, quoteValue(text));
         slots = part.substr(close + 2);
       }
     } else if (size_t colon = part.find(':'); colon != std::string::npos) {
@@ -125,12 +126,12 @@ std::vector<HostEntry> parseHostsOption(const std::string& text, const std::stri
       e.host = part;
     }
     if (!slots.empty() || (part.find(':') != std::string::npos && part[0] != '[')) {
-      e.slots = parseSlots(slots, label + " \"" + part + "\"");
+      e.slots = parseSlots(slots, label + " " + quoteValue(part));
     }
-    DTRAIN_CHECK_ARG(validHostName(e.host), "{} \"{}\": \"{}\" is not a host name; HINT: "
-                     "--hosts a,b or --hosts a:4,b:4", label, text, part);
+    DTRAIN_CHECK_ARG(validHostName(e.host), "{} {}: {} is not a host name; HINT: "
+                     "--hosts a,b or --hosts a:4,b:4", label, quoteValue(text), quoteValue(part));
     for (const auto& h : hosts) {
-      DTRAIN_CHECK_ARG(h.host != e.host, "{} \"{}\": host {} is listed twice", label, text,
+      DTRAIN_CHECK_ARG(h.host != e.host, "{} {}: host {} is listed twice", label, quoteValue(text),
                        e.host);
     }
     hosts.push_back(e);
@@ -144,11 +145,11 @@ std::vector<HostFilterTerm> parseHostFilter(const std::string& text, const std::
     HostFilterTerm t;
     size_t colon = part.find(':');
     t.host = part.substr(0, colon);
-    const std::string where = label + " \"" + text + "\"";
+    const std::string where = label + " " + quoteValue(text);
     DTRAIN_CHECK_ARG(validHostName(t.host) && t.host.find(':') == std::string::npos,
-                     "{}: \"{}\" is not a host; HINT: host, host:0,2, joined by @ "
+                     "{}: {} is not a host; HINT: host, host:0,2, joined by @ "
                      "(worker-0@worker-1:0,1)",
-                     where, part);
+                     where, quoteValue(part));
     if (colon != std::string::npos) t.slots = parseSlotList(part.substr(colon + 1), where);
     for (const auto& o : terms) {
       DTRAIN_CHECK_ARG(o.host != t.host, "{}: host {} is named twice", where, t.host);
@@ -232,12 +233,12 @@ void expandName(const std::string& name, const std::string& label, const std::st
   size_t open = name.find('[');
   if (open == std::string::npos) {
     DTRAIN_CHECK_ARG(name.find(']') == std::string::npos && !name.empty(),
-                     "{} \"{}\": unbalanced ']' or an empty name", label, all);
+                     "{} {}: unbalanced ']' or an empty name", label, quoteValue(all));
     out->push_back(name);
     return;
   }
   size_t close = name.find(']', open);
-  DTRAIN_CHECK_ARG(close != std::string::npos, "{} \"{}\": '[' without ']'", label, all);
+  DTRAIN_CHECK_ARG(close != std::string::npos, "{} {}: '[' without ']'", label, quoteValue(all));
   const std::string head = name.substr(0, open);
   const std::string tail = name.substr(close + 1);
   for (const auto& range : split(name.substr(open + 1, close - open - 1), ',')) {
@@ -248,7 +249,7 @@ void expandName(const std::string& name, const std::string& label, const std::st
     int64_t b = 0;
     DTRAIN_CHECK_ARG(parseInt64(lo, &a) && parseInt64(hi, &b) && a >= 0 && a <= b &&
                          b - a < 100000,
-                     "{} \"{}\": \"{}\" is not a range such as 01-04 or 7", label, all, range);
+                     "{} {}: {} is not a range such as 01-04 or 7", label, quoteValue(all), quoteValue(range));
     const size_t width = lo.size();  // "01-04": keep the padding
     for (int64_t i = a; i <= b; ++i) {
       std::string num = std::to_string(i);
@@ -268,7 +269,7 @@ std::vector<std::string> expandSlurmNodelist(const std::string& text, const std:
   for (char c : text) {
     if (c == '[') ++depth;
     if (c == ']') --depth;
-    DTRAIN_CHECK_ARG(depth >= 0 && depth <= 1, "{} \"{}\": unbalanced brackets", label, text);
+    DTRAIN_CHECK_ARG(depth >= 0 && depth <= 1, "{} {}: unbalanced brackets", label, quoteValue(text));
     if (c == ',' && depth == 0) {
       names.push_back(cur);
       cur.clear();
@@ -276,7 +277,7 @@ std::vector<std::string> expandSlurmNodelist(const std::string& text, const std:
       cur += c;
     }
   }
-  DTRAIN_CHECK_ARG(depth == 0, "{} \"{}\": '[' without ']'", label, text);
+  DTRAIN_CHECK_ARG(depth == 0, "{} {}: '[' without ']'", label, quoteValue(text));
   names.push_back(cur);
   std::vector<std::string> out;
   for (const auto& n : names) expandName(n, label, text, &out);

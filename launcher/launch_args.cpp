@@ -181,8 +181,8 @@ const OptionSpec kOptions[] = {
     {"ssh-option", 0, "OPT=VALUE", "ssh -o OPT=VALUE (repeatable; wins over launch's own)",
      [](LaunchConfig& c, const std::string& v, const std::string& l) {
        DTRAIN_CHECK_ARG(v.find('=') != std::string::npos || v.find(' ') != std::string::npos,
-                        "{} \"{}\" is not an ssh option; HINT: e.g. --ssh-option "
-                        "ServerAliveInterval=5", l, v);
+                        "{} {} is not an ssh option; HINT: e.g. --ssh-option "
+                        "ServerAliveInterval=5", l, quoteValue(v));
        c.ssh.options.push_back(v);
      }},
     {"ssh-connect-timeout", 0, "SECONDS", "ssh -o ConnectTimeout (10)",
@@ -219,7 +219,7 @@ const OptionSpec kOptions[] = {
        std::string u = v;
        for (auto& ch : u) ch = static_cast<char>(std::toupper(static_cast<unsigned char>(ch)));
        DTRAIN_CHECK_ARG(u == "VERSION" || u == "WARN" || u == "INFO" || u == "TRACE",
-                        "{} \"{}\": use VERSION, WARN, INFO or TRACE", l, v);
+                        "{} {}: use VERSION, WARN, INFO or TRACE", l, quoteValue(v));
        c.nccl.debug = u;
      }},
     {"nccl-debug-subsys", 0, "LIST", "NCCL_DEBUG_SUBSYS, e.g. INIT,NET",
@@ -482,11 +482,11 @@ torchrun's spellings work too: --nproc_per_node, --rdzv_endpoint, --rdzv_id, --r
 Every option can also come from the environment as DTRAIN_LAUNCH_<OPTION>
 (e.g. DTRAIN_LAUNCH_NPROC_PER_NODE=4); the command line wins.
 
-Multi-node: `launch --hostfile FILE ...` (or --hosts a,b) on the master starts every node over
-ssh; or run `launch --nnodes N --node-rank R --rdzv-endpoint HOST:PORT ...` on every node (node 0
-hosts the store; the token from --token-file or DTRAIN_STORE_TOKEN). Inside Slurm (SLURM_NNODES,
-SLURM_NODEID, SLURM_JOB_NODELIST) and Kubernetes' PyTorchJob (PET_*) those options come from the
-scheduler's variables. `launch --check` with the same options checks every node first.
+Multi-node: `launch --hostfile=FILE ...` (or --hosts=a,b) on the master starts every node over
+ssh; or run `launch --nnodes=N --node-rank=R --rdzv-endpoint=HOST:PORT ...` on every node (node 0
+hosts the store; the token from --token-file=FILE or DTRAIN_STORE_TOKEN). Inside Slurm
+(SLURM_NNODES, SLURM_NODEID, SLURM_JOB_NODELIST) and Kubernetes' PyTorchJob (PET_*) those options
+come from the scheduler's variables. `launch --check` with the same options checks every node.
 
 Exit codes: 0 every worker exited 0; 1-123 the root-cause worker's exit code; 2 usage error
 (nothing was started); 75 preempted (every worker checkpointed on SIGTERM); 124 a deadline

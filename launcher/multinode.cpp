@@ -57,7 +57,8 @@ bool masterOnlyOption(const std::string& name) {
 
 std::string readTextFile(const std::string& path, const std::string& label) {
   std::ifstream in(path, std::ios::binary);
-  DTRAIN_CHECK_ARG(in.good(), "{} {}: cannot read it: {}", label, path, std::strerror(errno));
+  DTRAIN_CHECK_ARG(in.good(), "{} {}: cannot read it: {}", label, quoteValue(path),
+                   std::strerror(errno));
   std::ostringstream ss;
   ss << in.rdbuf();
   return ss.str();
@@ -121,7 +122,7 @@ MultiNodePlan planMultiNode(const LaunchConfig& config, const EnvMap& environmen
         config.hostfile.empty()
             ? parseHostsOption(config.hosts, optionLabel(config, "hosts"))
             : parseHostfile(readTextFile(config.hostfile, optionLabel(config, "hostfile")),
-                            optionLabel(config, "hostfile") + " " + config.hostfile);
+                            optionLabel(config, "hostfile") + " " + quoteValue(config.hostfile));
     const int defaultSlots =
         config.nprocPerNode.kind == NprocSpec::Kind::Count ? config.nprocPerNode.count : 0;
     hosts = applyHostFilters(
@@ -173,7 +174,7 @@ MultiNodePlan planMultiNode(const LaunchConfig& config, const EnvMap& environmen
   if (!config.tokenFile.empty()) {
     plan.token = trimmed(readTextFile(config.tokenFile, optionLabel(config, "token-file")));
     DTRAIN_CHECK_ARG(!plan.token.empty(), "{} {} is empty", optionLabel(config, "token-file"),
-                     config.tokenFile);
+                     quoteValue(config.tokenFile));
   } else if (auto it = environment.find(env::kStoreToken); it != environment.end()) {
     plan.token = it->second;
   }

@@ -2,6 +2,7 @@
 
 #include "dtrain/error.h"
 #include "launcher/hosts.h"
+#include "launcher/launch_config.h"
 #include "parse_int.h"
 
 namespace dtrain::launcher {
@@ -26,16 +27,16 @@ void slurmSettings(const std::map<std::string, std::string>& env,
   if (!list || !nnodes || !nodeId) return;
   int64_t n = 0;
   int64_t id = 0;
-  DTRAIN_CHECK_ARG(parseInt64(*nnodes, &n) && n >= 1, "SLURM_NNODES=\"{}\" is not a node count",
-                   *nnodes);
+  DTRAIN_CHECK_ARG(parseInt64(*nnodes, &n) && n >= 1, "SLURM_NNODES={} is not a node count",
+                   quoteValue(*nnodes));
   if (n == 1) return;  // one node: nothing to rendezvous across
   DTRAIN_CHECK_ARG(parseInt64(*nodeId, &id) && id >= 0 && id < n,
-                   "SLURM_NODEID=\"{}\" is not a node index below SLURM_NNODES={}", *nodeId, n);
+                   "SLURM_NODEID={} is not a node index below SLURM_NNODES={}", quoteValue(*nodeId), n);
   std::vector<std::string> hosts = expandSlurmNodelist(*list, listName);
   DTRAIN_CHECK_ARG(static_cast<int64_t>(hosts.size()) == n,
-                   "{}=\"{}\" names {} nodes, but SLURM_NNODES={}; HINT: run launch inside the "
+                   "{}={} names {} nodes, but SLURM_NNODES={}; HINT: run launch inside the "
                    "allocation's step (srun --ntasks-per-node=1 launch ...)",
-                   listName, *list, hosts.size(), n);
+                   listName, quoteValue(*list), hosts.size(), n);
   out->push_back({"nnodes", *nnodes, "SLURM_NNODES"});
   out->push_back({"node-rank", *nodeId, "SLURM_NODEID"});
   out->push_back({"rdzv-endpoint", hosts[0], std::string(listName) + " (its first node)"});

@@ -35,9 +35,10 @@ std::vector<std::string> longJob(const Cluster& c, const std::vector<std::string
                                "--barrier-timeout-ms", "60000"}));
 }
 
-// Nothing of the job is left on any host, nor here.
+// Nothing of the job is left on any host, nor here: every host first (a cut-off node's agent
+// stops its workers only after --heartbeat-timeout and the grace period), then every pid the job
+// printed.
 void expectNothingLeft(const Cluster& c, const LaunchResult& r, pid_t spare = -1) {
-  if (!jobPids(r.all()).empty()) expectNoneLeft(r.all());
   for (int k = 0; k < static_cast<int>(c.hosts().size()); ++k) {
     std::vector<pid_t> left;
     for (int i = 0; i < 150; ++i) {
@@ -46,6 +47,7 @@ void expectNothingLeft(const Cluster& c, const LaunchResult& r, pid_t spare = -1
       std::vector<pid_t> agents = pidsOn(c, k, "--agent");
       left.insert(left.end(), agents.begin(), agents.end());
       if (left.empty()) break;
+      reapOrphans();
       std::this_thread::sleep_for(std::chrono::milliseconds(100));
     }
     std::string which;
@@ -56,6 +58,10 @@ void expectNothingLeft(const Cluster& c, const LaunchResult& r, pid_t spare = -1
     EXPECT_TRUE(left.empty()) << "host " << k << " still runs " << left.size() << " process(es):"
                               << which;
   }
+  std::vector<pid_t> pids = jobPids(r.all());
+  pids.erase(std::remove(pids.begin(), pids.end(), spare), pids.end());
+  std::vector<pid_t> gone = waitGone(pids, 5);
+  EXPECT_TRUE(gone.empty()) << gone.size() << " pid(s) the job printed are still there";
 }
 
 TEST(MultiNodeFault, SshToOneNodeFailsFastAndNamesIt) {
