@@ -308,6 +308,10 @@ int multinodeBench(const Options& o) {
   }
   const std::string ssh = dir + "/ssh_config";
   const std::vector<std::string> worker = {o.worker, "--steps", "0", "--quiet", "--no-store"};
+  // The store on the bridge's address at a port free now (29400 may be held on every address by
+  // another job on a shared machine).
+  const std::string bridge = hosts[0].substr(0, hosts[0].rfind('.')) + ".254";
+  const std::string endpoint = withFreePort({kFreeEndpoint})[0].replace(0, 9, bridge);
   struct Row {
     std::string label;
     std::vector<std::vector<std::string>> argvs;
@@ -317,8 +321,8 @@ int multinodeBench(const Options& o) {
   };
   std::vector<Row> rows;
   rows.push_back({"launch fan-out, 3 nodes x 2", {cat({o.launch, "--hosts",
-      hosts[0] + "," + hosts[1] + "," + hosts[2], "--ssh-config", ssh, "--nproc-per-node", "2"},
-      worker)}, {}, 0, {}});
+      hosts[0] + "," + hosts[1] + "," + hosts[2], "--ssh-config", ssh, "--rdzv-endpoint", endpoint,
+      "--nproc-per-node", "2"}, worker)}, {}, 0, {}});
   rows.push_back({"launch, one node x 6", {cat({o.launch, "--nproc-per-node", "6"}, worker)}, {}, 0, {}});
   rows.push_back({"launch, one node x 2", {cat({o.launch, "--nproc-per-node", "2"}, worker)}, {}, 0, {}});
   // The floor of any ssh fan-out on this machine: the three connections alone, in parallel.
@@ -387,7 +391,7 @@ int multinodeBench(const Options& o) {
   for (int rep = 0; rep < std::min(o.reps, 3); ++rep) {
     double d = detectionSeconds(
         {o.launch, "--hosts", hosts[0] + "," + hosts[1] + "," + hosts[2], "--ssh-config", ssh,
-         "--ssh-option", "ServerAliveInterval=60", "--nproc-per-node", "2", "--heartbeat-interval",
+         "--rdzv-endpoint", endpoint, "--ssh-option", "ServerAliveInterval=60", "--nproc-per-node", "2", "--heartbeat-interval",
          "0.5", "--heartbeat-timeout", "3", "--grace-period", "1", o.worker, "--steps", "100000",
          "--step-ms", "50", "--no-store"},
         o.clusterScript, name, 1);

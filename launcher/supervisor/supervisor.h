@@ -133,6 +133,7 @@ class Supervisor {
 
  private:
   struct Slot;
+  class Attempt;  // the steps of one attempt: see Note [Attempt steps] in supervisor.cpp
 
   JobPlan plan_;
   int signalFd_ = -1;

@@ -2,7 +2,13 @@
 
 #include <gtest/gtest.h>
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
 #include <cstdio>
+#include <map>
 
 #include "test_support.h"
 
@@ -18,8 +24,35 @@ std::vector<std::string> cat(std::vector<std::string> a, const std::vector<std::
   return a;
 }
 
-std::vector<std::string> fanOut(const Cluster& c, const std::vector<std::string>& extra) {
+int storePort(const Cluster& c) {
+  static std::map<std::string, int> ports;  // one per cluster, picked once
+  auto it = ports.find(c.name());
+  if (it != ports.end()) return it->second;
+  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in sa{};
+  sa.sin_family = AF_INET;
+  ::inet_pton(AF_INET, c.bridgeAddress().c_str(), &sa.sin_addr);
+  socklen_t len = sizeof sa;
+  int port = 0;
+  if (::bind(fd, reinterpret_cast<sockaddr*>(&sa), sizeof sa) == 0 &&
+      ::getsockname(fd, reinterpret_cast<sockaddr*>(&sa), &len) == 0) {
+    port = ntohs(sa.sin_port);
+  }
+  ::close(fd);
+  EXPECT_GT(port, 0) << "no free port on " << c.bridgeAddress();
+  ports[c.name()] = port;
+  return port;
+}
+
+std::vector<std::string> fanOutFromANode(const Cluster& c, const std::vector<std::string>& extra) {
   return cat(cat({"--hosts", c.hostList(), "--ssh-config", c.sshConfig()}, timings()), extra);
+}
+
+std::vector<std::string> fanOut(const Cluster& c, const std::vector<std::string>& extra) {
+  return cat(cat({"--hosts", c.hostList(), "--ssh-config", c.sshConfig(), "--rdzv-endpoint",
+                  c.bridgeAddress() + ":" + std::to_string(storePort(c))},
+                 timings()),
+             extra);
 }
 
 std::vector<pid_t> pidsOn(const Cluster& c, int k, const std::string& needle) {

@@ -18,8 +18,13 @@ constexpr double kGrace = 2;
   auto var = ::dtrain::testing::Cluster::up(n, &var##Skip); \
   if (!var) GTEST_SKIP() << var##Skip
 
-// The fan-out options for cluster `c` (all its hosts), then `extra`.
+// The fan-out options for cluster `c` (all its hosts) with the master here, outside the nodes,
+// then `extra`. The store listens on the bridge's address at storePort(c) -- a port free here,
+// not the default 29400, which other jobs on a shared machine may hold on every address.
 std::vector<std::string> fanOut(const Cluster& c, const std::vector<std::string>& extra = {});
+// The fan-out options without --rdzv-endpoint (a master inside a node: default address and port).
+std::vector<std::string> fanOutFromANode(const Cluster& c, const std::vector<std::string>& extra = {});
+int storePort(const Cluster& c);
 // The common timing options alone.
 std::vector<std::string> timings();
 // a + b.

@@ -93,7 +93,9 @@ TEST(MultiNodeFault, UnknownHostKeyIsRefusedWithAHint) {
   EXPECT_NE(r.err.find("--ssh-accept-new-host-keys"), std::string::npos) << r.err;
   // The opt-in trusts first-seen keys (accept-new) and records them.
   r = runLaunch(cat(cat({"--hosts", c->hostList(), "--ssh-config", cfg,
-                         "--ssh-accept-new-host-keys"}, timings()),
+                         "--ssh-accept-new-host-keys", "--rdzv-endpoint",
+                         c->bridgeAddress() + ":" + std::to_string(storePort(*c))},
+                        timings()),
                     {workerPath(), "--steps", "1"}),
                 {}, 60);
   EXPECT_EQ(r.exitCode, 0) << r.all();
@@ -227,14 +229,15 @@ TEST(MultiNodeFault, FirewallOnTheStorePortFailsTheRendezvousNamingTheNode) {
   DTRAIN_CLUSTER_OR_SKIP(c, 2);
   if (::access("/usr/sbin/nft", X_OK) != 0) GTEST_SKIP() << "no nft (nftables) here";
   ASSERT_EQ(c->run(1, "nft add table inet f && nft add chain inet f out '{ type filter hook "
-                      "output priority 0; }' && nft add rule inet f out tcp dport 29400 drop"),
+                      "output priority 0; }' && nft add rule inet f out tcp dport " +
+                      std::to_string(storePort(*c)) + " drop"),
             0);
   LaunchResult r = runLaunch(cat(fanOut(*c, {"--rdzv-timeout", "4"}),
                                  {"--nproc-per-node", "1", workerPath(), "--steps", "1"}),
                              {}, 60);
   EXPECT_EQ(r.exitCode, 124) << r.all();
   EXPECT_NE(r.err.find("missing: node 1 (" + c->hosts()[1] + ")"), std::string::npos) << r.err;
-  EXPECT_NE(r.err.find(":29400"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find(":" + std::to_string(storePort(*c))), std::string::npos) << r.err;
   EXPECT_LT(r.seconds, 4 + 4 + kMargin) << r.err;
   expectNothingLeft(*c, r);
 }

@@ -47,7 +47,7 @@ TEST(MultiNode, FanOutFromNodeZeroRunsItsAgentWithoutSsh) {
   std::string pid = readFile(c->dir() + "/host0/sshd.pid");
   ASSERT_FALSE(pid.empty());
   ASSERT_EQ(::kill(std::stoi(pid), SIGKILL), 0);
-  LaunchProcess p(fanOut(*c, {"--nproc-per-node", "2", workerPath(), "--steps", "1"}), {},
+  LaunchProcess p(fanOutFromANode(*c, {"--nproc-per-node", "2", workerPath(), "--steps", "1"}), {},
                   c->on(0));
   LaunchResult r = p.wait(60);
   ASSERT_EQ(r.exitCode, 0) << r.all();
@@ -139,7 +139,8 @@ TEST(MultiNode, HostfileWithIncludeAndExclude) {
   // Node 0 with slot 1 only, node 1 whole, node 2 left out.
   LaunchResult r = runLaunch(
       cat(cat({"--hostfile", hostfile, "--ssh-config", c->sshConfig(), "--include",
-               c->hosts()[0] + ":1@" + c->hosts()[1]},
+               c->hosts()[0] + ":1@" + c->hosts()[1], "--rdzv-endpoint",
+               c->bridgeAddress() + ":" + std::to_string(storePort(*c))},
               timings()),
           {workerPath(), "--steps", "1", "--print-env"}),
       {}, 60);
@@ -283,14 +284,15 @@ TEST(MultiNodeCheck, NamesAMissingProgramAndAFirewalledPort) {
   const std::string program = c->workDir() + "/prog";
   ASSERT_EQ(c->run(0, "cp " + workerPath() + " " + program), 0);
   ASSERT_EQ(c->run(2, "nft add table inet f && nft add chain inet f out '{ type filter hook "
-                      "output priority 0; }' && nft add rule inet f out tcp dport 29400 drop"),
+                      "output priority 0; }' && nft add rule inet f out tcp dport " +
+                      std::to_string(storePort(*c)) + " drop"),
             0);
   LaunchResult r = runLaunch(fanOut(*c, {"--check", program}), {}, 60);
   EXPECT_EQ(r.exitCode, 125) << r.all();
   EXPECT_NE(r.out.find("node 1 (" + c->hosts()[1] + "): program \"" + program + "\" not found"),
             std::string::npos) << r.out;
   EXPECT_NE(r.out.find("node 2 (" + c->hosts()[2] + "): the store port " + c->bridgeAddress() +
-                       ":29400 is dropped (no answer: a firewall?)"),
+                       ":" + std::to_string(storePort(*c)) + " is dropped (no answer: a firewall?)"),
             std::string::npos) << r.out;
   // The real launch says the same about the program, and exits 127 without starting anything.
   r = runLaunch(fanOut(*c, {"--include", c->hosts()[0] + "@" + c->hosts()[1], program}), {}, 60);
