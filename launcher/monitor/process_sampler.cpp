@@ -173,6 +173,7 @@ bool ProcessSampler::sampleProcess(pid_t pid, RankState& rank, double now, RankS
 }
 
 std::vector<RankSample> ProcessSampler::sampleWorkers(double now) {
+  if (ranks_.empty()) return {};
   if (samplesUntilDiscover_-- <= 0) {
     discover();
     samplesUntilDiscover_ = discoverEvery_ - 1;

@@ -6,6 +6,7 @@ add_library(dtrain_base SHARED
   runtime/base/logging.cpp
   runtime/base/monitor/progress.cpp
   runtime/base/monitor/progress_publisher.cpp
+  runtime/base/net/net_interface.cpp
   runtime/base/net/socket.cpp
   runtime/base/parse_int.cpp
   runtime/base/store/auth.cpp
