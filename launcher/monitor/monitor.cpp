@@ -36,6 +36,9 @@ constexpr double kNever = std::numeric_limits<double>::infinity();
 // Progress is read (and memory checked) at least this often, whatever the sample interval.
 constexpr double kMaxTickSeconds = 1.0;
 constexpr std::chrono::milliseconds kStoreTimeout{5000};
+// How long workers run without any progress report before launch says stall detection has
+// nothing to go on (at least the stall timeout).
+constexpr double kSilentNoteSeconds = 10.0;
 
 }  // namespace
 
@@ -82,9 +85,10 @@ void Monitor::stop() {
   if (thread_.joinable()) thread_.join();
 }
 
-void Monitor::attemptStarted(int attempt) {
+void Monitor::attemptStarted(int attempt, int worldSize) {
   std::lock_guard<std::mutex> lock(mutex_);
   attempt_ = attempt;
+  worldSize_ = worldSize > 0 ? worldSize : context_.worldSize;
   attemptChanged_ = true;
   tearingDown_ = false;
   workers_.clear();
@@ -153,6 +157,7 @@ void Monitor::threadMain() {
     const bool newAttempt = attemptChanged_;
     attemptChanged_ = false;
     currentAttempt_ = attempt_;
+    currentWorldSize_ = worldSize_ > 0 ? worldSize_ : context_.worldSize;
     currentTearingDown_ = tearingDown_;
     std::vector<int> ended;
     ended.swap(ended_);
@@ -162,7 +167,7 @@ void Monitor::threadMain() {
     lock.unlock();
     try {
       if (newAttempt) {
-        stall_.reset(context_.worldSize);
+        stall_.reset(currentWorldSize_);
         memory_.resetRanks();
         gpuIdle_.reset();
         reports_.clear();
@@ -173,6 +178,7 @@ void Monitor::threadMain() {
                                                         prefixed ? prefixed->inner() : store_);
         }
         nodeRecordTimes_.clear();
+        view_.setJob(currentAttempt_, currentWorldSize_, context_.maxRestarts);
         view_.newAttempt(currentAttempt_);
       }
       if (workersChanged) {
@@ -191,7 +197,7 @@ void Monitor::threadMain() {
 }
 
 void Monitor::tick(double now) {
-  if (context_.aggregates || context_.numNodes > 1) connectStore();
+  connectStore();  // progress for the aggregator; an agent publishes its samples there
   if (context_.aggregates) pollStore(now);
   if (context_.samplesNode) {
     if (now >= nextSample_) {
@@ -239,7 +245,7 @@ void Monitor::pollStore(double now) {
     const int64_t version = store_->add(progress::kVersionKey, 0);
     if (version == lastVersion_) return;
     lastVersion_ = version;
-    for (int r = 0; r < context_.worldSize; ++r) {
+    for (int r = 0; r < currentWorldSize_; ++r) {
       const std::string key = progress::rankKey(r);
       if (!store_->check({key})) continue;
       try {
@@ -335,7 +341,7 @@ void Monitor::sample(double now) {
   if (context_.aggregates) {
     writeRecords(records);
     view_.ingest(context_.node, std::move(records), now);
-  } else if (store_) {
+  } else if (store_ && context_.nodeRank >= 0) {
     try {
       publishNodeRecords(*store_, context_.nodeRank, records);
     } catch (const std::exception& e) {
@@ -389,13 +395,20 @@ void Monitor::answerStackRequest() {
 void Monitor::checkStall(double now) {
   if (currentTearingDown_) return;  // workers being stopped stop publishing
   // Workers that never publish (a program without dtrain's runtime) cannot be judged: say so once
-  // instead of watching in silence.
-  const bool running = !currentWorkers_.empty() || !context_.samplesNode;
+  // instead of watching in silence -- once they have run for a while (a program may load its
+  // data before it creates its first communicator).
+  bool running = !currentWorkers_.empty();
+  if (!context_.samplesNode) {  // the master of several nodes: the agents' records say
+    for (const auto& r : view_.latest()) {
+      running = running || (!r.rank && !r.gpu && r.field("workers_alive").value_or(0) > 0);
+    }
+  }
   if (!running || !reports_.empty()) {
     workersSince_ = running ? workersSince_ : -1;
   } else if (workersSince_ < 0) {
     workersSince_ = now;
-  } else if (!toldSilent_ && now - workersSince_ >= options_.stallTimeout) {
+  } else if (!toldSilent_ && now - workersSince_ >= std::max(options_.stallTimeout,
+                                                             kSilentNoteSeconds)) {
     toldSilent_ = true;
     say(fmt::format("launch: {} {:g}: no rank has published progress after {:.0f} s (a program "
                     "without dtrain's runtime, e.g. a torchrun-style Python script): there is "

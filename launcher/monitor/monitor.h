@@ -90,7 +90,7 @@ class Monitor : public JobObserver {
   int metricsPort() const { return endpoint_ ? endpoint_->port() : -1; }
 
   // JobObserver (the supervisor's thread).
-  void attemptStarted(int attempt) override;
+  void attemptStarted(int attempt, int worldSize) override;
   void workerStarted(int rank, int localRank, pid_t pid) override;
   void workerEnded(int rank) override;
   void teardownStarted() override;
@@ -119,6 +119,7 @@ class Monitor : public JobObserver {
   std::condition_variable wake_;             // with mutex_: stop
   bool stopping_ = false;                    // guarded by mutex_
   int attempt_ = 0;                          // guarded by mutex_
+  int worldSize_ = 0;                        // guarded by mutex_
   bool attemptChanged_ = false;              // guarded by mutex_
   bool tearingDown_ = false;                 // guarded by mutex_
   std::map<int, WorkerProcess> workers_;     // guarded by mutex_: live workers by rank
@@ -140,6 +141,7 @@ class Monitor : public JobObserver {
   std::map<int, double> nodeRecordTimes_;        // remote node -> time of its records last written
   int64_t stacksAnswered_ = 0;                   // agent: the last stack request answered
   int currentAttempt_ = 0;
+  int currentWorldSize_ = 0;
   bool currentTearingDown_ = false;
   std::map<int, WorkerProcess> currentWorkers_;
   double nextSample_ = 0;

@@ -9,13 +9,15 @@
 
 namespace dtrain::launcher {
 
-// Called on the supervisor's thread, in this order per attempt: attemptStarted, then
-// workerStarted / workerEnded as they happen, teardownStarted once it stops the workers (if it
-// does), attemptEnded. Implementations return quickly (no I/O that can block).
+// Called on the supervisor's thread (or a multi-node master's coordinator), in this order per
+// attempt: attemptStarted, then workerStarted / workerEnded as they happen, teardownStarted once
+// it stops the workers (if it does), attemptEnded. Implementations return quickly (no I/O that
+// can block).
 class JobObserver {
  public:
   virtual ~JobObserver() = default;
-  virtual void attemptStarted(int attempt) = 0;
+  // `worldSize`: ranks in this attempt (a multi-node round may have fewer nodes than the last).
+  virtual void attemptStarted(int attempt, int worldSize) = 0;
   virtual void workerStarted(int rank, int localRank, pid_t pid) = 0;
   virtual void workerEnded(int rank) = 0;
   virtual void teardownStarted() = 0;

@@ -177,7 +177,7 @@ class Supervisor::Attempt {
       std::lock_guard<std::mutex> lock(sup_.deadlineMutex_);
       sup_.deadlineReason_.clear();
     }
-    if (observer_) observer_->attemptStarted(attempt_);
+    if (observer_) observer_->attemptStarted(attempt_, node_.worldSize);
     spawnWorkers();
     if (hooks_.stopFd >= 0) addToEpoll(sup_.epollFd_, hooks_.stopFd, kStopTag);
     superviseUntilEveryWorkerEnded();

@@ -107,9 +107,9 @@ TEST(MonitorNodes, AnAgentsSamplesAndStacksReachTheMaster) {
   RecordingControl control;
   Monitor master(masterOptions, contextFor(*server, 0, true));
   Monitor agent(agentOptions, contextFor(*server, 1, false));
-  master.attemptStarted(0);
+  master.attemptStarted(0, 2);
   master.workerStarted(0, 0, workers.pids[0]);
-  agent.attemptStarted(0);
+  agent.attemptStarted(0, 2);
   agent.workerStarted(1, 0, workers.pids[1]);
 
   // Ranks 0 and 1 report: rank 1 never started collective 7, which rank 0 runs.

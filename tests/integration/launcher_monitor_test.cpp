@@ -279,13 +279,16 @@ TEST(LaunchMonitor, ReportOnlyLeavesTheJobRunningAndAStallThatEndsIsReportedOnce
 }
 
 TEST(LaunchMonitor, RanksThatPublishNoProgressAreNamedNotJudged) {
-  // The test worker uses the store but no collectives and no progress calls.
+  // The test worker uses the store but no collectives and no progress calls. launch says so
+  // once the workers ran 10 s without a report (at least the stall timeout).
   LaunchResult r = runLaunch(launchArgs({"--nproc-per-node", "2", "--sample-interval", "0.5",
                                          "--stall-timeout", "2"},
-                                        {"--steps", "12", "--step-ms", "400", "--quiet"}),
+                                        {"--steps", "30", "--step-ms", "400", "--quiet"}),
                              {}, 60);
   EXPECT_EQ(r.exitCode, 0) << r.err;
-  EXPECT_EQ(countLines(r.err, "launch: --stall-timeout 2: no rank has published progress"), 1)
+  EXPECT_EQ(countLines(r.err,
+                       "launch: --stall-timeout 2: no rank has published progress after 10 s"),
+            1)
       << r.err;
   EXPECT_EQ(countLines(r.err, "launch: STALL"), 0) << r.err;
 }
