@@ -23,6 +23,7 @@
 #include "dtrain/logging.h"
 #include "dtrain/tcp_store.h"
 #include "launcher/coordinator.h"
+#include "launcher/monitor/monitor.h"
 #include "launcher/forwarded_env.h"
 #include "launcher/job.h"
 #include "launcher/preflight.h"
@@ -263,6 +264,26 @@ std::string formatMultiNodeDryRun(const LaunchConfig& config, const MultiNodePla
   return out;
 }
 
+// The master's monitor (Note [Monitor roles] in launcher/monitor/monitor.h): it aggregates what
+// the agents publish, serves --metrics-port, writes --metrics-file, judges stalls. Binding the
+// port here makes a busy one a usage error before any node starts.
+std::unique_ptr<monitor::Monitor> masterMonitor(const LaunchConfig& config,
+                                                const MultiNodePlan& plan) {
+  monitor::MonitorContext c;
+  c.runId = plan.runId;
+  c.node = hostName();
+  c.nodeRank = -1;
+  c.numNodes = plan.maxNodes;
+  c.samplesNode = false;  // each node's agent samples its node, this one's too
+  c.aggregates = true;
+  c.maxRestarts = config.maxRestarts;
+  c.storeHost = plan.storeAddr;
+  c.storePort = plan.storePort;
+  c.storeToken = plan.token;
+  c.label = [&config](const std::string& o) { return optionLabel(config, o); };
+  return std::make_unique<monitor::Monitor>(config.monitor, c);
+}
+
 // The fan-out master: the store, one session per host, the coordinator; the console.
 int runFanOut(const LaunchConfig& config, const MultiNodePlan& plan, const EnvMap& environment,
               store::TcpStoreServer& server) {
@@ -283,12 +304,15 @@ int runFanOut(const LaunchConfig& config, const MultiNodePlan& plan, const EnvMa
   co.self.launchVersion = launcherVersion();
   co.storeWhere = fmt::format("{}:{}", plan.storeAddr, plan.storePort);
   co.logHint = "not kept (HINT: pass --log-dir DIR to keep every worker's output on its node)";
+  std::unique_ptr<monitor::Monitor> watcher = masterMonitor(config, plan);
+  co.observer = watcher.get();
 
   store::TcpStoreOptions so;
   so.host = plan.storeAddr;
   so.port = static_cast<uint16_t>(plan.storePort);
   so.token = plan.token;
   Coordinator coordinator(std::make_shared<store::TcpStore>(so), co);
+  watcher->start(&coordinator);
 
   const std::vector<std::string> childEnv = environmentFor(environment);
   std::vector<std::unique_ptr<remote::Session>> sessions(plan.hosts.size());
@@ -362,6 +386,7 @@ int runFanOut(const LaunchConfig& config, const MultiNodePlan& plan, const EnvMa
     for (const auto& node : coordinator.takeGoneNodes()) start(std::stoul(node));
   }
   thread.join();
+  watcher->stop();
   if (sfd >= 0) ::close(sfd);
   // The agents have the decision and go; a lost node's session is not waited for.
   const std::set<std::string> lost = coordinator.lostNodes();
@@ -409,6 +434,7 @@ int runMultiNode(const LaunchConfig& config, const EnvMap& environment) {
 
   // Manual: this node's agent here; node rank 0 also coordinates.
   AgentSetup setup = agentSetupFor(config, plan, config.nodeRank);
+  std::unique_ptr<monitor::Monitor> watcher;  // node rank 0's, the master's
   std::unique_ptr<Coordinator> coordinator;
   std::thread thread;
   int code = 125;
@@ -429,11 +455,14 @@ int runMultiNode(const LaunchConfig& config, const EnvMap& environment) {
     co.self.launchVersion = launcherVersion();
     co.storeWhere = fmt::format("{}:{}", plan.storeAddr, plan.storePort);
     co.logHint = "not kept (HINT: pass --log-dir DIR to keep every worker's output on its node)";
+    watcher = masterMonitor(config, plan);
+    co.observer = watcher.get();
     store::TcpStoreOptions so;
     so.host = plan.storeAddr;
     so.port = static_cast<uint16_t>(plan.storePort);
     so.token = plan.token;
     coordinator = std::make_unique<Coordinator>(std::make_shared<store::TcpStore>(so), co);
+    watcher->start(coordinator.get());
     thread = std::thread([&] {
       try {
         code = coordinator->run();
@@ -447,6 +476,7 @@ int runMultiNode(const LaunchConfig& config, const EnvMap& environment) {
   int agentCode = runAgent(setup, environment);
   if (thread.joinable()) {
     thread.join();
+    watcher->stop();
     server->stop();
     return code;
   }
