@@ -32,6 +32,7 @@ else()
 endif()
 if(DTRAIN_HAVE_NCCL)
   target_sources(dtrain_comm PRIVATE
+    runtime/comm/nccl/cuda_device.cpp
     runtime/comm/nccl/nccl_communicator.cpp
     runtime/comm/nccl/nccl_errors.cpp
     runtime/comm/nccl/nccl_work.cpp)

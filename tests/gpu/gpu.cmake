@@ -5,6 +5,12 @@ if(DTRAIN_HAVE_NCCL)
     SOURCES tests/gpu/nccl_gpu_test.cpp
     LIBS dtrain_comm CUDA::cudart)
   target_include_directories(dtrain_gpu_tests PRIVATE ${CMAKE_CURRENT_SOURCE_DIR}/runtime/comm)
+  # What of the NCCL backend needs no GPU (device guard, dtype/op mapping): label unit, runs here.
+  dtrain_gtest(dtrain_nccl_build_tests LABEL unit
+    SOURCES tests/gpu/nccl_build_test.cpp
+    LIBS dtrain_comm NCCL::nccl CUDA::cudart)
+  target_include_directories(dtrain_nccl_build_tests PRIVATE
+    ${CMAKE_CURRENT_SOURCE_DIR}/runtime/comm ${CMAKE_CURRENT_SOURCE_DIR}/runtime/comm/nccl)
 endif()
 # Built wherever libtorch is (a CPU-only one included), so every CI run compiles them; they skip
 # without a GPU, and without NCCL init() says dtrain was built without it.

@@ -9,6 +9,7 @@
 #include "dtrain/error.h"
 #include "dtrain/logging.h"
 #include "dtrain/timeout.h"
+#include "cuda_device.h"
 #include "failure_report.h"
 #include "nccl_errors.h"
 
@@ -55,11 +56,12 @@ class DeviceBuffer final : public Buffer {
  public:
   DeviceBuffer(void* data, size_t bytes, int device) : data_(data), bytes_(bytes), device_(device) {}
   ~DeviceBuffer() override {
-    int previous = 0;
-    cudaGetDevice(&previous);
-    cudaSetDevice(device_);
-    cudaFree(data_);
-    cudaSetDevice(previous);
+    try {
+      DeviceGuard guard(device_);  // Note [Device guards and GPU 0]
+      cudaFree(data_);
+    } catch (const std::exception& e) {
+      DTRAIN_LOG(Warn, "nccl: freeing {} bytes on cuda:{} failed: {}", bytes_, device_, e.what());
+    }
   }
   void* data() override { return data_; }
   size_t bytes() const override { return bytes_; }
@@ -68,19 +70,6 @@ class DeviceBuffer final : public Buffer {
   void* data_;
   size_t bytes_;
   int device_;
-};
-
-// Makes `device` current for the calling thread for one scope.
-class DeviceGuard {
- public:
-  explicit DeviceGuard(int device) {
-    cudaGetDevice(&previous_);
-    if (previous_ != device) checkCuda(cudaSetDevice(device), "cudaSetDevice");
-  }
-  ~DeviceGuard() { cudaSetDevice(previous_); }
-
- private:
-  int previous_ = 0;
 };
 
 }  // namespace
@@ -261,6 +250,9 @@ std::shared_ptr<Work> NcclCommunicator::submit(CollectiveInfo info, const CallOp
 }
 
 void NcclCommunicator::watchdogMain() {
+  // Its CUDA calls (event queries, the abort) must use this device's context, never create one on
+  // the thread's default device 0 (Note [Device guards and GPU 0]).
+  if (cudaSetDevice(device_) != cudaSuccess) cudaGetLastError();  // the calls below then say why
   std::unique_lock<std::mutex> lock(stateMutex_);
   while (true) {
     wake_.wait_for(lock, watchdogInterval_);

@@ -4,6 +4,7 @@
 #include <fmt/format.h>
 
 #include "dtrain/error.h"
+#include "cuda_device.h"
 #include "nccl_communicator_impl.h"
 #include "nccl_errors.h"
 
@@ -24,7 +25,13 @@ NcclWork::NcclWork(std::weak_ptr<NcclCommunicator> owner, std::string who, int d
       blocking_(blocking) {}
 
 NcclWork::~NcclWork() {
-  if (done_ != nullptr) cudaEventDestroy(done_);
+  if (done_ == nullptr) return;
+  try {
+    DeviceGuard guard(device_);  // whichever thread drops it: Note [Device guards and GPU 0]
+    cudaEventDestroy(done_);
+  } catch (...) {
+    // Destructors do not throw; the event leaks only if the device is gone.
+  }
 }
 
 bool NcclWork::pollOnWatchdog() {

@@ -1,0 +1,68 @@
+// What of the NCCL backend can be checked without a GPU (label unit; built whenever NCCL and CUDA
+// are found, runs everywhere): the device guard's rule (Note [Device guards and GPU 0]) through a
+// fake device API.
+#include <gtest/gtest.h>
+
+#include <map>
+#include <vector>
+
+#include "device_guard.h"
+
+namespace dtrain::comm {
+namespace {
+
+// A thread's view of the CUDA devices: the current one, which have a primary context, and every
+// cudaSetDevice made. Setting a device creates its context, as cudaSetDevice does since CUDA 12.
+struct FakeDevices {
+  static inline int currentDevice = 0;
+  static inline std::map<int, bool> context;
+  static inline std::vector<int> sets;
+
+  static void reset(int current, std::map<int, bool> contexts) {
+    currentDevice = current;
+    context = std::move(contexts);
+    sets.clear();
+  }
+  static int current() noexcept { return currentDevice; }
+  static void set(int device) {
+    sets.push_back(device);
+    currentDevice = device;
+    context[device] = true;
+  }
+  static void restore(int device) noexcept { set(device); }
+  static bool hasContext(int device) noexcept { return context[device]; }
+};
+using FakeGuard = BasicDeviceGuard<FakeDevices>;
+
+TEST(NcclDeviceGuard, AlreadyCurrentDeviceIsNeitherSetNorRestored) {
+  FakeDevices::reset(3, {{3, true}});
+  { FakeGuard guard(3); }
+  EXPECT_TRUE(FakeDevices::sets.empty()) << "a set the guard did not need";
+  EXPECT_EQ(FakeDevices::currentDevice, 3);
+}
+
+TEST(NcclDeviceGuard, AChangedDeviceWithAContextIsRestored) {
+  FakeDevices::reset(1, {{1, true}, {3, true}});
+  { FakeGuard guard(3); }
+  EXPECT_EQ(FakeDevices::sets, (std::vector<int>{3, 1}));
+  EXPECT_EQ(FakeDevices::currentDevice, 1);
+}
+
+TEST(NcclDeviceGuard, NoContextIsCreatedOnGpuZeroToRestoreIt) {
+  // A rank's thread that never chose a device reports device 0, which has no context: restoring
+  // it would create one (hundreds of MiB on GPU 0 in every rank).
+  FakeDevices::reset(0, {});
+  { FakeGuard guard(5); }
+  EXPECT_EQ(FakeDevices::sets, (std::vector<int>{5}));
+  EXPECT_FALSE(FakeDevices::context[0]) << "the guard created a context on device 0";
+  EXPECT_EQ(FakeDevices::currentDevice, 5);
+}
+
+TEST(NcclDeviceGuard, UnknownCurrentDeviceIsNotRestored) {
+  FakeDevices::reset(-1, {});  // cudaGetDevice failed
+  { FakeGuard guard(2); }
+  EXPECT_EQ(FakeDevices::sets, (std::vector<int>{2}));
+}
+
+}  // namespace
+}  // namespace dtrain::comm
