@@ -4,6 +4,7 @@
 
 #include "dtrain/config.h"
 #include "dtrain/error.h"
+#include "dtrain/torch_compat.h"
 
 #if DTRAIN_WITH_TORCH_CUDA
 #include <c10/cuda/CUDAStream.h>
@@ -33,14 +34,19 @@ struct Staged {
 };
 
 // Wraps a Work: keeps the tensors alive while the collective may still use them, and copies a
-// non-contiguous tensor's result back once it has finished.
+// non-contiguous tensor's result back once it has finished. On CUDA, waiting orders torch's
+// current stream at wait time after the collective (as c10d does), so the write-back and
+// whatever the caller queues next on that stream see the result.
 class TensorWork : public comm::Work {
  public:
   TensorWork(std::shared_ptr<comm::Work> inner, Staged staged)
       : inner_(std::move(inner)), staged_(std::move(staged)) {}
   bool isCompleted() override { return inner_->isCompleted(); }
   void wait(comm::Millis timeout) override {
-    inner_->wait(timeout);
+    waitOnStream(compat::currentStream(staged_.original.device()), timeout);
+  }
+  void waitOnStream(void* stream, comm::Millis timeout) override {
+    inner_->waitOnStream(stream, timeout);
     if (!done_) {
       staged_.writeBack();
       done_ = true;

@@ -380,6 +380,35 @@ TEST(DdpOverlap, BucketAllreducesRunWhileBackwardContinues) {
   }
 }
 
+TEST(DdpStreams, BucketsAreWaitedOnTheStreamCurrentAtTheEndOfBackward) {
+  // On CUDA the gradients are written back from the end-of-backward callback's current stream,
+  // which need not be the stream a bucket was issued on: DDP must wait through waitOnStream()
+  // with the stream current then (comm.h), as c10d orders the current stream at wait time. On
+  // the CPU the stream is null; what is checked here is that no bucket is waited on with plain
+  // wait(), which orders the issue-time stream.
+  auto world = ThreadWorld::create(2);
+  std::vector<Mlp> nets(2);
+  std::vector<WaitRecordingCommunicator::Counts> counts(2);
+  world->run([&](int rank) {
+    auto recorder = std::make_shared<WaitRecordingCommunicator>(world->communicator(rank));
+    auto group = std::make_shared<ProcessGroup>(recorder, rank, c10::Device(c10::kCPU));
+    DdpOptions options;
+    options.firstBucketBytes = 256;  // several buckets
+    options.bucketBytes = 1024;
+    options.broadcastBuffers = false;
+    DistributedDataParallel<Mlp> ddp(nets[rank], group, options);
+    auto before = recorder->counts();
+    mseLoss(ddp(torch::randn({4, 8})), torch::randn({4, 4})).backward();
+    auto after = recorder->counts();
+    counts[rank] = {after.wait - before.wait, after.waitOnStream - before.waitOnStream};
+    EXPECT_EQ(ddp.bucketNames().size(), static_cast<size_t>(counts[rank].waitOnStream));
+  });
+  for (const auto& c : counts) {
+    EXPECT_EQ(c.wait, 0) << "a bucket was waited on the stream of its issue";
+    EXPECT_GE(c.waitOnStream, 2);
+  }
+}
+
 TEST(DdpCompression, HalfPrecisionAllreduceIsCloseToFullPrecision) {
   torch::manual_seed(6);
   auto x = torch::randn({8, 8});

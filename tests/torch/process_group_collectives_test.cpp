@@ -9,6 +9,7 @@
 #include "dtrain/error.h"
 #include "dtrain/gloo_communicator.h"
 #include "dtrain/process_group.h"
+#include "thread_communicator_support.h"
 
 namespace dtrain {
 namespace {
@@ -129,6 +130,24 @@ TEST(ProcessGroupCollectives, AsyncWorkKeepsItsTensorAlive) {
       works[k]->wait();
       EXPECT_TRUE(views[k].eq(static_cast<float>(2 * k + 1)).all().item<bool>()) << k;
     }
+  });
+}
+
+TEST(ProcessGroupCollectives, WorkIsWaitedOnTheCurrentStream) {
+  // ProcessGroup's works (and its synchronous calls) wait through waitOnStream() with torch's
+  // stream current at wait time, as c10d does (comm.h); on the CPU that stream is null.
+  auto world = testing::ThreadWorld::create(2);
+  onRanks(2, [&](int r) {
+    auto recorder = std::make_shared<testing::WaitRecordingCommunicator>(world->communicator(r));
+    ProcessGroup pg(recorder, r, c10::kCPU);
+    auto t = torch::ones({8});
+    pg.allreduceAsync(t)->wait();
+    pg.allreduce(t);
+    auto b = torch::ones({4, 4}).t();  // non-contiguous: waited on, then written back
+    pg.broadcast(b, 0);
+    EXPECT_EQ(recorder->counts().wait, 0) << "waited on the stream of the issue";
+    EXPECT_EQ(recorder->counts().waitOnStream, 3);
+    EXPECT_TRUE(t.eq(4).all().item<bool>());
   });
 }
 

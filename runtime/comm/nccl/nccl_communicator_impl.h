@@ -38,7 +38,9 @@ class NcclWork final : public Work {
   // (barrier, TORCH_NCCL_BLOCKING_WAIT=1): polls until the GPU is done, at most `timeout`; zero
   // is the default deadline (Note [Zero timeouts]): the collective's deadline plus the time the
   // watchdog needs to abort and report, so only a stuck watchdog makes it throw.
-  void wait(Millis timeout = Millis::zero()) override;
+  void wait(Millis timeout = Millis::zero()) override { waitOnStream(nullptr, timeout); }
+  // Orders `stream` (null: the caller's stream at issue) after the collective.
+  void waitOnStream(void* stream, Millis timeout = Millis::zero()) override;
 
   const CollectiveInfo& info() const { return info_; }
   std::chrono::steady_clock::time_point deadline() const { return deadline_; }
