@@ -24,3 +24,19 @@ endif()
 add_test(NAME scripts.gpu_check_dry_run
          COMMAND ${CMAKE_CURRENT_SOURCE_DIR}/scripts/gpu_check.sh --dry-run)
 set_tests_properties(scripts.gpu_check_dry_run PROPERTIES LABELS unit TIMEOUT 60)
+
+# The NCCL compat header refuses an NCCL older than the minimum and accepts the minimum: compiled
+# against two stand-in nccl.h files holding only what it reads, so this runs without NCCL.
+foreach(_minor 13 14)
+  file(WRITE ${CMAKE_BINARY_DIR}/fake_nccl/2.${_minor}/nccl.h
+       "#define NCCL_MAJOR 2\n#define NCCL_MINOR ${_minor}\n#define NCCL_PATCH 0\n"
+       "#define NCCL_VERSION_CODE 2${_minor}00\n"
+       "typedef struct ncclComm* ncclComm_t;\nconst char* ncclGetLastError(ncclComm_t comm);\n")
+  add_test(NAME nccl.compat_header_with_nccl_2.${_minor}
+           COMMAND ${CMAKE_CXX_COMPILER} -std=c++17 -fsyntax-only -x c++
+                   -I${CMAKE_BINARY_DIR}/fake_nccl/2.${_minor}
+                   ${CMAKE_CURRENT_SOURCE_DIR}/runtime/comm/nccl/nccl_compat.h)
+  set_tests_properties(nccl.compat_header_with_nccl_2.${_minor} PROPERTIES LABELS unit TIMEOUT 60)
+endforeach()
+set_tests_properties(nccl.compat_header_with_nccl_2.13 PROPERTIES
+                     PASS_REGULAR_EXPRESSION "dtrain needs NCCL >= 2.14")

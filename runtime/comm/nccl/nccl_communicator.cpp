@@ -26,7 +26,7 @@ ncclDataType_t toNccl(DataType dtype) {
 #if DTRAIN_NCCL_HAS_BF16
       return ncclBfloat16;
 #else
-      DTRAIN_THROW(InvalidArgument, "bfloat16 collectives need NCCL >= 2.10 built with CUDA >= 11");
+      DTRAIN_THROW(InvalidArgument, "bfloat16 collectives need NCCL built with CUDA >= 11");
 #endif
     case DataType::Int32: return ncclInt32;
     case DataType::Int64: return ncclInt64;
@@ -41,12 +41,7 @@ ncclRedOp_t toNccl(ReduceOp op) {
     case ReduceOp::Sum: return ncclSum;
     case ReduceOp::Max: return ncclMax;
     case ReduceOp::Min: return ncclMin;
-    case ReduceOp::Avg:
-#if DTRAIN_NCCL_HAS_AVG
-      return ncclAvg;
-#else
-      DTRAIN_THROW(InvalidArgument, "ReduceOp::Avg needs NCCL >= 2.10");
-#endif
+    case ReduceOp::Avg: return ncclAvg;
   }
   return ncclSum;
 }
@@ -411,9 +406,7 @@ void NcclCommunicator::shutdown() {
   }
   if (comm_ != nullptr) {
     if (healthy) {
-#if DTRAIN_NCCL_HAS_FINALIZE
       ncclCommFinalize(comm_);
-#endif
       ncclCommDestroy(comm_);
     } else if (!aborted) {
       ncclCommAbort(comm_);
