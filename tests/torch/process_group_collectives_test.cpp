@@ -151,6 +151,51 @@ TEST(ProcessGroupCollectives, WorkIsWaitedOnTheCurrentStream) {
   });
 }
 
+TEST(ProcessGroupCollectives, BoolSumIsALogicalOr) {
+  // Bool travels as uint8: a plain Sum would leave 2 in bool memory (not a valid bool). Sum is
+  // reduced as Max, as c10d does; Avg is refused.
+  if (!comm::glooAvailable()) GTEST_SKIP() << "built without Gloo";
+  const int n = 3;
+  auto pgs = makeGroups(n);
+  onRanks(n, [&](int r) {
+    auto t = torch::tensor({true, r == 1, false});
+    pgs[r]->allreduce(t);
+    auto bytes = t.view(torch::kUInt8);
+    EXPECT_EQ(bytes[0].item<int>(), 1) << "three trues summed into one bool byte";
+    EXPECT_EQ(bytes[1].item<int>(), 1);
+    EXPECT_EQ(bytes[2].item<int>(), 0);
+    auto all = torch::tensor({true, r != 0});
+    pgs[r]->allreduce(all, ReduceOp::Min);
+    EXPECT_EQ(all.view(torch::kUInt8)[0].item<int>(), 1);
+    EXPECT_EQ(all.view(torch::kUInt8)[1].item<int>(), 0);
+  });
+  EXPECT_EQ(reduceOpFor(at::kBool, ReduceOp::Sum), ReduceOp::Max);
+  EXPECT_EQ(reduceOpFor(at::kFloat, ReduceOp::Sum), ReduceOp::Sum);
+  EXPECT_THROW(reduceOpFor(at::kBool, ReduceOp::Avg), InvalidArgument);
+}
+
+TEST(ProcessGroupCollectives, ATensorOnAnotherDeviceIsRefusedNamingBoth) {
+  // A cuda:1 tensor must not reach a cuda:0 communicator (NCCL would read it on the wrong device).
+  // The check is a pure function of the devices, so it runs without a GPU.
+  auto message = [](c10::Device tensor, c10::Device group) {
+    try {
+      checkTensorDevice(tensor, group, "nccl", "allreduce");
+    } catch (const InvalidArgument& e) {
+      return std::string(e.what());
+    }
+    return std::string();
+  };
+  const c10::Device cuda0(c10::kCUDA, 0), cuda1(c10::kCUDA, 1), cpu(c10::kCPU);
+  EXPECT_NE(message(cuda1, cuda0).find("allreduce: the tensor is on cuda:1, but this nccl process "
+                                       "group works on cuda:0 tensors"),
+            std::string::npos)
+      << message(cuda1, cuda0);
+  EXPECT_NE(message(cpu, cuda0).find("the tensor is on cpu"), std::string::npos);
+  EXPECT_EQ(message(cuda0, cuda0), "");
+  EXPECT_EQ(message(cpu, cpu), "");
+  EXPECT_NE(message(cuda0, cpu), "");
+}
+
 TEST(ProcessGroupCollectives, AllgatherAndReduceScatter) {
   if (!comm::glooAvailable()) GTEST_SKIP() << "built without Gloo";
   const int n = 4;

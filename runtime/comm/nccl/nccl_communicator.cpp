@@ -76,8 +76,8 @@ class DeviceBuffer final : public Buffer {
 // watchdogInterval): the end events of pending collectives, and ncclCommGetAsyncError for errors
 // NCCL detected (a peer's connection closed, an internal failure). A collective that is not done
 // by its deadline, or an asynchronous error, fails the communicator: the first error is kept,
-// ncclCommAbort stops the kernels (so the device is usable for cleanup), every pending Work fails
-// with that error, and every later call rethrows it. The ranks then compare notes through the
+// every pending Work fails with it, ncclCommAbort stops the kernels (so the device is usable for
+// cleanup; Note [Aborting under the issue lock]), and every later call rethrows it. The ranks then compare notes through the
 // store, as the Gloo backend does (failure_report.h).
 
 NcclCommunicator::NcclCommunicator(const NcclOptions& o)
@@ -311,18 +311,37 @@ void NcclCommunicator::failOnWatchdog(std::exception_ptr error) {
       return std::string(e.what());
     }
   }());
-  // Release an injected hang before aborting, so the stream can drain once the kernels stop.
-  releaseHang();
-  // Abort under the issue lock, so no caller is inside NCCL with comm_; a caller blocked inside
-  // NCCL (a lazy connect to a dead peer) holds it forever, and then only the abort unblocks it.
-  std::unique_lock<std::timed_mutex> issue(issueMutex_, std::defer_lock);
-  const bool locked = issue.try_lock_for(std::chrono::milliseconds(200) + 2 * watchdogInterval_);
-  if (comm_ != nullptr) ncclCommAbort(comm_);
-  if (locked) comm_ = nullptr;
+  // Waiters learn the error now: the abort below may have to wait for a caller.
   for (auto& w : pending) {
     recorder_.setState(w->info().seq, FlightRecorder::State::Failed);
     w->fail(error);
   }
+  // Release an injected hang before aborting, so the stream can drain once the kernels stop.
+  releaseHang();
+  abortOnWatchdog();
+}
+
+// Note [Aborting under the issue lock]
+// NCCL allows one thread at a time on a communicator, and ncclCommAbort frees it: aborting while
+// a caller is inside an NCCL call on it would free the communicator under that call. So the abort
+// happens only under issueMutex_, which every caller holds while it uses comm_ (shutdown too).
+// Enqueuing a collective returns at once; a caller holds the lock longer only when NCCL blocks
+// inside the call (connecting to a peer that died, say). Then the watchdog waits for it, saying
+// so every few seconds, instead of freeing the communicator under it: the pending work has failed
+// already (every waiter has the error), and the dead peer ends the job through the launcher.
+void NcclCommunicator::abortOnWatchdog() {
+  std::unique_lock<std::timed_mutex> issue(issueMutex_, std::defer_lock);
+  const auto start = std::chrono::steady_clock::now();
+  while (!issue.try_lock_for(std::chrono::seconds(5))) {
+    DTRAIN_LOG(Warn, "nccl {}: the communicator failed, but a caller has been inside NCCL for {} "
+               "s (issuing seq {}); waiting for it to return before ncclCommAbort, which NCCL "
+               "allows no other thread to call meanwhile",
+               who(), std::chrono::duration_cast<std::chrono::seconds>(
+                          std::chrono::steady_clock::now() - start).count(),
+               nextSeq_.load() - 1);
+  }
+  if (comm_ != nullptr) ncclCommAbort(comm_);
+  comm_ = nullptr;
 }
 
 std::shared_ptr<Work> NcclCommunicator::allreduceAsync(void* data, size_t count, DataType dtype,
@@ -397,6 +416,8 @@ void NcclCommunicator::shutdown() {
   if (watchdog_.joinable()) watchdog_.join();
   releaseHang();
   DeviceGuard guard(device_);
+  // Note [Aborting under the issue lock]; callers that get it after this see closing_ and stop.
+  std::lock_guard<std::timed_mutex> issue(issueMutex_);
   bool healthy = false;
   bool aborted = false;
   {

@@ -105,8 +105,10 @@ class NcclCommunicator final : public Communicator,
   std::shared_ptr<Work> submit(CollectiveInfo info, const CallOptions& options, bool blocking,
                                const Launch& launch);
   void watchdogMain();
-  // Fails the communicator with `error` (first error wins), aborts NCCL, fails pending work.
+  // Fails the communicator with `error` (first error wins), fails pending work, aborts NCCL.
   void failOnWatchdog(std::exception_ptr error);
+  // ncclCommAbort under issueMutex_ (Note [Aborting under the issue lock]).
+  void abortOnWatchdog();
   void releaseHang();
   static void CUDART_CB hangHostFunc(void* self);
   static void CUDART_CB slowHostFunc(void* millis);
@@ -124,13 +126,14 @@ class NcclCommunicator final : public Communicator,
   std::vector<fault::Fault> faults_;
   int attempt_ = 0;
 
-  ncclComm_t comm_ = nullptr;  // used under issueMutex_ (callers, abort) or by shutdown()
+  ncclComm_t comm_ = nullptr;  // used under issueMutex_ (callers, abort, shutdown)
   cudaStream_t stream_ = nullptr;
   void* barrierScratch_ = nullptr;  // one float on the device for barrier()
   FlightRecorder recorder_;
 
   // One caller enqueues at a time, in sequence order. The watchdog takes it to abort, so an
-  // abort never frees the ncclComm_t under a caller that is using it (Note [NCCL watchdog]).
+  // abort never frees the ncclComm_t under a caller that is using it (Note [Aborting under the
+  // issue lock]).
   std::timed_mutex issueMutex_;
   std::atomic<uint64_t> nextSeq_{0};  // written under issueMutex_
 
