@@ -10,6 +10,7 @@ add_library(dtrain_comm SHARED
   runtime/comm/net_interface.cpp
   runtime/comm/reduce_kernels.cpp
   runtime/comm/sigpipe_guard.cpp
+  runtime/comm/store_collective_check.cpp
   runtime/comm/world.cpp
   runtime/comm/world_env.cpp
 )

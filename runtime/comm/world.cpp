@@ -110,6 +110,7 @@ World connectWorld(const WorldOptions& o, bool cudaDevicesUsable) {
     no.device = w.device;
     no.timeout = o.timeout;
     no.connectTimeout = o.connectTimeout;
+    no.checkCollectives = o.checkCollectives;
     const char* blocking = std::getenv("TORCH_NCCL_BLOCKING_WAIT");
     no.blockingWait = blocking != nullptr && std::string(blocking) == "1";
     w.communicator = createNcclCommunicator(no);

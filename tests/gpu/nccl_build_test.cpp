@@ -1,12 +1,14 @@
 // What of the NCCL backend can be checked without a GPU (label unit; built whenever NCCL and CUDA
 // are found, runs everywhere): the device guard's rule (Note [Device guards and GPU 0]) through a
-// fake device API.
+// fake device API, and how the failure report joins an NCCL error.
 #include <gtest/gtest.h>
 
 #include <map>
 #include <vector>
 
 #include "device_guard.h"
+#include "dtrain/error.h"
+#include "nccl_errors.h"
 
 namespace dtrain::comm {
 namespace {
@@ -62,6 +64,26 @@ TEST(NcclDeviceGuard, UnknownCurrentDeviceIsNotRestored) {
   FakeDevices::reset(-1, {});  // cudaGetDevice failed
   { FakeGuard guard(2); }
   EXPECT_EQ(FakeDevices::sets, (std::vector<int>{2}));
+}
+
+TEST(NcclFailureReport, OtherRanksGoBeforeTheHintAndTheTypeStays) {
+  // Note [NCCL failure report]: the ranks' reports are added to the watchdog's error.
+  auto error = std::make_exception_ptr(TimeoutError(
+      "nccl rank 0/2: seq 3 allreduce(float32 x 4, sum) on cuda:0 did not finish within its "
+      "timeout. HINT: a rank that died [nccl_errors.cpp:9]"));
+  auto joined = withOtherRanks(error, "rank 1 is behind at seq 2 (barrier(); this rank is at seq 3)");
+  try {
+    std::rethrow_exception(joined);
+  } catch (const TimeoutError& e) {
+    EXPECT_STREQ(e.what(),
+                 "nccl rank 0/2: seq 3 allreduce(float32 x 4, sum) on cuda:0 did not finish within "
+                 "its timeout. Other ranks: rank 1 is behind at seq 2 (barrier(); this rank is at "
+                 "seq 3). HINT: a rank that died [nccl_errors.cpp:9]");
+  } catch (...) {
+    ADD_FAILURE() << "the error changed type";
+  }
+  auto plain = withOtherRanks(std::make_exception_ptr(NetworkError("peer gone")), "rank 1 did not report");
+  EXPECT_THROW(std::rethrow_exception(plain), NetworkError);
 }
 
 }  // namespace

@@ -12,6 +12,7 @@
 #include "cuda_device.h"
 #include "failure_report.h"
 #include "nccl_errors.h"
+#include "store_collective_check.h"
 
 namespace dtrain::comm {
 
@@ -75,10 +76,10 @@ class DeviceBuffer final : public Buffer {
 // collective records an end event, and one watchdog thread per communicator polls (every
 // watchdogInterval): the end events of pending collectives, and ncclCommGetAsyncError for errors
 // NCCL detected (a peer's connection closed, an internal failure). A collective that is not done
-// by its deadline, or an asynchronous error, fails the communicator: the first error is kept,
+// by its deadline, or an asynchronous error, fails the communicator: the ranks compare notes
+// through the store (Note [NCCL failure report]), the first error is kept with their reports,
 // every pending Work fails with it, ncclCommAbort stops the kernels (so the device is usable for
-// cleanup; Note [Aborting under the issue lock]), and every later call rethrows it. The ranks then compare notes through the
-// store, as the Gloo backend does (failure_report.h).
+// cleanup; Note [Aborting under the issue lock]), and every later call rethrows it.
 
 NcclCommunicator::NcclCommunicator(const NcclOptions& o)
     : rank_(o.rank),
@@ -97,6 +98,18 @@ NcclCommunicator::NcclCommunicator(const NcclOptions& o)
       timeoutOrDefault(o.connectTimeout, kDefaultConnectTimeout, "NcclOptions::connectTimeout");
   validateNcclEnvironment();
   if (o.faultsFromEnv && faults_.empty()) faults_ = fault::activeFaults();
+  // Rank 0 decides whether collectives are checked, so all ranks agree (as with Gloo).
+  const std::string checkKey = name_ + "/check_collectives";
+  if (rank_ == 0) {
+    const char* env = std::getenv("DTRAIN_CHECK_COLLECTIVES");
+    checkCollectives_ = o.checkCollectives ||
+                        (o.checkCollectivesFromEnv && env != nullptr &&
+                         (std::strcmp(env, "1") == 0 || std::strcmp(env, "true") == 0));
+    store_->setString(checkKey, checkCollectives_ ? "1" : "0");
+  } else {
+    store_->wait({checkKey}, connectTimeout);
+    checkCollectives_ = store_->getString(checkKey) == "1";
+  }
   if (const char* restart = std::getenv("DTRAIN_RESTART_COUNT")) attempt_ = std::atoi(restart);
 
   const int devices = cudaDeviceCount();
@@ -196,6 +209,24 @@ std::shared_ptr<Work> NcclCommunicator::submit(CollectiveInfo info, const CallOp
   info.seq = nextSeq_.load();
   nextSeq_.store(info.seq + 1);
   recorder_.recordQueued(info);
+  if (faultAt(fault::Kind::WrongShape, info.seq)) {
+    info = wrongShape(info);
+    DTRAIN_LOG(Info, "nccl {}: {} passes a wrong-sized buffer (DTRAIN_FAULT wrong-shape)", who(),
+               info.describeWithSeq());
+  }
+  const bool skip = faultAt(fault::Kind::SkipCollective, info.seq) != nullptr;
+  if (checkCollectives_ && !skip) {
+    try {
+      checkCollectiveThroughStore(*store_, name_ + "/check", rank_, size_, info, timeout, who());
+    } catch (...) {
+      // As with Gloo, a failed check fails the communicator (the ranks no longer agree on what
+      // comes next); the watchdog aborts it.
+      recorder_.setState(info.seq, FlightRecorder::State::Failed);
+      std::lock_guard<std::mutex> lock(stateMutex_);
+      if (!error_) error_ = std::current_exception();
+      throw;
+    }
+  }
 
   cudaEvent_t ready = nullptr;
   cudaEvent_t done = nullptr;
@@ -217,11 +248,11 @@ std::shared_ptr<Work> NcclCommunicator::submit(CollectiveInfo info, const CallOp
     checkCuda(cudaLaunchHostFunc(stream_, &NcclCommunicator::hangHostFunc, this),
               "cudaLaunchHostFunc");
   }
-  if (faultAt(fault::Kind::SkipCollective, info.seq)) {
+  if (skip) {
     recorder_.setState(info.seq, FlightRecorder::State::Skipped);
   } else {
     recorder_.setState(info.seq, FlightRecorder::State::Running);
-    ncclResult_t rc = launch(comm_, stream_);
+    ncclResult_t rc = launch(comm_, stream_, info.count);
     if (rc != ncclSuccess) {
       cudaEventDestroy(done);
       auto error = ncclError(rc, comm_, who(), info.describeWithSeq());
@@ -286,7 +317,7 @@ void NcclCommunicator::watchdogMain() {
     }
     if (late) {
       lock.unlock();
-      failOnWatchdog(timeoutError(*this, late->info(), recorder_));
+      failOnWatchdog(timeoutError(*this, late->info(), recorder_));  // Note [NCCL failure report]
       lock.lock();
     }
   }
@@ -295,13 +326,20 @@ void NcclCommunicator::watchdogMain() {
 void NcclCommunicator::failOnWatchdog(std::exception_ptr error) {
   DTRAIN_CHECK(std::this_thread::get_id() == watchdog_.get_id(),
                "nccl {}: failOnWatchdog() called outside the watchdog thread", who());
+  std::shared_ptr<NcclWork> oldest;
+  {
+    std::lock_guard<std::mutex> lock(stateMutex_);
+    if (aborted_) return;
+    if (!pending_.empty()) oldest = pending_.front();
+    if (error_) error = error_;  // a caller's launch failed first
+  }
+  error = withReports(error, oldest ? &oldest->info() : nullptr);
   std::deque<std::shared_ptr<NcclWork>> pending;
   {
     std::lock_guard<std::mutex> lock(stateMutex_);
-    if (!error_) error_ = error;
-    error = error_;
+    // Reports replace the bare error; calls made meanwhile rethrow the one with reports.
+    error_ = error;
     pending.swap(pending_);
-    if (aborted_) return;
     aborted_ = true;
   }
   DTRAIN_LOG(Error, "{}", [&] {
@@ -319,6 +357,40 @@ void NcclCommunicator::failOnWatchdog(std::exception_ptr error) {
   // Release an injected hang before aborting, so the stream can drain once the kernels stop.
   releaseHang();
   abortOnWatchdog();
+}
+
+// Note [NCCL failure report]
+// Before failing its work, a failed rank compares notes with the others through the store, with
+// the same report as the Gloo backend (failure_report.h): where it is (the oldest collective not
+// done, its sequence number) and its error; it waits a short grace for the others' reports and adds
+// "rank 1 is behind at seq 41 (...)", "rank 2 calls allgather(...) where this rank calls ...", or
+// "rank 3 did not report" to its error. That is how a skipped collective or a wrong-sized buffer
+// (which NCCL cannot see: it just waits) is told apart from a dead or frozen rank.
+std::exception_ptr NcclCommunicator::withReports(std::exception_ptr error,
+                                                  const CollectiveInfo* at) {
+  if (size_ == 1) return error;
+  std::string text;
+  bool timedOut = false;
+  try {
+    std::rethrow_exception(error);
+  } catch (const TimeoutError& e) {
+    text = e.what();
+    timedOut = true;
+  } catch (const std::exception& e) {
+    text = e.what();
+  }
+  RankReport mine;
+  mine.rank = rank_;
+  mine.seq = at ? at->seq : nextSeq_.load();
+  mine.collective = at ? at->describe() : std::string("no collective pending");
+  mine.error = text;
+  // An asynchronous error usually means a dead peer that will never report: wait less for it.
+  const Millis grace =
+      timedOut ? reportGrace(timeout_) : std::min(reportGrace(timeout_), Millis(500));
+  const auto reports = exchangeReports(*store_, name_ + "/failure", size_, mine, grace);
+  const std::string summary = summarizeReports(reports, mine, grace);
+  if (summary.empty()) return error;
+  return withOtherRanks(error, summary);
 }
 
 // Note [Aborting under the issue lock]
@@ -349,9 +421,10 @@ std::shared_ptr<Work> NcclCommunicator::allreduceAsync(void* data, size_t count,
   const ncclDataType_t t = toNccl(dtype);
   const ncclRedOp_t o = toNccl(op);
   CollectiveInfo info = CollectiveInfo::allreduce(dtype, count, op);
-  return submit(std::move(info), options, false, [=](ncclComm_t comm, cudaStream_t stream) {
-    return ncclAllReduce(data, data, count, t, o, comm, stream);
-  });
+  return submit(std::move(info), options, false,
+                [=](ncclComm_t comm, cudaStream_t stream, size_t n) {
+                  return ncclAllReduce(data, data, n, t, o, comm, stream);
+                });
 }
 
 std::shared_ptr<Work> NcclCommunicator::broadcastAsync(void* data, size_t count, DataType dtype,
@@ -360,9 +433,10 @@ std::shared_ptr<Work> NcclCommunicator::broadcastAsync(void* data, size_t count,
                    root, size_ - 1);
   const ncclDataType_t t = toNccl(dtype);
   CollectiveInfo info = CollectiveInfo::broadcast(dtype, count, root);
-  return submit(std::move(info), options, false, [=](ncclComm_t comm, cudaStream_t stream) {
-    return ncclBroadcast(data, data, count, t, root, comm, stream);
-  });
+  return submit(std::move(info), options, false,
+                [=](ncclComm_t comm, cudaStream_t stream, size_t n) {
+                  return ncclBroadcast(data, data, n, t, root, comm, stream);
+                });
 }
 
 std::shared_ptr<Work> NcclCommunicator::allgatherAsync(const void* send, void* recv, size_t count,
@@ -370,9 +444,10 @@ std::shared_ptr<Work> NcclCommunicator::allgatherAsync(const void* send, void* r
                                                        const CallOptions& options) {
   const ncclDataType_t t = toNccl(dtype);
   CollectiveInfo info = CollectiveInfo::allgather(dtype, count);
-  return submit(std::move(info), options, false, [=](ncclComm_t comm, cudaStream_t stream) {
-    return ncclAllGather(send, recv, count, t, comm, stream);
-  });
+  return submit(std::move(info), options, false,
+                [=](ncclComm_t comm, cudaStream_t stream, size_t n) {
+                  return ncclAllGather(send, recv, n, t, comm, stream);
+                });
 }
 
 std::shared_ptr<Work> NcclCommunicator::reduceScatterAsync(const void* send, void* recv,
@@ -382,9 +457,10 @@ std::shared_ptr<Work> NcclCommunicator::reduceScatterAsync(const void* send, voi
   const ncclDataType_t t = toNccl(dtype);
   const ncclRedOp_t o = toNccl(op);
   CollectiveInfo info = CollectiveInfo::reduceScatter(dtype, count, op);
-  return submit(std::move(info), options, false, [=](ncclComm_t comm, cudaStream_t stream) {
-    return ncclReduceScatter(send, recv, count, t, o, comm, stream);
-  });
+  return submit(std::move(info), options, false,
+                [=](ncclComm_t comm, cudaStream_t stream, size_t n) {
+                  return ncclReduceScatter(send, recv, n, t, o, comm, stream);
+                });
 }
 
 std::shared_ptr<Work> NcclCommunicator::barrierAsync(const CallOptions& options) {
@@ -392,7 +468,7 @@ std::shared_ptr<Work> NcclCommunicator::barrierAsync(const CallOptions& options)
   void* scratch = barrierScratch_;
   CollectiveInfo info = CollectiveInfo::barrier();
   return submit(std::move(info), options, /*blocking=*/true,
-                [scratch](ncclComm_t comm, cudaStream_t stream) {
+                [scratch](ncclComm_t comm, cudaStream_t stream, size_t) {
                   return ncclAllReduce(scratch, scratch, 1, ncclFloat32, ncclSum, comm, stream);
                 });
 }

@@ -100,13 +100,18 @@ class NcclCommunicator final : public Communicator,
   std::string who() const;
 
  private:
-  using Launch = std::function<ncclResult_t(ncclComm_t comm, cudaStream_t stream)>;
+  // Enqueues the collective on `stream` with `count` elements (the info's count: the wrong-shape
+  // fault shrinks it).
+  using Launch = std::function<ncclResult_t(ncclComm_t comm, cudaStream_t stream, size_t count)>;
 
   std::shared_ptr<Work> submit(CollectiveInfo info, const CallOptions& options, bool blocking,
                                const Launch& launch);
   void watchdogMain();
-  // Fails the communicator with `error` (first error wins), fails pending work, aborts NCCL.
+  // Fails the communicator with `error` (first error wins, with what the other ranks reported
+  // added: failure_report.h), fails pending work, aborts NCCL.
   void failOnWatchdog(std::exception_ptr error);
+  // `error` with the ranks' reports about where each one is (Note [NCCL failure report]).
+  std::exception_ptr withReports(std::exception_ptr error, const CollectiveInfo* at);
   // ncclCommAbort under issueMutex_ (Note [Aborting under the issue lock]).
   void abortOnWatchdog();
   void releaseHang();
@@ -123,6 +128,7 @@ class NcclCommunicator final : public Communicator,
   const Millis timeout_;
   const Millis watchdogInterval_;
   const bool blockingWait_;
+  bool checkCollectives_ = false;  // Note [Collective check through the store]
   std::vector<fault::Fault> faults_;
   int attempt_ = 0;
 
