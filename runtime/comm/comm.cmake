@@ -36,6 +36,7 @@ if(DTRAIN_HAVE_NCCL)
     runtime/comm/nccl/cuda_device.cpp
     runtime/comm/nccl/nccl_communicator.cpp
     runtime/comm/nccl/nccl_errors.cpp
+    runtime/comm/nccl/nccl_types.cpp
     runtime/comm/nccl/nccl_work.cpp)
   target_include_directories(dtrain_comm PRIVATE ${CMAKE_CURRENT_SOURCE_DIR}/runtime/comm/nccl)
   target_link_libraries(dtrain_comm PRIVATE NCCL::nccl CUDA::cudart)

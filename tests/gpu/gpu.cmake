@@ -20,9 +20,12 @@ if(DTRAIN_HAVE_TORCH)
     LIBS dtrain)
 endif()
 
-# The GPU check script itself, on every machine: --dry-run prints each step and checks its inputs.
+# The GPU check script itself, on every machine: --dry-run prints each step, and --check-build
+# checks what it would build and run (targets, allreduce_bench flags, gpu-labelled tests) against
+# this build, failing on any mismatch.
 add_test(NAME scripts.gpu_check_dry_run
-         COMMAND ${CMAKE_CURRENT_SOURCE_DIR}/scripts/gpu_check.sh --dry-run)
+         COMMAND ${CMAKE_CURRENT_SOURCE_DIR}/scripts/gpu_check.sh --dry-run
+                 --check-build ${CMAKE_BINARY_DIR})
 set_tests_properties(scripts.gpu_check_dry_run PROPERTIES LABELS unit TIMEOUT 60)
 
 # The NCCL compat header refuses an NCCL older than the minimum and accepts the minimum: compiled

@@ -1,6 +1,7 @@
 // What of the NCCL backend can be checked without a GPU (label unit; built whenever NCCL and CUDA
 // are found, runs everywhere): the device guard's rule (Note [Device guards and GPU 0]) through a
-// fake device API, and how the failure report joins an NCCL error.
+// fake device API, how the failure report joins an NCCL error, and the dtype/op mapping (which no
+// GPU test can see: at world size 1 an allreduce is an identity whatever NCCL was told).
 #include <gtest/gtest.h>
 
 #include <map>
@@ -9,6 +10,7 @@
 #include "device_guard.h"
 #include "dtrain/error.h"
 #include "nccl_errors.h"
+#include "nccl_types.h"
 
 namespace dtrain::comm {
 namespace {
@@ -84,6 +86,40 @@ TEST(NcclFailureReport, OtherRanksGoBeforeTheHintAndTheTypeStays) {
   }
   auto plain = withOtherRanks(std::make_exception_ptr(NetworkError("peer gone")), "rank 1 did not report");
   EXPECT_THROW(std::rethrow_exception(plain), NetworkError);
+}
+
+// Bytes per element of an NCCL type, from NCCL's documentation of ncclDataType_t.
+size_t ncclBytes(ncclDataType_t t) {
+  switch (t) {
+    case ncclInt8: case ncclUint8: return 1;
+    case ncclFloat16: case ncclBfloat16: return 2;
+    case ncclInt32: case ncclUint32: case ncclFloat32: return 4;
+    case ncclInt64: case ncclUint64: case ncclFloat64: return 8;
+    default: return 0;
+  }
+}
+
+TEST(NcclMapping, EveryDataTypeIsItsNcclTwin) {
+  const std::vector<std::pair<DataType, ncclDataType_t>> table = {
+      {DataType::Float32, ncclFloat32}, {DataType::Float64, ncclFloat64},
+      {DataType::Float16, ncclFloat16}, {DataType::BFloat16, ncclBfloat16},
+      {DataType::Int32, ncclInt32},     {DataType::Int64, ncclInt64},
+      {DataType::UInt8, ncclUint8},     {DataType::Int8, ncclInt8}};
+  // The table covers the whole enum (Int8 is its last value).
+  ASSERT_EQ(table.size(), static_cast<size_t>(DataType::Int8) + 1);
+  for (const auto& [ours, theirs] : table) {
+    EXPECT_EQ(toNcclDataType(ours), theirs) << dataTypeName(ours);
+    EXPECT_EQ(ncclBytes(toNcclDataType(ours)), elementSize(ours)) << dataTypeName(ours);
+  }
+  EXPECT_THROW(toNcclDataType(static_cast<DataType>(200)), InvalidArgument);
+}
+
+TEST(NcclMapping, EveryReductionIsItsNcclTwin) {
+  EXPECT_EQ(toNcclRedOp(ReduceOp::Sum), ncclSum);
+  EXPECT_EQ(toNcclRedOp(ReduceOp::Avg), ncclAvg);
+  EXPECT_EQ(toNcclRedOp(ReduceOp::Max), ncclMax);
+  EXPECT_EQ(toNcclRedOp(ReduceOp::Min), ncclMin);
+  EXPECT_THROW(toNcclRedOp(static_cast<ReduceOp>(200)), InvalidArgument);
 }
 
 }  // namespace

@@ -115,21 +115,28 @@ TEST(ProcessGroupCollectives, NonContiguousTensorsAreWrittenBackInPlace) {
 }
 
 TEST(ProcessGroupCollectives, AsyncWorkKeepsItsTensorAlive) {
+  // Only weak references are kept here: if the work let its tensor go, the tensor would be freed
+  // (and the collective would write into freed memory), and `expired()` says so.
   if (!comm::glooAvailable()) GTEST_SKIP() << "built without Gloo";
   const int n = 2;
   auto pgs = makeGroups(n);
+  using WeakTensor = c10::weak_intrusive_ptr<c10::TensorImpl, c10::UndefinedTensorImpl>;
   onRanks(n, [&](int r) {
     std::vector<std::shared_ptr<comm::Work>> works;
-    std::vector<at::Tensor> views;
+    std::vector<WeakTensor> weak;
     for (int k = 0; k < 20; ++k) {
       auto t = torch::full({1000}, static_cast<float>(k + r));
-      views.push_back(t.view({10, 100}));  // shares storage, lets us check the result
+      weak.emplace_back(t.getIntrusivePtr());
       works.push_back(pgs[r]->allreduceAsync(t));
-    }  // the `t`s are gone here; the works hold them
+    }  // the `t`s are gone here; only the works hold them
     for (int k = 0; k < 20; ++k) {
+      ASSERT_FALSE(weak[k].expired()) << "work " << k << " let its tensor go before wait()";
       works[k]->wait();
-      EXPECT_TRUE(views[k].eq(static_cast<float>(2 * k + 1)).all().item<bool>()) << k;
+      at::Tensor t(weak[k].lock());
+      EXPECT_TRUE(t.eq(static_cast<float>(2 * k + 1)).all().item<bool>()) << k;
     }
+    works.clear();
+    for (int k = 0; k < 20; ++k) EXPECT_TRUE(weak[k].expired()) << "work " << k << " leaked its tensor";
   });
 }
 

@@ -12,40 +12,12 @@
 #include "cuda_device.h"
 #include "failure_report.h"
 #include "nccl_errors.h"
+#include "nccl_types.h"
 #include "store_collective_check.h"
 
 namespace dtrain::comm {
 
 namespace {
-
-ncclDataType_t toNccl(DataType dtype) {
-  switch (dtype) {
-    case DataType::Float32: return ncclFloat32;
-    case DataType::Float64: return ncclFloat64;
-    case DataType::Float16: return ncclFloat16;
-    case DataType::BFloat16:
-#if DTRAIN_NCCL_HAS_BF16
-      return ncclBfloat16;
-#else
-      DTRAIN_THROW(InvalidArgument, "bfloat16 collectives need NCCL built with CUDA >= 11");
-#endif
-    case DataType::Int32: return ncclInt32;
-    case DataType::Int64: return ncclInt64;
-    case DataType::UInt8: return ncclUint8;
-    case DataType::Int8: return ncclInt8;
-  }
-  return ncclFloat32;
-}
-
-ncclRedOp_t toNccl(ReduceOp op) {
-  switch (op) {
-    case ReduceOp::Sum: return ncclSum;
-    case ReduceOp::Max: return ncclMax;
-    case ReduceOp::Min: return ncclMin;
-    case ReduceOp::Avg: return ncclAvg;
-  }
-  return ncclSum;
-}
 
 // Device memory from allocate(): freed on the communicator's device when released.
 class DeviceBuffer final : public Buffer {
@@ -418,8 +390,8 @@ void NcclCommunicator::abortOnWatchdog() {
 
 std::shared_ptr<Work> NcclCommunicator::allreduceAsync(void* data, size_t count, DataType dtype,
                                                        ReduceOp op, const CallOptions& options) {
-  const ncclDataType_t t = toNccl(dtype);
-  const ncclRedOp_t o = toNccl(op);
+  const ncclDataType_t t = toNcclDataType(dtype);
+  const ncclRedOp_t o = toNcclRedOp(op);
   CollectiveInfo info = CollectiveInfo::allreduce(dtype, count, op);
   return submit(std::move(info), options, false,
                 [=](ncclComm_t comm, cudaStream_t stream, size_t n) {
@@ -431,7 +403,7 @@ std::shared_ptr<Work> NcclCommunicator::broadcastAsync(void* data, size_t count,
                                                        int root, const CallOptions& options) {
   DTRAIN_CHECK_ARG(root >= 0 && root < size_, "nccl {}: broadcast root {} is outside 0..{}", who(),
                    root, size_ - 1);
-  const ncclDataType_t t = toNccl(dtype);
+  const ncclDataType_t t = toNcclDataType(dtype);
   CollectiveInfo info = CollectiveInfo::broadcast(dtype, count, root);
   return submit(std::move(info), options, false,
                 [=](ncclComm_t comm, cudaStream_t stream, size_t n) {
@@ -442,7 +414,7 @@ std::shared_ptr<Work> NcclCommunicator::broadcastAsync(void* data, size_t count,
 std::shared_ptr<Work> NcclCommunicator::allgatherAsync(const void* send, void* recv, size_t count,
                                                        DataType dtype,
                                                        const CallOptions& options) {
-  const ncclDataType_t t = toNccl(dtype);
+  const ncclDataType_t t = toNcclDataType(dtype);
   CollectiveInfo info = CollectiveInfo::allgather(dtype, count);
   return submit(std::move(info), options, false,
                 [=](ncclComm_t comm, cudaStream_t stream, size_t n) {
@@ -454,8 +426,8 @@ std::shared_ptr<Work> NcclCommunicator::reduceScatterAsync(const void* send, voi
                                                            size_t count, DataType dtype,
                                                            ReduceOp op,
                                                            const CallOptions& options) {
-  const ncclDataType_t t = toNccl(dtype);
-  const ncclRedOp_t o = toNccl(op);
+  const ncclDataType_t t = toNcclDataType(dtype);
+  const ncclRedOp_t o = toNcclRedOp(op);
   CollectiveInfo info = CollectiveInfo::reduceScatter(dtype, count, op);
   return submit(std::move(info), options, false,
                 [=](ncclComm_t comm, cudaStream_t stream, size_t n) {
