@@ -1,6 +1,6 @@
-// TcpStore and TcpStoreServer beyond the conformance suite: binding (B9), connect errors (B1),
-// wait-then-reuse (B12), EINTR (B13), server stop (B14), limits, 1,000 connections, pipelined
-// sets, job store.
+// TcpStore and TcpStoreServer beyond the conformance suite (docs/reliability.md S1, S8, S11-S19):
+// binding, connect errors, wait-then-reuse, EINTR, server stop, limits, 1,000 connections,
+// pipelined sets, job store.
 #include <pthread.h>
 #include <signal.h>
 
@@ -106,7 +106,7 @@ TEST(TcpStoreServer, AnAddressOfAnotherHostIsRefused) {
   }
 }
 
-TEST(TcpStoreServer, OffLoopbackItNeedsATokenOrAnExplicitOptIn) {  // F7
+TEST(TcpStoreServer, OffLoopbackItNeedsATokenOrAnExplicitOptIn) {  // S17
   TcpStoreServerOptions o = serverOptions();
   o.host = "0.0.0.0";
   try {
@@ -172,7 +172,7 @@ TEST(TcpStoreClient, AnUnresolvableHostNamesTheResolverError) {
   }
 }
 
-TEST(TcpStoreClient, AWaitTimeoutKeepsTheSameConnectionUsable) {  // B12
+TEST(TcpStoreClient, AWaitTimeoutKeepsTheSameConnectionUsable) {  // S11
   auto server = TcpStoreServer::start(serverOptions());
   TcpStore client(clientOptions(*server));
   for (int i = 0; i < 3; ++i) {
@@ -227,7 +227,7 @@ class SignalPester {
   std::thread thread_;
 };
 
-TEST(TcpStoreClient, SignalsWithoutSaRestartDoNotBreakABlockingGetOrWait) {  // B13
+TEST(TcpStoreClient, SignalsWithoutSaRestartDoNotBreakABlockingGetOrWait) {  // S12
   auto server = TcpStoreServer::start(serverOptions());
   TcpStore waiter(clientOptions(*server));
   TcpStore setter(clientOptions(*server));
@@ -249,7 +249,7 @@ TEST(TcpStoreClient, SignalsWithoutSaRestartDoNotBreakABlockingGetOrWait) {  // 
   }
 }
 
-TEST(TcpStoreClient, SignalsWithoutSaRestartDoNotBreakAFlush) {  // B13, pipelined sets
+TEST(TcpStoreClient, SignalsWithoutSaRestartDoNotBreakAFlush) {  // S12, pipelined sets
   FakeServer fake;
   auto client = fake.connect();
   for (int i = 0; i < 20; ++i) client->setString("k" + std::to_string(i), "v");
@@ -268,7 +268,7 @@ TEST(TcpStoreClient, SignalsWithoutSaRestartDoNotBreakAFlush) {  // B13, pipelin
   EXPECT_GE(gSignals.load(), 50);
 }
 
-TEST(TcpStoreClient, AServerStoppingDuringAGetIsANetworkErrorNotAHang) {  // B14
+TEST(TcpStoreClient, AServerStoppingDuringAGetIsANetworkErrorNotAHang) {  // S13
   auto server = TcpStoreServer::start(serverOptions());
   TcpStoreOptions o = clientOptions(*server);
   o.timeout = Millis(60000);
