@@ -267,11 +267,13 @@ int runWorker(const Config& cfg) {
   return totalWrong == 0 ? 0 : 1;
 }
 
-// Without launch: host the store here and fork one process per rank.
+// Without launch: fork one process per rank, then host the store here. The ranks are forked
+// first, while this process has one thread: a child forked beside the store's event-loop thread
+// could inherit a lock that thread held (it did hang once in the handshake); the ranks' clients
+// retry until the store is up.
 int forkWorld(const Config& cfg) {
-  store::TcpStoreServerOptions so;
-  so.host = "127.0.0.1";
-  auto server = store::TcpStoreServer::start(so);
+  const int port = freeLoopbackPort();
+  DTRAIN_CHECK(port > 0, "allreduce_bench: no free loopback port for the store");
   std::vector<pid_t> children;
   for (int r = 0; r < cfg.world; ++r) {
     std::fflush(nullptr);
@@ -282,7 +284,7 @@ int forkWorld(const Config& cfg) {
       setenv(env::kWorldSize, std::to_string(cfg.world).c_str(), 1);
       setenv(env::kLocalWorldSize, std::to_string(cfg.world).c_str(), 1);
       setenv(env::kStoreAddr, "127.0.0.1", 1);
-      setenv(env::kStorePort, std::to_string(server->port()).c_str(), 1);
+      setenv(env::kStorePort, std::to_string(port).c_str(), 1);
       setenv(env::kDtrainRestartCount, "0", 1);
       int code = 1;
       try {
@@ -291,10 +293,14 @@ int forkWorld(const Config& cfg) {
         std::fprintf(stderr, "allreduce_bench rank %d: %s\n", r, e.what());
       }
       std::fflush(nullptr);
-      _exit(code);  // never run the parent's destructors (the store server) in a child
+      _exit(code);  // never run the parent's destructors in a child
     }
     children.push_back(pid);
   }
+  store::TcpStoreServerOptions so;
+  so.host = "127.0.0.1";
+  so.port = static_cast<uint16_t>(port);
+  auto server = store::TcpStoreServer::start(so);
   int worst = 0;
   for (pid_t pid : children) {
     int status = 0;
