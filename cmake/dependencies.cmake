@@ -74,10 +74,16 @@ if(DTRAIN_WITH_NCCL)
     set(CUDAToolkit_ROOT /usr/local/cuda)
   endif()
   find_package(CUDAToolkit QUIET)
-  find_package(NCCL QUIET)
+  # The oldest NCCL the backend builds against (runtime/comm/nccl/nccl_compat.h says why).
+  set(DTRAIN_NCCL_MINIMUM_VERSION 2.14)
+  find_package(NCCL ${DTRAIN_NCCL_MINIMUM_VERSION} QUIET)
   if(CUDAToolkit_FOUND AND NCCL_FOUND)
     set(DTRAIN_HAVE_NCCL ON)
     message(STATUS "NCCL ${NCCL_VERSION} (${NCCL_LIBRARY}), CUDA ${CUDAToolkit_VERSION}")
+  elseif(NCCL_VERSION AND NCCL_VERSION VERSION_LESS DTRAIN_NCCL_MINIMUM_VERSION)
+    message(STATUS "NCCL ${NCCL_VERSION} in ${NCCL_INCLUDE_DIR} is older than "
+                   "${DTRAIN_NCCL_MINIMUM_VERSION}: the NCCL backend is not built "
+                   "(HINT: point NCCL_ROOT at NCCL >= ${DTRAIN_NCCL_MINIMUM_VERSION})")
   else()
     message(STATUS "NCCL or CUDA not found: the NCCL backend is not built "
                    "(HINT: set NCCL_ROOT / CUDAToolkit_ROOT)")

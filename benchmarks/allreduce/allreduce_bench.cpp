@@ -1,22 +1,25 @@
-// allreduce_bench: dtrain's allreduce in nccl-tests' format, beside PyTorch's
-// torch.distributed.all_reduce (gloo) and a single-thread memcpy, measured in the same run,
-// interleaved size by size so all three see the same machine load.
+// allreduce_bench: dtrain's allreduce in nccl-tests' format, beside PyTorch's two: C++
+// c10d::ProcessGroupGloo (from the libtorch this build links, run by the same ranks) and
+// torch.distributed.all_reduce (gloo) from Python, and a single-thread memcpy, measured in the
+// same run, interleaved size by size so all of them see the same machine load.
 //
 //   launch --nproc-per-node 2 allreduce_bench [options]     one rank per process, from launch
 //   allreduce_bench --world 2 [options]                      forks the ranks itself
 //
 // Options: --sizes 4K,64K,... (default 4 KiB..256 MiB by 4x), --warmup N, --iters N,
-// --dtype float32|float64|float16|bfloat16|int32|int64, --op sum|avg|max|min, --no-peer,
+// --dtype float32|float64|float16|bfloat16|int32|int64, --op sum|avg|max|min, --no-peer (neither
+// peer), --no-c10d-peer, --no-python-peer,
 // --rounds N (ours and the peer alternate N times per size, default 3), --small-iters N
 // (iterations for sizes up to 256 KiB, default 200), --segment-bytes N, --chunk-bytes N,
 // --small-bytes N and --two-rank-ring (algorithm tuning), --python PATH, --smoke (three small
 // sizes, few iterations: the CTest).
 //
-// Columns: size count dtype op time_us algbw busbw #wrong (busbw = algbw * 2(n-1)/n), then the
-// peer's time and busbw, ours/theirs busbw, and memcpy GB/s. For each size ours and the peer
-// alternate --rounds times (default 3); a time is the median of the rounds' medians of rank 0's
-// per-iteration times. #wrong counts elements that differ from the closed form (rank r
-// contributes r + i % 5) after one checked allreduce.
+// Columns: size count dtype op time_us algbw busbw #wrong (busbw = algbw * 2(n-1)/n), then for
+// each peer (c10d C++, then torch.distributed from Python) its time, busbw and ours/theirs busbw,
+// and memcpy GB/s. For each size ours and the peers alternate --rounds times (default 3); a time
+// is the median of the rounds' medians of rank 0's per-iteration times. #wrong counts elements
+// that differ from the closed form (rank r contributes r + i % 5) after one checked allreduce,
+// ours and the peers'.
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -34,6 +37,7 @@
 #include <fmt/format.h>
 
 #include "bench_buffers.h"
+#include "c10d_peer.h"
 #include "dtrain/comm.h"
 #include "dtrain/env_contract.h"
 #include "dtrain/error.h"
@@ -56,7 +60,8 @@ struct Config {
   comm::DataType dtype = comm::DataType::Float32;
   comm::ReduceOp op = comm::ReduceOp::Sum;
   std::string backend = "gloo";
-  bool peer = true;
+  bool pythonPeer = true;
+  bool c10dPeer = true;
   std::string python = "/usr/bin/python3";
   std::string peerScript;
   size_t smallAllreduceBytes = comm::kDefaultSmallAllreduceBytes;
@@ -149,8 +154,8 @@ int envInt(const char* name, int fallback) {
   return v ? std::atoi(v) : fallback;
 }
 
-std::shared_ptr<comm::Communicator> makeCommunicator(const Config& cfg, int rank, int world) {
-  auto store = store::connectToJobStore();
+std::shared_ptr<comm::Communicator> makeCommunicator(const Config& cfg, int rank, int world,
+                                                     std::shared_ptr<store::Store> store) {
   const char* host = std::getenv(env::kStoreAddr);
   if (cfg.backend == "nccl") {
     comm::NcclOptions o;
@@ -177,9 +182,15 @@ std::shared_ptr<comm::Communicator> makeCommunicator(const Config& cfg, int rank
 int runWorker(const Config& cfg) {
   const int rank = envInt(env::kRank, 0);
   const int world = envInt(env::kWorldSize, 1);
-  auto c = makeCommunicator(cfg, rank, world);
+  std::shared_ptr<store::Store> store = store::connectToJobStore();
+  auto c = makeCommunicator(cfg, rank, world, store);
+  size_t maxBytes = *std::max_element(cfg.sizes.begin(), cfg.sizes.end());
+  std::unique_ptr<C10dPeer> cpp;
+  if (cfg.c10dPeer && cfg.backend == "gloo") {
+    cpp = C10dPeer::start(*store, rank, world, cfg.dtype, cfg.op, maxBytes);
+  }
   std::unique_ptr<TorchPeer> peer;
-  if (rank == 0 && cfg.peer && cfg.backend == "gloo") {
+  if (rank == 0 && cfg.pythonPeer && cfg.backend == "gloo") {
     peer = TorchPeer::start(cfg.python, cfg.peerScript, world, comm::dataTypeName(cfg.dtype));
   }
   const double busFactor = world > 1 ? 2.0 * (world - 1) / world : 1.0;
@@ -189,28 +200,38 @@ int runWorker(const Config& cfg) {
                 cfg.backend.c_str(), world, comm::dataTypeName(cfg.dtype),
                 comm::reduceOpName(cfg.op), cfg.warmup, cfg.iters,
                 std::max(cfg.iters, cfg.smallIters), cfg.rounds);
-    std::printf("# peer: %s\n", peer ? "torch.distributed.all_reduce (gloo), same sizes, interleaved"
-                                     : "none");
-    std::printf("%10s %11s %8s %4s %10s %7s %7s %6s | %10s %7s %6s | %7s\n", "size", "count",
-                "dtype", "op", "time_us", "algbw", "busbw", "#wrong", "torch_us", "busbw",
-                "ratio", "memcpy");
-    std::printf("%10s %11s %8s %4s %10s %7s %7s %6s | %10s %7s %6s | %7s\n", "(B)", "(elements)",
-                "", "", "", "(GB/s)", "(GB/s)", "", "", "(GB/s)", "", "(GB/s)");
+    std::printf("# peer c10d: %s\n",
+                cpp ? "C++ c10d::ProcessGroupGloo (libtorch), same ranks, interleaved" : "none");
+    std::printf("# peer python: %s\n",
+                peer ? "torch.distributed.all_reduce (gloo) from Python, interleaved" : "none");
+    std::printf("# ratio: our busbw / the peer's (above 1: dtrain is faster)\n");
+    std::printf("%10s %11s %8s %4s %10s %7s %7s %6s | %10s %7s %6s | %10s %7s %6s | %7s\n",
+                "size", "count", "dtype", "op", "time_us", "algbw", "busbw", "#wrong", "c10d_us",
+                "busbw", "ratio", "python_us", "busbw", "ratio", "memcpy");
+    std::printf("%10s %11s %8s %4s %10s %7s %7s %6s | %10s %7s %6s | %10s %7s %6s | %7s\n",
+                "(B)", "(elements)", "", "", "", "(GB/s)", "(GB/s)", "", "", "(GB/s)", "", "",
+                "(GB/s)", "", "(GB/s)");
     std::fflush(stdout);
   }
   long totalWrong = 0;
-  size_t maxBytes = *std::max_element(cfg.sizes.begin(), cfg.sizes.end());
   auto buf = BenchBuffers::create(*c, maxBytes, cfg.dtype);
   for (size_t bytes : cfg.sizes) {
     // Ours and theirs alternate --rounds times, so a burst of load from elsewhere hits both.
     std::vector<double> ourRounds;
+    std::vector<double> cppRounds;
     std::vector<double> theirRounds;
     long peerWrong = 0;
     long ourWrong = 0;
     for (int round = 0; round < cfg.rounds; ++round) {
-      Row ours = measureOurs(*c, *buf, bytes, cfg, round == 0 ? cfg.warmup : 1);
+      const int warmup = round == 0 ? cfg.warmup : 1;
+      Row ours = measureOurs(*c, *buf, bytes, cfg, warmup);
       ourRounds.push_back(ours.us);
       ourWrong += ours.wrong;
+      if (cpp) {
+        auto r = cpp->run(bytes, warmup, itersFor(bytes, cfg));
+        cppRounds.push_back(r.medianUs);
+        peerWrong += r.wrong;
+      }
       // The other ranks wait here while rank 0 drives the peer.
       if (rank == 0 && peer) {
         auto theirs = peer->run(bytes, round == 0 ? cfg.warmup : 1, itersFor(bytes, cfg),
@@ -227,29 +248,32 @@ int runWorker(const Config& cfg) {
     const double copyUs = memcpyMedianUs(bytes, std::max(itersFor(bytes, cfg), 3));
     const double ourUs = median(ourRounds);
     const double algbw = bytes / ourUs / 1e3;
-    std::string peerCols = fmt::format("{:>10} {:>7} {:>6}", "-", "-", "-");
-    if (!theirRounds.empty()) {
-      const double theirUs = median(theirRounds);
+    auto peerCols = [&](const std::vector<double>& rounds) {
+      if (rounds.empty()) return fmt::format("{:>10} {:>7} {:>6}", "-", "-", "-");
+      const double theirUs = median(rounds);
       const double theirBus = bytes / theirUs / 1e3 * busFactor;
-      peerCols = fmt::format("{:>10.1f} {:>7.3f} {:>6.2f}", theirUs, theirBus,
-                             algbw * busFactor / theirBus);
-    }
-    std::printf("%10zu %11zu %8s %4s %10.1f %7.3f %7.3f %6ld | %s | %7.2f\n", bytes,
+      return fmt::format("{:>10.1f} {:>7.3f} {:>6.2f}", theirUs, theirBus,
+                         algbw * busFactor / theirBus);
+    };
+    std::printf("%10zu %11zu %8s %4s %10.1f %7.3f %7.3f %6ld | %s | %s | %7.2f\n", bytes,
                 bytes / comm::elementSize(cfg.dtype), comm::dataTypeName(cfg.dtype),
                 comm::reduceOpName(cfg.op), ourUs, algbw, algbw * busFactor, ourWrong + peerWrong,
-                peerCols.c_str(), bytes / copyUs / 1e3);
+                peerCols(cppRounds).c_str(), peerCols(theirRounds).c_str(), bytes / copyUs / 1e3);
     std::fflush(stdout);
   }
   peer.reset();
+  cpp.reset();
   c->shutdown();
   return totalWrong == 0 ? 0 : 1;
 }
 
-// Without launch: host the store here and fork one process per rank.
+// Without launch: fork one process per rank, then host the store here. The ranks are forked
+// first, while this process has one thread: a child forked beside the store's event-loop thread
+// could inherit a lock that thread held (it did hang once in the handshake); the ranks' clients
+// retry until the store is up.
 int forkWorld(const Config& cfg) {
-  store::TcpStoreServerOptions so;
-  so.host = "127.0.0.1";
-  auto server = store::TcpStoreServer::start(so);
+  const int port = freeLoopbackPort();
+  DTRAIN_CHECK(port > 0, "allreduce_bench: no free loopback port for the store");
   std::vector<pid_t> children;
   for (int r = 0; r < cfg.world; ++r) {
     std::fflush(nullptr);
@@ -260,7 +284,7 @@ int forkWorld(const Config& cfg) {
       setenv(env::kWorldSize, std::to_string(cfg.world).c_str(), 1);
       setenv(env::kLocalWorldSize, std::to_string(cfg.world).c_str(), 1);
       setenv(env::kStoreAddr, "127.0.0.1", 1);
-      setenv(env::kStorePort, std::to_string(server->port()).c_str(), 1);
+      setenv(env::kStorePort, std::to_string(port).c_str(), 1);
       setenv(env::kDtrainRestartCount, "0", 1);
       int code = 1;
       try {
@@ -269,10 +293,14 @@ int forkWorld(const Config& cfg) {
         std::fprintf(stderr, "allreduce_bench rank %d: %s\n", r, e.what());
       }
       std::fflush(nullptr);
-      _exit(code);  // never run the parent's destructors (the store server) in a child
+      _exit(code);  // never run the parent's destructors in a child
     }
     children.push_back(pid);
   }
+  store::TcpStoreServerOptions so;
+  so.host = "127.0.0.1";
+  so.port = static_cast<uint16_t>(port);
+  auto server = store::TcpStoreServer::start(so);
   int worst = 0;
   for (pid_t pid : children) {
     int status = 0;
@@ -295,7 +323,8 @@ std::string defaultPeerScript(const char* argv0) {
 
 int main(int argc, char** argv) {
   using namespace dtrain::bench;
-  cxxopts::Options options("allreduce_bench", "dtrain allreduce vs torch.distributed (gloo)");
+  cxxopts::Options options("allreduce_bench",
+                           "dtrain allreduce vs c10d::ProcessGroupGloo (C++) and torch.distributed");
   options.add_options()
       ("world", "ranks to fork when not started by launch", cxxopts::value<int>()->default_value("2"))
       ("sizes", "comma-separated sizes (4K, 1M, ...)", cxxopts::value<std::string>()->default_value(""))
@@ -315,7 +344,9 @@ int main(int argc, char** argv) {
        cxxopts::value<int>()->default_value("200"))
       ("small-bytes", "direct/ring allreduce crossover (bytes)",
        cxxopts::value<size_t>()->default_value(std::to_string(dtrain::comm::kDefaultSmallAllreduceBytes)))
-      ("no-peer", "skip the PyTorch peer")
+      ("no-peer", "skip both PyTorch peers")
+      ("no-c10d-peer", "skip the C++ c10d::ProcessGroupGloo peer")
+      ("no-python-peer", "skip the torch.distributed (Python) peer")
       ("python", "python with torch for the peer", cxxopts::value<std::string>()->default_value("/usr/bin/python3"))
       ("peer-script", "the peer's script", cxxopts::value<std::string>()->default_value(defaultPeerScript(argv[0])))
       ("smoke", "a few small sizes and iterations (CTest)")
@@ -333,7 +364,8 @@ int main(int argc, char** argv) {
     cfg.dtype = parseDtype(args["dtype"].as<std::string>());
     cfg.op = parseOp(args["op"].as<std::string>());
     cfg.backend = args["backend"].as<std::string>();
-    cfg.peer = !args.count("no-peer");
+    cfg.pythonPeer = !args.count("no-peer") && !args.count("no-python-peer");
+    cfg.c10dPeer = !args.count("no-peer") && !args.count("no-c10d-peer");
     cfg.python = args["python"].as<std::string>();
     cfg.peerScript = args["peer-script"].as<std::string>();
     cfg.smallAllreduceBytes = args["small-bytes"].as<size_t>();

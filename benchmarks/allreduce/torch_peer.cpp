@@ -1,8 +1,11 @@
 #include "torch_peer.h"
 
+#include <arpa/inet.h>
 #include <fcntl.h>
+#include <netinet/in.h>
 #include <poll.h>
 #include <signal.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -16,6 +19,22 @@
 #include <vector>
 
 namespace dtrain::bench {
+
+int freeLoopbackPort() {
+  int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return 0;
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof(a);
+  int port = 0;
+  if (bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) == 0 &&
+      getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) == 0) {
+    port = ntohs(a.sin_port);
+  }
+  close(fd);
+  return port;
+}
 
 std::unique_ptr<TorchPeer> TorchPeer::start(const std::string& python, const std::string& script,
                                             int world, const std::string& dtype) {
@@ -39,14 +58,20 @@ std::unique_ptr<TorchPeer> TorchPeer::start(const std::string& python, const std
   peer->results_ = open(results.c_str(), O_RDWR | O_CLOEXEC);
   const std::string log = peer->dir_ + "/peer.log";
 
+  const int port = freeLoopbackPort();
   pid_t pid = fork();
   if (pid == 0) {
     setpgid(0, 0);  // its own process group: stop() ends torchrun and its workers together
     int fd = open(log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
     dup2(fd, 1);
     dup2(fd, 2);
-    // torchrun 1.13 on Python 3.11 fails without explicit --redirects/--tee maps.
-    std::vector<std::string> args = {python, "-m", "torch.distributed.run", "--standalone",
+    // torchrun 1.13 on Python 3.11 fails without explicit --redirects/--tee maps. Not
+    // --standalone: in 1.13 that rendezvouses on the fixed localhost:29400, which a launch or
+    // store elsewhere on the machine may hold (the peer then hangs talking to it); a one-node
+    // static rendezvous on a free loopback port instead.
+    std::vector<std::string> args = {python, "-m", "torch.distributed.run", "--nnodes", "1",
+                                     "--node_rank", "0", "--master_addr", "127.0.0.1",
+                                     "--master_port", std::to_string(port),
                                      "--nproc_per_node", std::to_string(world),
                                      "--redirects", "9:0", "--tee", "9:0",
                                      script, commands, results, dtype};

@@ -11,6 +11,9 @@
 
 namespace dtrain::bench {
 
+// A loopback port nobody listens on right now (bound, then released), or 0.
+int freeLoopbackPort();
+
 class TorchPeer {
  public:
   struct Result {

@@ -87,14 +87,7 @@ World connectWorld(const WorldOptions& o, bool cudaDevicesUsable) {
   w.backend = chooseBackend(o.backend, env, ncclAvailable(), glooAvailable(), devices);
   if (w.backend == "nccl") {
     validateNcclEnvironment();
-    const char* visible = std::getenv(env::kCudaVisibleDevices);
-    DTRAIN_CHECK_ARG(w.env.localRank < devices,
-                     "{}={} but only {} CUDA device{} visible ({}={}): one process per GPU, "
-                     "local rank i on the i-th visible device. HINT: launch --nproc-per-node {} "
-                     "(or fewer)",
-                     env::kLocalRank, w.env.localRank, devices, devices == 1 ? " is" : "s are",
-                     env::kCudaVisibleDevices, visible ? visible : "unset (all)", devices);
-    w.device = w.env.localRank;
+    w.device = chooseCudaDevice(w.env.localRank, devices, std::getenv(env::kCudaVisibleDevices));
   }
 
   if (o.store) {
@@ -117,6 +110,7 @@ World connectWorld(const WorldOptions& o, bool cudaDevicesUsable) {
     no.device = w.device;
     no.timeout = o.timeout;
     no.connectTimeout = o.connectTimeout;
+    no.checkCollectives = o.checkCollectives;
     const char* blocking = std::getenv("TORCH_NCCL_BLOCKING_WAIT");
     no.blockingWait = blocking != nullptr && std::string(blocking) == "1";
     w.communicator = createNcclCommunicator(no);

@@ -319,9 +319,12 @@ void Reducer::finalizeLocked(std::vector<size_t>& missing) {
   // another rank used them decides whether their .grad is touched.
   bool deferUnused = options_.findUnusedParameters;
   std::chrono::nanoseconds waited{0};
+  // The end-of-backward callback's current stream, which the write-back below runs on (comm.h:
+  // waitOnStream).
+  void* stream = compat::currentStream(group_->device());
   for (auto& bucket : buckets_) {
     auto start = Clock::now();
-    bucket.work->wait(options_.timeout);
+    bucket.work->waitOnStream(stream, options_.timeout);
     waited += Clock::now() - start;
     bucket.work.reset();
     if (!missing.empty()) continue;
@@ -334,7 +337,7 @@ void Reducer::finalizeLocked(std::vector<size_t>& missing) {
   }
   if (usedWork_) {
     auto start = Clock::now();
-    usedWork_->wait(options_.timeout);
+    usedWork_->waitOnStream(stream, options_.timeout);
     waited += Clock::now() - start;
     if (missing.empty()) {
       at::NoGradGuard noGrad;

@@ -21,19 +21,6 @@ bool envFlag(const char* name) {
   return v != nullptr && (std::strcmp(v, "1") == 0 || std::strcmp(v, "true") == 0);
 }
 
-// The wrong-shape fault: one element (or one row of the last dimension) short.
-CollectiveInfo shrunk(CollectiveInfo info) {
-  if (info.count == 0) return info;
-  if (!info.shape.empty() && info.shape.back() > 1) {
-    info.count = info.count / static_cast<size_t>(info.shape.back()) *
-                 static_cast<size_t>(info.shape.back() - 1);
-    info.shape.back() -= 1;
-  } else {
-    info.count -= 1;
-    info.shape.clear();
-  }
-  return info;
-}
 
 }  // namespace
 
@@ -169,7 +156,7 @@ void GlooCommunicator::runOnCommThread(const CollectiveInfo& requested, Millis t
     hangOnCommThread(requested, *hang);
   }
   const CollectiveInfo info =
-      faultAt(fault::Kind::WrongShape, requested.seq) ? shrunk(requested) : requested;
+      faultAt(fault::Kind::WrongShape, requested.seq) ? wrongShape(requested) : requested;
   recorder_.setState(info.seq, FlightRecorder::State::Running);
   GlooCall call{mesh_ ? mesh_->contextPtr() : nullptr, info.tag(), timeout};
   try {

@@ -76,6 +76,13 @@ WorldEnv resolveWorldEnv(const WorldOptions& options, const EnvLookup& env);
 std::string chooseBackend(const std::string& requested, const EnvLookup& env, bool ncclBuilt,
                           bool glooBuilt, int cudaDevices);
 
+// The CUDA device of the rank with `localRank` when `devices` are visible (`visibleDevices`: the
+// value of CUDA_VISIBLE_DEVICES, null when unset, for the message). One visible device: that one,
+// whatever the local rank (Slurm's per-task GPU binding shows each task only its own GPU while
+// SLURM_LOCALID counts on). Several: the localRank-th. Throws InvalidArgument when localRank is
+// not below their number.
+int chooseCudaDevice(int localRank, int devices, const char* visibleDevices);
+
 struct World {
   WorldEnv env;
   std::string backend;                             // "gloo" / "nccl"
