@@ -2,6 +2,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <map>
 #include <set>
@@ -18,7 +19,12 @@ namespace dtrain::launcher {
 namespace {
 
 using Clock = std::chrono::steady_clock;
-constexpr std::chrono::milliseconds kTick{20};
+// How often the master looks at heartbeats, lost sessions and signals. Joins and results do not
+// wait for it: the master blocks on the keys it still needs (see waitFor).
+constexpr std::chrono::milliseconds kTick{50};
+// At most this long (or --heartbeat-timeout, if shorter) the master waits for the agents to
+// acknowledge the job's last decision before its store may go.
+constexpr double kAckSeconds = 10;
 
 void say(const std::string& line) {
   std::string text = line + "\n";
@@ -31,6 +37,19 @@ double secondsSince(Clock::time_point t) {
 
 Clock::time_point after(Clock::time_point t, double seconds) {
   return t + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(seconds));
+}
+
+// Blocks until every key of `keys` is there or one tick passed: the last join (or result) of a
+// round wakes the master at once, not at its next tick.
+void waitFor(store::Store& store, const std::vector<std::string>& keys) {
+  if (keys.empty()) {
+    std::this_thread::sleep_for(kTick);
+    return;
+  }
+  try {
+    store.wait(keys, kTick);
+  } catch (const TimeoutError&) {
+  }
 }
 
 }  // namespace
@@ -143,14 +162,18 @@ std::vector<JoinInfo> Coordinator::gatherJoins(int round, int* endCode) {
                                  listing(true), listing(false), options_.storeWhere));
       return {};
     }
-    std::this_thread::sleep_for(kTick);
+    std::vector<std::string> missing;
+    for (const auto& e : options_.nodes) {
+      if (!joined.count(e.node) && !gone.count(e.node)) missing.push_back(keys::join(round, e.node));
+    }
+    waitFor(*store_, missing);
   }
   std::vector<JoinInfo> out;
   for (auto& [node, j] : joined) out.push_back(j);
   return out;
 }
 
-AttemptResult Coordinator::superviseRound(const RoundPlan& plan) {
+AttemptResult Coordinator::superviseRound(const RoundPlan& plan, std::vector<std::string>* reported) {
   const auto start = Clock::now();
   const int round = plan.round;
   HeartbeatTracker tracker(std::chrono::milliseconds(
@@ -221,7 +244,11 @@ AttemptResult Coordinator::superviseRound(const RoundPlan& plan) {
       }
       break;
     }
-    std::this_thread::sleep_for(kTick);
+    std::vector<std::string> missing;
+    for (const auto& n : plan.nodes) {
+      if (!results.count(n.node) && !dead.count(n.node)) missing.push_back(keys::result(round, n.node));
+    }
+    waitFor(*store_, missing);
   }
 
   AttemptResult all;
@@ -229,6 +256,7 @@ AttemptResult Coordinator::superviseRound(const RoundPlan& plan) {
   for (const auto& n : plan.nodes) {
     auto r = results.find(n.node);
     if (r != results.end()) {
+      reported->push_back(n.node);
       for (auto w : r->second.workers) {
         if (w.host.empty()) w.host = n.label;
         all.workers.push_back(w);
@@ -265,6 +293,28 @@ AttemptResult Coordinator::superviseRound(const RoundPlan& plan) {
   return all;
 }
 
+void Coordinator::decide(int round, const std::string& decision,
+                         const std::vector<std::string>& awaitAcks) {
+  // The round's stop key first, when no failure wrote it: every agent's monitor stops waiting on
+  // it at once (Note [Agent monitor] in agent.cpp), so the agents end without a wait slice.
+  store_->compareSet(keys::stop(round), {},
+                     store::toBytes(fmt::format("round {} is over ({})", round, decision)));
+  store_->setString(keys::decision(round), decision);
+  store_->flush();
+  // The store must outlive the agents' reading of the last decision (node rank 0 of a manual
+  // job stops it as soon as this returns): wait for their acknowledgements, for a while.
+  std::vector<std::string> acks;
+  for (const auto& node : awaitAcks) acks.push_back(keys::ack(round, node));
+  if (acks.empty()) return;
+  try {
+    store_->wait(acks, std::chrono::milliseconds(static_cast<int64_t>(
+                           std::min(options_.heartbeatTimeout, kAckSeconds) * 1000)));
+  } catch (const TimeoutError& e) {
+    DTRAIN_LOG(Info, "launch: not every node acknowledged the decision of round {}: {}", round,
+               e.what());
+  }
+}
+
 int Coordinator::run() {
   std::vector<AttemptResult> attempts;
   for (int round = 0;; ++round) {
@@ -286,7 +336,8 @@ int Coordinator::run() {
     }
     store_->setString(keys::plan(round), encodePlan(plan));
     store_->flush();
-    attempts.push_back(superviseRound(plan));
+    std::vector<std::string> reported;
+    attempts.push_back(superviseRound(plan, &reported));
     const AttemptResult& r = attempts.back();
     const bool failed = rootCauseIndex(r.workers) >= 0;
     if (failed && r.launcherSignal == 0 && round < options_.maxRestarts) {
@@ -297,8 +348,8 @@ int Coordinator::run() {
         goneToRestart_ = goneToRestartCandidates_;
         for (const auto& n : goneToRestart_) lost_.erase(n);
       }
-      store_->setString(keys::decision(round), "restart");
-      store_->flush();
+      if (options_.wake) options_.wake();
+      decide(round, "restart", {});
       continue;
     }
     code = launcherExitCode(r);
@@ -312,8 +363,7 @@ int Coordinator::run() {
       std::string report = formatFailureReport(ctx, attempts);
       writeAll(STDERR_FILENO, report.data(), report.size());
     }
-    store_->setString(keys::decision(round), fmt::format("end {}", code));
-    store_->flush();
+    decide(round, fmt::format("end {}", code), reported);
     return code;
   }
 }

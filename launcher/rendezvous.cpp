@@ -23,6 +23,9 @@ std::string result(int round, const std::string& node) {
   return fmt::format("round{}/launch/result/{}", round, node);
 }
 std::string decision(int round) { return fmt::format("round{}/launch/decision", round); }
+std::string ack(int round, const std::string& node) {
+  return fmt::format("round{}/launch/ack/{}", round, node);
+}
 }  // namespace keys
 
 namespace {

@@ -24,16 +24,20 @@ namespace dtrain::launcher {
 //   round<R>/launch/join/<node>    agent: JoinInfo (host, address, workers, versions)
 //   round<R>/launch/plan           master: RoundPlan (who is in the round, ranks, MASTER_ADDR/PORT)
 //   round<R>/launch/stop           first writer wins (compareSet): why the round is stopping (a
-//                                  worker failed on node N, node N went silent, a signal)
+//                                  worker failed on node N, node N went silent, a signal); the
+//                                  master writes it before its decision when nobody did ("round R
+//                                  is over"), so every agent's monitor stops waiting on it at once
 //   round<R>/launch/result/<node>  agent: its workers' outcomes after the round, for the report
 //   round<R>/launch/decision       master: "restart" or "end <code>"
+//   round<R>/launch/ack/<node>     agent: it read the decision; after the last one the master
+//                                  waits (bounded) for these before its store may go
 // <node> is the node's id: its index in the host list (fan-out) or its --node-rank (manual), so
 // node ranks stay stable across restarts. An agent that is not in a round's plan (elastic: it
 // came late) waits for the next round. Heartbeats are judged on the master's clock only: a node
 // is silent when its counter has not changed for --heartbeat-timeout seconds, so clocks of
 // different nodes never need to agree.
 
-constexpr int kProtocolVersion = 1;
+constexpr int kProtocolVersion = 2;
 
 namespace keys {
 std::string heartbeat(const std::string& node);
@@ -43,6 +47,7 @@ std::string plan(int round);
 std::string stop(int round);
 std::string result(int round, const std::string& node);
 std::string decision(int round);
+std::string ack(int round, const std::string& node);
 }  // namespace keys
 
 struct JoinInfo {
