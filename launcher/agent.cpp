@@ -232,6 +232,12 @@ std::string awaitKey(store::Store& store, Monitor& monitor, const AgentSetup& se
       if (store.check({key})) return store.getString(key);
       if (store.check({keys::end()})) {
         auto [code, message] = decodeEnd(store.getString(keys::end()));
+        try {
+          store.setString(keys::endAck(setup.node), "1");
+          store.flush();
+        } catch (const Error&) {
+          // The master went on without it (it waits for acknowledgements only so long).
+        }
         throw AgentExit{code, message};
       }
       if (std::string why = monitor.lost(); !why.empty()) throw AgentExit{125, why};

@@ -84,11 +84,28 @@ std::vector<Coordinator::Gone> Coordinator::goneSince() {
   return out;
 }
 
-int Coordinator::end(int code, const std::string& message) {
+int Coordinator::end(int code, const std::string& message,
+                     const std::vector<std::string>& awaitAcks) {
   if (!message.empty()) say("launch: job failed: " + message + fmt::format(" (exit code {})", code));
   store_->setString(keys::end(), encodeEnd(code, message));
   store_->flush();
+  std::vector<std::string> acks;
+  for (const auto& node : awaitAcks) acks.push_back(keys::endAck(node));
+  awaitAcknowledgements(acks, "the job's end");
   return code;
+}
+
+void Coordinator::awaitAcknowledgements(const std::vector<std::string>& acks,
+                                        const std::string& what) {
+  // The store must outlive the agents' reading of the last word (node rank 0 of a manual job
+  // stops it as soon as run() returns): wait for their acknowledgements, for a while.
+  if (acks.empty()) return;
+  try {
+    store_->wait(acks, std::chrono::milliseconds(static_cast<int64_t>(
+                           std::min(options_.heartbeatTimeout, kAckSeconds) * 1000)));
+  } catch (const TimeoutError& e) {
+    DTRAIN_LOG(Info, "launch: not every node acknowledged {}: {}", what, e.what());
+  }
 }
 
 std::vector<JoinInfo> Coordinator::gatherJoins(int round, int* endCode) {
@@ -96,6 +113,7 @@ std::vector<JoinInfo> Coordinator::gatherJoins(int round, int* endCode) {
   const auto deadline = after(start, options_.rdzvTimeout);
   std::map<std::string, JoinInfo> joined;
   std::map<std::string, std::string> gone;
+  std::vector<std::string> heard;  // nodes whose join was read: they wait for the master's word
   // "node 0 (a), node 2 (c)": the joined nodes, or the others -- with why, when they are lost.
   auto listing = [&](bool joinedOnes) {
     std::string out;
@@ -110,7 +128,7 @@ std::vector<JoinInfo> Coordinator::gatherJoins(int round, int* endCode) {
   while (true) {
     if (int sig = signal_.load()) {
       *endCode = end(128 + sig, fmt::format("launch received {} while waiting for the nodes "
-                                            "(round {})", fault::signalName(sig), round));
+                                            "(round {})", fault::signalName(sig), round), heard);
       return {};
     }
     for (const auto& g : goneSince()) {
@@ -122,13 +140,14 @@ std::vector<JoinInfo> Coordinator::gatherJoins(int round, int* endCode) {
       const std::string key = keys::join(round, e.node);
       if (!store_->check({key})) continue;
       JoinInfo j = decodeJoin(store_->getString(key));
+      heard.push_back(e.node);
       if (std::string m = versionMismatch(options_.self, j); !m.empty()) {
-        *endCode = end(125, m);
+        *endCode = end(125, m, heard);
         return {};
       }
       if (!j.error.empty()) {
         *endCode = end(j.errorCode != 0 ? j.errorCode : 125,
-                       fmt::format("node {} ({}) cannot run: {}", e.node, e.label, j.error));
+                       fmt::format("node {} ({}) cannot run: {}", e.node, e.label, j.error), heard);
         return {};
       }
       joined[e.node] = j;
@@ -138,7 +157,7 @@ std::vector<JoinInfo> Coordinator::gatherJoins(int round, int* endCode) {
       *endCode = end(125, fmt::format("rendezvous round {}: only {} of the {} nodes needed can "
                                       "join; joined: {}; the others: {}",
                                       round, joined.size() + pending, options_.minNodes,
-                                      listing(true), listing(false)));
+                                      listing(true), listing(false)), heard);
       return {};
     }
     const bool timedOut = Clock::now() >= deadline;
@@ -159,7 +178,7 @@ std::vector<JoinInfo> Coordinator::gatherJoins(int round, int* endCode) {
                                  "{} of {} nodes joined; joined: {}; missing: {}. HINT: is launch "
                                  "running on the missing nodes, and can they reach the store at {}?",
                                  options_.rdzvTimeout, round, joined.size(), options_.minNodes,
-                                 listing(true), listing(false), options_.storeWhere));
+                                 listing(true), listing(false), options_.storeWhere), heard);
       return {};
     }
     std::vector<std::string> missing;
@@ -301,18 +320,9 @@ void Coordinator::decide(int round, const std::string& decision,
                      store::toBytes(fmt::format("round {} is over ({})", round, decision)));
   store_->setString(keys::decision(round), decision);
   store_->flush();
-  // The store must outlive the agents' reading of the last decision (node rank 0 of a manual
-  // job stops it as soon as this returns): wait for their acknowledgements, for a while.
   std::vector<std::string> acks;
   for (const auto& node : awaitAcks) acks.push_back(keys::ack(round, node));
-  if (acks.empty()) return;
-  try {
-    store_->wait(acks, std::chrono::milliseconds(static_cast<int64_t>(
-                           std::min(options_.heartbeatTimeout, kAckSeconds) * 1000)));
-  } catch (const TimeoutError& e) {
-    DTRAIN_LOG(Info, "launch: not every node acknowledged the decision of round {}: {}", round,
-               e.what());
-  }
+  awaitAcknowledgements(acks, fmt::format("the decision of round {}", round));
 }
 
 int Coordinator::run() {

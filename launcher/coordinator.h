@@ -72,7 +72,11 @@ class Coordinator {
   std::vector<JoinInfo> gatherJoins(int round, int* endCode);
   // `reported`: the nodes that reported their workers' outcomes (the others were lost).
   AttemptResult superviseRound(const RoundPlan& plan, std::vector<std::string>* reported);
-  int end(int code, const std::string& message);
+  // Ends the job with `code` (launch/end), then waits (bounded) until the nodes of `awaitAcks`
+  // acknowledged it.
+  int end(int code, const std::string& message, const std::vector<std::string>& awaitAcks);
+  // Waits until every key of `acks` is there, at most --heartbeat-timeout (10 s at most).
+  void awaitAcknowledgements(const std::vector<std::string>& acks, const std::string& what);
   // Writes round `round`'s decision ("restart" / "end <code>"), its stop key first; then waits
   // (bounded) until the nodes of `awaitAcks` acknowledged it.
   void decide(int round, const std::string& decision, const std::vector<std::string>& awaitAcks);

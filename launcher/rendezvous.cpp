@@ -14,6 +14,7 @@ using nlohmann::json;
 namespace keys {
 std::string heartbeat(const std::string& node) { return "launch/heartbeat/" + node; }
 std::string end() { return "launch/end"; }
+std::string endAck(const std::string& node) { return "launch/ended/" + node; }
 std::string join(int round, const std::string& node) {
   return fmt::format("round{}/launch/join/{}", round, node);
 }

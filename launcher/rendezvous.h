@@ -21,6 +21,8 @@ namespace dtrain::launcher {
 // that round are under "round<R>/" too, so nothing crosses rounds); job-wide keys under "launch/".
 //   launch/heartbeat/<node>        agent: a counter it increments every --heartbeat-interval
 //   launch/end                     master: {"code": N, "message": "..."} -- every agent exits N
+//   launch/ended/<node>            agent: it read launch/end (the master waits, bounded, for the
+//                                  nodes that joined before its store may go)
 //   round<R>/launch/join/<node>    agent: JoinInfo (host, address, workers, versions)
 //   round<R>/launch/plan           master: RoundPlan (who is in the round, ranks, MASTER_ADDR/PORT)
 //   round<R>/launch/stop           first writer wins (compareSet): why the round is stopping (a
@@ -42,6 +44,7 @@ constexpr int kProtocolVersion = 2;
 namespace keys {
 std::string heartbeat(const std::string& node);
 std::string end();
+std::string endAck(const std::string& node);
 std::string join(int round, const std::string& node);
 std::string plan(int round);
 std::string stop(int round);

@@ -115,6 +115,34 @@ TEST(MultiNode, ManualModeWithTokenFile) {
   runManual(*c, args, {{}, {}});
 }
 
+TEST(MultiNode, ManualNodeWithoutTheProgramEndsEveryNodeWithItsCode) {
+  DTRAIN_CLUSTER_OR_SKIP(c, 2);
+  // The program only in node 0's private work directory: node 1 cannot run it. Every node ends
+  // with 127 and says why -- node 1 too, although node 0 (the store's host) ends at once: its
+  // store stays until node 1 has read the end.
+  const std::string program = c->workDir() + "/prog";
+  ASSERT_EQ(c->run(0, "cp " + workerPath() + " " + program), 0);
+  const std::string token = c->dir() + "/job.token";
+  writeFile(token, "0123456789abcdef0123456789abcdef\n");
+  std::vector<std::unique_ptr<LaunchProcess>> nodes;
+  for (int k = 0; k < 2; ++k) {
+    nodes.push_back(std::make_unique<LaunchProcess>(
+        cat(timings(), {"--nnodes", "2", "--node-rank", std::to_string(k), "--rdzv-endpoint",
+                        c->hosts()[0], "--token-file", token, "--nproc-per-node", "1", program,
+                        "--steps", "1"}),
+        std::vector<std::string>{}, c->on(k)));
+  }
+  LaunchResult r0 = nodes[0]->wait(60);
+  LaunchResult r1 = nodes[1]->wait(60);
+  EXPECT_EQ(r0.exitCode, 127) << r0.all();
+  EXPECT_EQ(r1.exitCode, 127) << r1.all();
+  EXPECT_NE(r0.err.find("node 1 (node rank 1) cannot run: program \"" + program +
+                        "\" not found on host"), std::string::npos) << r0.err;
+  EXPECT_NE(r1.err.find("program \"" + program + "\" not found on host"), std::string::npos)
+      << r1.err;
+  EXPECT_EQ(r1.err.find("lost the store"), std::string::npos) << r1.err;
+}
+
 TEST(MultiNode, ManualModeWithoutTokenOffLoopbackIsAUsageError) {
   for (const char* rank : {"0", "1"}) {
     LaunchResult r = runLaunch({"--nnodes", "2", "--node-rank", rank, "--rdzv-endpoint",
