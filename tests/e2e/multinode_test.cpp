@@ -8,6 +8,7 @@
 
 #include <dirent.h>
 
+#include <filesystem>
 #include <fstream>
 #include <regex>
 #include <set>
@@ -398,6 +399,19 @@ TEST(MultiNodeCheck, GreenOnAHealthyCluster) {
     EXPECT_NE(r.out.find("eth0 " + c->hosts()[k]), std::string::npos) << r.out;
   }
   EXPECT_EQ(r.out.find("FAILED"), std::string::npos) << r.out;
+}
+
+TEST(MultiNodeCheck, ProgramPathWithShellSyntaxIsNeverRun) {
+  DTRAIN_CLUSTER_OR_SKIP(c, 2);
+  // The check runs ldd on the program in a shell on every node: its path is one quoted word.
+  const std::string dir = c->dir() + "/a'$(id >&2)'b";
+  ASSERT_EQ(::mkdir(dir.c_str(), 0755), 0);
+  const std::string program = dir + "/prog";
+  std::filesystem::copy_file(workerPath(), program);  // c->dir() is the same on every host
+  LaunchResult r = runLaunch(fanOut(*c, {"--check", program}), {}, 60);
+  EXPECT_EQ(r.exitCode, 0) << r.all();
+  EXPECT_NE(r.out.find("launch --check: all is well"), std::string::npos) << r.out;
+  EXPECT_EQ(r.all().find("uid="), std::string::npos) << "the path ran as a command: " << r.all();
 }
 
 TEST(MultiNodeCheck, NamesAMissingProgramAndAFirewalledPort) {
