@@ -21,6 +21,7 @@
 #include "dtrain/tcp_store.h"
 #include "launcher/job.h"
 #include "launcher/launch_args.h"
+#include "launcher/monitor/monitor.h"
 #include "launcher/nccl_env.h"
 #include "launcher/program.h"
 #include "launcher/rendezvous.h"
@@ -37,6 +38,8 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 using store::Millis;
+// The job monitor (launcher/monitor); this file's own Monitor is the heartbeat thread below.
+namespace jobmon = ::dtrain::launcher::monitor;
 
 Millis millis(double seconds) { return Millis(static_cast<int64_t>(seconds * 1000)); }
 
@@ -436,6 +439,9 @@ int runAgent(const AgentSetup& setup, const EnvMap& environment) {
   node.overlay = setup.forwarded;
   for (const auto& [k, v] : ncclEnvironment(config.nccl, iface, effective)) node.overlay[k] = v;
 
+  // This node's part of watching the job (Note [Monitor roles] in launcher/monitor/monitor.h):
+  // sample, warn, publish to the store; created with the supervisor, destroyed after it.
+  std::unique_ptr<jobmon::Monitor> watcher;
   std::unique_ptr<Supervisor> supervisor;
   bool temporaryDir = false;
   int code = 125;
@@ -468,7 +474,26 @@ int runAgent(const AgentSetup& setup, const EnvMap& environment) {
           jp.temporaryJobDir = temporaryDir;
           jp.logHint = fmt::format("not kept on {} (HINT: pass --log-dir DIR to keep every "
                                    "worker's output)", label);
+          jobmon::MonitorContext mc;
+          mc.runId = plan.runId;
+          mc.node = label;
+          int64_t id = -1;
+          mc.nodeRank = parseInt64(setup.node, &id) && id >= 0 && id < (1 << 20)
+                            ? static_cast<int>(id) : -1;  // node ids are host-list indices
+          mc.numNodes = static_cast<int>(plan.nodes.size());
+          mc.samplesNode = true;
+          mc.aggregates = false;
+          mc.localWorldSize = node.localWorldSize;
+          mc.worldSize = plan.worldSize;
+          mc.maxRestarts = config.maxRestarts;
+          mc.storeHost = setup.storeAddr;
+          mc.storePort = setup.storePort;
+          mc.storeToken = setup.token;
+          mc.label = [&config](const std::string& o) { return optionLabel(config, o); };
+          watcher = std::make_unique<jobmon::Monitor>(config.monitor, mc);
+          jp.observer = watcher.get();
           supervisor = std::make_unique<Supervisor>(std::move(jp));
+          watcher->start(nullptr);
         }
         supervisor->setNode(node);
         monitor.setRound(round);
@@ -511,7 +536,9 @@ int runAgent(const AgentSetup& setup, const EnvMap& environment) {
     code = 125;
     say(fmt::format("{}: {} (exit 125)", me, e.what()));
   }
+  if (watcher) watcher->stop();
   supervisor.reset();
+  watcher.reset();
   if (temporaryDir && !node.jobDir.empty()) {
     std::error_code ec;
     std::filesystem::remove_all(node.jobDir, ec);

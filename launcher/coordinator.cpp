@@ -209,6 +209,7 @@ AttemptResult Coordinator::superviseRound(const RoundPlan& plan, std::vector<std
   bool signalFirst = false;
   bool stopSeen = false;
   Clock::time_point stopAt;
+  std::string deadlineStop;  // this round was stopped for a deadline (stopForDeadline)
   auto stop = [&](const std::string& why) {
     store::Bytes now = store_->compareSet(keys::stop(round), {}, store::toBytes(why));
     return store::toString(now) == why;
@@ -217,6 +218,14 @@ AttemptResult Coordinator::superviseRound(const RoundPlan& plan, std::vector<std
 
   while (true) {
     const auto now = Clock::now();
+    if (deadlineStop.empty()) {
+      std::string why;
+      {
+        std::lock_guard<std::mutex> g(mutex_);
+        why.swap(deadline_);
+      }
+      if (!why.empty() && stop(fmt::format("a deadline passed: {}", why))) deadlineStop = why;
+    }
     if (int sig = signal_.load(); sig != 0 && signalSeen == 0) {
       signalSeen = sig;
       signalFirst = stop(fmt::format("launch (the master, {}) received {}", options_.self.host,
@@ -250,6 +259,7 @@ AttemptResult Coordinator::superviseRound(const RoundPlan& plan, std::vector<std
     if (!stopSeen && store_->check({keys::stop(round)})) {
       stopSeen = true;
       stopAt = now;
+      if (options_.observer) options_.observer->teardownStarted();
       say(fmt::format("launch: stopping round {} on every node: {}", round,
                       store_->getString(keys::stop(round))));
     }
@@ -309,6 +319,8 @@ AttemptResult Coordinator::superviseRound(const RoundPlan& plan, std::vector<std
     all.launcherSignal = signalSeen;
     all.signalBeforeFailure = signalFirst;
   }
+  all.deadlineStop = deadlineStop;
+  if (options_.observer) options_.observer->attemptEnded(round);
   return all;
 }
 
@@ -323,6 +335,11 @@ void Coordinator::decide(int round, const std::string& decision,
   std::vector<std::string> acks;
   for (const auto& node : awaitAcks) acks.push_back(keys::ack(round, node));
   awaitAcknowledgements(acks, fmt::format("the decision of round {}", round));
+}
+
+void Coordinator::stopForDeadline(const std::string& reason) {
+  std::lock_guard<std::mutex> g(mutex_);
+  if (deadline_.empty()) deadline_ = reason;
 }
 
 int Coordinator::run() {
@@ -344,13 +361,18 @@ int Coordinator::run() {
       std::lock_guard<std::mutex> g(mutex_);
       goneToRestartCandidates_.clear();
     }
+    {
+      std::lock_guard<std::mutex> g(mutex_);
+      deadline_.clear();  // a stop asked for in the last round belongs to it
+    }
+    if (options_.observer) options_.observer->attemptStarted(round, plan.worldSize);
     store_->setString(keys::plan(round), encodePlan(plan));
     store_->flush();
     std::vector<std::string> reported;
     attempts.push_back(superviseRound(plan, &reported));
     const AttemptResult& r = attempts.back();
     const bool failed = rootCauseIndex(r.workers) >= 0;
-    if (failed && r.launcherSignal == 0 && round < options_.maxRestarts) {
+    if (failed && r.launcherSignal == 0 && r.deadlineStop.empty() && round < options_.maxRestarts) {
       std::string line = formatRestartLine(r, round + 1, options_.maxRestarts);
       writeAll(STDERR_FILENO, line.data(), line.size());
       {

@@ -17,6 +17,7 @@
 
 #include "dtrain/store.h"
 #include "launcher/rendezvous.h"
+#include "launcher/supervisor/job_observer.h"
 
 namespace dtrain::launcher {
 
@@ -41,9 +42,12 @@ struct CoordinatorOptions {
   std::string logHint;
   // Called on the coordinator's thread when takeGoneNodes() has nodes to start again.
   std::function<void()> wake;
+  // Told of each round (its world size) and of its teardown: the master's monitor, which may
+  // stop the job through JobControl (--stall-action stop). May be null.
+  JobObserver* observer = nullptr;
 };
 
-class Coordinator {
+class Coordinator : public JobControl {
  public:
   Coordinator(std::shared_ptr<store::Store> store, CoordinatorOptions options);
 
@@ -54,6 +58,9 @@ class Coordinator {
   // Thread-safe. The master received `signo`: stop the round (every node's workers get SIGTERM),
   // then end the job with 128+signo.
   void requestStop(int signo);
+  // Thread-safe. A deadline passed (the monitor's --stall-action stop): stop the round on every
+  // node; the job ends with 124, without a restart.
+  void stopForDeadline(const std::string& reason) override;
   // Thread-safe. A node's agent is gone for sure (its ssh session or process ended): a node that
   // has not joined fails the rendezvous at once instead of at the timeout; a running one stops
   // the round without waiting for its heartbeat to go quiet.
@@ -87,6 +94,7 @@ class Coordinator {
   CoordinatorOptions options_;
   std::atomic<int> signal_{0};
   std::mutex mutex_;
+  std::string deadline_;         // guarded by mutex_: stopForDeadline's reason, taken per round
   std::vector<Gone> gone_;       // guarded by mutex_; append-only
   size_t goneSeen_ = 0;          // guarded by mutex_
   std::vector<std::string> goneToRestart_;  // guarded by mutex_

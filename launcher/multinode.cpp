@@ -25,6 +25,7 @@
 #include "dtrain/logging.h"
 #include "dtrain/tcp_store.h"
 #include "launcher/coordinator.h"
+#include "launcher/monitor/monitor.h"
 #include "launcher/forwarded_env.h"
 #include "launcher/job.h"
 #include "launcher/preflight.h"
@@ -309,6 +310,26 @@ std::string formatMultiNodeDryRun(const LaunchConfig& config, const MultiNodePla
   return out;
 }
 
+// The master's monitor (Note [Monitor roles] in launcher/monitor/monitor.h): it aggregates what
+// the agents publish, serves --metrics-port, writes --metrics-file, judges stalls. Binding the
+// port here makes a busy one a usage error before any node starts.
+std::unique_ptr<monitor::Monitor> masterMonitor(const LaunchConfig& config,
+                                                const MultiNodePlan& plan) {
+  monitor::MonitorContext c;
+  c.runId = plan.runId;
+  c.node = hostName();
+  c.nodeRank = -1;
+  c.numNodes = plan.maxNodes;
+  c.samplesNode = false;  // each node's agent samples its node, this one's too
+  c.aggregates = true;
+  c.maxRestarts = config.maxRestarts;
+  c.storeHost = plan.storeAddr;
+  c.storePort = plan.storePort;
+  c.storeToken = plan.token;
+  c.label = [&config](const std::string& o) { return optionLabel(config, o); };
+  return std::make_unique<monitor::Monitor>(config.monitor, c);
+}
+
 CoordinatorOptions coordinatorOptions(const LaunchConfig& config, const MultiNodePlan& plan) {
   CoordinatorOptions co;
   for (int i = 0; i < plan.maxNodes; ++i) {
@@ -353,6 +374,7 @@ void writeLine(const std::string& line) { writeAll(STDERR_FILENO, line.data(), l
 // are reaped on a 20 ms timer instead.) The ssh sessions start before anything else of the
 // master, so the connections, the slowest part of a fan-out, run while the rest is set up.
 int runFanOut(const LaunchConfig& config, const MultiNodePlan& plan, const EnvMap& environment) {
+  std::unique_ptr<monitor::Monitor> watcher = masterMonitor(config, plan);
   const std::vector<std::string> childEnv = environmentFor(environment);
   std::vector<std::unique_ptr<remote::Session>> sessions(plan.hosts.size());
   auto start = [&](size_t i) {
@@ -372,7 +394,9 @@ int runFanOut(const LaunchConfig& config, const MultiNodePlan& plan, const EnvMa
   };
   CoordinatorOptions co = coordinatorOptions(config, plan);
   co.wake = wake;
+  co.observer = watcher.get();
   Coordinator coordinator(masterStoreClient(plan), co);
+  watcher->start(&coordinator);
 
   std::atomic<bool> done{false};
   int code = 125;
@@ -444,6 +468,7 @@ int runFanOut(const LaunchConfig& config, const MultiNodePlan& plan, const EnvMa
     }
   }
   thread.join();
+  watcher->stop();
   if (sfd >= 0) ::close(sfd);
   ::close(wakeFd);
   // The agents have the decision and go; a lost node's session is not waited for.
@@ -492,12 +517,16 @@ int runMultiNode(const LaunchConfig& config, const EnvMap& environment) {
 
   // Manual: this node's agent here; node rank 0 also coordinates.
   AgentSetup setup = agentSetupFor(config, plan, config.nodeRank);
+  std::unique_ptr<monitor::Monitor> watcher;  // node rank 0's, the master's
   std::unique_ptr<Coordinator> coordinator;
   std::thread thread;
   int code = 125;
   if (plan.hostsStore) {
-    coordinator = std::make_unique<Coordinator>(masterStoreClient(plan),
-                                                coordinatorOptions(config, plan));
+    watcher = masterMonitor(config, plan);
+    CoordinatorOptions co = coordinatorOptions(config, plan);
+    co.observer = watcher.get();
+    coordinator = std::make_unique<Coordinator>(masterStoreClient(plan), co);
+    watcher->start(coordinator.get());
     thread = std::thread([&] {
       try {
         code = coordinator->run();
@@ -521,6 +550,7 @@ int runMultiNode(const LaunchConfig& config, const EnvMap& environment) {
     coordinator->nodeGone(setup.node, fmt::format("its agent (in the launch that hosts the store) "
                                                   "ended with exit code {}", agentCode));
     thread.join();
+    watcher->stop();
     server->stop();
     return code;
   }

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Builds dtrain against a CUDA libtorch and runs the GPU tests (CTest label gpu) and the GPU
-# allreduce benchmark, within 10 minutes, on a machine with an NVIDIA GPU.
+# allreduce benchmark, and checks launch's GPU sampling while a GPU test runs, within 10 minutes,
+# on a machine with an NVIDIA GPU.
 #
 #   scripts/gpu_check.sh [--dry-run] [--deps DIR] [--build DIR] [--python PYTHON] [--jobs N]
 #
@@ -50,7 +51,7 @@ run() {  # prints and runs one step (prints only, in a dry run)
 # The script's own inputs must exist everywhere.
 for f in CMakeLists.txt tests/gpu/gpu.cmake tests/gpu/nccl_gpu_test.cpp \
          tests/gpu/process_group_cuda_test.cpp benchmarks/allreduce/allreduce_bench.cpp \
-         scripts/gpu_deps.sh; do
+         tests/gpu/monitor_gpu_test.cpp scripts/gpu_deps.sh; do
   [ -e "$root/$f" ] || { say "error: $f is missing from the source tree" >&2; exit 1; }
 done
 
@@ -107,7 +108,8 @@ if [ "$dry" = 0 ] && ! grep -q 'DTRAIN_WITH_NCCL 1' "$build/generated/dtrain/con
   say "error: CMake did not find NCCL and CUDA (see the configure output)" >&2
   exit 1
 fi
-run cmake --build "$build" -j "$jobs" --target dtrain_gpu_tests allreduce_bench
+run cmake --build "$build" -j "$jobs" --target dtrain_gpu_tests allreduce_bench launch \
+  dtrain_gpu_monitor_tests
 # The torch layer against this libtorch: its failure is reported, the torch-free checks still run.
 torch_ok=1
 step=$((step + 1))
@@ -119,6 +121,40 @@ fi
 run ctest --test-dir "$build" -L gpu --output-on-failure --timeout 180
 run "$build/allreduce_bench" --backend nccl --world 1 --no-peer --warmup 5 --iters 20 \
   --sizes 4K,16K,64K,256K,1M,4M,16M,64M,256M
+
+# launch samples the GPU while a GPU test runs under it: GPU records in the metrics file, and the
+# test's GPU memory attributed to its rank (nvidia-smi / NVML list its pid).
+say "6. launch's GPU sampling while a GPU test runs"
+metrics="$build/gpu_check_metrics.jsonl"
+run rm -f "$metrics"
+run "$build/launch" --nproc-per-node 1 --sample-interval 0.5 --metrics-file "$metrics" \
+  -- "$build/dtrain_gpu_tests"
+step=$((step + 1))
+say "step $step: check $metrics (GPU records; rank 0's GPU memory attributed)"
+if [ "$dry" = 0 ]; then
+  "$python" - "$metrics" <<'PY'
+import json, sys
+records = [json.loads(line) for line in open(sys.argv[1]) if line.strip()]
+gpus = [r for r in records if "gpu" in r and "rank" not in r]
+ranks = [r for r in records if "gpu" in r and "rank" in r]
+problems = []
+if not gpus:
+    problems.append("no GPU records: launch sampled no GPU")
+if any(r.get("source") != "launch" for r in records):
+    problems.append("a record whose source is not launch")
+if gpus and not any(r.get("gpu_mem_total_bytes", 0) > 0 for r in gpus):
+    problems.append("no GPU memory total in any GPU record")
+if not any(r.get("gpu_process_mem_bytes", 0) > 0 for r in ranks):
+    problems.append("the GPU test's memory was never attributed to rank 0 (another pid namespace?)")
+util = max((r.get("gpu_util") or 0 for r in gpus), default=0)
+used = max((r.get("gpu_process_mem_bytes", 0) for r in ranks), default=0)
+print(f"gpu_check.sh:   {len(records)} records, {len(gpus)} GPU samples, GPU util up to {util:.0f} %, "
+      f"rank 0 used up to {used / 2**20:.0f} MiB of GPU memory")
+for p in problems:
+    print("gpu_check.sh:   FAILED: " + p)
+sys.exit(1 if problems else 0)
+PY
+fi
 
 end=$(date +%s)
 if [ "$dry" = 1 ]; then

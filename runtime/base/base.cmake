@@ -4,6 +4,8 @@ add_library(dtrain_base SHARED
   runtime/base/error.cpp
   runtime/base/fault.cpp
   runtime/base/logging.cpp
+  runtime/base/monitor/progress.cpp
+  runtime/base/monitor/progress_publisher.cpp
   runtime/base/net/net_interface.cpp
   runtime/base/net/socket.cpp
   runtime/base/parse_int.cpp
@@ -32,7 +34,7 @@ target_include_directories(dtrain_base_internal INTERFACE ${CMAKE_CURRENT_SOURCE
 target_link_libraries(dtrain_base_internal INTERFACE dtrain_base dtrain_libuv OpenSSL::Crypto)
 target_link_libraries(dtrain_base
   PUBLIC fmt::fmt Threads::Threads
-  PRIVATE dtrain_libuv OpenSSL::Crypto)
+  PRIVATE dtrain_libuv OpenSSL::Crypto nlohmann_json::nlohmann_json)
 set_target_properties(dtrain_base PROPERTIES OUTPUT_NAME dtrain_base VERSION ${PROJECT_VERSION}
                       SOVERSION ${PROJECT_VERSION_MAJOR})
 dtrain_warnings(dtrain_base)

@@ -30,6 +30,7 @@
 
 #include "dtrain/error.h"
 #include "dtrain/fault.h"
+#include "dtrain/progress.h"
 #include "dtrain/world.h"
 
 namespace {
@@ -120,6 +121,7 @@ int main(int argc, char** argv) {
     call.shape = flags.shape;
     const int n = c.size();
     for (iteration = 0; iteration < flags.iters; ++iteration) {
+      dtrain::progress::setStep(iteration);  // what launch's stall report shows as the step
       injectProcessFaults(c.rank(), iteration);
       for (size_t i = 0; i < data.size(); ++i) data[i] = static_cast<float>(c.rank() + i % 5 + iteration);
       started = Clock::now();

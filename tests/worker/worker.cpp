@@ -33,6 +33,9 @@
 //   --grandchild-setsid       the grandchild fault's process leaves the process group (setsid)
 //   --error-file-mode M       what error-file:CODE writes: json (default), garbage, huge, empty
 //   --alloc-mb N              allocate and touch N MiB more at each step (OOM tests)
+//   --alloc-rank R            only rank R allocates (--alloc-mb); default: every rank
+//   --publish-figures         publish "loss" and "samples_per_s" each step through
+//                             dtrain/progress.h (launch's metrics endpoint shows them)
 //   --quiet                   print only the pid line and errors (benchmarks)
 //   --print-env               print the worker-contract variables it received
 //   --store HOST:PORT         the barriers' store (see above); keys under --store-prefix
@@ -58,6 +61,7 @@
 #include "dtrain/error.h"
 #include "dtrain/fault.h"
 #include "dtrain/job_store.h"
+#include "dtrain/progress.h"
 #include "dtrain/tcp_store.h"
 
 namespace {
@@ -77,6 +81,8 @@ struct Flags {
   bool grandchildSetsid = false;
   std::string errorFileMode = "json";
   int64_t allocMb = 0;
+  int64_t allocRank = -1;
+  bool publishFigures = false;
   bool quiet = false;
   bool printEnv = false;
   std::string storeHost;  // --store: empty for the job's store
@@ -125,6 +131,8 @@ Flags parseFlags(int argc, char** argv) {
       f.errorFileMode = argv[++i];
     }
     else if (a == "--alloc-mb") f.allocMb = number();
+    else if (a == "--alloc-rank") f.allocRank = number();
+    else if (a == "--publish-figures") f.publishFigures = true;
     else if (a == "--quiet") f.quiet = true;
     else if (a == "--print-env") f.printEnv = true;
     else if (a == "--store") {
@@ -336,8 +344,12 @@ int run(const Flags& flags) {
         default: dtrain::fault::execute(f); break;
       }
     }
-    if (flags.allocMb > 0) {
+    if (flags.allocMb > 0 && (flags.allocRank < 0 || flags.allocRank == rank)) {
       hog.emplace_back(static_cast<size_t>(flags.allocMb) << 20, 1);  // touched: really resident
+    }
+    if (flags.publishFigures) {
+      dtrain::progress::publishFigures(
+          step, {{"loss", 1.0 / static_cast<double>(step + 1)}, {"samples_per_s", 100.0 + rank}});
     }
     if (!flags.quiet) std::printf("rank %d: step %lld\n", rank, static_cast<long long>(step));
     if (flags.stepMs > 0) std::this_thread::sleep_for(std::chrono::milliseconds(flags.stepMs));

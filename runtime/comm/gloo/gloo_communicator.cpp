@@ -92,6 +92,8 @@ GlooCommunicator::GlooCommunicator(const GlooOptions& o)
 
   pool_ = HostBufferPool::create();
   queue_ = CollectiveQueue::start(fmt::format("dtrain-gloo{}", rank_));
+  progress_ = progress::watchCollectives(
+      [this] { return recorder_.progressState(name_, nextSeq_.load()); });
 }
 
 GlooCommunicator::~GlooCommunicator() {
@@ -161,7 +163,9 @@ void GlooCommunicator::runOnCommThread(const CollectiveInfo& requested, Millis t
     return;
   }
   if (const fault::Fault* hang = faultAt(fault::Kind::Hang, requested.seq)) {
-    recorder_.setState(requested.seq, FlightRecorder::State::Running);
+    // The injected hang stops this rank before it sends anything: the collective stays "queued"
+    // in the flight recorder (issued, never started) while its peers show it "running", which is
+    // how a stall report tells the rank that holds everyone up from the ones waiting for it.
     hangOnCommThread(requested, *hang);
   }
   const CollectiveInfo info =

@@ -154,6 +154,8 @@ NcclCommunicator::NcclCommunicator(const NcclOptions& o)
 
 void NcclCommunicator::start() {
   watchdog_ = std::thread([this] { watchdogMain(); });
+  progress_ = progress::watchCollectives(
+      [this] { return recorder_.progressState(name_, nextSeq_.load()); });
 }
 
 NcclCommunicator::~NcclCommunicator() {

@@ -140,6 +140,9 @@ class NcclCommunicator final : public Communicator,
   bool aborted_ = false;                        // guarded by stateMutex_
   std::atomic<bool> hangReleased_{false};
   std::thread watchdog_;
+
+  // Last member, so it is gone before anything the publisher thread reads (dtrain/progress.h).
+  progress::Registration progress_;
 };
 
 }  // namespace dtrain::comm
