@@ -8,6 +8,7 @@
 // See Note [Rendezvous protocol] in rendezvous.h.
 
 #include <atomic>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <set>
@@ -39,6 +40,8 @@ struct CoordinatorOptions {
   JoinInfo self;               // the master's host and versions, for the version check
   std::string storeWhere;      // "10.0.0.1:29400", for messages
   std::string logHint;
+  // Called on the coordinator's thread when takeGoneNodes() has nodes to start again.
+  std::function<void()> wake;
   // Told of each round (its world size) and of its teardown: the master's monitor, which may
   // stop the job through JobControl (--stall-action stop). May be null.
   JobObserver* observer = nullptr;
@@ -74,8 +77,16 @@ class Coordinator : public JobControl {
     std::string why;
   };
   std::vector<JoinInfo> gatherJoins(int round, int* endCode);
-  AttemptResult superviseRound(const RoundPlan& plan);
-  int end(int code, const std::string& message);
+  // `reported`: the nodes that reported their workers' outcomes (the others were lost).
+  AttemptResult superviseRound(const RoundPlan& plan, std::vector<std::string>* reported);
+  // Ends the job with `code` (launch/end), then waits (bounded) until the nodes of `awaitAcks`
+  // acknowledged it.
+  int end(int code, const std::string& message, const std::vector<std::string>& awaitAcks);
+  // Waits until every key of `acks` is there, at most --heartbeat-timeout (10 s at most).
+  void awaitAcknowledgements(const std::vector<std::string>& acks, const std::string& what);
+  // Writes round `round`'s decision ("restart" / "end <code>"), its stop key first; then waits
+  // (bounded) until the nodes of `awaitAcks` acknowledged it.
+  void decide(int round, const std::string& decision, const std::vector<std::string>& awaitAcks);
   // Gone events not seen yet (each is seen once: by the rendezvous or by the round it ends).
   std::vector<Gone> goneSince();
 

@@ -179,9 +179,19 @@ class Supervisor::Attempt {
     }
     if (observer_) observer_->attemptStarted(attempt_, node_.worldSize);
     spawnWorkers();
-    if (hooks_.stopFd >= 0) addToEpoll(sup_.epollFd_, hooks_.stopFd, kStopTag);
+    // The stop fd is in the Supervisor's epoll set for this attempt only, also when a step throws
+    // (the next attempt adds it again).
+    struct StopFdIn {
+      int epollFd;
+      int fd;
+      StopFdIn(int e, int f) : epollFd(e), fd(f) {
+        if (fd >= 0) addToEpoll(epollFd, fd, kStopTag);
+      }
+      ~StopFdIn() {
+        if (fd >= 0) ::epoll_ctl(epollFd, EPOLL_CTL_DEL, fd, nullptr);
+      }
+    } stopFdIn(sup_.epollFd_, hooks_.stopFd);
     superviseUntilEveryWorkerEnded();
-    if (hooks_.stopFd >= 0) ::epoll_ctl(sup_.epollFd_, EPOLL_CTL_DEL, hooks_.stopFd, nullptr);
     if (observer_) observer_->attemptEnded(attempt_);
     drainOutput();
     gatherFacts();
@@ -252,7 +262,7 @@ class Supervisor::Attempt {
     addToEpoll(sup_.epollFd_, s.guarded.statusFd, tagOf(static_cast<size_t>(i), kStatusFd));
     addToEpoll(sup_.epollFd_, s.guarded.stdoutFd, tagOf(static_cast<size_t>(i), kStdoutFd));
     addToEpoll(sup_.epollFd_, s.guarded.stderrFd, tagOf(static_cast<size_t>(i), kStderrFd));
-    }
+  }
 
   // `why`: this node's own reason, passed to the hooks (empty: asked from outside).
   void beginTeardown(const std::string& why) {
@@ -270,7 +280,7 @@ class Supervisor::Attempt {
       s.askedToStop = true;
       signalGuarded(s.guarded.controlFd, SIGTERM);
     }
-    }
+  }
 
   void killAll() {
     killed_ = true;
@@ -282,7 +292,7 @@ class Supervisor::Attempt {
         signalGuarded(s.guarded.controlFd, SIGKILL);
       }
     }
-    }
+  }
 
   bool pump(Slot& s, FdKind kind) {
     int& fd = kind == kStdoutFd ? s.guarded.stdoutFd : s.guarded.stderrFd;
@@ -301,7 +311,7 @@ class Supervisor::Attempt {
     fd = -1;
     open = false;
     return false;
-    }
+  }
 
   void onStatus(Slot& s) {
     bool eof = false;
@@ -373,14 +383,14 @@ class Supervisor::Attempt {
       if (observer_) observer_->workerEnded(s.rank);
       beginTeardown(fmt::format("rank {} on {} {}", s.rank, node_.host, describeOutcome(s.outcome)));
     }
-    }
+  }
 
   // Ctrl-Z: stop every worker, then launch itself; SIGCONT resumes them (Note [Job control]).
   void forwardToAll(int sig) {
     for (auto& s : slots_) {
       if (s.statusOpen && !s.exitReported) signalGuarded(s.guarded.controlFd, sig);
     }
-    }
+  }
 
   void onStop() {
     if (jobStopped_) return;
@@ -388,7 +398,7 @@ class Supervisor::Attempt {
     stoppedAt_ = Clock::now();
     forwardToAll(SIGSTOP);
     ::kill(::getpid(), SIGSTOP);  // returns once launch is continued; SIGCONT waits in the signalfd
-    }
+  }
 
   void onContinue() {
     if (!jobStopped_) return;
@@ -399,7 +409,7 @@ class Supervisor::Attempt {
     killAt_ += stopped;
     barrierAt_ += stopped;
     giveUpAt_ += stopped;
-    }
+  }
 
   void onSignals() {
     signalfd_siginfo si{};
@@ -424,7 +434,7 @@ class Supervisor::Attempt {
         killAll();
       }
     }
-    }
+  }
 
   // JobControl::stopForDeadline (--stall-action stop): the job ends with 124, without a restart.
   void onDeadlineStop() {
@@ -460,7 +470,7 @@ class Supervisor::Attempt {
                                              config_.gracePeriod);
     writeAll(STDERR_FILENO, line.data(), line.size());
     beginTeardown(fmt::format("the exit barrier timed out on {}", node_.host));
-    }
+  }
 
   // The last deadline passed: name what is left of each worker, and stop waiting for it.
   void onKillTimeout() {
@@ -498,7 +508,7 @@ class Supervisor::Attempt {
     if (result_.survivors.empty()) return;
     std::string line = formatSurvivorsLine(result_.survivors, waited);
     writeAll(STDERR_FILENO, line.data(), line.size());
-    }
+  }
 
   // The event loop's one timer (epoll_wait's timeout): the last deadline after SIGKILL, the
   // SIGKILL deadline while stopping, else the exit barrier's once armed; none while stopped.
