@@ -1,4 +1,4 @@
-# Finds dtrain's dependencies (DESIGN.md, Dependencies) and decides the feature switches:
+# Finds dtrain's dependencies (docs/design.md#libraries) and decides the feature switches:
 # DTRAIN_HAVE_{TORCH,TORCH_CUDA,GLOO,NCCL} and their 0/1 twins for dtrain/config.h.
 # Header-only and small dependencies may come from a folder on CMAKE_PREFIX_PATH (the GPU check
 # unpacks Debian packages there).
@@ -7,7 +7,11 @@ find_package(Threads REQUIRED)
 find_package(fmt REQUIRED)
 find_package(OpenSSL REQUIRED COMPONENTS Crypto)
 find_package(nlohmann_json REQUIRED)
-find_package(cxxopts REQUIRED)
+# cxxopts reads allreduce_bench's options only: launch parses its own command line (see Note
+# [Option parsing] in launcher/launch_args.cpp for why).
+if(DTRAIN_WITH_BENCHMARKS)
+  find_package(cxxopts REQUIRED)
+endif()
 
 # libuv: pkg-config when available, else a plain search (no CMake package in Debian 12).
 find_path(LIBUV_INCLUDE_DIR uv.h)

@@ -3,7 +3,7 @@
 //   launch [options] [--] PROGRAM [ARGS...]      see `launch --help`
 //
 // main() only splits the command line, dispatches on the command table below and maps
-// exceptions to DESIGN.md's exit codes; the work is in dtrain_launcher.
+// exceptions to launch's exit codes (docs/design.md#exit-codes); the work is in dtrain_launcher.
 #include <fcntl.h>
 #include <unistd.h>
 
@@ -98,6 +98,10 @@ int main(int argc, char** argv) {
   } catch (const std::exception& e) {
     std::fprintf(stderr, "launch: error: %s (exit 125: launcher or infrastructure error)\n",
                  e.what());
+    return kExitInfrastructure;
+  } catch (...) {
+    std::fprintf(stderr, "launch: error: an unexpected exception (exit 125: launcher or "
+                 "infrastructure error)\n");
     return kExitInfrastructure;
   }
 }

@@ -1,6 +1,6 @@
-// TcpStore and TcpStoreServer beyond the conformance suite: binding (B9), connect errors (B1),
-// wait-then-reuse (B12), EINTR (B13), server stop (B14), limits, 1,000 connections, pipelined
-// sets, job store.
+// TcpStore and TcpStoreServer beyond the conformance suite (docs/reliability.md S1, S8, S11-S19):
+// binding, connect errors, wait-then-reuse, EINTR, server stop, limits, 1,000 connections,
+// pipelined sets, job store.
 #include <pthread.h>
 #include <signal.h>
 
@@ -48,6 +48,33 @@ TEST(TcpStoreServer, ReportsThePortItBoundAndBindsOnlyThatAddress) {
   EXPECT_THROW(TcpStore{other}, NetworkError);
 }
 
+TEST(TcpStore, ZeroTimeoutsInOptionsAreTheDefaults) {
+  // Note [Zero timeouts]: a zero timeout in an options struct is that option's default, on the
+  // server (which refused zero before) and on the client; negative is refused, naming the field.
+  TcpStoreServerOptions so = serverOptions();
+  so.handshakeTimeout = Millis(0);
+  so.frameTimeout = Millis(0);
+  so.idleTimeout = Millis(0);
+  auto server = TcpStoreServer::start(so);
+  TcpStoreOptions co = clientOptions(*server);
+  co.timeout = Millis(0);
+  co.connectTimeout = Millis(0);
+  co.handshakeTimeout = Millis(0);
+  TcpStore client(co);
+  EXPECT_EQ(client.timeout(), kDefaultStoreTimeout);
+  client.setString("k", "v");
+  EXPECT_EQ(client.getString("k"), "v");
+  co.timeout = Millis(-1);
+  try {
+    TcpStore bad(co);
+    ADD_FAILURE() << "a negative timeout was accepted";
+  } catch (const InvalidArgument& e) {
+    EXPECT_TRUE(contains(e.what(), "TcpStoreOptions::timeout is -1 ms")) << e.what();
+  }
+  so.frameTimeout = Millis(-1);
+  EXPECT_THROW(TcpStoreServer::start(so), InvalidArgument);
+}
+
 TEST(TcpStoreServer, ABusyPortIsAnErrorNamingAddressAndPortNeverAClient) {
   auto first = TcpStoreServer::start(serverOptions());
   TcpStoreServerOptions o = serverOptions();
@@ -79,7 +106,7 @@ TEST(TcpStoreServer, AnAddressOfAnotherHostIsRefused) {
   }
 }
 
-TEST(TcpStoreServer, OffLoopbackItNeedsATokenOrAnExplicitOptIn) {  // F7
+TEST(TcpStoreServer, OffLoopbackItNeedsATokenOrAnExplicitOptIn) {  // S17
   TcpStoreServerOptions o = serverOptions();
   o.host = "0.0.0.0";
   try {
@@ -145,7 +172,7 @@ TEST(TcpStoreClient, AnUnresolvableHostNamesTheResolverError) {
   }
 }
 
-TEST(TcpStoreClient, AWaitTimeoutKeepsTheSameConnectionUsable) {  // B12
+TEST(TcpStoreClient, AWaitTimeoutKeepsTheSameConnectionUsable) {  // S11
   auto server = TcpStoreServer::start(serverOptions());
   TcpStore client(clientOptions(*server));
   for (int i = 0; i < 3; ++i) {
@@ -200,7 +227,7 @@ class SignalPester {
   std::thread thread_;
 };
 
-TEST(TcpStoreClient, SignalsWithoutSaRestartDoNotBreakABlockingGetOrWait) {  // B13
+TEST(TcpStoreClient, SignalsWithoutSaRestartDoNotBreakABlockingGetOrWait) {  // S12
   auto server = TcpStoreServer::start(serverOptions());
   TcpStore waiter(clientOptions(*server));
   TcpStore setter(clientOptions(*server));
@@ -222,7 +249,7 @@ TEST(TcpStoreClient, SignalsWithoutSaRestartDoNotBreakABlockingGetOrWait) {  // 
   }
 }
 
-TEST(TcpStoreClient, SignalsWithoutSaRestartDoNotBreakAFlush) {  // B13, pipelined sets
+TEST(TcpStoreClient, SignalsWithoutSaRestartDoNotBreakAFlush) {  // S12, pipelined sets
   FakeServer fake;
   auto client = fake.connect();
   for (int i = 0; i < 20; ++i) client->setString("k" + std::to_string(i), "v");
@@ -241,7 +268,7 @@ TEST(TcpStoreClient, SignalsWithoutSaRestartDoNotBreakAFlush) {  // B13, pipelin
   EXPECT_GE(gSignals.load(), 50);
 }
 
-TEST(TcpStoreClient, AServerStoppingDuringAGetIsANetworkErrorNotAHang) {  // B14
+TEST(TcpStoreClient, AServerStoppingDuringAGetIsANetworkErrorNotAHang) {  // S13
   auto server = TcpStoreServer::start(serverOptions());
   TcpStoreOptions o = clientOptions(*server);
   o.timeout = Millis(60000);

@@ -27,6 +27,7 @@ struct NcclOptions {
   std::shared_ptr<store::Store> store;  // shared by all ranks; keys under "<name>/"
   std::string name = "nccl";
   int device = 0;                        // CUDA device index: cuda:LOCAL_RANK
+  // Zero: the default (Note [Zero timeouts] in dtrain/timeout.h).
   Millis timeout = kDefaultCollectiveTimeout;
   Millis connectTimeout = kDefaultConnectTimeout;  // waiting for rank 0's ncclUniqueId
   // Work::wait() blocks the host until the GPU has finished the collective (or its timeout
@@ -46,8 +47,8 @@ bool ncclAvailable();
 int cudaDeviceCount();
 
 // Throws InvalidArgument naming the variable when an NCCL_* (or TORCH_NCCL_*) variable has a value
-// NCCL would reject or silently misread (RELIABILITY.md D7). Torch- and CUDA-free; `env` looks a
-// variable up (nullptr when unset), std::getenv by default.
+// NCCL would reject or silently misread (docs/reliability.md P7). Torch- and CUDA-free; `env`
+// looks a variable up (nullptr when unset), std::getenv by default.
 void validateNcclEnvironment(const std::function<const char*(const char*)>& env = {});
 
 std::shared_ptr<Communicator> createNcclCommunicator(const NcclOptions& options);
