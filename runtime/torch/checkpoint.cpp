@@ -352,8 +352,10 @@ bool Checkpointer::preempted(int64_t step, int64_t epoch) {
     flag = t.cpu().item<int64_t>();
   }
   if (!flag) return false;
-  DTRAIN_LOG(Warn, "rank {}: stop requested (SIGTERM on {}); checkpointing step {} and stopping",
-             impl_->rank, stopRequested() ? "this rank" : "another rank", step);
+  if (impl_->rank == 0) {
+    DTRAIN_LOG(Warn, "rank 0: a stop was requested (SIGTERM or requestStop()) on {}; every rank "
+               "checkpoints step {} and stops", stopRequested() ? "this rank" : "another rank", step);
+  }
   save(step, epoch);
   return true;
 }

@@ -67,8 +67,10 @@ void Checkpointer::Impl::copyToNodesLacking(int64_t step, const std::vector<int6
   const int source = writerOf.at(sourceNode);
   const std::string name = checkpoint::stepFileName(step);
   const bool receiving = writer && best[rank] != step;
-  DTRAIN_LOG(Warn, "rank {}: node(s) {} lack checkpoint step {}; copying it from node {} (rank {})",
-             rank, fmt::join(lacking, ", "), step, sourceNode, source);
+  if (rank == source || receiving) {
+    DTRAIN_LOG(Warn, "rank {}: node(s) {} lack checkpoint step {}; copying it from node {} (rank {})",
+               rank, fmt::join(lacking, ", "), step, sourceNode, source);
+  }
 
   // The source's file size; -1 when the source cannot read it (every rank then fails below).
   std::string error;

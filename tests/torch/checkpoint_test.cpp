@@ -59,7 +59,7 @@ struct Trainer {
   torch::optim::SGD sgd{net->parameters(), torch::optim::SGDOptions(0.1).momentum(0.9)};
   torch::optim::StepLR scheduler{sgd, 2, 0.5};
   GradScaler scaler;
-  DistributedSampler sampler{40, 0, 1};
+  DistributedSampler sampler{40, 1, 0};
 
   void step(int i) {
     sgd.zero_grad();

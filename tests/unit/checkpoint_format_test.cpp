@@ -216,6 +216,27 @@ TEST(CheckpointFormat, ForeignFilesAreRefused) {
   EXPECT_NE(testing::verifyError(dir.file("absent")).find("cannot open"), std::string::npos);
 }
 
+// A few random edits of `base`: flips, overwrites with extreme values, cuts and insertions; half
+// of the results get their checksums recomputed, so they reach the checks behind them.
+Bytes mutate(const Bytes& base, std::mt19937_64& rng) {
+  Bytes b = base;
+  int edits = 1 + static_cast<int>(rng() % 4);
+  for (int k = 0; k < edits && !b.empty(); ++k) {
+    size_t at = rng() % b.size();
+    switch (rng() % 5) {
+      case 0: b[at] ^= static_cast<uint8_t>(1u << (rng() % 8)); break;
+      case 1:
+        if (at + 8 <= b.size()) setU(b, at, (rng() % 2) ? UINT64_MAX : rng(), 8);
+        break;
+      case 2: b.resize(at); break;
+      case 3: b.insert(b.begin() + static_cast<std::ptrdiff_t>(at), static_cast<uint8_t>(rng())); break;
+      case 4: b[at] = 0; break;
+    }
+  }
+  if (b.size() >= kHeaderSize && rng() % 2) resign(b);
+  return b;
+}
+
 // Crafted inputs and seeded mutations of valid files, each through the fuzz target's function:
 // a clean refusal or a file that keeps every promise, nothing else.
 std::vector<std::pair<std::string, Bytes>> corpusCases() {
@@ -230,6 +251,9 @@ std::vector<std::pair<std::string, Bytes>> corpusCases() {
     for (auto& ch : name) ch = std::isalnum(static_cast<unsigned char>(ch)) ? ch : '-';
     cases.emplace_back(name, b);
   }
+  std::mt19937_64 rng(7);
+  const Bytes base = sampleFileBytes(3, 500);
+  for (int i = 0; i < 12; ++i) cases.emplace_back("mutated-" + std::to_string(i), mutate(base, rng));
   return cases;
 }
 
@@ -257,22 +281,7 @@ TEST(CheckpointFuzzCorpus, ReplaysTheCorpusAndSeededMutations) {
   std::mt19937_64 rng(20240611);
   const Bytes base = sampleFileBytes(2, 300);
   for (int i = 0; i < 3000; ++i) {
-    Bytes b = base;
-    int edits = 1 + static_cast<int>(rng() % 4);
-    for (int k = 0; k < edits; ++k) {
-      size_t at = rng() % b.size();
-      switch (rng() % 5) {
-        case 0: b[at] ^= static_cast<uint8_t>(1u << (rng() % 8)); break;
-        case 1:
-          if (at + 8 <= b.size()) setU(b, at, (rng() % 2) ? UINT64_MAX : rng(), 8);
-          break;
-        case 2: b.resize(at); break;
-        case 3: b.insert(b.begin() + static_cast<std::ptrdiff_t>(at), static_cast<uint8_t>(rng())); break;
-        case 4: b[at] = 0; break;
-      }
-      if (b.empty()) break;
-    }
-    if (rng() % 2) resign(b);  // half of them get past the checksums
+    Bytes b = mutate(base, rng);
     fuzz::fuzzCheckpointReader(b.data(), b.size());
   }
 }

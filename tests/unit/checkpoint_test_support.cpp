@@ -1,5 +1,7 @@
 #include "checkpoint_test_support.h"
 
+#include <unistd.h>
+
 #include <cstring>
 #include <fstream>
 #include <iterator>
