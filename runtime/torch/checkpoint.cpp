@@ -192,17 +192,24 @@ void Checkpointer::Impl::save(int64_t step, int64_t epoch, bool async) {
         }
         auto* base = static_cast<uint8_t*>(region.data_ptr());
         at::NoGradGuard noGrad;
-        for (size_t i = 0; i < items.size(); ++i) {
+        auto copy = [&](size_t i) {
           const auto& e = layout->entries[i];
           uint8_t* dst = base + (e.offset - layout->header.dataOffset);
           uint64_t next = i + 1 < items.size() ? layout->entries[i + 1].offset : layout->header.manifestOffset;
-          if (items[i].tensor.defined() && !(items[i].tensor.device().is_cpu() && items[i].tensor.is_contiguous())) {
-            at::from_blob(dst, items[i].tensor.sizes(), items[i].tensor.options().device(at::kCPU))
-                .copy_(items[i].tensor);
+          const at::Tensor& t = items[i].tensor;
+          if (t.defined() && !(t.device().is_cpu() && t.is_contiguous())) {
+            at::from_blob(dst, t.sizes(), t.options().device(at::kCPU)).copy_(t);
           } else if (e.size) {
             std::memcpy(dst, hostData(items[i]), e.size);
           }
           std::memset(dst + e.size, 0, next - e.offset - e.size);
+        };
+        if (allHostContiguous(items)) {
+          // Training waits for this copy: every core helps.
+          checkpoint::forEachSpread(
+              items.size(), [&](size_t i) { return layout->entries[i].size; }, copy);
+        } else {
+          for (size_t i = 0; i < items.size(); ++i) copy(i);
         }
         at::Tensor keep = region;
         write = [ops_, layout, keep](const std::string& tmp) {

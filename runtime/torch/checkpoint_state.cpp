@@ -1,6 +1,9 @@
 #include "checkpoint_state.h"
 
+#include <algorithm>
 #include <cstring>
+#include <numeric>
+#include <thread>
 
 #include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>
@@ -457,12 +460,52 @@ void readTensor(const CheckpointReader& reader, const std::vector<const Entry*>&
   target.copy_(staging);
 }
 
+void forEachSpread(size_t n, const std::function<uint64_t(size_t)>& weight,
+                   const std::function<void(size_t)>& job) {
+  constexpr uint64_t kSmall = 4 << 20;  // below this in all, threads cost more than they save
+  uint64_t total = 0;
+  for (size_t i = 0; i < n; ++i) total += weight(i);
+  size_t lanes = std::min<size_t>(std::max(1u, std::thread::hardware_concurrency()), 4);
+  if (total < kSmall || lanes == 1 || n < 2) {
+    for (size_t i = 0; i < n; ++i) job(i);
+    return;
+  }
+  // Largest first, each to the least loaded lane.
+  std::vector<size_t> order(n);
+  std::iota(order.begin(), order.end(), 0);
+  std::sort(order.begin(), order.end(), [&](size_t a, size_t b) { return weight(a) > weight(b); });
+  std::vector<std::vector<size_t>> work(lanes);
+  std::vector<uint64_t> load(lanes, 0);
+  for (size_t i : order) {
+    size_t lane = std::min_element(load.begin(), load.end()) - load.begin();
+    work[lane].push_back(i);
+    load[lane] += weight(i);
+  }
+  std::vector<std::exception_ptr> errors(lanes);
+  auto runLane = [&](size_t lane) {
+    try {
+      for (size_t i : work[lane]) job(i);
+    } catch (...) {
+      errors[lane] = std::current_exception();
+    }
+  };
+  std::vector<std::thread> threads;
+  for (size_t lane = 1; lane < lanes; ++lane) threads.emplace_back(runLane, lane);
+  runLane(0);
+  for (auto& t : threads) t.join();
+  for (auto& e : errors) {
+    if (e) std::rethrow_exception(e);
+  }
+}
+
 void restoreReplicated(const CheckpointReader& reader, Registry& registry,
                        std::map<std::string, MetadataValue>& metadata, bool sameWorldSize) {
+  // The bulk -- parameters, buffers, optimizer state -- is gathered first and read in one spread.
+  std::vector<std::pair<std::vector<const Entry*>, at::Tensor>> reads;
   for (auto& [name, module] : registry.modules) {
     for (auto& [key, t] : moduleTensors(*module)) {
       std::string entry = "module/" + name + "/" + key;
-      readTensor(reader, tensorEntries(reader, entry, t), t);
+      reads.emplace_back(tensorEntries(reader, entry, t), t);
     }
   }
   for (auto& [name, opt] : registry.optimizers) {
@@ -498,12 +541,15 @@ void restoreReplicated(const CheckpointReader& reader, Registry& registry,
           if (!tensor->defined() || tensor->sizes() != params[i].sizes()) {
             *tensor = at::empty_like(params[i], at::MemoryFormat::Contiguous);
           }
-          readTensor(reader, tensorEntries(reader, at + field, *tensor), *tensor);
+          reads.emplace_back(tensorEntries(reader, at + field, *tensor), *tensor);
         }
         if (fields.step) *fields.step = readInt(reader, at + "step");
       }
     }
   }
+  forEachSpread(
+      reads.size(), [&](size_t i) { return static_cast<uint64_t>(reads[i].second.nbytes()); },
+      [&](size_t i) { readTensor(reader, reads[i].first, reads[i].second); });
   for (auto& [name, scheduler] : registry.schedulers) {
     compat::schedulerStepCount(*scheduler) =
         static_cast<unsigned>(readInt(reader, "scheduler/" + name + "/step_count"));

@@ -4,6 +4,7 @@
 // existing tensors. Private to the torch layer.
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -66,5 +67,11 @@ at::ScalarType toScalarType(DType dtype);
 // into its memory when it is a contiguous CPU tensor.
 void readTensor(const CheckpointReader& reader, const std::vector<const Entry*>& entries,
                 at::Tensor& target);
+
+// Runs job(0..n-1) spread over a few threads (the caller's among them), balanced by weight(i):
+// a restore's reads and an asynchronous save's snapshot are memory-bound copies that one core
+// alone does at half the machine's speed. Rethrows the first error after all have finished.
+void forEachSpread(size_t n, const std::function<uint64_t(size_t)>& weight,
+                   const std::function<void(size_t)>& job);
 
 }  // namespace dtrain::checkpoint

@@ -4,6 +4,7 @@
 
 #include <cstdint>
 #include <map>
+#include <set>
 #include <memory>
 #include <string>
 #include <vector>
@@ -46,8 +47,10 @@ struct Checkpointer::Impl {
 
   // --- restore (checkpoint_restore.cpp) ---
   std::optional<RestoredCheckpoint> restore();
-  int64_t newestVerified(std::string& firstError, int64_t& found);
-  void copyToNodesLacking(int64_t step, const std::vector<int64_t>& best);
+  // This node's checkpoints whose header and manifest are intact, newest first (writers only).
+  std::vector<int64_t> candidates(std::string& firstBad, int64_t& found);
+  // False when the node that would hand the step out found it damaged (it joins `bad` there).
+  bool copyToNodesLacking(int64_t step, const std::vector<int64_t>& best, std::set<int64_t>& bad);
 
   Checkpointer& owner;
   std::shared_ptr<ProcessGroup> group;

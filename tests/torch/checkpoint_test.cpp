@@ -371,6 +371,36 @@ TEST(Checkpointer, TheNewestStepThatVerifiesOnAnyNodeWins) {
   EXPECT_EQ(verifyErrorOf(damaged), "") << "node 0's damaged copy was not replaced";
 }
 
+// The newest file's data is damaged (its header and manifest are fine): the damage is found while
+// reading it into the model, and the older checkpoint replaces everything it had written.
+TEST(Checkpointer, DamageFoundWhileReadingFallsBackToTheOlderCheckpoint) {
+  TempDir dir;
+  auto group = soloGroup();
+  Trainer a;
+  Checkpointer c(group, optionsFor(dir.path()));
+  a.add(c);
+  a.step(0);
+  c.save(1);
+  auto at1 = stateOf(*a.net);
+  auto scalerAt1 = a.scaler.state();
+  a.step(1);
+  c.save(2);
+  std::string newest = c.nodeDirectory() + "/step-00000002";
+  auto reader = checkpoint::CheckpointReader::open(newest);
+  const auto* last = reader.find("module/model/fc.bias").front();  // late in the file
+  {
+    std::fstream f(newest, std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(static_cast<std::streamoff>(last->offset));
+    f.put('\x55');
+  }
+  a.step(2);
+  auto r = c.restore();
+  ASSERT_TRUE(r.has_value());
+  EXPECT_EQ(r->step, 1);
+  expectBitwise(*a.net, at1, "fell back");
+  EXPECT_EQ(a.scaler.state(), scalerAt1);
+}
+
 TEST(Checkpointer, RefusesToStartOverWhenNoCheckpointVerifies) {
   TempDir dir;
   auto group = soloGroup();
@@ -384,7 +414,7 @@ TEST(Checkpointer, RefusesToStartOverWhenNoCheckpointVerifies) {
     FAIL() << "started over although a checkpoint exists";
   } catch (const CheckpointError& e) {
     std::string what = e.what();
-    EXPECT_NE(what.find("none verifies"), std::string::npos) << what;
+    EXPECT_NE(what.find("none is intact"), std::string::npos) << what;
     EXPECT_NE(what.find("truncated"), std::string::npos) << what;
   }
 }

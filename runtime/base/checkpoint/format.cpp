@@ -514,8 +514,31 @@ void CheckpointReader::read(const Entry& e, void* out) const {
     if (out && e.size) std::memcpy(out, mem + e.offset, e.size);
     return;
   }
-  source_->readAt(e.offset, out, e.size);
-  DTRAIN_CHECK_T(CheckpointError, checksum(out, e.size) == e.checksum,
+  // In chunks, each hashed while it is still in the CPU's cache: one pass over memory, not two.
+  constexpr uint64_t kChunk = 256 << 10;
+  auto* p = static_cast<uint8_t*>(out);
+  uint64_t sum = 0;
+  if (e.size <= kChunk) {
+    source_->readAt(e.offset, p, e.size);
+    sum = checksum(p, e.size);
+  } else {
+    XXH3_state_t* state = XXH3_createState();
+    XXH3_64bits_reset(state);
+    try {
+      for (uint64_t done = 0; done < e.size;) {
+        size_t n = static_cast<size_t>(std::min(kChunk, e.size - done));
+        source_->readAt(e.offset + done, p + done, n);
+        XXH3_64bits_update(state, p + done, n);
+        done += n;
+      }
+    } catch (...) {
+      XXH3_freeState(state);
+      throw;
+    }
+    sum = XXH3_64bits_digest(state);
+    XXH3_freeState(state);
+  }
+  DTRAIN_CHECK_T(CheckpointError, sum == e.checksum,
                  "checkpoint {}: entry \"{}\" (data at offset {}, {} bytes): checksum mismatch: the "
                  "data is damaged",
                  source_->name(), e.name, e.offset, e.size);
