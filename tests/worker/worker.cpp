@@ -157,12 +157,20 @@ void writeErrorFile(const std::string& message, const std::string& mode) {
   }
 }
 
+// CLOCK_MONOTONIC in seconds: the same clock in every process, so a test can subtract the time
+// one worker crashed from the time another got SIGTERM (crash detection latency).
+double monotonicSeconds() {
+  timespec ts{};
+  ::clock_gettime(CLOCK_MONOTONIC, &ts);
+  return static_cast<double>(ts.tv_sec) + static_cast<double>(ts.tv_nsec) * 1e-9;
+}
+
 void onSigterm(int) {
-  static const char kMsg[] = "SIGTERM: checkpointing and exiting\n";
-  char buf[64];
-  int n = std::snprintf(buf, sizeof buf, "rank %d: ", gRank);
+  const double now = monotonicSeconds();
+  char buf[128];
+  int n = std::snprintf(buf, sizeof buf, "rank %d: SIGTERM: checkpointing and exiting (t=%.6f)\n",
+                        gRank, now);
   if (n > 0) (void)!::write(STDOUT_FILENO, buf, static_cast<size_t>(n));
-  (void)!::write(STDOUT_FILENO, kMsg, sizeof kMsg - 1);
   ::_exit(gSigtermCode);
 }
 
@@ -267,8 +275,8 @@ int run(const Flags& flags) {
   for (int64_t step = 0; step < flags.steps; ++step) {
     for (const auto& f : dtrain::fault::activeFaults()) {
       if (!f.matches(rank, step, attempt)) continue;
-      std::printf("rank %d: step %lld: injecting %s\n", rank, static_cast<long long>(step),
-                  f.describe().c_str());
+      std::printf("rank %d: step %lld: injecting %s (t=%.6f)\n", rank,
+                  static_cast<long long>(step), f.describe().c_str(), monotonicSeconds());
       std::fflush(stdout);
       switch (f.kind) {
         case Kind::Flood: flood(rank, f.arg); break;
