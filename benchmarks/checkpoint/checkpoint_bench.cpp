@@ -228,6 +228,7 @@ int benchIo(int reps, std::string dir, bool withPeer) {
       peer.ask("drop " + dir + "/torch.pt");
       t["torch.load cold"].push_back(peer.ask("load " + dir + "/torch.pt"));
     }
+    t["dd read"].push_back(timeCommand({"dd", "if=" + file, "of=/dev/null", "bs=4M", "status=none"}));
     dropFromCache(dir + "/dd.bin");
     t["dd read cold"].push_back(timeCommand({"dd", "if=" + dir + "/dd.bin", "of=/dev/null", "bs=4M", "status=none"}));
     start = Clock::now();
@@ -254,9 +255,11 @@ int benchIo(int reps, std::string dir, bool withPeer) {
     return t.count(a) && t.count(b) ? median(t[b]) / median(t[a]) : 0.0;
   };
   std::printf("# ratios (above 1: dtrain faster): save vs dd+fsync %.2f, save vs torch.save+fsync %.2f, "
-              "load vs torch.load %.2f (cold %.2f); async snapshot / sync save %.2f\n",
+              "load vs torch.load %.2f (cold %.2f), load vs dd read %.2f (cold %.2f); "
+              "async snapshot / sync save %.2f\n",
               ratio("save", "dd write+fsync"), ratio("save", "torch.save+fsync"),
               ratio("load", "torch.load"), ratio("load cold", "torch.load cold"),
+              ratio("load", "dd read"), ratio("load cold", "dd read cold"),
               median(t["async snapshot"]) / median(t["save"]));
   if (temporary) std::system(("rm -rf " + dir).c_str());
   return 0;

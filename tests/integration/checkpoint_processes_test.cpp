@@ -102,7 +102,7 @@ TEST(CheckpointResume, KilledDuringAnAsynchronousSaveResumesFromThePreviousOne) 
 // launch exits 75; the same command again resumes and ends as if nothing happened.
 TEST(CheckpointResume, SigtermCheckpointsExits75AndTheRerunResumes) {
   TempDir dir;
-  std::vector<std::string> args = {"--nproc-per-node", "2", "--grace-period", "20"};
+  std::vector<std::string> args = {"--nproc-per-node", "2", "--grace-period", "20", "--max-restarts", "2"};
   auto worker = workerArgs(dir.file("ckpt"), dir.file("params"), {"--steps", "12", "--step-ms", "150"});
   args.insert(args.end(), worker.begin(), worker.end());
   LaunchProcess first(args);

@@ -167,7 +167,8 @@ TEST(GradScaler, StateRoundTrips) {
 // One rank alone sees an inf after DDP's allreduce. With the agreement every rank skips and the
 // replicas stay bitwise equal; a scaler without a group (PyTorch's plain GradScaler) lets the
 // other rank step, and the replicas drift apart -- the failure the agreement exists for.
-std::vector<std::vector<torch::Tensor>> trainWithLonelyInf(bool agree, std::vector<bool>* skipped) {
+std::vector<std::vector<torch::Tensor>> trainWithLonelyInf(bool agree, std::vector<bool>* skipped,
+                                                           bool accumulate = false) {
   const int kWorld = 2;
   auto world = ThreadWorld::create(kWorld);
   std::vector<std::vector<torch::Tensor>> finals(kWorld);
@@ -182,6 +183,10 @@ std::vector<std::vector<torch::Tensor>> trainWithLonelyInf(bool agree, std::vect
     for (int step = 0; step < 4; ++step) {
       sgd.zero_grad();
       torch::manual_seed(100 + 10 * step + rank);
+      if (accumulate) {  // one micro-batch accumulated locally under noSync(), then the synced one
+        auto guard = ddp.noSync();
+        scaler.scale(torch::mse_loss(ddp(torch::randn({3, 8})), torch::randn({3, 4}))).backward();
+      }
       scaler.scale(torch::mse_loss(ddp(torch::randn({3, 8})), torch::randn({3, 4}))).backward();
       if (step == 2 && rank == 1) net->fc3->weight.mutable_grad()[0][0] = INFINITY;
       bool stepped = scaler.step(sgd);
@@ -207,6 +212,13 @@ TEST(GradScaler, EveryRankSkipsWhenOneRankAloneOverflows) {
   bool allEqual = true;
   for (size_t i = 0; i < drifted[0].size(); ++i) allEqual = allEqual && torch::equal(drifted[0][i], drifted[1][i]);
   EXPECT_FALSE(allEqual);
+}
+
+TEST(GradScaler, EveryRankSkipsUnderNoSyncAccumulationToo) {
+  std::vector<bool> skipped;
+  auto finals = trainWithLonelyInf(/*agree=*/true, &skipped, /*accumulate=*/true);
+  EXPECT_TRUE(skipped[0] && skipped[1]);
+  for (size_t i = 0; i < finals[0].size(); ++i) EXPECT_TRUE(torch::equal(finals[0][i], finals[1][i]));
 }
 
 }  // namespace
