@@ -167,7 +167,18 @@ void Checkpointer::Impl::save(int64_t step, int64_t epoch, bool async) {
   waitPending();
   auto blobs = allgatherBytes(checkpoint::encodeRankState(registry));
   std::string error;
-  if (writer) {
+  if (writer && !thread.idle() && !thread.running()) {
+    // A save that timed out earlier has finished since: collect it before starting another.
+    std::string late = collectLocal();
+    DTRAIN_LOG(Warn, "rank {}: a save that timed out earlier has ended{}", rank,
+               late.empty() ? " successfully" : ": " + late);
+  }
+  if (writer && thread.running()) {
+    // An earlier save timed out and is still stuck in the kernel: its buffer is not free.
+    error = fmt::format("an earlier save into {} is still running (it timed out and never "
+                        "finished); not starting another. HINT: check the disk or filesystem",
+                        dir);
+  } else if (writer) {
     try {
       auto items = checkpoint::replicatedItems(registry, owner.metadata_);
       for (int r = 0; r < world; ++r) {

@@ -3,8 +3,12 @@
 // nodes, one of which lost its directory or holds a damaged newest file; failed saves reported
 // on every rank; preemption at an agreed step; exports PyTorch reads. Real processes under
 // `launch` (kills, restarts, SIGTERM) are in tests/integration/checkpoint_processes_test.cpp.
+#include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
+
+#include <chrono>
+#include <thread>
 
 #include <cstdlib>
 #include <fstream>
@@ -446,6 +450,42 @@ TEST(Checkpointer, AFailedSaveFailsOnEveryRankAndKeepsTheEarlierOne) {
   EXPECT_TRUE(listing.temporaries.empty());
 }
 
+// A save stuck in the kernel (opening a FIFO nobody reads stands in for a hung disk) fails within
+// the timeout saying where it is; a save while it is stuck is refused; once it ends, saving works.
+TEST(Checkpointer, AStuckSaveFailsWithinItsTimeoutAndLaterSavesRecover) {
+  TempDir dir;
+  auto group = soloGroup();
+  Mlp net;
+  CheckpointOptions o = optionsFor(dir.path());
+  o.timeout = std::chrono::milliseconds(300);
+  Checkpointer c(group, o);
+  c.addModule("m", net);
+  std::string fifo = c.nodeDirectory() + "/step-00000001.tmp";
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+  auto start = std::chrono::steady_clock::now();
+  try {
+    c.save(1);
+    FAIL() << "a stuck save returned";
+  } catch (const CheckpointError& e) {
+    std::string what = e.what();
+    EXPECT_NE(what.find("did not finish within 300 ms"), std::string::npos) << what;
+    EXPECT_NE(what.find("step 1"), std::string::npos) << what;
+  }
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(5));
+  try {
+    c.save(2);
+    FAIL() << "started a save beside a stuck one";
+  } catch (const CheckpointError& e) {
+    EXPECT_NE(std::string(e.what()).find("still running"), std::string::npos) << e.what();
+  }
+  int reader = ::open(fifo.c_str(), O_RDONLY | O_NONBLOCK);  // the disk comes back
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  ::close(reader);
+  ::unlink(fifo.c_str());
+  c.save(3);
+  EXPECT_EQ(c.committedSteps(), (std::vector<int64_t>{3}));
+}
+
 TEST(Checkpointer, PreemptionSavesTheSameStepOnEveryRank) {
   TempDir dir;
   auto world = ThreadWorld::create(2);
@@ -474,7 +514,7 @@ TEST(Checkpointer, SigtermSetsTheFlagOnlyWhileACheckpointerHandlesIt) {
   TempDir dir;
   auto group = soloGroup();
   {
-    Checkpointer c(group, CheckpointOptions(dir.path()));
+    Checkpointer c(group, {dir.path()});  // SIGTERM handled by default
     ::raise(SIGTERM);  // would kill the test without the handler
     EXPECT_TRUE(stopRequested());
     Mlp net;
