@@ -42,11 +42,12 @@ double median(std::vector<double> v) {
 }
 
 // The parameters and buffers of torchvision's resnet50 (25,557,032 parameters), by shape.
+// `small` (--smoke): the first stage only.
 struct ResNet50State : torch::nn::Module {
-  ResNet50State() {
+  explicit ResNet50State(bool small) {
     conv("conv1", 64, 3, 7);
     bn("bn1", 64);
-    const int blocks[] = {3, 4, 6, 3}, planes[] = {64, 128, 256, 512};
+    const int blocks[] = {3, small ? 0 : 4, small ? 0 : 6, small ? 0 : 3}, planes[] = {64, 128, 256, 512};
     int64_t in = 64;
     for (int l = 0; l < 4; ++l) {
       for (int b = 0; b < blocks[l]; ++b) {
@@ -65,7 +66,7 @@ struct ResNet50State : torch::nn::Module {
         in = w * 4;
       }
     }
-    register_parameter("fc_weight", torch::randn({1000, 2048}));
+    register_parameter("fc_weight", torch::randn({1000, in}));
     register_parameter("fc_bias", torch::randn({1000}));
   }
   void conv(const std::string& name, int64_t out, int64_t in, int64_t k) {
@@ -161,7 +162,7 @@ std::shared_ptr<dtrain::ProcessGroup> soloGroup() {
   return dtrain::init(o);
 }
 
-int benchIo(int reps, std::string dir, bool withPeer) {
+int benchIo(int reps, std::string dir, bool withPeer, bool small) {
   torch::set_num_threads(1);
   bool temporary = dir.empty();
   if (temporary) {
@@ -170,7 +171,7 @@ int benchIo(int reps, std::string dir, bool withPeer) {
   }
   auto group = soloGroup();
   torch::manual_seed(0);
-  auto model = std::make_shared<ResNet50State>();
+  auto model = std::make_shared<ResNet50State>(small);
   torch::optim::SGD sgd(model->parameters(), torch::optim::SGDOptions(0.01).momentum(0.9));
   for (auto& p : model->parameters()) p.mutable_grad() = torch::randn_like(p);
   sgd.step();  // creates the momentum buffers
@@ -265,15 +266,16 @@ int benchIo(int reps, std::string dir, bool withPeer) {
   return 0;
 }
 
-// A model of ResNet-50's size whose step costs compute (an MLP of 26.2M parameters).
-torch::nn::Sequential trainModel() {
-  return torch::nn::Sequential(torch::nn::Linear(1024, 4096), torch::nn::ReLU(),
-                               torch::nn::Linear(4096, 4096), torch::nn::ReLU(),
-                               torch::nn::Linear(4096, 1024), torch::nn::ReLU(),
+// A model of ResNet-50's size whose step costs compute (an MLP of 26.2M parameters at width
+// 4096; --smoke uses width 256).
+torch::nn::Sequential trainModel(int64_t width) {
+  return torch::nn::Sequential(torch::nn::Linear(1024, width), torch::nn::ReLU(),
+                               torch::nn::Linear(width, width), torch::nn::ReLU(),
+                               torch::nn::Linear(width, 1024), torch::nn::ReLU(),
                                torch::nn::Linear(1024, 1000));
 }
 
-int benchTrain(int steps, int every, int rounds, int batch) {
+int benchTrain(int steps, int every, int rounds, int batch, int64_t width) {
   torch::set_num_threads(1);
   auto group = dtrain::init();
   const bool leader = group->rank() == 0;
@@ -286,7 +288,7 @@ int benchTrain(int steps, int every, int rounds, int batch) {
   group->broadcast(path);
   dir = reinterpret_cast<const char*>(path.data_ptr());
   torch::manual_seed(0);
-  auto net = trainModel();
+  auto net = trainModel(width);
   dtrain::DistributedDataParallel<torch::nn::Sequential> ddp(net, group);
   torch::optim::SGD sgd(ddp.parameters(), torch::optim::SGDOptions(0.001).momentum(0.9));
   dtrain::CheckpointOptions options(dir);
@@ -391,7 +393,8 @@ int main(int argc, char** argv) {
     }
     DTRAIN_CHECK_ARG(reps > 0 && steps > 0 && every > 0 && rounds > 0 && batch > 0,
                      "counts must be positive");
-    return train ? benchTrain(steps, every, rounds, batch) : benchIo(reps, dir, peer && !smoke);
+    return train ? benchTrain(steps, every, rounds, batch, smoke ? 256 : 4096)
+                 : benchIo(reps, dir, peer && !smoke, smoke);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "checkpoint_bench: %s\n", e.what());
     return 1;

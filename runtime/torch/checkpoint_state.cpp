@@ -6,6 +6,7 @@
 #include <thread>
 
 #include <ATen/ATen.h>
+#include <ATen/Parallel.h>
 #include <ATen/CPUGeneratorImpl.h>
 #include <fmt/format.h>
 #include <torch/nn/module.h>
@@ -465,7 +466,9 @@ void forEachSpread(size_t n, const std::function<uint64_t(size_t)>& weight,
   constexpr uint64_t kSmall = 4 << 20;  // below this in all, threads cost more than they save
   uint64_t total = 0;
   for (size_t i = 0; i < n; ++i) total += weight(i);
-  size_t lanes = std::min<size_t>(std::max(1u, std::thread::hardware_concurrency()), 4);
+  // As many threads as the program gives ATen (launch sets OMP_NUM_THREADS to cores / local
+  // workers), at most 4: more threads than that budget slow everyone down on a busy machine.
+  size_t lanes = static_cast<size_t>(std::clamp(at::get_num_threads(), 1, 4));
   if (total < kSmall || lanes == 1 || n < 2) {
     for (size_t i = 0; i < n; ++i) job(i);
     return;

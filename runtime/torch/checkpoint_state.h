@@ -68,9 +68,10 @@ at::ScalarType toScalarType(DType dtype);
 void readTensor(const CheckpointReader& reader, const std::vector<const Entry*>& entries,
                 at::Tensor& target);
 
-// Runs job(0..n-1) spread over a few threads (the caller's among them), balanced by weight(i):
-// a restore's reads and an asynchronous save's snapshot are memory-bound copies that one core
-// alone does at half the machine's speed. Rethrows the first error after all have finished.
+// Runs job(0..n-1) spread over up to at::get_num_threads() threads, at most 4 (the caller's among
+// them), balanced by weight(i): a restore's reads and an asynchronous save's snapshot are
+// memory-bound copies that a big machine does faster on several cores. Rethrows the first error
+// after all have finished.
 void forEachSpread(size_t n, const std::function<uint64_t(size_t)>& weight,
                    const std::function<void(size_t)>& job);
 

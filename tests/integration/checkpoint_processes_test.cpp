@@ -103,7 +103,7 @@ TEST(CheckpointResume, KilledDuringAnAsynchronousSaveResumesFromThePreviousOne) 
 TEST(CheckpointResume, SigtermCheckpointsExits75AndTheRerunResumes) {
   TempDir dir;
   std::vector<std::string> args = {"--nproc-per-node", "2", "--grace-period", "20", "--max-restarts", "2"};
-  auto worker = workerArgs(dir.file("ckpt"), dir.file("params"), {"--steps", "12", "--step-ms", "150"});
+  auto worker = workerArgs(dir.file("ckpt"), dir.file("params"), {"--steps", "12", "--step-ms", "300"});
   args.insert(args.end(), worker.begin(), worker.end());
   LaunchProcess first(args);
   ASSERT_TRUE(first.waitForOutput("step 3 loss", 60)) << first.out() << first.err();
