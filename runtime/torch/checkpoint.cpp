@@ -24,7 +24,9 @@
 // reached the ranks at different moments): then they all save that step, wait until every node
 // committed it, and the program returns kExitPreempted (75), which launch passes on when every
 // worker exits with it. Rerunning the same command resumes from that step. The save must fit in
-// launch's grace period (--grace-period, 30 s by default) before SIGKILL follows.
+// launch's grace period (--grace-period, 30 s by default) before SIGKILL follows. A SIGTERM
+// handler the program installed before the Checkpointer is still called, after the flag is set;
+// the previous disposition comes back when the last Checkpointer goes.
 
 namespace dtrain {
 
@@ -35,15 +37,24 @@ std::mutex gSignalMutex;
 int gSignalUsers = 0;
 struct sigaction gPreviousTerm {};
 
-void onTerm(int) { gStop.store(true); }
+// Sets the flag, then calls a handler the program had installed before (not the default action,
+// which would end the process before the checkpoint).
+void onTerm(int signo, siginfo_t* info, void* context) {
+  gStop.store(true);
+  if (gPreviousTerm.sa_flags & SA_SIGINFO) {
+    if (gPreviousTerm.sa_sigaction) gPreviousTerm.sa_sigaction(signo, info, context);
+  } else if (gPreviousTerm.sa_handler != SIG_DFL && gPreviousTerm.sa_handler != SIG_IGN) {
+    gPreviousTerm.sa_handler(signo);
+  }
+}
 
 void installTermHandler() {
   std::lock_guard<std::mutex> lock(gSignalMutex);
   if (gSignalUsers++ > 0) return;
   struct sigaction sa {};
-  sa.sa_handler = onTerm;
+  sa.sa_sigaction = onTerm;
   sigemptyset(&sa.sa_mask);
-  sa.sa_flags = SA_RESTART;
+  sa.sa_flags = SA_RESTART | SA_SIGINFO;
   ::sigaction(SIGTERM, &sa, &gPreviousTerm);
 }
 

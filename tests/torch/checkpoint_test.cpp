@@ -7,6 +7,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <chrono>
 #include <thread>
 
@@ -510,9 +511,34 @@ TEST(Checkpointer, PreemptionSavesTheSameStepOnEveryRank) {
   EXPECT_EQ(checkpoint::listDirectory(dir.path() + "/node0").steps, (std::vector<int64_t>{4}));
 }
 
+std::atomic<int> gProgramHandlerCalls{0};
+void programHandler(int) { gProgramHandlerCalls++; }
+
+TEST(Checkpointer, SigtermSetsTheFlagAndStillCallsTheProgramsOwnHandler) {
+  TempDir dir;
+  auto group = soloGroup();
+  struct sigaction mine {}, before {};
+  mine.sa_handler = programHandler;
+  sigemptyset(&mine.sa_mask);
+  ::sigaction(SIGTERM, &mine, &before);
+  {
+    Checkpointer c(group, CheckpointOptions(dir.path()));  // handles SIGTERM
+    ::raise(SIGTERM);
+    EXPECT_TRUE(stopRequested());
+    EXPECT_EQ(gProgramHandlerCalls.load(), 1);
+  }
+  clearStopRequest();
+  ::raise(SIGTERM);  // the program's handler alone again
+  EXPECT_EQ(gProgramHandlerCalls.load(), 2);
+  EXPECT_FALSE(stopRequested());
+  ::sigaction(SIGTERM, &before, nullptr);
+}
+
 TEST(Checkpointer, SigtermSetsTheFlagOnlyWhileACheckpointerHandlesIt) {
   TempDir dir;
   auto group = soloGroup();
+  struct sigaction before {};
+  ::sigaction(SIGTERM, nullptr, &before);
   {
     Checkpointer c(group, {dir.path()});  // SIGTERM handled by default
     ::raise(SIGTERM);  // would kill the test without the handler
@@ -525,7 +551,7 @@ TEST(Checkpointer, SigtermSetsTheFlagOnlyWhileACheckpointerHandlesIt) {
   clearStopRequest();
   struct sigaction now {};
   ::sigaction(SIGTERM, nullptr, &now);
-  EXPECT_EQ(now.sa_handler, SIG_DFL);
+  EXPECT_EQ(now.sa_handler, before.sa_handler);  // the program's own handler is back
 }
 
 TEST(CheckpointExport, WritesWhatPythonAndLibtorchLoad) {
