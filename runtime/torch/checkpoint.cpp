@@ -227,7 +227,7 @@ void Checkpointer::Impl::save(int64_t step, int64_t epoch, bool async) {
           std::memset(dst + e.size, 0, next - e.offset - e.size);
         };
         if (allHostContiguous(items)) {
-          // Training waits for this copy: every core helps.
+          // Training waits for this copy: spread it over the program's thread budget.
           checkpoint::forEachSpread(
               items.size(), [&](size_t i) { return layout->entries[i].size; }, copy);
         } else {
