@@ -19,7 +19,8 @@ target_compile_definitions(launch_bench PRIVATE
   DTRAIN_BENCH_LAUNCH="$<TARGET_FILE:launch>"
   DTRAIN_BENCH_WORKER="$<TARGET_FILE:dtrain_test_worker>"
   DTRAIN_BENCH_TORCH_WORKER="${_launch_bench_torch_worker}"
-  DTRAIN_BENCH_SCRIPT="${CMAKE_CURRENT_LIST_DIR}/bench_worker.py")
+  DTRAIN_BENCH_SCRIPT="${CMAKE_CURRENT_LIST_DIR}/bench_worker.py"
+  DTRAIN_BENCH_CLUSTER_SCRIPT="${CMAKE_SOURCE_DIR}/scripts/netns-cluster.sh")
 set_target_properties(launch_bench PROPERTIES
   RUNTIME_OUTPUT_DIRECTORY ${CMAKE_BINARY_DIR}/benchmarks/launch)
 add_dependencies(launch_bench launch dtrain_test_worker)

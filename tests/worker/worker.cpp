@@ -245,7 +245,9 @@ int run(const Flags& flags) {
   if (flags.printEnv) {
     for (const char* name : {"RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR",
                              "MASTER_PORT", "OMP_NUM_THREADS", "TORCHELASTIC_RUN_ID",
-                             "TORCHELASTIC_ERROR_FILE", "DTRAIN_STORE_ADDR", "DTRAIN_STORE_PORT"}) {
+                             "TORCHELASTIC_ERROR_FILE", "DTRAIN_STORE_ADDR", "DTRAIN_STORE_PORT",
+                             "GROUP_RANK", "CUDA_VISIBLE_DEVICES", "NCCL_SOCKET_IFNAME",
+                             "GLOO_SOCKET_IFNAME", "NCCL_DEBUG", "FROM_DOTENV"}) {
       const char* v = std::getenv(name);
       std::printf("rank %d: env %s=%s\n", rank, name, v ? v : "(unset)");
     }
