@@ -13,3 +13,11 @@ if(DTRAIN_HAVE_GLOO AND TARGET dtrain_launcher_harness)
     LIBS dtrain_launcher_harness)
   add_dependencies(dtrain_checkpoint_process_tests checkpoint_worker checkpoint launch)
 endif()
+
+# The same on a simulated cluster (label e2e; tests/e2e/e2e.cmake provides the cluster).
+if(TARGET checkpoint_worker AND TARGET dtrain_e2e_cluster)
+  dtrain_gtest(checkpoint_e2e_tests LABEL e2e TIMEOUT 240
+    SOURCES tests/e2e/checkpoint_e2e_test.cpp tests/e2e/e2e_support.cpp
+    LIBS dtrain_e2e_cluster dtrain_launcher_harness)
+  add_dependencies(checkpoint_e2e_tests launch checkpoint_worker)
+endif()
