@@ -43,6 +43,16 @@ std::string verifyErrorOf(const std::string& path) {
   }
 }
 
+// Inverts the byte at `offset` (always a change, whatever the byte was).
+void flipByte(const std::string& path, uint64_t offset) {
+  std::fstream f(path, std::ios::in | std::ios::out | std::ios::binary);
+  f.seekg(static_cast<std::streamoff>(offset));
+  char c = 0;
+  f.read(&c, 1);
+  f.seekp(static_cast<std::streamoff>(offset));
+  f.put(static_cast<char>(~c));
+}
+
 std::shared_ptr<ProcessGroup> soloGroup() { return threadGroup(*ThreadWorld::create(1), 0); }
 
 std::vector<torch::Tensor> stateOf(torch::nn::Module& m) {
@@ -358,11 +368,7 @@ TEST(Checkpointer, TheNewestStepThatVerifiesOnAnyNodeWins) {
   });
   // Node 0's newest file is damaged; node 1's is intact.
   std::string damaged = tmp.path() + "/ckpt-0-local/step-00000006";
-  {
-    std::fstream f(damaged, std::ios::in | std::ios::out | std::ios::binary);
-    f.seekp(300);
-    f.put('\x7f');
-  }
+  flipByte(damaged, 300);
   EXPECT_NE(verifyErrorOf(damaged), "");
   job.world->run([&](int rank) {
     Mlp net;
@@ -393,11 +399,7 @@ TEST(Checkpointer, DamageFoundWhileReadingFallsBackToTheOlderCheckpoint) {
   std::string newest = c.nodeDirectory() + "/step-00000002";
   auto reader = checkpoint::CheckpointReader::open(newest);
   const auto* last = reader.find("module/model/fc.bias").front();  // late in the file
-  {
-    std::fstream f(newest, std::ios::in | std::ios::out | std::ios::binary);
-    f.seekp(static_cast<std::streamoff>(last->offset));
-    f.put('\x55');
-  }
+  flipByte(newest, last->offset);
   a.step(2);
   auto r = c.restore();
   ASSERT_TRUE(r.has_value());
