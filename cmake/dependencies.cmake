@@ -29,6 +29,29 @@ add_library(dtrain_xxhash INTERFACE)
 target_include_directories(dtrain_xxhash SYSTEM INTERFACE "${XXHASH_INCLUDE_DIR}")
 target_link_libraries(dtrain_xxhash INTERFACE "${XXHASH_LIBRARY}")
 
+# cpp-httplib (the metrics endpoint). Debian ships it as a compiled library whose pkg-config file
+# lists the defines it was built with (OpenSSL, zlib, Brotli); they change its classes' layout, so
+# every user must compile with the same ones.
+find_package(PkgConfig QUIET)
+if(PkgConfig_FOUND)
+  pkg_check_modules(CPPHTTPLIB QUIET cpp-httplib)
+endif()
+find_path(HTTPLIB_INCLUDE_DIR httplib.h HINTS ${CPPHTTPLIB_INCLUDE_DIRS})
+find_library(HTTPLIB_LIBRARY NAMES cpp-httplib libcpp-httplib.so.0.11 HINTS ${CPPHTTPLIB_LIBRARY_DIRS})
+if(NOT HTTPLIB_INCLUDE_DIR OR NOT HTTPLIB_LIBRARY)
+  message(FATAL_ERROR "cpp-httplib not found. HINT: scripts/setup.sh installs libcpp-httplib-dev")
+endif()
+add_library(dtrain_httplib INTERFACE)
+target_include_directories(dtrain_httplib SYSTEM INTERFACE "${HTTPLIB_INCLUDE_DIR}")
+target_link_libraries(dtrain_httplib INTERFACE "${HTTPLIB_LIBRARY}")
+if(CPPHTTPLIB_FOUND)
+  target_compile_options(dtrain_httplib INTERFACE ${CPPHTTPLIB_CFLAGS_OTHER})
+else()
+  # Without pkg-config (unpacked Debian packages): Debian's build flags.
+  target_compile_definitions(dtrain_httplib INTERFACE
+    CPPHTTPLIB_OPENSSL_SUPPORT CPPHTTPLIB_ZLIB_SUPPORT CPPHTTPLIB_BROTLI_SUPPORT)
+endif()
+
 # Gloo (CPU collectives).
 set(DTRAIN_HAVE_GLOO OFF)
 if(DTRAIN_WITH_GLOO)

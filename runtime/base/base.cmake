@@ -1,9 +1,11 @@
-# dtrain_base: errors, logging, sockets, the store, the env contract, fault injection.
+# dtrain_base: errors, logging, sockets, the store, the env contract, fault injection, metrics.
 # No CUDA, no Gloo, no libtorch: `launch` links only this.
 add_library(dtrain_base SHARED
   runtime/base/error.cpp
   runtime/base/fault.cpp
   runtime/base/logging.cpp
+  runtime/base/metrics/metrics.cpp
+  runtime/base/metrics/prometheus.cpp
   runtime/base/net/socket.cpp
   runtime/base/parse_int.cpp
   runtime/base/store/auth.cpp
@@ -30,7 +32,7 @@ target_include_directories(dtrain_base_internal INTERFACE ${CMAKE_CURRENT_SOURCE
 target_link_libraries(dtrain_base_internal INTERFACE dtrain_base dtrain_libuv OpenSSL::Crypto)
 target_link_libraries(dtrain_base
   PUBLIC fmt::fmt Threads::Threads
-  PRIVATE dtrain_libuv OpenSSL::Crypto)
+  PRIVATE dtrain_libuv OpenSSL::Crypto nlohmann_json::nlohmann_json dtrain_httplib)
 set_target_properties(dtrain_base PROPERTIES OUTPUT_NAME dtrain_base VERSION ${PROJECT_VERSION}
                       SOVERSION ${PROJECT_VERSION_MAJOR})
 dtrain_warnings(dtrain_base)

@@ -1,0 +1,408 @@
+// train_resnet: ResNet-18/34/50/101 on CIFAR-10 with dtrain, the way a real training job runs:
+// data-parallel over every rank (DDP), a background data loader, a warm-up + cosine learning-rate
+// schedule, gradient accumulation, evaluation, progress lines and metrics.
+//
+//   launch --nproc-per-node 2 ./train_resnet --arch resnet18 --data-dir cifar \
+//          --synthetic 10000 --epochs 5 --metrics-file metrics.jsonl
+//
+// Read it top to bottom:
+//   1. options            5. optimizer and learning-rate schedule
+//   2. join the job       6. metrics
+//   3. data               7. the training loop (accumulation, progress, evaluation)
+//   4. model and DDP      8. summary
+// Helpers live beside it: the models in examples/models, the CIFAR-10 reader and the loader
+// thread in examples/data.
+#include <unistd.h>
+
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <string>
+
+#include <cxxopts.hpp>
+#include <torch/torch.h>
+
+#include <dtrain/dtrain.h>
+#include <dtrain/fault.h>
+#include <dtrain/metrics.h>
+
+#include "data/cifar10.h"
+#include "data/loader.h"
+#include "models/resnet.h"
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// ---------------------------------------------------------------------------------------------
+// 1. Options. Every flag has a default; --help lists them, a bad value exits 2 naming the flag.
+// ---------------------------------------------------------------------------------------------
+struct Options {
+  std::string arch = "resnet18";
+  int64_t width = 64;          // channels of the first stage (torchvision: 64)
+  bool imagenetStem = false;   // 7x7/2 + max-pool instead of the CIFAR stem (3x3, no pool)
+  int64_t epochs = 10;
+  int64_t batchSize = 128;     // per rank
+  int64_t accumSteps = 1;      // micro-batches per optimizer step
+  double lr = 0.1;             // for 256 samples per step; scaled linearly with the global batch
+  double momentum = 0.9;
+  double weightDecay = 5e-4;
+  int64_t warmupSteps = 100;
+  std::string dataDir = "cifar10";
+  int64_t synthetic = 0;       // > 0: write a synthetic set of this many training images first
+  std::string device = "auto";
+  uint64_t seed = 0;
+  int64_t evalEvery = 0;       // steps; 0: at the end of every epoch
+  int64_t logEvery = 20;       // steps per progress line
+  int64_t threads = 0;         // intra-op threads per rank; 0: OMP_NUM_THREADS (launch sets it)
+  std::string metricsFile;
+  int metricsPort = -1;        // -1: no endpoint; 0: a free port
+};
+
+[[noreturn]] void usageError(const std::string& message) {
+  std::fprintf(stderr, "train_resnet: %s (see --help)\n", message.c_str());
+  std::exit(2);
+}
+
+// Reads flag `name` as a number in [min, max]; a bad value is a usage error naming the flag.
+template <typename T>
+T number(const cxxopts::ParseResult& r, const std::string& name, double min, double max) {
+  const std::string text = r[name].as<std::string>();
+  char* end = nullptr;
+  errno = 0;
+  const double value = std::strtod(text.c_str(), &end);
+  const bool integral = std::is_integral_v<T>;
+  if (text.empty() || *end != '\0' || errno != 0 || value < min || value > max ||
+      (integral && value != std::floor(value))) {
+    usageError("--" + name + " must be " + (integral ? "an integer" : "a number") + " in [" +
+               fmt::format("{}", min) + ", " + fmt::format("{}", max) + "], got '" + text + "'");
+  }
+  return static_cast<T>(value);
+}
+
+Options parseOptions(int argc, char** argv) {
+  Options o;
+  cxxopts::Options spec("train_resnet", "Train a ResNet on CIFAR-10 with dtrain (run it under launch).");
+  auto str = [](const auto& v) { return cxxopts::value<std::string>()->default_value(fmt::format("{}", v)); };
+  spec.add_options()
+      ("arch", "resnet18 | resnet34 | resnet50 | resnet101", str(o.arch))
+      ("width", "channels of the first stage (torchvision: 64)", str(o.width))
+      ("imagenet-stem", "7x7/2 convolution + max-pool stem instead of CIFAR's 3x3")
+      ("epochs", "passes over the training set", str(o.epochs))
+      ("batch-size", "samples per rank per micro-batch", str(o.batchSize))
+      ("accum-steps", "micro-batches per optimizer step (gradient accumulation)", str(o.accumSteps))
+      ("lr", "peak learning rate for 256 samples per step (scaled with the global batch)", str(o.lr))
+      ("momentum", "SGD momentum", str(o.momentum))
+      ("weight-decay", "SGD weight decay", str(o.weightDecay))
+      ("warmup-steps", "linear warm-up steps before the cosine decay", str(o.warmupSteps))
+      ("data-dir", "CIFAR-10 binary files (data_batch_1..5.bin, test_batch.bin)", str(o.dataDir))
+      ("synthetic", "write a synthetic set of N training images (N/5 test) into --data-dir first", str(o.synthetic))
+      ("device", "auto | cpu | cuda", str(o.device))
+      ("seed", "model, sampler and augmentation seed", str(o.seed))
+      ("eval-every", "test accuracy every N steps (0: after every epoch)", str(o.evalEvery))
+      ("log-every", "steps per progress line", str(o.logEvery))
+      ("threads", "intra-op threads per rank (0: OMP_NUM_THREADS, which launch sets)", str(o.threads))
+      ("metrics-file", "append a JSON record per step to this file (rank 0)", str(""))
+      ("metrics-port", "serve Prometheus metrics on this port (rank 0; 0: a free port)", str(""))
+      ("h,help", "print this help");
+  cxxopts::ParseResult r;
+  try {
+    r = spec.parse(argc, argv);
+  } catch (const cxxopts::exceptions::exception& e) {
+    usageError(e.what());
+  }
+  if (r.count("help")) {
+    std::fputs(spec.help().c_str(), stdout);
+    std::exit(0);
+  }
+  if (!r.unmatched().empty()) usageError("unexpected argument '" + r.unmatched()[0] + "'");
+  o.arch = r["arch"].as<std::string>();
+  const auto& archs = examples::resnetArchs();
+  if (std::find(archs.begin(), archs.end(), o.arch) == archs.end()) {
+    usageError("--arch must be one of resnet18, resnet34, resnet50, resnet101, got '" + o.arch + "'");
+  }
+  o.width = number<int64_t>(r, "width", 1, 4096);
+  o.imagenetStem = r.count("imagenet-stem") > 0;
+  o.epochs = number<int64_t>(r, "epochs", 1, 1e6);
+  o.batchSize = number<int64_t>(r, "batch-size", 1, 1e6);
+  o.accumSteps = number<int64_t>(r, "accum-steps", 1, 1e4);
+  o.lr = number<double>(r, "lr", 0, 1e3);
+  o.momentum = number<double>(r, "momentum", 0, 1);
+  o.weightDecay = number<double>(r, "weight-decay", 0, 1);
+  o.warmupSteps = number<int64_t>(r, "warmup-steps", 0, 1e9);
+  o.dataDir = r["data-dir"].as<std::string>();
+  o.synthetic = number<int64_t>(r, "synthetic", 0, 1e7);
+  o.device = r["device"].as<std::string>();
+  if (o.device != "auto" && o.device != "cpu" && o.device != "cuda") {
+    usageError("--device must be auto, cpu or cuda, got '" + o.device + "'");
+  }
+  o.seed = number<uint64_t>(r, "seed", 0, 1e15);
+  o.evalEvery = number<int64_t>(r, "eval-every", 0, 1e9);
+  o.logEvery = number<int64_t>(r, "log-every", 1, 1e9);
+  o.threads = number<int64_t>(r, "threads", 0, 1024);
+  o.metricsFile = r["metrics-file"].as<std::string>();
+  if (!r["metrics-port"].as<std::string>().empty()) o.metricsPort = number<int>(r, "metrics-port", 0, 65535);
+  return o;
+}
+
+// Warm-up + cosine: linear from ~0 to the peak over `warmup` steps, then half a cosine to 0.
+double learningRate(double peak, int64_t step, int64_t warmup, int64_t total) {
+  if (step < warmup) return peak * static_cast<double>(step + 1) / static_cast<double>(warmup);
+  const double progress = static_cast<double>(step - warmup) / static_cast<double>(std::max<int64_t>(1, total - warmup));
+  return 0.5 * peak * (1.0 + std::cos(M_PI * std::min(1.0, progress)));
+}
+
+std::string duration(double seconds) {
+  const auto s = static_cast<int64_t>(std::max(0.0, seconds) + 0.5);
+  return fmt::format("{}:{:02}:{:02}", s / 3600, s / 60 % 60, s % 60);
+}
+
+// Test accuracy over the whole test set: each rank evaluates every world-th image (no padding,
+// so no image counts twice), then the counts are summed across ranks.
+double evaluate(examples::ResNet& model, const examples::CifarSplit& test, dtrain::ProcessGroup& group,
+                const torch::Device& device, int64_t batchSize) {
+  torch::NoGradGuard noGrad;
+  model->eval();
+  std::vector<size_t> mine;
+  for (int64_t i = group.rank(); i < test.size(); i += group.size()) mine.push_back(static_cast<size_t>(i));
+  examples::LoaderOptions options;
+  options.batchSize = batchSize;
+  options.augment = false;
+  examples::BatchLoader loader(test, std::move(mine), options);
+  torch::Tensor counts = torch::zeros({2}, torch::kDouble);  // correct, seen
+  while (auto batch = loader.next()) {
+    torch::Tensor predicted = model->forward(batch->images.to(device)).argmax(1).cpu();
+    counts[0] += (predicted == batch->labels).sum().item<int64_t>();
+    counts[1] += batch->labels.size(0);
+  }
+  model->train();
+  if (device.is_cuda()) counts = counts.to(device);
+  group.allreduce(counts);
+  counts = counts.cpu();
+  return counts[0].item<double>() / std::max(1.0, counts[1].item<double>());
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const Options opt = parseOptions(argc, argv);
+  try {
+    if (opt.threads > 0) torch::set_num_threads(static_cast<int>(opt.threads));
+
+    // -------------------------------------------------------------------------------------------
+    // 2. Join the job. Rank, world size and the store come from `launch`'s environment; the
+    //    backend is NCCL on GPUs (cuda:LOCAL_RANK) and Gloo on the CPU.
+    // -------------------------------------------------------------------------------------------
+    dtrain::InitOptions init;
+    if (opt.device == "cpu") init.backend = "gloo";
+    if (opt.device == "cuda") init.backend = "nccl";
+    auto group = dtrain::init(init);
+    const int rank = group->rank(), world = group->size();
+    const bool leader = rank == 0;
+    const torch::Device device = group->device();
+
+    // -------------------------------------------------------------------------------------------
+    // 3. Data. Every rank reads the whole set (CIFAR-10 is small); the DistributedSampler gives
+    //    each rank its own shard of every epoch, and a BatchLoader thread turns the shard into
+    //    augmented, normalised batches ahead of the training loop.
+    // -------------------------------------------------------------------------------------------
+    if (opt.synthetic > 0) {
+      // One writer per node (each node may have its own disk); the set is deterministic.
+      if (group->localRank() == 0) {
+        examples::writeSyntheticCifar10(opt.dataDir, opt.synthetic, std::max<int64_t>(10, opt.synthetic / 5),
+                                        opt.seed);
+      }
+      group->barrier();
+    }
+    const examples::CifarSplit train = examples::readCifar10(opt.dataDir, /*train=*/true);
+    const examples::CifarSplit test = examples::readCifar10(opt.dataDir, /*train=*/false);
+    dtrain::SamplerOptions samplerOptions;
+    samplerOptions.seed = opt.seed;
+    dtrain::DistributedSampler sampler(static_cast<size_t>(train.size()), rank, world, samplerOptions);
+
+    // Whole optimizer steps per epoch: the sampler gives every rank the same number of samples.
+    const int64_t samplesPerStep = opt.batchSize * opt.accumSteps;  // per rank
+    const int64_t stepsPerEpoch = static_cast<int64_t>(sampler.size()) / samplesPerStep;
+    if (stepsPerEpoch == 0) {
+      DTRAIN_THROW(dtrain::InvalidArgument,
+                   "{} training images give each of {} ranks {} samples, less than one step of {} "
+                   "(--batch-size x --accum-steps). HINT: a smaller batch or more data",
+                   train.size(), world, sampler.size(), samplesPerStep);
+    }
+    const int64_t totalSteps = opt.epochs * stepsPerEpoch;
+
+    // -------------------------------------------------------------------------------------------
+    // 4. Model and DDP. Every rank builds the same architecture; DDP's constructor copies rank
+    //    0's parameters and buffers to all, and from then on averages gradients during backward.
+    // -------------------------------------------------------------------------------------------
+    torch::manual_seed(opt.seed);
+    examples::ResNetOptions modelOptions;
+    modelOptions.arch = opt.arch;
+    modelOptions.numClasses = examples::kCifarClasses;
+    modelOptions.cifarStem = !opt.imagenetStem;
+    modelOptions.width = opt.width;
+    examples::ResNet model = examples::makeResNet(modelOptions);
+    model->to(device);
+    dtrain::DistributedDataParallel<examples::ResNet> ddp(model, group);
+
+    // -------------------------------------------------------------------------------------------
+    // 5. Optimizer and schedule. The peak learning rate scales with the global batch (the
+    //    "linear scaling rule"), so changing the number of ranks keeps the recipe.
+    // -------------------------------------------------------------------------------------------
+    const double peakLr = opt.lr * static_cast<double>(samplesPerStep * world) / 256.0;
+    torch::optim::SGD optimizer(ddp.parameters(), torch::optim::SGDOptions(peakLr)
+                                                      .momentum(opt.momentum)
+                                                      .weight_decay(opt.weightDecay));
+    auto setLr = [&](double lr) {
+      for (auto& g : optimizer.param_groups()) static_cast<torch::optim::SGDOptions&>(g.options()).lr(lr);
+    };
+    int64_t step = 0;  // optimizer steps done
+
+    // -------------------------------------------------------------------------------------------
+    // 6. Metrics (rank 0): a JSON line per step, and a Prometheus endpoint. The figures are rank
+    //    0's view: its batch's loss and accuracy, the job's samples/s, its share of time waiting
+    //    for gradient allreduces; the progress lines average over all ranks.
+    // -------------------------------------------------------------------------------------------
+    dtrain::metrics::Metrics metrics;
+    if (leader && !opt.metricsFile.empty()) metrics.addSink(dtrain::metrics::JsonlSink::open(opt.metricsFile));
+    if (leader && opt.metricsPort >= 0) {
+      auto endpoint = dtrain::metrics::PrometheusEndpoint::start({"0.0.0.0", static_cast<uint16_t>(opt.metricsPort)});
+      std::printf("metrics: http://%s:%u/metrics\n", metrics.node().c_str(), endpoint->port());
+      metrics.addSink(endpoint);
+    }
+
+    // -------------------------------------------------------------------------------------------
+    // 7. Train.
+    // -------------------------------------------------------------------------------------------
+    if (leader) {
+      std::printf("train_resnet: %s (%.2fM parameters), %d ranks x %lld samples per step on %s, "
+                  "%lld steps (%lld per epoch), peak lr %.4g\n",
+                  opt.arch.c_str(), examples::parameterCount(*model) / 1e6, world,
+                  static_cast<long long>(samplesPerStep), device.str().c_str(),
+                  static_cast<long long>(totalSteps), static_cast<long long>(stepsPerEpoch), peakLr);
+      std::fflush(stdout);
+    }
+    const bool terminal = leader && isatty(STDOUT_FILENO);
+    const auto started = Clock::now();
+    double testAccuracy = -1, bestAccuracy = -1;
+    int64_t bestStep = 0;
+    double lastLoss = NAN, lastAccuracy = NAN;
+
+    // Sums over the current progress interval, on every rank: loss x samples, correct, samples.
+    torch::Tensor interval = torch::zeros({3}, torch::kDouble);
+    auto intervalStart = Clock::now();
+    int64_t intervalSteps = 0;
+
+    auto runEval = [&] {
+      ddp.syncBuffers();  // every rank evaluates rank 0's BatchNorm statistics
+      testAccuracy = evaluate(model, test, *group, device, opt.batchSize);
+      if (testAccuracy > bestAccuracy) bestAccuracy = testAccuracy, bestStep = step;
+      metrics.record(step, {{"test_accuracy", testAccuracy}});
+      if (leader) {
+        std::printf("%seval step %lld: test accuracy %.2f%%\n", terminal ? "\n" : "",
+                    static_cast<long long>(step), 100 * testAccuracy);
+        std::fflush(stdout);
+      }
+    };
+
+    for (int64_t epoch = step / stepsPerEpoch; epoch < opt.epochs; ++epoch) {
+      sampler.setEpoch(epoch);
+      examples::LoaderOptions loaderOptions;
+      loaderOptions.batchSize = opt.batchSize;
+      loaderOptions.dropLast = true;
+      loaderOptions.seed = opt.seed;
+      loaderOptions.epoch = epoch;
+      examples::BatchLoader loader(train, sampler.indices(), loaderOptions);
+
+      for (int64_t inEpoch = 0; inEpoch < stepsPerEpoch; ++inEpoch) {
+        dtrain::fault::injectAt(rank, step);  // DTRAIN_FAULT: tests kill or stop a rank here
+        const auto stepStart = Clock::now();
+        setLr(learningRate(peakLr, step, opt.warmupSteps, totalSteps));
+        optimizer.zero_grad();
+
+        // Gradient accumulation: the first accumSteps - 1 micro-batches only accumulate into
+        // .grad (noSync: no communication); the last one's backward averages the sum across
+        // ranks. Each micro-batch's loss is divided by accumSteps, so the step sees the mean.
+        torch::Tensor stepLoss = torch::zeros({}, torch::kDouble), stepCorrect = torch::zeros({}, torch::kLong);
+        for (int64_t micro = 0; micro < opt.accumSteps; ++micro) {
+          auto batch = loader.next();
+          DTRAIN_CHECK(batch.has_value(), "loader ended early at micro-batch {} of step {}", micro, step);
+          torch::Tensor images = batch->images.to(device), labels = batch->labels.to(device);
+          auto forwardBackward = [&] {
+            torch::Tensor logits = ddp(images);
+            torch::Tensor loss = torch::nn::functional::cross_entropy(logits, labels);
+            (loss / static_cast<double>(opt.accumSteps)).backward();
+            stepLoss += loss.detach().to(torch::kCPU, torch::kDouble);
+            stepCorrect += (logits.argmax(1) == labels).sum().cpu();
+          };
+          if (micro + 1 < opt.accumSteps) {
+            auto noSync = ddp.noSync();
+            forwardBackward();
+          } else {
+            forwardBackward();
+          }
+        }
+        optimizer.step();
+        ++step;
+
+        // Bookkeeping: this step's figures, and the progress line at the end of an interval.
+        const double seconds = std::chrono::duration<double>(Clock::now() - stepStart).count();
+        lastLoss = stepLoss.item<double>() / static_cast<double>(opt.accumSteps);
+        lastAccuracy = stepCorrect.item<double>() / static_cast<double>(samplesPerStep);
+        interval[0] += lastLoss * static_cast<double>(samplesPerStep);
+        interval[1] += stepCorrect.item<double>();
+        interval[2] += static_cast<double>(samplesPerStep);
+        ++intervalSteps;
+        const double waited = std::chrono::duration<double>(ddp.lastIteration().waited).count();
+        metrics.record(step, {{"loss", lastLoss},
+                              {"accuracy", lastAccuracy},
+                              {"samples_per_s", static_cast<double>(samplesPerStep * world) / seconds},
+                              {"lr", learningRate(peakLr, step - 1, opt.warmupSteps, totalSteps)},
+                              {"allreduce_wait_share", waited / seconds},
+                              {"epoch", static_cast<double>(epoch)}});
+
+        if (step % opt.logEvery == 0 || step == totalSteps) {
+          group->allreduce(interval);  // sums over every rank
+          const double elapsed = std::chrono::duration<double>(Clock::now() - intervalStart).count();
+          const double samples = interval[2].item<double>();
+          if (leader) {
+            std::printf("%sepoch %lld/%lld  step %lld/%lld  loss %.4f  acc %5.1f%%  %.0f samples/s  eta %s%s",
+                        terminal ? "\r" : "", static_cast<long long>(epoch + 1),
+                        static_cast<long long>(opt.epochs), static_cast<long long>(step),
+                        static_cast<long long>(totalSteps), interval[0].item<double>() / samples,
+                        100 * interval[1].item<double>() / samples, samples / elapsed,
+                        duration(elapsed / static_cast<double>(intervalSteps) * static_cast<double>(totalSteps - step)).c_str(),
+                        terminal ? "" : "\n");
+            std::fflush(stdout);
+          }
+          interval.zero_();
+          intervalSteps = 0;
+          intervalStart = Clock::now();
+        }
+        if (opt.evalEvery > 0 && step % opt.evalEvery == 0) runEval();
+      }
+      if (opt.evalEvery == 0) runEval();
+    }
+
+    // -------------------------------------------------------------------------------------------
+    // 8. Summary. Every rank ends with the same parameters (DDP); rank 0 reports.
+    // -------------------------------------------------------------------------------------------
+    if (testAccuracy < 0) runEval();
+    const double total = std::chrono::duration<double>(Clock::now() - started).count();
+    if (leader) {
+      std::printf("%sdone: %lld steps in %s (%.0f samples/s); last step loss %.4f, accuracy "
+                  "%.1f%%; test accuracy %.2f%% (best %.2f%% at step %lld)\n",
+                  terminal ? "\n" : "", static_cast<long long>(step), duration(total).c_str(),
+                  static_cast<double>(step * samplesPerStep * world) / total, lastLoss,
+                  100 * lastAccuracy, 100 * testAccuracy, 100 * bestAccuracy,
+                  static_cast<long long>(bestStep));
+      if (!opt.metricsFile.empty()) std::printf("metrics: %s\n", opt.metricsFile.c_str());
+    }
+    group->shutdown();
+    return 0;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "train_resnet: %s\n", e.what());
+    return 1;
+  }
+}
