@@ -2,7 +2,7 @@
 // data-parallel over every rank (DDP), a background data loader, a warm-up + cosine learning-rate
 // schedule, gradient accumulation, evaluation, progress lines and metrics.
 //
-//   launch --nproc-per-node 2 ./train_resnet --arch resnet18 --data-dir cifar \
+//   launch --nproc-per-node 2 ./train_resnet --arch resnet18 --data-dir cifar
 //          --synthetic 10000 --epochs 5 --metrics-file metrics.jsonl
 //
 // Read it top to bottom:
@@ -45,7 +45,7 @@ struct Options {
   int64_t epochs = 10;
   int64_t batchSize = 128;     // per rank
   int64_t accumSteps = 1;      // micro-batches per optimizer step
-  double lr = 0.1;             // for 256 samples per step; scaled linearly with the global batch
+  double lr = 0.2;             // for 256 samples per step; scaled linearly with the global batch
   double momentum = 0.9;
   double weightDecay = 5e-4;
   int64_t warmupSteps = 100;
@@ -84,6 +84,7 @@ T number(const cxxopts::ParseResult& r, const std::string& name, double min, dou
 Options parseOptions(int argc, char** argv) {
   Options o;
   cxxopts::Options spec("train_resnet", "Train a ResNet on CIFAR-10 with dtrain (run it under launch).");
+  spec.set_width(120);  // one line per flag
   auto str = [](const auto& v) { return cxxopts::value<std::string>()->default_value(fmt::format("{}", v)); };
   spec.add_options()
       ("arch", "resnet18 | resnet34 | resnet50 | resnet101", str(o.arch))
@@ -103,8 +104,8 @@ Options parseOptions(int argc, char** argv) {
       ("eval-every", "test accuracy every N steps (0: after every epoch)", str(o.evalEvery))
       ("log-every", "steps per progress line", str(o.logEvery))
       ("threads", "intra-op threads per rank (0: OMP_NUM_THREADS, which launch sets)", str(o.threads))
-      ("metrics-file", "append a JSON record per step to this file (rank 0)", str(""))
-      ("metrics-port", "serve Prometheus metrics on this port (rank 0; 0: a free port)", str(""))
+      ("metrics-file", "append a JSON record per step to this file (rank 0; default: none)", cxxopts::value<std::string>())
+      ("metrics-port", "serve Prometheus metrics on this port (rank 0; 0: a free port; default: none)", cxxopts::value<std::string>())
       ("h,help", "print this help");
   cxxopts::ParseResult r;
   try {
@@ -141,8 +142,8 @@ Options parseOptions(int argc, char** argv) {
   o.evalEvery = number<int64_t>(r, "eval-every", 0, 1e9);
   o.logEvery = number<int64_t>(r, "log-every", 1, 1e9);
   o.threads = number<int64_t>(r, "threads", 0, 1024);
-  o.metricsFile = r["metrics-file"].as<std::string>();
-  if (!r["metrics-port"].as<std::string>().empty()) o.metricsPort = number<int>(r, "metrics-port", 0, 65535);
+  if (r.count("metrics-file")) o.metricsFile = r["metrics-file"].as<std::string>();
+  if (r.count("metrics-port")) o.metricsPort = number<int>(r, "metrics-port", 0, 65535);
   return o;
 }
 
@@ -286,7 +287,7 @@ int main(int argc, char** argv) {
     const bool terminal = leader && isatty(STDOUT_FILENO);
     const auto started = Clock::now();
     double testAccuracy = -1, bestAccuracy = -1;
-    int64_t bestStep = 0;
+    int64_t bestStep = 0, evaluatedAt = -1;
     double lastLoss = NAN, lastAccuracy = NAN;
 
     // Sums over the current progress interval, on every rank: loss x samples, correct, samples.
@@ -297,6 +298,7 @@ int main(int argc, char** argv) {
     auto runEval = [&] {
       ddp.syncBuffers();  // every rank evaluates rank 0's BatchNorm statistics
       testAccuracy = evaluate(model, test, *group, device, opt.batchSize);
+      evaluatedAt = step;
       if (testAccuracy > bestAccuracy) bestAccuracy = testAccuracy, bestStep = step;
       metrics.record(step, {{"test_accuracy", testAccuracy}});
       if (leader) {
@@ -388,7 +390,11 @@ int main(int argc, char** argv) {
     // -------------------------------------------------------------------------------------------
     // 8. Summary. Every rank ends with the same parameters (DDP); rank 0 reports.
     // -------------------------------------------------------------------------------------------
-    if (testAccuracy < 0) runEval();
+    if (evaluatedAt != step) runEval();
+    // Each rank prints a fingerprint of its parameters and buffers: equal lines show that DDP kept
+    // the ranks bitwise in step (evaluation synchronised the BatchNorm statistics).
+    std::printf("fingerprint of rank %d's model: %016llx\n", rank,
+                static_cast<unsigned long long>(examples::fingerprint(*model)));
     const double total = std::chrono::duration<double>(Clock::now() - started).count();
     if (leader) {
       std::printf("%sdone: %lld steps in %s (%.0f samples/s); last step loss %.4f, accuracy "

@@ -81,7 +81,7 @@ void writeCifar10File(const std::string& path, const CifarSplit& split) {
   DTRAIN_CHECK_ARG(split.images.dtype() == at::kByte &&
                        split.images.sizes() == at::IntArrayRef({n, 3, kCifarSide, kCifarSide}),
                    "{}: images must be uint8 [{}, 3, 32, 32], got {} {}", path, n,
-                   split.images.dtype().name(), split.images.sizes());
+                   std::string(split.images.dtype().name()), c10::str(split.images.sizes()));
   at::Tensor records = at::cat({split.labels.to(at::kByte).unsqueeze(1),
                                 split.images.reshape({n, kCifarImageBytes})},
                                1)

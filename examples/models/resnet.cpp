@@ -129,7 +129,10 @@ torch::Tensor ResNetImpl::forward(torch::Tensor x) {
   if (!options.cifarStem) {
     x = F::max_pool2d(x, F::MaxPool2dFuncOptions(3).stride(2).padding(1));
   }
-  x = layer4(layer3(layer2(layer1(x))));
+  x = layer1->forward(x);
+  x = layer2->forward(x);
+  x = layer3->forward(x);
+  x = layer4->forward(x);
   x = F::adaptive_avg_pool2d(x, F::AdaptiveAvgPool2dFuncOptions(1)).flatten(1);
   return fc(x);
 }
@@ -140,6 +143,20 @@ int64_t parameterCount(const torch::nn::Module& module) {
   int64_t n = 0;
   for (const auto& p : module.parameters()) n += p.numel();
   return n;
+}
+
+uint64_t fingerprint(const torch::nn::Module& module) {
+  uint64_t hash = 0xcbf29ce484222325ULL;
+  auto absorb = [&](const torch::Tensor& t) {
+    torch::Tensor c = t.detach().cpu().contiguous();
+    const auto* p = static_cast<const uint8_t*>(c.data_ptr());
+    for (size_t i = 0, n = c.numel() * c.element_size(); i < n; ++i) {
+      hash = (hash ^ p[i]) * 0x100000001b3ULL;
+    }
+  };
+  for (const auto& p : module.parameters()) absorb(p);
+  for (const auto& b : module.buffers()) absorb(b);
+  return hash;
 }
 
 }  // namespace examples

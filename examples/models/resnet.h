@@ -79,4 +79,8 @@ ResNet makeResNet(const ResNetOptions& options);
 // Number of parameter elements (not buffers).
 int64_t parameterCount(const torch::nn::Module& module);
 
+// FNV-1a over the bytes of every parameter and buffer, in order: equal fingerprints on two ranks
+// mean bitwise-equal models (up to a 2^-64 chance).
+uint64_t fingerprint(const torch::nn::Module& module);
+
 }  // namespace examples

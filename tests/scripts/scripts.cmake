@@ -9,3 +9,18 @@ if(TARGET train_linear)
            COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/tests/scripts/train_linear_test.sh ${CMAKE_BINARY_DIR})
   set_tests_properties(examples.train_linear PROPERTIES LABELS e2e TIMEOUT 120)
 endif()
+
+if(TARGET train_resnet)
+  # One CTest test per part, so they run in parallel (tests/scripts/train_resnet_test.py).
+  foreach(part train usage data)
+    add_test(NAME examples.train_resnet.${part}
+             COMMAND /usr/bin/python3 ${CMAKE_CURRENT_SOURCE_DIR}/tests/scripts/train_resnet_test.py
+                     ${CMAKE_BINARY_DIR} ${part})
+    set_tests_properties(examples.train_resnet.${part} PROPERTIES LABELS e2e TIMEOUT 300)
+  endforeach()
+endif()
+
+add_test(NAME scripts.plot_metrics
+         COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/tests/scripts/plot_metrics_test.sh
+                 ${CMAKE_CURRENT_SOURCE_DIR})
+set_tests_properties(scripts.plot_metrics PROPERTIES LABELS unit TIMEOUT 60)

@@ -21,8 +21,6 @@
 namespace dtrain::metrics {
 namespace {
 
-using nlohmann::json;
-
 // The schema's own keys, which no field may shadow.
 const std::set<std::string>& reservedKeys() {
   static const std::set<std::string> kKeys = {"time", "source", "run_id", "node",
@@ -95,6 +93,8 @@ std::string toJsonLine(const Record& record) {
 }
 
 Record parseJsonLine(const std::string& line) {
+  // ordered_json: fields come back in the order they were written.
+  using json = nlohmann::ordered_json;
   json j = json::parse(line, nullptr, /*allow_exceptions=*/false);
   DTRAIN_CHECK_ARG(j.is_object(), "a metrics record must be one JSON object, got: {:.80}", line);
   auto need = [&](const char* key, bool (json::*is)() const noexcept, const char* what) {

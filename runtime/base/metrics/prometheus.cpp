@@ -11,6 +11,7 @@
 #include <tuple>
 
 #include <httplib.h>
+#include <sys/socket.h>
 
 #include "dtrain/error.h"
 #include "dtrain/metrics.h"
@@ -96,6 +97,13 @@ std::shared_ptr<PrometheusEndpoint> PrometheusEndpoint::start(const PrometheusOp
   // connection open must not keep another from being answered.
   impl->server.new_task_queue = [] { return new httplib::ThreadPool(2); };
   impl->server.set_keep_alive_max_count(1);
+  // httplib's default is SO_REUSEPORT, which lets a second process bind the same port and take
+  // half the scrapes; SO_REUSEADDR alone makes a busy port an error and still allows a quick
+  // restart.
+  impl->server.set_socket_options([](int sock) {
+    int yes = 1;
+    ::setsockopt(sock, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof(yes));
+  });
   impl->server.Get("/metrics", [raw](const httplib::Request&, httplib::Response& res) {
     std::string body;
     {
