@@ -24,3 +24,10 @@ add_test(NAME scripts.plot_metrics
          COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/tests/scripts/plot_metrics_test.sh
                  ${CMAKE_CURRENT_SOURCE_DIR})
 set_tests_properties(scripts.plot_metrics PROPERTIES LABELS unit TIMEOUT 60)
+
+# The repository's own design documents: no citation of a document outside the repository, every
+# cited section and row of docs/design.md / docs/reliability.md exists, every test a row names too.
+add_test(NAME docs.references
+         COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/tests/scripts/docs_references_test.sh
+                 ${CMAKE_CURRENT_SOURCE_DIR})
+set_tests_properties(docs.references PROPERTIES LABELS unit TIMEOUT 60)
