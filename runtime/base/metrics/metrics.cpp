@@ -73,7 +73,7 @@ double unixSeconds() {
 
 std::string toJsonLine(const Record& record) {
   checkFields(record.fields);
-  // ordered_json keeps the schema's keys first, in the order DESIGN lists them.
+  // ordered_json keeps the schema's keys first, in the order docs/design.md lists them.
   nlohmann::ordered_json j;
   j["time"] = record.time;
   j["source"] = record.source;
