@@ -45,6 +45,7 @@ struct Options {
   int64_t epochs = 10;
   int64_t batchSize = 128;     // per rank
   int64_t accumSteps = 1;      // micro-batches per optimizer step
+  bool amp = false;            // mixed precision: bfloat16 autocast on the CPU, float16 on CUDA
   double lr = 0.2;             // for 256 samples per step; scaled linearly with the global batch
   double momentum = 0.9;
   double weightDecay = 5e-4;
@@ -93,6 +94,7 @@ Options parseOptions(int argc, char** argv) {
       ("epochs", "passes over the training set", str(o.epochs))
       ("batch-size", "samples per rank per micro-batch", str(o.batchSize))
       ("accum-steps", "micro-batches per optimizer step (gradient accumulation)", str(o.accumSteps))
+      ("amp", "mixed precision: bfloat16 autocast on the CPU; float16 autocast + loss scaling on CUDA")
       ("lr", "peak learning rate for 256 samples per step (scaled with the global batch)", str(o.lr))
       ("momentum", "SGD momentum", str(o.momentum))
       ("weight-decay", "SGD weight decay", str(o.weightDecay))
@@ -128,6 +130,7 @@ Options parseOptions(int argc, char** argv) {
   o.epochs = number<int64_t>(r, "epochs", 1, 1e6);
   o.batchSize = number<int64_t>(r, "batch-size", 1, 1e6);
   o.accumSteps = number<int64_t>(r, "accum-steps", 1, 1e4);
+  o.amp = r.count("amp") > 0;
   o.lr = number<double>(r, "lr", 0, 1e3);
   o.momentum = number<double>(r, "momentum", 0, 1);
   o.weightDecay = number<double>(r, "weight-decay", 0, 1);
@@ -277,10 +280,11 @@ int main(int argc, char** argv) {
     // 7. Train.
     // -------------------------------------------------------------------------------------------
     if (leader) {
-      std::printf("train_resnet: %s (%.2fM parameters), %d ranks x %lld samples per step on %s, "
+      std::printf("train_resnet: %s (%.2fM parameters), %d ranks x %lld samples per step on %s%s, "
                   "%lld steps (%lld per epoch), peak lr %.4g\n",
                   opt.arch.c_str(), examples::parameterCount(*model) / 1e6, world,
                   static_cast<long long>(samplesPerStep), device.str().c_str(),
+                  opt.amp ? (device.is_cuda() ? " (amp: float16)" : " (amp: bfloat16)") : "",
                   static_cast<long long>(totalSteps), static_cast<long long>(stepsPerEpoch), peakLr);
       std::fflush(stdout);
     }
@@ -332,8 +336,14 @@ int main(int argc, char** argv) {
           DTRAIN_CHECK(batch.has_value(), "loader ended early at micro-batch {} of step {}", micro, step);
           torch::Tensor images = batch->images.to(device), labels = batch->labels.to(device);
           auto forwardBackward = [&] {
-            torch::Tensor logits = ddp(images);
-            torch::Tensor loss = torch::nn::functional::cross_entropy(logits, labels);
+            // Mixed precision: the forward and the loss under autocast (bfloat16 on the CPU,
+            // float16 on CUDA); backward outside it, as in PyTorch.
+            torch::Tensor logits, loss;
+            {
+              dtrain::AutocastGuard autocast(device, opt.amp);
+              logits = ddp(images);
+              loss = torch::nn::functional::cross_entropy(logits, labels);
+            }
             (loss / static_cast<double>(opt.accumSteps)).backward();
             stepLoss += loss.detach().to(torch::kCPU, torch::kDouble);
             stepCorrect += (logits.argmax(1) == labels).sum().cpu();

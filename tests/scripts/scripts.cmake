@@ -12,7 +12,7 @@ endif()
 
 if(TARGET train_resnet)
   # One CTest test per part, so they run in parallel (tests/scripts/train_resnet_test.py).
-  foreach(part train usage data)
+  foreach(part train amp usage data)
     add_test(NAME examples.train_resnet.${part}
              COMMAND /usr/bin/python3 ${CMAKE_CURRENT_SOURCE_DIR}/tests/scripts/train_resnet_test.py
                      ${CMAKE_BINARY_DIR} ${part})

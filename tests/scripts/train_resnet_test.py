@@ -4,7 +4,8 @@ CIFAR-10 of 1,200 images): the loss falls, the ranks end bitwise equal, the metr
 record per step in the schema, the Prometheus endpoint answers a scrape mid-run (parsed, not
 grepped), and bad input exits with one clear message.
 
-Usage: train_resnet_test.py <build-dir> [test ...]   (tests: train, usage, data; default all)
+Usage: train_resnet_test.py <build-dir> [test ...]   (tests: train, amp, usage, data; default
+all)
 """
 import json
 import math
@@ -109,6 +110,24 @@ def step_records(path):
     return records
 
 
+def check_training(run):
+    """The loss fell below 70% of the first interval's, the ranks ended bitwise equal, and the
+    summary came; returns the number of steps."""
+    total = int(run.wait_for(r"step \d+/(\d+)", 1).group(1))
+    losses = [float(m.group(1)) for line in run.lines
+              for m in [re.search(r"epoch \d+/\d+  step \d+/\d+  loss ([0-9.]+)", line)] if m]
+    if len(losses) < 3:
+        fail(f"expected at least 3 progress lines, got {len(losses)}")
+    if not losses[-1] < 0.7 * losses[0]:
+        fail(f"loss {losses[-1]} at the end is not below 70% of the first interval's {losses[0]}")
+    prints = {m.group(1): m.group(2) for line in run.lines
+              for m in [re.search(r"fingerprint of rank (\d)'s model: ([0-9a-f]{16})", line)] if m}
+    if sorted(prints) != ["0", "1"] or prints["0"] != prints["1"]:
+        fail(f"ranks do not agree bitwise: {prints}")
+    run.wait_for(r"done: \d+ steps .* test accuracy [0-9.]+%", 1)
+    return total
+
+
 def test_train():
     with tempfile.TemporaryDirectory() as tmp:
         metrics = os.path.join(tmp, "metrics.jsonl")
@@ -142,22 +161,9 @@ def test_train():
                 and 0 <= series["dtrain_allreduce_wait_share"] <= 1):
             fail(f"implausible values: {series}")
 
-        rc = run.finish()
-        if rc != 0:
-            fail(f"launch exited {rc}")
-        total = int(run.wait_for(r"step \d+/(\d+)", 1).group(1))
-        losses = [float(m.group(1)) for line in run.lines
-                  for m in [re.search(r"epoch \d+/3  step \d+/\d+  loss ([0-9.]+)", line)] if m]
-        if len(losses) < 3:
-            fail(f"expected a progress line every 6 steps, got {len(losses)}")
-        if not losses[-1] < 0.7 * losses[0]:
-            fail(f"loss {losses[-1]} at the end is not below 70% of the first interval's {losses[0]}")
-        prints = {m.group(1): m.group(2) for line in run.lines
-                  for m in [re.search(r"fingerprint of rank (\d)'s model: ([0-9a-f]{16})", line)] if m}
-        if sorted(prints) != ["0", "1"] or prints["0"] != prints["1"]:
-            fail(f"ranks do not agree bitwise: {prints}")
-        run.wait_for(r"done: \d+ steps .* test accuracy [0-9.]+%", 1)
-
+        if run.finish() != 0:
+            fail("launch failed")
+        total = check_training(run)
         records = step_records(metrics)
         steps = [r["step"] for r in records if "loss" in r]
         if steps != list(range(1, total + 1)):
@@ -173,6 +179,18 @@ def test_train():
         if len({r["run_id"] for r in records}) != 1:
             fail("records of one run carry several run ids")
     print("train: ok")
+
+
+def test_amp():
+    """--amp on the CPU (bfloat16 autocast) with gradient accumulation (noSync)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        run = Run(SMALL + ["--synthetic", "1200", "--data-dir", os.path.join(tmp, "data"),
+                           "--epochs", "3", "--log-every", "3", "--amp", "--accum-steps", "2"])
+        if run.finish() != 0:
+            fail("launch failed")
+        run.wait_for(r"2 ranks x 64 samples per step on cpu \(amp: bfloat16\)", 1)
+        check_training(run)
+    print("amp: ok")
 
 
 def expect_exit(args, rc_expected, pattern):
@@ -224,7 +242,7 @@ def test_data():
     print("data: ok")
 
 
-TESTS = {"train": test_train, "usage": test_usage, "data": test_data}
+TESTS = {"train": test_train, "amp": test_amp, "usage": test_usage, "data": test_data}
 
 if __name__ == "__main__":
     for name in sys.argv[2:] or list(TESTS):
