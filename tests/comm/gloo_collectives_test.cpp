@@ -230,6 +230,26 @@ TEST(GlooCollectives, ValidatesArgumentsBeforeQueueing) {
   EXPECT_EQ(world[0]->sequenceNumber(), 0u) << "rejected calls take no sequence number";
 }
 
+TEST(GlooCollectives, ZeroTimeoutsAreTheDefaults) {
+  // Note [Zero timeouts]: a zero collective or connect timeout is the default one (it was refused
+  // as "must be positive"); a negative one, per call or per wait, is an InvalidArgument.
+  auto world = makeGlooWorld(2, [](GlooOptions& o) {
+    o.timeout = Millis(0);
+    o.connectTimeout = Millis(0);
+  });
+  runRanks(2, [&](int r) {
+    int32_t v = r + 1;
+    world[r]->allreduce(&v, 1, DataType::Int32, ReduceOp::Sum);
+    EXPECT_EQ(v, 3);
+  });
+  int32_t v = 0;
+  CallOptions negative;
+  negative.timeout = Millis(-1);
+  EXPECT_THROW(world[0]->allreduceAsync(&v, 1, DataType::Int32, ReduceOp::Sum, negative),
+               InvalidArgument);
+  EXPECT_EQ(world[0]->sequenceNumber(), 1u) << "a refused call takes no sequence number";
+}
+
 TEST(GlooCollectives, ShutdownIsIdempotentAndLaterCallsFail) {
   auto world = makeGlooWorld(2);
   runRanks(2, [&](int r) {

@@ -31,7 +31,8 @@ struct DdpOptions {
   // out of the buckets, and the memory of the separate .grad tensors.
   bool gradientAsBucketView = false;
   GradientCompression compression = GradientCompression::None;
-  // Deadline of every collective DDP waits for; zero: the communicator's.
+  // Deadline of every collective DDP waits for; zero: the communicator's (Note [Zero timeouts] in
+  // dtrain/timeout.h).
   comm::Millis timeout = comm::Millis::zero();
 };
 
