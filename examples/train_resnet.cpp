@@ -223,7 +223,7 @@ int main(int argc, char** argv) {
     const examples::CifarSplit test = examples::readCifar10(opt.dataDir, /*train=*/false);
     dtrain::SamplerOptions samplerOptions;
     samplerOptions.seed = opt.seed;
-    dtrain::DistributedSampler sampler(static_cast<size_t>(train.size()), rank, world, samplerOptions);
+    dtrain::DistributedSampler sampler(static_cast<size_t>(train.size()), world, rank, samplerOptions);
 
     // Whole optimizer steps per epoch: the sampler gives every rank the same number of samples.
     const int64_t samplesPerStep = opt.batchSize * opt.accumSteps;  // per rank

@@ -20,8 +20,8 @@ namespace dtrain::bench {
 // Batches forever: a new epoch (sampler epoch, loader) whenever one ends, as a training loop does.
 class EpochBatches {
  public:
-  EpochBatches(examples::CifarSplit data, int rank, int world, int batch)
-      : data_(std::move(data)), sampler_(static_cast<size_t>(data_.size()), rank, world) {
+  EpochBatches(examples::CifarSplit data, int world, int rank, int batch)
+      : data_(std::move(data)), sampler_(static_cast<size_t>(data_.size()), world, rank) {
     options_.batchSize = batch;
     options_.dropLast = true;
     start();
@@ -71,7 +71,7 @@ int runTrainWorker(const TrainConfig& config) {
   torch::Tensor fixedImages, fixedLabels;
   if (cifar) {
     batches = std::make_unique<EpochBatches>(examples::readCifar10(config.data, true),
-                                             group->rank(), group->size(), config.batch);
+                                             group->size(), group->rank(), config.batch);
   } else {
     torch::manual_seed(static_cast<uint64_t>(group->rank()) + 1);
     fixedImages = torch::randn({config.batch, 3, 224, 224});

@@ -33,7 +33,7 @@ torch::Tensor normalised(const torch::Tensor& bytes, const Normalization& norm) 
 
 TEST(BatchLoader, KeepsTheSamplersOrderAcrossBatchesAndEpochs) {
   CifarSplit data = indexed(103);
-  dtrain::DistributedSampler sampler(103, /*rank=*/1, /*worldSize=*/2);
+  dtrain::DistributedSampler sampler(103, /*numReplicas=*/2, /*rank=*/1);
   LoaderOptions options;
   options.batchSize = 7;
   options.prefetch = 2;
@@ -62,10 +62,10 @@ TEST(BatchLoader, KeepsTheSamplersOrderAcrossBatchesAndEpochs) {
 
 TEST(BatchLoader, DropLastAndAResumedPosition) {
   CifarSplit data = indexed(40);
-  dtrain::DistributedSampler sampler(40, 0, 2);
+  dtrain::DistributedSampler sampler(40, 2, 0);
   sampler.setEpoch(1);
   dtrain::SamplerState resumed = sampler.state(/*consumed=*/6);  // 6 of 20 done: 12 of 40 overall
-  dtrain::DistributedSampler again(40, 0, 2);
+  dtrain::DistributedSampler again(40, 2, 0);
   again.loadState(resumed);
   LoaderOptions options;
   options.batchSize = 4;
