@@ -104,7 +104,7 @@ namespace {
 // Gratings per class pattern, and the image statistics around them.
 constexpr int64_t kGratings = 3;
 constexpr double kContrast = 55.0;  // grating amplitude, in pixel levels
-constexpr double kNoise = 40.0;     // per-pixel Gaussian noise, in pixel levels
+constexpr double kNoise = 70.0;     // per-pixel Gaussian noise, in pixel levels
 
 struct ClassPatterns {
   at::Tensor angle;   // [classes, gratings]
@@ -138,7 +138,7 @@ CifarSplit drawImages(const ClassPatterns& p, int64_t n, at::Generator& gen) {
         at::sin(2 * M_PI * freq * (x * at::cos(angle) + y * at::sin(angle)) + phase);
     // [m, gratings, 32, 32] x [m, gratings, 3] -> [m, 3, 32, 32]
     at::Tensor pattern = at::einsum("mgyx,mgc->mcyx", {waves, p.colour.index_select(0, c)});
-    at::Tensor contrast = 0.5 + at::rand({m, 1, 1, 1}, gen, at::kDouble);
+    at::Tensor contrast = 0.3 + at::rand({m, 1, 1, 1}, gen, at::kDouble);
     at::Tensor brightness = (at::rand({m, 1, 1, 1}, gen, at::kDouble) - 0.5) * 60.0;
     at::Tensor noise = at::randn({m, 3, kCifarSide, kCifarSide}, gen, at::kDouble) * kNoise;
     at::Tensor pixels = 128.0 + brightness + contrast * kContrast * pattern + noise;

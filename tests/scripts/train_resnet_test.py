@@ -21,7 +21,7 @@ import urllib.request
 BUILD = os.path.abspath(sys.argv[1])
 LAUNCH = os.path.join(BUILD, "launch")
 TRAINER = os.path.join(BUILD, "train_resnet")
-SMALL = ["--arch", "resnet18", "--width", "8", "--batch-size", "32", "--warmup-steps", "5", "--lr", "0.8",
+SMALL = ["--arch", "resnet18", "--width", "8", "--batch-size", "16", "--warmup-steps", "5", "--lr", "0.8",
          "--threads", "1"]
 
 
@@ -134,7 +134,7 @@ def test_train():
         # Rank 0 pauses 3 s before step 12 (DTRAIN_FAULT slow), so the scrape below sees a
         # known step.
         run = Run(SMALL + ["--synthetic", "1200", "--data-dir", os.path.join(tmp, "data"),
-                           "--epochs", "3", "--log-every", "6", "--metrics-file", metrics,
+                           "--epochs", "3", "--log-every", "12", "--metrics-file", metrics,
                            "--metrics-port", "0"],
                   env={"DTRAIN_FAULT": "slow:3000@rank=0,step=12"})
         port = int(run.wait_for(r"metrics: http://[^:]+:(\d+)/metrics", 120).group(1))
@@ -185,10 +185,11 @@ def test_amp():
     """--amp on the CPU (bfloat16 autocast) with gradient accumulation (noSync)."""
     with tempfile.TemporaryDirectory() as tmp:
         run = Run(SMALL + ["--synthetic", "1200", "--data-dir", os.path.join(tmp, "data"),
-                           "--epochs", "3", "--log-every", "3", "--amp", "--accum-steps", "2"])
+                           "--epochs", "3", "--log-every", "12", "--amp", "--accum-steps", "2",
+                           "--batch-size", "8"])
         if run.finish() != 0:
             fail("launch failed")
-        run.wait_for(r"2 ranks x 64 samples per step on cpu \(amp: bfloat16\)", 1)
+        run.wait_for(r"2 ranks x 16 samples per step on cpu \(amp: bfloat16\)", 1)
         check_training(run)
     print("amp: ok")
 
