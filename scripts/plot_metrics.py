@@ -1,5 +1,5 @@
 #!/usr/bin/python3
-"""Plots dtrain metrics files (JSONL, one record a line: docs/design.md, "Metrics records") into
+"""Plots dtrain metrics files (JSONL, one record a line: docs/design.md#metrics) into
 one PNG: loss, accuracy and throughput against the training step, one line per run.
 
     scripts/plot_metrics.py metrics.jsonl                    # writes metrics.png beside it

@@ -11,13 +11,19 @@ if(TARGET train_linear)
 endif()
 
 if(TARGET train_resnet)
-  # One CTest test per part, so they run in parallel (tests/scripts/train_resnet_test.py).
-  foreach(part train amp usage data)
-    add_test(NAME examples.train_resnet.${part}
-             COMMAND /usr/bin/python3 ${CMAKE_CURRENT_SOURCE_DIR}/tests/scripts/train_resnet_test.py
-                     ${CMAKE_BINARY_DIR} ${part})
-    set_tests_properties(examples.train_resnet.${part} PROPERTIES LABELS e2e TIMEOUT 300)
-  endforeach()
+  # One CTest test per part of tests/scripts/train_resnet_test.py, so they run in parallel.
+  set(_train_resnet_test ${CMAKE_CURRENT_SOURCE_DIR}/tests/scripts/train_resnet_test.py)
+  add_test(NAME examples.train_resnet.train
+           COMMAND /usr/bin/python3 ${_train_resnet_test} ${CMAKE_BINARY_DIR} train)
+  add_test(NAME examples.train_resnet.amp
+           COMMAND /usr/bin/python3 ${_train_resnet_test} ${CMAKE_BINARY_DIR} amp)
+  add_test(NAME examples.train_resnet.usage
+           COMMAND /usr/bin/python3 ${_train_resnet_test} ${CMAKE_BINARY_DIR} usage)
+  add_test(NAME examples.train_resnet.data
+           COMMAND /usr/bin/python3 ${_train_resnet_test} ${CMAKE_BINARY_DIR} data)
+  set_tests_properties(examples.train_resnet.train examples.train_resnet.amp
+                       examples.train_resnet.usage examples.train_resnet.data
+                       PROPERTIES LABELS e2e TIMEOUT 300)
 endif()
 
 add_test(NAME scripts.plot_metrics

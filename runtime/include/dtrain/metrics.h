@@ -7,7 +7,7 @@
 //   metrics.addSink(dtrain::metrics::PrometheusEndpoint::start({/*host*/ "0.0.0.0", /*port*/ 9400}));
 //   metrics.record(step, {{"loss", 0.25}, {"samples_per_s", 812.0}});
 //
-// Record schema (docs/design.md, "Metrics records"): one JSON object a line with `time` (Unix
+// Record schema (docs/design.md#metrics): one JSON object a line with `time` (Unix
 // seconds), `source` ("trainer" | "launch"), `run_id`, `node`, `rank` (absent for node-wide
 // figures), `gpu` (GPU figures only), `step` (trainer records), then the named numeric fields.
 // A field that is not finite (a diverged loss) is written as null and read back as NaN.
