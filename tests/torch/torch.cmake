@@ -6,5 +6,5 @@ file(GLOB DTRAIN_TORCH_TEST_SOURCES CONFIGURE_DEPENDS
 if(DTRAIN_TORCH_TEST_SOURCES)
   dtrain_gtest(dtrain_torch_tests LABEL unit TORCH TIMEOUT 300
     SOURCES ${DTRAIN_TORCH_TEST_SOURCES}
-    LIBS dtrain)
+    LIBS dtrain dtrain_base_internal)
 endif()

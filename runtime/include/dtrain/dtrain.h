@@ -6,8 +6,10 @@
 
 #if DTRAIN_WITH_TORCH
 #include "dtrain/autocast.h"
+#include "dtrain/checkpoint.h"
 #include "dtrain/ddp.h"
 #include "dtrain/distributed_sampler.h"
+#include "dtrain/grad_scaler.h"
 #include "dtrain/init.h"
 #endif
 
