@@ -1,15 +1,17 @@
 // train_resnet: ResNet-18/34/50/101 on CIFAR-10 with dtrain, the way a real training job runs:
 // data-parallel over every rank (DDP), a background data loader, a warm-up + cosine learning-rate
-// schedule, gradient accumulation, evaluation, progress lines and metrics.
+// schedule, gradient accumulation, mixed precision, checkpoints with automatic resume,
+// evaluation, progress lines and metrics.
 //
-//   launch --nproc-per-node 2 ./train_resnet --arch resnet18 --data-dir cifar
-//          --synthetic 10000 --epochs 5 --metrics-file metrics.jsonl
+//   launch --nproc-per-node 2 --max-restarts 3 ./train_resnet --arch resnet18 --data-dir cifar
+//          --synthetic 10000 --epochs 5 --checkpoint-dir ckpt --metrics-file metrics.jsonl
 //
 // Read it top to bottom:
-//   1. options            5. optimizer and learning-rate schedule
-//   2. join the job       6. metrics
-//   3. data               7. the training loop (accumulation, progress, evaluation)
-//   4. model and DDP      8. summary
+//   1. options            6. checkpoints and resume
+//   2. join the job       7. metrics
+//   3. data               8. the training loop (accumulation, mixed precision, progress,
+//   4. model and DDP         evaluation, checkpoints)
+//   5. optimizer, learning-rate schedule, loss scaling   9. summary
 // Helpers live beside it: the models in examples/models, the CIFAR-10 reader and the loader
 // thread in examples/data.
 #include <unistd.h>
@@ -50,6 +52,8 @@ struct Options {
   double momentum = 0.9;
   double weightDecay = 5e-4;
   int64_t warmupSteps = 100;
+  std::string checkpointDir;   // empty: no checkpoints
+  int64_t saveEvery = 0;       // steps; 0: at the end of every epoch
   std::string dataDir = "cifar10";
   int64_t synthetic = 0;       // > 0: write a synthetic set of this many training images first
   std::string device = "auto";
@@ -99,6 +103,8 @@ Options parseOptions(int argc, char** argv) {
       ("momentum", "SGD momentum", str(o.momentum))
       ("weight-decay", "SGD weight decay", str(o.weightDecay))
       ("warmup-steps", "linear warm-up steps before the cosine decay", str(o.warmupSteps))
+      ("checkpoint-dir", "save checkpoints here and resume from the newest one (default: none)", cxxopts::value<std::string>())
+      ("save-every", "checkpoint every N steps (0: after every epoch)", str(o.saveEvery))
       ("data-dir", "CIFAR-10 binary files (data_batch_1..5.bin, test_batch.bin)", str(o.dataDir))
       ("synthetic", "write a synthetic set of N training images (N/5 test) into --data-dir first", str(o.synthetic))
       ("device", "auto | cpu | cuda", str(o.device))
@@ -135,6 +141,8 @@ Options parseOptions(int argc, char** argv) {
   o.momentum = number<double>(r, "momentum", 0, 1);
   o.weightDecay = number<double>(r, "weight-decay", 0, 1);
   o.warmupSteps = number<int64_t>(r, "warmup-steps", 0, 1e9);
+  if (r.count("checkpoint-dir")) o.checkpointDir = r["checkpoint-dir"].as<std::string>();
+  o.saveEvery = number<int64_t>(r, "save-every", 0, 1e9);
   o.dataDir = r["data-dir"].as<std::string>();
   o.synthetic = number<int64_t>(r, "synthetic", 0, 1e7);
   o.device = r["device"].as<std::string>();
@@ -251,8 +259,12 @@ int main(int argc, char** argv) {
     dtrain::DistributedDataParallel<examples::ResNet> ddp(model, group);
 
     // -------------------------------------------------------------------------------------------
-    // 5. Optimizer and schedule. The peak learning rate scales with the global batch (the
-    //    "linear scaling rule"), so changing the number of ranks keeps the recipe.
+    // 5. Optimizer, schedule and loss scaling. The peak learning rate scales with the global
+    //    batch (the "linear scaling rule"), so changing the number of ranks keeps the recipe.
+    //    With --amp on CUDA the forward runs in float16, whose gradients can underflow: the
+    //    GradScaler multiplies the loss before backward and divides the gradients again, skipping
+    //    a step (on every rank alike) when any rank saw an inf or NaN. bfloat16 (the CPU) has
+    //    float32's range and needs no scaling: the scaler is then disabled and changes nothing.
     // -------------------------------------------------------------------------------------------
     const double peakLr = opt.lr * static_cast<double>(samplesPerStep * world) / 256.0;
     torch::optim::SGD optimizer(ddp.parameters(), torch::optim::SGDOptions(peakLr)
@@ -261,10 +273,40 @@ int main(int argc, char** argv) {
     auto setLr = [&](double lr) {
       for (auto& g : optimizer.param_groups()) static_cast<torch::optim::SGDOptions&>(g.options()).lr(lr);
     };
-    int64_t step = 0;  // optimizer steps done
+    dtrain::GradScalerOptions scalerOptions;
+    scalerOptions.enabled = opt.amp && device.is_cuda();
+    dtrain::GradScaler scaler(group, scalerOptions);
 
     // -------------------------------------------------------------------------------------------
-    // 6. Metrics (rank 0): a JSON line per step, and a Prometheus endpoint. The figures are rank
+    // 6. Checkpoints and resume. Everything the job's state is made of goes in: the model, the
+    //    optimizer (momentum), the scaler, and the sampler (how far every rank got in the data;
+    //    the learning rate follows from the step). When `launch --max-restarts` restarts the job
+    //    after a failure, or the command is simply run again, restore() finds the newest
+    //    checkpoint every rank can load and the loop below continues from there; on a fresh start
+    //    it finds none. A SIGTERM (a spot instance's notice) makes every rank save at the same
+    //    step and exit 75, which launch passes on: run the same command again to resume.
+    // -------------------------------------------------------------------------------------------
+    int64_t step = 0;  // optimizer steps done
+    std::unique_ptr<dtrain::Checkpointer> checkpointer;
+    if (!opt.checkpointDir.empty()) {
+      checkpointer = std::make_unique<dtrain::Checkpointer>(group, dtrain::CheckpointOptions(opt.checkpointDir));
+      checkpointer->addModule("model", model);
+      checkpointer->addOptimizer("optimizer", optimizer);
+      checkpointer->addScaler("scaler", scaler);
+      checkpointer->addSampler("sampler", sampler);
+      if (auto restored = checkpointer->restore()) {
+        step = restored->step;
+        if (leader) {
+          std::printf("resumed from the checkpoint of step %lld (%s)\n",
+                      static_cast<long long>(step), restored->path.c_str());
+        }
+      }
+    }
+    const int64_t firstStep = step;
+    bool midEpoch = step > 0;  // the sampler continues the epoch it was saved in
+
+    // -------------------------------------------------------------------------------------------
+    // 7. Metrics (rank 0): a JSON line per step, and a Prometheus endpoint. The figures are rank
     //    0's view: its batch's loss and accuracy, the job's samples/s, its share of time waiting
     //    for gradient allreduces; the progress lines average over all ranks.
     // -------------------------------------------------------------------------------------------
@@ -275,9 +317,10 @@ int main(int argc, char** argv) {
       std::printf("metrics: http://%s:%u/metrics\n", metrics.node().c_str(), endpoint->port());
       metrics.addSink(endpoint);
     }
+    if (step > 0) metrics.record(step, {{"resumed", 1}});  // plot_metrics.py marks it
 
     // -------------------------------------------------------------------------------------------
-    // 7. Train.
+    // 8. Train.
     // -------------------------------------------------------------------------------------------
     if (leader) {
       std::printf("train_resnet: %s (%.2fM parameters), %d ranks x %lld samples per step on %s%s, "
@@ -311,17 +354,27 @@ int main(int argc, char** argv) {
         std::fflush(stdout);
       }
     };
+    int64_t savedAt = step;
+    auto save = [&](int64_t epoch) {
+      savedAt = step;
+      const auto begin = Clock::now();
+      checkpointer->saveAsync(step, epoch);  // a snapshot now; written while training goes on
+      metrics.record(step, {{"checkpoint_seconds", std::chrono::duration<double>(Clock::now() - begin).count()}});
+    };
 
-    for (int64_t epoch = step / stepsPerEpoch; epoch < opt.epochs; ++epoch) {
-      sampler.setEpoch(epoch);
+    for (int64_t epoch = sampler.epoch(); step < totalSteps; ++epoch) {
+      if (!midEpoch) sampler.setEpoch(epoch);  // a new order each epoch, the same on every rank
+      midEpoch = false;
       examples::LoaderOptions loaderOptions;
       loaderOptions.batchSize = opt.batchSize;
       loaderOptions.dropLast = true;
       loaderOptions.seed = opt.seed;
       loaderOptions.epoch = epoch;
       examples::BatchLoader loader(train, sampler.indices(), loaderOptions);
+      // Whole steps left in this epoch (all of them, unless it was resumed part-way).
+      const int64_t steps = static_cast<int64_t>(sampler.size()) / samplesPerStep;
 
-      for (int64_t inEpoch = 0; inEpoch < stepsPerEpoch; ++inEpoch) {
+      for (int64_t inEpoch = 0; inEpoch < steps && step < totalSteps; ++inEpoch) {
         dtrain::fault::injectAt(rank, step);  // DTRAIN_FAULT: tests kill or stop a rank here
         const auto stepStart = Clock::now();
         setLr(learningRate(peakLr, step, opt.warmupSteps, totalSteps));
@@ -334,6 +387,11 @@ int main(int argc, char** argv) {
         for (int64_t micro = 0; micro < opt.accumSteps; ++micro) {
           auto batch = loader.next();
           DTRAIN_CHECK(batch.has_value(), "loader ended early at micro-batch {} of step {}", micro, step);
+          // The loader works ahead on a copy of the sampler's indices; the sampler itself follows
+          // what training consumed, so that a checkpoint records exactly where the job is.
+          auto consumed = sampler.next(static_cast<size_t>(opt.batchSize));
+          DTRAIN_CHECK(consumed && torch::equal(batch->indices, torch::tensor(std::vector<int64_t>(consumed->begin(), consumed->end()))),
+                       "the loader's batch at step {} is not the sampler's", step);
           torch::Tensor images = batch->images.to(device), labels = batch->labels.to(device);
           auto forwardBackward = [&] {
             // Mixed precision: the forward and the loss under autocast (bfloat16 on the CPU,
@@ -344,7 +402,7 @@ int main(int argc, char** argv) {
               logits = ddp(images);
               loss = torch::nn::functional::cross_entropy(logits, labels);
             }
-            (loss / static_cast<double>(opt.accumSteps)).backward();
+            scaler.scale(loss / static_cast<double>(opt.accumSteps)).backward();
             stepLoss += loss.detach().to(torch::kCPU, torch::kDouble);
             stepCorrect += (logits.argmax(1) == labels).sum().cpu();
           };
@@ -355,7 +413,8 @@ int main(int argc, char** argv) {
             forwardBackward();
           }
         }
-        optimizer.step();
+        scaler.step(optimizer);  // optimizer.step(), unless a rank's gradients overflowed
+        scaler.update();
         ++step;
 
         // Bookkeeping: this step's figures, and the progress line at the end of an interval.
@@ -367,24 +426,28 @@ int main(int argc, char** argv) {
         interval[2] += static_cast<double>(samplesPerStep);
         ++intervalSteps;
         const double waited = std::chrono::duration<double>(ddp.lastIteration().waited).count();
-        metrics.record(step, {{"loss", lastLoss},
-                              {"accuracy", lastAccuracy},
-                              {"samples_per_s", static_cast<double>(samplesPerStep * world) / seconds},
-                              {"lr", learningRate(peakLr, step - 1, opt.warmupSteps, totalSteps)},
-                              {"allreduce_wait_share", waited / seconds},
-                              {"epoch", static_cast<double>(epoch)}});
+        std::vector<dtrain::metrics::Field> figures = {
+            {"loss", lastLoss},
+            {"accuracy", lastAccuracy},
+            {"samples_per_s", static_cast<double>(samplesPerStep * world) / seconds},
+            {"lr", learningRate(peakLr, step - 1, opt.warmupSteps, totalSteps)},
+            {"allreduce_wait_share", waited / seconds},
+            {"epoch", static_cast<double>(epoch)}};
+        if (scaler.isEnabled()) figures.push_back({"loss_scale", scaler.getScale()});
+        metrics.record(step, std::move(figures));
 
         if (step % opt.logEvery == 0 || step == totalSteps) {
           group->allreduce(interval);  // sums over every rank
           const double elapsed = std::chrono::duration<double>(Clock::now() - intervalStart).count();
           const double samples = interval[2].item<double>();
           if (leader) {
-            std::printf("%sepoch %lld/%lld  step %lld/%lld  loss %.4f  acc %5.1f%%  %.0f samples/s  eta %s%s",
+            std::printf("%sepoch %lld/%lld  step %lld/%lld  loss %.4f  acc %5.1f%%  %.0f samples/s  eta %s%s%s",
                         terminal ? "\r" : "", static_cast<long long>(epoch + 1),
                         static_cast<long long>(opt.epochs), static_cast<long long>(step),
                         static_cast<long long>(totalSteps), interval[0].item<double>() / samples,
                         100 * interval[1].item<double>() / samples, samples / elapsed,
                         duration(elapsed / static_cast<double>(intervalSteps) * static_cast<double>(totalSteps - step)).c_str(),
+                        scaler.isEnabled() ? fmt::format("  scale {:g}", scaler.getScale()).c_str() : "",
                         terminal ? "" : "\n");
             std::fflush(stdout);
           }
@@ -393,27 +456,47 @@ int main(int argc, char** argv) {
           intervalStart = Clock::now();
         }
         if (opt.evalEvery > 0 && step % opt.evalEvery == 0) runEval();
+        if (checkpointer) {
+          if (opt.saveEvery > 0 && step % opt.saveEvery == 0) save(epoch);
+          if (checkpointer->preempted(step, epoch)) {  // SIGTERM on any rank: saved, every rank stops
+            if (leader) std::printf("%spreempted: saved step %lld; run again to resume\n", terminal ? "\n" : "", static_cast<long long>(step));
+            group->shutdown();
+            return dtrain::kExitPreempted;
+          }
+        }
       }
+      if (steps == 0) continue;  // resumed at the very end of an epoch
       if (opt.evalEvery == 0) runEval();
+      if (checkpointer && opt.saveEvery == 0) save(epoch);
     }
 
     // -------------------------------------------------------------------------------------------
-    // 8. Summary. Every rank ends with the same parameters (DDP); rank 0 reports.
+    // 9. Summary. Every rank ends with the same parameters (DDP); rank 0 reports.
     // -------------------------------------------------------------------------------------------
     if (evaluatedAt != step) runEval();
+    if (checkpointer) {
+      if (savedAt != step) save(sampler.epoch());
+      checkpointer->wait();  // the last asynchronous save is on disk everywhere
+    }
     // Each rank prints a fingerprint of its parameters and buffers: equal lines show that DDP kept
     // the ranks bitwise in step (evaluation synchronised the BatchNorm statistics).
     std::printf("fingerprint of rank %d's model: %016llx\n", rank,
                 static_cast<unsigned long long>(examples::fingerprint(*model)));
     const double total = std::chrono::duration<double>(Clock::now() - started).count();
-    if (leader) {
+    if (leader && step == firstStep) {
+      std::printf("done: all %lld steps were trained before; test accuracy %.2f%%\n",
+                  static_cast<long long>(step), 100 * testAccuracy);
+    } else if (leader) {
       std::printf("%sdone: %lld steps in %s (%.0f samples/s); last step loss %.4f, accuracy "
                   "%.1f%%; test accuracy %.2f%% (best %.2f%% at step %lld)\n",
                   terminal ? "\n" : "", static_cast<long long>(step), duration(total).c_str(),
-                  static_cast<double>(step * samplesPerStep * world) / total, lastLoss,
+                  static_cast<double>((step - firstStep) * samplesPerStep * world) / total, lastLoss,
                   100 * lastAccuracy, 100 * testAccuracy, 100 * bestAccuracy,
                   static_cast<long long>(bestStep));
+    }
+    if (leader) {
       if (!opt.metricsFile.empty()) std::printf("metrics: %s\n", opt.metricsFile.c_str());
+      if (checkpointer) std::printf("checkpoints: %s\n", checkpointer->nodeDirectory().c_str());
     }
     group->shutdown();
     return 0;

@@ -33,7 +33,9 @@ args=(--arch resnet18 --width 16 --synthetic 8000 --data-dir "$out/data"
 
 echo
 echo "demo.sh: launch --nproc-per-node 2 --max-restarts 1 train_resnet ${args[*]}"
-echo "demo.sh: DTRAIN_FAULT kills rank 1 at step 100 of the first attempt; watch the restart resume"
+echo "demo.sh: DTRAIN_FAULT kills rank 1 at step 100 of the first attempt: rank 0's next collective"
+echo "         fails naming it, launch stops the job and starts it again, and both ranks resume from"
+echo "         their last checkpoint"
 echo
 start=$(date +%s)
 DTRAIN_FAULT="signal:KILL@rank=1,step=100,attempt=0" \

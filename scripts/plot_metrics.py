@@ -8,7 +8,8 @@ one PNG: loss, accuracy and throughput against the training step, one line per r
 
 Trainer records (they have a `step`) are drawn against the step; records without one (launch's
 node and GPU samples) against seconds since the run's first record. A run is one `run_id`; a
-restarted run appends to the same file, so its line goes back to the step it resumed from.
+restarted run appends to the same file, its line going on from the step it resumed from (back,
+when steps were redone), and the trainer's `resumed` record draws a dashed line there.
 Needs matplotlib (Debian: python3-matplotlib). Exits 2 on a malformed file, naming file and line.
 """
 import argparse
@@ -112,6 +113,7 @@ def main():
 
     fig, axes = plt.subplots(len(panels), 1, figsize=(9, 3 * len(panels)), squeeze=False)
     for (title, fields), ax in zip(panels, axes[:, 0]):
+        xlabel = None
         for label, records in runs.items():
             for field in fields:
                 s = series(records, field)
@@ -123,6 +125,11 @@ def main():
                 name = label if len(fields) == 1 else f"{label} {field}"
                 ax.plot(xs, smooth(ys, window), label=name, marker="o" if len(xs) < 30 else None)
                 ax.set_xlabel(xlabel)
+        # A run resumed from a checkpoint (the trainer's `resumed` record): a dashed line there.
+        for records in runs.values():
+            for r in records:
+                if "resumed" in r and "step" in r and xlabel == "step":
+                    ax.axvline(r["step"], color="grey", linestyle="--", linewidth=1)
         ax.set_title(title)
         ax.grid(True, alpha=0.3)
         ax.legend(fontsize="small")

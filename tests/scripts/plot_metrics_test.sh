@@ -17,6 +17,8 @@ for run in ("run-a", "run-b"):
                                 "accuracy": step / 150, "samples_per_s": 900.0}) + "\n")
         f.write(json.dumps({"time": 1e9 + 121, "source": "trainer", "run_id": run, "node": "n",
                             "rank": 0, "step": 120, "test_accuracy": 0.7}) + "\n")
+        f.write(json.dumps({"time": 1e9 + 122, "source": "trainer", "run_id": run, "node": "n",
+                            "rank": 0, "step": 60, "resumed": 1}) + "\n")
         f.write(json.dumps({"time": 1e9 + 5, "source": "launch", "run_id": run, "node": "n",
                             "rank": 1, "rss_bytes": 1.5e8}) + "\n")
 PY
@@ -24,7 +26,7 @@ out="$("$src/scripts/plot_metrics.py" -o "$dir/plot.png" "$dir/run-a.jsonl" "$di
 rc=$?
 echo "$out"
 [ "$rc" -eq 0 ] || { echo "FAIL: plot_metrics.py exited $rc"; exit 1; }
-grep -q "2 run(s), 244 records" <<<"$out" || { echo "FAIL: summary line"; exit 1; }
+grep -q "2 run(s), 246 records" <<<"$out" || { echo "FAIL: summary line"; exit 1; }
 # A PNG: the signature, then IHDR with width and height (900 x 300 per panel at 100 dpi).
 /usr/bin/python3 - "$dir/plot.png" <<'PY' || { echo "FAIL: not the expected PNG"; exit 1; }
 import struct, sys

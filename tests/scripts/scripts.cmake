@@ -17,12 +17,14 @@ if(TARGET train_resnet)
            COMMAND /usr/bin/python3 ${_train_resnet_test} ${CMAKE_BINARY_DIR} train)
   add_test(NAME examples.train_resnet.amp
            COMMAND /usr/bin/python3 ${_train_resnet_test} ${CMAKE_BINARY_DIR} amp)
+  add_test(NAME examples.train_resnet.resume
+           COMMAND /usr/bin/python3 ${_train_resnet_test} ${CMAKE_BINARY_DIR} resume)
   add_test(NAME examples.train_resnet.usage
            COMMAND /usr/bin/python3 ${_train_resnet_test} ${CMAKE_BINARY_DIR} usage)
   add_test(NAME examples.train_resnet.data
            COMMAND /usr/bin/python3 ${_train_resnet_test} ${CMAKE_BINARY_DIR} data)
   set_tests_properties(examples.train_resnet.train examples.train_resnet.amp
-                       examples.train_resnet.usage examples.train_resnet.data
+                       examples.train_resnet.resume examples.train_resnet.usage examples.train_resnet.data
                        PROPERTIES LABELS e2e TIMEOUT 300)
 endif()
 

@@ -2,10 +2,11 @@
 """train_resnet under launch with 2 ranks, at a small size (ResNet-18 of width 8 on a synthetic
 CIFAR-10 of 1,200 images): the loss falls, the ranks end bitwise equal, the metrics file holds a
 record per step in the schema, the Prometheus endpoint answers a scrape mid-run (parsed, not
-grepped), and bad input exits with one clear message.
+grepped), --amp trains on the CPU, a rank killed mid-run is restarted and resumes from its
+checkpoint bitwise, and bad input exits with one clear message.
 
-Usage: train_resnet_test.py <build-dir> [test ...]   (tests: train, amp, usage, data; default
-all)
+Usage: train_resnet_test.py <build-dir> [test ...]   (tests: train, amp, resume, usage,
+data; default all)
 """
 import json
 import math
@@ -61,9 +62,9 @@ def parse_prometheus(text):
 class Run:
     """A launch job whose output is read line by line on a thread."""
 
-    def __init__(self, args, env=None):
+    def __init__(self, args, env=None, launch_args=()):
         full_env = dict(os.environ, **(env or {}))
-        self.proc = subprocess.Popen([LAUNCH, "--nproc-per-node", "2", TRAINER] + args,
+        self.proc = subprocess.Popen([LAUNCH, "--nproc-per-node", "2", *launch_args, TRAINER] + args,
                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                                      env=full_env)
         self.lines = []
@@ -120,10 +121,7 @@ def check_training(run):
         fail(f"expected at least 3 progress lines, got {len(losses)}")
     if not losses[-1] < 0.7 * losses[0]:
         fail(f"loss {losses[-1]} at the end is not below 70% of the first interval's {losses[0]}")
-    prints = {m.group(1): m.group(2) for line in run.lines
-              for m in [re.search(r"fingerprint of rank (\d)'s model: ([0-9a-f]{16})", line)] if m}
-    if sorted(prints) != ["0", "1"] or prints["0"] != prints["1"]:
-        fail(f"ranks do not agree bitwise: {prints}")
+    fingerprints(run)
     run.wait_for(r"done: \d+ steps .* test accuracy [0-9.]+%", 1)
     return total
 
@@ -194,6 +192,56 @@ def test_amp():
     print("amp: ok")
 
 
+def fingerprints(run):
+    prints = {m.group(1): m.group(2) for line in run.lines
+              for m in [re.search(r"fingerprint of rank (\d)'s model: ([0-9a-f]{16})", line)] if m}
+    if sorted(prints) != ["0", "1"] or prints["0"] != prints["1"]:
+        fail(f"ranks do not agree bitwise: {prints}")
+    return prints["0"]
+
+
+def test_resume():
+    """Rank 1 is SIGKILLed at step 45 (a checkpoint was saved at step 40); launch restarts the
+    job, which resumes from that checkpoint and ends bitwise equal to an uninterrupted run."""
+    with tempfile.TemporaryDirectory() as tmp:
+        common = SMALL + ["--synthetic", "1200", "--data-dir", os.path.join(tmp, "data"),
+                          "--epochs", "2", "--log-every", "12", "--save-every", "10"]
+        plain = Run(common + ["--checkpoint-dir", os.path.join(tmp, "a")])
+        if plain.finish() != 0:
+            fail("the uninterrupted run failed")
+        expected = fingerprints(plain)
+
+        metrics = os.path.join(tmp, "b.jsonl")
+        run = Run(common + ["--checkpoint-dir", os.path.join(tmp, "b"), "--metrics-file", metrics],
+                  env={"DTRAIN_FAULT": "signal:KILL@rank=1,step=45,attempt=0"},
+                  launch_args=["--max-restarts", "1"])
+        if run.finish() != 0:
+            fail("the restarted run failed")
+        run.wait_for(r"rank 1 .*SIGKILL", 1)
+        run.wait_for(r"resumed from the checkpoint of step 40 \(", 1)
+        if fingerprints(run) != expected:
+            fail("the resumed run does not end bitwise equal to the uninterrupted one")
+        if not os.listdir(os.path.join(tmp, "b")):
+            fail("no checkpoint directory was written")
+        records = step_records(metrics)
+        if [r["step"] for r in records if "resumed" in r] != [40]:
+            fail("the metrics file lacks the record of the resume at step 40")
+        steps = [r["step"] for r in records if "loss" in r]
+        if steps[:45] != list(range(1, 46)) or steps[45:] != list(range(41, 75)):
+            fail(f"expected steps 1-45, then 41-74 after the resume: {steps}")
+
+        # The same command once more: everything is done, it resumes at the last step and
+        # trains nothing.
+        again = Run(common + ["--checkpoint-dir", os.path.join(tmp, "b")])
+        if again.finish() != 0:
+            fail("the rerun failed")
+        again.wait_for(r"resumed from the checkpoint of step 74 ", 1)
+        again.wait_for(r"done: all 74 steps were trained before", 1)
+        if fingerprints(again) != expected:
+            fail("the rerun changed the model")
+    print("resume: ok")
+
+
 def expect_exit(args, rc_expected, pattern):
     out = subprocess.run([TRAINER] + args, capture_output=True, text=True, timeout=60)
     text = out.stdout + out.stderr
@@ -210,7 +258,8 @@ def test_usage():
                           ("seed", "0"), ("threads", "0")):
         if not re.search(rf"--{flag}\b.*\(default: {re.escape(default)}\)", text):
             fail(f"--help does not list --{flag} with its default {default}:\n{text}")
-    for flag in ("data-dir", "synthetic", "metrics-file", "metrics-port"):
+    for flag in ("data-dir", "synthetic", "metrics-file", "metrics-port", "checkpoint-dir",
+                 "save-every", "amp", "accum-steps"):
         if f"--{flag}" not in text:
             fail(f"--help does not list --{flag}")
     expect_exit(["--epochs", "x"], 2, r"--epochs must be an integer .* got 'x'")
@@ -243,7 +292,8 @@ def test_data():
     print("data: ok")
 
 
-TESTS = {"train": test_train, "amp": test_amp, "usage": test_usage, "data": test_data}
+TESTS = {"train": test_train, "amp": test_amp, "resume": test_resume, "usage": test_usage,
+         "data": test_data}
 
 if __name__ == "__main__":
     for name in sys.argv[2:] or list(TESTS):
