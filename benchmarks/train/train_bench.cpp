@@ -6,7 +6,12 @@
 // of the per-step ratios dtrain / PyTorch samples/s (Note [Paired statistics] there).
 //
 //   train_bench [--rounds 3] [--steps 10] [--warmup 3] [--models resnet18,resnet50] [--no-peer]
-//               [--python /usr/bin/python3] [--smoke]
+//               [--amp] [--python /usr/bin/python3] [--smoke]
+//   train_bench --gpu [--batch 64] [--python python3] ...
+//
+// --gpu: ResNet-50 at 224x224 with --amp (float16 autocast + GradScaler) at world size 1 on
+// cuda:0 (NCCL), beside PyTorch eager with torch.autocast and its GradScaler on the same GPU, also
+// in turns (scripts/gpu_check.sh runs it).
 #include <unistd.h>
 
 #include <algorithm>
@@ -30,10 +35,10 @@
 namespace dtrain::bench {
 namespace {
 
-constexpr int kWorld = 2;
-
 struct Options {
   TrainConfig train;
+  int world = 2;
+  int batch = 0;  // per rank; 0: the model's default
   int rounds = 3;
   std::vector<std::string> models = {"resnet18", "resnet50"};
   bool peer = true;
@@ -52,8 +57,10 @@ std::vector<std::string> split(const std::string& s, char sep) {
   return out;
 }
 
-int batchFor(const std::string& model, bool smoke) {
-  if (smoke) return 2;
+int batchFor(const Options& o, const std::string& model) {
+  if (o.batch > 0) return o.batch;
+  if (o.smoke) return 2;
+  if (o.train.device == "cuda") return 64;
   return model == "resnet50" ? 4 : 32;
 }
 
@@ -77,19 +84,23 @@ Options parse(int argc, char** argv) {
     if (a == "--help" || a == "-h") {
       std::fputs("usage: train_bench [--rounds 3] [--steps 10] [--warmup 3] "
                  "[--models resnet18,resnet50] [--no-peer]\n"
-                 "                   [--python /usr/bin/python3] [--smoke]\n"
+                 "                   [--amp] [--batch N] [--python /usr/bin/python3] [--smoke]\n"
+                 "       train_bench --gpu [--batch 64] [--python python3] ...\n"
                  "train_resnet's step against PyTorch DDP's, interleaved; see "
                  "benchmarks/README.md.\n",
                  stdout);
       std::exit(0);
     }
     if (a == "--smoke") o.smoke = true;
+    else if (a == "--gpu") o.train.device = "cuda", o.world = 1, o.train.amp = true;
+    else if (a == "--amp") o.train.amp = true;
+    else if (a == "--device") o.train.device = value();
     else if (a == "--worker") o.worker = true;
     else if (a == "--no-peer") o.peer = false;
     else if (a == "--rounds") o.rounds = count();
     else if (a == "--steps") o.train.steps = count();
     else if (a == "--warmup") o.train.warmup = count();
-    else if (a == "--batch") o.train.batch = count();
+    else if (a == "--batch") o.batch = o.train.batch = count();
     else if (a == "--model") o.train.model = value();
     else if (a == "--models") o.models = split(value(), ','), modelsSet = true;
     else if (a == "--data") o.train.data = value();
@@ -98,6 +109,9 @@ Options parse(int argc, char** argv) {
     else if (a == "--python") o.python = value();
     else DTRAIN_THROW(InvalidArgument, "unknown argument {} (see train_bench --help)", a);
   }
+  if (o.train.device == "cuda" && !modelsSet) o.models = {"resnet50"};
+  DTRAIN_CHECK_ARG(o.train.device == "cpu" || o.train.device == "cuda",
+                   "--device must be cpu or cuda, got '{}'", o.train.device);
   for (const auto& m : o.models) {
     DTRAIN_CHECK_ARG(m == "resnet18" || m == "resnet50", "unknown model '{}' (resnet18 | resnet50)",
                      m);
@@ -123,8 +137,10 @@ std::string readFile(const std::string& path) {
 std::vector<std::string> workerArgs(const TrainConfig& c) {
   std::vector<std::string> a = {"--model",  c.model, "--batch", std::to_string(c.batch),
                                 "--warmup", std::to_string(c.warmup), "--steps",
-                                std::to_string(c.steps), "--out", c.out, "--turns", c.turns};
+                                std::to_string(c.steps), "--out", c.out, "--turns", c.turns,
+                                "--device", c.device};
   if (!c.data.empty()) a.insert(a.end(), {"--data", c.data});
+  if (c.amp) a.push_back("--amp");
   return a;
 }
 
@@ -135,7 +151,7 @@ struct Job {
   std::string out;
 };
 
-Job startOurs(const TrainConfig& c) {
+Job startOurs(const Options& o, const TrainConfig& c) {
   Job job{"dtrain workers (" + c.model + ")", {}, nullptr, c.out};
   std::random_device rd;
   std::string token = fmt::format("{:016x}{:016x}", (uint64_t{rd()} << 32) | rd(),
@@ -148,11 +164,11 @@ Job startOurs(const TrainConfig& c) {
   std::free(self);
   auto rest = workerArgs(c);
   argv.insert(argv.end(), rest.begin(), rest.end());
-  for (int rank = 0; rank < kWorld; ++rank) {
+  for (int rank = 0; rank < o.world; ++rank) {
     job.pids.push_back(spawn(argv, {{"RANK", std::to_string(rank)},
                                     {"LOCAL_RANK", std::to_string(rank)},
-                                    {"WORLD_SIZE", std::to_string(kWorld)},
-                                    {"LOCAL_WORLD_SIZE", std::to_string(kWorld)},
+                                    {"WORLD_SIZE", std::to_string(o.world)},
+                                    {"LOCAL_WORLD_SIZE", std::to_string(o.world)},
                                     {"OMP_NUM_THREADS", "1"},
                                     {"DTRAIN_STORE_ADDR", "127.0.0.1"},
                                     {"DTRAIN_STORE_PORT", std::to_string(job.store->port())},
@@ -163,10 +179,17 @@ Job startOurs(const TrainConfig& c) {
 }
 
 Job startPeer(const Options& o, const TrainConfig& c) {
+  if (o.world == 1) {  // PyTorch eager in one process: no torchrun, no process group
+    std::vector<std::string> argv = {o.python, o.peerScript};
+    auto rest = workerArgs(c);
+    argv.insert(argv.end(), rest.begin(), rest.end());
+    return Job{"PyTorch peer (" + c.model + ")", {spawn(argv, {{"OMP_NUM_THREADS", "1"}})},
+               nullptr, c.out};
+  }
   // Not --standalone: that always puts the rendezvous on port 29400, which other jobs on the
   // machine may hold. torchrun crashes on this machine's Python without --redirects/--tee.
   std::vector<std::string> argv = {o.python, "-m", "torch.distributed.run", "--nnodes", "1",
-                                   "--nproc_per_node", std::to_string(kWorld), "--rdzv_backend",
+                                   "--nproc_per_node", std::to_string(o.world), "--rdzv_backend",
                                    "c10d", "--rdzv_endpoint",
                                    fmt::format("127.0.0.1:{}", freePort()), "--rdzv_id",
                                    "train_bench", "--monitor_interval", o.smoke ? "1" : "5",
@@ -196,7 +219,7 @@ std::pair<TrainResult, TrainResult> runRound(const Options& o, bool peer, TrainC
   TurnGiver oursTurns(path("dtrain", "")), peerTurns(path("pytorch", ""));
   ours.turns = oursTurns.path();
   theirs.turns = peerTurns.path();
-  Job a = startOurs(ours), b;
+  Job a = startOurs(o, ours), b;
   try {
     if (peer) b = startPeer(o, theirs);
     oursTurns.connect(a.pids, 120);
@@ -234,9 +257,10 @@ int runDriver(Options o) {
   char dirTemplate[] = "/tmp/train_bench.XXXXXX";
   DTRAIN_CHECK(mkdtemp(dirTemplate) != nullptr, "mkdtemp failed: {}", std::strerror(errno));
   const std::string dir = dirTemplate;
-  fmt::print("# train_bench: world size {}, 1 compute thread per rank, {} round(s) x {} steps "
-             "(+{} warm-up){}\n",
-             kWorld, o.rounds, o.train.steps, o.train.warmup, o.smoke ? ", SMOKE" : "");
+  fmt::print("# train_bench: world size {} on {}{}, 1 compute thread per rank, {} round(s) x {} "
+             "steps (+{} warm-up){}\n",
+             o.world, o.train.device, o.train.amp ? " with amp" : "", o.rounds, o.train.steps,
+             o.train.warmup, o.smoke ? ", SMOKE" : "");
   fmt::print("# samples/s: median over steps of world x batch / step time; ratio: median of the "
              "paired per-step ratios dtrain / PyTorch\n");
   if (!peer) {
@@ -253,7 +277,7 @@ int runDriver(Options o) {
   for (const auto& model : o.models) {
     TrainConfig c = o.train;
     c.model = model;
-    c.batch = batchFor(model, o.smoke);
+    c.batch = batchFor(o, model);
     std::vector<double> ours, theirs, ratios;
     int64_t params = 0;
     for (int round = 0; round < o.rounds; ++round) {
@@ -272,7 +296,7 @@ int runDriver(Options o) {
     }
     auto rate = [&](const std::vector<double>& ms) {
       std::vector<double> perSecond;
-      for (double m : ms) perSecond.push_back(kWorld * c.batch * 1000.0 / m);
+      for (double m : ms) perSecond.push_back(o.world * c.batch * 1000.0 / m);
       return median(perSecond);
     };
     fmt::print("  {:>9} {:>8} {:>5} {:>6.2f}M {:>10.1f} {:>10} {:>7} {:>9.1f} {:>9}\n", model,

@@ -1,6 +1,8 @@
 // dtrain's side of train_bench: train_resnet's step — a batch from the BatchLoader thread (crop,
 // flip, normalise), forward and backward through DistributedDataParallel, SGD — one step per
-// turn, timed from asking for the batch to the end of the optimizer step.
+// turn, timed from asking for the batch to the end of the optimizer step (on CUDA, until the
+// device has finished it). With --amp, forward and loss run under AutocastGuard and the
+// GradScaler scales the loss, as train_resnet --amp does.
 #include <chrono>
 #include <fstream>
 
@@ -53,7 +55,10 @@ class EpochBatches {
 
 int runTrainWorker(const TrainConfig& config) {
   torch::set_num_threads(1);
-  auto group = init();
+  InitOptions initOptions;
+  initOptions.backend = config.device == "cuda" ? "nccl" : "gloo";
+  auto group = init(initOptions);
+  const torch::Device device = group->device();
   torch::manual_seed(0);
   examples::ResNetOptions modelOptions;
   modelOptions.arch = config.model;
@@ -61,9 +66,13 @@ int runTrainWorker(const TrainConfig& config) {
   modelOptions.cifarStem = cifar;
   modelOptions.numClasses = cifar ? 10 : 1000;
   examples::ResNet model = examples::makeResNet(modelOptions);
+  model->to(device);
   DistributedDataParallel<examples::ResNet> ddp(model, group);
   torch::optim::SGD sgd(ddp.parameters(),
                         torch::optim::SGDOptions(0.1).momentum(0.9).weight_decay(5e-4));
+  GradScalerOptions scalerOptions;
+  scalerOptions.enabled = config.amp && device.is_cuda();
+  GradScaler scaler(group, scalerOptions);
 
   // ResNet-18 reads the CIFAR files through the loader thread; ResNet-50 trains on one fixed
   // random ImageNet-sized batch (the data path is ResNet-18's measurement).
@@ -74,8 +83,8 @@ int runTrainWorker(const TrainConfig& config) {
                                              group->size(), group->rank(), config.batch);
   } else {
     torch::manual_seed(static_cast<uint64_t>(group->rank()) + 1);
-    fixedImages = torch::randn({config.batch, 3, 224, 224});
-    fixedLabels = torch::randint(0, 1000, {config.batch}, torch::kLong);
+    fixedImages = torch::randn({config.batch, 3, 224, 224}).to(device);
+    fixedLabels = torch::randint(0, 1000, {config.batch}, torch::kLong).to(device);
   }
 
   TurnTaker turns(config.turns, group->rank() == 0);
@@ -86,13 +95,19 @@ int runTrainWorker(const TrainConfig& config) {
     torch::Tensor images = fixedImages, labels = fixedLabels;
     if (batches) {
       examples::Batch batch = batches->next();
-      images = batch.images;
-      labels = batch.labels;
+      images = batch.images.to(device);
+      labels = batch.labels.to(device);
     }
     sgd.zero_grad();
-    torch::Tensor loss = torch::nn::functional::cross_entropy(ddp(images), labels);
-    loss.backward();
-    sgd.step();
+    torch::Tensor loss;
+    {
+      AutocastGuard autocast(device, config.amp);
+      loss = torch::nn::functional::cross_entropy(ddp(images), labels);
+    }
+    scaler.scale(loss).backward();
+    scaler.step(sgd);
+    scaler.update();
+    if (device.is_cuda()) torch::cuda::synchronize();
     const double ms =
         std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
     group->barrier();

@@ -3,7 +3,11 @@
 a PyTorch user writes it — torchvision's ResNet, a Dataset over the CIFAR-10 binary files with
 torchvision's RandomCrop(32, padding=4) + RandomHorizontalFlip + Normalize, a DataLoader with one
 worker process and a DistributedSampler, DistributedDataParallel over gloo, SGD. Started by
-train_bench through torchrun; rank 0 writes its timings as JSON to --out."""
+train_bench through torchrun; rank 0 writes its timings as JSON to --out.
+
+With --device cuda (train_bench --gpu) it is PyTorch eager in one process: the model on cuda:0,
+no process group, torch.autocast(float16) and torch.cuda.amp.GradScaler under --amp, each step
+timed until the GPU has finished it."""
 import argparse
 import json
 import time
@@ -52,16 +56,25 @@ def main():
     parser.add_argument("--data", default="")
     parser.add_argument("--out", default="")
     parser.add_argument("--turns", default="")
+    parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
+    parser.add_argument("--amp", action="store_true")
     args = parser.parse_args()
 
     torch.set_num_threads(1)
-    dist.init_process_group("gloo")
-    rank, world = dist.get_rank(), dist.get_world_size()
+    cuda = args.device == "cuda"
+    if cuda:
+        rank, world = 0, 1
+        barrier = lambda: None  # noqa: E731
+    else:
+        dist.init_process_group("gloo")
+        rank, world, barrier = dist.get_rank(), dist.get_world_size(), dist.barrier
+    device = torch.device("cuda:0" if cuda else "cpu")
     torch.manual_seed(0)
     cifar = args.model == "resnet18"
-    net = cifar_resnet18() if cifar else torchvision.models.resnet50()
-    ddp = nn.parallel.DistributedDataParallel(net)
+    net = (cifar_resnet18() if cifar else torchvision.models.resnet50()).to(device)
+    ddp = net if cuda else nn.parallel.DistributedDataParallel(net)
     sgd = torch.optim.SGD(ddp.parameters(), lr=0.1, momentum=0.9, weight_decay=5e-4)
+    scaler = torch.cuda.amp.GradScaler(enabled=args.amp and cuda)
 
     if cifar:
         dataset = Cifar10(args.data)
@@ -81,7 +94,8 @@ def main():
                 return next(state["it"])
     else:
         torch.manual_seed(rank + 1)
-        fixed = (torch.randn(args.batch, 3, 224, 224), torch.randint(0, 1000, (args.batch,)))
+        fixed = (torch.randn(args.batch, 3, 224, 224).to(device),
+                 torch.randint(0, 1000, (args.batch,)).to(device))
 
         def next_batch():
             return fixed
@@ -95,15 +109,21 @@ def main():
     def step():
         if go is not None and not go.read(1):
             raise RuntimeError("the driver closed the turn FIFO")
-        dist.barrier()
+        barrier()
         start = time.perf_counter()
         images, labels = next_batch()
+        images, labels = images.to(device), labels.to(device)
         sgd.zero_grad()
-        loss = F.cross_entropy(ddp(images), labels)
-        loss.backward()
-        sgd.step()
+        with torch.autocast(args.device, dtype=torch.float16 if cuda else torch.bfloat16,
+                            enabled=args.amp):
+            loss = F.cross_entropy(ddp(images), labels)
+        scaler.scale(loss).backward()
+        scaler.step(sgd)
+        scaler.update()
+        if cuda:
+            torch.cuda.synchronize()
         ms = (time.perf_counter() - start) * 1e3
-        dist.barrier()
+        barrier()
         if done is not None:
             done.write(b"d")
         return ms
@@ -116,8 +136,9 @@ def main():
             json.dump({"impl": "pytorch", "model": args.model,
                        "parameters": sum(p.numel() for p in net.parameters()),
                        "step_ms": step_ms}, f)
-    dist.barrier()
-    dist.destroy_process_group()
+    if not cuda:
+        dist.barrier()
+        dist.destroy_process_group()
 
 
 if __name__ == "__main__":

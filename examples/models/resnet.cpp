@@ -1,6 +1,5 @@
 #include "resnet.h"
 
-#include <torch/nn/functional/activation.h>
 #include <torch/nn/functional/pooling.h>
 #include <torch/nn/init.h>
 
@@ -52,10 +51,13 @@ BasicBlockImpl::BasicBlockImpl(int64_t inChannels, int64_t channels, int64_t str
   if (downsample) register_module("downsample", downsample);
 }
 
+// In-place ReLU and residual addition, as torchvision's blocks: a convolution's fresh output is
+// the only user of what they overwrite, and every tensor not allocated is memory not touched.
 torch::Tensor BasicBlockImpl::forward(torch::Tensor x) {
-  torch::Tensor out = F::relu(bn1(conv1(x)));
+  torch::Tensor out = bn1(conv1(x)).relu_();
   out = bn2(conv2(out));
-  return F::relu(out + (downsample ? downsample->forward(x) : x));
+  out += downsample ? downsample->forward(x) : x;
+  return out.relu_();
 }
 
 BottleneckImpl::BottleneckImpl(int64_t inChannels, int64_t channels, int64_t stride) {
@@ -70,10 +72,11 @@ BottleneckImpl::BottleneckImpl(int64_t inChannels, int64_t channels, int64_t str
 }
 
 torch::Tensor BottleneckImpl::forward(torch::Tensor x) {
-  torch::Tensor out = F::relu(bn1(conv1(x)));
-  out = F::relu(bn2(conv2(out)));
+  torch::Tensor out = bn1(conv1(x)).relu_();
+  out = bn2(conv2(out)).relu_();
   out = bn3(conv3(out));
-  return F::relu(out + (downsample ? downsample->forward(x) : x));
+  out += downsample ? downsample->forward(x) : x;
+  return out.relu_();
 }
 
 const std::vector<std::string>& resnetArchs() {
@@ -125,7 +128,7 @@ ResNetImpl::ResNetImpl(const ResNetOptions& opts) : options(opts) {
 }
 
 torch::Tensor ResNetImpl::forward(torch::Tensor x) {
-  x = F::relu(bn1(conv1(x)));
+  x = bn1(conv1(x)).relu_();
   if (!options.cifarStem) {
     x = F::max_pool2d(x, F::MaxPool2dFuncOptions(3).stride(2).padding(1));
   }
