@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Builds dtrain against a CUDA libtorch and runs the GPU tests (CTest label gpu) and the GPU
-# allreduce benchmark, within 10 minutes, on a machine with an NVIDIA GPU.
+# Builds dtrain against a CUDA libtorch and runs the GPU tests (CTest label gpu), the GPU
+# allreduce benchmark and train_bench --gpu (ResNet-50 with AMP beside PyTorch eager with AMP),
+# within 10 minutes, on a machine with an NVIDIA GPU.
 #
 #   scripts/gpu_check.sh [--dry-run] [--deps DIR] [--build DIR] [--python PYTHON] [--jobs N]
 #
@@ -9,8 +10,11 @@
 #   NCCL        the pip `nvidia-nccl` wheel beside torch (site-packages/nvidia/nccl/{include,lib}),
 #               else NCCL_ROOT from the environment, else the CUDA toolkit
 #   CUDA        the toolkit of the `nvcc` on PATH (else CUDAToolkit_ROOT, else /usr/local/cuda)
-#   small deps  fmt, cxxopts, nlohmann-json, libuv, xxhash, gtest, openssl headers: Debian packages
-#               unpacked by scripts/gpu_deps.sh into DIR (default .deps/root); Gloo is off
+#   small deps  fmt, cxxopts, nlohmann-json, libuv, xxhash, gtest, openssl headers, cpp-httplib:
+#               Debian packages unpacked by scripts/gpu_deps.sh into DIR (default .deps/root);
+#               Gloo is off
+#   peer        train_bench's PyTorch side needs torchvision in PYTHON; without it the peer is
+#               skipped and said so
 # --dry-run prints every step with what it found and checks the script's inputs; it runs nothing
 # and passes on a machine without a GPU (a CTest, label unit, runs it everywhere).
 set -euo pipefail
@@ -50,7 +54,7 @@ run() {  # prints and runs one step (prints only, in a dry run)
 # The script's own inputs must exist everywhere.
 for f in CMakeLists.txt tests/gpu/gpu.cmake tests/gpu/nccl_gpu_test.cpp \
          tests/gpu/process_group_cuda_test.cpp benchmarks/allreduce/allreduce_bench.cpp \
-         scripts/gpu_deps.sh; do
+         benchmarks/train/train_bench.cpp benchmarks/train/train_peer.py scripts/gpu_deps.sh; do
   [ -e "$root/$f" ] || { say "error: $f is missing from the source tree" >&2; exit 1; }
 done
 
@@ -102,7 +106,7 @@ say "5. configure, build, test, benchmark"
 run cmake -S "$root" -B "$build" "${generator[@]}" -DCMAKE_BUILD_TYPE=Release \
   "-DCMAKE_PREFIX_PATH=$prefix_path" ${nccl_root:+"-DNCCL_ROOT=$nccl_root"} \
   ${cuda_root:+"-DCUDAToolkit_ROOT=$cuda_root"} -DDTRAIN_WITH_GLOO=OFF \
-  -DDTRAIN_WITH_EXAMPLES=OFF -DDTRAIN_WITH_TESTS=ON -DDTRAIN_WITH_BENCHMARKS=ON
+  -DDTRAIN_WITH_EXAMPLES=ON -DDTRAIN_WITH_TESTS=ON -DDTRAIN_WITH_BENCHMARKS=ON
 if [ "$dry" = 0 ] && ! grep -q 'DTRAIN_WITH_NCCL 1' "$build/generated/dtrain/config.h"; then
   say "error: CMake did not find NCCL and CUDA (see the configure output)" >&2
   exit 1
@@ -119,6 +123,12 @@ fi
 run ctest --test-dir "$build" -L gpu --output-on-failure --timeout 180
 run "$build/allreduce_bench" --backend nccl --world 1 --no-peer --warmup 5 --iters 20 \
   --sizes 4K,16K,64K,256K,1M,4M,16M,64M,256M
+# ResNet-50 at 224x224, batch 64, float16 autocast + GradScaler, world size 1 (NCCL), in turns with
+# PyTorch eager AMP on the same GPU. Needs the torch layer.
+if [ "$torch_ok" = 1 ]; then
+  run cmake --build "$build" -j "$jobs" --target train_bench
+  run "$build/train_bench" --gpu --python "$python" --rounds 3 --steps 20 --warmup 5
+fi
 
 end=$(date +%s)
 if [ "$dry" = 1 ]; then

@@ -1,7 +1,8 @@
 # train_bench: train_resnet's training step against PyTorch DDP's (benchmarks/README.md). Needs
-# Gloo and the examples' library; the PyTorch peer (train_peer.py) runs when python3 can import
-# torch and torchvision.
-if(DTRAIN_HAVE_GLOO AND TARGET dtrain_examples)
+# the examples' library; its CPU mode needs Gloo, its --gpu mode a CUDA libtorch with NCCL (the
+# GPU check builds it without Gloo). The PyTorch peer (train_peer.py) runs when the Python can
+# import torch and torchvision.
+if(TARGET dtrain_examples)
   add_executable(train_bench
     benchmarks/train/train_bench.cpp
     benchmarks/train/train_bench_worker.cpp
@@ -13,7 +14,7 @@ if(DTRAIN_HAVE_GLOO AND TARGET dtrain_examples)
   target_precompile_headers(train_bench REUSE_FROM dtrain)
   target_compile_options(train_bench PRIVATE -fPIC)  # see dtrain_gtest in tests/tests.cmake
   dtrain_warnings(train_bench)
-  if(DTRAIN_WITH_TESTS)
+  if(DTRAIN_WITH_TESTS AND DTRAIN_HAVE_GLOO)
     add_test(NAME bench_smoke.train_bench COMMAND train_bench --smoke)
     set_tests_properties(bench_smoke.train_bench PROPERTIES LABELS integration TIMEOUT 180)
   endif()

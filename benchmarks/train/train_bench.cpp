@@ -18,6 +18,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <memory>
 #include <random>
@@ -117,11 +118,11 @@ Options parse(int argc, char** argv) {
                      m);
   }
   if (o.smoke && !o.worker) {
-    // The plumbing only, in CI time: one round of ResNet-18 at batch 2.
+    // The plumbing only, in CI time: one round of ResNet-18 (on the GPU: ResNet-50) at batch 2.
     o.rounds = 1;
     o.train.warmup = 1;
     o.train.steps = 2;
-    if (!modelsSet) o.models = {"resnet18"};
+    if (!modelsSet && o.train.device == "cpu") o.models = {"resnet18"};
   }
   return o;
 }
@@ -257,6 +258,13 @@ int runDriver(Options o) {
   char dirTemplate[] = "/tmp/train_bench.XXXXXX";
   DTRAIN_CHECK(mkdtemp(dirTemplate) != nullptr, "mkdtemp failed: {}", std::strerror(errno));
   const std::string dir = dirTemplate;
+  struct RemoveAtExit {  // the data, FIFOs and results, also when a job fails
+    std::string path;
+    ~RemoveAtExit() {
+      std::error_code ignored;
+      std::filesystem::remove_all(path, ignored);
+    }
+  } cleanup{dir};
   fmt::print("# train_bench: world size {} on {}{}, 1 compute thread per rank, {} round(s) x {} "
              "steps (+{} warm-up){}\n",
              o.world, o.train.device, o.train.amp ? " with amp" : "", o.rounds, o.train.steps,
@@ -305,7 +313,6 @@ int runDriver(Options o) {
                peer ? fmt::format("{:.3f}", median(ratios)) : "-", median(ours),
                peer ? fmt::format("{:.1f}", median(theirs)) : "-");
   }
-  std::system(("rm -rf " + dir).c_str());
   return 0;
 }
 
