@@ -52,7 +52,8 @@ Args parseArgs(int argc, char** argv) {
     else if (flag == "--samples") take(&args.samples);
     else {
       std::fprintf(stderr, "train_linear: unknown flag %s\nusage: train_linear [--epochs N] "
-                   "[--batch-size N] [--lr X] [--samples N] [--checkpoint-dir DIR] [--amp]\n", flag.c_str());
+                   "[--batch-size N] [--lr X] [--samples N] [--checkpoint-dir DIR] [--amp]\n",
+                   flag.c_str());
       std::exit(2);
     }
   }
@@ -113,7 +114,9 @@ int main(int argc, char** argv) {
       checkpointer->addScaler("scaler", scaler);
       if (auto restored = checkpointer->restore()) firstEpoch = restored->step;  // epochs done
     }
-    if (leader && firstEpoch > 0) std::printf("resumed at epoch %lld\n", static_cast<long long>(firstEpoch));
+    if (leader && firstEpoch > 0) {
+      std::printf("resumed at epoch %lld\n", static_cast<long long>(firstEpoch));
+    }
 
     // 5. Train. backward() returns with every gradient averaged over the ranks.
     for (int64_t epoch = firstEpoch; epoch < args.epochs; ++epoch) {

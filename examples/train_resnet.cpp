@@ -42,27 +42,27 @@ using Clock = std::chrono::steady_clock;
 // ---------------------------------------------------------------------------------------------
 struct Options {
   std::string arch = "resnet18";
-  int64_t width = 64;          // channels of the first stage (torchvision: 64)
-  bool imagenetStem = false;   // 7x7/2 + max-pool instead of the CIFAR stem (3x3, no pool)
+  int64_t width = 64;         // channels of the first stage (torchvision: 64)
+  bool imagenetStem = false;  // 7x7/2 + max-pool instead of the CIFAR stem (3x3, no pool)
   int64_t epochs = 10;
-  int64_t batchSize = 128;     // per rank
-  int64_t accumSteps = 1;      // micro-batches per optimizer step
-  bool amp = false;            // mixed precision: bfloat16 autocast on the CPU, float16 on CUDA
-  double lr = 0.2;             // for 256 samples per step; scaled linearly with the global batch
+  int64_t batchSize = 128;  // per rank
+  int64_t accumSteps = 1;   // micro-batches per optimizer step
+  bool amp = false;         // mixed precision: bfloat16 autocast on the CPU, float16 on CUDA
+  double lr = 0.2;          // for 256 samples per step; scaled linearly with the global batch
   double momentum = 0.9;
   double weightDecay = 5e-4;
   int64_t warmupSteps = 100;
-  std::string checkpointDir;   // empty: no checkpoints
-  int64_t saveEvery = 0;       // steps; 0: at the end of every epoch
+  std::string checkpointDir;  // empty: no checkpoints
+  int64_t saveEvery = 0;      // steps; 0: at the end of every epoch
   std::string dataDir = "cifar10";
-  int64_t synthetic = 0;       // > 0: write a synthetic set of this many training images first
+  int64_t synthetic = 0;  // > 0: write a synthetic set of this many training images first
   std::string device = "auto";
   uint64_t seed = 0;
-  int64_t evalEvery = 0;       // steps; 0: at the end of every epoch
-  int64_t logEvery = 20;       // steps per progress line
-  int64_t threads = 0;         // intra-op threads per rank; 0: OMP_NUM_THREADS (launch sets it)
+  int64_t evalEvery = 0;  // steps; 0: at the end of every epoch
+  int64_t logEvery = 20;  // steps per progress line
+  int64_t threads = 0;    // intra-op threads per rank; 0: OMP_NUM_THREADS (launch sets it)
   std::string metricsFile;
-  int metricsPort = -1;        // -1: no endpoint; 0: a free port
+  int metricsPort = -1;  // -1: no endpoint; 0: a free port
 };
 
 [[noreturn]] void usageError(const std::string& message) {
@@ -88,33 +88,39 @@ T number(const cxxopts::ParseResult& r, const std::string& name, double min, dou
 
 Options parseOptions(int argc, char** argv) {
   Options o;
-  cxxopts::Options spec("train_resnet", "Train a ResNet on CIFAR-10 with dtrain (run it under launch).");
+  cxxopts::Options spec("train_resnet",
+                        "Train a ResNet on CIFAR-10 with dtrain (run it under launch).");
   spec.set_width(120);  // one line per flag
-  auto str = [](const auto& v) { return cxxopts::value<std::string>()->default_value(fmt::format("{}", v)); };
+  auto str = [](const auto& v) {
+    return cxxopts::value<std::string>()->default_value(fmt::format("{}", v));
+  };
+  auto none = [] { return cxxopts::value<std::string>(); };  // no default value
+  // clang-format off
   spec.add_options()
       ("arch", "resnet18 | resnet34 | resnet50 | resnet101", str(o.arch))
       ("width", "channels of the first stage (torchvision: 64)", str(o.width))
       ("imagenet-stem", "7x7/2 convolution + max-pool stem instead of CIFAR's 3x3")
       ("epochs", "passes over the training set", str(o.epochs))
       ("batch-size", "samples per rank per micro-batch", str(o.batchSize))
-      ("accum-steps", "micro-batches per optimizer step (gradient accumulation)", str(o.accumSteps))
-      ("amp", "mixed precision: bfloat16 autocast on the CPU; float16 autocast + loss scaling on CUDA")
-      ("lr", "peak learning rate for 256 samples per step (scaled with the global batch)", str(o.lr))
+      ("accum-steps", "micro-batches per optimizer step (accumulation)", str(o.accumSteps))
+      ("amp", "mixed precision: bfloat16 on the CPU; float16 + loss scaling on CUDA")
+      ("lr", "peak learning rate per 256 samples a step (scaled to the batch)", str(o.lr))
       ("momentum", "SGD momentum", str(o.momentum))
       ("weight-decay", "SGD weight decay", str(o.weightDecay))
       ("warmup-steps", "linear warm-up steps before the cosine decay", str(o.warmupSteps))
-      ("checkpoint-dir", "save checkpoints here and resume from the newest one (default: none)", cxxopts::value<std::string>())
+      ("checkpoint-dir", "checkpoints here; resume from the newest (default: none)", none())
       ("save-every", "checkpoint every N steps (0: after every epoch)", str(o.saveEvery))
       ("data-dir", "CIFAR-10 binary files (data_batch_1..5.bin, test_batch.bin)", str(o.dataDir))
-      ("synthetic", "write a synthetic set of N training images (N/5 test) into --data-dir first", str(o.synthetic))
+      ("synthetic", "first write N synthetic training images (N/5 test) there", str(o.synthetic))
       ("device", "auto | cpu | cuda", str(o.device))
       ("seed", "model, sampler and augmentation seed", str(o.seed))
       ("eval-every", "test accuracy every N steps (0: after every epoch)", str(o.evalEvery))
       ("log-every", "steps per progress line", str(o.logEvery))
-      ("threads", "intra-op threads per rank (0: OMP_NUM_THREADS, which launch sets)", str(o.threads))
-      ("metrics-file", "append a JSON record per step to this file (rank 0; default: none)", cxxopts::value<std::string>())
-      ("metrics-port", "serve Prometheus metrics on this port (rank 0; 0: a free port; default: none)", cxxopts::value<std::string>())
+      ("threads", "threads per rank (0: OMP_NUM_THREADS, set by launch)", str(o.threads))
+      ("metrics-file", "a JSON record per step, appended (rank 0; default: none)", none())
+      ("metrics-port", "Prometheus endpoint (rank 0; 0: a free port; default: none)", none())
       ("h,help", "print this help");
+  // clang-format on
   cxxopts::ParseResult r;
   try {
     r = spec.parse(argc, argv);
@@ -129,7 +135,8 @@ Options parseOptions(int argc, char** argv) {
   o.arch = r["arch"].as<std::string>();
   const auto& archs = examples::resnetArchs();
   if (std::find(archs.begin(), archs.end(), o.arch) == archs.end()) {
-    usageError("--arch must be one of resnet18, resnet34, resnet50, resnet101, got '" + o.arch + "'");
+    usageError("--arch must be one of resnet18, resnet34, resnet50, resnet101, got '" + o.arch +
+               "'");
   }
   o.width = number<int64_t>(r, "width", 1, 4096);
   o.imagenetStem = r.count("imagenet-stem") > 0;
@@ -161,7 +168,8 @@ Options parseOptions(int argc, char** argv) {
 // Warm-up + cosine: linear from ~0 to the peak over `warmup` steps, then half a cosine to 0.
 double learningRate(double peak, int64_t step, int64_t warmup, int64_t total) {
   if (step < warmup) return peak * static_cast<double>(step + 1) / static_cast<double>(warmup);
-  const double progress = static_cast<double>(step - warmup) / static_cast<double>(std::max<int64_t>(1, total - warmup));
+  const double progress = static_cast<double>(step - warmup) /
+                          static_cast<double>(std::max<int64_t>(1, total - warmup));
   return 0.5 * peak * (1.0 + std::cos(M_PI * std::min(1.0, progress)));
 }
 
@@ -170,14 +178,75 @@ std::string duration(double seconds) {
   return fmt::format("{}:{:02}:{:02}", s / 3600, s / 60 % 60, s % 60);
 }
 
+// Progress lines on rank 0: the mean loss and accuracy over an interval of steps and over every
+// rank, the job's samples/s, the time left. Under `launch` stdout is a pipe that launch prefixes
+// line by line, so each report is a whole line; run directly on a terminal, the line is redrawn
+// in place.
+class Progress {
+ public:
+  Progress(dtrain::ProcessGroup& group, int64_t epochs, int64_t totalSteps)
+      : group_(group),
+        epochs_(epochs),
+        totalSteps_(totalSteps),
+        terminal_(group.rank() == 0 && isatty(STDOUT_FILENO)) {}
+
+  // One step of this rank: its loss (mean over its samples), correct predictions, samples.
+  void add(double loss, double correct, double samples) {
+    sums_[0] += loss * samples;
+    sums_[1] += correct;
+    sums_[2] += samples;
+    ++steps_;
+  }
+
+  // Collective (one small allreduce): every rank calls it at the same steps.
+  void report(int64_t epoch, int64_t step, const std::string& extra) {
+    group_.allreduce(sums_);  // sums over every rank
+    const double elapsed = std::chrono::duration<double>(Clock::now() - start_).count();
+    const double samples = sums_[2].item<double>();
+    const double eta =
+        elapsed / static_cast<double>(steps_) * static_cast<double>(totalSteps_ - step);
+    line(fmt::format(
+             "epoch {}/{}  step {}/{}  loss {:.4f}  acc {:5.1f}%  {:.0f} samples/s  eta {}{}",
+             epoch + 1, epochs_, step, totalSteps_, sums_[0].item<double>() / samples,
+             100 * sums_[1].item<double>() / samples, samples / elapsed, duration(eta), extra),
+         /*redraw=*/true);
+    sums_.zero_();
+    steps_ = 0;
+    start_ = Clock::now();
+  }
+
+  // Any other line from rank 0 (evaluation, summary): ends a line being redrawn first.
+  void line(const std::string& text, bool redraw = false) {
+    if (group_.rank() != 0) return;
+    if (terminal_ && redraw) {
+      std::printf("\r%s", text.c_str());
+      open_ = true;
+    } else {
+      std::printf("%s%s\n", open_ ? "\n" : "", text.c_str());
+      open_ = false;
+    }
+    std::fflush(stdout);
+  }
+
+ private:
+  dtrain::ProcessGroup& group_;
+  int64_t epochs_, totalSteps_;
+  bool terminal_;
+  bool open_ = false;  // a redrawn line without its newline yet
+  torch::Tensor sums_ = torch::zeros({3}, torch::kDouble);  // loss x samples, correct, samples
+  int64_t steps_ = 0;
+  Clock::time_point start_ = Clock::now();
+};
+
 // Test accuracy over the whole test set: each rank evaluates every world-th image (no padding,
 // so no image counts twice), then the counts are summed across ranks.
-double evaluate(examples::ResNet& model, const examples::CifarSplit& test, dtrain::ProcessGroup& group,
-                const torch::Device& device, int64_t batchSize) {
+double evaluate(examples::ResNet& model, const examples::CifarSplit& test,
+                dtrain::ProcessGroup& group, const torch::Device& device, int64_t batchSize) {
   torch::NoGradGuard noGrad;
   model->eval();
   std::vector<size_t> mine;
-  for (int64_t i = group.rank(); i < test.size(); i += group.size()) mine.push_back(static_cast<size_t>(i));
+  for (int64_t i = group.rank(); i < test.size(); i += group.size())
+    mine.push_back(static_cast<size_t>(i));
   examples::LoaderOptions options;
   options.batchSize = batchSize;
   options.augment = false;
@@ -222,8 +291,8 @@ int main(int argc, char** argv) {
     if (opt.synthetic > 0) {
       // One writer per node (each node may have its own disk); the set is deterministic.
       if (group->localRank() == 0) {
-        examples::writeSyntheticCifar10(opt.dataDir, opt.synthetic, std::max<int64_t>(10, opt.synthetic / 5),
-                                        opt.seed);
+        examples::writeSyntheticCifar10(opt.dataDir, opt.synthetic,
+                                        std::max<int64_t>(10, opt.synthetic / 5), opt.seed);
       }
       group->barrier();
     }
@@ -231,7 +300,8 @@ int main(int argc, char** argv) {
     const examples::CifarSplit test = examples::readCifar10(opt.dataDir, /*train=*/false);
     dtrain::SamplerOptions samplerOptions;
     samplerOptions.seed = opt.seed;
-    dtrain::DistributedSampler sampler(static_cast<size_t>(train.size()), world, rank, samplerOptions);
+    dtrain::DistributedSampler sampler(static_cast<size_t>(train.size()), world, rank,
+                                       samplerOptions);
 
     // Whole optimizer steps per epoch: the sampler gives every rank the same number of samples.
     const int64_t samplesPerStep = opt.batchSize * opt.accumSteps;  // per rank
@@ -267,11 +337,12 @@ int main(int argc, char** argv) {
     //    float32's range and needs no scaling: the scaler is then disabled and changes nothing.
     // -------------------------------------------------------------------------------------------
     const double peakLr = opt.lr * static_cast<double>(samplesPerStep * world) / 256.0;
-    torch::optim::SGD optimizer(ddp.parameters(), torch::optim::SGDOptions(peakLr)
-                                                      .momentum(opt.momentum)
-                                                      .weight_decay(opt.weightDecay));
+    torch::optim::SGD optimizer(
+        ddp.parameters(),
+        torch::optim::SGDOptions(peakLr).momentum(opt.momentum).weight_decay(opt.weightDecay));
     auto setLr = [&](double lr) {
-      for (auto& g : optimizer.param_groups()) static_cast<torch::optim::SGDOptions&>(g.options()).lr(lr);
+      for (auto& g : optimizer.param_groups())
+        static_cast<torch::optim::SGDOptions&>(g.options()).lr(lr);
     };
     dtrain::GradScalerOptions scalerOptions;
     scalerOptions.enabled = opt.amp && device.is_cuda();
@@ -289,7 +360,8 @@ int main(int argc, char** argv) {
     int64_t step = 0;  // optimizer steps done
     std::unique_ptr<dtrain::Checkpointer> checkpointer;
     if (!opt.checkpointDir.empty()) {
-      checkpointer = std::make_unique<dtrain::Checkpointer>(group, dtrain::CheckpointOptions(opt.checkpointDir));
+      checkpointer = std::make_unique<dtrain::Checkpointer>(
+          group, dtrain::CheckpointOptions(opt.checkpointDir));
       checkpointer->addModule("model", model);
       checkpointer->addOptimizer("optimizer", optimizer);
       checkpointer->addScaler("scaler", scaler);
@@ -311,9 +383,11 @@ int main(int argc, char** argv) {
     //    for gradient allreduces; the progress lines average over all ranks.
     // -------------------------------------------------------------------------------------------
     dtrain::metrics::Metrics metrics;
-    if (leader && !opt.metricsFile.empty()) metrics.addSink(dtrain::metrics::JsonlSink::open(opt.metricsFile));
+    if (leader && !opt.metricsFile.empty())
+      metrics.addSink(dtrain::metrics::JsonlSink::open(opt.metricsFile));
     if (leader && opt.metricsPort >= 0) {
-      auto endpoint = dtrain::metrics::PrometheusEndpoint::start({"0.0.0.0", static_cast<uint16_t>(opt.metricsPort)});
+      auto endpoint = dtrain::metrics::PrometheusEndpoint::start(
+          {"0.0.0.0", static_cast<uint16_t>(opt.metricsPort)});
       std::printf("metrics: http://%s:%u/metrics\n", metrics.node().c_str(), endpoint->port());
       metrics.addSink(endpoint);
     }
@@ -323,24 +397,20 @@ int main(int argc, char** argv) {
     // 8. Train.
     // -------------------------------------------------------------------------------------------
     if (leader) {
-      std::printf("train_resnet: %s (%.2fM parameters), %d ranks x %lld samples per step on %s%s, "
-                  "%lld steps (%lld per epoch), peak lr %.4g\n",
-                  opt.arch.c_str(), examples::parameterCount(*model) / 1e6, world,
-                  static_cast<long long>(samplesPerStep), device.str().c_str(),
-                  opt.amp ? (device.is_cuda() ? " (amp: float16)" : " (amp: bfloat16)") : "",
-                  static_cast<long long>(totalSteps), static_cast<long long>(stepsPerEpoch), peakLr);
+      std::printf(
+          "train_resnet: %s (%.2fM parameters), %d ranks x %lld samples per step on %s%s, "
+          "%lld steps (%lld per epoch), peak lr %.4g\n",
+          opt.arch.c_str(), examples::parameterCount(*model) / 1e6, world,
+          static_cast<long long>(samplesPerStep), device.str().c_str(),
+          opt.amp ? (device.is_cuda() ? " (amp: float16)" : " (amp: bfloat16)") : "",
+          static_cast<long long>(totalSteps), static_cast<long long>(stepsPerEpoch), peakLr);
       std::fflush(stdout);
     }
-    const bool terminal = leader && isatty(STDOUT_FILENO);
+    Progress progress(*group, opt.epochs, totalSteps);
     const auto started = Clock::now();
     double testAccuracy = -1, bestAccuracy = -1;
     int64_t bestStep = 0, evaluatedAt = -1;
     double lastLoss = NAN, lastAccuracy = NAN;
-
-    // Sums over the current progress interval, on every rank: loss x samples, correct, samples.
-    torch::Tensor interval = torch::zeros({3}, torch::kDouble);
-    auto intervalStart = Clock::now();
-    int64_t intervalSteps = 0;
 
     auto runEval = [&] {
       ddp.syncBuffers();  // every rank evaluates rank 0's BatchNorm statistics
@@ -348,18 +418,15 @@ int main(int argc, char** argv) {
       evaluatedAt = step;
       if (testAccuracy > bestAccuracy) bestAccuracy = testAccuracy, bestStep = step;
       metrics.record(step, {{"test_accuracy", testAccuracy}});
-      if (leader) {
-        std::printf("%seval step %lld: test accuracy %.2f%%\n", terminal ? "\n" : "",
-                    static_cast<long long>(step), 100 * testAccuracy);
-        std::fflush(stdout);
-      }
+      progress.line(fmt::format("eval step {}: test accuracy {:.2f}%", step, 100 * testAccuracy));
     };
     int64_t savedAt = step;
     auto save = [&](int64_t epoch) {
       savedAt = step;
       const auto begin = Clock::now();
       checkpointer->saveAsync(step, epoch);  // a snapshot now; written while training goes on
-      metrics.record(step, {{"checkpoint_seconds", std::chrono::duration<double>(Clock::now() - begin).count()}});
+      metrics.record(step, {{"checkpoint_seconds",
+                             std::chrono::duration<double>(Clock::now() - begin).count()}});
     };
 
     for (int64_t epoch = sampler.epoch(); step < totalSteps; ++epoch) {
@@ -383,15 +450,18 @@ int main(int argc, char** argv) {
         // Gradient accumulation: the first accumSteps - 1 micro-batches only accumulate into
         // .grad (noSync: no communication); the last one's backward averages the sum across
         // ranks. Each micro-batch's loss is divided by accumSteps, so the step sees the mean.
-        torch::Tensor stepLoss = torch::zeros({}, torch::kDouble), stepCorrect = torch::zeros({}, torch::kLong);
+        torch::Tensor stepLoss = torch::zeros({}, torch::kDouble),
+                      stepCorrect = torch::zeros({}, torch::kLong);
         for (int64_t micro = 0; micro < opt.accumSteps; ++micro) {
           auto batch = loader.next();
-          DTRAIN_CHECK(batch.has_value(), "loader ended early at micro-batch {} of step {}", micro, step);
+          DTRAIN_CHECK(batch, "the loader ended early, at micro-batch {} of step {}", micro, step);
           // The loader works ahead on a copy of the sampler's indices; the sampler itself follows
           // what training consumed, so that a checkpoint records exactly where the job is.
-          auto consumed = sampler.next(static_cast<size_t>(opt.batchSize));
-          DTRAIN_CHECK(consumed && torch::equal(batch->indices, torch::tensor(std::vector<int64_t>(consumed->begin(), consumed->end()))),
-                       "the loader's batch at step {} is not the sampler's", step);
+          const std::vector<size_t> consumed = sampler.next(batch->indices.size(0)).value();
+          DTRAIN_CHECK(
+              std::equal(consumed.begin(), consumed.end(), batch->indices.data_ptr<int64_t>(),
+                         [](size_t a, int64_t b) { return a == static_cast<size_t>(b); }),
+              "the loader's batch at step {} is not the sampler's", step);
           torch::Tensor images = batch->images.to(device), labels = batch->labels.to(device);
           auto forwardBackward = [&] {
             // Mixed precision: the forward and the loss under autocast (bfloat16 on the CPU,
@@ -421,10 +491,7 @@ int main(int argc, char** argv) {
         const double seconds = std::chrono::duration<double>(Clock::now() - stepStart).count();
         lastLoss = stepLoss.item<double>() / static_cast<double>(opt.accumSteps);
         lastAccuracy = stepCorrect.item<double>() / static_cast<double>(samplesPerStep);
-        interval[0] += lastLoss * static_cast<double>(samplesPerStep);
-        interval[1] += stepCorrect.item<double>();
-        interval[2] += static_cast<double>(samplesPerStep);
-        ++intervalSteps;
+        progress.add(lastLoss, stepCorrect.item<double>(), static_cast<double>(samplesPerStep));
         const double waited = std::chrono::duration<double>(ddp.lastIteration().waited).count();
         std::vector<dtrain::metrics::Field> figures = {
             {"loss", lastLoss},
@@ -437,29 +504,15 @@ int main(int argc, char** argv) {
         metrics.record(step, std::move(figures));
 
         if (step % opt.logEvery == 0 || step == totalSteps) {
-          group->allreduce(interval);  // sums over every rank
-          const double elapsed = std::chrono::duration<double>(Clock::now() - intervalStart).count();
-          const double samples = interval[2].item<double>();
-          if (leader) {
-            std::printf("%sepoch %lld/%lld  step %lld/%lld  loss %.4f  acc %5.1f%%  %.0f samples/s  eta %s%s%s",
-                        terminal ? "\r" : "", static_cast<long long>(epoch + 1),
-                        static_cast<long long>(opt.epochs), static_cast<long long>(step),
-                        static_cast<long long>(totalSteps), interval[0].item<double>() / samples,
-                        100 * interval[1].item<double>() / samples, samples / elapsed,
-                        duration(elapsed / static_cast<double>(intervalSteps) * static_cast<double>(totalSteps - step)).c_str(),
-                        scaler.isEnabled() ? fmt::format("  scale {:g}", scaler.getScale()).c_str() : "",
-                        terminal ? "" : "\n");
-            std::fflush(stdout);
-          }
-          interval.zero_();
-          intervalSteps = 0;
-          intervalStart = Clock::now();
+          progress.report(epoch, step,
+                          scaler.isEnabled() ? fmt::format("  scale {:g}", scaler.getScale()) : "");
         }
         if (opt.evalEvery > 0 && step % opt.evalEvery == 0) runEval();
         if (checkpointer) {
           if (opt.saveEvery > 0 && step % opt.saveEvery == 0) save(epoch);
-          if (checkpointer->preempted(step, epoch)) {  // SIGTERM on any rank: saved, every rank stops
-            if (leader) std::printf("%spreempted: saved step %lld; run again to resume\n", terminal ? "\n" : "", static_cast<long long>(step));
+          // SIGTERM on any rank: every rank has saved this step, and stops.
+          if (checkpointer->preempted(step, epoch)) {
+            progress.line(fmt::format("preempted: saved step {}; run again to resume", step));
             group->shutdown();
             return dtrain::kExitPreempted;
           }
@@ -483,21 +536,19 @@ int main(int argc, char** argv) {
     std::printf("fingerprint of rank %d's model: %016llx\n", rank,
                 static_cast<unsigned long long>(examples::fingerprint(*model)));
     const double total = std::chrono::duration<double>(Clock::now() - started).count();
-    if (leader && step == firstStep) {
-      std::printf("done: all %lld steps were trained before; test accuracy %.2f%%\n",
-                  static_cast<long long>(step), 100 * testAccuracy);
-    } else if (leader) {
-      std::printf("%sdone: %lld steps in %s (%.0f samples/s); last step loss %.4f, accuracy "
-                  "%.1f%%; test accuracy %.2f%% (best %.2f%% at step %lld)\n",
-                  terminal ? "\n" : "", static_cast<long long>(step), duration(total).c_str(),
-                  static_cast<double>((step - firstStep) * samplesPerStep * world) / total, lastLoss,
-                  100 * lastAccuracy, 100 * testAccuracy, 100 * bestAccuracy,
-                  static_cast<long long>(bestStep));
+    if (step == firstStep) {
+      progress.line(fmt::format("done: all {} steps were trained before; test accuracy {:.2f}%",
+                                step, 100 * testAccuracy));
+    } else {
+      progress.line(fmt::format(
+          "done: {} steps in {} ({:.0f} samples/s); last step loss {:.4f}, accuracy {:.1f}%; "
+          "test accuracy {:.2f}% (best {:.2f}% at step {})",
+          step, duration(total),
+          static_cast<double>((step - firstStep) * samplesPerStep * world) / total, lastLoss,
+          100 * lastAccuracy, 100 * testAccuracy, 100 * bestAccuracy, bestStep));
     }
-    if (leader) {
-      if (!opt.metricsFile.empty()) std::printf("metrics: %s\n", opt.metricsFile.c_str());
-      if (checkpointer) std::printf("checkpoints: %s\n", checkpointer->nodeDirectory().c_str());
-    }
+    if (!opt.metricsFile.empty()) progress.line("metrics: " + opt.metricsFile);
+    if (checkpointer) progress.line("checkpoints: " + checkpointer->nodeDirectory());
     group->shutdown();
     return 0;
   } catch (const std::exception& e) {

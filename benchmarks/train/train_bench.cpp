@@ -83,32 +83,50 @@ Options parse(int argc, char** argv) {
       return static_cast<int>(n);
     };
     if (a == "--help" || a == "-h") {
-      std::fputs("usage: train_bench [--rounds 3] [--steps 10] [--warmup 3] "
-                 "[--models resnet18,resnet50] [--no-peer]\n"
-                 "                   [--amp] [--batch N] [--python /usr/bin/python3] [--smoke]\n"
-                 "       train_bench --gpu [--batch 64] [--python python3] ...\n"
-                 "train_resnet's step against PyTorch DDP's, interleaved; see "
-                 "benchmarks/README.md.\n",
-                 stdout);
+      std::fputs(
+          "usage: train_bench [--rounds 3] [--steps 10] [--warmup 3] "
+          "[--models resnet18,resnet50] [--no-peer]\n"
+          "                   [--amp] [--batch N] [--python /usr/bin/python3] [--smoke]\n"
+          "       train_bench --gpu [--batch 64] [--python python3] ...\n"
+          "train_resnet's step against PyTorch DDP's, interleaved; see "
+          "benchmarks/README.md.\n",
+          stdout);
       std::exit(0);
     }
-    if (a == "--smoke") o.smoke = true;
-    else if (a == "--gpu") o.train.device = "cuda", o.world = 1, o.train.amp = true;
-    else if (a == "--amp") o.train.amp = true;
-    else if (a == "--device") o.train.device = value();
-    else if (a == "--worker") o.worker = true;
-    else if (a == "--no-peer") o.peer = false;
-    else if (a == "--rounds") o.rounds = count();
-    else if (a == "--steps") o.train.steps = count();
-    else if (a == "--warmup") o.train.warmup = count();
-    else if (a == "--batch") o.batch = o.train.batch = count();
-    else if (a == "--model") o.train.model = value();
-    else if (a == "--models") o.models = split(value(), ','), modelsSet = true;
-    else if (a == "--data") o.train.data = value();
-    else if (a == "--out") o.train.out = value();
-    else if (a == "--turns") o.train.turns = value();
-    else if (a == "--python") o.python = value();
-    else DTRAIN_THROW(InvalidArgument, "unknown argument {} (see train_bench --help)", a);
+    if (a == "--smoke")
+      o.smoke = true;
+    else if (a == "--gpu")
+      o.train.device = "cuda", o.world = 1, o.train.amp = true;
+    else if (a == "--amp")
+      o.train.amp = true;
+    else if (a == "--device")
+      o.train.device = value();
+    else if (a == "--worker")
+      o.worker = true;
+    else if (a == "--no-peer")
+      o.peer = false;
+    else if (a == "--rounds")
+      o.rounds = count();
+    else if (a == "--steps")
+      o.train.steps = count();
+    else if (a == "--warmup")
+      o.train.warmup = count();
+    else if (a == "--batch")
+      o.batch = o.train.batch = count();
+    else if (a == "--model")
+      o.train.model = value();
+    else if (a == "--models")
+      o.models = split(value(), ','), modelsSet = true;
+    else if (a == "--data")
+      o.train.data = value();
+    else if (a == "--out")
+      o.train.out = value();
+    else if (a == "--turns")
+      o.train.turns = value();
+    else if (a == "--python")
+      o.python = value();
+    else
+      DTRAIN_THROW(InvalidArgument, "unknown argument {} (see train_bench --help)", a);
   }
   if (o.train.device == "cuda" && !modelsSet) o.models = {"resnet50"};
   DTRAIN_CHECK_ARG(o.train.device == "cpu" || o.train.device == "cuda",
@@ -136,9 +154,12 @@ std::string readFile(const std::string& path) {
 }
 
 std::vector<std::string> workerArgs(const TrainConfig& c) {
-  std::vector<std::string> a = {"--model",  c.model, "--batch", std::to_string(c.batch),
-                                "--warmup", std::to_string(c.warmup), "--steps",
-                                std::to_string(c.steps), "--out", c.out, "--turns", c.turns,
+  std::vector<std::string> a = {"--model",  c.model,
+                                "--batch",  std::to_string(c.batch),
+                                "--warmup", std::to_string(c.warmup),
+                                "--steps",  std::to_string(c.steps),
+                                "--out",    c.out,
+                                "--turns",  c.turns,
                                 "--device", c.device};
   if (!c.data.empty()) a.insert(a.end(), {"--data", c.data});
   if (c.amp) a.push_back("--amp");
@@ -155,8 +176,8 @@ struct Job {
 Job startOurs(const Options& o, const TrainConfig& c) {
   Job job{"dtrain workers (" + c.model + ")", {}, nullptr, c.out};
   std::random_device rd;
-  std::string token = fmt::format("{:016x}{:016x}", (uint64_t{rd()} << 32) | rd(),
-                                  (uint64_t{rd()} << 32) | rd());
+  std::string token =
+      fmt::format("{:016x}{:016x}", (uint64_t{rd()} << 32) | rd(), (uint64_t{rd()} << 32) | rd());
   store::TcpStoreServerOptions so;
   so.token = token;
   job.store = store::TcpStoreServer::start(so);
@@ -184,21 +205,37 @@ Job startPeer(const Options& o, const TrainConfig& c) {
     std::vector<std::string> argv = {o.python, o.peerScript};
     auto rest = workerArgs(c);
     argv.insert(argv.end(), rest.begin(), rest.end());
-    return Job{"PyTorch peer (" + c.model + ")", {spawn(argv, {{"OMP_NUM_THREADS", "1"}})},
-               nullptr, c.out};
+    return Job{"PyTorch peer (" + c.model + ")",
+               {spawn(argv, {{"OMP_NUM_THREADS", "1"}})},
+               nullptr,
+               c.out};
   }
   // Not --standalone: that always puts the rendezvous on port 29400, which other jobs on the
   // machine may hold. torchrun crashes on this machine's Python without --redirects/--tee.
-  std::vector<std::string> argv = {o.python, "-m", "torch.distributed.run", "--nnodes", "1",
-                                   "--nproc_per_node", std::to_string(o.world), "--rdzv_backend",
-                                   "c10d", "--rdzv_endpoint",
-                                   fmt::format("127.0.0.1:{}", freePort()), "--rdzv_id",
-                                   "train_bench", "--monitor_interval", o.smoke ? "1" : "5",
-                                   "--redirects", "9:0", "--tee", "9:0", o.peerScript};
+  std::vector<std::string> argv = {o.python,
+                                   "-m",
+                                   "torch.distributed.run",
+                                   "--nnodes",
+                                   "1",
+                                   "--nproc_per_node",
+                                   std::to_string(o.world),
+                                   "--rdzv_backend",
+                                   "c10d",
+                                   "--rdzv_endpoint",
+                                   fmt::format("127.0.0.1:{}", freePort()),
+                                   "--rdzv_id",
+                                   "train_bench",
+                                   "--monitor_interval",
+                                   o.smoke ? "1" : "5",
+                                   "--redirects",
+                                   "9:0",
+                                   "--tee",
+                                   "9:0",
+                                   o.peerScript};
   auto rest = workerArgs(c);
   argv.insert(argv.end(), rest.begin(), rest.end());
-  return Job{"PyTorch peer (" + c.model + ")", {spawn(argv, {{"OMP_NUM_THREADS", "1"}})}, nullptr,
-             c.out};
+  return Job{
+      "PyTorch peer (" + c.model + ")", {spawn(argv, {{"OMP_NUM_THREADS", "1"}})}, nullptr, c.out};
 }
 
 TrainResult finish(Job& job) {
@@ -248,8 +285,7 @@ double median(std::vector<double> v) {
 }
 
 bool peerAvailable(const Options& o) {
-  std::string cmd =
-      o.python + " -c 'import torch.distributed.run, torchvision' >/dev/null 2>&1";
+  std::string cmd = o.python + " -c 'import torch.distributed.run, torchvision' >/dev/null 2>&1";
   return access(o.peerScript.c_str(), R_OK) == 0 && std::system(cmd.c_str()) == 0;
 }
 
@@ -265,12 +301,14 @@ int runDriver(Options o) {
       std::filesystem::remove_all(path, ignored);
     }
   } cleanup{dir};
-  fmt::print("# train_bench: world size {} on {}{}, 1 compute thread per rank, {} round(s) x {} "
-             "steps (+{} warm-up){}\n",
-             o.world, o.train.device, o.train.amp ? " with amp" : "", o.rounds, o.train.steps,
-             o.train.warmup, o.smoke ? ", SMOKE" : "");
-  fmt::print("# samples/s: median over steps of world x batch / step time; ratio: median of the "
-             "paired per-step ratios dtrain / PyTorch\n");
+  fmt::print(
+      "# train_bench: world size {} on {}{}, 1 compute thread per rank, {} round(s) x {} "
+      "steps (+{} warm-up){}\n",
+      o.world, o.train.device, o.train.amp ? " with amp" : "", o.rounds, o.train.steps,
+      o.train.warmup, o.smoke ? ", SMOKE" : "");
+  fmt::print(
+      "# samples/s: median over steps of world x batch / step time; ratio: median of the "
+      "paired per-step ratios dtrain / PyTorch\n");
   if (!peer) {
     fmt::print("# PyTorch peer skipped (--no-peer, or {} cannot import torch and torchvision)\n",
                o.python);

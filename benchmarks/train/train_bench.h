@@ -14,11 +14,11 @@ struct TrainConfig {
   int batch = 32;                  // per rank
   int warmup = 3;
   int steps = 10;
-  std::string data;                // resnet18: the CIFAR-10 binary directory
-  std::string device = "cpu";      // cpu (Gloo, world size 2) | cuda (NCCL, world size 1)
-  bool amp = false;                // autocast (float16 on CUDA, bfloat16 on the CPU) + GradScaler
-  std::string out;                 // rank 0 writes its result here (JSON)
-  std::string turns;               // see Note [Turns] in benchmarks/ddp/ddp_step_bench.h
+  std::string data;            // resnet18: the CIFAR-10 binary directory
+  std::string device = "cpu";  // cpu (Gloo, world size 2) | cuda (NCCL, world size 1)
+  bool amp = false;            // autocast (float16 on CUDA, bfloat16 on the CPU) + GradScaler
+  std::string out;             // rank 0 writes its result here (JSON)
+  std::string turns;           // see Note [Turns] in benchmarks/ddp/ddp_step_bench.h
 };
 
 // One job's measurement: milliseconds per step, each from asking for the batch to the end of

@@ -121,17 +121,16 @@ int runTrainWorker(const TrainConfig& config) {
   result.parameters = examples::parameterCount(*model);
   for (int i = 0; i < config.warmup; ++i) step();
   for (int i = 0; i < config.steps; ++i) result.stepMs.push_back(step());
-  if (group->rank() == 0 && !config.out.empty()) std::ofstream(config.out) << toJson(result) << "\n";
+  if (group->rank() == 0 && !config.out.empty())
+    std::ofstream(config.out) << toJson(result) << "\n";
   group->barrier();
   group->shutdown();
   return 0;
 }
 
 std::string toJson(const TrainResult& r) {
-  nlohmann::json j = {{"impl", r.impl},
-                      {"model", r.model},
-                      {"parameters", r.parameters},
-                      {"step_ms", r.stepMs}};
+  nlohmann::json j = {
+      {"impl", r.impl}, {"model", r.model}, {"parameters", r.parameters}, {"step_ms", r.stepMs}};
   return j.dump();
 }
 

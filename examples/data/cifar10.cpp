@@ -31,7 +31,8 @@ std::string testFile(const std::string& dir) { return (fs::path(dir) / "test_bat
 CifarSplit readCifar10File(const std::string& path) {
   std::error_code ec;
   const uintmax_t bytes = fs::file_size(path, ec);
-  DTRAIN_CHECK_ARG(!ec, "cannot read CIFAR-10 file {}: {}. HINT: --data-dir must hold the "
+  DTRAIN_CHECK_ARG(!ec,
+                   "cannot read CIFAR-10 file {}: {}. HINT: --data-dir must hold the "
                    "binary version's files (cifar-10-batches-bin), or pass --synthetic N to "
                    "write a synthetic set there",
                    path, ec.message());
@@ -59,9 +60,8 @@ CifarSplit readCifar10File(const std::string& path) {
   }
   CifarSplit split;
   split.labels = raw.select(1, 0).to(at::kLong);
-  split.images = raw.narrow(1, 1, kCifarImageBytes)
-                     .reshape({records, 3, kCifarSide, kCifarSide})
-                     .contiguous();
+  split.images =
+      raw.narrow(1, 1, kCifarImageBytes).reshape({records, 3, kCifarSide, kCifarSide}).contiguous();
   return split;
 }
 
@@ -82,10 +82,10 @@ void writeCifar10File(const std::string& path, const CifarSplit& split) {
                        split.images.sizes() == at::IntArrayRef({n, 3, kCifarSide, kCifarSide}),
                    "{}: images must be uint8 [{}, 3, 32, 32], got {} {}", path, n,
                    std::string(split.images.dtype().name()), c10::str(split.images.sizes()));
-  at::Tensor records = at::cat({split.labels.to(at::kByte).unsqueeze(1),
-                                split.images.reshape({n, kCifarImageBytes})},
-                               1)
-                           .contiguous();
+  at::Tensor records =
+      at::cat(
+          {split.labels.to(at::kByte).unsqueeze(1), split.images.reshape({n, kCifarImageBytes})}, 1)
+          .contiguous();
   const std::string tmp = path + ".tmp";
   {
     std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
@@ -134,8 +134,7 @@ CifarSplit drawImages(const ClassPatterns& p, int64_t n, at::Generator& gen) {
     at::Tensor angle = p.angle.index_select(0, c).view({m, kGratings, 1, 1});
     at::Tensor freq = p.freq.index_select(0, c).view({m, kGratings, 1, 1});
     at::Tensor phase = at::rand({m, kGratings, 1, 1}, gen, at::kDouble) * (2 * M_PI);
-    at::Tensor waves =
-        at::sin(2 * M_PI * freq * (x * at::cos(angle) + y * at::sin(angle)) + phase);
+    at::Tensor waves = at::sin(2 * M_PI * freq * (x * at::cos(angle) + y * at::sin(angle)) + phase);
     // [m, gratings, 32, 32] x [m, gratings, 3] -> [m, 3, 32, 32]
     at::Tensor pattern = at::einsum("mgyx,mgc->mcyx", {waves, p.colour.index_select(0, c)});
     at::Tensor contrast = 0.3 + at::rand({m, 1, 1, 1}, gen, at::kDouble);
@@ -163,8 +162,8 @@ void writeSyntheticCifar10(const std::string& dir, int64_t trainSize, int64_t te
   CifarSplit train = drawImages(patterns, trainSize, gen);
   for (int i = 0; i < kTrainFiles; ++i) {
     int64_t begin = trainSize * i / kTrainFiles, end = trainSize * (i + 1) / kTrainFiles;
-    writeCifar10File(trainFile(dir, i + 1), {train.images.slice(0, begin, end),
-                                             train.labels.slice(0, begin, end)});
+    writeCifar10File(trainFile(dir, i + 1),
+                     {train.images.slice(0, begin, end), train.labels.slice(0, begin, end)});
   }
   writeCifar10File(testFile(dir), drawImages(patterns, testSize, gen));
 }

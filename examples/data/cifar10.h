@@ -17,7 +17,7 @@ namespace examples {
 constexpr int64_t kCifarClasses = 10;
 constexpr int64_t kCifarSide = 32;
 constexpr int64_t kCifarImageBytes = 3 * kCifarSide * kCifarSide;  // 3072
-constexpr int64_t kCifarRecordBytes = 1 + kCifarImageBytes;          // 3073
+constexpr int64_t kCifarRecordBytes = 1 + kCifarImageBytes;        // 3073
 
 struct CifarSplit {
   at::Tensor images;  // uint8 [N, 3, 32, 32]

@@ -80,10 +80,10 @@ class BatchLoader {
 
   std::mutex mu_;
   std::condition_variable changed_;
-  std::deque<Batch> queue_;        // guarded by mu_
-  bool finished_ = false;          // guarded by mu_: the thread produced its last batch
-  bool stopping_ = false;          // guarded by mu_
-  std::exception_ptr error_;       // guarded by mu_
+  std::deque<Batch> queue_;   // guarded by mu_
+  bool finished_ = false;     // guarded by mu_: the thread produced its last batch
+  bool stopping_ = false;     // guarded by mu_
+  std::exception_ptr error_;  // guarded by mu_
   std::thread thread_;
 };
 

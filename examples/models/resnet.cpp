@@ -11,10 +11,8 @@ namespace {
 namespace F = torch::nn::functional;
 
 torch::nn::Conv2d conv(int64_t in, int64_t out, int64_t kernel, int64_t stride) {
-  return torch::nn::Conv2d(torch::nn::Conv2dOptions(in, out, kernel)
-                               .stride(stride)
-                               .padding(kernel / 2)
-                               .bias(false));
+  return torch::nn::Conv2d(
+      torch::nn::Conv2dOptions(in, out, kernel).stride(stride).padding(kernel / 2).bias(false));
 }
 
 // torchvision's `downsample`: a strided 1x1 convolution and a BatchNorm, so the shortcut matches
@@ -89,11 +87,11 @@ ResNetImpl::ResNetImpl(const ResNetOptions& opts) : options(opts) {
   DTRAIN_CHECK_ARG(options.numClasses > 0, "numClasses must be positive, got {}",
                    options.numClasses);
   DTRAIN_CHECK_ARG(options.width > 0, "width must be positive, got {}", options.width);
-  const int64_t expansion = layout.bottleneck ? BottleneckImpl::kExpansion
-                                              : BasicBlockImpl::kExpansion;
+  const int64_t expansion =
+      layout.bottleneck ? BottleneckImpl::kExpansion : BasicBlockImpl::kExpansion;
 
-  conv1 = register_module("conv1", options.cifarStem ? conv(3, options.width, 3, 1)
-                                                     : conv(3, options.width, 7, 2));
+  conv1 = register_module(
+      "conv1", options.cifarStem ? conv(3, options.width, 3, 1) : conv(3, options.width, 7, 2));
   bn1 = register_module("bn1", torch::nn::BatchNorm2d(options.width));
 
   // Stage s has width * 2^s channels (times the expansion at its output); every stage but the

@@ -102,8 +102,10 @@ TEST(Cifar10, SyntheticSetIsBalancedDeterministicAndSplitLikeCifar) {
   int64_t total = 0;
   for (int i = 1; i <= 5; ++i) {
     const std::string name = "/data_batch_" + std::to_string(i) + ".bin";
-    EXPECT_EQ(dtrain::testing::readFile(a.path() + name), dtrain::testing::readFile(b.path() + name));
-    EXPECT_NE(dtrain::testing::readFile(a.path() + name), dtrain::testing::readFile(c.path() + name));
+    EXPECT_EQ(dtrain::testing::readFile(a.path() + name),
+              dtrain::testing::readFile(b.path() + name));
+    EXPECT_NE(dtrain::testing::readFile(a.path() + name),
+              dtrain::testing::readFile(c.path() + name));
     total += readCifar10File(a.path() + name).size();
   }
   EXPECT_EQ(total, 1003);

@@ -19,15 +19,21 @@ CifarSplit indexed(int64_t n) {
   CifarSplit s;
   s.images = torch::empty({n, 3, 32, 32}, torch::kByte);
   for (int64_t i = 0; i < n; ++i) {
-    s.images[i] = torch::arange(3 * 32 * 32, torch::kLong).add(i * 7).remainder(256).to(torch::kByte).view({3, 32, 32});
+    s.images[i] = torch::arange(3 * 32 * 32, torch::kLong)
+                      .add(i * 7)
+                      .remainder(256)
+                      .to(torch::kByte)
+                      .view({3, 32, 32});
   }
   s.labels = torch::arange(n, torch::kLong).remainder(10);
   return s;
 }
 
 torch::Tensor normalised(const torch::Tensor& bytes, const Normalization& norm) {
-  torch::Tensor mean = torch::tensor(std::vector<float>(norm.mean.begin(), norm.mean.end())).view({3, 1, 1});
-  torch::Tensor std = torch::tensor(std::vector<float>(norm.std.begin(), norm.std.end())).view({3, 1, 1});
+  torch::Tensor mean =
+      torch::tensor(std::vector<float>(norm.mean.begin(), norm.mean.end())).view({3, 1, 1});
+  torch::Tensor std =
+      torch::tensor(std::vector<float>(norm.std.begin(), norm.std.end())).view({3, 1, 1});
   return (bytes.to(torch::kFloat) / 255.0f - mean) / std;
 }
 
@@ -90,7 +96,8 @@ TEST(BatchLoader, WithoutAugmentationImagesAreNormalisedCopies) {
   ASSERT_TRUE(batch);
   for (int64_t i = 0; i < 3; ++i) {
     int64_t index = batch->indices[i].item<int64_t>();
-    EXPECT_TRUE(torch::allclose(batch->images[i], normalised(data.images[index], options.normalization)));
+    EXPECT_TRUE(
+        torch::allclose(batch->images[i], normalised(data.images[index], options.normalization)));
   }
 }
 
@@ -145,7 +152,8 @@ TEST(BatchLoader, AugmentationIsACropAndFlipDrawnPerSampleAndEpoch) {
   BatchLoader nextEpoch(data, all, options);
   int64_t same = 0, i = 0;
   while (auto b = nextEpoch.next()) {
-    for (int64_t k = 0; k < b->images.size(0); ++k, ++i) same += torch::equal(b->images[k], images[i]);
+    for (int64_t k = 0; k < b->images.size(0); ++k, ++i)
+      same += torch::equal(b->images[k], images[i]);
   }
   EXPECT_LT(same, 16);
 }

@@ -92,12 +92,11 @@ TEST(ResNet, NamesAndOrderAreTorchvisions) {
   std::vector<std::string> names;
   for (const auto& p : params) names.push_back(p.key());
   ASSERT_GE(names.size(), 12u);
-  const std::vector<std::string> head = {"conv1.weight",          "bn1.weight",
-                                         "bn1.bias",              "layer1.0.conv1.weight",
-                                         "layer1.0.bn1.weight",   "layer1.0.bn1.bias",
-                                         "layer1.0.conv2.weight", "layer1.0.bn2.weight",
-                                         "layer1.0.bn2.bias",     "layer1.0.conv3.weight",
-                                         "layer1.0.bn3.weight",   "layer1.0.bn3.bias"};
+  const std::vector<std::string> head = {
+      "conv1.weight",          "bn1.weight",          "bn1.bias",
+      "layer1.0.conv1.weight", "layer1.0.bn1.weight", "layer1.0.bn1.bias",
+      "layer1.0.conv2.weight", "layer1.0.bn2.weight", "layer1.0.bn2.bias",
+      "layer1.0.conv3.weight", "layer1.0.bn3.weight", "layer1.0.bn3.bias"};
   EXPECT_EQ(std::vector<std::string>(names.begin(), names.begin() + 12), head);
   EXPECT_EQ(names[12], "layer1.0.downsample.0.weight");
   EXPECT_EQ(names[names.size() - 2], "fc.weight");
@@ -119,12 +118,13 @@ TEST(ResNet, StateDictLayoutEqualsTorchvisionsWhenAvailable) {
   // per entry, parameters first, then buffers, each in registration order as stateLayout().
   dtrain::testing::TempDir dir;
   const std::string out = dir.file("torchvision.txt");
-  std::string script = "import torchvision\n"
-                       "for a in ('resnet18', 'resnet34', 'resnet50', 'resnet101'):\n"
-                       "  print(a)\n"
-                       "  m = getattr(torchvision.models, a)()\n"
-                       "  for n, t in list(m.named_parameters()) + list(m.named_buffers()):\n"
-                       "    print(n, *t.shape)\n";
+  std::string script =
+      "import torchvision\n"
+      "for a in ('resnet18', 'resnet34', 'resnet50', 'resnet101'):\n"
+      "  print(a)\n"
+      "  m = getattr(torchvision.models, a)()\n"
+      "  for n, t in list(m.named_parameters()) + list(m.named_buffers()):\n"
+      "    print(n, *t.shape)\n";
   dtrain::testing::writeFile(dir.file("layout.py"), script);
   std::string cmd = std::string(python) + " " + dir.file("layout.py") + " > " + out;
   ASSERT_EQ(std::system(cmd.c_str()), 0) << cmd;

@@ -93,11 +93,12 @@ Exposition parseExposition(const std::string& text) {
     }
     EXPECT_EQ(line[i], ' ');
     std::string number = line.substr(i + 1);
-    double v = number == "NaN" ? std::nan("") : number == "+Inf" ? INFINITY
-               : number == "-Inf" ? -INFINITY : std::stod(number);
+    double v = number == "NaN"    ? std::nan("")
+               : number == "+Inf" ? INFINITY
+               : number == "-Inf" ? -INFINITY
+                                  : std::stod(number);
     EXPECT_TRUE(e.types.count(name)) << name << " has no TYPE line before its samples";
-    EXPECT_TRUE(e.samples.emplace(std::make_pair(name, labels), v).second)
-        << "sample given twice";
+    EXPECT_TRUE(e.samples.emplace(std::make_pair(name, labels), v).second) << "sample given twice";
   }
   return e;
 }
@@ -117,7 +118,8 @@ TEST(MetricsRecord, JsonLineKeepsTheSchemaKeysFirstAndRoundTrips) {
   Record r = sampleRecord();
   std::string line = toJsonLine(r);
   EXPECT_EQ(line.rfind(R"({"time":1700000000.25,"source":"trainer","run_id":"run-7",)"
-                       R"("node":"node-a","rank":1,"step":42,"loss":0.125,)", 0),
+                       R"("node":"node-a","rank":1,"step":42,"loss":0.125,)",
+                       0),
             0u)
       << line;
   EXPECT_EQ(line.find('\n'), std::string::npos);
@@ -219,8 +221,9 @@ TEST(MetricsPrometheus, EndpointAnswersAScrapeWithEverySeries) {
   options.rank = 0;
   Metrics metrics(options);
   metrics.addSink(endpoint);
-  metrics.record(7, {{"loss", 2.5}, {"accuracy", 0.25}, {"samples_per_s", 300},
-                     {"allreduce_wait_share", 0.125}});
+  metrics.record(
+      7,
+      {{"loss", 2.5}, {"accuracy", 0.25}, {"samples_per_s", 300}, {"allreduce_wait_share", 0.125}});
 
   httplib::Client client("127.0.0.1", endpoint->port());
   auto res = client.Get("/metrics");

@@ -98,8 +98,8 @@ Record parseJsonLine(const std::string& line) {
   json j = json::parse(line, nullptr, /*allow_exceptions=*/false);
   DTRAIN_CHECK_ARG(j.is_object(), "a metrics record must be one JSON object, got: {:.80}", line);
   auto need = [&](const char* key, bool (json::*is)() const noexcept, const char* what) {
-    DTRAIN_CHECK_ARG(j.contains(key) && (j[key].*is)(),
-                     "metrics record: '{}' must be {} ({:.80})", key, what, line);
+    DTRAIN_CHECK_ARG(j.contains(key) && (j[key].*is)(), "metrics record: '{}' must be {} ({:.80})",
+                     key, what, line);
   };
   need("time", &json::is_number, "a number");
   need("source", &json::is_string, "a string");
@@ -130,8 +130,8 @@ Record parseJsonLine(const std::string& line) {
     if (reservedKeys().count(key)) continue;
     DTRAIN_CHECK_ARG(value.is_number() || value.is_null(),
                      "metrics record: field '{}' must be a number or null ({:.80})", key, line);
-    r.fields.emplace_back(key, value.is_null() ? std::numeric_limits<double>::quiet_NaN()
-                                               : value.get<double>());
+    r.fields.emplace_back(
+        key, value.is_null() ? std::numeric_limits<double>::quiet_NaN() : value.get<double>());
   }
   checkFields(r.fields);
   return r;
@@ -139,7 +139,8 @@ Record parseJsonLine(const std::string& line) {
 
 std::shared_ptr<JsonlSink> JsonlSink::open(const std::string& path) {
   std::FILE* file = std::fopen(path.c_str(), "a");
-  DTRAIN_CHECK_ARG(file != nullptr, "cannot open metrics file {}: {}. HINT: does its directory "
+  DTRAIN_CHECK_ARG(file != nullptr,
+                   "cannot open metrics file {}: {}. HINT: does its directory "
                    "exist and is it writable?",
                    path, std::strerror(errno));
   return std::shared_ptr<JsonlSink>(new JsonlSink(path, file));
@@ -152,8 +153,8 @@ JsonlSink::~JsonlSink() { std::fclose(file_); }
 void JsonlSink::write(const Record& record) {
   std::string line = toJsonLine(record);
   line += '\n';
-  const bool ok = std::fwrite(line.data(), 1, line.size(), file_) == line.size() &&
-                  std::fflush(file_) == 0;
+  const bool ok =
+      std::fwrite(line.data(), 1, line.size(), file_) == line.size() && std::fflush(file_) == 0;
   DTRAIN_CHECK(ok, "cannot append to metrics file {}: {}", path_, std::strerror(errno));
 }
 
@@ -170,10 +171,10 @@ Metrics::Metrics(MetricsOptions options)
     rank_ = options.rank;
   } else if (const char* rank = std::getenv(env::kRank); rank && *rank) {
     int64_t value = 0;
-    DTRAIN_CHECK_ARG(parseInt64(rank, &value) && value >= 0 &&
-                         value <= std::numeric_limits<int>::max(),
-                     "{}='{}' is not a rank. HINT: launch sets it; unset it to record no rank",
-                     env::kRank, rank);
+    DTRAIN_CHECK_ARG(
+        parseInt64(rank, &value) && value >= 0 && value <= std::numeric_limits<int>::max(),
+        "{}='{}' is not a rank. HINT: launch sets it; unset it to record no rank", env::kRank,
+        rank);
     rank_ = static_cast<int>(value);
   }
 }

@@ -2,10 +2,10 @@
 // Metrics: a training program's figures (loss, accuracy, samples/s, ...) per step, to a JSONL file
 // and to a Prometheus endpoint, in the one record schema that launch's monitoring writes too.
 //
-//   dtrain::metrics::Metrics metrics;                       // run id, node, rank from the environment
-//   metrics.addSink(dtrain::metrics::JsonlSink::open("metrics.jsonl"));
-//   metrics.addSink(dtrain::metrics::PrometheusEndpoint::start({/*host*/ "0.0.0.0", /*port*/ 9400}));
-//   metrics.record(step, {{"loss", 0.25}, {"samples_per_s", 812.0}});
+//   dtrain::metrics::Metrics metrics;                       // run id, node, rank from the
+//   environment metrics.addSink(dtrain::metrics::JsonlSink::open("metrics.jsonl"));
+//   metrics.addSink(dtrain::metrics::PrometheusEndpoint::start({/*host*/ "0.0.0.0", /*port*/
+//   9400})); metrics.record(step, {{"loss", 0.25}, {"samples_per_s", 812.0}});
 //
 // Record schema (docs/design.md#metrics): one JSON object a line with `time` (Unix
 // seconds), `source` ("trainer" | "launch"), `run_id`, `node`, `rank` (absent for node-wide
