@@ -9,6 +9,7 @@ add_library(dtrain_base SHARED
   runtime/base/logging.cpp
   runtime/base/metrics/metrics.cpp
   runtime/base/metrics/prometheus.cpp
+  runtime/base/net/net_interface.cpp
   runtime/base/net/socket.cpp
   runtime/base/parse_int.cpp
   runtime/base/store/auth.cpp
