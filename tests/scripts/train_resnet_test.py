@@ -201,11 +201,11 @@ def fingerprints(run):
 
 
 def test_resume():
-    """Rank 1 is SIGKILLed at step 45 (a checkpoint was saved at step 40); launch restarts the
+    """Rank 1 is SIGKILLed at step 25 (a checkpoint was saved at step 20); launch restarts the
     job, which resumes from that checkpoint and ends bitwise equal to an uninterrupted run."""
     with tempfile.TemporaryDirectory() as tmp:
         common = SMALL + ["--synthetic", "1200", "--data-dir", os.path.join(tmp, "data"),
-                          "--epochs", "2", "--log-every", "12", "--save-every", "10"]
+                          "--epochs", "1", "--log-every", "12", "--save-every", "10"]
         plain = Run(common + ["--checkpoint-dir", os.path.join(tmp, "a")])
         if plain.finish() != 0:
             fail("the uninterrupted run failed")
@@ -213,30 +213,30 @@ def test_resume():
 
         metrics = os.path.join(tmp, "b.jsonl")
         run = Run(common + ["--checkpoint-dir", os.path.join(tmp, "b"), "--metrics-file", metrics],
-                  env={"DTRAIN_FAULT": "signal:KILL@rank=1,step=45,attempt=0"},
+                  env={"DTRAIN_FAULT": "signal:KILL@rank=1,step=25,attempt=0"},
                   launch_args=["--max-restarts", "1"])
         if run.finish() != 0:
             fail("the restarted run failed")
         run.wait_for(r"rank 1 .*SIGKILL", 1)
-        run.wait_for(r"resumed from the checkpoint of step 40 \(", 1)
+        run.wait_for(r"resumed from the checkpoint of step 20 \(", 1)
         if fingerprints(run) != expected:
             fail("the resumed run does not end bitwise equal to the uninterrupted one")
         if not os.listdir(os.path.join(tmp, "b")):
             fail("no checkpoint directory was written")
         records = step_records(metrics)
-        if [r["step"] for r in records if "resumed" in r] != [40]:
-            fail("the metrics file lacks the record of the resume at step 40")
+        if [r["step"] for r in records if "resumed" in r] != [20]:
+            fail("the metrics file lacks the record of the resume at step 20")
         steps = [r["step"] for r in records if "loss" in r]
-        if steps[:45] != list(range(1, 46)) or steps[45:] != list(range(41, 75)):
-            fail(f"expected steps 1-45, then 41-74 after the resume: {steps}")
+        if steps[:25] != list(range(1, 26)) or steps[25:] != list(range(21, 38)):
+            fail(f"expected steps 1-25, then 21-37 after the resume: {steps}")
 
         # The same command once more: everything is done, it resumes at the last step and
         # trains nothing.
         again = Run(common + ["--checkpoint-dir", os.path.join(tmp, "b")])
         if again.finish() != 0:
             fail("the rerun failed")
-        again.wait_for(r"resumed from the checkpoint of step 74 ", 1)
-        again.wait_for(r"done: all 74 steps were trained before", 1)
+        again.wait_for(r"resumed from the checkpoint of step 37 ", 1)
+        again.wait_for(r"done: all 37 steps were trained before", 1)
         if fingerprints(again) != expected:
             fail("the rerun changed the model")
     print("resume: ok")
