@@ -69,7 +69,7 @@ int64_t BatchLoader::batches() const {
   return options_.dropLast ? n / b : (n + b - 1) / b;
 }
 
-size_t BatchLoader::queued() {
+size_t BatchLoader::queued() const {
   std::lock_guard<std::mutex> lock(mu_);
   return queue_.size();
 }

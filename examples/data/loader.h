@@ -67,7 +67,7 @@ class BatchLoader {
   // Batches this loader yields in all.
   int64_t batches() const;
   // Batches built and waiting for next() (at most LoaderOptions::prefetch).
-  size_t queued();
+  size_t queued() const;
 
  private:
   void run();
@@ -78,7 +78,7 @@ class BatchLoader {
   LoaderOptions options_;
   std::array<std::array<float, 256>, 3> lut_;  // pixel byte -> normalised value, per channel
 
-  std::mutex mu_;
+  mutable std::mutex mu_;
   std::condition_variable changed_;
   std::deque<Batch> queue_;   // guarded by mu_
   bool finished_ = false;     // guarded by mu_: the thread produced its last batch
