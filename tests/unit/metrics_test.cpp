@@ -117,11 +117,10 @@ Record sampleRecord() {
 TEST(MetricsRecord, JsonLineKeepsTheSchemaKeysFirstAndRoundTrips) {
   Record r = sampleRecord();
   std::string line = toJsonLine(r);
-  EXPECT_EQ(line.rfind(R"({"time":1700000000.25,"source":"trainer","run_id":"run-7",)"
-                       R"("node":"node-a","rank":1,"step":42,"loss":0.125,)",
-                       0),
-            0u)
-      << line;
+  // Integral values (the loss scale) as JSON integers.
+  EXPECT_EQ(line, R"({"time":1700000000.25,"source":"trainer","run_id":"run-7",)"
+                  R"("node":"node-a","rank":1,"step":42,"loss":0.125,"samples_per_s":812.5,)"
+                  R"("loss_scale":65536})");
   EXPECT_EQ(line.find('\n'), std::string::npos);
   Record back = parseJsonLine(line);
   EXPECT_EQ(back.time, r.time);

@@ -83,10 +83,12 @@ std::string toJsonLine(const Record& record) {
   if (record.gpu) j["gpu"] = *record.gpu;
   if (record.step) j["step"] = *record.step;
   for (const auto& [name, value] : record.fields) {
-    if (std::isfinite(value)) {
-      j[name] = value;
-    } else {
+    if (!std::isfinite(value)) {
       j[name] = nullptr;
+    } else if (value == std::floor(value) && std::fabs(value) < 9007199254740992.0) {
+      j[name] = static_cast<int64_t>(value);  // counts and bytes as integers: 1048576, not 1048576.0
+    } else {
+      j[name] = value;
     }
   }
   return j.dump();

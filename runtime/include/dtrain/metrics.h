@@ -10,7 +10,8 @@
 // Record schema (docs/design.md#metrics): one JSON object a line with `time` (Unix
 // seconds), `source` ("trainer" | "launch"), `run_id`, `node`, `rank` (absent for node-wide
 // figures), `gpu` (GPU figures only), `step` (trainer records), then the named numeric fields.
-// A field that is not finite (a diverged loss) is written as null and read back as NaN.
+// A field that is not finite (a diverged loss) is written as null and read back as NaN; an
+// integral value as a JSON integer (2 rather than 2.0).
 // Prometheus: each field becomes the gauge `dtrain_<field>` (and the step `dtrain_step`), labelled
 // node, rank and gpu where present, holding the latest value of each series.
 //
