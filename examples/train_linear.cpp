@@ -1,19 +1,20 @@
 // train_linear: the smallest complete data-parallel training program with dtrain.
 //
-//   launch --nproc-per-node 2 ./train_linear --epochs 5
+//   launch --nproc-per-node 2 --max-restarts 1 ./train_linear --epochs 5 --checkpoint-dir ckpt
 //
 // Every rank builds the same synthetic regression problem (y = x . w* + b* + noise), trains a
 // linear model on its shard of each epoch, and DDP averages the gradients across ranks during
-// backward. Read it top to bottom: init, data, model, DDP, the training loop.
+// backward. Read it top to bottom: init, data, model, DDP, checkpoints, the training loop.
 #include <cstdio>
 #include <cstdlib>
-#include <cstring>
+#include <memory>
 #include <string>
 #include <type_traits>
 
 #include <torch/torch.h>
 
 #include <dtrain/dtrain.h>
+#include <dtrain/fault.h>
 
 namespace {
 
@@ -23,6 +24,8 @@ struct Args {
   double lr = 0.05;
   int64_t samples = 4096;
   int64_t features = 16;
+  std::string checkpointDir;  // empty: no checkpoints
+  bool amp = false;           // mixed precision: bfloat16 on the CPU, float16 on CUDA
 };
 
 Args parseArgs(int argc, char** argv) {
@@ -41,18 +44,15 @@ Args parseArgs(int argc, char** argv) {
       *out = static_cast<std::remove_pointer_t<decltype(out)>>(number);
       ++i;
     };
-    if (flag == "--epochs") {
-      take(&args.epochs);
-    } else if (flag == "--batch-size") {
-      take(&args.batchSize);
-    } else if (flag == "--lr") {
-      take(&args.lr);
-    } else if (flag == "--samples") {
-      take(&args.samples);
-    } else {
-      std::fprintf(stderr,
-                   "train_linear: unknown flag %s\n"
-                   "usage: train_linear [--epochs N] [--batch-size N] [--lr X] [--samples N]\n",
+    if (flag == "--amp") args.amp = true;
+    else if (flag == "--checkpoint-dir" && value != nullptr) args.checkpointDir = argv[++i];
+    else if (flag == "--epochs") take(&args.epochs);
+    else if (flag == "--batch-size") take(&args.batchSize);
+    else if (flag == "--lr") take(&args.lr);
+    else if (flag == "--samples") take(&args.samples);
+    else {
+      std::fprintf(stderr, "train_linear: unknown flag %s\nusage: train_linear [--epochs N] "
+                   "[--batch-size N] [--lr X] [--samples N] [--checkpoint-dir DIR] [--amp]\n",
                    flag.c_str());
       std::exit(2);
     }
@@ -100,19 +100,43 @@ int main(int argc, char** argv) {
     torch::nn::Linear model(args.features, 1);
     dtrain::DistributedDataParallel<torch::nn::Linear> ddp(model, group);
     torch::optim::SGD optimizer(ddp.parameters(), torch::optim::SGDOptions(args.lr).momentum(0.9));
+    dtrain::GradScalerOptions scaling;  // --amp: float16 (CUDA) needs loss scaling, bfloat16 not
+    scaling.enabled = args.amp && group->device().is_cuda();
+    dtrain::GradScaler scaler(group, scaling);
 
-    // 4. Train. backward() returns with every gradient averaged over the ranks.
-    for (int64_t epoch = 0; epoch < args.epochs; ++epoch) {
+    // 4. Checkpoints: after each epoch; a restarted (or rerun) job resumes after the last one.
+    int64_t firstEpoch = 0;
+    std::unique_ptr<dtrain::Checkpointer> checkpointer;
+    if (!args.checkpointDir.empty()) {
+      checkpointer = std::make_unique<dtrain::Checkpointer>(group, args.checkpointDir);
+      checkpointer->addModule("model", model);
+      checkpointer->addOptimizer("optimizer", optimizer);
+      checkpointer->addScaler("scaler", scaler);
+      if (auto restored = checkpointer->restore()) firstEpoch = restored->step;  // epochs done
+    }
+    if (leader && firstEpoch > 0) {
+      std::printf("resumed at epoch %lld\n", static_cast<long long>(firstEpoch));
+    }
+
+    // 5. Train. backward() returns with every gradient averaged over the ranks.
+    for (int64_t epoch = firstEpoch; epoch < args.epochs; ++epoch) {
+      dtrain::fault::injectAt(group->rank(), epoch);  // DTRAIN_FAULT (its "step" is the epoch)
       sampler.setEpoch(epoch);  // a new shuffle each epoch, the same on every rank
       torch::Tensor lossSum = torch::zeros({2});  // sum of losses, number of batches
       for (auto& batch : *loader) {
         optimizer.zero_grad();
-        torch::Tensor loss = torch::mse_loss(ddp(batch.data), batch.target);
-        loss.backward();
-        optimizer.step();
+        torch::Tensor loss;
+        {
+          dtrain::AutocastGuard autocast(group->device(), args.amp);  // forward and loss only
+          loss = torch::mse_loss(ddp(batch.data), batch.target);
+        }
+        scaler.scale(loss).backward();
+        scaler.step(optimizer);
+        scaler.update();
         lossSum[0] += loss.item<float>();
         lossSum[1] += 1;
       }
+      if (checkpointer) checkpointer->save(epoch + 1, epoch);
       group->allreduce(lossSum);  // the mean over every rank's batches
       if (leader) {
         std::printf("epoch %lld: mean loss %.6f over %d ranks\n", static_cast<long long>(epoch),

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# Builds dtrain against a CUDA libtorch and runs the GPU tests (CTest label gpu) and the GPU
-# allreduce benchmark, and checks launch's GPU sampling while a GPU test runs, within 10 minutes,
-# on a machine with an NVIDIA GPU.
+# Builds dtrain against a CUDA libtorch and runs the GPU tests (CTest label gpu), the GPU
+# allreduce benchmark and train_bench --gpu (ResNet-50 with AMP beside PyTorch eager with AMP), and
+# checks launch's GPU sampling while a GPU test runs, within 10 minutes, on a machine with an
+# NVIDIA GPU.
 #
 #   scripts/gpu_check.sh [--dry-run [--check-build DIR]] [--deps DIR] [--build DIR]
 #                        [--python PYTHON] [--jobs N]
@@ -11,8 +12,11 @@
 #   NCCL        the pip `nvidia-nccl` wheel beside torch (site-packages/nvidia/nccl/{include,lib}),
 #               else NCCL_ROOT from the environment, else the CUDA toolkit
 #   CUDA        the toolkit of the `nvcc` on PATH (else CUDAToolkit_ROOT, else /usr/local/cuda)
-#   small deps  fmt, cxxopts, nlohmann-json, libuv, xxhash, gtest, openssl headers: Debian packages
-#               unpacked by scripts/gpu_deps.sh into DIR (default .deps/root); Gloo is off
+#   small deps  fmt, cxxopts, nlohmann-json, libuv, xxhash, gtest, openssl headers, cpp-httplib:
+#               Debian packages unpacked by scripts/gpu_deps.sh into DIR (default .deps/root);
+#               Gloo is off
+#   peer        train_bench's PyTorch side needs torchvision in PYTHON; without it the peer is
+#               skipped and said so
 # --dry-run prints every step with what it found and runs nothing; it exits 3 when an input of a
 # real run is missing on this machine (no CUDA torch, no deps), else 0. --check-build DIR also
 # checks the script against an existing build of this tree: the targets it builds exist, every
@@ -35,7 +39,7 @@ while [ $# -gt 0 ]; do
     --build) build="$2"; shift ;;
     --python) python="$2"; shift ;;
     --jobs) jobs="$2"; shift ;;
-    -h|--help) sed -n '2,23p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,24p' "$0"; exit 0 ;;
     *) echo "gpu_check.sh: unknown argument $1 (see --help)" >&2; exit 2 ;;
   esac
   shift
@@ -66,7 +70,8 @@ run() {  # prints and runs one step (prints only, in a dry run)
 # The script's own inputs must exist everywhere.
 for f in CMakeLists.txt tests/gpu/gpu.cmake tests/gpu/nccl_gpu_test.cpp \
          tests/gpu/process_group_cuda_test.cpp benchmarks/allreduce/allreduce_bench.cpp \
-         tests/gpu/monitor_gpu_test.cpp scripts/gpu_deps.sh; do
+         tests/gpu/monitor_gpu_test.cpp benchmarks/train/train_bench.cpp \
+         benchmarks/train/train_peer.py scripts/gpu_deps.sh; do
   [ -e "$root/$f" ] || { say "error: $f is missing from the source tree" >&2; exit 1; }
 done
 
@@ -118,7 +123,7 @@ say "5. configure, build, test, benchmark"
 run cmake -S "$root" -B "$build" "${generator[@]}" -DCMAKE_BUILD_TYPE=Release \
   "-DCMAKE_PREFIX_PATH=$prefix_path" ${nccl_root:+"-DNCCL_ROOT=$nccl_root"} \
   ${cuda_root:+"-DCUDAToolkit_ROOT=$cuda_root"} -DDTRAIN_WITH_GLOO=OFF \
-  -DDTRAIN_WITH_EXAMPLES=OFF -DDTRAIN_WITH_TESTS=ON -DDTRAIN_WITH_BENCHMARKS=ON
+  -DDTRAIN_WITH_EXAMPLES=ON -DDTRAIN_WITH_TESTS=ON -DDTRAIN_WITH_BENCHMARKS=ON
 if [ "$dry" = 0 ] && ! grep -q 'DTRAIN_WITH_NCCL 1' "$build/generated/dtrain/config.h"; then
   say "error: CMake did not find NCCL and CUDA (see the configure output)" >&2
   exit 1
@@ -134,6 +139,12 @@ if [ "$dry" = 0 ] && ! cmake --build "$build" -j "$jobs" --target "$torch_target
 fi
 run ctest --test-dir "$build" -L gpu --output-on-failure --timeout 180
 run "$build/allreduce_bench" "${bench_args[@]}"
+# ResNet-50 at 224x224, batch 64, float16 autocast + GradScaler, world size 1 (NCCL), in turns with
+# PyTorch eager AMP on the same GPU. Needs the torch layer.
+if [ "$torch_ok" = 1 ]; then
+  run cmake --build "$build" -j "$jobs" --target train_bench
+  run "$build/train_bench" --gpu --python "$python" --rounds 3 --steps 20 --warmup 5
+fi
 
 # The script against an existing build: what it would build and pass must exist there.
 check_against_build() {

@@ -125,4 +125,33 @@ void TurnGiver::give() {
   DTRAIN_CHECK(n == 1, "the job behind {} ended during its turn", path_);
 }
 
+TurnTaker::TurnTaker(const std::string& path, bool owner) {
+  if (path.empty() || !owner) return;
+  go_ = open((path + ".go").c_str(), O_RDONLY);
+  DTRAIN_CHECK(go_ >= 0, "cannot open the turn FIFO {}.go: {}", path, std::strerror(errno));
+  done_ = open((path + ".done").c_str(), O_WRONLY);
+  DTRAIN_CHECK(done_ >= 0, "cannot open the turn FIFO {}.done: {}", path, std::strerror(errno));
+}
+
+TurnTaker::~TurnTaker() {
+  if (go_ >= 0) close(go_);
+  if (done_ >= 0) close(done_);
+}
+
+void TurnTaker::begin() {
+  if (go_ < 0) return;
+  char c;
+  ssize_t n;
+  do {
+    n = read(go_, &c, 1);
+  } while (n < 0 && errno == EINTR);
+  DTRAIN_CHECK(n == 1, "the driver closed the turn FIFO");
+}
+
+void TurnTaker::end() {
+  if (done_ < 0) return;
+  char c = 'd';
+  DTRAIN_CHECK(write(done_, &c, 1) == 1, "the driver is gone ({})", std::strerror(errno));
+}
+
 }  // namespace dtrain::bench

@@ -44,4 +44,21 @@ class TurnGiver {
   int done_ = -1;
 };
 
+// A job's rank 0 end of the same FIFOs (opened in the driver's order: go, then done). Without a
+// path, or on other ranks, every call does nothing.
+class TurnTaker {
+ public:
+  TurnTaker(const std::string& path, bool owner);
+  ~TurnTaker();
+  TurnTaker(const TurnTaker&) = delete;
+  TurnTaker& operator=(const TurnTaker&) = delete;
+
+  void begin();  // waits for the driver's go; throws when it closed the FIFO
+  void end();    // reports the turn done
+
+ private:
+  int go_ = -1;
+  int done_ = -1;
+};
+
 }  // namespace dtrain::bench

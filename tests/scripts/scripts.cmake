@@ -10,6 +10,29 @@ if(TARGET train_linear)
   set_tests_properties(examples.train_linear PROPERTIES LABELS e2e TIMEOUT 120)
 endif()
 
+if(TARGET train_resnet)
+  # One CTest test per part of tests/scripts/train_resnet_test.py, so they run in parallel.
+  set(_train_resnet_test ${CMAKE_CURRENT_SOURCE_DIR}/tests/scripts/train_resnet_test.py)
+  add_test(NAME examples.train_resnet.train
+           COMMAND /usr/bin/python3 ${_train_resnet_test} ${CMAKE_BINARY_DIR} train)
+  add_test(NAME examples.train_resnet.amp
+           COMMAND /usr/bin/python3 ${_train_resnet_test} ${CMAKE_BINARY_DIR} amp)
+  add_test(NAME examples.train_resnet.resume
+           COMMAND /usr/bin/python3 ${_train_resnet_test} ${CMAKE_BINARY_DIR} resume)
+  add_test(NAME examples.train_resnet.usage
+           COMMAND /usr/bin/python3 ${_train_resnet_test} ${CMAKE_BINARY_DIR} usage)
+  add_test(NAME examples.train_resnet.data
+           COMMAND /usr/bin/python3 ${_train_resnet_test} ${CMAKE_BINARY_DIR} data)
+  set_tests_properties(examples.train_resnet.train examples.train_resnet.amp
+                       examples.train_resnet.resume examples.train_resnet.usage examples.train_resnet.data
+                       PROPERTIES LABELS e2e TIMEOUT 300)
+endif()
+
+add_test(NAME scripts.plot_metrics
+         COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/tests/scripts/plot_metrics_test.sh
+                 ${CMAKE_CURRENT_SOURCE_DIR})
+set_tests_properties(scripts.plot_metrics PROPERTIES LABELS unit TIMEOUT 60)
+
 # The repository's own design documents: no citation of a document outside the repository, every
 # cited section and row of docs/design.md / docs/reliability.md exists, every test a row names too.
 add_test(NAME docs.references

@@ -5,7 +5,7 @@ file(GLOB DTRAIN_UNIT_TEST_SOURCES CONFIGURE_DEPENDS
   ${CMAKE_CURRENT_SOURCE_DIR}/tests/unit/*_support.cpp)
 dtrain_gtest(dtrain_unit_tests LABEL unit
   SOURCES ${DTRAIN_UNIT_TEST_SOURCES}
-  LIBS dtrain_base dtrain_base_internal dtrain_comm dtrain_launcher)
+  LIBS dtrain_base dtrain_base_internal dtrain_comm dtrain_launcher dtrain_httplib)
 include(tests/unit/store_tests.cmake OPTIONAL)
 
 # The checkpoint tests' saver process (killed at every I/O call, run on a small tmpfs).

@@ -5,6 +5,7 @@
 #include "dtrain/error.h"
 
 #if DTRAIN_WITH_TORCH
+#include "dtrain/autocast.h"
 #include "dtrain/checkpoint.h"
 #include "dtrain/ddp.h"
 #include "dtrain/distributed_sampler.h"

@@ -9,6 +9,9 @@
 //     interface we derive from kept operator()(outputs, inputs) in both.
 //   - queueEngineCallback: the autograd engine's end-of-backward callback.
 //   - currentStream: the caller's CUDA stream, only in CUDA builds of libtorch.
+//   - autocastEnabled / setAutocastEnabled / autocastDtype / setAutocastDtype: per device type in
+//     2.4 and later; 1.13 has one function pair per device (set_cpu_enabled, set_enabled for
+//     CUDA), deprecated since.
 //   - optimizerStateKey: the key of a parameter's entry in Optimizer::state(): a string of the
 //     TensorImpl's address in 1.13, the address itself (void*) in later 2.x releases.
 //   - schedulerStepCount: LRScheduler's position (a protected member in every version; no
@@ -20,6 +23,7 @@
 #include <string>
 #include <type_traits>
 
+#include <ATen/autocast_mode.h>
 #include <c10/core/Device.h>
 #include <torch/csrc/autograd/engine.h>
 #include <torch/csrc/autograd/function.h>
@@ -82,6 +86,42 @@ inline void* currentStream(const c10::Device& device) {
   (void)device;
   return nullptr;
 }
+
+// Autocast's thread-local switch and lower-precision dtype for CPU or CUDA.
+#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 4)
+inline bool autocastEnabled(c10::DeviceType type) { return at::autocast::is_autocast_enabled(type); }
+inline void setAutocastEnabled(c10::DeviceType type, bool enabled) {
+  at::autocast::set_autocast_enabled(type, enabled);
+}
+inline c10::ScalarType autocastDtype(c10::DeviceType type) {
+  return at::autocast::get_autocast_dtype(type);
+}
+inline void setAutocastDtype(c10::DeviceType type, c10::ScalarType dtype) {
+  at::autocast::set_autocast_dtype(type, dtype);
+}
+#else
+inline bool autocastEnabled(c10::DeviceType type) {
+  return type == c10::DeviceType::CUDA ? at::autocast::is_enabled() : at::autocast::is_cpu_enabled();
+}
+inline void setAutocastEnabled(c10::DeviceType type, bool enabled) {
+  if (type == c10::DeviceType::CUDA) {
+    at::autocast::set_enabled(enabled);
+  } else {
+    at::autocast::set_cpu_enabled(enabled);
+  }
+}
+inline c10::ScalarType autocastDtype(c10::DeviceType type) {
+  return type == c10::DeviceType::CUDA ? at::autocast::get_autocast_gpu_dtype()
+                                       : at::autocast::get_autocast_cpu_dtype();
+}
+inline void setAutocastDtype(c10::DeviceType type, c10::ScalarType dtype) {
+  if (type == c10::DeviceType::CUDA) {
+    at::autocast::set_autocast_gpu_dtype(dtype);
+  } else {
+    at::autocast::set_autocast_cpu_dtype(dtype);
+  }
+}
+#endif
 
 // The key of `param`'s state in `optimizer.state()`, whatever the key type of this libtorch.
 // (A template so that only the branch of this libtorch's key type is instantiated.)

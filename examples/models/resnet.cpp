@@ -1,0 +1,163 @@
+#include "resnet.h"
+
+#include <torch/nn/functional/pooling.h>
+#include <torch/nn/init.h>
+
+#include <dtrain/error.h>
+
+namespace examples {
+namespace {
+
+namespace F = torch::nn::functional;
+
+torch::nn::Conv2d conv(int64_t in, int64_t out, int64_t kernel, int64_t stride) {
+  return torch::nn::Conv2d(
+      torch::nn::Conv2dOptions(in, out, kernel).stride(stride).padding(kernel / 2).bias(false));
+}
+
+// torchvision's `downsample`: a strided 1x1 convolution and a BatchNorm, so the shortcut matches
+// the block's output shape. Null when the identity already does.
+torch::nn::Sequential shortcut(int64_t in, int64_t out, int64_t stride) {
+  if (stride == 1 && in == out) return torch::nn::Sequential(nullptr);
+  return torch::nn::Sequential(conv(in, out, 1, stride), torch::nn::BatchNorm2d(out));
+}
+
+struct Layout {
+  bool bottleneck;
+  std::vector<int64_t> blocks;  // per stage
+};
+
+Layout layoutOf(const std::string& arch) {
+  if (arch == "resnet18") return {false, {2, 2, 2, 2}};
+  if (arch == "resnet34") return {false, {3, 4, 6, 3}};
+  if (arch == "resnet50") return {true, {3, 4, 6, 3}};
+  if (arch == "resnet101") return {true, {3, 4, 23, 3}};
+  DTRAIN_THROW(dtrain::InvalidArgument, "unknown architecture '{}'; known: {}", arch,
+               fmt::join(resnetArchs(), ", "));
+}
+
+}  // namespace
+
+// Modules are registered in torchvision's order, which is the order of parameters() and of
+// state_dict (and so of DDP's buckets).
+BasicBlockImpl::BasicBlockImpl(int64_t inChannels, int64_t channels, int64_t stride) {
+  conv1 = register_module("conv1", conv(inChannels, channels, 3, stride));
+  bn1 = register_module("bn1", torch::nn::BatchNorm2d(channels));
+  conv2 = register_module("conv2", conv(channels, channels, 3, 1));
+  bn2 = register_module("bn2", torch::nn::BatchNorm2d(channels));
+  downsample = shortcut(inChannels, channels * kExpansion, stride);
+  if (downsample) register_module("downsample", downsample);
+}
+
+// In-place ReLU and residual addition, as torchvision's blocks: a convolution's fresh output is
+// the only user of what they overwrite, and every tensor not allocated is memory not touched.
+torch::Tensor BasicBlockImpl::forward(torch::Tensor x) {
+  torch::Tensor out = bn1(conv1(x)).relu_();
+  out = bn2(conv2(out));
+  out += downsample ? downsample->forward(x) : x;
+  return out.relu_();
+}
+
+BottleneckImpl::BottleneckImpl(int64_t inChannels, int64_t channels, int64_t stride) {
+  conv1 = register_module("conv1", conv(inChannels, channels, 1, 1));
+  bn1 = register_module("bn1", torch::nn::BatchNorm2d(channels));
+  conv2 = register_module("conv2", conv(channels, channels, 3, stride));
+  bn2 = register_module("bn2", torch::nn::BatchNorm2d(channels));
+  conv3 = register_module("conv3", conv(channels, channels * kExpansion, 1, 1));
+  bn3 = register_module("bn3", torch::nn::BatchNorm2d(channels * kExpansion));
+  downsample = shortcut(inChannels, channels * kExpansion, stride);
+  if (downsample) register_module("downsample", downsample);
+}
+
+torch::Tensor BottleneckImpl::forward(torch::Tensor x) {
+  torch::Tensor out = bn1(conv1(x)).relu_();
+  out = bn2(conv2(out)).relu_();
+  out = bn3(conv3(out));
+  out += downsample ? downsample->forward(x) : x;
+  return out.relu_();
+}
+
+const std::vector<std::string>& resnetArchs() {
+  static const std::vector<std::string> kArchs = {"resnet18", "resnet34", "resnet50", "resnet101"};
+  return kArchs;
+}
+
+ResNetImpl::ResNetImpl(const ResNetOptions& opts) : options(opts) {
+  Layout layout = layoutOf(options.arch);
+  DTRAIN_CHECK_ARG(options.numClasses > 0, "numClasses must be positive, got {}",
+                   options.numClasses);
+  DTRAIN_CHECK_ARG(options.width > 0, "width must be positive, got {}", options.width);
+  const int64_t expansion =
+      layout.bottleneck ? BottleneckImpl::kExpansion : BasicBlockImpl::kExpansion;
+
+  conv1 = register_module(
+      "conv1", options.cifarStem ? conv(3, options.width, 3, 1) : conv(3, options.width, 7, 2));
+  bn1 = register_module("bn1", torch::nn::BatchNorm2d(options.width));
+
+  // Stage s has width * 2^s channels (times the expansion at its output); every stage but the
+  // first halves the resolution in its first block.
+  int64_t in = options.width;
+  torch::nn::Sequential* stages[] = {&layer1, &layer2, &layer3, &layer4};
+  for (size_t s = 0; s < 4; ++s) {
+    int64_t channels = options.width << s;
+    torch::nn::Sequential stage;
+    for (int64_t b = 0; b < layout.blocks[s]; ++b) {
+      int64_t stride = (s > 0 && b == 0) ? 2 : 1;
+      if (layout.bottleneck) {
+        stage->push_back(Bottleneck(in, channels, stride));
+      } else {
+        stage->push_back(BasicBlock(in, channels, stride));
+      }
+      in = channels * expansion;
+    }
+    *stages[s] = register_module("layer" + std::to_string(s + 1), stage);
+  }
+  fc = register_module("fc", torch::nn::Linear(in, options.numClasses));
+
+  // torchvision's initialisation; the Linear layer keeps libtorch's default, as torchvision's does.
+  for (auto& module : modules(/*include_self=*/false)) {
+    if (auto* c = module->as<torch::nn::Conv2d>()) {
+      torch::nn::init::kaiming_normal_(c->weight, 0.0, torch::kFanOut, torch::kReLU);
+    } else if (auto* bn = module->as<torch::nn::BatchNorm2d>()) {
+      torch::nn::init::ones_(bn->weight);
+      torch::nn::init::zeros_(bn->bias);
+    }
+  }
+}
+
+torch::Tensor ResNetImpl::forward(torch::Tensor x) {
+  x = bn1(conv1(x)).relu_();
+  if (!options.cifarStem) {
+    x = F::max_pool2d(x, F::MaxPool2dFuncOptions(3).stride(2).padding(1));
+  }
+  x = layer1->forward(x);
+  x = layer2->forward(x);
+  x = layer3->forward(x);
+  x = layer4->forward(x);
+  x = F::adaptive_avg_pool2d(x, F::AdaptiveAvgPool2dFuncOptions(1)).flatten(1);
+  return fc(x);
+}
+
+ResNet makeResNet(const ResNetOptions& options) { return ResNet(options); }
+
+int64_t parameterCount(const torch::nn::Module& module) {
+  int64_t n = 0;
+  for (const auto& p : module.parameters()) n += p.numel();
+  return n;
+}
+
+uint64_t fingerprint(const torch::nn::Module& module) {
+  uint64_t hash = 0xcbf29ce484222325ULL;
+  auto absorb = [&](const torch::Tensor& t) {
+    torch::Tensor c = t.detach().cpu().contiguous();
+    const auto* p = static_cast<const uint8_t*>(c.data_ptr());
+    for (size_t i = 0, n = c.numel() * c.element_size(); i < n; ++i) {
+      hash = (hash ^ p[i]) * 0x100000001b3ULL;
+    }
+  };
+  for (const auto& p : module.parameters()) absorb(p);
+  for (const auto& b : module.buffers()) absorb(b);
+  return hash;
+}
+
+}  // namespace examples

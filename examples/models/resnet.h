@@ -1,0 +1,86 @@
+#pragma once
+// ResNet-18/34/50/101 as torch::nn modules, with torchvision's layout: the same modules in the
+// same order under the same names (conv1, bn1, layer1.0.conv1, layer1.0.downsample.0, ..., fc),
+// the same shapes, the same initialisation (Kaiming-normal, fan-out convolutions; BatchNorm weight
+// 1, bias 0), and so the same parameter counts — 11,689,512 / 21,797,672 / 25,557,032 / 44,549,160
+// at 1000 classes. Bottleneck blocks stride in their 3x3 convolution ("ResNet v1.5"), as
+// torchvision's do. A state_dict of torchvision's model therefore has exactly our parameter and
+// buffer names and shapes.
+//
+// Two options torchvision does not have:
+//   - cifarStem: the first layer is a 3x3 stride-1 convolution without the max-pool, for 32x32
+//     images (the usual CIFAR variant; a 7x7/2 stem and a pool would leave 8x8 after the stem);
+//   - width: channels of the first stage (64 in torchvision; the stages have width, 2w, 4w, 8w
+//     channels, times 4 at the end of Bottleneck blocks). A narrower net trains a demo on two CPU
+//     cores in a minute.
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include <torch/nn/module.h>
+#include <torch/nn/modules/batchnorm.h>
+#include <torch/nn/modules/container/sequential.h>
+#include <torch/nn/modules/conv.h>
+#include <torch/nn/modules/linear.h>
+
+namespace examples {
+
+// Two 3x3 convolutions (ResNet-18/34).
+struct BasicBlockImpl : torch::nn::Module {
+  static constexpr int64_t kExpansion = 1;
+  BasicBlockImpl(int64_t inChannels, int64_t channels, int64_t stride);
+  torch::Tensor forward(torch::Tensor x);
+
+  torch::nn::Conv2d conv1{nullptr}, conv2{nullptr};
+  torch::nn::BatchNorm2d bn1{nullptr}, bn2{nullptr};
+  torch::nn::Sequential downsample{nullptr};  // 1x1 convolution + BatchNorm when the shape changes
+};
+TORCH_MODULE(BasicBlock);
+
+// 1x1 down, 3x3 (strided), 1x1 up to 4x the channels (ResNet-50/101).
+struct BottleneckImpl : torch::nn::Module {
+  static constexpr int64_t kExpansion = 4;
+  BottleneckImpl(int64_t inChannels, int64_t channels, int64_t stride);
+  torch::Tensor forward(torch::Tensor x);
+
+  torch::nn::Conv2d conv1{nullptr}, conv2{nullptr}, conv3{nullptr};
+  torch::nn::BatchNorm2d bn1{nullptr}, bn2{nullptr}, bn3{nullptr};
+  torch::nn::Sequential downsample{nullptr};
+};
+TORCH_MODULE(Bottleneck);
+
+struct ResNetOptions {
+  std::string arch = "resnet18";  // resnet18 | resnet34 | resnet50 | resnet101
+  int64_t numClasses = 1000;
+  bool cifarStem = false;
+  int64_t width = 64;
+};
+
+struct ResNetImpl : torch::nn::Module {
+  explicit ResNetImpl(const ResNetOptions& options);
+  // [N, 3, H, W] float -> [N, numClasses] logits.
+  torch::Tensor forward(torch::Tensor x);
+
+  ResNetOptions options;
+  torch::nn::Conv2d conv1{nullptr};
+  torch::nn::BatchNorm2d bn1{nullptr};
+  torch::nn::Sequential layer1{nullptr}, layer2{nullptr}, layer3{nullptr}, layer4{nullptr};
+  torch::nn::Linear fc{nullptr};
+};
+TORCH_MODULE(ResNet);
+
+// The architectures ResNetOptions::arch accepts, in order of size.
+const std::vector<std::string>& resnetArchs();
+
+// Throws dtrain::InvalidArgument naming the arch and the accepted ones.
+ResNet makeResNet(const ResNetOptions& options);
+
+// Number of parameter elements (not buffers).
+int64_t parameterCount(const torch::nn::Module& module);
+
+// FNV-1a over the bytes of every parameter and buffer, in order: equal fingerprints on two ranks
+// mean bitwise-equal models (up to a 2^-64 chance).
+uint64_t fingerprint(const torch::nn::Module& module);
+
+}  // namespace examples

@@ -1,0 +1,211 @@
+// Metrics records: the JSONL form, the stamping Metrics front end and the file sink. The
+// Prometheus side is in prometheus.cpp.
+#include "dtrain/metrics.h"
+
+#include <unistd.h>
+
+#include <cerrno>
+#include <chrono>
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <limits>
+#include <set>
+
+#include <nlohmann/json.hpp>
+
+#include "dtrain/env_contract.h"
+#include "dtrain/error.h"
+#include "parse_int.h"
+
+namespace dtrain::metrics {
+namespace {
+
+// The schema's own keys, which no field may shadow.
+const std::set<std::string>& reservedKeys() {
+  static const std::set<std::string> kKeys = {"time", "source", "run_id", "node",
+                                              "rank", "gpu",    "step"};
+  return kKeys;
+}
+
+void checkFields(const std::vector<Field>& fields) {
+  std::set<std::string> seen;
+  for (const auto& [name, value] : fields) {
+    DTRAIN_CHECK_ARG(validFieldName(name),
+                     "metrics field name '{}' is not allowed: use letters, digits and '_' (not "
+                     "first), and none of time, source, run_id, node, rank, gpu, step",
+                     name);
+    DTRAIN_CHECK_ARG(seen.insert(name).second, "metrics field '{}' given twice in one record",
+                     name);
+  }
+}
+
+std::string hostName() {
+  char name[256] = {};
+  if (::gethostname(name, sizeof name - 1) != 0 || name[0] == '\0') return "localhost";
+  return name;
+}
+
+}  // namespace
+
+std::optional<double> Record::field(const std::string& name) const {
+  for (const auto& [key, value] : fields) {
+    if (key == name) return value;
+  }
+  return std::nullopt;
+}
+
+bool validFieldName(const std::string& name) {
+  if (name.empty() || reservedKeys().count(name)) return false;
+  for (size_t i = 0; i < name.size(); ++i) {
+    const char c = name[i];
+    const bool letter = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || c == '_';
+    const bool digit = c >= '0' && c <= '9';
+    if (!(letter || (digit && i > 0))) return false;
+  }
+  return true;
+}
+
+double unixSeconds() {
+  using namespace std::chrono;
+  return duration<double>(system_clock::now().time_since_epoch()).count();
+}
+
+std::string toJsonLine(const Record& record) {
+  checkFields(record.fields);
+  // ordered_json keeps the schema's keys first, in the order docs/design.md lists them.
+  nlohmann::ordered_json j;
+  j["time"] = record.time;
+  j["source"] = record.source;
+  j["run_id"] = record.runId;
+  j["node"] = record.node;
+  if (record.rank) j["rank"] = *record.rank;
+  if (record.gpu) j["gpu"] = *record.gpu;
+  if (record.step) j["step"] = *record.step;
+  for (const auto& [name, value] : record.fields) {
+    if (!std::isfinite(value)) {
+      j[name] = nullptr;
+    } else if (value == std::floor(value) && std::fabs(value) < 9007199254740992.0) {
+      j[name] = static_cast<int64_t>(value);  // counts and bytes as integers: 1048576, not 1048576.0
+    } else {
+      j[name] = value;
+    }
+  }
+  return j.dump();
+}
+
+Record parseJsonLine(const std::string& line) {
+  // ordered_json: fields come back in the order they were written.
+  using json = nlohmann::ordered_json;
+  json j = json::parse(line, nullptr, /*allow_exceptions=*/false);
+  DTRAIN_CHECK_ARG(j.is_object(), "a metrics record must be one JSON object, got: {:.80}", line);
+  auto need = [&](const char* key, bool (json::*is)() const noexcept, const char* what) {
+    DTRAIN_CHECK_ARG(j.contains(key) && (j[key].*is)(), "metrics record: '{}' must be {} ({:.80})",
+                     key, what, line);
+  };
+  need("time", &json::is_number, "a number");
+  need("source", &json::is_string, "a string");
+  Record r;
+  r.time = j["time"].get<double>();
+  r.source = j["source"].get<std::string>();
+  if (j.contains("run_id")) {
+    need("run_id", &json::is_string, "a string");
+    r.runId = j["run_id"].get<std::string>();
+  }
+  if (j.contains("node")) {
+    need("node", &json::is_string, "a string");
+    r.node = j["node"].get<std::string>();
+  }
+  if (j.contains("rank")) {
+    need("rank", &json::is_number_integer, "an integer");
+    r.rank = j["rank"].get<int>();
+  }
+  if (j.contains("gpu")) {
+    need("gpu", &json::is_number_integer, "an integer");
+    r.gpu = j["gpu"].get<int>();
+  }
+  if (j.contains("step")) {
+    need("step", &json::is_number_integer, "an integer");
+    r.step = j["step"].get<int64_t>();
+  }
+  for (const auto& [key, value] : j.items()) {
+    if (reservedKeys().count(key)) continue;
+    DTRAIN_CHECK_ARG(value.is_number() || value.is_null(),
+                     "metrics record: field '{}' must be a number or null ({:.80})", key, line);
+    r.fields.emplace_back(
+        key, value.is_null() ? std::numeric_limits<double>::quiet_NaN() : value.get<double>());
+  }
+  checkFields(r.fields);
+  return r;
+}
+
+std::shared_ptr<JsonlSink> JsonlSink::open(const std::string& path) {
+  std::FILE* file = std::fopen(path.c_str(), "a");
+  DTRAIN_CHECK_ARG(file != nullptr,
+                   "cannot open metrics file {}: {}. HINT: does its directory "
+                   "exist and is it writable?",
+                   path, std::strerror(errno));
+  return std::shared_ptr<JsonlSink>(new JsonlSink(path, file));
+}
+
+JsonlSink::JsonlSink(std::string path, std::FILE* file) : path_(std::move(path)), file_(file) {}
+
+JsonlSink::~JsonlSink() { std::fclose(file_); }
+
+void JsonlSink::write(const Record& record) {
+  std::string line = toJsonLine(record);
+  line += '\n';
+  const bool ok =
+      std::fwrite(line.data(), 1, line.size(), file_) == line.size() && std::fflush(file_) == 0;
+  DTRAIN_CHECK(ok, "cannot append to metrics file {}: {}", path_, std::strerror(errno));
+}
+
+Metrics::Metrics(MetricsOptions options)
+    : source_(std::move(options.source)),
+      runId_(std::move(options.runId)),
+      node_(std::move(options.node)) {
+  if (runId_.empty()) {
+    const char* id = std::getenv(env::kRunId);
+    runId_ = id && *id ? id : "local";
+  }
+  if (node_.empty()) node_ = hostName();
+  if (options.rank >= 0) {
+    rank_ = options.rank;
+  } else if (const char* rank = std::getenv(env::kRank); rank && *rank) {
+    int64_t value = 0;
+    DTRAIN_CHECK_ARG(
+        parseInt64(rank, &value) && value >= 0 && value <= std::numeric_limits<int>::max(),
+        "{}='{}' is not a rank. HINT: launch sets it; unset it to record no rank", env::kRank,
+        rank);
+    rank_ = static_cast<int>(value);
+  }
+}
+
+void Metrics::addSink(std::shared_ptr<Sink> sink) {
+  DTRAIN_CHECK_ARG(sink != nullptr, "Metrics::addSink: null sink");
+  sinks_.push_back(std::move(sink));
+}
+
+void Metrics::record(int64_t step, std::vector<Field> fields) {
+  Record r;
+  r.step = step;
+  r.fields = std::move(fields);
+  record(std::move(r));
+}
+
+void Metrics::record(Record r) {
+  checkFields(r.fields);
+  if (sinks_.empty()) return;
+  if (r.time == 0) r.time = unixSeconds();
+  if (r.source.empty()) r.source = source_;
+  if (r.runId.empty()) r.runId = runId_;
+  if (r.node.empty()) r.node = node_;
+  if (!r.rank) r.rank = rank_;
+  for (auto& sink : sinks_) sink->write(r);
+}
+
+void Metrics::flush() {
+  for (auto& sink : sinks_) sink->flush();
+}
+
+}  // namespace dtrain::metrics

@@ -1,0 +1,301 @@
+#!/usr/bin/python3
+"""train_resnet under launch with 2 ranks, at a small size (ResNet-18 of width 8 on a synthetic
+CIFAR-10 of 1,200 images): the loss falls, the ranks end bitwise equal, the metrics file holds a
+record per step in the schema, the Prometheus endpoint answers a scrape mid-run (parsed, not
+grepped), --amp trains on the CPU, a rank killed mid-run is restarted and resumes from its
+checkpoint bitwise, and bad input exits with one clear message.
+
+Usage: train_resnet_test.py <build-dir> [test ...]   (tests: train, amp, resume, usage,
+data; default all)
+"""
+import json
+import math
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.request
+
+BUILD = os.path.abspath(sys.argv[1])
+LAUNCH = os.path.join(BUILD, "launch")
+TRAINER = os.path.join(BUILD, "train_resnet")
+SMALL = ["--arch", "resnet18", "--width", "8", "--batch-size", "16", "--warmup-steps", "5", "--lr", "0.8",
+         "--threads", "1"]
+
+
+def fail(message):
+    print("FAIL: " + message)
+    sys.exit(1)
+
+
+def parse_prometheus(text):
+    """{(name, frozenset(labels)): value} and {name: type} of a text exposition; raises on lines
+    outside the grammar dtrain writes."""
+    samples, types = {}, {}
+    sample = re.compile(r'^([a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{(.*)\})? (\S+)$')
+    label = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\]|\\.)*)"(?:,|$)')
+    for line in text.splitlines():
+        if not line:
+            continue
+        if line.startswith("# TYPE "):
+            _, _, name, kind = line.split(" ")
+            types[name] = kind
+            continue
+        if line.startswith("#"):
+            continue
+        m = sample.match(line)
+        if not m:
+            raise ValueError(f"not a sample line: {line!r}")
+        name, labels, value = m.groups()
+        if name not in types:
+            raise ValueError(f"{name} has no TYPE line before its samples")
+        pairs = label.findall(labels or "")
+        if "".join(f'{k}="{v}",' for k, v in pairs).rstrip(",") != (labels or ""):
+            raise ValueError(f"bad label set in {line!r}")
+        samples[(name, frozenset(pairs))] = float(value)
+    return samples, types
+
+
+class Run:
+    """A launch job whose output is read line by line on a thread."""
+
+    def __init__(self, args, env=None, launch_args=()):
+        full_env = dict(os.environ, **(env or {}))
+        self.proc = subprocess.Popen([LAUNCH, "--nproc-per-node", "2", *launch_args, TRAINER] + args,
+                                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                     env=full_env)
+        self.lines = []
+        self.reader = threading.Thread(target=self._read)
+        self.reader.start()
+
+    def _read(self):
+        for line in self.proc.stdout:
+            sys.stdout.write(line)
+            self.lines.append(line.rstrip("\n"))
+
+    def wait_for(self, pattern, timeout):
+        deadline = time.time() + timeout
+        while time.time() < deadline:
+            for line in list(self.lines):
+                m = re.search(pattern, line)
+                if m:
+                    return m
+            if self.proc.poll() is not None and not self.reader.is_alive():
+                break
+            time.sleep(0.05)
+        fail(f"no line matching {pattern!r} within {timeout} s")
+
+    def finish(self, timeout=240):
+        try:
+            rc = self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            fail(f"launch did not finish within {timeout} s")
+        self.reader.join()
+        return rc
+
+
+def step_records(path):
+    with open(path) as f:
+        records = [json.loads(line) for line in f]
+    for r in records:
+        for key, kind in (("time", (int, float)), ("source", str), ("run_id", str),
+                          ("node", str), ("rank", int), ("step", int)):
+            if not isinstance(r.get(key), kind):
+                fail(f"metrics record without a valid {key!r}: {r}")
+        if r["source"] != "trainer" or r["rank"] != 0:
+            fail(f"unexpected source/rank: {r}")
+    return records
+
+
+def check_training(run):
+    """The loss fell below 70% of the first interval's, the ranks ended bitwise equal, and the
+    summary came; returns the number of steps."""
+    total = int(run.wait_for(r"step \d+/(\d+)", 1).group(1))
+    losses = [float(m.group(1)) for line in run.lines
+              for m in [re.search(r"epoch \d+/\d+  step \d+/\d+  loss ([0-9.]+)", line)] if m]
+    if len(losses) < 3:
+        fail(f"expected at least 3 progress lines, got {len(losses)}")
+    if not losses[-1] < 0.7 * losses[0]:
+        fail(f"loss {losses[-1]} at the end is not below 70% of the first interval's {losses[0]}")
+    fingerprints(run)
+    run.wait_for(r"done: \d+ steps .* test accuracy [0-9.]+%", 1)
+    return total
+
+
+def test_train():
+    with tempfile.TemporaryDirectory() as tmp:
+        metrics = os.path.join(tmp, "metrics.jsonl")
+        # Rank 0 pauses 3 s before step 12 (DTRAIN_FAULT slow), so the scrape below sees a
+        # known step.
+        run = Run(SMALL + ["--synthetic", "1200", "--data-dir", os.path.join(tmp, "data"),
+                           "--epochs", "3", "--log-every", "12", "--metrics-file", metrics,
+                           "--metrics-port", "0"],
+                  env={"DTRAIN_FAULT": "slow:3000@rank=0,step=12"})
+        port = int(run.wait_for(r"metrics: http://[^:]+:(\d+)/metrics", 120).group(1))
+        deadline = time.time() + 60
+        while time.time() < deadline:
+            if os.path.exists(metrics) and sum(1 for _ in open(metrics)) >= 12:
+                break
+            time.sleep(0.02)
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as res:
+            content_type = res.headers["Content-Type"]
+            body = res.read().decode()
+        if not content_type.startswith("text/plain; version=0.0.4"):
+            fail(f"Content-Type {content_type}")
+        samples, types = parse_prometheus(body)
+        series = {name: value for (name, labels), value in samples.items()
+                  if dict(labels).get("rank") == "0" and "node" in dict(labels)}
+        for name in ("dtrain_step", "dtrain_loss", "dtrain_accuracy", "dtrain_samples_per_s",
+                     "dtrain_lr", "dtrain_allreduce_wait_share"):
+            if name not in series or types.get(name) != "gauge":
+                fail(f"scrape lacks the gauge {name}: {body}")
+        if series["dtrain_step"] != 12:
+            fail(f"scraped during the pause before step 12, got step {series['dtrain_step']}")
+        if not (0 < series["dtrain_loss"] < 10 and series["dtrain_samples_per_s"] > 0
+                and 0 <= series["dtrain_allreduce_wait_share"] <= 1):
+            fail(f"implausible values: {series}")
+
+        if run.finish() != 0:
+            fail("launch failed")
+        total = check_training(run)
+        records = step_records(metrics)
+        steps = [r["step"] for r in records if "loss" in r]
+        if steps != list(range(1, total + 1)):
+            fail(f"expected a loss record for steps 1..{total}, got {steps}")
+        for r in records:
+            if "loss" in r and not all(isinstance(r[k], (int, float)) for k in
+                                       ("loss", "accuracy", "samples_per_s", "lr",
+                                        "allreduce_wait_share")):
+                fail(f"step record misses a field: {r}")
+        evals = [r for r in records if "test_accuracy" in r]
+        if len(evals) != 3 or not all(0 <= r["test_accuracy"] <= 1 for r in evals):
+            fail(f"expected a test_accuracy record per epoch: {evals}")
+        if len({r["run_id"] for r in records}) != 1:
+            fail("records of one run carry several run ids")
+    print("train: ok")
+
+
+def test_amp():
+    """--amp on the CPU (bfloat16 autocast) with gradient accumulation (noSync)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        run = Run(SMALL + ["--synthetic", "1200", "--data-dir", os.path.join(tmp, "data"),
+                           "--epochs", "3", "--log-every", "12", "--amp", "--accum-steps", "2",
+                           "--batch-size", "8"])
+        if run.finish() != 0:
+            fail("launch failed")
+        run.wait_for(r"2 ranks x 16 samples per step on cpu \(amp: bfloat16\)", 1)
+        check_training(run)
+    print("amp: ok")
+
+
+def fingerprints(run):
+    prints = {m.group(1): m.group(2) for line in run.lines
+              for m in [re.search(r"fingerprint of rank (\d)'s model: ([0-9a-f]{16})", line)] if m}
+    if sorted(prints) != ["0", "1"] or prints["0"] != prints["1"]:
+        fail(f"ranks do not agree bitwise: {prints}")
+    return prints["0"]
+
+
+def test_resume():
+    """Rank 1 is SIGKILLed at step 25 (a checkpoint was saved at step 20); launch restarts the
+    job, which resumes from that checkpoint and ends bitwise equal to an uninterrupted run."""
+    with tempfile.TemporaryDirectory() as tmp:
+        common = SMALL + ["--synthetic", "1200", "--data-dir", os.path.join(tmp, "data"),
+                          "--epochs", "1", "--log-every", "12", "--save-every", "10"]
+        plain = Run(common + ["--checkpoint-dir", os.path.join(tmp, "a")])
+        if plain.finish() != 0:
+            fail("the uninterrupted run failed")
+        expected = fingerprints(plain)
+
+        metrics = os.path.join(tmp, "b.jsonl")
+        run = Run(common + ["--checkpoint-dir", os.path.join(tmp, "b"), "--metrics-file", metrics],
+                  env={"DTRAIN_FAULT": "signal:KILL@rank=1,step=25,attempt=0"},
+                  launch_args=["--max-restarts", "1"])
+        if run.finish() != 0:
+            fail("the restarted run failed")
+        run.wait_for(r"rank 1 .*SIGKILL", 1)
+        run.wait_for(r"resumed from the checkpoint of step 20 \(", 1)
+        if fingerprints(run) != expected:
+            fail("the resumed run does not end bitwise equal to the uninterrupted one")
+        if not os.listdir(os.path.join(tmp, "b")):
+            fail("no checkpoint directory was written")
+        records = step_records(metrics)
+        if [r["step"] for r in records if "resumed" in r] != [20]:
+            fail("the metrics file lacks the record of the resume at step 20")
+        steps = [r["step"] for r in records if "loss" in r]
+        if steps[:25] != list(range(1, 26)) or steps[25:] != list(range(21, 38)):
+            fail(f"expected steps 1-25, then 21-37 after the resume: {steps}")
+
+        # The same command once more: everything is done, it resumes at the last step and
+        # trains nothing.
+        again = Run(common + ["--checkpoint-dir", os.path.join(tmp, "b")])
+        if again.finish() != 0:
+            fail("the rerun failed")
+        again.wait_for(r"resumed from the checkpoint of step 37 ", 1)
+        again.wait_for(r"done: all 37 steps were trained before", 1)
+        if fingerprints(again) != expected:
+            fail("the rerun changed the model")
+    print("resume: ok")
+
+
+def expect_exit(args, rc_expected, pattern):
+    out = subprocess.run([TRAINER] + args, capture_output=True, text=True, timeout=60)
+    text = out.stdout + out.stderr
+    if out.returncode != rc_expected or not re.search(pattern, text):
+        fail(f"{args}: exit {out.returncode} (expected {rc_expected}), output: {text}")
+    return text
+
+
+def test_usage():
+    text = expect_exit(["--help"], 0, r"--accum-steps")
+    for flag, default in (("arch", "resnet18"), ("epochs", "10"), ("batch-size", "128"),
+                          ("lr", "0.2"), ("momentum", "0.9"), ("weight-decay", "0.0005"),
+                          ("warmup-steps", "100"), ("eval-every", "0"), ("device", "auto"),
+                          ("seed", "0"), ("threads", "0")):
+        if not re.search(rf"--{flag}\b.*\(default: {re.escape(default)}\)", text):
+            fail(f"--help does not list --{flag} with its default {default}:\n{text}")
+    for flag in ("data-dir", "synthetic", "metrics-file", "metrics-port", "checkpoint-dir",
+                 "save-every", "amp", "accum-steps"):
+        if f"--{flag}" not in text:
+            fail(f"--help does not list --{flag}")
+    expect_exit(["--epochs", "x"], 2, r"--epochs must be an integer .* got 'x'")
+    expect_exit(["--lr", "-1"], 2, r"--lr must be a number")
+    expect_exit(["--arch", "resnet152"], 2, r"--arch must be one of")
+    expect_exit(["--device", "tpu"], 2, r"--device must be auto, cpu or cuda")
+    expect_exit(["--bogus"], 2, r"bogus")
+    print("usage: ok")
+
+
+def test_data():
+    with tempfile.TemporaryDirectory() as tmp:
+        data = os.path.join(tmp, "data")
+        run = Run(SMALL + ["--synthetic", "200", "--data-dir", data, "--epochs", "1"])
+        if run.finish() != 0:
+            fail("writing a tiny synthetic set failed")
+        path = os.path.join(data, "data_batch_3.bin")
+        size = os.path.getsize(path)
+        os.truncate(path, size - 5)
+        run = Run(SMALL + ["--data-dir", data])
+        rc = run.finish()
+        offset = (size // 3073 - 1) * 3073
+        if rc != 1:
+            fail(f"a truncated file gave exit {rc}, expected the worker's 1")
+        run.wait_for(rf"data_batch_3\.bin: truncated record at offset {offset}", 1)
+        run = Run(SMALL + ["--data-dir", os.path.join(tmp, "missing")])
+        if run.finish() != 1:
+            fail("a missing data directory did not fail")
+        run.wait_for(r"missing/data_batch_1\.bin.*HINT", 1)
+    print("data: ok")
+
+
+TESTS = {"train": test_train, "amp": test_amp, "resume": test_resume, "usage": test_usage,
+         "data": test_data}
+
+if __name__ == "__main__":
+    for name in sys.argv[2:] or list(TESTS):
+        TESTS[name]()
+    print("train_resnet_test: ok")
