@@ -5,6 +5,7 @@ add_library(dtrain_comm SHARED
   runtime/comm/collective_queue.cpp
   runtime/comm/failure_report.cpp
   runtime/comm/flight_recorder.cpp
+  runtime/comm/heartbeat_monitor.cpp
   runtime/comm/host_buffer_pool.cpp
   runtime/comm/nccl_env.cpp
   runtime/comm/reduce_kernels.cpp

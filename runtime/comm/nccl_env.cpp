@@ -68,6 +68,8 @@ const std::vector<Rule>& rules() {
       {"TORCH_NCCL_ASYNC_ERROR_HANDLING", Grammar::Int, 0, 3},
       {"NCCL_ASYNC_ERROR_HANDLING", Grammar::Int, 0, 3},
       {"TORCH_NCCL_DESYNC_DEBUG", Grammar::Bool},
+      {"TORCH_NCCL_ENABLE_MONITORING", Grammar::Bool},
+      {"TORCH_NCCL_HEARTBEAT_TIMEOUT_SEC", Grammar::Int, 1, 31536000},
   };
   return kRules;
 }

@@ -63,6 +63,15 @@ NcclCommunicator::NcclCommunicator(const NcclOptions& o)
       watchdogInterval_(o.watchdogInterval),
       blockingWait_(o.blockingWait),
       faults_(o.faults) {
+  HeartbeatSetting heartbeat{true, o.heartbeatTimeout};
+  if (o.heartbeatFromEnv) heartbeat = heartbeatFromEnv(o.heartbeatTimeout);
+  if (heartbeat.enabled) {
+    HeartbeatMonitorOptions h;
+    h.who = fmt::format("nccl rank {}/{} (cuda:{})", o.rank, o.size, o.device);
+    h.timeout = heartbeat.timeout;
+    h.describe = [this] { return "its last collectives: " + recorder_.dump(); };
+    heartbeat_ = std::make_unique<HeartbeatMonitor>(std::move(h));
+  }
   DTRAIN_CHECK_ARG(size_ >= 1 && rank_ >= 0 && rank_ < size_, "NCCL: rank {} / world size {}",
                    rank_, size_);
   DTRAIN_CHECK_ARG(store_ != nullptr, "NCCL: {}: no store to share the ncclUniqueId through", who());
@@ -122,6 +131,7 @@ NcclCommunicator::NcclCommunicator(const NcclOptions& o)
 }
 
 void NcclCommunicator::start() {
+  if (heartbeat_) heartbeat_->start();
   watchdog_ = std::thread([this] { watchdogMain(); });
   progress_ = progress::watchCollectives(
       [this] { return recorder_.progressState(name_, nextSeq_.load()); });
@@ -255,12 +265,15 @@ void NcclCommunicator::watchdogMain() {
   if (cudaSetDevice(device_) != cudaSuccess) cudaGetLastError();  // the calls below then say why
   std::unique_lock<std::mutex> lock(stateMutex_);
   while (true) {
+    beat("its wait for work (idle)");
     wake_.wait_for(lock, watchdogInterval_);
+    beat("a turn of its loop");
     if (closing_ && pending_.empty()) return;
     if (error_) {
       if (!aborted_) {
         auto error = error_;
         lock.unlock();
+        beat("failing the communicator (the failure report, then ncclCommAbort)");
         failOnWatchdog(error);
         lock.lock();
       }
@@ -269,16 +282,19 @@ void NcclCommunicator::watchdogMain() {
     }
     // NCCL's own view first: a failed peer connection shows up here before any timeout.
     ncclResult_t async = ncclSuccess;
+    beat("ncclCommGetAsyncError");
     if (comm_ != nullptr && ncclCommGetAsyncError(comm_, &async) == ncclSuccess &&
         async != ncclSuccess && async != ncclInProgress) {
       auto error = ncclError(async, comm_, who(), "asynchronous error");
       lock.unlock();
+      beat("failing the communicator after NCCL's asynchronous error");
       failOnWatchdog(error);
       lock.lock();
       continue;
     }
     auto now = std::chrono::steady_clock::now();
     std::shared_ptr<NcclWork> late;
+    beat("cudaEventQuery of the oldest pending collective");
     while (!pending_.empty()) {
       auto& head = pending_.front();
       if (head->pollOnWatchdog()) {
@@ -291,6 +307,7 @@ void NcclCommunicator::watchdogMain() {
     }
     if (late) {
       lock.unlock();
+      beat("failing the communicator after a collective's timeout");
       failOnWatchdog(timeoutError(*this, late->info(), recorder_));  // Note [NCCL failure report]
       lock.lock();
     }
@@ -378,6 +395,9 @@ std::exception_ptr NcclCommunicator::withReports(std::exception_ptr error,
 void NcclCommunicator::abortOnWatchdog() {
   std::unique_lock<std::timed_mutex> issue(issueMutex_, std::defer_lock);
   const auto start = std::chrono::steady_clock::now();
+  // No beat while waiting: a caller that never comes back out of NCCL leaves the watchdog here
+  // for good, and the heartbeat monitor ends the process (Note [Watchdog heartbeat]).
+  beat("waiting for a caller inside NCCL to return before ncclCommAbort");
   while (!issue.try_lock_for(std::chrono::seconds(5))) {
     DTRAIN_LOG(Warn, "nccl {}: the communicator failed, but a caller has been inside NCCL for {} "
                "s (issuing seq {}); waiting for it to return before ncclCommAbort, which NCCL "
@@ -386,8 +406,10 @@ void NcclCommunicator::abortOnWatchdog() {
                           std::chrono::steady_clock::now() - start).count(),
                nextSeq_.load() - 1);
   }
+  beat("ncclCommAbort");
   if (comm_ != nullptr) ncclCommAbort(comm_);
   comm_ = nullptr;
+  beat("a turn of its loop");
 }
 
 std::shared_ptr<Work> NcclCommunicator::allreduceAsync(void* data, size_t count, DataType dtype,
@@ -464,6 +486,7 @@ void NcclCommunicator::shutdown() {
   // Pending collectives finish (or time out: the watchdog fails them) before the watchdog exits.
   wake_.notify_all();
   if (watchdog_.joinable()) watchdog_.join();
+  if (heartbeat_) heartbeat_->stop();
   releaseHang();
   DeviceGuard guard(device_);
   // Note [Aborting under the issue lock]; callers that get it after this see closing_ and stop.

@@ -18,6 +18,7 @@
 #include "collective.h"
 #include "dtrain/nccl_communicator.h"
 #include "flight_recorder.h"
+#include "heartbeat_monitor.h"
 #include "nccl_compat.h"
 
 namespace dtrain::comm {
@@ -115,6 +116,10 @@ class NcclCommunicator final : public Communicator,
   // ncclCommAbort under issueMutex_ (Note [Aborting under the issue lock]).
   void abortOnWatchdog();
   void releaseHang();
+  // The watchdog is alive and about to do `doing` (a string literal).
+  void beat(const char* doing) {
+    if (heartbeat_) heartbeat_->beat(doing);
+  }
   static void CUDART_CB hangHostFunc(void* self);
   static void CUDART_CB slowHostFunc(void* millis);
   const fault::Fault* faultAt(fault::Kind kind, uint64_t seq) const;
@@ -151,6 +156,8 @@ class NcclCommunicator final : public Communicator,
   bool aborted_ = false;                        // guarded by stateMutex_
   std::atomic<bool> hangReleased_{false};
   std::thread watchdog_;
+  // Watches the watchdog (Note [Watchdog heartbeat]); null when turned off.
+  std::unique_ptr<HeartbeatMonitor> heartbeat_;
 
   // Last member, so it is gone before anything the publisher thread reads (dtrain/progress.h).
   progress::Registration progress_;
