@@ -204,7 +204,7 @@ void Monitor::threadMain() {
   if (context_.aggregates) {
     // The ranks' last reports: a trainer flushes its final records as it exits.
     try {
-      pollStore(steadyNow());
+      pollStore(steadyNow(), /*final=*/true);
     } catch (const std::exception& e) {
       DTRAIN_LOG(Warn, "launch: monitoring: {}", e.what());
     }
@@ -254,7 +254,15 @@ bool Monitor::connectStore() {
   }
 }
 
-void Monitor::pollStore(double now) {
+std::optional<std::string> Monitor::nodeOf(int rank, const progress::RankReport& report,
+                                           const std::map<int, std::string>& nodeOfRank) const {
+  if (auto it = nodeOfRank.find(rank); it != nodeOfRank.end()) return it->second;
+  if (context_.numNodes <= 1) return context_.node;
+  if (auto it = nodeNames_.find(report.nodeRank); it != nodeNames_.end()) return it->second;
+  return std::nullopt;
+}
+
+void Monitor::pollStore(double now, bool final) {
   if (!store_) return;
   try {
     const int64_t version = store_->add(progress::kVersionKey, 0);
@@ -275,8 +283,11 @@ void Monitor::pollStore(double now) {
     if (context_.numNodes > 1) {
       std::vector<std::string> problems;
       const int own = context_.samplesNode ? context_.nodeRank : -1;
+      if (own >= 0) nodeNames_[own] = context_.node;
       for (auto& [n, records] : readNodeRecords(*store_, context_.numNodes, own, &problems)) {
         if (records.empty()) continue;
+        nodeNames_[n] = records.front().node.empty() ? fmt::format("node{}", n)
+                                                     : records.front().node;
         // Each agent's sample once in the file, however often the version moves.
         if (nodeRecordTimes_[n] != records.front().time) {
           nodeRecordTimes_[n] = records.front().time;
@@ -295,8 +306,10 @@ void Monitor::pollStore(double now) {
       }
       for (const auto& p : problems) DTRAIN_LOG(Info, "launch: monitoring: {}", p);
     }
-    // The trainers' records, by the node their rank runs on (from launch's rank records): each
-    // new one into the file, the latest figures of each rank onto the endpoint.
+    // The trainers' records, labelled with the node their rank runs on: launch's samples of the
+    // rank say which, else the node rank it reported. Each new record goes into the file once its
+    // node is known (it stays in the rank's report meanwhile); the endpoint shows the latest
+    // figures of each rank.
     std::map<int, std::string> nodeOfRank;
     for (const auto& r : view_.latest()) {
       if (r.rank && !r.gpu && r.source == "launch") nodeOfRank[*r.rank] = r.node;
@@ -304,12 +317,14 @@ void Monitor::pollStore(double now) {
     std::vector<Record> trainer;
     std::vector<Record> fresh;
     for (const auto& [rank, report] : reports_) {
-      auto found = nodeOfRank.find(rank);
-      const std::string& node = found != nodeOfRank.end() ? found->second : context_.node;
-      if (auto t = trainerRecord(report, context_.runId, node)) trainer.push_back(std::move(*t));
+      const std::optional<std::string> node = nodeOf(rank, report, nodeOfRank);
+      const std::string label =
+          node ? *node : report.nodeRank >= 0 ? fmt::format("node{}", report.nodeRank) : "";
+      if (auto t = trainerRecord(report, context_.runId, label)) trainer.push_back(std::move(*t));
+      if (!node && !final) continue;
       uint64_t& missed = recordsMissed_[rank];
       const uint64_t missedBefore = missed;
-      for (auto& r : newTrainerRecords(report, recordsWritten_[rank], context_.runId, node,
+      for (auto& r : newTrainerRecords(report, recordsWritten_[rank], context_.runId, label,
                                        &missed)) {
         fresh.push_back(std::move(r));
       }

@@ -101,7 +101,11 @@ class Monitor : public JobObserver {
   void threadMain();
   void tick(double now);
   bool connectStore();
-  void pollStore(double now);
+  // `final`: the job has ended, so trainer records of a rank whose node is still unknown are
+  // written with the best name there is rather than kept for later.
+  void pollStore(double now, bool final = false);
+  std::optional<std::string> nodeOf(int rank, const progress::RankReport& report,
+                                    const std::map<int, std::string>& nodeOfRank) const;
   void sample(double now);
   void answerStackRequest();
   void checkStall(double now);
@@ -141,6 +145,7 @@ class Monitor : public JobObserver {
   std::map<int, progress::RankReport> reports_;  // this attempt's latest, by rank
   std::map<int, uint64_t> recordsWritten_;       // rank -> its last trainer record in the file
   std::map<int, uint64_t> recordsMissed_;        // rank -> trainer records the file misses
+  std::map<int, std::string> nodeNames_;         // node rank -> its name (the agents' records)
   std::map<int, double> nodeRecordTimes_;        // remote node -> time of its records last written
   int64_t stacksAnswered_ = 0;                   // agent: the last stack request answered
   int currentAttempt_ = 0;

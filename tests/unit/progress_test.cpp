@@ -18,6 +18,7 @@ namespace {
 RankReport sample() {
   RankReport r;
   r.rank = 3;
+  r.nodeRank = 1;
   r.pid = 4242;
   r.time = 1700000000.25;
   r.step = 17;
@@ -42,6 +43,7 @@ RankReport sample() {
 TEST(ProgressReport, RoundTrips) {
   RankReport back = decodeReport(encodeReport(sample()));
   EXPECT_EQ(back.rank, 3);
+  EXPECT_EQ(back.nodeRank, 1);
   EXPECT_EQ(back.pid, 4242);
   EXPECT_EQ(back.step, 17);
   ASSERT_EQ(back.collectives.size(), 1u);

@@ -55,6 +55,7 @@ std::string stacksKey(int nodeRank) { return "monitor/stacks/" + std::to_string(
 std::string encodeReport(const RankReport& r) {
   json j;
   j["rank"] = r.rank;
+  if (r.nodeRank >= 0) j["node_rank"] = r.nodeRank;
   j["pid"] = r.pid;
   j["time"] = r.time;
   if (r.step) j["step"] = *r.step;
@@ -101,6 +102,9 @@ RankReport decodeReport(const std::string& text) {
   };
   RankReport r;
   r.rank = need(j, "rank", &json::is_number_integer, "an integer").get<int>();
+  if (j.contains("node_rank")) {
+    r.nodeRank = need(j, "node_rank", &json::is_number_integer, "an integer").get<int>();
+  }
   r.pid = need(j, "pid", &json::is_number_integer, "an integer").get<int64_t>();
   r.time = need(j, "time", &json::is_number, "a number").get<double>();
   if (j.contains("step")) r.step = need(j, "step", &json::is_number_integer, "an integer").get<int64_t>();

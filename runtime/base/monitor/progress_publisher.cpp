@@ -94,6 +94,7 @@ void ProgressPublisher::removeSource(uint64_t id) {
 RankReport ProgressPublisher::gather() {
   RankReport r;
   r.rank = options_.rank;
+  r.nodeRank = options_.nodeRank;
   r.pid = ::getpid();
   r.time = unixNow();
   {
@@ -211,6 +212,10 @@ ProgressPublisher* makeProcessPublisher() {
   }
   PublisherOptions options;
   options.rank = static_cast<int>(rank);
+  int64_t nodeRank = -1;
+  if (const char* text = std::getenv(env::kGroupRank); text && parseInt64(text, &nodeRank)) {
+    options.nodeRank = nodeRank >= 0 && nodeRank <= (1 << 30) ? static_cast<int>(nodeRank) : -1;
+  }
   options.connect = [] {
     store::JobStoreOptions o;
     o.connectTimeout = std::chrono::milliseconds(10000);

@@ -38,6 +38,7 @@ namespace dtrain::progress {
 
 struct PublisherOptions {
   int rank = 0;
+  int nodeRank = -1;  // GROUP_RANK, so that launch can name the node before it sampled the rank
   // Opens the store connection, on the publisher thread (so a slow connect delays nobody).
   std::function<std::shared_ptr<store::Store>()> connect;
   std::chrono::milliseconds interval{1000};

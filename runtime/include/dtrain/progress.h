@@ -61,7 +61,10 @@ namespace dtrain::progress {
 //             them. launch reads the reports every second and appends each record numbered
 //             above the last it wrote, so a trainer recording up to ~kRecentRecords / second
 //             loses none; beyond that launch's file thins them (and says so in its log), while
-//             the trainer's own JSONL file, if it writes one, has them all.
+//             the trainer's own JSONL file, if it writes one, has them all. launch labels them
+//             with the node its samples give the rank, or -- before the first sample of a
+//             remote node arrived -- the node the report's node rank (GROUP_RANK) names; a
+//             record waits in the report until its node is known.
 // The cost is bounded: one report a second, at most kRecentRecords records in it.
 constexpr size_t kRecentRecords = 64;
 constexpr double kRecentRecordSeconds = 5.0;
@@ -91,6 +94,7 @@ struct CollectiveState {
 // What a rank publishes (monitor/rank/<R>).
 struct RankReport {
   int rank = -1;
+  int nodeRank = -1;  // GROUP_RANK: which node's launch started it (-1: not known)
   int64_t pid = 0;
   double time = 0;  // Unix seconds when it was published
   std::optional<int64_t> step;
