@@ -328,12 +328,11 @@ void Monitor::pollStore(double now, bool final) {
                                        &missed)) {
         fresh.push_back(std::move(r));
       }
-      if (missedBefore == 0 && missed > 0) {
+      if (metricsFd_ >= 0 && missedBefore == 0 && missed > 0) {
         DTRAIN_LOG(Info, "launch: monitoring: rank {} records metrics faster than launch reads "
                    "them (more than {} in {:g} s): {} misses some of its records; the trainer's "
                    "own metrics file has them all", rank, progress::kRecentRecords,
-                   progress::kRecentRecordSeconds,
-                   options_.metricsFile.empty() ? "launch" : options_.metricsFile);
+                   progress::kRecentRecordSeconds, options_.metricsFile);
       }
     }
     writeRecords(fresh);

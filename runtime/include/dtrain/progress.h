@@ -17,6 +17,7 @@
 // (watchCollectives), so a training program using dtrain's collectives gets stall reports
 // without calling anything.
 
+#include <cstddef>
 #include <cstdint>
 #include <functional>
 #include <optional>
@@ -36,8 +37,9 @@ namespace dtrain::progress {
 //   monitor/version        int64 counter, add(1) after every write below. The master reads it
 //                          once per interval and reads the other keys only when it moved, so an
 //                          idle job costs one round trip per interval.
-//   monitor/rank/<R>       rank R's latest report (JSON, encodeReport): pid, step, collectives,
-//                          the trainer's latest figures. Written by the rank's publisher thread.
+//   monitor/rank/<R>       rank R's latest report (JSON, encodeReport): pid, node rank, step,
+//                          collectives, the trainer's latest figures and recent records (Note
+//                          [Trainer records]). Written by the rank's publisher thread.
 // and, for a job on several nodes (written by each node's launch agent; the master samples its
 // own node directly):
 //   monitor/node/<N>       node N's latest resource samples (a JSON array of metrics records,
@@ -58,13 +60,14 @@ namespace dtrain::progress {
 //             (merged: an evaluation's test_accuracy stays while later steps record only loss);
 //   records   the newest records themselves, numbered 1, 2, ... in the order recorded, kept
 //             while they are younger than kRecentRecordSeconds and at most kRecentRecords of
-//             them. launch reads the reports every second and appends each record numbered
-//             above the last it wrote, so a trainer recording up to ~kRecentRecords / second
-//             loses none; beyond that launch's file thins them (and says so in its log), while
-//             the trainer's own JSONL file, if it writes one, has them all. launch labels them
-//             with the node its samples give the rank, or -- before the first sample of a
-//             remote node arrived -- the node the report's node rank (GROUP_RANK) names; a
-//             record waits in the report until its node is known.
+//             them. launch reads the reports about every second and appends each record
+//             numbered above the last it wrote, so a trainer that records fewer than
+//             kRecentRecords between two reads loses none; beyond that launch's file misses
+//             some (it counts them and says so in its log), while the trainer's own JSONL file,
+//             if it writes one, has them all. launch labels them with the node its samples
+//             give the rank or -- before the first sample of a remote node arrived -- the node
+//             the report's node rank (GROUP_RANK) names; a record waits in the report until
+//             its node is known.
 // The cost is bounded: one report a second, at most kRecentRecords records in it.
 constexpr size_t kRecentRecords = 64;
 constexpr double kRecentRecordSeconds = 5.0;
