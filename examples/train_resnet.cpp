@@ -507,9 +507,10 @@ int main(int argc, char** argv) {
         lastAccuracy = stepCorrect.item<double>() / static_cast<double>(samplesPerStep);
         progress.add(lastLoss, stepCorrect.item<double>(), static_cast<double>(samplesPerStep));
         const double waited = std::chrono::duration<double>(ddp.lastIteration().waited).count();
+        const double samplesPerSecond = static_cast<double>(samplesPerStep * world) / seconds;
         metrics.record(step, {{"loss", lastLoss},
                               {"accuracy", lastAccuracy},
-                              {"samples_per_s", static_cast<double>(samplesPerStep * world) / seconds},
+                              {"samples_per_s", samplesPerSecond},
                               {"lr", learningRate(peakLr, step - 1, opt.warmupSteps, totalSteps)},
                               {"allreduce_wait_share", waited / seconds},
                               {"loss_scale", scaler.isEnabled() ? scaler.getScale() : 1.0},

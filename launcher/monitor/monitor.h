@@ -1,9 +1,10 @@
 #pragma once
 // Monitor: watches a running job from launch -- samples this node's workers, memory and GPUs,
 // reads every rank's progress (and its trainer's metrics records) from the job's store, and from
-// that writes --metrics-file, serves --metrics-port, prints the --status-interval line, the memory and idle-GPU warnings, and the
-// stall report (--stall-timeout), stopping the job with exit 124 when --stall-action stop says
-// so. One thread of its own; the supervisor only tells it what starts and ends (JobObserver).
+// that writes --metrics-file, serves --metrics-port, prints the --status-interval line, the
+// memory and idle-GPU warnings, and the stall report (--stall-timeout), stopping the job with
+// exit 124 when --stall-action stop says so. One thread of its own; the supervisor only tells
+// it what starts and ends (JobObserver).
 //
 // Multi-node: every node's launch samples its own node and runs the memory and GPU warnings for
 // it; the master aggregates. See Note [Monitor roles].

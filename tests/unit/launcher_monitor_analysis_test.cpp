@@ -297,7 +297,8 @@ TEST(Records, EachTrainerRecordIsWrittenOnceAndGapsAreCounted) {
   ASSERT_EQ(second.size(), 2u);
   EXPECT_EQ(second[0].step, 5);
   EXPECT_EQ(written, 6u);
-  EXPECT_TRUE(newTrainerRecords(trainerReport(3, 6, 4), written, "run1", "host-a", &missed).empty());
+  EXPECT_TRUE(
+      newTrainerRecords(trainerReport(3, 6, 4), written, "run1", "host-a", &missed).empty());
   EXPECT_EQ(missed, 0u);
   // The rank recorded 10 more than the report carries (3): 7 of them are missed.
   auto third = newTrainerRecords(trainerReport(3, 16, 3), written, "run1", "host-a", &missed);

@@ -166,7 +166,8 @@ TEST(ProgressPublisher, TrainerRecordsMergeIntoFiguresAndTravelAsMade) {
       << "the latest value of every field; invalid and repeated names dropped";
   EXPECT_EQ(r.lastRecord, 3u);
   ASSERT_EQ(r.records.size(), 3u);
-  EXPECT_EQ(r.records[0].fields, (std::vector<metrics::Field>{{"loss", 2.0}, {"samples_per_s", 100}}));
+  EXPECT_EQ(r.records[0].fields,
+            (std::vector<metrics::Field>{{"loss", 2.0}, {"samples_per_s", 100}}));
   EXPECT_EQ(r.records[1].time, 1700000000.5);
   EXPECT_EQ(r.records[1].fields, (std::vector<metrics::Field>{{"test_accuracy", 0.5}}));
   EXPECT_EQ(r.records[2].step, 2);

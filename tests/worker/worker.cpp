@@ -371,8 +371,8 @@ int run(const Flags& flags) {
       hog.emplace_back(static_cast<size_t>(flags.allocMb) << 20, 1);  // touched: really resident
     }
     if (flags.publishFigures) {
-      metrics.record(step,
-                     {{"loss", 1.0 / static_cast<double>(step + 1)}, {"samples_per_s", 100.0 + rank}});
+      metrics.record(step, {{"loss", 1.0 / static_cast<double>(step + 1)},
+                            {"samples_per_s", 100.0 + rank}});
     }
     if (!flags.quiet) std::printf("rank %d: step %lld\n", rank, static_cast<long long>(step));
     if (flags.stepMs > 0) std::this_thread::sleep_for(std::chrono::milliseconds(flags.stepMs));

@@ -46,8 +46,9 @@ void ProgressPublisher::addRecord(metrics::Record record) {
   std::vector<metrics::Field> fields;
   fields.reserve(record.fields.size());
   for (auto& field : record.fields) {
-    const bool repeated = std::any_of(fields.begin(), fields.end(),
-                                      [&](const metrics::Field& f) { return f.first == field.first; });
+    const bool repeated = std::any_of(fields.begin(), fields.end(), [&](const metrics::Field& f) {
+      return f.first == field.first;
+    });
     if (metrics::validFieldName(field.first) && !repeated) fields.push_back(std::move(field));
   }
   record.fields = std::move(fields);
