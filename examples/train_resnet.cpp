@@ -378,9 +378,14 @@ int main(int argc, char** argv) {
     bool midEpoch = step > 0;  // the sampler continues the epoch it was saved in
 
     // -------------------------------------------------------------------------------------------
-    // 7. Metrics (rank 0): a JSON line per step, and a Prometheus endpoint. The figures are rank
-    //    0's view: its batch's loss and accuracy, the job's samples/s, its share of time waiting
-    //    for gradient allreduces; the progress lines average over all ranks.
+    // 7. Metrics. Every rank records its own figures each step: its batch's loss and accuracy,
+    //    the job's samples/s as it measured them, its share of the step spent waiting for
+    //    gradient allreduces, the loss scale, the checkpoints' durations. Under `launch` they
+    //    reach launch through the job's store by themselves, so `launch --metrics-port` shows
+    //    every rank's figures beside launch's own samples (memory, CPU, GPUs) and
+    //    `launch --metrics-file` holds them all: the trainer needs no port of its own. Rank 0
+    //    can also write its own JSONL file and serve its own Prometheus endpoint (without launch,
+    //    say). The progress lines average over all ranks.
     // -------------------------------------------------------------------------------------------
     dtrain::metrics::Metrics metrics;
     if (leader && !opt.metricsFile.empty())
@@ -392,6 +397,15 @@ int main(int argc, char** argv) {
       metrics.addSink(endpoint);
     }
     if (step > 0) metrics.record(step, {{"resumed", 1}});  // plot_metrics.py marks it
+    // A checkpoint's background write ends while training goes on: its duration and size are
+    // recorded (under the step it saved) once it has, on each node's writer rank.
+    auto recordCheckpointWrites = [&] {
+      if (!checkpointer) return;
+      for (const auto& write : checkpointer->finishedWrites()) {
+        metrics.record(write.step, {{"checkpoint_write_seconds", write.seconds},
+                                    {"checkpoint_bytes", static_cast<double>(write.bytes)}});
+      }
+    };
 
     // -------------------------------------------------------------------------------------------
     // 8. Train.
@@ -493,15 +507,15 @@ int main(int argc, char** argv) {
         lastAccuracy = stepCorrect.item<double>() / static_cast<double>(samplesPerStep);
         progress.add(lastLoss, stepCorrect.item<double>(), static_cast<double>(samplesPerStep));
         const double waited = std::chrono::duration<double>(ddp.lastIteration().waited).count();
-        std::vector<dtrain::metrics::Field> figures = {
-            {"loss", lastLoss},
-            {"accuracy", lastAccuracy},
-            {"samples_per_s", static_cast<double>(samplesPerStep * world) / seconds},
-            {"lr", learningRate(peakLr, step - 1, opt.warmupSteps, totalSteps)},
-            {"allreduce_wait_share", waited / seconds},
-            {"epoch", static_cast<double>(epoch)}};
-        if (scaler.isEnabled()) figures.push_back({"loss_scale", scaler.getScale()});
-        metrics.record(step, std::move(figures));
+        const double samplesPerSecond = static_cast<double>(samplesPerStep * world) / seconds;
+        metrics.record(step, {{"loss", lastLoss},
+                              {"accuracy", lastAccuracy},
+                              {"samples_per_s", samplesPerSecond},
+                              {"lr", learningRate(peakLr, step - 1, opt.warmupSteps, totalSteps)},
+                              {"allreduce_wait_share", waited / seconds},
+                              {"loss_scale", scaler.isEnabled() ? scaler.getScale() : 1.0},
+                              {"epoch", static_cast<double>(epoch)}});
+        recordCheckpointWrites();
 
         if (step % opt.logEvery == 0 || step == totalSteps) {
           progress.report(epoch, step,
@@ -530,7 +544,9 @@ int main(int argc, char** argv) {
     if (checkpointer) {
       if (savedAt != step) save(sampler.epoch());
       checkpointer->wait();  // the last asynchronous save is on disk everywhere
+      recordCheckpointWrites();
     }
+    metrics.flush();  // the last records reach the file, the endpoint and launch now
     // Each rank prints a fingerprint of its parameters and buffers: equal lines show that DDP kept
     // the ranks bitwise in step (evaluation synchronised the BatchNorm statistics).
     std::printf("fingerprint of rank %d's model: %016llx\n", rank,

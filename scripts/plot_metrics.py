@@ -1,15 +1,20 @@
 #!/usr/bin/python3
 """Plots dtrain metrics files (JSONL, one record a line: docs/design.md#metrics) into
-one PNG: loss, accuracy and throughput against the training step, one line per run.
+one PNG: a trainer's file, launch's --metrics-file, or both.
 
     scripts/plot_metrics.py metrics.jsonl                    # writes metrics.png beside it
     scripts/plot_metrics.py -o runs.png a.jsonl b.jsonl      # several runs in one figure
+    scripts/plot_metrics.py -o job.png launch.jsonl          # launch's file: the whole job
     scripts/plot_metrics.py --fields loss,rss_bytes launch.jsonl
 
-Trainer records (they have a `step`) are drawn against the step; records without one (launch's
-node and GPU samples) against seconds since the run's first record. A run is one `run_id`; a
-restarted run appends to the same file, its line going on from the step it resumed from (back,
-when steps were redone), and the trainer's `resumed` record draws a dashed line there.
+Default panels, each drawn when a file has its fields: loss, accuracy and samples/s (trainer
+records), then CPU % and resident memory per rank and GPU utilisation and memory per GPU
+(launch's samples). One line per series: per run (`run_id`) and, where a file holds several, per
+node, rank or GPU -- launch's file has every rank's trainer records and samples, so each rank gets
+its own line. Trainer records (they have a `step`) are drawn against the step; records without
+one (launch's samples) against seconds since the run's first record. A restarted run appends to
+the same file, its line going on from the step it resumed from (back, when steps were redone),
+and the trainer's `resumed` record draws a dashed line there.
 Needs matplotlib (Debian: python3-matplotlib). Exits 2 on a malformed file, naming file and line.
 """
 import argparse
@@ -23,6 +28,10 @@ DEFAULT_PANELS = [
     ("loss", ["loss"]),
     ("accuracy", ["accuracy", "test_accuracy"]),
     ("samples/s", ["samples_per_s"]),
+    ("CPU % of a core, per rank", ["cpu_percent"]),
+    ("resident memory (bytes), per rank", ["rss_bytes"]),
+    ("GPU utilisation %", ["gpu_util"]),
+    ("GPU memory in use (bytes)", ["gpu_mem_used_bytes"]),
 ]
 SCHEMA_KEYS = {"time", "source", "run_id", "node", "rank", "gpu", "step"}
 
@@ -63,16 +72,39 @@ def smooth(values, window):
     return out
 
 
+def series_key(record):
+    """What tells one line of a run from another: the node, GPU and rank a record is about."""
+    return (record.get("node") or "", record.get("gpu"), record.get("rank"))
+
+
 def series(records, field):
-    """(x, y, x-label) of one field of one run: by step when the records have one, else by time."""
+    """{key: (x, y)} of one field of one run, and the x label: by step when the records have one,
+    else by seconds since the run's first record."""
     points = [r for r in records if field in r]
     if not points:
-        return None
+        return {}, None
     by_step = all("step" in r for r in points)
     start = min(r["time"] for r in records)
-    xs = [r["step"] if by_step else r["time"] - start for r in points]
-    ys = [float("nan") if r[field] is None else float(r[field]) for r in points]
-    return xs, ys, "step" if by_step else "seconds"
+    out = collections.OrderedDict()
+    for r in points:
+        xs, ys = out.setdefault(series_key(r), ([], []))
+        xs.append(r["step"] if by_step else r["time"] - start)
+        ys.append(float("nan") if r[field] is None else float(r[field]))
+    return out, "step" if by_step else "seconds"
+
+
+def line_label(run, key, field, show_run, show_node, show_index, show_field):
+    node, gpu, rank = key
+    parts = [run] if show_run else []
+    if show_node and node:
+        parts.append(node)
+    if show_index and gpu is not None:
+        parts.append(f"gpu {gpu}")
+    if show_index and rank is not None:
+        parts.append(f"rank {rank}")
+    if show_field:
+        parts.append(field)
+    return " ".join(parts) or run
 
 
 def main():
@@ -80,7 +112,8 @@ def main():
     parser.add_argument("files", nargs="+", help="JSONL metrics files")
     parser.add_argument("-o", "--output", help="PNG to write (default: the first file's name with .png)")
     parser.add_argument("--fields", help="comma-separated fields, one panel each, instead of "
-                                         "loss, accuracy and samples/s")
+                                         "the default panels (loss, accuracy, samples/s, CPU, "
+                                         "memory, GPU)")
     parser.add_argument("--smooth", type=int, default=10,
                         help="moving-average window over steps for per-step fields (default 10)")
     args = parser.parse_args()
@@ -112,32 +145,44 @@ def main():
     import matplotlib.pyplot as plt
 
     fig, axes = plt.subplots(len(panels), 1, figsize=(9, 3 * len(panels)), squeeze=False)
+    lines = []  # per panel
     for (title, fields), ax in zip(panels, axes[:, 0]):
+        drawn = collections.OrderedDict()  # (run, key, field) -> (x, y)
         xlabel = None
         for label, records in runs.items():
             for field in fields:
-                s = series(records, field)
-                if s is None:
-                    continue
-                xs, ys, xlabel = s
-                # Sparse fields (test accuracy after each evaluation) are drawn as they are.
-                window = args.smooth if len(xs) > 4 * args.smooth else 1
-                name = label if len(fields) == 1 else f"{label} {field}"
-                ax.plot(xs, smooth(ys, window), label=name, marker="o" if len(xs) < 30 else None)
-                ax.set_xlabel(xlabel)
+                by_key, x = series(records, field)
+                xlabel = xlabel or x
+                for key, xy in by_key.items():
+                    drawn[(label, key, field)] = xy
+        nodes = {key[0] for _, key, _ in drawn}
+        indices = {key[1:] for _, key, _ in drawn}
+        for (label, key, field), (xs, ys) in drawn.items():
+            # Sparse fields (test accuracy after each evaluation) are drawn as they are.
+            window = args.smooth if len(xs) > 4 * args.smooth else 1
+            name = line_label(label, key, field, show_run=len(runs) > 1, show_node=len(nodes) > 1,
+                              show_index=len(indices) > 1, show_field=len(fields) > 1)
+            ax.plot(xs, smooth(ys, window), label=name, marker="o" if len(xs) < 30 else None)
+        ax.set_xlabel(xlabel)
         # A run resumed from a checkpoint (the trainer's `resumed` record): a dashed line there.
         for records in runs.values():
             for r in records:
                 if "resumed" in r and "step" in r and xlabel == "step":
                     ax.axvline(r["step"], color="grey", linestyle="--", linewidth=1)
+        lines.append(len(drawn))
         ax.set_title(title)
         ax.grid(True, alpha=0.3)
-        ax.legend(fontsize="small")
+        if len(drawn) <= 16:
+            ax.legend(fontsize="small")
+        else:  # a legend of hundreds of ranks hides the plot
+            ax.text(0.99, 0.98, f"{len(drawn)} lines", transform=ax.transAxes, ha="right",
+                    va="top", fontsize="small")
     fig.tight_layout()
     output = args.output or os.path.splitext(args.files[0])[0] + ".png"
     fig.savefig(output, dpi=100)
     print(f"plot_metrics.py: wrote {output} ({len(runs)} run(s), "
-          f"{sum(len(r) for r in runs.values())} records)")
+          f"{sum(len(r) for r in runs.values())} records; panels: "
+          + "; ".join(f"{title}: {n} line(s)" for (title, _), n in zip(panels, lines)) + ")")
 
 
 if __name__ == "__main__":

@@ -23,7 +23,7 @@ constexpr std::chrono::milliseconds kStackPoll{100};
 }  // namespace
 
 void publishNodeRecords(store::Store& round, int nodeRank, const std::vector<Record>& records) {
-  round.set(progress::nodeKey(nodeRank), store::toBytes(toJsonArray(records)));
+  round.set(progress::nodeKey(nodeRank), store::toBytes(metrics::toJsonArray(records)));
   round.add(progress::kVersionKey, 1);
 }
 
@@ -35,7 +35,7 @@ std::map<int, std::vector<Record>> readNodeRecords(store::Store& round, int numN
     const std::string key = progress::nodeKey(n);
     if (!round.check({key})) continue;
     try {
-      out[n] = parseJsonArray(store::toString(round.get(key)));
+      out[n] = metrics::parseJsonArray(store::toString(round.get(key)));
     } catch (const InvalidArgument& e) {
       if (problems) problems->push_back(fmt::format("{}: {}", key, e.what()));
     }

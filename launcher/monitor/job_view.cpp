@@ -59,7 +59,7 @@ JobState JobView::job(double now) const {
   return j;
 }
 
-std::string JobView::prometheus(double now) const { return prometheusText(latest(), job(now)); }
+std::string JobView::prometheus(double now) const { return exposition(latest(), job(now)); }
 
 std::string JobView::statusLine(double now) const { return formatStatusLine(latest(), job(now)); }
 

@@ -57,8 +57,12 @@ Monitor::Monitor(MonitorOptions options, MonitorContext context)
                      quoteValue(options_.metricsFile), std::strerror(errno));
   }
   if (options_.metricsPort >= 0 && context_.aggregates) {
-    endpoint_ = std::make_unique<MetricsEndpoint>(options_.metricsHost, options_.metricsPort,
-                                                  [this] { return view_.prometheus(steadyNow()); });
+    metrics::PrometheusOptions server;
+    server.host = options_.metricsHost;
+    server.port = static_cast<uint16_t>(options_.metricsPort);
+    server.option = context_.label("metrics-port");
+    endpoint_ = std::make_unique<metrics::PrometheusServer>(
+        server, [this] { return view_.prometheus(steadyNow()); });
     say(fmt::format("launch: metrics on http://{}:{}/metrics\n", options_.metricsHost,
                     endpoint_->port()));
   }
@@ -171,6 +175,8 @@ void Monitor::threadMain() {
         memory_.resetRanks();
         gpuIdle_.reset();
         reports_.clear();
+        recordsWritten_.clear();
+        recordsMissed_.clear();
         lastVersion_ = -1;
         if (store_) {
           auto prefixed = std::dynamic_pointer_cast<store::PrefixStore>(store_);
@@ -193,6 +199,15 @@ void Monitor::threadMain() {
       DTRAIN_LOG(Warn, "launch: monitoring: {}", e.what());
     }
     lock.lock();
+  }
+  lock.unlock();
+  if (context_.aggregates) {
+    // The ranks' last reports: a trainer flushes its final records as it exits.
+    try {
+      pollStore(steadyNow(), /*final=*/true);
+    } catch (const std::exception& e) {
+      DTRAIN_LOG(Warn, "launch: monitoring: {}", e.what());
+    }
   }
 }
 
@@ -239,7 +254,15 @@ bool Monitor::connectStore() {
   }
 }
 
-void Monitor::pollStore(double now) {
+std::optional<std::string> Monitor::nodeOf(int rank, const progress::RankReport& report,
+                                           const std::map<int, std::string>& nodeOfRank) const {
+  if (auto it = nodeOfRank.find(rank); it != nodeOfRank.end()) return it->second;
+  if (context_.numNodes <= 1) return context_.node;
+  if (auto it = nodeNames_.find(report.nodeRank); it != nodeNames_.end()) return it->second;
+  return std::nullopt;
+}
+
+void Monitor::pollStore(double now, bool final) {
   if (!store_) return;
   try {
     const int64_t version = store_->add(progress::kVersionKey, 0);
@@ -260,8 +283,11 @@ void Monitor::pollStore(double now) {
     if (context_.numNodes > 1) {
       std::vector<std::string> problems;
       const int own = context_.samplesNode ? context_.nodeRank : -1;
+      if (own >= 0) nodeNames_[own] = context_.node;
       for (auto& [n, records] : readNodeRecords(*store_, context_.numNodes, own, &problems)) {
         if (records.empty()) continue;
+        nodeNames_[n] = records.front().node.empty() ? fmt::format("node{}", n)
+                                                     : records.front().node;
         // Each agent's sample once in the file, however often the version moves.
         if (nodeRecordTimes_[n] != records.front().time) {
           nodeRecordTimes_[n] = records.front().time;
@@ -280,19 +306,36 @@ void Monitor::pollStore(double now) {
       }
       for (const auto& p : problems) DTRAIN_LOG(Info, "launch: monitoring: {}", p);
     }
-    // The trainers' figures, by the node their rank runs on (from the ranks' records).
+    // The trainers' records, labelled with the node their rank runs on: launch's samples of the
+    // rank say which, else the node rank it reported. Each new record goes into the file once its
+    // node is known (it stays in the rank's report meanwhile); the endpoint shows the latest
+    // figures of each rank.
     std::map<int, std::string> nodeOfRank;
     for (const auto& r : view_.latest()) {
       if (r.rank && !r.gpu && r.source == "launch") nodeOfRank[*r.rank] = r.node;
     }
     std::vector<Record> trainer;
+    std::vector<Record> fresh;
     for (const auto& [rank, report] : reports_) {
-      auto node = nodeOfRank.find(rank);
-      if (auto t = trainerRecord(report, context_.runId,
-                                 node != nodeOfRank.end() ? node->second : context_.node)) {
-        trainer.push_back(std::move(*t));
+      const std::optional<std::string> node = nodeOf(rank, report, nodeOfRank);
+      const std::string label =
+          node ? *node : report.nodeRank >= 0 ? fmt::format("node{}", report.nodeRank) : "";
+      if (auto t = trainerRecord(report, context_.runId, label)) trainer.push_back(std::move(*t));
+      if (!node && !final) continue;
+      uint64_t& missed = recordsMissed_[rank];
+      const uint64_t missedBefore = missed;
+      for (auto& r : newTrainerRecords(report, recordsWritten_[rank], context_.runId, label,
+                                       &missed)) {
+        fresh.push_back(std::move(r));
+      }
+      if (metricsFd_ >= 0 && missedBefore == 0 && missed > 0) {
+        DTRAIN_LOG(Info, "launch: monitoring: rank {} records metrics faster than launch reads "
+                   "them (more than {} in {:g} s): {} misses some of its records; the trainer's "
+                   "own metrics file has them all", rank, progress::kRecentRecords,
+                   progress::kRecentRecordSeconds, options_.metricsFile);
       }
     }
+    writeRecords(fresh);
     view_.setTrainerRecords(std::move(trainer));
   } catch (const std::exception& e) {
     // The store is going away (the job is ending) or broken: stop reading it.
@@ -303,9 +346,9 @@ void Monitor::pollStore(double now) {
 }
 
 void Monitor::writeRecords(const std::vector<Record>& records) {
-  if (metricsFd_ < 0) return;
+  if (metricsFd_ < 0 || records.empty()) return;
   std::string lines;
-  for (const auto& r : records) lines += toJsonLine(r) + "\n";
+  for (const auto& r : records) lines += metrics::toJsonLine(r) + "\n";
   if (::write(metricsFd_, lines.data(), lines.size()) < 0) {
     DTRAIN_LOG(Warn, "launch: writing {} failed: {}", options_.metricsFile, std::strerror(errno));
   }

@@ -1,9 +1,10 @@
 #pragma once
 // Monitor: watches a running job from launch -- samples this node's workers, memory and GPUs,
-// reads every rank's progress from the job's store, and from that writes --metrics-file, serves
-// --metrics-port, prints the --status-interval line, the memory and idle-GPU warnings, and the
-// stall report (--stall-timeout), stopping the job with exit 124 when --stall-action stop says
-// so. One thread of its own; the supervisor only tells it what starts and ends (JobObserver).
+// reads every rank's progress (and its trainer's metrics records) from the job's store, and from
+// that writes --metrics-file, serves --metrics-port, prints the --status-interval line, the
+// memory and idle-GPU warnings, and the stall report (--stall-timeout), stopping the job with
+// exit 124 when --stall-action stop says so. One thread of its own; the supervisor only tells
+// it what starts and ends (JobObserver).
 //
 // Multi-node: every node's launch samples its own node and runs the memory and GPU warnings for
 // it; the master aggregates. See Note [Monitor roles].
@@ -21,11 +22,11 @@
 #include <thread>
 #include <vector>
 
+#include "dtrain/metrics.h"
 #include "dtrain/progress.h"
 #include "dtrain/store.h"
 #include "launcher/monitor/gpu_sampler.h"
 #include "launcher/monitor/job_view.h"
-#include "launcher/monitor/metrics_endpoint.h"
 #include "launcher/monitor/monitor_options.h"
 #include "launcher/monitor/native_stack.h"
 #include "launcher/monitor/process_sampler.h"
@@ -84,7 +85,8 @@ class Monitor : public JobObserver {
 
   // Starts the monitor thread; `control` receives --stall-action stop.
   void start(JobControl* control);
-  // Ends the thread (a last sample is not taken). Idempotent.
+  // Ends the thread. A last sample is not taken, but the ranks' last reports are read, so that
+  // their final records (an evaluation at the end) reach the file. Idempotent.
   void stop();
 
   int metricsPort() const { return endpoint_ ? endpoint_->port() : -1; }
@@ -100,7 +102,11 @@ class Monitor : public JobObserver {
   void threadMain();
   void tick(double now);
   bool connectStore();
-  void pollStore(double now);
+  // `final`: the job has ended, so trainer records of a rank whose node is still unknown are
+  // written with the best name there is rather than kept for later.
+  void pollStore(double now, bool final = false);
+  std::optional<std::string> nodeOf(int rank, const progress::RankReport& report,
+                                    const std::map<int, std::string>& nodeOfRank) const;
   void sample(double now);
   void answerStackRequest();
   void checkStall(double now);
@@ -110,7 +116,7 @@ class Monitor : public JobObserver {
 
   const MonitorOptions options_;
   const MonitorContext context_;
-  std::unique_ptr<MetricsEndpoint> endpoint_;
+  std::unique_ptr<metrics::PrometheusServer> endpoint_;
   int metricsFd_ = -1;
   JobControl* control_ = nullptr;
 
@@ -138,6 +144,9 @@ class Monitor : public JobObserver {
   bool storeUsable_ = true;              // false after it failed once: no more tries
   int64_t lastVersion_ = -1;
   std::map<int, progress::RankReport> reports_;  // this attempt's latest, by rank
+  std::map<int, uint64_t> recordsWritten_;       // rank -> its last trainer record in the file
+  std::map<int, uint64_t> recordsMissed_;        // rank -> trainer records the file misses
+  std::map<int, std::string> nodeNames_;         // node rank -> its name (the agents' records)
   std::map<int, double> nodeRecordTimes_;        // remote node -> time of its records last written
   int64_t stacksAnswered_ = 0;                   // agent: the last stack request answered
   int currentAttempt_ = 0;

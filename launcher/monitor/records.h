@@ -1,8 +1,8 @@
 #pragma once
-// Samples as metrics records -- the one record schema of docs/design.md ("Metrics records"), the
-// same that a trainer's dtrain::Metrics writes, so scripts/plot_metrics.py reads launch's
-// --metrics-file and a trainer's alike -- and the Prometheus text launch serves on
-// --metrics-port.
+// launch's samples as metrics records -- the one record schema of dtrain/metrics.h
+// (docs/design.md "Metrics"), the same a trainer's dtrain::metrics::Metrics writes, so
+// scripts/plot_metrics.py reads launch's --metrics-file and a trainer's alike -- and the job's
+// Prometheus exposition that launch serves on --metrics-port.
 //
 // Records launch writes (source "launch"), one per interval each:
 //   node  {node}                      load1, mem_total_bytes, mem_available_bytes, mem_used_ratio,
@@ -14,42 +14,24 @@
 //   gpu   {node, gpu}                 gpu_util, gpu_mem_used_bytes, gpu_mem_total_bytes,
 //                                     gpu_temperature_c, gpu_power_w, gpu_processes
 //   gpu   {node, gpu, rank}           gpu_process_mem_bytes (a worker's memory on that GPU)
-// and, for the endpoint only, each rank's latest trainer figures (source "trainer", with step).
+// and the ranks' own trainer records (source "trainer", with step), which reach launch through
+// the store (Note [Trainer records] in dtrain/progress.h), labelled with the rank's node.
 
 #include <cstdint>
 #include <map>
 #include <optional>
 #include <string>
-#include <utility>
 #include <vector>
 
+#include "dtrain/metrics.h"
 #include "dtrain/progress.h"
 #include "launcher/monitor/gpu_sampler.h"
 #include "launcher/monitor/process_sampler.h"
 
 namespace dtrain::launcher::monitor {
 
-using Field = std::pair<std::string, double>;
-
-struct Record {
-  double time = 0;  // Unix seconds
-  std::string source = "launch";
-  std::string runId;
-  std::string node;
-  std::optional<int> rank;
-  std::optional<int> gpu;
-  std::optional<int64_t> step;
-  std::vector<Field> fields;
-
-  std::optional<double> field(const std::string& name) const;
-};
-
-// One JSON object, no newline; non-finite values as null. And back (throws InvalidArgument).
-std::string toJsonLine(const Record& record);
-Record parseJsonLine(const std::string& line);
-// A node's records as one JSON array (the value of monitor/node/<N>), and back.
-std::string toJsonArray(const std::vector<Record>& records);
-std::vector<Record> parseJsonArray(const std::string& text);
+using metrics::Field;
+using metrics::Record;
 
 struct SampleContext {
   double time = 0;  // Unix seconds
@@ -61,16 +43,25 @@ struct SampleContext {
 };
 
 // The launch records of one node's sample. `progress` (rank -> its latest report) adds
-// collective_seq; `ranksByPid` is filled from `ranks` to attribute GPU processes.
+// collective_seq; `ranks` attribute GPU processes to ranks by pid.
 std::vector<Record> sampleRecords(const SampleContext& ctx, const NodeSample& node,
                                   const std::vector<RankSample>& ranks,
                                   const std::vector<GpuSample>& gpus,
                                   const std::map<int, progress::RankReport>& progress);
 
-// A rank's trainer record (source "trainer") from its report: its step and figures. nullopt when
-// it published neither.
+// A rank's latest trainer figures as one record (source "trainer", the rank's step): what the
+// endpoint shows. nullopt when it published neither a step nor a figure. Invalid names are
+// dropped.
 std::optional<Record> trainerRecord(const progress::RankReport& report, const std::string& runId,
                                     const std::string& node);
+
+// The trainer records of `report` numbered above `written` (the last one launch appended to its
+// file), stamped with launch's run id, the rank's node and rank; `written` moves to the last one.
+// Records the report no longer carries (the trainer recorded faster than launch read) are
+// counted in `*missed`.
+std::vector<Record> newTrainerRecords(const progress::RankReport& report, uint64_t& written,
+                                      const std::string& runId, const std::string& node,
+                                      uint64_t* missed = nullptr);
 
 // Job-wide state for the endpoint.
 struct JobState {
@@ -82,12 +73,11 @@ struct JobState {
   std::map<std::string, double> heartbeatAge;  // node -> seconds since the master heard from it
 };
 
-// Prometheus text exposition (format 0.0.4): one # HELP / # TYPE block per metric, dtrain_<field>
-// with labels node, rank, gpu where the record has them; read_bytes and write_bytes are counters,
-// everything else a gauge. A trainer figure that repeats a launch series is left out.
-std::string prometheusText(const std::vector<Record>& records, const JobState& job);
-
-// Whether `name` may name a field: [a-zA-Z_][a-zA-Z0-9_]*, not a schema key.
-bool validFieldName(const std::string& name);
+// What launch's endpoint answers: `records` (the nodes' latest samples and the ranks' latest
+// trainer records) and the job's state, as metrics::prometheusText renders them -- the job state
+// without labels (dtrain_attempt, dtrain_restarts, dtrain_max_restarts, dtrain_world_size,
+// dtrain_stalled) and dtrain_heartbeat_age_seconds{node}. A trainer figure that repeats one of
+// launch's series (same name and labels) is left out: launch's value is shown.
+std::string exposition(const std::vector<Record>& records, const JobState& job);
 
 }  // namespace dtrain::launcher::monitor

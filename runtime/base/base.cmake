@@ -9,6 +9,8 @@ add_library(dtrain_base SHARED
   runtime/base/logging.cpp
   runtime/base/monitor/progress.cpp
   runtime/base/monitor/progress_publisher.cpp
+  runtime/base/metrics/fields.cpp
+  runtime/base/metrics/launch_sink.cpp
   runtime/base/metrics/metrics.cpp
   runtime/base/metrics/prometheus.cpp
   runtime/base/net/net_interface.cpp

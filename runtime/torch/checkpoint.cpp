@@ -3,9 +3,12 @@
 #include <signal.h>
 
 #include <atomic>
+#include <chrono>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
 #include <mutex>
+#include <utility>
 
 #include <ATen/ATen.h>
 #include <fmt/format.h>
@@ -249,9 +252,22 @@ void Checkpointer::Impl::save(int64_t step, int64_t epoch, bool async) {
       }
       std::string dir_ = dir;
       int keep = options.keepLast;
+      auto log = writes;
       thread.start(fmt::format("the checkpoint of step {} into {}", step, dir),
-                   [ops_, dir_, step, keep, write](checkpoint::SaveProgress& progress) {
+                   [ops_, dir_, step, keep, write, log](checkpoint::SaveProgress& progress) {
+                     const auto begin = std::chrono::steady_clock::now();
                      checkpoint::saveStep(*ops_, dir_, step, keep, write, &progress);
+                     CheckpointWrite done;
+                     done.step = step;
+                     done.seconds = std::chrono::duration<double>(
+                                        std::chrono::steady_clock::now() - begin)
+                                        .count();
+                     std::error_code ec;
+                     const auto size = std::filesystem::file_size(
+                         dir_ + "/" + checkpoint::stepFileName(step), ec);
+                     done.bytes = ec ? 0 : static_cast<uint64_t>(size);
+                     std::lock_guard<std::mutex> lock(log->mutex);
+                     log->finished.push_back(done);
                    });
       started = true;
     } catch (const std::exception& e) {
@@ -387,6 +403,11 @@ bool Checkpointer::preempted(int64_t step, int64_t epoch) {
   }
   save(step, epoch);
   return true;
+}
+
+std::vector<CheckpointWrite> Checkpointer::finishedWrites() {
+  std::lock_guard<std::mutex> lock(impl_->writes->mutex);
+  return std::exchange(impl_->writes->finished, {});
 }
 
 std::vector<int64_t> Checkpointer::committedSteps() const {

@@ -4,8 +4,9 @@
 
 #include <cstdint>
 #include <map>
-#include <set>
 #include <memory>
+#include <mutex>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -17,6 +18,12 @@
 #include "dtrain/process_group.h"
 
 namespace dtrain {
+
+// Finished writes, appended by the save thread and taken by the training thread.
+struct WriteLog {
+  std::mutex mutex;
+  std::vector<CheckpointWrite> finished;  // guarded by mutex
+};
 
 struct Checkpointer::Impl {
   Impl(Checkpointer& owner, std::shared_ptr<ProcessGroup> group, const CheckpointOptions& options);
@@ -65,6 +72,7 @@ struct Checkpointer::Impl {
   at::Tensor region;            // the asynchronous snapshot: reused, pre-faulted host memory
   std::shared_ptr<std::vector<uint8_t>> scratch;  // gathering buffer of synchronous saves
   bool signalInstalled = false;
+  std::shared_ptr<WriteLog> writes = std::make_shared<WriteLog>();  // shared with the save thread
 };
 
 }  // namespace dtrain

@@ -64,6 +64,14 @@ progress::RankReport report(int rank, pid_t pid, const std::string& newestState)
   c.tail = {{6, "allreduce(float32 x 16, sum)", "done", 0.1},
             {7, "allreduce(float32 x 16, sum)", newestState, 0.0}};
   r.collectives = {c};
+  // One trainer record; the node rank says where the rank runs (local world size 1 here).
+  r.nodeRank = rank;
+  metrics::Record record;
+  record.time = 1700000000.0 + rank;
+  record.step = 7;
+  record.fields = {{"loss", 0.5 + rank}};
+  r.records = {record};
+  r.lastRecord = 1;
   return r;
 }
 
@@ -170,14 +178,25 @@ TEST(MonitorNodes, AnAgentsSamplesAndStacksReachTheMaster) {
   std::string line;
   std::set<std::string> nodes;
   std::map<double, int> agentNodeRecordsAt;
+  std::map<int, std::string> trainerNodes;  // rank -> node of its trainer record
   while (std::getline(in, line)) {
     auto j = nlohmann::json::parse(line);
     nodes.insert(j["node"].get<std::string>());
+    if (j["source"] == "trainer") {
+      const int rank = j["rank"].get<int>();
+      EXPECT_EQ(trainerNodes.count(rank), 0u) << "each record once: " << line;
+      trainerNodes[rank] = j["node"].get<std::string>();
+      EXPECT_EQ(j["loss"].get<double>(), 0.5 + rank) << line;
+      EXPECT_EQ(j["step"], 7) << line;
+      continue;
+    }
     if (j["node"] == "node-b" && !j.contains("rank") && !j.contains("gpu")) {
       ++agentNodeRecordsAt[j["time"].get<double>()];
     }
   }
   EXPECT_EQ(nodes, (std::set<std::string>{"node-a", "node-b"}));
+  EXPECT_EQ(trainerNodes, (std::map<int, std::string>{{0, "node-a"}, {1, "node-b"}}))
+      << "each rank's trainer record, labelled with the node that runs it";
   ASSERT_FALSE(agentNodeRecordsAt.empty());
   for (const auto& [time, count] : agentNodeRecordsAt) EXPECT_EQ(count, 1) << "at " << time;
 }

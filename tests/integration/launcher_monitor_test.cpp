@@ -14,6 +14,9 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <map>
+#include <numeric>
+#include <set>
 #include <regex>
 #include <thread>
 
@@ -193,19 +196,30 @@ TEST(LaunchMonitor, EndpointAnswersEverySeriesDuringTheJobAndAfterARestart) {
   LaunchResult r = p.wait(60);
   EXPECT_EQ(r.exitCode, 0) << r.err;
 
-  // The file: one schema record a line, launch's source, both attempts.
+  // The file: one schema record a line -- launch's samples of both attempts, and the ranks' own
+  // records (dtrain::metrics in the worker, through the store) as they made them.
   std::ifstream in(file);
   std::string line;
   int lines = 0;
   std::set<int> attempts;
   std::set<std::string> kinds;
+  std::map<int, std::vector<int64_t>> steps;  // rank -> the steps of its records, in file order
   while (std::getline(in, line)) {
     ++lines;
     auto j = nlohmann::json::parse(line);
     ASSERT_TRUE(j["time"].is_number()) << line;
-    EXPECT_EQ(j["source"], "launch") << line;
     EXPECT_EQ(j["node"], hostName()) << line;
     EXPECT_TRUE(j["run_id"].is_string()) << line;
+    if (j["source"] == "trainer") {
+      ASSERT_TRUE(j["rank"].is_number_integer() && j["step"].is_number_integer()) << line;
+      const int rank = j["rank"].get<int>();
+      const int64_t step = j["step"].get<int64_t>();
+      EXPECT_EQ(j["loss"].get<double>(), 1.0 / static_cast<double>(step + 1)) << line;
+      EXPECT_EQ(j["samples_per_s"].get<double>(), 100.0 + rank) << line;
+      steps[rank].push_back(step);
+      continue;
+    }
+    EXPECT_EQ(j["source"], "launch") << line;
     EXPECT_FALSE(j.contains("step")) << "launch records have no step: " << line;
     if (j.contains("attempt")) attempts.insert(j["attempt"].get<int>());
     kinds.insert(j.contains("gpu") ? (j.contains("rank") ? "gpu-rank" : "gpu")
@@ -214,6 +228,17 @@ TEST(LaunchMonitor, EndpointAnswersEverySeriesDuringTheJobAndAfterARestart) {
   EXPECT_GT(lines, 20);
   EXPECT_EQ(attempts, (std::set<int>{0, 1}));
   EXPECT_EQ(kinds, (std::set<std::string>{"node", "rank", "gpu", "gpu-rank"}));
+  // The second attempt ran to the end: every one of its 70 steps, once, in order (the first
+  // attempt's records come before them: steps from 0 up to about 35).
+  ASSERT_EQ(steps.size(), 2u);
+  for (const auto& [rank, list] : steps) {
+    ASSERT_GE(list.size(), 70u) << "rank " << rank;
+    std::vector<int64_t> last(list.end() - 70, list.end());
+    std::vector<int64_t> expected(70);
+    std::iota(expected.begin(), expected.end(), 0);
+    EXPECT_EQ(last, expected) << "rank " << rank;
+    EXPECT_GT(list.size(), 70u + 20u) << "rank " << rank << ": the first attempt's records";
+  }
 }
 
 std::string commWorker() { return binaryPath("comm_worker"); }

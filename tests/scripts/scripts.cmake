@@ -23,15 +23,19 @@ if(TARGET train_resnet)
            COMMAND /usr/bin/python3 ${_train_resnet_test} ${CMAKE_BINARY_DIR} usage)
   add_test(NAME examples.train_resnet.data
            COMMAND /usr/bin/python3 ${_train_resnet_test} ${CMAKE_BINARY_DIR} data)
+  add_test(NAME examples.train_resnet.watch
+           COMMAND /usr/bin/python3 ${_train_resnet_test} ${CMAKE_BINARY_DIR} watch)
   set_tests_properties(examples.train_resnet.train examples.train_resnet.amp
                        examples.train_resnet.resume examples.train_resnet.usage examples.train_resnet.data
+                       examples.train_resnet.watch
                        PROPERTIES LABELS e2e TIMEOUT 300)
 endif()
 
 add_test(NAME scripts.plot_metrics
          COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/tests/scripts/plot_metrics_test.sh
-                 ${CMAKE_CURRENT_SOURCE_DIR})
-set_tests_properties(scripts.plot_metrics PROPERTIES LABELS unit TIMEOUT 60)
+                 ${CMAKE_CURRENT_SOURCE_DIR} ${CMAKE_BINARY_DIR})
+# It runs a short launch job (two test workers) for a real metrics file.
+set_tests_properties(scripts.plot_metrics PROPERTIES LABELS integration TIMEOUT 90)
 
 # The repository's own design documents: no citation of a document outside the repository, every
 # cited section and row of docs/design.md / docs/reliability.md exists, every test a row names too.

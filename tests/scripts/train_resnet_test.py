@@ -3,10 +3,12 @@
 CIFAR-10 of 1,200 images): the loss falls, the ranks end bitwise equal, the metrics file holds a
 record per step in the schema, the Prometheus endpoint answers a scrape mid-run (parsed, not
 grepped), --amp trains on the CPU, a rank killed mid-run is restarted and resumes from its
-checkpoint bitwise, and bad input exits with one clear message.
+checkpoint bitwise, bad input exits with one clear message, and under a launch that watches
+(--metrics-port, --metrics-file) every rank's figures reach launch's endpoint and file beside
+launch's own samples, with no port of the trainer's.
 
 Usage: train_resnet_test.py <build-dir> [test ...]   (tests: train, amp, resume, usage,
-data; default all)
+data, watch; default all)
 """
 import json
 import math
@@ -20,6 +22,7 @@ import time
 import urllib.request
 
 BUILD = os.path.abspath(sys.argv[1])
+SOURCE = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 LAUNCH = os.path.join(BUILD, "launch")
 TRAINER = os.path.join(BUILD, "train_resnet")
 SMALL = ["--arch", "resnet18", "--width", "8", "--batch-size", "16", "--warmup-steps", "5", "--lr", "0.8",
@@ -292,8 +295,131 @@ def test_data():
     print("data: ok")
 
 
+def scrape(port):
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as res:
+        return parse_prometheus(res.read().decode())
+
+
+def plot(files, output):
+    """plot_metrics.py on `files`: the PNG it wrote, and its panels as {title: lines}."""
+    out = subprocess.run([os.path.join(SOURCE, "scripts", "plot_metrics.py"), "-o", output, *files],
+                         capture_output=True, text=True, timeout=120)
+    if out.returncode != 0:
+        fail(f"plot_metrics.py {files}: exit {out.returncode}: {out.stdout}{out.stderr}")
+    with open(output, "rb") as f:
+        if f.read(8) != b"\x89PNG\r\n\x1a\n":
+            fail(f"{output} is not a PNG")
+    panels = dict(m.groups() for m in re.finditer(r"(?:panels: |; )([^:;]+): (\d+) line\(s\)",
+                                                  out.stdout))
+    return {title: int(n) for title, n in panels.items()}
+
+
+def test_watch():
+    """launch --metrics-port 0 --metrics-file F, train_resnet without a port of its own: a scrape
+    mid-run shows each rank's trainer series (step, loss, ...) labelled by node and rank beside
+    launch's samples of the same ranks; F holds both sources, every step of every rank as the
+    trainer recorded it (rank 0's equal to its own --metrics-file); plot_metrics.py draws F with
+    a line per rank, and the trainer's file."""
+    with tempfile.TemporaryDirectory() as tmp:
+        launch_file = os.path.join(tmp, "launch.jsonl")
+        trainer_file = os.path.join(tmp, "trainer.jsonl")
+        # Rank 0 pauses 4 s before step 13 (DTRAIN_FAULT slow): both ranks have done step 12.
+        run = Run(SMALL + ["--synthetic", "1200", "--data-dir", os.path.join(tmp, "data"),
+                           "--epochs", "1", "--log-every", "12", "--save-every", "10",
+                           "--checkpoint-dir", os.path.join(tmp, "ckpt"),
+                           "--metrics-file", trainer_file],
+                  env={"DTRAIN_FAULT": "slow:4000@rank=0,step=12"},
+                  launch_args=["--metrics-port", "0", "--metrics-file", launch_file,
+                               "--sample-interval", "0.5"])
+        port = int(run.wait_for(r"launch: metrics on http://[^:]+:(\d+)/metrics", 60).group(1))
+        deadline = time.time() + 120
+        samples = {}
+        while time.time() < deadline:
+            samples, types = scrape(port)
+            steps = {dict(labels).get("rank"): v for (name, labels), v in samples.items()
+                     if name == "dtrain_step"}
+            if steps.get("0") == 12 and steps.get("1") == 12:
+                break
+            if run.proc.poll() is not None:
+                fail("the job ended before a scrape saw both ranks at step 12")
+            time.sleep(0.2)
+        else:
+            fail(f"no scrape saw both ranks at step 12: {samples}")
+        nodes = {}
+        for rank in ("0", "1"):
+            launch_series = [labels for (name, labels), _ in samples.items()
+                             if name == "dtrain_rss_bytes" and dict(labels).get("rank") == rank]
+            if len(launch_series) != 1:
+                fail(f"launch's dtrain_rss_bytes of rank {rank}: {launch_series}")
+            labels = launch_series[0]
+            nodes[rank] = dict(labels)["node"]
+            if samples[("dtrain_rss_bytes", labels)] <= 0:
+                fail(f"rank {rank}'s resident memory is {samples[('dtrain_rss_bytes', labels)]}")
+            # The trainer's series of the rank, with exactly launch's labels for it.
+            for name in ("dtrain_step", "dtrain_loss", "dtrain_accuracy", "dtrain_samples_per_s",
+                         "dtrain_allreduce_wait_share", "dtrain_loss_scale", "dtrain_lr",
+                         "dtrain_checkpoint_seconds"):
+                if (name, labels) not in samples or types.get(name) != "gauge":
+                    fail(f"the scrape lacks {name}{dict(labels)}")
+            if not (0 < samples[("dtrain_loss", labels)] < 10
+                    and samples[("dtrain_samples_per_s", labels)] > 0
+                    and 0 <= samples[("dtrain_allreduce_wait_share", labels)] <= 1
+                    and samples[("dtrain_loss_scale", labels)] == 1):
+                fail(f"implausible trainer figures of rank {rank}: {samples}")
+        if samples.get(("dtrain_workers_alive", frozenset({("node", nodes["0"])}))) != 2:
+            fail(f"launch's dtrain_workers_alive of node {nodes['0']}: {samples}")
+        if samples.get(("dtrain_attempt", frozenset())) != 0:
+            fail("no dtrain_attempt 0")
+        if run.finish() != 0:
+            fail("launch failed")
+        total = int(run.wait_for(r"step \d+/(\d+)", 1).group(1))
+        fingerprints(run)
+        records = []
+        with open(launch_file) as f:
+            for line in f:
+                records.append(json.loads(line))
+        by_source = {}
+        for r in records:
+            by_source.setdefault(r["source"], []).append(r)
+        if sorted(by_source) != ["launch", "trainer"]:
+            fail(f"launch's file holds sources {sorted(by_source)}")
+        if {r.get("rank") for r in by_source["launch"] if "rss_bytes" in r} != {0, 1}:
+            fail("launch's file lacks its samples of both ranks")
+        mine = [r for r in step_records(trainer_file) if "loss" in r]
+        for rank in (0, 1):
+            theirs = [r for r in by_source["trainer"] if r["rank"] == rank and "loss" in r]
+            if [r["step"] for r in theirs] != list(range(1, total + 1)):
+                fail(f"launch's file: rank {rank}'s loss records are steps "
+                     f"{[r['step'] for r in theirs]}, not 1..{total}")
+            if any(r["node"] != nodes[str(rank)] or not isinstance(r["time"], (int, float))
+                   for r in theirs):
+                fail(f"rank {rank}'s records are not labelled with launch's node")
+            if rank == 0 and [(r["step"], r["loss"], r["time"]) for r in theirs] != \
+                    [(r["step"], r["loss"], r["time"]) for r in mine]:
+                fail("rank 0's records in launch's file differ from its own metrics file")
+            if not [r for r in by_source["trainer"] if r["rank"] == rank and "test_accuracy" in r]:
+                fail(f"launch's file lacks rank {rank}'s final evaluation")
+        # Each checkpoint's background write, once, by the node's writer (local rank 0).
+        written = [(r["rank"], r["step"]) for r in by_source["trainer"]
+                   if "checkpoint_write_seconds" in r and r["checkpoint_bytes"] > 0]
+        if written != [(0, 10), (0, 20), (0, 30), (0, total)]:
+            fail(f"checkpoint writes recorded (rank, step): {written}, expected rank 0's of steps "
+                 f"10, 20, 30, {total}")
+
+        panels = plot([launch_file], os.path.join(tmp, "job.png"))
+        for title in ("loss", "samples/s", "CPU % of a core, per rank",
+                      "resident memory (bytes), per rank"):
+            if panels.get(title) != 2:
+                fail(f"the plot of launch's file: panel {title!r} should have a line per rank: "
+                     f"{panels}")
+        panels = plot([trainer_file], os.path.join(tmp, "trainer.png"))
+        if panels.get("loss") != 1 or panels.get("accuracy") != 2:
+            fail(f"the plot of the trainer's file: {panels}")
+    print("watch: ok")
+
+
 TESTS = {"train": test_train, "amp": test_amp, "resume": test_resume, "usage": test_usage,
-         "data": test_data}
+         "data": test_data, "watch": test_watch}
 
 if __name__ == "__main__":
     for name in sys.argv[2:] or list(TESTS):

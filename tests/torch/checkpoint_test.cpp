@@ -361,6 +361,42 @@ TEST(Checkpointer, ANodeThatLostItsDirectoryGetsACopyFromAnother) {
   EXPECT_EQ(verifyErrorOf(job.dir + "/node1/step-00000005"), "");
 }
 
+// What train_resnet records as checkpoint_write_seconds / checkpoint_bytes.
+TEST(Checkpointer, FinishedWritesAreReportedOnceByEachNodesWriter) {
+  TempDir tmp;
+  TwoNodes job(tmp.path() + "/ckpt");
+  std::vector<std::vector<CheckpointWrite>> writes(4), again(4);
+  job.world->run([&](int rank) {
+    Mlp net;
+    setSameOnEveryRank(*net);
+    Checkpointer c(threadGroup(*job.world, rank), job.options(rank));
+    c.addModule("m", net);
+    c.saveAsync(3);
+    c.save(7);  // waits for the first, then writes and commits
+    writes[rank] = c.finishedWrites();
+    again[rank] = c.finishedWrites();
+  });
+  for (int rank = 0; rank < 4; ++rank) {
+    EXPECT_TRUE(again[rank].empty()) << "rank " << rank << ": each write once";
+    if (rank % 2 == 1) {
+      EXPECT_TRUE(writes[rank].empty()) << "rank " << rank << " writes no directory";
+      continue;
+    }
+    ASSERT_EQ(writes[rank].size(), 2u) << "rank " << rank << ", the writer of its node";
+    const std::string dir = job.dir + "/node" + std::to_string(rank / 2);
+    for (size_t i = 0; i < 2; ++i) {
+      const CheckpointWrite& w = writes[rank][i];
+      EXPECT_EQ(w.step, i == 0 ? 3 : 7);
+      EXPECT_GT(w.seconds, 0);
+      char name[32];
+      std::snprintf(name, sizeof name, "/step-%08lld", static_cast<long long>(w.step));
+      struct stat st {};
+      ASSERT_EQ(::stat((dir + name).c_str(), &st), 0) << dir + name;
+      EXPECT_EQ(w.bytes, static_cast<uint64_t>(st.st_size));
+    }
+  }
+}
+
 TEST(Checkpointer, TheNewestStepThatVerifiesOnAnyNodeWins) {
   TempDir tmp;
   TwoNodes job(tmp.path() + "/ckpt-{node}-local");

@@ -3,7 +3,6 @@
 #include <cmath>
 
 #include <gtest/gtest.h>
-#include <nlohmann/json.hpp>
 
 #include "dtrain/error.h"
 #include "launcher/monitor/records.h"
@@ -254,6 +253,7 @@ TEST(GpuIdleWatch, OneWarningAfterFiveIdleMinutesWhileWorkersRun) {
 Record launchRecord(std::optional<int> rank, std::optional<int> gpu, std::vector<Field> fields) {
   Record r;
   r.time = 1700000000.5;
+  r.source = "launch";
   r.runId = "run1";
   r.node = "host-a";
   r.rank = rank;
@@ -262,29 +262,49 @@ Record launchRecord(std::optional<int> rank, std::optional<int> gpu, std::vector
   return r;
 }
 
-TEST(Records, JsonRoundTripInTheSchema) {
-  Record r = launchRecord(2, std::nullopt, {{"rss_bytes", 1048576}, {"cpu_percent", 99.5}});
-  std::string line = toJsonLine(r);
-  auto j = nlohmann::json::parse(line);
-  EXPECT_EQ(j["source"], "launch");
-  EXPECT_EQ(j["run_id"], "run1");
-  EXPECT_EQ(j["node"], "host-a");
-  EXPECT_EQ(j["rank"], 2);
-  EXPECT_FALSE(j.contains("gpu"));
-  EXPECT_FALSE(j.contains("step"));
-  EXPECT_EQ(j["rss_bytes"], 1048576);
-  EXPECT_NE(line.find("\"rss_bytes\":1048576,"), std::string::npos) << "an integer: " << line;
-  EXPECT_NE(line.find("\"cpu_percent\":99.5"), std::string::npos) << line;
-  Record back = parseJsonLine(line);
-  EXPECT_EQ(back.rank, 2);
-  EXPECT_EQ(*back.field("cpu_percent"), 99.5);
-  Record nan = launchRecord(std::nullopt, 0, {{"gpu_util", std::nan("")}});
-  EXPECT_TRUE(std::isnan(*parseJsonLine(toJsonLine(nan)).field("gpu_util")));
-  EXPECT_THROW(parseJsonLine("{\"time\": 1}"), InvalidArgument);
-  EXPECT_THROW(parseJsonLine("not json"), InvalidArgument);
-  auto many = parseJsonArray(toJsonArray({r, nan}));
-  ASSERT_EQ(many.size(), 2u);
-  EXPECT_EQ(many[1].gpu, 0);
+progress::RankReport trainerReport(int rank, uint64_t last, int carried) {
+  progress::RankReport r;
+  r.rank = rank;
+  r.lastRecord = last;
+  for (uint64_t n = last - carried + 1; n <= last; ++n) {
+    Record record;
+    record.time = 1000.0 + static_cast<double>(n);
+    record.source = "whatever the rank says";
+    record.runId = "the rank's";
+    record.node = "the rank's hostname";
+    record.step = static_cast<int64_t>(n);
+    record.fields = {{"loss", 1.0 / static_cast<double>(n)}};
+    r.records.push_back(record);
+  }
+  return r;
+}
+
+TEST(Records, EachTrainerRecordIsWrittenOnceAndGapsAreCounted) {
+  uint64_t written = 0, missed = 0;
+  auto first = newTrainerRecords(trainerReport(3, 4, 4), written, "run1", "host-a", &missed);
+  ASSERT_EQ(first.size(), 4u);
+  EXPECT_EQ(written, 4u);
+  for (size_t i = 0; i < first.size(); ++i) {
+    EXPECT_EQ(first[i].step, static_cast<int64_t>(i + 1));
+    EXPECT_EQ(first[i].source, "trainer");
+    EXPECT_EQ(first[i].runId, "run1") << "launch's run id";
+    EXPECT_EQ(first[i].node, "host-a") << "launch's name of the rank's node";
+    EXPECT_EQ(first[i].rank, 3);
+    EXPECT_EQ(first[i].time, 1001.0 + static_cast<double>(i)) << "as the trainer made it";
+  }
+  // The next report still carries records 3 and 4: only 5 and 6 are new.
+  auto second = newTrainerRecords(trainerReport(3, 6, 4), written, "run1", "host-a", &missed);
+  ASSERT_EQ(second.size(), 2u);
+  EXPECT_EQ(second[0].step, 5);
+  EXPECT_EQ(written, 6u);
+  EXPECT_TRUE(
+      newTrainerRecords(trainerReport(3, 6, 4), written, "run1", "host-a", &missed).empty());
+  EXPECT_EQ(missed, 0u);
+  // The rank recorded 10 more than the report carries (3): 7 of them are missed.
+  auto third = newTrainerRecords(trainerReport(3, 16, 3), written, "run1", "host-a", &missed);
+  ASSERT_EQ(third.size(), 3u);
+  EXPECT_EQ(third[0].step, 14);
+  EXPECT_EQ(missed, 7u);
 }
 
 TEST(Records, SampleRecordsAttributeGpuMemoryToRanks) {
@@ -344,9 +364,10 @@ TEST(Prometheus, EverySeriesLabelledAndParsable) {
   job.maxRestarts = 3;
   job.worldSize = 2;
   job.heartbeatAge = {{"host-a", 0.25}};
-  auto scrape = dtrain::testing::parsePrometheusText(prometheusText(records, job));
+  auto scrape = dtrain::testing::parsePrometheusText(exposition(records, job));
   EXPECT_EQ(scrape.value("dtrain_attempt"), 1);
   EXPECT_EQ(scrape.value("dtrain_restarts"), 1);
+  EXPECT_EQ(scrape.value("dtrain_max_restarts"), 3);
   EXPECT_EQ(scrape.value("dtrain_world_size"), 2);
   EXPECT_EQ(scrape.value("dtrain_stalled"), 0);
   EXPECT_EQ(scrape.value("dtrain_heartbeat_age_seconds", {{"node", "host-a"}}), 0.25);

@@ -16,6 +16,7 @@ namespace {
 Record nodeRecord(const std::string& node, double time, std::optional<int> rank = std::nullopt) {
   Record r;
   r.time = time;
+  r.source = "launch";
   r.runId = "r";
   r.node = node;
   r.rank = rank;

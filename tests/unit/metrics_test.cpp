@@ -1,6 +1,8 @@
-// dtrain::metrics: the record schema as JSONL, the Prometheus text exposition (parsed here, not
-// grepped) and the endpoint that serves it, scraped over HTTP.
+// dtrain::metrics: the record schema as JSONL, the Prometheus text exposition (parsed, not
+// grepped: tests/support/prometheus_text.h) and the endpoint that serves it, scraped over HTTP.
+#include <atomic>
 #include <cmath>
+#include <cstdlib>
 #include <limits>
 #include <map>
 #include <sstream>
@@ -10,6 +12,7 @@
 
 #include "dtrain/error.h"
 #include "dtrain/metrics.h"
+#include "prometheus_text.h"
 #include "test_support.h"
 
 namespace dtrain::metrics {
@@ -17,91 +20,8 @@ namespace {
 
 using dtrain::testing::TempDir;
 
-// A parsed Prometheus text exposition: samples by metric name and label set, and each metric's
-// declared type. Checks the grammar as it goes (format 0.0.4, the subset dtrain writes: no
-// timestamps, no HELP needed).
-struct Exposition {
-  using Labels = std::map<std::string, std::string>;
-  std::map<std::string, std::string> types;
-  std::map<std::pair<std::string, Labels>, double> samples;
-
-  double value(const std::string& name, const Labels& labels) const {
-    auto it = samples.find({name, labels});
-    if (it == samples.end()) {
-      ADD_FAILURE() << "no sample " << name << " with the expected labels";
-      return std::nan("");
-    }
-    return it->second;
-  }
-};
-
-bool isNameChar(char c, bool first) {
-  return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || c == '_' || c == ':' ||
-         (!first && c >= '0' && c <= '9');
-}
-
-Exposition parseExposition(const std::string& text) {
-  Exposition e;
-  std::istringstream in(text);
-  std::string line;
-  int lineNo = 0;
-  while (std::getline(in, line)) {
-    ++lineNo;
-    SCOPED_TRACE("line " + std::to_string(lineNo) + ": " + line);
-    if (line.empty()) continue;
-    if (line[0] == '#') {
-      std::istringstream words(line.substr(1));
-      std::string keyword, name, type;
-      words >> keyword >> name >> type;
-      if (keyword == "TYPE") {
-        EXPECT_TRUE(type == "gauge" || type == "counter") << type;
-        EXPECT_EQ(e.types.count(name), 0u) << "TYPE given twice for " << name;
-        e.types[name] = type;
-      }
-      continue;
-    }
-    size_t i = 0;
-    while (i < line.size() && isNameChar(line[i], i == 0)) ++i;
-    std::string name = line.substr(0, i);
-    EXPECT_FALSE(name.empty());
-    Exposition::Labels labels;
-    if (i < line.size() && line[i] == '{') {
-      ++i;
-      while (i < line.size() && line[i] != '}') {
-        size_t eq = line.find('=', i);
-        EXPECT_NE(eq, std::string::npos);
-        if (eq == std::string::npos) return e;
-        std::string key = line.substr(i, eq - i);
-        EXPECT_EQ(line[eq + 1], '"');
-        std::string value;
-        size_t j = eq + 2;
-        for (; j < line.size() && line[j] != '"'; ++j) {
-          if (line[j] == '\\' && j + 1 < line.size()) {
-            ++j;
-            value += line[j] == 'n' ? '\n' : line[j];
-          } else {
-            value += line[j];
-          }
-        }
-        EXPECT_LT(j, line.size()) << "unterminated label value";
-        labels[key] = value;
-        i = j + 1;
-        if (i < line.size() && line[i] == ',') ++i;
-      }
-      EXPECT_LT(i, line.size()) << "unterminated label set";
-      ++i;
-    }
-    EXPECT_EQ(line[i], ' ');
-    std::string number = line.substr(i + 1);
-    double v = number == "NaN"    ? std::nan("")
-               : number == "+Inf" ? INFINITY
-               : number == "-Inf" ? -INFINITY
-                                  : std::stod(number);
-    EXPECT_TRUE(e.types.count(name)) << name << " has no TYPE line before its samples";
-    EXPECT_TRUE(e.samples.emplace(std::make_pair(name, labels), v).second) << "sample given twice";
-  }
-  return e;
-}
+using dtrain::testing::parsePrometheusText;
+using dtrain::testing::PromScrape;
 
 Record sampleRecord() {
   Record r;
@@ -180,7 +100,22 @@ TEST(MetricsRecord, ParseRefusesMalformedLines) {
   }
 }
 
-TEST(MetricsPrometheus, TextHasOneGaugePerFieldAndTheLatestValuePerSeries) {
+TEST(MetricsRecord, ArraysRoundTrip) {
+  Record gpu;
+  gpu.source = "launch";
+  gpu.node = "n";
+  gpu.gpu = 0;
+  gpu.fields = {{"gpu_util", NAN}};
+  auto back = parseJsonArray(toJsonArray({sampleRecord(), gpu}));
+  ASSERT_EQ(back.size(), 2u);
+  EXPECT_EQ(back[0].fields, sampleRecord().fields);
+  EXPECT_EQ(back[1].gpu, 0);
+  EXPECT_TRUE(std::isnan(*back[1].field("gpu_util")));
+  EXPECT_THROW(parseJsonArray("{}"), InvalidArgument);
+  EXPECT_THROW(parseJsonArray(R"([{"time":1}])"), InvalidArgument);
+}
+
+TEST(MetricsPrometheus, TextHasOneBlockPerFieldAndTheLatestValuePerSeries) {
   Record a = sampleRecord();  // rank 1, step 42
   Record b = sampleRecord();
   b.rank = 0;
@@ -193,22 +128,33 @@ TEST(MetricsPrometheus, TextHasOneGaugePerFieldAndTheLatestValuePerSeries) {
   gpu.source = "launch";
   gpu.node = "node \"b\"\\";
   gpu.gpu = 2;
-  gpu.fields = {{"gpu_util", NAN}};
+  gpu.fields = {{"gpu_util", NAN}, {"read_bytes", 4096}};
+  Record job;  // no node: a job-wide figure, no labels at all
+  job.source = "launch";
+  job.fields = {{"world_size", 8}};
 
-  Exposition e = parseExposition(prometheusText({a, b, newer, gpu}));
+  PromScrape e = parsePrometheusText(prometheusText({a, b, newer, gpu, job}));
   for (const char* name : {"dtrain_step", "dtrain_loss", "dtrain_samples_per_s",
-                           "dtrain_loss_scale", "dtrain_gpu_util"}) {
+                           "dtrain_loss_scale", "dtrain_gpu_util", "dtrain_world_size"}) {
     EXPECT_EQ(e.types[name], "gauge") << name;
   }
-  Exposition::Labels rank1{{"node", "node-a"}, {"rank", "1"}};
-  Exposition::Labels rank0{{"node", "node-a"}, {"rank", "0"}};
+  EXPECT_EQ(e.types["dtrain_read_bytes"], "counter");
+  const std::map<std::string, std::string> rank1{{"node", "node-a"}, {"rank", "1"}};
+  const std::map<std::string, std::string> rank0{{"node", "node-a"}, {"rank", "0"}};
   EXPECT_EQ(e.value("dtrain_step", rank1), 43);
   EXPECT_EQ(e.value("dtrain_loss", rank1), 0.0625);
   EXPECT_EQ(e.value("dtrain_samples_per_s", rank1), 812.5);  // kept from the older record
   EXPECT_EQ(e.value("dtrain_step", rank0), 40);
   EXPECT_EQ(e.value("dtrain_loss", rank0), 0.5);
-  EXPECT_TRUE(std::isnan(e.value("dtrain_gpu_util", {{"node", "node \"b\"\\"}, {"gpu", "2"}})));
-  EXPECT_EQ(e.samples.size(), 7u);
+  ASSERT_TRUE(e.value("dtrain_gpu_util", {{"node", "node \"b\"\\"}, {"gpu", "2"}}));
+  EXPECT_TRUE(std::isnan(*e.value("dtrain_gpu_util", {{"node", "node \"b\"\\"}, {"gpu", "2"}})));
+  EXPECT_EQ(e.value("dtrain_world_size"), 8);
+  EXPECT_EQ(e.samples.size(), 9u);
+  for (const auto& sample : e.samples) {
+    EXPECT_FALSE(e.help[sample.name].empty()) << sample.name << " has no # HELP";
+  }
+  EXPECT_EQ(e.help["dtrain_loss"], fieldHelp("loss"));
+  EXPECT_STREQ(fieldHelp("my_own_figure"), "a figure the program recorded");
 }
 
 TEST(MetricsPrometheus, EndpointAnswersAScrapeWithEverySeries) {
@@ -229,20 +175,21 @@ TEST(MetricsPrometheus, EndpointAnswersAScrapeWithEverySeries) {
   ASSERT_TRUE(res) << httplib::to_string(res.error());
   EXPECT_EQ(res->status, 200);
   EXPECT_EQ(res->get_header_value("Content-Type"), "text/plain; version=0.0.4; charset=utf-8");
-  Exposition e = parseExposition(res->body);
-  Exposition::Labels labels{{"node", "host-x"}, {"rank", "0"}};
+  PromScrape e = parsePrometheusText(res->body);
+  const std::map<std::string, std::string> labels{{"node", "host-x"}, {"rank", "0"}};
   EXPECT_EQ(e.value("dtrain_step", labels), 7);
   EXPECT_EQ(e.value("dtrain_loss", labels), 2.5);
   EXPECT_EQ(e.value("dtrain_accuracy", labels), 0.25);
   EXPECT_EQ(e.value("dtrain_samples_per_s", labels), 300);
   EXPECT_EQ(e.value("dtrain_allreduce_wait_share", labels), 0.125);
   EXPECT_EQ(e.samples.size(), 5u);
+  EXPECT_EQ(res->body, endpoint->text());
 
   // The next scrape sees the next step.
   metrics.record(8, {{"loss", 2.0}});
   res = client.Get("/metrics");
   ASSERT_TRUE(res);
-  e = parseExposition(res->body);
+  e = parsePrometheusText(res->body);
   EXPECT_EQ(e.value("dtrain_step", labels), 8);
   EXPECT_EQ(e.value("dtrain_loss", labels), 2.0);
   EXPECT_EQ(e.value("dtrain_accuracy", labels), 0.25);
@@ -252,13 +199,27 @@ TEST(MetricsPrometheus, EndpointAnswersAScrapeWithEverySeries) {
   EXPECT_EQ(res->status, 404);
 }
 
+TEST(MetricsPrometheus, ServerAnswersWhatItsCallbackRendersAtEachScrape) {
+  std::atomic<int> scrapes{0};
+  PrometheusServer server({"127.0.0.1", 0}, [&] {
+    return "# TYPE dtrain_scrapes gauge\ndtrain_scrapes " + std::to_string(++scrapes) + "\n";
+  });
+  httplib::Client client("127.0.0.1", server.port());
+  for (int i = 1; i <= 2; ++i) {
+    auto res = client.Get("/metrics");
+    ASSERT_TRUE(res) << httplib::to_string(res.error());
+    EXPECT_EQ(parsePrometheusText(res->body).value("dtrain_scrapes"), i);
+  }
+}
+
 TEST(MetricsPrometheus, BusyPortIsRefusedNamingIt) {
   auto first = PrometheusEndpoint::start({"127.0.0.1", 0});
   try {
-    PrometheusEndpoint::start({"127.0.0.1", first->port()});
+    PrometheusEndpoint::start({"127.0.0.1", first->port(), "--my-port"});
     FAIL() << "a second endpoint bound a busy port";
   } catch (const InvalidArgument& e) {
-    EXPECT_NE(std::string(e.what()).find("127.0.0.1:" + std::to_string(first->port())),
+    EXPECT_NE(std::string(e.what()).find("--my-port: cannot listen on 127.0.0.1:" +
+                                         std::to_string(first->port())),
               std::string::npos)
         << e.what();
   }
@@ -305,8 +266,12 @@ TEST(MetricsJsonl, UnwritablePathIsNamed) {
 }
 
 TEST(Metrics, WithoutSinksRecordsNothingButStillChecksNames) {
+  // This test process was not started by launch: no sink towards it either.
+  ASSERT_EQ(std::getenv("DTRAIN_STORE_ADDR"), nullptr);
+  EXPECT_EQ(LaunchSink::open(), nullptr);
   Metrics metrics;
   EXPECT_FALSE(metrics.enabled());
+  EXPECT_FALSE(metrics.toLaunch());
   metrics.record(1, {{"loss", 1}});
   EXPECT_THROW(metrics.record(1, {{"bad name", 1}}), InvalidArgument);
   EXPECT_FALSE(metrics.runId().empty());

@@ -34,8 +34,9 @@
 //   --error-file-mode M       what error-file:CODE writes: json (default), garbage, huge, empty
 //   --alloc-mb N              allocate and touch N MiB more at each step (OOM tests)
 //   --alloc-rank R            only rank R allocates (--alloc-mb); default: every rank
-//   --publish-figures         publish "loss" and "samples_per_s" each step through
-//                             dtrain/progress.h (launch's metrics endpoint shows them)
+//   --publish-figures         record "loss" (1/(step+1)) and "samples_per_s" (100+rank) each step
+//                             with dtrain::metrics::Metrics and no sink of its own: under launch
+//                             they reach launch's endpoint and metrics file through the store
 //   --quiet                   print only the pid line and errors (benchmarks)
 //   --print-env               print the worker-contract variables it received
 //   --store HOST:PORT         the barriers' store (see above); keys under --store-prefix
@@ -61,6 +62,7 @@
 #include "dtrain/error.h"
 #include "dtrain/fault.h"
 #include "dtrain/job_store.h"
+#include "dtrain/metrics.h"
 #include "dtrain/progress.h"
 #include "dtrain/tcp_store.h"
 
@@ -255,16 +257,34 @@ void flood(int rank, int64_t lines) {
   writeChunks(STDERR_FILENO, err, true);
 }
 
+// Returns once the grandchild has printed its pid line: a test that counts those lines (and
+// checks that the pids end with the job) must not race a worker that finishes -- and has its
+// group killed -- before a grandchild starved of CPU got to print.
 void spawnGrandchild(int rank, bool setsid) {
   std::fflush(nullptr);
+  int ready[2];
+  if (::pipe(ready) != 0) {
+    std::fprintf(stderr, "rank %d: pipe: %s\n", rank, std::strerror(errno));
+    std::exit(1);
+  }
   pid_t pid = ::fork();
-  if (pid != 0) return;
+  if (pid != 0) {
+    ::close(ready[1]);
+    char byte = 0;
+    while (pid > 0 && ::read(ready[0], &byte, 1) < 0 && errno == EINTR) {
+    }
+    ::close(ready[0]);
+    return;
+  }
+  ::close(ready[0]);
   if (setsid) ::setsid();
   ::signal(SIGTERM, SIG_IGN);  // only SIGKILL (or a guardian) ends it
   ::signal(SIGHUP, SIG_IGN);
   ::signal(SIGINT, SIG_IGN);
   std::printf("rank %d: grandchild pid=%d pgid=%d\n", rank, ::getpid(), ::getpgid(0));
   std::fflush(stdout);
+  (void)!::write(ready[1], "r", 1);
+  ::close(ready[1]);
   while (true) ::pause();
 }
 
@@ -323,6 +343,9 @@ int run(const Flags& flags) {
     }
   }
 
+  dtrain::metrics::MetricsOptions metricsOptions;
+  metricsOptions.toLaunch = flags.publishFigures;  // else no publisher thread at all
+  dtrain::metrics::Metrics metrics(metricsOptions);
   std::vector<std::vector<char>> hog;
   for (int64_t step = 0; step < flags.steps; ++step) {
     for (const auto& f : dtrain::fault::activeFaults()) {
@@ -348,8 +371,8 @@ int run(const Flags& flags) {
       hog.emplace_back(static_cast<size_t>(flags.allocMb) << 20, 1);  // touched: really resident
     }
     if (flags.publishFigures) {
-      dtrain::progress::publishFigures(
-          step, {{"loss", 1.0 / static_cast<double>(step + 1)}, {"samples_per_s", 100.0 + rank}});
+      metrics.record(step, {{"loss", 1.0 / static_cast<double>(step + 1)},
+                            {"samples_per_s", 100.0 + rank}});
     }
     if (!flags.quiet) std::printf("rank %d: step %lld\n", rank, static_cast<long long>(step));
     if (flags.stepMs > 0) std::this_thread::sleep_for(std::chrono::milliseconds(flags.stepMs));

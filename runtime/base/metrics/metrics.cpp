@@ -1,5 +1,5 @@
-// Metrics records: the JSONL form, the stamping Metrics front end and the file sink. The
-// Prometheus side is in prometheus.cpp.
+// Metrics records: the JSON forms, the stamping Metrics front end and the file sink. The
+// Prometheus side is in prometheus.cpp, the sink towards launch in launch_sink.cpp.
 #include "dtrain/metrics.h"
 
 #include <unistd.h>
@@ -16,6 +16,7 @@
 
 #include "dtrain/env_contract.h"
 #include "dtrain/error.h"
+#include "metrics/record_json.h"
 #include "parse_int.h"
 
 namespace dtrain::metrics {
@@ -71,9 +72,8 @@ double unixSeconds() {
   return duration<double>(system_clock::now().time_since_epoch()).count();
 }
 
-std::string toJsonLine(const Record& record) {
+nlohmann::ordered_json recordToJson(const Record& record) {
   checkFields(record.fields);
-  // ordered_json keeps the schema's keys first, in the order docs/design.md lists them.
   nlohmann::ordered_json j;
   j["time"] = record.time;
   j["source"] = record.source;
@@ -91,17 +91,15 @@ std::string toJsonLine(const Record& record) {
       j[name] = value;
     }
   }
-  return j.dump();
+  return j;
 }
 
-Record parseJsonLine(const std::string& line) {
-  // ordered_json: fields come back in the order they were written.
+Record recordFromJson(const nlohmann::ordered_json& j, const std::string& context) {
   using json = nlohmann::ordered_json;
-  json j = json::parse(line, nullptr, /*allow_exceptions=*/false);
-  DTRAIN_CHECK_ARG(j.is_object(), "a metrics record must be one JSON object, got: {:.80}", line);
+  DTRAIN_CHECK_ARG(j.is_object(), "a metrics record must be one JSON object, got: {:.80}", context);
   auto need = [&](const char* key, bool (json::*is)() const noexcept, const char* what) {
     DTRAIN_CHECK_ARG(j.contains(key) && (j[key].*is)(), "metrics record: '{}' must be {} ({:.80})",
-                     key, what, line);
+                     key, what, context);
   };
   need("time", &json::is_number, "a number");
   need("source", &json::is_string, "a string");
@@ -131,12 +129,35 @@ Record parseJsonLine(const std::string& line) {
   for (const auto& [key, value] : j.items()) {
     if (reservedKeys().count(key)) continue;
     DTRAIN_CHECK_ARG(value.is_number() || value.is_null(),
-                     "metrics record: field '{}' must be a number or null ({:.80})", key, line);
+                     "metrics record: field '{}' must be a number or null ({:.80})", key, context);
     r.fields.emplace_back(
         key, value.is_null() ? std::numeric_limits<double>::quiet_NaN() : value.get<double>());
   }
   checkFields(r.fields);
   return r;
+}
+
+std::string toJsonLine(const Record& record) { return recordToJson(record).dump(); }
+
+Record parseJsonLine(const std::string& line) {
+  // ordered_json: fields come back in the order they were written.
+  auto j = nlohmann::ordered_json::parse(line, nullptr, /*allow_exceptions=*/false);
+  return recordFromJson(j, line);
+}
+
+std::string toJsonArray(const std::vector<Record>& records) {
+  nlohmann::ordered_json a = nlohmann::ordered_json::array();
+  for (const auto& r : records) a.push_back(recordToJson(r));
+  return a.dump();
+}
+
+std::vector<Record> parseJsonArray(const std::string& text) {
+  auto a = nlohmann::ordered_json::parse(text, nullptr, /*allow_exceptions=*/false);
+  DTRAIN_CHECK_ARG(a.is_array(), "metrics records: not a JSON array: {:.80}", text);
+  std::vector<Record> out;
+  out.reserve(a.size());
+  for (const auto& j : a) out.push_back(recordFromJson(j, text));
+  return out;
 }
 
 std::shared_ptr<JsonlSink> JsonlSink::open(const std::string& path) {
@@ -179,6 +200,12 @@ Metrics::Metrics(MetricsOptions options)
         rank);
     rank_ = static_cast<int>(value);
   }
+  if (options.toLaunch) {
+    if (auto sink = LaunchSink::open()) {
+      sinks_.push_back(std::move(sink));
+      toLaunch_ = true;
+    }
+  }
 }
 
 void Metrics::addSink(std::shared_ptr<Sink> sink) {
@@ -188,6 +215,7 @@ void Metrics::addSink(std::shared_ptr<Sink> sink) {
 
 void Metrics::record(int64_t step, std::vector<Field> fields) {
   Record r;
+  r.source = source_;
   r.step = step;
   r.fields = std::move(fields);
   record(std::move(r));

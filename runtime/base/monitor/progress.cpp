@@ -6,12 +6,14 @@
 
 #include "dtrain/error.h"
 #include "dtrain/progress.h"
+#include "metrics/record_json.h"
 
 namespace dtrain::progress {
 
 namespace {
 
-using nlohmann::json;
+// Ordered: the records inside keep their schema's key order.
+using json = nlohmann::ordered_json;
 
 double numberOrNan(const json& v) {
   return v.is_number() ? v.get<double>() : std::numeric_limits<double>::quiet_NaN();
@@ -22,11 +24,12 @@ struct Signature {
   std::optional<int64_t> step;
   std::optional<int64_t> figuresStep;
   double figuresTime = 0;
+  uint64_t lastRecord = 0;
   std::vector<std::pair<std::string, uint64_t>> issued;
   std::vector<std::pair<uint64_t, std::string>> states;
   bool operator==(const Signature& o) const {
     return step == o.step && figuresStep == o.figuresStep && figuresTime == o.figuresTime &&
-           issued == o.issued && states == o.states;
+           lastRecord == o.lastRecord && issued == o.issued && states == o.states;
   }
 };
 
@@ -35,6 +38,7 @@ Signature signatureOf(const RankReport& r) {
   s.step = r.step;
   s.figuresStep = r.figuresStep;
   s.figuresTime = r.figuresTime;
+  s.lastRecord = r.lastRecord;
   for (const auto& c : r.collectives) {
     s.issued.emplace_back(c.name, c.issued);
     for (const auto& e : c.tail) s.states.emplace_back(e.seq, e.state);
@@ -51,6 +55,7 @@ std::string stacksKey(int nodeRank) { return "monitor/stacks/" + std::to_string(
 std::string encodeReport(const RankReport& r) {
   json j;
   j["rank"] = r.rank;
+  if (r.nodeRank >= 0) j["node_rank"] = r.nodeRank;
   j["pid"] = r.pid;
   j["time"] = r.time;
   if (r.step) j["step"] = *r.step;
@@ -76,6 +81,11 @@ std::string encodeReport(const RankReport& r) {
     if (r.figuresStep) figures["step"] = *r.figuresStep;
     j["figures"] = std::move(figures);
   }
+  if (!r.records.empty()) {
+    json items = json::array();
+    for (const auto& record : r.records) items.push_back(metrics::recordToJson(record));
+    j["records"] = {{"last", r.lastRecord}, {"items", std::move(items)}};
+  }
   return j.dump();
 }
 
@@ -92,6 +102,9 @@ RankReport decodeReport(const std::string& text) {
   };
   RankReport r;
   r.rank = need(j, "rank", &json::is_number_integer, "an integer").get<int>();
+  if (j.contains("node_rank")) {
+    r.nodeRank = need(j, "node_rank", &json::is_number_integer, "an integer").get<int>();
+  }
   r.pid = need(j, "pid", &json::is_number_integer, "an integer").get<int64_t>();
   r.time = need(j, "time", &json::is_number, "a number").get<double>();
   if (j.contains("step")) r.step = need(j, "step", &json::is_number_integer, "an integer").get<int64_t>();
@@ -122,6 +135,14 @@ RankReport decodeReport(const std::string& text) {
                        "is not a number", name);
       r.figures.emplace_back(name, numberOrNan(value));
     }
+  }
+  if (j.contains("records")) {
+    const json& rec = need(j, "records", &json::is_object, "an object");
+    r.lastRecord = need(rec, "last", &json::is_number_unsigned, "a count").get<uint64_t>();
+    const json& items = need(rec, "items", &json::is_array, "an array");
+    DTRAIN_CHECK_ARG(items.size() <= r.lastRecord, "progress report: {} records, but the last is "
+                     "number {}", items.size(), r.lastRecord);
+    for (const auto& item : items) r.records.push_back(metrics::recordFromJson(item, text));
   }
   return r;
 }

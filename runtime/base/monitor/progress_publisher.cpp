@@ -2,6 +2,7 @@
 
 #include <pthread.h>
 
+#include <algorithm>
 #include <cstdlib>
 
 #include "dtrain/env_contract.h"
@@ -39,14 +40,44 @@ void ProgressPublisher::setStep(int64_t step) {
   step_ = step;
 }
 
+void ProgressPublisher::addRecord(metrics::Record record) {
+  if (record.time == 0) record.time = unixNow();
+  // A bad name is dropped here rather than failing the report (and publishing) later.
+  std::vector<metrics::Field> fields;
+  fields.reserve(record.fields.size());
+  for (auto& field : record.fields) {
+    const bool repeated = std::any_of(fields.begin(), fields.end(), [&](const metrics::Field& f) {
+      return f.first == field.first;
+    });
+    if (metrics::validFieldName(field.first) && !repeated) fields.push_back(std::move(field));
+  }
+  record.fields = std::move(fields);
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (record.step) {
+    step_ = record.step;
+    figuresStep_ = record.step;
+  }
+  figuresTime_ = record.time;
+  for (const auto& [name, value] : record.fields) {
+    auto it = std::find_if(figures_.begin(), figures_.end(),
+                           [&](const auto& f) { return f.first == name; });
+    if (it == figures_.end()) {
+      figures_.emplace_back(name, value);
+    } else {
+      it->second = value;
+    }
+  }
+  recent_.push_back(std::move(record));
+  ++recorded_;
+  while (recent_.size() > options_.recentRecords) recent_.pop_front();
+}
+
 void ProgressPublisher::setFigures(int64_t step,
                                    std::vector<std::pair<std::string, double>> fields) {
-  const double now = unixNow();
-  std::lock_guard<std::mutex> lock(mutex_);
-  step_ = step;
-  figures_ = std::move(fields);
-  figuresStep_ = step;
-  figuresTime_ = now;
+  metrics::Record record;
+  record.step = step;
+  record.fields = std::move(fields);
+  addRecord(std::move(record));
 }
 
 uint64_t ProgressPublisher::addSource(std::function<CollectiveState()> source) {
@@ -64,6 +95,7 @@ void ProgressPublisher::removeSource(uint64_t id) {
 RankReport ProgressPublisher::gather() {
   RankReport r;
   r.rank = options_.rank;
+  r.nodeRank = options_.nodeRank;
   r.pid = ::getpid();
   r.time = unixNow();
   {
@@ -72,6 +104,12 @@ RankReport ProgressPublisher::gather() {
     r.figures = figures_;
     r.figuresStep = figuresStep_;
     r.figuresTime = figuresTime_;
+    // Records launch has had time to read are not sent again.
+    while (!recent_.empty() && recent_.front().time < r.time - options_.recentRecordSeconds) {
+      recent_.pop_front();
+    }
+    r.records.assign(recent_.begin(), recent_.end());
+    r.lastRecord = recorded_;
   }
   std::lock_guard<std::mutex> lock(sourcesMutex_);
   for (const auto& [id, source] : sources_) {
@@ -133,7 +171,8 @@ void ProgressPublisher::threadMain() {
     flushesSeen = flushRequests_;
     lock.unlock();
     RankReport now = gather();
-    const bool something = now.step || !now.collectives.empty() || now.figuresStep;
+    const bool something =
+        now.step || !now.collectives.empty() || now.figuresStep || now.lastRecord > 0;
     if (something && (!published || advanced(last, now))) {
       try {
         store->set(rankKey(options_.rank), store::toBytes(encodeReport(now)));
@@ -174,6 +213,10 @@ ProgressPublisher* makeProcessPublisher() {
   }
   PublisherOptions options;
   options.rank = static_cast<int>(rank);
+  int64_t nodeRank = -1;
+  if (const char* text = std::getenv(env::kGroupRank); text && parseInt64(text, &nodeRank)) {
+    options.nodeRank = nodeRank >= 0 && nodeRank <= (1 << 30) ? static_cast<int>(nodeRank) : -1;
+  }
   options.connect = [] {
     store::JobStoreOptions o;
     o.connectTimeout = std::chrono::milliseconds(10000);
@@ -184,7 +227,9 @@ ProgressPublisher* makeProcessPublisher() {
   auto* p = new ProgressPublisher(std::move(options));
   std::atexit([] {
     if (::getpid() != gOwner) return;
-    // A thread still inside a store call after this is left behind; the process is ending.
+    // The last figures and records (a final evaluation) reach launch before the process ends;
+    // a thread still inside a store call after this is left behind.
+    (void)publisher()->flush(std::chrono::milliseconds(500));
     (void)publisher()->stop(std::chrono::milliseconds(500));
   });
   return p;
@@ -217,6 +262,12 @@ void setStep(int64_t step) {
 void publishFigures(int64_t step, std::vector<std::pair<std::string, double>> fields) {
   if (ProgressPublisher* p = publisher()) p->setFigures(step, std::move(fields));
 }
+
+void publishRecord(const metrics::Record& record) {
+  if (ProgressPublisher* p = publisher()) p->addRecord(record);
+}
+
+bool publishing() { return publisher() != nullptr; }
 
 Registration watchCollectives(std::function<CollectiveState()> source) {
   ProgressPublisher* p = publisher();

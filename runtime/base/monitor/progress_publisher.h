@@ -7,6 +7,7 @@
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
+#include <deque>
 #include <functional>
 #include <map>
 #include <memory>
@@ -37,10 +38,14 @@ namespace dtrain::progress {
 
 struct PublisherOptions {
   int rank = 0;
+  int nodeRank = -1;  // GROUP_RANK, so that launch can name the node before it sampled the rank
   // Opens the store connection, on the publisher thread (so a slow connect delays nobody).
   std::function<std::shared_ptr<store::Store>()> connect;
   std::chrono::milliseconds interval{1000};
   size_t tailEntries = 8;  // flight-recorder entries per communicator
+  // The trainer records a report carries (Note [Trainer records] in dtrain/progress.h).
+  size_t recentRecords = kRecentRecords;
+  double recentRecordSeconds = kRecentRecordSeconds;
 };
 
 class ProgressPublisher {
@@ -51,6 +56,9 @@ class ProgressPublisher {
   ProgressPublisher& operator=(const ProgressPublisher&) = delete;
 
   void setStep(int64_t step);
+  // A trainer record: its step (when it has one) becomes the step; its fields update the latest
+  // figures and it joins the recent records. Fields with an invalid or repeated name are dropped.
+  void addRecord(metrics::Record record);
   void setFigures(int64_t step, std::vector<std::pair<std::string, double>> fields);
   uint64_t addSource(std::function<CollectiveState()> source);
   void removeSource(uint64_t id);
@@ -75,6 +83,8 @@ class ProgressPublisher {
   std::vector<std::pair<std::string, double>> figures_;  // guarded by mutex_
   std::optional<int64_t> figuresStep_;                   // guarded by mutex_
   double figuresTime_ = 0;                               // guarded by mutex_
+  std::deque<metrics::Record> recent_;                   // guarded by mutex_
+  uint64_t recorded_ = 0;                                // guarded by mutex_: records so far
   bool stopping_ = false;             // guarded by mutex_
   bool finished_ = false;             // guarded by mutex_: the thread has returned
   uint64_t flushRequests_ = 0;        // guarded by mutex_

@@ -99,6 +99,14 @@ struct RestoredCheckpoint {
   bool copiedFromPeer = false;  // this node lacked it and received a copy
 };
 
+// A checkpoint this rank wrote to its node's directory: what a save cost the disk (for a
+// saveAsync, the part that runs in the background while training goes on).
+struct CheckpointWrite {
+  int64_t step = 0;
+  double seconds = 0;  // writing the file, fsync, rename and LATEST: until committed on this node
+  uint64_t bytes = 0;  // the file's size
+};
+
 // User metadata saved with a checkpoint: key -> string, number or tensor (on the CPU).
 using MetadataValue = std::variant<std::string, double, int64_t, at::Tensor>;
 
@@ -145,6 +153,12 @@ class Checkpointer {
   // called) -- then a checkpoint of `step` has been committed and the program should return
   // kExitPreempted. Collective when the world has more than one rank (one small allreduce).
   bool preempted(int64_t step, int64_t epoch = 0);
+
+  // The checkpoints whose write finished on this rank since the last call, oldest first: each
+  // node's writer (its local rank 0) writes, the other ranks get none. Not collective and cheap
+  // (a lock and a move), so a training loop can ask every step: an asynchronous save shows up
+  // as soon as its background write ends, before wait() or the next save confirms it.
+  std::vector<CheckpointWrite> finishedWrites();
 
   // This node's directory.
   const std::string& nodeDirectory() const { return nodeDir_; }

@@ -12,15 +12,20 @@
 //   dtrain::progress::setStep(step);                                  // once per step
 //   dtrain::progress::publishFigures(step, {{"loss", 0.25}, {"samples_per_s", 812.0}});
 //
-// The communicators register themselves (watchCollectives), so a training program using dtrain's
-// collectives gets stall reports without calling anything.
+// A program that uses dtrain::metrics::Metrics calls neither: under launch its records come here
+// by themselves (metrics::LaunchSink). The communicators register themselves
+// (watchCollectives), so a training program using dtrain's collectives gets stall reports
+// without calling anything.
 
+#include <cstddef>
 #include <cstdint>
 #include <functional>
 #include <optional>
 #include <string>
 #include <utility>
 #include <vector>
+
+#include "dtrain/metrics.h"
 
 namespace dtrain::progress {
 
@@ -32,8 +37,9 @@ namespace dtrain::progress {
 //   monitor/version        int64 counter, add(1) after every write below. The master reads it
 //                          once per interval and reads the other keys only when it moved, so an
 //                          idle job costs one round trip per interval.
-//   monitor/rank/<R>       rank R's latest report (JSON, encodeReport): pid, step, collectives,
-//                          the trainer's latest figures. Written by the rank's publisher thread.
+//   monitor/rank/<R>       rank R's latest report (JSON, encodeReport): pid, node rank, step,
+//                          collectives, the trainer's latest figures and recent records (Note
+//                          [Trainer records]). Written by the rank's publisher thread.
 // and, for a job on several nodes (written by each node's launch agent; the master samples its
 // own node directly):
 //   monitor/node/<N>       node N's latest resource samples (a JSON array of metrics records,
@@ -44,6 +50,27 @@ namespace dtrain::progress {
 //   monitor/stacks/<N>     {"request": K, "stacks": {"<rank>": "<text>"}}.
 //
 // Values are small JSON documents; the store's limits (64 MiB a value) are far away.
+
+// Note [Trainer records]
+// ~~~~~~~~~~~~~~~~~~~~~~
+// A trainer's figures serve two readers in launch: its endpoint, which shows the latest value of
+// every series, and its --metrics-file, which should hold the records as the trainer made them
+// (each step's loss at that step), not a once-a-second sample of them. So a report carries both:
+//   figures   the latest value of every field ever recorded, with the newest step and time
+//             (merged: an evaluation's test_accuracy stays while later steps record only loss);
+//   records   the newest records themselves, numbered 1, 2, ... in the order recorded, kept
+//             while they are younger than kRecentRecordSeconds and at most kRecentRecords of
+//             them. launch reads the reports about every second and appends each record
+//             numbered above the last it wrote, so a trainer that records fewer than
+//             kRecentRecords between two reads loses none; beyond that launch's file misses
+//             some (it counts them and says so in its log), while the trainer's own JSONL file,
+//             if it writes one, has them all. launch labels them with the node its samples
+//             give the rank or -- before the first sample of a remote node arrived -- the node
+//             the report's node rank (GROUP_RANK) names; a record waits in the report until
+//             its node is known.
+// The cost is bounded: one report a second, at most kRecentRecords records in it.
+constexpr size_t kRecentRecords = 64;
+constexpr double kRecentRecordSeconds = 5.0;
 constexpr const char* kVersionKey = "monitor/version";
 constexpr const char* kStackRequestKey = "monitor/stacks/request";
 std::string rankKey(int rank);
@@ -70,14 +97,20 @@ struct CollectiveState {
 // What a rank publishes (monitor/rank/<R>).
 struct RankReport {
   int rank = -1;
+  int nodeRank = -1;  // GROUP_RANK: which node's launch started it (-1: not known)
   int64_t pid = 0;
   double time = 0;  // Unix seconds when it was published
   std::optional<int64_t> step;
   std::vector<CollectiveState> collectives;
-  // The trainer's latest figures (publishFigures), with the step and time they were recorded.
+  // The trainer's latest value of each figure, with the newest step and time one was recorded
+  // (Note [Trainer records]).
   std::vector<std::pair<std::string, double>> figures;
   std::optional<int64_t> figuresStep;
   double figuresTime = 0;
+  // The trainer's newest records as it made them (time, step, gpu, fields; source, run id, node
+  // and rank are launch's to fill), oldest first; the last one is number `lastRecord`.
+  std::vector<metrics::Record> records;
+  uint64_t lastRecord = 0;
 };
 
 // JSON text of a report, and back. decodeReport throws InvalidArgument naming what is wrong.
@@ -94,9 +127,18 @@ bool advanced(const RankReport& before, const RankReport& after);
 // This rank's training step (the latest one wins).
 void setStep(int64_t step);
 
-// The figures of `step` (also sets the step). launch serves them on its endpoint as
-// dtrain_<name>{node,rank}; names follow the metrics record rules ([a-zA-Z_][a-zA-Z0-9_]*).
+// The figures of `step` (also sets the step), recorded now: launch serves them on its endpoint as
+// dtrain_<name>{node,rank} (each keeps its latest value until recorded again) and appends them to
+// its --metrics-file as a trainer record. Names follow the metrics record rules
+// ([a-zA-Z_][a-zA-Z0-9_]*, not a schema key); invalid ones are dropped by launch.
 void publishFigures(int64_t step, std::vector<std::pair<std::string, double>> fields);
+
+// A metrics record (its time, step, gpu and fields), as publishFigures. What metrics::LaunchSink
+// calls.
+void publishRecord(const metrics::Record& record);
+
+// Whether this process publishes: it was started by launch (DTRAIN_STORE_ADDR and RANK are set).
+bool publishing();
 
 // A source of collective state, polled by the publisher thread (never by the communicator's
 // thread, which is the one that hangs). Keep the returned registration for as long as the source

@@ -1,0 +1,75 @@
+// The fields dtrain itself writes, with the help line the Prometheus exposition gives each: the
+// schema's vocabulary (docs/design.md "Metrics"). launch's are listed in
+// launcher/monitor/records.h, the sample trainers' in README.md.
+#include <map>
+#include <string>
+
+#include "dtrain/metrics.h"
+
+namespace dtrain::metrics {
+
+const char* fieldHelp(const std::string& name) {
+  static const std::map<std::string, const char*> kHelp{
+      // launch: a node
+      {"load1", "1-minute load average of the node"},
+      {"mem_total_bytes", "memory of the machine"},
+      {"mem_available_bytes", "memory available on the machine (MemAvailable)"},
+      {"mem_used_ratio", "memory in use: the larger of the memory cgroup's working set over its "
+                         "limit and the machine's"},
+      {"mem_headroom_bytes", "memory left before that ratio reaches 1"},
+      {"cgroup_usage_bytes", "memory charged to launch's memory cgroup, page cache included"},
+      {"cgroup_working_set_bytes", "the memory cgroup's usage minus inactive file pages"},
+      {"cgroup_limit_bytes", "the memory cgroup's limit (absent: none)"},
+      {"workers", "workers launch runs on the node"},
+      {"workers_alive", "workers running now"},
+      // launch: the job
+      {"attempt", "the attempt running (0 first; restarts add one)"},
+      {"restarts", "restarts so far"},
+      {"world_size", "ranks in the job"},
+      {"max_restarts", "the restart budget (--max-restarts)"},
+      {"stalled", "1 while launch sees a stall (--stall-timeout)"},
+      {"heartbeat_age_seconds", "seconds since launch last heard from the node"},
+      // launch: a worker
+      {"pid", "the worker's process id"},
+      {"local_rank", "the worker's local rank"},
+      {"cpu_percent", "CPU of the worker and its descendants, percent of one core"},
+      {"rss_bytes", "resident memory of the worker and its descendants"},
+      {"rss_peak_bytes", "peak resident memory of the worker"},
+      {"threads", "threads of the worker and its descendants"},
+      {"processes", "the worker and its live descendants"},
+      {"read_bytes", "bytes read from storage by the worker and its descendants"},
+      {"write_bytes", "bytes written to storage by the worker and its descendants"},
+      {"collective_seq", "collectives the rank has issued"},
+      // launch: a GPU
+      {"gpu_util", "GPU utilisation, percent"},
+      {"gpu_mem_used_bytes", "GPU memory in use"},
+      {"gpu_mem_total_bytes", "GPU memory"},
+      {"gpu_temperature_c", "GPU temperature, degrees Celsius"},
+      {"gpu_power_w", "GPU power draw, watts"},
+      {"gpu_processes", "processes using the GPU"},
+      {"gpu_process_mem_bytes", "GPU memory used by the worker's processes"},
+      // a trainer
+      {"step", "the rank's training step (optimizer steps done)"},
+      {"loss", "training loss of the step"},
+      {"accuracy", "training accuracy of the step's batch"},
+      {"test_accuracy", "accuracy on the test set at the last evaluation"},
+      {"samples_per_s", "training throughput, samples per second"},
+      {"lr", "learning rate of the step"},
+      {"epoch", "the epoch the step belongs to (0 first)"},
+      {"loss_scale", "the loss scale of mixed precision (GradScaler)"},
+      {"allreduce_wait_share", "share of the step spent waiting for gradient allreduces"},
+      {"checkpoint_seconds", "seconds the step loop waited for a checkpoint"},
+      {"checkpoint_write_seconds", "seconds a checkpoint took to write, fsync and commit on the "
+                                   "node (in the background)"},
+      {"checkpoint_bytes", "size of the checkpoint file"},
+      {"resumed", "1 at the step a run resumed from a checkpoint"},
+  };
+  auto it = kHelp.find(name);
+  return it == kHelp.end() ? "a figure the program recorded" : it->second;
+}
+
+bool fieldIsCounter(const std::string& name) {
+  return name == "read_bytes" || name == "write_bytes";
+}
+
+}  // namespace dtrain::metrics
