@@ -1,4 +1,4 @@
-# Finds dtrain's dependencies (DESIGN.md, Dependencies) and decides the feature switches:
+# Finds dtrain's dependencies (docs/design.md#libraries) and decides the feature switches:
 # DTRAIN_HAVE_{TORCH,TORCH_CUDA,GLOO,NCCL} and their 0/1 twins for dtrain/config.h.
 # Header-only and small dependencies may come from a folder on CMAKE_PREFIX_PATH (the GPU check
 # unpacks Debian packages there).

@@ -122,7 +122,8 @@ int resolveNproc(const NprocSpec& spec, int cpus, int gpus);
 std::string expandLinePrefix(const std::string& templ, int rank, int localRank,
                              const std::string& role, int attempt);
 
-// Variables of DESIGN.md's worker environment that --env may not override.
+// Variables of the worker environment (docs/design.md#worker-environment) that --env may not
+// override.
 bool isReservedWorkerVariable(const std::string& name);
 
 }  // namespace dtrain::launcher

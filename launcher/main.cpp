@@ -3,7 +3,7 @@
 //   launch [options] [--] PROGRAM [ARGS...]      see `launch --help`
 //
 // main() only splits the command line, dispatches on the command table below and maps
-// exceptions to DESIGN.md's exit codes; the work is in dtrain_launcher.
+// exceptions to launch's exit codes (docs/design.md#exit-codes); the work is in dtrain_launcher.
 #include <fcntl.h>
 #include <unistd.h>
 

@@ -25,7 +25,7 @@ std::string errorFilePath(const std::string& jobDir, int round, int rank) {
 EnvMap workerEnv(const LaunchConfig& config, const NodeContext& node, int localRank, int round) {
   EnvMap out;
   for (const auto& [key, value] : node.inherited) {
-    // Launcher options are for this launcher only (DESIGN.md, Environment prefixes); a nested
+    // Launcher options are for this launcher only (docs/design.md#forwarded-environment); a nested
     // launch inside a worker must not pick them up.
     if (key.rfind(env::kLaunchOptionPrefix, 0) == 0) continue;
     out[key] = value;

@@ -1,5 +1,5 @@
 #pragma once
-// The environment of one worker (DESIGN.md, Contracts: "Worker environment"), as a pure function
+// The environment of one worker (docs/design.md#worker-environment), as a pure function
 // of the launch configuration, what the launcher knows about this node, the local rank and the
 // restart round. The supervisor execs workers with exactly this; --dry-run prints it redacted.
 

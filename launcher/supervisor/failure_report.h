@@ -1,8 +1,8 @@
 #pragma once
 // What happened to each worker, which failure was the root cause, the launcher's exit code
-// (DESIGN.md's table) and the report printed when a job fails -- root cause first: host, global
-// and local rank, pid, exit code or signal name (with OOM evidence), log path, the last stderr
-// lines and the message of its TORCHELASTIC_ERROR_FILE; then the other workers.
+// (docs/design.md#exit-codes) and the report printed when a job fails -- root cause first: host,
+// global and local rank, pid, exit code or signal name (with OOM evidence), log path, the last
+// stderr lines and the message of its TORCHELASTIC_ERROR_FILE; then the other workers.
 //
 // Everything here is a pure function of plain structs, so the report is tested by tables; the
 // supervisor gathers the facts (wait statuses, tails, error files, kernel log) and calls in.
@@ -70,10 +70,10 @@ int rootCauseIndex(const std::vector<WorkerOutcome>& workers);
 // failures, 125 when its guardian was lost.
 int workerExitCode(const WorkerOutcome& w);
 
-// The launcher's exit code after its last attempt (DESIGN.md, Exit codes).
+// The launcher's exit code after its last attempt (docs/design.md#exit-codes).
 int launcherExitCode(const AttemptResult& last);
 
-// launch's exit code when a deadline passed (DESIGN.md): here, the exit barrier.
+// launch's exit code when a deadline passed (docs/design.md#exit-codes): here, the exit barrier.
 constexpr int kExitDeadline = 124;
 
 // "launch: exit barrier timed out: ..." -- the line printed when it happens, before the teardown.

@@ -37,9 +37,9 @@ namespace dtrain::launcher {
 // worker of that attempt must end within --exit-barrier-timeout seconds (default 300, 0: no
 // limit); otherwise launch prints which ranks were still running and how long after the first
 // success, tears the job down like after a failure (SIGTERM, SIGKILL after the grace period) and
-// exits 124 ("a deadline passed", DESIGN.md). The deadline is the event loop's epoll timeout,
-// like the SIGKILL deadline: no polling. A failure (non-zero exit, signal) before the deadline
-// stops the job as usual and the barrier no longer matters.
+// exits 124 ("a deadline passed", docs/design.md#exit-codes). The deadline is the event loop's
+// epoll timeout, like the SIGKILL deadline: no polling. A failure (non-zero exit, signal) before
+// the deadline stops the job as usual and the barrier no longer matters.
 //
 // A timed-out exit barrier does not consume a restart under --max-restarts: like torchrun, whose
 // agent never retries a worker group after it has started its exit barrier, launch ends the job.

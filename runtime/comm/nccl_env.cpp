@@ -1,7 +1,7 @@
 // validateNcclEnvironment(): NCCL reads its NCCL_* variables itself and treats many bad values
 // as "unset" (a typo in NCCL_IB_DISABLE silently keeps InfiniBand on) or aborts deep inside
 // ncclCommInitRank. Checking the ones that matter up front turns that into an error at init that
-// names the variable (RELIABILITY.md D7, PyTorch's test_invalid_nccl_blocking_wait_env).
+// names the variable (docs/reliability.md P7, PyTorch's test_invalid_nccl_blocking_wait_env).
 #include <algorithm>
 #include <cctype>
 #include <cstdlib>

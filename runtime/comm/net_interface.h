@@ -1,5 +1,6 @@
 #pragma once
-// Which local address a CPU backend binds its connections to, by DESIGN.md's rule: an interface
+// Which local address a CPU backend binds its connections to (docs/design.md#network-interface):
+// an interface
 // named by the user (GLOO_SOCKET_IFNAME or an option) wins; a job whose store is on loopback is a
 // one-node job and stays on loopback; otherwise the address the kernel would use as the source of
 // a route toward the store host (on the store's own node, that is the store's address). Never

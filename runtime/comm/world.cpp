@@ -44,8 +44,8 @@ std::shared_ptr<store::Store> hostedStore(World& w, const WorldOptions& o) {
   const std::string host = numericAddress(w.env.masterAddr);
   const char* tokenEnv = std::getenv(env::kStoreToken);
   const std::string token = tokenEnv ? tokenEnv : "";
-  // Off loopback the store must authenticate its clients (RELIABILITY.md F7); checked on every
-  // rank so they all fail the same way.
+  // Off loopback the store must authenticate its clients (docs/reliability.md S17); checked on
+  // every rank so they all fail the same way.
   DTRAIN_CHECK_ARG(isLoopbackHost(host) || !token.empty(),
                    "{} is not set, and {}={} is not a loopback address: rank 0 would host the job's "
                    "store on the network without authentication. HINT: export {}=$(openssl rand "
@@ -78,7 +78,7 @@ World connectWorld(const WorldOptions& o, bool cudaDevicesUsable) {
   w.env = resolveWorldEnv(o, env);
   log::setTag(fmt::format("[dtrain rank {}]", w.env.rank));
   // An explicit NCCL request is checked first: a bad NCCL_* value is named even on a machine
-  // where NCCL cannot run (RELIABILITY.md D7).
+  // where NCCL cannot run (docs/reliability.md P7).
   const char* requested = std::getenv(env::kBackend);
   if (o.backend == "nccl" || (o.backend.empty() && requested && std::string(requested) == "nccl")) {
     validateNcclEnvironment();

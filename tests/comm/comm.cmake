@@ -22,7 +22,7 @@ dtrain_gtest(dtrain_comm_tests LABEL unit TIMEOUT 120
   SOURCES ${DTRAIN_COMM_TEST_SOURCES}
   LIBS dtrain_comm_test_support)
 if(DTRAIN_COMM_FAILURE_TEST_SOURCES)
-  # Timing-bound (deadlines measured against the R2/R3 bounds): serial, labelled integration.
+  # Timing-bound (the bounds of docs/reliability.md P1, P2): serial, labelled integration.
   dtrain_gtest(dtrain_comm_failure_tests LABEL integration SERIAL TIMEOUT 60
     SOURCES ${DTRAIN_COMM_FAILURE_TEST_SOURCES}
     LIBS dtrain_comm_test_support)

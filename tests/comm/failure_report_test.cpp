@@ -80,7 +80,7 @@ TEST(FailureReport, ExchangeCollectsWhatArrivesWithinTheGrace) {
   EXPECT_LT(ms, 2000);
 }
 
-TEST(FailureReport, GraceStaysWithinTheR3Bound) {
+TEST(FailureReport, GraceKeepsFailuresWithinTimeoutPlusTwoSeconds) {
   EXPECT_EQ(reportGrace(Millis(3000)), Millis(1000));
   EXPECT_EQ(reportGrace(Millis(300000)), Millis(1000));
   EXPECT_EQ(reportGrace(Millis(300)), Millis(200));

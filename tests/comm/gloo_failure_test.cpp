@@ -1,4 +1,4 @@
-// Failure behaviour of the Gloo communicator with ranks as threads (RELIABILITY.md D1-D3, R2/R3):
+// Failure behaviour of the Gloo communicator with ranks as threads (docs/reliability.md P1-P5):
 // timeouts that name the silent rank, desync and shape reports, fast failure when a peer goes
 // away, fail-fast afterwards. Real processes (SIGKILL, SIGSTOP) are in tests/integration.
 #include <gtest/gtest.h>
@@ -62,7 +62,7 @@ TEST(GlooFailure, TimeoutNamesTheSilentRankAndLaterCallsFailFast) {
   }
   double ms = elapsedMs(start);
   EXPECT_GE(ms, kTimeout.count() - 50);
-  EXPECT_LE(ms, kTimeout.count() + kGraceMs + 1000) << "R3: within T + 2 s";
+  EXPECT_LE(ms, kTimeout.count() + kGraceMs + 1000) << "P2: within T + 2 s";
   EXPECT_CONTAINS(first, "rank 0/2: seq 0 allreduce(float32 x 16, sum) failed");
   EXPECT_CONTAINS(first, "timed out after 1500 ms waiting for data from rank 1 (127.0.0.1)");
   EXPECT_CONTAINS(first, "rank 1 did not report within 500 ms");
@@ -98,7 +98,7 @@ TEST(GlooFailure, QueuedCollectivesBehindAFailureFailWithTheFirstError) {
 }
 
 TEST(GlooFailure, SkippedCollectiveIsReportedAsDesync) {
-  // D2: rank 1 skips seq 1. Sequence numbers still count the call, so rank 1's next collective
+  // P4: rank 1 skips seq 1. Sequence numbers still count the call, so rank 1's next collective
   // (seq 2) never matches rank 0's seq 1: both time out and compare notes.
   auto w = world(2, {faultAt(fault::Kind::SkipCollective, 1, 1)});
   std::vector<std::string> errors(2);
@@ -120,7 +120,7 @@ TEST(GlooFailure, SkippedCollectiveIsReportedAsDesync) {
 }
 
 TEST(GlooFailure, WrongShapeTimesOutNamingBothShapes) {
-  // D3 without the collective check: the counts differ, so the tags differ and no data mixes;
+  // P5 without the collective check: the counts differ, so the tags differ and no data mixes;
   // the report names both shapes.
   auto w = world(2, {faultAt(fault::Kind::WrongShape, 1, 0)});
   std::vector<std::string> errors(2);
@@ -175,7 +175,7 @@ TEST(GlooFailure, CollectiveCheckCatchesASkippedCollectiveAtOnce) {
 }
 
 TEST(GlooFailure, APeerThatGoesAwayFailsTheOthersWithinTwoSeconds) {
-  // D1 with threads: rank 2 closes its connections while ranks 0 and 1 wait for it in an
+  // P1 with threads: rank 2 closes its connections while ranks 0 and 1 wait for it in an
   // allreduce whose timeout is far away.
   auto w = makeGlooWorld(3, [](GlooOptions& o) { o.timeout = milliseconds(20000); });
   std::vector<std::string> errors(3);
@@ -192,7 +192,7 @@ TEST(GlooFailure, APeerThatGoesAwayFailsTheOthersWithinTwoSeconds) {
     took[r] = elapsedMs(start) - 200;
   });
   for (int r = 0; r < 2; ++r) {
-    EXPECT_LT(took[r], 2000) << "R2: rank " << r << " took " << took[r] << " ms";
+    EXPECT_LT(took[r], 2000) << "P1: rank " << r << " took " << took[r] << " ms";
     EXPECT_CONTAINS(errors[r], "failed: connection");
     EXPECT_CONTAINS(errors[r], "rank 2 (127.0.0.1:");
   }

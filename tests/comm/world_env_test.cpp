@@ -1,5 +1,5 @@
 // The pure parts of init: where rank, world size, local rank and the store come from; which
-// backend; which NCCL variables are refused (D7).
+// backend; which NCCL variables are refused (docs/reliability.md P7).
 #include <gtest/gtest.h>
 
 #include <map>

@@ -1,6 +1,6 @@
 # The communicator across real processes (label integration): comm_worker is the torch-free
 # program that `launch` (or the test itself, srun/mpirun-style) starts; dtrain_comm_process_tests
-# drives it. Timing-bound (R2/R3): serial.
+# drives it. Timing-bound (docs/reliability.md P1, P2): serial.
 add_executable(comm_worker tests/integration/comm_worker.cpp)
 target_link_libraries(comm_worker PRIVATE dtrain_comm)
 dtrain_warnings(comm_worker)

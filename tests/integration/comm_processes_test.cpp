@@ -1,4 +1,4 @@
-// The communicator across real processes (RELIABILITY.md D1-D3, D7, A8; R2/R3): comm_worker ranks
+// The communicator across real processes (docs/reliability.md P1-P7, L12, U6): comm_worker ranks
 // started by `launch`, or directly with srun/mpirun-style variables (rank 0 hosts the store).
 // Survivors run with --ignore-sigterm so they outlive launch's teardown long enough to report
 // their own failure, which is what these tests measure.
@@ -64,7 +64,7 @@ TEST(CommProcesses, LaunchedRanksAllreduceAndCloseCleanly) {
   EXPECT_EQ(count(r.out, ": OK"), 4) << r.all();
 }
 
-// D1 and A8: rank 1 of 3 goes away at iteration 4; ranks 0 and 2 fail within 2 s naming it.
+// P1 and L12: rank 1 of 3 goes away at iteration 4; ranks 0 and 2 fail within 2 s naming it.
 class DeadRank : public ::testing::TestWithParam<const char*> {};
 
 TEST_P(DeadRank, SurvivorsFailWithinTwoSecondsNamingIt) {
@@ -74,7 +74,7 @@ TEST_P(DeadRank, SurvivorsFailWithinTwoSecondsNamingIt) {
   for (int survivor : {0, 2}) {
     ASSERT_TRUE(f.count(survivor)) << "rank " << survivor << " did not report\n" << r.all();
     EXPECT_EQ(f[survivor].iteration, 4);
-    EXPECT_LE(f[survivor].ms, 2000) << "R2 for rank " << survivor << ": " << f[survivor].message;
+    EXPECT_LE(f[survivor].ms, 2000) << "P1 for rank " << survivor << ": " << f[survivor].message;
     EXPECT_CONTAINS(f[survivor].message, "rank 1 (127.0.0.1:");
     EXPECT_CONTAINS(f[survivor].message, "connection");
   }
@@ -96,7 +96,7 @@ TEST(CommProcesses, FrozenRankFailsSurvivorsAtTheCollectiveTimeout) {
   ASSERT_TRUE(f.count(0)) << r.all();
   EXPECT_EQ(f[0].iteration, 3);
   EXPECT_GE(f[0].ms, 2900);
-  EXPECT_LE(f[0].ms, 5000) << "R3: timeout + 2 s";
+  EXPECT_LE(f[0].ms, 5000) << "P2: timeout + 2 s";
   EXPECT_CONTAINS(f[0].message, "timed out after 3000 ms waiting for data from rank 1 (127.0.0.1)");
   EXPECT_CONTAINS(f[0].message, "rank 1 did not report");
 }

@@ -1,6 +1,6 @@
-// `launch` as a user meets it before any worker runs: usage errors (RELIABILITY.md G1-G3),
+// `launch` as a user meets it before any worker runs: usage errors (docs/reliability.md U1-U4),
 // --dry-run, options from the environment, torchrun spellings, .py programs, and the worker
-// environment including the job token (R13). Quick and independent: run in parallel.
+// environment including the job token (S18). Quick and independent: run in parallel.
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -48,7 +48,7 @@ TEST_P(UsageErrorTest, ExitsTwoNamingTheFlagAndStartsNothing) {
 }
 
 INSTANTIATE_TEST_SUITE_P(
-    G1G2, UsageErrorTest,
+    UsageErrors, UsageErrorTest,
     ::testing::Values(
         UsageCase{"ZeroWorkers", {"--nproc-per-node", "0"}, {}, "--nproc-per-node"},
         UsageCase{"NotACount", {"--nproc_per_node=lots"}, {}, "--nproc-per-node"},
@@ -113,7 +113,7 @@ TEST(LaunchCli, HelpAndVersionExitZero) {
   EXPECT_NE(version.out.find("launch (dtrain)"), std::string::npos);
 }
 
-// G3: a missing or unexecutable program is refused by name and host, before anything starts.
+// U3: a missing or unexecutable program is refused by name and host, before anything starts.
 TEST(LaunchCli, MissingProgramExits127NamingPathAndHost) {
   char host[256] = {};
   ::gethostname(host, sizeof host - 1);
@@ -244,7 +244,7 @@ TEST(LaunchCli, WorkerEnvironment) {
   EXPECT_EQ(countLines(user.out, "env OMP_NUM_THREADS=7"), 2) << user.out;
 }
 
-// R13: the job token is in the workers' environment only -- never in any process's argv, never in
+// S18: the job token is in the workers' environment only -- never in any process's argv, never in
 // launch's output.
 TEST(LaunchCli, TokenNeverInArgvOrOutput) {
   LaunchProcess p({"--nproc-per-node", "2", workerPath(), "--no-store", "--steps", "100",

@@ -1,6 +1,6 @@
-// Worker output through launch: whole prefixed lines under a flood (A12), log files and their
-// layout across attempts, rotation, --redirects / --tee / --local-ranks-filter with torchrun's
-// meaning, the prefix template.
+// Worker output through launch (docs/reliability.md L15): whole prefixed lines under a flood, log
+// files and their layout across attempts, rotation, --redirects / --tee / --local-ranks-filter
+// with torchrun's meaning, the prefix template.
 #include <sys/stat.h>
 
 #include <filesystem>
@@ -47,9 +47,9 @@ void checkFloodLines(const std::string& text, const char* stream, int ranks, int
   for (int r = 0; r < ranks; ++r) EXPECT_EQ(perRank[r], lines) << stream << " of rank " << r;
 }
 
-// A12: four workers flood both streams with lines written in pieces; nothing deadlocks, every line
+// L15: four workers flood both streams with lines written in pieces; nothing deadlocks, every line
 // arrives whole and once, logs rotate at their size limit.
-TEST(LaunchOutput, A12_FloodArrivesAsWholeLinesWithoutDeadlock) {
+TEST(LaunchOutput, FloodArrivesAsWholeLinesWithoutDeadlock) {
   TempDir logs;
   constexpr int kLines = 20000;  // x ~180 bytes x 2 streams x 4 workers: ~29 MB
   LaunchResult r = runLaunch(

@@ -1,4 +1,4 @@
-// Supervision of real worker processes (RELIABILITY.md rows A1-A11): crash detection, teardown,
+// Supervision of real worker processes (docs/reliability.md L1-L16): crash detection, teardown,
 // signals, restarts, orphans. Each test asserts launch's exit code, the report's words (rank,
 // cause), a time bound with a margin for a loaded 2-core machine, and that no process of the job
 // is left. Timing-bound: these run RUN_SERIAL.
@@ -27,8 +27,8 @@ std::vector<std::string> entriesOf(const std::string& dir) {
   return names;
 }
 
-// A1: a worker SIGKILLed mid-step is noticed at once, the others are stopped, the report names it.
-TEST(LaunchSupervision, A1_CrashIsDetectedWithinOneSecond) {
+// L1: a worker SIGKILLed mid-step is noticed at once, the others are stopped, the report names it.
+TEST(LaunchSupervision, CrashIsDetectedWithinOneSecond) {
   LaunchProcess p(launchArgs({"--nproc-per-node", "4", "--grace-period", "5"},
                              {"--steps", "400", "--step-ms", "25"}),
                   {"DTRAIN_FAULT=signal:KILL@rank=3,step=4,attempt=0"});
@@ -46,15 +46,15 @@ TEST(LaunchSupervision, A1_CrashIsDetectedWithinOneSecond) {
   expectNoneLeft(r.out);
 }
 
-// A1 with a restart budget: the group restarts, every rank sees the new attempt, no zombies.
-TEST(LaunchSupervision, A1_RestartAfterCrash) {
+// L2: with a restart budget, the group restarts, every rank sees the new attempt, no zombies.
+TEST(LaunchSupervision, RestartAfterCrash) {
   LaunchProcess p(launchArgs({"--nproc-per-node", "3", "--max-restarts", "1"},
                              {"--steps", "40", "--step-ms", "25"}),
                   {"DTRAIN_FAULT=signal:KILL@rank=1,step=2,attempt=0"});
   ASSERT_TRUE(p.waitFor([](const std::string& o, const std::string&) {
     return countLines(o, "attempt=1 ") == 3;
   }, 20)) << p.out() << p.err();
-  // R4: while attempt 1 runs, launch's children are exactly its 3 live guardians.
+  // While attempt 1 runs, launch's children are exactly its 3 live guardians.
   auto children = childrenOf(p.pid());
   EXPECT_EQ(children.size(), 3u);
   for (pid_t c : children) EXPECT_NE(processStateOf(c), 'Z') << "zombie " << c;
@@ -67,9 +67,9 @@ TEST(LaunchSupervision, A1_RestartAfterCrash) {
   expectNoneLeft(r.out);
 }
 
-// A2 / R8: a worker that fails every attempt uses exactly the budget; the root cause (with its
+// L3: a worker that fails every attempt uses exactly the budget; the root cause (with its
 // error file's message) is reported.
-TEST(LaunchSupervision, A2_FailsEveryAttempt) {
+TEST(LaunchSupervision, FailsEveryAttempt) {
   LaunchResult r = runLaunch(launchArgs({"--nproc-per-node", "2", "--max-restarts", "2"},
                                         {"--steps", "20", "--step-ms", "20"}),
                              {"DTRAIN_FAULT=error-file:3@rank=1,step=1"});
@@ -84,7 +84,7 @@ TEST(LaunchSupervision, A2_FailsEveryAttempt) {
   expectNoneLeft(r.out);
 }
 
-// A3: segfault, abort, odd exit codes: named, and launch's exit code says which.
+// L4: segfault, abort, odd exit codes: named, and launch's exit code says which.
 struct CrashCase {
   const char* name;
   const char* fault;
@@ -107,7 +107,7 @@ TEST_P(CrashKindTest, ReportsSignalOrExitCode) {
 }
 
 INSTANTIATE_TEST_SUITE_P(
-    A3, CrashKindTest,
+    Crashes, CrashKindTest,
     ::testing::Values(
         CrashCase{"Segfault", "signal:SEGV@rank=1,step=2", 139, "killed by SIGSEGV (signal 11"},
         CrashCase{"Abort", "abort@rank=1,step=2", 134, "killed by SIGABRT (signal 6"},
@@ -118,7 +118,7 @@ INSTANTIATE_TEST_SUITE_P(
                   "(exit code 2: the root-cause worker's own exit code)"}),
     [](const ::testing::TestParamInfo<CrashCase>& info) { return info.param.name; });
 
-// A5: SIGINT/SIGTERM/SIGHUP/SIGQUIT to launch: workers get SIGTERM (so a trainer can checkpoint),
+// L6: SIGINT/SIGTERM/SIGHUP/SIGQUIT to launch: workers get SIGTERM (so a trainer can checkpoint),
 // everything stops, launch exits 128+N.
 class LauncherSignalTest : public ::testing::TestWithParam<int> {};
 
@@ -138,14 +138,14 @@ TEST_P(LauncherSignalTest, ForwardsTermAndExits128PlusN) {
   expectNoneLeft(r.out);
 }
 
-INSTANTIATE_TEST_SUITE_P(A5, LauncherSignalTest,
+INSTANTIATE_TEST_SUITE_P(Signals, LauncherSignalTest,
                          ::testing::Values(SIGINT, SIGTERM, SIGHUP, SIGQUIT),
                          [](const ::testing::TestParamInfo<int>& info) {
                            return signalNameOf(info.param);
                          });
 
 // Preemption: SIGTERM to launch, every worker checkpoints and exits 75: launch exits 75.
-TEST(LaunchSupervision, A5_PreemptionExits75) {
+TEST(LaunchSupervision, PreemptionExits75) {
   LaunchProcess p(launchArgs({"--nproc-per-node", "2"},
                              {"--steps", "1000", "--step-ms", "20", "--on-sigterm", "75"}));
   ASSERT_TRUE(waitForWorkers(p, 2)) << p.out() << p.err();
@@ -157,7 +157,7 @@ TEST(LaunchSupervision, A5_PreemptionExits75) {
 }
 
 // Workers that ignore SIGTERM are SIGKILLed when the grace period ends -- not before.
-TEST(LaunchSupervision, A5_GracePeriodThenSigkill) {
+TEST(LaunchSupervision, GracePeriodThenSigkill) {
   LaunchProcess p(launchArgs({"--nproc-per-node", "2", "--grace-period", "1"},
                              {"--steps", "1000", "--step-ms", "20", "--ignore-sigterm"}));
   ASSERT_TRUE(waitForWorkers(p, 2)) << p.out() << p.err();
@@ -172,7 +172,7 @@ TEST(LaunchSupervision, A5_GracePeriodThenSigkill) {
 }
 
 // A second Ctrl-C does not wait for the grace period.
-TEST(LaunchSupervision, A5_SecondSignalKillsAtOnce) {
+TEST(LaunchSupervision, SecondSignalKillsAtOnce) {
   LaunchProcess p(launchArgs({"--nproc-per-node", "2", "--grace-period", "60"},
                              {"--steps", "1000", "--step-ms", "20", "--ignore-sigterm"}));
   ASSERT_TRUE(waitForWorkers(p, 2)) << p.out() << p.err();
@@ -187,7 +187,7 @@ TEST(LaunchSupervision, A5_SecondSignalKillsAtOnce) {
   expectNoneLeft(r.out);
 }
 
-// A6 / R5: launch SIGKILLed -- no handler runs -- and still every worker, guardian and
+// L10: launch SIGKILLed -- no handler runs -- and still every worker, guardian and
 // grandchild (also one that left the process group with setsid) is gone within a second.
 class LauncherKilledTest : public ::testing::TestWithParam<bool> {};
 
@@ -224,13 +224,13 @@ TEST_P(LauncherKilledTest, EveryProcessOfTheJobDiesWithIt) {
   p.wait(5);
 }
 
-INSTANTIATE_TEST_SUITE_P(A6, LauncherKilledTest, ::testing::Bool(),
+INSTANTIATE_TEST_SUITE_P(SigkilledLaunch, LauncherKilledTest, ::testing::Bool(),
                          [](const ::testing::TestParamInfo<bool>& info) {
                            return info.param ? "GrandchildLeftTheGroup" : "GrandchildInGroup";
                          });
 
-// A7: grandchildren end with the job, whether it fails or succeeds, in the group or out of it.
-TEST(LaunchSupervision, A7_GrandchildrenEndWithTheJob) {
+// L11: grandchildren end with the job, whether it fails or succeeds, in the group or out of it.
+TEST(LaunchSupervision, GrandchildrenEndWithTheJob) {
   for (bool setsid : {false, true}) {
     for (bool fail : {false, true}) {
       std::vector<std::string> flags = {"--steps", fail ? "200" : "4", "--step-ms", "20"};
@@ -247,7 +247,7 @@ TEST(LaunchSupervision, A7_GrandchildrenEndWithTheJob) {
   }
 }
 
-// A4: a hung rank (stopped, or spinning) is caught by its peers' store timeouts; the group is
+// L5: a hung rank (stopped, or spinning) is caught by its peers' store timeouts; the group is
 // torn down (a stopped worker too: SIGTERM comes with SIGCONT) and the report points at it.
 class HungRankTest : public ::testing::TestWithParam<const char*> {};
 
@@ -271,13 +271,13 @@ TEST_P(HungRankTest, PeersTimeOutAndTheGroupIsTornDown) {
   expectNoneLeft(r.out);
 }
 
-INSTANTIATE_TEST_SUITE_P(A4, HungRankTest, ::testing::Values("stop", "hang"),
+INSTANTIATE_TEST_SUITE_P(HungRanks, HungRankTest, ::testing::Values("stop", "hang"),
                          [](const ::testing::TestParamInfo<const char*>& info) {
                            return std::string(info.param);
                          });
 
-// A8: a rank that exits 0 early is not a failure by itself; the job waits for the others.
-TEST(LaunchSupervision, A8_EarlyZeroExitIsNotAFailure) {
+// L12: a rank that exits 0 early is not a failure by itself; the job waits for the others.
+TEST(LaunchSupervision, EarlyZeroExitIsNotAFailure) {
   LaunchResult r = runLaunch(launchArgs({"--nproc-per-node", "2"},
                                         {"--steps", "30", "--step-ms", "40"}),
                              {"DTRAIN_FAULT=exit:0@rank=1,step=1"});
@@ -287,8 +287,8 @@ TEST(LaunchSupervision, A8_EarlyZeroExitIsNotAFailure) {
   expectNoneLeft(r.out);
 }
 
-// A8 with collectives: the peers of a rank that left early fail at their next barrier, naming it.
-TEST(LaunchSupervision, A8_EarlyExitIsCaughtByPeersCollectives) {
+// L12 with collectives: the peers of a rank that left early fail at their next barrier, naming it.
+TEST(LaunchSupervision, EarlyExitIsCaughtByPeersCollectives) {
   LaunchResult r = runLaunch({"--nproc-per-node", "2", workerPath(), "--steps", "30", "--step-ms",
                               "20", "--barrier-every-step", "--barrier-timeout-ms", "1000"},
                              {"DTRAIN_FAULT=exit:0@rank=1,step=2"});
@@ -300,9 +300,9 @@ TEST(LaunchSupervision, A8_EarlyExitIsCaughtByPeersCollectives) {
   expectNoneLeft(r.out);
 }
 
-// A9: ranks finishing seconds apart are waited for; a failure while others already finished
+// L13: ranks finishing seconds apart are waited for; a failure while others already finished
 // ends the job at once.
-TEST(LaunchSupervision, A9_DriftingRanksAndFailingGroup) {
+TEST(LaunchSupervision, DriftingRanksAndFailingGroup) {
   LaunchResult drift = runLaunch(launchArgs({"--nproc-per-node", "2"}, {"--steps", "2"}),
                                  {"DTRAIN_FAULT=slow:1500@rank=1,step=1"});
   EXPECT_EQ(drift.exitCode, 0) << drift.all();
@@ -319,10 +319,10 @@ TEST(LaunchSupervision, A9_DriftingRanksAndFailingGroup) {
   expectNoneLeft(failing.out);
 }
 
-// A9 bounded: rank 0 exits 0 at once, rank 1 hangs outside any collective. One second after
+// L13 bounded: rank 0 exits 0 at once, rank 1 hangs outside any collective. One second after
 // rank 0's success the exit barrier times out: rank 1 is stopped, the report names it, launch
 // exits 124 -- and does not restart, restart budget or not (Note [Exit barrier]).
-TEST(LaunchSupervision, A9_ExitBarrierTimesOut) {
+TEST(LaunchSupervision, ExitBarrierTimesOut) {
   TempDir tmp;
   LaunchProcess p(launchArgs({"--nproc-per-node", "2", "--exit-barrier-timeout", "1",
                               "--grace-period", "5", "--max-restarts", "1"},
@@ -350,9 +350,9 @@ TEST(LaunchSupervision, A9_ExitBarrierTimesOut) {
   EXPECT_TRUE(entriesOf(tmp.path()).empty()) << "launch removes its job directory";
 }
 
-// A9 bounded, drift within the bound: ranks finishing 1 s apart under a 4 s exit barrier (set
+// L13 bounded, drift within the bound: ranks finishing 1 s apart under a 4 s exit barrier (set
 // through the environment) is a success.
-TEST(LaunchSupervision, A9_DriftWithinTheExitBarrierSucceeds) {
+TEST(LaunchSupervision, DriftWithinTheExitBarrierSucceeds) {
   LaunchResult r = runLaunch(launchArgs({"--nproc-per-node", "2"}, {"--steps", "2"}),
                              {"DTRAIN_FAULT=slow:1000@rank=1,step=1",
                               "DTRAIN_LAUNCH_EXIT_BARRIER_TIMEOUT=4"});
@@ -363,7 +363,7 @@ TEST(LaunchSupervision, A9_DriftWithinTheExitBarrierSucceeds) {
   expectNoneLeft(r.out);
 }
 
-// A10: the error file is read when present -- and a missing, garbage, empty or huge one still
+// L14: the error file is read when present -- and a missing, garbage, empty or huge one still
 // gives a report, never a crash of launch.
 struct ErrorFileCase {
   const char* name;
@@ -391,7 +391,7 @@ TEST_P(ErrorFileTest, ReportsWhateverTheFileHolds) {
 }
 
 INSTANTIATE_TEST_SUITE_P(
-    A10, ErrorFileTest,
+    ErrorFiles, ErrorFileTest,
     ::testing::Values(
         ErrorFileCase{"Json", "json", "injected failure at step 1 on rank 1"},
         ErrorFileCase{"Missing", nullptr, "cause:       exited with code 5"},
@@ -400,8 +400,8 @@ INSTANTIATE_TEST_SUITE_P(
         ErrorFileCase{"Huge", "huge", "read the first 1048576"}),
     [](const ::testing::TestParamInfo<ErrorFileCase>& info) { return info.param.name; });
 
-// A11: workers see the attempt number; it only goes up; the budget is exact.
-TEST(LaunchSupervision, A11_RestartCountIsExposedAndMonotone) {
+// L2: workers see the attempt number; it only goes up; the budget is exact.
+TEST(LaunchSupervision, RestartCountIsExposedAndMonotone) {
   LaunchResult r = runLaunch(
       launchArgs({"--nproc-per-node", "2", "--max-restarts", "3"}, {"--steps", "3"}),
       {"DTRAIN_FAULT=exit:3@rank=0,step=1,attempt=0;exit:3@rank=1,step=1,attempt=1"});

@@ -1,4 +1,4 @@
-// workerEnv(config, node, localRank, round): DESIGN.md's worker environment, table-driven.
+// workerEnv(config, node, localRank, round): docs/design.md#worker-environment, table-driven.
 #include <gtest/gtest.h>
 
 #include "dtrain/env_contract.h"

@@ -1,4 +1,4 @@
-// One conformance suite for every Store (STYLE.md pattern 2). Implementations register a factory
+// One conformance suite for every Store. Implementations register a factory
 // in the instantiation at the bottom; PrefixStore is checked over each of them.
 #include <atomic>
 #include <thread>
@@ -79,7 +79,7 @@ TEST_P(StoreConformance, SixteenThreadsTimesThousandAddsAreExact) {
   EXPECT_EQ(store_->add("counter", 0), kThreads * kAdds);
 }
 
-TEST_P(StoreConformance, SixteenThreadsOfCompareSetIncrementsLoseNoUpdate) {  // B11
+TEST_P(StoreConformance, SixteenThreadsOfCompareSetIncrementsLoseNoUpdate) {  // S10
   constexpr int kThreads = 16;
   constexpr int kIncrements = 100;
   std::vector<std::shared_ptr<Store>> clients;
@@ -107,7 +107,7 @@ TEST_P(StoreConformance, SixteenThreadsOfCompareSetIncrementsLoseNoUpdate) {  //
   EXPECT_GE(attempts.load(), kThreads * kIncrements);
 }
 
-TEST_P(StoreConformance, SixteenThreadsMixingSetGetAndAddOnSharedAndOwnHandles) {  // B11
+TEST_P(StoreConformance, SixteenThreadsMixingSetGetAndAddOnSharedAndOwnHandles) {  // S10
   constexpr int kThreads = 16;
   constexpr int kRounds = 200;
   std::vector<std::shared_ptr<Store>> own;

@@ -8,7 +8,7 @@ namespace dtrain::store::testing {
 
 namespace {
 
-// Test values (STYLE.md pattern 8): a loaded 2-core machine still connects within seconds.
+// Test values, short: a loaded 2-core machine still connects within seconds.
 TcpStoreOptions clientOptions(uint16_t port) {
   TcpStoreOptions o;
   o.host = "127.0.0.1";

@@ -1,4 +1,4 @@
-// The wire format byte by byte (RELIABILITY.md B15): golden bytes written out by hand from
+// The wire format byte by byte (docs/reliability.md S14): golden bytes written out by hand from
 // Note [Store wire format], never produced by the encoder under test, and the parser's refusals.
 #include <gtest/gtest.h>
 

@@ -1,4 +1,4 @@
-// Job-token authentication (RELIABILITY.md B8, B9, R13; Note [Store authentication]).
+// Job-token authentication (docs/reliability.md S7, S8, S17; Note [Store authentication]).
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
@@ -94,7 +94,7 @@ TEST_F(TcpStoreAuth, AMissingTokenIsRefusedClearly) {
 }
 
 TEST_F(TcpStoreAuth, AClientWithATokenRefusesAServerWithout) {
-  // B9: a worker of a job with a token must not join a token-less store on the same port.
+  // S8: a worker of a job with a token must not join a token-less store on the same port.
   auto server = serverWith("");
   std::string what = refusal(clientWith(*server, kToken));
   EXPECT_TRUE(contains(what, "runs without a job token")) << what;

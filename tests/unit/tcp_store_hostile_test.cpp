@@ -1,4 +1,4 @@
-// Hostile clients on raw sockets (RELIABILITY.md B5-B7, R12): each case checks that the offender
+// Hostile clients on raw sockets (docs/reliability.md S2-S6): each case checks that the offender
 // is dropped, that a well-behaved client is still served, and that the server did not allocate
 // what the offender announced.
 #include <random>
@@ -62,7 +62,7 @@ class TcpStoreHostile : public ::testing::Test {
   size_t rssBefore_ = 0;
 };
 
-TEST_F(TcpStoreHostile, RandomBytesAreDroppedBeforeAndAfterTheHandshake) {  // B5
+TEST_F(TcpStoreHostile, RandomBytesAreDroppedBeforeAndAfterTheHandshake) {  // S2
   std::mt19937 rng(42);
   for (int i = 0; i < 50; ++i) {
     Bytes junk(4096);
@@ -83,7 +83,7 @@ TEST_F(TcpStoreHostile, RandomBytesAreDroppedBeforeAndAfterTheHandshake) {  // B
   expectRssGrewLessThan(32 * kMiB);
 }
 
-TEST_F(TcpStoreHostile, OversizeLengthsAreRefusedWithoutAllocating) {  // B6
+TEST_F(TcpStoreHostile, OversizeLengthsAreRefusedWithoutAllocating) {  // S3
   for (uint64_t length : {uint64_t{1} << 30, ~uint64_t{0}, uint64_t{65} * kMiB * 2}) {
     for (wire::Op op : {wire::Op::Set, wire::Op::CompareSet, wire::Op::Wait}) {
       RawClient raw(server_->port());
@@ -98,7 +98,7 @@ TEST_F(TcpStoreHostile, OversizeLengthsAreRefusedWithoutAllocating) {  // B6
   expectRssGrewLessThan(32 * kMiB);
 }
 
-TEST_F(TcpStoreHostile, AKeyCountOfTwoToTheFortyIsRefused) {  // B6
+TEST_F(TcpStoreHostile, AKeyCountOfTwoToTheFortyIsRefused) {  // S3
   for (wire::Op op : {wire::Op::Wait, wire::Op::Check}) {
     RawClient raw(server_->port());
     ASSERT_TRUE(raw.handshake());
@@ -112,7 +112,7 @@ TEST_F(TcpStoreHostile, AKeyCountOfTwoToTheFortyIsRefused) {  // B6
   expectRssGrewLessThan(32 * kMiB);
 }
 
-TEST_F(TcpStoreHostile, HalfAFrameAnnouncingSixtyMiBAllocatesOnlyWhatCame) {  // B6, B7
+TEST_F(TcpStoreHostile, HalfAFrameAnnouncingSixtyMiBAllocatesOnlyWhatCame) {  // S3, S4
   TcpStoreServerOptions o = serverOptions();
   o.frameTimeout = Millis(300);
   start(o);
@@ -135,7 +135,7 @@ TEST_F(TcpStoreHostile, HalfAFrameAnnouncingSixtyMiBAllocatesOnlyWhatCame) {  //
   expectGoodClientServed();
 }
 
-TEST_F(TcpStoreHostile, AThousandSlowlorisClientsAreDroppedAtTheHandshakeDeadline) {  // B7
+TEST_F(TcpStoreHostile, AThousandSlowlorisClientsAreDroppedAtTheHandshakeDeadline) {  // S4
   ASSERT_GE(raiseFdLimit(), 2200u);
   TcpStoreServerOptions o = serverOptions();
   o.handshakeTimeout = Millis(500);
@@ -229,7 +229,7 @@ TEST_F(TcpStoreHostile, ClientsVanishingMidReplyDoNotKillTheServersProcess) {
   EXPECT_TRUE(connectionsSettleTo(1));
 }
 
-TEST_F(TcpStoreHostile, MutatedFramesNeverHurtTheServer) {  // B5, R12
+TEST_F(TcpStoreHostile, MutatedFramesNeverHurtTheServer) {  // S2
   // Valid frames with a few bytes flipped, cut short or doubled: many stay valid-looking deep
   // into the parser, or are valid requests with odd contents (huge timeouts, empty keys).
   std::vector<wire::Request> seeds(5);

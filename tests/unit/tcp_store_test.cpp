@@ -1,6 +1,6 @@
-// TcpStore and TcpStoreServer beyond the conformance suite: binding (B9), connect errors (B1),
-// wait-then-reuse (B12), EINTR (B13), server stop (B14), limits, 1,000 connections, pipelined
-// sets, job store.
+// TcpStore and TcpStoreServer beyond the conformance suite (docs/reliability.md S1, S8, S11-S19):
+// binding, connect errors, wait-then-reuse, EINTR, server stop, limits, 1,000 connections,
+// pipelined sets, job store.
 #include <pthread.h>
 #include <signal.h>
 
@@ -79,7 +79,7 @@ TEST(TcpStoreServer, AnAddressOfAnotherHostIsRefused) {
   }
 }
 
-TEST(TcpStoreServer, OffLoopbackItNeedsATokenOrAnExplicitOptIn) {  // F7
+TEST(TcpStoreServer, OffLoopbackItNeedsATokenOrAnExplicitOptIn) {  // S17
   TcpStoreServerOptions o = serverOptions();
   o.host = "0.0.0.0";
   try {
@@ -145,7 +145,7 @@ TEST(TcpStoreClient, AnUnresolvableHostNamesTheResolverError) {
   }
 }
 
-TEST(TcpStoreClient, AWaitTimeoutKeepsTheSameConnectionUsable) {  // B12
+TEST(TcpStoreClient, AWaitTimeoutKeepsTheSameConnectionUsable) {  // S11
   auto server = TcpStoreServer::start(serverOptions());
   TcpStore client(clientOptions(*server));
   for (int i = 0; i < 3; ++i) {
@@ -200,7 +200,7 @@ class SignalPester {
   std::thread thread_;
 };
 
-TEST(TcpStoreClient, SignalsWithoutSaRestartDoNotBreakABlockingGetOrWait) {  // B13
+TEST(TcpStoreClient, SignalsWithoutSaRestartDoNotBreakABlockingGetOrWait) {  // S12
   auto server = TcpStoreServer::start(serverOptions());
   TcpStore waiter(clientOptions(*server));
   TcpStore setter(clientOptions(*server));
@@ -222,7 +222,7 @@ TEST(TcpStoreClient, SignalsWithoutSaRestartDoNotBreakABlockingGetOrWait) {  // 
   }
 }
 
-TEST(TcpStoreClient, SignalsWithoutSaRestartDoNotBreakAFlush) {  // B13, pipelined sets
+TEST(TcpStoreClient, SignalsWithoutSaRestartDoNotBreakAFlush) {  // S12, pipelined sets
   FakeServer fake;
   auto client = fake.connect();
   for (int i = 0; i < 20; ++i) client->setString("k" + std::to_string(i), "v");
@@ -241,7 +241,7 @@ TEST(TcpStoreClient, SignalsWithoutSaRestartDoNotBreakAFlush) {  // B13, pipelin
   EXPECT_GE(gSignals.load(), 50);
 }
 
-TEST(TcpStoreClient, AServerStoppingDuringAGetIsANetworkErrorNotAHang) {  // B14
+TEST(TcpStoreClient, AServerStoppingDuringAGetIsANetworkErrorNotAHang) {  // S13
   auto server = TcpStoreServer::start(serverOptions());
   TcpStoreOptions o = clientOptions(*server);
   o.timeout = Millis(60000);

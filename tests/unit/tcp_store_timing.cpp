@@ -1,6 +1,6 @@
-// The store's time bounds: connect deadline (B1), handshake deadline, get deadline, and latency
-// under a slowloris crowd (B7, R12). Its own executable, run RUN_SERIAL: the bounds are generous
-// but would still be at the mercy of a machine loaded by parallel tests.
+// The store's time bounds (docs/reliability.md S1, S4, S11): connect deadline, handshake deadline,
+// get deadline, and latency under a slowloris crowd. Its own executable, run RUN_SERIAL: the
+// bounds are generous but would still be at the mercy of a machine loaded by parallel tests.
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
@@ -30,7 +30,7 @@ milliseconds since(Clock::time_point start) {
   return std::chrono::duration_cast<milliseconds>(Clock::now() - start);
 }
 
-TEST(StoreTiming, ConnectGivesUpAtItsDeadline) {  // B1
+TEST(StoreTiming, ConnectGivesUpAtItsDeadline) {  // S1
   uint16_t port;
   {
     auto s = TcpStoreServer::start(serverOptions());
@@ -116,7 +116,7 @@ double steadyP99Micros(TcpStore& client, int n) {
   return best;
 }
 
-TEST(StoreTiming, ASlowlorisCrowdDoesNotSlowOthersDown) {  // B7, R12
+TEST(StoreTiming, ASlowlorisCrowdDoesNotSlowOthersDown) {  // S4
   ASSERT_GE(raiseFdLimit(), 2600u);
   TcpStoreServerOptions o = serverOptions();
   o.handshakeTimeout = Millis(30000);  // they stay for the whole measurement
@@ -141,7 +141,7 @@ TEST(StoreTiming, ASlowlorisCrowdDoesNotSlowOthersDown) {  // B7, R12
   ASSERT_TRUE(eventually([&] { return server->numConnections() == 1201; }, milliseconds(10000)));
   double during = steadyP99Micros(client, 3000);
   std::printf("get p99: %.1f us alone, %.1f us beside 1,200 stalled clients\n", before, during);
-  // Within 2x (R12), plus a little absolute room for a loaded machine's scheduler.
+  // Within 2x, plus a little absolute room for a loaded machine's scheduler.
   EXPECT_LT(during, 2 * before + 500) << "before " << before << " us";
 }
 

@@ -9,8 +9,8 @@
 // holds the token first, then the client does. So
 //   - the token never crosses the wire, and a recorded handshake cannot be replayed (the other
 //     side's nonce differs next time);
-//   - a worker that reaches another job's store on the same port (RELIABILITY.md B9) refuses it
-//     before sending a single key, instead of joining a foreign job;
+//   - a worker that reaches another job's store on the same port (docs/reliability.md S8) refuses
+//     it before sending a single key, instead of joining a foreign job;
 //   - a client without the token is turned away before the server reads anything of variable
 //     length from it.
 // The proofs use different labels, so neither side can reflect the other's proof back. This is

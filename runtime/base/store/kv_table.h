@@ -8,7 +8,7 @@
 // under each missing key and the request stays parked until a Set/Add/CompareSet creates the last
 // of them, or until its server-side deadline (the connection's timer) answers Timeout. The
 // server, not the client, times requests out so that every request gets exactly one answer and
-// the connection stays in step after a timeout (RELIABILITY.md B12). A waiter is re-checked
+// the connection stays in step after a timeout (docs/reliability.md S11). A waiter is re-checked
 // against *all* its keys when woken, because a Delete may have removed one it saw before. A
 // closing connection cancels its registration, so dropped clients never leave waiters behind.
 

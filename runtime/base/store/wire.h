@@ -12,7 +12,7 @@
 // later, see Note [Pipelined sets] in tcp_store_client.cpp.
 //
 // Handshake. Every message has a fixed size, so the server reads nothing of variable length from
-// a client that has not proven it holds the job token (RELIABILITY.md, rule 1).
+// a client that has not proven it holds the job token (docs/design.md#authentication).
 //   1. Hello, client -> server, 40 bytes
 //        [0..3]   magic "DTST"
 //        [4]      wire version, 1

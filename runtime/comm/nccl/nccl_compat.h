@@ -1,5 +1,5 @@
 #pragma once
-// Every difference between NCCL versions dtrain builds against, in one place (STYLE.md 12).
+// Every difference between NCCL versions dtrain builds against, in one place.
 // Minimum supported: NCCL 2.7 (ncclCommAbort, ncclCommGetAsyncError).
 
 #include <nccl.h>

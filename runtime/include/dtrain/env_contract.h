@@ -1,5 +1,5 @@
 #pragma once
-// The worker environment of DESIGN.md's Contracts, by name. The launcher writes it
+// The worker environment (docs/design.md#worker-environment), by name. The launcher writes it
 // (launcher/worker_env.*), the runtime reads it (dtrain::init); both spell the names from here.
 
 namespace dtrain::env {

@@ -1,5 +1,5 @@
 #pragma once
-// One exception family for all of dtrain. See STYLE.md pattern 4.
+// One exception family for all of dtrain (docs/design.md#errors-and-logging).
 //
 // Library code throws through the DTRAIN_CHECK / DTRAIN_THROW macros, which add file:line; only a
 // program's main() maps exceptions to exit codes. Messages say who, where and how far it got, and
@@ -54,7 +54,7 @@ std::string withLocation(const std::string& message, const char* file, int line)
   throw Type(::dtrain::detail::withLocation(::fmt::format(__VA_ARGS__), __FILE__, __LINE__))
 
 // What DTRAIN_THROW would throw, as an exception_ptr: for an error found now and thrown later, by
-// another call or another thread (STYLE.md pattern 5).
+// another call or another thread.
 #define DTRAIN_ERROR_PTR(Type, ...)    \
   ::std::make_exception_ptr(          \
       Type(::dtrain::detail::withLocation(::fmt::format(__VA_ARGS__), __FILE__, __LINE__)))

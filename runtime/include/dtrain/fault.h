@@ -1,6 +1,7 @@
 #pragma once
 // Fault injection, off unless DTRAIN_FAULT / DTRAIN_IO_FAULT is set. One parser for the launcher's
-// test worker, the runtime and the checkpointer. Grammar (DESIGN.md, Contracts):
+// test worker, the runtime and the checkpointer. Grammar (docs/design.md#fault-injection says
+// which kinds are implemented where):
 //
 //   DTRAIN_FAULT    = fault (";" fault)*
 //   fault           = kind [":" arg] ["@" cond ("," cond)*]

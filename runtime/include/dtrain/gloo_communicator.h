@@ -29,8 +29,8 @@ struct GlooOptions {
   std::shared_ptr<store::Store> store;
   // Distinguishes communicators of one job (they must use the same name on every rank).
   std::string name = "gloo";
-  // Network interface to bind; empty: GLOO_SOCKET_IFNAME, else DESIGN.md's rule (loopback when the
-  // store is on loopback, else the interface routing toward `storeHost`).
+  // Network interface to bind; empty: GLOO_SOCKET_IFNAME, else docs/design.md#network-interface
+  // (loopback when the store is on loopback, else the interface routing toward `storeHost`).
   std::string interface;
   std::string storeHost;
   // Default deadline of each collective (CallOptions::timeout overrides per call).

@@ -4,7 +4,7 @@
 //   auto pg = dtrain::init();          // rank, world, store and backend from the environment
 //   pg->allreduce(tensor);             // in place, summed over all ranks
 //
-// Under `launch` everything comes from the environment it sets (DESIGN.md, Contracts); under srun
+// Under `launch` everything comes from the environment it sets (docs/design.md#init); under srun
 // or mpirun rank 0 hosts the store at MASTER_ADDR:MASTER_PORT; tests pass rank, world size and a
 // shared store explicitly. NCCL on CUDA devices (cuda:LOCAL_RANK among CUDA_VISIBLE_DEVICES), Gloo
 // on the CPU; DTRAIN_BACKEND or InitOptions::backend overrides. See dtrain/world.h for the rules

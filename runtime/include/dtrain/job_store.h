@@ -1,7 +1,7 @@
 #pragma once
 // The job's store as a worker sees it: a TcpStore client built from the environment the launcher
-// sets (DESIGN.md, Contracts: DTRAIN_STORE_ADDR, DTRAIN_STORE_PORT, DTRAIN_STORE_TOKEN), wrapped
-// in the restart round's prefix ("round<DTRAIN_RESTART_COUNT>/").
+// sets (DTRAIN_STORE_ADDR, DTRAIN_STORE_PORT, DTRAIN_STORE_TOKEN: docs/design.md#store), wrapped in
+// the restart round's prefix ("round<DTRAIN_RESTART_COUNT>/").
 
 #include <memory>
 

@@ -1,5 +1,5 @@
 #pragma once
-// Verbose logging by layer (STYLE.md pattern 11): DTRAIN_VERBOSE=1|2|3, every line prefixed with
+// Verbose logging by layer: DTRAIN_VERBOSE=1|2|3, every line prefixed with
 // the process's tag (e.g. "[dtrain rank 3]"), written to stderr in one write() so lines from
 // several threads or processes never interleave mid-line.
 

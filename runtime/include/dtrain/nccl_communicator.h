@@ -46,8 +46,8 @@ bool ncclAvailable();
 int cudaDeviceCount();
 
 // Throws InvalidArgument naming the variable when an NCCL_* (or TORCH_NCCL_*) variable has a value
-// NCCL would reject or silently misread (RELIABILITY.md D7). Torch- and CUDA-free; `env` looks a
-// variable up (nullptr when unset), std::getenv by default.
+// NCCL would reject or silently misread (docs/reliability.md P7). Torch- and CUDA-free; `env`
+// looks a variable up (nullptr when unset), std::getenv by default.
 void validateNcclEnvironment(const std::function<const char*(const char*)>& env = {});
 
 std::shared_ptr<Communicator> createNcclCommunicator(const NcclOptions& options);

@@ -121,7 +121,7 @@ class PrefixStore : public Store {
   std::shared_ptr<Store> inner_;
 };
 
-// The round's prefix of DESIGN.md's Contracts: "round<N>".
+// The prefix of restart round N: "round<N>" (docs/design.md#store).
 std::string roundPrefix(int round);
 
 }  // namespace dtrain::store

@@ -36,7 +36,7 @@ struct TcpStoreServerOptions {
   uint16_t port = 0;               // 0: a free port, see TcpStoreServer::port()
   std::string token;               // empty: no authentication
   // Without a token the server binds only loopback addresses: on any other address anyone who
-  // can reach the port could read and write the job's keys (RELIABILITY.md F7). Set this to
+  // can reach the port could read and write the job's keys (docs/reliability.md S17). Set this to
   // serve a network without a token anyway.
   bool allowNoTokenOffLoopback = false;
   StoreLimits limits;

@@ -8,7 +8,7 @@
 // `launch` (or torchrun) sets them; SLURM_PROCID/SLURM_NTASKS/SLURM_LOCALID under srun;
 // OMPI_COMM_WORLD_RANK/_SIZE/_LOCAL_RANK under mpirun. Where the store is: an explicit one; the
 // job's store (DTRAIN_STORE_ADDR/_PORT/_TOKEN, set by `launch`); else rank 0 hosts one at
-// MASTER_ADDR:MASTER_PORT (DESIGN.md's ports table, "no launcher" row) and every rank connects.
+// MASTER_ADDR:MASTER_PORT (docs/design.md#ports, "no launcher") and every rank connects.
 
 #include <cstdint>
 #include <functional>

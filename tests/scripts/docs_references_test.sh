@@ -1,0 +1,179 @@
+#!/usr/bin/env bash
+# The repository's references to its own design hold (docs/design.md, docs/reliability.md):
+#   1. no file cites a design document that is not in the repository;
+#   2. every anchor cited as design.md#<anchor> or reliability.md#<anchor>, and every (#<anchor>)
+#      link inside docs/, names a heading of that file;
+#   3. every row id cited after "reliability.md" on a line, or at the start of a comment
+#      ("// L1: ..."), is a row of docs/reliability.md;
+#   4. row ids are unique; a row's status is covered..., planned (issue N) or retired; a covered
+#      row names a test; every test in the tests column exists (CTest's name: executable.Suite.Test,
+#      executable.Prefix/Suite.Test/param, or a plain add_test name).
+# Usage: docs_references_test.sh <source-dir>
+set -euo pipefail
+cd "$1"
+
+failures=0
+fail() {
+  echo "docs_references: $*" >&2
+  failures=$((failures + 1))
+}
+
+# The files to check: tracked and new (not ignored) ones in a git checkout, else every file
+# outside build trees.
+if git rev-parse --is-inside-work-tree >/dev/null 2>&1; then
+  mapfile -t files < <(git ls-files --cached --others --exclude-standard | sort -u)
+else
+  mapfile -t files < <(find . -type f -not -path './build*' -not -path './.git/*' | sed 's|^\./||')
+fi
+existing=()
+for f in "${files[@]}"; do [[ -f "$f" ]] && existing+=("$f"); done
+files=("${existing[@]}")
+
+# GitHub's anchors of a Markdown file's headings: lower case, punctuation dropped, spaces to '-'.
+anchors_of() {
+  grep -E '^#{1,6} ' "$1" | sed -E 's/^#+ +//' | tr 'A-Z' 'a-z' | sed -E 's/[^a-z0-9 _-]//g; s/ /-/g'
+}
+
+# 1. Design documents from outside the repository (the pattern is split so this file does not
+# match itself).
+outside='(DESIGN|RELIABILITY|STYLE)''\.md'
+while IFS= read -r hit; do
+  fail "$hit: cites a document that is not in the repository; cite docs/design.md or docs/reliability.md"
+done < <(grep -nIE "$outside" "${files[@]}" 2>/dev/null || true)
+
+# 2. Anchors.
+design_anchors="$(anchors_of docs/design.md)"
+reliability_anchors="$(anchors_of docs/reliability.md)"
+check_anchor() {  # where, document, anchor
+  local known
+  if [[ "$2" == design.md ]]; then known="$design_anchors"; else known="$reliability_anchors"; fi
+  grep -qxF -- "$3" <<<"$known" || fail "$1: $2#$3 is not a heading of docs/$2"
+}
+while IFS= read -r hit; do
+  where="${hit%%:*}:$(cut -d: -f2 <<<"$hit")"
+  while IFS= read -r ref; do
+    check_anchor "$where" "${ref%%#*}" "${ref#*#}"
+  done < <(grep -oE '(design|reliability)\.md#[A-Za-z0-9_-]+' <<<"${hit#*:*:}")
+done < <(grep -nIE '(design|reliability)\.md#' "${files[@]}" 2>/dev/null || true)
+for doc in design.md reliability.md; do
+  while IFS= read -r hit; do
+    anchor="$(grep -oE '\]\(#[A-Za-z0-9_-]+\)' <<<"${hit#*:}" | sed -E 's/^\]\(#//; s/\)$//')"
+    while IFS= read -r a; do
+      [[ -n "$a" ]] && check_anchor "docs/$doc:${hit%%:*}" "$doc" "$a"
+    done <<<"$anchor"
+  done < <(grep -nE '\]\(#' "docs/$doc" || true)
+done
+
+# 4. The rows of docs/reliability.md: | id | scenario | what happens | bound | tests | status |
+rows="$(grep -E '^\| *[A-Z][0-9]+ *\|' docs/reliability.md || true)"
+ids="$(awk -F'|' '{gsub(/ /, "", $2); print $2}' <<<"$rows")"
+[[ -n "$ids" ]] || fail "docs/reliability.md has no rows"
+while IFS= read -r dup; do
+  [[ -n "$dup" ]] && fail "docs/reliability.md: row id $dup is used twice"
+done < <(sort <<<"$ids" | uniq -d)
+
+# What the sources define, gathered once: Suite.Test of every TEST/TEST_F/TEST_P,
+# Prefix/Suite of every instantiation, every identifier-like string literal (parameter names),
+# the gtest executables and plain add_test names.
+declare -A defined=() instantiated=() literal=() binary=() plain=()
+mapfile -t test_sources < <(printf '%s\n' "${files[@]}" | grep -E '^tests/.*\.cpp$' || true)
+flat="$(cat "${test_sources[@]}" | tr '\n' ' ')"
+while read -r kind suite test; do
+  defined["$kind $suite.$test"]=1
+done < <(grep -oE 'TEST(_F|_P)?\( *[A-Za-z0-9_]+, *[A-Za-z0-9_]+ *\)' <<<"$flat" |
+         sed -E 's/^(TEST(_F|_P)?)\( *([A-Za-z0-9_]+), *([A-Za-z0-9_]+) *\)$/\1 \3 \4/')
+while read -r prefix suite; do
+  instantiated["$prefix/$suite"]=1
+done < <(grep -oE 'INSTANTIATE_TEST_SUITE_P\( *[A-Za-z0-9_]+, *[A-Za-z0-9_]+' <<<"$flat" |
+         sed -E 's/^INSTANTIATE_TEST_SUITE_P\( *([A-Za-z0-9_]+), *([A-Za-z0-9_]+)$/\1 \2/')
+while read -r word; do literal["$word"]=1; done < <(grep -oE '"[A-Za-z0-9_]+"' <<<"$flat" | tr -d '"' | sort -u)
+cmake_text="$(printf '%s\n' "${files[@]}" | grep -E '\.cmake$|CMakeLists\.txt$' | xargs cat)"
+while read -r name; do [[ -n "$name" ]] && binary["$name"]=1; done < <(
+  grep -oE 'dtrain_gtest\( *[A-Za-z0-9_]+' <<<"$cmake_text" | sed -E 's/dtrain_gtest\( *//')
+while read -r name; do [[ -n "$name" ]] && plain["$name"]=1; done < <(
+  grep -oE 'add_test\( *NAME +[A-Za-z0-9_.-]+' <<<"$cmake_text" | sed -E 's/add_test\( *NAME +//')
+
+test_exists() {  # CTest name -> 0 when the test is defined in the sources
+  local name="$1" rest prefix suite test param
+  [[ -n "${plain[$name]:-}" ]] && return 0
+  [[ -n "${binary[${name%%.*}]:-}" ]] || return 1
+  rest="${name#*.}"
+  if [[ "$rest" == */* ]]; then
+    prefix="${rest%%/*}"
+    rest="${rest#*/}"
+    suite="${rest%%.*}"
+    test="${rest#*.}"
+    param="${test#*/}"
+    test="${test%%/*}"
+    [[ -n "${defined["TEST_P $suite.$test"]:-}" && -n "${instantiated["$prefix/$suite"]:-}" ]] ||
+      return 1
+    [[ "$param" == "*" || -n "${literal[$param]:-}" ]]
+  else
+    [[ -n "${defined["TEST $rest"]:-}" || -n "${defined["TEST_F $rest"]:-}" ]]
+  fi
+}
+
+declare -A is_row=()
+for id in $ids; do is_row["$id"]=1; done
+tick='`'
+while IFS= read -r row; do
+  [[ -n "$row" ]] || continue
+  IFS='|' read -r _ id _ _ _ tests status _ <<<"$row"
+  id="${id// /}"
+  status="$(sed -E 's/^ +| +$//g' <<<"$status")"
+  named=0
+  while [[ "$tests" =~ $tick([^$tick]+)$tick ]]; do
+    token="${BASH_REMATCH[1]}"
+    tests="${tests#*"$tick$token$tick"}"
+    if [[ "$token" == */* && -e "$token" && "$token" != *.*.* ]]; then
+      continue  # a script or file, e.g. scripts/fuzz.sh
+    fi
+    if test_exists "$token"; then
+      named=$((named + 1))
+    else
+      fail "docs/reliability.md $id: no test $token in the sources"
+    fi
+  done
+  case "$status" in
+    covered*)
+      [[ $named -gt 0 ]] || fail "docs/reliability.md $id: covered, but names no test" ;;
+    "planned (issue "[0-9]*")"* | retired*) ;;
+    *) fail "docs/reliability.md $id: status \"$status\" is not covered..., planned (issue N) or retired" ;;
+  esac
+done <<<"$rows"
+
+# 3. Row ids cited after "reliability.md" on a line.
+while IFS= read -r hit; do
+  file="${hit%%:*}"
+  rest="${hit#*:}"
+  line="${rest%%:*}"
+  text="${rest#*:}"
+  after="${text#*reliability.md}"
+  after="$(sed -E 's/reliability\.md#[A-Za-z0-9_-]+//g' <<<"$after")"
+  while IFS= read -r id; do
+    [[ -n "$id" ]] || continue
+    [[ -n "${is_row[$id]:-}" ]] || fail "$file:$line: cites row $id, which is not in docs/reliability.md"
+  done < <(grep -oE '\b[LUSPTNKHM][0-9]{1,3}\b' <<<"$after" || true)
+done < <(grep -nI 'reliability\.md' "${files[@]}" 2>/dev/null | grep -v '^docs/reliability\.md:' || true)
+
+# 3b. A comment that starts with row ids ("// L1: ...", "TEST(...) {  // S3, S4") cites rows too:
+# each must be a row (this also keeps ids of documents outside the repository out of comments).
+mapfile -t code < <(printf '%s\n' "${files[@]}" | grep -E '\.(h|cpp|cmake|sh|py)$|CMakeLists\.txt$' || true)
+while IFS= read -r hit; do
+  file="${hit%%:*}"
+  rest="${hit#*:}"
+  line="${rest%%:*}"
+  text="${rest#*:}"
+  comment="$(sed -E 's@^[^/#]*(//|#) *@@' <<<"$text")"
+  lead="$(grep -oE '^[A-Z][0-9]{1,3}((,| and| /|-) *[A-Z][0-9]{1,3})*([:, ]|$)' <<<"$comment" || true)"
+  while IFS= read -r id; do
+    [[ -n "$id" ]] || continue
+    [[ -n "${is_row[$id]:-}" ]] || fail "$file:$line: a comment cites row $id, which is not in docs/reliability.md"
+  done < <(grep -oE '[A-Z][0-9]{1,3}' <<<"$lead" || true)
+done < <(grep -nIE '(//|#) *[A-Z][0-9]{1,3}((,| and| /|-) *[A-Z][0-9]{1,3})*([:, ]|$)' "${code[@]}" 2>/dev/null || true)
+
+if [[ $failures -gt 0 ]]; then
+  echo "docs_references: $failures problem(s)" >&2
+  exit 1
+fi
+echo "docs_references: ok ($(wc -l <<<"$ids") rows, ${#files[@]} files)"
