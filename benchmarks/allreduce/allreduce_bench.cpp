@@ -40,6 +40,7 @@
 #include "dtrain/gloo_communicator.h"
 #include "dtrain/job_store.h"
 #include "dtrain/nccl_communicator.h"
+#include "dtrain/shm_communicator.h"
 #include "dtrain/tcp_store.h"
 #include "torch_peer.h"
 
@@ -160,6 +161,14 @@ std::shared_ptr<comm::Communicator> makeCommunicator(const Config& cfg, int rank
     o.device = envInt(env::kLocalRank, 0);
     o.name = "allreduce_bench";
     return comm::createNcclCommunicator(o);
+  }
+  if (cfg.backend == "shm") {
+    comm::ShmOptions so;
+    so.rank = rank;
+    so.size = world;
+    so.store = store;
+    so.name = "allreduce_bench";
+    return comm::createShmCommunicator(so);
   }
   comm::GlooOptions o;
   o.rank = rank;
@@ -356,7 +365,7 @@ int main(int argc, char** argv) {
       cfg.sizes.push_back(parseSize(sizes.substr(at, comma == std::string::npos ? std::string::npos : comma - at)));
       at = comma == std::string::npos ? sizes.size() : comma + 1;
     }
-    DTRAIN_CHECK_ARG(cfg.backend == "gloo" || cfg.backend == "nccl", "--backend: gloo or nccl");
+    DTRAIN_CHECK_ARG(cfg.backend == "gloo" || cfg.backend == "nccl" || cfg.backend == "shm", "--backend: gloo, shm or nccl");
     DTRAIN_CHECK_ARG(cfg.world >= 1 && cfg.iters >= 1 && cfg.warmup >= 0, "--world/--iters/--warmup");
     if (std::getenv(dtrain::env::kRank) != nullptr) return runWorker(cfg);
     return forkWorld(cfg);

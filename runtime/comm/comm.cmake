@@ -1,5 +1,6 @@
 # dtrain_comm: the Communicator and its backends (Gloo, NCCL, shared memory). No libtorch.
 add_library(dtrain_comm SHARED
+  runtime/comm/backends.cpp
   runtime/comm/communicator.cpp
   runtime/comm/collective.cpp
   runtime/comm/collective_faults.cpp

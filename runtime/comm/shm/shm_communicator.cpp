@@ -9,6 +9,7 @@
 
 #include "dtrain/error.h"
 #include "dtrain/logging.h"
+#include "failure_report.h"
 #include "reduce_kernels.h"
 #include "shm_kernels.h"
 
@@ -37,7 +38,8 @@ ShmCommunicator::ShmCommunicator(Config c)
       timeout_(c.timeout),
       connectTimeout_(c.connectTimeout),
       faults_(topo_.rank, c.shm.faults, c.shm.faultsFromEnv),
-      cross_(std::move(c.cross)) {
+      cross_(std::move(c.cross)),
+      crossName_(c.crossName) {
   const ShmOptions& o = shmOptions_;
   DTRAIN_CHECK_ARG(o.size >= 1 && o.size <= shm::kMaxShmRanks,
                    "shared memory: {} ranks on one node; at most {} are supported", o.size,
@@ -61,6 +63,9 @@ ShmCommunicator::ShmCommunicator(Config c)
   eo.smallBytes = o.smallBytes;
   eo.ownedChunkBytes = o.ownedChunkBytes;
   eo.spin = defaultSpin(o);
+  if (topo_.nodes > 1) {
+    for (int l = 0; l < topo_.locals; ++l) eo.rankNames.push_back(topo_.rankOf(topo_.node, l));
+  }
   engine_ = std::make_unique<shm::Engine>(segment_, eo);
   arena_ = shm::Arena::create(segment_);
   spill_ = HostBufferPool::create();
@@ -182,6 +187,16 @@ void ShmCommunicator::failOnCommThread(const CollectiveInfo& info, Millis timeou
   // Note [Failing once]: the node's peers fail at once, quoting this; other nodes through Gloo.
   engine_->abort(firstLine(head));
   if (cross_) {
+    // The cross-node peers waiting on this rank lose the connection; the report they read right
+    // then (failure_report.h) carries this error, so they can name the root cause too.
+    RankReport mine;
+    mine.rank = topo_.node;
+    // It never reached the cross step it was heading for: report it as behind, at the last one.
+    const uint64_t issued = cross_->sequenceNumber();
+    mine.seq = issued > 0 ? issued - 1 : 0;
+    mine.collective = "failed inside its node before the next step across nodes";
+    mine.error = firstLine(head);
+    exchangeReports(*store_, crossName_ + "/failure", topo_.nodes, mine, Millis::zero());
     try {
       cross_->shutdown();
     } catch (const std::exception&) {
@@ -311,6 +326,7 @@ void ShmCommunicator::shutdown() {
   }
   stateChanged_.notify_all();
   if (queue_) queue_->stop();
+  engine_->close();
   scratch_[0].reset();
   scratch_[1].reset();
   if (cross_) cross_->shutdown();

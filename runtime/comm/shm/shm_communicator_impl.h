@@ -50,6 +50,7 @@ class ShmCommunicator final : public Communicator {
     ShmOptions shm;                        // the in-node part (rank and size within the node)
     ShmTopology topology;                  // nodes == 1: shared memory only
     std::shared_ptr<Communicator> cross;   // across nodes; null when nodes == 1
+    std::string crossName;                 // its store prefix
     std::string name;                      // this communicator's store keys (groups)
     std::shared_ptr<store::Store> store;
     std::string storeHost;
@@ -104,6 +105,9 @@ class ShmCommunicator final : public Communicator {
   }
   // Time left until `deadline`, for a Gloo step inside a collective.
   static CallOptions crossCall(shm::Clock::time_point deadline);
+  // Runs a step of the cross-node Gloo group; its error says which ranks of this communicator the
+  // group's rank numbers are.
+  void across(const std::function<void()>& step);
   // Scratch memory in the arena (owned: the in-node steps read it in place).
   std::shared_ptr<Buffer> scratchOnCommThread(size_t bytes, int which);
 
@@ -129,6 +133,7 @@ class ShmCommunicator final : public Communicator {
   std::shared_ptr<shm::Arena> arena_;
   std::shared_ptr<HostBufferPool> spill_;  // allocate() beyond the arena
   std::shared_ptr<Communicator> cross_;
+  const std::string crossName_;
   std::shared_ptr<Buffer> scratch_[2];     // executor only
   uint64_t localSeq_ = 0;                  // executor only: in-node collectives (hierarchical)
 

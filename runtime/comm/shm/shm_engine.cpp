@@ -94,7 +94,7 @@ Engine::Engine(std::shared_ptr<Segment> segment, const EngineOptions& options)
 Engine::~Engine() = default;
 
 std::string Engine::describePeer(int rank) const {
-  return fmt::format("rank {} (pid {})", rank, peers_.pid(rank));
+  return fmt::format("rank {} (pid {})", nameOf(rank), peers_.pid(rank));
 }
 
 void Engine::enter(const CollectiveInfo& info, bool owned, int64_t inputOffset) {
@@ -137,6 +137,8 @@ void Engine::waitFor(int peer, uint32_t target, Clock::time_point deadline, cons
     }
   } while (Clock::now() < spinUntil);
   while (true) {
+    // The condition first: a peer that did its part and then left (shut down, exited) is fine.
+    if (reached(c.progress.load(std::memory_order_acquire), target)) return;
     checkPeers(peer, what);
     const auto now = Clock::now();
     if (now >= deadline) failWaiting(peer, target, deadline, what);
@@ -147,7 +149,6 @@ void Engine::waitFor(int peer, uint32_t target, Clock::time_point deadline, cons
       futexWait(&c.progress, v, std::min(options_.sleepSlice, left + std::chrono::microseconds(1)));
     }
     c.sleepers.fetch_sub(1, std::memory_order_seq_cst);
-    if (reached(c.progress.load(std::memory_order_acquire), target)) return;
   }
 }
 
@@ -162,35 +163,41 @@ std::string Engine::whereIs(int peer) const {
   const RankControl& c = segment_->control(peer);
   const uint64_t seq = c.seq.load(std::memory_order_acquire);
   if (!reached(c.progress.load(std::memory_order_acquire), 1)) {
-    return fmt::format("rank {} has not started a collective yet", peer);
+    return fmt::format("rank {} has not started a collective yet", nameOf(peer));
   }
   const Descriptor& d = c.ring[seq % kDescriptorRing];
   const std::string what = d.what.toInfo().describeWithSeq();
   return c.inside.load(std::memory_order_acquire) != 0
-             ? fmt::format("rank {} is inside {}", peer, what)
-             : fmt::format("rank {} is outside any collective, its last was {}", peer, what);
+             ? fmt::format("rank {} is inside {}", nameOf(peer), what)
+             : fmt::format("rank {} is outside any collective, its last was {}", nameOf(peer),
+                           what);
 }
 
 void Engine::checkPeers(int waitingFor, const char* what) {
   for (int r = 0; r < size_; ++r) {
     if (r == rank_) continue;
     RankControl& c = segment_->control(r);
-    if (c.aborted.load(std::memory_order_acquire) != 0) {
-      char reason[kReasonBytes];
-      std::memcpy(reason, c.reason, sizeof(reason));
-      reason[sizeof(reason) - 1] = '\0';
-      DTRAIN_THROW(NetworkError, "{} failed{}: {}", describePeer(r),
-                   r == waitingFor ? "" : fmt::format(" (this rank was waiting for rank {} {})",
-                                                      waitingFor, what),
-                   reason);
+    const uint32_t state = c.aborted.load(std::memory_order_acquire);
+    if (state == 0) continue;
+    const std::string waiting =
+        r == waitingFor ? "" : fmt::format(" (this rank was waiting for rank {} {})",
+                                           nameOf(waitingFor), what);
+    if (state == kClosed) {
+      DTRAIN_THROW(NetworkError, "{} shut down its communicator{}{}", describePeer(r),
+                   r == waitingFor ? fmt::format(" while this rank waited for it {}", what) : "",
+                   waiting);
     }
+    char reason[kReasonBytes];
+    std::memcpy(reason, c.reason, sizeof(reason));
+    reason[sizeof(reason) - 1] = '\0';
+    DTRAIN_THROW(NetworkError, "{} failed{}: {}", describePeer(r), waiting, reason);
   }
   const int dead = peers_.firstDead();
   if (dead >= 0) {
     DTRAIN_THROW(NetworkError, "{} exited while this rank waited for {} {}: the process died or "
                  "ended without finishing this collective",
-                 describePeer(dead), dead == waitingFor ? "it" : fmt::format("rank {}", waitingFor),
-                 what);
+                 describePeer(dead),
+                 dead == waitingFor ? "it" : fmt::format("rank {}", nameOf(waitingFor)), what);
   }
 }
 
@@ -216,24 +223,28 @@ void Engine::checkDescriptors(const CollectiveInfo& info, int onlyPeer) {
       DTRAIN_THROW(InvalidArgument, "collective check failed: this rank calls {}; rank {} calls "
                    "{}. HINT: every rank must issue the same collectives, in the same order, "
                    "with the same types and sizes",
-                   info.describeWithSeq(), j, d.what.toInfo().describeWithSeq());
+                   info.describeWithSeq(), nameOf(j), d.what.toInfo().describeWithSeq());
     }
     const uint64_t theirs = segment_->control(j).seq.load(std::memory_order_acquire);
     const std::string what = descriptorOf(j, theirs).what.toInfo().describe();
     DTRAIN_THROW(Error, "rank {} is {} at seq {} ({}; this rank is at seq {}). HINT: a rank "
                  "skipped a collective or issued one more; every rank must issue the same "
                  "collectives in the same order",
-                 j, theirs > info.seq ? "ahead" : "behind", theirs, what, info.seq);
+                 nameOf(j), theirs > info.seq ? "ahead" : "behind", theirs, what, info.seq);
   }
 }
 
-void Engine::abort(const std::string& reason) {
-  uint32_t expected = 0;
+void Engine::abort(const std::string& reason) { mark(kFailed, reason); }
+
+void Engine::close() { mark(kClosed, "shut down"); }
+
+void Engine::mark(uint32_t state, const std::string& reason) {
   if (me_.aborted.load() == 0) {
     const size_t n = std::min(reason.size(), kReasonBytes - 1);
     std::memcpy(me_.reason, reason.data(), n);
     me_.reason[n] = '\0';
-    me_.aborted.compare_exchange_strong(expected, 1, std::memory_order_seq_cst);
+    uint32_t expected = 0;
+    me_.aborted.compare_exchange_strong(expected, state, std::memory_order_seq_cst);
   }
   for (int r = 0; r < size_; ++r) futexWakeAll(&segment_->control(r).progress);
 }

@@ -12,6 +12,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "collective.h"
 #include "shm_segment.h"
@@ -27,6 +28,9 @@ struct EngineOptions {
   std::chrono::microseconds spin{50};
   // Longest single futex sleep: how often a waiting rank looks whether its peers still live.
   std::chrono::microseconds sleepSlice{100000};
+  // What messages call each rank of the segment (the communicator's rank numbers when the
+  // segment holds one node of several); empty: the segment's own numbers.
+  std::vector<int> rankNames;
 };
 
 class Engine {
@@ -56,12 +60,19 @@ class Engine {
   // Marks this rank failed in the segment (peers then fail at once, quoting `reason`) and wakes
   // every sleeping peer. Idempotent; callable from any thread.
   void abort(const std::string& reason);
-  // "rank 1 (pid 4242)".
+  // Marks this rank as gone (its communicator shut down): a peer still waiting for it fails at
+  // once instead of at its deadline. Idempotent; a failure marked before stays.
+  void close();
+  // "rank 1 (pid 4242)", with the rank as messages name it.
   std::string describePeer(int rank) const;
+  int nameOf(int rank) const { return options_.rankNames.empty() ? rank : options_.rankNames[rank]; }
 
  private:
   struct Source;  // where a rank's input of this collective lies
 
+  static constexpr uint32_t kFailed = 1;
+  static constexpr uint32_t kClosed = 2;
+  void mark(uint32_t state, const std::string& reason);
   void enter(const CollectiveInfo& info, bool owned, int64_t inputOffset);
   void leave();
   void advance();

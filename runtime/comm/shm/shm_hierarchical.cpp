@@ -6,6 +6,7 @@
 #include <sstream>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include "dtrain/error.h"
 #include "dtrain/gloo_communicator.h"
@@ -116,11 +117,36 @@ ShmTopology ShmTopology::of(const NodeMap& map, int rank) {
   return t;
 }
 
+void ShmCommunicator::across(const std::function<void()>& step) {
+  auto context = [&] {
+    std::vector<int> groupRanks, ours;
+    for (int n = 0; n < topo_.nodes && n < 16; ++n) {
+      groupRanks.push_back(n);
+      ours.push_back(topo_.rankOf(n, topo_.local));
+    }
+    return fmt::format("across nodes (the Gloo group of local rank {} on every node, whose ranks "
+                       "{}{} are ranks {} here): ",
+                       topo_.local, fmt::join(groupRanks, ", "), topo_.nodes > 16 ? ", ..." : "",
+                       fmt::join(ours, ", "));
+  };
+  try {
+    step();
+  } catch (const TimeoutError& e) {
+    DTRAIN_THROW(TimeoutError, "{}{}", context(), e.what());
+  } catch (const NetworkError& e) {
+    DTRAIN_THROW(NetworkError, "{}{}", context(), e.what());
+  } catch (const InvalidArgument& e) {
+    DTRAIN_THROW(InvalidArgument, "{}{}", context(), e.what());
+  } catch (const std::exception& e) {
+    DTRAIN_THROW(Error, "{}{}", context(), e.what());
+  }
+}
+
 void ShmCommunicator::hierAllreduce(const CollectiveInfo& i, void* data,
                                     shm::Clock::time_point deadline) {
   const ReduceOp inNode = i.op == ReduceOp::Avg ? ReduceOp::Sum : i.op;
   engine_->allreduce(local(i, i.count, inNode), data, deadline, [&](void* slice, size_t n) {
-    cross_->allreduce(slice, n, i.dtype, inNode, crossCall(deadline));
+    across([&] { cross_->allreduce(slice, n, i.dtype, inNode, crossCall(deadline)); });
     finishAverage(slice, n, i.dtype, i.op, topo_.size);
   });
 }
@@ -137,7 +163,7 @@ void ShmCommunicator::hierBroadcast(const CollectiveInfo& i, void* data,
     }
   }
   if (topo_.local == rootLocal) {
-    cross_->broadcast(data, i.count, i.dtype, rootNode, crossCall(deadline));
+    across([&] { cross_->broadcast(data, i.count, i.dtype, rootNode, crossCall(deadline)); });
   }
   CollectiveInfo li = local(i, i.count, i.op);
   li.root = rootLocal;
@@ -148,10 +174,10 @@ void ShmCommunicator::hierAllgather(const CollectiveInfo& i, const void* send, v
                                     shm::Clock::time_point deadline) {
   const size_t m = static_cast<size_t>(topo_.nodes), l = static_cast<size_t>(topo_.locals);
   const size_t block = i.count * elementSize(i.dtype);
-  auto across = scratchOnCommThread(m * block, 0);
+  auto gathered = scratchOnCommThread(m * block, 0);
   auto within = scratchOnCommThread(l * m * block, 1);
-  cross_->allgather(send, across->data(), i.count, i.dtype, crossCall(deadline));
-  engine_->allgather(local(i, m * i.count, i.op), across->data(), within->data(), deadline);
+  across([&] { cross_->allgather(send, gathered->data(), i.count, i.dtype, crossCall(deadline)); });
+  engine_->allgather(local(i, m * i.count, i.op), gathered->data(), within->data(), deadline);
   const char* from = static_cast<const char*>(within->data());
   char* to = static_cast<char*>(recv);
   for (size_t li = 0; li < l; ++li) {
@@ -179,13 +205,15 @@ void ShmCommunicator::hierReduceScatter(const CollectiveInfo& i, const void* sen
   const ReduceOp inNode = i.op == ReduceOp::Avg ? ReduceOp::Sum : i.op;
   engine_->reduceScatter(local(i, m * i.count, inNode), ordered->data(), nodeSums->data(),
                          deadline);
-  cross_->reduceScatter(nodeSums->data(), recv, i.count, i.dtype, inNode, crossCall(deadline));
+  across([&] {
+    cross_->reduceScatter(nodeSums->data(), recv, i.count, i.dtype, inNode, crossCall(deadline));
+  });
   finishAverage(recv, i.count, i.dtype, i.op, topo_.size);
 }
 
 void ShmCommunicator::hierBarrier(const CollectiveInfo& i, shm::Clock::time_point deadline) {
   engine_->barrier(local(i, 0, i.op), deadline);
-  cross_->barrier(crossCall(deadline));
+  across([&] { cross_->barrier(crossCall(deadline)); });
   engine_->barrier(local(i, 0, i.op), deadline);
 }
 
@@ -253,6 +281,7 @@ std::shared_ptr<Communicator> createCpuCommunicatorFor(const CpuWorldOptions& o,
     g.faults.clear();
     g.faultsFromEnv = false;
     c.cross = createGlooCommunicator(g);
+    c.crossName = cross.name;
   }
   return std::make_shared<ShmCommunicator>(std::move(c));
 }

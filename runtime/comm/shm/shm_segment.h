@@ -45,7 +45,8 @@ struct alignas(64) RankControl {
   // Peers sleeping on `progress` (futex); the rank wakes them after each step when non-zero.
   std::atomic<uint32_t> sleepers;
   char pad0[56];
-  // Set once when this rank's communicator fails; `reason` holds its error (NUL-terminated).
+  // Set once: 1 when this rank's communicator failed (`reason` holds its error, NUL-terminated),
+  // 2 when it was shut down.
   std::atomic<uint32_t> aborted;
   std::atomic<int32_t> pid;
   std::atomic<uint64_t> seq;      // the collective it is in, or the last one it finished
