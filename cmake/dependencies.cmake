@@ -7,7 +7,11 @@ find_package(Threads REQUIRED)
 find_package(fmt REQUIRED)
 find_package(OpenSSL REQUIRED COMPONENTS Crypto)
 find_package(nlohmann_json REQUIRED)
-find_package(cxxopts REQUIRED)
+# cxxopts reads allreduce_bench's options only: launch parses its own command line (see Note
+# [Option parsing] in launcher/launch_args.cpp for why).
+if(DTRAIN_WITH_BENCHMARKS)
+  find_package(cxxopts REQUIRED)
+endif()
 
 # libuv: pkg-config when available, else a plain search (no CMake package in Debian 12).
 find_path(LIBUV_INCLUDE_DIR uv.h)

@@ -87,8 +87,9 @@ int main(int argc, char** argv) {
     // 2. Data: each rank iterates over its own shard of every epoch.
     RegressionData data(args.samples, args.features);
     torch::Tensor trueWeight = data.trueWeight.clone();
-    dtrain::DistributedSampler sampler(static_cast<size_t>(args.samples), group->rank(),
-                                       group->size());
+    // PyTorch's argument order: dataset size, number of replicas (the world size), rank.
+    dtrain::DistributedSampler sampler(static_cast<size_t>(args.samples), group->size(),
+                                       group->rank());
     auto loader = torch::data::make_data_loader(
         std::move(data).map(torch::data::transforms::Stack<>()), sampler,
         torch::data::DataLoaderOptions().batch_size(static_cast<size_t>(args.batchSize)));

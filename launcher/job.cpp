@@ -93,8 +93,8 @@ std::string resolveAddress(const std::string& host, const std::string& label) {
   hints.ai_socktype = SOCK_STREAM;
   addrinfo* res = nullptr;
   int rc = ::getaddrinfo(host.c_str(), nullptr, &hints, &res);
-  DTRAIN_CHECK_ARG(rc == 0 && res, "{} \"{}\": cannot resolve the host name: {}; HINT: give an IP "
-                   "address", label, host, ::gai_strerror(rc));
+  DTRAIN_CHECK_ARG(rc == 0 && res, "{} {}: cannot resolve the host name: {}; HINT: give an IP "
+                   "address", label, quoteValue(host), ::gai_strerror(rc));
   char text[INET_ADDRSTRLEN] = {};
   ::inet_ntop(AF_INET, &reinterpret_cast<sockaddr_in*>(res->ai_addr)->sin_addr, text, sizeof text);
   ::freeaddrinfo(res);
@@ -145,18 +145,18 @@ void checkWritableDir(const std::string& dir, const std::string& label) {
     struct stat st {};
     if (::stat(path.c_str(), &st) == 0) {
       DTRAIN_CHECK_ARG(S_ISDIR(st.st_mode), "{} {}: {} is not a directory; HINT: give a "
-                       "directory path", label, dir, path);
+                       "directory path", label, excerpt(dir), excerpt(path));
       // Try it: access() says yes to root on read-only or virtual file systems.
       std::string probe = path + "/.dtrain-write-check-XXXXXX";
       std::vector<char> buf(probe.begin(), probe.end());
       buf.push_back('\0');
       DTRAIN_CHECK_ARG(::mkdtemp(buf.data()) != nullptr, "{} {}: cannot create anything in {} "
-                       "({}); HINT: pick a directory you can write to", label, dir, path,
+                       "({}); HINT: pick a directory you can write to", label, excerpt(dir), excerpt(path),
                        std::strerror(errno));
       ::rmdir(buf.data());
       return;
     }
-    DTRAIN_CHECK_ARG(errno == ENOENT, "{} {}: cannot use {}: {}", label, dir, path,
+    DTRAIN_CHECK_ARG(errno == ENOENT, "{} {}: cannot use {}: {}", label, excerpt(dir), excerpt(path),
                      std::strerror(errno));
     // Not there yet: it will be created if its nearest existing ancestor is writable.
     size_t slash = path.find_last_of('/');
@@ -176,9 +176,9 @@ std::string formatDryRun(const LaunchConfig& config, const NodeContext& node,
       "launch --dry-run: nothing was started. {} worker{} on host {} (run id {}).\n",
       node.localWorldSize, node.localWorldSize == 1 ? "" : "s", node.host, node.runId);
   out += fmt::format("Supervision: --max-restarts {} --grace-period {:g} --exit-barrier-timeout "
-                     "{:g}{}\n",
+                     "{:g}{} --kill-timeout {:g}\n",
                      config.maxRestarts, config.gracePeriod, config.exitBarrierTimeout,
-                     config.exitBarrierTimeout > 0 ? "" : " (no limit)");
+                     config.exitBarrierTimeout > 0 ? "" : " (no limit)", config.killTimeout);
   out += "Each worker inherits launch's environment (without DTRAIN_LAUNCH_*), plus:\n";
   for (int i = 0; i < node.localWorldSize; ++i) {
     out += fmt::format("rank {} (local rank {}):\n  command: {}\n  environment:\n",

@@ -2,8 +2,9 @@
 
 #include <algorithm>
 #include <cctype>
+#include <string_view>
 
-#include <cxxopts.hpp>
+#include <fmt/format.h>
 
 #include "dtrain/env_contract.h"
 #include "dtrain/error.h"
@@ -59,6 +60,11 @@ const OptionSpec kOptions[] = {
      "after a worker exits 0, wait this long for the rest, then 124 (300; 0: none)",
      [](LaunchConfig& c, const std::string& v, const std::string& l) {
        c.exitBarrierTimeout = parseTimeoutSeconds(v, l);
+     }},
+    {"kill-timeout", 0, "SECONDS",
+     "after SIGKILL, wait this long for workers to end, then name the survivors and exit 125 (60)",
+     [](LaunchConfig& c, const std::string& v, const std::string& l) {
+       c.killTimeout = parseSeconds(v, l);
      }},
     {"log-dir", 0, "DIR", "keep logs in DIR/RUN_ID/attempt_K/rank_N/{stdout,stderr}.log",
      [](LaunchConfig& c, const std::string& v, const std::string& l) {
@@ -122,7 +128,7 @@ const OptionSpec kOptions[] = {
     {"start-method", 0, "METHOD", "accepted for torchrun (spawn|fork|forkserver); no effect",
      [](LaunchConfig&, const std::string& v, const std::string& l) {
        DTRAIN_CHECK_ARG(v == "spawn" || v == "fork" || v == "forkserver",
-                        "{} \"{}\": use spawn, fork or forkserver", l, v);
+                        "{} {}: use spawn, fork or forkserver", l, quoteValue(v));
      }},
     {"dry-run", 0, nullptr, "print each worker's command and environment; start nothing",
      [](LaunchConfig& c, const std::string& v, const std::string& l) {
@@ -149,7 +155,7 @@ const OptionSpec* findShort(char c) {
 std::string unknownOption(const std::string& arg) {
   return fmt::format("unknown option {}; HINT: see launch --help (an option meant for the program "
                      "goes after the program name, or after --)",
-                     arg);
+                     excerpt(arg));
 }
 
 }  // namespace
@@ -162,6 +168,24 @@ std::string optionEnvName(const std::string& option) {
   return name;
 }
 
+std::vector<std::string> valueOptionNames() {
+  std::vector<std::string> names;
+  for (const auto& o : kOptions) {
+    if (o.valueName) names.emplace_back(o.name);
+  }
+  return names;
+}
+
+// Note [Option parsing]
+// ~~~~~~~~~~~~~~~~~~~~~
+// The command line is read here, against kOptions, with plain string operations: `--name value`,
+// `--name=value`, `-r value`, `-r3`, torchrun's underscores. A value is never matched by a
+// regular expression. launch used cxxopts 3.1 for this, which matches every argument with
+// std::regex ("--([[:alnum:]][-_[:alnum:]\.]+)(=(.*))?|..."); libstdc++'s regex executor
+// recurses once per character of `.*`, so a value of some 25 KB overflowed the 8 MiB stack and
+// launch died of SIGSEGV (exit 139, which also reads as "a worker died by SIGSEGV"). Values are
+// bounded only by the kernel (128 KiB per argument), and messages quote at most
+// kMaxQuotedChars of one (see quoteValue in launch_config.h).
 SplitArgs splitLauncherArgs(const std::vector<std::string>& args) {
   SplitArgs out;
   size_t i = 0;
@@ -177,11 +201,11 @@ SplitArgs splitLauncherArgs(const std::vector<std::string>& args) {
     std::string value;
     bool hasValue = false;
     if (arg[1] == '-') {
-      std::string name = arg.substr(2);
-      if (size_t eq = name.find('='); eq != std::string::npos) {
-        value = name.substr(eq + 1);
+      const size_t eq = arg.find('=');
+      std::string name = arg.substr(2, eq == std::string::npos ? std::string::npos : eq - 2);
+      if (eq != std::string::npos) {
+        value = arg.substr(eq + 1);
         hasValue = true;
-        name.resize(eq);
       }
       std::replace(name.begin(), name.end(), '_', '-');  // torchrun's spellings
       spec = findLong(name);
@@ -191,12 +215,12 @@ SplitArgs splitLauncherArgs(const std::vector<std::string>& args) {
       DTRAIN_CHECK_ARG(spec, "{}", unknownOption(arg.substr(0, 2)));
       if (arg.size() > 2) {  // -r3
         DTRAIN_CHECK_ARG(spec->valueName, "{}: a flag takes no value; HINT: write -{} alone",
-                         arg, arg[1]);
+                         excerpt(arg), arg[1]);
         value = arg.substr(2);
         hasValue = true;
       }
     }
-    std::string name = spec->name;
+    const std::string name = spec->name;
     if (name == "help") {
       out.help = true;
       continue;
@@ -209,7 +233,7 @@ SplitArgs splitLauncherArgs(const std::vector<std::string>& args) {
       DTRAIN_CHECK_ARG(!hasValue || value == "1" || value == "true" || value == "0" ||
                            value == "false",
                        "--{} is a flag; HINT: write --{} without a value", name, name);
-      out.launcherArgs.push_back("--" + name + "=" + (hasValue ? value : "true"));
+      out.options.push_back({name, hasValue ? value : "true"});
       continue;
     }
     if (!hasValue) {
@@ -217,32 +241,12 @@ SplitArgs splitLauncherArgs(const std::vector<std::string>& args) {
                        spec->valueName, name, spec->valueName);
       value = args[++i];
     }
-    out.launcherArgs.push_back("--" + name + "=" + value);
+    out.options.push_back({name, std::move(value)});
   }
   out.program.assign(args.begin() + static_cast<std::ptrdiff_t>(std::min(i, args.size())),
                      args.end());
   return out;
 }
-
-namespace {
-
-cxxopts::Options makeCxxopts() {
-  cxxopts::Options options("launch", "Start, supervise and restart a distributed training job.");
-  options.custom_help("[options] [--] PROGRAM [ARGS...]");
-  options.set_width(100);
-  auto adder = options.add_options();
-  for (const auto& o : kOptions) {
-    std::string names = o.shortName ? std::string(1, o.shortName) + "," + o.name : o.name;
-    if (o.valueName) {
-      adder(names, o.help, cxxopts::value<std::string>(), o.valueName);
-    } else {
-      adder(names, o.help, cxxopts::value<bool>());
-    }
-  }
-  return options;
-}
-
-}  // namespace
 
 ParsedCommand parseLaunchArgs(const std::vector<std::string>& args,
                               const std::map<std::string, std::string>& environment) {
@@ -257,27 +261,15 @@ ParsedCommand parseLaunchArgs(const std::vector<std::string>& args,
     return out;
   }
 
-  // cxxopts reads the launcher's part; the split made it canonical ("--name=value").
-  cxxopts::Options options = makeCxxopts();
-  std::vector<std::string> argvStrings{"launch"};
-  argvStrings.insert(argvStrings.end(), split.launcherArgs.begin(), split.launcherArgs.end());
-  std::vector<const char*> argv;
-  for (const auto& s : argvStrings) argv.push_back(s.c_str());
-  cxxopts::ParseResult result;
-  try {
-    result = options.parse(static_cast<int>(argv.size()), argv.data());
-  } catch (const cxxopts::exceptions::exception& e) {
-    DTRAIN_THROW(InvalidArgument, "{}; HINT: see launch --help", e.what());
-  }
-
   LaunchConfig& config = out.config;
-  // Command line first, in order (repeatable --env keeps every occurrence).
+  // Command line first, in order (repeatable --env keeps every occurrence; for the others the
+  // last one wins).
   std::vector<std::string> seen;
-  for (const auto& kv : result.arguments()) {
-    const OptionSpec* spec = findLong(kv.key());
+  for (const auto& option : split.options) {
+    const OptionSpec* spec = findLong(option.name);
     if (!spec || !spec->apply) continue;
-    spec->apply(config, kv.value(), "--" + kv.key());
-    seen.push_back(kv.key());
+    spec->apply(config, option.value, "--" + option.name);
+    seen.push_back(option.name);
   }
 
   // Then DTRAIN_LAUNCH_<OPTION> for options the command line did not give.
@@ -289,7 +281,7 @@ ParsedCommand parseLaunchArgs(const std::vector<std::string>& args,
     }
     DTRAIN_CHECK_ARG(spec, "environment variable {} names no launch option; HINT: unset it, or "
                      "see launch --help for the options (DTRAIN_LAUNCH_<OPTION>)",
-                     key);
+                     excerpt(key));
     if (std::find(seen.begin(), seen.end(), spec->name) != seen.end()) continue;
     config.optionSources[spec->name] = key;
     std::string label = key + " (environment)";
@@ -320,7 +312,38 @@ ParsedCommand parseLaunchArgs(const std::vector<std::string>& args,
 }
 
 std::string helpText() {
-  std::string text = makeCxxopts().help();
+  // One line per option: names and value in a column, the help text beside it (below it when the
+  // names are too wide), wrapped at kWidth.
+  constexpr size_t kHelpColumn = 32;
+  constexpr size_t kWidth = 100;
+  std::string text =
+      "Start, supervise and restart a distributed training job.\n"
+      "Usage:\n"
+      "  launch [options] [--] PROGRAM [ARGS...]\n\n";
+  for (const auto& o : kOptions) {
+    std::string names = o.shortName ? fmt::format("  -{}, --{}", o.shortName, o.name)
+                                    : fmt::format("      --{}", o.name);
+    if (o.valueName) names += fmt::format(" {}", o.valueName);
+    text += names;
+    size_t column = names.size();
+    if (column + 2 > kHelpColumn) {
+      text += "\n";
+      column = 0;
+    }
+    text.append(kHelpColumn - column, ' ');
+    column = kHelpColumn;
+    std::string_view help = o.help;
+    while (!help.empty()) {
+      size_t room = kWidth - column;
+      size_t cut = help.size() <= room ? help.size() : help.rfind(' ', room);
+      if (cut == std::string_view::npos || cut == 0) cut = std::min(help.size(), room);
+      text += help.substr(0, cut);
+      help.remove_prefix(cut);
+      while (!help.empty() && help.front() == ' ') help.remove_prefix(1);
+      text += "\n";
+      if (!help.empty()) text.append(kHelpColumn, ' ');
+    }
+  }
   text += R"(
 A program ending in .py runs under --python, as torchrun does; anything else is executed.
 torchrun's spellings work too: --nproc_per_node, --rdzv_endpoint, --rdzv_id, --rdzv_backend,
@@ -330,7 +353,8 @@ Every option can also come from the environment as DTRAIN_LAUNCH_<OPTION>
 
 Exit codes: 0 every worker exited 0; 1-123 the root-cause worker's exit code; 2 usage error
 (nothing was started); 75 preempted (every worker checkpointed on SIGTERM); 124 a deadline
-passed (the exit barrier); 125 launcher or infrastructure error; 126/127 program not
+passed (the exit barrier); 125 launcher or infrastructure error, or workers survived SIGKILL
+(--kill-timeout); 126/127 program not
 executable/not found; 128+N the root-cause worker was killed by signal N, or launch itself
 received signal N.
 )";

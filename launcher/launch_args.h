@@ -1,11 +1,12 @@
 #pragma once
 // The command line of `launch`: `launch [options] [--] PROGRAM [ARGS...]`.
 //
-// splitLauncherArgs() finds where the launcher's options end and the program begins (cxxopts does
-// not stop at the first positional), normalising torchrun's spellings (`--nproc_per_node=2` ->
-// `--nproc-per-node=2`, `--rdzv-id` -> `--run-id`) on the way. parseLaunchArgs() then hands the
-// launcher's part to cxxopts, adds DTRAIN_LAUNCH_<OPTION> variables for options not on the command
-// line, and fills a LaunchConfig. Neither looks at the machine or starts anything.
+// splitLauncherArgs() reads the launcher's options against the option table (launch_args.cpp,
+// one row per option) and finds where the program begins, normalising torchrun's spellings
+// (`--nproc_per_node=2` -> nproc-per-node, `--rdzv-id` -> run-id) on the way. parseLaunchArgs()
+// applies them, adds DTRAIN_LAUNCH_<OPTION> variables for options not on the command line, and
+// fills a LaunchConfig. Neither looks at the machine or starts anything. See Note [Option
+// parsing] for why no option library reads the command line.
 
 #include <map>
 #include <string>
@@ -15,8 +16,15 @@
 
 namespace dtrain::launcher {
 
+// One option as given: its canonical long name ("nproc-per-node") and value ("true" for a flag).
+struct OptionValue {
+  std::string name;
+  std::string value;
+  bool operator==(const OptionValue& o) const { return name == o.name && value == o.value; }
+};
+
 struct SplitArgs {
-  std::vector<std::string> launcherArgs;  // canonical: "--name" or "--name=value"
+  std::vector<OptionValue> options;       // the launcher's, in command-line order
   std::vector<std::string> program;       // PROGRAM ARGS...; empty when none was given
   bool help = false;                      // --help / -h seen among the launcher's options
   bool version = false;                   // --version seen
@@ -39,6 +47,9 @@ ParsedCommand parseLaunchArgs(const std::vector<std::string>& args,
 
 // `launch --help`.
 std::string helpText();
+
+// The canonical names of the options that take a value, in the table's order.
+std::vector<std::string> valueOptionNames();
 
 // The environment variable that sets `option` ("nproc-per-node" -> DTRAIN_LAUNCH_NPROC_PER_NODE).
 std::string optionEnvName(const std::string& option);

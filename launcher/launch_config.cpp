@@ -46,6 +46,40 @@ bool StreamSpec::any() const {
   return std::any_of(perRank.begin(), perRank.end(), [](const auto& kv) { return kv.second != 0; });
 }
 
+namespace {
+
+// At most kMaxQuotedChars of `text`, with control characters, quotes and backslashes escaped.
+std::string escapedHead(const std::string& text) {
+  std::string out;
+  for (size_t i = 0; i < text.size() && i < kMaxQuotedChars; ++i) {
+    const auto c = static_cast<unsigned char>(text[i]);
+    if (c == '"' || c == '\\') {
+      out += '\\';
+      out += static_cast<char>(c);
+    } else if (c >= 0x20 && c != 0x7f) {
+      out += static_cast<char>(c);
+    } else {
+      out += fmt::format("\\x{:02x}", c);
+    }
+  }
+  return out;
+}
+
+std::string cutNote(const std::string& text) {
+  return text.size() > kMaxQuotedChars ? fmt::format(" ({} characters)", text.size()) : "";
+}
+
+}  // namespace
+
+std::string excerpt(const std::string& text) {
+  return escapedHead(text) + (text.size() > kMaxQuotedChars ? "..." : "") + cutNote(text);
+}
+
+std::string quoteValue(const std::string& text) {
+  return "\"" + escapedHead(text) + (text.size() > kMaxQuotedChars ? "...\"" : "\"") +
+         cutNote(text);
+}
+
 std::string optionLabel(const LaunchConfig& config, const std::string& option) {
   auto it = config.optionSources.find(option);
   if (it != config.optionSources.end()) return it->second + " (environment)";
@@ -54,8 +88,8 @@ std::string optionLabel(const LaunchConfig& config, const std::string& option) {
 
 int parseIntValue(const std::string& text, const std::string& label, int64_t min, int64_t max) {
   int64_t v = 0;
-  DTRAIN_CHECK_ARG(parseInt64(text, &v), "{} \"{}\" is not an integer; HINT: give a number in {}..{}",
-                   label, text, min, max);
+  DTRAIN_CHECK_ARG(parseInt64(text, &v), "{} {} is not an integer; HINT: give a number in {}..{}",
+                   label, quoteValue(text), min, max);
   DTRAIN_CHECK_ARG(v >= min && v <= max, "{} {} is out of range; HINT: give a number in {}..{}",
                    label, v, min, max);
   return static_cast<int>(v);
@@ -71,9 +105,9 @@ double parseNonNegativeSeconds(const std::string& text, const std::string& label
   double v = text.empty() ? 0 : std::strtod(text.c_str(), &end);
   DTRAIN_CHECK_ARG(!text.empty() && errno == 0 && end == text.c_str() + text.size() &&
                        std::isfinite(v),
-                   "{} \"{}\" is not a number of seconds; HINT: {}", label, text, hint);
+                   "{} {} is not a number of seconds; HINT: {}", label, quoteValue(text), hint);
   DTRAIN_CHECK_ARG(v >= 0 && v <= kMaxTimeoutSeconds, "{} {} is out of range; HINT: {}", label,
-                   text, hint);
+                   quoteValue(text), hint);
   return v;
 }
 
@@ -82,7 +116,7 @@ double parseNonNegativeSeconds(const std::string& text, const std::string& label
 double parseSeconds(const std::string& text, const std::string& label) {
   constexpr const char* kHint = "e.g. 30 or 0.5";
   double v = parseNonNegativeSeconds(text, label, kHint);
-  DTRAIN_CHECK_ARG(v > 0, "{} {} must be greater than zero; HINT: {}", label, text, kHint);
+  DTRAIN_CHECK_ARG(v > 0, "{} {} must be greater than zero; HINT: {}", label, quoteValue(text), kHint);
   return v;
 }
 
@@ -104,8 +138,8 @@ int64_t parseByteCount(const std::string& text, const std::string& label) {
   }
   int64_t v = 0;
   DTRAIN_CHECK_ARG(parseInt64(digits, &v) && v >= 0 && v <= (int64_t{1} << 50) / scale,
-                   "{} \"{}\" is not a byte count; HINT: e.g. 0 (unlimited), 65536, 64k, 1G",
-                   label, text);
+                   "{} {} is not a byte count; HINT: e.g. 0 (unlimited), 65536, 64k, 1G",
+                   label, quoteValue(text));
   return v * scale;
 }
 
@@ -114,8 +148,8 @@ bool parseBool(const std::string& text, const std::string& label) {
   for (auto& c : t) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
   if (t == "1" || t == "true" || t == "yes" || t == "on") return true;
   if (t == "0" || t == "false" || t == "no" || t == "off" || t.empty()) return false;
-  DTRAIN_THROW(InvalidArgument, "{} \"{}\" is not a boolean; HINT: use 1/0, true/false", label,
-               text);
+  DTRAIN_THROW(InvalidArgument, "{} {} is not a boolean; HINT: use 1/0, true/false", label,
+               quoteValue(text));
 }
 
 NprocSpec parseNproc(const std::string& text, const std::string& label) {
@@ -129,8 +163,8 @@ NprocSpec parseNproc(const std::string& text, const std::string& label) {
   } else {
     int64_t v = 0;
     DTRAIN_CHECK_ARG(parseInt64(text, &v) && v >= 1 && v <= kMaxWorkersPerNode,
-                     "{} \"{}\" is not a worker count; HINT: give 1..{}, or auto, gpu, cpu", label,
-                     text, kMaxWorkersPerNode);
+                     "{} {} is not a worker count; HINT: give 1..{}, or auto, gpu, cpu", label,
+                     quoteValue(text), kMaxWorkersPerNode);
     spec.count = static_cast<int>(v);
   }
   return spec;
@@ -142,8 +176,8 @@ StreamSpec parseStreamSpec(const std::string& text, const std::string& label) {
   StreamSpec spec;
   int64_t v = 0;
   if (text.find(':') == std::string::npos) {
-    DTRAIN_CHECK_ARG(parseInt64(text, &v) && v >= 0 && v <= 3, "{} \"{}\" is not valid; HINT: use {}",
-                     label, text, kForms);
+    DTRAIN_CHECK_ARG(parseInt64(text, &v) && v >= 0 && v <= 3, "{} {} is not valid; HINT: use {}",
+                     label, quoteValue(text), kForms);
     spec.all = static_cast<int>(v);
     return spec;
   }
@@ -153,9 +187,9 @@ StreamSpec parseStreamSpec(const std::string& text, const std::string& label) {
     DTRAIN_CHECK_ARG(colon != std::string::npos && parseInt64(part.substr(0, colon), &rank) &&
                          rank >= 0 && rank < kMaxWorkersPerNode &&
                          parseInt64(part.substr(colon + 1), &v) && v >= 0 && v <= 3,
-                     "{} \"{}\": bad entry \"{}\"; HINT: use {}", label, text, part, kForms);
+                     "{} {}: bad entry {}; HINT: use {}", label, quoteValue(text), quoteValue(part), kForms);
     DTRAIN_CHECK_ARG(spec.perRank.emplace(static_cast<int>(rank), static_cast<int>(v)).second,
-                     "{} \"{}\": local rank {} is listed twice", label, text, rank);
+                     "{} {}: local rank {} is listed twice", label, quoteValue(text), rank);
   }
   return spec;
 }
@@ -167,12 +201,12 @@ std::pair<int, int> parseNnodes(const std::string& text, const std::string& labe
   bool ok = colon == std::string::npos
                 ? parseInt64(text, &lo) && (hi = lo, true)
                 : parseInt64(text.substr(0, colon), &lo) && parseInt64(text.substr(colon + 1), &hi);
-  DTRAIN_CHECK_ARG(ok, "{} \"{}\" is not a node count; HINT: N or MIN:MAX, e.g. 2 or 1:4", label,
-                   text);
+  DTRAIN_CHECK_ARG(ok, "{} {} is not a node count; HINT: N or MIN:MAX, e.g. 2 or 1:4", label,
+                   quoteValue(text));
   DTRAIN_CHECK_ARG(lo >= 1 && hi >= 1 && lo <= 65536 && hi <= 65536,
-                   "{} \"{}\": node counts must be 1..65536", label, text);
-  DTRAIN_CHECK_ARG(lo <= hi, "{} \"{}\": the minimum {} is greater than the maximum {}", label,
-                   text, lo, hi);
+                   "{} {}: node counts must be 1..65536", label, quoteValue(text));
+  DTRAIN_CHECK_ARG(lo <= hi, "{} {}: the minimum {} is greater than the maximum {}", label,
+                   quoteValue(text), lo, hi);
   return {static_cast<int>(lo), static_cast<int>(hi)};
 }
 
@@ -181,20 +215,20 @@ std::pair<std::string, int> parseEndpoint(const std::string& text, const std::st
   std::string port;
   if (!text.empty() && text[0] == '[') {  // [::1]:29400
     size_t close = text.find(']');
-    DTRAIN_CHECK_ARG(close != std::string::npos, "{} \"{}\": unclosed '['", label, text);
+    DTRAIN_CHECK_ARG(close != std::string::npos, "{} {}: unclosed '['", label, quoteValue(text));
     host = text.substr(1, close - 1);
     if (close + 1 < text.size()) {
-      DTRAIN_CHECK_ARG(text[close + 1] == ':', "{} \"{}\": expected ':' after ']'", label, text);
+      DTRAIN_CHECK_ARG(text[close + 1] == ':', "{} {}: expected ':' after ']'", label, quoteValue(text));
       port = text.substr(close + 2);
     }
   } else if (size_t colon = text.rfind(':'); colon != std::string::npos) {
     DTRAIN_CHECK_ARG(text.find(':') == colon,
-                     "{} \"{}\": an IPv6 address needs brackets; HINT: [::1]:29400", label, text);
+                     "{} {}: an IPv6 address needs brackets; HINT: [::1]:29400", label, quoteValue(text));
     host = text.substr(0, colon);
     port = text.substr(colon + 1);
   }
-  DTRAIN_CHECK_ARG(!host.empty(), "{} \"{}\" has no host; HINT: HOST:PORT, e.g. 10.0.0.1:29400",
-                   label, text);
+  DTRAIN_CHECK_ARG(!host.empty(), "{} {} has no host; HINT: HOST:PORT, e.g. 10.0.0.1:29400",
+                   label, quoteValue(text));
   int p = 0;
   if (!port.empty()) p = parseIntValue(port, label + " port", 1, 65535);
   return {host, p};
@@ -205,7 +239,7 @@ std::vector<int> parseRankList(const std::string& text, const std::string& label
   for (const auto& part : split(text, ',')) {
     int64_t v = 0;
     DTRAIN_CHECK_ARG(parseInt64(part, &v) && v >= 0 && v < kMaxWorkersPerNode,
-                     "{} \"{}\": \"{}\" is not a local rank; HINT: e.g. 0,3", label, text, part);
+                     "{} {}: {} is not a local rank; HINT: e.g. 0,3", label, quoteValue(text), quoteValue(part));
     if (std::find(ranks.begin(), ranks.end(), v) == ranks.end()) {
       ranks.push_back(static_cast<int>(v));
     }
@@ -218,13 +252,13 @@ std::pair<std::string, std::string> parseEnvAssignment(const std::string& text,
   size_t eq = text.find('=');
   std::string key = text.substr(0, eq);
   DTRAIN_CHECK_ARG(eq != std::string::npos && validIdentifier(key),
-                   "{} \"{}\" is not KEY=VALUE with KEY a variable name; HINT: --env "
+                   "{} {} is not KEY=VALUE with KEY a variable name; HINT: --env "
                    "NCCL_DEBUG=INFO",
-                   label, text);
+                   label, quoteValue(text));
   DTRAIN_CHECK_ARG(!isReservedWorkerVariable(key),
                    "{} {}: {} is set by launch for every worker and cannot be overridden; HINT: "
                    "use the matching launch option",
-                   label, text, key);
+                   label, quoteValue(text), key);
   return {key, text.substr(eq + 1)};
 }
 
@@ -302,9 +336,9 @@ void validate(const LaunchConfig& c) {
                    "{} {}: a one-node job has only node rank 0; HINT: drop {}", label("node-rank"),
                    c.nodeRank, label("node-rank"));
   DTRAIN_CHECK_ARG(c.rdzvBackend == "c10d" || c.rdzvBackend == "static",
-                   "{} \"{}\" is not supported; HINT: launch hosts its own store: use c10d (the "
+                   "{} {} is not supported; HINT: launch hosts its own store: use c10d (the "
                    "default) or static",
-                   label("rdzv-backend"), c.rdzvBackend);
+                   label("rdzv-backend"), quoteValue(c.rdzvBackend));
   DTRAIN_CHECK_ARG(c.rdzvPort >= 0 && c.rdzvPort <= 65535, "{} port {} is out of range 1..65535",
                    label("rdzv-endpoint"), c.rdzvPort);
   DTRAIN_CHECK_ARG(c.masterPort >= 0 && c.masterPort <= 65535, "{} {} is out of range 1..65535",
@@ -322,6 +356,9 @@ void validate(const LaunchConfig& c) {
   DTRAIN_CHECK_ARG(c.exitBarrierTimeout >= 0 && c.exitBarrierTimeout <= kMaxTimeoutSeconds,
                    "{} {} must be 0 (no limit) or a number of seconds up to {:g}",
                    label("exit-barrier-timeout"), c.exitBarrierTimeout, kMaxTimeoutSeconds);
+  DTRAIN_CHECK_ARG(c.killTimeout > 0 && c.killTimeout <= kMaxTimeoutSeconds,
+                   "{} {} must be greater than zero seconds (and at most {:g})",
+                   label("kill-timeout"), c.killTimeout, kMaxTimeoutSeconds);
   DTRAIN_CHECK_ARG(c.monitorInterval > 0, "{} {} must be greater than zero seconds",
                    label("monitor-interval"), c.monitorInterval);
   DTRAIN_CHECK_ARG(!(c.noPython && c.module),
@@ -341,8 +378,8 @@ void validate(const LaunchConfig& c) {
                                             ch == '-' || ch == '_' || ch == '.';
                                    }) &&
                        c.runId != "." && c.runId != "..",
-                   "{} \"{}\" may use only letters, digits, '-', '_' and '.' (at most 128)",
-                   label("run-id"), c.runId);
+                   "{} {} may use only letters, digits, '-', '_' and '.' (at most 128)",
+                   label("run-id"), quoteValue(c.runId));
 
   for (const auto* spec : {&c.redirects, &c.tee}) {
     DTRAIN_CHECK_ARG(spec->all >= 0 && spec->all <= 3, "{} {} must be 0..3",
@@ -356,16 +393,16 @@ void validate(const LaunchConfig& c) {
       return c.linePrefixTemplate.compare(at, std::char_traits<char>::length(p), p) == 0;
     });
     DTRAIN_CHECK_ARG(known,
-                     "{} \"{}\" has an unknown placeholder at offset {}; HINT: use ${{rank}}, "
+                     "{} {} has an unknown placeholder at offset {}; HINT: use ${{rank}}, "
                      "${{local_rank}}, ${{role_name}}, ${{attempt}}",
-                     label("log-line-prefix-template"), c.linePrefixTemplate, at);
+                     label("log-line-prefix-template"), quoteValue(c.linePrefixTemplate), at);
   }
 
   for (const auto& kv : c.env) {
     DTRAIN_CHECK_ARG(validIdentifier(kv.first) && !isReservedWorkerVariable(kv.first),
                      "{} {}=...: not a variable launch lets you set; HINT: KEY must be a name "
                      "and not one of the worker variables launch sets",
-                     label("env"), kv.first);
+                     label("env"), excerpt(kv.first));
   }
 }
 

@@ -22,6 +22,7 @@ constexpr int kDefaultMaxRestarts = 0;
 constexpr double kDefaultGracePeriodSeconds = 30.0;
 constexpr double kDefaultMonitorIntervalSeconds = 0.1;
 constexpr double kDefaultExitBarrierTimeoutSeconds = 300.0;  // torchrun's exit_barrier_timeout
+constexpr double kDefaultKillTimeoutSeconds = 60.0;  // see Note [Last deadline] in supervisor.h
 constexpr double kMaxTimeoutSeconds = 1e9;  // ~31 years: any longer is a typo (and overflows)
 constexpr int64_t kDefaultLogMaxBytes = int64_t{1} << 30;  // per file, one rotated copy kept
 constexpr int64_t kMinLogMaxBytes = 4096;
@@ -77,6 +78,9 @@ struct LaunchConfig {
   // Once a worker exits 0, the others must end within this many seconds (0: no limit). See
   // Note [Exit barrier] in supervisor/supervisor.h.
   double exitBarrierTimeout = kDefaultExitBarrierTimeoutSeconds;
+  // After SIGKILL, how long to wait for every process of a worker to end before reporting the
+  // ones left (state D) and exiting 125. See Note [Last deadline] in supervisor/supervisor.h.
+  double killTimeout = kDefaultKillTimeoutSeconds;
 
   // Output.
   std::string logDir;  // empty: no log files unless redirects/tee ask for them
@@ -99,6 +103,14 @@ std::string optionLabel(const LaunchConfig& config, const std::string& option);
 
 // Throws InvalidArgument naming the option and what to do. Pure: does not look at the machine.
 void validate(const LaunchConfig& config);
+
+// How much of a user's value a message quotes (a value may be 128 KiB).
+constexpr size_t kMaxQuotedChars = 200;
+
+// `text` for a one-line message: control characters escaped, at most kMaxQuotedChars of it, and
+// how long it was when cut ("abc... (40000 characters)"). excerpt() leaves out the quotes.
+std::string excerpt(const std::string& text);
+std::string quoteValue(const std::string& text);
 
 // Value parsers: each throws InvalidArgument naming `label` and the accepted forms.
 NprocSpec parseNproc(const std::string& text, const std::string& label);

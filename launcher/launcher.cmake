@@ -11,13 +11,13 @@ add_library(dtrain_launcher STATIC
   launcher/supervisor/output.cpp
   launcher/supervisor/failure_report.cpp
   launcher/supervisor/oom.cpp
+  launcher/supervisor/process_info.cpp
   launcher/supervisor/supervisor.cpp
 )
 target_include_directories(dtrain_launcher PUBLIC ${CMAKE_CURRENT_SOURCE_DIR})
 # dtrain_base's internal parse_int.h (one integer rule everywhere).
 target_include_directories(dtrain_launcher PRIVATE ${CMAKE_CURRENT_SOURCE_DIR}/runtime/base)
-target_link_libraries(dtrain_launcher PUBLIC dtrain_base cxxopts::cxxopts
-                      PRIVATE nlohmann_json::nlohmann_json)
+target_link_libraries(dtrain_launcher PUBLIC dtrain_base PRIVATE nlohmann_json::nlohmann_json)
 dtrain_warnings(dtrain_launcher)
 
 add_executable(launch launcher/main.cpp)

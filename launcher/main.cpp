@@ -99,5 +99,9 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "launch: error: %s (exit 125: launcher or infrastructure error)\n",
                  e.what());
     return kExitInfrastructure;
+  } catch (...) {
+    std::fprintf(stderr, "launch: error: an unexpected exception (exit 125: launcher or "
+                 "infrastructure error)\n");
+    return kExitInfrastructure;
   }
 }

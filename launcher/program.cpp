@@ -45,16 +45,17 @@ std::string findOnPath(const std::string& name, const std::string& what, const s
     std::string why;
     int code = checkExecutable(candidate, &why);
     if (code == 0) return candidate;
-    if (code == 126 && firstProblem.empty()) firstProblem = candidate + " " + why;
+    if (code == 126 && firstProblem.empty()) firstProblem = excerpt(candidate) + " " + why;
     if (colon == std::string::npos) break;
     start = colon + 1;
   }
   if (!firstProblem.empty()) {
-    DTRAIN_THROW(ProgramNotExecutable, "{} \"{}\" on host {}: {}; HINT: chmod +x it, or give a "
-                 "path", what, name, host, firstProblem);
+    DTRAIN_THROW(ProgramNotExecutable, "{} {} on host {}: {}; HINT: chmod +x it, or give a "
+                 "path", what, quoteValue(name), host, firstProblem);
   }
-  DTRAIN_THROW(ProgramNotFound, "{} \"{}\" not found on host {}: no such file in any PATH "
-               "directory; HINT: give a path such as ./{}", what, name, host, name);
+  DTRAIN_THROW(ProgramNotFound, "{} {} not found on host {}: no such file in any PATH "
+               "directory; HINT: give a path such as ./{}", what, quoteValue(name), host,
+               excerpt(name));
 }
 
 }  // namespace
@@ -87,23 +88,23 @@ WorkerCommand resolveWorkerCommand(WorkerCommand command, const std::string& pat
     std::string why;
     int code = checkExecutable(command.file, &why);
     if (code == 127) {
-      DTRAIN_THROW(ProgramNotFound, "{} \"{}\" not found on host {}: {}; HINT: check the path",
-                   what, command.file, host, why);
+      DTRAIN_THROW(ProgramNotFound, "{} {} not found on host {}: {}; HINT: check the path",
+                   what, quoteValue(command.file), host, why);
     }
     if (code == 126) {
-      DTRAIN_THROW(ProgramNotExecutable, "{} \"{}\" on host {} {}; HINT: chmod +x it, or run a "
-                   "script through its interpreter", what, command.file, host, why);
+      DTRAIN_THROW(ProgramNotExecutable, "{} {} on host {} {}; HINT: chmod +x it, or run a "
+                   "script through its interpreter", what, quoteValue(command.file), host, why);
     }
   }
   if (!command.script.empty()) {
     struct stat st {};
     if (::stat(command.script.c_str(), &st) != 0) {
-      DTRAIN_THROW(ProgramNotFound, "script \"{}\" not found on host {}: {}; HINT: check the path",
-                   command.script, host, std::strerror(errno));
+      DTRAIN_THROW(ProgramNotFound, "script {} not found on host {}: {}; HINT: check the path",
+                   quoteValue(command.script), host, std::strerror(errno));
     }
     if (::access(command.script.c_str(), R_OK) != 0) {
-      DTRAIN_THROW(ProgramNotExecutable, "script \"{}\" on host {} is not readable: {}",
-                   command.script, host, std::strerror(errno));
+      DTRAIN_THROW(ProgramNotExecutable, "script {} on host {} is not readable: {}",
+                   quoteValue(command.script), host, std::strerror(errno));
     }
   }
   return command;

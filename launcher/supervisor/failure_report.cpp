@@ -71,6 +71,8 @@ int workerExitCode(const WorkerOutcome& w) {
 }
 
 int launcherExitCode(const AttemptResult& last) {
+  // Processes of the job are left behind: whatever else happened, launch could not end the job.
+  if (!last.survivors.empty()) return kExitInfrastructure;
   int root = rootCauseIndex(last.workers);
   // The barrier times out only while nothing failed and launch was not signalled (both stop the
   // job first); a signal during its teardown does not change what ended the job.
@@ -110,6 +112,9 @@ std::string describeOutcome(const WorkerOutcome& w) {
 std::string exitCodeMeaning(int code, const AttemptResult& last) {
   int root = rootCauseIndex(last.workers);
   if (code == 0) return "every worker exited 0";
+  if (code == kExitInfrastructure && !last.survivors.empty()) {
+    return "launcher or infrastructure error: processes of the job survived SIGKILL";
+  }
   if (code == kExitDeadline && last.exitBarrier.timedOut && root < 0) {
     return "a deadline passed: the exit barrier timed out";
   }
@@ -273,14 +278,55 @@ std::string formatExitBarrierReport(const ReportContext& ctx, const AttemptResul
 
 }  // namespace
 
+std::string formatSurvivorsLine(const std::vector<Survivor>& survivors, double killTimeout) {
+  std::string pids;
+  for (const auto& s : survivors) {
+    pids += fmt::format("{}pid {} in state {}", pids.empty() ? "" : ", ", s.pid, s.state);
+  }
+  return fmt::format("launch: {} process{} of the job still exist{} {:g} s after SIGKILL: {}; "
+                     "giving up on {}\n",
+                     survivors.size(), survivors.size() == 1 ? "" : "es",
+                     survivors.size() == 1 ? "s" : "", killTimeout, pids,
+                     survivors.size() == 1 ? "it" : "them");
+}
+
+namespace {
+
+// The report's head when processes survived SIGKILL: who, in which state, running what.
+std::string formatSurvivorsReport(const ReportContext& ctx, const AttemptResult& last, int code) {
+  std::string out = fmt::format(
+      "launch: job failed: {} process{} of the job survived SIGKILL for {:g} s ({} {:g}; exit "
+      "code {}: {})\n",
+      last.survivors.size(), last.survivors.size() == 1 ? "" : "es", last.killTimeout,
+      ctx.killTimeoutOption, last.killTimeout, code, exitCodeMeaning(code, last));
+  out += fmt::format("  left behind (attempt {}, run {}, host {}):\n", last.attempt, ctx.runId,
+                     ctx.host);
+  for (const auto& s : last.survivors) {
+    out += fmt::format("    rank {} (local rank {}): pid {}{}, state {}{}\n", s.rank, s.localRank,
+                       s.pid, s.isWorker ? " (the worker)" : "", s.state,
+                       s.waitingIn.empty() ? "" : ", waiting in " + s.waitingIn);
+    out += fmt::format("      command: {}\n", s.command);
+  }
+  out += "  HINT: state D (uninterruptible sleep) is a process blocked in the kernel -- on a hung "
+         "file system (NFS, FUSE), a device or its driver (a GPU), or a frozen cgroup -- and no "
+         "signal ends it before that call returns; 't' is a process held by a debugger. Look at "
+         "/proc/PID/stack (as root) and the kernel log (dmesg). Its guardian stays with it, kills "
+         "whatever is left and cleans up once it ends; until then, what it holds (GPU memory, "
+         "ports, files) is not free for a new job.\n";
+  return out;
+}
+
+}  // namespace
+
 std::string formatFailureReport(const ReportContext& ctx, const std::vector<AttemptResult>& attempts) {
   if (attempts.empty()) return "";
   const AttemptResult& last = attempts.back();
   const int code = launcherExitCode(last);
   const int root = rootCauseIndex(last.workers);
   std::string out;
+  if (!last.survivors.empty()) out += formatSurvivorsReport(ctx, last, code);
 
-  if (code == kExitDeadline && last.exitBarrier.timedOut && root < 0) {
+  if (last.exitBarrier.timedOut && root < 0 && !last.signalBeforeFailure) {
     out += formatExitBarrierReport(ctx, last, code);
   } else if (root >= 0 && !(last.launcherSignal != 0 && last.signalBeforeFailure)) {
     const auto& w = last.workers[root];

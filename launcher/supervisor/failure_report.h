@@ -54,12 +54,27 @@ struct ExitBarrierTimeout {
   std::vector<Straggler> stillRunning;  // when the barrier timed out
 };
 
+// A process of a worker that still existed --kill-timeout seconds after launch SIGKILLed it: in
+// uninterruptible sleep (state D), or held by something outside the job (see Note [Last
+// deadline] in supervisor.h).
+struct Survivor {
+  int rank = 0;
+  int localRank = 0;
+  pid_t pid = -1;
+  bool isWorker = false;  // the worker itself; else a process under it (or its guardian)
+  std::string state;      // "D (disk sleep)"
+  std::string waitingIn;  // the kernel function it sleeps in; may be empty
+  std::string command;
+};
+
 struct AttemptResult {
   int attempt = 0;
   std::vector<WorkerOutcome> workers;
   int launcherSignal = 0;       // a signal launch received during this attempt
   bool signalBeforeFailure = false;  // it arrived before any worker failed
   ExitBarrierTimeout exitBarrier;
+  std::vector<Survivor> survivors;  // non-empty: launch gave up on them and exits 125
+  double killTimeout = 0;           // how long it waited after SIGKILL
 };
 
 // Index into `workers` of the root cause: the earliest failure launch did not cause itself
@@ -75,6 +90,8 @@ int launcherExitCode(const AttemptResult& last);
 
 // launch's exit code when a deadline passed (docs/design.md#exit-codes): here, the exit barrier.
 constexpr int kExitDeadline = 124;
+// launcher or infrastructure error: here, processes of the job that survived SIGKILL.
+constexpr int kExitInfrastructure = 125;
 
 // "launch: exit barrier timed out: ..." -- the line printed when it happens, before the teardown.
 std::string formatExitBarrierLine(const ExitBarrierTimeout& barrier, const std::string& option,
@@ -93,7 +110,11 @@ struct ReportContext {
   double gracePeriod = 0;
   std::string logHint;  // where logs are, or how to keep them
   std::string exitBarrierOption = "--exit-barrier-timeout";  // as the user gave it
+  std::string killTimeoutOption = "--kill-timeout";          // as the user gave it
 };
+
+// "launch: gave up on ..." -- the line printed when the last deadline passes.
+std::string formatSurvivorsLine(const std::vector<Survivor>& survivors, double killTimeout);
 
 // The failure report of the whole job: `attempts` in order, the last one decides.
 std::string formatFailureReport(const ReportContext& ctx, const std::vector<AttemptResult>& attempts);

@@ -139,6 +139,14 @@ void removeTree(int parent, const char* name, int depth) {
     ::_exit(125);
   }
   ::close(controlFd);
+  // stdin is /dev/null: a worker outside the terminal's foreground group that read it would be
+  // stopped by SIGTTIN (see Note [Job control] in supervisor.h). open(2) is async-signal-safe.
+  int nul = ::open("/dev/null", O_RDONLY);
+  if (nul < 0 || ::dup2(nul, STDIN_FILENO) < 0) {
+    sendMessage(statusFd, GuardianMessage::kExecFailed, errno);
+    ::_exit(125);
+  }
+  if (nul != STDIN_FILENO) ::close(nul);
   // A worker starts with default signal handling, whatever the launcher blocked or ignored.
   struct sigaction dfl {};
   dfl.sa_handler = SIG_DFL;
@@ -166,6 +174,9 @@ void removeTree(int parent, const char* name, int depth) {
   closeAllExcept(keep, 4);
   ::prctl(PR_SET_NAME, "dtrain-guard");
   ::prctl(PR_SET_CHILD_SUBREAPER, 1);
+  // The terminal's Ctrl-Z reaches launch's whole process group, guardians included: a stopped
+  // guardian could not pass on the SIGCONT that resumes its worker (Note [Job control]).
+  for (int s : {SIGTSTP, SIGTTIN, SIGTTOU}) ::signal(s, SIG_IGN);
   const pid_t self = ::getpid();
 
   pid_t worker = ::fork();
@@ -199,7 +210,11 @@ void removeTree(int parent, const char* name, int depth) {
       } else {
         for (ssize_t i = 0; i < r; ++i) {
           ::kill(-worker, sigs[i]);
-          if (sigs[i] != SIGKILL && sigs[i] != SIGCONT) ::kill(-worker, SIGCONT);
+          // Wake a stopped worker so it acts on the signal -- unless the signal is a stop.
+          if (sigs[i] != SIGKILL && sigs[i] != SIGCONT && sigs[i] != SIGSTOP &&
+              sigs[i] != SIGTSTP) {
+            ::kill(-worker, SIGCONT);
+          }
         }
       }
     }

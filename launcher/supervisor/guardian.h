@@ -94,7 +94,7 @@ struct GuardedWorker {
 GuardedWorker spawnGuarded(const SpawnSpec& spec);
 
 // Asks the guardian to send `signo` to the worker's process group (followed by SIGCONT, so a
-// stopped worker acts on it). False when the guardian is gone.
+// stopped worker acts on it, unless `signo` stops it). False when the guardian is gone.
 bool signalGuarded(int controlFd, int signo);
 
 // Reads every complete record available on a non-blocking status fd. Sets *eof when the guardian

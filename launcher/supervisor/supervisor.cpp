@@ -20,6 +20,7 @@
 #include "launcher/supervisor/guardian.h"
 #include "launcher/supervisor/oom.h"
 #include "launcher/supervisor/output.h"
+#include "launcher/supervisor/process_info.h"
 
 namespace dtrain::launcher {
 
@@ -32,23 +33,6 @@ constexpr uint64_t kSignalTag = ~uint64_t{0};
 constexpr size_t kReadChunk = 64 * 1024;
 
 uint64_t tagOf(size_t slot, FdKind kind) { return (static_cast<uint64_t>(slot) << 2) | kind; }
-
-// The state letter of /proc/<pid>/stat ('R', 'S', 'T' for stopped, ...), or 0. Plain read(2):
-// a process that ends between open and read makes the read fail with ESRCH, which an ifstream
-// turns into an exception out of the teardown.
-char processState(pid_t pid) {
-  const std::string path = "/proc/" + std::to_string(pid) + "/stat";
-  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return 0;
-  char buf[1024];
-  ssize_t got = ::read(fd, buf, sizeof buf);
-  ::close(fd);
-  if (got <= 0) return 0;
-  std::string text(buf, static_cast<size_t>(got));
-  size_t paren = text.rfind(')');
-  if (paren == std::string::npos || paren + 2 >= text.size()) return 0;
-  return text[paren + 2];
-}
 
 void makeDirs(const std::string& path) {
   std::error_code ec;
@@ -71,12 +55,18 @@ void addToEpoll(int epollFd, int fd, uint64_t tag) {
                std::strerror(errno));
 }
 
-}  // namespace
-
-void blockLauncherSignals() {
+sigset_t launcherSignalSet() {
   sigset_t set;
   sigemptyset(&set);
   for (int s : kForwardedSignals) sigaddset(&set, s);
+  for (int s : kJobControlSignals) sigaddset(&set, s);
+  return set;
+}
+
+}  // namespace
+
+void blockLauncherSignals() {
+  sigset_t set = launcherSignalSet();
   ::pthread_sigmask(SIG_BLOCK, &set, nullptr);
   ::signal(SIGPIPE, SIG_IGN);  // a guardian or the console gone: EPIPE, not death
 }
@@ -98,9 +88,7 @@ struct Supervisor::Slot {
 };
 
 Supervisor::Supervisor(JobPlan plan) : plan_(std::move(plan)) {
-  sigset_t set;
-  sigemptyset(&set);
-  for (int s : kForwardedSignals) sigaddset(&set, s);
+  sigset_t set = launcherSignalSet();
   signalFd_ = ::signalfd(-1, &set, SFD_NONBLOCK | SFD_CLOEXEC);
   DTRAIN_CHECK(signalFd_ >= 0, "launch: signalfd failed: {}", std::strerror(errno));
   epollFd_ = ::epoll_create1(EPOLL_CLOEXEC);
@@ -119,8 +107,12 @@ int Supervisor::run() {
   for (int attempt = 0;; ++attempt) {
     attempts.push_back(runAttempt(attempt));
     const AttemptResult& r = attempts.back();
-    // A timed-out exit barrier ends the job without a restart: see Note [Exit barrier].
-    if (r.launcherSignal != 0 || r.exitBarrier.timedOut || rootCauseIndex(r.workers) < 0) break;
+    // A timed-out exit barrier ends the job without a restart: see Note [Exit barrier]; so do
+    // processes that survived SIGKILL: see Note [Last deadline].
+    if (r.launcherSignal != 0 || r.exitBarrier.timedOut || !r.survivors.empty() ||
+        rootCauseIndex(r.workers) < 0) {
+      break;
+    }
     if (attempt >= config.maxRestarts) break;
     std::string line = formatRestartLine(r, attempt + 1, config.maxRestarts);
     writeAll(STDERR_FILENO, line.data(), line.size());
@@ -134,6 +126,7 @@ int Supervisor::run() {
     ctx.gracePeriod = config.gracePeriod;
     ctx.logHint = plan_.logHint;
     ctx.exitBarrierOption = optionLabel(config, "exit-barrier-timeout");
+    ctx.killTimeoutOption = optionLabel(config, "kill-timeout");
     std::string report = formatFailureReport(ctx, attempts);
     writeAll(STDERR_FILENO, report.data(), report.size());
   }
@@ -154,6 +147,9 @@ AttemptResult Supervisor::runAttempt(int attempt) {
   bool stopping = false;
   bool killed = false;
   Clock::time_point killAt;
+  Clock::time_point giveUpAt;  // the last deadline, once SIGKILL was sent (Note [Last deadline])
+  bool jobStopped = false;     // by SIGTSTP (Note [Job control])
+  Clock::time_point stoppedAt;
   // The exit barrier: armed when the first worker exits 0 (see Note [Exit barrier]).
   bool barrierArmed = false;
   Clock::time_point barrierAt;
@@ -165,13 +161,17 @@ AttemptResult Supervisor::runAttempt(int attempt) {
                                 std::chrono::duration<double>(config.gracePeriod));
     for (auto& s : slots) {
       if (!s.statusOpen || s.exitReported) continue;
-      if (s.outcome.pid > 0 && processState(s.outcome.pid) == 'T') s.outcome.wasStopped = true;
+      if (!jobStopped && s.outcome.pid > 0 && processState(s.outcome.pid) == 'T') {
+        s.outcome.wasStopped = true;  // by someone else than launch's job control
+      }
       s.askedToStop = true;
       signalGuarded(s.guarded.controlFd, SIGTERM);
     }
   };
   auto killAll = [&] {
     killed = true;
+    giveUpAt = Clock::now() + std::chrono::duration_cast<Clock::duration>(
+                                  std::chrono::duration<double>(config.killTimeout));
     for (auto& s : slots) {
       if (s.statusOpen) {
         s.askedToStop = true;
@@ -325,11 +325,39 @@ AttemptResult Supervisor::runAttempt(int attempt) {
     }
   };
 
+  // Ctrl-Z: stop every worker, then launch itself; SIGCONT resumes them (Note [Job control]).
+  auto forwardToAll = [&](int sig) {
+    for (auto& s : slots) {
+      if (s.statusOpen && !s.exitReported) signalGuarded(s.guarded.controlFd, sig);
+    }
+  };
+  auto onStop = [&] {
+    if (jobStopped) return;
+    jobStopped = true;
+    stoppedAt = Clock::now();
+    forwardToAll(SIGSTOP);
+    ::kill(::getpid(), SIGSTOP);  // returns once launch is continued; SIGCONT waits in the signalfd
+  };
+  auto onContinue = [&] {
+    if (!jobStopped) return;
+    jobStopped = false;
+    forwardToAll(SIGCONT);
+    // Time spent stopped does not count against the deadlines.
+    const auto stopped = Clock::now() - stoppedAt;
+    killAt += stopped;
+    barrierAt += stopped;
+    giveUpAt += stopped;
+  };
+
   auto onSignals = [&] {
     signalfd_siginfo si{};
     while (::read(signalFd_, &si, sizeof si) == static_cast<ssize_t>(sizeof si)) {
       const int sig = static_cast<int>(si.ssi_signo);
-      if (result.launcherSignal == 0) {
+      if (sig == SIGTSTP) {
+        onStop();
+      } else if (sig == SIGCONT) {
+        onContinue();
+      } else if (result.launcherSignal == 0) {
         result.launcherSignal = sig;
         result.signalBeforeFailure = !stopping;
         std::string line = fmt::format(
@@ -368,6 +396,44 @@ AttemptResult Supervisor::runAttempt(int attempt) {
     beginTeardown();
   };
 
+  // The last deadline passed: name what is left of each worker, and stop waiting for it.
+  auto onKillTimeout = [&] {
+    const double waited = config.killTimeout;
+    result.killTimeout = waited;
+    for (auto& s : slots) {
+      if (!s.statusOpen) continue;
+      std::vector<pid_t> pids = childProcesses(s.guarded.guardianPid);
+      if (pids.empty()) pids.push_back(s.guarded.guardianPid);  // the guardian itself is stuck
+      for (pid_t pid : pids) {
+        std::optional<ProcessInfo> info = inspectProcess(pid);
+        if (!info) continue;
+        Survivor survivor;
+        survivor.rank = s.rank;
+        survivor.localRank = s.localRank;
+        survivor.pid = pid;
+        survivor.isWorker = pid == s.outcome.pid;
+        survivor.state = info->state;
+        survivor.waitingIn = info->waitingIn;
+        survivor.command = info->command;
+        result.survivors.push_back(survivor);
+      }
+      if (!s.exitReported) {
+        s.outcome.state = WorkerOutcome::State::Lost;
+        s.outcome.lostReason = fmt::format("it survived SIGKILL for {:g} s", waited);
+        s.outcome.endSeconds = seconds();
+        s.outcome.stoppedByLaunch = s.askedToStop;
+      }
+      // Its guardian sees the control pipe close, kills what is left once it can, and ends.
+      ::epoll_ctl(epollFd_, EPOLL_CTL_DEL, s.guarded.statusFd, nullptr);
+      ::close(s.guarded.statusFd);
+      ::close(s.guarded.controlFd);
+      s.statusOpen = false;
+    }
+    if (result.survivors.empty()) return;
+    std::string line = formatSurvivorsLine(result.survivors, waited);
+    writeAll(STDERR_FILENO, line.data(), line.size());
+  };
+
   auto anyStatusOpen = [&] {
     return std::any_of(slots.begin(), slots.end(), [](const Slot& s) { return s.statusOpen; });
   };
@@ -380,9 +446,13 @@ AttemptResult Supervisor::runAttempt(int attempt) {
   };
   while (anyStatusOpen()) {
     int timeoutMs = -1;
-    if (stopping && !killed) {
+    if (jobStopped) {
+      timeoutMs = -1;  // resumed by SIGCONT (a signal) only
+    } else if (killed) {
+      timeoutMs = msUntil(giveUpAt);
+    } else if (stopping) {
       timeoutMs = msUntil(killAt);
-    } else if (!stopping && barrierArmed) {
+    } else if (barrierArmed) {
       timeoutMs = msUntil(barrierAt);
     }
     epoll_event events[64];
@@ -404,8 +474,10 @@ AttemptResult Supervisor::runAttempt(int attempt) {
         pump(s, kind);
       }
     }
+    if (jobStopped) continue;
     if (!stopping && barrierArmed && Clock::now() >= barrierAt) onBarrierTimeout();
     if (stopping && !killed && Clock::now() >= killAt) killAll();
+    if (killed && Clock::now() >= giveUpAt) onKillTimeout();
   }
 
   // Every worker and everything under it is gone: what is left in the pipes is the end of their

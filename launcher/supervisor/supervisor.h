@@ -48,10 +48,46 @@ namespace dtrain::launcher {
 // get stuck in the same place; the restart budget is for failures, which a rank stuck after
 // success is not yet. The report says so, and the user decides.
 
+// Note [Last deadline]
+// ~~~~~~~~~~~~~~~~~~~~
+// SIGKILL ends a process only when it next returns towards user space. One in uninterruptible
+// sleep (state D: blocked in the kernel on a hung NFS or FUSE mount, a wedged device or GPU
+// driver, a frozen cgroup) does not, however long it takes -- and its guardian, which reports a
+// worker's end only once nothing of it is left, would keep launch waiting for ever. So SIGKILL
+// starts the last deadline, --kill-timeout seconds (60: ample for a process that is merely slow
+// to exit, such as one freeing a large GPU context). When it passes, launch names every process
+// still there -- rank, pid, its state and where in the kernel it waits, its command line -- closes
+// its side of their guardians' pipes, and exits 125 (launcher or infrastructure error) whatever
+// else happened: it could not end the job, and what the survivors hold (GPU memory, ports) is
+// not free for the next one. No restart follows. Each guardian stays with its survivor, kills
+// what is left and removes the temporary job directory once the survivor finally ends (Note
+// [Guardians]). The tests hold a worker past SIGKILL in two honest ways: a real state D, by
+// putting it in a frozen cgroup-v1 freezer (where the machine has one), and a ptrace exit stop
+// (the test traces the worker with PTRACE_O_TRACEEXIT and never lets it finish exiting), which
+// any Linux allows a root or same-user tracer.
+
+// Note [Job control]
+// ~~~~~~~~~~~~~~~~~~
+// Workers run in process groups of their own (so a signal to one worker's group reaches its
+// children and nobody else's), which puts them outside the terminal's foreground group: Ctrl-Z
+// would stop launch and leave the workers training unsupervised, and a worker reading the
+// terminal would be stopped by SIGTTIN (and N workers would race for the keyboard). So workers'
+// stdin is /dev/null, and launch handles job control itself: on SIGTSTP (Ctrl-Z, or kill -TSTP) it sends SIGSTOP to
+// every worker's group and then stops itself with SIGSTOP; the shell sees a stopped job. On
+// SIGCONT (fg, bg, kill -CONT) it sends SIGCONT to every worker's group, and the time spent
+// stopped does not count against --grace-period, --exit-barrier-timeout or --kill-timeout.
+// Guardians ignore SIGTSTP, SIGTTIN and SIGTTOU (they share launch's process group, so the
+// terminal sends them Ctrl-Z too) so they can pass SIGCONT on. The workers' own timeouts (a
+// store wait, a collective) run on the clock, which does not stop: a wait in flight when the job
+// was stopped for longer than its timeout fails on resume.
+
 // The signals launch forwards and then tears the job down for.
 constexpr int kForwardedSignals[] = {SIGINT, SIGTERM, SIGHUP, SIGQUIT};
 
-// Blocks kForwardedSignals in the calling thread (and so in threads it starts later, such as the
+// The job-control signals launch handles itself (see Note [Job control]).
+constexpr int kJobControlSignals[] = {SIGTSTP, SIGCONT};
+
+// Blocks kForwardedSignals and kJobControlSignals in the calling thread (and so in threads it starts later, such as the
 // store server's) so the supervisor can read them from a signalfd; ignores SIGPIPE. Call before
 // starting any thread.
 void blockLauncherSignals();

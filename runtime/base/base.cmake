@@ -16,6 +16,7 @@ add_library(dtrain_base SHARED
   runtime/base/store/tcp_store_client.cpp
   runtime/base/store/tcp_store_server.cpp
   runtime/base/store/wire.cpp
+  runtime/base/timeout.cpp
 )
 add_library(dtrain::dtrain_base ALIAS dtrain_base)
 target_include_directories(dtrain_base PUBLIC

@@ -2,6 +2,8 @@
 
 #include <pthread.h>
 
+#include <algorithm>
+
 #include "dtrain/error.h"
 #include "sigpipe_guard.h"
 
@@ -21,8 +23,19 @@ namespace dtrain::comm {
 // into 4 ms scheduler-tick steps (the woken thread preempts a rank mid-collective). The comm
 // thread, if it is busy with earlier async work, still picks the item up when it gets there.
 
-QueuedWork::QueuedWork(std::weak_ptr<CollectiveQueue> queue, std::function<std::string()> describe)
-    : queue_(std::move(queue)), describe_(std::move(describe)) {}
+// Note [The default deadline of a queued collective]
+// wait() with a zero timeout waits "the default deadline" (Note [Zero timeouts]): as long as the
+// collective may take by its own deadline, its budget (collective timeout + failure report grace,
+// defaultWaitBudget()) from the moment it starts. Until it starts, it waits behind earlier
+// collectives, each bound by its own budget, so the time in line does not count against it: the
+// wait gives up only when the queue stops making progress, i.e. at the later of (wait() called +
+// budget) and (the running collective's start + its budget). Every collective ends by itself
+// within its budget, so reaching that point means the backend is stuck past its own deadline: the
+// wait throws TimeoutError (the collective keeps running) instead of blocking for ever.
+
+QueuedWork::QueuedWork(std::weak_ptr<CollectiveQueue> queue, std::function<std::string()> describe,
+                       Millis budget)
+    : queue_(std::move(queue)), describe_(std::move(describe)), budget_(budget) {}
 
 void QueuedWork::complete(std::exception_ptr error) {
   {
@@ -34,19 +47,38 @@ void QueuedWork::complete(std::exception_ptr error) {
 }
 
 void QueuedWork::wait(Millis timeout) {
+  DTRAIN_CHECK_ARG(timeout >= Millis::zero(), "Work::wait: negative timeout {} ms",
+                   timeout.count());
   if (!isCompleted()) {
     if (auto queue = queue_.lock()) queue->tryRunInline(this);
   }
+  const auto done = [&] { return completed_.load(); };
+  const auto start = std::chrono::steady_clock::now();
   std::unique_lock<std::mutex> lock(mutex_);
   if (timeout > Millis::zero()) {
-    if (!done_.wait_for(lock, timeout, [&] { return completed_.load(); })) {
+    if (!done_.wait_for(lock, timeout, done)) {
       lock.unlock();
       DTRAIN_THROW(TimeoutError, "{}: not completed after {} ms of wait() (the collective keeps "
                    "running; it fails by itself at the collective timeout)",
                    describe_ ? describe_() : std::string("collective"), timeout.count());
     }
   } else {
-    done_.wait(lock, [&] { return completed_.load(); });
+    // Note [The default deadline of a queued collective]
+    auto deadline = [&] {
+      auto own = start + budget_;
+      auto queue = queue_.lock();
+      return queue ? std::max(own, queue->progressDeadline()) : own;
+    };
+    while (!done_.wait_until(lock, deadline(), done)) {
+      if (std::chrono::steady_clock::now() < deadline()) continue;  // the queue moved on
+      lock.unlock();
+      DTRAIN_THROW(TimeoutError, "{}: not completed within the default deadline of wait() ({} ms "
+                   "after it or the collective before it started): the communicator is stuck "
+                   "past the collective's own timeout (the collective keeps running). HINT: "
+                   "a rank stuck outside the communicator, or a backend bug; DTRAIN_VERBOSE=2 "
+                   "shows the collectives",
+                   describe_ ? describe_() : std::string("collective"), budget_.count());
+    }
   }
   if (error_) std::rethrow_exception(error_);
 }
@@ -68,8 +100,8 @@ CollectiveQueue::~CollectiveQueue() {
 
 std::shared_ptr<QueuedWork> CollectiveQueue::enqueue(Task task,
                                                      std::function<std::string()> describe,
-                                                     bool wake) {
-  auto work = std::make_shared<QueuedWork>(weak_from_this(), std::move(describe));
+                                                     Millis budget, bool wake) {
+  auto work = std::make_shared<QueuedWork>(weak_from_this(), std::move(describe), budget);
   {
     std::lock_guard<std::mutex> lock(mutex_);
     DTRAIN_CHECK(!stopping_, "the communicator's queue is stopped");
@@ -81,6 +113,8 @@ std::shared_ptr<QueuedWork> CollectiveQueue::enqueue(Task task,
 
 void CollectiveQueue::runItem(Item& item) {
   SigpipeGuard sigpipe;  // a collective may write to a socket whose peer died: EPIPE, not death
+  progressDeadline_.store(
+      (std::chrono::steady_clock::now() + item.work->budget()).time_since_epoch().count());
   executor_.store(std::this_thread::get_id());
   std::exception_ptr error;
   try {
@@ -141,6 +175,11 @@ void CollectiveQueue::stop() {
   }
   changed_.notify_all();
   if (thread_.joinable()) thread_.join();
+}
+
+std::chrono::steady_clock::time_point CollectiveQueue::progressDeadline() const {
+  return std::chrono::steady_clock::time_point(
+      std::chrono::steady_clock::duration(progressDeadline_.load()));
 }
 
 size_t CollectiveQueue::pending() const {

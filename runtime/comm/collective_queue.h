@@ -8,6 +8,7 @@
 // caller that waits on work nobody has started yet (Note [Inline execution]).
 
 #include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <deque>
 #include <exception>
@@ -26,21 +27,24 @@ class CollectiveQueue;
 // A collective waiting for, or running in, a CollectiveQueue.
 class QueuedWork final : public Work {
  public:
-  // `describe` is called only for error messages (a wait() that times out).
-  QueuedWork(std::weak_ptr<CollectiveQueue> queue, std::function<std::string()> describe);
+  // `describe` is called only for error messages (a wait() that times out). `budget`: how long
+  // the collective may run, by its own deadline (defaultWaitBudget() of its timeout).
+  QueuedWork(std::weak_ptr<CollectiveQueue> queue, std::function<std::string()> describe,
+             Millis budget);
 
   bool isCompleted() override { return completed_.load(std::memory_order_acquire); }
-  // zero timeout: until the collective finishes (each collective is bounded by the collective
-  // timeout, so this cannot block forever). A positive timeout that passes throws TimeoutError
-  // and leaves the collective running.
+  // A timeout that passes throws TimeoutError and leaves the collective running. Zero: the
+  // default deadline, see Note [The default deadline of a queued collective].
   void wait(Millis timeout = Millis::zero()) override;
 
   // By the executor: the collective finished (`error` null) or failed.
   void complete(std::exception_ptr error);
+  Millis budget() const { return budget_; }
 
  private:
   std::weak_ptr<CollectiveQueue> queue_;
   std::function<std::string()> describe_;
+  const Millis budget_;
   std::atomic<bool> completed_{false};
   std::mutex mutex_;
   std::condition_variable done_;
@@ -55,11 +59,12 @@ class CollectiveQueue : public std::enable_shared_from_this<CollectiveQueue> {
   static std::shared_ptr<CollectiveQueue> start(const std::string& threadName);
   ~CollectiveQueue();
 
-  // Queues `task`; the returned work completes when it has run. `wake` false: the caller waits on
-  // the work at once and will run it itself (Note [Inline execution]); the comm thread is not
-  // woken for it, though it still runs it if it is busy with earlier work anyway.
+  // Queues `task`; the returned work completes when it has run. `budget`: how long the task may
+  // run by its own deadline (the default deadline of a wait() on it). `wake` false: the caller
+  // waits on the work at once and will run it itself (Note [Inline execution]); the comm thread is
+  // not woken for it, though it still runs it if it is busy with earlier work anyway.
   std::shared_ptr<QueuedWork> enqueue(Task task, std::function<std::string()> describe,
-                                      bool wake = true);
+                                      Millis budget, bool wake = true);
 
   // Runs `work`'s task on the calling thread when it is next in line and nothing is running.
   // Returns true when it ran it. See Note [Inline execution].
@@ -73,6 +78,9 @@ class CollectiveQueue : public std::enable_shared_from_this<CollectiveQueue> {
   // True on the thread that currently holds the executor role.
   bool onCommThread() const { return executor_.load() == std::this_thread::get_id(); }
   size_t pending() const;
+  // When the task running now (or the last one) must end by its own deadline: its start plus its
+  // budget. See Note [The default deadline of a queued collective].
+  std::chrono::steady_clock::time_point progressDeadline() const;
 
  private:
   struct Item {
@@ -91,6 +99,7 @@ class CollectiveQueue : public std::enable_shared_from_this<CollectiveQueue> {
   bool busy_ = false;         // guarded by mutex_: an item is running
   bool stopping_ = false;     // guarded by mutex_
   std::atomic<std::thread::id> executor_{};
+  std::atomic<std::chrono::steady_clock::rep> progressDeadline_{0};  // time_since_epoch ticks
   std::thread thread_;
   std::string threadName_;
 };

@@ -43,6 +43,10 @@ Millis reportGrace(Millis collectiveTimeout) {
   return std::clamp(collectiveTimeout / 3, Millis(200), Millis(1000));
 }
 
+Millis defaultWaitBudget(Millis collectiveTimeout) {
+  return collectiveTimeout + reportGrace(collectiveTimeout) + Millis(1000);
+}
+
 std::vector<RankReport> exchangeReports(store::Store& store, const std::string& prefix, int size,
                                         const RankReport& mine, Millis grace) {
   std::vector<RankReport> reports(static_cast<size_t>(size));

@@ -38,4 +38,10 @@ std::string summarizeReports(const std::vector<RankReport>& reports, const RankR
 // short enough to stay within timeout + 2 s overall.
 Millis reportGrace(Millis collectiveTimeout);
 
+// The default deadline of Work::wait() (a zero timeout, Note [Zero timeouts]) for a collective
+// with this timeout, counted from when it starts: the timeout, the report's grace, and a second
+// for the failing rank to write its report. A collective fails by itself within this, so a wait
+// that reaches it means the backend is stuck past its own deadline.
+Millis defaultWaitBudget(Millis collectiveTimeout);
+
 }  // namespace dtrain::comm

@@ -63,7 +63,13 @@ Reducer::Reducer(std::shared_ptr<ProcessGroup> group, std::vector<NamedTensor> p
   divisor_ = at::scalar_tensor(1.0 / group_->size(), at::TensorOptions().dtype(at::kDouble));
   ready_.assign(params_.size(), 0);
   usedLocally_.assign(params_.size(), 0);
-  buildBuckets();
+  rebuilt_ = !options_.rebuildBuckets || options_.findUnusedParameters;
+  buildBuckets(assignBuckets(bucketInputs(), options_.firstBucketBytes, options_.bucketBytes));
+  if (options_.findUnusedParameters) {
+    usedMemory_ = comm_.allocate(std::max<size_t>(1, params_.size() * sizeof(int32_t)));
+    usedMap_ = tensorOver(usedMemory_, 0, {static_cast<int64_t>(params_.size())},
+                          at::TensorOptions().dtype(at::kInt).device(group_->device()));
+  }
   installHooks();
 }
 
@@ -82,14 +88,18 @@ Reducer::~Reducer() {
   }
 }
 
-void Reducer::buildBuckets() {
+std::vector<BucketInput> Reducer::bucketInputs() const {
   std::vector<BucketInput> inputs;
   for (const auto& p : params_) {
     inputs.push_back({static_cast<size_t>(p.tensor.numel()) * p.tensor.element_size(),
                       static_cast<int>(p.tensor.scalar_type())});
   }
-  auto assignment = assignBuckets(inputs, options_.firstBucketBytes, options_.bucketBytes);
-  slots_.resize(params_.size());
+  return inputs;
+}
+
+void Reducer::buildBuckets(const std::vector<std::vector<size_t>>& assignment) {
+  buckets_.clear();
+  slots_.assign(params_.size(), Slot{});
   for (auto& indices : assignment) {
     Bucket bucket;
     bucket.params = indices;
@@ -116,6 +126,7 @@ void Reducer::buildBuckets() {
     buckets_.push_back(std::move(bucket));
   }
   if (options_.gradientAsBucketView) {
+    // Gradients that exist move into the buckets (also the old buckets' views, on a rebuild).
     at::NoGradGuard noGrad;
     for (size_t i = 0; i < params_.size(); ++i) {
       at::Tensor& grad = params_[i].tensor.mutable_grad();
@@ -123,11 +134,6 @@ void Reducer::buildBuckets() {
       viewOf(i).copy_(grad);
       grad = viewOf(i);
     }
-  }
-  if (options_.findUnusedParameters) {
-    usedMemory_ = comm_.allocate(std::max<size_t>(1, params_.size() * sizeof(int32_t)));
-    usedMap_ = tensorOver(usedMemory_, 0, {static_cast<int64_t>(params_.size())},
-                          at::TensorOptions().dtype(at::kInt).device(group_->device()));
   }
   if (log::enabled(log::Level::Info)) {
     std::string sizes;
@@ -222,6 +228,7 @@ void Reducer::onGradientReady(size_t index) {
     for (size_t u : unused_) markReadyLocked(u, false);
   }
   stats_.lastGradient = now;
+  if (!rebuilt_ && !ready_[index]) arrival_.push_back(index);
   DTRAIN_CHECK(!ready_[index],
                "rank {}: DistributedDataParallel: parameter {} received a gradient {} in this "
                "backward pass. HINT: {}",
@@ -294,6 +301,10 @@ void Reducer::finalizeBackward() {
   }
   resetPassLocked();
   if (error) std::rethrow_exception(error);
+  if (missing.empty() && !rebuilt_) {
+    rebuilt_ = true;
+    rebuildBucketsLocked();
+  }
   if (missing.empty()) return;
   DTRAIN_THROW(Error,
                "rank {}: DistributedDataParallel: {} of {} parameters received no gradient in "
@@ -348,6 +359,49 @@ void Reducer::finalizeLocked(std::vector<size_t>& missing) {
   stats_.waited = waited;
   stats_.finished = Clock::now();
   ++stats_.iteration;
+}
+
+void Reducer::rebuildBucketsLocked() {
+  const size_t n = params_.size();
+  // This rank's arrival order, then whatever did not arrive in reverse registration order.
+  std::vector<int64_t> order;
+  std::vector<char> seen(n, 0);
+  for (size_t i : arrival_) {
+    if (!seen[i]) order.push_back(static_cast<int64_t>(i));
+    seen[i] = 1;
+  }
+  for (size_t i = n; i-- > 0;) {
+    if (!seen[i]) order.push_back(static_cast<int64_t>(i));
+  }
+  arrival_.clear();
+  arrival_.shrink_to_fit();
+  // Rank 0's order, so that every rank buckets and launches alike.
+  at::Tensor shared = at::tensor(order, at::TensorOptions().dtype(at::kLong)).to(group_->device());
+  group_->broadcast(shared, 0);
+  shared = shared.cpu();
+  std::vector<size_t> walk(n);
+  std::vector<char> hit(n, 0);
+  for (size_t k = 0; k < n; ++k) {
+    const int64_t i = shared.data_ptr<int64_t>()[k];
+    DTRAIN_CHECK(i >= 0 && static_cast<size_t>(i) < n && !hit[i],
+                 "rank {}: DistributedDataParallel: rank 0's gradient order is not a permutation "
+                 "of the {} parameters (entry {} is {})", group_->rank(), n, k, i);
+    hit[i] = 1;
+    walk[k] = static_cast<size_t>(i);
+  }
+  auto assignment =
+      assignBucketsInOrder(bucketInputs(), walk, options_.firstBucketBytes, options_.bucketBytes);
+  std::vector<std::vector<size_t>> current;
+  for (const auto& b : buckets_) current.push_back(b.params);
+  if (assignment == current) {
+    DTRAIN_LOG(Info, "DDP: gradients arrived in bucket order; buckets kept");
+    return;
+  }
+  std::vector<Bucket> old = std::move(buckets_);  // alive until the gradients have moved over
+  buildBuckets(assignment);
+  DTRAIN_LOG(Info, "DDP: buckets rebuilt in the order the gradients arrived (rank 0's): {} "
+             "buckets, the first holds {}",
+             buckets_.size(), namesOf(params_, buckets_.front().params, 4));
 }
 
 void Reducer::writeBackLocked(size_t index, const at::Tensor& view) {

@@ -83,13 +83,21 @@ bool SamplerState::operator==(const SamplerState& o) const {
          cursor == o.cursor && shuffle == o.shuffle && dropLast == o.dropLast;
 }
 
-DistributedSampler::DistributedSampler(size_t datasetSize, int rank, int worldSize,
+DistributedSampler::DistributedSampler(size_t datasetSize, int numReplicas, int rank,
                                        SamplerOptions options)
-    : rank_(rank), worldSize_(worldSize), options_(options), pos_(std::make_shared<Position>()) {
-  DTRAIN_CHECK_ARG(worldSize >= 1, "DistributedSampler: world size {} must be at least 1",
-                   worldSize);
-  DTRAIN_CHECK_ARG(rank >= 0 && rank < worldSize,
-                   "DistributedSampler: rank {} is outside 0..{}", rank, worldSize - 1);
+    : numReplicas_(numReplicas),
+      rank_(rank),
+      options_(options),
+      pos_(std::make_shared<Position>()) {
+  // Both checks also catch the old (rank, worldSize) order: a valid rank is below the world size,
+  // so swapped values give numReplicas 0 or rank >= numReplicas.
+  DTRAIN_CHECK_ARG(numReplicas >= 1 && rank >= 0 && rank < numReplicas,
+                   "DistributedSampler(datasetSize={}, numReplicas={}, rank={}): {}. HINT: the "
+                   "order is PyTorch's, numReplicas (the world size) before rank: "
+                   "DistributedSampler(n, group->size(), group->rank()); were they swapped?",
+                   datasetSize, numReplicas, rank,
+                   numReplicas < 1 ? "numReplicas must be at least 1"
+                                   : fmt::format("rank must be in 0..{}", numReplicas - 1));
   pos_->datasetSize = datasetSize;
   rebuild();
 }
@@ -99,7 +107,7 @@ void DistributedSampler::rebuild() {
   p.indices.clear();
   p.handedOut = 0;
   const size_t n = p.datasetSize;
-  const size_t w = static_cast<size_t>(worldSize_);
+  const size_t w = static_cast<size_t>(numReplicas_);
   if (n == 0) return;
   auto order = epochOrder(n, options_, p.epoch);
   const size_t remaining = n - p.start;
@@ -146,7 +154,7 @@ SamplerState DistributedSampler::state(size_t consumed) const {
   s.seed = options_.seed;
   s.epoch = p.epoch;
   s.datasetSize = p.datasetSize;
-  s.cursor = std::min<uint64_t>(p.datasetSize, p.start + uint64_t{consumed} * worldSize_);
+  s.cursor = std::min<uint64_t>(p.datasetSize, p.start + uint64_t{consumed} * numReplicas_);
   s.shuffle = options_.shuffle;
   s.dropLast = options_.dropLast;
   return s;

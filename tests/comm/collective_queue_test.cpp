@@ -2,6 +2,7 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <future>
 #include <thread>
 
 #include "collective_queue.h"
@@ -9,6 +10,9 @@
 
 namespace dtrain::comm {
 namespace {
+
+// The default deadline of a wait(0) on the items below, far beyond what they take.
+constexpr Millis kBudget{60000};
 
 TEST(CollectiveQueue, RunsInIssueOrderOneAtATime) {
   auto queue = CollectiveQueue::start("test-queue");
@@ -22,7 +26,7 @@ TEST(CollectiveQueue, RunsInIssueOrderOneAtATime) {
           order.push_back(i);
           running.fetch_sub(1);
         },
-        {}));
+        {}, kBudget));
   }
   // Waiters on several threads, in reverse: inline execution must still keep the order.
   std::vector<std::thread> waiters;
@@ -37,12 +41,12 @@ TEST(CollectiveQueue, WaitRunsUnstartedWorkOnTheCallingThread) {
   auto queue = CollectiveQueue::start("test-queue");
   // Keep the comm thread busy so the next item is certainly not started by it.
   std::atomic<bool> release{false};
-  auto blocker = queue->enqueue([&] { while (!release) std::this_thread::yield(); }, {});
+  auto blocker = queue->enqueue([&] { while (!release) std::this_thread::yield(); }, {}, kBudget);
   std::thread::id ranOn;
   auto work = queue->enqueue([&] {
     ranOn = std::this_thread::get_id();
     EXPECT_TRUE(queue->onCommThread());
-  }, {});
+  }, {}, kBudget);
   EXPECT_FALSE(queue->tryRunInline(work.get())) << "not next in line while the blocker runs";
   release = true;
   blocker->wait();
@@ -54,7 +58,7 @@ TEST(CollectiveQueue, WaitRunsUnstartedWorkOnTheCallingThread) {
 
 TEST(CollectiveQueue, ErrorsReachTheWaiter) {
   auto queue = CollectiveQueue::start("test-queue");
-  auto work = queue->enqueue([] { DTRAIN_THROW(NetworkError, "peer gone"); }, {});
+  auto work = queue->enqueue([] { DTRAIN_THROW(NetworkError, "peer gone"); }, {}, kBudget);
   EXPECT_THROW(work->wait(), NetworkError);
   EXPECT_TRUE(work->isCompleted());
   EXPECT_THROW(work->wait(), NetworkError) << "waiting again rethrows";
@@ -69,7 +73,7 @@ TEST(CollectiveQueue, WaitWithATimeoutThrowsAndLeavesTheWorkRunning) {
         started = true;
         while (!release) std::this_thread::sleep_for(Millis(1));
       },
-      [] { return std::string("rank 0/2: seq 3 barrier()"); });
+      [] { return std::string("rank 0/2: seq 3 barrier()"); }, kBudget);
   // Let the comm thread pick it up, so wait() cannot run it inline.
   while (!started) std::this_thread::sleep_for(Millis(1));
   auto start = std::chrono::steady_clock::now();
@@ -86,6 +90,57 @@ TEST(CollectiveQueue, WaitWithATimeoutThrowsAndLeavesTheWorkRunning) {
   work->wait();
 }
 
+TEST(CollectiveQueue, WaitWithoutATimeoutKeepsTheDefaultDeadline) {
+  // Note [Zero timeouts]: wait() is wait(0), the default deadline, never "for ever". A collective
+  // stuck past its own budget (a backend bug) makes the waiter throw instead of hanging it.
+  auto queue = CollectiveQueue::start("test-queue");
+  std::atomic<bool> release{false};
+  std::atomic<bool> started{false};
+  auto work = queue->enqueue(
+      [&] {
+        started = true;
+        while (!release) std::this_thread::sleep_for(Millis(1));
+      },
+      [] { return std::string("rank 1/2: seq 7 allreduce(float32 x 4, sum)"); }, Millis(300));
+  while (!started) std::this_thread::sleep_for(Millis(1));
+  auto start = std::chrono::steady_clock::now();
+  auto waited = std::async(std::launch::async, [&] {
+    try {
+      work->wait();
+      return std::string("returned");
+    } catch (const TimeoutError& e) {
+      return std::string(e.what());
+    }
+  });
+  const bool ended = waited.wait_for(std::chrono::seconds(5)) == std::future_status::ready;
+  release = true;  // lets a wait that has no deadline end too, so the test can finish
+  const std::string what = waited.get();
+  ASSERT_TRUE(ended) << "wait() without a timeout was still blocked after 5 s";
+  EXPECT_NE(what.find("rank 1/2: seq 7 allreduce(float32 x 4, sum): not completed within the "
+                      "default deadline of wait() (300 ms"),
+            std::string::npos)
+      << what;
+  EXPECT_GE(std::chrono::steady_clock::now() - start, Millis(290));
+  EXPECT_THROW(work->wait(Millis(-1)), InvalidArgument);
+}
+
+TEST(CollectiveQueue, TheDefaultDeadlineDoesNotCountTimeInLine) {
+  // Two collectives ahead take 200 ms each, within their own 300 ms budgets: the third, waited on
+  // from the start, finishes ~400 ms later, past its own 300 ms budget, and that is not a timeout
+  // (the queue kept moving). Note [The default deadline of a queued collective].
+  auto queue = CollectiveQueue::start("test-queue");
+  auto slow = [] { std::this_thread::sleep_for(Millis(200)); };
+  auto a = queue->enqueue(slow, {}, Millis(300));
+  auto b = queue->enqueue(slow, {}, Millis(300));
+  std::atomic<bool> ran{false};
+  auto c = queue->enqueue([&] { ran = true; }, {}, Millis(300));
+  auto start = std::chrono::steady_clock::now();
+  EXPECT_NO_THROW(c->wait());
+  EXPECT_TRUE(ran.load());
+  EXPECT_GE(std::chrono::steady_clock::now() - start, Millis(350));
+  EXPECT_TRUE(a->isCompleted() && b->isCompleted());
+}
+
 }  // namespace
 }  // namespace dtrain::comm
 
@@ -97,9 +152,10 @@ TEST(CollectiveQueue, UnwokenWorkBehindBusyWorkStillRuns) {
   // thread, busy anyway, runs it after the earlier one.
   auto queue = CollectiveQueue::start("test-queue");
   std::atomic<bool> release{false};
-  auto blocker = queue->enqueue([&] { while (!release) std::this_thread::sleep_for(Millis(1)); }, {});
+  auto blocker =
+      queue->enqueue([&] { while (!release) std::this_thread::sleep_for(Millis(1)); }, {}, kBudget);
   std::atomic<bool> ran{false};
-  auto sync = queue->enqueue([&] { ran = true; }, {}, /*wake=*/false);
+  auto sync = queue->enqueue([&] { ran = true; }, {}, kBudget, /*wake=*/false);
   std::thread waiter([&] { sync->wait(); });
   std::this_thread::sleep_for(Millis(20));
   EXPECT_FALSE(ran.load());
@@ -116,7 +172,7 @@ TEST(CollectiveQueue, ConcurrentSynchronousCallersBothFinish) {
   for (int round = 0; round < 200; ++round) {
     std::atomic<int> done{0};
     auto body = [&] {
-      auto w = queue->enqueue([&] { done++; }, {}, /*wake=*/false);
+      auto w = queue->enqueue([&] { done++; }, {}, kBudget, /*wake=*/false);
       w->wait(Millis(5000));
     };
     std::thread a(body), b(body);

@@ -334,6 +334,24 @@ TEST_P(Conformance, ShutdownIsIdempotentAndLaterCallsFail) {
   });
 }
 
+TEST_P(Conformance, ZeroTimeoutsAreTheDefaultsAndNegativeOnesAreRefused) {
+  // Note [Zero timeouts]: a zero collective timeout is the default one; a negative one, per call,
+  // is an InvalidArgument and takes no sequence number.
+  auto w = makeWorld(GetParam(), Millis(0));
+  runRanks(n(), [&](int r) {
+    int32_t v = r + 1;
+    w[r]->allreduce(&v, 1, DataType::Int32, ReduceOp::Sum);
+    EXPECT_EQ(v, n() * (n() + 1) / 2);
+    w[r]->barrier(CallOptions{});
+  });
+  int32_t v = 0;
+  CallOptions negative;
+  negative.timeout = Millis(-1);
+  EXPECT_THROW(w[0]->allreduceAsync(&v, 1, DataType::Int32, ReduceOp::Sum, negative),
+               InvalidArgument);
+  EXPECT_EQ(w[0]->sequenceNumber(), 2u) << "a refused call takes no sequence number";
+}
+
 // Four ranks as a 2x2 grid: rows (0,1) (2,3) and columns (0,2) (1,3), as tensor- and
 // pipeline-parallel jobs arrange them; collectives in both directions run at the same time.
 TEST_P(Conformance, SplitIntoRowsAndColumnsWithCollectivesInBothAtOnce) {

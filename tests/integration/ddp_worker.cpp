@@ -311,7 +311,7 @@ SamplerOptions samplerOptions() {
 }
 
 void scenarioSamplerSave(const Ctx& c) {
-  DistributedSampler sampler(kSamples, c.rank, c.world, samplerOptions());
+  DistributedSampler sampler(kSamples, c.world, c.rank, samplerOptions());
   sampler.setEpoch(3);
   for (size_t k = 0; k < c.args.consumed; ++k) sampler.next(1);
   auto state = sampler.state();
@@ -330,13 +330,13 @@ void scenarioSamplerSave(const Ctx& c) {
 void scenarioSamplerResume(const Ctx& c) {
   std::ifstream in(c.args.state, std::ios::binary);
   std::vector<uint8_t> bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  DistributedSampler sampler(kSamples, c.rank, c.world, samplerOptions());
+  DistributedSampler sampler(kSamples, c.world, c.rank, samplerOptions());
   sampler.loadState(SamplerState::decode(bytes));
   // What the interrupted run (originalWorld ranks, `consumed` each) had not yet seen.
   std::set<int64_t> owed;
   for (size_t i = 0; i < kSamples; ++i) owed.insert(static_cast<int64_t>(i));
   for (int r = 0; r < c.args.originalWorld; ++r) {
-    DistributedSampler before(kSamples, r, c.args.originalWorld, samplerOptions());
+    DistributedSampler before(kSamples, c.args.originalWorld, r, samplerOptions());
     before.setEpoch(3);
     for (size_t k = 0; k < c.args.consumed && k < before.size(); ++k) {
       owed.erase(static_cast<int64_t>(before.indices()[k]));

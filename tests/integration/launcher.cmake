@@ -18,6 +18,7 @@ dtrain_gtest(launcher_supervision_tests LABEL integration SERIAL TIMEOUT 90
   SOURCES ${CMAKE_CURRENT_LIST_DIR}/launcher_supervision_test.cpp
           ${CMAKE_CURRENT_LIST_DIR}/launcher_output_test.cpp
           ${CMAKE_CURRENT_LIST_DIR}/launcher_compat_test.cpp
+          ${CMAKE_CURRENT_LIST_DIR}/launcher_job_control_test.cpp
   LIBS dtrain_launcher_harness)
 add_dependencies(launcher_cli_tests launch dtrain_test_worker)
 add_dependencies(launcher_supervision_tests launch dtrain_test_worker)

@@ -63,6 +63,7 @@ INSTANTIATE_TEST_SUITE_P(
                   "--exit-barrier-timeout"},
         UsageCase{"BadEnvExitBarrier", {}, {"DTRAIN_LAUNCH_EXIT_BARRIER_TIMEOUT=-5"},
                   "DTRAIN_LAUNCH_EXIT_BARRIER_TIMEOUT"},
+        UsageCase{"ZeroKillTimeout", {"--kill-timeout", "0"}, {}, "--kill-timeout"},
         UsageCase{"ZeroMonitorInterval", {"--monitor_interval", "0"}, {}, "--monitor-interval"},
         UsageCase{"NegativeRestarts", {"--max-restarts", "-1"}, {}, "--max-restarts"},
         UsageCase{"PortOutOfRange", {"--master-port", "70000"}, {}, "--master-port"},
@@ -111,6 +112,52 @@ TEST(LaunchCli, HelpAndVersionExitZero) {
   LaunchResult version = runLaunch({"--version"});
   EXPECT_EQ(version.exitCode, 0);
   EXPECT_NE(version.out.find("launch (dtrain)"), std::string::npos);
+}
+
+// A value near the kernel's limit for one argument (128 KiB) reaches the worker byte for byte.
+// launch used to die of SIGSEGV on such values (its option library's std::regex recursed once
+// per character).
+TEST(LaunchCli, HundredKilobyteEnvValueReachesTheWorkerIntact) {
+  TempDir dir;
+  std::string value(100 * 1000, '-');
+  for (size_t i = 0; i < value.size(); ++i) value[i] = static_cast<char>('!' + (i * 7919) % 90);
+  writeFile(dir.file("expected"), value);
+  LaunchResult r = runLaunch({"--nproc-per-node", "2", "--env", "CONFIG=" + value, "/bin/sh", "-c",
+                              "printf %s \"$CONFIG\" | cmp - \"$0\" && echo intact ${#CONFIG}",
+                              dir.file("expected")});
+  EXPECT_EQ(r.exitCode, 0) << r.all().substr(0, 2000);
+  EXPECT_EQ(countLines(r.out, "intact 100000"), 2) << r.all().substr(0, 2000);
+}
+
+// Every option that takes a value (read from --help, so options added later are covered), given
+// the longest value one argument can carry: launch runs or refuses it in one short line, and never
+// dies of a signal.
+TEST(LaunchCli, LongestValuesNeverKillLaunch) {
+  const std::string help = runLaunch({"--help"}).out;
+  std::vector<std::string> options;
+  std::smatch m;
+  std::regex optionLine("\n  (?:-., |    )--([a-z-]+) [A-Z]");
+  for (auto it = help.cbegin(); std::regex_search(it, help.cend(), m, optionLine);
+       it = m[0].second) {
+    options.push_back(m[1].str());
+  }
+  ASSERT_GE(options.size(), 20u) << help;
+  constexpr size_t kArgMax = 128 * 1024;  // including the terminating NUL
+  for (const auto& name : options) {
+    std::string arg = "--" + name + "=";
+    arg += std::string(kArgMax - 1 - arg.size(), '7');
+    LaunchResult r = runLaunch({arg, "/bin/true"}, {}, 20);
+    EXPECT_LT(r.exitCode, 128) << name << ": " << r.all().substr(0, 600);
+    EXPECT_FALSE(r.timedOut) << name;
+    EXPECT_LT(r.err.size(), 800u) << name << ": " << r.err.substr(0, 1200);
+  }
+  for (const std::string& program : {"/" + std::string(kArgMax - 2, 'p'),
+                                     std::string(kArgMax - 1, 'p'),
+                                     std::string(kArgMax - 4, 'p') + ".py"}) {
+    LaunchResult r = runLaunch({program}, {}, 20);
+    EXPECT_EQ(r.exitCode, 127) << r.all().substr(0, 600);
+    EXPECT_LT(r.err.size(), 800u) << r.err.substr(0, 1200);
+  }
 }
 
 // U3: a missing or unexecutable program is refused by name and host, before anything starts.
@@ -185,11 +232,12 @@ TEST(LaunchCli, DryRunPrintsEachWorkerAndStartsNothing) {
   EXPECT_EQ(countLines(r.out, "TORCHELASTIC_RUN_ID=dry"), 3);
   EXPECT_NE(r.out.find("command: /bin/sh -c 'touch "), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("Supervision: --max-restarts 0 --grace-period 30 --exit-barrier-timeout "
-                       "300\n"),
+                       "300 --kill-timeout 60\n"),
             std::string::npos) << r.out;
   LaunchResult unbounded = runLaunch({"--dry-run", "/bin/true"},
                                      {"DTRAIN_LAUNCH_EXIT_BARRIER_TIMEOUT=0"});
-  EXPECT_NE(unbounded.out.find("--exit-barrier-timeout 0 (no limit)"), std::string::npos)
+  EXPECT_NE(unbounded.out.find("--exit-barrier-timeout 0 (no limit) --kill-timeout"),
+            std::string::npos)
       << unbounded.out;
 }
 

@@ -17,7 +17,7 @@ using Shards = std::vector<std::vector<size_t>>;
 Shards shardsOf(size_t n, int world, SamplerOptions options, int64_t epoch) {
   Shards out;
   for (int r = 0; r < world; ++r) {
-    DistributedSampler s(n, r, world, options);
+    DistributedSampler s(n, world, r, options);
     s.setEpoch(epoch);
     out.push_back(s.indices());
   }
@@ -97,7 +97,7 @@ void checkEpochsDifferAndAreReproducible() {
 }
 
 void checkNextHandsOutBatchesAndResetRewinds() {
-  DistributedSampler s(10, 1, 2, shuffled(0));
+  DistributedSampler s(10, 2, 1, shuffled(0));
   std::vector<size_t> all;
   while (auto batch = s.next(2)) all.insert(all.end(), batch->begin(), batch->end());
   EXPECT_EQ(all, s.indices());
@@ -112,11 +112,11 @@ void checkResumeAtTheSameWorldSizeContinuesExactly() {
     auto full = shardsOf(23, 3, options, 4);
     for (size_t consumed : {0, 1, 5, 7, 8}) {
       for (int r = 0; r < 3; ++r) {
-        DistributedSampler before(23, r, 3, options);
+        DistributedSampler before(23, 3, r, options);
         before.setEpoch(4);
         for (size_t k = 0; k < consumed; ++k) before.next(1);
         auto state = SamplerState::decode(before.state().encode());
-        DistributedSampler after(23, r, 3, options);
+        DistributedSampler after(23, 3, r, options);
         after.loadState(state);
         std::vector<size_t> expected(full[r].begin() + std::min(consumed, full[r].size()),
                                      full[r].end());
@@ -132,7 +132,7 @@ void checkResumeAtAnotherWorldSizeReshardsTheRemainder() {
   auto options = shuffled(11);
   auto full = shardsOf(n, 4, options, 2);
   const size_t consumed = 3;  // per rank, at world size 4
-  DistributedSampler saver(n, 0, 4, options);
+  DistributedSampler saver(n, 4, 0, options);
   saver.setEpoch(2);
   SamplerState state = saver.state(consumed);
   EXPECT_EQ(state.cursor, 12u);
@@ -147,7 +147,7 @@ void checkResumeAtAnotherWorldSizeReshardsTheRemainder() {
   for (int world : {1, 2, 3, 5}) {
     Shards resumed;
     for (int r = 0; r < world; ++r) {
-      DistributedSampler s(n, r, world, options);
+      DistributedSampler s(n, world, r, options);
       s.loadState(state);
       resumed.push_back(s.indices());
     }
@@ -162,7 +162,7 @@ void checkResumeAtAnotherWorldSizeReshardsTheRemainder() {
         << "world " << world;
     EXPECT_EQ(total, (owed.size() + world - 1) / world * world) << "world " << world;
     // Resuming again from the resumed run continues from the same global position.
-    DistributedSampler again(n, 0, world, options);
+    DistributedSampler again(n, world, 0, options);
     again.loadState(state);
     EXPECT_EQ(again.state(1).cursor, std::min<uint64_t>(n, state.cursor + world));
   }
@@ -203,11 +203,11 @@ void checkEncodingRoundTripsAndRejectsDamage() {
 }
 
 void checkLoadStateRefusesAnotherDatasetOrSeed() {
-  DistributedSampler s(100, 0, 2, shuffled(1));
+  DistributedSampler s(100, 2, 0, shuffled(1));
   auto state = s.state();
-  DistributedSampler otherSize(99, 0, 2, shuffled(1));
+  DistributedSampler otherSize(99, 2, 0, shuffled(1));
   EXPECT_THROW(otherSize.loadState(state), InvalidArgument);
-  DistributedSampler otherSeed(100, 0, 2, shuffled(2));
+  DistributedSampler otherSeed(100, 2, 0, shuffled(2));
   EXPECT_THROW(otherSeed.loadState(state), InvalidArgument);
 }
 
@@ -223,7 +223,7 @@ void checkWorksAsADataLoaderSamplerAndSerializes() {
   auto data = torch::arange(40).reshape({20, 2}).to(torch::kFloat);
   auto dataset = torch::data::datasets::TensorDataset(data).map(
       torch::data::transforms::Stack<torch::data::TensorExample>());
-  DistributedSampler sampler(20, 1, 2, shuffled(4));
+  DistributedSampler sampler(20, 2, 1, shuffled(4));
   // The loader holds a copy; the program keeps `sampler`, as it would in Python.
   auto loader = torch::data::make_data_loader(std::move(dataset), sampler,
                                               torch::data::DataLoaderOptions().batch_size(3));
@@ -253,10 +253,31 @@ void checkWorksAsADataLoaderSamplerAndSerializes() {
   out.save_to(stream);
   torch::serialize::InputArchive in;
   in.load_from(stream);
-  DistributedSampler restored(20, 1, 2, shuffled(4));
+  DistributedSampler restored(20, 2, 1, shuffled(4));
   restored.load(in);
   EXPECT_EQ(restored.state(), sampler.state());
   EXPECT_EQ(restored.indices(), std::vector<size_t>(expected.begin() + 6, expected.end()));
+}
+
+void checkTakesPyTorchsArgumentOrder() {
+  // PyTorch's DistributedSampler(dataset, num_replicas=3, rank=1) on 10 samples, seed 0, epoch 0
+  // (the table in checkMatchesPyTorch), written as a port from Python would write it.
+  DistributedSampler ported(10, /*numReplicas=*/3, /*rank=*/1, shuffled(0));
+  EXPECT_EQ(ported.indices(), (std::vector<size_t>{1, 3, 8, 4}));
+  // The old order, (rank, worldSize), is refused for every valid pair: a rank is below the world
+  // size, so swapped values are never a valid (numReplicas, rank).
+  for (int world = 1; world <= 6; ++world) {
+    for (int rank = 0; rank < world; ++rank) {
+      try {
+        DistributedSampler swapped(10, rank, world);
+        ADD_FAILURE() << "DistributedSampler(10, " << rank << ", " << world << ") was accepted";
+      } catch (const InvalidArgument& e) {
+        EXPECT_NE(std::string(e.what()).find("numReplicas (the world size) before rank"),
+                  std::string::npos)
+            << e.what();
+      }
+    }
+  }
 }
 
 TEST(DistributedSampler, MatchesPyTorchAndPartitionsEachEpoch) {
@@ -265,6 +286,8 @@ TEST(DistributedSampler, MatchesPyTorchAndPartitionsEachEpoch) {
   checkDropLastCutsToAMultipleOfTheWorld();
   checkEpochsDifferAndAreReproducible();
 }
+
+TEST(DistributedSampler, TakesPyTorchsArgumentOrder) { checkTakesPyTorchsArgumentOrder(); }
 
 TEST(DistributedSampler, SamplerInterfaceAndDataLoader) {
   checkNextHandsOutBatchesAndResetRewinds();

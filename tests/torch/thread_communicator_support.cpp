@@ -91,15 +91,16 @@ void reduceAny(comm::DataType dtype, const std::vector<const void*>& inputs, voi
 
 class ThreadWork : public comm::Work {
  public:
+  // `budget`: the default deadline of wait(0), the collective's timeout and a second more.
+  explicit ThreadWork(comm::Millis budget) : budget_(budget) {}
   bool isCompleted() override {
     std::lock_guard<std::mutex> lock(mutex_);
     return done_;
   }
   void wait(comm::Millis timeout) override {
+    if (timeout == comm::Millis::zero()) timeout = budget_;
     std::unique_lock<std::mutex> lock(mutex_);
-    if (timeout == comm::Millis::zero()) {
-      cv_.wait(lock, [&] { return done_; });
-    } else if (!cv_.wait_for(lock, timeout, [&] { return done_; })) {
+    if (!cv_.wait_for(lock, timeout, [&] { return done_; })) {
       DTRAIN_THROW(TimeoutError, "thread communicator: work not finished after {} ms",
                    timeout.count());
     }
@@ -115,6 +116,7 @@ class ThreadWork : public comm::Work {
   }
 
  private:
+  const comm::Millis budget_;
   std::mutex mutex_;
   std::condition_variable cv_;
   bool done_ = false;
@@ -345,7 +347,8 @@ class ThreadCommunicator : public comm::Communicator {
   };
 
   std::shared_ptr<comm::Work> enqueue(const Op& op) {
-    auto work = std::make_shared<ThreadWork>();
+    const auto timeout = op.timeout == comm::Millis::zero() ? world_->options.timeout : op.timeout;
+    auto work = std::make_shared<ThreadWork>(timeout + comm::Millis(1000));
     {
       std::lock_guard<std::mutex> lock(mutex_);
       DTRAIN_CHECK(!stopping_, "rank {}: {} after shutdown()", rank_, op.describe());

@@ -9,11 +9,12 @@ namespace dtrain::launcher {
 namespace {
 
 using Args = std::vector<std::string>;
+using Options = std::vector<OptionValue>;
 
 struct SplitCase {
   const char* name;
   Args args;
-  Args launcher;
+  Options launcher;
   Args program;
 };
 
@@ -22,7 +23,11 @@ class SplitTest : public ::testing::TestWithParam<SplitCase> {};
 TEST_P(SplitTest, SplitsWhereTheProgramBegins) {
   const SplitCase& c = GetParam();
   SplitArgs s = splitLauncherArgs(c.args);
-  EXPECT_EQ(s.launcherArgs, c.launcher);
+  ASSERT_EQ(s.options.size(), c.launcher.size());
+  for (size_t i = 0; i < c.launcher.size(); ++i) {
+    EXPECT_EQ(s.options[i].name, c.launcher[i].name) << i;
+    EXPECT_EQ(s.options[i].value, c.launcher[i].value) << i;
+  }
   EXPECT_EQ(s.program, c.program);
 }
 
@@ -31,22 +36,26 @@ INSTANTIATE_TEST_SUITE_P(
     ::testing::Values(
         SplitCase{"ProgramOnly", {"./train"}, {}, {"./train"}},
         SplitCase{"ValueSeparate", {"--nproc-per-node", "4", "./train", "--lr", "1"},
-                  {"--nproc-per-node=4"}, {"./train", "--lr", "1"}},
-        SplitCase{"ValueJoined", {"--nproc-per-node=4", "./train"}, {"--nproc-per-node=4"},
+                  {{"nproc-per-node", "4"}}, {"./train", "--lr", "1"}},
+        SplitCase{"ValueJoined", {"--nproc-per-node=4", "./train"}, {{"nproc-per-node", "4"}},
                   {"./train"}},
         SplitCase{"TorchrunUnderscores", {"--nproc_per_node=2", "--max_restarts", "3", "t.py"},
-                  {"--nproc-per-node=2", "--max-restarts=3"}, {"t.py"}},
-        SplitCase{"RdzvIdIsRunId", {"--rdzv_id", "abc", "x"}, {"--run-id=abc"}, {"x"}},
-        SplitCase{"Flag", {"--standalone", "x"}, {"--standalone=true"}, {"x"}},
-        SplitCase{"ShortWithValue", {"-r", "3", "-t3", "x"}, {"--redirects=3", "--tee=3"}, {"x"}},
-        SplitCase{"ShortFlag", {"-m", "pkg.train"}, {"--module=true"}, {"pkg.train"}},
+                  {{"nproc-per-node", "2"}, {"max-restarts", "3"}}, {"t.py"}},
+        SplitCase{"RdzvIdIsRunId", {"--rdzv_id", "abc", "x"}, {{"run-id", "abc"}}, {"x"}},
+        SplitCase{"Flag", {"--standalone", "x"}, {{"standalone", "true"}}, {"x"}},
+        SplitCase{"ShortWithValue", {"-r", "3", "-t3", "x"}, {{"redirects", "3"}, {"tee", "3"}},
+                  {"x"}},
+        SplitCase{"ShortFlag", {"-m", "pkg.train"}, {{"module", "true"}}, {"pkg.train"}},
         SplitCase{"DoubleDash", {"--nproc-per-node", "2", "--", "--weird-name", "--x"},
-                  {"--nproc-per-node=2"}, {"--weird-name", "--x"}},
+                  {{"nproc-per-node", "2"}}, {"--weird-name", "--x"}},
         SplitCase{"ProgramFlagsUntouched", {"x", "--nproc-per-node", "9"}, {},
                   {"x", "--nproc-per-node", "9"}},
         SplitCase{"ValueLooksLikeFlag", {"--log-line-prefix-template", "--", "x"},
-                  {"--log-line-prefix-template=--"}, {"x"}},
-        SplitCase{"NoProgram", {"--nproc-per-node", "2"}, {"--nproc-per-node=2"}, {}},
+                  {{"log-line-prefix-template", "--"}}, {"x"}},
+        SplitCase{"ValueWithEquals", {"--env=A=b=c", "--env", "--X=1", "x"},
+                  {{"env", "A=b=c"}, {"env", "--X=1"}}, {"x"}},
+        SplitCase{"EmptyValue", {"--role=", "x"}, {{"role", ""}}, {"x"}},
+        SplitCase{"NoProgram", {"--nproc-per-node", "2"}, {{"nproc-per-node", "2"}}, {}},
         SplitCase{"DashAloneIsAProgram", {"-"}, {}, {"-"}}),
     [](const ::testing::TestParamInfo<SplitCase>& info) { return info.param.name; });
 
@@ -170,6 +179,92 @@ TEST(ParseLaunchArgs, BadExitBarrierTimeoutNamesTheFlagOrVariable) {
     }
   }
   EXPECT_THROW(splitLauncherArgs({"--exit-barrier-timeout"}), InvalidArgument) << "needs a value";
+}
+
+// Values up to the kernel's limit for one argument (128 KiB) are read, never matched by a regular
+// expression (launch used to die of SIGSEGV from ~25 KB up); whatever an option makes of one,
+// the result is the value or one short message that quotes at most ~200 characters of it.
+// Every option of the table, both spellings, from the command line and the environment.
+constexpr size_t kArgMax = 128 * 1024;
+
+void expectValueOrShortError(const Args& args, const std::map<std::string, std::string>& env,
+                             const std::string& what) {
+  try {
+    parseLaunchArgs(args, env);
+  } catch (const InvalidArgument& e) {
+    const std::string message = e.what();
+    EXPECT_LT(message.size(), 600u) << what << ": " << message.substr(0, 1000);
+    EXPECT_EQ(message.find(std::string(kMaxQuotedChars + 1, 'x')), std::string::npos) << what;
+  }
+}
+
+TEST(ParseLaunchArgs, ValuesUpToTheArgumentLimitNeverCrash) {
+  const std::vector<std::string> names = valueOptionNames();
+  ASSERT_GE(names.size(), 20u);
+  for (const auto& name : names) {
+    std::string joined = "--" + name + "=";
+    joined += std::string(kArgMax - 1 - joined.size(), 'x');  // the NUL is the last byte
+    expectValueOrShortError({joined, "prog"}, {}, joined.substr(0, 40));
+    expectValueOrShortError({"--" + name, std::string(kArgMax - 1, 'x'), "prog"}, {}, name);
+    std::string keyed = "--" + name + "=A=";  // a value that --env takes apart
+    keyed += std::string(kArgMax - 1 - keyed.size(), 'x');
+    expectValueOrShortError({keyed, "prog"}, {}, keyed.substr(0, 40));
+    expectValueOrShortError({"prog"}, {{optionEnvName(name), std::string(kArgMax - 1, 'x')}},
+                            optionEnvName(name));
+  }
+}
+
+TEST(ParseLaunchArgs, LongEnvValueArrivesIntact) {
+  std::string value(100000, 'v');
+  for (size_t i = 0; i < value.size(); i += 7) value[i] = static_cast<char>('a' + i % 26);
+  value[1] = '=';  // '=' and ',' inside the value are part of it
+  value[2] = ',';
+  LaunchConfig c = parseLaunchArgs({"--env", "CONFIG=" + value, "--env=B=" + value, "x"}, {}).config;
+  ASSERT_EQ(c.env.size(), 2u);
+  EXPECT_EQ(c.env[0].first, "CONFIG");
+  EXPECT_TRUE(c.env[0].second == value) << "value of " << c.env[0].second.size() << " characters";
+  EXPECT_TRUE(c.env[1].second == value);
+}
+
+TEST(SplitLauncherArgs, UnknownLongOptionIsQuotedShort) {
+  const std::string name(100000, 'q');
+  try {
+    splitLauncherArgs({"--" + name + "=1", "x"});
+    FAIL() << "no error";
+  } catch (const InvalidArgument& e) {
+    const std::string message = e.what();
+    EXPECT_LT(message.size(), 500u) << message.substr(0, 1000);
+    EXPECT_NE(message.find("unknown option --" + std::string(kMaxQuotedChars - 2, 'q') + "..."),
+              std::string::npos) << message;
+    EXPECT_NE(message.find("(100002 characters)"), std::string::npos) << message;
+  }
+}
+
+TEST(QuoteValue, CutsAndEscapes) {
+  EXPECT_EQ(quoteValue("abc"), "\"abc\"");
+  EXPECT_EQ(quoteValue("a\"b\\c\n"), "\"a\\\"b\\\\c\\x0a\"");
+  EXPECT_EQ(quoteValue(std::string(kMaxQuotedChars, 'z')),
+            "\"" + std::string(kMaxQuotedChars, 'z') + "\"");
+  EXPECT_EQ(quoteValue(std::string(kMaxQuotedChars + 1, 'z')),
+            "\"" + std::string(kMaxQuotedChars, 'z') + "...\" (201 characters)");
+  EXPECT_EQ(excerpt(std::string(1000, 'y')), std::string(kMaxQuotedChars, 'y') + "... (1000 characters)");
+}
+
+TEST(HelpText, EveryOptionOnce) {
+  const std::string help = helpText();
+  for (const auto& name : valueOptionNames()) {
+    EXPECT_EQ(help.find("--" + name + " "), help.rfind("--" + name + " ")) << name;
+    EXPECT_NE(help.find("--" + name + " "), std::string::npos) << name;
+  }
+  EXPECT_NE(help.find("  -r, --redirects SPEC"), std::string::npos) << help;
+  EXPECT_NE(help.find("      --standalone "), std::string::npos) << help;
+  size_t lineStart = 0;
+  while (lineStart < help.size()) {
+    size_t nl = help.find('\n', lineStart);
+    if (nl == std::string::npos) nl = help.size();
+    EXPECT_LE(nl - lineStart, 100u) << help.substr(lineStart, nl - lineStart);
+    lineStart = nl + 1;
+  }
 }
 
 TEST(OptionEnvName, UpperSnakeCase) {

@@ -283,6 +283,51 @@ TEST(ExitBarrier, ReportNamesTheRanksStillRunning) {
                   "30 s)\n");
 }
 
+// Processes that survived SIGKILL decide the exit code (125), whatever else ended the job, and
+// the report names each one first: rank, pid, state, where it waits, command.
+TEST(LastDeadline, SurvivorsExit125AndAreNamedFirst) {
+  AttemptResult a;
+  a.workers = {exited(0, 3, 1.0), signaled(1, SIGTERM, 1.5, true)};
+  EXPECT_EQ(launcherExitCode(a), 3);
+  Survivor s;
+  s.rank = s.localRank = 1;
+  s.pid = 1001;
+  s.isWorker = true;
+  s.state = "D (disk sleep)";
+  s.waitingIn = "nfs_wait_bit_killable";
+  s.command = "./train --epochs 3";
+  a.survivors = {s};
+  a.killTimeout = 60;
+  a.workers[1].state = State::Lost;
+  a.workers[1].lostReason = "it survived SIGKILL for 60 s";
+  EXPECT_EQ(launcherExitCode(a), 125);
+  a.launcherSignal = SIGINT;
+  a.signalBeforeFailure = true;
+  EXPECT_EQ(launcherExitCode(a), 125) << "also when launch was signalled";
+  a.launcherSignal = 0;
+  a.signalBeforeFailure = false;
+
+  ReportContext ctx;
+  ctx.host = "node7";
+  ctx.runId = "j";
+  std::string r = formatFailureReport(ctx, {a});
+  EXPECT_EQ(r.find("launch: job failed: 1 process of the job survived SIGKILL for 60 s "
+                   "(--kill-timeout 60; exit code 125: launcher or infrastructure error: "
+                   "processes of the job survived SIGKILL)\n"),
+            0u) << r;
+  EXPECT_NE(r.find("    rank 1 (local rank 1): pid 1001 (the worker), state D (disk sleep), "
+                   "waiting in nfs_wait_bit_killable\n      command: ./train --epochs 3\n"),
+            std::string::npos) << r;
+  EXPECT_NE(r.find("HINT: state D (uninterruptible sleep)"), std::string::npos) << r;
+  EXPECT_NE(r.find("launch: job failed: rank 0 exited with code 3 (exit code 125"),
+            std::string::npos) << "the root cause still follows: " << r;
+  EXPECT_NE(r.find("rank 1 (local rank 1, pid 1001) was lost: it survived SIGKILL for 60 s"),
+            std::string::npos) << r;
+  EXPECT_EQ(formatSurvivorsLine(a.survivors, 60),
+            "launch: 1 process of the job still exists 60 s after SIGKILL: pid 1001 in state D "
+            "(disk sleep); giving up on it\n");
+}
+
 TEST(Printable, EscapesAndCuts) {
   EXPECT_EQ(printable("a\x01" "b\n", 100), "a\\x01b\n");
   EXPECT_EQ(printable(std::string(10, 'x'), 4), "xxxx...");

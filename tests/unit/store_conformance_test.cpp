@@ -1,6 +1,7 @@
 // One conformance suite for every Store. Implementations register a factory
 // in the instantiation at the bottom; PrefixStore is checked over each of them.
 #include <atomic>
+#include <chrono>
 #include <thread>
 
 #include <gtest/gtest.h>
@@ -176,6 +177,26 @@ TEST_P(StoreConformance, WaitAndCheck) {
   }
   store_->set("w2", toBytes("2"));
   store_->wait({"w1", "w2"}, Millis(1000));
+}
+
+TEST_P(StoreConformance, ZeroTimeoutIsTheStoresDefaultDeadline) {
+  // Note [Zero timeouts]: wait(keys, 0) waits the store's timeout(), as Work::wait(0) waits the
+  // collective's: neither "check now" nor "for ever". check() is how to look without waiting.
+  store_->setTimeout(Millis(400));
+  auto other = another();
+  std::thread setter([&] {
+    std::this_thread::sleep_for(Millis(50));
+    other->set("zero/late", toBytes("x"));
+  });
+  EXPECT_NO_THROW(store_->wait({"zero/late"}, Millis(0))) << "a zero wait did not wait";
+  setter.join();
+  auto start = std::chrono::steady_clock::now();
+  EXPECT_THROW(store_->wait({"zero/never"}, Millis(0)), TimeoutError);
+  EXPECT_GE(std::chrono::steady_clock::now() - start, Millis(350));
+  EXPECT_THROW(store_->wait({"zero/never"}, Millis(-1)), InvalidArgument);
+  EXPECT_THROW(store_->setTimeout(Millis(-5)), InvalidArgument);
+  store_->setTimeout(Millis(0));
+  EXPECT_EQ(store_->timeout(), kDefaultStoreTimeout) << "setTimeout(0) restores the default";
 }
 
 TEST_P(StoreConformance, WaitTimeoutLeavesTheStoreUsable) {

@@ -6,6 +6,7 @@
 
 #include <gtest/gtest.h>
 
+#include "dtrain/logging.h"
 #include "dtrain/tcp_store.h"
 #include "store/wire.h"
 #include "store_test_support.h"
@@ -152,6 +153,70 @@ TEST_F(TcpStoreHostile, AThousandSlowlorisClientsAreDroppedAtTheHandshakeDeadlin
   expectGoodClientServed();
   expectRssGrewLessThan(32 * kMiB);
 }
+
+// The drop log is rate-limited (10 lines a second), and what it leaves out is counted in "N more
+// dropped clients not shown" lines: when the window closes, even if no later drop comes, and at
+// shutdown. Every dropped client is accounted for either way: logged + not shown = dropped.
+struct DropLog {
+  int logged = 0;
+  int notShown = 0;
+};
+
+DropLog countDropLog(const std::string& text, const std::string& where) {
+  DropLog d;
+  const std::string prefix = "store " + where + ": ";
+  size_t start = 0;
+  while (start < text.size()) {
+    size_t nl = text.find('\n', start);
+    if (nl == std::string::npos) nl = text.size();
+    const std::string line = text.substr(start, nl - start);
+    start = nl + 1;
+    size_t at = line.find(prefix);
+    if (at == std::string::npos) continue;
+    const std::string rest = line.substr(at + prefix.size());
+    if (rest.rfind("dropped client ", 0) == 0) ++d.logged;
+    size_t more = rest.find(" more dropped clients not shown");
+    if (more != std::string::npos) d.notShown += std::stoi(rest.substr(0, more));
+  }
+  return d;
+}
+
+class DropLogTest : public TcpStoreHostile, public ::testing::WithParamInterface<bool> {};
+
+TEST_P(DropLogTest, LoggedPlusNotShownIsEveryDroppedClient) {
+  const bool stopEarly = GetParam();  // true: stop the server before the window closes
+  constexpr int kSilent = 200;
+  ASSERT_GE(raiseFdLimit(), 2 * kSilent + 100u);
+  TcpStoreServerOptions o = serverOptions();
+  o.handshakeTimeout = Millis(300);
+  start(o);
+  const std::string where = "127.0.0.1:" + std::to_string(server_->port());
+  log::setVerbosity(0);  // warnings only: what a launch without DTRAIN_VERBOSE prints
+  ::testing::internal::CaptureStderr();
+  std::vector<std::unique_ptr<RawClient>> raws;
+  for (int i = 0; i < kSilent; ++i) {
+    raws.push_back(std::make_unique<RawClient>(server_->port()));
+    ASSERT_TRUE(raws.back()->valid()) << i;
+  }
+  for (auto& raw : raws) EXPECT_TRUE(raw->closedByServer(milliseconds(10000)));
+  const bool settled = connectionsSettleTo(1);
+  if (stopEarly) {
+    good_.reset();
+    server_->stop();
+  } else {
+    std::this_thread::sleep_for(milliseconds(1500));  // the window (1 s) closes; no drop follows
+  }
+  const std::string text = ::testing::internal::GetCapturedStderr();
+  EXPECT_TRUE(settled);
+  const DropLog d = countDropLog(text, where);
+  EXPECT_EQ(d.logged, 10) << text;
+  EXPECT_EQ(d.logged + d.notShown, kSilent) << text;
+}
+
+INSTANTIATE_TEST_SUITE_P(WindowOrShutdown, DropLogTest, ::testing::Values(false, true),
+                         [](const ::testing::TestParamInfo<bool>& info) {
+                           return info.param ? "AtShutdown" : "WhenTheWindowCloses";
+                         });
 
 TEST_F(TcpStoreHostile, IdleClientsAreKeptByDefaultAndDroppedWithAnIdleTimeout) {
   {

@@ -48,6 +48,33 @@ TEST(TcpStoreServer, ReportsThePortItBoundAndBindsOnlyThatAddress) {
   EXPECT_THROW(TcpStore{other}, NetworkError);
 }
 
+TEST(TcpStore, ZeroTimeoutsInOptionsAreTheDefaults) {
+  // Note [Zero timeouts]: a zero timeout in an options struct is that option's default, on the
+  // server (which refused zero before) and on the client; negative is refused, naming the field.
+  TcpStoreServerOptions so = serverOptions();
+  so.handshakeTimeout = Millis(0);
+  so.frameTimeout = Millis(0);
+  so.idleTimeout = Millis(0);
+  auto server = TcpStoreServer::start(so);
+  TcpStoreOptions co = clientOptions(*server);
+  co.timeout = Millis(0);
+  co.connectTimeout = Millis(0);
+  co.handshakeTimeout = Millis(0);
+  TcpStore client(co);
+  EXPECT_EQ(client.timeout(), kDefaultStoreTimeout);
+  client.setString("k", "v");
+  EXPECT_EQ(client.getString("k"), "v");
+  co.timeout = Millis(-1);
+  try {
+    TcpStore bad(co);
+    ADD_FAILURE() << "a negative timeout was accepted";
+  } catch (const InvalidArgument& e) {
+    EXPECT_TRUE(contains(e.what(), "TcpStoreOptions::timeout is -1 ms")) << e.what();
+  }
+  so.frameTimeout = Millis(-1);
+  EXPECT_THROW(TcpStoreServer::start(so), InvalidArgument);
+}
+
 TEST(TcpStoreServer, ABusyPortIsAnErrorNamingAddressAndPortNeverAClient) {
   auto first = TcpStoreServer::start(serverOptions());
   TcpStoreServerOptions o = serverOptions();

@@ -81,7 +81,8 @@ Bytes HashStore::compareSet(const std::string& key, const Bytes& expected, const
   return result;
 }
 
-void HashStore::wait(const std::vector<std::string>& keys, Millis timeout) {
+void HashStore::wait(const std::vector<std::string>& keys, Millis requested) {
+  const Millis timeout = waitTimeout(requested);
   auto all = [&] {
     return std::all_of(keys.begin(), keys.end(), [&](const auto& k) { return map_.count(k) > 0; });
   };

@@ -115,7 +115,7 @@ class UvStoreServer final : public TcpStoreServer {
   void connectionClosingOnLoop(Connection* c);
   // A request was parked (+1) or answered / cancelled (-1).
   void countWaitingOnLoop(int delta) { waiting_.fetch_add(static_cast<size_t>(delta)); }
-  // Rate-limited, so a flood of bad clients cannot flood the log.
+  // Rate-limited, so a flood of bad clients cannot flood the log. See Note [Drop log].
   void logDropOnLoop(const std::string& peer, const std::string& why);
   const std::string& where() const { return where_; }
 
@@ -123,6 +123,8 @@ class UvStoreServer final : public TcpStoreServer {
   void bindOrThrow();
   void onConnection(int status);
   void stopOnLoop();
+  // Ends the drop log's window: prints how many drops it left out, if any.
+  void closeDropWindowOnLoop();
 
   TcpStoreServerOptions options_;
   std::string where_;  // "host:port" for messages
@@ -141,8 +143,9 @@ class UvStoreServer final : public TcpStoreServer {
   std::unordered_set<Connection*> live_;
   std::vector<Connection*> resumes_;
   std::vector<char> readBuffer_;
-  std::chrono::steady_clock::time_point logWindow_{};
-  int loggedInWindow_ = 0;
+  uv_timer_t dropWindowTimer_;  // fires when a window with drops left out ends
+  std::chrono::steady_clock::time_point logWindow_{};  // start of the open window
+  int loggedInWindow_ = 0;  // 0: no window is open
   int suppressed_ = 0;
 };
 

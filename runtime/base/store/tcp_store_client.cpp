@@ -122,6 +122,10 @@ class TcpStore::Impl {
  public:
   Impl(const TcpStoreOptions& options, Store* self) : options_(options), self_(self) {
     where_ = net::hostPort(options.host, options.port);
+    options_.connectTimeout = timeoutOrDefault(options.connectTimeout, kDefaultConnectTimeout,
+                                               "TcpStoreOptions::connectTimeout");
+    options_.handshakeTimeout = timeoutOrDefault(
+        options.handshakeTimeout, kDefaultHandshakeTimeout, "TcpStoreOptions::handshakeTimeout");
     token_ = options.token;
     if (token_.empty()) {
       const char* env = std::getenv("DTRAIN_STORE_TOKEN");
@@ -238,7 +242,7 @@ class TcpStore::Impl {
     bool headerDone = false;
   };
 
-  Millis timeout() const { return std::max(self_->timeout(), Millis(1)); }
+  Millis timeout() const { return self_->timeout(); }  // never zero (Note [Zero timeouts])
   size_t buffered() const { return rend_ - rbegin_; }
 
   // Before a request: with `all`, waits for every acknowledgement due; then throws the first
@@ -579,9 +583,7 @@ class TcpStore::Impl {
 // --- TcpStore ---------------------------------------------------------------------------------
 
 TcpStore::TcpStore(const TcpStoreOptions& options) : impl_(std::make_unique<Impl>(options, this)) {
-  DTRAIN_CHECK_ARG(options.timeout.count() >= 0, "store {}: negative timeout {} ms",
-                   impl_->where(), options.timeout.count());
-  timeout_ = options.timeout;
+  timeout_ = timeoutOrDefault(options.timeout, kDefaultStoreTimeout, "TcpStoreOptions::timeout");
   impl_->connect();
 }
 
@@ -644,10 +646,10 @@ Bytes TcpStore::compareSet(const std::string& key, const Bytes& expected, const 
   return value;
 }
 
-void TcpStore::wait(const std::vector<std::string>& keys, Millis timeout) {
+void TcpStore::wait(const std::vector<std::string>& keys, Millis requested) {
   impl_->checkKeys(keys);
-  DTRAIN_CHECK_ARG(timeout.count() >= 0, "store {}: wait with a negative timeout ({} ms)",
-                   impl_->where(), timeout.count());
+  // Never zero on the wire, where zero asks the server to answer at once.
+  const Millis timeout = waitTimeout(requested);
   wire::Request r;
   r.op = Op::Wait;
   r.keys = keys;

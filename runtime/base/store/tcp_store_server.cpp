@@ -19,7 +19,8 @@ namespace dtrain::store {
 namespace {
 
 constexpr size_t kReadBufferBytes = 64 * 1024;
-constexpr int kLoggedDropsPerSecond = 10;
+constexpr int kLoggedDropsPerWindow = 10;
+constexpr std::chrono::milliseconds kDropLogWindow{1000};
 
 // The socket address to bind: numeric addresses directly, names through the resolver.
 sockaddr_storage resolveBindAddress(const std::string& host, uint16_t port) {
@@ -74,12 +75,13 @@ std::unique_ptr<TcpStoreServer> TcpStoreServer::start(const TcpStoreServerOption
 UvStoreServer::UvStoreServer(const TcpStoreServerOptions& options)
     : options_(options), where_(net::hostPort(options.host, options.port)),
       readBuffer_(kReadBufferBytes) {
-  DTRAIN_CHECK_ARG(options_.handshakeTimeout.count() > 0,
-                   "store server {}: handshakeTimeout must be positive, got {} ms", where_,
-                   options_.handshakeTimeout.count());
-  DTRAIN_CHECK_ARG(options_.frameTimeout.count() > 0,
-                   "store server {}: frameTimeout must be positive, got {} ms", where_,
-                   options_.frameTimeout.count());
+  // Zero: the default (Note [Zero timeouts]); the default idle timeout is none.
+  options_.handshakeTimeout = timeoutOrDefault(options.handshakeTimeout, kDefaultHandshakeTimeout,
+                                               "TcpStoreServerOptions::handshakeTimeout");
+  options_.frameTimeout = timeoutOrDefault(options.frameTimeout, kDefaultFrameTimeout,
+                                           "TcpStoreServerOptions::frameTimeout");
+  options_.idleTimeout = timeoutOrDefault(options.idleTimeout, kDefaultIdleTimeout,
+                                          "TcpStoreServerOptions::idleTimeout");
   int rc = uv_loop_init(&loop_);
   DTRAIN_CHECK_T(NetworkError, rc == 0, "store server {}: uv_loop_init failed: {}", where_,
                  uv_strerror(rc));
@@ -89,12 +91,15 @@ UvStoreServer::UvStoreServer(const TcpStoreServerOptions& options)
     static_cast<UvStoreServer*>(a->data)->stopOnLoop();
   });
   stopAsync_.data = this;
+  uv_timer_init(&loop_, &dropWindowTimer_);
+  dropWindowTimer_.data = this;
   try {
     bindOrThrow();
   } catch (...) {
     // Close what was opened; the loop runs only to deliver the close callbacks.
     uv_close(reinterpret_cast<uv_handle_t*>(&listener_), nullptr);
     uv_close(reinterpret_cast<uv_handle_t*>(&stopAsync_), nullptr);
+    uv_close(reinterpret_cast<uv_handle_t*>(&dropWindowTimer_), nullptr);
     uv_run(&loop_, UV_RUN_DEFAULT);
     uv_loop_close(&loop_);
     throw;
@@ -165,8 +170,10 @@ void UvStoreServer::stop() {
 void UvStoreServer::stopOnLoop() {
   std::vector<Connection*> all(live_.begin(), live_.end());
   for (Connection* c : all) c->closeOnLoop();
+  closeDropWindowOnLoop();  // after the connections: closing them drops none, but be sure
   uv_close(reinterpret_cast<uv_handle_t*>(&listener_), nullptr);
   uv_close(reinterpret_cast<uv_handle_t*>(&stopAsync_), nullptr);
+  uv_close(reinterpret_cast<uv_handle_t*>(&dropWindowTimer_), nullptr);
 }
 
 void UvStoreServer::onConnection(int status) {
@@ -204,22 +211,40 @@ void UvStoreServer::drainResumesOnLoop() {
   }
 }
 
+// Note [Drop log]
+// ~~~~~~~~~~~~~~~
+// A flood of bad clients must not flood the log, and must not vanish from it either. The first
+// drop opens a window of kDropLogWindow; its first kLoggedDropsPerWindow drops are logged one
+// line each and the rest only counted. When the window ends -- a timer, so the count comes out
+// even when no later drop does -- or the server stops, one line says how many were left out.
+// Every dropped client is thus in the log, as a line of its own or in a count.
 void UvStoreServer::logDropOnLoop(const std::string& peer, const std::string& why) {
   auto now = std::chrono::steady_clock::now();
-  if (now - logWindow_ >= std::chrono::seconds(1)) {
-    if (suppressed_ > 0) {
-      DTRAIN_LOG(Warn, "store {}: {} more dropped clients not shown", where_, suppressed_);
-    }
-    logWindow_ = now;
-    loggedInWindow_ = 0;
-    suppressed_ = 0;
-  }
-  if (loggedInWindow_ < kLoggedDropsPerSecond) {
+  // The timer may not have run yet (a busy loop turn): the window is over all the same.
+  if (loggedInWindow_ > 0 && now - logWindow_ >= kDropLogWindow) closeDropWindowOnLoop();
+  if (loggedInWindow_ == 0) logWindow_ = now;
+  if (loggedInWindow_ < kLoggedDropsPerWindow) {
     ++loggedInWindow_;
     DTRAIN_LOG(Warn, "store {}: dropped client {}: {}", where_, peer, why);
-  } else {
-    ++suppressed_;
+    return;
   }
+  if (suppressed_++ == 0) {
+    auto left = std::chrono::duration_cast<std::chrono::milliseconds>(logWindow_ + kDropLogWindow -
+                                                                      now);
+    uv_timer_start(
+        &dropWindowTimer_,
+        [](uv_timer_t* t) { static_cast<UvStoreServer*>(t->data)->closeDropWindowOnLoop(); },
+        static_cast<uint64_t>(std::max<int64_t>(left.count(), 0)) + 1, 0);
+  }
+}
+
+void UvStoreServer::closeDropWindowOnLoop() {
+  uv_timer_stop(&dropWindowTimer_);
+  if (suppressed_ > 0) {
+    DTRAIN_LOG(Warn, "store {}: {} more dropped clients not shown", where_, suppressed_);
+  }
+  loggedInWindow_ = 0;
+  suppressed_ = 0;
 }
 
 }  // namespace dtrain::store

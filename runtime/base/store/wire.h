@@ -61,6 +61,9 @@
 //   6 Check       keys                           -> u8 1 when every key exists, else 0
 //   7 Delete      key                            -> u8 1 when the key existed, else 0
 //   8 NumKeys     (empty)                        -> i64
+// timeout_ms is the server-side deadline of a parked Get/Wait; 0 on the wire makes the server
+// answer at once. The client never sends 0 for a caller's zero timeout: that is the store's
+// default deadline (Note [Zero timeouts] in dtrain/timeout.h), resolved before sending.
 // Other statuses:
 //   1 Timeout     (Get, Wait) the server-side deadline passed: u64 count, then count u64 indices
 //                 into the request's keys of those still missing. The connection stays usable.

@@ -7,6 +7,8 @@
 
 #include "dtrain/error.h"
 #include "dtrain/logging.h"
+#include "dtrain/timeout.h"
+#include "failure_report.h"
 #include "net_interface.h"
 #include "reduce_kernels.h"
 
@@ -41,7 +43,7 @@ GlooCommunicator::GlooCommunicator(const GlooOptions& o)
       size_(o.size),
       name_(o.name),
       store_(o.store),
-      timeout_(o.timeout),
+      timeout_(timeoutOrDefault(o.timeout, kDefaultCollectiveTimeout, "GlooOptions::timeout")),
       smallAllreduceBytes_(o.smallAllreduceBytes),
       ringSegmentBytes_(o.ringSegmentBytes),
       directChunkBytes_(o.directChunkBytes),
@@ -51,7 +53,8 @@ GlooCommunicator::GlooCommunicator(const GlooOptions& o)
   DTRAIN_CHECK_ARG(rank_ >= 0 && rank_ < size_, "Gloo: rank {} is outside 0..{}", rank_, size_ - 1);
   DTRAIN_CHECK_ARG(store_ != nullptr, "Gloo: rank {}/{}: no store to rendezvous through", rank_,
                    size_);
-  DTRAIN_CHECK_ARG(timeout_ > Millis::zero(), "Gloo: the collective timeout must be positive");
+  const Millis connectTimeout =
+      timeoutOrDefault(o.connectTimeout, kDefaultConnectTimeout, "GlooOptions::connectTimeout");
   if (o.faultsFromEnv && faults_.empty()) faults_ = fault::activeFaults();
   if (const char* restart = std::getenv("DTRAIN_RESTART_COUNT")) attempt_ = std::atoi(restart);
 
@@ -63,7 +66,7 @@ GlooCommunicator::GlooCommunicator(const GlooOptions& o)
     store_->setString(checkKey, check ? "1" : "0");
     checkCollectives_ = check;
   } else {
-    store_->wait({checkKey}, o.connectTimeout);
+    store_->wait({checkKey}, connectTimeout);
     checkCollectives_ = store_->getString(checkKey) == "1";
   }
 
@@ -80,7 +83,7 @@ GlooCommunicator::GlooCommunicator(const GlooOptions& o)
   mo.store = store_;
   mo.prefix = name_;
   mo.bind = chooseBindAddress(iface, ifaceSource, o.storeHost);
-  mo.connectTimeout = o.connectTimeout;
+  mo.connectTimeout = connectTimeout;
   mo.timeout = timeout_;
   if (size_ > 1) mesh_ = std::make_unique<GlooMesh>(mo);
   address_ = mo.bind.address;
@@ -131,7 +134,7 @@ const fault::Fault* GlooCommunicator::faultAt(fault::Kind kind, uint64_t seq) co
 std::shared_ptr<Work> GlooCommunicator::submit(CollectiveInfo info, const CallOptions& options,
                                                Body body) {
   throwIfUnusable();
-  const Millis timeout = options.timeout > Millis::zero() ? options.timeout : timeout_;
+  const Millis timeout = timeoutOrDefault(options.timeout, timeout_, "CallOptions::timeout");
   info.shape = options.shape;
   std::lock_guard<std::mutex> lock(issueMutex_);
   info.seq = nextSeq_.load();
@@ -139,7 +142,7 @@ std::shared_ptr<Work> GlooCommunicator::submit(CollectiveInfo info, const CallOp
   auto work = queue_->enqueue(
       [this, info, timeout, body = std::move(body)] { runOnCommThread(info, timeout, body); },
       [this, info] { return fmt::format("{}: {}", who(), info.describeWithSeq()); },
-      /*wake=*/!options.synchronous);
+      defaultWaitBudget(timeout), /*wake=*/!options.synchronous);
   nextSeq_.store(info.seq + 1);
   return work;
 }
@@ -298,7 +301,9 @@ void GlooCommunicator::shutdown() {
 }
 
 std::optional<Communicator::GroupContext> GlooCommunicator::groupContext() const {
-  return GroupContext{store_, name_, timeout_, options_.connectTimeout};
+  return GroupContext{store_, name_, timeout_,
+                      timeoutOrDefault(options_.connectTimeout, kDefaultConnectTimeout,
+                                       "GlooOptions::connectTimeout")};
 }
 
 std::shared_ptr<Communicator> GlooCommunicator::createGroup(const GroupSpec& spec) {

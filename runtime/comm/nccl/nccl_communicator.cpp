@@ -8,6 +8,8 @@
 
 #include "dtrain/error.h"
 #include "dtrain/logging.h"
+#include "dtrain/timeout.h"
+#include "failure_report.h"
 #include "nccl_errors.h"
 
 namespace dtrain::comm {
@@ -100,14 +102,15 @@ NcclCommunicator::NcclCommunicator(const NcclOptions& o)
       device_(o.device),
       name_(o.name),
       store_(o.store),
-      timeout_(o.timeout),
+      timeout_(timeoutOrDefault(o.timeout, kDefaultCollectiveTimeout, "NcclOptions::timeout")),
       watchdogInterval_(o.watchdogInterval),
       blockingWait_(o.blockingWait),
       faults_(o.faults) {
   DTRAIN_CHECK_ARG(size_ >= 1 && rank_ >= 0 && rank_ < size_, "NCCL: rank {} / world size {}",
                    rank_, size_);
   DTRAIN_CHECK_ARG(store_ != nullptr, "NCCL: {}: no store to share the ncclUniqueId through", who());
-  DTRAIN_CHECK_ARG(timeout_ > Millis::zero(), "NCCL: the collective timeout must be positive");
+  const Millis connectTimeout =
+      timeoutOrDefault(o.connectTimeout, kDefaultConnectTimeout, "NcclOptions::connectTimeout");
   validateNcclEnvironment();
   if (o.faultsFromEnv && faults_.empty()) faults_ = fault::activeFaults();
   if (const char* restart = std::getenv("DTRAIN_RESTART_COUNT")) attempt_ = std::atoi(restart);
@@ -130,10 +133,10 @@ NcclCommunicator::NcclCommunicator(const NcclOptions& o)
     store_->flush();
   } else {
     try {
-      store_->wait({idKey}, o.connectTimeout);
+      store_->wait({idKey}, connectTimeout);
     } catch (const TimeoutError& e) {
       DTRAIN_THROW(TimeoutError, "NCCL: {}: rank 0 did not publish the ncclUniqueId within {} ms "
-                   "({}). HINT: rank 0 must call init() too", who(), o.connectTimeout.count(),
+                   "({}). HINT: rank 0 must call init() too", who(), connectTimeout.count(),
                    e.what());
     }
     store::Bytes bytes = store_->get(idKey);
@@ -200,7 +203,7 @@ void NcclCommunicator::releaseHang() { hangReleased_.store(true); }
 std::shared_ptr<Work> NcclCommunicator::submit(CollectiveInfo info, const CallOptions& options,
                                                bool blocking, const Launch& launch) {
   throwIfUnusable();
-  const Millis timeout = options.timeout > Millis::zero() ? options.timeout : timeout_;
+  const Millis timeout = timeoutOrDefault(options.timeout, timeout_, "CallOptions::timeout");
   const auto caller = static_cast<cudaStream_t>(options.stream);
   info.shape = options.shape;
   std::lock_guard<std::timed_mutex> issue(issueMutex_);
@@ -246,8 +249,9 @@ std::shared_ptr<Work> NcclCommunicator::submit(CollectiveInfo info, const CallOp
     }
   }
   checkCuda(cudaEventRecord(done, stream_), "cudaEventRecord on the NCCL stream");
+  const auto now = std::chrono::steady_clock::now();
   auto work = std::make_shared<NcclWork>(weak_from_this(), who(), device_, info, done, caller,
-                                         std::chrono::steady_clock::now() + timeout,
+                                         now + timeout, now + defaultWaitBudget(timeout),
                                          blocking || blockingWait_);
   {
     std::lock_guard<std::mutex> lock(stateMutex_);

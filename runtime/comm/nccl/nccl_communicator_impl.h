@@ -29,10 +29,15 @@ class NcclWork final : public Work {
  public:
   NcclWork(std::weak_ptr<NcclCommunicator> owner, std::string who, int device,
            CollectiveInfo info, cudaEvent_t done, cudaStream_t caller,
-           std::chrono::steady_clock::time_point deadline, bool blocking);
+           std::chrono::steady_clock::time_point deadline,
+           std::chrono::steady_clock::time_point waitLimit, bool blocking);
   ~NcclWork() override;
 
   bool isCompleted() override;
+  // Without blocking wait: orders the caller's stream after the collective and returns. Blocking
+  // (barrier, TORCH_NCCL_BLOCKING_WAIT=1): polls until the GPU is done, at most `timeout`; zero
+  // is the default deadline (Note [Zero timeouts]): the collective's deadline plus the time the
+  // watchdog needs to abort and report, so only a stuck watchdog makes it throw.
   void wait(Millis timeout = Millis::zero()) override;
 
   const CollectiveInfo& info() const { return info_; }
@@ -51,6 +56,7 @@ class NcclWork final : public Work {
   cudaEvent_t done_;
   cudaStream_t caller_;
   std::chrono::steady_clock::time_point deadline_;
+  std::chrono::steady_clock::time_point waitLimit_;  // of wait(0)
   bool blocking_;
   std::atomic<bool> finished_{false};
   std::mutex mutex_;

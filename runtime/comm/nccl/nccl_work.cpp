@@ -11,7 +11,8 @@ namespace dtrain::comm {
 
 NcclWork::NcclWork(std::weak_ptr<NcclCommunicator> owner, std::string who, int device,
                    CollectiveInfo info, cudaEvent_t done, cudaStream_t caller,
-                   std::chrono::steady_clock::time_point deadline, bool blocking)
+                   std::chrono::steady_clock::time_point deadline,
+                   std::chrono::steady_clock::time_point waitLimit, bool blocking)
     : owner_(std::move(owner)),
       who_(std::move(who)),
       device_(device),
@@ -19,6 +20,7 @@ NcclWork::NcclWork(std::weak_ptr<NcclCommunicator> owner, std::string who, int d
       done_(done),
       caller_(caller),
       deadline_(deadline),
+      waitLimit_(waitLimit),
       blocking_(blocking) {}
 
 NcclWork::~NcclWork() {
@@ -64,6 +66,8 @@ bool NcclWork::isCompleted() {
 }
 
 void NcclWork::wait(Millis timeout) {
+  DTRAIN_CHECK_ARG(timeout >= Millis::zero(), "nccl {}: Work::wait: negative timeout {} ms", who_,
+                   timeout.count());
   if (auto error = errorNow()) std::rethrow_exception(error);
   if (!blocking_) {
     // The caller's stream continues after the collective; the host does not wait for the GPU.
@@ -71,15 +75,19 @@ void NcclWork::wait(Millis timeout) {
               fmt::format("nccl {}: {}: cudaStreamWaitEvent", who_, info_.describeWithSeq()));
     return;
   }
-  // Blocking: poll until the GPU is done, the watchdog fails the communicator, or `timeout`.
-  const auto limit = timeout > Millis::zero() ? std::chrono::steady_clock::now() + timeout
-                                              : std::chrono::steady_clock::time_point::max();
+  // Blocking: poll until the GPU is done, the watchdog fails the communicator, or the limit.
+  const auto start = std::chrono::steady_clock::now();
+  const auto limit = timeout > Millis::zero() ? start + timeout : waitLimit_;
   while (cudaEventQuery(done_) == cudaErrorNotReady) {
     if (auto error = errorNow()) std::rethrow_exception(error);
     if (std::chrono::steady_clock::now() > limit) {
-      DTRAIN_THROW(TimeoutError, "nccl {}: {}: not completed after {} ms of wait() (the "
+      DTRAIN_THROW(TimeoutError, "nccl {}: {}: not completed after {} ms of wait(){} (the "
                    "collective keeps running; the watchdog aborts it at its timeout)",
-                   who_, info_.describeWithSeq(), timeout.count());
+                   who_, info_.describeWithSeq(),
+                   std::chrono::duration_cast<Millis>(std::chrono::steady_clock::now() - start)
+                       .count(),
+                   timeout > Millis::zero() ? "" : ", past its default deadline: the watchdog "
+                                                   "did not fail it in time");
     }
     std::this_thread::sleep_for(std::chrono::microseconds(50));
   }

@@ -9,6 +9,7 @@
 
 #include "dtrain/error.h"
 #include "dtrain/logging.h"
+#include "dtrain/timeout.h"
 #include "failure_report.h"
 #include "reduce_kernels.h"
 #include "shm_kernels.h"
@@ -35,8 +36,9 @@ ShmCommunicator::ShmCommunicator(Config c)
       name_(c.name),
       store_(c.store),
       storeHost_(c.storeHost),
-      timeout_(c.timeout),
-      connectTimeout_(c.connectTimeout),
+      timeout_(timeoutOrDefault(c.timeout, kDefaultCollectiveTimeout, "ShmOptions::timeout")),
+      connectTimeout_(
+          timeoutOrDefault(c.connectTimeout, kDefaultConnectTimeout, "ShmOptions::connectTimeout")),
       faults_(topo_.rank, c.shm.faults, c.shm.faultsFromEnv),
       cross_(std::move(c.cross)),
       crossName_(c.crossName) {
@@ -48,8 +50,6 @@ ShmCommunicator::ShmCommunicator(Config c)
                    o.rank, o.size - 1);
   DTRAIN_CHECK_ARG(o.store != nullptr, "shared memory: rank {}/{}: no store to meet through",
                    o.rank, o.size);
-  DTRAIN_CHECK_ARG(timeout_ > Millis::zero(), "shared memory: the collective timeout must be "
-                   "positive");
   shm::SegmentOptions so;
   so.rank = o.rank;
   so.size = o.size;
@@ -57,7 +57,7 @@ ShmCommunicator::ShmCommunicator(Config c)
   so.name = o.name;
   so.slotBytes = o.slotBytes;
   so.arenaBytes = o.arenaBytes;
-  so.connectTimeout = o.connectTimeout;
+  so.connectTimeout = connectTimeout_;
   segment_ = shm::Segment::join(so);
   shm::EngineOptions eo;
   eo.smallBytes = o.smallBytes;
@@ -113,7 +113,7 @@ void ShmCommunicator::throwIfUnusable() const {
 std::shared_ptr<Work> ShmCommunicator::submit(CollectiveInfo info, const CallOptions& options,
                                               Body body) {
   throwIfUnusable();
-  const Millis timeout = options.timeout > Millis::zero() ? options.timeout : timeout_;
+  const Millis timeout = timeoutOrDefault(options.timeout, timeout_, "CallOptions::timeout");
   info.shape = options.shape;
   std::lock_guard<std::mutex> lock(issueMutex_);
   info.seq = nextSeq_.load();
@@ -121,7 +121,7 @@ std::shared_ptr<Work> ShmCommunicator::submit(CollectiveInfo info, const CallOpt
   auto work = queue_->enqueue(
       [this, info, timeout, body = std::move(body)] { runOnCommThread(info, timeout, body); },
       [this, info] { return fmt::format("{}: {}", who(), info.describeWithSeq()); },
-      /*wake=*/!options.synchronous);
+      defaultWaitBudget(timeout), /*wake=*/!options.synchronous);
   nextSeq_.store(info.seq + 1);
   return work;
 }

@@ -8,7 +8,8 @@
 // Every collective is asynchronous and returns a Work; the non-virtual synchronous forms are the
 // async call plus wait(). Collectives run in the order they are issued, on every rank in the same
 // order. Once a collective fails, the communicator is failed: every later call fails fast with the
-// first error, which names this rank, the peer and the operation.
+// first error, which names this rank, the peer and the operation. Every wait has a deadline; a zero
+// timeout anywhere here means the default one (Note [Zero timeouts] in dtrain/timeout.h).
 
 #include <atomic>
 #include <chrono>
@@ -42,15 +43,21 @@ const char* reduceOpName(ReduceOp op);
 class Work {
  public:
   virtual ~Work() = default;
-  // True once finished, successfully or not; never blocks.
+  // True once finished, successfully or not; never blocks. The way to look without waiting.
   virtual bool isCompleted() = 0;
-  // Blocks until finished; rethrows its error. `timeout` zero: the communicator's timeout.
+  // Blocks until finished, at most `timeout`; rethrows its error. A timeout that passes throws
+  // TimeoutError and leaves the collective running. Zero (the default) is the default deadline,
+  // not "no timeout": as long as the collective may take by its own deadline (CallOptions::timeout,
+  // else the communicator's, from when it starts, plus the grace in which the ranks compare notes
+  // on a failure), so a zero wait ends with the collective's own error, or with TimeoutError only
+  // when the backend is stuck past that deadline. Negative: InvalidArgument.
   // On CUDA: returns when the caller's stream (CallOptions::stream) is ordered after the
   // collective; the host does not wait for the GPU.
   virtual void wait(Millis timeout = Millis::zero()) = 0;
 };
 
-// Per-call options. Zero/null members mean "the communicator's default".
+// Per-call options. Zero/null members mean "the communicator's default" (a zero timeout: the
+// communicator's collective timeout; Note [Zero timeouts]).
 struct CallOptions {
   // CUDA only: the cudaStream_t the buffers are produced and consumed on. The collective runs on
   // the communicator's own stream, ordered after this one, and this one after it.

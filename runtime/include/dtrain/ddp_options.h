@@ -31,7 +31,12 @@ struct DdpOptions {
   // out of the buckets, and the memory of the separate .grad tensors.
   bool gradientAsBucketView = false;
   GradientCompression compression = GradientCompression::None;
-  // Deadline of every collective DDP waits for; zero: the communicator's.
+  // After the first synchronised backward, rebuild the buckets in the order the gradients arrived
+  // (rank 0's), as PyTorch does; see Note [Bucket rebuild] in dtrain/bucket_assignment.h. Not with
+  // findUnusedParameters, whose arrival order may change from one iteration to the next.
+  bool rebuildBuckets = true;
+  // Deadline of every collective DDP waits for; zero: the communicator's (Note [Zero timeouts] in
+  // dtrain/timeout.h).
   comm::Millis timeout = comm::Millis::zero();
 };
 

@@ -72,7 +72,16 @@ struct SamplerState {
 // one thread drives the loader and calls setEpoch()/state().
 class DistributedSampler : public torch::data::samplers::Sampler<std::vector<size_t>> {
  public:
-  DistributedSampler(size_t datasetSize, int rank, int worldSize, SamplerOptions options = {});
+  // PyTorch's argument order, numReplicas (the world size) BEFORE rank, as in libtorch's
+  // DistributedRandomSampler(size, num_replicas, rank) and Python's
+  // DistributedSampler(dataset, num_replicas, rank):
+  //
+  //   DistributedSampler sampler(dataset.size().value(), group->size(), group->rank());
+  //
+  // A call with the two swapped is refused (InvalidArgument saying so): the rank is always below
+  // the world size, so swapped values make rank >= numReplicas. numReplicas >= 1,
+  // 0 <= rank < numReplicas.
+  DistributedSampler(size_t datasetSize, int numReplicas, int rank, SamplerOptions options = {});
 
   // Starts `epoch` from its beginning (drops a resumed position).
   void setEpoch(int64_t epoch);
@@ -112,8 +121,8 @@ class DistributedSampler : public torch::data::samplers::Sampler<std::vector<siz
 
   void rebuild();
 
+  int numReplicas_;
   int rank_;
-  int worldSize_;
   SamplerOptions options_;
   std::shared_ptr<Position> pos_;
 };

@@ -33,7 +33,8 @@ struct GlooOptions {
   // (loopback when the store is on loopback, else the interface routing toward `storeHost`).
   std::string interface;
   std::string storeHost;
-  // Default deadline of each collective (CallOptions::timeout overrides per call).
+  // Default deadline of each collective (CallOptions::timeout overrides per call). Zero here and
+  // in connectTimeout: the default (Note [Zero timeouts] in dtrain/timeout.h).
   Millis timeout = kDefaultCollectiveTimeout;
   // Deadline for all ranks to connect.
   Millis connectTimeout = kDefaultConnectTimeout;

@@ -9,6 +9,7 @@
 
 namespace dtrain::store {
 
+// Zero timeouts: the defaults (Note [Zero timeouts] in dtrain/timeout.h).
 struct JobStoreOptions {
   Millis connectTimeout{60000};
   Millis timeout = kDefaultStoreTimeout;  // every operation

@@ -27,6 +27,7 @@ struct NcclOptions {
   std::shared_ptr<store::Store> store;  // shared by all ranks; keys under "<name>/"
   std::string name = "nccl";
   int device = 0;                        // CUDA device index: cuda:LOCAL_RANK
+  // Zero: the default (Note [Zero timeouts] in dtrain/timeout.h).
   Millis timeout = kDefaultCollectiveTimeout;
   Millis connectTimeout = kDefaultConnectTimeout;  // waiting for rank 0's ncclUniqueId
   // Work::wait() blocks the host until the GPU has finished the collective (or its timeout

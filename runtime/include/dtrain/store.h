@@ -6,7 +6,8 @@
 //   - HashStore: in-process, for tests and for ranks run as threads;
 //   - PrefixStore: a view of another store with every key under "prefix/" (restart rounds).
 // Every blocking call has a deadline; a deadline that passes throws TimeoutError naming the keys,
-// the store and the time waited.
+// the store and the time waited. A zero timeout is the store's timeout() (Note [Zero timeouts] in
+// dtrain/timeout.h); check() looks without waiting.
 
 #include <chrono>
 #include <condition_variable>
@@ -16,6 +17,8 @@
 #include <string>
 #include <unordered_map>
 #include <vector>
+
+#include "dtrain/timeout.h"
 
 namespace dtrain::store {
 
@@ -46,17 +49,22 @@ class Store {
   // not empty.
   virtual Bytes compareSet(const std::string& key, const Bytes& expected, const Bytes& desired) = 0;
   // Blocks until every key exists or `timeout` passes (TimeoutError naming the missing keys).
+  // Zero: timeout(), the store's default deadline, not "check now" (Note [Zero timeouts]);
+  // negative: InvalidArgument.
   virtual void wait(const std::vector<std::string>& keys, Millis timeout) = 0;
   void wait(const std::vector<std::string>& keys) { wait(keys, timeout()); }
-  // True when every key exists; never blocks.
+  // True when every key exists; never blocks. The way to look without waiting.
   virtual bool check(const std::vector<std::string>& keys) = 0;
   // True when the key existed.
   virtual bool deleteKey(const std::string& key) = 0;
   virtual int64_t numKeys() = 0;
 
-  // Deadline of get() and of every network round trip.
+  // Deadline of get(), of wait() without one, and of every network round trip. setTimeout(0)
+  // restores the default (kDefaultStoreTimeout); negative: InvalidArgument.
   virtual Millis timeout() const { return timeout_; }
-  virtual void setTimeout(Millis timeout) { timeout_ = timeout; }
+  virtual void setTimeout(Millis timeout) {
+    timeout_ = timeoutOrDefault(timeout, kDefaultStoreTimeout, "Store::setTimeout");
+  }
 
   // Human-readable location for error messages ("127.0.0.1:29400", "HashStore").
   virtual std::string describe() const = 0;
@@ -66,6 +74,11 @@ class Store {
   std::string getString(const std::string& key) { return toString(get(key)); }
 
  protected:
+  // What a wait(keys, requested) waits: `requested`, or timeout() when it is zero.
+  Millis waitTimeout(Millis requested) const {
+    return timeoutOrDefault(requested, timeout(), "Store::wait timeout");
+  }
+
   Millis timeout_{kDefaultStoreTimeout};
 };
 

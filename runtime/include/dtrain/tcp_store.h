@@ -20,7 +20,8 @@ namespace dtrain::store {
 
 constexpr Millis kDefaultConnectTimeout{60000};
 constexpr Millis kDefaultHandshakeTimeout{10000};
-constexpr Millis kDefaultIdleTimeout{0};  // zero: idle clients are kept (workers wait for hours)
+// The default idle timeout is none: idle clients are kept (workers stay silent for hours).
+constexpr Millis kDefaultIdleTimeout{0};
 constexpr Millis kDefaultFrameTimeout{30000};
 constexpr uint16_t kDefaultStorePort = 29400;
 
@@ -31,6 +32,7 @@ struct StoreLimits {
   size_t maxKeysPerRequest = 4096;
 };
 
+// Every timeout below: zero means its default (Note [Zero timeouts] in dtrain/timeout.h).
 struct TcpStoreServerOptions {
   std::string host = "127.0.0.1";  // the address to bind; "0.0.0.0" for every interface
   uint16_t port = 0;               // 0: a free port, see TcpStoreServer::port()
@@ -42,7 +44,7 @@ struct TcpStoreServerOptions {
   StoreLimits limits;
   Millis handshakeTimeout = kDefaultHandshakeTimeout;  // a connection must authenticate / send
                                                        // its first frame within this
-  Millis idleTimeout = kDefaultIdleTimeout;            // zero: never
+  Millis idleTimeout = kDefaultIdleTimeout;            // default: none (idle clients are kept)
   Millis frameTimeout = kDefaultFrameTimeout;  // a frame whose first byte came must be complete
                                                // within this (half a frame then silence)
   int backlog = 1024;
@@ -65,6 +67,7 @@ class TcpStoreServer {
   virtual void stop() = 0;
 };
 
+// Every timeout below: zero means its default (Note [Zero timeouts] in dtrain/timeout.h).
 struct TcpStoreOptions {
   std::string host = "127.0.0.1";
   uint16_t port = kDefaultStorePort;

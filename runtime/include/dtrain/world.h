@@ -47,6 +47,7 @@ struct WorldOptions {
   // environment. `storeHost` is its host, for choosing the network interface (empty: loopback).
   std::shared_ptr<store::Store> store;
   std::string storeHost;
+  // Zero: the default (Note [Zero timeouts] in dtrain/timeout.h).
   Millis timeout = kDefaultCollectiveTimeout;       // each collective
   Millis connectTimeout = kDefaultConnectTimeout;   // store connection and rendezvous
   // Check every collective's type and shape across ranks (also DTRAIN_CHECK_COLLECTIVES=1).
