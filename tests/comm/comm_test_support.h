@@ -4,6 +4,7 @@
 
 #include <chrono>
 #include <functional>
+#include <ostream>
 #include <memory>
 #include <string>
 #include <vector>
@@ -42,6 +43,9 @@ struct WorldKind {
                            // collective streams through many chunks with uneven slices
   std::string label() const;
 };
+
+// gtest prints the label (CTest lists parameterised tests with it).
+inline void PrintTo(const WorldKind& kind, std::ostream* os) { *os << kind.label(); }
 
 // Creates the communicators of every rank concurrently.
 std::vector<std::shared_ptr<comm::Communicator>> makeWorld(
