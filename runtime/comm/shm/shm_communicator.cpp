@@ -18,11 +18,13 @@ namespace dtrain::comm {
 
 namespace {
 
-std::chrono::microseconds defaultSpin(const ShmOptions& o) {
-  if (o.spin.count() >= 0) return o.spin;
-  // More ranks than cores: a spinning waiter holds the core its peer needs. Yield almost at once.
+// See kDefaultShmSpin. More ranks than cores: a spinning waiter holds the core its peer needs, so
+// it sleeps almost at once.
+std::chrono::microseconds spinOf(const ShmOptions& o, std::chrono::microseconds requested,
+                                 std::chrono::microseconds byDefault) {
+  if (requested.count() >= 0) return requested;
   const unsigned cores = std::max(1u, std::thread::hardware_concurrency());
-  return static_cast<unsigned>(o.size) <= cores ? kDefaultShmSpin : std::chrono::microseconds(2);
+  return static_cast<unsigned>(o.size) <= cores ? byDefault : std::chrono::microseconds(2);
 }
 
 // The first line of an error, for the segment's abort reason.
@@ -62,7 +64,9 @@ ShmCommunicator::ShmCommunicator(Config c)
   shm::EngineOptions eo;
   eo.smallBytes = o.smallBytes;
   eo.ownedChunkBytes = o.ownedChunkBytes;
-  eo.spin = defaultSpin(o);
+  spin_ = spinOf(o, o.spin, kDefaultShmSpin);
+  asyncSpin_ = spinOf(o, o.asyncSpin, kDefaultShmAsyncSpin);
+  eo.spin = asyncSpin_;
   if (topo_.nodes > 1) {
     for (int l = 0; l < topo_.locals; ++l) eo.rankNames.push_back(topo_.rankOf(topo_.node, l));
   }
@@ -118,8 +122,12 @@ std::shared_ptr<Work> ShmCommunicator::submit(CollectiveInfo info, const CallOpt
   std::lock_guard<std::mutex> lock(issueMutex_);
   info.seq = nextSeq_.load();
   recorder_.recordQueued(info);
+  const bool synchronous = options.synchronous;
   auto work = queue_->enqueue(
-      [this, info, timeout, body = std::move(body)] { runOnCommThread(info, timeout, body); },
+      [this, info, timeout, synchronous, body = std::move(body)] {
+        engine_->setSpin(synchronous ? spin_ : asyncSpin_);
+        runOnCommThread(info, timeout, body);
+      },
       [this, info] { return fmt::format("{}: {}", who(), info.describeWithSeq()); },
       defaultWaitBudget(timeout), /*wake=*/!options.synchronous);
   nextSeq_.store(info.seq + 1);

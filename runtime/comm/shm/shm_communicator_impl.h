@@ -127,6 +127,8 @@ class ShmCommunicator final : public Communicator {
   const Millis timeout_;
   const Millis connectTimeout_;
   CollectiveFaults faults_;
+  std::chrono::microseconds spin_{0};       // synchronous calls (Note [Waiting])
+  std::chrono::microseconds asyncSpin_{0};  // calls run while the caller goes on
 
   std::shared_ptr<shm::Segment> segment_;
   std::unique_ptr<shm::Engine> engine_;   // executor only

@@ -57,6 +57,9 @@ class Engine {
                      Clock::time_point deadline);
   void barrier(const CollectiveInfo& info, Clock::time_point deadline);
 
+  // How long waits of the next collectives spin before they sleep (Note [Waiting]).
+  void setSpin(std::chrono::microseconds spin) { options_.spin = spin; }
+
   // Marks this rank failed in the segment (peers then fail at once, quoting `reason`) and wakes
   // every sleeping peer. Idempotent; callable from any thread.
   void abort(const std::string& reason);

@@ -29,8 +29,13 @@ constexpr size_t kDefaultShmOwnedChunkBytes = size_t{8} << 20;
 constexpr size_t kDefaultShmSmallBytes = size_t{32} << 10;
 // Address space reserved for each rank's allocate() buffers. Only pages in use take memory.
 constexpr size_t kDefaultShmArenaBytes = size_t{16} << 30;
-// How long a waiting rank spins before it sleeps (futex) until the peer it waits for moves on.
-constexpr std::chrono::microseconds kDefaultShmSpin{50};
+// How long a waiting rank spins before it sleeps (futex) until the peer it waits for moves on: in
+// a synchronous call (the caller blocks anyway; a sleeping rank costs a scheduler wake-up, tens of
+// microseconds to milliseconds on a loaded machine, each time), and in one run by the comm thread
+// while the caller computes (DDP's buckets: spinning there takes the core from backward). Both
+// are cut to a few microseconds when the node's ranks outnumber its cores.
+constexpr std::chrono::microseconds kDefaultShmSpin{1000};
+constexpr std::chrono::microseconds kDefaultShmAsyncSpin{50};
 
 struct ShmOptions {
   int rank = 0;
@@ -45,8 +50,10 @@ struct ShmOptions {
   size_t ownedChunkBytes = kDefaultShmOwnedChunkBytes;
   size_t smallBytes = kDefaultShmSmallBytes;
   size_t arenaBytes = kDefaultShmArenaBytes;
-  // Negative: kDefaultShmSpin, or less when the node's ranks outnumber its cores.
+  // Negative: kDefaultShmSpin / kDefaultShmAsyncSpin, or 2 us when the node's ranks outnumber
+  // its cores.
   std::chrono::microseconds spin{-1};
+  std::chrono::microseconds asyncSpin{-1};
   // Fault injection (skip-collective, wrong-shape, hang; `step` counts collectives). Default:
   // DTRAIN_FAULT.
   std::vector<fault::Fault> faults;
