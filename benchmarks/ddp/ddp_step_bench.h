@@ -23,6 +23,8 @@ struct StepConfig {
   // Turn-taking with the driver (see Note [Turns]): "<dir>/<side>", rank 0 reads "<...>.go" and
   // writes "<...>.done". Empty: run freely.
   std::string turns;
+  // dtrain's job without shared memory (DTRAIN_SHM=0): Gloo over loopback, as before issue 13.
+  bool noShm = false;
 };
 
 // Note [Turns]
@@ -43,6 +45,7 @@ struct StepResult {
   std::vector<double> stepMs;    // forward + backward (+ allreduce) + optimizer step
   std::vector<double> noSyncMs;  // the same step without communication
   std::vector<double> waitMs;    // dtrain only: the end of backward blocked on allreduces
+  std::string backend;           // dtrain only: the process group's backend ("shm", "gloo")
 };
 
 // Runs the worker side in this process (RANK, WORLD_SIZE and the store from the environment);

@@ -10,9 +10,9 @@
 // Note [DDP backward]
 // Each parameter's gradient accumulator (the AccumulateGrad node that adds into .grad) carries a
 // post-hook, so the hook runs once per backward, after the gradient is complete in .grad. The hook
-// copies the gradient, already divided by the world size, into its slot of a bucket (or, with
-// gradientAsBucketView, the gradient already lives there); the bucket whose last gradient this was
-// starts its allreduce at once, while autograd goes on with the earlier layers. Buckets are launched
+// copies the gradient into its slot of a bucket (with gradientAsBucketView it already lives
+// there), to be divided by the world size there or by the allreduce (Note [Averaging]); the bucket
+// whose last gradient this was starts its allreduce at once, while autograd goes on with the earlier layers. Buckets are launched
 // strictly in bucket order, so every rank issues the same collectives in the same order even when
 // gradients arrive in a different order on different ranks.
 //
@@ -116,6 +116,15 @@ void Reducer::buildBuckets(const std::vector<std::vector<size_t>>& assignment) {
       slots_[indices[entry]] = {buckets_.size(), entry};
       offset += p.numel();
     }
+    // Note [Averaging]
+    // float32 and float64 buckets that travel as they are are averaged by the allreduce itself
+    // (ReduceOp::Avg: a backend that reduces in one pass, as the shared-memory one does, divides on
+    // the way; with gradientAsBucketView nothing then touches a gradient between autograd and the
+    // allreduce). 16-bit buckets and compressed ones are divided first, as PyTorch does, so their
+    // sums cannot overflow.
+    bucket.averagedByAllreduce =
+        options_.compression == GradientCompression::None &&
+        (bucket.dtype == at::kFloat || bucket.dtype == at::kDouble);
     if (options_.compression != GradientCompression::None && bucket.dtype == at::kFloat) {
       auto wireType =
           options_.compression == GradientCompression::Fp16 ? at::kHalf : at::kBFloat16;
@@ -254,10 +263,16 @@ void Reducer::markReadyLocked(size_t index, bool hookFired) {
                    "gradients are supported. HINT: use a dense embedding (sparse=false)",
                    params_[index].name);
       if (hookFired) usedLocally_[index] = 1;
+      // See Note [Averaging]: the division is part of the allreduce, or done here.
+      const bool averaged = buckets_[slots_[index].bucket].averagedByAllreduce;
       if (grad.data_ptr() == view.data_ptr()) {
-        view.mul_(divisor_);
+        if (!averaged) view.mul_(divisor_);
       } else {
-        at::mul_out(view, grad, divisor_);
+        if (averaged) {
+          view.copy_(grad);
+        } else {
+          at::mul_out(view, grad, divisor_);
+        }
         if (options_.gradientAsBucketView && hookFired) param.mutable_grad() = view;
       }
     } else {
@@ -278,7 +293,9 @@ void Reducer::launchReadyBucketsLocked() {
     at::Tensor& travels = b.wire.defined() ? b.wire : b.flat;
     if (b.wire.defined()) b.wire.copy_(b.flat);
     b.work = comm_.allreduceAsync(travels.data_ptr(), static_cast<size_t>(b.numel),
-                                  toDataType(travels), comm::ReduceOp::Sum, call);
+                                  toDataType(travels),
+                                  b.averagedByAllreduce ? comm::ReduceOp::Avg : comm::ReduceOp::Sum,
+                                  call);
   }
   if (nextBucket_ == buckets_.size() && options_.findUnusedParameters && !usedWork_) {
     auto host = at::from_blob(usedLocally_.data(), {static_cast<int64_t>(usedLocally_.size())},

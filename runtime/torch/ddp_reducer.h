@@ -60,6 +60,7 @@ class Reducer {
     // Compression: the 16-bit copy that travels; undefined when uncompressed.
     std::shared_ptr<comm::Buffer> wireMemory;
     at::Tensor wire;
+    bool averagedByAllreduce = false;  // Note [Averaging]: ReduceOp::Avg, no division before
     size_t pending = 0;  // gradients not yet ready this pass
     std::shared_ptr<comm::Work> work;
   };
