@@ -18,13 +18,14 @@ namespace dtrain::comm {
 
 namespace {
 
-// See kDefaultShmSpin. More ranks than cores: a spinning waiter holds the core its peer needs, so
-// it sleeps almost at once.
-std::chrono::microseconds spinOf(const ShmOptions& o, std::chrono::microseconds requested,
+// More ranks than cores: a waiter must give its core to the peer it waits for (Note [Waiting]).
+bool oversubscribed(const ShmOptions& o) {
+  return static_cast<unsigned>(o.size) > std::max(1u, std::thread::hardware_concurrency());
+}
+
+std::chrono::microseconds spinOf(std::chrono::microseconds requested,
                                  std::chrono::microseconds byDefault) {
-  if (requested.count() >= 0) return requested;
-  const unsigned cores = std::max(1u, std::thread::hardware_concurrency());
-  return static_cast<unsigned>(o.size) <= cores ? byDefault : std::chrono::microseconds(2);
+  return requested.count() >= 0 ? requested : byDefault;
 }
 
 // The first line of an error, for the segment's abort reason.
@@ -64,9 +65,10 @@ ShmCommunicator::ShmCommunicator(Config c)
   shm::EngineOptions eo;
   eo.smallBytes = o.smallBytes;
   eo.ownedChunkBytes = o.ownedChunkBytes;
-  spin_ = spinOf(o, o.spin, kDefaultShmSpin);
-  asyncSpin_ = spinOf(o, o.asyncSpin, kDefaultShmAsyncSpin);
+  spin_ = spinOf(o.spin, kDefaultShmSpin);
+  asyncSpin_ = spinOf(o.asyncSpin, kDefaultShmAsyncSpin);
   eo.spin = asyncSpin_;
+  eo.yield = oversubscribed(o);
   if (topo_.nodes > 1) {
     for (int l = 0; l < topo_.locals; ++l) eo.rankNames.push_back(topo_.rankOf(topo_.node, l));
   }

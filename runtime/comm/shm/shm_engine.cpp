@@ -1,5 +1,7 @@
 #include "shm_engine.h"
 
+#include <sched.h>
+
 #include <algorithm>
 #include <cstring>
 
@@ -47,7 +49,8 @@ namespace dtrain::comm::shm {
 // where every call pays one (measured: 60-80 us for a 4 KiB allreduce with a 50 us spin, 500 us
 // with 300 us, 2 us with 1-2 ms); but a spinning waiter holds its core. So synchronous calls, whose
 // caller blocks anyway, spin 1 ms; calls the comm thread runs while the caller computes (DDP's
-// buckets during backward) 50 us; and a node with more ranks than cores 2 us. Sleeps last at most
+// buckets during backward) 50 us. When the node's ranks outnumber its cores the peer may need
+// this very core, so the spin yields it (sched_yield) at every turn. Sleeps last at most
 // sleepSlice (100 ms): between them the rank looks whether a peer aborted (its error is quoted) or
 // died (a pidfd per peer), and whether the deadline passed. A dead peer is therefore noticed
 // within ~0.1 s, a frozen one at the collective timeout.
@@ -136,6 +139,11 @@ void Engine::waitFor(int peer, uint32_t target, Clock::time_point deadline, cons
   if (reached(c.progress.load(std::memory_order_acquire), target)) return;
   const auto spinUntil = Clock::now() + spinFor();
   do {
+    if (options_.yield) {
+      sched_yield();
+      if (reached(c.progress.load(std::memory_order_acquire), target)) return;
+      continue;
+    }
     for (int i = 0; i < 64; ++i) {
       cpuRelax();
       if (reached(c.progress.load(std::memory_order_acquire), target)) return;

@@ -26,6 +26,9 @@ struct EngineOptions {
   size_t smallBytes = 0;
   size_t ownedChunkBytes = 0;
   std::chrono::microseconds spin{50};
+  // Spin with sched_yield() instead of a pause: when the node's ranks outnumber its cores, the
+  // peer being waited for may need this very core.
+  bool yield = false;
   // Longest single futex sleep: how often a waiting rank looks whether its peers still live.
   std::chrono::microseconds sleepSlice{100000};
   // What messages call each rank of the segment (the communicator's rank numbers when the

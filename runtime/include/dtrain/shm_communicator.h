@@ -32,8 +32,8 @@ constexpr size_t kDefaultShmArenaBytes = size_t{16} << 30;
 // How long a waiting rank spins before it sleeps (futex) until the peer it waits for moves on: in
 // a synchronous call (the caller blocks anyway; a sleeping rank costs a scheduler wake-up, tens of
 // microseconds to milliseconds on a loaded machine, each time), and in one run by the comm thread
-// while the caller computes (DDP's buckets: spinning there takes the core from backward). Both
-// are cut to a few microseconds when the node's ranks outnumber its cores.
+// while the caller computes (DDP's buckets: spinning there takes the core from backward). When the
+// node's ranks outnumber its cores the spin yields the core (sched_yield) at every turn.
 constexpr std::chrono::microseconds kDefaultShmSpin{1000};
 constexpr std::chrono::microseconds kDefaultShmAsyncSpin{50};
 
@@ -50,8 +50,7 @@ struct ShmOptions {
   size_t ownedChunkBytes = kDefaultShmOwnedChunkBytes;
   size_t smallBytes = kDefaultShmSmallBytes;
   size_t arenaBytes = kDefaultShmArenaBytes;
-  // Negative: kDefaultShmSpin / kDefaultShmAsyncSpin, or 2 us when the node's ranks outnumber
-  // its cores.
+  // Negative: kDefaultShmSpin / kDefaultShmAsyncSpin.
   std::chrono::microseconds spin{-1};
   std::chrono::microseconds asyncSpin{-1};
   // Fault injection (skip-collective, wrong-shape, hang; `step` counts collectives). Default:
