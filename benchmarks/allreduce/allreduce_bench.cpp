@@ -82,6 +82,7 @@ struct Config {
   int smallIters = 200;  // sizes up to 256 KiB: more iterations, a steadier median
   int rounds = 3;        // every contender runs this many times per size, in turn
   int shmSpinUs = -1;    // ShmOptions::spin; negative: its default
+  int shmYield = -1;     // ShmOptions::yieldSpin
   size_t shmSlotBytes = comm::kDefaultShmSlotBytes;
   size_t shmOwnedChunkBytes = comm::kDefaultShmOwnedChunkBytes;
   size_t shmSmallBytes = comm::kDefaultShmSmallBytes;
@@ -255,6 +256,7 @@ int runWorker(const Config& cfg) {
   so.store = store;
   so.name = "allreduce_bench/shm";
   so.spin = std::chrono::microseconds(cfg.shmSpinUs);
+  so.yieldSpin = cfg.shmYield;
   so.slotBytes = cfg.shmSlotBytes;
   so.ownedChunkBytes = cfg.shmOwnedChunkBytes;
   so.smallBytes = cfg.shmSmallBytes;
@@ -491,6 +493,8 @@ int main(int argc, char** argv) {
        cxxopts::value<size_t>()->default_value(std::to_string(dtrain::comm::kDefaultSmallAllreduceBytes)))
       ("shm-spin-us", "shared memory: how long a waiter spins before it sleeps (tuning)",
        cxxopts::value<int>()->default_value("-1"))
+      ("shm-yield", "shared memory: spin with sched_yield (1), a pause (0), auto (-1) (tuning)",
+       cxxopts::value<int>()->default_value("-1"))
       ("shm-slot-bytes", "shared memory: staging slot (tuning)",
        cxxopts::value<size_t>()->default_value(std::to_string(dtrain::comm::kDefaultShmSlotBytes)))
       ("shm-owned-chunk-bytes", "shared memory: chunk of owned buffers (tuning)",
@@ -538,6 +542,7 @@ int main(int argc, char** argv) {
     cfg.smallIters = args["small-iters"].as<int>();
     cfg.rounds = std::max(1, args["rounds"].as<int>());
     cfg.shmSpinUs = args["shm-spin-us"].as<int>();
+    cfg.shmYield = args["shm-yield"].as<int>();
     cfg.shmSlotBytes = args["shm-slot-bytes"].as<size_t>();
     cfg.shmOwnedChunkBytes = args["shm-owned-chunk-bytes"].as<size_t>();
     cfg.shmSmallBytes = args["shm-small-bytes"].as<size_t>();

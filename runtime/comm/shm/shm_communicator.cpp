@@ -68,7 +68,7 @@ ShmCommunicator::ShmCommunicator(Config c)
   spin_ = spinOf(o.spin, kDefaultShmSpin);
   asyncSpin_ = spinOf(o.asyncSpin, kDefaultShmAsyncSpin);
   eo.spin = asyncSpin_;
-  eo.yield = oversubscribed(o);
+  eo.yield = o.yieldSpin < 0 ? oversubscribed(o) : o.yieldSpin > 0;
   if (topo_.nodes > 1) {
     for (int l = 0; l < topo_.locals; ++l) eo.rankNames.push_back(topo_.rankOf(topo_.node, l));
   }

@@ -41,19 +41,24 @@ namespace dtrain::comm::shm {
 // need one more phase at the end: the owner returns only after everyone has finished reading.
 //
 // Note [Waiting]
-// A waiting rank spins on the peer's word for a while (EngineOptions::spin), then sleeps on it
-// with a futex, registering in the peer's `sleepers` count so the peer wakes it after its next
-// advance. How long to spin is a trade (kDefaultShmSpin): a sleeper costs a scheduler wake-up
-// when its peer arrives, tens of microseconds on an idle machine and up to a scheduler tick on a
-// loaded one, and on a loaded 2-core machine two ranks that sleep in turn fall into a pattern
-// where every call pays one (measured: 60-80 us for a 4 KiB allreduce with a 50 us spin, 500 us
-// with 300 us, 2 us with 1-2 ms); but a spinning waiter holds its core. So synchronous calls, whose
-// caller blocks anyway, spin 1 ms; calls the comm thread runs while the caller computes (DDP's
-// buckets during backward) 50 us. When the node's ranks outnumber its cores the peer may need
-// this very core, so the spin yields it (sched_yield) at every turn. Sleeps last at most
-// sleepSlice (100 ms): between them the rank looks whether a peer aborted (its error is quoted) or
-// died (a pidfd per peer), and whether the deadline passed. A dead peer is therefore noticed
-// within ~0.1 s, a frozen one at the collective timeout.
+// A waiting rank spins on the peer's word for a while, then sleeps on it with a futex, registering
+// in the peer's `sleepers` count so the peer wakes it after its next advance. How long to spin
+// decides latency, and depends on the machine more than on anything dtrain controls:
+//   - peers that run at the same time see each other's advance within microseconds, while a
+//     sleeper costs a scheduler wake-up each time (5-10 us, and two ranks that sleep in turn pay
+//     one per call): a 4 KiB allreduce takes ~2 us spinning, ~10 us sleeping;
+//   - on a loaded machine (more runnable threads than cores) the peer is often not running, and a
+//     spinning waiter holds a core the peer may need: every spin then runs to its end (measured at
+//     load 10-16 on 2 cores: a 4 KiB allreduce took the spin's length, 0.1 ms with a 100 us spin
+//     and 1 ms with 1 ms, against 11 us sleeping at once).
+// So the spin adapts (Engine::spinBudgetUs_): a spin that ends without the peer halves the budget
+// (down to 2 us), one that sees the peer after t raises it to 8t, up to a ceiling: 1 ms in
+// synchronous calls, whose caller blocks anyway, 50 us in calls the comm thread runs while the
+// caller computes (DDP's buckets during backward). When the node's ranks outnumber its cores the
+// spin yields the core (sched_yield) at every turn. Sleeps last at most sleepSlice (100 ms):
+// between them the rank looks whether a peer aborted (its error is quoted) or died (a pidfd per
+// peer), and whether the deadline passed. A dead peer is therefore noticed within ~0.1 s, a frozen
+// one at the collective timeout.
 
 namespace {
 
@@ -137,18 +142,21 @@ void Engine::endStep() { ++step_; }
 void Engine::waitFor(int peer, uint32_t target, Clock::time_point deadline, const char* what) {
   RankControl& c = segment_->control(peer);
   if (reached(c.progress.load(std::memory_order_acquire), target)) return;
-  const auto spinUntil = Clock::now() + spinFor();
+  // Note [Waiting]: spin for the adaptive budget, then sleep.
+  const auto start = Clock::now();
+  const auto budget = std::chrono::duration<double, std::micro>(spinBudgetUs_);
   do {
     if (options_.yield) {
       sched_yield();
-      if (reached(c.progress.load(std::memory_order_acquire), target)) return;
+      if (reached(c.progress.load(std::memory_order_acquire), target)) return spun(start);
       continue;
     }
     for (int i = 0; i < 64; ++i) {
       cpuRelax();
-      if (reached(c.progress.load(std::memory_order_acquire), target)) return;
+      if (reached(c.progress.load(std::memory_order_acquire), target)) return spun(start);
     }
-  } while (Clock::now() < spinUntil);
+  } while (Clock::now() - start < budget);
+  spinBudgetUs_ = std::max(kMinSpinUs, spinBudgetUs_ / 2);  // spinning did not pay: less of it
   while (true) {
     // The condition first: a peer that did its part and then left (shut down, exited) is fine.
     if (reached(c.progress.load(std::memory_order_acquire), target)) return;
@@ -163,6 +171,17 @@ void Engine::waitFor(int peer, uint32_t target, Clock::time_point deadline, cons
     }
     c.sleepers.fetch_sub(1, std::memory_order_seq_cst);
   }
+}
+
+void Engine::spun(Clock::time_point start) {
+  const double waited = std::chrono::duration<double, std::micro>(Clock::now() - start).count();
+  spinBudgetUs_ = std::min<double>(static_cast<double>(options_.spin.count()),
+                                   std::max(spinBudgetUs_, 8 * waited));
+}
+
+void Engine::setSpin(std::chrono::microseconds spin) {
+  options_.spin = spin;
+  spinBudgetUs_ = std::min(spinBudgetUs_, static_cast<double>(spin.count()));
 }
 
 void Engine::waitAll(uint32_t target, Clock::time_point deadline, const char* what) {

@@ -60,8 +60,8 @@ class Engine {
                      Clock::time_point deadline);
   void barrier(const CollectiveInfo& info, Clock::time_point deadline);
 
-  // How long waits of the next collectives spin before they sleep (Note [Waiting]).
-  void setSpin(std::chrono::microseconds spin) { options_.spin = spin; }
+  // The longest spin of the next collectives' waits before they sleep (Note [Waiting]).
+  void setSpin(std::chrono::microseconds spin);
 
   // Marks this rank failed in the segment (peers then fail at once, quoting `reason`) and wakes
   // every sleeping peer. Idempotent; callable from any thread.
@@ -95,7 +95,9 @@ class Engine {
                                 const char* what);
   void checkPeers(int waitingFor, const char* what);
   std::string whereIs(int peer) const;
-  std::chrono::microseconds spinFor() const { return options_.spin; }
+  // A wait ended while spinning, `start` being when the spin began: adapt the budget.
+  void spun(Clock::time_point start);
+  static constexpr double kMinSpinUs = 2;
 
   void allreduceSmall(const CollectiveInfo& info, void* data, Clock::time_point deadline,
                       const SliceHook& hook);
@@ -110,6 +112,7 @@ class Engine {
   uint64_t step_ = 0;           // steps that used a staging slot, over all collectives
   uint32_t entries_[2] = {0, 0};  // progress after the entry of the last two steps, by step % 2
   uint64_t seq_ = 0;            // the collective being run (for messages)
+  double spinBudgetUs_ = 50;    // Note [Waiting]: adapted between kMinSpinUs and options_.spin
   const char* kindName_ = "";
 };
 

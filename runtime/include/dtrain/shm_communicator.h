@@ -53,6 +53,9 @@ struct ShmOptions {
   // Negative: kDefaultShmSpin / kDefaultShmAsyncSpin.
   std::chrono::microseconds spin{-1};
   std::chrono::microseconds asyncSpin{-1};
+  // Spin with sched_yield() instead of a pause: 1 yes, 0 no, -1 when the node's ranks outnumber
+  // its cores.
+  int yieldSpin = -1;
   // Fault injection (skip-collective, wrong-shape, hang; `step` counts collectives). Default:
   // DTRAIN_FAULT.
   std::vector<fault::Fault> faults;
