@@ -39,6 +39,8 @@ std::string randomHex(size_t bytes) {
   return hex;
 }
 
+}  // namespace
+
 std::string hostName() {
   char name[256] = {};
   if (::gethostname(name, sizeof name - 1) != 0) return "localhost";
@@ -53,8 +55,6 @@ int usableCpus() {
   return n > 0 ? static_cast<int>(n) : 1;
 }
 
-// GPUs a CUDA program here would see, without loading CUDA: CUDA_VISIBLE_DEVICES when set,
-// else the driver's list.
 int visibleGpus(const EnvMap& environment) {
   auto it = environment.find(env::kCudaVisibleDevices);
   if (it != environment.end()) {
@@ -81,7 +81,6 @@ int visibleGpus(const EnvMap& environment) {
   return count;
 }
 
-// An IPv4 literal for `host` ("localhost" -> 127.0.0.1). Workers get addresses, never names.
 std::string resolveAddress(const std::string& host, const std::string& label) {
   in_addr a4{};
   in6_addr a6{};
@@ -101,8 +100,6 @@ std::string resolveAddress(const std::string& host, const std::string& label) {
   return text;
 }
 
-// A port nobody listens on right now (bind to port 0, read it back, close). Rank 0 binds it a
-// moment later; the window is the same as torchrun's.
 int freePort(const std::string& address) {
   int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
   DTRAIN_CHECK(fd >= 0, "launch: socket failed: {}", std::strerror(errno));
@@ -119,9 +116,6 @@ int freePort(const std::string& address) {
   return ntohs(sa.sin_port);
 }
 
-// The job directory when no --log-dir is given: for error files, and for log files that
-// --redirects / --tee ask for (torchrun writes those to a temporary directory too). Removed when
-// the job ends, also when launch is killed: see Note [Temporary job directory].
 std::string makeTempJobDir(const EnvMap& environment, const std::string& runId) {
   auto it = environment.find("TMPDIR");
   std::string base = it != environment.end() && !it->second.empty() ? it->second : "/tmp";
@@ -134,7 +128,14 @@ std::string makeTempJobDir(const EnvMap& environment, const std::string& runId) 
   return buf.data();
 }
 
-}  // namespace
+std::string jobDirFor(const std::string& logDir, const EnvMap& environment,
+                      const std::string& runId) {
+  if (logDir.empty()) return makeTempJobDir(environment, runId);
+  // Absolute: a worker that changes its directory still finds its error file.
+  std::error_code ec;
+  std::filesystem::path dir = std::filesystem::absolute(logDir, ec);
+  return (ec ? logDir : dir.lexically_normal().string()) + "/" + runId;
+}
 
 std::string newJobToken() { return randomHex(32); }
 std::string newRunId() { return randomHex(6); }
@@ -182,7 +183,7 @@ std::string formatDryRun(const LaunchConfig& config, const NodeContext& node,
   out += "Each worker inherits launch's environment (without DTRAIN_LAUNCH_*), plus:\n";
   for (int i = 0; i < node.localWorldSize; ++i) {
     out += fmt::format("rank {} (local rank {}):\n  command: {}\n  environment:\n",
-                       node.nodeRank * node.localWorldSize + i, i, shellQuote(argv));
+                       node.rankOffset + i, i, shellQuote(argv));
     for (const auto& [key, value] : redacted(workerEnvChanges(config, node, i, 0))) {
       out += "    " + key + "=" + value + "\n";
     }
@@ -201,10 +202,12 @@ int runJob(const LaunchConfig& configIn, const EnvMap& environment) {
 
   NodeContext node;
   node.host = host;
-  node.nodeRank = config.nodeRank;
-  node.numNodes = config.maxNodes;
+  node.nodeRank = 0;
+  node.numNodes = 1;
   node.cpuCount = usableCpus();
   node.localWorldSize = resolveNproc(config.nprocPerNode, node.cpuCount, visibleGpus(environment));
+  node.rankOffset = 0;
+  node.worldSize = node.localWorldSize;
   for (int r : config.localRanksFilter) {
     DTRAIN_CHECK_ARG(r < node.localWorldSize, "{}: local rank {} does not exist with {} workers "
                      "per node; HINT: use 0..{}", optionLabel(config, "local-ranks-filter"), r,
@@ -247,14 +250,7 @@ int runJob(const LaunchConfig& configIn, const EnvMap& environment) {
 
   JobPlan plan;
   bool tempDir = config.logDir.empty();
-  if (tempDir) {
-    node.jobDir = makeTempJobDir(environment, node.runId);
-  } else {
-    // Absolute: a worker that changes its directory still finds its error file.
-    std::error_code ec;
-    std::filesystem::path dir = std::filesystem::absolute(config.logDir, ec);
-    node.jobDir = (ec ? config.logDir : dir.lexically_normal().string()) + "/" + node.runId;
-  }
+  node.jobDir = jobDirFor(config.logDir, environment, node.runId);
   const bool tempLogs = tempDir && (config.redirects.any() || config.tee.any());
   if (tempLogs) {
     std::string line = fmt::format("launch: worker logs (--redirects/--tee) are in {}\n", node.jobDir);

@@ -26,6 +26,26 @@ std::string newRunId();
 // removes at once).
 void checkWritableDir(const std::string& dir, const std::string& label);
 
+// Facts of this machine, for the one-node job and for a multi-node agent.
+std::string hostName();
+int usableCpus();  // the CPUs this process may run on
+// GPUs a CUDA program here would see, without loading CUDA: CUDA_VISIBLE_DEVICES when set,
+// else the driver's list.
+int visibleGpus(const EnvMap& environment);
+// An IPv4 literal for `host` ("localhost" -> 127.0.0.1). Workers get addresses, never names.
+// Throws InvalidArgument naming `label` when the name does not resolve.
+std::string resolveAddress(const std::string& host, const std::string& label);
+// A port nobody listens on right now (bind to port 0, read it back, close). Rank 0 binds it a
+// moment later; the window is the same as torchrun's.
+int freePort(const std::string& address);
+// The job directory when no --log-dir is given: for error files, and for log files that
+// --redirects / --tee ask for (torchrun writes those to a temporary directory too). Removed when
+// the job ends, also when launch is killed: see Note [Temporary job directory].
+std::string makeTempJobDir(const EnvMap& environment, const std::string& runId);
+// The job directory: `logDir`/RUN_ID (absolute), or a fresh temporary one when `logDir` is empty.
+std::string jobDirFor(const std::string& logDir, const EnvMap& environment,
+                      const std::string& runId);
+
 // The --dry-run text: each worker's command and the environment launch sets, token redacted.
 std::string formatDryRun(const LaunchConfig& config, const NodeContext& node,
                          const std::vector<std::string>& argv);

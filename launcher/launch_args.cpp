@@ -8,6 +8,8 @@
 
 #include "dtrain/env_contract.h"
 #include "dtrain/error.h"
+#include "launcher/hosts.h"
+#include "launcher/scheduler_env.h"
 
 namespace dtrain::launcher {
 
@@ -32,11 +34,11 @@ const OptionSpec kOptions[] = {
      [](LaunchConfig& c, const std::string& v, const std::string& l) {
        c.nprocPerNode = parseNproc(v, l);
      }},
-    {"nnodes", 0, "N|MIN:MAX", "nodes in the job (1; multi-node comes with the fan-out)",
+    {"nnodes", 0, "N|MIN:MAX", "nodes in the job (1); MIN:MAX: elastic, go on with MIN or more",
      [](LaunchConfig& c, const std::string& v, const std::string& l) {
        std::tie(c.minNodes, c.maxNodes) = parseNnodes(v, l);
      }},
-    {"node-rank", 0, "N", "this node's rank (0 for one node)",
+    {"node-rank", 0, "N", "this node's rank, manual multi-node (node 0 hosts the store)",
      [](LaunchConfig& c, const std::string& v, const std::string& l) {
        c.nodeRank = parseIntValue(v, l, 0, 65535);
      }},
@@ -84,9 +86,10 @@ const OptionSpec kOptions[] = {
        c.localRanksFilter = parseRankList(v, l);
      }},
     {"log-line-prefix-template", 0, "TEMPLATE",
-     "console prefix; ${rank} ${local_rank} ${role_name} ${attempt}",
+     "console prefix; ${rank} ${local_rank} ${role_name} ${attempt} ${node_rank}",
      [](LaunchConfig& c, const std::string& v, const std::string&) {
        c.linePrefixTemplate = v;
+       c.linePrefixGiven = true;
      }},
     {"log-max-bytes", 0, "BYTES", "rotate a log file past this size, 0 unlimited (1G)",
      [](LaunchConfig& c, const std::string& v, const std::string& l) {
@@ -129,6 +132,106 @@ const OptionSpec kOptions[] = {
      [](LaunchConfig&, const std::string& v, const std::string& l) {
        DTRAIN_CHECK_ARG(v == "spawn" || v == "fork" || v == "forkserver",
                         "{} {}: use spawn, fork or forkserver", l, quoteValue(v));
+     }},
+    {"hostfile", 0, "FILE", "start one agent per host over ssh: `host slots=N` lines",
+     [](LaunchConfig& c, const std::string& v, const std::string& l) {
+       DTRAIN_CHECK_ARG(!v.empty(), "{} is empty; HINT: give a file", l);
+       c.hostfile = v;
+     }},
+    {"hosts", 0, "A,B|A:4,B:4", "like --hostfile, as a list (slots after ':')",
+     [](LaunchConfig& c, const std::string& v, const std::string& l) {
+       parseHostsOption(v, l);
+       c.hosts = v;
+     }},
+    {"include", 0, "HOST[:SLOTS]@...", "only these hosts / slots of the list (DeepSpeed's syntax)",
+     [](LaunchConfig& c, const std::string& v, const std::string& l) {
+       parseHostFilter(v, l);
+       c.include = v;
+     }},
+    {"exclude", 0, "HOST[:SLOTS]@...", "leave out these hosts / slots of the list",
+     [](LaunchConfig& c, const std::string& v, const std::string& l) {
+       parseHostFilter(v, l);
+       c.exclude = v;
+     }},
+    {"token-file", 0, "FILE", "the job token for a manual multi-node job (or DTRAIN_STORE_TOKEN)",
+     [](LaunchConfig& c, const std::string& v, const std::string& l) {
+       DTRAIN_CHECK_ARG(!v.empty(), "{} is empty; HINT: give a file", l);
+       c.tokenFile = v;
+     }},
+    {"rdzv-timeout", 0, "SECONDS", "wait this long for every node, then 124 (900)",
+     [](LaunchConfig& c, const std::string& v, const std::string& l) {
+       c.rdzvTimeout = parseSeconds(v, l);
+     }},
+    {"heartbeat-interval", 0, "SECONDS", "agents' heartbeat period (5)",
+     [](LaunchConfig& c, const std::string& v, const std::string& l) {
+       c.heartbeatInterval = parseSeconds(v, l);
+     }},
+    {"heartbeat-timeout", 0, "SECONDS", "a node silent this long is dead (30)",
+     [](LaunchConfig& c, const std::string& v, const std::string& l) {
+       c.heartbeatTimeout = parseSeconds(v, l);
+     }},
+    {"ssh-port", 0, "PORT", "ssh port of the other nodes (ssh's default)",
+     [](LaunchConfig& c, const std::string& v, const std::string& l) {
+       c.ssh.port = parseIntValue(v, l, 1, 65535);
+     }},
+    {"ssh-identity", 0, "FILE", "ssh -i FILE",
+     [](LaunchConfig& c, const std::string& v, const std::string&) { c.ssh.identity = v; }},
+    {"ssh-config", 0, "FILE", "ssh -F FILE",
+     [](LaunchConfig& c, const std::string& v, const std::string&) { c.ssh.configFile = v; }},
+    {"ssh-option", 0, "OPT=VALUE", "ssh -o OPT=VALUE (repeatable; wins over launch's own)",
+     [](LaunchConfig& c, const std::string& v, const std::string& l) {
+       DTRAIN_CHECK_ARG(v.find('=') != std::string::npos || v.find(' ') != std::string::npos,
+                        "{} {} is not an ssh option; HINT: e.g. --ssh-option "
+                        "ServerAliveInterval=5", l, quoteValue(v));
+       c.ssh.options.push_back(v);
+     }},
+    {"ssh-connect-timeout", 0, "SECONDS", "ssh -o ConnectTimeout (10)",
+     [](LaunchConfig& c, const std::string& v, const std::string& l) {
+       c.ssh.connectTimeout = parseSeconds(v, l);
+     }},
+    {"ssh-accept-new-host-keys", 0, nullptr,
+     "trust a host key seen for the first time (StrictHostKeyChecking=accept-new)",
+     [](LaunchConfig& c, const std::string& v, const std::string& l) {
+       c.ssh.acceptNewHostKeys = parseBool(v, l);
+     }},
+    {"remote-launch", 0, "PATH", "launch on the other nodes (this launch's own path)",
+     [](LaunchConfig& c, const std::string& v, const std::string& l) {
+       DTRAIN_CHECK_ARG(!v.empty(), "{} is empty", l);
+       c.remoteLaunch = v;
+     }},
+    {"remote-cwd", 0, "DIR", "working directory on the other nodes (this one's)",
+     [](LaunchConfig& c, const std::string& v, const std::string& l) {
+       DTRAIN_CHECK_ARG(!v.empty(), "{} is empty", l);
+       c.remoteCwd = v;
+     }},
+    {"nccl-socket-ifname", 0, "IFACE|auto",
+     "NCCL_SOCKET_IFNAME and GLOO_SOCKET_IFNAME (auto: the interface toward the store)",
+     [](LaunchConfig& c, const std::string& v, const std::string& l) {
+       DTRAIN_CHECK_ARG(!v.empty(), "{} is empty; HINT: an interface name, or auto", l);
+       c.nccl.socketIfname = v;
+     }},
+    {"nccl-ib-disable", 0, nullptr, "NCCL_IB_DISABLE=1",
+     [](LaunchConfig& c, const std::string& v, const std::string& l) {
+       c.nccl.ibDisable = parseBool(v, l);
+     }},
+    {"nccl-debug", 0, "LEVEL", "NCCL_DEBUG (VERSION, WARN, INFO, TRACE)",
+     [](LaunchConfig& c, const std::string& v, const std::string& l) {
+       std::string u = v;
+       for (auto& ch : u) ch = static_cast<char>(std::toupper(static_cast<unsigned char>(ch)));
+       DTRAIN_CHECK_ARG(u == "VERSION" || u == "WARN" || u == "INFO" || u == "TRACE",
+                        "{} {}: use VERSION, WARN, INFO or TRACE", l, quoteValue(v));
+       c.nccl.debug = u;
+     }},
+    {"nccl-debug-subsys", 0, "LIST", "NCCL_DEBUG_SUBSYS, e.g. INIT,NET",
+     [](LaunchConfig& c, const std::string& v, const std::string&) { c.nccl.debugSubsys = v; }},
+    {"check", 0, nullptr, "preflight every node (ssh, binaries, libraries, ports, GPUs); start "
+     "nothing",
+     [](LaunchConfig& c, const std::string& v, const std::string& l) {
+       c.check = parseBool(v, l);
+     }},
+    {"agent", 0, nullptr, "internal: a node's agent, started by the master (plan on stdin)",
+     [](LaunchConfig& c, const std::string& v, const std::string& l) {
+       c.agent = parseBool(v, l);
      }},
     {"dry-run", 0, nullptr, "print each worker's command and environment; start nothing",
      [](LaunchConfig& c, const std::string& v, const std::string& l) {
@@ -269,6 +372,7 @@ ParsedCommand parseLaunchArgs(const std::vector<std::string>& args,
     const OptionSpec* spec = findLong(option.name);
     if (!spec || !spec->apply) continue;
     spec->apply(config, option.value, "--" + option.name);
+    config.appliedOptions.emplace_back(option.name, option.value);
     seen.push_back(option.name);
   }
 
@@ -291,12 +395,31 @@ ParsedCommand parseLaunchArgs(const std::vector<std::string>& args,
       while (start <= value.size()) {
         size_t nl = value.find('\n', start);
         std::string line = value.substr(start, nl == std::string::npos ? nl : nl - start);
-        if (!line.empty()) spec->apply(config, line, label);
+        if (!line.empty()) {
+          spec->apply(config, line, label);
+          config.appliedOptions.emplace_back(spec->name, line);
+        }
         if (nl == std::string::npos) break;
         start = nl + 1;
       }
     } else {
       spec->apply(config, value, label);
+      config.appliedOptions.emplace_back(spec->name, value);
+    }
+    seen.push_back(spec->name);
+  }
+
+  // Then what a scheduler's variables imply (Slurm, Kubernetes' PET_*), for options still unset.
+  // A launch started by the master as an agent takes its options from the master only.
+  if (!config.agent) {
+    for (const auto& s : schedulerSettings(environment)) {
+      if (std::find(seen.begin(), seen.end(), s.option) != seen.end()) continue;
+      const OptionSpec* spec = findLong(s.option);
+      if (!spec || !spec->apply) continue;
+      config.optionSources[spec->name] = s.source;
+      spec->apply(config, s.value, s.source + " (environment)");
+      config.appliedOptions.emplace_back(spec->name, s.value);
+      seen.push_back(spec->name);
     }
   }
 
@@ -309,6 +432,14 @@ ParsedCommand parseLaunchArgs(const std::vector<std::string>& args,
                    "[--] PROGRAM [ARGS...]");
   validate(config);
   return out;
+}
+
+void applyLaunchOption(LaunchConfig& config, const std::string& name, const std::string& value,
+                       const std::string& label) {
+  const OptionSpec* spec = findLong(name);
+  DTRAIN_CHECK_ARG(spec && spec->apply, "{}: unknown option --{}", label, name);
+  spec->apply(config, value, label);
+  config.appliedOptions.emplace_back(spec->name, value);
 }
 
 std::string helpText() {
@@ -351,10 +482,16 @@ torchrun's spellings work too: --nproc_per_node, --rdzv_endpoint, --rdzv_id, --r
 Every option can also come from the environment as DTRAIN_LAUNCH_<OPTION>
 (e.g. DTRAIN_LAUNCH_NPROC_PER_NODE=4); the command line wins.
 
+Multi-node: `launch --hostfile=FILE ...` (or --hosts=a,b) on the master starts every node over
+ssh; or run `launch --nnodes=N --node-rank=R --rdzv-endpoint=HOST:PORT ...` on every node (node 0
+hosts the store; the token from --token-file=FILE or DTRAIN_STORE_TOKEN). Inside Slurm
+(SLURM_NNODES, SLURM_NODEID, SLURM_JOB_NODELIST) and Kubernetes' PyTorchJob (PET_*) those options
+come from the scheduler's variables. `launch --check` with the same options checks every node.
+
 Exit codes: 0 every worker exited 0; 1-123 the root-cause worker's exit code; 2 usage error
 (nothing was started); 75 preempted (every worker checkpointed on SIGTERM); 124 a deadline
-passed (the exit barrier); 125 launcher or infrastructure error, or workers survived SIGKILL
-(--kill-timeout); 126/127 program not
+passed (rendezvous, heartbeat, the exit barrier); 125 launcher or infrastructure error, or
+workers survived SIGKILL (--kill-timeout); 126/127 program not
 executable/not found; 128+N the root-cause worker was killed by signal N, or launch itself
 received signal N.
 )";

@@ -45,6 +45,11 @@ struct ParsedCommand {
 ParsedCommand parseLaunchArgs(const std::vector<std::string>& args,
                               const std::map<std::string, std::string>& environment);
 
+// Applies one option by its canonical name ("max-restarts") as the command line would, and
+// records it in config.appliedOptions. Throws InvalidArgument naming `label`.
+void applyLaunchOption(LaunchConfig& config, const std::string& name, const std::string& value,
+                       const std::string& label);
+
 // `launch --help`.
 std::string helpText();
 

@@ -32,7 +32,8 @@ bool validIdentifier(const std::string& name) {
   });
 }
 
-constexpr const char* kPlaceholders[] = {"${rank}", "${local_rank}", "${role_name}", "${attempt}"};
+constexpr const char* kPlaceholders[] = {"${rank}", "${local_rank}", "${role_name}", "${attempt}",
+                                         "${node_rank}"};
 
 }  // namespace
 
@@ -291,8 +292,12 @@ int resolveNproc(const NprocSpec& spec, int cpus, int gpus) {
   return spec.count;
 }
 
+bool isMultiNode(const LaunchConfig& config) {
+  return config.maxNodes > 1 || !config.hostfile.empty() || !config.hosts.empty();
+}
+
 std::string expandLinePrefix(const std::string& templ, int rank, int localRank,
-                             const std::string& role, int attempt) {
+                             const std::string& role, int attempt, int nodeRank) {
   std::string out;
   out.reserve(templ.size() + 8);
   for (size_t i = 0; i < templ.size();) {
@@ -309,6 +314,9 @@ std::string expandLinePrefix(const std::string& templ, int rank, int localRank,
     } else if (at("${attempt}")) {
       out += std::to_string(attempt);
       i += 10;
+    } else if (at("${node_rank}")) {
+      out += std::to_string(nodeRank);
+      i += 12;
     } else {
       out += templ[i++];
     }
@@ -328,13 +336,47 @@ void validate(const LaunchConfig& c) {
   DTRAIN_CHECK_ARG(c.minNodes >= 1 && c.minNodes <= c.maxNodes,
                    "{} {}:{}: the minimum must be 1..maximum", label("nnodes"), c.minNodes,
                    c.maxNodes);
-  DTRAIN_CHECK_ARG(c.maxNodes == 1,
-                   "{} {}: multi-node launch is not available in this version of launch; "
-                   "HINT: run with --nnodes 1 (the default) on one node",
-                   label("nnodes"), c.maxNodes);
-  DTRAIN_CHECK_ARG(c.nodeRank == 0,
-                   "{} {}: a one-node job has only node rank 0; HINT: drop {}", label("node-rank"),
-                   c.nodeRank, label("node-rank"));
+  const bool fanOut = !c.hostfile.empty() || !c.hosts.empty();
+  DTRAIN_CHECK_ARG(c.hostfile.empty() || c.hosts.empty(),
+                   "{} and {} both give the host list; HINT: use one of them",
+                   label("hostfile"), label("hosts"));
+  DTRAIN_CHECK_ARG(c.include.empty() || c.exclude.empty(),
+                   "{} and {} exclude each other (as in DeepSpeed); HINT: list what to run with "
+                   "{} alone", label("include"), label("exclude"), label("include"));
+  DTRAIN_CHECK_ARG(fanOut || (c.include.empty() && c.exclude.empty()),
+                   "{} / {} filter a host list; HINT: give --hostfile or --hosts too",
+                   label("include"), label("exclude"));
+  if (c.maxNodes == 1 && !fanOut) {
+    DTRAIN_CHECK_ARG(c.nodeRank <= 0,
+                     "{} {}: a one-node job has only node rank 0; HINT: drop {}, or give "
+                     "--nnodes N for a multi-node job", label("node-rank"), c.nodeRank,
+                     label("node-rank"));
+  } else if (fanOut) {
+    DTRAIN_CHECK_ARG(c.nodeRank < 0 || c.agent,
+                     "{}: with a host list the node ranks follow the list; HINT: drop {}",
+                     label("node-rank"), label("node-rank"));
+  } else if (!c.agent && !c.check) {
+    DTRAIN_CHECK_ARG(c.nodeRank >= 0,
+                     "{} {}: a multi-node job needs this node's rank; HINT: --node-rank R on "
+                     "every node (0 hosts the store), or --hostfile / --hosts to start every node "
+                     "from here", label("nnodes"), c.maxNodes);
+    DTRAIN_CHECK_ARG(c.nodeRank < c.maxNodes, "{} {} is not below {} {}", label("node-rank"),
+                     c.nodeRank, label("nnodes"), c.maxNodes);
+    DTRAIN_CHECK_ARG(!c.rdzvHost.empty(),
+                     "{} {}: the nodes must meet at an address; HINT: --rdzv-endpoint "
+                     "HOST:PORT, the address of node rank 0 (port {} by default)",
+                     label("nnodes"), c.maxNodes, kDefaultMultiNodeStorePort);
+  }
+  for (const auto& [opt, v] : {std::make_pair("rdzv-timeout", c.rdzvTimeout),
+                               std::make_pair("heartbeat-interval", c.heartbeatInterval),
+                               std::make_pair("heartbeat-timeout", c.heartbeatTimeout)}) {
+    DTRAIN_CHECK_ARG(v > 0 && v <= kMaxTimeoutSeconds, "{} {} must be greater than zero seconds",
+                     label(opt), v);
+  }
+  DTRAIN_CHECK_ARG(c.heartbeatTimeout > c.heartbeatInterval,
+                   "{} {:g} must be longer than {} {:g}: a node would be declared dead between "
+                   "two heartbeats; HINT: a timeout of 3-6 intervals", label("heartbeat-timeout"),
+                   c.heartbeatTimeout, label("heartbeat-interval"), c.heartbeatInterval);
   DTRAIN_CHECK_ARG(c.rdzvBackend == "c10d" || c.rdzvBackend == "static",
                    "{} {} is not supported; HINT: launch hosts its own store: use c10d (the "
                    "default) or static",

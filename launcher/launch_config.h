@@ -12,12 +12,22 @@
 #include <utility>
 #include <vector>
 
+#include "launcher/nccl_env.h"
+#include "launcher/remote/remote_command.h"
+
 namespace dtrain::launcher {
 
 constexpr const char* kDefaultPython = "python3";
 constexpr const char* kDefaultRole = "default";
 constexpr const char* kDefaultRdzvBackend = "c10d";
 constexpr const char* kDefaultLinePrefixTemplate = "[rank ${rank}]: ";
+// A multi-node job's default: which node a line came from, too.
+constexpr const char* kDefaultMultiNodeLinePrefixTemplate = "[node${node_rank} rank${rank}]: ";
+constexpr int kDefaultMultiNodeStorePort = 29400;   // docs/design.md, Ports
+constexpr int kDefaultMultiNodeMasterPort = 29500;
+constexpr double kDefaultRdzvTimeoutSeconds = 900;
+constexpr double kDefaultHeartbeatIntervalSeconds = 5;
+constexpr double kDefaultHeartbeatTimeoutSeconds = 30;
 constexpr int kDefaultMaxRestarts = 0;
 constexpr double kDefaultGracePeriodSeconds = 30.0;
 constexpr double kDefaultMonitorIntervalSeconds = 0.1;
@@ -57,11 +67,11 @@ struct LaunchConfig {
   bool noPython = false;
   bool module = false;
 
-  // The job's shape. Multi-node fields exist for the fan-out issue; validate() refuses them now.
+  // The job's shape.
   NprocSpec nprocPerNode;
   int minNodes = 1;
   int maxNodes = 1;
-  int nodeRank = 0;
+  int nodeRank = -1;  // -1: not given (0 for one node; manual multi-node needs it)
   bool standalone = false;
   std::string rdzvBackend = kDefaultRdzvBackend;
   std::string rdzvHost;  // empty: loopback
@@ -92,6 +102,29 @@ struct LaunchConfig {
 
   std::vector<std::pair<std::string, std::string>> env;  // --env KEY=VALUE, in order
   bool dryRun = false;
+
+  // Multi-node. Fan-out: --hostfile / --hosts (with --include / --exclude), the ssh options and
+  // the remote launch; manual: --nnodes > 1 with --node-rank and --rdzv-endpoint. See
+  // launcher/multinode.h.
+  std::string hostfile;
+  std::string hosts;    // --hosts text
+  std::string include;  // DeepSpeed's host:slot syntax
+  std::string exclude;
+  std::string tokenFile;
+  double rdzvTimeout = kDefaultRdzvTimeoutSeconds;
+  double heartbeatInterval = kDefaultHeartbeatIntervalSeconds;
+  double heartbeatTimeout = kDefaultHeartbeatTimeoutSeconds;
+  remote::SshOptions ssh;
+  std::string remoteLaunch;  // empty: the master's own path
+  std::string remoteCwd;     // empty: the master's working directory
+  NcclOptions nccl;
+  bool check = false;        // --check: the preflight table, nothing started
+  bool agent = false;        // --agent: a node's agent, its plan on stdin (started by the master)
+  bool linePrefixGiven = false;
+
+  // Every option value applied, in order ("max-restarts", "3"), from the command line and
+  // DTRAIN_LAUNCH_*: the master hands the job's options to the agents of other nodes.
+  std::vector<std::pair<std::string, std::string>> appliedOptions;
 
   // Where each option's value came from when it was not the command line
   // ("nproc-per-node" -> "DTRAIN_LAUNCH_NPROC_PER_NODE"), so messages name what the user typed.
@@ -130,9 +163,13 @@ bool parseBool(const std::string& text, const std::string& label);
 // Throws InvalidArgument for "gpu" on a machine without GPUs.
 int resolveNproc(const NprocSpec& spec, int cpus, int gpus);
 
-// The console prefix of one worker's lines: ${rank}, ${local_rank}, ${role_name}, ${attempt}.
+// The console prefix of one worker's lines: ${rank}, ${local_rank}, ${role_name}, ${attempt},
+// ${node_rank}.
 std::string expandLinePrefix(const std::string& templ, int rank, int localRank,
-                             const std::string& role, int attempt);
+                             const std::string& role, int attempt, int nodeRank = 0);
+
+// True when the config describes a job on more than one node (or on a host list).
+bool isMultiNode(const LaunchConfig& config);
 
 // Variables of the worker environment (docs/design.md#worker-environment) that --env may not
 // override.

@@ -4,6 +4,17 @@ add_library(dtrain_launcher STATIC
   launcher/version.cpp
   launcher/launch_args.cpp
   launcher/launch_config.cpp
+  launcher/hosts.cpp
+  launcher/scheduler_env.cpp
+  launcher/forwarded_env.cpp
+  launcher/nccl_env.cpp
+  launcher/remote/remote_command.cpp
+  launcher/remote/session.cpp
+  launcher/rendezvous.cpp
+  launcher/coordinator.cpp
+  launcher/agent.cpp
+  launcher/multinode.cpp
+  launcher/preflight.cpp
   launcher/worker_env.cpp
   launcher/program.cpp
   launcher/job.cpp

@@ -15,6 +15,7 @@
 #include "dtrain/logging.h"
 #include "launcher/job.h"
 #include "launcher/launch_args.h"
+#include "launcher/multinode.h"
 #include "launcher/program.h"
 #include "launcher/worker_env.h"
 
@@ -42,7 +43,12 @@ int printVersion(const ParsedCommand&, const dtrain::launcher::EnvMap&) {
 }
 
 int runJob(const ParsedCommand& command, const dtrain::launcher::EnvMap& environment) {
-  return dtrain::launcher::runJob(command.config, environment);
+  const auto& config = command.config;
+  if (config.agent) return dtrain::launcher::runAgentFromStdin(config, environment);
+  if (dtrain::launcher::isMultiNode(config)) {
+    return dtrain::launcher::runMultiNode(config, environment);
+  }
+  return dtrain::launcher::runJob(config, environment);
 }
 
 // The command table: what each parsed action runs.

@@ -30,10 +30,11 @@ EnvMap workerEnv(const LaunchConfig& config, const NodeContext& node, int localR
     if (key.rfind(env::kLaunchOptionPrefix, 0) == 0) continue;
     out[key] = value;
   }
+  for (const auto& [key, value] : node.overlay) out[key] = value;
   for (const auto& [key, value] : config.env) out[key] = value;
 
-  const int rank = node.nodeRank * node.localWorldSize + localRank;
-  const int worldSize = node.numNodes * node.localWorldSize;
+  const int rank = node.rankOffset + localRank;
+  const int worldSize = node.worldSize;
   auto set = [&](const char* key, const std::string& value) { out[key] = value; };
   auto setInt = [&](const char* key, long long value) { out[key] = std::to_string(value); };
 

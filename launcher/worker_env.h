@@ -20,6 +20,8 @@ struct NodeContext {
   int nodeRank = 0;
   int numNodes = 1;
   int localWorldSize = 1;   // workers on this node
+  int rankOffset = 0;       // global rank of local rank 0 (prefix sum over the nodes before)
+  int worldSize = 1;        // workers of the whole job
   int cpuCount = 1;         // CPUs this launcher may use (affinity), for OMP_NUM_THREADS
   std::string masterAddr;   // an IP, never a host name
   int masterPort = 0;
@@ -30,6 +32,9 @@ struct NodeContext {
   std::string jobDir;       // per-worker files live under jobDir/attempt_K/rank_N/
   std::vector<int> gpuSlots;  // --include host:0,2; empty: CUDA_VISIBLE_DEVICES is inherited
   EnvMap inherited;         // the launcher's own environment
+  // Multi-node: the master's forwarded environment and launch's NCCL_* choices, laid over
+  // `inherited` before --env (see forwarded_env.h, nccl_env.h).
+  EnvMap overlay;
 };
 
 // The directory of one worker's files (logs, error file) in one attempt.

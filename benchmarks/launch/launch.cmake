@@ -19,7 +19,8 @@ target_compile_definitions(launch_bench PRIVATE
   DTRAIN_BENCH_LAUNCH="$<TARGET_FILE:launch>"
   DTRAIN_BENCH_WORKER="$<TARGET_FILE:dtrain_test_worker>"
   DTRAIN_BENCH_TORCH_WORKER="${_launch_bench_torch_worker}"
-  DTRAIN_BENCH_SCRIPT="${CMAKE_CURRENT_LIST_DIR}/bench_worker.py")
+  DTRAIN_BENCH_SCRIPT="${CMAKE_CURRENT_LIST_DIR}/bench_worker.py"
+  DTRAIN_BENCH_CLUSTER_SCRIPT="${CMAKE_SOURCE_DIR}/scripts/netns-cluster.sh")
 set_target_properties(launch_bench PROPERTIES
   RUNTIME_OUTPUT_DIRECTORY ${CMAKE_BINARY_DIR}/benchmarks/launch)
 add_dependencies(launch_bench launch dtrain_test_worker)
@@ -28,7 +29,20 @@ if(DTRAIN_HAVE_TORCH)
 endif()
 dtrain_warnings(launch_bench)
 
+# crash_latency_bench: a worker's crash -> SIGTERM at the others, launch beside torchrun.
+add_executable(crash_latency_bench ${CMAKE_CURRENT_LIST_DIR}/crash_latency_bench.cpp)
+target_link_libraries(crash_latency_bench PRIVATE fmt::fmt)
+target_compile_definitions(crash_latency_bench PRIVATE
+  DTRAIN_BENCH_LAUNCH="$<TARGET_FILE:launch>"
+  DTRAIN_BENCH_WORKER="$<TARGET_FILE:dtrain_test_worker>")
+set_target_properties(crash_latency_bench PROPERTIES
+  RUNTIME_OUTPUT_DIRECTORY ${CMAKE_BINARY_DIR}/benchmarks/launch)
+add_dependencies(crash_latency_bench launch dtrain_test_worker)
+dtrain_warnings(crash_latency_bench)
+
 if(DTRAIN_WITH_TESTS)
   add_test(NAME bench_smoke.launch_bench COMMAND launch_bench --smoke)
   set_tests_properties(bench_smoke.launch_bench PROPERTIES LABELS integration TIMEOUT 60)
+  add_test(NAME bench_smoke.crash_latency_bench COMMAND crash_latency_bench --smoke)
+  set_tests_properties(bench_smoke.crash_latency_bench PROPERTIES LABELS integration TIMEOUT 60)
 endif()

@@ -64,7 +64,7 @@ int workerExitCode(const WorkerOutcome& w) {
     case WorkerOutcome::State::Signaled: return 128 + w.signal;
     case WorkerOutcome::State::ExecFailed:
       return w.execErrno == ENOENT || w.execErrno == ENOTDIR ? 127 : 126;
-    case WorkerOutcome::State::Lost: return 125;
+    case WorkerOutcome::State::Lost: return w.lostToDeadline ? kExitDeadline : 125;
     case WorkerOutcome::State::Running: return 125;
   }
   return 125;
@@ -132,7 +132,9 @@ std::string exitCodeMeaning(int code, const AttemptResult& last) {
                            fault::signalName(w.signal));
       case WorkerOutcome::State::ExecFailed:
         return code == 127 ? "the program was not found" : "the program could not be executed";
-      case WorkerOutcome::State::Lost: return "launcher or infrastructure error";
+      case WorkerOutcome::State::Lost:
+        return w.lostToDeadline ? "a deadline passed: a node stopped answering heartbeats"
+                                : "launcher or infrastructure error";
       default:
         return code >= 124 ? "the root-cause worker's own exit code, passed through (not a "
                              "launch error)"
@@ -334,7 +336,7 @@ std::string formatFailureReport(const ReportContext& ctx, const std::vector<Atte
                        describeOutcome(w), code, exitCodeMeaning(code, last));
     out += fmt::format("  root cause (first failure; attempt {}, run {}, {:.2f} s after start):\n",
                        last.attempt, ctx.runId, w.endSeconds);
-    out += fmt::format("    host:        {}\n", ctx.host);
+    out += fmt::format("    host:        {}\n", w.host.empty() ? ctx.host : w.host);
     out += fmt::format("    rank:        {} (local rank {})\n", w.rank, w.localRank);
     out += fmt::format("    pid:         {}\n", w.pid > 0 ? std::to_string(w.pid) : "none (not started)");
     out += fmt::format("    cause:       {}\n", describeOutcome(w));
@@ -369,15 +371,17 @@ std::string formatFailureReport(const ReportContext& ctx, const std::vector<Atte
       out += root >= 0 ? "  other workers:\n" : "  workers:\n";
       header = true;
     }
+    const std::string on = w.host.empty() ? "" : " on " + w.host;
     if (w.pid <= 0) {
-      out += fmt::format("    rank {} (local rank {}) {}\n", w.rank, w.localRank, describeOutcome(w));
+      out += fmt::format("    rank {} (local rank {}{}) {}\n", w.rank, w.localRank, on,
+                         describeOutcome(w));
       continue;
     }
     std::string note;
     if (w.wasStopped) note += " [it was stopped (SIGSTOP) when the teardown began: a hung rank?]";
     if (w.stoppedByLaunch) note += " after launch asked it to stop";
-    out += fmt::format("    rank {} (local rank {}, pid {}) {}{} at {:.2f} s\n", w.rank,
-                       w.localRank, w.pid, describeOutcome(w), note, w.endSeconds);
+    out += fmt::format("    rank {} (local rank {}, pid {}{}) {}{} at {:.2f} s\n", w.rank,
+                       w.localRank, w.pid, on, describeOutcome(w), note, w.endSeconds);
     if (w.failed() && !w.stoppedByLaunch && !w.errorFileMessage.empty()) {
       out += indentLines(printable(w.errorFileMessage, 600), "      error file: ");
     }

@@ -34,6 +34,8 @@ struct WorkerOutcome {
   std::vector<std::string> stderrTail;
   std::string errorFileMessage;  // summary of its error file; empty when it wrote none
   std::string oomNote;           // "likely killed by the OOM killer (...)"; empty when no evidence
+  std::string host;              // its node, in a multi-node job; empty: the report's host
+  bool lostToDeadline = false;   // Lost because its node stopped answering heartbeats (exit 124)
 
   bool failed() const;  // non-zero exit, signal, exec failure, lost
 };

@@ -30,6 +30,7 @@ using Clock = std::chrono::steady_clock;
 
 enum FdKind : uint64_t { kStatusFd = 0, kStdoutFd = 1, kStderrFd = 2 };
 constexpr uint64_t kSignalTag = ~uint64_t{0};
+constexpr uint64_t kStopTag = ~uint64_t{1};
 constexpr size_t kReadChunk = 64 * 1024;
 
 uint64_t tagOf(size_t slot, FdKind kind) { return (static_cast<uint64_t>(slot) << 2) | kind; }
@@ -133,84 +134,74 @@ int Supervisor::run() {
   return code;
 }
 
-AttemptResult Supervisor::runAttempt(int attempt) {
-  const LaunchConfig& config = plan_.config;
-  const NodeContext& node = plan_.node;
-  const int n = node.localWorldSize;
-  const auto start = Clock::now();
-  const int64_t oomBefore = readOomKillCount();
-  auto seconds = [&] { return std::chrono::duration<double>(Clock::now() - start).count(); };
+// Note [Attempt steps]
+// ~~~~~~~~~~~~~~~~~~~~
+// One attempt of this node's workers, as named steps that the one-node job (Supervisor::run) and
+// a multi-node agent (launcher/agent.h, one attempt per round) share: spawnWorkers(), then
+// superviseUntilEveryWorkerEnded() -- the event loop of Note [One event loop], dispatching to
+// onSignals(), onStatus(), pump() and the stop request of AttemptHooks, with the deadlines of
+// nextTimeoutMs() -- then drainOutput() and gatherFacts() for the report. The state the steps
+// share is this class's members; the Supervisor keeps what outlives an attempt (epoll set,
+// signalfd, plan).
+class Supervisor::Attempt {
+ public:
+  Attempt(Supervisor& sup, int attempt, const AttemptHooks& hooks)
+      : sup_(sup), config_(sup.plan_.config), node_(sup.plan_.node), hooks_(hooks),
+        attempt_(attempt), start_(Clock::now()), oomBefore_(readOomKillCount()),
+        slots_(static_cast<size_t>(sup.plan_.node.localWorldSize)), buffer_(kReadChunk) {
+    result_.attempt = attempt;
+  }
 
-  AttemptResult result;
-  result.attempt = attempt;
-  std::vector<Slot> slots(static_cast<size_t>(n));
-  bool stopping = false;
-  bool killed = false;
-  Clock::time_point killAt;
-  Clock::time_point giveUpAt;  // the last deadline, once SIGKILL was sent (Note [Last deadline])
-  bool jobStopped = false;     // by SIGTSTP (Note [Job control])
-  Clock::time_point stoppedAt;
-  // The exit barrier: armed when the first worker exits 0 (see Note [Exit barrier]).
-  bool barrierArmed = false;
-  Clock::time_point barrierAt;
+  AttemptResult run() {
+    spawnWorkers();
+    if (hooks_.stopFd >= 0) addToEpoll(sup_.epollFd_, hooks_.stopFd, kStopTag);
+    superviseUntilEveryWorkerEnded();
+    if (hooks_.stopFd >= 0) ::epoll_ctl(sup_.epollFd_, EPOLL_CTL_DEL, hooks_.stopFd, nullptr);
+    drainOutput();
+    gatherFacts();
+    return result_;
+  }
 
-  auto beginTeardown = [&] {
-    if (stopping) return;
-    stopping = true;
-    killAt = Clock::now() + std::chrono::duration_cast<Clock::duration>(
-                                std::chrono::duration<double>(config.gracePeriod));
-    for (auto& s : slots) {
-      if (!s.statusOpen || s.exitReported) continue;
-      if (!jobStopped && s.outcome.pid > 0 && processState(s.outcome.pid) == 'T') {
-        s.outcome.wasStopped = true;  // by someone else than launch's job control
-      }
-      s.askedToStop = true;
-      signalGuarded(s.guarded.controlFd, SIGTERM);
-    }
-  };
-  auto killAll = [&] {
-    killed = true;
-    giveUpAt = Clock::now() + std::chrono::duration_cast<Clock::duration>(
-                                  std::chrono::duration<double>(config.killTimeout));
-    for (auto& s : slots) {
-      if (s.statusOpen) {
-        s.askedToStop = true;
-        signalGuarded(s.guarded.controlFd, SIGKILL);
-      }
-    }
-  };
+ private:
+  double seconds() const { return std::chrono::duration<double>(Clock::now() - start_).count(); }
 
-  // Spawn every worker; a failure part-way stops the ones already running.
-  for (int i = 0; i < n; ++i) {
-    Slot& s = slots[static_cast<size_t>(i)];
+  // Spawns every worker; a failure part-way stops the ones already running.
+  void spawnWorkers() {
+    for (int i = 0; i < static_cast<int>(slots_.size()); ++i) spawnWorker(i);
+    DTRAIN_LOG(Info, "launch: attempt {}: started {} workers in {:.1f} ms", attempt_, slots_.size(),
+               seconds() * 1e3);
+  }
+
+  void spawnWorker(int i) {
+    Slot& s = slots_[static_cast<size_t>(i)];
     s.localRank = i;
-    s.rank = node.nodeRank * n + i;
+    s.rank = node_.rankOffset + i;
     s.outcome.rank = s.rank;
     s.outcome.localRank = i;
-    if (stopping) {
+    if (stopping_) {
       s.outcome.state = WorkerOutcome::State::Lost;
       s.outcome.lostReason = "it was not started: the job was already stopping";
       s.outcome.stoppedByLaunch = true;
-      continue;
+      return;
     }
     try {
-      const std::string dir = workerDir(node.jobDir, attempt, s.rank);
+      const std::string dir = workerDir(node_.jobDir, attempt_, s.rank);
       makeDirs(dir);
-      s.errorFile = errorFilePath(node.jobDir, attempt, s.rank);
+      s.errorFile = errorFilePath(node_.jobDir, attempt_, s.rank);
       ::unlink(s.errorFile.c_str());  // a rerun with the same run id must not see an old one
-      const bool shown = config.localRanksFilter.empty() ||
-                         std::find(config.localRanksFilter.begin(), config.localRanksFilter.end(),
-                                   i) != config.localRanksFilter.end();
-      const int redirected = config.redirects.streamsFor(i);
-      const int logged = plan_.logAllStreams ? (kStdoutBit | kStderrBit)
-                                             : (redirected | config.tee.streamsFor(i));
-      const std::string prefix =
-          expandLinePrefix(config.linePrefixTemplate, s.rank, i, config.role, attempt);
+      const bool shown = config_.localRanksFilter.empty() ||
+                         std::find(config_.localRanksFilter.begin(), config_.localRanksFilter.end(),
+                                   i) != config_.localRanksFilter.end();
+      const int redirected = config_.redirects.streamsFor(i);
+      const int logged = sup_.plan_.logAllStreams ? (kStdoutBit | kStderrBit)
+                                             : (redirected | config_.tee.streamsFor(i));
+      const std::string prefix = expandLinePrefix(config_.linePrefixTemplate, s.rank, i,
+                                                  config_.role, attempt_, node_.nodeRank);
       StreamSinks out;
       out.consoleFd = shown && !(redirected & kStdoutBit) ? STDOUT_FILENO : -1;
       out.prefix = prefix;
       out.logPath = logged & kStdoutBit ? dir + "/stdout.log" : "";
-      out.logMaxBytes = config.logMaxBytes;
+      out.logMaxBytes = config_.logMaxBytes;
       StreamSinks err = out;
       err.consoleFd = shown && !(redirected & kStderrBit) ? STDERR_FILENO : -1;
       err.logPath = logged & kStderrBit ? dir + "/stderr.log" : "";
@@ -219,47 +210,73 @@ AttemptResult Supervisor::runAttempt(int attempt) {
       s.err = std::make_unique<WorkerStream>(err);
 
       SpawnSpec spec;
-      spec.file = plan_.command.file;
-      spec.argv = plan_.command.argv;
-      spec.env = toEnvStrings(workerEnv(config, node, i, attempt));
-      if (plan_.temporaryJobDir) spec.removeOnLauncherDeath = node.jobDir;
+      spec.file = sup_.plan_.command.file;
+      spec.argv = sup_.plan_.command.argv;
+      spec.env = toEnvStrings(workerEnv(config_, node_, i, attempt_));
+      if (sup_.plan_.temporaryJobDir) spec.removeOnLauncherDeath = node_.jobDir;
       s.guarded = spawnGuarded(spec);
     } catch (const Error& e) {
       s.outcome.state = WorkerOutcome::State::Lost;
       s.outcome.lostReason = std::string("could not be started: ") + e.what();
       s.outcome.endSeconds = seconds();
-      beginTeardown();
-      continue;
+      beginTeardown(fmt::format("rank {} could not be started on {}", s.rank, node_.host));
+      return;
     }
     s.statusOpen = s.stdoutOpen = s.stderrOpen = true;
-    addToEpoll(epollFd_, s.guarded.statusFd, tagOf(static_cast<size_t>(i), kStatusFd));
-    addToEpoll(epollFd_, s.guarded.stdoutFd, tagOf(static_cast<size_t>(i), kStdoutFd));
-    addToEpoll(epollFd_, s.guarded.stderrFd, tagOf(static_cast<size_t>(i), kStderrFd));
-  }
-  DTRAIN_LOG(Info, "launch: attempt {}: started {} workers in {:.1f} ms", attempt, n,
-             seconds() * 1e3);
+    addToEpoll(sup_.epollFd_, s.guarded.statusFd, tagOf(static_cast<size_t>(i), kStatusFd));
+    addToEpoll(sup_.epollFd_, s.guarded.stdoutFd, tagOf(static_cast<size_t>(i), kStdoutFd));
+    addToEpoll(sup_.epollFd_, s.guarded.stderrFd, tagOf(static_cast<size_t>(i), kStderrFd));
+    }
 
-  std::vector<char> buffer(kReadChunk);
-  auto pump = [&](Slot& s, FdKind kind) {
+  // `why`: this node's own reason, passed to the hooks (empty: asked from outside).
+  void beginTeardown(const std::string& why) {
+    if (stopping_) return;
+    stopping_ = true;
+    if (!why.empty() && hooks_.onTeardown) hooks_.onTeardown(why);
+    killAt_ = Clock::now() + std::chrono::duration_cast<Clock::duration>(
+                                std::chrono::duration<double>(config_.gracePeriod));
+    for (auto& s : slots_) {
+      if (!s.statusOpen || s.exitReported) continue;
+      if (!jobStopped_ && s.outcome.pid > 0 && processState(s.outcome.pid) == 'T') {
+        s.outcome.wasStopped = true;  // by someone else than launch's job control
+      }
+      s.askedToStop = true;
+      signalGuarded(s.guarded.controlFd, SIGTERM);
+    }
+    }
+
+  void killAll() {
+    killed_ = true;
+    giveUpAt_ = Clock::now() + std::chrono::duration_cast<Clock::duration>(
+                                  std::chrono::duration<double>(config_.killTimeout));
+    for (auto& s : slots_) {
+      if (s.statusOpen) {
+        s.askedToStop = true;
+        signalGuarded(s.guarded.controlFd, SIGKILL);
+      }
+    }
+    }
+
+  bool pump(Slot& s, FdKind kind) {
     int& fd = kind == kStdoutFd ? s.guarded.stdoutFd : s.guarded.stderrFd;
     bool& open = kind == kStdoutFd ? s.stdoutOpen : s.stderrOpen;
     WorkerStream& stream = kind == kStdoutFd ? *s.out : *s.err;
     if (!open) return false;
-    ssize_t got = ::read(fd, buffer.data(), buffer.size());
+    ssize_t got = ::read(fd, buffer_.data(), buffer_.size());
     if (got > 0) {
-      stream.consume(buffer.data(), static_cast<size_t>(got));
+      stream.consume(buffer_.data(), static_cast<size_t>(got));
       return true;
     }
     if (got < 0 && (errno == EAGAIN || errno == EINTR)) return false;
     stream.finish();
-    ::epoll_ctl(epollFd_, EPOLL_CTL_DEL, fd, nullptr);
+    ::epoll_ctl(sup_.epollFd_, EPOLL_CTL_DEL, fd, nullptr);
     ::close(fd);
     fd = -1;
     open = false;
     return false;
-  };
+    }
 
-  auto onStatus = [&](Slot& s) {
+  void onStatus(Slot& s) {
     bool eof = false;
     for (const auto& m : readGuardianMessages(s.guarded.statusFd, &eof)) {
       switch (m.kind) {
@@ -287,15 +304,16 @@ AttemptResult Supervisor::runAttempt(int attempt) {
           DTRAIN_LOG(Info, "launch: rank {} (pid {}) {} after {:.3f} s", s.rank, s.outcome.pid,
                      describeOutcome(s.outcome), s.outcome.endSeconds);
           if (s.outcome.failed()) {
-            beginTeardown();
-          } else if (!barrierArmed && !stopping && config.exitBarrierTimeout > 0) {
-            barrierArmed = true;
-            barrierAt = Clock::now() +
+            beginTeardown(fmt::format("rank {} (pid {}) on {} {}", s.rank, s.outcome.pid,
+                                      node_.host, describeOutcome(s.outcome)));
+          } else if (!barrierArmed_ && !stopping_ && config_.exitBarrierTimeout > 0) {
+            barrierArmed_ = true;
+            barrierAt_ = Clock::now() +
                         std::chrono::duration_cast<Clock::duration>(
-                            std::chrono::duration<double>(config.exitBarrierTimeout));
-            result.exitBarrier.timeoutSeconds = config.exitBarrierTimeout;
-            result.exitBarrier.firstRank = s.rank;
-            result.exitBarrier.firstExitSeconds = s.outcome.endSeconds;
+                            std::chrono::duration<double>(config_.exitBarrierTimeout));
+            result_.exitBarrier.timeoutSeconds = config_.exitBarrierTimeout;
+            result_.exitBarrier.firstRank = s.rank;
+            result_.exitBarrier.firstExitSeconds = s.outcome.endSeconds;
           }
           break;
         }
@@ -303,7 +321,7 @@ AttemptResult Supervisor::runAttempt(int attempt) {
       }
     }
     if (!eof) return;
-    ::epoll_ctl(epollFd_, EPOLL_CTL_DEL, s.guarded.statusFd, nullptr);
+    ::epoll_ctl(sup_.epollFd_, EPOLL_CTL_DEL, s.guarded.statusFd, nullptr);
     ::close(s.guarded.statusFd);
     ::close(s.guarded.controlFd);
     s.statusOpen = false;
@@ -321,65 +339,67 @@ AttemptResult Supervisor::runAttempt(int attempt) {
       }
       s.outcome.endSeconds = seconds();
       s.outcome.stoppedByLaunch = s.askedToStop;
-      beginTeardown();
+      beginTeardown(fmt::format("rank {} on {} {}", s.rank, node_.host, describeOutcome(s.outcome)));
     }
-  };
+    }
 
   // Ctrl-Z: stop every worker, then launch itself; SIGCONT resumes them (Note [Job control]).
-  auto forwardToAll = [&](int sig) {
-    for (auto& s : slots) {
+  void forwardToAll(int sig) {
+    for (auto& s : slots_) {
       if (s.statusOpen && !s.exitReported) signalGuarded(s.guarded.controlFd, sig);
     }
-  };
-  auto onStop = [&] {
-    if (jobStopped) return;
-    jobStopped = true;
-    stoppedAt = Clock::now();
+    }
+
+  void onStop() {
+    if (jobStopped_) return;
+    jobStopped_ = true;
+    stoppedAt_ = Clock::now();
     forwardToAll(SIGSTOP);
     ::kill(::getpid(), SIGSTOP);  // returns once launch is continued; SIGCONT waits in the signalfd
-  };
-  auto onContinue = [&] {
-    if (!jobStopped) return;
-    jobStopped = false;
+    }
+
+  void onContinue() {
+    if (!jobStopped_) return;
+    jobStopped_ = false;
     forwardToAll(SIGCONT);
     // Time spent stopped does not count against the deadlines.
-    const auto stopped = Clock::now() - stoppedAt;
-    killAt += stopped;
-    barrierAt += stopped;
-    giveUpAt += stopped;
-  };
+    const auto stopped = Clock::now() - stoppedAt_;
+    killAt_ += stopped;
+    barrierAt_ += stopped;
+    giveUpAt_ += stopped;
+    }
 
-  auto onSignals = [&] {
+  void onSignals() {
     signalfd_siginfo si{};
-    while (::read(signalFd_, &si, sizeof si) == static_cast<ssize_t>(sizeof si)) {
+    while (::read(sup_.signalFd_, &si, sizeof si) == static_cast<ssize_t>(sizeof si)) {
       const int sig = static_cast<int>(si.ssi_signo);
       if (sig == SIGTSTP) {
         onStop();
       } else if (sig == SIGCONT) {
         onContinue();
-      } else if (result.launcherSignal == 0) {
-        result.launcherSignal = sig;
-        result.signalBeforeFailure = !stopping;
+      } else if (result_.launcherSignal == 0) {
+        result_.launcherSignal = sig;
+        result_.signalBeforeFailure = !stopping_;
         std::string line = fmt::format(
             "launch: received {}; stopping the workers (SIGTERM, SIGKILL after {:g} s)\n",
-            fault::signalName(sig), config.gracePeriod);
+            fault::signalName(sig), config_.gracePeriod);
         writeAll(STDERR_FILENO, line.data(), line.size());
-        beginTeardown();
-      } else if (!killed) {
+        beginTeardown(fmt::format("launch on {} received {}", node_.host, fault::signalName(sig)));
+      } else if (!killed_) {
         std::string line = fmt::format("launch: received {} again; killing the workers now\n",
                                        fault::signalName(sig));
         writeAll(STDERR_FILENO, line.data(), line.size());
         killAll();
       }
     }
-  };
+    }
 
   // Workers still running when the barrier's deadline passes: the job ends with 124.
-  auto onBarrierTimeout = [&] {
-    barrierArmed = false;  // it fires once
-    ExitBarrierTimeout& b = result.exitBarrier;
+  void onBarrierTimeout() {
+    barrierArmed_ = false;  // it fires once
+    ExitBarrierTimeout& b = result_.exitBarrier;
     const double now = seconds();
-    for (const auto& s : slots) {
+    for (const auto& s : slots_) {
       if (!s.statusOpen || s.exitReported) continue;
       ExitBarrierTimeout::Straggler straggler;
       straggler.rank = s.rank;
@@ -390,17 +410,17 @@ AttemptResult Supervisor::runAttempt(int attempt) {
     }
     if (b.stillRunning.empty()) return;  // the last ones are only being reaped
     b.timedOut = true;
-    std::string line = formatExitBarrierLine(b, optionLabel(config, "exit-barrier-timeout"),
-                                             config.gracePeriod);
+    std::string line = formatExitBarrierLine(b, optionLabel(config_, "exit-barrier-timeout"),
+                                             config_.gracePeriod);
     writeAll(STDERR_FILENO, line.data(), line.size());
-    beginTeardown();
-  };
+    beginTeardown(fmt::format("the exit barrier timed out on {}", node_.host));
+    }
 
   // The last deadline passed: name what is left of each worker, and stop waiting for it.
-  auto onKillTimeout = [&] {
-    const double waited = config.killTimeout;
-    result.killTimeout = waited;
-    for (auto& s : slots) {
+  void onKillTimeout() {
+    const double waited = config_.killTimeout;
+    result_.killTimeout = waited;
+    for (auto& s : slots_) {
       if (!s.statusOpen) continue;
       std::vector<pid_t> pids = childProcesses(s.guarded.guardianPid);
       if (pids.empty()) pids.push_back(s.guarded.guardianPid);  // the guardian itself is stuck
@@ -415,7 +435,7 @@ AttemptResult Supervisor::runAttempt(int attempt) {
         survivor.state = info->state;
         survivor.waitingIn = info->waitingIn;
         survivor.command = info->command;
-        result.survivors.push_back(survivor);
+        result_.survivors.push_back(survivor);
       }
       if (!s.exitReported) {
         s.outcome.state = WorkerOutcome::State::Lost;
@@ -424,103 +444,138 @@ AttemptResult Supervisor::runAttempt(int attempt) {
         s.outcome.stoppedByLaunch = s.askedToStop;
       }
       // Its guardian sees the control pipe close, kills what is left once it can, and ends.
-      ::epoll_ctl(epollFd_, EPOLL_CTL_DEL, s.guarded.statusFd, nullptr);
+      ::epoll_ctl(sup_.epollFd_, EPOLL_CTL_DEL, s.guarded.statusFd, nullptr);
       ::close(s.guarded.statusFd);
       ::close(s.guarded.controlFd);
       s.statusOpen = false;
     }
-    if (result.survivors.empty()) return;
-    std::string line = formatSurvivorsLine(result.survivors, waited);
+    if (result_.survivors.empty()) return;
+    std::string line = formatSurvivorsLine(result_.survivors, waited);
     writeAll(STDERR_FILENO, line.data(), line.size());
-  };
+    }
 
-  auto anyStatusOpen = [&] {
-    return std::any_of(slots.begin(), slots.end(), [](const Slot& s) { return s.statusOpen; });
-  };
-  // The event loop's one timer (epoll_wait's timeout): the SIGKILL deadline while stopping,
-  // else the exit barrier's once armed.
-  auto msUntil = [](Clock::time_point at) {
-    auto left = std::chrono::duration_cast<std::chrono::milliseconds>(at - Clock::now());
-    return static_cast<int>(
-        std::clamp<int64_t>(left.count() + 1, 0, std::numeric_limits<int>::max()));
-  };
-  while (anyStatusOpen()) {
-    int timeoutMs = -1;
-    if (jobStopped) {
-      timeoutMs = -1;  // resumed by SIGCONT (a signal) only
-    } else if (killed) {
-      timeoutMs = msUntil(giveUpAt);
-    } else if (stopping) {
-      timeoutMs = msUntil(killAt);
-    } else if (barrierArmed) {
-      timeoutMs = msUntil(barrierAt);
-    }
-    epoll_event events[64];
-    int ready = ::epoll_wait(epollFd_, events, 64, timeoutMs);
-    if (ready < 0 && errno != EINTR) {
-      DTRAIN_THROW(Error, "launch: epoll_wait failed: {}", std::strerror(errno));
-    }
-    for (int e = 0; e < ready; ++e) {
-      const uint64_t tag = events[e].data.u64;
-      if (tag == kSignalTag) {
-        onSignals();
-        continue;
-      }
-      Slot& s = slots[tag >> 2];
-      const auto kind = static_cast<FdKind>(tag & 3);
-      if (kind == kStatusFd) {
-        if (s.statusOpen) onStatus(s);
-      } else {
-        pump(s, kind);
-      }
-    }
-    if (jobStopped) continue;
-    if (!stopping && barrierArmed && Clock::now() >= barrierAt) onBarrierTimeout();
-    if (stopping && !killed && Clock::now() >= killAt) killAll();
-    if (killed && Clock::now() >= giveUpAt) onKillTimeout();
+  // The event loop's one timer (epoll_wait's timeout): the last deadline after SIGKILL, the
+  // SIGKILL deadline while stopping, else the exit barrier's once armed; none while stopped.
+  int nextTimeoutMs() const {
+    auto msUntil = [](Clock::time_point at) {
+      auto left = std::chrono::duration_cast<std::chrono::milliseconds>(at - Clock::now());
+      return static_cast<int>(
+          std::clamp<int64_t>(left.count() + 1, 0, std::numeric_limits<int>::max()));
+    };
+    if (jobStopped_) return -1;  // resumed by SIGCONT (a signal) only
+    if (killed_) return msUntil(giveUpAt_);
+    if (stopping_) return msUntil(killAt_);
+    if (barrierArmed_) return msUntil(barrierAt_);
+    return -1;
   }
 
-  // Every worker and everything under it is gone: what is left in the pipes is the end of their
-  // output. Take it (the report wants the last stderr lines) and close.
-  for (auto& s : slots) {
-    while (pump(s, kStdoutFd)) {
-    }
-    while (pump(s, kStderrFd)) {
-    }
-    if (s.stdoutOpen || s.stderrOpen) {
-      for (FdKind kind : {kStdoutFd, kStderrFd}) {
-        int& fd = kind == kStdoutFd ? s.guarded.stdoutFd : s.guarded.stderrFd;
-        if (fd < 0) continue;
-        (kind == kStdoutFd ? *s.out : *s.err).finish();
-        ::epoll_ctl(epollFd_, EPOLL_CTL_DEL, fd, nullptr);
-        ::close(fd);
-        fd = -1;
+  bool anyStatusOpen() const {
+    return std::any_of(slots_.begin(), slots_.end(), [](const Slot& s) { return s.statusOpen; });
+  }
+
+  void superviseUntilEveryWorkerEnded() {
+    while (anyStatusOpen()) {
+      const int timeoutMs = nextTimeoutMs();
+      epoll_event events[64];
+      int ready = ::epoll_wait(sup_.epollFd_, events, 64, timeoutMs);
+      if (ready < 0 && errno != EINTR) {
+        DTRAIN_THROW(Error, "launch: epoll_wait failed: {}", std::strerror(errno));
       }
-      s.stdoutOpen = s.stderrOpen = false;
+      for (int e = 0; e < ready; ++e) {
+        const uint64_t tag = events[e].data.u64;
+        if (tag == kSignalTag) {
+          onSignals();
+          continue;
+        }
+        if (tag == kStopTag) {
+          uint64_t count = 0;
+          (void)!::read(hooks_.stopFd, &count, sizeof count);
+          beginTeardown("");
+          continue;
+        }
+        Slot& s = slots_[tag >> 2];
+        const auto kind = static_cast<FdKind>(tag & 3);
+        if (kind == kStatusFd) {
+          if (s.statusOpen) onStatus(s);
+        } else {
+          pump(s, kind);
+        }
+      }
+      if (jobStopped_) continue;
+      if (!stopping_ && barrierArmed_ && Clock::now() >= barrierAt_) onBarrierTimeout();
+      if (stopping_ && !killed_ && Clock::now() >= killAt_) killAll();
+      if (killed_ && Clock::now() >= giveUpAt_) onKillTimeout();
     }
   }
 
-  // Gather the facts for the report.
-  std::string kernelLog;
-  bool kernelLogRead = false;
-  const int64_t oomAfter = readOomKillCount();
-  for (auto& s : slots) {
-    WorkerOutcome& o = s.outcome;
-    if (s.err) {
-      o.stderrTail.assign(s.err->tail().begin(), s.err->tail().end());
-      o.stderrLog = s.err->logPath();
-    }
-    if (o.failed() && !s.errorFile.empty()) o.errorFileMessage = readErrorFile(s.errorFile);
-    if (o.state == WorkerOutcome::State::Signaled && o.signal == SIGKILL && !o.stoppedByLaunch) {
-      if (!kernelLogRead) {
-        kernelLog = readKernelLog();
-        kernelLogRead = true;
+  // Every worker and everything under it is gone: what is left in the pipes is the end of
+  // their output. Take it (the report wants the last stderr lines) and close.
+  void drainOutput() {
+    for (auto& s : slots_) {
+      while (pump(s, kStdoutFd)) {
       }
-      o.oomNote = oomNote(o.pid, kernelLog, oomBefore, oomAfter);
+      while (pump(s, kStderrFd)) {
+      }
+      if (s.stdoutOpen || s.stderrOpen) {
+        for (FdKind kind : {kStdoutFd, kStderrFd}) {
+          int& fd = kind == kStdoutFd ? s.guarded.stdoutFd : s.guarded.stderrFd;
+          if (fd < 0) continue;
+          (kind == kStdoutFd ? *s.out : *s.err).finish();
+          ::epoll_ctl(sup_.epollFd_, EPOLL_CTL_DEL, fd, nullptr);
+          ::close(fd);
+          fd = -1;
+        }
+        s.stdoutOpen = s.stderrOpen = false;
+      }
     }
-    result.workers.push_back(o);
   }
-  return result;
+
+  // The facts for the report.
+  void gatherFacts() {
+    std::string kernelLog;
+    bool kernelLogRead = false;
+    const int64_t oomAfter = readOomKillCount();
+    for (auto& s : slots_) {
+      WorkerOutcome& o = s.outcome;
+      if (s.err) {
+        o.stderrTail.assign(s.err->tail().begin(), s.err->tail().end());
+        o.stderrLog = s.err->logPath();
+      }
+      if (o.failed() && !s.errorFile.empty()) o.errorFileMessage = readErrorFile(s.errorFile);
+      if (o.state == WorkerOutcome::State::Signaled && o.signal == SIGKILL && !o.stoppedByLaunch) {
+        if (!kernelLogRead) {
+          kernelLog = readKernelLog();
+          kernelLogRead = true;
+        }
+        o.oomNote = oomNote(o.pid, kernelLog, oomBefore_, oomAfter);
+      }
+      result_.workers.push_back(o);
+    }
+  }
+
+  Supervisor& sup_;
+  const LaunchConfig& config_;
+  const NodeContext& node_;
+  const AttemptHooks& hooks_;
+  const int attempt_;
+  const Clock::time_point start_;
+  const int64_t oomBefore_;
+  AttemptResult result_;
+  std::vector<Slot> slots_;
+  std::vector<char> buffer_;
+  bool stopping_ = false;
+  bool killed_ = false;
+  Clock::time_point killAt_;
+  Clock::time_point giveUpAt_;  // the last deadline, once SIGKILL was sent (Note [Last deadline])
+  bool jobStopped_ = false;     // by SIGTSTP (Note [Job control])
+  Clock::time_point stoppedAt_;
+  // The exit barrier: armed when the first worker exits 0 (see Note [Exit barrier]).
+  bool barrierArmed_ = false;
+  Clock::time_point barrierAt_;
+};
+
+AttemptResult Supervisor::runAttempt(int attempt, const AttemptHooks& hooks) {
+  return Attempt(*this, attempt, hooks).run();
 }
 
 }  // namespace dtrain::launcher

@@ -8,6 +8,7 @@
 // and a signalfd for the launcher's own signals. See Note [One event loop].
 
 #include <csignal>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -104,6 +105,15 @@ struct JobPlan {
   bool temporaryJobDir = false;
 };
 
+// What a node's agent adds to one attempt in a multi-node job (launcher/agent.h).
+struct AttemptHooks {
+  // Readable (an eventfd): stop the workers -- another node failed, or the master said so.
+  int stopFd = -1;
+  // Called once, when this node begins stopping its workers for a reason of its own (a worker
+  // failed, launch was signalled, the exit barrier timed out), so the other nodes stop too.
+  std::function<void(const std::string& why)> onTeardown;
+};
+
 class Supervisor {
  public:
   explicit Supervisor(JobPlan plan);
@@ -115,9 +125,15 @@ class Supervisor {
   // signalled. Prints the failure report (stderr) and returns launch's exit code.
   int run();
 
+  // One attempt of this node's workers (the agent of a multi-node job runs them one by one, as
+  // the master decides): spawn, supervise, stop, gather the facts.
+  AttemptResult runAttempt(int attempt, const AttemptHooks& hooks = {});
+  // The node's context for the next attempt (a multi-node round may renumber it).
+  void setNode(const NodeContext& node) { plan_.node = node; }
+
  private:
   struct Slot;
-  AttemptResult runAttempt(int attempt);
+  class Attempt;  // the steps of one attempt: see Note [Attempt steps] in supervisor.cpp
 
   JobPlan plan_;
   int signalFd_ = -1;

@@ -4,6 +4,7 @@ add_library(dtrain_base SHARED
   runtime/base/error.cpp
   runtime/base/fault.cpp
   runtime/base/logging.cpp
+  runtime/base/net/net_interface.cpp
   runtime/base/net/socket.cpp
   runtime/base/parse_int.cpp
   runtime/base/store/auth.cpp

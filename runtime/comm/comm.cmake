@@ -9,7 +9,6 @@ add_library(dtrain_comm SHARED
   runtime/comm/flight_recorder.cpp
   runtime/comm/host_buffer_pool.cpp
   runtime/comm/nccl_env.cpp
-  runtime/comm/net_interface.cpp
   runtime/comm/reduce_kernels.cpp
   runtime/comm/shm/shm_arena.cpp
   runtime/comm/shm/shm_communicator.cpp

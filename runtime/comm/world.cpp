@@ -18,7 +18,7 @@
 #include "dtrain/logging.h"
 #include "dtrain/nccl_communicator.h"
 #include "dtrain/tcp_store.h"
-#include "net_interface.h"
+#include "net/net_interface.h"
 
 namespace dtrain::comm {
 
@@ -48,7 +48,7 @@ std::shared_ptr<store::Store> hostedStore(World& w, const WorldOptions& o) {
   const std::string token = tokenEnv ? tokenEnv : "";
   // Off loopback the store must authenticate its clients (docs/reliability.md S17); checked on
   // every rank so they all fail the same way.
-  DTRAIN_CHECK_ARG(isLoopbackHost(host) || !token.empty(),
+  DTRAIN_CHECK_ARG(net::isLoopbackHost(host) || !token.empty(),
                    "{} is not set, and {}={} is not a loopback address: rank 0 would host the job's "
                    "store on the network without authentication. HINT: export {}=$(openssl rand "
                    "-hex 16) before srun/mpirun so every rank has the same token, or start the "

@@ -3,9 +3,9 @@
 #include <net/if.h>
 
 #include "dtrain/error.h"
-#include "net_interface.h"
+#include "net/net_interface.h"
 
-namespace dtrain::comm {
+namespace dtrain::net {
 namespace {
 
 TEST(NetInterface, OneNodeJobsStayOnLoopback) {
@@ -52,4 +52,4 @@ TEST(NetInterface, LoopbackHosts) {
 }
 
 }  // namespace
-}  // namespace dtrain::comm
+}  // namespace dtrain::net

@@ -53,7 +53,7 @@ INSTANTIATE_TEST_SUITE_P(
         UsageCase{"ZeroWorkers", {"--nproc-per-node", "0"}, {}, "--nproc-per-node"},
         UsageCase{"NotACount", {"--nproc_per_node=lots"}, {}, "--nproc-per-node"},
         UsageCase{"MinAboveMaxNodes", {"--nnodes", "3:2"}, {}, "--nnodes"},
-        UsageCase{"MultiNodeNotYet", {"--nnodes", "2"}, {}, "multi-node"},
+        UsageCase{"MultiNodeWithoutNodeRank", {"--nnodes", "2"}, {}, "--node-rank R on every node"},
         UsageCase{"NodeRankOnOneNode", {"--node-rank", "1"}, {}, "--node-rank"},
         UsageCase{"ZeroGrace", {"--grace-period", "0"}, {}, "--grace-period"},
         UsageCase{"NegativeGrace", {"--grace-period", "-1"}, {}, "--grace-period"},

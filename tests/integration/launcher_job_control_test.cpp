@@ -1,6 +1,7 @@
-// The ends of supervision: a worker that survives SIGKILL (launch's last deadline, Note [Last
-// deadline] in launcher/supervisor/supervisor.h), the workers' stdin, and Ctrl-Z on an
-// interactive launch (Note [Job control]). Real processes; a real terminal (a pty) for Ctrl-Z.
+// The ends of supervision (docs/reliability.md L17, L18): a worker that survives SIGKILL
+// (launch's last deadline, Note [Last deadline] in launcher/supervisor/supervisor.h), the
+// workers' stdin, and Ctrl-Z on an interactive launch (Note [Job control]). Real processes; a
+// real terminal (a pty) for Ctrl-Z.
 #include <poll.h>
 #include <pty.h>
 #include <signal.h>

@@ -5,8 +5,10 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <regex>
+#include <sstream>
 #include <thread>
 
 #include <gtest/gtest.h>
@@ -27,10 +29,32 @@ std::vector<std::string> entriesOf(const std::string& dir) {
   return names;
 }
 
+// The CLOCK_MONOTONIC times (t=...) the test worker prints when it injects a fault and when
+// SIGTERM reaches it: the same clock in every process.
+double timeOf(const std::string& line) {
+  size_t at = line.rfind("(t=");
+  return at == std::string::npos ? -1 : std::stod(line.substr(at + 3));
+}
+
+std::vector<double> timesOfLines(const std::string& text, const std::string& needle) {
+  std::vector<double> times;
+  std::istringstream in(text);
+  for (std::string line; std::getline(in, line);) {
+    if (line.find(needle) != std::string::npos) times.push_back(timeOf(line));
+  }
+  return times;
+}
+
+// How long from a worker's crash until every other worker has had SIGTERM: the README's "within
+// milliseconds". crash_latency_bench measured it, two runs of 50 crashes on the shared 2-core
+// machine (benchmarks/README.md): median 1.2-1.3 ms, worst 5-34 ms; with every CPU busy, median
+// 5-7 ms, worst 46 ms. The bound is ten times that worst.
+constexpr double kCrashDetectionBound = 0.5;
+
 // L1: a worker SIGKILLed mid-step is noticed at once, the others are stopped, the report names it.
-TEST(LaunchSupervision, CrashIsDetectedWithinOneSecond) {
+TEST(LaunchSupervision, CrashIsDetectedWithinMilliseconds) {
   LaunchProcess p(launchArgs({"--nproc-per-node", "4", "--grace-period", "5"},
-                             {"--steps", "400", "--step-ms", "25"}),
+                             {"--steps", "400", "--step-ms", "25", "--on-sigterm", "0"}),
                   {"DTRAIN_FAULT=signal:KILL@rank=3,step=4,attempt=0"});
   LaunchResult r = p.wait(30);
   ASSERT_FALSE(r.timedOut) << r.all();
@@ -40,9 +64,16 @@ TEST(LaunchSupervision, CrashIsDetectedWithinOneSecond) {
   EXPECT_NE(r.err.find("rank:        3 (local rank 3)"), std::string::npos) << r.err;
   EXPECT_NE(r.err.find("exit code 137"), std::string::npos) << r.err;
   EXPECT_EQ(countLines(r.err, "after launch asked it to stop"), 3) << r.err;
+  const std::vector<double> crashed = timesOfLines(r.out, "rank 3: step 4: injecting");
+  const std::vector<double> told = timesOfLines(r.out, ": SIGTERM: checkpointing and exiting");
+  ASSERT_EQ(crashed.size(), 1u) << r.out;
+  ASSERT_EQ(told.size(), 3u) << r.out;
+  const double latency = *std::max_element(told.begin(), told.end()) - crashed[0];
+  EXPECT_GT(latency, 0) << r.out;
+  EXPECT_LT(latency, kCrashDetectionBound) << "crash to SIGTERM at every other worker";
   const double injected = p.firstSeen("rank 3: step 4: injecting");
   ASSERT_GT(injected, 0);
-  EXPECT_LT(r.seconds - injected, 1.0 + kMargin) << "crash noticed and group stopped too late";
+  EXPECT_LT(r.seconds - injected, 1.0 + kMargin) << "group stopped and reaped too late";
   expectNoneLeft(r.out);
 }
 

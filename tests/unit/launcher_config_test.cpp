@@ -126,7 +126,7 @@ INSTANTIATE_TEST_SUITE_P(
                   "--nproc-per-node"},
         BadConfig{"MinAboveMax", [](LaunchConfig& c) { c.minNodes = 3; c.maxNodes = 2; },
                   "--nnodes"},
-        BadConfig{"MultiNode", [](LaunchConfig& c) { c.maxNodes = 2; }, "multi-node"},
+        BadConfig{"MultiNodeWithoutNodeRank", [](LaunchConfig& c) { c.maxNodes = 2; }, "--node-rank R"},
         BadConfig{"NodeRank", [](LaunchConfig& c) { c.nodeRank = 1; }, "--node-rank"},
         BadConfig{"Backend", [](LaunchConfig& c) { c.rdzvBackend = "etcd"; }, "--rdzv-backend"},
         BadConfig{"MasterPort", [](LaunchConfig& c) { c.masterPort = 70000; }, "--master-port"},

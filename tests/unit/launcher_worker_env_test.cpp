@@ -13,6 +13,8 @@ NodeContext sampleNode() {
   n.nodeRank = 0;
   n.numNodes = 1;
   n.localWorldSize = 4;
+  n.rankOffset = 0;
+  n.worldSize = 4;
   n.cpuCount = 16;
   n.masterAddr = "127.0.0.1";
   n.masterPort = 29500;
@@ -44,6 +46,8 @@ TEST_P(WorkerEnvTest, SetsTheContract) {
   NodeContext node = sampleNode();
   node.nodeRank = c.nodeRank;
   node.numNodes = c.numNodes;
+  node.rankOffset = c.nodeRank * node.localWorldSize;  // equal nodes: prefix sums
+  node.worldSize = c.numNodes * node.localWorldSize;
   EnvMap env = workerEnv(config, node, c.localRank, c.round);
   for (const auto& [key, value] : c.expect) {
     ASSERT_TRUE(env.count(key)) << key;
@@ -74,6 +78,25 @@ INSTANTIATE_TEST_SUITE_P(
                  {"LOCAL_WORLD_SIZE", "4"}, {"GROUP_RANK", "1"}, {"GROUP_WORLD_SIZE", "3"},
                  {"ROLE_RANK", "6"}, {"ROLE_WORLD_SIZE", "12"}}}),
     [](const ::testing::TestParamInfo<EnvCase>& info) { return info.param.name; });
+
+TEST(WorkerEnv, UnequalNodesAndForwardedOverlay) {
+  NodeContext node = sampleNode();
+  node.nodeRank = 2;
+  node.numNodes = 3;
+  node.localWorldSize = 2;  // nodes of 4, 3 and 2 workers
+  node.rankOffset = 7;
+  node.worldSize = 9;
+  node.overlay = {{"NCCL_DEBUG", "INFO"}, {"PATH", "/opt/bin"}, {"NCCL_SOCKET_IFNAME", "eth1"}};
+  LaunchConfig config;
+  config.env = {{"PATH", "/from/env"}};
+  EnvMap env = workerEnv(config, node, 1, 0);
+  EXPECT_EQ(env["RANK"], "8");
+  EXPECT_EQ(env["WORLD_SIZE"], "9");
+  EXPECT_EQ(env["GROUP_RANK"], "2");
+  EXPECT_EQ(env["NCCL_DEBUG"], "INFO");         // the master's over the node's own
+  EXPECT_EQ(env["NCCL_SOCKET_IFNAME"], "eth1");
+  EXPECT_EQ(env["PATH"], "/from/env");          // --env last
+}
 
 TEST(WorkerEnv, InheritsButNotLauncherOptions) {
   EnvMap env = workerEnv(LaunchConfig{}, sampleNode(), 1, 0);

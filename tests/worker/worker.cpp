@@ -157,12 +157,20 @@ void writeErrorFile(const std::string& message, const std::string& mode) {
   }
 }
 
+// CLOCK_MONOTONIC in seconds: the same clock in every process, so a test can subtract the time
+// one worker crashed from the time another got SIGTERM (crash detection latency).
+double monotonicSeconds() {
+  timespec ts{};
+  ::clock_gettime(CLOCK_MONOTONIC, &ts);
+  return static_cast<double>(ts.tv_sec) + static_cast<double>(ts.tv_nsec) * 1e-9;
+}
+
 void onSigterm(int) {
-  static const char kMsg[] = "SIGTERM: checkpointing and exiting\n";
-  char buf[64];
-  int n = std::snprintf(buf, sizeof buf, "rank %d: ", gRank);
+  const double now = monotonicSeconds();
+  char buf[128];
+  int n = std::snprintf(buf, sizeof buf, "rank %d: SIGTERM: checkpointing and exiting (t=%.6f)\n",
+                        gRank, now);
   if (n > 0) (void)!::write(STDOUT_FILENO, buf, static_cast<size_t>(n));
-  (void)!::write(STDOUT_FILENO, kMsg, sizeof kMsg - 1);
   ::_exit(gSigtermCode);
 }
 
@@ -237,7 +245,9 @@ int run(const Flags& flags) {
   if (flags.printEnv) {
     for (const char* name : {"RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR",
                              "MASTER_PORT", "OMP_NUM_THREADS", "TORCHELASTIC_RUN_ID",
-                             "TORCHELASTIC_ERROR_FILE", "DTRAIN_STORE_ADDR", "DTRAIN_STORE_PORT"}) {
+                             "TORCHELASTIC_ERROR_FILE", "DTRAIN_STORE_ADDR", "DTRAIN_STORE_PORT",
+                             "GROUP_RANK", "CUDA_VISIBLE_DEVICES", "NCCL_SOCKET_IFNAME",
+                             "GLOO_SOCKET_IFNAME", "NCCL_DEBUG", "FROM_DOTENV"}) {
       const char* v = std::getenv(name);
       std::printf("rank %d: env %s=%s\n", rank, name, v ? v : "(unset)");
     }
@@ -267,8 +277,8 @@ int run(const Flags& flags) {
   for (int64_t step = 0; step < flags.steps; ++step) {
     for (const auto& f : dtrain::fault::activeFaults()) {
       if (!f.matches(rank, step, attempt)) continue;
-      std::printf("rank %d: step %lld: injecting %s\n", rank, static_cast<long long>(step),
-                  f.describe().c_str());
+      std::printf("rank %d: step %lld: injecting %s (t=%.6f)\n", rank,
+                  static_cast<long long>(step), f.describe().c_str(), monotonicSeconds());
       std::fflush(stdout);
       switch (f.kind) {
         case Kind::Flood: flood(rank, f.arg); break;

@@ -9,7 +9,7 @@
 #include "dtrain/logging.h"
 #include "dtrain/timeout.h"
 #include "failure_report.h"
-#include "net_interface.h"
+#include "net/net_interface.h"
 #include "reduce_kernels.h"
 
 namespace dtrain::comm {
@@ -82,7 +82,7 @@ GlooCommunicator::GlooCommunicator(const GlooOptions& o)
   mo.size = size_;
   mo.store = store_;
   mo.prefix = name_;
-  mo.bind = chooseBindAddress(iface, ifaceSource, o.storeHost);
+  mo.bind = net::chooseBindAddress(iface, ifaceSource, o.storeHost);
   mo.connectTimeout = connectTimeout;
   mo.timeout = timeout_;
   if (size_ > 1) mesh_ = std::make_unique<GlooMesh>(mo);

@@ -12,7 +12,7 @@
 #include <gloo/context.h>
 
 #include "dtrain/store.h"
-#include "net_interface.h"
+#include "net/net_interface.h"
 
 namespace dtrain::comm {
 
@@ -23,7 +23,7 @@ class GlooMesh {
     int size = 1;
     std::shared_ptr<store::Store> store;
     std::string prefix;  // store keys go under it
-    BindAddress bind;
+    net::BindAddress bind;
     std::chrono::milliseconds connectTimeout{300000};
     std::chrono::milliseconds timeout{300000};
   };

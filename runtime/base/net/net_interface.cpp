@@ -1,4 +1,4 @@
-#include "net_interface.h"
+#include "net/net_interface.h"
 
 #include <arpa/inet.h>
 #include <ifaddrs.h>
@@ -11,7 +11,7 @@
 
 #include "dtrain/error.h"
 
-namespace dtrain::comm {
+namespace dtrain::net {
 
 namespace {
 
@@ -113,4 +113,4 @@ BindAddress chooseBindAddress(const std::string& interfaceName, const std::strin
   return out;
 }
 
-}  // namespace dtrain::comm
+}  // namespace dtrain::net

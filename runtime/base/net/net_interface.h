@@ -4,11 +4,12 @@
 // named by the user (GLOO_SOCKET_IFNAME or an option) wins; a job whose store is on loopback is a
 // one-node job and stays on loopback; otherwise the address the kernel would use as the source of
 // a route toward the store host (on the store's own node, that is the store's address). Never
-// loopback when the store is elsewhere.
+// loopback when the store is elsewhere. It lives in dtrain_base so that `launch` applies the same
+// rule when it sets NCCL_SOCKET_IFNAME / GLOO_SOCKET_IFNAME for a multi-node job.
 
 #include <string>
 
-namespace dtrain::comm {
+namespace dtrain::net {
 
 struct BindAddress {
   std::string address;    // numeric IP to bind
@@ -31,4 +32,4 @@ std::string interfaceAddress(const std::string& name);
 // The interface holding `address`; empty when none does.
 std::string interfaceOfAddress(const std::string& address);
 
-}  // namespace dtrain::comm
+}  // namespace dtrain::net

@@ -1,0 +1,73 @@
+#include "e2e_support.h"
+
+#include <gtest/gtest.h>
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <map>
+
+#include "test_support.h"
+
+namespace dtrain::testing {
+
+std::vector<std::string> timings() {
+  return {"--heartbeat-interval", "0.5", "--heartbeat-timeout", "3", "--rdzv-timeout", "20",
+          "--grace-period", "2"};
+}
+
+std::vector<std::string> cat(std::vector<std::string> a, const std::vector<std::string>& b) {
+  a.insert(a.end(), b.begin(), b.end());
+  return a;
+}
+
+int storePort(const Cluster& c) {
+  static std::map<std::string, int> ports;  // one per cluster, picked once
+  auto it = ports.find(c.name());
+  if (it != ports.end()) return it->second;
+  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in sa{};
+  sa.sin_family = AF_INET;
+  ::inet_pton(AF_INET, c.bridgeAddress().c_str(), &sa.sin_addr);
+  socklen_t len = sizeof sa;
+  int port = 0;
+  if (::bind(fd, reinterpret_cast<sockaddr*>(&sa), sizeof sa) == 0 &&
+      ::getsockname(fd, reinterpret_cast<sockaddr*>(&sa), &len) == 0) {
+    port = ntohs(sa.sin_port);
+  }
+  ::close(fd);
+  EXPECT_GT(port, 0) << "no free port on " << c.bridgeAddress();
+  ports[c.name()] = port;
+  return port;
+}
+
+std::vector<std::string> fanOutFromANode(const Cluster& c, const std::vector<std::string>& extra) {
+  return cat(cat({"--hosts", c.hostList(), "--ssh-config", c.sshConfig()}, timings()), extra);
+}
+
+std::vector<std::string> fanOut(const Cluster& c, const std::vector<std::string>& extra) {
+  return cat(cat({"--hosts", c.hostList(), "--ssh-config", c.sshConfig(), "--rdzv-endpoint",
+                  c.bridgeAddress() + ":" + std::to_string(storePort(c))},
+                 timings()),
+             extra);
+}
+
+std::vector<pid_t> pidsOn(const Cluster& c, int k, const std::string& needle) {
+  std::vector<pid_t> pids;
+  FILE* p = ::popen(("ip netns pids " + c.name() + "-" + std::to_string(k) + " 2>/dev/null").c_str(), "r");
+  if (!p) return pids;
+  for (int pid; std::fscanf(p, "%d", &pid) == 1;) {
+    std::string cmd = readFile("/proc/" + std::to_string(pid) + "/cmdline");
+    for (auto& ch : cmd) {
+      if (ch == '\0') ch = ' ';
+    }
+    if (cmd.find(needle) != std::string::npos) pids.push_back(pid);
+  }
+  ::pclose(p);
+  return pids;
+}
+
+}  // namespace dtrain::testing

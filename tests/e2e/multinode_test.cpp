@@ -1,0 +1,324 @@
+// Multi-node launch on a simulated cluster (network namespaces + real sshd): the ways to start a
+// job (fan-out from outside the nodes and from node 0, manual, Slurm and Kubernetes variables),
+// host lists, the remote command line's fidelity and the token's secrecy. Timing-free: the
+// fault tests are in multinode_fault_test.cpp.
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <dirent.h>
+
+#include <fstream>
+#include <regex>
+#include <set>
+#include <sstream>
+
+#include <fmt/format.h>
+
+#include "e2e_support.h"
+#include "test_support.h"
+
+namespace dtrain::testing {
+namespace {
+
+std::string commWorker() { return binaryDir() + "/comm_worker"; }
+
+TEST(MultiNode, FanOutFromOutsideTheNodes) {
+  DTRAIN_CLUSTER_OR_SKIP(c, 2);
+  // The store barrier of the test worker, then real Gloo allreduces across the namespaces: the
+  // runtime must bind each node's own interface (loopback would not reach the other node).
+  LaunchResult r = runLaunch(
+      fanOut(*c, {"--nproc-per-node", "2", workerPath(), "--steps", "2", "--end-barrier"}), {}, 60);
+  ASSERT_EQ(r.exitCode, 0) << r.all();
+  for (int rank = 0; rank < 4; ++rank) {
+    EXPECT_NE(r.out.find(fmt::format("[node{} rank{}]: rank {}: done", rank / 2, rank, rank)),
+              std::string::npos)
+        << r.all();
+  }
+  EXPECT_NE(r.out.find("world_size=4"), std::string::npos);
+  if (::access(commWorker().c_str(), X_OK) != 0) GTEST_SKIP() << "comm_worker not built (no Gloo)";
+  r = runLaunch(fanOut(*c, {"--nproc-per-node", "2", commWorker(), "--iters", "5"}), {}, 60);
+  ASSERT_EQ(r.exitCode, 0) << r.all();
+  EXPECT_EQ(countLines(r.out, "/4: OK"), 4) << r.all();
+}
+
+// The hierarchical path on real (simulated) nodes: shared memory inside each node's network
+// namespace (the segment's socket is per namespace), Gloo between the nodes; DTRAIN_SHM=0,
+// forwarded to every node, turns it off.
+TEST(MultiNode, SharedMemoryInsideEachNodeGlooAcross) {
+  DTRAIN_CLUSTER_OR_SKIP(c, 2);
+  if (::access(commWorker().c_str(), X_OK) != 0) GTEST_SKIP() << "comm_worker not built (no Gloo)";
+  LaunchResult r = runLaunch(
+      fanOut(*c, {"--nproc-per-node", "2", commWorker(), "--iters", "20", "--count", "300007"}),
+      {}, 60);
+  ASSERT_EQ(r.exitCode, 0) << r.all();
+  EXPECT_EQ(countLines(r.out, "ready backend=shm+gloo"), 4) << r.all();
+  EXPECT_EQ(countLines(r.out, "/4: OK"), 4) << r.all();
+  r = runLaunch(fanOut(*c, {"--nproc-per-node", "2", commWorker(), "--iters", "5"}),
+                {"DTRAIN_SHM=0"}, 60);
+  ASSERT_EQ(r.exitCode, 0) << r.all();
+  EXPECT_EQ(countLines(r.out, "ready backend=gloo"), 4) << r.all();
+}
+
+TEST(MultiNode, FanOutFromNodeZeroRunsItsAgentWithoutSsh) {
+  DTRAIN_CLUSTER_OR_SKIP(c, 2);
+  // Node 0's sshd is stopped: the master, inside node 0, must run node 0's agent itself.
+  std::string pid = readFile(c->dir() + "/host0/sshd.pid");
+  ASSERT_FALSE(pid.empty());
+  ASSERT_EQ(::kill(std::stoi(pid), SIGKILL), 0);
+  LaunchProcess p(fanOutFromANode(*c, {"--nproc-per-node", "2", workerPath(), "--steps", "1"}), {},
+                  c->on(0));
+  LaunchResult r = p.wait(60);
+  ASSERT_EQ(r.exitCode, 0) << r.all();
+  EXPECT_EQ(countLines(r.out, ": done"), 4) << r.all();
+  // The store is on node 0's own address, not loopback.
+  EXPECT_NE(r.out.find("joined store " + c->hosts()[0] + ":29400"), std::string::npos) << r.all();
+}
+
+TEST(MultiNode, TrainLinearUnderDdpAcrossNodes) {
+  const std::string trainer = binaryDir() + "/train_linear";
+  if (::access(trainer.c_str(), X_OK) != 0) GTEST_SKIP() << "train_linear not built (no libtorch)";
+  DTRAIN_CLUSTER_OR_SKIP(c, 2);
+  LaunchResult r = runLaunch(fanOut(*c, {"--nproc-per-node", "1", trainer, "--epochs", "3"}), {}, 90);
+  ASSERT_EQ(r.exitCode, 0) << r.all();
+  EXPECT_NE(r.all().find("over 2 ranks"), std::string::npos) << r.all();
+  std::smatch m;
+  std::string all = r.all();
+  ASSERT_TRUE(std::regex_search(all, m, std::regex("largest weight error ([0-9.]+)"))) << all;
+  EXPECT_LT(std::stod(m[1]), 0.02);
+}
+
+// Manual mode: `launch` on every node, as torchrun is used; from flags, Slurm or PET_* variables.
+void runManual(const Cluster& c, const std::vector<std::vector<std::string>>& argsPerNode,
+               const std::vector<std::vector<std::string>>& envPerNode) {
+  std::vector<std::unique_ptr<LaunchProcess>> nodes;
+  for (size_t k = 0; k < argsPerNode.size(); ++k) {
+    nodes.push_back(std::make_unique<LaunchProcess>(argsPerNode[k], envPerNode[k],
+                                                    c.on(static_cast<int>(k))));
+  }
+  for (size_t k = 0; k < nodes.size(); ++k) {
+    LaunchResult r = nodes[k]->wait(60);
+    EXPECT_EQ(r.exitCode, 0) << "node " << k << ":\n" << r.all();
+    EXPECT_EQ(countLines(r.out, ": done"), 2) << r.all();
+    EXPECT_NE(r.out.find("world_size=4"), std::string::npos) << r.all();
+  }
+}
+
+TEST(MultiNode, ManualModeWithTokenFile) {
+  DTRAIN_CLUSTER_OR_SKIP(c, 2);
+  const std::string token = c->dir() + "/job.token";  // outside /tmp: every node sees it
+  writeFile(token, "0123456789abcdef0123456789abcdef\n");
+  std::vector<std::vector<std::string>> args;
+  for (int k = 0; k < 2; ++k) {
+    args.push_back(cat(timings(), {"--nnodes", "2", "--node-rank", std::to_string(k),
+                                   "--rdzv-endpoint", c->hosts()[0] + ":29400", "--token-file",
+                                   token, "--nproc-per-node", "2", workerPath(), "--steps", "1"}));
+  }
+  runManual(*c, args, {{}, {}});
+}
+
+TEST(MultiNode, ManualModeWithoutTokenOffLoopbackIsAUsageError) {
+  LaunchResult r = runLaunch({"--nnodes", "2", "--node-rank", "0", "--rdzv-endpoint",
+                              "10.231.254.1:29400", workerPath()},
+                             {"DTRAIN_STORE_TOKEN="}, 20);
+  EXPECT_EQ(r.exitCode, 2) << r.all();
+  EXPECT_NE(r.err.find("openssl rand -hex 32"), std::string::npos) << r.all();
+}
+
+TEST(MultiNode, SlurmVariables) {
+  DTRAIN_CLUSTER_OR_SKIP(c, 2);
+  // SLURM_JOB_NODELIST in Slurm's bracket form: "10.231.S.[1-2]".
+  const std::string prefix = c->hosts()[0].substr(0, c->hosts()[0].rfind('.') + 1);
+  std::vector<std::vector<std::string>> args, env;
+  for (int k = 0; k < 2; ++k) {
+    args.push_back(cat(timings(), {"--nproc-per-node", "2", workerPath(), "--steps", "1"}));
+    env.push_back({"SLURM_JOB_NODELIST=" + prefix + "[1-2]", "SLURM_NNODES=2",
+                   "SLURM_NODEID=" + std::to_string(k), "DTRAIN_STORE_TOKEN=slurmtoken1234"});
+  }
+  runManual(*c, args, env);
+}
+
+TEST(MultiNode, KubernetesPetVariables) {
+  DTRAIN_CLUSTER_OR_SKIP(c, 2);
+  std::vector<std::vector<std::string>> args, env;
+  for (int k = 0; k < 2; ++k) {
+    args.push_back(cat(timings(), {workerPath(), "--steps", "1", "--print-env"}));
+    env.push_back({"PET_NNODES=2", "PET_NODE_RANK=" + std::to_string(k), "PET_NPROC_PER_NODE=2",
+                   "PET_MASTER_ADDR=" + c->hosts()[0], "PET_MASTER_PORT=23456",
+                   "DTRAIN_STORE_TOKEN=pettoken12345678"});
+  }
+  runManual(*c, args, env);
+}
+
+TEST(MultiNode, HostfileWithIncludeAndExclude) {
+  DTRAIN_CLUSTER_OR_SKIP(c, 3);
+  const std::string hostfile = c->dir() + "/hostfile";
+  writeFile(hostfile, "# three nodes\n" + c->hosts()[0] + " slots=2\n" + c->hosts()[1] +
+                          " slots=2\n\n" + c->hosts()[2] + " slots=2 # spare\n");
+  // Node 0 with slot 1 only, node 1 whole, node 2 left out.
+  LaunchResult r = runLaunch(
+      cat(cat({"--hostfile", hostfile, "--ssh-config", c->sshConfig(), "--include",
+               c->hosts()[0] + ":1@" + c->hosts()[1], "--rdzv-endpoint",
+               c->bridgeAddress() + ":" + std::to_string(storePort(*c))},
+              timings()),
+          {workerPath(), "--steps", "1", "--print-env"}),
+      {}, 60);
+  ASSERT_EQ(r.exitCode, 0) << r.all();
+  EXPECT_NE(r.out.find("world_size=3"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("rank 0: env CUDA_VISIBLE_DEVICES=1"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("rank 1: env GROUP_RANK=1"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("rank 2: env GROUP_RANK=1"), std::string::npos) << r.out;
+  EXPECT_EQ(r.out.find("rank 3:"), std::string::npos) << r.out;
+  // The NCCL interface: each node's own, never lo.
+  EXPECT_NE(r.out.find("rank 0: env NCCL_SOCKET_IFNAME=eth0"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("rank 0: env GLOO_SOCKET_IFNAME=eth0"), std::string::npos) << r.out;
+  // --exclude: slot 0 of node 1 and all of node 2 (seen in the plan of a dry run).
+  r = runLaunch({"--hostfile", hostfile, "--exclude", c->hosts()[1] + ":0@" + c->hosts()[2],
+                 "--dry-run", workerPath()}, {}, 20);
+  ASSERT_EQ(r.exitCode, 0) << r.all();
+  EXPECT_NE(r.out.find("node 1 " + c->hosts()[1] + " (" + c->hosts()[1] +
+                       "), 1 workers, CUDA_VISIBLE_DEVICES=1"), std::string::npos) << r.out;
+  EXPECT_EQ(r.out.find("node 2"), std::string::npos) << r.out;
+  r = runLaunch({"--hostfile", hostfile, "--include", c->hosts()[0], "--exclude", c->hosts()[1],
+                 workerPath()}, {}, 20);
+  EXPECT_EQ(r.exitCode, 2) << r.all();
+}
+
+TEST(MultiNode, HostfileDuplicateNamesTheLine) {
+  TempDir dir;
+  writeFile(dir.file("hosts"), "a slots=1\nb slots=1\na slots=2\n");
+  LaunchResult r = runLaunch({"--hostfile", dir.file("hosts"), workerPath()}, {}, 20);
+  EXPECT_EQ(r.exitCode, 2) << r.all();
+  EXPECT_NE(r.err.find("line 3: host a is listed twice (first on line 1)"), std::string::npos)
+      << r.err;
+}
+
+TEST(MultiNode, ArgumentsArriveByteIdenticalOnEveryNode) {
+  DTRAIN_CLUSTER_OR_SKIP(c, 2);
+  const std::vector<std::string> corpus = {
+      "with space", "it's", "say \"hi\"", "$(id)", "`id`", "a;b", "x && y", "*", "~",
+      "line1\nline2", "", "-leading-dash", "caf\xc3\xa9", "\xff\xfe raw", "$HOME", "'"};
+  // Each worker prints every argument as hex, one a line; RANK tells the nodes apart.
+  const std::string script =
+      "for a in \"$@\"; do printf 'arg %s ' \"$RANK\"; printf '%s' \"$a\" | od -An -tx1 -v | "
+      "tr -d ' \\n'; echo; done";
+  std::vector<std::string> args = fanOut(*c, {"--nproc-per-node", "1", "/bin/sh", "-c", script, "sh"});
+  args.insert(args.end(), corpus.begin(), corpus.end());
+  LaunchResult r = runLaunch(args, {}, 60);
+  ASSERT_EQ(r.exitCode, 0) << r.all();
+  for (int rank = 0; rank < 2; ++rank) {
+    std::string expect;
+    for (const auto& a : corpus) {
+      std::string hex;
+      for (unsigned char ch : a) hex += fmt::format("{:02x}", ch);
+      expect += fmt::format("[node{} rank{}]: arg {} {}\n", rank, rank, rank, hex);
+    }
+    std::string got;
+    std::istringstream in(r.out);
+    for (std::string line; std::getline(in, line);) {
+      if (line.rfind(fmt::format("[node{} rank{}]: arg", rank, rank), 0) == 0) got += line + "\n";
+    }
+    EXPECT_EQ(got, expect) << "rank " << rank;
+  }
+}
+
+TEST(MultiNode, TokenInNoCommandLineAndNoLog) {
+  DTRAIN_CLUSTER_OR_SKIP(c, 2);
+  const std::string logDir = c->workDir() + "/logs";  // private on every node
+  LaunchProcess p(fanOut(*c, {"--nproc-per-node", "2", "--log-dir", logDir, workerPath(),
+                              "--steps", "40", "--step-ms", "50", "--print-env"}),
+                  {"DTRAIN_VERBOSE=2"});
+  ASSERT_TRUE(waitForWorkers(p, 4, 30)) << p.out() << p.err();
+  // The token, from a remote worker's environment.
+  std::string token;
+  std::vector<pid_t> workers = pidsOn(*c, 1, workerPath());
+  ASSERT_FALSE(workers.empty());
+  for (pid_t w : workers) {
+    std::string env = readFile("/proc/" + std::to_string(w) + "/environ");
+    size_t at = env.find("DTRAIN_STORE_TOKEN=");
+    if (at != std::string::npos) token = env.substr(at + 19, env.find('\0', at) - at - 19);
+  }
+  ASSERT_GE(token.size(), 32u);
+  // No command line of any process on this machine (every namespace shares its /proc) has it.
+  DIR* d = ::opendir("/proc");
+  int scanned = 0;
+  while (dirent* e = ::readdir(d)) {
+    if (e->d_name[0] < '0' || e->d_name[0] > '9') continue;
+    std::string cmd = readFile(std::string("/proc/") + e->d_name + "/cmdline");
+    EXPECT_EQ(cmd.find(token), std::string::npos) << "pid " << e->d_name << ": " << cmd;
+    ++scanned;
+  }
+  ::closedir(d);
+  EXPECT_GT(scanned, 10);
+  LaunchResult r = p.wait(60);
+  ASSERT_EQ(r.exitCode, 0) << r.all();
+  EXPECT_EQ(r.all().find(token), std::string::npos);
+  for (int k = 0; k < 2; ++k) {
+    std::string found;
+    EXPECT_EQ(c->run(k, "grep -rlF -- " + token + " " + logDir + " || test -d " + logDir, &found), 0);
+    EXPECT_EQ(found, "") << "node " << k << " logs hold the token";
+  }
+}
+
+TEST(MultiNode, DryRunShowsEveryNodeAndRedactsTheToken) {
+  TempDir dir;
+  writeFile(dir.file(".dtrain_env"), "FROM_DOTENV=yes\n");
+  LaunchProcess p({"--hosts", "10.231.254.1,10.231.254.2:4", "--dry-run", "--nccl-debug", "info",
+                   workerPath(), "it's"},
+                  {"NCCL_IB_HCA=mlx5"},
+                  {"/bin/sh", "-c", "cd \"$1\" && shift && exec \"$@\"", "sh", dir.path()});
+  LaunchResult r = p.wait(20);
+  ASSERT_EQ(r.exitCode, 0) << r.all();
+  EXPECT_NE(r.out.find("token <redacted>"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("NCCL_IB_HCA=mlx5"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("FROM_DOTENV=yes"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("NCCL_DEBUG=INFO"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("node 1 10.231.254.2"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("BatchMode=yes"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("'\\''"), std::string::npos) << "the argument it's, single-quoted: " << r.out;
+}
+
+}  // namespace
+}  // namespace dtrain::testing
+
+namespace dtrain::testing {
+namespace {
+
+TEST(MultiNodeCheck, GreenOnAHealthyCluster) {
+  DTRAIN_CLUSTER_OR_SKIP(c, 2);
+  LaunchResult r = runLaunch(fanOut(*c, {"--check", "--nproc-per-node", "2", workerPath()}), {}, 60);
+  EXPECT_EQ(r.exitCode, 0) << r.all();
+  EXPECT_NE(r.out.find("launch --check: all is well"), std::string::npos) << r.out;
+  for (int k = 0; k < 2; ++k) {
+    EXPECT_NE(r.out.find(c->hosts()[k]), std::string::npos) << r.out;
+    EXPECT_NE(r.out.find("eth0 " + c->hosts()[k]), std::string::npos) << r.out;
+  }
+  EXPECT_EQ(r.out.find("FAILED"), std::string::npos) << r.out;
+}
+
+TEST(MultiNodeCheck, NamesAMissingProgramAndAFirewalledPort) {
+  DTRAIN_CLUSTER_OR_SKIP(c, 3);
+  if (::access("/usr/sbin/nft", X_OK) != 0) GTEST_SKIP() << "no nft (nftables) here";
+  // The program only in node 0's private work directory; node 2 drops the store port.
+  const std::string program = c->workDir() + "/prog";
+  ASSERT_EQ(c->run(0, "cp " + workerPath() + " " + program), 0);
+  ASSERT_EQ(c->run(2, "nft add table inet f && nft add chain inet f out '{ type filter hook "
+                      "output priority 0; }' && nft add rule inet f out tcp dport " +
+                      std::to_string(storePort(*c)) + " drop"),
+            0);
+  LaunchResult r = runLaunch(fanOut(*c, {"--check", program}), {}, 60);
+  EXPECT_EQ(r.exitCode, 125) << r.all();
+  EXPECT_NE(r.out.find("node 1 (" + c->hosts()[1] + "): program \"" + program + "\" not found"),
+            std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("node 2 (" + c->hosts()[2] + "): the store port " + c->bridgeAddress() +
+                       ":" + std::to_string(storePort(*c)) + " is dropped (no answer: a firewall?)"),
+            std::string::npos) << r.out;
+  // The real launch says the same about the program, and exits 127 without starting anything.
+  r = runLaunch(fanOut(*c, {"--include", c->hosts()[0] + "@" + c->hosts()[1], program}), {}, 60);
+  EXPECT_EQ(r.exitCode, 127) << r.all();
+  EXPECT_NE(r.err.find("node 1 (" + c->hosts()[1] + ") cannot run: program \"" + program +
+                       "\" not found on host " + c->hosts()[1]),
+            std::string::npos) << r.err;
+}
+
+}  // namespace
+}  // namespace dtrain::testing
