@@ -26,7 +26,7 @@ constexpr size_t kDefaultShmSlotBytes = size_t{4} << 20;
 constexpr size_t kDefaultShmOwnedChunkBytes = size_t{8} << 20;
 // Allreduces up to this size: every rank reduces the whole buffer (one synchronisation instead of
 // the reduce-scatter's two).
-constexpr size_t kDefaultShmSmallBytes = size_t{32} << 10;
+constexpr size_t kDefaultShmSmallBytes = size_t{64} << 10;
 // Address space reserved for each rank's allocate() buffers. Only pages in use take memory.
 constexpr size_t kDefaultShmArenaBytes = size_t{16} << 30;
 // How long a waiting rank spins before it sleeps (futex) until the peer it waits for moves on: in
