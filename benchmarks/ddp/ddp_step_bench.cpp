@@ -11,7 +11,8 @@
 // communication-free step over PyTorch's synchronised one, the best ratio dtrain could reach.
 //
 //   ddp_step_bench [--rounds 3] [--steps 10] [--warmup 3] [--models mlp,resnet18] [--no-peer]
-//                  [--grad-as-bucket-view] [--compression none|fp16|bf16] [--no-shm]
+//                  [--grad-as-bucket-view | --grad-copies] [--compression none|fp16|bf16]
+//                  [--no-shm]
 //                  [--python /usr/bin/python3] [--smoke]
 #include <unistd.h>
 
@@ -68,7 +69,8 @@ Options parse(int argc, char** argv) {
     if (a == "--help" || a == "-h") {
       std::fputs("usage: ddp_step_bench [--rounds 3] [--steps 10] [--warmup 3] "
                  "[--models mlp,resnet18] [--no-peer]\n"
-                 "                      [--grad-as-bucket-view] [--compression none|fp16|bf16] [--no-shm]\n"
+                 "                      [--grad-as-bucket-view | --grad-copies] [--compression none|fp16|bf16]\n"
+                 "                      [--no-shm]\n"
                  "                      [--python /usr/bin/python3] [--smoke]\n"
                  "DDP step time against PyTorch's DistributedDataParallel, interleaved; see "
                  "benchmarks/README.md.\n",
@@ -86,7 +88,8 @@ Options parse(int argc, char** argv) {
     else if (a == "--models") o.models = split(value(), ','), modelsSet = true;
     else if (a == "--out") o.step.out = value();
     else if (a == "--turns") o.step.turns = value();
-    else if (a == "--grad-as-bucket-view") o.step.gradAsBucketView = true;
+    else if (a == "--grad-as-bucket-view") o.step.gradAsBucketView = 1;
+    else if (a == "--grad-copies") o.step.gradAsBucketView = 0;
     else if (a == "--no-shm") o.step.noShm = true;
     else if (a == "--compression") o.step.compression = value();
     else if (a == "--python") o.python = value();
@@ -119,7 +122,9 @@ std::vector<std::string> workerArgs(const Options& o, const std::string& model, 
                                 std::to_string(o.step.warmup), "--steps",
                                 std::to_string(o.step.steps), "--out", out};
   if (!turns.empty()) a.insert(a.end(), {"--turns", turns});
-  if (o.step.gradAsBucketView) a.push_back("--grad-as-bucket-view");
+  if (o.step.gradAsBucketView >= 0) {
+    a.push_back(o.step.gradAsBucketView == 1 ? "--grad-as-bucket-view" : "--grad-copies");
+  }
   a.insert(a.end(), {"--compression", o.step.compression});
   if (o.step.smoke) a.push_back("--smoke");
   return a;
@@ -246,10 +251,10 @@ int runDriver(const Options& o) {
   fmt::print("# ddp_step_bench: world size {}, 1 thread per rank, {} round(s) x {} steps "
              "(+{} warm-up), medians in ms{}\n",
              kWorld, o.rounds, o.step.steps, o.step.warmup, o.step.smoke ? ", SMOKE (tiny models)" : "");
-  if (o.step.gradAsBucketView || o.step.compression != "none") {
-    fmt::print("# both sides: gradient as bucket view {}, compression {}\n",
-               o.step.gradAsBucketView ? "on" : "off", o.step.compression);
-  }
+  fmt::print("# gradients as bucket views: {}; compression {}\n",
+             o.step.gradAsBucketView < 0 ? "each side's default (dtrain on, PyTorch off)"
+             : o.step.gradAsBucketView == 1 ? "on for both" : "off for both (copies)",
+             o.step.compression);
   if (!peer) fmt::print("# PyTorch peer skipped (--no-peer, or {} cannot import torch)\n", o.python);
   fmt::print("# {:>8} {:>5} {:>7} {:>9} {:>9} {:>6} {:>6} {:>9} {:>9} {:>9} {:>9} {:>9}\n",
              "model", "batch", "params", "dtrain", "pytorch", "ratio", "floor", "d-nosync",

@@ -17,7 +17,8 @@ struct StepConfig {
   // DDP options, the same on both sides: DdpOptions::gradientAsBucketView / PyTorch's
   // gradient_as_bucket_view, and "fp16" / "bf16" compression / PyTorch's fp16_compress_hook and
   // bf16_compress_hook.
-  bool gradAsBucketView = false;
+  // -1: each side's default (dtrain: on; PyTorch: off), 0: both off, 1: both on.
+  int gradAsBucketView = -1;
   std::string compression = "none";
   std::string out;            // rank 0 writes its result here (JSON)
   // Turn-taking with the driver (see Note [Turns]): "<dir>/<side>", rank 0 reads "<...>.go" and

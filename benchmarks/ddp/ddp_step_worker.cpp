@@ -51,7 +51,7 @@ template <typename Net>
 StepResult measure(Net net, const torch::Tensor& x, const torch::Tensor& y, bool classify,
                    const StepConfig& config, const std::shared_ptr<ProcessGroup>& group) {
   DdpOptions options;
-  options.gradientAsBucketView = config.gradAsBucketView;
+  if (config.gradAsBucketView >= 0) options.gradientAsBucketView = config.gradAsBucketView == 1;
   options.compression = config.compression == "fp16"   ? GradientCompression::Fp16
                         : config.compression == "bf16" ? GradientCompression::Bf16
                                                        : GradientCompression::None;

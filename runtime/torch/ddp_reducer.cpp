@@ -7,6 +7,15 @@
 #include "dtrain/logging.h"
 #include "dtrain/torch_compat.h"
 
+// Note [Gradients in the buckets]
+// DdpOptions::gradientAsBucketView is on by default. Copying gradients into the buckets and the
+// averages back costs two passes over every gradient per step, on the training thread; on the
+// 2-core development VM, whose memory copies at 2-3 GB/s once the data outgrow the caches, that
+// was most of the communication a 25M-parameter MLP exposed (ddp_step_bench without a peer, load
+// 7-10: a quarter to a third of the step in copy mode, 5-7 % with the gradients in the buckets).
+// PyTorch keeps it off because its bucket views are autograd views (detach_() refused); ours are
+// from_blob tensors over the bucket memory, which behave as any gradient does.
+//
 // Note [DDP backward]
 // Each parameter's gradient accumulator (the AccumulateGrad node that adds into .grad) carries a
 // post-hook, so the hook runs once per backward, after the gradient is complete in .grad. The hook
