@@ -33,6 +33,29 @@ add_library(dtrain_xxhash INTERFACE)
 target_include_directories(dtrain_xxhash SYSTEM INTERFACE "${XXHASH_INCLUDE_DIR}")
 target_link_libraries(dtrain_xxhash INTERFACE "${XXHASH_LIBRARY}")
 
+# cpp-httplib (the metrics endpoint). Debian ships it as a compiled library whose pkg-config file
+# lists the defines it was built with (OpenSSL, zlib, Brotli); they change its classes' layout, so
+# every user must compile with the same ones.
+find_package(PkgConfig QUIET)
+if(PkgConfig_FOUND)
+  pkg_check_modules(CPPHTTPLIB QUIET cpp-httplib)
+endif()
+find_path(HTTPLIB_INCLUDE_DIR httplib.h HINTS ${CPPHTTPLIB_INCLUDE_DIRS})
+find_library(HTTPLIB_LIBRARY NAMES cpp-httplib libcpp-httplib.so.0.11 HINTS ${CPPHTTPLIB_LIBRARY_DIRS})
+if(NOT HTTPLIB_INCLUDE_DIR OR NOT HTTPLIB_LIBRARY)
+  message(FATAL_ERROR "cpp-httplib not found. HINT: scripts/setup.sh installs libcpp-httplib-dev")
+endif()
+add_library(dtrain_httplib INTERFACE)
+target_include_directories(dtrain_httplib SYSTEM INTERFACE "${HTTPLIB_INCLUDE_DIR}")
+target_link_libraries(dtrain_httplib INTERFACE "${HTTPLIB_LIBRARY}")
+if(CPPHTTPLIB_FOUND)
+  target_compile_options(dtrain_httplib INTERFACE ${CPPHTTPLIB_CFLAGS_OTHER})
+else()
+  # Without pkg-config (unpacked Debian packages): Debian's build flags.
+  target_compile_definitions(dtrain_httplib INTERFACE
+    CPPHTTPLIB_OPENSSL_SUPPORT CPPHTTPLIB_ZLIB_SUPPORT CPPHTTPLIB_BROTLI_SUPPORT)
+endif()
+
 # Gloo (CPU collectives).
 set(DTRAIN_HAVE_GLOO OFF)
 if(DTRAIN_WITH_GLOO)
@@ -51,10 +74,16 @@ if(DTRAIN_WITH_NCCL)
     set(CUDAToolkit_ROOT /usr/local/cuda)
   endif()
   find_package(CUDAToolkit QUIET)
-  find_package(NCCL QUIET)
+  # The oldest NCCL the backend builds against (runtime/comm/nccl/nccl_compat.h says why).
+  set(DTRAIN_NCCL_MINIMUM_VERSION 2.14)
+  find_package(NCCL ${DTRAIN_NCCL_MINIMUM_VERSION} QUIET)
   if(CUDAToolkit_FOUND AND NCCL_FOUND)
     set(DTRAIN_HAVE_NCCL ON)
     message(STATUS "NCCL ${NCCL_VERSION} (${NCCL_LIBRARY}), CUDA ${CUDAToolkit_VERSION}")
+  elseif(NCCL_VERSION AND NCCL_VERSION VERSION_LESS DTRAIN_NCCL_MINIMUM_VERSION)
+    message(STATUS "NCCL ${NCCL_VERSION} in ${NCCL_INCLUDE_DIR} is older than "
+                   "${DTRAIN_NCCL_MINIMUM_VERSION}: the NCCL backend is not built "
+                   "(HINT: point NCCL_ROOT at NCCL >= ${DTRAIN_NCCL_MINIMUM_VERSION})")
   else()
     message(STATUS "NCCL or CUDA not found: the NCCL backend is not built "
                    "(HINT: set NCCL_ROOT / CUDAToolkit_ROOT)")

@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <condition_variable>
 #include <cstring>
 #include <filesystem>
 #include <mutex>
@@ -20,6 +21,7 @@
 #include "dtrain/tcp_store.h"
 #include "launcher/job.h"
 #include "launcher/launch_args.h"
+#include "launcher/monitor/monitor.h"
 #include "launcher/nccl_env.h"
 #include "launcher/program.h"
 #include "launcher/rendezvous.h"
@@ -36,6 +38,8 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 using store::Millis;
+// The job monitor (launcher/monitor); this file's own Monitor is the heartbeat thread below.
+namespace jobmon = ::dtrain::launcher::monitor;
 
 Millis millis(double seconds) { return Millis(static_cast<int64_t>(seconds * 1000)); }
 
@@ -44,15 +48,30 @@ void say(const std::string& line) {
   writeAll(STDERR_FILENO, text.data(), text.size());
 }
 
+// True once stdin (the master's pipe, or its ssh channel) has ended; reads and drops what came.
+bool stdinEnded() {
+  pollfd p{STDIN_FILENO, POLLIN, 0};
+  if (::poll(&p, 1, 0) <= 0) return false;
+  char buf[256];
+  ssize_t n = ::read(STDIN_FILENO, buf, sizeof buf);
+  return n == 0 || (n < 0 && errno != EAGAIN && errno != EINTR);
+}
+
 // Note [Agent monitor]
 // ~~~~~~~~~~~~~~~~~~~~
 // One thread per agent, on a store connection of its own (the main thread's may sit in a long
 // wait): it increments the node's heartbeat counter every --heartbeat-interval and in between
 // waits on the current round's stop key, so another node's failure reaches this node's workers
-// within one store round trip (in slices of at most 100 ms, so the agent itself ends promptly;
-// a server answers a wait at its deadline, so a slice also proves the store alive). It wakes the supervisor through an eventfd when the
-// stop key appears, when the store has not answered for --heartbeat-timeout ("lost the store"),
-// or when stdin ends (the master, or its ssh session, is gone).
+// within one store round trip. Waits are cut into slices of at most 100 ms (a server answers a
+// wait at its deadline, so a slice also proves the store alive). It wakes the supervisor through
+// an eventfd when the stop key appears, when the store has not answered for --heartbeat-timeout
+// ("lost the store"), or when stdin ends (the master, or its ssh session, is gone).
+//
+// The master writes every round's stop key before its decision (Note [Rendezvous protocol]), so
+// after a round the monitor is not in a store wait but in pause() on a condition variable, and
+// the agent ends without waiting out a slice. A wake belongs to one round: setRound() and the
+// monitor's "stop seen, wake" step hold mutex_, and setRound() discards a wake left from the
+// round before, so a late stop of round R never stops round R+1's workers.
 class Monitor {
  public:
   Monitor(store::TcpStoreOptions options, std::string node, const LaunchConfig& config,
@@ -64,13 +83,27 @@ class Monitor {
     thread_ = std::thread([this] { loop(); });
   }
   ~Monitor() {
-    quit_ = true;
+    {
+      std::lock_guard<std::mutex> g(mutex_);
+      quit_ = true;
+    }
+    changed_.notify_all();
     if (thread_.joinable()) thread_.join();
     ::close(wakeFd_);
   }
 
   int wakeFd() const { return wakeFd_; }
-  void setRound(int round) { round_ = round; }
+  // The round whose stop key wakes wakeFd() from now on; a wake left from an earlier round is
+  // discarded.
+  void setRound(int round) {
+    {
+      std::lock_guard<std::mutex> g(mutex_);
+      round_ = round;
+      uint64_t stale = 0;
+      (void)!::read(wakeFd_, &stale, sizeof stale);
+    }
+    changed_.notify_all();
+  }
   // Why this node must stop on its own (store lost, master gone); empty while all is well.
   std::string lost() {
     std::lock_guard<std::mutex> g(mutex_);
@@ -89,58 +122,63 @@ class Monitor {
     }
     wake();
   }
-  bool stdinEnded() {
-    if (!watchStdin_) return false;
-    pollfd p{STDIN_FILENO, POLLIN, 0};
-    if (::poll(&p, 1, 0) <= 0) return false;
-    char buf[256];
-    ssize_t n = ::read(STDIN_FILENO, buf, sizeof buf);
-    return n == 0 || (n < 0 && errno != EAGAIN && errno != EINTR);
+  // Sleeps up to `d`; returns early when the round changes or the agent ends.
+  void pause(Millis d, int round) {
+    std::unique_lock<std::mutex> g(mutex_);
+    changed_.wait_for(g, d, [&] { return quit_ || round_ != round; });
+  }
+  int round() {
+    std::lock_guard<std::mutex> g(mutex_);
+    return round_;
+  }
+  bool quitting() {
+    std::lock_guard<std::mutex> g(mutex_);
+    return quit_;
   }
 
   void loop() {
     const std::string where = fmt::format("{}:{}", options_.host, options_.port);
-    // Waits are cut into slices so the agent ends promptly; a heartbeat every interval.
     const Millis slice = std::min<Millis>(interval_, Millis(100));
     std::unique_ptr<store::TcpStore> store;
     auto lastOk = Clock::now();
     auto lastBeat = Clock::time_point{};
     int stopSeen = -1;
-    while (!quit_) {
-      if (stdinEnded()) {
+    while (!quitting()) {
+      if (watchStdin_ && stdinEnded()) {
         fail("the master's launch is gone (its ssh session or pipe closed)");
         return;
       }
+      const int round = this->round();
       try {
         if (!store) store = std::make_unique<store::TcpStore>(options_);
         if (Clock::now() - lastBeat >= interval_) {
           store->add(keys::heartbeat(node_), 1);
           lastBeat = lastOk = Clock::now();
         }
-        const int round = round_;
         if (round < 0 || stopSeen == round) {
-          std::this_thread::sleep_for(slice);
+          pause(slice, round);
           continue;
         }
         const auto asked = Clock::now();
         try {
           store->wait({keys::stop(round)}, slice);
           stopSeen = round;
-          wake();
+          std::lock_guard<std::mutex> g(mutex_);
+          if (round_ == round) wake();
         } catch (const TimeoutError&) {
           // The server answers a wait at its deadline; a partitioned one does not.
           if (Clock::now() - asked > slice + Millis(1000)) throw;
         }
         lastOk = Clock::now();
       } catch (const Error& e) {
-        if (quit_) return;
+        if (quitting()) return;
         if (Clock::now() - lastOk >= timeout_) {
           fail(fmt::format("lost the store at {}: no answer for {:.1f} s ({})", where,
                            std::chrono::duration<double>(Clock::now() - lastOk).count(), e.what()));
           return;
         }
         store.reset();  // reconnect on the next turn
-        std::this_thread::sleep_for(Millis(100));
+        pause(Millis(100), round);
       }
     }
   }
@@ -151,10 +189,11 @@ class Monitor {
   Millis timeout_;
   bool watchStdin_;
   int wakeFd_ = -1;
-  std::atomic<bool> quit_{false};
-  std::atomic<int> round_{-1};
   std::mutex mutex_;
-  std::string lost_;  // guarded by mutex_
+  std::condition_variable changed_;  // round_ or quit_ changed
+  bool quit_ = false;                // guarded by mutex_
+  int round_ = -1;                   // guarded by mutex_
+  std::string lost_;                 // guarded by mutex_
   std::thread thread_;
 };
 
@@ -196,6 +235,12 @@ std::string awaitKey(store::Store& store, Monitor& monitor, const AgentSetup& se
       if (store.check({key})) return store.getString(key);
       if (store.check({keys::end()})) {
         auto [code, message] = decodeEnd(store.getString(keys::end()));
+        try {
+          store.setString(keys::endAck(setup.node), "1");
+          store.flush();
+        } catch (const Error&) {
+          // The master went on without it (it waits for acknowledgements only so long).
+        }
         throw AgentExit{code, message};
       }
       if (std::string why = monitor.lost(); !why.empty()) throw AgentExit{125, why};
@@ -339,27 +384,47 @@ int runAgent(const AgentSetup& setup, const EnvMap& environment) {
   so.token = setup.token;
   so.timeout = millis(std::max(config.heartbeatTimeout, 1.0));
   // The first connection may wait for the store's host as long as the rendezvous does (a manual
-  // node 0 may start last); a connection lost later is the store lost: a reconnect gets
-  // --heartbeat-timeout, never the rendezvous timeout.
-  so.connectTimeout = millis(config.heartbeatTimeout);
+  // node 0 may start last), in attempts of at most a second, so a signal or the master's end is
+  // seen meanwhile; a refusal (another job's store, a different token) is final. A connection
+  // lost later is the store lost: a reconnect gets --heartbeat-timeout, never the rendezvous
+  // timeout.
+  so.connectTimeout = millis(std::min(config.heartbeatTimeout, 1.0));
   std::unique_ptr<store::TcpStore> store;
   const auto connectDeadline = Clock::now() + millis(config.rdzvTimeout);
+  std::string lastError;
   while (!store) {
     try {
       store = std::make_unique<store::TcpStore>(so);
+      break;
+    } catch (const NetworkError& e) {
+      lastError = e.what();
+    } catch (const TimeoutError& e) {
+      lastError = e.what();
     } catch (const Error& e) {
-      if (int sig = takePendingSignal()) {
-        say(fmt::format("{}: received {} while connecting to the store", me, fault::signalName(sig)));
-        return 128 + sig;
-      }
-      if (Clock::now() < connectDeadline) continue;
+      say(fmt::format("{}: the store at {}:{} refused this node: {} (exit 125)", me, so.host,
+                      so.port, e.what()));
+      return 125;
+    }
+    if (int sig = takePendingSignal()) {
+      if (setup.onSignal) setup.onSignal(sig);
+      say(fmt::format("{}: received {} while connecting to the store at {}:{}", me,
+                      fault::signalName(sig), so.host, so.port));
+      return 128 + sig;
+    }
+    if (setup.watchStdin && stdinEnded()) {
+      say(fmt::format("{}: the master's launch is gone (its ssh session or pipe closed) while "
+                      "this node was connecting to the store at {}:{} (exit 125)",
+                      me, so.host, so.port));
+      return 125;
+    }
+    if (Clock::now() >= connectDeadline) {
       say(fmt::format("{}: cannot reach the store at {}:{} within {:g} s (--rdzv-timeout): {}", me,
-                      so.host, so.port, config.rdzvTimeout, e.what()));
+                      so.host, so.port, config.rdzvTimeout, lastError));
       return kExitDeadline;
     }
   }
   store::TcpStoreOptions mo = so;
-  mo.connectTimeout = millis(config.heartbeatTimeout);
+  mo.connectTimeout = so.connectTimeout;
   Monitor monitor(mo, setup.node, config, setup.watchStdin);
 
   NodeContext node;
@@ -374,6 +439,9 @@ int runAgent(const AgentSetup& setup, const EnvMap& environment) {
   node.overlay = setup.forwarded;
   for (const auto& [k, v] : ncclEnvironment(config.nccl, iface, effective)) node.overlay[k] = v;
 
+  // This node's part of watching the job (Note [Monitor roles] in launcher/monitor/monitor.h):
+  // sample, warn, publish to the store; created with the supervisor, destroyed after it.
+  std::unique_ptr<jobmon::Monitor> watcher;
   std::unique_ptr<Supervisor> supervisor;
   bool temporaryDir = false;
   int code = 125;
@@ -406,11 +474,28 @@ int runAgent(const AgentSetup& setup, const EnvMap& environment) {
           jp.temporaryJobDir = temporaryDir;
           jp.logHint = fmt::format("not kept on {} (HINT: pass --log-dir DIR to keep every "
                                    "worker's output)", label);
+          jobmon::MonitorContext mc;
+          mc.runId = plan.runId;
+          mc.node = label;
+          int64_t id = -1;
+          mc.nodeRank = parseInt64(setup.node, &id) && id >= 0 && id < (1 << 20)
+                            ? static_cast<int>(id) : -1;  // node ids are host-list indices
+          mc.numNodes = static_cast<int>(plan.nodes.size());
+          mc.samplesNode = true;
+          mc.aggregates = false;
+          mc.localWorldSize = node.localWorldSize;
+          mc.worldSize = plan.worldSize;
+          mc.maxRestarts = config.maxRestarts;
+          mc.storeHost = setup.storeAddr;
+          mc.storePort = setup.storePort;
+          mc.storeToken = setup.token;
+          mc.label = [&config](const std::string& o) { return optionLabel(config, o); };
+          watcher = std::make_unique<jobmon::Monitor>(config.monitor, mc);
+          jp.observer = watcher.get();
           supervisor = std::make_unique<Supervisor>(std::move(jp));
+          watcher->start(nullptr);
         }
         supervisor->setNode(node);
-        uint64_t stale = 0;  // a stop of an earlier round that came after its workers ended
-        (void)!::read(monitor.wakeFd(), &stale, sizeof stale);
         monitor.setRound(round);
         AttemptHooks hooks;
         hooks.stopFd = monitor.wakeFd();
@@ -432,6 +517,12 @@ int runAgent(const AgentSetup& setup, const EnvMap& environment) {
                    Clock::now() + millis(config.gracePeriod + 2 * config.heartbeatTimeout +
                                          config.rdzvTimeout),
                    fmt::format("the master's decision after round {}", round));
+      try {
+        store->setString(keys::ack(round, setup.node), "1");
+        store->flush();
+      } catch (const Error&) {
+        // The master went on without it (it waits for acknowledgements only so long).
+      }
       if (decision == "restart") continue;
       int64_t c = 125;
       if (decision.rfind("end ", 0) == 0) parseInt64(decision.substr(4), &c);
@@ -445,7 +536,9 @@ int runAgent(const AgentSetup& setup, const EnvMap& environment) {
     code = 125;
     say(fmt::format("{}: {} (exit 125)", me, e.what()));
   }
+  if (watcher) watcher->stop();
   supervisor.reset();
+  watcher.reset();
   if (temporaryDir && !node.jobDir.empty()) {
     std::error_code ec;
     std::filesystem::remove_all(node.jobDir, ec);

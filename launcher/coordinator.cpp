@@ -2,6 +2,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <map>
 #include <set>
@@ -18,7 +19,12 @@ namespace dtrain::launcher {
 namespace {
 
 using Clock = std::chrono::steady_clock;
-constexpr std::chrono::milliseconds kTick{20};
+// How often the master looks at heartbeats, lost sessions and signals. Joins and results do not
+// wait for it: the master blocks on the keys it still needs (see waitFor).
+constexpr std::chrono::milliseconds kTick{50};
+// At most this long (or --heartbeat-timeout, if shorter) the master waits for the agents to
+// acknowledge the job's last decision before its store may go.
+constexpr double kAckSeconds = 10;
 
 void say(const std::string& line) {
   std::string text = line + "\n";
@@ -31,6 +37,19 @@ double secondsSince(Clock::time_point t) {
 
 Clock::time_point after(Clock::time_point t, double seconds) {
   return t + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(seconds));
+}
+
+// Blocks until every key of `keys` is there or one tick passed: the last join (or result) of a
+// round wakes the master at once, not at its next tick.
+void waitFor(store::Store& store, const std::vector<std::string>& keys) {
+  if (keys.empty()) {
+    std::this_thread::sleep_for(kTick);
+    return;
+  }
+  try {
+    store.wait(keys, kTick);
+  } catch (const TimeoutError&) {
+  }
 }
 
 }  // namespace
@@ -65,11 +84,28 @@ std::vector<Coordinator::Gone> Coordinator::goneSince() {
   return out;
 }
 
-int Coordinator::end(int code, const std::string& message) {
+int Coordinator::end(int code, const std::string& message,
+                     const std::vector<std::string>& awaitAcks) {
   if (!message.empty()) say("launch: job failed: " + message + fmt::format(" (exit code {})", code));
   store_->setString(keys::end(), encodeEnd(code, message));
   store_->flush();
+  std::vector<std::string> acks;
+  for (const auto& node : awaitAcks) acks.push_back(keys::endAck(node));
+  awaitAcknowledgements(acks, "the job's end");
   return code;
+}
+
+void Coordinator::awaitAcknowledgements(const std::vector<std::string>& acks,
+                                        const std::string& what) {
+  // The store must outlive the agents' reading of the last word (node rank 0 of a manual job
+  // stops it as soon as run() returns): wait for their acknowledgements, for a while.
+  if (acks.empty()) return;
+  try {
+    store_->wait(acks, std::chrono::milliseconds(static_cast<int64_t>(
+                           std::min(options_.heartbeatTimeout, kAckSeconds) * 1000)));
+  } catch (const TimeoutError& e) {
+    DTRAIN_LOG(Info, "launch: not every node acknowledged {}: {}", what, e.what());
+  }
 }
 
 std::vector<JoinInfo> Coordinator::gatherJoins(int round, int* endCode) {
@@ -77,6 +113,7 @@ std::vector<JoinInfo> Coordinator::gatherJoins(int round, int* endCode) {
   const auto deadline = after(start, options_.rdzvTimeout);
   std::map<std::string, JoinInfo> joined;
   std::map<std::string, std::string> gone;
+  std::vector<std::string> heard;  // nodes whose join was read: they wait for the master's word
   // "node 0 (a), node 2 (c)": the joined nodes, or the others -- with why, when they are lost.
   auto listing = [&](bool joinedOnes) {
     std::string out;
@@ -91,7 +128,7 @@ std::vector<JoinInfo> Coordinator::gatherJoins(int round, int* endCode) {
   while (true) {
     if (int sig = signal_.load()) {
       *endCode = end(128 + sig, fmt::format("launch received {} while waiting for the nodes "
-                                            "(round {})", fault::signalName(sig), round));
+                                            "(round {})", fault::signalName(sig), round), heard);
       return {};
     }
     for (const auto& g : goneSince()) {
@@ -103,13 +140,14 @@ std::vector<JoinInfo> Coordinator::gatherJoins(int round, int* endCode) {
       const std::string key = keys::join(round, e.node);
       if (!store_->check({key})) continue;
       JoinInfo j = decodeJoin(store_->getString(key));
+      heard.push_back(e.node);
       if (std::string m = versionMismatch(options_.self, j); !m.empty()) {
-        *endCode = end(125, m);
+        *endCode = end(125, m, heard);
         return {};
       }
       if (!j.error.empty()) {
         *endCode = end(j.errorCode != 0 ? j.errorCode : 125,
-                       fmt::format("node {} ({}) cannot run: {}", e.node, e.label, j.error));
+                       fmt::format("node {} ({}) cannot run: {}", e.node, e.label, j.error), heard);
         return {};
       }
       joined[e.node] = j;
@@ -119,7 +157,7 @@ std::vector<JoinInfo> Coordinator::gatherJoins(int round, int* endCode) {
       *endCode = end(125, fmt::format("rendezvous round {}: only {} of the {} nodes needed can "
                                       "join; joined: {}; the others: {}",
                                       round, joined.size() + pending, options_.minNodes,
-                                      listing(true), listing(false)));
+                                      listing(true), listing(false)), heard);
       return {};
     }
     const bool timedOut = Clock::now() >= deadline;
@@ -140,17 +178,21 @@ std::vector<JoinInfo> Coordinator::gatherJoins(int round, int* endCode) {
                                  "{} of {} nodes joined; joined: {}; missing: {}. HINT: is launch "
                                  "running on the missing nodes, and can they reach the store at {}?",
                                  options_.rdzvTimeout, round, joined.size(), options_.minNodes,
-                                 listing(true), listing(false), options_.storeWhere));
+                                 listing(true), listing(false), options_.storeWhere), heard);
       return {};
     }
-    std::this_thread::sleep_for(kTick);
+    std::vector<std::string> missing;
+    for (const auto& e : options_.nodes) {
+      if (!joined.count(e.node) && !gone.count(e.node)) missing.push_back(keys::join(round, e.node));
+    }
+    waitFor(*store_, missing);
   }
   std::vector<JoinInfo> out;
   for (auto& [node, j] : joined) out.push_back(j);
   return out;
 }
 
-AttemptResult Coordinator::superviseRound(const RoundPlan& plan) {
+AttemptResult Coordinator::superviseRound(const RoundPlan& plan, std::vector<std::string>* reported) {
   const auto start = Clock::now();
   const int round = plan.round;
   HeartbeatTracker tracker(std::chrono::milliseconds(
@@ -167,6 +209,7 @@ AttemptResult Coordinator::superviseRound(const RoundPlan& plan) {
   bool signalFirst = false;
   bool stopSeen = false;
   Clock::time_point stopAt;
+  std::string deadlineStop;  // this round was stopped for a deadline (stopForDeadline)
   auto stop = [&](const std::string& why) {
     store::Bytes now = store_->compareSet(keys::stop(round), {}, store::toBytes(why));
     return store::toString(now) == why;
@@ -175,6 +218,14 @@ AttemptResult Coordinator::superviseRound(const RoundPlan& plan) {
 
   while (true) {
     const auto now = Clock::now();
+    if (deadlineStop.empty()) {
+      std::string why;
+      {
+        std::lock_guard<std::mutex> g(mutex_);
+        why.swap(deadline_);
+      }
+      if (!why.empty() && stop(fmt::format("a deadline passed: {}", why))) deadlineStop = why;
+    }
     if (int sig = signal_.load(); sig != 0 && signalSeen == 0) {
       signalSeen = sig;
       signalFirst = stop(fmt::format("launch (the master, {}) received {}", options_.self.host,
@@ -208,6 +259,7 @@ AttemptResult Coordinator::superviseRound(const RoundPlan& plan) {
     if (!stopSeen && store_->check({keys::stop(round)})) {
       stopSeen = true;
       stopAt = now;
+      if (options_.observer) options_.observer->teardownStarted();
       say(fmt::format("launch: stopping round {} on every node: {}", round,
                       store_->getString(keys::stop(round))));
     }
@@ -221,7 +273,11 @@ AttemptResult Coordinator::superviseRound(const RoundPlan& plan) {
       }
       break;
     }
-    std::this_thread::sleep_for(kTick);
+    std::vector<std::string> missing;
+    for (const auto& n : plan.nodes) {
+      if (!results.count(n.node) && !dead.count(n.node)) missing.push_back(keys::result(round, n.node));
+    }
+    waitFor(*store_, missing);
   }
 
   AttemptResult all;
@@ -229,6 +285,7 @@ AttemptResult Coordinator::superviseRound(const RoundPlan& plan) {
   for (const auto& n : plan.nodes) {
     auto r = results.find(n.node);
     if (r != results.end()) {
+      reported->push_back(n.node);
       for (auto w : r->second.workers) {
         if (w.host.empty()) w.host = n.label;
         all.workers.push_back(w);
@@ -262,7 +319,27 @@ AttemptResult Coordinator::superviseRound(const RoundPlan& plan) {
     all.launcherSignal = signalSeen;
     all.signalBeforeFailure = signalFirst;
   }
+  all.deadlineStop = deadlineStop;
+  if (options_.observer) options_.observer->attemptEnded(round);
   return all;
+}
+
+void Coordinator::decide(int round, const std::string& decision,
+                         const std::vector<std::string>& awaitAcks) {
+  // The round's stop key first, when no failure wrote it: every agent's monitor stops waiting on
+  // it at once (Note [Agent monitor] in agent.cpp), so the agents end without a wait slice.
+  store_->compareSet(keys::stop(round), {},
+                     store::toBytes(fmt::format("round {} is over ({})", round, decision)));
+  store_->setString(keys::decision(round), decision);
+  store_->flush();
+  std::vector<std::string> acks;
+  for (const auto& node : awaitAcks) acks.push_back(keys::ack(round, node));
+  awaitAcknowledgements(acks, fmt::format("the decision of round {}", round));
+}
+
+void Coordinator::stopForDeadline(const std::string& reason) {
+  std::lock_guard<std::mutex> g(mutex_);
+  if (deadline_.empty()) deadline_ = reason;
 }
 
 int Coordinator::run() {
@@ -284,12 +361,18 @@ int Coordinator::run() {
       std::lock_guard<std::mutex> g(mutex_);
       goneToRestartCandidates_.clear();
     }
+    {
+      std::lock_guard<std::mutex> g(mutex_);
+      deadline_.clear();  // a stop asked for in the last round belongs to it
+    }
+    if (options_.observer) options_.observer->attemptStarted(round, plan.worldSize);
     store_->setString(keys::plan(round), encodePlan(plan));
     store_->flush();
-    attempts.push_back(superviseRound(plan));
+    std::vector<std::string> reported;
+    attempts.push_back(superviseRound(plan, &reported));
     const AttemptResult& r = attempts.back();
     const bool failed = rootCauseIndex(r.workers) >= 0;
-    if (failed && r.launcherSignal == 0 && round < options_.maxRestarts) {
+    if (failed && r.launcherSignal == 0 && r.deadlineStop.empty() && round < options_.maxRestarts) {
       std::string line = formatRestartLine(r, round + 1, options_.maxRestarts);
       writeAll(STDERR_FILENO, line.data(), line.size());
       {
@@ -297,8 +380,8 @@ int Coordinator::run() {
         goneToRestart_ = goneToRestartCandidates_;
         for (const auto& n : goneToRestart_) lost_.erase(n);
       }
-      store_->setString(keys::decision(round), "restart");
-      store_->flush();
+      if (options_.wake) options_.wake();
+      decide(round, "restart", {});
       continue;
     }
     code = launcherExitCode(r);
@@ -312,8 +395,7 @@ int Coordinator::run() {
       std::string report = formatFailureReport(ctx, attempts);
       writeAll(STDERR_FILENO, report.data(), report.size());
     }
-    store_->setString(keys::decision(round), fmt::format("end {}", code));
-    store_->flush();
+    decide(round, fmt::format("end {}", code), reported);
     return code;
   }
 }

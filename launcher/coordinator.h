@@ -8,6 +8,7 @@
 // See Note [Rendezvous protocol] in rendezvous.h.
 
 #include <atomic>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <set>
@@ -16,6 +17,7 @@
 
 #include "dtrain/store.h"
 #include "launcher/rendezvous.h"
+#include "launcher/supervisor/job_observer.h"
 
 namespace dtrain::launcher {
 
@@ -38,9 +40,14 @@ struct CoordinatorOptions {
   JoinInfo self;               // the master's host and versions, for the version check
   std::string storeWhere;      // "10.0.0.1:29400", for messages
   std::string logHint;
+  // Called on the coordinator's thread when takeGoneNodes() has nodes to start again.
+  std::function<void()> wake;
+  // Told of each round (its world size) and of its teardown: the master's monitor, which may
+  // stop the job through JobControl (--stall-action stop). May be null.
+  JobObserver* observer = nullptr;
 };
 
-class Coordinator {
+class Coordinator : public JobControl {
  public:
   Coordinator(std::shared_ptr<store::Store> store, CoordinatorOptions options);
 
@@ -51,6 +58,9 @@ class Coordinator {
   // Thread-safe. The master received `signo`: stop the round (every node's workers get SIGTERM),
   // then end the job with 128+signo.
   void requestStop(int signo);
+  // Thread-safe. A deadline passed (the monitor's --stall-action stop): stop the round on every
+  // node; the job ends with 124, without a restart.
+  void stopForDeadline(const std::string& reason) override;
   // Thread-safe. A node's agent is gone for sure (its ssh session or process ended): a node that
   // has not joined fails the rendezvous at once instead of at the timeout; a running one stops
   // the round without waiting for its heartbeat to go quiet.
@@ -67,8 +77,16 @@ class Coordinator {
     std::string why;
   };
   std::vector<JoinInfo> gatherJoins(int round, int* endCode);
-  AttemptResult superviseRound(const RoundPlan& plan);
-  int end(int code, const std::string& message);
+  // `reported`: the nodes that reported their workers' outcomes (the others were lost).
+  AttemptResult superviseRound(const RoundPlan& plan, std::vector<std::string>* reported);
+  // Ends the job with `code` (launch/end), then waits (bounded) until the nodes of `awaitAcks`
+  // acknowledged it.
+  int end(int code, const std::string& message, const std::vector<std::string>& awaitAcks);
+  // Waits until every key of `acks` is there, at most --heartbeat-timeout (10 s at most).
+  void awaitAcknowledgements(const std::vector<std::string>& acks, const std::string& what);
+  // Writes round `round`'s decision ("restart" / "end <code>"), its stop key first; then waits
+  // (bounded) until the nodes of `awaitAcks` acknowledged it.
+  void decide(int round, const std::string& decision, const std::vector<std::string>& awaitAcks);
   // Gone events not seen yet (each is seen once: by the rendezvous or by the round it ends).
   std::vector<Gone> goneSince();
 
@@ -76,6 +94,7 @@ class Coordinator {
   CoordinatorOptions options_;
   std::atomic<int> signal_{0};
   std::mutex mutex_;
+  std::string deadline_;         // guarded by mutex_: stopForDeadline's reason, taken per round
   std::vector<Gone> gone_;       // guarded by mutex_; append-only
   size_t goneSeen_ = 0;          // guarded by mutex_
   std::vector<std::string> goneToRestart_;  // guarded by mutex_

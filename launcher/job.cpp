@@ -18,6 +18,7 @@
 #include "dtrain/error.h"
 #include "dtrain/logging.h"
 #include "dtrain/tcp_store.h"
+#include "launcher/monitor/monitor.h"
 #include "launcher/program.h"
 #include "launcher/supervisor/supervisor.h"
 
@@ -248,6 +249,20 @@ int runJob(const LaunchConfig& configIn, const EnvMap& environment) {
   node.storePort = server->port();
   node.masterPort = config.masterPort != 0 ? config.masterPort : freePort(node.masterAddr);
 
+  monitor::MonitorContext watch;
+  watch.runId = node.runId;
+  watch.node = host;
+  watch.nodeRank = node.nodeRank;
+  watch.localWorldSize = node.localWorldSize;
+  watch.worldSize = node.numNodes * node.localWorldSize;
+  watch.maxRestarts = config.maxRestarts;
+  watch.storeHost = node.storeAddr;
+  watch.storePort = node.storePort;
+  watch.storeToken = node.storeToken;
+  watch.label = [&config](const std::string& option) { return optionLabel(config, option); };
+  // Binds --metrics-port and opens --metrics-file now: a usage error leaves nothing behind.
+  monitor::Monitor watcher(config.monitor, watch);
+
   JobPlan plan;
   bool tempDir = config.logDir.empty();
   node.jobDir = jobDirFor(config.logDir, environment, node.runId);
@@ -265,11 +280,14 @@ int runJob(const LaunchConfig& configIn, const EnvMap& environment) {
   DTRAIN_LOG(Info, "launch: run {}: {} worker(s) of {} on {}; store {}:{}; MASTER_PORT {}; job "
              "dir {}", node.runId, node.localWorldSize, shellQuote(command.argv), host,
              node.storeAddr, node.storePort, node.masterPort, node.jobDir);
+  plan.observer = &watcher;
 
   int code = 0;
   {
     Supervisor supervisor(std::move(plan));
+    watcher.start(&supervisor);
     code = supervisor.run();
+    watcher.stop();
   }
   server->stop();
   if (tempDir && !tempLogs) {

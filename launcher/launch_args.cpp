@@ -50,7 +50,8 @@ const OptionSpec kOptions[] = {
      [](LaunchConfig& c, const std::string& v, const std::string& l) {
        c.maxRestarts = parseIntValue(v, l, 0, 1000000);
      }},
-    {"monitor-interval", 0, "SECONDS", "accepted for torchrun; launch is event-driven",
+    {"monitor-interval", 0, "SECONDS",
+     "accepted for torchrun and ignored (event-driven; see --sample-interval)",
      [](LaunchConfig& c, const std::string& v, const std::string& l) {
        c.monitorInterval = parseSeconds(v, l);
      }},
@@ -67,6 +68,33 @@ const OptionSpec kOptions[] = {
      "after SIGKILL, wait this long for workers to end, then name the survivors and exit 125 (60)",
      [](LaunchConfig& c, const std::string& v, const std::string& l) {
        c.killTimeout = parseSeconds(v, l);
+     }},
+    {"sample-interval", 0, "SECONDS",
+     "sample workers' CPU and memory, the node and its GPUs every SECONDS (5)",
+     [](LaunchConfig& c, const std::string& v, const std::string& l) {
+       c.monitor.sampleInterval = parseSeconds(v, l);
+     }},
+    {"metrics-port", 0, "[HOST:]PORT", "serve Prometheus metrics at /metrics (0: a free port)",
+     [](LaunchConfig& c, const std::string& v, const std::string& l) {
+       parseMetricsEndpoint(v, l, c.monitor);
+     }},
+    {"metrics-file", 0, "PATH", "append every sample to PATH as JSONL metrics records",
+     [](LaunchConfig& c, const std::string& v, const std::string& l) {
+       DTRAIN_CHECK_ARG(!v.empty(), "{} is empty; HINT: give a file path", l);
+       c.monitor.metricsFile = v;
+     }},
+    {"status-interval", 0, "SECONDS", "print a one-line job status every SECONDS (0: off)",
+     [](LaunchConfig& c, const std::string& v, const std::string& l) {
+       c.monitor.statusInterval = parseTimeoutSeconds(v, l);
+     }},
+    {"stall-timeout", 0, "SECONDS",
+     "report a stall when no rank advances for SECONDS (0: off, the default)",
+     [](LaunchConfig& c, const std::string& v, const std::string& l) {
+       c.monitor.stallTimeout = parseTimeoutSeconds(v, l);
+     }},
+    {"stall-action", 0, "report|stop", "on a stall: report and go on, or stop the job (exit 124)",
+     [](LaunchConfig& c, const std::string& v, const std::string& l) {
+       c.monitor.stallAction = parseStallAction(v, l);
      }},
     {"log-dir", 0, "DIR", "keep logs in DIR/RUN_ID/attempt_K/rank_N/{stdout,stderr}.log",
      [](LaunchConfig& c, const std::string& v, const std::string& l) {
@@ -490,8 +518,8 @@ come from the scheduler's variables. `launch --check` with the same options chec
 
 Exit codes: 0 every worker exited 0; 1-123 the root-cause worker's exit code; 2 usage error
 (nothing was started); 75 preempted (every worker checkpointed on SIGTERM); 124 a deadline
-passed (rendezvous, heartbeat, the exit barrier); 125 launcher or infrastructure error, or
-workers survived SIGKILL (--kill-timeout); 126/127 program not
+passed (rendezvous, heartbeat, the exit barrier, a stall under --stall-action=stop); 125
+launcher or infrastructure error, or workers survived SIGKILL (--kill-timeout); 126/127 program not
 executable/not found; 128+N the root-cause worker was killed by signal N, or launch itself
 received signal N.
 )";

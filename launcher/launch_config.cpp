@@ -403,6 +403,7 @@ void validate(const LaunchConfig& c) {
                    label("kill-timeout"), c.killTimeout, kMaxTimeoutSeconds);
   DTRAIN_CHECK_ARG(c.monitorInterval > 0, "{} {} must be greater than zero seconds",
                    label("monitor-interval"), c.monitorInterval);
+  validateMonitorOptions(c.monitor, [&](const std::string& o) { return optionLabel(c, o); });
   DTRAIN_CHECK_ARG(!(c.noPython && c.module),
                    "--no-python and --module contradict each other; HINT: drop one of them");
   DTRAIN_CHECK_ARG(!c.python.empty(), "{} is empty; HINT: e.g. --python /usr/bin/python3",

@@ -12,6 +12,7 @@
 #include <utility>
 #include <vector>
 
+#include "launcher/monitor/monitor_options.h"
 #include "launcher/nccl_env.h"
 #include "launcher/remote/remote_command.h"
 
@@ -99,6 +100,9 @@ struct LaunchConfig {
   std::vector<int> localRanksFilter;  // empty: every local rank on the console
   std::string linePrefixTemplate = kDefaultLinePrefixTemplate;
   int64_t logMaxBytes = kDefaultLogMaxBytes;  // 0: unlimited
+
+  // Watching the job: sampling, metrics endpoint and file, status line, stall detection.
+  MonitorOptions monitor;
 
   std::vector<std::pair<std::string, std::string>> env;  // --env KEY=VALUE, in order
   bool dryRun = false;

@@ -24,11 +24,26 @@ add_library(dtrain_launcher STATIC
   launcher/supervisor/oom.cpp
   launcher/supervisor/process_info.cpp
   launcher/supervisor/supervisor.cpp
+  launcher/monitor/cgroup_memory.cpp
+  launcher/monitor/cluster_keys.cpp
+  launcher/monitor/command.cpp
+  launcher/monitor/gpu_sampler.cpp
+  launcher/monitor/job_view.cpp
+  launcher/monitor/metrics_endpoint.cpp
+  launcher/monitor/monitor.cpp
+  launcher/monitor/monitor_options.cpp
+  launcher/monitor/native_stack.cpp
+  launcher/monitor/proc_files.cpp
+  launcher/monitor/process_sampler.cpp
+  launcher/monitor/records.cpp
+  launcher/monitor/stall_detector.cpp
+  launcher/monitor/watches.cpp
 )
 target_include_directories(dtrain_launcher PUBLIC ${CMAKE_CURRENT_SOURCE_DIR})
 # dtrain_base's internal parse_int.h (one integer rule everywhere).
 target_include_directories(dtrain_launcher PRIVATE ${CMAKE_CURRENT_SOURCE_DIR}/runtime/base)
-target_link_libraries(dtrain_launcher PUBLIC dtrain_base PRIVATE nlohmann_json::nlohmann_json)
+target_link_libraries(dtrain_launcher PUBLIC dtrain_base
+                      PRIVATE nlohmann_json::nlohmann_json dtrain_httplib ${CMAKE_DL_LIBS})
 dtrain_warnings(dtrain_launcher)
 
 add_executable(launch launcher/main.cpp)

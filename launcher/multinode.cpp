@@ -1,7 +1,9 @@
 #include "launcher/multinode.h"
 
+#include <arpa/inet.h>
 #include <limits.h>
 #include <poll.h>
+#include <sys/eventfd.h>
 #include <sys/signalfd.h>
 #include <unistd.h>
 
@@ -23,6 +25,7 @@
 #include "dtrain/logging.h"
 #include "dtrain/tcp_store.h"
 #include "launcher/coordinator.h"
+#include "launcher/monitor/monitor.h"
 #include "launcher/forwarded_env.h"
 #include "launcher/job.h"
 #include "launcher/preflight.h"
@@ -66,6 +69,49 @@ std::string readTextFile(const std::string& path, const std::string& label) {
 
 bool isLocalAddress(const std::string& address) {
   return net::isLoopbackHost(address) || !net::interfaceOfAddress(address).empty();
+}
+
+// The hosts' addresses, in list order. Names are looked up at once on a few threads (a DNS
+// answer may take a while, and hundreds of hosts one after the other would delay every ssh
+// connection); addresses are taken as they are. The first host in list order that cannot be
+// resolved is the error.
+std::vector<std::string> resolveHosts(const std::vector<HostEntry>& hosts) {
+  constexpr size_t kResolverThreads = 16;
+  std::vector<std::string> names;
+  std::vector<std::string> out(hosts.size());
+  std::vector<std::exception_ptr> errors(hosts.size());
+  std::vector<size_t> pending;
+  for (size_t i = 0; i < hosts.size(); ++i) {
+    names.push_back(hosts[i].host.substr(hosts[i].host.find('@') + 1));  // user@host
+    in_addr a4{};
+    if (::inet_pton(AF_INET, names[i].c_str(), &a4) == 1) {
+      out[i] = names[i];
+    } else {
+      pending.push_back(i);
+    }
+  }
+  std::atomic<size_t> next{0};
+  auto work = [&] {
+    for (size_t k; (k = next++) < pending.size();) {
+      const size_t i = pending[k];
+      try {
+        out[i] = resolveAddress(names[i], fmt::format("host {}", hosts[i].host));
+      } catch (...) {
+        errors[i] = std::current_exception();
+      }
+    }
+  };
+  if (pending.size() <= 1) {
+    work();
+  } else {
+    std::vector<std::thread> threads;
+    for (size_t t = 0; t < std::min(kResolverThreads, pending.size()); ++t) threads.emplace_back(work);
+    for (auto& t : threads) t.join();
+  }
+  for (const auto& e : errors) {
+    if (e) std::rethrow_exception(e);
+  }
+  return out;
 }
 
 std::string selfPath() {
@@ -141,11 +187,12 @@ MultiNodePlan planMultiNode(const LaunchConfig& config, const EnvMap& environmen
                      plan.minNodes, hosts.size(), hosts.size() == 1 ? "" : "s");
     hosts.resize(static_cast<size_t>(plan.maxNodes));
     std::string firstRemote;
-    for (const auto& h : hosts) {
+    const std::vector<std::string> addresses = resolveHosts(hosts);
+    for (size_t i = 0; i < hosts.size(); ++i) {
+      const HostEntry& h = hosts[i];
       PlannedHost p;
       p.entry = h;
-      std::string name = h.host.substr(h.host.find('@') + 1);  // user@host
-      p.address = resolveAddress(name, fmt::format("host {}", h.host));
+      p.address = addresses[i];
       p.local = isLocalAddress(p.address);
       if (!p.local && firstRemote.empty()) firstRemote = p.address;
       plan.hosts.push_back(p);
@@ -263,13 +310,33 @@ std::string formatMultiNodeDryRun(const LaunchConfig& config, const MultiNodePla
   return out;
 }
 
-// The fan-out master: the store, one session per host, the coordinator; the console.
-int runFanOut(const LaunchConfig& config, const MultiNodePlan& plan, const EnvMap& environment,
-              store::TcpStoreServer& server) {
-  (void)server;
+// The master's monitor (Note [Monitor roles] in launcher/monitor/monitor.h): it aggregates what
+// the agents publish, serves --metrics-port, writes --metrics-file, judges stalls. Binding the
+// port here makes a busy one a usage error before any node starts.
+std::unique_ptr<monitor::Monitor> masterMonitor(const LaunchConfig& config,
+                                                const MultiNodePlan& plan) {
+  monitor::MonitorContext c;
+  c.runId = plan.runId;
+  c.node = hostName();
+  c.nodeRank = -1;
+  c.numNodes = plan.maxNodes;
+  c.samplesNode = false;  // each node's agent samples its node, this one's too
+  c.aggregates = true;
+  c.maxRestarts = config.maxRestarts;
+  c.storeHost = plan.storeAddr;
+  c.storePort = plan.storePort;
+  c.storeToken = plan.token;
+  c.label = [&config](const std::string& o) { return optionLabel(config, o); };
+  return std::make_unique<monitor::Monitor>(config.monitor, c);
+}
+
+CoordinatorOptions coordinatorOptions(const LaunchConfig& config, const MultiNodePlan& plan) {
   CoordinatorOptions co;
-  for (size_t i = 0; i < plan.hosts.size(); ++i) {
-    co.nodes.push_back({std::to_string(i), plan.hosts[i].entry.host, static_cast<int>(i)});
+  for (int i = 0; i < plan.maxNodes; ++i) {
+    co.nodes.push_back({std::to_string(i),
+                        plan.fanOut ? plan.hosts[static_cast<size_t>(i)].entry.host
+                                    : fmt::format("node rank {}", i),
+                        i});
   }
   co.minNodes = plan.minNodes;
   co.maxNodes = plan.maxNodes;
@@ -283,23 +350,53 @@ int runFanOut(const LaunchConfig& config, const MultiNodePlan& plan, const EnvMa
   co.self.launchVersion = launcherVersion();
   co.storeWhere = fmt::format("{}:{}", plan.storeAddr, plan.storePort);
   co.logHint = "not kept (HINT: pass --log-dir DIR to keep every worker's output on its node)";
+  return co;
+}
 
+std::shared_ptr<store::TcpStore> masterStoreClient(const MultiNodePlan& plan) {
   store::TcpStoreOptions so;
   so.host = plan.storeAddr;
   so.port = static_cast<uint16_t>(plan.storePort);
   so.token = plan.token;
-  Coordinator coordinator(std::make_shared<store::TcpStore>(so), co);
+  return std::make_shared<store::TcpStore>(so);
+}
 
+void writeLine(const std::string& line) { writeAll(STDERR_FILENO, line.data(), line.size()); }
+
+// Note [Fan-out master loop]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~
+// The master's main thread owns the sessions (one per host: ssh, or a child agent) and the
+// console; the coordinator runs on a thread of its own, on the store. The main thread sleeps in
+// one poll() over everything that can happen: a signal (signalfd), output of a session, a
+// session's end (its pidfd), and an eventfd the coordinator writes when it has nodes to start
+// again or has ended the job. Nothing is looked at on a timer, so the master neither waits a
+// tick to notice an ended session nor to exit after the decision. (Without pidfd_open, sessions
+// are reaped on a 20 ms timer instead.) The ssh sessions start before anything else of the
+// master, so the connections, the slowest part of a fan-out, run while the rest is set up.
+int runFanOut(const LaunchConfig& config, const MultiNodePlan& plan, const EnvMap& environment) {
+  std::unique_ptr<monitor::Monitor> watcher = masterMonitor(config, plan);
   const std::vector<std::string> childEnv = environmentFor(environment);
   std::vector<std::unique_ptr<remote::Session>> sessions(plan.hosts.size());
   auto start = [&](size_t i) {
-    const std::string plan_ = remote::encodePlan(
+    const std::string records = remote::encodePlan(
         agentPlanRecords(agentSetupFor(config, plan, static_cast<int>(i))));
     sessions[i] = std::make_unique<remote::Session>(
         std::to_string(i), plan.hosts[i].entry.host,
-        agentCommand(config, plan, static_cast<int>(i)), childEnv, plan_);
+        agentCommand(config, plan, static_cast<int>(i)), childEnv, records);
   };
   for (size_t i = 0; i < plan.hosts.size(); ++i) start(i);
+
+  const int wakeFd = ::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+  DTRAIN_CHECK(wakeFd >= 0, "launch: eventfd failed: {}", std::strerror(errno));
+  auto wake = [wakeFd] {
+    uint64_t one = 1;
+    (void)!::write(wakeFd, &one, sizeof one);
+  };
+  CoordinatorOptions co = coordinatorOptions(config, plan);
+  co.wake = wake;
+  co.observer = watcher.get();
+  Coordinator coordinator(masterStoreClient(plan), co);
+  watcher->start(&coordinator);
 
   std::atomic<bool> done{false};
   int code = 125;
@@ -307,10 +404,10 @@ int runFanOut(const LaunchConfig& config, const MultiNodePlan& plan, const EnvMa
     try {
       code = coordinator.run();
     } catch (const Error& e) {
-      std::string line = fmt::format("launch: error: {} (exit 125)\n", e.what());
-      writeAll(STDERR_FILENO, line.data(), line.size());
+      writeLine(fmt::format("launch: error: {} (exit 125)\n", e.what()));
     }
     done = true;
+    wake();
   });
 
   sigset_t set;
@@ -319,27 +416,30 @@ int runFanOut(const LaunchConfig& config, const MultiNodePlan& plan, const EnvMa
   int sfd = ::signalfd(-1, &set, SFD_NONBLOCK | SFD_CLOEXEC);
   int signals = 0;
   while (!done) {
-    std::vector<pollfd> fds{{sfd, POLLIN, 0}};
+    std::vector<pollfd> fds{{sfd, POLLIN, 0}, {wakeFd, POLLIN, 0}};
+    bool timer = false;
     for (const auto& s : sessions) {
-      if (!s) continue;
-      for (int fd : {s->stdoutFd(), s->stderrFd()}) {
+      if (!s || s->exited()) continue;
+      for (int fd : {s->stdoutFd(), s->stderrFd(), s->exitFd()}) {
         if (fd >= 0) fds.push_back({fd, POLLIN, 0});
       }
+      timer = timer || s->exitFd() < 0;
     }
-    ::poll(fds.data(), fds.size(), 20);
+    ::poll(fds.data(), fds.size(), timer ? 20 : -1);
+    uint64_t woken = 0;
+    (void)!::read(wakeFd, &woken, sizeof woken);
     signalfd_siginfo si{};
     while (sfd >= 0 && ::read(sfd, &si, sizeof si) == static_cast<ssize_t>(sizeof si)) {
       const int sig = static_cast<int>(si.ssi_signo);
-      std::string line = ++signals == 1
+      writeLine(++signals == 1
           ? fmt::format("launch: received {}; stopping the workers on every node (SIGTERM, "
                         "SIGKILL after {:g} s)\n", fault::signalName(sig), config.gracePeriod)
           : fmt::format("launch: received {} again; ending every node's agent now\n",
-                        fault::signalName(sig));
-      writeAll(STDERR_FILENO, line.data(), line.size());
+                        fault::signalName(sig)));
       coordinator.requestStop(sig);
       if (signals > 1) {
         for (auto& s : sessions) {
-          if (s) ::kill(-s->pid(), SIGTERM);
+          if (s && !s->exited()) ::kill(-s->pid(), SIGTERM);
         }
       }
     }
@@ -359,10 +459,18 @@ int runFanOut(const LaunchConfig& config, const MultiNodePlan& plan, const EnvMa
       }
       coordinator.nodeGone(s->node(), why);
     }
-    for (const auto& node : coordinator.takeGoneNodes()) start(std::stoul(node));
+    for (const auto& node : coordinator.takeGoneNodes()) {
+      try {
+        start(std::stoul(node));
+      } catch (const Error& e) {
+        coordinator.nodeGone(node, fmt::format("its agent could not be started again: {}", e.what()));
+      }
+    }
   }
   thread.join();
+  watcher->stop();
   if (sfd >= 0) ::close(sfd);
+  ::close(wakeFd);
   // The agents have the decision and go; a lost node's session is not waited for.
   const std::set<std::string> lost = coordinator.lostNodes();
   for (auto& s : sessions) {
@@ -402,51 +510,47 @@ int runMultiNode(const LaunchConfig& config, const EnvMap& environment) {
     DTRAIN_LOG(Info, "launch: run {}: store at {}:{}", plan.runId, plan.storeAddr, plan.storePort);
   }
   if (plan.fanOut) {
-    int code = runFanOut(config, plan, environment, *server);
+    int code = runFanOut(config, plan, environment);
     server->stop();
     return code;
   }
 
   // Manual: this node's agent here; node rank 0 also coordinates.
   AgentSetup setup = agentSetupFor(config, plan, config.nodeRank);
+  std::unique_ptr<monitor::Monitor> watcher;  // node rank 0's, the master's
   std::unique_ptr<Coordinator> coordinator;
   std::thread thread;
   int code = 125;
   if (plan.hostsStore) {
-    CoordinatorOptions co;
-    for (int i = 0; i < plan.maxNodes; ++i) {
-      co.nodes.push_back({std::to_string(i), fmt::format("node rank {}", i), i});
-    }
-    co.minNodes = plan.minNodes;
-    co.maxNodes = plan.maxNodes;
-    co.rdzvTimeout = config.rdzvTimeout;
-    co.heartbeatTimeout = config.heartbeatTimeout;
-    co.gracePeriod = config.gracePeriod;
-    co.maxRestarts = config.maxRestarts;
-    co.masterPort = plan.masterPort;
-    co.runId = plan.runId;
-    co.self.host = hostName();
-    co.self.launchVersion = launcherVersion();
-    co.storeWhere = fmt::format("{}:{}", plan.storeAddr, plan.storePort);
-    co.logHint = "not kept (HINT: pass --log-dir DIR to keep every worker's output on its node)";
-    store::TcpStoreOptions so;
-    so.host = plan.storeAddr;
-    so.port = static_cast<uint16_t>(plan.storePort);
-    so.token = plan.token;
-    coordinator = std::make_unique<Coordinator>(std::make_shared<store::TcpStore>(so), co);
+    watcher = masterMonitor(config, plan);
+    CoordinatorOptions co = coordinatorOptions(config, plan);
+    co.observer = watcher.get();
+    coordinator = std::make_unique<Coordinator>(masterStoreClient(plan), co);
+    watcher->start(coordinator.get());
     thread = std::thread([&] {
       try {
         code = coordinator->run();
       } catch (const Error& e) {
-        std::string line = fmt::format("launch: error: {} (exit 125)\n", e.what());
-        writeAll(STDERR_FILENO, line.data(), line.size());
+        writeLine(fmt::format("launch: error: {} (exit 125)\n", e.what()));
       }
     });
     setup.onSignal = [&](int sig) { coordinator->requestStop(sig); };
   }
-  int agentCode = runAgent(setup, environment);
+  int agentCode = 125;
+  try {
+    agentCode = runAgent(setup, environment);
+  } catch (const Error& e) {
+    if (!thread.joinable()) throw;
+    writeLine(fmt::format("launch: error: {} (exit 125)\n", e.what()));
+  }
   if (thread.joinable()) {
+    // Normally the coordinator has decided already; if this node's agent ended first for a
+    // reason of its own, the job cannot go on without node rank 0: say so, and the rendezvous
+    // (or the round) fails at once instead of at its timeout.
+    coordinator->nodeGone(setup.node, fmt::format("its agent (in the launch that hosts the store) "
+                                                  "ended with exit code {}", agentCode));
     thread.join();
+    watcher->stop();
     server->stop();
     return code;
   }

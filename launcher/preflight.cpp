@@ -19,6 +19,7 @@
 #include "launcher/multinode.h"
 #include "launcher/nccl_env.h"
 #include "launcher/program.h"
+#include "launcher/remote/remote_command.h"
 #include "launcher/remote/session.h"
 #include "launcher/supervisor/output.h"
 #include "net/net_interface.h"
@@ -141,7 +142,7 @@ int runNodeCheck(const AgentSetup& setup, const std::string& masterAddr, int mas
                                              pathIt != effective.end() ? pathIt->second : "/usr/bin:/bin",
                                              hostName());
     fact("program", cmd.file);
-    const std::string ldd = run("ldd '" + cmd.file + "' 2>&1");
+    const std::string ldd = run("ldd " + remote::singleQuote(cmd.file) + " 2>&1");
     std::string missing;
     size_t start = 0;
     while (start < ldd.size()) {

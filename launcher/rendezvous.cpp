@@ -14,6 +14,7 @@ using nlohmann::json;
 namespace keys {
 std::string heartbeat(const std::string& node) { return "launch/heartbeat/" + node; }
 std::string end() { return "launch/end"; }
+std::string endAck(const std::string& node) { return "launch/ended/" + node; }
 std::string join(int round, const std::string& node) {
   return fmt::format("round{}/launch/join/{}", round, node);
 }
@@ -23,6 +24,9 @@ std::string result(int round, const std::string& node) {
   return fmt::format("round{}/launch/result/{}", round, node);
 }
 std::string decision(int round) { return fmt::format("round{}/launch/decision", round); }
+std::string ack(int round, const std::string& node) {
+  return fmt::format("round{}/launch/ack/{}", round, node);
+}
 }  // namespace keys
 
 namespace {

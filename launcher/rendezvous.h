@@ -21,28 +21,36 @@ namespace dtrain::launcher {
 // that round are under "round<R>/" too, so nothing crosses rounds); job-wide keys under "launch/".
 //   launch/heartbeat/<node>        agent: a counter it increments every --heartbeat-interval
 //   launch/end                     master: {"code": N, "message": "..."} -- every agent exits N
+//   launch/ended/<node>            agent: it read launch/end (the master waits, bounded, for the
+//                                  nodes that joined before its store may go)
 //   round<R>/launch/join/<node>    agent: JoinInfo (host, address, workers, versions)
 //   round<R>/launch/plan           master: RoundPlan (who is in the round, ranks, MASTER_ADDR/PORT)
 //   round<R>/launch/stop           first writer wins (compareSet): why the round is stopping (a
-//                                  worker failed on node N, node N went silent, a signal)
+//                                  worker failed on node N, node N went silent, a signal); the
+//                                  master writes it before its decision when nobody did ("round R
+//                                  is over"), so every agent's monitor stops waiting on it at once
 //   round<R>/launch/result/<node>  agent: its workers' outcomes after the round, for the report
 //   round<R>/launch/decision       master: "restart" or "end <code>"
+//   round<R>/launch/ack/<node>     agent: it read the decision; after the last one the master
+//                                  waits (bounded) for these before its store may go
 // <node> is the node's id: its index in the host list (fan-out) or its --node-rank (manual), so
 // node ranks stay stable across restarts. An agent that is not in a round's plan (elastic: it
 // came late) waits for the next round. Heartbeats are judged on the master's clock only: a node
 // is silent when its counter has not changed for --heartbeat-timeout seconds, so clocks of
 // different nodes never need to agree.
 
-constexpr int kProtocolVersion = 1;
+constexpr int kProtocolVersion = 2;
 
 namespace keys {
 std::string heartbeat(const std::string& node);
 std::string end();
+std::string endAck(const std::string& node);
 std::string join(int round, const std::string& node);
 std::string plan(int round);
 std::string stop(int round);
 std::string result(int round, const std::string& node);
 std::string decision(int round);
+std::string ack(int round, const std::string& node);
 }  // namespace keys
 
 struct JoinInfo {

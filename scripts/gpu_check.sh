@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # Builds dtrain against a CUDA libtorch and runs the GPU tests (CTest label gpu) and the GPU
-# allreduce benchmark, within 10 minutes, on a machine with an NVIDIA GPU.
+# allreduce benchmark, and checks launch's GPU sampling while a GPU test runs, within 10 minutes,
+# on a machine with an NVIDIA GPU.
 #
-#   scripts/gpu_check.sh [--dry-run] [--deps DIR] [--build DIR] [--python PYTHON] [--jobs N]
+#   scripts/gpu_check.sh [--dry-run [--check-build DIR]] [--deps DIR] [--build DIR]
+#                        [--python PYTHON] [--jobs N]
 #
 # Where things come from:
 #   libtorch    the pip `torch` of PYTHON (default python3): torch.utils.cmake_prefix_path
@@ -11,11 +13,16 @@
 #   CUDA        the toolkit of the `nvcc` on PATH (else CUDAToolkit_ROOT, else /usr/local/cuda)
 #   small deps  fmt, cxxopts, nlohmann-json, libuv, xxhash, gtest, openssl headers: Debian packages
 #               unpacked by scripts/gpu_deps.sh into DIR (default .deps/root); Gloo is off
-# --dry-run prints every step with what it found and checks the script's inputs; it runs nothing
-# and passes on a machine without a GPU (a CTest, label unit, runs it everywhere).
+# --dry-run prints every step with what it found and runs nothing; it exits 3 when an input of a
+# real run is missing on this machine (no CUDA torch, no deps), else 0. --check-build DIR also
+# checks the script against an existing build of this tree: the targets it builds exist, every
+# benchmark flag it passes is one allreduce_bench takes, and tests labelled gpu exist; any
+# mismatch exits 1. Missing machine inputs do not fail that check: a CTest (label unit) runs
+# `--dry-run --check-build <build>` on every machine.
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 dry=0
+check_build=""
 deps="$root/.deps/root"
 build="$root/build-gpu"
 python="${PYTHON:-python3}"
@@ -23,15 +30,24 @@ jobs="$(nproc)"
 while [ $# -gt 0 ]; do
   case "$1" in
     --dry-run) dry=1 ;;
+    --check-build) check_build="$2"; shift ;;
     --deps) deps="$2"; shift ;;
     --build) build="$2"; shift ;;
     --python) python="$2"; shift ;;
     --jobs) jobs="$2"; shift ;;
-    -h|--help) sed -n '2,17p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,23p' "$0"; exit 0 ;;
     *) echo "gpu_check.sh: unknown argument $1 (see --help)" >&2; exit 2 ;;
   esac
   shift
 done
+
+[ -z "$check_build" ] || [ "$dry" = 1 ] || { echo "gpu_check.sh: --check-build needs --dry-run" >&2; exit 2; }
+
+# What a real run builds and runs: one list, used by the run and checked by --check-build.
+gpu_targets=(dtrain_gpu_tests allreduce_bench launch dtrain_gpu_monitor_tests)
+torch_target=dtrain_gpu_torch_tests
+bench_args=(--backend nccl --world 1 --no-peer --warmup 5 --iters 20
+            --sizes 4K,16K,64K,256K,1M,4M,16M,64M,256M)
 
 start=$(date +%s)
 step=0
@@ -50,7 +66,7 @@ run() {  # prints and runs one step (prints only, in a dry run)
 # The script's own inputs must exist everywhere.
 for f in CMakeLists.txt tests/gpu/gpu.cmake tests/gpu/nccl_gpu_test.cpp \
          tests/gpu/process_group_cuda_test.cpp benchmarks/allreduce/allreduce_bench.cpp \
-         scripts/gpu_deps.sh; do
+         tests/gpu/monitor_gpu_test.cpp scripts/gpu_deps.sh; do
   [ -e "$root/$f" ] || { say "error: $f is missing from the source tree" >&2; exit 1; }
 done
 
@@ -107,22 +123,88 @@ if [ "$dry" = 0 ] && ! grep -q 'DTRAIN_WITH_NCCL 1' "$build/generated/dtrain/con
   say "error: CMake did not find NCCL and CUDA (see the configure output)" >&2
   exit 1
 fi
-run cmake --build "$build" -j "$jobs" --target dtrain_gpu_tests allreduce_bench
+run cmake --build "$build" -j "$jobs" --target "${gpu_targets[@]}"
 # The torch layer against this libtorch: its failure is reported, the torch-free checks still run.
 torch_ok=1
 step=$((step + 1))
-say "step $step: cmake --build $build -j $jobs --target dtrain_gpu_torch_tests"
-if [ "$dry" = 0 ] && ! cmake --build "$build" -j "$jobs" --target dtrain_gpu_torch_tests; then
+say "step $step: cmake --build $build -j $jobs --target $torch_target"
+if [ "$dry" = 0 ] && ! cmake --build "$build" -j "$jobs" --target "$torch_target"; then
   torch_ok=0
   say "FAILED: the torch layer does not build against this libtorch; continuing without it"
 fi
 run ctest --test-dir "$build" -L gpu --output-on-failure --timeout 180
-run "$build/allreduce_bench" --backend nccl --world 1 --no-peer --warmup 5 --iters 20 \
-  --sizes 4K,16K,64K,256K,1M,4M,16M,64M,256M
+run "$build/allreduce_bench" "${bench_args[@]}"
+
+# The script against an existing build: what it would build and pass must exist there.
+check_against_build() {
+  local dir="$1" bad=0 help
+  for t in "${gpu_targets[@]}"; do
+    [ -x "$dir/$t" ] || { say "error: $dir has no $t, a target this script builds"; bad=1; }
+  done
+  if grep -q 'DTRAIN_WITH_TORCH 1' "$dir/generated/dtrain/config.h" 2>/dev/null &&
+     [ ! -x "$dir/$torch_target" ]; then
+    say "error: $dir has no $torch_target, a target this script builds"; bad=1
+  fi
+  if [ -x "$dir/allreduce_bench" ]; then
+    help="$("$dir/allreduce_bench" --help 2>&1 || true)"
+    for a in "${bench_args[@]}"; do
+      case "$a" in
+        --*) grep -qE -- "(^|[[:space:]])$a([[:space:]]|$)" <<<"$help" ||
+               { say "error: allreduce_bench takes no $a (see $dir/allreduce_bench --help)"; bad=1; } ;;
+      esac
+    done
+  fi
+  local listed
+  listed="$(ctest --test-dir "$dir" -N -L gpu 2>/dev/null || true)"
+  if ! grep -q 'Test *#' <<<"$listed"; then
+    say "error: no test labelled gpu in $dir (ctest -L gpu runs nothing)"; bad=1
+  fi
+  [ "$bad" = 0 ] && say "check-build: targets, benchmark flags and gpu tests all found in $dir"
+  return "$bad"
+}
+
+# launch samples the GPU while a GPU test runs under it: GPU records in the metrics file, and the
+# test's GPU memory attributed to its rank (nvidia-smi / NVML list its pid).
+say "6. launch's GPU sampling while a GPU test runs"
+metrics="$build/gpu_check_metrics.jsonl"
+run rm -f "$metrics"
+run "$build/launch" --nproc-per-node 1 --sample-interval 0.5 --metrics-file "$metrics" \
+  -- "$build/dtrain_gpu_tests"
+step=$((step + 1))
+say "step $step: check $metrics (GPU records; rank 0's GPU memory attributed)"
+if [ "$dry" = 0 ]; then
+  "$python" - "$metrics" <<'PY'
+import json, sys
+records = [json.loads(line) for line in open(sys.argv[1]) if line.strip()]
+gpus = [r for r in records if "gpu" in r and "rank" not in r]
+ranks = [r for r in records if "gpu" in r and "rank" in r]
+problems = []
+if not gpus:
+    problems.append("no GPU records: launch sampled no GPU")
+if any(r.get("source") != "launch" for r in records):
+    problems.append("a record whose source is not launch")
+if gpus and not any(r.get("gpu_mem_total_bytes", 0) > 0 for r in gpus):
+    problems.append("no GPU memory total in any GPU record")
+if not any(r.get("gpu_process_mem_bytes", 0) > 0 for r in ranks):
+    problems.append("the GPU test's memory was never attributed to rank 0 (another pid namespace?)")
+util = max((r.get("gpu_util") or 0 for r in gpus), default=0)
+used = max((r.get("gpu_process_mem_bytes", 0) for r in ranks), default=0)
+print(f"gpu_check.sh:   {len(records)} records, {len(gpus)} GPU samples, GPU util up to {util:.0f} %, "
+      f"rank 0 used up to {used / 2**20:.0f} MiB of GPU memory")
+for p in problems:
+    print("gpu_check.sh:   FAILED: " + p)
+sys.exit(1 if problems else 0)
+PY
+fi
 
 end=$(date +%s)
 if [ "$dry" = 1 ]; then
   say "dry run: $step steps printed, $problems input(s) missing on this machine ($((end - start)) s)"
+  if [ -n "$check_build" ]; then
+    check_against_build "$check_build" || exit 1
+    exit 0
+  fi
+  [ "$problems" = 0 ] || exit 3
   exit 0
 fi
 say "done in $((end - start)) s$([ "$torch_ok" = 0 ] && echo ' (torch layer FAILED to build)')"

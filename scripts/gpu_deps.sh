@@ -19,6 +19,7 @@ packages=(
   libxxhash-dev libxxhash0
   libgtest-dev libgmock-dev
   libssl-dev libssl3
+  libcpp-httplib-dev libcpp-httplib0.11 libbrotli1
 )
 
 command -v apt-get >/dev/null && command -v dpkg >/dev/null || {

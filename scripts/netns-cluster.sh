@@ -117,15 +117,21 @@ AcceptEnv LANG LC_*
 LogLevel ERROR
 MaxStartups 100:30:200
 EOF
-    # A mount namespace of its own: private /tmp, /dev/shm and work directory.
+    # A mount namespace of its own: private /tmp, /dev/shm and work directory; the login
+    # account's ~/.bashrc is Debian's default (/etc/skel), as on a freshly installed host -- bash
+    # reads it for every ssh command, and this machine's own may take seconds (pyenv init).
     ip netns exec "$ns" unshare --mount --propagation private /bin/sh -c '
       mount -t tmpfs -o mode=1777 tmpfs /tmp &&
       mount -t tmpfs -o mode=1777 tmpfs /dev/shm &&
       mount --bind "$1" "$2" || exit 1
+      if [ -f "$6/.bashrc" ]; then
+        mount --bind "$(if [ -f /etc/skel/.bashrc ]; then echo /etc/skel/.bashrc; else echo /dev/null; fi)" "$6/.bashrc" || exit 1
+      fi
       # Holds the host'"'"'s namespaces for `exec` while its sshd may be stopped by a test.
       sleep infinity </dev/null >/dev/null 2>&1 &
       echo $! > "$5"
-      exec /usr/sbin/sshd -f "$3" -E "$4"' sh "$h/work" "$state/work" "$h/sshd_config" "$h/sshd.log" "$h/holder.pid" 9>&-
+      exec /usr/sbin/sshd -f "$3" -E "$4"' sh "$h/work" "$state/work" "$h/sshd_config" "$h/sshd.log" \
+      "$h/holder.pid" "$(getent passwd root | cut -d: -f6)" 9>&-
     echo "$ip $(cut -d' ' -f1,2 "$state/host_key.pub")" >> "$state/known_hosts"
     echo "$ip" >> "$state/hosts"
   done

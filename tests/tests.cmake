@@ -8,8 +8,10 @@ include(GoogleTest)
 #              [TIMEOUT <s>] [TORCH])
 # One gtest executable; every TEST becomes a CTest test carrying the label (and RUN_SERIAL /
 # RESOURCE_LOCK for timing-bound and namespace tests). TORCH reuses the torch layer's PCH.
+# SERIAL_TESTS: a gtest filter ("Suite.*:Other.*") of timing-bound tests in an otherwise parallel
+# binary; they are registered apart, RUN_SERIAL.
 function(dtrain_gtest name)
-  cmake_parse_arguments(A "SERIAL;TORCH" "LABEL;LOCK;TIMEOUT" "SOURCES;LIBS" ${ARGN})
+  cmake_parse_arguments(A "SERIAL;TORCH" "LABEL;LOCK;TIMEOUT;SERIAL_TESTS" "SOURCES;LIBS" ${ARGN})
   if(NOT A_TIMEOUT)
     set(A_TIMEOUT 120)
   endif()
@@ -31,7 +33,14 @@ function(dtrain_gtest name)
   if(A_LOCK)
     list(APPEND props RESOURCE_LOCK ${A_LOCK})
   endif()
-  gtest_discover_tests(${name} DISCOVERY_MODE PRE_TEST TEST_PREFIX "${name}." PROPERTIES ${props})
+  if(A_SERIAL_TESTS)
+    gtest_discover_tests(${name} DISCOVERY_MODE PRE_TEST TEST_PREFIX "${name}."
+                         TEST_FILTER "-${A_SERIAL_TESTS}" PROPERTIES ${props})
+    gtest_discover_tests(${name} DISCOVERY_MODE PRE_TEST TEST_PREFIX "${name}."
+                         TEST_FILTER "${A_SERIAL_TESTS}" PROPERTIES ${props} RUN_SERIAL TRUE)
+  else()
+    gtest_discover_tests(${name} DISCOVERY_MODE PRE_TEST TEST_PREFIX "${name}." PROPERTIES ${props})
+  endif()
 endfunction()
 
 # Helpers shared by the tests (paths of built binaries, temporary directories, process checks).
@@ -47,10 +56,14 @@ include(tests/unit/unit.cmake)
 include(tests/comm/comm.cmake OPTIONAL)
 include(tests/integration/launcher.cmake OPTIONAL)
 include(tests/integration/comm.cmake OPTIONAL)
+include(tests/integration/monitor.cmake OPTIONAL)
 include(tests/e2e/e2e.cmake OPTIONAL)
+include(tests/e2e/monitor_e2e.cmake OPTIONAL)
 include(tests/gpu/gpu.cmake OPTIONAL)
+include(tests/gpu/monitor_gpu.cmake OPTIONAL)
 if(DTRAIN_HAVE_TORCH)
   include(tests/torch/torch.cmake)
   include(tests/integration/ddp.cmake OPTIONAL)
+  include(tests/integration/checkpoint.cmake OPTIONAL)
 endif()
 include(tests/scripts/scripts.cmake OPTIONAL)

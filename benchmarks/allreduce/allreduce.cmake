@@ -1,10 +1,21 @@
-# allreduce_bench: dtrain's allreduce beside torch.distributed (gloo), Open MPI, a bare
-# shared-memory probe and memcpy; see benchmarks/README.md. Torch-free: the peers are separate
-# programs (torch_peer.py under torchrun, mpi_peer under mpirun, shm_probe), driven over FIFOs.
+# allreduce_bench: dtrain's allreduce beside C++ c10d::ProcessGroupGloo (when this build has
+# libtorch), torch.distributed (gloo), Open MPI, a bare shared-memory probe and memcpy; see
+# benchmarks/README.md. The Python, MPI and probe peers are separate programs (torch_peer.py under
+# torchrun, mpi_peer under mpirun, shm_probe), driven over FIFOs.
 add_executable(allreduce_bench
   benchmarks/allreduce/allreduce_bench.cpp
   benchmarks/allreduce/bench_buffers.cpp
   benchmarks/allreduce/peer_process.cpp)
+if(DTRAIN_HAVE_TORCH AND DTRAIN_HAVE_GLOO)
+  # Only for the C++ peer: c10d::ProcessGroupGloo and c10d::TCPStore are exported by libtorch_cpu
+  # (which links the same system libgloo as dtrain). Its header is compiled only with this macro.
+  target_sources(allreduce_bench PRIVATE benchmarks/allreduce/c10d_peer.cpp)
+  set_source_files_properties(benchmarks/allreduce/c10d_peer.cpp PROPERTIES
+                              COMPILE_DEFINITIONS USE_C10D_GLOO)
+  target_link_libraries(allreduce_bench PRIVATE torch)
+else()
+  target_sources(allreduce_bench PRIVATE benchmarks/allreduce/c10d_peer_unavailable.cpp)
+endif()
 target_include_directories(allreduce_bench PRIVATE ${CMAKE_CURRENT_SOURCE_DIR}/runtime/comm)
 target_compile_definitions(allreduce_bench PRIVATE
   DTRAIN_BENCH_SOURCE_DIR="${CMAKE_CURRENT_SOURCE_DIR}/benchmarks/allreduce")

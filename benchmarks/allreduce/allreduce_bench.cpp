@@ -6,17 +6,19 @@
 //
 // Contenders (columns of busbw, GB/s): dtrain's shared-memory path on user buffers (`shm`) and on
 // communicator-owned ones (`shm-own`, allocate()); with --nodes N the hierarchical path on N
-// pretend nodes (`hier`, `hier-own`); dtrain over Gloo (`gloo`); torch.distributed on gloo
-// (`torch`, Python, under torchrun); Open MPI's MPI_Allreduce on its shared-memory transport
-// (`mpi`, under mpirun); the bare probe of the shared-memory algorithm (`probe`: buffers in the
-// segment, `probe-cp`: copied in and out; shm_probe.cpp), the ceiling; and a single-thread
-// memcpy of the same size (`memcpy`, GB/s). Ratios: shm-own / probe, shm / probe-cp, shm-own /
-// mpi, shm / mpi, probe / memcpy (algbw over copy bandwidth: a weak probe shows).
+// pretend nodes (`hier`, `hier-own`); dtrain over Gloo (`gloo`); PyTorch's C++
+// c10d::ProcessGroupGloo from the libtorch this build links, run by the benchmark's own ranks
+// (`c10d`, c10d_peer.h); torch.distributed on gloo (`torch`, Python, under torchrun); Open MPI's
+// MPI_Allreduce on its shared-memory transport (`mpi`, under mpirun); the bare probe of the
+// shared-memory algorithm (`probe`: buffers in the segment, `probe-cp`: copied in and out;
+// shm_probe.cpp), the ceiling; and a single-thread memcpy of the same size (`memcpy`, GB/s).
+// Ratios: shm-own / probe, shm / probe-cp, shm-own / mpi, shm / mpi, shm / c10d, gloo / c10d,
+// probe / memcpy (algbw over copy bandwidth: a weak probe shows).
 //
 // Options: --sizes 4K,64K,... (default 4 KiB..256 MiB by 4x), --warmup N, --iters N,
 // --small-iters N (sizes up to 256 KiB, default 200), --rounds N (default 3), --dtype, --op,
-// --nodes N, --no-peer (no torch, mpi, probe), --no-torch, --no-mpi, --no-probe, --no-gloo,
-// --python PATH, --mpirun PATH, --smoke (three small sizes, few iterations: the CTest),
+// --nodes N, --no-peer (no c10d, torch, mpi, probe), --no-c10d, --no-torch, --no-mpi, --no-probe,
+// --no-gloo, --python PATH, --mpirun PATH, --smoke (three small sizes, few iterations: the CTest),
 // --backend nccl (GPU mode: dtrain's NCCL communicator alone), and Gloo tuning (--small-bytes,
 // --chunk-bytes, --segment-bytes, --two-rank-ring).
 //
@@ -42,6 +44,7 @@
 #include <fmt/format.h>
 
 #include "bench_buffers.h"
+#include "c10d_peer.h"
 #include "dtrain/comm.h"
 #include "dtrain/env_contract.h"
 #include "dtrain/error.h"
@@ -66,6 +69,7 @@ struct Config {
   comm::ReduceOp op = comm::ReduceOp::Sum;
   std::string backend = "cpu";
   int nodes = 1;
+  bool c10d = true;
   bool torch = true;
   bool mpi = true;
   bool probe = true;
@@ -292,6 +296,15 @@ int runWorker(const Config& cfg) {
     dtrain("hier-own", *hier, hierOwned->data());
   }
   if (cfg.gloo) dtrain("gloo", *gloo, user.data());
+  // PyTorch's C++ Gloo process group, run by these same ranks (collective, like dtrain's).
+  std::unique_ptr<C10dPeer> c10d;
+  if (cfg.c10d) c10d = C10dPeer::start(*store, rank, world, cfg.dtype, cfg.op, maxBytes);
+  if (c10d) {
+    contenders.push_back({"c10d", false, [&cfg, &c10d](size_t bytes, int warmup) {
+                            auto r = c10d->run(bytes, warmup, itersFor(bytes, cfg));
+                            return std::optional<Row>(Row{r.medianUs, r.wrong});
+                          }});
+  }
 
   std::vector<std::unique_ptr<PeerProcess>> peers;
   if (rank == 0) {
@@ -350,8 +363,9 @@ int runWorker(const Config& cfg) {
     std::string head = fmt::format("{:>10} {:>10} {:>8} {:>4} {:>10} {:>10} |", "size", "count", "dtype", "op",
                                    "shm_us", "shm-own_us");
     for (const auto& n : names) head += fmt::format(" {:>8}", n);
-    head += fmt::format(" {:>7} | {:>9} {:>12} {:>7} {:>7} {:>12} | {:>6}", "memcpy", "own/probe",
-                        "shm/probe-cp", "own/mpi", "shm/mpi", "probe/memcpy", "#wrong");
+    head += fmt::format(" {:>7} | {:>9} {:>12} {:>7} {:>7} {:>8} {:>9} {:>12} | {:>6}", "memcpy",
+                        "own/probe", "shm/probe-cp", "own/mpi", "shm/mpi", "shm/c10d", "gloo/c10d",
+                        "probe/memcpy", "#wrong");
     std::printf("%s\n", head.c_str());
     std::fflush(stdout);
   }
@@ -401,26 +415,30 @@ int runWorker(const Config& cfg) {
     }
     const double memcpyGBs = bytes / copyUs / 1e3;
     const double probeAlgbw = busbw("probe") / busFactor;
-    line += fmt::format(" {:>7.2f} | {:>9} {:>12} {:>7} {:>7} {:>12} | {:>6}", memcpyGBs,
-                        ratio("shm-own", "probe"), ratio("shm", "probe-cp"),
-                        ratio("shm-own", "mpi"), ratio("shm", "mpi"),
+    line += fmt::format(" {:>7.2f} | {:>9} {:>12} {:>7} {:>7} {:>8} {:>9} {:>12} | {:>6}",
+                        memcpyGBs, ratio("shm-own", "probe"), ratio("shm", "probe-cp"),
+                        ratio("shm-own", "mpi"), ratio("shm", "mpi"), ratio("shm", "c10d"),
+                        ratio("gloo", "c10d"),
                         has("probe") && probeAlgbw > 0 ? fmt::format("{:.2f}", probeAlgbw / memcpyGBs) : "-",
                         wrong);
     std::printf("%s\n", line.c_str());
     std::fflush(stdout);
   }
   peers.clear();
+  c10d.reset();
   if (hier) hier->shutdown();
   shm->shutdown();
   gloo->shutdown();
   return totalWrong == 0 ? 0 : 1;
 }
 
-// Without launch: host the store here and fork one process per rank.
+// Without launch: fork one process per rank, then host the store here. The ranks are forked
+// first, while this process has one thread: a child forked beside the store's event-loop thread
+// could inherit a lock that thread held (it did hang once in the handshake); the ranks' clients
+// retry until the store is up.
 int forkWorld(const Config& cfg) {
-  store::TcpStoreServerOptions so;
-  so.host = "127.0.0.1";
-  auto server = store::TcpStoreServer::start(so);
+  const int port = freeLoopbackPort();
+  DTRAIN_CHECK(port > 0, "allreduce_bench: no free loopback port for the store");
   std::vector<pid_t> children;
   for (int r = 0; r < cfg.world; ++r) {
     std::fflush(nullptr);
@@ -431,7 +449,7 @@ int forkWorld(const Config& cfg) {
       setenv(env::kWorldSize, std::to_string(cfg.world).c_str(), 1);
       setenv(env::kLocalWorldSize, std::to_string(cfg.world).c_str(), 1);
       setenv(env::kStoreAddr, "127.0.0.1", 1);
-      setenv(env::kStorePort, std::to_string(server->port()).c_str(), 1);
+      setenv(env::kStorePort, std::to_string(port).c_str(), 1);
       setenv(env::kDtrainRestartCount, "0", 1);
       int code = 1;
       try {
@@ -440,10 +458,14 @@ int forkWorld(const Config& cfg) {
         std::fprintf(stderr, "allreduce_bench rank %d: %s\n", r, e.what());
       }
       std::fflush(nullptr);
-      _exit(code);  // never run the parent's destructors (the store server) in a child
+      _exit(code);  // never run the parent's destructors in a child
     }
     children.push_back(pid);
   }
+  store::TcpStoreServerOptions so;
+  so.host = "127.0.0.1";
+  so.port = static_cast<uint16_t>(port);
+  auto server = store::TcpStoreServer::start(so);
   int worst = 0;
   for (pid_t pid : children) {
     int status = 0;
@@ -469,7 +491,8 @@ int main(int argc, char** argv) {
   using namespace dtrain::bench;
   cxxopts::Options options("allreduce_bench",
                            "dtrain's allreduce (shared memory, hierarchical, Gloo) beside "
-                           "torch.distributed, Open MPI, a bare probe and memcpy");
+                           "c10d::ProcessGroupGloo (C++), torch.distributed, Open MPI, a bare "
+                           "probe and memcpy");
   options.add_options()
       ("world", "ranks to fork when not started by launch", cxxopts::value<int>()->default_value("2"))
       ("sizes", "comma-separated sizes (4K, 1M, ...)", cxxopts::value<std::string>()->default_value(""))
@@ -501,8 +524,11 @@ int main(int argc, char** argv) {
        cxxopts::value<size_t>()->default_value(std::to_string(dtrain::comm::kDefaultShmOwnedChunkBytes)))
       ("shm-small-bytes", "shared memory: whole-buffer reduction up to this size (tuning)",
        cxxopts::value<size_t>()->default_value(std::to_string(dtrain::comm::kDefaultShmSmallBytes)))
-      ("no-peer", "no torch, mpi or probe")
-      ("no-torch", "skip torch.distributed")
+      ("no-peer", "no c10d, torch, mpi or probe")
+      ("no-c10d", "skip the C++ c10d::ProcessGroupGloo peer")
+      ("no-c10d-peer", "the same as --no-c10d")
+      ("no-torch", "skip torch.distributed (Python)")
+      ("no-python-peer", "the same as --no-torch")
       ("no-mpi", "skip Open MPI")
       ("no-probe", "skip the bare probe")
       ("no-gloo", "skip dtrain over Gloo")
@@ -526,7 +552,8 @@ int main(int argc, char** argv) {
     cfg.backend = args["backend"].as<std::string>();
     cfg.nodes = args["nodes"].as<int>();
     const bool noPeer = args.count("no-peer") > 0;
-    cfg.torch = !noPeer && !args.count("no-torch");
+    cfg.c10d = !noPeer && !args.count("no-c10d") && !args.count("no-c10d-peer");
+    cfg.torch = !noPeer && !args.count("no-torch") && !args.count("no-python-peer");
     cfg.mpi = !noPeer && !args.count("no-mpi");
     cfg.probe = !noPeer && !args.count("no-probe");
     cfg.gloo = !args.count("no-gloo");

@@ -1,8 +1,11 @@
 #include "peer_process.h"
 
+#include <arpa/inet.h>
 #include <fcntl.h>
+#include <netinet/in.h>
 #include <poll.h>
 #include <signal.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -29,6 +32,22 @@ bool executable(const std::string& path) { return !path.empty() && access(path.c
 
 }  // namespace
 
+int freeLoopbackPort() {
+  int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return 0;
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof(a);
+  int port = 0;
+  if (bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) == 0 &&
+      getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) == 0) {
+    port = ntohs(a.sin_port);
+  }
+  close(fd);
+  return port;
+}
+
 std::unique_ptr<PeerProcess> PeerProcess::start(const Spec& spec) {
   std::unique_ptr<PeerProcess> peer(new PeerProcess());
   peer->spec_ = spec;
@@ -53,6 +72,11 @@ std::unique_ptr<PeerProcess> PeerProcess::start(const Spec& spec) {
     args.push_back(replaceAll(x, "{dir}", peer->dir_));
   }
   const std::string log = peer->dir_ + "/peer.log";
+  // Everything the child needs is built here: the benchmark's rank has other threads (store
+  // client, communicators), and a forked child must not allocate before exec.
+  std::vector<char*> argv;
+  for (auto& a : args) argv.push_back(a.data());
+  argv.push_back(nullptr);
   std::fflush(nullptr);
   pid_t pid = fork();
   if (pid == 0) {
@@ -60,9 +84,6 @@ std::unique_ptr<PeerProcess> PeerProcess::start(const Spec& spec) {
     int fd = open(log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
     dup2(fd, 1);
     dup2(fd, 2);
-    std::vector<char*> argv;
-    for (auto& a : args) argv.push_back(a.data());
-    argv.push_back(nullptr);
     execvp(argv[0], argv.data());
     _exit(127);
   }
@@ -162,11 +183,21 @@ std::unique_ptr<PeerProcess> startTorchPeer(const std::string& python, const std
                  "--python PATH)\n";
     return nullptr;
   }
-  // torchrun 1.13 on Python 3.11 fails without explicit --redirects/--tee maps.
+  // torchrun 1.13 on Python 3.11 fails without explicit --redirects/--tee maps. Not
+  // --standalone: in 1.13 that rendezvouses on the fixed localhost:29400, which a launch or store
+  // elsewhere on the machine may hold (the peer then hangs talking to it); a one-node static
+  // rendezvous on a free loopback port instead.
+  const int port = freeLoopbackPort();
+  if (port <= 0) {
+    std::cerr << "allreduce_bench: no PyTorch peer: no free loopback port for torchrun\n";
+    return nullptr;
+  }
   return PeerProcess::start({"torch",
-                             {python, "-m", "torch.distributed.run", "--standalone",
-                              "--nproc_per_node", std::to_string(world), "--redirects", "9:0",
-                              "--tee", "9:0", script, "{commands}", "{results}", dtype},
+                             {python, "-m", "torch.distributed.run", "--nnodes", "1",
+                              "--node_rank", "0", "--master_addr", "127.0.0.1", "--master_port",
+                              std::to_string(port), "--nproc_per_node", std::to_string(world),
+                              "--redirects", "9:0", "--tee", "9:0", script, "{commands}",
+                              "{results}", dtype},
                              world, false});
 }
 

@@ -60,6 +60,9 @@ class PeerProcess {
   std::string pending_;  // bytes read from the results FIFO but not yet consumed
 };
 
+// A loopback port nobody listens on right now (bound, then released), or 0.
+int freeLoopbackPort();
+
 // torch.distributed.all_reduce (gloo) under torchrun with `world` ranks; null when `python` cannot
 // import torch.distributed.
 std::unique_ptr<PeerProcess> startTorchPeer(const std::string& python, const std::string& script,

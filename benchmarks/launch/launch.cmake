@@ -13,8 +13,10 @@ if(DTRAIN_HAVE_TORCH)
   set(_launch_bench_torch_worker $<TARGET_FILE:launch_torch_worker>)
 endif()
 
-add_executable(launch_bench ${CMAKE_CURRENT_LIST_DIR}/launch_bench.cpp)
-target_link_libraries(launch_bench PRIVATE fmt::fmt)
+add_executable(launch_bench ${CMAKE_CURRENT_LIST_DIR}/launch_bench.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/bench_run.cpp ${CMAKE_CURRENT_LIST_DIR}/multinode_bench.cpp)
+# dtrain_base: --multinode hosts the store its workers' barrier runs on.
+target_link_libraries(launch_bench PRIVATE dtrain_base fmt::fmt)
 target_compile_definitions(launch_bench PRIVATE
   DTRAIN_BENCH_LAUNCH="$<TARGET_FILE:launch>"
   DTRAIN_BENCH_WORKER="$<TARGET_FILE:dtrain_test_worker>"

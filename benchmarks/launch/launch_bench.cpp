@@ -15,11 +15,8 @@
 //                [--launch PATH] [--worker PATH] [--torch-worker PATH]
 //                [--python /usr/bin/python3] [--torchrun /usr/bin/torchrun] [--script PATH]
 // --smoke: one rep of the torch-free worker with N = 1, 2 (CI: checks it runs, < 15 s).
-// --multinode (root): instead, 3 nodes x 2 workers of the torch-free worker in a simulated
-//   cluster (scripts/netns-cluster.sh): launch's fan-out from outside the nodes, the same 6
-//   workers by launch on one node, and torchrun started by hand in each namespace with c10d
-//   rendezvous (--nnodes 3, --no-python) -- interleaved, medians -- then the time a silent node
-//   (its cable out) takes to be noticed, against --heartbeat-timeout.
+// --multinode (root): instead, 3 nodes x 2 workers in a simulated cluster, two phases each (to
+//   every worker past a barrier, then to exit): see multinode_bench.cpp.
 #include <arpa/inet.h>
 #include <fcntl.h>
 #include <netinet/in.h>
@@ -40,7 +37,12 @@
 
 #include <fmt/format.h>
 
+#include "bench_run.h"
+#include "multinode_bench.h"
+
 namespace {
+
+using namespace dtrain::bench;
 
 struct Options {
   int reps = 7;
@@ -112,61 +114,6 @@ Options parse(int argc, char** argv) {
   return o;
 }
 
-// Runs every command of `argvs` at once, to completion, output discarded (stderr kept in a file
-// for failures); returns seconds until the last exited, negative when any did not exit 0.
-double timeRunAll(const std::vector<std::vector<std::string>>& argvs, std::string* failure) {
-  char errPath[] = "/tmp/launch_bench_err_XXXXXX";
-  int errFd = ::mkstemp(errPath);
-  std::vector<std::vector<char*>> all;
-  for (const auto& argv : argvs) {
-    std::vector<char*> args;
-    for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
-    args.push_back(nullptr);
-    all.push_back(args);
-  }
-  auto start = std::chrono::steady_clock::now();
-  std::vector<pid_t> pids;
-  for (auto& args : all) {
-    pid_t pid = ::fork();
-    if (pid == 0) {
-      int nul = ::open("/dev/null", O_RDWR);
-      ::dup2(nul, STDIN_FILENO);
-      ::dup2(nul, STDOUT_FILENO);
-      ::dup2(errFd, STDERR_FILENO);
-      ::execv(args[0], args.data());
-      ::_exit(127);
-    }
-    pids.push_back(pid);
-  }
-  bool ok = true;
-  int status = 0;
-  for (pid_t pid : pids) {
-    int st = 0;
-    ::waitpid(pid, &st, 0);
-    if (!(WIFEXITED(st) && WEXITSTATUS(st) == 0)) {
-      ok = false;
-      status = st;
-    }
-  }
-  double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  if (!ok && failure) {
-    char buf[2048] = {};
-    ::lseek(errFd, 0, SEEK_SET);
-    ssize_t n = ::read(errFd, buf, sizeof buf - 1);
-    *failure = fmt::format("{} -> status {}: {}", argvs[0][0], status,
-                           n > 0 ? std::string(buf, n) : "");
-  }
-  ::close(errFd);
-  ::unlink(errPath);
-  return ok ? seconds : -seconds;
-}
-
-// `copies` instances of argv at once.
-double timeRun(const std::vector<std::string>& argv, std::string* failure, int copies = 1) {
-  return timeRunAll(std::vector<std::vector<std::string>>(static_cast<size_t>(copies), argv),
-                    failure);
-}
-
 // Stands for "localhost:<a port free right now>" in a command line.
 constexpr const char* kFreeEndpoint = "@free-endpoint@";
 
@@ -197,230 +144,21 @@ struct Config {
   std::string lastFailure;
 };
 
-double median(std::vector<double> v) {
-  if (v.empty()) return -1;
-  std::sort(v.begin(), v.end());
-  size_t n = v.size();
-  return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
-}
-
-bool executable(const std::string& path) { return !path.empty() && ::access(path.c_str(), X_OK) == 0; }
-
-
-std::string shellOut(const std::string& command, int* rc = nullptr) {
-  std::string out;
-  FILE* p = ::popen(command.c_str(), "r");
-  if (!p) return out;
-  char buf[4096];
-  size_t n;
-  while ((n = std::fread(buf, 1, sizeof buf, p)) > 0) out.append(buf, n);
-  int status = ::pclose(p);
-  if (rc) *rc = WIFEXITED(status) ? WEXITSTATUS(status) : 255;
-  while (!out.empty() && (out.back() == '\n' || out.back() == ' ')) out.pop_back();
-  return out;
-}
-
-std::vector<std::string> cat(std::vector<std::string> a, const std::vector<std::string>& b) {
-  a.insert(a.end(), b.begin(), b.end());
-  return a;
-}
-
-// Seconds from cutting a node's cable until launch says it stops the round (its stderr line),
-// or -1. The job: 3 nodes x 2 long-running workers, heartbeat 0.5 s, timeout `timeout` s.
-double detectionSeconds(const std::vector<std::string>& launchArgv, const std::string& script,
-                        const std::string& name, int node) {
-  int out[2];
-  int err[2];
-  if (::pipe(out) != 0 || ::pipe(err) != 0) return -1;
-  pid_t pid = ::fork();
-  if (pid == 0) {
-    ::dup2(out[1], 1);
-    ::dup2(err[1], 2);
-    ::close(out[0]);
-    ::close(err[0]);
-    std::vector<char*> args;
-    for (const auto& a : launchArgv) args.push_back(const_cast<char*>(a.c_str()));
-    args.push_back(nullptr);
-    ::execv(args[0], args.data());
-    ::_exit(127);
-  }
-  ::close(out[1]);
-  ::close(err[1]);
-  std::string o;
-  std::string e;
-  auto start = std::chrono::steady_clock::now();
-  std::chrono::steady_clock::time_point cut{};
-  double detected = -1;
-  while (std::chrono::steady_clock::now() - start < std::chrono::seconds(60)) {
-    pollfd p[2] = {{out[0], POLLIN, 0}, {err[0], POLLIN, 0}};
-    ::poll(p, 2, 50);
-    char buf[4096];
-    for (int i = 0; i < 2; ++i) {
-      if (!(p[i].revents & (POLLIN | POLLHUP))) continue;
-      ssize_t n = ::read(p[i].fd, buf, sizeof buf);
-      if (n > 0) (i == 0 ? o : e).append(buf, static_cast<size_t>(n));
-    }
-    size_t started = 0;
-    for (size_t at = o.find("worker rank="); at != std::string::npos; at = o.find("worker rank=", at + 1)) {
-      ++started;
-    }
-    if (cut == std::chrono::steady_clock::time_point{} && started >= 6) {
-      std::this_thread::sleep_for(std::chrono::milliseconds(500));
-      shellOut(script + " link " + name + " " + std::to_string(node) + " down");
-      cut = std::chrono::steady_clock::now();
-    }
-    if (cut != std::chrono::steady_clock::time_point{} && e.find("stopping round") != std::string::npos) {
-      detected = std::chrono::duration<double>(std::chrono::steady_clock::now() - cut).count();
-      break;
-    }
-  }
-  int status = 0;
-  ::waitpid(pid, &status, 0);
-  ::close(out[0]);
-  ::close(err[0]);
-  shellOut(script + " link " + name + " " + std::to_string(node) + " up");
-  return detected;
-}
-
-int multinodeBench(const Options& o) {
-  if (::geteuid() != 0) {
-    std::fprintf(stderr, "launch_bench --multinode: needs root (network namespaces, sshd)\n");
-    return 2;
-  }
-  const std::string name = "lb" + std::to_string(::getpid() % 100000);
-  int rc = 0;
-  const std::string dir = shellOut(o.clusterScript + " up 3 " + name + " 2>&1", &rc);
-  if (rc != 0) {
-    std::fprintf(stderr, "launch_bench: netns-cluster.sh up failed: %s\n", dir.c_str());
-    shellOut(o.clusterScript + " down " + name);
-    return 1;
-  }
-  std::vector<std::string> hosts;
-  {
-    std::string text = shellOut("cat " + dir + "/hosts");
-    size_t start = 0;
-    while (start < text.size()) {
-      size_t nl = text.find('\n', start);
-      hosts.push_back(text.substr(start, nl == std::string::npos ? nl : nl - start));
-      if (nl == std::string::npos) break;
-      start = nl + 1;
-    }
-  }
-  const std::string ssh = dir + "/ssh_config";
-  const std::vector<std::string> worker = {o.worker, "--steps", "0", "--quiet", "--no-store"};
-  // The store on the bridge's address at a port free now (29400 may be held on every address by
-  // another job on a shared machine).
-  const std::string bridge = hosts[0].substr(0, hosts[0].rfind('.')) + ".254";
-  const std::string endpoint = withFreePort({kFreeEndpoint})[0].replace(0, 9, bridge);
-  struct Row {
-    std::string label;
-    std::vector<std::vector<std::string>> argvs;
-    std::vector<double> samples;
-    int failures = 0;
-    std::string lastFailure;
-  };
-  std::vector<Row> rows;
-  rows.push_back({"launch fan-out, 3 nodes x 2", {cat({o.launch, "--hosts",
-      hosts[0] + "," + hosts[1] + "," + hosts[2], "--ssh-config", ssh, "--rdzv-endpoint", endpoint,
-      "--nproc-per-node", "2"}, worker)}, {}, 0, {}});
-  rows.push_back({"launch, one node x 6", {cat({o.launch, "--nproc-per-node", "6"}, worker)}, {}, 0, {}});
-  rows.push_back({"launch, one node x 2", {cat({o.launch, "--nproc-per-node", "2"}, worker)}, {}, 0, {}});
-  // The floor of any ssh fan-out on this machine: the three connections alone, in parallel.
-  Row sshOnly{"ssh to the 3 hosts (true)", {}, {}, 0, {}};
-  for (int k = 0; k < 3; ++k) sshOnly.argvs.push_back({"/usr/bin/ssh", "-F", ssh, hosts[k], "true"});
-  rows.push_back(sshOnly);
-  if (o.torchrun && executable(o.torchrunPath) && executable(o.python)) {
-    Row t{"torchrun c10d, 3 nodes x 2", {}, {}, 0, {}};
-    for (int k = 0; k < 3; ++k) {
-      t.argvs.push_back(cat({o.clusterScript, "exec", name, std::to_string(k), o.python,
-                             o.torchrunPath, "--nnodes", "3", "--nproc_per_node", "2",
-                             "--rdzv_backend", "c10d", "--rdzv_endpoint", hosts[0] + ":29400",
-                             "--rdzv_id", "bench",
-                             // In a namespace the host name does not resolve to the namespace's
-                             // address, so torchrun's guess of who hosts the store fails: say it.
-                             "--rdzv_conf", k == 0 ? "is_host=1,join_timeout=60" : "is_host=0,join_timeout=60",
-                             "--no_python", "--redirects", "9:0", "--tee", "9:0"},
-                            worker));
-    }
-    rows.push_back(t);
-  }
-  for (auto& r : rows) timeRunAll(r.argvs, nullptr);  // warm-up
-  for (int rep = 0; rep < o.reps; ++rep) {
-    for (auto& r : rows) {
-      std::string failure;
-      double s = timeRunAll(r.argvs, &failure);
-      if (s < 0) {
-        ++r.failures;
-        r.lastFailure = failure;
-      } else {
-        r.samples.push_back(s * 1e3);
-      }
-    }
-  }
-  char load[128] = {};
-  if (FILE* f = std::fopen("/proc/loadavg", "r")) {
-    if (!std::fgets(load, sizeof load, f)) load[0] = '\0';
-    std::fclose(f);
-  }
-  fmt::print("# launch_bench --multinode: wall time start->exit in ms, median (min) of {} "
-             "interleaved reps; torch-free test worker (--no-store); load {}", o.reps,
-             load[0] ? load : "?\n");
-  fmt::print("{:<30} {:>18} {:>14}\n", "job", "ms", "vs fan-out");
-  const double fan = median(rows[0].samples);
-  for (const auto& r : rows) {
-    std::string cell = r.samples.empty()
-                           ? std::string("-")
-                           : fmt::format("{:.1f} ({:.1f})", median(r.samples),
-                                         *std::min_element(r.samples.begin(), r.samples.end()));
-    std::string ratio = r.samples.empty() || fan <= 0 ? "-" : fmt::format("{:.2f}x", median(r.samples) / fan);
-    fmt::print("{:<30} {:>18} {:>14}\n", r.label, cell, ratio);
-  }
-  if (!rows[0].samples.empty() && !rows[1].samples.empty()) {
-    fmt::print("# fan-out adds {:+.1f} ms to the same 6 workers on one node (aim: <= 500)\n",
-               fan - median(rows[1].samples));
-  }
-  if (!rows[3].samples.empty()) {
-    fmt::print("# of which the ssh connections alone take {:.1f} ms: launch's own part of the "
-               "fan-out is {:+.1f} ms over one node\n",
-               median(rows[3].samples), fan - median(rows[3].samples) - median(rows[1].samples));
-  }
-  if (rows.size() > 4 && !rows[4].samples.empty() && fan > 0) {
-    fmt::print("# torchrun / launch fan-out: {:.1f}x (aim: >= 5x)\n", median(rows[4].samples) / fan);
-  }
-  std::vector<double> detections;
-  for (int rep = 0; rep < std::min(o.reps, 3); ++rep) {
-    double d = detectionSeconds(
-        {o.launch, "--hosts", hosts[0] + "," + hosts[1] + "," + hosts[2], "--ssh-config", ssh,
-         "--rdzv-endpoint", endpoint, "--ssh-option", "ServerAliveInterval=60", "--nproc-per-node", "2", "--heartbeat-interval",
-         "0.5", "--heartbeat-timeout", "3", "--grace-period", "1", o.worker, "--steps", "100000",
-         "--step-ms", "50", "--no-store"},
-        o.clusterScript, name, 1);
-    if (d >= 0) detections.push_back(d);
-  }
-  if (!detections.empty()) {
-    fmt::print("# a silent node (cable out) noticed after {:.2f} s median of {} (min {:.2f}, max "
-               "{:.2f}); --heartbeat-timeout 3 (aim: <= timeout + 1 s)\n",
-               median(detections), detections.size(),
-               *std::min_element(detections.begin(), detections.end()),
-               *std::max_element(detections.begin(), detections.end()));
-  }
-  shellOut(o.clusterScript + " down " + name);
-  int failures = 0;
-  for (const auto& r : rows) {
-    if (r.failures) {
-      failures += r.failures;
-      fmt::print(stderr, "launch_bench: {} failed {} time(s); last: {}\n", r.label, r.failures,
-                 r.lastFailure);
-    }
-  }
-  return failures == 0 && !detections.empty() ? 0 : 1;
-}
-
 }  // namespace
 
 int main(int argc, char** argv) {
   Options o = parse(argc, argv);
-  if (o.multinode) return multinodeBench(o);
+  if (o.multinode) {
+    dtrain::bench::MultinodeBenchOptions m;
+    m.reps = o.reps;
+    m.torchrun = o.torchrun;
+    m.launch = o.launch;
+    m.worker = o.worker;
+    m.python = o.python;
+    m.torchrunPath = o.torchrunPath;
+    m.clusterScript = o.clusterScript;
+    return dtrain::bench::multinodeBench(m);
+  }
   std::vector<Config> configs;
   const std::string np = "--nproc-per-node";
   for (int n : o.nprocs) {

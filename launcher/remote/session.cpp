@@ -1,9 +1,11 @@
 #include "launcher/remote/session.h"
 
 #include <fcntl.h>
+#include <poll.h>
 #include <signal.h>
 #include <sys/prctl.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -20,6 +22,8 @@ namespace dtrain::launcher::remote {
 namespace {
 
 constexpr int kPipeBytes = 1 << 20;  // the plan fits whole: see Session()
+// How long the destructor waits for a SIGKILLed session to be reaped.
+constexpr std::chrono::seconds kKilledGrace{2};
 
 // argv[0] as execve needs it: a path, found on PATH before fork (no allocation after it).
 std::string findProgram(const std::string& name) {
@@ -67,7 +71,17 @@ Session::Session(std::string node, std::string host, const std::vector<std::stri
     closePair(err);
     DTRAIN_THROW(Error, "launch: cannot start the agent for {}: pipe: {}", host_, std::strerror(e));
   }
-  ::fcntl(in[1], F_SETPIPE_SZ, kPipeBytes);
+  // The whole plan goes into the pipe at once (the agent reads it before anything else), so it
+  // must fit: checked before anything starts.
+  const int capacity = ::fcntl(in[1], F_SETPIPE_SZ, kPipeBytes);
+  const size_t room = static_cast<size_t>(capacity > 0 ? capacity : ::fcntl(in[1], F_GETPIPE_SZ));
+  if (stdinData.size() > room) {
+    closePair(in);
+    closePair(out);
+    closePair(err);
+    DTRAIN_THROW(Error, "launch: the agent plan for {} ({} bytes) does not fit its pipe ({} bytes); "
+                 "HINT: fewer or shorter --env / forwarded variables", host_, stdinData.size(), room);
+  }
   sigset_t none;
   sigemptyset(&none);
   const pid_t parent = ::getpid();
@@ -102,16 +116,14 @@ Session::Session(std::string node, std::string host, const std::vector<std::stri
   ::fcntl(outFd_, F_SETFL, O_NONBLOCK);
   ::fcntl(errFd_, F_SETFL, O_NONBLOCK);
   ::fcntl(inFd_, F_SETFL, O_NONBLOCK);
+  pidFd_ = static_cast<int>(::syscall(SYS_pidfd_open, pid_, 0));
   size_t done = 0;
   while (done < stdinData.size()) {
     ssize_t n = ::write(inFd_, stdinData.data() + done, stdinData.size() - done);
     if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) break;  // EPIPE (the agent is gone: its exit says why) or a plan past 1 MiB
+    if (n <= 0) break;  // EPIPE: the agent is gone already, and its exit says why
     done += static_cast<size_t>(n);
   }
-  DTRAIN_CHECK(done == stdinData.size() || errno == EPIPE,
-               "launch: the agent plan for {} ({} bytes) does not fit its pipe; HINT: fewer or "
-               "shorter --env / forwarded variables", host_, stdinData.size());
 
   StreamSinks o;
   o.consoleFd = captureStdout ? -1 : STDOUT_FILENO;
@@ -126,13 +138,27 @@ Session::Session(std::string node, std::string host, const std::vector<std::stri
 Session::~Session() {
   if (!exited_ && pid_ > 0) {
     ::kill(-pid_, SIGKILL);
-    int status = 0;
-    while (::waitpid(pid_, &status, 0) < 0 && errno == EINTR) {
-    }
+    waitExit(Clock::now() + kKilledGrace);
   }
-  for (int fd : {inFd_, outFd_, errFd_}) {
+  for (int fd : {inFd_, outFd_, errFd_, pidFd_}) {
     if (fd >= 0) ::close(fd);
   }
+}
+
+bool Session::waitExit(Clock::time_point deadline) {
+  while (!reap()) {
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
+    if (left.count() <= 0) return false;
+    std::vector<pollfd> fds;
+    for (int fd : {pidFd_, outFd_, errFd_}) {
+      if (fd >= 0) fds.push_back({fd, POLLIN, 0});
+    }
+    // Without a pidfd, look again every 10 ms.
+    const int64_t ms = pidFd_ >= 0 ? left.count() + 1 : std::min<int64_t>(left.count() + 1, 10);
+    ::poll(fds.data(), fds.size(), static_cast<int>(ms));
+    drain();
+  }
+  return true;
 }
 
 int Session::pump(int fd) {
@@ -164,6 +190,10 @@ bool Session::reap() {
   if (::waitpid(pid_, &status, WNOHANG) != pid_) return false;
   exited_ = true;
   status_ = status;
+  if (pidFd_ >= 0) {
+    ::close(pidFd_);
+    pidFd_ = -1;
+  }
   drain();  // the last of its output: ssh's error message
   return true;
 }
@@ -186,19 +216,13 @@ void Session::closeStdin() {
 
 void Session::finish(double graceSeconds) {
   closeStdin();
-  using Clock = std::chrono::steady_clock;
-  const auto grace = std::chrono::milliseconds(static_cast<int64_t>(graceSeconds * 1000));
-  auto deadline = Clock::now() + grace;
-  bool termed = false;
-  while (!reap()) {
-    drain();
-    if (Clock::now() >= deadline) {
-      ::kill(-pid_, termed ? SIGKILL : SIGTERM);
-      termed = true;
-      deadline = Clock::now() + grace;
-    }
-    std::this_thread::sleep_for(std::chrono::milliseconds(10));
-  }
+  const auto grace = std::chrono::duration_cast<Clock::duration>(
+      std::chrono::duration<double>(graceSeconds));
+  if (waitExit(Clock::now() + grace)) return;
+  ::kill(-pid_, SIGTERM);
+  if (waitExit(Clock::now() + grace)) return;
+  ::kill(-pid_, SIGKILL);
+  waitExit(Clock::now() + grace);
 }
 
 }  // namespace dtrain::launcher::remote

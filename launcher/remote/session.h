@@ -7,6 +7,7 @@
 
 #include <sys/types.h>
 
+#include <chrono>
 #include <deque>
 #include <memory>
 #include <string>
@@ -21,7 +22,8 @@ class Session {
   // Starts `argv` (argv[0] looked up on PATH) with `env` ("KEY=VALUE") in a process group of its
   // own (a Ctrl-C on the master's terminal reaches the master only, which stops the job in
   // order), dying with the master (PR_SET_PDEATHSIG), and writes `stdinData` to its stdin.
-  // Throws dtrain::Error naming the host when the fork or a pipe fails.
+  // Throws dtrain::Error naming the host when the fork or a pipe fails, or when `stdinData` does
+  // not fit the pipe (checked before anything starts).
   // `captureStdout`: keep its stdout lines (stdoutLines()) instead of showing them.
   Session(std::string node, std::string host, const std::vector<std::string>& argv,
           const std::vector<std::string>& env, const std::string& stdinData,
@@ -37,6 +39,9 @@ class Session {
   // Descriptors to poll (stdout, stderr; -1 once closed).
   int stdoutFd() const { return outFd_; }
   int stderrFd() const { return errFd_; }
+  // Readable once the process exited (a pidfd); -1 after reap() or where the kernel has no
+  // pidfd_open (then poll reap() on a timer).
+  int exitFd() const { return pidFd_; }
   // Reads what is ready on `fd` and forwards whole lines: 1 read some, 0 nothing ready, -1 the
   // stream ended (fd closed).
   int pump(int fd);
@@ -51,18 +56,24 @@ class Session {
   const std::deque<std::string>& stderrTail() const;
   const std::deque<std::string>& stdoutLines() const;
   // Closes stdin (the agent then stops its workers and exits) and, after `graceSeconds`,
-  // SIGTERMs the process group; returns once it is reaped or `graceSeconds` more passed.
+  // SIGTERMs the process group, after as long again SIGKILLs it; returns once it is reaped, or
+  // `graceSeconds` after the SIGKILL (a process that outlives SIGKILL is not waited for).
   void finish(double graceSeconds);
   // Closes stdin: the agent's signal that the master is done.
   void closeStdin();
 
  private:
+  using Clock = std::chrono::steady_clock;
+  // Reaps the process, pumping its output meanwhile, until `deadline`; false if still running.
+  bool waitExit(Clock::time_point deadline);
+
   std::string node_;
   std::string host_;
   pid_t pid_ = -1;
   int inFd_ = -1;
   int outFd_ = -1;
   int errFd_ = -1;
+  int pidFd_ = -1;
   std::unique_ptr<WorkerStream> out_;
   std::unique_ptr<WorkerStream> err_;
   bool exited_ = false;

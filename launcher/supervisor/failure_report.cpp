@@ -77,6 +77,7 @@ int launcherExitCode(const AttemptResult& last) {
   // The barrier times out only while nothing failed and launch was not signalled (both stop the
   // job first); a signal during its teardown does not change what ended the job.
   if (last.exitBarrier.timedOut && root < 0 && !last.signalBeforeFailure) return kExitDeadline;
+  if (!last.deadlineStop.empty() && root < 0 && !last.signalBeforeFailure) return kExitDeadline;
   if (last.launcherSignal != 0 && (root < 0 || last.signalBeforeFailure)) {
     // Preemption: launch got SIGTERM and every worker checkpointed and exited 75.
     bool allPreempted = !last.workers.empty();
@@ -117,6 +118,9 @@ std::string exitCodeMeaning(int code, const AttemptResult& last) {
   }
   if (code == kExitDeadline && last.exitBarrier.timedOut && root < 0) {
     return "a deadline passed: the exit barrier timed out";
+  }
+  if (code == kExitDeadline && !last.deadlineStop.empty() && root < 0) {
+    return "a deadline passed: " + last.deadlineStop;
   }
   if (code == kExitPreempted && last.launcherSignal == SIGTERM) {
     return "preempted: every worker checkpointed on SIGTERM; requeue and rerun to resume";

@@ -77,6 +77,8 @@ struct AttemptResult {
   ExitBarrierTimeout exitBarrier;
   std::vector<Survivor> survivors;  // non-empty: launch gave up on them and exits 125
   double killTimeout = 0;           // how long it waited after SIGKILL
+  // An observer stopped the job because a deadline passed (--stall-action stop): what it said.
+  std::string deadlineStop;
 };
 
 // Index into `workers` of the root cause: the earliest failure launch did not cause itself

@@ -2,6 +2,7 @@
 
 #include <fcntl.h>
 #include <sys/epoll.h>
+#include <sys/eventfd.h>
 #include <sys/signalfd.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -31,6 +32,7 @@ using Clock = std::chrono::steady_clock;
 enum FdKind : uint64_t { kStatusFd = 0, kStdoutFd = 1, kStderrFd = 2 };
 constexpr uint64_t kSignalTag = ~uint64_t{0};
 constexpr uint64_t kStopTag = ~uint64_t{1};
+constexpr uint64_t kDeadlineTag = ~uint64_t{2};
 constexpr size_t kReadChunk = 64 * 1024;
 
 uint64_t tagOf(size_t slot, FdKind kind) { return (static_cast<uint64_t>(slot) << 2) | kind; }
@@ -95,11 +97,24 @@ Supervisor::Supervisor(JobPlan plan) : plan_(std::move(plan)) {
   epollFd_ = ::epoll_create1(EPOLL_CLOEXEC);
   DTRAIN_CHECK(epollFd_ >= 0, "launch: epoll_create1 failed: {}", std::strerror(errno));
   addToEpoll(epollFd_, signalFd_, kSignalTag);
+  deadlineFd_ = ::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+  DTRAIN_CHECK(deadlineFd_ >= 0, "launch: eventfd failed: {}", std::strerror(errno));
+  addToEpoll(epollFd_, deadlineFd_, kDeadlineTag);
 }
 
 Supervisor::~Supervisor() {
+  if (deadlineFd_ >= 0) ::close(deadlineFd_);
   if (epollFd_ >= 0) ::close(epollFd_);
   if (signalFd_ >= 0) ::close(signalFd_);
+}
+
+void Supervisor::stopForDeadline(const std::string& reason) {
+  {
+    std::lock_guard<std::mutex> lock(deadlineMutex_);
+    if (deadlineReason_.empty()) deadlineReason_ = reason;
+  }
+  uint64_t one = 1;
+  (void)!::write(deadlineFd_, &one, sizeof one);
 }
 
 int Supervisor::run() {
@@ -109,9 +124,10 @@ int Supervisor::run() {
     attempts.push_back(runAttempt(attempt));
     const AttemptResult& r = attempts.back();
     // A timed-out exit barrier ends the job without a restart: see Note [Exit barrier]; so do
-    // processes that survived SIGKILL: see Note [Last deadline].
+    // processes that survived SIGKILL (see Note [Last deadline]) and a deadline an observer
+    // enforced (--stall-action stop).
     if (r.launcherSignal != 0 || r.exitBarrier.timedOut || !r.survivors.empty() ||
-        rootCauseIndex(r.workers) < 0) {
+        !r.deadlineStop.empty() || rootCauseIndex(r.workers) < 0) {
       break;
     }
     if (attempt >= config.maxRestarts) break;
@@ -147,16 +163,36 @@ class Supervisor::Attempt {
  public:
   Attempt(Supervisor& sup, int attempt, const AttemptHooks& hooks)
       : sup_(sup), config_(sup.plan_.config), node_(sup.plan_.node), hooks_(hooks),
+        observer_(sup.plan_.observer),
         attempt_(attempt), start_(Clock::now()), oomBefore_(readOomKillCount()),
         slots_(static_cast<size_t>(sup.plan_.node.localWorldSize)), buffer_(kReadChunk) {
     result_.attempt = attempt;
   }
 
   AttemptResult run() {
+    {
+      // A deadline stop asked for during the previous attempt belongs to it.
+      uint64_t pending = 0;
+      (void)!::read(sup_.deadlineFd_, &pending, sizeof pending);
+      std::lock_guard<std::mutex> lock(sup_.deadlineMutex_);
+      sup_.deadlineReason_.clear();
+    }
+    if (observer_) observer_->attemptStarted(attempt_, node_.worldSize);
     spawnWorkers();
-    if (hooks_.stopFd >= 0) addToEpoll(sup_.epollFd_, hooks_.stopFd, kStopTag);
+    // The stop fd is in the Supervisor's epoll set for this attempt only, also when a step throws
+    // (the next attempt adds it again).
+    struct StopFdIn {
+      int epollFd;
+      int fd;
+      StopFdIn(int e, int f) : epollFd(e), fd(f) {
+        if (fd >= 0) addToEpoll(epollFd, fd, kStopTag);
+      }
+      ~StopFdIn() {
+        if (fd >= 0) ::epoll_ctl(epollFd, EPOLL_CTL_DEL, fd, nullptr);
+      }
+    } stopFdIn(sup_.epollFd_, hooks_.stopFd);
     superviseUntilEveryWorkerEnded();
-    if (hooks_.stopFd >= 0) ::epoll_ctl(sup_.epollFd_, EPOLL_CTL_DEL, hooks_.stopFd, nullptr);
+    if (observer_) observer_->attemptEnded(attempt_);
     drainOutput();
     gatherFacts();
     return result_;
@@ -226,12 +262,13 @@ class Supervisor::Attempt {
     addToEpoll(sup_.epollFd_, s.guarded.statusFd, tagOf(static_cast<size_t>(i), kStatusFd));
     addToEpoll(sup_.epollFd_, s.guarded.stdoutFd, tagOf(static_cast<size_t>(i), kStdoutFd));
     addToEpoll(sup_.epollFd_, s.guarded.stderrFd, tagOf(static_cast<size_t>(i), kStderrFd));
-    }
+  }
 
   // `why`: this node's own reason, passed to the hooks (empty: asked from outside).
   void beginTeardown(const std::string& why) {
     if (stopping_) return;
     stopping_ = true;
+    if (observer_) observer_->teardownStarted();
     if (!why.empty() && hooks_.onTeardown) hooks_.onTeardown(why);
     killAt_ = Clock::now() + std::chrono::duration_cast<Clock::duration>(
                                 std::chrono::duration<double>(config_.gracePeriod));
@@ -243,7 +280,7 @@ class Supervisor::Attempt {
       s.askedToStop = true;
       signalGuarded(s.guarded.controlFd, SIGTERM);
     }
-    }
+  }
 
   void killAll() {
     killed_ = true;
@@ -255,7 +292,7 @@ class Supervisor::Attempt {
         signalGuarded(s.guarded.controlFd, SIGKILL);
       }
     }
-    }
+  }
 
   bool pump(Slot& s, FdKind kind) {
     int& fd = kind == kStdoutFd ? s.guarded.stdoutFd : s.guarded.stderrFd;
@@ -274,13 +311,16 @@ class Supervisor::Attempt {
     fd = -1;
     open = false;
     return false;
-    }
+  }
 
   void onStatus(Slot& s) {
     bool eof = false;
     for (const auto& m : readGuardianMessages(s.guarded.statusFd, &eof)) {
       switch (m.kind) {
-        case GuardianMessage::kStarted: s.outcome.pid = m.value; break;
+        case GuardianMessage::kStarted:
+          s.outcome.pid = m.value;
+          if (observer_) observer_->workerStarted(s.rank, s.localRank, s.outcome.pid);
+          break;
         case GuardianMessage::kExecFailed: s.execErrno = m.value; break;
         case GuardianMessage::kSpawnFailed:
           s.outcome.lostReason =
@@ -301,6 +341,7 @@ class Supervisor::Attempt {
             s.outcome.exitCode = WEXITSTATUS(m.value);
           }
           s.outcome.stoppedByLaunch = s.askedToStop;
+          if (observer_) observer_->workerEnded(s.rank);
           DTRAIN_LOG(Info, "launch: rank {} (pid {}) {} after {:.3f} s", s.rank, s.outcome.pid,
                      describeOutcome(s.outcome), s.outcome.endSeconds);
           if (s.outcome.failed()) {
@@ -339,16 +380,17 @@ class Supervisor::Attempt {
       }
       s.outcome.endSeconds = seconds();
       s.outcome.stoppedByLaunch = s.askedToStop;
+      if (observer_) observer_->workerEnded(s.rank);
       beginTeardown(fmt::format("rank {} on {} {}", s.rank, node_.host, describeOutcome(s.outcome)));
     }
-    }
+  }
 
   // Ctrl-Z: stop every worker, then launch itself; SIGCONT resumes them (Note [Job control]).
   void forwardToAll(int sig) {
     for (auto& s : slots_) {
       if (s.statusOpen && !s.exitReported) signalGuarded(s.guarded.controlFd, sig);
     }
-    }
+  }
 
   void onStop() {
     if (jobStopped_) return;
@@ -356,7 +398,7 @@ class Supervisor::Attempt {
     stoppedAt_ = Clock::now();
     forwardToAll(SIGSTOP);
     ::kill(::getpid(), SIGSTOP);  // returns once launch is continued; SIGCONT waits in the signalfd
-    }
+  }
 
   void onContinue() {
     if (!jobStopped_) return;
@@ -367,7 +409,7 @@ class Supervisor::Attempt {
     killAt_ += stopped;
     barrierAt_ += stopped;
     giveUpAt_ += stopped;
-    }
+  }
 
   void onSignals() {
     signalfd_siginfo si{};
@@ -392,7 +434,21 @@ class Supervisor::Attempt {
         killAll();
       }
     }
+  }
+
+  // JobControl::stopForDeadline (--stall-action stop): the job ends with 124, without a restart.
+  void onDeadlineStop() {
+    uint64_t count = 0;
+    (void)!::read(sup_.deadlineFd_, &count, sizeof count);
+    std::string reason;
+    {
+      std::lock_guard<std::mutex> lock(sup_.deadlineMutex_);
+      reason = sup_.deadlineReason_;
     }
+    if (stopping_ || reason.empty()) return;
+    result_.deadlineStop = reason;
+    beginTeardown(fmt::format("a deadline passed on {}: {}", node_.host, reason));
+  }
 
   // Workers still running when the barrier's deadline passes: the job ends with 124.
   void onBarrierTimeout() {
@@ -414,7 +470,7 @@ class Supervisor::Attempt {
                                              config_.gracePeriod);
     writeAll(STDERR_FILENO, line.data(), line.size());
     beginTeardown(fmt::format("the exit barrier timed out on {}", node_.host));
-    }
+  }
 
   // The last deadline passed: name what is left of each worker, and stop waiting for it.
   void onKillTimeout() {
@@ -452,7 +508,7 @@ class Supervisor::Attempt {
     if (result_.survivors.empty()) return;
     std::string line = formatSurvivorsLine(result_.survivors, waited);
     writeAll(STDERR_FILENO, line.data(), line.size());
-    }
+  }
 
   // The event loop's one timer (epoll_wait's timeout): the last deadline after SIGKILL, the
   // SIGKILL deadline while stopping, else the exit barrier's once armed; none while stopped.
@@ -491,6 +547,10 @@ class Supervisor::Attempt {
           uint64_t count = 0;
           (void)!::read(hooks_.stopFd, &count, sizeof count);
           beginTeardown("");
+          continue;
+        }
+        if (tag == kDeadlineTag) {
+          onDeadlineStop();
           continue;
         }
         Slot& s = slots_[tag >> 2];
@@ -557,6 +617,7 @@ class Supervisor::Attempt {
   const LaunchConfig& config_;
   const NodeContext& node_;
   const AttemptHooks& hooks_;
+  JobObserver* const observer_;
   const int attempt_;
   const Clock::time_point start_;
   const int64_t oomBefore_;

@@ -10,12 +10,14 @@
 #include <csignal>
 #include <functional>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <vector>
 
 #include "launcher/launch_config.h"
 #include "launcher/program.h"
 #include "launcher/supervisor/failure_report.h"
+#include "launcher/supervisor/job_observer.h"
 #include "launcher/worker_env.h"
 
 namespace dtrain::launcher {
@@ -103,6 +105,7 @@ struct JobPlan {
   // node.jobDir is launch's temporary directory, removed when the job ends -- by the guardians
   // if launch is killed (see Note [Temporary job directory]).
   bool temporaryJobDir = false;
+  JobObserver* observer = nullptr;  // told what starts and ends (the monitor); may be null
 };
 
 // What a node's agent adds to one attempt in a multi-node job (launcher/agent.h).
@@ -114,16 +117,19 @@ struct AttemptHooks {
   std::function<void(const std::string& why)> onTeardown;
 };
 
-class Supervisor {
+class Supervisor : public JobControl {
  public:
   explicit Supervisor(JobPlan plan);
-  ~Supervisor();
+  ~Supervisor() override;
   Supervisor(const Supervisor&) = delete;
   Supervisor& operator=(const Supervisor&) = delete;
 
   // Runs attempts until every worker exits 0, a failure outlasts the restart budget, or launch is
   // signalled. Prints the failure report (stderr) and returns launch's exit code.
   int run();
+
+  // JobControl: any thread; the event loop picks it up at once (an eventfd in its epoll set).
+  void stopForDeadline(const std::string& reason) override;
 
   // One attempt of this node's workers (the agent of a multi-node job runs them one by one, as
   // the master decides): spawn, supervise, stop, gather the facts.
@@ -138,6 +144,9 @@ class Supervisor {
   JobPlan plan_;
   int signalFd_ = -1;
   int epollFd_ = -1;
+  int deadlineFd_ = -1;  // eventfd: stopForDeadline() was called
+  std::mutex deadlineMutex_;
+  std::string deadlineReason_;  // guarded by deadlineMutex_
 };
 
 }  // namespace dtrain::launcher

@@ -1,9 +1,14 @@
-# dtrain_base: errors, logging, sockets, the store, the env contract, fault injection.
+# dtrain_base: errors, logging, sockets, the store, the env contract, fault injection, the
+# checkpoint file format and its file I/O.
 # No CUDA, no Gloo, no libtorch: `launch` links only this.
 add_library(dtrain_base SHARED
+  runtime/base/checkpoint/file_io.cpp
+  runtime/base/checkpoint/format.cpp
   runtime/base/error.cpp
   runtime/base/fault.cpp
   runtime/base/logging.cpp
+  runtime/base/monitor/progress.cpp
+  runtime/base/monitor/progress_publisher.cpp
   runtime/base/net/net_interface.cpp
   runtime/base/net/socket.cpp
   runtime/base/parse_int.cpp
@@ -24,7 +29,7 @@ target_include_directories(dtrain_base PUBLIC
   $<BUILD_INTERFACE:${CMAKE_CURRENT_SOURCE_DIR}/runtime/include>
   $<BUILD_INTERFACE:${DTRAIN_GENERATED_INCLUDE}>
   $<INSTALL_INTERFACE:${CMAKE_INSTALL_INCLUDEDIR}>)
-# Internal headers (store/wire.h, net/socket.h): for dtrain_base itself and, through
+# Internal headers (store/wire.h, net/socket.h, checkpoint/format.h): for dtrain_base itself and, through
 # dtrain_base_internal, for tests, benchmarks and fuzz targets of this tree; never installed.
 target_include_directories(dtrain_base PRIVATE ${CMAKE_CURRENT_SOURCE_DIR}/runtime/base)
 add_library(dtrain_base_internal INTERFACE)
@@ -32,7 +37,7 @@ target_include_directories(dtrain_base_internal INTERFACE ${CMAKE_CURRENT_SOURCE
 target_link_libraries(dtrain_base_internal INTERFACE dtrain_base dtrain_libuv OpenSSL::Crypto)
 target_link_libraries(dtrain_base
   PUBLIC fmt::fmt Threads::Threads
-  PRIVATE dtrain_libuv OpenSSL::Crypto)
+  PRIVATE dtrain_libuv OpenSSL::Crypto nlohmann_json::nlohmann_json dtrain_xxhash)
 set_target_properties(dtrain_base PROPERTIES OUTPUT_NAME dtrain_base VERSION ${PROJECT_VERSION}
                       SOVERSION ${PROJECT_VERSION_MAJOR})
 dtrain_warnings(dtrain_base)

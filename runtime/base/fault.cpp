@@ -18,7 +18,8 @@ namespace dtrain::fault {
 namespace {
 
 constexpr const char* kFaultForms =
-    "exit:CODE, signal:NAME, abort, hang, stop, slow:MS, nan-grad, skip-collective, wrong-shape, "
+    "exit:CODE, signal:NAME, abort, hang, stop, slow:MS, nan-grad[:inf], skip-collective, "
+    "wrong-shape, "
     "flood:LINES, grandchild, error-file:CODE";
 
 struct KindInfo {
@@ -83,11 +84,18 @@ Fault parseOne(const std::string& text) {
   }
   DTRAIN_CHECK_ARG(info, "DTRAIN_FAULT: unknown fault kind \"{}\" in \"{}\"; HINT: use one of {}",
                    name, text, kFaultForms);
+  Fault f;
+  f.kind = info->kind;
+  if (f.kind == Kind::NanGrad) {
+    // An optional value: nan (the default) or inf.
+    DTRAIN_CHECK_ARG(!hasArg || arg == "nan" || arg == "inf",
+                     "DTRAIN_FAULT: nan-grad takes nan or inf, not \"{}\", in \"{}\"", arg, text);
+    f.arg = arg == "inf" ? 1 : 0;
+    hasArg = false;
+  }
   DTRAIN_CHECK_ARG(hasArg == info->hasArg,
                    "DTRAIN_FAULT: \"{}\" {} an argument in \"{}\"; HINT: use one of {}", name,
                    info->hasArg ? "needs" : "takes no", text, kFaultForms);
-  Fault f;
-  f.kind = info->kind;
   if (f.kind == Kind::Signal) {
     f.arg = parseSignal(arg);
     DTRAIN_CHECK_ARG(f.arg > 0, "DTRAIN_FAULT: unknown signal \"{}\" in \"{}\"; HINT: KILL, SEGV, "
@@ -106,6 +114,17 @@ Fault parseOne(const std::string& text) {
   for (const auto& cond : split(conds, ',')) {
     size_t eq = cond.find('=');
     std::string key = eq == std::string::npos ? cond : cond.substr(0, eq);
+    if (key == "phase") {
+      std::string phase = eq == std::string::npos ? "" : cond.substr(eq + 1);
+      DTRAIN_CHECK_ARG(f.kind == Kind::NanGrad,
+                       "DTRAIN_FAULT: phase= applies to nan-grad only, in \"{}\"", text);
+      DTRAIN_CHECK_ARG(phase == "before" || phase == "after",
+                       "DTRAIN_FAULT: bad condition \"{}\" in \"{}\"; HINT: phase=before or "
+                       "phase=after",
+                       cond, text);
+      f.after = phase == "after";
+      continue;
+    }
     int64_t value = 0;
     DTRAIN_CHECK_ARG(eq != std::string::npos && parseInt64(cond.substr(eq + 1), &value) && value >= 0,
                      "DTRAIN_FAULT: bad condition \"{}\" in \"{}\"; HINT: rank=R, step=S, "
@@ -119,7 +138,8 @@ Fault parseOne(const std::string& text) {
       f.attempt = static_cast<int>(value);
     } else {
       DTRAIN_THROW(InvalidArgument,
-                   "DTRAIN_FAULT: unknown condition \"{}\" in \"{}\"; HINT: rank=, step=, attempt=",
+                   "DTRAIN_FAULT: unknown condition \"{}\" in \"{}\"; HINT: rank=, step=, "
+                   "attempt=, phase= (nan-grad)",
                    key, text);
     }
   }
@@ -174,11 +194,14 @@ std::string Fault::describe() const {
     out += ":" + signalName(static_cast<int>(arg)).substr(3);
   } else if (info.hasArg) {
     out += ":" + std::to_string(arg);
+  } else if (kind == Kind::NanGrad && arg == 1) {
+    out += ":inf";
   }
   std::vector<std::string> conds;
   if (rank >= 0) conds.push_back("rank=" + std::to_string(rank));
   if (step >= 0) conds.push_back("step=" + std::to_string(step));
   if (attempt >= 0) conds.push_back("attempt=" + std::to_string(attempt));
+  if (after) conds.push_back("phase=after");
   for (size_t i = 0; i < conds.size(); ++i) out += (i == 0 ? "@" : ",") + conds[i];
   return out;
 }
@@ -208,6 +231,8 @@ const Fault* findFault(Kind kind, int rank, int64_t step, int attempt) {
   }
   return nullptr;
 }
+
+int currentAttempt() { return envAttempt(); }
 
 void injectAt(int rank, int64_t step, int attempt) {
   if (activeFaults().empty()) return;
@@ -246,9 +271,12 @@ void execute(const Fault& fault) {
 }
 
 std::string IoFault::describe() const {
-  if (crash) return "crash@io=" + std::to_string(nth);
-  return std::string(kOpNames[static_cast<int>(op)]) + ":" + errnoName(error) + "@" +
-         std::to_string(nth);
+  std::string out = crash ? "crash@io=" + std::to_string(nth)
+                          : std::string(kOpNames[static_cast<int>(op)]) + ":" + errnoName(error) +
+                                "@" + std::to_string(nth);
+  if (rank >= 0) out += ",rank=" + std::to_string(rank);
+  if (attempt >= 0) out += ",attempt=" + std::to_string(attempt);
+  return out;
 }
 
 std::vector<IoFault> parseIoFaults(const std::string& spec) {
@@ -264,6 +292,20 @@ std::vector<IoFault> parseIoFaults(const std::string& spec) {
                      text);
     std::string head = text.substr(0, at);
     std::string tail = text.substr(at + 1);
+    // Conditions after the count: ",rank=R,attempt=A".
+    auto parts = split(tail, ',');
+    tail = parts[0];
+    for (size_t i = 1; i < parts.size(); ++i) {
+      size_t eq = parts[i].find('=');
+      std::string key = parts[i].substr(0, eq);
+      int64_t value = 0;
+      DTRAIN_CHECK_ARG(eq != std::string::npos && (key == "rank" || key == "attempt") &&
+                           parseInt64(parts[i].substr(eq + 1), &value) && value >= 0,
+                       "DTRAIN_IO_FAULT: bad condition \"{}\" in \"{}\"; HINT: rank=R or attempt=A "
+                       "with non-negative integers",
+                       parts[i], text);
+      (key == "rank" ? f.rank : f.attempt) = static_cast<int>(value);
+    }
     if (head == "crash") {
       DTRAIN_CHECK_ARG(tail.rfind("io=", 0) == 0 && parseInt64(tail.substr(3), &f.nth) && f.nth > 0,
                        "DTRAIN_IO_FAULT: bad crash point \"{}\"; HINT: crash@io=K with K >= 1",
@@ -293,9 +335,15 @@ std::vector<IoFault> parseIoFaults(const std::string& spec) {
   return faults;
 }
 
-IoFaultInjector IoFaultInjector::fromEnv() {
+IoFaultInjector IoFaultInjector::fromEnv(int rank) {
   const char* spec = std::getenv("DTRAIN_IO_FAULT");
-  return IoFaultInjector(spec ? parseIoFaults(spec) : std::vector<IoFault>{});
+  std::vector<IoFault> faults;
+  if (!spec) return IoFaultInjector(faults);
+  int attempt = envAttempt();
+  for (const auto& f : parseIoFaults(spec)) {
+    if ((f.rank < 0 || f.rank == rank) && (f.attempt < 0 || f.attempt == attempt)) faults.push_back(f);
+  }
+  return IoFaultInjector(std::move(faults));
 }
 
 int IoFaultInjector::before(IoOp op) {

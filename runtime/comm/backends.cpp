@@ -15,13 +15,6 @@ namespace dtrain::comm {
 namespace {
 
 std::shared_ptr<Communicator> createNccl(const BackendSetup& s) {
-  const char* visible = std::getenv(env::kCudaVisibleDevices);
-  DTRAIN_CHECK_ARG(s.env.localRank < s.cudaDevices,
-                   "{}={} but only {} CUDA device{} visible ({}={}): one process per GPU, local "
-                   "rank i on the i-th visible device. HINT: launch --nproc-per-node {} (or fewer)",
-                   env::kLocalRank, s.env.localRank, s.cudaDevices,
-                   s.cudaDevices == 1 ? " is" : "s are", env::kCudaVisibleDevices,
-                   visible ? visible : "unset (all)", s.cudaDevices);
   NcclOptions o;
   o.rank = s.env.rank;
   o.size = s.env.worldSize;
@@ -30,6 +23,7 @@ std::shared_ptr<Communicator> createNccl(const BackendSetup& s) {
   o.device = s.device;
   o.timeout = s.options.timeout;
   o.connectTimeout = s.options.connectTimeout;
+  o.checkCollectives = s.options.checkCollectives;
   const char* blocking = std::getenv("TORCH_NCCL_BLOCKING_WAIT");
   o.blockingWait = blocking != nullptr && std::string(blocking) == "1";
   return createNcclCommunicator(o);

@@ -36,6 +36,19 @@ CollectiveInfo make(CollectiveKind kind, DataType dtype, size_t count) {
 }
 }  // namespace
 
+CollectiveInfo wrongShape(CollectiveInfo info) {
+  if (info.count == 0) return info;
+  if (!info.shape.empty() && info.shape.back() > 1) {
+    info.count = info.count / static_cast<size_t>(info.shape.back()) *
+                 static_cast<size_t>(info.shape.back() - 1);
+    info.shape.back() -= 1;
+  } else {
+    info.count -= 1;
+    info.shape.clear();
+  }
+  return info;
+}
+
 CollectiveInfo CollectiveInfo::allreduce(DataType dtype, size_t count, ReduceOp op) {
   CollectiveInfo info = make(CollectiveKind::Allreduce, dtype, count);
   info.op = op;

@@ -41,6 +41,10 @@ struct CollectiveInfo {
   uint32_t tag() const;
 };
 
+// The wrong-shape fault (DTRAIN_FAULT=wrong-shape): `info` one element, or one row of the last
+// dimension, short. Every backend passes this count to its collective instead.
+CollectiveInfo wrongShape(CollectiveInfo info);
+
 // Fixed-size wire form of a CollectiveInfo for the collective check (debug mode): every rank
 // allgathers its fingerprint before the collective and compares. Shapes beyond kMaxDims dims are
 // compared through their element count only.

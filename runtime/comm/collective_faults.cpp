@@ -17,17 +17,4 @@ const fault::Fault* CollectiveFaults::at(fault::Kind kind, uint64_t seq) const {
   return nullptr;
 }
 
-CollectiveInfo CollectiveFaults::shrunk(CollectiveInfo info) {
-  if (info.count == 0) return info;
-  if (!info.shape.empty() && info.shape.back() > 1) {
-    info.count = info.count / static_cast<size_t>(info.shape.back()) *
-                 static_cast<size_t>(info.shape.back() - 1);
-    info.shape.back() -= 1;
-  } else {
-    info.count -= 1;
-    info.shape.clear();
-  }
-  return info;
-}
-
 }  // namespace dtrain::comm

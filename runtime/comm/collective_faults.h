@@ -1,7 +1,7 @@
 #pragma once
 // The collective-level faults of DTRAIN_FAULT (skip-collective, wrong-shape, hang), as every CPU
 // backend applies them: `step` counts this communicator's collectives, `attempt` is
-// DTRAIN_RESTART_COUNT.
+// DTRAIN_RESTART_COUNT. What wrong-shape makes of a collective: wrongShape() (collective.h).
 
 #include <cstdint>
 #include <vector>
@@ -20,10 +20,6 @@ class CollectiveFaults {
   // The first fault of `kind` for collective `seq` on this rank, or nullptr.
   const fault::Fault* at(fault::Kind kind, uint64_t seq) const;
   bool empty() const { return faults_.empty(); }
-
-  // What the wrong-shape fault makes of a collective: one element (or one row of the last
-  // dimension) short.
-  static CollectiveInfo shrunk(CollectiveInfo info);
 
  private:
   int rank_ = 0;

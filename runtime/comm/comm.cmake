@@ -18,6 +18,7 @@ add_library(dtrain_comm SHARED
   runtime/comm/shm/shm_segment.cpp
   runtime/comm/shm/shm_wait.cpp
   runtime/comm/sigpipe_guard.cpp
+  runtime/comm/store_collective_check.cpp
   runtime/comm/subgroup.cpp
   runtime/comm/world.cpp
   runtime/comm/world_env.cpp
@@ -42,8 +43,10 @@ else()
 endif()
 if(DTRAIN_HAVE_NCCL)
   target_sources(dtrain_comm PRIVATE
+    runtime/comm/nccl/cuda_device.cpp
     runtime/comm/nccl/nccl_communicator.cpp
     runtime/comm/nccl/nccl_errors.cpp
+    runtime/comm/nccl/nccl_types.cpp
     runtime/comm/nccl/nccl_work.cpp)
   target_include_directories(dtrain_comm PRIVATE ${CMAKE_CURRENT_SOURCE_DIR}/runtime/comm/nccl)
   target_link_libraries(dtrain_comm PRIVATE NCCL::nccl CUDA::cudart)

@@ -69,4 +69,26 @@ std::string FlightRecorder::dump(size_t last) const {
   return text.empty() ? "none" : text;
 }
 
+progress::CollectiveState FlightRecorder::progressState(const std::string& name, uint64_t issued,
+                                                       size_t last) const {
+  auto entries = snapshot();
+  auto now = std::chrono::steady_clock::now();
+  progress::CollectiveState state;
+  state.name = name;
+  state.issued = issued;
+  size_t from = entries.size() > last ? entries.size() - last : 0;
+  for (size_t i = from; i < entries.size(); ++i) {
+    const Entry& e = entries[i];
+    bool open = e.state == State::Queued || e.state == State::Running;
+    progress::CollectiveEntry out;
+    out.seq = e.info.seq;
+    out.what = e.info.describe();
+    out.state = stateName(e.state);
+    out.ms = std::chrono::duration<double, std::milli>((open ? now : e.changedAt) - e.queuedAt)
+                 .count();
+    state.tail.push_back(std::move(out));
+  }
+  return state;
+}
+
 }  // namespace dtrain::comm

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "collective.h"
+#include "dtrain/progress.h"
 
 namespace dtrain::comm {
 
@@ -37,6 +38,11 @@ class FlightRecorder {
   std::string dump(size_t last = 8) const;
 
   static const char* stateName(State state);
+
+  // What the progress publisher reports for a communicator `name` that has issued `issued`
+  // collectives: the last `last` entries, durations measured up to now for open ones.
+  progress::CollectiveState progressState(const std::string& name, uint64_t issued,
+                                          size_t last = 8) const;
 
  private:
   mutable std::mutex mutex_;

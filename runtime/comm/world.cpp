@@ -103,7 +103,9 @@ World connectWorld(const WorldOptions& o, bool cudaDevicesUsable) {
   const int devices = cudaDevicesUsable ? cudaDeviceCount() : 0;
   const BackendEntry& entry = chooseBackend(o.backend, env, devices, w.env.sharedMemory);
   if (entry.validateEnvironment) entry.validateEnvironment();
-  if (entry.cuda) w.device = w.env.localRank;
+  if (entry.cuda) {
+    w.device = chooseCudaDevice(w.env.localRank, devices, std::getenv(env::kCudaVisibleDevices));
+  }
 
   if (o.store) {
     w.store = o.store;

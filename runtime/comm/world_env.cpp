@@ -146,4 +146,16 @@ WorldEnv resolveWorldEnv(const WorldOptions& o, const EnvLookup& env) {
   return w;
 }
 
+int chooseCudaDevice(int localRank, int devices, const char* visibleDevices) {
+  if (devices == 1) return 0;
+  DTRAIN_CHECK_ARG(localRank < devices,
+                   "{}={} but only {} CUDA device{} visible ({}={}): one process per GPU, "
+                   "local rank i on the i-th visible device. HINT: launch --nproc-per-node {} "
+                   "(or fewer)",
+                   env::kLocalRank, localRank, devices, devices == 1 ? " is" : "s are",
+                   env::kCudaVisibleDevices, visibleDevices ? visibleDevices : "unset (all)",
+                   devices);
+  return localRank;
+}
+
 }  // namespace dtrain::comm

@@ -1,9 +1,12 @@
 #include "ddp_reducer.h"
 
+#include <limits>
+
 #include <ATen/ATen.h>
 #include <fmt/format.h>
 
 #include "dtrain/error.h"
+#include "dtrain/fault.h"
 #include "dtrain/logging.h"
 #include "dtrain/torch_compat.h"
 
@@ -59,6 +62,30 @@ std::string namesOf(const std::vector<NamedTensor>& params, const std::vector<si
   }
   if (indices.size() > limit) out += fmt::format(" and {} more", indices.size() - limit);
   return out;
+}
+
+// DTRAIN_FAULT=nan-grad of this rank and pass, before or after the allreduce; null when none
+// (the common case costs one empty() check).
+const fault::Fault* nanGradFault(int rank, uint64_t pass, bool after) {
+  if (fault::activeFaults().empty()) return nullptr;
+  for (const auto& f : fault::activeFaults()) {
+    if (f.kind == fault::Kind::NanGrad && f.after == after &&
+        f.matches(rank, static_cast<int64_t>(pass), fault::currentAttempt())) {
+      return &f;
+    }
+  }
+  return nullptr;
+}
+
+// Writes the fault's NaN or +inf into the first element of `t`.
+void poison(at::Tensor& t, const fault::Fault& f) {
+  double value = f.arg == 1 ? std::numeric_limits<double>::infinity()
+                            : std::numeric_limits<double>::quiet_NaN();
+  if (t.dim() == 0) {
+    t.fill_(value);
+  } else {
+    t.index_put_(std::vector<at::indexing::TensorIndex>(t.dim(), 0), value);
+  }
 }
 
 }  // namespace
@@ -284,6 +311,14 @@ void Reducer::markReadyLocked(size_t index, bool hookFired) {
         }
         if (options_.gradientAsBucketView && hookFired) param.mutable_grad() = view;
       }
+      if (hookFired && !poisonedThisPass_) {
+        if (const auto* f = nanGradFault(group_->rank(), stats_.iteration, /*after=*/false)) {
+          poison(view, *f);  // enters the allreduce, so every rank gets it
+          poisonedThisPass_ = true;
+          DTRAIN_LOG(Warn, "rank {}: DTRAIN_FAULT {}: poisoned {} before the allreduce",
+                     group_->rank(), f->describe(), params_[index].name);
+        }
+      }
     } else {
       view.zero_();
     }
@@ -356,9 +391,12 @@ void Reducer::finalizeLocked(std::vector<size_t>& missing) {
   // another rank used them decides whether their .grad is touched.
   bool deferUnused = options_.findUnusedParameters;
   std::chrono::nanoseconds waited{0};
+  // The end-of-backward callback's current stream, which the write-back below runs on (comm.h:
+  // waitOnStream).
+  void* stream = compat::currentStream(group_->device());
   for (auto& bucket : buckets_) {
     auto start = Clock::now();
-    bucket.work->wait(options_.timeout);
+    bucket.work->waitOnStream(stream, options_.timeout);
     waited += Clock::now() - start;
     bucket.work.reset();
     if (!missing.empty()) continue;
@@ -371,7 +409,7 @@ void Reducer::finalizeLocked(std::vector<size_t>& missing) {
   }
   if (usedWork_) {
     auto start = Clock::now();
-    usedWork_->wait(options_.timeout);
+    usedWork_->waitOnStream(stream, options_.timeout);
     waited += Clock::now() - start;
     if (missing.empty()) {
       at::NoGradGuard noGrad;
@@ -379,6 +417,19 @@ void Reducer::finalizeLocked(std::vector<size_t>& missing) {
       for (size_t i = 0; i < params_.size(); ++i) {
         // No rank used it: .grad stays as it was (PyTorch's semantics).
         if (!usedLocally_[i] && used.data_ptr<int32_t>()[i] > 0) writeBackLocked(i, viewOf(i));
+      }
+    }
+  }
+  if (missing.empty()) {
+    if (const auto* f = nanGradFault(group_->rank(), stats_.iteration, /*after=*/true)) {
+      for (auto& p : params_) {
+        at::Tensor grad = p.tensor.grad();
+        if (!grad.defined()) continue;
+        at::NoGradGuard noGrad;
+        poison(grad, *f);  // this rank alone: the allreduce is over
+        DTRAIN_LOG(Warn, "rank {}: DTRAIN_FAULT {}: poisoned {} after the allreduce",
+                   group_->rank(), f->describe(), p.name);
+        break;
       }
     }
   }
@@ -446,6 +497,7 @@ void Reducer::resetPassLocked() {
   callbackQueued_ = false;
   std::fill(ready_.begin(), ready_.end(), 0);
   std::fill(usedLocally_.begin(), usedLocally_.end(), 0);
+  poisonedThisPass_ = false;
   nextBucket_ = 0;
   for (auto& bucket : buckets_) {
     bucket.pending = bucket.params.size();

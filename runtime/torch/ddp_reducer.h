@@ -100,6 +100,7 @@ class Reducer {
   State state_ = State::Idle;
   bool callbackQueued_ = false;
   bool warnedUnexpected_ = false;
+  bool poisonedThisPass_ = false;   // DTRAIN_FAULT=nan-grad: one gradient per pass
   std::vector<char> ready_;         // per parameter, this pass
   std::vector<char> usedLocally_;   // per parameter, since the last synchronised pass
   std::vector<size_t> unused_;      // findUnusedParameters: unreachable from this pass's outputs

@@ -4,6 +4,7 @@
 
 #include "dtrain/config.h"
 #include "dtrain/error.h"
+#include "dtrain/torch_compat.h"
 
 #if DTRAIN_WITH_TORCH_CUDA
 #include <c10/cuda/CUDAStream.h>
@@ -33,14 +34,19 @@ struct Staged {
 };
 
 // Wraps a Work: keeps the tensors alive while the collective may still use them, and copies a
-// non-contiguous tensor's result back once it has finished.
+// non-contiguous tensor's result back once it has finished. On CUDA, waiting orders torch's
+// current stream at wait time after the collective (as c10d does), so the write-back and
+// whatever the caller queues next on that stream see the result.
 class TensorWork : public comm::Work {
  public:
   TensorWork(std::shared_ptr<comm::Work> inner, Staged staged)
       : inner_(std::move(inner)), staged_(std::move(staged)) {}
   bool isCompleted() override { return inner_->isCompleted(); }
   void wait(comm::Millis timeout) override {
-    inner_->wait(timeout);
+    waitOnStream(compat::currentStream(staged_.original.device()), timeout);
+  }
+  void waitOnStream(void* stream, comm::Millis timeout) override {
+    inner_->waitOnStream(stream, timeout);
     if (!done_) {
       staged_.writeBack();
       done_ = true;
@@ -76,6 +82,25 @@ comm::DataType toDataType(const at::Tensor& tensor) {
   }
 }
 
+ReduceOp reduceOpFor(at::ScalarType type, ReduceOp op) {
+  if (type != at::kBool) return op;
+  DTRAIN_CHECK_ARG(op != ReduceOp::Avg, "the average of a bool tensor is not a bool: use Sum "
+                   "(logical or), Min (and) or Max (or), or convert the tensor first");
+  return op == ReduceOp::Sum ? ReduceOp::Max : op;
+}
+
+void checkTensorDevice(const c10::Device& tensor, const c10::Device& group, const char* backend,
+                       const char* what) {
+  const bool sameType = tensor.type() == group.type();
+  const bool sameIndex = !group.has_index() || tensor.index() == group.index();
+  DTRAIN_CHECK_ARG(sameType && sameIndex,
+                   "{}: the tensor is on {}, but this {} process group works on {} tensors{}", what,
+                   tensor.str(), backend, group.str(),
+                   sameType ? " (each rank uses one device: move the tensor there, or create the "
+                              "tensor on group->device())"
+                            : "");
+}
+
 ProcessGroup::ProcessGroup(std::shared_ptr<comm::Communicator> communicator, int localRank,
                            c10::Device device)
     : communicator_(std::move(communicator)), localRank_(localRank), device_(device) {
@@ -107,10 +132,7 @@ std::shared_ptr<store::Store> ProcessGroup::store() const {
 
 void ProcessGroup::checkTensor(const at::Tensor& tensor, const char* what) const {
   DTRAIN_CHECK_ARG(tensor.defined(), "{}: undefined tensor", what);
-  DTRAIN_CHECK_ARG(tensor.device().type() == device_.type(),
-                   "{}: the tensor is on {}, but this {} process group works on {} tensors", what,
-                   tensor.device().str(), communicator_->backendName(),
-                   c10::DeviceTypeName(device_.type(), /*lower_case=*/true));
+  checkTensorDevice(tensor.device(), device_, communicator_->backendName(), what);
   DTRAIN_CHECK_ARG(!tensor.is_sparse(), "{}: sparse tensors are not supported", what);
 }
 
@@ -140,7 +162,8 @@ std::shared_ptr<comm::Work> ProcessGroup::startAllreduce(at::Tensor& tensor, Red
   Staged staged(tensor);
   auto work = communicator_->allreduceAsync(staged.contiguous.data_ptr(),
                                             static_cast<size_t>(staged.contiguous.numel()),
-                                            toDataType(tensor), op,
+                                            toDataType(tensor),
+                                            reduceOpFor(tensor.scalar_type(), op),
                                             callOptions(tensor, synchronous));
   return std::make_shared<TensorWork>(std::move(work), std::move(staged));
 }
@@ -189,7 +212,8 @@ void ProcessGroup::reduceScatter(at::Tensor& output, const at::Tensor& input, Re
   at::Tensor in = input.contiguous();
   Staged staged(output);
   communicator_->reduceScatter(in.data_ptr(), staged.contiguous.data_ptr(),
-                               static_cast<size_t>(output.numel()), toDataType(output), op,
+                               static_cast<size_t>(output.numel()), toDataType(output),
+                               reduceOpFor(output.scalar_type(), op),
                                callOptions(output, /*synchronous=*/true));
   staged.writeBack();
 }

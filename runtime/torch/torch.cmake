@@ -5,6 +5,8 @@ file(GLOB DTRAIN_TORCH_SOURCES CONFIGURE_DEPENDS ${CMAKE_CURRENT_SOURCE_DIR}/run
 add_library(dtrain SHARED ${DTRAIN_TORCH_SOURCES})
 add_library(dtrain::dtrain ALIAS dtrain)
 target_link_libraries(dtrain PUBLIC dtrain_comm torch)
+# dtrain_base's internal headers: the checkpoint format (checkpoint/format.h) and parse_int.h.
+target_include_directories(dtrain PRIVATE ${CMAKE_CURRENT_SOURCE_DIR}/runtime/base)
 if(DTRAIN_HAVE_TORCH_CUDA AND DTRAIN_HAVE_NCCL)
   target_link_libraries(dtrain PRIVATE CUDA::cudart)
 endif()

@@ -43,6 +43,18 @@ TEST(WorldEnv, LaunchVariablesAndTheJobStore) {
   EXPECT_EQ(w.storeHost, "10.0.0.1");
 }
 
+TEST(WorldEnv, CudaDeviceOfALocalRank) {
+  EXPECT_EQ(chooseCudaDevice(0, 4, nullptr), 0);
+  EXPECT_EQ(chooseCudaDevice(3, 4, "0,1,2,3"), 3);
+  // Slurm's per-task GPU binding (--gpus-per-task=1): task with SLURM_LOCALID=3 sees one GPU, its
+  // own, as device 0.
+  EXPECT_EQ(chooseCudaDevice(3, 1, "3"), 0);
+  std::string e = errorOf([] { chooseCudaDevice(2, 2, "4,5"); });
+  EXPECT_NE(e.find("LOCAL_RANK=2 but only 2 CUDA devices are visible (CUDA_VISIBLE_DEVICES=4,5)"),
+            std::string::npos)
+      << e;
+}
+
 TEST(WorldEnv, SrunAndMpirunHostTheStoreOnRankZero) {
   Env slurm{{"SLURM_PROCID", "0"}, {"SLURM_NTASKS", "4"}, {"SLURM_LOCALID", "0"},
             {"MASTER_ADDR", "10.0.0.7"}};

@@ -9,6 +9,7 @@
 
 #include <cstdio>
 #include <map>
+#include <sstream>
 
 #include "test_support.h"
 
@@ -68,6 +69,31 @@ std::vector<pid_t> pidsOn(const Cluster& c, int k, const std::string& needle) {
   }
   ::pclose(p);
   return pids;
+}
+
+std::vector<std::string> listeningAddresses(const std::string& procNetTcp, int port) {
+  // "  0: 0100007F:1F90 00000000:0000 0A ...": the local address as the kernel's u32 (IPv4) or
+  // four u32 (IPv6) in hex, the port in hex, state 0A = LISTEN.
+  std::vector<std::string> out;
+  std::istringstream in(procNetTcp);
+  for (std::string line; std::getline(in, line);) {
+    std::istringstream words(line);
+    std::string slot, local, remote, state;
+    if (!(words >> slot >> local >> remote >> state) || state != "0A") continue;
+    const size_t colon = local.find(':');
+    if (colon == std::string::npos || std::stoi(local.substr(colon + 1), nullptr, 16) != port) continue;
+    const std::string addr = local.substr(0, colon);
+    if (addr.size() == 8) {
+      in_addr a{};
+      a.s_addr = static_cast<in_addr_t>(std::stoul(addr, nullptr, 16));
+      char text[INET_ADDRSTRLEN] = {};
+      ::inet_ntop(AF_INET, &a, text, sizeof text);
+      out.push_back(text);
+    } else {
+      out.push_back("[" + addr + "]");
+    }
+  }
+  return out;
 }
 
 }  // namespace dtrain::testing

@@ -31,5 +31,8 @@ std::vector<std::string> timings();
 std::vector<std::string> cat(std::vector<std::string> a, const std::vector<std::string>& b);
 // pids of processes on host k of `c` whose command line contains `needle`.
 std::vector<pid_t> pidsOn(const Cluster& c, int k, const std::string& needle);
+// The addresses with a TCP socket listening on `port`, from the text of /proc/net/tcp and
+// /proc/net/tcp6 (IPv4 as "a.b.c.d", IPv6 as "[hex]").
+std::vector<std::string> listeningAddresses(const std::string& procNetTcp, int port);
 
 }  // namespace dtrain::testing

@@ -37,14 +37,17 @@ std::vector<std::string> longJob(const Cluster& c, const std::vector<std::string
                                "--barrier-timeout-ms", "60000"}));
 }
 
+std::string commWorker() { return binaryDir() + "/comm_worker"; }
+
 // Nothing of the job is left on any host, nor here: every host first (a cut-off node's agent
 // stops its workers only after --heartbeat-timeout and the grace period), then every pid the job
-// printed.
-void expectNothingLeft(const Cluster& c, const LaunchResult& r, pid_t spare = -1) {
+// printed. `program`: the workers' program.
+void expectNothingLeft(const Cluster& c, const LaunchResult& r, pid_t spare = -1,
+                       const std::string& program = workerPath()) {
   for (int k = 0; k < static_cast<int>(c.hosts().size()); ++k) {
     std::vector<pid_t> left;
     for (int i = 0; i < 150; ++i) {
-      left = pidsOn(c, k, workerPath());
+      left = pidsOn(c, k, program);
       left.erase(std::remove(left.begin(), left.end(), spare), left.end());
       std::vector<pid_t> agents = pidsOn(c, k, "--agent");
       left.insert(left.end(), agents.begin(), agents.end());
@@ -202,10 +205,26 @@ TEST(MultiNodeFault, WholeNodeKilledEndsTheJobWithinTheHeartbeatBound) {
   expectNothingLeft(*c, r);
 }
 
+// Pumps until every one of `n` comm_workers said it is ready (its Gloo mesh is up).
+// Every worker's communicator is up. Two ranks per node take the hierarchical path (shm+gloo:
+// shared memory inside each node, Gloo across), so what crosses the cut link is Gloo either way.
+bool waitForCommWorkers(LaunchProcess& p, int n, double seconds) {
+  return p.waitFor([n](const std::string& out, const std::string&) {
+    return countLines(out, ": ready backend=gloo") + countLines(out, ": ready backend=shm+gloo") >=
+           n;
+  }, seconds);
+}
+
 TEST(MultiNodeFault, SilentPartitionEndsTheJobNamingTheNode) {
+  if (::access(commWorker().c_str(), X_OK) != 0) GTEST_SKIP() << "comm_worker not built (no Gloo)";
   DTRAIN_CLUSTER_OR_SKIP(c, 2);
-  LaunchProcess p(longJob(*c, {"--ssh-option", "ServerAliveInterval=30"}));
-  ASSERT_TRUE(waitForWorkers(p, 4, 30)) << p.out() << p.err();
+  // Gloo allreduces across the nodes, back to back, with a 10-minute collective timeout: when
+  // the cable goes, every worker sits inside an allreduce that would wait that long.
+  LaunchProcess p(fanOut(*c, {"--ssh-option", "ServerAliveInterval=30", "--nproc-per-node", "2",
+                              commWorker(), "--iters", "1000000", "--count", "16384",
+                              "--timeout-ms", "600000"}));
+  ASSERT_TRUE(waitForCommWorkers(p, 4, 40)) << p.out() << p.err();
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
   c->link(1, false);
   const double cutAt = p.elapsed();
   LaunchResult r = p.wait(60);
@@ -214,21 +233,32 @@ TEST(MultiNodeFault, SilentPartitionEndsTheJobNamingTheNode) {
   EXPECT_NE(r.err.find("node 1 (" + c->hosts()[1] + ") on " + c->hosts()[1] + " went silent"),
             std::string::npos) << r.err;
   EXPECT_LT(r.seconds - cutAt, kHeartbeatTimeout + kGrace + kMargin + 2) << r.err;
+  EXPECT_EQ(countLines(r.out, ": OK"), 0) << r.out;
   // The cut-off node's agent loses the store and stops its workers by itself.
-  expectNothingLeft(*c, r);
+  expectNothingLeft(*c, r, -1, commWorker());
 }
 
 TEST(MultiNodeFault, PartitionThatHealsInTimeIsNoFailure) {
+  if (::access(commWorker().c_str(), X_OK) != 0) GTEST_SKIP() << "comm_worker not built (no Gloo)";
   DTRAIN_CLUSTER_OR_SKIP(c, 2);
-  LaunchProcess p(fanOut(*c, {"--nproc-per-node", "2", workerPath(), "--steps", "60",
-                              "--step-ms", "50", "--barrier-every-step"}));
-  ASSERT_TRUE(waitForWorkers(p, 4, 30)) << p.out() << p.err();
+  // Gloo allreduces across the nodes while node 1's cable is out for 1.2 s (< the 3 s heartbeat
+  // timeout): TCP carries the collectives (and the heartbeats) over the gap, and every result of
+  // every iteration is checked against its closed form, element by element, on every rank.
+  LaunchProcess p(fanOut(*c, {"--nproc-per-node", "2", commWorker(), "--iters", "150",
+                              "--iter-ms", "20", "--timeout-ms", "30000"}));
+  ASSERT_TRUE(waitForCommWorkers(p, 4, 40)) << p.out() << p.err();
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
   c->link(1, false);
-  std::this_thread::sleep_for(std::chrono::milliseconds(1200));  // < the 3 s heartbeat timeout
+  std::this_thread::sleep_for(std::chrono::milliseconds(1200));
   c->link(1, true);
+  p.pump(0);
+  EXPECT_EQ(countLines(p.out(), ": OK"), 0) << "the job ended before the partition healed";
   LaunchResult r = p.wait(60);
   EXPECT_EQ(r.exitCode, 0) << r.all();
-  EXPECT_EQ(countLines(r.out, ": done"), 4) << r.all();
+  EXPECT_EQ(countLines(r.out, "/4: OK: 150 allreduces of 4096 floats, every element exact"), 4)
+      << r.all();
+  EXPECT_EQ(r.out.find("WRONG"), std::string::npos) << r.out;
+  EXPECT_EQ(r.err.find("went silent"), std::string::npos) << r.err;
 }
 
 TEST(MultiNodeFault, StoreHostLostEndsEveryAgent) {

@@ -3,10 +3,12 @@
 // host lists, the remote command line's fidelity and the token's secrecy. Timing-free: the
 // fault tests are in multinode_fault_test.cpp.
 #include <gtest/gtest.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <dirent.h>
 
+#include <filesystem>
 #include <fstream>
 #include <regex>
 #include <set>
@@ -22,12 +24,22 @@ namespace {
 
 std::string commWorker() { return binaryDir() + "/comm_worker"; }
 
+// The addresses listening on `port` in this network namespace (the master's, outside the nodes).
+std::vector<std::string> listenersHere(int port) {
+  return listeningAddresses(readFile("/proc/net/tcp") + readFile("/proc/net/tcp6"), port);
+}
+
 TEST(MultiNode, FanOutFromOutsideTheNodes) {
   DTRAIN_CLUSTER_OR_SKIP(c, 2);
   // The store barrier of the test worker, then real Gloo allreduces across the namespaces: the
   // runtime must bind each node's own interface (loopback would not reach the other node).
-  LaunchResult r = runLaunch(
-      fanOut(*c, {"--nproc-per-node", "2", workerPath(), "--steps", "2", "--end-barrier"}), {}, 60);
+  LaunchProcess p(fanOut(*c, {"--nproc-per-node", "2", workerPath(), "--steps", "10", "--step-ms",
+                              "50", "--end-barrier"}));
+  ASSERT_TRUE(waitForWorkers(p, 4, 30)) << p.out() << p.err();
+  // The master's store binds only the address it chose (--rdzv-endpoint: the bridge's), not
+  // 0.0.0.0 or [::], where anyone on any network of the master could reach it.
+  EXPECT_EQ(listenersHere(storePort(*c)), std::vector<std::string>{c->bridgeAddress()});
+  LaunchResult r = p.wait(60);
   ASSERT_EQ(r.exitCode, 0) << r.all();
   for (int rank = 0; rank < 4; ++rank) {
     EXPECT_NE(r.out.find(fmt::format("[node{} rank{}]: rank {}: done", rank / 2, rank, rank)),
@@ -65,8 +77,14 @@ TEST(MultiNode, FanOutFromNodeZeroRunsItsAgentWithoutSsh) {
   std::string pid = readFile(c->dir() + "/host0/sshd.pid");
   ASSERT_FALSE(pid.empty());
   ASSERT_EQ(::kill(std::stoi(pid), SIGKILL), 0);
-  LaunchProcess p(fanOutFromANode(*c, {"--nproc-per-node", "2", workerPath(), "--steps", "1"}), {},
-                  c->on(0));
+  LaunchProcess p(fanOutFromANode(*c, {"--nproc-per-node", "2", workerPath(), "--steps", "10",
+                                       "--step-ms", "50"}),
+                  {}, c->on(0));
+  ASSERT_TRUE(waitForWorkers(p, 4, 30)) << p.out() << p.err();
+  // By default the store binds node 0's address toward the other hosts, and only that one.
+  std::string tables;
+  ASSERT_EQ(c->run(0, "cat /proc/net/tcp /proc/net/tcp6", &tables), 0);
+  EXPECT_EQ(listeningAddresses(tables, 29400), std::vector<std::string>{c->hosts()[0]}) << tables;
   LaunchResult r = p.wait(60);
   ASSERT_EQ(r.exitCode, 0) << r.all();
   EXPECT_EQ(countLines(r.out, ": done"), 4) << r.all();
@@ -116,12 +134,69 @@ TEST(MultiNode, ManualModeWithTokenFile) {
   runManual(*c, args, {{}, {}});
 }
 
+TEST(MultiNode, ManualNodeWithoutTheProgramEndsEveryNodeWithItsCode) {
+  DTRAIN_CLUSTER_OR_SKIP(c, 2);
+  // The program only in node 0's private work directory: node 1 cannot run it. Every node ends
+  // with 127 and says why -- node 1 too, although node 0 (the store's host) ends at once: its
+  // store stays until node 1 has read the end.
+  const std::string program = c->workDir() + "/prog";
+  ASSERT_EQ(c->run(0, "cp " + workerPath() + " " + program), 0);
+  const std::string token = c->dir() + "/job.token";
+  writeFile(token, "0123456789abcdef0123456789abcdef\n");
+  std::vector<std::unique_ptr<LaunchProcess>> nodes;
+  for (int k = 0; k < 2; ++k) {
+    nodes.push_back(std::make_unique<LaunchProcess>(
+        cat(timings(), {"--nnodes", "2", "--node-rank", std::to_string(k), "--rdzv-endpoint",
+                        c->hosts()[0], "--token-file", token, "--nproc-per-node", "1", program,
+                        "--steps", "1"}),
+        std::vector<std::string>{}, c->on(k)));
+  }
+  LaunchResult r0 = nodes[0]->wait(60);
+  LaunchResult r1 = nodes[1]->wait(60);
+  EXPECT_EQ(r0.exitCode, 127) << r0.all();
+  EXPECT_EQ(r1.exitCode, 127) << r1.all();
+  EXPECT_NE(r0.err.find("node 1 (node rank 1) cannot run: program \"" + program +
+                        "\" not found on host"), std::string::npos) << r0.err;
+  EXPECT_NE(r1.err.find("program \"" + program + "\" not found on host"), std::string::npos)
+      << r1.err;
+  EXPECT_EQ(r1.err.find("lost the store"), std::string::npos) << r1.err;
+}
+
 TEST(MultiNode, ManualModeWithoutTokenOffLoopbackIsAUsageError) {
-  LaunchResult r = runLaunch({"--nnodes", "2", "--node-rank", "0", "--rdzv-endpoint",
-                              "10.231.254.1:29400", workerPath()},
-                             {"DTRAIN_STORE_TOKEN="}, 20);
-  EXPECT_EQ(r.exitCode, 2) << r.all();
-  EXPECT_NE(r.err.find("openssl rand -hex 32"), std::string::npos) << r.all();
+  for (const char* rank : {"0", "1"}) {
+    LaunchResult r = runLaunch({"--nnodes", "2", "--node-rank", rank, "--rdzv-endpoint",
+                                "10.231.254.1:29400", workerPath()},
+                               {"DTRAIN_STORE_TOKEN="}, 20);
+    EXPECT_EQ(r.exitCode, 2) << r.all();
+    EXPECT_NE(r.err.find("a store at 10.231.254.1 (off loopback) needs a job token"),
+              std::string::npos) << r.all();
+    EXPECT_NE(r.err.find("HINT: make one token and give it to every node, e.g. `openssl rand -hex "
+                         "32 > job.token`"), std::string::npos) << r.all();
+    EXPECT_EQ(r.out.find("worker rank="), std::string::npos) << "a worker was started: " << r.out;
+  }
+}
+
+TEST(MultiNode, ManualNodeWithAnotherTokenIsRefusedAtOnce) {
+  // Node 1 holds another job's token: node 0's store refuses it, and node 1 says so at once,
+  // not after retrying for the rendezvous timeout.
+  TempDir dir;
+  writeFile(dir.file("a.token"), "aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa\n");
+  writeFile(dir.file("b.token"), "bbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbb\n");
+  const std::string endpoint = "127.0.0.1:" + std::to_string(freeLoopbackPort());
+  LaunchProcess node0(cat(timings(), {"--nnodes", "2", "--node-rank", "0", "--rdzv-endpoint",
+                                      endpoint, "--token-file", dir.file("a.token"), "--rdzv-timeout",
+                                      "6", workerPath()}));
+  LaunchResult r = runLaunch(cat(timings(), {"--nnodes", "2", "--node-rank", "1", "--rdzv-endpoint",
+                                             endpoint, "--token-file", dir.file("b.token"),
+                                             "--rdzv-timeout", "30", workerPath()}),
+                             {}, 40);
+  EXPECT_EQ(r.exitCode, 125) << r.all();
+  EXPECT_NE(r.err.find("the store at 127.0.0.1:" + endpoint.substr(10) + " refused this node"),
+            std::string::npos) << r.err;
+  EXPECT_LT(r.seconds, 6 + kMargin) << r.err;
+  LaunchResult r0 = node0.wait(30);
+  EXPECT_EQ(r0.exitCode, 124) << r0.all();
+  EXPECT_NE(r0.err.find("missing: node 1 (node rank 1)"), std::string::npos) << r0.err;
 }
 
 TEST(MultiNode, SlurmVariables) {
@@ -221,6 +296,55 @@ TEST(MultiNode, ArgumentsArriveByteIdenticalOnEveryNode) {
   }
 }
 
+TEST(MultiNode, EnvironmentArrivesByteIdenticalOnEveryNode) {
+  DTRAIN_CLUSTER_OR_SKIP(c, 2);
+  // The argument corpus as environment values: every one by --env, and every one a line can
+  // hold by .dtrain_env (in the master's working directory, which every node also has).
+  const std::vector<std::string> corpus = {
+      "with space", "it's", "say \"hi\"", "$(id)", "`id`", "a;b", "x && y", "*", "~",
+      "line1\nline2", "", "-leading-dash", "caf\xc3\xa9", "\xff\xfe raw", "$HOME", "'",
+      "a=b=c", " lead and trail "};
+  std::vector<std::pair<std::string, std::string>> expected;  // name, value
+  std::vector<std::string> envOptions;
+  std::string dotEnv = "# the corpus, one variable a line\n";
+  for (size_t i = 0; i < corpus.size(); ++i) {
+    expected.emplace_back("E" + std::to_string(i), corpus[i]);
+    envOptions.insert(envOptions.end(), {"--env", "E" + std::to_string(i) + "=" + corpus[i]});
+    if (corpus[i].find('\n') == std::string::npos) {
+      expected.emplace_back("D" + std::to_string(i), corpus[i]);
+      dotEnv += "D" + std::to_string(i) + "=" + corpus[i] + "\n";
+    }
+  }
+  const std::string jobDir = c->dir() + "/envjob";
+  ASSERT_EQ(::mkdir(jobDir.c_str(), 0755), 0);
+  writeFile(jobDir + "/.dtrain_env", dotEnv);
+  // Each worker prints, per variable, whether it is set and its value as hex.
+  std::string names;
+  for (const auto& [name, value] : expected) names += " " + name;
+  const std::string script =
+      "for n in" + names + "; do eval \"v=\\${$n-} s=\\${$n+set}\"; printf 'env %s %s %s ' "
+      "\"$RANK\" \"$n\" \"${s:-unset}\"; printf '%s' \"$v\" | od -An -tx1 -v | tr -d ' \\n'; "
+      "echo; done";
+  LaunchProcess p(cat(fanOut(*c, envOptions), {"--nproc-per-node", "1", "/bin/sh", "-c", script}),
+                  {}, {"/bin/sh", "-c", "cd \"$1\" && shift && exec \"$@\"", "sh", jobDir});
+  LaunchResult r = p.wait(60);
+  ASSERT_EQ(r.exitCode, 0) << r.all();
+  for (int rank = 0; rank < 2; ++rank) {
+    std::string want;
+    for (const auto& [name, value] : expected) {
+      std::string hex;
+      for (unsigned char ch : value) hex += fmt::format("{:02x}", ch);
+      want += fmt::format("[node{} rank{}]: env {} {} set {}\n", rank, rank, rank, name, hex);
+    }
+    std::string got;
+    std::istringstream in(r.out);
+    for (std::string line; std::getline(in, line);) {
+      if (line.rfind(fmt::format("[node{} rank{}]: env", rank, rank), 0) == 0) got += line + "\n";
+    }
+    EXPECT_EQ(got, want) << "rank " << rank;
+  }
+}
+
 TEST(MultiNode, TokenInNoCommandLineAndNoLog) {
   DTRAIN_CLUSTER_OR_SKIP(c, 2);
   const std::string logDir = c->workDir() + "/logs";  // private on every node
@@ -293,6 +417,19 @@ TEST(MultiNodeCheck, GreenOnAHealthyCluster) {
     EXPECT_NE(r.out.find("eth0 " + c->hosts()[k]), std::string::npos) << r.out;
   }
   EXPECT_EQ(r.out.find("FAILED"), std::string::npos) << r.out;
+}
+
+TEST(MultiNodeCheck, ProgramPathWithShellSyntaxIsNeverRun) {
+  DTRAIN_CLUSTER_OR_SKIP(c, 2);
+  // The check runs ldd on the program in a shell on every node: its path is one quoted word.
+  const std::string dir = c->dir() + "/a'$(id >&2)'b";
+  ASSERT_EQ(::mkdir(dir.c_str(), 0755), 0);
+  const std::string program = dir + "/prog";
+  std::filesystem::copy_file(workerPath(), program);  // c->dir() is the same on every host
+  LaunchResult r = runLaunch(fanOut(*c, {"--check", program}), {}, 60);
+  EXPECT_EQ(r.exitCode, 0) << r.all();
+  EXPECT_NE(r.out.find("launch --check: all is well"), std::string::npos) << r.out;
+  EXPECT_EQ(r.all().find("uid="), std::string::npos) << "the path ran as a command: " << r.all();
 }
 
 TEST(MultiNodeCheck, NamesAMissingProgramAndAFirewalledPort) {

@@ -204,11 +204,5 @@ TEST_F(NcclGpu, AllocateReturnsDeviceMemory) {
   EXPECT_EQ(buf->bytes(), size_t(1) << 20);
 }
 
-TEST(NcclBuild, DeviceCountIsZeroWithoutAGpuInsteadOfAnError) {
-  // Runs everywhere: on a machine without a GPU or driver this must say 0, not throw.
-  EXPECT_GE(cudaDeviceCount(), 0);
-  EXPECT_TRUE(ncclAvailable());
-}
-
 }  // namespace
 }  // namespace dtrain::comm

@@ -9,6 +9,7 @@
 #include "dtrain/error.h"
 #include "dtrain/gloo_communicator.h"
 #include "dtrain/process_group.h"
+#include "thread_communicator_support.h"
 
 namespace dtrain {
 namespace {
@@ -114,22 +115,92 @@ TEST(ProcessGroupCollectives, NonContiguousTensorsAreWrittenBackInPlace) {
 }
 
 TEST(ProcessGroupCollectives, AsyncWorkKeepsItsTensorAlive) {
+  // Only weak references are kept here: if the work let its tensor go, the tensor would be freed
+  // (and the collective would write into freed memory), and `expired()` says so.
   if (!comm::glooAvailable()) GTEST_SKIP() << "built without Gloo";
   const int n = 2;
   auto pgs = makeGroups(n);
+  using WeakTensor = c10::weak_intrusive_ptr<c10::TensorImpl, c10::UndefinedTensorImpl>;
   onRanks(n, [&](int r) {
     std::vector<std::shared_ptr<comm::Work>> works;
-    std::vector<at::Tensor> views;
+    std::vector<WeakTensor> weak;
     for (int k = 0; k < 20; ++k) {
       auto t = torch::full({1000}, static_cast<float>(k + r));
-      views.push_back(t.view({10, 100}));  // shares storage, lets us check the result
+      weak.emplace_back(t.getIntrusivePtr());
       works.push_back(pgs[r]->allreduceAsync(t));
-    }  // the `t`s are gone here; the works hold them
+    }  // the `t`s are gone here; only the works hold them
     for (int k = 0; k < 20; ++k) {
+      ASSERT_FALSE(weak[k].expired()) << "work " << k << " let its tensor go before wait()";
       works[k]->wait();
-      EXPECT_TRUE(views[k].eq(static_cast<float>(2 * k + 1)).all().item<bool>()) << k;
+      at::Tensor t(weak[k].lock());
+      EXPECT_TRUE(t.eq(static_cast<float>(2 * k + 1)).all().item<bool>()) << k;
     }
+    works.clear();
+    for (int k = 0; k < 20; ++k) EXPECT_TRUE(weak[k].expired()) << "work " << k << " leaked its tensor";
   });
+}
+
+TEST(ProcessGroupCollectives, WorkIsWaitedOnTheCurrentStream) {
+  // ProcessGroup's works (and its synchronous calls) wait through waitOnStream() with torch's
+  // stream current at wait time, as c10d does (comm.h); on the CPU that stream is null.
+  auto world = testing::ThreadWorld::create(2);
+  onRanks(2, [&](int r) {
+    auto recorder = std::make_shared<testing::WaitRecordingCommunicator>(world->communicator(r));
+    ProcessGroup pg(recorder, r, c10::kCPU);
+    auto t = torch::ones({8});
+    pg.allreduceAsync(t)->wait();
+    pg.allreduce(t);
+    auto b = torch::ones({4, 4}).t();  // non-contiguous: waited on, then written back
+    pg.broadcast(b, 0);
+    EXPECT_EQ(recorder->counts().wait, 0) << "waited on the stream of the issue";
+    EXPECT_EQ(recorder->counts().waitOnStream, 3);
+    EXPECT_TRUE(t.eq(4).all().item<bool>());
+  });
+}
+
+TEST(ProcessGroupCollectives, BoolSumIsALogicalOr) {
+  // Bool travels as uint8: a plain Sum would leave 2 in bool memory (not a valid bool). Sum is
+  // reduced as Max, as c10d does; Avg is refused.
+  if (!comm::glooAvailable()) GTEST_SKIP() << "built without Gloo";
+  const int n = 3;
+  auto pgs = makeGroups(n);
+  onRanks(n, [&](int r) {
+    auto t = torch::tensor({true, r == 1, false});
+    pgs[r]->allreduce(t);
+    auto bytes = t.view(torch::kUInt8);
+    EXPECT_EQ(bytes[0].item<int>(), 1) << "three trues summed into one bool byte";
+    EXPECT_EQ(bytes[1].item<int>(), 1);
+    EXPECT_EQ(bytes[2].item<int>(), 0);
+    auto all = torch::tensor({true, r != 0});
+    pgs[r]->allreduce(all, ReduceOp::Min);
+    EXPECT_EQ(all.view(torch::kUInt8)[0].item<int>(), 1);
+    EXPECT_EQ(all.view(torch::kUInt8)[1].item<int>(), 0);
+  });
+  EXPECT_EQ(reduceOpFor(at::kBool, ReduceOp::Sum), ReduceOp::Max);
+  EXPECT_EQ(reduceOpFor(at::kFloat, ReduceOp::Sum), ReduceOp::Sum);
+  EXPECT_THROW(reduceOpFor(at::kBool, ReduceOp::Avg), InvalidArgument);
+}
+
+TEST(ProcessGroupCollectives, ATensorOnAnotherDeviceIsRefusedNamingBoth) {
+  // A cuda:1 tensor must not reach a cuda:0 communicator (NCCL would read it on the wrong device).
+  // The check is a pure function of the devices, so it runs without a GPU.
+  auto message = [](c10::Device tensor, c10::Device group) {
+    try {
+      checkTensorDevice(tensor, group, "nccl", "allreduce");
+    } catch (const InvalidArgument& e) {
+      return std::string(e.what());
+    }
+    return std::string();
+  };
+  const c10::Device cuda0(c10::kCUDA, 0), cuda1(c10::kCUDA, 1), cpu(c10::kCPU);
+  EXPECT_NE(message(cuda1, cuda0).find("allreduce: the tensor is on cuda:1, but this nccl process "
+                                       "group works on cuda:0 tensors"),
+            std::string::npos)
+      << message(cuda1, cuda0);
+  EXPECT_NE(message(cpu, cuda0).find("the tensor is on cpu"), std::string::npos);
+  EXPECT_EQ(message(cuda0, cuda0), "");
+  EXPECT_EQ(message(cpu, cpu), "");
+  EXPECT_NE(message(cuda0, cpu), "");
 }
 
 TEST(ProcessGroupCollectives, AllgatherAndReduceScatter) {

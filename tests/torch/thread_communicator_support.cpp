@@ -1,5 +1,6 @@
 #include "thread_communicator_support.h"
 
+#include <atomic>
 #include <condition_variable>
 #include <cstdlib>
 #include <cstring>
@@ -443,6 +444,73 @@ void ThreadWorld::run(const std::function<void(int rank)>& fn) {
   }
   for (auto& t : threads) t.join();
   if (first) std::rethrow_exception(first);
+}
+
+struct WaitCounts {
+  std::atomic<int> wait{0};
+  std::atomic<int> waitOnStream{0};
+};
+
+namespace {
+
+class RecordedWork : public comm::Work {
+ public:
+  RecordedWork(std::shared_ptr<comm::Work> inner, std::shared_ptr<WaitCounts> counts)
+      : inner_(std::move(inner)), counts_(std::move(counts)) {}
+  bool isCompleted() override { return inner_->isCompleted(); }
+  void wait(comm::Millis timeout) override {
+    counts_->wait++;
+    inner_->wait(timeout);
+  }
+  void waitOnStream(void* stream, comm::Millis timeout) override {
+    counts_->waitOnStream++;
+    inner_->waitOnStream(stream, timeout);
+  }
+
+ private:
+  std::shared_ptr<comm::Work> inner_;
+  std::shared_ptr<WaitCounts> counts_;
+};
+
+}  // namespace
+
+WaitRecordingCommunicator::WaitRecordingCommunicator(std::shared_ptr<comm::Communicator> inner)
+    : inner_(std::move(inner)), counts_(std::make_shared<WaitCounts>()) {}
+
+std::shared_ptr<comm::Work> WaitRecordingCommunicator::record(std::shared_ptr<comm::Work> work) {
+  return std::make_shared<RecordedWork>(std::move(work), counts_);
+}
+
+std::shared_ptr<comm::Work> WaitRecordingCommunicator::allreduceAsync(
+    void* data, size_t count, comm::DataType dtype, comm::ReduceOp op,
+    const comm::CallOptions& options) {
+  return record(inner_->allreduceAsync(data, count, dtype, op, options));
+}
+
+std::shared_ptr<comm::Work> WaitRecordingCommunicator::broadcastAsync(
+    void* data, size_t count, comm::DataType dtype, int root, const comm::CallOptions& options) {
+  return record(inner_->broadcastAsync(data, count, dtype, root, options));
+}
+
+std::shared_ptr<comm::Work> WaitRecordingCommunicator::allgatherAsync(
+    const void* send, void* recv, size_t count, comm::DataType dtype,
+    const comm::CallOptions& options) {
+  return record(inner_->allgatherAsync(send, recv, count, dtype, options));
+}
+
+std::shared_ptr<comm::Work> WaitRecordingCommunicator::reduceScatterAsync(
+    const void* send, void* recv, size_t count, comm::DataType dtype, comm::ReduceOp op,
+    const comm::CallOptions& options) {
+  return record(inner_->reduceScatterAsync(send, recv, count, dtype, op, options));
+}
+
+std::shared_ptr<comm::Work> WaitRecordingCommunicator::barrierAsync(
+    const comm::CallOptions& options) {
+  return record(inner_->barrierAsync(options));
+}
+
+WaitRecordingCommunicator::Counts WaitRecordingCommunicator::counts() const {
+  return Counts{counts_->wait.load(), counts_->waitOnStream.load()};
 }
 
 }  // namespace dtrain::testing

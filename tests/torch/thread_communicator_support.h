@@ -52,4 +52,42 @@ class ThreadWorld : public std::enable_shared_from_this<ThreadWorld> {
   std::shared_ptr<Impl> impl_;
 };
 
+struct WaitCounts;
+
+// Forwards every call to `inner` and counts how the works it hands out are waited on: through
+// wait() or through waitOnStream() (what the torch layer must use, so that on CUDA the stream
+// current at wait time is the one ordered after the collective).
+class WaitRecordingCommunicator : public comm::Communicator {
+ public:
+  explicit WaitRecordingCommunicator(std::shared_ptr<comm::Communicator> inner);
+  int rank() const override { return inner_->rank(); }
+  int size() const override { return inner_->size(); }
+  const char* backendName() const override { return inner_->backendName(); }
+  std::shared_ptr<comm::Work> allreduceAsync(void* data, size_t count, comm::DataType dtype,
+                                             comm::ReduceOp op,
+                                             const comm::CallOptions& options) override;
+  std::shared_ptr<comm::Work> broadcastAsync(void* data, size_t count, comm::DataType dtype,
+                                             int root, const comm::CallOptions& options) override;
+  std::shared_ptr<comm::Work> allgatherAsync(const void* send, void* recv, size_t count,
+                                             comm::DataType dtype,
+                                             const comm::CallOptions& options) override;
+  std::shared_ptr<comm::Work> reduceScatterAsync(const void* send, void* recv, size_t count,
+                                                 comm::DataType dtype, comm::ReduceOp op,
+                                                 const comm::CallOptions& options) override;
+  std::shared_ptr<comm::Work> barrierAsync(const comm::CallOptions& options) override;
+  std::shared_ptr<comm::Buffer> allocate(size_t bytes) override { return inner_->allocate(bytes); }
+  void shutdown() override { inner_->shutdown(); }
+
+  struct Counts {
+    int wait = 0;          // Work::wait()
+    int waitOnStream = 0;  // Work::waitOnStream()
+  };
+  Counts counts() const;
+
+ private:
+  std::shared_ptr<comm::Work> record(std::shared_ptr<comm::Work> work);
+  std::shared_ptr<comm::Communicator> inner_;
+  std::shared_ptr<WaitCounts> counts_;
+};
+
 }  // namespace dtrain::testing

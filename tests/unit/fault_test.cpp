@@ -98,6 +98,47 @@ TEST(FaultTest, SeveralFaultsAndMatching) {
   EXPECT_TRUE(parseFaults("").empty());
 }
 
+TEST(FaultTest, NanGradPhaseAndValue) {
+  auto faults = parseFaults("nan-grad:inf@rank=1,step=3,phase=after;nan-grad@step=2,phase=before");
+  ASSERT_EQ(faults.size(), 2u);
+  EXPECT_TRUE(faults[0].after);
+  EXPECT_EQ(faults[0].arg, 1);  // inf
+  EXPECT_EQ(faults[0].describe(), "nan-grad:inf@rank=1,step=3,phase=after");
+  EXPECT_FALSE(faults[1].after);
+  EXPECT_EQ(faults[1].arg, 0);  // NaN
+  EXPECT_EQ(faults[1].describe(), "nan-grad@step=2");
+  EXPECT_EQ(parseFaults("nan-grad:nan")[0].describe(), "nan-grad");
+  for (const char* bad : {"nan-grad:zero", "nan-grad@phase=during", "exit:1@phase=after",
+                          "nan-grad@phase"}) {
+    EXPECT_THROW(parseFaults(bad), InvalidArgument) << bad;
+  }
+}
+
+TEST(IoFaultTest, ConditionsOnRankAndAttempt) {
+  auto faults = parseIoFaults("crash@io=7,rank=0,attempt=0;write:ENOSPC@2,attempt=1");
+  ASSERT_EQ(faults.size(), 2u);
+  EXPECT_EQ(faults[0].rank, 0);
+  EXPECT_EQ(faults[0].attempt, 0);
+  EXPECT_EQ(faults[0].describe(), "crash@io=7,rank=0,attempt=0");
+  EXPECT_EQ(faults[1].rank, -1);
+  EXPECT_EQ(faults[1].describe(), "write:ENOSPC@2,attempt=1");
+  for (const char* bad : {"crash@io=3,step=1", "write:EIO@1,rank=-1", "crash@io=3,attempt"}) {
+    EXPECT_THROW(parseIoFaults(bad), InvalidArgument) << bad;
+  }
+  // fromEnv keeps what matches this rank and attempt.
+  ::setenv("DTRAIN_IO_FAULT", "write:EIO@1,rank=1;fsync:EIO@1,attempt=0;open:EIO@1,attempt=3", 1);
+  ::setenv("DTRAIN_RESTART_COUNT", "0", 1);
+  IoFaultInjector rank0 = IoFaultInjector::fromEnv(0);
+  EXPECT_EQ(rank0.before(IoOp::Write), 0);
+  EXPECT_EQ(rank0.before(IoOp::Fsync), EIO);
+  EXPECT_EQ(rank0.before(IoOp::Open), 0);
+  IoFaultInjector rank1 = IoFaultInjector::fromEnv(1);
+  EXPECT_EQ(rank1.before(IoOp::Write), EIO);
+  ::unsetenv("DTRAIN_IO_FAULT");
+  ::unsetenv("DTRAIN_RESTART_COUNT");
+  EXPECT_TRUE(IoFaultInjector::fromEnv(0).empty());
+}
+
 TEST(IoFaultTest, ParsesAndCounts) {
   auto faults = parseIoFaults("write:ENOSPC@3;fsync:EIO@1;crash@io=5");
   ASSERT_EQ(faults.size(), 3u);

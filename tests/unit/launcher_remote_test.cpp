@@ -1,15 +1,19 @@
 // Remote command lines (quoting checked by real shells), the ssh argv, the agent plan's
-// encoding, the forwarded environment and the NCCL variables.
+// encoding, the forwarded environment, the NCCL variables, and a session's process (stdin, end).
 #include <gtest/gtest.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <cstdio>
+#include <thread>
 
 #include "dtrain/error.h"
 #include "launcher/forwarded_env.h"
 #include "launcher/nccl_env.h"
 #include "launcher/remote/remote_command.h"
+#include "launcher/remote/session.h"
+#include "test_support.h"
 
 namespace dtrain::launcher {
 namespace {
@@ -183,6 +187,42 @@ TEST(NcclEnv, UserSettingsWin) {
   EXPECT_EQ(ncclEnvironment(NcclOptions{}, InterfaceChoice{"^docker,lo", "", ""}, {}),
             (EnvMap{{"NCCL_SOCKET_IFNAME", "^docker,lo"}}));
   EXPECT_TRUE(ncclEnvironment(NcclOptions{}, InterfaceChoice{}, {}).empty());
+}
+
+TEST(Session, WritesThePlanOnStdinAndPassesWholeLines) {
+  const std::string plan = remote::encodePlan({{"env", "A=it's\nmultiline"}, {"token", "t"}});
+  remote::Session s("0", "h0", {"/bin/sh", "-c", "exec /bin/cat"}, {}, plan, /*captureStdout=*/true);
+  s.finish(5);
+  EXPECT_EQ(s.describeExit(), "exited with code 0");
+  std::string got;
+  for (const auto& line : s.stdoutLines()) got += line + "\n";
+  EXPECT_EQ(got, plan);
+}
+
+TEST(Session, PlanThatDoesNotFitIsRefusedBeforeAnythingStarts) {
+  dtrain::testing::TempDir dir;
+  const std::string mark = dir.file("started");
+  try {
+    remote::Session s("1", "gpu7", {"/bin/sh", "-c", "/usr/bin/touch " + mark}, {},
+                      std::string(4 << 20, 'x'));
+    FAIL() << "a 4 MiB plan was accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("the agent plan for gpu7 (4194304 bytes) does not fit"),
+              std::string::npos) << e.what();
+  }
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  EXPECT_NE(::access(mark.c_str(), F_OK), 0) << "the session's command ran";
+}
+
+TEST(Session, FinishEndsASessionThatIgnoresSigterm) {
+  // The session ignores SIGTERM and never reads its stdin's end: SIGKILL after two graces.
+  remote::Session s("0", "h0", {"/bin/sh", "-c", "trap '' TERM; while :; do /bin/sleep 0.05; done"}, {},
+                    "");
+  const auto start = std::chrono::steady_clock::now();
+  s.finish(0.3);
+  EXPECT_TRUE(s.exited());
+  EXPECT_EQ(s.describeExit(), "was killed by SIGKILL");
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(5));
 }
 
 }  // namespace

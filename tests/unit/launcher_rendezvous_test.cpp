@@ -210,5 +210,46 @@ TEST(Coordinator, SilentNodeIsStoppedAndNamed) {
   EXPECT_EQ(h.store->getString(keys::decision(0)), "end 124");
 }
 
+TEST(Coordinator, ClosesTheRoundAndKeepsTheStoreUntilEveryNodeReadTheDecision) {
+  Harness h(2, 2);
+  h.options.heartbeatTimeout = 20;  // the bound on the acknowledgements: not reached here
+  h.join(0, "0");
+  h.join(0, "1");
+  Coordinator c(h.store, h.options);
+  std::atomic<bool> acked{false};
+  std::string stopWhenDecided;
+  std::thread agents([&] {
+    h.store->wait({keys::plan(0)}, 5000ms);
+    h.succeed(0, "0");
+    h.succeed(0, "1");
+    h.store->wait({keys::decision(0)}, 5000ms);
+    // The stop key is there before the decision: every agent's monitor stops waiting on it.
+    stopWhenDecided = h.store->check({keys::stop(0)}) ? h.store->getString(keys::stop(0)) : "";
+    h.store->setString(keys::ack(0, "0"), "1");
+    std::this_thread::sleep_for(300ms);  // node 1 is slow to read it
+    acked = true;
+    h.store->setString(keys::ack(0, "1"), "1");
+  });
+  EXPECT_EQ(c.run(), 0);
+  EXPECT_TRUE(acked) << "run() returned before node 1 acknowledged the decision";
+  agents.join();
+  EXPECT_EQ(stopWhenDecided, "round 0 is over (end 0)");
+}
+
+TEST(Coordinator, AnUnacknowledgedDecisionIsNotWaitedForLong) {
+  Harness h(1, 1);
+  h.options.heartbeatTimeout = 0.5;
+  h.join(0, "0");
+  Coordinator c(h.store, h.options);
+  std::thread agent([&] {
+    h.store->wait({keys::plan(0)}, 5000ms);
+    h.succeed(0, "0");  // and never acknowledges
+  });
+  const auto start = std::chrono::steady_clock::now();
+  EXPECT_EQ(c.run(), 0);
+  EXPECT_LT(std::chrono::steady_clock::now() - start, 3s);
+  agent.join();
+}
+
 }  // namespace
 }  // namespace dtrain::launcher

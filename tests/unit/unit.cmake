@@ -7,3 +7,10 @@ dtrain_gtest(dtrain_unit_tests LABEL unit
   SOURCES ${DTRAIN_UNIT_TEST_SOURCES}
   LIBS dtrain_base dtrain_base_internal dtrain_comm dtrain_launcher)
 include(tests/unit/store_tests.cmake OPTIONAL)
+
+# The checkpoint tests' saver process (killed at every I/O call, run on a small tmpfs).
+add_executable(checkpoint_io_helper tests/unit/checkpoint_io_helper.cpp
+  tests/unit/checkpoint_test_support.cpp)
+target_link_libraries(checkpoint_io_helper PRIVATE dtrain_base dtrain_base_internal)
+dtrain_warnings(checkpoint_io_helper)
+add_dependencies(dtrain_unit_tests checkpoint_io_helper)

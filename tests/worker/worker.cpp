@@ -12,6 +12,10 @@
 //      abort, hang, stop, slow; and itself for flood:LINES, grandchild, error-file:CODE), prints
 //      "rank R: step S", sleeps --step-ms, and with --barrier-every-step passes barrier "step<S>";
 //   4. with --end-barrier passes barrier "end"; prints "rank R: done" and exits 0.
+// With --store HOST:PORT the barriers are on that store instead of the job's (a store the
+// benchmark hosts, so the same worker passes the same barrier under launch and under torchrun),
+// and after barrier "start" the worker records when it passed it: "passed/rank<R>" = its
+// CLOCK_MONOTONIC in nanoseconds (one clock for every process of the machine, namespaces too).
 // An exception (store timeout, bad DTRAIN_FAULT, ...) prints "rank R: error: ..." on stderr,
 // writes TORCHELASTIC_ERROR_FILE the way torchrun's @record does, and exits 1.
 //
@@ -29,8 +33,14 @@
 //   --grandchild-setsid       the grandchild fault's process leaves the process group (setsid)
 //   --error-file-mode M       what error-file:CODE writes: json (default), garbage, huge, empty
 //   --alloc-mb N              allocate and touch N MiB more at each step (OOM tests)
+//   --alloc-rank R            only rank R allocates (--alloc-mb); default: every rank
+//   --publish-figures         publish "loss" and "samples_per_s" each step through
+//                             dtrain/progress.h (launch's metrics endpoint shows them)
 //   --quiet                   print only the pid line and errors (benchmarks)
 //   --print-env               print the worker-contract variables it received
+//   --store HOST:PORT         the barriers' store (see above); keys under --store-prefix
+//   --store-token TOKEN       that store's token (benchmarks only: argv is visible in ps)
+//   --store-prefix P          keys on --store under "P/" ("bench")
 #include <signal.h>
 #include <sys/types.h>
 #include <unistd.h>
@@ -51,6 +61,8 @@
 #include "dtrain/error.h"
 #include "dtrain/fault.h"
 #include "dtrain/job_store.h"
+#include "dtrain/progress.h"
+#include "dtrain/tcp_store.h"
 
 namespace {
 
@@ -69,8 +81,14 @@ struct Flags {
   bool grandchildSetsid = false;
   std::string errorFileMode = "json";
   int64_t allocMb = 0;
+  int64_t allocRank = -1;
+  bool publishFigures = false;
   bool quiet = false;
   bool printEnv = false;
+  std::string storeHost;  // --store: empty for the job's store
+  int storePort = 0;
+  std::string storeToken;
+  std::string storePrefix = "bench";
 };
 
 int gRank = -1;
@@ -113,8 +131,25 @@ Flags parseFlags(int argc, char** argv) {
       f.errorFileMode = argv[++i];
     }
     else if (a == "--alloc-mb") f.allocMb = number();
+    else if (a == "--alloc-rank") f.allocRank = number();
+    else if (a == "--publish-figures") f.publishFigures = true;
     else if (a == "--quiet") f.quiet = true;
     else if (a == "--print-env") f.printEnv = true;
+    else if (a == "--store") {
+      if (i + 1 >= argc) usage("--store needs HOST:PORT");
+      std::string v = argv[++i];
+      size_t colon = v.rfind(':');
+      if (colon == std::string::npos || colon == 0) usage("--store needs HOST:PORT");
+      f.storeHost = v.substr(0, colon);
+      f.storePort = std::atoi(v.c_str() + colon + 1);
+      if (f.storePort <= 0 || f.storePort > 65535) usage("--store needs HOST:PORT");
+    } else if (a == "--store-token") {
+      if (i + 1 >= argc) usage("--store-token needs a value");
+      f.storeToken = argv[++i];
+    } else if (a == "--store-prefix") {
+      if (i + 1 >= argc) usage("--store-prefix needs a value");
+      f.storePrefix = argv[++i];
+    }
     else usage("unknown flag " + a);
   }
   return f;
@@ -258,7 +293,22 @@ int run(const Flags& flags) {
 
   std::shared_ptr<dtrain::store::PrefixStore> store;
   const std::chrono::milliseconds timeout(flags.barrierTimeoutMs);
-  if (flags.useStore) {
+  if (!flags.storeHost.empty()) {
+    dtrain::store::TcpStoreOptions options;
+    options.host = flags.storeHost;
+    options.port = static_cast<uint16_t>(flags.storePort);
+    options.token = flags.storeToken;
+    options.connectTimeout = std::chrono::milliseconds(flags.connectTimeoutMs);
+    options.timeout = timeout;
+    store = std::make_shared<dtrain::store::PrefixStore>(
+        flags.storePrefix, std::make_shared<dtrain::store::TcpStore>(options));
+    barrier(*store, "start", world, timeout);
+    timespec now{};
+    ::clock_gettime(CLOCK_MONOTONIC, &now);
+    store->setString("passed/rank" + std::to_string(rank),
+                     std::to_string(static_cast<int64_t>(now.tv_sec) * 1000000000 + now.tv_nsec));
+    store->flush();
+  } else if (flags.useStore) {
     auto t0 = std::chrono::steady_clock::now();
     dtrain::store::JobStoreOptions options;
     options.connectTimeout = std::chrono::milliseconds(flags.connectTimeoutMs);
@@ -294,8 +344,12 @@ int run(const Flags& flags) {
         default: dtrain::fault::execute(f); break;
       }
     }
-    if (flags.allocMb > 0) {
+    if (flags.allocMb > 0 && (flags.allocRank < 0 || flags.allocRank == rank)) {
       hog.emplace_back(static_cast<size_t>(flags.allocMb) << 20, 1);  // touched: really resident
+    }
+    if (flags.publishFigures) {
+      dtrain::progress::publishFigures(
+          step, {{"loss", 1.0 / static_cast<double>(step + 1)}, {"samples_per_s", 100.0 + rank}});
     }
     if (!flags.quiet) std::printf("rank %d: step %lld\n", rank, static_cast<long long>(step));
     if (flags.stepMs > 0) std::this_thread::sleep_for(std::chrono::milliseconds(flags.stepMs));

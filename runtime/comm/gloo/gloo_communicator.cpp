@@ -21,19 +21,6 @@ bool envFlag(const char* name) {
   return v != nullptr && (std::strcmp(v, "1") == 0 || std::strcmp(v, "true") == 0);
 }
 
-// The wrong-shape fault: one element (or one row of the last dimension) short.
-CollectiveInfo shrunk(CollectiveInfo info) {
-  if (info.count == 0) return info;
-  if (!info.shape.empty() && info.shape.back() > 1) {
-    info.count = info.count / static_cast<size_t>(info.shape.back()) *
-                 static_cast<size_t>(info.shape.back() - 1);
-    info.shape.back() -= 1;
-  } else {
-    info.count -= 1;
-    info.shape.clear();
-  }
-  return info;
-}
 
 }  // namespace
 
@@ -93,6 +80,8 @@ GlooCommunicator::GlooCommunicator(const GlooOptions& o)
 
   pool_ = HostBufferPool::create();
   queue_ = CollectiveQueue::start(fmt::format("dtrain-gloo{}", rank_));
+  progress_ = progress::watchCollectives(
+      [this] { return recorder_.progressState(name_, nextSeq_.load()); });
 }
 
 GlooCommunicator::~GlooCommunicator() {
@@ -162,11 +151,13 @@ void GlooCommunicator::runOnCommThread(const CollectiveInfo& requested, Millis t
     return;
   }
   if (const fault::Fault* hang = faultAt(fault::Kind::Hang, requested.seq)) {
-    recorder_.setState(requested.seq, FlightRecorder::State::Running);
+    // The injected hang stops this rank before it sends anything: the collective stays "queued"
+    // in the flight recorder (issued, never started) while its peers show it "running", which is
+    // how a stall report tells the rank that holds everyone up from the ones waiting for it.
     hangOnCommThread(requested, *hang);
   }
   const CollectiveInfo info =
-      faultAt(fault::Kind::WrongShape, requested.seq) ? shrunk(requested) : requested;
+      faultAt(fault::Kind::WrongShape, requested.seq) ? wrongShape(requested) : requested;
   recorder_.setState(info.seq, FlightRecorder::State::Running);
   GlooCall call{mesh_ ? mesh_->contextPtr() : nullptr, info.tag(), timeout};
   try {

@@ -97,6 +97,9 @@ class GlooCommunicator final : public Communicator {
   std::condition_variable stateChanged_;  // with stateMutex_: wakes an injected hang
   std::exception_ptr error_;              // guarded by stateMutex_: the first error
   bool closing_ = false;                  // guarded by stateMutex_: shutdown() has begun
+
+  // Last member, so it is gone before anything the publisher thread reads (dtrain/progress.h).
+  progress::Registration progress_;
 };
 
 }  // namespace dtrain::comm

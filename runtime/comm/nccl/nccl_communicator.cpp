@@ -9,57 +9,27 @@
 #include "dtrain/error.h"
 #include "dtrain/logging.h"
 #include "dtrain/timeout.h"
+#include "cuda_device.h"
 #include "failure_report.h"
 #include "nccl_errors.h"
+#include "nccl_types.h"
+#include "store_collective_check.h"
 
 namespace dtrain::comm {
 
 namespace {
-
-ncclDataType_t toNccl(DataType dtype) {
-  switch (dtype) {
-    case DataType::Float32: return ncclFloat32;
-    case DataType::Float64: return ncclFloat64;
-    case DataType::Float16: return ncclFloat16;
-    case DataType::BFloat16:
-#if DTRAIN_NCCL_HAS_BF16
-      return ncclBfloat16;
-#else
-      DTRAIN_THROW(InvalidArgument, "bfloat16 collectives need NCCL >= 2.10 built with CUDA >= 11");
-#endif
-    case DataType::Int32: return ncclInt32;
-    case DataType::Int64: return ncclInt64;
-    case DataType::UInt8: return ncclUint8;
-    case DataType::Int8: return ncclInt8;
-  }
-  return ncclFloat32;
-}
-
-ncclRedOp_t toNccl(ReduceOp op) {
-  switch (op) {
-    case ReduceOp::Sum: return ncclSum;
-    case ReduceOp::Max: return ncclMax;
-    case ReduceOp::Min: return ncclMin;
-    case ReduceOp::Avg:
-#if DTRAIN_NCCL_HAS_AVG
-      return ncclAvg;
-#else
-      DTRAIN_THROW(InvalidArgument, "ReduceOp::Avg needs NCCL >= 2.10");
-#endif
-  }
-  return ncclSum;
-}
 
 // Device memory from allocate(): freed on the communicator's device when released.
 class DeviceBuffer final : public Buffer {
  public:
   DeviceBuffer(void* data, size_t bytes, int device) : data_(data), bytes_(bytes), device_(device) {}
   ~DeviceBuffer() override {
-    int previous = 0;
-    cudaGetDevice(&previous);
-    cudaSetDevice(device_);
-    cudaFree(data_);
-    cudaSetDevice(previous);
+    try {
+      DeviceGuard guard(device_);  // Note [Device guards and GPU 0]
+      cudaFree(data_);
+    } catch (const std::exception& e) {
+      DTRAIN_LOG(Warn, "nccl: freeing {} bytes on cuda:{} failed: {}", bytes_, device_, e.what());
+    }
   }
   void* data() override { return data_; }
   size_t bytes() const override { return bytes_; }
@@ -70,19 +40,6 @@ class DeviceBuffer final : public Buffer {
   int device_;
 };
 
-// Makes `device` current for the calling thread for one scope.
-class DeviceGuard {
- public:
-  explicit DeviceGuard(int device) {
-    cudaGetDevice(&previous_);
-    if (previous_ != device) checkCuda(cudaSetDevice(device), "cudaSetDevice");
-  }
-  ~DeviceGuard() { cudaSetDevice(previous_); }
-
- private:
-  int previous_ = 0;
-};
-
 }  // namespace
 
 // Note [NCCL watchdog]
@@ -91,10 +48,10 @@ class DeviceGuard {
 // collective records an end event, and one watchdog thread per communicator polls (every
 // watchdogInterval): the end events of pending collectives, and ncclCommGetAsyncError for errors
 // NCCL detected (a peer's connection closed, an internal failure). A collective that is not done
-// by its deadline, or an asynchronous error, fails the communicator: the first error is kept,
-// ncclCommAbort stops the kernels (so the device is usable for cleanup), every pending Work fails
-// with that error, and every later call rethrows it. The ranks then compare notes through the
-// store, as the Gloo backend does (failure_report.h).
+// by its deadline, or an asynchronous error, fails the communicator: the ranks compare notes
+// through the store (Note [NCCL failure report]), the first error is kept with their reports,
+// every pending Work fails with it, ncclCommAbort stops the kernels (so the device is usable for
+// cleanup; Note [Aborting under the issue lock]), and every later call rethrows it.
 
 NcclCommunicator::NcclCommunicator(const NcclOptions& o)
     : rank_(o.rank),
@@ -113,6 +70,18 @@ NcclCommunicator::NcclCommunicator(const NcclOptions& o)
       timeoutOrDefault(o.connectTimeout, kDefaultConnectTimeout, "NcclOptions::connectTimeout");
   validateNcclEnvironment();
   if (o.faultsFromEnv && faults_.empty()) faults_ = fault::activeFaults();
+  // Rank 0 decides whether collectives are checked, so all ranks agree (as with Gloo).
+  const std::string checkKey = name_ + "/check_collectives";
+  if (rank_ == 0) {
+    const char* env = std::getenv("DTRAIN_CHECK_COLLECTIVES");
+    checkCollectives_ = o.checkCollectives ||
+                        (o.checkCollectivesFromEnv && env != nullptr &&
+                         (std::strcmp(env, "1") == 0 || std::strcmp(env, "true") == 0));
+    store_->setString(checkKey, checkCollectives_ ? "1" : "0");
+  } else {
+    store_->wait({checkKey}, connectTimeout);
+    checkCollectives_ = store_->getString(checkKey) == "1";
+  }
   if (const char* restart = std::getenv("DTRAIN_RESTART_COUNT")) attempt_ = std::atoi(restart);
 
   const int devices = cudaDeviceCount();
@@ -154,6 +123,8 @@ NcclCommunicator::NcclCommunicator(const NcclOptions& o)
 
 void NcclCommunicator::start() {
   watchdog_ = std::thread([this] { watchdogMain(); });
+  progress_ = progress::watchCollectives(
+      [this] { return recorder_.progressState(name_, nextSeq_.load()); });
 }
 
 NcclCommunicator::~NcclCommunicator() {
@@ -212,6 +183,24 @@ std::shared_ptr<Work> NcclCommunicator::submit(CollectiveInfo info, const CallOp
   info.seq = nextSeq_.load();
   nextSeq_.store(info.seq + 1);
   recorder_.recordQueued(info);
+  if (faultAt(fault::Kind::WrongShape, info.seq)) {
+    info = wrongShape(info);
+    DTRAIN_LOG(Info, "nccl {}: {} passes a wrong-sized buffer (DTRAIN_FAULT wrong-shape)", who(),
+               info.describeWithSeq());
+  }
+  const bool skip = faultAt(fault::Kind::SkipCollective, info.seq) != nullptr;
+  if (checkCollectives_ && !skip) {
+    try {
+      checkCollectiveThroughStore(*store_, name_ + "/check", rank_, size_, info, timeout, who());
+    } catch (...) {
+      // As with Gloo, a failed check fails the communicator (the ranks no longer agree on what
+      // comes next); the watchdog aborts it.
+      recorder_.setState(info.seq, FlightRecorder::State::Failed);
+      std::lock_guard<std::mutex> lock(stateMutex_);
+      if (!error_) error_ = std::current_exception();
+      throw;
+    }
+  }
 
   cudaEvent_t ready = nullptr;
   cudaEvent_t done = nullptr;
@@ -233,11 +222,11 @@ std::shared_ptr<Work> NcclCommunicator::submit(CollectiveInfo info, const CallOp
     checkCuda(cudaLaunchHostFunc(stream_, &NcclCommunicator::hangHostFunc, this),
               "cudaLaunchHostFunc");
   }
-  if (faultAt(fault::Kind::SkipCollective, info.seq)) {
+  if (skip) {
     recorder_.setState(info.seq, FlightRecorder::State::Skipped);
   } else {
     recorder_.setState(info.seq, FlightRecorder::State::Running);
-    ncclResult_t rc = launch(comm_, stream_);
+    ncclResult_t rc = launch(comm_, stream_, info.count);
     if (rc != ncclSuccess) {
       cudaEventDestroy(done);
       auto error = ncclError(rc, comm_, who(), info.describeWithSeq());
@@ -261,6 +250,9 @@ std::shared_ptr<Work> NcclCommunicator::submit(CollectiveInfo info, const CallOp
 }
 
 void NcclCommunicator::watchdogMain() {
+  // Its CUDA calls (event queries, the abort) must use this device's context, never create one on
+  // the thread's default device 0 (Note [Device guards and GPU 0]).
+  if (cudaSetDevice(device_) != cudaSuccess) cudaGetLastError();  // the calls below then say why
   std::unique_lock<std::mutex> lock(stateMutex_);
   while (true) {
     wake_.wait_for(lock, watchdogInterval_);
@@ -299,7 +291,7 @@ void NcclCommunicator::watchdogMain() {
     }
     if (late) {
       lock.unlock();
-      failOnWatchdog(timeoutError(*this, late->info(), recorder_));
+      failOnWatchdog(timeoutError(*this, late->info(), recorder_));  // Note [NCCL failure report]
       lock.lock();
     }
   }
@@ -308,13 +300,20 @@ void NcclCommunicator::watchdogMain() {
 void NcclCommunicator::failOnWatchdog(std::exception_ptr error) {
   DTRAIN_CHECK(std::this_thread::get_id() == watchdog_.get_id(),
                "nccl {}: failOnWatchdog() called outside the watchdog thread", who());
+  std::shared_ptr<NcclWork> oldest;
+  {
+    std::lock_guard<std::mutex> lock(stateMutex_);
+    if (aborted_) return;
+    if (!pending_.empty()) oldest = pending_.front();
+    if (error_) error = error_;  // a caller's launch failed first
+  }
+  error = withReports(error, oldest ? &oldest->info() : nullptr);
   std::deque<std::shared_ptr<NcclWork>> pending;
   {
     std::lock_guard<std::mutex> lock(stateMutex_);
-    if (!error_) error_ = error;
-    error = error_;
+    // Reports replace the bare error; calls made meanwhile rethrow the one with reports.
+    error_ = error;
     pending.swap(pending_);
-    if (aborted_) return;
     aborted_ = true;
   }
   DTRAIN_LOG(Error, "{}", [&] {
@@ -324,61 +323,118 @@ void NcclCommunicator::failOnWatchdog(std::exception_ptr error) {
       return std::string(e.what());
     }
   }());
-  // Release an injected hang before aborting, so the stream can drain once the kernels stop.
-  releaseHang();
-  // Abort under the issue lock, so no caller is inside NCCL with comm_; a caller blocked inside
-  // NCCL (a lazy connect to a dead peer) holds it forever, and then only the abort unblocks it.
-  std::unique_lock<std::timed_mutex> issue(issueMutex_, std::defer_lock);
-  const bool locked = issue.try_lock_for(std::chrono::milliseconds(200) + 2 * watchdogInterval_);
-  if (comm_ != nullptr) ncclCommAbort(comm_);
-  if (locked) comm_ = nullptr;
+  // Waiters learn the error now: the abort below may have to wait for a caller.
   for (auto& w : pending) {
     recorder_.setState(w->info().seq, FlightRecorder::State::Failed);
     w->fail(error);
   }
+  // Release an injected hang before aborting, so the stream can drain once the kernels stop.
+  releaseHang();
+  abortOnWatchdog();
+}
+
+// Note [NCCL failure report]
+// Before failing its work, a failed rank compares notes with the others through the store, with
+// the same report as the Gloo backend (failure_report.h): where it is (the oldest collective not
+// done, its sequence number) and its error; it waits a short grace for the others' reports and adds
+// "rank 1 is behind at seq 41 (...)", "rank 2 calls allgather(...) where this rank calls ...", or
+// "rank 3 did not report" to its error. That is how a skipped collective or a wrong-sized buffer
+// (which NCCL cannot see: it just waits) is told apart from a dead or frozen rank.
+std::exception_ptr NcclCommunicator::withReports(std::exception_ptr error,
+                                                  const CollectiveInfo* at) {
+  if (size_ == 1) return error;
+  std::string text;
+  bool timedOut = false;
+  try {
+    std::rethrow_exception(error);
+  } catch (const TimeoutError& e) {
+    text = e.what();
+    timedOut = true;
+  } catch (const std::exception& e) {
+    text = e.what();
+  }
+  RankReport mine;
+  mine.rank = rank_;
+  mine.seq = at ? at->seq : nextSeq_.load();
+  mine.collective = at ? at->describe() : std::string("no collective pending");
+  mine.error = text;
+  // An asynchronous error usually means a dead peer that will never report: wait less for it.
+  const Millis grace =
+      timedOut ? reportGrace(timeout_) : std::min(reportGrace(timeout_), Millis(500));
+  const auto reports = exchangeReports(*store_, name_ + "/failure", size_, mine, grace);
+  const std::string summary = summarizeReports(reports, mine, grace);
+  if (summary.empty()) return error;
+  return withOtherRanks(error, summary);
+}
+
+// Note [Aborting under the issue lock]
+// NCCL allows one thread at a time on a communicator, and ncclCommAbort frees it: aborting while
+// a caller is inside an NCCL call on it would free the communicator under that call. So the abort
+// happens only under issueMutex_, which every caller holds while it uses comm_ (shutdown too).
+// Enqueuing a collective returns at once; a caller holds the lock longer only when NCCL blocks
+// inside the call (connecting to a peer that died, say). Then the watchdog waits for it, saying
+// so every few seconds, instead of freeing the communicator under it: the pending work has failed
+// already (every waiter has the error), and the dead peer ends the job through the launcher.
+void NcclCommunicator::abortOnWatchdog() {
+  std::unique_lock<std::timed_mutex> issue(issueMutex_, std::defer_lock);
+  const auto start = std::chrono::steady_clock::now();
+  while (!issue.try_lock_for(std::chrono::seconds(5))) {
+    DTRAIN_LOG(Warn, "nccl {}: the communicator failed, but a caller has been inside NCCL for {} "
+               "s (issuing seq {}); waiting for it to return before ncclCommAbort, which NCCL "
+               "allows no other thread to call meanwhile",
+               who(), std::chrono::duration_cast<std::chrono::seconds>(
+                          std::chrono::steady_clock::now() - start).count(),
+               nextSeq_.load() - 1);
+  }
+  if (comm_ != nullptr) ncclCommAbort(comm_);
+  comm_ = nullptr;
 }
 
 std::shared_ptr<Work> NcclCommunicator::allreduceAsync(void* data, size_t count, DataType dtype,
                                                        ReduceOp op, const CallOptions& options) {
-  const ncclDataType_t t = toNccl(dtype);
-  const ncclRedOp_t o = toNccl(op);
+  const ncclDataType_t t = toNcclDataType(dtype);
+  const ncclRedOp_t o = toNcclRedOp(op);
   CollectiveInfo info = CollectiveInfo::allreduce(dtype, count, op);
-  return submit(std::move(info), options, false, [=](ncclComm_t comm, cudaStream_t stream) {
-    return ncclAllReduce(data, data, count, t, o, comm, stream);
-  });
+  return submit(std::move(info), options, false,
+                [=](ncclComm_t comm, cudaStream_t stream, size_t n) {
+                  return ncclAllReduce(data, data, n, t, o, comm, stream);
+                });
 }
 
 std::shared_ptr<Work> NcclCommunicator::broadcastAsync(void* data, size_t count, DataType dtype,
                                                        int root, const CallOptions& options) {
   DTRAIN_CHECK_ARG(root >= 0 && root < size_, "nccl {}: broadcast root {} is outside 0..{}", who(),
                    root, size_ - 1);
-  const ncclDataType_t t = toNccl(dtype);
+  const ncclDataType_t t = toNcclDataType(dtype);
   CollectiveInfo info = CollectiveInfo::broadcast(dtype, count, root);
-  return submit(std::move(info), options, false, [=](ncclComm_t comm, cudaStream_t stream) {
-    return ncclBroadcast(data, data, count, t, root, comm, stream);
-  });
+  return submit(std::move(info), options, false,
+                [=](ncclComm_t comm, cudaStream_t stream, size_t n) {
+                  return ncclBroadcast(data, data, n, t, root, comm, stream);
+                });
 }
 
 std::shared_ptr<Work> NcclCommunicator::allgatherAsync(const void* send, void* recv, size_t count,
                                                        DataType dtype,
                                                        const CallOptions& options) {
-  const ncclDataType_t t = toNccl(dtype);
+  const ncclDataType_t t = toNcclDataType(dtype);
   CollectiveInfo info = CollectiveInfo::allgather(dtype, count);
-  return submit(std::move(info), options, false, [=](ncclComm_t comm, cudaStream_t stream) {
-    return ncclAllGather(send, recv, count, t, comm, stream);
-  });
+  return submit(std::move(info), options, false,
+                [=](ncclComm_t comm, cudaStream_t stream, size_t n) {
+                  return ncclAllGather(send, recv, n, t, comm, stream);
+                });
 }
 
 std::shared_ptr<Work> NcclCommunicator::reduceScatterAsync(const void* send, void* recv,
                                                            size_t count, DataType dtype,
                                                            ReduceOp op,
                                                            const CallOptions& options) {
-  const ncclDataType_t t = toNccl(dtype);
-  const ncclRedOp_t o = toNccl(op);
+  const ncclDataType_t t = toNcclDataType(dtype);
+  const ncclRedOp_t o = toNcclRedOp(op);
   CollectiveInfo info = CollectiveInfo::reduceScatter(dtype, count, op);
-  return submit(std::move(info), options, false, [=](ncclComm_t comm, cudaStream_t stream) {
-    return ncclReduceScatter(send, recv, count, t, o, comm, stream);
-  });
+  return submit(std::move(info), options, false,
+                [=](ncclComm_t comm, cudaStream_t stream, size_t n) {
+                  return ncclReduceScatter(send, recv, n, t, o, comm, stream);
+                });
 }
 
 std::shared_ptr<Work> NcclCommunicator::barrierAsync(const CallOptions& options) {
@@ -386,7 +442,7 @@ std::shared_ptr<Work> NcclCommunicator::barrierAsync(const CallOptions& options)
   void* scratch = barrierScratch_;
   CollectiveInfo info = CollectiveInfo::barrier();
   return submit(std::move(info), options, /*blocking=*/true,
-                [scratch](ncclComm_t comm, cudaStream_t stream) {
+                [scratch](ncclComm_t comm, cudaStream_t stream, size_t) {
                   return ncclAllReduce(scratch, scratch, 1, ncclFloat32, ncclSum, comm, stream);
                 });
 }
@@ -410,6 +466,8 @@ void NcclCommunicator::shutdown() {
   if (watchdog_.joinable()) watchdog_.join();
   releaseHang();
   DeviceGuard guard(device_);
+  // Note [Aborting under the issue lock]; callers that get it after this see closing_ and stop.
+  std::lock_guard<std::timed_mutex> issue(issueMutex_);
   bool healthy = false;
   bool aborted = false;
   {
@@ -419,9 +477,7 @@ void NcclCommunicator::shutdown() {
   }
   if (comm_ != nullptr) {
     if (healthy) {
-#if DTRAIN_NCCL_HAS_FINALIZE
       ncclCommFinalize(comm_);
-#endif
       ncclCommDestroy(comm_);
     } else if (!aborted) {
       ncclCommAbort(comm_);

@@ -38,7 +38,9 @@ class NcclWork final : public Work {
   // (barrier, TORCH_NCCL_BLOCKING_WAIT=1): polls until the GPU is done, at most `timeout`; zero
   // is the default deadline (Note [Zero timeouts]): the collective's deadline plus the time the
   // watchdog needs to abort and report, so only a stuck watchdog makes it throw.
-  void wait(Millis timeout = Millis::zero()) override;
+  void wait(Millis timeout = Millis::zero()) override { waitOnStream(nullptr, timeout); }
+  // Orders `stream` (null: the caller's stream at issue) after the collective.
+  void waitOnStream(void* stream, Millis timeout = Millis::zero()) override;
 
   const CollectiveInfo& info() const { return info_; }
   std::chrono::steady_clock::time_point deadline() const { return deadline_; }
@@ -98,13 +100,20 @@ class NcclCommunicator final : public Communicator,
   std::string who() const;
 
  private:
-  using Launch = std::function<ncclResult_t(ncclComm_t comm, cudaStream_t stream)>;
+  // Enqueues the collective on `stream` with `count` elements (the info's count: the wrong-shape
+  // fault shrinks it).
+  using Launch = std::function<ncclResult_t(ncclComm_t comm, cudaStream_t stream, size_t count)>;
 
   std::shared_ptr<Work> submit(CollectiveInfo info, const CallOptions& options, bool blocking,
                                const Launch& launch);
   void watchdogMain();
-  // Fails the communicator with `error` (first error wins), aborts NCCL, fails pending work.
+  // Fails the communicator with `error` (first error wins, with what the other ranks reported
+  // added: failure_report.h), fails pending work, aborts NCCL.
   void failOnWatchdog(std::exception_ptr error);
+  // `error` with the ranks' reports about where each one is (Note [NCCL failure report]).
+  std::exception_ptr withReports(std::exception_ptr error, const CollectiveInfo* at);
+  // ncclCommAbort under issueMutex_ (Note [Aborting under the issue lock]).
+  void abortOnWatchdog();
   void releaseHang();
   static void CUDART_CB hangHostFunc(void* self);
   static void CUDART_CB slowHostFunc(void* millis);
@@ -119,16 +128,18 @@ class NcclCommunicator final : public Communicator,
   const Millis timeout_;
   const Millis watchdogInterval_;
   const bool blockingWait_;
+  bool checkCollectives_ = false;  // Note [Collective check through the store]
   std::vector<fault::Fault> faults_;
   int attempt_ = 0;
 
-  ncclComm_t comm_ = nullptr;  // used under issueMutex_ (callers, abort) or by shutdown()
+  ncclComm_t comm_ = nullptr;  // used under issueMutex_ (callers, abort, shutdown)
   cudaStream_t stream_ = nullptr;
   void* barrierScratch_ = nullptr;  // one float on the device for barrier()
   FlightRecorder recorder_;
 
   // One caller enqueues at a time, in sequence order. The watchdog takes it to abort, so an
-  // abort never frees the ncclComm_t under a caller that is using it (Note [NCCL watchdog]).
+  // abort never frees the ncclComm_t under a caller that is using it (Note [Aborting under the
+  // issue lock]).
   std::timed_mutex issueMutex_;
   std::atomic<uint64_t> nextSeq_{0};  // written under issueMutex_
 
@@ -140,6 +151,9 @@ class NcclCommunicator final : public Communicator,
   bool aborted_ = false;                        // guarded by stateMutex_
   std::atomic<bool> hangReleased_{false};
   std::thread watchdog_;
+
+  // Last member, so it is gone before anything the publisher thread reads (dtrain/progress.h).
+  progress::Registration progress_;
 };
 
 }  // namespace dtrain::comm

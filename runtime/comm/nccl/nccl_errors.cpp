@@ -39,6 +39,35 @@ void checkNccl(ncclResult_t rc, ncclComm_t comm, const std::string& who, const s
   if (rc != ncclSuccess) std::rethrow_exception(ncclError(rc, comm, who, what));
 }
 
+namespace {
+
+template <typename E>
+std::exception_ptr sameType(const std::string& text) {
+  return std::make_exception_ptr(E(text));
+}
+
+}  // namespace
+
+std::exception_ptr withOtherRanks(std::exception_ptr error, const std::string& summary) {
+  auto merge = [&](const std::string& text) {
+    const std::string part = ". Other ranks: " + summary;
+    const size_t hint = text.find(". HINT:");
+    if (hint == std::string::npos) return text + part;
+    return text.substr(0, hint) + part + text.substr(hint);
+  };
+  try {
+    std::rethrow_exception(error);
+  } catch (const TimeoutError& e) {
+    return sameType<TimeoutError>(merge(e.what()));
+  } catch (const NetworkError& e) {
+    return sameType<NetworkError>(merge(e.what()));
+  } catch (const InvalidArgument& e) {
+    return sameType<InvalidArgument>(merge(e.what()));
+  } catch (const std::exception& e) {
+    return sameType<Error>(merge(e.what()));
+  }
+}
+
 std::exception_ptr timeoutError(const NcclCommunicator& comm, const CollectiveInfo& info,
                                 const FlightRecorder& recorder) {
   try {

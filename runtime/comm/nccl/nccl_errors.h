@@ -24,6 +24,9 @@ void checkNccl(ncclResult_t rc, ncclComm_t comm, const std::string& who, const s
 std::exception_ptr ncclError(ncclResult_t rc, ncclComm_t comm, const std::string& who,
                              const std::string& what);
 
+// `error` (same type) with "Other ranks: <summary>" added before its HINT, if any.
+std::exception_ptr withOtherRanks(std::exception_ptr error, const std::string& summary);
+
 // The TimeoutError of a collective that outlived its deadline (the communicator is aborted).
 std::exception_ptr timeoutError(const NcclCommunicator& comm, const CollectiveInfo& info,
                                 const FlightRecorder& recorder);

@@ -4,6 +4,7 @@
 #include <fmt/format.h>
 
 #include "dtrain/error.h"
+#include "cuda_device.h"
 #include "nccl_communicator_impl.h"
 #include "nccl_errors.h"
 
@@ -24,7 +25,13 @@ NcclWork::NcclWork(std::weak_ptr<NcclCommunicator> owner, std::string who, int d
       blocking_(blocking) {}
 
 NcclWork::~NcclWork() {
-  if (done_ != nullptr) cudaEventDestroy(done_);
+  if (done_ == nullptr) return;
+  try {
+    DeviceGuard guard(device_);  // whichever thread drops it: Note [Device guards and GPU 0]
+    cudaEventDestroy(done_);
+  } catch (...) {
+    // Destructors do not throw; the event leaks only if the device is gone.
+  }
 }
 
 bool NcclWork::pollOnWatchdog() {
@@ -65,13 +72,15 @@ bool NcclWork::isCompleted() {
   return cudaEventQuery(done_) == cudaSuccess || errorNow() != nullptr;
 }
 
-void NcclWork::wait(Millis timeout) {
+void NcclWork::waitOnStream(void* stream, Millis timeout) {
+  // c10d orders the stream current at wait time; the torch layer passes it (comm.h).
+  cudaStream_t after = stream != nullptr ? static_cast<cudaStream_t>(stream) : caller_;
   DTRAIN_CHECK_ARG(timeout >= Millis::zero(), "nccl {}: Work::wait: negative timeout {} ms", who_,
                    timeout.count());
   if (auto error = errorNow()) std::rethrow_exception(error);
   if (!blocking_) {
     // The caller's stream continues after the collective; the host does not wait for the GPU.
-    checkCuda(cudaStreamWaitEvent(caller_, done_, 0),
+    checkCuda(cudaStreamWaitEvent(after, done_, 0),
               fmt::format("nccl {}: {}: cudaStreamWaitEvent", who_, info_.describeWithSeq()));
     return;
   }
@@ -93,7 +102,7 @@ void NcclWork::wait(Millis timeout) {
   }
   if (auto error = errorNow()) std::rethrow_exception(error);
   finished_.store(true);
-  checkCuda(cudaStreamWaitEvent(caller_, done_, 0), "cudaStreamWaitEvent");
+  checkCuda(cudaStreamWaitEvent(after, done_, 0), "cudaStreamWaitEvent");
 }
 
 }  // namespace dtrain::comm

@@ -84,6 +84,8 @@ ShmCommunicator::ShmCommunicator(Config c)
              segment_->hugePages() ? "advised" : "not allowed for shared memory here",
              timeout_.count());
   queue_ = CollectiveQueue::start(fmt::format("dtrain-shm{}", topo_.rank));
+  progress_ = progress::watchCollectives(
+      [this] { return recorder_.progressState(name_, nextSeq_.load()); });
 }
 
 ShmCommunicator::~ShmCommunicator() {
@@ -150,12 +152,13 @@ void ShmCommunicator::runOnCommThread(const CollectiveInfo& requested, Millis ti
     return;
   }
   if (const fault::Fault* hang = faults_.at(fault::Kind::Hang, requested.seq)) {
-    recorder_.setState(requested.seq, FlightRecorder::State::Running);
+    // As with Gloo: the injected hang stops this rank before it takes part, so the collective
+    // stays "queued" in the flight recorder while its peers show it "running" (how a stall
+    // report tells the rank that holds everyone up from the ones waiting for it).
     hangOnCommThread(requested, *hang);
   }
-  const CollectiveInfo info = faults_.at(fault::Kind::WrongShape, requested.seq)
-                                  ? CollectiveFaults::shrunk(requested)
-                                  : requested;
+  const CollectiveInfo info =
+      faults_.at(fault::Kind::WrongShape, requested.seq) ? wrongShape(requested) : requested;
   recorder_.setState(info.seq, FlightRecorder::State::Running);
   try {
     body(info, shm::Clock::now() + timeout);

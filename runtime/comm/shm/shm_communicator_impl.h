@@ -20,6 +20,7 @@
 #include "collective.h"
 #include "collective_faults.h"
 #include "collective_queue.h"
+#include "dtrain/progress.h"
 #include "dtrain/shm_communicator.h"
 #include "flight_recorder.h"
 #include "host_buffer_pool.h"
@@ -149,6 +150,9 @@ class ShmCommunicator final : public Communicator {
   std::exception_ptr error_;              // guarded by stateMutex_
   bool closing_ = false;                  // guarded by stateMutex_
   std::atomic<bool> warnedSpill_{false};
+
+  // Last member, so it is gone before anything the publisher thread reads (dtrain/progress.h).
+  progress::Registration progress_;
 };
 
 // Builds the CPU communicator for ranks placed by `map` (see createCpuCommunicator()).

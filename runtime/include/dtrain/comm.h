@@ -51,9 +51,18 @@ class Work {
   // else the communicator's, from when it starts, plus the grace in which the ranks compare notes
   // on a failure), so a zero wait ends with the collective's own error, or with TimeoutError only
   // when the backend is stuck past that deadline. Negative: InvalidArgument.
-  // On CUDA: returns when the caller's stream (CallOptions::stream) is ordered after the
-  // collective; the host does not wait for the GPU.
+  // On CUDA: returns when the stream given at issue (CallOptions::stream) is ordered after the
+  // collective; the host does not wait for the GPU. See waitOnStream().
   virtual void wait(Millis timeout = Millis::zero()) = 0;
+  // wait(), ordering `stream` (a cudaStream_t) after the collective instead of the stream given
+  // at issue; null: that one. c10d orders the caller's current stream at wait time, and so does
+  // the torch layer, through this: DDP writes gradients back from the end-of-backward callback,
+  // whose current stream need not be the one a bucket was issued on. CPU backends have no
+  // streams: wait(timeout).
+  virtual void waitOnStream(void* stream, Millis timeout = Millis::zero()) {
+    (void)stream;
+    wait(timeout);
+  }
 };
 
 // Per-call options. Zero/null members mean "the communicator's default" (a zero timeout: the

@@ -5,8 +5,10 @@
 #include "dtrain/error.h"
 
 #if DTRAIN_WITH_TORCH
+#include "dtrain/checkpoint.h"
 #include "dtrain/ddp.h"
 #include "dtrain/distributed_sampler.h"
+#include "dtrain/grad_scaler.h"
 #include "dtrain/init.h"
 #endif
 

@@ -6,16 +6,26 @@
 //   DTRAIN_FAULT    = fault (";" fault)*
 //   fault           = kind [":" arg] ["@" cond ("," cond)*]
 //   cond            = ("rank" | "step" | "attempt") "=" integer        (absent = any)
-//   kind            = exit:CODE | signal:NAME | abort | hang | stop | slow:MS | nan-grad
-//                   | skip-collective | wrong-shape
+//                   | "phase=" ("before" | "after")                    (nan-grad only)
+//   kind            = exit:CODE | signal:NAME | abort | hang | stop | slow:MS
+//                   | nan-grad [":" ("nan" | "inf")] | skip-collective | wrong-shape
 //                     and, obeyed by the test worker only:
 //                   | flood:LINES | grandchild | error-file:CODE
 //
 //   DTRAIN_IO_FAULT = iofault (";" iofault)*
-//   iofault         = (open|write|fsync|rename) ":" ERRNO "@" N    (the N-th call of that op fails)
-//                   | "crash@io=" K                                 (SIGKILL after the K-th I/O call)
+//   iofault         = (open|write|fsync|rename) ":" ERRNO "@" N ["," iocond]*
+//                                                  (the N-th call of that op fails with ERRNO)
+//                   | "crash@io=" K ["," iocond]*  (SIGKILL right after the K-th I/O call)
+//   iocond          = ("rank" | "attempt") "=" integer                  (absent = any)
+// I/O calls are counted per process, over all of its checkpoint saves and copies.
 //
 // Example: DTRAIN_FAULT="signal:KILL@rank=3,step=17,attempt=0".
+//
+// nan-grad: at DDP's synchronised backward number `step` (0-based), rank `rank` writes NaN (or
+// +inf) into one element of one gradient -- before the gradient enters its bucket's allreduce
+// (phase=before, the default: the poison then reaches every rank), or into that rank's .grad
+// after the allreduce wrote it back (phase=after: that rank alone sees it). The second is what a
+// test of GradScaler's cross-rank agreement needs.
 
 #include <cstdint>
 #include <string>
@@ -40,10 +50,11 @@ enum class Kind {
 
 struct Fault {
   Kind kind = Kind::Exit;
-  int64_t arg = 0;   // exit code, signal number, milliseconds, lines
+  int64_t arg = 0;   // exit code, signal number, milliseconds, lines; nan-grad: 1 for inf
   int rank = -1;     // -1: any
   int64_t step = -1;
   int attempt = -1;
+  bool after = false;  // nan-grad: phase=after
 
   bool matches(int rank, int64_t step, int attempt) const;
   std::string describe() const;  // back in the grammar above
@@ -57,6 +68,9 @@ const std::vector<Fault>& activeFaults();
 
 // The first fault of `kind` that matches, or nullptr. `attempt` -1 reads DTRAIN_RESTART_COUNT.
 const Fault* findFault(Kind kind, int rank, int64_t step, int attempt = -1);
+
+// This process's restart attempt: DTRAIN_RESTART_COUNT, 0 when unset.
+int currentAttempt();
 
 // Runs every process-level fault (exit, signal, abort, hang, stop, slow) that matches this point.
 // Call it where a step begins; kinds that the runtime interprets are left alone.
@@ -72,6 +86,8 @@ struct IoFault {
   IoOp op = IoOp::Write;
   int error = 0;       // errno to fail with
   int64_t nth = 0;     // 1-based: which call (of `op`, or of any op when crash)
+  int rank = -1;       // -1: any
+  int attempt = -1;
   std::string describe() const;
 };
 
@@ -81,8 +97,12 @@ std::vector<IoFault> parseIoFaults(const std::string& spec);
 class IoFaultInjector {
  public:
   explicit IoFaultInjector(std::vector<IoFault> faults) : faults_(std::move(faults)) {}
-  // From DTRAIN_IO_FAULT (no faults when unset).
-  static IoFaultInjector fromEnv();
+  // From DTRAIN_IO_FAULT (no faults when unset): those whose conditions match `rank` (-1: only
+  // those without a rank condition) and this restart attempt (DTRAIN_RESTART_COUNT).
+  static IoFaultInjector fromEnv(int rank = -1);
+  bool empty() const { return faults_.empty(); }
+  // I/O calls completed so far (what crash@io=K counts).
+  int64_t calls() const { return total_; }
 
   // Call before each I/O call: returns the errno to fail it with, or 0 to go ahead.
   int before(IoOp op);

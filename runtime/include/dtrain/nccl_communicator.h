@@ -34,6 +34,11 @@ struct NcclOptions {
   // passed) instead of only ordering the caller's stream after it.
   bool blockingWait = false;
   Millis watchdogInterval = kDefaultWatchdogInterval;
+  // Compare every collective's type and shape across ranks through the store before running it
+  // and fail at once naming both sides (a few store round trips per collective: for debugging).
+  // Rank 0's value applies to all ranks. Default: DTRAIN_CHECK_COLLECTIVES=1.
+  bool checkCollectives = false;
+  bool checkCollectivesFromEnv = true;
   // Fault injection (hang: the collective's stream stalls until the watchdog aborts); `step`
   // counts collectives. Default: DTRAIN_FAULT.
   std::vector<fault::Fault> faults;

@@ -38,7 +38,8 @@ class ProcessGroup {
   // The job's store (keys of this restart round), when created by init(); null otherwise.
   std::shared_ptr<store::Store> store() const;
 
-  // In place on `tensor` (any layout; on this group's device type).
+  // In place on `tensor` (any layout; on this group's device: for CUDA, the same index). Bool
+  // tensors: Sum is a logical or (reduced as Max, as c10d does), Min/Max and/or; Avg is refused.
   void allreduce(at::Tensor& tensor, ReduceOp op = ReduceOp::Sum);
   std::shared_ptr<comm::Work> allreduceAsync(at::Tensor& tensor, ReduceOp op = ReduceOp::Sum);
   void broadcast(at::Tensor& tensor, int root = 0);
@@ -78,5 +79,15 @@ class ProcessGroup {
 
 // Maps a tensor's scalar type to the Communicator's; throws InvalidArgument for unsupported ones.
 comm::DataType toDataType(const at::Tensor& tensor);
+
+// The op a reduction of `type` runs with: bool travels as uint8, where Sum would leave 2 in bool
+// memory, so Sum becomes Max (logical or) and Avg is refused, as in c10d. Others unchanged.
+ReduceOp reduceOpFor(at::ScalarType type, ReduceOp op);
+
+// Throws InvalidArgument, naming both devices, unless a tensor on `tensor` may go through a group
+// working on `group`: the same device type and, when the group's device has an index, the same
+// index (a cuda:1 tensor would otherwise reach a cuda:0 communicator). `what`: the operation.
+void checkTensorDevice(const c10::Device& tensor, const c10::Device& group, const char* backend,
+                       const char* what);
 
 }  // namespace dtrain

@@ -9,15 +9,24 @@
 //     interface we derive from kept operator()(outputs, inputs) in both.
 //   - queueEngineCallback: the autograd engine's end-of-backward callback.
 //   - currentStream: the caller's CUDA stream, only in CUDA builds of libtorch.
+//   - optimizerStateKey: the key of a parameter's entry in Optimizer::state(): a string of the
+//     TensorImpl's address in 1.13, the address itself (void*) in later 2.x releases.
+//   - schedulerStepCount: LRScheduler's position (a protected member in every version; no
+//     accessor exists), for checkpoints.
 
 #include <functional>
 #include <memory>
+#include <sstream>
+#include <string>
+#include <type_traits>
 
 #include <c10/core/Device.h>
 #include <torch/csrc/autograd/engine.h>
 #include <torch/csrc/autograd/function.h>
 #include <torch/csrc/autograd/function_hook.h>
 #include <torch/csrc/autograd/variable.h>
+#include <torch/optim/optimizer.h>
+#include <torch/optim/schedulers/lr_scheduler.h>
 #include <torch/version.h>
 
 #include "dtrain/config.h"
@@ -72,6 +81,31 @@ inline void* currentStream(const c10::Device& device) {
 #endif
   (void)device;
   return nullptr;
+}
+
+// The key of `param`'s state in `optimizer.state()`, whatever the key type of this libtorch.
+// (A template so that only the branch of this libtorch's key type is instantiated.)
+template <typename OptimizerType>
+auto optimizerStateKey(const OptimizerType& optimizer, const at::Tensor& param) {
+  using Key = typename std::decay_t<decltype(optimizer.state())>::key_type;
+  if constexpr (std::is_same_v<Key, std::string>) {
+    std::ostringstream out;  // what c10::guts::to_string(TensorImpl*) writes
+    out << param.unsafeGetTensorImpl();
+    return Key(out.str());
+  } else {
+    return static_cast<Key>(param.unsafeGetTensorImpl());
+  }
+}
+
+// LRScheduler::step_count_, reached through a derived class (the standard way to name a
+// protected member of another object).
+struct SchedulerAccess : torch::optim::LRScheduler {
+  static unsigned& stepCount(torch::optim::LRScheduler& scheduler) {
+    return scheduler.*(&SchedulerAccess::step_count_);
+  }
+};
+inline unsigned& schedulerStepCount(torch::optim::LRScheduler& scheduler) {
+  return SchedulerAccess::stepCount(scheduler);
 }
 
 }  // namespace dtrain::compat

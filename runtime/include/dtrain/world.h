@@ -116,6 +116,13 @@ const BackendEntry& chooseBackend(const std::string& requested, const EnvLookup&
                                   int cudaDevices, bool sharedMemory,
                                   const std::vector<BackendEntry>& table = backendTable());
 
+// The CUDA device of the rank with `localRank` when `devices` are visible (`visibleDevices`: the
+// value of CUDA_VISIBLE_DEVICES, null when unset, for the message). One visible device: that one,
+// whatever the local rank (Slurm's per-task GPU binding shows each task only its own GPU while
+// SLURM_LOCALID counts on). Several: the localRank-th. Throws InvalidArgument when localRank is
+// not below their number.
+int chooseCudaDevice(int localRank, int devices, const char* visibleDevices);
+
 struct World {
   WorldEnv env;
   std::string backend;                             // what runs: "shm", "shm+gloo", "gloo", "nccl"

@@ -1,0 +1,16 @@
+# checkpoint_bench: dtrain's Checkpointer against torch.save/torch.load (Debian's python3-torch)
+# and dd (benchmarks/README.md). The --train mode runs under launch and needs Gloo.
+add_executable(checkpoint_bench benchmarks/checkpoint/checkpoint_bench.cpp)
+target_link_libraries(checkpoint_bench PRIVATE dtrain nlohmann_json::nlohmann_json)
+target_compile_definitions(checkpoint_bench PRIVATE
+  DTRAIN_CHECKPOINT_BENCH_DIR="${CMAKE_CURRENT_SOURCE_DIR}/benchmarks/checkpoint")
+target_precompile_headers(checkpoint_bench REUSE_FROM dtrain)
+target_compile_options(checkpoint_bench PRIVATE -fPIC)  # see dtrain_gtest in tests/tests.cmake
+dtrain_warnings(checkpoint_bench)
+if(DTRAIN_WITH_TESTS AND DTRAIN_HAVE_GLOO)
+  add_test(NAME bench_smoke.checkpoint_bench COMMAND checkpoint_bench --smoke)
+  add_test(NAME bench_smoke.checkpoint_bench_train
+           COMMAND launch --nproc-per-node 1 $<TARGET_FILE:checkpoint_bench> --train --smoke)
+  set_tests_properties(bench_smoke.checkpoint_bench bench_smoke.checkpoint_bench_train
+                       PROPERTIES LABELS integration TIMEOUT 120)
+endif()

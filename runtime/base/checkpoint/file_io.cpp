@@ -1,0 +1,490 @@
+#include "checkpoint/file_io.h"
+
+#include <dirent.h>
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+
+#include <fmt/format.h>
+
+#include "dtrain/error.h"
+#include "dtrain/logging.h"
+#include "parse_int.h"
+
+// Note [Bounded saves]
+// write() and fsync() on a dying disk or a hung network filesystem can block for minutes or for
+// ever, in the kernel, where no timeout reaches. So every save runs on a thread of its own and
+// the caller waits with a deadline: past it, wait() throws a TimeoutError that says which phase
+// the save is in and how many bytes it wrote, and training (or the program's error handling)
+// goes on. The stuck thread cannot be cancelled; it owns everything it touches (shared_ptrs), so
+// it may outlive the Checkpointer, which detaches it rather than hang in its destructor.
+
+namespace dtrain::checkpoint {
+
+namespace {
+
+constexpr const char* kTmpSuffix = ".tmp";
+constexpr const char* kStepPrefix = "step-";
+constexpr const char* kLatest = "LATEST";
+
+std::string errnoText(int error) {
+  return fmt::format("{} ({})", std::strerror(error), fault::errnoName(error));
+}
+
+std::string hintFor(int error) {
+  switch (error) {
+    case ENOSPC:
+    case EDQUOT: return " HINT: the disk is full; free space or lower keepLast. Earlier checkpoints are intact";
+    case EIO: return " HINT: the device reported an I/O error; check the disk. Earlier checkpoints are intact";
+    case EROFS: return " HINT: the filesystem is read-only";
+    case EACCES:
+    case EPERM: return " HINT: check the directory's permissions";
+    default: return "";
+  }
+}
+
+bool parseStep(const std::string& digits, int64_t* step) {
+  if (digits.empty() || digits.size() > 18) return false;
+  for (char c : digits) {
+    if (c < '0' || c > '9') return false;
+  }
+  return parseInt64(digits, step) && *step >= 0;
+}
+
+// Whether `path` (a regular file of ours by name) is one of our temporaries by content.
+bool ownedTemporary(const std::string& path) {
+  struct stat st {};
+  if (::lstat(path.c_str(), &st) != 0 || !S_ISREG(st.st_mode) || st.st_uid != ::geteuid()) {
+    return false;
+  }
+  if (st.st_size < static_cast<off_t>(sizeof(kMagic))) return true;
+  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return false;
+  char head[sizeof(kMagic)];
+  ssize_t n = ::pread(fd, head, sizeof(head), 0);
+  ::close(fd);
+  if (n != static_cast<ssize_t>(sizeof(head))) return false;
+  // The header is written last: a crashed save's temporary starts with zeros, or with the magic.
+  static const char kZeros[sizeof(kMagic)] = {};
+  return std::memcmp(head, kMagic, sizeof(kMagic)) == 0 || std::memcmp(head, kZeros, sizeof(head)) == 0;
+}
+
+bool isStepTemporary(const std::string& name) {
+  int64_t step = 0;
+  size_t p = std::strlen(kStepPrefix), s = std::strlen(kTmpSuffix);
+  return name.size() > p + s && name.compare(0, p, kStepPrefix) == 0 &&
+         name.compare(name.size() - s, s, kTmpSuffix) == 0 &&
+         parseStep(name.substr(p, name.size() - p - s), &step);
+}
+
+}  // namespace
+
+int FileOps::fail(fault::IoOp op) { return injector_.before(op); }
+
+int FileOps::open(const std::string& path, int flags, mode_t mode) {
+  int injected = fail(fault::IoOp::Open);
+  int fd = -1;
+  if (injected == 0) {
+    do {
+      fd = ::open(path.c_str(), flags | O_CLOEXEC, mode);
+    } while (fd < 0 && errno == EINTR);
+  }
+  int error = injected ? injected : errno;
+  DTRAIN_CHECK_T(CheckpointError, fd >= 0, "checkpoint: cannot open {}: {}.{}", path,
+                 errnoText(error), hintFor(error));
+  injector_.after();
+  return fd;
+}
+
+void FileOps::writeAt(int fd, const void* data, size_t size, uint64_t offset,
+                      const std::string& path, SaveProgress* progress) {
+  const auto* p = static_cast<const uint8_t*>(data);
+  size_t done = 0;
+  while (done < size) {
+    size_t chunk = std::min(size - done, kMaxWriteBytes);
+    int injected = fail(fault::IoOp::Write);
+    ssize_t n = -1;
+    if (injected == 0) {
+      n = ::pwrite(fd, p + done, chunk, static_cast<off_t>(offset + done));
+      if (n < 0 && errno == EINTR) continue;
+    }
+    int error = injected ? injected : errno;
+    DTRAIN_CHECK_T(CheckpointError, n > 0 || (n == 0 && chunk == 0),
+                   "checkpoint: writing {} failed at byte {} ({} of {} bytes of this piece "
+                   "written): {}.{}",
+                   path, offset + done, done, size, n == 0 ? "no progress" : errnoText(error),
+                   hintFor(error));
+    injector_.after();
+    done += static_cast<size_t>(n);
+    if (progress) progress->bytesWritten += static_cast<uint64_t>(n);
+  }
+}
+
+void FileOps::fsync(int fd, const std::string& path) {
+  int injected = fail(fault::IoOp::Fsync);
+  int rc = injected ? -1 : ::fsync(fd);
+  int error = injected ? injected : errno;
+  // Never retried: after a failed fsync the kernel may have dropped the dirty pages.
+  DTRAIN_CHECK_T(CheckpointError, rc == 0, "checkpoint: fsync of {} failed: {}; the save is lost.{}",
+                 path, errnoText(error), hintFor(error));
+  injector_.after();
+}
+
+void FileOps::rename(const std::string& from, const std::string& to) {
+  int injected = fail(fault::IoOp::Rename);
+  int rc = injected ? -1 : ::rename(from.c_str(), to.c_str());
+  int error = injected ? injected : errno;
+  DTRAIN_CHECK_T(CheckpointError, rc == 0, "checkpoint: rename {} -> {} failed: {}.{}", from, to,
+                 errnoText(error), hintFor(error));
+  injector_.after();
+}
+
+void FileOps::fsyncDirectory(const std::string& dir) {
+  int fd = open(dir, O_RDONLY | O_DIRECTORY);
+  try {
+    fsync(fd, dir);
+  } catch (...) {
+    close(fd);
+    throw;
+  }
+  close(fd);
+}
+
+void FileOps::close(int fd) {
+  if (fd >= 0) ::close(fd);
+}
+
+namespace {
+
+// Writes the manifest after the data and the header at offset 0, then fsyncs.
+void finishFile(FileOps& ops, int fd, const std::string& path, Layout& layout, SaveProgress* progress) {
+  if (progress) progress->phase = "writing the manifest";
+  auto manifest = encodeManifest(layout.entries);
+  auto header = encodeHeader(layout.header, manifest);
+  ops.writeAt(fd, manifest.data(), manifest.size(), layout.header.manifestOffset, path, progress);
+  ops.writeAt(fd, header.data(), header.size(), 0, path, progress);
+  // The file ends exactly after the manifest, even when an earlier, longer attempt left more.
+  if (::ftruncate(fd, static_cast<off_t>(layout.header.fileSize)) != 0) {
+    DTRAIN_THROW(CheckpointError, "checkpoint: truncating {} to {} bytes failed: {}", path,
+                 layout.header.fileSize, errnoText(errno));
+  }
+  if (progress) progress->phase = "fsync of the file";
+  ops.fsync(fd, path);
+}
+
+template <typename Body>
+void withFile(FileOps& ops, const std::string& path, Body&& body) {
+  int fd = ops.open(path, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  try {
+    body(fd);
+  } catch (...) {
+    FileOps::close(fd);
+    throw;
+  }
+  FileOps::close(fd);
+}
+
+}  // namespace
+
+void writeCheckpointFile(FileOps& ops, const std::string& path, Layout& layout,
+                         const EntryData& data, std::vector<uint8_t>& scratch,
+                         SaveProgress* progress) {
+  DTRAIN_CHECK_ARG(data.size() == layout.entries.size(), "checkpoint: {} data pointers for {} entries",
+                   data.size(), layout.entries.size());
+  constexpr size_t kGather = size_t{8} << 20;  // entries below 1 MiB are gathered into this
+  if (progress) {
+    progress->bytesTotal = layout.header.manifestOffset;
+    progress->phase = "writing data";
+  }
+  withFile(ops, path, [&](int fd) {
+    if (scratch.size() < kGather) scratch.assign(kGather, 0);
+    uint64_t pendingStart = layout.header.dataOffset;  // file offset of scratch[0]
+    size_t pending = 0;
+    auto flush = [&] {
+      if (pending) ops.writeAt(fd, scratch.data(), pending, pendingStart, path, progress);
+      pendingStart += pending;
+      pending = 0;
+    };
+    for (size_t i = 0; i < layout.entries.size(); ++i) {
+      Entry& e = layout.entries[i];
+      e.checksum = checksum(data[i], e.size);
+      uint64_t padEnd = i + 1 < layout.entries.size() ? layout.entries[i + 1].offset
+                                                       : layout.header.manifestOffset;
+      uint64_t span = padEnd - e.offset;  // entry + alignment padding
+      if (span <= kGather / 8) {
+        if (pending + span > scratch.size()) flush();
+        if (e.size) std::memcpy(scratch.data() + pending, data[i], e.size);
+        std::memset(scratch.data() + pending + e.size, 0, span - e.size);
+        pending += span;
+        continue;
+      }
+      flush();
+      ops.writeAt(fd, data[i], e.size, e.offset, path, progress);
+      static const uint8_t kZeros[kDataAlignment] = {};
+      if (span > e.size) ops.writeAt(fd, kZeros, span - e.size, e.offset + e.size, path, progress);
+      pendingStart = padEnd;
+    }
+    flush();
+    finishFile(ops, fd, path, layout, progress);
+  });
+}
+
+void writeCheckpointFileFromRegion(FileOps& ops, const std::string& path, Layout& layout,
+                                   const uint8_t* region, SaveProgress* progress) {
+  if (progress) {
+    progress->bytesTotal = layout.header.manifestOffset;
+    progress->phase = "writing data";
+  }
+  for (auto& e : layout.entries) {
+    e.checksum = checksum(region + (e.offset - layout.header.dataOffset), e.size);
+  }
+  withFile(ops, path, [&](int fd) {
+    ops.writeAt(fd, region, layout.header.dataSize, layout.header.dataOffset, path, progress);
+    finishFile(ops, fd, path, layout, progress);
+  });
+}
+
+std::string stepFileName(int64_t step) { return fmt::format("{}{:08d}", kStepPrefix, step); }
+
+DirectoryListing listDirectory(const std::string& dir) {
+  DirectoryListing out;
+  DIR* d = ::opendir(dir.c_str());
+  if (!d) {
+    DTRAIN_CHECK_T(CheckpointError, errno == ENOENT, "checkpoint: cannot read directory {}: {}", dir,
+                   errnoText(errno));
+    return out;
+  }
+  while (struct dirent* ent = ::readdir(d)) {
+    std::string name = ent->d_name;
+    int64_t step = 0;
+    size_t p = std::strlen(kStepPrefix);
+    if (name.compare(0, p, kStepPrefix) == 0 && parseStep(name.substr(p), &step)) {
+      struct stat st {};
+      if (::stat((dir + "/" + name).c_str(), &st) == 0 && S_ISREG(st.st_mode)) out.steps.push_back(step);
+    } else if (isStepTemporary(name) || name == std::string(kLatest) + kTmpSuffix) {
+      if (ownedTemporary(dir + "/" + name)) {
+        out.temporaries.push_back(name);
+      } else {
+        out.foreign.push_back(name);
+      }
+    }
+  }
+  ::closedir(d);
+  std::sort(out.steps.rbegin(), out.steps.rend());
+  std::string latest;
+  int fd = ::open((dir + "/" + kLatest).c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd >= 0) {
+    char buf[64];
+    ssize_t n = ::read(fd, buf, sizeof(buf));
+    ::close(fd);
+    if (n > 0) latest.assign(buf, static_cast<size_t>(n));
+    while (!latest.empty() && (latest.back() == '\n' || latest.back() == ' ')) latest.pop_back();
+    int64_t step = 0;
+    size_t p = std::strlen(kStepPrefix);
+    if (latest.compare(0, p, kStepPrefix) == 0 && parseStep(latest.substr(p), &step)) out.latest = step;
+  }
+  return out;
+}
+
+void makeDirectories(const std::string& dir) {
+  DTRAIN_CHECK_ARG(!dir.empty(), "checkpoint: empty directory name");
+  std::string path;
+  size_t pos = 0;
+  while (pos != std::string::npos) {
+    size_t next = dir.find('/', pos + 1);
+    path = dir.substr(0, next);
+    pos = next;
+    if (path.empty() || path == "/") continue;
+    if (::mkdir(path.c_str(), 0755) != 0 && errno != EEXIST) {
+      int error = errno;
+      DTRAIN_THROW(CheckpointError, "checkpoint: cannot create directory {}: {}.{}", path,
+                   errnoText(error), hintFor(error));
+    }
+  }
+  struct stat st {};
+  DTRAIN_CHECK_T(CheckpointError, ::stat(dir.c_str(), &st) == 0 && S_ISDIR(st.st_mode),
+                 "checkpoint: {} is not a directory. HINT: pass a directory path", dir);
+}
+
+void commitStep(FileOps& ops, const std::string& dir, int64_t step) {
+  std::string name = stepFileName(step);
+  ops.rename(dir + "/" + name + kTmpSuffix, dir + "/" + name);
+  ops.fsyncDirectory(dir);
+  std::string latestTmp = dir + "/" + kLatest + kTmpSuffix;
+  std::string text = name + "\n";
+  withFile(ops, latestTmp, [&](int fd) {
+    ops.writeAt(fd, text.data(), text.size(), 0, latestTmp);
+    ops.fsync(fd, latestTmp);
+  });
+  ops.rename(latestTmp, dir + "/" + kLatest);
+  ops.fsyncDirectory(dir);
+}
+
+void saveStep(FileOps& ops, const std::string& dir, int64_t step, int keepLast,
+              const std::function<void(const std::string& tmpPath)>& write,
+              SaveProgress* progress) {
+  removeTemporaries(dir);
+  const std::string name = stepFileName(step);
+  const std::string tmp = dir + "/" + name + kTmpSuffix;
+  const std::string final = dir + "/" + name;
+  bool renamed = false;
+  try {
+    write(tmp);
+    if (progress) progress->phase = "committing";
+    ops.rename(tmp, final);
+    renamed = true;
+    ops.fsyncDirectory(dir);
+    std::string latestTmp = dir + "/" + kLatest + kTmpSuffix;
+    std::string text = name + "\n";
+    withFile(ops, latestTmp, [&](int fd) {
+      ops.writeAt(fd, text.data(), text.size(), 0, latestTmp);
+      ops.fsync(fd, latestTmp);
+    });
+    ops.rename(latestTmp, dir + "/" + kLatest);
+  } catch (...) {
+    // Nothing of a failed save stays behind; LATEST still names the previous checkpoint.
+    ::unlink(tmp.c_str());
+    ::unlink((dir + "/" + kLatest + kTmpSuffix).c_str());
+    if (renamed) ::unlink(final.c_str());
+    throw;
+  }
+  // LATEST names the new file now; a failure of this last fsync fails the save, but the file it
+  // names is complete and durable (fsynced before the rename), so it stays.
+  ops.fsyncDirectory(dir);
+  if (progress) progress->phase = "pruning old checkpoints";
+  pruneCheckpoints(dir, keepLast, step);
+}
+
+void removeTemporaries(const std::string& dir) {
+  DirectoryListing listing;
+  try {
+    listing = listDirectory(dir);
+  } catch (const std::exception& e) {
+    DTRAIN_LOG(Warn, "checkpoint: not cleaning {}: {}", dir, e.what());
+    return;
+  }
+  for (const auto& name : listing.temporaries) {
+    std::string path = dir + "/" + name;
+    if (::unlink(path.c_str()) == 0) {
+      DTRAIN_LOG(Info, "checkpoint: removed {}, left by an interrupted save", path);
+    } else {
+      DTRAIN_LOG(Warn, "checkpoint: could not remove {}: {}", path, errnoText(errno));
+    }
+  }
+  for (const auto& name : listing.foreign) {
+    DTRAIN_LOG(Info, "checkpoint: leaving {}/{} alone: named like a temporary but not ours", dir, name);
+  }
+}
+
+void pruneCheckpoints(const std::string& dir, int keepLast, int64_t protect) {
+  keepLast = std::max(keepLast, 2);
+  DirectoryListing listing;
+  try {
+    listing = listDirectory(dir);
+  } catch (const std::exception& e) {
+    DTRAIN_LOG(Warn, "checkpoint: not pruning {}: {}", dir, e.what());
+    return;
+  }
+  for (size_t i = static_cast<size_t>(keepLast); i < listing.steps.size(); ++i) {
+    int64_t step = listing.steps[i];
+    if (step == protect || (listing.latest && step == *listing.latest)) continue;
+    std::string path = dir + "/" + stepFileName(step);
+    if (::unlink(path.c_str()) != 0) {
+      DTRAIN_LOG(Warn, "checkpoint: could not delete old checkpoint {}: {} (kept)", path,
+                 errnoText(errno));
+    }
+  }
+}
+
+struct SaveThread::Shared {
+  std::mutex mutex;
+  std::condition_variable done;
+  bool finished = true;
+  bool collected = true;
+  std::exception_ptr error;
+  std::string what;
+  SaveProgress progress;
+};
+
+SaveThread::~SaveThread() {
+  if (!thread_.joinable()) return;
+  bool finished = false;
+  {
+    std::unique_lock<std::mutex> lock(shared_->mutex);
+    finished = shared_->done.wait_for(lock, std::chrono::seconds(30), [&] { return shared_->finished; });
+  }
+  if (finished) {
+    thread_.join();
+  } else {
+    // See Note [Bounded saves].
+    DTRAIN_LOG(Warn, "checkpoint: {} is still running ({}); leaving it behind", shared_->what,
+               shared_->progress.phase.load());
+    thread_.detach();
+  }
+}
+
+void SaveThread::start(std::string what, std::function<void(SaveProgress&)> job) {
+  if (thread_.joinable()) {
+    std::lock_guard<std::mutex> lock(shared_->mutex);
+    DTRAIN_CHECK(shared_->finished && shared_->collected,
+                 "checkpoint: {} started while {} has not been waited for", what, shared_->what);
+  }
+  if (thread_.joinable()) thread_.join();
+  shared_ = std::make_shared<Shared>();
+  shared_->finished = false;
+  shared_->collected = false;
+  shared_->what = std::move(what);
+  thread_ = std::thread([shared = shared_, job = std::move(job)] {
+    std::exception_ptr error;
+    try {
+      job(shared->progress);
+    } catch (...) {
+      error = std::current_exception();
+    }
+    std::lock_guard<std::mutex> lock(shared->mutex);
+    shared->error = error;
+    shared->finished = true;
+    shared->progress.phase = "done";
+    shared->done.notify_all();
+  });
+}
+
+void SaveThread::wait(std::chrono::milliseconds timeout) {
+  if (!shared_) return;
+  std::exception_ptr error;
+  {
+    std::unique_lock<std::mutex> lock(shared_->mutex);
+    if (shared_->collected) return;
+    bool finished = shared_->done.wait_for(lock, timeout, [&] { return shared_->finished; });
+    if (!finished) {
+      DTRAIN_THROW(TimeoutError,
+                   "checkpoint: {} did not finish within {} ms: still {} ({} of {} bytes written). "
+                   "HINT: the disk or filesystem under the checkpoint directory is hanging or very "
+                   "slow; training can go on, the save keeps running and the next save waits for it",
+                   shared_->what, timeout.count(), shared_->progress.phase.load(),
+                   shared_->progress.bytesWritten.load(), shared_->progress.bytesTotal.load());
+    }
+    shared_->collected = true;
+    error = shared_->error;
+  }
+  thread_.join();
+  if (error) std::rethrow_exception(error);
+}
+
+bool SaveThread::running() const {
+  if (!shared_) return false;
+  std::lock_guard<std::mutex> lock(shared_->mutex);
+  return !shared_->finished;
+}
+
+bool SaveThread::idle() const {
+  if (!shared_) return true;
+  std::lock_guard<std::mutex> lock(shared_->mutex);
+  return shared_->collected;
+}
+
+}  // namespace dtrain::checkpoint

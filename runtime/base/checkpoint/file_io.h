@@ -1,0 +1,150 @@
+#pragma once
+// The file side of a checkpoint save, torch-free: every open/write/fsync/rename goes through
+// FileOps, which counts them for DTRAIN_IO_FAULT (fault injection: a chosen call fails with a
+// chosen errno, or the process is SIGKILLed after the K-th call), and the directory rules of
+// Note [Checkpoint directory].
+//
+// Note [Checkpoint directory]
+// Each node writes into its own directory. A checkpoint is one file, committed in this order:
+//   1. write `step-<N>.tmp` (data, manifest, then the header), fsync it;
+//   2. rename it to `step-<N>`, fsync the directory;
+//   3. write `LATEST.tmp` holding "step-<N>\n", fsync, rename to `LATEST`, fsync the directory;
+//   4. only then delete committed checkpoints beyond the newest keepLast (never below 2).
+// A crash at any point leaves the newest complete checkpoint and at most one temporary: `step-N`
+// exists only once its bytes are durable, and `LATEST` never names a file that is not. Readers
+// do not trust `LATEST` alone: restore scans every `step-<N>` newest first and takes the first
+// that verifies. A failed fsync is a failed save (the page cache may have dropped the data; it is
+// never retried and trusted). Temporaries are removed on the next save or restore only when they
+// are ours: named exactly `step-<digits>.tmp` or `LATEST.tmp`, regular files, owned by this user,
+// and either shorter than the magic (a save that crashed right after creating it) or starting
+// with the checkpoint magic. Anything else in the directory is left alone.
+
+#include <sys/types.h>
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <exception>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "checkpoint/format.h"
+#include "dtrain/fault.h"
+
+namespace dtrain::checkpoint {
+
+// How far a running save got: read by a waiter to say where a stuck save is.
+struct SaveProgress {
+  std::atomic<uint64_t> bytesWritten{0};
+  std::atomic<uint64_t> bytesTotal{0};
+  std::atomic<const char*> phase{"idle"};
+};
+
+class FileOps {
+ public:
+  explicit FileOps(fault::IoFaultInjector injector = fault::IoFaultInjector::fromEnv())
+      : injector_(std::move(injector)) {}
+
+  // Each throws CheckpointError naming the path, the operation and errno (EIO, ENOSPC, ...).
+  int open(const std::string& path, int flags, mode_t mode = 0644);
+  // pwrite() until all is written, in calls of at most kMaxWriteBytes (each counted).
+  void writeAt(int fd, const void* data, size_t size, uint64_t offset, const std::string& path,
+               SaveProgress* progress = nullptr);
+  void fsync(int fd, const std::string& path);
+  void rename(const std::string& from, const std::string& to);
+  void fsyncDirectory(const std::string& dir);
+  // Not counted: closing cannot lose data that fsync has made durable.
+  static void close(int fd);
+
+  static constexpr size_t kMaxWriteBytes = size_t{64} << 20;
+  // I/O calls so far (what DTRAIN_IO_FAULT=crash@io=K counts).
+  int64_t calls() const { return injector_.calls(); }
+
+ private:
+  int fail(fault::IoOp op);
+  fault::IoFaultInjector injector_;
+};
+
+// The bytes of every entry of `layout`, in host memory, one pointer per entry (nullptr for empty
+// entries).
+using EntryData = std::vector<const void*>;
+
+// Writes a whole checkpoint file at `path` (created or truncated): the entries' data, then the
+// manifest, then the header, and fsyncs it. Fills in the entries' checksums. Small entries are
+// gathered into `scratch` (reused between saves) so that the file is written in few large calls.
+void writeCheckpointFile(FileOps& ops, const std::string& path, Layout& layout,
+                         const EntryData& data, std::vector<uint8_t>& scratch,
+                         SaveProgress* progress = nullptr);
+
+// Same, when the entries' data lies in one buffer that mirrors the data region: entry i at
+// region + (entries[i].offset - header.dataOffset). Written in a few large calls.
+void writeCheckpointFileFromRegion(FileOps& ops, const std::string& path, Layout& layout,
+                                   const uint8_t* region, SaveProgress* progress = nullptr);
+
+// "step-00000042".
+std::string stepFileName(int64_t step);
+
+struct DirectoryListing {
+  std::vector<int64_t> steps;             // committed `step-<N>` files, newest first
+  std::vector<std::string> temporaries;   // names of our leftovers (see the Note)
+  std::vector<std::string> foreign;       // `*.tmp`-like names that are not ours: left alone
+  std::optional<int64_t> latest;          // what LATEST names, when it names a step file
+};
+
+// An empty listing when `dir` does not exist; throws CheckpointError when it cannot be read.
+DirectoryListing listDirectory(const std::string& dir);
+
+// mkdir -p; throws CheckpointError naming the component that failed.
+void makeDirectories(const std::string& dir);
+
+// Commits `step-<N>.tmp` (already written and fsynced) as `step-<N>` and points LATEST at it,
+// following the Note's order.
+void commitStep(FileOps& ops, const std::string& dir, int64_t step);
+
+// One whole save of Note [Checkpoint directory]: removes our leftovers, lets `write` create
+// `step-<N>.tmp` (complete and fsynced when it returns), commits it, then prunes beyond
+// `keepLast`. When anything fails, nothing of this save is left -- the temporary is removed, and
+// so is `step-<N>` when the failure came before LATEST named it -- and the error propagates.
+void saveStep(FileOps& ops, const std::string& dir, int64_t step, int keepLast,
+              const std::function<void(const std::string& tmpPath)>& write,
+              SaveProgress* progress = nullptr);
+
+// Removes our leftovers (Note [Checkpoint directory]); never throws: failures are logged.
+void removeTemporaries(const std::string& dir);
+
+// Deletes committed checkpoints older than the newest `keepLast` (at least 2 are kept), never
+// `protect`. Never throws: a failed delete is logged and the checkpoint kept.
+void pruneCheckpoints(const std::string& dir, int keepLast, int64_t protect);
+
+// One job at a time on a thread of its own, waited on with a deadline: a checkpoint save must
+// never block training for ever (a hung disk or network filesystem). See
+// Note [Bounded saves] in file_io.cpp.
+class SaveThread {
+ public:
+  SaveThread() = default;
+  ~SaveThread();
+  SaveThread(const SaveThread&) = delete;
+  SaveThread& operator=(const SaveThread&) = delete;
+
+  // Starts `job` (the previous one must have been waited for). `what` names it in errors.
+  void start(std::string what, std::function<void(SaveProgress&)> job);
+  // Waits until the job ends and rethrows its error, or throws TimeoutError after `timeout`,
+  // saying how far it got; the job keeps running and a later wait() can collect it.
+  void wait(std::chrono::milliseconds timeout);
+  bool running() const;
+  // True when no job was started since the last wait() collected one.
+  bool idle() const;
+
+ private:
+  struct Shared;
+  std::shared_ptr<Shared> shared_;
+  std::thread thread_;
+};
+
+}  // namespace dtrain::checkpoint

@@ -1,0 +1,232 @@
+#include "monitor/progress_publisher.h"
+
+#include <pthread.h>
+
+#include <cstdlib>
+
+#include "dtrain/env_contract.h"
+#include "dtrain/error.h"
+#include "dtrain/job_store.h"
+#include "dtrain/logging.h"
+#include "parse_int.h"
+
+namespace dtrain::progress {
+
+namespace {
+
+double unixNow() {
+  return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch())
+      .count();
+}
+
+}  // namespace
+
+ProgressPublisher::ProgressPublisher(PublisherOptions options) : options_(std::move(options)) {
+  thread_ = std::thread([this] { threadMain(); });
+}
+
+ProgressPublisher::~ProgressPublisher() {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    stopping_ = true;
+  }
+  wake_.notify_all();
+  if (thread_.joinable()) thread_.join();
+}
+
+void ProgressPublisher::setStep(int64_t step) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  step_ = step;
+}
+
+void ProgressPublisher::setFigures(int64_t step,
+                                   std::vector<std::pair<std::string, double>> fields) {
+  const double now = unixNow();
+  std::lock_guard<std::mutex> lock(mutex_);
+  step_ = step;
+  figures_ = std::move(fields);
+  figuresStep_ = step;
+  figuresTime_ = now;
+}
+
+uint64_t ProgressPublisher::addSource(std::function<CollectiveState()> source) {
+  std::lock_guard<std::mutex> lock(sourcesMutex_);
+  const uint64_t id = nextSourceId_++;
+  sources_.emplace(id, std::move(source));
+  return id;
+}
+
+void ProgressPublisher::removeSource(uint64_t id) {
+  std::lock_guard<std::mutex> lock(sourcesMutex_);
+  sources_.erase(id);
+}
+
+RankReport ProgressPublisher::gather() {
+  RankReport r;
+  r.rank = options_.rank;
+  r.pid = ::getpid();
+  r.time = unixNow();
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    r.step = step_;
+    r.figures = figures_;
+    r.figuresStep = figuresStep_;
+    r.figuresTime = figuresTime_;
+  }
+  std::lock_guard<std::mutex> lock(sourcesMutex_);
+  for (const auto& [id, source] : sources_) {
+    try {
+      CollectiveState state = source();
+      if (state.tail.size() > options_.tailEntries) {
+        state.tail.erase(state.tail.begin(),
+                         state.tail.end() - static_cast<std::ptrdiff_t>(options_.tailEntries));
+      }
+      r.collectives.push_back(std::move(state));
+    } catch (const std::exception& e) {
+      DTRAIN_LOG(Debug, "progress: a collective source failed: {}", e.what());
+    }
+  }
+  return r;
+}
+
+bool ProgressPublisher::flush(std::chrono::milliseconds timeout) {
+  std::unique_lock<std::mutex> lock(mutex_);
+  if (finished_) return false;
+  const uint64_t target = rounds_ + 1;
+  ++flushRequests_;
+  wake_.notify_all();
+  return ticked_.wait_for(lock, timeout, [&] { return rounds_ >= target || finished_; }) &&
+         !finished_;
+}
+
+bool ProgressPublisher::stop(std::chrono::milliseconds timeout) {
+  std::unique_lock<std::mutex> lock(mutex_);
+  stopping_ = true;
+  wake_.notify_all();
+  return ticked_.wait_for(lock, timeout, [&] { return finished_; });
+}
+
+void ProgressPublisher::threadMain() {
+  ::pthread_setname_np(::pthread_self(), "dtrain-progress");
+  auto finish = [this] {
+    std::lock_guard<std::mutex> lock(mutex_);
+    finished_ = true;
+    ticked_.notify_all();
+  };
+  std::shared_ptr<store::Store> store;
+  try {
+    store = options_.connect();
+  } catch (const std::exception& e) {
+    DTRAIN_LOG(Warn, "progress: cannot reach the job's store, so launch sees no progress from "
+               "this rank (no stall detection, no trainer figures on its endpoint): {}", e.what());
+    finish();
+    return;
+  }
+  RankReport last;
+  bool published = false;
+  uint64_t flushesSeen = 0;
+  std::unique_lock<std::mutex> lock(mutex_);
+  while (!stopping_) {
+    wake_.wait_for(lock, options_.interval,
+                   [&] { return stopping_ || flushRequests_ != flushesSeen; });
+    if (stopping_) break;
+    flushesSeen = flushRequests_;
+    lock.unlock();
+    RankReport now = gather();
+    const bool something = now.step || !now.collectives.empty() || now.figuresStep;
+    if (something && (!published || advanced(last, now))) {
+      try {
+        store->set(rankKey(options_.rank), store::toBytes(encodeReport(now)));
+        store->add(kVersionKey, 1);  // also proves the set was applied
+        last = std::move(now);
+        published = true;
+      } catch (const std::exception& e) {
+        DTRAIN_LOG(Warn, "progress: publishing to the job's store failed; stopping (launch sees "
+                   "no more progress from this rank): {}", e.what());
+        finish();
+        return;
+      }
+    }
+    lock.lock();
+    ++rounds_;
+    ticked_.notify_all();
+  }
+  lock.unlock();
+  finish();
+}
+
+// --- The process's publisher --------------------------------------------------------------------
+
+namespace {
+
+// The process that built the publisher: a forked child has no publisher thread (and possibly a
+// copy of a mutex the thread held at the fork), so it publishes nothing.
+pid_t gOwner = 0;
+
+// Built once, never destroyed: see Note [Progress publisher] for the exit.
+ProgressPublisher* makeProcessPublisher() {
+  const char* addr = std::getenv(env::kStoreAddr);
+  const char* rankText = std::getenv(env::kRank);
+  int64_t rank = 0;
+  if (addr == nullptr || *addr == '\0' || rankText == nullptr ||
+      !parseInt64(rankText, &rank) || rank < 0) {
+    return nullptr;
+  }
+  PublisherOptions options;
+  options.rank = static_cast<int>(rank);
+  options.connect = [] {
+    store::JobStoreOptions o;
+    o.connectTimeout = std::chrono::milliseconds(10000);
+    o.timeout = std::chrono::milliseconds(10000);
+    return std::static_pointer_cast<store::Store>(store::connectToJobStore(o));
+  };
+  gOwner = ::getpid();
+  auto* p = new ProgressPublisher(std::move(options));
+  std::atexit([] {
+    if (::getpid() != gOwner) return;
+    // A thread still inside a store call after this is left behind; the process is ending.
+    (void)publisher()->stop(std::chrono::milliseconds(500));
+  });
+  return p;
+}
+
+}  // namespace
+
+ProgressPublisher* publisher() {
+  static ProgressPublisher* const instance = makeProcessPublisher();
+  return instance != nullptr && ::getpid() == gOwner ? instance : nullptr;
+}
+
+Registration::~Registration() {
+  if (id_ != 0 && publisher() != nullptr) publisher()->removeSource(id_);
+}
+
+Registration& Registration::operator=(Registration&& other) noexcept {
+  if (this != &other) {
+    if (id_ != 0 && publisher() != nullptr) publisher()->removeSource(id_);
+    id_ = other.id_;
+    other.id_ = 0;
+  }
+  return *this;
+}
+
+void setStep(int64_t step) {
+  if (ProgressPublisher* p = publisher()) p->setStep(step);
+}
+
+void publishFigures(int64_t step, std::vector<std::pair<std::string, double>> fields) {
+  if (ProgressPublisher* p = publisher()) p->setFigures(step, std::move(fields));
+}
+
+Registration watchCollectives(std::function<CollectiveState()> source) {
+  ProgressPublisher* p = publisher();
+  if (p == nullptr) return Registration();
+  return Registration(p->addSource(std::move(source)));
+}
+
+bool flushProgress(int timeoutMs) {
+  ProgressPublisher* p = publisher();
+  return p != nullptr && p->flush(std::chrono::milliseconds(timeoutMs));
+}
+
+}  // namespace dtrain::progress

@@ -1,0 +1,177 @@
+#pragma once
+// Checkpointer: crash-safe checkpoints of a data-parallel job, and resume after a crash, a
+// restart by `launch --max-restarts`, or a spot preemption (SIGTERM).
+//
+//   dtrain::Checkpointer checkpointer(group, {"checkpoints"});   // directory; keepLast 3
+//   checkpointer.addModule("model", net);
+//   checkpointer.addOptimizer("optimizer", optimizer);
+//   checkpointer.addScaler("scaler", scaler);
+//   checkpointer.addSampler("sampler", sampler);
+//   int64_t start = 0;
+//   if (auto restored = checkpointer.restore()) start = restored->step + 1;   // collective
+//   for (int64_t step = start; step < steps; ++step) {
+//     ...train one step...
+//     if (step % 100 == 0) checkpointer.saveAsync(step);       // or save(step): collective
+//     if (checkpointer.preempted(step)) return dtrain::kExitPreempted;  // SIGTERM: saved, exit 75
+//   }
+//
+// What a checkpoint holds: the registered modules' parameters and buffers; optimizers' state
+// (SGD momentum; Adam/AdamW moments and step counts; Adagrad, RMSprop) and learning rates;
+// LR schedulers' positions; GradScalers; samplers' positions; user metadata (key -> string,
+// number or tensor); the step and epoch; and every rank's own state -- its CPU (and CUDA) random
+// generators and its samplers' positions -- gathered into it.
+//
+// Where and how (Note [Checkpoint directory], docs/design.md "Checkpoints"): each node's local
+// rank 0 writes a complete copy into its own directory, `<directory>/node<GROUP_RANK>` (so no
+// shared filesystem is needed and nodes sharing one never write the same file): `step-N.tmp`,
+// fsync, rename to `step-N`, fsync the directory, then `LATEST` the same way; the ranks then
+// confirm that every node committed. Old checkpoints beyond keepLast are deleted only after a
+// new commit. The file format (one file, a versioned header, a checksummed manifest, aligned
+// data) is documented in README.md and is read back straight into the existing tensors.
+//
+// restore() is collective: the ranks agree on the newest step that verifies on at least one
+// node; nodes without it (a spot machine that came back with an empty disk) get a copy written
+// locally; then every rank reads its node's copy. A different world size is refused with both
+// sizes named unless CheckpointOptions::allowWorldSizeChange (the sampler's global cursor keeps
+// the data exact; see dtrain/distributed_sampler.h).
+
+#include <chrono>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <variant>
+#include <vector>
+
+#include <ATen/core/Tensor.h>
+#include <torch/nn/module.h>
+#include <torch/nn/pimpl.h>
+
+namespace torch::optim {
+class Optimizer;
+class LRScheduler;
+}  // namespace torch::optim
+
+namespace dtrain {
+
+class ProcessGroup;
+class GradScaler;
+class DistributedSampler;
+
+// launch's and a worker's exit code after a preemption: every rank checkpointed on SIGTERM;
+// rerunning the same command resumes (docs/design.md, exit codes).
+constexpr int kExitPreempted = 75;
+
+constexpr int kDefaultKeepLast = 3;
+constexpr std::chrono::milliseconds kDefaultCheckpointTimeout{std::chrono::minutes(10)};
+
+struct CheckpointOptions {
+  CheckpointOptions() = default;
+  CheckpointOptions(std::string dir) : directory(std::move(dir)) {}  // NOLINT: implicit on purpose
+
+  // Required. Each node writes into `<directory>/node<N>`; a directory containing "{node}" has it
+  // replaced by the node's rank instead (e.g. "/local/ckpt-{node}").
+  std::string directory;
+  // Committed checkpoints kept per node (never below 2: a save in progress never leaves fewer
+  // than one complete checkpoint besides it).
+  int keepLast = kDefaultKeepLast;
+  // Restore a checkpoint written at another world size (the data cursor is re-sharded).
+  bool allowWorldSizeChange = false;
+  // Install a SIGTERM handler that only sets a flag; preempted() turns it into a checkpoint at a
+  // step boundary every rank agrees on. See Note [Preemption] in the library.
+  bool handlePreemption = true;
+  // The longest a save, its commit or a restore may take before it fails with a TimeoutError
+  // saying what it was doing (Note [Bounded saves]).
+  std::chrono::milliseconds timeout = kDefaultCheckpointTimeout;
+  // The node this rank runs on and its rank there; -1: GROUP_RANK and the group's local rank
+  // (what `launch` sets). Tests running several "nodes" in one process set them.
+  int nodeRank = -1;
+  int localRank = -1;
+};
+
+// What restore() found and loaded.
+struct RestoredCheckpoint {
+  int64_t step = 0;
+  int64_t epoch = 0;
+  int savedWorldSize = 0;
+  std::string path;           // the file this rank read
+  bool copiedFromPeer = false;  // this node lacked it and received a copy
+};
+
+// User metadata saved with a checkpoint: key -> string, number or tensor (on the CPU).
+using MetadataValue = std::variant<std::string, double, int64_t, at::Tensor>;
+
+class Checkpointer {
+ public:
+  // Collective (the ranks exchange their node placement). Creates this node's directory.
+  Checkpointer(std::shared_ptr<ProcessGroup> group, CheckpointOptions options);
+  // Waits for an asynchronous save still running (bounded by options.timeout).
+  ~Checkpointer();
+  Checkpointer(const Checkpointer&) = delete;
+  Checkpointer& operator=(const Checkpointer&) = delete;
+
+  // What goes into a checkpoint, under a name unique per kind. Register the same things in the
+  // same order on every rank, before restore(); they must outlive the Checkpointer.
+  void addModule(const std::string& name, std::shared_ptr<torch::nn::Module> module);
+  template <typename Impl>
+  void addModule(const std::string& name, const torch::nn::ModuleHolder<Impl>& module) {
+    addModule(name, std::static_pointer_cast<torch::nn::Module>(module.ptr()));
+  }
+  void addOptimizer(const std::string& name, torch::optim::Optimizer& optimizer);
+  void addScheduler(const std::string& name, torch::optim::LRScheduler& scheduler);
+  void addScaler(const std::string& name, GradScaler& scaler);
+  void addSampler(const std::string& name, DistributedSampler& sampler);
+
+  // User metadata: set before save(), read after restore(). Values are replicated (rank 0's).
+  void setMetadata(const std::string& key, MetadataValue value);
+  const std::map<std::string, MetadataValue>& metadata() const { return metadata_; }
+
+  // Loads the newest checkpoint that verifies on any node into everything registered; nullopt
+  // (on every rank) when there is none. Collective. Throws CheckpointError for a world-size
+  // mismatch or when no node holds a readable copy of any checkpoint that exists.
+  std::optional<RestoredCheckpoint> restore();
+
+  // Saves the state after step `step` and returns once every node committed it. Collective.
+  void save(int64_t step, int64_t epoch = 0);
+  // Snapshots now (a copy into a reused host buffer) and writes in the background; training goes
+  // on. A second save first waits for this one. Collective.
+  void saveAsync(int64_t step, int64_t epoch = 0);
+  // Waits for the asynchronous save and confirms that every node committed it; rethrows its error.
+  // Collective; a no-op when none is pending.
+  void wait();
+
+  // The step boundary: true on every rank when any rank received SIGTERM (or requestStop() was
+  // called) -- then a checkpoint of `step` has been committed and the program should return
+  // kExitPreempted. Collective when the world has more than one rank (one small allreduce).
+  bool preempted(int64_t step, int64_t epoch = 0);
+
+  // This node's directory.
+  const std::string& nodeDirectory() const { return nodeDir_; }
+  // Steps committed in this node's directory, newest first.
+  std::vector<int64_t> committedSteps() const;
+
+  struct Impl;
+
+ private:
+  std::shared_ptr<ProcessGroup> group_;
+  CheckpointOptions options_;
+  std::string nodeDir_;
+  std::map<std::string, MetadataValue> metadata_;
+  std::unique_ptr<Impl> impl_;
+};
+
+// Set by the SIGTERM handler a Checkpointer installs (and by requestStop(), e.g. from the
+// program's own stop condition): read by preempted(). clearStopRequest() is for tests.
+bool stopRequested();
+void requestStop();
+void clearStopRequest();
+
+// Writes the tensors of module `module` (a name given to addModule) of the checkpoint at `path`
+// as a state_dict that Python's torch.load reads (`format` "pickle", torch::pickle_save) or that
+// C++ torch::load(module, path) reads ("libtorch", a torch::serialize archive). Throws
+// CheckpointError for a damaged file or an unknown module name (listing the known ones).
+void exportStateDict(const std::string& path, const std::string& to, const std::string& module = "",
+                     const std::string& format = "pickle");
+
+}  // namespace dtrain

@@ -1,0 +1,396 @@
+#include "dtrain/checkpoint.h"
+
+#include <signal.h>
+
+#include <atomic>
+#include <cstdlib>
+#include <cstring>
+#include <mutex>
+
+#include <ATen/ATen.h>
+#include <fmt/format.h>
+#include <torch/version.h>
+
+#include "checkpointer_impl.h"
+#include "dtrain/error.h"
+#include "dtrain/logging.h"
+#include "parse_int.h"
+
+// Note [Preemption]
+// A spot machine gets SIGTERM some seconds to minutes before it goes; `launch` forwards it to
+// every worker of its node. The handler a Checkpointer installs only sets a flag. At the next
+// step boundary, preempted() combines the flags of all ranks with one MAX allreduce, so every
+// rank sees the same answer at the same step even when the signal reached only one node (or
+// reached the ranks at different moments): then they all save that step, wait until every node
+// committed it, and the program returns kExitPreempted (75), which launch passes on when every
+// worker exits with it. Rerunning the same command resumes from that step. The save must fit in
+// launch's grace period (--grace-period, 30 s by default) before SIGKILL follows. A SIGTERM
+// handler the program installed before the Checkpointer is still called, after the flag is set;
+// the previous disposition comes back when the last Checkpointer goes.
+
+namespace dtrain {
+
+namespace {
+
+std::atomic<bool> gStop{false};
+std::mutex gSignalMutex;
+int gSignalUsers = 0;
+struct sigaction gPreviousTerm {};
+
+// Sets the flag, then calls a handler the program had installed before (not the default action,
+// which would end the process before the checkpoint).
+void onTerm(int signo, siginfo_t* info, void* context) {
+  gStop.store(true);
+  if (gPreviousTerm.sa_flags & SA_SIGINFO) {
+    if (gPreviousTerm.sa_sigaction) gPreviousTerm.sa_sigaction(signo, info, context);
+  } else if (gPreviousTerm.sa_handler != SIG_DFL && gPreviousTerm.sa_handler != SIG_IGN) {
+    gPreviousTerm.sa_handler(signo);
+  }
+}
+
+void installTermHandler() {
+  std::lock_guard<std::mutex> lock(gSignalMutex);
+  if (gSignalUsers++ > 0) return;
+  struct sigaction sa {};
+  sa.sa_sigaction = onTerm;
+  sigemptyset(&sa.sa_mask);
+  sa.sa_flags = SA_RESTART | SA_SIGINFO;
+  ::sigaction(SIGTERM, &sa, &gPreviousTerm);
+}
+
+void uninstallTermHandler() {
+  std::lock_guard<std::mutex> lock(gSignalMutex);
+  if (--gSignalUsers > 0) return;
+  ::sigaction(SIGTERM, &gPreviousTerm, nullptr);
+}
+
+int envInt(const char* name, int fallback) {
+  const char* v = std::getenv(name);
+  int64_t n = 0;
+  return v && *v && parseInt64(v, &n) && n >= 0 ? static_cast<int>(n) : fallback;
+}
+
+std::string nodeDirectoryFor(const std::string& directory, int node) {
+  size_t at = directory.find("{node}");
+  if (at != std::string::npos) {
+    return directory.substr(0, at) + std::to_string(node) + directory.substr(at + 6);
+  }
+  std::string d = directory;
+  while (d.size() > 1 && d.back() == '/') d.pop_back();
+  return d + "/node" + std::to_string(node);
+}
+
+bool allHostContiguous(const std::vector<checkpoint::Item>& items) {
+  for (const auto& item : items) {
+    if (item.tensor.defined() && (!item.tensor.device().is_cpu() || !item.tensor.is_contiguous())) {
+      return false;
+    }
+  }
+  return true;
+}
+
+const void* hostData(const checkpoint::Item& item) {
+  if (item.spec.kind == checkpoint::Kind::String || item.spec.kind == checkpoint::Kind::Bytes) {
+    return item.bytes.empty() ? nullptr : item.bytes.data();
+  }
+  return item.tensor.numel() ? item.tensor.data_ptr() : nullptr;
+}
+
+}  // namespace
+
+bool stopRequested() { return gStop.load(); }
+void requestStop() { gStop.store(true); }
+void clearStopRequest() { gStop.store(false); }
+
+Checkpointer::Impl::Impl(Checkpointer& o, std::shared_ptr<ProcessGroup> g,
+                         const CheckpointOptions& opts)
+    : owner(o), group(std::move(g)), options(opts) {
+  rank = group->rank();
+  world = group->size();
+  nodeRank = options.nodeRank >= 0 ? options.nodeRank : envInt("GROUP_RANK", 0);
+  localRank = options.localRank >= 0 ? options.localRank : group->localRank();
+  ops = std::make_shared<checkpoint::FileOps>(fault::IoFaultInjector::fromEnv(rank));
+  scratch = std::make_shared<std::vector<uint8_t>>();
+}
+
+std::vector<int64_t> Checkpointer::Impl::allgather(int64_t value) {
+  if (world == 1) return {value};
+  at::Tensor t = at::full({1}, value, at::kLong).to(group->device());
+  std::vector<int64_t> out;
+  for (const auto& v : group->allgather(t)) out.push_back(v.cpu().item<int64_t>());
+  return out;
+}
+
+std::vector<std::vector<uint8_t>> Checkpointer::Impl::allgatherBytes(const std::vector<uint8_t>& mine) {
+  if (world == 1) return {mine};
+  auto lengths = allgather(static_cast<int64_t>(mine.size()));
+  int64_t longest = *std::max_element(lengths.begin(), lengths.end());
+  at::Tensor buf = at::zeros({std::max<int64_t>(longest, 1)}, at::kByte);
+  if (!mine.empty()) std::memcpy(buf.data_ptr(), mine.data(), mine.size());
+  auto all = group->allgather(buf.to(group->device()));
+  std::vector<std::vector<uint8_t>> out;
+  for (int r = 0; r < world; ++r) {
+    at::Tensor host = all[r].cpu();
+    const auto* p = host.data_ptr<uint8_t>();
+    out.emplace_back(p, p + lengths[r]);
+  }
+  return out;
+}
+
+void Checkpointer::Impl::agree(const std::string& error, const std::string& what) {
+  auto failed = allgather(error.empty() ? 0 : 1);
+  std::vector<std::string> who;
+  for (int r = 0; r < world; ++r) {
+    if (failed[r]) who.push_back(fmt::format("rank {} (node {})", r, nodeOf.empty() ? 0 : nodeOf[r]));
+  }
+  if (who.empty()) return;
+  if (!error.empty()) {
+    DTRAIN_THROW(CheckpointError, "rank {}/{}: {} failed: {}{}", rank, world, what, error,
+                 who.size() > 1 ? fmt::format(" (it failed on {} too)", fmt::join(who, ", ")) : "");
+  }
+  DTRAIN_THROW(CheckpointError, "rank {}/{}: {} failed on {}; see the error there", rank, world,
+               what, fmt::join(who, ", "));
+}
+
+std::string Checkpointer::Impl::collectLocal() {
+  try {
+    thread.wait(options.timeout);
+  } catch (const std::exception& e) {
+    return e.what();
+  }
+  return "";
+}
+
+void Checkpointer::Impl::waitPending() {
+  if (pendingStep < 0) return;
+  std::string error = pendingError;
+  if (started && error.empty()) error = collectLocal();
+  started = false;
+  int64_t step = pendingStep;
+  pendingStep = -1;
+  pendingError.clear();
+  agree(error, fmt::format("the asynchronous checkpoint of step {}", step));
+}
+
+void Checkpointer::Impl::save(int64_t step, int64_t epoch, bool async) {
+  DTRAIN_CHECK_ARG(step >= 0 && epoch >= 0, "Checkpointer: step {} and epoch {} must be >= 0", step,
+                   epoch);
+  waitPending();
+  auto blobs = allgatherBytes(checkpoint::encodeRankState(registry));
+  std::string error;
+  if (writer && !thread.idle() && !thread.running()) {
+    // A save that timed out earlier has finished since: collect it before starting another.
+    std::string late = collectLocal();
+    DTRAIN_LOG(Warn, "rank {}: a save that timed out earlier has ended{}", rank,
+               late.empty() ? " successfully" : ": " + late);
+  }
+  if (writer && thread.running()) {
+    // An earlier save timed out and is still stuck in the kernel: its buffer is not free.
+    error = fmt::format("an earlier save into {} is still running (it timed out and never "
+                        "finished); not starting another. HINT: check the disk or filesystem",
+                        dir);
+  } else if (writer) {
+    try {
+      auto items = checkpoint::replicatedItems(registry, owner.metadata_);
+      for (int r = 0; r < world; ++r) {
+        auto own = checkpoint::rankItems(static_cast<uint32_t>(r), blobs[r]);
+        items.insert(items.end(), std::make_move_iterator(own.begin()),
+                     std::make_move_iterator(own.end()));
+      }
+      std::vector<checkpoint::EntrySpec> specs;
+      for (const auto& item : items) specs.push_back(item.spec);
+      auto layout = std::make_shared<checkpoint::Layout>(checkpoint::planLayout(
+          step, epoch, static_cast<uint32_t>(world), TORCH_VERSION, specs));
+      std::function<void(const std::string&)> write;
+      auto ops_ = ops;
+      if (async || !allHostContiguous(items)) {
+        // Snapshot into the reused region: the training thread's only cost of an async save.
+        const uint64_t bytes = std::max<uint64_t>(layout->header.dataSize, 1);
+        if (!region.defined() || static_cast<uint64_t>(region.numel()) < bytes) {
+          auto options = at::TensorOptions().dtype(at::kByte);
+          region = at::empty({static_cast<int64_t>(bytes + bytes / 8)}, options);
+          if (group->device().is_cuda()) region = region.pin_memory();
+          region.zero_();  // pre-fault: first touch of fresh pages is what costs
+        }
+        auto* base = static_cast<uint8_t*>(region.data_ptr());
+        at::NoGradGuard noGrad;
+        auto copy = [&](size_t i) {
+          const auto& e = layout->entries[i];
+          uint8_t* dst = base + (e.offset - layout->header.dataOffset);
+          uint64_t next = i + 1 < items.size() ? layout->entries[i + 1].offset : layout->header.manifestOffset;
+          const at::Tensor& t = items[i].tensor;
+          if (t.defined() && !(t.device().is_cpu() && t.is_contiguous())) {
+            at::from_blob(dst, t.sizes(), t.options().device(at::kCPU)).copy_(t);
+          } else if (e.size) {
+            std::memcpy(dst, hostData(items[i]), e.size);
+          }
+          std::memset(dst + e.size, 0, next - e.offset - e.size);
+        };
+        if (allHostContiguous(items)) {
+          // Training waits for this copy: spread it over the program's thread budget.
+          checkpoint::forEachSpread(
+              items.size(), [&](size_t i) { return layout->entries[i].size; }, copy);
+        } else {
+          for (size_t i = 0; i < items.size(); ++i) copy(i);
+        }
+        at::Tensor keep = region;
+        write = [ops_, layout, keep](const std::string& tmp) {
+          checkpoint::writeCheckpointFileFromRegion(*ops_, tmp, *layout,
+                                                    static_cast<const uint8_t*>(keep.data_ptr()));
+        };
+      } else {
+        auto held = std::make_shared<std::vector<checkpoint::Item>>(std::move(items));
+        auto scratch_ = scratch;
+        write = [ops_, layout, held, scratch_](const std::string& tmp) {
+          checkpoint::EntryData data;
+          for (const auto& item : *held) data.push_back(hostData(item));
+          checkpoint::writeCheckpointFile(*ops_, tmp, *layout, data, *scratch_);
+        };
+      }
+      std::string dir_ = dir;
+      int keep = options.keepLast;
+      thread.start(fmt::format("the checkpoint of step {} into {}", step, dir),
+                   [ops_, dir_, step, keep, write](checkpoint::SaveProgress& progress) {
+                     checkpoint::saveStep(*ops_, dir_, step, keep, write, &progress);
+                   });
+      started = true;
+    } catch (const std::exception& e) {
+      error = e.what();
+    }
+  }
+  pendingStep = step;
+  pendingError = error;
+  if (!async) waitPending();
+}
+
+Checkpointer::Checkpointer(std::shared_ptr<ProcessGroup> group, CheckpointOptions options)
+    : group_(std::move(group)), options_(std::move(options)) {
+  DTRAIN_CHECK_ARG(group_ != nullptr, "Checkpointer needs a process group");
+  DTRAIN_CHECK_ARG(!options_.directory.empty(),
+                   "Checkpointer: CheckpointOptions::directory is empty. HINT: name a directory; "
+                   "each node writes into <directory>/node<N>");
+  DTRAIN_CHECK_ARG(options_.keepLast >= 2,
+                   "Checkpointer: keepLast {} must be at least 2 (a save in progress must never "
+                   "leave fewer than one complete checkpoint besides it)",
+                   options_.keepLast);
+  DTRAIN_CHECK_ARG(options_.timeout.count() > 0, "Checkpointer: timeout must be positive");
+  impl_ = std::make_unique<Impl>(*this, group_, options_);
+  Impl& m = *impl_;
+  // Placement: which node each rank is on, and which rank writes each node's directory.
+  auto nodes = m.allgather(m.nodeRank);
+  auto locals = m.allgather(m.localRank);
+  m.nodeOf.assign(nodes.begin(), nodes.end());
+  for (int r = 0; r < m.world; ++r) {
+    if (locals[r] != 0) continue;
+    auto [it, fresh] = m.writerOf.emplace(static_cast<int>(nodes[r]), r);
+    DTRAIN_CHECK_ARG(fresh, "Checkpointer: ranks {} and {} both say they are local rank 0 of node {}",
+                     it->second, r, nodes[r]);
+  }
+  for (int r = 0; r < m.world; ++r) {
+    DTRAIN_CHECK_ARG(m.writerOf.count(static_cast<int>(nodes[r])),
+                     "Checkpointer: node {} (rank {}) has no local rank 0 to write its checkpoints. "
+                     "HINT: GROUP_RANK and LOCAL_RANK must describe the job as launch sets them",
+                     nodes[r], r);
+  }
+  m.writer = m.localRank == 0;
+  nodeDir_ = nodeDirectoryFor(options_.directory, m.nodeRank);
+  m.dir = nodeDir_;
+  std::string error;
+  if (m.writer) {
+    try {
+      checkpoint::makeDirectories(nodeDir_);
+    } catch (const std::exception& e) {
+      error = e.what();
+    }
+  }
+  m.agree(error, "creating the checkpoint directory");
+  if (options_.handlePreemption) {
+    installTermHandler();
+    m.signalInstalled = true;
+  }
+}
+
+Checkpointer::~Checkpointer() {
+  if (!impl_) return;
+  if (impl_->started) {
+    // Local only: a collective here could hang a rank that is unwinding from an error.
+    std::string error = impl_->collectLocal();
+    if (!error.empty()) DTRAIN_LOG(Error, "rank {}: {}", impl_->rank, error);
+  }
+  if (impl_->signalInstalled) uninstallTermHandler();
+}
+
+void Checkpointer::addModule(const std::string& name, std::shared_ptr<torch::nn::Module> module) {
+  DTRAIN_CHECK_ARG(module != nullptr, "Checkpointer::addModule(\"{}\"): null module", name);
+  for (const auto& m : impl_->registry.modules) {
+    DTRAIN_CHECK_ARG(m.first != name, "Checkpointer: a module named \"{}\" is registered already", name);
+  }
+  impl_->registry.modules.emplace_back(name, std::move(module));
+}
+
+void Checkpointer::addOptimizer(const std::string& name, torch::optim::Optimizer& optimizer) {
+  for (const auto& m : impl_->registry.optimizers) {
+    DTRAIN_CHECK_ARG(m.first != name, "Checkpointer: an optimizer named \"{}\" is registered already", name);
+  }
+  impl_->registry.optimizers.emplace_back(name, &optimizer);
+}
+
+void Checkpointer::addScheduler(const std::string& name, torch::optim::LRScheduler& scheduler) {
+  for (const auto& m : impl_->registry.schedulers) {
+    DTRAIN_CHECK_ARG(m.first != name, "Checkpointer: a scheduler named \"{}\" is registered already", name);
+  }
+  impl_->registry.schedulers.emplace_back(name, &scheduler);
+}
+
+void Checkpointer::addScaler(const std::string& name, GradScaler& scaler) {
+  for (const auto& m : impl_->registry.scalers) {
+    DTRAIN_CHECK_ARG(m.first != name, "Checkpointer: a scaler named \"{}\" is registered already", name);
+  }
+  impl_->registry.scalers.emplace_back(name, &scaler);
+}
+
+void Checkpointer::addSampler(const std::string& name, DistributedSampler& sampler) {
+  for (const auto& m : impl_->registry.samplers) {
+    DTRAIN_CHECK_ARG(m.first != name, "Checkpointer: a sampler named \"{}\" is registered already", name);
+  }
+  impl_->registry.samplers.emplace_back(name, &sampler);
+}
+
+void Checkpointer::setMetadata(const std::string& key, MetadataValue value) {
+  DTRAIN_CHECK_ARG(!key.empty(), "Checkpointer::setMetadata: empty key");
+  if (auto* t = std::get_if<at::Tensor>(&value)) {
+    DTRAIN_CHECK_ARG(t->defined(), "Checkpointer::setMetadata(\"{}\"): undefined tensor", key);
+    value = t->detach().cpu().contiguous();
+  }
+  metadata_[key] = std::move(value);
+}
+
+std::optional<RestoredCheckpoint> Checkpointer::restore() { return impl_->restore(); }
+
+void Checkpointer::save(int64_t step, int64_t epoch) { impl_->save(step, epoch, /*async=*/false); }
+
+void Checkpointer::saveAsync(int64_t step, int64_t epoch) { impl_->save(step, epoch, /*async=*/true); }
+
+void Checkpointer::wait() { impl_->waitPending(); }
+
+bool Checkpointer::preempted(int64_t step, int64_t epoch) {
+  int64_t flag = stopRequested() ? 1 : 0;
+  if (impl_->world > 1) {
+    at::Tensor t = at::full({1}, flag, at::kLong).to(group_->device());
+    group_->allreduce(t, ReduceOp::Max);
+    flag = t.cpu().item<int64_t>();
+  }
+  if (!flag) return false;
+  if (impl_->rank == 0) {
+    DTRAIN_LOG(Warn, "rank 0: a stop was requested (SIGTERM or requestStop()) on {}; every rank "
+               "checkpoints step {} and stops", stopRequested() ? "this rank" : "another rank", step);
+  }
+  save(step, epoch);
+  return true;
+}
+
+std::vector<int64_t> Checkpointer::committedSteps() const {
+  return checkpoint::listDirectory(nodeDir_).steps;
+}
+
+}  // namespace dtrain

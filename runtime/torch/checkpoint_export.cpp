@@ -1,0 +1,96 @@
+// exportStateDict(): a module's tensors out of a dtrain checkpoint, into the files PyTorch reads,
+// so that a model trained with dtrain is not locked into dtrain's format.
+#include <fstream>
+#include <map>
+#include <set>
+
+#include <ATen/ATen.h>
+#include <fmt/format.h>
+#include <torch/serialize.h>
+#include <torch/serialize/output-archive.h>
+
+#include "checkpoint_state.h"
+#include "dtrain/checkpoint.h"
+#include "dtrain/error.h"
+
+namespace dtrain {
+
+namespace {
+
+// The nested archives torch::load(module, path) walks: "fc1.weight" is "weight" in archive "fc1".
+struct ArchiveNode {
+  std::map<std::string, at::Tensor> tensors;
+  std::map<std::string, ArchiveNode> children;
+
+  void add(const std::string& dotted, const at::Tensor& t) {
+    size_t dot = dotted.find('.');
+    if (dot == std::string::npos) {
+      tensors[dotted] = t;
+    } else {
+      children[dotted.substr(0, dot)].add(dotted.substr(dot + 1), t);
+    }
+  }
+  void writeTo(torch::serialize::OutputArchive& archive) const {
+    for (const auto& [key, t] : tensors) archive.write(key, t);
+    for (const auto& [key, child] : children) {
+      torch::serialize::OutputArchive nested;
+      child.writeTo(nested);
+      archive.write(key, nested);
+    }
+  }
+};
+
+}  // namespace
+
+void exportStateDict(const std::string& path, const std::string& to, const std::string& module,
+                     const std::string& format) {
+  DTRAIN_CHECK_ARG(format == "pickle" || format == "libtorch",
+                   "export: unknown format \"{}\". HINT: pickle (Python's torch.load) or libtorch "
+                   "(C++ torch::load)",
+                   format);
+  auto reader = checkpoint::CheckpointReader::open(path);
+  std::set<std::string> modules;
+  for (const auto& e : reader.entries()) {
+    if (e.owner != checkpoint::kReplicated || e.name.rfind("module/", 0) != 0) continue;
+    size_t slash = e.name.find('/', 7);
+    if (slash != std::string::npos) modules.insert(e.name.substr(7, slash - 7));
+  }
+  DTRAIN_CHECK_T(CheckpointError, !modules.empty(), "export: {} holds no module", path);
+  std::string chosen = module;
+  if (chosen.empty()) {
+    DTRAIN_CHECK_ARG(modules.size() == 1,
+                     "export: {} holds several modules ({}). HINT: name one with --module",
+                     path, fmt::join(modules, ", "));
+    chosen = *modules.begin();
+  }
+  DTRAIN_CHECK_ARG(modules.count(chosen), "export: {} holds no module \"{}\" (it holds: {})", path,
+                   chosen, fmt::join(modules, ", "));
+  const std::string prefix = "module/" + chosen + "/";
+  // In manifest order, which is the module's own order (parameters, then buffers).
+  std::vector<std::pair<std::string, at::Tensor>> tensors;
+  std::set<std::string> done;
+  for (const auto& e : reader.entries()) {
+    if (e.owner != checkpoint::kReplicated || e.name.rfind(prefix, 0) != 0) continue;
+    if (!done.insert(e.name).second) continue;
+    at::Tensor t = at::empty(e.shape, at::TensorOptions().dtype(checkpoint::toScalarType(e.dtype)));
+    checkpoint::readTensor(reader, reader.find(e.name), t);
+    tensors.emplace_back(e.name.substr(prefix.size()), t);
+  }
+  if (format == "pickle") {
+    c10::Dict<std::string, at::Tensor> dict;
+    for (const auto& [name, t] : tensors) dict.insert(name, t);
+    std::vector<char> bytes = torch::pickle_save(c10::IValue(dict));
+    std::ofstream out(to, std::ios::binary | std::ios::trunc);
+    out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+    out.close();
+    DTRAIN_CHECK_T(CheckpointError, out.good(), "export: writing {} failed", to);
+    return;
+  }
+  ArchiveNode root;
+  for (const auto& [name, t] : tensors) root.add(name, t);
+  torch::serialize::OutputArchive archive;
+  root.writeTo(archive);
+  archive.save_to(to);
+}
+
+}  // namespace dtrain

@@ -1,0 +1,258 @@
+// Checkpointer::restore(): agree on a step, give a copy to nodes that lack it, read it back.
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <set>
+
+#include <ATen/ATen.h>
+#include <fmt/format.h>
+
+#include "checkpointer_impl.h"
+#include "dtrain/error.h"
+#include "dtrain/logging.h"
+
+// Note [Restore agreement]
+// Every node's local rank 0 lists its own directory and keeps, newest first, the checkpoints whose
+// header and manifest are intact (cheap: a few KB each). The ranks take the maximum of the nodes'
+// newest: the newest step any node holds. A node without it -- a spot machine that came back with
+// an empty disk -- receives the file from the lowest node that has it (that node verifies every
+// checksum first, then broadcasts it in chunks from its local rank 0) and commits it as its own
+// `step-N` and `LATEST`, verified again before the rename, so the next failure finds it there
+// too. Then every rank reads its own node's copy straight into the registered tensors, checking
+// every entry's checksum as it reads: one pass over the data, which is what makes a restore fast.
+// If any rank finds damage, the ranks agree on it, the nodes where it was found drop that step,
+// and the round repeats with what is left; a later round overwrites everything an earlier one
+// wrote, so nothing of a damaged checkpoint survives. When checkpoints exist but none is intact
+// anywhere, restore() refuses rather than silently start from scratch; a checkpoint that does not
+// fit what is registered (another model, another world size) is refused at once, before any
+// tensor is written.
+
+namespace dtrain {
+
+namespace {
+
+constexpr int64_t kCopyChunk = int64_t{16} << 20;
+
+// Why a rank's read of the agreed checkpoint failed.
+enum ReadStatus : int64_t { kRead = 0, kDamaged = 1, kRefused = 2 };
+
+}  // namespace
+
+std::vector<int64_t> Checkpointer::Impl::candidates(std::string& firstBad, int64_t& found) {
+  auto listing = checkpoint::listDirectory(dir);
+  checkpoint::removeTemporaries(dir);
+  found = static_cast<int64_t>(listing.steps.size());
+  std::vector<int64_t> out;
+  for (int64_t step : listing.steps) {
+    std::string path = dir + "/" + checkpoint::stepFileName(step);
+    try {
+      auto reader = checkpoint::CheckpointReader::open(path);
+      DTRAIN_CHECK_T(CheckpointError, reader.header().step == step,
+                     "checkpoint {}: its header says step {}, its name step {}", path,
+                     reader.header().step, step);
+      out.push_back(step);
+    } catch (const std::exception& e) {
+      DTRAIN_LOG(Warn, "rank {}: skipping checkpoint {}: {}", rank, path, e.what());
+      if (firstBad.empty()) firstBad = e.what();
+    }
+  }
+  return out;
+}
+
+bool Checkpointer::Impl::copyToNodesLacking(int64_t step, const std::vector<int64_t>& best,
+                                            std::set<int64_t>& bad) {
+  int sourceNode = -1;
+  std::vector<int> lacking;
+  for (const auto& [node, w] : writerOf) {
+    if (best[w] == step) {
+      if (sourceNode < 0) sourceNode = node;
+    } else {
+      lacking.push_back(node);
+    }
+  }
+  if (lacking.empty()) return true;
+  const int source = writerOf.at(sourceNode);
+  const std::string name = checkpoint::stepFileName(step);
+  const bool receiving = writer && best[rank] != step;
+  if (rank == source || receiving) {
+    DTRAIN_LOG(Warn, "rank {}: node(s) {} lack checkpoint step {}; copying it from node {} (rank {})",
+               rank, fmt::join(lacking, ", "), step, sourceNode, source);
+  }
+  // The source verifies what it is about to hand out; -1: it cannot read it, -2: it is damaged.
+  std::string error;
+  int sourceFd = -1;
+  int64_t size = -1;
+  if (rank == source) {
+    std::string path = dir + "/" + name;
+    try {
+      checkpoint::CheckpointReader::open(path).verify();
+      sourceFd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+      if (sourceFd >= 0) size = static_cast<int64_t>(::lseek(sourceFd, 0, SEEK_END));
+      if (size < 0) error = fmt::format("cannot read {}: {}", path, std::strerror(errno));
+    } catch (const std::exception& e) {
+      DTRAIN_LOG(Warn, "rank {}: checkpoint {} is damaged: {}", rank, path, e.what());
+      size = -2;
+    }
+  }
+  at::Tensor sizeTensor = at::full({1}, size, at::kLong).to(group->device());
+  group->broadcast(sizeTensor, source);
+  size = sizeTensor.cpu().item<int64_t>();
+  if (size == -2) {
+    if (rank == source) bad.insert(step);
+    return false;
+  }
+
+  std::string tmp = dir + "/" + name + ".tmp";
+  int fd = -1;
+  if (receiving && size >= 0) {
+    try {
+      checkpoint::removeTemporaries(dir);
+      fd = ops->open(tmp, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    } catch (const std::exception& e) {
+      error = e.what();
+    }
+  }
+  at::Tensor chunk = at::empty({std::min(kCopyChunk, std::max<int64_t>(size, 1))}, at::kByte);
+  // Every rank takes part in every broadcast, whatever fails locally: the collectives must line up.
+  for (int64_t off = 0; size > 0 && off < size; off += kCopyChunk) {
+    int64_t n = std::min(kCopyChunk, size - off);
+    at::Tensor piece = chunk.narrow(0, 0, n);
+    if (rank == source && error.empty()) {
+      ssize_t got = ::pread(sourceFd, piece.data_ptr(), static_cast<size_t>(n), off);
+      if (got != n) error = fmt::format("reading {} at offset {} failed", name, off);
+    }
+    at::Tensor onDevice = piece.to(group->device());
+    group->broadcast(onDevice, source);
+    if (fd >= 0 && error.empty()) {
+      at::Tensor host = onDevice.cpu();
+      try {
+        ops->writeAt(fd, host.data_ptr(), static_cast<size_t>(n), static_cast<uint64_t>(off), tmp);
+      } catch (const std::exception& e) {
+        error = e.what();
+      }
+    }
+  }
+  if (sourceFd >= 0) ::close(sourceFd);
+  if (fd >= 0) {
+    try {
+      if (error.empty()) {
+        ops->fsync(fd, tmp);
+        checkpoint::FileOps::close(fd);
+        fd = -1;
+        auto reader = checkpoint::CheckpointReader::open(tmp);
+        reader.verify();
+        DTRAIN_CHECK_T(CheckpointError, reader.header().step == step,
+                       "the copy of step {} says step {}", step, reader.header().step);
+        checkpoint::commitStep(*ops, dir, step);
+      }
+    } catch (const std::exception& e) {
+      error = e.what();
+    }
+    checkpoint::FileOps::close(fd);
+    if (!error.empty()) ::unlink(tmp.c_str());
+  }
+  if (size < 0 && error.empty() && receiving) {
+    error = fmt::format("node {} (rank {}) could not read {}", sourceNode, source, name);
+  }
+  agree(error, fmt::format("copying checkpoint step {} from node {} to node(s) {}", step, sourceNode,
+                           fmt::join(lacking, ", ")));
+  return true;
+}
+
+std::optional<RestoredCheckpoint> Checkpointer::Impl::restore() {
+  waitPending();
+  // Note [Restore agreement].
+  std::string scanError, firstBad;
+  int64_t found = 0;
+  std::vector<int64_t> mine;
+  if (writer) {
+    try {
+      mine = candidates(firstBad, found);
+    } catch (const std::exception& e) {
+      scanError = e.what();
+    }
+  }
+  agree(scanError, "scanning the checkpoint directory");
+  const auto counts = allgather(found);
+  std::set<int64_t> bad;  // steps found damaged on this node
+  std::string lastDamage = firstBad;
+  while (true) {
+    int64_t best = -1;
+    for (int64_t c : mine) {
+      if (!bad.count(c)) {
+        best = c;
+        break;
+      }
+    }
+    const auto bests = allgather(best);
+    const int64_t step = *std::max_element(bests.begin(), bests.end());
+    if (step < 0) {
+      std::vector<std::string> holders;
+      for (int r = 0; r < world; ++r) {
+        if (counts[r] > 0) holders.push_back(fmt::format("node {} (rank {}): {}", nodeOf[r], r, counts[r]));
+      }
+      DTRAIN_CHECK_T(CheckpointError, holders.empty(),
+                     "rank {}/{}: checkpoints exist but none is intact on any node (files on {}){}. "
+                     "HINT: `checkpoint verify {}` names the damage; move the damaged files away "
+                     "to start from scratch",
+                     rank, world, fmt::join(holders, "; "),
+                     lastDamage.empty() ? "" : "; here: " + lastDamage, dir);
+      return std::nullopt;
+    }
+    if (!copyToNodesLacking(step, bests, bad)) continue;  // the source's copy was damaged
+
+    RestoredCheckpoint result;
+    result.step = step;
+    result.path = dir + "/" + checkpoint::stepFileName(step);
+    result.copiedFromPeer = bests[writerOf.at(nodeRank)] != step;
+    std::string error;
+    int64_t status = kRead;
+    try {
+      auto reader = checkpoint::CheckpointReader::open(result.path);
+      const auto& h = reader.header();
+      result.epoch = h.epoch;
+      result.savedWorldSize = static_cast<int>(h.worldSize);
+      const bool same = static_cast<int>(h.worldSize) == world;
+      status = kRefused;  // what does not fit is refused as a whole, before anything is written
+      DTRAIN_CHECK_T(CheckpointError, same || options.allowWorldSizeChange,
+                     "{} was saved by a job of world size {}, this job has world size {}. HINT: "
+                     "set CheckpointOptions::allowWorldSizeChange to resume at another world size "
+                     "(the sampler re-shards the rest of the epoch exactly)",
+                     result.path, h.worldSize, world);
+      checkpoint::checkRestorable(reader, registry);
+      status = kDamaged;  // from here on, an error is damage found while reading
+      checkpoint::restoreReplicated(reader, registry, owner.metadata_, same);
+      checkpoint::restoreRankState(reader, registry, static_cast<uint32_t>(rank), same);
+      status = kRead;
+    } catch (const CheckpointError& e) {
+      error = e.what();
+      if (status == kRead) status = kDamaged;  // opening failed: the file went bad
+    } catch (const std::exception& e) {
+      error = e.what();
+      status = kRefused;
+    }
+    const auto statuses = allgather(status);
+    const bool refused = std::count(statuses.begin(), statuses.end(), kRefused) > 0;
+    const bool damaged = std::count(statuses.begin(), statuses.end(), kDamaged) > 0;
+    if (refused || !damaged) {
+      agree(status == kRefused ? error : "", fmt::format("restoring checkpoint step {}", step));
+      DTRAIN_LOG(Info, "rank {}: restored step {} (epoch {}) from {}{}", rank, step, result.epoch,
+                 result.path, result.copiedFromPeer ? " (copied from another node)" : "");
+      return result;
+    }
+    // Damage found: the nodes where it was found drop this step, and the round repeats.
+    for (int r = 0; r < world; ++r) {
+      if (statuses[r] == kDamaged && nodeOf[r] == nodeRank && writer) bad.insert(step);
+    }
+    if (!error.empty()) lastDamage = error;
+    if (rank == 0 || !error.empty()) {
+      DTRAIN_LOG(Warn, "rank {}: checkpoint step {} is damaged{}; trying the next older one", rank,
+                 step, error.empty() ? " on another node" : ": " + error);
+    }
+  }
+}
+
+}  // namespace dtrain

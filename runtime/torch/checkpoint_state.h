@@ -1,0 +1,78 @@
+#pragma once
+// What goes into a checkpoint and how it comes back: the objects a Checkpointer was given turned
+// into named entries (Note [Checkpoint entries]), and entries read back into those objects'
+// existing tensors. Private to the torch layer.
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include <ATen/core/Tensor.h>
+
+#include "checkpoint/format.h"
+#include "dtrain/checkpoint.h"
+
+namespace torch::nn {
+class Module;
+}
+
+namespace dtrain::checkpoint {
+
+// One entry to write: tensors and numbers keep their tensor (any device or layout); strings and
+// bytes own their bytes.
+struct Item {
+  EntrySpec spec;
+  at::Tensor tensor;
+  std::vector<uint8_t> bytes;
+  size_t size() const;
+};
+
+struct Registry {
+  std::vector<std::pair<std::string, std::shared_ptr<torch::nn::Module>>> modules;
+  std::vector<std::pair<std::string, torch::optim::Optimizer*>> optimizers;
+  std::vector<std::pair<std::string, torch::optim::LRScheduler*>> schedulers;
+  std::vector<std::pair<std::string, GradScaler*>> scalers;
+  std::vector<std::pair<std::string, DistributedSampler*>> samplers;
+};
+
+// The state every rank shares, from this rank's objects.
+std::vector<Item> replicatedItems(const Registry& registry,
+                                  const std::map<std::string, MetadataValue>& metadata);
+
+// This rank's own state (random generators, samplers' positions), as one blob for the gather.
+std::vector<uint8_t> encodeRankState(const Registry& registry);
+// Rank `rank`'s blob as entries owned by it. Throws CheckpointError for a malformed blob.
+std::vector<Item> rankItems(uint32_t rank, const std::vector<uint8_t>& blob);
+
+// Checks that `reader` holds everything registered, with matching types and shapes, before
+// anything is overwritten; throws CheckpointError naming the first difference.
+void checkRestorable(const CheckpointReader& reader, const Registry& registry);
+// Reads the replicated entries into the registered objects (existing tensors, no new ones
+// except optimizer state the optimizer has not created yet) and the metadata.
+void restoreReplicated(const CheckpointReader& reader, Registry& registry,
+                       std::map<std::string, MetadataValue>& metadata, bool sameWorldSize);
+// Reads rank `rank`'s own entries (absent after a world-size change for new ranks).
+void restoreRankState(const CheckpointReader& reader, Registry& registry, uint32_t rank,
+                      bool sameWorldSize);
+
+// Format <-> torch dtypes; the first throws CheckpointError for a dtype the format lacks.
+DType toFormatDType(at::ScalarType type, const std::string& what);
+at::ScalarType toScalarType(DType dtype);
+
+// Reads `entries` (one tensor, possibly sharded) into `target` (same dtype and shape), straight
+// into its memory when it is a contiguous CPU tensor.
+void readTensor(const CheckpointReader& reader, const std::vector<const Entry*>& entries,
+                at::Tensor& target);
+
+// Runs job(0..n-1) spread over up to at::get_num_threads() threads, at most 4 (the caller's among
+// them), balanced by weight(i): a restore's reads and an asynchronous save's snapshot are
+// memory-bound copies that a big machine does faster on several cores. Rethrows the first error
+// after all have finished.
+void forEachSpread(size_t n, const std::function<uint64_t(size_t)>& weight,
+                   const std::function<void(size_t)>& job);
+
+}  // namespace dtrain::checkpoint

@@ -1,0 +1,96 @@
+// Watching a multi-node job on a simulated cluster (network namespaces + real sshd): every node's
+// agent samples its node and publishes through the store; the master serves one endpoint for the
+// whole job, writes one metrics file, and on a stall names the rank behind with the native stack
+// its node's agent took (Note [Monitor roles] in launcher/monitor/monitor.h).
+#include <unistd.h>
+
+#include <chrono>
+#include <fstream>
+#include <regex>
+#include <set>
+#include <thread>
+
+#include <gtest/gtest.h>
+#include <httplib.h>
+#include <nlohmann/json.hpp>
+
+#include "e2e_support.h"
+#include "launcher/monitor/command.h"
+#include "prometheus_text.h"
+#include "test_support.h"
+
+namespace dtrain::testing {
+namespace {
+
+TEST(MultiNodeMonitor, OneEndpointForTheJobAndTheStackOfARankHungOnAnotherNode) {
+  const std::string commWorker = binaryDir() + "/comm_worker";
+  if (::access(commWorker.c_str(), X_OK) != 0) GTEST_SKIP() << "comm_worker not built (no Gloo)";
+  DTRAIN_CLUSTER_OR_SKIP(c, 2);
+  const std::string file = c->dir() + "/metrics.jsonl";
+  // Rank 3 (node 1) hangs when it reaches collective 150, about 3 s into the job; the others wait
+  // for it in that collective. The collective timeout (120 s) is far away.
+  LaunchProcess p(fanOut(*c, {"--nproc-per-node", "2", "--sample-interval", "0.5",
+                              "--metrics-port", "0", "--metrics-file", file, "--stall-timeout",
+                              "3", "--stall-action", "stop", commWorker, "--iters", "100000",
+                              "--iter-ms", "20", "--timeout-ms", "120000"}),
+                  {"DTRAIN_FAULT=hang@rank=3,step=150"});
+  ASSERT_TRUE(p.waitFor([](const std::string&, const std::string& err) {
+    return err.find("launch: metrics on http://") != std::string::npos;
+  }, 30)) << p.err();
+  std::smatch m;
+  std::string err = p.err();
+  ASSERT_TRUE(std::regex_search(err, m, std::regex("metrics on http://[^ ]*:([0-9]+)/metrics")));
+  const int port = std::stoi(m[1]);
+
+  // One scrape shows both nodes' ranks, labelled with the host list's names.
+  const std::string node0 = c->hosts()[0];
+  const std::string node1 = c->hosts()[1];
+  httplib::Client client("127.0.0.1", port);
+  client.set_read_timeout(5);
+  PromScrape scrape;
+  bool both = false;
+  for (int i = 0; i < 200 && !both; ++i) {
+    if (auto res = client.Get("/metrics"); res && res->status == 200) {
+      scrape = parsePrometheusText(res->body);
+      both = scrape.value("dtrain_rss_bytes", {{"node", node0}, {"rank", "0"}}) &&
+             scrape.value("dtrain_rss_bytes", {{"node", node1}, {"rank", "3"}}) &&
+             scrape.value("dtrain_collective_seq", {{"node", node1}, {"rank", "3"}});
+    }
+    p.pump(100);
+  }
+  EXPECT_TRUE(both) << "no scrape with both nodes' ranks; last one had " << scrape.samples.size()
+                    << " samples\n" << p.err();
+  EXPECT_EQ(scrape.value("dtrain_world_size"), 4);
+  EXPECT_TRUE(scrape.value("dtrain_heartbeat_age_seconds", {{"node", node1}}));
+  EXPECT_EQ(scrape.value("dtrain_workers_alive", {{"node", node1}}), 2);
+
+  LaunchResult r = p.wait(90);
+  ASSERT_FALSE(r.timedOut) << r.all();
+  EXPECT_EQ(r.exitCode, 124) << r.all();
+  EXPECT_EQ(countLines(r.err, "launch: STALL"), 1) << r.err;
+  EXPECT_EQ(countLines(r.err, "no rank has published progress"), 0) << "every rank publishes";
+  EXPECT_NE(r.err.find("behind: rank 3\n"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("rank 3 has not started seq 150 allreduce"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find(", node " + node1 + ", step 150): last collectives:"), std::string::npos)
+      << r.err;
+  const size_t stack = r.err.find("native stack of rank 3:");
+  ASSERT_NE(stack, std::string::npos) << "taken by node 1's agent\n" << r.err;
+  if (launcher::monitor::commandExists("eu-stack")) {
+    const size_t next = r.err.find("native stack of rank", stack + 10);
+    EXPECT_NE(r.err.substr(stack, next == std::string::npos ? std::string::npos : next - stack)
+                  .find("hangOnCommThread"),
+              std::string::npos)
+        << r.err;
+  }
+  EXPECT_NE(r.err.find("a deadline passed"), std::string::npos) << r.err;
+
+  // One file on the master with both nodes' samples.
+  std::ifstream in(file);
+  std::string line;
+  std::set<std::string> nodes;
+  while (std::getline(in, line)) nodes.insert(nlohmann::json::parse(line)["node"].get<std::string>());
+  EXPECT_EQ(nodes, (std::set<std::string>{node0, node1}));
+}
+
+}  // namespace
+}  // namespace dtrain::testing

@@ -1,0 +1,338 @@
+// Checkpoints and resume across real processes: checkpoint_worker (tests/integration/
+// checkpoint_worker.cpp) trains under `launch`; a run that is SIGKILLed after a checkpoint,
+// killed in the middle of a save (sync and async), or preempted with SIGTERM ends with parameters
+// bitwise equal to an uninterrupted run; a resume at another world size ends within 1e-6; ranks
+// started by hand as two simulated nodes recover a node's lost directory from the other; the
+// scaler's overflow agreement holds with DTRAIN_FAULT=nan-grad; and the `checkpoint` tool lists,
+// verifies and exports what Python's torch.load reads.
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cmath>
+#include <cstring>
+#include <fstream>
+#include <map>
+#include <thread>
+
+#include <gtest/gtest.h>
+
+#include "launcher_harness.h"
+#include "test_support.h"
+
+namespace dtrain::testing {
+namespace {
+
+constexpr double kRunSeconds = 120;
+
+std::vector<std::string> workerArgs(const std::string& dir, const std::string& out,
+                                    std::vector<std::string> extra) {
+  std::vector<std::string> args = {binaryPath("checkpoint_worker"), "--dir", dir, "--out", out};
+  args.insert(args.end(), extra.begin(), extra.end());
+  return args;
+}
+
+LaunchResult train(int ranks, const std::vector<std::string>& launchExtra,
+                   const std::vector<std::string>& worker, const std::vector<std::string>& env = {}) {
+  std::vector<std::string> args = {"--nproc-per-node", std::to_string(ranks), "--grace-period", "10"};
+  args.insert(args.end(), launchExtra.begin(), launchExtra.end());
+  args.insert(args.end(), worker.begin(), worker.end());
+  return runLaunch(args, env, kRunSeconds);
+}
+
+// The uninterrupted run every scenario is compared with, computed once per world size.
+const std::string& reference(int ranks) {
+  static std::map<int, std::string> cache;
+  auto it = cache.find(ranks);
+  if (it != cache.end()) return it->second;
+  TempDir dir;
+  auto r = train(ranks, {}, workerArgs(dir.file("ckpt"), dir.file("params"), {"--steps", "12"}));
+  EXPECT_EQ(r.exitCode, 0) << r.all();
+  EXPECT_NE(r.out.find("rank 0 final identical across ranks"), std::string::npos) << r.all();
+  return cache[ranks] = readFile(dir.file("params"));
+}
+
+void expectBitwiseEqualToReference(const std::string& params, int ranks, const LaunchResult& r) {
+  ASSERT_FALSE(params.empty()) << r.all();
+  EXPECT_EQ(params, reference(ranks)) << "the resumed run ended with other parameters\n" << r.all();
+  EXPECT_NE(r.out.find("final identical across ranks"), std::string::npos) << r.all();
+}
+
+TEST(CheckpointResume, KilledAfterACheckpointResumesBitwise) {
+  TempDir dir;
+  auto r = train(2, {"--max-restarts", "2"},
+                 workerArgs(dir.file("ckpt"), dir.file("params"), {"--steps", "12", "--save-every", "3"}),
+                 {"DTRAIN_FAULT=signal:KILL@rank=1,step=7,attempt=0"});
+  EXPECT_EQ(r.exitCode, 0) << r.all();
+  EXPECT_NE(r.all().find("restored step 5"), std::string::npos) << r.all();
+  expectBitwiseEqualToReference(readFile(dir.file("params")), 2, r);
+}
+
+// Calls of one small save: open, 3 writes (data, manifest, header), fsync, rename, open+fsync the
+// directory, LATEST's open, write, fsync, rename, open+fsync the directory: 14. crash@io=17 kills
+// rank 0 right after the second save wrote its manifest, before the header: a torn temporary.
+TEST(CheckpointResume, KilledDuringASynchronousSaveResumesFromThePreviousOne) {
+  TempDir dir;
+  auto r = train(2, {"--max-restarts", "2"},
+                 workerArgs(dir.file("ckpt"), dir.file("params"), {"--steps", "12", "--save-every", "3"}),
+                 {"DTRAIN_IO_FAULT=crash@io=17,rank=0,attempt=0"});
+  EXPECT_EQ(r.exitCode, 0) << r.all();
+  EXPECT_NE(r.all().find("killed by SIGKILL"), std::string::npos) << r.all();
+  EXPECT_NE(r.all().find("restored step 2"), std::string::npos) << r.all();
+  expectBitwiseEqualToReference(readFile(dir.file("params")), 2, r);
+}
+
+// crash@io=19: the second save's file is complete and fsynced but not yet renamed, while training
+// goes on beside the background write.
+TEST(CheckpointResume, KilledDuringAnAsynchronousSaveResumesFromThePreviousOne) {
+  TempDir dir;
+  auto r = train(2, {"--max-restarts", "2"},
+                 workerArgs(dir.file("ckpt"), dir.file("params"),
+                            {"--steps", "12", "--save-every", "3", "--async"}),
+                 {"DTRAIN_IO_FAULT=crash@io=19,rank=0,attempt=0"});
+  EXPECT_EQ(r.exitCode, 0) << r.all();
+  EXPECT_NE(r.all().find("killed by SIGKILL"), std::string::npos) << r.all();
+  EXPECT_NE(r.all().find("restored step 2"), std::string::npos) << r.all();
+  expectBitwiseEqualToReference(readFile(dir.file("params")), 2, r);
+}
+
+// Spot preemption: SIGTERM to launch mid-run; every rank checkpoints at one agreed step, exits 75,
+// launch exits 75; the same command again resumes and ends as if nothing happened.
+TEST(CheckpointResume, SigtermCheckpointsExits75AndTheRerunResumes) {
+  TempDir dir;
+  std::vector<std::string> args = {"--nproc-per-node", "2", "--grace-period", "20", "--max-restarts", "2"};
+  auto worker = workerArgs(dir.file("ckpt"), dir.file("params"), {"--steps", "12", "--step-ms", "300"});
+  args.insert(args.end(), worker.begin(), worker.end());
+  LaunchProcess first(args);
+  ASSERT_TRUE(first.waitForOutput("step 3 loss", 60)) << first.out() << first.err();
+  first.signal(SIGTERM);
+  auto stopped = first.wait(60);
+  ASSERT_EQ(stopped.exitCode, 75) << stopped.all();
+  EXPECT_NE(stopped.all().find("preempted"), std::string::npos) << stopped.all();
+  EXPECT_EQ(countLines(stopped.out, "preempted at step"), 2) << stopped.all();
+  // Both ranks stopped at the same step.
+  auto at = [&](int rank) {
+    std::string key = "rank " + std::to_string(rank) + " preempted at step ";
+    size_t p = stopped.out.find(key);
+    return p == std::string::npos ? -1 : std::stoi(stopped.out.substr(p + key.size()));
+  };
+  EXPECT_EQ(at(0), at(1)) << stopped.out;
+  EXPECT_LT(at(0), 11) << "the run ended before the signal";
+  auto again = runLaunch(args, {}, kRunSeconds);
+  EXPECT_EQ(again.exitCode, 0) << again.all();
+  EXPECT_NE(again.out.find("restored step " + std::to_string(at(0))), std::string::npos) << again.all();
+  expectBitwiseEqualToReference(readFile(dir.file("params")), 2, again);
+}
+
+// Two ranks save at step 5 and stop; three ranks resume (global batch unchanged, the sampler
+// re-shards the rest of the epoch): equal to the uninterrupted two-rank run up to the order of
+// the reductions.
+TEST(CheckpointResume, AnotherWorldSizeResumesWithinOneInAMillion) {
+  TempDir dir;
+  auto first = train(2, {}, workerArgs(dir.file("ckpt"), dir.file("params"),
+                                       {"--steps", "12", "--save-every", "3", "--stop-after", "5"}));
+  ASSERT_EQ(first.exitCode, 0) << first.all();
+  auto refused = train(3, {}, workerArgs(dir.file("ckpt"), dir.file("params"), {"--steps", "12"}));
+  EXPECT_NE(refused.exitCode, 0);
+  EXPECT_NE(refused.all().find("world size 2, this job has world size 3"), std::string::npos)
+      << refused.all();
+  auto resumed = train(3, {}, workerArgs(dir.file("ckpt"), dir.file("params"),
+                                         {"--steps", "12", "--allow-resize"}));
+  ASSERT_EQ(resumed.exitCode, 0) << resumed.all();
+  EXPECT_NE(resumed.out.find("restored step 5 from world size 2"), std::string::npos) << resumed.all();
+  std::string got = readFile(dir.file("params")), want = reference(2);
+  ASSERT_EQ(got.size(), want.size());
+  const auto* g = reinterpret_cast<const float*>(got.data());
+  const auto* w = reinterpret_cast<const float*>(want.data());
+  double diff = 0, norm = 0;
+  for (size_t i = 0; i < want.size() / 4; ++i) {
+    diff += (double(g[i]) - w[i]) * (double(g[i]) - w[i]);
+    norm += double(w[i]) * w[i];
+  }
+  EXPECT_LE(std::sqrt(diff / norm), 1e-6) << resumed.all();
+}
+
+// The GradScaler's agreement across processes: rank 1 alone sees a NaN after the allreduce
+// (DTRAIN_FAULT=nan-grad ... phase=after). Every rank skips step 3 and the ranks stay bitwise
+// equal; with a scaler that does not agree (--scaler-local) only rank 1 skips and the ranks
+// drift apart; a NaN before the allreduce reaches every rank either way.
+TEST(GradScalerProcesses, OneRankAloneOverflowsAfterTheAllreduce) {
+  TempDir dir;
+  const std::string fault = "DTRAIN_FAULT=nan-grad@rank=1,step=3,phase=after";
+  auto agreed = train(2, {}, workerArgs(dir.file("a"), dir.file("pa"), {"--steps", "6"}), {fault});
+  EXPECT_EQ(agreed.exitCode, 0) << agreed.all();
+  EXPECT_NE(agreed.out.find("rank 0 skipped step 3"), std::string::npos) << agreed.all();
+  EXPECT_NE(agreed.out.find("rank 1 skipped step 3"), std::string::npos) << agreed.all();
+  EXPECT_NE(agreed.out.find("rank 0 final identical across ranks (scale 32768)"), std::string::npos)
+      << agreed.all();
+  EXPECT_NE(agreed.err.find("poisoned"), std::string::npos) << agreed.all();
+
+  auto local = train(2, {}, workerArgs(dir.file("b"), dir.file("pb"), {"--steps", "6", "--scaler-local"}),
+                     {fault});
+  EXPECT_EQ(local.exitCode, 0) << local.all();
+  EXPECT_EQ(local.out.find("rank 0 skipped step 3"), std::string::npos) << local.all();
+  EXPECT_NE(local.out.find("rank 1 skipped step 3"), std::string::npos) << local.all();
+  EXPECT_NE(local.out.find("DIFFERS across ranks"), std::string::npos) << local.all();
+
+  auto before = train(2, {}, workerArgs(dir.file("c"), dir.file("pc"), {"--steps", "6", "--scaler-local"}),
+                      {"DTRAIN_FAULT=nan-grad:inf@rank=1,step=3"});
+  EXPECT_EQ(before.exitCode, 0) << before.all();
+  EXPECT_NE(before.out.find("rank 0 skipped step 3"), std::string::npos) << before.all();
+  EXPECT_NE(before.out.find("rank 1 skipped step 3"), std::string::npos) << before.all();
+  EXPECT_NE(before.out.find("rank 0 final identical across ranks"), std::string::npos) << before.all();
+}
+
+// Ranks started by hand, as two nodes of two ranks (GROUP_RANK / LOCAL_RANK as launch sets them
+// on each node), rank 0 hosting the store. Node 1's directory is wiped before the rerun, as a spot
+// node coming back with an empty disk: the rerun restores from node 0's copy, writes node 1 a
+// copy, and ends bitwise equal to an uninterrupted run of the same two nodes.
+struct RankRun {
+  int exitCode = -1;
+  std::string output;
+};
+
+std::vector<RankRun> runAsTwoNodes(const std::vector<std::string>& args, const std::string& logDir,
+                                   const std::string& tag) {
+  const int world = 4;
+  int port = freeLoopbackPort();
+  std::vector<pid_t> pids;
+  for (int rank = 0; rank < world; ++rank) {
+    std::string log = logDir + "/" + tag + "-rank" + std::to_string(rank) + ".log";
+    pid_t pid = ::fork();
+    if (pid == 0) {
+      int fd = ::open(log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+      ::dup2(fd, 1);
+      ::dup2(fd, 2);
+      for (const char* v : {"DTRAIN_STORE_ADDR", "DTRAIN_STORE_PORT", "DTRAIN_STORE_TOKEN",
+                            "DTRAIN_FAULT", "DTRAIN_IO_FAULT", "DTRAIN_RESTART_COUNT"}) {
+        ::unsetenv(v);
+      }
+      ::setenv("RANK", std::to_string(rank).c_str(), 1);
+      ::setenv("WORLD_SIZE", std::to_string(world).c_str(), 1);
+      ::setenv("LOCAL_RANK", std::to_string(rank % 2).c_str(), 1);
+      ::setenv("LOCAL_WORLD_SIZE", "2", 1);
+      ::setenv("GROUP_RANK", std::to_string(rank / 2).c_str(), 1);
+      ::setenv("MASTER_ADDR", "127.0.0.1", 1);
+      ::setenv("MASTER_PORT", std::to_string(port).c_str(), 1);
+      std::vector<char*> argv;
+      for (const auto& a : args) argv.push_back(const_cast<char*>(a.c_str()));
+      argv.push_back(nullptr);
+      ::execv(argv[0], argv.data());
+      ::_exit(127);
+    }
+    pids.push_back(pid);
+  }
+  std::vector<RankRun> runs(world);
+  auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(90);
+  for (int rank = 0; rank < world; ++rank) {
+    int status = 0;
+    while (::waitpid(pids[rank], &status, WNOHANG) == 0) {
+      if (std::chrono::steady_clock::now() > deadline) {
+        for (pid_t p : pids) ::kill(p, SIGKILL);
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+    runs[rank].exitCode = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+    runs[rank].output = readFile(logDir + "/" + tag + "-rank" + std::to_string(rank) + ".log");
+  }
+  return runs;
+}
+
+TEST(CheckpointResume, ANodeWithAnEmptyDiskGetsACopyFromTheOtherNode) {
+  TempDir dir;
+  std::string ckpt = dir.file("ckpt");
+  auto args = workerArgs(ckpt, dir.file("params"), {"--steps", "12", "--save-every", "3", "--stop-after", "5"});
+  auto first = runAsTwoNodes(args, dir.path(), "first");
+  for (const auto& r : first) ASSERT_EQ(r.exitCode, 0) << r.output;
+  ASSERT_EQ(::access((ckpt + "/node0/step-00000005").c_str(), F_OK), 0);
+  ASSERT_EQ(::access((ckpt + "/node1/step-00000005").c_str(), F_OK), 0);
+  ASSERT_EQ(std::system(("rm -rf " + ckpt + "/node1").c_str()), 0);
+  auto rerun = runAsTwoNodes(workerArgs(ckpt, dir.file("params"), {"--steps", "12", "--save-every", "3"}),
+                             dir.path(), "rerun");
+  for (int rank = 0; rank < 4; ++rank) {
+    EXPECT_EQ(rerun[rank].exitCode, 0) << rerun[rank].output;
+    EXPECT_NE(rerun[rank].output.find("restored step 5"), std::string::npos) << rerun[rank].output;
+    bool copied = rerun[rank].output.find("copied from another node") != std::string::npos;
+    EXPECT_EQ(copied, rank >= 2) << rerun[rank].output;
+  }
+  // Node 1 trained on from its copy and committed the later checkpoints itself (keepLast 2).
+  EXPECT_EQ(readFile(ckpt + "/node1/LATEST"), "step-00000011\n");
+  EXPECT_EQ(::access((ckpt + "/node1/step-00000008").c_str(), F_OK), 0);
+  // The uninterrupted run in the same layout: two nodes take the hierarchical path, whose sums
+  // associate differently from one node's (reference(4)), so only this one is bitwise the same.
+  auto uninterrupted = runAsTwoNodes(
+      workerArgs(dir.file("ckpt-uninterrupted"), dir.file("params-uninterrupted"),
+                 {"--steps", "12"}),
+      dir.path(), "uninterrupted");
+  for (const auto& r : uninterrupted) ASSERT_EQ(r.exitCode, 0) << r.output;
+  EXPECT_EQ(readFile(dir.file("params")), readFile(dir.file("params-uninterrupted")))
+      << rerun[0].output;
+}
+
+// The `checkpoint` tool: list and verify name the damage; export writes what Python's
+// torch.load (Debian's /usr/bin/python3 with python3-torch) reads back equal.
+TEST(CheckpointTool, ListVerifyAndExportForPython) {
+  TempDir dir;
+  std::string ckpt = dir.file("ckpt");
+  auto r = train(1, {}, workerArgs(ckpt, dir.file("params"), {"--steps", "4", "--save-every", "2"}));
+  ASSERT_EQ(r.exitCode, 0) << r.all();
+  auto tool = [&](const std::string& args) {
+    std::string out = dir.file("tool.out");
+    int status = std::system((binaryPath("checkpoint") + " " + args + " > " + out + " 2>&1").c_str());
+    return std::make_pair(WEXITSTATUS(status), readFile(out));
+  };
+  auto [listRc, list] = tool("list " + ckpt);
+  EXPECT_EQ(listRc, 0) << list;
+  EXPECT_NE(list.find("node0: 2 checkpoint(s), LATEST -> step-00000003"), std::string::npos) << list;
+  auto [verifyRc, verified] = tool("verify " + ckpt);
+  EXPECT_EQ(verifyRc, 0) << verified;
+  EXPECT_EQ(countLines(verified, ": ok"), 2) << verified;
+  auto [entriesRc, entries] = tool("list " + ckpt + "/node0/step-00000003");
+  EXPECT_EQ(entriesRc, 0);
+  EXPECT_NE(entries.find("module/model/0.weight"), std::string::npos) << entries;
+  EXPECT_NE(entries.find("rank/0/rng/cpu"), std::string::npos) << entries;
+
+  auto [exportRc, exported] = tool("export " + ckpt + " --to " + dir.file("model.pt"));
+  EXPECT_EQ(exportRc, 0) << exported;
+  if (::access("/usr/bin/python3", X_OK) == 0 &&
+      std::system("/usr/bin/python3 -c 'import torch' 2>/dev/null") == 0) {
+    std::string script =
+        "import sys, torch\n"
+        "sd = torch.load(sys.argv[1])\n"
+        "net = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 4))\n"
+        "net.load_state_dict(sd)\n"
+        "flat = torch.cat([p.detach().flatten() for p in net.parameters()])\n"
+        "want = torch.frombuffer(bytearray(open(sys.argv[2], 'rb').read()), dtype=torch.float32)\n"
+        "print('python equal' if torch.equal(flat, want) else 'python differs')\n";
+    writeFile(dir.file("check.py"), script);
+    std::string out = dir.file("py.out");
+    std::system(("/usr/bin/python3 " + dir.file("check.py") + " " + dir.file("model.pt") + " " +
+                 dir.file("params") + " > " + out + " 2>&1")
+                    .c_str());
+    EXPECT_NE(readFile(out).find("python equal"), std::string::npos) << readFile(out);
+  } else {
+    std::cout << "SKIPPED part: Debian's /usr/bin/python3 with torch is not installed\n";
+  }
+
+  // Damage: one flipped byte in the newest file; verify names the entry and fails.
+  std::string newest = ckpt + "/node0/step-00000003";
+  {
+    std::fstream f(newest, std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(200);
+    char c = 0;
+    f.read(&c, 1);
+    f.seekp(200);
+    f.put(static_cast<char>(c ^ 1));
+  }
+  auto [badRc, bad] = tool("verify " + ckpt);
+  EXPECT_EQ(badRc, 1) << bad;
+  EXPECT_NE(bad.find("step-00000003: DAMAGED"), std::string::npos) << bad;
+  EXPECT_NE(bad.find("module/model/0.weight"), std::string::npos) << bad;
+  auto [usageRc, usage] = tool("export " + ckpt);
+  EXPECT_EQ(usageRc, 2) << usage;
+}
+
+}  // namespace
+}  // namespace dtrain::testing
