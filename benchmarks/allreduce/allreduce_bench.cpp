@@ -1,25 +1,30 @@
-// allreduce_bench: dtrain's allreduce in nccl-tests' format, beside PyTorch's two: C++
-// c10d::ProcessGroupGloo (from the libtorch this build links, run by the same ranks) and
-// torch.distributed.all_reduce (gloo) from Python, and a single-thread memcpy, measured in the
-// same run, interleaved size by size so all of them see the same machine load.
+// allreduce_bench: dtrain's allreduce in nccl-tests' format, beside its peers, measured in the same
+// run and interleaved size by size and round by round, so all of them see the same machine load.
 //
 //   launch --nproc-per-node 2 allreduce_bench [options]     one rank per process, from launch
 //   allreduce_bench --world 2 [options]                      forks the ranks itself
 //
-// Options: --sizes 4K,64K,... (default 4 KiB..256 MiB by 4x), --warmup N, --iters N,
-// --dtype float32|float64|float16|bfloat16|int32|int64, --op sum|avg|max|min, --no-peer (neither
-// peer), --no-c10d-peer, --no-python-peer,
-// --rounds N (ours and the peer alternate N times per size, default 3), --small-iters N
-// (iterations for sizes up to 256 KiB, default 200), --segment-bytes N, --chunk-bytes N,
-// --small-bytes N and --two-rank-ring (algorithm tuning), --python PATH, --smoke (three small
-// sizes, few iterations: the CTest).
+// Contenders (columns of busbw, GB/s): dtrain's shared-memory path on user buffers (`shm`) and on
+// communicator-owned ones (`shm-own`, allocate()); with --nodes N the hierarchical path on N
+// pretend nodes (`hier`, `hier-own`); dtrain over Gloo (`gloo`); PyTorch's C++
+// c10d::ProcessGroupGloo from the libtorch this build links, run by the benchmark's own ranks
+// (`c10d`, c10d_peer.h); torch.distributed on gloo (`torch`, Python, under torchrun); Open MPI's
+// MPI_Allreduce on its shared-memory transport (`mpi`, under mpirun); the bare probe of the
+// shared-memory algorithm (`probe`: buffers in the segment, `probe-cp`: copied in and out;
+// shm_probe.cpp), the ceiling; and a single-thread memcpy of the same size (`memcpy`, GB/s).
+// Ratios: shm-own / probe, shm / probe-cp, shm-own / mpi, shm / mpi, shm / c10d, gloo / c10d,
+// probe / memcpy (algbw over copy bandwidth: a weak probe shows).
 //
-// Columns: size count dtype op time_us algbw busbw #wrong (busbw = algbw * 2(n-1)/n), then for
-// each peer (c10d C++, then torch.distributed from Python) its time, busbw and ours/theirs busbw,
-// and memcpy GB/s. For each size ours and the peers alternate --rounds times (default 3); a time
-// is the median of the rounds' medians of rank 0's per-iteration times. #wrong counts elements
-// that differ from the closed form (rank r contributes r + i % 5) after one checked allreduce,
-// ours and the peers'.
+// Options: --sizes 4K,64K,... (default 4 KiB..256 MiB by 4x), --warmup N, --iters N,
+// --small-iters N (sizes up to 256 KiB, default 200), --rounds N (default 3), --dtype, --op,
+// --nodes N, --no-peer (no c10d, torch, mpi, probe), --no-c10d, --no-torch, --no-mpi, --no-probe,
+// --no-gloo, --python PATH, --mpirun PATH, --smoke (three small sizes, few iterations: the CTest),
+// --backend nccl (GPU mode: dtrain's NCCL communicator alone), and Gloo tuning (--small-bytes,
+// --chunk-bytes, --segment-bytes, --two-rank-ring).
+//
+// A time is rank 0's median call of a round, then the median over rounds; busbw = algbw * 2(n-1)/n.
+// Before timing, each contender checks one allreduce against the closed form (rank r contributes
+// r + i % 5) and counts wrong elements (#wrong, over all contenders).
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -28,7 +33,9 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
 #include <iostream>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -44,8 +51,9 @@
 #include "dtrain/gloo_communicator.h"
 #include "dtrain/job_store.h"
 #include "dtrain/nccl_communicator.h"
+#include "dtrain/shm_communicator.h"
 #include "dtrain/tcp_store.h"
-#include "torch_peer.h"
+#include "peer_process.h"
 
 namespace dtrain::bench {
 namespace {
@@ -59,17 +67,29 @@ struct Config {
   int iters = 20;
   comm::DataType dtype = comm::DataType::Float32;
   comm::ReduceOp op = comm::ReduceOp::Sum;
-  std::string backend = "gloo";
-  bool pythonPeer = true;
-  bool c10dPeer = true;
+  std::string backend = "cpu";
+  int nodes = 1;
+  bool c10d = true;
+  bool torch = true;
+  bool mpi = true;
+  bool probe = true;
+  bool gloo = true;
   std::string python = "/usr/bin/python3";
   std::string peerScript;
+  std::string mpirun = "mpirun";
+  std::string mpiPeer;
+  std::string probeBinary;
   size_t smallAllreduceBytes = comm::kDefaultSmallAllreduceBytes;
   size_t ringSegmentBytes = comm::kDefaultRingSegmentBytes;
   size_t directChunkBytes = comm::kDefaultDirectChunkBytes;
   bool twoRankExchange = true;
   int smallIters = 200;  // sizes up to 256 KiB: more iterations, a steadier median
-  int rounds = 3;        // ours and the peer alternate this many times per size
+  int rounds = 3;        // every contender runs this many times per size, in turn
+  int shmSpinUs = -1;    // ShmOptions::spin; negative: its default
+  int shmYield = -1;     // ShmOptions::yieldSpin
+  size_t shmSlotBytes = comm::kDefaultShmSlotBytes;
+  size_t shmOwnedChunkBytes = comm::kDefaultShmOwnedChunkBytes;
+  size_t shmSmallBytes = comm::kDefaultShmSmallBytes;
 };
 
 size_t parseSize(const std::string& text) {
@@ -128,21 +148,26 @@ int itersFor(size_t bytes, const Config& cfg) {
   return bytes <= (256u << 10) ? std::max(cfg.iters, cfg.smallIters) : cfg.iters;
 }
 
-Row measureOurs(comm::Communicator& c, BenchBuffers& buf, size_t bytes, const Config& cfg,
-               int warmup) {
+// One allreduce contender. dtrain's are collective (every rank measures); peers run on rank 0
+// only, the other ranks waiting at a barrier meanwhile.
+struct Contender {
+  std::string name;
+  bool peer = false;
+  std::function<std::optional<Row>(size_t bytes, int warmup)> measure;
+};
+
+Row measureDtrain(comm::Communicator& c, void* data, size_t bytes, const Config& cfg, int warmup) {
   const size_t count = bytes / comm::elementSize(cfg.dtype);
-  buf.fillContribution(c.rank(), count);
-  c.allreduce(buf.data(), count, cfg.dtype, cfg.op);
+  fillHost(data, cfg.dtype, c.rank(), count);
+  c.allreduce(data, count, cfg.dtype, cfg.op);
   Row row;
-  row.wrong = buf.countWrong(count, c.size(), cfg.op);
-  for (int i = 0; i < warmup; ++i) c.allreduce(buf.data(), count, cfg.dtype, cfg.op);
-  buf.synchronize();
+  row.wrong = countWrongHost(data, cfg.dtype, count, c.size(), cfg.op);
+  for (int i = 0; i < warmup; ++i) c.allreduce(data, count, cfg.dtype, cfg.op);
   c.barrier();
   std::vector<double> times;
   for (int i = 0; i < itersFor(bytes, cfg); ++i) {
     auto t0 = Clock::now();
-    c.allreduce(buf.data(), count, cfg.dtype, cfg.op);
-    buf.synchronize();
+    c.allreduce(data, count, cfg.dtype, cfg.op);
     times.push_back(std::chrono::duration<double, std::micro>(Clock::now() - t0).count());
   }
   row.us = median(times);
@@ -154,116 +179,256 @@ int envInt(const char* name, int fallback) {
   return v ? std::atoi(v) : fallback;
 }
 
-std::shared_ptr<comm::Communicator> makeCommunicator(const Config& cfg, int rank, int world,
-                                                     std::shared_ptr<store::Store> store) {
+comm::GlooOptions glooOptions(const Config& cfg, int rank, int world,
+                              std::shared_ptr<store::Store> store, const std::string& name) {
   const char* host = std::getenv(env::kStoreAddr);
-  if (cfg.backend == "nccl") {
-    comm::NcclOptions o;
-    o.rank = rank;
-    o.size = world;
-    o.store = store;
-    o.device = envInt(env::kLocalRank, 0);
-    o.name = "allreduce_bench";
-    return comm::createNcclCommunicator(o);
-  }
   comm::GlooOptions o;
   o.rank = rank;
   o.size = world;
-  o.store = store;
+  o.store = std::move(store);
   o.storeHost = host ? host : "";
-  o.name = "allreduce_bench";
+  o.name = name;
   o.smallAllreduceBytes = cfg.smallAllreduceBytes;
   o.ringSegmentBytes = cfg.ringSegmentBytes;
   o.directChunkBytes = cfg.directChunkBytes;
   o.twoRankExchange = cfg.twoRankExchange;
-  return comm::createGlooCommunicator(o);
+  return o;
+}
+
+// GPU mode: dtrain's NCCL communicator alone, on device buffers.
+int runNccl(const Config& cfg, int rank, int world, std::shared_ptr<store::Store> store) {
+  comm::NcclOptions o;
+  o.rank = rank;
+  o.size = world;
+  o.store = store;
+  o.device = envInt(env::kLocalRank, 0);
+  o.name = "allreduce_bench";
+  auto c = comm::createNcclCommunicator(o);
+  auto buf = BenchBuffers::create(*c, *std::max_element(cfg.sizes.begin(), cfg.sizes.end()),
+                                  cfg.dtype);
+  const double bus = world > 1 ? 2.0 * (world - 1) / world : 1.0;
+  long totalWrong = 0;
+  if (rank == 0) {
+    std::printf("%10s %11s %8s %4s %10s %7s %7s %6s\n", "size", "count", "dtype", "op",
+                "time_us", "algbw", "busbw", "#wrong");
+  }
+  for (size_t bytes : cfg.sizes) {
+    const size_t count = bytes / comm::elementSize(cfg.dtype);
+    std::vector<double> rounds;
+    long wrong = 0;
+    for (int round = 0; round < cfg.rounds; ++round) {
+      buf->fillContribution(rank, count);
+      c->allreduce(buf->data(), count, cfg.dtype, cfg.op);
+      wrong += buf->countWrong(count, world, cfg.op);
+      for (int i = 0; i < (round == 0 ? cfg.warmup : 1); ++i) c->allreduce(buf->data(), count, cfg.dtype, cfg.op);
+      buf->synchronize();
+      std::vector<double> times;
+      for (int i = 0; i < itersFor(bytes, cfg); ++i) {
+        auto t0 = Clock::now();
+        c->allreduce(buf->data(), count, cfg.dtype, cfg.op);
+        buf->synchronize();
+        times.push_back(std::chrono::duration<double, std::micro>(Clock::now() - t0).count());
+      }
+      rounds.push_back(median(times));
+    }
+    totalWrong += wrong;
+    if (rank != 0) continue;
+    const double us = median(rounds), algbw = bytes / us / 1e3;
+    std::printf("%10zu %11zu %8s %4s %10.1f %7.3f %7.3f %6ld\n", bytes, count,
+                comm::dataTypeName(cfg.dtype), comm::reduceOpName(cfg.op), us, algbw,
+                algbw * bus, wrong);
+    std::fflush(stdout);
+  }
+  c->shutdown();
+  return totalWrong == 0 ? 0 : 1;
 }
 
 int runWorker(const Config& cfg) {
   const int rank = envInt(env::kRank, 0);
   const int world = envInt(env::kWorldSize, 1);
-  std::shared_ptr<store::Store> store = store::connectToJobStore();
-  auto c = makeCommunicator(cfg, rank, world, store);
-  size_t maxBytes = *std::max_element(cfg.sizes.begin(), cfg.sizes.end());
-  std::unique_ptr<C10dPeer> cpp;
-  if (cfg.c10dPeer && cfg.backend == "gloo") {
-    cpp = C10dPeer::start(*store, rank, world, cfg.dtype, cfg.op, maxBytes);
+  auto store = store::connectToJobStore();
+  if (cfg.backend == "nccl") return runNccl(cfg, rank, world, store);
+  const size_t maxBytes = *std::max_element(cfg.sizes.begin(), cfg.sizes.end());
+
+  // dtrain's communicators: each with its own buffers, touched once before anything is timed.
+  std::vector<char> user(maxBytes + 64, 0);
+  std::shared_ptr<comm::Communicator> gloo = comm::createGlooCommunicator(
+      glooOptions(cfg, rank, world, store, "allreduce_bench/gloo"));
+  comm::ShmOptions so;
+  so.rank = rank;
+  so.size = world;
+  so.store = store;
+  so.name = "allreduce_bench/shm";
+  so.spin = std::chrono::microseconds(cfg.shmSpinUs);
+  so.yieldSpin = cfg.shmYield;
+  so.slotBytes = cfg.shmSlotBytes;
+  so.ownedChunkBytes = cfg.shmOwnedChunkBytes;
+  so.smallBytes = cfg.shmSmallBytes;
+  auto shm = comm::createShmCommunicator(so);
+  auto shmOwned = shm->allocate(maxBytes);
+  std::shared_ptr<comm::Communicator> hier;
+  std::shared_ptr<comm::Buffer> hierOwned;
+  if (cfg.nodes > 1) {
+    DTRAIN_CHECK_ARG(world % cfg.nodes == 0 && world / cfg.nodes >= 2,
+                     "--nodes {}: the world of {} ranks must split into nodes of two or more",
+                     cfg.nodes, world);
+    comm::HierarchicalOptions h;
+    h.rank = rank;
+    h.size = world;
+    h.store = store;
+    h.name = "allreduce_bench/hier";
+    h.shm = so;
+    for (int r = 0; r < world; ++r) h.nodes.nodeOf.push_back(std::to_string(r / (world / cfg.nodes)));
+    hier = comm::createHierarchicalCommunicator(h);
+    hierOwned = hier->allocate(maxBytes);
   }
-  std::unique_ptr<TorchPeer> peer;
-  if (rank == 0 && cfg.pythonPeer && cfg.backend == "gloo") {
-    peer = TorchPeer::start(cfg.python, cfg.peerScript, world, comm::dataTypeName(cfg.dtype));
+
+  std::vector<Contender> contenders;
+  auto dtrain = [&](const std::string& name, comm::Communicator& c, void* data) {
+    contenders.push_back({name, false, [&cfg, &c, data](size_t bytes, int warmup) {
+                            return std::optional<Row>(measureDtrain(c, data, bytes, cfg, warmup));
+                          }});
+  };
+  dtrain("shm", *shm, user.data());
+  dtrain("shm-own", *shm, shmOwned->data());
+  if (hier) {
+    dtrain("hier", *hier, user.data());
+    dtrain("hier-own", *hier, hierOwned->data());
   }
-  const double busFactor = world > 1 ? 2.0 * (world - 1) / world : 1.0;
+  if (cfg.gloo) dtrain("gloo", *gloo, user.data());
+  // PyTorch's C++ Gloo process group, run by these same ranks (collective, like dtrain's).
+  std::unique_ptr<C10dPeer> c10d;
+  if (cfg.c10d) c10d = C10dPeer::start(*store, rank, world, cfg.dtype, cfg.op, maxBytes);
+  if (c10d) {
+    contenders.push_back({"c10d", false, [&cfg, &c10d](size_t bytes, int warmup) {
+                            auto r = c10d->run(bytes, warmup, itersFor(bytes, cfg));
+                            return std::optional<Row>(Row{r.medianUs, r.wrong});
+                          }});
+  }
+
+  std::vector<std::unique_ptr<PeerProcess>> peers;
   if (rank == 0) {
-    std::printf("# allreduce_bench: %s, world %d, %s %s, warmup %d, iters %d (%d up to 256 KiB), "
-                "%d rounds; median of the rounds' medians, rank 0\n",
-                cfg.backend.c_str(), world, comm::dataTypeName(cfg.dtype),
-                comm::reduceOpName(cfg.op), cfg.warmup, cfg.iters,
+    const bool floatSum = cfg.dtype == comm::DataType::Float32 && cfg.op == comm::ReduceOp::Sum;
+    const std::string dtype = comm::dataTypeName(cfg.dtype);
+    const bool sum = cfg.op == comm::ReduceOp::Sum;  // the peers only sum
+    if (cfg.torch && sum) peers.push_back(startTorchPeer(cfg.python, cfg.peerScript, world, dtype));
+    if (cfg.mpi && sum && cfg.dtype != comm::DataType::Float16 &&
+        cfg.dtype != comm::DataType::BFloat16) {
+      peers.push_back(startMpiPeer(cfg.mpirun, cfg.mpiPeer, world, dtype));
+    }
+    if (cfg.probe && floatSum) peers.push_back(startProbe(cfg.probeBinary, world, maxBytes));
+  }
+  // Every rank must agree on the list (the rows of the table); rank 0 says which peers started.
+  const std::vector<std::string> peerRows = {"torch", "mpi", "probe", "probe-cp"};
+  std::vector<int32_t> started(peerRows.size(), 0);
+  for (auto& p : peers) {
+    if (!p) continue;
+    if (p->name() == "torch") started[0] = 1;
+    if (p->name() == "mpi") started[1] = 1;
+    if (p->name() == "probe") started[2] = started[3] = 1;
+  }
+  gloo->broadcast(started.data(), started.size(), comm::DataType::Int32, 0);
+  auto peerNamed = [&](const std::string& name) -> PeerProcess* {
+    for (auto& p : peers) {
+      if (p && p->name() == name) return p.get();
+    }
+    return nullptr;
+  };
+  for (size_t k = 0; k < peerRows.size(); ++k) {
+    if (!started[k]) continue;
+    const std::string row = peerRows[k];
+    const std::string process = row == "probe-cp" ? "probe" : row;
+    const std::string mode = row == "probe-cp" ? "copy" : row == "probe" ? "owned" : "";
+    contenders.push_back({row, true, [&, process, mode](size_t bytes, int warmup) -> std::optional<Row> {
+                            PeerProcess* p = peerNamed(process);
+                            if (!p) return std::nullopt;
+                            auto r = p->run(bytes, warmup, itersFor(bytes, cfg),
+                                            std::chrono::seconds(300), mode);
+                            if (!r) return std::nullopt;
+                            return Row{r->medianUs, r->wrong};
+                          }});
+  }
+
+  const double busFactor = world > 1 ? 2.0 * (world - 1) / world : 1.0;
+  std::vector<std::string> names;
+  for (const auto& c : contenders) names.push_back(c.name);
+  auto has = [&](const std::string& n) { return std::find(names.begin(), names.end(), n) != names.end(); };
+  if (rank == 0) {
+    std::printf("# allreduce_bench: world %d%s, %s %s, warmup %d, iters %d (%d up to 256 KiB), "
+                "%d rounds, interleaved; time = median of the rounds' medians on rank 0\n",
+                world, cfg.nodes > 1 ? fmt::format(" on {} pretend nodes", cfg.nodes).c_str() : "",
+                comm::dataTypeName(cfg.dtype), comm::reduceOpName(cfg.op), cfg.warmup, cfg.iters,
                 std::max(cfg.iters, cfg.smallIters), cfg.rounds);
-    std::printf("# peer c10d: %s\n",
-                cpp ? "C++ c10d::ProcessGroupGloo (libtorch), same ranks, interleaved" : "none");
-    std::printf("# peer python: %s\n",
-                peer ? "torch.distributed.all_reduce (gloo) from Python, interleaved" : "none");
-    std::printf("# ratio: our busbw / the peer's (above 1: dtrain is faster)\n");
-    std::printf("%10s %11s %8s %4s %10s %7s %7s %6s | %10s %7s %6s | %10s %7s %6s | %7s\n",
-                "size", "count", "dtype", "op", "time_us", "algbw", "busbw", "#wrong", "c10d_us",
-                "busbw", "ratio", "python_us", "busbw", "ratio", "memcpy");
-    std::printf("%10s %11s %8s %4s %10s %7s %7s %6s | %10s %7s %6s | %10s %7s %6s | %7s\n",
-                "(B)", "(elements)", "", "", "", "(GB/s)", "(GB/s)", "", "", "(GB/s)", "", "",
-                "(GB/s)", "", "(GB/s)");
+    std::printf("# busbw GB/s of: %s; memcpy GB/s; ratios of busbw\n", fmt::format("{}", fmt::join(names, ", ")).c_str());
+    std::string head = fmt::format("{:>10} {:>10} {:>8} {:>4} {:>10} {:>10} |", "size", "count", "dtype", "op",
+                                   "shm_us", "shm-own_us");
+    for (const auto& n : names) head += fmt::format(" {:>8}", n);
+    head += fmt::format(" {:>7} | {:>9} {:>12} {:>7} {:>7} {:>8} {:>9} {:>12} | {:>6}", "memcpy",
+                        "own/probe", "shm/probe-cp", "own/mpi", "shm/mpi", "shm/c10d", "gloo/c10d",
+                        "probe/memcpy", "#wrong");
+    std::printf("%s\n", head.c_str());
     std::fflush(stdout);
   }
+
   long totalWrong = 0;
-  auto buf = BenchBuffers::create(*c, maxBytes, cfg.dtype);
   for (size_t bytes : cfg.sizes) {
-    // Ours and theirs alternate --rounds times, so a burst of load from elsewhere hits both.
-    std::vector<double> ourRounds;
-    std::vector<double> cppRounds;
-    std::vector<double> theirRounds;
-    long peerWrong = 0;
-    long ourWrong = 0;
+    std::map<std::string, std::vector<double>> rounds;
+    long wrong = 0;
     for (int round = 0; round < cfg.rounds; ++round) {
       const int warmup = round == 0 ? cfg.warmup : 1;
-      Row ours = measureOurs(*c, *buf, bytes, cfg, warmup);
-      ourRounds.push_back(ours.us);
-      ourWrong += ours.wrong;
-      if (cpp) {
-        auto r = cpp->run(bytes, warmup, itersFor(bytes, cfg));
-        cppRounds.push_back(r.medianUs);
-        peerWrong += r.wrong;
-      }
-      // The other ranks wait here while rank 0 drives the peer.
-      if (rank == 0 && peer) {
-        auto theirs = peer->run(bytes, round == 0 ? cfg.warmup : 1, itersFor(bytes, cfg),
-                                std::chrono::seconds(300));
-        if (theirs) {
-          theirRounds.push_back(theirs->medianUs);
-          peerWrong += theirs->wrong;
+      for (auto& c : contenders) {
+        if (!c.peer) {
+          Row r = *c.measure(bytes, warmup);
+          rounds[c.name].push_back(r.us);
+          wrong += r.wrong;
+          continue;
         }
+        // The other ranks wait here while rank 0 drives the peer.
+        if (rank == 0) {
+          if (auto r = c.measure(bytes, warmup)) {
+            rounds[c.name].push_back(r->us);
+            wrong += r->wrong;
+          }
+        }
+        gloo->barrier();
       }
-      c->barrier();
     }
-    totalWrong += ourWrong + peerWrong;
+    totalWrong += wrong;
     if (rank != 0) continue;
     const double copyUs = memcpyMedianUs(bytes, std::max(itersFor(bytes, cfg), 3));
-    const double ourUs = median(ourRounds);
-    const double algbw = bytes / ourUs / 1e3;
-    auto peerCols = [&](const std::vector<double>& rounds) {
-      if (rounds.empty()) return fmt::format("{:>10} {:>7} {:>6}", "-", "-", "-");
-      const double theirUs = median(rounds);
-      const double theirBus = bytes / theirUs / 1e3 * busFactor;
-      return fmt::format("{:>10.1f} {:>7.3f} {:>6.2f}", theirUs, theirBus,
-                         algbw * busFactor / theirBus);
+    auto busbw = [&](const std::string& n) {
+      auto it = rounds.find(n);
+      if (it == rounds.end() || it->second.empty()) return 0.0;
+      return bytes / median(it->second) / 1e3 * busFactor;
     };
-    std::printf("%10zu %11zu %8s %4s %10.1f %7.3f %7.3f %6ld | %s | %s | %7.2f\n", bytes,
-                bytes / comm::elementSize(cfg.dtype), comm::dataTypeName(cfg.dtype),
-                comm::reduceOpName(cfg.op), ourUs, algbw, algbw * busFactor, ourWrong + peerWrong,
-                peerCols(cppRounds).c_str(), peerCols(theirRounds).c_str(), bytes / copyUs / 1e3);
+    auto ratio = [&](const std::string& a, const std::string& b) -> std::string {
+      const double x = busbw(a), y = busbw(b);
+      return x > 0 && y > 0 ? fmt::format("{:.2f}", x / y) : "-";
+    };
+    std::string line = fmt::format("{:>10} {:>10} {:>8} {:>4} {:>10.1f} {:>10.1f} |", bytes,
+                                   bytes / comm::elementSize(cfg.dtype),
+                                   comm::dataTypeName(cfg.dtype), comm::reduceOpName(cfg.op),
+                                   median(rounds["shm"]), median(rounds["shm-own"]));
+    for (const auto& n : names) {
+      const double b = busbw(n);
+      line += b > 0 ? fmt::format(" {:>8.3f}", b) : fmt::format(" {:>8}", "-");
+    }
+    const double memcpyGBs = bytes / copyUs / 1e3;
+    const double probeAlgbw = busbw("probe") / busFactor;
+    line += fmt::format(" {:>7.2f} | {:>9} {:>12} {:>7} {:>7} {:>8} {:>9} {:>12} | {:>6}",
+                        memcpyGBs, ratio("shm-own", "probe"), ratio("shm", "probe-cp"),
+                        ratio("shm-own", "mpi"), ratio("shm", "mpi"), ratio("shm", "c10d"),
+                        ratio("gloo", "c10d"),
+                        has("probe") && probeAlgbw > 0 ? fmt::format("{:.2f}", probeAlgbw / memcpyGBs) : "-",
+                        wrong);
+    std::printf("%s\n", line.c_str());
     std::fflush(stdout);
   }
-  peer.reset();
-  cpp.reset();
-  c->shutdown();
+  peers.clear();
+  c10d.reset();
+  if (hier) hier->shutdown();
+  shm->shutdown();
+  gloo->shutdown();
   return totalWrong == 0 ? 0 : 1;
 }
 
@@ -312,10 +477,11 @@ int forkWorld(const Config& cfg) {
   return worst;
 }
 
-std::string defaultPeerScript(const char* argv0) {
-  // Beside the binary's source: the build tree knows where the sources are.
-  (void)argv0;
-  return DTRAIN_BENCH_SOURCE_DIR "/torch_peer.py";
+// Beside the benchmark's binary (the build tree), or on PATH.
+std::string besideSelf(const char* argv0, const std::string& name) {
+  std::string self = argv0;
+  const size_t slash = self.rfind('/');
+  return slash == std::string::npos ? name : self.substr(0, slash + 1) + name;
 }
 
 }  // namespace
@@ -324,7 +490,9 @@ std::string defaultPeerScript(const char* argv0) {
 int main(int argc, char** argv) {
   using namespace dtrain::bench;
   cxxopts::Options options("allreduce_bench",
-                           "dtrain allreduce vs c10d::ProcessGroupGloo (C++) and torch.distributed");
+                           "dtrain's allreduce (shared memory, hierarchical, Gloo) beside "
+                           "c10d::ProcessGroupGloo (C++), torch.distributed, Open MPI, a bare "
+                           "probe and memcpy");
   options.add_options()
       ("world", "ranks to fork when not started by launch", cxxopts::value<int>()->default_value("2"))
       ("sizes", "comma-separated sizes (4K, 1M, ...)", cxxopts::value<std::string>()->default_value(""))
@@ -332,23 +500,41 @@ int main(int argc, char** argv) {
       ("iters", "timed iterations per size", cxxopts::value<int>()->default_value("20"))
       ("dtype", "element type", cxxopts::value<std::string>()->default_value("float32"))
       ("op", "reduction", cxxopts::value<std::string>()->default_value("sum"))
-      ("backend", "gloo or nccl", cxxopts::value<std::string>()->default_value("gloo"))
-      ("chunk-bytes", "direct exchange chunk (bytes)",
+      ("backend", "cpu (every CPU contender) or nccl (GPU mode)", cxxopts::value<std::string>()->default_value("cpu"))
+      ("nodes", "also the hierarchical path, the ranks split into this many pretend nodes",
+       cxxopts::value<int>()->default_value("1"))
+      ("chunk-bytes", "Gloo's direct exchange chunk (bytes)",
        cxxopts::value<size_t>()->default_value(std::to_string(dtrain::comm::kDefaultDirectChunkBytes)))
-      ("two-rank-ring", "at two ranks use the ring above --small-bytes (tuning)")
-      ("segment-bytes", "ring allreduce segment (bytes)",
+      ("two-rank-ring", "Gloo at two ranks: the ring above --small-bytes (tuning)")
+      ("segment-bytes", "Gloo's ring allreduce segment (bytes)",
        cxxopts::value<size_t>()->default_value(std::to_string(dtrain::comm::kDefaultRingSegmentBytes)))
-      ("rounds", "ours and the peer alternate this many times per size",
+      ("rounds", "every contender runs this many times per size, in turn",
        cxxopts::value<int>()->default_value("3"))
       ("small-iters", "timed iterations for sizes up to 256 KiB",
        cxxopts::value<int>()->default_value("200"))
-      ("small-bytes", "direct/ring allreduce crossover (bytes)",
+      ("small-bytes", "Gloo's direct/ring allreduce crossover (bytes)",
        cxxopts::value<size_t>()->default_value(std::to_string(dtrain::comm::kDefaultSmallAllreduceBytes)))
-      ("no-peer", "skip both PyTorch peers")
-      ("no-c10d-peer", "skip the C++ c10d::ProcessGroupGloo peer")
-      ("no-python-peer", "skip the torch.distributed (Python) peer")
-      ("python", "python with torch for the peer", cxxopts::value<std::string>()->default_value("/usr/bin/python3"))
-      ("peer-script", "the peer's script", cxxopts::value<std::string>()->default_value(defaultPeerScript(argv[0])))
+      ("shm-spin-us", "shared memory: how long a waiter spins before it sleeps (tuning)",
+       cxxopts::value<int>()->default_value("-1"))
+      ("shm-yield", "shared memory: spin with sched_yield (1), a pause (0), auto (-1) (tuning)",
+       cxxopts::value<int>()->default_value("-1"))
+      ("shm-slot-bytes", "shared memory: staging slot (tuning)",
+       cxxopts::value<size_t>()->default_value(std::to_string(dtrain::comm::kDefaultShmSlotBytes)))
+      ("shm-owned-chunk-bytes", "shared memory: chunk of owned buffers (tuning)",
+       cxxopts::value<size_t>()->default_value(std::to_string(dtrain::comm::kDefaultShmOwnedChunkBytes)))
+      ("shm-small-bytes", "shared memory: whole-buffer reduction up to this size (tuning)",
+       cxxopts::value<size_t>()->default_value(std::to_string(dtrain::comm::kDefaultShmSmallBytes)))
+      ("no-peer", "no c10d, torch, mpi or probe")
+      ("no-c10d", "skip the C++ c10d::ProcessGroupGloo peer")
+      ("no-c10d-peer", "the same as --no-c10d")
+      ("no-torch", "skip torch.distributed (Python)")
+      ("no-python-peer", "the same as --no-torch")
+      ("no-mpi", "skip Open MPI")
+      ("no-probe", "skip the bare probe")
+      ("no-gloo", "skip dtrain over Gloo")
+      ("python", "python with torch for the torch peer", cxxopts::value<std::string>()->default_value("/usr/bin/python3"))
+      ("peer-script", "the torch peer's script", cxxopts::value<std::string>()->default_value(DTRAIN_BENCH_SOURCE_DIR "/torch_peer.py"))
+      ("mpirun", "Open MPI's mpirun", cxxopts::value<std::string>()->default_value("mpirun"))
       ("smoke", "a few small sizes and iterations (CTest)")
       ("h,help", "this help");
   try {
@@ -364,16 +550,29 @@ int main(int argc, char** argv) {
     cfg.dtype = parseDtype(args["dtype"].as<std::string>());
     cfg.op = parseOp(args["op"].as<std::string>());
     cfg.backend = args["backend"].as<std::string>();
-    cfg.pythonPeer = !args.count("no-peer") && !args.count("no-python-peer");
-    cfg.c10dPeer = !args.count("no-peer") && !args.count("no-c10d-peer");
+    cfg.nodes = args["nodes"].as<int>();
+    const bool noPeer = args.count("no-peer") > 0;
+    cfg.c10d = !noPeer && !args.count("no-c10d") && !args.count("no-c10d-peer");
+    cfg.torch = !noPeer && !args.count("no-torch") && !args.count("no-python-peer");
+    cfg.mpi = !noPeer && !args.count("no-mpi");
+    cfg.probe = !noPeer && !args.count("no-probe");
+    cfg.gloo = !args.count("no-gloo");
     cfg.python = args["python"].as<std::string>();
     cfg.peerScript = args["peer-script"].as<std::string>();
+    cfg.mpirun = args["mpirun"].as<std::string>();
+    cfg.mpiPeer = besideSelf(argv[0], "mpi_peer");
+    cfg.probeBinary = besideSelf(argv[0], "shm_probe");
     cfg.smallAllreduceBytes = args["small-bytes"].as<size_t>();
     cfg.ringSegmentBytes = args["segment-bytes"].as<size_t>();
     cfg.directChunkBytes = args["chunk-bytes"].as<size_t>();
     cfg.twoRankExchange = !args.count("two-rank-ring");
     cfg.smallIters = args["small-iters"].as<int>();
     cfg.rounds = std::max(1, args["rounds"].as<int>());
+    cfg.shmSpinUs = args["shm-spin-us"].as<int>();
+    cfg.shmYield = args["shm-yield"].as<int>();
+    cfg.shmSlotBytes = args["shm-slot-bytes"].as<size_t>();
+    cfg.shmOwnedChunkBytes = args["shm-owned-chunk-bytes"].as<size_t>();
+    cfg.shmSmallBytes = args["shm-small-bytes"].as<size_t>();
     std::string sizes = args["sizes"].as<std::string>();
     if (args.count("smoke")) {
       if (sizes.empty()) sizes = "4K,64K,1M";
@@ -388,8 +587,9 @@ int main(int argc, char** argv) {
       cfg.sizes.push_back(parseSize(sizes.substr(at, comma == std::string::npos ? std::string::npos : comma - at)));
       at = comma == std::string::npos ? sizes.size() : comma + 1;
     }
-    DTRAIN_CHECK_ARG(cfg.backend == "gloo" || cfg.backend == "nccl", "--backend: gloo or nccl");
+    DTRAIN_CHECK_ARG(cfg.backend == "cpu" || cfg.backend == "nccl", "--backend: cpu or nccl");
     DTRAIN_CHECK_ARG(cfg.world >= 1 && cfg.iters >= 1 && cfg.warmup >= 0, "--world/--iters/--warmup");
+    DTRAIN_CHECK_ARG(cfg.nodes >= 1, "--nodes must be at least 1");
     if (std::getenv(dtrain::env::kRank) != nullptr) return runWorker(cfg);
     return forkWorld(cfg);
   } catch (const cxxopts::exceptions::exception& e) {

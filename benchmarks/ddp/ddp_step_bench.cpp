@@ -7,8 +7,12 @@
 // the exposed communication share (step - communication-free step) / step; ratios and shares are
 // medians of per-sample values (Note [Paired statistics]).
 //
+// The communication-free step is the floor of any DDP step: `floor` prints dtrain's
+// communication-free step over PyTorch's synchronised one, the best ratio dtrain could reach.
+//
 //   ddp_step_bench [--rounds 3] [--steps 10] [--warmup 3] [--models mlp,resnet18] [--no-peer]
-//                  [--grad-as-bucket-view] [--compression none|fp16|bf16]
+//                  [--grad-as-bucket-view | --grad-copies] [--compression none|fp16|bf16]
+//                  [--no-shm]
 //                  [--python /usr/bin/python3] [--smoke]
 #include <unistd.h>
 
@@ -65,7 +69,8 @@ Options parse(int argc, char** argv) {
     if (a == "--help" || a == "-h") {
       std::fputs("usage: ddp_step_bench [--rounds 3] [--steps 10] [--warmup 3] "
                  "[--models mlp,resnet18] [--no-peer]\n"
-                 "                      [--grad-as-bucket-view] [--compression none|fp16|bf16]\n"
+                 "                      [--grad-as-bucket-view | --grad-copies] [--compression none|fp16|bf16]\n"
+                 "                      [--no-shm]\n"
                  "                      [--python /usr/bin/python3] [--smoke]\n"
                  "DDP step time against PyTorch's DistributedDataParallel, interleaved; see "
                  "benchmarks/README.md.\n",
@@ -83,7 +88,9 @@ Options parse(int argc, char** argv) {
     else if (a == "--models") o.models = split(value(), ','), modelsSet = true;
     else if (a == "--out") o.step.out = value();
     else if (a == "--turns") o.step.turns = value();
-    else if (a == "--grad-as-bucket-view") o.step.gradAsBucketView = true;
+    else if (a == "--grad-as-bucket-view") o.step.gradAsBucketView = 1;
+    else if (a == "--grad-copies") o.step.gradAsBucketView = 0;
+    else if (a == "--no-shm") o.step.noShm = true;
     else if (a == "--compression") o.step.compression = value();
     else if (a == "--python") o.python = value();
     else if (a == "--peer-script") o.peerScript = value();
@@ -115,7 +122,9 @@ std::vector<std::string> workerArgs(const Options& o, const std::string& model, 
                                 std::to_string(o.step.warmup), "--steps",
                                 std::to_string(o.step.steps), "--out", out};
   if (!turns.empty()) a.insert(a.end(), {"--turns", turns});
-  if (o.step.gradAsBucketView) a.push_back("--grad-as-bucket-view");
+  if (o.step.gradAsBucketView >= 0) {
+    a.push_back(o.step.gradAsBucketView == 1 ? "--grad-as-bucket-view" : "--grad-copies");
+  }
   a.insert(a.end(), {"--compression", o.step.compression});
   if (o.step.smoke) a.push_back("--smoke");
   return a;
@@ -152,7 +161,8 @@ Job startOurs(const Options& o, const std::string& model, int batch, const std::
                                     {"DTRAIN_STORE_ADDR", "127.0.0.1"},
                                     {"DTRAIN_STORE_PORT", std::to_string(job.store->port())},
                                     {"DTRAIN_STORE_TOKEN", token},
-                                    {"DTRAIN_RESTART_COUNT", "0"}}));
+                                    {"DTRAIN_RESTART_COUNT", "0"},
+                                    {"DTRAIN_SHM", o.step.noShm ? "0" : "1"}}));
   }
   return job;
 }
@@ -241,21 +251,23 @@ int runDriver(const Options& o) {
   fmt::print("# ddp_step_bench: world size {}, 1 thread per rank, {} round(s) x {} steps "
              "(+{} warm-up), medians in ms{}\n",
              kWorld, o.rounds, o.step.steps, o.step.warmup, o.step.smoke ? ", SMOKE (tiny models)" : "");
-  if (o.step.gradAsBucketView || o.step.compression != "none") {
-    fmt::print("# both sides: gradient as bucket view {}, compression {}\n",
-               o.step.gradAsBucketView ? "on" : "off", o.step.compression);
-  }
+  fmt::print("# gradients as bucket views: {}; compression {}\n",
+             o.step.gradAsBucketView < 0 ? "each side's default (dtrain on, PyTorch off)"
+             : o.step.gradAsBucketView == 1 ? "on for both" : "off for both (copies)",
+             o.step.compression);
   if (!peer) fmt::print("# PyTorch peer skipped (--no-peer, or {} cannot import torch)\n", o.python);
-  fmt::print("# {:>8} {:>5} {:>7} {:>9} {:>9} {:>6} {:>9} {:>9} {:>9} {:>9} {:>9}\n", "model",
-             "batch", "params", "dtrain", "pytorch", "ratio", "d-nosync", "p-nosync", "overhead",
-             "exposed-d", "exposed-p");
+  fmt::print("# {:>8} {:>5} {:>7} {:>9} {:>9} {:>6} {:>6} {:>9} {:>9} {:>9} {:>9} {:>9}\n",
+             "model", "batch", "params", "dtrain", "pytorch", "ratio", "floor", "d-nosync",
+             "p-nosync", "overhead", "exposed-d", "exposed-p");
   for (const auto& model : o.models) {
     int batch = o.step.smoke ? 2 : (model == "mlp" ? 64 : 32);
     std::vector<double> ours, oursLocal, peerStep, peerLocal, waits;
     int64_t params = 0;
+    std::string backend;
     for (int round = 0; round < o.rounds; ++round) {
       auto [r, p] = runRound(o, peer, model, batch, dir, round);
       params = r.parameters;
+      backend = r.backend;
       append(ours, r.stepMs);
       append(oursLocal, r.noSyncMs);
       append(waits, r.waitMs);
@@ -279,15 +291,16 @@ int runDriver(const Options& o) {
     auto exposed = [](double step, double local) { return (step - local) / step; };
     auto overhead = [](double step, double local) { return (step - local) / local; };
     auto pct = [](double x) { return fmt::format("{:.1f}%", 100 * x); };
-    fmt::print("  {:>8} {:>5} {:>6.2f}M {:>9.1f} {:>9} {:>6} {:>9.1f} {:>9} {:>9} {:>9} {:>9}\n",
+    fmt::print("  {:>8} {:>5} {:>6.2f}M {:>9.1f} {:>9} {:>6} {:>6} {:>9.1f} {:>9} {:>9} {:>9} {:>9}\n",
                model, batch, params / 1e6, median(ours),
                peer ? fmt::format("{:.1f}", median(peerStep)) : "-",
                peer ? fmt::format("{:.3f}", paired(ours, peerStep, ratio)) : "-",
+               peer ? fmt::format("{:.3f}", paired(oursLocal, peerStep, ratio)) : "-",
                median(oursLocal), peer ? fmt::format("{:.1f}", median(peerLocal)) : "-",
                pct(paired(ours, oursLocal, overhead)), pct(paired(ours, oursLocal, exposed)),
                peer ? pct(paired(peerStep, peerLocal, exposed)) : "-");
-    fmt::print("  {:>8} dtrain end-of-backward wait (median): {:.1f} ms = {} of the step\n", "",
-               median(waits), pct(median(waits) / median(ours)));
+    fmt::print("  {:>8} dtrain ({}) end-of-backward wait (median): {:.1f} ms = {} of the step\n",
+               "", backend, median(waits), pct(median(waits) / median(ours)));
   }
   std::system(("rm -rf " + dir).c_str());
   return 0;

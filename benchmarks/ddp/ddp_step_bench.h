@@ -17,12 +17,15 @@ struct StepConfig {
   // DDP options, the same on both sides: DdpOptions::gradientAsBucketView / PyTorch's
   // gradient_as_bucket_view, and "fp16" / "bf16" compression / PyTorch's fp16_compress_hook and
   // bf16_compress_hook.
-  bool gradAsBucketView = false;
+  // -1: each side's default (dtrain: on; PyTorch: off), 0: both off, 1: both on.
+  int gradAsBucketView = -1;
   std::string compression = "none";
   std::string out;            // rank 0 writes its result here (JSON)
   // Turn-taking with the driver (see Note [Turns]): "<dir>/<side>", rank 0 reads "<...>.go" and
   // writes "<...>.done". Empty: run freely.
   std::string turns;
+  // dtrain's job without shared memory (DTRAIN_SHM=0): Gloo over loopback, as before issue 13.
+  bool noShm = false;
 };
 
 // Note [Turns]
@@ -43,6 +46,7 @@ struct StepResult {
   std::vector<double> stepMs;    // forward + backward (+ allreduce) + optimizer step
   std::vector<double> noSyncMs;  // the same step without communication
   std::vector<double> waitMs;    // dtrain only: the end of backward blocked on allreduces
+  std::string backend;           // dtrain only: the process group's backend ("shm", "gloo")
 };
 
 // Runs the worker side in this process (RANK, WORLD_SIZE and the store from the environment);

@@ -76,6 +76,7 @@ def main():
     parser.add_argument("--out", default="")
     parser.add_argument("--turns", default="")
     parser.add_argument("--grad-as-bucket-view", action="store_true")
+    parser.add_argument("--grad-copies", action="store_true")  # PyTorch's default anyway
     parser.add_argument("--compression", default="none", choices=["none", "fp16", "bf16"])
     args = parser.parse_args()
 

@@ -51,7 +51,7 @@ template <typename Net>
 StepResult measure(Net net, const torch::Tensor& x, const torch::Tensor& y, bool classify,
                    const StepConfig& config, const std::shared_ptr<ProcessGroup>& group) {
   DdpOptions options;
-  options.gradientAsBucketView = config.gradAsBucketView;
+  if (config.gradAsBucketView >= 0) options.gradientAsBucketView = config.gradAsBucketView == 1;
   options.compression = config.compression == "fp16"   ? GradientCompression::Fp16
                         : config.compression == "bf16" ? GradientCompression::Bf16
                                                        : GradientCompression::None;
@@ -112,6 +112,7 @@ int runWorker(const StepConfig& config) {
   } else {
     DTRAIN_THROW(InvalidArgument, "unknown model \"{}\" (mlp | resnet18)", config.model);
   }
+  result.backend = group->backend();
   if (group->rank() == 0 && !config.out.empty()) {
     std::ofstream(config.out) << toJson(result) << "\n";
   }
@@ -121,7 +122,8 @@ int runWorker(const StepConfig& config) {
 
 std::string toJson(const StepResult& r) {
   nlohmann::json j = {{"impl", r.impl},       {"model", r.model},       {"parameters", r.parameters},
-                      {"step_ms", r.stepMs},  {"nosync_ms", r.noSyncMs}, {"wait_ms", r.waitMs}};
+                      {"step_ms", r.stepMs},  {"nosync_ms", r.noSyncMs}, {"wait_ms", r.waitMs},
+                      {"backend", r.backend}};
   return j.dump();
 }
 
@@ -134,6 +136,7 @@ StepResult fromJson(const std::string& text) {
   r.stepMs = j.at("step_ms").get<std::vector<double>>();
   r.noSyncMs = j.at("nosync_ms").get<std::vector<double>>();
   if (j.contains("wait_ms")) r.waitMs = j.at("wait_ms").get<std::vector<double>>();
+  if (j.contains("backend")) r.backend = j.at("backend").get<std::string>();
   return r;
 }
 

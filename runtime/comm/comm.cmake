@@ -1,7 +1,9 @@
 # dtrain_comm: the Communicator and its backends (Gloo, NCCL, shared memory). No libtorch.
 add_library(dtrain_comm SHARED
+  runtime/comm/backends.cpp
   runtime/comm/communicator.cpp
   runtime/comm/collective.cpp
+  runtime/comm/collective_faults.cpp
   runtime/comm/collective_queue.cpp
   runtime/comm/failure_report.cpp
   runtime/comm/flight_recorder.cpp
@@ -9,14 +11,23 @@ add_library(dtrain_comm SHARED
   runtime/comm/host_buffer_pool.cpp
   runtime/comm/nccl_env.cpp
   runtime/comm/reduce_kernels.cpp
+  runtime/comm/shm/shm_arena.cpp
+  runtime/comm/shm/shm_communicator.cpp
+  runtime/comm/shm/shm_engine.cpp
+  runtime/comm/shm/shm_hierarchical.cpp
+  runtime/comm/shm/shm_kernels.cpp
+  runtime/comm/shm/shm_segment.cpp
+  runtime/comm/shm/shm_wait.cpp
   runtime/comm/sigpipe_guard.cpp
   runtime/comm/store_collective_check.cpp
+  runtime/comm/subgroup.cpp
   runtime/comm/world.cpp
   runtime/comm/world_env.cpp
 )
 add_library(dtrain::dtrain_comm ALIAS dtrain_comm)
 target_link_libraries(dtrain_comm PUBLIC dtrain_base)
-target_include_directories(dtrain_comm PRIVATE ${CMAKE_CURRENT_SOURCE_DIR}/runtime/comm)
+target_include_directories(dtrain_comm PRIVATE ${CMAKE_CURRENT_SOURCE_DIR}/runtime/comm
+                           ${CMAKE_CURRENT_SOURCE_DIR}/runtime/comm/shm)
 # dtrain_base's internal parse_int.h (one integer rule everywhere).
 target_include_directories(dtrain_comm PRIVATE ${CMAKE_CURRENT_SOURCE_DIR}/runtime/base)
 if(DTRAIN_HAVE_GLOO)

@@ -5,13 +5,15 @@
 #include <netdb.h>
 #include <arpa/inet.h>
 
+#include <unistd.h>
+
+#include <cstdio>
 #include <cstdlib>
 
 #include <fmt/format.h>
 
 #include "dtrain/env_contract.h"
 #include "dtrain/error.h"
-#include "dtrain/gloo_communicator.h"
 #include "dtrain/job_store.h"
 #include "dtrain/logging.h"
 #include "dtrain/nccl_communicator.h"
@@ -70,6 +72,20 @@ std::shared_ptr<store::Store> hostedStore(World& w, const WorldOptions& o) {
   return std::make_shared<store::PrefixStore>(store::roundPrefix(w.env.round), client);
 }
 
+// Without a launcher's node number: the host's name and boot id (two hosts may share a name).
+std::string hostNodeKey() {
+  char host[256] = {0};
+  gethostname(host, sizeof(host) - 1);
+  std::string boot;
+  if (FILE* f = std::fopen("/proc/sys/kernel/random/boot_id", "r")) {
+    char buf[64] = {0};
+    if (std::fgets(buf, sizeof(buf), f)) boot = buf;
+    std::fclose(f);
+  }
+  while (!boot.empty() && (boot.back() == '\n' || boot.back() == ' ')) boot.pop_back();
+  return fmt::format("host {} boot {}", host, boot);
+}
+
 }  // namespace
 
 World connectWorld(const WorldOptions& o, bool cudaDevicesUsable) {
@@ -77,16 +93,17 @@ World connectWorld(const WorldOptions& o, bool cudaDevicesUsable) {
   World w;
   w.env = resolveWorldEnv(o, env);
   log::setTag(fmt::format("[dtrain rank {}]", w.env.rank));
-  // An explicit NCCL request is checked first: a bad NCCL_* value is named even on a machine
-  // where NCCL cannot run (docs/reliability.md P7).
-  const char* requested = std::getenv(env::kBackend);
-  if (o.backend == "nccl" || (o.backend.empty() && requested && std::string(requested) == "nccl")) {
-    validateNcclEnvironment();
+  // A backend asked for by name has its variables checked first: a bad NCCL_* value is named
+  // even on a machine where NCCL cannot run (docs/reliability.md P7).
+  const std::string requested = !o.backend.empty() ? o.backend
+                                : std::getenv(env::kBackend) ? std::getenv(env::kBackend) : "";
+  for (const auto& e : backendTable()) {
+    if (requested == e.name && e.validateEnvironment) e.validateEnvironment();
   }
   const int devices = cudaDevicesUsable ? cudaDeviceCount() : 0;
-  w.backend = chooseBackend(o.backend, env, ncclAvailable(), glooAvailable(), devices);
-  if (w.backend == "nccl") {
-    validateNcclEnvironment();
+  const BackendEntry& entry = chooseBackend(o.backend, env, devices, w.env.sharedMemory);
+  if (entry.validateEnvironment) entry.validateEnvironment();
+  if (entry.cuda) {
     w.device = chooseCudaDevice(w.env.localRank, devices, std::getenv(env::kCudaVisibleDevices));
   }
 
@@ -100,32 +117,10 @@ World connectWorld(const WorldOptions& o, bool cudaDevicesUsable) {
     w.store = hostedStore(w, o);
   }
 
-  const std::string name = "pg/" + o.name;
-  if (w.backend == "nccl") {
-    NcclOptions no;
-    no.rank = w.env.rank;
-    no.size = w.env.worldSize;
-    no.store = w.store;
-    no.name = name;
-    no.device = w.device;
-    no.timeout = o.timeout;
-    no.connectTimeout = o.connectTimeout;
-    no.checkCollectives = o.checkCollectives;
-    const char* blocking = std::getenv("TORCH_NCCL_BLOCKING_WAIT");
-    no.blockingWait = blocking != nullptr && std::string(blocking) == "1";
-    w.communicator = createNcclCommunicator(no);
-  } else {
-    GlooOptions go;
-    go.rank = w.env.rank;
-    go.size = w.env.worldSize;
-    go.store = w.store;
-    go.name = name;
-    go.storeHost = w.env.storeHost;
-    go.timeout = o.timeout;
-    go.connectTimeout = o.connectTimeout;
-    go.checkCollectives = o.checkCollectives;
-    w.communicator = createGlooCommunicator(go);
-  }
+  BackendSetup setup{o, w.env, w.store, "pg/" + o.name, w.device, devices,
+                     w.env.node.empty() ? hostNodeKey() : w.env.node};
+  w.communicator = entry.create(setup);
+  w.backend = w.communicator->backendName();
   DTRAIN_LOG(Info, "{}: rank {}/{} (local rank {}) from {}, backend {}", o.name, w.env.rank,
              w.env.worldSize, w.env.localRank, launcherName(w.env.launcher), w.backend);
   return w;

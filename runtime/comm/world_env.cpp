@@ -1,4 +1,4 @@
-// resolveWorldEnv / chooseBackend: the pure half of connectWorld() (dtrain/world.h).
+// resolveWorldEnv: the pure half of connectWorld() (dtrain/world.h).
 #include <cstdlib>
 #include <string>
 
@@ -55,6 +55,30 @@ constexpr Names kMpi{Launcher::Mpi, "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZ
                      "OMPI_COMM_WORLD_LOCAL_RANK",
                      "HINT: mpirun (Open MPI) sets it; or start the program with `launch`"};
 
+bool sharedMemoryFromEnv(const EnvLookup& env) {
+  const char* v = get(env, env::kShm);
+  if (v == nullptr) return true;
+  const std::string s = v;
+  if (s == "1" || s == "true" || s == "on" || s == "yes") return true;
+  if (s == "0" || s == "false" || s == "off" || s == "no") return false;
+  DTRAIN_THROW(InvalidArgument, "{}=\"{}\" is not a switch: 0 turns the shared-memory path off, "
+               "1 (the default) keeps it", env::kShm, s);
+}
+
+// Ranks with the same key share a node (and memory). launch numbers its nodes with GROUP_RANK,
+// srun with SLURM_NODEID; otherwise connectWorld() uses the host's name and boot id.
+std::string nodeKey(const WorldOptions& o, const EnvLookup& env) {
+  if (!o.node.empty()) return o.node;
+  if (const char* group = get(env, env::kGroupRank)) {
+    return "group" + std::to_string(parseInt(env::kGroupRank, group, 0, 1 << 24, kLaunchHint));
+  }
+  if (const char* slurm = get(env, "SLURM_NODEID")) {
+    return "slurm" + std::to_string(parseInt("SLURM_NODEID", slurm, 0, 1 << 24,
+                                             "HINT: srun sets it"));
+  }
+  return "";
+}
+
 }  // namespace
 
 const char* launcherName(Launcher launcher) {
@@ -94,6 +118,8 @@ WorldEnv resolveWorldEnv(const WorldOptions& o, const EnvLookup& env) {
                                    : requireInt(env, names->local, 0, 1 << 20, names->hint);
   }
   w.round = optionalInt(env, env::kDtrainRestartCount, 0, 0, 1000000000, kLaunchHint);
+  w.sharedMemory = o.sharedMemory && sharedMemoryFromEnv(env);
+  w.node = nodeKey(o, env);
 
   if (o.store) {
     w.storeHost = o.storeHost;
@@ -130,35 +156,6 @@ int chooseCudaDevice(int localRank, int devices, const char* visibleDevices) {
                    env::kCudaVisibleDevices, visibleDevices ? visibleDevices : "unset (all)",
                    devices);
   return localRank;
-}
-
-std::string chooseBackend(const std::string& requested, const EnvLookup& env, bool ncclBuilt,
-                          bool glooBuilt, int cudaDevices) {
-  std::string source = "the backend option";
-  std::string backend = requested;
-  if (backend.empty()) {
-    const char* v = get(env, env::kBackend);
-    if (v) {
-      backend = v;
-      source = env::kBackend;
-    }
-  }
-  if (backend.empty()) {
-    if (ncclBuilt && cudaDevices > 0) return "nccl";
-    DTRAIN_CHECK_ARG(glooBuilt, "no backend: this build has no Gloo and no CUDA device is "
-                     "usable for NCCL");
-    return "gloo";
-  }
-  DTRAIN_CHECK_ARG(backend == "gloo" || backend == "nccl",
-                   "{}=\"{}\" is not a backend: use gloo (CPU) or nccl (CUDA)", source, backend);
-  if (backend == "nccl") {
-    DTRAIN_CHECK_ARG(ncclBuilt, "{}=nccl, but this dtrain was built without NCCL", source);
-    DTRAIN_CHECK_ARG(cudaDevices > 0, "{}=nccl, but no CUDA device is usable here{}", source,
-                     ncclBuilt ? " (no GPU, no driver, or a libtorch without CUDA)" : "");
-  } else {
-    DTRAIN_CHECK_ARG(glooBuilt, "{}=gloo, but this dtrain was built without Gloo", source);
-  }
-  return backend;
 }
 
 }  // namespace dtrain::comm

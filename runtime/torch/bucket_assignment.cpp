@@ -15,11 +15,15 @@ struct OpenBucket {
 
 }  // namespace
 
-std::vector<std::vector<size_t>> assignBuckets(const std::vector<BucketInput>& inputs,
-                                               size_t firstBucketBytes, size_t bucketBytes) {
+std::vector<std::vector<size_t>> assignBucketsInOrder(const std::vector<BucketInput>& inputs,
+                                                      const std::vector<size_t>& order,
+                                                      size_t firstBucketBytes,
+                                                      size_t bucketBytes) {
+  std::vector<size_t> position(inputs.size(), 0);
+  for (size_t k = 0; k < order.size(); ++k) position[order[k]] = k;
   std::vector<std::vector<size_t>> closed;
   std::map<int, OpenBucket> open;  // by group
-  for (size_t i = inputs.size(); i-- > 0;) {
+  for (size_t i : order) {
     auto [it, fresh] = open.try_emplace(inputs[i].group);
     OpenBucket& bucket = it->second;
     if (fresh) bucket.limit = firstBucketBytes;
@@ -35,11 +39,18 @@ std::vector<std::vector<size_t>> assignBuckets(const std::vector<BucketInput>& i
   for (auto& [group, bucket] : open) {
     if (!bucket.indices.empty()) closed.push_back(std::move(bucket.indices));
   }
-  // See Note [Bucket order]: the walk goes from high to low indices, so a bucket whose first
-  // gradient has the higher index is walked (and becomes ready) first.
-  std::stable_sort(closed.begin(), closed.end(),
-                   [](const auto& a, const auto& b) { return a.front() > b.front(); });
+  // See Note [Bucket order]: a bucket whose first gradient is walked earlier becomes ready first.
+  std::stable_sort(closed.begin(), closed.end(), [&](const auto& a, const auto& b) {
+    return position[a.front()] < position[b.front()];
+  });
   return closed;
+}
+
+std::vector<std::vector<size_t>> assignBuckets(const std::vector<BucketInput>& inputs,
+                                               size_t firstBucketBytes, size_t bucketBytes) {
+  std::vector<size_t> descending(inputs.size());
+  for (size_t k = 0; k < inputs.size(); ++k) descending[k] = inputs.size() - 1 - k;
+  return assignBucketsInOrder(inputs, descending, firstBucketBytes, bucketBytes);
 }
 
 }  // namespace dtrain

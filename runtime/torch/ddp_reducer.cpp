@@ -10,12 +10,21 @@
 #include "dtrain/logging.h"
 #include "dtrain/torch_compat.h"
 
+// Note [Gradients in the buckets]
+// DdpOptions::gradientAsBucketView is on by default. Copying gradients into the buckets and the
+// averages back costs two passes over every gradient per step, on the training thread; on the
+// 2-core development VM, whose memory copies at 2-3 GB/s once the data outgrow the caches, that
+// was most of the communication a 25M-parameter MLP exposed (ddp_step_bench without a peer, load
+// 7-10: a quarter to a third of the step in copy mode, 5-7 % with the gradients in the buckets).
+// PyTorch keeps it off because its bucket views are autograd views (detach_() refused); ours are
+// from_blob tensors over the bucket memory, which behave as any gradient does.
+//
 // Note [DDP backward]
 // Each parameter's gradient accumulator (the AccumulateGrad node that adds into .grad) carries a
 // post-hook, so the hook runs once per backward, after the gradient is complete in .grad. The hook
-// copies the gradient, already divided by the world size, into its slot of a bucket (or, with
-// gradientAsBucketView, the gradient already lives there); the bucket whose last gradient this was
-// starts its allreduce at once, while autograd goes on with the earlier layers. Buckets are launched
+// copies the gradient into its slot of a bucket (with gradientAsBucketView it already lives
+// there), to be divided by the world size there or by the allreduce (Note [Averaging]); the bucket
+// whose last gradient this was starts its allreduce at once, while autograd goes on with the earlier layers. Buckets are launched
 // strictly in bucket order, so every rank issues the same collectives in the same order even when
 // gradients arrive in a different order on different ranks.
 //
@@ -90,7 +99,13 @@ Reducer::Reducer(std::shared_ptr<ProcessGroup> group, std::vector<NamedTensor> p
   divisor_ = at::scalar_tensor(1.0 / group_->size(), at::TensorOptions().dtype(at::kDouble));
   ready_.assign(params_.size(), 0);
   usedLocally_.assign(params_.size(), 0);
-  buildBuckets();
+  rebuilt_ = !options_.rebuildBuckets || options_.findUnusedParameters;
+  buildBuckets(assignBuckets(bucketInputs(), options_.firstBucketBytes, options_.bucketBytes));
+  if (options_.findUnusedParameters) {
+    usedMemory_ = comm_.allocate(std::max<size_t>(1, params_.size() * sizeof(int32_t)));
+    usedMap_ = tensorOver(usedMemory_, 0, {static_cast<int64_t>(params_.size())},
+                          at::TensorOptions().dtype(at::kInt).device(group_->device()));
+  }
   installHooks();
 }
 
@@ -109,14 +124,18 @@ Reducer::~Reducer() {
   }
 }
 
-void Reducer::buildBuckets() {
+std::vector<BucketInput> Reducer::bucketInputs() const {
   std::vector<BucketInput> inputs;
   for (const auto& p : params_) {
     inputs.push_back({static_cast<size_t>(p.tensor.numel()) * p.tensor.element_size(),
                       static_cast<int>(p.tensor.scalar_type())});
   }
-  auto assignment = assignBuckets(inputs, options_.firstBucketBytes, options_.bucketBytes);
-  slots_.resize(params_.size());
+  return inputs;
+}
+
+void Reducer::buildBuckets(const std::vector<std::vector<size_t>>& assignment) {
+  buckets_.clear();
+  slots_.assign(params_.size(), Slot{});
   for (auto& indices : assignment) {
     Bucket bucket;
     bucket.params = indices;
@@ -133,6 +152,15 @@ void Reducer::buildBuckets() {
       slots_[indices[entry]] = {buckets_.size(), entry};
       offset += p.numel();
     }
+    // Note [Averaging]
+    // float32 and float64 buckets that travel as they are are averaged by the allreduce itself
+    // (ReduceOp::Avg: a backend that reduces in one pass, as the shared-memory one does, divides on
+    // the way; with gradientAsBucketView nothing then touches a gradient between autograd and the
+    // allreduce). 16-bit buckets and compressed ones are divided first, as PyTorch does, so their
+    // sums cannot overflow.
+    bucket.averagedByAllreduce =
+        options_.compression == GradientCompression::None &&
+        (bucket.dtype == at::kFloat || bucket.dtype == at::kDouble);
     if (options_.compression != GradientCompression::None && bucket.dtype == at::kFloat) {
       auto wireType =
           options_.compression == GradientCompression::Fp16 ? at::kHalf : at::kBFloat16;
@@ -143,6 +171,7 @@ void Reducer::buildBuckets() {
     buckets_.push_back(std::move(bucket));
   }
   if (options_.gradientAsBucketView) {
+    // Gradients that exist move into the buckets (also the old buckets' views, on a rebuild).
     at::NoGradGuard noGrad;
     for (size_t i = 0; i < params_.size(); ++i) {
       at::Tensor& grad = params_[i].tensor.mutable_grad();
@@ -150,11 +179,6 @@ void Reducer::buildBuckets() {
       viewOf(i).copy_(grad);
       grad = viewOf(i);
     }
-  }
-  if (options_.findUnusedParameters) {
-    usedMemory_ = comm_.allocate(std::max<size_t>(1, params_.size() * sizeof(int32_t)));
-    usedMap_ = tensorOver(usedMemory_, 0, {static_cast<int64_t>(params_.size())},
-                          at::TensorOptions().dtype(at::kInt).device(group_->device()));
   }
   if (log::enabled(log::Level::Info)) {
     std::string sizes;
@@ -249,6 +273,7 @@ void Reducer::onGradientReady(size_t index) {
     for (size_t u : unused_) markReadyLocked(u, false);
   }
   stats_.lastGradient = now;
+  if (!rebuilt_ && !ready_[index]) arrival_.push_back(index);
   DTRAIN_CHECK(!ready_[index],
                "rank {}: DistributedDataParallel: parameter {} received a gradient {} in this "
                "backward pass. HINT: {}",
@@ -274,10 +299,16 @@ void Reducer::markReadyLocked(size_t index, bool hookFired) {
                    "gradients are supported. HINT: use a dense embedding (sparse=false)",
                    params_[index].name);
       if (hookFired) usedLocally_[index] = 1;
+      // See Note [Averaging]: the division is part of the allreduce, or done here.
+      const bool averaged = buckets_[slots_[index].bucket].averagedByAllreduce;
       if (grad.data_ptr() == view.data_ptr()) {
-        view.mul_(divisor_);
+        if (!averaged) view.mul_(divisor_);
       } else {
-        at::mul_out(view, grad, divisor_);
+        if (averaged) {
+          view.copy_(grad);
+        } else {
+          at::mul_out(view, grad, divisor_);
+        }
         if (options_.gradientAsBucketView && hookFired) param.mutable_grad() = view;
       }
       if (hookFired && !poisonedThisPass_) {
@@ -306,7 +337,9 @@ void Reducer::launchReadyBucketsLocked() {
     at::Tensor& travels = b.wire.defined() ? b.wire : b.flat;
     if (b.wire.defined()) b.wire.copy_(b.flat);
     b.work = comm_.allreduceAsync(travels.data_ptr(), static_cast<size_t>(b.numel),
-                                  toDataType(travels), comm::ReduceOp::Sum, call);
+                                  toDataType(travels),
+                                  b.averagedByAllreduce ? comm::ReduceOp::Avg : comm::ReduceOp::Sum,
+                                  call);
   }
   if (nextBucket_ == buckets_.size() && options_.findUnusedParameters && !usedWork_) {
     auto host = at::from_blob(usedLocally_.data(), {static_cast<int64_t>(usedLocally_.size())},
@@ -329,6 +362,10 @@ void Reducer::finalizeBackward() {
   }
   resetPassLocked();
   if (error) std::rethrow_exception(error);
+  if (missing.empty() && !rebuilt_) {
+    rebuilt_ = true;
+    rebuildBucketsLocked();
+  }
   if (missing.empty()) return;
   DTRAIN_THROW(Error,
                "rank {}: DistributedDataParallel: {} of {} parameters received no gradient in "
@@ -399,6 +436,49 @@ void Reducer::finalizeLocked(std::vector<size_t>& missing) {
   stats_.waited = waited;
   stats_.finished = Clock::now();
   ++stats_.iteration;
+}
+
+void Reducer::rebuildBucketsLocked() {
+  const size_t n = params_.size();
+  // This rank's arrival order, then whatever did not arrive in reverse registration order.
+  std::vector<int64_t> order;
+  std::vector<char> seen(n, 0);
+  for (size_t i : arrival_) {
+    if (!seen[i]) order.push_back(static_cast<int64_t>(i));
+    seen[i] = 1;
+  }
+  for (size_t i = n; i-- > 0;) {
+    if (!seen[i]) order.push_back(static_cast<int64_t>(i));
+  }
+  arrival_.clear();
+  arrival_.shrink_to_fit();
+  // Rank 0's order, so that every rank buckets and launches alike.
+  at::Tensor shared = at::tensor(order, at::TensorOptions().dtype(at::kLong)).to(group_->device());
+  group_->broadcast(shared, 0);
+  shared = shared.cpu();
+  std::vector<size_t> walk(n);
+  std::vector<char> hit(n, 0);
+  for (size_t k = 0; k < n; ++k) {
+    const int64_t i = shared.data_ptr<int64_t>()[k];
+    DTRAIN_CHECK(i >= 0 && static_cast<size_t>(i) < n && !hit[i],
+                 "rank {}: DistributedDataParallel: rank 0's gradient order is not a permutation "
+                 "of the {} parameters (entry {} is {})", group_->rank(), n, k, i);
+    hit[i] = 1;
+    walk[k] = static_cast<size_t>(i);
+  }
+  auto assignment =
+      assignBucketsInOrder(bucketInputs(), walk, options_.firstBucketBytes, options_.bucketBytes);
+  std::vector<std::vector<size_t>> current;
+  for (const auto& b : buckets_) current.push_back(b.params);
+  if (assignment == current) {
+    DTRAIN_LOG(Info, "DDP: gradients arrived in bucket order; buckets kept");
+    return;
+  }
+  std::vector<Bucket> old = std::move(buckets_);  // alive until the gradients have moved over
+  buildBuckets(assignment);
+  DTRAIN_LOG(Info, "DDP: buckets rebuilt in the order the gradients arrived (rank 0's): {} "
+             "buckets, the first holds {}",
+             buckets_.size(), namesOf(params_, buckets_.front().params, 4));
 }
 
 void Reducer::writeBackLocked(size_t index, const at::Tensor& view) {

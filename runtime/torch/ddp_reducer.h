@@ -12,6 +12,7 @@
 
 #include <ATen/core/Tensor.h>
 
+#include "dtrain/bucket_assignment.h"
 #include "dtrain/comm.h"
 #include "dtrain/ddp_options.h"
 #include "dtrain/ddp_stats.h"
@@ -59,6 +60,7 @@ class Reducer {
     // Compression: the 16-bit copy that travels; undefined when uncompressed.
     std::shared_ptr<comm::Buffer> wireMemory;
     at::Tensor wire;
+    bool averagedByAllreduce = false;  // Note [Averaging]: ReduceOp::Avg, no division before
     size_t pending = 0;  // gradients not yet ready this pass
     std::shared_ptr<comm::Work> work;
   };
@@ -67,7 +69,11 @@ class Reducer {
     size_t entry = 0;
   };
 
-  void buildBuckets();
+  // Buckets as `assignment` groups the parameters (lists of indices into params_, launch order).
+  void buildBuckets(const std::vector<std::vector<size_t>>& assignment);
+  std::vector<BucketInput> bucketInputs() const;
+  // Note [Bucket rebuild]: once, at the end of the first synchronised backward.
+  void rebuildBucketsLocked();
   void installHooks();
   void onGradientReady(size_t index);
   void markReadyLocked(size_t index, bool hookFired);
@@ -100,6 +106,8 @@ class Reducer {
   std::vector<size_t> unused_;      // findUnusedParameters: unreachable from this pass's outputs
   std::unordered_set<const torch::autograd::Node*> reachable_;
   size_t nextBucket_ = 0;           // next bucket to launch: launches are in bucket order
+  std::vector<size_t> arrival_;     // until the rebuild: parameters in the order gradients came
+  bool rebuilt_ = false;            // the buckets were rebuilt (or will not be)
   std::shared_ptr<comm::Buffer> usedMemory_;  // findUnusedParameters: per parameter, int32
   at::Tensor usedMap_;
   std::shared_ptr<comm::Work> usedWork_;

@@ -17,7 +17,7 @@ std::shared_ptr<ProcessGroup> init(const InitOptions& options) {
 #endif
   comm::World world = comm::connectWorld(options, cudaUsable);
   c10::Device device(c10::kCPU);
-  if (world.backend == "nccl") {
+  if (world.device >= 0) {  // a CUDA backend of the table
 #if DTRAIN_WITH_TORCH_CUDA
     device = c10::Device(c10::kCUDA, static_cast<c10::DeviceIndex>(world.device));
     c10::cuda::set_device(static_cast<c10::DeviceIndex>(world.device));

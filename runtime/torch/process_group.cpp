@@ -220,6 +220,18 @@ void ProcessGroup::reduceScatter(at::Tensor& output, const at::Tensor& input, Re
 
 void ProcessGroup::barrier() { communicator_->barrier(); }
 
+std::shared_ptr<ProcessGroup> ProcessGroup::newGroup(const std::vector<int>& ranks,
+                                                     const comm::GroupOptions& options) {
+  auto group = communicator_->newGroup(ranks, options);
+  return group ? std::make_shared<ProcessGroup>(std::move(group), localRank_, device_) : nullptr;
+}
+
+std::shared_ptr<ProcessGroup> ProcessGroup::split(int color, int key,
+                                                  const comm::GroupOptions& options) {
+  auto group = communicator_->split(color, key, options);
+  return group ? std::make_shared<ProcessGroup>(std::move(group), localRank_, device_) : nullptr;
+}
+
 void ProcessGroup::shutdown() {
   if (world_) {
     comm::shutdownWorld(*world_);

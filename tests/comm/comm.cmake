@@ -15,7 +15,7 @@ add_library(dtrain_comm_test_support STATIC tests/comm/comm_test_support.cpp)
 # exports every symbol.
 target_include_directories(dtrain_comm_test_support PUBLIC
   ${CMAKE_CURRENT_SOURCE_DIR}/tests/comm ${CMAKE_CURRENT_SOURCE_DIR}/runtime/comm
-  ${CMAKE_CURRENT_SOURCE_DIR}/runtime/base)
+  ${CMAKE_CURRENT_SOURCE_DIR}/runtime/comm/shm ${CMAKE_CURRENT_SOURCE_DIR}/runtime/base)
 target_link_libraries(dtrain_comm_test_support PUBLIC dtrain_comm GTest::gtest)
 dtrain_warnings(dtrain_comm_test_support)
 

@@ -4,12 +4,14 @@
 
 #include <chrono>
 #include <functional>
+#include <ostream>
 #include <memory>
 #include <string>
 #include <vector>
 
 #include "dtrain/comm.h"
 #include "dtrain/gloo_communicator.h"
+#include "dtrain/shm_communicator.h"
 #include "dtrain/store.h"
 
 namespace dtrain::testing {
@@ -25,6 +27,29 @@ comm::GlooOptions glooTestOptions(int rank, int size, std::shared_ptr<store::Sto
 // Creates one Gloo communicator per rank concurrently (creation blocks until all have joined).
 std::vector<std::shared_ptr<comm::Communicator>> makeGlooWorld(
     int size, const std::function<void(comm::GlooOptions&)>& tweak = {});
+
+// ShmOptions for thread tests: short timeouts, a small arena, no faults from the environment.
+comm::ShmOptions shmTestOptions(int rank, int size, std::shared_ptr<store::Store> store,
+                                std::chrono::milliseconds timeout = std::chrono::milliseconds(5000));
+
+// A world for the communicator conformance suite: which backend, how many ranks, and for the
+// hierarchical one how many pretend nodes (ranks as threads; each node its own segment).
+struct WorldKind {
+  std::string backend;  // "gloo", "shm" or "hier"
+  int size = 2;
+  int nodes = 1;           // hier: size / nodes ranks per node
+  bool interleaved = false;  // hier: rank r on node r % nodes (else r / (size / nodes), as launch)
+  bool tinySlots = false;  // shm/hier: 4 KiB staging slots and small chunks, so that every
+                           // collective streams through many chunks with uneven slices
+  std::string label() const;
+};
+
+// gtest prints the label (CTest lists parameterised tests with it).
+inline void PrintTo(const WorldKind& kind, std::ostream* os) { *os << kind.label(); }
+
+// Creates the communicators of every rank concurrently.
+std::vector<std::shared_ptr<comm::Communicator>> makeWorld(
+    const WorldKind& kind, std::chrono::milliseconds timeout = std::chrono::milliseconds(5000));
 
 // Milliseconds since `start`.
 double elapsedMs(std::chrono::steady_clock::time_point start);

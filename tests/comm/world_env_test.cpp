@@ -117,22 +117,77 @@ TEST(WorldEnv, ExplicitOptionsWinOverTheEnvironment) {
   EXPECT_NE(errorOf([&] { resolveWorldEnv(o, lookup(env)); }).find("do not fit"), std::string::npos);
 }
 
+// A table like backendTable() whose entries' "built" answers are the test's.
+std::vector<BackendEntry> tableWith(bool ncclBuilt, bool glooBuilt) {
+  std::vector<BackendEntry> t = backendTable();
+  static bool nccl, gloo;
+  nccl = ncclBuilt;
+  gloo = glooBuilt;
+  for (auto& e : t) {
+    if (std::string(e.name) == "nccl") e.built = [] { return nccl; };
+    if (std::string(e.name) == "gloo") e.built = [] { return gloo; };
+  }
+  return t;
+}
+
+std::string chosen(const std::string& requested, const Env& env, int devices, bool shm = true,
+                   bool ncclBuilt = true, bool glooBuilt = true) {
+  return chooseBackend(requested, lookup(env), devices, shm, tableWith(ncclBuilt, glooBuilt)).name;
+}
+
 TEST(Backend, AutomaticExplicitAndRefused) {
   Env none;
-  EXPECT_EQ(chooseBackend("", lookup(none), true, true, 2), "nccl");
-  EXPECT_EQ(chooseBackend("", lookup(none), true, true, 0), "gloo");
-  EXPECT_EQ(chooseBackend("", lookup(none), false, true, 2), "gloo");
+  EXPECT_EQ(chosen("", none, 2), "nccl");
+  EXPECT_EQ(chosen("", none, 0), "shm") << "CPU tensors: shared memory where ranks share a node";
+  EXPECT_EQ(chosen("", none, 0, /*shm=*/false), "gloo") << "DTRAIN_SHM=0";
+  EXPECT_EQ(chosen("", none, 2, true, /*ncclBuilt=*/false), "shm");
   Env gloo{{"DTRAIN_BACKEND", "gloo"}};
-  EXPECT_EQ(chooseBackend("", lookup(gloo), true, true, 2), "gloo");
-  EXPECT_EQ(chooseBackend("nccl", lookup(gloo), true, true, 1), "nccl") << "the option wins";
-  Env bad{{"DTRAIN_BACKEND", "NCCL2"}};
-  EXPECT_NE(errorOf([&] { chooseBackend("", lookup(bad), true, true, 1); })
-                .find("DTRAIN_BACKEND=\"NCCL2\" is not a backend"),
+  EXPECT_EQ(chosen("", gloo, 2), "gloo");
+  EXPECT_EQ(chosen("nccl", gloo, 1), "nccl") << "the option wins";
+  Env shm{{"DTRAIN_BACKEND", "shm"}};
+  EXPECT_EQ(chosen("", shm, 2), "shm");
+  EXPECT_NE(errorOf([&] { chosen("", shm, 0, /*shm=*/false); })
+                .find("DTRAIN_BACKEND=shm, but shared memory is turned off (DTRAIN_SHM=0"),
             std::string::npos);
+  Env bad{{"DTRAIN_BACKEND", "NCCL2"}};
+  const std::string unknown = errorOf([&] { chosen("", bad, 1); });
+  EXPECT_NE(unknown.find("DTRAIN_BACKEND=\"NCCL2\" is not a backend: use nccl (CUDA tensors), "
+                         "shm (CPU tensors: shared memory inside a node, Gloo across nodes), gloo"),
+            std::string::npos)
+      << unknown;
   Env nccl{{"DTRAIN_BACKEND", "nccl"}};
-  EXPECT_NE(errorOf([&] { chooseBackend("", lookup(nccl), true, true, 0); })
+  EXPECT_NE(errorOf([&] { chosen("", nccl, 0); })
                 .find("DTRAIN_BACKEND=nccl, but no CUDA device is usable"),
             std::string::npos);
+  EXPECT_NE(errorOf([&] { chosen("", nccl, 1, true, /*ncclBuilt=*/false); })
+                .find("DTRAIN_BACKEND=nccl, but this dtrain was built without it"),
+            std::string::npos);
+}
+
+TEST(Backend, SharedMemorySwitchAndNodeKey) {
+  Env launch{{"RANK", "1"}, {"WORLD_SIZE", "4"}, {"LOCAL_RANK", "1"}, {"GROUP_RANK", "1"},
+             {"DTRAIN_STORE_ADDR", "127.0.0.1"}};
+  auto w = resolveWorldEnv({}, lookup(launch));
+  EXPECT_TRUE(w.sharedMemory);
+  EXPECT_EQ(w.node, "group1") << "launch numbers its nodes";
+  launch["DTRAIN_SHM"] = "0";
+  EXPECT_FALSE(resolveWorldEnv({}, lookup(launch)).sharedMemory);
+  launch["DTRAIN_SHM"] = "maybe";
+  EXPECT_NE(errorOf([&] { resolveWorldEnv({}, lookup(launch)); })
+                .find("DTRAIN_SHM=\"maybe\" is not a switch"),
+            std::string::npos);
+  launch.erase("DTRAIN_SHM");
+  WorldOptions off;
+  off.sharedMemory = false;
+  EXPECT_FALSE(resolveWorldEnv(off, lookup(launch)).sharedMemory) << "the option turns it off";
+  WorldOptions named;
+  named.node = "rack3";
+  EXPECT_EQ(resolveWorldEnv(named, lookup(launch)).node, "rack3") << "the option wins";
+  Env srun{{"SLURM_PROCID", "0"}, {"SLURM_NTASKS", "2"}, {"SLURM_LOCALID", "0"},
+           {"SLURM_NODEID", "5"}, {"MASTER_ADDR", "127.0.0.1"}};
+  EXPECT_EQ(resolveWorldEnv({}, lookup(srun)).node, "slurm5");
+  Env bare{{"RANK", "0"}, {"WORLD_SIZE", "1"}, {"LOCAL_RANK", "0"}, {"MASTER_ADDR", "127.0.0.1"}};
+  EXPECT_EQ(resolveWorldEnv({}, lookup(bare)).node, "") << "connectWorld() asks the host";
 }
 
 TEST(NcclEnvironment, InvalidValuesAreRejectedNamingTheVariable) {

@@ -8,6 +8,8 @@
 
 #include <algorithm>
 #include <filesystem>
+#include <map>
+#include <regex>
 #include <cstdlib>
 #include <thread>
 
@@ -65,6 +67,34 @@ void expectNothingLeft(const Cluster& c, const LaunchResult& r, pid_t spare = -1
   pids.erase(std::remove(pids.begin(), pids.end(), spare), pids.end());
   std::vector<pid_t> gone = waitGone(pids, 5);
   EXPECT_TRUE(gone.empty()) << gone.size() << " pid(s) the job printed are still there";
+}
+
+// docs/reliability.md H5 on the simulated cluster: rank 3 (node 1) dies inside a hierarchical
+// allreduce; every survivor, on both nodes, fails within 2 s (its node peer by the pidfd, the
+// others through Gloo and their segment), before launch's teardown.
+TEST(MultiNodeFault, RankDeadInsideAHierarchicalAllreduceFailsEverySurvivorWithinTwoSeconds) {
+  DTRAIN_CLUSTER_OR_SKIP(c, 2);
+  const std::string worker = binaryDir() + "/comm_worker";
+  if (::access(worker.c_str(), X_OK) != 0) GTEST_SKIP() << "comm_worker not built (no Gloo)";
+  LaunchResult r = runLaunch(
+      fanOut(*c, {"--nproc-per-node", "2", worker, "--iters", "8", "--ignore-sigterm",
+                  "--timeout-ms", "20000"}),
+      {"DTRAIN_FAULT=signal:KILL@rank=3,step=4"}, 90);
+  EXPECT_NE(r.exitCode, 0) << r.all();
+  EXPECT_EQ(countLines(r.out, "ready backend=shm+gloo"), 4) << r.all();
+  static const std::regex failed(R"(rank (\d+)/4: FAILED at iteration (\d+) after (\d+) ms: ([^\n]*))");
+  std::map<int, std::pair<double, std::string>> byRank;
+  for (std::sregex_iterator it(r.out.begin(), r.out.end(), failed), end; it != end; ++it) {
+    EXPECT_EQ(std::stoi((*it)[2]), 4) << it->str();
+    byRank[std::stoi((*it)[1])] = {std::stod((*it)[3]), (*it)[4]};
+  }
+  for (int survivor : {0, 1, 2}) {
+    ASSERT_TRUE(byRank.count(survivor)) << "rank " << survivor << " did not report\n" << r.all();
+    EXPECT_LE(byRank[survivor].first, 2000) << "rank " << survivor << ": " << byRank[survivor].second;
+  }
+  EXPECT_NE(byRank[2].second.find("rank 3 (pid "), std::string::npos) << byRank[2].second;
+  EXPECT_NE(byRank[1].second.find("whose ranks 0, 1 are ranks 1, 3 here"), std::string::npos)
+      << byRank[1].second;
 }
 
 TEST(MultiNodeFault, SshToOneNodeFailsFastAndNamesIt) {
@@ -176,9 +206,12 @@ TEST(MultiNodeFault, WholeNodeKilledEndsTheJobWithinTheHeartbeatBound) {
 }
 
 // Pumps until every one of `n` comm_workers said it is ready (its Gloo mesh is up).
+// Every worker's communicator is up. Two ranks per node take the hierarchical path (shm+gloo:
+// shared memory inside each node, Gloo across), so what crosses the cut link is Gloo either way.
 bool waitForCommWorkers(LaunchProcess& p, int n, double seconds) {
   return p.waitFor([n](const std::string& out, const std::string&) {
-    return countLines(out, ": ready backend=gloo") >= n;
+    return countLines(out, ": ready backend=gloo") + countLines(out, ": ready backend=shm+gloo") >=
+           n;
   }, seconds);
 }
 

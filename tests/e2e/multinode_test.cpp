@@ -53,6 +53,24 @@ TEST(MultiNode, FanOutFromOutsideTheNodes) {
   EXPECT_EQ(countLines(r.out, "/4: OK"), 4) << r.all();
 }
 
+// The hierarchical path on real (simulated) nodes: shared memory inside each node's network
+// namespace (the segment's socket is per namespace), Gloo between the nodes; DTRAIN_SHM=0,
+// forwarded to every node, turns it off.
+TEST(MultiNode, SharedMemoryInsideEachNodeGlooAcross) {
+  DTRAIN_CLUSTER_OR_SKIP(c, 2);
+  if (::access(commWorker().c_str(), X_OK) != 0) GTEST_SKIP() << "comm_worker not built (no Gloo)";
+  LaunchResult r = runLaunch(
+      fanOut(*c, {"--nproc-per-node", "2", commWorker(), "--iters", "20", "--count", "300007"}),
+      {}, 60);
+  ASSERT_EQ(r.exitCode, 0) << r.all();
+  EXPECT_EQ(countLines(r.out, "ready backend=shm+gloo"), 4) << r.all();
+  EXPECT_EQ(countLines(r.out, "/4: OK"), 4) << r.all();
+  r = runLaunch(fanOut(*c, {"--nproc-per-node", "2", commWorker(), "--iters", "5"}),
+                {"DTRAIN_SHM=0"}, 60);
+  ASSERT_EQ(r.exitCode, 0) << r.all();
+  EXPECT_EQ(countLines(r.out, "ready backend=gloo"), 4) << r.all();
+}
+
 TEST(MultiNode, FanOutFromNodeZeroRunsItsAgentWithoutSsh) {
   DTRAIN_CLUSTER_OR_SKIP(c, 2);
   // Node 0's sshd is stopped: the master, inside node 0, must run node 0's agent itself.

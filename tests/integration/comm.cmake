@@ -8,6 +8,6 @@ dtrain_warnings(comm_worker)
 if(DTRAIN_HAVE_GLOO AND TARGET dtrain_launcher_harness)
   dtrain_gtest(dtrain_comm_process_tests LABEL integration SERIAL TIMEOUT 120
     SOURCES tests/integration/comm_processes_test.cpp
-    LIBS dtrain_launcher_harness)
+    LIBS dtrain_launcher_harness dtrain_base)
   add_dependencies(dtrain_comm_process_tests comm_worker launch)
 endif()

@@ -10,10 +10,12 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <filesystem>
 #include <map>
 #include <regex>
 #include <thread>
 
+#include "dtrain/tcp_store.h"
 #include "launcher_harness.h"
 #include "test_support.h"
 
@@ -57,66 +59,104 @@ LaunchResult launchWorkers(int ranks, const std::vector<std::string>& workerArgs
 #define EXPECT_CONTAINS(text, part) \
   EXPECT_NE((text).find(part), std::string::npos) << "missing \"" << (part) << "\" in: " << (text)
 
-TEST(CommProcesses, LaunchedRanksAllreduceAndCloseCleanly) {
-  auto r = launchWorkers(4, {"--iters", "30", "--count", "100003"});
+// Both CPU paths of one node: Gloo over loopback (DTRAIN_SHM=0) and shared memory (the default).
+struct Path {
+  const char* name;
+  std::vector<std::string> env;
+};
+const Path kGloo{"gloo", {"DTRAIN_SHM=0"}};
+const Path kShm{"shm", {}};
+
+std::vector<std::string> with(const Path& path, std::vector<std::string> env) {
+  env.insert(env.end(), path.env.begin(), path.env.end());
+  return env;
+}
+
+class CommPath : public ::testing::TestWithParam<Path> {
+ protected:
+  bool shm() const { return std::string(GetParam().name) == "shm"; }
+};
+
+std::string pathName(const ::testing::TestParamInfo<Path>& info) { return info.param.name; }
+
+TEST_P(CommPath, LaunchedRanksAllreduceAndCloseCleanly) {
+  auto r = launchWorkers(4, {"--iters", "30", "--count", "100003"}, with(GetParam(), {}));
   EXPECT_EQ(r.exitCode, 0) << r.all();
-  EXPECT_EQ(count(r.out, "ready backend=gloo launcher=launch"), 4) << r.all();
+  EXPECT_EQ(count(r.out, std::string("ready backend=") + GetParam().name + " launcher=launch"), 4)
+      << r.all();
   EXPECT_EQ(count(r.out, ": OK"), 4) << r.all();
 }
 
-// P1 and L12: rank 1 of 3 goes away at iteration 4; ranks 0 and 2 fail within 2 s naming it.
-class DeadRank : public ::testing::TestWithParam<const char*> {};
+// P1, H1 and L12: rank 1 of 3 goes away at iteration 4; ranks 0 and 2 fail within 2 s naming it:
+// Gloo by its connection, shared memory by its pid (a pidfd per peer).
+class DeadRank : public ::testing::TestWithParam<std::tuple<Path, const char*>> {};
 
 TEST_P(DeadRank, SurvivorsFailWithinTwoSecondsNamingIt) {
+  const auto& [path, fault] = GetParam();
   auto r = launchWorkers(3, {"--iters", "8", "--ignore-sigterm", "--timeout-ms", "20000"},
-                         {std::string("DTRAIN_FAULT=") + GetParam() + "@rank=1,step=4"});
+                         with(path, {std::string("DTRAIN_FAULT=") + fault + "@rank=1,step=4"}));
   auto f = failures(r.out);
   for (int survivor : {0, 2}) {
     ASSERT_TRUE(f.count(survivor)) << "rank " << survivor << " did not report\n" << r.all();
     EXPECT_EQ(f[survivor].iteration, 4);
     EXPECT_LE(f[survivor].ms, 2000) << "P1 for rank " << survivor << ": " << f[survivor].message;
-    EXPECT_CONTAINS(f[survivor].message, "rank 1 (127.0.0.1:");
-    EXPECT_CONTAINS(f[survivor].message, "connection");
+    if (std::string(path.name) == "shm") {
+      EXPECT_CONTAINS(f[survivor].message, "rank 1 (pid ");
+      EXPECT_CONTAINS(f[survivor].message, "exited while this rank waited for");
+    } else {
+      EXPECT_CONTAINS(f[survivor].message, "rank 1 (127.0.0.1:");
+      EXPECT_CONTAINS(f[survivor].message, "connection");
+    }
   }
   EXPECT_NE(r.exitCode, 0) << "a rank that leaves early is not a group success\n" << r.all();
 }
 
-INSTANTIATE_TEST_SUITE_P(Faults, DeadRank,
-                         ::testing::Values("signal:KILL", "signal:TERM", "abort", "exit:1", "exit:0"),
-                         [](const auto& info) {
-                           std::string name = info.param;
-                           for (char& ch : name) if (!isalnum(static_cast<unsigned char>(ch))) ch = '_';
-                           return name;
-                         });
+INSTANTIATE_TEST_SUITE_P(
+    Faults, DeadRank,
+    ::testing::Combine(::testing::Values(kGloo, kShm),
+                       ::testing::Values("signal:KILL", "signal:TERM", "abort", "exit:1", "exit:0")),
+    [](const auto& info) {
+      std::string name = std::string(std::get<0>(info.param).name) + "_" + std::get<1>(info.param);
+      for (char& ch : name) if (!isalnum(static_cast<unsigned char>(ch))) ch = '_';
+      return name;
+    });
 
-TEST(CommProcesses, FrozenRankFailsSurvivorsAtTheCollectiveTimeout) {
+TEST_P(CommPath, FrozenRankFailsSurvivorsAtTheCollectiveTimeout) {
   auto r = launchWorkers(2, {"--iters", "6", "--ignore-sigterm", "--timeout-ms", "3000"},
-                         {"DTRAIN_FAULT=stop@rank=1,step=3"});
+                         with(GetParam(), {"DTRAIN_FAULT=stop@rank=1,step=3"}));
   auto f = failures(r.out);
   ASSERT_TRUE(f.count(0)) << r.all();
   EXPECT_EQ(f[0].iteration, 3);
   EXPECT_GE(f[0].ms, 2900);
   EXPECT_LE(f[0].ms, 5000) << "P2: timeout + 2 s";
-  EXPECT_CONTAINS(f[0].message, "timed out after 3000 ms waiting for data from rank 1 (127.0.0.1)");
-  EXPECT_CONTAINS(f[0].message, "rank 1 did not report");
+  if (shm()) {
+    EXPECT_CONTAINS(f[0].message, "timed out waiting for rank 1 (pid ");
+    EXPECT_CONTAINS(f[0].message, "rank 1 is outside any collective, its last was seq 2");
+    EXPECT_CONTAINS(f[0].message, "the process is alive");
+  } else {
+    EXPECT_CONTAINS(f[0].message,
+                    "timed out after 3000 ms waiting for data from rank 1 (127.0.0.1)");
+    EXPECT_CONTAINS(f[0].message, "rank 1 did not report");
+  }
 }
 
-TEST(CommProcesses, SkippedCollectiveIsReportedAsDesyncOnBothSides) {
+// P4: Gloo notices at the timeout; shared memory at once, from the descriptors the ranks post.
+TEST_P(CommPath, SkippedCollectiveIsReportedAsDesyncOnBothSides) {
   auto r = launchWorkers(2, {"--iters", "6", "--ignore-sigterm", "--timeout-ms", "2000"},
-                         {"DTRAIN_FAULT=skip-collective@rank=1,step=3"});
+                         with(GetParam(), {"DTRAIN_FAULT=skip-collective@rank=1,step=3"}));
   auto f = failures(r.out);
   ASSERT_TRUE(f.count(0) && f.count(1)) << r.all();
   EXPECT_EQ(f[0].iteration, 3);
   EXPECT_CONTAINS(f[0].message, "rank 1 is ahead at seq 4");
   EXPECT_EQ(f[1].iteration, 4);
   EXPECT_CONTAINS(f[1].message, "rank 0 is behind at seq 3");
-  for (auto& [rank, fail] : f) EXPECT_LE(fail.ms, 4000) << "rank " << rank;
+  for (auto& [rank, fail] : f) EXPECT_LE(fail.ms, shm() ? 1000 : 4000) << "rank " << rank;
 }
 
-TEST(CommProcesses, ShapeMismatchIsCaughtAtOnceByTheCollectiveCheck) {
+TEST_P(CommPath, ShapeMismatchIsCaughtAtOnceByTheCollectiveCheck) {
   auto r = launchWorkers(2, {"--iters", "5", "--count", "4096", "--shape", "64,64", "--check",
                              "--ignore-sigterm"},
-                         {"DTRAIN_FAULT=wrong-shape@rank=1,step=2"});
+                         with(GetParam(), {"DTRAIN_FAULT=wrong-shape@rank=1,step=2"}));
   auto f = failures(r.out);
   ASSERT_TRUE(f.count(0) && f.count(1)) << r.all();
   EXPECT_CONTAINS(f[0].message, "collective check failed: this rank calls seq 2 allreduce(float32 "
@@ -125,14 +165,73 @@ TEST(CommProcesses, ShapeMismatchIsCaughtAtOnceByTheCollectiveCheck) {
   EXPECT_EQ(r.exitCode, 4) << "InvalidArgument: the worker's own exit code\n" << r.all();
 }
 
-TEST(CommProcesses, ShapeMismatchWithoutTheCheckTimesOutNamingBothShapes) {
+// P5: without the check, Gloo's ranks time out and compare notes; shared memory compares every
+// collective anyway (it costs nothing there) and fails at once.
+TEST_P(CommPath, ShapeMismatchWithoutTheCheckNamesBothShapes) {
   auto r = launchWorkers(2, {"--iters", "5", "--count", "4096", "--shape", "64,64",
                              "--ignore-sigterm", "--timeout-ms", "2000"},
-                         {"DTRAIN_FAULT=wrong-shape@rank=1,step=2"});
+                         with(GetParam(), {"DTRAIN_FAULT=wrong-shape@rank=1,step=2"}));
   auto f = failures(r.out);
   ASSERT_TRUE(f.count(0)) << r.all();
-  EXPECT_CONTAINS(f[0].message, "rank 1 calls allreduce(float32 [64, 63], sum) at seq 2 where this "
-                                "rank calls allreduce(float32 [64, 64], sum)");
+  if (shm()) {
+    EXPECT_CONTAINS(f[0].message, "collective check failed: this rank calls seq 2 allreduce("
+                                  "float32 [64, 64], sum); rank 1 calls seq 2 allreduce(float32 "
+                                  "[64, 63], sum)");
+    EXPECT_LT(f[0].ms, 1000);
+  } else {
+    EXPECT_CONTAINS(f[0].message, "rank 1 calls allreduce(float32 [64, 63], sum) at seq 2 where "
+                                  "this rank calls allreduce(float32 [64, 64], sum)");
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Paths, CommPath, ::testing::Values(kGloo, kShm), pathName);
+
+// H2: the segment has no name (a memfd passed over a socket that exists only while the ranks
+// connect), so nothing of it outlives the job, even when launch and every worker are SIGKILLed
+// mid-collective.
+bool anyProcessMapsASegment(std::string* who) {
+  for (const auto& entry : std::filesystem::directory_iterator("/proc")) {
+    const std::string name = entry.path().filename();
+    if (name.find_first_not_of("0123456789") != std::string::npos) continue;
+    const std::string maps = readFile(entry.path().string() + "/maps");
+    if (maps.find("memfd:dtrain-shm") != std::string::npos) {
+      if (who) *who = name;
+      return true;
+    }
+  }
+  return false;
+}
+
+std::vector<std::string> devShmEntries() {
+  std::vector<std::string> out;
+  std::error_code ec;
+  for (const auto& e : std::filesystem::directory_iterator("/dev/shm", ec)) {
+    const std::string name = e.path().filename();
+    if (name.find("dtrain") != std::string::npos) out.push_back(name);
+  }
+  return out;
+}
+
+TEST(CommProcesses, NoSegmentOutlivesASigkilledJob) {
+  ASSERT_FALSE(anyProcessMapsASegment(nullptr)) << "a segment from before this test";
+  const auto shmBefore = devShmEntries();
+  LaunchProcess p({"--nproc-per-node", "3", binaryPath("comm_worker"), "--iters", "1000000",
+                   "--count", "300000"});
+  ASSERT_TRUE(p.waitFor([](const std::string& o, const std::string&) {
+    return count(o, "ready backend=shm") == 3;
+  }, 30)) << p.out() << p.err();
+  const auto pids = jobPids(p.out());
+  ASSERT_EQ(pids.size(), 3u) << p.out();
+  std::string mapper;
+  EXPECT_TRUE(anyProcessMapsASegment(&mapper)) << "the ranks map their segment while they run";
+  EXPECT_EQ(readFile("/proc/net/unix").find("@dtrain-shm"), std::string::npos)
+      << "the socket that handed out the segment is closed once every rank has it";
+  p.signal(SIGKILL);
+  EXPECT_TRUE(waitGone(pids, 1.0 + kMargin).empty());
+  p.wait(5);
+  std::string holder;
+  EXPECT_FALSE(anyProcessMapsASegment(&holder)) << "pid " << holder << " still maps a segment";
+  EXPECT_EQ(devShmEntries(), shmBefore) << "nothing was ever created in /dev/shm";
 }
 
 TEST(CommProcesses, InvalidNcclVariableIsRejectedAtInitByName) {
@@ -160,7 +259,9 @@ std::vector<Spawned> spawnWorkers(const std::vector<std::map<std::string, std::s
     if (pid == 0) {
       for (const char* v : {"RANK", "WORLD_SIZE", "LOCAL_RANK", "DTRAIN_STORE_ADDR",
                             "DTRAIN_STORE_PORT", "MASTER_ADDR", "MASTER_PORT", "DTRAIN_FAULT",
-                            "SLURM_PROCID", "OMPI_COMM_WORLD_RANK", "DTRAIN_BACKEND"}) {
+                            "SLURM_PROCID", "OMPI_COMM_WORLD_RANK", "DTRAIN_BACKEND", "GROUP_RANK",
+                            "DTRAIN_SHM", "SLURM_NODEID", "DTRAIN_STORE_TOKEN",
+                            "DTRAIN_RESTART_COUNT"}) {
         unsetenv(v);
       }
       for (auto& [k, v] : envs[i]) setenv(k.c_str(), v.c_str(), 1);
@@ -206,7 +307,7 @@ TEST(CommProcesses, UnderSrunRankZeroHostsTheStoreAtMasterAddr) {
   auto runs = spawnWorkers(envs, {"--iters", "10"});
   for (int r = 0; r < 3; ++r) {
     EXPECT_EQ(runs[r].exitCode, 0) << runs[r].output;
-    EXPECT_CONTAINS(runs[r].output, "ready backend=gloo launcher=srun");
+    EXPECT_CONTAINS(runs[r].output, "ready backend=shm launcher=srun");
     EXPECT_CONTAINS(runs[r].output, ": OK");
   }
 }
@@ -231,6 +332,63 @@ TEST(CommProcesses, WithoutAnyVariablesTheErrorNamesRankAndLaunch) {
   EXPECT_EQ(runs[0].exitCode, 4) << runs[0].output;
   EXPECT_CONTAINS(runs[0].output, "RANK is not set");
   EXPECT_CONTAINS(runs[0].output, "HINT: start the program with `launch`, which sets it");
+}
+
+// Two pretend nodes of two ranks each, numbered as launch numbers nodes (GROUP_RANK): shared
+// memory inside each node, Gloo across. The test hosts the job's store, as launch would (a rank
+// hosting it would take it away from the others' failure reports when it fails first).
+std::vector<std::map<std::string, std::string>> twoNodesOfTwo(const store::TcpStoreServer& server,
+                                                             const std::string& fault = "") {
+  std::vector<std::map<std::string, std::string>> envs;
+  for (int r = 0; r < 4; ++r) {
+    envs.push_back({{"RANK", std::to_string(r)}, {"WORLD_SIZE", "4"},
+                    {"LOCAL_RANK", std::to_string(r % 2)}, {"GROUP_RANK", std::to_string(r / 2)},
+                    {"DTRAIN_STORE_ADDR", "127.0.0.1"},
+                    {"DTRAIN_STORE_PORT", std::to_string(server.port())},
+                    {"DTRAIN_RESTART_COUNT", "0"}});
+    if (!fault.empty()) envs.back()["DTRAIN_FAULT"] = fault;
+  }
+  return envs;
+}
+
+std::shared_ptr<store::TcpStoreServer> loopbackStore() {
+  store::TcpStoreServerOptions o;
+  o.host = "127.0.0.1";
+  return store::TcpStoreServer::start(o);
+}
+
+TEST(CommProcesses, TwoNodesOfTwoRanksAllreduceHierarchically) {
+  auto server = loopbackStore();
+  auto runs = spawnWorkers(twoNodesOfTwo(*server), {"--iters", "20", "--count", "300007"});
+  for (int r = 0; r < 4; ++r) {
+    EXPECT_EQ(runs[r].exitCode, 0) << runs[r].output;
+    EXPECT_CONTAINS(runs[r].output, "ready backend=shm+gloo");
+    EXPECT_CONTAINS(runs[r].output, ": OK");
+  }
+}
+
+// H1 across nodes: rank 3 (node 1) dies; its node peer sees its pid exit, its cross-node peer
+// (rank 1) loses the Gloo connection, and rank 0 hears of it from rank 1 through their segment.
+TEST(CommProcesses, HierarchicalSurvivorsFailWithinTwoSecondsNamingTheDeadRank) {
+  auto server = loopbackStore();
+  auto runs = spawnWorkers(twoNodesOfTwo(*server, "signal:KILL@rank=3,step=4"),
+                           {"--iters", "8", "--timeout-ms", "20000"});
+  EXPECT_EQ(runs[3].exitCode, 128 + SIGKILL) << runs[3].output;
+  for (int survivor : {0, 1, 2}) {
+    auto f = failures(runs[survivor].output);
+    ASSERT_TRUE(f.count(survivor)) << "rank " << survivor << ":\n" << runs[survivor].output;
+    EXPECT_EQ(f[survivor].iteration, 4);
+    EXPECT_LE(f[survivor].ms, 2000) << "rank " << survivor << ": " << f[survivor].message;
+  }
+  // Its node peer, by pid; rank 0 through the report rank 2 left for their cross-node group.
+  EXPECT_CONTAINS(failures(runs[2].output)[2].message, "rank 3 (pid ");
+  EXPECT_CONTAINS(failures(runs[0].output)[0].message, "rank 3 (pid ");
+  // Its cross-node peer, by the connection, with the group's ranks translated.
+  const std::string one = failures(runs[1].output)[1].message;
+  EXPECT_CONTAINS(one, "(the Gloo group of local rank 1 on every node, whose ranks 0, 1 are "
+                       "ranks 1, 3 here): rank 0/2: seq 4 allreduce(float32 x 4096, sum) failed: "
+                       "connection");
+  EXPECT_CONTAINS(one, " by rank 1 (127.0.0.1:");
 }
 
 }  // namespace

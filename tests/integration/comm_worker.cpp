@@ -9,7 +9,7 @@
 // communicator's, whose sequence numbers equal i here.
 //
 // Prints (stdout, line-buffered):
-//   "rank R/N: ready backend=gloo launcher=launch"
+//   "rank R/N: ready backend=gloo launcher=launch pid=P"
 //   "rank R/N: FAILED at iteration I after MS ms: <error>"   then exits 3 (4: InvalidArgument)
 //   "rank R/N: OK: I allreduces of C floats, every element exact"  at the end, exit 0
 //
@@ -114,8 +114,8 @@ int main(int argc, char** argv) {
     world = dtrain::comm::connectWorld(o);
     auto& c = *world.communicator;
     who = "rank " + std::to_string(c.rank()) + "/" + std::to_string(c.size());
-    std::printf("%s: ready backend=%s launcher=%s\n", who.c_str(), world.backend.c_str(),
-                dtrain::comm::launcherName(world.env.launcher));
+    std::printf("%s: ready backend=%s launcher=%s pid=%d\n", who.c_str(), world.backend.c_str(),
+                dtrain::comm::launcherName(world.env.launcher), static_cast<int>(getpid()));
     std::vector<float> data(flags.count);
     dtrain::comm::CallOptions call;
     call.shape = flags.shape;

@@ -70,5 +70,26 @@ TEST(BucketAssignment, TableAndInvariants) {
   checkEveryIndexExactlyOnce();
 }
 
+TEST(BucketAssignment, InTheOrderGradientsArrived) {
+  struct OrderCase {
+    const char* name;
+    std::vector<BucketInput> inputs;
+    std::vector<size_t> order;
+    Buckets expected;
+  };
+  const std::vector<OrderCase> cases = {
+      {"registration order reversed: the same as assignBuckets", sized({4, 4, 4, 4}),
+       {3, 2, 1, 0}, {{3}, {2, 1, 0}}},
+      {"used in registration order: the first registered arrive last", sized({4, 4, 4, 4}),
+       {0, 1, 2, 3}, {{0}, {1, 2, 3}}},
+      {"any permutation; buckets in the order their first gradient arrives",
+       sized({5, 5, 5, 5, 5}), {2, 4, 0, 3, 1}, {{2}, {4, 0}, {3, 1}}},
+      {"groups keep apart", {{4, 0}, {4, 1}, {4, 0}, {4, 1}}, {1, 0, 3, 2}, {{1}, {0}, {3}, {2}}},
+  };
+  for (const auto& c : cases) {
+    EXPECT_EQ(assignBucketsInOrder(c.inputs, c.order, 4, 10), c.expected) << c.name;
+  }
+}
+
 }  // namespace
 }  // namespace dtrain

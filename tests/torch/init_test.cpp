@@ -46,7 +46,8 @@ const std::map<std::string, std::optional<std::string>> kNoLauncher = {
     {"RANK", std::nullopt}, {"WORLD_SIZE", std::nullopt}, {"LOCAL_RANK", std::nullopt},
     {"SLURM_PROCID", std::nullopt}, {"OMPI_COMM_WORLD_RANK", std::nullopt},
     {"DTRAIN_STORE_ADDR", std::nullopt}, {"MASTER_ADDR", std::nullopt},
-    {"DTRAIN_BACKEND", std::nullopt}, {"DTRAIN_FAULT", std::nullopt}};
+    {"DTRAIN_BACKEND", std::nullopt}, {"DTRAIN_FAULT", std::nullopt}, {"GROUP_RANK", std::nullopt},
+    {"SLURM_NODEID", std::nullopt}, {"DTRAIN_SHM", std::nullopt}};
 
 std::vector<std::shared_ptr<ProcessGroup>> initRanks(int n, const std::function<InitOptions(int)>& make) {
   std::vector<std::shared_ptr<ProcessGroup>> pgs(n);
@@ -83,7 +84,7 @@ TEST(Init, ExplicitRankWorldSizeAndStore) {
     EXPECT_EQ(pgs[r]->rank(), r);
     EXPECT_EQ(pgs[r]->size(), 2);
     EXPECT_EQ(pgs[r]->localRank(), r);
-    EXPECT_STREQ(pgs[r]->backend(), "gloo");
+    EXPECT_STREQ(pgs[r]->backend(), "shm") << "two ranks on this host share memory";
     EXPECT_EQ(pgs[r]->device(), c10::Device(c10::kCPU));
     EXPECT_EQ(pgs[r]->store(), store);
   }
@@ -182,6 +183,77 @@ TEST(Init, BackendOverrideIsCheckedByName) {
   EXPECT_THROW(init(o), InvalidArgument) << "no CUDA device is usable here";
   setenv("DTRAIN_BACKEND", "gloo", 1);
   EXPECT_STREQ(init(o)->backend(), "gloo");
+}
+
+TEST(Init, SharedMemoryCanBeTurnedOffByOptionOrVariable) {
+  if (!comm::glooAvailable()) GTEST_SKIP() << "built without Gloo";
+  for (bool byVariable : {false, true}) {
+    auto vars = kNoLauncher;
+    if (byVariable) vars["DTRAIN_SHM"] = "0";
+    EnvGuard env(vars);
+    auto store = std::make_shared<store::HashStore>();
+    auto pgs = initRanks(2, [&](int r) {
+      InitOptions o;
+      o.rank = r;
+      o.worldSize = 2;
+      o.store = store;
+      o.sharedMemory = byVariable;  // one or the other turns it off
+      return o;
+    });
+    for (auto& pg : pgs) EXPECT_STREQ(pg->backend(), "gloo");
+  }
+}
+
+// Four ranks as two pretend nodes of two (InitOptions::node): shared memory inside each, Gloo
+// across; then the 2x2 grid of subgroups a tensor- and pipeline-parallel job builds, with
+// collectives on rows and columns at the same time.
+TEST(Init, HierarchicalWorldAndItsRowAndColumnGroups) {
+  if (!comm::glooAvailable()) GTEST_SKIP() << "built without Gloo";
+  EnvGuard env(kNoLauncher);
+  auto store = std::make_shared<store::HashStore>();
+  auto pgs = initRanks(4, [&](int r) {
+    InitOptions o;
+    o.rank = r;
+    o.worldSize = 4;
+    o.store = store;
+    o.node = "node" + std::to_string(r / 2);
+    o.timeout = std::chrono::milliseconds(10000);
+    return o;
+  });
+  std::vector<std::thread> threads;
+  for (int r = 0; r < 4; ++r) {
+    threads.emplace_back([&, r] {
+      auto& pg = pgs[r];
+      EXPECT_STREQ(pg->backend(), "shm+gloo");
+      auto row = pg->split(r / 2);      // the ranks of one node
+      // As with torch.distributed.new_group, every rank creates every group.
+      auto even = pg->newGroup({0, 2});
+      auto odd = pg->newGroup({1, 3});
+      auto col = r % 2 == 0 ? even : odd;
+      auto other = r % 2 == 0 ? odd : even;
+      ASSERT_TRUE(row && col);
+      EXPECT_EQ(other, nullptr) << "not a member";
+      EXPECT_STREQ(row->backend(), "shm") << "a group inside one node is shared memory only";
+      EXPECT_STREQ(col->backend(), "gloo") << "one rank per node: Gloo";
+      EXPECT_EQ(row->device(), pg->device());
+      for (int i = 0; i < 10; ++i) {
+        auto a = torch::full({1000, 33}, static_cast<float>(r + i));
+        auto b = torch::full({77}, static_cast<int64_t>(r * 100 + i));
+        auto wa = row->allreduceAsync(a);
+        auto wb = col->allreduceAsync(b, ReduceOp::Max);
+        wa->wait();
+        wb->wait();
+        const float rowSum = static_cast<float>(r / 2 * 4 + 1 + 2 * i);
+        EXPECT_TRUE(a.eq(rowSum).all().item<bool>()) << "rank " << r << " iteration " << i;
+        EXPECT_EQ(b[76].item<int64_t>(), (r % 2 + 2) * 100 + i) << "rank " << r;
+      }
+      auto t = torch::full({5}, static_cast<float>(r));
+      pg->allreduce(t);
+      EXPECT_EQ(t[0].item<float>(), 6.0f) << "the world still works beside its groups";
+      pg->shutdown();
+    });
+  }
+  for (auto& t : threads) t.join();
 }
 
 }  // namespace

@@ -25,7 +25,8 @@ bool envFlag(const char* name) {
 }  // namespace
 
 GlooCommunicator::GlooCommunicator(const GlooOptions& o)
-    : rank_(o.rank),
+    : options_(o),
+      rank_(o.rank),
       size_(o.size),
       name_(o.name),
       store_(o.store),
@@ -288,6 +289,26 @@ void GlooCommunicator::shutdown() {
   if (queue_) queue_->stop();
   mesh_.reset();
   DTRAIN_LOG(Debug, "{}: Gloo communicator shut down", who());
+}
+
+std::optional<Communicator::GroupContext> GlooCommunicator::groupContext() const {
+  return GroupContext{store_, name_, timeout_,
+                      timeoutOrDefault(options_.connectTimeout, kDefaultConnectTimeout,
+                                       "GlooOptions::connectTimeout")};
+}
+
+std::shared_ptr<Communicator> GlooCommunicator::createGroup(const GroupSpec& spec) {
+  GlooOptions o = options_;
+  o.rank = spec.rank;
+  o.size = static_cast<int>(spec.members.size());
+  o.name = spec.name;
+  o.timeout = spec.timeout;
+  o.connectTimeout = spec.connectTimeout;
+  o.faults.clear();  // faults count the world's collectives, not a group's
+  o.faultsFromEnv = false;
+  o.checkCollectives = checkCollectives_;
+  o.checkCollectivesFromEnv = false;
+  return std::make_shared<GlooCommunicator>(o);
 }
 
 bool glooAvailable() { return true; }

@@ -49,6 +49,10 @@ class GlooCommunicator final : public Communicator {
   uint64_t sequenceNumber() const override { return nextSeq_.load(); }
   std::string describe() const override;
 
+ protected:
+  std::optional<GroupContext> groupContext() const override;
+  std::shared_ptr<Communicator> createGroup(const GroupSpec& spec) override;
+
  private:
   // Runs one collective; `info` is what the caller asked for (a fault may change its count).
   using Body = std::function<void(const GlooCall& call, const CollectiveInfo& info)>;
@@ -65,6 +69,7 @@ class GlooCommunicator final : public Communicator {
   void throwIfUnusable() const;
   std::string who() const;  // "rank 1/4"
 
+  const GlooOptions options_;  // what the constructor was given: subgroups start from it
   const int rank_;
   const int size_;
   const std::string name_;

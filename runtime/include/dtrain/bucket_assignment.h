@@ -37,4 +37,17 @@ std::vector<std::vector<size_t>> assignBuckets(const std::vector<BucketInput>& i
                                                size_t firstBucketBytes = kDefaultFirstBucketBytes,
                                                size_t bucketBytes = kDefaultBucketBytes);
 
+// Note [Bucket rebuild]
+// The same walk over the gradients in the order `order` gives (a permutation of the indices of
+// `inputs`), buckets returned in the order their first gradient is walked. assignBuckets() is this
+// with the indices descending. After its first synchronised backward, DDP rebuilds its buckets
+// with `order` = the order in which the gradients actually arrived, as PyTorch's Reducer does: a
+// model that registers its layers in another order than it uses them then still launches its
+// first, small bucket as soon as backward starts. The order is rank 0's, broadcast to all, so every
+// rank buckets and launches alike.
+std::vector<std::vector<size_t>> assignBucketsInOrder(const std::vector<BucketInput>& inputs,
+                                                      const std::vector<size_t>& order,
+                                                      size_t firstBucketBytes,
+                                                      size_t bucketBytes);
+
 }  // namespace dtrain

@@ -1,7 +1,9 @@
 #pragma once
 // Communicator: collectives on raw buffers (pointer, count, dtype, op), torch-free. Backends: Gloo
-// (CPU, dtrain/gloo_communicator.h) and NCCL (CUDA, dtrain/nccl_communicator.h). The torch layer
-// wraps a Communicator in dtrain::ProcessGroup (dtrain/process_group.h).
+// (CPU, dtrain/gloo_communicator.h), shared memory inside a node and hierarchical across nodes
+// (CPU, dtrain/shm_communicator.h) and NCCL (CUDA, dtrain/nccl_communicator.h); dtrain/world.h
+// has the table of backends. The torch layer wraps a Communicator in dtrain::ProcessGroup
+// (dtrain/process_group.h).
 //
 // Every collective is asynchronous and returns a Work; the non-virtual synchronous forms are the
 // async call plus wait(). Collectives run in the order they are issued, on every rank in the same
@@ -9,13 +11,17 @@
 // first error, which names this rank, the peer and the operation. Every wait has a deadline; a zero
 // timeout anywhere here means the default one (Note [Zero timeouts] in dtrain/timeout.h).
 
+#include <atomic>
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
 #include <exception>
+#include <optional>
 #include <string>
 #include <vector>
+
+#include "dtrain/store.h"
 
 namespace dtrain::comm {
 
@@ -83,6 +89,11 @@ class Buffer {
   virtual size_t bytes() const = 0;
 };
 
+// Options of a subgroup (Communicator::split / newGroup). Zero: the parent's value.
+struct GroupOptions {
+  Millis timeout = Millis::zero();
+};
+
 class Communicator {
  public:
   virtual ~Communicator() = default;
@@ -145,12 +156,48 @@ class Communicator {
     barrierAsync(synchronous(options))->wait(options.timeout);
   }
 
+  // Subgroups, as PyTorch's new_group and MPI_Comm_split. Both are collective over this
+  // communicator: every rank calls them, in the same order (and in the same order relative to
+  // other subgroup creations). The group has the same kind of backend -- a split of a
+  // hierarchical communicator is shared memory when its ranks share a node -- and its
+  // collectives are independent of this communicator's: they may run at the same time.
+  //
+  // split(): the ranks that pass the same color >= 0 form one group, ranked by `key` (ties, and
+  // key -1, by rank here); a negative color joins no group and gets nullptr.
+  std::shared_ptr<Communicator> split(int color, int key = -1, const GroupOptions& options = {});
+  // newGroup(): the listed ranks form a group, ranked in ascending order of their rank here;
+  // every rank passes the same list (checked: a rank with another list fails on every rank,
+  // naming both), and ranks not in it get nullptr.
+  std::shared_ptr<Communicator> newGroup(std::vector<int> ranks, const GroupOptions& options = {});
+
  protected:
   static CallOptions synchronous(const CallOptions& options) {
     CallOptions o = options;
     o.synchronous = true;
     return o;
   }
+
+  // How this communicator's ranks agree on a subgroup; nullopt: the backend has no subgroups.
+  struct GroupContext {
+    std::shared_ptr<store::Store> store;
+    std::string prefix;  // this communicator's store keys; groups go under "<prefix>/group<k>"
+    Millis timeout;      // default collective timeout
+    Millis connectTimeout;
+  };
+  virtual std::optional<GroupContext> groupContext() const { return std::nullopt; }
+
+  // One group, after the ranks agreed on it.
+  struct GroupSpec {
+    std::vector<int> members;  // ranks of this communicator, in the group's rank order
+    int rank = 0;              // this rank's place in `members`
+    std::string name;          // unique within the job: the group's store keys go under it
+    Millis timeout;
+    Millis connectTimeout;
+  };
+  virtual std::shared_ptr<Communicator> createGroup(const GroupSpec& spec);
+
+ private:
+  std::atomic<uint64_t> groupsCreated_{0};
 };
 
 }  // namespace dtrain::comm

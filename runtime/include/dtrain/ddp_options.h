@@ -27,10 +27,22 @@ struct DdpOptions {
   // Costs one graph walk per forward and one small allreduce per backward. Without it, a parameter
   // that gets no gradient fails the backward with an error naming it.
   bool findUnusedParameters = false;
-  // Make each parameter's .grad a view into its bucket: saves one copy of every gradient into and
-  // out of the buckets, and the memory of the separate .grad tensors.
-  bool gradientAsBucketView = false;
+  // Each parameter's .grad lives in its bucket: the gradient is reduced where autograd left it,
+  // with no copy into the bucket and none back, and no separate memory for the gradients (with
+  // shared memory, the bucket is in the segment: the whole step's communication is then one
+  // allreduce in place). On by default, unlike PyTorch's gradient_as_bucket_view: dtrain's
+  // gradients are plain tensors over the bucket's memory, not autograd views of it, so PyTorch's
+  // caveats (detach_() refused, zero_grad() rewritten) do not apply. The one visible difference:
+  // a .grad tensor kept from an earlier step, after .grad was replaced (set to an undefined
+  // tensor and recreated by autograd), still shares memory with the bucket and changes with it.
+  // false: separate gradient tensors, copied into the buckets and back (PyTorch's default).
+  // See Note [Gradients in the buckets] in runtime/torch/ddp_reducer.cpp.
+  bool gradientAsBucketView = true;
   GradientCompression compression = GradientCompression::None;
+  // After the first synchronised backward, rebuild the buckets in the order the gradients arrived
+  // (rank 0's), as PyTorch does; see Note [Bucket rebuild] in dtrain/bucket_assignment.h. Not with
+  // findUnusedParameters, whose arrival order may change from one iteration to the next.
+  bool rebuildBuckets = true;
   // Deadline of every collective DDP waits for; zero: the communicator's (Note [Zero timeouts] in
   // dtrain/timeout.h).
   comm::Millis timeout = comm::Millis::zero();

@@ -49,6 +49,18 @@ class ProcessGroup {
   // `input` has size() * output.numel() elements; `output` receives op over all ranks' block rank().
   void reduceScatter(at::Tensor& output, const at::Tensor& input, ReduceOp op = ReduceOp::Sum);
   void barrier();
+
+  // Subgroups, as torch.distributed.new_group: collective over this group (every rank calls
+  // them, in the same order); ranks outside the new group get nullptr. The new group runs its
+  // collectives independently of this one (tensor- and pipeline-parallel jobs use both at once)
+  // and on the same device; see Communicator::newGroup / split.
+  //   auto tp = pg->newGroup({0, 1});              // ranks 0 and 1, ranked by their rank here
+  //   auto row = pg->split(pg->rank() / 2);        // ranks with the same color form a group
+  std::shared_ptr<ProcessGroup> newGroup(const std::vector<int>& ranks,
+                                         const comm::GroupOptions& options = {});
+  std::shared_ptr<ProcessGroup> split(int color, int key = -1,
+                                      const comm::GroupOptions& options = {});
+
   // Idempotent; collectives after it fail. When rank 0 hosts the store (srun/mpirun), every rank
   // meets at a barrier first, so call it on every rank.
   void shutdown();

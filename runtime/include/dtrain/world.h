@@ -14,6 +14,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "dtrain/comm.h"
 #include "dtrain/store.h"
@@ -27,9 +28,17 @@ namespace dtrain::comm {
 constexpr uint16_t kDefaultMasterPort = 29500;
 
 struct WorldOptions {
-  // "gloo" or "nccl"; empty: DTRAIN_BACKEND, else NCCL when this build has it and a CUDA device is
-  // usable, else Gloo.
+  // A backend of backendTable() ("nccl", "shm", "gloo"); empty: DTRAIN_BACKEND, else the first
+  // entry of the table that this build has and this machine can run: NCCL with a usable CUDA
+  // device, else shared memory among the ranks of each node (Gloo across nodes, and plain Gloo
+  // when no two ranks share a node), else Gloo.
   std::string backend;
+  // The shared-memory path for CPU tensors. False (or DTRAIN_SHM=0): plain Gloo.
+  bool sharedMemory = true;
+  // This rank's node, for the shared-memory path: ranks with the same key share memory. Empty:
+  // "group<GROUP_RANK>" under launch, "slurm<SLURM_NODEID>" under srun, else the host name and
+  // boot id.
+  std::string node;
   // Explicit placement (tests, custom launchers); -1: from the environment.
   int rank = -1;
   int worldSize = -1;
@@ -62,6 +71,8 @@ struct WorldEnv {
   std::string masterAddr;
   uint16_t masterPort = kDefaultMasterPort;
   std::string storeHost;    // where the store is, for the interface rule
+  bool sharedMemory = true; // WorldOptions::sharedMemory and DTRAIN_SHM
+  std::string node;         // node key from the options or the launcher; empty: the host's
 };
 
 // Looks a variable up (nullptr when unset). Tests pass a map; the real one is std::getenv.
@@ -71,10 +82,39 @@ using EnvLookup = std::function<const char*(const char*)>;
 // sets it (or what srun/mpirun users must export).
 WorldEnv resolveWorldEnv(const WorldOptions& options, const EnvLookup& env);
 
-// "gloo" or "nccl" from the request, DTRAIN_BACKEND and what this machine has; throws
-// InvalidArgument naming DTRAIN_BACKEND (or the option) for an unknown or unbuilt backend.
-std::string chooseBackend(const std::string& requested, const EnvLookup& env, bool ncclBuilt,
-                          bool glooBuilt, int cudaDevices);
+// What a backend's factory gets from connectWorld().
+struct BackendSetup {
+  const WorldOptions& options;
+  const WorldEnv& env;
+  std::shared_ptr<store::Store> store;
+  std::string name;   // the communicator's store prefix
+  int device = -1;    // CUDA device for a CUDA backend
+  int cudaDevices = 0;
+  std::string node;   // this rank's node key (never empty)
+};
+
+// The backends dtrain knows, in order of preference: one entry each, and adding a backend is
+// adding an entry (runtime/comm/backends.cpp). Everything that picks, checks or builds a backend
+// goes through this table.
+struct BackendEntry {
+  const char* name;     // DTRAIN_BACKEND / WorldOptions::backend
+  const char* summary;  // for messages
+  bool cuda;            // collectives on CUDA device memory (else host memory)
+  bool sharedMemory;    // switched off by DTRAIN_SHM=0 / WorldOptions::sharedMemory
+  bool (*built)();      // compiled into this dtrain
+  // Checks the backend's own environment variables (nullable); also run when the backend is only
+  // requested, so a bad value is named even where the backend cannot run.
+  void (*validateEnvironment)();
+  std::shared_ptr<Communicator> (*create)(const BackendSetup& setup);
+};
+const std::vector<BackendEntry>& backendTable();
+
+// The entry for the request (the option, else DTRAIN_BACKEND), or the first usable one of
+// `table`. Throws InvalidArgument naming the variable (or the option) for an unknown, unbuilt or
+// unusable backend. Pure: `table` is backendTable() except in tests.
+const BackendEntry& chooseBackend(const std::string& requested, const EnvLookup& env,
+                                  int cudaDevices, bool sharedMemory,
+                                  const std::vector<BackendEntry>& table = backendTable());
 
 // The CUDA device of the rank with `localRank` when `devices` are visible (`visibleDevices`: the
 // value of CUDA_VISIBLE_DEVICES, null when unset, for the message). One visible device: that one,
@@ -85,8 +125,8 @@ int chooseCudaDevice(int localRank, int devices, const char* visibleDevices);
 
 struct World {
   WorldEnv env;
-  std::string backend;                             // "gloo" / "nccl"
-  int device = -1;                                 // CUDA device index for NCCL, else -1
+  std::string backend;                             // what runs: "shm", "shm+gloo", "gloo", "nccl"
+  int device = -1;                                 // CUDA device index for a CUDA backend, else -1
   std::shared_ptr<store::Store> store;             // the round's view of the job store
   std::shared_ptr<store::TcpStoreServer> server;   // rank 0 without a launcher: the store it hosts
   std::shared_ptr<Communicator> communicator;

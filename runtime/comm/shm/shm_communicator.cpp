@@ -1,0 +1,371 @@
+#include "shm_communicator_impl.h"
+
+#include <unistd.h>
+
+#include <cstring>
+#include <thread>
+
+#include <fmt/format.h>
+
+#include "dtrain/error.h"
+#include "dtrain/logging.h"
+#include "dtrain/timeout.h"
+#include "failure_report.h"
+#include "reduce_kernels.h"
+#include "shm_kernels.h"
+
+namespace dtrain::comm {
+
+namespace {
+
+// More ranks than cores: a waiter must give its core to the peer it waits for (Note [Waiting]).
+bool oversubscribed(const ShmOptions& o) {
+  return static_cast<unsigned>(o.size) > std::max(1u, std::thread::hardware_concurrency());
+}
+
+std::chrono::microseconds spinOf(std::chrono::microseconds requested,
+                                 std::chrono::microseconds byDefault) {
+  return requested.count() >= 0 ? requested : byDefault;
+}
+
+// The first line of an error, for the segment's abort reason.
+std::string firstLine(const std::string& text) { return text.substr(0, text.find('\n')); }
+
+}  // namespace
+
+ShmCommunicator::ShmCommunicator(Config c)
+    : topo_(std::move(c.topology)),
+      shmOptions_(c.shm),
+      name_(c.name),
+      store_(c.store),
+      storeHost_(c.storeHost),
+      timeout_(timeoutOrDefault(c.timeout, kDefaultCollectiveTimeout, "ShmOptions::timeout")),
+      connectTimeout_(
+          timeoutOrDefault(c.connectTimeout, kDefaultConnectTimeout, "ShmOptions::connectTimeout")),
+      faults_(topo_.rank, c.shm.faults, c.shm.faultsFromEnv),
+      cross_(std::move(c.cross)),
+      crossName_(c.crossName) {
+  const ShmOptions& o = shmOptions_;
+  DTRAIN_CHECK_ARG(o.size >= 1 && o.size <= shm::kMaxShmRanks,
+                   "shared memory: {} ranks on one node; at most {} are supported", o.size,
+                   shm::kMaxShmRanks);
+  DTRAIN_CHECK_ARG(o.rank >= 0 && o.rank < o.size, "shared memory: rank {} is outside 0..{}",
+                   o.rank, o.size - 1);
+  DTRAIN_CHECK_ARG(o.store != nullptr, "shared memory: rank {}/{}: no store to meet through",
+                   o.rank, o.size);
+  shm::SegmentOptions so;
+  so.rank = o.rank;
+  so.size = o.size;
+  so.store = o.store;
+  so.name = o.name;
+  so.slotBytes = o.slotBytes;
+  so.arenaBytes = o.arenaBytes;
+  so.connectTimeout = connectTimeout_;
+  segment_ = shm::Segment::join(so);
+  shm::EngineOptions eo;
+  eo.smallBytes = o.smallBytes;
+  eo.ownedChunkBytes = o.ownedChunkBytes;
+  spin_ = spinOf(o.spin, kDefaultShmSpin);
+  asyncSpin_ = spinOf(o.asyncSpin, kDefaultShmAsyncSpin);
+  eo.spin = asyncSpin_;
+  eo.yield = o.yieldSpin < 0 ? oversubscribed(o) : o.yieldSpin > 0;
+  if (topo_.nodes > 1) {
+    for (int l = 0; l < topo_.locals; ++l) eo.rankNames.push_back(topo_.rankOf(topo_.node, l));
+  }
+  engine_ = std::make_unique<shm::Engine>(segment_, eo);
+  arena_ = shm::Arena::create(segment_);
+  spill_ = HostBufferPool::create();
+  DTRAIN_LOG(Info, "{}: shared memory with {} rank{} of this node{}; {} MiB staging, kernels {}, "
+             "huge pages {}; collective timeout {} ms",
+             describe(), o.size, o.size > 1 ? "s" : "",
+             cross_ ? fmt::format(", Gloo across {} nodes", topo_.nodes) : std::string(),
+             (2 * segment_->slotBytes() * o.size) >> 20,
+             shm::vectorKernels() ? "AVX2" : "portable",
+             segment_->hugePages() ? "advised" : "not allowed for shared memory here",
+             timeout_.count());
+  queue_ = CollectiveQueue::start(fmt::format("dtrain-shm{}", topo_.rank));
+  progress_ = progress::watchCollectives(
+      [this] { return recorder_.progressState(name_, nextSeq_.load()); });
+}
+
+ShmCommunicator::~ShmCommunicator() {
+  try {
+    shutdown();
+  } catch (const std::exception& e) {
+    DTRAIN_LOG(Warn, "{}: shutdown in destructor failed: {}", who(), e.what());
+  }
+}
+
+std::string ShmCommunicator::who() const { return fmt::format("rank {}/{}", topo_.rank, topo_.size); }
+
+std::string ShmCommunicator::describe() const {
+  if (cross_) {
+    return fmt::format("shm+gloo rank {}/{} (node {}/{}, local rank {}/{}, pid {})", topo_.rank,
+                       topo_.size, topo_.node, topo_.nodes, topo_.local, topo_.locals, ::getpid());
+  }
+  return fmt::format("shm rank {}/{} (pid {})", topo_.rank, topo_.size, ::getpid());
+}
+
+std::exception_ptr ShmCommunicator::error() const {
+  std::lock_guard<std::mutex> lock(stateMutex_);
+  return error_;
+}
+
+void ShmCommunicator::throwIfUnusable() const {
+  std::lock_guard<std::mutex> lock(stateMutex_);
+  if (error_) std::rethrow_exception(error_);
+  DTRAIN_CHECK(!closing_, "{}: the shared-memory communicator was shut down; no collectives "
+               "after shutdown()", who());
+}
+
+std::shared_ptr<Work> ShmCommunicator::submit(CollectiveInfo info, const CallOptions& options,
+                                              Body body) {
+  throwIfUnusable();
+  const Millis timeout = timeoutOrDefault(options.timeout, timeout_, "CallOptions::timeout");
+  info.shape = options.shape;
+  std::lock_guard<std::mutex> lock(issueMutex_);
+  info.seq = nextSeq_.load();
+  recorder_.recordQueued(info);
+  const bool synchronous = options.synchronous;
+  auto work = queue_->enqueue(
+      [this, info, timeout, synchronous, body = std::move(body)] {
+        engine_->setSpin(synchronous ? spin_ : asyncSpin_);
+        runOnCommThread(info, timeout, body);
+      },
+      [this, info] { return fmt::format("{}: {}", who(), info.describeWithSeq()); },
+      defaultWaitBudget(timeout), /*wake=*/!options.synchronous);
+  nextSeq_.store(info.seq + 1);
+  return work;
+}
+
+void ShmCommunicator::runOnCommThread(const CollectiveInfo& requested, Millis timeout,
+                                      const Body& body) {
+  DTRAIN_CHECK(queue_->onCommThread(), "{}: a collective ran outside the executor", who());
+  {
+    std::lock_guard<std::mutex> lock(stateMutex_);
+    if (error_) std::rethrow_exception(error_);
+  }
+  if (faults_.at(fault::Kind::SkipCollective, requested.seq)) {
+    DTRAIN_LOG(Info, "{}: skipping {} (DTRAIN_FAULT skip-collective)", who(),
+               requested.describeWithSeq());
+    recorder_.setState(requested.seq, FlightRecorder::State::Skipped);
+    return;
+  }
+  if (const fault::Fault* hang = faults_.at(fault::Kind::Hang, requested.seq)) {
+    // As with Gloo: the injected hang stops this rank before it takes part, so the collective
+    // stays "queued" in the flight recorder while its peers show it "running" (how a stall
+    // report tells the rank that holds everyone up from the ones waiting for it).
+    hangOnCommThread(requested, *hang);
+  }
+  const CollectiveInfo info =
+      faults_.at(fault::Kind::WrongShape, requested.seq) ? wrongShape(requested) : requested;
+  recorder_.setState(info.seq, FlightRecorder::State::Running);
+  try {
+    body(info, shm::Clock::now() + timeout);
+  } catch (...) {
+    failOnCommThread(info, timeout, std::current_exception());
+  }
+  recorder_.setState(info.seq, FlightRecorder::State::Done);
+}
+
+void ShmCommunicator::hangOnCommThread(const CollectiveInfo& info, const fault::Fault& fault) {
+  DTRAIN_LOG(Info, "{}: hanging in {} (DTRAIN_FAULT {}) until shutdown", who(),
+             info.describeWithSeq(), fault.describe());
+  std::unique_lock<std::mutex> lock(stateMutex_);
+  stateChanged_.wait(lock, [&] { return closing_; });
+  DTRAIN_THROW(Error, "{}: {} hung (DTRAIN_FAULT {}) until the communicator was shut down", who(),
+               info.describeWithSeq(), fault.describe());
+}
+
+void ShmCommunicator::failOnCommThread(const CollectiveInfo& info, Millis timeout,
+                                       std::exception_ptr cause) {
+  recorder_.setState(info.seq, FlightRecorder::State::Failed);
+  std::string what = "unknown error";
+  enum { Timeout, Peer, Argument, Other } kind = Other;
+  try {
+    std::rethrow_exception(cause);
+  } catch (const TimeoutError& e) {
+    what = e.what();
+    kind = Timeout;
+  } catch (const NetworkError& e) {
+    what = e.what();
+    kind = Peer;
+  } catch (const InvalidArgument& e) {
+    what = e.what();
+    kind = Argument;
+  } catch (const std::exception& e) {
+    what = e.what();
+  }
+  const std::string head = fmt::format("{}: {} failed: {}", who(), info.describeWithSeq(), what);
+  // Note [Failing once]: the node's peers fail at once, quoting this; other nodes through Gloo.
+  engine_->abort(firstLine(head));
+  if (cross_) {
+    // The cross-node peers waiting on this rank lose the connection; the report they read right
+    // then (failure_report.h) carries this error, so they can name the root cause too.
+    RankReport mine;
+    mine.rank = topo_.node;
+    // It never reached the cross step it was heading for: report it as behind, at the last one.
+    const uint64_t issued = cross_->sequenceNumber();
+    mine.seq = issued > 0 ? issued - 1 : 0;
+    mine.collective = "failed inside its node before the next step across nodes";
+    mine.error = firstLine(head);
+    exchangeReports(*store_, crossName_ + "/failure", topo_.nodes, mine, Millis::zero());
+    try {
+      cross_->shutdown();
+    } catch (const std::exception&) {
+    }
+  }
+  std::string message = head + ". Recent collectives here: " + recorder_.dump(4);
+  if (kind == Timeout) {
+    message += fmt::format(". HINT: the collective timeout is {} ms; a rank that skipped a "
+                           "collective or is stuck outside the communicator leaves the others "
+                           "waiting",
+                           timeout.count());
+  }
+  DTRAIN_LOG(Error, "{}", message);
+  std::exception_ptr error;
+  switch (kind) {
+    case Timeout: error = DTRAIN_ERROR_PTR(TimeoutError, "{}", message); break;
+    case Peer: error = DTRAIN_ERROR_PTR(NetworkError, "{}", message); break;
+    case Argument: error = DTRAIN_ERROR_PTR(InvalidArgument, "{}", message); break;
+    case Other: error = DTRAIN_ERROR_PTR(Error, "{}", message); break;
+  }
+  std::lock_guard<std::mutex> lock(stateMutex_);
+  if (!error_) error_ = error;
+  std::rethrow_exception(error_);
+}
+
+CallOptions ShmCommunicator::crossCall(shm::Clock::time_point deadline) {
+  CallOptions o;
+  o.synchronous = true;
+  o.timeout = std::max(Millis(1), std::chrono::duration_cast<Millis>(deadline - shm::Clock::now()));
+  return o;
+}
+
+std::shared_ptr<Buffer> ShmCommunicator::scratchOnCommThread(size_t bytes, int which) {
+  auto& s = scratch_[which];
+  if (!s || s->bytes() < bytes) {
+    s.reset();
+    s = allocate(bytes);
+  }
+  return s;
+}
+
+std::shared_ptr<Work> ShmCommunicator::allreduceAsync(void* data, size_t count, DataType dtype,
+                                                      ReduceOp op, const CallOptions& options) {
+  DTRAIN_CHECK_ARG(data != nullptr || count == 0, "{}: allreduce of a null buffer", who());
+  reduceFunction(dtype, op);  // an unsupported combination fails here, before queueing
+  return submit(CollectiveInfo::allreduce(dtype, count, op), options,
+                [this, data](const CollectiveInfo& i, shm::Clock::time_point deadline) {
+                  if (i.count == 0 || topo_.size == 1) return;
+                  if (cross_) return hierAllreduce(i, data, deadline);
+                  engine_->allreduce(i, data, deadline);
+                });
+}
+
+std::shared_ptr<Work> ShmCommunicator::broadcastAsync(void* data, size_t count, DataType dtype,
+                                                      int root, const CallOptions& options) {
+  DTRAIN_CHECK_ARG(root >= 0 && root < topo_.size, "{}: broadcast root {} is outside 0..{}", who(),
+                   root, topo_.size - 1);
+  DTRAIN_CHECK_ARG(data != nullptr || count == 0, "{}: broadcast of a null buffer", who());
+  return submit(CollectiveInfo::broadcast(dtype, count, root), options,
+                [this, data](const CollectiveInfo& i, shm::Clock::time_point deadline) {
+                  if (i.count == 0 || topo_.size == 1) return;
+                  if (cross_) return hierBroadcast(i, data, deadline);
+                  engine_->broadcast(i, data, deadline);
+                });
+}
+
+std::shared_ptr<Work> ShmCommunicator::allgatherAsync(const void* send, void* recv, size_t count,
+                                                      DataType dtype, const CallOptions& options) {
+  DTRAIN_CHECK_ARG((send != nullptr && recv != nullptr) || count == 0,
+                   "{}: allgather of a null buffer", who());
+  return submit(CollectiveInfo::allgather(dtype, count), options,
+                [this, send, recv](const CollectiveInfo& i, shm::Clock::time_point deadline) {
+                  if (i.count == 0) return;
+                  if (topo_.size == 1) {
+                    if (send != recv) std::memmove(recv, send, i.count * elementSize(i.dtype));
+                    return;
+                  }
+                  if (cross_) return hierAllgather(i, send, recv, deadline);
+                  engine_->allgather(i, send, recv, deadline);
+                });
+}
+
+std::shared_ptr<Work> ShmCommunicator::reduceScatterAsync(const void* send, void* recv,
+                                                          size_t count, DataType dtype,
+                                                          ReduceOp op,
+                                                          const CallOptions& options) {
+  DTRAIN_CHECK_ARG((send != nullptr && recv != nullptr) || count == 0,
+                   "{}: reduceScatter of a null buffer", who());
+  reduceFunction(dtype, op);
+  return submit(CollectiveInfo::reduceScatter(dtype, count, op), options,
+                [this, send, recv](const CollectiveInfo& i, shm::Clock::time_point deadline) {
+                  if (i.count == 0) return;
+                  if (topo_.size == 1) {
+                    if (send != recv) std::memmove(recv, send, i.count * elementSize(i.dtype));
+                    return;
+                  }
+                  if (cross_) return hierReduceScatter(i, send, recv, deadline);
+                  engine_->reduceScatter(i, send, recv, deadline);
+                });
+}
+
+std::shared_ptr<Work> ShmCommunicator::barrierAsync(const CallOptions& options) {
+  return submit(CollectiveInfo::barrier(), options,
+                [this](const CollectiveInfo& i, shm::Clock::time_point deadline) {
+                  if (topo_.size == 1) return;
+                  if (cross_) return hierBarrier(i, deadline);
+                  engine_->barrier(i, deadline);
+                });
+}
+
+std::shared_ptr<Buffer> ShmCommunicator::allocate(size_t bytes) {
+  if (auto buffer = arena_->allocate(bytes)) return buffer;
+  if (!warnedSpill_.exchange(true)) {
+    DTRAIN_LOG(Warn, "{}: the shared-memory arena ({} MiB reserved, {} MiB in use) has no room "
+               "for {} more bytes; such buffers live in private memory and their collectives "
+               "copy through the staging slots. HINT: raise ShmOptions::arenaBytes",
+               who(), segment_->arenaBytes() >> 20, arena_->inUseBytes() >> 20, bytes);
+  }
+  return spill_->allocate(bytes);
+}
+
+void ShmCommunicator::shutdown() {
+  {
+    std::lock_guard<std::mutex> lock(stateMutex_);
+    if (closing_) return;
+    closing_ = true;
+  }
+  stateChanged_.notify_all();
+  if (queue_) queue_->stop();
+  engine_->close();
+  scratch_[0].reset();
+  scratch_[1].reset();
+  if (cross_) cross_->shutdown();
+  DTRAIN_LOG(Debug, "{}: shared-memory communicator shut down", who());
+}
+
+std::optional<Communicator::GroupContext> ShmCommunicator::groupContext() const {
+  return GroupContext{store_, name_, timeout_, connectTimeout_};
+}
+
+std::shared_ptr<Communicator> ShmCommunicator::createGroup(const GroupSpec& spec) {
+  NodeMap members;
+  for (int r : spec.members) members.nodeOf.push_back(topo_.map.nodeOf[r]);
+  CpuWorldOptions o;
+  o.rank = spec.rank;
+  o.size = static_cast<int>(spec.members.size());
+  o.store = store_;
+  o.name = spec.name;
+  o.node = topo_.map.nodeOf[topo_.rank];
+  o.storeHost = storeHost_;
+  o.timeout = spec.timeout;
+  o.connectTimeout = spec.connectTimeout;
+  o.shm = shmOptions_;
+  o.shm.faults.clear();  // faults count the world's collectives, not a group's
+  o.shm.faultsFromEnv = false;
+  return createCpuCommunicatorFor(o, members);
+}
+
+}  // namespace dtrain::comm

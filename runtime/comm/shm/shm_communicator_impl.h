@@ -1,0 +1,162 @@
+#pragma once
+// ShmCommunicator: the Communicator over an Engine. One class for both shapes of dtrain's
+// shared-memory path:
+//   - one node: every rank in one segment;
+//   - several nodes (hierarchical): a segment per node, plus a Gloo communicator across nodes
+//     among the ranks with the same local index ("cross"); see Note [Hierarchical collectives].
+// Callers' threads describe and queue collectives; the executor (comm thread, or a caller that
+// waits, see Note [Inline execution]) runs them in issue order. The first failure marks this rank
+// failed in the segment, so its node's peers fail at once quoting it, and becomes the
+// communicator's permanent error.
+
+#include <atomic>
+#include <condition_variable>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "collective.h"
+#include "collective_faults.h"
+#include "collective_queue.h"
+#include "dtrain/progress.h"
+#include "dtrain/shm_communicator.h"
+#include "flight_recorder.h"
+#include "host_buffer_pool.h"
+#include "shm_arena.h"
+#include "shm_engine.h"
+
+namespace dtrain::comm {
+
+// Where the ranks of a communicator sit: `nodes` nodes of `locals` ranks each.
+struct ShmTopology {
+  int rank = 0;
+  int size = 1;
+  int node = 0;
+  int nodes = 1;
+  int local = 0;
+  int locals = 1;
+  std::vector<int> rankAt;  // node * locals + local -> rank
+  NodeMap map;              // node key by rank (subgroups are placed from it)
+
+  // Requires map.uniform().
+  static ShmTopology of(const NodeMap& map, int rank);
+  int rankOf(int node, int local) const { return rankAt[static_cast<size_t>(node * locals + local)]; }
+};
+
+class ShmCommunicator final : public Communicator {
+ public:
+  struct Config {
+    ShmOptions shm;                        // the in-node part (rank and size within the node)
+    ShmTopology topology;                  // nodes == 1: shared memory only
+    std::shared_ptr<Communicator> cross;   // across nodes; null when nodes == 1
+    std::string crossName;                 // its store prefix
+    std::string name;                      // this communicator's store keys (groups)
+    std::shared_ptr<store::Store> store;
+    std::string storeHost;
+    Millis timeout = kDefaultCollectiveTimeout;
+    Millis connectTimeout = kDefaultConnectTimeout;
+  };
+  explicit ShmCommunicator(Config config);
+  ~ShmCommunicator() override;
+
+  int rank() const override { return topo_.rank; }
+  int size() const override { return topo_.size; }
+  const char* backendName() const override { return cross_ ? "shm+gloo" : "shm"; }
+
+  std::shared_ptr<Work> allreduceAsync(void* data, size_t count, DataType dtype, ReduceOp op,
+                                       const CallOptions& options) override;
+  std::shared_ptr<Work> broadcastAsync(void* data, size_t count, DataType dtype, int root,
+                                       const CallOptions& options) override;
+  std::shared_ptr<Work> allgatherAsync(const void* send, void* recv, size_t count, DataType dtype,
+                                       const CallOptions& options) override;
+  std::shared_ptr<Work> reduceScatterAsync(const void* send, void* recv, size_t count,
+                                           DataType dtype, ReduceOp op,
+                                           const CallOptions& options) override;
+  std::shared_ptr<Work> barrierAsync(const CallOptions& options) override;
+  std::shared_ptr<Buffer> allocate(size_t bytes) override;
+  void shutdown() override;
+
+  std::exception_ptr error() const override;
+  uint64_t sequenceNumber() const override { return nextSeq_.load(); }
+  std::string describe() const override;
+
+ protected:
+  std::optional<GroupContext> groupContext() const override;
+  std::shared_ptr<Communicator> createGroup(const GroupSpec& spec) override;
+
+ private:
+  using Body = std::function<void(const CollectiveInfo& info, shm::Clock::time_point deadline)>;
+
+  std::shared_ptr<Work> submit(CollectiveInfo info, const CallOptions& options, Body body);
+  void runOnCommThread(const CollectiveInfo& info, Millis timeout, const Body& body);
+  [[noreturn]] void hangOnCommThread(const CollectiveInfo& info, const fault::Fault& fault);
+  [[noreturn]] void failOnCommThread(const CollectiveInfo& info, Millis timeout,
+                                     std::exception_ptr cause);
+  void throwIfUnusable() const;
+  std::string who() const;
+  // The next in-node collective: what the node's ranks compare (Note [Hierarchical collectives]).
+  CollectiveInfo local(CollectiveInfo info, size_t count, ReduceOp op) {
+    info.seq = cross_ ? localSeq_++ : info.seq;
+    info.count = count;
+    info.op = op;
+    info.shape.clear();
+    return info;
+  }
+  // Time left until `deadline`, for a Gloo step inside a collective.
+  static CallOptions crossCall(shm::Clock::time_point deadline);
+  // Runs a step of the cross-node Gloo group; its error says which ranks of this communicator the
+  // group's rank numbers are.
+  void across(const std::function<void()>& step);
+  // Scratch memory in the arena (owned: the in-node steps read it in place).
+  std::shared_ptr<Buffer> scratchOnCommThread(size_t bytes, int which);
+
+  void hierAllreduce(const CollectiveInfo& info, void* data, shm::Clock::time_point deadline);
+  void hierBroadcast(const CollectiveInfo& info, void* data, shm::Clock::time_point deadline);
+  void hierAllgather(const CollectiveInfo& info, const void* send, void* recv,
+                     shm::Clock::time_point deadline);
+  void hierReduceScatter(const CollectiveInfo& info, const void* send, void* recv,
+                         shm::Clock::time_point deadline);
+  void hierBarrier(const CollectiveInfo& info, shm::Clock::time_point deadline);
+
+  ShmTopology topo_;
+  ShmOptions shmOptions_;
+  const std::string name_;
+  const std::shared_ptr<store::Store> store_;
+  const std::string storeHost_;
+  const Millis timeout_;
+  const Millis connectTimeout_;
+  CollectiveFaults faults_;
+  std::chrono::microseconds spin_{0};       // synchronous calls (Note [Waiting])
+  std::chrono::microseconds asyncSpin_{0};  // calls run while the caller goes on
+
+  std::shared_ptr<shm::Segment> segment_;
+  std::unique_ptr<shm::Engine> engine_;   // executor only
+  std::shared_ptr<shm::Arena> arena_;
+  std::shared_ptr<HostBufferPool> spill_;  // allocate() beyond the arena
+  std::shared_ptr<Communicator> cross_;
+  const std::string crossName_;
+  std::shared_ptr<Buffer> scratch_[2];     // executor only
+  uint64_t localSeq_ = 0;                  // executor only: in-node collectives (hierarchical)
+
+  FlightRecorder recorder_;
+  std::shared_ptr<CollectiveQueue> queue_;
+  std::mutex issueMutex_;
+  std::atomic<uint64_t> nextSeq_{0};  // written under issueMutex_
+
+  mutable std::mutex stateMutex_;
+  std::condition_variable stateChanged_;  // with stateMutex_: wakes an injected hang
+  std::exception_ptr error_;              // guarded by stateMutex_
+  bool closing_ = false;                  // guarded by stateMutex_
+  std::atomic<bool> warnedSpill_{false};
+
+  // Last member, so it is gone before anything the publisher thread reads (dtrain/progress.h).
+  progress::Registration progress_;
+};
+
+// Builds the CPU communicator for ranks placed by `map` (see createCpuCommunicator()).
+std::shared_ptr<Communicator> createCpuCommunicatorFor(const CpuWorldOptions& options,
+                                                       const NodeMap& map);
+
+}  // namespace dtrain::comm

@@ -1,0 +1,539 @@
+#include "shm_engine.h"
+
+#include <sched.h>
+
+#include <algorithm>
+#include <cstring>
+
+#include <fmt/format.h>
+
+#include "dtrain/error.h"
+#include "shm_kernels.h"
+
+namespace dtrain::comm::shm {
+
+// Note [Shared-memory collectives]
+// The ranks of a node share one segment (shm_segment.h). Each rank owns a control block with a
+// progress word that only it writes and everybody reads: a rank "advances" by bumping it, and
+// "waits for" a peer by watching the peer's word reach a value. Every rank runs the same phases
+// in the same order, so the value a word must reach is known to all without any message.
+//
+// Allreduce of n bytes among N ranks, chunk by chunk: each rank puts its chunk where the others
+// can read it (its staging slot, or nowhere when the buffer is communicator-owned and already in
+// its arena) and advances; once all have, rank r reduces slice r of the chunk from every rank's
+// copy -- in rank order, one pass over N inputs (shm_kernels.h) -- writes it back in place and
+// advances; once all have, every rank copies the other slices into its own buffer. That is a
+// reduce-scatter and an allgather, two synchronisations per chunk, and per rank about 2.5x the
+// message in memory traffic from owned buffers (5.5x with the copies in and out). Small messages
+// (smallBytes) skip the scatter: every rank reduces the whole buffer, one synchronisation.
+//
+// Before any data moves, each rank compares the descriptor every peer posted for this collective
+// (sequence number, kind, type, count, op, root): ranks that disagree fail at once naming both
+// sides, a skipped collective shows up as "rank 1 is ahead at seq 42", never as wrong data or a
+// timeout.
+//
+// Note [Steps and slots]
+// Every use of a staging slot is a "step", numbered across collectives; step g uses slot g % 2,
+// and every rank advances exactly once when it enters a step. A rank that entered step g + 1 is
+// done reading step g - 1's slots, so before writing its slot for step g + 1 a rank waits until
+// every peer has entered step g: two slots let one chunk be copied in while the previous one is
+// still being read, with no extra synchronisation. Buffers the peers read in place (owned ones)
+// need one more phase at the end: the owner returns only after everyone has finished reading.
+//
+// Note [Waiting]
+// A waiting rank spins on the peer's word for a while, then sleeps on it with a futex, registering
+// in the peer's `sleepers` count so the peer wakes it after its next advance. How long to spin
+// decides latency, and depends on the machine more than on anything dtrain controls:
+//   - peers that run at the same time see each other's advance within microseconds, while a
+//     sleeper costs a scheduler wake-up each time (5-10 us, and two ranks that sleep in turn pay
+//     one per call): a 4 KiB allreduce takes ~2 us spinning, ~10 us sleeping;
+//   - on a loaded machine (more runnable threads than cores) the peer is often not running, and a
+//     spinning waiter holds a core the peer may need: every spin then runs to its end (measured at
+//     load 10-16 on 2 cores: a 4 KiB allreduce took the spin's length, 0.1 ms with a 100 us spin
+//     and 1 ms with 1 ms, against 11 us sleeping at once).
+// So the spin adapts (Engine::spinBudgetUs_): a spin that ends without the peer halves the budget
+// (down to 2 us), one that sees the peer after t raises it to 8t, up to a ceiling: 1 ms in
+// synchronous calls, whose caller blocks anyway, 50 us in calls the comm thread runs while the
+// caller computes (DDP's buckets during backward). When the node's ranks outnumber its cores the
+// spin yields the core (sched_yield) at every turn. Sleeps last at most sleepSlice (100 ms):
+// between them the rank looks whether a peer aborted (its error is quoted) or died (a pidfd per
+// peer), and whether the deadline passed. A dead peer is therefore noticed within ~0.1 s, a frozen
+// one at the collective timeout.
+
+namespace {
+
+bool reached(uint32_t value, uint32_t target) {
+  return static_cast<int32_t>(value - target) >= 0;
+}
+
+std::vector<int> pidsOf(const Segment& s) {
+  std::vector<int> pids(static_cast<size_t>(s.size()));
+  for (int r = 0; r < s.size(); ++r) pids[r] = s.control(r).pid.load(std::memory_order_acquire);
+  return pids;
+}
+
+size_t roundUp(size_t v, size_t a) { return (v + a - 1) / a * a; }
+
+// Slice j of a chunk of m elements among n ranks: cache-line aligned, the last ones may be short
+// or empty.
+struct Slices {
+  size_t q;
+  size_t m;
+  Slices(size_t m, int n, size_t elem)
+      : q(roundUp((m + static_cast<size_t>(n) - 1) / static_cast<size_t>(n),
+                  std::max<size_t>(1, 64 / elem))),
+        m(m) {}
+  size_t begin(int j) const { return std::min(m, q * static_cast<size_t>(j)); }
+  size_t end(int j) const { return std::min(m, q * static_cast<size_t>(j + 1)); }
+};
+
+}  // namespace
+
+struct Engine::Source {
+  bool owned = false;
+  const char* base = nullptr;  // the rank's input in the segment when owned
+};
+
+Engine::Engine(std::shared_ptr<Segment> segment, const EngineOptions& options)
+    : segment_(std::move(segment)),
+      options_(options),
+      rank_(segment_->rank()),
+      size_(segment_->size()),
+      me_(segment_->control(rank_)),
+      peers_(pidsOf(*segment_)) {
+  phase_ = me_.progress.load(std::memory_order_relaxed);
+}
+
+Engine::~Engine() = default;
+
+std::string Engine::describePeer(int rank) const {
+  return fmt::format("rank {} (pid {})", nameOf(rank), peers_.pid(rank));
+}
+
+void Engine::enter(const CollectiveInfo& info, bool owned, int64_t inputOffset) {
+  Descriptor& d = me_.ring[info.seq % kDescriptorRing];
+  d.what = Fingerprint::of(info);
+  d.owned = owned ? 1 : 0;
+  d.inputOffset = owned ? static_cast<uint64_t>(inputOffset) : 0;
+  me_.seq.store(info.seq, std::memory_order_relaxed);
+  me_.inside.store(1, std::memory_order_relaxed);
+  seq_ = info.seq;
+  kindName_ = collectiveKindName(info.kind);
+  // Published by the next advance (a sequentially consistent store after these writes).
+}
+
+void Engine::leave() { me_.inside.store(0, std::memory_order_relaxed); }
+
+void Engine::advance() {
+  ++phase_;
+  me_.progress.store(phase_, std::memory_order_seq_cst);
+  if (me_.sleepers.load(std::memory_order_seq_cst) != 0) futexWakeAll(&me_.progress);
+}
+
+char* Engine::claimSlot(Clock::time_point deadline) {
+  if (step_ > 0) {
+    waitAll(entries_[(step_ - 1) % 2], deadline, "to finish reading this rank's previous chunk");
+  }
+  return segment_->slot(rank_, static_cast<int>(step_ % 2));
+}
+
+void Engine::endStep() { ++step_; }
+
+void Engine::waitFor(int peer, uint32_t target, Clock::time_point deadline, const char* what) {
+  RankControl& c = segment_->control(peer);
+  if (reached(c.progress.load(std::memory_order_acquire), target)) return;
+  // Note [Waiting]: spin for the adaptive budget, then sleep.
+  const auto start = Clock::now();
+  const auto budget = std::chrono::duration<double, std::micro>(spinBudgetUs_);
+  do {
+    if (options_.yield) {
+      sched_yield();
+      if (reached(c.progress.load(std::memory_order_acquire), target)) return spun(start);
+      continue;
+    }
+    for (int i = 0; i < 64; ++i) {
+      cpuRelax();
+      if (reached(c.progress.load(std::memory_order_acquire), target)) return spun(start);
+    }
+  } while (Clock::now() - start < budget);
+  spinBudgetUs_ = std::max(kMinSpinUs, spinBudgetUs_ / 2);  // spinning did not pay: less of it
+  while (true) {
+    // The condition first: a peer that did its part and then left (shut down, exited) is fine.
+    if (reached(c.progress.load(std::memory_order_acquire), target)) return;
+    checkPeers(peer, what);
+    const auto now = Clock::now();
+    if (now >= deadline) failWaiting(peer, target, deadline, what);
+    const auto left = std::chrono::duration_cast<std::chrono::microseconds>(deadline - now);
+    c.sleepers.fetch_add(1, std::memory_order_seq_cst);
+    const uint32_t v = c.progress.load(std::memory_order_seq_cst);
+    if (!reached(v, target)) {
+      futexWait(&c.progress, v, std::min(options_.sleepSlice, left + std::chrono::microseconds(1)));
+    }
+    c.sleepers.fetch_sub(1, std::memory_order_seq_cst);
+  }
+}
+
+void Engine::spun(Clock::time_point start) {
+  const double waited = std::chrono::duration<double, std::micro>(Clock::now() - start).count();
+  spinBudgetUs_ = std::min<double>(static_cast<double>(options_.spin.count()),
+                                   std::max(spinBudgetUs_, 8 * waited));
+}
+
+void Engine::setSpin(std::chrono::microseconds spin) {
+  options_.spin = spin;
+  spinBudgetUs_ = std::min(spinBudgetUs_, static_cast<double>(spin.count()));
+}
+
+void Engine::waitAll(uint32_t target, Clock::time_point deadline, const char* what) {
+  for (int j = 1; j < size_; ++j) {
+    // Start with the next rank: ranks then do not all watch rank 0 first.
+    waitFor((rank_ + j) % size_, target, deadline, what);
+  }
+}
+
+std::string Engine::whereIs(int peer) const {
+  const RankControl& c = segment_->control(peer);
+  const uint64_t seq = c.seq.load(std::memory_order_acquire);
+  if (!reached(c.progress.load(std::memory_order_acquire), 1)) {
+    return fmt::format("rank {} has not started a collective yet", nameOf(peer));
+  }
+  const Descriptor& d = c.ring[seq % kDescriptorRing];
+  const std::string what = d.what.toInfo().describeWithSeq();
+  return c.inside.load(std::memory_order_acquire) != 0
+             ? fmt::format("rank {} is inside {}", nameOf(peer), what)
+             : fmt::format("rank {} is outside any collective, its last was {}", nameOf(peer),
+                           what);
+}
+
+void Engine::checkPeers(int waitingFor, const char* what) {
+  for (int r = 0; r < size_; ++r) {
+    if (r == rank_) continue;
+    RankControl& c = segment_->control(r);
+    const uint32_t state = c.aborted.load(std::memory_order_acquire);
+    if (state == 0) continue;
+    const std::string waiting =
+        r == waitingFor ? "" : fmt::format(" (this rank was waiting for rank {} {})",
+                                           nameOf(waitingFor), what);
+    if (state == kClosed) {
+      DTRAIN_THROW(NetworkError, "{} shut down its communicator{}{}", describePeer(r),
+                   r == waitingFor ? fmt::format(" while this rank waited for it {}", what) : "",
+                   waiting);
+    }
+    char reason[kReasonBytes];
+    std::memcpy(reason, c.reason, sizeof(reason));
+    reason[sizeof(reason) - 1] = '\0';
+    DTRAIN_THROW(NetworkError, "{} failed{}: {}", describePeer(r), waiting, reason);
+  }
+  const int dead = peers_.firstDead();
+  if (dead >= 0) {
+    DTRAIN_THROW(NetworkError, "{} exited while this rank waited for {} {}: the process died or "
+                 "ended without finishing this collective",
+                 describePeer(dead),
+                 dead == waitingFor ? "it" : fmt::format("rank {}", nameOf(waitingFor)), what);
+  }
+}
+
+void Engine::failWaiting(int peer, uint32_t target, Clock::time_point deadline, const char* what) {
+  (void)target;
+  (void)deadline;
+  DTRAIN_THROW(TimeoutError, "timed out waiting for {} {} ({}; the process is alive: frozen, "
+               "stopped, or busy outside the communicator)",
+               describePeer(peer), what, whereIs(peer));
+}
+
+const Descriptor& Engine::descriptorOf(int peer, uint64_t seq) const {
+  return segment_->control(peer).ring[seq % kDescriptorRing];
+}
+
+void Engine::checkDescriptors(const CollectiveInfo& info, int onlyPeer) {
+  const Fingerprint mine = Fingerprint::of(info);
+  for (int j = 0; j < size_; ++j) {
+    if (j == rank_ || (onlyPeer >= 0 && j != onlyPeer)) continue;
+    const Descriptor& d = descriptorOf(j, info.seq);
+    if (d.what.seq == info.seq) {
+      if (d.what.sameCollective(mine)) continue;
+      DTRAIN_THROW(InvalidArgument, "collective check failed: this rank calls {}; rank {} calls "
+                   "{}. HINT: every rank must issue the same collectives, in the same order, "
+                   "with the same types and sizes",
+                   info.describeWithSeq(), nameOf(j), d.what.toInfo().describeWithSeq());
+    }
+    const uint64_t theirs = segment_->control(j).seq.load(std::memory_order_acquire);
+    const std::string what = descriptorOf(j, theirs).what.toInfo().describe();
+    DTRAIN_THROW(Error, "rank {} is {} at seq {} ({}; this rank is at seq {}). HINT: a rank "
+                 "skipped a collective or issued one more; every rank must issue the same "
+                 "collectives in the same order",
+                 nameOf(j), theirs > info.seq ? "ahead" : "behind", theirs, what, info.seq);
+  }
+}
+
+void Engine::abort(const std::string& reason) { mark(kFailed, reason); }
+
+void Engine::close() { mark(kClosed, "shut down"); }
+
+void Engine::mark(uint32_t state, const std::string& reason) {
+  if (me_.aborted.load() == 0) {
+    const size_t n = std::min(reason.size(), kReasonBytes - 1);
+    std::memcpy(me_.reason, reason.data(), n);
+    me_.reason[n] = '\0';
+    uint32_t expected = 0;
+    me_.aborted.compare_exchange_strong(expected, state, std::memory_order_seq_cst);
+  }
+  for (int r = 0; r < size_; ++r) futexWakeAll(&segment_->control(r).progress);
+}
+
+void Engine::allreduceSmall(const CollectiveInfo& info, void* data, Clock::time_point deadline,
+                            const SliceHook& hook) {
+  const size_t bytes = info.count * elementSize(info.dtype);
+  enter(info, /*owned=*/false, 0);
+  std::memcpy(claimSlot(deadline), data, bytes);
+  advance();
+  entries_[step_ % 2] = phase_;
+  waitAll(phase_, deadline, "to publish its input");
+  checkDescriptors(info);
+  const void* inputs[kMaxShmRanks];
+  for (int j = 0; j < size_; ++j) inputs[j] = segment_->slot(j, static_cast<int>(step_ % 2));
+  reduceInputs(data, inputs, size_, info.count, info.dtype, info.op);
+  endStep();
+  if (hook) hook(data, info.count);
+  leave();
+}
+
+void Engine::allreduce(const CollectiveInfo& info, void* data, Clock::time_point deadline,
+                       const SliceHook& hook) {
+  const size_t elem = elementSize(info.dtype);
+  const size_t bytes = info.count * elem;
+  if (bytes <= options_.smallBytes && bytes <= segment_->slotBytes()) {
+    return allreduceSmall(info, data, deadline, hook);
+  }
+  char* const out = static_cast<char*>(data);
+  const int64_t offset = segment_->ownOffset(data, bytes);
+  const bool owned = offset >= 0;
+  enter(info, owned, offset);
+  Source src[kMaxShmRanks];
+  const void* inputs[kMaxShmRanks];
+  bool anyOwned = false;
+  // Staged ranks copy their first chunk before they know whether everyone is owned; a mixed
+  // collective therefore streams in slot-sized chunks, an all-owned one in owned chunks.
+  size_t chunk = segment_->slotBytes() / elem;
+  bool first = true;
+  for (size_t done = 0; done < info.count;) {
+    size_t m = std::min(chunk, info.count - done);
+    if (!owned) std::memcpy(claimSlot(deadline), out + done * elem, m * elem);
+    advance();
+    entries_[step_ % 2] = phase_;
+    waitAll(phase_, deadline, "to publish its input");
+    if (first) {
+      first = false;
+      checkDescriptors(info);
+      bool allOwned = true;
+      for (int j = 0; j < size_; ++j) {
+        const Descriptor& d = descriptorOf(j, info.seq);
+        src[j].owned = d.owned != 0;
+        src[j].base = segment_->base() + d.inputOffset;
+        allOwned = allOwned && src[j].owned;
+        anyOwned = anyOwned || src[j].owned;
+      }
+      // With a hook (hierarchical), every node must chunk alike: slot-sized chunks always.
+      if (allOwned && !hook) {
+        chunk = std::max<size_t>(1, options_.ownedChunkBytes / elem);
+        m = std::min(chunk, info.count - done);
+      }
+    }
+    const int slot = static_cast<int>(step_ % 2);
+    auto at = [&](int j, size_t element) -> const char* {
+      return src[j].owned ? src[j].base + (done + element) * elem
+                          : segment_->slot(j, slot) + element * elem;
+    };
+    const Slices slices(m, size_, elem);
+    const size_t b = slices.begin(rank_), e = slices.end(rank_);
+    char* mine = owned ? out + (done + b) * elem : segment_->slot(rank_, slot) + b * elem;
+    if (e > b) {
+      for (int j = 0; j < size_; ++j) inputs[j] = at(j, b);
+      reduceInputs(mine, inputs, size_, e - b, info.dtype, info.op);
+      if (hook) hook(mine, e - b);
+    }
+    advance();
+    waitAll(phase_, deadline, "to reduce its slice");
+    for (int j = 0; j < size_; ++j) {
+      const size_t bj = slices.begin(j), ej = slices.end(j);
+      if (ej == bj || (j == rank_ && owned)) continue;
+      std::memcpy(out + (done + bj) * elem, at(j, bj), (ej - bj) * elem);
+    }
+    endStep();
+    done += m;
+  }
+  if (anyOwned) {
+    advance();
+    waitAll(phase_, deadline, "to finish reading this rank's buffer");
+  }
+  leave();
+}
+
+void Engine::broadcast(const CollectiveInfo& info, void* data, Clock::time_point deadline) {
+  const size_t elem = elementSize(info.dtype);
+  const size_t bytes = info.count * elem;
+  const int root = info.root;
+  char* const buf = static_cast<char*>(data);
+  const int64_t offset = rank_ == root ? segment_->ownOffset(data, bytes) : -1;
+  enter(info, offset >= 0, offset);
+  if (rank_ == root && offset >= 0) {
+    // The peers copy straight out of this rank's arena; wait until all have.
+    advance();
+    advance();
+    waitAll(phase_, deadline, "to read the broadcast buffer");
+    checkDescriptors(info);
+    return leave();
+  }
+  const size_t chunk = segment_->slotBytes();
+  bool first = true;
+  for (size_t done = 0; done < bytes;) {
+    const size_t m = std::min(chunk, bytes - done);
+    if (rank_ == root) {
+      std::memcpy(claimSlot(deadline), buf + done, m);
+      advance();
+      entries_[step_ % 2] = phase_;
+    } else {
+      advance();
+      entries_[step_ % 2] = phase_;
+      waitFor(root, phase_, deadline, "to publish the broadcast data");
+      if (first) {
+        first = false;
+        checkDescriptors(info, root);
+        const Descriptor& d = descriptorOf(root, info.seq);
+        if (d.owned != 0) {
+          std::memcpy(buf, segment_->base() + d.inputOffset, bytes);
+          advance();  // done reading the root's buffer
+          return leave();
+        }
+      }
+      std::memcpy(buf + done, segment_->slot(root, static_cast<int>(step_ % 2)), m);
+    }
+    endStep();
+    done += m;
+  }
+  leave();
+}
+
+void Engine::allgather(const CollectiveInfo& info, const void* send, void* recv,
+                       Clock::time_point deadline) {
+  const size_t elem = elementSize(info.dtype);
+  const size_t count = info.count;
+  const char* const in = static_cast<const char*>(send);
+  char* const out = static_cast<char*>(recv);
+  const int64_t offset = segment_->ownOffset(send, count * elem);
+  const bool owned = offset >= 0;
+  enter(info, owned, offset);
+  Source src[kMaxShmRanks];
+  bool anyOwned = false;
+  size_t chunk = segment_->slotBytes() / elem;
+  bool first = true;
+  for (size_t done = 0; done < count;) {
+    size_t m = std::min(chunk, count - done);
+    if (!owned) std::memcpy(claimSlot(deadline), in + done * elem, m * elem);
+    advance();
+    entries_[step_ % 2] = phase_;
+    waitAll(phase_, deadline, "to publish its input");
+    if (first) {
+      first = false;
+      checkDescriptors(info);
+      bool allOwned = true;
+      for (int j = 0; j < size_; ++j) {
+        const Descriptor& d = descriptorOf(j, info.seq);
+        src[j].owned = d.owned != 0;
+        src[j].base = segment_->base() + d.inputOffset;
+        allOwned = allOwned && src[j].owned;
+        anyOwned = anyOwned || src[j].owned;
+      }
+      if (allOwned) {
+        chunk = count;
+        m = count - done;
+      }
+    }
+    const int slot = static_cast<int>(step_ % 2);
+    for (int j = 0; j < size_; ++j) {
+      char* dst = out + (static_cast<size_t>(j) * count + done) * elem;
+      const char* from = j == rank_ ? in + done * elem
+                         : src[j].owned ? src[j].base + done * elem
+                                        : segment_->slot(j, slot);
+      if (dst != from) std::memcpy(dst, from, m * elem);
+    }
+    endStep();
+    done += m;
+  }
+  if (anyOwned) {
+    advance();
+    waitAll(phase_, deadline, "to finish reading this rank's buffer");
+  }
+  leave();
+}
+
+void Engine::reduceScatter(const CollectiveInfo& info, const void* send, void* recv,
+                           Clock::time_point deadline) {
+  const size_t elem = elementSize(info.dtype);
+  const size_t count = info.count;
+  const size_t n = static_cast<size_t>(size_);
+  const char* const in = static_cast<const char*>(send);
+  char* const out = static_cast<char*>(recv);
+  const int64_t offset = segment_->ownOffset(send, n * count * elem);
+  const bool owned = offset >= 0;
+  enter(info, owned, offset);
+  Source src[kMaxShmRanks];
+  const void* inputs[kMaxShmRanks];
+  bool anyOwned = false;
+  // Staged: each slot holds one piece of every block, `stride` elements apart.
+  const size_t stride = std::max<size_t>(1, segment_->slotBytes() / (n * elem));
+  size_t chunk = stride;
+  bool first = true;
+  for (size_t done = 0; done < count;) {
+    size_t m = std::min(chunk, count - done);
+    if (!owned) {
+      char* slot = claimSlot(deadline);
+      for (size_t b = 0; b < n; ++b) {
+        std::memcpy(slot + b * stride * elem, in + (b * count + done) * elem, m * elem);
+      }
+    }
+    advance();
+    entries_[step_ % 2] = phase_;
+    waitAll(phase_, deadline, "to publish its input");
+    if (first) {
+      first = false;
+      checkDescriptors(info);
+      bool allOwned = true;
+      for (int j = 0; j < size_; ++j) {
+        const Descriptor& d = descriptorOf(j, info.seq);
+        src[j].owned = d.owned != 0;
+        src[j].base = segment_->base() + d.inputOffset;
+        allOwned = allOwned && src[j].owned;
+        anyOwned = anyOwned || src[j].owned;
+      }
+      if (allOwned) {
+        chunk = count;
+        m = count - done;
+      }
+    }
+    const int slot = static_cast<int>(step_ % 2);
+    const size_t me = static_cast<size_t>(rank_);
+    for (int j = 0; j < size_; ++j) {
+      inputs[j] = src[j].owned ? src[j].base + (me * count + done) * elem
+                               : segment_->slot(j, slot) + me * stride * elem;
+    }
+    reduceInputs(out + done * elem, inputs, size_, m, info.dtype, info.op);
+    endStep();
+    done += m;
+  }
+  if (anyOwned) {
+    advance();
+    waitAll(phase_, deadline, "to finish reading this rank's buffer");
+  }
+  leave();
+}
+
+void Engine::barrier(const CollectiveInfo& info, Clock::time_point deadline) {
+  enter(info, false, 0);
+  advance();
+  waitAll(phase_, deadline, "to reach the barrier");
+  checkDescriptors(info);
+  leave();
+}
+
+}  // namespace dtrain::comm::shm

@@ -1,0 +1,119 @@
+#pragma once
+// Engine: the shared-memory collectives themselves, run on the calling thread (the
+// communicator's executor) over a Segment. Torch-free and queue-free: ShmCommunicator wraps it in
+// Work handles and a permanent error, HierarchicalCommunicator drives it with a Gloo step between
+// its reduce-scatter and allgather halves. See Note [Shared-memory collectives].
+//
+// Failures throw: NetworkError when a peer died or failed (naming it), TimeoutError at the
+// deadline (naming the rank waited for and where it is), InvalidArgument when the ranks call
+// different collectives, Error when one is ahead or behind (a skipped collective).
+
+#include <chrono>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "collective.h"
+#include "shm_segment.h"
+#include "shm_wait.h"
+
+namespace dtrain::comm::shm {
+
+using Clock = std::chrono::steady_clock;
+
+struct EngineOptions {
+  size_t smallBytes = 0;
+  size_t ownedChunkBytes = 0;
+  std::chrono::microseconds spin{50};
+  // Spin with sched_yield() instead of a pause: when the node's ranks outnumber its cores, the
+  // peer being waited for may need this very core.
+  bool yield = false;
+  // Longest single futex sleep: how often a waiting rank looks whether its peers still live.
+  std::chrono::microseconds sleepSlice{100000};
+  // What messages call each rank of the segment (the communicator's rank numbers when the
+  // segment holds one node of several); empty: the segment's own numbers.
+  std::vector<int> rankNames;
+};
+
+class Engine {
+ public:
+  Engine(std::shared_ptr<Segment> segment, const EngineOptions& options);
+  ~Engine();
+
+  int rank() const { return rank_; }
+  int size() const { return size_; }
+  const std::shared_ptr<Segment>& segment() const { return segment_; }
+
+  // Called by the rank that holds this slice of a reduce-scatter, before the others may read it:
+  // the hierarchical communicator's cross-node allreduce of the slice, in place.
+  using SliceHook = std::function<void(void* slice, size_t count)>;
+
+  // `info` carries the sequence number, kind, type, count, op and root every peer must match.
+  // `data` may lie in this rank's arena (communicator-owned): peers then read it in place.
+  void allreduce(const CollectiveInfo& info, void* data, Clock::time_point deadline,
+                 const SliceHook& hook = nullptr);
+  void broadcast(const CollectiveInfo& info, void* data, Clock::time_point deadline);
+  void allgather(const CollectiveInfo& info, const void* send, void* recv,
+                 Clock::time_point deadline);
+  void reduceScatter(const CollectiveInfo& info, const void* send, void* recv,
+                     Clock::time_point deadline);
+  void barrier(const CollectiveInfo& info, Clock::time_point deadline);
+
+  // The longest spin of the next collectives' waits before they sleep (Note [Waiting]).
+  void setSpin(std::chrono::microseconds spin);
+
+  // Marks this rank failed in the segment (peers then fail at once, quoting `reason`) and wakes
+  // every sleeping peer. Idempotent; callable from any thread.
+  void abort(const std::string& reason);
+  // Marks this rank as gone (its communicator shut down): a peer still waiting for it fails at
+  // once instead of at its deadline. Idempotent; a failure marked before stays.
+  void close();
+  // "rank 1 (pid 4242)", with the rank as messages name it.
+  std::string describePeer(int rank) const;
+  int nameOf(int rank) const { return options_.rankNames.empty() ? rank : options_.rankNames[rank]; }
+
+ private:
+  struct Source;  // where a rank's input of this collective lies
+
+  static constexpr uint32_t kFailed = 1;
+  static constexpr uint32_t kClosed = 2;
+  void mark(uint32_t state, const std::string& reason);
+  void enter(const CollectiveInfo& info, bool owned, int64_t inputOffset);
+  void leave();
+  void advance();
+  // Before writing this rank's staging slot of the current step: every peer is done with the
+  // step that last used it (Note [Steps and slots]).
+  char* claimSlot(Clock::time_point deadline);
+  void endStep();
+  void waitFor(int peer, uint32_t target, Clock::time_point deadline, const char* what);
+  void waitAll(uint32_t target, Clock::time_point deadline, const char* what);
+  // After the first wait of a collective: every peer announced the same collective.
+  void checkDescriptors(const CollectiveInfo& info, int onlyPeer = -1);
+  const Descriptor& descriptorOf(int peer, uint64_t seq) const;
+  [[noreturn]] void failWaiting(int peer, uint32_t target, Clock::time_point deadline,
+                                const char* what);
+  void checkPeers(int waitingFor, const char* what);
+  std::string whereIs(int peer) const;
+  // A wait ended while spinning, `start` being when the spin began: adapt the budget.
+  void spun(Clock::time_point start);
+  static constexpr double kMinSpinUs = 2;
+
+  void allreduceSmall(const CollectiveInfo& info, void* data, Clock::time_point deadline,
+                      const SliceHook& hook);
+
+  std::shared_ptr<Segment> segment_;
+  EngineOptions options_;
+  int rank_;
+  int size_;
+  RankControl& me_;
+  PeerWatch peers_;
+  uint32_t phase_ = 0;          // this rank's progress word, mirrored
+  uint64_t step_ = 0;           // steps that used a staging slot, over all collectives
+  uint32_t entries_[2] = {0, 0};  // progress after the entry of the last two steps, by step % 2
+  uint64_t seq_ = 0;            // the collective being run (for messages)
+  double spinBudgetUs_ = 50;    // Note [Waiting]: adapted between kMinSpinUs and options_.spin
+  const char* kindName_ = "";
+};
+
+}  // namespace dtrain::comm::shm

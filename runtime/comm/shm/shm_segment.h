@@ -1,0 +1,130 @@
+#pragma once
+// Segment: the memory the ranks of one shared-memory communicator all map. One memfd per
+// communicator, created by rank 0 and handed to the others over a short-lived abstract Unix socket
+// (see Note [Segment lifetime]), so no name exists in /dev/shm or anywhere else that a crash could
+// leave behind.
+//
+// Layout (offsets in the header, every part page-aligned):
+//   header | control block per rank | staging: 2 slots per rank | arena per rank (allocate())
+// Control blocks are the only places ranks write to signal each other; each sits on its own cache
+// lines. Staging carries buffers the communicator does not own; arenas hold the ones it does, and
+// peers read those in place.
+
+#include <atomic>
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "collective.h"
+#include "dtrain/store.h"
+
+namespace dtrain::comm::shm {
+
+constexpr uint64_t kSegmentMagic = 0x6d68732d6e696172ull;  // "rain-shm"
+constexpr uint32_t kSegmentVersion = 1;
+constexpr int kDescriptorRing = 4;
+constexpr size_t kReasonBytes = 768;
+// Most ranks one segment serves (one node).
+constexpr int kMaxShmRanks = 256;
+
+// One collective as a rank announces it on entry: what it calls (compared by every peer before
+// any data moves) and where its buffers are when the communicator owns them.
+struct Descriptor {
+  Fingerprint what;
+  uint64_t inputOffset;   // segment offset of the rank's input when `owned`
+  uint32_t owned;         // 1: the input lies in the rank's arena, peers read it in place
+  uint32_t pad;
+};
+
+struct alignas(64) RankControl {
+  // Written by the rank only: phases completed (wraps around; compared as a signed difference).
+  std::atomic<uint32_t> progress;
+  // Peers sleeping on `progress` (futex); the rank wakes them after each step when non-zero.
+  std::atomic<uint32_t> sleepers;
+  char pad0[56];
+  // Set once: 1 when this rank's communicator failed (`reason` holds its error, NUL-terminated),
+  // 2 when it was shut down.
+  std::atomic<uint32_t> aborted;
+  std::atomic<int32_t> pid;
+  std::atomic<uint64_t> seq;      // the collective it is in, or the last one it finished
+  std::atomic<uint32_t> inside;   // 1 while inside a collective
+  char pad1[44];
+  Descriptor ring[kDescriptorRing];  // by seq % kDescriptorRing
+  char reason[kReasonBytes];
+};
+
+struct SegmentHeader {
+  uint64_t magic;
+  uint32_t version;
+  uint32_t ranks;
+  uint64_t bytes;
+  uint64_t controlOffset;
+  uint64_t stagingOffset;
+  uint64_t slotBytes;
+  uint64_t arenaOffset;
+  uint64_t arenaBytes;
+  std::atomic<uint32_t> joined;  // ranks that mapped the segment and published their pid
+};
+
+struct SegmentOptions {
+  int rank = 0;
+  int size = 1;
+  std::shared_ptr<store::Store> store;
+  std::string name;  // store keys go under "<name>/shm/"
+  size_t slotBytes = 0;
+  size_t arenaBytes = 0;
+  std::chrono::milliseconds connectTimeout{300000};
+};
+
+class Segment {
+ public:
+  // Collective over the ranks: rank 0 creates and shares the memfd, everybody maps it and
+  // publishes its pid; returns when all have. Throws TimeoutError naming the ranks that did not
+  // join, Error when the kernel refuses (memfd, mmap, socket).
+  static std::shared_ptr<Segment> join(const SegmentOptions& options);
+  ~Segment();
+  Segment(const Segment&) = delete;
+  Segment& operator=(const Segment&) = delete;
+
+  int rank() const { return rank_; }
+  int size() const { return size_; }
+  char* base() const { return base_; }
+  size_t bytes() const { return bytes_; }
+  SegmentHeader& header() const { return *reinterpret_cast<SegmentHeader*>(base_); }
+  RankControl& control(int rank) const {
+    return reinterpret_cast<RankControl*>(base_ + header().controlOffset)[rank];
+  }
+  size_t slotBytes() const { return header().slotBytes; }
+  char* slot(int rank, int slot) const {
+    return base_ + header().stagingOffset + (static_cast<size_t>(rank) * 2 + slot) * slotBytes();
+  }
+  size_t arenaBytes() const { return header().arenaBytes; }
+  char* arena(int rank) const {
+    return base_ + header().arenaOffset + static_cast<size_t>(rank) * arenaBytes();
+  }
+  // Segment offset of [p, p + bytes) when it lies inside this rank's arena; -1 otherwise.
+  int64_t ownOffset(const void* p, size_t bytes) const;
+  // Whether shared memory may use transparent huge pages here (shmem_enabled is not "never").
+  bool hugePages() const { return hugePages_; }
+
+ private:
+  Segment() = default;
+
+  int rank_ = 0;
+  int size_ = 1;
+  int fd_ = -1;
+  char* base_ = nullptr;
+  size_t bytes_ = 0;
+  bool hugePages_ = false;
+};
+
+// Sizes of the parts for `ranks` ranks (all page-aligned; arenas 2 MiB-aligned).
+struct SegmentLayout {
+  uint64_t controlOffset, stagingOffset, arenaOffset, bytes;
+  static SegmentLayout of(int ranks, size_t slotBytes, size_t arenaBytes);
+};
+
+}  // namespace dtrain::comm::shm
