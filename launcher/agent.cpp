@@ -509,8 +509,15 @@ int runAgent(const AgentSetup& setup, const EnvMap& environment) {
         result = supervisor->runAttempt(round, hooks);
         for (auto& w : result.workers) w.host = label;
         if (std::string why = monitor.lost(); !why.empty()) throw AgentExit{125, why};
-        store->setString(keys::result(round, setup.node), encodeResult(result));
-        store->flush();
+        try {
+          store->setString(keys::result(round, setup.node), encodeResult(result));
+          store->flush();
+        } catch (const NetworkError& e) {
+          // The store went with its host while this round's workers ended (they lost it first):
+          // the same cause the monitor reports when it notices first.
+          throw AgentExit{125, fmt::format("lost the store at {} while reporting round {}'s "
+                                           "result: {}", store->describe(), round, e.what())};
+        }
       }
       const std::string decision =
           awaitKey(*store, monitor, setup, keys::decision(round),
