@@ -92,6 +92,9 @@ cmd_up() {
   : > "$state/known_hosts"
   : > "$state/hosts"
 
+  local repo keep=""
+  repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd -P)"
+  case "$repo/" in /tmp/*) keep="$repo" ;; esac
   for k in $(seq 0 $((n - 1))); do
     local ns="$name-$k" ip="$subnet.$((k + 1))" h="$state/host$k"
     mkdir -p "$h/work"
@@ -120,10 +123,14 @@ EOF
     # A mount namespace of its own: private /tmp, /dev/shm and work directory; the login
     # account's ~/.bashrc is Debian's default (/etc/skel), as on a freshly installed host -- bash
     # reads it for every ssh command, and this machine's own may take seconds (pyenv init).
+    # A checkout under /tmp (a CI runner's, say) stays visible on every host, as it is when it
+    # lies elsewhere: it is set aside before /tmp is replaced and moved back into the new one.
     ip netns exec "$ns" unshare --mount --propagation private /bin/sh -c '
+      if [ -n "$7" ]; then mkdir -p "$8" && mount --bind "$7" "$8" || exit 1; fi
       mount -t tmpfs -o mode=1777 tmpfs /tmp &&
       mount -t tmpfs -o mode=1777 tmpfs /dev/shm &&
       mount --bind "$1" "$2" || exit 1
+      if [ -n "$7" ]; then mkdir -p "$7" && mount --move "$8" "$7" || exit 1; fi
       if [ -f "$6/.bashrc" ]; then
         mount --bind "$(if [ -f /etc/skel/.bashrc ]; then echo /etc/skel/.bashrc; else echo /dev/null; fi)" "$6/.bashrc" || exit 1
       fi
@@ -131,7 +138,7 @@ EOF
       sleep infinity </dev/null >/dev/null 2>&1 &
       echo $! > "$5"
       exec /usr/sbin/sshd -f "$3" -E "$4"' sh "$h/work" "$state/work" "$h/sshd_config" "$h/sshd.log" \
-      "$h/holder.pid" "$(getent passwd root | cut -d: -f6)" 9>&-
+      "$h/holder.pid" "$(getent passwd root | cut -d: -f6)" "$keep" "$h/checkout" 9>&-
     echo "$ip $(cut -d' ' -f1,2 "$state/host_key.pub")" >> "$state/known_hosts"
     echo "$ip" >> "$state/hosts"
   done
