@@ -94,6 +94,19 @@ struct Engine::Source {
   const char* base = nullptr;  // the rank's input in the segment when owned
 };
 
+bool Engine::readSources(const CollectiveInfo& info, Source* src, bool* anyOwned) {
+  checkDescriptors(info);
+  bool allOwned = true;
+  for (int j = 0; j < size_; ++j) {
+    const Descriptor& d = descriptorOf(j, info.seq);
+    src[j].owned = d.owned != 0;
+    src[j].base = segment_->base() + d.inputOffset;
+    allOwned = allOwned && src[j].owned;
+    *anyOwned = *anyOwned || src[j].owned;
+  }
+  return allOwned;
+}
+
 Engine::Engine(std::shared_ptr<Segment> segment, const EngineOptions& options)
     : segment_(std::move(segment)),
       options_(options),
@@ -324,15 +337,7 @@ void Engine::allreduce(const CollectiveInfo& info, void* data, Clock::time_point
     waitAll(phase_, deadline, "to publish its input");
     if (first) {
       first = false;
-      checkDescriptors(info);
-      bool allOwned = true;
-      for (int j = 0; j < size_; ++j) {
-        const Descriptor& d = descriptorOf(j, info.seq);
-        src[j].owned = d.owned != 0;
-        src[j].base = segment_->base() + d.inputOffset;
-        allOwned = allOwned && src[j].owned;
-        anyOwned = anyOwned || src[j].owned;
-      }
+      const bool allOwned = readSources(info, src, &anyOwned);
       // With a hook (hierarchical), every node must chunk alike: slot-sized chunks always.
       if (allOwned && !hook) {
         chunk = std::max<size_t>(1, options_.ownedChunkBytes / elem);
@@ -435,15 +440,7 @@ void Engine::allgather(const CollectiveInfo& info, const void* send, void* recv,
     waitAll(phase_, deadline, "to publish its input");
     if (first) {
       first = false;
-      checkDescriptors(info);
-      bool allOwned = true;
-      for (int j = 0; j < size_; ++j) {
-        const Descriptor& d = descriptorOf(j, info.seq);
-        src[j].owned = d.owned != 0;
-        src[j].base = segment_->base() + d.inputOffset;
-        allOwned = allOwned && src[j].owned;
-        anyOwned = anyOwned || src[j].owned;
-      }
+      const bool allOwned = readSources(info, src, &anyOwned);
       if (allOwned) {
         chunk = count;
         m = count - done;
@@ -497,15 +494,7 @@ void Engine::reduceScatter(const CollectiveInfo& info, const void* send, void* r
     waitAll(phase_, deadline, "to publish its input");
     if (first) {
       first = false;
-      checkDescriptors(info);
-      bool allOwned = true;
-      for (int j = 0; j < size_; ++j) {
-        const Descriptor& d = descriptorOf(j, info.seq);
-        src[j].owned = d.owned != 0;
-        src[j].base = segment_->base() + d.inputOffset;
-        allOwned = allOwned && src[j].owned;
-        anyOwned = anyOwned || src[j].owned;
-      }
+      const bool allOwned = readSources(info, src, &anyOwned);
       if (allOwned) {
         chunk = count;
         m = count - done;

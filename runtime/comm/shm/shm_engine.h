@@ -91,6 +91,10 @@ class Engine {
   // After the first wait of a collective: every peer announced the same collective.
   void checkDescriptors(const CollectiveInfo& info, int onlyPeer = -1);
   const Descriptor& descriptorOf(int peer, uint64_t seq) const;
+  // After the first wait of a collective that reads its peers' inputs: checkDescriptors(), then
+  // where each rank's input lies (`src`, size_ entries); true when every one is in its rank's
+  // arena. Sets *anyOwned when one is.
+  bool readSources(const CollectiveInfo& info, Source* src, bool* anyOwned);
   [[noreturn]] void failWaiting(int peer, uint32_t target, Clock::time_point deadline,
                                 const char* what);
   void checkPeers(int waitingFor, const char* what);
