@@ -113,4 +113,21 @@ double elapsedMs(std::chrono::steady_clock::time_point start) {
       .count();
 }
 
+std::string messageOf(const std::function<void()>& fn) {
+  try {
+    fn();
+  } catch (const std::exception& e) {
+    return e.what();
+  }
+  return "(no error)";
+}
+
+fault::Fault faultAt(fault::Kind kind, int rank, int64_t seq) {
+  fault::Fault f;
+  f.kind = kind;
+  f.rank = rank;
+  f.step = seq;
+  return f;
+}
+
 }  // namespace dtrain::testing

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "dtrain/comm.h"
+#include "dtrain/fault.h"
 #include "dtrain/gloo_communicator.h"
 #include "dtrain/shm_communicator.h"
 #include "dtrain/store.h"
@@ -53,5 +54,15 @@ std::vector<std::shared_ptr<comm::Communicator>> makeWorld(
 
 // Milliseconds since `start`.
 double elapsedMs(std::chrono::steady_clock::time_point start);
+
+// What fn() throws, or "(no error)".
+std::string messageOf(const std::function<void()>& fn);
+
+// A fault of `kind` on `rank` at collective `seq`.
+fault::Fault faultAt(fault::Kind kind, int rank, int64_t seq);
+
+// EXPECT that `text` contains `part`, printing both when it does not.
+#define EXPECT_CONTAINS(text, part) \
+  EXPECT_NE((text).find(part), std::string::npos) << "missing \"" << (part) << "\" in: " << (text)
 
 }  // namespace dtrain::testing

@@ -14,31 +14,13 @@ namespace {
 
 using std::chrono::milliseconds;
 using testing::elapsedMs;
+using testing::faultAt;
+using testing::messageOf;
 using testing::makeGlooWorld;
 using testing::runRanks;
 
 constexpr milliseconds kTimeout{1500};
 constexpr double kGraceMs = 500;  // reportGrace(kTimeout)
-
-std::string messageOf(const std::function<void()>& fn) {
-  try {
-    fn();
-  } catch (const std::exception& e) {
-    return e.what();
-  }
-  return "(no error)";
-}
-
-#define EXPECT_CONTAINS(text, part) \
-  EXPECT_NE((text).find(part), std::string::npos) << "missing \"" << (part) << "\" in: " << (text)
-
-fault::Fault faultAt(fault::Kind kind, int rank, int64_t seq) {
-  fault::Fault f;
-  f.kind = kind;
-  f.rank = rank;
-  f.step = seq;
-  return f;
-}
 
 std::vector<std::shared_ptr<Communicator>> world(int n, std::vector<fault::Fault> faults = {},
                                                  bool check = false) {
