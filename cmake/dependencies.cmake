@@ -8,7 +8,7 @@ find_package(fmt REQUIRED)
 find_package(OpenSSL REQUIRED COMPONENTS Crypto)
 find_package(nlohmann_json REQUIRED)
 # cxxopts reads allreduce_bench's options only: launch parses its own command line (see Note
-# [Option parsing] in launcher/launch_args.cpp for why).
+# [Option parsing] in launcher/job/launch_args.cpp for why).
 if(DTRAIN_WITH_BENCHMARKS)
   find_package(cxxopts REQUIRED)
 endif()

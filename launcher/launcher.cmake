@@ -2,22 +2,22 @@
 # The launcher's logic lives in dtrain_launcher (a static library) so tests can link it.
 add_library(dtrain_launcher STATIC
   launcher/version.cpp
-  launcher/launch_args.cpp
-  launcher/launch_config.cpp
-  launcher/hosts.cpp
-  launcher/scheduler_env.cpp
-  launcher/forwarded_env.cpp
-  launcher/nccl_env.cpp
-  launcher/remote/remote_command.cpp
-  launcher/remote/session.cpp
-  launcher/rendezvous.cpp
-  launcher/coordinator.cpp
-  launcher/agent.cpp
-  launcher/multinode.cpp
-  launcher/preflight.cpp
-  launcher/worker_env.cpp
-  launcher/program.cpp
-  launcher/job.cpp
+  launcher/job/launch_args.cpp
+  launcher/job/launch_config.cpp
+  launcher/cluster/hosts.cpp
+  launcher/cluster/scheduler_env.cpp
+  launcher/cluster/forwarded_env.cpp
+  launcher/cluster/nccl_env.cpp
+  launcher/cluster/remote/remote_command.cpp
+  launcher/cluster/remote/session.cpp
+  launcher/cluster/rendezvous.cpp
+  launcher/cluster/coordinator.cpp
+  launcher/cluster/agent.cpp
+  launcher/cluster/multinode.cpp
+  launcher/cluster/preflight.cpp
+  launcher/job/worker_env.cpp
+  launcher/job/program.cpp
+  launcher/job/job.cpp
   launcher/supervisor/guardian.cpp
   launcher/supervisor/output.cpp
   launcher/supervisor/failure_report.cpp

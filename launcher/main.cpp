@@ -13,11 +13,11 @@
 
 #include "dtrain/error.h"
 #include "dtrain/logging.h"
-#include "launcher/job.h"
-#include "launcher/launch_args.h"
-#include "launcher/multinode.h"
-#include "launcher/program.h"
-#include "launcher/worker_env.h"
+#include "launcher/job/job.h"
+#include "launcher/job/launch_args.h"
+#include "launcher/cluster/multinode.h"
+#include "launcher/job/program.h"
+#include "launcher/job/worker_env.h"
 
 namespace dtrain::launcher {
 const char* launcherVersion();

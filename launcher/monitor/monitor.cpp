@@ -16,7 +16,7 @@
 #include "dtrain/logging.h"
 #include "dtrain/tcp_store.h"
 #include "launcher/monitor/cluster_keys.h"
-#include "launcher/launch_config.h"
+#include "launcher/job/launch_config.h"
 
 namespace dtrain::launcher::monitor {
 

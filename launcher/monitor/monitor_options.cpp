@@ -1,7 +1,7 @@
 #include "launcher/monitor/monitor_options.h"
 
 #include "dtrain/error.h"
-#include "launcher/launch_config.h"
+#include "launcher/job/launch_config.h"
 #include "parse_int.h"
 
 namespace dtrain::launcher {

@@ -153,7 +153,7 @@ int Supervisor::run() {
 // Note [Attempt steps]
 // ~~~~~~~~~~~~~~~~~~~~
 // One attempt of this node's workers, as named steps that the one-node job (Supervisor::run) and
-// a multi-node agent (launcher/agent.h, one attempt per round) share: spawnWorkers(), then
+// a multi-node agent (launcher/cluster/agent.h, one attempt per round) share: spawnWorkers(), then
 // superviseUntilEveryWorkerEnded() -- the event loop of Note [One event loop], dispatching to
 // onSignals(), onStatus(), pump() and the stop request of AttemptHooks, with the deadlines of
 // nextTimeoutMs() -- then drainOutput() and gatherFacts() for the report. The state the steps

@@ -14,11 +14,11 @@
 #include <string>
 #include <vector>
 
-#include "launcher/launch_config.h"
-#include "launcher/program.h"
+#include "launcher/job/launch_config.h"
+#include "launcher/job/program.h"
 #include "launcher/supervisor/failure_report.h"
 #include "launcher/supervisor/job_observer.h"
-#include "launcher/worker_env.h"
+#include "launcher/job/worker_env.h"
 
 namespace dtrain::launcher {
 
@@ -108,7 +108,7 @@ struct JobPlan {
   JobObserver* observer = nullptr;  // told what starts and ends (the monitor); may be null
 };
 
-// What a node's agent adds to one attempt in a multi-node job (launcher/agent.h).
+// What a node's agent adds to one attempt in a multi-node job (launcher/cluster/agent.h).
 struct AttemptHooks {
   // Readable (an eventfd): stop the workers -- another node failed, or the master said so.
   int stopFd = -1;

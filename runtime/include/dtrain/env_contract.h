@@ -1,6 +1,6 @@
 #pragma once
 // The worker environment (docs/design.md#worker-environment), by name. The launcher writes it
-// (launcher/worker_env.*), the runtime reads it (dtrain::init); both spell the names from here.
+// (launcher/job/worker_env.*), the runtime reads it (dtrain::init); both spell the names from here.
 
 namespace dtrain::env {
 

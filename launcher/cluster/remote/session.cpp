@@ -1,0 +1,228 @@
+#include "launcher/cluster/remote/session.h"
+
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/prctl.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <chrono>
+#include <cstring>
+#include <thread>
+
+#include "dtrain/error.h"
+#include "dtrain/fault.h"
+
+namespace dtrain::launcher::remote {
+
+namespace {
+
+constexpr int kPipeBytes = 1 << 20;  // the plan fits whole: see Session()
+// How long the destructor waits for a SIGKILLed session to be reaped.
+constexpr std::chrono::seconds kKilledGrace{2};
+
+// argv[0] as execve needs it: a path, found on PATH before fork (no allocation after it).
+std::string findProgram(const std::string& name) {
+  if (name.find('/') != std::string::npos) return name;
+  const char* path = std::getenv("PATH");
+  std::string dirs = path ? path : "/usr/bin:/bin";
+  size_t start = 0;
+  while (start <= dirs.size()) {
+    size_t colon = dirs.find(':', start);
+    std::string dir = dirs.substr(start, colon == std::string::npos ? colon : colon - start);
+    std::string candidate = (dir.empty() ? "." : dir) + "/" + name;
+    if (::access(candidate.c_str(), X_OK) == 0) return candidate;
+    if (colon == std::string::npos) break;
+    start = colon + 1;
+  }
+  DTRAIN_THROW(Error, "launch: {} not found on PATH; HINT: install openssh-client", name);
+}
+
+void closePair(int fds[2]) {
+  if (fds[0] >= 0) ::close(fds[0]);
+  if (fds[1] >= 0) ::close(fds[1]);
+}
+
+}  // namespace
+
+Session::Session(std::string node, std::string host, const std::vector<std::string>& argv,
+                 const std::vector<std::string>& env, const std::string& stdinData,
+                 bool captureStdout)
+    : node_(std::move(node)), host_(std::move(host)) {
+  const std::string file = findProgram(argv.at(0));
+  std::vector<char*> cargv;
+  for (const auto& a : argv) cargv.push_back(const_cast<char*>(a.c_str()));
+  cargv.push_back(nullptr);
+  std::vector<char*> cenv;
+  for (const auto& e : env) cenv.push_back(const_cast<char*>(e.c_str()));
+  cenv.push_back(nullptr);
+
+  int in[2] = {-1, -1};
+  int out[2] = {-1, -1};
+  int err[2] = {-1, -1};
+  if (::pipe2(in, O_CLOEXEC) != 0 || ::pipe2(out, O_CLOEXEC) != 0 || ::pipe2(err, O_CLOEXEC) != 0) {
+    int e = errno;
+    closePair(in);
+    closePair(out);
+    closePair(err);
+    DTRAIN_THROW(Error, "launch: cannot start the agent for {}: pipe: {}", host_, std::strerror(e));
+  }
+  // The whole plan goes into the pipe at once (the agent reads it before anything else), so it
+  // must fit: checked before anything starts.
+  const int capacity = ::fcntl(in[1], F_SETPIPE_SZ, kPipeBytes);
+  const size_t room = static_cast<size_t>(capacity > 0 ? capacity : ::fcntl(in[1], F_GETPIPE_SZ));
+  if (stdinData.size() > room) {
+    closePair(in);
+    closePair(out);
+    closePair(err);
+    DTRAIN_THROW(Error, "launch: the agent plan for {} ({} bytes) does not fit its pipe ({} bytes); "
+                 "HINT: fewer or shorter --env / forwarded variables", host_, stdinData.size(), room);
+  }
+  sigset_t none;
+  sigemptyset(&none);
+  const pid_t parent = ::getpid();
+  pid_t pid = ::fork();
+  if (pid < 0) {
+    int e = errno;
+    closePair(in);
+    closePair(out);
+    closePair(err);
+    DTRAIN_THROW(Error, "launch: cannot start the agent for {}: fork: {}", host_, std::strerror(e));
+  }
+  if (pid == 0) {
+    // Async-signal-safe calls only: the master has other threads.
+    ::setpgid(0, 0);
+    ::prctl(PR_SET_PDEATHSIG, SIGTERM);
+    if (::getppid() != parent) ::_exit(125);
+    ::dup2(in[0], 0);
+    ::dup2(out[1], 1);
+    ::dup2(err[1], 2);
+    ::signal(SIGPIPE, SIG_DFL);
+    ::pthread_sigmask(SIG_SETMASK, &none, nullptr);
+    ::execve(file.c_str(), cargv.data(), cenv.data());
+    ::_exit(127);
+  }
+  pid_ = pid;
+  ::close(in[0]);
+  ::close(out[1]);
+  ::close(err[1]);
+  inFd_ = in[1];
+  outFd_ = out[0];
+  errFd_ = err[0];
+  ::fcntl(outFd_, F_SETFL, O_NONBLOCK);
+  ::fcntl(errFd_, F_SETFL, O_NONBLOCK);
+  ::fcntl(inFd_, F_SETFL, O_NONBLOCK);
+  pidFd_ = static_cast<int>(::syscall(SYS_pidfd_open, pid_, 0));
+  size_t done = 0;
+  while (done < stdinData.size()) {
+    ssize_t n = ::write(inFd_, stdinData.data() + done, stdinData.size() - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) break;  // EPIPE: the agent is gone already, and its exit says why
+    done += static_cast<size_t>(n);
+  }
+
+  StreamSinks o;
+  o.consoleFd = captureStdout ? -1 : STDOUT_FILENO;
+  o.tailLines = captureStdout ? 10000 : 0;
+  StreamSinks e;
+  e.consoleFd = STDERR_FILENO;
+  e.tailLines = 20;
+  out_ = std::make_unique<WorkerStream>(o);
+  err_ = std::make_unique<WorkerStream>(e);
+}
+
+Session::~Session() {
+  if (!exited_ && pid_ > 0) {
+    ::kill(-pid_, SIGKILL);
+    waitExit(Clock::now() + kKilledGrace);
+  }
+  for (int fd : {inFd_, outFd_, errFd_, pidFd_}) {
+    if (fd >= 0) ::close(fd);
+  }
+}
+
+bool Session::waitExit(Clock::time_point deadline) {
+  while (!reap()) {
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
+    if (left.count() <= 0) return false;
+    std::vector<pollfd> fds;
+    for (int fd : {pidFd_, outFd_, errFd_}) {
+      if (fd >= 0) fds.push_back({fd, POLLIN, 0});
+    }
+    // Without a pidfd, look again every 10 ms.
+    const int64_t ms = pidFd_ >= 0 ? left.count() + 1 : std::min<int64_t>(left.count() + 1, 10);
+    ::poll(fds.data(), fds.size(), static_cast<int>(ms));
+    drain();
+  }
+  return true;
+}
+
+int Session::pump(int fd) {
+  if (fd < 0) return -1;
+  char buf[65536];
+  ssize_t n = ::read(fd, buf, sizeof buf);
+  WorkerStream& s = fd == outFd_ ? *out_ : *err_;
+  if (n > 0) {
+    s.consume(buf, static_cast<size_t>(n));
+    return 1;
+  }
+  if (n < 0 && (errno == EAGAIN || errno == EINTR)) return 0;
+  s.finish();
+  ::close(fd);
+  (fd == outFd_ ? outFd_ : errFd_) = -1;
+  return -1;
+}
+
+void Session::drain() {
+  while (pump(outFd_) > 0) {
+  }
+  while (pump(errFd_) > 0) {
+  }
+}
+
+bool Session::reap() {
+  if (exited_) return true;
+  int status = 0;
+  if (::waitpid(pid_, &status, WNOHANG) != pid_) return false;
+  exited_ = true;
+  status_ = status;
+  if (pidFd_ >= 0) {
+    ::close(pidFd_);
+    pidFd_ = -1;
+  }
+  drain();  // the last of its output: ssh's error message
+  return true;
+}
+
+std::string Session::describeExit() const {
+  if (WIFEXITED(status_)) return fmt::format("exited with code {}", WEXITSTATUS(status_));
+  if (WIFSIGNALED(status_)) return "was killed by " + fault::signalName(WTERMSIG(status_));
+  return fmt::format("ended with wait status {}", status_);
+}
+
+const std::deque<std::string>& Session::stderrTail() const { return err_->tail(); }
+const std::deque<std::string>& Session::stdoutLines() const { return out_->tail(); }
+
+void Session::closeStdin() {
+  if (inFd_ >= 0) {
+    ::close(inFd_);
+    inFd_ = -1;
+  }
+}
+
+void Session::finish(double graceSeconds) {
+  closeStdin();
+  const auto grace = std::chrono::duration_cast<Clock::duration>(
+      std::chrono::duration<double>(graceSeconds));
+  if (waitExit(Clock::now() + grace)) return;
+  ::kill(-pid_, SIGTERM);
+  if (waitExit(Clock::now() + grace)) return;
+  ::kill(-pid_, SIGKILL);
+  waitExit(Clock::now() + grace);
+}
+
+}  // namespace dtrain::launcher::remote

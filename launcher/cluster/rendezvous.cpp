@@ -1,0 +1,254 @@
+#include "launcher/cluster/rendezvous.h"
+
+#include <algorithm>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include "dtrain/error.h"
+
+namespace dtrain::launcher {
+
+using nlohmann::json;
+
+namespace keys {
+std::string heartbeat(const std::string& node) { return "launch/heartbeat/" + node; }
+std::string end() { return "launch/end"; }
+std::string endAck(const std::string& node) { return "launch/ended/" + node; }
+std::string join(int round, const std::string& node) {
+  return fmt::format("round{}/launch/join/{}", round, node);
+}
+std::string plan(int round) { return fmt::format("round{}/launch/plan", round); }
+std::string stop(int round) { return fmt::format("round{}/launch/stop", round); }
+std::string result(int round, const std::string& node) {
+  return fmt::format("round{}/launch/result/{}", round, node);
+}
+std::string decision(int round) { return fmt::format("round{}/launch/decision", round); }
+std::string ack(int round, const std::string& node) {
+  return fmt::format("round{}/launch/ack/{}", round, node);
+}
+}  // namespace keys
+
+namespace {
+
+// Stderr lines and messages may hold any bytes: invalid UTF-8 becomes U+FFFD, never an exception.
+std::string dump(const json& j) { return j.dump(-1, ' ', false, json::error_handler_t::replace); }
+
+json parse(const std::string& text, const char* what) {
+  try {
+    return json::parse(text);
+  } catch (const json::exception& e) {
+    DTRAIN_THROW(Error, "launch: malformed {} record on the store ({}); HINT: every node must run "
+                 "the same launch version", what, e.what());
+  }
+}
+
+template <typename T>
+T field(const json& j, const char* name, const char* what) {
+  try {
+    return j.at(name).get<T>();
+  } catch (const json::exception& e) {
+    DTRAIN_THROW(Error, "launch: {} record lacks a valid \"{}\" ({})", what, name, e.what());
+  }
+}
+
+}  // namespace
+
+const PlannedNode* RoundPlan::find(const std::string& node) const {
+  for (const auto& n : nodes) {
+    if (n.node == node) return &n;
+  }
+  return nullptr;
+}
+
+std::string encodeJoin(const JoinInfo& j) {
+  return dump({{"node", j.node}, {"requested_rank", j.requestedRank}, {"host", j.host},
+               {"label", j.label}, {"address", j.address}, {"local_world_size", j.localWorldSize},
+               {"gpus", j.gpus}, {"launch_version", j.launchVersion},
+               {"protocol_version", j.protocolVersion}, {"error", j.error},
+               {"error_code", j.errorCode}});
+}
+
+JoinInfo decodeJoin(const std::string& text) {
+  json v = parse(text, "join");
+  JoinInfo j;
+  // The versions first: a different protocol may have other fields.
+  j.launchVersion = v.value("launch_version", std::string("unknown"));
+  j.protocolVersion = v.value("protocol_version", 0);
+  j.host = v.value("host", std::string("unknown"));
+  j.node = v.value("node", std::string("?"));
+  if (j.protocolVersion != kProtocolVersion) return j;
+  j.requestedRank = field<int>(v, "requested_rank", "join");
+  j.label = field<std::string>(v, "label", "join");
+  j.address = field<std::string>(v, "address", "join");
+  j.localWorldSize = field<int>(v, "local_world_size", "join");
+  j.gpus = field<std::vector<int>>(v, "gpus", "join");
+  j.error = field<std::string>(v, "error", "join");
+  j.errorCode = field<int>(v, "error_code", "join");
+  return j;
+}
+
+std::string encodePlan(const RoundPlan& p) {
+  json nodes = json::array();
+  for (const auto& n : p.nodes) {
+    nodes.push_back({{"node", n.node}, {"node_rank", n.nodeRank}, {"rank_offset", n.rankOffset},
+                     {"local_world_size", n.localWorldSize}, {"host", n.host},
+                     {"label", n.label}, {"address", n.address}});
+  }
+  return dump({{"round", p.round}, {"run_id", p.runId}, {"world_size", p.worldSize}, {"master_addr", p.masterAddr},
+               {"master_port", p.masterPort}, {"nodes", nodes}});
+}
+
+RoundPlan decodePlan(const std::string& text) {
+  json v = parse(text, "plan");
+  RoundPlan p;
+  p.round = field<int>(v, "round", "plan");
+  p.runId = field<std::string>(v, "run_id", "plan");
+  p.worldSize = field<int>(v, "world_size", "plan");
+  p.masterAddr = field<std::string>(v, "master_addr", "plan");
+  p.masterPort = field<int>(v, "master_port", "plan");
+  for (const auto& n : field<json>(v, "nodes", "plan")) {
+    PlannedNode pn;
+    pn.node = field<std::string>(n, "node", "plan");
+    pn.nodeRank = field<int>(n, "node_rank", "plan");
+    pn.rankOffset = field<int>(n, "rank_offset", "plan");
+    pn.localWorldSize = field<int>(n, "local_world_size", "plan");
+    pn.host = field<std::string>(n, "host", "plan");
+    pn.label = field<std::string>(n, "label", "plan");
+    pn.address = field<std::string>(n, "address", "plan");
+    p.nodes.push_back(pn);
+  }
+  return p;
+}
+
+std::string encodeResult(const AttemptResult& r) {
+  json workers = json::array();
+  for (const auto& w : r.workers) {
+    workers.push_back({{"rank", w.rank},
+                       {"local_rank", w.localRank},
+                       {"pid", w.pid},
+                       {"state", static_cast<int>(w.state)},
+                       {"exit_code", w.exitCode},
+                       {"signal", w.signal},
+                       {"core_dumped", w.coreDumped},
+                       {"exec_errno", w.execErrno},
+                       {"lost_reason", w.lostReason},
+                       {"end_seconds", w.endSeconds},
+                       {"stopped_by_launch", w.stoppedByLaunch},
+                       {"was_stopped", w.wasStopped},
+                       {"stderr_log", w.stderrLog},
+                       {"stderr_tail", w.stderrTail},
+                       {"error_file_message", w.errorFileMessage},
+                       {"oom_note", w.oomNote},
+                       {"host", w.host}});
+  }
+  return dump({{"attempt", r.attempt}, {"launcher_signal", r.launcherSignal},
+               {"signal_before_failure", r.signalBeforeFailure}, {"workers", workers}});
+}
+
+AttemptResult decodeResult(const std::string& text) {
+  json v = parse(text, "result");
+  AttemptResult r;
+  r.attempt = field<int>(v, "attempt", "result");
+  r.launcherSignal = field<int>(v, "launcher_signal", "result");
+  r.signalBeforeFailure = field<bool>(v, "signal_before_failure", "result");
+  for (const auto& j : field<json>(v, "workers", "result")) {
+    WorkerOutcome w;
+    w.rank = field<int>(j, "rank", "result");
+    w.localRank = field<int>(j, "local_rank", "result");
+    w.pid = field<int>(j, "pid", "result");
+    int state = field<int>(j, "state", "result");
+    DTRAIN_CHECK(state >= 0 && state <= static_cast<int>(WorkerOutcome::State::Lost),
+                 "launch: result record has an unknown worker state {}", state);
+    w.state = static_cast<WorkerOutcome::State>(state);
+    w.exitCode = field<int>(j, "exit_code", "result");
+    w.signal = field<int>(j, "signal", "result");
+    w.coreDumped = field<bool>(j, "core_dumped", "result");
+    w.execErrno = field<int>(j, "exec_errno", "result");
+    w.lostReason = field<std::string>(j, "lost_reason", "result");
+    w.endSeconds = field<double>(j, "end_seconds", "result");
+    w.stoppedByLaunch = field<bool>(j, "stopped_by_launch", "result");
+    w.wasStopped = field<bool>(j, "was_stopped", "result");
+    w.stderrLog = field<std::string>(j, "stderr_log", "result");
+    w.stderrTail = field<std::vector<std::string>>(j, "stderr_tail", "result");
+    w.errorFileMessage = field<std::string>(j, "error_file_message", "result");
+    w.oomNote = field<std::string>(j, "oom_note", "result");
+    w.host = field<std::string>(j, "host", "result");
+    r.workers.push_back(w);
+  }
+  return r;
+}
+
+std::string encodeEnd(int code, const std::string& message) {
+  return dump({{"code", code}, {"message", message}});
+}
+
+std::pair<int, std::string> decodeEnd(const std::string& text) {
+  json v = parse(text, "end");
+  return {field<int>(v, "code", "end"), field<std::string>(v, "message", "end")};
+}
+
+RoundPlan assignRanks(int round, std::vector<JoinInfo> joins, int maxNodes, int masterPort) {
+  std::sort(joins.begin(), joins.end(), [](const JoinInfo& a, const JoinInfo& b) {
+    return a.requestedRank != b.requestedRank ? a.requestedRank < b.requestedRank
+                                              : a.node < b.node;
+  });
+  if (static_cast<int>(joins.size()) > maxNodes) joins.resize(static_cast<size_t>(maxNodes));
+  RoundPlan p;
+  p.round = round;
+  p.masterPort = masterPort;
+  int offset = 0;
+  for (size_t i = 0; i < joins.size(); ++i) {
+    PlannedNode n;
+    n.node = joins[i].node;
+    n.nodeRank = static_cast<int>(i);
+    n.rankOffset = offset;
+    n.localWorldSize = joins[i].localWorldSize;
+    n.host = joins[i].host;
+    n.label = joins[i].label;
+    n.address = joins[i].address;
+    offset += n.localWorldSize;
+    p.nodes.push_back(n);
+  }
+  p.worldSize = offset;
+  if (!p.nodes.empty()) p.masterAddr = p.nodes[0].address;
+  return p;
+}
+
+std::string versionMismatch(const JoinInfo& mine, const JoinInfo& j) {
+  if (j.protocolVersion == mine.protocolVersion && j.launchVersion == mine.launchVersion) return "";
+  return fmt::format("launch version mismatch: host {} (node {}) runs launch {} (protocol {}), the "
+                     "master {} runs launch {} (protocol {}); HINT: install the same launch on "
+                     "every node, or point --remote-launch at it",
+                     j.host, j.node, j.launchVersion, j.protocolVersion, mine.host,
+                     mine.launchVersion, mine.protocolVersion);
+}
+
+void HeartbeatTracker::watch(const std::string& node, Clock::time_point now) {
+  nodes_[node] = Entry{std::nullopt, now};
+}
+
+void HeartbeatTracker::forget(const std::string& node) { nodes_.erase(node); }
+
+void HeartbeatTracker::observe(const std::string& node, const std::optional<std::string>& value,
+                               Clock::time_point now) {
+  auto it = nodes_.find(node);
+  if (it == nodes_.end()) return;
+  if (value && value != it->second.value) {
+    it->second.value = value;
+    it->second.changed = now;
+  }
+}
+
+std::vector<std::pair<std::string, double>> HeartbeatTracker::silent(Clock::time_point now) const {
+  std::vector<std::pair<std::string, double>> out;
+  for (const auto& [node, e] : nodes_) {
+    auto quiet = now - e.changed;
+    if (quiet >= timeout_) {
+      out.emplace_back(node, std::chrono::duration<double>(quiet).count());
+    }
+  }
+  return out;
+}
+
+}  // namespace dtrain::launcher

@@ -1,0 +1,53 @@
+#pragma once
+// From a validated LaunchConfig to a running job on this node: resolve what depends on the
+// machine (program path, worker count, host name, CPUs), check the log directory, then either
+// print the plan (--dry-run) or host the store with a fresh job token, pick MASTER_PORT and hand
+// over to the Supervisor.
+
+#include <string>
+
+#include "launcher/job/launch_config.h"
+#include "launcher/job/worker_env.h"
+
+namespace dtrain::launcher {
+
+// Runs the job and returns launch's exit code. Throws InvalidArgument (exit 2),
+// ProgramNotFound (127), ProgramNotExecutable (126) before anything starts, and dtrain::Error
+// (125) when the infrastructure fails (store, spawn).
+int runJob(const LaunchConfig& config, const EnvMap& environment);
+
+// A fresh job token: 32 random bytes from the kernel, hex.
+std::string newJobToken();
+// A random run id (12 hex digits).
+std::string newRunId();
+
+// Checks that `dir` is, or can be created as, a writable directory. Throws InvalidArgument
+// naming `label` and the path otherwise. Leaves nothing behind (it probes with a directory it
+// removes at once).
+void checkWritableDir(const std::string& dir, const std::string& label);
+
+// Facts of this machine, for the one-node job and for a multi-node agent.
+std::string hostName();
+int usableCpus();  // the CPUs this process may run on
+// GPUs a CUDA program here would see, without loading CUDA: CUDA_VISIBLE_DEVICES when set,
+// else the driver's list.
+int visibleGpus(const EnvMap& environment);
+// An IPv4 literal for `host` ("localhost" -> 127.0.0.1). Workers get addresses, never names.
+// Throws InvalidArgument naming `label` when the name does not resolve.
+std::string resolveAddress(const std::string& host, const std::string& label);
+// A port nobody listens on right now (bind to port 0, read it back, close). Rank 0 binds it a
+// moment later; the window is the same as torchrun's.
+int freePort(const std::string& address);
+// The job directory when no --log-dir is given: for error files, and for log files that
+// --redirects / --tee ask for (torchrun writes those to a temporary directory too). Removed when
+// the job ends, also when launch is killed: see Note [Temporary job directory].
+std::string makeTempJobDir(const EnvMap& environment, const std::string& runId);
+// The job directory: `logDir`/RUN_ID (absolute), or a fresh temporary one when `logDir` is empty.
+std::string jobDirFor(const std::string& logDir, const EnvMap& environment,
+                      const std::string& runId);
+
+// The --dry-run text: each worker's command and the environment launch sets, token redacted.
+std::string formatDryRun(const LaunchConfig& config, const NodeContext& node,
+                         const std::vector<std::string>& argv);
+
+}  // namespace dtrain::launcher

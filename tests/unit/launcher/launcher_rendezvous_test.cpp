@@ -1,0 +1,255 @@
+// The agent <-> master protocol: rank assignment, heartbeat bookkeeping, records that survive
+// any bytes, and the Coordinator's decisions driven by fake agents (threads on a HashStore):
+// version mismatch, rendezvous timeout, elastic MIN:MAX, a node that goes silent.
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <thread>
+
+#include "dtrain/error.h"
+#include "dtrain/store.h"
+#include "launcher/cluster/coordinator.h"
+#include "launcher/cluster/rendezvous.h"
+
+namespace dtrain::launcher {
+namespace {
+
+using namespace std::chrono_literals;
+
+JoinInfo joinOf(const std::string& node, int requested, int workers, const std::string& addr) {
+  JoinInfo j;
+  j.node = node;
+  j.requestedRank = requested;
+  j.host = "host" + node;
+  j.label = "h" + node;
+  j.address = addr;
+  j.localWorldSize = workers;
+  j.launchVersion = "1.0";
+  return j;
+}
+
+TEST(Rendezvous, RanksFollowTheRequestedOrderAndArePrefixSums) {
+  RoundPlan p = assignRanks(3, {joinOf("2", 2, 1, "10.0.0.3"), joinOf("0", 0, 4, "10.0.0.1"),
+                                joinOf("1", 1, 2, "10.0.0.2")},
+                            8, 29500);
+  ASSERT_EQ(p.nodes.size(), 3u);
+  EXPECT_EQ(p.worldSize, 7);
+  EXPECT_EQ(p.masterAddr, "10.0.0.1");
+  EXPECT_EQ(p.nodes[1].node, "1");
+  EXPECT_EQ(p.nodes[1].rankOffset, 4);
+  EXPECT_EQ(p.nodes[2].rankOffset, 6);
+  // Elastic: node 0 gone, ranks renumbered; at most maxNodes taken.
+  p = assignRanks(4, {joinOf("2", 2, 1, "c"), joinOf("1", 1, 2, "b")}, 8, 1);
+  EXPECT_EQ(p.nodes[0].node, "1");
+  EXPECT_EQ(p.nodes[0].nodeRank, 0);
+  EXPECT_EQ(p.masterAddr, "b");
+  EXPECT_EQ(assignRanks(0, {joinOf("0", 0, 1, "a"), joinOf("1", 1, 1, "b")}, 1, 1).nodes.size(), 1u);
+  RoundPlan back = decodePlan(encodePlan(p));
+  EXPECT_EQ(back.worldSize, 3);
+  EXPECT_EQ(back.nodes[1].rankOffset, 2);
+}
+
+TEST(Rendezvous, HeartbeatsJudgedOnOneClock) {
+  HeartbeatTracker t(3000ms);
+  auto t0 = HeartbeatTracker::Clock::now();
+  t.watch("a", t0);
+  t.watch("b", t0);
+  t.observe("a", std::string("1"), t0 + 1s);
+  t.observe("a", std::string("2"), t0 + 2500ms);
+  t.observe("b", std::string("1"), t0 + 100ms);
+  t.observe("b", std::string("1"), t0 + 2900ms);  // unchanged: no sign of life
+  auto silent = t.silent(t0 + 3200ms);
+  ASSERT_EQ(silent.size(), 1u);
+  EXPECT_EQ(silent[0].first, "b");
+  EXPECT_TRUE(t.silent(t0 + 2s).empty());
+  t.forget("b");
+  EXPECT_EQ(t.silent(t0 + 6s).size(), 1u);  // a, silent since 2.5 s
+}
+
+TEST(Rendezvous, ResultRecordsSurviveAnyBytes) {
+  AttemptResult r;
+  r.attempt = 2;
+  WorkerOutcome w;
+  w.rank = 5;
+  w.state = WorkerOutcome::State::Signaled;
+  w.signal = 9;
+  w.stderrTail = {"plain", "bad \xff\xfe bytes", std::string("nul\0in", 6)};
+  w.oomNote = "likely OOM";
+  w.host = "node1";
+  r.workers.push_back(w);
+  AttemptResult back = decodeResult(encodeResult(r));
+  ASSERT_EQ(back.workers.size(), 1u);
+  EXPECT_EQ(back.workers[0].signal, 9);
+  EXPECT_EQ(back.workers[0].state, WorkerOutcome::State::Signaled);
+  EXPECT_EQ(back.workers[0].stderrTail[0], "plain");
+  EXPECT_EQ(back.workers[0].stderrTail[2], std::string("nul\0in", 6));
+  EXPECT_EQ(back.workers[0].host, "node1");
+  EXPECT_THROW(decodeResult("{not json"), Error);
+  EXPECT_THROW(decodePlan("{}"), Error);
+}
+
+TEST(Rendezvous, VersionMismatchNamesBothSides) {
+  JoinInfo master = joinOf("m", 0, 1, "a");
+  master.host = "login1";
+  JoinInfo other = joinOf("1", 1, 1, "b");
+  other.launchVersion = "0.9";
+  std::string m = versionMismatch(master, other);
+  EXPECT_NE(m.find("host1 (node 1) runs launch 0.9"), std::string::npos) << m;
+  EXPECT_NE(m.find("login1 runs launch 1.0"), std::string::npos) << m;
+  EXPECT_EQ(versionMismatch(master, joinOf("2", 2, 1, "c")), "");
+}
+
+// A Coordinator on a HashStore with fake agents.
+struct Harness {
+  std::shared_ptr<store::HashStore> store = std::make_shared<store::HashStore>();
+  CoordinatorOptions options;
+  Harness(int nodes, int minNodes) {
+    for (int i = 0; i < nodes; ++i) options.nodes.push_back({std::to_string(i), "h" + std::to_string(i), i});
+    options.minNodes = minNodes;
+    options.maxNodes = nodes;
+    options.rdzvTimeout = 0.4;
+    options.heartbeatTimeout = 0.4;
+    options.gracePeriod = 0.2;
+    options.masterPort = 29500;
+    options.runId = "r1";
+    options.self = joinOf("m", 0, 0, "");
+    options.self.host = "master";
+  }
+  void join(int round, const std::string& node, const std::string& version = "1.0") {
+    JoinInfo j = joinOf(node, std::stoi(node), 2, "10.0.0." + node);
+    j.launchVersion = version;
+    store->setString(keys::join(round, node), encodeJoin(j));
+  }
+  void succeed(int round, const std::string& node) {
+    RoundPlan p = decodePlan(store->getString(keys::plan(round)));
+    AttemptResult r;
+    r.attempt = round;
+    for (int i = 0; i < p.find(node)->localWorldSize; ++i) {
+      WorkerOutcome w;
+      w.rank = p.find(node)->rankOffset + i;
+      w.state = WorkerOutcome::State::Exited;
+      r.workers.push_back(w);
+    }
+    store->setString(keys::result(round, node), encodeResult(r));
+  }
+  std::string endMessage() { return decodeEnd(store->getString(keys::end())).second; }
+};
+
+TEST(Coordinator, VersionMismatchEndsTheJob) {
+  Harness h(2, 2);
+  h.join(0, "0");
+  h.join(0, "1", "0.9-other");
+  Coordinator c(h.store, h.options);
+  EXPECT_EQ(c.run(), 125);
+  EXPECT_NE(h.endMessage().find("runs launch 0.9-other"), std::string::npos) << h.endMessage();
+}
+
+TEST(Coordinator, RendezvousTimeoutListsJoinedAndMissing) {
+  Harness h(3, 3);
+  h.join(0, "0");
+  h.join(0, "2");
+  Coordinator c(h.store, h.options);
+  auto start = std::chrono::steady_clock::now();
+  EXPECT_EQ(c.run(), 124);
+  EXPECT_LT(std::chrono::steady_clock::now() - start, 3s);
+  const std::string m = h.endMessage();
+  EXPECT_NE(m.find("2 of 3 nodes joined; joined: node 0 (h0), node 2 (h2); missing: node 1 (h1)"),
+            std::string::npos) << m;
+}
+
+TEST(Coordinator, GoneNodeFailsTheRendezvousAtOnce) {
+  Harness h(2, 2);
+  h.options.rdzvTimeout = 30;
+  h.join(0, "0");
+  Coordinator c(h.store, h.options);
+  c.nodeGone("1", "its ssh session exited with code 255: Connection refused");
+  auto start = std::chrono::steady_clock::now();
+  EXPECT_EQ(c.run(), 125);
+  EXPECT_LT(std::chrono::steady_clock::now() - start, 2s);
+  EXPECT_NE(h.endMessage().find("node 1 (h1): its ssh session exited with code 255"),
+            std::string::npos) << h.endMessage();
+}
+
+TEST(Coordinator, ElasticGoesOnWithMinNodes) {
+  Harness h(2, 1);
+  h.join(0, "1");
+  Coordinator c(h.store, h.options);
+  std::thread agent([&] {
+    h.store->wait({keys::plan(0)}, 5000ms);
+    RoundPlan p = decodePlan(h.store->getString(keys::plan(0)));
+    EXPECT_EQ(p.nodes.size(), 1u);
+    EXPECT_EQ(p.worldSize, 2);
+    EXPECT_EQ(p.masterAddr, "10.0.0.1");
+    h.succeed(0, "1");
+  });
+  EXPECT_EQ(c.run(), 0);
+  agent.join();
+  EXPECT_EQ(h.store->getString(keys::decision(0)), "end 0");
+}
+
+TEST(Coordinator, SilentNodeIsStoppedAndNamed) {
+  Harness h(2, 2);
+  h.join(0, "0");
+  h.join(0, "1");
+  Coordinator c(h.store, h.options);
+  std::atomic<bool> quit{false};
+  // Node 0 heartbeats and reports after the stop; node 1 never beats.
+  std::thread agent([&] {
+    h.store->wait({keys::plan(0)}, 5000ms);
+    while (!quit && !h.store->check({keys::stop(0)})) {
+      h.store->add(keys::heartbeat("0"), 1);
+      std::this_thread::sleep_for(50ms);
+    }
+    h.succeed(0, "0");
+  });
+  EXPECT_EQ(c.run(), 124);
+  quit = true;
+  agent.join();
+  EXPECT_NE(h.store->getString(keys::stop(0)).find("node 1 (h1) on 10.0.0.1 went silent"),
+            std::string::npos) << h.store->getString(keys::stop(0));
+  EXPECT_EQ(h.store->getString(keys::decision(0)), "end 124");
+}
+
+TEST(Coordinator, ClosesTheRoundAndKeepsTheStoreUntilEveryNodeReadTheDecision) {
+  Harness h(2, 2);
+  h.options.heartbeatTimeout = 20;  // the bound on the acknowledgements: not reached here
+  h.join(0, "0");
+  h.join(0, "1");
+  Coordinator c(h.store, h.options);
+  std::atomic<bool> acked{false};
+  std::string stopWhenDecided;
+  std::thread agents([&] {
+    h.store->wait({keys::plan(0)}, 5000ms);
+    h.succeed(0, "0");
+    h.succeed(0, "1");
+    h.store->wait({keys::decision(0)}, 5000ms);
+    // The stop key is there before the decision: every agent's monitor stops waiting on it.
+    stopWhenDecided = h.store->check({keys::stop(0)}) ? h.store->getString(keys::stop(0)) : "";
+    h.store->setString(keys::ack(0, "0"), "1");
+    std::this_thread::sleep_for(300ms);  // node 1 is slow to read it
+    acked = true;
+    h.store->setString(keys::ack(0, "1"), "1");
+  });
+  EXPECT_EQ(c.run(), 0);
+  EXPECT_TRUE(acked) << "run() returned before node 1 acknowledged the decision";
+  agents.join();
+  EXPECT_EQ(stopWhenDecided, "round 0 is over (end 0)");
+}
+
+TEST(Coordinator, AnUnacknowledgedDecisionIsNotWaitedForLong) {
+  Harness h(1, 1);
+  h.options.heartbeatTimeout = 0.5;
+  h.join(0, "0");
+  Coordinator c(h.store, h.options);
+  std::thread agent([&] {
+    h.store->wait({keys::plan(0)}, 5000ms);
+    h.succeed(0, "0");  // and never acknowledges
+  });
+  const auto start = std::chrono::steady_clock::now();
+  EXPECT_EQ(c.run(), 0);
+  EXPECT_LT(std::chrono::steady_clock::now() - start, 3s);
+  agent.join();
+}
+
+}  // namespace
+}  // namespace dtrain::launcher
