@@ -25,6 +25,18 @@ std::vector<std::string> cat(std::vector<std::string> a, const std::vector<std::
   return a;
 }
 
+// The simulated hosts are this machine, but ssh gives their workers a clean environment: an
+// OPENBLAS_* variable of this one (OPENBLAS_CORETYPE picks OpenBLAS's kernels) would make a run on
+// the cluster differ in the last bits from the same run started here, which the bitwise tests
+// compare. Pass them on, as a user would with --env.
+std::vector<std::string> blasEnv() {
+  std::vector<std::string> args;
+  for (char** e = environ; *e; ++e) {
+    if (std::string(*e).rfind("OPENBLAS_", 0) == 0) args.insert(args.end(), {"--env", *e});
+  }
+  return args;
+}
+
 int storePort(const Cluster& c) {
   static std::map<std::string, int> ports;  // one per cluster, picked once
   auto it = ports.find(c.name());
@@ -46,13 +58,15 @@ int storePort(const Cluster& c) {
 }
 
 std::vector<std::string> fanOutFromANode(const Cluster& c, const std::vector<std::string>& extra) {
-  return cat(cat({"--hosts", c.hostList(), "--ssh-config", c.sshConfig()}, timings()), extra);
+  return cat(cat(cat({"--hosts", c.hostList(), "--ssh-config", c.sshConfig()}, timings()),
+                 blasEnv()),
+             extra);
 }
 
 std::vector<std::string> fanOut(const Cluster& c, const std::vector<std::string>& extra) {
   return cat(cat({"--hosts", c.hostList(), "--ssh-config", c.sshConfig(), "--rdzv-endpoint",
                   c.bridgeAddress() + ":" + std::to_string(storePort(c))},
-                 timings()),
+                 cat(timings(), blasEnv())),
              extra);
 }
 
