@@ -14,7 +14,7 @@
 #include <torch/torch.h>
 
 #include <dtrain/dtrain.h>
-#include <dtrain/fault.h>
+#include <dtrain/base/fault.h>
 
 namespace {
 

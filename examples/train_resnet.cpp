@@ -26,8 +26,8 @@
 #include <torch/torch.h>
 
 #include <dtrain/dtrain.h>
-#include <dtrain/fault.h>
-#include <dtrain/metrics.h>
+#include <dtrain/base/fault.h>
+#include <dtrain/base/metrics.h>
 
 #include "data/cifar10.h"
 #include "data/loader.h"

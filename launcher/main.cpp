@@ -11,11 +11,11 @@
 #include <string>
 #include <vector>
 
-#include "dtrain/error.h"
-#include "dtrain/logging.h"
+#include "dtrain/base/error.h"
+#include "dtrain/base/logging.h"
+#include "launcher/cluster/multinode.h"
 #include "launcher/job/job.h"
 #include "launcher/job/launch_args.h"
-#include "launcher/cluster/multinode.h"
 #include "launcher/job/program.h"
 #include "launcher/job/worker_env.h"
 

@@ -19,7 +19,7 @@ endif()
 target_include_directories(allreduce_bench PRIVATE ${CMAKE_CURRENT_SOURCE_DIR}/runtime/comm)
 target_compile_definitions(allreduce_bench PRIVATE
   DTRAIN_BENCH_SOURCE_DIR="${CMAKE_CURRENT_SOURCE_DIR}/benchmarks/allreduce")
-target_link_libraries(allreduce_bench PRIVATE dtrain_comm cxxopts::cxxopts)
+target_link_libraries(allreduce_bench PRIVATE dtrain_comm dtrain_base_internal cxxopts::cxxopts)
 if(DTRAIN_HAVE_NCCL)
   target_sources(allreduce_bench PRIVATE benchmarks/allreduce/bench_buffers_cuda.cpp)
   target_link_libraries(allreduce_bench PRIVATE CUDA::cudart)

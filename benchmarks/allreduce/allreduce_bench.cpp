@@ -45,14 +45,14 @@
 
 #include "bench_buffers.h"
 #include "c10d_peer.h"
-#include "dtrain/comm.h"
-#include "dtrain/env_contract.h"
-#include "dtrain/error.h"
-#include "dtrain/gloo_communicator.h"
-#include "dtrain/job_store.h"
-#include "dtrain/nccl_communicator.h"
-#include "dtrain/shm_communicator.h"
-#include "dtrain/tcp_store.h"
+#include "dtrain/base/error.h"
+#include "dtrain/base/job_store.h"
+#include "dtrain/base/tcp_store.h"
+#include "dtrain/comm/communicator.h"
+#include "dtrain/comm/gloo_communicator.h"
+#include "dtrain/comm/nccl_communicator.h"
+#include "dtrain/comm/shm_communicator.h"
+#include "env_contract.h"
 #include "peer_process.h"
 
 namespace dtrain::bench {

@@ -5,7 +5,7 @@
 #include <cstddef>
 #include <memory>
 
-#include "dtrain/comm.h"
+#include "dtrain/comm/communicator.h"
 
 namespace dtrain::bench {
 

@@ -4,7 +4,7 @@
 #include <vector>
 
 #include "bench_buffers.h"
-#include "dtrain/error.h"
+#include "dtrain/base/error.h"
 
 namespace dtrain::bench {
 

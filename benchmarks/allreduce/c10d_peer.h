@@ -9,8 +9,8 @@
 #include <memory>
 #include <string>
 
-#include "dtrain/comm.h"
-#include "dtrain/store.h"
+#include "dtrain/base/store.h"
+#include "dtrain/comm/communicator.h"
 
 namespace dtrain::bench {
 

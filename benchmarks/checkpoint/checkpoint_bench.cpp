@@ -27,8 +27,8 @@
 #include <nlohmann/json.hpp>
 #include <torch/torch.h>
 
+#include "dtrain/base/store.h"
 #include "dtrain/dtrain.h"
-#include "dtrain/store.h"
 
 namespace {
 

@@ -18,7 +18,7 @@
 
 #include <fmt/format.h>
 
-#include "dtrain/error.h"
+#include "dtrain/base/error.h"
 
 extern char** environ;
 

@@ -30,8 +30,8 @@
 
 #include "bench_process.h"
 #include "ddp_step_bench.h"
-#include "dtrain/error.h"
-#include "dtrain/tcp_store.h"
+#include "dtrain/base/error.h"
+#include "dtrain/base/tcp_store.h"
 
 namespace dtrain::bench {
 namespace {

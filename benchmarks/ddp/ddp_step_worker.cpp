@@ -9,9 +9,9 @@
 
 #include "bench_models.h"
 #include "ddp_step_bench.h"
-#include "dtrain/ddp.h"
-#include "dtrain/error.h"
-#include "dtrain/init.h"
+#include "dtrain/base/error.h"
+#include "dtrain/torch/ddp.h"
+#include "dtrain/torch/init.h"
 
 namespace dtrain::bench {
 

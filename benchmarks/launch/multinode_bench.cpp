@@ -30,8 +30,8 @@
 #include <fmt/format.h>
 
 #include "bench_run.h"
-#include "dtrain/store.h"
-#include "dtrain/tcp_store.h"
+#include "dtrain/base/store.h"
+#include "dtrain/base/tcp_store.h"
 
 namespace dtrain::bench {
 

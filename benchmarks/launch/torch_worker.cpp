@@ -8,7 +8,7 @@
 
 #include <ATen/ATen.h>
 
-#include "dtrain/job_store.h"
+#include "dtrain/base/job_store.h"
 
 int main(int argc, char** argv) {
   const bool bare = argc > 1 && std::strcmp(argv[1], "--bare") == 0;

@@ -26,8 +26,8 @@
 #include <thread>
 #include <vector>
 
+#include "dtrain/base/tcp_store.h"
 #include "dtrain/config.h"
-#include "dtrain/tcp_store.h"
 
 #if DTRAIN_WITH_TORCH
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>

@@ -29,8 +29,8 @@
 
 #include "bench_process.h"
 #include "data/cifar10.h"
-#include "dtrain/error.h"
-#include "dtrain/tcp_store.h"
+#include "dtrain/base/error.h"
+#include "dtrain/base/tcp_store.h"
 #include "train_bench.h"
 
 namespace dtrain::bench {

@@ -11,7 +11,7 @@
 #include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>
 
-#include <dtrain/error.h>
+#include <dtrain/base/error.h>
 
 namespace examples {
 namespace {

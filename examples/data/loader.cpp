@@ -4,7 +4,7 @@
 
 #include <ATen/ATen.h>
 
-#include <dtrain/error.h>
+#include <dtrain/base/error.h>
 
 namespace examples {
 namespace {

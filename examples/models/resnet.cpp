@@ -3,7 +3,7 @@
 #include <torch/nn/functional/pooling.h>
 #include <torch/nn/init.h>
 
-#include <dtrain/error.h>
+#include <dtrain/base/error.h>
 
 namespace examples {
 namespace {

@@ -12,8 +12,8 @@
 #include <string>
 #include <vector>
 
-#include "launcher/job/launch_config.h"
 #include "launcher/cluster/remote/remote_command.h"
+#include "launcher/job/launch_config.h"
 #include "launcher/job/worker_env.h"
 
 namespace dtrain::launcher {

@@ -9,9 +9,9 @@
 #include <thread>
 #include <utility>
 
-#include "dtrain/error.h"
-#include "dtrain/fault.h"
-#include "dtrain/logging.h"
+#include "dtrain/base/error.h"
+#include "dtrain/base/fault.h"
+#include "dtrain/base/logging.h"
 #include "launcher/supervisor/output.h"
 
 namespace dtrain::launcher {

@@ -15,7 +15,7 @@
 #include <string>
 #include <vector>
 
-#include "dtrain/store.h"
+#include "dtrain/base/store.h"
 #include "launcher/cluster/rendezvous.h"
 #include "launcher/supervisor/job_observer.h"
 

@@ -3,8 +3,8 @@
 #include <algorithm>
 #include <cctype>
 
-#include "dtrain/env_contract.h"
-#include "dtrain/error.h"
+#include "dtrain/base/error.h"
+#include "env_contract.h"
 #include "launcher/job/launch_config.h"
 
 namespace dtrain::launcher {

@@ -3,7 +3,7 @@
 #include <algorithm>
 #include <cctype>
 
-#include "dtrain/error.h"
+#include "dtrain/base/error.h"
 #include "launcher/job/launch_config.h"
 #include "parse_int.h"
 

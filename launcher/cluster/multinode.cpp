@@ -19,19 +19,19 @@
 
 #include <fmt/ranges.h>
 
-#include "dtrain/env_contract.h"
-#include "dtrain/error.h"
-#include "dtrain/fault.h"
-#include "dtrain/logging.h"
-#include "dtrain/tcp_store.h"
+#include "dtrain/base/error.h"
+#include "dtrain/base/fault.h"
+#include "dtrain/base/logging.h"
+#include "dtrain/base/tcp_store.h"
+#include "env_contract.h"
 #include "launcher/cluster/coordinator.h"
-#include "launcher/monitor/monitor.h"
 #include "launcher/cluster/forwarded_env.h"
-#include "launcher/job/job.h"
 #include "launcher/cluster/preflight.h"
-#include "launcher/job/program.h"
 #include "launcher/cluster/remote/remote_command.h"
 #include "launcher/cluster/remote/session.h"
+#include "launcher/job/job.h"
+#include "launcher/job/program.h"
+#include "launcher/monitor/monitor.h"
 #include "launcher/supervisor/supervisor.h"
 #include "net/net_interface.h"
 

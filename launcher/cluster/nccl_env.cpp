@@ -1,6 +1,6 @@
 #include "launcher/cluster/nccl_env.h"
 
-#include "dtrain/error.h"
+#include "dtrain/base/error.h"
 #include "net/net_interface.h"
 
 namespace dtrain::launcher {

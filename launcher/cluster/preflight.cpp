@@ -14,13 +14,13 @@
 #include <filesystem>
 #include <thread>
 
-#include "dtrain/error.h"
-#include "launcher/job/job.h"
+#include "dtrain/base/error.h"
 #include "launcher/cluster/multinode.h"
 #include "launcher/cluster/nccl_env.h"
-#include "launcher/job/program.h"
 #include "launcher/cluster/remote/remote_command.h"
 #include "launcher/cluster/remote/session.h"
+#include "launcher/job/job.h"
+#include "launcher/job/program.h"
 #include "launcher/supervisor/output.h"
 #include "net/net_interface.h"
 

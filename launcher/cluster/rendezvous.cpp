@@ -5,7 +5,7 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
-#include "dtrain/error.h"
+#include "dtrain/base/error.h"
 
 namespace dtrain::launcher {
 

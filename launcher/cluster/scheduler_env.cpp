@@ -1,6 +1,6 @@
 #include "launcher/cluster/scheduler_env.h"
 
-#include "dtrain/error.h"
+#include "dtrain/base/error.h"
 #include "launcher/cluster/hosts.h"
 #include "launcher/job/launch_config.h"
 #include "parse_int.h"

@@ -14,12 +14,12 @@
 #include <cstring>
 #include <filesystem>
 
-#include "dtrain/env_contract.h"
-#include "dtrain/error.h"
-#include "dtrain/logging.h"
-#include "dtrain/tcp_store.h"
-#include "launcher/monitor/monitor.h"
+#include "dtrain/base/error.h"
+#include "dtrain/base/logging.h"
+#include "dtrain/base/tcp_store.h"
+#include "env_contract.h"
 #include "launcher/job/program.h"
+#include "launcher/monitor/monitor.h"
 #include "launcher/supervisor/supervisor.h"
 
 namespace dtrain::launcher {

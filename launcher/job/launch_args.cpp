@@ -6,8 +6,8 @@
 
 #include <fmt/format.h>
 
-#include "dtrain/env_contract.h"
-#include "dtrain/error.h"
+#include "dtrain/base/error.h"
+#include "env_contract.h"
 #include "launcher/cluster/hosts.h"
 #include "launcher/cluster/scheduler_env.h"
 

@@ -6,8 +6,8 @@
 #include <cmath>
 #include <cstdlib>
 
-#include "dtrain/env_contract.h"
-#include "dtrain/error.h"
+#include "dtrain/base/error.h"
+#include "env_contract.h"
 #include "parse_int.h"
 
 namespace dtrain::launcher {

@@ -12,9 +12,9 @@
 #include <utility>
 #include <vector>
 
-#include "launcher/monitor/monitor_options.h"
 #include "launcher/cluster/nccl_env.h"
 #include "launcher/cluster/remote/remote_command.h"
+#include "launcher/monitor/monitor_options.h"
 
 namespace dtrain::launcher {
 

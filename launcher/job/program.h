@@ -8,7 +8,7 @@
 #include <string>
 #include <vector>
 
-#include "dtrain/error.h"
+#include "dtrain/base/error.h"
 #include "launcher/job/launch_config.h"
 
 namespace dtrain::launcher {

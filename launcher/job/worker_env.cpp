@@ -2,7 +2,7 @@
 
 #include <algorithm>
 
-#include "dtrain/env_contract.h"
+#include "env_contract.h"
 
 extern char** environ;
 

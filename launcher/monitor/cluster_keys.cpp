@@ -7,8 +7,8 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
-#include "dtrain/error.h"
-#include "dtrain/progress.h"
+#include "dtrain/base/error.h"
+#include "dtrain/base/progress.h"
 #include "parse_int.h"
 
 namespace dtrain::launcher::monitor {

@@ -1,6 +1,6 @@
 #pragma once
 // What the nodes of a multi-node job tell the master about themselves through the store, in the
-// key layout of Note [Monitoring keys] (dtrain/progress.h), on the round's view of the store:
+// key layout of Note [Monitoring keys] (dtrain/base/progress.h), on the round's view of the store:
 // each node's latest sample records, and the native stacks of stuck ranks, which only the node
 // that runs them can take. Single-node jobs do not use this: their launch samples itself.
 
@@ -11,7 +11,7 @@
 #include <string>
 #include <vector>
 
-#include "dtrain/store.h"
+#include "dtrain/base/store.h"
 #include "launcher/monitor/records.h"
 
 namespace dtrain::launcher::monitor {

@@ -12,11 +12,11 @@
 
 #include <fmt/format.h>
 
-#include "dtrain/error.h"
-#include "dtrain/logging.h"
-#include "dtrain/tcp_store.h"
-#include "launcher/monitor/cluster_keys.h"
+#include "dtrain/base/error.h"
+#include "dtrain/base/logging.h"
+#include "dtrain/base/tcp_store.h"
 #include "launcher/job/launch_config.h"
+#include "launcher/monitor/cluster_keys.h"
 
 namespace dtrain::launcher::monitor {
 

@@ -22,9 +22,9 @@
 #include <thread>
 #include <vector>
 
-#include "dtrain/metrics.h"
-#include "dtrain/progress.h"
-#include "dtrain/store.h"
+#include "dtrain/base/metrics.h"
+#include "dtrain/base/progress.h"
+#include "dtrain/base/store.h"
 #include "launcher/monitor/gpu_sampler.h"
 #include "launcher/monitor/job_view.h"
 #include "launcher/monitor/monitor_options.h"
@@ -48,7 +48,7 @@ namespace dtrain::launcher::monitor {
 //   - the multi-node master: aggregates -- reads every rank's progress and every node's records
 //     from the store, serves --metrics-port, writes --metrics-file, prints the status line and
 //     the stall report (asking the agents for stacks) and stops the job through JobControl.
-// Keys: Note [Monitoring keys] in dtrain/progress.h; the protocol: launcher/monitor/cluster_keys.h.
+// Keys: Note [Monitoring keys] in dtrain/base/progress.h; the protocol: launcher/monitor/cluster_keys.h.
 
 struct MonitorContext {
   std::string runId;

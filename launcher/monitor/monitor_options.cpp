@@ -1,6 +1,6 @@
 #include "launcher/monitor/monitor_options.h"
 
-#include "dtrain/error.h"
+#include "dtrain/base/error.h"
 #include "launcher/job/launch_config.h"
 #include "parse_int.h"
 

@@ -1,5 +1,5 @@
 #pragma once
-// launch's samples as metrics records -- the one record schema of dtrain/metrics.h
+// launch's samples as metrics records -- the one record schema of dtrain/base/metrics.h
 // (docs/design.md "Metrics"), the same a trainer's dtrain::metrics::Metrics writes, so
 // scripts/plot_metrics.py reads launch's --metrics-file and a trainer's alike -- and the job's
 // Prometheus exposition that launch serves on --metrics-port.
@@ -15,7 +15,7 @@
 //                                     gpu_temperature_c, gpu_power_w, gpu_processes
 //   gpu   {node, gpu, rank}           gpu_process_mem_bytes (a worker's memory on that GPU)
 // and the ranks' own trainer records (source "trainer", with step), which reach launch through
-// the store (Note [Trainer records] in dtrain/progress.h), labelled with the rank's node.
+// the store (Note [Trainer records] in dtrain/base/progress.h), labelled with the rank's node.
 
 #include <cstdint>
 #include <map>
@@ -23,8 +23,8 @@
 #include <string>
 #include <vector>
 
-#include "dtrain/metrics.h"
-#include "dtrain/progress.h"
+#include "dtrain/base/metrics.h"
+#include "dtrain/base/progress.h"
 #include "launcher/monitor/gpu_sampler.h"
 #include "launcher/monitor/process_sampler.h"
 

@@ -1,5 +1,5 @@
 #pragma once
-// StallDetector: decides from the ranks' published progress (dtrain/progress.h) that a job is
+// StallDetector: decides from the ranks' published progress (dtrain/base/progress.h) that a job is
 // stuck, and which ranks hold the others up. Pure: fed reports and times, tested by tables; the
 // monitor adds native stacks and decides what to do (--stall-action).
 
@@ -9,7 +9,7 @@
 #include <string>
 #include <vector>
 
-#include "dtrain/progress.h"
+#include "dtrain/base/progress.h"
 
 namespace dtrain::launcher::monitor {
 

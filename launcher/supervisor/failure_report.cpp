@@ -10,7 +10,7 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
-#include "dtrain/fault.h"
+#include "dtrain/base/fault.h"
 
 namespace dtrain::launcher {
 

@@ -11,7 +11,7 @@
 #include <cerrno>
 #include <cstring>
 
-#include "dtrain/error.h"
+#include "dtrain/base/error.h"
 
 namespace dtrain::launcher {
 

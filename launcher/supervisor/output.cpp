@@ -8,8 +8,8 @@
 #include <cstring>
 #include <memory>
 
-#include "dtrain/error.h"
-#include "dtrain/logging.h"
+#include "dtrain/base/error.h"
+#include "dtrain/base/logging.h"
 
 namespace dtrain::launcher {
 

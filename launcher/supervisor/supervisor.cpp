@@ -15,9 +15,9 @@
 #include <limits>
 #include <sstream>
 
-#include "dtrain/error.h"
-#include "dtrain/fault.h"
-#include "dtrain/logging.h"
+#include "dtrain/base/error.h"
+#include "dtrain/base/fault.h"
+#include "dtrain/base/logging.h"
 #include "launcher/supervisor/guardian.h"
 #include "launcher/supervisor/oom.h"
 #include "launcher/supervisor/output.h"

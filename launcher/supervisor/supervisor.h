@@ -16,9 +16,9 @@
 
 #include "launcher/job/launch_config.h"
 #include "launcher/job/program.h"
+#include "launcher/job/worker_env.h"
 #include "launcher/supervisor/failure_report.h"
 #include "launcher/supervisor/job_observer.h"
-#include "launcher/job/worker_env.h"
 
 namespace dtrain::launcher {
 

@@ -1,4 +1,4 @@
-#include "dtrain/error.h"
+#include "dtrain/base/error.h"
 
 #include <cstring>
 

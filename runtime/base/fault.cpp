@@ -1,4 +1,4 @@
-#include "dtrain/fault.h"
+#include "dtrain/base/fault.h"
 
 #include <signal.h>
 #include <unistd.h>
@@ -10,7 +10,7 @@
 #include <thread>
 #include <utility>
 
-#include "dtrain/error.h"
+#include "dtrain/base/error.h"
 #include "parse_int.h"
 
 namespace dtrain::fault {

@@ -1,4 +1,4 @@
-#include "dtrain/logging.h"
+#include "dtrain/base/logging.h"
 
 #include <unistd.h>
 

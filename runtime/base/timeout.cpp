@@ -1,6 +1,6 @@
-#include "dtrain/timeout.h"
+#include "dtrain/base/timeout.h"
 
-#include "dtrain/error.h"
+#include "dtrain/base/error.h"
 
 namespace dtrain {
 

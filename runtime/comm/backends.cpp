@@ -1,14 +1,14 @@
-// The table of backends (dtrain/world.h) and the choice among them.
+// The table of backends (dtrain/comm/world.h) and the choice among them.
 #include <string>
 
 #include <fmt/format.h>
 
-#include "dtrain/env_contract.h"
-#include "dtrain/error.h"
-#include "dtrain/gloo_communicator.h"
-#include "dtrain/nccl_communicator.h"
-#include "dtrain/shm_communicator.h"
-#include "dtrain/world.h"
+#include "dtrain/base/error.h"
+#include "dtrain/comm/gloo_communicator.h"
+#include "dtrain/comm/nccl_communicator.h"
+#include "dtrain/comm/shm_communicator.h"
+#include "dtrain/comm/world.h"
+#include "env_contract.h"
 
 namespace dtrain::comm {
 

@@ -8,7 +8,7 @@
 #include <string>
 #include <vector>
 
-#include "dtrain/comm.h"
+#include "dtrain/comm/communicator.h"
 
 namespace dtrain::comm {
 

@@ -7,7 +7,7 @@
 #include <vector>
 
 #include "collective.h"
-#include "dtrain/fault.h"
+#include "dtrain/base/fault.h"
 
 namespace dtrain::comm {
 

@@ -4,7 +4,7 @@
 
 #include <algorithm>
 
-#include "dtrain/error.h"
+#include "dtrain/base/error.h"
 #include "sigpipe_guard.h"
 
 namespace dtrain::comm {

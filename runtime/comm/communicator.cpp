@@ -1,4 +1,4 @@
-#include "dtrain/comm.h"
+#include "dtrain/comm/communicator.h"
 
 #include <fmt/format.h>
 

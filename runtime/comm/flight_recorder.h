@@ -11,7 +11,7 @@
 #include <vector>
 
 #include "collective.h"
-#include "dtrain/progress.h"
+#include "dtrain/base/progress.h"
 
 namespace dtrain::comm {
 

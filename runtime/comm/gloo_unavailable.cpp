@@ -1,6 +1,6 @@
 // Built instead of the Gloo backend when Gloo was not found.
-#include "dtrain/error.h"
-#include "dtrain/gloo_communicator.h"
+#include "dtrain/base/error.h"
+#include "dtrain/comm/gloo_communicator.h"
 
 namespace dtrain::comm {
 

@@ -9,10 +9,10 @@
 
 #include <fmt/format.h>
 
-#include "dtrain/env_contract.h"
-#include "dtrain/error.h"
-#include "dtrain/logging.h"
-#include "dtrain/timeout.h"
+#include "dtrain/base/error.h"
+#include "dtrain/base/logging.h"
+#include "dtrain/base/timeout.h"
+#include "env_contract.h"
 #include "parse_int.h"
 
 namespace dtrain::comm {

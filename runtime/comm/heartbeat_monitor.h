@@ -14,7 +14,7 @@
 #include <string>
 #include <thread>
 
-#include "dtrain/comm.h"
+#include "dtrain/comm/communicator.h"
 
 namespace dtrain::comm {
 

@@ -4,7 +4,7 @@
 #include <cstring>
 #include <new>
 
-#include "dtrain/error.h"
+#include "dtrain/base/error.h"
 
 namespace dtrain::comm {
 

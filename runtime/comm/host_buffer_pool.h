@@ -10,7 +10,7 @@
 #include <memory>
 #include <mutex>
 
-#include "dtrain/comm.h"
+#include "dtrain/comm/communicator.h"
 
 namespace dtrain::comm {
 

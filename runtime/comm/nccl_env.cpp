@@ -11,8 +11,8 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
-#include "dtrain/error.h"
-#include "dtrain/nccl_communicator.h"
+#include "dtrain/base/error.h"
+#include "dtrain/comm/nccl_communicator.h"
 #include "parse_int.h"
 
 namespace dtrain::comm {

@@ -1,6 +1,6 @@
 // Built instead of the NCCL backend when NCCL or the CUDA toolkit was not found.
-#include "dtrain/error.h"
-#include "dtrain/nccl_communicator.h"
+#include "dtrain/base/error.h"
+#include "dtrain/comm/nccl_communicator.h"
 
 namespace dtrain::comm {
 

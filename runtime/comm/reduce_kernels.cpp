@@ -4,7 +4,7 @@
 #include <cstdint>
 #include <type_traits>
 
-#include "dtrain/error.h"
+#include "dtrain/base/error.h"
 #include "half.h"
 
 #if defined(__x86_64__)

@@ -16,7 +16,7 @@
 #include <string>
 
 #include "collective.h"
-#include "dtrain/store.h"
+#include "dtrain/base/store.h"
 
 namespace dtrain::comm {
 

@@ -1,4 +1,4 @@
-// Communicator::split / newGroup (dtrain/comm.h): the ranks agree on the groups through the store,
+// Communicator::split / newGroup (dtrain/comm/communicator.h): the ranks agree on the groups through the store,
 // then each backend builds its own kind of communicator over the members (createGroup).
 #include <algorithm>
 #include <functional>
@@ -7,8 +7,8 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
-#include "dtrain/comm.h"
-#include "dtrain/error.h"
+#include "dtrain/base/error.h"
+#include "dtrain/comm/communicator.h"
 
 namespace dtrain::comm {
 

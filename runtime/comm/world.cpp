@@ -1,6 +1,6 @@
-// connectWorld / shutdownWorld (dtrain/world.h): the environment resolved by world_env.cpp turned
+// connectWorld / shutdownWorld (dtrain/comm/world.h): the environment resolved by world_env.cpp turned
 // into a store and a communicator.
-#include "dtrain/world.h"
+#include "dtrain/comm/world.h"
 
 #include <netdb.h>
 #include <arpa/inet.h>
@@ -12,12 +12,12 @@
 
 #include <fmt/format.h>
 
-#include "dtrain/env_contract.h"
-#include "dtrain/error.h"
-#include "dtrain/job_store.h"
-#include "dtrain/logging.h"
-#include "dtrain/nccl_communicator.h"
-#include "dtrain/tcp_store.h"
+#include "dtrain/base/error.h"
+#include "dtrain/base/job_store.h"
+#include "dtrain/base/logging.h"
+#include "dtrain/base/tcp_store.h"
+#include "dtrain/comm/nccl_communicator.h"
+#include "env_contract.h"
 #include "net/net_interface.h"
 
 namespace dtrain::comm {

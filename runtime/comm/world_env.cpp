@@ -1,10 +1,10 @@
-// resolveWorldEnv: the pure half of connectWorld() (dtrain/world.h).
+// resolveWorldEnv: the pure half of connectWorld() (dtrain/comm/world.h).
 #include <cstdlib>
 #include <string>
 
-#include "dtrain/env_contract.h"
-#include "dtrain/error.h"
-#include "dtrain/world.h"
+#include "dtrain/base/error.h"
+#include "dtrain/comm/world.h"
+#include "env_contract.h"
 #include "parse_int.h"
 
 namespace dtrain::comm {

@@ -1,9 +1,9 @@
-#include "dtrain/autocast.h"
+#include "dtrain/torch/autocast.h"
 
 #include <ATen/autocast_mode.h>
 
-#include "dtrain/error.h"
-#include "dtrain/torch_compat.h"
+#include "dtrain/base/error.h"
+#include "torch_compat.h"
 
 namespace dtrain {
 

@@ -1,4 +1,4 @@
-#include "dtrain/bucket_assignment.h"
+#include "dtrain/torch/bucket_assignment.h"
 
 #include <algorithm>
 #include <map>

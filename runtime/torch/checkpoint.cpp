@@ -1,4 +1,4 @@
-#include "dtrain/checkpoint.h"
+#include "dtrain/torch/checkpoint.h"
 
 #include <signal.h>
 
@@ -15,8 +15,8 @@
 #include <torch/version.h>
 
 #include "checkpointer_impl.h"
-#include "dtrain/error.h"
-#include "dtrain/logging.h"
+#include "dtrain/base/error.h"
+#include "dtrain/base/logging.h"
 #include "parse_int.h"
 
 // Note [Preemption]

@@ -10,8 +10,8 @@
 #include <torch/serialize/output-archive.h>
 
 #include "checkpoint_state.h"
-#include "dtrain/checkpoint.h"
-#include "dtrain/error.h"
+#include "dtrain/base/error.h"
+#include "dtrain/torch/checkpoint.h"
 
 namespace dtrain {
 

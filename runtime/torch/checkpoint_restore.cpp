@@ -11,8 +11,8 @@
 #include <fmt/format.h>
 
 #include "checkpointer_impl.h"
-#include "dtrain/error.h"
-#include "dtrain/logging.h"
+#include "dtrain/base/error.h"
+#include "dtrain/base/logging.h"
 
 // Note [Restore agreement]
 // Every node's local rank 0 lists its own directory and keeps, newest first, the checkpoints whose

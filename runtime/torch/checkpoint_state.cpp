@@ -12,12 +12,12 @@
 #include <torch/nn/module.h>
 #include <torch/optim.h>
 
+#include "dtrain/base/error.h"
+#include "dtrain/base/logging.h"
 #include "dtrain/config.h"
-#include "dtrain/distributed_sampler.h"
-#include "dtrain/error.h"
-#include "dtrain/grad_scaler.h"
-#include "dtrain/logging.h"
-#include "dtrain/torch_compat.h"
+#include "dtrain/torch/distributed_sampler.h"
+#include "dtrain/torch/grad_scaler.h"
+#include "torch_compat.h"
 
 #if DTRAIN_WITH_TORCH_CUDA
 #include <ATen/cuda/CUDAGeneratorImpl.h>

@@ -14,7 +14,7 @@
 #include <ATen/core/Tensor.h>
 
 #include "checkpoint/format.h"
-#include "dtrain/checkpoint.h"
+#include "dtrain/torch/checkpoint.h"
 
 namespace torch::nn {
 class Module;

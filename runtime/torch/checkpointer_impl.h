@@ -14,8 +14,8 @@
 
 #include "checkpoint/file_io.h"
 #include "checkpoint_state.h"
-#include "dtrain/checkpoint.h"
-#include "dtrain/process_group.h"
+#include "dtrain/torch/checkpoint.h"
+#include "dtrain/torch/process_group.h"
 
 namespace dtrain {
 

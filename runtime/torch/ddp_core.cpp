@@ -1,4 +1,4 @@
-#include "dtrain/ddp_core.h"
+#include "dtrain/torch/ddp_core.h"
 
 #include <unordered_set>
 
@@ -6,7 +6,7 @@
 
 #include "ddp_reducer.h"
 #include "ddp_sync.h"
-#include "dtrain/error.h"
+#include "dtrain/base/error.h"
 
 namespace dtrain {
 

@@ -5,10 +5,10 @@
 #include <ATen/ATen.h>
 #include <fmt/format.h>
 
-#include "dtrain/error.h"
-#include "dtrain/fault.h"
-#include "dtrain/logging.h"
-#include "dtrain/torch_compat.h"
+#include "dtrain/base/error.h"
+#include "dtrain/base/fault.h"
+#include "dtrain/base/logging.h"
+#include "torch_compat.h"
 
 // Note [Gradients in the buckets]
 // DdpOptions::gradientAsBucketView is on by default. Copying gradients into the buckets and the

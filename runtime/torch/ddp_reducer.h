@@ -12,11 +12,11 @@
 
 #include <ATen/core/Tensor.h>
 
-#include "dtrain/bucket_assignment.h"
-#include "dtrain/comm.h"
-#include "dtrain/ddp_options.h"
-#include "dtrain/ddp_stats.h"
-#include "dtrain/process_group.h"
+#include "dtrain/comm/communicator.h"
+#include "dtrain/torch/bucket_assignment.h"
+#include "dtrain/torch/ddp_options.h"
+#include "dtrain/torch/ddp_stats.h"
+#include "dtrain/torch/process_group.h"
 
 namespace torch::autograd {
 struct Node;

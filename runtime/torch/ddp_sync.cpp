@@ -6,7 +6,7 @@
 #include <ATen/ATen.h>
 #include <fmt/format.h>
 
-#include "dtrain/error.h"
+#include "dtrain/base/error.h"
 
 namespace dtrain::ddp {
 

@@ -7,7 +7,7 @@
 #include <ATen/core/Tensor.h>
 
 #include "ddp_reducer.h"
-#include "dtrain/process_group.h"
+#include "dtrain/torch/process_group.h"
 
 namespace dtrain::ddp {
 

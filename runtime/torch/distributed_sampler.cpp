@@ -1,4 +1,4 @@
-#include "dtrain/distributed_sampler.h"
+#include "dtrain/torch/distributed_sampler.h"
 
 #include <algorithm>
 #include <cstring>
@@ -7,7 +7,7 @@
 #include <ATen/CPUGeneratorImpl.h>
 #include <torch/serialize/archive.h>
 
-#include "dtrain/error.h"
+#include "dtrain/base/error.h"
 
 namespace dtrain {
 

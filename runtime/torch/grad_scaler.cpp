@@ -1,4 +1,4 @@
-#include "dtrain/grad_scaler.h"
+#include "dtrain/torch/grad_scaler.h"
 
 #include <atomic>
 #include <cmath>
@@ -7,8 +7,8 @@
 #include <ATen/Parallel.h>
 #include <torch/optim/optimizer.h>
 
-#include "dtrain/error.h"
-#include "dtrain/process_group.h"
+#include "dtrain/base/error.h"
+#include "dtrain/torch/process_group.h"
 
 // Note [Agreeing on overflow]
 // PyTorch's GradScaler relies on DDP's allreduce to spread an inf: a NaN in one rank's gradient

@@ -1,7 +1,7 @@
-#include "dtrain/init.h"
+#include "dtrain/torch/init.h"
 
+#include "dtrain/base/error.h"
 #include "dtrain/config.h"
-#include "dtrain/error.h"
 
 #if DTRAIN_WITH_TORCH_CUDA
 #include <c10/cuda/CUDAFunctions.h>

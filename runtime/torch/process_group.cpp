@@ -1,10 +1,10 @@
-#include "dtrain/process_group.h"
+#include "dtrain/torch/process_group.h"
 
 #include <ATen/ATen.h>
 
+#include "dtrain/base/error.h"
 #include "dtrain/config.h"
-#include "dtrain/error.h"
-#include "dtrain/torch_compat.h"
+#include "torch_compat.h"
 
 #if DTRAIN_WITH_TORCH_CUDA
 #include <c10/cuda/CUDAStream.h>

@@ -6,7 +6,7 @@
 #include <thread>
 
 #include "collective_queue.h"
-#include "dtrain/error.h"
+#include "dtrain/base/error.h"
 
 namespace dtrain::comm {
 namespace {

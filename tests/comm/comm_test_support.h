@@ -9,11 +9,11 @@
 #include <string>
 #include <vector>
 
-#include "dtrain/comm.h"
-#include "dtrain/fault.h"
-#include "dtrain/gloo_communicator.h"
-#include "dtrain/shm_communicator.h"
-#include "dtrain/store.h"
+#include "dtrain/base/fault.h"
+#include "dtrain/base/store.h"
+#include "dtrain/comm/communicator.h"
+#include "dtrain/comm/gloo_communicator.h"
+#include "dtrain/comm/shm_communicator.h"
 
 namespace dtrain::testing {
 

@@ -11,7 +11,7 @@
 #include <fmt/format.h>
 
 #include "comm_test_support.h"
-#include "dtrain/error.h"
+#include "dtrain/base/error.h"
 #include "typed_buffer.h"
 
 namespace dtrain::comm {

@@ -7,7 +7,7 @@
 #include <thread>
 
 #include "comm_test_support.h"
-#include "dtrain/error.h"
+#include "dtrain/base/error.h"
 
 namespace dtrain::comm {
 namespace {

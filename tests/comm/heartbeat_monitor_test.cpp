@@ -5,7 +5,7 @@
 #include <cstdlib>
 #include <string>
 
-#include "dtrain/error.h"
+#include "dtrain/base/error.h"
 #include "heartbeat_monitor.h"
 
 namespace dtrain::comm {

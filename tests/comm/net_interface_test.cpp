@@ -2,7 +2,7 @@
 
 #include <net/if.h>
 
-#include "dtrain/error.h"
+#include "dtrain/base/error.h"
 #include "net/net_interface.h"
 
 namespace dtrain::net {

@@ -7,7 +7,7 @@
 #include <vector>
 
 #include "comm_test_support.h"
-#include "dtrain/error.h"
+#include "dtrain/base/error.h"
 #include "store_collective_check.h"
 
 namespace dtrain::comm {

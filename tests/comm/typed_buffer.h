@@ -6,7 +6,7 @@
 #include <cstring>
 #include <vector>
 
-#include "dtrain/comm.h"
+#include "dtrain/comm/communicator.h"
 #include "half.h"
 
 namespace dtrain::testing {

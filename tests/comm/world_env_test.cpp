@@ -4,9 +4,9 @@
 
 #include <map>
 
-#include "dtrain/error.h"
-#include "dtrain/nccl_communicator.h"
-#include "dtrain/world.h"
+#include "dtrain/base/error.h"
+#include "dtrain/comm/nccl_communicator.h"
+#include "dtrain/comm/world.h"
 
 namespace dtrain::comm {
 namespace {

@@ -6,7 +6,7 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
-#include <dtrain/error.h>
+#include <dtrain/base/error.h>
 
 #include "data/cifar10.h"
 #include "test_support.h"

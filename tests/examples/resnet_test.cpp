@@ -7,7 +7,7 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
-#include <dtrain/error.h>
+#include <dtrain/base/error.h>
 
 #include "models/resnet.h"
 #include "test_support.h"

@@ -13,7 +13,7 @@
 #include <vector>
 
 #include "checkpoint/format.h"
-#include "dtrain/error.h"
+#include "dtrain/base/error.h"
 
 namespace dtrain::fuzz {
 

@@ -8,7 +8,7 @@
 #include <vector>
 
 #include "device_guard.h"
-#include "dtrain/error.h"
+#include "dtrain/base/error.h"
 #include "nccl_errors.h"
 #include "nccl_types.h"
 

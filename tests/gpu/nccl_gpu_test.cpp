@@ -10,8 +10,8 @@
 #include <thread>
 #include <vector>
 
-#include "dtrain/error.h"
-#include "dtrain/nccl_communicator.h"
+#include "dtrain/base/error.h"
+#include "dtrain/comm/nccl_communicator.h"
 #include "half.h"
 
 namespace dtrain::comm {

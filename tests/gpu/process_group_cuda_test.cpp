@@ -6,10 +6,10 @@
 
 #include <torch/torch.h>
 
-#include "dtrain/ddp.h"
-#include "dtrain/error.h"
-#include "dtrain/init.h"
-#include "dtrain/nccl_communicator.h"
+#include "dtrain/base/error.h"
+#include "dtrain/comm/nccl_communicator.h"
+#include "dtrain/torch/ddp.h"
+#include "dtrain/torch/init.h"
 
 namespace dtrain {
 namespace {

@@ -21,8 +21,8 @@
 #include <fmt/format.h>
 #include <torch/torch.h>
 
+#include "dtrain/base/fault.h"
 #include "dtrain/dtrain.h"
-#include "dtrain/fault.h"
 
 namespace {
 

@@ -15,7 +15,7 @@
 #include <regex>
 #include <thread>
 
-#include "dtrain/tcp_store.h"
+#include "dtrain/base/tcp_store.h"
 #include "launcher_harness.h"
 #include "test_support.h"
 

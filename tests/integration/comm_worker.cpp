@@ -28,10 +28,10 @@
 #include <thread>
 #include <vector>
 
-#include "dtrain/error.h"
-#include "dtrain/fault.h"
-#include "dtrain/progress.h"
-#include "dtrain/world.h"
+#include "dtrain/base/error.h"
+#include "dtrain/base/fault.h"
+#include "dtrain/base/progress.h"
+#include "dtrain/comm/world.h"
 
 namespace {
 

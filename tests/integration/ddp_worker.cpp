@@ -18,10 +18,10 @@
 #include <torch/torch.h>
 
 #include "../torch/ddp_models.h"
-#include "dtrain/ddp.h"
-#include "dtrain/distributed_sampler.h"
-#include "dtrain/error.h"
-#include "dtrain/init.h"
+#include "dtrain/base/error.h"
+#include "dtrain/torch/ddp.h"
+#include "dtrain/torch/distributed_sampler.h"
+#include "dtrain/torch/init.h"
 
 namespace dtrain::testing {
 namespace {

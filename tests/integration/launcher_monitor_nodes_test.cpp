@@ -16,8 +16,8 @@
 #include <httplib.h>
 #include <nlohmann/json.hpp>
 
-#include "dtrain/progress.h"
-#include "dtrain/tcp_store.h"
+#include "dtrain/base/progress.h"
+#include "dtrain/base/tcp_store.h"
 #include "launcher/monitor/command.h"
 #include "launcher/monitor/monitor.h"
 #include "prometheus_text.h"

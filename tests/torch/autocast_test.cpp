@@ -3,8 +3,8 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
-#include "dtrain/autocast.h"
-#include "dtrain/error.h"
+#include "dtrain/base/error.h"
+#include "dtrain/torch/autocast.h"
 
 namespace dtrain {
 namespace {

@@ -1,6 +1,6 @@
 #include <gtest/gtest.h>
 
-#include "dtrain/bucket_assignment.h"
+#include "dtrain/torch/bucket_assignment.h"
 
 namespace dtrain {
 namespace {

@@ -20,9 +20,9 @@
 #include "checkpoint/file_io.h"
 #include "ddp_models.h"
 #include "ddp_test_util.h"
-#include "dtrain/checkpoint.h"
-#include "dtrain/distributed_sampler.h"
-#include "dtrain/grad_scaler.h"
+#include "dtrain/torch/checkpoint.h"
+#include "dtrain/torch/distributed_sampler.h"
+#include "dtrain/torch/grad_scaler.h"
 #include "test_support.h"
 
 namespace dtrain::testing {

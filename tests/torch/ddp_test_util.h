@@ -9,9 +9,9 @@
 #include <torch/torch.h>
 
 #include "ddp_models.h"
-#include "dtrain/ddp.h"
-#include "dtrain/error.h"
-#include "dtrain/process_group.h"
+#include "dtrain/base/error.h"
+#include "dtrain/torch/ddp.h"
+#include "dtrain/torch/process_group.h"
 #include "thread_communicator_support.h"
 
 namespace dtrain::testing {

@@ -9,8 +9,8 @@
 
 #include "ddp_models.h"
 #include "ddp_test_util.h"
-#include "dtrain/ddp.h"
-#include "dtrain/grad_scaler.h"
+#include "dtrain/torch/ddp.h"
+#include "dtrain/torch/grad_scaler.h"
 
 namespace dtrain::testing {
 namespace {

@@ -12,9 +12,9 @@
 
 #include <torch/torch.h>
 
-#include "dtrain/error.h"
-#include "dtrain/gloo_communicator.h"
-#include "dtrain/init.h"
+#include "dtrain/base/error.h"
+#include "dtrain/comm/gloo_communicator.h"
+#include "dtrain/torch/init.h"
 #include "test_support.h"
 
 namespace dtrain {

@@ -6,9 +6,9 @@
 
 #include <torch/torch.h>
 
-#include "dtrain/error.h"
-#include "dtrain/gloo_communicator.h"
-#include "dtrain/process_group.h"
+#include "dtrain/base/error.h"
+#include "dtrain/comm/gloo_communicator.h"
+#include "dtrain/torch/process_group.h"
 #include "thread_communicator_support.h"
 
 namespace dtrain {

@@ -6,8 +6,8 @@
 
 #include <torch/torch.h>
 
-#include "dtrain/distributed_sampler.h"
-#include "dtrain/error.h"
+#include "dtrain/base/error.h"
+#include "dtrain/torch/distributed_sampler.h"
 
 namespace dtrain {
 namespace {

@@ -13,7 +13,7 @@
 #include <c10/util/Half.h>
 #include <fmt/format.h>
 
-#include "dtrain/error.h"
+#include "dtrain/base/error.h"
 
 namespace dtrain::testing {
 

@@ -11,7 +11,7 @@
 #include <string>
 #include <vector>
 
-#include "dtrain/comm.h"
+#include "dtrain/comm/communicator.h"
 
 namespace dtrain::testing {
 

@@ -13,7 +13,7 @@
 
 #include "checkpoint/file_io.h"
 #include "checkpoint_test_support.h"
-#include "dtrain/error.h"
+#include "dtrain/base/error.h"
 #include "test_support.h"
 
 namespace dtrain::checkpoint {

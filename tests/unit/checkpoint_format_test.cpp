@@ -14,7 +14,7 @@
 #include "../fuzz/checkpoint_fuzz_target.h"
 #include "checkpoint/format.h"
 #include "checkpoint_test_support.h"
-#include "dtrain/error.h"
+#include "dtrain/base/error.h"
 #include "test_support.h"
 
 namespace dtrain::checkpoint {

@@ -6,7 +6,7 @@
 #include <fstream>
 #include <iterator>
 
-#include "dtrain/error.h"
+#include "dtrain/base/error.h"
 
 namespace dtrain::testing {
 

@@ -2,8 +2,8 @@
 
 #include <gtest/gtest.h>
 
-#include "dtrain/error.h"
-#include "dtrain/fault.h"
+#include "dtrain/base/error.h"
+#include "dtrain/base/fault.h"
 
 namespace dtrain::fault {
 namespace {

@@ -10,8 +10,8 @@
 #include <gtest/gtest.h>
 #include <httplib.h>
 
-#include "dtrain/error.h"
-#include "dtrain/metrics.h"
+#include "dtrain/base/error.h"
+#include "dtrain/base/metrics.h"
 #include "prometheus_text.h"
 #include "test_support.h"
 

@@ -1,4 +1,4 @@
-// dtrain/progress.h: a rank's report on the wire, what counts as progress, and the publisher
+// dtrain/base/progress.h: a rank's report on the wire, what counts as progress, and the publisher
 // thread writing to a store (a HashStore here; launch's TcpStore in the integration tests).
 #include <atomic>
 #include <chrono>
@@ -8,8 +8,8 @@
 
 #include <gtest/gtest.h>
 
-#include "dtrain/error.h"
-#include "dtrain/progress.h"
+#include "dtrain/base/error.h"
+#include "dtrain/base/progress.h"
 #include "monitor/progress_publisher.h"
 
 namespace dtrain::progress {

@@ -6,8 +6,8 @@
 
 #include <gtest/gtest.h>
 
-#include "dtrain/error.h"
-#include "dtrain/store.h"
+#include "dtrain/base/error.h"
+#include "dtrain/base/store.h"
 #include "store_factories.h"
 
 namespace dtrain::store {

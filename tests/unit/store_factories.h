@@ -7,7 +7,7 @@
 #include <string>
 #include <vector>
 
-#include "dtrain/store.h"
+#include "dtrain/base/store.h"
 
 namespace dtrain::store::testing {
 

@@ -1,7 +1,7 @@
 #include <memory>
 #include <string>
 
-#include "dtrain/tcp_store.h"
+#include "dtrain/base/tcp_store.h"
 #include "store_factories.h"
 
 namespace dtrain::store::testing {

@@ -10,7 +10,7 @@
 #include <string>
 #include <vector>
 
-#include "dtrain/tcp_store.h"
+#include "dtrain/base/tcp_store.h"
 #include "store/wire.h"
 
 namespace dtrain::store::testing {

@@ -6,8 +6,8 @@
 
 #include <gtest/gtest.h>
 
-#include "dtrain/logging.h"
-#include "dtrain/tcp_store.h"
+#include "dtrain/base/logging.h"
+#include "dtrain/base/tcp_store.h"
 #include "store/wire.h"
 #include "store_test_support.h"
 

@@ -12,8 +12,8 @@
 
 #include <gtest/gtest.h>
 
-#include "dtrain/error.h"
-#include "dtrain/tcp_store.h"
+#include "dtrain/base/error.h"
+#include "dtrain/base/tcp_store.h"
 #include "store/wire.h"
 #include "store_test_support.h"
 

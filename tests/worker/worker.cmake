@@ -3,7 +3,7 @@
 # through `launch` as real processes; its path is stable: <build>/tests/worker/worker.
 include_guard(GLOBAL)
 add_executable(dtrain_test_worker ${CMAKE_CURRENT_LIST_DIR}/worker.cpp)
-target_link_libraries(dtrain_test_worker PRIVATE dtrain_base)
+target_link_libraries(dtrain_test_worker PRIVATE dtrain_base dtrain_base_internal)
 set_target_properties(dtrain_test_worker PROPERTIES
   OUTPUT_NAME worker
   RUNTIME_OUTPUT_DIRECTORY ${CMAKE_BINARY_DIR}/tests/worker)

@@ -58,13 +58,13 @@
 #include <thread>
 #include <vector>
 
-#include "dtrain/env_contract.h"
-#include "dtrain/error.h"
-#include "dtrain/fault.h"
-#include "dtrain/job_store.h"
-#include "dtrain/metrics.h"
-#include "dtrain/progress.h"
-#include "dtrain/tcp_store.h"
+#include "dtrain/base/error.h"
+#include "dtrain/base/fault.h"
+#include "dtrain/base/job_store.h"
+#include "dtrain/base/metrics.h"
+#include "dtrain/base/progress.h"
+#include "dtrain/base/tcp_store.h"
+#include "env_contract.h"
 
 namespace {
 

@@ -22,8 +22,8 @@
 
 #include "checkpoint/file_io.h"
 #include "checkpoint/format.h"
-#include "dtrain/checkpoint.h"
-#include "dtrain/error.h"
+#include "dtrain/base/error.h"
+#include "dtrain/torch/checkpoint.h"
 
 namespace {
 

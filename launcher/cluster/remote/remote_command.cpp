@@ -2,7 +2,7 @@
 
 #include <fmt/format.h>
 
-#include "dtrain/error.h"
+#include "dtrain/base/error.h"
 #include "parse_int.h"
 
 namespace dtrain::launcher::remote {

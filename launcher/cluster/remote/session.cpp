@@ -14,8 +14,8 @@
 #include <cstring>
 #include <thread>
 
-#include "dtrain/error.h"
-#include "dtrain/fault.h"
+#include "dtrain/base/error.h"
+#include "dtrain/base/fault.h"
 
 namespace dtrain::launcher::remote {
 

@@ -35,7 +35,7 @@
 #include <vector>
 
 #include "checkpoint/format.h"
-#include "dtrain/fault.h"
+#include "dtrain/base/fault.h"
 
 namespace dtrain::checkpoint {
 

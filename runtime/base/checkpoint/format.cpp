@@ -13,7 +13,7 @@
 #include <fmt/format.h>
 #include <xxhash.h>
 
-#include "dtrain/error.h"
+#include "dtrain/base/error.h"
 
 namespace dtrain::checkpoint {
 

@@ -4,7 +4,7 @@
 #include <map>
 #include <string>
 
-#include "dtrain/metrics.h"
+#include "dtrain/base/metrics.h"
 
 namespace dtrain::metrics {
 

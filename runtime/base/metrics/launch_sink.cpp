@@ -1,6 +1,6 @@
 // LaunchSink: metrics records to the job's launch, through the rank's progress publisher.
-#include "dtrain/metrics.h"
-#include "dtrain/progress.h"
+#include "dtrain/base/metrics.h"
+#include "dtrain/base/progress.h"
 
 namespace dtrain::metrics {
 

@@ -1,6 +1,6 @@
 // Metrics records: the JSON forms, the stamping Metrics front end and the file sink. The
 // Prometheus side is in prometheus.cpp, the sink towards launch in launch_sink.cpp.
-#include "dtrain/metrics.h"
+#include "dtrain/base/metrics.h"
 
 #include <unistd.h>
 
@@ -14,8 +14,8 @@
 
 #include <nlohmann/json.hpp>
 
-#include "dtrain/env_contract.h"
-#include "dtrain/error.h"
+#include "dtrain/base/error.h"
+#include "env_contract.h"
 #include "metrics/record_json.h"
 #include "parse_int.h"
 

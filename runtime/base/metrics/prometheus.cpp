@@ -16,8 +16,8 @@
 #include <fmt/format.h>
 #include <httplib.h>
 
-#include "dtrain/error.h"
-#include "dtrain/metrics.h"
+#include "dtrain/base/error.h"
+#include "dtrain/base/metrics.h"
 
 namespace dtrain::metrics {
 namespace {

@@ -7,7 +7,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "dtrain/metrics.h"
+#include "dtrain/base/metrics.h"
 
 namespace dtrain::metrics {
 

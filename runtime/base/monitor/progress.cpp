@@ -1,11 +1,11 @@
-// The wire side of dtrain/progress.h: store keys, and a rank's report as JSON.
+// The wire side of dtrain/base/progress.h: store keys, and a rank's report as JSON.
 #include <cmath>
 #include <limits>
 
 #include <nlohmann/json.hpp>
 
-#include "dtrain/error.h"
-#include "dtrain/progress.h"
+#include "dtrain/base/error.h"
+#include "dtrain/base/progress.h"
 #include "metrics/record_json.h"
 
 namespace dtrain::progress {

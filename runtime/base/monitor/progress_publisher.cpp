@@ -5,10 +5,10 @@
 #include <algorithm>
 #include <cstdlib>
 
-#include "dtrain/env_contract.h"
-#include "dtrain/error.h"
-#include "dtrain/job_store.h"
-#include "dtrain/logging.h"
+#include "dtrain/base/error.h"
+#include "dtrain/base/job_store.h"
+#include "dtrain/base/logging.h"
+#include "env_contract.h"
 #include "parse_int.h"
 
 namespace dtrain::progress {

@@ -1,5 +1,5 @@
 #pragma once
-// ProgressPublisher: the thread behind dtrain/progress.h. One per process (publisher()), built
+// ProgressPublisher: the thread behind dtrain/base/progress.h. One per process (publisher()), built
 // from the environment `launch` sets; tests build their own over a HashStore.
 
 #include <unistd.h>
@@ -17,8 +17,8 @@
 #include <thread>
 #include <vector>
 
-#include "dtrain/progress.h"
-#include "dtrain/store.h"
+#include "dtrain/base/progress.h"
+#include "dtrain/base/store.h"
 
 namespace dtrain::progress {
 
@@ -43,7 +43,7 @@ struct PublisherOptions {
   std::function<std::shared_ptr<store::Store>()> connect;
   std::chrono::milliseconds interval{1000};
   size_t tailEntries = 8;  // flight-recorder entries per communicator
-  // The trainer records a report carries (Note [Trainer records] in dtrain/progress.h).
+  // The trainer records a report carries (Note [Trainer records] in dtrain/base/progress.h).
   size_t recentRecords = kRecentRecords;
   double recentRecordSeconds = kRecentRecordSeconds;
 };

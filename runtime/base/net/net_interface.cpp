@@ -9,7 +9,7 @@
 
 #include <cstring>
 
-#include "dtrain/error.h"
+#include "dtrain/base/error.h"
 
 namespace dtrain::net {
 

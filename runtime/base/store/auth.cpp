@@ -6,7 +6,7 @@
 #include <openssl/hmac.h>
 #include <openssl/rand.h>
 
-#include "dtrain/error.h"
+#include "dtrain/base/error.h"
 
 namespace dtrain::store::auth {
 

@@ -7,8 +7,8 @@
 
 #include <fmt/format.h>
 
-#include "dtrain/error.h"
-#include "dtrain/logging.h"
+#include "dtrain/base/error.h"
+#include "dtrain/base/logging.h"
 #include "store/auth.h"
 #include "store/wire.h"
 

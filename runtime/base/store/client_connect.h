@@ -5,7 +5,7 @@
 
 #include <string>
 
-#include "dtrain/tcp_store.h"
+#include "dtrain/base/tcp_store.h"
 #include "net/socket.h"
 
 namespace dtrain::store {

@@ -1,8 +1,8 @@
 #include <algorithm>
 #include <cstring>
 
-#include "dtrain/error.h"
-#include "dtrain/store.h"
+#include "dtrain/base/error.h"
+#include "dtrain/base/store.h"
 #include "parse_int.h"
 
 namespace dtrain::store {

@@ -1,10 +1,10 @@
-#include "dtrain/job_store.h"
+#include "dtrain/base/job_store.h"
 
 #include <cstdlib>
 
-#include "dtrain/env_contract.h"
-#include "dtrain/error.h"
-#include "dtrain/tcp_store.h"
+#include "dtrain/base/error.h"
+#include "dtrain/base/tcp_store.h"
+#include "env_contract.h"
 #include "parse_int.h"
 
 namespace dtrain::store {

@@ -1,5 +1,5 @@
-#include "dtrain/error.h"
-#include "dtrain/store.h"
+#include "dtrain/base/error.h"
+#include "dtrain/base/store.h"
 
 namespace dtrain::store {
 

@@ -14,7 +14,7 @@
 #include <unordered_set>
 #include <vector>
 
-#include "dtrain/tcp_store.h"
+#include "dtrain/base/tcp_store.h"
 #include "store/kv_table.h"
 #include "store/wire.h"
 

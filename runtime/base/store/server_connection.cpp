@@ -5,7 +5,7 @@
 
 #include <fmt/format.h>
 
-#include "dtrain/logging.h"
+#include "dtrain/base/logging.h"
 #include "store/auth.h"
 #include "store/server.h"
 

@@ -10,8 +10,8 @@
 
 #include <fmt/format.h>
 
-#include "dtrain/error.h"
-#include "dtrain/logging.h"
+#include "dtrain/base/error.h"
+#include "dtrain/base/logging.h"
 #include "net/socket.h"
 #include "store/client_connect.h"
 #include "store/wire.h"

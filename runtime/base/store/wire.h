@@ -63,7 +63,7 @@
 //   8 NumKeys     (empty)                        -> i64
 // timeout_ms is the server-side deadline of a parked Get/Wait; 0 on the wire makes the server
 // answer at once. The client never sends 0 for a caller's zero timeout: that is the store's
-// default deadline (Note [Zero timeouts] in dtrain/timeout.h), resolved before sending.
+// default deadline (Note [Zero timeouts] in dtrain/base/timeout.h), resolved before sending.
 // Other statuses:
 //   1 Timeout     (Get, Wait) the server-side deadline passed: u64 count, then count u64 indices
 //                 into the request's keys of those still missing. The connection stays usable.
@@ -84,8 +84,8 @@
 #include <string>
 #include <vector>
 
-#include "dtrain/store.h"
-#include "dtrain/tcp_store.h"
+#include "dtrain/base/store.h"
+#include "dtrain/base/tcp_store.h"
 
 namespace dtrain::store::wire {
 

@@ -5,9 +5,9 @@
 
 #include <fmt/format.h>
 
-#include "dtrain/error.h"
-#include "dtrain/logging.h"
-#include "dtrain/timeout.h"
+#include "dtrain/base/error.h"
+#include "dtrain/base/logging.h"
+#include "dtrain/base/timeout.h"
 #include "failure_report.h"
 #include "net/net_interface.h"
 #include "reduce_kernels.h"

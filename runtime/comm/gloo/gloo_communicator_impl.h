@@ -15,7 +15,7 @@
 
 #include "collective.h"
 #include "collective_queue.h"
-#include "dtrain/gloo_communicator.h"
+#include "dtrain/comm/gloo_communicator.h"
 #include "flight_recorder.h"
 #include "gloo_algorithms.h"
 #include "gloo_mesh.h"
@@ -98,7 +98,7 @@ class GlooCommunicator final : public Communicator {
   std::exception_ptr error_;              // guarded by stateMutex_: the first error
   bool closing_ = false;                  // guarded by stateMutex_: shutdown() has begun
 
-  // Last member, so it is gone before anything the publisher thread reads (dtrain/progress.h).
+  // Last member, so it is gone before anything the publisher thread reads (dtrain/base/progress.h).
   progress::Registration progress_;
 };
 

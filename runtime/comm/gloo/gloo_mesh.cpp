@@ -11,8 +11,8 @@
 
 #include <fmt/format.h>
 
-#include "dtrain/error.h"
-#include "dtrain/logging.h"
+#include "dtrain/base/error.h"
+#include "dtrain/base/logging.h"
 #include "gloo_store.h"
 #include "sigpipe_guard.h"
 

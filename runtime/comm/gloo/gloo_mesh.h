@@ -11,7 +11,7 @@
 
 #include <gloo/context.h>
 
-#include "dtrain/store.h"
+#include "dtrain/base/store.h"
 #include "net/net_interface.h"
 
 namespace dtrain::comm {

@@ -10,7 +10,7 @@
 
 #include <gloo/rendezvous/store.h>
 
-#include "dtrain/store.h"
+#include "dtrain/base/store.h"
 
 namespace dtrain::comm {
 

@@ -6,10 +6,10 @@
 
 #include <fmt/format.h>
 
-#include "dtrain/error.h"
-#include "dtrain/logging.h"
-#include "dtrain/timeout.h"
 #include "cuda_device.h"
+#include "dtrain/base/error.h"
+#include "dtrain/base/logging.h"
+#include "dtrain/base/timeout.h"
 #include "failure_report.h"
 #include "nccl_errors.h"
 #include "nccl_types.h"

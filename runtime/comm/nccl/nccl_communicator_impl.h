@@ -16,7 +16,7 @@
 #include <thread>
 
 #include "collective.h"
-#include "dtrain/nccl_communicator.h"
+#include "dtrain/comm/nccl_communicator.h"
 #include "flight_recorder.h"
 #include "heartbeat_monitor.h"
 #include "nccl_compat.h"
@@ -159,7 +159,7 @@ class NcclCommunicator final : public Communicator,
   // Watches the watchdog (Note [Watchdog heartbeat]); null when turned off.
   std::unique_ptr<HeartbeatMonitor> heartbeat_;
 
-  // Last member, so it is gone before anything the publisher thread reads (dtrain/progress.h).
+  // Last member, so it is gone before anything the publisher thread reads (dtrain/base/progress.h).
   progress::Registration progress_;
 };
 

@@ -1,6 +1,6 @@
 #include "nccl_types.h"
 
-#include "dtrain/error.h"
+#include "dtrain/base/error.h"
 
 namespace dtrain::comm {
 

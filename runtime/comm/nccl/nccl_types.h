@@ -3,7 +3,7 @@
 // (NcclMapping.*): at world size 1, the only one a single-GPU test can run, an allreduce is an
 // identity whatever type or reduction NCCL was told, so no GPU test could see a wrong entry here.
 
-#include "dtrain/comm.h"
+#include "dtrain/comm/communicator.h"
 #include "nccl_compat.h"
 
 namespace dtrain::comm {

@@ -3,8 +3,8 @@
 
 #include <fmt/format.h>
 
-#include "dtrain/error.h"
 #include "cuda_device.h"
+#include "dtrain/base/error.h"
 #include "nccl_communicator_impl.h"
 #include "nccl_errors.h"
 

@@ -2,7 +2,7 @@
 
 #include <sys/mman.h>
 
-#include "dtrain/error.h"
+#include "dtrain/base/error.h"
 
 namespace dtrain::comm::shm {
 

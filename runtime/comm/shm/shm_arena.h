@@ -9,7 +9,7 @@
 #include <memory>
 #include <mutex>
 
-#include "dtrain/comm.h"
+#include "dtrain/comm/communicator.h"
 #include "shm_segment.h"
 
 namespace dtrain::comm::shm {

@@ -20,8 +20,8 @@
 #include "collective.h"
 #include "collective_faults.h"
 #include "collective_queue.h"
-#include "dtrain/progress.h"
-#include "dtrain/shm_communicator.h"
+#include "dtrain/base/progress.h"
+#include "dtrain/comm/shm_communicator.h"
 #include "flight_recorder.h"
 #include "host_buffer_pool.h"
 #include "shm_arena.h"
@@ -151,7 +151,7 @@ class ShmCommunicator final : public Communicator {
   bool closing_ = false;                  // guarded by stateMutex_
   std::atomic<bool> warnedSpill_{false};
 
-  // Last member, so it is gone before anything the publisher thread reads (dtrain/progress.h).
+  // Last member, so it is gone before anything the publisher thread reads (dtrain/base/progress.h).
   progress::Registration progress_;
 };
 

@@ -7,7 +7,7 @@
 
 #include <fmt/format.h>
 
-#include "dtrain/error.h"
+#include "dtrain/base/error.h"
 #include "shm_kernels.h"
 
 namespace dtrain::comm::shm {

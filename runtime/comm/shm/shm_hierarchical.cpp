@@ -1,5 +1,5 @@
 // The hierarchical half of ShmCommunicator, the node map, and the factories of
-// dtrain/shm_communicator.h.
+// dtrain/comm/shm_communicator.h.
 #include <algorithm>
 #include <cstring>
 #include <map>
@@ -8,9 +8,9 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
-#include "dtrain/error.h"
-#include "dtrain/gloo_communicator.h"
-#include "dtrain/logging.h"
+#include "dtrain/base/error.h"
+#include "dtrain/base/logging.h"
+#include "dtrain/comm/gloo_communicator.h"
 #include "reduce_kernels.h"
 #include "shm_communicator_impl.h"
 

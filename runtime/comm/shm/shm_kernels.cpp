@@ -5,7 +5,7 @@
 #include <cstring>
 #include <type_traits>
 
-#include "dtrain/error.h"
+#include "dtrain/base/error.h"
 #include "half.h"
 
 #if defined(__x86_64__)

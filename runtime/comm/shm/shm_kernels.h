@@ -6,7 +6,7 @@
 
 #include <cstddef>
 
-#include "dtrain/comm.h"
+#include "dtrain/comm/communicator.h"
 
 namespace dtrain::comm::shm {
 

@@ -19,8 +19,8 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
-#include "dtrain/error.h"
-#include "dtrain/logging.h"
+#include "dtrain/base/error.h"
+#include "dtrain/base/logging.h"
 #include "shm_wait.h"
 
 namespace dtrain::comm::shm {

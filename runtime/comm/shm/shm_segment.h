@@ -19,7 +19,7 @@
 #include <vector>
 
 #include "collective.h"
-#include "dtrain/store.h"
+#include "dtrain/base/store.h"
 
 namespace dtrain::comm::shm {
 

@@ -1,16 +1,16 @@
 #pragma once
 // The one header a training program includes.
 
+#include "dtrain/base/error.h"
 #include "dtrain/config.h"
-#include "dtrain/error.h"
 
 #if DTRAIN_WITH_TORCH
-#include "dtrain/autocast.h"
-#include "dtrain/checkpoint.h"
-#include "dtrain/ddp.h"
-#include "dtrain/distributed_sampler.h"
-#include "dtrain/grad_scaler.h"
-#include "dtrain/init.h"
+#include "dtrain/torch/autocast.h"
+#include "dtrain/torch/checkpoint.h"
+#include "dtrain/torch/ddp.h"
+#include "dtrain/torch/distributed_sampler.h"
+#include "dtrain/torch/grad_scaler.h"
+#include "dtrain/torch/init.h"
 #endif
 
 namespace dtrain {

@@ -1,7 +1,7 @@
 // splitLauncherArgs / parseLaunchArgs / workerCommandLine: tables of command lines.
 #include <gtest/gtest.h>
 
-#include "dtrain/error.h"
+#include "dtrain/base/error.h"
 #include "launcher/job/launch_args.h"
 #include "launcher/job/program.h"
 

@@ -1,7 +1,7 @@
 // LaunchConfig's value parsers and validate(): tables of good and bad values.
 #include <gtest/gtest.h>
 
-#include "dtrain/error.h"
+#include "dtrain/base/error.h"
 #include "launcher/job/launch_config.h"
 
 namespace dtrain::launcher {

@@ -2,7 +2,7 @@
 // variables (SLURM_*, PET_*): tables of good and bad inputs.
 #include <gtest/gtest.h>
 
-#include "dtrain/error.h"
+#include "dtrain/base/error.h"
 #include "launcher/cluster/hosts.h"
 #include "launcher/cluster/scheduler_env.h"
 

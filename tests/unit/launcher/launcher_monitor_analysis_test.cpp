@@ -4,7 +4,7 @@
 
 #include <gtest/gtest.h>
 
-#include "dtrain/error.h"
+#include "dtrain/base/error.h"
 #include "launcher/monitor/records.h"
 #include "launcher/monitor/stall_detector.h"
 #include "launcher/monitor/watches.h"

@@ -5,7 +5,7 @@
 
 #include <gtest/gtest.h>
 
-#include "dtrain/progress.h"
+#include "dtrain/base/progress.h"
 #include "launcher/monitor/cluster_keys.h"
 #include "launcher/monitor/job_view.h"
 #include "prometheus_text.h"

@@ -1,7 +1,7 @@
 // The monitoring options of launch: parsed values, defaults, and one clear usage error each.
 #include <gtest/gtest.h>
 
-#include "dtrain/error.h"
+#include "dtrain/base/error.h"
 #include "launcher/job/launch_args.h"
 
 namespace dtrain::launcher {

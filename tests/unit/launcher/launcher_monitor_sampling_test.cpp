@@ -16,8 +16,8 @@
 #include "launcher/monitor/cgroup_memory.h"
 #include "launcher/monitor/command.h"
 #include "launcher/monitor/gpu_sampler.h"
-#include "launcher/monitor/process_sampler.h"
 #include "launcher/monitor/proc_files.h"
+#include "launcher/monitor/process_sampler.h"
 #include "test_support.h"
 
 namespace dtrain::launcher::monitor {

@@ -2,7 +2,7 @@
 // carries the job's options to the other nodes.
 #include <gtest/gtest.h>
 
-#include "dtrain/error.h"
+#include "dtrain/base/error.h"
 #include "launcher/cluster/agent.h"
 #include "launcher/job/launch_args.h"
 

@@ -3,7 +3,7 @@
 
 #include <gtest/gtest.h>
 
-#include "dtrain/error.h"
+#include "dtrain/base/error.h"
 #include "launcher/supervisor/output.h"
 #include "test_support.h"
 

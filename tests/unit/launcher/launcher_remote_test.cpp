@@ -8,7 +8,7 @@
 #include <cstdio>
 #include <thread>
 
-#include "dtrain/error.h"
+#include "dtrain/base/error.h"
 #include "launcher/cluster/forwarded_env.h"
 #include "launcher/cluster/nccl_env.h"
 #include "launcher/cluster/remote/remote_command.h"

@@ -6,8 +6,8 @@
 #include <atomic>
 #include <thread>
 
-#include "dtrain/error.h"
-#include "dtrain/store.h"
+#include "dtrain/base/error.h"
+#include "dtrain/base/store.h"
 #include "launcher/cluster/coordinator.h"
 #include "launcher/cluster/rendezvous.h"
 

@@ -1,7 +1,7 @@
 // workerEnv(config, node, localRank, round): docs/design.md#worker-environment, table-driven.
 #include <gtest/gtest.h>
 
-#include "dtrain/env_contract.h"
+#include "env_contract.h"
 #include "launcher/job/worker_env.h"
 
 namespace dtrain::launcher {

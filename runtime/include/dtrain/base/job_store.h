@@ -5,11 +5,11 @@
 
 #include <memory>
 
-#include "dtrain/store.h"
+#include "dtrain/base/store.h"
 
 namespace dtrain::store {
 
-// Zero timeouts: the defaults (Note [Zero timeouts] in dtrain/timeout.h).
+// Zero timeouts: the defaults (Note [Zero timeouts] in dtrain/base/timeout.h).
 struct JobStoreOptions {
   Millis connectTimeout{60000};
   Millis timeout = kDefaultStoreTimeout;  // every operation

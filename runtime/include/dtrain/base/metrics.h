@@ -144,11 +144,11 @@ class PrometheusEndpoint : public Sink {
   std::unique_ptr<Impl> impl_;
 };
 
-// Hands records to the job's `launch` through its store (dtrain/progress.h), for launch's
+// Hands records to the job's `launch` through its store (dtrain/base/progress.h), for launch's
 // --metrics-port endpoint and --metrics-file: launch labels them with the rank's node and rank.
 // write() only copies the record under a short lock; the progress thread publishes at most once
 // a second. Records are carried while they are recent (Note [Trainer records] in
-// dtrain/progress.h); the endpoint shows the latest value of every field.
+// dtrain/base/progress.h); the endpoint shows the latest value of every field.
 class LaunchSink : public Sink {
  public:
   // Null when this process was not started by launch (no DTRAIN_STORE_ADDR or RANK).

@@ -25,7 +25,7 @@
 #include <utility>
 #include <vector>
 
-#include "dtrain/metrics.h"
+#include "dtrain/base/metrics.h"
 
 namespace dtrain::progress {
 

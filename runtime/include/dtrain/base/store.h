@@ -2,12 +2,12 @@
 // The key-value store every rendezvous in dtrain goes through.
 //
 // `Store` is the small interface (c10d's shape); implementations:
-//   - TcpStore (dtrain/tcp_store.h): client of a TcpStoreServer, the job's rendezvous store;
+//   - TcpStore (dtrain/base/tcp_store.h): client of a TcpStoreServer, the job's rendezvous store;
 //   - HashStore: in-process, for tests and for ranks run as threads;
 //   - PrefixStore: a view of another store with every key under "prefix/" (restart rounds).
 // Every blocking call has a deadline; a deadline that passes throws TimeoutError naming the keys,
 // the store and the time waited. A zero timeout is the store's timeout() (Note [Zero timeouts] in
-// dtrain/timeout.h); check() looks without waiting.
+// dtrain/base/timeout.h); check() looks without waiting.
 
 #include <chrono>
 #include <condition_variable>
@@ -18,7 +18,7 @@
 #include <unordered_map>
 #include <vector>
 
-#include "dtrain/timeout.h"
+#include "dtrain/base/timeout.h"
 
 namespace dtrain::store {
 

@@ -14,7 +14,7 @@
 #include <memory>
 #include <string>
 
-#include "dtrain/store.h"
+#include "dtrain/base/store.h"
 
 namespace dtrain::store {
 
@@ -32,7 +32,7 @@ struct StoreLimits {
   size_t maxKeysPerRequest = 4096;
 };
 
-// Every timeout below: zero means its default (Note [Zero timeouts] in dtrain/timeout.h).
+// Every timeout below: zero means its default (Note [Zero timeouts] in dtrain/base/timeout.h).
 struct TcpStoreServerOptions {
   std::string host = "127.0.0.1";  // the address to bind; "0.0.0.0" for every interface
   uint16_t port = 0;               // 0: a free port, see TcpStoreServer::port()
@@ -67,7 +67,7 @@ class TcpStoreServer {
   virtual void stop() = 0;
 };
 
-// Every timeout below: zero means its default (Note [Zero timeouts] in dtrain/timeout.h).
+// Every timeout below: zero means its default (Note [Zero timeouts] in dtrain/base/timeout.h).
 struct TcpStoreOptions {
   std::string host = "127.0.0.1";
   uint16_t port = kDefaultStorePort;

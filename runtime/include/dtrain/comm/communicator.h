@@ -1,15 +1,15 @@
 #pragma once
 // Communicator: collectives on raw buffers (pointer, count, dtype, op), torch-free. Backends: Gloo
-// (CPU, dtrain/gloo_communicator.h), shared memory inside a node and hierarchical across nodes
-// (CPU, dtrain/shm_communicator.h) and NCCL (CUDA, dtrain/nccl_communicator.h); dtrain/world.h
+// (CPU, dtrain/comm/gloo_communicator.h), shared memory inside a node and hierarchical across nodes
+// (CPU, dtrain/comm/shm_communicator.h) and NCCL (CUDA, dtrain/comm/nccl_communicator.h); dtrain/comm/world.h
 // has the table of backends. The torch layer wraps a Communicator in dtrain::ProcessGroup
-// (dtrain/process_group.h).
+// (dtrain/torch/process_group.h).
 //
 // Every collective is asynchronous and returns a Work; the non-virtual synchronous forms are the
 // async call plus wait(). Collectives run in the order they are issued, on every rank in the same
 // order. Once a collective fails, the communicator is failed: every later call fails fast with the
 // first error, which names this rank, the peer and the operation. Every wait has a deadline; a zero
-// timeout anywhere here means the default one (Note [Zero timeouts] in dtrain/timeout.h).
+// timeout anywhere here means the default one (Note [Zero timeouts] in dtrain/base/timeout.h).
 
 #include <atomic>
 #include <chrono>
@@ -21,7 +21,7 @@
 #include <string>
 #include <vector>
 
-#include "dtrain/store.h"
+#include "dtrain/base/store.h"
 
 namespace dtrain::comm {
 

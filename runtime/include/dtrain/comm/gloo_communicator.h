@@ -8,9 +8,9 @@
 #include <string>
 #include <vector>
 
-#include "dtrain/comm.h"
-#include "dtrain/fault.h"
-#include "dtrain/store.h"
+#include "dtrain/base/fault.h"
+#include "dtrain/base/store.h"
+#include "dtrain/comm/communicator.h"
 
 namespace dtrain::comm {
 
@@ -34,7 +34,7 @@ struct GlooOptions {
   std::string interface;
   std::string storeHost;
   // Default deadline of each collective (CallOptions::timeout overrides per call). Zero here and
-  // in connectTimeout: the default (Note [Zero timeouts] in dtrain/timeout.h).
+  // in connectTimeout: the default (Note [Zero timeouts] in dtrain/base/timeout.h).
   Millis timeout = kDefaultCollectiveTimeout;
   // Deadline for all ranks to connect.
   Millis connectTimeout = kDefaultConnectTimeout;

@@ -13,9 +13,9 @@
 #include <string>
 #include <vector>
 
-#include "dtrain/comm.h"
-#include "dtrain/fault.h"
-#include "dtrain/store.h"
+#include "dtrain/base/fault.h"
+#include "dtrain/base/store.h"
+#include "dtrain/comm/communicator.h"
 
 namespace dtrain::comm {
 
@@ -27,7 +27,7 @@ struct NcclOptions {
   std::shared_ptr<store::Store> store;  // shared by all ranks; keys under "<name>/"
   std::string name = "nccl";
   int device = 0;                        // CUDA device index: cuda:LOCAL_RANK
-  // Zero: the default (Note [Zero timeouts] in dtrain/timeout.h).
+  // Zero: the default (Note [Zero timeouts] in dtrain/base/timeout.h).
   Millis timeout = kDefaultCollectiveTimeout;
   Millis connectTimeout = kDefaultConnectTimeout;  // waiting for rank 0's ncclUniqueId
   // Work::wait() blocks the host until the GPU has finished the collective (or its timeout

@@ -13,9 +13,9 @@
 #include <string>
 #include <vector>
 
-#include "dtrain/comm.h"
-#include "dtrain/fault.h"
-#include "dtrain/store.h"
+#include "dtrain/base/fault.h"
+#include "dtrain/base/store.h"
+#include "dtrain/comm/communicator.h"
 
 namespace dtrain::comm {
 

@@ -16,8 +16,8 @@
 #include <string>
 #include <vector>
 
-#include "dtrain/comm.h"
-#include "dtrain/store.h"
+#include "dtrain/base/store.h"
+#include "dtrain/comm/communicator.h"
 
 namespace dtrain::store {
 class TcpStoreServer;
@@ -47,7 +47,7 @@ struct WorldOptions {
   // environment. `storeHost` is its host, for choosing the network interface (empty: loopback).
   std::shared_ptr<store::Store> store;
   std::string storeHost;
-  // Zero: the default (Note [Zero timeouts] in dtrain/timeout.h).
+  // Zero: the default (Note [Zero timeouts] in dtrain/base/timeout.h).
   Millis timeout = kDefaultCollectiveTimeout;       // each collective
   Millis connectTimeout = kDefaultConnectTimeout;   // store connection and rendezvous
   // Check every collective's type and shape across ranks (also DTRAIN_CHECK_COLLECTIVES=1).

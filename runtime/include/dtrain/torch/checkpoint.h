@@ -33,7 +33,7 @@
 // node; nodes without it (a spot machine that came back with an empty disk) get a copy written
 // locally; then every rank reads its node's copy. A different world size is refused with both
 // sizes named unless CheckpointOptions::allowWorldSizeChange (the sampler's global cursor keeps
-// the data exact; see dtrain/distributed_sampler.h).
+// the data exact; see dtrain/torch/distributed_sampler.h).
 
 #include <chrono>
 #include <cstdint>

@@ -39,10 +39,10 @@
 #include <torch/nn/module.h>
 #include <torch/nn/pimpl.h>
 
-#include "dtrain/ddp_core.h"
-#include "dtrain/ddp_options.h"
-#include "dtrain/ddp_stats.h"
-#include "dtrain/process_group.h"
+#include "dtrain/torch/ddp_core.h"
+#include "dtrain/torch/ddp_options.h"
+#include "dtrain/torch/ddp_stats.h"
+#include "dtrain/torch/process_group.h"
 
 namespace dtrain {
 

@@ -1,6 +1,6 @@
 #pragma once
 // DdpCore: everything of DistributedDataParallel that does not depend on the module's type. The
-// template in dtrain/ddp.h only forwards calls to the module and reports to this class, so the
+// template in dtrain/torch/ddp.h only forwards calls to the module and reports to this class, so the
 // machinery is compiled once, in the library.
 
 #include <memory>
@@ -9,9 +9,9 @@
 
 #include <ATen/core/Tensor.h>
 
-#include "dtrain/ddp_options.h"
-#include "dtrain/ddp_stats.h"
-#include "dtrain/process_group.h"
+#include "dtrain/torch/ddp_options.h"
+#include "dtrain/torch/ddp_stats.h"
+#include "dtrain/torch/process_group.h"
 
 namespace torch::nn {
 class Module;

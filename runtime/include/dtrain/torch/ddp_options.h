@@ -1,10 +1,10 @@
 #pragma once
-// Options of dtrain::DistributedDataParallel (dtrain/ddp.h), with PyTorch's defaults.
+// Options of dtrain::DistributedDataParallel (dtrain/torch/ddp.h), with PyTorch's defaults.
 
 #include <cstddef>
 
-#include "dtrain/bucket_assignment.h"
-#include "dtrain/comm.h"
+#include "dtrain/comm/communicator.h"
+#include "dtrain/torch/bucket_assignment.h"
 
 namespace dtrain {
 
@@ -16,7 +16,7 @@ enum class GradientCompression { None, Fp16, Bf16 };
 const char* gradientCompressionName(GradientCompression compression);
 
 struct DdpOptions {
-  // Bucket limits; see Note [Bucket order] in dtrain/bucket_assignment.h.
+  // Bucket limits; see Note [Bucket order] in dtrain/torch/bucket_assignment.h.
   size_t firstBucketBytes = kDefaultFirstBucketBytes;
   size_t bucketBytes = kDefaultBucketBytes;
   // Broadcast the module's buffers (BatchNorm running statistics) from rank 0 before every forward
@@ -40,11 +40,11 @@ struct DdpOptions {
   bool gradientAsBucketView = true;
   GradientCompression compression = GradientCompression::None;
   // After the first synchronised backward, rebuild the buckets in the order the gradients arrived
-  // (rank 0's), as PyTorch does; see Note [Bucket rebuild] in dtrain/bucket_assignment.h. Not with
+  // (rank 0's), as PyTorch does; see Note [Bucket rebuild] in dtrain/torch/bucket_assignment.h. Not with
   // findUnusedParameters, whose arrival order may change from one iteration to the next.
   bool rebuildBuckets = true;
   // Deadline of every collective DDP waits for; zero: the communicator's (Note [Zero timeouts] in
-  // dtrain/timeout.h).
+  // dtrain/base/timeout.h).
   comm::Millis timeout = comm::Millis::zero();
 };
 

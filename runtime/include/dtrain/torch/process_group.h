@@ -1,6 +1,6 @@
 #pragma once
 // ProcessGroup: the training program's handle on the job: its rank, the world, and collectives on
-// tensors. Created by dtrain::init() (dtrain/init.h) from the launcher's environment, or directly
+// tensors. Created by dtrain::init() (dtrain/torch/init.h) from the launcher's environment, or directly
 // over a Communicator (tests, ranks as threads). A thin facade: it checks tensors, maps dtypes and
 // hands raw buffers to the Communicator; non-contiguous tensors go through a contiguous copy that
 // is written back when the collective has finished. Async forms keep their tensors alive until
@@ -12,8 +12,8 @@
 #include <ATen/core/Tensor.h>
 #include <c10/core/Device.h>
 
-#include "dtrain/comm.h"
-#include "dtrain/world.h"
+#include "dtrain/comm/communicator.h"
+#include "dtrain/comm/world.h"
 
 namespace dtrain {
 
