@@ -7,9 +7,15 @@
 #      ("// L1: ..."), is a row of docs/reliability.md;
 #   4. row ids are unique; a row's status is covered..., planned (issue N) or retired; a covered
 #      row names a test; every test in the tests column exists (CTest's name: executable.Suite.Test,
-#      executable.Prefix/Suite.Test/param, or a plain add_test name).
+#      executable.Prefix/Suite.Test/param, or a plain add_test name);
+#   5. every backticked `name()`, `Type::name` or `Type::name()` in a Note of the sources (from the
+#      "// Note [Title]" line to the first line that is not a comment; bare name() and Type::name
+#      count there too) or in a Markdown document names a function, method, type, enum value,
+#      constant, macro or member defined in the tree (docs_names.awk), or is on the allowlist of
+#      names from outside it below.
 # Usage: docs_references_test.sh <source-dir>
 set -euo pipefail
+here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 cd "$1"
 
 failures=0
@@ -171,6 +177,27 @@ while IFS= read -r hit; do
     [[ -n "${is_row[$id]:-}" ]] || fail "$file:$line: a comment cites row $id, which is not in docs/reliability.md"
   done < <(grep -oE '[A-Z][0-9]{1,3}' <<<"$lead" || true)
 done < <(grep -nIE '(//|#) *[A-Z][0-9]{1,3}((,| and| /|-) *[A-Z][0-9]{1,3})*([:, ]|$)' "${code[@]}" 2>/dev/null || true)
+
+# 5. Names. What comes from outside the tree, kept short and explicit: a name qualified by one of
+# these namespaces (torch::, c10d::, std::, ...; os. for Python's), and these unqualified names.
+foreign_namespaces=(torch c10d c10 at std gloo os)
+foreign_names=(
+  # PyTorch / libtorch
+  detach_ named_parameters named_buffers load_state_dict set_autocast_enabled no_sync
+  DistributedRandomSampler RandomCrop
+  # POSIX / libc
+  poll fork kill raise _exit dlopen posix_fadvise
+)
+mapfile -t name_sources < <(printf '%s\n' "${files[@]}" | grep -E '\.(h|cpp|py|sh|cmake)$|CMakeLists\.txt$' || true)
+mapfile -t documents < <(printf '%s\n' "${files[@]}" | grep -E '\.md$' || true)
+if problems="$(awk -f "$here/docs_names.awk" -v foreign_namespaces="${foreign_namespaces[*]}" \
+                   -v foreign_names="${foreign_names[*]}" "${name_sources[@]}" "${documents[@]}")"; then
+  while IFS= read -r problem; do
+    [[ -n "$problem" ]] && fail "$problem"
+  done <<<"$problems"
+else
+  fail "docs_names.awk failed on the sources"
+fi
 
 if [[ $failures -gt 0 ]]; then
   echo "docs_references: $failures problem(s)" >&2
