@@ -3,6 +3,7 @@
 # every name resolves, and fails, naming file:line and the name, once a Note and a document cite
 # names the tree does not define. Without this, a check that resolved everything would pass too.
 # Usage: docs_references_self_test.sh
+# shellcheck disable=SC2016  # the backticks below are Markdown, not command substitutions
 set -euo pipefail
 check="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)/docs_references_test.sh"
 tree="$(mktemp -d)"
