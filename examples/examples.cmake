@@ -4,7 +4,9 @@
 add_library(dtrain_examples STATIC
   examples/models/resnet.cpp
   examples/data/cifar10.cpp
-  examples/data/loader.cpp)
+  examples/data/loader.cpp
+  examples/training/evaluate.cpp
+  examples/training/progress.cpp)
 target_include_directories(dtrain_examples PUBLIC ${CMAKE_CURRENT_SOURCE_DIR}/examples)
 target_link_libraries(dtrain_examples PUBLIC dtrain)
 target_precompile_headers(dtrain_examples REUSE_FROM dtrain)

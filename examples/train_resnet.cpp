@@ -6,16 +6,14 @@
 //   launch --nproc-per-node 2 --max-restarts 3 ./train_resnet --arch resnet18 --data-dir cifar
 //          --synthetic 10000 --epochs 5 --checkpoint-dir ckpt --metrics-file metrics.jsonl
 //
-// Read it top to bottom:
+// Read it top to bottom, each step where it is defined; main, at the end, takes them in order:
 //   1. options            6. checkpoints and resume
 //   2. join the job       7. metrics
 //   3. data               8. the training loop (accumulation, mixed precision, progress,
 //   4. model and DDP         evaluation, checkpoints)
 //   5. optimizer, learning-rate schedule, loss scaling   9. summary
 // Helpers live beside it: the models in examples/models, the CIFAR-10 reader and the loader
-// thread in examples/data.
-#include <unistd.h>
-
+// thread in examples/data, the progress lines and the test-set evaluation in examples/training.
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -32,6 +30,8 @@
 #include "data/cifar10.h"
 #include "data/loader.h"
 #include "models/resnet.h"
+#include "training/evaluate.h"
+#include "training/progress.h"
 
 namespace {
 
@@ -165,6 +165,83 @@ Options parseOptions(int argc, char** argv) {
   return o;
 }
 
+// ---------------------------------------------------------------------------------------------
+// 2. Join the job. Rank, world size and the store come from `launch`'s environment; the backend
+//    is NCCL on GPUs (cuda:LOCAL_RANK) and Gloo on the CPU, unless --device says which.
+// ---------------------------------------------------------------------------------------------
+std::shared_ptr<dtrain::ProcessGroup> joinJob(const Options& opt) {
+  dtrain::InitOptions init;
+  if (opt.device == "cpu") init.backend = "gloo";
+  if (opt.device == "cuda") init.backend = "nccl";
+  return dtrain::init(init);
+}
+
+// ---------------------------------------------------------------------------------------------
+// 3. Data. Every rank reads the whole set (CIFAR-10 is small); the DistributedSampler gives each
+//    rank its own shard of every epoch, and a BatchLoader thread (in the training loop, step 8)
+//    turns the shard into augmented, normalised batches ahead of the training loop.
+// ---------------------------------------------------------------------------------------------
+struct Data {
+  examples::CifarSplit train, test;
+  dtrain::DistributedSampler sampler;
+  int64_t samplesPerStep;  // per rank: --batch-size x --accum-steps
+  int64_t stepsPerEpoch;   // whole optimizer steps
+  int64_t totalSteps;
+};
+
+Data loadData(const Options& opt, dtrain::ProcessGroup& group) {
+  if (opt.synthetic > 0) {
+    // One writer per node (each node may have its own disk); the set is deterministic.
+    if (group.localRank() == 0) {
+      examples::writeSyntheticCifar10(opt.dataDir, opt.synthetic,
+                                      std::max<int64_t>(10, opt.synthetic / 5), opt.seed);
+    }
+    group.barrier();
+  }
+  examples::CifarSplit train = examples::readCifar10(opt.dataDir, /*train=*/true);
+  examples::CifarSplit test = examples::readCifar10(opt.dataDir, /*train=*/false);
+  dtrain::SamplerOptions samplerOptions;
+  samplerOptions.seed = opt.seed;
+  dtrain::DistributedSampler sampler(static_cast<size_t>(train.size()), group.size(),
+                                     group.rank(), samplerOptions);
+
+  // Whole optimizer steps per epoch: the sampler gives every rank the same number of samples.
+  const int64_t samplesPerStep = opt.batchSize * opt.accumSteps;
+  const int64_t stepsPerEpoch = static_cast<int64_t>(sampler.size()) / samplesPerStep;
+  if (stepsPerEpoch == 0) {
+    DTRAIN_THROW(dtrain::InvalidArgument,
+                 "{} training images give each of {} ranks {} samples, less than one step of {} "
+                 "(--batch-size x --accum-steps). HINT: a smaller batch or more data",
+                 train.size(), group.size(), sampler.size(), samplesPerStep);
+  }
+  return Data{std::move(train), std::move(test),   std::move(sampler),
+              samplesPerStep,   stepsPerEpoch,     opt.epochs * stepsPerEpoch};
+}
+
+// ---------------------------------------------------------------------------------------------
+// 4. Model. Every rank builds the same architecture; in main, DDP's constructor then copies rank
+//    0's parameters and buffers to all, and from then on averages gradients during backward.
+// ---------------------------------------------------------------------------------------------
+examples::ResNet buildModel(const Options& opt, const torch::Device& device) {
+  torch::manual_seed(opt.seed);
+  examples::ResNetOptions modelOptions;
+  modelOptions.arch = opt.arch;
+  modelOptions.numClasses = examples::kCifarClasses;
+  modelOptions.cifarStem = !opt.imagenetStem;
+  modelOptions.width = opt.width;
+  examples::ResNet model = examples::makeResNet(modelOptions);
+  model->to(device);
+  return model;
+}
+
+// ---------------------------------------------------------------------------------------------
+// 5. Optimizer, schedule and loss scaling. The peak learning rate scales with the global batch
+//    (the "linear scaling rule"), so changing the number of ranks keeps the recipe. With --amp
+//    on CUDA the forward runs in float16, whose gradients can underflow: the GradScaler
+//    multiplies the loss before backward and divides the gradients again, skipping a step (on
+//    every rank alike) when any rank saw an inf or NaN. bfloat16 (the CPU) has float32's range
+//    and needs no scaling: the scaler is then disabled and changes nothing.
+// ---------------------------------------------------------------------------------------------
 // Warm-up + cosine: linear from ~0 to the peak over `warmup` steps, then half a cosine to 0.
 double learningRate(double peak, int64_t step, int64_t warmup, int64_t total) {
   if (step < warmup) return peak * static_cast<double>(step + 1) / static_cast<double>(warmup);
@@ -173,383 +250,233 @@ double learningRate(double peak, int64_t step, int64_t warmup, int64_t total) {
   return 0.5 * peak * (1.0 + std::cos(M_PI * std::min(1.0, progress)));
 }
 
-std::string duration(double seconds) {
-  const auto s = static_cast<int64_t>(std::max(0.0, seconds) + 0.5);
-  return fmt::format("{}:{:02}:{:02}", s / 3600, s / 60 % 60, s % 60);
+void setLearningRate(torch::optim::SGD& optimizer, double lr) {
+  for (auto& group : optimizer.param_groups())
+    static_cast<torch::optim::SGDOptions&>(group.options()).lr(lr);
 }
 
-// Progress lines on rank 0: the mean loss and accuracy over an interval of steps and over every
-// rank, the job's samples/s, the time left. Under `launch` stdout is a pipe that launch prefixes
-// line by line, so each report is a whole line; run directly on a terminal, the line is redrawn
-// in place.
-class Progress {
- public:
-  Progress(dtrain::ProcessGroup& group, int64_t epochs, int64_t totalSteps)
-      : group_(group),
-        epochs_(epochs),
-        totalSteps_(totalSteps),
-        terminal_(group.rank() == 0 && isatty(STDOUT_FILENO)) {}
-
-  // One step of this rank: its loss (mean over its samples), correct predictions, samples.
-  void add(double loss, double correct, double samples) {
-    sums_[0] += loss * samples;
-    sums_[1] += correct;
-    sums_[2] += samples;
-    ++steps_;
-  }
-
-  // Collective (one small allreduce): every rank calls it at the same steps.
-  void report(int64_t epoch, int64_t step, const std::string& extra) {
-    group_.allreduce(sums_);  // sums over every rank
-    const double elapsed = std::chrono::duration<double>(Clock::now() - start_).count();
-    const double samples = sums_[2].item<double>();
-    const double eta =
-        elapsed / static_cast<double>(steps_) * static_cast<double>(totalSteps_ - step);
-    line(fmt::format(
-             "epoch {}/{}  step {}/{}  loss {:.4f}  acc {:5.1f}%  {:.0f} samples/s  eta {}{}",
-             epoch + 1, epochs_, step, totalSteps_, sums_[0].item<double>() / samples,
-             100 * sums_[1].item<double>() / samples, samples / elapsed, duration(eta), extra),
-         /*redraw=*/true);
-    sums_.zero_();
-    steps_ = 0;
-    start_ = Clock::now();
-  }
-
-  // Any other line from rank 0 (evaluation, summary): ends a line being redrawn first.
-  void line(const std::string& text, bool redraw = false) {
-    if (group_.rank() != 0) return;
-    if (terminal_ && redraw) {
-      std::printf("\r%s", text.c_str());
-      open_ = true;
-    } else {
-      std::printf("%s%s\n", open_ ? "\n" : "", text.c_str());
-      open_ = false;
-    }
-    std::fflush(stdout);
-  }
-
- private:
-  dtrain::ProcessGroup& group_;
-  int64_t epochs_, totalSteps_;
-  bool terminal_;
-  bool open_ = false;  // a redrawn line without its newline yet
-  torch::Tensor sums_ = torch::zeros({3}, torch::kDouble);  // loss x samples, correct, samples
-  int64_t steps_ = 0;
-  Clock::time_point start_ = Clock::now();
-};
-
-// Test accuracy over the whole test set: each rank evaluates every world-th image (no padding,
-// so no image counts twice), then the counts are summed across ranks.
-double evaluate(examples::ResNet& model, const examples::CifarSplit& test,
-                dtrain::ProcessGroup& group, const torch::Device& device, int64_t batchSize) {
-  torch::NoGradGuard noGrad;
-  model->eval();
-  std::vector<size_t> mine;
-  for (int64_t i = group.rank(); i < test.size(); i += group.size())
-    mine.push_back(static_cast<size_t>(i));
-  examples::LoaderOptions options;
-  options.batchSize = batchSize;
-  options.augment = false;
-  examples::BatchLoader loader(test, std::move(mine), options);
-  torch::Tensor counts = torch::zeros({2}, torch::kDouble);  // correct, seen
-  while (auto batch = loader.next()) {
-    torch::Tensor predicted = model->forward(batch->images.to(device)).argmax(1).cpu();
-    counts[0] += (predicted == batch->labels).sum().item<int64_t>();
-    counts[1] += batch->labels.size(0);
-  }
-  model->train();
-  if (device.is_cuda()) counts = counts.to(device);
-  group.allreduce(counts);
-  counts = counts.cpu();
-  return counts[0].item<double>() / std::max(1.0, counts[1].item<double>());
+// ---------------------------------------------------------------------------------------------
+// 6. Checkpoints and resume. Everything the job's state is made of goes in: the model, the
+//    optimizer (momentum), the scaler, and the sampler (how far every rank got in the data; the
+//    learning rate follows from the step). When `launch --max-restarts` restarts the job after a
+//    failure, or the command is simply run again, restore() finds the newest checkpoint every
+//    rank can load and the loop continues from there; on a fresh start it finds none. A SIGTERM
+//    (a spot instance's notice) makes every rank save at the same step and exit 75, which launch
+//    passes on: run the same command again to resume.
+// ---------------------------------------------------------------------------------------------
+std::unique_ptr<dtrain::Checkpointer> makeCheckpointer(
+    const Options& opt, std::shared_ptr<dtrain::ProcessGroup> group, examples::ResNet& model,
+    torch::optim::SGD& optimizer, dtrain::GradScaler& scaler, dtrain::DistributedSampler& sampler) {
+  auto checkpointer = std::make_unique<dtrain::Checkpointer>(
+      std::move(group), dtrain::CheckpointOptions(opt.checkpointDir));
+  checkpointer->addModule("model", model);
+  checkpointer->addOptimizer("optimizer", optimizer);
+  checkpointer->addScaler("scaler", scaler);
+  checkpointer->addSampler("sampler", sampler);
+  return checkpointer;
 }
 
-}  // namespace
+// ---------------------------------------------------------------------------------------------
+// 7. Metrics. Every rank records its own figures each step: its batch's loss and accuracy, the
+//    job's samples/s as it measured them, its share of the step spent waiting for gradient
+//    allreduces, the loss scale, the checkpoints' durations. Under `launch` they reach launch
+//    through the job's store by themselves, so `launch --metrics-port` shows every rank's
+//    figures beside launch's own samples (memory, CPU, GPUs) and `launch --metrics-file` holds
+//    them all: the trainer needs no port of its own. Rank 0 can also write its own JSONL file
+//    and serve its own Prometheus endpoint (without launch, say). The progress lines average
+//    over all ranks.
+// ---------------------------------------------------------------------------------------------
+void addOwnSinks(dtrain::metrics::Metrics& metrics, const Options& opt) {
+  if (!opt.metricsFile.empty()) metrics.addSink(dtrain::metrics::JsonlSink::open(opt.metricsFile));
+  if (opt.metricsPort >= 0) {
+    auto endpoint = dtrain::metrics::PrometheusEndpoint::start(
+        {"0.0.0.0", static_cast<uint16_t>(opt.metricsPort)});
+    std::printf("metrics: http://%s:%u/metrics\n", metrics.node().c_str(), endpoint->port());
+    metrics.addSink(endpoint);
+  }
+}
 
-int main(int argc, char** argv) {
-  const Options opt = parseOptions(argc, argv);
-  try {
-    if (opt.threads > 0) torch::set_num_threads(static_cast<int>(opt.threads));
+// ---------------------------------------------------------------------------------------------
+// 8. The training loop: epochs of optimizer steps of micro-batches, with progress lines,
+//    evaluation and checkpoints between steps. Training holds what steps 2-7 built and what the
+//    loop keeps track of: run() is the loop over epochs and steps, trainStep() one optimizer
+//    step, forwardBackward() one micro-batch. The progress lines and the evaluation on the test
+//    set are helpers in examples/training.
+// ---------------------------------------------------------------------------------------------
+struct Training {
+  const Options& opt;
+  dtrain::ProcessGroup& group;
+  Data& data;
+  examples::ResNet& model;
+  dtrain::DistributedDataParallel<examples::ResNet>& ddp;
+  torch::optim::SGD& optimizer;
+  double peakLr;
+  dtrain::GradScaler& scaler;
+  dtrain::Checkpointer* checkpointer;  // null without --checkpoint-dir
+  dtrain::metrics::Metrics& metrics;
+  int64_t firstStep;  // the checkpoint's step, or 0
 
-    // -------------------------------------------------------------------------------------------
-    // 2. Join the job. Rank, world size and the store come from `launch`'s environment; the
-    //    backend is NCCL on GPUs (cuda:LOCAL_RANK) and Gloo on the CPU.
-    // -------------------------------------------------------------------------------------------
-    dtrain::InitOptions init;
-    if (opt.device == "cpu") init.backend = "gloo";
-    if (opt.device == "cuda") init.backend = "nccl";
-    auto group = dtrain::init(init);
-    const int rank = group->rank(), world = group->size();
-    const bool leader = rank == 0;
-    const torch::Device device = group->device();
+  int64_t step = firstStep;  // optimizer steps done
+  int64_t savedAt = firstStep, evaluatedAt = -1, bestStep = 0;
+  double testAccuracy = -1, bestAccuracy = -1;
+  double lastLoss = NAN, lastAccuracy = NAN;
+  examples::Progress progress{group, opt.epochs, data.totalSteps};
+  Clock::time_point started = Clock::now();
 
-    // -------------------------------------------------------------------------------------------
-    // 3. Data. Every rank reads the whole set (CIFAR-10 is small); the DistributedSampler gives
-    //    each rank its own shard of every epoch, and a BatchLoader thread turns the shard into
-    //    augmented, normalised batches ahead of the training loop.
-    // -------------------------------------------------------------------------------------------
-    if (opt.synthetic > 0) {
-      // One writer per node (each node may have its own disk); the set is deterministic.
-      if (group->localRank() == 0) {
-        examples::writeSyntheticCifar10(opt.dataDir, opt.synthetic,
-                                        std::max<int64_t>(10, opt.synthetic / 5), opt.seed);
-      }
-      group->barrier();
-    }
-    const examples::CifarSplit train = examples::readCifar10(opt.dataDir, /*train=*/true);
-    const examples::CifarSplit test = examples::readCifar10(opt.dataDir, /*train=*/false);
-    dtrain::SamplerOptions samplerOptions;
-    samplerOptions.seed = opt.seed;
-    dtrain::DistributedSampler sampler(static_cast<size_t>(train.size()), world, rank,
-                                       samplerOptions);
+  struct StepFigures {
+    torch::Tensor loss = torch::zeros({}, torch::kDouble);  // summed over the micro-batches
+    torch::Tensor correct = torch::zeros({}, torch::kLong);
+  };
 
-    // Whole optimizer steps per epoch: the sampler gives every rank the same number of samples.
-    const int64_t samplesPerStep = opt.batchSize * opt.accumSteps;  // per rank
-    const int64_t stepsPerEpoch = static_cast<int64_t>(sampler.size()) / samplesPerStep;
-    if (stepsPerEpoch == 0) {
-      DTRAIN_THROW(dtrain::InvalidArgument,
-                   "{} training images give each of {} ranks {} samples, less than one step of {} "
-                   "(--batch-size x --accum-steps). HINT: a smaller batch or more data",
-                   train.size(), world, sampler.size(), samplesPerStep);
-    }
-    const int64_t totalSteps = opt.epochs * stepsPerEpoch;
-
-    // -------------------------------------------------------------------------------------------
-    // 4. Model and DDP. Every rank builds the same architecture; DDP's constructor copies rank
-    //    0's parameters and buffers to all, and from then on averages gradients during backward.
-    // -------------------------------------------------------------------------------------------
-    torch::manual_seed(opt.seed);
-    examples::ResNetOptions modelOptions;
-    modelOptions.arch = opt.arch;
-    modelOptions.numClasses = examples::kCifarClasses;
-    modelOptions.cifarStem = !opt.imagenetStem;
-    modelOptions.width = opt.width;
-    examples::ResNet model = examples::makeResNet(modelOptions);
-    model->to(device);
-    dtrain::DistributedDataParallel<examples::ResNet> ddp(model, group);
-
-    // -------------------------------------------------------------------------------------------
-    // 5. Optimizer, schedule and loss scaling. The peak learning rate scales with the global
-    //    batch (the "linear scaling rule"), so changing the number of ranks keeps the recipe.
-    //    With --amp on CUDA the forward runs in float16, whose gradients can underflow: the
-    //    GradScaler multiplies the loss before backward and divides the gradients again, skipping
-    //    a step (on every rank alike) when any rank saw an inf or NaN. bfloat16 (the CPU) has
-    //    float32's range and needs no scaling: the scaler is then disabled and changes nothing.
-    // -------------------------------------------------------------------------------------------
-    const double peakLr = opt.lr * static_cast<double>(samplesPerStep * world) / 256.0;
-    torch::optim::SGD optimizer(
-        ddp.parameters(),
-        torch::optim::SGDOptions(peakLr).momentum(opt.momentum).weight_decay(opt.weightDecay));
-    auto setLr = [&](double lr) {
-      for (auto& g : optimizer.param_groups())
-        static_cast<torch::optim::SGDOptions&>(g.options()).lr(lr);
-    };
-    dtrain::GradScalerOptions scalerOptions;
-    scalerOptions.enabled = opt.amp && device.is_cuda();
-    dtrain::GradScaler scaler(group, scalerOptions);
-
-    // -------------------------------------------------------------------------------------------
-    // 6. Checkpoints and resume. Everything the job's state is made of goes in: the model, the
-    //    optimizer (momentum), the scaler, and the sampler (how far every rank got in the data;
-    //    the learning rate follows from the step). When `launch --max-restarts` restarts the job
-    //    after a failure, or the command is simply run again, restore() finds the newest
-    //    checkpoint every rank can load and the loop below continues from there; on a fresh start
-    //    it finds none. A SIGTERM (a spot instance's notice) makes every rank save at the same
-    //    step and exit 75, which launch passes on: run the same command again to resume.
-    // -------------------------------------------------------------------------------------------
-    int64_t step = 0;  // optimizer steps done
-    std::unique_ptr<dtrain::Checkpointer> checkpointer;
-    if (!opt.checkpointDir.empty()) {
-      checkpointer = std::make_unique<dtrain::Checkpointer>(
-          group, dtrain::CheckpointOptions(opt.checkpointDir));
-      checkpointer->addModule("model", model);
-      checkpointer->addOptimizer("optimizer", optimizer);
-      checkpointer->addScaler("scaler", scaler);
-      checkpointer->addSampler("sampler", sampler);
-      if (auto restored = checkpointer->restore()) {
-        step = restored->step;
-        if (leader) {
-          std::printf("resumed from the checkpoint of step %lld (%s)\n",
-                      static_cast<long long>(step), restored->path.c_str());
-        }
-      }
-    }
-    const int64_t firstStep = step;
+  // Trains up to the last step. False when the job was preempted: every rank saved this step.
+  bool run() {
     bool midEpoch = step > 0;  // the sampler continues the epoch it was saved in
-
-    // -------------------------------------------------------------------------------------------
-    // 7. Metrics. Every rank records its own figures each step: its batch's loss and accuracy,
-    //    the job's samples/s as it measured them, its share of the step spent waiting for
-    //    gradient allreduces, the loss scale, the checkpoints' durations. Under `launch` they
-    //    reach launch through the job's store by themselves, so `launch --metrics-port` shows
-    //    every rank's figures beside launch's own samples (memory, CPU, GPUs) and
-    //    `launch --metrics-file` holds them all: the trainer needs no port of its own. Rank 0
-    //    can also write its own JSONL file and serve its own Prometheus endpoint (without launch,
-    //    say). The progress lines average over all ranks.
-    // -------------------------------------------------------------------------------------------
-    dtrain::metrics::Metrics metrics;
-    if (leader && !opt.metricsFile.empty())
-      metrics.addSink(dtrain::metrics::JsonlSink::open(opt.metricsFile));
-    if (leader && opt.metricsPort >= 0) {
-      auto endpoint = dtrain::metrics::PrometheusEndpoint::start(
-          {"0.0.0.0", static_cast<uint16_t>(opt.metricsPort)});
-      std::printf("metrics: http://%s:%u/metrics\n", metrics.node().c_str(), endpoint->port());
-      metrics.addSink(endpoint);
-    }
-    if (step > 0) metrics.record(step, {{"resumed", 1}});  // plot_metrics.py marks it
-    // A checkpoint's background write ends while training goes on: its duration and size are
-    // recorded (under the step it saved) once it has, on each node's writer rank.
-    auto recordCheckpointWrites = [&] {
-      if (!checkpointer) return;
-      for (const auto& write : checkpointer->finishedWrites()) {
-        metrics.record(write.step, {{"checkpoint_write_seconds", write.seconds},
-                                    {"checkpoint_bytes", static_cast<double>(write.bytes)}});
-      }
-    };
-
-    // -------------------------------------------------------------------------------------------
-    // 8. Train.
-    // -------------------------------------------------------------------------------------------
-    if (leader) {
-      std::printf(
-          "train_resnet: %s (%.2fM parameters), %d ranks x %lld samples per step on %s%s, "
-          "%lld steps (%lld per epoch), peak lr %.4g\n",
-          opt.arch.c_str(), examples::parameterCount(*model) / 1e6, world,
-          static_cast<long long>(samplesPerStep), device.str().c_str(),
-          opt.amp ? (device.is_cuda() ? " (amp: float16)" : " (amp: bfloat16)") : "",
-          static_cast<long long>(totalSteps), static_cast<long long>(stepsPerEpoch), peakLr);
-      std::fflush(stdout);
-    }
-    Progress progress(*group, opt.epochs, totalSteps);
-    const auto started = Clock::now();
-    double testAccuracy = -1, bestAccuracy = -1;
-    int64_t bestStep = 0, evaluatedAt = -1;
-    double lastLoss = NAN, lastAccuracy = NAN;
-
-    auto runEval = [&] {
-      ddp.syncBuffers();  // every rank evaluates rank 0's BatchNorm statistics
-      testAccuracy = evaluate(model, test, *group, device, opt.batchSize);
-      evaluatedAt = step;
-      if (testAccuracy > bestAccuracy) bestAccuracy = testAccuracy, bestStep = step;
-      metrics.record(step, {{"test_accuracy", testAccuracy}});
-      progress.line(fmt::format("eval step {}: test accuracy {:.2f}%", step, 100 * testAccuracy));
-    };
-    int64_t savedAt = step;
-    auto save = [&](int64_t epoch) {
-      savedAt = step;
-      const auto begin = Clock::now();
-      checkpointer->saveAsync(step, epoch);  // a snapshot now; written while training goes on
-      metrics.record(step, {{"checkpoint_seconds",
-                             std::chrono::duration<double>(Clock::now() - begin).count()}});
-    };
-
-    for (int64_t epoch = sampler.epoch(); step < totalSteps; ++epoch) {
-      if (!midEpoch) sampler.setEpoch(epoch);  // a new order each epoch, the same on every rank
+    for (int64_t epoch = data.sampler.epoch(); step < data.totalSteps; ++epoch) {
+      if (!midEpoch) data.sampler.setEpoch(epoch);  // a new order each epoch, the same everywhere
       midEpoch = false;
       examples::LoaderOptions loaderOptions;
       loaderOptions.batchSize = opt.batchSize;
       loaderOptions.dropLast = true;
       loaderOptions.seed = opt.seed;
       loaderOptions.epoch = epoch;
-      examples::BatchLoader loader(train, sampler.indices(), loaderOptions);
+      examples::BatchLoader loader(data.train, data.sampler.indices(), loaderOptions);
       // Whole steps left in this epoch (all of them, unless it was resumed part-way).
-      const int64_t steps = static_cast<int64_t>(sampler.size()) / samplesPerStep;
+      const int64_t steps = static_cast<int64_t>(data.sampler.size()) / data.samplesPerStep;
 
-      for (int64_t inEpoch = 0; inEpoch < steps && step < totalSteps; ++inEpoch) {
-        dtrain::fault::injectAt(rank, step);  // DTRAIN_FAULT: tests kill or stop a rank here
+      for (int64_t inEpoch = 0; inEpoch < steps && step < data.totalSteps; ++inEpoch) {
+        dtrain::fault::injectAt(group.rank(), step);  // DTRAIN_FAULT: tests kill or stop a rank
         const auto stepStart = Clock::now();
-        setLr(learningRate(peakLr, step, opt.warmupSteps, totalSteps));
-        optimizer.zero_grad();
-
-        // Gradient accumulation: the first accumSteps - 1 micro-batches only accumulate into
-        // .grad (noSync: no communication); the last one's backward averages the sum across
-        // ranks. Each micro-batch's loss is divided by accumSteps, so the step sees the mean.
-        torch::Tensor stepLoss = torch::zeros({}, torch::kDouble),
-                      stepCorrect = torch::zeros({}, torch::kLong);
-        for (int64_t micro = 0; micro < opt.accumSteps; ++micro) {
-          auto batch = loader.next();
-          DTRAIN_CHECK(batch, "the loader ended early, at micro-batch {} of step {}", micro, step);
-          // The loader works ahead on a copy of the sampler's indices; the sampler itself follows
-          // what training consumed, so that a checkpoint records exactly where the job is.
-          const std::vector<size_t> consumed = sampler.next(batch->indices.size(0)).value();
-          DTRAIN_CHECK(
-              std::equal(consumed.begin(), consumed.end(), batch->indices.data_ptr<int64_t>(),
-                         [](size_t a, int64_t b) { return a == static_cast<size_t>(b); }),
-              "the loader's batch at step {} is not the sampler's", step);
-          torch::Tensor images = batch->images.to(device), labels = batch->labels.to(device);
-          auto forwardBackward = [&] {
-            // Mixed precision: the forward and the loss under autocast (bfloat16 on the CPU,
-            // float16 on CUDA); backward outside it, as in PyTorch.
-            torch::Tensor logits, loss;
-            {
-              dtrain::AutocastGuard autocast(device, opt.amp);
-              logits = ddp(images);
-              loss = torch::nn::functional::cross_entropy(logits, labels);
-            }
-            scaler.scale(loss / static_cast<double>(opt.accumSteps)).backward();
-            stepLoss += loss.detach().to(torch::kCPU, torch::kDouble);
-            stepCorrect += (logits.argmax(1) == labels).sum().cpu();
-          };
-          if (micro + 1 < opt.accumSteps) {
-            auto noSync = ddp.noSync();
-            forwardBackward();
-          } else {
-            forwardBackward();
-          }
-        }
-        scaler.step(optimizer);  // optimizer.step(), unless a rank's gradients overflowed
-        scaler.update();
-        ++step;
-
-        // Bookkeeping: this step's figures, and the progress line at the end of an interval.
-        const double seconds = std::chrono::duration<double>(Clock::now() - stepStart).count();
-        lastLoss = stepLoss.item<double>() / static_cast<double>(opt.accumSteps);
-        lastAccuracy = stepCorrect.item<double>() / static_cast<double>(samplesPerStep);
-        progress.add(lastLoss, stepCorrect.item<double>(), static_cast<double>(samplesPerStep));
-        const double waited = std::chrono::duration<double>(ddp.lastIteration().waited).count();
-        const double samplesPerSecond = static_cast<double>(samplesPerStep * world) / seconds;
-        metrics.record(step, {{"loss", lastLoss},
-                              {"accuracy", lastAccuracy},
-                              {"samples_per_s", samplesPerSecond},
-                              {"lr", learningRate(peakLr, step - 1, opt.warmupSteps, totalSteps)},
-                              {"allreduce_wait_share", waited / seconds},
-                              {"loss_scale", scaler.isEnabled() ? scaler.getScale() : 1.0},
-                              {"epoch", static_cast<double>(epoch)}});
-        recordCheckpointWrites();
-
-        if (step % opt.logEvery == 0 || step == totalSteps) {
-          progress.report(epoch, step,
-                          scaler.isEnabled() ? fmt::format("  scale {:g}", scaler.getScale()) : "");
-        }
-        if (opt.evalEvery > 0 && step % opt.evalEvery == 0) runEval();
+        const StepFigures figures = trainStep(loader);
+        record(epoch, figures, std::chrono::duration<double>(Clock::now() - stepStart).count());
+        if (opt.evalEvery > 0 && step % opt.evalEvery == 0) evaluateNow();
         if (checkpointer) {
           if (opt.saveEvery > 0 && step % opt.saveEvery == 0) save(epoch);
           // SIGTERM on any rank: every rank has saved this step, and stops.
           if (checkpointer->preempted(step, epoch)) {
             progress.line(fmt::format("preempted: saved step {}; run again to resume", step));
-            group->shutdown();
-            return dtrain::kExitPreempted;
+            return false;
           }
         }
       }
       if (steps == 0) continue;  // resumed at the very end of an epoch
-      if (opt.evalEvery == 0) runEval();
+      if (opt.evalEvery == 0) evaluateNow();
       if (checkpointer && opt.saveEvery == 0) save(epoch);
     }
+    return true;
+  }
 
-    // -------------------------------------------------------------------------------------------
-    // 9. Summary. Every rank ends with the same parameters (DDP); rank 0 reports.
-    // -------------------------------------------------------------------------------------------
-    if (evaluatedAt != step) runEval();
+  // One optimizer step of --accum-steps micro-batches.
+  StepFigures trainStep(examples::BatchLoader& loader) {
+    setLearningRate(optimizer, learningRate(peakLr, step, opt.warmupSteps, data.totalSteps));
+    optimizer.zero_grad();
+    // Gradient accumulation: the first accumSteps - 1 micro-batches only accumulate into .grad
+    // (noSync: no communication); the last one's backward averages the sum across ranks. Each
+    // micro-batch's loss is divided by accumSteps, so the step sees the mean.
+    StepFigures figures;
+    for (int64_t micro = 0; micro < opt.accumSteps; ++micro) {
+      const examples::Batch batch = nextBatch(loader, micro);
+      torch::Tensor images = batch.images.to(device()), labels = batch.labels.to(device());
+      if (micro + 1 < opt.accumSteps) {
+        auto noSync = ddp.noSync();
+        forwardBackward(images, labels, figures);
+      } else {
+        forwardBackward(images, labels, figures);
+      }
+    }
+    scaler.step(optimizer);  // optimizer.step(), unless a rank's gradients overflowed
+    scaler.update();
+    ++step;
+    return figures;
+  }
+
+  // The loader works ahead on a copy of the sampler's indices; the sampler itself follows what
+  // training consumed, so that a checkpoint records exactly where the job is.
+  examples::Batch nextBatch(examples::BatchLoader& loader, int64_t micro) {
+    auto batch = loader.next();
+    DTRAIN_CHECK(batch, "the loader ended early, at micro-batch {} of step {}", micro, step);
+    const std::vector<size_t> consumed = data.sampler.next(batch->indices.size(0)).value();
+    DTRAIN_CHECK(
+        std::equal(consumed.begin(), consumed.end(), batch->indices.data_ptr<int64_t>(),
+                   [](size_t a, int64_t b) { return a == static_cast<size_t>(b); }),
+        "the loader's batch at step {} is not the sampler's", step);
+    return std::move(*batch);
+  }
+
+  // Mixed precision: the forward and the loss under autocast (bfloat16 on the CPU, float16 on
+  // CUDA); backward outside it, as in PyTorch.
+  void forwardBackward(const torch::Tensor& images, const torch::Tensor& labels,
+                       StepFigures& figures) {
+    torch::Tensor logits, loss;
+    {
+      dtrain::AutocastGuard autocast(device(), opt.amp);
+      logits = ddp(images);
+      loss = torch::nn::functional::cross_entropy(logits, labels);
+    }
+    scaler.scale(loss / static_cast<double>(opt.accumSteps)).backward();
+    figures.loss += loss.detach().to(torch::kCPU, torch::kDouble);
+    figures.correct += (logits.argmax(1) == labels).sum().cpu();
+  }
+
+  // This step's figures, and the progress line at the end of an interval.
+  void record(int64_t epoch, const StepFigures& figures, double seconds) {
+    const auto samplesPerStep = static_cast<double>(data.samplesPerStep);
+    lastLoss = figures.loss.item<double>() / static_cast<double>(opt.accumSteps);
+    lastAccuracy = figures.correct.item<double>() / samplesPerStep;
+    progress.add(lastLoss, figures.correct.item<double>(), samplesPerStep);
+    const double waited = std::chrono::duration<double>(ddp.lastIteration().waited).count();
+    metrics.record(step, {{"loss", lastLoss},
+                          {"accuracy", lastAccuracy},
+                          {"samples_per_s", samplesPerStep * group.size() / seconds},
+                          {"lr", learningRate(peakLr, step - 1, opt.warmupSteps, data.totalSteps)},
+                          {"allreduce_wait_share", waited / seconds},
+                          {"loss_scale", scaler.isEnabled() ? scaler.getScale() : 1.0},
+                          {"epoch", static_cast<double>(epoch)}});
+    recordCheckpointWrites();
+    if (step % opt.logEvery == 0 || step == data.totalSteps) {
+      progress.report(epoch, step,
+                      scaler.isEnabled() ? fmt::format("  scale {:g}", scaler.getScale()) : "");
+    }
+  }
+
+  void evaluateNow() {
+    ddp.syncBuffers();  // every rank evaluates rank 0's BatchNorm statistics
+    testAccuracy = examples::evaluate(model, data.test, group, device(), opt.batchSize);
+    evaluatedAt = step;
+    if (testAccuracy > bestAccuracy) bestAccuracy = testAccuracy, bestStep = step;
+    metrics.record(step, {{"test_accuracy", testAccuracy}});
+    progress.line(fmt::format("eval step {}: test accuracy {:.2f}%", step, 100 * testAccuracy));
+  }
+
+  void save(int64_t epoch) {
+    savedAt = step;
+    const auto begin = Clock::now();
+    checkpointer->saveAsync(step, epoch);  // a snapshot now; written while training goes on
+    metrics.record(step, {{"checkpoint_seconds",
+                           std::chrono::duration<double>(Clock::now() - begin).count()}});
+  }
+
+  // A checkpoint's background write ends while training goes on: its duration and size are
+  // recorded (under the step it saved) once it has, on each node's writer rank.
+  void recordCheckpointWrites() {
+    if (!checkpointer) return;
+    for (const auto& write : checkpointer->finishedWrites()) {
+      metrics.record(write.step, {{"checkpoint_write_seconds", write.seconds},
+                                  {"checkpoint_bytes", static_cast<double>(write.bytes)}});
+    }
+  }
+
+  // 9. Summary. Every rank ends with the same parameters (DDP); rank 0 reports.
+  void finish() {
+    if (evaluatedAt != step) evaluateNow();
     if (checkpointer) {
-      if (savedAt != step) save(sampler.epoch());
+      if (savedAt != step) save(data.sampler.epoch());
       checkpointer->wait();  // the last asynchronous save is on disk everywhere
       recordCheckpointWrites();
     }
     metrics.flush();  // the last records reach the file, the endpoint and launch now
-    // Each rank prints a fingerprint of its parameters and buffers: equal lines show that DDP kept
-    // the ranks bitwise in step (evaluation synchronised the BatchNorm statistics).
-    std::printf("fingerprint of rank %d's model: %016llx\n", rank,
+    // Each rank prints a fingerprint of its parameters and buffers: equal lines show that DDP
+    // kept the ranks bitwise in step (evaluation synchronised the BatchNorm statistics).
+    std::printf("fingerprint of rank %d's model: %016llx\n", group.rank(),
                 static_cast<unsigned long long>(examples::fingerprint(*model)));
     const double total = std::chrono::duration<double>(Clock::now() - started).count();
     if (step == firstStep) {
@@ -559,12 +486,85 @@ int main(int argc, char** argv) {
       progress.line(fmt::format(
           "done: {} steps in {} ({:.0f} samples/s); last step loss {:.4f}, accuracy {:.1f}%; "
           "test accuracy {:.2f}% (best {:.2f}% at step {})",
-          step, duration(total),
-          static_cast<double>((step - firstStep) * samplesPerStep * world) / total, lastLoss,
-          100 * lastAccuracy, 100 * testAccuracy, 100 * bestAccuracy, bestStep));
+          step, examples::formatDuration(total),
+          static_cast<double>((step - firstStep) * data.samplesPerStep * group.size()) / total,
+          lastLoss, 100 * lastAccuracy, 100 * testAccuracy, 100 * bestAccuracy, bestStep));
     }
     if (!opt.metricsFile.empty()) progress.line("metrics: " + opt.metricsFile);
     if (checkpointer) progress.line("checkpoints: " + checkpointer->nodeDirectory());
+  }
+
+  torch::Device device() const { return group.device(); }
+};
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const Options opt = parseOptions(argc, argv);  // 1.
+  try {
+    if (opt.threads > 0) torch::set_num_threads(static_cast<int>(opt.threads));
+
+    // 2. Join the job.
+    std::shared_ptr<dtrain::ProcessGroup> group = joinJob(opt);
+    const bool leader = group->rank() == 0;
+    const torch::Device device = group->device();
+
+    // 3. Data: the training and test sets, and this rank's sampler.
+    Data data = loadData(opt, *group);
+
+    // 4. Model and DDP.
+    examples::ResNet model = buildModel(opt, device);
+    dtrain::DistributedDataParallel<examples::ResNet> ddp(model, group);
+
+    // 5. Optimizer, schedule and loss scaling.
+    const double peakLr = opt.lr * static_cast<double>(data.samplesPerStep * group->size()) / 256;
+    torch::optim::SGD optimizer(
+        ddp.parameters(),
+        torch::optim::SGDOptions(peakLr).momentum(opt.momentum).weight_decay(opt.weightDecay));
+    dtrain::GradScalerOptions scalerOptions;
+    scalerOptions.enabled = opt.amp && device.is_cuda();
+    dtrain::GradScaler scaler(group, scalerOptions);
+
+    // 6. Checkpoints and resume.
+    std::unique_ptr<dtrain::Checkpointer> checkpointer;
+    int64_t firstStep = 0;
+    if (!opt.checkpointDir.empty()) {
+      checkpointer = makeCheckpointer(opt, group, model, optimizer, scaler, data.sampler);
+      if (auto restored = checkpointer->restore()) {
+        firstStep = restored->step;
+        if (leader) {
+          std::printf("resumed from the checkpoint of step %lld (%s)\n",
+                      static_cast<long long>(firstStep), restored->path.c_str());
+        }
+      }
+    }
+
+    // 7. Metrics.
+    dtrain::metrics::Metrics metrics;
+    if (leader) addOwnSinks(metrics, opt);
+    if (firstStep > 0) metrics.record(firstStep, {{"resumed", 1}});  // plot_metrics.py marks it
+
+    // 8. Train.
+    if (leader) {
+      std::printf(
+          "train_resnet: %s (%.2fM parameters), %d ranks x %lld samples per step on %s%s, "
+          "%lld steps (%lld per epoch), peak lr %.4g\n",
+          opt.arch.c_str(), examples::parameterCount(*model) / 1e6, group->size(),
+          static_cast<long long>(data.samplesPerStep), device.str().c_str(),
+          opt.amp ? (device.is_cuda() ? " (amp: float16)" : " (amp: bfloat16)") : "",
+          static_cast<long long>(data.totalSteps), static_cast<long long>(data.stepsPerEpoch),
+          peakLr);
+      std::fflush(stdout);
+    }
+    Training training{opt,    *group, data,               model,   ddp,      optimizer,
+                      peakLr, scaler, checkpointer.get(), metrics, firstStep};
+    if (!training.run()) {
+      group->shutdown();
+      return dtrain::kExitPreempted;
+    }
+
+    // 9. Summary.
+    training.finish();
     group->shutdown();
     return 0;
   } catch (const std::exception& e) {
