@@ -4,6 +4,7 @@
 # torchrun, mpi_peer under mpirun, shm_probe), driven over FIFOs.
 add_executable(allreduce_bench
   benchmarks/allreduce/allreduce_bench.cpp
+  benchmarks/allreduce/allreduce_config.cpp
   benchmarks/allreduce/bench_buffers.cpp
   benchmarks/allreduce/peer_process.cpp)
 if(DTRAIN_HAVE_TORCH AND DTRAIN_HAVE_GLOO)

@@ -43,6 +43,7 @@
 #include <cxxopts.hpp>
 #include <fmt/format.h>
 
+#include "allreduce_config.h"
 #include "bench_buffers.h"
 #include "c10d_peer.h"
 #include "dtrain/base/error.h"
@@ -59,66 +60,6 @@ namespace dtrain::bench {
 namespace {
 
 using Clock = std::chrono::steady_clock;
-
-struct Config {
-  int world = 2;
-  std::vector<size_t> sizes;
-  int warmup = 5;
-  int iters = 20;
-  comm::DataType dtype = comm::DataType::Float32;
-  comm::ReduceOp op = comm::ReduceOp::Sum;
-  std::string backend = "cpu";
-  int nodes = 1;
-  bool c10d = true;
-  bool torch = true;
-  bool mpi = true;
-  bool probe = true;
-  bool gloo = true;
-  std::string python = "/usr/bin/python3";
-  std::string peerScript;
-  std::string mpirun = "mpirun";
-  std::string mpiPeer;
-  std::string probeBinary;
-  size_t smallAllreduceBytes = comm::kDefaultSmallAllreduceBytes;
-  size_t ringSegmentBytes = comm::kDefaultRingSegmentBytes;
-  size_t directChunkBytes = comm::kDefaultDirectChunkBytes;
-  bool twoRankExchange = true;
-  int smallIters = 200;  // sizes up to 256 KiB: more iterations, a steadier median
-  int rounds = 3;        // every contender runs this many times per size, in turn
-  int shmSpinUs = -1;    // ShmOptions::spin; negative: its default
-  int shmYield = -1;     // ShmOptions::yieldSpin
-  size_t shmSlotBytes = comm::kDefaultShmSlotBytes;
-  size_t shmOwnedChunkBytes = comm::kDefaultShmOwnedChunkBytes;
-  size_t shmSmallBytes = comm::kDefaultShmSmallBytes;
-};
-
-size_t parseSize(const std::string& text) {
-  size_t end = 0;
-  double v = std::stod(text, &end);
-  std::string unit = text.substr(end);
-  double mult = 1;
-  if (unit == "K" || unit == "KiB") mult = 1024;
-  else if (unit == "M" || unit == "MiB") mult = 1024.0 * 1024;
-  else if (unit == "G" || unit == "GiB") mult = 1024.0 * 1024 * 1024;
-  else if (!unit.empty()) DTRAIN_THROW(InvalidArgument, "--sizes: bad size \"{}\"", text);
-  return static_cast<size_t>(v * mult);
-}
-
-comm::DataType parseDtype(const std::string& s) {
-  for (auto d : {comm::DataType::Float32, comm::DataType::Float64, comm::DataType::Float16,
-                 comm::DataType::BFloat16, comm::DataType::Int32, comm::DataType::Int64}) {
-    if (s == comm::dataTypeName(d)) return d;
-  }
-  DTRAIN_THROW(InvalidArgument, "--dtype: unknown type \"{}\"", s);
-}
-
-comm::ReduceOp parseOp(const std::string& s) {
-  for (auto o : {comm::ReduceOp::Sum, comm::ReduceOp::Avg, comm::ReduceOp::Max,
-                 comm::ReduceOp::Min}) {
-    if (s == comm::reduceOpName(o)) return o;
-  }
-  DTRAIN_THROW(InvalidArgument, "--op: unknown reduction \"{}\"", s);
-}
 
 double median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
@@ -143,10 +84,6 @@ struct Row {
   double us = 0;
   long wrong = 0;
 };
-
-int itersFor(size_t bytes, const Config& cfg) {
-  return bytes <= (256u << 10) ? std::max(cfg.iters, cfg.smallIters) : cfg.iters;
-}
 
 // One allreduce contender. dtrain's are collective (every rank measures); peers run on rank 0
 // only, the other ranks waiting at a barrier meanwhile.
@@ -243,16 +180,22 @@ int runNccl(const Config& cfg, int rank, int world, std::shared_ptr<store::Store
   return totalWrong == 0 ? 0 : 1;
 }
 
-int runWorker(const Config& cfg) {
-  const int rank = envInt(env::kRank, 0);
-  const int world = envInt(env::kWorldSize, 1);
-  auto store = store::connectToJobStore();
-  if (cfg.backend == "nccl") return runNccl(cfg, rank, world, store);
-  const size_t maxBytes = *std::max_element(cfg.sizes.begin(), cfg.sizes.end());
+// dtrain's communicators, each with its own buffers, made before anything is timed.
+struct Communicators {
+  std::shared_ptr<comm::Communicator> gloo, shm, hier;  // hier: with --nodes only
+  std::shared_ptr<comm::Buffer> shmOwned, hierOwned;
 
-  // dtrain's communicators: each with its own buffers, touched once before anything is timed.
-  std::vector<char> user(maxBytes + 64, 0);
-  std::shared_ptr<comm::Communicator> gloo = comm::createGlooCommunicator(
+  void shutdown() {
+    if (hier) hier->shutdown();
+    shm->shutdown();
+    gloo->shutdown();
+  }
+};
+
+Communicators openCommunicators(const Config& cfg, int rank, int world,
+                                const std::shared_ptr<store::Store>& store, size_t maxBytes) {
+  Communicators c;
+  c.gloo = comm::createGlooCommunicator(
       glooOptions(cfg, rank, world, store, "allreduce_bench/gloo"));
   comm::ShmOptions so;
   so.rank = rank;
@@ -264,10 +207,8 @@ int runWorker(const Config& cfg) {
   so.slotBytes = cfg.shmSlotBytes;
   so.ownedChunkBytes = cfg.shmOwnedChunkBytes;
   so.smallBytes = cfg.shmSmallBytes;
-  auto shm = comm::createShmCommunicator(so);
-  auto shmOwned = shm->allocate(maxBytes);
-  std::shared_ptr<comm::Communicator> hier;
-  std::shared_ptr<comm::Buffer> hierOwned;
+  c.shm = comm::createShmCommunicator(so);
+  c.shmOwned = c.shm->allocate(maxBytes);
   if (cfg.nodes > 1) {
     DTRAIN_CHECK_ARG(world % cfg.nodes == 0 && world / cfg.nodes >= 2,
                      "--nodes {}: the world of {} ranks must split into nodes of two or more",
@@ -279,23 +220,169 @@ int runWorker(const Config& cfg) {
     h.name = "allreduce_bench/hier";
     h.shm = so;
     for (int r = 0; r < world; ++r) h.nodes.nodeOf.push_back(std::to_string(r / (world / cfg.nodes)));
-    hier = comm::createHierarchicalCommunicator(h);
-    hierOwned = hier->allocate(maxBytes);
+    c.hier = comm::createHierarchicalCommunicator(h);
+    c.hierOwned = c.hier->allocate(maxBytes);
   }
+  return c;
+}
 
-  std::vector<Contender> contenders;
-  auto dtrain = [&](const std::string& name, comm::Communicator& c, void* data) {
-    contenders.push_back({name, false, [&cfg, &c, data](size_t bytes, int warmup) {
-                            return std::optional<Row>(measureDtrain(c, data, bytes, cfg, warmup));
+void addDtrainContenders(std::vector<Contender>& contenders, const Config& cfg,
+                         Communicators& c, void* user) {
+  auto add = [&](const std::string& name, comm::Communicator& communicator, void* data) {
+    contenders.push_back({name, false, [&cfg, &communicator, data](size_t bytes, int warmup) {
+                            return std::optional<Row>(
+                                measureDtrain(communicator, data, bytes, cfg, warmup));
                           }});
   };
-  dtrain("shm", *shm, user.data());
-  dtrain("shm-own", *shm, shmOwned->data());
-  if (hier) {
-    dtrain("hier", *hier, user.data());
-    dtrain("hier-own", *hier, hierOwned->data());
+  add("shm", *c.shm, user);
+  add("shm-own", *c.shm, c.shmOwned->data());
+  if (c.hier) {
+    add("hier", *c.hier, user);
+    add("hier-own", *c.hier, c.hierOwned->data());
   }
-  if (cfg.gloo) dtrain("gloo", *gloo, user.data());
+  if (cfg.gloo) add("gloo", *c.gloo, user);
+}
+
+// The peers that run as programs of their own, on rank 0 only; the dtype and op decide which can.
+std::vector<std::unique_ptr<PeerProcess>> startPeers(const Config& cfg, int world, size_t maxBytes) {
+  std::vector<std::unique_ptr<PeerProcess>> peers;
+  const bool floatSum = cfg.dtype == comm::DataType::Float32 && cfg.op == comm::ReduceOp::Sum;
+  const std::string dtype = comm::dataTypeName(cfg.dtype);
+  const bool sum = cfg.op == comm::ReduceOp::Sum;  // the peers only sum
+  if (cfg.torch && sum) peers.push_back(startTorchPeer(cfg.python, cfg.peerScript, world, dtype));
+  if (cfg.mpi && sum && cfg.dtype != comm::DataType::Float16 &&
+      cfg.dtype != comm::DataType::BFloat16) {
+    peers.push_back(startMpiPeer(cfg.mpirun, cfg.mpiPeer, world, dtype));
+  }
+  if (cfg.probe && floatSum) peers.push_back(startProbe(cfg.probeBinary, world, maxBytes));
+  return peers;
+}
+
+// The peers' rows. Every rank must agree on the list (the rows of the table): rank 0, which owns
+// the peers, says over `gloo` which of them started.
+void addPeerContenders(std::vector<Contender>& contenders, const Config& cfg,
+                       std::vector<std::unique_ptr<PeerProcess>>& peers,
+                       comm::Communicator& gloo) {
+  const std::vector<std::string> peerRows = {"torch", "mpi", "probe", "probe-cp"};
+  std::vector<int32_t> started(peerRows.size(), 0);
+  for (auto& p : peers) {
+    if (!p) continue;
+    if (p->name() == "torch") started[0] = 1;
+    if (p->name() == "mpi") started[1] = 1;
+    if (p->name() == "probe") started[2] = started[3] = 1;
+  }
+  gloo.broadcast(started.data(), started.size(), comm::DataType::Int32, 0);
+  for (size_t k = 0; k < peerRows.size(); ++k) {
+    if (!started[k]) continue;
+    const std::string row = peerRows[k];
+    const std::string process = row == "probe-cp" ? "probe" : row;
+    const std::string mode = row == "probe-cp" ? "copy" : row == "probe" ? "owned" : "";
+    contenders.push_back({row, true, [&cfg, &peers, process, mode](size_t bytes, int warmup) -> std::optional<Row> {
+                            for (auto& p : peers) {
+                              if (!p || p->name() != process) continue;
+                              auto r = p->run(bytes, warmup, itersFor(bytes, cfg),
+                                              std::chrono::seconds(300), mode);
+                              if (!r) return std::nullopt;
+                              return Row{r->medianUs, r->wrong};
+                            }
+                            return std::nullopt;
+                          }});
+  }
+}
+
+void printHeader(const Config& cfg, int world, const std::vector<std::string>& names) {
+  std::printf("# allreduce_bench: world %d%s, %s %s, warmup %d, iters %d (%d up to 256 KiB), "
+              "%d rounds, interleaved; time = median of the rounds' medians on rank 0\n",
+              world, cfg.nodes > 1 ? fmt::format(" on {} pretend nodes", cfg.nodes).c_str() : "",
+              comm::dataTypeName(cfg.dtype), comm::reduceOpName(cfg.op), cfg.warmup, cfg.iters,
+              std::max(cfg.iters, cfg.smallIters), cfg.rounds);
+  std::printf("# busbw GB/s of: %s; memcpy GB/s; ratios of busbw\n", fmt::format("{}", fmt::join(names, ", ")).c_str());
+  std::string head = fmt::format("{:>10} {:>10} {:>8} {:>4} {:>10} {:>10} |", "size", "count", "dtype", "op",
+                                 "shm_us", "shm-own_us");
+  for (const auto& n : names) head += fmt::format(" {:>8}", n);
+  head += fmt::format(" {:>7} | {:>9} {:>12} {:>7} {:>7} {:>8} {:>9} {:>12} | {:>6}", "memcpy",
+                      "own/probe", "shm/probe-cp", "own/mpi", "shm/mpi", "shm/c10d", "gloo/c10d",
+                      "probe/memcpy", "#wrong");
+  std::printf("%s\n", head.c_str());
+  std::fflush(stdout);
+}
+
+// One size's times: every contender's round medians (µs), by name.
+using RoundTimes = std::map<std::string, std::vector<double>>;
+
+// Every contender in turn, --rounds times; peers run on rank 0 while the other ranks wait.
+// Returns the wrong elements this rank saw.
+long measureSize(size_t bytes, const Config& cfg, int rank, std::vector<Contender>& contenders,
+                 comm::Communicator& gloo, RoundTimes& rounds) {
+  long wrong = 0;
+  for (int round = 0; round < cfg.rounds; ++round) {
+    const int warmup = round == 0 ? cfg.warmup : 1;
+    for (auto& c : contenders) {
+      if (!c.peer) {
+        Row r = *c.measure(bytes, warmup);
+        rounds[c.name].push_back(r.us);
+        wrong += r.wrong;
+        continue;
+      }
+      // The other ranks wait here while rank 0 drives the peer.
+      if (rank == 0) {
+        if (auto r = c.measure(bytes, warmup)) {
+          rounds[c.name].push_back(r->us);
+          wrong += r->wrong;
+        }
+      }
+      gloo.barrier();
+    }
+  }
+  return wrong;
+}
+
+void printRow(size_t bytes, const Config& cfg, int world, const std::vector<std::string>& names,
+              RoundTimes& rounds, long wrong) {
+  const double busFactor = world > 1 ? 2.0 * (world - 1) / world : 1.0;
+  const double copyUs = memcpyMedianUs(bytes, std::max(itersFor(bytes, cfg), 3));
+  auto busbw = [&](const std::string& n) {
+    auto it = rounds.find(n);
+    if (it == rounds.end() || it->second.empty()) return 0.0;
+    return bytes / median(it->second) / 1e3 * busFactor;
+  };
+  auto ratio = [&](const std::string& a, const std::string& b) -> std::string {
+    const double x = busbw(a), y = busbw(b);
+    return x > 0 && y > 0 ? fmt::format("{:.2f}", x / y) : "-";
+  };
+  const bool hasProbe = std::find(names.begin(), names.end(), "probe") != names.end();
+  std::string line = fmt::format("{:>10} {:>10} {:>8} {:>4} {:>10.1f} {:>10.1f} |", bytes,
+                                 bytes / comm::elementSize(cfg.dtype),
+                                 comm::dataTypeName(cfg.dtype), comm::reduceOpName(cfg.op),
+                                 median(rounds["shm"]), median(rounds["shm-own"]));
+  for (const auto& n : names) {
+    const double b = busbw(n);
+    line += b > 0 ? fmt::format(" {:>8.3f}", b) : fmt::format(" {:>8}", "-");
+  }
+  const double memcpyGBs = bytes / copyUs / 1e3;
+  const double probeAlgbw = busbw("probe") / busFactor;
+  line += fmt::format(" {:>7.2f} | {:>9} {:>12} {:>7} {:>7} {:>8} {:>9} {:>12} | {:>6}",
+                      memcpyGBs, ratio("shm-own", "probe"), ratio("shm", "probe-cp"),
+                      ratio("shm-own", "mpi"), ratio("shm", "mpi"), ratio("shm", "c10d"),
+                      ratio("gloo", "c10d"),
+                      hasProbe && probeAlgbw > 0 ? fmt::format("{:.2f}", probeAlgbw / memcpyGBs) : "-",
+                      wrong);
+  std::printf("%s\n", line.c_str());
+  std::fflush(stdout);
+}
+
+int runWorker(const Config& cfg) {
+  const int rank = envInt(env::kRank, 0);
+  const int world = envInt(env::kWorldSize, 1);
+  auto store = store::connectToJobStore();
+  if (cfg.backend == "nccl") return runNccl(cfg, rank, world, store);
+  const size_t maxBytes = *std::max_element(cfg.sizes.begin(), cfg.sizes.end());
+
+  // Every buffer is touched once before anything is timed.
+  std::vector<char> user(maxBytes + 64, 0);
+  Communicators communicators = openCommunicators(cfg, rank, world, store, maxBytes);
+  std::vector<Contender> contenders;
+  addDtrainContenders(contenders, cfg, communicators, user.data());
   // PyTorch's C++ Gloo process group, run by these same ranks (collective, like dtrain's).
   std::unique_ptr<C10dPeer> c10d;
   if (cfg.c10d) c10d = C10dPeer::start(*store, rank, world, cfg.dtype, cfg.op, maxBytes);
@@ -305,130 +392,23 @@ int runWorker(const Config& cfg) {
                             return std::optional<Row>(Row{r.medianUs, r.wrong});
                           }});
   }
-
   std::vector<std::unique_ptr<PeerProcess>> peers;
-  if (rank == 0) {
-    const bool floatSum = cfg.dtype == comm::DataType::Float32 && cfg.op == comm::ReduceOp::Sum;
-    const std::string dtype = comm::dataTypeName(cfg.dtype);
-    const bool sum = cfg.op == comm::ReduceOp::Sum;  // the peers only sum
-    if (cfg.torch && sum) peers.push_back(startTorchPeer(cfg.python, cfg.peerScript, world, dtype));
-    if (cfg.mpi && sum && cfg.dtype != comm::DataType::Float16 &&
-        cfg.dtype != comm::DataType::BFloat16) {
-      peers.push_back(startMpiPeer(cfg.mpirun, cfg.mpiPeer, world, dtype));
-    }
-    if (cfg.probe && floatSum) peers.push_back(startProbe(cfg.probeBinary, world, maxBytes));
-  }
-  // Every rank must agree on the list (the rows of the table); rank 0 says which peers started.
-  const std::vector<std::string> peerRows = {"torch", "mpi", "probe", "probe-cp"};
-  std::vector<int32_t> started(peerRows.size(), 0);
-  for (auto& p : peers) {
-    if (!p) continue;
-    if (p->name() == "torch") started[0] = 1;
-    if (p->name() == "mpi") started[1] = 1;
-    if (p->name() == "probe") started[2] = started[3] = 1;
-  }
-  gloo->broadcast(started.data(), started.size(), comm::DataType::Int32, 0);
-  auto peerNamed = [&](const std::string& name) -> PeerProcess* {
-    for (auto& p : peers) {
-      if (p && p->name() == name) return p.get();
-    }
-    return nullptr;
-  };
-  for (size_t k = 0; k < peerRows.size(); ++k) {
-    if (!started[k]) continue;
-    const std::string row = peerRows[k];
-    const std::string process = row == "probe-cp" ? "probe" : row;
-    const std::string mode = row == "probe-cp" ? "copy" : row == "probe" ? "owned" : "";
-    contenders.push_back({row, true, [&, process, mode](size_t bytes, int warmup) -> std::optional<Row> {
-                            PeerProcess* p = peerNamed(process);
-                            if (!p) return std::nullopt;
-                            auto r = p->run(bytes, warmup, itersFor(bytes, cfg),
-                                            std::chrono::seconds(300), mode);
-                            if (!r) return std::nullopt;
-                            return Row{r->medianUs, r->wrong};
-                          }});
-  }
+  if (rank == 0) peers = startPeers(cfg, world, maxBytes);
+  addPeerContenders(contenders, cfg, peers, *communicators.gloo);
 
-  const double busFactor = world > 1 ? 2.0 * (world - 1) / world : 1.0;
   std::vector<std::string> names;
   for (const auto& c : contenders) names.push_back(c.name);
-  auto has = [&](const std::string& n) { return std::find(names.begin(), names.end(), n) != names.end(); };
-  if (rank == 0) {
-    std::printf("# allreduce_bench: world %d%s, %s %s, warmup %d, iters %d (%d up to 256 KiB), "
-                "%d rounds, interleaved; time = median of the rounds' medians on rank 0\n",
-                world, cfg.nodes > 1 ? fmt::format(" on {} pretend nodes", cfg.nodes).c_str() : "",
-                comm::dataTypeName(cfg.dtype), comm::reduceOpName(cfg.op), cfg.warmup, cfg.iters,
-                std::max(cfg.iters, cfg.smallIters), cfg.rounds);
-    std::printf("# busbw GB/s of: %s; memcpy GB/s; ratios of busbw\n", fmt::format("{}", fmt::join(names, ", ")).c_str());
-    std::string head = fmt::format("{:>10} {:>10} {:>8} {:>4} {:>10} {:>10} |", "size", "count", "dtype", "op",
-                                   "shm_us", "shm-own_us");
-    for (const auto& n : names) head += fmt::format(" {:>8}", n);
-    head += fmt::format(" {:>7} | {:>9} {:>12} {:>7} {:>7} {:>8} {:>9} {:>12} | {:>6}", "memcpy",
-                        "own/probe", "shm/probe-cp", "own/mpi", "shm/mpi", "shm/c10d", "gloo/c10d",
-                        "probe/memcpy", "#wrong");
-    std::printf("%s\n", head.c_str());
-    std::fflush(stdout);
-  }
-
+  if (rank == 0) printHeader(cfg, world, names);
   long totalWrong = 0;
   for (size_t bytes : cfg.sizes) {
-    std::map<std::string, std::vector<double>> rounds;
-    long wrong = 0;
-    for (int round = 0; round < cfg.rounds; ++round) {
-      const int warmup = round == 0 ? cfg.warmup : 1;
-      for (auto& c : contenders) {
-        if (!c.peer) {
-          Row r = *c.measure(bytes, warmup);
-          rounds[c.name].push_back(r.us);
-          wrong += r.wrong;
-          continue;
-        }
-        // The other ranks wait here while rank 0 drives the peer.
-        if (rank == 0) {
-          if (auto r = c.measure(bytes, warmup)) {
-            rounds[c.name].push_back(r->us);
-            wrong += r->wrong;
-          }
-        }
-        gloo->barrier();
-      }
-    }
+    RoundTimes rounds;
+    const long wrong = measureSize(bytes, cfg, rank, contenders, *communicators.gloo, rounds);
     totalWrong += wrong;
-    if (rank != 0) continue;
-    const double copyUs = memcpyMedianUs(bytes, std::max(itersFor(bytes, cfg), 3));
-    auto busbw = [&](const std::string& n) {
-      auto it = rounds.find(n);
-      if (it == rounds.end() || it->second.empty()) return 0.0;
-      return bytes / median(it->second) / 1e3 * busFactor;
-    };
-    auto ratio = [&](const std::string& a, const std::string& b) -> std::string {
-      const double x = busbw(a), y = busbw(b);
-      return x > 0 && y > 0 ? fmt::format("{:.2f}", x / y) : "-";
-    };
-    std::string line = fmt::format("{:>10} {:>10} {:>8} {:>4} {:>10.1f} {:>10.1f} |", bytes,
-                                   bytes / comm::elementSize(cfg.dtype),
-                                   comm::dataTypeName(cfg.dtype), comm::reduceOpName(cfg.op),
-                                   median(rounds["shm"]), median(rounds["shm-own"]));
-    for (const auto& n : names) {
-      const double b = busbw(n);
-      line += b > 0 ? fmt::format(" {:>8.3f}", b) : fmt::format(" {:>8}", "-");
-    }
-    const double memcpyGBs = bytes / copyUs / 1e3;
-    const double probeAlgbw = busbw("probe") / busFactor;
-    line += fmt::format(" {:>7.2f} | {:>9} {:>12} {:>7} {:>7} {:>8} {:>9} {:>12} | {:>6}",
-                        memcpyGBs, ratio("shm-own", "probe"), ratio("shm", "probe-cp"),
-                        ratio("shm-own", "mpi"), ratio("shm", "mpi"), ratio("shm", "c10d"),
-                        ratio("gloo", "c10d"),
-                        has("probe") && probeAlgbw > 0 ? fmt::format("{:.2f}", probeAlgbw / memcpyGBs) : "-",
-                        wrong);
-    std::printf("%s\n", line.c_str());
-    std::fflush(stdout);
+    if (rank == 0) printRow(bytes, cfg, world, names, rounds, wrong);
   }
   peers.clear();
   c10d.reset();
-  if (hier) hier->shutdown();
-  shm->shutdown();
-  gloo->shutdown();
+  communicators.shutdown();
   return totalWrong == 0 ? 0 : 1;
 }
 
@@ -477,121 +457,19 @@ int forkWorld(const Config& cfg) {
   return worst;
 }
 
-// Beside the benchmark's binary (the build tree), or on PATH.
-std::string besideSelf(const char* argv0, const std::string& name) {
-  std::string self = argv0;
-  const size_t slash = self.rfind('/');
-  return slash == std::string::npos ? name : self.substr(0, slash + 1) + name;
-}
-
 }  // namespace
 }  // namespace dtrain::bench
 
 int main(int argc, char** argv) {
   using namespace dtrain::bench;
-  cxxopts::Options options("allreduce_bench",
-                           "dtrain's allreduce (shared memory, hierarchical, Gloo) beside "
-                           "c10d::ProcessGroupGloo (C++), torch.distributed, Open MPI, a bare "
-                           "probe and memcpy");
-  options.add_options()
-      ("world", "ranks to fork when not started by launch", cxxopts::value<int>()->default_value("2"))
-      ("sizes", "comma-separated sizes (4K, 1M, ...)", cxxopts::value<std::string>()->default_value(""))
-      ("warmup", "untimed iterations per size", cxxopts::value<int>()->default_value("5"))
-      ("iters", "timed iterations per size", cxxopts::value<int>()->default_value("20"))
-      ("dtype", "element type", cxxopts::value<std::string>()->default_value("float32"))
-      ("op", "reduction", cxxopts::value<std::string>()->default_value("sum"))
-      ("backend", "cpu (every CPU contender) or nccl (GPU mode)", cxxopts::value<std::string>()->default_value("cpu"))
-      ("nodes", "also the hierarchical path, the ranks split into this many pretend nodes",
-       cxxopts::value<int>()->default_value("1"))
-      ("chunk-bytes", "Gloo's direct exchange chunk (bytes)",
-       cxxopts::value<size_t>()->default_value(std::to_string(dtrain::comm::kDefaultDirectChunkBytes)))
-      ("two-rank-ring", "Gloo at two ranks: the ring above --small-bytes (tuning)")
-      ("segment-bytes", "Gloo's ring allreduce segment (bytes)",
-       cxxopts::value<size_t>()->default_value(std::to_string(dtrain::comm::kDefaultRingSegmentBytes)))
-      ("rounds", "every contender runs this many times per size, in turn",
-       cxxopts::value<int>()->default_value("3"))
-      ("small-iters", "timed iterations for sizes up to 256 KiB",
-       cxxopts::value<int>()->default_value("200"))
-      ("small-bytes", "Gloo's direct/ring allreduce crossover (bytes)",
-       cxxopts::value<size_t>()->default_value(std::to_string(dtrain::comm::kDefaultSmallAllreduceBytes)))
-      ("shm-spin-us", "shared memory: how long a waiter spins before it sleeps (tuning)",
-       cxxopts::value<int>()->default_value("-1"))
-      ("shm-yield", "shared memory: spin with sched_yield (1), a pause (0), auto (-1) (tuning)",
-       cxxopts::value<int>()->default_value("-1"))
-      ("shm-slot-bytes", "shared memory: staging slot (tuning)",
-       cxxopts::value<size_t>()->default_value(std::to_string(dtrain::comm::kDefaultShmSlotBytes)))
-      ("shm-owned-chunk-bytes", "shared memory: chunk of owned buffers (tuning)",
-       cxxopts::value<size_t>()->default_value(std::to_string(dtrain::comm::kDefaultShmOwnedChunkBytes)))
-      ("shm-small-bytes", "shared memory: whole-buffer reduction up to this size (tuning)",
-       cxxopts::value<size_t>()->default_value(std::to_string(dtrain::comm::kDefaultShmSmallBytes)))
-      ("no-peer", "no c10d, torch, mpi or probe")
-      ("no-c10d", "skip the C++ c10d::ProcessGroupGloo peer")
-      ("no-c10d-peer", "the same as --no-c10d")
-      ("no-torch", "skip torch.distributed (Python)")
-      ("no-python-peer", "the same as --no-torch")
-      ("no-mpi", "skip Open MPI")
-      ("no-probe", "skip the bare probe")
-      ("no-gloo", "skip dtrain over Gloo")
-      ("python", "python with torch for the torch peer", cxxopts::value<std::string>()->default_value("/usr/bin/python3"))
-      ("peer-script", "the torch peer's script", cxxopts::value<std::string>()->default_value(DTRAIN_BENCH_SOURCE_DIR "/torch_peer.py"))
-      ("mpirun", "Open MPI's mpirun", cxxopts::value<std::string>()->default_value("mpirun"))
-      ("smoke", "a few small sizes and iterations (CTest)")
-      ("h,help", "this help");
   try {
-    auto args = options.parse(argc, argv);
-    if (args.count("help")) {
-      std::cout << options.help() << "\n";
+    const CommandLine line = parseCommandLine(argc, argv);
+    if (!line.help.empty()) {
+      std::cout << line.help << "\n";
       return 0;
     }
-    Config cfg;
-    cfg.world = args["world"].as<int>();
-    cfg.warmup = args["warmup"].as<int>();
-    cfg.iters = args["iters"].as<int>();
-    cfg.dtype = parseDtype(args["dtype"].as<std::string>());
-    cfg.op = parseOp(args["op"].as<std::string>());
-    cfg.backend = args["backend"].as<std::string>();
-    cfg.nodes = args["nodes"].as<int>();
-    const bool noPeer = args.count("no-peer") > 0;
-    cfg.c10d = !noPeer && !args.count("no-c10d") && !args.count("no-c10d-peer");
-    cfg.torch = !noPeer && !args.count("no-torch") && !args.count("no-python-peer");
-    cfg.mpi = !noPeer && !args.count("no-mpi");
-    cfg.probe = !noPeer && !args.count("no-probe");
-    cfg.gloo = !args.count("no-gloo");
-    cfg.python = args["python"].as<std::string>();
-    cfg.peerScript = args["peer-script"].as<std::string>();
-    cfg.mpirun = args["mpirun"].as<std::string>();
-    cfg.mpiPeer = besideSelf(argv[0], "mpi_peer");
-    cfg.probeBinary = besideSelf(argv[0], "shm_probe");
-    cfg.smallAllreduceBytes = args["small-bytes"].as<size_t>();
-    cfg.ringSegmentBytes = args["segment-bytes"].as<size_t>();
-    cfg.directChunkBytes = args["chunk-bytes"].as<size_t>();
-    cfg.twoRankExchange = !args.count("two-rank-ring");
-    cfg.smallIters = args["small-iters"].as<int>();
-    cfg.rounds = std::max(1, args["rounds"].as<int>());
-    cfg.shmSpinUs = args["shm-spin-us"].as<int>();
-    cfg.shmYield = args["shm-yield"].as<int>();
-    cfg.shmSlotBytes = args["shm-slot-bytes"].as<size_t>();
-    cfg.shmOwnedChunkBytes = args["shm-owned-chunk-bytes"].as<size_t>();
-    cfg.shmSmallBytes = args["shm-small-bytes"].as<size_t>();
-    std::string sizes = args["sizes"].as<std::string>();
-    if (args.count("smoke")) {
-      if (sizes.empty()) sizes = "4K,64K,1M";
-      cfg.warmup = std::min(cfg.warmup, 2);
-      cfg.iters = std::min(cfg.iters, 5);
-      cfg.smallIters = std::min(cfg.smallIters, 20);
-      cfg.rounds = 1;
-    }
-    if (sizes.empty()) sizes = "4K,16K,64K,256K,1M,4M,16M,64M,256M";
-    for (size_t at = 0; at < sizes.size();) {
-      size_t comma = sizes.find(',', at);
-      cfg.sizes.push_back(parseSize(sizes.substr(at, comma == std::string::npos ? std::string::npos : comma - at)));
-      at = comma == std::string::npos ? sizes.size() : comma + 1;
-    }
-    DTRAIN_CHECK_ARG(cfg.backend == "cpu" || cfg.backend == "nccl", "--backend: cpu or nccl");
-    DTRAIN_CHECK_ARG(cfg.world >= 1 && cfg.iters >= 1 && cfg.warmup >= 0, "--world/--iters/--warmup");
-    DTRAIN_CHECK_ARG(cfg.nodes >= 1, "--nodes must be at least 1");
-    if (std::getenv(dtrain::env::kRank) != nullptr) return runWorker(cfg);
-    return forkWorld(cfg);
+    if (std::getenv(dtrain::env::kRank) != nullptr) return runWorker(line.config);
+    return forkWorld(line.config);
   } catch (const cxxopts::exceptions::exception& e) {
     std::cerr << "allreduce_bench: " << e.what() << "\n";
     return 2;
