@@ -17,7 +17,9 @@ if(DTRAIN_HAVE_TORCH AND DTRAIN_HAVE_GLOO)
 else()
   target_sources(allreduce_bench PRIVATE benchmarks/allreduce/c10d_peer_unavailable.cpp)
 endif()
-target_include_directories(allreduce_bench PRIVATE ${CMAKE_CURRENT_SOURCE_DIR}/runtime/comm)
+# tests/support: free_port.h (header-only).
+target_include_directories(allreduce_bench PRIVATE ${CMAKE_CURRENT_SOURCE_DIR}/runtime/comm
+                                                   ${CMAKE_CURRENT_SOURCE_DIR}/tests/support)
 target_compile_definitions(allreduce_bench PRIVATE
   DTRAIN_BENCH_SOURCE_DIR="${CMAKE_CURRENT_SOURCE_DIR}/benchmarks/allreduce")
 target_link_libraries(allreduce_bench PRIVATE dtrain_comm dtrain_base_internal cxxopts::cxxopts)

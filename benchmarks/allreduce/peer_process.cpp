@@ -1,11 +1,8 @@
 #include "peer_process.h"
 
-#include <arpa/inet.h>
 #include <fcntl.h>
-#include <netinet/in.h>
 #include <poll.h>
 #include <signal.h>
-#include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -16,6 +13,8 @@
 #include <iostream>
 #include <sstream>
 #include <thread>
+
+#include "free_port.h"
 
 namespace dtrain::bench {
 
@@ -32,21 +31,7 @@ bool executable(const std::string& path) { return !path.empty() && access(path.c
 
 }  // namespace
 
-int freeLoopbackPort() {
-  int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  if (fd < 0) return 0;
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t len = sizeof(a);
-  int port = 0;
-  if (bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) == 0 &&
-      getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) == 0) {
-    port = ntohs(a.sin_port);
-  }
-  close(fd);
-  return port;
-}
+int freeLoopbackPort() { return testing::freePortOn("127.0.0.1"); }
 
 std::unique_ptr<PeerProcess> PeerProcess::start(const Spec& spec) {
   std::unique_ptr<PeerProcess> peer(new PeerProcess());

@@ -1,11 +1,8 @@
 #include "bench_process.h"
 
-#include <arpa/inet.h>
 #include <fcntl.h>
-#include <netinet/in.h>
 #include <signal.h>
 #include <spawn.h>
-#include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -19,6 +16,7 @@
 #include <fmt/format.h>
 
 #include "dtrain/base/error.h"
+#include "free_port.h"
 
 extern char** environ;
 
@@ -66,17 +64,9 @@ void killAll(const std::vector<pid_t>& pids) {
 }
 
 uint16_t freePort() {
-  int fd = socket(AF_INET, SOCK_STREAM, 0);
-  DTRAIN_CHECK(fd >= 0, "socket: {}", std::strerror(errno));
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t len = sizeof(addr);
-  bool ok = bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0 &&
-            getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) == 0;
-  close(fd);
-  DTRAIN_CHECK(ok, "cannot find a free port: {}", std::strerror(errno));
-  return ntohs(addr.sin_port);
+  const int port = testing::freePortOn("127.0.0.1");
+  DTRAIN_CHECK(port > 0, "cannot find a free port on 127.0.0.1: {}", std::strerror(errno));
+  return static_cast<uint16_t>(port);
 }
 
 TurnGiver::TurnGiver(std::string path) : path_(std::move(path)) {

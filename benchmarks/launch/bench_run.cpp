@@ -8,8 +8,11 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 
 #include <fmt/format.h>
+
+#include "free_port.h"
 
 namespace dtrain::bench {
 
@@ -113,6 +116,41 @@ std::string loadAverage() {
   float a = 0, b = 0, c = 0;
   if (std::sscanf(load, "%f %f %f", &a, &b, &c) != 3) return "?";
   return fmt::format("{:.1f} {:.1f} {:.1f}", a, b, c);
+}
+
+void execArgv(const std::vector<std::string>& argv) {
+  std::vector<char*> args;
+  for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
+  args.push_back(nullptr);
+  ::execv(args[0], args.data());
+  ::_exit(127);
+}
+
+std::string freeLocalEndpoint() {
+  return "localhost:" + std::to_string(testing::freePortOn("127.0.0.1"));
+}
+
+Flags::Flags(std::string program, const char* usage, int argc, char** argv)
+    : program_(std::move(program)), usage_(usage), argc_(argc), argv_(argv) {}
+
+bool Flags::next() {
+  if (++at_ >= argc_) return false;
+  flag_ = argv_[at_];
+  if (flag_ == "--help" || flag_ == "-h") {
+    std::fputs(usage_, stdout);
+    std::exit(0);
+  }
+  return true;
+}
+
+std::string Flags::value() {
+  if (at_ + 1 >= argc_) usageError(flag_ + " needs a value");
+  return argv_[++at_];
+}
+
+void Flags::usageError(const std::string& what) const {
+  std::fprintf(stderr, "%s: %s\n%s", program_.c_str(), what.c_str(), usage_);
+  std::exit(2);
 }
 
 }  // namespace dtrain::bench

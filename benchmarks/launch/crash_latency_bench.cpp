@@ -16,12 +16,9 @@
 //                       [--launch PATH] [--worker PATH] [--python PATH] [--torchrun PATH]
 // Load: one busy-looping process per online CPU, at the same priority, for the loaded half.
 // --smoke: 3 crashes, idle, launch only (CI: checks it runs).
-#include <arpa/inet.h>
 #include <fcntl.h>
-#include <netinet/in.h>
 #include <poll.h>
 #include <signal.h>
-#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -37,7 +34,11 @@
 
 #include <fmt/format.h>
 
+#include "bench_run.h"
+
 namespace {
+
+using namespace dtrain::bench;
 
 struct Options {
   int crashes = 50;
@@ -57,33 +58,21 @@ constexpr const char* kUsage =
     "Crash of one worker -> SIGTERM at every other worker, in ms, under launch and torchrun,\n"
     "idle and with every CPU busy; see benchmarks/README.md.\n";
 
-[[noreturn]] void usage(const std::string& what) {
-  std::fprintf(stderr, "crash_latency_bench: %s\n%s", what.c_str(), kUsage);
-  std::exit(2);
-}
-
 Options parse(int argc, char** argv) {
   Options o;
-  for (int i = 1; i < argc; ++i) {
-    std::string a = argv[i];
-    auto value = [&]() -> std::string {
-      if (i + 1 >= argc) usage(a + " needs a value");
-      return argv[++i];
-    };
-    if (a == "--help" || a == "-h") {
-      std::fputs(kUsage, stdout);
-      std::exit(0);
-    }
-    if (a == "--crashes") o.crashes = std::max(1, std::atoi(value().c_str()));
-    else if (a == "--nproc") o.nproc = std::max(2, std::atoi(value().c_str()));
+  Flags flags("crash_latency_bench", kUsage, argc, argv);
+  while (flags.next()) {
+    const std::string& a = flags.flag();
+    if (a == "--crashes") o.crashes = std::max(1, std::atoi(flags.value().c_str()));
+    else if (a == "--nproc") o.nproc = std::max(2, std::atoi(flags.value().c_str()));
     else if (a == "--no-torchrun") o.torchrun = false;
     else if (a == "--no-load") o.load = false;
     else if (a == "--smoke") o.smoke = true;
-    else if (a == "--launch") o.launch = value();
-    else if (a == "--worker") o.worker = value();
-    else if (a == "--python") o.python = value();
-    else if (a == "--torchrun") o.torchrunPath = value();
-    else usage("unknown argument " + a);
+    else if (a == "--launch") o.launch = flags.value();
+    else if (a == "--worker") o.worker = flags.value();
+    else if (a == "--python") o.python = flags.value();
+    else if (a == "--torchrun") o.torchrunPath = flags.value();
+    else flags.usageError("unknown argument " + a);
   }
   if (o.smoke) {
     o.crashes = 3;
@@ -91,20 +80,6 @@ Options parse(int argc, char** argv) {
     o.load = false;
   }
   return o;
-}
-
-bool executable(const std::string& path) { return !path.empty() && ::access(path.c_str(), X_OK) == 0; }
-
-std::string freeEndpoint() {
-  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in sa{};
-  sa.sin_family = AF_INET;
-  sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t len = sizeof sa;
-  ::bind(fd, reinterpret_cast<sockaddr*>(&sa), sizeof sa);
-  ::getsockname(fd, reinterpret_cast<sockaddr*>(&sa), &len);
-  ::close(fd);
-  return "localhost:" + std::to_string(ntohs(sa.sin_port));
 }
 
 // Runs argv with `env` added, stdout captured, until it exits or `seconds` pass (then SIGKILL).
@@ -122,11 +97,7 @@ std::string runCapture(const std::vector<std::string>& argv, const std::vector<s
     ::dup2(nul, STDERR_FILENO);
     ::close(out[0]);
     for (const auto& e : env) ::putenv(const_cast<char*>(e.c_str()));
-    std::vector<char*> args;
-    for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
-    args.push_back(nullptr);
-    ::execv(args[0], args.data());
-    ::_exit(127);
+    execArgv(argv);
   }
   ::close(out[1]);
   std::string text;
@@ -242,7 +213,7 @@ int main(int argc, char** argv) {
       for (auto& r : runners) {
         std::vector<std::string> args = r.argv;
         for (auto& a : args) {
-          if (a == "@endpoint@") a = freeEndpoint();
+          if (a == "@endpoint@") a = freeLocalEndpoint();
         }
         args.insert(args.end(), workerArgs.begin(), workerArgs.end());
         bool ok = false;

@@ -16,6 +16,7 @@ endif()
 add_executable(launch_bench ${CMAKE_CURRENT_LIST_DIR}/launch_bench.cpp
   ${CMAKE_CURRENT_LIST_DIR}/bench_run.cpp ${CMAKE_CURRENT_LIST_DIR}/multinode_bench.cpp)
 # dtrain_base: --multinode hosts the store its workers' barrier runs on.
+target_include_directories(launch_bench PRIVATE ${CMAKE_SOURCE_DIR}/tests/support)  # free_port.h
 target_link_libraries(launch_bench PRIVATE dtrain_base fmt::fmt)
 target_compile_definitions(launch_bench PRIVATE
   DTRAIN_BENCH_LAUNCH="$<TARGET_FILE:launch>"
@@ -32,7 +33,9 @@ endif()
 dtrain_warnings(launch_bench)
 
 # crash_latency_bench: a worker's crash -> SIGTERM at the others, launch beside torchrun.
-add_executable(crash_latency_bench ${CMAKE_CURRENT_LIST_DIR}/crash_latency_bench.cpp)
+add_executable(crash_latency_bench ${CMAKE_CURRENT_LIST_DIR}/crash_latency_bench.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/bench_run.cpp)
+target_include_directories(crash_latency_bench PRIVATE ${CMAKE_SOURCE_DIR}/tests/support)  # free_port.h
 target_link_libraries(crash_latency_bench PRIVATE fmt::fmt)
 target_compile_definitions(crash_latency_bench PRIVATE
   DTRAIN_BENCH_LAUNCH="$<TARGET_FILE:launch>"

@@ -17,22 +17,10 @@
 // --smoke: one rep of the torch-free worker with N = 1, 2 (CI: checks it runs, < 15 s).
 // --multinode (root): instead, 3 nodes x 2 workers in a simulated cluster, two phases each (to
 //   every worker past a barrier, then to exit): see multinode_bench.cpp.
-#include <arpa/inet.h>
-#include <fcntl.h>
-#include <netinet/in.h>
-#include <poll.h>
-#include <sys/socket.h>
-#include <sys/wait.h>
-#include <unistd.h>
-
 #include <algorithm>
-#include <chrono>
 #include <cstdio>
 #include <cstdlib>
-#include <cstring>
-#include <map>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include <fmt/format.h>
@@ -66,44 +54,35 @@ constexpr const char* kUsage =
     "Start-to-exit wall time of `launch --nproc-per-node N` (torch-free worker, libtorch worker,\n"
     "Python script) beside torchrun; see benchmarks/README.md.\n";
 
-[[noreturn]] void usage(const std::string& what) {
-  std::fprintf(stderr, "launch_bench: %s\n%s", what.c_str(), kUsage);
-  std::exit(2);
+std::vector<int> parseInts(const std::string& list) {
+  std::vector<int> out;
+  size_t start = 0;
+  while (start < list.size()) {
+    size_t comma = list.find(',', start);
+    out.push_back(std::atoi(list.substr(start, comma - start).c_str()));
+    if (comma == std::string::npos) break;
+    start = comma + 1;
+  }
+  return out;
 }
 
 Options parse(int argc, char** argv) {
   Options o;
-  for (int i = 1; i < argc; ++i) {
-    std::string a = argv[i];
-    auto value = [&]() -> std::string {
-      if (i + 1 >= argc) usage(a + " needs a value");
-      return argv[++i];
-    };
-    if (a == "--help" || a == "-h") {
-      std::fputs(kUsage, stdout);
-      std::exit(0);
-    }
-    if (a == "--reps") o.reps = std::max(1, std::atoi(value().c_str()));
-    else if (a == "--nprocs") {
-      o.nprocs.clear();
-      std::string list = value();
-      size_t start = 0;
-      while (start < list.size()) {
-        size_t comma = list.find(',', start);
-        o.nprocs.push_back(std::atoi(list.substr(start, comma - start).c_str()));
-        if (comma == std::string::npos) break;
-        start = comma + 1;
-      }
-    } else if (a == "--no-torchrun") o.torchrun = false;
+  Flags flags("launch_bench", kUsage, argc, argv);
+  while (flags.next()) {
+    const std::string& a = flags.flag();
+    if (a == "--reps") o.reps = std::max(1, std::atoi(flags.value().c_str()));
+    else if (a == "--nprocs") o.nprocs = parseInts(flags.value());
+    else if (a == "--no-torchrun") o.torchrun = false;
     else if (a == "--smoke") o.smoke = true;
     else if (a == "--multinode") o.multinode = true;
-    else if (a == "--launch") o.launch = value();
-    else if (a == "--worker") o.worker = value();
-    else if (a == "--torch-worker") o.torchWorker = value();
-    else if (a == "--python") o.python = value();
-    else if (a == "--torchrun") o.torchrunPath = value();
-    else if (a == "--script") o.script = value();
-    else usage("unknown flag " + a);
+    else if (a == "--launch") o.launch = flags.value();
+    else if (a == "--worker") o.worker = flags.value();
+    else if (a == "--torch-worker") o.torchWorker = flags.value();
+    else if (a == "--python") o.python = flags.value();
+    else if (a == "--torchrun") o.torchrunPath = flags.value();
+    else if (a == "--script") o.script = flags.value();
+    else flags.usageError("unknown flag " + a);
   }
   if (o.smoke) {
     o.reps = 1;
@@ -119,16 +98,7 @@ constexpr const char* kFreeEndpoint = "@free-endpoint@";
 
 std::vector<std::string> withFreePort(std::vector<std::string> argv) {
   for (auto& a : argv) {
-    if (a != kFreeEndpoint) continue;
-    int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-    sockaddr_in sa{};
-    sa.sin_family = AF_INET;
-    sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    socklen_t len = sizeof sa;
-    ::bind(fd, reinterpret_cast<sockaddr*>(&sa), sizeof sa);
-    ::getsockname(fd, reinterpret_cast<sockaddr*>(&sa), &len);
-    ::close(fd);
-    a = "localhost:" + std::to_string(ntohs(sa.sin_port));
+    if (a == kFreeEndpoint) a = freeLocalEndpoint();
   }
   return argv;
 }
@@ -144,21 +114,8 @@ struct Config {
   std::string lastFailure;
 };
 
-}  // namespace
-
-int main(int argc, char** argv) {
-  Options o = parse(argc, argv);
-  if (o.multinode) {
-    dtrain::bench::MultinodeBenchOptions m;
-    m.reps = o.reps;
-    m.torchrun = o.torchrun;
-    m.launch = o.launch;
-    m.worker = o.worker;
-    m.python = o.python;
-    m.torchrunPath = o.torchrunPath;
-    m.clusterScript = o.clusterScript;
-    return dtrain::bench::multinodeBench(m);
-  }
+// The jobs to time, for every N of --nprocs: each workload under launch, and beside it.
+std::vector<Config> jobs(const Options& o) {
   std::vector<Config> configs;
   const std::string np = "--nproc-per-node";
   for (int n : o.nprocs) {
@@ -188,10 +145,13 @@ int main(int argc, char** argv) {
       configs.push_back({"python", "torchrun-mi0.1", n, mi, 1, {}, 0, {}});
     }
   }
+  return configs;
+}
 
-  // Warm-up: page cache, dynamic loader caches.
+// A warm-up run of each (page cache, dynamic loader caches), then --reps interleaved rounds.
+void measure(std::vector<Config>& configs, int reps) {
   for (auto& c : configs) timeRun(withFreePort(c.argv), nullptr, c.copies);
-  for (int rep = 0; rep < o.reps; ++rep) {
+  for (int rep = 0; rep < reps; ++rep) {
     for (auto& c : configs) {
       std::string failure;
       double s = timeRun(withFreePort(c.argv), &failure, c.copies);
@@ -203,7 +163,9 @@ int main(int argc, char** argv) {
       }
     }
   }
+}
 
+void printTable(const Options& o, const std::vector<Config>& configs) {
   auto find = [&](const std::string& workload, const std::string& runner, int n) -> const Config* {
     for (const auto& c : configs) {
       if (c.workload == workload && c.runner == runner && c.nproc == n) return &c;
@@ -248,6 +210,10 @@ int main(int argc, char** argv) {
                  "(aim: < 100)\n", n, median(l->samples) - median(bare->samples), n);
     }
   }
+}
+
+// Says which runs failed; smoke mode is a check: every run must have worked.
+int failureCode(const std::vector<Config>& configs) {
   int failures = 0;
   for (const auto& c : configs) {
     if (c.failures) {
@@ -256,6 +222,26 @@ int main(int argc, char** argv) {
                  c.runner, c.nproc, c.failures, c.lastFailure);
     }
   }
-  // Smoke mode is a check: every run must have worked.
   return failures == 0 ? 0 : 1;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Options o = parse(argc, argv);
+  if (o.multinode) {
+    dtrain::bench::MultinodeBenchOptions m;
+    m.reps = o.reps;
+    m.torchrun = o.torchrun;
+    m.launch = o.launch;
+    m.worker = o.worker;
+    m.python = o.python;
+    m.torchrunPath = o.torchrunPath;
+    m.clusterScript = o.clusterScript;
+    return dtrain::bench::multinodeBench(m);
+  }
+  std::vector<Config> configs = jobs(o);
+  measure(configs, o.reps);
+  printTable(o, configs);
+  return failureCode(configs);
 }

@@ -13,10 +13,7 @@
 // Then: the time a silent node (its cable out) takes to be noticed, against --heartbeat-timeout.
 #include "multinode_bench.h"
 
-#include <arpa/inet.h>
-#include <netinet/in.h>
 #include <poll.h>
-#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -25,6 +22,7 @@
 #include <cstdio>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <thread>
 
 #include <fmt/format.h>
@@ -32,6 +30,7 @@
 #include "bench_run.h"
 #include "dtrain/base/store.h"
 #include "dtrain/base/tcp_store.h"
+#include "free_port.h"
 
 namespace dtrain::bench {
 
@@ -39,22 +38,6 @@ namespace {
 
 constexpr int kNodes = 3;
 constexpr int kPerNode = 2;
-
-// A port free on `address` right now.
-int freePortOn(const std::string& address) {
-  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in sa{};
-  sa.sin_family = AF_INET;
-  ::inet_pton(AF_INET, address.c_str(), &sa.sin_addr);
-  socklen_t len = sizeof sa;
-  int port = 0;
-  if (::bind(fd, reinterpret_cast<sockaddr*>(&sa), sizeof sa) == 0 &&
-      ::getsockname(fd, reinterpret_cast<sockaddr*>(&sa), &len) == 0) {
-    port = ntohs(sa.sin_port);
-  }
-  ::close(fd);
-  return port;
-}
 
 std::string randomToken() {
   unsigned char raw[16] = {};
@@ -80,11 +63,7 @@ double detectionSeconds(const std::vector<std::string>& launchArgv, const std::s
     ::dup2(err[1], 2);
     ::close(out[0]);
     ::close(err[0]);
-    std::vector<char*> args;
-    for (const auto& a : launchArgv) args.push_back(const_cast<char*>(a.c_str()));
-    args.push_back(nullptr);
-    ::execv(args[0], args.data());
-    ::_exit(127);
+    execArgv(launchArgv);
   }
   ::close(out[1]);
   ::close(err[1]);
@@ -176,86 +155,78 @@ std::string ratio(const std::vector<double>& a, const std::vector<double>& b) {
                                                   : fmt::format("{:.1f}x", median(a) / median(b));
 }
 
-}  // namespace
-
-int multinodeBench(const MultinodeBenchOptions& o) {
-  if (::geteuid() != 0) {
-    std::fprintf(stderr, "launch_bench --multinode: needs root (network namespaces, sshd)\n");
-    return 2;
-  }
-  const std::string loadBefore = loadAverage();
-  const std::string name = "lb" + std::to_string(::getpid() % 100000);
-  int rc = 0;
-  const std::string dir = shellOut(o.clusterScript + " up " + std::to_string(kNodes) + " " + name + " 2>&1", &rc);
-  if (rc != 0) {
-    std::fprintf(stderr, "launch_bench: netns-cluster.sh up failed: %s\n", dir.c_str());
-    shellOut(o.clusterScript + " down " + name);
-    return 1;
-  }
+// The simulated cluster the jobs run on, and launch's rendezvous endpoint on its bridge.
+struct SimCluster {
+  std::string name;      // netns-cluster.sh's name for it
+  std::string dir;       // its files: hosts, ssh_config
   std::vector<std::string> hosts;
-  {
-    std::string text = shellOut("cat " + dir + "/hosts");
-    size_t start = 0;
-    while (start < text.size()) {
-      size_t nl = text.find('\n', start);
-      hosts.push_back(text.substr(start, nl == std::string::npos ? nl : nl - start));
-      if (nl == std::string::npos) break;
-      start = nl + 1;
-    }
+  std::string ssh;       // the ssh_config
+  std::string bridge;    // this machine's address on the cluster's bridge
+  std::string hostList;  // "a,b,c"
+  std::string endpoint;  // launch's store on the bridge, at a port free now
+};
+
+// Brings the cluster up; nullopt, having said why, when it cannot.
+std::optional<SimCluster> clusterUp(const MultinodeBenchOptions& o) {
+  SimCluster c;
+  c.name = "lb" + std::to_string(::getpid() % 100000);
+  int rc = 0;
+  c.dir = shellOut(o.clusterScript + " up " + std::to_string(kNodes) + " " + c.name + " 2>&1", &rc);
+  if (rc != 0) {
+    std::fprintf(stderr, "launch_bench: netns-cluster.sh up failed: %s\n", c.dir.c_str());
+    shellOut(o.clusterScript + " down " + c.name);
+    return std::nullopt;
   }
-  const std::string ssh = dir + "/ssh_config";
-  const std::string bridge = hosts[0].substr(0, hosts[0].rfind('.')) + ".254";
-  const std::string hostList = hosts[0] + "," + hosts[1] + "," + hosts[2];
-  // launch's store on the bridge at a port free now (29400 may be held on every address by
-  // another job on a shared machine).
-  const std::string endpoint = bridge + ":" + std::to_string(freePortOn(bridge));
+  const std::string text = shellOut("cat " + c.dir + "/hosts");
+  size_t start = 0;
+  while (start < text.size()) {
+    size_t nl = text.find('\n', start);
+    c.hosts.push_back(text.substr(start, nl == std::string::npos ? nl : nl - start));
+    if (nl == std::string::npos) break;
+    start = nl + 1;
+  }
+  c.ssh = c.dir + "/ssh_config";
+  c.bridge = c.hosts[0].substr(0, c.hosts[0].rfind('.')) + ".254";
+  c.hostList = c.hosts[0] + "," + c.hosts[1] + "," + c.hosts[2];
+  // Not 29400: another job on a shared machine may hold it on every address.
+  c.endpoint = c.bridge + ":" + std::to_string(testing::freePortOn(c.bridge));
+  return c;
+}
 
-  // The barrier's store, hosted here for every job alike.
-  store::TcpStoreServerOptions so;
-  so.host = bridge;
-  so.token = randomToken();
-  std::unique_ptr<store::TcpStoreServer> server = store::TcpStoreServer::start(so);
-  store::TcpStoreOptions co;
-  co.host = bridge;
-  co.port = server->port();
-  co.token = so.token;
-  store::TcpStore client(co);
-  const std::string storeWhere = fmt::format("{}:{}", bridge, server->port());
-  auto worker = [&](const std::string& prefix) {
-    return std::vector<std::string>{o.worker, "--steps", "0", "--quiet", "--store", storeWhere,
-                                    "--store-token", so.token, "--store-prefix", prefix};
-  };
+// The worker's command line, its barrier's keys under a prefix.
+using WorkerArgv = std::function<std::vector<std::string>(const std::string& prefix)>;
 
+std::vector<Row> jobRows(const MultinodeBenchOptions& o, const SimCluster& c,
+                         const WorkerArgv& worker, bool withTorchrun) {
   std::vector<Row> rows;
-  rows.emplace_back("launch fan-out, 3 nodes x 2", kNodes * kPerNode, [&](const std::string& p) {
+  rows.emplace_back("launch fan-out, 3 nodes x 2", kNodes * kPerNode, [&o, &c, worker](const std::string& p) {
                     return std::vector<std::vector<std::string>>{
-                        cat({o.launch, "--hosts", hostList, "--ssh-config", ssh, "--rdzv-endpoint",
-                             endpoint, "--nproc-per-node", std::to_string(kPerNode)},
+                        cat({o.launch, "--hosts", c.hostList, "--ssh-config", c.ssh, "--rdzv-endpoint",
+                             c.endpoint, "--nproc-per-node", std::to_string(kPerNode)},
                             worker(p))};
                   });
-  rows.emplace_back("launch, one node x 6", kNodes * kPerNode, [&](const std::string& p) {
+  rows.emplace_back("launch, one node x 6", kNodes * kPerNode, [&o, worker](const std::string& p) {
                     return std::vector<std::vector<std::string>>{
                         cat({o.launch, "--nproc-per-node", std::to_string(kNodes * kPerNode)}, worker(p))};
                   });
-  rows.emplace_back("launch, one node x 2", kPerNode, [&](const std::string& p) {
+  rows.emplace_back("launch, one node x 2", kPerNode, [&o, worker](const std::string& p) {
                     return std::vector<std::vector<std::string>>{
                         cat({o.launch, "--nproc-per-node", std::to_string(kPerNode)}, worker(p))};
                   });
-  rows.emplace_back("ssh to the 3 hosts (true)", 0, [&](const std::string&) {
+  rows.emplace_back("ssh to the 3 hosts (true)", 0, [&c](const std::string&) {
                     std::vector<std::vector<std::string>> all;
-                    for (const auto& h : hosts) all.push_back({"/usr/bin/ssh", "-F", ssh, h, "true"});
+                    for (const auto& h : c.hosts) all.push_back({"/usr/bin/ssh", "-F", c.ssh, h, "true"});
                     return all;
                   });
-  const bool withTorchrun = o.torchrun && executable(o.torchrunPath) && executable(o.python);
   if (withTorchrun) {
-    rows.emplace_back("torchrun c10d, 3 nodes x 2", kNodes * kPerNode, [&](const std::string& p) {
+    rows.emplace_back("torchrun c10d, 3 nodes x 2", kNodes * kPerNode, [&o, &c, worker](const std::string& p) {
                       std::vector<std::vector<std::string>> all;
                       for (int k = 0; k < kNodes; ++k) {
                         all.push_back(cat(
-                            {o.clusterScript, "exec", name, std::to_string(k), o.python,
+                            {o.clusterScript, "exec", c.name, std::to_string(k), o.python,
                              o.torchrunPath, "--nnodes", std::to_string(kNodes), "--nproc_per_node",
                              std::to_string(kPerNode), "--rdzv_backend", "c10d", "--rdzv_endpoint",
-                             hosts[0] + ":29400", "--rdzv_id", p,
+                             c.hosts[0] + ":29400", "--rdzv_id", p,
                              // In a namespace the host name does not resolve to the namespace's
                              // address, so torchrun's guess of who hosts its store fails: say it.
                              "--rdzv_conf", k == 0 ? "is_host=1,join_timeout=60" : "is_host=0,join_timeout=60",
@@ -265,13 +236,11 @@ int multinodeBench(const MultinodeBenchOptions& o) {
                       return all;
                     });
   }
-  for (size_t i = 0; i < rows.size(); ++i) runOnce(rows[i], fmt::format("warm{}", i), client, false);
-  for (int rep = 0; rep < o.reps; ++rep) {
-    for (size_t i = 0; i < rows.size(); ++i) {
-      runOnce(rows[i], fmt::format("rep{}-{}", rep, i), client, true);
-    }
-  }
+  return rows;
+}
 
+void printTable(const MultinodeBenchOptions& o, const std::vector<Row>& rows,
+                const std::string& loadBefore, bool withTorchrun) {
   fmt::print("# launch_bench --multinode: {} nodes x {} workers (tests/worker --steps 0), ms, median "
              "(min) of {} interleaved reps; load average {} before, {} after\n",
              kNodes, kPerNode, o.reps, loadBefore, loadAverage());
@@ -305,15 +274,18 @@ int multinodeBench(const MultinodeBenchOptions& o) {
                ratio(rows[4].total, fan.total));
   }
   std::fflush(stdout);
+}
 
+// A node's cable cut under a running job, a few times; prints and returns the detection times.
+std::vector<double> measureDetection(const MultinodeBenchOptions& o, const SimCluster& c) {
   std::vector<double> detections;
   for (int rep = 0; rep < std::min(o.reps, 3); ++rep) {
     double d = detectionSeconds(
-        {o.launch, "--hosts", hostList, "--ssh-config", ssh, "--rdzv-endpoint", endpoint,
+        {o.launch, "--hosts", c.hostList, "--ssh-config", c.ssh, "--rdzv-endpoint", c.endpoint,
          "--ssh-option", "ServerAliveInterval=60", "--nproc-per-node", std::to_string(kPerNode),
          "--heartbeat-interval", "0.5", "--heartbeat-timeout", "3", "--grace-period", "1",
          o.worker, "--steps", "100000", "--step-ms", "50", "--no-store"},
-        o.clusterScript, name, 1);
+        o.clusterScript, c.name, 1);
     if (d >= 0) detections.push_back(d);
   }
   if (!detections.empty()) {
@@ -322,8 +294,48 @@ int multinodeBench(const MultinodeBenchOptions& o) {
                median(detections), detections.size(), minimum(detections),
                *std::max_element(detections.begin(), detections.end()));
   }
+  return detections;
+}
+
+}  // namespace
+
+int multinodeBench(const MultinodeBenchOptions& o) {
+  if (::geteuid() != 0) {
+    std::fprintf(stderr, "launch_bench --multinode: needs root (network namespaces, sshd)\n");
+    return 2;
+  }
+  const std::string loadBefore = loadAverage();
+  const std::optional<SimCluster> cluster = clusterUp(o);
+  if (!cluster) return 1;
+
+  // The barrier's store, hosted here for every job alike.
+  store::TcpStoreServerOptions so;
+  so.host = cluster->bridge;
+  so.token = randomToken();
+  std::unique_ptr<store::TcpStoreServer> server = store::TcpStoreServer::start(so);
+  store::TcpStoreOptions co;
+  co.host = cluster->bridge;
+  co.port = server->port();
+  co.token = so.token;
+  store::TcpStore client(co);
+  const std::string storeWhere = fmt::format("{}:{}", cluster->bridge, server->port());
+  const WorkerArgv worker = [&o, storeWhere, token = so.token](const std::string& prefix) {
+    return std::vector<std::string>{o.worker, "--steps", "0", "--quiet", "--store", storeWhere,
+                                    "--store-token", token, "--store-prefix", prefix};
+  };
+
+  const bool withTorchrun = o.torchrun && executable(o.torchrunPath) && executable(o.python);
+  std::vector<Row> rows = jobRows(o, *cluster, worker, withTorchrun);
+  for (size_t i = 0; i < rows.size(); ++i) runOnce(rows[i], fmt::format("warm{}", i), client, false);
+  for (int rep = 0; rep < o.reps; ++rep) {
+    for (size_t i = 0; i < rows.size(); ++i) {
+      runOnce(rows[i], fmt::format("rep{}-{}", rep, i), client, true);
+    }
+  }
+  printTable(o, rows, loadBefore, withTorchrun);
+  const std::vector<double> detections = measureDetection(o, *cluster);
   server->stop();
-  shellOut(o.clusterScript + " down " + name);
+  shellOut(o.clusterScript + " down " + cluster->name);
   int failures = 0;
   for (const auto& r : rows) {
     if (r.failures) {

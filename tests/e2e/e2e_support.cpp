@@ -11,6 +11,7 @@
 #include <map>
 #include <sstream>
 
+#include "free_port.h"
 #include "test_support.h"
 
 namespace dtrain::testing {
@@ -41,17 +42,7 @@ int storePort(const Cluster& c) {
   static std::map<std::string, int> ports;  // one per cluster, picked once
   auto it = ports.find(c.name());
   if (it != ports.end()) return it->second;
-  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in sa{};
-  sa.sin_family = AF_INET;
-  ::inet_pton(AF_INET, c.bridgeAddress().c_str(), &sa.sin_addr);
-  socklen_t len = sizeof sa;
-  int port = 0;
-  if (::bind(fd, reinterpret_cast<sockaddr*>(&sa), sizeof sa) == 0 &&
-      ::getsockname(fd, reinterpret_cast<sockaddr*>(&sa), &len) == 0) {
-    port = ntohs(sa.sin_port);
-  }
-  ::close(fd);
+  const int port = freePortOn(c.bridgeAddress());
   EXPECT_GT(port, 0) << "no free port on " << c.bridgeAddress();
   ports[c.name()] = port;
   return port;

@@ -1,10 +1,7 @@
 #include "test_support.h"
 
-#include <arpa/inet.h>
-#include <netinet/in.h>
 #include <signal.h>
 #include <stdlib.h>
-#include <sys/socket.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -13,6 +10,8 @@
 #include <sstream>
 
 #include <gtest/gtest.h>
+
+#include "free_port.h"
 
 namespace dtrain::testing {
 
@@ -55,16 +54,6 @@ void writeFile(const std::string& path, const std::string& text) {
 
 bool processExists(pid_t pid) { return ::kill(pid, 0) == 0 || errno == EPERM; }
 
-int freeLoopbackPort() {
-  int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a));
-  socklen_t len = sizeof(a);
-  getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
-  close(fd);
-  return ntohs(a.sin_port);
-}
+int freeLoopbackPort() { return freePortOn("127.0.0.1"); }
 
 }  // namespace dtrain::testing
