@@ -162,6 +162,97 @@ std::shared_ptr<dtrain::ProcessGroup> soloGroup() {
   return dtrain::init(o);
 }
 
+// The torch.save/torch.load peer (checkpoint_peer.py) over the same state's shapes; not ok when
+// Python or torch is missing.
+Peer startPeer(const std::string& dir, torch::nn::Module& model) {
+  Peer peer;
+  if (::access("/usr/bin/python3", X_OK) != 0) return peer;
+  nlohmann::json spec;
+  spec["model"] = nlohmann::json::array();
+  spec["optimizer"] = nlohmann::json::array();
+  for (const auto& p : model.named_parameters()) {
+    spec["model"].push_back({p.key(), p.value().sizes().vec()});
+    spec["optimizer"].push_back({p.key(), p.value().sizes().vec()});
+  }
+  for (const auto& b : model.named_buffers()) spec["model"].push_back({b.key(), b.value().sizes().vec()});
+  std::ofstream(dir + "/spec.json") << spec.dump();
+  peer.child = spawn({"/usr/bin/python3", DTRAIN_CHECKPOINT_BENCH_DIR "/checkpoint_peer.py", dir + "/spec.json"}, true);
+  char line[64];
+  peer.ok = std::fgets(line, sizeof(line), peer.child.out) && std::string(line) == "ready\n";
+  if (!peer.ok) std::printf("# torch peer unavailable (needs Debian's python3-torch)\n");
+  return peer;
+}
+
+// Seconds per operation, one sample per repetition; the files' sizes.
+struct IoTimes {
+  std::map<std::string, std::vector<double>> t;
+  uint64_t bytes = 0, torchBytes = 0;
+};
+
+// Every operation once per repetition, the contenders interleaved.
+IoTimes measureIo(int reps, dtrain::Checkpointer& checkpointer, Peer& peer, const std::string& dir) {
+  IoTimes io;
+  auto& t = io.t;
+  int64_t step = 0;
+  for (int rep = 0; rep < reps; ++rep) {
+    auto start = Clock::now();
+    checkpointer.save(++step);
+    t["save"].push_back(since(start));
+    std::string file = checkpointer.nodeDirectory() + "/" + fmt::format("step-{:08d}", step);
+    io.bytes = fileSize(file);
+    t["dd write+fsync"].push_back(timeCommand({"dd", "if=" + file, "of=" + dir + "/dd.bin", "bs=4M",
+                                               "conv=fsync", "status=none"}));
+    if (peer.ok) {
+      t["torch.save+fsync"].push_back(peer.ask("save " + dir + "/torch.pt"));
+      io.torchBytes = fileSize(dir + "/torch.pt");
+    }
+    start = Clock::now();
+    checkpointer.restore();
+    t["load"].push_back(since(start));
+    if (peer.ok) t["torch.load"].push_back(peer.ask("load " + dir + "/torch.pt"));
+    dropFromCache(file);
+    start = Clock::now();
+    checkpointer.restore();
+    t["load cold"].push_back(since(start));
+    if (peer.ok) {
+      peer.ask("drop " + dir + "/torch.pt");
+      t["torch.load cold"].push_back(peer.ask("load " + dir + "/torch.pt"));
+    }
+    t["dd read"].push_back(timeCommand({"dd", "if=" + file, "of=/dev/null", "bs=4M", "status=none"}));
+    dropFromCache(dir + "/dd.bin");
+    t["dd read cold"].push_back(timeCommand({"dd", "if=" + dir + "/dd.bin", "of=/dev/null", "bs=4M", "status=none"}));
+    start = Clock::now();
+    checkpointer.saveAsync(++step);
+    t["async snapshot"].push_back(since(start));
+    checkpointer.wait();
+    t["async total"].push_back(since(start));
+  }
+  return io;
+}
+
+void printIo(IoTimes& io, int64_t numel, int reps) {
+  auto& t = io.t;
+  auto gbps = [](uint64_t b, double s) { return s > 0 ? b / s / 1e9 : 0.0; };
+  std::printf("# state: %.1fM parameters + momentum + buffers; dtrain file %.1f MB, torch.save file %.1f MB; "
+              "%d interleaved repetitions, medians\n",
+              numel / 1e6, io.bytes / 1e6, io.torchBytes / 1e6, reps);
+  std::printf("%-18s %10s %8s\n", "operation", "time_ms", "GB/s");
+  for (const auto& [name, v] : t) {
+    uint64_t b = name.rfind("torch", 0) == 0 ? io.torchBytes : io.bytes;
+    std::printf("%-18s %10.1f %8.2f\n", name.c_str(), median(v) * 1e3, gbps(b, median(v)));
+  }
+  auto ratio = [&](const char* a, const char* b) {
+    return t.count(a) && t.count(b) ? median(t[b]) / median(t[a]) : 0.0;
+  };
+  std::printf("# ratios (above 1: dtrain faster): save vs dd+fsync %.2f, save vs torch.save+fsync %.2f, "
+              "load vs torch.load %.2f (cold %.2f), load vs dd read %.2f (cold %.2f); "
+              "async snapshot / sync save %.2f\n",
+              ratio("save", "dd write+fsync"), ratio("save", "torch.save+fsync"),
+              ratio("load", "torch.load"), ratio("load cold", "torch.load cold"),
+              ratio("load", "dd read"), ratio("load cold", "dd read cold"),
+              median(t["async snapshot"]) / median(t["save"]));
+}
+
 int benchIo(int reps, std::string dir, bool withPeer, bool small) {
   torch::set_num_threads(1);
   bool temporary = dir.empty();
@@ -186,82 +277,14 @@ int benchIo(int reps, std::string dir, bool withPeer, bool small) {
   checkpointer.addOptimizer("sgd", sgd);
 
   Peer peer;
-  if (withPeer && ::access("/usr/bin/python3", X_OK) == 0) {
-    nlohmann::json spec;
-    spec["model"] = nlohmann::json::array();
-    spec["optimizer"] = nlohmann::json::array();
-    for (const auto& p : model->named_parameters()) {
-      spec["model"].push_back({p.key(), p.value().sizes().vec()});
-      spec["optimizer"].push_back({p.key(), p.value().sizes().vec()});
-    }
-    for (const auto& b : model->named_buffers()) spec["model"].push_back({b.key(), b.value().sizes().vec()});
-    std::ofstream(dir + "/spec.json") << spec.dump();
-    peer.child = spawn({"/usr/bin/python3", DTRAIN_CHECKPOINT_BENCH_DIR "/checkpoint_peer.py", dir + "/spec.json"}, true);
-    char line[64];
-    peer.ok = std::fgets(line, sizeof(line), peer.child.out) && std::string(line) == "ready\n";
-    if (!peer.ok) std::printf("# torch peer unavailable (needs Debian's python3-torch)\n");
-  }
-
-  std::map<std::string, std::vector<double>> t;
-  uint64_t bytes = 0, torchBytes = 0;
-  int64_t step = 0;
-  for (int rep = 0; rep < reps; ++rep) {
-    auto start = Clock::now();
-    checkpointer.save(++step);
-    t["save"].push_back(since(start));
-    std::string file = checkpointer.nodeDirectory() + "/" + fmt::format("step-{:08d}", step);
-    bytes = fileSize(file);
-    t["dd write+fsync"].push_back(timeCommand({"dd", "if=" + file, "of=" + dir + "/dd.bin", "bs=4M",
-                                               "conv=fsync", "status=none"}));
-    if (peer.ok) {
-      t["torch.save+fsync"].push_back(peer.ask("save " + dir + "/torch.pt"));
-      torchBytes = fileSize(dir + "/torch.pt");
-    }
-    start = Clock::now();
-    checkpointer.restore();
-    t["load"].push_back(since(start));
-    if (peer.ok) t["torch.load"].push_back(peer.ask("load " + dir + "/torch.pt"));
-    dropFromCache(file);
-    start = Clock::now();
-    checkpointer.restore();
-    t["load cold"].push_back(since(start));
-    if (peer.ok) {
-      peer.ask("drop " + dir + "/torch.pt");
-      t["torch.load cold"].push_back(peer.ask("load " + dir + "/torch.pt"));
-    }
-    t["dd read"].push_back(timeCommand({"dd", "if=" + file, "of=/dev/null", "bs=4M", "status=none"}));
-    dropFromCache(dir + "/dd.bin");
-    t["dd read cold"].push_back(timeCommand({"dd", "if=" + dir + "/dd.bin", "of=/dev/null", "bs=4M", "status=none"}));
-    start = Clock::now();
-    checkpointer.saveAsync(++step);
-    t["async snapshot"].push_back(since(start));
-    checkpointer.wait();
-    t["async total"].push_back(since(start));
-  }
+  if (withPeer) peer = startPeer(dir, *model);
+  IoTimes io = measureIo(reps, checkpointer, peer, dir);
   if (peer.ok) {
     std::fprintf(peer.child.in, "quit\n");
     std::fflush(peer.child.in);
     waitChild(peer.child);
   }
-  auto gbps = [](uint64_t b, double s) { return s > 0 ? b / s / 1e9 : 0.0; };
-  std::printf("# state: %.1fM parameters + momentum + buffers; dtrain file %.1f MB, torch.save file %.1f MB; "
-              "%d interleaved repetitions, medians\n",
-              numel / 1e6, bytes / 1e6, torchBytes / 1e6, reps);
-  std::printf("%-18s %10s %8s\n", "operation", "time_ms", "GB/s");
-  for (const auto& [name, v] : t) {
-    uint64_t b = name.rfind("torch", 0) == 0 ? torchBytes : bytes;
-    std::printf("%-18s %10.1f %8.2f\n", name.c_str(), median(v) * 1e3, gbps(b, median(v)));
-  }
-  auto ratio = [&](const char* a, const char* b) {
-    return t.count(a) && t.count(b) ? median(t[b]) / median(t[a]) : 0.0;
-  };
-  std::printf("# ratios (above 1: dtrain faster): save vs dd+fsync %.2f, save vs torch.save+fsync %.2f, "
-              "load vs torch.load %.2f (cold %.2f), load vs dd read %.2f (cold %.2f); "
-              "async snapshot / sync save %.2f\n",
-              ratio("save", "dd write+fsync"), ratio("save", "torch.save+fsync"),
-              ratio("load", "torch.load"), ratio("load cold", "torch.load cold"),
-              ratio("load", "dd read"), ratio("load cold", "dd read cold"),
-              median(t["async snapshot"]) / median(t["save"]));
+  printIo(io, numel, reps);
   if (temporary) std::system(("rm -rf " + dir).c_str());
   return 0;
 }
@@ -275,18 +298,121 @@ torch::nn::Sequential trainModel(int64_t width) {
                                torch::nn::Linear(1024, 1000));
 }
 
+// Every rank needs the same directory: rank 0 makes it and broadcasts its path.
+std::string sharedTempDir(dtrain::ProcessGroup& group) {
+  char tmpl[] = "/tmp/dtrain-checkpoint-train-XXXXXX";
+  std::string dir;
+  if (group.rank() == 0) dir = ::mkdtemp(tmpl);
+  auto path = torch::zeros({256}, torch::kByte);
+  std::memcpy(path.data_ptr(), dir.data(), dir.size());
+  group.broadcast(path);
+  return reinterpret_cast<const char*>(path.data_ptr());
+}
+
+constexpr const char* kVariants[] = {"none", "sync", "async"};
+
+// Per variant: every step's duration (a save's call included in its step), the saves' calls,
+// the steps that held a save, the rounds' durations. Seconds.
+struct TrainTimes {
+  std::map<std::string, std::vector<double>> durations, saveCalls, total;
+  std::map<std::string, std::vector<size_t>> saveAt;
+};
+
+struct TrainJob {
+  dtrain::DistributedDataParallel<torch::nn::Sequential>& ddp;
+  torch::optim::SGD& sgd;
+  dtrain::Checkpointer& checkpointer;
+  torch::Tensor x, y;
+};
+
+// --rounds rounds of --steps steps per variant, the variants interleaved round by round.
+TrainTimes runVariants(TrainJob& job, int steps, int every, int rounds) {
+  TrainTimes times;
+  int64_t saveStep = 0;
+  for (int round = 0; round < rounds; ++round) {
+    for (const char* variant : kVariants) {
+      std::string v = variant;
+      auto begin = Clock::now();
+      for (int s = 0; s < steps; ++s) {
+        auto t = Clock::now();
+        job.sgd.zero_grad();
+        torch::nn::functional::cross_entropy(job.ddp(job.x), job.y).backward();
+        job.sgd.step();
+        // Mid-period, so that a save's window of steps lies inside the round.
+        if (s % every == every / 2 && v != "none") {
+          auto st = Clock::now();
+          if (v == "sync") {
+            job.checkpointer.save(++saveStep);
+          } else {
+            job.checkpointer.saveAsync(++saveStep);
+          }
+          times.saveCalls[v].push_back(since(st));
+          times.saveAt[v].push_back(times.durations[v].size());
+        }
+        times.durations[v].push_back(since(t));
+      }
+      job.checkpointer.wait();
+      times.total[v].push_back(since(begin));
+    }
+  }
+  return times;
+}
+
+// Note [Paired costs]
+// The machine's load swings more between rounds than a save costs, so the cost of a save is
+// measured step by step: the plain step P is the median of every step that neither holds a save
+// nor follows one within kWindow steps (the background write of an async save overlaps those); a
+// save costs the sum of (step - P) over its window.
+constexpr size_t kWindow = 5;
+
+double plainStep(TrainTimes& times) {
+  std::vector<double> plain;
+  for (const char* variant : kVariants) {
+    const auto& durations = times.durations[variant];
+    std::vector<bool> near(durations.size(), false);
+    for (size_t at : times.saveAt[variant]) {
+      for (size_t i = at; i < std::min(at + kWindow, durations.size()); ++i) near[i] = true;
+    }
+    for (size_t i = 0; i < durations.size(); ++i) {
+      if (!near[i]) plain.push_back(durations[i]);
+    }
+  }
+  return median(plain);
+}
+
+void printTrain(TrainTimes& times, double P, int every) {
+  std::printf("%-6s %10s %14s %14s %12s %12s %12s\n", "saves", "round_s", "save_call_ms",
+              "save_step_ms", "loss_step_%", "window_ms", "loss_win_%");
+  for (const char* variant : kVariants) {
+    std::string v = variant;
+    const auto& durations = times.durations[v];
+    std::vector<double> costs, saveSteps;
+    for (size_t at : times.saveAt[v]) {
+      double c = 0;
+      for (size_t i = at; i < std::min(at + kWindow, durations.size()); ++i) c += durations[i] - P;
+      costs.push_back(c);
+      saveSteps.push_back(durations[at]);
+    }
+    const double cost = median(costs);
+    // loss_step_%: the save's own step over a plain one; loss_win_%: the whole window's excess
+    // (for async, the background write's competition too), both per `every` steps.
+    double stepExcess = saveSteps.empty() ? 0 : median(saveSteps) - P;
+    std::printf("%-6s %10.2f %14.1f %14.1f %12.2f %12.1f %12.2f\n", variant, median(times.total[v]),
+                median(times.saveCalls[v]) * 1e3, median(saveSteps) * 1e3,
+                stepExcess / (every * P) * 100, cost * 1e3, cost / (every * P) * 100);
+  }
+  std::vector<double> asyncSteps;
+  for (size_t at : times.saveAt["async"]) asyncSteps.push_back(times.durations["async"][at]);
+  std::printf("# an async save costs the step it starts in %.1f ms over a plain step: %.0f%% of a "
+              "synchronous save's call (%.1f ms)\n",
+              (median(asyncSteps) - P) * 1e3, (median(asyncSteps) - P) / median(times.saveCalls["sync"]) * 100,
+              median(times.saveCalls["sync"]) * 1e3);
+}
+
 int benchTrain(int steps, int every, int rounds, int batch, int64_t width) {
   torch::set_num_threads(1);
   auto group = dtrain::init();
-  const bool leader = group->rank() == 0;
-  char tmpl[] = "/tmp/dtrain-checkpoint-train-XXXXXX";
-  std::string dir;
-  if (leader) dir = ::mkdtemp(tmpl);
-  // Every rank needs the same path: rank 0's, through a broadcast of its bytes.
-  auto path = torch::zeros({256}, torch::kByte);
-  std::memcpy(path.data_ptr(), dir.data(), dir.size());
-  group->broadcast(path);
-  dir = reinterpret_cast<const char*>(path.data_ptr());
+  const std::string dir = sharedTempDir(*group);
   torch::manual_seed(0);
   auto net = trainModel(width);
   dtrain::DistributedDataParallel<torch::nn::Sequential> ddp(net, group);
@@ -297,99 +423,16 @@ int benchTrain(int steps, int every, int rounds, int batch, int64_t width) {
   dtrain::Checkpointer checkpointer(group, options);
   checkpointer.addModule("model", net);
   checkpointer.addOptimizer("sgd", sgd);
-  auto x = torch::randn({batch, 1024}), y = torch::randint(0, 1000, {batch});
-  const char* variants[] = {"none", "sync", "async"};
-  // Step durations (a save's call included in its step) and where the saves were, per variant.
-  std::map<std::string, std::vector<double>> durations, saveCalls;
-  std::map<std::string, std::vector<size_t>> saveAt;
-  std::map<std::string, std::vector<double>> total;
-  int64_t saveStep = 0;
-  for (int round = 0; round < rounds; ++round) {
-    for (const char* variant : variants) {
-      std::string v = variant;
-      auto begin = Clock::now();
-      for (int s = 0; s < steps; ++s) {
-        auto t = Clock::now();
-        sgd.zero_grad();
-        torch::nn::functional::cross_entropy(ddp(x), y).backward();
-        sgd.step();
-        // Mid-period, so that a save's window of steps lies inside the round.
-        if (s % every == every / 2 && v != "none") {
-          auto st = Clock::now();
-          if (v == "sync") {
-            checkpointer.save(++saveStep);
-          } else {
-            checkpointer.saveAsync(++saveStep);
-          }
-          saveCalls[v].push_back(since(st));
-          saveAt[v].push_back(durations[v].size());
-        }
-        durations[v].push_back(since(t));
-      }
-      checkpointer.wait();
-      total[v].push_back(since(begin));
-    }
-  }
-  if (leader) {
-    // Note [Paired costs]: the machine's load swings more between rounds than a save costs, so the
-    // cost of a save is measured step by step: the plain step P is the median of every step that
-    // neither holds a save nor follows one within kWindow steps (the background write of an async
-    // save overlaps those); a save costs the sum of (step - P) over its window.
-    constexpr size_t kWindow = 5;
-    std::vector<double> plain;
-    std::map<std::string, std::vector<bool>> near;
-    for (const char* variant : variants) {
-      std::string v = variant;
-      near[v].assign(durations[v].size(), false);
-      for (size_t at : saveAt[v]) {
-        for (size_t i = at; i < std::min(at + kWindow, durations[v].size()); ++i) near[v][i] = true;
-      }
-      for (size_t i = 0; i < durations[v].size(); ++i) {
-        if (!near[v][i]) plain.push_back(durations[v][i]);
-      }
-    }
-    const double P = median(plain);
+  TrainJob job{ddp, sgd, checkpointer, torch::randn({batch, 1024}), torch::randint(0, 1000, {batch})};
+  TrainTimes times = runVariants(job, steps, every, rounds);
+  if (group->rank() == 0) {
+    int64_t numel = 0;
+    for (const auto& p : net->parameters()) numel += p.numel();
+    const double P = plainStep(times);  // Note [Paired costs]
     std::printf("# %d rank(s), %.1fM parameters, batch %d per rank, a save every %d steps, %d rounds of "
                 "%d steps per variant, interleaved; plain step %.1f ms (median)\n",
-                group->size(), [&] {
-                  int64_t n = 0;
-                  for (const auto& p : net->parameters()) n += p.numel();
-                  return n / 1e6;
-                }(),
-                batch, every, rounds, steps, P * 1e3);
-    std::printf("%-6s %10s %14s %14s %12s %12s %12s\n", "saves", "round_s", "save_call_ms",
-                "save_step_ms", "loss_step_%", "window_ms", "loss_win_%");
-    std::map<std::string, double> cost;
-    for (const char* variant : variants) {
-      std::string v = variant;
-      std::vector<double> costs, saveSteps;
-      for (size_t at : saveAt[v]) {
-        double c = 0;
-        for (size_t i = at; i < std::min(at + kWindow, durations[v].size()); ++i) c += durations[v][i] - P;
-        costs.push_back(c);
-        saveSteps.push_back(durations[v][at]);
-      }
-      cost[v] = median(costs);
-      // loss_step_%: the save's own step over a plain one; loss_win_%: the whole window's excess
-      // (for async, the background write's competition too), both per `every` steps.
-      double stepExcess = saveSteps.empty() ? 0 : median(saveSteps) - P;
-      std::printf("%-6s %10.2f %14.1f %14.1f %12.2f %12.1f %12.2f\n", variant, median(total[v]),
-                  median(saveCalls[v]) * 1e3, median(saveSteps) * 1e3,
-                  stepExcess / (every * P) * 100, cost[v] * 1e3, cost[v] / (every * P) * 100);
-    }
-    std::printf("# an async save costs the step it starts in %.1f ms over a plain step: %.0f%% of a "
-                "synchronous save's call (%.1f ms)\n",
-                (median([&] {
-                   std::vector<double> v;
-                   for (size_t at : saveAt["async"]) v.push_back(durations["async"][at]);
-                   return v;
-                 }()) - P) * 1e3,
-                (median([&] {
-                   std::vector<double> v;
-                   for (size_t at : saveAt["async"]) v.push_back(durations["async"][at]);
-                   return v;
-                 }()) - P) / median(saveCalls["sync"]) * 100,
-                median(saveCalls["sync"]) * 1e3);
+                group->size(), numel / 1e6, batch, every, rounds, steps, P * 1e3);
+    printTrain(times, P, every);
     std::system(("rm -rf " + dir).c_str());
   }
   group->shutdown();
