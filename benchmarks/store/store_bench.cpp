@@ -218,10 +218,8 @@ int usage(const char* why, FILE* out = stderr) {
   return 2;
 }
 
-}  // namespace
-
-int main(int argc, char** argv) {
-  Config cfg;
+// Reads the command line into `cfg`; -1 to go on, else the exit code (--help: 0, a usage error: 2).
+int parse(int argc, char** argv, Config& cfg) {
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
     auto next = [&]() -> const char* { return i + 1 < argc ? argv[++i] : nullptr; };
@@ -266,13 +264,10 @@ int main(int argc, char** argv) {
   for (int c : cfg.clients) {
     if (c <= 0) return usage("client counts must be positive");
   }
+  return -1;
+}
 
-  std::vector<Subject> subjects{dtrainSubject(cfg.acknowledgedSets)};
-#if DTRAIN_WITH_TORCH
-  if (cfg.peer) subjects.push_back(c10dSubject());
-#else
-  if (cfg.peer) std::printf("# peer c10d::TCPStore unavailable: this build has no libtorch\n");
-#endif
+void printHeader(const Config& cfg, size_t subjects) {
   std::printf("# store_bench: %d iters + %d warm-up per client, %d round(s) interleaved, "
               "%zu-byte values, loopback\n",
               cfg.iters, cfg.warmup, cfg.rounds, cfg.valueBytes);
@@ -286,34 +281,49 @@ int main(int argc, char** argv) {
                         : "counts sets sent (--no-flush)");
   std::printf("#\n");
   std::printf("# %-4s %7s  %9s %9s %10s", "op", "clients", "p50_us", "p99_us", "ops/s");
-  if (subjects.size() > 1) {
+  if (subjects > 1) {
     std::printf("  %9s %9s %10s  %6s %6s", "c10d_p50", "c10d_p99", "c10d_ops/s", "r_p50",
                 "r_ops");
   }
   std::printf("  %6s\n", "#wrong");
+}
+
+// One row: `op` with `n` clients, every subject in turn for --rounds rounds. Returns #wrong.
+long measureRow(const std::string& op, int n, const Config& cfg, std::vector<Subject>& subjects) {
+  std::vector<Result> results(subjects.size());
+  for (int r = 0; r < cfg.rounds; ++r) {
+    for (size_t s = 0; s < subjects.size(); ++s) runRound(subjects[s], op, n, cfg, r, &results[s]);
+  }
+  long wrong = 0;
+  for (const auto& res : results) wrong += res.wrong;
+  auto p50 = [&](size_t s) { return percentile(results[s].micros, 0.50); };
+  auto p99 = [&](size_t s) { return percentile(results[s].micros, 0.99); };
+  auto ops = [&](size_t s) { return results[s].ops / results[s].seconds; };
+  std::printf("  %-4s %7d  %9.1f %9.1f %10.0f", op.c_str(), n, p50(0), p99(0), ops(0));
+  if (subjects.size() > 1) {
+    std::printf("  %9.1f %9.1f %10.0f  %6.2f %6.2f", p50(1), p99(1), ops(1), p50(1) / p50(0),
+                ops(0) / ops(1));
+  }
+  std::printf("  %6ld\n", wrong);
+  std::fflush(stdout);
+  return wrong;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Config cfg;
+  if (const int code = parse(argc, argv, cfg); code >= 0) return code;
+  std::vector<Subject> subjects{dtrainSubject(cfg.acknowledgedSets)};
+#if DTRAIN_WITH_TORCH
+  if (cfg.peer) subjects.push_back(c10dSubject());
+#else
+  if (cfg.peer) std::printf("# peer c10d::TCPStore unavailable: this build has no libtorch\n");
+#endif
+  printHeader(cfg, subjects.size());
   long totalWrong = 0;
   for (const auto& op : cfg.ops) {
-    for (int n : cfg.clients) {
-      std::vector<Result> results(subjects.size());
-      for (int r = 0; r < cfg.rounds; ++r) {
-        for (size_t s = 0; s < subjects.size(); ++s) {
-          runRound(subjects[s], op, n, cfg, r, &results[s]);
-        }
-      }
-      long wrong = 0;
-      for (const auto& res : results) wrong += res.wrong;
-      totalWrong += wrong;
-      auto p50 = [&](size_t s) { return percentile(results[s].micros, 0.50); };
-      auto p99 = [&](size_t s) { return percentile(results[s].micros, 0.99); };
-      auto ops = [&](size_t s) { return results[s].ops / results[s].seconds; };
-      std::printf("  %-4s %7d  %9.1f %9.1f %10.0f", op.c_str(), n, p50(0), p99(0), ops(0));
-      if (subjects.size() > 1) {
-        std::printf("  %9.1f %9.1f %10.0f  %6.2f %6.2f", p50(1), p99(1), ops(1), p50(1) / p50(0),
-                    ops(0) / ops(1));
-      }
-      std::printf("  %6ld\n", wrong);
-      std::fflush(stdout);
-    }
+    for (int n : cfg.clients) totalWrong += measureRow(op, n, cfg, subjects);
   }
   if (totalWrong > 0) {
     std::printf("# FAILED: %ld wrong results\n", totalWrong);
