@@ -10,7 +10,11 @@
 #include <algorithm>
 #include <cerrno>
 #include <chrono>
+#include <cstdlib>
 #include <cstring>
+#include <fstream>
+#include <random>
+#include <sstream>
 #include <thread>
 
 #include <fmt/format.h>
@@ -67,6 +71,71 @@ uint16_t freePort() {
   const int port = testing::freePortOn("127.0.0.1");
   DTRAIN_CHECK(port > 0, "cannot find a free port on 127.0.0.1: {}", std::strerror(errno));
   return static_cast<uint16_t>(port);
+}
+
+Job startWorkers(std::string name, int world, const std::vector<std::string>& workerArgs,
+                 const std::map<std::string, std::string>& env, std::string out) {
+  Job job{std::move(name), {}, nullptr, std::move(out)};
+  std::random_device rd;
+  std::string token = fmt::format("{:016x}{:016x}", (uint64_t{rd()} << 32) | rd(),
+                                  (uint64_t{rd()} << 32) | rd());
+  store::TcpStoreServerOptions so;
+  so.token = token;
+  job.store = store::TcpStoreServer::start(so);
+  char* self = realpath("/proc/self/exe", nullptr);
+  std::vector<std::string> argv = {self, "--worker"};
+  std::free(self);
+  argv.insert(argv.end(), workerArgs.begin(), workerArgs.end());
+  for (int rank = 0; rank < world; ++rank) {
+    std::map<std::string, std::string> rankEnv = {
+        {"RANK", std::to_string(rank)},
+        {"LOCAL_RANK", std::to_string(rank)},
+        {"WORLD_SIZE", std::to_string(world)},
+        {"LOCAL_WORLD_SIZE", std::to_string(world)},
+        {"OMP_NUM_THREADS", "1"},
+        {"DTRAIN_STORE_ADDR", "127.0.0.1"},
+        {"DTRAIN_STORE_PORT", std::to_string(job.store->port())},
+        {"DTRAIN_STORE_TOKEN", token},
+        {"DTRAIN_RESTART_COUNT", "0"}};
+    for (const auto& [key, value] : env) rankEnv[key] = value;
+    job.pids.push_back(spawn(argv, rankEnv));
+  }
+  return job;
+}
+
+std::vector<std::string> torchrunArgv(const std::string& python, int world,
+                                      const std::string& rdzvId, bool smoke) {
+  return {python, "-m", "torch.distributed.run", "--nnodes", "1", "--nproc_per_node",
+          std::to_string(world), "--rdzv_backend", "c10d", "--rdzv_endpoint",
+          fmt::format("127.0.0.1:{}", freePort()), "--rdzv_id", rdzvId, "--monitor_interval",
+          smoke ? "1" : "5", "--redirects", "9:0", "--tee", "9:0"};
+}
+
+std::string finishJob(Job& job) {
+  waitAll(job.pids, job.name);
+  job.pids.clear();
+  if (job.store) job.store->stop();
+  std::ifstream in(job.out);
+  std::stringstream s;
+  s << in.rdbuf();
+  DTRAIN_CHECK(!s.str().empty(), "no result in {}", job.out);
+  return s.str();
+}
+
+double median(std::vector<double> v) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  size_t n = v.size();
+  return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
+}
+
+std::vector<std::string> split(const std::string& s, char sep) {
+  std::vector<std::string> out;
+  std::stringstream in(s);
+  for (std::string part; std::getline(in, part, sep);) {
+    if (!part.empty()) out.push_back(part);
+  }
+  return out;
 }
 
 TurnGiver::TurnGiver(std::string path) : path_(std::move(path)) {

@@ -1,13 +1,17 @@
 #pragma once
-// Process plumbing of ddp_step_bench's driver: starting jobs, waiting for them, free ports, and
-// the FIFOs through which it hands out turns (Note [Turns] in ddp_step_bench.h). Torch-free.
+// Process plumbing of the drivers of ddp_step_bench and train_bench: starting jobs, waiting for
+// them, free ports, the FIFOs through which they hand out turns (Note [Turns] in
+// ddp_step_bench.h), and the small helpers both use. Torch-free.
 
 #include <sys/types.h>
 
 #include <cstdint>
 #include <map>
+#include <memory>
 #include <string>
 #include <vector>
+
+#include "dtrain/base/tcp_store.h"
 
 namespace dtrain::bench {
 
@@ -22,6 +26,34 @@ void killAll(const std::vector<pid_t>& pids);
 
 // A port free right now on loopback (the kernel's choice).
 uint16_t freePort();
+
+// A running job: dtrain's (its workers and the store they rendezvous in) or PyTorch's peer.
+struct Job {
+  std::string name;  // for messages
+  std::vector<pid_t> pids;
+  std::unique_ptr<store::TcpStoreServer> store;
+  std::string out;  // the result file its rank 0 writes
+};
+
+// dtrain's job: `world` copies of this program run with --worker and `workerArgs`, the ranks of
+// one job on a store hosted here (with a random token), OMP_NUM_THREADS=1 and `env` added.
+Job startWorkers(std::string name, int world, const std::vector<std::string>& workerArgs,
+                 const std::map<std::string, std::string>& env, std::string out);
+
+// torchrun running a peer of `world` processes on this node, up to the script and its arguments.
+// Not --standalone: that always puts the rendezvous on port 29400, which other jobs on the
+// machine may hold. torchrun polls its workers every --monitor_interval seconds (default 5, most
+// of a smoke run), and crashes on this machine's Python without --redirects/--tee.
+std::vector<std::string> torchrunArgv(const std::string& python, int world,
+                                      const std::string& rdzvId, bool smoke);
+
+// Waits for the job's processes and stops its store; returns the text of its result file. Throws
+// when a process failed or the file is empty.
+std::string finishJob(Job& job);
+
+double median(std::vector<double> v);
+// The non-empty parts of `s` between separators.
+std::vector<std::string> split(const std::string& s, char sep);
 
 // The driver's end of one job's turn FIFOs "<path>.go" / "<path>.done" (created here).
 class TurnGiver {

@@ -16,22 +16,17 @@
 //                  [--python /usr/bin/python3] [--smoke]
 #include <unistd.h>
 
-#include <cstdlib>
 #include <algorithm>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
-#include <fstream>
-#include <map>
 #include <memory>
-#include <random>
-#include <sstream>
 
 #include <fmt/format.h>
 
 #include "bench_process.h"
 #include "ddp_step_bench.h"
 #include "dtrain/base/error.h"
-#include "dtrain/base/tcp_store.h"
 
 namespace dtrain::bench {
 namespace {
@@ -47,15 +42,6 @@ struct Options {
   std::string peerScript = DTRAIN_DDP_BENCH_DIR "/ddp_step_peer.py";
   bool worker = false;
 };
-
-std::vector<std::string> split(const std::string& s, char sep) {
-  std::vector<std::string> out;
-  std::stringstream in(s);
-  for (std::string part; std::getline(in, part, sep);) {
-    if (!part.empty()) out.push_back(part);
-  }
-  return out;
-}
 
 Options parse(int argc, char** argv) {
   Options o;
@@ -108,14 +94,6 @@ Options parse(int argc, char** argv) {
   return o;
 }
 
-std::string readResultFile(const std::string& path) {
-  std::ifstream in(path);
-  std::stringstream s;
-  s << in.rdbuf();
-  DTRAIN_CHECK(!s.str().empty(), "no result in {}", path);
-  return s.str();
-}
-
 std::vector<std::string> workerArgs(const Options& o, const std::string& model, int batch,
                                     const std::string& out, const std::string& turns) {
   std::vector<std::string> a = {"--model", model, "--batch", std::to_string(batch), "--warmup",
@@ -130,67 +108,24 @@ std::vector<std::string> workerArgs(const Options& o, const std::string& model, 
   return a;
 }
 
-// A running job: dtrain's (two workers and the store they rendezvous in) or PyTorch's (torchrun).
-struct Job {
-  std::string name;
-  std::vector<pid_t> pids;
-  std::unique_ptr<store::TcpStoreServer> store;
-  std::string out;
-};
-
 Job startOurs(const Options& o, const std::string& model, int batch, const std::string& out,
               const std::string& turns) {
-  Job job{"dtrain workers (" + model + ")", {}, nullptr, out};
-  std::random_device rd;
-  std::string token = fmt::format("{:016x}{:016x}", (uint64_t{rd()} << 32) | rd(),
-                                  (uint64_t{rd()} << 32) | rd());
-  store::TcpStoreServerOptions so;
-  so.token = token;
-  job.store = store::TcpStoreServer::start(so);
-  char* self = realpath("/proc/self/exe", nullptr);
-  std::vector<std::string> argv = {self, "--worker"};
-  std::free(self);
-  auto rest = workerArgs(o, model, batch, out, turns);
-  argv.insert(argv.end(), rest.begin(), rest.end());
-  for (int rank = 0; rank < kWorld; ++rank) {
-    job.pids.push_back(spawn(argv, {{"RANK", std::to_string(rank)},
-                                    {"LOCAL_RANK", std::to_string(rank)},
-                                    {"WORLD_SIZE", std::to_string(kWorld)},
-                                    {"LOCAL_WORLD_SIZE", std::to_string(kWorld)},
-                                    {"OMP_NUM_THREADS", "1"},
-                                    {"DTRAIN_STORE_ADDR", "127.0.0.1"},
-                                    {"DTRAIN_STORE_PORT", std::to_string(job.store->port())},
-                                    {"DTRAIN_STORE_TOKEN", token},
-                                    {"DTRAIN_RESTART_COUNT", "0"},
-                                    {"DTRAIN_SHM", o.step.noShm ? "0" : "1"}}));
-  }
-  return job;
+  return startWorkers("dtrain workers (" + model + ")", kWorld,
+                      workerArgs(o, model, batch, out, turns),
+                      {{"DTRAIN_SHM", o.step.noShm ? "0" : "1"}}, out);
 }
 
 Job startPeer(const Options& o, const std::string& model, int batch, const std::string& out,
               const std::string& turns) {
-  // Not --standalone: that always puts the rendezvous on port 29400, which other jobs on the
-  // machine may hold. torchrun polls its workers every --monitor_interval seconds (default 5),
-  // most of a smoke run.
-  std::vector<std::string> argv = {o.python, "-m", "torch.distributed.run", "--nnodes", "1",
-                                   "--nproc_per_node", std::to_string(kWorld),
-                                   "--rdzv_backend", "c10d", "--rdzv_endpoint",
-                                   fmt::format("127.0.0.1:{}", freePort()), "--rdzv_id",
-                                   "ddp_step_bench", "--monitor_interval",
-                                   o.step.smoke ? "1" : "5", "--redirects", "9:0", "--tee", "9:0",
-                                   o.peerScript};
+  std::vector<std::string> argv = torchrunArgv(o.python, kWorld, "ddp_step_bench", o.step.smoke);
+  argv.push_back(o.peerScript);
   auto rest = workerArgs(o, model, batch, out, turns);
   argv.insert(argv.end(), rest.begin(), rest.end());
   return Job{"PyTorch peer (" + model + ")", {spawn(argv, {{"OMP_NUM_THREADS", "1"}})}, nullptr,
              out};
 }
 
-StepResult finish(Job& job) {
-  waitAll(job.pids, job.name);
-  job.pids.clear();
-  if (job.store) job.store->stop();
-  return fromJson(readResultFile(job.out));
-}
+StepResult finish(Job& job) { return fromJson(finishJob(job)); }
 
 // One round: dtrain's job alone, or both jobs taking turns (Note [Turns]).
 std::pair<StepResult, StepResult> runRound(const Options& o, bool peer, const std::string& model,
@@ -225,13 +160,6 @@ std::pair<StepResult, StepResult> runRound(const Options& o, bool peer, const st
     throw;
   }
   return {finish(ours), finish(theirs)};
-}
-
-double median(std::vector<double> v) {
-  if (v.empty()) return 0;
-  std::sort(v.begin(), v.end());
-  size_t n = v.size();
-  return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
 }
 
 void append(std::vector<double>& to, const std::vector<double>& from) {

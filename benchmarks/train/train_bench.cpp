@@ -19,10 +19,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
-#include <fstream>
 #include <memory>
-#include <random>
-#include <sstream>
 
 #include <fmt/format.h>
 #include <torch/torch.h>
@@ -30,7 +27,6 @@
 #include "bench_process.h"
 #include "data/cifar10.h"
 #include "dtrain/base/error.h"
-#include "dtrain/base/tcp_store.h"
 #include "train_bench.h"
 
 namespace dtrain::bench {
@@ -48,15 +44,6 @@ struct Options {
   std::string python = "/usr/bin/python3";
   std::string peerScript = DTRAIN_TRAIN_BENCH_DIR "/train_peer.py";
 };
-
-std::vector<std::string> split(const std::string& s, char sep) {
-  std::vector<std::string> out;
-  std::stringstream in(s);
-  for (std::string part; std::getline(in, part, sep);) {
-    if (!part.empty()) out.push_back(part);
-  }
-  return out;
-}
 
 int batchFor(const Options& o, const std::string& model) {
   if (o.batch > 0) return o.batch;
@@ -145,14 +132,6 @@ Options parse(int argc, char** argv) {
   return o;
 }
 
-std::string readFile(const std::string& path) {
-  std::ifstream in(path);
-  std::stringstream s;
-  s << in.rdbuf();
-  DTRAIN_CHECK(!s.str().empty(), "no result in {}", path);
-  return s.str();
-}
-
 std::vector<std::string> workerArgs(const TrainConfig& c) {
   std::vector<std::string> a = {"--model",  c.model,
                                 "--batch",  std::to_string(c.batch),
@@ -166,84 +145,25 @@ std::vector<std::string> workerArgs(const TrainConfig& c) {
   return a;
 }
 
-struct Job {
-  std::string name;
-  std::vector<pid_t> pids;
-  std::unique_ptr<store::TcpStoreServer> store;
-  std::string out;
-};
-
 Job startOurs(const Options& o, const TrainConfig& c) {
-  Job job{"dtrain workers (" + c.model + ")", {}, nullptr, c.out};
-  std::random_device rd;
-  std::string token =
-      fmt::format("{:016x}{:016x}", (uint64_t{rd()} << 32) | rd(), (uint64_t{rd()} << 32) | rd());
-  store::TcpStoreServerOptions so;
-  so.token = token;
-  job.store = store::TcpStoreServer::start(so);
-  char* self = realpath("/proc/self/exe", nullptr);
-  std::vector<std::string> argv = {self, "--worker"};
-  std::free(self);
-  auto rest = workerArgs(c);
-  argv.insert(argv.end(), rest.begin(), rest.end());
-  for (int rank = 0; rank < o.world; ++rank) {
-    job.pids.push_back(spawn(argv, {{"RANK", std::to_string(rank)},
-                                    {"LOCAL_RANK", std::to_string(rank)},
-                                    {"WORLD_SIZE", std::to_string(o.world)},
-                                    {"LOCAL_WORLD_SIZE", std::to_string(o.world)},
-                                    {"OMP_NUM_THREADS", "1"},
-                                    {"DTRAIN_STORE_ADDR", "127.0.0.1"},
-                                    {"DTRAIN_STORE_PORT", std::to_string(job.store->port())},
-                                    {"DTRAIN_STORE_TOKEN", token},
-                                    {"DTRAIN_RESTART_COUNT", "0"}}));
-  }
-  return job;
+  return startWorkers("dtrain workers (" + c.model + ")", o.world, workerArgs(c), {}, c.out);
 }
 
 Job startPeer(const Options& o, const TrainConfig& c) {
+  std::vector<std::string> argv;
   if (o.world == 1) {  // PyTorch eager in one process: no torchrun, no process group
-    std::vector<std::string> argv = {o.python, o.peerScript};
-    auto rest = workerArgs(c);
-    argv.insert(argv.end(), rest.begin(), rest.end());
-    return Job{"PyTorch peer (" + c.model + ")",
-               {spawn(argv, {{"OMP_NUM_THREADS", "1"}})},
-               nullptr,
-               c.out};
+    argv = {o.python, o.peerScript};
+  } else {
+    argv = torchrunArgv(o.python, o.world, "train_bench", o.smoke);
+    argv.push_back(o.peerScript);
   }
-  // Not --standalone: that always puts the rendezvous on port 29400, which other jobs on the
-  // machine may hold. torchrun crashes on this machine's Python without --redirects/--tee.
-  std::vector<std::string> argv = {o.python,
-                                   "-m",
-                                   "torch.distributed.run",
-                                   "--nnodes",
-                                   "1",
-                                   "--nproc_per_node",
-                                   std::to_string(o.world),
-                                   "--rdzv_backend",
-                                   "c10d",
-                                   "--rdzv_endpoint",
-                                   fmt::format("127.0.0.1:{}", freePort()),
-                                   "--rdzv_id",
-                                   "train_bench",
-                                   "--monitor_interval",
-                                   o.smoke ? "1" : "5",
-                                   "--redirects",
-                                   "9:0",
-                                   "--tee",
-                                   "9:0",
-                                   o.peerScript};
   auto rest = workerArgs(c);
   argv.insert(argv.end(), rest.begin(), rest.end());
-  return Job{
-      "PyTorch peer (" + c.model + ")", {spawn(argv, {{"OMP_NUM_THREADS", "1"}})}, nullptr, c.out};
+  return Job{"PyTorch peer (" + c.model + ")", {spawn(argv, {{"OMP_NUM_THREADS", "1"}})}, nullptr,
+             c.out};
 }
 
-TrainResult finish(Job& job) {
-  waitAll(job.pids, job.name);
-  job.pids.clear();
-  if (job.store) job.store->stop();
-  return trainResultFromJson(readFile(job.out));
-}
+TrainResult finish(Job& job) { return trainResultFromJson(finishJob(job)); }
 
 // One round: both jobs taking turns step by step, or dtrain's alone.
 std::pair<TrainResult, TrainResult> runRound(const Options& o, bool peer, TrainConfig c,
@@ -275,13 +195,6 @@ std::pair<TrainResult, TrainResult> runRound(const Options& o, bool peer, TrainC
   }
   TrainResult r = finish(a);
   return {r, peer ? finish(b) : TrainResult{}};
-}
-
-double median(std::vector<double> v) {
-  if (v.empty()) return 0;
-  std::sort(v.begin(), v.end());
-  size_t n = v.size();
-  return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
 }
 
 bool peerAvailable(const Options& o) {
