@@ -69,6 +69,21 @@ void expectNothingLeft(const Cluster& c, const LaunchResult& r, pid_t spare = -1
   EXPECT_TRUE(gone.empty()) << gone.size() << " pid(s) the job printed are still there";
 }
 
+// How soon launch ends a job after it lost a node: the heartbeat timeout, the grace period, and
+// the time to report it.
+constexpr double kNodeLossBound = kHeartbeatTimeout + kGrace + kMargin + 2;
+
+// After a fault on node 1 at `faultAt` (seconds into the job of `p`): the job fails naming the
+// node ("node 1 (<host>)", then `detail`) within `bound` seconds, and nothing of it is left.
+void expectNodeOneFailed(const Cluster& c, LaunchProcess& p, double faultAt, double bound,
+                         const std::string& detail = "") {
+  LaunchResult r = p.wait(60);
+  EXPECT_NE(r.exitCode, 0) << r.all();
+  EXPECT_NE(r.err.find("node 1 (" + c.hosts()[1] + ")" + detail), std::string::npos) << r.err;
+  EXPECT_LT(r.seconds - faultAt, bound) << r.err;
+  expectNothingLeft(c, r);
+}
+
 // docs/reliability.md H5 on the simulated cluster: rank 3 (node 1) dies inside a hierarchical
 // allreduce; every survivor, on both nodes, fails within 2 s (its node peer by the pidfd, the
 // others through Gloo and their segment), before launch's teardown.
@@ -142,12 +157,7 @@ TEST(MultiNodeFault, RemoteAgentKilledEndsTheJobNamingTheNode) {
   const pid_t agent = agentOn(*c, 1);
   ASSERT_GT(agent, 0);
   ASSERT_EQ(::kill(agent, SIGKILL), 0);
-  const double killedAt = p.elapsed();
-  LaunchResult r = p.wait(60);
-  EXPECT_NE(r.exitCode, 0) << r.all();
-  EXPECT_NE(r.err.find("node 1 (" + c->hosts()[1] + ")"), std::string::npos) << r.err;
-  EXPECT_LT(r.seconds - killedAt, kHeartbeatTimeout + kGrace + kMargin + 2) << r.err;
-  expectNothingLeft(*c, r);
+  expectNodeOneFailed(*c, p, p.elapsed(), kNodeLossBound);
 }
 
 // The master's ssh process for one node, on this host.
@@ -171,14 +181,9 @@ TEST(MultiNodeFault, DroppedSshSessionStopsThatNodesWorkers) {
   const pid_t ssh = sshTo(c->hosts()[1]);
   ASSERT_GT(ssh, 0);
   ASSERT_EQ(::kill(ssh, SIGKILL), 0);
-  const double droppedAt = p.elapsed();
-  LaunchResult r = p.wait(60);
-  EXPECT_NE(r.exitCode, 0) << r.all();
-  EXPECT_NE(r.err.find("node 1 (" + c->hosts()[1] + "): its ssh session was killed by SIGKILL"),
-            std::string::npos) << r.err;
-  EXPECT_LT(r.seconds - droppedAt, kGrace + kMargin + 2) << r.err;
-  // Node 1's agent saw its stdin close and stopped its workers by itself.
-  expectNothingLeft(*c, r);
+  // Node 1's agent sees its stdin close and stops its workers by itself.
+  expectNodeOneFailed(*c, p, p.elapsed(), kGrace + kMargin + 2,
+                      ": its ssh session was killed by SIGKILL");
 }
 
 TEST(MultiNodeFault, SigkilledMasterLeavesNothingOnAnyNode) {
@@ -197,12 +202,7 @@ TEST(MultiNodeFault, WholeNodeKilledEndsTheJobWithinTheHeartbeatBound) {
   LaunchProcess p(longJob(*c));
   ASSERT_TRUE(waitForWorkers(p, 4, 30)) << p.out() << p.err();
   c->killHost(1);
-  const double killedAt = p.elapsed();
-  LaunchResult r = p.wait(60);
-  EXPECT_NE(r.exitCode, 0) << r.all();
-  EXPECT_NE(r.err.find("node 1 (" + c->hosts()[1] + ")"), std::string::npos) << r.err;
-  EXPECT_LT(r.seconds - killedAt, kHeartbeatTimeout + kGrace + kMargin + 2) << r.err;
-  expectNothingLeft(*c, r);
+  expectNodeOneFailed(*c, p, p.elapsed(), kNodeLossBound);
 }
 
 // Pumps until every one of `n` comm_workers said it is ready (its Gloo mesh is up).
@@ -232,7 +232,7 @@ TEST(MultiNodeFault, SilentPartitionEndsTheJobNamingTheNode) {
   EXPECT_EQ(r.exitCode, 124) << r.all();
   EXPECT_NE(r.err.find("node 1 (" + c->hosts()[1] + ") on " + c->hosts()[1] + " went silent"),
             std::string::npos) << r.err;
-  EXPECT_LT(r.seconds - cutAt, kHeartbeatTimeout + kGrace + kMargin + 2) << r.err;
+  EXPECT_LT(r.seconds - cutAt, kNodeLossBound) << r.err;
   EXPECT_EQ(countLines(r.out, ": OK"), 0) << r.out;
   // The cut-off node's agent loses the store and stops its workers by itself.
   expectNothingLeft(*c, r, -1, commWorker());
@@ -280,7 +280,7 @@ TEST(MultiNodeFault, StoreHostLostEndsEveryAgent) {
   LaunchResult r = nodes[1]->wait(60);
   EXPECT_EQ(r.exitCode, 125) << r.all();
   EXPECT_NE(r.err.find("lost the store at " + c->hosts()[0] + ":29400"), std::string::npos) << r.err;
-  EXPECT_LT(r.seconds - killedAt, kHeartbeatTimeout + kGrace + kMargin + 2) << r.err;
+  EXPECT_LT(r.seconds - killedAt, kNodeLossBound) << r.err;
   nodes[0]->wait(10);
   expectNothingLeft(*c, r);
 }
