@@ -20,10 +20,7 @@ function(dtrain_gtest name)
   target_compile_definitions(${name} PRIVATE
     DTRAIN_TEST_BINARY_DIR="${CMAKE_BINARY_DIR}" DTRAIN_TEST_SOURCE_DIR="${CMAKE_SOURCE_DIR}")
   if(A_TORCH)
-    target_precompile_headers(${name} REUSE_FROM dtrain)
-    # The PCH is built -fPIC (shared library); an executable's default -fPIE would make GCC
-    # reject it (-Winvalid-pch) and parse torch/torch.h again in every file.
-    target_compile_options(${name} PRIVATE -fPIC)
+    dtrain_reuse_torch_pch(${name})
   endif()
   dtrain_warnings(${name})
   set(props LABELS ${A_LABEL} TIMEOUT ${A_TIMEOUT})

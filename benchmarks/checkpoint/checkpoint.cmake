@@ -4,8 +4,7 @@ add_executable(checkpoint_bench benchmarks/checkpoint/checkpoint_bench.cpp)
 target_link_libraries(checkpoint_bench PRIVATE dtrain nlohmann_json::nlohmann_json)
 target_compile_definitions(checkpoint_bench PRIVATE
   DTRAIN_CHECKPOINT_BENCH_DIR="${CMAKE_CURRENT_SOURCE_DIR}/benchmarks/checkpoint")
-target_precompile_headers(checkpoint_bench REUSE_FROM dtrain)
-target_compile_options(checkpoint_bench PRIVATE -fPIC)  # see dtrain_gtest in tests/tests.cmake
+dtrain_reuse_torch_pch(checkpoint_bench)
 dtrain_warnings(checkpoint_bench)
 if(DTRAIN_WITH_TESTS AND DTRAIN_HAVE_GLOO)
   add_test(NAME bench_smoke.checkpoint_bench COMMAND checkpoint_bench --smoke)

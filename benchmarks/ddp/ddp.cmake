@@ -9,8 +9,7 @@ if(DTRAIN_HAVE_GLOO)
   target_link_libraries(ddp_step_bench PRIVATE dtrain nlohmann_json::nlohmann_json)
   target_compile_definitions(ddp_step_bench PRIVATE
     DTRAIN_DDP_BENCH_DIR="${CMAKE_CURRENT_SOURCE_DIR}/benchmarks/ddp")
-  target_precompile_headers(ddp_step_bench REUSE_FROM dtrain)
-  target_compile_options(ddp_step_bench PRIVATE -fPIC)  # see dtrain_gtest in tests/tests.cmake
+  dtrain_reuse_torch_pch(ddp_step_bench)
   dtrain_warnings(ddp_step_bench)
   if(DTRAIN_WITH_TESTS)
     add_test(NAME bench_smoke.ddp_step_bench COMMAND ddp_step_bench --smoke)

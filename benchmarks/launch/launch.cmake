@@ -13,37 +13,36 @@ if(DTRAIN_HAVE_TORCH)
   set(_launch_bench_torch_worker $<TARGET_FILE:launch_torch_worker>)
 endif()
 
-add_executable(launch_bench ${CMAKE_CURRENT_LIST_DIR}/launch_bench.cpp
-  ${CMAKE_CURRENT_LIST_DIR}/bench_run.cpp ${CMAKE_CURRENT_LIST_DIR}/multinode_bench.cpp)
-# dtrain_base: --multinode hosts the store its workers' barrier runs on.
-target_include_directories(launch_bench PRIVATE ${CMAKE_SOURCE_DIR}/tests/support)  # free_port.h
-target_link_libraries(launch_bench PRIVATE dtrain_base fmt::fmt)
+# What both launch benchmarks share: their plumbing (bench_run.*, with tests/support's
+# free_port.h), and what they drive: launch and the test worker.
+add_library(dtrain_launch_bench_run STATIC ${CMAKE_CURRENT_LIST_DIR}/bench_run.cpp)
+target_include_directories(dtrain_launch_bench_run PUBLIC ${CMAKE_CURRENT_LIST_DIR}
+                                                          ${CMAKE_SOURCE_DIR}/tests/support)
+target_link_libraries(dtrain_launch_bench_run PUBLIC fmt::fmt)
+dtrain_warnings(dtrain_launch_bench_run)
+# crash_latency_bench: a worker's crash -> SIGTERM at the others, launch beside torchrun.
+foreach(bench launch_bench crash_latency_bench)
+  add_executable(${bench} ${CMAKE_CURRENT_LIST_DIR}/${bench}.cpp)
+  target_link_libraries(${bench} PRIVATE dtrain_launch_bench_run)
+  target_compile_definitions(${bench} PRIVATE
+    DTRAIN_BENCH_LAUNCH="$<TARGET_FILE:launch>"
+    DTRAIN_BENCH_WORKER="$<TARGET_FILE:dtrain_test_worker>")
+  set_target_properties(${bench} PROPERTIES
+    RUNTIME_OUTPUT_DIRECTORY ${CMAKE_BINARY_DIR}/benchmarks/launch)
+  add_dependencies(${bench} launch dtrain_test_worker)
+  dtrain_warnings(${bench})
+endforeach()
+
+# launch_bench --multinode hosts the store its workers' barrier runs on (dtrain_base).
+target_sources(launch_bench PRIVATE ${CMAKE_CURRENT_LIST_DIR}/multinode_bench.cpp)
+target_link_libraries(launch_bench PRIVATE dtrain_base)
 target_compile_definitions(launch_bench PRIVATE
-  DTRAIN_BENCH_LAUNCH="$<TARGET_FILE:launch>"
-  DTRAIN_BENCH_WORKER="$<TARGET_FILE:dtrain_test_worker>"
   DTRAIN_BENCH_TORCH_WORKER="${_launch_bench_torch_worker}"
   DTRAIN_BENCH_SCRIPT="${CMAKE_CURRENT_LIST_DIR}/bench_worker.py"
   DTRAIN_BENCH_CLUSTER_SCRIPT="${CMAKE_SOURCE_DIR}/scripts/netns-cluster.sh")
-set_target_properties(launch_bench PROPERTIES
-  RUNTIME_OUTPUT_DIRECTORY ${CMAKE_BINARY_DIR}/benchmarks/launch)
-add_dependencies(launch_bench launch dtrain_test_worker)
 if(DTRAIN_HAVE_TORCH)
   add_dependencies(launch_bench launch_torch_worker)
 endif()
-dtrain_warnings(launch_bench)
-
-# crash_latency_bench: a worker's crash -> SIGTERM at the others, launch beside torchrun.
-add_executable(crash_latency_bench ${CMAKE_CURRENT_LIST_DIR}/crash_latency_bench.cpp
-  ${CMAKE_CURRENT_LIST_DIR}/bench_run.cpp)
-target_include_directories(crash_latency_bench PRIVATE ${CMAKE_SOURCE_DIR}/tests/support)  # free_port.h
-target_link_libraries(crash_latency_bench PRIVATE fmt::fmt)
-target_compile_definitions(crash_latency_bench PRIVATE
-  DTRAIN_BENCH_LAUNCH="$<TARGET_FILE:launch>"
-  DTRAIN_BENCH_WORKER="$<TARGET_FILE:dtrain_test_worker>")
-set_target_properties(crash_latency_bench PROPERTIES
-  RUNTIME_OUTPUT_DIRECTORY ${CMAKE_BINARY_DIR}/benchmarks/launch)
-add_dependencies(crash_latency_bench launch dtrain_test_worker)
-dtrain_warnings(crash_latency_bench)
 
 if(DTRAIN_WITH_TESTS)
   add_test(NAME bench_smoke.launch_bench COMMAND launch_bench --smoke)

@@ -12,8 +12,7 @@ if(TARGET dtrain_examples)
   target_link_libraries(train_bench PRIVATE dtrain dtrain_examples nlohmann_json::nlohmann_json)
   target_compile_definitions(train_bench PRIVATE
     DTRAIN_TRAIN_BENCH_DIR="${CMAKE_CURRENT_SOURCE_DIR}/benchmarks/train")
-  target_precompile_headers(train_bench REUSE_FROM dtrain)
-  target_compile_options(train_bench PRIVATE -fPIC)  # see dtrain_gtest in tests/tests.cmake
+  dtrain_reuse_torch_pch(train_bench)
   dtrain_warnings(train_bench)
   if(DTRAIN_WITH_TESTS AND DTRAIN_HAVE_GLOO)
     add_test(NAME bench_smoke.train_bench COMMAND train_bench --smoke)

@@ -4,8 +4,7 @@
 if(DTRAIN_HAVE_GLOO AND TARGET dtrain_launcher_harness)
   add_executable(checkpoint_worker tests/integration/checkpoint_worker.cpp)
   target_link_libraries(checkpoint_worker PRIVATE dtrain)
-  target_precompile_headers(checkpoint_worker REUSE_FROM dtrain)
-  target_compile_options(checkpoint_worker PRIVATE -fPIC)  # see dtrain_gtest in tests/tests.cmake
+  dtrain_reuse_torch_pch(checkpoint_worker)
   dtrain_warnings(checkpoint_worker)
 
   dtrain_gtest(dtrain_checkpoint_process_tests LABEL integration TIMEOUT 300

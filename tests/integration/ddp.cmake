@@ -3,8 +3,7 @@
 if(DTRAIN_HAVE_GLOO AND TARGET dtrain_launcher_harness)
   add_executable(ddp_worker tests/integration/ddp_worker.cpp)
   target_link_libraries(ddp_worker PRIVATE dtrain)
-  target_precompile_headers(ddp_worker REUSE_FROM dtrain)
-  target_compile_options(ddp_worker PRIVATE -fPIC)  # see dtrain_gtest in tests/tests.cmake
+  dtrain_reuse_torch_pch(ddp_worker)
   dtrain_warnings(ddp_worker)
 
   dtrain_gtest(dtrain_ddp_process_tests LABEL integration TIMEOUT 240
