@@ -222,7 +222,6 @@ function openScope(h,   owner, kw, rest, name, bases, n, list, i, b) {
       owner = list[i]
     }
     scopeOwner[depth] = owner
-    isNamespace[owner] = 1
     return
   }
   if (owner != "-" && h ~ /^extern[ \t]*"/) {
