@@ -12,6 +12,7 @@ add_library(dtrain_launcher STATIC
   launcher/cluster/remote/session.cpp
   launcher/cluster/rendezvous.cpp
   launcher/cluster/coordinator.cpp
+  launcher/cluster/heartbeat_thread.cpp
   launcher/cluster/agent.cpp
   launcher/cluster/multinode.cpp
   launcher/cluster/preflight.cpp

@@ -1,24 +1,19 @@
 #include "launcher/cluster/agent.h"
 
-#include <poll.h>
 #include <signal.h>
-#include <sys/eventfd.h>
 #include <unistd.h>
 
 #include <algorithm>
-#include <atomic>
 #include <chrono>
-#include <condition_variable>
-#include <cstring>
 #include <filesystem>
-#include <mutex>
-#include <thread>
+#include <memory>
 
 #include "dtrain/base/error.h"
 #include "dtrain/base/fault.h"
 #include "dtrain/base/logging.h"
 #include "dtrain/base/tcp_store.h"
 #include "env_contract.h"
+#include "launcher/cluster/heartbeat_thread.h"
 #include "launcher/cluster/nccl_env.h"
 #include "launcher/cluster/rendezvous.h"
 #include "launcher/job/job.h"
@@ -38,8 +33,6 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 using store::Millis;
-// The job monitor (launcher/monitor); this file's own Monitor is the heartbeat thread below.
-namespace jobmon = ::dtrain::launcher::monitor;
 
 Millis millis(double seconds) { return Millis(static_cast<int64_t>(seconds * 1000)); }
 
@@ -47,155 +40,6 @@ void say(const std::string& line) {
   std::string text = line + "\n";
   writeAll(STDERR_FILENO, text.data(), text.size());
 }
-
-// True once stdin (the master's pipe, or its ssh channel) has ended; reads and drops what came.
-bool stdinEnded() {
-  pollfd p{STDIN_FILENO, POLLIN, 0};
-  if (::poll(&p, 1, 0) <= 0) return false;
-  char buf[256];
-  ssize_t n = ::read(STDIN_FILENO, buf, sizeof buf);
-  return n == 0 || (n < 0 && errno != EAGAIN && errno != EINTR);
-}
-
-// Note [Agent monitor]
-// ~~~~~~~~~~~~~~~~~~~~
-// One thread per agent, on a store connection of its own (the main thread's may sit in a long
-// wait): it increments the node's heartbeat counter every --heartbeat-interval and in between
-// waits on the current round's stop key, so another node's failure reaches this node's workers
-// within one store round trip. Waits are cut into slices of at most 100 ms (a server answers a
-// wait at its deadline, so a slice also proves the store alive). It wakes the supervisor through
-// an eventfd when the stop key appears, when the store has not answered for --heartbeat-timeout
-// ("lost the store"), or when stdin ends (the master, or its ssh session, is gone).
-//
-// The master writes every round's stop key before its decision (Note [Rendezvous protocol]), so
-// after a round the monitor is not in a store wait but in pause() on a condition variable, and
-// the agent ends without waiting out a slice. A wake belongs to one round: setRound() and the
-// monitor's "stop seen, wake" step hold mutex_, and setRound() discards a wake left from the
-// round before, so a late stop of round R never stops round R+1's workers.
-class Monitor {
- public:
-  Monitor(store::TcpStoreOptions options, std::string node, const LaunchConfig& config,
-          bool watchStdin)
-      : options_(std::move(options)), node_(std::move(node)), interval_(millis(config.heartbeatInterval)),
-        timeout_(millis(config.heartbeatTimeout)), watchStdin_(watchStdin) {
-    wakeFd_ = ::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
-    DTRAIN_CHECK(wakeFd_ >= 0, "launch: eventfd failed: {}", std::strerror(errno));
-    thread_ = std::thread([this] { loop(); });
-  }
-  ~Monitor() {
-    {
-      std::lock_guard<std::mutex> g(mutex_);
-      quit_ = true;
-    }
-    changed_.notify_all();
-    if (thread_.joinable()) thread_.join();
-    ::close(wakeFd_);
-  }
-
-  int wakeFd() const { return wakeFd_; }
-  // The round whose stop key wakes wakeFd() from now on; a wake left from an earlier round is
-  // discarded.
-  void setRound(int round) {
-    {
-      std::lock_guard<std::mutex> g(mutex_);
-      round_ = round;
-      uint64_t stale = 0;
-      (void)!::read(wakeFd_, &stale, sizeof stale);
-    }
-    changed_.notify_all();
-  }
-  // Why this node must stop on its own (store lost, master gone); empty while all is well.
-  std::string lost() {
-    std::lock_guard<std::mutex> g(mutex_);
-    return lost_;
-  }
-
- private:
-  void wake() {
-    uint64_t one = 1;
-    (void)!::write(wakeFd_, &one, sizeof one);
-  }
-  void fail(const std::string& why) {
-    {
-      std::lock_guard<std::mutex> g(mutex_);
-      if (lost_.empty()) lost_ = why;
-    }
-    wake();
-  }
-  // Sleeps up to `d`; returns early when the round changes or the agent ends.
-  void pause(Millis d, int round) {
-    std::unique_lock<std::mutex> g(mutex_);
-    changed_.wait_for(g, d, [&] { return quit_ || round_ != round; });
-  }
-  int round() {
-    std::lock_guard<std::mutex> g(mutex_);
-    return round_;
-  }
-  bool quitting() {
-    std::lock_guard<std::mutex> g(mutex_);
-    return quit_;
-  }
-
-  void loop() {
-    const std::string where = fmt::format("{}:{}", options_.host, options_.port);
-    const Millis slice = std::min<Millis>(interval_, Millis(100));
-    std::unique_ptr<store::TcpStore> store;
-    auto lastOk = Clock::now();
-    auto lastBeat = Clock::time_point{};
-    int stopSeen = -1;
-    while (!quitting()) {
-      if (watchStdin_ && stdinEnded()) {
-        fail("the master's launch is gone (its ssh session or pipe closed)");
-        return;
-      }
-      const int round = this->round();
-      try {
-        if (!store) store = std::make_unique<store::TcpStore>(options_);
-        if (Clock::now() - lastBeat >= interval_) {
-          store->add(keys::heartbeat(node_), 1);
-          lastBeat = lastOk = Clock::now();
-        }
-        if (round < 0 || stopSeen == round) {
-          pause(slice, round);
-          continue;
-        }
-        const auto asked = Clock::now();
-        try {
-          store->wait({keys::stop(round)}, slice);
-          stopSeen = round;
-          std::lock_guard<std::mutex> g(mutex_);
-          if (round_ == round) wake();
-        } catch (const TimeoutError&) {
-          // The server answers a wait at its deadline; a partitioned one does not.
-          if (Clock::now() - asked > slice + Millis(1000)) throw;
-        }
-        lastOk = Clock::now();
-      } catch (const Error& e) {
-        if (quitting()) return;
-        if (Clock::now() - lastOk >= timeout_) {
-          fail(fmt::format("lost the store at {}: no answer for {:.1f} s ({})", where,
-                           std::chrono::duration<double>(Clock::now() - lastOk).count(), e.what()));
-          return;
-        }
-        store.reset();  // reconnect on the next turn
-        pause(Millis(100), round);
-      }
-    }
-  }
-
-  store::TcpStoreOptions options_;
-  std::string node_;
-  Millis interval_;
-  Millis timeout_;
-  bool watchStdin_;
-  int wakeFd_ = -1;
-  std::mutex mutex_;
-  std::condition_variable changed_;  // round_ or quit_ changed
-  bool quit_ = false;                // guarded by mutex_
-  int round_ = -1;                   // guarded by mutex_
-  std::string lost_;                 // guarded by mutex_
-  std::thread thread_;
-};
 
 // An error that ends this agent with `code` after saying `message`.
 struct AgentExit {
@@ -222,8 +66,8 @@ int takePendingSignal() {
 }
 
 // The value of `key`, waiting until `deadline`; throws AgentExit when the master ended the job,
-// the monitor lost the store or launch was signalled meanwhile.
-std::string awaitKey(store::Store& store, Monitor& monitor, const AgentSetup& setup,
+// the heartbeat thread lost the store or launch was signalled meanwhile.
+std::string awaitKey(store::Store& store, HeartbeatThread& heartbeat, const AgentSetup& setup,
                      const std::string& key, Clock::time_point deadline, const std::string& what) {
   while (true) {
     if (int sig = takePendingSignal()) {
@@ -243,7 +87,7 @@ std::string awaitKey(store::Store& store, Monitor& monitor, const AgentSetup& se
         }
         throw AgentExit{code, message};
       }
-      if (std::string why = monitor.lost(); !why.empty()) throw AgentExit{125, why};
+      if (std::string why = heartbeat.lost(); !why.empty()) throw AgentExit{125, why};
       store.wait({key}, Millis(250));
       return store.getString(key);
     } catch (const TimeoutError&) {
@@ -425,7 +269,8 @@ int runAgent(const AgentSetup& setup, const EnvMap& environment) {
   }
   store::TcpStoreOptions mo = so;
   mo.connectTimeout = so.connectTimeout;
-  Monitor monitor(mo, setup.node, config, setup.watchStdin);
+  HeartbeatThread heartbeat(mo, setup.node, millis(config.heartbeatInterval),
+                            millis(config.heartbeatTimeout), setup.watchStdin);
 
   NodeContext node;
   node.host = label;
@@ -441,7 +286,7 @@ int runAgent(const AgentSetup& setup, const EnvMap& environment) {
 
   // This node's part of watching the job (Note [Monitor roles] in launcher/monitor/monitor.h):
   // sample, warn, publish to the store; created with the supervisor, destroyed after it.
-  std::unique_ptr<jobmon::Monitor> watcher;
+  std::unique_ptr<monitor::Monitor> watcher;
   std::unique_ptr<Supervisor> supervisor;
   bool temporaryDir = false;
   int code = 125;
@@ -450,7 +295,7 @@ int runAgent(const AgentSetup& setup, const EnvMap& environment) {
       store->setString(keys::join(round, setup.node), encodeJoin(join));
       store->flush();
       const RoundPlan plan = decodePlan(
-          awaitKey(*store, monitor, setup, keys::plan(round),
+          awaitKey(*store, heartbeat, setup, keys::plan(round),
                    Clock::now() + millis(config.rdzvTimeout + config.heartbeatTimeout),
                    fmt::format("round {}'s plan from the master", round)));
       const PlannedNode* mine = plan.find(setup.node);
@@ -474,7 +319,7 @@ int runAgent(const AgentSetup& setup, const EnvMap& environment) {
           jp.temporaryJobDir = temporaryDir;
           jp.logHint = fmt::format("not kept on {} (HINT: pass --log-dir DIR to keep every "
                                    "worker's output)", label);
-          jobmon::MonitorContext mc;
+          monitor::MonitorContext mc;
           mc.runId = plan.runId;
           mc.node = label;
           int64_t id = -1;
@@ -490,37 +335,37 @@ int runAgent(const AgentSetup& setup, const EnvMap& environment) {
           mc.storePort = setup.storePort;
           mc.storeToken = setup.token;
           mc.label = [&config](const std::string& o) { return optionLabel(config, o); };
-          watcher = std::make_unique<jobmon::Monitor>(config.monitor, mc);
+          watcher = std::make_unique<monitor::Monitor>(config.monitor, mc);
           jp.observer = watcher.get();
           supervisor = std::make_unique<Supervisor>(std::move(jp));
           watcher->start(nullptr);
         }
         supervisor->setNode(node);
-        monitor.setRound(round);
+        heartbeat.setRound(round);
         AttemptHooks hooks;
-        hooks.stopFd = monitor.wakeFd();
+        hooks.stopFd = heartbeat.wakeFd();
         hooks.onTeardown = [&](const std::string& why) {
           try {
             store->compareSet(keys::stop(round), {}, store::toBytes(why));
           } catch (const Error&) {
-            // The store is gone: the monitor says so, and the master sees this node go silent.
+            // The store is gone: the heartbeat thread says so, and the master sees this node go silent.
           }
         };
         result = supervisor->runAttempt(round, hooks);
         for (auto& w : result.workers) w.host = label;
-        if (std::string why = monitor.lost(); !why.empty()) throw AgentExit{125, why};
+        if (std::string why = heartbeat.lost(); !why.empty()) throw AgentExit{125, why};
         try {
           store->setString(keys::result(round, setup.node), encodeResult(result));
           store->flush();
         } catch (const NetworkError& e) {
           // The store went with its host while this round's workers ended (they lost it first):
-          // the same cause the monitor reports when it notices first.
+          // the same cause the heartbeat thread reports when it notices first.
           throw AgentExit{125, fmt::format("lost the store at {} while reporting round {}'s "
                                            "result: {}", store->describe(), round, e.what())};
         }
       }
       const std::string decision =
-          awaitKey(*store, monitor, setup, keys::decision(round),
+          awaitKey(*store, heartbeat, setup, keys::decision(round),
                    Clock::now() + millis(config.gracePeriod + 2 * config.heartbeatTimeout +
                                          config.rdzvTimeout),
                    fmt::format("the master's decision after round {}", round));

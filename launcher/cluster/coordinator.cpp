@@ -326,8 +326,9 @@ AttemptResult Coordinator::superviseRound(const RoundPlan& plan, std::vector<std
 
 void Coordinator::decide(int round, const std::string& decision,
                          const std::vector<std::string>& awaitAcks) {
-  // The round's stop key first, when no failure wrote it: every agent's monitor stops waiting on
-  // it at once (Note [Agent monitor] in agent.cpp), so the agents end without a wait slice.
+  // The round's stop key first, when no failure wrote it: every agent's heartbeat thread stops
+  // waiting on it at once (Note [Heartbeat thread] in heartbeat_thread.h), so the agents end
+  // without a wait slice.
   store_->compareSet(keys::stop(round), {},
                      store::toBytes(fmt::format("round {} is over ({})", round, decision)));
   store_->setString(keys::decision(round), decision);
