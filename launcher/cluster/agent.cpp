@@ -16,10 +16,12 @@
 #include "launcher/cluster/heartbeat_thread.h"
 #include "launcher/cluster/nccl_env.h"
 #include "launcher/cluster/rendezvous.h"
+#include "launcher/exit_codes.h"
 #include "launcher/job/job.h"
 #include "launcher/job/launch_args.h"
 #include "launcher/job/program.h"
 #include "launcher/monitor/monitor.h"
+#include "launcher/seconds.h"
 #include "launcher/supervisor/output.h"
 #include "launcher/supervisor/supervisor.h"
 #include "net/net_interface.h"
@@ -33,13 +35,6 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 using store::Millis;
-
-Millis millis(double seconds) { return Millis(static_cast<int64_t>(seconds * 1000)); }
-
-void say(const std::string& line) {
-  std::string text = line + "\n";
-  writeAll(STDERR_FILENO, text.data(), text.size());
-}
 
 // An error that ends this agent with `code` after saying `message`.
 struct AgentExit {

@@ -12,6 +12,8 @@
 #include "dtrain/base/error.h"
 #include "dtrain/base/fault.h"
 #include "dtrain/base/logging.h"
+#include "launcher/exit_codes.h"
+#include "launcher/seconds.h"
 #include "launcher/supervisor/output.h"
 
 namespace dtrain::launcher {
@@ -25,19 +27,6 @@ constexpr std::chrono::milliseconds kTick{50};
 // At most this long (or --heartbeat-timeout, if shorter) the master waits for the agents to
 // acknowledge the job's last decision before its store may go.
 constexpr double kAckSeconds = 10;
-
-void say(const std::string& line) {
-  std::string text = line + "\n";
-  writeAll(STDERR_FILENO, text.data(), text.size());
-}
-
-double secondsSince(Clock::time_point t) {
-  return std::chrono::duration<double>(Clock::now() - t).count();
-}
-
-Clock::time_point after(Clock::time_point t, double seconds) {
-  return t + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(seconds));
-}
 
 // Blocks until every key of `keys` is there or one tick passed: the last join (or result) of a
 // round wakes the master at once, not at its next tick.
@@ -101,8 +90,7 @@ void Coordinator::awaitAcknowledgements(const std::vector<std::string>& acks,
   // stops it as soon as run() returns): wait for their acknowledgements, for a while.
   if (acks.empty()) return;
   try {
-    store_->wait(acks, std::chrono::milliseconds(static_cast<int64_t>(
-                           std::min(options_.heartbeatTimeout, kAckSeconds) * 1000)));
+    store_->wait(acks, millis(std::min(options_.heartbeatTimeout, kAckSeconds)));
   } catch (const TimeoutError& e) {
     DTRAIN_LOG(Info, "launch: not every node acknowledged {}: {}", what, e.what());
   }
@@ -195,8 +183,7 @@ std::vector<JoinInfo> Coordinator::gatherJoins(int round, int* endCode) {
 AttemptResult Coordinator::superviseRound(const RoundPlan& plan, std::vector<std::string>* reported) {
   const auto start = Clock::now();
   const int round = plan.round;
-  HeartbeatTracker tracker(std::chrono::milliseconds(
-      static_cast<int64_t>(options_.heartbeatTimeout * 1000)));
+  HeartbeatTracker tracker(millis(options_.heartbeatTimeout));
   for (const auto& n : plan.nodes) tracker.watch(n.node, start);
   std::map<std::string, AttemptResult> results;
   struct Dead {

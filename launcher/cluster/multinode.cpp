@@ -361,8 +361,6 @@ std::shared_ptr<store::TcpStore> masterStoreClient(const MultiNodePlan& plan) {
   return std::make_shared<store::TcpStore>(so);
 }
 
-void writeLine(const std::string& line) { writeAll(STDERR_FILENO, line.data(), line.size()); }
-
 // Note [Fan-out master loop]
 // ~~~~~~~~~~~~~~~~~~~~~~~~~~
 // The master's main thread owns the sessions (one per host: ssh, or a child agent) and the
@@ -404,7 +402,7 @@ int runFanOut(const LaunchConfig& config, const MultiNodePlan& plan, const EnvMa
     try {
       code = coordinator.run();
     } catch (const Error& e) {
-      writeLine(fmt::format("launch: error: {} (exit 125)\n", e.what()));
+      say(fmt::format("launch: error: {} (exit 125)", e.what()));
     }
     done = true;
     wake();
@@ -431,10 +429,10 @@ int runFanOut(const LaunchConfig& config, const MultiNodePlan& plan, const EnvMa
     signalfd_siginfo si{};
     while (sfd >= 0 && ::read(sfd, &si, sizeof si) == static_cast<ssize_t>(sizeof si)) {
       const int sig = static_cast<int>(si.ssi_signo);
-      writeLine(++signals == 1
+      say(++signals == 1
           ? fmt::format("launch: received {}; stopping the workers on every node (SIGTERM, "
-                        "SIGKILL after {:g} s)\n", fault::signalName(sig), config.gracePeriod)
-          : fmt::format("launch: received {} again; ending every node's agent now\n",
+                        "SIGKILL after {:g} s)", fault::signalName(sig), config.gracePeriod)
+          : fmt::format("launch: received {} again; ending every node's agent now",
                         fault::signalName(sig)));
       coordinator.requestStop(sig);
       if (signals > 1) {
@@ -531,7 +529,7 @@ int runMultiNode(const LaunchConfig& config, const EnvMap& environment) {
       try {
         code = coordinator->run();
       } catch (const Error& e) {
-        writeLine(fmt::format("launch: error: {} (exit 125)\n", e.what()));
+        say(fmt::format("launch: error: {} (exit 125)", e.what()));
       }
     });
     setup.onSignal = [&](int sig) { coordinator->requestStop(sig); };
@@ -541,7 +539,7 @@ int runMultiNode(const LaunchConfig& config, const EnvMap& environment) {
     agentCode = runAgent(setup, environment);
   } catch (const Error& e) {
     if (!thread.joinable()) throw;
-    writeLine(fmt::format("launch: error: {} (exit 125)\n", e.what()));
+    say(fmt::format("launch: error: {} (exit 125)", e.what()));
   }
   if (thread.joinable()) {
     // Normally the coordinator has decided already; if this node's agent ended first for a

@@ -21,6 +21,7 @@
 #include "launcher/cluster/remote/session.h"
 #include "launcher/job/job.h"
 #include "launcher/job/program.h"
+#include "launcher/seconds.h"
 #include "launcher/supervisor/output.h"
 #include "net/net_interface.h"
 
@@ -352,8 +353,7 @@ int runPreflight(const LaunchConfig& config, const MultiNodePlan& plan, const En
     }
   }
   // Accept the nodes' probes of the store port until every check is done.
-  const auto deadline = Clock::now() + std::chrono::milliseconds(
-      static_cast<int64_t>((config.ssh.connectTimeout + 15) * 1000));
+  const auto deadline = Clock::now() + millis(config.ssh.connectTimeout + 15);
   while (true) {
     bool running = false;
     bool othersRunning = false;

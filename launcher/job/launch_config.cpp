@@ -14,17 +14,6 @@ namespace dtrain::launcher {
 
 namespace {
 
-std::vector<std::string> split(const std::string& s, char sep) {
-  std::vector<std::string> parts;
-  size_t start = 0;
-  while (true) {
-    size_t at = s.find(sep, start);
-    parts.push_back(s.substr(start, at == std::string::npos ? std::string::npos : at - start));
-    if (at == std::string::npos) return parts;
-    start = at + 1;
-  }
-}
-
 bool validIdentifier(const std::string& name) {
   if (name.empty() || std::isdigit(static_cast<unsigned char>(name[0]))) return false;
   return std::all_of(name.begin(), name.end(), [](char c) {
@@ -71,6 +60,17 @@ std::string cutNote(const std::string& text) {
 }
 
 }  // namespace
+
+std::vector<std::string> splitAt(const std::string& text, char sep) {
+  std::vector<std::string> parts;
+  size_t start = 0;
+  while (true) {
+    size_t at = text.find(sep, start);
+    parts.push_back(text.substr(start, at == std::string::npos ? std::string::npos : at - start));
+    if (at == std::string::npos) return parts;
+    start = at + 1;
+  }
+}
 
 std::string excerpt(const std::string& text) {
   return escapedHead(text) + (text.size() > kMaxQuotedChars ? "..." : "") + cutNote(text);
@@ -182,7 +182,7 @@ StreamSpec parseStreamSpec(const std::string& text, const std::string& label) {
     spec.all = static_cast<int>(v);
     return spec;
   }
-  for (const auto& part : split(text, ',')) {
+  for (const auto& part : splitAt(text, ',')) {
     size_t colon = part.find(':');
     int64_t rank = 0;
     DTRAIN_CHECK_ARG(colon != std::string::npos && parseInt64(part.substr(0, colon), &rank) &&
@@ -237,7 +237,7 @@ std::pair<std::string, int> parseEndpoint(const std::string& text, const std::st
 
 std::vector<int> parseRankList(const std::string& text, const std::string& label) {
   std::vector<int> ranks;
-  for (const auto& part : split(text, ',')) {
+  for (const auto& part : splitAt(text, ',')) {
     int64_t v = 0;
     DTRAIN_CHECK_ARG(parseInt64(part, &v) && v >= 0 && v < kMaxWorkersPerNode,
                      "{} {}: {} is not a local rank; HINT: e.g. 0,3", label, quoteValue(text), quoteValue(part));

@@ -14,6 +14,8 @@
 
 #include <fmt/format.h>
 
+#include "launcher/job/program.h"
+
 extern char** environ;
 
 namespace dtrain::launcher::monitor {
@@ -40,14 +42,8 @@ bool commandExists(const std::string& name) {
   };
   if (name.find('/') != std::string::npos) return executable(name);
   const char* path = std::getenv("PATH");
-  std::string dirs = path != nullptr ? path : "/usr/bin:/bin";
-  size_t at = 0;
-  while (at <= dirs.size()) {
-    size_t colon = dirs.find(':', at);
-    if (colon == std::string::npos) colon = dirs.size();
-    std::string dir = dirs.substr(at, colon - at);
-    if (executable((dir.empty() ? "." : dir) + "/" + name)) return true;
-    at = colon + 1;
+  for (const std::string& dir : pathDirectories(path != nullptr ? path : "/usr/bin:/bin")) {
+    if (executable(dir + "/" + name)) return true;
   }
   return false;
 }

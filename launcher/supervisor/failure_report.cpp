@@ -11,12 +11,12 @@
 #include <nlohmann/json.hpp>
 
 #include "dtrain/base/fault.h"
+#include "launcher/exit_codes.h"
 
 namespace dtrain::launcher {
 
 namespace {
 
-constexpr int kExitPreempted = 75;
 constexpr size_t kErrorFileReadLimit = 1 << 20;  // read at most this much of an error file
 constexpr size_t kMessageLimit = 4000;
 constexpr size_t kReportTailLines = 10;

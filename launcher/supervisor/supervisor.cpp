@@ -18,6 +18,7 @@
 #include "dtrain/base/error.h"
 #include "dtrain/base/fault.h"
 #include "dtrain/base/logging.h"
+#include "launcher/seconds.h"
 #include "launcher/supervisor/guardian.h"
 #include "launcher/supervisor/oom.h"
 #include "launcher/supervisor/output.h"
@@ -199,7 +200,7 @@ class Supervisor::Attempt {
   }
 
  private:
-  double seconds() const { return std::chrono::duration<double>(Clock::now() - start_).count(); }
+  double seconds() const { return secondsSince(start_); }
 
   // Spawns every worker; a failure part-way stops the ones already running.
   void spawnWorkers() {
@@ -270,8 +271,7 @@ class Supervisor::Attempt {
     stopping_ = true;
     if (observer_) observer_->teardownStarted();
     if (!why.empty() && hooks_.onTeardown) hooks_.onTeardown(why);
-    killAt_ = Clock::now() + std::chrono::duration_cast<Clock::duration>(
-                                std::chrono::duration<double>(config_.gracePeriod));
+    killAt_ = after(Clock::now(), config_.gracePeriod);
     for (auto& s : slots_) {
       if (!s.statusOpen || s.exitReported) continue;
       if (!jobStopped_ && s.outcome.pid > 0 && processState(s.outcome.pid) == 'T') {
@@ -284,8 +284,7 @@ class Supervisor::Attempt {
 
   void killAll() {
     killed_ = true;
-    giveUpAt_ = Clock::now() + std::chrono::duration_cast<Clock::duration>(
-                                  std::chrono::duration<double>(config_.killTimeout));
+    giveUpAt_ = after(Clock::now(), config_.killTimeout);
     for (auto& s : slots_) {
       if (s.statusOpen) {
         s.askedToStop = true;
@@ -349,9 +348,7 @@ class Supervisor::Attempt {
                                       node_.host, describeOutcome(s.outcome)));
           } else if (!barrierArmed_ && !stopping_ && config_.exitBarrierTimeout > 0) {
             barrierArmed_ = true;
-            barrierAt_ = Clock::now() +
-                        std::chrono::duration_cast<Clock::duration>(
-                            std::chrono::duration<double>(config_.exitBarrierTimeout));
+            barrierAt_ = after(Clock::now(), config_.exitBarrierTimeout);
             result_.exitBarrier.timeoutSeconds = config_.exitBarrierTimeout;
             result_.exitBarrier.firstRank = s.rank;
             result_.exitBarrier.firstExitSeconds = s.outcome.endSeconds;

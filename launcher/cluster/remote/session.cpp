@@ -16,6 +16,8 @@
 
 #include "dtrain/base/error.h"
 #include "dtrain/base/fault.h"
+#include "launcher/job/program.h"
+#include "launcher/seconds.h"
 
 namespace dtrain::launcher::remote {
 
@@ -29,15 +31,9 @@ constexpr std::chrono::seconds kKilledGrace{2};
 std::string findProgram(const std::string& name) {
   if (name.find('/') != std::string::npos) return name;
   const char* path = std::getenv("PATH");
-  std::string dirs = path ? path : "/usr/bin:/bin";
-  size_t start = 0;
-  while (start <= dirs.size()) {
-    size_t colon = dirs.find(':', start);
-    std::string dir = dirs.substr(start, colon == std::string::npos ? colon : colon - start);
-    std::string candidate = (dir.empty() ? "." : dir) + "/" + name;
+  for (const std::string& dir : pathDirectories(path ? path : "/usr/bin:/bin")) {
+    std::string candidate = dir + "/" + name;
     if (::access(candidate.c_str(), X_OK) == 0) return candidate;
-    if (colon == std::string::npos) break;
-    start = colon + 1;
   }
   DTRAIN_THROW(Error, "launch: {} not found on PATH; HINT: install openssh-client", name);
 }
@@ -216,13 +212,11 @@ void Session::closeStdin() {
 
 void Session::finish(double graceSeconds) {
   closeStdin();
-  const auto grace = std::chrono::duration_cast<Clock::duration>(
-      std::chrono::duration<double>(graceSeconds));
-  if (waitExit(Clock::now() + grace)) return;
+  if (waitExit(after(Clock::now(), graceSeconds))) return;
   ::kill(-pid_, SIGTERM);
-  if (waitExit(Clock::now() + grace)) return;
+  if (waitExit(after(Clock::now(), graceSeconds))) return;
   ::kill(-pid_, SIGKILL);
-  waitExit(Clock::now() + grace);
+  waitExit(after(Clock::now(), graceSeconds));
 }
 
 }  // namespace dtrain::launcher::remote
