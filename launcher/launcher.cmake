@@ -12,8 +12,12 @@ add_library(dtrain_launcher STATIC
   launcher/cluster/remote/session.cpp
   launcher/cluster/rendezvous.cpp
   launcher/cluster/coordinator.cpp
+  launcher/cluster/plan.cpp
+  launcher/cluster/plan_codec.cpp
   launcher/cluster/heartbeat_thread.cpp
   launcher/cluster/agent.cpp
+  launcher/cluster/master.cpp
+  launcher/cluster/fan_out.cpp
   launcher/cluster/multinode.cpp
   launcher/cluster/preflight.cpp
   launcher/job/worker_env.cpp

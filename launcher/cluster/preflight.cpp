@@ -15,8 +15,9 @@
 #include <thread>
 
 #include "dtrain/base/error.h"
-#include "launcher/cluster/multinode.h"
+#include "launcher/cluster/fan_out.h"
 #include "launcher/cluster/nccl_env.h"
+#include "launcher/cluster/plan_codec.h"
 #include "launcher/cluster/remote/remote_command.h"
 #include "launcher/cluster/remote/session.h"
 #include "launcher/job/job.h"
