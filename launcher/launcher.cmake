@@ -29,6 +29,8 @@ add_library(dtrain_launcher STATIC
   launcher/supervisor/oom.cpp
   launcher/supervisor/process_info.cpp
   launcher/supervisor/supervisor.cpp
+  launcher/supervisor/attempt.cpp
+  launcher/supervisor/teardown.cpp
   launcher/monitor/cgroup_memory.cpp
   launcher/monitor/cluster_keys.cpp
   launcher/monitor/command.cpp
