@@ -22,6 +22,7 @@ add_library(dtrain_launcher STATIC
   launcher/cluster/preflight.cpp
   launcher/job/worker_env.cpp
   launcher/job/program.cpp
+  launcher/job/node_probe.cpp
   launcher/job/job.cpp
   launcher/supervisor/guardian.cpp
   launcher/supervisor/output.cpp

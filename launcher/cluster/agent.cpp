@@ -7,6 +7,7 @@
 #include <chrono>
 #include <filesystem>
 #include <memory>
+#include <optional>
 
 #include "dtrain/base/error.h"
 #include "dtrain/base/fault.h"
@@ -18,12 +19,12 @@
 #include "launcher/cluster/rendezvous.h"
 #include "launcher/exit_codes.h"
 #include "launcher/job/job.h"
+#include "launcher/job/node_probe.h"
 #include "launcher/job/program.h"
 #include "launcher/monitor/monitor.h"
 #include "launcher/seconds.h"
 #include "launcher/supervisor/output.h"
 #include "launcher/supervisor/supervisor.h"
-#include "net/net_interface.h"
 #include "parse_int.h"
 
 namespace dtrain::launcher {
@@ -59,13 +60,312 @@ int takePendingSignal() {
   return 0;
 }
 
-// The value of `key`, waiting until `deadline`; throws AgentExit when the master ended the job,
-// the heartbeat thread lost the store or launch was signalled meanwhile.
-std::string awaitKey(store::Store& store, HeartbeatThread& heartbeat, const AgentSetup& setup,
-                     const std::string& key, Clock::time_point deadline, const std::string& what) {
+// Note [Agent steps]
+// ~~~~~~~~~~~~~~~~~~
+// runAgent() is these steps, in this order: compose the workers' environment (this node's under
+// the master's forwarded one); probe the node (Note [Node probe] -- a problem goes to the master in
+// the join, so the job ends naming this node instead of waiting for it); connect to the store;
+// start the heartbeat thread; then per round: join, wait for the plan, run this node's attempt
+// when it is in the plan (the Supervisor and this node's monitor are made for the first one),
+// report its result, wait for the master's decision and acknowledge it; finally stop the workers'
+// supervision and remove a temporary job directory.
+class Agent {
+ public:
+  Agent(const AgentSetup& setup, const EnvMap& environment);
+  int run();
+
+ private:
+  void probeThisNode();
+  store::TcpStoreOptions storeOptions() const;
+  // The exit code when this node could not connect; nullopt once store_ is connected.
+  std::optional<int> connectStore();
+  NodeContext nodeContext() const;
+  int runRounds();
+  void runRound(int round, const RoundPlan& plan, const PlannedNode& mine);
+  void startSupervisor(const RoundPlan& plan);
+  monitor::MonitorContext monitorContext(const RoundPlan& plan) const;
+  void report(int round, const AttemptResult& result);
+  void acknowledge(int round);
+  void stopSupervision();
+  // The value of `key`, waiting until `deadline`; throws AgentExit when the master ended the
+  // job, the heartbeat thread lost the store or launch was signalled meanwhile.
+  std::string awaitKey(const std::string& key, Clock::time_point deadline,
+                       const std::string& what);
+
+  const AgentSetup& setup_;
+  const EnvMap& environment_;
+  LaunchConfig config_;
+  const std::string host_;   // this machine's name
+  const std::string label_;  // this node as the host list names it, else host_
+  const std::string me_;     // "launch (node 1, gpu2)": how this agent's messages begin
+  EnvMap effective_;         // what the workers inherit
+  JoinInfo join_;
+  NodeProbe probe_;
+  std::unique_ptr<store::TcpStore> store_;
+  std::unique_ptr<HeartbeatThread> heartbeat_;
+  NodeContext node_;
+  // This node's part of watching the job (Note [Monitor roles] in launcher/monitor/monitor.h):
+  // sample, warn, publish to the store; created with the supervisor, destroyed after it.
+  std::unique_ptr<monitor::Monitor> watcher_;
+  std::unique_ptr<Supervisor> supervisor_;
+  bool temporaryDir_ = false;
+};
+
+Agent::Agent(const AgentSetup& setup, const EnvMap& environment)
+    : setup_(setup), environment_(environment), config_(setup.config),
+      host_(hostName()), label_(setup.label.empty() ? host_ : setup.label),
+      me_(fmt::format("launch (node {}, {})", setup.node, label_)),
+      effective_(composeEnvironment(environment, setup.forwarded)) {
+  if (!config_.linePrefixGiven) config_.linePrefixTemplate = kDefaultMultiNodeLinePrefixTemplate;
+  dtrain::log::setTag(fmt::format("[launch node {}]", setup.node));
+}
+
+int Agent::run() {
+  probeThisNode();
+  blockLauncherSignals();
+  if (std::optional<int> code = connectStore()) return *code;
+  heartbeat_ = std::make_unique<HeartbeatThread>(storeOptions(), setup_.node,
+                                                 millis(config_.heartbeatInterval),
+                                                 millis(config_.heartbeatTimeout),
+                                                 setup_.watchStdin);
+  node_ = nodeContext();
+  int code = kExitInfrastructure;
+  try {
+    code = runRounds();
+  } catch (const AgentExit& e) {
+    code = e.code;
+    say(fmt::format("{}: {} (exit {})", me_, e.message, e.code));
+  } catch (const Error& e) {
+    code = kExitInfrastructure;
+    say(fmt::format("{}: {} (exit 125)", me_, e.what()));
+  }
+  stopSupervision();
+  return code;
+}
+
+void Agent::probeThisNode() {
+  join_.node = setup_.node;
+  join_.requestedRank = setup_.requestedRank;
+  join_.host = host_;
+  join_.label = label_;
+  join_.gpus = setup_.gpus;
+  join_.launchVersion = launcherVersion();
+  ProbeRequest request;
+  request.label = label_;
+  request.slots = setup_.slots;
+  request.gpus = setup_.gpus;
+  request.storeAddr = setup_.storeAddr;
+  try {
+    probe_ = probeNode(config_, effective_, request);
+    join_.localWorldSize = probe_.localWorldSize;
+    join_.address = probe_.address;
+  } catch (const ProgramNotFound& e) {
+    join_.error = e.what();
+    join_.errorCode = kExitNotFound;
+  } catch (const ProgramNotExecutable& e) {
+    join_.error = e.what();
+    join_.errorCode = kExitNotExecutable;
+  } catch (const Error& e) {
+    join_.error = e.what();
+    join_.errorCode = dynamic_cast<const InvalidArgument*>(&e) ? kExitUsage : kExitInfrastructure;
+  }
+}
+
+store::TcpStoreOptions Agent::storeOptions() const {
+  store::TcpStoreOptions so;
+  so.host = setup_.storeAddr;
+  so.port = static_cast<uint16_t>(setup_.storePort);
+  so.token = setup_.token;
+  so.timeout = millis(std::max(config_.heartbeatTimeout, 1.0));
+  // The first connection may wait for the store's host as long as the rendezvous does (a manual
+  // node 0 may start last), in attempts of at most a second, so a signal or the master's end is
+  // seen meanwhile; a refusal (another job's store, a different token) is final. A connection
+  // lost later is the store lost: a reconnect gets --heartbeat-timeout, never the rendezvous
+  // timeout.
+  so.connectTimeout = millis(std::min(config_.heartbeatTimeout, 1.0));
+  return so;
+}
+
+std::optional<int> Agent::connectStore() {
+  const store::TcpStoreOptions so = storeOptions();
+  const auto deadline = Clock::now() + millis(config_.rdzvTimeout);
+  std::string lastError;
+  while (true) {
+    try {
+      store_ = std::make_unique<store::TcpStore>(so);
+      return std::nullopt;
+    } catch (const NetworkError& e) {
+      lastError = e.what();
+    } catch (const TimeoutError& e) {
+      lastError = e.what();
+    } catch (const Error& e) {
+      say(fmt::format("{}: the store at {}:{} refused this node: {} (exit 125)", me_, so.host,
+                      so.port, e.what()));
+      return kExitInfrastructure;
+    }
+    if (int sig = takePendingSignal()) {
+      if (setup_.onSignal) setup_.onSignal(sig);
+      say(fmt::format("{}: received {} while connecting to the store at {}:{}", me_,
+                      fault::signalName(sig), so.host, so.port));
+      return 128 + sig;
+    }
+    if (setup_.watchStdin && stdinEnded()) {
+      say(fmt::format("{}: the master's launch is gone (its ssh session or pipe closed) while "
+                      "this node was connecting to the store at {}:{} (exit 125)",
+                      me_, so.host, so.port));
+      return kExitInfrastructure;
+    }
+    if (Clock::now() >= deadline) {
+      say(fmt::format("{}: cannot reach the store at {}:{} within {:g} s (--rdzv-timeout): {}", me_,
+                      so.host, so.port, config_.rdzvTimeout, lastError));
+      return kExitDeadline;
+    }
+  }
+}
+
+// What every round of this node shares; the round's plan adds ranks and MASTER_ADDR/PORT.
+NodeContext Agent::nodeContext() const {
+  NodeContext node;
+  node.host = label_;
+  node.cpuCount = probe_.cpuCount;
+  node.storeAddr = setup_.storeAddr;
+  node.storePort = setup_.storePort;
+  node.storeToken = setup_.token;
+  node.gpuSlots = setup_.gpus;
+  node.inherited = environment_;
+  node.localWorldSize = join_.localWorldSize;
+  node.overlay = setup_.forwarded;
+  for (const auto& [k, v] : ncclEnvironment(config_.nccl, probe_.iface, effective_)) {
+    node.overlay[k] = v;
+  }
+  return node;
+}
+
+// Rounds until the master's decision ends the job; returns its exit code.
+int Agent::runRounds() {
+  for (int round = 0;; ++round) {
+    store_->setString(keys::join(round, setup_.node), encodeJoin(join_));
+    store_->flush();
+    const RoundPlan plan = decodePlan(
+        awaitKey(keys::plan(round),
+                 Clock::now() + millis(config_.rdzvTimeout + config_.heartbeatTimeout),
+                 fmt::format("round {}'s plan from the master", round)));
+    if (const PlannedNode* mine = plan.find(setup_.node)) runRound(round, plan, *mine);
+    const std::string decision =
+        awaitKey(keys::decision(round),
+                 Clock::now() + millis(config_.gracePeriod + 2 * config_.heartbeatTimeout +
+                                       config_.rdzvTimeout),
+                 fmt::format("the master's decision after round {}", round));
+    acknowledge(round);
+    if (decision == "restart") continue;
+    int64_t code = kExitInfrastructure;
+    if (decision.rfind("end ", 0) == 0) parseInt64(decision.substr(4), &code);
+    return static_cast<int>(code);
+  }
+}
+
+// This node's attempt of round `round`: its workers as the plan numbers them.
+void Agent::runRound(int round, const RoundPlan& plan, const PlannedNode& mine) {
+  node_.nodeRank = mine.nodeRank;
+  node_.numNodes = static_cast<int>(plan.nodes.size());
+  node_.rankOffset = mine.rankOffset;
+  node_.worldSize = plan.worldSize;
+  node_.masterAddr = plan.masterAddr;
+  node_.masterPort = plan.masterPort;
+  if (!supervisor_) startSupervisor(plan);
+  supervisor_->setNode(node_);
+  heartbeat_->setRound(round);
+  AttemptHooks hooks;
+  hooks.stopFd = heartbeat_->wakeFd();
+  hooks.onTeardown = [this, round](const std::string& why) {
+    try {
+      store_->compareSet(keys::stop(round), {}, store::toBytes(why));
+    } catch (const Error&) {
+      // The store is gone: the heartbeat thread says so, and the master sees this node go silent.
+    }
+  };
+  AttemptResult result = supervisor_->runAttempt(round, hooks);
+  for (auto& w : result.workers) w.host = label_;
+  report(round, result);
+}
+
+void Agent::startSupervisor(const RoundPlan& plan) {
+  node_.runId = plan.runId;
+  temporaryDir_ = config_.logDir.empty();
+  node_.jobDir = jobDirFor(config_.logDir, effective_, node_.runId);
+  JobPlan jp;
+  jp.config = config_;
+  jp.command = probe_.command;
+  jp.node = node_;
+  jp.logAllStreams = !temporaryDir_;
+  jp.temporaryJobDir = temporaryDir_;
+  jp.logHint = fmt::format("not kept on {} (HINT: pass --log-dir DIR to keep every "
+                           "worker's output)", label_);
+  watcher_ = std::make_unique<monitor::Monitor>(config_.monitor, monitorContext(plan));
+  jp.observer = watcher_.get();
+  supervisor_ = std::make_unique<Supervisor>(std::move(jp));
+  watcher_->start(nullptr);
+}
+
+monitor::MonitorContext Agent::monitorContext(const RoundPlan& plan) const {
+  monitor::MonitorContext mc;
+  mc.runId = plan.runId;
+  mc.node = label_;
+  int64_t id = -1;
+  mc.nodeRank = parseInt64(setup_.node, &id) && id >= 0 && id < (1 << 20)
+                    ? static_cast<int>(id) : -1;  // node ids are host-list indices
+  mc.numNodes = static_cast<int>(plan.nodes.size());
+  mc.samplesNode = true;
+  mc.aggregates = false;
+  mc.localWorldSize = node_.localWorldSize;
+  mc.worldSize = plan.worldSize;
+  mc.maxRestarts = config_.maxRestarts;
+  mc.storeHost = setup_.storeAddr;
+  mc.storePort = setup_.storePort;
+  mc.storeToken = setup_.token;
+  mc.label = [this](const std::string& o) { return optionLabel(config_, o); };
+  return mc;
+}
+
+void Agent::report(int round, const AttemptResult& result) {
+  if (std::string why = heartbeat_->lost(); !why.empty()) throw AgentExit{kExitInfrastructure, why};
+  try {
+    store_->setString(keys::result(round, setup_.node), encodeResult(result));
+    store_->flush();
+  } catch (const NetworkError& e) {
+    // The store went with its host while this round's workers ended (they lost it first):
+    // the same cause the heartbeat thread reports when it notices first.
+    throw AgentExit{kExitInfrastructure, fmt::format("lost the store at {} while reporting round "
+                                                     "{}'s result: {}", store_->describe(), round,
+                                                     e.what())};
+  }
+}
+
+void Agent::acknowledge(int round) {
+  try {
+    store_->setString(keys::ack(round, setup_.node), "1");
+    store_->flush();
+  } catch (const Error&) {
+    // The master went on without it (it waits for acknowledgements only so long).
+  }
+}
+
+void Agent::stopSupervision() {
+  if (watcher_) watcher_->stop();
+  supervisor_.reset();
+  watcher_.reset();
+  if (temporaryDir_ && !node_.jobDir.empty()) {
+    std::error_code ec;
+    std::filesystem::remove_all(node_.jobDir, ec);
+  }
+}
+
+std::string Agent::awaitKey(const std::string& key, Clock::time_point deadline,
+                            const std::string& what) {
+  store::Store& store = *store_;
   while (true) {
     if (int sig = takePendingSignal()) {
-      if (setup.onSignal) setup.onSignal(sig);
+      if (setup_.onSignal) setup_.onSignal(sig);
       throw AgentExit{128 + sig, fmt::format("received {} while waiting for {}",
                                              fault::signalName(sig), what)};
     }
@@ -74,20 +374,22 @@ std::string awaitKey(store::Store& store, HeartbeatThread& heartbeat, const Agen
       if (store.check({keys::end()})) {
         auto [code, message] = decodeEnd(store.getString(keys::end()));
         try {
-          store.setString(keys::endAck(setup.node), "1");
+          store.setString(keys::endAck(setup_.node), "1");
           store.flush();
         } catch (const Error&) {
           // The master went on without it (it waits for acknowledgements only so long).
         }
         throw AgentExit{code, message};
       }
-      if (std::string why = heartbeat.lost(); !why.empty()) throw AgentExit{125, why};
+      if (std::string why = heartbeat_->lost(); !why.empty()) {
+        throw AgentExit{kExitInfrastructure, why};
+      }
       store.wait({key}, Millis(250));
       return store.getString(key);
     } catch (const TimeoutError&) {
     } catch (const NetworkError& e) {
-      throw AgentExit{125, fmt::format("lost the store at {} while waiting for {}: {}",
-                                       store.describe(), what, e.what())};
+      throw AgentExit{kExitInfrastructure, fmt::format("lost the store at {} while waiting for {}: "
+                                                       "{}", store.describe(), what, e.what())};
     }
     if (Clock::now() >= deadline) {
       throw AgentExit{kExitDeadline, fmt::format("timed out waiting for {} (key \"{}\" on the "
@@ -98,233 +400,17 @@ std::string awaitKey(store::Store& store, HeartbeatThread& heartbeat, const Agen
 
 }  // namespace
 
-int runAgent(const AgentSetup& setup, const EnvMap& environment) {
-  LaunchConfig config = setup.config;
-  if (!config.linePrefixGiven) config.linePrefixTemplate = kDefaultMultiNodeLinePrefixTemplate;
-  const std::string host = hostName();
-  const std::string label = setup.label.empty() ? host : setup.label;
-  const std::string me = fmt::format("launch (node {}, {})", setup.node, label);
-  dtrain::log::setTag(fmt::format("[launch node {}]", setup.node));
-
-  // What the workers will inherit: this node's environment under the master's forwarded one.
+EnvMap composeEnvironment(const EnvMap& environment, const EnvMap& forwarded) {
   EnvMap effective = environment;
   for (auto it = effective.begin(); it != effective.end();) {
     it = it->first.rfind(env::kLaunchOptionPrefix, 0) == 0 ? effective.erase(it) : std::next(it);
   }
-  for (const auto& [k, v] : setup.forwarded) effective[k] = v;
+  for (const auto& [k, v] : forwarded) effective[k] = v;
+  return effective;
+}
 
-  JoinInfo join;
-  join.node = setup.node;
-  join.requestedRank = setup.requestedRank;
-  join.host = host;
-  join.label = label;
-  join.gpus = setup.gpus;
-  join.launchVersion = launcherVersion();
-
-  // Node facts. A problem here is reported to the master through the join record, so the job
-  // ends naming this node instead of waiting for it.
-  WorkerCommand command;
-  InterfaceChoice iface;
-  const int cpus = usableCpus();
-  try {
-    auto pathIt = effective.find("PATH");
-    command = resolveWorkerCommand(workerCommandLine(config),
-                                   pathIt != effective.end() ? pathIt->second : "/usr/bin:/bin",
-                                   label);
-    join.localWorldSize = setup.slots > 0          ? setup.slots
-                          : !setup.gpus.empty()    ? static_cast<int>(setup.gpus.size())
-                                                   : resolveNproc(config.nprocPerNode, cpus,
-                                                                  visibleGpus(effective));
-    iface = resolveSocketInterface(config.nccl, true, setup.storeAddr,
-                                   optionLabel(config, "nccl-socket-ifname"));
-    join.address = net::chooseBindAddress("", "the store's address", setup.storeAddr).address;
-    if (!config.logDir.empty()) checkWritableDir(config.logDir, optionLabel(config, "log-dir"));
-  } catch (const ProgramNotFound& e) {
-    join.error = e.what();
-    join.errorCode = 127;
-  } catch (const ProgramNotExecutable& e) {
-    join.error = e.what();
-    join.errorCode = 126;
-  } catch (const Error& e) {
-    join.error = e.what();
-    join.errorCode = dynamic_cast<const InvalidArgument*>(&e) ? 2 : 125;
-  }
-
-  blockLauncherSignals();
-  store::TcpStoreOptions so;
-  so.host = setup.storeAddr;
-  so.port = static_cast<uint16_t>(setup.storePort);
-  so.token = setup.token;
-  so.timeout = millis(std::max(config.heartbeatTimeout, 1.0));
-  // The first connection may wait for the store's host as long as the rendezvous does (a manual
-  // node 0 may start last), in attempts of at most a second, so a signal or the master's end is
-  // seen meanwhile; a refusal (another job's store, a different token) is final. A connection
-  // lost later is the store lost: a reconnect gets --heartbeat-timeout, never the rendezvous
-  // timeout.
-  so.connectTimeout = millis(std::min(config.heartbeatTimeout, 1.0));
-  std::unique_ptr<store::TcpStore> store;
-  const auto connectDeadline = Clock::now() + millis(config.rdzvTimeout);
-  std::string lastError;
-  while (!store) {
-    try {
-      store = std::make_unique<store::TcpStore>(so);
-      break;
-    } catch (const NetworkError& e) {
-      lastError = e.what();
-    } catch (const TimeoutError& e) {
-      lastError = e.what();
-    } catch (const Error& e) {
-      say(fmt::format("{}: the store at {}:{} refused this node: {} (exit 125)", me, so.host,
-                      so.port, e.what()));
-      return 125;
-    }
-    if (int sig = takePendingSignal()) {
-      if (setup.onSignal) setup.onSignal(sig);
-      say(fmt::format("{}: received {} while connecting to the store at {}:{}", me,
-                      fault::signalName(sig), so.host, so.port));
-      return 128 + sig;
-    }
-    if (setup.watchStdin && stdinEnded()) {
-      say(fmt::format("{}: the master's launch is gone (its ssh session or pipe closed) while "
-                      "this node was connecting to the store at {}:{} (exit 125)",
-                      me, so.host, so.port));
-      return 125;
-    }
-    if (Clock::now() >= connectDeadline) {
-      say(fmt::format("{}: cannot reach the store at {}:{} within {:g} s (--rdzv-timeout): {}", me,
-                      so.host, so.port, config.rdzvTimeout, lastError));
-      return kExitDeadline;
-    }
-  }
-  store::TcpStoreOptions mo = so;
-  mo.connectTimeout = so.connectTimeout;
-  HeartbeatThread heartbeat(mo, setup.node, millis(config.heartbeatInterval),
-                            millis(config.heartbeatTimeout), setup.watchStdin);
-
-  NodeContext node;
-  node.host = label;
-  node.cpuCount = cpus;
-  node.storeAddr = setup.storeAddr;
-  node.storePort = setup.storePort;
-  node.storeToken = setup.token;
-  node.gpuSlots = setup.gpus;
-  node.inherited = environment;
-  node.localWorldSize = join.localWorldSize;
-  node.overlay = setup.forwarded;
-  for (const auto& [k, v] : ncclEnvironment(config.nccl, iface, effective)) node.overlay[k] = v;
-
-  // This node's part of watching the job (Note [Monitor roles] in launcher/monitor/monitor.h):
-  // sample, warn, publish to the store; created with the supervisor, destroyed after it.
-  std::unique_ptr<monitor::Monitor> watcher;
-  std::unique_ptr<Supervisor> supervisor;
-  bool temporaryDir = false;
-  int code = 125;
-  try {
-    for (int round = 0;; ++round) {
-      store->setString(keys::join(round, setup.node), encodeJoin(join));
-      store->flush();
-      const RoundPlan plan = decodePlan(
-          awaitKey(*store, heartbeat, setup, keys::plan(round),
-                   Clock::now() + millis(config.rdzvTimeout + config.heartbeatTimeout),
-                   fmt::format("round {}'s plan from the master", round)));
-      const PlannedNode* mine = plan.find(setup.node);
-      AttemptResult result;
-      if (mine) {
-        node.nodeRank = mine->nodeRank;
-        node.numNodes = static_cast<int>(plan.nodes.size());
-        node.rankOffset = mine->rankOffset;
-        node.worldSize = plan.worldSize;
-        node.masterAddr = plan.masterAddr;
-        node.masterPort = plan.masterPort;
-        if (!supervisor) {
-          node.runId = plan.runId;
-          temporaryDir = config.logDir.empty();
-          node.jobDir = jobDirFor(config.logDir, effective, node.runId);
-          JobPlan jp;
-          jp.config = config;
-          jp.command = command;
-          jp.node = node;
-          jp.logAllStreams = !temporaryDir;
-          jp.temporaryJobDir = temporaryDir;
-          jp.logHint = fmt::format("not kept on {} (HINT: pass --log-dir DIR to keep every "
-                                   "worker's output)", label);
-          monitor::MonitorContext mc;
-          mc.runId = plan.runId;
-          mc.node = label;
-          int64_t id = -1;
-          mc.nodeRank = parseInt64(setup.node, &id) && id >= 0 && id < (1 << 20)
-                            ? static_cast<int>(id) : -1;  // node ids are host-list indices
-          mc.numNodes = static_cast<int>(plan.nodes.size());
-          mc.samplesNode = true;
-          mc.aggregates = false;
-          mc.localWorldSize = node.localWorldSize;
-          mc.worldSize = plan.worldSize;
-          mc.maxRestarts = config.maxRestarts;
-          mc.storeHost = setup.storeAddr;
-          mc.storePort = setup.storePort;
-          mc.storeToken = setup.token;
-          mc.label = [&config](const std::string& o) { return optionLabel(config, o); };
-          watcher = std::make_unique<monitor::Monitor>(config.monitor, mc);
-          jp.observer = watcher.get();
-          supervisor = std::make_unique<Supervisor>(std::move(jp));
-          watcher->start(nullptr);
-        }
-        supervisor->setNode(node);
-        heartbeat.setRound(round);
-        AttemptHooks hooks;
-        hooks.stopFd = heartbeat.wakeFd();
-        hooks.onTeardown = [&](const std::string& why) {
-          try {
-            store->compareSet(keys::stop(round), {}, store::toBytes(why));
-          } catch (const Error&) {
-            // The store is gone: the heartbeat thread says so, and the master sees this node go silent.
-          }
-        };
-        result = supervisor->runAttempt(round, hooks);
-        for (auto& w : result.workers) w.host = label;
-        if (std::string why = heartbeat.lost(); !why.empty()) throw AgentExit{125, why};
-        try {
-          store->setString(keys::result(round, setup.node), encodeResult(result));
-          store->flush();
-        } catch (const NetworkError& e) {
-          // The store went with its host while this round's workers ended (they lost it first):
-          // the same cause the heartbeat thread reports when it notices first.
-          throw AgentExit{125, fmt::format("lost the store at {} while reporting round {}'s "
-                                           "result: {}", store->describe(), round, e.what())};
-        }
-      }
-      const std::string decision =
-          awaitKey(*store, heartbeat, setup, keys::decision(round),
-                   Clock::now() + millis(config.gracePeriod + 2 * config.heartbeatTimeout +
-                                         config.rdzvTimeout),
-                   fmt::format("the master's decision after round {}", round));
-      try {
-        store->setString(keys::ack(round, setup.node), "1");
-        store->flush();
-      } catch (const Error&) {
-        // The master went on without it (it waits for acknowledgements only so long).
-      }
-      if (decision == "restart") continue;
-      int64_t c = 125;
-      if (decision.rfind("end ", 0) == 0) parseInt64(decision.substr(4), &c);
-      code = static_cast<int>(c);
-      break;
-    }
-  } catch (const AgentExit& e) {
-    code = e.code;
-    say(fmt::format("{}: {} (exit {})", me, e.message, e.code));
-  } catch (const Error& e) {
-    code = 125;
-    say(fmt::format("{}: {} (exit 125)", me, e.what()));
-  }
-  if (watcher) watcher->stop();
-  supervisor.reset();
-  watcher.reset();
-  if (temporaryDir && !node.jobDir.empty()) {
-    std::error_code ec;
-    std::filesystem::remove_all(node.jobDir, ec);
-  }
-  return code;
+int runAgent(const AgentSetup& setup, const EnvMap& environment) {
+  return Agent(setup, environment).run();
 }
 
 }  // namespace dtrain::launcher

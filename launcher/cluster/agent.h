@@ -13,6 +13,10 @@
 
 namespace dtrain::launcher {
 
+// What the workers of this node inherit: `environment` without DTRAIN_LAUNCH_* variables, under
+// the master's forwarded environment (`forwarded`).
+EnvMap composeEnvironment(const EnvMap& environment, const EnvMap& forwarded);
+
 // Runs rounds until the master ends the job; returns launch's exit code on this node. Throws
 // InvalidArgument / Error only before the store is reached.
 int runAgent(const AgentSetup& setup, const EnvMap& environment);

@@ -2,12 +2,19 @@
 
 #include <fmt/format.h>
 
-#include "launcher/job/job.h"
+#include "dtrain/base/error.h"
+#include "dtrain/base/tcp_store.h"
+#include "launcher/job/node_probe.h"
+#include "launcher/supervisor/output.h"
 
 namespace dtrain::launcher {
 
 const char* launcherVersion();
 
+namespace {
+
+// The master's monitor aggregates what the agents publish, serves --metrics-port, writes
+// --metrics-file, judges stalls.
 std::unique_ptr<monitor::Monitor> masterMonitor(const LaunchConfig& config,
                                                 const MultiNodePlan& plan) {
   monitor::MonitorContext c;
@@ -54,6 +61,38 @@ std::shared_ptr<store::TcpStore> masterStoreClient(const MultiNodePlan& plan) {
   so.port = static_cast<uint16_t>(plan.storePort);
   so.token = plan.token;
   return std::make_shared<store::TcpStore>(so);
+}
+
+}  // namespace
+
+Master::Master(const LaunchConfig& config, const MultiNodePlan& plan)
+    : config_(config), plan_(plan), watcher_(masterMonitor(config, plan)) {}
+
+Master::~Master() {
+  if (thread_.joinable()) thread_.join();
+}
+
+void Master::start(std::function<void()> wake) {
+  CoordinatorOptions co = coordinatorOptions(config_, plan_);
+  co.wake = wake;
+  co.observer = watcher_.get();
+  coordinator_ = std::make_unique<Coordinator>(masterStoreClient(plan_), co);
+  watcher_->start(coordinator_.get());
+  thread_ = std::thread([this, wake = std::move(wake)] {
+    try {
+      code_ = coordinator_->run();
+    } catch (const Error& e) {
+      say(fmt::format("launch: error: {} (exit 125)", e.what()));
+    }
+    done_ = true;
+    if (wake) wake();
+  });
+}
+
+int Master::finish() {
+  thread_.join();
+  watcher_->stop();
+  return code_;
 }
 
 }  // namespace dtrain::launcher

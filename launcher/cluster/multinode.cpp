@@ -5,7 +5,6 @@
 #include <cerrno>
 #include <cstdio>
 #include <memory>
-#include <thread>
 
 #include <fmt/ranges.h>
 
@@ -61,6 +60,51 @@ std::string formatMultiNodeDryRun(const LaunchConfig& config, const MultiNodePla
 
 }  // namespace
 
+namespace {
+
+std::unique_ptr<store::TcpStoreServer> hostStore(const MultiNodePlan& plan) {
+  store::TcpStoreServerOptions so;
+  so.host = plan.storeAddr;
+  so.port = static_cast<uint16_t>(plan.storePort);
+  so.token = plan.token;
+  std::unique_ptr<store::TcpStoreServer> server = store::TcpStoreServer::start(so);
+  DTRAIN_LOG(Info, "launch: run {}: store at {}:{}", plan.runId, plan.storeAddr, plan.storePort);
+  return server;
+}
+
+// Manual: this node's agent here; node rank 0 also hosts the store and coordinates.
+int runManualNode(const LaunchConfig& config, const MultiNodePlan& plan,
+                  const EnvMap& environment) {
+  std::unique_ptr<store::TcpStoreServer> server;
+  std::unique_ptr<Master> master;
+  AgentSetup setup = agentSetupFor(config, plan, config.nodeRank);
+  if (plan.hostsStore) {
+    server = hostStore(plan);
+    master = std::make_unique<Master>(config, plan);
+    master->start();
+    setup.onSignal = [&](int sig) { master->coordinator().requestStop(sig); };
+  }
+  int agentCode = kExitInfrastructure;
+  try {
+    agentCode = runAgent(setup, environment);
+  } catch (const Error& e) {
+    if (!master) throw;
+    say(fmt::format("launch: error: {} (exit 125)", e.what()));
+  }
+  if (!master) return agentCode;
+  // Normally the coordinator has decided already; if this node's agent ended first for a
+  // reason of its own, the job cannot go on without node rank 0: say so, and the rendezvous
+  // (or the round) fails at once instead of at its timeout.
+  master->coordinator().nodeGone(setup.node, fmt::format("its agent (in the launch that hosts "
+                                                         "the store) ended with exit code {}",
+                                                         agentCode));
+  const int code = master->finish();
+  server->stop();
+  return code;
+}
+
+}  // namespace
+
 int runMultiNode(const LaunchConfig& config, const EnvMap& environment) {
   MultiNodePlan plan = planMultiNode(config, environment);
   if (config.check) {
@@ -75,61 +119,11 @@ int runMultiNode(const LaunchConfig& config, const EnvMap& environment) {
     return 0;
   }
   blockLauncherSignals();  // before any thread: signals go to the signalfds
-  std::unique_ptr<store::TcpStoreServer> server;
-  if (plan.hostsStore) {
-    store::TcpStoreServerOptions so;
-    so.host = plan.storeAddr;
-    so.port = static_cast<uint16_t>(plan.storePort);
-    so.token = plan.token;
-    server = store::TcpStoreServer::start(so);
-    DTRAIN_LOG(Info, "launch: run {}: store at {}:{}", plan.runId, plan.storeAddr, plan.storePort);
-  }
-  if (plan.fanOut) {
-    int code = runFanOut(config, plan, environment);
-    server->stop();
-    return code;
-  }
-
-  // Manual: this node's agent here; node rank 0 also coordinates.
-  AgentSetup setup = agentSetupFor(config, plan, config.nodeRank);
-  std::unique_ptr<monitor::Monitor> watcher;  // node rank 0's, the master's
-  std::unique_ptr<Coordinator> coordinator;
-  std::thread thread;
-  int code = 125;
-  if (plan.hostsStore) {
-    watcher = masterMonitor(config, plan);
-    CoordinatorOptions co = coordinatorOptions(config, plan);
-    co.observer = watcher.get();
-    coordinator = std::make_unique<Coordinator>(masterStoreClient(plan), co);
-    watcher->start(coordinator.get());
-    thread = std::thread([&] {
-      try {
-        code = coordinator->run();
-      } catch (const Error& e) {
-        say(fmt::format("launch: error: {} (exit 125)", e.what()));
-      }
-    });
-    setup.onSignal = [&](int sig) { coordinator->requestStop(sig); };
-  }
-  int agentCode = 125;
-  try {
-    agentCode = runAgent(setup, environment);
-  } catch (const Error& e) {
-    if (!thread.joinable()) throw;
-    say(fmt::format("launch: error: {} (exit 125)", e.what()));
-  }
-  if (thread.joinable()) {
-    // Normally the coordinator has decided already; if this node's agent ended first for a
-    // reason of its own, the job cannot go on without node rank 0: say so, and the rendezvous
-    // (or the round) fails at once instead of at its timeout.
-    coordinator->nodeGone(setup.node, fmt::format("its agent (in the launch that hosts the store) "
-                                                  "ended with exit code {}", agentCode));
-    thread.join();
-    watcher->stop();
-    server->stop();
-    return code;
-  }
-  return agentCode;
+  if (!plan.fanOut) return runManualNode(config, plan, environment);
+  std::unique_ptr<store::TcpStoreServer> server = hostStore(plan);
+  int code = runFanOut(config, plan, environment);
+  server->stop();
+  return code;
 }
 
 int runAgentFromStdin(const LaunchConfig& config, const EnvMap& environment) {

@@ -16,6 +16,7 @@
 #include "env_contract.h"
 #include "launcher/cluster/forwarded_env.h"
 #include "launcher/job/job.h"
+#include "launcher/job/node_probe.h"
 #include "net/net_interface.h"
 
 namespace dtrain::launcher {
@@ -113,76 +114,78 @@ std::string selfPath() {
   return std::string(buf, static_cast<size_t>(n));
 }
 
-MultiNodePlan planMultiNode(const LaunchConfig& config, const EnvMap& environment) {
-  MultiNodePlan plan;
-  plan.fanOut = !config.hostfile.empty() || !config.hosts.empty();
-  plan.runId = config.runId.empty() ? newRunId() : config.runId;
-  plan.masterPort = config.masterPort > 0 ? config.masterPort : kDefaultMultiNodeMasterPort;
-  plan.storePort = config.rdzvPort > 0 ? config.rdzvPort : kDefaultMultiNodeStorePort;
-  plan.launchPath = config.remoteLaunch.empty() ? selfPath() : config.remoteLaunch;
-  plan.cwd = config.remoteCwd.empty() ? currentDir() : config.remoteCwd;
+namespace {
 
-  // The environment the agents get: docs/design.md's list, .dtrain_env, --env.
+// The environment the agents get: docs/design.md's list, .dtrain_env, --env. Fan-out: what the
+// master forwards. Manual: every node has its own environment, and only its .dtrain_env and
+// --env are laid over it.
+EnvMap agentEnvironment(const LaunchConfig& config, const EnvMap& environment, bool fanOut) {
   std::vector<std::pair<std::string, std::string>> dotEnv;
   if (::access(kDotEnvFile, F_OK) == 0) {
     dotEnv = parseDotEnv(readTextFile(kDotEnvFile, "the environment file"),
                          currentDir() + "/" + kDotEnvFile);
   }
-  // Fan-out: what the master forwards. Manual: every node has its own environment, and only
-  // its .dtrain_env and --env are laid over it.
-  plan.forwarded = forwardedEnvironment(plan.fanOut ? environment : EnvMap{}, dotEnv, config.env);
+  return forwardedEnvironment(fanOut ? environment : EnvMap{}, dotEnv, config.env);
+}
 
-  if (plan.fanOut) {
-    std::vector<HostEntry> hosts =
-        config.hostfile.empty()
-            ? parseHostsOption(config.hosts, optionLabel(config, "hosts"))
-            : parseHostfile(readTextFile(config.hostfile, optionLabel(config, "hostfile")),
-                            optionLabel(config, "hostfile") + " " + quoteValue(config.hostfile));
-    const int defaultSlots =
-        config.nprocPerNode.kind == NprocSpec::Kind::Count ? config.nprocPerNode.count : 0;
-    hosts = applyHostFilters(
-        hosts, config.include.empty() ? std::vector<HostFilterTerm>{}
-                                      : parseHostFilter(config.include, optionLabel(config, "include")),
-        config.exclude.empty() ? std::vector<HostFilterTerm>{}
-                               : parseHostFilter(config.exclude, optionLabel(config, "exclude")),
-        defaultSlots, optionLabel(config, "include"), optionLabel(config, "exclude"));
-    // --nnodes N (or MIN:MAX) takes the first MAX hosts; by default every host of the list.
-    const bool nnodesGiven = config.maxNodes > 1 || config.minNodes > 1;
-    plan.maxNodes = nnodesGiven ? std::min<int>(config.maxNodes, static_cast<int>(hosts.size()))
-                                : static_cast<int>(hosts.size());
-    plan.minNodes = nnodesGiven ? config.minNodes : plan.maxNodes;
-    DTRAIN_CHECK_ARG(plan.minNodes <= static_cast<int>(hosts.size()),
-                     "{} {}: the host list has only {} host{}", optionLabel(config, "nnodes"),
-                     plan.minNodes, hosts.size(), hosts.size() == 1 ? "" : "s");
-    hosts.resize(static_cast<size_t>(plan.maxNodes));
-    std::string firstRemote;
-    const std::vector<std::string> addresses = resolveHosts(hosts);
-    for (size_t i = 0; i < hosts.size(); ++i) {
-      const HostEntry& h = hosts[i];
-      PlannedHost p;
-      p.entry = h;
-      p.address = addresses[i];
-      p.local = isLocalAddress(p.address);
-      if (!p.local && firstRemote.empty()) firstRemote = p.address;
-      plan.hosts.push_back(p);
-    }
-    if (!config.rdzvHost.empty()) {
-      plan.storeAddr = resolveAddress(config.rdzvHost, optionLabel(config, "rdzv-endpoint"));
-      DTRAIN_CHECK_ARG(isLocalAddress(plan.storeAddr),
-                       "{} {}: the master hosts the store, but {} is not an address of this "
-                       "host; HINT: give one of its addresses (`ip -4 addr`), or leave the option "
-                       "out", optionLabel(config, "rdzv-endpoint"), config.rdzvHost, plan.storeAddr);
-    } else if (!firstRemote.empty()) {
-      plan.storeAddr = net::chooseBindAddress("", "the route toward the hosts", firstRemote).address;
-    } else {
-      plan.storeAddr = "127.0.0.1";
-    }
-    plan.hostsStore = true;
-    plan.token = newJobToken();
-    return plan;
+// The host list of --hostfile / --hosts, filtered by --include / --exclude.
+std::vector<HostEntry> hostList(const LaunchConfig& config) {
+  std::vector<HostEntry> hosts =
+      config.hostfile.empty()
+          ? parseHostsOption(config.hosts, optionLabel(config, "hosts"))
+          : parseHostfile(readTextFile(config.hostfile, optionLabel(config, "hostfile")),
+                          optionLabel(config, "hostfile") + " " + quoteValue(config.hostfile));
+  const int defaultSlots =
+      config.nprocPerNode.kind == NprocSpec::Kind::Count ? config.nprocPerNode.count : 0;
+  return applyHostFilters(
+      hosts, config.include.empty() ? std::vector<HostFilterTerm>{}
+                                    : parseHostFilter(config.include, optionLabel(config, "include")),
+      config.exclude.empty() ? std::vector<HostFilterTerm>{}
+                             : parseHostFilter(config.exclude, optionLabel(config, "exclude")),
+      defaultSlots, optionLabel(config, "include"), optionLabel(config, "exclude"));
+}
+
+// Fan-out: the hosts (their addresses, which one is this host), the node counts, the store on
+// this host with a fresh token.
+void planFanOut(const LaunchConfig& config, MultiNodePlan& plan) {
+  std::vector<HostEntry> hosts = hostList(config);
+  // --nnodes N (or MIN:MAX) takes the first MAX hosts; by default every host of the list.
+  const bool nnodesGiven = config.maxNodes > 1 || config.minNodes > 1;
+  plan.maxNodes = nnodesGiven ? std::min<int>(config.maxNodes, static_cast<int>(hosts.size()))
+                              : static_cast<int>(hosts.size());
+  plan.minNodes = nnodesGiven ? config.minNodes : plan.maxNodes;
+  DTRAIN_CHECK_ARG(plan.minNodes <= static_cast<int>(hosts.size()),
+                   "{} {}: the host list has only {} host{}", optionLabel(config, "nnodes"),
+                   plan.minNodes, hosts.size(), hosts.size() == 1 ? "" : "s");
+  hosts.resize(static_cast<size_t>(plan.maxNodes));
+  std::string firstRemote;
+  const std::vector<std::string> addresses = resolveHosts(hosts);
+  for (size_t i = 0; i < hosts.size(); ++i) {
+    PlannedHost p;
+    p.entry = hosts[i];
+    p.address = addresses[i];
+    p.local = isLocalAddress(p.address);
+    if (!p.local && firstRemote.empty()) firstRemote = p.address;
+    plan.hosts.push_back(p);
   }
+  if (!config.rdzvHost.empty()) {
+    plan.storeAddr = resolveAddress(config.rdzvHost, optionLabel(config, "rdzv-endpoint"));
+    DTRAIN_CHECK_ARG(isLocalAddress(plan.storeAddr),
+                     "{} {}: the master hosts the store, but {} is not an address of this "
+                     "host; HINT: give one of its addresses (`ip -4 addr`), or leave the option "
+                     "out", optionLabel(config, "rdzv-endpoint"), config.rdzvHost, plan.storeAddr);
+  } else if (!firstRemote.empty()) {
+    plan.storeAddr = net::chooseBindAddress("", "the route toward the hosts", firstRemote).address;
+  } else {
+    plan.storeAddr = "127.0.0.1";
+  }
+  plan.hostsStore = true;
+  plan.token = newJobToken();
+}
 
-  // Manual: every node is started by hand (or by a scheduler) with the same options.
+// Manual: every node is started by hand (or by a scheduler) with the same options; node rank 0
+// hosts the store, and the token is the user's.
+void planManual(const LaunchConfig& config, const EnvMap& environment, MultiNodePlan& plan) {
   plan.minNodes = config.minNodes;
   plan.maxNodes = config.maxNodes;
   plan.storeAddr = resolveAddress(config.rdzvHost, optionLabel(config, "rdzv-endpoint"));
@@ -207,6 +210,24 @@ MultiNodePlan planMultiNode(const LaunchConfig& config, const EnvMap& environmen
                      "({}); HINT: run node rank 0 on the host named by --rdzv-endpoint",
                      optionLabel(config, "rdzv-endpoint"), config.rdzvHost, plan.storeAddr,
                      hostName());
+  }
+}
+
+}  // namespace
+
+MultiNodePlan planMultiNode(const LaunchConfig& config, const EnvMap& environment) {
+  MultiNodePlan plan;
+  plan.fanOut = !config.hostfile.empty() || !config.hosts.empty();
+  plan.runId = config.runId.empty() ? newRunId() : config.runId;
+  plan.masterPort = config.masterPort > 0 ? config.masterPort : kDefaultMultiNodeMasterPort;
+  plan.storePort = config.rdzvPort > 0 ? config.rdzvPort : kDefaultMultiNodeStorePort;
+  plan.launchPath = config.remoteLaunch.empty() ? selfPath() : config.remoteLaunch;
+  plan.cwd = config.remoteCwd.empty() ? currentDir() : config.remoteCwd;
+  plan.forwarded = agentEnvironment(config, environment, plan.fanOut);
+  if (plan.fanOut) {
+    planFanOut(config, plan);
+  } else {
+    planManual(config, environment, plan);
   }
   return plan;
 }
