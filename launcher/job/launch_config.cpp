@@ -324,9 +324,11 @@ std::string expandLinePrefix(const std::string& templ, int rank, int localRank,
   return out;
 }
 
-void validate(const LaunchConfig& c) {
-  auto label = [&](const char* option) { return optionLabel(c, option); };
+namespace {
 
+// The program, the worker count and the nodes: one node, a host list, or a manual multi-node job.
+void validateShape(const LaunchConfig& c) {
+  auto label = [&](const char* option) { return optionLabel(c, option); };
   DTRAIN_CHECK_ARG(!c.program.empty(),
                    "no program given; HINT: launch [options] [--] PROGRAM [ARGS...]");
   DTRAIN_CHECK_ARG(c.nprocPerNode.kind != NprocSpec::Kind::Count ||
@@ -367,6 +369,11 @@ void validate(const LaunchConfig& c) {
                      "HOST:PORT, the address of node rank 0 (port {} by default)",
                      label("nnodes"), c.maxNodes, kDefaultMultiNodeStorePort);
   }
+}
+
+// Timeouts, ports, restarts and the monitor's options.
+void validateSupervision(const LaunchConfig& c) {
+  auto label = [&](const char* option) { return optionLabel(c, option); };
   for (const auto& [opt, v] : {std::make_pair("rdzv-timeout", c.rdzvTimeout),
                                std::make_pair("heartbeat-interval", c.heartbeatInterval),
                                std::make_pair("heartbeat-timeout", c.heartbeatTimeout)}) {
@@ -404,6 +411,11 @@ void validate(const LaunchConfig& c) {
   DTRAIN_CHECK_ARG(c.monitorInterval > 0, "{} {} must be greater than zero seconds",
                    label("monitor-interval"), c.monitorInterval);
   validateMonitorOptions(c.monitor, [&](const std::string& o) { return optionLabel(c, o); });
+}
+
+// How the program runs and where its output goes: interpreter, role, logs, run id, prefix, --env.
+void validateProgramAndOutput(const LaunchConfig& c) {
+  auto label = [&](const char* option) { return optionLabel(c, option); };
   DTRAIN_CHECK_ARG(!(c.noPython && c.module),
                    "--no-python and --module contradict each other; HINT: drop one of them");
   DTRAIN_CHECK_ARG(!c.python.empty(), "{} is empty; HINT: e.g. --python /usr/bin/python3",
@@ -447,6 +459,14 @@ void validate(const LaunchConfig& c) {
                      "and not one of the worker variables launch sets",
                      label("env"), excerpt(kv.first));
   }
+}
+
+}  // namespace
+
+void validate(const LaunchConfig& c) {
+  validateShape(c);
+  validateSupervision(c);
+  validateProgramAndOutput(c);
 }
 
 }  // namespace dtrain::launcher
