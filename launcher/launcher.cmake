@@ -12,11 +12,17 @@ add_library(dtrain_launcher STATIC
   launcher/cluster/remote/session.cpp
   launcher/cluster/rendezvous.cpp
   launcher/cluster/coordinator.cpp
+  launcher/cluster/plan.cpp
+  launcher/cluster/plan_codec.cpp
+  launcher/cluster/heartbeat_thread.cpp
   launcher/cluster/agent.cpp
+  launcher/cluster/master.cpp
+  launcher/cluster/fan_out.cpp
   launcher/cluster/multinode.cpp
   launcher/cluster/preflight.cpp
   launcher/job/worker_env.cpp
   launcher/job/program.cpp
+  launcher/job/node_probe.cpp
   launcher/job/job.cpp
   launcher/supervisor/guardian.cpp
   launcher/supervisor/output.cpp
@@ -24,6 +30,8 @@ add_library(dtrain_launcher STATIC
   launcher/supervisor/oom.cpp
   launcher/supervisor/process_info.cpp
   launcher/supervisor/supervisor.cpp
+  launcher/supervisor/attempt.cpp
+  launcher/supervisor/teardown.cpp
   launcher/monitor/cgroup_memory.cpp
   launcher/monitor/cluster_keys.cpp
   launcher/monitor/command.cpp

@@ -14,6 +14,7 @@
 #include "dtrain/base/error.h"
 #include "dtrain/base/logging.h"
 #include "launcher/cluster/multinode.h"
+#include "launcher/exit_codes.h"
 #include "launcher/job/job.h"
 #include "launcher/job/launch_args.h"
 #include "launcher/job/program.h"
@@ -25,12 +26,11 @@ const char* launcherVersion();
 
 namespace {
 
+using dtrain::launcher::kExitInfrastructure;
+using dtrain::launcher::kExitNotExecutable;
+using dtrain::launcher::kExitNotFound;
+using dtrain::launcher::kExitUsage;
 using dtrain::launcher::ParsedCommand;
-
-constexpr int kExitUsage = 2;
-constexpr int kExitInfrastructure = 125;
-constexpr int kExitNotExecutable = 126;
-constexpr int kExitNotFound = 127;
 
 int printHelp(const ParsedCommand&, const dtrain::launcher::EnvMap&) {
   std::fputs(dtrain::launcher::helpText().c_str(), stdout);

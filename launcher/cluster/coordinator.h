@@ -8,6 +8,7 @@
 // See Note [Rendezvous protocol] in rendezvous.h.
 
 #include <atomic>
+#include <chrono>
 #include <functional>
 #include <memory>
 #include <mutex>
@@ -76,9 +77,35 @@ class Coordinator : public JobControl {
     std::string node;
     std::string why;
   };
+  struct Gathering;
+  struct RoundWatch;
+
+  // The rendezvous of round `round`: the joins, or none when the job ended (*endCode).
   std::vector<JoinInfo> gatherJoins(int round, int* endCode);
+  // One look at the rendezvous -- a signal, lost nodes, new joins; true once it is over
+  // (complete, or the job ended: g.endCode).
+  bool rendezvousStep(Gathering& g);
+  // Reads the joins that came; true when one ends the job (a version mismatch, a node that
+  // cannot run).
+  bool readJoins(Gathering& g);
+  // True when the joins so far decide the rendezvous: enough nodes (all, or -- elastic -- the
+  // minimum once the rest are lost or the timeout passed), or too few ever to be enough.
+  bool rendezvousDecided(Gathering& g);
+  // "node 0 (a), node 2 (c)": the joined nodes, or the others -- with why, when they are lost.
+  std::string listing(const Gathering& g, bool joinedOnes) const;
+
   // `reported`: the nodes that reported their workers' outcomes (the others were lost).
   AttemptResult superviseRound(const RoundPlan& plan, std::vector<std::string>* reported);
+  // One look at the running round; true once every node reported or is lost.
+  bool roundStep(RoundWatch& w);
+  // A deadline stop (stopForDeadline) or a signal to the master: stops the round.
+  void noteStopRequests(RoundWatch& w);
+  // Results, heartbeats and nodes gone: a lost or silent node stops the round.
+  void noteLostNodes(RoundWatch& w, std::chrono::steady_clock::time_point now);
+  // The round's outcome, every worker with its host; a lost node's workers are Lost.
+  AttemptResult roundOutcome(const RoundWatch& w, std::vector<std::string>* reported);
+  // Writes round `round`'s stop key unless someone did; true when `why` is the one written.
+  bool stopRound(int round, const std::string& why);
   // Ends the job with `code` (launch/end), then waits (bounded) until the nodes of `awaitAcks`
   // acknowledged it.
   int end(int code, const std::string& message, const std::vector<std::string>& awaitAcks);

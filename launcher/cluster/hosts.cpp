@@ -11,17 +11,6 @@ namespace dtrain::launcher {
 
 namespace {
 
-std::vector<std::string> split(const std::string& s, char sep) {
-  std::vector<std::string> parts;
-  size_t start = 0;
-  while (true) {
-    size_t at = s.find(sep, start);
-    parts.push_back(s.substr(start, at == std::string::npos ? std::string::npos : at - start));
-    if (at == std::string::npos) return parts;
-    start = at + 1;
-  }
-}
-
 std::string trim(const std::string& s) {
   size_t b = s.find_first_not_of(" \t\r");
   if (b == std::string::npos) return "";
@@ -49,7 +38,7 @@ int parseSlots(const std::string& text, const std::string& where) {
 
 std::vector<int> parseSlotList(const std::string& text, const std::string& where) {
   std::vector<int> slots;
-  for (const auto& part : split(text, ',')) {
+  for (const auto& part : splitAt(text, ',')) {
     int64_t v = 0;
     DTRAIN_CHECK_ARG(parseInt64(part, &v) && v >= 0 && v < kMaxSlotsPerHost,
                      "{}: {} is not a slot number; HINT: host:0,2", where, quoteValue(part));
@@ -66,7 +55,7 @@ std::vector<HostEntry> parseHostfile(const std::string& text, const std::string&
   std::vector<HostEntry> hosts;
   std::vector<int> lineOf;
   int lineNo = 0;
-  for (const auto& raw : split(text, '\n')) {
+  for (const auto& raw : splitAt(text, '\n')) {
     ++lineNo;
     std::string line = raw.substr(0, raw.find('#'));
     line = trim(line);
@@ -75,8 +64,8 @@ std::vector<HostEntry> parseHostfile(const std::string& text, const std::string&
     // Fields separated by blanks: the host, then key=value pairs (slots=N; MPI's max_slots
     // is accepted and ignored).
     std::vector<std::string> fields;
-    for (const auto& f : split(line, ' ')) {
-      for (const auto& g : split(f, '\t')) {
+    for (const auto& f : splitAt(line, ' ')) {
+      for (const auto& g : splitAt(f, '\t')) {
         if (!g.empty()) fields.push_back(g);
       }
     }
@@ -108,7 +97,7 @@ std::vector<HostEntry> parseHostfile(const std::string& text, const std::string&
 
 std::vector<HostEntry> parseHostsOption(const std::string& text, const std::string& label) {
   std::vector<HostEntry> hosts;
-  for (const auto& part : split(text, ',')) {
+  for (const auto& part : splitAt(text, ',')) {
     HostEntry e;
     std::string slots;
     if (!part.empty() && part[0] == '[') {  // an IPv6 literal: [fe80::1] or [fe80::1]:4
@@ -141,7 +130,7 @@ std::vector<HostEntry> parseHostsOption(const std::string& text, const std::stri
 
 std::vector<HostFilterTerm> parseHostFilter(const std::string& text, const std::string& label) {
   std::vector<HostFilterTerm> terms;
-  for (const auto& part : split(text, '@')) {
+  for (const auto& part : splitAt(text, '@')) {
     HostFilterTerm t;
     size_t colon = part.find(':');
     t.host = part.substr(0, colon);
@@ -241,7 +230,7 @@ void expandName(const std::string& name, const std::string& label, const std::st
   DTRAIN_CHECK_ARG(close != std::string::npos, "{} {}: '[' without ']'", label, quoteValue(all));
   const std::string head = name.substr(0, open);
   const std::string tail = name.substr(close + 1);
-  for (const auto& range : split(name.substr(open + 1, close - open - 1), ',')) {
+  for (const auto& range : splitAt(name.substr(open + 1, close - open - 1), ',')) {
     size_t dash = range.find('-');
     std::string lo = range.substr(0, dash);
     std::string hi = dash == std::string::npos ? lo : range.substr(dash + 1);

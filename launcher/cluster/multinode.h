@@ -9,51 +9,12 @@
 //     SLURM_* / PET_* variables): node rank 0 hosts the store and coordinates; every node runs
 //     its agent in-process; the token comes from --token-file or DTRAIN_STORE_TOKEN;
 //   - `launch --agent`: an agent started by a fan-out master, its plan on stdin.
-// The configuration is resolved and validated once, here, into MultiNodePlan.
+// The configuration is resolved and validated once, into MultiNodePlan (plan.h).
 
-#include <string>
-#include <vector>
-
-#include "launcher/cluster/agent.h"
-#include "launcher/cluster/hosts.h"
 #include "launcher/job/launch_config.h"
 #include "launcher/job/worker_env.h"
 
 namespace dtrain::launcher {
-
-struct PlannedHost {
-  HostEntry entry;
-  std::string address;  // resolved (IPv4)
-  bool local = false;   // one of this machine's addresses: the agent runs as a child
-};
-
-// Everything decided before anything starts.
-struct MultiNodePlan {
-  bool fanOut = false;
-  std::vector<PlannedHost> hosts;  // fan-out: the nodes, in node-rank order
-  std::string storeAddr;
-  int storePort = kDefaultMultiNodeStorePort;
-  bool hostsStore = false;     // this launch hosts the store (fan-out, or manual node rank 0)
-  std::string token;
-  std::string runId;
-  int masterPort = kDefaultMultiNodeMasterPort;
-  int minNodes = 1;
-  int maxNodes = 1;
-  std::string launchPath;      // on the other nodes
-  std::string cwd;             // on the other nodes
-  EnvMap forwarded;            // the environment the agents get
-};
-
-// Resolves and validates `config` (host lists, addresses, the token, .dtrain_env); throws
-// InvalidArgument (exit 2) naming what is wrong. Reads files and resolves names; starts nothing.
-MultiNodePlan planMultiNode(const LaunchConfig& config, const EnvMap& environment);
-
-// The AgentSetup of fan-out node `index` (or of this manual node).
-AgentSetup agentSetupFor(const LaunchConfig& config, const MultiNodePlan& plan, int index);
-
-// The command that starts node `index`'s agent: ssh argv, or this launch for a local host.
-std::vector<std::string> agentCommand(const LaunchConfig& config, const MultiNodePlan& plan,
-                                      int index);
 
 // Runs a multi-node job from this node (fan-out master, or manual node); returns the exit code.
 int runMultiNode(const LaunchConfig& config, const EnvMap& environment);

@@ -15,12 +15,17 @@
 #include <thread>
 
 #include "dtrain/base/error.h"
-#include "launcher/cluster/multinode.h"
+#include "launcher/cluster/agent.h"
+#include "launcher/cluster/fan_out.h"
 #include "launcher/cluster/nccl_env.h"
+#include "launcher/cluster/plan_codec.h"
 #include "launcher/cluster/remote/remote_command.h"
 #include "launcher/cluster/remote/session.h"
+#include "launcher/exit_codes.h"
 #include "launcher/job/job.h"
+#include "launcher/job/node_probe.h"
 #include "launcher/job/program.h"
+#include "launcher/seconds.h"
 #include "launcher/supervisor/output.h"
 #include "net/net_interface.h"
 
@@ -117,58 +122,51 @@ void fact(const std::string& key, const std::string& value) {
   std::printf("dtrain-check %s %s\n", key.c_str(), v.c_str());
 }
 
-}  // namespace
-
-int runNodeCheck(const AgentSetup& setup, const std::string& masterAddr, int masterPort,
-                 const EnvMap& environment) {
-  const LaunchConfig& config = setup.config;
-  EnvMap effective = environment;
-  for (const auto& [k, v] : setup.forwarded) effective[k] = v;
-  fact("host", hostName());
-  fact("launch", launcherVersion());
-
-  // Node 0 holds MASTER_PORT open while the others probe it.
-  int masterFd = -1;
-  if (setup.requestedRank == 0) {
-    std::string why;
-    masterFd = listenOn(masterAddr, masterPort, &why);
-    fact("master_port", masterFd >= 0 ? "free" : "in use (" + why + ")");
+// "ok", or "missing libA.so,libB.so": the libraries ldd could not find.
+std::string missingLibraries(const std::string& ldd) {
+  std::string missing;
+  size_t start = 0;
+  while (start < ldd.size()) {
+    size_t nl = ldd.find('\n', start);
+    std::string line = ldd.substr(start, nl == std::string::npos ? nl : nl - start);
+    if (line.find("not found") != std::string::npos) {
+      size_t b = line.find_first_not_of(" \t");
+      missing += (missing.empty() ? "" : ",") + line.substr(b, line.find(' ', b) - b);
+    }
+    if (nl == std::string::npos) break;
+    start = nl + 1;
   }
-  const auto started = Clock::now();
+  return missing.empty() ? "ok" : "missing " + missing;
+}
 
-  auto pathIt = effective.find("PATH");
+// The program here, every library it links, and the versions of libtorch, CUDA and NCCL.
+void programFacts(const LaunchConfig& config, const EnvMap& effective) {
   try {
-    WorkerCommand cmd = resolveWorkerCommand(workerCommandLine(config),
-                                             pathIt != effective.end() ? pathIt->second : "/usr/bin:/bin",
-                                             hostName());
+    WorkerCommand cmd = lookUpProgram(config, effective, hostName());
     fact("program", cmd.file);
     const std::string ldd = run("ldd " + remote::singleQuote(cmd.file) + " 2>&1");
-    std::string missing;
-    size_t start = 0;
-    while (start < ldd.size()) {
-      size_t nl = ldd.find('\n', start);
-      std::string line = ldd.substr(start, nl == std::string::npos ? nl : nl - start);
-      if (line.find("not found") != std::string::npos) {
-        size_t b = line.find_first_not_of(" \t");
-        missing += (missing.empty() ? "" : ",") + line.substr(b, line.find(' ', b) - b);
-      }
-      if (nl == std::string::npos) break;
-      start = nl + 1;
-    }
-    fact("libraries", missing.empty() ? "ok" : "missing " + missing);
+    fact("libraries", missingLibraries(ldd));
     fact("torch", libraryVersion(ldd, "libtorch_cpu.so"));
     fact("cuda", libraryVersion(ldd, "libcudart.so"));
     fact("nccl", libraryVersion(ldd, "libnccl.so"));
   } catch (const Error& e) {
     fact("program", std::string("error: ") + e.what());
   }
+}
+
+void interfaceFact(const AgentSetup& setup) {
   try {
-    InterfaceChoice c = resolveSocketInterface(config.nccl, true, setup.storeAddr,
+    InterfaceChoice c = resolveSocketInterface(setup.config.nccl, true, setup.storeAddr,
                                                "--nccl-socket-ifname");
     fact("interface", c.name.empty() ? "(NCCL's choice)" : c.name + " " + c.address);
   } catch (const Error& e) {
     fact("interface", std::string("error: ") + e.what());
   }
+}
+
+// The GPUs here (nvidia-smi's list, unless CUDA_VISIBLE_DEVICES narrows it) against the workers.
+void gpuFacts(const AgentSetup& setup, const EnvMap& effective) {
+  const LaunchConfig& config = setup.config;
   int workers = setup.slots > 0 ? setup.slots
                 : !setup.gpus.empty() ? static_cast<int>(setup.gpus.size())
                 : config.nprocPerNode.kind == NprocSpec::Kind::Count ? config.nprocPerNode.count : 0;
@@ -182,25 +180,51 @@ int runNodeCheck(const AgentSetup& setup, const std::string& masterAddr, int mas
   fact("gpus", std::to_string(gpus));
   fact("workers", std::to_string(workers));
   fact("gpu_job", config.nprocPerNode.kind == NprocSpec::Kind::Gpu || !setup.gpus.empty() ? "1" : "0");
+}
+
+// Node 0 lets the others' probes of MASTER_PORT in until they are done: the master then closes
+// its stdin (kHoldMasterPort at most from `started`).
+void holdMasterPort(int masterFd, Clock::time_point started) {
+  std::fflush(stdout);
+  while (Clock::now() - started < kHoldMasterPort) {
+    pollfd p[2] = {{masterFd, POLLIN, 0}, {STDIN_FILENO, POLLIN, 0}};
+    if (::poll(p, 2, 100) <= 0) continue;
+    if (p[0].revents) {
+      int c = ::accept4(masterFd, nullptr, nullptr, SOCK_CLOEXEC);
+      if (c >= 0) ::close(c);
+    }
+    if (p[1].revents) {
+      char buf[256];
+      if (::read(STDIN_FILENO, buf, sizeof buf) <= 0) break;
+    }
+  }
+  ::close(masterFd);
+}
+
+}  // namespace
+
+int runNodeCheck(const AgentSetup& setup, const std::string& masterAddr, int masterPort,
+                 const EnvMap& environment) {
+  const EnvMap effective = composeEnvironment(environment, setup.forwarded);
+  fact("host", hostName());
+  fact("launch", launcherVersion());
+
+  // Node 0 holds MASTER_PORT open while the others probe it.
+  int masterFd = -1;
+  if (setup.requestedRank == 0) {
+    std::string why;
+    masterFd = listenOn(masterAddr, masterPort, &why);
+    fact("master_port", masterFd >= 0 ? "free" : "in use (" + why + ")");
+  }
+  const auto started = Clock::now();
+  programFacts(setup.config, effective);
+  interfaceFact(setup);
+  gpuFacts(setup, effective);
   fact("store_port", probe(setup.storeAddr, setup.storePort, kProbeTimeout));
   if (setup.requestedRank != 0) {
     fact("master_port", probe(masterAddr, masterPort, kProbeTimeout));
   } else if (masterFd >= 0) {
-    // Let the others' probes in until they are done: the master then closes our stdin.
-    std::fflush(stdout);
-    while (Clock::now() - started < kHoldMasterPort) {
-      pollfd p[2] = {{masterFd, POLLIN, 0}, {STDIN_FILENO, POLLIN, 0}};
-      if (::poll(p, 2, 100) <= 0) continue;
-      if (p[0].revents) {
-        int c = ::accept4(masterFd, nullptr, nullptr, SOCK_CLOEXEC);
-        if (c >= 0) ::close(c);
-      }
-      if (p[1].revents) {
-        char buf[256];
-        if (::read(STDIN_FILENO, buf, sizeof buf) <= 0) break;
-      }
-    }
-    ::close(masterFd);
+    holdMasterPort(masterFd, started);
   }
   std::fflush(stdout);
   return 0;
@@ -320,40 +344,40 @@ std::string formatPreflightTable(const std::vector<std::string>& labels,
   return out;
 }
 
-int runPreflight(const LaunchConfig& config, const MultiNodePlan& plan, const EnvMap& environment) {
-  const std::string storeWhere = fmt::format("{}:{}", plan.storeAddr, plan.storePort);
-  std::vector<std::string> labels;
-  for (const auto& h : plan.hosts) labels.push_back(h.entry.host);
-  std::string why;
-  int storeFd = listenOn(plan.storeAddr, plan.storePort, &why);
-  std::vector<std::string> masterProblems;
-  if (storeFd < 0) {
-    masterProblems.push_back(fmt::format("the master: the store port {} is {} here; HINT: "
-                                         "another job? pick a port with --rdzv-endpoint HOST:PORT",
-                                         storeWhere, why));
-  }
+namespace {
+
+using Sessions = std::vector<std::unique_ptr<remote::Session>>;
+
+// Starts every node's check: `launch --agent` with the node's plan in "check" mode. A node whose
+// session could not start is null, with why in `ssh`.
+Sessions startChecks(const LaunchConfig& config, const MultiNodePlan& plan,
+                     const EnvMap& environment, std::vector<std::string>* ssh) {
   std::vector<std::string> childEnv;
   for (const auto& [k, v] : environment) {
     if (k.rfind("DTRAIN_LAUNCH_", 0) != 0) childEnv.push_back(k + "=" + v);
   }
-  std::vector<std::unique_ptr<remote::Session>> sessions;
-  std::vector<std::string> ssh(plan.hosts.size());
+  Sessions sessions;
   for (size_t i = 0; i < plan.hosts.size(); ++i) {
     remote::Records records = agentPlanRecords(agentSetupFor(config, plan, static_cast<int>(i)));
     records.emplace_back("mode", "check");
     records.emplace_back("master", fmt::format("{}:{}", plan.hosts[0].address, plan.masterPort));
     try {
       sessions.push_back(std::make_unique<remote::Session>(
-          std::to_string(i), labels[i], agentCommand(config, plan, static_cast<int>(i)), childEnv,
+          std::to_string(i), plan.hosts[i].entry.host,
+          agentCommand(config, plan, static_cast<int>(i)), childEnv,
           remote::encodePlan(records), /*captureStdout=*/true));
     } catch (const Error& e) {
       sessions.push_back(nullptr);
-      ssh[i] = e.what();
+      (*ssh)[i] = e.what();
     }
   }
-  // Accept the nodes' probes of the store port until every check is done.
-  const auto deadline = Clock::now() + std::chrono::milliseconds(
-      static_cast<int64_t>((config.ssh.connectTimeout + 15) * 1000));
+  return sessions;
+}
+
+// Accepts the nodes' probes of the store port (on `storeFd`, when it is ours) until every check
+// is done; node 0 holds MASTER_PORT open for the others' probes until they are. Past `deadline`
+// what still runs is killed.
+void awaitChecks(Sessions& sessions, int storeFd, Clock::time_point deadline) {
   while (true) {
     bool running = false;
     bool othersRunning = false;
@@ -366,7 +390,6 @@ int runPreflight(const LaunchConfig& config, const MultiNodePlan& plan, const En
       }
     }
     if (!running) break;
-    // Node 0 holds MASTER_PORT open for the others' probes until they are done.
     if (!othersRunning && sessions[0]) sessions[0]->closeStdin();
     if (Clock::now() >= deadline) {
       for (auto& s : sessions) {
@@ -383,7 +406,11 @@ int runPreflight(const LaunchConfig& config, const MultiNodePlan& plan, const En
       std::this_thread::sleep_for(std::chrono::milliseconds(20));
     }
   }
-  if (storeFd >= 0) ::close(storeFd);
+}
+
+// Each node's facts from its check's stdout; a node that told nothing gets why in `ssh`.
+std::vector<NodeFacts> collectFacts(const LaunchConfig& config, const MultiNodePlan& plan,
+                                    const Sessions& sessions, std::vector<std::string>* ssh) {
   std::vector<NodeFacts> facts;
   for (size_t i = 0; i < sessions.size(); ++i) {
     if (!sessions[i]) {
@@ -393,27 +420,48 @@ int runPreflight(const LaunchConfig& config, const MultiNodePlan& plan, const En
     std::vector<std::string> lines(sessions[i]->stdoutLines().begin(),
                                    sessions[i]->stdoutLines().end());
     facts.push_back(parseNodeFacts(lines));
-    if (facts.back().empty() || facts.back().find("store_port") == facts.back().end()) {
-      std::string last;
-      for (const auto& l : sessions[i]->stderrTail()) last += (last.empty() ? "" : " | ") + l;
-      ssh[i] = fmt::format("{} {}{}", plan.hosts[i].local ? "its check" : "ssh",
-                           sessions[i]->describeExit(), last.empty() ? "" : ": " + last);
-      if (!plan.hosts[i].local) {
-        std::string hint = remote::sshFailureHint(labels[i], last, config.ssh);
-        if (WIFEXITED(sessions[i]->waitStatus()) && WEXITSTATUS(sessions[i]->waitStatus()) == 127) {
-          hint = fmt::format("HINT: launch is not at {} there; install it, or give "
-                             "--remote-launch PATH", plan.launchPath);
-        }
-        if (!hint.empty()) ssh[i] += "; " + hint;
+    if (!facts.back().empty() && facts.back().find("store_port") != facts.back().end()) continue;
+    std::string last;
+    for (const auto& l : sessions[i]->stderrTail()) last += (last.empty() ? "" : " | ") + l;
+    std::string& why = (*ssh)[i];
+    why = fmt::format("{} {}{}", plan.hosts[i].local ? "its check" : "ssh",
+                      sessions[i]->describeExit(), last.empty() ? "" : ": " + last);
+    if (!plan.hosts[i].local) {
+      std::string hint = remote::sshFailureHint(plan.hosts[i].entry.host, last, config.ssh);
+      if (WIFEXITED(sessions[i]->waitStatus()) && WEXITSTATUS(sessions[i]->waitStatus()) == 127) {
+        hint = fmt::format("HINT: launch is not at {} there; install it, or give "
+                           "--remote-launch PATH", plan.launchPath);
       }
+      if (!hint.empty()) why += "; " + hint;
     }
   }
+  return facts;
+}
+
+}  // namespace
+
+int runPreflight(const LaunchConfig& config, const MultiNodePlan& plan, const EnvMap& environment) {
+  const std::string storeWhere = fmt::format("{}:{}", plan.storeAddr, plan.storePort);
+  std::vector<std::string> labels;
+  for (const auto& h : plan.hosts) labels.push_back(h.entry.host);
+  std::string why;
+  int storeFd = listenOn(plan.storeAddr, plan.storePort, &why);
+  std::vector<std::string> problems;
+  if (storeFd < 0) {
+    problems.push_back(fmt::format("the master: the store port {} is {} here; HINT: another job? "
+                                   "pick a port with --rdzv-endpoint HOST:PORT", storeWhere, why));
+  }
+  std::vector<std::string> ssh(plan.hosts.size());
+  Sessions sessions = startChecks(config, plan, environment, &ssh);
+  awaitChecks(sessions, storeFd, Clock::now() + millis(config.ssh.connectTimeout + 15));
+  if (storeFd >= 0) ::close(storeFd);
+  const std::vector<NodeFacts> facts = collectFacts(config, plan, sessions, &ssh);
+
   std::string text = fmt::format("launch --check: {} node{}, store {} (on this host), MASTER_PORT "
                                  "{} on node 0\n",
                                  plan.hosts.size(), plan.hosts.size() == 1 ? "" : "s", storeWhere,
                                  plan.masterPort);
   text += formatPreflightTable(labels, facts, ssh);
-  std::vector<std::string> problems = masterProblems;
   for (auto& p : preflightProblems(labels, facts, ssh, launcherVersion(), storeWhere,
                                    plan.masterPort)) {
     problems.push_back(p);
@@ -426,7 +474,7 @@ int runPreflight(const LaunchConfig& config, const MultiNodePlan& plan, const En
     for (const auto& p : problems) text += "  " + p + "\n";
   }
   writeAll(STDOUT_FILENO, text.data(), text.size());
-  return problems.empty() ? 0 : 125;
+  return problems.empty() ? 0 : kExitInfrastructure;
 }
 
 }  // namespace dtrain::launcher

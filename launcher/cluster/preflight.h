@@ -15,12 +15,10 @@
 #include <string>
 #include <vector>
 
-#include "launcher/cluster/agent.h"
+#include "launcher/cluster/plan.h"
 #include "launcher/job/launch_config.h"
 
 namespace dtrain::launcher {
-
-struct MultiNodePlan;
 
 // One node's facts, as it prints them ("dtrain-check KEY VALUE" lines) and the master reads them.
 using NodeFacts = std::map<std::string, std::string>;

@@ -28,7 +28,8 @@ namespace dtrain::launcher {
 //   round<R>/launch/stop           first writer wins (compareSet): why the round is stopping (a
 //                                  worker failed on node N, node N went silent, a signal); the
 //                                  master writes it before its decision when nobody did ("round R
-//                                  is over"), so every agent's monitor stops waiting on it at once
+//                                  is over"), so every agent's heartbeat thread stops waiting on
+//                                  it at once
 //   round<R>/launch/result/<node>  agent: its workers' outcomes after the round, for the report
 //   round<R>/launch/decision       master: "restart" or "end <code>"
 //   round<R>/launch/ack/<node>     agent: it read the decision; after the last one the master

@@ -1,23 +1,23 @@
 #include "launcher/job/job.h"
 
 #include <arpa/inet.h>
-#include <dirent.h>
 #include <netdb.h>
 #include <netinet/in.h>
-#include <sched.h>
 #include <sys/random.h>
 #include <sys/socket.h>
-#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdio>
 #include <cstring>
 #include <filesystem>
+#include <memory>
 
 #include "dtrain/base/error.h"
 #include "dtrain/base/logging.h"
 #include "dtrain/base/tcp_store.h"
 #include "env_contract.h"
+#include "launcher/job/node_probe.h"
 #include "launcher/job/program.h"
 #include "launcher/monitor/monitor.h"
 #include "launcher/supervisor/supervisor.h"
@@ -41,46 +41,6 @@ std::string randomHex(size_t bytes) {
 }
 
 }  // namespace
-
-std::string hostName() {
-  char name[256] = {};
-  if (::gethostname(name, sizeof name - 1) != 0) return "localhost";
-  return name;
-}
-
-int usableCpus() {
-  cpu_set_t set;
-  CPU_ZERO(&set);
-  if (::sched_getaffinity(0, sizeof set, &set) == 0) return std::max(1, CPU_COUNT(&set));
-  long n = ::sysconf(_SC_NPROCESSORS_ONLN);
-  return n > 0 ? static_cast<int>(n) : 1;
-}
-
-int visibleGpus(const EnvMap& environment) {
-  auto it = environment.find(env::kCudaVisibleDevices);
-  if (it != environment.end()) {
-    int count = 0;
-    size_t start = 0;
-    const std::string& v = it->second;
-    while (start <= v.size()) {
-      size_t comma = v.find(',', start);
-      std::string item = v.substr(start, comma == std::string::npos ? comma : comma - start);
-      if (item.empty() || item[0] == '-') break;  // CUDA stops at the first invalid entry
-      ++count;
-      if (comma == std::string::npos) break;
-      start = comma + 1;
-    }
-    return count;
-  }
-  int count = 0;
-  if (DIR* d = ::opendir("/proc/driver/nvidia/gpus")) {
-    while (dirent* e = ::readdir(d)) {
-      if (e->d_name[0] != '.') ++count;
-    }
-    ::closedir(d);
-  }
-  return count;
-}
 
 std::string resolveAddress(const std::string& host, const std::string& label) {
   in_addr a4{};
@@ -141,37 +101,6 @@ std::string jobDirFor(const std::string& logDir, const EnvMap& environment,
 std::string newJobToken() { return randomHex(32); }
 std::string newRunId() { return randomHex(6); }
 
-void checkWritableDir(const std::string& dir, const std::string& label) {
-  std::string path = dir;
-  while (true) {
-    struct stat st {};
-    if (::stat(path.c_str(), &st) == 0) {
-      DTRAIN_CHECK_ARG(S_ISDIR(st.st_mode), "{} {}: {} is not a directory; HINT: give a "
-                       "directory path", label, excerpt(dir), excerpt(path));
-      // Try it: access() says yes to root on read-only or virtual file systems.
-      std::string probe = path + "/.dtrain-write-check-XXXXXX";
-      std::vector<char> buf(probe.begin(), probe.end());
-      buf.push_back('\0');
-      DTRAIN_CHECK_ARG(::mkdtemp(buf.data()) != nullptr, "{} {}: cannot create anything in {} "
-                       "({}); HINT: pick a directory you can write to", label, excerpt(dir), excerpt(path),
-                       std::strerror(errno));
-      ::rmdir(buf.data());
-      return;
-    }
-    DTRAIN_CHECK_ARG(errno == ENOENT, "{} {}: cannot use {}: {}", label, excerpt(dir), excerpt(path),
-                     std::strerror(errno));
-    // Not there yet: it will be created if its nearest existing ancestor is writable.
-    size_t slash = path.find_last_of('/');
-    if (slash == std::string::npos) {
-      path = ".";
-    } else if (slash == 0) {
-      path = "/";
-    } else {
-      path.resize(slash);
-    }
-  }
-}
-
 std::string formatDryRun(const LaunchConfig& config, const NodeContext& node,
                          const std::vector<std::string>& argv) {
   std::string out = fmt::format(
@@ -192,21 +121,17 @@ std::string formatDryRun(const LaunchConfig& config, const NodeContext& node,
   return out;
 }
 
-int runJob(const LaunchConfig& configIn, const EnvMap& environment) {
-  LaunchConfig config = configIn;
-  const std::string host = hostName();
-  auto pathIt = environment.find("PATH");
-  WorkerCommand command = resolveWorkerCommand(
-      workerCommandLine(config), pathIt != environment.end() ? pathIt->second : "/usr/bin:/bin",
-      host);
-  if (!config.logDir.empty()) checkWritableDir(config.logDir, optionLabel(config, "log-dir"));
+namespace {
 
+// The job-wide part of a one-node job on top of what the probe found: ranks, addresses, run id.
+NodeContext oneNodeContext(const LaunchConfig& config, const std::string& host,
+                           const NodeProbe& probe, const EnvMap& environment) {
   NodeContext node;
   node.host = host;
   node.nodeRank = 0;
   node.numNodes = 1;
-  node.cpuCount = usableCpus();
-  node.localWorldSize = resolveNproc(config.nprocPerNode, node.cpuCount, visibleGpus(environment));
+  node.cpuCount = probe.cpuCount;
+  node.localWorldSize = probe.localWorldSize;
   node.rankOffset = 0;
   node.worldSize = node.localWorldSize;
   for (int r : config.localRanksFilter) {
@@ -222,24 +147,25 @@ int runJob(const LaunchConfig& configIn, const EnvMap& environment) {
   node.storeAddr = config.rdzvHost.empty()
                        ? "127.0.0.1"
                        : resolveAddress(config.rdzvHost, optionLabel(config, "rdzv-endpoint"));
+  return node;
+}
 
-  if (config.dryRun) {
-    node.masterPort = config.masterPort;
-    node.storePort = config.rdzvPort;
-    node.storeToken = "(a fresh random token)";
-    node.jobDir = config.logDir.empty() ? "$TMPDIR/dtrain-" + node.runId + "-XXXXXX"
-                                        : config.logDir + "/" + node.runId;
-    std::string text = formatDryRun(config, node, command.argv);
-    if (config.masterPort == 0 || config.rdzvPort == 0) {
-      text += "(port 0 above: a free port is picked at launch)\n";
-    }
-    std::fwrite(text.data(), 1, text.size(), stdout);
-    return 0;
+int printDryRun(const LaunchConfig& config, NodeContext node, const WorkerCommand& command) {
+  node.masterPort = config.masterPort;
+  node.storePort = config.rdzvPort;
+  node.storeToken = "(a fresh random token)";
+  node.jobDir = config.logDir.empty() ? "$TMPDIR/dtrain-" + node.runId + "-XXXXXX"
+                                      : config.logDir + "/" + node.runId;
+  std::string text = formatDryRun(config, node, command.argv);
+  if (config.masterPort == 0 || config.rdzvPort == 0) {
+    text += "(port 0 above: a free port is picked at launch)\n";
   }
+  std::fwrite(text.data(), 1, text.size(), stdout);
+  return 0;
+}
 
-  // From here on things start: signals go to the supervisor's signalfd, in every thread.
-  blockLauncherSignals();
-
+// The job's store on this node, with a fresh token; then MASTER_PORT.
+std::unique_ptr<store::TcpStoreServer> hostStore(const LaunchConfig& config, NodeContext& node) {
   node.storeToken = newJobToken();
   store::TcpStoreServerOptions storeOptions;
   storeOptions.host = node.storeAddr;
@@ -248,10 +174,14 @@ int runJob(const LaunchConfig& configIn, const EnvMap& environment) {
   std::unique_ptr<store::TcpStoreServer> server = store::TcpStoreServer::start(storeOptions);
   node.storePort = server->port();
   node.masterPort = config.masterPort != 0 ? config.masterPort : freePort(node.masterAddr);
+  return server;
+}
 
+monitor::MonitorContext oneNodeMonitorContext(const LaunchConfig& config,
+                                              const NodeContext& node) {
   monitor::MonitorContext watch;
   watch.runId = node.runId;
-  watch.node = host;
+  watch.node = node.host;
   watch.nodeRank = node.nodeRank;
   watch.localWorldSize = node.localWorldSize;
   watch.worldSize = node.numNodes * node.localWorldSize;
@@ -260,8 +190,15 @@ int runJob(const LaunchConfig& configIn, const EnvMap& environment) {
   watch.storePort = node.storePort;
   watch.storeToken = node.storeToken;
   watch.label = [&config](const std::string& option) { return optionLabel(config, option); };
+  return watch;
+}
+
+// Runs the probed node's workers under the Supervisor, with the store and the monitor.
+int superviseOneNode(const LaunchConfig& config, const WorkerCommand& command, NodeContext node,
+                     const EnvMap& environment) {
+  std::unique_ptr<store::TcpStoreServer> server = hostStore(config, node);
   // Binds --metrics-port and opens --metrics-file now: a usage error leaves nothing behind.
-  monitor::Monitor watcher(config.monitor, watch);
+  monitor::Monitor watcher(config.monitor, oneNodeMonitorContext(config, node));
 
   JobPlan plan;
   bool tempDir = config.logDir.empty();
@@ -278,7 +215,7 @@ int runJob(const LaunchConfig& configIn, const EnvMap& environment) {
   plan.temporaryJobDir = tempDir && !tempLogs;  // logs the user asked for are kept
   plan.logHint = "not kept (HINT: pass --log-dir DIR to keep every worker's output)";
   DTRAIN_LOG(Info, "launch: run {}: {} worker(s) of {} on {}; store {}:{}; MASTER_PORT {}; job "
-             "dir {}", node.runId, node.localWorldSize, shellQuote(command.argv), host,
+             "dir {}", node.runId, node.localWorldSize, shellQuote(command.argv), node.host,
              node.storeAddr, node.storePort, node.masterPort, node.jobDir);
   plan.observer = &watcher;
 
@@ -295,6 +232,20 @@ int runJob(const LaunchConfig& configIn, const EnvMap& environment) {
     std::filesystem::remove_all(node.jobDir, ec);
   }
   return code;
+}
+
+}  // namespace
+
+int runJob(const LaunchConfig& config, const EnvMap& environment) {
+  const std::string host = hostName();
+  ProbeRequest request;
+  request.label = host;
+  const NodeProbe probe = probeNode(config, environment, request);
+  NodeContext node = oneNodeContext(config, host, probe, environment);
+  if (config.dryRun) return printDryRun(config, std::move(node), probe.command);
+  // From here on things start: signals go to the supervisor's signalfd, in every thread.
+  blockLauncherSignals();
+  return superviseOneNode(config, probe.command, std::move(node), environment);
 }
 
 }  // namespace dtrain::launcher

@@ -1,8 +1,8 @@
 #pragma once
-// From a validated LaunchConfig to a running job on this node: resolve what depends on the
-// machine (program path, worker count, host name, CPUs), check the log directory, then either
-// print the plan (--dry-run) or host the store with a fresh job token, pick MASTER_PORT and hand
-// over to the Supervisor.
+// The one-node job, in the two steps every node of a job takes: probe the node (node_probe.h:
+// program path, worker count, log directory), then run the plan -- print it (--dry-run), or host
+// the store with a fresh job token, pick MASTER_PORT and hand over to the Supervisor. Also the
+// job-wide plumbing the multi-node job shares: tokens, run ids, addresses, ports, job directories.
 
 #include <string>
 
@@ -21,17 +21,6 @@ std::string newJobToken();
 // A random run id (12 hex digits).
 std::string newRunId();
 
-// Checks that `dir` is, or can be created as, a writable directory. Throws InvalidArgument
-// naming `label` and the path otherwise. Leaves nothing behind (it probes with a directory it
-// removes at once).
-void checkWritableDir(const std::string& dir, const std::string& label);
-
-// Facts of this machine, for the one-node job and for a multi-node agent.
-std::string hostName();
-int usableCpus();  // the CPUs this process may run on
-// GPUs a CUDA program here would see, without loading CUDA: CUDA_VISIBLE_DEVICES when set,
-// else the driver's list.
-int visibleGpus(const EnvMap& environment);
 // An IPv4 literal for `host` ("localhost" -> 127.0.0.1). Workers get addresses, never names.
 // Throws InvalidArgument naming `label` when the name does not resolve.
 std::string resolveAddress(const std::string& host, const std::string& label);

@@ -379,6 +379,67 @@ SplitArgs splitLauncherArgs(const std::vector<std::string>& args) {
   return out;
 }
 
+namespace {
+
+// The command line's options, in order (repeatable --env keeps every occurrence; for the others
+// the last one wins). `seen` collects the options given.
+void applyCommandLine(const SplitArgs& split, LaunchConfig& config,
+                      std::vector<std::string>* seen) {
+  for (const auto& option : split.options) {
+    const OptionSpec* spec = findLong(option.name);
+    if (!spec || !spec->apply) continue;
+    spec->apply(config, option.value, "--" + option.name);
+    config.appliedOptions.emplace_back(option.name, option.value);
+    seen->push_back(option.name);
+  }
+}
+
+// DTRAIN_LAUNCH_<OPTION> for the options not `seen` yet.
+void applyOptionVariables(const std::map<std::string, std::string>& environment,
+                          LaunchConfig& config, std::vector<std::string>* seen) {
+  for (const auto& [key, value] : environment) {
+    if (key.rfind(env::kLaunchOptionPrefix, 0) != 0) continue;
+    const OptionSpec* spec = nullptr;
+    for (const auto& o : kOptions) {
+      if (o.apply && optionEnvName(o.name) == key) spec = &o;
+    }
+    DTRAIN_CHECK_ARG(spec, "environment variable {} names no launch option; HINT: unset it, or "
+                     "see launch --help for the options (DTRAIN_LAUNCH_<OPTION>)",
+                     excerpt(key));
+    if (std::find(seen->begin(), seen->end(), spec->name) != seen->end()) continue;
+    config.optionSources[spec->name] = key;
+    std::string label = key + " (environment)";
+    if (std::string(spec->name) == "env") {
+      // Several assignments: one per line.
+      for (const std::string& line : splitAt(value, '\n')) {
+        if (line.empty()) continue;
+        spec->apply(config, line, label);
+        config.appliedOptions.emplace_back(spec->name, line);
+      }
+    } else {
+      spec->apply(config, value, label);
+      config.appliedOptions.emplace_back(spec->name, value);
+    }
+    seen->push_back(spec->name);
+  }
+}
+
+// What a scheduler's variables imply (Slurm, Kubernetes' PET_*), for the options not `seen`.
+void applySchedulerVariables(const std::map<std::string, std::string>& environment,
+                             LaunchConfig& config, std::vector<std::string>* seen) {
+  for (const auto& s : schedulerSettings(environment)) {
+    if (std::find(seen->begin(), seen->end(), s.option) != seen->end()) continue;
+    const OptionSpec* spec = findLong(s.option);
+    if (!spec || !spec->apply) continue;
+    config.optionSources[spec->name] = s.source;
+    spec->apply(config, s.value, s.source + " (environment)");
+    config.appliedOptions.emplace_back(spec->name, s.value);
+    seen->push_back(spec->name);
+  }
+}
+
+}  // namespace
+
 ParsedCommand parseLaunchArgs(const std::vector<std::string>& args,
                               const std::map<std::string, std::string>& environment) {
   ParsedCommand out;
@@ -393,63 +454,11 @@ ParsedCommand parseLaunchArgs(const std::vector<std::string>& args,
   }
 
   LaunchConfig& config = out.config;
-  // Command line first, in order (repeatable --env keeps every occurrence; for the others the
-  // last one wins).
   std::vector<std::string> seen;
-  for (const auto& option : split.options) {
-    const OptionSpec* spec = findLong(option.name);
-    if (!spec || !spec->apply) continue;
-    spec->apply(config, option.value, "--" + option.name);
-    config.appliedOptions.emplace_back(option.name, option.value);
-    seen.push_back(option.name);
-  }
-
-  // Then DTRAIN_LAUNCH_<OPTION> for options the command line did not give.
-  for (const auto& [key, value] : environment) {
-    if (key.rfind(env::kLaunchOptionPrefix, 0) != 0) continue;
-    const OptionSpec* spec = nullptr;
-    for (const auto& o : kOptions) {
-      if (o.apply && optionEnvName(o.name) == key) spec = &o;
-    }
-    DTRAIN_CHECK_ARG(spec, "environment variable {} names no launch option; HINT: unset it, or "
-                     "see launch --help for the options (DTRAIN_LAUNCH_<OPTION>)",
-                     excerpt(key));
-    if (std::find(seen.begin(), seen.end(), spec->name) != seen.end()) continue;
-    config.optionSources[spec->name] = key;
-    std::string label = key + " (environment)";
-    if (std::string(spec->name) == "env") {
-      // Several assignments: one per line.
-      size_t start = 0;
-      while (start <= value.size()) {
-        size_t nl = value.find('\n', start);
-        std::string line = value.substr(start, nl == std::string::npos ? nl : nl - start);
-        if (!line.empty()) {
-          spec->apply(config, line, label);
-          config.appliedOptions.emplace_back(spec->name, line);
-        }
-        if (nl == std::string::npos) break;
-        start = nl + 1;
-      }
-    } else {
-      spec->apply(config, value, label);
-      config.appliedOptions.emplace_back(spec->name, value);
-    }
-    seen.push_back(spec->name);
-  }
-
-  // Then what a scheduler's variables imply (Slurm, Kubernetes' PET_*), for options still unset.
+  applyCommandLine(split, config, &seen);
+  applyOptionVariables(environment, config, &seen);
   // A launch started by the master as an agent takes its options from the master only.
-  if (!config.agent) {
-    for (const auto& s : schedulerSettings(environment)) {
-      if (std::find(seen.begin(), seen.end(), s.option) != seen.end()) continue;
-      const OptionSpec* spec = findLong(s.option);
-      if (!spec || !spec->apply) continue;
-      config.optionSources[spec->name] = s.source;
-      spec->apply(config, s.value, s.source + " (environment)");
-      config.appliedOptions.emplace_back(spec->name, s.value);
-      seen.push_back(spec->name);
-    }
-  }
+  if (!config.agent) applySchedulerVariables(environment, config, &seen);
 
   DTRAIN_CHECK_ARG(!split.program.empty(),
                    "no program given; HINT: launch [options] [--] PROGRAM [ARGS...], e.g. "

@@ -14,17 +14,6 @@ namespace dtrain::launcher {
 
 namespace {
 
-std::vector<std::string> split(const std::string& s, char sep) {
-  std::vector<std::string> parts;
-  size_t start = 0;
-  while (true) {
-    size_t at = s.find(sep, start);
-    parts.push_back(s.substr(start, at == std::string::npos ? std::string::npos : at - start));
-    if (at == std::string::npos) return parts;
-    start = at + 1;
-  }
-}
-
 bool validIdentifier(const std::string& name) {
   if (name.empty() || std::isdigit(static_cast<unsigned char>(name[0]))) return false;
   return std::all_of(name.begin(), name.end(), [](char c) {
@@ -71,6 +60,17 @@ std::string cutNote(const std::string& text) {
 }
 
 }  // namespace
+
+std::vector<std::string> splitAt(const std::string& text, char sep) {
+  std::vector<std::string> parts;
+  size_t start = 0;
+  while (true) {
+    size_t at = text.find(sep, start);
+    parts.push_back(text.substr(start, at == std::string::npos ? std::string::npos : at - start));
+    if (at == std::string::npos) return parts;
+    start = at + 1;
+  }
+}
 
 std::string excerpt(const std::string& text) {
   return escapedHead(text) + (text.size() > kMaxQuotedChars ? "..." : "") + cutNote(text);
@@ -182,7 +182,7 @@ StreamSpec parseStreamSpec(const std::string& text, const std::string& label) {
     spec.all = static_cast<int>(v);
     return spec;
   }
-  for (const auto& part : split(text, ',')) {
+  for (const auto& part : splitAt(text, ',')) {
     size_t colon = part.find(':');
     int64_t rank = 0;
     DTRAIN_CHECK_ARG(colon != std::string::npos && parseInt64(part.substr(0, colon), &rank) &&
@@ -237,7 +237,7 @@ std::pair<std::string, int> parseEndpoint(const std::string& text, const std::st
 
 std::vector<int> parseRankList(const std::string& text, const std::string& label) {
   std::vector<int> ranks;
-  for (const auto& part : split(text, ',')) {
+  for (const auto& part : splitAt(text, ',')) {
     int64_t v = 0;
     DTRAIN_CHECK_ARG(parseInt64(part, &v) && v >= 0 && v < kMaxWorkersPerNode,
                      "{} {}: {} is not a local rank; HINT: e.g. 0,3", label, quoteValue(text), quoteValue(part));
@@ -324,9 +324,11 @@ std::string expandLinePrefix(const std::string& templ, int rank, int localRank,
   return out;
 }
 
-void validate(const LaunchConfig& c) {
-  auto label = [&](const char* option) { return optionLabel(c, option); };
+namespace {
 
+// The program, the worker count and the nodes: one node, a host list, or a manual multi-node job.
+void validateShape(const LaunchConfig& c) {
+  auto label = [&](const char* option) { return optionLabel(c, option); };
   DTRAIN_CHECK_ARG(!c.program.empty(),
                    "no program given; HINT: launch [options] [--] PROGRAM [ARGS...]");
   DTRAIN_CHECK_ARG(c.nprocPerNode.kind != NprocSpec::Kind::Count ||
@@ -367,6 +369,11 @@ void validate(const LaunchConfig& c) {
                      "HOST:PORT, the address of node rank 0 (port {} by default)",
                      label("nnodes"), c.maxNodes, kDefaultMultiNodeStorePort);
   }
+}
+
+// Timeouts, ports, restarts and the monitor's options.
+void validateSupervision(const LaunchConfig& c) {
+  auto label = [&](const char* option) { return optionLabel(c, option); };
   for (const auto& [opt, v] : {std::make_pair("rdzv-timeout", c.rdzvTimeout),
                                std::make_pair("heartbeat-interval", c.heartbeatInterval),
                                std::make_pair("heartbeat-timeout", c.heartbeatTimeout)}) {
@@ -404,6 +411,11 @@ void validate(const LaunchConfig& c) {
   DTRAIN_CHECK_ARG(c.monitorInterval > 0, "{} {} must be greater than zero seconds",
                    label("monitor-interval"), c.monitorInterval);
   validateMonitorOptions(c.monitor, [&](const std::string& o) { return optionLabel(c, o); });
+}
+
+// How the program runs and where its output goes: interpreter, role, logs, run id, prefix, --env.
+void validateProgramAndOutput(const LaunchConfig& c) {
+  auto label = [&](const char* option) { return optionLabel(c, option); };
   DTRAIN_CHECK_ARG(!(c.noPython && c.module),
                    "--no-python and --module contradict each other; HINT: drop one of them");
   DTRAIN_CHECK_ARG(!c.python.empty(), "{} is empty; HINT: e.g. --python /usr/bin/python3",
@@ -447,6 +459,14 @@ void validate(const LaunchConfig& c) {
                      "and not one of the worker variables launch sets",
                      label("env"), excerpt(kv.first));
   }
+}
+
+}  // namespace
+
+void validate(const LaunchConfig& c) {
+  validateShape(c);
+  validateSupervision(c);
+  validateProgramAndOutput(c);
 }
 
 }  // namespace dtrain::launcher

@@ -149,6 +149,9 @@ constexpr size_t kMaxQuotedChars = 200;
 std::string excerpt(const std::string& text);
 std::string quoteValue(const std::string& text);
 
+// Pure: the pieces of `text` between the `sep`s ("a,,b" -> "a", "", "b"; "" -> one empty piece).
+std::vector<std::string> splitAt(const std::string& text, char sep);
+
 // Value parsers: each throws InvalidArgument naming `label` and the accepted forms.
 NprocSpec parseNproc(const std::string& text, const std::string& label);
 StreamSpec parseStreamSpec(const std::string& text, const std::string& label);

@@ -36,18 +36,12 @@ int checkExecutable(const std::string& path, std::string* why) {
 std::string findOnPath(const std::string& name, const std::string& what, const std::string& pathEnv,
                        const std::string& host) {
   std::string firstProblem;
-  size_t start = 0;
-  while (start <= pathEnv.size()) {
-    size_t colon = pathEnv.find(':', start);
-    std::string dir = pathEnv.substr(start, colon == std::string::npos ? colon : colon - start);
-    if (dir.empty()) dir = ".";
+  for (const std::string& dir : pathDirectories(pathEnv)) {
     std::string candidate = dir + "/" + name;
     std::string why;
     int code = checkExecutable(candidate, &why);
     if (code == 0) return candidate;
     if (code == 126 && firstProblem.empty()) firstProblem = excerpt(candidate) + " " + why;
-    if (colon == std::string::npos) break;
-    start = colon + 1;
   }
   if (!firstProblem.empty()) {
     DTRAIN_THROW(ProgramNotExecutable, "{} {} on host {}: {}; HINT: chmod +x it, or give a "
@@ -59,6 +53,14 @@ std::string findOnPath(const std::string& name, const std::string& what, const s
 }
 
 }  // namespace
+
+std::vector<std::string> pathDirectories(const std::string& pathValue) {
+  std::vector<std::string> dirs = splitAt(pathValue, ':');
+  for (auto& dir : dirs) {
+    if (dir.empty()) dir = ".";
+  }
+  return dirs;
+}
 
 WorkerCommand workerCommandLine(const LaunchConfig& config) {
   WorkerCommand cmd;
@@ -117,19 +119,7 @@ std::string shellQuote(const std::vector<std::string>& argv) {
     if (i) out += ' ';
     bool plain = !a.empty() && a.find_first_not_of("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRST"
                                                    "UVWXYZ0123456789_-+=/.,:@%") == std::string::npos;
-    if (plain) {
-      out += a;
-      continue;
-    }
-    out += '\'';
-    for (char c : a) {
-      if (c == '\'') {
-        out += "'\\''";
-      } else {
-        out += c;
-      }
-    }
-    out += '\'';
+    out += plain ? a : remote::singleQuote(a);
   }
   return out;
 }

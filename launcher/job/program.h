@@ -40,6 +40,9 @@ WorkerCommand workerCommandLine(const LaunchConfig& config);
 WorkerCommand resolveWorkerCommand(WorkerCommand command, const std::string& pathEnv,
                                    const std::string& host);
 
+// The directories of a PATH value, in order; an empty entry is the current directory.
+std::vector<std::string> pathDirectories(const std::string& pathValue);
+
 // "a b 'c d'": argv quoted for a POSIX shell, for messages and --dry-run.
 std::string shellQuote(const std::vector<std::string>& argv);
 

@@ -14,6 +14,8 @@
 
 #include <fmt/format.h>
 
+#include "launcher/job/program.h"
+
 extern char** environ;
 
 namespace dtrain::launcher::monitor {
@@ -40,31 +42,17 @@ bool commandExists(const std::string& name) {
   };
   if (name.find('/') != std::string::npos) return executable(name);
   const char* path = std::getenv("PATH");
-  std::string dirs = path != nullptr ? path : "/usr/bin:/bin";
-  size_t at = 0;
-  while (at <= dirs.size()) {
-    size_t colon = dirs.find(':', at);
-    if (colon == std::string::npos) colon = dirs.size();
-    std::string dir = dirs.substr(at, colon - at);
-    if (executable((dir.empty() ? "." : dir) + "/" + name)) return true;
-    at = colon + 1;
+  for (const std::string& dir : pathDirectories(path != nullptr ? path : "/usr/bin:/bin")) {
+    if (executable(dir + "/" + name)) return true;
   }
   return false;
 }
 
-CommandResult runCommand(const std::vector<std::string>& argv, std::chrono::milliseconds timeout,
-                         size_t maxOutput) {
-  CommandResult result;
-  if (argv.empty()) {
-    result.error = "no command";
-    return result;
-  }
-  Pipe out;
-  Pipe err;
-  if (::pipe2(out.fds, O_CLOEXEC) != 0 || ::pipe2(err.fds, O_CLOEXEC) != 0) {
-    result.error = fmt::format("pipe: {}", std::strerror(errno));
-    return result;
-  }
+namespace {
+
+// Spawns `argv` on the pipes (see runCommand()); its pid, or -1 with `result->error` set.
+pid_t spawnCommand(const std::vector<std::string>& argv, Pipe& out, Pipe& err,
+                   CommandResult* result) {
   posix_spawn_file_actions_t actions;
   posix_spawn_file_actions_init(&actions);
   posix_spawn_file_actions_addopen(&actions, STDIN_FILENO, "/dev/null", O_RDONLY, 0);
@@ -90,15 +78,15 @@ CommandResult runCommand(const std::vector<std::string>& argv, std::chrono::mill
   posix_spawn_file_actions_destroy(&actions);
   posix_spawnattr_destroy(&attr);
   if (rc != 0) {
-    result.error = fmt::format("cannot run {}: {}", argv[0], std::strerror(rc));
-    return result;
+    result->error = fmt::format("cannot run {}: {}", argv[0], std::strerror(rc));
+    return -1;
   }
-  result.started = true;
-  ::close(out.fds[1]);
-  out.fds[1] = -1;
-  ::close(err.fds[1]);
-  err.fds[1] = -1;
+  return pid;
+}
 
+// Reads stdout and stderr (at most `maxOutput` bytes of each) until both end or `timeout` passes.
+void collectOutput(int outFd, int errFd, std::chrono::milliseconds timeout, size_t maxOutput,
+                   CommandResult* result) {
   const auto deadline = Clock::now() + timeout;
   bool outOpen = true;
   bool errOpen = true;
@@ -106,10 +94,10 @@ CommandResult runCommand(const std::vector<std::string>& argv, std::chrono::mill
   while (outOpen || errOpen) {
     auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
     if (left.count() <= 0) {
-      result.timedOut = true;
+      result->timedOut = true;
       break;
     }
-    pollfd fds[2] = {{out.fds[0], POLLIN, 0}, {err.fds[0], POLLIN, 0}};
+    pollfd fds[2] = {{outFd, POLLIN, 0}, {errFd, POLLIN, 0}};
     if (!outOpen) fds[0].fd = -1;
     if (!errOpen) fds[1].fd = -1;
     int ready = ::poll(fds, 2, static_cast<int>(left.count()) + 1);
@@ -123,12 +111,37 @@ CommandResult runCommand(const std::vector<std::string>& argv, std::chrono::mill
         (i == 0 ? outOpen : errOpen) = false;
         continue;
       }
-      std::string& sink = i == 0 ? result.out : result.err;
+      std::string& sink = i == 0 ? result->out : result->err;
       if (sink.size() < maxOutput) {
         sink.append(buf, std::min(static_cast<size_t>(n), maxOutput - sink.size()));
       }
     }
   }
+}
+
+}  // namespace
+
+CommandResult runCommand(const std::vector<std::string>& argv, std::chrono::milliseconds timeout,
+                         size_t maxOutput) {
+  CommandResult result;
+  if (argv.empty()) {
+    result.error = "no command";
+    return result;
+  }
+  Pipe out;
+  Pipe err;
+  if (::pipe2(out.fds, O_CLOEXEC) != 0 || ::pipe2(err.fds, O_CLOEXEC) != 0) {
+    result.error = fmt::format("pipe: {}", std::strerror(errno));
+    return result;
+  }
+  const pid_t pid = spawnCommand(argv, out, err, &result);
+  if (pid < 0) return result;
+  result.started = true;
+  ::close(out.fds[1]);
+  out.fds[1] = -1;
+  ::close(err.fds[1]);
+  err.fds[1] = -1;
+  collectOutput(out.fds[0], err.fds[0], timeout, maxOutput, &result);
   if (result.timedOut) ::kill(-pid, SIGKILL);
   int status = 0;
   while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {

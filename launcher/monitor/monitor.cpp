@@ -268,81 +268,90 @@ void Monitor::pollStore(double now, bool final) {
     const int64_t version = store_->add(progress::kVersionKey, 0);
     if (version == lastVersion_) return;
     lastVersion_ = version;
-    for (int r = 0; r < currentWorldSize_; ++r) {
-      const std::string key = progress::rankKey(r);
-      if (!store_->check({key})) continue;
-      try {
-        progress::RankReport report = progress::decodeReport(store::toString(store_->get(key)));
-        stall_.update(now, report);
-        reports_[r] = std::move(report);
-      } catch (const InvalidArgument& e) {
-        DTRAIN_LOG(Info, "launch: monitoring: rank {}'s progress report is malformed: {}", r,
-                   e.what());
-      }
-    }
-    if (context_.numNodes > 1) {
-      std::vector<std::string> problems;
-      const int own = context_.samplesNode ? context_.nodeRank : -1;
-      if (own >= 0) nodeNames_[own] = context_.node;
-      for (auto& [n, records] : readNodeRecords(*store_, context_.numNodes, own, &problems)) {
-        if (records.empty()) continue;
-        nodeNames_[n] = records.front().node.empty() ? fmt::format("node{}", n)
-                                                     : records.front().node;
-        // Each agent's sample once in the file, however often the version moves.
-        if (nodeRecordTimes_[n] != records.front().time) {
-          nodeRecordTimes_[n] = records.front().time;
-          // Agents do not read progress: the master adds each rank's collective count.
-          for (auto& r : records) {
-            auto p = r.rank && !r.gpu ? reports_.find(*r.rank) : reports_.end();
-            if (p == reports_.end()) continue;
-            if (const auto* c = primaryCollectives(p->second)) {
-              r.fields.emplace_back("collective_seq", static_cast<double>(c->issued));
-            }
-          }
-          writeRecords(records);
-          const std::string name = records.front().node;
-          view_.ingest(name.empty() ? fmt::format("node{}", n) : name, std::move(records), now);
-        }
-      }
-      for (const auto& p : problems) DTRAIN_LOG(Info, "launch: monitoring: {}", p);
-    }
-    // The trainers' records, labelled with the node their rank runs on: launch's samples of the
-    // rank say which, else the node rank it reported. Each new record goes into the file once its
-    // node is known (it stays in the rank's report meanwhile); the endpoint shows the latest
-    // figures of each rank.
-    std::map<int, std::string> nodeOfRank;
-    for (const auto& r : view_.latest()) {
-      if (r.rank && !r.gpu && r.source == "launch") nodeOfRank[*r.rank] = r.node;
-    }
-    std::vector<Record> trainer;
-    std::vector<Record> fresh;
-    for (const auto& [rank, report] : reports_) {
-      const std::optional<std::string> node = nodeOf(rank, report, nodeOfRank);
-      const std::string label =
-          node ? *node : report.nodeRank >= 0 ? fmt::format("node{}", report.nodeRank) : "";
-      if (auto t = trainerRecord(report, context_.runId, label)) trainer.push_back(std::move(*t));
-      if (!node && !final) continue;
-      uint64_t& missed = recordsMissed_[rank];
-      const uint64_t missedBefore = missed;
-      for (auto& r : newTrainerRecords(report, recordsWritten_[rank], context_.runId, label,
-                                       &missed)) {
-        fresh.push_back(std::move(r));
-      }
-      if (metricsFd_ >= 0 && missedBefore == 0 && missed > 0) {
-        DTRAIN_LOG(Info, "launch: monitoring: rank {} records metrics faster than launch reads "
-                   "them (more than {} in {:g} s): {} misses some of its records; the trainer's "
-                   "own metrics file has them all", rank, progress::kRecentRecords,
-                   progress::kRecentRecordSeconds, options_.metricsFile);
-      }
-    }
-    writeRecords(fresh);
-    view_.setTrainerRecords(std::move(trainer));
+    readProgress(now);
+    if (context_.numNodes > 1) readAgentRecords(now);
+    writeTrainerRecords(final);
   } catch (const std::exception& e) {
     // The store is going away (the job is ending) or broken: stop reading it.
     DTRAIN_LOG(Info, "launch: monitoring: reading the store failed: {}", e.what());
     store_.reset();
     storeUsable_ = false;
   }
+}
+
+void Monitor::readProgress(double now) {
+  for (int r = 0; r < currentWorldSize_; ++r) {
+    const std::string key = progress::rankKey(r);
+    if (!store_->check({key})) continue;
+    try {
+      progress::RankReport report = progress::decodeReport(store::toString(store_->get(key)));
+      stall_.update(now, report);
+      reports_[r] = std::move(report);
+    } catch (const InvalidArgument& e) {
+      DTRAIN_LOG(Info, "launch: monitoring: rank {}'s progress report is malformed: {}", r,
+                 e.what());
+    }
+  }
+}
+
+void Monitor::readAgentRecords(double now) {
+  std::vector<std::string> problems;
+  const int own = context_.samplesNode ? context_.nodeRank : -1;
+  if (own >= 0) nodeNames_[own] = context_.node;
+  for (auto& [n, records] : readNodeRecords(*store_, context_.numNodes, own, &problems)) {
+    if (records.empty()) continue;
+    nodeNames_[n] = records.front().node.empty() ? fmt::format("node{}", n)
+                                                 : records.front().node;
+    // Each agent's sample once in the file, however often the version moves.
+    if (nodeRecordTimes_[n] == records.front().time) continue;
+    nodeRecordTimes_[n] = records.front().time;
+    // Agents do not read progress: the master adds each rank's collective count.
+    for (auto& r : records) {
+      auto p = r.rank && !r.gpu ? reports_.find(*r.rank) : reports_.end();
+      if (p == reports_.end()) continue;
+      if (const auto* c = primaryCollectives(p->second)) {
+        r.fields.emplace_back("collective_seq", static_cast<double>(c->issued));
+      }
+    }
+    writeRecords(records);
+    const std::string name = records.front().node;
+    view_.ingest(name.empty() ? fmt::format("node{}", n) : name, std::move(records), now);
+  }
+  for (const auto& p : problems) DTRAIN_LOG(Info, "launch: monitoring: {}", p);
+}
+
+void Monitor::writeTrainerRecords(bool final) {
+  // The trainers' records, labelled with the node their rank runs on: launch's samples of the
+  // rank say which, else the node rank it reported. Each new record goes into the file once its
+  // node is known (it stays in the rank's report meanwhile); the endpoint shows the latest
+  // figures of each rank.
+  std::map<int, std::string> nodeOfRank;
+  for (const auto& r : view_.latest()) {
+    if (r.rank && !r.gpu && r.source == "launch") nodeOfRank[*r.rank] = r.node;
+  }
+  std::vector<Record> trainer;
+  std::vector<Record> fresh;
+  for (const auto& [rank, report] : reports_) {
+    const std::optional<std::string> node = nodeOf(rank, report, nodeOfRank);
+    const std::string label =
+        node ? *node : report.nodeRank >= 0 ? fmt::format("node{}", report.nodeRank) : "";
+    if (auto t = trainerRecord(report, context_.runId, label)) trainer.push_back(std::move(*t));
+    if (!node && !final) continue;
+    uint64_t& missed = recordsMissed_[rank];
+    const uint64_t missedBefore = missed;
+    for (auto& r : newTrainerRecords(report, recordsWritten_[rank], context_.runId, label,
+                                     &missed)) {
+      fresh.push_back(std::move(r));
+    }
+    if (metricsFd_ >= 0 && missedBefore == 0 && missed > 0) {
+      DTRAIN_LOG(Info, "launch: monitoring: rank {} records metrics faster than launch reads "
+                 "them (more than {} in {:g} s): {} misses some of its records; the trainer's "
+                 "own metrics file has them all", rank, progress::kRecentRecords,
+                 progress::kRecentRecordSeconds, options_.metricsFile);
+    }
+  }
+  writeRecords(fresh);
+  view_.setTrainerRecords(std::move(trainer));
 }
 
 void Monitor::writeRecords(const std::vector<Record>& records) {

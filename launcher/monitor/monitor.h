@@ -105,6 +105,11 @@ class Monitor : public JobObserver {
   // `final`: the job has ended, so trainer records of a rank whose node is still unknown are
   // written with the best name there is rather than kept for later.
   void pollStore(double now, bool final = false);
+  // pollStore's steps: the ranks' progress reports; the agents' records of their nodes (a job
+  // of several nodes); the trainers' records, into the file and the endpoint.
+  void readProgress(double now);
+  void readAgentRecords(double now);
+  void writeTrainerRecords(bool final);
   std::optional<std::string> nodeOf(int rank, const progress::RankReport& report,
                                     const std::map<int, std::string>& nodeOfRank) const;
   void sample(double now);

@@ -1,6 +1,7 @@
 #include "launcher/monitor/stall_detector.h"
 
 #include <algorithm>
+#include <optional>
 
 #include <fmt/format.h>
 
@@ -99,85 +100,81 @@ std::optional<Stall> StallDetector::check(double now) {
   return stall;
 }
 
-void findBehind(Stall& stall, const std::map<int, RankProgress>& ranks) {
-  auto reportOf = [&](int r) -> const progress::RankReport& { return ranks.at(r).report; };
-  // 1. Collectives issued: fewer than the most advanced live rank means behind.
-  uint64_t most = 0;
-  bool anyCollectives = false;
+namespace {
+
+const progress::RankReport& reportOf(const std::map<int, RankProgress>& ranks, int r) {
+  return ranks.at(r).report;
+}
+
+// 1. Collectives issued: the stuck ranks that issued `least`, fewer than the most advanced live
+// rank (`most`), are behind.
+void behindInCollectiveCount(Stall& stall, const std::map<int, RankProgress>& ranks,
+                             uint64_t least, uint64_t most) {
+  std::vector<int> ahead;
+  const progress::CollectiveEntry* aheadEntry = nullptr;
   for (const auto& [rank, p] : ranks) {
-    if (p.ended) continue;
-    if (const auto* c = primaryCollectives(p.report)) {
-      anyCollectives = true;
-      most = std::max(most, c->issued);
+    const auto* c = primaryCollectives(p.report);
+    if (p.ended || c == nullptr) continue;
+    if (c->issued == least) stall.behind.push_back(rank);
+    if (c->issued == most) {
+      ahead.push_back(rank);
+      if (aheadEntry == nullptr) aheadEntry = newest(c);
     }
   }
-  if (anyCollectives) {
-    uint64_t least = most;
-    for (int r : stall.stuck) {
-      if (const auto* c = primaryCollectives(reportOf(r))) least = std::min(least, c->issued);
-    }
-    if (least < most) {
-      std::vector<int> ahead;
-      const progress::CollectiveEntry* aheadEntry = nullptr;
-      for (const auto& [rank, p] : ranks) {
-        const auto* c = primaryCollectives(p.report);
-        if (p.ended || c == nullptr) continue;
-        if (c->issued == least) stall.behind.push_back(rank);
-        if (c->issued == most) {
-          ahead.push_back(rank);
-          if (aheadEntry == nullptr) aheadEntry = newest(c);
-        }
-      }
-      const auto* mine = newest(primaryCollectives(reportOf(stall.behind.front())));
-      stall.where = fmt::format(
-          "{} {} issued {} collective{} ({}); {} {} at {}", plural(stall.behind),
-          stall.behind.size() == 1 ? "has" : "have", least, least == 1 ? "" : "s",
-          mine ? "the last: " + describeEntry(*mine) + ", " + mine->state : "none yet",
-          plural(ahead), ahead.size() == 1 ? "is" : "are",
-          aheadEntry ? describeEntry(*aheadEntry) + " (" + aheadEntry->state + ")"
-                     : fmt::format("{} collectives", most));
-      return;
-    }
-    // 2. Same count: a newest collective still queued (never started) holds up the ones
-    // running it.
-    std::vector<int> queued;
-    std::vector<int> started;
-    const progress::CollectiveEntry* entry = nullptr;
-    for (int r : stall.stuck) {
-      const auto* e = newest(primaryCollectives(reportOf(r)));
-      if (e == nullptr) continue;
-      entry = entry ? entry : e;
-      (e->state == "queued" ? queued : started).push_back(r);
-    }
-    if (!queued.empty() && !started.empty()) {
-      stall.behind = queued;
-      const auto* e = newest(primaryCollectives(reportOf(queued.front())));
-      stall.where = fmt::format("{} {} not started {} (queued), which {} {} running",
-                                plural(queued), queued.size() == 1 ? "has" : "have",
-                                describeEntry(*e), plural(started),
-                                started.size() == 1 ? "is" : "are");
-      return;
-    }
-    if (entry != nullptr && stall.moving.empty()) {
-      stall.where = fmt::format("every stuck rank is in {} ({}): none stands out -- suspect the "
-                                "network or the GPU driver; the native stacks show where each "
-                                "one waits",
-                                describeEntry(*entry), entry->state);
-      return;
-    }
+  const auto* mine = newest(primaryCollectives(reportOf(ranks, stall.behind.front())));
+  stall.where = fmt::format(
+      "{} {} issued {} collective{} ({}); {} {} at {}", plural(stall.behind),
+      stall.behind.size() == 1 ? "has" : "have", least, least == 1 ? "" : "s",
+      mine ? "the last: " + describeEntry(*mine) + ", " + mine->state : "none yet",
+      plural(ahead), ahead.size() == 1 ? "is" : "are",
+      aheadEntry ? describeEntry(*aheadEntry) + " (" + aheadEntry->state + ")"
+                 : fmt::format("{} collectives", most));
+}
+
+// 2. The same count everywhere: a newest collective still queued (never started) holds up the
+// ranks running it; or every stuck rank is in the same one. False when that says nothing.
+bool behindInSameCollective(Stall& stall, const std::map<int, RankProgress>& ranks) {
+  std::vector<int> queued;
+  std::vector<int> started;
+  const progress::CollectiveEntry* entry = nullptr;
+  for (int r : stall.stuck) {
+    const auto* e = newest(primaryCollectives(reportOf(ranks, r)));
+    if (e == nullptr) continue;
+    entry = entry ? entry : e;
+    (e->state == "queued" ? queued : started).push_back(r);
   }
-  // 3. Steps only (or ranks stuck while others move): the lowest step, else the stuck ranks.
+  if (!queued.empty() && !started.empty()) {
+    stall.behind = queued;
+    const auto* e = newest(primaryCollectives(reportOf(ranks, queued.front())));
+    stall.where = fmt::format("{} {} not started {} (queued), which {} {} running",
+                              plural(queued), queued.size() == 1 ? "has" : "have",
+                              describeEntry(*e), plural(started),
+                              started.size() == 1 ? "is" : "are");
+    return true;
+  }
+  if (entry != nullptr && stall.moving.empty()) {
+    stall.where = fmt::format("every stuck rank is in {} ({}): none stands out -- suspect the "
+                              "network or the GPU driver; the native stacks show where each "
+                              "one waits",
+                              describeEntry(*entry), entry->state);
+    return true;
+  }
+  return false;
+}
+
+// 3. Steps only (or ranks stuck while others move): the lowest step, else the stuck ranks.
+void behindInSteps(Stall& stall, const std::map<int, RankProgress>& ranks) {
   std::optional<int64_t> lowest;
   std::optional<int64_t> highest;
   for (int r : stall.stuck) {
-    if (auto s = reportOf(r).step) {
+    if (auto s = reportOf(ranks, r).step) {
       lowest = lowest ? std::min(*lowest, *s) : *s;
       highest = highest ? std::max(*highest, *s) : *s;
     }
   }
   if (lowest && highest && *lowest < *highest) {
     for (int r : stall.stuck) {
-      if (reportOf(r).step == lowest) stall.behind.push_back(r);
+      if (reportOf(ranks, r).step == lowest) stall.behind.push_back(r);
     }
     stall.where = fmt::format("{} {} at step {}, others at up to step {}", plural(stall.behind),
                               stall.behind.size() == 1 ? "is" : "are", *lowest, *highest);
@@ -191,6 +188,32 @@ void findBehind(Stall& stall, const std::map<int, RankProgress>& ranks) {
   }
   stall.where = "no rank stands out (every rank reports the same place); the native stacks show "
                 "where each one waits";
+}
+
+}  // namespace
+
+void findBehind(Stall& stall, const std::map<int, RankProgress>& ranks) {
+  uint64_t most = 0;
+  bool anyCollectives = false;
+  for (const auto& [rank, p] : ranks) {
+    if (p.ended) continue;
+    if (const auto* c = primaryCollectives(p.report)) {
+      anyCollectives = true;
+      most = std::max(most, c->issued);
+    }
+  }
+  if (anyCollectives) {
+    uint64_t least = most;
+    for (int r : stall.stuck) {
+      if (const auto* c = primaryCollectives(reportOf(ranks, r))) least = std::min(least, c->issued);
+    }
+    if (least < most) {
+      behindInCollectiveCount(stall, ranks, least, most);
+      return;
+    }
+    if (behindInSameCollective(stall, ranks)) return;
+  }
+  behindInSteps(stall, ranks);
 }
 
 std::string formatStallReport(const Stall& stall, const std::map<int, RankProgress>& ranks,

@@ -11,12 +11,12 @@
 #include <nlohmann/json.hpp>
 
 #include "dtrain/base/fault.h"
+#include "launcher/exit_codes.h"
 
 namespace dtrain::launcher {
 
 namespace {
 
-constexpr int kExitPreempted = 75;
 constexpr size_t kErrorFileReadLimit = 1 << 20;  // read at most this much of an error file
 constexpr size_t kMessageLimit = 4000;
 constexpr size_t kReportTailLines = 10;
@@ -322,16 +322,10 @@ std::string formatSurvivorsReport(const ReportContext& ctx, const AttemptResult&
   return out;
 }
 
-}  // namespace
-
-std::string formatFailureReport(const ReportContext& ctx, const std::vector<AttemptResult>& attempts) {
-  if (attempts.empty()) return "";
-  const AttemptResult& last = attempts.back();
-  const int code = launcherExitCode(last);
-  const int root = rootCauseIndex(last.workers);
+// The report's first lines: the root cause with everything known of it, or what ended the job.
+std::string formatReportHead(const ReportContext& ctx, const AttemptResult& last, int code,
+                             int root) {
   std::string out;
-  if (!last.survivors.empty()) out += formatSurvivorsReport(ctx, last, code);
-
   if (last.exitBarrier.timedOut && root < 0 && !last.signalBeforeFailure) {
     out += formatExitBarrierReport(ctx, last, code);
   } else if (root >= 0 && !(last.launcherSignal != 0 && last.signalBeforeFailure)) {
@@ -364,7 +358,12 @@ std::string formatFailureReport(const ReportContext& ctx, const std::vector<Atte
     out += fmt::format("launch: job ended with exit code {} ({})\n", code,
                        exitCodeMeaning(code, last));
   }
+  return out;
+}
 
+// Every worker but the root cause, one line each.
+std::string formatOtherWorkers(const AttemptResult& last, int root) {
+  std::string out;
   bool header = false;
   for (size_t i = 0; i < last.workers.size(); ++i) {
     if (static_cast<int>(i) == root && !(last.launcherSignal != 0 && last.signalBeforeFailure)) {
@@ -390,7 +389,20 @@ std::string formatFailureReport(const ReportContext& ctx, const std::vector<Atte
       out += indentLines(printable(w.errorFileMessage, 600), "      error file: ");
     }
   }
+  return out;
+}
 
+}  // namespace
+
+std::string formatFailureReport(const ReportContext& ctx, const std::vector<AttemptResult>& attempts) {
+  if (attempts.empty()) return "";
+  const AttemptResult& last = attempts.back();
+  const int code = launcherExitCode(last);
+  const int root = rootCauseIndex(last.workers);
+  std::string out;
+  if (!last.survivors.empty()) out += formatSurvivorsReport(ctx, last, code);
+  out += formatReportHead(ctx, last, code, root);
+  out += formatOtherWorkers(last, root);
   if (attempts.size() > 1 || ctx.maxRestarts > 0) {
     out += fmt::format("  attempts: {} ({} restart{} of at most {})\n", attempts.size(),
                        attempts.size() - 1, attempts.size() == 2 ? "" : "s", ctx.maxRestarts);

@@ -92,11 +92,6 @@ int workerExitCode(const WorkerOutcome& w);
 // The launcher's exit code after its last attempt (docs/design.md#exit-codes).
 int launcherExitCode(const AttemptResult& last);
 
-// launch's exit code when a deadline passed (docs/design.md#exit-codes): here, the exit barrier.
-constexpr int kExitDeadline = 124;
-// launcher or infrastructure error: here, processes of the job that survived SIGKILL.
-constexpr int kExitInfrastructure = 125;
-
 // "launch: exit barrier timed out: ..." -- the line printed when it happens, before the teardown.
 std::string formatExitBarrierLine(const ExitBarrierTimeout& barrier, const std::string& option,
                                   double gracePeriod);

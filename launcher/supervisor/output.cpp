@@ -57,6 +57,11 @@ std::vector<std::string> formatConsoleChunks(const std::string& prefix,
   return chunks;
 }
 
+void say(const std::string& line) {
+  std::string text = line + "\n";
+  writeAll(STDERR_FILENO, text.data(), text.size());
+}
+
 bool writeAll(int fd, const char* data, size_t n) {
   while (n > 0) {
     ssize_t w = ::write(fd, data, n);

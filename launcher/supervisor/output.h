@@ -95,4 +95,7 @@ class WorkerStream {
 // Writes all of `data` to `fd` (EINTR, partial writes); false on an error such as EPIPE.
 bool writeAll(int fd, const char* data, size_t n);
 
+// One line of launch's own on stderr, "\n" added, in one write.
+void say(const std::string& line);
+
 }  // namespace dtrain::launcher

@@ -139,7 +139,7 @@ class Supervisor : public JobControl {
 
  private:
   struct Slot;
-  class Attempt;  // the steps of one attempt: see Note [Attempt steps] in supervisor.cpp
+  class Attempt;  // the steps of one attempt: see Note [Attempt steps] in attempt.h
 
   JobPlan plan_;
   int signalFd_ = -1;

@@ -16,12 +16,14 @@
 
 #include "dtrain/base/error.h"
 #include "dtrain/base/fault.h"
+#include "launcher/job/program.h"
+#include "launcher/seconds.h"
 
 namespace dtrain::launcher::remote {
 
 namespace {
 
-constexpr int kPipeBytes = 1 << 20;  // the plan fits whole: see Session()
+constexpr int kPipeBytes = 1 << 20;  // the plan fits whole: see openPipes()
 // How long the destructor waits for a SIGKILLed session to be reaped.
 constexpr std::chrono::seconds kKilledGrace{2};
 
@@ -29,15 +31,9 @@ constexpr std::chrono::seconds kKilledGrace{2};
 std::string findProgram(const std::string& name) {
   if (name.find('/') != std::string::npos) return name;
   const char* path = std::getenv("PATH");
-  std::string dirs = path ? path : "/usr/bin:/bin";
-  size_t start = 0;
-  while (start <= dirs.size()) {
-    size_t colon = dirs.find(':', start);
-    std::string dir = dirs.substr(start, colon == std::string::npos ? colon : colon - start);
-    std::string candidate = (dir.empty() ? "." : dir) + "/" + name;
+  for (const std::string& dir : pathDirectories(path ? path : "/usr/bin:/bin")) {
+    std::string candidate = dir + "/" + name;
     if (::access(candidate.c_str(), X_OK) == 0) return candidate;
-    if (colon == std::string::npos) break;
-    start = colon + 1;
   }
   DTRAIN_THROW(Error, "launch: {} not found on PATH; HINT: install openssh-client", name);
 }
@@ -47,6 +43,75 @@ void closePair(int fds[2]) {
   if (fds[1] >= 0) ::close(fds[1]);
 }
 
+// The session's stdin, stdout and stderr pipes.
+struct Pipes {
+  int in[2] = {-1, -1};
+  int out[2] = {-1, -1};
+  int err[2] = {-1, -1};
+  void closeAll() {
+    closePair(in);
+    closePair(out);
+    closePair(err);
+  }
+};
+
+// The pipes, the stdin one large enough for all of `stdinData`: the whole plan goes into it at
+// once (the agent reads it before anything else), so it must fit -- checked before anything
+// starts.
+Pipes openPipes(size_t stdinBytes, const std::string& host) {
+  Pipes p;
+  if (::pipe2(p.in, O_CLOEXEC) != 0 || ::pipe2(p.out, O_CLOEXEC) != 0 ||
+      ::pipe2(p.err, O_CLOEXEC) != 0) {
+    int e = errno;
+    p.closeAll();
+    DTRAIN_THROW(Error, "launch: cannot start the agent for {}: pipe: {}", host, std::strerror(e));
+  }
+  const int capacity = ::fcntl(p.in[1], F_SETPIPE_SZ, kPipeBytes);
+  const size_t room = static_cast<size_t>(capacity > 0 ? capacity : ::fcntl(p.in[1], F_GETPIPE_SZ));
+  if (stdinBytes > room) {
+    p.closeAll();
+    DTRAIN_THROW(Error, "launch: the agent plan for {} ({} bytes) does not fit its pipe ({} bytes); "
+                 "HINT: fewer or shorter --env / forwarded variables", host, stdinBytes, room);
+  }
+  return p;
+}
+
+std::vector<char*> cStrings(const std::vector<std::string>& strings) {
+  std::vector<char*> out;
+  for (const auto& s : strings) out.push_back(const_cast<char*>(s.c_str()));
+  out.push_back(nullptr);
+  return out;
+}
+
+// Forks the session's process: `file` with `argv` and `env` on the pipes, in a process group of
+// its own, dying with the master. Returns its pid; the pipes' child ends are the caller's to close.
+pid_t forkSession(const std::string& file, std::vector<char*>& argv, std::vector<char*>& env,
+                  Pipes& p, const std::string& host) {
+  sigset_t none;
+  sigemptyset(&none);
+  const pid_t parent = ::getpid();
+  pid_t pid = ::fork();
+  if (pid < 0) {
+    int e = errno;
+    p.closeAll();
+    DTRAIN_THROW(Error, "launch: cannot start the agent for {}: fork: {}", host, std::strerror(e));
+  }
+  if (pid == 0) {
+    // Async-signal-safe calls only: the master has other threads.
+    ::setpgid(0, 0);
+    ::prctl(PR_SET_PDEATHSIG, SIGTERM);
+    if (::getppid() != parent) ::_exit(125);
+    ::dup2(p.in[0], 0);
+    ::dup2(p.out[1], 1);
+    ::dup2(p.err[1], 2);
+    ::signal(SIGPIPE, SIG_DFL);
+    ::pthread_sigmask(SIG_SETMASK, &none, nullptr);
+    ::execve(file.c_str(), argv.data(), env.data());
+    ::_exit(127);
+  }
+  return pid;
+}
+
 }  // namespace
 
 Session::Session(std::string node, std::string host, const std::vector<std::string>& argv,
@@ -54,65 +119,16 @@ Session::Session(std::string node, std::string host, const std::vector<std::stri
                  bool captureStdout)
     : node_(std::move(node)), host_(std::move(host)) {
   const std::string file = findProgram(argv.at(0));
-  std::vector<char*> cargv;
-  for (const auto& a : argv) cargv.push_back(const_cast<char*>(a.c_str()));
-  cargv.push_back(nullptr);
-  std::vector<char*> cenv;
-  for (const auto& e : env) cenv.push_back(const_cast<char*>(e.c_str()));
-  cenv.push_back(nullptr);
-
-  int in[2] = {-1, -1};
-  int out[2] = {-1, -1};
-  int err[2] = {-1, -1};
-  if (::pipe2(in, O_CLOEXEC) != 0 || ::pipe2(out, O_CLOEXEC) != 0 || ::pipe2(err, O_CLOEXEC) != 0) {
-    int e = errno;
-    closePair(in);
-    closePair(out);
-    closePair(err);
-    DTRAIN_THROW(Error, "launch: cannot start the agent for {}: pipe: {}", host_, std::strerror(e));
-  }
-  // The whole plan goes into the pipe at once (the agent reads it before anything else), so it
-  // must fit: checked before anything starts.
-  const int capacity = ::fcntl(in[1], F_SETPIPE_SZ, kPipeBytes);
-  const size_t room = static_cast<size_t>(capacity > 0 ? capacity : ::fcntl(in[1], F_GETPIPE_SZ));
-  if (stdinData.size() > room) {
-    closePair(in);
-    closePair(out);
-    closePair(err);
-    DTRAIN_THROW(Error, "launch: the agent plan for {} ({} bytes) does not fit its pipe ({} bytes); "
-                 "HINT: fewer or shorter --env / forwarded variables", host_, stdinData.size(), room);
-  }
-  sigset_t none;
-  sigemptyset(&none);
-  const pid_t parent = ::getpid();
-  pid_t pid = ::fork();
-  if (pid < 0) {
-    int e = errno;
-    closePair(in);
-    closePair(out);
-    closePair(err);
-    DTRAIN_THROW(Error, "launch: cannot start the agent for {}: fork: {}", host_, std::strerror(e));
-  }
-  if (pid == 0) {
-    // Async-signal-safe calls only: the master has other threads.
-    ::setpgid(0, 0);
-    ::prctl(PR_SET_PDEATHSIG, SIGTERM);
-    if (::getppid() != parent) ::_exit(125);
-    ::dup2(in[0], 0);
-    ::dup2(out[1], 1);
-    ::dup2(err[1], 2);
-    ::signal(SIGPIPE, SIG_DFL);
-    ::pthread_sigmask(SIG_SETMASK, &none, nullptr);
-    ::execve(file.c_str(), cargv.data(), cenv.data());
-    ::_exit(127);
-  }
-  pid_ = pid;
-  ::close(in[0]);
-  ::close(out[1]);
-  ::close(err[1]);
-  inFd_ = in[1];
-  outFd_ = out[0];
-  errFd_ = err[0];
+  std::vector<char*> cargv = cStrings(argv);
+  std::vector<char*> cenv = cStrings(env);
+  Pipes p = openPipes(stdinData.size(), host_);
+  pid_ = forkSession(file, cargv, cenv, p, host_);
+  ::close(p.in[0]);
+  ::close(p.out[1]);
+  ::close(p.err[1]);
+  inFd_ = p.in[1];
+  outFd_ = p.out[0];
+  errFd_ = p.err[0];
   ::fcntl(outFd_, F_SETFL, O_NONBLOCK);
   ::fcntl(errFd_, F_SETFL, O_NONBLOCK);
   ::fcntl(inFd_, F_SETFL, O_NONBLOCK);
@@ -216,13 +232,11 @@ void Session::closeStdin() {
 
 void Session::finish(double graceSeconds) {
   closeStdin();
-  const auto grace = std::chrono::duration_cast<Clock::duration>(
-      std::chrono::duration<double>(graceSeconds));
-  if (waitExit(Clock::now() + grace)) return;
+  if (waitExit(after(Clock::now(), graceSeconds))) return;
   ::kill(-pid_, SIGTERM);
-  if (waitExit(Clock::now() + grace)) return;
+  if (waitExit(after(Clock::now(), graceSeconds))) return;
   ::kill(-pid_, SIGKILL);
-  waitExit(Clock::now() + grace);
+  waitExit(after(Clock::now(), graceSeconds));
 }
 
 }  // namespace dtrain::launcher::remote

@@ -3,7 +3,7 @@
 #include <gtest/gtest.h>
 
 #include "dtrain/base/error.h"
-#include "launcher/cluster/agent.h"
+#include "launcher/cluster/plan_codec.h"
 #include "launcher/job/launch_args.h"
 
 namespace dtrain::launcher {

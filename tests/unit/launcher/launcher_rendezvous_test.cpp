@@ -223,7 +223,8 @@ TEST(Coordinator, ClosesTheRoundAndKeepsTheStoreUntilEveryNodeReadTheDecision) {
     h.succeed(0, "0");
     h.succeed(0, "1");
     h.store->wait({keys::decision(0)}, 5000ms);
-    // The stop key is there before the decision: every agent's monitor stops waiting on it.
+    // The stop key is there before the decision: every agent's heartbeat thread stops waiting
+    // on it.
     stopWhenDecided = h.store->check({keys::stop(0)}) ? h.store->getString(keys::stop(0)) : "";
     h.store->setString(keys::ack(0, "0"), "1");
     std::this_thread::sleep_for(300ms);  // node 1 is slow to read it

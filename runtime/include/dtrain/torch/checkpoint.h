@@ -48,6 +48,9 @@
 #include <torch/nn/module.h>
 #include <torch/nn/pimpl.h>
 
+// dtrain::kExitPreempted (75): what a program returns after preempted() saw SIGTERM and saved.
+#include "dtrain/base/exit_codes.h"
+
 namespace torch::optim {
 class Optimizer;
 class LRScheduler;
@@ -58,10 +61,6 @@ namespace dtrain {
 class ProcessGroup;
 class GradScaler;
 class DistributedSampler;
-
-// launch's and a worker's exit code after a preemption: every rank checkpointed on SIGTERM;
-// rerunning the same command resumes (docs/design.md, exit codes).
-constexpr int kExitPreempted = 75;
 
 constexpr int kDefaultKeepLast = 3;
 constexpr std::chrono::milliseconds kDefaultCheckpointTimeout{std::chrono::minutes(10)};

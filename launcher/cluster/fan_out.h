@@ -1,0 +1,20 @@
+#pragma once
+// The fan-out master (--hostfile / --hosts): one agent per host -- over the system ssh for other
+// hosts, as a child for its own -- each with its plan on stdin, while the coordinator runs the
+// rounds on the store. See Note [Fan-out master loop] in fan_out.cpp.
+
+#include <string>
+#include <vector>
+
+#include "launcher/cluster/plan.h"
+
+namespace dtrain::launcher {
+
+// The command that starts node `index`'s agent: ssh argv, or this launch for a local host.
+std::vector<std::string> agentCommand(const LaunchConfig& config, const MultiNodePlan& plan,
+                                      int index);
+
+// Runs the job on every host of `plan` (the store is up already); returns launch's exit code.
+int runFanOut(const LaunchConfig& config, const MultiNodePlan& plan, const EnvMap& environment);
+
+}  // namespace dtrain::launcher
