@@ -13,6 +13,7 @@
 #include <fmt/format.h>
 #include <xxhash.h>
 
+#include "byte_layout.h"
 #include "dtrain/base/error.h"
 
 namespace dtrain::checkpoint {
@@ -20,17 +21,6 @@ namespace dtrain::checkpoint {
 namespace {
 
 constexpr uint64_t kMaxElements = uint64_t{1} << 62;
-
-void put(std::vector<uint8_t>& out, size_t at, uint64_t value, size_t bytes) {
-  for (size_t i = 0; i < bytes; ++i) out[at + i] = static_cast<uint8_t>(value >> (8 * i));
-}
-uint64_t get(const uint8_t* in, size_t bytes) {
-  uint64_t value = 0;
-  for (size_t i = 0; i < bytes; ++i) value |= uint64_t{in[i]} << (8 * i);
-  return value;
-}
-
-uint64_t alignUp(uint64_t n, uint64_t a) { return (n + a - 1) / a * a; }
 
 // a + b without wrapping; false when it would.
 bool addOk(uint64_t a, uint64_t b, uint64_t* out) {
@@ -188,7 +178,7 @@ Layout planLayout(int64_t step, int64_t epoch, uint32_t worldSize, const std::st
     e.elementCount = spec.elementCount ? spec.elementCount : e.numel() - spec.elementOffset;
     e.offset = offset;
     e.size = e.elementCount * dtypeSize(e.dtype);
-    offset = alignUp(offset + e.size, kDataAlignment);
+    offset = roundUp(offset + e.size, kDataAlignment);
     layout.entries.push_back(std::move(e));
   }
   layout.header.dataOffset = kHeaderSize;
@@ -201,28 +191,28 @@ Layout planLayout(int64_t step, int64_t epoch, uint32_t worldSize, const std::st
 std::vector<uint8_t> encodeManifest(const std::vector<Entry>& entries) {
   size_t total = 0;
   for (const auto& e : entries) {
-    total += alignUp(kRecordFixedSize + 8 * e.shape.size() + e.name.size(), 8);
+    total += roundUp(kRecordFixedSize + 8 * e.shape.size() + e.name.size(), 8);
   }
   std::vector<uint8_t> out(total, 0);
   size_t at = 0;
   for (const auto& e : entries) {
-    put(out, at + 0, e.name.size(), 2);
+    putLE(out.data() + at + 0, e.name.size(), 2);
     out[at + 2] = static_cast<uint8_t>(e.kind);
     out[at + 3] = static_cast<uint8_t>(e.dtype);
     out[at + 4] = static_cast<uint8_t>(e.shape.size());
-    put(out, at + 8, e.owner, 4);
-    put(out, at + 16, e.elementOffset, 8);
-    put(out, at + 24, e.elementCount, 8);
-    put(out, at + 32, e.offset, 8);
-    put(out, at + 40, e.size, 8);
-    put(out, at + 48, e.checksum, 8);
+    putLE(out.data() + at + 8, e.owner, 4);
+    putLE(out.data() + at + 16, e.elementOffset, 8);
+    putLE(out.data() + at + 24, e.elementCount, 8);
+    putLE(out.data() + at + 32, e.offset, 8);
+    putLE(out.data() + at + 40, e.size, 8);
+    putLE(out.data() + at + 48, e.checksum, 8);
     size_t p = at + kRecordFixedSize;
     for (int64_t d : e.shape) {
-      put(out, p, static_cast<uint64_t>(d), 8);
+      putLE(out.data() + p, static_cast<uint64_t>(d), 8);
       p += 8;
     }
     std::memcpy(out.data() + p, e.name.data(), e.name.size());
-    at += alignUp(kRecordFixedSize + 8 * e.shape.size() + e.name.size(), 8);
+    at += roundUp(kRecordFixedSize + 8 * e.shape.size() + e.name.size(), 8);
   }
   return out;
 }
@@ -233,20 +223,20 @@ std::vector<uint8_t> encodeHeader(Header& h, const std::vector<uint8_t>& manifes
   h.fileSize = h.manifestOffset + h.manifestSize;
   std::vector<uint8_t> out(kHeaderSize, 0);
   std::memcpy(out.data(), kMagic, sizeof(kMagic));
-  put(out, 8, kFormatVersion, 4);
-  put(out, 12, kHeaderSize, 4);
-  put(out, 16, static_cast<uint64_t>(h.step), 8);
-  put(out, 24, static_cast<uint64_t>(h.epoch), 8);
-  put(out, 32, h.worldSize, 4);
+  putLE(out.data() + 8, kFormatVersion, 4);
+  putLE(out.data() + 12, kHeaderSize, 4);
+  putLE(out.data() + 16, static_cast<uint64_t>(h.step), 8);
+  putLE(out.data() + 24, static_cast<uint64_t>(h.epoch), 8);
+  putLE(out.data() + 32, h.worldSize, 4);
   std::memcpy(out.data() + 40, h.torchVersion.data(), std::min<size_t>(16, h.torchVersion.size()));
-  put(out, 56, h.dataOffset, 8);
-  put(out, 64, h.dataSize, 8);
-  put(out, 72, h.manifestOffset, 8);
-  put(out, 80, h.manifestSize, 8);
-  put(out, 88, h.entryCount, 8);
-  put(out, 96, h.manifestChecksum, 8);
-  put(out, 104, h.fileSize, 8);
-  put(out, 120, checksum(out.data(), 120), 8);
+  putLE(out.data() + 56, h.dataOffset, 8);
+  putLE(out.data() + 64, h.dataSize, 8);
+  putLE(out.data() + 72, h.manifestOffset, 8);
+  putLE(out.data() + 80, h.manifestSize, 8);
+  putLE(out.data() + 88, h.entryCount, 8);
+  putLE(out.data() + 96, h.manifestChecksum, 8);
+  putLE(out.data() + 104, h.fileSize, 8);
+  putLE(out.data() + 120, checksum(out.data(), 120), 8);
   return out;
 }
 
@@ -287,36 +277,36 @@ void CheckpointReader::parseHeader() {
   source_->readAt(0, h, kHeaderSize);
   DTRAIN_CHECK_T(CheckpointError, std::memcmp(h, kMagic, sizeof(kMagic)) == 0,
                  "checkpoint {}: not a dtrain checkpoint (bad magic at offset 0)", file);
-  uint64_t version = get(h + 8, 4);
+  uint64_t version = getLE(h + 8, 4);
   DTRAIN_CHECK_T(CheckpointError, version == kFormatVersion,
                  "checkpoint {}: format version {} at offset 8 is not supported (this build reads "
                  "version {}). HINT: read it with the dtrain version that wrote it",
                  file, version, kFormatVersion);
-  DTRAIN_CHECK_T(CheckpointError, get(h + 120, 8) == checksum(h, 120),
+  DTRAIN_CHECK_T(CheckpointError, getLE(h + 120, 8) == checksum(h, 120),
                  "checkpoint {}: header checksum mismatch (offset 120): the header is damaged", file);
-  DTRAIN_CHECK_T(CheckpointError, get(h + 12, 4) == kHeaderSize,
-                 "checkpoint {}: header size {} at offset 12, expected {}", file, get(h + 12, 4),
+  DTRAIN_CHECK_T(CheckpointError, getLE(h + 12, 4) == kHeaderSize,
+                 "checkpoint {}: header size {} at offset 12, expected {}", file, getLE(h + 12, 4),
                  kHeaderSize);
   Header& hd = header_;
-  hd.step = static_cast<int64_t>(get(h + 16, 8));
-  hd.epoch = static_cast<int64_t>(get(h + 24, 8));
-  hd.worldSize = static_cast<uint32_t>(get(h + 32, 4));
-  uint64_t flags = get(h + 36, 4);
+  hd.step = static_cast<int64_t>(getLE(h + 16, 8));
+  hd.epoch = static_cast<int64_t>(getLE(h + 24, 8));
+  hd.worldSize = static_cast<uint32_t>(getLE(h + 32, 4));
+  uint64_t flags = getLE(h + 36, 4);
   const char* tv = reinterpret_cast<const char*>(h + 40);
   hd.torchVersion.assign(tv, strnlen(tv, 16));
-  hd.dataOffset = get(h + 56, 8);
-  hd.dataSize = get(h + 64, 8);
-  hd.manifestOffset = get(h + 72, 8);
-  hd.manifestSize = get(h + 80, 8);
-  hd.entryCount = get(h + 88, 8);
-  hd.manifestChecksum = get(h + 96, 8);
-  hd.fileSize = get(h + 104, 8);
+  hd.dataOffset = getLE(h + 56, 8);
+  hd.dataSize = getLE(h + 64, 8);
+  hd.manifestOffset = getLE(h + 72, 8);
+  hd.manifestSize = getLE(h + 80, 8);
+  hd.entryCount = getLE(h + 88, 8);
+  hd.manifestChecksum = getLE(h + 96, 8);
+  hd.fileSize = getLE(h + 104, 8);
   DTRAIN_CHECK_T(CheckpointError, hd.step >= 0 && hd.epoch >= 0,
                  "checkpoint {}: negative step {} or epoch {} (offset 16)", file, hd.step, hd.epoch);
   DTRAIN_CHECK_T(CheckpointError, hd.worldSize >= 1, "checkpoint {}: world size 0 (offset 32)", file);
   DTRAIN_CHECK_T(CheckpointError, flags == 0, "checkpoint {}: unknown flags {:#x} (offset 36)", file,
                  flags);
-  DTRAIN_CHECK_T(CheckpointError, get(h + 112, 8) == 0, "checkpoint {}: reserved field at offset 112 is not 0",
+  DTRAIN_CHECK_T(CheckpointError, getLE(h + 112, 8) == 0, "checkpoint {}: reserved field at offset 112 is not 0",
                  file);
   DTRAIN_CHECK_T(CheckpointError,
                  hd.fileSize == size || hd.fileSize > size,
@@ -359,7 +349,7 @@ void CheckpointReader::parseManifest() {
                    i, where);
     const uint8_t* r = m.data() + at;
     Entry e;
-    uint64_t nameLen = get(r, 2);
+    uint64_t nameLen = getLE(r, 2);
     uint8_t kind = r[2], dtype = r[3], ndim = r[4];
     DTRAIN_CHECK_T(CheckpointError, nameLen >= 1 && nameLen <= kMaxNameBytes,
                    "checkpoint {}: manifest record {} at offset {}: name length {} (1..{})", file, i,
@@ -367,7 +357,7 @@ void CheckpointReader::parseManifest() {
     DTRAIN_CHECK_T(CheckpointError, ndim <= kMaxDims,
                    "checkpoint {}: manifest record {} at offset {}: {} dimensions (at most {})", file,
                    i, where, ndim, kMaxDims);
-    uint64_t recordSize = alignUp(kRecordFixedSize + 8 * uint64_t{ndim} + nameLen, 8);
+    uint64_t recordSize = roundUp(kRecordFixedSize + 8 * uint64_t{ndim} + nameLen, 8);
     DTRAIN_CHECK_T(CheckpointError, recordSize <= m.size() - at,
                    "checkpoint {}: manifest record {} at offset {} ({} bytes) runs past the "
                    "manifest's end",
@@ -379,19 +369,19 @@ void CheckpointReader::parseManifest() {
     DTRAIN_CHECK_T(CheckpointError, e.name.find('\0') == std::string::npos, "{}: NUL in the name", who);
     DTRAIN_CHECK_T(CheckpointError, knownKind(kind), "{}: unknown kind {}", who, kind);
     DTRAIN_CHECK_T(CheckpointError, knownDType(dtype), "{}: unknown dtype {}", who, dtype);
-    DTRAIN_CHECK_T(CheckpointError, r[5] == 0 && r[6] == 0 && r[7] == 0 && get(r + 12, 4) == 0,
+    DTRAIN_CHECK_T(CheckpointError, r[5] == 0 && r[6] == 0 && r[7] == 0 && getLE(r + 12, 4) == 0,
                    "{}: reserved bytes are not 0", who);
     e.kind = static_cast<Kind>(kind);
     e.dtype = static_cast<DType>(dtype);
-    e.owner = static_cast<uint32_t>(get(r + 8, 4));
-    e.elementOffset = get(r + 16, 8);
-    e.elementCount = get(r + 24, 8);
-    e.offset = get(r + 32, 8);
-    e.size = get(r + 40, 8);
-    e.checksum = get(r + 48, 8);
+    e.owner = static_cast<uint32_t>(getLE(r + 8, 4));
+    e.elementOffset = getLE(r + 16, 8);
+    e.elementCount = getLE(r + 24, 8);
+    e.offset = getLE(r + 32, 8);
+    e.size = getLE(r + 40, 8);
+    e.checksum = getLE(r + 48, 8);
     uint64_t numel = 1;
     for (uint8_t d = 0; d < ndim; ++d) {
-      uint64_t dim = get(r + kRecordFixedSize + 8 * d, 8);
+      uint64_t dim = getLE(r + kRecordFixedSize + 8 * d, 8);
       DTRAIN_CHECK_T(CheckpointError, dim < kMaxElements && (dim == 0 || numel <= kMaxElements / dim),
                      "{}: shape dimension {} = {} overflows", who, d, static_cast<int64_t>(dim));
       numel *= dim;

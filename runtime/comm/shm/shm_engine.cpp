@@ -7,6 +7,7 @@
 
 #include <fmt/format.h>
 
+#include "byte_layout.h"
 #include "dtrain/base/error.h"
 #include "shm_kernels.h"
 
@@ -71,8 +72,6 @@ std::vector<int> pidsOf(const Segment& s) {
   for (int r = 0; r < s.size(); ++r) pids[r] = s.control(r).pid.load(std::memory_order_acquire);
   return pids;
 }
-
-size_t roundUp(size_t v, size_t a) { return (v + a - 1) / a * a; }
 
 // Slice j of a chunk of m elements among n ranks: cache-line aligned, the last ones may be short
 // or empty.

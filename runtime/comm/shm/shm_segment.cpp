@@ -19,6 +19,7 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include "byte_layout.h"
 #include "dtrain/base/error.h"
 #include "dtrain/base/logging.h"
 #include "shm_wait.h"
@@ -42,8 +43,6 @@ namespace {
 using Clock = std::chrono::steady_clock;
 constexpr size_t kPage = 4096;
 constexpr size_t kHuge = size_t{2} << 20;
-
-size_t roundUp(size_t v, size_t a) { return (v + a - 1) / a * a; }
 
 std::string errnoText(int e) { return std::strerror(e); }
 
