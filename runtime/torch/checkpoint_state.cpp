@@ -12,6 +12,7 @@
 #include <torch/nn/module.h>
 #include <torch/optim.h>
 
+#include "byte_layout.h"
 #include "dtrain/base/error.h"
 #include "dtrain/base/logging.h"
 #include "dtrain/config.h"
@@ -222,8 +223,9 @@ std::vector<uint8_t> tensorBytes(const at::Tensor& t) {
 
 // Rank-blob encoding: u32 count, then per item u16 name length, name, u64 size, bytes.
 void putBlob(std::vector<uint8_t>& out, const std::string& name, const std::vector<uint8_t>& bytes) {
-  auto put = [&](uint64_t v, int n) {
-    for (int i = 0; i < n; ++i) out.push_back(static_cast<uint8_t>(v >> (8 * i)));
+  auto put = [&](uint64_t v, size_t n) {
+    out.resize(out.size() + n);
+    putLE(out.data() + out.size() - n, v, n);
   };
   put(name.size(), 2);
   out.insert(out.end(), name.begin(), name.end());
@@ -368,7 +370,7 @@ std::vector<uint8_t> encodeRankState(const Registry& registry) {
     putBlob(out, "sampler/" + name, sampler->state().encode());
     ++count;
   }
-  for (int i = 0; i < 4; ++i) out[i] = static_cast<uint8_t>(count >> (8 * i));
+  putLE(out.data(), count, 4);
   return out;
 }
 
@@ -382,8 +384,7 @@ std::vector<Item> rankItems(uint32_t rank, const std::vector<uint8_t>& blob) {
   };
   auto get = [&](int n) {
     need(static_cast<size_t>(n));
-    uint64_t v = 0;
-    for (int i = 0; i < n; ++i) v |= uint64_t{blob[at + i]} << (8 * i);
+    const uint64_t v = getLE(blob.data() + at, static_cast<size_t>(n));
     at += static_cast<size_t>(n);
     return v;
   };
