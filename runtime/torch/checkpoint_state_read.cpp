@@ -174,58 +174,56 @@ void readTensor(const CheckpointReader& reader, const std::vector<const Entry*>&
   target.copy_(staging);
 }
 
-void restoreReplicated(const CheckpointReader& reader, Registry& registry,
-                       std::map<std::string, MetadataValue>& metadata, bool sameWorldSize) {
-  // The bulk -- parameters, buffers, optimizer state -- is gathered first and read in one spread.
-  std::vector<std::pair<std::vector<const Entry*>, at::Tensor>> reads;
-  for (auto& [name, module] : registry.modules) {
-    for (auto& [key, t] : moduleTensors(*module)) {
-      std::string entry = "module/" + name + "/" + key;
-      reads.emplace_back(tensorEntries(reader, entry, t), t);
-    }
-  }
-  for (auto& [name, opt] : registry.optimizers) {
-    const std::string prefix = optimizerPrefix(name);
-    auto& groups = opt->param_groups();
-    at::Tensor lrs = at::empty({static_cast<int64_t>(groups.size())}, at::kDouble);
-    readTensor(reader, tensorEntries(reader, prefix + "lr", lrs), lrs);
-    std::string type = optimizerType(*opt);
-    auto& state = opt->state();
-    for (size_t g = 0; g < groups.size(); ++g) {
-      groups[g].options().set_lr(lrs[static_cast<int64_t>(g)].item<double>());
-      const auto& params = groups[g].params();
-      for (size_t i = 0; i < params.size(); ++i) {
-        std::string at = fmt::format("{}{}.{}/", prefix, g, i);
-        auto key = compat::optimizerStateKey(*opt, params[i]);
-        // A parameter without saved state had never been stepped: it has none after restoring.
-        auto probe = newParamState(type);
-        StateFields probeFields = fieldsOf(*probe);
-        bool saved = probeFields.step ? has(reader, at + "step") : false;
-        for (const auto& [field, unused] : probeFields.tensors) saved = saved || has(reader, at + field);
-        if (!saved) {
-          state.erase(key);
+namespace {
+
+// Tensors to read, with the entries each comes from: gathered first, read in one spread.
+using TensorReads = std::vector<std::pair<std::vector<const Entry*>, at::Tensor>>;
+
+// Sets `opt`'s learning rates now, and makes its per-parameter state what was saved: state the
+// run that saved it did not have is dropped, tensors to read go into `reads`.
+void restoreOptimizer(const CheckpointReader& reader, const std::string& name,
+                      torch::optim::Optimizer& opt, TensorReads& reads) {
+  const std::string prefix = optimizerPrefix(name);
+  auto& groups = opt.param_groups();
+  at::Tensor lrs = at::empty({static_cast<int64_t>(groups.size())}, at::kDouble);
+  readTensor(reader, tensorEntries(reader, prefix + "lr", lrs), lrs);
+  std::string type = optimizerType(opt);
+  auto& state = opt.state();
+  for (size_t g = 0; g < groups.size(); ++g) {
+    groups[g].options().set_lr(lrs[static_cast<int64_t>(g)].item<double>());
+    const auto& params = groups[g].params();
+    for (size_t i = 0; i < params.size(); ++i) {
+      std::string at = fmt::format("{}{}.{}/", prefix, g, i);
+      auto key = compat::optimizerStateKey(opt, params[i]);
+      // A parameter without saved state had never been stepped: it has none after restoring.
+      auto probe = newParamState(type);
+      StateFields probeFields = fieldsOf(*probe);
+      bool saved = probeFields.step ? has(reader, at + "step") : false;
+      for (const auto& [field, unused] : probeFields.tensors) saved = saved || has(reader, at + field);
+      if (!saved) {
+        state.erase(key);
+        continue;
+      }
+      auto it = state.find(key);
+      if (it == state.end()) it = state.emplace(key, std::move(probe)).first;
+      StateFields fields = fieldsOf(*it->second);
+      for (auto& [field, tensor] : fields.tensors) {
+        if (!has(reader, at + field)) {
+          *tensor = at::Tensor();
           continue;
         }
-        auto it = state.find(key);
-        if (it == state.end()) it = state.emplace(key, std::move(probe)).first;
-        StateFields fields = fieldsOf(*it->second);
-        for (auto& [field, tensor] : fields.tensors) {
-          if (!has(reader, at + field)) {
-            *tensor = at::Tensor();
-            continue;
-          }
-          if (!tensor->defined() || tensor->sizes() != params[i].sizes()) {
-            *tensor = at::empty_like(params[i], at::MemoryFormat::Contiguous);
-          }
-          reads.emplace_back(tensorEntries(reader, at + field, *tensor), *tensor);
+        if (!tensor->defined() || tensor->sizes() != params[i].sizes()) {
+          *tensor = at::empty_like(params[i], at::MemoryFormat::Contiguous);
         }
-        if (fields.step) *fields.step = readInt(reader, at + "step");
+        reads.emplace_back(tensorEntries(reader, at + field, *tensor), *tensor);
       }
+      if (fields.step) *fields.step = readInt(reader, at + "step");
     }
   }
-  forEachSpread(
-      reads.size(), [&](size_t i) { return static_cast<uint64_t>(reads[i].second.nbytes()); },
-      [&](size_t i) { readTensor(reader, reads[i].first, reads[i].second); });
+}
+
+// Schedulers' step counts, scalers' state and (after a world-size change) samplers' positions.
+void restoreCounters(const CheckpointReader& reader, Registry& registry, bool sameWorldSize) {
   for (auto& [name, scheduler] : registry.schedulers) {
     compat::schedulerStepCount(*scheduler) =
         static_cast<unsigned>(readInt(reader, "scheduler/" + name + "/step_count"));
@@ -246,6 +244,11 @@ void restoreReplicated(const CheckpointReader& reader, Registry& registry,
     if (sameWorldSize) continue;
     sampler->loadState(SamplerState::decode(readBytes(reader, single(reader, "sampler/" + name, Kind::Bytes))));
   }
+}
+
+// The user's metadata (meta/<key>), replacing what `metadata` held.
+void restoreMetadata(const CheckpointReader& reader,
+                     std::map<std::string, MetadataValue>& metadata) {
   metadata.clear();
   for (const Entry& e : reader.entries()) {
     if (e.owner != kReplicated || e.name.rfind("meta/", 0) != 0 || e.isShard()) continue;
@@ -272,6 +275,26 @@ void restoreReplicated(const CheckpointReader& reader, Registry& registry,
       case Kind::Bytes: break;
     }
   }
+}
+
+}  // namespace
+
+void restoreReplicated(const CheckpointReader& reader, Registry& registry,
+                       std::map<std::string, MetadataValue>& metadata, bool sameWorldSize) {
+  // The bulk -- parameters, buffers, optimizer state -- is gathered first and read in one spread.
+  TensorReads reads;
+  for (auto& [name, module] : registry.modules) {
+    for (auto& [key, t] : moduleTensors(*module)) {
+      std::string entry = "module/" + name + "/" + key;
+      reads.emplace_back(tensorEntries(reader, entry, t), t);
+    }
+  }
+  for (auto& [name, opt] : registry.optimizers) restoreOptimizer(reader, name, *opt, reads);
+  forEachSpread(
+      reads.size(), [&](size_t i) { return static_cast<uint64_t>(reads[i].second.nbytes()); },
+      [&](size_t i) { readTensor(reader, reads[i].first, reads[i].second); });
+  restoreCounters(reader, registry, sameWorldSize);
+  restoreMetadata(reader, metadata);
 }
 
 void restoreRankState(const CheckpointReader& reader, Registry& registry, uint32_t rank,

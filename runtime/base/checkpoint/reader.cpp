@@ -82,6 +82,93 @@ class MemorySource : public ByteSource {
   std::string name_;
 };
 
+// One record on its own: its elements, data size, place in the data region, owner and kind.
+void checkRecord(const std::string& file, const Header& hd, const Entry& e, size_t i) {
+  const uint64_t dataEnd = hd.dataOffset + hd.dataSize;
+  std::string who = fmt::format("checkpoint {}: entry \"{}\" (record {})", file,
+                                e.name.substr(0, 200), i);
+  uint64_t numel = e.numel();
+  uint64_t end = 0;
+  DTRAIN_CHECK_T(CheckpointError, addOk(e.elementOffset, e.elementCount, &end) && end <= numel,
+                 "{}: elements {}+{} lie outside its {} elements", who, e.elementOffset,
+                 e.elementCount, numel);
+  size_t elem = dtypeSize(e.dtype);
+  DTRAIN_CHECK_T(CheckpointError, e.elementCount <= kMaxElements / elem && e.size == e.elementCount * elem,
+                 "{}: {} bytes of data for {} elements of {}", who, e.size, e.elementCount,
+                 dtypeName(e.dtype));
+  DTRAIN_CHECK_T(CheckpointError,
+                 e.offset >= hd.dataOffset && e.offset % kDataAlignment == 0 &&
+                     addOk(e.offset, e.size, &end) && end <= dataEnd,
+                 "{}: data at offset {} ({} bytes) lies outside the data region {}..{} or is not "
+                 "{}-byte aligned",
+                 who, e.offset, e.size, hd.dataOffset, dataEnd, kDataAlignment);
+  DTRAIN_CHECK_T(CheckpointError, e.owner == kReplicated || e.owner < hd.worldSize,
+                 "{}: owner rank {} is outside the world of {}", who, e.owner, hd.worldSize);
+  switch (e.kind) {
+    case Kind::String:
+    case Kind::Bytes:
+      DTRAIN_CHECK_T(CheckpointError, e.dtype == DType::UInt8 && e.shape.size() == 1,
+                     "{}: a {} must be a 1-dimensional uint8 entry", who, kindName(e.kind));
+      break;
+    case Kind::Number:
+      DTRAIN_CHECK_T(CheckpointError,
+                     (e.dtype == DType::Float64 || e.dtype == DType::Int64) && e.shape.empty(),
+                     "{}: a number must be a 0-dim float64 or int64", who);
+      break;
+    case Kind::Tensor: break;
+  }
+}
+
+// No two records' data overlap.
+void checkNoOverlap(const std::string& file, const std::vector<Entry>& entries) {
+  std::vector<size_t> order(entries.size());
+  std::iota(order.begin(), order.end(), 0);
+  std::sort(order.begin(), order.end(),
+            [&](size_t a, size_t b) { return entries[a].offset < entries[b].offset; });
+  for (size_t k = 1; k < order.size(); ++k) {
+    const Entry& prev = entries[order[k - 1]];
+    const Entry& cur = entries[order[k]];
+    DTRAIN_CHECK_T(CheckpointError, prev.offset + prev.size <= cur.offset || cur.size == 0 || prev.size == 0,
+                   "checkpoint {}: entries \"{}\" (offset {}, {} bytes) and \"{}\" (offset {}) overlap",
+                   file, prev.name.substr(0, 200), prev.offset, prev.size, cur.name.substr(0, 200),
+                   cur.offset);
+  }
+}
+
+// Names are unique per owner, except shards, which must tile their tensor exactly.
+void checkShards(const std::string& file, const std::vector<Entry>& entries) {
+  std::map<std::pair<std::string, uint32_t>, std::vector<size_t>> byName;
+  for (size_t i = 0; i < entries.size(); ++i) {
+    byName[{entries[i].name, entries[i].owner}].push_back(i);
+  }
+  for (auto& [key, idx] : byName) {
+    const Entry& first = entries[idx.front()];
+    if (idx.size() == 1 && !first.isShard()) continue;
+    std::sort(idx.begin(), idx.end(), [&](size_t a, size_t b) {
+      return entries[a].elementOffset < entries[b].elementOffset;
+    });
+    uint64_t next = 0;
+    for (size_t i : idx) {
+      const Entry& e = entries[i];
+      DTRAIN_CHECK_T(CheckpointError,
+                     e.kind == first.kind && e.dtype == first.dtype && e.shape == first.shape &&
+                         e.elementCount > 0,
+                     "checkpoint {}: entry \"{}\" appears {} times with different kinds, dtypes or "
+                     "shapes (duplicate name)",
+                     file, key.first.substr(0, 200), idx.size());
+      DTRAIN_CHECK_T(CheckpointError, e.elementOffset == next,
+                     "checkpoint {}: entry \"{}\": shards {} elements {}, expected the next at {} "
+                     "(duplicate name, overlapping or missing shard)",
+                     file, key.first.substr(0, 200), e.elementOffset < next ? "overlap at" : "skip to",
+                     e.elementOffset, next);
+      next += e.elementCount;
+    }
+    DTRAIN_CHECK_T(CheckpointError, next == first.numel(),
+                   "checkpoint {}: entry \"{}\": its shards hold {} of {} elements", file,
+                   key.first.substr(0, 200), next, first.numel());
+  }
+}
+
 }  // namespace
 
 std::unique_ptr<ByteSource> openFileSource(const std::string& path) {
@@ -246,87 +333,9 @@ void CheckpointReader::parseManifest() {
 
 void CheckpointReader::checkEntries() {
   const std::string& file = source_->name();
-  const Header& hd = header_;
-  const uint64_t dataEnd = hd.dataOffset + hd.dataSize;
-  for (size_t i = 0; i < entries_.size(); ++i) {
-    const Entry& e = entries_[i];
-    std::string who = fmt::format("checkpoint {}: entry \"{}\" (record {})", file,
-                                  e.name.substr(0, 200), i);
-    uint64_t numel = e.numel();
-    uint64_t end = 0;
-    DTRAIN_CHECK_T(CheckpointError, addOk(e.elementOffset, e.elementCount, &end) && end <= numel,
-                   "{}: elements {}+{} lie outside its {} elements", who, e.elementOffset,
-                   e.elementCount, numel);
-    size_t elem = dtypeSize(e.dtype);
-    DTRAIN_CHECK_T(CheckpointError, e.elementCount <= kMaxElements / elem && e.size == e.elementCount * elem,
-                   "{}: {} bytes of data for {} elements of {}", who, e.size, e.elementCount,
-                   dtypeName(e.dtype));
-    DTRAIN_CHECK_T(CheckpointError,
-                   e.offset >= hd.dataOffset && e.offset % kDataAlignment == 0 &&
-                       addOk(e.offset, e.size, &end) && end <= dataEnd,
-                   "{}: data at offset {} ({} bytes) lies outside the data region {}..{} or is not "
-                   "{}-byte aligned",
-                   who, e.offset, e.size, hd.dataOffset, dataEnd, kDataAlignment);
-    DTRAIN_CHECK_T(CheckpointError, e.owner == kReplicated || e.owner < hd.worldSize,
-                   "{}: owner rank {} is outside the world of {}", who, e.owner, hd.worldSize);
-    switch (e.kind) {
-      case Kind::String:
-      case Kind::Bytes:
-        DTRAIN_CHECK_T(CheckpointError, e.dtype == DType::UInt8 && e.shape.size() == 1,
-                       "{}: a {} must be a 1-dimensional uint8 entry", who, kindName(e.kind));
-        break;
-      case Kind::Number:
-        DTRAIN_CHECK_T(CheckpointError,
-                       (e.dtype == DType::Float64 || e.dtype == DType::Int64) && e.shape.empty(),
-                       "{}: a number must be a 0-dim float64 or int64", who);
-        break;
-      case Kind::Tensor: break;
-    }
-  }
-  // No two records' data overlap.
-  std::vector<size_t> order(entries_.size());
-  std::iota(order.begin(), order.end(), 0);
-  std::sort(order.begin(), order.end(),
-            [&](size_t a, size_t b) { return entries_[a].offset < entries_[b].offset; });
-  for (size_t k = 1; k < order.size(); ++k) {
-    const Entry& prev = entries_[order[k - 1]];
-    const Entry& cur = entries_[order[k]];
-    DTRAIN_CHECK_T(CheckpointError, prev.offset + prev.size <= cur.offset || cur.size == 0 || prev.size == 0,
-                   "checkpoint {}: entries \"{}\" (offset {}, {} bytes) and \"{}\" (offset {}) overlap",
-                   file, prev.name.substr(0, 200), prev.offset, prev.size, cur.name.substr(0, 200),
-                   cur.offset);
-  }
-  // Names are unique per owner, except shards, which must tile their tensor exactly.
-  std::map<std::pair<std::string, uint32_t>, std::vector<size_t>> byName;
-  for (size_t i = 0; i < entries_.size(); ++i) {
-    byName[{entries_[i].name, entries_[i].owner}].push_back(i);
-  }
-  for (auto& [key, idx] : byName) {
-    const Entry& first = entries_[idx.front()];
-    if (idx.size() == 1 && !first.isShard()) continue;
-    std::sort(idx.begin(), idx.end(), [&](size_t a, size_t b) {
-      return entries_[a].elementOffset < entries_[b].elementOffset;
-    });
-    uint64_t next = 0;
-    for (size_t i : idx) {
-      const Entry& e = entries_[i];
-      DTRAIN_CHECK_T(CheckpointError,
-                     e.kind == first.kind && e.dtype == first.dtype && e.shape == first.shape &&
-                         e.elementCount > 0,
-                     "checkpoint {}: entry \"{}\" appears {} times with different kinds, dtypes or "
-                     "shapes (duplicate name)",
-                     file, key.first.substr(0, 200), idx.size());
-      DTRAIN_CHECK_T(CheckpointError, e.elementOffset == next,
-                     "checkpoint {}: entry \"{}\": shards {} elements {}, expected the next at {} "
-                     "(duplicate name, overlapping or missing shard)",
-                     file, key.first.substr(0, 200), e.elementOffset < next ? "overlap at" : "skip to",
-                     e.elementOffset, next);
-      next += e.elementCount;
-    }
-    DTRAIN_CHECK_T(CheckpointError, next == first.numel(),
-                   "checkpoint {}: entry \"{}\": its shards hold {} of {} elements", file,
-                   key.first.substr(0, 200), next, first.numel());
-  }
+  for (size_t i = 0; i < entries_.size(); ++i) checkRecord(file, header_, entries_[i], i);
+  checkNoOverlap(file, entries_);
+  checkShards(file, entries_);
 }
 
 std::vector<const Entry*> CheckpointReader::find(const std::string& name) const {
