@@ -19,6 +19,7 @@ add_library(dtrain_base SHARED
   runtime/base/parse_int.cpp
   runtime/base/store/auth.cpp
   runtime/base/store/client_connect.cpp
+  runtime/base/store/client_round_trip.cpp
   runtime/base/store/hash_store.cpp
   runtime/base/store/job_store.cpp
   runtime/base/store/kv_table.cpp
