@@ -4,6 +4,7 @@
 add_library(dtrain_base SHARED
   runtime/base/checkpoint/file_io.cpp
   runtime/base/checkpoint/format.cpp
+  runtime/base/checkpoint/reader.cpp
   runtime/base/error.cpp
   runtime/base/fault.cpp
   runtime/base/logging.cpp
@@ -18,6 +19,7 @@ add_library(dtrain_base SHARED
   runtime/base/parse_int.cpp
   runtime/base/store/auth.cpp
   runtime/base/store/client_connect.cpp
+  runtime/base/store/client_round_trip.cpp
   runtime/base/store/hash_store.cpp
   runtime/base/store/job_store.cpp
   runtime/base/store/kv_table.cpp

@@ -63,13 +63,8 @@ std::string trim(const std::string& s) {
   return s.substr(b, e - b + 1);
 }
 
-Fault parseOne(const std::string& text) {
-  std::string what = text;
-  std::string conds;
-  if (size_t at = text.find('@'); at != std::string::npos) {
-    what = text.substr(0, at);
-    conds = text.substr(at + 1);
-  }
+// The part before '@' of fault `text`: "kind" or "kind:arg", the argument checked.
+Fault parseKind(const std::string& what, const std::string& text) {
   std::string name = what;
   std::string arg;
   bool hasArg = false;
@@ -106,11 +101,11 @@ Fault parseOne(const std::string& text) {
     DTRAIN_CHECK_ARG(!(f.kind == Kind::Exit || f.kind == Kind::ErrorFile) || f.arg <= 255,
                      "DTRAIN_FAULT: exit code {} is out of range 0..255 in \"{}\"", f.arg, text);
   }
-  if (conds.empty()) {
-    DTRAIN_CHECK_ARG(text.find('@') == std::string::npos,
-                     "DTRAIN_FAULT: empty condition after '@' in \"{}\"", text);
-    return f;
-  }
+  return f;
+}
+
+// The part after '@' of fault `text` ("rank=R,step=S,attempt=A,phase=P"), into `f`.
+void parseConditions(const std::string& conds, const std::string& text, Fault& f) {
   for (const auto& cond : split(conds, ',')) {
     size_t eq = cond.find('=');
     std::string key = eq == std::string::npos ? cond : cond.substr(0, eq);
@@ -143,6 +138,22 @@ Fault parseOne(const std::string& text) {
                    key, text);
     }
   }
+}
+
+Fault parseOne(const std::string& text) {
+  std::string what = text;
+  std::string conds;
+  if (size_t at = text.find('@'); at != std::string::npos) {
+    what = text.substr(0, at);
+    conds = text.substr(at + 1);
+  }
+  Fault f = parseKind(what, text);
+  if (conds.empty()) {
+    DTRAIN_CHECK_ARG(text.find('@') == std::string::npos,
+                     "DTRAIN_FAULT: empty condition after '@' in \"{}\"", text);
+    return f;
+  }
+  parseConditions(conds, text, f);
   return f;
 }
 

@@ -14,49 +14,39 @@ namespace dtrain::comm {
 
 namespace {
 
-std::shared_ptr<Communicator> createNccl(const BackendSetup& s) {
-  NcclOptions o;
+// The fields every backend's options (NcclOptions, GlooOptions, CpuWorldOptions) take from the
+// setup alike.
+template <typename Options>
+Options optionsFrom(const BackendSetup& s) {
+  Options o;
   o.rank = s.env.rank;
   o.size = s.env.worldSize;
   o.store = s.store;
   o.name = s.name;
-  o.device = s.device;
-  o.timeout = s.options.timeout;
-  o.connectTimeout = s.options.connectTimeout;
-  o.checkCollectives = s.options.checkCollectives;
-  const char* blocking = std::getenv("TORCH_NCCL_BLOCKING_WAIT");
-  o.blockingWait = blocking != nullptr && std::string(blocking) == "1";
-  return createNcclCommunicator(o);
-}
-
-GlooOptions glooOptions(const BackendSetup& s) {
-  GlooOptions o;
-  o.rank = s.env.rank;
-  o.size = s.env.worldSize;
-  o.store = s.store;
-  o.name = s.name;
-  o.storeHost = s.env.storeHost;
   o.timeout = s.options.timeout;
   o.connectTimeout = s.options.connectTimeout;
   o.checkCollectives = s.options.checkCollectives;
   return o;
 }
 
+std::shared_ptr<Communicator> createNccl(const BackendSetup& s) {
+  NcclOptions o = optionsFrom<NcclOptions>(s);
+  o.device = s.device;
+  const char* blocking = std::getenv("TORCH_NCCL_BLOCKING_WAIT");
+  o.blockingWait = blocking != nullptr && std::string(blocking) == "1";
+  return createNcclCommunicator(o);
+}
+
 std::shared_ptr<Communicator> createGloo(const BackendSetup& s) {
-  return createGlooCommunicator(glooOptions(s));
+  GlooOptions o = optionsFrom<GlooOptions>(s);
+  o.storeHost = s.env.storeHost;
+  return createGlooCommunicator(o);
 }
 
 std::shared_ptr<Communicator> createShm(const BackendSetup& s) {
-  CpuWorldOptions o;
-  o.rank = s.env.rank;
-  o.size = s.env.worldSize;
-  o.store = s.store;
-  o.name = s.name;
+  CpuWorldOptions o = optionsFrom<CpuWorldOptions>(s);
   o.node = s.node;
   o.storeHost = s.env.storeHost;
-  o.timeout = s.options.timeout;
-  o.connectTimeout = s.options.connectTimeout;
-  o.checkCollectives = s.options.checkCollectives;
   o.shm.timeout = s.options.timeout;
   o.shm.connectTimeout = s.options.connectTimeout;
   return createCpuCommunicator(o);

@@ -2,6 +2,7 @@
 add_library(dtrain_comm SHARED
   runtime/comm/backends.cpp
   runtime/comm/communicator.cpp
+  runtime/comm/communicator_base.cpp
   runtime/comm/collective.cpp
   runtime/comm/collective_faults.cpp
   runtime/comm/collective_queue.cpp
@@ -10,6 +11,7 @@ add_library(dtrain_comm SHARED
   runtime/comm/heartbeat_monitor.cpp
   runtime/comm/host_buffer_pool.cpp
   runtime/comm/nccl_env.cpp
+  runtime/comm/queued_communicator.cpp
   runtime/comm/reduce_kernels.cpp
   runtime/comm/shm/shm_arena.cpp
   runtime/comm/shm/shm_communicator.cpp

@@ -7,16 +7,22 @@
 
 namespace dtrain::comm {
 
-inline float bf16ToFloat(uint16_t b) {
-  uint32_t u = static_cast<uint32_t>(b) << 16;
+// A float's bits and back (std::bit_cast, before C++20).
+inline uint32_t bitsOf(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, sizeof(u));
+  return u;
+}
+inline float floatOf(uint32_t u) {
   float f;
   std::memcpy(&f, &u, sizeof(f));
   return f;
 }
 
+inline float bf16ToFloat(uint16_t b) { return floatOf(static_cast<uint32_t>(b) << 16); }
+
 inline uint16_t floatToBf16(float f) {
-  uint32_t u;
-  std::memcpy(&u, &f, sizeof(u));
+  uint32_t u = bitsOf(f);
   if ((u & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((u >> 16) | 0x40);  // quiet NaN
   u += 0x7fffu + ((u >> 16) & 1u);
   return static_cast<uint16_t>(u >> 16);
@@ -41,14 +47,11 @@ inline float halfToFloat(uint16_t h) {
     }
     u = sign | (e << 23) | ((mant & 0x3ffu) << 13);
   }
-  float f;
-  std::memcpy(&f, &u, sizeof(f));
-  return f;
+  return floatOf(u);
 }
 
 inline uint16_t floatToHalf(float f) {
-  uint32_t u;
-  std::memcpy(&u, &f, sizeof(u));
+  const uint32_t u = bitsOf(f);
   const uint16_t sign = static_cast<uint16_t>((u >> 16) & 0x8000u);
   const uint32_t abs = u & 0x7fffffffu;
   if (abs > 0x7f800000u) return sign | 0x7e00u;         // NaN

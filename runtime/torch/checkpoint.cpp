@@ -175,108 +175,133 @@ void Checkpointer::Impl::waitPending() {
   agree(error, fmt::format("the asynchronous checkpoint of step {}", step));
 }
 
+// A save, on every rank: (1) agree on the previous asynchronous save, (2) gather every rank's
+// own state to its node's writer, (3) the writer writes, commits and prunes on the save thread
+// (checkpoint::saveStep), (4) every rank agrees that every node committed: at once for save(), at
+// the next save or wait() for saveAsync().
 void Checkpointer::Impl::save(int64_t step, int64_t epoch, bool async) {
   DTRAIN_CHECK_ARG(step >= 0 && epoch >= 0, "Checkpointer: step {} and epoch {} must be >= 0", step,
                    epoch);
   waitPending();
   auto blobs = allgatherBytes(checkpoint::encodeRankState(registry));
-  std::string error;
-  if (writer && !thread.idle() && !thread.running()) {
+  const std::string error = writer ? startWrite(step, epoch, async, blobs) : std::string();
+  pendingStep = step;
+  pendingError = error;
+  if (!async) waitPending();
+}
+
+std::string Checkpointer::Impl::startWrite(int64_t step, int64_t epoch, bool async,
+                                           const std::vector<std::vector<uint8_t>>& blobs) {
+  if (!thread.idle() && !thread.running()) {
     // A save that timed out earlier has finished since: collect it before starting another.
     std::string late = collectLocal();
     DTRAIN_LOG(Warn, "rank {}: a save that timed out earlier has ended{}", rank,
                late.empty() ? " successfully" : ": " + late);
   }
-  if (writer && thread.running()) {
+  if (thread.running()) {
     // An earlier save timed out and is still stuck in the kernel: its buffer is not free.
-    error = fmt::format("an earlier save into {} is still running (it timed out and never "
-                        "finished); not starting another. HINT: check the disk or filesystem",
-                        dir);
-  } else if (writer) {
-    try {
-      auto items = checkpoint::replicatedItems(registry, owner.metadata_);
-      for (int r = 0; r < world; ++r) {
-        auto own = checkpoint::rankItems(static_cast<uint32_t>(r), blobs[r]);
-        items.insert(items.end(), std::make_move_iterator(own.begin()),
-                     std::make_move_iterator(own.end()));
-      }
-      std::vector<checkpoint::EntrySpec> specs;
-      for (const auto& item : items) specs.push_back(item.spec);
-      auto layout = std::make_shared<checkpoint::Layout>(checkpoint::planLayout(
-          step, epoch, static_cast<uint32_t>(world), TORCH_VERSION, specs));
-      std::function<void(const std::string&)> write;
-      auto ops_ = ops;
-      if (async || !allHostContiguous(items)) {
-        // Snapshot into the reused region: the training thread's only cost of an async save.
-        const uint64_t bytes = std::max<uint64_t>(layout->header.dataSize, 1);
-        if (!region.defined() || static_cast<uint64_t>(region.numel()) < bytes) {
-          auto options = at::TensorOptions().dtype(at::kByte);
-          region = at::empty({static_cast<int64_t>(bytes + bytes / 8)}, options);
-          if (group->device().is_cuda()) region = region.pin_memory();
-          region.zero_();  // pre-fault: first touch of fresh pages is what costs
-        }
-        auto* base = static_cast<uint8_t*>(region.data_ptr());
-        at::NoGradGuard noGrad;
-        auto copy = [&](size_t i) {
-          const auto& e = layout->entries[i];
-          uint8_t* dst = base + (e.offset - layout->header.dataOffset);
-          uint64_t next = i + 1 < items.size() ? layout->entries[i + 1].offset : layout->header.manifestOffset;
-          const at::Tensor& t = items[i].tensor;
-          if (t.defined() && !(t.device().is_cpu() && t.is_contiguous())) {
-            at::from_blob(dst, t.sizes(), t.options().device(at::kCPU)).copy_(t);
-          } else if (e.size) {
-            std::memcpy(dst, hostData(items[i]), e.size);
-          }
-          std::memset(dst + e.size, 0, next - e.offset - e.size);
-        };
-        if (allHostContiguous(items)) {
-          // Training waits for this copy: spread it over the program's thread budget.
-          checkpoint::forEachSpread(
-              items.size(), [&](size_t i) { return layout->entries[i].size; }, copy);
-        } else {
-          for (size_t i = 0; i < items.size(); ++i) copy(i);
-        }
-        at::Tensor keep = region;
-        write = [ops_, layout, keep](const std::string& tmp) {
-          checkpoint::writeCheckpointFileFromRegion(*ops_, tmp, *layout,
-                                                    static_cast<const uint8_t*>(keep.data_ptr()));
-        };
-      } else {
-        auto held = std::make_shared<std::vector<checkpoint::Item>>(std::move(items));
-        auto scratch_ = scratch;
-        write = [ops_, layout, held, scratch_](const std::string& tmp) {
-          checkpoint::EntryData data;
-          for (const auto& item : *held) data.push_back(hostData(item));
-          checkpoint::writeCheckpointFile(*ops_, tmp, *layout, data, *scratch_);
-        };
-      }
-      std::string dir_ = dir;
-      int keep = options.keepLast;
-      auto log = writes;
-      thread.start(fmt::format("the checkpoint of step {} into {}", step, dir),
-                   [ops_, dir_, step, keep, write, log](checkpoint::SaveProgress& progress) {
-                     const auto begin = std::chrono::steady_clock::now();
-                     checkpoint::saveStep(*ops_, dir_, step, keep, write, &progress);
-                     CheckpointWrite done;
-                     done.step = step;
-                     done.seconds = std::chrono::duration<double>(
-                                        std::chrono::steady_clock::now() - begin)
-                                        .count();
-                     std::error_code ec;
-                     const auto size = std::filesystem::file_size(
-                         dir_ + "/" + checkpoint::stepFileName(step), ec);
-                     done.bytes = ec ? 0 : static_cast<uint64_t>(size);
-                     std::lock_guard<std::mutex> lock(log->mutex);
-                     log->finished.push_back(done);
-                   });
-      started = true;
-    } catch (const std::exception& e) {
-      error = e.what();
-    }
+    return fmt::format("an earlier save into {} is still running (it timed out and never "
+                       "finished); not starting another. HINT: check the disk or filesystem",
+                       dir);
   }
-  pendingStep = step;
-  pendingError = error;
-  if (!async) waitPending();
+  try {
+    auto items = itemsToSave(blobs);
+    std::vector<checkpoint::EntrySpec> specs;
+    for (const auto& item : items) specs.push_back(item.spec);
+    auto layout = std::make_shared<checkpoint::Layout>(checkpoint::planLayout(
+        step, epoch, static_cast<uint32_t>(world), TORCH_VERSION, specs));
+    const bool snapshot = async || !allHostContiguous(items);
+    startSaveThread(step, snapshot ? snapshotWrite(layout, items) : directWrite(layout, items));
+    started = true;
+  } catch (const std::exception& e) {
+    return e.what();
+  }
+  return "";
+}
+
+std::vector<checkpoint::Item> Checkpointer::Impl::itemsToSave(
+    const std::vector<std::vector<uint8_t>>& blobs) {
+  auto items = checkpoint::replicatedItems(registry, owner.metadata_);
+  for (int r = 0; r < world; ++r) {
+    auto own = checkpoint::rankItems(static_cast<uint32_t>(r), blobs[r]);
+    items.insert(items.end(), std::make_move_iterator(own.begin()),
+                 std::make_move_iterator(own.end()));
+  }
+  return items;
+}
+
+Checkpointer::Impl::FileWrite Checkpointer::Impl::snapshotWrite(
+    const std::shared_ptr<checkpoint::Layout>& layout, const std::vector<checkpoint::Item>& items) {
+  // Snapshot into the reused region: the training thread's only cost of an async save.
+  const uint64_t bytes = std::max<uint64_t>(layout->header.dataSize, 1);
+  if (!region.defined() || static_cast<uint64_t>(region.numel()) < bytes) {
+    auto options = at::TensorOptions().dtype(at::kByte);
+    region = at::empty({static_cast<int64_t>(bytes + bytes / 8)}, options);
+    if (group->device().is_cuda()) region = region.pin_memory();
+    region.zero_();  // pre-fault: first touch of fresh pages is what costs
+  }
+  auto* base = static_cast<uint8_t*>(region.data_ptr());
+  at::NoGradGuard noGrad;
+  auto copy = [&](size_t i) {
+    const auto& e = layout->entries[i];
+    uint8_t* dst = base + (e.offset - layout->header.dataOffset);
+    uint64_t next = i + 1 < items.size() ? layout->entries[i + 1].offset : layout->header.manifestOffset;
+    const at::Tensor& t = items[i].tensor;
+    if (t.defined() && !(t.device().is_cpu() && t.is_contiguous())) {
+      at::from_blob(dst, t.sizes(), t.options().device(at::kCPU)).copy_(t);
+    } else if (e.size) {
+      std::memcpy(dst, hostData(items[i]), e.size);
+    }
+    std::memset(dst + e.size, 0, next - e.offset - e.size);
+  };
+  if (allHostContiguous(items)) {
+    // Training waits for this copy: spread it over the program's thread budget.
+    checkpoint::forEachSpread(
+        items.size(), [&](size_t i) { return layout->entries[i].size; }, copy);
+  } else {
+    for (size_t i = 0; i < items.size(); ++i) copy(i);
+  }
+  at::Tensor keep = region;
+  auto ops_ = ops;
+  return [ops_, layout, keep](const std::string& tmp) {
+    checkpoint::writeCheckpointFileFromRegion(*ops_, tmp, *layout,
+                                              static_cast<const uint8_t*>(keep.data_ptr()));
+  };
+}
+
+Checkpointer::Impl::FileWrite Checkpointer::Impl::directWrite(
+    const std::shared_ptr<checkpoint::Layout>& layout, std::vector<checkpoint::Item>& items) {
+  auto held = std::make_shared<std::vector<checkpoint::Item>>(std::move(items));
+  auto ops_ = ops;
+  auto scratch_ = scratch;
+  return [ops_, layout, held, scratch_](const std::string& tmp) {
+    checkpoint::EntryData data;
+    for (const auto& item : *held) data.push_back(hostData(item));
+    checkpoint::writeCheckpointFile(*ops_, tmp, *layout, data, *scratch_);
+  };
+}
+
+void Checkpointer::Impl::startSaveThread(int64_t step, FileWrite write) {
+  auto ops_ = ops;
+  std::string dir_ = dir;
+  int keep = options.keepLast;
+  auto log = writes;
+  thread.start(fmt::format("the checkpoint of step {} into {}", step, dir),
+               [ops_, dir_, step, keep, write, log](checkpoint::SaveProgress& progress) {
+                 const auto begin = std::chrono::steady_clock::now();
+                 checkpoint::saveStep(*ops_, dir_, step, keep, write, &progress);
+                 CheckpointWrite done;
+                 done.step = step;
+                 done.seconds =
+                     std::chrono::duration<double>(std::chrono::steady_clock::now() - begin)
+                         .count();
+                 std::error_code ec;
+                 const auto size =
+                     std::filesystem::file_size(dir_ + "/" + checkpoint::stepFileName(step), ec);
+                 done.bytes = ec ? 0 : static_cast<uint64_t>(size);
+                 std::lock_guard<std::mutex> lock(log->mutex);
+                 log->finished.push_back(done);
+               });
 }
 
 Checkpointer::Checkpointer(std::shared_ptr<ProcessGroup> group, CheckpointOptions options)

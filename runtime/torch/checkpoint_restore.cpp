@@ -62,41 +62,43 @@ std::vector<int64_t> Checkpointer::Impl::candidates(std::string& firstBad, int64
   return out;
 }
 
-bool Checkpointer::Impl::copyToNodesLacking(int64_t step, const std::vector<int64_t>& best,
-                                            std::set<int64_t>& bad) {
+namespace {
+
+// Which node hands `step` out (the lowest that has it) and which nodes lack it.
+struct CopyPlan {
   int sourceNode = -1;
   std::vector<int> lacking;
+};
+
+CopyPlan planCopy(const std::map<int, int>& writerOf, const std::vector<int64_t>& best,
+                  int64_t step) {
+  CopyPlan plan;
   for (const auto& [node, w] : writerOf) {
     if (best[w] == step) {
-      if (sourceNode < 0) sourceNode = node;
+      if (plan.sourceNode < 0) plan.sourceNode = node;
     } else {
-      lacking.push_back(node);
+      plan.lacking.push_back(node);
     }
   }
-  if (lacking.empty()) return true;
-  const int source = writerOf.at(sourceNode);
+  return plan;
+}
+
+}  // namespace
+
+bool Checkpointer::Impl::copyToNodesLacking(int64_t step, const std::vector<int64_t>& best,
+                                            std::set<int64_t>& bad) {
+  const CopyPlan plan = planCopy(writerOf, best, step);
+  if (plan.lacking.empty()) return true;
+  const int source = writerOf.at(plan.sourceNode);
   const std::string name = checkpoint::stepFileName(step);
   const bool receiving = writer && best[rank] != step;
   if (rank == source || receiving) {
     DTRAIN_LOG(Warn, "rank {}: node(s) {} lack checkpoint step {}; copying it from node {} (rank {})",
-               rank, fmt::join(lacking, ", "), step, sourceNode, source);
+               rank, fmt::join(plan.lacking, ", "), step, plan.sourceNode, source);
   }
-  // The source verifies what it is about to hand out; -1: it cannot read it, -2: it is damaged.
   std::string error;
   int sourceFd = -1;
-  int64_t size = -1;
-  if (rank == source) {
-    std::string path = dir + "/" + name;
-    try {
-      checkpoint::CheckpointReader::open(path).verify();
-      sourceFd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-      if (sourceFd >= 0) size = static_cast<int64_t>(::lseek(sourceFd, 0, SEEK_END));
-      if (size < 0) error = fmt::format("cannot read {}: {}", path, std::strerror(errno));
-    } catch (const std::exception& e) {
-      DTRAIN_LOG(Warn, "rank {}: checkpoint {} is damaged: {}", rank, path, e.what());
-      size = -2;
-    }
-  }
+  int64_t size = rank == source ? openCopySource(dir + "/" + name, sourceFd, error) : -1;
   at::Tensor sizeTensor = at::full({1}, size, at::kLong).to(group->device());
   group->broadcast(sizeTensor, source);
   size = sizeTensor.cpu().item<int64_t>();
@@ -115,6 +117,34 @@ bool Checkpointer::Impl::copyToNodesLacking(int64_t step, const std::vector<int6
       error = e.what();
     }
   }
+  broadcastFile(source, sourceFd, size, fd, tmp, name, error);
+  if (sourceFd >= 0) ::close(sourceFd);
+  if (fd >= 0) commitCopy(fd, tmp, step, error);
+  if (size < 0 && error.empty() && receiving) {
+    error = fmt::format("node {} (rank {}) could not read {}", plan.sourceNode, source, name);
+  }
+  agree(error, fmt::format("copying checkpoint step {} from node {} to node(s) {}", step,
+                           plan.sourceNode, fmt::join(plan.lacking, ", ")));
+  return true;
+}
+
+int64_t Checkpointer::Impl::openCopySource(const std::string& path, int& fd, std::string& error) {
+  int64_t size = -1;
+  try {
+    checkpoint::CheckpointReader::open(path).verify();
+    fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd >= 0) size = static_cast<int64_t>(::lseek(fd, 0, SEEK_END));
+    if (size < 0) error = fmt::format("cannot read {}: {}", path, std::strerror(errno));
+  } catch (const std::exception& e) {
+    DTRAIN_LOG(Warn, "rank {}: checkpoint {} is damaged: {}", rank, path, e.what());
+    size = -2;
+  }
+  return size;
+}
+
+void Checkpointer::Impl::broadcastFile(int source, int sourceFd, int64_t size, int fd,
+                                       const std::string& tmp, const std::string& name,
+                                       std::string& error) {
   at::Tensor chunk = at::empty({std::min(kCopyChunk, std::max<int64_t>(size, 1))}, at::kByte);
   // Every rank takes part in every broadcast, whatever fails locally: the collectives must line up.
   for (int64_t off = 0; size > 0 && off < size; off += kCopyChunk) {
@@ -135,31 +165,26 @@ bool Checkpointer::Impl::copyToNodesLacking(int64_t step, const std::vector<int6
       }
     }
   }
-  if (sourceFd >= 0) ::close(sourceFd);
-  if (fd >= 0) {
-    try {
-      if (error.empty()) {
-        ops->fsync(fd, tmp);
-        checkpoint::FileOps::close(fd);
-        fd = -1;
-        auto reader = checkpoint::CheckpointReader::open(tmp);
-        reader.verify();
-        DTRAIN_CHECK_T(CheckpointError, reader.header().step == step,
-                       "the copy of step {} says step {}", step, reader.header().step);
-        checkpoint::commitStep(*ops, dir, step);
-      }
-    } catch (const std::exception& e) {
-      error = e.what();
+}
+
+void Checkpointer::Impl::commitCopy(int fd, const std::string& tmp, int64_t step,
+                                    std::string& error) {
+  try {
+    if (error.empty()) {
+      ops->fsync(fd, tmp);
+      checkpoint::FileOps::close(fd);
+      fd = -1;
+      auto reader = checkpoint::CheckpointReader::open(tmp);
+      reader.verify();
+      DTRAIN_CHECK_T(CheckpointError, reader.header().step == step,
+                     "the copy of step {} says step {}", step, reader.header().step);
+      checkpoint::commitStep(*ops, dir, step);
     }
-    checkpoint::FileOps::close(fd);
-    if (!error.empty()) ::unlink(tmp.c_str());
+  } catch (const std::exception& e) {
+    error = e.what();
   }
-  if (size < 0 && error.empty() && receiving) {
-    error = fmt::format("node {} (rank {}) could not read {}", sourceNode, source, name);
-  }
-  agree(error, fmt::format("copying checkpoint step {} from node {} to node(s) {}", step, sourceNode,
-                           fmt::join(lacking, ", ")));
-  return true;
+  checkpoint::FileOps::close(fd);
+  if (!error.empty()) ::unlink(tmp.c_str());
 }
 
 std::optional<RestoredCheckpoint> Checkpointer::Impl::restore() {
@@ -190,16 +215,7 @@ std::optional<RestoredCheckpoint> Checkpointer::Impl::restore() {
     const auto bests = allgather(best);
     const int64_t step = *std::max_element(bests.begin(), bests.end());
     if (step < 0) {
-      std::vector<std::string> holders;
-      for (int r = 0; r < world; ++r) {
-        if (counts[r] > 0) holders.push_back(fmt::format("node {} (rank {}): {}", nodeOf[r], r, counts[r]));
-      }
-      DTRAIN_CHECK_T(CheckpointError, holders.empty(),
-                     "rank {}/{}: checkpoints exist but none is intact on any node (files on {}){}. "
-                     "HINT: `checkpoint verify {}` names the damage; move the damaged files away "
-                     "to start from scratch",
-                     rank, world, fmt::join(holders, "; "),
-                     lastDamage.empty() ? "" : "; here: " + lastDamage, dir);
+      refuseIfAnyExists(counts, lastDamage);
       return std::nullopt;
     }
     if (!copyToNodesLacking(step, bests, bad)) continue;  // the source's copy was damaged
@@ -209,31 +225,7 @@ std::optional<RestoredCheckpoint> Checkpointer::Impl::restore() {
     result.path = dir + "/" + checkpoint::stepFileName(step);
     result.copiedFromPeer = bests[writerOf.at(nodeRank)] != step;
     std::string error;
-    int64_t status = kRead;
-    try {
-      auto reader = checkpoint::CheckpointReader::open(result.path);
-      const auto& h = reader.header();
-      result.epoch = h.epoch;
-      result.savedWorldSize = static_cast<int>(h.worldSize);
-      const bool same = static_cast<int>(h.worldSize) == world;
-      status = kRefused;  // what does not fit is refused as a whole, before anything is written
-      DTRAIN_CHECK_T(CheckpointError, same || options.allowWorldSizeChange,
-                     "{} was saved by a job of world size {}, this job has world size {}. HINT: "
-                     "set CheckpointOptions::allowWorldSizeChange to resume at another world size "
-                     "(the sampler re-shards the rest of the epoch exactly)",
-                     result.path, h.worldSize, world);
-      checkpoint::checkRestorable(reader, registry);
-      status = kDamaged;  // from here on, an error is damage found while reading
-      checkpoint::restoreReplicated(reader, registry, owner.metadata_, same);
-      checkpoint::restoreRankState(reader, registry, static_cast<uint32_t>(rank), same);
-      status = kRead;
-    } catch (const CheckpointError& e) {
-      error = e.what();
-      if (status == kRead) status = kDamaged;  // opening failed: the file went bad
-    } catch (const std::exception& e) {
-      error = e.what();
-      status = kRefused;
-    }
+    const int64_t status = readInto(result, error);
     const auto statuses = allgather(status);
     const bool refused = std::count(statuses.begin(), statuses.end(), kRefused) > 0;
     const bool damaged = std::count(statuses.begin(), statuses.end(), kDamaged) > 0;
@@ -253,6 +245,49 @@ std::optional<RestoredCheckpoint> Checkpointer::Impl::restore() {
                  step, error.empty() ? " on another node" : ": " + error);
     }
   }
+}
+
+void Checkpointer::Impl::refuseIfAnyExists(const std::vector<int64_t>& counts,
+                                           const std::string& lastDamage) {
+  std::vector<std::string> holders;
+  for (int r = 0; r < world; ++r) {
+    if (counts[r] > 0) holders.push_back(fmt::format("node {} (rank {}): {}", nodeOf[r], r, counts[r]));
+  }
+  DTRAIN_CHECK_T(CheckpointError, holders.empty(),
+                 "rank {}/{}: checkpoints exist but none is intact on any node (files on {}){}. "
+                 "HINT: `checkpoint verify {}` names the damage; move the damaged files away "
+                 "to start from scratch",
+                 rank, world, fmt::join(holders, "; "),
+                 lastDamage.empty() ? "" : "; here: " + lastDamage, dir);
+}
+
+int64_t Checkpointer::Impl::readInto(RestoredCheckpoint& result, std::string& error) {
+  int64_t status = kRead;
+  try {
+    auto reader = checkpoint::CheckpointReader::open(result.path);
+    const auto& h = reader.header();
+    result.epoch = h.epoch;
+    result.savedWorldSize = static_cast<int>(h.worldSize);
+    const bool same = static_cast<int>(h.worldSize) == world;
+    status = kRefused;  // what does not fit is refused as a whole, before anything is written
+    DTRAIN_CHECK_T(CheckpointError, same || options.allowWorldSizeChange,
+                   "{} was saved by a job of world size {}, this job has world size {}. HINT: "
+                   "set CheckpointOptions::allowWorldSizeChange to resume at another world size "
+                   "(the sampler re-shards the rest of the epoch exactly)",
+                   result.path, h.worldSize, world);
+    checkpoint::checkRestorable(reader, registry);
+    status = kDamaged;  // from here on, an error is damage found while reading
+    checkpoint::restoreReplicated(reader, registry, owner.metadata_, same);
+    checkpoint::restoreRankState(reader, registry, static_cast<uint32_t>(rank), same);
+    status = kRead;
+  } catch (const CheckpointError& e) {
+    error = e.what();
+    if (status == kRead) status = kDamaged;  // opening failed: the file went bad
+  } catch (const std::exception& e) {
+    error = e.what();
+    status = kRefused;
+  }
+  return status;
 }
 
 }  // namespace dtrain

@@ -1,7 +1,6 @@
 #include "checkpoint_state.h"
 
 #include <algorithm>
-#include <cstring>
 #include <numeric>
 #include <thread>
 
@@ -12,8 +11,8 @@
 #include <torch/nn/module.h>
 #include <torch/optim.h>
 
+#include "byte_layout.h"
 #include "dtrain/base/error.h"
-#include "dtrain/base/logging.h"
 #include "dtrain/config.h"
 #include "dtrain/torch/distributed_sampler.h"
 #include "dtrain/torch/grad_scaler.h"
@@ -48,53 +47,6 @@ namespace dtrain::checkpoint {
 
 namespace {
 
-const char* optimizerType(const torch::optim::Optimizer& o) {
-  if (dynamic_cast<const torch::optim::SGD*>(&o)) return "SGD";
-  if (dynamic_cast<const torch::optim::Adam*>(&o)) return "Adam";
-  if (dynamic_cast<const torch::optim::AdamW*>(&o)) return "AdamW";
-  if (dynamic_cast<const torch::optim::Adagrad*>(&o)) return "Adagrad";
-  if (dynamic_cast<const torch::optim::RMSprop*>(&o)) return "RMSprop";
-  return nullptr;
-}
-
-// The tensors and the step count of one parameter's optimizer state.
-struct StateFields {
-  std::vector<std::pair<const char*, at::Tensor*>> tensors;
-  int64_t* step = nullptr;
-};
-
-StateFields fieldsOf(torch::optim::OptimizerParamState& s) {
-  using namespace torch::optim;
-  if (auto* p = dynamic_cast<SGDParamState*>(&s)) return {{{"momentum_buffer", &p->momentum_buffer()}}, nullptr};
-  if (auto* p = dynamic_cast<AdamParamState*>(&s)) {
-    return {{{"exp_avg", &p->exp_avg()}, {"exp_avg_sq", &p->exp_avg_sq()},
-             {"max_exp_avg_sq", &p->max_exp_avg_sq()}},
-            &p->step()};
-  }
-  if (auto* p = dynamic_cast<AdamWParamState*>(&s)) {
-    return {{{"exp_avg", &p->exp_avg()}, {"exp_avg_sq", &p->exp_avg_sq()},
-             {"max_exp_avg_sq", &p->max_exp_avg_sq()}},
-            &p->step()};
-  }
-  if (auto* p = dynamic_cast<AdagradParamState*>(&s)) return {{{"sum", &p->sum()}}, &p->step()};
-  if (auto* p = dynamic_cast<RMSpropParamState*>(&s)) {
-    return {{{"square_avg", &p->square_avg()}, {"momentum_buffer", &p->momentum_buffer()},
-             {"grad_avg", &p->grad_avg()}},
-            &p->step()};
-  }
-  return {};
-}
-
-std::unique_ptr<torch::optim::OptimizerParamState> newParamState(const std::string& type) {
-  using namespace torch::optim;
-  if (type == "SGD") return std::make_unique<SGDParamState>();
-  if (type == "Adam") return std::make_unique<AdamParamState>();
-  if (type == "AdamW") return std::make_unique<AdamWParamState>();
-  if (type == "Adagrad") return std::make_unique<AdagradParamState>();
-  if (type == "RMSprop") return std::make_unique<RMSpropParamState>();
-  return nullptr;
-}
-
 Item tensorItem(std::string name, const at::Tensor& t) {
   Item item;
   item.spec.name = std::move(name);
@@ -127,93 +79,6 @@ Item bytesItem(std::string name, std::vector<uint8_t> bytes, Kind kind = Kind::B
   return item;
 }
 
-std::string optimizerPrefix(const std::string& name) { return "optimizer/" + name + "/"; }
-
-// One entry, replicated: a CheckpointError naming it when absent or not of `kind`.
-const Entry& single(const CheckpointReader& reader, const std::string& name, Kind kind) {
-  for (const Entry* e : reader.find(name)) {
-    if (e->owner != kReplicated) continue;
-    DTRAIN_CHECK_T(CheckpointError, e->kind == kind && !e->isShard(),
-                   "checkpoint {}: entry \"{}\" is a {}, expected a {}", reader.name(), name,
-                   kindName(e->kind), kindName(kind));
-    return *e;
-  }
-  DTRAIN_THROW(CheckpointError,
-               "checkpoint {}: entry \"{}\" is missing. HINT: register the same modules, "
-               "optimizers, schedulers, scalers and samplers, under the same names, as the run "
-               "that saved it",
-               reader.name(), name);
-}
-
-bool has(const CheckpointReader& reader, const std::string& name) {
-  for (const Entry* e : reader.find(name)) {
-    if (e->owner == kReplicated) return true;
-  }
-  return false;
-}
-
-std::vector<uint8_t> readBytes(const CheckpointReader& reader, const Entry& e) {
-  std::vector<uint8_t> out(e.size);
-  reader.read(e, out.data());
-  return out;
-}
-
-double readNumber(const CheckpointReader& reader, const std::string& name) {
-  const Entry& e = single(reader, name, Kind::Number);
-  if (e.dtype == DType::Int64) {
-    int64_t v = 0;
-    reader.read(e, &v);
-    return static_cast<double>(v);
-  }
-  double v = 0;
-  reader.read(e, &v);
-  return v;
-}
-
-int64_t readInt(const CheckpointReader& reader, const std::string& name) {
-  const Entry& e = single(reader, name, Kind::Number);
-  DTRAIN_CHECK_T(CheckpointError, e.dtype == DType::Int64,
-                 "checkpoint {}: entry \"{}\" is a {} number, expected an integer", reader.name(),
-                 name, dtypeName(e.dtype));
-  int64_t v = 0;
-  reader.read(e, &v);
-  return v;
-}
-
-std::string shapeOf(const std::vector<int64_t>& shape) {
-  return fmt::format("[{}]", fmt::join(shape, ", "));
-}
-
-// The replicated records of tensor `name`, checked against `target`'s dtype and shape.
-std::vector<const Entry*> tensorEntries(const CheckpointReader& reader, const std::string& name,
-                                        const at::Tensor& target) {
-  std::vector<const Entry*> out;
-  for (const Entry* e : reader.find(name)) {
-    if (e->owner == kReplicated) out.push_back(e);
-  }
-  DTRAIN_CHECK_T(CheckpointError, !out.empty(),
-                 "checkpoint {}: entry \"{}\" is missing. HINT: register the same objects, under "
-                 "the same names, as the run that saved it",
-                 reader.name(), name);
-  const Entry& e = *out.front();
-  DTRAIN_CHECK_T(CheckpointError, e.kind == Kind::Tensor || e.kind == Kind::Number,
-                 "checkpoint {}: entry \"{}\" is a {}, expected a tensor", reader.name(), name,
-                 kindName(e.kind));
-  DTRAIN_CHECK_T(CheckpointError,
-                 toScalarType(e.dtype) == target.scalar_type() && e.shape == target.sizes().vec(),
-                 "checkpoint {}: entry \"{}\" is {} {}, but the tensor it restores is {} {}",
-                 reader.name(), name, dtypeName(e.dtype), shapeOf(e.shape),
-                 c10::toString(target.scalar_type()), shapeOf(target.sizes().vec()));
-  return out;
-}
-
-std::vector<std::pair<std::string, at::Tensor>> moduleTensors(const torch::nn::Module& module) {
-  std::vector<std::pair<std::string, at::Tensor>> out;
-  for (const auto& p : module.named_parameters(/*recurse=*/true)) out.emplace_back(p.key(), p.value());
-  for (const auto& b : module.named_buffers(/*recurse=*/true)) out.emplace_back(b.key(), b.value());
-  return out;
-}
-
 std::vector<uint8_t> tensorBytes(const at::Tensor& t) {
   at::Tensor c = t.contiguous().cpu();
   const auto* p = static_cast<const uint8_t*>(c.data_ptr());
@@ -222,8 +87,9 @@ std::vector<uint8_t> tensorBytes(const at::Tensor& t) {
 
 // Rank-blob encoding: u32 count, then per item u16 name length, name, u64 size, bytes.
 void putBlob(std::vector<uint8_t>& out, const std::string& name, const std::vector<uint8_t>& bytes) {
-  auto put = [&](uint64_t v, int n) {
-    for (int i = 0; i < n; ++i) out.push_back(static_cast<uint8_t>(v >> (8 * i)));
+  auto put = [&](uint64_t v, size_t n) {
+    out.resize(out.size() + n);
+    putLE(out.data() + out.size() - n, v, n);
   };
   put(name.size(), 2);
   out.insert(out.end(), name.begin(), name.end());
@@ -232,6 +98,46 @@ void putBlob(std::vector<uint8_t>& out, const std::string& name, const std::vect
 }
 
 }  // namespace
+
+const char* optimizerType(const torch::optim::Optimizer& o) {
+  if (dynamic_cast<const torch::optim::SGD*>(&o)) return "SGD";
+  if (dynamic_cast<const torch::optim::Adam*>(&o)) return "Adam";
+  if (dynamic_cast<const torch::optim::AdamW*>(&o)) return "AdamW";
+  if (dynamic_cast<const torch::optim::Adagrad*>(&o)) return "Adagrad";
+  if (dynamic_cast<const torch::optim::RMSprop*>(&o)) return "RMSprop";
+  return nullptr;
+}
+
+StateFields fieldsOf(torch::optim::OptimizerParamState& s) {
+  using namespace torch::optim;
+  if (auto* p = dynamic_cast<SGDParamState*>(&s)) return {{{"momentum_buffer", &p->momentum_buffer()}}, nullptr};
+  if (auto* p = dynamic_cast<AdamParamState*>(&s)) {
+    return {{{"exp_avg", &p->exp_avg()}, {"exp_avg_sq", &p->exp_avg_sq()},
+             {"max_exp_avg_sq", &p->max_exp_avg_sq()}},
+            &p->step()};
+  }
+  if (auto* p = dynamic_cast<AdamWParamState*>(&s)) {
+    return {{{"exp_avg", &p->exp_avg()}, {"exp_avg_sq", &p->exp_avg_sq()},
+             {"max_exp_avg_sq", &p->max_exp_avg_sq()}},
+            &p->step()};
+  }
+  if (auto* p = dynamic_cast<AdagradParamState*>(&s)) return {{{"sum", &p->sum()}}, &p->step()};
+  if (auto* p = dynamic_cast<RMSpropParamState*>(&s)) {
+    return {{{"square_avg", &p->square_avg()}, {"momentum_buffer", &p->momentum_buffer()},
+             {"grad_avg", &p->grad_avg()}},
+            &p->step()};
+  }
+  return {};
+}
+
+std::string optimizerPrefix(const std::string& name) { return "optimizer/" + name + "/"; }
+
+std::vector<std::pair<std::string, at::Tensor>> moduleTensors(const torch::nn::Module& module) {
+  std::vector<std::pair<std::string, at::Tensor>> out;
+  for (const auto& p : module.named_parameters(/*recurse=*/true)) out.emplace_back(p.key(), p.value());
+  for (const auto& b : module.named_buffers(/*recurse=*/true)) out.emplace_back(b.key(), b.value());
+  return out;
+}
 
 size_t Item::size() const {
   if (spec.kind == Kind::String || spec.kind == Kind::Bytes) return bytes.size();
@@ -368,7 +274,7 @@ std::vector<uint8_t> encodeRankState(const Registry& registry) {
     putBlob(out, "sampler/" + name, sampler->state().encode());
     ++count;
   }
-  for (int i = 0; i < 4; ++i) out[i] = static_cast<uint8_t>(count >> (8 * i));
+  putLE(out.data(), count, 4);
   return out;
 }
 
@@ -382,8 +288,7 @@ std::vector<Item> rankItems(uint32_t rank, const std::vector<uint8_t>& blob) {
   };
   auto get = [&](int n) {
     need(static_cast<size_t>(n));
-    uint64_t v = 0;
-    for (int i = 0; i < n; ++i) v |= uint64_t{blob[at + i]} << (8 * i);
+    const uint64_t v = getLE(blob.data() + at, static_cast<size_t>(n));
     at += static_cast<size_t>(n);
     return v;
   };
@@ -403,62 +308,6 @@ std::vector<Item> rankItems(uint32_t rank, const std::vector<uint8_t>& blob) {
     items.push_back(std::move(item));
   }
   return items;
-}
-
-void checkRestorable(const CheckpointReader& reader, const Registry& registry) {
-  for (const auto& [name, module] : registry.modules) {
-    for (const auto& [key, t] : moduleTensors(*module)) {
-      tensorEntries(reader, "module/" + name + "/" + key, t);
-    }
-  }
-  for (const auto& [name, opt] : registry.optimizers) {
-    const std::string prefix = optimizerPrefix(name);
-    auto typeBytes = readBytes(reader, single(reader, prefix + "type", Kind::String));
-    std::string saved(typeBytes.begin(), typeBytes.end());
-    const char* mine = optimizerType(*opt);
-    DTRAIN_CHECK_T(CheckpointError, mine && saved == mine,
-                   "checkpoint {}: optimizer \"{}\" was saved as {}, but the one registered is {}",
-                   reader.name(), name, saved, mine ? mine : "of an unsupported type");
-    const Entry& counts = single(reader, prefix + "params", Kind::Tensor);
-    std::vector<int64_t> mineCounts;
-    for (const auto& group : opt->param_groups()) {
-      mineCounts.push_back(static_cast<int64_t>(group.params().size()));
-    }
-    std::vector<int64_t> savedCounts(counts.elementCount);
-    DTRAIN_CHECK_T(CheckpointError, counts.dtype == DType::Int64 && counts.shape.size() == 1,
-                   "checkpoint {}: entry \"{}params\" is not an int64 vector", reader.name(), prefix);
-    reader.read(counts, savedCounts.data());
-    DTRAIN_CHECK_T(CheckpointError, savedCounts == mineCounts,
-                   "checkpoint {}: optimizer \"{}\" was saved with parameter groups of sizes {}, "
-                   "the one registered has {}",
-                   reader.name(), name, shapeOf(savedCounts), shapeOf(mineCounts));
-    at::Tensor lrs = at::empty({static_cast<int64_t>(mineCounts.size())}, at::kDouble);
-    tensorEntries(reader, prefix + "lr", lrs);
-  }
-  for (const auto& [name, scheduler] : registry.schedulers) {
-    single(reader, "scheduler/" + name + "/step_count", Kind::Number);
-  }
-  for (const auto& [name, scaler] : registry.scalers) {
-    single(reader, "scaler/" + name + "/scale", Kind::Number);
-  }
-  for (const auto& [name, sampler] : registry.samplers) {
-    single(reader, "sampler/" + name, Kind::Bytes);
-  }
-}
-
-void readTensor(const CheckpointReader& reader, const std::vector<const Entry*>& entries,
-                at::Tensor& target) {
-  at::NoGradGuard noGrad;
-  const size_t elem = target.element_size();
-  if (target.device().is_cpu() && target.is_contiguous()) {
-    auto* base = static_cast<uint8_t*>(target.data_ptr());
-    for (const Entry* e : entries) reader.read(*e, base + e->elementOffset * elem);
-    return;
-  }
-  at::Tensor staging = at::empty(target.sizes(), target.options().device(at::kCPU));
-  auto* base = static_cast<uint8_t*>(staging.data_ptr());
-  for (const Entry* e : entries) reader.read(*e, base + e->elementOffset * elem);
-  target.copy_(staging);
 }
 
 void forEachSpread(size_t n, const std::function<uint64_t(size_t)>& weight,
@@ -498,142 +347,6 @@ void forEachSpread(size_t n, const std::function<uint64_t(size_t)>& weight,
   for (auto& t : threads) t.join();
   for (auto& e : errors) {
     if (e) std::rethrow_exception(e);
-  }
-}
-
-void restoreReplicated(const CheckpointReader& reader, Registry& registry,
-                       std::map<std::string, MetadataValue>& metadata, bool sameWorldSize) {
-  // The bulk -- parameters, buffers, optimizer state -- is gathered first and read in one spread.
-  std::vector<std::pair<std::vector<const Entry*>, at::Tensor>> reads;
-  for (auto& [name, module] : registry.modules) {
-    for (auto& [key, t] : moduleTensors(*module)) {
-      std::string entry = "module/" + name + "/" + key;
-      reads.emplace_back(tensorEntries(reader, entry, t), t);
-    }
-  }
-  for (auto& [name, opt] : registry.optimizers) {
-    const std::string prefix = optimizerPrefix(name);
-    auto& groups = opt->param_groups();
-    at::Tensor lrs = at::empty({static_cast<int64_t>(groups.size())}, at::kDouble);
-    readTensor(reader, tensorEntries(reader, prefix + "lr", lrs), lrs);
-    std::string type = optimizerType(*opt);
-    auto& state = opt->state();
-    for (size_t g = 0; g < groups.size(); ++g) {
-      groups[g].options().set_lr(lrs[static_cast<int64_t>(g)].item<double>());
-      const auto& params = groups[g].params();
-      for (size_t i = 0; i < params.size(); ++i) {
-        std::string at = fmt::format("{}{}.{}/", prefix, g, i);
-        auto key = compat::optimizerStateKey(*opt, params[i]);
-        // A parameter without saved state had never been stepped: it has none after restoring.
-        auto probe = newParamState(type);
-        StateFields probeFields = fieldsOf(*probe);
-        bool saved = probeFields.step ? has(reader, at + "step") : false;
-        for (const auto& [field, unused] : probeFields.tensors) saved = saved || has(reader, at + field);
-        if (!saved) {
-          state.erase(key);
-          continue;
-        }
-        auto it = state.find(key);
-        if (it == state.end()) it = state.emplace(key, std::move(probe)).first;
-        StateFields fields = fieldsOf(*it->second);
-        for (auto& [field, tensor] : fields.tensors) {
-          if (!has(reader, at + field)) {
-            *tensor = at::Tensor();
-            continue;
-          }
-          if (!tensor->defined() || tensor->sizes() != params[i].sizes()) {
-            *tensor = at::empty_like(params[i], at::MemoryFormat::Contiguous);
-          }
-          reads.emplace_back(tensorEntries(reader, at + field, *tensor), *tensor);
-        }
-        if (fields.step) *fields.step = readInt(reader, at + "step");
-      }
-    }
-  }
-  forEachSpread(
-      reads.size(), [&](size_t i) { return static_cast<uint64_t>(reads[i].second.nbytes()); },
-      [&](size_t i) { readTensor(reader, reads[i].first, reads[i].second); });
-  for (auto& [name, scheduler] : registry.schedulers) {
-    compat::schedulerStepCount(*scheduler) =
-        static_cast<unsigned>(readInt(reader, "scheduler/" + name + "/step_count"));
-  }
-  for (auto& [name, scaler] : registry.scalers) {
-    std::string prefix = "scaler/" + name + "/";
-    GradScalerState s;
-    s.scale = readNumber(reader, prefix + "scale");
-    s.growthFactor = readNumber(reader, prefix + "growth_factor");
-    s.backoffFactor = readNumber(reader, prefix + "backoff_factor");
-    s.growthInterval = readInt(reader, prefix + "growth_interval");
-    s.growthTracker = readInt(reader, prefix + "growth_tracker");
-    scaler->loadState(s);
-  }
-  for (auto& [name, sampler] : registry.samplers) {
-    // At the same world size each rank loads its own position (restoreRankState); at another,
-    // the global cursor is all there is, and it is the same for every rank.
-    if (sameWorldSize) continue;
-    sampler->loadState(SamplerState::decode(readBytes(reader, single(reader, "sampler/" + name, Kind::Bytes))));
-  }
-  metadata.clear();
-  for (const Entry& e : reader.entries()) {
-    if (e.owner != kReplicated || e.name.rfind("meta/", 0) != 0 || e.isShard()) continue;
-    std::string key = e.name.substr(5);
-    switch (e.kind) {
-      case Kind::String: {
-        auto bytes = readBytes(reader, e);
-        metadata[key] = std::string(bytes.begin(), bytes.end());
-        break;
-      }
-      case Kind::Number:
-        if (e.dtype == DType::Int64) {
-          metadata[key] = readInt(reader, e.name);
-        } else {
-          metadata[key] = readNumber(reader, e.name);
-        }
-        break;
-      case Kind::Tensor: {
-        at::Tensor t = at::empty(e.shape, at::TensorOptions().dtype(toScalarType(e.dtype)));
-        readTensor(reader, reader.find(e.name), t);
-        metadata[key] = t;
-        break;
-      }
-      case Kind::Bytes: break;
-    }
-  }
-}
-
-void restoreRankState(const CheckpointReader& reader, Registry& registry, uint32_t rank,
-                      bool sameWorldSize) {
-  if (rank >= reader.header().worldSize) {
-    DTRAIN_LOG(Info, "checkpoint: rank {} did not exist when {} was saved (world size {}); its "
-               "random generators keep their current state", rank, reader.name(),
-               reader.header().worldSize);
-    return;
-  }
-  auto own = [&](const std::string& what) -> const Entry* {
-    for (const Entry* e : reader.find(fmt::format("rank/{}/{}", rank, what))) {
-      if (e->owner == rank && e->kind == Kind::Bytes) return e;
-    }
-    return nullptr;
-  };
-  auto setGenerator = [&](at::Generator gen, const Entry& e) {
-    at::Tensor state = at::empty({static_cast<int64_t>(e.size)}, at::kByte);
-    reader.read(e, state.data_ptr());
-    std::lock_guard<std::mutex> lock(gen.mutex());
-    gen.set_state(state);
-  };
-  if (const Entry* e = own("rng/cpu")) setGenerator(at::detail::getDefaultCPUGenerator(), *e);
-#if DTRAIN_WITH_TORCH_CUDA
-  if (const Entry* e = own("rng/cuda"); e && c10::cuda::device_count() > 0) {
-    setGenerator(at::cuda::detail::getDefaultCUDAGenerator(c10::cuda::current_device()), *e);
-  }
-#endif
-  if (!sameWorldSize) return;
-  for (auto& [name, sampler] : registry.samplers) {
-    const Entry* e = own("sampler/" + name);
-    DTRAIN_CHECK_T(CheckpointError, e != nullptr,
-                   "checkpoint {}: rank {}'s position of sampler \"{}\" is missing", reader.name(),
-                   rank, name);
-    sampler->loadState(SamplerState::decode(readBytes(reader, *e)));
   }
 }
 

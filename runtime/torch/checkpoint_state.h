@@ -19,6 +19,9 @@
 namespace torch::nn {
 class Module;
 }
+namespace torch::optim {
+class OptimizerParamState;
+}
 
 namespace dtrain::checkpoint {
 
@@ -58,6 +61,21 @@ void restoreReplicated(const CheckpointReader& reader, Registry& registry,
 // Reads rank `rank`'s own entries (absent after a world-size change for new ranks).
 void restoreRankState(const CheckpointReader& reader, Registry& registry, uint32_t rank,
                       bool sameWorldSize);
+
+// --- shared by the writing (checkpoint_state.cpp) and reading (checkpoint_state_read.cpp) sides ---
+
+// "SGD", "Adam", "AdamW", "Adagrad", "RMSprop"; nullptr for an optimizer checkpoints do not know.
+const char* optimizerType(const torch::optim::Optimizer& optimizer);
+// The tensors and the step count of one parameter's optimizer state.
+struct StateFields {
+  std::vector<std::pair<const char*, at::Tensor*>> tensors;
+  int64_t* step = nullptr;
+};
+StateFields fieldsOf(torch::optim::OptimizerParamState& state);
+// "optimizer/<name>/": where an optimizer's entries go.
+std::string optimizerPrefix(const std::string& name);
+// A module's parameters, then its buffers, by their recursive names.
+std::vector<std::pair<std::string, at::Tensor>> moduleTensors(const torch::nn::Module& module);
 
 // Format <-> torch dtypes; the first throws CheckpointError for a dtype the format lacks.
 DType toFormatDType(at::ScalarType type, const std::string& what);

@@ -3,6 +3,7 @@
 // saves, preemption) and checkpoint_restore.cpp. Private to the torch layer.
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -51,6 +52,24 @@ struct Checkpointer::Impl {
   void waitPending();  // collective
   // Local only: waits for the save thread and returns its error ("" when none).
   std::string collectLocal();
+  // The writer's part of a save: starts writing, committing and pruning `step` on the save
+  // thread; returns why it could not ("" when it started). `blobs`: every rank's own state.
+  std::string startWrite(int64_t step, int64_t epoch, bool async,
+                         const std::vector<std::vector<uint8_t>>& blobs);
+  // What the file holds: the replicated items, then every rank's own.
+  std::vector<checkpoint::Item> itemsToSave(const std::vector<std::vector<uint8_t>>& blobs);
+  // Writes the checkpoint file at a temporary path, on the save thread.
+  using FileWrite = std::function<void(const std::string& tmpPath)>;
+  // Copies `items` into the reused snapshot region now (training may change them as soon as this
+  // returns) and writes the file from there.
+  FileWrite snapshotWrite(const std::shared_ptr<checkpoint::Layout>& layout,
+                          const std::vector<checkpoint::Item>& items);
+  // Writes the file straight from `items` (host and contiguous), which it takes over.
+  FileWrite directWrite(const std::shared_ptr<checkpoint::Layout>& layout,
+                        std::vector<checkpoint::Item>& items);
+  // Runs `write`, then commits and prunes (checkpoint::saveStep), on the save thread; records the
+  // finished write for finishedWrites().
+  void startSaveThread(int64_t step, FileWrite write);
 
   // --- restore (checkpoint_restore.cpp) ---
   std::optional<RestoredCheckpoint> restore();
@@ -58,6 +77,22 @@ struct Checkpointer::Impl {
   std::vector<int64_t> candidates(std::string& firstBad, int64_t& found);
   // False when the node that would hand the step out found it damaged (it joins `bad` there).
   bool copyToNodesLacking(int64_t step, const std::vector<int64_t>& best, std::set<int64_t>& bad);
+  // The source's side of a copy: verifies the file it is about to hand out and opens it (`fd`).
+  // Returns its size, or -1 when it cannot read it (`error` says why), -2 when it is damaged.
+  int64_t openCopySource(const std::string& path, int& fd, std::string& error);
+  // Broadcasts the `size` bytes of `source`'s `sourceFd`; a receiving writer (`fd` >= 0) writes
+  // them to `tmp`. Local failures go to `error`; every rank takes part in every broadcast.
+  void broadcastFile(int source, int sourceFd, int64_t size, int fd, const std::string& tmp,
+                     const std::string& name, std::string& error);
+  // The receiver's side: syncs and closes `fd`, verifies the copy at `tmp` and commits it as this
+  // node's `step` (checkpoint::commitStep); removes it when anything failed.
+  void commitCopy(int fd, const std::string& tmp, int64_t step, std::string& error);
+  // When no step is intact anywhere: throws if any node holds checkpoint files at all (`counts`,
+  // per rank), rather than start from scratch.
+  void refuseIfAnyExists(const std::vector<int64_t>& counts, const std::string& lastDamage);
+  // Reads result.path into what is registered; fills the result's epoch and world size. Returns
+  // how it went (read, damaged, refused: checkpoint_restore.cpp), with the error.
+  int64_t readInto(RestoredCheckpoint& result, std::string& error);
 
   Checkpointer& owner;
   std::shared_ptr<ProcessGroup> group;

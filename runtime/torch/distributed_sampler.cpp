@@ -7,6 +7,7 @@
 #include <ATen/CPUGeneratorImpl.h>
 #include <torch/serialize/archive.h>
 
+#include "byte_layout.h"
 #include "dtrain/base/error.h"
 
 namespace dtrain {
@@ -15,15 +16,6 @@ namespace {
 
 constexpr char kMagic[8] = {'D', 'T', 'S', 'A', 'M', 'P', 'L', 'R'};
 constexpr const char* kArchiveKey = "dtrain_sampler_state";
-
-void putLE(std::vector<uint8_t>& out, size_t offset, uint64_t value, size_t bytes) {
-  for (size_t i = 0; i < bytes; ++i) out[offset + i] = static_cast<uint8_t>(value >> (8 * i));
-}
-uint64_t getLE(const std::vector<uint8_t>& in, size_t offset, size_t bytes) {
-  uint64_t value = 0;
-  for (size_t i = 0; i < bytes; ++i) value |= uint64_t{in[offset + i]} << (8 * i);
-  return value;
-}
 
 // The epoch's order of the whole dataset (PyTorch's: randperm with a generator seeded seed+epoch).
 std::vector<int64_t> epochOrder(size_t n, const SamplerOptions& options, int64_t epoch) {
@@ -43,12 +35,12 @@ std::vector<int64_t> epochOrder(size_t n, const SamplerOptions& options, int64_t
 std::vector<uint8_t> SamplerState::encode() const {
   std::vector<uint8_t> out(kEncodedSize, 0);
   std::memcpy(out.data(), kMagic, sizeof(kMagic));
-  putLE(out, 8, kFormatVersion, 4);
-  putLE(out, 12, (shuffle ? 1u : 0u) | (dropLast ? 2u : 0u), 4);
-  putLE(out, 16, seed, 8);
-  putLE(out, 24, static_cast<uint64_t>(epoch), 8);
-  putLE(out, 32, datasetSize, 8);
-  putLE(out, 40, cursor, 8);
+  putLE(out.data() + 8, kFormatVersion, 4);
+  putLE(out.data() + 12, (shuffle ? 1u : 0u) | (dropLast ? 2u : 0u), 4);
+  putLE(out.data() + 16, seed, 8);
+  putLE(out.data() + 24, static_cast<uint64_t>(epoch), 8);
+  putLE(out.data() + 32, datasetSize, 8);
+  putLE(out.data() + 40, cursor, 8);
   return out;
 }
 
@@ -57,21 +49,21 @@ SamplerState SamplerState::decode(const std::vector<uint8_t>& bytes) {
                  "sampler state: expected {} bytes, got {}", kEncodedSize, bytes.size());
   DTRAIN_CHECK_T(CheckpointError, std::memcmp(bytes.data(), kMagic, sizeof(kMagic)) == 0,
                  "sampler state: bad magic (not a dtrain sampler state)");
-  uint64_t version = getLE(bytes, 8, 4);
+  uint64_t version = getLE(bytes.data() + 8, 4);
   DTRAIN_CHECK_T(CheckpointError, version == kFormatVersion,
                  "sampler state: format version {} is not supported (this build reads {}). "
                  "HINT: resume with the dtrain version that wrote the checkpoint",
                  version, kFormatVersion);
-  uint64_t flags = getLE(bytes, 12, 4);
+  uint64_t flags = getLE(bytes.data() + 12, 4);
   DTRAIN_CHECK_T(CheckpointError, (flags & ~uint64_t{3}) == 0,
                  "sampler state: unknown flags {:#x}", flags);
   SamplerState s;
   s.shuffle = flags & 1;
   s.dropLast = flags & 2;
-  s.seed = getLE(bytes, 16, 8);
-  s.epoch = static_cast<int64_t>(getLE(bytes, 24, 8));
-  s.datasetSize = getLE(bytes, 32, 8);
-  s.cursor = getLE(bytes, 40, 8);
+  s.seed = getLE(bytes.data() + 16, 8);
+  s.epoch = static_cast<int64_t>(getLE(bytes.data() + 24, 8));
+  s.datasetSize = getLE(bytes.data() + 32, 8);
+  s.cursor = getLE(bytes.data() + 40, 8);
   DTRAIN_CHECK_T(CheckpointError, s.epoch >= 0, "sampler state: negative epoch {}", s.epoch);
   DTRAIN_CHECK_T(CheckpointError, s.cursor <= s.datasetSize,
                  "sampler state: cursor {} is past the dataset size {}", s.cursor, s.datasetSize);

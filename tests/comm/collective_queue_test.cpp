@@ -14,6 +14,21 @@ namespace {
 // The default deadline of a wait(0) on the items below, far beyond what they take.
 constexpr Millis kBudget{60000};
 
+// Queues a task, described as `description`, that runs until `release` is set, and returns once
+// the comm thread has started it, so that a wait() cannot run it inline.
+std::shared_ptr<QueuedWork> startHeldTask(CollectiveQueue& queue, std::atomic<bool>& release,
+                                          const std::string& description, Millis budget) {
+  std::atomic<bool> started{false};
+  auto work = queue.enqueue(
+      [&started, &release] {
+        started = true;
+        while (!release) std::this_thread::sleep_for(Millis(1));
+      },
+      [description] { return description; }, budget);
+  while (!started) std::this_thread::sleep_for(Millis(1));
+  return work;
+}
+
 TEST(CollectiveQueue, RunsInIssueOrderOneAtATime) {
   auto queue = CollectiveQueue::start("test-queue");
   std::vector<int> order;
@@ -67,15 +82,7 @@ TEST(CollectiveQueue, ErrorsReachTheWaiter) {
 TEST(CollectiveQueue, WaitWithATimeoutThrowsAndLeavesTheWorkRunning) {
   auto queue = CollectiveQueue::start("test-queue");
   std::atomic<bool> release{false};
-  std::atomic<bool> started{false};
-  auto work = queue->enqueue(
-      [&] {
-        started = true;
-        while (!release) std::this_thread::sleep_for(Millis(1));
-      },
-      [] { return std::string("rank 0/2: seq 3 barrier()"); }, kBudget);
-  // Let the comm thread pick it up, so wait() cannot run it inline.
-  while (!started) std::this_thread::sleep_for(Millis(1));
+  auto work = startHeldTask(*queue, release, "rank 0/2: seq 3 barrier()", kBudget);
   auto start = std::chrono::steady_clock::now();
   try {
     work->wait(Millis(100));
@@ -95,14 +102,8 @@ TEST(CollectiveQueue, WaitWithoutATimeoutKeepsTheDefaultDeadline) {
   // stuck past its own budget (a backend bug) makes the waiter throw instead of hanging it.
   auto queue = CollectiveQueue::start("test-queue");
   std::atomic<bool> release{false};
-  std::atomic<bool> started{false};
-  auto work = queue->enqueue(
-      [&] {
-        started = true;
-        while (!release) std::this_thread::sleep_for(Millis(1));
-      },
-      [] { return std::string("rank 1/2: seq 7 allreduce(float32 x 4, sum)"); }, Millis(300));
-  while (!started) std::this_thread::sleep_for(Millis(1));
+  auto work =
+      startHeldTask(*queue, release, "rank 1/2: seq 7 allreduce(float32 x 4, sum)", Millis(300));
   auto start = std::chrono::steady_clock::now();
   auto waited = std::async(std::launch::async, [&] {
     try {

@@ -130,4 +130,19 @@ fault::Fault faultAt(fault::Kind kind, int rank, int64_t seq) {
   return f;
 }
 
+void expectQueuedCollectivesFailWithTheFirstError(comm::Communicator& rank0) {
+  using comm::DataType;
+  using comm::ReduceOp;
+  std::vector<int32_t> a(8), b(8), c(8);
+  auto wa = rank0.allreduceAsync(a.data(), 8, DataType::Int32, ReduceOp::Sum);
+  auto wb = rank0.allreduceAsync(b.data(), 8, DataType::Int32, ReduceOp::Sum);
+  auto wc = rank0.allreduceAsync(c.data(), 8, DataType::Int32, ReduceOp::Sum);
+  const std::string ea = messageOf([&] { wa->wait(); });
+  auto start = std::chrono::steady_clock::now();
+  EXPECT_EQ(messageOf([&] { wb->wait(); }), ea);
+  EXPECT_EQ(messageOf([&] { wc->wait(); }), ea);
+  EXPECT_LT(elapsedMs(start), 200);
+  EXPECT_CONTAINS(ea, "seq 0 allreduce(int32 x 8, sum) failed");
+}
+
 }  // namespace dtrain::testing

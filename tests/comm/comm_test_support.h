@@ -61,6 +61,10 @@ std::string messageOf(const std::function<void()>& fn);
 // A fault of `kind` on `rank` at collective `seq`.
 fault::Fault faultAt(fault::Kind kind, int rank, int64_t seq);
 
+// P3 (docs/reliability.md): three allreduces queued on `rank0` whose peers never call them: the
+// first fails, and the two queued behind it fail with its error at once (< 200 ms).
+void expectQueuedCollectivesFailWithTheFirstError(comm::Communicator& rank0);
+
 // EXPECT that `text` contains `part`, printing both when it does not.
 #define EXPECT_CONTAINS(text, part) \
   EXPECT_NE((text).find(part), std::string::npos) << "missing \"" << (part) << "\" in: " << (text)

@@ -16,6 +16,7 @@ namespace {
 
 using std::chrono::milliseconds;
 using testing::elapsedMs;
+using testing::expectQueuedCollectivesFailWithTheFirstError;
 using testing::faultAt;
 using testing::messageOf;
 using testing::runRanks;
@@ -69,16 +70,7 @@ TEST(ShmFailure, TimeoutNamesTheSilentRankAndLaterCallsFailFast) {
 
 TEST(ShmFailure, QueuedCollectivesBehindAFailureFailWithTheFirstError) {
   auto w = world(2);
-  std::vector<int32_t> a(8), b(8), c(8);
-  auto wa = w[0]->allreduceAsync(a.data(), 8, DataType::Int32, ReduceOp::Sum);
-  auto wb = w[0]->allreduceAsync(b.data(), 8, DataType::Int32, ReduceOp::Sum);
-  auto wc = w[0]->allreduceAsync(c.data(), 8, DataType::Int32, ReduceOp::Sum);
-  const std::string ea = messageOf([&] { wa->wait(); });
-  auto start = std::chrono::steady_clock::now();
-  EXPECT_EQ(messageOf([&] { wb->wait(); }), ea);
-  EXPECT_EQ(messageOf([&] { wc->wait(); }), ea);
-  EXPECT_LT(elapsedMs(start), 200);
-  EXPECT_CONTAINS(ea, "seq 0 allreduce(int32 x 8, sum) failed");
+  expectQueuedCollectivesFailWithTheFirstError(*w[0]);
 }
 
 TEST(ShmFailure, DifferentCollectivesFailAtOnceOnBothSidesNamingBoth) {

@@ -12,21 +12,13 @@
 #include <cstring>
 #include <vector>
 
+#include "byte_layout.h"
 #include "checkpoint/format.h"
 #include "dtrain/base/error.h"
 
 namespace dtrain::fuzz {
 
 namespace detail {
-
-inline uint64_t getLE(const uint8_t* p) {
-  uint64_t v = 0;
-  for (int i = 0; i < 8; ++i) v |= uint64_t{p[i]} << (8 * i);
-  return v;
-}
-inline void putLE(uint8_t* p, uint64_t v) {
-  for (int i = 0; i < 8; ++i) p[i] = static_cast<uint8_t>(v >> (8 * i));
-}
 
 // Recomputes the manifest's and the header's checksums, so that mutations reach the checks
 // behind them (a fuzzer cannot guess an XXH3).

@@ -273,55 +273,30 @@ class ThreadCommunicator : public comm::Communicator {
   std::shared_ptr<comm::Work> allreduceAsync(void* data, size_t count, comm::DataType dtype,
                                              comm::ReduceOp op,
                                              const comm::CallOptions& options) override {
-    Op o;
-    o.kind = Kind::Allreduce;
-    o.data = data;
-    o.count = count;
-    o.dtype = dtype;
+    Op o = makeOp(Kind::Allreduce, nullptr, data, count, dtype, options);
     o.op = op;
-    o.timeout = options.timeout;
     return enqueue(o);
   }
   std::shared_ptr<comm::Work> broadcastAsync(void* data, size_t count, comm::DataType dtype,
                                              int root, const comm::CallOptions& options) override {
-    Op o;
-    o.kind = Kind::Broadcast;
-    o.data = data;
-    o.count = count;
-    o.dtype = dtype;
+    Op o = makeOp(Kind::Broadcast, nullptr, data, count, dtype, options);
     o.root = root;
-    o.timeout = options.timeout;
     return enqueue(o);
   }
   std::shared_ptr<comm::Work> allgatherAsync(const void* send, void* recv, size_t count,
                                              comm::DataType dtype,
                                              const comm::CallOptions& options) override {
-    Op o;
-    o.kind = Kind::Allgather;
-    o.send = send;
-    o.data = recv;
-    o.count = count;
-    o.dtype = dtype;
-    o.timeout = options.timeout;
-    return enqueue(o);
+    return enqueue(makeOp(Kind::Allgather, send, recv, count, dtype, options));
   }
   std::shared_ptr<comm::Work> reduceScatterAsync(const void* send, void* recv, size_t count,
                                                  comm::DataType dtype, comm::ReduceOp op,
                                                  const comm::CallOptions& options) override {
-    Op o;
-    o.kind = Kind::ReduceScatter;
-    o.send = send;
-    o.data = recv;
-    o.count = count;
-    o.dtype = dtype;
+    Op o = makeOp(Kind::ReduceScatter, send, recv, count, dtype, options);
     o.op = op;
-    o.timeout = options.timeout;
     return enqueue(o);
   }
   std::shared_ptr<comm::Work> barrierAsync(const comm::CallOptions& options) override {
-    Op o;
-    o.timeout = options.timeout;
-    return enqueue(o);
+    return enqueue(makeOp(Kind::Barrier, nullptr, nullptr, 0, comm::DataType::Float32, options));
   }
   std::shared_ptr<comm::Buffer> allocate(size_t bytes) override {
     return std::make_shared<HeapBuffer>(bytes);
@@ -341,6 +316,19 @@ class ThreadCommunicator : public comm::Communicator {
   }
 
  private:
+  // An op with the call's buffers, count and timeout; the caller adds the reduction or root.
+  static Op makeOp(Kind kind, const void* send, void* data, size_t count, comm::DataType dtype,
+                   const comm::CallOptions& options) {
+    Op o;
+    o.kind = kind;
+    o.send = send;
+    o.data = data;
+    o.count = count;
+    o.dtype = dtype;
+    o.timeout = options.timeout;
+    return o;
+  }
+
   struct Task {
     int64_t seq;
     Op op;

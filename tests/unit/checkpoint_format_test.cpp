@@ -12,6 +12,7 @@
 #include <gtest/gtest.h>
 
 #include "../fuzz/checkpoint_fuzz_target.h"
+#include "byte_layout.h"
 #include "checkpoint/format.h"
 #include "checkpoint_test_support.h"
 #include "dtrain/base/error.h"
@@ -25,29 +26,20 @@ using testing::sampleFileBytes;
 
 using Bytes = std::vector<uint8_t>;
 
-uint64_t getU(const Bytes& b, size_t at, int n) {
-  uint64_t v = 0;
-  for (int i = 0; i < n; ++i) v |= uint64_t{b[at + i]} << (8 * i);
-  return v;
-}
-void setU(Bytes& b, size_t at, uint64_t v, int n) {
-  for (int i = 0; i < n; ++i) b[at + i] = static_cast<uint8_t>(v >> (8 * i));
-}
+// The `n`-byte field at `at` of a file's bytes.
+uint64_t getU(const Bytes& b, size_t at, int n) { return getLE(b.data() + at, n); }
+void setU(Bytes& b, size_t at, uint64_t v, int n) { putLE(b.data() + at, v, n); }
 
 // Recomputes the manifest and header checksums, so that a crafted field reaches the checks
 // behind them.
-void resign(Bytes& b) {
-  uint64_t mo = getU(b, 72, 8), ms = getU(b, 80, 8);
-  if (mo <= b.size() && ms <= b.size() - mo) setU(b, 96, checksum(b.data() + mo, ms), 8);
-  setU(b, 120, checksum(b.data(), 120), 8);
-}
+using fuzz::detail::resign;
 
 // Byte offset of manifest record `k` in `b`.
 size_t recordAt(const Bytes& b, int k) {
   size_t at = getU(b, 72, 8);
   for (int i = 0; i < k; ++i) {
     uint64_t nameLen = getU(b, at, 2), ndim = b[at + 4];
-    at += (kRecordFixedSize + 8 * ndim + nameLen + 7) / 8 * 8;
+    at += roundUp(kRecordFixedSize + 8 * ndim + nameLen, 8);
   }
   return at;
 }

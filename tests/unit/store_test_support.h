@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "byte_layout.h"
 #include "dtrain/base/tcp_store.h"
 #include "store/wire.h"
 
@@ -19,6 +20,26 @@ using Clock = std::chrono::steady_clock;
 
 TcpStoreServerOptions serverOptions();
 TcpStoreOptions clientOptions(const TcpStoreServer& server);
+
+// A frame header made by hand, for frames the encoder would never write: `length` payload bytes,
+// then version, type and the two reserved bytes.
+inline std::vector<uint8_t> rawHeader(uint64_t length, uint8_t type,
+                                      uint8_t version = wire::kVersion, uint16_t reserved = 0) {
+  std::vector<uint8_t> h(wire::kHeaderBytes);
+  putLE(h.data(), length);
+  h[8] = version;
+  h[9] = type;
+  putLE(h.data() + 10, reserved, 2);
+  return h;
+}
+inline std::vector<uint8_t> rawHeader(uint64_t length, wire::Op op) {
+  return rawHeader(length, static_cast<uint8_t>(op));
+}
+// Appends `v` as a wire u64 (8 bytes, little-endian).
+inline void appendU64(std::vector<uint8_t>* b, uint64_t v) {
+  b->resize(b->size() + 8);
+  putLE(b->data() + b->size() - 8, v);
+}
 
 // A blocking TCP socket to 127.0.0.1:port, for hostile and hand-made traffic.
 class RawClient {

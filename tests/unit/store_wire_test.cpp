@@ -7,6 +7,7 @@
 
 #include "store/auth.h"
 #include "store/wire.h"
+#include "store_test_support.h"
 
 namespace dtrain::store::wire {
 namespace {
@@ -186,45 +187,34 @@ TEST_F(StoreWireParse, NeedsMoreUntilTheLastByteAndStopsAtTheFrame) {
   EXPECT_EQ(p.consumed, frame.size());
 }
 
-Bytes header(uint64_t length, uint8_t type, uint8_t version = kVersion, uint16_t reserved = 0) {
-  Bytes h(kHeaderBytes);
-  for (int i = 0; i < 8; ++i) h[i] = static_cast<uint8_t>(length >> (8 * i));
-  h[8] = version;
-  h[9] = type;
-  h[10] = static_cast<uint8_t>(reserved);
-  h[11] = static_cast<uint8_t>(reserved >> 8);
-  return h;
-}
-
-void appendU64(Bytes* b, uint64_t v) {
-  for (int i = 0; i < 8; ++i) b->push_back(static_cast<uint8_t>(v >> (8 * i)));
-}
+using testing::appendU64;
+using testing::rawHeader;
 
 TEST_F(StoreWireParse, OversizeLengthsAreRefusedFromTheHeaderAlone) {
   // Only the 12 header bytes: no payload is needed to say no, so nothing is ever allocated for it.
   for (uint64_t length : {uint64_t{1} << 30, std::numeric_limits<uint64_t>::max(),
                           maxRequestPayload(Op::Set, limits_) + 1}) {
-    ParseResult p = parse(header(length, static_cast<uint8_t>(Op::Set)));
+    ParseResult p = parse(rawHeader(length, Op::Set));
     EXPECT_EQ(p.status, ParseStatus::Bad) << length;
     EXPECT_NE(p.error.find(std::to_string(length)), std::string::npos) << p.error;
   }
-  EXPECT_EQ(parse(header(9, static_cast<uint8_t>(Op::NumKeys))).status, ParseStatus::Bad);
-  Bytes largest = header(maxRequestPayload(Op::Set, limits_), static_cast<uint8_t>(Op::Set));
+  EXPECT_EQ(parse(rawHeader(9, Op::NumKeys)).status, ParseStatus::Bad);
+  Bytes largest = rawHeader(maxRequestPayload(Op::Set, limits_), Op::Set);
   EXPECT_EQ(parse(largest).status, ParseStatus::NeedMore);
 }
 
 TEST_F(StoreWireParse, BadHeadersAreRefused) {
-  EXPECT_EQ(parse(header(0, 8, 2)).status, ParseStatus::Bad);        // version
-  EXPECT_EQ(parse(header(0, 0)).status, ParseStatus::Bad);           // opcode 0
-  EXPECT_EQ(parse(header(0, 9)).status, ParseStatus::Bad);           // opcode 9
-  EXPECT_EQ(parse(header(0, 8, kVersion, 1)).status, ParseStatus::Bad);  // reserved
+  EXPECT_EQ(parse(rawHeader(0, 8, 2)).status, ParseStatus::Bad);        // version
+  EXPECT_EQ(parse(rawHeader(0, 0)).status, ParseStatus::Bad);           // opcode 0
+  EXPECT_EQ(parse(rawHeader(0, 9)).status, ParseStatus::Bad);           // opcode 9
+  EXPECT_EQ(parse(rawHeader(0, 8, kVersion, 1)).status, ParseStatus::Bad);  // reserved
 }
 
 TEST_F(StoreWireParse, KeyCountOfTwoToTheFortyIsRefused) {
   Bytes payload;
   appendU64(&payload, 10);               // timeout
   appendU64(&payload, uint64_t{1} << 40);  // key count
-  Bytes frame = header(payload.size(), static_cast<uint8_t>(Op::Wait));
+  Bytes frame = rawHeader(payload.size(), Op::Wait);
   frame.insert(frame.end(), payload.begin(), payload.end());
   ParseResult p = parse(frame);
   EXPECT_EQ(p.status, ParseStatus::Bad);
@@ -232,7 +222,7 @@ TEST_F(StoreWireParse, KeyCountOfTwoToTheFortyIsRefused) {
   // A count within the limit that the payload cannot hold is refused too, without a resize.
   Bytes lying;
   appendU64(&lying, 4000);
-  Bytes frame2 = header(lying.size(), static_cast<uint8_t>(Op::Check));
+  Bytes frame2 = rawHeader(lying.size(), Op::Check);
   frame2.insert(frame2.end(), lying.begin(), lying.end());
   EXPECT_EQ(parse(frame2).status, ParseStatus::Bad);
 }
@@ -242,14 +232,14 @@ TEST_F(StoreWireParse, FieldsLongerThanTheirLimitOrThePayloadAreRefused) {
   Bytes payload;
   appendU64(&payload, 5);
   payload.insert(payload.end(), {'a', 'b', 'c', 'd', 'e'});
-  Bytes frame = header(payload.size(), static_cast<uint8_t>(Op::Delete));
+  Bytes frame = rawHeader(payload.size(), Op::Delete);
   frame.insert(frame.end(), payload.begin(), payload.end());
   EXPECT_EQ(parse(frame).status, ParseStatus::Bad);
 
   Bytes lies;
   appendU64(&lies, 3);  // key length 3, but only 1 byte follows
   lies.push_back('a');
-  Bytes frame2 = header(lies.size(), static_cast<uint8_t>(Op::Delete));
+  Bytes frame2 = rawHeader(lies.size(), Op::Delete);
   frame2.insert(frame2.end(), lies.begin(), lies.end());
   EXPECT_EQ(parse(frame2).status, ParseStatus::Bad);
 

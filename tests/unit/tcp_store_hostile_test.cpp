@@ -19,16 +19,16 @@ using std::chrono::milliseconds;
 
 constexpr size_t kMiB = 1 << 20;
 
-Bytes header(uint64_t length, wire::Op op) {
-  Bytes h(wire::kHeaderBytes);
-  for (int i = 0; i < 8; ++i) h[i] = static_cast<uint8_t>(length >> (8 * i));
-  h[8] = wire::kVersion;
-  h[9] = static_cast<uint8_t>(op);
-  return h;
-}
-
-void appendU64(Bytes* b, uint64_t v) {
-  for (int i = 0; i < 8; ++i) b->push_back(static_cast<uint8_t>(v >> (8 * i)));
+// `copies` requests to get "blob", back to back in one buffer.
+Bytes blobGets(int copies) {
+  wire::Request get;
+  get.op = wire::Op::Get;
+  get.keys = {"blob"};
+  get.timeoutMs = 1000;
+  const Bytes frame = wire::encodeRequest(get);
+  Bytes burst;
+  for (int i = 0; i < copies; ++i) burst.insert(burst.end(), frame.begin(), frame.end());
+  return burst;
 }
 
 class TcpStoreHostile : public ::testing::Test {
@@ -89,7 +89,7 @@ TEST_F(TcpStoreHostile, OversizeLengthsAreRefusedWithoutAllocating) {  // S3
     for (wire::Op op : {wire::Op::Set, wire::Op::CompareSet, wire::Op::Wait}) {
       RawClient raw(server_->port());
       ASSERT_TRUE(raw.handshake());
-      raw.send(header(length, op));
+      raw.send(rawHeader(length, op));
       Bytes filler(64 * 1024, 0);
       raw.send(filler);  // may fail once the server has closed; that is the point
       EXPECT_TRUE(raw.closedByServer(milliseconds(5000))) << length;
@@ -103,7 +103,7 @@ TEST_F(TcpStoreHostile, AKeyCountOfTwoToTheFortyIsRefused) {  // S3
   for (wire::Op op : {wire::Op::Wait, wire::Op::Check}) {
     RawClient raw(server_->port());
     ASSERT_TRUE(raw.handshake());
-    Bytes frame = header(op == wire::Op::Wait ? 16 : 8, op);
+    Bytes frame = rawHeader(op == wire::Op::Wait ? 16 : 8, op);
     if (op == wire::Op::Wait) appendU64(&frame, 1000);  // timeout
     appendU64(&frame, uint64_t{1} << 40);               // key count
     raw.send(frame);
@@ -121,7 +121,7 @@ TEST_F(TcpStoreHostile, HalfAFrameAnnouncingSixtyMiBAllocatesOnlyWhatCame) {  //
   for (int i = 0; i < 20; ++i) {
     raws.push_back(std::make_unique<RawClient>(server_->port()));
     ASSERT_TRUE(raws.back()->handshake());
-    Bytes frame = header(60 * kMiB, wire::Op::Set);
+    Bytes frame = rawHeader(60 * kMiB, wire::Op::Set);
     appendU64(&frame, 1);
     frame.push_back('k');
     appendU64(&frame, 60 * kMiB - 17);
@@ -254,13 +254,7 @@ TEST_F(TcpStoreHostile, AClientThatNeverReadsItsRepliesIsCutOff) {
   rssBefore_ = residentBytes();
   RawClient raw(server_->port());
   ASSERT_TRUE(raw.handshake());
-  wire::Request get;
-  get.op = wire::Op::Get;
-  get.keys = {"blob"};
-  get.timeoutMs = 1000;
-  Bytes frame = wire::encodeRequest(get);
-  Bytes burst;
-  for (int i = 0; i < 4096; ++i) burst.insert(burst.end(), frame.begin(), frame.end());
+  const Bytes burst = blobGets(4096);
   // Requests for ~60 KiB replies, none of which is read: the server answers until its queue
   // toward this client is full, then stops, and cuts the client off once 1 MiB more has come.
   constexpr size_t kGiveUp = 64 * kMiB;
@@ -276,13 +270,7 @@ TEST_F(TcpStoreHostile, ClientsVanishingMidReplyDoNotKillTheServersProcess) {
   // Writing to a reset connection raises SIGPIPE, whose default action would end the process
   // hosting the server (the launcher) -- not just the one connection.
   good_->set("blob", Bytes(4 * kMiB, 'b'));
-  wire::Request get;
-  get.op = wire::Op::Get;
-  get.keys = {"blob"};
-  get.timeoutMs = 1000;
-  Bytes frame = wire::encodeRequest(get);
-  Bytes burst;
-  for (int i = 0; i < 8; ++i) burst.insert(burst.end(), frame.begin(), frame.end());
+  const Bytes burst = blobGets(8);
   for (int round = 0; round < 30; ++round) {
     RawClient raw(server_->port());
     ASSERT_TRUE(raw.handshake());

@@ -188,6 +188,18 @@ void withFile(FileOps& ops, const std::string& path, Body&& body) {
   FileOps::close(fd);
 }
 
+// Points LATEST at `name`: LATEST.tmp is written and fsynced, then renamed over LATEST. The
+// caller fsyncs the directory.
+void pointLatestAt(FileOps& ops, const std::string& dir, const std::string& name) {
+  const std::string latestTmp = dir + "/" + kLatest + kTmpSuffix;
+  const std::string text = name + "\n";
+  withFile(ops, latestTmp, [&](int fd) {
+    ops.writeAt(fd, text.data(), text.size(), 0, latestTmp);
+    ops.fsync(fd, latestTmp);
+  });
+  ops.rename(latestTmp, dir + "/" + kLatest);
+}
+
 }  // namespace
 
 void writeCheckpointFile(FileOps& ops, const std::string& path, Layout& layout,
@@ -314,13 +326,7 @@ void commitStep(FileOps& ops, const std::string& dir, int64_t step) {
   std::string name = stepFileName(step);
   ops.rename(dir + "/" + name + kTmpSuffix, dir + "/" + name);
   ops.fsyncDirectory(dir);
-  std::string latestTmp = dir + "/" + kLatest + kTmpSuffix;
-  std::string text = name + "\n";
-  withFile(ops, latestTmp, [&](int fd) {
-    ops.writeAt(fd, text.data(), text.size(), 0, latestTmp);
-    ops.fsync(fd, latestTmp);
-  });
-  ops.rename(latestTmp, dir + "/" + kLatest);
+  pointLatestAt(ops, dir, name);
   ops.fsyncDirectory(dir);
 }
 
@@ -338,13 +344,7 @@ void saveStep(FileOps& ops, const std::string& dir, int64_t step, int keepLast,
     ops.rename(tmp, final);
     renamed = true;
     ops.fsyncDirectory(dir);
-    std::string latestTmp = dir + "/" + kLatest + kTmpSuffix;
-    std::string text = name + "\n";
-    withFile(ops, latestTmp, [&](int fd) {
-      ops.writeAt(fd, text.data(), text.size(), 0, latestTmp);
-      ops.fsync(fd, latestTmp);
-    });
-    ops.rename(latestTmp, dir + "/" + kLatest);
+    pointLatestAt(ops, dir, name);
   } catch (...) {
     // Nothing of a failed save stays behind; LATEST still names the previous checkpoint.
     ::unlink(tmp.c_str());

@@ -1,99 +1,23 @@
 #include "checkpoint/format.h"
 
-#include <fcntl.h>
-#include <sys/stat.h>
-#include <unistd.h>
-
 #include <algorithm>
-#include <cerrno>
 #include <cstring>
-#include <map>
-#include <numeric>
 
 #include <fmt/format.h>
 #include <xxhash.h>
 
+#include "byte_layout.h"
 #include "dtrain/base/error.h"
 
 namespace dtrain::checkpoint {
 
 namespace {
 
-constexpr uint64_t kMaxElements = uint64_t{1} << 62;
-
-void put(std::vector<uint8_t>& out, size_t at, uint64_t value, size_t bytes) {
-  for (size_t i = 0; i < bytes; ++i) out[at + i] = static_cast<uint8_t>(value >> (8 * i));
-}
-uint64_t get(const uint8_t* in, size_t bytes) {
-  uint64_t value = 0;
-  for (size_t i = 0; i < bytes; ++i) value |= uint64_t{in[i]} << (8 * i);
-  return value;
-}
-
-uint64_t alignUp(uint64_t n, uint64_t a) { return (n + a - 1) / a * a; }
-
-// a + b without wrapping; false when it would.
-bool addOk(uint64_t a, uint64_t b, uint64_t* out) {
-  if (a > UINT64_MAX - b) return false;
-  *out = a + b;
-  return true;
-}
-
-bool knownDType(uint8_t code) { return code >= 1 && code <= 12; }
-bool knownKind(uint8_t code) { return code >= 1 && code <= 4; }
-
 std::string shapeText(const std::vector<int64_t>& shape) {
   std::string out = "[";
   for (size_t i = 0; i < shape.size(); ++i) out += (i ? ", " : "") + std::to_string(shape[i]);
   return out + "]";
 }
-
-class FileSource : public ByteSource {
- public:
-  FileSource(std::string path, int fd, uint64_t size) : path_(std::move(path)), fd_(fd), size_(size) {}
-  ~FileSource() override { ::close(fd_); }
-  uint64_t size() const override { return size_; }
-  const std::string& name() const override { return path_; }
-  void readAt(uint64_t offset, void* out, size_t size) const override {
-    auto* p = static_cast<char*>(out);
-    size_t done = 0;
-    while (done < size) {
-      ssize_t n = ::pread(fd_, p + done, size - done, static_cast<off_t>(offset + done));
-      if (n < 0 && errno == EINTR) continue;
-      DTRAIN_CHECK_T(CheckpointError, n >= 0, "checkpoint {}: read of {} bytes at offset {} failed: {}",
-                     path_, size, offset + done, std::strerror(errno));
-      DTRAIN_CHECK_T(CheckpointError, n > 0,
-                     "checkpoint {}: truncated: expected {} bytes at offset {}, the file ends at {}",
-                     path_, size, offset, offset + done);
-      done += static_cast<size_t>(n);
-    }
-  }
-
- private:
-  std::string path_;
-  int fd_;
-  uint64_t size_;
-};
-
-class MemorySource : public ByteSource {
- public:
-  MemorySource(const uint8_t* data, size_t size, std::string name)
-      : data_(data), size_(size), name_(std::move(name)) {}
-  uint64_t size() const override { return size_; }
-  const std::string& name() const override { return name_; }
-  const uint8_t* memory() const override { return data_; }
-  void readAt(uint64_t offset, void* out, size_t size) const override {
-    DTRAIN_CHECK_T(CheckpointError, offset <= size_ && size <= size_ - offset,
-                   "checkpoint {}: truncated: expected {} bytes at offset {}, it ends at {}", name_,
-                   size, offset, size_);
-    if (size) std::memcpy(out, data_ + offset, size);
-  }
-
- private:
-  const uint8_t* data_;
-  size_t size_;
-  std::string name_;
-};
 
 }  // namespace
 
@@ -188,7 +112,7 @@ Layout planLayout(int64_t step, int64_t epoch, uint32_t worldSize, const std::st
     e.elementCount = spec.elementCount ? spec.elementCount : e.numel() - spec.elementOffset;
     e.offset = offset;
     e.size = e.elementCount * dtypeSize(e.dtype);
-    offset = alignUp(offset + e.size, kDataAlignment);
+    offset = roundUp(offset + e.size, kDataAlignment);
     layout.entries.push_back(std::move(e));
   }
   layout.header.dataOffset = kHeaderSize;
@@ -201,28 +125,28 @@ Layout planLayout(int64_t step, int64_t epoch, uint32_t worldSize, const std::st
 std::vector<uint8_t> encodeManifest(const std::vector<Entry>& entries) {
   size_t total = 0;
   for (const auto& e : entries) {
-    total += alignUp(kRecordFixedSize + 8 * e.shape.size() + e.name.size(), 8);
+    total += roundUp(kRecordFixedSize + 8 * e.shape.size() + e.name.size(), 8);
   }
   std::vector<uint8_t> out(total, 0);
   size_t at = 0;
   for (const auto& e : entries) {
-    put(out, at + 0, e.name.size(), 2);
+    putLE(out.data() + at + 0, e.name.size(), 2);
     out[at + 2] = static_cast<uint8_t>(e.kind);
     out[at + 3] = static_cast<uint8_t>(e.dtype);
     out[at + 4] = static_cast<uint8_t>(e.shape.size());
-    put(out, at + 8, e.owner, 4);
-    put(out, at + 16, e.elementOffset, 8);
-    put(out, at + 24, e.elementCount, 8);
-    put(out, at + 32, e.offset, 8);
-    put(out, at + 40, e.size, 8);
-    put(out, at + 48, e.checksum, 8);
+    putLE(out.data() + at + 8, e.owner, 4);
+    putLE(out.data() + at + 16, e.elementOffset, 8);
+    putLE(out.data() + at + 24, e.elementCount, 8);
+    putLE(out.data() + at + 32, e.offset, 8);
+    putLE(out.data() + at + 40, e.size, 8);
+    putLE(out.data() + at + 48, e.checksum, 8);
     size_t p = at + kRecordFixedSize;
     for (int64_t d : e.shape) {
-      put(out, p, static_cast<uint64_t>(d), 8);
+      putLE(out.data() + p, static_cast<uint64_t>(d), 8);
       p += 8;
     }
     std::memcpy(out.data() + p, e.name.data(), e.name.size());
-    at += alignUp(kRecordFixedSize + 8 * e.shape.size() + e.name.size(), 8);
+    at += roundUp(kRecordFixedSize + 8 * e.shape.size() + e.name.size(), 8);
   }
   return out;
 }
@@ -233,374 +157,21 @@ std::vector<uint8_t> encodeHeader(Header& h, const std::vector<uint8_t>& manifes
   h.fileSize = h.manifestOffset + h.manifestSize;
   std::vector<uint8_t> out(kHeaderSize, 0);
   std::memcpy(out.data(), kMagic, sizeof(kMagic));
-  put(out, 8, kFormatVersion, 4);
-  put(out, 12, kHeaderSize, 4);
-  put(out, 16, static_cast<uint64_t>(h.step), 8);
-  put(out, 24, static_cast<uint64_t>(h.epoch), 8);
-  put(out, 32, h.worldSize, 4);
+  putLE(out.data() + 8, kFormatVersion, 4);
+  putLE(out.data() + 12, kHeaderSize, 4);
+  putLE(out.data() + 16, static_cast<uint64_t>(h.step), 8);
+  putLE(out.data() + 24, static_cast<uint64_t>(h.epoch), 8);
+  putLE(out.data() + 32, h.worldSize, 4);
   std::memcpy(out.data() + 40, h.torchVersion.data(), std::min<size_t>(16, h.torchVersion.size()));
-  put(out, 56, h.dataOffset, 8);
-  put(out, 64, h.dataSize, 8);
-  put(out, 72, h.manifestOffset, 8);
-  put(out, 80, h.manifestSize, 8);
-  put(out, 88, h.entryCount, 8);
-  put(out, 96, h.manifestChecksum, 8);
-  put(out, 104, h.fileSize, 8);
-  put(out, 120, checksum(out.data(), 120), 8);
+  putLE(out.data() + 56, h.dataOffset, 8);
+  putLE(out.data() + 64, h.dataSize, 8);
+  putLE(out.data() + 72, h.manifestOffset, 8);
+  putLE(out.data() + 80, h.manifestSize, 8);
+  putLE(out.data() + 88, h.entryCount, 8);
+  putLE(out.data() + 96, h.manifestChecksum, 8);
+  putLE(out.data() + 104, h.fileSize, 8);
+  putLE(out.data() + 120, checksum(out.data(), 120), 8);
   return out;
-}
-
-std::unique_ptr<ByteSource> openFileSource(const std::string& path) {
-  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  DTRAIN_CHECK_T(CheckpointError, fd >= 0, "checkpoint {}: cannot open: {}", path, std::strerror(errno));
-  struct stat st {};
-  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
-    int err = errno;
-    ::close(fd);
-    DTRAIN_THROW(CheckpointError, "checkpoint {}: not a regular file{}", path,
-                 err ? std::string(": ") + std::strerror(err) : "");
-  }
-  return std::make_unique<FileSource>(path, fd, static_cast<uint64_t>(st.st_size));
-}
-
-std::unique_ptr<ByteSource> memorySource(const uint8_t* data, size_t size, std::string name) {
-  return std::make_unique<MemorySource>(data, size, std::move(name));
-}
-
-CheckpointReader::CheckpointReader(std::unique_ptr<ByteSource> source) : source_(std::move(source)) {
-  parseHeader();
-  parseManifest();
-  checkEntries();
-}
-
-CheckpointReader CheckpointReader::open(const std::string& path) {
-  return CheckpointReader(openFileSource(path));
-}
-
-void CheckpointReader::parseHeader() {
-  const std::string& file = source_->name();
-  uint64_t size = source_->size();
-  DTRAIN_CHECK_T(CheckpointError, size >= kHeaderSize,
-                 "checkpoint {}: truncated: {} bytes, shorter than the {}-byte header", file, size,
-                 kHeaderSize);
-  uint8_t h[kHeaderSize];
-  source_->readAt(0, h, kHeaderSize);
-  DTRAIN_CHECK_T(CheckpointError, std::memcmp(h, kMagic, sizeof(kMagic)) == 0,
-                 "checkpoint {}: not a dtrain checkpoint (bad magic at offset 0)", file);
-  uint64_t version = get(h + 8, 4);
-  DTRAIN_CHECK_T(CheckpointError, version == kFormatVersion,
-                 "checkpoint {}: format version {} at offset 8 is not supported (this build reads "
-                 "version {}). HINT: read it with the dtrain version that wrote it",
-                 file, version, kFormatVersion);
-  DTRAIN_CHECK_T(CheckpointError, get(h + 120, 8) == checksum(h, 120),
-                 "checkpoint {}: header checksum mismatch (offset 120): the header is damaged", file);
-  DTRAIN_CHECK_T(CheckpointError, get(h + 12, 4) == kHeaderSize,
-                 "checkpoint {}: header size {} at offset 12, expected {}", file, get(h + 12, 4),
-                 kHeaderSize);
-  Header& hd = header_;
-  hd.step = static_cast<int64_t>(get(h + 16, 8));
-  hd.epoch = static_cast<int64_t>(get(h + 24, 8));
-  hd.worldSize = static_cast<uint32_t>(get(h + 32, 4));
-  uint64_t flags = get(h + 36, 4);
-  const char* tv = reinterpret_cast<const char*>(h + 40);
-  hd.torchVersion.assign(tv, strnlen(tv, 16));
-  hd.dataOffset = get(h + 56, 8);
-  hd.dataSize = get(h + 64, 8);
-  hd.manifestOffset = get(h + 72, 8);
-  hd.manifestSize = get(h + 80, 8);
-  hd.entryCount = get(h + 88, 8);
-  hd.manifestChecksum = get(h + 96, 8);
-  hd.fileSize = get(h + 104, 8);
-  DTRAIN_CHECK_T(CheckpointError, hd.step >= 0 && hd.epoch >= 0,
-                 "checkpoint {}: negative step {} or epoch {} (offset 16)", file, hd.step, hd.epoch);
-  DTRAIN_CHECK_T(CheckpointError, hd.worldSize >= 1, "checkpoint {}: world size 0 (offset 32)", file);
-  DTRAIN_CHECK_T(CheckpointError, flags == 0, "checkpoint {}: unknown flags {:#x} (offset 36)", file,
-                 flags);
-  DTRAIN_CHECK_T(CheckpointError, get(h + 112, 8) == 0, "checkpoint {}: reserved field at offset 112 is not 0",
-                 file);
-  DTRAIN_CHECK_T(CheckpointError,
-                 hd.fileSize == size || hd.fileSize > size,
-                 "checkpoint {}: {} bytes, but its header says {}: bytes follow the manifest", file,
-                 size, hd.fileSize);
-  DTRAIN_CHECK_T(CheckpointError, hd.fileSize == size,
-                 "checkpoint {}: truncated: expected {} bytes, got {}", file, hd.fileSize, size);
-  uint64_t dataEnd = 0, manifestEnd = 0;
-  DTRAIN_CHECK_T(CheckpointError,
-                 hd.dataOffset == kHeaderSize && addOk(hd.dataOffset, hd.dataSize, &dataEnd) &&
-                     hd.manifestOffset == dataEnd &&
-                     addOk(hd.manifestOffset, hd.manifestSize, &manifestEnd) &&
-                     manifestEnd == hd.fileSize,
-                 "checkpoint {}: inconsistent regions: data {}+{}, manifest {}+{}, file size {} "
-                 "(header offsets 56..111)",
-                 file, hd.dataOffset, hd.dataSize, hd.manifestOffset, hd.manifestSize, hd.fileSize);
-  DTRAIN_CHECK_T(CheckpointError, hd.manifestSize <= kMaxManifestBytes,
-                 "checkpoint {}: manifest of {} bytes (offset 80) is over the {}-byte limit", file,
-                 hd.manifestSize, kMaxManifestBytes);
-  DTRAIN_CHECK_T(CheckpointError, hd.entryCount <= hd.manifestSize / kRecordFixedSize,
-                 "checkpoint {}: {} entries (offset 88) cannot fit a {}-byte manifest", file,
-                 hd.entryCount, hd.manifestSize);
-}
-
-void CheckpointReader::parseManifest() {
-  const std::string& file = source_->name();
-  const Header& hd = header_;
-  std::vector<uint8_t> m(hd.manifestSize);
-  source_->readAt(hd.manifestOffset, m.data(), m.size());
-  DTRAIN_CHECK_T(CheckpointError, checksum(m.data(), m.size()) == hd.manifestChecksum,
-                 "checkpoint {}: manifest checksum mismatch (manifest at offset {}, {} bytes): the "
-                 "manifest is damaged",
-                 file, hd.manifestOffset, hd.manifestSize);
-  size_t at = 0;
-  entries_.reserve(hd.entryCount);
-  for (uint64_t i = 0; i < hd.entryCount; ++i) {
-    uint64_t where = hd.manifestOffset + at;
-    DTRAIN_CHECK_T(CheckpointError, m.size() - at >= kRecordFixedSize,
-                   "checkpoint {}: manifest record {} at offset {} runs past the manifest's end", file,
-                   i, where);
-    const uint8_t* r = m.data() + at;
-    Entry e;
-    uint64_t nameLen = get(r, 2);
-    uint8_t kind = r[2], dtype = r[3], ndim = r[4];
-    DTRAIN_CHECK_T(CheckpointError, nameLen >= 1 && nameLen <= kMaxNameBytes,
-                   "checkpoint {}: manifest record {} at offset {}: name length {} (1..{})", file, i,
-                   where, nameLen, kMaxNameBytes);
-    DTRAIN_CHECK_T(CheckpointError, ndim <= kMaxDims,
-                   "checkpoint {}: manifest record {} at offset {}: {} dimensions (at most {})", file,
-                   i, where, ndim, kMaxDims);
-    uint64_t recordSize = alignUp(kRecordFixedSize + 8 * uint64_t{ndim} + nameLen, 8);
-    DTRAIN_CHECK_T(CheckpointError, recordSize <= m.size() - at,
-                   "checkpoint {}: manifest record {} at offset {} ({} bytes) runs past the "
-                   "manifest's end",
-                   file, i, where, recordSize);
-    const char* name = reinterpret_cast<const char*>(r + kRecordFixedSize + 8 * ndim);
-    e.name.assign(name, nameLen);
-    std::string who = fmt::format("checkpoint {}: entry \"{}\" (manifest record {} at offset {})",
-                                  file, e.name.substr(0, 200), i, where);
-    DTRAIN_CHECK_T(CheckpointError, e.name.find('\0') == std::string::npos, "{}: NUL in the name", who);
-    DTRAIN_CHECK_T(CheckpointError, knownKind(kind), "{}: unknown kind {}", who, kind);
-    DTRAIN_CHECK_T(CheckpointError, knownDType(dtype), "{}: unknown dtype {}", who, dtype);
-    DTRAIN_CHECK_T(CheckpointError, r[5] == 0 && r[6] == 0 && r[7] == 0 && get(r + 12, 4) == 0,
-                   "{}: reserved bytes are not 0", who);
-    e.kind = static_cast<Kind>(kind);
-    e.dtype = static_cast<DType>(dtype);
-    e.owner = static_cast<uint32_t>(get(r + 8, 4));
-    e.elementOffset = get(r + 16, 8);
-    e.elementCount = get(r + 24, 8);
-    e.offset = get(r + 32, 8);
-    e.size = get(r + 40, 8);
-    e.checksum = get(r + 48, 8);
-    uint64_t numel = 1;
-    for (uint8_t d = 0; d < ndim; ++d) {
-      uint64_t dim = get(r + kRecordFixedSize + 8 * d, 8);
-      DTRAIN_CHECK_T(CheckpointError, dim < kMaxElements && (dim == 0 || numel <= kMaxElements / dim),
-                     "{}: shape dimension {} = {} overflows", who, d, static_cast<int64_t>(dim));
-      numel *= dim;
-      e.shape.push_back(static_cast<int64_t>(dim));
-    }
-    // Padding after the name must be zero: one encoding per manifest.
-    for (uint64_t p = kRecordFixedSize + 8 * ndim + nameLen; p < recordSize; ++p) {
-      DTRAIN_CHECK_T(CheckpointError, r[p] == 0, "{}: padding byte at offset {} is not 0", who,
-                     where + p);
-    }
-    entries_.push_back(std::move(e));
-    at += recordSize;
-  }
-  DTRAIN_CHECK_T(CheckpointError, at == m.size(),
-                 "checkpoint {}: {} bytes follow the last of {} manifest records", file,
-                 m.size() - at, hd.entryCount);
-}
-
-void CheckpointReader::checkEntries() {
-  const std::string& file = source_->name();
-  const Header& hd = header_;
-  const uint64_t dataEnd = hd.dataOffset + hd.dataSize;
-  for (size_t i = 0; i < entries_.size(); ++i) {
-    const Entry& e = entries_[i];
-    std::string who = fmt::format("checkpoint {}: entry \"{}\" (record {})", file,
-                                  e.name.substr(0, 200), i);
-    uint64_t numel = e.numel();
-    uint64_t end = 0;
-    DTRAIN_CHECK_T(CheckpointError, addOk(e.elementOffset, e.elementCount, &end) && end <= numel,
-                   "{}: elements {}+{} lie outside its {} elements", who, e.elementOffset,
-                   e.elementCount, numel);
-    size_t elem = dtypeSize(e.dtype);
-    DTRAIN_CHECK_T(CheckpointError, e.elementCount <= kMaxElements / elem && e.size == e.elementCount * elem,
-                   "{}: {} bytes of data for {} elements of {}", who, e.size, e.elementCount,
-                   dtypeName(e.dtype));
-    DTRAIN_CHECK_T(CheckpointError,
-                   e.offset >= hd.dataOffset && e.offset % kDataAlignment == 0 &&
-                       addOk(e.offset, e.size, &end) && end <= dataEnd,
-                   "{}: data at offset {} ({} bytes) lies outside the data region {}..{} or is not "
-                   "{}-byte aligned",
-                   who, e.offset, e.size, hd.dataOffset, dataEnd, kDataAlignment);
-    DTRAIN_CHECK_T(CheckpointError, e.owner == kReplicated || e.owner < hd.worldSize,
-                   "{}: owner rank {} is outside the world of {}", who, e.owner, hd.worldSize);
-    switch (e.kind) {
-      case Kind::String:
-      case Kind::Bytes:
-        DTRAIN_CHECK_T(CheckpointError, e.dtype == DType::UInt8 && e.shape.size() == 1,
-                       "{}: a {} must be a 1-dimensional uint8 entry", who, kindName(e.kind));
-        break;
-      case Kind::Number:
-        DTRAIN_CHECK_T(CheckpointError,
-                       (e.dtype == DType::Float64 || e.dtype == DType::Int64) && e.shape.empty(),
-                       "{}: a number must be a 0-dim float64 or int64", who);
-        break;
-      case Kind::Tensor: break;
-    }
-  }
-  // No two records' data overlap.
-  std::vector<size_t> order(entries_.size());
-  std::iota(order.begin(), order.end(), 0);
-  std::sort(order.begin(), order.end(),
-            [&](size_t a, size_t b) { return entries_[a].offset < entries_[b].offset; });
-  for (size_t k = 1; k < order.size(); ++k) {
-    const Entry& prev = entries_[order[k - 1]];
-    const Entry& cur = entries_[order[k]];
-    DTRAIN_CHECK_T(CheckpointError, prev.offset + prev.size <= cur.offset || cur.size == 0 || prev.size == 0,
-                   "checkpoint {}: entries \"{}\" (offset {}, {} bytes) and \"{}\" (offset {}) overlap",
-                   file, prev.name.substr(0, 200), prev.offset, prev.size, cur.name.substr(0, 200),
-                   cur.offset);
-  }
-  // Names are unique per owner, except shards, which must tile their tensor exactly.
-  std::map<std::pair<std::string, uint32_t>, std::vector<size_t>> byName;
-  for (size_t i = 0; i < entries_.size(); ++i) {
-    byName[{entries_[i].name, entries_[i].owner}].push_back(i);
-  }
-  for (auto& [key, idx] : byName) {
-    const Entry& first = entries_[idx.front()];
-    if (idx.size() == 1 && !first.isShard()) continue;
-    std::sort(idx.begin(), idx.end(), [&](size_t a, size_t b) {
-      return entries_[a].elementOffset < entries_[b].elementOffset;
-    });
-    uint64_t next = 0;
-    for (size_t i : idx) {
-      const Entry& e = entries_[i];
-      DTRAIN_CHECK_T(CheckpointError,
-                     e.kind == first.kind && e.dtype == first.dtype && e.shape == first.shape &&
-                         e.elementCount > 0,
-                     "checkpoint {}: entry \"{}\" appears {} times with different kinds, dtypes or "
-                     "shapes (duplicate name)",
-                     file, key.first.substr(0, 200), idx.size());
-      DTRAIN_CHECK_T(CheckpointError, e.elementOffset == next,
-                     "checkpoint {}: entry \"{}\": shards {} elements {}, expected the next at {} "
-                     "(duplicate name, overlapping or missing shard)",
-                     file, key.first.substr(0, 200), e.elementOffset < next ? "overlap at" : "skip to",
-                     e.elementOffset, next);
-      next += e.elementCount;
-    }
-    DTRAIN_CHECK_T(CheckpointError, next == first.numel(),
-                   "checkpoint {}: entry \"{}\": its shards hold {} of {} elements", file,
-                   key.first.substr(0, 200), next, first.numel());
-  }
-}
-
-std::vector<const Entry*> CheckpointReader::find(const std::string& name) const {
-  std::vector<const Entry*> out;
-  for (const auto& e : entries_) {
-    if (e.name == name) out.push_back(&e);
-  }
-  std::sort(out.begin(), out.end(),
-            [](const Entry* a, const Entry* b) { return a->elementOffset < b->elementOffset; });
-  return out;
-}
-
-void CheckpointReader::read(const Entry& e, void* out) const {
-  if (const uint8_t* mem = source_->memory()) {
-    DTRAIN_CHECK_T(CheckpointError, checksum(mem + e.offset, e.size) == e.checksum,
-                   "checkpoint {}: entry \"{}\" (data at offset {}, {} bytes): checksum mismatch: "
-                   "the data is damaged",
-                   source_->name(), e.name, e.offset, e.size);
-    if (out && e.size) std::memcpy(out, mem + e.offset, e.size);
-    return;
-  }
-  // In chunks, each hashed while it is still in the CPU's cache: one pass over memory, not two.
-  constexpr uint64_t kChunk = 256 << 10;
-  auto* p = static_cast<uint8_t*>(out);
-  uint64_t sum = 0;
-  if (e.size <= kChunk) {
-    source_->readAt(e.offset, p, e.size);
-    sum = checksum(p, e.size);
-  } else {
-    XXH3_state_t* state = XXH3_createState();
-    XXH3_64bits_reset(state);
-    try {
-      for (uint64_t done = 0; done < e.size;) {
-        size_t n = static_cast<size_t>(std::min(kChunk, e.size - done));
-        source_->readAt(e.offset + done, p + done, n);
-        XXH3_64bits_update(state, p + done, n);
-        done += n;
-      }
-    } catch (...) {
-      XXH3_freeState(state);
-      throw;
-    }
-    sum = XXH3_64bits_digest(state);
-    XXH3_freeState(state);
-  }
-  DTRAIN_CHECK_T(CheckpointError, sum == e.checksum,
-                 "checkpoint {}: entry \"{}\" (data at offset {}, {} bytes): checksum mismatch: the "
-                 "data is damaged",
-                 source_->name(), e.name, e.offset, e.size);
-}
-
-void CheckpointReader::verify() const {
-  constexpr size_t kChunk = 8 << 20;
-  std::vector<uint8_t> buffer;
-  for (const auto& e : entries_) {
-    if (source_->memory()) {
-      read(e, nullptr);
-      continue;
-    }
-    XXH3_state_t* state = XXH3_createState();
-    XXH3_64bits_reset(state);
-    buffer.resize(std::min<uint64_t>(kChunk, std::max<uint64_t>(e.size, 1)));
-    try {
-      for (uint64_t done = 0; done < e.size;) {
-        size_t n = static_cast<size_t>(std::min<uint64_t>(buffer.size(), e.size - done));
-        source_->readAt(e.offset + done, buffer.data(), n);
-        XXH3_64bits_update(state, buffer.data(), n);
-        done += n;
-      }
-    } catch (...) {
-      XXH3_freeState(state);
-      throw;
-    }
-    uint64_t sum = XXH3_64bits_digest(state);
-    XXH3_freeState(state);
-    DTRAIN_CHECK_T(CheckpointError, sum == e.checksum,
-                   "checkpoint {}: entry \"{}\" (data at offset {}, {} bytes): checksum mismatch: "
-                   "the data is damaged",
-                   source_->name(), e.name, e.offset, e.size);
-  }
-  // The bytes between entries (alignment padding) are no entry's: they must be zero, so that
-  // no byte of the file escapes a check.
-  std::vector<const Entry*> order;
-  for (const auto& e : entries_) order.push_back(&e);
-  std::sort(order.begin(), order.end(), [](const Entry* a, const Entry* b) { return a->offset < b->offset; });
-  uint64_t pos = header_.dataOffset;
-  const uint64_t end = header_.dataOffset + header_.dataSize;
-  auto checkZero = [&](uint64_t from, uint64_t to, const Entry* after) {
-    while (from < to) {
-      size_t n = static_cast<size_t>(std::min<uint64_t>(to - from, kChunk));
-      buffer.resize(std::max(buffer.size(), n));
-      source_->readAt(from, buffer.data(), n);
-      for (size_t i = 0; i < n; ++i) {
-        DTRAIN_CHECK_T(CheckpointError, buffer[i] == 0,
-                       "checkpoint {}: byte {} (padding {}) is not zero: the file is damaged",
-                       source_->name(), from + i,
-                       after ? fmt::format("after entry \"{}\"", after->name) : "before the first entry");
-      }
-      from += n;
-    }
-  };
-  const Entry* previous = nullptr;
-  for (const Entry* e : order) {
-    if (e->offset > pos) checkZero(pos, e->offset, previous);
-    pos = std::max(pos, e->offset + e->size);
-    previous = e;
-  }
-  checkZero(pos, end, previous);
 }
 
 }  // namespace dtrain::checkpoint

@@ -1,20 +1,14 @@
-// TcpStore, the client: round trips and pipelined sets over one connection (opened by
+// TcpStore, the client: pipelined sets and their acknowledgements, and the Store operations over
+// TcpStore::Impl's round trips (client_round_trip.cpp; the connection is opened by
 // client_connect.cpp).
-#include <poll.h>
-
 #include <algorithm>
-#include <cstdlib>
 #include <cstring>
-#include <deque>
-#include <exception>
 
 #include <fmt/format.h>
 
 #include "dtrain/base/error.h"
 #include "dtrain/base/logging.h"
-#include "net/socket.h"
-#include "store/client_connect.h"
-#include "store/wire.h"
+#include "store/tcp_store_impl.h"
 
 namespace dtrain::store {
 
@@ -25,18 +19,22 @@ using net::IoStatus;
 using wire::Op;
 using wire::Status;
 
-// The server answers a Get/Wait at its deadline; we give its answer this long to arrive before
-// calling the connection dead.
-constexpr Millis kServerGrace{5000};
+// Decoders of Ok answers; false when the answer does not have that shape.
+bool readValue(Status status, const Bytes& payload, Bytes* out) {
+  wire::Reader in(payload.data(), payload.size());
+  return status == Status::Ok && in.bytes(payload.size(), out) && in.left() == 0;
+}
+bool readI64(Status status, const Bytes& payload, int64_t* out) {
+  wire::Reader in(payload.data(), payload.size());
+  return status == Status::Ok && in.i64(out) && in.left() == 0;
+}
+bool readFlag(Status status, const Bytes& payload, bool* out) {
+  if (status != Status::Ok || payload.size() != 1 || payload[0] > 1) return false;
+  *out = payload[0] == 1;
+  return true;
+}
 
-// Note [Stale connections]
-// A server with an idle timeout, or one that restarted, may have closed a connection we still
-// hold. Sending on it would fail only after the request is out -- too late to know whether the
-// server ran it, so not safe to retry an add(). Before using a connection idle for a while we
-// therefore take every acknowledgement still due (Note [Pipelined sets]), then ask the kernel
-// whether the peer has closed it, and reconnect first if so. Requests sent back to back skip the
-// check (one poll() each would cost ~1 us on a ~25 us round trip).
-constexpr Millis kStaleAfter{10};
+}  // namespace
 
 // Note [Pipelined sets]
 // set() sends its frame and returns, as c10d's does: one system call instead of a round trip. The
@@ -63,522 +61,235 @@ constexpr Millis kStaleAfter{10};
 // lost or times out with sets unacknowledged -- is kept (the first such error, setError_) and
 // thrown by the next call on this client before it does anything, naming the keys. set() itself
 // throws only when its own frame could not be sent.
-constexpr size_t kMaxUnackedSets = 1024;
-constexpr size_t kAckPollInterval = 32;
-constexpr size_t kMaxUnackedBytes = 4 << 20;
-constexpr Millis kCloseDrain{5000};
-// An acknowledgement is an empty Ok, or an Error/Refused carrying a message.
-constexpr size_t kMaxAckPayload = 8 + wire::kMaxErrorBytes;
-// Holds the largest acknowledgement whole; answers to other requests usually fit as well.
-constexpr size_t kReceiveBufferBytes = 16 * 1024;
-static_assert(kReceiveBufferBytes >= 2 * (wire::kHeaderBytes + kMaxAckPayload));
+//
+// The bounds (kMaxUnackedSets, kAckPollInterval, kMaxUnackedBytes, kCloseDrain) are in
+// tcp_store_impl.h.
 
-std::string quoted(const std::vector<std::string>& keys, size_t max = 8) {
-  std::string out;
-  for (size_t i = 0; i < keys.size() && i < max; ++i) {
-    if (!out.empty()) out += ", ";
-    out += '"' + keys[i] + '"';
+// See Note [Pipelined sets].
+void TcpStore::Impl::set(const std::string& key, const Bytes& value) {
+  Bytes frame = wire::encodeSet(key, value);
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (options_.acknowledgedSets) {
+    wire::Request r;
+    r.op = Op::Set;
+    r.keys = {key};
+    auto [status, payload] = exchange(r, frame, Millis(0));
+    if (status != Status::Ok || !payload.empty()) throwMalformed(r);
+    return;
   }
-  if (keys.size() > max) out += fmt::format(" and {} more", keys.size() - max);
+  settle(Clock::now() - lastUse_ > kStaleAfter);  // Note [Stale connections]
+  open();
+  auto start = Clock::now();
+  lastUse_ = start;
+  unacked_.push_back({key, frame.size()});
+  unackedBytes_ += frame.size();
+  net::IoResult w = net::sendAll(socket_.fd(), frame.data(), frame.size(), start + timeout());
+  if (w.status != IoStatus::Ok) {
+    // A server that refused an earlier set closes the connection: its answer says why.
+    takeAcks(false, 0, 0, start);
+    if (socket_.valid()) loseConnection(w, start, fmt::format("sending SET \"{}\"", key));
+    throwSetError();
+  }
+  if (unacked_.size() % kAckPollInterval == 0) takeAcks(false, 0, 0, start);
+  takeAcks(true, kMaxUnackedSets, kMaxUnackedBytes, Clock::now() + timeout());
+}
+
+void TcpStore::Impl::flush() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  settle(true);
+}
+
+// Takes the acknowledgements still due, within kCloseDrain (or the operation timeout, when
+// shorter), then closes. Never throws: what it cannot report to a caller it logs.
+void TcpStore::Impl::close() noexcept {
+  try {
+    std::lock_guard<std::mutex> lock(mutex_);
+    takeAcks(true, 0, 0, Clock::now() + std::min<Millis>(kCloseDrain, timeout()));
+    if (setError_) {
+      try {
+        std::rethrow_exception(setError_);
+      } catch (const std::exception& e) {
+        DTRAIN_LOG(Warn, "store client {} closing: a set() failed and no later call reported "
+                   "it: {}. HINT: call flush() before dropping a TcpStore whose sets matter",
+                   where_, e.what());
+      }
+    }
+    closeConnection();
+  } catch (...) {
+  }
+}
+
+// Before a request: with `all`, waits for every acknowledgement due; then throws the first
+// error of a set that no call has reported yet.
+void TcpStore::Impl::settle(bool all) {
+  if (all) takeAcks(true, 0, 0, Clock::now() + timeout());
+  throwSetError();
+}
+
+void TcpStore::Impl::throwSetError() {
+  if (!setError_) return;
+  std::exception_ptr e = setError_;
+  setError_ = nullptr;
+  std::rethrow_exception(e);
+}
+
+void TcpStore::Impl::keepSetError(std::exception_ptr e) {
+  if (!setError_) {
+    setError_ = std::move(e);
+    return;
+  }
+  try {
+    std::rethrow_exception(e);
+  } catch (const std::exception& later) {
+    DTRAIN_LOG(Info, "store client {}: another set() failed before the first failure was "
+               "reported: {}", where_, later.what());
+  }
+}
+
+std::string TcpStore::Impl::unackedKeys() const {
+  std::vector<std::string> keys;
+  for (size_t i = 0; i < unacked_.size() && i < 8; ++i) keys.push_back(unacked_[i].key);
+  std::string out = quoted(keys);
+  if (unacked_.size() > keys.size()) {
+    out += fmt::format(" and {} more", unacked_.size() - keys.size());
+  }
   return out;
 }
 
-long long msSince(Clock::time_point start) {
-  return std::chrono::duration_cast<Millis>(Clock::now() - start).count();
-}
-
-std::string errorMessage(const uint8_t* payload, size_t size) {
-  wire::Reader in(payload, size);
-  std::string message;
-  if (!in.string(wire::kMaxErrorBytes, &message)) message = "(unreadable error message)";
-  return message;
-}
-
-// Decoders of Ok answers; false when the answer does not have that shape.
-// Whether an answer with this header can be read: this version, a known status, a payload
-// within `maxPayload`.
-bool usableAnswerHeader(const wire::FrameHeader& h, uint64_t maxPayload) {
-  return h.version == wire::kVersion && h.type <= static_cast<uint8_t>(Status::Refused) &&
-         h.payloadBytes <= maxPayload;
-}
-
-bool readValue(Status status, const Bytes& payload, Bytes* out) {
-  wire::Reader in(payload.data(), payload.size());
-  return status == Status::Ok && in.bytes(payload.size(), out) && in.left() == 0;
-}
-bool readI64(Status status, const Bytes& payload, int64_t* out) {
-  wire::Reader in(payload.data(), payload.size());
-  return status == Status::Ok && in.i64(out) && in.left() == 0;
-}
-bool readFlag(Status status, const Bytes& payload, bool* out) {
-  if (status != Status::Ok || payload.size() != 1 || payload[0] > 1) return false;
-  *out = payload[0] == 1;
-  return true;
-}
-
-}  // namespace
-
-class TcpStore::Impl {
- public:
-  Impl(const TcpStoreOptions& options, Store* self) : options_(options), self_(self) {
-    where_ = net::hostPort(options.host, options.port);
-    options_.connectTimeout = timeoutOrDefault(options.connectTimeout, kDefaultConnectTimeout,
-                                               "TcpStoreOptions::connectTimeout");
-    options_.handshakeTimeout = timeoutOrDefault(
-        options.handshakeTimeout, kDefaultHandshakeTimeout, "TcpStoreOptions::handshakeTimeout");
-    token_ = options.token;
-    if (token_.empty()) {
-      const char* env = std::getenv("DTRAIN_STORE_TOKEN");
-      if (env != nullptr) token_ = env;
+// Takes acknowledgements, oldest first. Without `wait`: those that have already arrived (one
+// non-blocking receive at most). With it: blocks until no more than `maxCount` sets and
+// `maxBytes` bytes stay unacknowledged, or `deadline`. Failures are kept for the next call.
+void TcpStore::Impl::takeAcks(bool wait, size_t maxCount, size_t maxBytes, Clock::time_point deadline) {
+  auto start = Clock::now();
+  bool received = false;
+  while (socket_.valid() && !unacked_.empty() &&
+         (!wait || unacked_.size() > maxCount || unackedBytes_ > maxBytes)) {
+    size_t n = bufferedAck();
+    if (n > 0) {
+      takeAck(n);
+      continue;
     }
-    DTRAIN_CHECK_ARG(options.port != 0, "store client: port 0 is not a store's port ({}). HINT: "
-                     "use the port the server reports", where_);
-  }
-
-  const std::string& where() const { return where_; }
-
-  // Before the client is shared, or with mutex_ held (and nothing unacknowledged).
-  void connect() {
-    socket_ = connectToStore(options_, token_, where_);
-    rbegin_ = rend_ = 0;
-  }
-
-  // --- the operations; each holds mutex_ -------------------------------------------------------
-
-  // See Note [Pipelined sets].
-  void set(const std::string& key, const Bytes& value) {
-    Bytes frame = wire::encodeSet(key, value);
-    std::lock_guard<std::mutex> lock(mutex_);
-    if (options_.acknowledgedSets) {
-      wire::Request r;
-      r.op = Op::Set;
-      r.keys = {key};
-      auto [status, payload] = exchange(r, frame, Millis(0));
-      if (status != Status::Ok || !payload.empty()) throwMalformed(r);
-      return;
+    if (!socket_.valid() || (!wait && received)) break;
+    received = true;
+    if (rbegin_ > 0) {
+      std::memmove(rbuf_.data(), rbuf_.data() + rbegin_, buffered());
+      rend_ -= rbegin_;
+      rbegin_ = 0;
     }
-    settle(Clock::now() - lastUse_ > kStaleAfter);  // Note [Stale connections]
-    open();
-    auto start = Clock::now();
-    lastUse_ = start;
-    unacked_.push_back({key, frame.size()});
-    unackedBytes_ += frame.size();
-    net::IoResult w = net::sendAll(socket_.fd(), frame.data(), frame.size(), start + timeout());
-    if (w.status != IoStatus::Ok) {
-      // A server that refused an earlier set closes the connection: its answer says why.
-      takeAcks(false, 0, 0, start);
-      if (socket_.valid()) loseConnection(w, start, fmt::format("sending SET \"{}\"", key));
-      throwSetError();
-    }
-    if (unacked_.size() % kAckPollInterval == 0) takeAcks(false, 0, 0, start);
-    takeAcks(true, kMaxUnackedSets, kMaxUnackedBytes, Clock::now() + timeout());
-  }
-
-  // Runs one request on a quiet connection and hands its answer to `decode` (under the lock: an
-  // answer it cannot read closes the connection). A server Error is thrown here.
-  template <typename Decode>
-  void call(const wire::Request& request, Millis waitMs, Decode&& decode) {
-    std::lock_guard<std::mutex> lock(mutex_);
-    auto [status, payload] = exchange(request, wire::encodeRequest(request), waitMs);
-    if (!decode(status, payload)) throwMalformed(request);
-  }
-
-  void flush() {
-    std::lock_guard<std::mutex> lock(mutex_);
-    settle(true);
-  }
-
-  // Takes the acknowledgements still due, within kCloseDrain (or the operation timeout, when
-  // shorter), then closes. Never throws: what it cannot report to a caller it logs.
-  void close() noexcept {
-    try {
-      std::lock_guard<std::mutex> lock(mutex_);
-      takeAcks(true, 0, 0, Clock::now() + std::min<Millis>(kCloseDrain, timeout()));
-      if (setError_) {
-        try {
-          std::rethrow_exception(setError_);
-        } catch (const std::exception& e) {
-          DTRAIN_LOG(Warn, "store client {} closing: a set() failed and no later call reported "
-                     "it: {}. HINT: call flush() before dropping a TcpStore whose sets matter",
-                     where_, e.what());
-        }
-      }
-      closeConnection();
-    } catch (...) {
-    }
-  }
-
-  // --- argument checks, before anything is sent ------------------------------------------------
-
-  void checkKey(const std::string& key) const {
-    DTRAIN_CHECK_ARG(key.size() <= options_.limits.maxKeyBytes,
-                     "store key of {} bytes (\"{}...\") exceeds the limit of {} bytes "
-                     "(StoreLimits::maxKeyBytes) on store {}",
-                     key.size(), key.substr(0, 32), options_.limits.maxKeyBytes, where_);
-  }
-  void checkValue(const std::string& key, const Bytes& value) const {
-    DTRAIN_CHECK_ARG(value.size() <= options_.limits.maxValueBytes,
-                     "store value of {} bytes for key \"{}\" exceeds the limit of {} bytes "
-                     "(StoreLimits::maxValueBytes) on store {}",
-                     value.size(), key, options_.limits.maxValueBytes, where_);
-  }
-  void checkKeys(const std::vector<std::string>& keys) const {
-    DTRAIN_CHECK_ARG(keys.size() <= options_.limits.maxKeysPerRequest,
-                     "{} keys in one request exceed the limit of {} (StoreLimits::"
-                     "maxKeysPerRequest) on store {}",
-                     keys.size(), options_.limits.maxKeysPerRequest, where_);
-    for (const auto& k : keys) checkKey(k);
-  }
-
- private:
-  struct Unacked {
-    std::string key;
-    size_t bytes;  // of its frame
-  };
-
-  struct Frame {
-    Status status = Status::Ok;
-    Bytes payload;
-    bool headerDone = false;
-  };
-
-  Millis timeout() const { return self_->timeout(); }  // never zero (Note [Zero timeouts])
-  size_t buffered() const { return rend_ - rbegin_; }
-
-  // Before a request: with `all`, waits for every acknowledgement due; then throws the first
-  // error of a set that no call has reported yet.
-  void settle(bool all) {
-    if (all) takeAcks(true, 0, 0, Clock::now() + timeout());
-    throwSetError();
-  }
-
-  void throwSetError() {
-    if (!setError_) return;
-    std::exception_ptr e = setError_;
-    setError_ = nullptr;
-    std::rethrow_exception(e);
-  }
-
-  void keepSetError(std::exception_ptr e) {
-    if (!setError_) {
-      setError_ = std::move(e);
-      return;
-    }
-    try {
-      std::rethrow_exception(e);
-    } catch (const std::exception& later) {
-      DTRAIN_LOG(Info, "store client {}: another set() failed before the first failure was "
-                 "reported: {}", where_, later.what());
-    }
-  }
-
-  // A live connection. Called on a quiet one (nothing unacknowledged), or right after using it.
-  void open() {
-    if (socket_.valid() && unacked_.empty() && Clock::now() - lastUse_ > kStaleAfter &&
-        peerClosed()) {
-      // See Note [Stale connections].
-      DTRAIN_LOG(Info, "store {} closed our idle connection", where_);
-      closeConnection();
-    }
-    if (!socket_.valid()) {
-      DTRAIN_LOG(Info, "store client reconnecting to {}", where_);
-      connect();
-    }
-  }
-
-  // Every way out of a connection: whatever was unacknowledged on it is accounted for first.
-  void closeConnection() {
-    socket_.close();
-    rbegin_ = rend_ = 0;
-  }
-
-  std::string unackedKeys() const {
-    std::vector<std::string> keys;
-    for (size_t i = 0; i < unacked_.size() && i < 8; ++i) keys.push_back(unacked_[i].key);
-    std::string out = quoted(keys);
-    if (unacked_.size() > keys.size()) {
-      out += fmt::format(" and {} more", unacked_.size() - keys.size());
-    }
-    return out;
-  }
-
-  // --- acknowledgements of pipelined sets (Note [Pipelined sets]) ------------------------------
-
-  // Takes acknowledgements, oldest first. Without `wait`: those that have already arrived (one
-  // non-blocking receive at most). With it: blocks until no more than `maxCount` sets and
-  // `maxBytes` bytes stay unacknowledged, or `deadline`. Failures are kept for the next call.
-  void takeAcks(bool wait, size_t maxCount, size_t maxBytes, Clock::time_point deadline) {
-    auto start = Clock::now();
-    bool received = false;
-    while (socket_.valid() && !unacked_.empty() &&
-           (!wait || unacked_.size() > maxCount || unackedBytes_ > maxBytes)) {
-      size_t n = bufferedAck();
-      if (n > 0) {
-        takeAck(n);
-        continue;
-      }
-      if (!socket_.valid() || (!wait && received)) break;
-      received = true;
-      if (rbegin_ > 0) {
-        std::memmove(rbuf_.data(), rbuf_.data() + rbegin_, buffered());
-        rend_ -= rbegin_;
-        rbegin_ = 0;
-      }
-      uint8_t* room = rbuf_.data() + rend_;
-      net::IoResult r = wait ? net::recvAtLeast(socket_.fd(), room, 1, rbuf_.size() - rend_,
-                                                deadline)
-                             : net::recvAvailable(socket_.fd(), room, rbuf_.size() - rend_);
-      rend_ += r.done;
-      if (r.status != IoStatus::Ok) {
-        loseConnection(r, start, "reading their acknowledgements");
-      } else if (r.done == 0) {
-        break;  // nothing has arrived yet
-      }
-    }
-    if (socket_.valid() && unacked_.empty() && buffered() > 0) {
-      breakConnection(fmt::format("{} bytes more than the acknowledgements it owed", buffered()));
-    }
-  }
-
-  // The size of the acknowledgement at the front of the buffer once all of it is there, else 0.
-  // A malformed header breaks the connection (then 0 too).
-  size_t bufferedAck() {
-    if (buffered() < wire::kHeaderBytes) return 0;
-    wire::FrameHeader h = wire::decodeHeader(rbuf_.data() + rbegin_);
-    if (!usableAnswerHeader(h, kMaxAckPayload)) {
-      breakConnection(fmt::format("a malformed frame (version {}, type {}, {} bytes) for the "
-                                  "acknowledgement of SET \"{}\"",
-                                  h.version, h.type, h.payloadBytes, unacked_.front().key));
-      return 0;
-    }
-    size_t size = wire::kHeaderBytes + static_cast<size_t>(h.payloadBytes);
-    return buffered() >= size ? size : 0;
-  }
-
-  // Takes the acknowledgement of the oldest unacknowledged set: `size` bytes at rbuf_[rbegin_].
-  void takeAck(size_t size) {
-    const uint8_t* frame = rbuf_.data() + rbegin_;
-    rbegin_ += size;
-    Unacked set = std::move(unacked_.front());
-    unacked_.pop_front();
-    unackedBytes_ -= set.bytes;
-    auto status = static_cast<Status>(wire::decodeHeader(frame).type);
-    const uint8_t* payload = frame + wire::kHeaderBytes;
-    size_t payloadBytes = size - wire::kHeaderBytes;
-    if (status == Status::Ok && payloadBytes == 0) return;
-    if (status == Status::Error) {
-      keepSetError(DTRAIN_ERROR_PTR(InvalidArgument, "store {} refused SET \"{}\": {}", where_,
-                                    set.key, errorMessage(payload, payloadBytes)));
-      return;
-    }
-    if (status == Status::Refused) {
-      std::string message = errorMessage(payload, payloadBytes);
-      std::string lost;
-      if (!unacked_.empty()) {
-        lost = fmt::format("; the {} set(s) sent after it were not applied: {}", unacked_.size(),
-                           unackedKeys());
-      }
-      dropUnacked();
-      keepSetError(DTRAIN_ERROR_PTR(InvalidArgument,
-                                    "store {} refused SET \"{}\" and closed the connection: {}{}. "
-                                    "HINT: client and server limits (StoreLimits) differ?",
-                                    where_, set.key, message, lost));
-      return;
-    }
-    unacked_.push_front(std::move(set));  // named among those that may not have been applied
-    unackedBytes_ += unacked_.front().bytes;
-    breakConnection(fmt::format("a malformed acknowledgement (status {}, {} bytes)",
-                                static_cast<int>(status), payloadBytes));
-  }
-
-  // The connection is gone with sets unacknowledged: nobody can tell which were applied.
-  void loseConnection(const net::IoResult& r, Clock::time_point start, const std::string& doing) {
-    std::string sets = unackedKeys();
-    size_t count = unacked_.size();
-    dropUnacked();
-    switch (r.status) {
-      case IoStatus::Timeout:
-        keepSetError(DTRAIN_ERROR_PTR(
-            TimeoutError,
-            "store {} did not acknowledge {} set(s) within {} ms ({}): {}; they may not have "
-            "been applied, and the connection was closed. HINT: the store host may be "
-            "overloaded or unreachable",
-            where_, count, msSince(start), doing, sets));
-        return;
-      case IoStatus::Closed:
-        keepSetError(DTRAIN_ERROR_PTR(
-            NetworkError,
-            "store {} closed the connection with {} set(s) unacknowledged ({}): {}; they may "
-            "not have been applied{}. HINT: the store's host (the launcher) stopped or crashed; "
-            "see its log",
-            where_, count, doing, sets, r.err ? " (" + net::errnoText(r.err) + ")" : ""));
-        return;
-      default:
-        keepSetError(DTRAIN_ERROR_PTR(
-            NetworkError,
-            "lost the connection to store {} ({}: {}) with {} set(s) unacknowledged: {}; they "
-            "may not have been applied",
-            where_, doing, net::errnoText(r.err), count, sets));
-    }
-  }
-
-  // The server broke the protocol: the stream cannot be trusted past this point.
-  void breakConnection(const std::string& what) {
-    std::string sets = unacked_.empty() ? std::string("none") : unackedKeys();
-    dropUnacked();
-    keepSetError(DTRAIN_ERROR_PTR(NetworkError,
-                                  "store {} sent {}; closed the connection. Sets unacknowledged "
-                                  "(may not have been applied): {}. HINT: is {} a dtrain store of "
-                                  "the same version?",
-                                  where_, what, sets, where_));
-  }
-
-  void dropUnacked() {
-    unacked_.clear();
-    unackedBytes_ = 0;
-    closeConnection();
-  }
-
-  // --- one round trip --------------------------------------------------------------------------
-
-  // Sends `frame` (the encoding of `request`) on a quiet connection and returns the answer's
-  // status and payload; a server Error or Refused is thrown here. `waitMs`: how long the server
-  // may legitimately hold the request (Get/Wait), added to the network deadline.
-  std::pair<Status, Bytes> exchange(const wire::Request& request, const Bytes& frame,
-                                    Millis waitMs) {
-    settle(true);
-    open();
-    auto start = Clock::now();
-    lastUse_ = start;
-    // A parked Get/Wait is answered by the server at waitMs; anything else promptly.
-    auto deadline = start + (waitMs.count() > 0 ? waitMs + kServerGrace : timeout());
-    net::IoResult w = net::sendAll(socket_.fd(), frame.data(), frame.size(), deadline);
-    if (w.status != IoStatus::Ok) fail(request, w, start, "sending");
-
-    Frame answer;
-    std::string malformed;
-    net::IoResult r = readFrame(wire::maxResponsePayload(options_.limits), deadline, &answer,
-                                &malformed);
-    if (!malformed.empty()) {
-      closeConnection();
-      DTRAIN_THROW(NetworkError,
-                   "store {} answered {} {} with a malformed frame ({}). HINT: is {} a dtrain "
-                   "store of the same version?",
-                   where_, wire::opName(request.op), quoted(request.keys), malformed, where_);
-    }
+    uint8_t* room = rbuf_.data() + rend_;
+    net::IoResult r = wait ? net::recvAtLeast(socket_.fd(), room, 1, rbuf_.size() - rend_,
+                                              deadline)
+                           : net::recvAvailable(socket_.fd(), room, rbuf_.size() - rend_);
+    rend_ += r.done;
     if (r.status != IoStatus::Ok) {
-      fail(request, r, start, answer.headerDone ? "reading the answer" : "waiting for the answer");
-    }
-    if (buffered() > 0) {
-      // Nothing else was outstanding: bytes past this answer mean the stream is out of step.
-      size_t extra = buffered();
-      closeConnection();
-      DTRAIN_THROW(NetworkError, "store {} sent {} bytes more than its answer to {} {}", where_,
-                   extra, wire::opName(request.op), quoted(request.keys));
-    }
-    if (answer.status == Status::Refused) {
-      closeConnection();  // the server closes it too
-      DTRAIN_THROW(InvalidArgument,
-                   "store {} refused {} {} and closed the connection: {}. HINT: client and server "
-                   "limits (StoreLimits) differ?",
-                   where_, wire::opName(request.op), quoted(request.keys),
-                   errorMessage(answer.payload.data(), answer.payload.size()));
-    }
-    if (answer.status == Status::Error) {
-      DTRAIN_THROW(InvalidArgument, "store {} refused {} {}: {}", where_,
-                   wire::opName(request.op), quoted(request.keys),
-                   errorMessage(answer.payload.data(), answer.payload.size()));
-    }
-    return {answer.status, std::move(answer.payload)};
-  }
-
-  // The next frame: what is buffered first, then from the socket until `deadline`. A header that
-  // breaks the format or announces more than `maxPayload` is described in *malformed.
-  net::IoResult readFrame(uint64_t maxPayload, Clock::time_point deadline, Frame* out,
-                          std::string* malformed) {
-    net::IoResult r;
-    if (buffered() < wire::kHeaderBytes) {
-      // One recv usually brings the whole answer: header and payload land in rbuf_ together.
-      if (rbegin_ == rend_) rbegin_ = rend_ = 0;
-      r = net::recvAtLeast(socket_.fd(), rbuf_.data() + rend_, wire::kHeaderBytes - buffered(),
-                           rbuf_.size() - rend_, deadline);
-      rend_ += r.done;
-      if (r.status != IoStatus::Ok) return r;
-    }
-    wire::FrameHeader h = wire::decodeHeader(rbuf_.data() + rbegin_);
-    if (!usableAnswerHeader(h, maxPayload)) {
-      *malformed = fmt::format("version {}, type {}, {} bytes; limit {}", h.version, h.type,
-                               h.payloadBytes, maxPayload);
-      return r;
-    }
-    rbegin_ += wire::kHeaderBytes;
-    out->headerDone = true;
-    out->status = static_cast<Status>(h.type);
-    size_t size = static_cast<size_t>(h.payloadBytes);
-    size_t have = std::min(buffered(), size);
-    out->payload.assign(rbuf_.begin() + rbegin_, rbuf_.begin() + rbegin_ + have);
-    rbegin_ += have;
-    if (have < size) {
-      out->payload.resize(size);
-      r = net::recvAtLeast(socket_.fd(), out->payload.data() + have, size - have, size - have,
-                           deadline);
-    }
-    return r;
-  }
-
-  [[noreturn]] void fail(const wire::Request& request, const net::IoResult& r,
-                         Clock::time_point start, const char* doing) {
-    // The stream is out of step (or gone): the next operation starts a fresh connection.
-    closeConnection();
-    std::string what = fmt::format("{} {}", wire::opName(request.op), quoted(request.keys));
-    switch (r.status) {
-      case IoStatus::Timeout:
-        DTRAIN_THROW(TimeoutError,
-                     "store {} did not answer {} within {} ms ({}). HINT: the store host may be "
-                     "overloaded or unreachable",
-                     where_, what, msSince(start), doing);
-      case IoStatus::Closed:
-        DTRAIN_THROW(NetworkError,
-                     "store {} closed the connection during {} ({}, after {} ms){}. HINT: the "
-                     "store's host (the launcher) stopped or crashed; see its log",
-                     where_, what, doing, msSince(start),
-                     r.err ? ": " + net::errnoText(r.err) : std::string());
-      default:
-        DTRAIN_THROW(NetworkError, "lost the connection to store {} during {} ({}): {}", where_,
-                     what, doing, net::errnoText(r.err));
+      loseConnection(r, start, "reading their acknowledgements");
+    } else if (r.done == 0) {
+      break;  // nothing has arrived yet
     }
   }
-
-  [[noreturn]] void throwMalformed(const wire::Request& request) {
-    closeConnection();
-    DTRAIN_THROW(NetworkError, "store {} sent a malformed answer to {} {}", where_,
-                 wire::opName(request.op), quoted(request.keys));
+  if (socket_.valid() && unacked_.empty() && buffered() > 0) {
+    breakConnection(fmt::format("{} bytes more than the acknowledgements it owed", buffered()));
   }
+}
 
-  // With nothing outstanding, nothing may arrive, so a readable socket means the server closed
-  // it (or broke the protocol).
-  bool peerClosed() const {
-    pollfd p{socket_.fd(), POLLIN | POLLRDHUP, 0};
-    return ::poll(&p, 1, 0) > 0;
+// The size of the acknowledgement at the front of the buffer once all of it is there, else 0.
+// A malformed header breaks the connection (then 0 too).
+size_t TcpStore::Impl::bufferedAck() {
+  if (buffered() < wire::kHeaderBytes) return 0;
+  wire::FrameHeader h = wire::decodeHeader(rbuf_.data() + rbegin_);
+  if (!usableAnswerHeader(h, kMaxAckPayload)) {
+    breakConnection(fmt::format("a malformed frame (version {}, type {}, {} bytes) for the "
+                                "acknowledgement of SET \"{}\"",
+                                h.version, h.type, h.payloadBytes, unacked_.front().key));
+    return 0;
   }
+  size_t size = wire::kHeaderBytes + static_cast<size_t>(h.payloadBytes);
+  return buffered() >= size ? size : 0;
+}
 
-  TcpStoreOptions options_;
-  Store* self_;
-  std::string where_;
-  std::string token_;  // never logged
-  std::mutex mutex_;   // one request in flight at a time; guards everything below
-  net::Socket socket_;
-  Clock::time_point lastUse_{};
-  // Received, not yet taken: rbuf_[rbegin_, rend_).
-  std::vector<uint8_t> rbuf_ = std::vector<uint8_t>(kReceiveBufferBytes);
-  size_t rbegin_ = 0;
-  size_t rend_ = 0;
-  // Sets sent, oldest first, whose acknowledgement has not been read; empty whenever socket_ is
-  // closed. See Note [Pipelined sets].
-  std::deque<Unacked> unacked_;
-  size_t unackedBytes_ = 0;
-  std::exception_ptr setError_;  // the first failure of a set, for the next call
-};
+// Takes the acknowledgement of the oldest unacknowledged set: `size` bytes at rbuf_[rbegin_].
+void TcpStore::Impl::takeAck(size_t size) {
+  const uint8_t* frame = rbuf_.data() + rbegin_;
+  rbegin_ += size;
+  Unacked set = std::move(unacked_.front());
+  unacked_.pop_front();
+  unackedBytes_ -= set.bytes;
+  auto status = static_cast<Status>(wire::decodeHeader(frame).type);
+  const uint8_t* payload = frame + wire::kHeaderBytes;
+  size_t payloadBytes = size - wire::kHeaderBytes;
+  if (status == Status::Ok && payloadBytes == 0) return;
+  if (status == Status::Error) {
+    keepSetError(DTRAIN_ERROR_PTR(InvalidArgument, "store {} refused SET \"{}\": {}", where_,
+                                  set.key, errorMessage(payload, payloadBytes)));
+    return;
+  }
+  if (status == Status::Refused) {
+    std::string message = errorMessage(payload, payloadBytes);
+    std::string lost;
+    if (!unacked_.empty()) {
+      lost = fmt::format("; the {} set(s) sent after it were not applied: {}", unacked_.size(),
+                         unackedKeys());
+    }
+    dropUnacked();
+    keepSetError(DTRAIN_ERROR_PTR(InvalidArgument,
+                                  "store {} refused SET \"{}\" and closed the connection: {}{}. "
+                                  "HINT: client and server limits (StoreLimits) differ?",
+                                  where_, set.key, message, lost));
+    return;
+  }
+  unacked_.push_front(std::move(set));  // named among those that may not have been applied
+  unackedBytes_ += unacked_.front().bytes;
+  breakConnection(fmt::format("a malformed acknowledgement (status {}, {} bytes)",
+                              static_cast<int>(status), payloadBytes));
+}
+
+// The connection is gone with sets unacknowledged: nobody can tell which were applied.
+void TcpStore::Impl::loseConnection(const net::IoResult& r, Clock::time_point start, const std::string& doing) {
+  std::string sets = unackedKeys();
+  size_t count = unacked_.size();
+  dropUnacked();
+  switch (r.status) {
+    case IoStatus::Timeout:
+      keepSetError(DTRAIN_ERROR_PTR(
+          TimeoutError,
+          "store {} did not acknowledge {} set(s) within {} ms ({}): {}; they may not have "
+          "been applied, and the connection was closed. HINT: the store host may be "
+          "overloaded or unreachable",
+          where_, count, msSince(start), doing, sets));
+      return;
+    case IoStatus::Closed:
+      keepSetError(DTRAIN_ERROR_PTR(
+          NetworkError,
+          "store {} closed the connection with {} set(s) unacknowledged ({}): {}; they may "
+          "not have been applied{}. HINT: the store's host (the launcher) stopped or crashed; "
+          "see its log",
+          where_, count, doing, sets, r.err ? " (" + net::errnoText(r.err) + ")" : ""));
+      return;
+    default:
+      keepSetError(DTRAIN_ERROR_PTR(
+          NetworkError,
+          "lost the connection to store {} ({}: {}) with {} set(s) unacknowledged: {}; they "
+          "may not have been applied",
+          where_, doing, net::errnoText(r.err), count, sets));
+  }
+}
+
+// The server broke the protocol: the stream cannot be trusted past this point.
+void TcpStore::Impl::breakConnection(const std::string& what) {
+  std::string sets = unacked_.empty() ? std::string("none") : unackedKeys();
+  dropUnacked();
+  keepSetError(DTRAIN_ERROR_PTR(NetworkError,
+                                "store {} sent {}; closed the connection. Sets unacknowledged "
+                                "(may not have been applied): {}. HINT: is {} a dtrain store of "
+                                "the same version?",
+                                where_, what, sets, where_));
+}
+
+void TcpStore::Impl::dropUnacked() {
+  unacked_.clear();
+  unackedBytes_ = 0;
+  closeConnection();
+}
 
 // --- TcpStore ---------------------------------------------------------------------------------
 

@@ -6,6 +6,8 @@
 
 #include <fmt/format.h>
 
+#include "byte_layout.h"
+
 namespace dtrain::store::wire {
 
 namespace {
@@ -18,15 +20,6 @@ uint64_t satMul(uint64_t a, uint64_t b) {
   return a * b;
 }
 
-void putU64(uint8_t* p, uint64_t v) {
-  for (int i = 0; i < 8; ++i) p[i] = static_cast<uint8_t>(v >> (8 * i));
-}
-uint64_t getU64(const uint8_t* p) {
-  uint64_t v = 0;
-  for (int i = 0; i < 8; ++i) v |= static_cast<uint64_t>(p[i]) << (8 * i);
-  return v;
-}
-
 class Writer {
  public:
   explicit Writer(Bytes* out) : out_(out) {}
@@ -34,7 +27,7 @@ class Writer {
   void u64(uint64_t v) {
     size_t at = out_->size();
     out_->resize(at + 8);
-    putU64(out_->data() + at, v);
+    putLE(out_->data() + at, v);
   }
   void bytes(const uint8_t* data, size_t n) {
     u64(n);
@@ -59,7 +52,7 @@ void startFrame(Bytes* out, uint8_t type) {
   (*out)[10] = 0;
   (*out)[11] = 0;
 }
-void finishFrame(Bytes* out) { putU64(out->data(), out->size() - kHeaderBytes); }
+void finishFrame(Bytes* out) { putLE(out->data(), out->size() - kHeaderBytes); }
 
 uint64_t fieldBytes(uint64_t max) { return satAdd(8, max); }
 
@@ -211,7 +204,7 @@ Bytes encodeErrorResponse(const std::string& message, Status status) {
 
 Bytes encodeI64(int64_t v) {
   Bytes out(8);
-  putU64(out.data(), static_cast<uint64_t>(v));
+  putLE(out.data(), static_cast<uint64_t>(v));
   return out;
 }
 
@@ -234,7 +227,7 @@ Bytes encodeIndices(const std::vector<uint64_t>& indices) {
 
 FrameHeader decodeHeader(const uint8_t* data) {
   FrameHeader h;
-  h.payloadBytes = getU64(data);
+  h.payloadBytes = getLE(data);
   h.version = data[8];
   h.type = data[9];
   h.reserved = static_cast<uint16_t>(data[10] | (data[11] << 8));
@@ -253,7 +246,7 @@ bool Reader::u8(uint8_t* v) {
 
 bool Reader::u64(uint64_t* v) {
   if (left_ < 8) return false;
-  *v = getU64(p_);
+  *v = getLE(p_);
   p_ += 8;
   left_ -= 8;
   return true;

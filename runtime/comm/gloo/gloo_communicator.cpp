@@ -14,48 +14,24 @@
 
 namespace dtrain::comm {
 
-namespace {
-
-bool envFlag(const char* name) {
-  const char* v = std::getenv(name);
-  return v != nullptr && (std::strcmp(v, "1") == 0 || std::strcmp(v, "true") == 0);
-}
-
-
-}  // namespace
-
 GlooCommunicator::GlooCommunicator(const GlooOptions& o)
-    : options_(o),
-      rank_(o.rank),
-      size_(o.size),
-      name_(o.name),
-      store_(o.store),
-      timeout_(timeoutOrDefault(o.timeout, kDefaultCollectiveTimeout, "GlooOptions::timeout")),
+    : QueuedCommunicator(o.rank, o.size, o.name, o.store,
+                         timeoutOrDefault(o.timeout, kDefaultCollectiveTimeout,
+                                          "GlooOptions::timeout")),
+      options_(o),
       smallAllreduceBytes_(o.smallAllreduceBytes),
       ringSegmentBytes_(o.ringSegmentBytes),
       directChunkBytes_(o.directChunkBytes),
-      twoRankExchange_(o.twoRankExchange),
-      faults_(o.faults) {
+      twoRankExchange_(o.twoRankExchange) {
   DTRAIN_CHECK_ARG(size_ >= 1, "Gloo: world size must be >= 1, got {}", size_);
   DTRAIN_CHECK_ARG(rank_ >= 0 && rank_ < size_, "Gloo: rank {} is outside 0..{}", rank_, size_ - 1);
   DTRAIN_CHECK_ARG(store_ != nullptr, "Gloo: rank {}/{}: no store to rendezvous through", rank_,
                    size_);
   const Millis connectTimeout =
       timeoutOrDefault(o.connectTimeout, kDefaultConnectTimeout, "GlooOptions::connectTimeout");
-  if (o.faultsFromEnv && faults_.empty()) faults_ = fault::activeFaults();
-  if (const char* restart = std::getenv("DTRAIN_RESTART_COUNT")) attempt_ = std::atoi(restart);
-
-  // Rank 0 decides whether collectives are checked, so all ranks agree (a rank checking alone
-  // would wait for fingerprints nobody sends).
-  const std::string checkKey = name_ + "/check_collectives";
-  if (rank_ == 0) {
-    bool check = o.checkCollectives || (o.checkCollectivesFromEnv && envFlag("DTRAIN_CHECK_COLLECTIVES"));
-    store_->setString(checkKey, check ? "1" : "0");
-    checkCollectives_ = check;
-  } else {
-    store_->wait({checkKey}, connectTimeout);
-    checkCollectives_ = store_->getString(checkKey) == "1";
-  }
+  faults_ = CollectiveFaults(rank_, o.faults, o.faultsFromEnv);
+  checkCollectives_ =
+      agreeOnCollectiveCheck(o.checkCollectives, o.checkCollectivesFromEnv, connectTimeout);
 
   const char* envIface = std::getenv("GLOO_SOCKET_IFNAME");
   std::string iface = o.interface;
@@ -79,103 +55,28 @@ GlooCommunicator::GlooCommunicator(const GlooOptions& o)
              checkCollectives_ ? "; collectives are checked across ranks" : "");
 
   pool_ = HostBufferPool::create();
-  queue_ = CollectiveQueue::start(fmt::format("dtrain-gloo{}", rank_));
-  progress_ = progress::watchCollectives(
-      [this] { return recorder_.progressState(name_, nextSeq_.load()); });
+  startQueue(fmt::format("dtrain-gloo{}", rank_));
 }
 
-GlooCommunicator::~GlooCommunicator() {
-  try {
-    shutdown();
-  } catch (const std::exception& e) {
-    DTRAIN_LOG(Warn, "{}: shutdown in destructor failed: {}", who(), e.what());
-  }
-}
-
-std::string GlooCommunicator::who() const { return fmt::format("rank {}/{}", rank_, size_); }
+GlooCommunicator::~GlooCommunicator() { shutdownInDestructor(who()); }
 
 std::string GlooCommunicator::describe() const {
   return fmt::format("gloo rank {}/{} ({})", rank_, size_, address_);
 }
 
-std::exception_ptr GlooCommunicator::error() const {
-  std::lock_guard<std::mutex> lock(stateMutex_);
-  return error_;
-}
-
-void GlooCommunicator::throwIfUnusable() const {
-  std::lock_guard<std::mutex> lock(stateMutex_);
-  if (error_) std::rethrow_exception(error_);
-  DTRAIN_CHECK(!closing_, "{}: the Gloo communicator was shut down; no collectives after "
-               "shutdown()", who());
-}
-
-const fault::Fault* GlooCommunicator::faultAt(fault::Kind kind, uint64_t seq) const {
-  if (faults_.empty()) return nullptr;
-  for (const auto& f : faults_) {
-    if (f.kind == kind && f.matches(rank_, static_cast<int64_t>(seq), attempt_)) {
-      return &f;
-    }
-  }
-  return nullptr;
+std::string GlooCommunicator::shutDownMessage() const {
+  return fmt::format("{}: the Gloo communicator was shut down; no collectives after shutdown()",
+                     who());
 }
 
 std::shared_ptr<Work> GlooCommunicator::submit(CollectiveInfo info, const CallOptions& options,
-                                               Body body) {
-  throwIfUnusable();
-  const Millis timeout = timeoutOrDefault(options.timeout, timeout_, "CallOptions::timeout");
-  info.shape = options.shape;
-  std::lock_guard<std::mutex> lock(issueMutex_);
-  info.seq = nextSeq_.load();
-  recorder_.recordQueued(info);
-  auto work = queue_->enqueue(
-      [this, info, timeout, body = std::move(body)] { runOnCommThread(info, timeout, body); },
-      [this, info] { return fmt::format("{}: {}", who(), info.describeWithSeq()); },
-      defaultWaitBudget(timeout), /*wake=*/!options.synchronous);
-  nextSeq_.store(info.seq + 1);
-  return work;
-}
-
-void GlooCommunicator::runOnCommThread(const CollectiveInfo& requested, Millis timeout,
-                                       const Body& body) {
-  DTRAIN_CHECK(queue_->onCommThread(), "{}: a collective ran outside the executor", who());
-  {
-    // A collective queued behind a failed one fails with the first error.
-    std::lock_guard<std::mutex> lock(stateMutex_);
-    if (error_) std::rethrow_exception(error_);
-  }
-  if (faultAt(fault::Kind::SkipCollective, requested.seq)) {
-    DTRAIN_LOG(Info, "{}: skipping {} (DTRAIN_FAULT skip-collective)", who(),
-               requested.describeWithSeq());
-    recorder_.setState(requested.seq, FlightRecorder::State::Skipped);
-    return;
-  }
-  if (const fault::Fault* hang = faultAt(fault::Kind::Hang, requested.seq)) {
-    // The injected hang stops this rank before it sends anything: the collective stays "queued"
-    // in the flight recorder (issued, never started) while its peers show it "running", which is
-    // how a stall report tells the rank that holds everyone up from the ones waiting for it.
-    hangOnCommThread(requested, *hang);
-  }
-  const CollectiveInfo info =
-      faultAt(fault::Kind::WrongShape, requested.seq) ? wrongShape(requested) : requested;
-  recorder_.setState(info.seq, FlightRecorder::State::Running);
-  GlooCall call{mesh_ ? mesh_->contextPtr() : nullptr, info.tag(), timeout};
-  try {
-    if (checkCollectives_ && size_ > 1) checkCollectiveOnCommThread(info, call);
-    body(call, info);
-  } catch (...) {
-    failOnCommThread(info, timeout, std::current_exception());
-  }
-  recorder_.setState(info.seq, FlightRecorder::State::Done);
-}
-
-void GlooCommunicator::hangOnCommThread(const CollectiveInfo& info, const fault::Fault& fault) {
-  DTRAIN_LOG(Info, "{}: hanging in {} (DTRAIN_FAULT {}) until shutdown", who(),
-             info.describeWithSeq(), fault.describe());
-  std::unique_lock<std::mutex> lock(stateMutex_);
-  stateChanged_.wait(lock, [&] { return closing_; });
-  DTRAIN_THROW(Error, "{}: {} hung (DTRAIN_FAULT {}) until the communicator was shut down", who(),
-               info.describeWithSeq(), fault.describe());
+                                               GlooBody body) {
+  return queueCollective(std::move(info), options,
+                         [this, body = std::move(body)](const CollectiveInfo& i, Millis timeout) {
+                           GlooCall call{mesh_ ? mesh_->contextPtr() : nullptr, i.tag(), timeout};
+                           if (checkCollectives_ && size_ > 1) checkCollectiveOnCommThread(i, call);
+                           body(call, i);
+                         });
 }
 
 void GlooCommunicator::checkCollectiveOnCommThread(const CollectiveInfo& info,
@@ -278,15 +179,9 @@ std::shared_ptr<Work> GlooCommunicator::barrierAsync(const CallOptions& options)
 std::shared_ptr<Buffer> GlooCommunicator::allocate(size_t bytes) { return pool_->allocate(bytes); }
 
 void GlooCommunicator::shutdown() {
-  {
-    std::lock_guard<std::mutex> lock(stateMutex_);
-    if (closing_) return;
-    closing_ = true;  // no new collectives; releases an injected hang
-  }
-  stateChanged_.notify_all();
   // Collectives already queued still run (each bounded by its timeout): shutdown() finishes
   // pending work, then closes the connections.
-  if (queue_) queue_->stop();
+  if (!stopQueue()) return;
   mesh_.reset();
   DTRAIN_LOG(Debug, "{}: Gloo communicator shut down", who());
 }

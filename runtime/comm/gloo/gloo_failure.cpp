@@ -71,9 +71,7 @@ void GlooCommunicator::failOnCommThread(const CollectiveInfo& info, Millis timeo
   } catch (const InvalidArgument&) {
     if (mesh_) mesh_->abort();
     recorder_.setState(info.seq, FlightRecorder::State::Failed);
-    std::lock_guard<std::mutex> lock(stateMutex_);
-    if (!error_) error_ = cause;
-    std::rethrow_exception(error_);
+    std::rethrow_exception(keepFirstError(cause));
   } catch (...) {
   }
 
@@ -87,10 +85,7 @@ void GlooCommunicator::failOnCommThread(const CollectiveInfo& info, Millis timeo
   mine.seq = info.seq;
   mine.collective = info.describe();
   mine.error = what;
-  // A lost connection usually means a dead peer that will never report: wait less for it.
-  const Millis grace = timedOut ? reportGrace(timeout) : std::min(reportGrace(timeout), Millis(500));
-  const auto reports = exchangeReports(*store_, name_ + "/failure", size_, mine, grace);
-  const std::string summary = summarizeReports(reports, mine, grace);
+  const std::string summary = compareNotes(mine, timeout, timedOut);
 
   std::string message = fmt::format("{}: {} failed: {}", who(), info.describeWithSeq(), what);
   if (!summary.empty()) message += ". Other ranks: " + summary;
@@ -112,9 +107,7 @@ void GlooCommunicator::failOnCommThread(const CollectiveInfo& info, Millis timeo
   } catch (...) {
     error = std::current_exception();
   }
-  std::lock_guard<std::mutex> lock(stateMutex_);
-  if (!error_) error_ = error;
-  std::rethrow_exception(error_);
+  std::rethrow_exception(keepFirstError(error));
 }
 
 }  // namespace dtrain::comm

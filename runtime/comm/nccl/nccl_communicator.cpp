@@ -54,15 +54,12 @@ class DeviceBuffer final : public Buffer {
 // cleanup; Note [Aborting under the issue lock]), and every later call rethrows it.
 
 NcclCommunicator::NcclCommunicator(const NcclOptions& o)
-    : rank_(o.rank),
-      size_(o.size),
+    : CommunicatorBase(o.rank, o.size, o.name, o.store,
+                       timeoutOrDefault(o.timeout, kDefaultCollectiveTimeout,
+                                        "NcclOptions::timeout")),
       device_(o.device),
-      name_(o.name),
-      store_(o.store),
-      timeout_(timeoutOrDefault(o.timeout, kDefaultCollectiveTimeout, "NcclOptions::timeout")),
       watchdogInterval_(o.watchdogInterval),
-      blockingWait_(o.blockingWait),
-      faults_(o.faults) {
+      blockingWait_(o.blockingWait) {
   HeartbeatSetting heartbeat{true, o.heartbeatTimeout};
   if (o.heartbeatFromEnv) heartbeat = heartbeatFromEnv(o.heartbeatTimeout);
   if (heartbeat.enabled) {
@@ -78,20 +75,9 @@ NcclCommunicator::NcclCommunicator(const NcclOptions& o)
   const Millis connectTimeout =
       timeoutOrDefault(o.connectTimeout, kDefaultConnectTimeout, "NcclOptions::connectTimeout");
   validateNcclEnvironment();
-  if (o.faultsFromEnv && faults_.empty()) faults_ = fault::activeFaults();
-  // Rank 0 decides whether collectives are checked, so all ranks agree (as with Gloo).
-  const std::string checkKey = name_ + "/check_collectives";
-  if (rank_ == 0) {
-    const char* env = std::getenv("DTRAIN_CHECK_COLLECTIVES");
-    checkCollectives_ = o.checkCollectives ||
-                        (o.checkCollectivesFromEnv && env != nullptr &&
-                         (std::strcmp(env, "1") == 0 || std::strcmp(env, "true") == 0));
-    store_->setString(checkKey, checkCollectives_ ? "1" : "0");
-  } else {
-    store_->wait({checkKey}, connectTimeout);
-    checkCollectives_ = store_->getString(checkKey) == "1";
-  }
-  if (const char* restart = std::getenv("DTRAIN_RESTART_COUNT")) attempt_ = std::atoi(restart);
+  faults_ = CollectiveFaults(rank_, o.faults, o.faultsFromEnv);
+  checkCollectives_ =
+      agreeOnCollectiveCheck(o.checkCollectives, o.checkCollectivesFromEnv, connectTimeout);
 
   const int devices = cudaDeviceCount();
   DTRAIN_CHECK_ARG(device_ >= 0 && device_ < devices,
@@ -133,41 +119,18 @@ NcclCommunicator::NcclCommunicator(const NcclOptions& o)
 void NcclCommunicator::start() {
   if (heartbeat_) heartbeat_->start();
   watchdog_ = std::thread([this] { watchdogMain(); });
-  progress_ = progress::watchCollectives(
-      [this] { return recorder_.progressState(name_, nextSeq_.load()); });
+  watchProgress();
 }
 
-NcclCommunicator::~NcclCommunicator() {
-  try {
-    shutdown();
-  } catch (const std::exception& e) {
-    DTRAIN_LOG(Warn, "nccl {}: shutdown in destructor failed: {}", who(), e.what());
-  }
-}
-
-std::string NcclCommunicator::who() const { return fmt::format("rank {}/{}", rank_, size_); }
+NcclCommunicator::~NcclCommunicator() { shutdownInDestructor("nccl " + who()); }
 
 std::string NcclCommunicator::describe() const {
   return fmt::format("nccl rank {}/{} (cuda:{})", rank_, size_, device_);
 }
 
-std::exception_ptr NcclCommunicator::error() const {
-  std::lock_guard<std::mutex> lock(stateMutex_);
-  return error_;
-}
-
-void NcclCommunicator::throwIfUnusable() const {
-  std::lock_guard<std::mutex> lock(stateMutex_);
-  if (error_) std::rethrow_exception(error_);
-  DTRAIN_CHECK(!closing_, "nccl {}: the communicator was shut down; no collectives after "
-               "shutdown()", who());
-}
-
-const fault::Fault* NcclCommunicator::faultAt(fault::Kind kind, uint64_t seq) const {
-  for (const auto& f : faults_) {
-    if (f.kind == kind && f.matches(rank_, static_cast<int64_t>(seq), attempt_)) return &f;
-  }
-  return nullptr;
+std::string NcclCommunicator::shutDownMessage() const {
+  return fmt::format("nccl {}: the communicator was shut down; no collectives after shutdown()",
+                     who());
 }
 
 void CUDART_CB NcclCommunicator::hangHostFunc(void* self) {
@@ -193,12 +156,12 @@ std::shared_ptr<Work> NcclCommunicator::submit(CollectiveInfo info, const CallOp
   info.seq = nextSeq_.load();
   nextSeq_.store(info.seq + 1);
   recorder_.recordQueued(info);
-  if (faultAt(fault::Kind::WrongShape, info.seq)) {
+  if (faults_.at(fault::Kind::WrongShape, info.seq)) {
     info = wrongShape(info);
     DTRAIN_LOG(Info, "nccl {}: {} passes a wrong-sized buffer (DTRAIN_FAULT wrong-shape)", who(),
                info.describeWithSeq());
   }
-  const bool skip = faultAt(fault::Kind::SkipCollective, info.seq) != nullptr;
+  const bool skip = faults_.at(fault::Kind::SkipCollective, info.seq) != nullptr;
   if (checkCollectives_ && !skip) {
     try {
       checkCollectiveThroughStore(*store_, name_ + "/check", rank_, size_, info, timeout, who());
@@ -206,8 +169,7 @@ std::shared_ptr<Work> NcclCommunicator::submit(CollectiveInfo info, const CallOp
       // As with Gloo, a failed check fails the communicator (the ranks no longer agree on what
       // comes next); the watchdog aborts it.
       recorder_.setState(info.seq, FlightRecorder::State::Failed);
-      std::lock_guard<std::mutex> lock(stateMutex_);
-      if (!error_) error_ = std::current_exception();
+      keepFirstError(std::current_exception());
       throw;
     }
   }
@@ -221,12 +183,12 @@ std::shared_ptr<Work> NcclCommunicator::submit(CollectiveInfo info, const CallOp
   checkCuda(cudaStreamWaitEvent(stream_, ready, 0), "cudaStreamWaitEvent");
   cudaEventDestroy(ready);  // released once the recorded work completes
 
-  if (const fault::Fault* slow = faultAt(fault::Kind::Slow, info.seq)) {
+  if (const fault::Fault* slow = faults_.at(fault::Kind::Slow, info.seq)) {
     checkCuda(cudaLaunchHostFunc(stream_, &NcclCommunicator::slowHostFunc,
                                  reinterpret_cast<void*>(static_cast<intptr_t>(slow->arg))),
               "cudaLaunchHostFunc");
   }
-  if (faultAt(fault::Kind::Hang, info.seq)) {
+  if (faults_.at(fault::Kind::Hang, info.seq)) {
     DTRAIN_LOG(Info, "nccl {}: {} hangs on the GPU stream (DTRAIN_FAULT)", who(),
                info.describeWithSeq());
     checkCuda(cudaLaunchHostFunc(stream_, &NcclCommunicator::hangHostFunc, this),
@@ -241,8 +203,7 @@ std::shared_ptr<Work> NcclCommunicator::submit(CollectiveInfo info, const CallOp
       cudaEventDestroy(done);
       auto error = ncclError(rc, comm_, who(), info.describeWithSeq());
       if (rc != ncclInvalidArgument && rc != ncclInvalidUsage) {
-        std::lock_guard<std::mutex> lock(stateMutex_);
-        if (!error_) error_ = error;  // the watchdog aborts on its next round
+        keepFirstError(error);  // the watchdog aborts on its next round
       }
       std::rethrow_exception(error);
     }
@@ -375,11 +336,7 @@ std::exception_ptr NcclCommunicator::withReports(std::exception_ptr error,
   mine.seq = at ? at->seq : nextSeq_.load();
   mine.collective = at ? at->describe() : std::string("no collective pending");
   mine.error = text;
-  // An asynchronous error usually means a dead peer that will never report: wait less for it.
-  const Millis grace =
-      timedOut ? reportGrace(timeout_) : std::min(reportGrace(timeout_), Millis(500));
-  const auto reports = exchangeReports(*store_, name_ + "/failure", size_, mine, grace);
-  const std::string summary = summarizeReports(reports, mine, grace);
+  const std::string summary = compareNotes(mine, timeout_, timedOut);
   if (summary.empty()) return error;
   return withOtherRanks(error, summary);
 }
@@ -478,11 +435,7 @@ std::shared_ptr<Buffer> NcclCommunicator::allocate(size_t bytes) {
 }
 
 void NcclCommunicator::shutdown() {
-  {
-    std::lock_guard<std::mutex> lock(stateMutex_);
-    if (closing_) return;
-    closing_ = true;
-  }
+  if (!markClosing()) return;
   // Pending collectives finish (or time out: the watchdog fails them) before the watchdog exits.
   wake_.notify_all();
   if (watchdog_.joinable()) watchdog_.join();

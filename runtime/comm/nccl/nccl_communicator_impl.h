@@ -16,8 +16,8 @@
 #include <thread>
 
 #include "collective.h"
+#include "communicator_base.h"
 #include "dtrain/comm/nccl_communicator.h"
-#include "flight_recorder.h"
 #include "heartbeat_monitor.h"
 #include "nccl_compat.h"
 
@@ -66,7 +66,7 @@ class NcclWork final : public Work {
   std::exception_ptr error_;  // guarded by mutex_
 };
 
-class NcclCommunicator final : public Communicator,
+class NcclCommunicator final : public CommunicatorBase,
                                public std::enable_shared_from_this<NcclCommunicator> {
  public:
   explicit NcclCommunicator(const NcclOptions& options);
@@ -74,8 +74,6 @@ class NcclCommunicator final : public Communicator,
   // Starts the watchdog (needs shared_from_this, so not in the constructor).
   void start();
 
-  int rank() const override { return rank_; }
-  int size() const override { return size_; }
   const char* backendName() const override { return "nccl"; }
 
   std::shared_ptr<Work> allreduceAsync(void* data, size_t count, DataType dtype, ReduceOp op,
@@ -91,14 +89,14 @@ class NcclCommunicator final : public Communicator,
   std::shared_ptr<Buffer> allocate(size_t bytes) override;
   void shutdown() override;
 
-  std::exception_ptr error() const override;
-  uint64_t sequenceNumber() const override { return nextSeq_.load(); }
   void* deviceStream() const override { return stream_; }
   std::string describe() const override;
 
   int device() const { return device_; }
   Millis watchdogInterval() const { return watchdogInterval_; }
-  std::string who() const;
+
+ protected:
+  std::string shutDownMessage() const override;
 
  private:
   // Enqueues the collective on `stream` with `count` elements (the info's count: the wrong-shape
@@ -122,45 +120,28 @@ class NcclCommunicator final : public Communicator,
   }
   static void CUDART_CB hangHostFunc(void* self);
   static void CUDART_CB slowHostFunc(void* millis);
-  const fault::Fault* faultAt(fault::Kind kind, uint64_t seq) const;
-  void throwIfUnusable() const;
 
-  const int rank_;
-  const int size_;
   const int device_;
-  const std::string name_;
-  const std::shared_ptr<store::Store> store_;
-  const Millis timeout_;
   const Millis watchdogInterval_;
   const bool blockingWait_;
   bool checkCollectives_ = false;  // Note [Collective check through the store]
-  std::vector<fault::Fault> faults_;
-  int attempt_ = 0;
 
   ncclComm_t comm_ = nullptr;  // used under issueMutex_ (callers, abort, shutdown)
   cudaStream_t stream_ = nullptr;
   void* barrierScratch_ = nullptr;  // one float on the device for barrier()
-  FlightRecorder recorder_;
 
   // One caller enqueues at a time, in sequence order. The watchdog takes it to abort, so an
   // abort never frees the ncclComm_t under a caller that is using it (Note [Aborting under the
   // issue lock]).
   std::timed_mutex issueMutex_;
-  std::atomic<uint64_t> nextSeq_{0};  // written under issueMutex_
 
-  mutable std::mutex stateMutex_;
-  std::condition_variable wake_;                // watchdog sleeps on it
+  std::condition_variable wake_;                   // with stateMutex_: the watchdog sleeps on it
   std::deque<std::shared_ptr<NcclWork>> pending_;  // guarded by stateMutex_
-  std::exception_ptr error_;                    // guarded by stateMutex_: the first error
-  bool closing_ = false;                        // guarded by stateMutex_
-  bool aborted_ = false;                        // guarded by stateMutex_
+  bool aborted_ = false;                           // guarded by stateMutex_
   std::atomic<bool> hangReleased_{false};
   std::thread watchdog_;
   // Watches the watchdog (Note [Watchdog heartbeat]); null when turned off.
   std::unique_ptr<HeartbeatMonitor> heartbeat_;
-
-  // Last member, so it is gone before anything the publisher thread reads (dtrain/base/progress.h).
-  progress::Registration progress_;
 };
 
 }  // namespace dtrain::comm

@@ -2,6 +2,7 @@
 
 #include <sys/mman.h>
 
+#include "byte_layout.h"
 #include "dtrain/base/error.h"
 
 namespace dtrain::comm::shm {
@@ -9,7 +10,6 @@ namespace dtrain::comm::shm {
 namespace {
 constexpr size_t kPage = 4096;
 constexpr size_t kHuge = size_t{2} << 20;
-size_t roundUp(size_t v, size_t a) { return (v + a - 1) / a * a; }
 }  // namespace
 
 class ArenaBuffer final : public Buffer {

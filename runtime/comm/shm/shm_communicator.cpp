@@ -34,17 +34,17 @@ std::string firstLine(const std::string& text) { return text.substr(0, text.find
 }  // namespace
 
 ShmCommunicator::ShmCommunicator(Config c)
-    : topo_(std::move(c.topology)),
+    : QueuedCommunicator(c.topology.rank, c.topology.size, c.name, c.store,
+                         timeoutOrDefault(c.timeout, kDefaultCollectiveTimeout,
+                                          "ShmOptions::timeout")),
+      topo_(std::move(c.topology)),
       shmOptions_(c.shm),
-      name_(c.name),
-      store_(c.store),
       storeHost_(c.storeHost),
-      timeout_(timeoutOrDefault(c.timeout, kDefaultCollectiveTimeout, "ShmOptions::timeout")),
       connectTimeout_(
           timeoutOrDefault(c.connectTimeout, kDefaultConnectTimeout, "ShmOptions::connectTimeout")),
-      faults_(topo_.rank, c.shm.faults, c.shm.faultsFromEnv),
       cross_(std::move(c.cross)),
       crossName_(c.crossName) {
+  faults_ = CollectiveFaults(topo_.rank, c.shm.faults, c.shm.faultsFromEnv);
   const ShmOptions& o = shmOptions_;
   DTRAIN_CHECK_ARG(o.size >= 1 && o.size <= shm::kMaxShmRanks,
                    "shared memory: {} ranks on one node; at most {} are supported", o.size,
@@ -83,20 +83,10 @@ ShmCommunicator::ShmCommunicator(Config c)
              shm::vectorKernels() ? "AVX2" : "portable",
              segment_->hugePages() ? "advised" : "not allowed for shared memory here",
              timeout_.count());
-  queue_ = CollectiveQueue::start(fmt::format("dtrain-shm{}", topo_.rank));
-  progress_ = progress::watchCollectives(
-      [this] { return recorder_.progressState(name_, nextSeq_.load()); });
+  startQueue(fmt::format("dtrain-shm{}", topo_.rank));
 }
 
-ShmCommunicator::~ShmCommunicator() {
-  try {
-    shutdown();
-  } catch (const std::exception& e) {
-    DTRAIN_LOG(Warn, "{}: shutdown in destructor failed: {}", who(), e.what());
-  }
-}
-
-std::string ShmCommunicator::who() const { return fmt::format("rank {}/{}", topo_.rank, topo_.size); }
+ShmCommunicator::~ShmCommunicator() { shutdownInDestructor(who()); }
 
 std::string ShmCommunicator::describe() const {
   if (cross_) {
@@ -106,75 +96,20 @@ std::string ShmCommunicator::describe() const {
   return fmt::format("shm rank {}/{} (pid {})", topo_.rank, topo_.size, ::getpid());
 }
 
-std::exception_ptr ShmCommunicator::error() const {
-  std::lock_guard<std::mutex> lock(stateMutex_);
-  return error_;
-}
-
-void ShmCommunicator::throwIfUnusable() const {
-  std::lock_guard<std::mutex> lock(stateMutex_);
-  if (error_) std::rethrow_exception(error_);
-  DTRAIN_CHECK(!closing_, "{}: the shared-memory communicator was shut down; no collectives "
-               "after shutdown()", who());
+std::string ShmCommunicator::shutDownMessage() const {
+  return fmt::format("{}: the shared-memory communicator was shut down; no collectives after "
+                     "shutdown()", who());
 }
 
 std::shared_ptr<Work> ShmCommunicator::submit(CollectiveInfo info, const CallOptions& options,
-                                              Body body) {
-  throwIfUnusable();
-  const Millis timeout = timeoutOrDefault(options.timeout, timeout_, "CallOptions::timeout");
-  info.shape = options.shape;
-  std::lock_guard<std::mutex> lock(issueMutex_);
-  info.seq = nextSeq_.load();
-  recorder_.recordQueued(info);
+                                              ShmBody body) {
   const bool synchronous = options.synchronous;
-  auto work = queue_->enqueue(
-      [this, info, timeout, synchronous, body = std::move(body)] {
-        engine_->setSpin(synchronous ? spin_ : asyncSpin_);
-        runOnCommThread(info, timeout, body);
-      },
-      [this, info] { return fmt::format("{}: {}", who(), info.describeWithSeq()); },
-      defaultWaitBudget(timeout), /*wake=*/!options.synchronous);
-  nextSeq_.store(info.seq + 1);
-  return work;
-}
-
-void ShmCommunicator::runOnCommThread(const CollectiveInfo& requested, Millis timeout,
-                                      const Body& body) {
-  DTRAIN_CHECK(queue_->onCommThread(), "{}: a collective ran outside the executor", who());
-  {
-    std::lock_guard<std::mutex> lock(stateMutex_);
-    if (error_) std::rethrow_exception(error_);
-  }
-  if (faults_.at(fault::Kind::SkipCollective, requested.seq)) {
-    DTRAIN_LOG(Info, "{}: skipping {} (DTRAIN_FAULT skip-collective)", who(),
-               requested.describeWithSeq());
-    recorder_.setState(requested.seq, FlightRecorder::State::Skipped);
-    return;
-  }
-  if (const fault::Fault* hang = faults_.at(fault::Kind::Hang, requested.seq)) {
-    // As with Gloo: the injected hang stops this rank before it takes part, so the collective
-    // stays "queued" in the flight recorder while its peers show it "running" (how a stall
-    // report tells the rank that holds everyone up from the ones waiting for it).
-    hangOnCommThread(requested, *hang);
-  }
-  const CollectiveInfo info =
-      faults_.at(fault::Kind::WrongShape, requested.seq) ? wrongShape(requested) : requested;
-  recorder_.setState(info.seq, FlightRecorder::State::Running);
-  try {
-    body(info, shm::Clock::now() + timeout);
-  } catch (...) {
-    failOnCommThread(info, timeout, std::current_exception());
-  }
-  recorder_.setState(info.seq, FlightRecorder::State::Done);
-}
-
-void ShmCommunicator::hangOnCommThread(const CollectiveInfo& info, const fault::Fault& fault) {
-  DTRAIN_LOG(Info, "{}: hanging in {} (DTRAIN_FAULT {}) until shutdown", who(),
-             info.describeWithSeq(), fault.describe());
-  std::unique_lock<std::mutex> lock(stateMutex_);
-  stateChanged_.wait(lock, [&] { return closing_; });
-  DTRAIN_THROW(Error, "{}: {} hung (DTRAIN_FAULT {}) until the communicator was shut down", who(),
-               info.describeWithSeq(), fault.describe());
+  return queueCollective(std::move(info), options,
+                         [this, synchronous, body = std::move(body)](const CollectiveInfo& i,
+                                                                     Millis timeout) {
+                           engine_->setSpin(synchronous ? spin_ : asyncSpin_);
+                           body(i, shm::Clock::now() + timeout);
+                         });
 }
 
 void ShmCommunicator::failOnCommThread(const CollectiveInfo& info, Millis timeout,
@@ -230,9 +165,7 @@ void ShmCommunicator::failOnCommThread(const CollectiveInfo& info, Millis timeou
     case Argument: error = DTRAIN_ERROR_PTR(InvalidArgument, "{}", message); break;
     case Other: error = DTRAIN_ERROR_PTR(Error, "{}", message); break;
   }
-  std::lock_guard<std::mutex> lock(stateMutex_);
-  if (!error_) error_ = error;
-  std::rethrow_exception(error_);
+  std::rethrow_exception(keepFirstError(error));
 }
 
 CallOptions ShmCommunicator::crossCall(shm::Clock::time_point deadline) {
@@ -332,13 +265,7 @@ std::shared_ptr<Buffer> ShmCommunicator::allocate(size_t bytes) {
 }
 
 void ShmCommunicator::shutdown() {
-  {
-    std::lock_guard<std::mutex> lock(stateMutex_);
-    if (closing_) return;
-    closing_ = true;
-  }
-  stateChanged_.notify_all();
-  if (queue_) queue_->stop();
+  if (!stopQueue()) return;
   engine_->close();
   scratch_[0].reset();
   scratch_[1].reset();

@@ -4,26 +4,21 @@
 //   - one node: every rank in one segment;
 //   - several nodes (hierarchical): a segment per node, plus a Gloo communicator across nodes
 //     among the ranks with the same local index ("cross"); see Note [Hierarchical collectives].
-// Callers' threads describe and queue collectives; the executor (comm thread, or a caller that
-// waits, see Note [Inline execution]) runs them in issue order. The first failure marks this rank
-// failed in the segment, so its node's peers fail at once quoting it, and becomes the
-// communicator's permanent error.
+// A QueuedCommunicator: callers' threads describe and queue collectives; the executor (comm
+// thread, or a caller that waits, see Note [Inline execution]) runs them in issue order. The first
+// failure marks this rank failed in the segment, so its node's peers fail at once quoting it, and
+// becomes the communicator's permanent error.
 
 #include <atomic>
-#include <condition_variable>
 #include <functional>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <vector>
 
 #include "collective.h"
-#include "collective_faults.h"
-#include "collective_queue.h"
-#include "dtrain/base/progress.h"
 #include "dtrain/comm/shm_communicator.h"
-#include "flight_recorder.h"
 #include "host_buffer_pool.h"
+#include "queued_communicator.h"
 #include "shm_arena.h"
 #include "shm_engine.h"
 
@@ -45,7 +40,7 @@ struct ShmTopology {
   int rankOf(int node, int local) const { return rankAt[static_cast<size_t>(node * locals + local)]; }
 };
 
-class ShmCommunicator final : public Communicator {
+class ShmCommunicator final : public QueuedCommunicator {
  public:
   struct Config {
     ShmOptions shm;                        // the in-node part (rank and size within the node)
@@ -61,8 +56,6 @@ class ShmCommunicator final : public Communicator {
   explicit ShmCommunicator(Config config);
   ~ShmCommunicator() override;
 
-  int rank() const override { return topo_.rank; }
-  int size() const override { return topo_.size; }
   const char* backendName() const override { return cross_ ? "shm+gloo" : "shm"; }
 
   std::shared_ptr<Work> allreduceAsync(void* data, size_t count, DataType dtype, ReduceOp op,
@@ -78,24 +71,21 @@ class ShmCommunicator final : public Communicator {
   std::shared_ptr<Buffer> allocate(size_t bytes) override;
   void shutdown() override;
 
-  std::exception_ptr error() const override;
-  uint64_t sequenceNumber() const override { return nextSeq_.load(); }
   std::string describe() const override;
 
  protected:
   std::optional<GroupContext> groupContext() const override;
   std::shared_ptr<Communicator> createGroup(const GroupSpec& spec) override;
+  std::string shutDownMessage() const override;
 
  private:
-  using Body = std::function<void(const CollectiveInfo& info, shm::Clock::time_point deadline)>;
+  // Runs one collective, which must end by `deadline`.
+  using ShmBody = std::function<void(const CollectiveInfo& info, shm::Clock::time_point deadline)>;
 
-  std::shared_ptr<Work> submit(CollectiveInfo info, const CallOptions& options, Body body);
-  void runOnCommThread(const CollectiveInfo& info, Millis timeout, const Body& body);
-  [[noreturn]] void hangOnCommThread(const CollectiveInfo& info, const fault::Fault& fault);
+  // Queues `body`; on the executor the engine spins as the call asks (Note [Waiting]).
+  std::shared_ptr<Work> submit(CollectiveInfo info, const CallOptions& options, ShmBody body);
   [[noreturn]] void failOnCommThread(const CollectiveInfo& info, Millis timeout,
-                                     std::exception_ptr cause);
-  void throwIfUnusable() const;
-  std::string who() const;
+                                     std::exception_ptr cause) override;
   // The next in-node collective: what the node's ranks compare (Note [Hierarchical collectives]).
   CollectiveInfo local(CollectiveInfo info, size_t count, ReduceOp op) {
     info.seq = cross_ ? localSeq_++ : info.seq;
@@ -122,12 +112,8 @@ class ShmCommunicator final : public Communicator {
 
   ShmTopology topo_;
   ShmOptions shmOptions_;
-  const std::string name_;
-  const std::shared_ptr<store::Store> store_;
   const std::string storeHost_;
-  const Millis timeout_;
   const Millis connectTimeout_;
-  CollectiveFaults faults_;
   std::chrono::microseconds spin_{0};       // synchronous calls (Note [Waiting])
   std::chrono::microseconds asyncSpin_{0};  // calls run while the caller goes on
 
@@ -139,20 +125,7 @@ class ShmCommunicator final : public Communicator {
   const std::string crossName_;
   std::shared_ptr<Buffer> scratch_[2];     // executor only
   uint64_t localSeq_ = 0;                  // executor only: in-node collectives (hierarchical)
-
-  FlightRecorder recorder_;
-  std::shared_ptr<CollectiveQueue> queue_;
-  std::mutex issueMutex_;
-  std::atomic<uint64_t> nextSeq_{0};  // written under issueMutex_
-
-  mutable std::mutex stateMutex_;
-  std::condition_variable stateChanged_;  // with stateMutex_: wakes an injected hang
-  std::exception_ptr error_;              // guarded by stateMutex_
-  bool closing_ = false;                  // guarded by stateMutex_
   std::atomic<bool> warnedSpill_{false};
-
-  // Last member, so it is gone before anything the publisher thread reads (dtrain/base/progress.h).
-  progress::Registration progress_;
 };
 
 // Builds the CPU communicator for ranks placed by `map` (see createCpuCommunicator()).

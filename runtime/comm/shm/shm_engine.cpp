@@ -7,6 +7,7 @@
 
 #include <fmt/format.h>
 
+#include "byte_layout.h"
 #include "dtrain/base/error.h"
 #include "shm_kernels.h"
 
@@ -71,8 +72,6 @@ std::vector<int> pidsOf(const Segment& s) {
   for (int r = 0; r < s.size(); ++r) pids[r] = s.control(r).pid.load(std::memory_order_acquire);
   return pids;
 }
-
-size_t roundUp(size_t v, size_t a) { return (v + a - 1) / a * a; }
 
 // Slice j of a chunk of m elements among n ranks: cache-line aligned, the last ones may be short
 // or empty.
@@ -151,6 +150,20 @@ char* Engine::claimSlot(Clock::time_point deadline) {
 }
 
 void Engine::endStep() { ++step_; }
+
+void Engine::publishInput(Clock::time_point deadline) {
+  advance();
+  entries_[step_ % 2] = phase_;
+  waitAll(phase_, deadline, "to publish its input");
+}
+
+void Engine::leaveAfterReaders(bool anyOwned, Clock::time_point deadline) {
+  if (anyOwned) {
+    advance();
+    waitAll(phase_, deadline, "to finish reading this rank's buffer");
+  }
+  leave();
+}
 
 void Engine::waitFor(int peer, uint32_t target, Clock::time_point deadline, const char* what) {
   RankControl& c = segment_->control(peer);
@@ -299,9 +312,7 @@ void Engine::allreduceSmall(const CollectiveInfo& info, void* data, Clock::time_
   const size_t bytes = info.count * elementSize(info.dtype);
   enter(info, /*owned=*/false, 0);
   std::memcpy(claimSlot(deadline), data, bytes);
-  advance();
-  entries_[step_ % 2] = phase_;
-  waitAll(phase_, deadline, "to publish its input");
+  publishInput(deadline);
   checkDescriptors(info);
   const void* inputs[kMaxShmRanks];
   for (int j = 0; j < size_; ++j) inputs[j] = segment_->slot(j, static_cast<int>(step_ % 2));
@@ -332,9 +343,7 @@ void Engine::allreduce(const CollectiveInfo& info, void* data, Clock::time_point
   for (size_t done = 0; done < info.count;) {
     size_t m = std::min(chunk, info.count - done);
     if (!owned) std::memcpy(claimSlot(deadline), out + done * elem, m * elem);
-    advance();
-    entries_[step_ % 2] = phase_;
-    waitAll(phase_, deadline, "to publish its input");
+    publishInput(deadline);
     if (first) {
       first = false;
       const bool allOwned = readSources(info, src, &anyOwned);
@@ -367,11 +376,7 @@ void Engine::allreduce(const CollectiveInfo& info, void* data, Clock::time_point
     endStep();
     done += m;
   }
-  if (anyOwned) {
-    advance();
-    waitAll(phase_, deadline, "to finish reading this rank's buffer");
-  }
-  leave();
+  leaveAfterReaders(anyOwned, deadline);
 }
 
 void Engine::broadcast(const CollectiveInfo& info, void* data, Clock::time_point deadline) {
@@ -435,13 +440,10 @@ void Engine::allgather(const CollectiveInfo& info, const void* send, void* recv,
   for (size_t done = 0; done < count;) {
     size_t m = std::min(chunk, count - done);
     if (!owned) std::memcpy(claimSlot(deadline), in + done * elem, m * elem);
-    advance();
-    entries_[step_ % 2] = phase_;
-    waitAll(phase_, deadline, "to publish its input");
+    publishInput(deadline);
     if (first) {
       first = false;
-      const bool allOwned = readSources(info, src, &anyOwned);
-      if (allOwned) {
+      if (readSources(info, src, &anyOwned)) {  // every input in place: the rest in one chunk
         chunk = count;
         m = count - done;
       }
@@ -457,11 +459,7 @@ void Engine::allgather(const CollectiveInfo& info, const void* send, void* recv,
     endStep();
     done += m;
   }
-  if (anyOwned) {
-    advance();
-    waitAll(phase_, deadline, "to finish reading this rank's buffer");
-  }
-  leave();
+  leaveAfterReaders(anyOwned, deadline);
 }
 
 void Engine::reduceScatter(const CollectiveInfo& info, const void* send, void* recv,
@@ -489,13 +487,10 @@ void Engine::reduceScatter(const CollectiveInfo& info, const void* send, void* r
         std::memcpy(slot + b * stride * elem, in + (b * count + done) * elem, m * elem);
       }
     }
-    advance();
-    entries_[step_ % 2] = phase_;
-    waitAll(phase_, deadline, "to publish its input");
+    publishInput(deadline);
     if (first) {
       first = false;
-      const bool allOwned = readSources(info, src, &anyOwned);
-      if (allOwned) {
+      if (readSources(info, src, &anyOwned)) {  // every input in place: the rest in one chunk
         chunk = count;
         m = count - done;
       }
@@ -510,11 +505,7 @@ void Engine::reduceScatter(const CollectiveInfo& info, const void* send, void* r
     endStep();
     done += m;
   }
-  if (anyOwned) {
-    advance();
-    waitAll(phase_, deadline, "to finish reading this rank's buffer");
-  }
-  leave();
+  leaveAfterReaders(anyOwned, deadline);
 }
 
 void Engine::barrier(const CollectiveInfo& info, Clock::time_point deadline) {

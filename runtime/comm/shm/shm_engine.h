@@ -85,7 +85,13 @@ class Engine {
   // Before writing this rank's staging slot of the current step: every peer is done with the
   // step that last used it (Note [Steps and slots]).
   char* claimSlot(Clock::time_point deadline);
+  // This rank's input of the current step is in place (its slot or its arena): announces it and
+  // waits until every peer's is.
+  void publishInput(Clock::time_point deadline);
   void endStep();
+  // leave(), but when some rank's input was read in place (`anyOwned`), only once every peer is
+  // done reading: the buffers are the callers' again after this.
+  void leaveAfterReaders(bool anyOwned, Clock::time_point deadline);
   void waitFor(int peer, uint32_t target, Clock::time_point deadline, const char* what);
   void waitAll(uint32_t target, Clock::time_point deadline, const char* what);
   // After the first wait of a collective: every peer announced the same collective.

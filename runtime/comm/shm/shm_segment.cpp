@@ -19,6 +19,7 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include "byte_layout.h"
 #include "dtrain/base/error.h"
 #include "dtrain/base/logging.h"
 #include "shm_wait.h"
@@ -42,8 +43,6 @@ namespace {
 using Clock = std::chrono::steady_clock;
 constexpr size_t kPage = 4096;
 constexpr size_t kHuge = size_t{2} << 20;
-
-size_t roundUp(size_t v, size_t a) { return (v + a - 1) / a * a; }
 
 std::string errnoText(int e) { return std::strerror(e); }
 
@@ -91,6 +90,23 @@ void prefault(char* p, size_t bytes) {
   for (size_t i = 0; i < bytes; i += kPage) p[i] = 0;  // older kernels
 }
 
+// A one-byte message with room for one file descriptor (SCM_RIGHTS): how the memfd travels.
+struct FdMessage {
+  char byte;
+  iovec iov{&byte, 1};
+  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))] = {};
+  msghdr msg{};
+
+  explicit FdMessage(char b) : byte(b) {
+    msg.msg_iov = &iov;
+    msg.msg_iovlen = 1;
+    msg.msg_control = control;
+    msg.msg_controllen = sizeof(control);
+  }
+  FdMessage(const FdMessage&) = delete;
+  FdMessage& operator=(const FdMessage&) = delete;
+};
+
 // Rank 0: accepts one connection from every other rank and sends each the memfd.
 void serveDescriptor(int listenFd, int memfd, int size, Clock::time_point deadline,
                      const std::string& who) {
@@ -127,20 +143,13 @@ void serveDescriptor(int listenFd, int memfd, int size, Clock::time_point deadli
            peerRank > 0 && peerRank < size && !served[peerRank];
     }
     if (ok) {
-      char byte = 'm';
-      iovec iov{&byte, 1};
-      alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))] = {};
-      msghdr msg{};
-      msg.msg_iov = &iov;
-      msg.msg_iovlen = 1;
-      msg.msg_control = control;
-      msg.msg_controllen = sizeof(control);
-      cmsghdr* c = CMSG_FIRSTHDR(&msg);
+      FdMessage m('m');
+      cmsghdr* c = CMSG_FIRSTHDR(&m.msg);
       c->cmsg_level = SOL_SOCKET;
       c->cmsg_type = SCM_RIGHTS;
       c->cmsg_len = CMSG_LEN(sizeof(int));
       std::memcpy(CMSG_DATA(c), &memfd, sizeof(int));
-      if (::sendmsg(conn, &msg, MSG_NOSIGNAL) == 1) {
+      if (::sendmsg(conn, &m.msg, MSG_NOSIGNAL) == 1) {
         served[peerRank] = true;
         --left;
       }
@@ -167,25 +176,46 @@ int receiveDescriptor(const std::string& socketName, int rank, Clock::time_point
                  "DTRAIN_SHM=0 falls back to Gloo", who, errnoText(e));
   }
   int32_t r = rank;
-  char byte = 0;
-  iovec iov{&byte, 1};
-  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))] = {};
-  msghdr msg{};
-  msg.msg_iov = &iov;
-  msg.msg_iovlen = 1;
-  msg.msg_control = control;
-  msg.msg_controllen = sizeof(control);
+  FdMessage m(0);
   pollfd p{fd, POLLIN, 0};
   bool ok = ::send(fd, &r, sizeof(r), MSG_NOSIGNAL) == static_cast<ssize_t>(sizeof(r)) &&
             ::poll(&p, 1, std::max(1, msLeft(deadline))) == 1 &&
-            ::recvmsg(fd, &msg, MSG_CMSG_CLOEXEC) == 1;
+            ::recvmsg(fd, &m.msg, MSG_CMSG_CLOEXEC) == 1;
   ::close(fd);
-  cmsghdr* c = ok ? CMSG_FIRSTHDR(&msg) : nullptr;
+  cmsghdr* c = ok ? CMSG_FIRSTHDR(&m.msg) : nullptr;
   DTRAIN_CHECK(c != nullptr && c->cmsg_type == SCM_RIGHTS,
                "{}: shared memory: rank 0 did not hand over the segment", who);
   int memfd = -1;
   std::memcpy(&memfd, CMSG_DATA(c), sizeof(int));
   return memfd;
+}
+
+// Rank 0: the segment's memory, a memfd of `bytes` bytes.
+int createSegmentFile(uint64_t bytes, const std::string& who) {
+  const int fd = static_cast<int>(::syscall(SYS_memfd_create, "dtrain-shm", MFD_CLOEXEC));
+  DTRAIN_CHECK(fd >= 0, "{}: shared memory: memfd_create: {}", who, errnoText(errno));
+  if (::ftruncate(fd, static_cast<off_t>(bytes)) != 0) {
+    const int e = errno;
+    ::close(fd);
+    DTRAIN_THROW(Error, "{}: shared memory: cannot size the segment to {} bytes: {}", who, bytes,
+                 errnoText(e));
+  }
+  return fd;
+}
+
+// Rank 0: listens on a fresh abstract socket and posts its name under `key` for the others.
+int listenForRanks(store::Store& store, const std::string& key, int size, const std::string& who) {
+  const std::string name = randomSocketName();
+  socklen_t len = 0;
+  sockaddr_un addr = abstractAddress(name, &len);
+  const int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  DTRAIN_CHECK(fd >= 0 && ::bind(fd, reinterpret_cast<sockaddr*>(&addr), len) == 0 &&
+                   ::listen(fd, size) == 0,
+               "{}: shared memory: cannot listen on an abstract socket: {}", who,
+               errnoText(errno));
+  store.setString(key, name);
+  store.flush();
+  return fd;
 }
 
 }  // namespace
@@ -220,53 +250,15 @@ std::shared_ptr<Segment> Segment::join(const SegmentOptions& o) {
 
   int listenFd = -1;
   if (o.rank == 0) {
-    const SegmentLayout layout = SegmentLayout::of(o.size, o.slotBytes, o.arenaBytes);
-    seg->fd_ = static_cast<int>(::syscall(SYS_memfd_create, "dtrain-shm", MFD_CLOEXEC));
-    DTRAIN_CHECK(seg->fd_ >= 0, "{}: shared memory: memfd_create: {}", who, errnoText(errno));
-    DTRAIN_CHECK(::ftruncate(seg->fd_, static_cast<off_t>(layout.bytes)) == 0,
-                 "{}: shared memory: cannot size the segment to {} bytes: {}", who, layout.bytes,
-                 errnoText(errno));
-    if (o.size > 1) {
-      const std::string name = randomSocketName();
-      socklen_t len = 0;
-      sockaddr_un addr = abstractAddress(name, &len);
-      listenFd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-      DTRAIN_CHECK(listenFd >= 0 && ::bind(listenFd, reinterpret_cast<sockaddr*>(&addr), len) == 0 &&
-                       ::listen(listenFd, o.size) == 0,
-                   "{}: shared memory: cannot listen on an abstract socket: {}", who,
-                   errnoText(errno));
-      o.store->setString(key, name);
-      o.store->flush();
-    }
+    seg->fd_ = createSegmentFile(SegmentLayout::of(o.size, o.slotBytes, o.arenaBytes).bytes, who);
+    if (o.size > 1) listenFd = listenForRanks(*o.store, key, o.size, who);
   } else {
     o.store->wait({key}, o.connectTimeout);
     seg->fd_ = receiveDescriptor(o.store->getString(key), o.rank, deadline, who);
   }
-
-  struct stat st{};
-  DTRAIN_CHECK(::fstat(seg->fd_, &st) == 0 && st.st_size > 0, "{}: shared memory: fstat: {}",
-               who, errnoText(errno));
-  seg->bytes_ = static_cast<size_t>(st.st_size);
-  void* p = ::mmap(nullptr, seg->bytes_, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_NORESERVE,
-                   seg->fd_, 0);
-  DTRAIN_CHECK(p != MAP_FAILED, "{}: shared memory: cannot map {} bytes: {}", who, seg->bytes_,
-               errnoText(errno));
-  seg->base_ = static_cast<char*>(p);
-  seg->hugePages_ = shmemHugePagesAllowed();
-
+  seg->map(who);
   if (o.rank == 0) {
-    const SegmentLayout layout = SegmentLayout::of(o.size, o.slotBytes, o.arenaBytes);
-    SegmentHeader& h = seg->header();
-    h.ranks = static_cast<uint32_t>(o.size);
-    h.bytes = layout.bytes;
-    h.controlOffset = layout.controlOffset;
-    h.stagingOffset = layout.stagingOffset;
-    h.slotBytes = o.slotBytes;
-    h.arenaOffset = layout.arenaOffset;
-    h.arenaBytes = o.arenaBytes;
-    h.version = kSegmentVersion;
-    std::atomic_thread_fence(std::memory_order_release);
-    h.magic = kSegmentMagic;  // the memfd travels to the others only after this
+    seg->writeHeader(o);  // the memfd travels to the others only after this
     try {
       if (listenFd >= 0) serveDescriptor(listenFd, seg->fd_, o.size, deadline, who);
     } catch (...) {
@@ -275,7 +267,7 @@ std::shared_ptr<Segment> Segment::join(const SegmentOptions& o) {
     }
     if (listenFd >= 0) ::close(listenFd);  // Note [Segment lifetime]: the name is gone now
   }
-  SegmentHeader& h = seg->header();
+  const SegmentHeader& h = seg->header();
   DTRAIN_CHECK(h.magic == kSegmentMagic && h.version == kSegmentVersion &&
                    h.ranks == static_cast<uint32_t>(o.size),
                "{}: shared memory: the segment rank 0 shared is not a dtrain segment for {} "
@@ -285,18 +277,50 @@ std::shared_ptr<Segment> Segment::join(const SegmentOptions& o) {
     ::madvise(seg->base_ + h.stagingOffset, seg->bytes_ - h.stagingOffset, MADV_HUGEPAGE);
   }
   prefault(seg->slot(o.rank, 0), 2 * h.slotBytes);
+  seg->waitForRanks(deadline, who);
+  return seg;
+}
 
-  RankControl& me = seg->control(o.rank);
+void Segment::map(const std::string& who) {
+  struct stat st{};
+  DTRAIN_CHECK(::fstat(fd_, &st) == 0 && st.st_size > 0, "{}: shared memory: fstat: {}", who,
+               errnoText(errno));
+  bytes_ = static_cast<size_t>(st.st_size);
+  void* p = ::mmap(nullptr, bytes_, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_NORESERVE, fd_, 0);
+  DTRAIN_CHECK(p != MAP_FAILED, "{}: shared memory: cannot map {} bytes: {}", who, bytes_,
+               errnoText(errno));
+  base_ = static_cast<char*>(p);
+  hugePages_ = shmemHugePagesAllowed();
+}
+
+void Segment::writeHeader(const SegmentOptions& o) {
+  const SegmentLayout layout = SegmentLayout::of(o.size, o.slotBytes, o.arenaBytes);
+  SegmentHeader& h = header();
+  h.ranks = static_cast<uint32_t>(o.size);
+  h.bytes = layout.bytes;
+  h.controlOffset = layout.controlOffset;
+  h.stagingOffset = layout.stagingOffset;
+  h.slotBytes = o.slotBytes;
+  h.arenaOffset = layout.arenaOffset;
+  h.arenaBytes = o.arenaBytes;
+  h.version = kSegmentVersion;
+  std::atomic_thread_fence(std::memory_order_release);
+  h.magic = kSegmentMagic;
+}
+
+void Segment::waitForRanks(Clock::time_point deadline, const std::string& who) {
+  SegmentHeader& h = header();
+  RankControl& me = control(rank_);
   me.pid.store(static_cast<int32_t>(::getpid()), std::memory_order_relaxed);
   h.joined.fetch_add(1, std::memory_order_seq_cst);
   futexWakeAll(&h.joined);
   while (true) {
     uint32_t joined = h.joined.load(std::memory_order_seq_cst);
-    if (joined >= static_cast<uint32_t>(o.size)) break;
+    if (joined >= static_cast<uint32_t>(size_)) break;
     if (Clock::now() >= deadline) {
       std::vector<int> missing;
-      for (int r = 0; r < o.size; ++r) {
-        if (seg->control(r).pid.load() == 0) missing.push_back(r);
+      for (int r = 0; r < size_; ++r) {
+        if (control(r).pid.load() == 0) missing.push_back(r);
       }
       DTRAIN_THROW(TimeoutError, "{}: shared memory: rank{} {} did not map the segment within "
                    "the connect timeout", who, missing.size() > 1 ? "s" : "",
@@ -304,7 +328,6 @@ std::shared_ptr<Segment> Segment::join(const SegmentOptions& o) {
     }
     futexWait(&h.joined, joined, std::chrono::milliseconds(std::min(msLeft(deadline), 100)));
   }
-  return seg;
 }
 
 Segment::~Segment() {

@@ -112,6 +112,11 @@ class Segment {
 
  private:
   Segment() = default;
+  // The steps of join(): map the file fd_ refers to; rank 0 fills in the header; publish this
+  // rank's pid and wait until every rank has.
+  void map(const std::string& who);
+  void writeHeader(const SegmentOptions& options);
+  void waitForRanks(std::chrono::steady_clock::time_point deadline, const std::string& who);
 
   int rank_ = 0;
   int size_ = 1;

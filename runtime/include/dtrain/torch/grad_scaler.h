@@ -103,7 +103,7 @@ class GradScaler {
   enum class Stage { Ready, Unscaled, Stepped };
   struct PerOptimizer {
     Stage stage = Stage::Ready;
-    at::Tensor foundInf;  // float 0-dim on the gradients' device: agreed across ranks
+    at::Tensor foundInf;  // float32 [1] on the gradients' device: agreed across ranks
   };
 
   PerOptimizer& stateOf(torch::optim::Optimizer& optimizer);
@@ -111,8 +111,8 @@ class GradScaler {
 
   std::shared_ptr<ProcessGroup> group_;
   GradScalerOptions options_;
-  at::Tensor scale_;          // float32 [1] on the training device, created lazily
-  at::Tensor growthTracker_;  // int32 [1], beside scale_
+  at::Tensor scale_;          // float32 0-dim on the training device, created lazily
+  at::Tensor growthTracker_;  // int32 0-dim, beside scale_
   double initScale_;
   std::map<const torch::optim::Optimizer*, PerOptimizer> perOptimizer_;
   int64_t skipped_ = 0;

@@ -1,0 +1,78 @@
+#include "communicator_base.h"
+
+#include <algorithm>
+#include <cstdlib>
+#include <cstring>
+
+#include <fmt/format.h>
+
+#include "dtrain/base/error.h"
+#include "dtrain/base/logging.h"
+
+namespace dtrain::comm {
+
+CommunicatorBase::CommunicatorBase(int rank, int size, std::string name,
+                                   std::shared_ptr<store::Store> store, Millis timeout)
+    : rank_(rank), size_(size), name_(std::move(name)), store_(std::move(store)),
+      timeout_(timeout) {}
+
+std::string CommunicatorBase::who() const { return fmt::format("rank {}/{}", rank_, size_); }
+
+std::exception_ptr CommunicatorBase::error() const {
+  std::lock_guard<std::mutex> lock(stateMutex_);
+  return error_;
+}
+
+void CommunicatorBase::throwIfUnusable() const {
+  std::lock_guard<std::mutex> lock(stateMutex_);
+  if (error_) std::rethrow_exception(error_);
+  DTRAIN_CHECK(!closing_, "{}", shutDownMessage());
+}
+
+std::exception_ptr CommunicatorBase::keepFirstError(std::exception_ptr error) {
+  std::lock_guard<std::mutex> lock(stateMutex_);
+  if (!error_) error_ = std::move(error);
+  return error_;
+}
+
+bool CommunicatorBase::markClosing() {
+  std::lock_guard<std::mutex> lock(stateMutex_);
+  if (closing_) return false;
+  closing_ = true;
+  return true;
+}
+
+bool CommunicatorBase::agreeOnCollectiveCheck(bool requested, bool fromEnv,
+                                              Millis connectTimeout) {
+  const std::string key = name_ + "/check_collectives";
+  if (rank_ == 0) {
+    const char* env = std::getenv("DTRAIN_CHECK_COLLECTIVES");
+    const bool check = requested || (fromEnv && env != nullptr &&
+                                      (std::strcmp(env, "1") == 0 || std::strcmp(env, "true") == 0));
+    store_->setString(key, check ? "1" : "0");
+    return check;
+  }
+  store_->wait({key}, connectTimeout);
+  return store_->getString(key) == "1";
+}
+
+void CommunicatorBase::watchProgress() {
+  progress_ = progress::watchCollectives(
+      [this] { return recorder_.progressState(name_, nextSeq_.load()); });
+}
+
+std::string CommunicatorBase::compareNotes(const RankReport& mine, Millis timeout, bool timedOut) {
+  const Millis grace = timedOut ? reportGrace(timeout) : std::min(reportGrace(timeout), Millis(500));
+  const auto reports = exchangeReports(*store_, name_ + "/failure", size_, mine, grace);
+  return summarizeReports(reports, mine, grace);
+}
+
+void CommunicatorBase::shutdownInDestructor(const std::string& subject) noexcept {
+  try {
+    shutdown();
+  } catch (const std::exception& e) {
+    DTRAIN_LOG(Warn, "{}: shutdown in destructor failed: {}", subject, e.what());
+  }
+}
+
+}  // namespace dtrain::comm
