@@ -11,13 +11,6 @@ namespace dtrain::launcher {
 
 namespace {
 
-std::string trim(const std::string& s) {
-  size_t b = s.find_first_not_of(" \t\r");
-  if (b == std::string::npos) return "";
-  size_t e = s.find_last_not_of(" \t\r");
-  return s.substr(b, e - b + 1);
-}
-
 // A host name or address as ssh takes it: no spaces, quotes or shell syntax, no leading '-'
 // (which ssh would read as an option). user@host is allowed.
 bool validHostName(const std::string& h) {
@@ -58,7 +51,7 @@ std::vector<HostEntry> parseHostfile(const std::string& text, const std::string&
   for (const auto& raw : splitAt(text, '\n')) {
     ++lineNo;
     std::string line = raw.substr(0, raw.find('#'));
-    line = trim(line);
+    line = trim(line, " \t\r");
     if (line.empty()) continue;
     const std::string where = source + " line " + std::to_string(lineNo);
     // Fields separated by blanks: the host, then key=value pairs (slots=N; MPI's max_slots

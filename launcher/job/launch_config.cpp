@@ -61,17 +61,6 @@ std::string cutNote(const std::string& text) {
 
 }  // namespace
 
-std::vector<std::string> splitAt(const std::string& text, char sep) {
-  std::vector<std::string> parts;
-  size_t start = 0;
-  while (true) {
-    size_t at = text.find(sep, start);
-    parts.push_back(text.substr(start, at == std::string::npos ? std::string::npos : at - start));
-    if (at == std::string::npos) return parts;
-    start = at + 1;
-  }
-}
-
 std::string excerpt(const std::string& text) {
   return escapedHead(text) + (text.size() > kMaxQuotedChars ? "..." : "") + cutNote(text);
 }

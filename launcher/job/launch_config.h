@@ -15,6 +15,7 @@
 #include "launcher/cluster/nccl_env.h"
 #include "launcher/cluster/remote/remote_command.h"
 #include "launcher/monitor/monitor_options.h"
+#include "text.h"
 
 namespace dtrain::launcher {
 
@@ -148,9 +149,6 @@ constexpr size_t kMaxQuotedChars = 200;
 // how long it was when cut ("abc... (40000 characters)"). excerpt() leaves out the quotes.
 std::string excerpt(const std::string& text);
 std::string quoteValue(const std::string& text);
-
-// Pure: the pieces of `text` between the `sep`s ("a,,b" -> "a", "", "b"; "" -> one empty piece).
-std::vector<std::string> splitAt(const std::string& text, char sep);
 
 // Value parsers: each throws InvalidArgument naming `label` and the accepted forms.
 NprocSpec parseNproc(const std::string& text, const std::string& label);

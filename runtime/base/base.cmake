@@ -17,6 +17,7 @@ add_library(dtrain_base SHARED
   runtime/base/net/net_interface.cpp
   runtime/base/net/socket.cpp
   runtime/base/parse_int.cpp
+  runtime/base/text.cpp
   runtime/base/store/auth.cpp
   runtime/base/store/client_connect.cpp
   runtime/base/store/client_round_trip.cpp

@@ -12,6 +12,7 @@
 
 #include "dtrain/base/error.h"
 #include "parse_int.h"
+#include "text.h"
 
 namespace dtrain::fault {
 
@@ -42,25 +43,6 @@ const KindInfo& infoOf(Kind kind) {
     if (k.kind == kind) return k;
   }
   return kKinds[0];
-}
-
-std::vector<std::string> split(const std::string& s, char sep) {
-  std::vector<std::string> parts;
-  size_t start = 0;
-  while (true) {
-    size_t at = s.find(sep, start);
-    parts.push_back(s.substr(start, at == std::string::npos ? std::string::npos : at - start));
-    if (at == std::string::npos) break;
-    start = at + 1;
-  }
-  return parts;
-}
-
-std::string trim(const std::string& s) {
-  size_t b = s.find_first_not_of(" \t");
-  if (b == std::string::npos) return "";
-  size_t e = s.find_last_not_of(" \t");
-  return s.substr(b, e - b + 1);
 }
 
 // The part before '@' of fault `text`: "kind" or "kind:arg", the argument checked.
@@ -106,7 +88,7 @@ Fault parseKind(const std::string& what, const std::string& text) {
 
 // The part after '@' of fault `text` ("rank=R,step=S,attempt=A,phase=P"), into `f`.
 void parseConditions(const std::string& conds, const std::string& text, Fault& f) {
-  for (const auto& cond : split(conds, ',')) {
+  for (const auto& cond : splitAt(conds, ',')) {
     size_t eq = cond.find('=');
     std::string key = eq == std::string::npos ? cond : cond.substr(0, eq);
     if (key == "phase") {
@@ -219,7 +201,7 @@ std::string Fault::describe() const {
 
 std::vector<Fault> parseFaults(const std::string& spec) {
   std::vector<Fault> faults;
-  for (const auto& part : split(spec, ';')) {
+  for (const auto& part : splitAt(spec, ';')) {
     std::string text = trim(part);
     if (text.empty()) continue;
     faults.push_back(parseOne(text));
@@ -292,7 +274,7 @@ std::string IoFault::describe() const {
 
 std::vector<IoFault> parseIoFaults(const std::string& spec) {
   std::vector<IoFault> faults;
-  for (const auto& part : split(spec, ';')) {
+  for (const auto& part : splitAt(spec, ';')) {
     std::string text = trim(part);
     if (text.empty()) continue;
     IoFault f;
@@ -304,7 +286,7 @@ std::vector<IoFault> parseIoFaults(const std::string& spec) {
     std::string head = text.substr(0, at);
     std::string tail = text.substr(at + 1);
     // Conditions after the count: ",rank=R,attempt=A".
-    auto parts = split(tail, ',');
+    auto parts = splitAt(tail, ',');
     tail = parts[0];
     for (size_t i = 1; i < parts.size(); ++i) {
       size_t eq = parts[i].find('=');
