@@ -286,10 +286,27 @@ void Segment::map(const std::string& who) {
   DTRAIN_CHECK(::fstat(fd_, &st) == 0 && st.st_size > 0, "{}: shared memory: fstat: {}", who,
                errnoText(errno));
   bytes_ = static_cast<size_t>(st.st_size);
-  void* p = ::mmap(nullptr, bytes_, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_NORESERVE, fd_, 0);
-  DTRAIN_CHECK(p != MAP_FAILED, "{}: shared memory: cannot map {} bytes: {}", who, bytes_,
-               errnoText(errno));
-  base_ = static_cast<char*>(p);
+  // At a 2 MiB-aligned address: the layout puts the arena (and so every buffer of 2 MiB or more)
+  // at huge-page offsets, which only become huge pages when the mapping itself is aligned; mmap
+  // alone promises 4 KiB. Reserve 2 MiB more, map the segment over its aligned part, return the
+  // rest.
+  void* reserved = ::mmap(nullptr, bytes_ + kHuge, PROT_NONE,
+                          MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+  DTRAIN_CHECK(reserved != MAP_FAILED, "{}: shared memory: cannot reserve {} bytes of addresses: {}",
+               who, bytes_ + kHuge, errnoText(errno));
+  char* const start = static_cast<char*>(reserved);
+  char* const aligned = reinterpret_cast<char*>(roundUp(reinterpret_cast<uintptr_t>(start), kHuge));
+  void* p = ::mmap(aligned, bytes_, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_NORESERVE | MAP_FIXED,
+                   fd_, 0);
+  if (p == MAP_FAILED) {
+    const int e = errno;
+    ::munmap(reserved, bytes_ + kHuge);
+    DTRAIN_CHECK(false, "{}: shared memory: cannot map {} bytes: {}", who, bytes_, errnoText(e));
+  }
+  if (aligned > start) ::munmap(start, static_cast<size_t>(aligned - start));
+  char* const end = aligned + bytes_;
+  if (start + bytes_ + kHuge > end) ::munmap(end, static_cast<size_t>(start + bytes_ + kHuge - end));
+  base_ = aligned;
   hugePages_ = shmemHugePagesAllowed();
 }
 
