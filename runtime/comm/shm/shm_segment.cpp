@@ -292,8 +292,9 @@ void Segment::map(const std::string& who) {
   // rest.
   void* reserved = ::mmap(nullptr, bytes_ + kHuge, PROT_NONE,
                           MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
-  DTRAIN_CHECK(reserved != MAP_FAILED, "{}: shared memory: cannot reserve {} bytes of addresses: {}",
-               who, bytes_ + kHuge, errnoText(errno));
+  DTRAIN_CHECK(reserved != MAP_FAILED,
+               "{}: shared memory: cannot reserve {} bytes of addresses: {}", who, bytes_ + kHuge,
+               errnoText(errno));
   char* const start = static_cast<char*>(reserved);
   char* const aligned = reinterpret_cast<char*>(roundUp(reinterpret_cast<uintptr_t>(start), kHuge));
   void* p = ::mmap(aligned, bytes_, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_NORESERVE | MAP_FIXED,
@@ -305,7 +306,8 @@ void Segment::map(const std::string& who) {
   }
   if (aligned > start) ::munmap(start, static_cast<size_t>(aligned - start));
   char* const end = aligned + bytes_;
-  if (start + bytes_ + kHuge > end) ::munmap(end, static_cast<size_t>(start + bytes_ + kHuge - end));
+  char* const reservedEnd = start + bytes_ + kHuge;
+  if (reservedEnd > end) ::munmap(end, static_cast<size_t>(reservedEnd - end));
   base_ = aligned;
   hugePages_ = shmemHugePagesAllowed();
 }
