@@ -30,6 +30,11 @@ constexpr const char* kStorePort = "DTRAIN_STORE_PORT";
 constexpr const char* kStoreToken = "DTRAIN_STORE_TOKEN";  // secret: environment only
 constexpr const char* kDtrainRestartCount = "DTRAIN_RESTART_COUNT";
 constexpr const char* kDtrainRunId = "DTRAIN_RUN_ID";
+// The node's stable id (a decimal integer): the host-list index of a fan-out job, --node-rank of a
+// manual one (SLURM_NODEID, PET_NODE_RANK). Unlike GROUP_RANK it does not change when an elastic
+// job re-forms with other nodes; node-local state (checkpoint directories, shard replicas) is
+// keyed by it. Readers fall back to GROUP_RANK when it is absent (torchrun, srun without launch).
+constexpr const char* kNodeId = "DTRAIN_NODE_ID";
 
 // Runtime settings, forwarded to every node.
 constexpr const char* kVerbose = "DTRAIN_VERBOSE";
