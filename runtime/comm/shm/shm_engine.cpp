@@ -58,8 +58,8 @@ namespace dtrain::comm::shm {
 // caller computes (DDP's buckets during backward). When the node's ranks outnumber its cores the
 // spin yields the core (sched_yield) at every turn. Sleeps last at most sleepSlice (100 ms):
 // between them the rank looks whether a peer aborted (its error is quoted) or died (a pidfd per
-// peer), and whether the deadline passed. A dead peer is therefore noticed within ~0.1 s, a frozen
-// one at the collective timeout.
+// peer, Note [Watching peers] in shm_wait.h), and whether the deadline passed. A dead peer is
+// therefore noticed within ~0.1 s, a frozen one at the collective timeout.
 
 namespace {
 
@@ -67,10 +67,16 @@ bool reached(uint32_t value, uint32_t target) {
   return static_cast<int32_t>(value - target) >= 0;
 }
 
-std::vector<int> pidsOf(const Segment& s) {
-  std::vector<int> pids(static_cast<size_t>(s.size()));
-  for (int r = 0; r < s.size(); ++r) pids[r] = s.control(r).pid.load(std::memory_order_acquire);
-  return pids;
+std::vector<PeerWatch::Peer> peersOf(const Segment& s) {
+  std::vector<PeerWatch::Peer> peers(static_cast<size_t>(s.size()));
+  for (int r = 0; r < s.size(); ++r) {
+    PeerWatch::Peer& p = peers[static_cast<size_t>(r)];
+    p.pidfd = s.pidfd(r);
+    p.pid = s.control(r).pid.load(std::memory_order_acquire);
+    p.samePidNamespace = s.samePidNamespace(r);
+    p.self = r == s.rank();
+  }
+  return peers;
 }
 
 // Slice j of a chunk of m elements among n ranks: cache-line aligned, the last ones may be short
@@ -112,14 +118,16 @@ Engine::Engine(std::shared_ptr<Segment> segment, const EngineOptions& options)
       rank_(segment_->rank()),
       size_(segment_->size()),
       me_(segment_->control(rank_)),
-      peers_(pidsOf(*segment_)) {
+      peers_(peersOf(*segment_)) {
   phase_ = me_.progress.load(std::memory_order_relaxed);
 }
 
 Engine::~Engine() = default;
 
 std::string Engine::describePeer(int rank) const {
-  return fmt::format("rank {} (pid {})", nameOf(rank), peers_.pid(rank));
+  const PeerWatch::Peer& p = peers_.peer(rank);
+  return fmt::format("rank {} (pid {}{})", nameOf(rank), p.pid,
+                     p.samePidNamespace || p.self ? "" : " in its PID namespace");
 }
 
 void Engine::enter(const CollectiveInfo& info, bool owned, int64_t inputOffset) {
@@ -326,7 +334,7 @@ void Engine::allreduce(const CollectiveInfo& info, void* data, Clock::time_point
                        const SliceHook& hook) {
   const size_t elem = elementSize(info.dtype);
   const size_t bytes = info.count * elem;
-  if (bytes <= options_.smallBytes && bytes <= segment_->slotBytes()) {
+  if (bytes <= segment_->tuning().smallBytes && bytes <= segment_->slotBytes()) {
     return allreduceSmall(info, data, deadline, hook);
   }
   char* const out = static_cast<char*>(data);
@@ -349,7 +357,7 @@ void Engine::allreduce(const CollectiveInfo& info, void* data, Clock::time_point
       const bool allOwned = readSources(info, src, &anyOwned);
       // With a hook (hierarchical), every node must chunk alike: slot-sized chunks always.
       if (allOwned && !hook) {
-        chunk = std::max<size_t>(1, options_.ownedChunkBytes / elem);
+        chunk = std::max<size_t>(1, segment_->tuning().ownedChunkBytes / elem);
         m = std::min(chunk, info.count - done);
       }
     }

@@ -22,9 +22,9 @@ namespace dtrain::comm::shm {
 
 using Clock = std::chrono::steady_clock;
 
+// How this rank waits. What decides the path of a collective is the segment's (Segment::tuning(),
+// the same on every rank).
 struct EngineOptions {
-  size_t smallBytes = 0;
-  size_t ownedChunkBytes = 0;
   std::chrono::microseconds spin{50};
   // Spin with sched_yield() instead of a pause: when the node's ranks outnumber its cores, the
   // peer being waited for may need this very core.
