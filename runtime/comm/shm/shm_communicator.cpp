@@ -94,7 +94,8 @@ ShmCommunicator::ShmCommunicator(Config c)
              shm::vectorKernels() ? "AVX2" : "portable",
              segment_->hugePages() ? "advised" : "not allowed for shared memory here",
              timeout_.count());
-  startQueue(fmt::format("dtrain-shm{}", topo_.rank));
+  // Only the cross-node Gloo steps write to sockets; shared memory alone cannot raise SIGPIPE.
+  startQueue(fmt::format("dtrain-shm{}", topo_.rank), /*writesSockets=*/cross_ != nullptr);
 }
 
 ShmCommunicator::~ShmCommunicator() { shutdownInDestructor(who()); }

@@ -105,9 +105,11 @@ class Engine {
                                 const char* what);
   void checkPeers(int waitingFor, const char* what);
   std::string whereIs(int peer) const;
-  // A wait ended while spinning, `start` being when the spin began: adapt the budget.
+  // A wait ended while spinning, or after sleeping; `start` being when it began: adapt the budget.
   void spun(Clock::time_point start);
+  void slept(Clock::time_point start);
   static constexpr double kMinSpinUs = 2;
+  static constexpr double kRaiseBelowUs = 200;
 
   void allreduceSmall(const CollectiveInfo& info, void* data, Clock::time_point deadline,
                       const SliceHook& hook);

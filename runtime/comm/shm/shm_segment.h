@@ -59,7 +59,9 @@ struct alignas(64) RankControl {
   std::atomic<uint32_t> progress;
   // Peers sleeping on `progress` (futex); the rank wakes them after each step when non-zero.
   std::atomic<uint32_t> sleepers;
-  char pad0[56];
+  // The CPU the rank last advanced on: a waiter on the same one yields it (Note [Waiting]).
+  std::atomic<int32_t> cpu;
+  char pad0[52];
   // Set once: 1 when this rank's communicator failed (`reason` holds its error, NUL-terminated),
   // 2 when it was shut down.
   std::atomic<uint32_t> aborted;
