@@ -56,7 +56,8 @@ TEST(PeerWatch, ABarePidIsTrustedOnlyInThisPidNamespace) {
 TEST(PeerWatch, ALivePeersPidfdIsNotReadable) {
   const int pidfd = static_cast<int>(::syscall(SYS_pidfd_open, ::getpid(), 0));
   ASSERT_GE(pidfd, 0);
-  PeerWatch watch({PeerWatch::Peer{-1, 1, false, true}, PeerWatch::Peer{pidfd, 12345, false, false}});
+  PeerWatch watch(
+      {PeerWatch::Peer{-1, 1, false, true}, PeerWatch::Peer{pidfd, 12345, false, false}});
   EXPECT_EQ(watch.firstDead(), -1);
   ::close(pidfd);
 }

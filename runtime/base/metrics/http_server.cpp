@@ -203,7 +203,9 @@ struct Connection {
 
   uv_stream_t* stream() { return reinterpret_cast<uv_stream_t*>(&tcp); }
 
-  void touch() { server->byActivity.splice(server->byActivity.end(), server->byActivity, position); }
+  void touch() {
+    server->byActivity.splice(server->byActivity.end(), server->byActivity, position);
+  }
 
   void arm(std::chrono::milliseconds after) {
     uv_timer_start(&timer, [](uv_timer_t* t) { static_cast<Connection*>(t->data)->close(); },

@@ -69,11 +69,11 @@ namespace dtrain::comm::shm {
 // so a spin there holds the very core the peer needs. Each rank therefore records the CPU it
 // advanced on (the `cpu` word of its control block), and a spinner that finds its peer last ran
 // on its own core yields the core at every turn (measured at load 8 on 2 cores: 4 KiB 9 us
-// against 156 us with the same budget and no yield). When the node's ranks outnumber its cores the spin yields at every
-// turn anyway. Sleeps last at most sleepSlice (100 ms): between them the rank looks whether a
-// peer aborted (its error is quoted) or died (a pidfd per peer, Note [Watching peers] in
-// shm_wait.h), and whether the deadline passed. A dead peer is therefore noticed within ~0.1 s, a
-// frozen one at the collective timeout.
+// against 156 us with the same budget and no yield). When the node's ranks outnumber its cores the
+// spin yields at every turn anyway. Sleeps last at most sleepSlice (100 ms): between them the rank
+// looks whether a peer aborted (its error is quoted) or died (a pidfd per peer,
+// Note [Watching peers] in shm_wait.h), and whether the deadline passed. A dead peer is therefore
+// noticed within ~0.1 s, a frozen one at the collective timeout.
 
 namespace {
 
