@@ -106,14 +106,14 @@ TEST(ShmTuning, NodesWithOtherOptionsAreRefusedOnEveryRankNamingTheirRanks) {
   double slowest = 0;
   // Two pretend nodes of two ranks; node 1 (ranks 2, 3) agrees with itself, not with node 0.
   auto errors = createAll(4, 2, [](int r, ShmOptions& o) {
-    if (r >= 2) o.slotBytes = 1 << 20;
+    if (r >= 2) o.slotBytes = 2 << 20;
   }, &slowest);
   for (int r : {0, 2}) {
     EXPECT_CONTAINS(errors[r], "the nodes were given different options: ShmOptions::slotBytes is "
-                               "4194304 on rank 0 and 1048576 on rank 2");
+                               "1048576 on rank 0 and 2097152 on rank 2");
   }
   for (int r : {1, 3}) {
-    EXPECT_CONTAINS(errors[r], "ShmOptions::slotBytes is 4194304 on rank 1 and 1048576 on rank 3");
+    EXPECT_CONTAINS(errors[r], "ShmOptions::slotBytes is 1048576 on rank 1 and 2097152 on rank 3");
   }
   EXPECT_LT(slowest, 5000);
 
