@@ -33,6 +33,16 @@ add_library(dtrain_xxhash INTERFACE)
 target_include_directories(dtrain_xxhash SYSTEM INTERFACE "${XXHASH_INCLUDE_DIR}")
 target_link_libraries(dtrain_xxhash INTERFACE "${XXHASH_LIBRARY}")
 
+# ISA-L (CRC32C of TensorBoard's event records: crc32_iscsi).
+find_path(ISAL_INCLUDE_DIR isa-l/crc.h)
+find_library(ISAL_LIBRARY NAMES isal libisal.so.2)
+if(NOT ISAL_INCLUDE_DIR OR NOT ISAL_LIBRARY)
+  message(FATAL_ERROR "ISA-L not found. HINT: scripts/setup.sh installs libisal-dev")
+endif()
+add_library(dtrain_isal INTERFACE)
+target_include_directories(dtrain_isal SYSTEM INTERFACE "${ISAL_INCLUDE_DIR}")
+target_link_libraries(dtrain_isal INTERFACE "${ISAL_LIBRARY}")
+
 # cpp-httplib (the metrics endpoint). Debian ships it as a compiled library whose pkg-config file
 # lists the defines it was built with (OpenSSL, zlib, Brotli); they change its classes' layout, so
 # every user must compile with the same ones.
