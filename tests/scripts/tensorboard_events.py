@@ -101,23 +101,36 @@ def event_files(path):
     return [path]
 
 
+def read_file(name):
+    """One event file: {"opened": the first record's wall_time, "events": [(wall_time, step,
+    [(tag, value), ...]) for every later record], "torn": bytes of a torn last record}, checking
+    every CRC and that the file opens with the file_version record and nothing else."""
+    records, torn = read_records(name)
+    if not records:
+        raise BadRecord(f"{name}: no complete record")
+    first = parse_event(records[0])
+    if first.file_version != FILE_VERSION or first.HasField("summary"):
+        raise BadRecord(f"{name}: the first record is not the file_version event: {first}")
+    events = []
+    for data in records[1:]:
+        event = parse_event(data)
+        if event.file_version:
+            raise BadRecord(f"{name}: a second file_version record")
+        events.append((event.wall_time, event.step,
+                       [(v.tag, v.simple_value) for v in event.summary.value]))
+    return {"opened": first.wall_time, "events": events, "torn": torn}
+
+
 def scalars(path):
-    """(wall_time, step, tag, value) of every scalar in every event file of `path`, checking
-    that each file opens with the file_version record. Returns (scalars, torn bytes)."""
+    """(wall_time, step, tag, value) of every scalar in every event file of `path`, and the
+    bytes of torn last records."""
     found = []
     torn = 0
     for name in event_files(path):
-        records, tail = read_records(name)
-        torn += tail
-        if not records:
-            raise BadRecord(f"{name}: no complete record")
-        first = parse_event(records[0])
-        if first.file_version != FILE_VERSION or first.HasField("summary"):
-            raise BadRecord(f"{name}: the first record is not the file_version event: {first}")
-        for data in records[1:]:
-            event = parse_event(data)
-            for v in event.summary.value:
-                found.append((event.wall_time, event.step, v.tag, v.simple_value))
+        f = read_file(name)
+        torn += f["torn"]
+        for wall, step, values in f["events"]:
+            found.extend((wall, step, tag, value) for tag, value in values)
     return found, torn
 
 
