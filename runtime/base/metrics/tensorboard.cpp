@@ -29,6 +29,14 @@ std::string hostName() {
   return name;
 }
 
+// `dir` for a message: a path may be as long as an argument (128 KiB); messages quote 200
+// characters of it at most, as launch's own do.
+std::string shown(const std::string& dir) {
+  constexpr size_t kMaxShown = 200;
+  if (dir.size() <= kMaxShown) return dir;
+  return fmt::format("{}... ({} characters)", dir.substr(0, kMaxShown), dir.size());
+}
+
 // Writes all of `bytes` with one write(); false (errno set) when it wrote less.
 bool writeWhole(int fd, const std::string& bytes) {
   ssize_t n;
@@ -71,7 +79,7 @@ std::shared_ptr<TensorBoardSink> TensorBoardSink::open(const std::string& dir,
   std::error_code ec;
   std::filesystem::create_directories(dir, ec);
   DTRAIN_CHECK_ARG(!ec, "{} {}: cannot create the directory: {}; HINT: give a path in a "
-                   "writable place", option, dir, ec.message());
+                   "writable place", option, shown(dir), ec.message());
 
   static std::atomic<int> serial{0};
   const double now = unixSeconds();
@@ -81,11 +89,11 @@ std::shared_ptr<TensorBoardSink> TensorBoardSink::open(const std::string& dir,
   const std::string path = (std::filesystem::path(dir) / name).string();
   const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_APPEND | O_CLOEXEC, 0644);
   DTRAIN_CHECK_ARG(fd >= 0, "{} {}: cannot create {}: {}; HINT: give a writable directory",
-                   option, dir, name, std::strerror(errno));
+                   option, shown(dir), name, std::strerror(errno));
   auto refuse = [&](const std::string& why) {
     ::close(fd);
     ::unlink(path.c_str());
-    DTRAIN_THROW(InvalidArgument, "{} {}: {}", option, dir, why);
+    DTRAIN_THROW(InvalidArgument, "{} {}: {}", option, shown(dir), why);
   };
   if (::flock(fd, LOCK_EX | LOCK_NB) != 0) {
     refuse(fmt::format("cannot lock {}: {}", name, std::strerror(errno)));
