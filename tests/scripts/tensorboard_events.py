@@ -7,7 +7,8 @@ TensorBoard's own field numbers (tensorboard/compat/proto/event.proto and summar
     message Event   { double wall_time = 1; int64 step = 2;
                       oneof what { string file_version = 3; Summary summary = 5; ... } }
     message Summary { repeated Value value = 1;
-                      message Value { string tag = 1; oneof value { float simple_value = 2; ... } } }
+                      message Value { string tag = 1;
+                                      oneof value { float simple_value = 2; ... } } }
 
 Fields TensorBoard defines and dtrain does not write are left out of the descriptor; protobuf
 keeps any such field as unknown, so a stray one still parses (and the tests look for none).
