@@ -13,25 +13,27 @@ if(DTRAIN_WITH_BENCHMARKS)
   find_package(cxxopts REQUIRED)
 endif()
 
-# libuv: pkg-config when available, else a plain search (no CMake package in Debian 12).
-find_path(LIBUV_INCLUDE_DIR uv.h)
-find_library(LIBUV_LIBRARY NAMES uv libuv.so.1)
-if(NOT LIBUV_INCLUDE_DIR OR NOT LIBUV_LIBRARY)
-  message(FATAL_ERROR "libuv not found. HINT: scripts/setup.sh installs libuv1-dev")
-endif()
-add_library(dtrain_libuv INTERFACE)
-target_include_directories(dtrain_libuv SYSTEM INTERFACE "${LIBUV_INCLUDE_DIR}")
-target_link_libraries(dtrain_libuv INTERFACE "${LIBUV_LIBRARY}")
+# dtrain_plain_dependency(<name> <VAR> <header> <package> <library names...>): a library Debian
+# ships without a CMake package, found by its header and library (cache variables <VAR>_INCLUDE_DIR
+# and <VAR>_LIBRARY), as the INTERFACE target dtrain_<name>; missing, a FATAL_ERROR naming the
+# Debian package that has it.
+function(dtrain_plain_dependency name var header package)
+  find_path(${var}_INCLUDE_DIR ${header})
+  find_library(${var}_LIBRARY NAMES ${ARGN})
+  if(NOT ${var}_INCLUDE_DIR OR NOT ${var}_LIBRARY)
+    message(FATAL_ERROR "${name} not found. HINT: scripts/setup.sh installs ${package}")
+  endif()
+  add_library(dtrain_${name} INTERFACE)
+  target_include_directories(dtrain_${name} SYSTEM INTERFACE "${${var}_INCLUDE_DIR}")
+  target_link_libraries(dtrain_${name} INTERFACE "${${var}_LIBRARY}")
+endfunction()
 
+# libuv (the store's event loop; no CMake package in Debian 12).
+dtrain_plain_dependency(libuv LIBUV uv.h libuv1-dev uv libuv.so.1)
 # xxHash (XXH3 checksums).
-find_path(XXHASH_INCLUDE_DIR xxhash.h)
-find_library(XXHASH_LIBRARY NAMES xxhash libxxhash.so.0)
-if(NOT XXHASH_INCLUDE_DIR OR NOT XXHASH_LIBRARY)
-  message(FATAL_ERROR "xxHash not found. HINT: scripts/setup.sh installs libxxhash-dev")
-endif()
-add_library(dtrain_xxhash INTERFACE)
-target_include_directories(dtrain_xxhash SYSTEM INTERFACE "${XXHASH_INCLUDE_DIR}")
-target_link_libraries(dtrain_xxhash INTERFACE "${XXHASH_LIBRARY}")
+dtrain_plain_dependency(xxhash XXHASH xxhash.h libxxhash-dev xxhash libxxhash.so.0)
+# ISA-L (CRC32C of TensorBoard's event records: crc32_iscsi).
+dtrain_plain_dependency(isal ISAL isa-l/crc.h libisal-dev isal libisal.so.2)
 
 # cpp-httplib (the metrics endpoint). Debian ships it as a compiled library whose pkg-config file
 # lists the defines it was built with (OpenSSL, zlib, Brotli); they change its classes' layout, so

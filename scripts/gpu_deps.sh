@@ -20,6 +20,7 @@ packages=(
   libgtest-dev libgmock-dev
   libssl-dev libssl3
   libcpp-httplib-dev libcpp-httplib0.11 libbrotli1
+  libisal-dev libisal2
 )
 
 command -v apt-get >/dev/null && command -v dpkg >/dev/null || {
