@@ -7,9 +7,9 @@ find_package(Threads REQUIRED)
 find_package(fmt REQUIRED)
 find_package(OpenSSL REQUIRED COMPONENTS Crypto)
 find_package(nlohmann_json REQUIRED)
-# cxxopts reads allreduce_bench's options only: launch parses its own command line (see Note
-# [Option parsing] in launcher/job/launch_args.cpp for why).
-if(DTRAIN_WITH_BENCHMARKS)
+# cxxopts reads the sample trainers' and allreduce_bench's options: launch parses its own command
+# line (see Note [Option parsing] in launcher/job/launch_args.cpp for why).
+if(DTRAIN_WITH_BENCHMARKS OR DTRAIN_WITH_EXAMPLES)
   find_package(cxxopts REQUIRED)
 endif()
 
