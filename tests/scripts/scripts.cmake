@@ -49,3 +49,15 @@ set_tests_properties(docs.references PROPERTIES LABELS unit TIMEOUT 60)
 add_test(NAME docs.references.self_test
          COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/tests/scripts/docs_references_self_test.sh)
 set_tests_properties(docs.references.self_test PROPERTIES LABELS unit TIMEOUT 60)
+
+# scripts/gpu_check.sh on a fake GPU machine (a pip-style site-packages tree with a stand-in torch
+# answered by a fake python, a fake nvcc; for real runs fake cmake, ctest and benchmarks): the paths
+# it resolves, its one-line refusals, and its rows' time limits and budget.
+add_test(NAME scripts.gpu_check_pip_layout
+         COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/tests/scripts/gpu_check_fake_test.sh
+                 ${CMAKE_CURRENT_SOURCE_DIR} pip-layout)
+add_test(NAME scripts.gpu_check_budget
+         COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/tests/scripts/gpu_check_fake_test.sh
+                 ${CMAKE_CURRENT_SOURCE_DIR} budget)
+set_tests_properties(scripts.gpu_check_pip_layout scripts.gpu_check_budget
+                     PROPERTIES LABELS unit TIMEOUT 90)
