@@ -61,3 +61,11 @@ add_test(NAME scripts.gpu_check_budget
                  ${CMAKE_CURRENT_SOURCE_DIR} budget)
 set_tests_properties(scripts.gpu_check_pip_layout scripts.gpu_check_budget
                      PROPERTIES LABELS unit TIMEOUT 90)
+
+# dtrain's CMake against a fake pip libtorch (configure only): fmt's headers ahead of libtorch's
+# bundled fmt (Note [Two fmts] in cmake/torch_fmt.cmake), C++20 for libtorch 2.14, the toolkit's
+# nvcc handed to libtorch's package, no c10d Gloo peer against a libtorch with its own Gloo.
+add_test(NAME cmake.pip_torch
+         COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/tests/scripts/cmake_pip_torch_test.sh
+                 ${CMAKE_CURRENT_SOURCE_DIR})
+set_tests_properties(cmake.pip_torch PROPERTIES LABELS unit TIMEOUT 180)
