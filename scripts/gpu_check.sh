@@ -70,8 +70,9 @@ while [ $# -gt 0 ]; do
   esac
   shift
 done
-[ -z "$check_build" ] || [ "$dry" = 1 ] || { echo "gpu_check.sh: --check-build needs --dry-run" >&2; exit 2; }
-[[ "$budget" =~ ^[0-9]+$ ]] || { echo "gpu_check.sh: --budget takes whole seconds, got $budget" >&2; exit 2; }
+usage_error() { echo "gpu_check.sh: $*" >&2; exit 2; }
+[ -z "$check_build" ] || [ "$dry" = 1 ] || usage_error "--check-build needs --dry-run"
+[[ "$budget" =~ ^[0-9]+$ ]] || usage_error "--budget takes whole seconds, got $budget"
 
 # The libtorch versions dtrain supports (docs/design.md#libraries): 1.13 (Debian, the CI's) and
 # 2.0 - 2.14 (2.14 needs C++20, which cmake/dependencies.cmake then asks for).
@@ -79,11 +80,14 @@ torch_min2=0
 torch_max2=14
 bench_args=(--backend nccl --world 1 --no-peer --warmup 5 --iters 20
             --sizes 4K,16K,64K,256K,1M,4M,16M,64M,256M)
+# ResNet-50 at 224x224, batch 64, float16 autocast + GradScaler, world size 1 (NCCL), in turns with
+# PyTorch eager AMP on the same GPU.
+train_args=(--rounds 3 --steps 20 --warmup 5)
 logdir="$build/gpu_check"
 
 say() { echo "gpu_check.sh: $*"; }
 problems=0
-refuse() {  # a missing or wrong input: fatal for a real run, counted by a dry run
+refuse() {  # refuse WORDS...: a missing or wrong input: fatal for a real run, counted by a dry run
   if [ "$dry" = 1 ]; then say "  (dry run) a real run stops here: $*"; problems=$((problems + 1))
   else say "error: $*" >&2; exit 1; fi
 }
@@ -99,11 +103,11 @@ row() {  # row NAME LIMIT_S "TARGETS" COMMAND...   (TARGETS: @gpu-tests = every 
 # The priority list. One line per row: name, time limit in seconds, the CMake targets it needs
 # (the build row builds those of the chosen rows), the command (a program or a function below).
 # Rows run in this order while the budget lasts. To add a row, add a line.
-row build      180 ""                         configure_and_build
-row gpu_tests   75 "@gpu-tests"               ctest --test-dir "$build" -L gpu --output-on-failure --timeout 60
-row allreduce   30 "allreduce_bench"          "$build/allreduce_bench" "${bench_args[@]}"
-row resnet_amp  90 "train_bench"              "$build/train_bench" --gpu --python "$python" --rounds 3 --steps 20 --warmup 5
-row launch_gpu  40 "launch dtrain_gpu_tests"  launch_gpu_sampling
+row build      180 ""                configure_and_build
+row gpu_tests   75 "@gpu-tests"      ctest --test-dir "$build" -L gpu --output-on-failure --timeout 60
+row allreduce   30 "allreduce_bench" "$build/allreduce_bench" "${bench_args[@]}"
+row resnet_amp  90 "train_bench"     "$build/train_bench" --gpu --python "$python" "${train_args[@]}"
+row launch_gpu  40 "launch dtrain_gpu_tests" launch_gpu_sampling
 
 # ---- What the rows call (they run in BUILD/gpu_check/<row>.sh, which carries these) -----------
 
@@ -122,8 +126,8 @@ configure_and_build() {
   local config="$build/generated/dtrain/config.h" f bad=0
   for f in TORCH TORCH_CUDA NCCL; do
     grep -q "^#define DTRAIN_WITH_$f 1" "$config" ||
-      { echo "gpu_check.sh: FAILED: $config has DTRAIN_WITH_$f 0: CMake did not find it (see the" \
-             "configure output above; HINT: the torch, NCCL and CUDA lines printed before it)"; bad=1; }
+      { echo "gpu_check.sh: FAILED: $config has DTRAIN_WITH_$f 0: CMake did not find it (HINT:" \
+             "the libtorch, NCCL and CUDA lines of the configure output above)"; bad=1; }
   done
   [ "$bad" = 0 ] || return 1
   echo "gpu_check.sh: configured in $((SECONDS - t0)) s"
@@ -162,8 +166,8 @@ if not any(r.get("gpu_process_mem_bytes", 0) > 0 for r in ranks):
     problems.append("the GPU test's memory was never attributed to rank 0 (another pid namespace?)")
 util = max((r.get("gpu_util") or 0 for r in gpus), default=0)
 used = max((r.get("gpu_process_mem_bytes", 0) for r in ranks), default=0)
-print(f"gpu_check.sh: {len(records)} records, {len(gpus)} GPU samples, GPU util up to {util:.0f} %, "
-      f"rank 0 used up to {used / 2**20:.0f} MiB of GPU memory")
+print(f"gpu_check.sh: {len(records)} records, {len(gpus)} GPU samples, "
+      f"GPU util up to {util:.0f} %, rank 0 used up to {used / 2**20:.0f} MiB of GPU memory")
 for p in problems:
     print("gpu_check.sh: FAILED: " + p)
 sys.exit(1 if problems else 0)
@@ -212,37 +216,46 @@ fi
 if [ -z "$torch_version" ]; then
   refuse "$python cannot import torch (pip install torch with CUDA, or --python PATH)"
 else
-  say "   torch $torch_version, CUDA ${torch_cuda:-none}, C++11 ABI ${torch_abi}, CMake prefix $torch_prefix"
+  say "   torch $torch_version, CUDA ${torch_cuda:-none}, C++11 ABI ${torch_abi}," \
+      "CMake prefix $torch_prefix"
   IFS=. read -r tmaj tmin _ <<<"${torch_version%%+*}"
   tmin="${tmin%%[!0-9]*}"
   if ! { [ "$tmaj" = 1 ] && [ "$tmin" = 13 ]; } &&
      ! { [ "$tmaj" = 2 ] && [ "$tmin" -ge "$torch_min2" ] && [ "$tmin" -le "$torch_max2" ]; }; then
-    refuse "torch $torch_version is not a version dtrain supports (1.13, 2.$torch_min2 - 2.$torch_max2; docs/design.md#libraries)"
+    refuse "torch $torch_version is not a version dtrain supports" \
+           "(1.13, 2.$torch_min2 - 2.$torch_max2; docs/design.md#libraries)"
   fi
   [ -n "$torch_cuda" ] || refuse "the torch of $python is a CPU build (torch.version.cuda is None)"
-  [ "$torch_abi" = 1 ] || refuse "torch $torch_version was built with the pre-C++11 ABI (torch.compiled_with_cxx11_abi() is False): dtrain and its dependencies use the C++11 ABI and would not link against it (HINT: pip's torch uses the C++11 ABI from 2.7 on)"
+  [ "$torch_abi" = 1 ] ||
+    refuse "torch $torch_version was built with the pre-C++11 ABI" \
+           "(torch.compiled_with_cxx11_abi() is False): dtrain and its dependencies use the C++11" \
+           "ABI and would not link against it (HINT: pip's torch uses the C++11 ABI from 2.7 on)"
 fi
 
 say "2. NCCL"
 nccl_root="${NCCL_ROOT:-}"
 [ -n "$site" ] && [ -f "$site/nvidia/nccl/include/nccl.h" ] && nccl_root="$site/nvidia/nccl"
 if [ -n "$nccl_root" ]; then say "   NCCL_ROOT=$nccl_root"
-else say "   no nvidia-nccl wheel beside torch and no NCCL_ROOT: CMake looks in the CUDA toolkit"; fi
+else say "   no nvidia-nccl wheel beside torch, no NCCL_ROOT: CMake looks in the CUDA toolkit"; fi
 
 say "3. CUDA compiler"
 nvcc="${CUDACXX:-}"
 [ -z "$nvcc" ] && nvcc="$(command -v nvcc || true)"
-[ -z "$nvcc" ] && [ -n "${CUDAToolkit_ROOT:-}" ] && [ -x "$CUDAToolkit_ROOT/bin/nvcc" ] && nvcc="$CUDAToolkit_ROOT/bin/nvcc"
-[ -z "$nvcc" ] && [ -x /usr/local/cuda/bin/nvcc ] && nvcc=/usr/local/cuda/bin/nvcc
+for candidate in "${CUDAToolkit_ROOT:-/nonexistent}/bin/nvcc" /usr/local/cuda/bin/nvcc; do
+  [ -z "$nvcc" ] && [ -x "$candidate" ] && nvcc="$candidate"
+done
 cuda_root=""
 if [ -z "$nvcc" ]; then
-  refuse "no nvcc (CUDACXX, PATH, CUDAToolkit_ROOT/bin, /usr/local/cuda/bin): libtorch's CMake package compiles with it"
+  refuse "no nvcc (CUDACXX, PATH, CUDAToolkit_ROOT/bin, /usr/local/cuda/bin):" \
+         "libtorch's CMake package compiles with it"
 else
   cuda_root="$(cd "$(dirname "$nvcc")/.." && pwd)"
-  nvcc_version="$("$nvcc" --version 2>/dev/null | sed -n 's/.*release \([0-9][0-9.]*\).*/\1/p' | head -n1)"
+  nvcc_version="$("$nvcc" --version 2>/dev/null |
+                  sed -n 's/.*release \([0-9][0-9.]*\).*/\1/p' | head -n1)"
   say "   nvcc $nvcc_version ($nvcc), toolkit $cuda_root"
   if [ -n "$torch_cuda" ] && [ "${nvcc_version%%.*}" != "${torch_cuda%%.*}" ]; then
-    refuse "nvcc $nvcc_version ($nvcc) and torch.version.cuda $torch_cuda are different CUDA major versions (HINT: put a CUDA ${torch_cuda%%.*} nvcc first on PATH, or set CUDACXX)"
+    refuse "nvcc $nvcc_version ($nvcc) and torch.version.cuda $torch_cuda are different CUDA" \
+           "major versions (HINT: put a CUDA ${torch_cuda%%.*} nvcc first on PATH, or set CUDACXX)"
   fi
 fi
 
@@ -250,16 +263,18 @@ say "4. small dependencies from $deps"
 if [ -d "$deps/usr" ]; then
   say "   found $(ls "$deps/usr/include" 2>/dev/null | wc -l) include entries"
 else
-  refuse "$deps/usr does not exist: run scripts/gpu_deps.sh on a Debian machine and copy .deps along"
+  refuse "$deps/usr does not exist: run scripts/gpu_deps.sh on a Debian machine and copy .deps" \
+         "along"
 fi
-command -v cmake >/dev/null 2>&1 || refuse "cmake (>= 3.22) is not on PATH (pip install cmake ninja)"
+command -v cmake >/dev/null 2>&1 || refuse "cmake (>= 3.22) is not on PATH (pip install cmake)"
 command -v ninja >/dev/null 2>&1 || refuse "ninja is not on PATH (pip install ninja)"
 
 export LD_LIBRARY_PATH="$deps/usr/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 [ -n "$nccl_root" ] && export LD_LIBRARY_PATH="$nccl_root/lib:$LD_LIBRARY_PATH"
 # The GPU's architecture spares libtorch's CMake package a probe compile.
 if [ -z "${TORCH_CUDA_ARCH_LIST:-}" ] && command -v nvidia-smi >/dev/null 2>&1; then
-  TORCH_CUDA_ARCH_LIST="$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader 2>/dev/null | head -n1 || true)"
+  TORCH_CUDA_ARCH_LIST="$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader 2>/dev/null |
+                          head -n1 || true)"
   [ -n "$TORCH_CUDA_ARCH_LIST" ] && export TORCH_CUDA_ARCH_LIST
 fi
 cmake_args=(-S "$root" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release
@@ -281,7 +296,7 @@ check_against_build() {
   fi
   for i in "${chosen[@]}"; do
     for t in $(expand_targets "$dir" "${row_targets[$i]}"); do
-      [ -x "$dir/$t" ] || { say "error: $dir has no $t, a target row ${row_names[$i]} needs"; bad=1; }
+      [ -x "$dir/$t" ] || { say "error: $dir has no $t, which row ${row_names[$i]} needs"; bad=1; }
     done
     eval "local -a cmd=(${row_cmds[$i]})"
     exe="${cmd[0]}"
@@ -291,22 +306,24 @@ check_against_build() {
     help="$("$exe" --help 2>&1 || true)"
     for a in "${cmd[@]:1}"; do
       case "$a" in
-        --*) help_lists "$help" "$a" ||
-               { say "error: $(basename "$exe") takes no $a (see $exe --help; row ${row_names[$i]})"; bad=1; } ;;
+        --*) help_lists "$help" "$a" || {
+               say "error: $(basename "$exe") takes no $a (see $exe --help; row ${row_names[$i]})"
+               bad=1; } ;;
       esac
     done
   done
   if ! grep -q 'Test *#' <<<"$(ctest --test-dir "$dir" -N -L gpu 2>/dev/null || true)"; then
     say "error: no test labelled gpu in $dir (ctest -L gpu runs nothing)"; bad=1
   fi
-  [ "$bad" = 0 ] && say "check-build: every row's targets, benchmark flags and the gpu tests found in $dir"
+  [ "$bad" = 0 ] && say "check-build: every row's targets, benchmark flags, gpu tests are in $dir"
   return "$bad"
 }
 
 # ---- Run -------------------------------------------------------------------------------------
 say "5. rows, in priority order, within a budget of $budget s"
 for i in "${chosen[@]}"; do
-  say "   ${row_names[$i]} (limit ${row_limits[$i]} s; needs ${row_targets[$i]:-what the rows below need}): ${row_shown[$i]}"
+  say "   ${row_names[$i]} (limit ${row_limits[$i]} s;" \
+      "needs ${row_targets[$i]:-what the rows below need}): ${row_shown[$i]}"
 done
 if [ "$dry" = 1 ]; then
   say "   build: cmake $(printf '%q ' "${cmake_args[@]}")"
@@ -370,7 +387,8 @@ for i in "${chosen[@]}"; do
   set -e
   took=$((SECONDS - t0))
   if [ "$rc" = 0 ]; then result="ok"
-  elif [ "$rc" = 124 ] || [ "$rc" = 137 ]; then result="TIMEOUT: stopped at $limit s ($why)"; failed=1
+  elif [ "$rc" = 124 ] || [ "$rc" = 137 ]; then
+    result="TIMEOUT: stopped at $limit s ($why)"; failed=1
   else result="FAILED (exit $rc)"; failed=1; fi
   statuses+=("$(printf '%-12s %4d s  %s' "$name" "$took" "$result")")
 done
