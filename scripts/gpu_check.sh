@@ -9,11 +9,12 @@
 #                        [--deps DIR] [--build DIR] [--python PYTHON] [--jobs N]
 #
 # The rows are listed below (search "The priority list"): build (configure + Ninja build of the
-# targets the chosen rows need), gpu_tests (CTest label gpu: NCCL at world size 1, DDP on CUDA,
-# GradScaler fp16 with a real overflow, CUDA RNG state through a checkpoint), allreduce
-# (allreduce_bench --backend nccl, 4 KiB - 256 MiB), resnet_amp (train_bench --gpu: ResNet-50 AMP
-# beside PyTorch eager AMP), launch_gpu (launch's GPU sampling while a GPU test runs), then the rows
-# other features add. --rows runs only the named rows (and the build of what they need).
+# targets the chosen rows need), gpu_tests (every CTest test labelled gpu: NCCL at world size 1,
+# the torch layer and DDP on CUDA, launch's GPU sampling parsers; their targets are those CMake
+# lists in BUILD/gpu_test_targets.txt), allreduce (allreduce_bench --backend nccl, 4 KiB -
+# 256 MiB), resnet_amp (train_bench --gpu: ResNet-50 AMP beside PyTorch eager AMP), launch_gpu
+# (launch's GPU sampling while a GPU test runs), then the rows other features add. --rows runs only
+# the named rows (and the build of what they need).
 #
 # Before configuring it checks, and stops with one line on the first that fails: PYTHON's torch is
 # a CUDA build of a version dtrain supports (1.13, 2.0 - 2.14: docs/design.md#libraries), built
@@ -33,7 +34,9 @@
 #   peer        train_bench's PyTorch side needs torchvision in PYTHON; without it the peer is
 #               skipped and said so
 # Each row's output goes to BUILD/gpu_check/<row>.log and its command to BUILD/gpu_check/<row>.sh
-# (rerun one by hand with `bash BUILD/gpu_check/<row>.sh`).
+# (rerun one by hand with `bash BUILD/gpu_check/<row>.sh`); the summary to
+# BUILD/gpu_check/summary.txt. Give whatever runs this script a limit above the budget (a signal is
+# handled only once the row running then has ended).
 #
 # --dry-run prints the checks and every row with its limit, targets and command, and runs nothing;
 # it exits 3 when an input of a real run is missing on this machine, else 0. --check-build DIR
@@ -65,7 +68,7 @@ while [ $# -gt 0 ]; do
     --build) build="$2"; shift ;;
     --python) python="$2"; shift ;;
     --jobs) jobs="$2"; shift ;;
-    -h|--help) sed -n '2,51p' "$0"; exit 0 ;;
+    -h|--help) awk 'NR > 1 && !/^#/ { exit } NR > 1 { sub(/^# ?/, ""); print }' "$0"; exit 0 ;;
     *) echo "gpu_check.sh: unknown argument $1 (see --help)" >&2; exit 2 ;;
   esac
   shift
@@ -339,13 +342,16 @@ fi
 
 mkdir -p "$logdir"
 statuses=()
-summary() {
-  say "summary (budget $budget s, $SECONDS s used):"
-  local i
-  for i in "${!statuses[@]}"; do say "  ${statuses[$i]}"; done
-  say "  logs: $logdir/<row>.log"
+summary() {  # also in BUILD/gpu_check/summary.txt
+  {
+    say "summary (budget $budget s, $SECONDS s used):"
+    local i
+    for i in "${!statuses[@]}"; do say "  ${statuses[$i]}"; done
+    say "  logs: $logdir/<row>.log"
+  } | tee "$logdir/summary.txt"
 }
 trap summary EXIT
+trap 'statuses+=("interrupted (signal)"); exit 130' INT TERM
 ran_out=0
 failed=0
 for i in "${chosen[@]}"; do
