@@ -133,6 +133,7 @@ configure_and_build() {
              "the libtorch, NCCL and CUDA lines of the configure output above)"; bad=1; }
   done
   [ "$bad" = 0 ] || return 1
+  touch "$build/gpu_check/configured"  # the other rows run only after this
   echo "gpu_check.sh: configured in $((SECONDS - t0)) s"
   local targets
   targets="$(expand_targets "$build" "$build_targets")"
@@ -341,6 +342,7 @@ if [ "$dry" = 1 ]; then
 fi
 
 mkdir -p "$logdir"
+rm -f "$logdir/configured"
 statuses=()
 summary() {  # also in BUILD/gpu_check/summary.txt
   {
@@ -362,7 +364,8 @@ for i in "${chosen[@]}"; do
   fi
   missing=""
   if [ "$i" != 0 ]; then
-    [ -f "$build/generated/dtrain/config.h" ] || missing="the build row did not configure"
+    [ -f "$logdir/configured" ] ||
+      missing="the build row did not configure a build with a CUDA libtorch and NCCL"
     for t in $(expand_targets "$build" "${row_targets[$i]}"); do
       [ -n "$missing" ] && break
       if [ "$t" = "@gpu-tests" ] || [ ! -x "$build/$t" ] ||

@@ -12,7 +12,8 @@
 #   gpu_check_fake_test.sh SOURCE_DIR budget
 #       real runs with fake cmake, ctest and benchmarks: a failed row does not stop the next, a row
 #       is cut to the budget left and killed with its children, rows past the budget are reported
-#       as not run, a row whose target is out of date is skipped, and the summary comes last.
+#       as not run, a row whose target is out of date is skipped, a configure that found no
+#       libtorch stops the run after the build row, and the summary comes last.
 set -euo pipefail
 src="$1"
 mode="$2"
@@ -125,7 +126,8 @@ if [[ " $* " == *" --build "* ]]; then
 fi
 while [ $# -gt 0 ]; do [ "$1" = -B ] && b="$2"; shift; done
 mkdir -p "$b/generated/dtrain"
-printf '#define DTRAIN_WITH_%s 1\n' TORCH TORCH_CUDA NCCL >"$b/generated/dtrain/config.h"
+printf '#define DTRAIN_WITH_%s 1\n' TORCH_CUDA NCCL >"$b/generated/dtrain/config.h"
+echo "#define DTRAIN_WITH_TORCH ${FAKE_WITH_TORCH:-1}" >>"$b/generated/dtrain/config.h"
 echo dtrain_gpu_tests >"$b/gpu_test_targets.txt"
 for p in dtrain_gpu_tests launch train_bench; do printf '#!/bin/sh\nexit 0\n' >"$b/$p"; done
 # allreduce_bench outlives any budget, with a child that must die with it.
@@ -165,6 +167,14 @@ budget() {
   expect "resnet_amp   skipped: train_bench was not built"
   [ -f "$tmp/build/gpu_check/gpu_tests.sh" ] || fail "no rerunnable script for the gpu_tests row"
   echo "ok: a row whose target is out of date is skipped"
+
+  # A quiet wrong prefix: CMake found no libtorch. The build row says so; nothing else runs.
+  FAKE_WITH_TORCH=0 run_check 1
+  expect "FAILED: $tmp/build/generated/dtrain/config.h has DTRAIN_WITH_TORCH 0"
+  expect_re "build +[01] s  FAILED \(exit 1\)"
+  expect "gpu_tests    skipped: the build row did not configure a build with a CUDA libtorch and NCCL"
+  expect "launch_gpu   skipped: the build row did not configure"
+  echo "ok: a configure without libtorch stops the run after the build row"
 
   # Every row that ran passed, but the budget ran out first: exit 4.
   FAKE_CTEST_SECONDS=4 run_check 4 --budget 7
