@@ -112,7 +112,8 @@ row allreduce   30 "allreduce_bench" "$build/allreduce_bench" "${bench_args[@]}"
 row resnet_amp  90 "train_bench"     "$build/train_bench" --gpu --python "$python" "${train_args[@]}"
 row launch_gpu  40 "launch dtrain_gpu_tests" launch_gpu_sampling
 
-# ---- What the rows call (they run in BUILD/gpu_check/<row>.sh, which carries these) -----------
+# ---- What the rows call (each row runs in BUILD/gpu_check/<row>.sh, which carries every function
+# of this script and the variables it resolved) ---------------------------------------------------
 
 # The targets of every test labelled gpu: CMake lists them in BUILD/gpu_test_targets.txt.
 expand_targets() {  # expand_targets BUILD "SPEC": SPEC with @gpu-tests replaced
@@ -331,7 +332,9 @@ for i in "${chosen[@]}"; do
 done
 if [ "$dry" = 1 ]; then
   say "   build: cmake $(printf '%q ' "${cmake_args[@]}")"
-  say "   build: cmake --build $build -j $jobs --target$(printf ' %s' $build_targets) -- -k 0"
+  say "   build: cmake --build $build -j $jobs --target" \
+      "$(expand_targets "$build" "$build_targets")-- -k 0"
+  say "   (@gpu-tests: the targets CMake lists in $build/gpu_test_targets.txt once configured)"
   say "dry run: ${#chosen[@]} rows printed, $problems input(s) missing on this machine"
   if [ -n "$check_build" ]; then
     check_against_build "$check_build" || exit 1
@@ -384,8 +387,9 @@ for i in "${chosen[@]}"; do
   {
     echo "# gpu_check.sh row $name: rerun with bash $script"
     echo "set -uo pipefail"
-    declare -p root build python jobs cmake_args build_targets LD_LIBRARY_PATH
-    declare -f say expand_targets configure_and_build launch_gpu_sampling
+    declare -p root build python jobs deps site nccl_root nvcc cuda_root torch_version torch_cuda \
+               logdir cmake_args build_targets LD_LIBRARY_PATH
+    declare -f  # every function of this script: a row may call any
     echo "${row_cmds[$i]}"
   } >"$script"
   say "== $name: up to $limit s ($why): ${row_shown[$i]}"
