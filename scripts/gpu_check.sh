@@ -225,6 +225,7 @@ else
       "CMake prefix $torch_prefix"
   IFS=. read -r tmaj tmin _ <<<"${torch_version%%+*}"
   tmin="${tmin%%[!0-9]*}"
+  [[ "$tmin" =~ ^[0-9]+$ ]] || tmin=-1
   if ! { [ "$tmaj" = 1 ] && [ "$tmin" = 13 ]; } &&
      ! { [ "$tmaj" = 2 ] && [ "$tmin" -ge "$torch_min2" ] && [ "$tmin" -le "$torch_max2" ]; }; then
     refuse "torch $torch_version is not a version dtrain supports" \
@@ -254,7 +255,7 @@ if [ -z "$nvcc" ]; then
   refuse "no nvcc (CUDACXX, PATH, CUDAToolkit_ROOT/bin, /usr/local/cuda/bin):" \
          "libtorch's CMake package compiles with it"
 else
-  cuda_root="$(cd "$(dirname "$nvcc")/.." && pwd)"
+  cuda_root="$(cd "$(dirname "$(readlink -f "$nvcc")")/.." && pwd)"  # nvcc may be a link
   nvcc_version="$("$nvcc" --version 2>/dev/null |
                   sed -n 's/.*release \([0-9][0-9.]*\).*/\1/p' | head -n1)"
   say "   nvcc $nvcc_version ($nvcc), toolkit $cuda_root"
