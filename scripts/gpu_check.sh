@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # Builds dtrain against the CUDA libtorch of a GPU machine and runs what matters most first, within
-# a time budget (default 300 s, configure and build included): one priority list of rows, each with
-# its own time limit. A row runs only while budget is left, and never past what is left; the rows
-# after the budget is spent are reported as not run. A summary of every row is printed last,
-# whatever happened.
+# a time budget (default 300 s of rows, configure and build included; the checks before them take
+# a few seconds more, mostly importing torch): one priority list of rows, each with its own time
+# limit. A row runs only while budget is left, and never past what is left; the rows after the
+# budget is spent are reported as not run. A summary of every row is printed last, whatever
+# happened.
 #
 #   scripts/gpu_check.sh [--dry-run [--check-build DIR]] [--budget SECONDS] [--rows NAME,...]
 #                        [--deps DIR] [--build DIR] [--python PYTHON] [--jobs N]
@@ -350,19 +351,21 @@ rm -f "$logdir/configured"
 statuses=()
 summary() {  # also in BUILD/gpu_check/summary.txt
   {
-    say "summary (budget $budget s, $SECONDS s used):"
+    say "summary (budget $budget s for the rows, $((SECONDS - rows_start)) s used;" \
+        "$rows_start s of checks before them):"
     local i
     for i in "${!statuses[@]}"; do say "  ${statuses[$i]}"; done
     say "  logs: $logdir/<row>.log"
   } | tee "$logdir/summary.txt"
 }
+rows_start=$SECONDS  # the budget counts from here: the checks above take seconds (importing torch)
 trap summary EXIT
 trap 'statuses+=("interrupted (signal)"); exit 130' INT TERM
 ran_out=0
 failed=0
 for i in "${chosen[@]}"; do
   name="${row_names[$i]}"
-  left=$((budget - SECONDS))
+  left=$((budget - (SECONDS - rows_start)))
   if [ "$left" -lt 5 ]; then
     statuses+=("$(printf '%-12s not run: the budget is spent' "$name")"); ran_out=1; continue
   fi
