@@ -92,10 +92,22 @@ if(DTRAIN_WITH_NCCL)
   endif()
 endif()
 
-# libtorch (the dtrain library, examples, torch tests). Not needed by `launch`.
+# libtorch (the dtrain library, examples, torch tests). Not needed by `launch`. The versions
+# dtrain supports, and why: docs/design.md#libraries.
 set(DTRAIN_HAVE_TORCH OFF)
 set(DTRAIN_HAVE_TORCH_CUDA OFF)
 if(DTRAIN_WITH_TORCH)
+  # A CUDA libtorch 2.x's package enables the CUDA language, which needs nvcc, and refuses an nvcc
+  # whose version is not its toolkit's: hand it the toolkit found above, unless told otherwise
+  # (-DCMAKE_CUDA_COMPILER, CUDACXX, -DCUDA_TOOLKIT_ROOT_DIR). A CPU libtorch ignores both.
+  if(CUDAToolkit_FOUND AND CUDAToolkit_NVCC_EXECUTABLE)
+    if(NOT CMAKE_CUDA_COMPILER AND NOT DEFINED ENV{CUDACXX})
+      set(CMAKE_CUDA_COMPILER "${CUDAToolkit_NVCC_EXECUTABLE}")
+    endif()
+    if(NOT CUDA_TOOLKIT_ROOT_DIR)
+      get_filename_component(CUDA_TOOLKIT_ROOT_DIR "${CUDAToolkit_BIN_DIR}" DIRECTORY)
+    endif()
+  endif()
   find_package(Torch QUIET)
   if(Torch_FOUND OR TORCH_FOUND)
     set(DTRAIN_HAVE_TORCH ON)
@@ -106,6 +118,13 @@ if(DTRAIN_WITH_TORCH)
       endif()
     endforeach()
     message(STATUS "libtorch ${Torch_VERSION} (cuda=${DTRAIN_HAVE_TORCH_CUDA})")
+    # libtorch 2.14's headers refuse anything older than C++20 (#error); the whole build then uses
+    # it, so that dtrain's libraries and their users agree on one standard.
+    if(Torch_VERSION VERSION_GREATER_EQUAL 2.14 AND CMAKE_CXX_STANDARD LESS 20)
+      set(CMAKE_CXX_STANDARD 20)
+      message(STATUS "libtorch ${Torch_VERSION} needs C++20: building as C++20")
+    endif()
+    include(${CMAKE_CURRENT_LIST_DIR}/torch_fmt.cmake)
   else()
     message(STATUS "libtorch not found: only launch and the torch-free libraries are built "
                    "(HINT: apt-get install libtorch-dev, or set CMAKE_PREFIX_PATH)")

@@ -16,6 +16,9 @@ function(dtrain_gtest name)
     set(A_TIMEOUT 120)
   endif()
   add_executable(${name} ${A_SOURCES})
+  if(A_LABEL STREQUAL "gpu")
+    set_property(GLOBAL APPEND PROPERTY DTRAIN_GPU_TEST_TARGETS ${name})
+  endif()
   target_link_libraries(${name} PRIVATE ${A_LIBS} GTest::gtest GTest::gtest_main dtrain_test_support)
   target_compile_definitions(${name} PRIVATE
     DTRAIN_TEST_BINARY_DIR="${CMAKE_BINARY_DIR}" DTRAIN_TEST_SOURCE_DIR="${CMAKE_SOURCE_DIR}")
@@ -40,6 +43,15 @@ function(dtrain_gtest name)
   endif()
 endfunction()
 
+# The targets of the tests labelled gpu, one a line, for scripts/gpu_check.sh (it builds exactly
+# these): written once every directory has added its tests.
+function(dtrain_write_gpu_test_targets)
+  get_property(targets GLOBAL PROPERTY DTRAIN_GPU_TEST_TARGETS)
+  list(JOIN targets "\n" text)
+  file(WRITE ${CMAKE_BINARY_DIR}/gpu_test_targets.txt "${text}\n")
+endfunction()
+cmake_language(DEFER DIRECTORY ${CMAKE_SOURCE_DIR} CALL dtrain_write_gpu_test_targets)
+
 # Helpers shared by the tests (paths of built binaries, temporary directories, process checks).
 add_library(dtrain_test_support STATIC tests/support/test_support.cpp)
 target_include_directories(dtrain_test_support PUBLIC ${CMAKE_CURRENT_SOURCE_DIR}/tests/support)
@@ -58,6 +70,7 @@ include(tests/e2e/e2e.cmake OPTIONAL)
 include(tests/e2e/monitor_e2e.cmake OPTIONAL)
 include(tests/gpu/gpu.cmake OPTIONAL)
 include(tests/gpu/monitor_gpu.cmake OPTIONAL)
+include(tests/torch/libtorch2_headers.cmake OPTIONAL)
 if(DTRAIN_HAVE_TORCH)
   include(tests/torch/torch.cmake)
   include(tests/integration/ddp.cmake OPTIONAL)

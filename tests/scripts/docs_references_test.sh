@@ -192,7 +192,7 @@ done < <(grep -nIE '(//|#) *[A-Z][0-9]{1,3}((,| and| /|-) *[A-Z][0-9]{1,3})*([:,
 foreign_namespaces=(torch c10d c10 at std gloo os)
 foreign_names=(
   # PyTorch / libtorch
-  detach_ named_parameters named_buffers load_state_dict set_autocast_enabled no_sync
+  detach_ named_parameters named_buffers load_state_dict set_autocast_enabled no_sync zero_grad
   DistributedRandomSampler RandomCrop
   # POSIX / libc
   poll fork kill raise _exit dlopen posix_fadvise
