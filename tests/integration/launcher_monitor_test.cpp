@@ -397,7 +397,7 @@ TEST(LaunchMonitor, StatusLineEveryInterval) {
   EXPECT_GE(countLines(r.err, "launch: status: "), 3) << r.err;
 }
 
-// M17: launch's endpoint answers a scrape within 1 s while 200 idle and 40 garbage connections
+// M21: launch's endpoint answers a scrape within 1 s while 200 idle and 40 garbage connections
 // are open (binary, a 64 KiB request line, a 1 MiB header, a truncated request), as Prometheus
 // pairs that keep their connections alive, or anyone else who can reach the port, would hold.
 TEST(LaunchMonitor, TheEndpointAnswersAtOnceWhileIdleAndGarbageConnectionsAreOpen) {

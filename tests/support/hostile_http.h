@@ -1,6 +1,6 @@
 #pragma once
 // Clients that an HTTP endpoint must not be held up by, and a scrape that measures how long it
-// took (docs/reliability.md M17): connections that never send a byte, and garbage ones -- binary
+// took (docs/reliability.md M21): connections that never send a byte, and garbage ones -- binary
 // bytes, a 64 KiB request line, a 1 MiB header, a request cut off before its end. Torch-free, raw
 // sockets on 127.0.0.1.
 

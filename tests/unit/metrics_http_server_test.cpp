@@ -1,5 +1,5 @@
 // The metrics endpoint's HTTP server (runtime/base/metrics/http_server.h, Note [Metrics server];
-// docs/reliability.md M17): a scrape is answered at once however many idle or garbage
+// docs/reliability.md M21): a scrape is answered at once however many idle or garbage
 // connections are open; garbage is answered with an error and closed; a head that never ends, an
 // idle connection and one client too many are closed; keep-alive and pipelined requests work.
 // Through launch: tests/integration/launcher_monitor_test.cpp.
