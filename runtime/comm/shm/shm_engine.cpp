@@ -56,11 +56,11 @@ namespace dtrain::comm::shm {
 //     load 10-16 on 2 cores: a 4 KiB allreduce took the spin's length, 0.1 ms with a 100 us spin
 //     and 1 ms with 1 ms, against 11 us sleeping at once).
 // So the spin adapts (Engine::spinBudgetUs_): one that sees the peer after t raises the budget to
-// 8t; a wait that had to sleep halves it (down to 2 us), unless it was short (under 200 us: spinning
-// that long would have caught the peer without a wake-up) in a synchronous call, where it raises
-// it to twice the wait; always up to a ceiling: 1 ms in synchronous calls, whose caller blocks
-// anyway, 50 us in calls the comm thread runs while the caller computes (DDP's buckets during
-// backward).
+// 8t; a wait that had to sleep halves it (down to 2 us), unless it was short (under 200 us:
+// spinning that long would have caught the peer without a wake-up) in a synchronous call, where
+// it raises it to twice the wait; always up to a ceiling: 1 ms in synchronous calls, whose caller
+// blocks anyway, 50 us in calls the comm thread runs while the caller computes (DDP's buckets
+// during backward).
 // Without the raise after a short sleep the budget only ever fell: two ranks that once slept in
 // turn kept sleeping, every wait ending in a wake-up (a 4 KiB allreduce stuck at ~11 us where
 // ~2 us was possible).
