@@ -35,9 +35,9 @@ dtrain_plain_dependency(xxhash XXHASH xxhash.h libxxhash-dev xxhash libxxhash.so
 # ISA-L (CRC32C of TensorBoard's event records: crc32_iscsi).
 dtrain_plain_dependency(isal ISAL isa-l/crc.h libisal-dev isal libisal.so.2)
 
-# cpp-httplib (the metrics endpoint). Debian ships it as a compiled library whose pkg-config file
-# lists the defines it was built with (OpenSSL, zlib, Brotli); they change its classes' layout, so
-# every user must compile with the same ones.
+# cpp-httplib (the tests' HTTP client; the metrics endpoint is served by libuv). Debian ships it
+# as a compiled library whose pkg-config file lists the defines it was built with (OpenSSL, zlib,
+# Brotli); they change its classes' layout, so every user must compile with the same ones.
 find_package(PkgConfig QUIET)
 if(PkgConfig_FOUND)
   pkg_check_modules(CPPHTTPLIB QUIET cpp-httplib)

@@ -53,7 +53,8 @@ endfunction()
 cmake_language(DEFER DIRECTORY ${CMAKE_SOURCE_DIR} CALL dtrain_write_gpu_test_targets)
 
 # Helpers shared by the tests (paths of built binaries, temporary directories, process checks).
-add_library(dtrain_test_support STATIC tests/support/test_support.cpp)
+add_library(dtrain_test_support STATIC tests/support/test_support.cpp
+  tests/support/hostile_http.cpp)
 target_include_directories(dtrain_test_support PUBLIC ${CMAKE_CURRENT_SOURCE_DIR}/tests/support)
 target_link_libraries(dtrain_test_support PUBLIC dtrain_base GTest::gtest)
 target_compile_definitions(dtrain_test_support PRIVATE

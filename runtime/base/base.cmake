@@ -12,6 +12,7 @@ add_library(dtrain_base SHARED
   runtime/base/monitor/progress_publisher.cpp
   runtime/base/metrics/event_file.cpp
   runtime/base/metrics/fields.cpp
+  runtime/base/metrics/http_server.cpp
   runtime/base/metrics/launch_sink.cpp
   runtime/base/metrics/metrics.cpp
   runtime/base/metrics/prometheus.cpp
@@ -46,8 +47,7 @@ target_include_directories(dtrain_base_internal INTERFACE ${CMAKE_CURRENT_SOURCE
 target_link_libraries(dtrain_base_internal INTERFACE dtrain_base dtrain_libuv OpenSSL::Crypto)
 target_link_libraries(dtrain_base
   PUBLIC fmt::fmt Threads::Threads
-  PRIVATE dtrain_libuv OpenSSL::Crypto nlohmann_json::nlohmann_json dtrain_xxhash dtrain_httplib
-          dtrain_isal)
+  PRIVATE dtrain_libuv OpenSSL::Crypto nlohmann_json::nlohmann_json dtrain_xxhash dtrain_isal)
 set_target_properties(dtrain_base PROPERTIES OUTPUT_NAME dtrain_base VERSION ${PROJECT_VERSION}
                       SOVERSION ${PROJECT_VERSION_MAJOR})
 dtrain_warnings(dtrain_base)

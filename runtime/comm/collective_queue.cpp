@@ -3,6 +3,7 @@
 #include <pthread.h>
 
 #include <algorithm>
+#include <optional>
 
 #include "dtrain/base/error.h"
 #include "sigpipe_guard.h"
@@ -83,9 +84,11 @@ void QueuedWork::wait(Millis timeout) {
   if (error_) std::rethrow_exception(error_);
 }
 
-std::shared_ptr<CollectiveQueue> CollectiveQueue::start(const std::string& threadName) {
+std::shared_ptr<CollectiveQueue> CollectiveQueue::start(const std::string& threadName,
+                                                        bool guardSigpipe) {
   std::shared_ptr<CollectiveQueue> queue(new CollectiveQueue());
   queue->threadName_ = threadName.substr(0, 15);
+  queue->guardSigpipe_ = guardSigpipe;
   queue->thread_ = std::thread([q = queue.get()] { q->threadMain(); });
   return queue;
 }
@@ -112,7 +115,10 @@ std::shared_ptr<QueuedWork> CollectiveQueue::enqueue(Task task,
 }
 
 void CollectiveQueue::runItem(Item& item) {
-  SigpipeGuard sigpipe;  // a collective may write to a socket whose peer died: EPIPE, not death
+  // A collective may write to a socket whose peer died: EPIPE, not death. The comm thread blocks
+  // SIGPIPE for good; a caller running the item inline, only meanwhile.
+  std::optional<SigpipeGuard> sigpipe;
+  if (guardSigpipe_ && !onCommThreadOfItsOwn()) sigpipe.emplace();
   progressDeadline_.store(
       (std::chrono::steady_clock::now() + item.work->budget()).time_since_epoch().count());
   executor_.store(std::this_thread::get_id());
@@ -136,12 +142,21 @@ bool CollectiveQueue::tryRunInline(const QueuedWork* work) {
     busy_ = true;
   }
   runItem(item);
+  bool wake = false;
   {
     std::lock_guard<std::mutex> lock(mutex_);
     busy_ = false;
+    // Only someone waiting for the executor role: the comm thread with work behind this item or
+    // told to stop, or a drain(). Waking the idle comm thread after every synchronous call would
+    // cost a scheduler wake-up per call (Note [Inline execution]).
+    wake = !pending_.empty() || stopping_ || draining_ > 0;
   }
-  changed_.notify_all();
+  if (wake) changed_.notify_all();
   return true;
+}
+
+bool CollectiveQueue::onCommThreadOfItsOwn() const {
+  return std::this_thread::get_id() == thread_.get_id();
 }
 
 void CollectiveQueue::threadMain() {
@@ -164,7 +179,9 @@ void CollectiveQueue::threadMain() {
 
 void CollectiveQueue::drain() {
   std::unique_lock<std::mutex> lock(mutex_);
+  ++draining_;
   changed_.wait(lock, [&] { return pending_.empty() && !busy_; });
+  --draining_;
 }
 
 void CollectiveQueue::stop() {

@@ -55,8 +55,11 @@ class CollectiveQueue : public std::enable_shared_from_this<CollectiveQueue> {
  public:
   using Task = std::function<void()>;  // runs one collective; throws its error
 
-  // Starts the comm thread, named `threadName` (at most 15 characters are kept).
-  static std::shared_ptr<CollectiveQueue> start(const std::string& threadName);
+  // Starts the comm thread, named `threadName` (at most 15 characters are kept). `guardSigpipe`:
+  // a caller that runs a task inline blocks SIGPIPE meanwhile (sigpipe_guard.h); false for
+  // backends that write to no socket, which then save two system calls per collective.
+  static std::shared_ptr<CollectiveQueue> start(const std::string& threadName,
+                                                bool guardSigpipe = true);
   ~CollectiveQueue();
 
   // Queues `task`; the returned work completes when it has run. `budget`: how long the task may
@@ -92,12 +95,16 @@ class CollectiveQueue : public std::enable_shared_from_this<CollectiveQueue> {
   void threadMain();
   // Runs one item as the executor; mutex_ is not held.
   void runItem(Item& item);
+  // True on the queue's own thread (which blocks SIGPIPE for its whole life).
+  bool onCommThreadOfItsOwn() const;
 
   mutable std::mutex mutex_;
   std::condition_variable changed_;
   std::deque<Item> pending_;  // guarded by mutex_
   bool busy_ = false;         // guarded by mutex_: an item is running
   bool stopping_ = false;     // guarded by mutex_
+  int draining_ = 0;          // guarded by mutex_: threads in drain()
+  bool guardSigpipe_ = true;
   std::atomic<std::thread::id> executor_{};
   std::atomic<std::chrono::steady_clock::rep> progressDeadline_{0};  // time_since_epoch ticks
   std::thread thread_;

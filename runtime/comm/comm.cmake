@@ -16,6 +16,7 @@ add_library(dtrain_comm SHARED
   runtime/comm/shm/shm_arena.cpp
   runtime/comm/shm/shm_communicator.cpp
   runtime/comm/shm/shm_engine.cpp
+  runtime/comm/shm/shm_handover.cpp
   runtime/comm/shm/shm_hierarchical.cpp
   runtime/comm/shm/shm_kernels.cpp
   runtime/comm/shm/shm_segment.cpp

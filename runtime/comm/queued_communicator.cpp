@@ -9,8 +9,8 @@
 
 namespace dtrain::comm {
 
-void QueuedCommunicator::startQueue(const std::string& threadName) {
-  queue_ = CollectiveQueue::start(threadName);
+void QueuedCommunicator::startQueue(const std::string& threadName, bool writesSockets) {
+  queue_ = CollectiveQueue::start(threadName, writesSockets);
   watchProgress();
 }
 

@@ -26,8 +26,9 @@ class QueuedCommunicator : public CommunicatorBase {
   using Body = std::function<void(const CollectiveInfo& info, Millis timeout)>;
 
   // Starts the comm thread, named `threadName`, and the progress reports: the last step of a
-  // backend's constructor.
-  void startQueue(const std::string& threadName);
+  // backend's constructor. `writesSockets`: whether collectives write to sockets that can raise
+  // SIGPIPE (Gloo's), so that callers running them inline must block it (sigpipe_guard.h).
+  void startQueue(const std::string& threadName, bool writesSockets = true);
   // Gives `info` the next sequence number and queues `body` for it. Throws the first error, or
   // that the communicator was shut down.
   std::shared_ptr<Work> queueCollective(CollectiveInfo info, const CallOptions& options,

@@ -20,8 +20,8 @@ std::shared_ptr<shm::Segment> oneRankSegment(size_t arenaBytes) {
   shm::SegmentOptions o;
   o.store = std::make_shared<store::HashStore>();
   o.name = "arena-test";
-  o.slotBytes = 4096;
-  o.arenaBytes = arenaBytes;
+  o.tuning.slotBytes = 4096;
+  o.tuning.arenaBytes = arenaBytes;
   o.connectTimeout = std::chrono::milliseconds(5000);
   return shm::Segment::join(o);
 }

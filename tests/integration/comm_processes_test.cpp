@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <cstdlib>
 #include <filesystem>
 #include <map>
 #include <regex>
@@ -249,9 +250,11 @@ struct Spawned {
   std::string output;
 };
 
-// Runs one comm_worker per environment, all at once, without launch; outputs by index.
+// Runs one comm_worker per environment, all at once, without launch; outputs by index. Worker i
+// runs under wrappers[i] when there is one (a command that runs its arguments: `unshare ...`).
 std::vector<Spawned> spawnWorkers(const std::vector<std::map<std::string, std::string>>& envs,
-                                  const std::vector<std::string>& args, double seconds = 30) {
+                                  const std::vector<std::string>& args, double seconds = 30,
+                                  const std::vector<std::vector<std::string>>& wrappers = {}) {
   TempDir dir;
   std::vector<pid_t> pids;
   for (size_t i = 0; i < envs.size(); ++i) {
@@ -268,12 +271,14 @@ std::vector<Spawned> spawnWorkers(const std::vector<std::map<std::string, std::s
       int fd = open(dir.file("out" + std::to_string(i)).c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
       dup2(fd, 1);
       dup2(fd, 2);
-      std::string worker = binaryPath("comm_worker");
-      std::vector<char*> argv{worker.data()};
-      std::vector<std::string> copy = args;
-      for (auto& a : copy) argv.push_back(a.data());
+      std::vector<std::string> command = i < wrappers.size() ? wrappers[i]
+                                                             : std::vector<std::string>{};
+      command.push_back(binaryPath("comm_worker"));
+      command.insert(command.end(), args.begin(), args.end());
+      std::vector<char*> argv;
+      for (auto& a : command) argv.push_back(a.data());
       argv.push_back(nullptr);
-      execv(worker.c_str(), argv.data());
+      execvp(argv[0], argv.data());
       _exit(127);
     }
     pids.push_back(pid);
@@ -383,13 +388,89 @@ TEST(CommProcesses, HierarchicalSurvivorsFailWithinTwoSecondsNamingTheDeadRank) 
   // Its node peer, by pid; rank 0 through the report rank 2 left for their cross-node group.
   EXPECT_CONTAINS(failures(runs[2].output)[2].message, "rank 3 (pid ");
   EXPECT_CONTAINS(failures(runs[0].output)[0].message, "rank 3 (pid ");
-  // Its cross-node peer, by the connection, with the group's ranks translated.
+  // Its cross-node peer, by the connection, with the group's ranks translated (the group's own
+  // sequence numbers: its seq 0 compared the nodes' options at creation).
   const std::string one = failures(runs[1].output)[1].message;
   EXPECT_CONTAINS(one, "(the Gloo group of local rank 1 on every node, whose ranks 0, 1 are "
-                       "ranks 1, 3 here): rank 0/2: seq 4 allreduce(float32 x 4096, sum) failed: "
+                       "ranks 1, 3 here): rank 0/2: seq 5 allreduce(float32 x 4096, sum) failed: "
                        "connection");
   EXPECT_CONTAINS(one, " by rank 1 (127.0.0.1:");
 }
+
+// --- Ranks in two PID namespaces (H8; Note [Watching peers] in runtime/comm/shm/shm_wait.h) ---
+// As containers that share a node's network and IPC but not its PIDs: rank 0 runs in a PID
+// namespace of its own, as pid 2 (`sh`, the namespace's init, waits for it), and rank 1 in the
+// test's. Neither's getpid() means anything to the other: in rank 1's namespace pid 2 is some
+// other process, and rank 0's namespace has no process with rank 1's pid.
+
+// Why ranks cannot be put in PID namespaces here ("" when they can).
+std::string pidNamespacesUnavailable() {
+  if (geteuid() != 0) return "needs root (unshare --pid)";
+  if (std::system("unshare --pid --fork true >/dev/null 2>&1") != 0) {
+    return "`unshare --pid --fork` fails here (no unshare, or PID namespaces are not allowed)";
+  }
+  return "";
+}
+
+std::vector<std::string> ownPidNamespace() {
+  // Not `exec`: sh stays as the namespace's pid 1, so the worker is pid 2 and signals itself as
+  // an ordinary process would.
+  return {"unshare", "--pid", "--fork", "sh", "-c", "\"$0\" \"$@\"; exit $?"};
+}
+
+std::vector<std::map<std::string, std::string>> twoRanksOneNode(const store::TcpStoreServer& server,
+                                                                const std::string& fault) {
+  std::vector<std::map<std::string, std::string>> envs;
+  for (int r = 0; r < 2; ++r) {
+    envs.push_back({{"RANK", std::to_string(r)}, {"WORLD_SIZE", "2"},
+                    {"LOCAL_RANK", std::to_string(r)}, {"GROUP_RANK", "0"},
+                    {"DTRAIN_STORE_ADDR", "127.0.0.1"},
+                    {"DTRAIN_STORE_PORT", std::to_string(server.port())},
+                    {"DTRAIN_RESTART_COUNT", "0"}, {"DTRAIN_FAULT", fault}});
+  }
+  return envs;
+}
+
+TEST(CommProcesses, APeerInAnotherPidNamespaceIsNotDeclaredDeadAtASlowWait) {
+  if (auto why = pidNamespacesUnavailable(); !why.empty()) GTEST_SKIP() << why;
+  auto server = loopbackStore();
+  // Each rank waits 1.5 s for the other once: 15 looks at a live peer that is slow.
+  auto runs = spawnWorkers(
+      twoRanksOneNode(*server, "slow:1500@rank=1,step=2;slow:1500@rank=0,step=4"),
+      {"--iters", "6", "--timeout-ms", "20000"}, 30, {ownPidNamespace()});
+  for (int r = 0; r < 2; ++r) {
+    EXPECT_EQ(runs[r].exitCode, 0) << "rank " << r << ":\n" << runs[r].output;
+    EXPECT_CONTAINS(runs[r].output, "ready backend=shm");
+    EXPECT_CONTAINS(runs[r].output, ": OK: 6 allreduces");
+  }
+  EXPECT_CONTAINS(runs[0].output, "pid=2\n") << "rank 0 is pid 2 in a namespace of its own";
+}
+
+// H1 across PID namespaces: a peer that dies is still seen, by its pidfd, within the bound.
+class DeadPeerInAnotherPidNamespace : public ::testing::TestWithParam<int> {};
+
+TEST_P(DeadPeerInAnotherPidNamespace, IsSeenWithinTwoSecondsNamingIt) {
+  if (auto why = pidNamespacesUnavailable(); !why.empty()) GTEST_SKIP() << why;
+  const int dead = GetParam();
+  const int survivor = 1 - dead;
+  auto server = loopbackStore();
+  auto runs = spawnWorkers(
+      twoRanksOneNode(*server, "signal:KILL@rank=" + std::to_string(dead) + ",step=3"),
+      {"--iters", "6", "--timeout-ms", "20000"}, 40, {ownPidNamespace()});
+  EXPECT_EQ(runs[dead].exitCode, 128 + SIGKILL) << runs[dead].output;
+  auto f = failures(runs[survivor].output);
+  ASSERT_TRUE(f.count(survivor)) << runs[survivor].output;
+  EXPECT_EQ(f[survivor].iteration, 3);
+  EXPECT_LE(f[survivor].ms, 2000) << f[survivor].message;
+  EXPECT_CONTAINS(f[survivor].message, "rank " + std::to_string(dead) + " (pid " +
+                                           (dead == 0 ? "2" : "") );
+  EXPECT_CONTAINS(f[survivor].message, " in its PID namespace) exited while this rank waited");
+}
+
+INSTANTIATE_TEST_SUITE_P(Ranks, DeadPeerInAnotherPidNamespace, ::testing::Values(0, 1),
+                         [](const auto& info) {
+                           return info.param == 0 ? "InTheOtherNamespace" : "InTheTestsNamespace";
+                         });
 
 }  // namespace
 }  // namespace dtrain::testing

@@ -26,6 +26,7 @@
 
 #include "launcher/monitor/cgroup_memory.h"
 #include "launcher/monitor/command.h"
+#include "hostile_http.h"
 #include "launcher_harness.h"
 #include "prometheus_text.h"
 #include "test_support.h"
@@ -394,6 +395,30 @@ TEST(LaunchMonitor, StatusLineEveryInterval) {
       "[0-9.]+ [KMG]?i?B headroom\n");
   EXPECT_TRUE(std::regex_search(r.err, line)) << r.err;
   EXPECT_GE(countLines(r.err, "launch: status: "), 3) << r.err;
+}
+
+// M21: launch's endpoint answers a scrape within 1 s while 200 idle and 40 garbage connections
+// are open (binary, a 64 KiB request line, a 1 MiB header, a truncated request), as Prometheus
+// pairs that keep their connections alive, or anyone else who can reach the port, would hold.
+TEST(LaunchMonitor, TheEndpointAnswersAtOnceWhileIdleAndGarbageConnectionsAreOpen) {
+  LaunchProcess p(launchArgs({"--nproc-per-node", "2", "--sample-interval", "0.2",
+                              "--metrics-port", "127.0.0.1:0"},
+                             {"--steps", "100000", "--step-ms", "100", "--quiet"}));
+  const int port = metricsPort(p);
+  ASSERT_GT(port, 0) << p.err();
+  ASSERT_TRUE(waitForWorkers(p, 2)) << p.err();
+  HostileHttpClients hostile(port, 200, 40);
+  ASSERT_EQ(hostile.opened(), 240);
+  for (int i = 0; i < 5; ++i) {
+    const ScrapeResult r = timedScrape(port, "/metrics", 5.0);
+    ASSERT_EQ(r.status, 200) << r.error;
+    EXPECT_LT(r.seconds, 1.0) << "scrape " << i;
+    EXPECT_EQ(parsePrometheusText(r.body).value("dtrain_world_size"), 2);
+    p.pump(100);
+  }
+  EXPECT_TRUE(hostile.idleStillOpen());
+  p.signal(SIGTERM);
+  p.wait(60);
 }
 
 TEST(LaunchMonitor, ABusyMetricsPortIsAUsageErrorBeforeAnythingStarts) {

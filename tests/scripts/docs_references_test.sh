@@ -195,7 +195,7 @@ foreign_names=(
   detach_ named_parameters named_buffers load_state_dict set_autocast_enabled no_sync zero_grad
   DistributedRandomSampler RandomCrop
   # POSIX / libc
-  poll fork kill raise _exit dlopen posix_fadvise
+  poll fork kill raise _exit dlopen posix_fadvise getpid
 )
 mapfile -t name_sources < <(printf '%s\n' "${files[@]}" | grep -E '\.(h|cpp|py|sh|cmake)$|CMakeLists\.txt$' || true)
 mapfile -t documents < <(printf '%s\n' "${files[@]}" | grep -E '\.md$' || true)

@@ -1,23 +1,15 @@
-// The Prometheus side of dtrain::metrics: the text exposition of the latest records, the HTTP
-// server that answers scrapes (cpp-httplib), and the endpoint sink built from both.
-#include <pthread.h>
-#include <sys/socket.h>
-
-#include <atomic>
-#include <cerrno>
-#include <chrono>
+// The Prometheus side of dtrain::metrics: the text exposition of the latest records, the server
+// that answers scrapes (http_server.h), and the endpoint sink built from both.
 #include <cmath>
-#include <cstring>
 #include <map>
 #include <mutex>
-#include <thread>
 #include <tuple>
 
 #include <fmt/format.h>
-#include <httplib.h>
 
 #include "dtrain/base/error.h"
 #include "dtrain/base/metrics.h"
+#include "metrics/http_server.h"
 
 namespace dtrain::metrics {
 namespace {
@@ -103,61 +95,22 @@ std::string prometheusText(const std::vector<Record>& records) {
 // --- PrometheusServer ---------------------------------------------------------------------------
 
 struct PrometheusServer::Impl {
-  httplib::Server server;
-  std::thread thread;
-  std::atomic<bool> listenReturned{false};
+  HttpServer http;
 };
 
 PrometheusServer::PrometheusServer(const PrometheusOptions& options,
                                    std::function<std::string()> render)
-    : impl_(std::make_unique<Impl>()), host_(options.host) {
-  httplib::Server& s = impl_->server;
-  // Two handler threads and no keep-alive: scrapes are rare, and a scraper holding its
-  // connection open must not keep another from being answered.
-  s.new_task_queue = [] { return new httplib::ThreadPool(2); };
-  s.set_keep_alive_max_count(1);
-  s.set_socket_options([](socket_t sock) {
-    int yes = 1;
-    ::setsockopt(sock, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof yes);
-  });
-  s.Get("/metrics", [render = std::move(render)](const httplib::Request&, httplib::Response& res) {
-    res.set_content(render(), "text/plain; version=0.0.4; charset=utf-8");
-  });
-  s.Get("/", [](const httplib::Request&, httplib::Response& res) {
-    res.set_content("dtrain: metrics at /metrics\n", "text/plain; charset=utf-8");
-  });
-  if (options.port == 0) {
-    const int port = s.bind_to_any_port(options.host);
-    DTRAIN_CHECK_ARG(port > 0, "{}: cannot bind a free port on {}: {}. HINT: give an address of "
-                     "this machine (0.0.0.0 for all)", options.option, options.host,
-                     std::strerror(errno));
-    port_ = static_cast<uint16_t>(port);
-  } else {
-    DTRAIN_CHECK_ARG(s.bind_to_port(options.host, options.port), "{}: cannot listen on {}:{}: {}. "
-                     "HINT: the port is probably in use: pick another one, or 0 for a free one",
-                     options.option, options.host, options.port, std::strerror(errno));
-    port_ = options.port;
-  }
-  Impl* impl = impl_.get();
-  impl->thread = std::thread([impl] {
-    ::pthread_setname_np(::pthread_self(), "dtrain-metrics");
-    impl->server.listen_after_bind();
-    impl->listenReturned = true;
-  });
-  // stop() is a no-op until the server runs: wait for it, so the destructor cannot miss it.
-  while (!impl->server.is_running() && !impl->listenReturned) {
-    std::this_thread::sleep_for(std::chrono::microseconds(100));
-  }
-  if (!impl->server.is_running()) {
-    impl->thread.join();
-    DTRAIN_THROW(Error, "the metrics server on {}:{} stopped at once", options.host, port_);
-  }
+    : host_(options.host) {
+  std::vector<HttpRoute> routes;
+  routes.push_back({"/metrics", "text/plain; version=0.0.4; charset=utf-8", std::move(render)});
+  routes.push_back({"/", "text/plain; charset=utf-8", [] {
+                      return std::string("dtrain: metrics at /metrics\n");
+                    }});
+  impl_.reset(new Impl{HttpServer(options.host, options.port, options.option, std::move(routes))});
+  port_ = impl_->http.port();
 }
 
-PrometheusServer::~PrometheusServer() {
-  impl_->server.stop();
-  if (impl_->thread.joinable()) impl_->thread.join();
-}
+PrometheusServer::~PrometheusServer() = default;
 
 // --- PrometheusEndpoint -------------------------------------------------------------------------
 

@@ -58,20 +58,31 @@ ShmCommunicator::ShmCommunicator(Config c)
   so.size = o.size;
   so.store = o.store;
   so.name = o.name;
-  so.slotBytes = o.slotBytes;
-  so.arenaBytes = o.arenaBytes;
+  so.tuning.slotBytes = o.slotBytes;
+  so.tuning.arenaBytes = o.arenaBytes;
+  so.tuning.smallBytes = o.smallBytes;
+  so.tuning.ownedChunkBytes = o.ownedChunkBytes;
   so.connectTimeout = connectTimeout_;
-  segment_ = shm::Segment::join(so);
+  if (topo_.nodes > 1) {
+    for (int l = 0; l < topo_.locals; ++l) so.rankNames.push_back(topo_.rankOf(topo_.node, l));
+    so.who = fmt::format("rank {}/{} (local rank {}/{})", topo_.rank, topo_.size, topo_.local,
+                         topo_.locals);
+  }
+  try {
+    segment_ = shm::Segment::join(so);
+  } catch (const std::exception& e) {
+    // The cross-node peers waiting for this rank in checkTuningAcrossNodes() lose the connection;
+    // the report they read then says why.
+    if (cross_) reportToCrossGroup("could not join its node's shared memory", e.what());
+    throw;
+  }
+  if (cross_) checkTuningAcrossNodes();
   shm::EngineOptions eo;
-  eo.smallBytes = o.smallBytes;
-  eo.ownedChunkBytes = o.ownedChunkBytes;
   spin_ = spinOf(o.spin, kDefaultShmSpin);
   asyncSpin_ = spinOf(o.asyncSpin, kDefaultShmAsyncSpin);
   eo.spin = asyncSpin_;
   eo.yield = o.yieldSpin < 0 ? oversubscribed(o) : o.yieldSpin > 0;
-  if (topo_.nodes > 1) {
-    for (int l = 0; l < topo_.locals; ++l) eo.rankNames.push_back(topo_.rankOf(topo_.node, l));
-  }
+  eo.rankNames = so.rankNames;
   engine_ = std::make_unique<shm::Engine>(segment_, eo);
   arena_ = shm::Arena::create(segment_);
   spill_ = HostBufferPool::create();
@@ -83,7 +94,8 @@ ShmCommunicator::ShmCommunicator(Config c)
              shm::vectorKernels() ? "AVX2" : "portable",
              segment_->hugePages() ? "advised" : "not allowed for shared memory here",
              timeout_.count());
-  startQueue(fmt::format("dtrain-shm{}", topo_.rank));
+  // Only the cross-node Gloo steps write to sockets; shared memory alone cannot raise SIGPIPE.
+  startQueue(fmt::format("dtrain-shm{}", topo_.rank), /*writesSockets=*/cross_ != nullptr);
 }
 
 ShmCommunicator::~ShmCommunicator() { shutdownInDestructor(who()); }
@@ -137,14 +149,7 @@ void ShmCommunicator::failOnCommThread(const CollectiveInfo& info, Millis timeou
   if (cross_) {
     // The cross-node peers waiting on this rank lose the connection; the report they read right
     // then (failure_report.h) carries this error, so they can name the root cause too.
-    RankReport mine;
-    mine.rank = topo_.node;
-    // It never reached the cross step it was heading for: report it as behind, at the last one.
-    const uint64_t issued = cross_->sequenceNumber();
-    mine.seq = issued > 0 ? issued - 1 : 0;
-    mine.collective = "failed inside its node before the next step across nodes";
-    mine.error = firstLine(head);
-    exchangeReports(*store_, crossName_ + "/failure", topo_.nodes, mine, Millis::zero());
+    reportToCrossGroup("failed inside its node before the next step across nodes", head);
     try {
       cross_->shutdown();
     } catch (const std::exception&) {
@@ -166,6 +171,17 @@ void ShmCommunicator::failOnCommThread(const CollectiveInfo& info, Millis timeou
     case Other: error = DTRAIN_ERROR_PTR(Error, "{}", message); break;
   }
   std::rethrow_exception(keepFirstError(error));
+}
+
+void ShmCommunicator::reportToCrossGroup(const std::string& where, const std::string& error) {
+  RankReport mine;
+  mine.rank = topo_.node;
+  // It never reached the cross step it was heading for: report it as behind, at the last one.
+  const uint64_t issued = cross_->sequenceNumber();
+  mine.seq = issued > 0 ? issued - 1 : 0;
+  mine.collective = where;
+  mine.error = firstLine(error);
+  exchangeReports(*store_, crossName_ + "/failure", topo_.nodes, mine, Millis::zero());
 }
 
 CallOptions ShmCommunicator::crossCall(shm::Clock::time_point deadline) {

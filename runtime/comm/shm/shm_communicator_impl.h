@@ -96,9 +96,15 @@ class ShmCommunicator final : public QueuedCommunicator {
   }
   // Time left until `deadline`, for a Gloo step inside a collective.
   static CallOptions crossCall(shm::Clock::time_point deadline);
+  // Leaves this rank's error where its cross-node peers look when they lose the connection to it
+  // (failure_report.h), so they can name the root cause.
+  void reportToCrossGroup(const std::string& where, const std::string& error);
   // Runs a step of the cross-node Gloo group; its error says which ranks of this communicator the
   // group's rank numbers are.
   void across(const std::function<void()>& step);
+  // Note [One tuning per segment], across nodes: compares this node's segment tuning with every
+  // other node's over the cross group; throws InvalidArgument naming the first difference.
+  void checkTuningAcrossNodes();
   // Scratch memory in the arena (owned: the in-node steps read it in place).
   std::shared_ptr<Buffer> scratchOnCommThread(size_t bytes, int which);
 

@@ -25,8 +25,11 @@ namespace dtrain::comm::shm {
 // copy -- in rank order, one pass over N inputs (shm_kernels.h) -- writes it back in place and
 // advances; once all have, every rank copies the other slices into its own buffer. That is a
 // reduce-scatter and an allgather, two synchronisations per chunk, and per rank about 2.5x the
-// message in memory traffic from owned buffers (5.5x with the copies in and out). Small messages
-// (smallBytes) skip the scatter: every rank reduces the whole buffer, one synchronisation.
+// message in memory traffic from owned buffers. A staged rank copies in every slice but its own,
+// reduces its own slice from its buffer directly (so it is read once, not copied in and read
+// again) into its slot, where the peers copy the result from, and copies it back: about 4.5x the
+// message at two ranks instead of 5.5x. Small messages (smallBytes) skip the scatter: every rank
+// reduces the whole buffer, one synchronisation.
 //
 // Before any data moves, each rank compares the descriptor every peer posted for this collective
 // (sequence number, kind, type, count, op, root): ranks that disagree fail at once naming both
@@ -52,14 +55,26 @@ namespace dtrain::comm::shm {
 //     spinning waiter holds a core the peer may need: every spin then runs to its end (measured at
 //     load 10-16 on 2 cores: a 4 KiB allreduce took the spin's length, 0.1 ms with a 100 us spin
 //     and 1 ms with 1 ms, against 11 us sleeping at once).
-// So the spin adapts (Engine::spinBudgetUs_): a spin that ends without the peer halves the budget
-// (down to 2 us), one that sees the peer after t raises it to 8t, up to a ceiling: 1 ms in
-// synchronous calls, whose caller blocks anyway, 50 us in calls the comm thread runs while the
-// caller computes (DDP's buckets during backward). When the node's ranks outnumber its cores the
-// spin yields the core (sched_yield) at every turn. Sleeps last at most sleepSlice (100 ms):
-// between them the rank looks whether a peer aborted (its error is quoted) or died (a pidfd per
-// peer), and whether the deadline passed. A dead peer is therefore noticed within ~0.1 s, a frozen
-// one at the collective timeout.
+// So the spin adapts (Engine::spinBudgetUs_): one that sees the peer after t raises the budget to
+// 8t; a wait that had to sleep halves it (down to 2 us), unless it was short (under 200 us:
+// spinning that long would have caught the peer without a wake-up) in a synchronous call, where
+// it raises it to twice the wait; always up to a ceiling: 1 ms in synchronous calls, whose caller
+// blocks anyway, 50 us in calls the comm thread runs while the caller computes (DDP's buckets
+// during backward).
+// Without the raise after a short sleep the budget only ever fell: two ranks that once slept in
+// turn kept sleeping, every wait ending in a wake-up (a 4 KiB allreduce stuck at ~11 us where
+// ~2 us was possible).
+//
+// Where the peer runs matters as much: a wake-up tends to put the woken rank on its waker's core
+// (the scheduler's wake-affine placement), and two ranks that share a core can only take turns,
+// so a spin there holds the very core the peer needs. Each rank therefore records the CPU it
+// advanced on (the `cpu` word of its control block), and a spinner that finds its peer last ran
+// on its own core yields the core at every turn (measured at load 8 on 2 cores: 4 KiB 9 us
+// against 156 us with the same budget and no yield). When the node's ranks outnumber its cores the
+// spin yields at every turn anyway. Sleeps last at most sleepSlice (100 ms): between them the rank
+// looks whether a peer aborted (its error is quoted) or died (a pidfd per peer,
+// Note [Watching peers] in shm_wait.h), and whether the deadline passed. A dead peer is therefore
+// noticed within ~0.1 s, a frozen one at the collective timeout.
 
 namespace {
 
@@ -67,10 +82,16 @@ bool reached(uint32_t value, uint32_t target) {
   return static_cast<int32_t>(value - target) >= 0;
 }
 
-std::vector<int> pidsOf(const Segment& s) {
-  std::vector<int> pids(static_cast<size_t>(s.size()));
-  for (int r = 0; r < s.size(); ++r) pids[r] = s.control(r).pid.load(std::memory_order_acquire);
-  return pids;
+std::vector<PeerWatch::Peer> peersOf(const Segment& s) {
+  std::vector<PeerWatch::Peer> peers(static_cast<size_t>(s.size()));
+  for (int r = 0; r < s.size(); ++r) {
+    PeerWatch::Peer& p = peers[static_cast<size_t>(r)];
+    p.pidfd = s.pidfd(r);
+    p.pid = s.control(r).pid.load(std::memory_order_acquire);
+    p.samePidNamespace = s.samePidNamespace(r);
+    p.self = r == s.rank();
+  }
+  return peers;
 }
 
 // Slice j of a chunk of m elements among n ranks: cache-line aligned, the last ones may be short
@@ -112,14 +133,16 @@ Engine::Engine(std::shared_ptr<Segment> segment, const EngineOptions& options)
       rank_(segment_->rank()),
       size_(segment_->size()),
       me_(segment_->control(rank_)),
-      peers_(pidsOf(*segment_)) {
+      peers_(peersOf(*segment_)) {
   phase_ = me_.progress.load(std::memory_order_relaxed);
 }
 
 Engine::~Engine() = default;
 
 std::string Engine::describePeer(int rank) const {
-  return fmt::format("rank {} (pid {})", nameOf(rank), peers_.pid(rank));
+  const PeerWatch::Peer& p = peers_.peer(rank);
+  return fmt::format("rank {} (pid {}{})", nameOf(rank), p.pid,
+                     p.samePidNamespace || p.self ? "" : " in its PID namespace");
 }
 
 void Engine::enter(const CollectiveInfo& info, bool owned, int64_t inputOffset) {
@@ -138,6 +161,7 @@ void Engine::leave() { me_.inside.store(0, std::memory_order_relaxed); }
 
 void Engine::advance() {
   ++phase_;
+  me_.cpu.store(sched_getcpu(), std::memory_order_relaxed);
   me_.progress.store(phase_, std::memory_order_seq_cst);
   if (me_.sleepers.load(std::memory_order_seq_cst) != 0) futexWakeAll(&me_.progress);
 }
@@ -181,11 +205,12 @@ void Engine::waitFor(int peer, uint32_t target, Clock::time_point deadline, cons
       cpuRelax();
       if (reached(c.progress.load(std::memory_order_acquire), target)) return spun(start);
     }
+    // The peer last ran on this very core: it is probably queued behind this spin. Let it run.
+    if (c.cpu.load(std::memory_order_relaxed) == sched_getcpu()) sched_yield();
   } while (Clock::now() - start < budget);
-  spinBudgetUs_ = std::max(kMinSpinUs, spinBudgetUs_ / 2);  // spinning did not pay: less of it
   while (true) {
     // The condition first: a peer that did its part and then left (shut down, exited) is fine.
-    if (reached(c.progress.load(std::memory_order_acquire), target)) return;
+    if (reached(c.progress.load(std::memory_order_acquire), target)) return slept(start);
     checkPeers(peer, what);
     const auto now = Clock::now();
     if (now >= deadline) failWaiting(peer, target, deadline, what);
@@ -203,6 +228,19 @@ void Engine::spun(Clock::time_point start) {
   const double waited = std::chrono::duration<double, std::micro>(Clock::now() - start).count();
   spinBudgetUs_ = std::min<double>(static_cast<double>(options_.spin.count()),
                                    std::max(spinBudgetUs_, 8 * waited));
+}
+
+void Engine::slept(Clock::time_point start) {
+  const double waited = std::chrono::duration<double, std::micro>(Clock::now() - start).count();
+  // Only where the ceiling allows such spins (synchronous calls): the comm thread's spins during
+  // backward stay short.
+  if (waited <= kRaiseBelowUs && static_cast<double>(options_.spin.count()) >= kRaiseBelowUs) {
+    // The peer came soon after all: spinning twice as long would have caught it.
+    spinBudgetUs_ = std::min<double>(static_cast<double>(options_.spin.count()),
+                                     std::max(spinBudgetUs_, 2 * waited));
+  } else {
+    spinBudgetUs_ = std::max(kMinSpinUs, spinBudgetUs_ / 2);  // spinning did not pay: less
+  }
 }
 
 void Engine::setSpin(std::chrono::microseconds spin) {
@@ -326,7 +364,7 @@ void Engine::allreduce(const CollectiveInfo& info, void* data, Clock::time_point
                        const SliceHook& hook) {
   const size_t elem = elementSize(info.dtype);
   const size_t bytes = info.count * elem;
-  if (bytes <= options_.smallBytes && bytes <= segment_->slotBytes()) {
+  if (bytes <= segment_->tuning().smallBytes && bytes <= segment_->slotBytes()) {
     return allreduceSmall(info, data, deadline, hook);
   }
   char* const out = static_cast<char*>(data);
@@ -342,14 +380,21 @@ void Engine::allreduce(const CollectiveInfo& info, void* data, Clock::time_point
   bool first = true;
   for (size_t done = 0; done < info.count;) {
     size_t m = std::min(chunk, info.count - done);
-    if (!owned) std::memcpy(claimSlot(deadline), out + done * elem, m * elem);
+    if (!owned) {
+      // Every slice but this rank's own, which it reduces straight from its buffer.
+      char* slot = claimSlot(deadline);
+      const Slices slices(m, size_, elem);
+      const size_t b = slices.begin(rank_), e = slices.end(rank_);
+      std::memcpy(slot, out + done * elem, b * elem);
+      std::memcpy(slot + e * elem, out + (done + e) * elem, (m - e) * elem);
+    }
     publishInput(deadline);
     if (first) {
       first = false;
       const bool allOwned = readSources(info, src, &anyOwned);
       // With a hook (hierarchical), every node must chunk alike: slot-sized chunks always.
       if (allOwned && !hook) {
-        chunk = std::max<size_t>(1, options_.ownedChunkBytes / elem);
+        chunk = std::max<size_t>(1, segment_->tuning().ownedChunkBytes / elem);
         m = std::min(chunk, info.count - done);
       }
     }
@@ -360,17 +405,20 @@ void Engine::allreduce(const CollectiveInfo& info, void* data, Clock::time_point
     };
     const Slices slices(m, size_, elem);
     const size_t b = slices.begin(rank_), e = slices.end(rank_);
+    // The result goes where the peers copy it from: in place (owned) or this rank's slot.
     char* mine = owned ? out + (done + b) * elem : segment_->slot(rank_, slot) + b * elem;
     if (e > b) {
       for (int j = 0; j < size_; ++j) inputs[j] = at(j, b);
+      if (!owned) inputs[rank_] = out + (done + b) * elem;
       reduceInputs(mine, inputs, size_, e - b, info.dtype, info.op);
       if (hook) hook(mine, e - b);
     }
     advance();
+    if (!owned) std::memcpy(out + (done + b) * elem, mine, (e - b) * elem);
     waitAll(phase_, deadline, "to reduce its slice");
     for (int j = 0; j < size_; ++j) {
       const size_t bj = slices.begin(j), ej = slices.end(j);
-      if (ej == bj || (j == rank_ && owned)) continue;
+      if (ej == bj || j == rank_) continue;
       std::memcpy(out + (done + bj) * elem, at(j, bj), (ej - bj) * elem);
     }
     endStep();

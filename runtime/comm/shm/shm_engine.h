@@ -22,9 +22,9 @@ namespace dtrain::comm::shm {
 
 using Clock = std::chrono::steady_clock;
 
+// How this rank waits. What decides the path of a collective is the segment's (Segment::tuning(),
+// the same on every rank).
 struct EngineOptions {
-  size_t smallBytes = 0;
-  size_t ownedChunkBytes = 0;
   std::chrono::microseconds spin{50};
   // Spin with sched_yield() instead of a pause: when the node's ranks outnumber its cores, the
   // peer being waited for may need this very core.
@@ -105,9 +105,11 @@ class Engine {
                                 const char* what);
   void checkPeers(int waitingFor, const char* what);
   std::string whereIs(int peer) const;
-  // A wait ended while spinning, `start` being when the spin began: adapt the budget.
+  // A wait ended while spinning, or after sleeping; `start` being when it began: adapt the budget.
   void spun(Clock::time_point start);
+  void slept(Clock::time_point start);
   static constexpr double kMinSpinUs = 2;
+  static constexpr double kRaiseBelowUs = 200;
 
   void allreduceSmall(const CollectiveInfo& info, void* data, Clock::time_point deadline,
                       const SliceHook& hook);

@@ -142,6 +142,26 @@ void ShmCommunicator::across(const std::function<void()>& step) {
   }
 }
 
+void ShmCommunicator::checkTuningAcrossNodes() {
+  const shm::Tuning mine = segment_->tuning();
+  std::vector<shm::Tuning> all(static_cast<size_t>(topo_.nodes));
+  static_assert(sizeof(shm::Tuning) % sizeof(int64_t) == 0, "Tuning travels as int64 values");
+  const size_t words = sizeof(shm::Tuning) / sizeof(int64_t);
+  CallOptions call;
+  call.synchronous = true;
+  call.timeout = connectTimeout_;
+  across([&] { cross_->allgather(&mine, all.data(), words, DataType::Int64, call); });
+  for (int n = 1; n < topo_.nodes; ++n) {
+    const std::string diff = shm::tuningMismatch(all[0], topo_.rankOf(0, topo_.local), all[n],
+                                                 topo_.rankOf(n, topo_.local));
+    DTRAIN_CHECK_ARG(diff.empty(), "{}: shared memory: the nodes were given different options: "
+                     "{}. HINT: every rank must pass the same ShmOptions (slotBytes, arenaBytes, "
+                     "smallBytes, ownedChunkBytes): nodes that chunk differently would wait for "
+                     "each other forever",
+                     describe(), diff);
+  }
+}
+
 void ShmCommunicator::hierAllreduce(const CollectiveInfo& i, void* data,
                                     shm::Clock::time_point deadline) {
   const ReduceOp inNode = i.op == ReduceOp::Avg ? ReduceOp::Sum : i.op;

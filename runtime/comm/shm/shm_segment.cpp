@@ -1,27 +1,21 @@
 #include "shm_segment.h"
 
 #include <fcntl.h>
-#include <linux/futex.h>
 #include <sys/mman.h>
-#include <sys/random.h>
-#include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
-#include <sys/un.h>
-#include <poll.h>
 #include <unistd.h>
 
 #include <cerrno>
 #include <cstring>
 #include <fstream>
-#include <thread>
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
 #include "byte_layout.h"
 #include "dtrain/base/error.h"
-#include "dtrain/base/logging.h"
+#include "shm_handover.h"
 #include "shm_wait.h"
 
 namespace dtrain::comm::shm {
@@ -30,13 +24,16 @@ namespace dtrain::comm::shm {
 // A segment must never outlive its job, even when every process of the job is SIGKILLed at once,
 // and must not depend on /dev/shm (containers often mount a 64 MiB one). So it has no name: rank 0
 // creates a memfd, and the others receive its file descriptor over an abstract Unix socket whose
-// random name rank 0 posts to the job's store. Abstract sockets vanish with their last descriptor,
-// and rank 0 closes it as soon as every peer has its copy; from then on the segment exists only
-// as the mappings and descriptors of the ranks, and the kernel frees it when the last of them
-// exits, however it exits. Nothing is left in the file system for a launcher to clean up.
+// random name rank 0 posts to the job's store (shm_handover.h). Abstract sockets vanish with their
+// last descriptor, and rank 0 closes it as soon as every peer has its copy; from then on the
+// segment exists only as the mappings and descriptors of the ranks, and the kernel frees it when
+// the last of them exits, however it exits. Nothing is left in the file system for a launcher to
+// clean up.
 //
 // The socket accepts only processes of this user (SO_PEERCRED) and each rank only once; its name
-// carries 64 random bits, and it exists only while the communicator is being created.
+// carries 64 random bits, and it exists only while the communicator is being created. Each rank
+// sends a pidfd of its own process with its request, and rank 0 hands every rank all of them with
+// the memfd (Note [Watching peers] in shm_wait.h).
 
 namespace {
 
@@ -45,28 +42,6 @@ constexpr size_t kPage = 4096;
 constexpr size_t kHuge = size_t{2} << 20;
 
 std::string errnoText(int e) { return std::strerror(e); }
-
-// Unique per communicator: the store prefix differs between groups and restart rounds, the
-// random part between two creations under the same prefix (a test reusing a store).
-std::string randomSocketName() {
-  uint64_t r[2] = {0, 0};
-  if (getrandom(r, sizeof(r), 0) != static_cast<ssize_t>(sizeof(r))) {
-    r[0] = static_cast<uint64_t>(Clock::now().time_since_epoch().count()) ^
-           (static_cast<uint64_t>(getpid()) << 32);
-    r[1] = reinterpret_cast<uintptr_t>(&r);
-  }
-  return fmt::format("dtrain-shm-{:016x}{:016x}", r[0], r[1]);
-}
-
-sockaddr_un abstractAddress(const std::string& name, socklen_t* len) {
-  sockaddr_un addr{};
-  addr.sun_family = AF_UNIX;
-  DTRAIN_CHECK(name.size() + 1 < sizeof(addr.sun_path), "socket name too long: {}", name);
-  addr.sun_path[0] = '\0';  // abstract namespace
-  std::memcpy(addr.sun_path + 1, name.data(), name.size());
-  *len = static_cast<socklen_t>(offsetof(sockaddr_un, sun_path) + 1 + name.size());
-  return addr;
-}
 
 int msLeft(Clock::time_point deadline) {
   auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
@@ -90,106 +65,6 @@ void prefault(char* p, size_t bytes) {
   for (size_t i = 0; i < bytes; i += kPage) p[i] = 0;  // older kernels
 }
 
-// A one-byte message with room for one file descriptor (SCM_RIGHTS): how the memfd travels.
-struct FdMessage {
-  char byte;
-  iovec iov{&byte, 1};
-  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))] = {};
-  msghdr msg{};
-
-  explicit FdMessage(char b) : byte(b) {
-    msg.msg_iov = &iov;
-    msg.msg_iovlen = 1;
-    msg.msg_control = control;
-    msg.msg_controllen = sizeof(control);
-  }
-  FdMessage(const FdMessage&) = delete;
-  FdMessage& operator=(const FdMessage&) = delete;
-};
-
-// Rank 0: accepts one connection from every other rank and sends each the memfd.
-void serveDescriptor(int listenFd, int memfd, int size, Clock::time_point deadline,
-                     const std::string& who) {
-  std::vector<bool> served(static_cast<size_t>(size), false);
-  served[0] = true;
-  int left = size - 1;
-  while (left > 0) {
-    pollfd p{listenFd, POLLIN, 0};
-    int n = ::poll(&p, 1, std::min(msLeft(deadline), 100));
-    if (n < 0 && errno == EINTR) continue;
-    if (n == 0) {
-      if (Clock::now() < deadline) continue;
-      std::vector<int> missing;
-      for (int r = 1; r < size; ++r) {
-        if (!served[r]) missing.push_back(r);
-      }
-      DTRAIN_THROW(TimeoutError, "{}: shared memory: rank{} {} did not ask for the segment "
-                   "within the connect timeout. HINT: every rank of the node must create the "
-                   "communicator; DTRAIN_SHM=0 falls back to Gloo",
-                   who, missing.size() > 1 ? "s" : "", fmt::join(missing, ", "));
-    }
-    int conn = ::accept4(listenFd, nullptr, nullptr, SOCK_CLOEXEC);
-    if (conn < 0) continue;
-    ucred cred{};
-    socklen_t len = sizeof(cred);
-    int32_t peerRank = -1;
-    bool ok = ::getsockopt(conn, SOL_SOCKET, SO_PEERCRED, &cred, &len) == 0 &&
-              (cred.uid == ::geteuid() || ::geteuid() == 0);
-    if (ok) {
-      pollfd rp{conn, POLLIN, 0};
-      ok = ::poll(&rp, 1, std::max(1, std::min(msLeft(deadline), 5000))) == 1 &&
-           ::recv(conn, &peerRank, sizeof(peerRank), MSG_WAITALL) ==
-               static_cast<ssize_t>(sizeof(peerRank)) &&
-           peerRank > 0 && peerRank < size && !served[peerRank];
-    }
-    if (ok) {
-      FdMessage m('m');
-      cmsghdr* c = CMSG_FIRSTHDR(&m.msg);
-      c->cmsg_level = SOL_SOCKET;
-      c->cmsg_type = SCM_RIGHTS;
-      c->cmsg_len = CMSG_LEN(sizeof(int));
-      std::memcpy(CMSG_DATA(c), &memfd, sizeof(int));
-      if (::sendmsg(conn, &m.msg, MSG_NOSIGNAL) == 1) {
-        served[peerRank] = true;
-        --left;
-      }
-    } else {
-      DTRAIN_LOG(Warn, "{}: shared memory: refused a connection (pid {}, uid {}) that is not one "
-                 "of this job's ranks", who, cred.pid, cred.uid);
-    }
-    ::close(conn);
-  }
-}
-
-// Ranks 1..n-1: receives the memfd from rank 0.
-int receiveDescriptor(const std::string& socketName, int rank, Clock::time_point deadline,
-                      const std::string& who) {
-  socklen_t len = 0;
-  sockaddr_un addr = abstractAddress(socketName, &len);
-  int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  DTRAIN_CHECK(fd >= 0, "{}: shared memory: socket(): {}", who, errnoText(errno));
-  if (::connect(fd, reinterpret_cast<sockaddr*>(&addr), len) != 0) {
-    int e = errno;
-    ::close(fd);
-    DTRAIN_THROW(Error, "{}: shared memory: cannot reach rank 0's segment socket: {}. HINT: "
-                 "the ranks of one node must share a network namespace to exchange the segment; "
-                 "DTRAIN_SHM=0 falls back to Gloo", who, errnoText(e));
-  }
-  int32_t r = rank;
-  FdMessage m(0);
-  pollfd p{fd, POLLIN, 0};
-  bool ok = ::send(fd, &r, sizeof(r), MSG_NOSIGNAL) == static_cast<ssize_t>(sizeof(r)) &&
-            ::poll(&p, 1, std::max(1, msLeft(deadline))) == 1 &&
-            ::recvmsg(fd, &m.msg, MSG_CMSG_CLOEXEC) == 1;
-  ::close(fd);
-  cmsghdr* c = ok ? CMSG_FIRSTHDR(&m.msg) : nullptr;
-  DTRAIN_CHECK(c != nullptr && c->cmsg_type == SCM_RIGHTS,
-               "{}: shared memory: rank 0 did not hand over the segment", who);
-  int memfd = -1;
-  std::memcpy(&memfd, CMSG_DATA(c), sizeof(int));
-  return memfd;
-}
-
 // Rank 0: the segment's memory, a memfd of `bytes` bytes.
 int createSegmentFile(uint64_t bytes, const std::string& who) {
   const int fd = static_cast<int>(::syscall(SYS_memfd_create, "dtrain-shm", MFD_CLOEXEC));
@@ -203,20 +78,23 @@ int createSegmentFile(uint64_t bytes, const std::string& who) {
   return fd;
 }
 
-// Rank 0: listens on a fresh abstract socket and posts its name under `key` for the others.
-int listenForRanks(store::Store& store, const std::string& key, int size, const std::string& who) {
-  const std::string name = randomSocketName();
-  socklen_t len = 0;
-  sockaddr_un addr = abstractAddress(name, &len);
-  const int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  DTRAIN_CHECK(fd >= 0 && ::bind(fd, reinterpret_cast<sockaddr*>(&addr), len) == 0 &&
-                   ::listen(fd, size) == 0,
-               "{}: shared memory: cannot listen on an abstract socket: {}", who,
-               errnoText(errno));
-  store.setString(key, name);
-  store.flush();
-  return fd;
+// Inode of this process's PID namespace: two ranks with the same one see the same pids. 0 when
+// /proc cannot tell.
+uint64_t pidNamespaceId() {
+  struct stat st{};
+  return ::stat("/proc/self/ns/pid", &st) == 0 ? static_cast<uint64_t>(st.st_ino) : 0;
 }
+
+struct TuningField {
+  const char* name;
+  uint64_t Tuning::*member;
+};
+constexpr TuningField kTuningFields[] = {
+    {"slotBytes", &Tuning::slotBytes},
+    {"arenaBytes", &Tuning::arenaBytes},
+    {"smallBytes", &Tuning::smallBytes},
+    {"ownedChunkBytes", &Tuning::ownedChunkBytes},
+};
 
 }  // namespace
 
@@ -237,30 +115,45 @@ int64_t Segment::ownOffset(const void* p, size_t bytes) const {
 }
 
 std::shared_ptr<Segment> Segment::join(const SegmentOptions& o) {
-  const std::string who = fmt::format("rank {}/{}", o.rank, o.size);
-  DTRAIN_CHECK_ARG(o.slotBytes >= kPage && o.slotBytes % kPage == 0,
-                   "{}: shared memory: slot size {} must be a multiple of 4096", who, o.slotBytes);
-  DTRAIN_CHECK_ARG(o.arenaBytes % kHuge == 0, "{}: shared memory: arena size {} must be a "
-                   "multiple of 2 MiB", who, o.arenaBytes);
+  const std::string who = o.who.empty() ? fmt::format("rank {}/{}", o.rank, o.size) : o.who;
+  const Tuning& t = o.tuning;
+  DTRAIN_CHECK_ARG(t.slotBytes >= kPage && t.slotBytes % kPage == 0,
+                   "{}: shared memory: slot size {} must be a multiple of 4096", who, t.slotBytes);
+  DTRAIN_CHECK_ARG(t.arenaBytes % kHuge == 0, "{}: shared memory: arena size {} must be a "
+                   "multiple of 2 MiB", who, t.arenaBytes);
   const auto deadline = Clock::now() + o.connectTimeout;
   const std::string key = o.name + "/shm/socket";
   std::shared_ptr<Segment> seg(new Segment());
   seg->rank_ = o.rank;
   seg->size_ = o.size;
+  seg->pidfds_.assign(static_cast<size_t>(o.size), -1);
+  const int ownPidfd = openOwnPidfd();
 
   int listenFd = -1;
   if (o.rank == 0) {
-    seg->fd_ = createSegmentFile(SegmentLayout::of(o.size, o.slotBytes, o.arenaBytes).bytes, who);
+    seg->pidfds_[0] = ownPidfd;
+    seg->fd_ = createSegmentFile(SegmentLayout::of(o.size, t.slotBytes, t.arenaBytes).bytes, who);
     if (o.size > 1) listenFd = listenForRanks(*o.store, key, o.size, who);
   } else {
-    o.store->wait({key}, o.connectTimeout);
-    seg->fd_ = receiveDescriptor(o.store->getString(key), o.rank, deadline, who);
+    Handover h;
+    try {
+      o.store->wait({key}, o.connectTimeout);
+      h = receiveHandover(o.store->getString(key), o.rank, o.size, ownPidfd, deadline, who);
+    } catch (...) {
+      if (ownPidfd >= 0) ::close(ownPidfd);
+      throw;
+    }
+    if (ownPidfd >= 0) ::close(ownPidfd);  // rank 0 sent back a copy with the others
+    seg->fd_ = h.memfd;
+    seg->pidfds_ = std::move(h.pidfds);
   }
   seg->map(who);
   if (o.rank == 0) {
     seg->writeHeader(o);  // the memfd travels to the others only after this
     try {
-      if (listenFd >= 0) serveDescriptor(listenFd, seg->fd_, o.size, deadline, who);
+      if (listenFd >= 0) {
+        seg->pidfds_ = serveHandover(listenFd, seg->fd_, ownPidfd, o.size, deadline, who);
+      }
     } catch (...) {
       ::close(listenFd);
       throw;
@@ -276,8 +169,12 @@ std::shared_ptr<Segment> Segment::join(const SegmentOptions& o) {
   if (seg->hugePages_) {
     ::madvise(seg->base_ + h.stagingOffset, seg->bytes_ - h.stagingOffset, MADV_HUGEPAGE);
   }
-  prefault(seg->slot(o.rank, 0), 2 * h.slotBytes);
+  prefault(seg->slot(o.rank, 0), 2 * h.tuning.slotBytes);
+  RankControl& me = seg->control(o.rank);
+  me.pidNamespace = pidNamespaceId();
+  me.tuning = t;
   seg->waitForRanks(deadline, who);
+  seg->checkTuning(o.rankNames, who);
   return seg;
 }
 
@@ -313,15 +210,14 @@ void Segment::map(const std::string& who) {
 }
 
 void Segment::writeHeader(const SegmentOptions& o) {
-  const SegmentLayout layout = SegmentLayout::of(o.size, o.slotBytes, o.arenaBytes);
+  const SegmentLayout layout = SegmentLayout::of(o.size, o.tuning.slotBytes, o.tuning.arenaBytes);
   SegmentHeader& h = header();
   h.ranks = static_cast<uint32_t>(o.size);
   h.bytes = layout.bytes;
   h.controlOffset = layout.controlOffset;
   h.stagingOffset = layout.stagingOffset;
-  h.slotBytes = o.slotBytes;
   h.arenaOffset = layout.arenaOffset;
-  h.arenaBytes = o.arenaBytes;
+  h.tuning = o.tuning;
   h.version = kSegmentVersion;
   std::atomic_thread_fence(std::memory_order_release);
   h.magic = kSegmentMagic;
@@ -331,6 +227,7 @@ void Segment::waitForRanks(Clock::time_point deadline, const std::string& who) {
   SegmentHeader& h = header();
   RankControl& me = control(rank_);
   me.pid.store(static_cast<int32_t>(::getpid()), std::memory_order_relaxed);
+  // Publishes this rank's pid, namespace and options (written before) to whoever counts it.
   h.joined.fetch_add(1, std::memory_order_seq_cst);
   futexWakeAll(&h.joined);
   while (true) {
@@ -349,9 +246,47 @@ void Segment::waitForRanks(Clock::time_point deadline, const std::string& who) {
   }
 }
 
+// Note [One tuning per segment]
+// Ranks that chose different paths for one collective (one reduces the whole buffer at once,
+// its peer a slice in chunks) wait for phases the other never runs: a deadlock until the
+// collective timeout, and then an error that says nothing of why. So every value that picks a
+// path or a place (Tuning) is rank 0's, published in the header, and the engine runs by the
+// header's values only; every rank also publishes its own, and once all have joined each rank
+// compares them all with the header. A difference fails every rank at once, all with the same
+// message: the option, both values, both ranks. Across nodes (hierarchical) the ranks with the
+// same local index compare their segments' values over their Gloo group the same way.
+void Segment::checkTuning(const std::vector<int>& rankNames, const std::string& who) const {
+  auto name = [&](int r) { return rankNames.empty() ? r : rankNames[static_cast<size_t>(r)]; };
+  for (int r = 1; r < size_; ++r) {
+    const std::string diff = tuningMismatch(tuning(), name(0), control(r).tuning, name(r));
+    DTRAIN_CHECK_ARG(diff.empty(), "{}: shared memory: the ranks of this node were given "
+                     "different options: {}. HINT: every rank must pass the same ShmOptions "
+                     "(slotBytes, arenaBytes, smallBytes, ownedChunkBytes): ranks that pick "
+                     "different paths for one collective would wait for each other forever",
+                     who, diff);
+  }
+}
+
+std::string tuningMismatch(const Tuning& ours, int ourRank, const Tuning& theirs, int theirRank) {
+  for (const TuningField& f : kTuningFields) {
+    if (ours.*f.member == theirs.*f.member) continue;
+    return fmt::format("ShmOptions::{} is {} on rank {} and {} on rank {}", f.name,
+                       ours.*f.member, ourRank, theirs.*f.member, theirRank);
+  }
+  return "";
+}
+
+bool Segment::samePidNamespace(int rank) const {
+  const uint64_t mine = control(rank_).pidNamespace;
+  return mine != 0 && control(rank).pidNamespace == mine;
+}
+
 Segment::~Segment() {
   if (base_ != nullptr) ::munmap(base_, bytes_);
   if (fd_ >= 0) ::close(fd_);
+  for (int fd : pidfds_) {
+    if (fd >= 0) ::close(fd);
+  }
 }
 
 }  // namespace dtrain::comm::shm

@@ -9,6 +9,7 @@
 #include <cerrno>
 #include <climits>
 #include <ctime>
+#include <utility>
 
 namespace dtrain::comm::shm {
 
@@ -24,37 +25,28 @@ void futexWakeAll(std::atomic<uint32_t>* word) {
   ::syscall(SYS_futex, reinterpret_cast<uint32_t*>(word), FUTEX_WAKE, INT_MAX, nullptr, nullptr, 0);
 }
 
-PeerWatch::PeerWatch(const std::vector<int>& pids) : pids_(pids), fds_(pids.size(), -1) {
-  const int self = static_cast<int>(::getpid());
-  for (size_t r = 0; r < pids.size(); ++r) {
-    if (pids[r] <= 0 || pids[r] == self) continue;
-    fds_[r] = static_cast<int>(::syscall(SYS_pidfd_open, pids[r], 0));
-    if (fds_[r] >= 0) ranks_.push_back(static_cast<int>(r));
-  }
-}
-
-PeerWatch::~PeerWatch() {
-  for (int fd : fds_) {
-    if (fd >= 0) ::close(fd);
+PeerWatch::PeerWatch(std::vector<Peer> peers) : peers_(std::move(peers)) {
+  for (size_t r = 0; r < peers_.size(); ++r) {
+    if (!peers_[r].self && peers_[r].pidfd >= 0) polled_.push_back(static_cast<int>(r));
   }
 }
 
 int PeerWatch::firstDead() {
-  if (!ranks_.empty()) {
+  if (!polled_.empty()) {
     std::vector<pollfd> p;
-    p.reserve(ranks_.size());
-    for (int r : ranks_) p.push_back(pollfd{fds_[r], POLLIN, 0});
+    p.reserve(polled_.size());
+    for (int r : polled_) p.push_back(pollfd{peers_[r].pidfd, POLLIN, 0});
     if (::poll(p.data(), p.size(), 0) > 0) {
       for (size_t i = 0; i < p.size(); ++i) {
-        if (p[i].revents & (POLLIN | POLLHUP | POLLERR)) return ranks_[i];
+        if (p[i].revents & (POLLIN | POLLHUP | POLLERR)) return polled_[i];
       }
     }
   }
-  // Peers without a pidfd (kernels before 5.3): existence only.
-  const int self = static_cast<int>(::getpid());
-  for (size_t r = 0; r < pids_.size(); ++r) {
-    if (fds_[r] >= 0 || pids_[r] <= 0 || pids_[r] == self) continue;
-    if (::kill(pids_[r], 0) != 0 && errno == ESRCH) return static_cast<int>(r);
+  // Note [Watching peers]: a pid means something only within the peer's own PID namespace.
+  for (size_t r = 0; r < peers_.size(); ++r) {
+    const Peer& p = peers_[r];
+    if (p.self || p.pidfd >= 0 || !p.samePidNamespace || p.pid <= 0) continue;
+    if (::kill(p.pid, 0) != 0 && errno == ESRCH) return static_cast<int>(r);
   }
   return -1;
 }

@@ -1,7 +1,6 @@
 #pragma once
 // Waiting between processes on words of the shared segment: futex wrappers, and PeerWatch, which
-// tells whether a peer process is still alive (a pidfd per peer; kill(pid, 0) where the kernel has
-// no pidfd). See Note [Waiting] in shm_engine.cpp.
+// tells whether a peer process is still alive. See Note [Waiting] in shm_engine.cpp.
 
 #include <atomic>
 #include <chrono>
@@ -23,23 +22,36 @@ inline void cpuRelax() {
 #endif
 }
 
+// Note [Watching peers]
+// A waiting rank must tell a dead peer (fail now, naming it) from a slow one (keep waiting). A
+// pid alone cannot: ranks that share a node's network and IPC need not share a PID namespace
+// (containers, Kubernetes pods with shared IPC), and there a peer's own getpid() names another
+// process or none at all -- kill(pid, 0) would call a live peer dead at its first slow wait, or
+// watch an unrelated process forever. A pidfd names one process whatever the namespaces, so each
+// rank opens one of itself (pidfd_open(getpid()), valid in its own namespace) and sends it with
+// its request for the segment; rank 0 hands every rank all of them (shm_handover.h), and a waiter
+// polls its peers' pidfds: readable means exited. kill(pid, 0) serves only where the kernel has
+// no pidfd (before Linux 5.3), and only for a peer known to share this rank's PID namespace; a
+// peer in another one without a pidfd is watched through its control block and the deadline
+// alone.
 class PeerWatch {
  public:
+  struct Peer {
+    int pidfd = -1;          // borrowed (the segment owns it); -1: none
+    int pid = 0;             // as the peer sees itself
+    bool samePidNamespace = false;
+    bool self = false;       // this rank: never watched
+  };
   PeerWatch() = default;
-  // pids by rank; this process's own pid (ranks as threads) is never reported dead.
-  explicit PeerWatch(const std::vector<int>& pids);
-  ~PeerWatch();
-  PeerWatch(const PeerWatch&) = delete;
-  PeerWatch& operator=(const PeerWatch&) = delete;
+  explicit PeerWatch(std::vector<Peer> peers);
 
   // The first rank whose process has exited, or -1. One poll() over all pidfds.
   int firstDead();
-  int pid(int rank) const { return pids_[rank]; }
+  const Peer& peer(int rank) const { return peers_[static_cast<size_t>(rank)]; }
 
  private:
-  std::vector<int> pids_;
-  std::vector<int> fds_;   // pidfd by rank; -1 for this process, or without pidfd support
-  std::vector<int> ranks_; // ranks with a pidfd, in fds_ order for poll
+  std::vector<Peer> peers_;
+  std::vector<int> polled_;  // ranks with a pidfd, in poll order
 };
 
 }  // namespace dtrain::comm::shm

@@ -107,10 +107,11 @@ struct PrometheusOptions {
 };
 
 // Serves GET /metrics with what `render` returns at each scrape (Prometheus text, format 0.0.4),
-// on a thread of its own with two handler threads (cpp-httplib). Binds before the constructor
-// returns: a busy port or an address it cannot bind is an InvalidArgument naming host, port and
-// the option. Only SO_REUSEADDR: httplib's default SO_REUSEPORT would let a second process bind
-// the same port and take half the scrapes. `render` runs on a handler thread.
+// from one event-loop thread of its own that idle or malformed connections cannot hold up
+// (docs/design.md, Metrics). Binds before the constructor returns: a busy port or an address it
+// cannot bind is an InvalidArgument naming host, port and the option. Only SO_REUSEADDR, never
+// SO_REUSEPORT, which would let a second process bind the same port and take half the scrapes.
+// `render` runs on the server's thread.
 class PrometheusServer {
  public:
   PrometheusServer(const PrometheusOptions& options, std::function<std::string()> render);
