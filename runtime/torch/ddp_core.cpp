@@ -64,9 +64,11 @@ DdpCore::DdpCore(std::shared_ptr<torch::nn::Module> module, std::shared_ptr<Proc
 
   std::vector<ddp::NamedTensor> trained;
   for (const auto& p : params) {
-    if (p.tensor.requires_grad()) trained.push_back(p);
+    if (!p.tensor.requires_grad()) continue;
+    trained.push_back(p);
+    trained_.emplace_back(p.name, p.tensor);
   }
-  reducer_ = std::make_unique<ddp::Reducer>(group_, std::move(trained), options_);
+  sync_ = std::make_shared<ddp::Reducer>(group_, std::move(trained), options_);
   if (!buffers.empty()) {
     std::vector<at::Tensor> tensors;
     for (const auto& b : buffers) tensors.push_back(b.tensor);
@@ -89,7 +91,7 @@ bool DdpCore::wantsOutputs() const {
 void DdpCore::afterForward(const std::vector<at::Tensor>& outputs, bool outputsSearchable) {
   if (!at::GradMode::is_enabled()) return;  // no backward can follow this forward
   if (!syncEnabled_) {
-    reducer_->disarm();
+    sync_->disarm();
     return;
   }
   DTRAIN_CHECK_ARG(
@@ -97,17 +99,28 @@ void DdpCore::afterForward(const std::vector<at::Tensor>& outputs, bool outputsS
       "DistributedDataParallel: findUnusedParameters searches the autograd graph from the "
       "forward's outputs, but the module's forward returned a type the wrapper cannot search for "
       "tensors. HINT: return a torch::Tensor, or a std::vector, std::tuple or std::pair of them");
-  reducer_->arm(outputs);
+  sync_->arm(outputs);
 }
 
 void DdpCore::syncBuffers() {
   if (buffers_ && group_->size() > 1) buffers_->run(0, options_.timeout);
 }
 
-const DdpIterationStats& DdpCore::lastIteration() const { return reducer_->lastIteration(); }
+const DdpIterationStats& DdpCore::lastIteration() const { return sync_->lastIteration(); }
 
 std::vector<std::vector<std::string>> DdpCore::bucketNames() const {
-  return reducer_->bucketNames();
+  return sync_->bucketNames();
+}
+
+void DdpCore::replaceGradientSync(std::shared_ptr<ddp::GradientSync> sync) {
+  DTRAIN_CHECK_ARG(sync != nullptr, "DistributedDataParallel: replaceGradientSync(nullptr)");
+  DTRAIN_CHECK_ARG(!replaced_,
+                   "rank {}: DistributedDataParallel: its gradients are handled by another object "
+                   "already (one ShardedOptimizer per DistributedDataParallel). HINT: put every "
+                   "parameter group into that one optimizer",
+                   group_->rank());
+  sync_ = std::move(sync);  // DDP's reducer goes: its hooks are removed, its buckets freed
+  replaced_ = true;
 }
 
 }  // namespace dtrain

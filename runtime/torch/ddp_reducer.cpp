@@ -1,13 +1,12 @@
 #include "ddp_reducer.h"
 
-#include <limits>
-
 #include <ATen/ATen.h>
 #include <fmt/format.h>
 
+#include "buffer_tensor.h"
 #include "dtrain/base/error.h"
-#include "dtrain/base/fault.h"
 #include "dtrain/base/logging.h"
+#include "nan_grad_fault.h"
 #include "torch_compat.h"
 
 // Note [Gradients in the buckets]
@@ -44,16 +43,6 @@ namespace {
 
 using Clock = DdpIterationStats::Clock;
 
-// A tensor over `length` elements of `buffer` starting at element `offset`, keeping the buffer
-// alive. Not an autograd view of the bucket: optimizers may detach_() a .grad that is one.
-at::Tensor tensorOver(const std::shared_ptr<comm::Buffer>& buffer, int64_t offset,
-                      at::IntArrayRef sizes, const at::TensorOptions& options) {
-  auto* base = static_cast<char*>(buffer->data()) +
-               offset * static_cast<int64_t>(c10::elementSize(c10::typeMetaToScalarType(options.dtype())));
-  return at::from_blob(
-      base, sizes, [keep = buffer](void*) mutable { keep.reset(); }, options);
-}
-
 std::string namesOf(const std::vector<NamedTensor>& params, const std::vector<size_t>& indices,
                     size_t limit = 8) {
   std::string out;
@@ -62,30 +51,6 @@ std::string namesOf(const std::vector<NamedTensor>& params, const std::vector<si
   }
   if (indices.size() > limit) out += fmt::format(" and {} more", indices.size() - limit);
   return out;
-}
-
-// DTRAIN_FAULT=nan-grad of this rank and pass, before or after the allreduce; null when none
-// (the common case costs one empty() check).
-const fault::Fault* nanGradFault(int rank, uint64_t pass, bool after) {
-  if (fault::activeFaults().empty()) return nullptr;
-  for (const auto& f : fault::activeFaults()) {
-    if (f.kind == fault::Kind::NanGrad && f.after == after &&
-        f.matches(rank, static_cast<int64_t>(pass), fault::currentAttempt())) {
-      return &f;
-    }
-  }
-  return nullptr;
-}
-
-// Writes the fault's NaN or +inf into the first element of `t`.
-void poison(at::Tensor& t, const fault::Fault& f) {
-  double value = f.arg == 1 ? std::numeric_limits<double>::infinity()
-                            : std::numeric_limits<double>::quiet_NaN();
-  if (t.dim() == 0) {
-    t.fill_(value);
-  } else {
-    t.index_put_(std::vector<at::indexing::TensorIndex>(t.dim(), 0), value);
-  }
 }
 
 }  // namespace

@@ -12,6 +12,7 @@
 
 #include <ATen/core/Tensor.h>
 
+#include "ddp_gradient_sync.h"
 #include "dtrain/comm/communicator.h"
 #include "dtrain/torch/bucket_assignment.h"
 #include "dtrain/torch/ddp_options.h"
@@ -29,23 +30,23 @@ struct NamedTensor {
   at::Tensor tensor;
 };
 
-class Reducer {
+class Reducer : public GradientSync {
  public:
   // `params`: the parameters that take part (requiring grad, no duplicates), in registration order.
   Reducer(std::shared_ptr<ProcessGroup> group, std::vector<NamedTensor> params,
           const DdpOptions& options);
-  ~Reducer();
+  ~Reducer() override;
   Reducer(const Reducer&) = delete;
   Reducer& operator=(const Reducer&) = delete;
 
   // After a forward whose backward is to be synchronised. `outputs`: the forward's tensors (used
   // only with findUnusedParameters).
-  void arm(const std::vector<at::Tensor>& outputs);
+  void arm(const std::vector<at::Tensor>& outputs) override;
   // After a forward inside noSync(): its backward accumulates locally.
-  void disarm();
+  void disarm() override;
 
-  const DdpIterationStats& lastIteration() const { return stats_; }
-  std::vector<std::vector<std::string>> bucketNames() const;
+  const DdpIterationStats& lastIteration() const override { return stats_; }
+  std::vector<std::vector<std::string>> bucketNames() const override;
 
  private:
   enum class State { Idle, Armed, Local };

@@ -5,6 +5,7 @@
 
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <ATen/core/Tensor.h>
@@ -20,7 +21,7 @@ class Module;
 namespace dtrain {
 
 namespace ddp {
-class Reducer;
+class GradientSync;
 class CoalescedBroadcast;
 }  // namespace ddp
 
@@ -54,12 +55,26 @@ class DdpCore {
   // The parameters' names, bucket by bucket in launch order.
   std::vector<std::vector<std::string>> bucketNames() const;
 
+  // For what builds on DDP (dtrain::ShardedOptimizer, dtrain/torch/zero.h): the module, and the
+  // parameters that take part -- requiring grad, a tied one once under its first name -- in
+  // registration order.
+  const std::shared_ptr<torch::nn::Module>& module() const { return module_; }
+  const std::vector<std::pair<std::string, at::Tensor>>& trainedParameters() const {
+    return trained_;
+  }
+  // Hands what a backward does with the gradients to `sync`: DDP's reducer is removed with its
+  // hooks and buckets. Not while a backward runs. Once only.
+  void replaceGradientSync(std::shared_ptr<ddp::GradientSync> sync);
+  bool gradientSyncReplaced() const { return replaced_; }
+
  private:
   std::shared_ptr<torch::nn::Module> module_;
   std::shared_ptr<ProcessGroup> group_;
   DdpOptions options_;
   bool syncEnabled_ = true;
-  std::unique_ptr<ddp::Reducer> reducer_;
+  std::vector<std::pair<std::string, at::Tensor>> trained_;
+  std::shared_ptr<ddp::GradientSync> sync_;  // DDP's Reducer, or what replaced it
+  bool replaced_ = false;
   std::unique_ptr<ddp::CoalescedBroadcast> buffers_;
 };
 
