@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Builds dtrain against a CUDA libtorch and runs the GPU tests (CTest label gpu), the GPU
-# allreduce benchmark and train_bench --gpu (ResNet-50 with AMP beside PyTorch eager with AMP), and
-# checks launch's GPU sampling while a GPU test runs, within 10 minutes, on a machine with an
-# NVIDIA GPU.
+# allreduce benchmark and train_bench --gpu (ResNet-50 with AMP beside PyTorch eager with AMP),
+# checks launch's GPU sampling while a GPU test runs, and compares ZeRO's peak GPU memory with
+# DDP's (train_resnet --zero 0|1|2), within 10 minutes, on a machine with an NVIDIA GPU.
 #
 #   scripts/gpu_check.sh [--dry-run [--check-build DIR]] [--deps DIR] [--build DIR]
 #                        [--python PYTHON] [--jobs N]
@@ -71,7 +71,7 @@ run() {  # prints and runs one step (prints only, in a dry run)
 for f in CMakeLists.txt tests/gpu/gpu.cmake tests/gpu/nccl_gpu_test.cpp \
          tests/gpu/process_group_cuda_test.cpp benchmarks/allreduce/allreduce_bench.cpp \
          tests/gpu/monitor_gpu_test.cpp benchmarks/train/train_bench.cpp \
-         benchmarks/train/train_peer.py scripts/gpu_deps.sh; do
+         benchmarks/train/train_peer.py scripts/gpu_deps.sh examples/train_resnet.cpp; do
   [ -e "$root/$f" ] || { say "error: $f is missing from the source tree" >&2; exit 1; }
 done
 
@@ -206,6 +206,38 @@ for p in problems:
     print("gpu_check.sh:   FAILED: " + p)
 sys.exit(1 if problems else 0)
 PY
+fi
+
+# ZeRO on CUDA (issue 20): train_resnet with --zero 0, 1 and 2 on the one GPU, launch sampling its
+# memory. At one rank every stage holds what DDP holds, so the row checks that the sharded path
+# trains on CUDA and that its peak memory stays within 10 % of DDP's (stage 2's buckets).
+if [ "$torch_ok" = 1 ]; then
+  say "7. ZeRO against DDP on CUDA: peak GPU memory of train_resnet --zero 0|1|2"
+  run cmake --build "$build" -j "$jobs" --target train_resnet
+  for z in 0 1 2; do
+    run rm -f "$build/gpu_check_zero$z.jsonl"
+    run "$build/launch" --nproc-per-node 1 --sample-interval 0.5 \
+      --metrics-file "$build/gpu_check_zero$z.jsonl" -- "$build/train_resnet" --device cuda \
+      --zero "$z" --arch resnet50 --synthetic 4096 --data-dir "$build/gpu_check_cifar" \
+      --epochs 1 --batch-size 128 --eval-every 0 --log-every 8
+  done
+  step=$((step + 1))
+  say "step $step: compare the peak GPU memory of the three runs"
+  if [ "$dry" = 0 ]; then
+    "$python" - "$build"/gpu_check_zero{0,1,2}.jsonl <<'PY'
+import json, sys
+peaks = []
+for path in sys.argv[1:]:
+    records = [json.loads(line) for line in open(path) if line.strip()]
+    peaks.append(max((r.get("gpu_process_mem_bytes", 0) for r in records if "rank" in r), default=0))
+for z, peak in enumerate(peaks):
+    print(f"gpu_check.sh:   --zero {z}: peak GPU memory {peak / 2**20:.0f} MiB")
+bad = [z for z in (1, 2) if peaks[0] == 0 or peaks[z] > 1.10 * peaks[0]]
+if bad:
+    print(f"gpu_check.sh:   FAILED: --zero {bad} above DDP's peak by more than 10 % (or no samples)")
+sys.exit(1 if bad else 0)
+PY
+  fi
 fi
 
 end=$(date +%s)
