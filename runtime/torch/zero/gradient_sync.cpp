@@ -133,6 +133,7 @@ void ShardedGradientSync::onGradientReady(size_t index) {
   std::lock_guard<std::mutex> lock(mutex_);
   const auto now = Clock::now();
   if (state_ != State::Armed) {
+    if (state_ == State::Local) shards_->setLocalGradients(true);
     if (state_ == State::Idle && !warnedUnexpected_) {
       warnedUnexpected_ = true;
       DTRAIN_LOG(Warn,
@@ -245,6 +246,7 @@ void ShardedGradientSync::finalizeLocked(std::vector<size_t>& missing) {
       break;
     }
   }
+  shards_->setLocalGradients(false);
   stats_.waited = waited;
   stats_.finished = Clock::now();
   ++stats_.iteration;

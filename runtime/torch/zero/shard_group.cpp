@@ -227,7 +227,8 @@ std::chrono::nanoseconds ShardGroup::finishReduce(size_t k) {
 
 void ShardGroup::checkSteppable() const {
   for (size_t k = 0; k < units_.size(); ++k) {
-    const bool ready = grads_[k] == (stage() == 1 ? Grads::Reduced : Grads::Empty);
+    const bool ready =
+        grads_[k] == (stage() == 1 ? Grads::Reduced : Grads::Empty) && !localGradients_;
     DTRAIN_CHECK(ready && params_[k] == Params::Gathered,
                  "rank {}: ShardedOptimizer::step(): {} is {} (gradients) and {} (parameters): "
                  "its gradients of this step are not averaged yet. HINT: the last micro-batch's "

@@ -67,6 +67,9 @@ class ShardGroup {
   std::chrono::nanoseconds finishReduce(size_t k);
   // The gradient the optimizer sees of unit k (for the nan-grad fault after the collective).
   at::Tensor& shardGrad(size_t k) { return units_[k]->shardGrad(); }
+  // A noSync() backward accumulated since the last synchronising one: a step now would use
+  // gradients no rank has averaged.
+  void setLocalGradients(bool pending) { localGradients_ = pending; }
 
   // --- parameter side (ShardedOptimizer::step) ---
   // Throws when any unit's gradients are not ready to step (see Note [Unit states]).
@@ -96,6 +99,7 @@ class ShardGroup {
   std::vector<std::shared_ptr<comm::Work>> reduceWork_;
   std::vector<std::shared_ptr<comm::Work>> gatherWork_;
   std::deque<size_t> reducing_;  // units whose reduce-scatter runs, in launch order
+  bool localGradients_ = false;
   GradientPool pool_;
 };
 

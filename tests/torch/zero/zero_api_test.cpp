@@ -17,8 +17,7 @@ void withDdp(int n, const std::function<void(int, DistributedDataParallel<Mlp>&)
   auto threads = ThreadWorld::create(n);
   threads->run([&](int rank) {
     auto group = threadGroup(*threads, rank);
-    torch::manual_seed(2);
-    Mlp net(7, 13, 5);
+    Mlp net = buildSeeded(2, [] { return Mlp(7, 13, 5); });
     DistributedDataParallel<Mlp> ddp(net, group);
     fn(rank, ddp);
   });
@@ -60,7 +59,7 @@ TEST(ZeroApi, RefusesWhatItCannotShard) {
     expectContains(errorOf([&] { ShardedOptimizer(ddp, factoryFor("adam")); }),
                  "another ShardedOptimizer");
     torch::serialize::OutputArchive archive;
-    expectContains(errorOf([&] { once.save(archive); }), ("shardRecords()"));
+    expectContains(errorOf([&] { once.save(archive); }), "shardRecords()");
   });
 }
 
@@ -75,16 +74,20 @@ TEST(ZeroApi, RanksWithOtherOptionsFailOnEveryRankNamingThem) {
 
 // A step whose last backward ran under noSync() would use gradients no rank has averaged.
 TEST(ZeroApi, StepAfterOnlyNoSyncBackwardsIsRefused) {
-  withDdp(2, [](int, DistributedDataParallel<Mlp>& ddp) {
-    ZeroOptions zo;
-    zo.stage = 1;
-    ShardedOptimizer adam(ddp, factoryFor("adam"), zo);
-    {
-      auto guard = ddp.noSync();
+  for (int stage : {1, 2}) {
+    withDdp(2, [stage](int, DistributedDataParallel<Mlp>& ddp) {
+      ZeroOptions zo;
+      zo.stage = stage;
+      ShardedOptimizer adam(ddp, factoryFor("adam"), zo);
+      {
+        auto guard = ddp.noSync();
+        torch::mse_loss(ddp(torch::randn({2, 7})), torch::randn({2, 5})).backward();
+      }
+      expectContains(errorOf([&] { adam.step(); }), "outside noSync()");
       torch::mse_loss(ddp(torch::randn({2, 7})), torch::randn({2, 5})).backward();
-    }
-    expectContains(errorOf([&] { adam.step(); }), ("outside noSync()"));
-  });
+      adam.step();  // after the synchronising backward
+    });
+  }
 }
 
 // A scheduler changes the learning rate of the groups this optimizer shows; the shards' own
@@ -104,8 +107,7 @@ TEST(ZeroApi, SchedulersAndClosuresWorkAsWithAnyOptimizer) {
       }
       torch::optim::StepLR schedule(*opt, 1, 0.5);
       for (int s = 0; s < 4; ++s) {
-        torch::manual_seed(40 + s);
-        auto x = torch::randn({4, 7}), y = torch::randn({4, 5});
+        auto x = randnSeeded({4, 7}, 40 + s), y = randnSeeded({4, 5}, 80 + s);
         opt->step([&] {
           opt->zero_grad();
           auto loss = torch::mse_loss(ddp(shard(x, rank, 2)), shard(y, rank, 2));
@@ -127,6 +129,51 @@ TEST(ZeroApi, SchedulersAndClosuresWorkAsWithAnyOptimizer) {
   }
 }
 
+// Gradients accumulate until zero_grad(), as with any optimizer (Note [Accumulating into the
+// shard]): two synchronising backwards per step, and zero_grad() only every other step, so the
+// shard's gradient is folded into the next reduce-scatter at every kind of step.
+TEST(ZeroApi, GradientsAccumulateUntilZeroGradAsWithAnyOptimizer) {
+  auto run = [](int stage) {
+    std::map<std::string, torch::Tensor> out;
+    auto threads = ThreadWorld::create(3);
+    threads->run([&](int rank) {
+      auto group = threadGroup(*threads, rank);
+      Mlp net = buildSeeded(5, [] { return Mlp(7, 13, 5); });
+      DistributedDataParallel<Mlp> ddp(net, group);
+      auto factory = optimizerFactory<torch::optim::SGD>(torch::optim::SGDOptions(0.02).momentum(0.9));
+      std::unique_ptr<torch::optim::Optimizer> opt;
+      if (stage == 0) {
+        opt = factory.make({torch::optim::OptimizerParamGroup(ddp.parameters())});
+      } else {
+        ZeroOptions zo;
+        zo.stage = stage;
+        zo.firstUnitBytes = 128;
+        zo.unitBytes = 512;
+        opt = std::make_unique<ShardedOptimizer>(ddp, factory, zo);
+      }
+      for (int s = 0; s < 6; ++s) {
+        if (s % 2 == 0) opt->zero_grad();
+        for (int b = 0; b < 2; ++b) {
+          auto x = randnSeeded({6, 7}, 10 * s + b), y = randnSeeded({6, 5}, 100 + 10 * s + b);
+          torch::mse_loss(ddp(shard(x, rank, 3)), shard(y, rank, 3)).backward();
+        }
+        opt->step();
+      }
+      if (rank == 0) {
+        for (const auto& p : net->named_parameters()) out[p.key()] = p.value().detach().clone();
+      }
+    });
+    return out;
+  };
+  const auto ddp = run(0);
+  for (int stage : {1, 2}) {
+    const auto zero = run(stage);
+    for (const auto& [name, t] : ddp) {
+      EXPECT_LE(relativeError(zero.at(name), t), 1e-6) << "stage " << stage << " " << name;
+    }
+  }
+}
+
 // findUnusedParameters: a parameter some rank skips takes part with zeros, as under DDP.
 TEST(ZeroApi, UnusedParametersMatchDdp) {
   auto run = [](int stage) {
@@ -134,8 +181,7 @@ TEST(ZeroApi, UnusedParametersMatchDdp) {
     auto threads = ThreadWorld::create(3);
     threads->run([&](int rank) {
       auto group = threadGroup(*threads, rank);
-      torch::manual_seed(4);
-      BranchNet net;
+      BranchNet net = buildSeeded(4, [] { return BranchNet(); });
       DdpOptions o;
       o.findUnusedParameters = true;
       DistributedDataParallel<BranchNet> ddp(net, group, o);
@@ -150,8 +196,7 @@ TEST(ZeroApi, UnusedParametersMatchDdp) {
         opt = std::make_unique<ShardedOptimizer>(ddp, factory, zo);
       }
       for (int s = 0; s < 4; ++s) {
-        torch::manual_seed(60 + s);
-        auto x = torch::randn({6, 6}), y = torch::randn({6, 3});
+        auto x = randnSeeded({6, 6}, 60 + s), y = randnSeeded({6, 3}, 90 + s);
         opt->zero_grad();
         const bool skip = (s + rank) % 3 == 0;  // some rank uses fc2 at every step
         torch::mse_loss(ddp(shard(x, rank, 3), skip), shard(y, rank, 3)).backward();

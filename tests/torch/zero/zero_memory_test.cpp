@@ -120,7 +120,7 @@ TEST(ZeroMemory, NoSyncAccumulationHoldsFullGradientsUntilTheSynchronisingBackwa
     ZeroOptions zo;
     zo.stage = 2;
     ShardedOptimizer sgd(ddp, optimizerFactory<torch::optim::SGD>(torch::optim::SGDOptions(0.1)), zo);
-    const uint64_t issued = threads->issued(rank);
+    const auto issued = threads->issued(rank);
     {
       auto guard = ddp.noSync();
       torch::mse_loss(ddp(torch::randn({4, 64})), torch::randn({4, 64})).backward();

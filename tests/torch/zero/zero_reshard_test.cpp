@@ -62,8 +62,8 @@ Leg trainLeg(int world, int stage, int from, int to, const Snapshot* start) {
   auto threads = ThreadWorld::create(world);
   threads->run([&](int rank) {
     auto group = threadGroup(*threads, rank);
-    torch::manual_seed(100 + world);  // another start than the run that saved: the load decides
-    Mlp net(7, 13, 5);
+    // Another start than the run that saved: the load decides.
+    Mlp net = buildSeeded(100 + world, [] { return Mlp(7, 13, 5); });
     DistributedDataParallel<Mlp> ddp(net, group);
     ZeroOptions zo;
     zo.stage = stage;
@@ -76,8 +76,7 @@ Leg trainLeg(int world, int stage, int from, int to, const Snapshot* start) {
       addRecords(leg.loaded, adam.shardRecords());
     }
     for (int s = from; s < to; ++s) {
-      torch::manual_seed(500 + s);
-      auto x = torch::randn({kGlobalBatch, 7}), y = torch::randn({kGlobalBatch, 5});
+      auto x = randnSeeded({kGlobalBatch, 7}, 500 + s), y = randnSeeded({kGlobalBatch, 5}, 700 + s);
       adam.zero_grad();
       torch::mse_loss(ddp(shard(x, rank, world)), shard(y, rank, world)).backward();
       adam.step();

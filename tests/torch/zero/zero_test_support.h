@@ -6,6 +6,7 @@
 #include <map>
 #include <limits>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <string>
 #include <vector>
@@ -28,7 +29,9 @@ struct ZeroRun {
   int perRank = 4;      // samples per rank and micro-batch
   std::string optimizer = "adamw";  // adamw | sgd-groups | adam
   bool scaler = false;  // an enabled GradScaler
-  int overflowStep = -1;  // this step's last micro-batch on `overflowRank` gets an infinite loss
+  // This step's last micro-batch on `overflowRank` writes +inf into one element of one gradient
+  // (fc1.weight[0][0]): after the reduce-scatter only the rank owning that element sees it.
+  int overflowStep = -1;
   int overflowRank = 1;
   double clip = 0;      // > 0: clip the gradients' norm to this (after unscale)
   size_t unitBytes = 256;  // small units: several per model, most with padding
@@ -68,11 +71,25 @@ inline std::vector<torch::optim::OptimizerParamGroup> groupsFor(const std::strin
   return groups;
 }
 
+// Ranks as threads share libtorch's default generator, so concurrent draws interleave: data
+// comes from generators of its own, and models are built under one lock after seeding.
+inline torch::Tensor randnSeeded(at::IntArrayRef sizes, uint64_t seed) {
+  return torch::randn(sizes, at::detail::createCPUGenerator(seed));
+}
+template <typename Make>
+auto buildSeeded(uint64_t seed, Make make) {
+  static std::mutex mutex;
+  std::lock_guard<std::mutex> lock(mutex);
+  torch::manual_seed(seed);
+  return make();
+}
+
 // The whole batch of step s, micro-batch m: the same on every rank, each takes its rows.
 inline std::pair<torch::Tensor, torch::Tensor> wholeBatch(const ZeroRun& run, int s, int m,
                                                           int64_t in, int64_t out) {
-  torch::manual_seed(1000 + 31 * s + m);
-  return {torch::randn({run.world * run.perRank, in}), torch::randn({run.world * run.perRank, out})};
+  const uint64_t seed = 1000 + 31 * s + m;
+  return {randnSeeded({run.world * run.perRank, in}, seed),
+          randnSeeded({run.world * run.perRank, out}, seed + 7919)};
 }
 
 // What one rank ends a run with.
@@ -87,8 +104,7 @@ struct RankResult {
 inline RankResult trainOnRank(const ZeroRun& run, const std::shared_ptr<ProcessGroup>& group,
                               const std::function<void(ShardedOptimizer&)>& atEnd = {}) {
   const int rank = group->rank();
-  torch::manual_seed(run.seed);
-  Mlp net(7, 13, 5);
+  Mlp net = buildSeeded(run.seed, [] { return Mlp(7, 13, 5); });
   net->to(run.dtype);
   DdpOptions ddpOptions;
   ddpOptions.firstBucketBytes = 256;
@@ -121,10 +137,14 @@ inline RankResult trainOnRank(const ZeroRun& run, const std::shared_ptr<ProcessG
       auto forwardBackward = [&] {
         auto out = ddp(shard(x, rank, run.world).to(run.dtype));
         auto loss = torch::mse_loss(out.to(torch::kFloat), shard(y, rank, run.world)) / run.micro;
-        if (s == run.overflowStep && rank == run.overflowRank && m + 1 == run.micro) {
-          loss = loss * std::numeric_limits<double>::infinity();
-        }
+        const bool poison = s == run.overflowStep && rank == run.overflowRank && m + 1 == run.micro;
+        const unsigned hook = poison ? net->fc1->weight.register_hook([](torch::Tensor g) {
+          g = g.clone();
+          g[0][0] = std::numeric_limits<double>::infinity();
+          return g;
+        }) : 0;
         scaler.scale(loss).backward();
+        if (poison) net->fc1->weight.remove_hook(hook);
       };
       if (m + 1 < run.micro) {
         auto guard = ddp.noSync();
