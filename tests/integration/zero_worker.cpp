@@ -6,9 +6,11 @@
 //
 //   zero_worker --scenarios adamw,sgd-groups [--skipped K]
 //
-// adamw: 50 AdamW steps of 2 micro-batches (noSync()), an enabled GradScaler. Under
-// DTRAIN_FAULT=nan-grad@rank=R,step=S (the test sets it) one rank's gradient is poisoned before
-// the collective: every rank must skip that step (--skipped 1), DDP's and both stages alike.
+// adamw: 50 AdamW steps of 2 micro-batches (noSync()); sgd-groups: 20 SGD-momentum steps, two
+// parameter groups. Both with an enabled GradScaler: under DTRAIN_FAULT=nan-grad@rank=R,step=S
+// (the test sets it) one element of one rank's gradient is poisoned before the collective, which
+// after a reduce-scatter reaches one rank's shard only; every rank must skip that step
+// (--skipped 1), DDP's and both stages alike.
 #include <iostream>
 #include <sstream>
 
@@ -65,12 +67,12 @@ void scenarioAdamW(const std::shared_ptr<ProcessGroup>& group, const Args& args)
   compareStages(group, run, args);
 }
 
-void scenarioSgdGroups(const std::shared_ptr<ProcessGroup>& group, const Args&) {
+void scenarioSgdGroups(const std::shared_ptr<ProcessGroup>& group, const Args& args) {
   ZeroRun run;
   run.steps = 20;
   run.optimizer = "sgd-groups";
-  Args none;
-  compareStages(group, run, none);
+  run.scaler = true;  // so that the poisoned step is skipped here too
+  compareStages(group, run, args);
 }
 
 Args parseArgs(int argc, char** argv) {

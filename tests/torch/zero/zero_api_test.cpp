@@ -7,7 +7,7 @@
 
 #include <torch/optim/schedulers/step_lr.h>
 
-#include "zero_test_support.h"
+#include "zero_expect.h"
 
 namespace dtrain::testing {
 namespace {

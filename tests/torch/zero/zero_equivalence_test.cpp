@@ -3,7 +3,7 @@
 // Real processes over shared memory and Gloo: tests/integration/zero_processes_test.cpp.
 #include <gtest/gtest.h>
 
-#include "zero_test_support.h"
+#include "zero_expect.h"
 
 namespace dtrain::testing {
 namespace {
