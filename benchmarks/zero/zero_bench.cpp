@@ -149,8 +149,8 @@ void printRow(const ZeroResult& r, const ZeroResult& ddp) {
   double pss = 0;
   for (double p : r.pssBytes) pss = std::max(pss, p);
   const bool isDdp = r.stage == 0;
-  fmt::print("  {:>5} {:>6} {:>8.0f} {:>8.0f} {:>7.0f} {:>7.0f} {:>6.0f} {:>6} {:>6} {:>8.0f} "
-             "{:>8.0f} {:>6.3f} {:>7.0f} {:>7.2f}\n",
+  fmt::print("  {:>5} {:>6} {:>8.1f} {:>8.1f} {:>7.1f} {:>7.1f} {:>6.1f} {:>6} {:>6} {:>8.1f} "
+             "{:>8.1f} {:>6.3f} {:>7.0f} {:>7.2f}\n",
              r.world, isDdp ? "ddp" : fmt::format("zero{}", r.stage), median(r.stepMs),
              median(r.computeMs), median(r.commMs), median(r.optimizerMs), median(r.otherMs),
              isDdp ? "-" : fmt::format("{:.3f}", paired(r.stepMs, ddp.stepMs)),

@@ -12,6 +12,7 @@
 
 #include <ATen/core/Tensor.h>
 
+#include "backward_pass.h"
 #include "ddp_gradient_sync.h"
 #include "dtrain/comm/communicator.h"
 #include "dtrain/torch/bucket_assignment.h"
@@ -104,8 +105,7 @@ class Reducer : public GradientSync {
   bool poisonedThisPass_ = false;   // DTRAIN_FAULT=nan-grad: one gradient per pass
   std::vector<char> ready_;         // per parameter, this pass
   std::vector<char> usedLocally_;   // per parameter, since the last synchronised pass
-  std::vector<size_t> unused_;      // findUnusedParameters: unreachable from this pass's outputs
-  std::unordered_set<const torch::autograd::Node*> reachable_;
+  UnusedSearch unused_;             // findUnusedParameters: unreachable from this pass's outputs
   size_t nextBucket_ = 0;           // next bucket to launch: launches are in bucket order
   std::vector<size_t> arrival_;     // until the rebuild: parameters in the order gradients came
   bool rebuilt_ = false;            // the buckets were rebuilt (or will not be)

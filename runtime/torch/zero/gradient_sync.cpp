@@ -3,7 +3,7 @@
 #include <ATen/ATen.h>
 #include <fmt/format.h>
 
-#include "../ddp_reducer.h"
+#include "../backward_pass.h"
 #include "../nan_grad_fault.h"
 #include "../torch_compat.h"
 #include "dtrain/base/error.h"
@@ -101,23 +101,12 @@ void ShardedGradientSync::arm(const std::vector<at::Tensor>& outputs) {
                shards_->group().rank(), nextUnit_, shards_->size());
   const bool rearm = state_ == State::Armed;
   state_ = State::Armed;
-  if (!ddpOptions_.findUnusedParameters) return;
-  auto nodes = ddp::reachableNodes(outputs);
-  if (rearm) {
-    reachable_.insert(nodes.begin(), nodes.end());
-  } else {
-    reachable_ = std::move(nodes);
-  }
-  unused_.clear();
-  for (size_t i = 0; i < params_.size(); ++i) {
-    if (!reachable_.count(accumulators_[i].get())) unused_.push_back(i);
-  }
+  if (ddpOptions_.findUnusedParameters) unused_.search(outputs, accumulators_, rearm);
 }
 
 void ShardedGradientSync::disarm() {
   std::lock_guard<std::mutex> lock(mutex_);
   state_ = State::Local;
-  reachable_.clear();
   unused_.clear();
 }
 
@@ -136,12 +125,7 @@ void ShardedGradientSync::onGradientReady(size_t index) {
     if (state_ == State::Local) shards_->setLocalGradients(true);
     if (state_ == State::Idle && !warnedUnexpected_) {
       warnedUnexpected_ = true;
-      DTRAIN_LOG(Warn,
-                 "rank {}: a backward pass reached the ShardedOptimizer's parameters without a "
-                 "forward through the DistributedDataParallel wrapper since the last synchronised "
-                 "backward; these gradients stay local to this rank. HINT: call the wrapper's "
-                 "forward (not the module's) before each backward",
-                 shards_->group().rank());
+      ddp::warnBackwardWithoutForward("ShardedOptimizer", shards_->group().rank());
     }
     return;
   }
@@ -152,18 +136,13 @@ void ShardedGradientSync::onGradientReady(size_t index) {
     stats_.iteration = iteration;
     stats_.firstGradient = now;
     compat::queueEngineCallback([this] { finalizeBackward(); });
-    for (size_t u : unused_) markReadyLocked(u, false);
+    for (size_t u : unused_.unused()) markReadyLocked(u, false);
   }
   stats_.lastGradient = now;
-  DTRAIN_CHECK(!ready_[index],
-               "rank {}: ShardedOptimizer: parameter {} received a gradient {} in this backward "
-               "pass. HINT: {}",
-               shards_->group().rank(), nameOf(index),
-               ddpOptions_.findUnusedParameters ? "although no forward output reaches it" : "twice",
-               ddpOptions_.findUnusedParameters
-                   ? "compute the loss from the tensors the wrapper's forward returned"
-                   : "a parameter's gradient must be accumulated once per backward (no reentrant "
-                     "checkpointing, no second backward through the same graph)");
+  if (ready_[index]) {
+    ddp::throwGradientTwice("ShardedOptimizer", shards_->group().rank(), nameOf(index),
+                            ddpOptions_.findUnusedParameters);
+  }
   markReadyLocked(index, true);
 }
 
@@ -204,20 +183,10 @@ void ShardedGradientSync::finalizeBackward() {
   resetPassLocked();
   if (error) std::rethrow_exception(error);
   if (missing.empty()) return;
-  std::string names;
-  for (size_t k = 0; k < missing.size() && k < 8; ++k) names += (k ? ", " : "") + nameOf(missing[k]);
-  if (missing.size() > 8) names += fmt::format(" and {} more", missing.size() - 8);
-  DTRAIN_THROW(Error,
-               "rank {}: ShardedOptimizer: {} of {} parameters received no gradient in this "
-               "backward pass: {}. HINT: {}",
-               shards_->group().rank(), missing.size(), params_.size(), names,
-               ddpOptions_.findUnusedParameters
-                   ? "the forward's outputs reach them but the loss does not; compute the loss "
-                     "from every output the wrapper's forward returned"
-                   : "if the model skips them in some iterations, construct "
-                     "DistributedDataParallel with DdpOptions::findUnusedParameters = true; "
-                     "otherwise exclude them from the module or freeze them "
-                     "(requires_grad(false))");
+  std::vector<std::string> names;
+  for (size_t i : missing) names.push_back(nameOf(i));
+  ddp::throwNoGradient("ShardedOptimizer", shards_->group().rank(), missing.size(), params_.size(),
+                       ddp::listNames(names), ddpOptions_.findUnusedParameters);
 }
 
 void ShardedGradientSync::finalizeLocked(std::vector<size_t>& missing) {
@@ -261,7 +230,6 @@ void ShardedGradientSync::resetPassLocked() {
   for (size_t k = 0; k < shards_->size(); ++k) pending_[k] = shards_->unit(k).params().size();
   nextUnit_ = 0;
   unused_.clear();
-  reachable_.clear();
 }
 
 size_t ShardedGradientSync::looseGradientBytes() const {

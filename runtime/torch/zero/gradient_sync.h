@@ -11,9 +11,9 @@
 #include <memory>
 #include <mutex>
 #include <string>
-#include <unordered_set>
 #include <vector>
 
+#include "../backward_pass.h"
 #include "../ddp_gradient_sync.h"
 #include "dtrain/torch/ddp_options.h"
 #include "shard_group.h"
@@ -75,8 +75,7 @@ class ShardedGradientSync : public ddp::GradientSync {
   std::vector<char> ready_;
   std::vector<size_t> pending_;  // per unit: gradients not yet ready this pass
   size_t nextUnit_ = 0;          // next unit to launch: launches are in unit order
-  std::vector<size_t> unused_;   // findUnusedParameters: unreachable from this pass's outputs
-  std::unordered_set<const torch::autograd::Node*> reachable_;
+  ddp::UnusedSearch unused_;     // findUnusedParameters: unreachable from this pass's outputs
   DdpIterationStats stats_;
 };
 

@@ -90,129 +90,109 @@ TEST(ZeroApi, StepAfterOnlyNoSyncBackwardsIsRefused) {
   }
 }
 
-// A scheduler changes the learning rate of the groups this optimizer shows; the shards' own
-// optimizers step with it. A closure runs forward and backward, as libtorch's optimizers do.
-TEST(ZeroApi, SchedulersAndClosuresWorkAsWithAnyOptimizer) {
-  auto run = [](int stage) {
-    std::map<std::string, torch::Tensor> out;
-    withDdp(2, [&](int rank, DistributedDataParallel<Mlp>& ddp) {
-      std::unique_ptr<torch::optim::Optimizer> opt;
-      auto factory = optimizerFactory<torch::optim::SGD>(torch::optim::SGDOptions(0.2));
-      if (stage == 0) {
-        opt = factory.make({torch::optim::OptimizerParamGroup(ddp.parameters())});
-      } else {
-        ZeroOptions zo;
-        zo.stage = stage;
-        opt = std::make_unique<ShardedOptimizer>(ddp, factory, zo);
-      }
-      torch::optim::StepLR schedule(*opt, 1, 0.5);
-      for (int s = 0; s < 4; ++s) {
-        auto x = randnSeeded({4, 7}, 40 + s), y = randnSeeded({4, 5}, 80 + s);
-        opt->step([&] {
-          opt->zero_grad();
-          auto loss = torch::mse_loss(ddp(shard(x, rank, 2)), shard(y, rank, 2));
-          loss.backward();
-          return loss;
-        });
-        schedule.step();
-      }
-      if (rank == 0) {
-        for (const auto& p : ddp->named_parameters()) out[p.key()] = p.value().detach().clone();
-      }
-    });
-    return out;
-  };
-  const auto ddp = run(0);
-  for (int stage : {1, 2}) {
-    const auto zero = run(stage);
-    for (const auto& [name, t] : ddp) EXPECT_LE(relativeError(zero.at(name), t), 1e-6) << name;
-  }
+using Params = std::map<std::string, torch::Tensor>;
+
+// The optimizer of a comparison: stage 0 the factory's own over the module (plain DDP), else a
+// ShardedOptimizer of that stage with small units.
+template <typename Net>
+std::unique_ptr<torch::optim::Optimizer> optimizerFor(int stage, DistributedDataParallel<Net>& ddp,
+                                                      const OptimizerFactory& factory) {
+  if (stage == 0) return factory.make({torch::optim::OptimizerParamGroup(ddp.parameters())});
+  ZeroOptions zo;
+  zo.stage = stage;
+  zo.firstUnitBytes = 64;
+  zo.unitBytes = 512;
+  return std::make_unique<ShardedOptimizer>(ddp, factory, zo);
 }
 
-// Gradients accumulate until zero_grad(), as with any optimizer (Note [Accumulating into the
-// shard]): two synchronising backwards per step, and zero_grad() only every other step, so the
-// shard's gradient is folded into the next reduce-scatter at every kind of step.
-TEST(ZeroApi, GradientsAccumulateUntilZeroGradAsWithAnyOptimizer) {
-  auto run = [](int stage) {
-    std::map<std::string, torch::Tensor> out;
-    auto threads = ThreadWorld::create(3);
+template <typename Net>
+Params paramsOf(Net& net) {
+  Params out;
+  for (const auto& p : net->named_parameters()) out[p.key()] = p.value().detach().clone();
+  return out;
+}
+
+// Runs `train(stage, rank, group)` on `world` ranks as threads for DDP (stage 0) and for stages 1
+// and 2; each returns its module's parameters; rank 0's must agree within 1e-6.
+void expectStagesMatchDdp(int world, const std::function<Params(int, int, std::shared_ptr<ProcessGroup>)>& train) {
+  auto run = [&](int stage) {
+    Params out;
+    auto threads = ThreadWorld::create(world);
     threads->run([&](int rank) {
-      auto group = threadGroup(*threads, rank);
-      Mlp net = buildSeeded(5, [] { return Mlp(7, 13, 5); });
-      DistributedDataParallel<Mlp> ddp(net, group);
-      auto factory = optimizerFactory<torch::optim::SGD>(torch::optim::SGDOptions(0.02).momentum(0.9));
-      std::unique_ptr<torch::optim::Optimizer> opt;
-      if (stage == 0) {
-        opt = factory.make({torch::optim::OptimizerParamGroup(ddp.parameters())});
-      } else {
-        ZeroOptions zo;
-        zo.stage = stage;
-        zo.firstUnitBytes = 128;
-        zo.unitBytes = 512;
-        opt = std::make_unique<ShardedOptimizer>(ddp, factory, zo);
-      }
-      for (int s = 0; s < 6; ++s) {
-        if (s % 2 == 0) opt->zero_grad();
-        for (int b = 0; b < 2; ++b) {
-          auto x = randnSeeded({6, 7}, 10 * s + b), y = randnSeeded({6, 5}, 100 + 10 * s + b);
-          torch::mse_loss(ddp(shard(x, rank, 3)), shard(y, rank, 3)).backward();
-        }
-        opt->step();
-      }
-      if (rank == 0) {
-        for (const auto& p : net->named_parameters()) out[p.key()] = p.value().detach().clone();
-      }
+      Params mine = train(stage, rank, threadGroup(*threads, rank));
+      if (rank == 0) out = std::move(mine);
     });
     return out;
   };
-  const auto ddp = run(0);
+  const Params ddp = run(0);
   for (int stage : {1, 2}) {
-    const auto zero = run(stage);
+    const Params zero = run(stage);
     for (const auto& [name, t] : ddp) {
       EXPECT_LE(relativeError(zero.at(name), t), 1e-6) << "stage " << stage << " " << name;
     }
   }
 }
 
+// A scheduler changes the learning rate of the groups this optimizer shows; the shards' own
+// optimizers step with it. A closure runs forward and backward, as libtorch's optimizers do.
+TEST(ZeroApi, SchedulersAndClosuresWorkAsWithAnyOptimizer) {
+  expectStagesMatchDdp(2, [](int stage, int rank, std::shared_ptr<ProcessGroup> group) {
+    Mlp net = buildSeeded(2, [] { return Mlp(7, 13, 5); });
+    DistributedDataParallel<Mlp> ddp(net, group);
+    auto opt = optimizerFor(stage, ddp, optimizerFactory<torch::optim::SGD>(torch::optim::SGDOptions(0.2)));
+    torch::optim::StepLR schedule(*opt, 1, 0.5);
+    for (int s = 0; s < 4; ++s) {
+      auto x = randnSeeded({4, 7}, 40 + s), y = randnSeeded({4, 5}, 80 + s);
+      opt->step([&] {
+        opt->zero_grad();
+        auto loss = torch::mse_loss(ddp(shard(x, rank, 2)), shard(y, rank, 2));
+        loss.backward();
+        return loss;
+      });
+      schedule.step();
+    }
+    return paramsOf(net);
+  });
+}
+
+// Gradients accumulate until zero_grad(), as with any optimizer (Note [Accumulating into the
+// shard]): two synchronising backwards per step, and zero_grad() only every other step, so the
+// shard's gradient is folded into the next reduce-scatter at every kind of step.
+TEST(ZeroApi, GradientsAccumulateUntilZeroGradAsWithAnyOptimizer) {
+  expectStagesMatchDdp(3, [](int stage, int rank, std::shared_ptr<ProcessGroup> group) {
+    Mlp net = buildSeeded(5, [] { return Mlp(7, 13, 5); });
+    DistributedDataParallel<Mlp> ddp(net, group);
+    auto opt = optimizerFor(
+        stage, ddp, optimizerFactory<torch::optim::SGD>(torch::optim::SGDOptions(0.02).momentum(0.9)));
+    for (int s = 0; s < 6; ++s) {
+      if (s % 2 == 0) opt->zero_grad();
+      for (int b = 0; b < 2; ++b) {
+        auto x = randnSeeded({6, 7}, 10 * s + b), y = randnSeeded({6, 5}, 100 + 10 * s + b);
+        torch::mse_loss(ddp(shard(x, rank, 3)), shard(y, rank, 3)).backward();
+      }
+      opt->step();
+    }
+    return paramsOf(net);
+  });
+}
+
 // findUnusedParameters: a parameter some rank skips takes part with zeros, as under DDP.
 TEST(ZeroApi, UnusedParametersMatchDdp) {
-  auto run = [](int stage) {
-    std::map<std::string, torch::Tensor> out;
-    auto threads = ThreadWorld::create(3);
-    threads->run([&](int rank) {
-      auto group = threadGroup(*threads, rank);
-      BranchNet net = buildSeeded(4, [] { return BranchNet(); });
-      DdpOptions o;
-      o.findUnusedParameters = true;
-      DistributedDataParallel<BranchNet> ddp(net, group, o);
-      auto factory = optimizerFactory<torch::optim::SGD>(torch::optim::SGDOptions(0.1));
-      std::unique_ptr<torch::optim::Optimizer> opt;
-      if (stage == 0) {
-        opt = factory.make({torch::optim::OptimizerParamGroup(ddp.parameters())});
-      } else {
-        ZeroOptions zo;
-        zo.stage = stage;
-        zo.firstUnitBytes = zo.unitBytes = 64;
-        opt = std::make_unique<ShardedOptimizer>(ddp, factory, zo);
-      }
-      for (int s = 0; s < 4; ++s) {
-        auto x = randnSeeded({6, 6}, 60 + s), y = randnSeeded({6, 3}, 90 + s);
-        opt->zero_grad();
-        const bool skip = (s + rank) % 3 == 0;  // some rank uses fc2 at every step
-        torch::mse_loss(ddp(shard(x, rank, 3), skip), shard(y, rank, 3)).backward();
-        opt->step();
-      }
-      if (rank == 0) {
-        for (const auto& p : net->named_parameters()) out[p.key()] = p.value().detach().clone();
-      }
-    });
-    return out;
-  };
-  const auto ddp = run(0);
-  for (int stage : {1, 2}) {
-    const auto zero = run(stage);
-    for (const auto& [name, t] : ddp) EXPECT_LE(relativeError(zero.at(name), t), 1e-6) << name;
-  }
+  expectStagesMatchDdp(3, [](int stage, int rank, std::shared_ptr<ProcessGroup> group) {
+    BranchNet net = buildSeeded(4, [] { return BranchNet(); });
+    DdpOptions o;
+    o.findUnusedParameters = true;
+    DistributedDataParallel<BranchNet> ddp(net, group, o);
+    auto opt = optimizerFor(stage, ddp, optimizerFactory<torch::optim::SGD>(torch::optim::SGDOptions(0.1)));
+    for (int s = 0; s < 4; ++s) {
+      auto x = randnSeeded({6, 6}, 60 + s), y = randnSeeded({6, 3}, 90 + s);
+      opt->zero_grad();
+      const bool skip = (s + rank) % 3 == 0;  // some rank uses fc2 at every step
+      torch::mse_loss(ddp(shard(x, rank, 3), skip), shard(y, rank, 3)).backward();
+      opt->step();
+    }
+    return paramsOf(net);
+  });
 }
 
 // Without findUnusedParameters a parameter without a gradient fails the backward naming it, on
