@@ -1,4 +1,4 @@
-// zero_bench: ZeRO stages 1 and 2 against plain DDP, Adam on an MLP of ~100M float32 parameters,
+// zero_bench: ZeRO stages 1 and 2 against plain DDP, Adam on an MLP of 92M float32 parameters,
 // one thread per rank. For each world size and stage a DDP job and a ZeRO job run at once and
 // take turns step by step (Note [Turns] in benchmarks/ddp/ddp_step_bench.h), so both see the
 // same machine load. Per job: the median step and its split -- forward + backward (without the
@@ -8,8 +8,8 @@
 // PSS per rank (max over the ranks), payload bytes each rank sends per step (the communicator's
 // counter, Note [Payload bytes]) per parameter, and what accumulation under noSync() holds.
 //
-//   zero_bench [--worlds 2,4] [--stages 1,2] [--steps 5] [--warmup 2] [--width 8192]
-//              [--io 2048] [--batch 16] [--no-shm] [--smoke]
+//   zero_bench [--worlds 2,4] [--stages 1,2] [--steps 5] [--warmup 2] [--width 4096]
+//              [--io 1024] [--layers 7] [--batch 16] [--no-shm] [--smoke]
 #include <unistd.h>
 
 #include <cstdio>
@@ -51,8 +51,9 @@ Options parse(int argc, char** argv) {
     };
     if (a == "--help" || a == "-h") {
       std::fputs("usage: zero_bench [--worlds 2,4] [--stages 1,2] [--steps 5] [--warmup 2]\n"
-                 "                  [--width 8192] [--io 2048] [--batch 16] [--no-shm] [--smoke]\n"
-                 "ZeRO stages 1 and 2 against plain DDP (Adam, an MLP of ~100M parameters), "
+                 "                  [--width 4096] [--io 1024] [--layers 7] [--batch 16]\n"
+                 "                  [--no-shm] [--smoke]\n"
+                 "ZeRO stages 1 and 2 against plain DDP (Adam, an MLP of 92M parameters), "
                  "interleaved; see benchmarks/README.md.\n",
                  stdout);
       std::exit(0);
@@ -67,6 +68,7 @@ Options parse(int argc, char** argv) {
     else if (a == "--warmup") o.job.warmup = std::stoi(value());
     else if (a == "--width") o.job.width = std::stoll(value());
     else if (a == "--io") o.job.io = std::stoll(value());
+    else if (a == "--layers") o.job.layers = std::stoi(value());
     else if (a == "--batch") o.job.batch = std::stoi(value());
     else if (a == "--out") o.job.out = value();
     else if (a == "--turns") o.job.turns = value();
@@ -76,6 +78,7 @@ Options parse(int argc, char** argv) {
     o.worlds = {2};
     o.job.width = 64;
     o.job.io = 32;
+    o.job.layers = 3;
     o.job.warmup = 1;
     o.job.steps = 2;
   }
@@ -84,10 +87,11 @@ Options parse(int argc, char** argv) {
 
 std::vector<std::string> workerArgs(const Options& o, int stage, const std::string& out,
                                     const std::string& turns) {
-  return {"--stage", std::to_string(stage), "--width", std::to_string(o.job.width), "--io",
-          std::to_string(o.job.io), "--batch", std::to_string(o.job.batch), "--warmup",
-          std::to_string(o.job.warmup), "--steps", std::to_string(o.job.steps), "--out", out,
-          "--turns", turns};
+  return {"--stage",  std::to_string(stage),        "--width",  std::to_string(o.job.width),
+          "--io",     std::to_string(o.job.io),      "--layers", std::to_string(o.job.layers),
+          "--batch",  std::to_string(o.job.batch),   "--warmup", std::to_string(o.job.warmup),
+          "--steps",  std::to_string(o.job.steps),   "--out",    out,
+          "--turns",  turns};
 }
 
 double loadAverage() {
@@ -163,10 +167,11 @@ int runDriver(const Options& o) {
   char dirTemplate[] = "/tmp/zero_bench.XXXXXX";
   DTRAIN_CHECK(mkdtemp(dirTemplate) != nullptr, "mkdtemp failed: {}", std::strerror(errno));
   const std::string dir = dirTemplate;
-  fmt::print("# zero_bench: Adam, BenchMlp({}, {}), batch {} per rank, 1 thread per rank, {} "
-             "steps (+{} warm-up) per job, medians; {}{}\n",
-             o.job.width, o.job.io, o.job.batch, o.job.steps, o.job.warmup,
-             o.noShm ? "Gloo (DTRAIN_SHM=0)" : "shared memory", o.smoke ? ", SMOKE" : "");
+  fmt::print("# zero_bench: Adam, DeepMlp({} -> {} x {} -> {}), batch {} per rank, 1 thread per "
+             "rank, {} steps (+{} warm-up) per job, medians; {}{}\n",
+             o.job.io, o.job.width, o.job.layers - 1, o.job.io, o.job.batch, o.job.steps,
+             o.job.warmup, o.noShm ? "Gloo (DTRAIN_SHM=0)" : "shared memory",
+             o.smoke ? ", SMOKE" : "");
   fmt::print("# ms: step = fwd+bwd (without waits) + comm (waited for) + optimizer + other; "
              "ratio, comm: per-step ratios to DDP's; state: model-state MiB per rank (storages) "
              "against the formula; pss: max over ranks, MiB; B/param: payload bytes per step\n");

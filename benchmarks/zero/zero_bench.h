@@ -12,8 +12,11 @@ namespace dtrain::bench {
 
 struct ZeroConfig {
   int stage = 0;         // 0: plain DDP with torch::optim::Adam; 1, 2: ShardedOptimizer
-  int64_t width = 8192;  // BenchMlp(width, io): 2 io width + width^2 + ... = 100.7M parameters
-  int64_t io = 2048;
+  // DeepMlp(io, width, layers): io -> width, layers - 2 hidden width x width, width -> io;
+  // 92.3M parameters at the defaults.
+  int64_t width = 4096;
+  int64_t io = 1024;
+  int layers = 7;
   int batch = 16;        // per rank
   int warmup = 2;
   int steps = 5;

@@ -1,4 +1,4 @@
-// The worker of zero_bench: times Adam training steps of BenchMlp under plain DDP or a
+// The worker of zero_bench: times Adam training steps of a deep MLP under plain DDP or a
 // ShardedOptimizer, in turns with the other job (Note [Turns]), and measures model-state bytes
 // (from the tensors' storages), PSS (smaps_rollup: RSS counts the shared-memory segment in every
 // rank) and the payload bytes of each step (Communicator::payloadBytes()).
@@ -9,7 +9,6 @@
 #include <nlohmann/json.hpp>
 #include <torch/torch.h>
 
-#include "../ddp/bench_models.h"
 #include "../ddp/bench_process.h"
 #include "dtrain/base/error.h"
 #include "dtrain/torch/ddp.h"
@@ -22,6 +21,23 @@ namespace dtrain::bench {
 namespace {
 
 using Clock = std::chrono::steady_clock;
+
+// The model: Linear layers with ReLU between, io -> width -> ... -> width -> io. Each hidden
+// weight (64 MiB at the defaults) is a unit of its own, as a transformer layer's would be.
+struct DeepMlpImpl : torch::nn::Module {
+  DeepMlpImpl(int64_t io, int64_t width, int layers) {
+    for (int l = 0; l < layers; ++l) {
+      const int64_t in = l == 0 ? io : width;
+      const int64_t out = l + 1 == layers ? io : width;
+      net->push_back(torch::nn::Linear(in, out));
+      if (l + 1 < layers) net->push_back(torch::nn::ReLU());
+    }
+    register_module("net", net);
+  }
+  torch::Tensor forward(const torch::Tensor& x) { return net->forward(x); }
+  torch::nn::Sequential net;
+};
+TORCH_MODULE(DeepMlp);
 
 double msOf(Clock::duration d) { return std::chrono::duration<double, std::milli>(d).count(); }
 
@@ -54,7 +70,7 @@ double coveredBytes(const std::vector<torch::Tensor>& tensors) {
 }
 
 // DDP's model state: parameters, their gradients (DDP's buckets), Adam's moments.
-double ddpStateBytes(BenchMlp& net, torch::optim::Adam& adam) {
+double ddpStateBytes(DeepMlp& net, torch::optim::Adam& adam) {
   std::vector<torch::Tensor> tensors;
   for (auto& p : net->parameters()) {
     tensors.push_back(p);
@@ -74,10 +90,10 @@ int runZeroWorker(const ZeroConfig& config) {
   torch::set_num_threads(1);
   auto group = init();
   torch::manual_seed(group->rank());  // each rank its own data; DDP broadcasts rank 0's model
-  BenchMlp net(config.width, config.io);
+  DeepMlp net(config.io, config.width, config.layers);
   const auto x = torch::randn({config.batch, config.io});
   const auto y = torch::randn({config.batch, config.io});
-  DistributedDataParallel<BenchMlp> ddp(net, group);
+  DistributedDataParallel<DeepMlp> ddp(net, group);
   const torch::optim::AdamOptions adamOptions(1e-4);
   std::unique_ptr<torch::optim::Optimizer> optimizer;
   ShardedOptimizer* sharded = nullptr;
@@ -103,7 +119,11 @@ int runZeroWorker(const ZeroConfig& config) {
     group->barrier();
     const uint64_t payload0 = comm.payloadBytes();
     const auto t0 = Clock::now();
-    optimizer->zero_grad();
+    if (sharded) {
+      sharded->zero_grad();  // unsets the shards' gradients: see ShardedOptimizer::zero_grad()
+    } else {
+      optimizer->zero_grad();
+    }
     const auto t1 = Clock::now();
     torch::mse_loss(ddp(x), y).backward();
     const auto t2 = Clock::now();

@@ -62,13 +62,10 @@ DdpCore::DdpCore(std::shared_ptr<torch::nn::Module> module, std::shared_ptr<Proc
   for (const auto& b : buffers) everything.push_back(b.tensor);
   ddp::CoalescedBroadcast(*group_, everything).run(0, options_.timeout);
 
-  std::vector<ddp::NamedTensor> trained;
   for (const auto& p : params) {
-    if (!p.tensor.requires_grad()) continue;
-    trained.push_back(p);
-    trained_.emplace_back(p.name, p.tensor);
+    if (p.tensor.requires_grad()) trained_.emplace_back(p.name, p.tensor);
   }
-  sync_ = std::make_shared<ddp::Reducer>(group_, std::move(trained), options_);
+  sync_ = makeReducer();
   if (!buffers.empty()) {
     std::vector<at::Tensor> tensors;
     for (const auto& b : buffers) tensors.push_back(b.tensor);
@@ -112,14 +109,27 @@ std::vector<std::vector<std::string>> DdpCore::bucketNames() const {
   return sync_->bucketNames();
 }
 
-void DdpCore::replaceGradientSync(std::shared_ptr<ddp::GradientSync> sync) {
-  DTRAIN_CHECK_ARG(sync != nullptr, "DistributedDataParallel: replaceGradientSync(nullptr)");
+std::shared_ptr<ddp::GradientSync> DdpCore::makeReducer() const {
+  std::vector<ddp::NamedTensor> trained;
+  for (const auto& [name, tensor] : trained_) trained.push_back({name, tensor});
+  return std::make_shared<ddp::Reducer>(group_, std::move(trained), options_);
+}
+
+void DdpCore::replaceGradientSync(
+    const std::function<std::shared_ptr<ddp::GradientSync>()>& make) {
   DTRAIN_CHECK_ARG(!replaced_,
                    "rank {}: DistributedDataParallel: its gradients are handled by another object "
                    "already (one ShardedOptimizer per DistributedDataParallel). HINT: put every "
                    "parameter group into that one optimizer",
                    group_->rank());
-  sync_ = std::move(sync);  // DDP's reducer goes: its hooks are removed, its buckets freed
+  sync_.reset();  // DDP's reducer goes first: its hooks are removed, its buckets freed
+  try {
+    sync_ = make();
+  } catch (...) {
+    sync_ = makeReducer();
+    throw;
+  }
+  DTRAIN_CHECK(sync_ != nullptr, "DistributedDataParallel: replaceGradientSync made nothing");
   replaced_ = true;
 }
 

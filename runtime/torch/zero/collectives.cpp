@@ -69,7 +69,15 @@ std::shared_ptr<comm::Buffer> GradientPool::takeFree(size_t bytes) {
 }
 
 std::shared_ptr<comm::Buffer> GradientPool::allocate(size_t bytes) {
-  auto bucket = comm_.allocate(std::max<size_t>(1, bytes));
+  for (auto it = free_.begin(); it != free_.end();) {
+    if ((*it)->bytes() < bytes) {
+      capacity_ -= (*it)->bytes();
+      it = free_.erase(it);
+    } else {
+      ++it;
+    }
+  }
+  auto bucket = comm_.allocate(std::max<size_t>(1, (bytes + kGranule - 1) / kGranule * kGranule));
   capacity_ += bucket->bytes();
   ++leased_;
   return bucket;

@@ -42,8 +42,11 @@ class GradientPool {
 
   // A free bucket of at least `bytes` (the smallest such), or null when none is free.
   std::shared_ptr<comm::Buffer> takeFree(size_t bytes);
-  // A new bucket of `bytes`.
+  // A new bucket of at least `bytes`: rounded up to kGranule, so that units of about the same
+  // size (as units are, Note [Shard layout]) fit each other's buckets. Free buckets too small
+  // for it are released first: the pool holds what the units in flight need, not their history.
   std::shared_ptr<comm::Buffer> allocate(size_t bytes);
+  static constexpr size_t kGranule = size_t{4} << 20;
   void give(std::shared_ptr<comm::Buffer> bucket);
 
   size_t leased() const { return leased_; }

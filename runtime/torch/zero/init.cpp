@@ -135,40 +135,43 @@ BuiltShards buildShards(DdpCore& ddp, std::vector<torch::optim::OptimizerParamGr
   ShardLayout layout =
       planShards(inputs, pg.size(), options.firstUnitBytes, options.unitBytes);
 
-  std::vector<std::unique_ptr<ShardUnit>> units;
-  std::vector<size_t> unitGroup;
-  for (size_t k = 0; k < layout.units.size(); ++k) {
-    const UnitLayout& u = layout.units[k];
-    std::vector<UnitParam> params;
-    for (size_t i : u.params) params.push_back({trained[i].first, trained[i].second});
-    const at::ScalarType dtype = trained[u.params.front()].second.scalar_type();
-    units.push_back(std::make_unique<ShardUnit>(k, u, std::move(params), pg.rank(), pg.size(),
-                                                options.stage, masterTypeOf(dtype, options),
-                                                pg.communicator(), pg.device()));
-    const size_t g = groupOf[u.params.front()];
-    std::vector<torch::optim::OptimizerParamGroup> one;
-    one.emplace_back(std::vector<at::Tensor>{units.back()->optimized()}, groupOptions[g]->clone());
-    units.back()->setOptimizer(factory.make(std::move(one)));
-    unitGroup.push_back(g);
-  }
-
   BuiltShards built;
-  for (size_t g = 0; g < groupOptions.size(); ++g) {
-    std::vector<at::Tensor> shards;
-    for (size_t k = 0; k < units.size(); ++k) {
-      if (unitGroup[k] == g) shards.push_back(units[k]->optimized());
+  // Inside replaceGradientSync: DDP's buckets are freed before the units take their memory.
+  ddp.replaceGradientSync([&]() -> std::shared_ptr<ddp::GradientSync> {
+    std::vector<std::unique_ptr<ShardUnit>> units;
+    std::vector<size_t> unitGroup;
+    for (size_t k = 0; k < layout.units.size(); ++k) {
+      const UnitLayout& u = layout.units[k];
+      std::vector<UnitParam> params;
+      for (size_t i : u.params) params.push_back({trained[i].first, trained[i].second});
+      const at::ScalarType dtype = trained[u.params.front()].second.scalar_type();
+      units.push_back(std::make_unique<ShardUnit>(k, u, std::move(params), pg.rank(), pg.size(),
+                                                  options.stage, masterTypeOf(dtype, options),
+                                                  pg.communicator(), pg.device()));
+      const size_t g = groupOf[u.params.front()];
+      std::vector<torch::optim::OptimizerParamGroup> one;
+      one.emplace_back(std::vector<at::Tensor>{units.back()->optimized()},
+                       groupOptions[g]->clone());
+      units.back()->setOptimizer(factory.make(std::move(one)));
+      unitGroup.push_back(g);
     }
-    built.groups.emplace_back(std::move(shards), groupOptions[g]->clone());
-  }
-  if (log::enabled(log::Level::Info)) {
-    DTRAIN_LOG(Info, "ZeRO stage {}: {} parameters ({} elements) in {} units; each of {} ranks "
-               "owns {} elements, {} of them padding in all", options.stage, trained.size(),
-               layout.numel(), units.size(), pg.size(), layout.shardNumel(), layout.padding());
-  }
-  built.shards = std::make_shared<ShardGroup>(ddp.groupPtr(), std::move(layout), std::move(units),
-                                              std::move(unitGroup), options);
-  built.sync = std::make_shared<ShardedGradientSync>(built.shards, ddp.options());
-  ddp.replaceGradientSync(built.sync);
+    for (size_t g = 0; g < groupOptions.size(); ++g) {
+      std::vector<at::Tensor> shards;
+      for (size_t k = 0; k < units.size(); ++k) {
+        if (unitGroup[k] == g) shards.push_back(units[k]->optimized());
+      }
+      built.groups.emplace_back(std::move(shards), groupOptions[g]->clone());
+    }
+    if (log::enabled(log::Level::Info)) {
+      DTRAIN_LOG(Info, "ZeRO stage {}: {} parameters ({} elements) in {} units; each of {} ranks "
+                 "owns {} elements, {} of them padding in all", options.stage, trained.size(),
+                 layout.numel(), units.size(), pg.size(), layout.shardNumel(), layout.padding());
+    }
+    built.shards = std::make_shared<ShardGroup>(ddp.groupPtr(), layout, std::move(units),
+                                                std::move(unitGroup), options);
+    built.sync = std::make_shared<ShardedGradientSync>(built.shards, ddp.options());
+    return built.sync;
+  });
   return built;
 }
 

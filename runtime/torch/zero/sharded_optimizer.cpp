@@ -60,17 +60,25 @@ torch::Tensor ShardedOptimizer::step(LossClosure closure) {
         param_groups_[shards.groupOf(k)].options().clone());
   }
   lastStep_ = {};
-  for (size_t k = 0; k < shards.size(); ++k) {
+  // Last unit first: the all-gather left to wait for after the last step is then the first
+  // unit's, small by design (Note [Shard layout]), and the parameters come back in forward order.
+  for (size_t k = shards.size(); k-- > 0;) {
     const auto start = Clock::now();
     shards.stepUnit(k);
     lastStep_.optimizerStep += Clock::now() - start;
     shards.launchGather(k);  // runs while the next unit steps
     if (!options_.overlapAllgather) lastStep_.allgatherWait += shards.finishGather(k);
   }
-  for (size_t k = 0; k < shards.size(); ++k) {
+  for (size_t k = shards.size(); k-- > 0;) {
     if (options_.overlapAllgather) lastStep_.allgatherWait += shards.finishGather(k);
   }
   return loss;
+}
+
+void ShardedOptimizer::zero_grad() {
+  for (auto& group : param_groups_) {
+    for (auto& p : group.params()) p.mutable_grad() = torch::Tensor();
+  }
 }
 
 void ShardedOptimizer::save(torch::serialize::OutputArchive&) const {

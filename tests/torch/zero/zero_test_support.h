@@ -131,7 +131,11 @@ inline RankResult trainOnRank(const ZeroRun& run, const std::shared_ptr<ProcessG
   GradScaler scaler(group, so);
   RankResult result;
   for (int s = 0; s < run.steps; ++s) {
-    optimizer->zero_grad();
+    if (sharded) {
+      sharded->zero_grad();  // its own: unsets the shards' gradients (the API tests call libtorch's)
+    } else {
+      optimizer->zero_grad();
+    }
     for (int m = 0; m < run.micro; ++m) {
       auto [x, y] = wholeBatch(run, s, m, 7, 5);
       auto forwardBackward = [&] {

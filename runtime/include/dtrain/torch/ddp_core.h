@@ -3,6 +3,7 @@
 // template in dtrain/torch/ddp.h only forwards calls to the module and reports to this class, so the
 // machinery is compiled once, in the library.
 
+#include <functional>
 #include <memory>
 #include <string>
 #include <utility>
@@ -62,12 +63,16 @@ class DdpCore {
   const std::vector<std::pair<std::string, at::Tensor>>& trainedParameters() const {
     return trained_;
   }
-  // Hands what a backward does with the gradients to `sync`: DDP's reducer is removed with its
-  // hooks and buckets. Not while a backward runs. Once only.
-  void replaceGradientSync(std::shared_ptr<ddp::GradientSync> sync);
+  // Hands what a backward does with the gradients to the GradientSync `make` builds: DDP's
+  // reducer is removed first, its hooks and buckets freed, so that `make` can reuse the memory.
+  // When `make` throws, DDP's own reducer is rebuilt and the error rethrown. Not while a backward
+  // runs. Once only.
+  void replaceGradientSync(const std::function<std::shared_ptr<ddp::GradientSync>()>& make);
   bool gradientSyncReplaced() const { return replaced_; }
 
  private:
+  std::shared_ptr<ddp::GradientSync> makeReducer() const;
+
   std::shared_ptr<torch::nn::Module> module_;
   std::shared_ptr<ProcessGroup> group_;
   DdpOptions options_;

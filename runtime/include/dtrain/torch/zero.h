@@ -183,6 +183,12 @@ class ShardedOptimizer : public torch::optim::Optimizer {
   // gradients enabled), as libtorch's optimizers do, and returns its loss.
   torch::Tensor step(LossClosure closure = nullptr) override;
 
+  // Unsets the shards' gradients (libtorch 2.x's default, set_to_none): the next synchronising
+  // backward then writes them instead of adding to them, a pass over the shards fewer than
+  // zeroing them. Hides Optimizer::zero_grad() (not virtual): called through a
+  // torch::optim::Optimizer&, libtorch's zeroes them, with the same result.
+  void zero_grad();
+
   // Sharded state does not fit libtorch's archive: refused with a hint.
   void save(torch::serialize::OutputArchive& archive) const override;
   void load(torch::serialize::InputArchive& archive) override;
