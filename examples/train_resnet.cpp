@@ -49,6 +49,7 @@ struct Options {
   int64_t batchSize = 128;  // per rank
   int64_t accumSteps = 1;   // micro-batches per optimizer step
   bool amp = false;         // mixed precision: bfloat16 autocast on the CPU, float16 on CUDA
+  int zero = 0;             // 0: DDP; 1: optimizer state sharded (ZeRO-1); 2: and gradients
   double lr = 0.2;          // for 256 samples per step; scaled linearly with the global batch
   double momentum = 0.9;
   double weightDecay = 5e-4;
@@ -106,6 +107,8 @@ Options parseOptions(int argc, char** argv) {
       ("batch-size", "samples per rank per micro-batch", str(o.batchSize))
       ("accum-steps", "micro-batches per optimizer step (accumulation)", str(o.accumSteps))
       ("amp", "mixed precision: bfloat16 on the CPU; float16 + loss scaling on CUDA")
+      ("zero", "0 DDP | 1 shard the optimizer state | 2 and the gradients (ZeRO; 3 and --offload "
+               "are not built yet)", str(o.zero))
       ("lr", "peak learning rate per 256 samples a step (scaled to the batch)", str(o.lr))
       ("momentum", "SGD momentum", str(o.momentum))
       ("weight-decay", "SGD weight decay", str(o.weightDecay))
@@ -147,11 +150,19 @@ Options parseOptions(int argc, char** argv) {
   o.batchSize = number<int64_t>(r, "batch-size", 1, 1e6);
   o.accumSteps = number<int64_t>(r, "accum-steps", 1, 1e4);
   o.amp = r.count("amp") > 0;
+  if (r["zero"].as<std::string>() == "3") {
+    usageError("--zero 3 (parameters sharded too) is not built yet; --zero takes 0, 1 or 2");
+  }
+  o.zero = number<int>(r, "zero", 0, 2);
   o.lr = number<double>(r, "lr", 0, 1e3);
   o.momentum = number<double>(r, "momentum", 0, 1);
   o.weightDecay = number<double>(r, "weight-decay", 0, 1);
   o.warmupSteps = number<int64_t>(r, "warmup-steps", 0, 1e9);
   if (r.count("checkpoint-dir")) o.checkpointDir = r["checkpoint-dir"].as<std::string>();
+  if (o.zero > 0 && !o.checkpointDir.empty()) {
+    usageError("--zero " + std::to_string(o.zero) +
+               " cannot be combined with --checkpoint-dir yet: sharded checkpoints are not built");
+  }
   o.saveEvery = number<int64_t>(r, "save-every", 0, 1e9);
   o.dataDir = r["data-dir"].as<std::string>();
   o.synthetic = number<int64_t>(r, "synthetic", 0, 1e7);
@@ -244,8 +255,22 @@ examples::ResNet buildModel(const Options& opt, const torch::Device& device) {
 //    on CUDA the forward runs in float16, whose gradients can underflow: the GradScaler
 //    multiplies the loss before backward and divides the gradients again, skipping a step (on
 //    every rank alike) when any rank saw an inf or NaN. bfloat16 (the CPU) has float32's range
-//    and needs no scaling: the scaler is then disabled and changes nothing.
+//    and needs no scaling: the scaler is then disabled and changes nothing. With --zero 1 or 2
+//    the optimizer is a ShardedOptimizer: each rank keeps the momentum (and, at 2, the averaged
+//    gradients) of its 1/N of the parameters, steps a real SGD over that part and all-gathers
+//    the parameters; to the rest of the program it is an optimizer like any other.
 // ---------------------------------------------------------------------------------------------
+std::unique_ptr<torch::optim::Optimizer> makeOptimizer(
+    const Options& opt, dtrain::DistributedDataParallel<examples::ResNet>& ddp, double peakLr) {
+  const auto sgd =
+      torch::optim::SGDOptions(peakLr).momentum(opt.momentum).weight_decay(opt.weightDecay);
+  if (opt.zero == 0) return std::make_unique<torch::optim::SGD>(ddp.parameters(), sgd);
+  dtrain::ZeroOptions zero;
+  zero.stage = opt.zero;
+  return std::make_unique<dtrain::ShardedOptimizer>(
+      ddp, dtrain::optimizerFactory<torch::optim::SGD>(sgd), zero);
+}
+
 // Warm-up + cosine: linear from ~0 to the peak over `warmup` steps, then half a cosine to 0.
 double learningRate(double peak, int64_t step, int64_t warmup, int64_t total) {
   if (step < warmup) return peak * static_cast<double>(step + 1) / static_cast<double>(warmup);
@@ -254,7 +279,7 @@ double learningRate(double peak, int64_t step, int64_t warmup, int64_t total) {
   return 0.5 * peak * (1.0 + std::cos(M_PI * std::min(1.0, progress)));
 }
 
-void setLearningRate(torch::optim::SGD& optimizer, double lr) {
+void setLearningRate(torch::optim::Optimizer& optimizer, double lr) {
   for (auto& group : optimizer.param_groups())
     static_cast<torch::optim::SGDOptions&>(group.options()).lr(lr);
 }
@@ -270,7 +295,7 @@ void setLearningRate(torch::optim::SGD& optimizer, double lr) {
 // ---------------------------------------------------------------------------------------------
 std::unique_ptr<dtrain::Checkpointer> makeCheckpointer(
     const Options& opt, std::shared_ptr<dtrain::ProcessGroup> group, examples::ResNet& model,
-    torch::optim::SGD& optimizer, dtrain::GradScaler& scaler, dtrain::DistributedSampler& sampler) {
+    torch::optim::Optimizer& optimizer, dtrain::GradScaler& scaler, dtrain::DistributedSampler& sampler) {
   auto checkpointer = std::make_unique<dtrain::Checkpointer>(
       std::move(group), dtrain::CheckpointOptions(opt.checkpointDir));
   checkpointer->addModule("model", model);
@@ -316,7 +341,7 @@ struct Training {
   Data& data;
   examples::ResNet& model;
   dtrain::DistributedDataParallel<examples::ResNet>& ddp;
-  torch::optim::SGD& optimizer;
+  torch::optim::Optimizer& optimizer;
   double peakLr;
   dtrain::GradScaler& scaler;
   dtrain::Checkpointer* checkpointer;  // null without --checkpoint-dir
@@ -526,9 +551,7 @@ int main(int argc, char** argv) {
 
     // 5. Optimizer, schedule and loss scaling.
     const double peakLr = opt.lr * static_cast<double>(data.samplesPerStep * group->size()) / 256;
-    torch::optim::SGD optimizer(
-        ddp.parameters(),
-        torch::optim::SGDOptions(peakLr).momentum(opt.momentum).weight_decay(opt.weightDecay));
+    std::unique_ptr<torch::optim::Optimizer> optimizer = makeOptimizer(opt, ddp, peakLr);
     dtrain::GradScalerOptions scalerOptions;
     scalerOptions.enabled = opt.amp && device.is_cuda();
     dtrain::GradScaler scaler(group, scalerOptions);
@@ -537,7 +560,7 @@ int main(int argc, char** argv) {
     std::unique_ptr<dtrain::Checkpointer> checkpointer;
     int64_t firstStep = 0;
     if (!opt.checkpointDir.empty()) {
-      checkpointer = makeCheckpointer(opt, group, model, optimizer, scaler, data.sampler);
+      checkpointer = makeCheckpointer(opt, group, model, *optimizer, scaler, data.sampler);
       if (auto restored = checkpointer->restore()) {
         firstStep = restored->step;
         if (leader) {
@@ -555,16 +578,17 @@ int main(int argc, char** argv) {
     // 8. Train.
     if (leader) {
       std::printf(
-          "train_resnet: %s (%.2fM parameters), %d ranks x %lld samples per step on %s%s, "
+          "train_resnet: %s (%.2fM parameters), %d ranks x %lld samples per step on %s%s%s, "
           "%lld steps (%lld per epoch), peak lr %.4g\n",
           opt.arch.c_str(), examples::parameterCount(*model) / 1e6, group->size(),
           static_cast<long long>(data.samplesPerStep), device.str().c_str(),
           opt.amp ? (device.is_cuda() ? " (amp: float16)" : " (amp: bfloat16)") : "",
+          opt.zero > 0 ? fmt::format(" (ZeRO-{})", opt.zero).c_str() : "",
           static_cast<long long>(data.totalSteps), static_cast<long long>(data.stepsPerEpoch),
           peakLr);
       std::fflush(stdout);
     }
-    Training training{opt,    *group, data,               model,   ddp,      optimizer,
+    Training training{opt,    *group, data,               model,   ddp,      *optimizer,
                       peakLr, scaler, checkpointer.get(), metrics, firstStep};
     if (!training.run()) {
       group->shutdown();

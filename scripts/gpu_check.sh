@@ -14,7 +14,8 @@
 # the torch layer and DDP on CUDA, launch's GPU sampling parsers; their targets are those CMake
 # lists in BUILD/gpu_test_targets.txt), allreduce (allreduce_bench --backend nccl, 4 KiB -
 # 256 MiB), resnet_amp (train_bench --gpu: ResNet-50 AMP beside PyTorch eager AMP), launch_gpu
-# (launch's GPU sampling while a GPU test runs), then the rows other features add. --rows runs only
+# (launch's GPU sampling while a GPU test runs), zero_memory (train_resnet --zero 0|1|2: ZeRO's peak
+# GPU memory against DDP's), then the rows other features add. --rows runs only
 # the named rows (and the build of what they need).
 #
 # Before configuring it checks, and stops with one line on the first that fails: PYTHON's torch is
@@ -112,6 +113,7 @@ row gpu_tests   75 "@gpu-tests"      ctest --test-dir "$build" -L gpu --output-o
 row allreduce   30 "allreduce_bench" "$build/allreduce_bench" "${bench_args[@]}"
 row resnet_amp  90 "train_bench"     "$build/train_bench" --gpu --python "$python" "${train_args[@]}"
 row launch_gpu  40 "launch dtrain_gpu_tests" launch_gpu_sampling
+row zero_memory 60 "launch train_resnet" zero_peak_memory
 
 # ---- What the rows call (each row runs in BUILD/gpu_check/<row>.sh, which carries every function
 # of this script and the variables it resolved) ---------------------------------------------------
@@ -177,6 +179,35 @@ print(f"gpu_check.sh: {len(records)} records, {len(gpus)} GPU samples, "
 for p in problems:
     print("gpu_check.sh: FAILED: " + p)
 sys.exit(1 if problems else 0)
+PY
+}
+
+# ZeRO on CUDA: train_resnet --zero 0, 1 and 2 on the one GPU, launch sampling its memory. At one
+# rank every stage holds what DDP holds (the shard is the whole), so the row checks that the sharded
+# path trains on CUDA and that its peak memory stays within 10 % of DDP's (stage 2's buckets).
+zero_peak_memory() {
+  local z metrics
+  for z in 0 1 2; do
+    metrics="$build/gpu_check/zero$z.jsonl"
+    rm -f "$metrics"
+    "$build/launch" --nproc-per-node 1 --sample-interval 0.5 --metrics-file "$metrics" \
+      -- "$build/train_resnet" --device cuda --zero "$z" --arch resnet50 --synthetic 2048 \
+      --data-dir "$build/gpu_check/cifar" --epochs 1 --batch-size 128 --eval-every 0 \
+      --log-every 8 || return 1
+  done
+  "$python" - "$build"/gpu_check/zero{0,1,2}.jsonl <<'PY'
+import json, sys
+peaks = []
+for path in sys.argv[1:]:
+    records = [json.loads(line) for line in open(path) if line.strip()]
+    peaks.append(max((r.get("gpu_process_mem_bytes", 0) for r in records if "rank" in r), default=0))
+for z, peak in enumerate(peaks):
+    print(f"gpu_check.sh: --zero {z}: peak GPU memory {peak / 2**20:.0f} MiB"
+          + (f" ({peak / peaks[0]:.3f}x DDP's)" if z and peaks[0] else ""))
+bad = [z for z in (1, 2) if peaks[0] == 0 or peaks[z] > 1.10 * peaks[0]]
+if bad:
+    print(f"gpu_check.sh: FAILED: --zero {bad} above DDP's peak by more than 10 % (or no samples)")
+sys.exit(1 if bad else 0)
 PY
 }
 

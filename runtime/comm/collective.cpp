@@ -36,6 +36,28 @@ CollectiveInfo make(CollectiveKind kind, DataType dtype, size_t count) {
 }
 }  // namespace
 
+// Note [Payload bytes]
+// Communicator::payloadBytes() counts what a bandwidth-optimal algorithm sends per rank, not what
+// this backend happens to put on a wire: the shared-memory backend sends nothing (peers read the
+// segment), Gloo's direct exchange at two ranks sends the whole buffer, a ring 2(n-1)/n of it.
+// The bus bytes of nccl-tests are that algorithm's bytes, and the same on every backend, so
+// two ways of training can be compared on any machine: DDP's allreduce of B bytes counts
+// 2(n-1)/n B, ZeRO's reduce-scatter and allgather of the same B (n-1)/n B each. Counted when the
+// collective is issued.
+uint64_t payloadBytes(const CollectiveInfo& info, int ranks) {
+  if (ranks <= 1) return 0;
+  const uint64_t n = static_cast<uint64_t>(ranks);
+  const uint64_t bytes = info.count * elementSize(info.dtype);
+  switch (info.kind) {
+    case CollectiveKind::Allreduce: return 2 * (n - 1) * bytes / n;
+    case CollectiveKind::Allgather:
+    case CollectiveKind::ReduceScatter: return (n - 1) * bytes;  // count is per rank
+    case CollectiveKind::Broadcast: return bytes;
+    case CollectiveKind::Barrier: return 0;
+  }
+  return 0;
+}
+
 CollectiveInfo wrongShape(CollectiveInfo info) {
   if (info.count == 0) return info;
   if (!info.shape.empty() && info.shape.back() > 1) {

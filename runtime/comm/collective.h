@@ -41,6 +41,10 @@ struct CollectiveInfo {
   uint32_t tag() const;
 };
 
+// The bytes one rank sends for `info` among `ranks` ranks, as Communicator::payloadBytes()
+// counts them (Note [Payload bytes]).
+uint64_t payloadBytes(const CollectiveInfo& info, int ranks);
+
 // The wrong-shape fault (DTRAIN_FAULT=wrong-shape): `info` one element, or one row of the last
 // dimension, short. Every backend passes this count to its collective instead.
 CollectiveInfo wrongShape(CollectiveInfo info);

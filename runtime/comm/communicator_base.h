@@ -12,6 +12,7 @@
 #include <mutex>
 #include <string>
 
+#include "collective.h"
 #include "collective_faults.h"
 #include "dtrain/base/progress.h"
 #include "dtrain/base/store.h"
@@ -27,6 +28,7 @@ class CommunicatorBase : public Communicator {
   int size() const override { return size_; }
   std::exception_ptr error() const override;
   uint64_t sequenceNumber() const override { return nextSeq_.load(); }
+  uint64_t payloadBytes() const override { return payloadBytes_.load(); }
 
   std::string who() const;  // "rank 1/4"
 
@@ -38,6 +40,10 @@ class CommunicatorBase : public Communicator {
   // What a call after shutdown() is told: "rank 1/4: the Gloo communicator was shut down; ...".
   virtual std::string shutDownMessage() const = 0;
 
+  // Adds what `info` sends to payloadBytes(); called where a collective is issued.
+  void countPayload(const CollectiveInfo& info) {
+    payloadBytes_.fetch_add(comm::payloadBytes(info, size_), std::memory_order_relaxed);
+  }
   // Rethrows the first error; throws Error with shutDownMessage() once shutdown() has begun.
   void throwIfUnusable() const;
   // Keeps `error` as the communicator's error unless another came first; returns the one kept.
@@ -67,6 +73,7 @@ class CommunicatorBase : public Communicator {
   CollectiveFaults faults_;  // set by the constructor, read-only after
   FlightRecorder recorder_;
   std::atomic<uint64_t> nextSeq_{0};  // the next collective's; written under the issue lock
+  std::atomic<uint64_t> payloadBytes_{0};  // Note [Payload bytes]
 
   mutable std::mutex stateMutex_;
   std::exception_ptr error_;  // guarded by stateMutex_: the first error

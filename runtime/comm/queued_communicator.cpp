@@ -22,6 +22,7 @@ std::shared_ptr<Work> QueuedCommunicator::queueCollective(CollectiveInfo info,
   std::lock_guard<std::mutex> lock(issueMutex_);
   info.seq = nextSeq_.load();
   recorder_.recordQueued(info);
+  countPayload(info);
   auto work = queue_->enqueue(
       [this, info, timeout, body = std::move(body)] { runOnCommThread(info, timeout, body); },
       [this, info] { return fmt::format("{}: {}", who(), info.describeWithSeq()); },

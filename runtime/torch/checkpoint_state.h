@@ -72,6 +72,9 @@ struct StateFields {
   int64_t* step = nullptr;
 };
 StateFields fieldsOf(torch::optim::OptimizerParamState& state);
+// An empty state of an optimizer of `type` (optimizerType()), for a parameter the optimizer has
+// not stepped yet; nullptr for a type checkpoints do not know.
+std::unique_ptr<torch::optim::OptimizerParamState> newParamState(const std::string& type);
 // "optimizer/<name>/": where an optimizer's entries go.
 std::string optimizerPrefix(const std::string& name);
 // A module's parameters, then its buffers, by their recursive names.

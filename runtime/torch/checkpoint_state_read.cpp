@@ -28,16 +28,6 @@ namespace dtrain::checkpoint {
 
 namespace {
 
-std::unique_ptr<torch::optim::OptimizerParamState> newParamState(const std::string& type) {
-  using namespace torch::optim;
-  if (type == "SGD") return std::make_unique<SGDParamState>();
-  if (type == "Adam") return std::make_unique<AdamParamState>();
-  if (type == "AdamW") return std::make_unique<AdamWParamState>();
-  if (type == "Adagrad") return std::make_unique<AdagradParamState>();
-  if (type == "RMSprop") return std::make_unique<RMSpropParamState>();
-  return nullptr;
-}
-
 // One entry, replicated: a CheckpointError naming it when absent or not of `kind`.
 const Entry& single(const CheckpointReader& reader, const std::string& name, Kind kind) {
   for (const Entry* e : reader.find(name)) {
@@ -117,6 +107,16 @@ std::vector<const Entry*> tensorEntries(const CheckpointReader& reader, const st
 }
 
 }  // namespace
+
+std::unique_ptr<torch::optim::OptimizerParamState> newParamState(const std::string& type) {
+  using namespace torch::optim;
+  if (type == "SGD") return std::make_unique<SGDParamState>();
+  if (type == "Adam") return std::make_unique<AdamParamState>();
+  if (type == "AdamW") return std::make_unique<AdamWParamState>();
+  if (type == "Adagrad") return std::make_unique<AdagradParamState>();
+  if (type == "RMSprop") return std::make_unique<RMSpropParamState>();
+  return nullptr;
+}
 
 void checkRestorable(const CheckpointReader& reader, const Registry& registry) {
   for (const auto& [name, module] : registry.modules) {

@@ -62,11 +62,10 @@ DdpCore::DdpCore(std::shared_ptr<torch::nn::Module> module, std::shared_ptr<Proc
   for (const auto& b : buffers) everything.push_back(b.tensor);
   ddp::CoalescedBroadcast(*group_, everything).run(0, options_.timeout);
 
-  std::vector<ddp::NamedTensor> trained;
   for (const auto& p : params) {
-    if (p.tensor.requires_grad()) trained.push_back(p);
+    if (p.tensor.requires_grad()) trained_.emplace_back(p.name, p.tensor);
   }
-  reducer_ = std::make_unique<ddp::Reducer>(group_, std::move(trained), options_);
+  sync_ = makeReducer();
   if (!buffers.empty()) {
     std::vector<at::Tensor> tensors;
     for (const auto& b : buffers) tensors.push_back(b.tensor);
@@ -89,7 +88,7 @@ bool DdpCore::wantsOutputs() const {
 void DdpCore::afterForward(const std::vector<at::Tensor>& outputs, bool outputsSearchable) {
   if (!at::GradMode::is_enabled()) return;  // no backward can follow this forward
   if (!syncEnabled_) {
-    reducer_->disarm();
+    sync_->disarm();
     return;
   }
   DTRAIN_CHECK_ARG(
@@ -97,17 +96,41 @@ void DdpCore::afterForward(const std::vector<at::Tensor>& outputs, bool outputsS
       "DistributedDataParallel: findUnusedParameters searches the autograd graph from the "
       "forward's outputs, but the module's forward returned a type the wrapper cannot search for "
       "tensors. HINT: return a torch::Tensor, or a std::vector, std::tuple or std::pair of them");
-  reducer_->arm(outputs);
+  sync_->arm(outputs);
 }
 
 void DdpCore::syncBuffers() {
   if (buffers_ && group_->size() > 1) buffers_->run(0, options_.timeout);
 }
 
-const DdpIterationStats& DdpCore::lastIteration() const { return reducer_->lastIteration(); }
+const DdpIterationStats& DdpCore::lastIteration() const { return sync_->lastIteration(); }
 
 std::vector<std::vector<std::string>> DdpCore::bucketNames() const {
-  return reducer_->bucketNames();
+  return sync_->bucketNames();
+}
+
+std::shared_ptr<ddp::GradientSync> DdpCore::makeReducer() const {
+  std::vector<ddp::NamedTensor> trained;
+  for (const auto& [name, tensor] : trained_) trained.push_back({name, tensor});
+  return std::make_shared<ddp::Reducer>(group_, std::move(trained), options_);
+}
+
+void DdpCore::replaceGradientSync(
+    const std::function<std::shared_ptr<ddp::GradientSync>()>& make) {
+  DTRAIN_CHECK_ARG(!replaced_,
+                   "rank {}: DistributedDataParallel: its gradients are handled by another object "
+                   "already (one ShardedOptimizer per DistributedDataParallel). HINT: put every "
+                   "parameter group into that one optimizer",
+                   group_->rank());
+  sync_.reset();  // DDP's reducer goes first: its hooks are removed, its buckets freed
+  try {
+    sync_ = make();
+  } catch (...) {
+    sync_ = makeReducer();
+    throw;
+  }
+  DTRAIN_CHECK(sync_ != nullptr, "DistributedDataParallel: replaceGradientSync made nothing");
+  replaced_ = true;
 }
 
 }  // namespace dtrain

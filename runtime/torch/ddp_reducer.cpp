@@ -1,13 +1,13 @@
 #include "ddp_reducer.h"
 
-#include <limits>
-
 #include <ATen/ATen.h>
 #include <fmt/format.h>
 
+#include "backward_pass.h"
+#include "buffer_tensor.h"
 #include "dtrain/base/error.h"
-#include "dtrain/base/fault.h"
 #include "dtrain/base/logging.h"
+#include "nan_grad_fault.h"
 #include "torch_compat.h"
 
 // Note [Gradients in the buckets]
@@ -54,48 +54,11 @@ namespace {
 
 using Clock = DdpIterationStats::Clock;
 
-// A tensor over `length` elements of `buffer` starting at element `offset`, keeping the buffer
-// alive. Not an autograd view of the bucket: optimizers may detach_() a .grad that is one.
-at::Tensor tensorOver(const std::shared_ptr<comm::Buffer>& buffer, int64_t offset,
-                      at::IntArrayRef sizes, const at::TensorOptions& options) {
-  auto* base = static_cast<char*>(buffer->data()) +
-               offset * static_cast<int64_t>(c10::elementSize(c10::typeMetaToScalarType(options.dtype())));
-  return at::from_blob(
-      base, sizes, [keep = buffer](void*) mutable { keep.reset(); }, options);
-}
-
 std::string namesOf(const std::vector<NamedTensor>& params, const std::vector<size_t>& indices,
                     size_t limit = 8) {
-  std::string out;
-  for (size_t k = 0; k < indices.size() && k < limit; ++k) {
-    out += (k ? ", " : "") + params[indices[k]].name;
-  }
-  if (indices.size() > limit) out += fmt::format(" and {} more", indices.size() - limit);
-  return out;
-}
-
-// DTRAIN_FAULT=nan-grad of this rank and pass, before or after the allreduce; null when none
-// (the common case costs one empty() check).
-const fault::Fault* nanGradFault(int rank, uint64_t pass, bool after) {
-  if (fault::activeFaults().empty()) return nullptr;
-  for (const auto& f : fault::activeFaults()) {
-    if (f.kind == fault::Kind::NanGrad && f.after == after &&
-        f.matches(rank, static_cast<int64_t>(pass), fault::currentAttempt())) {
-      return &f;
-    }
-  }
-  return nullptr;
-}
-
-// Writes the fault's NaN or +inf into the first element of `t`.
-void poison(at::Tensor& t, const fault::Fault& f) {
-  double value = f.arg == 1 ? std::numeric_limits<double>::infinity()
-                            : std::numeric_limits<double>::quiet_NaN();
-  if (t.dim() == 0) {
-    t.fill_(value);
-  } else {
-    t.index_put_(std::vector<at::indexing::TensorIndex>(t.dim(), 0), value);
-  }
+  std::vector<std::string> names;
+  for (size_t i : indices) names.push_back(params[i].name);
+  return listNames(names, limit);
 }
 
 }  // namespace
@@ -234,25 +197,12 @@ void Reducer::arm(const std::vector<at::Tensor>& outputs) {
                group_->rank(), nextBucket_, buckets_.size());
   bool rearm = state_ == State::Armed;
   state_ = State::Armed;
-  if (!options_.findUnusedParameters) return;
-  // Two forwards before one backward (e.g. a siamese network): a parameter is used if either
-  // forward's outputs reach it.
-  auto nodes = reachableNodes(outputs);
-  if (rearm) {
-    reachable_.insert(nodes.begin(), nodes.end());
-  } else {
-    reachable_ = std::move(nodes);
-  }
-  unused_.clear();
-  for (size_t i = 0; i < params_.size(); ++i) {
-    if (!reachable_.count(accumulators_[i].get())) unused_.push_back(i);
-  }
+  if (options_.findUnusedParameters) unused_.search(outputs, accumulators_, rearm);
 }
 
 void Reducer::disarm() {
   std::lock_guard<std::mutex> lock(mutex_);
   state_ = State::Local;
-  reachable_.clear();
   unused_.clear();
 }
 
@@ -264,12 +214,7 @@ void Reducer::onGradientReady(size_t index) {
       if (params_[index].tensor.grad().defined()) usedLocally_[index] = 1;
     } else if (!warnedUnexpected_) {
       warnedUnexpected_ = true;
-      DTRAIN_LOG(Warn,
-                 "rank {}: a backward pass reached DistributedDataParallel's parameters without a "
-                 "forward through the wrapper since the last synchronised backward; these "
-                 "gradients stay local to this rank. HINT: call the wrapper's forward (not the "
-                 "module's) before each backward",
-                 group_->rank());
+      warnBackwardWithoutForward("DistributedDataParallel", group_->rank());
     }
     return;
   }
@@ -280,19 +225,14 @@ void Reducer::onGradientReady(size_t index) {
     stats_.iteration = iteration;
     stats_.firstGradient = now;
     compat::queueEngineCallback([this] { finalizeBackward(); });
-    for (size_t u : unused_) markReadyLocked(u, false);
+    for (size_t u : unused_.unused()) markReadyLocked(u, false);
   }
   stats_.lastGradient = now;
   if (!rebuilt_ && !ready_[index]) arrival_.push_back(index);
-  DTRAIN_CHECK(!ready_[index],
-               "rank {}: DistributedDataParallel: parameter {} received a gradient {} in this "
-               "backward pass. HINT: {}",
-               group_->rank(), params_[index].name,
-               options_.findUnusedParameters ? "although no forward output reaches it" : "twice",
-               options_.findUnusedParameters
-                   ? "compute the loss from the tensors the wrapper's forward returned"
-                   : "a parameter's gradient must be accumulated once per backward (no reentrant "
-                     "checkpointing, no second backward through the same graph)");
+  if (ready_[index]) {
+    throwGradientTwice("DistributedDataParallel", group_->rank(), params_[index].name,
+                       options_.findUnusedParameters);
+  }
   markReadyLocked(index, true);
 }
 
@@ -377,17 +317,8 @@ void Reducer::finalizeBackward() {
     rebuildBucketsLocked();
   }
   if (missing.empty()) return;
-  DTRAIN_THROW(Error,
-               "rank {}: DistributedDataParallel: {} of {} parameters received no gradient in "
-               "this backward pass: {}. HINT: {}",
-               group_->rank(), missing.size(), params_.size(), namesOf(params_, missing),
-               options_.findUnusedParameters
-                   ? "the forward's outputs reach them but the loss does not; compute the loss "
-                     "from every output the wrapper's forward returned"
-                   : "if the model skips them in some iterations, construct "
-                     "DistributedDataParallel with DdpOptions::findUnusedParameters = true; "
-                     "otherwise exclude them from the module or freeze them "
-                     "(requires_grad(false))");
+  throwNoGradient("DistributedDataParallel", group_->rank(), missing.size(), params_.size(),
+                  namesOf(params_, missing), options_.findUnusedParameters);
 }
 
 void Reducer::finalizeLocked(std::vector<size_t>& missing) {
@@ -515,7 +446,6 @@ void Reducer::resetPassLocked() {
   }
   usedWork_.reset();
   unused_.clear();
-  reachable_.clear();
 }
 
 }  // namespace dtrain::ddp

@@ -12,6 +12,8 @@
 
 #include <ATen/core/Tensor.h>
 
+#include "backward_pass.h"
+#include "ddp_gradient_sync.h"
 #include "dtrain/comm/communicator.h"
 #include "dtrain/torch/bucket_assignment.h"
 #include "dtrain/torch/ddp_options.h"
@@ -29,23 +31,23 @@ struct NamedTensor {
   at::Tensor tensor;
 };
 
-class Reducer {
+class Reducer : public GradientSync {
  public:
   // `params`: the parameters that take part (requiring grad, no duplicates), in registration order.
   Reducer(std::shared_ptr<ProcessGroup> group, std::vector<NamedTensor> params,
           const DdpOptions& options);
-  ~Reducer();
+  ~Reducer() override;
   Reducer(const Reducer&) = delete;
   Reducer& operator=(const Reducer&) = delete;
 
   // After a forward whose backward is to be synchronised. `outputs`: the forward's tensors (used
   // only with findUnusedParameters).
-  void arm(const std::vector<at::Tensor>& outputs);
+  void arm(const std::vector<at::Tensor>& outputs) override;
   // After a forward inside noSync(): its backward accumulates locally.
-  void disarm();
+  void disarm() override;
 
-  const DdpIterationStats& lastIteration() const { return stats_; }
-  std::vector<std::vector<std::string>> bucketNames() const;
+  const DdpIterationStats& lastIteration() const override { return stats_; }
+  std::vector<std::vector<std::string>> bucketNames() const override;
 
  private:
   enum class State { Idle, Armed, Local };
@@ -103,8 +105,7 @@ class Reducer {
   bool poisonedThisPass_ = false;   // DTRAIN_FAULT=nan-grad: one gradient per pass
   std::vector<char> ready_;         // per parameter, this pass
   std::vector<char> usedLocally_;   // per parameter, since the last synchronised pass
-  std::vector<size_t> unused_;      // findUnusedParameters: unreachable from this pass's outputs
-  std::unordered_set<const torch::autograd::Node*> reachable_;
+  UnusedSearch unused_;             // findUnusedParameters: unreachable from this pass's outputs
   size_t nextBucket_ = 0;           // next bucket to launch: launches are in bucket order
   std::vector<size_t> arrival_;     // until the rebuild: parameters in the order gradients came
   bool rebuilt_ = false;            // the buckets were rebuilt (or will not be)

@@ -7,6 +7,7 @@
 //   - PostHook: a gradient-accumulator post-hook from a std::function. libtorch's LambdaPostHook
 //     changed its constructor (and grew compiled-autograd callbacks) in 2.x; the FunctionPostHook
 //     interface we derive from kept operator()(outputs, inputs) in both.
+//   - PreHook: the same before the accumulator adds the gradient; 1.13 has no del_pre_hook.
 //   - queueEngineCallback: the autograd engine's end-of-backward callback.
 //   - currentStream: the caller's CUDA stream, only in CUDA builds of libtorch.
 //   - autocastEnabled / setAutocastEnabled / autocastDtype / setAutocastDtype: per device type in
@@ -69,6 +70,41 @@ inline uintptr_t addAccumulatorPostHook(const std::shared_ptr<torch::autograd::N
 inline void removeAccumulatorPostHook(const std::shared_ptr<torch::autograd::Node>& accumulator,
                                       uintptr_t key) {
   accumulator->del_post_hook(key);
+}
+
+class PreHook : public torch::autograd::FunctionPreHook {
+ public:
+  using Fn = std::function<void()>;
+  explicit PreHook(Fn fn) : fn_(std::move(fn)) {}
+  variable_list operator()(const variable_list& grads) override {
+    fn_();
+    return grads;
+  }
+
+ private:
+  Fn fn_;
+};
+
+// Adds `fn` as a pre-hook of a parameter's gradient accumulator: it runs before the incoming
+// gradient is added into .grad. Returns the key that removes it (1.13 has no del_pre_hook: the
+// hook is found by its address).
+inline uintptr_t addAccumulatorPreHook(const std::shared_ptr<torch::autograd::Node>& accumulator,
+                                       PreHook::Fn fn) {
+  auto hook = std::make_unique<PreHook>(std::move(fn));
+  const auto key = reinterpret_cast<uintptr_t>(hook.get());
+  accumulator->add_pre_hook(std::move(hook));
+  return key;
+}
+
+inline void removeAccumulatorPreHook(const std::shared_ptr<torch::autograd::Node>& accumulator,
+                                     uintptr_t key) {
+  auto& hooks = accumulator->pre_hooks();
+  for (auto it = hooks.begin(); it != hooks.end(); ++it) {
+    if (reinterpret_cast<uintptr_t>(it->get()) == key) {
+      hooks.erase(it);
+      return;
+    }
+  }
 }
 
 // Runs `fn` once the running backward pass has finished; call it only from inside that pass

@@ -308,6 +308,29 @@ TEST_P(Conformance, AllocateGivesAlignedMemoryAndReusesIt) {
   EXPECT_EQ(static_cast<char*>(b->data())[0], 1) << "buffers do not overlap";
 }
 
+// Note [Payload bytes]: a reduce-scatter plus an allgather of a buffer count what its allreduce
+// counts, on every backend, whatever each one puts on a wire.
+TEST_P(Conformance, PayloadBytesCountEachCollectiveAsItsBusBytes) {
+  auto w = world();
+  const size_t count = 1000;  // per rank, float32
+  const uint64_t whole = count * 4 * static_cast<uint64_t>(n());
+  runRanks(n(), [&](int r) {
+    std::vector<float> buf(count * n(), 1.0f), block(count, 0.0f);
+    const uint64_t before = w[r]->payloadBytes();
+    w[r]->allreduce(buf.data(), buf.size(), DataType::Float32, ReduceOp::Sum);
+    const uint64_t allreduce = w[r]->payloadBytes() - before;
+    w[r]->reduceScatter(buf.data(), block.data(), count, DataType::Float32, ReduceOp::Avg);
+    w[r]->allgather(block.data(), buf.data(), count, DataType::Float32);
+    const uint64_t sharded = w[r]->payloadBytes() - before - allreduce;
+    w[r]->broadcast(block.data(), count, DataType::Float32, 0);
+    w[r]->barrier();
+    const uint64_t rest = w[r]->payloadBytes() - before - allreduce - sharded;
+    EXPECT_EQ(allreduce, 2 * (n() - 1) * whole / n());
+    EXPECT_EQ(sharded, allreduce);
+    EXPECT_EQ(rest, n() > 1 ? count * 4 : 0) << "a broadcast counts its buffer, a barrier nothing";
+  });
+}
+
 TEST_P(Conformance, ValidatesArgumentsBeforeQueueing) {
   auto w = world();
   int64_t x = 0;

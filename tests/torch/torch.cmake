@@ -1,7 +1,9 @@
-# Torch tests in one executable (ranks as threads): every tests/torch/*_test.cpp, sharing the
-# torch layer's precompiled header. Real-process tests live in tests/integration.
+# Torch tests in one executable (ranks as threads): every tests/torch/*_test.cpp and
+# tests/torch/zero/*_test.cpp, sharing the torch layer's precompiled header. Real-process tests
+# live in tests/integration.
 file(GLOB DTRAIN_TORCH_TEST_SOURCES CONFIGURE_DEPENDS
   ${CMAKE_CURRENT_SOURCE_DIR}/tests/torch/*_test.cpp
+  ${CMAKE_CURRENT_SOURCE_DIR}/tests/torch/zero/*_test.cpp
   ${CMAKE_CURRENT_SOURCE_DIR}/tests/torch/*_support.cpp)
 if(DTRAIN_TORCH_TEST_SOURCES)
   dtrain_gtest(dtrain_torch_tests LABEL unit TORCH TIMEOUT 300

@@ -156,6 +156,7 @@ std::shared_ptr<Work> NcclCommunicator::submit(CollectiveInfo info, const CallOp
   info.seq = nextSeq_.load();
   nextSeq_.store(info.seq + 1);
   recorder_.recordQueued(info);
+  countPayload(info);
   if (faults_.at(fault::Kind::WrongShape, info.seq)) {
     info = wrongShape(info);
     DTRAIN_LOG(Info, "nccl {}: {} passes a wrong-sized buffer (DTRAIN_FAULT wrong-shape)", who(),

@@ -131,6 +131,13 @@ class Communicator {
   virtual std::exception_ptr error() const { return nullptr; }
   // Collectives issued so far on this rank; the next one gets this sequence number.
   virtual uint64_t sequenceNumber() const { return 0; }
+  // Payload bytes this rank has sent in the collectives issued here so far, counted as a
+  // bandwidth-optimal algorithm sends them whatever the backend does (nccl-tests' bus bytes):
+  // allreduce 2(n-1)/n of its buffer, reduceScatter and allgather (n-1)/n of the whole n x count
+  // buffer, broadcast its buffer, barrier nothing. So a reduce-scatter plus an allgather count as
+  // much as an allreduce of the same buffer, which is what ZeRO's step is measured against. 0 for
+  // a communicator that does not count (see Note [Payload bytes] in runtime/comm/collective.cpp).
+  virtual uint64_t payloadBytes() const { return 0; }
   // The backend's own stream (cudaStream_t) for a CUDA communicator; null for CPU backends.
   virtual void* deviceStream() const { return nullptr; }
   // "gloo rank 1/4 (10.0.0.2)": for logs and messages.

@@ -152,6 +152,8 @@ class DistributedDataParallel {
   }
 
   ProcessGroup& processGroup() { return core_->group(); }
+  // The type-independent machinery, for what builds on DDP (dtrain::ShardedOptimizer).
+  DdpCore& core() { return *core_; }
   const DdpOptions& options() const { return core_->options(); }
   const DdpIterationStats& lastIteration() const { return core_->lastIteration(); }
   std::vector<std::vector<std::string>> bucketNames() const { return core_->bucketNames(); }

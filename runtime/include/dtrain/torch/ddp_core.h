@@ -3,8 +3,10 @@
 // template in dtrain/torch/ddp.h only forwards calls to the module and reports to this class, so the
 // machinery is compiled once, in the library.
 
+#include <functional>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <ATen/core/Tensor.h>
@@ -20,7 +22,7 @@ class Module;
 namespace dtrain {
 
 namespace ddp {
-class Reducer;
+class GradientSync;
 class CoalescedBroadcast;
 }  // namespace ddp
 
@@ -54,12 +56,30 @@ class DdpCore {
   // The parameters' names, bucket by bucket in launch order.
   std::vector<std::vector<std::string>> bucketNames() const;
 
+  // For what builds on DDP (dtrain::ShardedOptimizer, dtrain/torch/zero.h): the module, and the
+  // parameters that take part -- requiring grad, a tied one once under its first name -- in
+  // registration order.
+  const std::shared_ptr<torch::nn::Module>& module() const { return module_; }
+  const std::vector<std::pair<std::string, at::Tensor>>& trainedParameters() const {
+    return trained_;
+  }
+  // Hands what a backward does with the gradients to the GradientSync `make` builds: DDP's
+  // reducer is removed first, its hooks and buckets freed, so that `make` can reuse the memory.
+  // When `make` throws, DDP's own reducer is rebuilt and the error rethrown. Not while a backward
+  // runs. Once only.
+  void replaceGradientSync(const std::function<std::shared_ptr<ddp::GradientSync>()>& make);
+  bool gradientSyncReplaced() const { return replaced_; }
+
  private:
+  std::shared_ptr<ddp::GradientSync> makeReducer() const;
+
   std::shared_ptr<torch::nn::Module> module_;
   std::shared_ptr<ProcessGroup> group_;
   DdpOptions options_;
   bool syncEnabled_ = true;
-  std::unique_ptr<ddp::Reducer> reducer_;
+  std::vector<std::pair<std::string, at::Tensor>> trained_;
+  std::shared_ptr<ddp::GradientSync> sync_;  // DDP's Reducer, or what replaced it
+  bool replaced_ = false;
   std::unique_ptr<ddp::CoalescedBroadcast> buffers_;
 };
 

@@ -1,0 +1,16 @@
+# zero_bench: ZeRO stages 1 and 2 against plain DDP (benchmarks/README.md). Shares the process
+# plumbing of benchmarks/ddp (jobs, turns).
+if(DTRAIN_HAVE_GLOO)
+  add_executable(zero_bench
+    benchmarks/ddp/bench_process.cpp
+    benchmarks/zero/zero_bench.cpp
+    benchmarks/zero/zero_bench_worker.cpp)
+  target_include_directories(zero_bench PRIVATE ${CMAKE_CURRENT_SOURCE_DIR}/tests/support)  # free_port.h
+  target_link_libraries(zero_bench PRIVATE dtrain nlohmann_json::nlohmann_json)
+  dtrain_reuse_torch_pch(zero_bench)
+  dtrain_warnings(zero_bench)
+  if(DTRAIN_WITH_TESTS)
+    add_test(NAME bench_smoke.zero_bench COMMAND zero_bench --smoke)
+    set_tests_properties(bench_smoke.zero_bench PROPERTIES LABELS integration TIMEOUT 120)
+  endif()
+endif()

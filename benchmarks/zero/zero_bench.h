@@ -1,0 +1,51 @@
+#pragma once
+// zero_bench's two halves: the driver (zero_bench.cpp) starts a DDP job and a ZeRO job per world
+// size and stage, hands out their turns (Note [Turns] in benchmarks/ddp/ddp_step_bench.h) and
+// prints the table; a worker (zero_bench_worker.cpp) times training steps of one of them and
+// measures its memory and traffic.
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace dtrain::bench {
+
+struct ZeroConfig {
+  int stage = 0;         // 0: plain DDP with torch::optim::Adam; 1, 2: ShardedOptimizer
+  // DeepMlp(io, width, layers): io -> width, layers - 2 hidden width x width, width -> io;
+  // 92.3M parameters at the defaults.
+  int64_t width = 4096;
+  int64_t io = 1024;
+  int layers = 7;
+  int batch = 16;        // per rank
+  int warmup = 2;
+  int steps = 5;
+  std::string out;       // rank 0 writes its result here (JSON)
+  std::string turns;     // Note [Turns]; empty: run freely
+};
+
+// One job's measurement. Per step (milliseconds): the whole step and its parts -- forward and
+// backward without the communication they waited for, the communication they and step() waited
+// for (DDP: the end of backward on allreduces; ZeRO: on reduce-scatters, and step() on
+// all-gathers), the optimizer's own step, the rest (zero_grad and bookkeeping).
+struct ZeroResult {
+  int stage = 0;
+  int world = 0;
+  int64_t parameters = 0;
+  std::string backend;
+  std::vector<double> stepMs, computeMs, commMs, optimizerMs, otherMs;
+  std::vector<double> payloadBytes;  // rank 0's communicator, per step
+  double stateBytes = 0;             // rank 0's model state, from the tensors' storages
+  double bucketBytes = 0;            // ZeRO-2's gradient buckets
+  std::vector<double> pssBytes;      // every rank's PSS after the timed steps
+  double noSyncGradientBytes = 0;    // gradients held under noSync() (a last micro-batch)
+};
+
+// Runs the worker side in this process (RANK, WORLD_SIZE and the store from the environment);
+// returns the exit code.
+int runZeroWorker(const ZeroConfig& config);
+
+std::string toJson(const ZeroResult& result);
+ZeroResult zeroResultFromJson(const std::string& text);
+
+}  // namespace dtrain::bench

@@ -1,0 +1,228 @@
+#pragma once
+// ShardedOptimizer: ZeRO stages 1 and 2 (Rajbhandari et al., arXiv:1910.02054) for a module
+// trained with dtrain::DistributedDataParallel. Each rank keeps the optimizer state -- and, at
+// stage 2, the averaged gradients -- of its own 1/N of the parameters, steps that part with a
+// real libtorch optimizer (SGD, Adam, AdamW, RMSprop, Adagrad, built by the factory given), and
+// all-gathers the updated parameters, so every rank ends each step with the same full model.
+// Per parameter and rank, for float32 Adam: DDP holds 16 bytes, stage 1 8 + 8/N, stage 2
+// 4 + 12/N (parameters 4, gradients 4 or 4/N, Adam's moments 8/N).
+//
+//   auto group = dtrain::init();
+//   Net net;
+//   dtrain::DistributedDataParallel<Net> ddp(net, group);
+//   dtrain::ShardedOptimizer optimizer(
+//       ddp, dtrain::optimizerFactory<torch::optim::AdamW>(torch::optim::AdamWOptions(1e-3)));
+//   dtrain::GradScaler scaler(group);                 // optional, as with DDP
+//   for (auto& batch : *loader) {
+//     optimizer.zero_grad();
+//     auto loss = loss_fn(ddp(batch.data), batch.target);
+//     scaler.scale(loss).backward();   // gradients reduce-scattered into each rank's shard
+//     scaler.unscale(optimizer);       // optional: then clip the true gradients
+//     dtrain::clipGradNorm(optimizer, 1.0);
+//     scaler.step(optimizer);          // each rank steps its shard; parameters all-gathered
+//     scaler.update();
+//   }
+//
+// It IS a torch::optim::Optimizer: its param_groups() are the shards this rank steps (their
+// .grad the averaged gradients of its shard), with the options of the groups given, so
+// GradScaler, LR schedulers and code that sets a group's learning rate take it as they take any
+// optimizer. The module's own parameters stay full and equal on every rank (views into the units'
+// flat buffers); their .grad is not the averaged gradient under ZeRO (stage 1: the buffers the
+// reduce-scatter read, stage 2: none after a synchronising backward).
+//
+// Construction is collective: every rank builds it with the same groups. It takes over what
+// DDP's backward does with the gradients (DDP's buckets are freed); forwards stay the DDP
+// wrapper's (buffers, noSync()). Design: "Sharding" in docs/design.md.
+
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include <ATen/core/Tensor.h>
+#include <torch/optim/optimizer.h>
+
+#include "dtrain/comm/communicator.h"
+#include "dtrain/torch/ddp.h"
+#include "dtrain/torch/shard_layout.h"
+
+namespace dtrain {
+
+namespace zero {
+class ShardGroup;
+class ShardedGradientSync;
+}  // namespace zero
+
+// How each rank builds the real optimizer over its shards: the defaults (as a libtorch
+// optimizer's constructor takes them) and a function that builds one over parameter groups.
+struct OptimizerFactory {
+  std::shared_ptr<const torch::optim::OptimizerOptions> defaults;
+  std::function<std::unique_ptr<torch::optim::Optimizer>(
+      std::vector<torch::optim::OptimizerParamGroup>)>
+      make;
+};
+
+// The factory of any libtorch optimizer whose constructor takes (param_groups, options):
+//   dtrain::optimizerFactory<torch::optim::SGD>(torch::optim::SGDOptions(0.1).momentum(0.9))
+template <typename OptimizerType, typename OptionsType>
+OptimizerFactory optimizerFactory(const OptionsType& defaults) {
+  OptimizerFactory f;
+  f.defaults = std::make_shared<OptionsType>(defaults);
+  f.make = [defaults](std::vector<torch::optim::OptimizerParamGroup> groups) {
+    return std::make_unique<OptimizerType>(std::move(groups), defaults);
+  };
+  return f;
+}
+
+struct ZeroOptions {
+  // 1: optimizer state (and master weights) sharded; 2: the averaged gradients too.
+  int stage = 2;
+  // Units: the parameters that are reduce-scattered and all-gathered as one flat buffer (Note
+  // [Shard layout] in dtrain/torch/shard_layout.h).
+  size_t firstUnitBytes = kDefaultFirstUnitBytes;
+  size_t unitBytes = kDefaultUnitBytes;
+  // Parameters of a lower precision (bfloat16, float16) get float32 master shards: the optimizer
+  // steps the master copy and the parameters are its rounding. Parameters already in float32 (or
+  // float64) are stepped in place: no copy.
+  bool masterWeights = true;
+  // Stage 2: how many full-size gradient buckets may be waiting for their reduce-scatter before
+  // backward waits for the oldest (Note [Gradient buckets of stage 2] in the library).
+  int bucketsInFlight = 2;
+  // Overlap unit k's all-gather with unit k+1's optimizer step. Off: one unit after the other.
+  bool overlapAllgather = true;
+  // Deadline of the collectives waited for; zero: the communicator's.
+  comm::Millis timeout = comm::Millis::zero();
+};
+
+// Bytes this rank holds, measured from the tensors' storages (each storage counted once).
+struct ZeroMemory {
+  size_t parameters = 0;      // the full parameters (every rank has all of them)
+  size_t gradients = 0;       // held between steps: stage 1 full, stage 2 this rank's shard
+  size_t masterWeights = 0;   // float32 master shards (lower-precision parameters only)
+  size_t optimizerState = 0;  // the real optimizers' state over this rank's shards
+  // Stage 2's full-size gradient buckets (reused; alive only while their reduce-scatter runs,
+  // kept for the next backward): communication memory, like DDP's buckets without
+  // gradientAsBucketView.
+  size_t buckets = 0;
+  // Gradients of the module's parameters outside the units' buffers: stage 2's full gradients
+  // accumulated under noSync() until the synchronising backward.
+  size_t looseGradients = 0;
+
+  size_t modelState() const { return parameters + gradients + masterWeights + optimizerState; }
+};
+
+struct ZeroStats {
+  int stage = 0;
+  int ranks = 1;
+  int64_t parameters = 0;  // elements of every trained parameter
+  int64_t padding = 0;     // elements added so that every unit divides into `ranks` blocks
+  int64_t owned = 0;       // elements of this rank's shards, padding included
+  size_t units = 0;
+  ZeroMemory memory;
+  // The last step: how long the end of backward waited for reduce-scatters, how long this rank's
+  // optimizer steps took, and how long step() waited for all-gathers after its last step.
+  std::chrono::nanoseconds reduceScatterWait{0};
+  std::chrono::nanoseconds optimizerStep{0};
+  std::chrono::nanoseconds allgatherWait{0};
+};
+
+// What this rank holds of one parameter: its elements [begin, end) of the flattened parameter,
+// with views (write to load) of their master weights and optimizer state. Independent of units
+// and world size: a checkpoint keyed by (param, begin, end) re-shards onto any world size.
+struct ShardRecord {
+  std::string param;            // the module's name for it
+  std::vector<int64_t> shape;   // the whole parameter's
+  int64_t begin = 0;
+  int64_t end = 0;
+  at::Tensor master;            // [end - begin]: float32 master weights, or the parameter's values
+  // [end - begin] each: "exp_avg", "exp_avg_sq", "momentum_buffer", ... (those the optimizer has;
+  // none before its first step).
+  std::vector<std::pair<std::string, at::Tensor>> state;
+  std::optional<int64_t> step;  // optimizers that count steps, once they have
+};
+
+// One request of loadShardState(): elements [begin, end) of `field` ("master", a state field's
+// name, or "step") of parameter `param`.
+struct ShardField {
+  std::string param;
+  std::string field;
+  int64_t begin = 0;
+  int64_t end = 0;
+};
+// Fills `out` (float32 or the field's dtype, [end - begin]; "step": int64 [1]) with what was
+// saved, gathered from the records of whichever ranks held it; false when nothing was saved for
+// that field (the state stays absent).
+using ShardReader = std::function<bool(const ShardField& what, at::Tensor& out)>;
+
+class ShardedOptimizer : public torch::optim::Optimizer {
+ public:
+  // Every trained parameter of `ddp`'s module, in one group with the factory's defaults.
+  template <typename ModuleType>
+  ShardedOptimizer(DistributedDataParallel<ModuleType>& ddp, OptimizerFactory factory,
+                   ZeroOptions options = {})
+      : ShardedOptimizer(ddp.core(), {}, std::move(factory), options) {}
+  // Groups of the module's parameters, as a libtorch optimizer takes them (a group without
+  // options gets the factory's defaults). Together they must hold every trained parameter,
+  // each once.
+  template <typename ModuleType>
+  ShardedOptimizer(DistributedDataParallel<ModuleType>& ddp,
+                   std::vector<torch::optim::OptimizerParamGroup> groups,
+                   OptimizerFactory factory, ZeroOptions options = {})
+      : ShardedOptimizer(ddp.core(), std::move(groups), std::move(factory), options) {}
+  ShardedOptimizer(DdpCore& ddp, std::vector<torch::optim::OptimizerParamGroup> groups,
+                   OptimizerFactory factory, ZeroOptions options);
+  ~ShardedOptimizer() override;
+
+  // Steps this rank's shards with the real optimizer, then all-gathers the parameters (unit k's
+  // all-gather overlapping unit k+1's step). Collective. With a closure: runs it first (with
+  // gradients enabled), as libtorch's optimizers do, and returns its loss.
+  torch::Tensor step(LossClosure closure = nullptr) override;
+
+  // Unsets the shards' gradients (libtorch 2.x's default, set_to_none): the next synchronising
+  // backward then writes them instead of adding to them, a pass over the shards fewer than
+  // zeroing them. Hides Optimizer::zero_grad() (not virtual): called through a
+  // torch::optim::Optimizer&, libtorch's zeroes them, with the same result.
+  void zero_grad();
+
+  // Sharded state does not fit libtorch's archive: refused with a hint.
+  void save(torch::serialize::OutputArchive& archive) const override;
+  void load(torch::serialize::InputArchive& archive) override;
+
+  const ZeroOptions& options() const { return options_; }
+  const ShardLayout& layout() const;
+  ZeroStats stats() const;
+
+  // This rank's shard records (see ShardRecord), in unit order.
+  std::vector<ShardRecord> shardRecords();
+  // Loads a state saved at any world size: every field of every record of this rank is asked of
+  // `read`; the parameters are then all-gathered. Collective.
+  void loadShardState(const ShardReader& read);
+
+  // Internal: the units and their state machine.
+  zero::ShardGroup& shards() { return *shards_; }
+
+ private:
+  struct StepTimes {
+    std::chrono::nanoseconds optimizerStep{0};
+    std::chrono::nanoseconds allgatherWait{0};
+  };
+
+  ZeroOptions options_;
+  std::shared_ptr<zero::ShardGroup> shards_;
+  std::shared_ptr<zero::ShardedGradientSync> sync_;  // owned with DDP, which drives it
+  StepTimes lastStep_;
+};
+
+// Clips the gradients of `optimizer`'s shards so that their norm over every rank -- the norm of
+// the whole model's averaged gradient -- is at most `maxNorm`, as torch::nn::utils::
+// clip_grad_norm_ does for a full model: squares (|g|^p; max for infinity) summed over this rank's
+// shards, one allreduce, the same scale on every rank. Returns the norm before clipping. Call it
+// after GradScaler::unscale(). Collective.
+double clipGradNorm(ShardedOptimizer& optimizer, double maxNorm, double normType = 2.0);
+
+}  // namespace dtrain

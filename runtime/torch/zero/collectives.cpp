@@ -1,0 +1,94 @@
+#include "collectives.h"
+
+#include <cmath>
+#include <limits>
+
+#include <ATen/ATen.h>
+
+#include "../torch_compat.h"
+#include "dtrain/base/error.h"
+#include "dtrain/torch/process_group.h"
+
+namespace dtrain::zero {
+
+bool averagedByCollective(at::ScalarType dtype) {
+  return dtype == at::kFloat || dtype == at::kDouble;
+}
+
+std::shared_ptr<comm::Work> reduceScatterUnit(comm::Communicator& comm, ShardUnit& unit,
+                                              const comm::CallOptions& call) {
+  const bool avg = averagedByCollective(unit.dtype());
+  return comm.reduceScatterAsync(unit.fullGrads().data_ptr(), unit.reduced().data_ptr(),
+                                 static_cast<size_t>(unit.shardNumel()),
+                                 toDataType(unit.fullGrads()),
+                                 avg ? comm::ReduceOp::Avg : comm::ReduceOp::Sum, call);
+}
+
+std::shared_ptr<comm::Work> allgatherUnit(comm::Communicator& comm, ShardUnit& unit,
+                                          const comm::CallOptions& call) {
+  return comm.allgatherAsync(unit.ownedParams().data_ptr(), unit.fullParams().data_ptr(),
+                             static_cast<size_t>(unit.shardNumel()),
+                             toDataType(unit.fullParams()), call);
+}
+
+double globalNorm(comm::Communicator& comm, const std::vector<at::Tensor>& grads,
+                  double normType, const c10::Device& device, comm::Millis timeout) {
+  const bool infinity = std::isinf(normType);
+  at::Tensor total = at::zeros({1}, at::TensorOptions().dtype(at::kDouble).device(device));
+  for (const auto& g : grads) {
+    if (!g.defined() || g.numel() == 0) continue;
+    // Per tensor first, as torch::nn::utils::clip_grad_norm_ does, without a float64 copy.
+    at::Tensor norm = at::linalg_vector_norm(g, normType, c10::nullopt, false, at::kDouble);
+    if (infinity) {
+      total = at::maximum(total, norm.reshape({1}));
+    } else {
+      total.add_(norm.pow(normType));
+    }
+  }
+  comm::CallOptions call;
+  call.timeout = timeout;
+  call.stream = compat::currentStream(device);
+  comm.allreduce(total.data_ptr(), 1, comm::DataType::Float64,
+                 infinity ? comm::ReduceOp::Max : comm::ReduceOp::Sum, call);
+  const double value = total.item<double>();
+  return infinity ? value : std::pow(value, 1.0 / normType);
+}
+
+std::shared_ptr<comm::Buffer> GradientPool::takeFree(size_t bytes) {
+  size_t best = free_.size();
+  for (size_t k = 0; k < free_.size(); ++k) {
+    if (free_[k]->bytes() >= bytes && (best == free_.size() || free_[k]->bytes() < free_[best]->bytes())) {
+      best = k;
+    }
+  }
+  if (best == free_.size()) return nullptr;
+  auto bucket = std::move(free_[best]);
+  free_.erase(free_.begin() + static_cast<std::ptrdiff_t>(best));
+  ++leased_;
+  return bucket;
+}
+
+std::shared_ptr<comm::Buffer> GradientPool::allocate(size_t bytes) {
+  for (auto it = free_.begin(); it != free_.end();) {
+    if ((*it)->bytes() < bytes) {
+      capacity_ -= (*it)->bytes();
+      it = free_.erase(it);
+    } else {
+      ++it;
+    }
+  }
+  size_t granule = 1;
+  while (granule < bytes && granule < kGranule) granule <<= 1;
+  auto bucket = comm_.allocate(std::max<size_t>(1, (bytes + granule - 1) / granule * granule));
+  capacity_ += bucket->bytes();
+  ++leased_;
+  return bucket;
+}
+
+void GradientPool::give(std::shared_ptr<comm::Buffer> bucket) {
+  DTRAIN_CHECK(bucket != nullptr && leased_ > 0, "GradientPool: a bucket given back twice");
+  --leased_;
+  free_.push_back(std::move(bucket));
+}
+
+}  // namespace dtrain::zero

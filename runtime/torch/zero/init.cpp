@@ -1,0 +1,178 @@
+#include "init.h"
+
+#include <map>
+#include <unordered_map>
+
+#include <ATen/ATen.h>
+#include <fmt/format.h>
+
+#include "../ddp_sync.h"
+#include "dtrain/base/error.h"
+#include "dtrain/base/logging.h"
+#include "gradient_sync.h"
+#include "shard_group.h"
+
+namespace dtrain::zero {
+
+namespace {
+
+using Named = std::pair<std::string, at::Tensor>;
+
+void checkOptions(DdpCore& ddp, const OptimizerFactory& factory, const ZeroOptions& options) {
+  DTRAIN_CHECK_ARG(options.stage == 1 || options.stage == 2,
+                   "ShardedOptimizer: ZeroOptions::stage is {}; stages 1 and 2 exist (stage 3, "
+                   "sharded parameters, does not yet)",
+                   options.stage);
+  DTRAIN_CHECK_ARG(factory.defaults != nullptr && factory.make != nullptr,
+                   "ShardedOptimizer: the optimizer factory has no {}. HINT: build it with "
+                   "dtrain::optimizerFactory<torch::optim::AdamW>(torch::optim::AdamWOptions(...))",
+                   factory.defaults ? "make function" : "defaults");
+  DTRAIN_CHECK_ARG(options.unitBytes > 0 && options.firstUnitBytes > 0,
+                   "ShardedOptimizer: unit sizes must be positive (firstUnitBytes {}, unitBytes {})",
+                   options.firstUnitBytes, options.unitBytes);
+  DTRAIN_CHECK_ARG(ddp.options().compression == GradientCompression::None,
+                   "ShardedOptimizer: DDP's gradient compression ({}) does not apply to "
+                   "reduce-scatters. HINT: construct DistributedDataParallel without compression",
+                   gradientCompressionName(ddp.options().compression));
+  DTRAIN_CHECK_ARG(!ddp.gradientSyncReplaced(),
+                   "ShardedOptimizer: this DistributedDataParallel's gradients are handled by "
+                   "another ShardedOptimizer already. HINT: one ShardedOptimizer per model, with "
+                   "every parameter group in it");
+}
+
+// Which group each trained parameter belongs to, and each group's options.
+std::vector<size_t> resolveGroups(const std::vector<Named>& trained,
+                                  const std::vector<torch::optim::OptimizerParamGroup>& groups,
+                                  const OptimizerFactory& factory,
+                                  std::vector<std::unique_ptr<torch::optim::OptimizerOptions>>& options) {
+  const size_t none = groups.size() + 1;
+  std::vector<size_t> groupOf(trained.size(), groups.empty() ? 0 : none);
+  if (groups.empty()) {
+    options.push_back(factory.defaults->clone());
+    return groupOf;
+  }
+  std::unordered_map<const void*, size_t> index;
+  for (size_t i = 0; i < trained.size(); ++i) index[trained[i].second.unsafeGetTensorImpl()] = i;
+  for (size_t g = 0; g < groups.size(); ++g) {
+    options.push_back(groups[g].has_options() ? groups[g].options().clone()
+                                              : factory.defaults->clone());
+    for (size_t k = 0; k < groups[g].params().size(); ++k) {
+      auto it = index.find(groups[g].params()[k].unsafeGetTensorImpl());
+      DTRAIN_CHECK_ARG(it != index.end(),
+                       "ShardedOptimizer: parameter {} of group {} is not a trained parameter of "
+                       "the DistributedDataParallel's module (another module's, frozen, or a "
+                       "copy). HINT: build the groups from ddp->named_parameters()",
+                       k, g);
+      DTRAIN_CHECK_ARG(groupOf[it->second] == none,
+                       "ShardedOptimizer: parameter {} is in group {} and in group {}",
+                       trained[it->second].first, groupOf[it->second], g);
+      groupOf[it->second] = g;
+    }
+  }
+  std::vector<std::string> left;
+  for (size_t i = 0; i < trained.size(); ++i) {
+    if (groupOf[i] == none) left.push_back(trained[i].first);
+  }
+  DTRAIN_CHECK_ARG(left.empty(),
+                   "ShardedOptimizer: {} trained parameters are in no group: {}. HINT: every "
+                   "parameter that requires grad is sharded; add them to a group (lr 0 keeps "
+                   "them fixed) or freeze them (requires_grad(false)) before wrapping the module",
+                   left.size(), fmt::join(left, ", "));
+  return groupOf;
+}
+
+// The same groups, dtypes, shapes and options on every rank, or an error on every rank naming
+// the first difference.
+void agreeAcrossRanks(ProcessGroup& group, const std::vector<Named>& trained,
+                      const std::vector<size_t>& groupOf, const ZeroOptions& options) {
+  std::vector<ddp::NamedTensor> described;
+  for (size_t i = 0; i < trained.size(); ++i) {
+    described.push_back(
+        {fmt::format("{} (optimizer group {})", trained[i].first, groupOf[i]), trained[i].second});
+  }
+  ddp::verifySameModel(group, described, {});
+  const std::vector<int64_t> mine = {options.stage, static_cast<int64_t>(options.firstUnitBytes),
+                                     static_cast<int64_t>(options.unitBytes),
+                                     options.masterWeights ? 1 : 0};
+  auto all = group.allgather(at::tensor(mine, at::kLong).to(group.device()));
+  for (size_t r = 0; r < all.size(); ++r) {
+    auto theirs = all[r].cpu();
+    const bool same = std::equal(mine.begin(), mine.end(), theirs.data_ptr<int64_t>());
+    DTRAIN_CHECK(same,
+                 "rank {}: ShardedOptimizer: ranks disagree on the ZeroOptions: this rank has "
+                 "stage {}, units {}/{} bytes, master weights {}; rank {} has stage {}, units "
+                 "{}/{} bytes, master weights {}. HINT: build the optimizer alike on every rank",
+                 group.rank(), mine[0], mine[1], mine[2], mine[3], r,
+                 theirs.data_ptr<int64_t>()[0], theirs.data_ptr<int64_t>()[1],
+                 theirs.data_ptr<int64_t>()[2], theirs.data_ptr<int64_t>()[3]);
+  }
+}
+
+at::ScalarType masterTypeOf(at::ScalarType dtype, const ZeroOptions& options) {
+  const bool low = dtype == at::kHalf || dtype == at::kBFloat16;
+  return options.masterWeights && low ? at::kFloat : dtype;
+}
+
+}  // namespace
+
+BuiltShards buildShards(DdpCore& ddp, std::vector<torch::optim::OptimizerParamGroup> groups,
+                        const OptimizerFactory& factory, const ZeroOptions& options) {
+  checkOptions(ddp, factory, options);
+  ProcessGroup& pg = ddp.group();
+  const auto& trained = ddp.trainedParameters();
+  DTRAIN_CHECK_ARG(!trained.empty(), "ShardedOptimizer: the module has no trained parameters");
+  std::vector<std::unique_ptr<torch::optim::OptimizerOptions>> groupOptions;
+  const std::vector<size_t> groupOf = resolveGroups(trained, groups, factory, groupOptions);
+  agreeAcrossRanks(pg, trained, groupOf, options);
+
+  // One key per (group, dtype): Note [Shard layout].
+  std::vector<ShardInput> inputs;
+  for (size_t i = 0; i < trained.size(); ++i) {
+    const at::Tensor& t = trained[i].second;
+    inputs.push_back({t.numel(), static_cast<size_t>(t.element_size()),
+                      static_cast<int>(groupOf[i] * 64 + static_cast<size_t>(t.scalar_type()))});
+  }
+  ShardLayout layout =
+      planShards(inputs, pg.size(), options.firstUnitBytes, options.unitBytes);
+
+  BuiltShards built;
+  // Inside replaceGradientSync: DDP's buckets are freed before the units take their memory.
+  ddp.replaceGradientSync([&]() -> std::shared_ptr<ddp::GradientSync> {
+    std::vector<std::unique_ptr<ShardUnit>> units;
+    std::vector<size_t> unitGroup;
+    for (size_t k = 0; k < layout.units.size(); ++k) {
+      const UnitLayout& u = layout.units[k];
+      std::vector<UnitParam> params;
+      for (size_t i : u.params) params.push_back({trained[i].first, trained[i].second});
+      const at::ScalarType dtype = trained[u.params.front()].second.scalar_type();
+      units.push_back(std::make_unique<ShardUnit>(k, u, std::move(params), pg.rank(), pg.size(),
+                                                  options.stage, masterTypeOf(dtype, options),
+                                                  pg.communicator(), pg.device()));
+      const size_t g = groupOf[u.params.front()];
+      std::vector<torch::optim::OptimizerParamGroup> one;
+      one.emplace_back(std::vector<at::Tensor>{units.back()->optimized()},
+                       groupOptions[g]->clone());
+      units.back()->setOptimizer(factory.make(std::move(one)));
+      unitGroup.push_back(g);
+    }
+    for (size_t g = 0; g < groupOptions.size(); ++g) {
+      std::vector<at::Tensor> shards;
+      for (size_t k = 0; k < units.size(); ++k) {
+        if (unitGroup[k] == g) shards.push_back(units[k]->optimized());
+      }
+      built.groups.emplace_back(std::move(shards), groupOptions[g]->clone());
+    }
+    if (log::enabled(log::Level::Info)) {
+      DTRAIN_LOG(Info, "ZeRO stage {}: {} parameters ({} elements) in {} units; each of {} ranks "
+                 "owns {} elements, {} of them padding in all", options.stage, trained.size(),
+                 layout.numel(), units.size(), pg.size(), layout.shardNumel(), layout.padding());
+    }
+    built.shards = std::make_shared<ShardGroup>(ddp.groupPtr(), layout, std::move(units),
+                                                std::move(unitGroup), options);
+    built.sync = std::make_shared<ShardedGradientSync>(built.shards, ddp.options());
+    return built.sync;
+  });
+  return built;
+}
+
+}  // namespace dtrain::zero

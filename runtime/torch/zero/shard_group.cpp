@@ -1,0 +1,278 @@
+#include "shard_group.h"
+
+#include <ATen/ATen.h>
+#include <fmt/format.h>
+#include <torch/optim/optimizer.h>
+
+#include "../nan_grad_fault.h"
+#include "../torch_compat.h"
+#include "dtrain/base/error.h"
+#include "dtrain/base/logging.h"
+
+// Note [Accumulating into the shard]
+// Gradients accumulate until zero_grad(), as with any libtorch optimizer: a second synchronising
+// backward before step() adds its average to the shard's gradient S. Each unit's reduce-scatter
+// computes (sum over ranks of block r) / N, so S is folded into this rank's own block as N S
+// before the collective: (N S + sum of the ranks' new gradients) / N = S + their average. When S
+// is zero -- the common case, zero_grad() each step -- N S is zero and the result is bitwise the
+// average DDP's allreduce computes.
+//   Stage 1: the block is S itself (the reduce-scatter runs in place), and the other blocks hold
+//   this rank's share of the last reduce-scatter's input. Before the first gradient of the next
+//   backward is accumulated (a pre-hook on the gradient accumulators, so also when that backward
+//   is a noSync() one), the other blocks are zeroed and S multiplied by N: one pass over the
+//   buffer, what zero_grad() costs DDP.
+//   Stage 2: the bucket's own block gets N S added right before the reduce-scatter, which writes
+//   the sum into S.
+//   16-bit units are divided by N before they travel (Note [Averaging in the reduce-scatter]):
+//   there the fold adds S, not N S. With master weights S is the float32 master gradient, and the
+//   reduce-scatter's result is added to it afterwards instead.
+// A shard whose gradient zero_grad() unset (libtorch 2.x) counts as zero and gets it back.
+//
+// Note [Gradient buckets of stage 2]
+// A stage-2 unit's full gradients exist only from its first gradient of a synchronising backward
+// to the end of its reduce-scatter: each gradient autograd hands over is copied into a bucket and
+// the parameter's .grad released. Buckets come from a pool and go back to it; when
+// ZeroOptions::bucketsInFlight of them are out and another unit needs one, backward waits for the
+// oldest reduce-scatter first (when one is running; otherwise the pool grows), so the full-size
+// gradient memory stays a few units whatever the model's size.
+
+namespace dtrain::zero {
+
+namespace {
+
+const char* gradsName(ShardGroup::Grads s) {
+  switch (s) {
+    case ShardGroup::Grads::Empty: return "empty";
+    case ShardGroup::Grads::Accumulating: return "accumulating";
+    case ShardGroup::Grads::Reducing: return "reducing";
+    case ShardGroup::Grads::Reduced: return "reduced";
+  }
+  return "?";
+}
+
+const char* paramsName(ShardGroup::Params s) {
+  switch (s) {
+    case ShardGroup::Params::Gathered: return "gathered";
+    case ShardGroup::Params::Stepped: return "stepped";
+    case ShardGroup::Params::Gathering: return "gathering";
+  }
+  return "?";
+}
+
+}  // namespace
+
+ShardGroup::ShardGroup(std::shared_ptr<ProcessGroup> group, ShardLayout layout,
+                       std::vector<std::unique_ptr<ShardUnit>> units,
+                       std::vector<size_t> unitGroup, const ZeroOptions& options)
+    : group_(std::move(group)),
+      comm_(group_->communicator()),
+      layout_(std::move(layout)),
+      units_(std::move(units)),
+      unitGroup_(std::move(unitGroup)),
+      options_(options),
+      grads_(units_.size(), options.stage == 1 ? Grads::Reduced : Grads::Empty),
+      params_(units_.size(), Params::Gathered),
+      reduceWork_(units_.size()),
+      gatherWork_(units_.size()),
+      pool_(comm_) {}
+
+ShardGroup::~ShardGroup() {
+  // Collectives still running write into the units' memory: wait for them before it goes.
+  for (auto* works : {&reduceWork_, &gatherWork_}) {
+    for (auto& work : *works) {
+      if (!work) continue;
+      try {
+        work->wait(options_.timeout);
+      } catch (const std::exception& e) {
+        DTRAIN_LOG(Debug, "ZeRO: a pending collective failed at shutdown: {}", e.what());
+      }
+    }
+  }
+}
+
+comm::CallOptions ShardGroup::call() const {
+  comm::CallOptions c;
+  c.stream = compat::currentStream(group_->device());
+  c.timeout = options_.timeout;
+  return c;
+}
+
+void ShardGroup::openAccumulation() {
+  if (stage() != 1) return;
+  at::NoGradGuard noGrad;
+  const int64_t n = group_->size();
+  const int64_t r = group_->rank();
+  for (size_t k = 0; k < units_.size(); ++k) {
+    ShardUnit& u = *units_[k];
+    DTRAIN_CHECK(grads_[k] == Grads::Reduced, "rank {}: ZeRO: {} is {}, not reduced, when a new "
+                 "accumulation opens", r, u.describe(), gradsName(grads_[k]));
+    const int64_t s = u.shardNumel();
+    if (u.hasMaster()) {
+      u.fullGrads().zero_();
+    } else {
+      u.fullGrads().narrow(0, 0, r * s).zero_();
+      u.fullGrads().narrow(0, (r + 1) * s, u.paddedNumel() - (r + 1) * s).zero_();
+      if (u.shardGradAttached()) {
+        u.reduced().mul_(static_cast<double>(n));  // see Note [Accumulating into the shard]
+      } else {
+        u.reduced().zero_();
+        u.attachShardGrad();
+      }
+    }
+    grads_[k] = Grads::Accumulating;
+  }
+}
+
+void ShardGroup::lease(size_t k) {
+  // See Note [Gradient buckets of stage 2].
+  ShardUnit& u = *units_[k];
+  const size_t bytes = u.paddedNumel() * c10::elementSize(u.dtype());
+  auto bucket = pool_.takeFree(bytes);
+  while (!bucket && pool_.leased() >= static_cast<size_t>(std::max(1, options_.bucketsInFlight)) &&
+         !reducing_.empty()) {
+    finishReduce(reducing_.front());
+    bucket = pool_.takeFree(bytes);
+  }
+  if (!bucket) bucket = pool_.allocate(bytes);
+  u.leaseGrads(std::move(bucket));
+}
+
+void ShardGroup::fill(size_t k, size_t j, const fault::Fault* poison) {
+  ShardUnit& u = *units_[k];
+  if (stage() == 2 && grads_[k] == Grads::Empty) {
+    lease(k);
+    grads_[k] = Grads::Accumulating;
+  }
+  DTRAIN_CHECK(grads_[k] == Grads::Accumulating, "rank {}: ZeRO: a gradient of {} arrived while "
+               "its unit is {}", group_->rank(), u.params()[j].name, gradsName(grads_[k]));
+  at::NoGradGuard noGrad;
+  at::Tensor& view = u.gradView(j);
+  at::Tensor& grad = u.params()[j].param.mutable_grad();
+  const bool avg = averagedByCollective(u.dtype());
+  const double inv = 1.0 / group_->size();
+  if (stage() == 1) {
+    // The gradient is the view already, unless something replaced .grad (libtorch 2.x's
+    // Module::zero_grad() unsets it): then autograd made a new one, which moves in.
+    if (!grad.defined()) {
+      view.zero_();
+    } else if (grad.data_ptr() != view.data_ptr()) {
+      view.copy_(grad);
+    }
+    grad = view;
+    if (!avg) view.mul_(inv);
+  } else {
+    if (!grad.defined()) {
+      view.zero_();
+    } else if (avg) {
+      view.copy_(grad);
+    } else {
+      at::mul_out(view, grad, at::scalar_tensor(inv, grad.options().dtype(at::kDouble)));
+    }
+    grad = at::Tensor();  // the full gradient lives on in the bucket only
+  }
+  if (poison != nullptr) {
+    ddp::poison(view, *poison);  // enters the reduce-scatter: lands in one rank's shard
+    DTRAIN_LOG(Warn, "rank {}: DTRAIN_FAULT {}: poisoned {} before the reduce-scatter",
+               group_->rank(), poison->describe(), u.params()[j].name);
+  }
+}
+
+void ShardGroup::fold(size_t k) {
+  ShardUnit& u = *units_[k];
+  if (stage() != 2 || u.hasMaster() || !u.shardGradAttached()) return;
+  const int64_t s = u.shardNumel();
+  const double factor = averagedByCollective(u.dtype()) ? group_->size() : 1.0;
+  at::NoGradGuard noGrad;
+  u.fullGrads().narrow(0, group_->rank() * s, s).add_(u.reduced(), factor);
+}
+
+void ShardGroup::launchReduce(size_t k) {
+  DTRAIN_CHECK(grads_[k] == Grads::Accumulating, "rank {}: ZeRO: reduce-scatter of {}, which is "
+               "{}", group_->rank(), units_[k]->describe(), gradsName(grads_[k]));
+  fold(k);  // see Note [Accumulating into the shard]
+  reduceWork_[k] = reduceScatterUnit(comm_, *units_[k], call());
+  grads_[k] = Grads::Reducing;
+  reducing_.push_back(k);
+}
+
+std::chrono::nanoseconds ShardGroup::finishReduce(size_t k) {
+  ShardUnit& u = *units_[k];
+  DTRAIN_CHECK(grads_[k] == Grads::Reducing && !reducing_.empty() && reducing_.front() == k,
+               "rank {}: ZeRO: waiting for the reduce-scatter of {}, which is {}", group_->rank(),
+               u.describe(), gradsName(grads_[k]));
+  const auto start = std::chrono::steady_clock::now();
+  reducing_.pop_front();
+  auto work = std::move(reduceWork_[k]);
+  work->waitOnStream(compat::currentStream(group_->device()), options_.timeout);
+  const auto waited = std::chrono::steady_clock::now() - start;
+  at::NoGradGuard noGrad;
+  if (u.hasMaster()) {
+    if (u.shardGradAttached()) {
+      u.shardGrad().add_(u.reduced());
+    } else {
+      u.shardGrad().copy_(u.reduced());
+      u.attachShardGrad();
+    }
+  } else if (!u.shardGradAttached()) {
+    u.attachShardGrad();
+  }
+  if (stage() == 2) {
+    pool_.give(u.returnGrads());
+    grads_[k] = Grads::Empty;
+  } else {
+    grads_[k] = Grads::Reduced;
+  }
+  return waited;
+}
+
+void ShardGroup::checkSteppable() const {
+  for (size_t k = 0; k < units_.size(); ++k) {
+    const bool ready =
+        grads_[k] == (stage() == 1 ? Grads::Reduced : Grads::Empty) && !localGradients_;
+    DTRAIN_CHECK(ready && params_[k] == Params::Gathered,
+                 "rank {}: ShardedOptimizer::step(): {} is {} (gradients) and {} (parameters): "
+                 "its gradients of this step are not averaged yet. HINT: the last micro-batch's "
+                 "forward and backward must run outside noSync(), and step() after backward() "
+                 "has returned",
+                 group_->rank(), units_[k]->describe(), gradsName(grads_[k]),
+                 paramsName(params_[k]));
+  }
+}
+
+void ShardGroup::stepUnit(size_t k) {
+  ShardUnit& u = *units_[k];
+  DTRAIN_CHECK(params_[k] == Params::Gathered, "rank {}: ZeRO: step of {}, which is {}",
+               group_->rank(), u.describe(), paramsName(params_[k]));
+  u.optimizer().step();
+  shardWritten(k);
+}
+
+void ShardGroup::shardWritten(size_t k) {
+  ShardUnit& u = *units_[k];
+  DTRAIN_CHECK(params_[k] == Params::Gathered, "rank {}: ZeRO: {} is {}, not gathered, when its "
+               "shard is written", group_->rank(), u.describe(), paramsName(params_[k]));
+  if (u.hasMaster()) {
+    at::NoGradGuard noGrad;
+    u.ownedParams().copy_(u.master());
+  }
+  params_[k] = Params::Stepped;
+}
+
+void ShardGroup::launchGather(size_t k) {
+  DTRAIN_CHECK(params_[k] == Params::Stepped, "rank {}: ZeRO: all-gather of {}, which is {}",
+               group_->rank(), units_[k]->describe(), paramsName(params_[k]));
+  gatherWork_[k] = allgatherUnit(comm_, *units_[k], call());
+  params_[k] = Params::Gathering;
+}
+
+std::chrono::nanoseconds ShardGroup::finishGather(size_t k) {
+  DTRAIN_CHECK(params_[k] == Params::Gathering, "rank {}: ZeRO: waiting for the all-gather of "
+               "{}, which is {}", group_->rank(), units_[k]->describe(), paramsName(params_[k]));
+  const auto start = std::chrono::steady_clock::now();
+  auto work = std::move(gatherWork_[k]);
+  work->waitOnStream(compat::currentStream(group_->device()), options_.timeout);
+  params_[k] = Params::Gathered;
+  return std::chrono::steady_clock::now() - start;
+}
+
+}  // namespace dtrain::zero

@@ -1,0 +1,106 @@
+#pragma once
+// ShardGroup: every unit of one ShardedOptimizer and what happens to them in a step, as an
+// explicit state machine per unit (Note [Unit states]): the gradient side -- written by backward,
+// reduce-scattered, reduced -- and the parameter side -- stepped, all-gathered. Every transition
+// checks the state it leaves, so a call out of order fails naming the unit instead of corrupting
+// it. The backward's hooks (gradient_sync.h) and ShardedOptimizer::step drive it.
+
+#include <chrono>
+#include <deque>
+#include <memory>
+#include <vector>
+
+#include "collectives.h"
+#include "dtrain/base/fault.h"
+#include "dtrain/torch/process_group.h"
+#include "dtrain/torch/shard_layout.h"
+#include "dtrain/torch/zero.h"
+#include "shard_unit.h"
+
+namespace dtrain::zero {
+
+// Note [Unit states]
+// Gradient side, per unit:
+//   stage 1:  Reduced --openAccumulation--> Accumulating --launchReduce--> Reducing
+//             --finishReduce--> Reduced
+//   stage 2:  Empty --fill (leases a bucket)--> Accumulating --launchReduce--> Reducing
+//             --finishReduce (gives the bucket back)--> Empty
+// Stage 1 opens every unit at once, before the first gradient of a backward after a
+// synchronising one is accumulated (Note [Accumulating into the shard]); noSync() backwards then
+// accumulate into the open units, and the synchronising backward fills and reduces them. Stage 2
+// units hold memory only from their first gradient of a synchronising backward to the end of
+// their reduce-scatter; under noSync() its gradients stay in the parameters' own .grad.
+// Parameter side, per unit:
+//   Gathered --stepUnit--> Stepped --launchGather--> Gathering --finishGather--> Gathered
+// A step needs every unit's gradients Reduced (stage 1) or Empty (stage 2): a step in the middle
+// of an accumulation would use a half-made gradient.
+class ShardGroup {
+ public:
+  enum class Grads { Empty, Accumulating, Reducing, Reduced };
+  enum class Params { Gathered, Stepped, Gathering };
+
+  // `unitGroup[k]`: the optimizer parameter group unit k belongs to.
+  ShardGroup(std::shared_ptr<ProcessGroup> group, ShardLayout layout,
+             std::vector<std::unique_ptr<ShardUnit>> units, std::vector<size_t> unitGroup,
+             const ZeroOptions& options);
+  ~ShardGroup();
+  ShardGroup(const ShardGroup&) = delete;
+  ShardGroup& operator=(const ShardGroup&) = delete;
+
+  ProcessGroup& group() { return *group_; }
+  const ShardLayout& layout() const { return layout_; }
+  const ZeroOptions& options() const { return options_; }
+  int stage() const { return options_.stage; }
+  size_t size() const { return units_.size(); }
+  ShardUnit& unit(size_t k) { return *units_[k]; }
+  size_t groupOf(size_t k) const { return unitGroup_[k]; }
+  Grads gradState(size_t k) const { return grads_[k]; }
+
+  // --- gradient side (the backward's hooks, under their lock) ---
+  // Stage 1: see Note [Accumulating into the shard]. No-op at stage 2.
+  void openAccumulation();
+  // Writes parameter j's gradient of this pass (undefined: zeros) into unit k's full gradients,
+  // divided by N for 16-bit units; `poison`: the nan-grad fault to write into it.
+  void fill(size_t k, size_t j, const fault::Fault* poison);
+  void launchReduce(size_t k);
+  // Waits for unit k's reduce-scatter; returns how long.
+  std::chrono::nanoseconds finishReduce(size_t k);
+  // The gradient the optimizer sees of unit k (for the nan-grad fault after the collective).
+  at::Tensor& shardGrad(size_t k) { return units_[k]->shardGrad(); }
+  // A noSync() backward accumulated since the last synchronising one: a step now would use
+  // gradients no rank has averaged.
+  void setLocalGradients(bool pending) { localGradients_ = pending; }
+
+  // --- parameter side (ShardedOptimizer::step) ---
+  // Throws when any unit's gradients are not ready to step (see Note [Unit states]).
+  void checkSteppable() const;
+  void stepUnit(size_t k);  // the real optimizer's step; master weights rounded into the block
+  // The unit's shard was written by other means (a loaded state): its parameters' block follows
+  // the master weights, and the unit is to be gathered.
+  void shardWritten(size_t k);
+  void launchGather(size_t k);
+  std::chrono::nanoseconds finishGather(size_t k);
+
+  size_t bucketBytes() const { return pool_.capacityBytes(); }
+
+ private:
+  void lease(size_t k);
+  void fold(size_t k);
+  comm::CallOptions call() const;
+
+  std::shared_ptr<ProcessGroup> group_;
+  comm::Communicator& comm_;
+  const ShardLayout layout_;
+  std::vector<std::unique_ptr<ShardUnit>> units_;
+  const std::vector<size_t> unitGroup_;
+  const ZeroOptions options_;
+  std::vector<Grads> grads_;
+  std::vector<Params> params_;
+  std::vector<std::shared_ptr<comm::Work>> reduceWork_;
+  std::vector<std::shared_ptr<comm::Work>> gatherWork_;
+  std::deque<size_t> reducing_;  // units whose reduce-scatter runs, in launch order
+  bool localGradients_ = false;
+  GradientPool pool_;
+};
+
+}  // namespace dtrain::zero

@@ -1,0 +1,119 @@
+// What a sharded checkpoint needs of a ShardedOptimizer (dtrain/torch/zero.h): this rank's shard
+// records, by parameter name and element range (independent of units and world size), and the
+// loading of a state saved at any world size. See Note [Shard records].
+#include <ATen/ATen.h>
+#include <torch/optim/optimizer.h>
+
+#include "../checkpoint_state.h"
+#include "../torch_compat.h"
+#include "dtrain/base/error.h"
+#include "dtrain/torch/zero.h"
+#include "shard_group.h"
+
+// Note [Shard records]
+// A record is (parameter name, [begin, end) of its flattened elements) -> the master weights and
+// the optimizer's state tensors of those elements, plus the step count. Units, padding and the
+// world size do not appear: the records of all ranks tile every parameter exactly once, so a
+// state saved at N ranks loads at M by asking, for each of the M-rank layout's records, for its
+// range of each field, which the saver's records (one or several of them) cover. The padding at
+// the end of a unit belongs to no record; it stays zero.
+
+namespace dtrain {
+
+namespace {
+
+torch::optim::OptimizerParamState* stateOf(zero::ShardUnit& u) {
+  auto& optimizer = u.optimizer();
+  auto it = optimizer.state().find(compat::optimizerStateKey(optimizer, u.optimized()));
+  return it == optimizer.state().end() ? nullptr : it->second.get();
+}
+
+size_t slotOf(zero::ShardUnit& u, size_t param) {
+  const auto& params = u.layout().params;
+  return static_cast<size_t>(std::find(params.begin(), params.end(), param) - params.begin());
+}
+
+}  // namespace
+
+std::vector<ShardRecord> ShardedOptimizer::shardRecords() {
+  zero::ShardGroup& shards = *shards_;
+  std::vector<ShardRecord> out;
+  for (const OwnedRange& r : shards.layout().ownedBy(shards.group().rank())) {
+    zero::ShardUnit& u = shards.unit(r.unit);
+    const zero::UnitParam& p = u.params()[slotOf(u, r.param)];
+    ShardRecord rec;
+    rec.param = p.name;
+    rec.shape = p.param.sizes().vec();
+    rec.begin = r.begin;
+    rec.end = r.end;
+    rec.master = u.optimized().narrow(0, r.shardOffset, r.end - r.begin);
+    if (auto* state = stateOf(u)) {
+      checkpoint::StateFields fields = checkpoint::fieldsOf(*state);
+      for (const auto& [name, tensor] : fields.tensors) {
+        if (tensor->defined()) {
+          rec.state.emplace_back(name, tensor->narrow(0, r.shardOffset, r.end - r.begin));
+        }
+      }
+      if (fields.step) rec.step = *fields.step;
+    }
+    out.push_back(std::move(rec));
+  }
+  return out;
+}
+
+void ShardedOptimizer::loadShardState(const ShardReader& read) {
+  zero::ShardGroup& shards = *shards_;
+  shards.checkSteppable();
+  at::NoGradGuard noGrad;
+  const auto ranges = shards.layout().ownedBy(shards.group().rank());
+  for (size_t k = 0; k < shards.size(); ++k) {
+    zero::ShardUnit& u = shards.unit(k);
+    auto& optimizer = u.optimizer();
+    const char* type = checkpoint::optimizerType(optimizer);
+    DTRAIN_CHECK_ARG(type != nullptr,
+                     "ShardedOptimizer::loadShardState: the real optimizer's type is not one "
+                     "whose state can be loaded (SGD, Adam, AdamW, Adagrad, RMSprop)");
+    const auto key = compat::optimizerStateKey(optimizer, u.optimized());
+    auto fresh = checkpoint::newParamState(type);
+    checkpoint::StateFields probe = checkpoint::fieldsOf(*fresh);
+    auto& states = optimizer.state();
+    states.erase(key);  // the unit ends exactly as saved: what was not saved is absent
+    bool saved = false;
+    std::optional<int64_t> step;
+    for (const OwnedRange& r : ranges) {
+      if (r.unit != k) continue;
+      const std::string& name = u.params()[slotOf(u, r.param)].name;
+      const int64_t len = r.end - r.begin;
+      at::Tensor part = at::empty({len}, u.optimized().options());
+      DTRAIN_CHECK(read({name, "master", r.begin, r.end}, part),
+                   "ShardedOptimizer::loadShardState: the saved state has no values of {} "
+                   "[{}, {})", name, r.begin, r.end);
+      u.optimized().narrow(0, r.shardOffset, len).copy_(part);
+      for (auto& [field, tensor] : probe.tensors) {
+        if (!read({name, field, r.begin, r.end}, part)) continue;
+        if (!tensor->defined()) *tensor = at::zeros_like(u.optimized());
+        tensor->narrow(0, r.shardOffset, len).copy_(part);
+        saved = true;
+      }
+      at::Tensor count = at::zeros({1}, at::kLong);
+      if (probe.step && read({name, "step", r.begin, r.end}, count)) {
+        const int64_t value = count.item<int64_t>();
+        DTRAIN_CHECK(!step || *step == value,
+                     "ShardedOptimizer::loadShardState: {} of {} has step {}, another parameter "
+                     "of its unit step {}; one optimizer steps the unit", name, u.describe(),
+                     value, *step);
+        step = value;
+        saved = true;
+      }
+    }
+    if (saved) {
+      if (probe.step) *probe.step = step.value_or(0);
+      states.emplace(key, std::move(fresh));
+    }
+    shards.shardWritten(k);
+    shards.launchGather(k);
+  }
+  for (size_t k = 0; k < shards.size(); ++k) shards.finishGather(k);
+}
+
+}  // namespace dtrain

@@ -1,0 +1,132 @@
+#include "shard_unit.h"
+
+#include <ATen/ATen.h>
+#include <fmt/format.h>
+#include <torch/optim/optimizer.h>
+
+#include "../buffer_tensor.h"
+#include "dtrain/base/error.h"
+
+namespace dtrain::zero {
+
+namespace {
+
+size_t storageBytes(const at::Tensor& t) { return t.defined() ? t.storage().nbytes() : 0; }
+
+}  // namespace
+
+ShardUnit::ShardUnit(size_t index, const UnitLayout& layout, std::vector<UnitParam> params,
+                     int rank, int ranks, int stage, at::ScalarType masterType,
+                     comm::Communicator& comm, const c10::Device& device)
+    : index_(index),
+      layout_(layout),
+      params_(std::move(params)),
+      rank_(rank),
+      ranks_(ranks),
+      stage_(stage),
+      dtype_(params_.front().param.scalar_type()) {
+  DTRAIN_CHECK(params_.size() == layout_.params.size(),
+               "ShardUnit: {} parameters for a unit of {}", params_.size(), layout_.params.size());
+  at::NoGradGuard noGrad;
+  bindParameters(comm, device);
+  const auto options = at::TensorOptions().dtype(dtype_).device(device);
+  const size_t elem = c10::elementSize(dtype_);
+  if (stage == 1) {
+    gradMemory_ = comm.allocate(std::max<size_t>(1, paddedNumel() * elem));
+    fullGrads_ = ddp::tensorOver(gradMemory_, 0, {paddedNumel()}, options);
+    fullGrads_.zero_();
+    makeGradViews(gradMemory_);
+    for (size_t j = 0; j < params_.size(); ++j) {
+      at::Tensor& grad = params_[j].param.mutable_grad();
+      if (grad.defined()) gradViews_[j].copy_(grad);
+      grad = gradViews_[j];
+    }
+    reduced_ = ddp::tensorOver(gradMemory_, rank_ * shardNumel(), {shardNumel()}, options);
+  } else {
+    reduced_ = at::zeros({shardNumel()}, options);
+  }
+  if (masterType != dtype_) {
+    master_ = ownedParams_.to(masterType).clone();
+    shardGrad_ = at::zeros_like(master_);
+    optimized_ = master_;
+  } else {
+    shardGrad_ = reduced_;
+    optimized_ = ownedParams_;
+  }
+  attachShardGrad();
+}
+
+ShardUnit::~ShardUnit() = default;
+
+void ShardUnit::bindParameters(comm::Communicator& comm, const c10::Device& device) {
+  const auto options = at::TensorOptions().dtype(dtype_).device(device);
+  paramMemory_ = comm.allocate(std::max<size_t>(1, paddedNumel() * c10::elementSize(dtype_)));
+  fullParams_ = ddp::tensorOver(paramMemory_, 0, {paddedNumel()}, options);
+  for (size_t j = 0; j < params_.size(); ++j) {
+    at::Tensor& p = params_[j].param;
+    DTRAIN_CHECK(p.scalar_type() == dtype_, "ShardUnit: {} is {}, its unit {}", params_[j].name,
+                 c10::toString(p.scalar_type()), c10::toString(dtype_));
+    at::Tensor place = ddp::tensorOver(paramMemory_, layout_.offsets[j], p.sizes(), options);
+    place.copy_(p);
+    p.set_data(place);
+  }
+  fullParams_.narrow(0, layout_.numel, paddedNumel() - layout_.numel).zero_();
+  ownedParams_ = ddp::tensorOver(paramMemory_, rank_ * shardNumel(), {shardNumel()}, options);
+}
+
+void ShardUnit::makeGradViews(const std::shared_ptr<comm::Buffer>& memory) {
+  const auto options = fullParams_.options();
+  gradViews_.clear();
+  for (size_t j = 0; j < params_.size(); ++j) {
+    gradViews_.push_back(
+        ddp::tensorOver(memory, layout_.offsets[j], params_[j].param.sizes(), options));
+  }
+}
+
+std::string ShardUnit::describe() const {
+  const std::string& first = params_.front().name;
+  if (params_.size() == 1) return fmt::format("unit {} ({})", index_, first);
+  return fmt::format("unit {} ({} .. {}, {} parameters)", index_, first, params_.back().name,
+                     params_.size());
+}
+
+bool ShardUnit::shardGradAttached() const {
+  const at::Tensor& grad = optimized_.grad();
+  return grad.defined() && grad.data_ptr() == shardGrad_.data_ptr();
+}
+
+void ShardUnit::attachShardGrad() { optimized_.mutable_grad() = shardGrad_; }
+
+void ShardUnit::leaseGrads(std::shared_ptr<comm::Buffer> bucket) {
+  DTRAIN_CHECK(!fullGrads_.defined(), "{}: a second gradient bucket", describe());
+  const size_t need = paddedNumel() * c10::elementSize(dtype_);
+  DTRAIN_CHECK(bucket->bytes() >= need, "{}: a bucket of {} bytes for {}", describe(),
+               bucket->bytes(), need);
+  gradMemory_ = std::move(bucket);
+  fullGrads_ = ddp::tensorOver(gradMemory_, 0, {paddedNumel()}, fullParams_.options());
+  fullGrads_.narrow(0, layout_.numel, paddedNumel() - layout_.numel).zero_();
+  makeGradViews(gradMemory_);
+}
+
+std::shared_ptr<comm::Buffer> ShardUnit::returnGrads() {
+  fullGrads_ = at::Tensor();
+  gradViews_.clear();
+  return std::move(gradMemory_);
+}
+
+size_t ShardUnit::parameterBytes() const { return storageBytes(fullParams_); }
+
+size_t ShardUnit::gradientBytes() const {
+  // Stage 1: the full buffer, of which reduced is a block; stage 2: reduced. Master: its gradient.
+  size_t bytes = stage_ == 1 ? storageBytes(fullGrads_) : storageBytes(reduced_);
+  if (master_.defined()) bytes += storageBytes(shardGrad_);
+  return bytes;
+}
+
+size_t ShardUnit::masterBytes() const { return storageBytes(master_); }
+
+void ShardUnit::setOptimizer(std::unique_ptr<torch::optim::Optimizer> optimizer) {
+  optimizer_ = std::move(optimizer);
+}
+
+}  // namespace dtrain::zero

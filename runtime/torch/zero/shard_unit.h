@@ -1,0 +1,122 @@
+#pragma once
+// ShardUnit: one unit of Note [Shard layout] -- the sharded parameter of this design, as a
+// FlatParameter is PyTorch FSDP's. Its parameters live in one flat buffer (each is a view of it,
+// through set_data), this rank owns one contiguous block of it, and the real optimizer steps that
+// block (or its float32 master copy). Memory and views only: when what happens is ShardGroup's
+// (shard_group.h). See Note [Sharded memory].
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <ATen/core/Tensor.h>
+#include <c10/core/Device.h>
+
+#include "dtrain/comm/communicator.h"
+#include "dtrain/torch/shard_layout.h"
+
+namespace torch::optim {
+class Optimizer;
+}
+
+namespace dtrain::zero {
+
+struct UnitParam {
+  std::string name;
+  at::Tensor param;  // the module's parameter; a view of the unit's flat buffer once bound
+};
+
+// Note [Sharded memory]
+// Per unit (S = the block a rank owns, P = N S the padded unit):
+//   fullParams   P elements of the parameters' dtype, from Communicator::allocate (so the
+//                all-gather is in place; peers read it directly with shared memory). Every
+//                parameter is set_data() onto its range; the padding stays zero.
+//   fullGrads    P elements. Stage 1: allocated once, and each parameter's .grad is a tensor over
+//                its range (as DDP's gradientAsBucketView), so backward accumulates in place and
+//                the reduce-scatter reads the gradients where autograd left them. Stage 2: a
+//                bucket leased from the GradientPool for one backward, the gradients copied in.
+//   reduced      S elements: where the reduce-scatter lands. Stage 1: block `rank` of fullGrads
+//                (the reduce-scatter runs in place). Stage 2: memory of its own.
+//   master       S float32 elements, for lower-precision parameters only, with a float32 .grad.
+//   optimized    what the real optimizer steps: master, or block `rank` of fullParams. Its .grad
+//                is the averaged gradient of the shard: reduced, or master's float32 gradient.
+// Plain tensors over the buffers (not autograd views), so optimizers may detach_() them.
+class ShardUnit {
+ public:
+  // Allocates the unit's memory through `comm`, copies the parameters' values in and binds them
+  // to it (stage 1: their gradients too). `masterType`: float32 for master weights; the
+  // parameters' own dtype for none.
+  ShardUnit(size_t index, const UnitLayout& layout, std::vector<UnitParam> params, int rank,
+            int ranks, int stage, at::ScalarType masterType, comm::Communicator& comm,
+            const c10::Device& device);
+  ~ShardUnit();
+  ShardUnit(const ShardUnit&) = delete;
+  ShardUnit& operator=(const ShardUnit&) = delete;
+
+  size_t index() const { return index_; }
+  const UnitLayout& layout() const { return layout_; }
+  const std::vector<UnitParam>& params() const { return params_; }
+  int64_t shardNumel() const { return layout_.shardNumel; }
+  int64_t paddedNumel() const { return layout_.shardNumel * ranks_; }
+  at::ScalarType dtype() const { return dtype_; }
+  bool hasMaster() const { return master_.defined(); }
+  // Where this unit's first parameter was registered among the module's: what error messages
+  // and names go by.
+  std::string describe() const;
+
+  at::Tensor& fullParams() { return fullParams_; }
+  at::Tensor& ownedParams() { return ownedParams_; }
+  // Undefined while a stage-2 unit holds no bucket.
+  at::Tensor& fullGrads() { return fullGrads_; }
+  // Parameter j's range of fullGrads, shaped as the parameter.
+  at::Tensor& gradView(size_t j) { return gradViews_[j]; }
+  at::Tensor& reduced() { return reduced_; }
+  at::Tensor& master() { return master_; }
+  at::Tensor& optimized() { return optimized_; }
+  // The optimizer's gradient of optimized(): reduced(), or master's float32 gradient.
+  at::Tensor& shardGrad() { return shardGrad_; }
+
+  // Whether optimized().grad() is still shardGrad(): libtorch 2.x's zero_grad() unsets it.
+  bool shardGradAttached() const;
+  void attachShardGrad();
+
+  // Stage 2: fullGrads over `bucket` (at least paddedNumel() elements), its padding zeroed; and
+  // back. The stage's only full-size gradient memory.
+  void leaseGrads(std::shared_ptr<comm::Buffer> bucket);
+  std::shared_ptr<comm::Buffer> returnGrads();
+  bool holdsGrads() const { return fullGrads_.defined(); }
+
+  // Bytes of the unit's own persistent memory, by kind (see ZeroMemory).
+  size_t parameterBytes() const;
+  size_t gradientBytes() const;
+  size_t masterBytes() const;
+
+  // The real optimizer over optimized(), built by ShardGroup.
+  torch::optim::Optimizer& optimizer() { return *optimizer_; }
+  void setOptimizer(std::unique_ptr<torch::optim::Optimizer> optimizer);
+
+ private:
+  void bindParameters(comm::Communicator& comm, const c10::Device& device);
+  void makeGradViews(const std::shared_ptr<comm::Buffer>& memory);
+
+  const size_t index_;
+  const UnitLayout layout_;
+  std::vector<UnitParam> params_;
+  const int rank_;
+  const int ranks_;
+  const int stage_;
+  const at::ScalarType dtype_;
+  std::shared_ptr<comm::Buffer> paramMemory_;
+  std::shared_ptr<comm::Buffer> gradMemory_;  // stage 1: owned; stage 2: the leased bucket
+  at::Tensor fullParams_, ownedParams_;
+  at::Tensor fullGrads_;
+  std::vector<at::Tensor> gradViews_;
+  at::Tensor reduced_;
+  at::Tensor master_;
+  at::Tensor optimized_;
+  at::Tensor shardGrad_;
+  std::unique_ptr<torch::optim::Optimizer> optimizer_;
+};
+
+}  // namespace dtrain::zero

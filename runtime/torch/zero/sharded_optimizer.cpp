@@ -1,0 +1,127 @@
+// The API: dtrain::ShardedOptimizer (dtrain/torch/zero.h) over the units and their state machine.
+#include <chrono>
+#include <unordered_set>
+
+#include <ATen/ATen.h>
+#include <torch/optim/optimizer.h>
+
+#include "../checkpoint_state.h"
+#include "../torch_compat.h"
+#include "dtrain/base/error.h"
+#include "dtrain/torch/zero.h"
+#include "gradient_sync.h"
+#include "init.h"
+#include "shard_group.h"
+
+namespace dtrain {
+
+namespace {
+
+std::unique_ptr<torch::optim::OptimizerOptions> defaultsOf(const OptimizerFactory& factory) {
+  DTRAIN_CHECK_ARG(factory.defaults != nullptr,
+                   "ShardedOptimizer: the optimizer factory has no defaults. HINT: build it with "
+                   "dtrain::optimizerFactory<torch::optim::AdamW>(torch::optim::AdamWOptions(...))");
+  return factory.defaults->clone();
+}
+
+using Clock = std::chrono::steady_clock;
+
+}  // namespace
+
+ShardedOptimizer::ShardedOptimizer(DdpCore& ddp,
+                                   std::vector<torch::optim::OptimizerParamGroup> groups,
+                                   OptimizerFactory factory, ZeroOptions options)
+    : torch::optim::Optimizer(std::vector<torch::optim::OptimizerParamGroup>{},
+                              defaultsOf(factory)),
+      options_(options) {
+  zero::BuiltShards built = zero::buildShards(ddp, std::move(groups), factory, options_);
+  shards_ = std::move(built.shards);
+  sync_ = std::move(built.sync);
+  for (const auto& group : built.groups) add_param_group(group);
+}
+
+ShardedOptimizer::~ShardedOptimizer() = default;
+
+const ShardLayout& ShardedOptimizer::layout() const { return shards_->layout(); }
+
+torch::Tensor ShardedOptimizer::step(LossClosure closure) {
+  torch::Tensor loss;
+  if (closure != nullptr) {
+    at::AutoGradMode enable(true);
+    loss = closure();
+  }
+  at::NoGradGuard noGrad;
+  zero::ShardGroup& shards = *shards_;
+  shards.checkSteppable();
+  // Each unit's optimizer steps with its group's options as they are now (a scheduler or the
+  // program may have changed them since the last step).
+  for (size_t k = 0; k < shards.size(); ++k) {
+    shards.unit(k).optimizer().param_groups()[0].set_options(
+        param_groups_[shards.groupOf(k)].options().clone());
+  }
+  lastStep_ = {};
+  // Last unit first: the all-gather left to wait for after the last step is then the first
+  // unit's, small by design (Note [Shard layout]), and the parameters come back in forward order.
+  for (size_t k = shards.size(); k-- > 0;) {
+    const auto start = Clock::now();
+    shards.stepUnit(k);
+    lastStep_.optimizerStep += Clock::now() - start;
+    shards.launchGather(k);  // runs while the next unit steps
+    if (!options_.overlapAllgather) lastStep_.allgatherWait += shards.finishGather(k);
+  }
+  for (size_t k = shards.size(); k-- > 0;) {
+    if (options_.overlapAllgather) lastStep_.allgatherWait += shards.finishGather(k);
+  }
+  return loss;
+}
+
+void ShardedOptimizer::zero_grad() {
+  for (auto& group : param_groups_) {
+    for (auto& p : group.params()) p.mutable_grad() = torch::Tensor();
+  }
+}
+
+void ShardedOptimizer::save(torch::serialize::OutputArchive&) const {
+  DTRAIN_THROW(InvalidArgument,
+               "ShardedOptimizer: its state is spread over the ranks, and a libtorch archive "
+               "holds one process's optimizer. HINT: shardRecords() gives this rank's part");
+}
+
+void ShardedOptimizer::load(torch::serialize::InputArchive&) {
+  DTRAIN_THROW(InvalidArgument,
+               "ShardedOptimizer: its state is spread over the ranks, and a libtorch archive "
+               "holds one process's optimizer. HINT: loadShardState() loads a sharded state");
+}
+
+ZeroStats ShardedOptimizer::stats() const {
+  zero::ShardGroup& shards = *shards_;
+  ZeroStats s;
+  s.stage = options_.stage;
+  s.ranks = shards.group().size();
+  s.parameters = shards.layout().numel();
+  s.padding = shards.layout().padding();
+  s.owned = shards.layout().shardNumel();
+  s.units = shards.size();
+  std::unordered_set<const void*> seen;  // each storage once
+  for (size_t k = 0; k < shards.size(); ++k) {
+    zero::ShardUnit& u = shards.unit(k);
+    s.memory.parameters += u.parameterBytes();
+    s.memory.gradients += u.gradientBytes();
+    s.memory.masterWeights += u.masterBytes();
+    auto& optimizer = u.optimizer();
+    auto it = optimizer.state().find(compat::optimizerStateKey(optimizer, u.optimized()));
+    if (it == optimizer.state().end()) continue;
+    for (const auto& [field, tensor] : checkpoint::fieldsOf(*it->second).tensors) {
+      if (!tensor->defined() || !seen.insert(tensor->storage().data()).second) continue;
+      s.memory.optimizerState += tensor->storage().nbytes();
+    }
+  }
+  s.memory.buckets = shards.bucketBytes();
+  s.memory.looseGradients = sync_->looseGradientBytes();
+  s.reduceScatterWait = sync_->lastIteration().waited;
+  s.optimizerStep = lastStep_.optimizerStep;
+  s.allgatherWait = lastStep_.allgatherWait;
+  return s;
+}
+
+}  // namespace dtrain

@@ -1,0 +1,78 @@
+// ZeRO stages 1 and 2 against plain DDP, ranks as threads: the same model, data and optimizer end
+// within 1e-6 (relative) of DDP's parameters, and every rank bitwise equal after the all-gather.
+// Real processes over shared memory and Gloo: tests/integration/zero_processes_test.cpp.
+#include <gtest/gtest.h>
+
+#include "zero_expect.h"
+
+namespace dtrain::testing {
+namespace {
+
+struct Param {
+  int world;
+  int stage;
+};
+
+class ZeroEquivalence : public ::testing::TestWithParam<Param> {};
+
+// 50 AdamW steps of 3 micro-batches (noSync), an enabled GradScaler whose step 7 overflows on one
+// rank only (so every rank must agree to skip it), units with padding.
+TEST_P(ZeroEquivalence, AdamWWithAccumulationAndAnOverflow) {
+  ZeroRun run;
+  run.world = GetParam().world;
+  run.steps = 50;
+  run.micro = 3;
+  run.scaler = true;
+  run.overflowStep = 7;
+  run.overflowRank = run.world - 1;
+  const ZeroResult ddp = trainMlp(run);
+  run.stage = GetParam().stage;
+  const ZeroResult zero = trainMlp(run);
+  EXPECT_EQ(ddp.skipped, 1);
+  EXPECT_EQ(zero.skipped, 1) << "the overflow on one rank skips the step on all";
+  expectRanksBitwiseEqual(zero);
+  expectClose(zero, ddp, 1e-6);
+}
+
+// SGD with momentum and weight decay, and a second group (the biases) with its own options.
+TEST_P(ZeroEquivalence, SgdMomentumWithTwoParameterGroups) {
+  ZeroRun run;
+  run.world = GetParam().world;
+  run.steps = 20;
+  run.optimizer = "sgd-groups";
+  const ZeroResult ddp = trainMlp(run);
+  run.stage = GetParam().stage;
+  const ZeroResult zero = trainMlp(run);
+  expectRanksBitwiseEqual(zero);
+  expectClose(zero, ddp, 1e-6);
+}
+
+// The global norm over the shards is the full model's, and clipping scales alike.
+TEST_P(ZeroEquivalence, ClipGradNormByTheGlobalNorm) {
+  ZeroRun run;
+  run.world = GetParam().world;
+  run.steps = 8;
+  run.optimizer = "adam";
+  run.clip = 0.05;
+  const ZeroResult ddp = trainMlp(run);
+  run.stage = GetParam().stage;
+  const ZeroResult zero = trainMlp(run);
+  ASSERT_EQ(zero.clipNorms.size(), ddp.clipNorms.size());
+  for (size_t s = 0; s < ddp.clipNorms.size(); ++s) {
+    EXPECT_NEAR(zero.clipNorms[s], ddp.clipNorms[s], 1e-6 * ddp.clipNorms[s]) << "step " << s;
+    EXPECT_GT(ddp.clipNorms[s], run.clip) << "the test clips at every step";
+  }
+  expectRanksBitwiseEqual(zero);
+  expectClose(zero, ddp, 1e-5);
+}
+
+INSTANTIATE_TEST_SUITE_P(Ranks, ZeroEquivalence,
+                         ::testing::Values(Param{2, 1}, Param{2, 2}, Param{3, 1}, Param{3, 2},
+                                           Param{4, 1}, Param{4, 2}),
+                         [](const auto& info) {
+                           return "world" + std::to_string(info.param.world) + "stage" +
+                                  std::to_string(info.param.stage);
+                         });
+
+}  // namespace
+}  // namespace dtrain::testing

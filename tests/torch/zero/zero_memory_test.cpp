@@ -1,0 +1,138 @@
+// Model-state memory per rank, measured from the tensors' storages (not from the formula), against
+// ZeRO's formula for float32 Adam: stage 1 holds 8 + 8/N bytes per parameter, stage 2 4 + 12/N.
+// Also what noSync() accumulation costs at stage 2 (full gradients until the synchronising
+// backward) and that stage 2's bucket memory stays a few units.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+
+#include "zero_test_support.h"
+
+namespace dtrain::testing {
+namespace {
+
+// Bytes of memory the tensors cover, each byte once (views and tensors over one buffer overlap).
+size_t coveredBytes(const std::vector<torch::Tensor>& tensors) {
+  std::vector<std::pair<uintptr_t, uintptr_t>> spans;
+  for (const auto& t : tensors) {
+    if (!t.defined() || t.storage().nbytes() == 0) continue;
+    auto begin = reinterpret_cast<uintptr_t>(t.storage().data());
+    spans.emplace_back(begin, begin + t.storage().nbytes());
+  }
+  std::sort(spans.begin(), spans.end());
+  size_t bytes = 0;
+  uintptr_t reached = 0;
+  for (const auto& [b, e] : spans) {
+    const uintptr_t from = std::max(b, reached);
+    if (e > from) bytes += e - from;
+    reached = std::max(reached, e);
+  }
+  return bytes;
+}
+
+struct Measured {
+  size_t params = 0, grads = 0, state = 0;
+  size_t total() const { return params + grads + state; }
+};
+
+Measured measure(torch::nn::Module& net, ShardedOptimizer& optimizer) {
+  Measured m;
+  std::vector<torch::Tensor> params, grads, state;
+  for (auto& p : net.parameters()) {
+    params.push_back(p);
+    grads.push_back(p.grad());
+  }
+  for (auto& g : optimizer.param_groups()) {
+    for (auto& p : g.params()) grads.push_back(p.grad());
+  }
+  for (const auto& record : optimizer.shardRecords()) {
+    for (const auto& [field, t] : record.state) state.push_back(t);
+  }
+  m.params = coveredBytes(params);
+  m.grads = coveredBytes(grads);
+  m.state = coveredBytes(state);
+  return m;
+}
+
+class ZeroMemory : public ::testing::TestWithParam<std::pair<int, int>> {};
+
+TEST_P(ZeroMemory, ModelStateBytesFromStoragesMatchTheFormula) {
+  const auto [world, stage] = GetParam();
+  auto threads = ThreadWorld::create(world);
+  threads->run([&, world = world, stage = stage](int rank) {
+    auto group = threadGroup(*threads, rank);
+    torch::manual_seed(1);
+    Mlp net(64, 256, 64);  // 98,880 parameters
+    DistributedDataParallel<Mlp> ddp(net, group);
+    ZeroOptions zo;
+    zo.stage = stage;
+    zo.firstUnitBytes = 64 << 10;
+    zo.unitBytes = 128 << 10;
+    ShardedOptimizer adam(ddp, optimizerFactory<torch::optim::Adam>(torch::optim::AdamOptions(1e-3)),
+                          zo);
+    for (int s = 0; s < 2; ++s) {
+      adam.zero_grad();
+      torch::manual_seed(10 + s);
+      torch::mse_loss(ddp(torch::randn({4, 64})), torch::randn({4, 64})).backward();
+      adam.step();
+    }
+    const double psi = 98880;
+    const double n = world;
+    const double formula = stage == 1 ? (8 + 8 / n) * psi : (4 + 12 / n) * psi;
+    const Measured m = measure(*net, adam);
+    EXPECT_NEAR(m.total(), formula, 0.02 * formula)
+        << "rank " << rank << ": parameters " << m.params << ", gradients " << m.grads
+        << ", optimizer state " << m.state;
+    EXPECT_EQ(m.params, 4 * psi);
+    const ZeroStats stats = adam.stats();
+    EXPECT_NEAR(stats.memory.modelState(), m.total(), 0.002 * m.total())
+        << "stats() counts what the storages hold (padding aside)";
+    EXPECT_EQ(stats.memory.masterWeights, 0u) << "float32 parameters are stepped in place";
+    EXPECT_EQ(stats.memory.looseGradients, 0u);
+    if (stage == 2) {
+      // Buckets: at most bucketsInFlight units' worth, the largest unit being ~128 KiB here.
+      EXPECT_GT(stats.memory.buckets, 0u);
+      EXPECT_LE(stats.memory.buckets, static_cast<size_t>(zo.bucketsInFlight + 1) * (300 << 10));
+    } else {
+      EXPECT_EQ(stats.memory.buckets, 0u);
+    }
+  });
+}
+
+INSTANTIATE_TEST_SUITE_P(Ranks, ZeroMemory,
+                         ::testing::Values(std::make_pair(2, 1), std::make_pair(2, 2),
+                                           std::make_pair(4, 1), std::make_pair(4, 2)),
+                         [](const auto& info) {
+                           return "world" + std::to_string(info.param.first) + "stage" +
+                                  std::to_string(info.param.second);
+                         });
+
+// DeepSpeed's first behaviour (Note [Sharded backward]): under noSync() stage 2 keeps the full
+// gradients in the parameters' .grad, no communication, until the synchronising backward moves
+// them into buckets and frees them.
+TEST(ZeroMemory, NoSyncAccumulationHoldsFullGradientsUntilTheSynchronisingBackward) {
+  auto threads = ThreadWorld::create(2);
+  threads->run([&](int rank) {
+    auto group = threadGroup(*threads, rank);
+    torch::manual_seed(1);
+    Mlp net(64, 256, 64);
+    DistributedDataParallel<Mlp> ddp(net, group);
+    ZeroOptions zo;
+    zo.stage = 2;
+    ShardedOptimizer sgd(ddp, optimizerFactory<torch::optim::SGD>(torch::optim::SGDOptions(0.1)), zo);
+    const auto issued = threads->issued(rank);
+    {
+      auto guard = ddp.noSync();
+      torch::mse_loss(ddp(torch::randn({4, 64})), torch::randn({4, 64})).backward();
+    }
+    EXPECT_EQ(threads->issued(rank), issued) << "no collective under noSync()";
+    EXPECT_EQ(sgd.stats().memory.looseGradients, 98880u * 4);
+    torch::mse_loss(ddp(torch::randn({4, 64})), torch::randn({4, 64})).backward();
+    EXPECT_EQ(sgd.stats().memory.looseGradients, 0u);
+    for (auto& p : net->parameters()) EXPECT_FALSE(p.grad().defined());
+    sgd.step();
+  });
+}
+
+}  // namespace
+}  // namespace dtrain::testing
