@@ -142,21 +142,6 @@ TEST_P(RecomputeDdp, HooksFireOnceAndBucketsLaunchBeforeEarlierSegmentsRecompute
   EXPECT_EQ(traces[0].size(), static_cast<size_t>(kSteps));
 }
 
-// `net` run plainly or through RecomputeSequential, under the same parameter names.
-struct EitherNetImpl : torch::nn::Module {
-  EitherNetImpl(torch::nn::Sequential n, bool withRecompute) : net(std::move(n)) {
-    if (withRecompute) {
-      recomputed = register_module("net", RecomputeSequential(net, 3));
-    } else {
-      register_module("net", net);
-    }
-  }
-  torch::Tensor forward(const torch::Tensor& x) { return recomputed ? recomputed(x) : net->forward(x); }
-  torch::nn::Sequential net;
-  RecomputeSequential recomputed{nullptr};
-};
-TORCH_MODULE(EitherNet);
-
 // Trains a DDP model of BatchNorm blocks on 2 ranks for a few steps, each step two micro-batches
 // (the first under noSync()) with a GradScaler (enabled on the CPU: it scales and unscales
 // float32 exactly as on CUDA); returns each rank's model.
