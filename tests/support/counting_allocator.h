@@ -8,6 +8,9 @@
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
+#include <cstdlib>
+#include <mutex>
+#include <unordered_map>
 
 #include <c10/core/Allocator.h>
 #include <c10/core/CPUAllocator.h>
@@ -30,6 +33,7 @@ class CountingCpuAllocator final : public c10::Allocator {
   static CountingCpuAllocator& install() {
     static CountingCpuAllocator* instance = [] {
       auto* a = new CountingCpuAllocator(c10::GetCPUAllocator());
+      self() = a;
       // Priority above the default's, so a later SetCPUAllocator at priority 0 cannot undo it.
       c10::SetCPUAllocator(a, /*priority=*/100);
       return a;
@@ -37,19 +41,27 @@ class CountingCpuAllocator final : public c10::Allocator {
     return *instance;
   }
 
+  // The context is the data pointer and the deleter takes it alone (raw_deleter()), as for the
+  // default allocator: oneDNN allocates through raw_allocate(), which needs both.
   c10::DataPtr allocate(size_t bytes) DTRAIN_TEST_ALLOCATE_CONST override {
     c10::DataPtr inner = inner_->allocate(bytes);
     void* data = inner.get();
-    c10::Device device = inner.device();
-    auto* record = new Record{std::move(inner), bytes, const_cast<CountingCpuAllocator*>(this)};
+    const c10::Device device = inner.device();
+    if (data == nullptr) return inner;
+    if (inner.get_context() != data) std::abort();  // not an allocator this wrapper can count
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      blocks_[data] = {bytes, inner.get_deleter()};
+    }
+    inner.release_context();
     const int64_t now = live_.fetch_add(static_cast<int64_t>(bytes)) + static_cast<int64_t>(bytes);
     int64_t peak = peak_.load();
     while (now > peak && !peak_.compare_exchange_weak(peak, now)) {
     }
-    return {data, record, &CountingCpuAllocator::release, device};
+    return {data, data, &CountingCpuAllocator::release, device};
   }
 
-  c10::DeleterFnPtr raw_deleter() const override { return nullptr; }
+  c10::DeleterFnPtr raw_deleter() const override { return &CountingCpuAllocator::release; }
 #if DTRAIN_TEST_ALLOCATOR_COPY_DATA
   void copy_data(void* dest, const void* src, std::size_t count) const override {
     default_copy_data(dest, src, count);
@@ -63,21 +75,40 @@ class CountingCpuAllocator final : public c10::Allocator {
   void resetPeak() { peak_.store(live_.load()); }
 
  private:
-  struct Record {
-    c10::DataPtr inner;
+  struct Block {
     size_t bytes;
-    CountingCpuAllocator* owner;
+    c10::DeleterFnPtr deleter;  // the inner allocator's
   };
 
   explicit CountingCpuAllocator(c10::Allocator* inner) : inner_(inner) {}
 
-  static void release(void* context) {
-    auto* record = static_cast<Record*>(context);
-    record->owner->live_.fetch_sub(static_cast<int64_t>(record->bytes));
-    delete record;  // frees the storage through the inner allocator's deleter
+  static CountingCpuAllocator*& self() {
+    static CountingCpuAllocator* instance = nullptr;
+    return instance;
+  }
+
+  static void release(void* data) {
+    CountingCpuAllocator* a = self();
+    Block block{};
+    {
+      std::lock_guard<std::mutex> lock(a->mutex_);
+      auto it = a->blocks_.find(data);
+      if (it == a->blocks_.end()) {
+        // Raw memory the inner allocator gave out before the install (oneDNN frees through
+        // whichever allocator is current).
+        a->inner_->raw_deleter()(data);
+        return;
+      }
+      block = it->second;
+      a->blocks_.erase(it);
+    }
+    a->live_.fetch_sub(static_cast<int64_t>(block.bytes));
+    block.deleter(data);
   }
 
   c10::Allocator* inner_;
+  mutable std::mutex mutex_;
+  mutable std::unordered_map<void*, Block> blocks_;  // guarded by mutex_
   mutable std::atomic<int64_t> live_{0};
   mutable std::atomic<int64_t> peak_{0};
 };
