@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Builds dtrain against a CUDA libtorch and runs the GPU tests (CTest label gpu), the GPU
-# allreduce benchmark and train_bench --gpu (ResNet-50 with AMP beside PyTorch eager with AMP), and
+# allreduce benchmark, train_bench --gpu (ResNet-50 with AMP beside PyTorch eager with AMP) and
+# recompute_bench --gpu (ResNet-50 with AMP, with and without activation recompute), and
 # checks launch's GPU sampling while a GPU test runs, within 10 minutes, on a machine with an
 # NVIDIA GPU.
 #
@@ -71,7 +72,8 @@ run() {  # prints and runs one step (prints only, in a dry run)
 for f in CMakeLists.txt tests/gpu/gpu.cmake tests/gpu/nccl_gpu_test.cpp \
          tests/gpu/process_group_cuda_test.cpp benchmarks/allreduce/allreduce_bench.cpp \
          tests/gpu/monitor_gpu_test.cpp benchmarks/train/train_bench.cpp \
-         benchmarks/train/train_peer.py scripts/gpu_deps.sh; do
+         benchmarks/train/train_peer.py benchmarks/recompute/recompute_bench.cpp \
+         benchmarks/recompute/recompute_peer.py scripts/gpu_deps.sh; do
   [ -e "$root/$f" ] || { say "error: $f is missing from the source tree" >&2; exit 1; }
 done
 
@@ -144,6 +146,10 @@ run "$build/allreduce_bench" "${bench_args[@]}"
 if [ "$torch_ok" = 1 ]; then
   run cmake --build "$build" -j "$jobs" --target train_bench
   run "$build/train_bench" --gpu --python "$python" --rounds 3 --steps 20 --warmup 5
+  # Activation recompute: ResNet-50 with AMP (batch 64), peak CUDA memory and samples/s with and
+  # without dtrain::recompute, beside checkpoint_sequential on the same GPU.
+  run cmake --build "$build" -j "$jobs" --target recompute_bench
+  run "$build/recompute_bench" --gpu --models resnet50 --python "$python" --reps 3 --steps 10 --warmup 3
 fi
 
 # The script against an existing build: what it would build and pass must exist there.

@@ -230,10 +230,11 @@ struct Cell {
 using Results = std::map<std::string, std::map<std::string, std::map<bool, Cell>>>;
 
 void printTable(const Options& o, const Results& results) {
-  std::printf("%-9s %-7s %-10s %8s %8s %8s %6s %9s %9s %6s %6s %6s %6s\n", "model", "side", "mode",
-              "fwd_ms", "bwd_ms", "step_ms", "fwd%", "kept_MB", "peak_MB", "r_peak", "r_step",
-              "pred", "#wrong");
+  std::printf("%-9s %-7s %-10s %8s %8s %8s %8s %6s %9s %9s %6s %6s %6s %6s\n", "model", "side",
+              "mode", "fwd_ms", "bwd_ms", "step_ms", "sampl/s", "fwd%", "kept_MB", "peak_MB",
+              "r_peak", "r_step", "pred", "#wrong");
   for (const auto& [model, sides] : results) {
+    const auto batch = static_cast<double>(configure(o, model).batch);
     for (const auto& [side, modes] : sides) {
       const Cell& plain = modes.at(false);
       for (const auto& [recompute, cell] : modes) {
@@ -247,9 +248,10 @@ void printTable(const Options& o, const Results& results) {
           wrong += cell.reps[i].firstLoss != plain.reps[i].firstLoss ||
                    cell.reps[i].firstGradSum != plain.reps[i].firstGradSum;
         }
-        std::printf("%-9s %-7s %-10s %8.0f %8.0f %8.0f %5.0f%% %9.1f %9.1f %6.3f %6.3f %6.3f %6d\n",
+        std::printf("%-9s %-7s %-10s %8.0f %8.0f %8.0f %8.1f %5.0f%% %9.1f %9.1f %6.3f %6.3f %6.3f "
+                    "%6d\n",
                     model.c_str(), side.c_str(), recompute ? "recompute" : "plain", 1e3 * fwd,
-                    1e3 * cell.med(&RecomputeResult::backwardSeconds), 1e3 * step,
+                    1e3 * cell.med(&RecomputeResult::backwardSeconds), 1e3 * step, batch / step,
                     100 * fwd / step, cell.medBytes(&RecomputeResult::keptBytes) / 1e6,
                     peak / 1e6, peak / plain.medBytes(&RecomputeResult::peakBytes),
                     step / plainStep, 1 + plainFwd / plainStep, wrong);
