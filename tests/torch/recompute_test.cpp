@@ -230,6 +230,23 @@ TEST(Recompute, AutogradGradThroughASegmentLeavesDotGradAlone) {
   EXPECT_FALSE(fc->weight.grad().defined());
 }
 
+// create_graph: the gradient computed through a segment is itself differentiable (a gradient
+// penalty), as without recompute.
+TEST(Recompute, DoubleBackwardThroughASegment) {
+  auto run = [](bool withRecompute) {
+    torch::manual_seed(10);
+    torch::nn::Linear fc(4, 4);
+    auto x = torch::randn({3, 4}, torch::requires_grad());
+    auto out = withRecompute ? recompute(fc, x) : fc(x);
+    auto gx = torch::autograd::grad({out.tanh().pow(2).sum()}, {x}, {}, /*retain_graph=*/true,
+                                    /*create_graph=*/true)[0];
+    gx.pow(2).sum().backward();
+    return std::vector<torch::Tensor>{x.grad(), fc->weight.grad()};
+  };
+  auto expected = run(false), actual = run(true);
+  for (size_t i = 0; i < expected.size(); ++i) EXPECT_TRUE(bitwiseEqual(actual[i], expected[i])) << i;
+}
+
 TEST(Recompute, IsRecomputingOnlyDuringTheSecondRun) {
   std::vector<bool> seen;
   auto x = torch::randn({2, 2}, torch::requires_grad());
