@@ -114,7 +114,7 @@ row gpu_tests   75 "@gpu-tests"      ctest --test-dir "$build" -L gpu --output-o
 row allreduce   30 "allreduce_bench" "$build/allreduce_bench" "${bench_args[@]}"
 row resnet_amp  90 "train_bench"     "$build/train_bench" --gpu --python "$python" "${train_args[@]}"
 row launch_gpu  40 "launch dtrain_gpu_tests" launch_gpu_sampling
-row recompute   60 "recompute_bench" "$build/recompute_bench" --gpu --models resnet50 --python "$python" --reps 3 --steps 10 --warmup 3
+row recompute  100 "recompute_bench" "$build/recompute_bench" --gpu --models resnet50 --python "$python" --reps 3 --steps 10 --warmup 3
 
 # ---- What the rows call (each row runs in BUILD/gpu_check/<row>.sh, which carries every function
 # of this script and the variables it resolved) ---------------------------------------------------
