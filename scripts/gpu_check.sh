@@ -15,8 +15,9 @@
 # lists in BUILD/gpu_test_targets.txt), allreduce (allreduce_bench --backend nccl, 4 KiB -
 # 256 MiB), resnet_amp (train_bench --gpu: ResNet-50 AMP beside PyTorch eager AMP), launch_gpu
 # (launch's GPU sampling while a GPU test runs), zero_memory (train_resnet --zero 0|1|2: ZeRO's peak
-# GPU memory against DDP's), then the rows other features add. --rows runs only
-# the named rows (and the build of what they need).
+# GPU memory against DDP's), recompute (recompute_bench --gpu: ResNet-50 AMP, peak CUDA memory and
+# samples/s with and without activation recompute, beside PyTorch's checkpoint_sequential), then
+# the rows other features add. --rows runs only the named rows (and the build of what they need).
 #
 # Before configuring it checks, and stops with one line on the first that fails: PYTHON's torch is
 # a CUDA build of a version dtrain supports (1.13, 2.0 - 2.14: docs/design.md#libraries), built
@@ -114,6 +115,7 @@ row allreduce   30 "allreduce_bench" "$build/allreduce_bench" "${bench_args[@]}"
 row resnet_amp  90 "train_bench"     "$build/train_bench" --gpu --python "$python" "${train_args[@]}"
 row launch_gpu  40 "launch dtrain_gpu_tests" launch_gpu_sampling
 row zero_memory 60 "launch train_resnet" zero_peak_memory
+row recompute  100 "recompute_bench" "$build/recompute_bench" --gpu --models resnet50 --python "$python" --reps 3 --steps 10 --warmup 3
 
 # ---- What the rows call (each row runs in BUILD/gpu_check/<row>.sh, which carries every function
 # of this script and the variables it resolved) ---------------------------------------------------

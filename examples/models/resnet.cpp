@@ -4,6 +4,7 @@
 #include <torch/nn/init.h>
 
 #include <dtrain/base/error.h>
+#include <dtrain/torch/recompute.h>
 
 namespace examples {
 namespace {
@@ -125,15 +126,25 @@ ResNetImpl::ResNetImpl(const ResNetOptions& opts) : options(opts) {
   }
 }
 
+torch::Tensor ResNetImpl::stem(const torch::Tensor& x) {
+  torch::Tensor out = bn1(conv1(x)).relu_();
+  if (options.cifarStem) return out;
+  return F::max_pool2d(out, F::MaxPool2dFuncOptions(3).stride(2).padding(1));
+}
+
 torch::Tensor ResNetImpl::forward(torch::Tensor x) {
-  x = bn1(conv1(x)).relu_();
-  if (!options.cifarStem) {
-    x = F::max_pool2d(x, F::MaxPool2dFuncOptions(3).stride(2).padding(1));
+  torch::nn::Sequential* stages[] = {&layer1, &layer2, &layer3, &layer4};
+  if (options.recompute) {
+    // Each block is a segment of its own (recomputeSequential with one segment per child).
+    x = dtrain::recompute(dtrain::RecomputeSegment(*conv1).add(*bn1),
+                          [this](const torch::Tensor& in) { return stem(in); }, x);
+    for (auto* stage : stages) {
+      x = dtrain::recomputeSequential(*stage, static_cast<int64_t>((*stage)->size()), x);
+    }
+  } else {
+    x = stem(x);
+    for (auto* stage : stages) x = (*stage)->forward(x);
   }
-  x = layer1->forward(x);
-  x = layer2->forward(x);
-  x = layer3->forward(x);
-  x = layer4->forward(x);
   x = F::adaptive_avg_pool2d(x, F::AdaptiveAvgPool2dFuncOptions(1)).flatten(1);
   return fc(x);
 }

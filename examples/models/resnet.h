@@ -7,12 +7,16 @@
 // torchvision's do. A state_dict of torchvision's model therefore has exactly our parameter and
 // buffer names and shapes.
 //
-// Two options torchvision does not have:
+// Options torchvision does not have:
 //   - cifarStem: the first layer is a 3x3 stride-1 convolution without the max-pool, for 32x32
 //     images (the usual CIFAR variant; a 7x7/2 stem and a pool would leave 8x8 after the stem);
 //   - width: channels of the first stage (64 in torchvision; the stages have width, 2w, 4w, 8w
 //     channels, times 4 at the end of Bottleneck blocks). A narrower net trains a demo on two CPU
-//     cores in a minute.
+//     cores in a minute;
+//   - recompute: the stem and every residual block run through dtrain::recompute, so that forward
+//     keeps only their inputs and backward runs each again (about one more forward per step for
+//     a fraction of the activation memory; docs/design.md#recompute). Parameters, their names and
+//     the results are the same.
 
 #include <cstdint>
 #include <string>
@@ -55,12 +59,15 @@ struct ResNetOptions {
   int64_t numClasses = 1000;
   bool cifarStem = false;
   int64_t width = 64;
+  bool recompute = false;
 };
 
 struct ResNetImpl : torch::nn::Module {
   explicit ResNetImpl(const ResNetOptions& options);
   // [N, 3, H, W] float -> [N, numClasses] logits.
   torch::Tensor forward(torch::Tensor x);
+  // conv1, bn1, ReLU and (ImageNet stem) the max-pool.
+  torch::Tensor stem(const torch::Tensor& x);
 
   ResNetOptions options;
   torch::nn::Conv2d conv1{nullptr};

@@ -5,10 +5,11 @@ record per step in the schema, the Prometheus endpoint answers a scrape mid-run 
 grepped), --amp trains on the CPU, a rank killed mid-run is restarted and resumes from its
 checkpoint bitwise, bad input exits with one clear message, and under a launch that watches
 (--metrics-port, --metrics-file) every rank's figures reach launch's endpoint and file beside
-launch's own samples, with no port of the trainer's; --zero 1 and 2 train as DDP does.
+launch's own samples, with no port of the trainer's; --zero 1 and 2 train as DDP does;
+--recompute ends bitwise equal.
 
 Usage: train_resnet_test.py <build-dir> [test ...]   (tests: train, amp, resume, usage,
-data, watch, zero; default all)
+data, watch, zero, recompute; default all)
 """
 import json
 import math
@@ -435,8 +436,25 @@ def test_watch():
     print("watch: ok")
 
 
+def test_recompute():
+    """--recompute (the stem and each residual block run again in backward) ends bitwise equal to
+    the same run without it."""
+    with tempfile.TemporaryDirectory() as tmp:
+        common = SMALL + ["--synthetic", "600", "--data-dir", os.path.join(tmp, "data"),
+                          "--epochs", "1", "--log-every", "6"]
+        plain = Run(common)
+        if plain.finish() != 0:
+            fail("the run without --recompute failed")
+        run = Run(common + ["--recompute"])
+        if run.finish() != 0:
+            fail("the run with --recompute failed")
+        if fingerprints(run) != fingerprints(plain):
+            fail("--recompute does not end bitwise equal to the run without it")
+    print("recompute: ok")
+
+
 TESTS = {"train": test_train, "amp": test_amp, "resume": test_resume, "usage": test_usage,
-         "data": test_data, "watch": test_watch, "zero": test_zero}
+         "data": test_data, "watch": test_watch, "zero": test_zero, "recompute": test_recompute}
 
 if __name__ == "__main__":
     for name in sys.argv[2:] or list(TESTS):

@@ -12,6 +12,7 @@
 #include "dtrain/torch/grad_scaler.h"
 #include "dtrain/torch/init.h"
 #include "dtrain/torch/zero.h"
+#include "dtrain/torch/recompute.h"
 #endif
 
 namespace dtrain {

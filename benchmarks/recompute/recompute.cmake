@@ -1,0 +1,29 @@
+# recompute_bench: activation recompute's memory and time, dtrain beside PyTorch's
+# checkpoint_sequential (benchmarks/README.md). Needs the examples' library (ResNet-50). The peer
+# (recompute_peer.py) runs when the Python can import torch and torchvision; it counts tensor
+# bytes with librecompute_counting.so, the tests' counting allocator, loaded after torch.
+if(TARGET dtrain_examples)
+  add_library(recompute_counting SHARED benchmarks/recompute/counting_library.cpp)
+  target_include_directories(recompute_counting PRIVATE ${CMAKE_CURRENT_SOURCE_DIR}/tests/support)
+  target_link_libraries(recompute_counting PRIVATE torch)
+  dtrain_warnings(recompute_counting)
+
+  add_executable(recompute_bench
+    benchmarks/recompute/recompute_bench.cpp
+    benchmarks/recompute/recompute_worker.cpp
+    benchmarks/recompute/cuda_memory.cpp
+    benchmarks/ddp/bench_process.cpp)
+  target_include_directories(recompute_bench PRIVATE ${CMAKE_CURRENT_SOURCE_DIR}/benchmarks/ddp
+                                                     ${CMAKE_CURRENT_SOURCE_DIR}/tests/support)
+  target_link_libraries(recompute_bench PRIVATE dtrain dtrain_examples nlohmann_json::nlohmann_json)
+  target_compile_definitions(recompute_bench PRIVATE
+    DTRAIN_RECOMPUTE_BENCH_DIR="${CMAKE_CURRENT_SOURCE_DIR}/benchmarks/recompute"
+    DTRAIN_RECOMPUTE_COUNTING_LIBRARY="$<TARGET_FILE:recompute_counting>")
+  add_dependencies(recompute_bench recompute_counting)
+  dtrain_reuse_torch_pch(recompute_bench)
+  dtrain_warnings(recompute_bench)
+  if(DTRAIN_WITH_TESTS)
+    add_test(NAME bench_smoke.recompute_bench COMMAND recompute_bench --smoke)
+    set_tests_properties(bench_smoke.recompute_bench PROPERTIES LABELS integration TIMEOUT 180)
+  endif()
+endif()

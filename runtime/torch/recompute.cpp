@@ -1,0 +1,280 @@
+#include "dtrain/torch/recompute.h"
+
+#include <algorithm>
+#include <optional>
+#include <unordered_set>
+
+#include <ATen/core/ivalue.h>
+#include <c10/core/GradMode.h>
+#include <torch/csrc/autograd/custom_function.h>
+#include <torch/csrc/autograd/engine.h>
+#include <torch/csrc/autograd/variable.h>
+
+#include "dtrain/base/error.h"
+#include "recompute_state.h"
+
+// Note [Recompute]
+// recompute(fn, inputs...) is one autograd node, RecomputeFunction, whose inputs are the tensor
+// arguments *and the parameters fn reads* (RecomputeSegment). Its forward runs fn without a graph
+// (autograd's Function runs forward under no-grad) and saves only the inputs. Its backward runs
+// fn again, under grad mode, on detached copies of the inputs, then asks autograd for the
+// gradients of the recomputed outputs with respect to those copies and to the parameters
+// (what torch::autograd::grad with explicit inputs does) and returns them as the node's input gradients.
+//
+// Why not the classic reentrant form (Python's use_reentrant=True), which calls backward() on
+// the recomputed outputs from inside backward: that inner backward accumulates the segment's
+// parameter gradients itself, in a graph task of its own. DistributedDataParallel's hooks then
+// fire there; the hook that queues the end-of-backward callback (Note [DDP backward]) binds it to
+// that inner task, which ends first; findUnusedParameters' walk from the outputs cannot see the
+// parameters, which were used under no-grad, and marks them unused although they receive
+// gradients. Here the gradients come from a nested engine task too, but one that only *captures* the
+// gradients at its inputs: no AccumulateGrad node runs in it, so no hook fires and .grad is not
+// touched. The parameters' gradients leave the node like any other node's, in the caller's graph
+// task; each parameter's AccumulateGrad runs once (a parameter used in several segments, or
+// inside and outside one, gets the contributions summed in its input buffer first, as without
+// recompute), right after its segment's backward and before the earlier segments', so DDP's
+// buckets fill and launch in overlap with the rest of backward. findUnusedParameters' walk
+// reaches the parameters through the node's edges. Parameters get gradients even when no input
+// requires grad (the reentrant form's well-known gap), and torch::autograd::grad works through a
+// recomputed segment.
+//
+// What the second run must match:
+//   - Random numbers: the default generators' states (CPU, and CUDA for the devices of the inputs
+//     and parameters) are captured before the forward; the recompute runs from them and then
+//     puts back the states it found (RngFork), so Dropout draws the same mask and the
+//     generators continue as if nothing had run twice. The generators are process-wide: another
+//     thread drawing from them during a recompute breaks this, as it does for PyTorch.
+//   - Autocast: the forward's settings (enabled, dtype for CPU and CUDA, weight cache) are
+//     restored around the recompute, as a region of its own, since backward usually runs outside
+//     the autocast region. The forward turns autocast's weight cache off: under no-grad a cached
+//     cast has no history, and a later use of the same weight in the region would get it and
+//     lose that weight's gradient (libtorch 1.13 caches regardless of grad mode; Python's
+//     reentrant checkpoint gives a wrong gradient that way).
+//   - Running statistics: BatchNorm updates its running mean and variance in every training
+//     forward. The recompute would update them a second time; the statistics are copied before
+//     and written back after it (BufferGuard), which is exact whatever ran in between (a module
+//     used twice, another segment's recompute). The segment's other buffers must not change; a
+//     version counter check says so if one does.
+//   - Inputs: saved through autograd (version-checked); fn must not modify them in place during
+//     the forward (checked: the recompute would start from the modified value).
+//
+// A sharded (ZeRO-3) unit inside a segment: see docs/design.md#recompute for the contract it
+// follows (its gather is an autograd operation inside fn; isRecomputing() tells it the forward
+// runs for backward).
+
+namespace dtrain {
+
+namespace {
+
+thread_local int recomputeDepth = 0;
+
+struct DepthScope {
+  DepthScope() { ++recomputeDepth; }
+  ~DepthScope() { --recomputeDepth; }
+};
+
+bool isStatisticName(const std::string& name) {
+  const std::string leaf = name.substr(name.rfind('.') + 1);
+  return leaf == "running_mean" || leaf == "running_var" || leaf == "num_batches_tracked";
+}
+
+// One recomputed call: the function and what the recompute needs besides the saved tensors.
+struct RecomputeRun : torch::CustomClassHolder {
+  detail::SegmentFn fn;
+  RecomputeSegment segment;
+  size_t inputCount = 0;
+  std::optional<recompute_state::RngStates> rng;
+  recompute_state::AutocastState autocast;
+};
+
+std::vector<c10::Device> cudaDevicesOf(at::TensorList a, at::TensorList b) {
+  std::vector<c10::Device> devices;
+  for (auto list : {a, b}) {
+    for (const auto& t : list) {
+      if (t.is_cuda() && std::find(devices.begin(), devices.end(), t.device()) == devices.end()) {
+        devices.push_back(t.device());
+      }
+    }
+  }
+  return devices;
+}
+
+class RecomputeFunction : public torch::autograd::Function<RecomputeFunction> {
+ public:
+  using variable_list = torch::autograd::variable_list;
+
+  static variable_list forward(torch::autograd::AutogradContext* ctx,
+                               c10::intrusive_ptr<RecomputeRun> run, at::TensorList inputs,
+                               at::TensorList params) {
+    ctx->set_materialize_grads(false);
+    if (run->segment.options.preserveRngState) {
+      run->rng = recompute_state::RngStates::capture(cudaDevicesOf(inputs, params));
+    }
+    run->autocast = recompute_state::AutocastState::current();
+    std::vector<int64_t> versions;
+    for (const auto& t : inputs) versions.push_back(t._version());
+    std::vector<at::Tensor> outputs;
+    {
+      recompute_state::AutocastCacheOff cacheOff;
+      outputs = run->fn(std::vector<at::Tensor>(inputs.begin(), inputs.end()));
+    }
+    for (size_t i = 0; i < inputs.size(); ++i) {
+      DTRAIN_CHECK_ARG(inputs[i]._version() == versions[i],
+                       "dtrain::recompute: the function modified its tensor argument #{} in place; "
+                       "the recompute in backward would start from the modified value. HINT: "
+                       "compute into a new tensor (x = x.relu() rather than x.relu_()), or move "
+                       "the in-place step out of the recomputed segment",
+                       i);
+    }
+    DTRAIN_CHECK_ARG(!outputs.empty(), "dtrain::recompute: the function returned no tensor");
+    std::vector<at::Tensor> saved(inputs.begin(), inputs.end());
+    saved.insert(saved.end(), params.begin(), params.end());
+    ctx->save_for_backward(std::move(saved));
+    run->inputCount = inputs.size();
+    ctx->saved_data["run"] = c10::IValue::make_capsule(std::move(run));
+    return outputs;
+  }
+
+  static variable_list backward(torch::autograd::AutogradContext* ctx, variable_list grads) {
+    auto run = c10::static_intrusive_pointer_cast<RecomputeRun>(ctx->saved_data["run"].toCapsule());
+    const variable_list saved = ctx->get_saved_variables();
+    const size_t count = saved.size();
+    // One gradient per argument of forward: none for the run, then inputs, then parameters.
+    variable_list result(1 + count);
+    std::vector<bool> needed(count);
+    bool any = false;
+    for (size_t k = 0; k < count; ++k) any |= (needed[k] = ctx->needs_input_grad(k));
+    bool anyGrad = std::any_of(grads.begin(), grads.end(), [](const auto& g) { return g.defined(); });
+    if (!any || !anyGrad) return result;
+
+    std::vector<at::Tensor> inputs;
+    for (size_t k = 0; k < run->inputCount; ++k) {
+      at::Tensor copy = saved[k].detach();
+      copy.requires_grad_(needed[k] && saved[k].requires_grad());
+      inputs.push_back(std::move(copy));
+    }
+    const bool createGraph = c10::GradMode::is_enabled();  // backward(create_graph=true)
+    // The statistics go back only once the recomputed graph has run: BatchNorm's backward node
+    // saved them (version-checked) and would refuse to run after a write.
+    recompute_state::BufferGuard buffers(run->segment);
+    try {
+      gradients(*run, grads, saved, inputs, needed, createGraph, result);
+    } catch (...) {
+      buffers.restore();
+      throw;
+    }
+    buffers.finish();
+    return result;
+  }
+
+ private:
+  // Runs fn again and writes the gradients of the inputs and parameters into result.
+  static void gradients(RecomputeRun& run, const variable_list& grads, const variable_list& saved,
+                        const std::vector<at::Tensor>& inputs,
+                        const std::vector<bool>& needed, bool createGraph,
+                        variable_list& result) {
+    const size_t count = saved.size();
+    std::vector<at::Tensor> outputs = rerun(run, inputs);
+
+    // What torch::autograd::grad(outputs, wrt, grads) does, by edges: the recomputed outputs are
+    // not held while their graph runs, so each frees as soon as autograd is done with it.
+    torch::autograd::edge_list roots, wrt;
+    variable_list rootGrads;
+    for (size_t i = 0; i < outputs.size() && i < grads.size(); ++i) {
+      if (grads[i].defined() && outputs[i].requires_grad()) {
+        roots.push_back(torch::autograd::impl::gradient_edge(outputs[i]));
+        rootGrads.push_back(grads[i]);
+      }
+    }
+    outputs.clear();
+    std::vector<size_t> wrtIndex;
+    for (size_t k = 0; k < count; ++k) {
+      const at::Tensor& t = k < run.inputCount ? inputs[k] : saved[k];
+      if (!needed[k] || !t.requires_grad()) continue;
+      wrt.push_back(torch::autograd::impl::gradient_edge(t));
+      wrtIndex.push_back(k);
+    }
+    if (roots.empty() || wrt.empty()) return;
+    // accumulate_grad = false: the gradients are captured where the edges end; no AccumulateGrad
+    // node runs, so no hook fires and no .grad changes (Note [Recompute]).
+    variable_list computed = torch::autograd::Engine::get_default_engine().execute(
+        roots, rootGrads, /*keep_graph=*/createGraph, createGraph, /*accumulate_grad=*/false, wrt);
+    for (size_t j = 0; j < wrtIndex.size(); ++j) result[1 + wrtIndex[j]] = std::move(computed[j]);
+  }
+
+  // fn again, as the forward ran it, building a graph this time.
+  static std::vector<at::Tensor> rerun(RecomputeRun& run, const std::vector<at::Tensor>& inputs) {
+    DepthScope depth;
+    std::optional<recompute_state::RngFork> rng;
+    if (run.rng) rng.emplace(*run.rng);
+    recompute_state::AutocastRegion autocast(run.autocast);
+    c10::AutoGradMode gradMode(true);
+    return run.fn(inputs);
+  }
+};
+
+}  // namespace
+
+RecomputeSegment::RecomputeSegment(const torch::nn::Module& module, RecomputeOptions opts)
+    : options(opts) {
+  add(module);
+}
+
+RecomputeSegment& RecomputeSegment::add(const torch::nn::Module& module) {
+  for (const auto& p : module.parameters(/*recurse=*/true)) {
+    if (p.requires_grad()) addParameter(p);
+  }
+  for (const auto& b : module.named_buffers(/*recurse=*/true)) {
+    auto& list = isStatisticName(b.key()) ? statistics_ : otherBuffers_;
+    const bool known = std::any_of(list.begin(), list.end(), [&](const NamedBuffer& n) {
+      return n.tensor.unsafeGetTensorImpl() == b.value().unsafeGetTensorImpl();
+    });
+    if (!known) list.push_back({b.key(), b.value()});
+  }
+  return *this;
+}
+
+RecomputeSegment& RecomputeSegment::addParameter(const at::Tensor& parameter) {
+  DTRAIN_CHECK_ARG(parameter.defined(), "RecomputeSegment::addParameter: undefined tensor");
+  // A parameter listed twice would be an input of the node twice and receive its gradient twice.
+  const bool known = std::any_of(parameters_.begin(), parameters_.end(), [&](const at::Tensor& p) {
+    return p.unsafeGetTensorImpl() == parameter.unsafeGetTensorImpl();
+  });
+  if (!known) parameters_.push_back(parameter);
+  return *this;
+}
+
+RecomputeSegment& RecomputeSegment::addStatistic(std::string name, const at::Tensor& buffer) {
+  DTRAIN_CHECK_ARG(buffer.defined(), "RecomputeSegment::addStatistic: '{}' is undefined", name);
+  otherBuffers_.erase(std::remove_if(otherBuffers_.begin(), otherBuffers_.end(),
+                                     [&](const NamedBuffer& n) {
+                                       return n.tensor.unsafeGetTensorImpl() ==
+                                              buffer.unsafeGetTensorImpl();
+                                     }),
+                      otherBuffers_.end());
+  statistics_.push_back({std::move(name), buffer});
+  return *this;
+}
+
+bool isRecomputing() { return recomputeDepth > 0; }
+
+namespace detail {
+
+std::vector<at::Tensor> runRecomputed(const RecomputeSegment& segment, SegmentFn fn,
+                                      std::vector<at::Tensor> inputs) {
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    DTRAIN_CHECK_ARG(inputs[i].defined(), "dtrain::recompute: tensor argument #{} is undefined",
+                     i);
+  }
+  // Without grad mode (evaluation) there is nothing to recompute: no node, nothing saved.
+  if (!c10::GradMode::is_enabled()) return fn(inputs);
+  auto run = c10::make_intrusive<RecomputeRun>();
+  run->fn = std::move(fn);
+  run->segment = segment;
+  const std::vector<at::Tensor> params = segment.parameters();
+  return RecomputeFunction::apply(std::move(run), at::TensorList(inputs), at::TensorList(params));
+}
+
+}  // namespace detail
+
+}  // namespace dtrain
