@@ -227,6 +227,8 @@ std::optional<int> Agent::connectStore() {
 NodeContext Agent::nodeContext() const {
   NodeContext node;
   node.host = label_;
+  int64_t id = 0;
+  node.nodeId = parseInt64(setup_.node, &id) ? static_cast<int>(id) : 0;  // host-list index, --node-rank
   node.cpuCount = probe_.cpuCount;
   node.storeAddr = setup_.storeAddr;
   node.storePort = setup_.storePort;
