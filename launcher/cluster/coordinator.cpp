@@ -27,7 +27,7 @@ constexpr std::chrono::milliseconds kHeartbeatRead{500};
 // acknowledge the job's last decision before its store may go.
 constexpr double kAckSeconds = 10;
 // How often the store's load is logged (DTRAIN_VERBOSE=1).
-constexpr double kStoreLoadSeconds = 10;
+constexpr double kStoreLoadSeconds = 5;
 
 double monotonicSeconds() {
   return std::chrono::duration<double>(Clock::now().time_since_epoch()).count();
@@ -146,15 +146,15 @@ void Coordinator::markLost(const std::string& node, const std::string& why,
   tracker_.forget(node);
 }
 
-void Coordinator::logStoreLoad(Clock::time_point now) {
-  if (!options_.storeRequests || now < nextStoreLog_) return;
-  nextStoreLog_ = after(now, kStoreLoadSeconds);
+void Coordinator::logStoreLoad(Clock::time_point now, const std::string& when) {
+  if (!options_.storeRequests || (when.empty() && now < nextStoreLog_)) return;
+  if (when.empty()) nextStoreLog_ = after(now, kStoreLoadSeconds);
   const std::vector<uint64_t> c = options_.storeRequests();
   uint64_t total = 0;
   for (uint64_t v : c) total += v;
-  DTRAIN_LOG(Info, "launch: store requests so far at t={:.3f}: {} (heartbeats {}, monitoring {}, "
-             "the rest {})", monotonicSeconds(), total, c.size() > 0 ? c[0] : 0,
-             c.size() > 1 ? c[1] : 0, c.size() > 2 ? c[2] : 0);
+  DTRAIN_LOG(Info, "launch: store requests so far ({}) at t={:.6f}: {} (heartbeats {}, monitoring "
+             "{}, the rest {})", when.empty() ? "periodic" : when, monotonicSeconds(), total,
+             c.size() > 0 ? c[0] : 0, c.size() > 1 ? c[1] : 0, c.size() > 2 ? c[2] : 0);
 }
 
 int Coordinator::end(int code, const std::string& message,
@@ -189,6 +189,7 @@ void Coordinator::decide(int round, const std::string& decision,
                      store::toBytes(fmt::format("round {} is over ({})", round, decision)));
   store_->setString(keys::decision(round), decision);
   setPhase(round, JobPhase::Decided);
+  logStoreLoad(Clock::now(), fmt::format("round {} decided", round));
   std::vector<std::string> acks;
   for (const auto& node : awaitAcks) acks.push_back(keys::ack(round, node));
   awaitAcknowledgements(acks, fmt::format("the decision of round {}", round));
@@ -234,6 +235,7 @@ int Coordinator::run() {
     if (options_.observer) options_.observer->attemptStarted(round, plan.worldSize);
     store_->setString(keys::plan(round), encodePlan(plan));
     setPhase(round, JobPhase::Run);
+    logStoreLoad(Clock::now(), fmt::format("round {} planned", round));
     std::vector<std::string> reported;
     std::vector<std::string> waiting;
     std::string growth;

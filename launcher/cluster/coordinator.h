@@ -123,7 +123,9 @@ class Coordinator : public JobControl {
   void markLost(const std::string& node, const std::string& why, const std::string& nonce,
                 bool gone);
   const ExpectedNode* expected(const std::string& node) const;
-  void logStoreLoad(Clock::time_point now);
+  // Logs the store's request counts so far: every kStoreLoadSeconds, or now with `when` (a round
+  // planned, stopped, decided) -- what the scale benchmark reads.
+  void logStoreLoad(Clock::time_point now, const std::string& when = "");
   // Ends the job with `code` (launch/end), then waits (bounded) until the nodes of `awaitAcks`
   // acknowledged it.
   int end(int code, const std::string& message, const std::vector<std::string>& awaitAcks);

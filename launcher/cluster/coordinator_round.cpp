@@ -143,7 +143,7 @@ void Coordinator::readRoundKeys(RoundWatch& w, Clock::time_point now) {
         const std::string why = fmt::format("its agent was started again (a new launch on {} "
                                             "took node {} over)", j.host, node);
         noteDead(w, node, why, false);
-        stopRound(round, fmt::format("node {} ({}): {}", node, expected(node)->label, why));
+        stopRound(round, fmt::format("node {} ({}): {}", node, w.plan.find(node)->label, why));
       }
       continue;
     }
@@ -159,6 +159,7 @@ void Coordinator::readRoundKeys(RoundWatch& w, Clock::time_point now) {
     if (options_.observer) options_.observer->teardownStarted();
     say(fmt::format("launch: stopping round {} on every node: {}", round,
                     store::toString(*values.back())));
+    logStoreLoad(now, fmt::format("round {} stopped", round));
   }
 }
 

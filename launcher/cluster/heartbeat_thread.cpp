@@ -1,6 +1,7 @@
 #include "launcher/cluster/heartbeat_thread.h"
 
 #include <poll.h>
+#include <pthread.h>
 #include <sys/eventfd.h>
 #include <unistd.h>
 
@@ -96,6 +97,7 @@ bool HeartbeatThread::quitting() {
 }
 
 void HeartbeatThread::loop() {
+  ::pthread_setname_np(::pthread_self(), "launch-beat");
   const std::string where = fmt::format("{}:{}", options_.host, options_.port);
   std::unique_ptr<store::TcpStore> store;
   auto lastOk = Clock::now();

@@ -60,6 +60,18 @@ class Store {
   virtual bool deleteKey(const std::string& key) = 0;
   virtual int64_t numKeys() = 0;
 
+  // Deadline of get(), of wait() without one, and of every network round trip. setTimeout(0)
+  // restores the default (kDefaultStoreTimeout); negative: InvalidArgument.
+  virtual Millis timeout() const { return timeout_; }
+  virtual void setTimeout(Millis timeout) {
+    timeout_ = timeoutOrDefault(timeout, kDefaultStoreTimeout, "Store::setTimeout");
+  }
+
+  // Human-readable location for error messages ("127.0.0.1:29400", "HashStore").
+  virtual std::string describe() const = 0;
+
+  // Declared after every older virtual, so that programs built against an earlier libdtrain_base
+  // keep their vtable offsets.
   // The values of `keys` as they are now, in order, nullopt for a key that does not exist; never
   // blocks. One request however many keys (a coordinator reading every node's counter at once);
   // on a TcpStore the values together may be at most StoreLimits::maxValueBytes. The default
@@ -70,16 +82,6 @@ class Store {
   // the first). TimeoutError naming the key after `timeout` (zero: timeout(); negative:
   // InvalidArgument). The default polls every 10 ms; the stores of this library override it.
   virtual Bytes waitChanged(const std::string& key, const Bytes& seen, Millis timeout);
-
-  // Deadline of get(), of wait() without one, and of every network round trip. setTimeout(0)
-  // restores the default (kDefaultStoreTimeout); negative: InvalidArgument.
-  virtual Millis timeout() const { return timeout_; }
-  virtual void setTimeout(Millis timeout) {
-    timeout_ = timeoutOrDefault(timeout, kDefaultStoreTimeout, "Store::setTimeout");
-  }
-
-  // Human-readable location for error messages ("127.0.0.1:29400", "HashStore").
-  virtual std::string describe() const = 0;
 
   // Conveniences over set/get for text values.
   void setString(const std::string& key, const std::string& value) { set(key, toBytes(value)); }
