@@ -27,7 +27,7 @@
 // fsync, rename to `step-N`, fsync the directory, then `LATEST` the same way; the ranks then
 // confirm that every node committed. Old checkpoints beyond keepLast are deleted only after a
 // new commit. The file format (one file, a versioned header, a checksummed manifest, aligned
-// data) is documented in README.md and is read back straight into the existing tensors.
+// data) is documented in docs/checkpoint-format.md and is read back straight into the existing tensors.
 //
 // restore() is collective: the ranks agree on the newest step that verifies on at least one
 // node; nodes without it (a spot machine that came back with an empty disk) get a copy written
