@@ -206,7 +206,10 @@ int main(int argc, char** argv) {
   std::map<int, std::vector<LaunchRun>> launchRuns;
   std::map<int, std::vector<TorchrunRun>> torchRuns;
   std::map<int, std::string> skipped;
-  double rssPerAgent = 300;  // MiB, until measured
+  // What one more torchrun agent costs the machine: its proportional set after importing torch
+  // (PSS ~150 MiB here; its RSS, ~230 MiB, also counts libtorch's file pages, which every agent
+  // shares), and some margin.
+  constexpr double kTorchrunMiBPerAgent = 160;
   for (int rep = 0; rep < o.reps; ++rep) {
     for (int n : o.nodes) {
       LaunchRun r = runLaunchScale(o.run, n);
@@ -217,15 +220,15 @@ int main(int argc, char** argv) {
     if (!torchrun) continue;
     for (int n : o.torchrunNodes) {
       // Every torchrun agent imports torch: hundreds of MiB each. Stop where memory would run out.
-      const double need = n * rssPerAgent * 1.3 * (1 << 20);
-      const double have = static_cast<double>(memAvailableBytes()) * 0.8;
+      const double need = n * kTorchrunMiBPerAgent * 1.15 * (1 << 20);
+      const double have = static_cast<double>(memAvailableBytes()) * 0.85;
       if (need > have) {
         skipped[n] = fmt::format("{} agents x ~{:.0f} MiB need ~{:.1f} GiB, {:.1f} GiB available "
-                                 "(80 %)", n, rssPerAgent, need / (1 << 30), have / (1 << 30));
+                                 "(85 %)", n, kTorchrunMiBPerAgent, need / (1 << 30),
+                                 have / (1 << 30));
         continue;
       }
       TorchrunRun r = runTorchrunScale(o.run, n);
-      if (r.ok) rssPerAgent = std::max(rssPerAgent, r.rssPerAgent);
       std::fprintf(stderr, "launch_scale_bench: rep %d, torchrun at %d nodes: %s (load %s)\n", rep,
                    n, r.ok ? "ok" : r.failure.c_str(), loadAverage().c_str());
       torchRuns[n].push_back(r);

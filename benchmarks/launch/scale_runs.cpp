@@ -205,8 +205,10 @@ TorchrunRun runTorchrunScale(const ScaleOptions& o, int nodes) {
       r.failure = fmt::format("torchrun {} exited {}:\n{}", k, fleet.exitCode(k), fleet.text(k, 3000));
       return r;
     }
-    auto attempt = fleet.linesWith(k, "attempts to join the next round");
-    auto joined = fleet.linesWith(k, "has joined round");
+    // The agent's own INFO lines (LOGLEVEL reaches its logger, not the rendezvous module's): it
+    // starts joining, then holds its ranks.
+    auto attempt = fleet.linesWith(k, "Rendezvous'ing worker group");
+    auto joined = fleet.linesWith(k, "Rendezvous complete for workers");
     auto started = fleet.linesWith(k, ": started attempt=");
     if (attempt.empty() || joined.empty() || started.empty()) {
       r.failure = fmt::format("torchrun {} printed no join or worker line:\n{}", k, fleet.text(k, 3000));
