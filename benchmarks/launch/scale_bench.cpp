@@ -11,7 +11,8 @@
 // memory, and no larger N than memory allows. Sizes interleaved rep by rep; medians.
 //
 //   launch_scale_bench [--nodes 16,64,256] [--torchrun-nodes 16,64] [--reps 3] [--no-torchrun]
-//                      [--csv FILE] [--keep-logs DIR] [--smoke] [--launch PATH] [--worker PATH]
+//                      [--csv FILE] [--keep-logs DIR] [--heartbeat-timeout S] [--smoke]
+//                      [--launch PATH] [--worker PATH]
 //                      [--python /usr/bin/python3] [--torchrun /usr/bin/torchrun]
 // --smoke: one rep at 8 nodes, no torchrun (CI: checks that it runs).
 #include <unistd.h>
@@ -45,6 +46,7 @@ struct Options {
 constexpr const char* kUsage =
     "usage: launch_scale_bench [--nodes 16,64,256] [--torchrun-nodes 16,64] [--reps 3]\n"
     "                          [--no-torchrun] [--csv FILE] [--keep-logs DIR] [--smoke]\n"
+    "                          [--heartbeat-timeout S (10)]\n"
     "                          [--launch PATH]\n"
     "                          [--worker PATH] [--python PATH] [--torchrun PATH]\n"
     "launch's rendezvous, heartbeats and store at N simulated nodes beside torchrun's c10d\n"
@@ -185,6 +187,7 @@ int main(int argc, char** argv) {
     else if (f == "--no-torchrun") o.torchrun = false;
     else if (f == "--csv") o.csv = flags.value();
     else if (f == "--keep-logs") o.run.keepLogs = flags.value();
+    else if (f == "--heartbeat-timeout") o.run.heartbeatTimeout = std::atof(flags.value().c_str());
     else if (f == "--launch") o.run.launch = flags.value();
     else if (f == "--worker") o.run.worker = flags.value();
     else if (f == "--python") o.run.python = flags.value();

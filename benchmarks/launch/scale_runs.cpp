@@ -65,7 +65,9 @@ void keepLogs(const ScaleOptions& o, const Fleet& fleet, const std::string& run)
   }
 }
 
-std::string fail(LaunchRun& r, const std::string& why, const Fleet& fleet) {
+std::string fail(LaunchRun& r, const std::string& why, const Fleet& fleet,
+                 const ScaleOptions& o) {
+  keepLogs(o, fleet, fmt::format("launch-{}-failed-{:.0f}", r.nodes, sim::monotonicSeconds()));
   r.ok = false;
   r.failure = why + "; node 0 said:\n" + fleet.text(0, 3000);
   return r.failure;
@@ -94,7 +96,7 @@ LaunchRun runLaunchScale(const ScaleOptions& o, int nodes) {
   s.start();
   if (!fleet.pumpUntil([&] { return LaunchSim::count(s.workerStarted(0)) == nodes; }, 600)) {
     fail(r, fmt::format("{} of {} workers started", LaunchSim::count(s.workerStarted(0)), nodes),
-         fleet);
+         fleet, o);
     return r;
   }
   const double plans = LaunchSim::latest(s.planned(0));
@@ -134,14 +136,24 @@ LaunchRun runLaunchScale(const ScaleOptions& o, int nodes) {
   const double killedAt = sim::monotonicSeconds();
   const std::string silent = fmt::format("stopping round 0 on every node: node {} (", lost);
   if (!fleet.pumpUntil([&] { return s.masterSaid(silent) >= 0; }, 4 * o.heartbeatTimeout + 30)) {
-    fail(r, "the lost agent was not named", fleet);
+    fail(r, "the lost agent was not named", fleet, o);
     return r;
   }
   const double named = s.masterSaid(silent);
   r.detect = named - killedAt;
-  if (!fleet.pumpUntil([&] { return LaunchSim::count(s.planned(1)) == nodes - 1; }, 300)) {
+  // An agent that exits meanwhile (it lost the store, or was dropped) cannot be planned: say so
+  // at once instead of waiting for the rendezvous timeout.
+  const auto anotherExited = [&] {
+    for (int node = 0; node < lost; ++node) {
+      if (fleet.member(node).exited) return true;
+    }
+    return false;
+  };
+  if (!fleet.pumpUntil([&] {
+        return LaunchSim::count(s.planned(1)) == nodes - 1 || anotherExited();
+      }, 300) || anotherExited()) {
     fail(r, fmt::format("{} of {} agents hold round 1's plan", LaunchSim::count(s.planned(1)),
-                        nodes - 1), fleet);
+                        nodes - 1), fleet, o);
     return r;
   }
   r.restart = LaunchSim::latest(s.planned(1)) - named;
@@ -162,14 +174,14 @@ LaunchRun runLaunchScale(const ScaleOptions& o, int nodes) {
         }
         return true;
       }, o.restartSteps + 120)) {
-    fail(r, "the agents did not exit", fleet);
+    fail(r, "the agents did not exit", fleet, o);
     return r;
   }
   keepLogs(o, fleet, fmt::format("launch-{}-{:.0f}", nodes, s.startedAt()));
   for (int node = 0; node < lost; ++node) {
     if (fleet.exitCode(node) != 0) {
       fail(r, fmt::format("node {} exited {}:\n{}", node, fleet.exitCode(node),
-                          fleet.text(node, 2000)), fleet);
+                          fleet.text(node, 2000)), fleet, o);
       return r;
     }
   }
