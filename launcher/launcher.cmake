@@ -12,6 +12,8 @@ add_library(dtrain_launcher STATIC
   launcher/cluster/remote/session.cpp
   launcher/cluster/rendezvous.cpp
   launcher/cluster/coordinator.cpp
+  launcher/cluster/coordinator_rendezvous.cpp
+  launcher/cluster/coordinator_round.cpp
   launcher/cluster/plan.cpp
   launcher/cluster/plan_codec.cpp
   launcher/cluster/heartbeat_thread.cpp

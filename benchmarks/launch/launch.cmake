@@ -44,7 +44,23 @@ if(DTRAIN_HAVE_TORCH)
   add_dependencies(launch_bench launch_torch_worker)
 endif()
 
+# launch_scale_bench: N simulated nodes (tests/integration/launcher_sim.h) beside torchrun.
+include(${CMAKE_SOURCE_DIR}/tests/integration/launcher_sim.cmake)
+add_executable(launch_scale_bench ${CMAKE_CURRENT_LIST_DIR}/scale_bench.cpp
+                                  ${CMAKE_CURRENT_LIST_DIR}/scale_runs.cpp)
+target_link_libraries(launch_scale_bench PRIVATE dtrain_launch_bench_run dtrain_launch_sim)
+target_compile_definitions(launch_scale_bench PRIVATE
+  DTRAIN_BENCH_LAUNCH="$<TARGET_FILE:launch>"
+  DTRAIN_BENCH_WORKER="$<TARGET_FILE:dtrain_test_worker>")
+set_target_properties(launch_scale_bench PROPERTIES
+  RUNTIME_OUTPUT_DIRECTORY ${CMAKE_BINARY_DIR}/benchmarks/launch)
+add_dependencies(launch_scale_bench launch dtrain_test_worker)
+dtrain_warnings(launch_scale_bench)
+
 if(DTRAIN_WITH_TESTS)
+  add_test(NAME bench_smoke.launch_scale_bench COMMAND launch_scale_bench --smoke)
+  set_tests_properties(bench_smoke.launch_scale_bench PROPERTIES LABELS integration TIMEOUT 120
+                       RUN_SERIAL TRUE)
   add_test(NAME bench_smoke.launch_bench COMMAND launch_bench --smoke)
   set_tests_properties(bench_smoke.launch_bench PROPERTIES LABELS integration TIMEOUT 60)
   add_test(NAME bench_smoke.crash_latency_bench COMMAND crash_latency_bench --smoke)

@@ -80,17 +80,31 @@ class Agent {
   // The exit code when this node could not connect; nullopt once store_ is connected.
   std::optional<int> connectStore();
   NodeContext nodeContext() const;
+  // Note [Node claims]: takes this node's id, or throws AgentExit (exit 2) when a live agent
+  // holds it; releaseClaim() gives it back at the end.
+  void claimNode();
+  void releaseClaim();
+  // True when the claim's holder beats within --heartbeat-timeout.
+  bool holderAlive(const NodeClaim& holder);
   int runRounds();
+  void join(int round);
   void runRound(int round, const RoundPlan& plan, const PlannedNode& mine);
   void startSupervisor(const RoundPlan& plan);
   monitor::MonitorContext monitorContext(const RoundPlan& plan) const;
   void report(int round, const AttemptResult& result);
   void acknowledge(int round);
+  // The master acts on what this agent wrote: launch/events.
+  void notifyMaster();
   void stopSupervision();
-  // The value of `key`, waiting until `deadline`; throws AgentExit when the master ended the
-  // job, the heartbeat thread lost the store or launch was signalled meanwhile.
-  std::string awaitKey(const std::string& key, Clock::time_point deadline,
-                       const std::string& what);
+  // Watches launch/state until the job reached round `round`'s phase `kind` (or ended: then it
+  // throws AgentExit with the job's code, as when a decision of an earlier round ends it). Also
+  // throws AgentExit when the heartbeat thread lost the store, launch was signalled, or the
+  // rendezvous of `round` outlasted --rdzv-timeout.
+  JobPhase awaitPhase(int round, JobPhase::Kind kind, const std::string& what);
+  // Throws AgentExit with the job's end (launch/end), acknowledging it.
+  [[noreturn]] void followEnd();
+  // Throws AgentExit when round `round`'s decision ended the job (acknowledged already).
+  void followDecision(int round, const std::string& decision);
 
   const AgentSetup& setup_;
   const EnvMap& environment_;
@@ -109,6 +123,8 @@ class Agent {
   std::unique_ptr<monitor::Monitor> watcher_;
   std::unique_ptr<Supervisor> supervisor_;
   bool temporaryDir_ = false;
+  store::Bytes claim_;          // this agent's claim of its node (Note [Node claims])
+  store::Bytes phaseSeen_;      // launch/state as last read
 };
 
 Agent::Agent(const AgentSetup& setup, const EnvMap& environment)
@@ -124,22 +140,24 @@ int Agent::run() {
   probeThisNode();
   blockLauncherSignals();
   if (std::optional<int> code = connectStore()) return *code;
-  heartbeat_ = std::make_unique<HeartbeatThread>(storeOptions(), setup_.node,
-                                                 millis(config_.heartbeatInterval),
-                                                 millis(config_.heartbeatTimeout),
-                                                 setup_.watchStdin);
   node_ = nodeContext();
   int code = kExitInfrastructure;
   try {
+    claimNode();
+    heartbeat_ = std::make_unique<HeartbeatThread>(storeOptions(), setup_.node,
+                                                   millis(config_.heartbeatInterval),
+                                                   millis(config_.heartbeatTimeout),
+                                                   setup_.watchStdin);
     code = runRounds();
   } catch (const AgentExit& e) {
     code = e.code;
-    say(fmt::format("{}: {} (exit {})", me_, e.message, e.code));
+    if (!e.message.empty()) say(fmt::format("{}: {} (exit {})", me_, e.message, e.code));
   } catch (const Error& e) {
     code = kExitInfrastructure;
     say(fmt::format("{}: {} (exit 125)", me_, e.what()));
   }
   stopSupervision();
+  releaseClaim();
   return code;
 }
 
@@ -227,6 +245,8 @@ std::optional<int> Agent::connectStore() {
 NodeContext Agent::nodeContext() const {
   NodeContext node;
   node.host = label_;
+  int64_t id = 0;
+  node.nodeId = parseInt64(setup_.node, &id) ? static_cast<int>(id) : 0;  // host-list index, --node-rank
   node.cpuCount = probe_.cpuCount;
   node.storeAddr = setup_.storeAddr;
   node.storePort = setup_.storePort;
@@ -241,27 +261,175 @@ NodeContext Agent::nodeContext() const {
   return node;
 }
 
+double monotonicNow() {
+  return std::chrono::duration<double>(Clock::now().time_since_epoch()).count();
+}
+
+void Agent::claimNode() {
+  NodeClaim mine;
+  mine.nonce = newRunId() + newRunId();
+  mine.pid = ::getpid();
+  mine.host = host_;
+  join_.nonce = mine.nonce;
+  claim_ = store::toBytes(encodeClaim(mine));
+  const std::string key = keys::claim(setup_.node);
+  while (true) {
+    const store::Bytes now = store_->compareSet(key, {}, claim_);
+    if (now == claim_) return;
+    const NodeClaim holder = decodeClaim(store::toString(now));
+    if (!holder.nonce.empty() && holderAlive(holder)) {
+      throw AgentExit{kExitUsage, fmt::format(
+          "{} is held by another launch, alive on host {} (pid {}: its heartbeat moves); this "
+          "launch on {} (pid {}) was given the same one. HINT: give every node its own "
+          "--node-rank, 0 to {}", setup_.label.empty() ? fmt::format("--node-rank {}", setup_.node)
+                                                       : fmt::format("node {}", setup_.node),
+          holder.host, holder.pid, host_, ::getpid(), config_.maxNodes - 1)};
+    }
+    // Released, or its holder went silent: take it over, unless someone else was quicker.
+    if (store_->compareSet(key, now, claim_) == claim_) {
+      if (!holder.nonce.empty()) {
+        say(fmt::format("{}: took node {} over from a silent launch on {} (pid {})", me_,
+                        setup_.node, holder.host, holder.pid));
+      }
+      return;
+    }
+  }
+}
+
+bool Agent::holderAlive(const NodeClaim& holder) {
+  const std::string beat = keys::heartbeat(setup_.node);
+  const store::Bytes seen = store_->tryMultiGet({beat})[0].value_or(store::Bytes{});
+  const auto deadline = after(Clock::now(), config_.heartbeatTimeout);
+  DTRAIN_LOG(Info, "launch: node {} is claimed by a launch on {} (pid {}); watching its heartbeat "
+             "for up to {:g} s", setup_.node, holder.host, holder.pid, config_.heartbeatTimeout);
+  while (Clock::now() < deadline) {
+    if (int sig = takePendingSignal()) {
+      if (setup_.onSignal) setup_.onSignal(sig);
+      throw AgentExit{128 + sig, fmt::format("received {} while waiting for node {}'s claim",
+                                             fault::signalName(sig), setup_.node)};
+    }
+    const auto slice = std::min(std::chrono::duration_cast<Millis>(deadline - Clock::now()),
+                                Millis(1000));
+    try {
+      store_->waitChanged(beat, seen, std::max(slice, Millis(1)));
+      return true;
+    } catch (const TimeoutError&) {
+    }
+  }
+  return false;
+}
+
+void Agent::releaseClaim() {
+  if (claim_.empty() || !store_) return;
+  try {
+    store_->compareSet(keys::claim(setup_.node), claim_, store::toBytes(kReleasedClaim));
+    store_->flush();
+  } catch (const Error&) {
+    // The store is gone: nobody can claim the node any more anyway.
+  }
+}
+
+void Agent::notifyMaster() { store_->add(keys::events(), 1); }
+
+void Agent::join(int round) {
+  store_->setString(keys::join(round, setup_.node), encodeJoin(join_));
+  notifyMaster();
+  DTRAIN_LOG(Info, "launch: round {}: joined at t={:.6f}", round, monotonicNow());
+}
+
 // Rounds until the master's decision ends the job; returns its exit code.
 int Agent::runRounds() {
-  for (int round = 0;; ++round) {
-    store_->setString(keys::join(round, setup_.node), encodeJoin(join_));
-    store_->flush();
-    const RoundPlan plan = decodePlan(
-        awaitKey(keys::plan(round),
-                 Clock::now() + millis(config_.rdzvTimeout + config_.heartbeatTimeout),
-                 fmt::format("round {}'s plan from the master", round)));
-    if (const PlannedNode* mine = plan.find(setup_.node)) runRound(round, plan, *mine);
-    const std::string decision =
-        awaitKey(keys::decision(round),
-                 Clock::now() + millis(config_.gracePeriod + 2 * config_.heartbeatTimeout +
-                                       config_.rdzvTimeout),
-                 fmt::format("the master's decision after round {}", round));
+  // Note [Rendezvous protocol]: join the round being gathered, or -- its plan being out -- the
+  // next one; never a finished one.
+  JobPhase now = decodePhase(store::toString(store_->tryMultiGet({keys::state()})[0].value_or(
+      store::Bytes{})));
+  if (now.kind == JobPhase::Ended) followEnd();
+  int round = now.kind == JobPhase::Gather ? now.round : now.round + 1;
+  while (true) {
+    join(round);
+    now = awaitPhase(round, JobPhase::Run, fmt::format("round {}'s plan from the master", round));
+    if (now.round > round || now.kind == JobPhase::Decided) {
+      round = now.kind == JobPhase::Gather ? now.round : now.round + 1;  // it passed without us
+      continue;
+    }
+    const RoundPlan plan = decodePlan(store_->getString(keys::plan(round)));
+    const PlannedNode* mine = plan.find(setup_.node);
+    DTRAIN_LOG(Info, "launch: round {}: plan read at t={:.6f}: {}", round, monotonicNow(),
+               mine ? fmt::format("node rank {} of {}, world size {}", mine->nodeRank,
+                                  plan.nodes.size(), plan.worldSize)
+                    : fmt::format("not among its {} nodes; waiting to join round {}",
+                                  plan.nodes.size(), round + 1));
+    if (!mine) {
+      ++round;
+      continue;
+    }
+    runRound(round, plan, *mine);
+    awaitPhase(round, JobPhase::Decided, fmt::format("the master's decision after round {}", round));
+    const std::string decision = store_->getString(keys::decision(round));
     acknowledge(round);
-    if (decision == "restart") continue;
-    int64_t code = kExitInfrastructure;
-    if (decision.rfind("end ", 0) == 0) parseInt64(decision.substr(4), &code);
-    return static_cast<int>(code);
+    followDecision(round, decision);
+    ++round;
   }
+}
+
+JobPhase Agent::awaitPhase(int round, JobPhase::Kind kind, const std::string& what) {
+  std::optional<Clock::time_point> deadline;  // only while `round` is being gathered
+  int decisionRead = -1;
+  while (true) {
+    if (int sig = takePendingSignal()) {
+      if (setup_.onSignal) setup_.onSignal(sig);
+      throw AgentExit{128 + sig, fmt::format("received {} while waiting for {}",
+                                             fault::signalName(sig), what)};
+    }
+    if (std::string why = heartbeat_->lost(); !why.empty()) {
+      throw AgentExit{kExitInfrastructure, why};
+    }
+    const JobPhase now = decodePhase(store::toString(phaseSeen_));
+    if (now.kind == JobPhase::Ended) followEnd();
+    if (!phaseSeen_.empty() && now.reached(round, kind)) return now;
+    if (now.kind == JobPhase::Decided && now.round < round && now.round != decisionRead) {
+      // Waiting to join: the round before may have ended the job.
+      decisionRead = now.round;
+      const std::string decision = store_->getString(keys::decision(now.round));
+      if (decision != "restart") acknowledge(now.round);
+      followDecision(now.round, decision);
+    }
+    if (!deadline && now.round == round && now.kind == JobPhase::Gather) {
+      deadline = after(Clock::now(), config_.rdzvTimeout + config_.heartbeatTimeout);
+    }
+    if (deadline && Clock::now() >= *deadline) {
+      throw AgentExit{kExitDeadline, fmt::format("timed out waiting for {} (key \"{}\" on the "
+                                                 "store at {})", what, keys::state(),
+                                                 store_->describe())};
+    }
+    try {
+      // A slice at most, so that a signal is seen meanwhile.
+      phaseSeen_ = store_->waitChanged(keys::state(), phaseSeen_, Millis(1000));
+    } catch (const TimeoutError&) {
+    } catch (const NetworkError& e) {
+      throw AgentExit{kExitInfrastructure, fmt::format("lost the store at {} while waiting for {}: "
+                                                       "{}", store_->describe(), what, e.what())};
+    }
+  }
+}
+
+void Agent::followEnd() {
+  auto [code, message] = decodeEnd(store_->getString(keys::end()));
+  try {
+    store_->setString(keys::endAck(setup_.node), "1");
+    store_->flush();
+  } catch (const Error&) {
+    // The master went on without it (it waits for acknowledgements only so long).
+  }
+  throw AgentExit{code, message};
+}
+
+void Agent::followDecision(int round, const std::string& decision) {
+  if (decision == "restart") return;
+  int64_t code = kExitInfrastructure;
+  if (decision.rfind("end ", 0) == 0) parseInt64(decision.substr(4), &code);
+  DTRAIN_LOG(Info, "launch: round {}: the master ended the job with {}", round, code);
+  throw AgentExit{static_cast<int>(code), ""};
 }
 
 // This node's attempt of round `round`: its workers as the plan numbers them.
@@ -280,6 +448,7 @@ void Agent::runRound(int round, const RoundPlan& plan, const PlannedNode& mine) 
   hooks.onTeardown = [this, round](const std::string& why) {
     try {
       store_->compareSet(keys::stop(round), {}, store::toBytes(why));
+      notifyMaster();
     } catch (const Error&) {
       // The store is gone: the heartbeat thread says so, and the master sees this node go silent.
     }
@@ -331,7 +500,7 @@ void Agent::report(int round, const AttemptResult& result) {
   if (std::string why = heartbeat_->lost(); !why.empty()) throw AgentExit{kExitInfrastructure, why};
   try {
     store_->setString(keys::result(round, setup_.node), encodeResult(result));
-    store_->flush();
+    notifyMaster();
   } catch (const NetworkError& e) {
     // The store went with its host while this round's workers ended (they lost it first):
     // the same cause the heartbeat thread reports when it notices first.
@@ -357,44 +526,6 @@ void Agent::stopSupervision() {
   if (temporaryDir_ && !node_.jobDir.empty()) {
     std::error_code ec;
     std::filesystem::remove_all(node_.jobDir, ec);
-  }
-}
-
-std::string Agent::awaitKey(const std::string& key, Clock::time_point deadline,
-                            const std::string& what) {
-  store::Store& store = *store_;
-  while (true) {
-    if (int sig = takePendingSignal()) {
-      if (setup_.onSignal) setup_.onSignal(sig);
-      throw AgentExit{128 + sig, fmt::format("received {} while waiting for {}",
-                                             fault::signalName(sig), what)};
-    }
-    try {
-      if (store.check({key})) return store.getString(key);
-      if (store.check({keys::end()})) {
-        auto [code, message] = decodeEnd(store.getString(keys::end()));
-        try {
-          store.setString(keys::endAck(setup_.node), "1");
-          store.flush();
-        } catch (const Error&) {
-          // The master went on without it (it waits for acknowledgements only so long).
-        }
-        throw AgentExit{code, message};
-      }
-      if (std::string why = heartbeat_->lost(); !why.empty()) {
-        throw AgentExit{kExitInfrastructure, why};
-      }
-      store.wait({key}, Millis(250));
-      return store.getString(key);
-    } catch (const TimeoutError&) {
-    } catch (const NetworkError& e) {
-      throw AgentExit{kExitInfrastructure, fmt::format("lost the store at {} while waiting for {}: "
-                                                       "{}", store.describe(), what, e.what())};
-    }
-    if (Clock::now() >= deadline) {
-      throw AgentExit{kExitDeadline, fmt::format("timed out waiting for {} (key \"{}\" on the "
-                                                 "store at {})", what, key, store.describe())};
-    }
   }
 }
 

@@ -65,8 +65,9 @@ namespace {
 // The fan-out master's main thread: see Note [Fan-out master loop].
 class FanOut {
  public:
-  FanOut(const LaunchConfig& config, const MultiNodePlan& plan, const EnvMap& environment)
-      : config_(config), plan_(plan), master_(config, plan), childEnv_(environmentFor(environment)),
+  FanOut(const LaunchConfig& config, const MultiNodePlan& plan, const EnvMap& environment,
+         const store::TcpStoreServer* server)
+      : config_(config), plan_(plan), master_(config, plan, server), childEnv_(environmentFor(environment)),
         sessions_(plan.hosts.size()) {}
   int run();
 
@@ -206,8 +207,9 @@ void FanOut::finishSessions() {
 
 }  // namespace
 
-int runFanOut(const LaunchConfig& config, const MultiNodePlan& plan, const EnvMap& environment) {
-  return FanOut(config, plan, environment).run();
+int runFanOut(const LaunchConfig& config, const MultiNodePlan& plan, const EnvMap& environment,
+              const store::TcpStoreServer* server) {
+  return FanOut(config, plan, environment, server).run();
 }
 
 }  // namespace dtrain::launcher

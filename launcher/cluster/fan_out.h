@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 
+#include "dtrain/base/tcp_store.h"
 #include "launcher/cluster/plan.h"
 
 namespace dtrain::launcher {
@@ -14,7 +15,9 @@ namespace dtrain::launcher {
 std::vector<std::string> agentCommand(const LaunchConfig& config, const MultiNodePlan& plan,
                                       int index);
 
-// Runs the job on every host of `plan` (the store is up already); returns launch's exit code.
-int runFanOut(const LaunchConfig& config, const MultiNodePlan& plan, const EnvMap& environment);
+// Runs the job on every host of `plan` (the store, `server`, is up already); returns launch's exit
+// code.
+int runFanOut(const LaunchConfig& config, const MultiNodePlan& plan, const EnvMap& environment,
+              const store::TcpStoreServer* server);
 
 }  // namespace dtrain::launcher

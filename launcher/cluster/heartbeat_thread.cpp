@@ -1,6 +1,7 @@
 #include "launcher/cluster/heartbeat_thread.h"
 
 #include <poll.h>
+#include <pthread.h>
 #include <sys/eventfd.h>
 #include <unistd.h>
 
@@ -18,6 +19,10 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 using store::Millis;
+
+// The longest store wait of the thread: a fan-out agent looks at stdin (the master's pipe) at
+// least this often.
+constexpr Millis kMaxSlice{5000};
 
 }  // namespace
 
@@ -92,8 +97,8 @@ bool HeartbeatThread::quitting() {
 }
 
 void HeartbeatThread::loop() {
+  ::pthread_setname_np(::pthread_self(), "launch-beat");
   const std::string where = fmt::format("{}:{}", options_.host, options_.port);
-  const Millis slice = std::min<Millis>(interval_, Millis(100));
   std::unique_ptr<store::TcpStore> store;
   auto lastOk = Clock::now();
   auto lastBeat = Clock::time_point{};
@@ -110,6 +115,10 @@ void HeartbeatThread::loop() {
         store->add(keys::heartbeat(node_), 1);
         lastBeat = lastOk = Clock::now();
       }
+      // Until the next beat: at most kMaxSlice, so that stdin's end is noticed in time.
+      const auto slice = std::clamp(
+          std::chrono::duration_cast<Millis>(lastBeat + interval_ - Clock::now()), Millis(1),
+          kMaxSlice);
       if (round < 0 || stopSeen == round) {
         pause(slice, round);
         continue;

@@ -17,11 +17,12 @@ namespace dtrain::launcher {
 // ~~~~~~~~~~~~~~~~~~~~~~~
 // One thread per agent, on a store connection of its own (the main thread's may sit in a long
 // wait): it increments the node's heartbeat counter every --heartbeat-interval and in between
-// waits on the current round's stop key, so another node's failure reaches this node's workers
-// within one store round trip. Waits are cut into slices of at most 100 ms (a server answers a
-// wait at its deadline, so a slice also proves the store alive). It wakes the supervisor through
-// an eventfd when the stop key appears, when the store has not answered for --heartbeat-timeout
-// ("lost the store"), or when stdin ends (the master, or its ssh session, is gone).
+// waits on the current round's stop key until the next beat is due (at most 5 s), so another
+// node's failure reaches this node's workers within one store round trip while an idle agent
+// costs the store two requests per interval (a server answers a wait at its deadline, so each
+// also proves the store alive). It wakes the supervisor through an eventfd when the stop key
+// appears, when the store has not answered for --heartbeat-timeout ("lost the store"), or when
+// stdin ends (the master, or its ssh session, is gone: noticed within one wait).
 //
 // The master writes every round's stop key before its decision (Note [Rendezvous protocol]), so
 // after a round the thread is not in a store wait but in pause() on a condition variable, and

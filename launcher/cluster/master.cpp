@@ -1,5 +1,7 @@
 #include "launcher/cluster/master.h"
 
+#include <pthread.h>
+
 #include <fmt/format.h>
 
 #include "dtrain/base/error.h"
@@ -40,6 +42,7 @@ CoordinatorOptions coordinatorOptions(const LaunchConfig& config, const MultiNod
                                     : fmt::format("node rank {}", i),
                         i});
   }
+  co.startsAgents = plan.fanOut;
   co.minNodes = plan.minNodes;
   co.maxNodes = plan.maxNodes;
   co.rdzvTimeout = config.rdzvTimeout;
@@ -65,8 +68,9 @@ std::shared_ptr<store::TcpStore> masterStoreClient(const MultiNodePlan& plan) {
 
 }  // namespace
 
-Master::Master(const LaunchConfig& config, const MultiNodePlan& plan)
-    : config_(config), plan_(plan), watcher_(masterMonitor(config, plan)) {}
+Master::Master(const LaunchConfig& config, const MultiNodePlan& plan,
+               const store::TcpStoreServer* server)
+    : config_(config), plan_(plan), server_(server), watcher_(masterMonitor(config, plan)) {}
 
 Master::~Master() {
   if (thread_.joinable()) thread_.join();
@@ -75,10 +79,12 @@ Master::~Master() {
 void Master::start(std::function<void()> wake) {
   CoordinatorOptions co = coordinatorOptions(config_, plan_);
   co.wake = wake;
+  if (server_) co.storeRequests = [server = server_] { return server->requestCounts(); };
   co.observer = watcher_.get();
   coordinator_ = std::make_unique<Coordinator>(masterStoreClient(plan_), co);
   watcher_->start(coordinator_.get());
   thread_ = std::thread([this, wake = std::move(wake)] {
+    ::pthread_setname_np(::pthread_self(), "launch-coord");
     try {
       code_ = coordinator_->run();
     } catch (const Error& e) {

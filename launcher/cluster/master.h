@@ -8,6 +8,7 @@
 #include <memory>
 #include <thread>
 
+#include "dtrain/base/tcp_store.h"
 #include "launcher/cluster/coordinator.h"
 #include "launcher/cluster/plan.h"
 #include "launcher/exit_codes.h"
@@ -19,7 +20,9 @@ class Master {
  public:
   // Makes the master's monitor (Note [Monitor roles] in launcher/monitor/monitor.h): binding
   // --metrics-port here makes a busy one a usage error before any node starts.
-  Master(const LaunchConfig& config, const MultiNodePlan& plan);
+  // `server`: the job's store, in this process (its request counts are logged); may be null.
+  Master(const LaunchConfig& config, const MultiNodePlan& plan,
+         const store::TcpStoreServer* server = nullptr);
   ~Master();
   Master(const Master&) = delete;
   Master& operator=(const Master&) = delete;
@@ -37,6 +40,7 @@ class Master {
  private:
   const LaunchConfig& config_;
   const MultiNodePlan& plan_;
+  const store::TcpStoreServer* server_;
   std::unique_ptr<monitor::Monitor> watcher_;
   std::unique_ptr<Coordinator> coordinator_;
   std::atomic<bool> done_{false};

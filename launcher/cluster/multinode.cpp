@@ -16,6 +16,7 @@
 #include "launcher/cluster/master.h"
 #include "launcher/cluster/plan_codec.h"
 #include "launcher/cluster/preflight.h"
+#include "launcher/cluster/rendezvous.h"
 #include "launcher/cluster/remote/remote_command.h"
 #include "launcher/job/program.h"
 #include "launcher/supervisor/output.h"
@@ -67,6 +68,8 @@ std::unique_ptr<store::TcpStoreServer> hostStore(const MultiNodePlan& plan) {
   so.host = plan.storeAddr;
   so.port = static_cast<uint16_t>(plan.storePort);
   so.token = plan.token;
+  so.requestClasses = kStoreRequestClasses;
+  so.classify = storeRequestClass;
   std::unique_ptr<store::TcpStoreServer> server = store::TcpStoreServer::start(so);
   DTRAIN_LOG(Info, "launch: run {}: store at {}:{}", plan.runId, plan.storeAddr, plan.storePort);
   return server;
@@ -80,7 +83,7 @@ int runManualNode(const LaunchConfig& config, const MultiNodePlan& plan,
   AgentSetup setup = agentSetupFor(config, plan, config.nodeRank);
   if (plan.hostsStore) {
     server = hostStore(plan);
-    master = std::make_unique<Master>(config, plan);
+    master = std::make_unique<Master>(config, plan, server.get());
     master->start();
     setup.onSignal = [&](int sig) { master->coordinator().requestStop(sig); };
   }
@@ -121,7 +124,7 @@ int runMultiNode(const LaunchConfig& config, const EnvMap& environment) {
   blockLauncherSignals();  // before any thread: signals go to the signalfds
   if (!plan.fanOut) return runManualNode(config, plan, environment);
   std::unique_ptr<store::TcpStoreServer> server = hostStore(plan);
-  int code = runFanOut(config, plan, environment);
+  int code = runFanOut(config, plan, environment, server.get());
   server->stop();
   return code;
 }

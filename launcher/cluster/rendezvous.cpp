@@ -6,13 +6,17 @@
 #include <nlohmann/json.hpp>
 
 #include "dtrain/base/error.h"
+#include "parse_int.h"
 
 namespace dtrain::launcher {
 
 using nlohmann::json;
 
 namespace keys {
+std::string state() { return "launch/state"; }
+std::string events() { return "launch/events"; }
 std::string heartbeat(const std::string& node) { return "launch/heartbeat/" + node; }
+std::string claim(const std::string& node) { return "launch/claim/" + node; }
 std::string end() { return "launch/end"; }
 std::string endAck(const std::string& node) { return "launch/ended/" + node; }
 std::string join(int round, const std::string& node) {
@@ -61,12 +65,63 @@ const PlannedNode* RoundPlan::find(const std::string& node) const {
   return nullptr;
 }
 
+size_t storeRequestClass(const std::string& key) {
+  static const std::string kHeartbeat = keys::heartbeat("");
+  if (key.compare(0, kHeartbeat.size(), kHeartbeat) == 0) return kHeartbeatRequests;
+  // "round<N>/monitor/...", or "monitor/..." in a store without rounds.
+  size_t at = 0;
+  if (key.compare(0, 5, "round") == 0) {
+    at = key.find('/');
+    if (at == std::string::npos) return kOtherRequests;
+    ++at;
+  }
+  return key.compare(at, 8, "monitor/") == 0 ? kMonitoringRequests : kOtherRequests;
+}
+
+std::string encodePhase(const JobPhase& p) {
+  static const char* const kNames[] = {"gather", "run", "decided"};
+  if (p.kind == JobPhase::Ended) return "end";
+  return fmt::format("{} {}", p.round, kNames[p.kind]);
+}
+
+JobPhase decodePhase(const std::string& text) {
+  JobPhase p;
+  if (text == "end") {
+    p.kind = JobPhase::Ended;
+    return p;
+  }
+  const size_t space = text.find(' ');
+  int64_t round = 0;
+  if (space == std::string::npos || !parseInt64(text.substr(0, space), &round) || round < 0 ||
+      round > (1 << 30)) {
+    return p;
+  }
+  p.round = static_cast<int>(round);
+  const std::string kind = text.substr(space + 1);
+  p.kind = kind == "run" ? JobPhase::Run : kind == "decided" ? JobPhase::Decided : JobPhase::Gather;
+  return p;
+}
+
+std::string encodeClaim(const NodeClaim& c) {
+  return dump({{"nonce", c.nonce}, {"pid", c.pid}, {"host", c.host}});
+}
+
+NodeClaim decodeClaim(const std::string& text) {
+  NodeClaim c;
+  json v = json::parse(text, nullptr, false);
+  if (!v.is_object()) return c;
+  c.nonce = v.value("nonce", std::string());
+  c.pid = v.value("pid", int64_t{0});
+  c.host = v.value("host", std::string("unknown"));
+  return c;
+}
+
 std::string encodeJoin(const JoinInfo& j) {
   return dump({{"node", j.node}, {"requested_rank", j.requestedRank}, {"host", j.host},
                {"label", j.label}, {"address", j.address}, {"local_world_size", j.localWorldSize},
                {"gpus", j.gpus}, {"launch_version", j.launchVersion},
                {"protocol_version", j.protocolVersion}, {"error", j.error},
-               {"error_code", j.errorCode}});
+               {"error_code", j.errorCode}, {"nonce", j.nonce}});
 }
 
 JoinInfo decodeJoin(const std::string& text) {
@@ -85,6 +140,7 @@ JoinInfo decodeJoin(const std::string& text) {
   j.gpus = field<std::vector<int>>(v, "gpus", "join");
   j.error = field<std::string>(v, "error", "join");
   j.errorCode = field<int>(v, "error_code", "join");
+  j.nonce = field<std::string>(v, "nonce", "join");
   return j;
 }
 
@@ -225,7 +281,13 @@ std::string versionMismatch(const JoinInfo& mine, const JoinInfo& j) {
 }
 
 void HeartbeatTracker::watch(const std::string& node, Clock::time_point now) {
-  nodes_[node] = Entry{std::nullopt, now};
+  nodes_.emplace(node, Entry{std::nullopt, now});
+}
+
+std::vector<std::string> HeartbeatTracker::nodes() const {
+  std::vector<std::string> out;
+  for (const auto& [node, e] : nodes_) out.push_back(node);
+  return out;
 }
 
 void HeartbeatTracker::forget(const std::string& node) { nodes_.erase(node); }

@@ -5,6 +5,7 @@
 // See Note [Rendezvous protocol]; docs/design.md describes it for other tools.
 
 #include <chrono>
+#include <cstdint>
 #include <map>
 #include <optional>
 #include <string>
@@ -19,31 +20,61 @@ namespace dtrain::launcher {
 // The master (the launch that hosts the store) is the only writer of decisions; agents write
 // facts about themselves. Keys of round R live under "round<R>/launch/" (the workers' own keys of
 // that round are under "round<R>/" too, so nothing crosses rounds); job-wide keys under "launch/".
-//   launch/heartbeat/<node>        agent: a counter it increments every --heartbeat-interval
+//   launch/state                   master: where the job is -- "R gather", "R run" (plan R is
+//                                  written), "R decided" (decision R is written), "end". Agents
+//                                  watch it (waitChanged): one key tells every node what to read
+//   launch/events                  agents: a counter, add(1) after each write the master acts on
+//                                  (a join, a result, a stop); the master watches it instead of
+//                                  polling every node's keys
+//   launch/heartbeat/<node>        agent: a counter it increments every --heartbeat-interval; the
+//                                  master reads every node's at once (tryMultiGet)
+//   launch/claim/<node>            agent: {"nonce", "pid", "host"} by compareSet, "released" at
+//                                  its end (see Note [Node claims])
 //   launch/end                     master: {"code": N, "message": "..."} -- every agent exits N
 //   launch/ended/<node>            agent: it read launch/end (the master waits, bounded, for the
 //                                  nodes that joined before its store may go)
-//   round<R>/launch/join/<node>    agent: JoinInfo (host, address, workers, versions)
+//   round<R>/launch/join/<node>    agent: JoinInfo (host, address, workers, versions, nonce)
 //   round<R>/launch/plan           master: RoundPlan (who is in the round, ranks, MASTER_ADDR/PORT)
 //   round<R>/launch/stop           first writer wins (compareSet): why the round is stopping (a
-//                                  worker failed on node N, node N went silent, a signal); the
-//                                  master writes it before its decision when nobody did ("round R
-//                                  is over"), so every agent's heartbeat thread stops waiting on
-//                                  it at once
+//                                  worker failed on node N, node N went silent, a node waits to
+//                                  join, a signal); the master writes it before its decision when
+//                                  nobody did ("round R is over"), so every agent's heartbeat
+//                                  thread stops waiting on it at once
 //   round<R>/launch/result/<node>  agent: its workers' outcomes after the round, for the report
 //   round<R>/launch/decision       master: "restart" or "end <code>"
 //   round<R>/launch/ack/<node>     agent: it read the decision; after the last one the master
 //                                  waits (bounded) for these before its store may go
 // <node> is the node's id: its index in the host list (fan-out) or its --node-rank (manual), so
-// node ranks stay stable across restarts. An agent that is not in a round's plan (elastic: it
-// came late) waits for the next round. Heartbeats are judged on the master's clock only: a node
-// is silent when its counter has not changed for --heartbeat-timeout seconds, so clocks of
-// different nodes never need to agree.
+// it is stable across restarts (DTRAIN_NODE_ID). An agent joins the round launch/state names, or
+// the next one when that round's plan is out: a node that comes late (elastic), or whose agent
+// was started again, waits for the next round instead of replaying finished ones; the master
+// sees its join while the round runs and -- below --nnodes MAX -- stops the round through the
+// workers' preemption path (SIGTERM, exit 75) to grow the job, a restart not counted against
+// --max-restarts. Heartbeats are judged on the master's clock only: a node is silent when its
+// counter has not changed for --heartbeat-timeout seconds, so clocks of different nodes never
+// need to agree; a node that joined and went silent (during the rendezvous, or while it waits to
+// join) is dropped within that bound.
 
-constexpr int kProtocolVersion = 2;
+// Note [Node claims]
+// ~~~~~~~~~~~~~~~~~~
+// Two launches given the same --node-rank must not both run its ranks. Before anything else an
+// agent claims its node id: compareSet(launch/claim/<node>, absent, {nonce, pid, host}). If
+// another claim is there, the claimant watches that node's heartbeat counter (waitChanged) for
+// --heartbeat-timeout: it moves -> the holder is alive, and the claimant exits 2 naming the node
+// rank and both hosts; it stays still -> the holder is gone (killed, its host lost), and the
+// claimant takes the claim over (compareSet from the holder's value), so an agent started again
+// by hand gets its node back. An agent releases its claim when it ends; a fan-out master
+// releases a lost node's claim before it starts that node's agent again.
+
+// Protocol 3: launch/state, launch/events, launch/claim and the join's nonce; the master reads
+// heartbeats, joins and results with tryMultiGet and waits with waitChanged (store opcodes 9, 10).
+constexpr int kProtocolVersion = 3;
 
 namespace keys {
+std::string state();
+std::string events();
 std::string heartbeat(const std::string& node);
+std::string claim(const std::string& node);
 std::string end();
 std::string endAck(const std::string& node);
 std::string join(int round, const std::string& node);
@@ -53,6 +84,36 @@ std::string result(int round, const std::string& node);
 std::string decision(int round);
 std::string ack(int round, const std::string& node);
 }  // namespace keys
+
+// The class of a request on the job's store by its first key, for the store's counts: 0 the
+// agents' heartbeats, 1 monitoring (the ranks' progress, the nodes' samples and stacks: every
+// key under "monitor/" of a round), 2 the rest (rendezvous, rounds, the workers' own keys).
+enum StoreRequestClass : size_t { kHeartbeatRequests = 0, kMonitoringRequests = 1, kOtherRequests = 2 };
+constexpr size_t kStoreRequestClasses = 3;
+size_t storeRequestClass(const std::string& key);
+
+// launch/state.
+struct JobPhase {
+  enum Kind { Gather = 0, Run = 1, Decided = 2, Ended = 3 };
+  int round = 0;
+  Kind kind = Gather;
+  // At or past round `r`'s phase `k` (an ended job is past everything).
+  bool reached(int r, Kind k) const { return kind == Ended || round > r || (round == r && kind >= k); }
+};
+std::string encodePhase(const JobPhase& p);
+// Absent or malformed: round 0, gathering.
+JobPhase decodePhase(const std::string& text);
+
+// launch/claim/<node>.
+struct NodeClaim {
+  std::string nonce;
+  int64_t pid = 0;
+  std::string host;
+};
+constexpr const char* kReleasedClaim = "released";
+std::string encodeClaim(const NodeClaim& c);
+// A value that is not a claim (released, malformed) has an empty nonce.
+NodeClaim decodeClaim(const std::string& text);
 
 struct JoinInfo {
   std::string node;           // node id
@@ -64,6 +125,7 @@ struct JoinInfo {
   std::vector<int> gpus;      // CUDA_VISIBLE_DEVICES slots, empty: inherited
   std::string launchVersion;
   int protocolVersion = kProtocolVersion;
+  std::string nonce;          // its agent's claim (Note [Node claims]): which agent wrote it
   // A problem that keeps this node from running (its program is missing, no usable interface):
   // the master ends the job with errorCode, naming the node.
   std::string error;
@@ -115,8 +177,12 @@ class HeartbeatTracker {
  public:
   using Clock = std::chrono::steady_clock;
   explicit HeartbeatTracker(std::chrono::milliseconds timeout) : timeout_(timeout) {}
-  // Starts watching `node` at `now` (a node is given the full timeout from here).
+  // Starts watching `node` at `now` (a node is given the full timeout from here); a node watched
+  // already keeps what was seen of it.
   void watch(const std::string& node, Clock::time_point now);
+  bool watching(const std::string& node) const { return nodes_.count(node) != 0; }
+  // The nodes watched, in order.
+  std::vector<std::string> nodes() const;
   void forget(const std::string& node);
   // A value read from the node's heartbeat key (nullopt: the key is absent).
   void observe(const std::string& node, const std::optional<std::string>& value,

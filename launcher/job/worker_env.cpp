@@ -44,6 +44,7 @@ EnvMap workerEnv(const LaunchConfig& config, const NodeContext& node, int localR
   setInt(env::kLocalWorldSize, node.localWorldSize);
   setInt(env::kGroupRank, node.nodeRank);
   setInt(env::kGroupWorldSize, node.numNodes);
+  setInt(env::kNodeId, node.nodeId);
   setInt(env::kRoleRank, rank);
   setInt(env::kRoleWorldSize, worldSize);
   set(env::kRoleName, config.role);

@@ -17,7 +17,8 @@ using EnvMap = std::map<std::string, std::string>;
 // ports, counts and the inherited environment. Filled at launch; tests fill it by hand.
 struct NodeContext {
   std::string host;     // this node's name, for messages
-  int nodeRank = 0;
+  int nodeRank = 0;         // GROUP_RANK: this round's place among the nodes
+  int nodeId = 0;           // DTRAIN_NODE_ID: stable across rounds (host-list index, --node-rank)
   int numNodes = 1;
   int localWorldSize = 1;   // workers on this node
   int rankOffset = 0;       // global rank of local rank 0 (prefix sum over the nodes before)

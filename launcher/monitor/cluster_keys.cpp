@@ -19,8 +19,23 @@ using nlohmann::json;
 using Clock = std::chrono::steady_clock;
 
 constexpr std::chrono::milliseconds kStackPoll{100};
+// Keys per tryMultiGet: well below the store's 4096, and a few MiB of reports at most.
+constexpr size_t kKeysPerRead = 512;
 
 }  // namespace
+
+std::vector<std::optional<store::Bytes>> readExisting(store::Store& round,
+                                                      const std::vector<std::string>& keys) {
+  std::vector<std::optional<store::Bytes>> out;
+  out.reserve(keys.size());
+  for (size_t at = 0; at < keys.size(); at += kKeysPerRead) {
+    const std::vector<std::string> part(
+        keys.begin() + static_cast<std::ptrdiff_t>(at),
+        keys.begin() + static_cast<std::ptrdiff_t>(std::min(keys.size(), at + kKeysPerRead)));
+    for (auto& v : round.tryMultiGet(part)) out.push_back(std::move(v));
+  }
+  return out;
+}
 
 void publishNodeRecords(store::Store& round, int nodeRank, const std::vector<Record>& records) {
   round.set(progress::nodeKey(nodeRank), store::toBytes(metrics::toJsonArray(records)));
@@ -30,14 +45,20 @@ void publishNodeRecords(store::Store& round, int nodeRank, const std::vector<Rec
 std::map<int, std::vector<Record>> readNodeRecords(store::Store& round, int numNodes, int ownNode,
                                                    std::vector<std::string>* problems) {
   std::map<int, std::vector<Record>> out;
+  std::vector<int> nodes;
+  std::vector<std::string> ks;
   for (int n = 0; n < numNodes; ++n) {
     if (n == ownNode) continue;
-    const std::string key = progress::nodeKey(n);
-    if (!round.check({key})) continue;
+    nodes.push_back(n);
+    ks.push_back(progress::nodeKey(n));
+  }
+  const auto values = readExisting(round, ks);
+  for (size_t i = 0; i < nodes.size(); ++i) {
+    if (!values[i]) continue;
     try {
-      out[n] = metrics::parseJsonArray(store::toString(round.get(key)));
+      out[nodes[i]] = metrics::parseJsonArray(store::toString(*values[i]));
     } catch (const InvalidArgument& e) {
-      if (problems) problems->push_back(fmt::format("{}: {}", key, e.what()));
+      if (problems) problems->push_back(fmt::format("{}: {}", ks[i], e.what()));
     }
   }
   return out;
@@ -80,11 +101,18 @@ std::map<int, std::string> collectStacks(store::Store& round, int64_t id, int nu
   if (ownNode >= 0 && ownNode < numNodes) answered[static_cast<size_t>(ownNode)] = true;
   const auto deadline = Clock::now() + wait;
   while (true) {
+    std::vector<int> open;
+    std::vector<std::string> ks;
     for (int n = 0; n < numNodes; ++n) {
       if (answered[static_cast<size_t>(n)]) continue;
-      const std::string key = progress::stacksKey(n);
-      if (!round.check({key})) continue;
-      json j = json::parse(store::toString(round.get(key)), nullptr, false);
+      open.push_back(n);
+      ks.push_back(progress::stacksKey(n));
+    }
+    const auto values = readExisting(round, ks);
+    for (size_t i = 0; i < open.size(); ++i) {
+      const int n = open[i];
+      if (!values[i]) continue;
+      json j = json::parse(store::toString(*values[i]), nullptr, false);
       if (!j.is_object() || !j["request"].is_number_integer() ||
           j["request"].get<int64_t>() != id || !j["stacks"].is_object()) {
         continue;  // an answer to an earlier request, or garbage: keep waiting

@@ -16,6 +16,11 @@
 
 namespace dtrain::launcher::monitor {
 
+// The values of `keys` there now (tryMultiGet), a few hundred keys per request: what the master
+// reads of every rank or node at once, instead of a check and a get each.
+std::vector<std::optional<store::Bytes>> readExisting(store::Store& round,
+                                                      const std::vector<std::string>& keys);
+
 // An agent: node `nodeRank`'s latest records (replacing the earlier ones), then a version bump.
 void publishNodeRecords(store::Store& round, int nodeRank, const std::vector<Record>& records);
 

@@ -150,7 +150,8 @@ void Monitor::say(const std::string& text) {
 }
 
 void Monitor::threadMain() {
-  ::pthread_setname_np(::pthread_self(), "launch-monitor");
+  // The master of several nodes only aggregates: its own name, for per-thread CPU figures.
+  ::pthread_setname_np(::pthread_self(), context_.samplesNode ? "launch-monitor" : "launch-jobmon");
   const double tickSeconds = std::min(options_.sampleInterval, kMaxTickSeconds);
   const double start = steadyNow();
   nextSample_ = start;
@@ -222,14 +223,17 @@ void Monitor::tick(double now) {
   connectStore();  // progress for the aggregator; an agent publishes its samples there
   if (context_.aggregates) pollStore(now);
   if (context_.samplesNode) {
-    if (now >= nextSample_) {
+    const bool sampling = now >= nextSample_;
+    if (sampling) {
       sample(now);
       nextSample_ = std::max(nextSample_ + options_.sampleInterval, now);
     } else {
       lastNode_ = sampler_.sampleMemory();
     }
     if (auto warning = memory_.check(now, lastNode_, context_.node)) say(*warning);
-    if (!context_.aggregates) answerStackRequest();
+    // An agent looks for the master's stack requests with each sample it publishes, not every
+    // tick: hundreds of agents asking every second would be most of the store's load.
+    if (!context_.aggregates && sampling) answerStackRequest();
   }
   if (!context_.aggregates) return;
   if (options_.stallTimeout > 0) checkStall(now);
@@ -287,11 +291,14 @@ void Monitor::pollStore(double now, bool final) {
 }
 
 void Monitor::readProgress(double now) {
+  std::vector<std::string> ks;
+  for (int r = 0; r < currentWorldSize_; ++r) ks.push_back(progress::rankKey(r));
+  const auto values = readExisting(*store_, ks);  // every rank's report at once
   for (int r = 0; r < currentWorldSize_; ++r) {
-    const std::string key = progress::rankKey(r);
-    if (!store_->check({key})) continue;
+    const auto& value = values[static_cast<size_t>(r)];
+    if (!value) continue;
     try {
-      progress::RankReport report = progress::decodeReport(store::toString(store_->get(key)));
+      progress::RankReport report = progress::decodeReport(store::toString(*value));
       stall_.update(now, report);
       reports_[r] = std::move(report);
     } catch (const InvalidArgument& e) {
@@ -513,8 +520,11 @@ void Monitor::checkStall(double now) {
     try {
       const int64_t id = requestStacks(*store_, remote);
       const int own = context_.samplesNode ? context_.nodeRank : -1;
-      for (auto& [rank, text] : collectStacks(*store_, id, context_.numNodes, own,
-                                              context_.stacks.timeout + kStoreTimeout)) {
+      // The agents look with their next sample, then take the stacks.
+      const auto wait = std::chrono::duration_cast<std::chrono::milliseconds>(
+          context_.stacks.timeout + kStoreTimeout +
+          std::chrono::duration<double>(options_.sampleInterval));
+      for (auto& [rank, text] : collectStacks(*store_, id, context_.numNodes, own, wait)) {
         ctx.stacks[rank] = std::move(text);
       }
     } catch (const std::exception& e) {

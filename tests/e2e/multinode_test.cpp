@@ -398,7 +398,10 @@ TEST(MultiNode, DryRunShowsEveryNodeAndRedactsTheToken) {
   EXPECT_NE(r.out.find("NCCL_DEBUG=INFO"), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("node 1 10.231.254.2"), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("BatchMode=yes"), std::string::npos) << r.out;
-  EXPECT_NE(r.out.find("'\\''"), std::string::npos) << "the argument it's, single-quoted: " << r.out;
+  // A quote inside single quotes is closed, double-quoted and reopened ('"'"'): read alike by
+  // sh and by csh, tcsh and fish login shells (Note [Remote command lines]).
+  EXPECT_NE(r.out.find("'\"'\"'"), std::string::npos)
+      << "the argument it's, single-quoted: " << r.out;
 }
 
 }  // namespace

@@ -238,6 +238,75 @@ TEST_P(StoreConformance, PrefixStoresAreDisjoint) {
   EXPECT_TRUE(r0.check({"only0"}));
 }
 
+TEST_P(StoreConformance, TryMultiGetReadsWhatIsThereNowInOrder) {
+  store_->setString("m/a", "1");
+  store_->set("m/empty", {});
+  store_->add("m/c", 3);
+  auto other = another();
+  other->flush();
+  auto values = other->tryMultiGet({"m/c", "m/missing", "m/a", "m/empty", "m/a"});
+  ASSERT_EQ(values.size(), 5u);
+  EXPECT_EQ(toString(*values[0]), "3");
+  EXPECT_FALSE(values[1].has_value());
+  EXPECT_EQ(toString(*values[2]), "1");
+  ASSERT_TRUE(values[3].has_value()) << "an empty value exists";
+  EXPECT_TRUE(values[3]->empty());
+  EXPECT_EQ(toString(*values[4]), "1");
+  EXPECT_TRUE(other->tryMultiGet({}).empty());
+  // Never waits, whatever the store's timeout.
+  store_->setTimeout(Millis(60000));
+  const auto start = std::chrono::steady_clock::now();
+  EXPECT_FALSE(store_->tryMultiGet({"m/never"})[0].has_value());
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(5));
+}
+
+TEST_P(StoreConformance, WaitChangedWakesOnTheNextWriteOfACounter) {
+  EXPECT_EQ(store_->add("w/count", 1), 1);
+  // Already other than seen: at once.
+  EXPECT_EQ(toString(store_->waitChanged("w/count", toBytes("0"), Millis(100))), "1");
+  auto other = another();
+  std::thread adder([&] {
+    std::this_thread::sleep_for(Millis(50));
+    other->add("w/count", 1);
+  });
+  const auto start = std::chrono::steady_clock::now();
+  EXPECT_EQ(toString(store_->waitChanged("w/count", toBytes("1"), Millis(10000))), "2");
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(5));
+  adder.join();
+  // A key that does not exist yet: its first value is a change.
+  std::thread setter([&] {
+    std::this_thread::sleep_for(Millis(50));
+    other->setString("w/state", "3 run");
+    other->flush();
+  });
+  EXPECT_EQ(toString(store_->waitChanged("w/state", {}, Millis(10000))), "3 run");
+  setter.join();
+}
+
+TEST_P(StoreConformance, WaitChangedIgnoresAWriteOfTheSameValueAndTimesOutNamingTheKey) {
+  store_->setString("w/same", "x");
+  auto other = another();
+  std::thread setter([&] {
+    std::this_thread::sleep_for(Millis(20));
+    other->setString("w/same", "x");  // written again, not changed
+    other->flush();
+  });
+  const auto start = std::chrono::steady_clock::now();
+  try {
+    store_->waitChanged("w/same", toBytes("x"), Millis(300));
+    FAIL() << "waitChanged returned for a value that did not change";
+  } catch (const TimeoutError& e) {
+    EXPECT_NE(std::string(e.what()).find("w/same\""), std::string::npos) << e.what();
+  }
+  EXPECT_GE(std::chrono::steady_clock::now() - start, Millis(290));
+  setter.join();
+  // The store stays usable after the timeout.
+  other->setString("w/same", "y");
+  other->flush();
+  EXPECT_EQ(toString(store_->waitChanged("w/same", toBytes("x"), Millis(1000))), "y");
+  EXPECT_THROW(store_->waitChanged("w/same", toBytes("y"), Millis(-1)), InvalidArgument);
+}
+
 INSTANTIATE_TEST_SUITE_P(Stores, StoreConformance, ::testing::ValuesIn(testing::allStoreFactories()),
                          [](const auto& info) { return info.param.name; });
 

@@ -105,5 +105,51 @@ TEST(KvTable, AddRefusesNonCountersAndOverflow) {
   EXPECT_EQ(statusOf(*t.execute(add, nullptr)).type, static_cast<uint8_t>(wire::Status::Error));
 }
 
+TEST(KvTable, WaitChangedParksUntilTheValueDiffersFromTheOneSeen) {
+  KvTable t;
+  FakeWaiter w;
+  run(t, req(Op::Add, {"n"}));  // "0"
+  Request changed = req(Op::WaitChanged, {"n"});
+  changed.expected = Bytes{'0'};
+  EXPECT_FALSE(t.execute(changed, &w).has_value());
+  EXPECT_EQ(t.numRegistrations(), 1u) << "registered under its key although the key exists";
+  run(t, req(Op::Set, {"n"}, "0"));  // the same value again: no change
+  EXPECT_EQ(w.woken, 0);
+  EXPECT_EQ(t.numRegistrations(), 1u);
+  Request add = req(Op::Add, {"n"});
+  add.delta = 1;
+  run(t, add);
+  EXPECT_EQ(w.woken, 1);
+  EXPECT_EQ(t.numRegistrations(), 0u);
+  Bytes answer = t.answerParked(changed);
+  wire::Reader in(answer.data() + wire::kHeaderBytes, answer.size() - wire::kHeaderBytes);
+  Bytes value;
+  ASSERT_TRUE(in.bytes(16, &value));
+  EXPECT_EQ(value, Bytes{'1'});
+  // Its timeout names the one key, present or not.
+  Bytes frame = t.timeoutResponse(changed);
+  wire::Reader tin(frame.data() + wire::kHeaderBytes, frame.size() - wire::kHeaderBytes);
+  uint64_t count = 0, index = 9;
+  ASSERT_TRUE(tin.u64(&count) && tin.u64(&index));
+  EXPECT_EQ(count, 1u);
+  EXPECT_EQ(index, 0u);
+}
+
+TEST(KvTable, MultiGetAnswersPresentAndAbsentAndRefusesMoreThanTheValueLimit) {
+  KvTable t(/*maxValueBytes=*/10);
+  run(t, req(Op::Set, {"a"}, "12345"));
+  run(t, req(Op::Set, {"b"}, "6789"));
+  auto answer = t.execute(*std::make_unique<Request>(req(Op::MultiGet, {"a", "x", "b"})), nullptr);
+  ASSERT_TRUE(answer.has_value());
+  ASSERT_EQ(statusOf(*answer).type, static_cast<uint8_t>(wire::Status::Ok));
+  std::vector<std::optional<Bytes>> values;
+  ASSERT_TRUE(wire::decodeMultiValues(Bytes(answer->begin() + wire::kHeaderBytes, answer->end()),
+                                      3, 10, &values));
+  EXPECT_EQ(values, (std::vector<std::optional<Bytes>>{Bytes{'1', '2', '3', '4', '5'}, std::nullopt,
+                                                       Bytes{'6', '7', '8', '9'}}));
+  Request tooMuch = req(Op::MultiGet, {"a", "b", "a"});  // 14 bytes of values
+  EXPECT_EQ(statusOf(*t.execute(tooMuch, nullptr)).type, static_cast<uint8_t>(wire::Status::Error));
+}
+
 }  // namespace
 }  // namespace dtrain::store

@@ -112,6 +112,17 @@ TEST(StoreWireGolden, Requests) {
   EXPECT_EQ(encodeRequest(request(Op::Delete, {"a"})), hex("0900000000000000 01 07 0000"
                                                            "0100000000000000 61"));
   EXPECT_EQ(encodeRequest(request(Op::NumKeys, {})), hex("0000000000000000 01 08 0000"));
+  EXPECT_EQ(encodeRequest(request(Op::MultiGet, {"a", "bc"})), hex("1b00000000000000 01 09 0000"
+                                                                   "0200000000000000"
+                                                                   "0100000000000000 61"
+                                                                   "0200000000000000 6263"));
+  Request changed = request(Op::WaitChanged, {"k"});
+  changed.timeoutMs = 2;
+  changed.expected = {'7'};
+  EXPECT_EQ(encodeRequest(changed), hex("1a00000000000000 01 0a 0000"
+                                        "0200000000000000"
+                                        "0100000000000000 6b"
+                                        "0100000000000000 37"));
 }
 
 TEST(StoreWireGolden, Responses) {
@@ -125,6 +136,18 @@ TEST(StoreWireGolden, Responses) {
             hex("1000000000000000 01 01 0000 0100000000000000 0100000000000000"));
   EXPECT_EQ(encodeErrorResponse("no"),
             hex("0a00000000000000 01 02 0000 0200000000000000 6e6f"));
+  // MultiGet of ("a" present with "v", "b" absent).
+  const Bytes v{'v'};
+  EXPECT_EQ(encodeResponse(Status::Ok, encodeMultiValues({&v, nullptr})),
+            hex("1300000000000000 01 00 0000 0200000000000000 01 0100000000000000 76 00"));
+  std::vector<std::optional<Bytes>> back;
+  ASSERT_TRUE(decodeMultiValues(encodeMultiValues({&v, nullptr}), 2, 10, &back));
+  EXPECT_EQ(back, (std::vector<std::optional<Bytes>>{v, std::nullopt}));
+  EXPECT_FALSE(decodeMultiValues(encodeMultiValues({&v, nullptr}), 3, 10, &back));  // count
+  EXPECT_FALSE(decodeMultiValues(encodeMultiValues({&v}), 1, 0, &back));  // value over the limit
+  Bytes flag2 = encodeMultiValues({nullptr});
+  flag2.back() = 2;
+  EXPECT_FALSE(decodeMultiValues(flag2, 1, 10, &back));
 }
 
 // --- parser ------------------------------------------------------------------------------------
@@ -159,6 +182,11 @@ TEST_F(StoreWireParse, RoundTripsEveryOp) {
   all.push_back(request(Op::Check, {"a", "b"}));
   all.push_back(request(Op::Delete, {"a"}));
   all.push_back(request(Op::NumKeys, {}));
+  all.push_back(request(Op::MultiGet, {"a", "", "c"}));
+  Request changed = request(Op::WaitChanged, {"k"});
+  changed.timeoutMs = 77;
+  changed.expected = {4, 5};
+  all.push_back(changed);
   for (const auto& r : all) {
     Bytes frame = encodeRequest(r);
     ParseResult p = parse(frame);
@@ -206,7 +234,7 @@ TEST_F(StoreWireParse, OversizeLengthsAreRefusedFromTheHeaderAlone) {
 TEST_F(StoreWireParse, BadHeadersAreRefused) {
   EXPECT_EQ(parse(rawHeader(0, 8, 2)).status, ParseStatus::Bad);        // version
   EXPECT_EQ(parse(rawHeader(0, 0)).status, ParseStatus::Bad);           // opcode 0
-  EXPECT_EQ(parse(rawHeader(0, 9)).status, ParseStatus::Bad);           // opcode 9
+  EXPECT_EQ(parse(rawHeader(0, 11)).status, ParseStatus::Bad);          // opcode 11
   EXPECT_EQ(parse(rawHeader(0, 8, kVersion, 1)).status, ParseStatus::Bad);  // reserved
 }
 
@@ -254,7 +282,7 @@ TEST(StoreWireLimits, MaxPayloadSaturatesInsteadOfWrapping) {
   huge.maxKeyBytes = std::numeric_limits<size_t>::max();
   huge.maxValueBytes = std::numeric_limits<size_t>::max();
   huge.maxKeysPerRequest = std::numeric_limits<size_t>::max();
-  for (int op = 1; op <= 7; ++op) {
+  for (int op : {1, 2, 3, 4, 5, 6, 7, 9, 10}) {
     EXPECT_EQ(maxRequestPayload(static_cast<Op>(op), huge), std::numeric_limits<uint64_t>::max());
   }
   StoreLimits normal;

@@ -48,6 +48,27 @@ TEST(TcpStoreServer, ReportsThePortItBoundAndBindsOnlyThatAddress) {
   EXPECT_THROW(TcpStore{other}, NetworkError);
 }
 
+TEST(TcpStoreServer, CountsRequestsByTheClassOfTheirFirstKey) {
+  TcpStoreServerOptions so = serverOptions();
+  so.requestClasses = 2;
+  so.classify = [](const std::string& key) -> size_t {
+    return key.rfind("beat/", 0) == 0 ? 0 : key == "far" ? 5 : 1;
+  };
+  auto server = TcpStoreServer::start(so);
+  TcpStore client(clientOptions(*server));
+  client.add("beat/0", 1);
+  client.tryMultiGet({"beat/0", "other"});  // by its first key
+  client.setString("other", "x");           // pipelined sets count too
+  client.check({"other"});
+  client.add("far", 1);  // class 5 is past the last class: it counts in the last one
+  client.flush();
+  EXPECT_EQ(server->requestCounts(), (std::vector<uint64_t>{2, 3}));
+  auto plain = TcpStoreServer::start(serverOptions());
+  TcpStore c2(clientOptions(*plain));
+  c2.add("beat/0", 1);
+  EXPECT_EQ(plain->requestCounts(), (std::vector<uint64_t>{1}));
+}
+
 TEST(TcpStore, ZeroTimeoutsInOptionsAreTheDefaults) {
   // Note [Zero timeouts]: a zero timeout in an options struct is that option's default, on the
   // server (which refused zero before) and on the client; negative is refused, naming the field.

@@ -34,6 +34,13 @@
 //   --error-file-mode M       what error-file:CODE writes: json (default), garbage, huge, empty
 //   --alloc-mb N              allocate and touch N MiB more at each step (OOM tests)
 //   --alloc-rank R            only rank R allocates (--alloc-mb); default: every rank
+//   --restart-steps N         steps to run in a restarted attempt (DTRAIN_RESTART_COUNT > 0);
+//                             default: --steps
+//   --progress                publish each step as the rank's progress (dtrain::progress::setStep;
+//                             the publisher sends it to launch once a second, as a trainer's) and
+//                             print "rank R: started attempt=A t=T" and "rank R: done attempt=A
+//                             t=T" (CLOCK_MONOTONIC seconds), also with --quiet: the simulated
+//                             nodes of the scale tests
 //   --publish-figures         record "loss" (1/(step+1)) and "samples_per_s" (100+rank) each step
 //                             with dtrain::metrics::Metrics and no sink of its own: under launch
 //                             they reach launch's endpoint and metrics file through the store
@@ -72,7 +79,9 @@ using dtrain::fault::Kind;
 
 struct Flags {
   int64_t steps = 3;
+  int64_t restartSteps = -1;
   int64_t stepMs = 0;
+  bool progress = false;
   bool useStore = true;
   int64_t barrierTimeoutMs = 30000;
   int64_t connectTimeoutMs = 10000;
@@ -119,6 +128,8 @@ Flags parseFlags(int argc, char** argv) {
       return v;
     };
     if (a == "--steps") f.steps = number();
+    else if (a == "--restart-steps") f.restartSteps = number();
+    else if (a == "--progress") f.progress = true;
     else if (a == "--step-ms") f.stepMs = number();
     else if (a == "--no-store") f.useStore = false;
     else if (a == "--barrier-timeout-ms") f.barrierTimeoutMs = number();
@@ -301,7 +312,7 @@ int run(const Flags& flags) {
     for (const char* name : {"RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR",
                              "MASTER_PORT", "OMP_NUM_THREADS", "TORCHELASTIC_RUN_ID",
                              "TORCHELASTIC_ERROR_FILE", "DTRAIN_STORE_ADDR", "DTRAIN_STORE_PORT",
-                             "GROUP_RANK", "CUDA_VISIBLE_DEVICES", "NCCL_SOCKET_IFNAME",
+                             "GROUP_RANK", "DTRAIN_NODE_ID", "CUDA_VISIBLE_DEVICES", "NCCL_SOCKET_IFNAME",
                              "GLOO_SOCKET_IFNAME", "NCCL_DEBUG", "FROM_DOTENV"}) {
       const char* v = std::getenv(name);
       std::printf("rank %d: env %s=%s\n", rank, name, v ? v : "(unset)");
@@ -310,6 +321,10 @@ int run(const Flags& flags) {
                 std::getenv(dtrain::env::kStoreToken) ? "set" : "unset");
   }
   (void)dtrain::fault::activeFaults();  // a bad DTRAIN_FAULT fails here, before the store
+  if (flags.progress) {
+    std::printf("rank %d: started attempt=%d t=%.6f\n", rank, attempt, monotonicSeconds());
+  }
+  const int64_t steps = attempt > 0 && flags.restartSteps >= 0 ? flags.restartSteps : flags.steps;
 
   std::shared_ptr<dtrain::store::PrefixStore> store;
   const std::chrono::milliseconds timeout(flags.barrierTimeoutMs);
@@ -347,7 +362,7 @@ int run(const Flags& flags) {
   metricsOptions.toLaunch = flags.publishFigures;  // else no publisher thread at all
   dtrain::metrics::Metrics metrics(metricsOptions);
   std::vector<std::vector<char>> hog;
-  for (int64_t step = 0; step < flags.steps; ++step) {
+  for (int64_t step = 0; step < steps; ++step) {
     for (const auto& f : dtrain::fault::activeFaults()) {
       if (!f.matches(rank, step, attempt)) continue;
       std::printf("rank %d: step %lld: injecting %s (t=%.6f)\n", rank,
@@ -374,6 +389,7 @@ int run(const Flags& flags) {
       metrics.record(step, {{"loss", 1.0 / static_cast<double>(step + 1)},
                             {"samples_per_s", 100.0 + rank}});
     }
+    if (flags.progress) dtrain::progress::setStep(step);
     if (!flags.quiet) std::printf("rank %d: step %lld\n", rank, static_cast<long long>(step));
     if (flags.stepMs > 0) std::this_thread::sleep_for(std::chrono::milliseconds(flags.stepMs));
     if (store && flags.barrierEveryStep) {
@@ -381,7 +397,11 @@ int run(const Flags& flags) {
     }
   }
   if (store && flags.endBarrier) barrier(*store, "end", world, timeout);
-  if (!flags.quiet) std::printf("rank %d: done\n", rank);
+  if (flags.progress) {
+    std::printf("rank %d: done attempt=%d t=%.6f\n", rank, attempt, monotonicSeconds());
+  } else if (!flags.quiet) {
+    std::printf("rank %d: done\n", rank);
+  }
   return 0;
 }
 

@@ -21,7 +21,7 @@ std::string singleQuote(const std::string& word) {
   std::string out = "'";
   for (char c : word) {
     if (c == '\'') {
-      out += "'\\''";
+      out += "'\"'\"'";
     } else {
       out += c;
     }
@@ -30,7 +30,7 @@ std::string singleQuote(const std::string& word) {
   return out;
 }
 
-std::string remoteShellCommand(const std::string& cwd, const std::vector<std::string>& argv) {
+std::string remoteScript(const std::string& cwd, const std::vector<std::string>& argv) {
   std::string out;
   if (!cwd.empty()) {
     const std::string q = singleQuote(cwd);
@@ -39,6 +39,36 @@ std::string remoteShellCommand(const std::string& cwd, const std::vector<std::st
   }
   out += "exec";
   for (const auto& a : argv) out += " " + singleQuote(a);
+  return out;
+}
+
+std::string remoteShellCommand(const std::string& cwd, const std::vector<std::string>& argv) {
+  // See Note [Remote command lines]: what every login shell reads alike inside single quotes.
+  const std::string script = remoteScript(cwd, argv);
+  if (script.find_first_of("\\\n!") == std::string::npos) return "exec sh -c " + singleQuote(script);
+  return "exec sh -c 'c=\"$(echo " + base64(script) + " | base64 -d)\" && eval \"$c\"'";
+}
+
+std::string base64(const std::string& bytes) {
+  static const char kAlphabet[] =
+      "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+  std::string out;
+  out.reserve((bytes.size() + 2) / 3 * 4);
+  size_t i = 0;
+  for (; i + 2 < bytes.size(); i += 3) {
+    const uint32_t v = static_cast<uint32_t>(static_cast<uint8_t>(bytes[i])) << 16 |
+                       static_cast<uint32_t>(static_cast<uint8_t>(bytes[i + 1])) << 8 |
+                       static_cast<uint8_t>(bytes[i + 2]);
+    for (int shift : {18, 12, 6, 0}) out += kAlphabet[(v >> shift) & 63];
+  }
+  if (i < bytes.size()) {
+    uint32_t v = static_cast<uint32_t>(static_cast<uint8_t>(bytes[i])) << 16;
+    if (i + 1 < bytes.size()) v |= static_cast<uint32_t>(static_cast<uint8_t>(bytes[i + 1])) << 8;
+    out += kAlphabet[(v >> 18) & 63];
+    out += kAlphabet[(v >> 12) & 63];
+    out += i + 1 < bytes.size() ? kAlphabet[(v >> 6) & 63] : '=';
+    out += '=';
+  }
   return out;
 }
 

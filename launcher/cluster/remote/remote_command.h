@@ -13,21 +13,40 @@ namespace dtrain::launcher::remote {
 
 // Note [Remote command lines]
 // ~~~~~~~~~~~~~~~~~~~~~~~~~~~
-// ssh joins its command words with spaces and hands the result to the remote login shell, so
-// every word is wrapped in single quotes, with each ' written as '\'' : inside single quotes a
-// POSIX shell (sh, dash, bash, zsh) takes every byte literally -- spaces, ", $(id), backticks,
-// ;, &&, *, ~, newlines, non-ASCII bytes -- and the empty string stays a word. The words are the
-// working directory, the launch binary, `--agent` and the program's argv; nothing else. The
-// rest of the plan (options, the job token, the forwarded environment) is written to ssh's
-// stdin as length-prefixed records (encodePlan), which need no quoting at all and which no
-// `ps` shows. ssh's SendEnv is not used: Debian's sshd accepts only LANG and LC_*.
+// ssh joins its command words with spaces and hands the result to the remote user's login shell,
+// which may be sh, bash, zsh, csh, tcsh or fish. So the command is always run by `sh -c`, and the
+// login shell only has to pass one word to it: `exec sh -c 'SCRIPT'`. SCRIPT is a POSIX command in
+// which every word is wrapped in single quotes, with each ' written as '"'"' : inside single quotes
+// sh takes every byte literally -- spaces, ", $(id), backticks, ;, &&, *, ~, newlines, non-ASCII
+// bytes -- and the empty string stays a word. The words are the working directory, the launch
+// binary, `--agent` and the program's argv; nothing else.
+//
+// The outer single quotes are read alike by every login shell as long as SCRIPT holds no
+// backslash (fish reads \\ and \' inside single quotes), no newline (csh and tcsh refuse one
+// inside quotes) and no ! (csh's history expansion); its quotes travel as '"'"' , which all of them
+// read as one ' (so does sh inside SCRIPT: no backslash is needed for a quote). A SCRIPT with one of those three characters (they can only come from the
+// directory or an argument) travels encoded instead, as
+//   exec sh -c 'c="$(echo BASE64 | base64 -d)" && eval "$c"'
+// -- letters, digits and + / = only -- so the argument still arrives byte-identical (base64 is
+// coreutils'; without it sh says "base64: not found" and the session ends with 127).
+//
+// The rest of the plan (options, the job token, the forwarded environment) is written to ssh's
+// stdin as length-prefixed records (encodePlan), which need no quoting at all and which no `ps`
+// shows. ssh's SendEnv is not used: Debian's sshd accepts only LANG and LC_*.
 
-// 'word' with every ' as '\'' -- always quoted, also when it would not need it.
+// 'word' with every ' as '"'"' -- always quoted, also when it would not need it.
 std::string singleQuote(const std::string& word);
 
-// `cd 'DIR' && exec 'WORD' 'WORD'...` (no cd when `cwd` is empty). A directory missing on the
-// remote node ends the command with exit 125 and a line naming it.
+// The POSIX script: `cd 'DIR' && exec 'WORD' 'WORD'...` (no cd when `cwd` is empty). A directory
+// missing on the remote node ends it with exit 125 and a line naming it.
+std::string remoteScript(const std::string& cwd, const std::vector<std::string>& argv);
+
+// What ssh runs through the remote login shell: `exec sh -c '<remoteScript>'`, or its encoded
+// form (see the note).
 std::string remoteShellCommand(const std::string& cwd, const std::vector<std::string>& argv);
+
+// RFC 4648 base64, with padding.
+std::string base64(const std::string& bytes);
 
 // How to reach the other nodes.
 struct SshOptions {

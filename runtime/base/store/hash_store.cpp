@@ -1,5 +1,6 @@
 #include <algorithm>
 #include <cstring>
+#include <thread>
 
 #include "dtrain/base/error.h"
 #include "dtrain/base/store.h"
@@ -109,6 +110,55 @@ bool HashStore::deleteKey(const std::string& key) {
 int64_t HashStore::numKeys() {
   std::lock_guard<std::mutex> lock(mutex_);
   return static_cast<int64_t>(map_.size());
+}
+
+std::vector<std::optional<Bytes>> HashStore::tryMultiGet(const std::vector<std::string>& keys) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  std::vector<std::optional<Bytes>> out;
+  out.reserve(keys.size());
+  for (const auto& k : keys) {
+    auto it = map_.find(k);
+    out.push_back(it == map_.end() ? std::nullopt : std::optional<Bytes>(it->second));
+  }
+  return out;
+}
+
+Bytes HashStore::waitChanged(const std::string& key, const Bytes& seen, Millis requested) {
+  const Millis timeout = waitTimeout(requested);
+  std::unique_lock<std::mutex> lock(mutex_);
+  auto changed = [&] {
+    auto it = map_.find(key);
+    return it != map_.end() && it->second != seen;
+  };
+  if (!changed_.wait_for(lock, timeout, changed)) {
+    DTRAIN_THROW(TimeoutError, "timed out after {} ms waiting for key \"{}\" to change from \"{}\" "
+                 "on {}", timeout.count(), key, toString(seen).substr(0, 64), describe());
+  }
+  return map_.at(key);
+}
+
+// The defaults, for stores outside this library.
+std::vector<std::optional<Bytes>> Store::tryMultiGet(const std::vector<std::string>& keys) {
+  std::vector<std::optional<Bytes>> out;
+  out.reserve(keys.size());
+  for (const auto& k : keys) {
+    out.push_back(check({k}) ? std::optional<Bytes>(get(k)) : std::nullopt);
+  }
+  return out;
+}
+
+Bytes Store::waitChanged(const std::string& key, const Bytes& seen, Millis requested) {
+  const Millis timeout = waitTimeout(requested);
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  while (true) {
+    std::optional<Bytes> now = tryMultiGet({key})[0];
+    if (now && *now != seen) return *now;
+    if (std::chrono::steady_clock::now() >= deadline) {
+      DTRAIN_THROW(TimeoutError, "timed out after {} ms waiting for key \"{}\" to change from "
+                   "\"{}\" on {}", timeout.count(), key, toString(seen).substr(0, 64), describe());
+    }
+    std::this_thread::sleep_for(Millis(10));
+  }
 }
 
 }  // namespace dtrain::store

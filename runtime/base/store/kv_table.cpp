@@ -34,11 +34,14 @@ std::optional<Bytes> KvTable::execute(wire::Request& r, Waiter* waiter) {
       return ok();
     case Op::Get:
     case Op::Wait:
-      if (allPresent(r.keys)) return answerParked(r);
+    case Op::WaitChanged:
+      if (ready(r)) return answerParked(r);
       if (r.timeoutMs == 0) return timeoutResponse(r);
-      waiter->keys_ = &r.keys;
+      waiter->request_ = &r;
       registerMissing(waiter);
       return std::nullopt;
+    case Op::MultiGet:
+      return multiGet(r);
     case Op::Add: {
       auto it = map_.find(key);
       int64_t before = 0;
@@ -83,16 +86,42 @@ std::optional<Bytes> KvTable::execute(wire::Request& r, Waiter* waiter) {
 }
 
 Bytes KvTable::answerParked(const wire::Request& r) const {
-  if (r.op == Op::Get) return wire::encodeValueResponse(map_.at(r.keys[0]));
+  if (r.op == Op::Get || r.op == Op::WaitChanged) {
+    return wire::encodeValueResponse(map_.at(r.keys[0]));
+  }
   return ok();
 }
 
 Bytes KvTable::timeoutResponse(const wire::Request& r) const {
   std::vector<uint64_t> missing;
   for (size_t i = 0; i < r.keys.size(); ++i) {
-    if (!map_.count(r.keys[i])) missing.push_back(i);
+    if (r.op == Op::WaitChanged || !map_.count(r.keys[i])) missing.push_back(i);
   }
   return wire::encodeResponse(Status::Timeout, wire::encodeIndices(missing));
+}
+
+bool KvTable::ready(const wire::Request& r) const {
+  if (r.op != Op::WaitChanged) return allPresent(r.keys);
+  auto it = map_.find(r.keys[0]);
+  return it != map_.end() && it->second != r.expected;
+}
+
+Bytes KvTable::multiGet(const wire::Request& r) const {
+  std::vector<const Bytes*> values;
+  values.reserve(r.keys.size());
+  size_t total = 0;
+  for (const auto& k : r.keys) {
+    auto it = map_.find(k);
+    values.push_back(it == map_.end() ? nullptr : &it->second);
+    if (it != map_.end()) total += it->second.size();
+  }
+  if (total > maxValueBytes_) {
+    return wire::encodeErrorResponse(fmt::format(
+        "multi-key get of {} keys (the first \"{}\") would answer {} bytes of values, more than "
+        "the value limit of {}: ask for fewer keys at a time", r.keys.size(), r.keys[0], total,
+        maxValueBytes_));
+  }
+  return ok(wire::encodeMultiValues(values));
 }
 
 void KvTable::cancel(Waiter* waiter) {
@@ -117,8 +146,9 @@ bool KvTable::allPresent(const std::vector<std::string>& keys) const {
 }
 
 void KvTable::registerMissing(Waiter* waiter) {
-  for (const auto& key : *waiter->keys_) {
-    if (map_.count(key)) continue;
+  const bool watching = waiter->request_->op == Op::WaitChanged;  // its key, present or not
+  for (const auto& key : waiter->request_->keys) {
+    if (!watching && map_.count(key)) continue;
     auto& list = waiters_[key];
     // A request may name a key twice; list the waiter once.
     if (std::find(list.begin(), list.end(), waiter) != list.end()) continue;
@@ -132,19 +162,19 @@ void KvTable::notify(const std::string& key) {
   if (it == waiters_.end()) return;
   std::vector<Waiter*> woken = std::move(it->second);
   waiters_.erase(it);
-  std::vector<Waiter*> ready;
+  std::vector<Waiter*> answerable;
   for (Waiter* w : woken) {
     // Already off this key's list; take it off the others, then re-check everything.
     auto& under = w->registeredUnder_;
     under.erase(std::remove(under.begin(), under.end(), key), under.end());
     cancel(w);
-    if (allPresent(*w->keys_)) {
-      ready.push_back(w);
+    if (ready(*w->request_)) {
+      answerable.push_back(w);
     } else {
       registerMissing(w);
     }
   }
-  for (Waiter* w : ready) w->onKeysReady();
+  for (Waiter* w : answerable) w->onKeysReady();
 }
 
 }  // namespace dtrain::store

@@ -29,6 +29,12 @@ void PrefixStore::wait(const std::vector<std::string>& keys, Millis timeout) {
 bool PrefixStore::check(const std::vector<std::string>& keys) { return inner_->check(join(keys)); }
 bool PrefixStore::deleteKey(const std::string& key) { return inner_->deleteKey(join(key)); }
 int64_t PrefixStore::numKeys() { return inner_->numKeys(); }
+std::vector<std::optional<Bytes>> PrefixStore::tryMultiGet(const std::vector<std::string>& keys) {
+  return inner_->tryMultiGet(join(keys));
+}
+Bytes PrefixStore::waitChanged(const std::string& key, const Bytes& seen, Millis timeout) {
+  return inner_->waitChanged(join(key), seen, timeout);
+}
 std::string PrefixStore::describe() const { return inner_->describe(); }
 
 }  // namespace dtrain::store

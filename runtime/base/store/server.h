@@ -102,6 +102,7 @@ class UvStoreServer final : public TcpStoreServer {
   std::string host() const override { return options_.host; }
   size_t numConnections() const override { return connections_.load(); }
   size_t numWaiting() const override { return waiting_.load(); }
+  std::vector<uint64_t> requestCounts() const override;
   void stop() override;
 
   // --- loop thread -----------------------------------------------------------------------------
@@ -115,6 +116,8 @@ class UvStoreServer final : public TcpStoreServer {
   void connectionClosingOnLoop(Connection* c);
   // A request was parked (+1) or answered / cancelled (-1).
   void countWaitingOnLoop(int delta) { waiting_.fetch_add(static_cast<size_t>(delta)); }
+  // One more request of the class its first key belongs to (TcpStoreServerOptions::classify).
+  void countRequestOnLoop(const wire::Request& request);
   // Rate-limited, so a flood of bad clients cannot flood the log. See Note [Drop log].
   void logDropOnLoop(const std::string& peer, const std::string& why);
   const std::string& where() const { return where_; }
@@ -137,6 +140,7 @@ class UvStoreServer final : public TcpStoreServer {
   bool stopped_ = false;  // guarded by stopMutex_
   std::atomic<size_t> connections_{0};
   std::atomic<size_t> waiting_{0};
+  std::vector<std::atomic<uint64_t>> requestCounts_;  // by class; written on the loop thread only
 
   // Loop thread only.
   KvTable table_;

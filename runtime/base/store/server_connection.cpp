@@ -271,6 +271,7 @@ bool Connection::stepFrame() {
   }
   consume(r.consumed);
   deadline_ = Deadline::None;  // the next frame gets its own frame deadline
+  server_->countRequestOnLoop(request_);
   std::optional<Bytes> response = server_->table().execute(request_, this);
   // parseRequest() reuses these buffers; one 64 MiB request must not pin 64 MiB per connection.
   if (request_.value.capacity() > kKeepBufferBytes) Bytes().swap(request_.value);

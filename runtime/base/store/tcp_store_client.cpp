@@ -410,6 +410,44 @@ bool TcpStore::deleteKey(const std::string& key) {
   return existed;
 }
 
+std::vector<std::optional<Bytes>> TcpStore::tryMultiGet(const std::vector<std::string>& keys) {
+  impl_->checkKeys(keys);
+  if (keys.empty()) return {};
+  wire::Request r;
+  r.op = Op::MultiGet;
+  r.keys = keys;
+  std::vector<std::optional<Bytes>> out;
+  impl_->call(r, Millis(0), [&](Status s, const Bytes& p) {
+    return s == Status::Ok && wire::decodeMultiValues(p, keys.size(), impl_->maxValueBytes(), &out);
+  });
+  return out;
+}
+
+Bytes TcpStore::waitChanged(const std::string& key, const Bytes& seen, Millis requested) {
+  impl_->checkKey(key);
+  impl_->checkValue(key, seen);
+  // Never zero on the wire, where zero asks the server to answer at once.
+  const Millis timeout = waitTimeout(requested);
+  wire::Request r;
+  r.op = Op::WaitChanged;
+  r.keys = {key};
+  r.expected = seen;
+  r.timeoutMs = static_cast<uint64_t>(timeout.count());
+  auto start = Clock::now();
+  Bytes value;
+  bool timedOut = false;
+  impl_->call(r, timeout, [&](Status status, const Bytes& payload) {
+    timedOut = status == Status::Timeout;
+    return timedOut || readValue(status, payload, &value);
+  });
+  if (timedOut) {
+    DTRAIN_THROW(TimeoutError, "timed out after {} ms waiting for key \"{}\" to change from \"{}\" "
+                 "on store {} (timeout {} ms)", msSince(start), key, toString(seen).substr(0, 64),
+                 impl_->where(), timeout.count());
+  }
+  return value;
+}
+
 int64_t TcpStore::numKeys() {
   wire::Request r;
   r.op = Op::NumKeys;

@@ -77,6 +77,7 @@ class TcpStore::Impl {
   void checkKey(const std::string& key) const;
   void checkValue(const std::string& key, const Bytes& value) const;
   void checkKeys(const std::vector<std::string>& keys) const;
+  size_t maxValueBytes() const { return options_.limits.maxValueBytes; }
 
  private:
   struct Unacked {

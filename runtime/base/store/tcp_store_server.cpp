@@ -74,7 +74,8 @@ std::unique_ptr<TcpStoreServer> TcpStoreServer::start(const TcpStoreServerOption
 
 UvStoreServer::UvStoreServer(const TcpStoreServerOptions& options)
     : options_(options), where_(net::hostPort(options.host, options.port)),
-      readBuffer_(kReadBufferBytes) {
+      requestCounts_(std::max<size_t>(options.requestClasses, 1)),
+      table_(options.limits.maxValueBytes), readBuffer_(kReadBufferBytes) {
   // Zero: the default (Note [Zero timeouts]); the default idle timeout is none.
   options_.handshakeTimeout = timeoutOrDefault(options.handshakeTimeout, kDefaultHandshakeTimeout,
                                                "TcpStoreServerOptions::handshakeTimeout");
@@ -148,6 +149,20 @@ void UvStoreServer::bindOrThrow() {
   port_ = ntohs(bound.ss_family == AF_INET6 ? reinterpret_cast<sockaddr_in6*>(&bound)->sin6_port
                                             : reinterpret_cast<sockaddr_in*>(&bound)->sin_port);
   where_ = net::hostPort(options_.host, port_);
+}
+
+std::vector<uint64_t> UvStoreServer::requestCounts() const {
+  std::vector<uint64_t> out;
+  for (const auto& c : requestCounts_) out.push_back(c.load(std::memory_order_relaxed));
+  return out;
+}
+
+void UvStoreServer::countRequestOnLoop(const wire::Request& request) {
+  size_t cls = 0;
+  if (options_.classify && !request.keys.empty()) {
+    cls = std::min(options_.classify(request.keys[0]), requestCounts_.size() - 1);
+  }
+  requestCounts_[cls].fetch_add(1, std::memory_order_relaxed);
 }
 
 UvStoreServer::~UvStoreServer() { stop(); }

@@ -56,7 +56,7 @@ void finishFrame(Bytes* out) { putLE(out->data(), out->size() - kHeaderBytes); }
 
 uint64_t fieldBytes(uint64_t max) { return satAdd(8, max); }
 
-bool knownOp(uint8_t type) { return type >= 1 && type <= static_cast<uint8_t>(Op::NumKeys); }
+bool knownOp(uint8_t type) { return type >= 1 && type <= static_cast<uint8_t>(Op::WaitChanged); }
 
 }  // namespace
 
@@ -70,6 +70,8 @@ const char* opName(Op op) {
     case Op::Check: return "CHECK";
     case Op::Delete: return "DELETE";
     case Op::NumKeys: return "NUM_KEYS";
+    case Op::MultiGet: return "MULTI_GET";
+    case Op::WaitChanged: return "WAIT_CHANGED";
   }
   return "UNKNOWN";
 }
@@ -139,13 +141,17 @@ uint64_t maxRequestPayload(Op op, const StoreLimits& limits) {
     case Op::Check: return keys;
     case Op::Delete: return key;
     case Op::NumKeys: return 0;
+    case Op::MultiGet: return keys;
+    case Op::WaitChanged: return satAdd(satAdd(8, key), value);
   }
   return 0;
 }
 
 uint64_t maxResponsePayload(const StoreLimits& limits) {
   uint64_t indices = satAdd(8, satMul(limits.maxKeysPerRequest, 8));
-  return std::max({fieldBytes(limits.maxValueBytes), indices, fieldBytes(kMaxErrorBytes)});
+  // MultiGet: a flag and a length per key, and at most one value's worth of bytes in all.
+  uint64_t multi = satAdd(satAdd(8, satMul(limits.maxKeysPerRequest, 9)), limits.maxValueBytes);
+  return std::max({fieldBytes(limits.maxValueBytes), indices, fieldBytes(kMaxErrorBytes), multi});
 }
 
 Bytes encodeRequest(const Request& r) {
@@ -163,6 +169,8 @@ Bytes encodeRequest(const Request& r) {
     case Op::Check: w.keys(r.keys); break;
     case Op::Delete: w.bytes(key); break;
     case Op::NumKeys: break;
+    case Op::MultiGet: w.keys(r.keys); break;
+    case Op::WaitChanged: w.u64(r.timeoutMs); w.bytes(key); w.bytes(r.expected); break;
   }
   finishFrame(&out);
   return out;
@@ -223,6 +231,36 @@ Bytes encodeIndices(const std::vector<uint64_t>& indices) {
   w.u64(indices.size());
   for (uint64_t i : indices) w.u64(i);
   return out;
+}
+
+Bytes encodeMultiValues(const std::vector<const Bytes*>& values) {
+  size_t total = 8;
+  for (const Bytes* v : values) total += 1 + (v ? 8 + v->size() : 0);
+  Bytes out;
+  out.reserve(total);
+  Writer w(&out);
+  w.u64(values.size());
+  for (const Bytes* v : values) {
+    w.u8(v ? 1 : 0);
+    if (v) w.bytes(*v);
+  }
+  return out;
+}
+
+bool decodeMultiValues(const Bytes& payload, size_t keys, size_t maxValueBytes,
+                       std::vector<std::optional<Bytes>>* out) {
+  Reader in(payload.data(), payload.size());
+  uint64_t count = 0;
+  if (!in.u64(&count) || count != keys) return false;
+  out->assign(keys, std::nullopt);
+  for (auto& v : *out) {
+    uint8_t present = 0;
+    if (!in.u8(&present) || present > 1) return false;
+    if (present == 0) continue;
+    v.emplace();
+    if (!in.bytes(maxValueBytes, &*v)) return false;
+  }
+  return in.left() == 0;
 }
 
 FrameHeader decodeHeader(const uint8_t* data) {
@@ -379,6 +417,8 @@ ParseResult parseRequest(const uint8_t* data, size_t size, const StoreLimits& li
     case Op::Check: ok = readKeys(in, limits, &r.keys, &why); break;
     case Op::Delete: ok = key(); break;
     case Op::NumKeys: ok = true; break;
+    case Op::MultiGet: ok = readKeys(in, limits, &r.keys, &why); break;
+    case Op::WaitChanged: ok = u64(&r.timeoutMs) && key() && value(&r.expected); break;
   }
   if (!ok) return bad(fmt::format("{}: {}", opName(op), why));
   if (in.left() != 0) {

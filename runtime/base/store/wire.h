@@ -9,7 +9,8 @@
 // the requests of one connection in the order they came. The client sends a Get, Wait, Add,
 // CompareSet, Check, Delete or NumKeys only when every earlier request has been answered; Set
 // requests it may pipeline -- send several without waiting, and read their (empty) answers
-// later, see Note [Pipelined sets] in tcp_store_client.cpp.
+// later, see Note [Pipelined sets] in tcp_store_client.cpp. The other requests (MultiGet and
+// WaitChanged too) go out one at a time.
 //
 // Handshake. Every message has a fixed size, so the server reads nothing of variable length from
 // a client that has not proven it holds the job token (docs/design.md#authentication).
@@ -61,12 +62,22 @@
 //   6 Check       keys                           -> u8 1 when every key exists, else 0
 //   7 Delete      key                            -> u8 1 when the key existed, else 0
 //   8 NumKeys     (empty)                        -> i64
-// timeout_ms is the server-side deadline of a parked Get/Wait; 0 on the wire makes the server
-// answer at once. The client never sends 0 for a caller's zero timeout: that is the store's
+//   9 MultiGet    keys                           -> u64 count C (= the keys'), then per key u8 1
+//                                                   and `bytes` its value, or u8 0 when absent;
+//                                                   never waits. The values together are at most
+//                                                   the value limit (else Error naming the keys)
+//  10 WaitChanged u64 timeout_ms, key, seen      -> bytes: the value, once the key exists and
+//                                                   holds something other than `seen` (a counter
+//                                                   or a state key watched without polling)
+// Opcodes 9 and 10 came with launch's agent protocol 3 (docs/design.md#multi-node); a server without them refuses them by name ("unknown opcode 9"), which the client
+// reports. The wire version stays 1: a frame of an older client is the same bytes.
+// timeout_ms is the server-side deadline of a parked Get/Wait/WaitChanged; 0 on the wire makes
+// the server answer at once. The client never sends 0 for a caller's zero timeout: that is the store's
 // default deadline (Note [Zero timeouts] in dtrain/base/timeout.h), resolved before sending.
 // Other statuses:
-//   1 Timeout     (Get, Wait) the server-side deadline passed: u64 count, then count u64 indices
-//                 into the request's keys of those still missing. The connection stays usable.
+//   1 Timeout     (Get, Wait, WaitChanged) the server-side deadline passed: u64 count, then count
+//                 u64 indices into the request's keys of those still missing (WaitChanged: its
+//                 key, index 0). The connection stays usable.
 //   2 Error       bytes: a message (e.g. Add on a key that holds no integer). The connection
 //                 stays usable.
 //   3 Refused     bytes: a message. The request broke the protocol or a limit; the server
@@ -81,6 +92,7 @@
 #include <array>
 #include <cstddef>
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -117,6 +129,8 @@ enum class Op : uint8_t {
   Check = 6,
   Delete = 7,
   NumKeys = 8,
+  MultiGet = 9,
+  WaitChanged = 10,
 };
 
 enum class Status : uint8_t { Ok = 0, Timeout = 1, Error = 2, Refused = 3 };
@@ -124,7 +138,7 @@ enum class Status : uint8_t { Ok = 0, Timeout = 1, Error = 2, Refused = 3 };
 const char* opName(Op op);
 
 // One decoded request. Single-key ops use keys[0]; `value` is Set's value and CompareSet's
-// desired value.
+// desired value; `expected` is CompareSet's expected value and WaitChanged's `seen`.
 struct Request {
   Op op = Op::NumKeys;
   uint64_t timeoutMs = 0;
@@ -180,6 +194,11 @@ Bytes encodeI64(int64_t v);
 Bytes encodeU8(uint8_t v);
 Bytes encodeBytes(const Bytes& v);
 Bytes encodeIndices(const std::vector<uint64_t>& indices);
+// MultiGet's Ok payload: one entry per key, nullopt for an absent one.
+Bytes encodeMultiValues(const std::vector<const Bytes*>& values);
+// And back; false when the payload does not have that shape for `keys` keys.
+bool decodeMultiValues(const Bytes& payload, size_t keys, size_t maxValueBytes,
+                       std::vector<std::optional<Bytes>>* out);
 
 struct FrameHeader {
   uint64_t payloadBytes = 0;

@@ -303,7 +303,8 @@ INSTANTIATE_TEST_SUITE_P(
 
 TEST(ShellQuote, QuotesOnlyWhatNeedsIt) {
   EXPECT_EQ(shellQuote({"a", "b-c", "/x/y.py", "--k=v"}), "a b-c /x/y.py --k=v");
-  EXPECT_EQ(shellQuote({"a b", "", "it's", "$(id)"}), "'a b' '' 'it'\\''s' '$(id)'");
+  // A quote closes, is double-quoted and reopens: the same words under sh, csh, tcsh and fish.
+  EXPECT_EQ(shellQuote({"a b", "", "it's", "$(id)"}), "'a b' '' 'it'\"'\"'s' '$(id)'");
 }
 
 }  // namespace

@@ -28,8 +28,9 @@ const std::vector<std::string>& argumentCorpus() {
   return kCorpus;
 }
 
-// Runs `shell -c COMMAND` and returns the NUL-separated words the command printed.
-std::vector<std::string> runShell(const std::string& shell, const std::string& command) {
+// Runs `shell -c COMMAND` and returns the words the command printed, each ended by `separator`.
+std::vector<std::string> runShell(const std::string& shell, const std::string& command,
+                                  char separator = '\0') {
   int fds[2];
   EXPECT_EQ(::pipe(fds), 0);
   pid_t pid = ::fork();
@@ -51,30 +52,67 @@ std::vector<std::string> runShell(const std::string& shell, const std::string& c
   EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << shell << ": " << status;
   std::vector<std::string> words;
   size_t start = 0;
-  for (size_t nul = out.find('\0'); nul != std::string::npos; nul = out.find('\0', start)) {
+  for (size_t nul = out.find(separator); nul != std::string::npos;
+       nul = out.find(separator, start)) {
     words.push_back(out.substr(start, nul - start));
     start = nul + 1;
   }
   return words;
 }
 
-TEST(RemoteCommand, EveryWordArrivesByteIdentical) {
-  std::vector<std::string> argv{"/usr/bin/printf", "%s\\000"};
-  argv.insert(argv.end(), argumentCorpus().begin(), argumentCorpus().end());
-  const std::string command = remote::remoteShellCommand("/", argv);
-  for (const char* shell : {"/bin/sh", "/bin/bash"}) {
-    if (::access(shell, X_OK) != 0) continue;
-    EXPECT_EQ(runShell(shell, command), argumentCorpus()) << shell << ": " << command;
+// The login shells a remote user may have; the ones not installed here are skipped.
+const std::vector<std::string>& loginShells() {
+  static const std::vector<std::string> kShells = {"/bin/sh", "/bin/bash", "/bin/dash",
+                                                   "/bin/tcsh", "/usr/bin/fish"};
+  return kShells;
+}
+
+// Whatever the user's login shell: ssh hands it the command as `$SHELL -c COMMAND`.
+TEST(RemoteCommand, EveryWordArrivesByteIdenticalUnderEveryLoginShell) {
+  std::vector<std::string> plain;  // what the readable form carries
+  for (const auto& a : argumentCorpus()) {
+    if (a.find_first_of("\\\n!") == std::string::npos) plain.push_back(a);
+  }
+  ASSERT_LT(plain.size(), argumentCorpus().size());
+  int shells = 0;
+  for (bool readable : {true, false}) {
+    const std::vector<std::string>& words = readable ? plain : argumentCorpus();
+    // Each word ended by byte 1 (a format with \000 would hold a backslash itself).
+    std::vector<std::string> argv{"/usr/bin/printf", "%s\x01"};
+    argv.insert(argv.end(), words.begin(), words.end());
+    const std::string command = remote::remoteShellCommand("/", argv);
+    // Readable when it can be: the words themselves, not their encoding, show in `ps`.
+    EXPECT_EQ(command.rfind(readable ? "exec sh -c 'cd '\"'\"'/'\"'\"' " : "exec sh -c 'c=", 0), 0u)
+        << command;
+    for (const auto& shell : loginShells()) {
+      if (::access(shell.c_str(), X_OK) != 0) continue;
+      ++shells;
+      EXPECT_EQ(runShell(shell, command, '\x01'), words) << shell << ": " << command;
+    }
+  }
+  EXPECT_GE(shells, 2);
+}
+
+TEST(RemoteCommand, QuotesAlwaysAndMissingDirectoryExits125UnderEveryLoginShell) {
+  EXPECT_EQ(remote::singleQuote("a"), "'a'");
+  EXPECT_EQ(remote::singleQuote(""), "''");
+  EXPECT_EQ(remote::singleQuote("it's"), "'it'\"'\"'s'");
+  for (const char* dir : {"/no/such dir", "/no/such\\dir!"}) {
+    const std::string cmd = remote::remoteShellCommand(dir, {"/bin/true"});
+    for (const auto& shell : loginShells()) {
+      if (::access(shell.c_str(), X_OK) != 0) continue;
+      int status = std::system((shell + " -c " + remote::singleQuote(cmd) + " 2>/dev/null").c_str());
+      EXPECT_EQ(WEXITSTATUS(status), 125) << shell << ": " << cmd;
+    }
   }
 }
 
-TEST(RemoteCommand, QuotesAlwaysAndMissingDirectoryExits125) {
-  EXPECT_EQ(remote::singleQuote("a"), "'a'");
-  EXPECT_EQ(remote::singleQuote(""), "''");
-  EXPECT_EQ(remote::singleQuote("it's"), "'it'\\''s'");
-  std::string cmd = remote::remoteShellCommand("/no/such dir", {"/bin/true"});
-  int status = std::system(("/bin/sh -c " + remote::singleQuote(cmd) + " 2>/dev/null").c_str());
-  EXPECT_EQ(WEXITSTATUS(status), 125);
+TEST(RemoteCommand, Base64FollowsRfc4648) {
+  const std::pair<const char*, const char*> kVectors[] = {
+      {"", ""}, {"f", "Zg=="}, {"fo", "Zm8="}, {"foo", "Zm9v"}, {"foob", "Zm9vYg=="},
+      {"fooba", "Zm9vYmE="}, {"foobar", "Zm9vYmFy"}};
+  for (const auto& [in, out] : kVectors) EXPECT_EQ(remote::base64(in), out) << in;
+  EXPECT_EQ(remote::base64(std::string("\xff\xfe\x00", 3)), "//4A");
 }
 
 TEST(SshArgv, OptionsInOrder) {

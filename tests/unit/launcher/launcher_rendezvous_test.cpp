@@ -99,7 +99,47 @@ TEST(Rendezvous, VersionMismatchNamesBothSides) {
   EXPECT_EQ(versionMismatch(master, joinOf("2", 2, 1, "c")), "");
 }
 
-// A Coordinator on a HashStore with fake agents.
+TEST(Rendezvous, JobPhasesAndClaimsRoundTrip) {
+  JobPhase p;
+  p.round = 3;
+  p.kind = JobPhase::Run;
+  EXPECT_EQ(encodePhase(p), "3 run");
+  JobPhase back = decodePhase("3 run");
+  EXPECT_EQ(back.round, 3);
+  EXPECT_EQ(back.kind, JobPhase::Run);
+  EXPECT_TRUE(back.reached(3, JobPhase::Gather));
+  EXPECT_TRUE(back.reached(2, JobPhase::Decided));
+  EXPECT_FALSE(back.reached(3, JobPhase::Decided));
+  EXPECT_FALSE(back.reached(4, JobPhase::Gather));
+  EXPECT_EQ(decodePhase("end").kind, JobPhase::Ended);
+  EXPECT_TRUE(decodePhase("end").reached(99, JobPhase::Decided));
+  EXPECT_EQ(decodePhase("").kind, JobPhase::Gather);  // absent: round 0 is gathered
+  EXPECT_EQ(decodePhase("x y").round, 0);
+  EXPECT_EQ(encodePhase(decodePhase("12 decided")), "12 decided");
+  NodeClaim c;
+  c.nonce = "ab12";
+  c.pid = 812;
+  c.host = "gpu2";
+  NodeClaim d = decodeClaim(encodeClaim(c));
+  EXPECT_EQ(d.nonce, "ab12");
+  EXPECT_EQ(d.pid, 812);
+  EXPECT_EQ(d.host, "gpu2");
+  EXPECT_TRUE(decodeClaim(kReleasedClaim).nonce.empty());
+}
+
+TEST(Rendezvous, StoreRequestsAreClassedByTheirFirstKey) {
+  EXPECT_EQ(storeRequestClass(keys::heartbeat("17")), kHeartbeatRequests);
+  EXPECT_EQ(storeRequestClass("round3/monitor/rank/5"), kMonitoringRequests);
+  EXPECT_EQ(storeRequestClass("round12/monitor/version"), kMonitoringRequests);
+  EXPECT_EQ(storeRequestClass("monitor/node/2"), kMonitoringRequests);
+  EXPECT_EQ(storeRequestClass(keys::join(0, "1")), kOtherRequests);
+  EXPECT_EQ(storeRequestClass(keys::events()), kOtherRequests);
+  EXPECT_EQ(storeRequestClass("round0/barrier/start/count"), kOtherRequests);
+  EXPECT_EQ(storeRequestClass("round1"), kOtherRequests);
+  EXPECT_EQ(storeRequestClass("round1/monitorx"), kOtherRequests);
+}
+
+// A Coordinator on a HashStore, and fake agents as threads: they join, beat, report.
 struct Harness {
   std::shared_ptr<store::HashStore> store = std::make_shared<store::HashStore>();
   CoordinatorOptions options;
@@ -115,12 +155,16 @@ struct Harness {
     options.self = joinOf("m", 0, 0, "");
     options.self.host = "master";
   }
-  void join(int round, const std::string& node, const std::string& version = "1.0") {
+  void join(int round, const std::string& node, const std::string& version = "1.0",
+            const std::string& nonce = "") {
     JoinInfo j = joinOf(node, std::stoi(node), 2, "10.0.0." + node);
     j.launchVersion = version;
+    j.nonce = nonce.empty() ? "nonce" + node : nonce;
     store->setString(keys::join(round, node), encodeJoin(j));
+    store->add(keys::events(), 1);
   }
-  void succeed(int round, const std::string& node) {
+  // Every worker of `node` in round `round` exited with `code` (stopped by launch: after a stop).
+  void report(int round, const std::string& node, int code = 0, bool stopped = false) {
     RoundPlan p = decodePlan(store->getString(keys::plan(round)));
     AttemptResult r;
     r.attempt = round;
@@ -128,12 +172,45 @@ struct Harness {
       WorkerOutcome w;
       w.rank = p.find(node)->rankOffset + i;
       w.state = WorkerOutcome::State::Exited;
+      w.exitCode = code;
+      w.stoppedByLaunch = stopped;
       r.workers.push_back(w);
     }
     store->setString(keys::result(round, node), encodeResult(r));
+    store->add(keys::events(), 1);
+  }
+  void succeed(int round, const std::string& node) { report(round, node); }
+  RoundPlan awaitPlan(int round) {
+    store->wait({keys::plan(round)}, 10000ms);
+    return decodePlan(store->getString(keys::plan(round)));
   }
   std::string endMessage() { return decodeEnd(store->getString(keys::end())).second; }
 };
+
+// Heartbeats of the given nodes every 50 ms while it lives.
+class Beats {
+ public:
+  Beats(store::Store& store, std::vector<std::string> nodes) {
+    thread_ = std::thread([&store, nodes, this] {
+      while (!quit_) {
+        for (const auto& n : nodes) store.add(keys::heartbeat(n), 1);
+        std::this_thread::sleep_for(50ms);
+      }
+    });
+  }
+  ~Beats() {
+    quit_ = true;
+    thread_.join();
+  }
+
+ private:
+  std::atomic<bool> quit_{false};
+  std::thread thread_;
+};
+
+double secondsSince(std::chrono::steady_clock::time_point t) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
+}
 
 TEST(Coordinator, VersionMismatchEndsTheJob) {
   Harness h(2, 2);
@@ -142,10 +219,12 @@ TEST(Coordinator, VersionMismatchEndsTheJob) {
   Coordinator c(h.store, h.options);
   EXPECT_EQ(c.run(), 125);
   EXPECT_NE(h.endMessage().find("runs launch 0.9-other"), std::string::npos) << h.endMessage();
+  EXPECT_EQ(h.store->getString(keys::state()), "end");
 }
 
 TEST(Coordinator, RendezvousTimeoutListsJoinedAndMissing) {
   Harness h(3, 3);
+  Beats beats(*h.store, {"0", "2"});
   h.join(0, "0");
   h.join(0, "2");
   Coordinator c(h.store, h.options);
@@ -172,11 +251,11 @@ TEST(Coordinator, GoneNodeFailsTheRendezvousAtOnce) {
 
 TEST(Coordinator, ElasticGoesOnWithMinNodes) {
   Harness h(2, 1);
+  Beats beats(*h.store, {"1"});
   h.join(0, "1");
   Coordinator c(h.store, h.options);
   std::thread agent([&] {
-    h.store->wait({keys::plan(0)}, 5000ms);
-    RoundPlan p = decodePlan(h.store->getString(keys::plan(0)));
+    RoundPlan p = h.awaitPlan(0);
     EXPECT_EQ(p.nodes.size(), 1u);
     EXPECT_EQ(p.worldSize, 2);
     EXPECT_EQ(p.masterAddr, "10.0.0.1");
@@ -185,6 +264,7 @@ TEST(Coordinator, ElasticGoesOnWithMinNodes) {
   EXPECT_EQ(c.run(), 0);
   agent.join();
   EXPECT_EQ(h.store->getString(keys::decision(0)), "end 0");
+  EXPECT_EQ(h.store->getString(keys::state()), "0 decided");
 }
 
 TEST(Coordinator, SilentNodeIsStoppedAndNamed) {
@@ -219,7 +299,7 @@ TEST(Coordinator, ClosesTheRoundAndKeepsTheStoreUntilEveryNodeReadTheDecision) {
   std::atomic<bool> acked{false};
   std::string stopWhenDecided;
   std::thread agents([&] {
-    h.store->wait({keys::plan(0)}, 5000ms);
+    h.awaitPlan(0);
     h.succeed(0, "0");
     h.succeed(0, "1");
     h.store->wait({keys::decision(0)}, 5000ms);
@@ -240,16 +320,154 @@ TEST(Coordinator, ClosesTheRoundAndKeepsTheStoreUntilEveryNodeReadTheDecision) {
 TEST(Coordinator, AnUnacknowledgedDecisionIsNotWaitedForLong) {
   Harness h(1, 1);
   h.options.heartbeatTimeout = 0.5;
+  Beats beats(*h.store, {"0"});
   h.join(0, "0");
   Coordinator c(h.store, h.options);
   std::thread agent([&] {
-    h.store->wait({keys::plan(0)}, 5000ms);
+    h.awaitPlan(0);
     h.succeed(0, "0");  // and never acknowledges
   });
   const auto start = std::chrono::steady_clock::now();
   EXPECT_EQ(c.run(), 0);
   EXPECT_LT(std::chrono::steady_clock::now() - start, 3s);
   agent.join();
+}
+
+// Issue 19 item 10: a node that joined and went silent is not planned (it would stop the round at
+// once): it is dropped within the heartbeat bound, and the elastic job goes on without it once
+// the others are there, not at the rendezvous timeout.
+TEST(Coordinator, AJoinedNodeThatGoesSilentIsDroppedWithinTheHeartbeatBound) {
+  Harness h(3, 2);
+  h.options.rdzvTimeout = 30;
+  Beats beats(*h.store, {"0", "1"});
+  h.join(0, "0");
+  h.join(0, "2");  // and never beats
+  Coordinator c(h.store, h.options);
+  const auto start = std::chrono::steady_clock::now();
+  double planned = -1;
+  std::thread agents([&] {
+    std::this_thread::sleep_for(1000ms);
+    h.join(0, "1");
+    RoundPlan p = h.awaitPlan(0);
+    planned = secondsSince(start);
+    EXPECT_EQ(p.nodes.size(), 2u);
+    EXPECT_EQ(p.find("2"), nullptr);
+    h.succeed(0, "0");
+    h.succeed(0, "1");
+  });
+  EXPECT_EQ(c.run(), 0);
+  agents.join();
+  EXPECT_GE(planned, 0.9);
+  EXPECT_LT(planned, 1.0 + 1.0) << "not when node 1 came";
+}
+
+// Issue 19 item 10: a node that joins while the round runs, below --nnodes MAX, stops the round
+// (the agents take the workers' preemption path) and the next round has it, without using a
+// restart of --max-restarts.
+TEST(Coordinator, ANodeWaitingToJoinGrowsTheJobWithoutCountingARestart) {
+  Harness h(3, 2);
+  h.options.maxRestarts = 0;
+  Beats beats(*h.store, {"0", "1", "2"});
+  h.join(0, "0");
+  h.join(0, "1");
+  Coordinator c(h.store, h.options);
+  std::string stop;
+  size_t grown = 0;
+  std::thread agents([&] {
+    EXPECT_EQ(h.awaitPlan(0).nodes.size(), 2u);  // after the rendezvous timeout, elastic
+    h.join(1, "2");                                // node 2 comes while round 0 runs
+    h.store->wait({keys::stop(0)}, 5000ms);
+    stop = h.store->getString(keys::stop(0));
+    h.report(0, "0", 75, /*stopped=*/true);  // preempted: checkpointed, exit 75
+    h.report(0, "1", 75, /*stopped=*/true);
+    h.store->wait({keys::decision(0)}, 5000ms);
+    h.join(1, "0");
+    h.join(1, "1");
+    RoundPlan p = h.awaitPlan(1);
+    grown = p.nodes.size();
+    for (const char* n : {"0", "1", "2"}) h.succeed(1, n);
+  });
+  EXPECT_EQ(c.run(), 0);
+  agents.join();
+  EXPECT_EQ(stop, "node 2 (h2) waits to join: the job grows from 2 to 3 nodes (elastic --nnodes "
+                  "2:3)");
+  EXPECT_EQ(h.store->getString(keys::decision(0)), "restart");
+  EXPECT_EQ(grown, 3u);
+  EXPECT_EQ(h.store->getString(keys::decision(1)), "end 0");
+}
+
+// Issue 19 item 9: a node's agent started again while the round runs (its old one is gone) joins
+// the next round; the master sees another agent's join for a planned node and stops the round
+// naming it, and the restart plans the node with its new agent.
+TEST(Coordinator, AnAgentStartedAgainEndsItsNodesRoundAndJoinsTheNext) {
+  Harness h(2, 2);
+  h.options.maxRestarts = 1;
+  Beats beats(*h.store, {"0", "1"});
+  h.join(0, "0");
+  h.join(0, "1");
+  Coordinator c(h.store, h.options);
+  std::string stop;
+  std::thread agents([&] {
+    h.awaitPlan(0);
+    h.join(1, "1", "1.0", "second-agent");
+    h.store->wait({keys::stop(0)}, 5000ms);
+    stop = h.store->getString(keys::stop(0));
+    h.report(0, "0", 143, /*stopped=*/true);
+    h.store->wait({keys::decision(0)}, 5000ms);
+    h.join(1, "0");
+    RoundPlan p = h.awaitPlan(1);
+    EXPECT_EQ(p.nodes.size(), 2u);
+    h.succeed(1, "0");
+    h.succeed(1, "1");
+  });
+  EXPECT_EQ(c.run(), 0);
+  agents.join();
+  EXPECT_NE(stop.find("node 1 (h1): its agent was started again"), std::string::npos) << stop;
+  EXPECT_EQ(h.store->getString(keys::decision(0)), "restart");
+}
+
+// Issue 23: the elastic restart after a loss does not wait for the lost node (the rendezvous
+// timeout is 30 s here): the nodes still there rejoin and the round goes on at N - 1.
+TEST(Coordinator, TheElasticRestartAfterALossDoesNotWaitForTheLostNode) {
+  Harness h(3, 2);
+  h.options.rdzvTimeout = 30;
+  h.options.maxRestarts = 1;
+  h.join(0, "0");
+  h.join(0, "1");
+  h.join(0, "2");
+  Coordinator c(h.store, h.options);
+  double restartedAfter = -1;
+  std::thread agents([&] {
+    std::atomic<bool> beating2{true};
+    {
+      Beats beats(*h.store, {"0", "1"});
+      std::thread two([&] {
+        while (beating2) {
+          h.store->add(keys::heartbeat("2"), 1);
+          std::this_thread::sleep_for(50ms);
+        }
+      });
+      h.awaitPlan(0);
+      beating2 = false;  // node 2 is lost
+      two.join();
+      h.store->wait({keys::stop(0)}, 5000ms);
+      const auto stopped = std::chrono::steady_clock::now();
+      h.report(0, "0", 143, true);
+      h.report(0, "1", 143, true);
+      h.store->wait({keys::decision(0)}, 5000ms);
+      h.join(1, "0");
+      h.join(1, "1");
+      RoundPlan p = h.awaitPlan(1);
+      restartedAfter = secondsSince(stopped);
+      EXPECT_EQ(p.nodes.size(), 2u);
+      h.succeed(1, "0");
+      h.succeed(1, "1");
+    }
+  });
+  EXPECT_EQ(c.run(), 0);
+  agents.join();
+  EXPECT_GE(restartedAfter, 0);
+  EXPECT_LT(restartedAfter, 2.0);
 }
 
 }  // namespace

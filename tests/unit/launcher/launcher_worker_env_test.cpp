@@ -31,6 +31,7 @@ NodeContext sampleNode() {
 struct EnvCase {
   const char* name;
   int nodeRank;
+  int nodeId;
   int numNodes;
   int localRank;
   int round;
@@ -45,6 +46,7 @@ TEST_P(WorkerEnvTest, SetsTheContract) {
   config.maxRestarts = 2;
   NodeContext node = sampleNode();
   node.nodeRank = c.nodeRank;
+  node.nodeId = c.nodeId;
   node.numNodes = c.numNodes;
   node.rankOffset = c.nodeRank * node.localWorldSize;  // equal nodes: prefix sums
   node.worldSize = c.numNodes * node.localWorldSize;
@@ -58,9 +60,10 @@ TEST_P(WorkerEnvTest, SetsTheContract) {
 INSTANTIATE_TEST_SUITE_P(
     Table, WorkerEnvTest,
     ::testing::Values(
-        EnvCase{"FirstWorker", 0, 1, 0, 0,
+        EnvCase{"FirstWorker", 0, 0, 1, 0, 0,
                 {{"RANK", "0"}, {"LOCAL_RANK", "0"}, {"WORLD_SIZE", "4"},
                  {"LOCAL_WORLD_SIZE", "4"}, {"GROUP_RANK", "0"}, {"GROUP_WORLD_SIZE", "1"},
+                 {"DTRAIN_NODE_ID", "0"},
                  {"ROLE_RANK", "0"}, {"ROLE_WORLD_SIZE", "4"}, {"ROLE_NAME", "default"},
                  {"MASTER_ADDR", "127.0.0.1"}, {"MASTER_PORT", "29500"},
                  {"TORCHELASTIC_RESTART_COUNT", "0"}, {"TORCHELASTIC_MAX_RESTARTS", "2"},
@@ -69,14 +72,18 @@ INSTANTIATE_TEST_SUITE_P(
                  {"DTRAIN_STORE_ADDR", "127.0.0.1"}, {"DTRAIN_STORE_PORT", "29400"},
                  {"DTRAIN_STORE_TOKEN", "feedface"}, {"DTRAIN_RESTART_COUNT", "0"},
                  {"DTRAIN_RUN_ID", "job1"}, {"OMP_NUM_THREADS", "4"}}},
-        EnvCase{"LastWorkerSecondRound", 0, 1, 3, 2,
+        EnvCase{"LastWorkerSecondRound", 0, 0, 1, 3, 2,
                 {{"RANK", "3"}, {"LOCAL_RANK", "3"}, {"TORCHELASTIC_RESTART_COUNT", "2"},
                  {"DTRAIN_RESTART_COUNT", "2"},
                  {"TORCHELASTIC_ERROR_FILE", "/logs/job1/attempt_2/rank_3/error.json"}}},
-        EnvCase{"SecondNodeOfThree", 1, 3, 2, 0,
+        EnvCase{"SecondNodeOfThree", 1, 1, 3, 2, 0,
                 {{"RANK", "6"}, {"LOCAL_RANK", "2"}, {"WORLD_SIZE", "12"},
                  {"LOCAL_WORLD_SIZE", "4"}, {"GROUP_RANK", "1"}, {"GROUP_WORLD_SIZE", "3"},
-                 {"ROLE_RANK", "6"}, {"ROLE_WORLD_SIZE", "12"}}}),
+                 {"ROLE_RANK", "6"}, {"ROLE_WORLD_SIZE", "12"}, {"DTRAIN_NODE_ID", "1"}}},
+        // Elastic: node id 5 (its --node-rank) is the second node of this round's three.
+        EnvCase{"ElasticNodeKeepsItsIdNotItsGroupRank", 1, 5, 3, 0, 1,
+                {{"GROUP_RANK", "1"}, {"DTRAIN_NODE_ID", "5"}, {"RANK", "4"},
+                 {"TORCHELASTIC_RESTART_COUNT", "1"}}}),
     [](const ::testing::TestParamInfo<EnvCase>& info) { return info.param.name; });
 
 TEST(WorkerEnv, UnequalNodesAndForwardedOverlay) {

@@ -14,6 +14,7 @@
 #include <cstdint>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <unordered_map>
 #include <vector>
@@ -69,6 +70,19 @@ class Store {
   // Human-readable location for error messages ("127.0.0.1:29400", "HashStore").
   virtual std::string describe() const = 0;
 
+  // Declared after every older virtual, so that programs built against an earlier libdtrain_base
+  // keep their vtable offsets.
+  // The values of `keys` as they are now, in order, nullopt for a key that does not exist; never
+  // blocks. One request however many keys (a coordinator reading every node's counter at once);
+  // on a TcpStore the values together may be at most StoreLimits::maxValueBytes. The default
+  // asks key by key; the stores of this library override it.
+  virtual std::vector<std::optional<Bytes>> tryMultiGet(const std::vector<std::string>& keys);
+  // Blocks until `key` exists and holds a value other than `seen`, and returns that value: a
+  // counter or a state key watched without polling (`seen` is the value last read; empty before
+  // the first). TimeoutError naming the key after `timeout` (zero: timeout(); negative:
+  // InvalidArgument). The default polls every 10 ms; the stores of this library override it.
+  virtual Bytes waitChanged(const std::string& key, const Bytes& seen, Millis timeout);
+
   // Conveniences over set/get for text values.
   void setString(const std::string& key, const std::string& value) { set(key, toBytes(value)); }
   std::string getString(const std::string& key) { return toString(get(key)); }
@@ -95,6 +109,8 @@ class HashStore : public Store {
   bool check(const std::vector<std::string>& keys) override;
   bool deleteKey(const std::string& key) override;
   int64_t numKeys() override;
+  std::vector<std::optional<Bytes>> tryMultiGet(const std::vector<std::string>& keys) override;
+  Bytes waitChanged(const std::string& key, const Bytes& seen, Millis timeout) override;
   std::string describe() const override { return "HashStore"; }
 
  private:
@@ -118,6 +134,8 @@ class PrefixStore : public Store {
   bool deleteKey(const std::string& key) override;
   // Counts the keys of the inner store (all prefixes), as c10d's PrefixStore does.
   int64_t numKeys() override;
+  std::vector<std::optional<Bytes>> tryMultiGet(const std::vector<std::string>& keys) override;
+  Bytes waitChanged(const std::string& key, const Bytes& seen, Millis timeout) override;
   void flush() override { inner_->flush(); }
   Millis timeout() const override { return inner_->timeout(); }
   void setTimeout(Millis timeout) override { inner_->setTimeout(timeout); }

@@ -11,8 +11,10 @@
 // set() is pipelined, as c10d's: see TcpStore below.
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "dtrain/base/store.h"
 
@@ -48,6 +50,11 @@ struct TcpStoreServerOptions {
   Millis frameTimeout = kDefaultFrameTimeout;  // a frame whose first byte came must be complete
                                                // within this (half a frame then silence)
   int backlog = 1024;
+  // Requests are counted by class (TcpStoreServer::requestCounts()): `classify` maps a request's
+  // first key to a class below `requestClasses` (larger values count in the last class); without
+  // it every request is class 0. Runs on the server's thread for every request: keep it cheap.
+  size_t requestClasses = 1;
+  std::function<size_t(const std::string& key)> classify;
 };
 
 class TcpStoreServer {
@@ -63,6 +70,9 @@ class TcpStoreServer {
   virtual size_t numConnections() const = 0;
   // Get/Wait requests parked on missing keys right now (each costs no thread).
   virtual size_t numWaiting() const = 0;
+  // Requests served so far (every frame after the handshake, pipelined sets too), by the classes
+  // of TcpStoreServerOptions::classify. Thread-safe.
+  virtual std::vector<uint64_t> requestCounts() const = 0;
   // Stops serving and closes every connection; clients waiting get NetworkError. Idempotent.
   virtual void stop() = 0;
 };
@@ -116,6 +126,8 @@ class TcpStore : public Store {
   bool check(const std::vector<std::string>& keys) override;
   bool deleteKey(const std::string& key) override;
   int64_t numKeys() override;
+  std::vector<std::optional<Bytes>> tryMultiGet(const std::vector<std::string>& keys) override;
+  Bytes waitChanged(const std::string& key, const Bytes& seen, Millis timeout) override;
   std::string describe() const override;  // "host:port"
 
  private:
