@@ -5,13 +5,18 @@
 // Note [Checkpoint directory].
 //
 // Note [Checkpoint directory]
-// Each node writes into its own directory. A checkpoint is one file, committed in this order:
+// Each node writes into its own directory (created with every new component's parent fsynced, so
+// that the directory itself survives a power loss). A checkpoint is one file, committed in this
+// order:
 //   1. write `step-<N>.tmp` (data, manifest, then the header), fsync it;
 //   2. rename it to `step-<N>`, fsync the directory;
 //   3. write `LATEST.tmp` holding "step-<N>\n", fsync, rename to `LATEST`, fsync the directory;
 //   4. only then delete committed checkpoints beyond the newest keepLast (never below 2).
 // A crash at any point leaves the newest complete checkpoint and at most one temporary: `step-N`
-// exists only once its bytes are durable, and `LATEST` never names a file that is not. Readers
+// exists only once its bytes are durable, and `LATEST` never names a file that is not. A save
+// that fails removes what it wrote: the temporary, and `step-N` when the rename created it; a
+// `step-N` that the rename replaced (a step saved again, which `LATEST` may name) is complete and
+// fsynced, and stays. Readers
 // do not trust `LATEST` alone: restore scans every `step-<N>` newest first and takes the first
 // that verifies. A failed fsync is a failed save (the page cache may have dropped the data; it is
 // never retried and trusted). Temporaries are removed on the next save or restore only when they
@@ -100,17 +105,23 @@ struct DirectoryListing {
 // An empty listing when `dir` does not exist; throws CheckpointError when it cannot be read.
 DirectoryListing listDirectory(const std::string& dir);
 
-// mkdir -p; throws CheckpointError naming the component that failed.
-void makeDirectories(const std::string& dir);
+// mkdir -p; each component it creates is made durable by fsyncing its parent (through `ops`).
+// Throws CheckpointError naming the component that failed.
+void makeDirectories(FileOps& ops, const std::string& dir);
 
 // Commits `step-<N>.tmp` (already written and fsynced) as `step-<N>` and points LATEST at it,
 // following the Note's order.
 void commitStep(FileOps& ops, const std::string& dir, int64_t step);
 
-// One whole save of Note [Checkpoint directory]: removes our leftovers, lets `write` create
-// `step-<N>.tmp` (complete and fsynced when it returns), commits it, then prunes beyond
-// `keepLast`. When anything fails, nothing of this save is left -- the temporary is removed, and
-// so is `step-<N>` when the failure came before LATEST named it -- and the error propagates.
+// Steps 1-3 of Note [Checkpoint directory]: removes our leftovers, lets `write` create
+// `step-<N>.tmp` (complete and fsynced when it returns) and commits it. When anything fails, what
+// this save wrote is removed -- the temporary, and `step-<N>` when the rename created it and LATEST
+// does not name it yet -- and the error propagates.
+void writeAndCommit(FileOps& ops, const std::string& dir, int64_t step,
+                    const std::function<void(const std::string& tmpPath)>& write,
+                    SaveProgress* progress = nullptr);
+
+// One whole save of Note [Checkpoint directory]: writeAndCommit(), then pruneCheckpoints().
 void saveStep(FileOps& ops, const std::string& dir, int64_t step, int keepLast,
               const std::function<void(const std::string& tmpPath)>& write,
               SaveProgress* progress = nullptr);
@@ -132,11 +143,16 @@ class SaveThread {
   SaveThread(const SaveThread&) = delete;
   SaveThread& operator=(const SaveThread&) = delete;
 
-  // Starts `job` (the previous one must have been waited for). `what` names it in errors.
-  void start(std::string what, std::function<void(SaveProgress&)> job);
+  // Starts `job` (the previous one must have been waited for and settled). `what` names it in
+  // errors. `after`, when given, runs on the same thread once the job has ended and its waiter
+  // has been released: work nobody needs to wait for (pruning old checkpoints). It must not throw.
+  void start(std::string what, std::function<void(SaveProgress&)> job,
+             std::function<void()> after = nullptr);
   // Waits until the job ends and rethrows its error, or throws TimeoutError after `timeout`,
   // saying how far it got; the job keeps running and a later wait() can collect it.
   void wait(std::chrono::milliseconds timeout);
+  // Waits up to `timeout` until the thread has finished `after` as well; false when it has not.
+  bool settle(std::chrono::milliseconds timeout);
   bool running() const;
   // True when no job was started since the last wait() collected one.
   bool idle() const;
