@@ -52,13 +52,13 @@ std::vector<Report> StoreAgreement::exchange(int64_t code, Millis deadline,
     store_->setString(key(n, fmt::format("failed/{}", slot)), fmt::format("{} {}", rank_, code));
   }
   const std::string in = key(n, fmt::format("in/{}", rank_));
-  store_->setString(in, "");
+  store_->setString(in, "1");
   const int64_t arrived = store_->add(key(n, "arrived"), 1);
   if (!myStaleIn_.empty()) store_->deleteKey(myStaleIn_);
   myStaleIn_ = in;
   if (arrived == world_) {
     for (const auto& k : stale_) store_->deleteKey(k);
-    store_->setString(key(n, "done"), "");
+    store_->setString(key(n, "done"), "1");
   }
   try {
     store_->wait({key(n, "done")}, remaining(start, deadline));

@@ -181,16 +181,18 @@ void finishFile(FileOps& ops, int fd, const std::string& path, Layout& layout, S
 // Note [Hashing beside the write]
 // Every entry's XXH3 goes into the manifest, which is written after the data. Hashing first and
 // writing after is two passes over the state, one after the other, on the save thread; a save is
-// memory-bound, and hashing (~6 GB/s) costs about as much as copying into the page cache. So a
-// second thread hashes the entries while the save thread writes them: both only read the same
-// memory, the wall time is the longer of the two, and the manifest waits for both. Small saves
-// hash inline, where a thread would cost more than it saves.
+// memory-bound, and hashing (~6 GB/s) costs about as much as copying into the page cache. So when
+// the caller waits for the save (save(), training stopped), a second thread hashes the entries
+// while the save thread writes them: both only read the same memory, the wall time is the longer
+// of the two, and the manifest waits for both. A save in the background (saveAsync()) hashes
+// inline instead: it has time, and a third busy thread would take a core from training. Small
+// saves hash inline too, where a thread would cost more than it saves.
 constexpr uint64_t kHashThreadBytes = uint64_t{8} << 20;
 
-// Fills every entry's checksum from `dataOf(i)` on a second thread while `write` runs here; the
-// checksums are complete when this returns (or throws: the thread is joined first).
+// Fills every entry's checksum from `dataOf(i)` -- for Hashing::Beside on a second thread while
+// `write` runs here -- complete when this returns (or throws: the thread is joined first).
 template <typename DataOf, typename Write>
-void hashBeside(Layout& layout, DataOf dataOf, Write&& write) {
+void hashBeside(Hashing hashing, Layout& layout, DataOf dataOf, Write&& write) {
   auto hashAll = [&layout, dataOf] {
     for (size_t i = 0; i < layout.entries.size(); ++i) {
       Entry& e = layout.entries[i];
@@ -200,7 +202,7 @@ void hashBeside(Layout& layout, DataOf dataOf, Write&& write) {
   uint64_t total = 0;
   for (const Entry& e : layout.entries) total += e.size;
   std::thread hasher;
-  if (total >= kHashThreadBytes) {
+  if (hashing == Hashing::Beside && total >= kHashThreadBytes) {
     try {
       hasher = std::thread(hashAll);
     } catch (const std::system_error&) {
@@ -288,7 +290,7 @@ void writeEntries(FileOps& ops, int fd, const std::string& path, const Layout& l
 
 void writeCheckpointFile(FileOps& ops, const std::string& path, Layout& layout,
                          const EntryData& data, std::vector<uint8_t>& scratch,
-                         SaveProgress* progress) {
+                         SaveProgress* progress, Hashing hashing) {
   DTRAIN_CHECK_ARG(data.size() == layout.entries.size(), "checkpoint: {} data pointers for {} entries",
                    data.size(), layout.entries.size());
   if (progress) {
@@ -297,14 +299,15 @@ void writeCheckpointFile(FileOps& ops, const std::string& path, Layout& layout,
   }
   withFile(ops, path, [&](int fd) {
     // See Note [Hashing beside the write].
-    hashBeside(layout, [&data](size_t i) { return data[i]; },
+    hashBeside(hashing, layout, [&data](size_t i) { return data[i]; },
                [&] { writeEntries(ops, fd, path, layout, data, scratch, progress); });
     finishFile(ops, fd, path, layout, progress);
   });
 }
 
 void writeCheckpointFileFromRegion(FileOps& ops, const std::string& path, Layout& layout,
-                                   const uint8_t* region, SaveProgress* progress) {
+                                   const uint8_t* region, SaveProgress* progress,
+                                   Hashing hashing) {
   if (progress) {
     progress->bytesTotal = layout.header.manifestOffset;
     progress->phase = "writing data";
@@ -312,7 +315,7 @@ void writeCheckpointFileFromRegion(FileOps& ops, const std::string& path, Layout
   withFile(ops, path, [&](int fd) {
     // See Note [Hashing beside the write].
     const uint64_t base = layout.header.dataOffset;
-    hashBeside(layout, [&layout, region, base](size_t i) {
+    hashBeside(hashing, layout, [&layout, region, base](size_t i) {
       return region + (layout.entries[i].offset - base);
     }, [&] { ops.writeAt(fd, region, layout.header.dataSize, base, path, progress); });
     finishFile(ops, fd, path, layout, progress);

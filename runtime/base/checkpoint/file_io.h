@@ -80,17 +80,24 @@ class FileOps {
 // entries).
 using EntryData = std::vector<const void*>;
 
+// How a write computes the entries' checksums (Note [Hashing beside the write] in file_io.cpp).
+enum class Hashing {
+  Beside,  // on a second thread while this one writes: the shortest save, for a waiting caller
+  Inline,  // first, on this thread: one thread's worth of CPU, for a save in the background
+};
+
 // Writes a whole checkpoint file at `path` (created or truncated): the entries' data, then the
 // manifest, then the header, and fsyncs it. Fills in the entries' checksums. Small entries are
 // gathered into `scratch` (reused between saves) so that the file is written in few large calls.
 void writeCheckpointFile(FileOps& ops, const std::string& path, Layout& layout,
                          const EntryData& data, std::vector<uint8_t>& scratch,
-                         SaveProgress* progress = nullptr);
+                         SaveProgress* progress = nullptr, Hashing hashing = Hashing::Beside);
 
 // Same, when the entries' data lies in one buffer that mirrors the data region: entry i at
 // region + (entries[i].offset - header.dataOffset). Written in a few large calls.
 void writeCheckpointFileFromRegion(FileOps& ops, const std::string& path, Layout& layout,
-                                   const uint8_t* region, SaveProgress* progress = nullptr);
+                                   const uint8_t* region, SaveProgress* progress = nullptr,
+                                   Hashing hashing = Hashing::Beside);
 
 // "step-00000042".
 std::string stepFileName(int64_t step);
