@@ -52,21 +52,35 @@ void runWithin(TwoNodes& job, std::chrono::seconds limit, const std::function<vo
   watchdog.join();
 }
 
-TEST(Checkpointer, ANodeThatLostItsDirectoryGetsACopyFromAnother) {
-  TempDir tmp;
-  TwoNodes job(tmp.path() + "/ckpt");
-  std::vector<std::vector<torch::Tensor>> saved(4);
+// Every rank saves step 5, changes its model, saves step 6: the states of both, as saved.
+struct TwoSteps {
+  std::vector<torch::Tensor> at5, at6;
+};
+
+TwoSteps saveFiveAndSix(TwoNodes& job) {
+  TwoSteps saved;
   job.world->run([&](int rank) {
     Mlp net;
     setSameOnEveryRank(*net);
     Checkpointer c(threadGroup(*job.world, rank), job.options(rank));
     c.addModule("m", net);
     c.save(5);
-    saved[rank] = stateOf(*net);
+    if (rank == 0) saved.at5 = stateOf(*net);
+    torch::NoGradGuard g;
+    net->fc1->weight.add_(1);
+    c.save(6);
+    if (rank == 0) saved.at6 = stateOf(*net);
   });
+  return saved;
+}
+
+TEST(Checkpointer, ANodeThatLostItsDirectoryGetsACopyFromAnother) {
+  TempDir tmp;
+  TwoNodes job(tmp.path() + "/ckpt");
+  const std::vector<torch::Tensor> at6 = saveFiveAndSix(job).at6;
   for (int node : {0, 1}) {
     EXPECT_EQ(checkpoint::listDirectory(job.dir + "/node" + std::to_string(node)).steps,
-              (std::vector<int64_t>{5}));
+              (std::vector<int64_t>{6, 5}));
   }
   // Node 1 comes back as a fresh machine.
   ASSERT_EQ(std::system(("rm -rf " + job.dir + "/node1").c_str()), 0);
@@ -76,16 +90,16 @@ TEST(Checkpointer, ANodeThatLostItsDirectoryGetsACopyFromAnother) {
     Checkpointer c(threadGroup(*job.world, rank), job.options(rank));
     c.addModule("m", net);
     results[rank] = c.restore().value();
-    expectBitwise(*net, saved[0], "rank " + std::to_string(rank));
+    expectBitwise(*net, at6, "rank " + std::to_string(rank));
   });
   for (int rank = 0; rank < 4; ++rank) {
-    EXPECT_EQ(results[rank].step, 5);
+    EXPECT_EQ(results[rank].step, 6);
     EXPECT_EQ(results[rank].copiedFromPeer, rank >= 2) << rank;
   }
   auto copied = checkpoint::listDirectory(job.dir + "/node1");
-  EXPECT_EQ(copied.steps, (std::vector<int64_t>{5}));
-  EXPECT_EQ(copied.latest.value_or(-1), 5);
-  EXPECT_EQ(verifyErrorOf(job.dir + "/node1/step-00000005"), "");
+  EXPECT_EQ(copied.steps, (std::vector<int64_t>{6}));
+  EXPECT_EQ(copied.latest.value_or(-1), 6);
+  EXPECT_EQ(verifyErrorOf(job.dir + "/node1/step-00000006"), "");
 }
 
 // What train_resnet records as checkpoint_write_seconds / checkpoint_bytes.
@@ -127,18 +141,7 @@ TEST(Checkpointer, FinishedWritesAreReportedOnceByEachNodesWriter) {
 TEST(Checkpointer, TheNewestStepThatVerifiesOnAnyNodeWins) {
   TempDir tmp;
   TwoNodes job(tmp.path() + "/ckpt-{node}-local");
-  std::vector<torch::Tensor> at6;
-  job.world->run([&](int rank) {
-    Mlp net;
-    setSameOnEveryRank(*net);
-    Checkpointer c(threadGroup(*job.world, rank), job.options(rank));
-    c.addModule("m", net);
-    c.save(5);
-    torch::NoGradGuard g;
-    net->fc1->weight.add_(1);
-    c.save(6);
-    if (rank == 0) at6 = stateOf(*net);
-  });
+  const std::vector<torch::Tensor> at6 = saveFiveAndSix(job).at6;
   // Node 0's newest file is damaged; node 1's is intact.
   std::string damaged = tmp.path() + "/ckpt-0-local/step-00000006";
   flipByte(damaged, 300);
@@ -235,18 +238,7 @@ TEST(Checkpointer, AStepOneNodeKeepsFailingToReadIsDroppedEverywhere) {
 TEST(Checkpointer, ANodeThatCannotOpenItsCopyMakesTheRestoreTryTheNextStep) {
   TempDir tmp;
   TwoNodes job(tmp.path() + "/ckpt");
-  std::vector<torch::Tensor> at5;
-  job.world->run([&](int rank) {
-    Mlp net;
-    setSameOnEveryRank(*net);
-    Checkpointer c(threadGroup(*job.world, rank), job.options(rank));
-    c.addModule("m", net);
-    c.save(5);
-    if (rank == 0) at5 = stateOf(*net);
-    torch::NoGradGuard g;
-    net->fc1->weight.add_(1);
-    c.save(6);
-  });
+  const std::vector<torch::Tensor> at5 = saveFiveAndSix(job).at5;
   ASSERT_EQ(::unlink((job.dir + "/node1/step-00000006").c_str()), 0);  // node 1 lacks step 6
   IoFaultScope unreadable("open:EIO@1,rank=0");  // node 0's first open: the copy's source file
   std::vector<int64_t> steps(4, -1);
