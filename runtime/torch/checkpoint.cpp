@@ -265,7 +265,7 @@ std::string Checkpointer::Impl::startWrite(int64_t step, int64_t epoch, bool asy
     // Note [Hashing beside the write]: a second thread only when the caller waits for the save.
     const auto hashing = async ? checkpoint::Hashing::Inline : checkpoint::Hashing::Beside;
     startSaveThread(step, snapshot ? snapshotWrite(layout, items, hashing)
-                                   : directWrite(layout, items));
+                                   : directWrite(layout, items), async);
     started = true;
   } catch (const std::exception& e) {
     return e.what();
@@ -336,12 +336,14 @@ Checkpointer::Impl::FileWrite Checkpointer::Impl::directWrite(
   };
 }
 
-void Checkpointer::Impl::startSaveThread(int64_t step, FileWrite write) {
+void Checkpointer::Impl::startSaveThread(int64_t step, FileWrite write, bool background) {
   auto ops_ = ops;
   std::string dir_ = dir;
   int keep = options.keepLast;
   auto log = writes;
-  auto job = [ops_, dir_, step, write, log](checkpoint::SaveProgress& progress) {
+  auto job = [ops_, dir_, step, write, log, background](checkpoint::SaveProgress& progress) {
+    // See Note [Background saves yield].
+    if (background) checkpoint::lowerThisThreadsPriority();
     const auto begin = std::chrono::steady_clock::now();
     checkpoint::writeAndCommit(
         *ops_, dir_, step, [&](const std::string& tmp) { write(tmp, &progress); }, &progress);

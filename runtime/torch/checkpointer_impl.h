@@ -92,8 +92,9 @@ struct Checkpointer::Impl {
   FileWrite directWrite(const std::shared_ptr<checkpoint::Layout>& layout,
                         std::vector<checkpoint::Item>& items);
   // On the save thread: runs `write` and commits (checkpoint::writeAndCommit), records the finished
-  // write for finishedWrites(), then -- once the waiter has been released -- prunes.
-  void startSaveThread(int64_t step, FileWrite write);
+  // write for finishedWrites(), then -- once the waiter has been released -- prunes. A
+  // `background` save's thread yields the CPU to training (Note [Background saves yield]).
+  void startSaveThread(int64_t step, FileWrite write, bool background);
 
   // --- restore (checkpoint_restore.cpp) ---
   std::optional<RestoredCheckpoint> restore();

@@ -2,7 +2,9 @@
 // LATEST, keep-last, leftovers, I/O errors injected at every kind of call, a SIGKILL after every
 // single I/O call of three saves, and a real full disk (a small tmpfs, as root).
 #include <fcntl.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -340,6 +342,20 @@ TEST(CheckpointSaveThread, WorkAfterTheJobDoesNotDelayTheWaiter) {
   EXPECT_THROW(thread.wait(std::chrono::seconds(10)), CheckpointError);
   EXPECT_TRUE(thread.settle(std::chrono::seconds(10)));
   EXPECT_FALSE(ranAfterFailure.load());
+}
+
+// Note [Background saves yield]: the thread that lowers its priority is the only one that does.
+TEST(CheckpointSaveThread, ABackgroundSaveThreadYieldsTheCpu) {
+  auto niceOf = [] { return ::getpriority(PRIO_PROCESS, static_cast<id_t>(::syscall(SYS_gettid))); };
+  const int mine = niceOf();
+  int theirs = -100;
+  std::thread background([&] {
+    EXPECT_TRUE(lowerThisThreadsPriority());
+    theirs = niceOf();
+  });
+  background.join();
+  EXPECT_EQ(theirs, std::min(mine + kBackgroundNice, 19));
+  EXPECT_EQ(niceOf(), mine);
 }
 
 }  // namespace

@@ -2,7 +2,9 @@
 
 #include <dirent.h>
 #include <fcntl.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -474,6 +476,14 @@ void pruneCheckpoints(const std::string& dir, int keepLast, int64_t protect) {
                  errnoText(errno));
     }
   }
+}
+
+bool lowerThisThreadsPriority(int increment) {
+  const auto tid = static_cast<id_t>(::syscall(SYS_gettid));
+  errno = 0;
+  const int current = ::getpriority(PRIO_PROCESS, tid);
+  if (errno != 0) return false;
+  return ::setpriority(PRIO_PROCESS, tid, std::min(current + increment, 19)) == 0;
 }
 
 struct SaveThread::Shared {

@@ -140,6 +140,19 @@ void removeTemporaries(const std::string& dir);
 // `protect`. Never throws: a failed delete is logged and the checkpoint kept.
 void pruneCheckpoints(const std::string& dir, int keepLast, int64_t protect);
 
+// Note [Background saves yield]
+// An asynchronous save's write runs beside training, which is what it must not slow down: on a
+// machine without a spare core (several ranks per node, data loaders, other jobs), the save thread
+// takes its CPU time from the training threads. So that thread runs at a lower priority, nice +10
+// (a tenth of a default thread's share when they compete): where a core is free it runs as fast
+// as before, where none is, training goes first and the save takes longer, within its deadline.
+// A synchronous save keeps the normal priority: training waits for it.
+constexpr int kBackgroundNice = 10;
+
+// Raises this thread's nice value by `increment` (at most to 19); Linux threads have their own.
+// Returns false (and changes nothing) when the system refuses.
+bool lowerThisThreadsPriority(int increment = kBackgroundNice);
+
 // One job at a time on a thread of its own, waited on with a deadline: a checkpoint save must
 // never block training for ever (a hung disk or network filesystem). See
 // Note [Bounded saves] in file_io.cpp.
