@@ -70,28 +70,30 @@ TEST(CheckpointResume, KilledAfterACheckpointResumesBitwise) {
   expectBitwiseEqualToReference(readFile(dir.file("params")), 2, r);
 }
 
-// Calls of one small save: open, 3 writes (data, manifest, header), fsync, rename, open+fsync the
-// directory, LATEST's open, write, fsync, rename, open+fsync the directory: 14. crash@io=17 kills
-// rank 0 right after the second save wrote its manifest, before the header: a torn temporary.
+// Calls before the first save: creating `ckpt` and `ckpt/node0` fsyncs each one's parent (open +
+// fsync, twice): 4. Calls of one small save: open, 3 writes (data, manifest, header), fsync,
+// rename, open+fsync the directory, LATEST's open, write, fsync, rename, open+fsync the directory:
+// 14. crash@io=21 kills rank 0 right after the second save wrote its manifest, before the header:
+// a torn temporary.
 TEST(CheckpointResume, KilledDuringASynchronousSaveResumesFromThePreviousOne) {
   TempDir dir;
   auto r = train(2, {"--max-restarts", "2"},
                  workerArgs(dir.file("ckpt"), dir.file("params"), {"--steps", "12", "--save-every", "3"}),
-                 {"DTRAIN_IO_FAULT=crash@io=17,rank=0,attempt=0"});
+                 {"DTRAIN_IO_FAULT=crash@io=21,rank=0,attempt=0"});
   EXPECT_EQ(r.exitCode, 0) << r.all();
   EXPECT_NE(r.all().find("killed by SIGKILL"), std::string::npos) << r.all();
   EXPECT_NE(r.all().find("restored step 2"), std::string::npos) << r.all();
   expectBitwiseEqualToReference(readFile(dir.file("params")), 2, r);
 }
 
-// crash@io=19: the second save's file is complete and fsynced but not yet renamed, while training
+// crash@io=23: the second save's file is complete and fsynced but not yet renamed, while training
 // goes on beside the background write.
 TEST(CheckpointResume, KilledDuringAnAsynchronousSaveResumesFromThePreviousOne) {
   TempDir dir;
   auto r = train(2, {"--max-restarts", "2"},
                  workerArgs(dir.file("ckpt"), dir.file("params"),
                             {"--steps", "12", "--save-every", "3", "--async"}),
-                 {"DTRAIN_IO_FAULT=crash@io=19,rank=0,attempt=0"});
+                 {"DTRAIN_IO_FAULT=crash@io=23,rank=0,attempt=0"});
   EXPECT_EQ(r.exitCode, 0) << r.all();
   EXPECT_NE(r.all().find("killed by SIGKILL"), std::string::npos) << r.all();
   EXPECT_NE(r.all().find("restored step 2"), std::string::npos) << r.all();
@@ -193,8 +195,22 @@ struct RankRun {
   std::string output;
 };
 
+// One simulated node: the worker's arguments there and its extra environment ("NAME=value").
+struct SimulatedNode {
+  std::vector<std::string> args;
+  std::vector<std::string> env;
+};
+
+std::vector<RankRun> runAsTwoNodes(const std::vector<SimulatedNode>& nodes,
+                                   const std::string& logDir, const std::string& tag);
+
 std::vector<RankRun> runAsTwoNodes(const std::vector<std::string>& args, const std::string& logDir,
                                    const std::string& tag) {
+  return runAsTwoNodes({{args, {}}, {args, {}}}, logDir, tag);
+}
+
+std::vector<RankRun> runAsTwoNodes(const std::vector<SimulatedNode>& nodes,
+                                   const std::string& logDir, const std::string& tag) {
   const int world = 4;
   int port = freeLoopbackPort();
   std::vector<pid_t> pids;
@@ -206,8 +222,14 @@ std::vector<RankRun> runAsTwoNodes(const std::vector<std::string>& args, const s
       ::dup2(fd, 1);
       ::dup2(fd, 2);
       for (const char* v : {"DTRAIN_STORE_ADDR", "DTRAIN_STORE_PORT", "DTRAIN_STORE_TOKEN",
-                            "DTRAIN_FAULT", "DTRAIN_IO_FAULT", "DTRAIN_RESTART_COUNT"}) {
+                            "DTRAIN_FAULT", "DTRAIN_IO_FAULT", "DTRAIN_RESTART_COUNT",
+                            "DTRAIN_NODE_ID"}) {
         ::unsetenv(v);
+      }
+      const SimulatedNode& node = nodes[static_cast<size_t>(rank / 2)];
+      for (const auto& kv : node.env) {
+        const size_t eq = kv.find('=');
+        ::setenv(kv.substr(0, eq).c_str(), kv.substr(eq + 1).c_str(), 1);
       }
       ::setenv("RANK", std::to_string(rank).c_str(), 1);
       ::setenv("WORLD_SIZE", std::to_string(world).c_str(), 1);
@@ -217,7 +239,7 @@ std::vector<RankRun> runAsTwoNodes(const std::vector<std::string>& args, const s
       ::setenv("MASTER_ADDR", "127.0.0.1", 1);
       ::setenv("MASTER_PORT", std::to_string(port).c_str(), 1);
       std::vector<char*> argv;
-      for (const auto& a : args) argv.push_back(const_cast<char*>(a.c_str()));
+      for (const auto& a : node.args) argv.push_back(const_cast<char*>(a.c_str()));
       argv.push_back(nullptr);
       ::execv(argv[0], argv.data());
       ::_exit(127);
@@ -271,8 +293,44 @@ TEST(CheckpointResume, ANodeWithAnEmptyDiskGetsACopyFromTheOtherNode) {
       << rerun[0].output;
 }
 
+// An elastic re-rendezvous gives the nodes other group ranks: host A, GROUP_RANK 0 in the first
+// run, is GROUP_RANK 1 in the second, and host B the other way round. Each host keeps its own
+// disk (its own --dir here) and its stable DTRAIN_NODE_ID (7 and 3). Directories are keyed by that
+// id, so each node finds its own checkpoint again: no copy over the network, no directory of a
+// group rank left behind. (Keyed by GROUP_RANK, each node looked for `node<its new rank>` on a
+// disk that held the other one, and the rerun started from scratch.)
+TEST(CheckpointResume, NodesKeepTheirDirectoriesWhenTheirGroupRanksChange) {
+  TempDir dir;
+  const std::string diskA = dir.file("hostA"), diskB = dir.file("hostB");
+  auto node = [&](const std::string& disk, const char* id, std::vector<std::string> extra) {
+    return SimulatedNode{workerArgs(disk + "/ckpt", dir.file("params"), std::move(extra)),
+                         {std::string("DTRAIN_NODE_ID=") + id}};
+  };
+  const std::vector<std::string> first = {"--steps", "12", "--save-every", "3", "--stop-after", "5"};
+  auto before = runAsTwoNodes({node(diskA, "7", first), node(diskB, "3", first)}, dir.path(), "first");
+  for (const auto& r : before) ASSERT_EQ(r.exitCode, 0) << r.output;
+  ASSERT_EQ(::access((diskA + "/ckpt/node7/step-00000005").c_str(), F_OK), 0);
+  ASSERT_EQ(::access((diskB + "/ckpt/node3/step-00000005").c_str(), F_OK), 0);
+  const std::vector<std::string> rest = {"--steps", "12", "--save-every", "3"};
+  auto after = runAsTwoNodes({node(diskB, "3", rest), node(diskA, "7", rest)}, dir.path(), "after");
+  for (int rank = 0; rank < 4; ++rank) {
+    EXPECT_EQ(after[rank].exitCode, 0) << after[rank].output;
+    EXPECT_NE(after[rank].output.find("restored step 5"), std::string::npos) << after[rank].output;
+    EXPECT_EQ(after[rank].output.find("copied from another node"), std::string::npos)
+        << after[rank].output;
+    EXPECT_NE(after[rank].output.find("final identical across ranks"), std::string::npos)
+        << after[rank].output;
+  }
+  EXPECT_EQ(readFile(diskA + "/ckpt/node7/LATEST"), "step-00000011\n");
+  EXPECT_EQ(readFile(diskB + "/ckpt/node3/LATEST"), "step-00000011\n");
+  for (const char* stray : {"/ckpt/node0", "/ckpt/node1"}) {
+    EXPECT_NE(::access((diskA + stray).c_str(), F_OK), 0) << diskA + stray;
+    EXPECT_NE(::access((diskB + stray).c_str(), F_OK), 0) << diskB + stray;
+  }
+}
+
 // The `checkpoint` tool: list and verify name the damage; export writes what Python's
-// torch.load (Debian's /usr/bin/python3 with python3-torch) reads back equal.
+// torch.load reads (CheckpointTool.ExportLoadsInPythonWithWeightsOnly loads it in Python).
 TEST(CheckpointTool, ListVerifyAndExportForPython) {
   TempDir dir;
   std::string ckpt = dir.file("ckpt");
@@ -296,25 +354,7 @@ TEST(CheckpointTool, ListVerifyAndExportForPython) {
 
   auto [exportRc, exported] = tool("export " + ckpt + " --to " + dir.file("model.pt"));
   EXPECT_EQ(exportRc, 0) << exported;
-  if (::access("/usr/bin/python3", X_OK) == 0 &&
-      std::system("/usr/bin/python3 -c 'import torch' 2>/dev/null") == 0) {
-    std::string script =
-        "import sys, torch\n"
-        "sd = torch.load(sys.argv[1])\n"
-        "net = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 4))\n"
-        "net.load_state_dict(sd)\n"
-        "flat = torch.cat([p.detach().flatten() for p in net.parameters()])\n"
-        "want = torch.frombuffer(bytearray(open(sys.argv[2], 'rb').read()), dtype=torch.float32)\n"
-        "print('python equal' if torch.equal(flat, want) else 'python differs')\n";
-    writeFile(dir.file("check.py"), script);
-    std::string out = dir.file("py.out");
-    std::system(("/usr/bin/python3 " + dir.file("check.py") + " " + dir.file("model.pt") + " " +
-                 dir.file("params") + " > " + out + " 2>&1")
-                    .c_str());
-    EXPECT_NE(readFile(out).find("python equal"), std::string::npos) << readFile(out);
-  } else {
-    std::cout << "SKIPPED part: Debian's /usr/bin/python3 with torch is not installed\n";
-  }
+  EXPECT_NE(readFile(dir.file("model.pt")).find("_rebuild_tensor_v2"), std::string::npos);
 
   // Damage: one flipped byte in the newest file; verify names the entry and fails.
   std::string newest = ckpt + "/node0/step-00000003";
@@ -332,6 +372,41 @@ TEST(CheckpointTool, ListVerifyAndExportForPython) {
   EXPECT_NE(bad.find("module/model/0.weight"), std::string::npos) << bad;
   auto [usageRc, usage] = tool("export " + ckpt);
   EXPECT_EQ(usageRc, 2) << usage;
+}
+
+bool pythonHasTorch() {
+  return ::access("/usr/bin/python3", X_OK) == 0 &&
+         std::system("/usr/bin/python3 -c 'import torch' >/dev/null 2>&1") == 0;
+}
+
+// What `checkpoint export` writes loads with torch.load(path, weights_only=True), PyTorch 2.6's
+// default (Note [Exported pickles]), into the model the worker trained, bitwise. Runs wherever
+// /usr/bin/python3 has torch (Debian's python3-torch); says so where it has not.
+TEST(CheckpointTool, ExportLoadsInPythonWithWeightsOnly) {
+  if (!pythonHasTorch()) GTEST_SKIP() << "Debian's /usr/bin/python3 with python3-torch is not installed";
+  TempDir dir;
+  std::string ckpt = dir.file("ckpt");
+  auto r = train(1, {}, workerArgs(ckpt, dir.file("params"), {"--steps", "4", "--save-every", "2"}));
+  ASSERT_EQ(r.exitCode, 0) << r.all();
+  const std::string out = dir.file("export.out");
+  ASSERT_EQ(std::system((binaryPath("checkpoint") + " export " + ckpt + " --to " +
+                         dir.file("model.pt") + " > " + out + " 2>&1").c_str()),
+            0)
+      << readFile(out);
+  std::string script =
+      "import sys, torch\n"
+      "sd = torch.load(sys.argv[1], weights_only=True)\n"
+      "net = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 4))\n"
+      "net.load_state_dict(sd)\n"
+      "flat = torch.cat([p.detach().flatten() for p in net.parameters()])\n"
+      "want = torch.frombuffer(bytearray(open(sys.argv[2], 'rb').read()), dtype=torch.float32)\n"
+      "print('python equal' if torch.equal(flat, want) else 'python differs')\n";
+  writeFile(dir.file("check.py"), script);
+  const std::string py = dir.file("py.out");
+  std::system(("/usr/bin/python3 " + dir.file("check.py") + " " + dir.file("model.pt") + " " +
+               dir.file("params") + " > " + py + " 2>&1")
+                  .c_str());
+  EXPECT_NE(readFile(py).find("python equal"), std::string::npos) << readFile(py);
 }
 
 }  // namespace

@@ -146,6 +146,16 @@ const Crafted kCrafted[] = {
      "lie outside"},
     {"overlapping offsets",
      [](Bytes& b) { setU(b, recordAt(b, 1) + 32, getU(b, recordAt(b, 0) + 32, 8), 8); }, "overlap"},
+    {"an empty entry between overlapping ones",
+     [](Bytes& b) {
+       // fc.weight (record 0, 200 bytes at 128) covers 128..328: "meta/empty" (record 7, no
+       // bytes) moves to 192 and bn.num_batches_tracked (record 1) to 256, inside it. Each
+       // neighbour pair has an empty side; only the furthest end seen so far shows the overlap.
+       const uint64_t a = getU(b, recordAt(b, 0) + 32, 8);
+       setU(b, recordAt(b, 7) + 32, a + 64, 8);
+       setU(b, recordAt(b, 1) + 32, a + 128, 8);
+     },
+     "overlap"},
     {"misaligned offset", [](Bytes& b) { setU(b, recordAt(b, 1) + 32, getU(b, recordAt(b, 1) + 32, 8) + 8, 8); },
      "aligned"},
     {"shape overflow",

@@ -6,8 +6,9 @@
 //                                       entry; exit 1 when anything is damaged
 //   checkpoint export DIR|FILE --to model.pt [--module NAME] [--format pickle|libtorch]
 //                                       a module's state_dict for Python's torch.load (pickle,
-//                                       the default) or C++ torch::load (libtorch); a directory
-//                                       exports its newest checkpoint that verifies
+//                                       the default: what torch.save writes, which loads with
+//                                       weights_only=True) or C++ torch::load (libtorch); a
+//                                       directory exports its newest checkpoint that verifies
 //
 // Exit codes: 0 ok, 1 a checkpoint is damaged or an operation failed, 2 usage error.
 #include <dirent.h>
@@ -209,7 +210,8 @@ int run(int argc, char** argv) {
     std::string file = newestVerified(positional[0]);
     dtrain::exportStateDict(file, to, module, format);
     std::printf("exported %s to %s (%s)\n", file.c_str(), to.c_str(),
-                format == "pickle" ? "for Python's torch.load" : "for C++ torch::load");
+                format == "pickle" ? "for Python's torch.load(path, weights_only=True)"
+                                   : "for C++ torch::load");
     return 0;
   }
   return usage("unknown command " + command);

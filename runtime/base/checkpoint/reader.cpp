@@ -119,19 +119,26 @@ void checkRecord(const std::string& file, const Header& hd, const Entry& e, size
   }
 }
 
-// No two records' data overlap.
+// No two records' data overlap. Sorted by offset, each non-empty record must start at or after
+// the furthest end of the non-empty records before it: comparing neighbours alone lets an empty
+// record between two overlapping ones hide the overlap.
 void checkNoOverlap(const std::string& file, const std::vector<Entry>& entries) {
   std::vector<size_t> order(entries.size());
   std::iota(order.begin(), order.end(), 0);
   std::sort(order.begin(), order.end(),
             [&](size_t a, size_t b) { return entries[a].offset < entries[b].offset; });
-  for (size_t k = 1; k < order.size(); ++k) {
-    const Entry& prev = entries[order[k - 1]];
-    const Entry& cur = entries[order[k]];
-    DTRAIN_CHECK_T(CheckpointError, prev.offset + prev.size <= cur.offset || cur.size == 0 || prev.size == 0,
+  const Entry* furthest = nullptr;  // the non-empty record that ends last so far
+  for (size_t k : order) {
+    const Entry& cur = entries[k];
+    if (cur.size == 0) continue;
+    DTRAIN_CHECK_T(CheckpointError,
+                   furthest == nullptr || furthest->offset + furthest->size <= cur.offset,
                    "checkpoint {}: entries \"{}\" (offset {}, {} bytes) and \"{}\" (offset {}) overlap",
-                   file, prev.name.substr(0, 200), prev.offset, prev.size, cur.name.substr(0, 200),
-                   cur.offset);
+                   file, furthest ? furthest->name.substr(0, 200) : "", furthest ? furthest->offset : 0,
+                   furthest ? furthest->size : 0, cur.name.substr(0, 200), cur.offset);
+    if (furthest == nullptr || cur.offset + cur.size > furthest->offset + furthest->size) {
+      furthest = &cur;
+    }
   }
 }
 
