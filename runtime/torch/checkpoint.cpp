@@ -14,10 +14,12 @@
 #include <fmt/format.h>
 #include <torch/version.h>
 
+#include "checkpoint_shards.h"
 #include "checkpointer_impl.h"
 #include "dtrain/base/error.h"
 #include "dtrain/base/logging.h"
 #include "dtrain/base/store.h"
+#include "dtrain/torch/zero.h"
 #include "env_contract.h"
 #include "parse_int.h"
 
@@ -207,6 +209,7 @@ void Checkpointer::Impl::waitPending() {
   pendingStep = -1;
   pendingError.clear();
   agree(error, fmt::format("the checkpoint of step {}", step));
+  if (sharded()) moveLatestEverywhere(step);
   committedStep = step;
 }
 
@@ -230,6 +233,7 @@ void Checkpointer::Impl::save(int64_t step, int64_t epoch, bool async) {
     return;
   }
   auto blobs = allgatherBytes(checkpoint::encodeRankState(registry));
+  if (sharded()) shards = exchangeShards();  // See Note [Sharded checkpoint files].
   const std::string error = writer ? startWrite(step, epoch, async, blobs) : std::string();
   pendingStep = step;
   pendingError = error;
@@ -280,6 +284,16 @@ std::vector<checkpoint::Item> Checkpointer::Impl::itemsToSave(
     auto own = checkpoint::rankItems(static_cast<uint32_t>(r), blobs[r]);
     items.insert(items.end(), std::make_move_iterator(own.begin()),
                  std::make_move_iterator(own.end()));
+  }
+  if (sharded()) {
+    auto replicated = checkpoint::shardedReplicatedItems(registry.sharded);
+    items.insert(items.end(), std::make_move_iterator(replicated.begin()),
+                 std::make_move_iterator(replicated.end()));
+    for (const auto& [owner, blob] : std::exchange(shards, {})) {
+      auto kept = checkpoint::shardItems(static_cast<uint32_t>(owner), blob);
+      items.insert(items.end(), std::make_move_iterator(kept.begin()),
+                   std::make_move_iterator(kept.end()));
+    }
   }
   return items;
 }
@@ -341,12 +355,15 @@ void Checkpointer::Impl::startSaveThread(int64_t step, FileWrite write, bool bac
   std::string dir_ = dir;
   int keep = options.keepLast;
   auto log = writes;
-  auto job = [ops_, dir_, step, write, log, background](checkpoint::SaveProgress& progress) {
+  const bool latest = !sharded();  // a sharded save moves LATEST after the agreement
+  auto job = [ops_, dir_, step, write, log, background,
+              latest](checkpoint::SaveProgress& progress) {
     // See Note [Background saves yield].
     if (background) checkpoint::lowerThisThreadsPriority();
     const auto begin = std::chrono::steady_clock::now();
     checkpoint::writeAndCommit(
-        *ops_, dir_, step, [&](const std::string& tmp) { write(tmp, &progress); }, &progress);
+        *ops_, dir_, step, [&](const std::string& tmp) { write(tmp, &progress); }, &progress,
+        latest);
     CheckpointWrite done;
     done.step = step;
     done.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - begin).count();
@@ -449,6 +466,14 @@ void Checkpointer::addModule(const std::string& name, std::shared_ptr<torch::nn:
 void Checkpointer::addOptimizer(const std::string& name, torch::optim::Optimizer& optimizer) {
   for (const auto& m : impl_->registry.optimizers) {
     DTRAIN_CHECK_ARG(m.first != name, "Checkpointer: an optimizer named \"{}\" is registered already", name);
+  }
+  for (const auto& m : impl_->registry.sharded) {
+    DTRAIN_CHECK_ARG(m.name != name, "Checkpointer: an optimizer named \"{}\" is registered already", name);
+  }
+  // Sharded state is saved as shard records, never gathered (Note [Sharded checkpoint files]).
+  if (auto* zero = dynamic_cast<ShardedOptimizer*>(&optimizer)) {
+    impl_->registry.sharded.push_back({name, zero});
+    return;
   }
   impl_->registry.optimizers.emplace_back(name, &optimizer);
 }

@@ -10,6 +10,7 @@
 #include <ATen/ATen.h>
 #include <fmt/format.h>
 
+#include "checkpoint_shards.h"
 #include "checkpointer_impl.h"
 #include "dtrain/base/error.h"
 #include "dtrain/base/logging.h"
@@ -229,6 +230,9 @@ std::optional<RestoredCheckpoint> Checkpointer::Impl::restore() {
   }
   agree(scanError, "scanning the checkpoint directory");
   const auto counts = allgather(found);
+  // Note [Sharded checkpoint files]: only steps whose shards are all somewhere take part.
+  ShardHolders shardHolders;
+  if (sharded()) shardHolders = listShardHolders(mine);
   std::set<int64_t> bad;            // steps this node no longer offers
   std::set<int64_t> damagedBefore;  // steps found damaged in an earlier round (on any node)
   std::string lastDamage = firstBad;
@@ -248,7 +252,18 @@ std::optional<RestoredCheckpoint> Checkpointer::Impl::restore() {
     }
     if (!copyToNodesLacking(step, bests, bad)) continue;  // the source could not hand it out
     if (auto result = tryStep(step, bests, bad, damagedBefore, lastDamage)) {
+      std::string why;
+      if (sharded() && !loadShards(step, shardHolders, why)) {
+        // No intact copy of some rank's shards: every node drops the step.
+        if (writer) bad.insert(step);
+        lastDamage = why;
+        if (rank == 0) {
+          DTRAIN_LOG(Warn, "rank 0: {}; restoring the next older complete step", why);
+        }
+        continue;
+      }
       committedStep = step;
+      result->skipped = lastDamage;
       return result;
     }
   }
@@ -317,9 +332,11 @@ int64_t Checkpointer::Impl::readInto(RestoredCheckpoint& result, std::string& er
                    "(the sampler re-shards the rest of the epoch exactly)",
                    result.path, h.worldSize, world);
     checkpoint::checkRestorable(reader, registry);
+    checkpoint::checkShardedRestorable(reader, registry.sharded);
     status = kDamaged;  // from here on, an error is damage found while reading
     checkpoint::restoreReplicated(reader, registry, owner.metadata_, same, group->device());
     checkpoint::restoreRankState(reader, registry, static_cast<uint32_t>(rank), same);
+    checkpoint::restoreShardedReplicated(reader, registry.sharded);
     status = kRead;
   } catch (const CheckpointError& e) {
     error = e.what();

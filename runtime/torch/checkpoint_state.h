@@ -25,6 +25,10 @@ namespace torch::optim {
 class OptimizerParamState;
 }
 
+namespace dtrain {
+class ShardedOptimizer;
+}
+
 namespace dtrain::checkpoint {
 
 // One entry to write: tensors and numbers keep their tensor (any device or layout); strings and
@@ -45,9 +49,16 @@ struct SamplerEntry {
   SamplerState state() const;
 };
 
+// A ShardedOptimizer registered with addOptimizer(): its state goes through checkpoint_shards.h.
+struct ShardedEntry {
+  std::string name;
+  ShardedOptimizer* optimizer = nullptr;
+};
+
 struct Registry {
   std::vector<std::pair<std::string, std::shared_ptr<torch::nn::Module>>> modules;
-  std::vector<std::pair<std::string, torch::optim::Optimizer*>> optimizers;
+  std::vector<std::pair<std::string, torch::optim::Optimizer*>> optimizers;  // not sharded
+  std::vector<ShardedEntry> sharded;
   std::vector<std::pair<std::string, torch::optim::LRScheduler*>> schedulers;
   std::vector<std::pair<std::string, GradScaler*>> scalers;
   std::vector<SamplerEntry> samplers;

@@ -8,6 +8,7 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <utility>
 #include <set>
 #include <string>
 #include <vector>
@@ -80,8 +81,31 @@ struct Checkpointer::Impl {
   // thread; returns why it could not ("" when it started). `blobs`: every rank's own state.
   std::string startWrite(int64_t step, int64_t epoch, bool async,
                          const std::vector<std::vector<uint8_t>>& blobs);
-  // What the file holds: the replicated items, then every rank's own.
+  // What the file holds: the replicated items, then every rank's own, then the shards this node
+  // keeps (`shards`: owner rank -> its blob).
   std::vector<checkpoint::Item> itemsToSave(const std::vector<std::vector<uint8_t>>& blobs);
+  std::vector<std::pair<int, at::Tensor>> shards;  // of the save being started (writers)
+
+  // --- sharded optimizers (checkpoint_sharded.cpp, Note [Sharded checkpoint files]) ---
+  bool sharded() const { return !registry.sharded.empty(); }
+  // Collective: every rank's records go to the writers that keep them (shardKeepers()), over a
+  // subgroup per rank built at the first save. Returns what this rank keeps (writers only).
+  std::vector<std::pair<int, at::Tensor>> exchangeShards();
+  void buildKeeperGroups();
+  std::vector<std::vector<int>> keepers;                   // per rank: the writers keeping it
+  std::vector<std::shared_ptr<ProcessGroup>> keeperGroups;  // per rank: null when not a member
+  bool keeperGroupsBuilt = false;
+  bool subgroups = true;  // false: the backend has none; broadcast over the whole group
+  // Restore: which writers hold whose shards, per step, from every node's manifests; drops the
+  // steps whose shards are not all somewhere from `mine` (writers).
+  struct ShardHolders {
+    std::map<int64_t, std::map<uint32_t, std::vector<int>>> holders;  // step -> owner -> writers
+    std::map<int64_t, uint32_t> savedWorld;                           // step -> its world size
+  };
+  ShardHolders listShardHolders(std::vector<int64_t>& mine);
+  // After the replicated state of `step` was read: gathers and loads the sharded state. False
+  // (`why` says what) when some rank's shards are intact nowhere: the step is dropped everywhere.
+  bool loadShards(int64_t step, const ShardHolders& holders, std::string& why);
   // Writes the checkpoint file at a temporary path, on the save thread, saying how far it got.
   using FileWrite = std::function<void(const std::string& tmpPath, checkpoint::SaveProgress*)>;
   // Copies `items` into the reused snapshot region now (training may change them as soon as this
@@ -95,6 +119,8 @@ struct Checkpointer::Impl {
   // write for finishedWrites(), then -- once the waiter has been released -- prunes. A
   // `background` save's thread yields the CPU to training (Note [Background saves yield]).
   void startSaveThread(int64_t step, FileWrite write, bool background);
+  // Sharded saves: LATEST moves after every node's commit was agreed, then the ranks agree again.
+  void moveLatestEverywhere(int64_t step);
 
   // --- restore (checkpoint_restore.cpp) ---
   std::optional<RestoredCheckpoint> restore();

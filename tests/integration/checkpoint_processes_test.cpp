@@ -17,6 +17,7 @@
 #include <map>
 #include <thread>
 
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include "launcher_harness.h"
@@ -291,6 +292,56 @@ TEST(CheckpointResume, ANodeWithAnEmptyDiskGetsACopyFromTheOtherNode) {
   for (const auto& r : uninterrupted) ASSERT_EQ(r.exitCode, 0) << r.output;
   EXPECT_EQ(readFile(dir.file("params")), readFile(dir.file("params-uninterrupted")))
       << rerun[0].output;
+}
+
+// Sharded checkpoints (ZeRO stage 2) across real processes, two simulated nodes of two ranks:
+// one rank is SIGKILLed while a save is in progress -- a node's writer (rank 2) in the middle of
+// writing its file (crash@io=21: after the first save, inside the second), or a rank that writes
+// nothing (rank 3) while the asynchronous save of step 5 is written but not yet agreed, so LATEST
+// has not moved. The survivors fail (the checkpoint's short timeout bounds their wait); the rerun
+// restores a step whose shards are all intact (step 2, or step 5 where a node's file was complete:
+// with two nodes each file holds every shard) and ends bitwise as the uninterrupted run.
+TEST(ShardedCheckpointProcesses, AnyRankKilledDuringASaveLeavesAStepToResumeFrom) {
+  TempDir dir;
+  const std::vector<std::string> common = {"--zero", "2", "--checkpoint-timeout-ms", "5000"};
+  auto args = [&](const std::string& ckpt, const std::string& out, std::vector<std::string> extra) {
+    extra.insert(extra.end(), common.begin(), common.end());
+    return workerArgs(ckpt, out, extra);
+  };
+  auto uninterrupted = runAsTwoNodes(args(dir.file("ref"), dir.file("params-ref"), {"--steps", "12"}),
+                                     dir.path(), "ref");
+  for (const auto& r : uninterrupted) ASSERT_EQ(r.exitCode, 0) << r.output;
+  const std::string want = readFile(dir.file("params-ref"));
+  struct Kill {
+    std::string name, env;
+    std::vector<std::string> extra;
+  };
+  const std::vector<Kill> kills = {
+      {"writer", "DTRAIN_IO_FAULT=crash@io=21,rank=2", {}},
+      {"non-writer", "DTRAIN_FAULT=signal:KILL@rank=3,step=6", {"--async"}}};
+  for (const auto& kill : kills) {
+    SCOPED_TRACE(kill.name);
+    const std::string ckpt = dir.file("ckpt-" + kill.name);
+    const std::string out = dir.file("params-" + kill.name);
+    std::vector<std::string> first = {"--steps", "12", "--save-every", "3"};
+    first.insert(first.end(), kill.extra.begin(), kill.extra.end());
+    const SimulatedNode node{args(ckpt, out, first), {kill.env}};
+    auto killed = runAsTwoNodes({node, node}, dir.path(), "killed-" + kill.name);
+    EXPECT_NE(killed[kill.name == "writer" ? 2 : 3].exitCode, 0) << "the fault did not fire";
+    for (int n = 0; n < 2; ++n) {
+      EXPECT_EQ(readFile(fmt::format("{}/node{}/LATEST", ckpt, n)), "step-00000002\n")
+          << "LATEST moved before every node held the shards";
+    }
+    auto rerun = runAsTwoNodes(args(ckpt, out, {"--steps", "12", "--save-every", "3"}), dir.path(),
+                               "rerun-" + kill.name);
+    for (int rank = 0; rank < 4; ++rank) {
+      EXPECT_EQ(rerun[rank].exitCode, 0) << rerun[rank].output;
+      const bool two = rerun[rank].output.find("restored step 2") != std::string::npos;
+      const bool five = rerun[rank].output.find("restored step 5") != std::string::npos;
+      EXPECT_TRUE(two || five) << rerun[rank].output;
+    }
+    EXPECT_EQ(readFile(out), want) << rerun[0].output;
+  }
 }
 
 // An elastic re-rendezvous gives the nodes other group ranks: host A, GROUP_RANK 0 in the first

@@ -16,6 +16,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -72,6 +73,17 @@ std::vector<std::string> nodeDirectories(const std::string& dir) {
   return out;
 }
 
+// ", shards of ranks 0, 1" for a file holding a sharded optimizer's records (owned shard entries:
+// its own ranks' and the next node's), else "".
+std::string shardsText(const CheckpointReader& reader) {
+  std::set<uint32_t> owners;
+  for (const auto& e : reader.entries()) {
+    if (e.owner != kReplicated && e.isShard()) owners.insert(e.owner);
+  }
+  if (owners.empty()) return "";
+  return fmt::format(", shards of rank{} {}", owners.size() > 1 ? "s" : "", fmt::join(owners, ", "));
+}
+
 int listFile(const std::string& path) {
   CheckpointReader reader = CheckpointReader::open(path);
   const Header& h = reader.header();
@@ -82,9 +94,13 @@ int listFile(const std::string& path) {
   std::printf("  %-8s %-9s %-12s %-10s %12s  %s\n", "kind", "dtype", "shape", "owner", "bytes", "name");
   for (const auto& e : reader.entries()) {
     std::string owner = e.owner == kReplicated ? "all" : fmt::format("rank {}", e.owner);
-    std::printf("  %-8s %-9s %-12s %-10s %12llu  %s\n", kindName(e.kind), dtypeName(e.dtype),
+    const std::string range =
+        e.isShard() ? fmt::format(" (elements {}..{})", e.elementOffset,
+                                  e.elementOffset + e.elementCount)
+                    : "";
+    std::printf("  %-8s %-9s %-12s %-10s %12llu  %s%s\n", kindName(e.kind), dtypeName(e.dtype),
                 shapeText(e.shape).c_str(), owner.c_str(), static_cast<unsigned long long>(e.size),
-                e.name.c_str());
+                e.name.c_str(), range.c_str());
   }
   return 0;
 }
@@ -105,9 +121,10 @@ int list(const std::string& path) {
       try {
         CheckpointReader reader = CheckpointReader::open(file);
         const Header& h = reader.header();
-        std::printf("  %s  epoch %lld  world %u  %llu entries  %.1f MiB\n", stepFileName(step).c_str(),
-                    static_cast<long long>(h.epoch), h.worldSize,
-                    static_cast<unsigned long long>(h.entryCount), h.fileSize / 1048576.0);
+        std::printf("  %s  epoch %lld  world %u  %llu entries  %.1f MiB%s\n",
+                    stepFileName(step).c_str(), static_cast<long long>(h.epoch), h.worldSize,
+                    static_cast<unsigned long long>(h.entryCount), h.fileSize / 1048576.0,
+                    shardsText(reader).c_str());
       } catch (const std::exception& e) {
         std::printf("  %s  DAMAGED: %s\n", stepFileName(step).c_str(), e.what());
       }
@@ -124,9 +141,10 @@ bool verifyFile(const std::string& path) {
   try {
     CheckpointReader reader = CheckpointReader::open(path);
     reader.verify();
-    std::printf("%s: ok (step %lld, %llu entries, every checksum matches)\n", path.c_str(),
+    std::printf("%s: ok (step %lld, %llu entries%s, every checksum matches)\n", path.c_str(),
                 static_cast<long long>(reader.header().step),
-                static_cast<unsigned long long>(reader.header().entryCount));
+                static_cast<unsigned long long>(reader.header().entryCount),
+                shardsText(reader).c_str());
     return true;
   } catch (const std::exception& e) {
     std::printf("%s: DAMAGED: %s\n", path.c_str(), e.what());

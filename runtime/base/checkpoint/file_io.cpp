@@ -398,9 +398,14 @@ void commitStep(FileOps& ops, const std::string& dir, int64_t step) {
   ops.fsyncDirectory(dir);
 }
 
+void pointLatest(FileOps& ops, const std::string& dir, int64_t step) {
+  pointLatestAt(ops, dir, stepFileName(step));
+  ops.fsyncDirectory(dir);
+}
+
 void writeAndCommit(FileOps& ops, const std::string& dir, int64_t step,
                     const std::function<void(const std::string& tmpPath)>& write,
-                    SaveProgress* progress) {
+                    SaveProgress* progress, bool latest) {
   removeTemporaries(dir);
   const std::string name = stepFileName(step);
   const std::string tmp = dir + "/" + name + kTmpSuffix;
@@ -414,7 +419,7 @@ void writeAndCommit(FileOps& ops, const std::string& dir, int64_t step,
     ops.rename(tmp, final);
     created = !replacing;
     ops.fsyncDirectory(dir);
-    pointLatestAt(ops, dir, name);
+    if (latest) pointLatestAt(ops, dir, name);
   } catch (...) {
     // Nothing of a failed save stays behind; LATEST still names the previous checkpoint. A file
     // the rename put in place of an earlier `step-N` is complete and fsynced: removing it would
@@ -426,7 +431,7 @@ void writeAndCommit(FileOps& ops, const std::string& dir, int64_t step,
   }
   // LATEST names the new file now; a failure of this last fsync fails the save, but the file it
   // names is complete and durable (fsynced before the rename), so it stays.
-  ops.fsyncDirectory(dir);
+  if (latest) ops.fsyncDirectory(dir);
 }
 
 void saveStep(FileOps& ops, const std::string& dir, int64_t step, int keepLast,

@@ -124,9 +124,14 @@ void commitStep(FileOps& ops, const std::string& dir, int64_t step);
 // `step-<N>.tmp` (complete and fsynced when it returns) and commits it. When anything fails, what
 // this save wrote is removed -- the temporary, and `step-<N>` when the rename created it and LATEST
 // does not name it yet -- and the error propagates.
+// With `latest` false, LATEST is left alone: a sharded save moves it with pointLatest() only once
+// every node holds its shards and their replicas (Note [Sharded checkpoint files]).
 void writeAndCommit(FileOps& ops, const std::string& dir, int64_t step,
                     const std::function<void(const std::string& tmpPath)>& write,
-                    SaveProgress* progress = nullptr);
+                    SaveProgress* progress = nullptr, bool latest = true);
+
+// Step 3 of Note [Checkpoint directory] on its own: LATEST names `step-<N>` (already committed).
+void pointLatest(FileOps& ops, const std::string& dir, int64_t step);
 
 // One whole save of Note [Checkpoint directory]: writeAndCommit(), then pruneCheckpoints().
 void saveStep(FileOps& ops, const std::string& dir, int64_t step, int keepLast,

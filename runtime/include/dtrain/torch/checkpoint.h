@@ -111,6 +111,9 @@ struct RestoredCheckpoint {
   int savedWorldSize = 0;
   std::string path;           // the file this rank read
   bool copiedFromPeer = false;  // this node lacked it and received a copy
+  // Why a newer checkpoint was passed over (damaged, or a sharded one whose shards are not all
+  // intact anywhere); empty when none was.
+  std::string skipped;
 };
 
 // A checkpoint this rank wrote to its node's directory: what a save cost the disk (for a
