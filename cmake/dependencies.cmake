@@ -7,31 +7,33 @@ find_package(Threads REQUIRED)
 find_package(fmt REQUIRED)
 find_package(OpenSSL REQUIRED COMPONENTS Crypto)
 find_package(nlohmann_json REQUIRED)
-# cxxopts reads allreduce_bench's options only: launch parses its own command line (see Note
-# [Option parsing] in launcher/job/launch_args.cpp for why).
-if(DTRAIN_WITH_BENCHMARKS)
+# cxxopts reads the sample trainers' and allreduce_bench's options: launch parses its own command
+# line (see Note [Option parsing] in launcher/job/launch_args.cpp for why).
+if(DTRAIN_WITH_BENCHMARKS OR DTRAIN_WITH_EXAMPLES)
   find_package(cxxopts REQUIRED)
 endif()
 
-# libuv: pkg-config when available, else a plain search (no CMake package in Debian 12).
-find_path(LIBUV_INCLUDE_DIR uv.h)
-find_library(LIBUV_LIBRARY NAMES uv libuv.so.1)
-if(NOT LIBUV_INCLUDE_DIR OR NOT LIBUV_LIBRARY)
-  message(FATAL_ERROR "libuv not found. HINT: scripts/setup.sh installs libuv1-dev")
-endif()
-add_library(dtrain_libuv INTERFACE)
-target_include_directories(dtrain_libuv SYSTEM INTERFACE "${LIBUV_INCLUDE_DIR}")
-target_link_libraries(dtrain_libuv INTERFACE "${LIBUV_LIBRARY}")
+# dtrain_plain_dependency(<name> <VAR> <header> <package> <library names...>): a library Debian
+# ships without a CMake package, found by its header and library (cache variables <VAR>_INCLUDE_DIR
+# and <VAR>_LIBRARY), as the INTERFACE target dtrain_<name>; missing, a FATAL_ERROR naming the
+# Debian package that has it.
+function(dtrain_plain_dependency name var header package)
+  find_path(${var}_INCLUDE_DIR ${header})
+  find_library(${var}_LIBRARY NAMES ${ARGN})
+  if(NOT ${var}_INCLUDE_DIR OR NOT ${var}_LIBRARY)
+    message(FATAL_ERROR "${name} not found. HINT: scripts/setup.sh installs ${package}")
+  endif()
+  add_library(dtrain_${name} INTERFACE)
+  target_include_directories(dtrain_${name} SYSTEM INTERFACE "${${var}_INCLUDE_DIR}")
+  target_link_libraries(dtrain_${name} INTERFACE "${${var}_LIBRARY}")
+endfunction()
 
+# libuv (the store's event loop; no CMake package in Debian 12).
+dtrain_plain_dependency(libuv LIBUV uv.h libuv1-dev uv libuv.so.1)
 # xxHash (XXH3 checksums).
-find_path(XXHASH_INCLUDE_DIR xxhash.h)
-find_library(XXHASH_LIBRARY NAMES xxhash libxxhash.so.0)
-if(NOT XXHASH_INCLUDE_DIR OR NOT XXHASH_LIBRARY)
-  message(FATAL_ERROR "xxHash not found. HINT: scripts/setup.sh installs libxxhash-dev")
-endif()
-add_library(dtrain_xxhash INTERFACE)
-target_include_directories(dtrain_xxhash SYSTEM INTERFACE "${XXHASH_INCLUDE_DIR}")
-target_link_libraries(dtrain_xxhash INTERFACE "${XXHASH_LIBRARY}")
+dtrain_plain_dependency(xxhash XXHASH xxhash.h libxxhash-dev xxhash libxxhash.so.0)
+# ISA-L (CRC32C of TensorBoard's event records: crc32_iscsi).
+dtrain_plain_dependency(isal ISAL isa-l/crc.h libisal-dev isal libisal.so.2)
 
 # cpp-httplib (the metrics endpoint). Debian ships it as a compiled library whose pkg-config file
 # lists the defines it was built with (OpenSSL, zlib, Brotli); they change its classes' layout, so
@@ -90,10 +92,22 @@ if(DTRAIN_WITH_NCCL)
   endif()
 endif()
 
-# libtorch (the dtrain library, examples, torch tests). Not needed by `launch`.
+# libtorch (the dtrain library, examples, torch tests). Not needed by `launch`. The versions
+# dtrain supports, and why: docs/design.md#libraries.
 set(DTRAIN_HAVE_TORCH OFF)
 set(DTRAIN_HAVE_TORCH_CUDA OFF)
 if(DTRAIN_WITH_TORCH)
+  # A CUDA libtorch 2.x's package enables the CUDA language, which needs nvcc, and refuses an nvcc
+  # whose version is not its toolkit's: hand it the toolkit found above, unless told otherwise
+  # (-DCMAKE_CUDA_COMPILER, CUDACXX, -DCUDA_TOOLKIT_ROOT_DIR). A CPU libtorch ignores both.
+  if(CUDAToolkit_FOUND AND CUDAToolkit_NVCC_EXECUTABLE)
+    if(NOT CMAKE_CUDA_COMPILER AND NOT DEFINED ENV{CUDACXX})
+      set(CMAKE_CUDA_COMPILER "${CUDAToolkit_NVCC_EXECUTABLE}")
+    endif()
+    if(NOT CUDA_TOOLKIT_ROOT_DIR)
+      get_filename_component(CUDA_TOOLKIT_ROOT_DIR "${CUDAToolkit_BIN_DIR}" DIRECTORY)
+    endif()
+  endif()
   find_package(Torch QUIET)
   if(Torch_FOUND OR TORCH_FOUND)
     set(DTRAIN_HAVE_TORCH ON)
@@ -104,6 +118,13 @@ if(DTRAIN_WITH_TORCH)
       endif()
     endforeach()
     message(STATUS "libtorch ${Torch_VERSION} (cuda=${DTRAIN_HAVE_TORCH_CUDA})")
+    # libtorch 2.14's headers refuse anything older than C++20 (#error); the whole build then uses
+    # it, so that dtrain's libraries and their users agree on one standard.
+    if(Torch_VERSION VERSION_GREATER_EQUAL 2.14 AND CMAKE_CXX_STANDARD LESS 20)
+      set(CMAKE_CXX_STANDARD 20)
+      message(STATUS "libtorch ${Torch_VERSION} needs C++20: building as C++20")
+    endif()
+    include(${CMAKE_CURRENT_LIST_DIR}/torch_fmt.cmake)
   else()
     message(STATUS "libtorch not found: only launch and the torch-free libraries are built "
                    "(HINT: apt-get install libtorch-dev, or set CMAKE_PREFIX_PATH)")

@@ -4,7 +4,8 @@
 //
 // Every rank builds the same synthetic regression problem (y = x . w* + b* + noise), trains a
 // linear model on its shard of each epoch, and DDP averages the gradients across ranks during
-// backward. Read it top to bottom: init, data, model, DDP, checkpoints, the training loop.
+// backward. Read it top to bottom: init, data, model, DDP, checkpoints, metrics, the training
+// loop.
 #include <cstdio>
 #include <cstdlib>
 #include <memory>
@@ -15,6 +16,7 @@
 
 #include <dtrain/dtrain.h>
 #include <dtrain/base/fault.h>
+#include <dtrain/base/tensorboard.h>
 
 namespace {
 
@@ -25,6 +27,7 @@ struct Args {
   int64_t samples = 4096;
   int64_t features = 16;
   std::string checkpointDir;  // empty: no checkpoints
+  std::string tensorboardDir;  // empty: no TensorBoard events
   bool amp = false;           // mixed precision: bfloat16 on the CPU, float16 on CUDA
 };
 
@@ -66,6 +69,7 @@ Args parseArgs(int argc, char** argv) {
     }
     if (flag == "--amp") args.amp = true;
     else if (flag == "--checkpoint-dir" && value != nullptr) args.checkpointDir = argv[++i];
+    else if (flag == "--tensorboard-dir" && value != nullptr) args.tensorboardDir = argv[++i];
     else if (flag == "--epochs") take(&args.epochs);
     else if (flag == "--batch-size") take(&args.batchSize);
     else if (flag == "--lr") take(&args.lr);
@@ -133,11 +137,18 @@ int main(int argc, char** argv) {
       checkpointer->addScaler("scaler", scaler);
       if (auto restored = checkpointer->restore()) firstEpoch = restored->step;  // epochs done
     }
+    // 5. Metrics: each epoch's mean loss; under launch it reaches launch's endpoint and files by
+    //    itself, and --tensorboard-dir makes rank 0 write TensorBoard events of its own.
+    dtrain::metrics::Metrics metrics;
+    if (leader && !args.tensorboardDir.empty()) {
+      metrics.addSink(dtrain::metrics::TensorBoardSink::open(args.tensorboardDir));
+    }
+
     if (leader && firstEpoch > 0) {
       std::printf("resumed at epoch %lld\n", static_cast<long long>(firstEpoch));
     }
 
-    // 5. Train. backward() returns with every gradient averaged over the ranks.
+    // 6. Train. backward() returns with every gradient averaged over the ranks.
     for (int64_t epoch = firstEpoch; epoch < args.epochs; ++epoch) {
       dtrain::fault::injectAt(group->rank(), epoch);  // DTRAIN_FAULT (its "step" is the epoch)
       sampler.setEpoch(epoch);  // a new shuffle each epoch, the same on every rank
@@ -157,9 +168,11 @@ int main(int argc, char** argv) {
       }
       if (checkpointer) checkpointer->save(epoch + 1, epoch);
       group->allreduce(lossSum);  // the mean over every rank's batches
+      const float meanLoss = (lossSum[0] / lossSum[1]).item<float>();
+      metrics.record(epoch, {{"loss", meanLoss}});
       if (leader) {
         std::printf("epoch %lld: mean loss %.6f over %d ranks\n", static_cast<long long>(epoch),
-                    (lossSum[0] / lossSum[1]).item<float>(), group->size());
+                    meanLoss, group->size());
       }
     }
 

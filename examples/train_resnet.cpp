@@ -26,6 +26,7 @@
 #include <dtrain/dtrain.h>
 #include <dtrain/base/fault.h>
 #include <dtrain/base/metrics.h>
+#include <dtrain/base/tensorboard.h>
 
 #include "data/cifar10.h"
 #include "data/loader.h"
@@ -63,6 +64,7 @@ struct Options {
   int64_t threads = 0;    // intra-op threads per rank; 0: OMP_NUM_THREADS (launch sets it)
   std::string metricsFile;
   int metricsPort = -1;  // -1: no endpoint; 0: a free port
+  std::string tensorboardDir;
 };
 
 [[noreturn]] void usageError(const std::string& message) {
@@ -119,6 +121,7 @@ Options parseOptions(int argc, char** argv) {
       ("threads", "threads per rank (0: OMP_NUM_THREADS, set by launch)", str(o.threads))
       ("metrics-file", "a JSON record per step, appended (rank 0; default: none)", none())
       ("metrics-port", "Prometheus endpoint (rank 0; 0: a free port; default: none)", none())
+      ("tensorboard-dir", "TensorBoard event files (rank 0; default: none)", none())
       ("h,help", "print this help");
   // clang-format on
   cxxopts::ParseResult r;
@@ -162,6 +165,7 @@ Options parseOptions(int argc, char** argv) {
   o.threads = number<int64_t>(r, "threads", 0, 1024);
   if (r.count("metrics-file")) o.metricsFile = r["metrics-file"].as<std::string>();
   if (r.count("metrics-port")) o.metricsPort = number<int>(r, "metrics-port", 0, 65535);
+  if (r.count("tensorboard-dir")) o.tensorboardDir = r["tensorboard-dir"].as<std::string>();
   return o;
 }
 
@@ -282,12 +286,15 @@ std::unique_ptr<dtrain::Checkpointer> makeCheckpointer(
 //    allreduces, the loss scale, the checkpoints' durations. Under `launch` they reach launch
 //    through the job's store by themselves, so `launch --metrics-port` shows every rank's
 //    figures beside launch's own samples (memory, CPU, GPUs) and `launch --metrics-file` holds
-//    them all: the trainer needs no port of its own. Rank 0 can also write its own JSONL file
-//    and serve its own Prometheus endpoint (without launch, say). The progress lines average
-//    over all ranks.
+//    them all: the trainer needs no port of its own. Rank 0 can also write its own JSONL file,
+//    TensorBoard events and serve its own Prometheus endpoint (without launch, say). The
+//    progress lines average over all ranks.
 // ---------------------------------------------------------------------------------------------
 void addOwnSinks(dtrain::metrics::Metrics& metrics, const Options& opt) {
   if (!opt.metricsFile.empty()) metrics.addSink(dtrain::metrics::JsonlSink::open(opt.metricsFile));
+  if (!opt.tensorboardDir.empty()) {
+    metrics.addSink(dtrain::metrics::TensorBoardSink::open(opt.tensorboardDir));
+  }
   if (opt.metricsPort >= 0) {
     auto endpoint = dtrain::metrics::PrometheusEndpoint::start(
         {"0.0.0.0", static_cast<uint16_t>(opt.metricsPort)});
@@ -491,6 +498,7 @@ struct Training {
           lastLoss, 100 * lastAccuracy, 100 * testAccuracy, 100 * bestAccuracy, bestStep));
     }
     if (!opt.metricsFile.empty()) progress.line("metrics: " + opt.metricsFile);
+    if (!opt.tensorboardDir.empty()) progress.line("tensorboard: " + opt.tensorboardDir);
     if (checkpointer) progress.line("checkpoints: " + checkpointer->nodeDirectory());
   }
 

@@ -1,28 +1,54 @@
 #!/usr/bin/env bash
-# Builds dtrain against a CUDA libtorch and runs the GPU tests (CTest label gpu), the GPU
-# allreduce benchmark and train_bench --gpu (ResNet-50 with AMP beside PyTorch eager with AMP), and
-# checks launch's GPU sampling while a GPU test runs, within 10 minutes, on a machine with an
-# NVIDIA GPU.
+# Builds dtrain against the CUDA libtorch of a GPU machine and runs what matters most first, within
+# a time budget (default 300 s of rows, configure and build included; the checks before them take
+# a few seconds more, mostly importing torch): one priority list of rows, each with its own time
+# limit. A row runs only while budget is left, and never past what is left; the rows after the
+# budget is spent are reported as not run. A summary of every row is printed last, whatever
+# happened.
 #
-#   scripts/gpu_check.sh [--dry-run [--check-build DIR]] [--deps DIR] [--build DIR]
-#                        [--python PYTHON] [--jobs N]
+#   scripts/gpu_check.sh [--dry-run [--check-build DIR]] [--budget SECONDS] [--rows NAME,...]
+#                        [--deps DIR] [--build DIR] [--python PYTHON] [--jobs N]
+#
+# The rows are listed below (search "The priority list"): build (configure + Ninja build of the
+# targets the chosen rows need), gpu_tests (every CTest test labelled gpu: NCCL at world size 1,
+# the torch layer and DDP on CUDA, launch's GPU sampling parsers; their targets are those CMake
+# lists in BUILD/gpu_test_targets.txt), allreduce (allreduce_bench --backend nccl, 4 KiB -
+# 256 MiB), resnet_amp (train_bench --gpu: ResNet-50 AMP beside PyTorch eager AMP), launch_gpu
+# (launch's GPU sampling while a GPU test runs), then the rows other features add. --rows runs only
+# the named rows (and the build of what they need).
+#
+# Before configuring it checks, and stops with one line on the first that fails: PYTHON's torch is
+# a CUDA build of a version dtrain supports (1.13, 2.0 - 2.14: docs/design.md#libraries), built
+# with the C++11 ABI, and nvcc's major version is torch.version.cuda's. Right after configuring:
+# DTRAIN_WITH_TORCH, DTRAIN_WITH_TORCH_CUDA and DTRAIN_WITH_NCCL are 1 in dtrain/config.h.
 #
 # Where things come from:
 #   libtorch    the pip `torch` of PYTHON (default python3): torch.utils.cmake_prefix_path
 #   NCCL        the pip `nvidia-nccl` wheel beside torch (site-packages/nvidia/nccl/{include,lib}),
 #               else NCCL_ROOT from the environment, else the CUDA toolkit
-#   CUDA        the toolkit of the `nvcc` on PATH (else CUDAToolkit_ROOT, else /usr/local/cuda)
+#   CUDA        the toolkit of nvcc: CUDACXX, else the nvcc on PATH, else CUDAToolkit_ROOT/bin,
+#               else /usr/local/cuda/bin; passed as CMAKE_CUDA_COMPILER (libtorch 2.x's CMake
+#               package enables the CUDA language) and as the toolkit root
 #   small deps  fmt, cxxopts, nlohmann-json, libuv, xxhash, gtest, openssl headers, cpp-httplib:
 #               Debian packages unpacked by scripts/gpu_deps.sh into DIR (default .deps/root);
 #               Gloo is off
 #   peer        train_bench's PyTorch side needs torchvision in PYTHON; without it the peer is
 #               skipped and said so
-# --dry-run prints every step with what it found and runs nothing; it exits 3 when an input of a
-# real run is missing on this machine (no CUDA torch, no deps), else 0. --check-build DIR also
-# checks the script against an existing build of this tree: the targets it builds exist, every
-# benchmark flag it passes is one allreduce_bench takes, and tests labelled gpu exist; any
-# mismatch exits 1. Missing machine inputs do not fail that check: a CTest (label unit) runs
-# `--dry-run --check-build <build>` on every machine.
+# Each row's output goes to BUILD/gpu_check/<row>.log and its command to BUILD/gpu_check/<row>.sh
+# (rerun one by hand with `bash BUILD/gpu_check/<row>.sh`); the summary to
+# BUILD/gpu_check/summary.txt. Give whatever runs this script a limit above the budget (a signal is
+# handled only once the row running then has ended).
+#
+# --dry-run prints the checks and every row with its limit, targets and command, and runs nothing;
+# it exits 3 when an input of a real run is missing on this machine, else 0. --check-build DIR
+# also checks the script against an existing build of this tree: the targets the rows need exist,
+# every flag a row passes to a benchmark is one the benchmark's --help lists, and tests labelled
+# gpu exist; any mismatch exits 1. Missing machine inputs do not fail that check: a CTest (label
+# unit) runs `--dry-run --check-build <build>` on every machine.
+#
+# Exit status: 0 every chosen row ran and passed; 1 a check or a row failed (or hit its limit);
+# 2 usage; 3 a dry run found an input missing; 4 the budget ran out before every row ran (the rows
+# that ran passed).
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 dry=0
@@ -31,159 +57,105 @@ deps="$root/.deps/root"
 build="$root/build-gpu"
 python="${PYTHON:-python3}"
 jobs="$(nproc)"
+budget=300
+only_rows=""
 while [ $# -gt 0 ]; do
   case "$1" in
     --dry-run) dry=1 ;;
     --check-build) check_build="$2"; shift ;;
+    --budget) budget="$2"; shift ;;
+    --rows) only_rows="$2"; shift ;;
     --deps) deps="$2"; shift ;;
     --build) build="$2"; shift ;;
     --python) python="$2"; shift ;;
     --jobs) jobs="$2"; shift ;;
-    -h|--help) sed -n '2,24p' "$0"; exit 0 ;;
+    -h|--help) awk 'NR > 1 && !/^#/ { exit } NR > 1 { sub(/^# ?/, ""); print }' "$0"; exit 0 ;;
     *) echo "gpu_check.sh: unknown argument $1 (see --help)" >&2; exit 2 ;;
   esac
   shift
 done
+usage_error() { echo "gpu_check.sh: $*" >&2; exit 2; }
+[ -z "$check_build" ] || [ "$dry" = 1 ] || usage_error "--check-build needs --dry-run"
+[[ "$budget" =~ ^[0-9]+$ ]] || usage_error "--budget takes whole seconds, got $budget"
 
-[ -z "$check_build" ] || [ "$dry" = 1 ] || { echo "gpu_check.sh: --check-build needs --dry-run" >&2; exit 2; }
-
-# What a real run builds and runs: one list, used by the run and checked by --check-build.
-gpu_targets=(dtrain_gpu_tests allreduce_bench launch dtrain_gpu_monitor_tests)
-torch_target=dtrain_gpu_torch_tests
+# The libtorch versions dtrain supports (docs/design.md#libraries): 1.13 (Debian, the CI's) and
+# 2.0 - 2.14 (2.14 needs C++20, which cmake/dependencies.cmake then asks for).
+torch_min2=0
+torch_max2=14
 bench_args=(--backend nccl --world 1 --no-peer --warmup 5 --iters 20
             --sizes 4K,16K,64K,256K,1M,4M,16M,64M,256M)
+# ResNet-50 at 224x224, batch 64, float16 autocast + GradScaler, world size 1 (NCCL), in turns with
+# PyTorch eager AMP on the same GPU.
+train_args=(--rounds 3 --steps 20 --warmup 5)
+logdir="$build/gpu_check"
 
-start=$(date +%s)
-step=0
-problems=0
 say() { echo "gpu_check.sh: $*"; }
-note() {  # a missing input: fatal for a real run, reported by a dry run
-  if [ "$dry" = 1 ]; then say "  (dry run) would fail here: $*"; problems=$((problems + 1))
+problems=0
+refuse() {  # refuse WORDS...: a missing or wrong input: fatal for a real run, counted by a dry run
+  if [ "$dry" = 1 ]; then say "  (dry run) a real run stops here: $*"; problems=$((problems + 1))
   else say "error: $*" >&2; exit 1; fi
 }
-run() {  # prints and runs one step (prints only, in a dry run)
-  step=$((step + 1))
-  say "step $step: $*"
-  [ "$dry" = 1 ] || "$@"
+
+# ---- Rows ------------------------------------------------------------------------------------
+row_names=(); row_limits=(); row_targets=(); row_cmds=(); row_shown=()
+row() {  # row NAME LIMIT_S "TARGETS" COMMAND...   (TARGETS: @gpu-tests = every gpu test's target)
+  row_names+=("$1"); row_limits+=("$2"); row_targets+=("$3"); shift 3
+  row_cmds+=("$(printf '%q ' "$@")")  # for eval
+  row_shown+=("$*")                    # for people
 }
 
-# The script's own inputs must exist everywhere.
-for f in CMakeLists.txt tests/gpu/gpu.cmake tests/gpu/nccl_gpu_test.cpp \
-         tests/gpu/process_group_cuda_test.cpp benchmarks/allreduce/allreduce_bench.cpp \
-         tests/gpu/monitor_gpu_test.cpp benchmarks/train/train_bench.cpp \
-         benchmarks/train/train_peer.py scripts/gpu_deps.sh; do
-  [ -e "$root/$f" ] || { say "error: $f is missing from the source tree" >&2; exit 1; }
-done
+# The priority list. One line per row: name, time limit in seconds, the CMake targets it needs
+# (the build row builds those of the chosen rows), the command (a program or a function below).
+# Rows run in this order while the budget lasts. To add a row, add a line.
+row build      180 ""                configure_and_build
+row gpu_tests   75 "@gpu-tests"      ctest --test-dir "$build" -L gpu --output-on-failure --timeout 60
+row allreduce   30 "allreduce_bench" "$build/allreduce_bench" "${bench_args[@]}"
+row resnet_amp  90 "train_bench"     "$build/train_bench" --gpu --python "$python" "${train_args[@]}"
+row launch_gpu  40 "launch dtrain_gpu_tests" launch_gpu_sampling
 
-say "1. libtorch from $python"
-torch_prefix=""
-if command -v "$python" >/dev/null 2>&1; then
-  torch_prefix="$("$python" -c 'import torch;print(torch.utils.cmake_prefix_path)' 2>/dev/null || true)"
-  torch_cuda="$("$python" -c 'import torch;print(torch.version.cuda or "")' 2>/dev/null || true)"
-fi
-if [ -z "$torch_prefix" ]; then
-  note "$python has no torch (pip install torch with CUDA, or --python PATH)"
-elif [ -z "${torch_cuda:-}" ]; then
-  note "the torch of $python is a CPU build (torch.version.cuda is None)"
-else
-  say "   torch cmake prefix $torch_prefix (CUDA $torch_cuda)"
-fi
+# ---- What the rows call (each row runs in BUILD/gpu_check/<row>.sh, which carries every function
+# of this script and the variables it resolved) ---------------------------------------------------
 
-say "2. NCCL"
-nccl_root="${NCCL_ROOT:-}"
-if [ -n "$torch_prefix" ]; then
-  site="$("$python" -c 'import os,torch;print(os.path.dirname(os.path.dirname(torch.__file__)))')"
-  [ -f "$site/nvidia/nccl/include/nccl.h" ] && nccl_root="$site/nvidia/nccl"
-fi
-if [ -n "$nccl_root" ]; then say "   NCCL_ROOT=$nccl_root"
-else say "   no nvidia-nccl wheel and no NCCL_ROOT: CMake looks in the CUDA toolkit"; fi
+# The targets of every test labelled gpu: CMake lists them in BUILD/gpu_test_targets.txt.
+expand_targets() {  # expand_targets BUILD "SPEC": SPEC with @gpu-tests replaced
+  local t
+  for t in $2; do
+    if [ "$t" = "@gpu-tests" ]; then cat "$1/gpu_test_targets.txt" 2>/dev/null || echo "@gpu-tests"
+    else echo "$t"; fi
+  done | sort -u | tr '\n' ' '
+}
 
-say "3. CUDA toolkit"
-cuda_root="${CUDAToolkit_ROOT:-}"
-if command -v nvcc >/dev/null 2>&1; then cuda_root="$(cd "$(dirname "$(command -v nvcc)")/.." && pwd)"; fi
-[ -z "$cuda_root" ] && [ -d /usr/local/cuda ] && cuda_root=/usr/local/cuda
-if [ -n "$cuda_root" ]; then say "   CUDAToolkit_ROOT=$cuda_root"; else note "no nvcc on PATH and no CUDA toolkit"; fi
-
-say "4. small dependencies from $deps"
-if [ -d "$deps/usr" ]; then
-  say "   found $(ls "$deps/usr/include" 2>/dev/null | wc -l) include entries"
-else
-  note "$deps/usr does not exist: run scripts/gpu_deps.sh on a Debian machine and copy .deps along"
-fi
-multiarch="$deps/usr/lib/x86_64-linux-gnu"
-prefix_path="$torch_prefix;$deps/usr"
-export LD_LIBRARY_PATH="$multiarch${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
-[ -n "$nccl_root" ] && export LD_LIBRARY_PATH="$nccl_root/lib:$LD_LIBRARY_PATH"
-
-generator=()
-command -v ninja >/dev/null 2>&1 && generator=(-G Ninja)
-command -v cmake >/dev/null 2>&1 || note "cmake (>= 3.22) is not on PATH (pip install cmake ninja)"
-
-say "5. configure, build, test, benchmark"
-run cmake -S "$root" -B "$build" "${generator[@]}" -DCMAKE_BUILD_TYPE=Release \
-  "-DCMAKE_PREFIX_PATH=$prefix_path" ${nccl_root:+"-DNCCL_ROOT=$nccl_root"} \
-  ${cuda_root:+"-DCUDAToolkit_ROOT=$cuda_root"} -DDTRAIN_WITH_GLOO=OFF \
-  -DDTRAIN_WITH_EXAMPLES=ON -DDTRAIN_WITH_TESTS=ON -DDTRAIN_WITH_BENCHMARKS=ON
-if [ "$dry" = 0 ] && ! grep -q 'DTRAIN_WITH_NCCL 1' "$build/generated/dtrain/config.h"; then
-  say "error: CMake did not find NCCL and CUDA (see the configure output)" >&2
-  exit 1
-fi
-run cmake --build "$build" -j "$jobs" --target "${gpu_targets[@]}"
-# The torch layer against this libtorch: its failure is reported, the torch-free checks still run.
-torch_ok=1
-step=$((step + 1))
-say "step $step: cmake --build $build -j $jobs --target $torch_target"
-if [ "$dry" = 0 ] && ! cmake --build "$build" -j "$jobs" --target "$torch_target"; then
-  torch_ok=0
-  say "FAILED: the torch layer does not build against this libtorch; continuing without it"
-fi
-run ctest --test-dir "$build" -L gpu --output-on-failure --timeout 180
-run "$build/allreduce_bench" "${bench_args[@]}"
-# ResNet-50 at 224x224, batch 64, float16 autocast + GradScaler, world size 1 (NCCL), in turns with
-# PyTorch eager AMP on the same GPU. Needs the torch layer.
-if [ "$torch_ok" = 1 ]; then
-  run cmake --build "$build" -j "$jobs" --target train_bench
-  run "$build/train_bench" --gpu --python "$python" --rounds 3 --steps 20 --warmup 5
-fi
-
-# The script against an existing build: what it would build and pass must exist there.
-check_against_build() {
-  local dir="$1" bad=0 help
-  for t in "${gpu_targets[@]}"; do
-    [ -x "$dir/$t" ] || { say "error: $dir has no $t, a target this script builds"; bad=1; }
+configure_and_build() {
+  local t0=$SECONDS
+  cmake "${cmake_args[@]}" || { echo "gpu_check.sh: FAILED: configure (output above)"; return 1; }
+  local config="$build/generated/dtrain/config.h" f bad=0
+  for f in TORCH TORCH_CUDA NCCL; do
+    grep -q "^#define DTRAIN_WITH_$f 1" "$config" ||
+      { echo "gpu_check.sh: FAILED: $config has DTRAIN_WITH_$f 0: CMake did not find it (HINT:" \
+             "the libtorch, NCCL and CUDA lines of the configure output above)"; bad=1; }
   done
-  if grep -q 'DTRAIN_WITH_TORCH 1' "$dir/generated/dtrain/config.h" 2>/dev/null &&
-     [ ! -x "$dir/$torch_target" ]; then
-    say "error: $dir has no $torch_target, a target this script builds"; bad=1
-  fi
-  if [ -x "$dir/allreduce_bench" ]; then
-    help="$("$dir/allreduce_bench" --help 2>&1 || true)"
-    for a in "${bench_args[@]}"; do
-      case "$a" in
-        --*) grep -qE -- "(^|[[:space:]])$a([[:space:]]|$)" <<<"$help" ||
-               { say "error: allreduce_bench takes no $a (see $dir/allreduce_bench --help)"; bad=1; } ;;
-      esac
-    done
-  fi
-  local listed
-  listed="$(ctest --test-dir "$dir" -N -L gpu 2>/dev/null || true)"
-  if ! grep -q 'Test *#' <<<"$listed"; then
-    say "error: no test labelled gpu in $dir (ctest -L gpu runs nothing)"; bad=1
-  fi
-  [ "$bad" = 0 ] && say "check-build: targets, benchmark flags and gpu tests all found in $dir"
-  return "$bad"
+  [ "$bad" = 0 ] || return 1
+  touch "$build/gpu_check/configured"  # the other rows run only after this
+  echo "gpu_check.sh: configured in $((SECONDS - t0)) s"
+  local targets
+  targets="$(expand_targets "$build" "$build_targets")"
+  echo "gpu_check.sh: building $targets"
+  t0=$SECONDS
+  # -k 0: a target that fails does not stop the others; rows whose targets built still run.
+  # shellcheck disable=SC2086
+  cmake --build "$build" -j "$jobs" --target $targets -- -k 0
+  local rc=$?
+  echo "gpu_check.sh: built in $((SECONDS - t0)) s$([ "$rc" = 0 ] || echo ' (some targets FAILED)')"
+  return "$rc"
 }
 
 # launch samples the GPU while a GPU test runs under it: GPU records in the metrics file, and the
 # test's GPU memory attributed to its rank (nvidia-smi / NVML list its pid).
-say "6. launch's GPU sampling while a GPU test runs"
-metrics="$build/gpu_check_metrics.jsonl"
-run rm -f "$metrics"
-run "$build/launch" --nproc-per-node 1 --sample-interval 0.5 --metrics-file "$metrics" \
-  -- "$build/dtrain_gpu_tests"
-step=$((step + 1))
-say "step $step: check $metrics (GPU records; rank 0's GPU memory attributed)"
-if [ "$dry" = 0 ]; then
+launch_gpu_sampling() {
+  local metrics="$build/gpu_check/metrics.jsonl"
+  rm -f "$metrics"
+  "$build/launch" --nproc-per-node 1 --sample-interval 0.5 --metrics-file "$metrics" \
+    -- "$build/dtrain_gpu_tests" || return 1
   "$python" - "$metrics" <<'PY'
 import json, sys
 records = [json.loads(line) for line in open(sys.argv[1]) if line.strip()]
@@ -200,17 +172,172 @@ if not any(r.get("gpu_process_mem_bytes", 0) > 0 for r in ranks):
     problems.append("the GPU test's memory was never attributed to rank 0 (another pid namespace?)")
 util = max((r.get("gpu_util") or 0 for r in gpus), default=0)
 used = max((r.get("gpu_process_mem_bytes", 0) for r in ranks), default=0)
-print(f"gpu_check.sh:   {len(records)} records, {len(gpus)} GPU samples, GPU util up to {util:.0f} %, "
-      f"rank 0 used up to {used / 2**20:.0f} MiB of GPU memory")
+print(f"gpu_check.sh: {len(records)} records, {len(gpus)} GPU samples, "
+      f"GPU util up to {util:.0f} %, rank 0 used up to {used / 2**20:.0f} MiB of GPU memory")
 for p in problems:
-    print("gpu_check.sh:   FAILED: " + p)
+    print("gpu_check.sh: FAILED: " + p)
 sys.exit(1 if problems else 0)
 PY
+}
+
+# ---- The chosen rows -------------------------------------------------------------------------
+chosen=()
+for i in "${!row_names[@]}"; do
+  if [ -z "$only_rows" ] || [ "$i" = 0 ] || [[ ",$only_rows," == *",${row_names[$i]},"* ]]; then
+    chosen+=("$i")
+  fi
+done
+if [ -n "$only_rows" ]; then
+  for name in ${only_rows//,/ }; do
+    [[ " ${row_names[*]} " == *" $name "* ]] ||
+      { echo "gpu_check.sh: --rows: no row named $name (rows: ${row_names[*]})" >&2; exit 2; }
+  done
+fi
+build_targets=""
+for i in "${chosen[@]}"; do build_targets+=" ${row_targets[$i]}"; done
+
+# ---- Inputs, checked before anything is configured -------------------------------------------
+for f in CMakeLists.txt tests/gpu/gpu.cmake benchmarks/allreduce/allreduce_bench.cpp \
+         benchmarks/train/train_bench.cpp benchmarks/train/train_peer.py scripts/gpu_deps.sh; do
+  [ -e "$root/$f" ] || { say "error: $f is missing from the source tree" >&2; exit 1; }
+done
+
+say "1. libtorch from $python"
+torch_version="" torch_cuda="" torch_abi="" torch_prefix="" site=""
+if command -v "$python" >/dev/null 2>&1; then
+  # One import of torch (seconds) answers every question.
+  answers="$("$python" - 2>/dev/null <<'PY' || true
+import os, torch
+print("version", torch.__version__)
+print("cuda", torch.version.cuda or "")
+print("abi", int(bool(torch.compiled_with_cxx11_abi())))
+print("prefix", torch.utils.cmake_prefix_path)
+print("site", os.path.dirname(os.path.dirname(torch.__file__)))
+PY
+)"
+  answer() { awk -v k="$1" '$1 == k { sub(/^[^ ]+ /, ""); print; exit }' <<<"$answers"; }
+  torch_version="$(answer version)"; torch_cuda="$(answer cuda)"; torch_abi="$(answer abi)"
+  torch_prefix="$(answer prefix)"; site="$(answer site)"
+fi
+if [ -z "$torch_version" ]; then
+  refuse "$python cannot import torch (pip install torch with CUDA, or --python PATH)"
+else
+  say "   torch $torch_version, CUDA ${torch_cuda:-none}, C++11 ABI ${torch_abi}," \
+      "CMake prefix $torch_prefix"
+  IFS=. read -r tmaj tmin _ <<<"${torch_version%%+*}"
+  tmin="${tmin%%[!0-9]*}"
+  [[ "$tmin" =~ ^[0-9]+$ ]] || tmin=-1
+  if ! { [ "$tmaj" = 1 ] && [ "$tmin" = 13 ]; } &&
+     ! { [ "$tmaj" = 2 ] && [ "$tmin" -ge "$torch_min2" ] && [ "$tmin" -le "$torch_max2" ]; }; then
+    refuse "torch $torch_version is not a version dtrain supports" \
+           "(1.13, 2.$torch_min2 - 2.$torch_max2; docs/design.md#libraries)"
+  fi
+  [ -n "$torch_cuda" ] || refuse "the torch of $python is a CPU build (torch.version.cuda is None)"
+  [ "$torch_abi" = 1 ] ||
+    refuse "torch $torch_version was built with the pre-C++11 ABI" \
+           "(torch.compiled_with_cxx11_abi() is False): dtrain and its dependencies use the C++11" \
+           "ABI and would not link against it (HINT: pip's torch uses the C++11 ABI from 2.7 on)"
 fi
 
-end=$(date +%s)
+say "2. NCCL"
+nccl_root="${NCCL_ROOT:-}"
+[ -n "$site" ] && [ -f "$site/nvidia/nccl/include/nccl.h" ] && nccl_root="$site/nvidia/nccl"
+if [ -n "$nccl_root" ]; then say "   NCCL_ROOT=$nccl_root"
+else say "   no nvidia-nccl wheel beside torch, no NCCL_ROOT: CMake looks in the CUDA toolkit"; fi
+
+say "3. CUDA compiler"
+nvcc="${CUDACXX:-}"
+[ -z "$nvcc" ] && nvcc="$(command -v nvcc || true)"
+for candidate in "${CUDAToolkit_ROOT:-/nonexistent}/bin/nvcc" /usr/local/cuda/bin/nvcc; do
+  [ -z "$nvcc" ] && [ -x "$candidate" ] && nvcc="$candidate"
+done
+cuda_root=""
+if [ -z "$nvcc" ]; then
+  refuse "no nvcc (CUDACXX, PATH, CUDAToolkit_ROOT/bin, /usr/local/cuda/bin):" \
+         "libtorch's CMake package compiles with it"
+else
+  cuda_root="$(cd "$(dirname "$(readlink -f "$nvcc")")/.." && pwd)"  # nvcc may be a link
+  nvcc_version="$("$nvcc" --version 2>/dev/null |
+                  sed -n 's/.*release \([0-9][0-9.]*\).*/\1/p' | head -n1)"
+  say "   nvcc $nvcc_version ($nvcc), toolkit $cuda_root"
+  if [ -n "$torch_cuda" ] && [ "${nvcc_version%%.*}" != "${torch_cuda%%.*}" ]; then
+    refuse "nvcc $nvcc_version ($nvcc) and torch.version.cuda $torch_cuda are different CUDA" \
+           "major versions (HINT: put a CUDA ${torch_cuda%%.*} nvcc first on PATH, or set CUDACXX)"
+  fi
+fi
+
+say "4. small dependencies from $deps"
+if [ -d "$deps/usr" ]; then
+  say "   found $(ls "$deps/usr/include" 2>/dev/null | wc -l) include entries"
+else
+  refuse "$deps/usr does not exist: run scripts/gpu_deps.sh on a Debian machine and copy .deps" \
+         "along"
+fi
+command -v cmake >/dev/null 2>&1 || refuse "cmake (>= 3.22) is not on PATH (pip install cmake)"
+command -v ninja >/dev/null 2>&1 || refuse "ninja is not on PATH (pip install ninja)"
+
+export LD_LIBRARY_PATH="$deps/usr/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+[ -n "$nccl_root" ] && export LD_LIBRARY_PATH="$nccl_root/lib:$LD_LIBRARY_PATH"
+# The GPU's architecture spares libtorch's CMake package a probe compile.
+if [ -z "${TORCH_CUDA_ARCH_LIST:-}" ] && command -v nvidia-smi >/dev/null 2>&1; then
+  TORCH_CUDA_ARCH_LIST="$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader 2>/dev/null |
+                          head -n1 || true)"
+  [ -n "$TORCH_CUDA_ARCH_LIST" ] && export TORCH_CUDA_ARCH_LIST
+fi
+cmake_args=(-S "$root" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release
+            "-DCMAKE_PREFIX_PATH=$torch_prefix;$deps/usr"
+            ${nccl_root:+"-DNCCL_ROOT=$nccl_root"}
+            ${nvcc:+"-DCMAKE_CUDA_COMPILER=$nvcc"} ${cuda_root:+"-DCUDAToolkit_ROOT=$cuda_root"}
+            ${cuda_root:+"-DCUDA_TOOLKIT_ROOT_DIR=$cuda_root"}
+            -DDTRAIN_WITH_GLOO=OFF -DDTRAIN_WITH_EXAMPLES=ON -DDTRAIN_WITH_TESTS=ON
+            -DDTRAIN_WITH_BENCHMARKS=ON)
+
+# ---- The script against an existing build (--check-build) ------------------------------------
+help_lists() {  # help_lists HELP FLAG: the --help text names FLAG as an option
+  grep -qE -- "(^|[[:space:][])$2([][:space:]=,]|$)" <<<"$1"
+}
+check_against_build() {
+  local dir="$1" bad=0 i t exe a help
+  if [ ! -f "$dir/gpu_test_targets.txt" ]; then
+    say "error: $dir has no gpu_test_targets.txt (CMake lists the gpu tests' targets there)"; bad=1
+  fi
+  for i in "${chosen[@]}"; do
+    for t in $(expand_targets "$dir" "${row_targets[$i]}"); do
+      [ -x "$dir/$t" ] || { say "error: $dir has no $t, which row ${row_names[$i]} needs"; bad=1; }
+    done
+    eval "local -a cmd=(${row_cmds[$i]})"
+    exe="${cmd[0]}"
+    [[ "$exe" == "$build"/* ]] || continue
+    exe="$dir/${exe#"$build"/}"
+    [ -x "$exe" ] || continue
+    help="$("$exe" --help 2>&1 || true)"
+    for a in "${cmd[@]:1}"; do
+      case "$a" in
+        --*) help_lists "$help" "$a" || {
+               say "error: $(basename "$exe") takes no $a (see $exe --help; row ${row_names[$i]})"
+               bad=1; } ;;
+      esac
+    done
+  done
+  if ! grep -q 'Test *#' <<<"$(ctest --test-dir "$dir" -N -L gpu 2>/dev/null || true)"; then
+    say "error: no test labelled gpu in $dir (ctest -L gpu runs nothing)"; bad=1
+  fi
+  [ "$bad" = 0 ] && say "check-build: every row's targets, benchmark flags, gpu tests are in $dir"
+  return "$bad"
+}
+
+# ---- Run -------------------------------------------------------------------------------------
+say "5. rows, in priority order, within a budget of $budget s"
+for i in "${chosen[@]}"; do
+  say "   ${row_names[$i]} (limit ${row_limits[$i]} s;" \
+      "needs ${row_targets[$i]:-what the rows below need}): ${row_shown[$i]}"
+done
 if [ "$dry" = 1 ]; then
-  say "dry run: $step steps printed, $problems input(s) missing on this machine ($((end - start)) s)"
+  say "   build: cmake $(printf '%q ' "${cmake_args[@]}")"
+  say "   build: cmake --build $build -j $jobs --target" \
+      "$(expand_targets "$build" "$build_targets")-- -k 0"
+  say "   (@gpu-tests: the targets CMake lists in $build/gpu_test_targets.txt once configured)"
+  say "dry run: ${#chosen[@]} rows printed, $problems input(s) missing on this machine"
   if [ -n "$check_build" ]; then
     check_against_build "$check_build" || exit 1
     exit 0
@@ -218,5 +345,70 @@ if [ "$dry" = 1 ]; then
   [ "$problems" = 0 ] || exit 3
   exit 0
 fi
-say "done in $((end - start)) s$([ "$torch_ok" = 0 ] && echo ' (torch layer FAILED to build)')"
-[ "$torch_ok" = 1 ]
+
+mkdir -p "$logdir"
+rm -f "$logdir/configured"
+statuses=()
+summary() {  # also in BUILD/gpu_check/summary.txt
+  {
+    say "summary (budget $budget s for the rows, $((SECONDS - rows_start)) s used;" \
+        "$rows_start s of checks before them):"
+    local i
+    for i in "${!statuses[@]}"; do say "  ${statuses[$i]}"; done
+    say "  logs: $logdir/<row>.log"
+  } | tee "$logdir/summary.txt"
+}
+rows_start=$SECONDS  # the budget counts from here: the checks above take seconds (importing torch)
+trap summary EXIT
+trap 'statuses+=("interrupted (signal)"); exit 130' INT TERM
+ran_out=0
+failed=0
+for i in "${chosen[@]}"; do
+  name="${row_names[$i]}"
+  left=$((budget - (SECONDS - rows_start)))
+  if [ "$left" -lt 5 ]; then
+    statuses+=("$(printf '%-12s not run: the budget is spent' "$name")"); ran_out=1; continue
+  fi
+  missing=""
+  if [ "$i" != 0 ]; then
+    [ -f "$logdir/configured" ] ||
+      missing="the build row did not configure a build with a CUDA libtorch and NCCL"
+    for t in $(expand_targets "$build" "${row_targets[$i]}"); do
+      [ -n "$missing" ] && break
+      if [ "$t" = "@gpu-tests" ] || [ ! -x "$build/$t" ] ||
+         ! cmake --build "$build" --target "$t" -- -n 2>/dev/null | grep -q "no work to do"; then
+        missing="$t was not built"
+      fi
+    done
+  fi
+  if [ -n "$missing" ]; then
+    statuses+=("$(printf '%-12s skipped: %s' "$name" "$missing")"); failed=1; continue
+  fi
+  limit="${row_limits[$i]}"
+  why="its limit"
+  if [ "$limit" -gt "$left" ]; then limit=$left; why="the budget left"; fi
+  script="$logdir/$name.sh"
+  {
+    echo "# gpu_check.sh row $name: rerun with bash $script"
+    echo "set -uo pipefail"
+    declare -p root build python jobs deps site nccl_root nvcc cuda_root torch_version torch_cuda \
+               logdir cmake_args build_targets LD_LIBRARY_PATH
+    declare -f  # every function of this script: a row may call any
+    echo "${row_cmds[$i]}"
+  } >"$script"
+  say "== $name: up to $limit s ($why): ${row_shown[$i]}"
+  t0=$SECONDS
+  set +e
+  timeout -k 10 "$limit" bash "$script" 2>&1 | tee "$logdir/$name.log"
+  rc=${PIPESTATUS[0]}
+  set -e
+  took=$((SECONDS - t0))
+  if [ "$rc" = 0 ]; then result="ok"
+  elif [ "$rc" = 124 ] || [ "$rc" = 137 ]; then
+    result="TIMEOUT: stopped at $limit s ($why)"; failed=1
+  else result="FAILED (exit $rc)"; failed=1; fi
+  statuses+=("$(printf '%-12s %4d s  %s' "$name" "$took" "$result")")
+done
+[ "$failed" = 0 ] || exit 1
+[ "$ran_out" = 0 ] || exit 4
+exit 0

@@ -20,6 +20,7 @@ packages=(
   libgtest-dev libgmock-dev
   libssl-dev libssl3
   libcpp-httplib-dev libcpp-httplib0.11 libbrotli1
+  libisal-dev libisal2
 )
 
 command -v apt-get >/dev/null && command -v dpkg >/dev/null || {
@@ -34,5 +35,9 @@ apt-get download -o APT::Sandbox::User=root "${packages[@]}" >/dev/null
 for deb in ./*.deb; do
   dpkg -x "$deb" "$dir/root"
 done
+# What no build reads: documentation, and OpenSSL's static archives (dtrain links libcrypto.so).
+# Halves what travels to the GPU machine (27 MB -> 13 MB).
+rm -rf "$dir/root/usr/share/doc" "$dir/root/usr/share/man"
+rm -f "$dir"/root/usr/lib/*/libcrypto.a "$dir"/root/usr/lib/*/libssl.a
 echo "gpu_deps.sh: unpacked into $dir/root ($(du -sh "$dir/root" | cut -f1)); pass it to"
 echo "  scripts/gpu_check.sh --deps $dir/root"

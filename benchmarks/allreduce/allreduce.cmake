@@ -7,15 +7,39 @@ add_executable(allreduce_bench
   benchmarks/allreduce/allreduce_config.cpp
   benchmarks/allreduce/bench_buffers.cpp
   benchmarks/allreduce/peer_process.cpp)
-if(DTRAIN_HAVE_TORCH AND DTRAIN_HAVE_GLOO)
-  # Only for the C++ peer: c10d::ProcessGroupGloo and c10d::TCPStore are exported by libtorch_cpu
-  # (which links the same system libgloo as dtrain). Its header is compiled only with this macro.
+# The C++ peer compiles c10d's ProcessGroupGloo.hpp, which includes Gloo's headers: those dtrain
+# found. They are the headers libtorch was built with only when libtorch_cpu links that Gloo as a
+# shared library (Debian's libtorch links libgloo.so.0). pip's libtorch has its own Gloo inside
+# libtorch_cpu: compiled against other Gloo headers, c10d's classes could be laid out differently
+# from the code that runs them, so the peer is skipped there and says why.
+set(_c10d_gloo_missing "")
+if(NOT DTRAIN_HAVE_TORCH)
+  set(_c10d_gloo_missing "this build has no libtorch")
+elseif(NOT DTRAIN_HAVE_GLOO)
+  set(_c10d_gloo_missing "this build has no Gloo")
+else()
+  find_library(_torch_cpu_library torch_cpu HINTS "${TORCH_INSTALL_PREFIX}/lib" NO_CACHE)
+  if(_torch_cpu_library AND CMAKE_OBJDUMP)
+    execute_process(COMMAND ${CMAKE_OBJDUMP} -p "${_torch_cpu_library}"
+                    OUTPUT_VARIABLE _torch_cpu_headers ERROR_QUIET)
+  endif()
+  if(NOT _torch_cpu_headers MATCHES "NEEDED +libgloo")
+    string(CONCAT _c10d_gloo_missing "libtorch (${_torch_cpu_library}) does not link the "
+                  "system Gloo whose headers dtrain found (pip's bundles its own)")
+  endif()
+endif()
+if(NOT _c10d_gloo_missing)
+  # Only for the C++ peer: c10d::ProcessGroupGloo and c10d::TCPStore are exported by libtorch_cpu.
+  # Its header is compiled only with this macro.
   target_sources(allreduce_bench PRIVATE benchmarks/allreduce/c10d_peer.cpp)
   set_source_files_properties(benchmarks/allreduce/c10d_peer.cpp PROPERTIES
                               COMPILE_DEFINITIONS USE_C10D_GLOO)
   target_link_libraries(allreduce_bench PRIVATE torch)
 else()
+  message(STATUS "allreduce_bench: the c10d Gloo peer is not built: ${_c10d_gloo_missing}")
   target_sources(allreduce_bench PRIVATE benchmarks/allreduce/c10d_peer_unavailable.cpp)
+  set_source_files_properties(benchmarks/allreduce/c10d_peer_unavailable.cpp PROPERTIES
+                              COMPILE_DEFINITIONS "DTRAIN_C10D_PEER_MISSING=\"${_c10d_gloo_missing}\"")
 endif()
 # tests/support: free_port.h (header-only).
 target_include_directories(allreduce_bench PRIVATE ${CMAKE_CURRENT_SOURCE_DIR}/runtime/comm

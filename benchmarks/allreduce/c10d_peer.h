@@ -3,7 +3,7 @@
 // the benchmark's ranks themselves on the same tensors' worth of data, interleaved with dtrain's
 // allreduce size by size. Unlike TorchPeer (torch.distributed from Python), nothing of CPython is
 // in its times, so the ratio to it is the ratio of the two C++ implementations. The header is
-// torch-free; without libtorch start() says so and returns null.
+// torch-free; in a build without the peer start() says why and returns null.
 
 #include <cstddef>
 #include <memory>
@@ -23,8 +23,9 @@ class C10dPeer {
 
   // Collective: every rank calls it. Rank 0 hosts a c10d::TCPStore on a free loopback port and
   // publishes the port in `store`; then every rank creates a ProcessGroupGloo on loopback. Null,
-  // with the reason on stderr from rank 0, when this build has no libtorch or c10d's Gloo does not
-  // take `dtype` / `op`.
+  // with the reason on stderr from rank 0, when this build has no peer (no libtorch, no Gloo, or a
+  // libtorch with its own Gloo: benchmarks/allreduce/allreduce.cmake) or c10d's Gloo does not take
+  // `dtype` / `op`.
   static std::unique_ptr<C10dPeer> start(store::Store& store, int rank, int world,
                                          comm::DataType dtype, comm::ReduceOp op, size_t maxBytes);
   virtual ~C10dPeer() = default;

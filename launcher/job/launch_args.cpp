@@ -83,6 +83,12 @@ const OptionSpec kOptions[] = {
        DTRAIN_CHECK_ARG(!v.empty(), "{} is empty; HINT: give a file path", l);
        c.monitor.metricsFile = v;
      }},
+    {"tensorboard-dir", 0, "DIR",
+     "write the samples and every rank's records as TensorBoard scalars into DIR",
+     [](LaunchConfig& c, const std::string& v, const std::string& l) {
+       DTRAIN_CHECK_ARG(!v.empty(), "{} is empty; HINT: give a directory", l);
+       c.monitor.tensorboardDir = v;
+     }},
     {"status-interval", 0, "SECONDS", "print a one-line job status every SECONDS (0: off)",
      [](LaunchConfig& c, const std::string& v, const std::string& l) {
        c.monitor.statusInterval = parseTimeoutSeconds(v, l);

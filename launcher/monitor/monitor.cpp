@@ -66,6 +66,13 @@ Monitor::Monitor(MonitorOptions options, MonitorContext context)
     say(fmt::format("launch: metrics on http://{}:{}/metrics\n", options_.metricsHost,
                     endpoint_->port()));
   }
+  // Last: a busy port leaves no event file behind.
+  if (!options_.tensorboardDir.empty() && context_.aggregates) {
+    // See Note [TensorBoard steps of launch's samples].
+    tensorboard_ = metrics::TensorBoardSink::open(options_.tensorboardDir,
+                                                  context_.label("tensorboard-dir"));
+    say(fmt::format("launch: TensorBoard events in {}\n", tensorboard_->path()));
+  }
   view_.setJob(0, context_.worldSize, context_.maxRestarts);
 }
 
@@ -354,8 +361,28 @@ void Monitor::writeTrainerRecords(bool final) {
   view_.setTrainerRecords(std::move(trainer));
 }
 
+// Note [TensorBoard steps of launch's samples]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// --tensorboard-dir gets exactly the records --metrics-file gets: the ranks' trainer records at
+// their own step, and launch's samples, which have none (they are taken on a clock, not per
+// step). A sample's TensorBoard step is the whole seconds from the moment launch opened the
+// event file to the sample's time (TensorBoardSink's rule for a record without a step): the same
+// for every node's samples taken at the same moment, growing across restarts, and at a 5 s
+// interval 0, 5, 10, ... Its wall_time is the sample's time, so TensorBoard's "relative" axis
+// shows the same. Under a multi-node job only the master writes (agents do not aggregate); one
+// writer per directory, as TensorBoard's loader needs.
+
 void Monitor::writeRecords(const std::vector<Record>& records) {
-  if (metricsFd_ < 0 || records.empty()) return;
+  if (records.empty()) return;
+  if (tensorboard_) {
+    try {
+      for (const auto& r : records) tensorboard_->write(r);
+    } catch (const Error& e) {
+      DTRAIN_LOG(Warn, "launch: {}; no more TensorBoard events are written this run", e.what());
+      tensorboard_.reset();
+    }
+  }
+  if (metricsFd_ < 0) return;
   std::string lines;
   for (const auto& r : records) lines += metrics::toJsonLine(r) + "\n";
   if (::write(metricsFd_, lines.data(), lines.size()) < 0) {

@@ -1,7 +1,7 @@
 #pragma once
 // Monitor: watches a running job from launch -- samples this node's workers, memory and GPUs,
 // reads every rank's progress (and its trainer's metrics records) from the job's store, and from
-// that writes --metrics-file, serves --metrics-port, prints the --status-interval line, the
+// that writes --metrics-file and --tensorboard-dir, serves --metrics-port, prints the --status-interval line, the
 // memory and idle-GPU warnings, and the stall report (--stall-timeout), stopping the job with
 // exit 124 when --stall-action stop says so. One thread of its own; the supervisor only tells
 // it what starts and ends (JobObserver).
@@ -25,6 +25,7 @@
 #include "dtrain/base/metrics.h"
 #include "dtrain/base/progress.h"
 #include "dtrain/base/store.h"
+#include "dtrain/base/tensorboard.h"
 #include "launcher/monitor/gpu_sampler.h"
 #include "launcher/monitor/job_view.h"
 #include "launcher/monitor/monitor_options.h"
@@ -76,8 +77,9 @@ struct MonitorContext {
 
 class Monitor : public JobObserver {
  public:
-  // Binds the endpoint and opens the metrics file, so a busy port or an unwritable file is a
-  // usage error before any worker starts (InvalidArgument). Starts nothing else.
+  // Binds the endpoint and opens the metrics file and the TensorBoard event file, so a busy port,
+  // an unwritable file or a directory another writer holds is a usage error before any worker
+  // starts (InvalidArgument). Starts nothing else.
   Monitor(MonitorOptions options, MonitorContext context);
   ~Monitor() override;
   Monitor(const Monitor&) = delete;
@@ -123,6 +125,7 @@ class Monitor : public JobObserver {
   const MonitorContext context_;
   std::unique_ptr<metrics::PrometheusServer> endpoint_;
   int metricsFd_ = -1;
+  std::shared_ptr<metrics::TensorBoardSink> tensorboard_;  // --tensorboard-dir
   JobControl* control_ = nullptr;
 
   // Shared with the supervisor's thread.

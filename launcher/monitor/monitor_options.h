@@ -1,6 +1,6 @@
 #pragma once
 // What `launch` is asked to watch (--sample-interval, --metrics-port, --metrics-file,
-// --status-interval, --stall-timeout, --stall-action). Part of LaunchConfig; plain values,
+// --tensorboard-dir, --status-interval, --stall-timeout, --stall-action). Part of LaunchConfig; plain values,
 // checked by validateMonitorOptions() without touching the machine.
 
 #include <functional>
@@ -21,6 +21,7 @@ struct MonitorOptions {
   std::string metricsHost = kDefaultMetricsHost;
   int metricsPort = -1;        // -1: no endpoint; 0: a free port (printed)
   std::string metricsFile;     // empty: none
+  std::string tensorboardDir;  // empty: none; else TensorBoard event files of what metricsFile gets
   double statusInterval = 0;   // 0: no status line
   double stallTimeout = 0;     // 0: no stall detection
   StallAction stallAction = StallAction::Report;

@@ -1,5 +1,5 @@
-# dtrain_base: errors, logging, sockets, the store, the env contract, fault injection, metrics,
-# the checkpoint file format and its file I/O.
+# dtrain_base: errors, logging, sockets, the store, the env contract, fault injection, metrics
+# (JSONL, Prometheus, TensorBoard event files), the checkpoint file format and its file I/O.
 # No CUDA, no Gloo, no libtorch: `launch` links only this.
 add_library(dtrain_base SHARED
   runtime/base/checkpoint/agreement.cpp
@@ -11,10 +11,12 @@ add_library(dtrain_base SHARED
   runtime/base/logging.cpp
   runtime/base/monitor/progress.cpp
   runtime/base/monitor/progress_publisher.cpp
+  runtime/base/metrics/event_file.cpp
   runtime/base/metrics/fields.cpp
   runtime/base/metrics/launch_sink.cpp
   runtime/base/metrics/metrics.cpp
   runtime/base/metrics/prometheus.cpp
+  runtime/base/metrics/tensorboard.cpp
   runtime/base/net/net_interface.cpp
   runtime/base/net/socket.cpp
   runtime/base/parse_int.cpp
@@ -45,7 +47,8 @@ target_include_directories(dtrain_base_internal INTERFACE ${CMAKE_CURRENT_SOURCE
 target_link_libraries(dtrain_base_internal INTERFACE dtrain_base dtrain_libuv OpenSSL::Crypto)
 target_link_libraries(dtrain_base
   PUBLIC fmt::fmt Threads::Threads
-  PRIVATE dtrain_libuv OpenSSL::Crypto nlohmann_json::nlohmann_json dtrain_xxhash dtrain_httplib)
+  PRIVATE dtrain_libuv OpenSSL::Crypto nlohmann_json::nlohmann_json dtrain_xxhash dtrain_httplib
+          dtrain_isal)
 set_target_properties(dtrain_base PROPERTIES OUTPUT_NAME dtrain_base VERSION ${PROJECT_VERSION}
                       SOVERSION ${PROJECT_VERSION_MAJOR})
 dtrain_warnings(dtrain_base)

@@ -120,7 +120,7 @@ void DistributedSampler::setEpoch(int64_t epoch) {
   rebuild();
 }
 
-void DistributedSampler::reset(c10::optional<size_t> newSize) {
+void DistributedSampler::reset(detail::SamplerOptional<size_t> newSize) {
   if (newSize.has_value() && *newSize != pos_->datasetSize) {
     pos_->datasetSize = *newSize;
     pos_->start = 0;
@@ -129,9 +129,9 @@ void DistributedSampler::reset(c10::optional<size_t> newSize) {
   pos_->handedOut = 0;
 }
 
-c10::optional<std::vector<size_t>> DistributedSampler::next(size_t batchSize) {
+detail::SamplerOptional<std::vector<size_t>> DistributedSampler::next(size_t batchSize) {
   Position& p = *pos_;
-  if (p.handedOut >= p.indices.size()) return c10::nullopt;
+  if (p.handedOut >= p.indices.size()) return {};
   size_t count = std::min(batchSize, p.indices.size() - p.handedOut);
   std::vector<size_t> batch(p.indices.begin() + static_cast<std::ptrdiff_t>(p.handedOut),
                             p.indices.begin() + static_cast<std::ptrdiff_t>(p.handedOut + count));

@@ -457,5 +457,21 @@ TEST(MultiNodeCheck, NamesAMissingProgramAndAFirewalledPort) {
             std::string::npos) << r.err;
 }
 
+// A node without launch at the master's path (dtrain not installed there): --check names it and
+// says what to do, and finds nothing wrong with the node that has it.
+TEST(MultiNodeCheck, NamesANodeWithoutLaunch) {
+  DTRAIN_CLUSTER_OR_SKIP(c, 2);
+  const std::string launch = c->workDir() + "/launch";  // private: only host 0 gets a copy
+  ASSERT_EQ(c->run(0, "cp " + launchPath() + " " + launch), 0);
+  LaunchResult r = runLaunch(fanOut(*c, {"--check", "--remote-launch", launch, workerPath()}), {},
+                             60);
+  EXPECT_EQ(r.exitCode, 125) << r.all();
+  EXPECT_NE(r.out.find("node 1 (" + c->hosts()[1] + "): ssh"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("HINT: launch is not at " + launch + " there; install it, or give "
+                       "--remote-launch PATH"),
+            std::string::npos) << r.out;
+  EXPECT_EQ(r.out.find("node 0 (" + c->hosts()[0] + "): ssh"), std::string::npos) << r.out;
+}
+
 }  // namespace
 }  // namespace dtrain::testing

@@ -45,7 +45,7 @@ std::vector<double> timesOfLines(const std::string& text, const std::string& nee
   return times;
 }
 
-// How long from a worker's crash until every other worker has had SIGTERM: the README's "within
+// How long from a worker's crash until every other worker has had SIGTERM: docs/launch.md's "within
 // milliseconds". crash_latency_bench measured it, two runs of 50 crashes on the shared 2-core
 // machine (benchmarks/README.md): median 1.2-1.3 ms, worst 5-34 ms; with every CPU busy, median
 // 5-7 ms, worst 46 ms. The bound is ten times that worst.

@@ -1,14 +1,19 @@
 #!/usr/bin/env bash
-# docs_references_test.sh's check of names (part 5) on a small tree of its own: it passes while
+# docs_references_test.sh on small trees of its own. The check of names (part 5): it passes while
 # every name resolves, and fails, naming file:line and the name, once a Note and a document cite
-# names the tree does not define. Without this, a check that resolved everything would pass too.
+# names the tree does not define. The guides (parts 6-8): a README, docs/launch.md and a
+# troubleshooting entry pass; a broken link, an unlinked guide, a missing path, an option or exit
+# code launch.md lacks, a message the sources no longer print (or the example does not show), and
+# a test that does not exist are each reported. Without this, a check that resolved everything
+# would pass too.
 # Usage: docs_references_self_test.sh
 # shellcheck disable=SC2016  # the backticks below are Markdown, not command substitutions
 set -euo pipefail
 check="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)/docs_references_test.sh"
 tree="$(mktemp -d)"
+guides="$(mktemp -d)"
 out="$(mktemp)"
-trap 'rm -rf "$tree" "$out"' EXIT
+trap 'rm -rf "$tree" "$guides" "$out"' EXIT
 
 mkdir -p "$tree/docs" "$tree/src"
 cat >"$tree/docs/design.md" <<'EOF'
@@ -52,9 +57,9 @@ Store connect(const Options& options);
 }  // namespace demo
 EOF
 
-run() {  # -> the check's exit status; its output in $out
+run() {  # [tree] -> the check's exit status; its output in $out
   local status=0
-  bash "$check" "$tree" >"$out" 2>&1 || status=$?
+  bash "$check" "${1:-$tree}" >"$out" 2>&1 || status=$?
   return $status
 }
 fail() {
@@ -79,4 +84,88 @@ for expected in 'src/store.h:25: `Store::close()` is not defined in the tree' \
 done
 [[ "$(grep -c 'is not defined in the tree' "$out")" == 3 ]] ||
   fail "the check reported names other than the three undefined ones"
+
+# The guides: a tree whose links, paths, options, exit codes, messages and tests all hold.
+mkdir -p "$guides/docs" "$guides/src" "$guides/launcher/job"
+cp "$tree/docs/reliability.md" "$guides/docs/reliability.md"
+cp "$tree/tests.cmake" "$guides/tests.cmake"
+echo '# Design' >"$guides/docs/design.md"
+cat >"$guides/README.md" <<'EOF'
+# Demo
+
+Options: [launch](docs/launch.md#options); problems: [troubleshooting](docs/troubleshooting.md).
+Design: [design](docs/design.md), [reliability](docs/reliability.md).
+EOF
+cat >"$guides/docs/launch.md" <<'EOF'
+# launch
+
+## Options
+
+`--steps N` (`launcher/job/launch_args.cpp`), see [below](#exit-codes).
+
+## Exit codes
+
+| code | meaning |
+|---|---|
+| 2 | usage |
+EOF
+cat >"$guides/launcher/job/launch_args.cpp" <<'EOF'
+const OptionSpec kOptions[] = {
+    {"steps", 0, "N", "steps to run"},
+};
+EOF
+echo 'constexpr int kExitUsage = 2;' >"$guides/launcher/exit_codes.h"
+echo 'void run() { throw Error("worker: the store at 10.0.0.1 did not answer"); }' \
+  >"$guides/src/worker.cpp"
+cat >"$guides/docs/troubleshooting.md" <<'EOF'
+# Troubleshooting
+
+## The store does not answer
+
+```
+worker: the store at 10.0.0.1 did not
+answer
+```
+
+**Checked:** message `the store at 10.0.0.1 did not answer` in `src/worker.cpp`; test
+`plain_test`.
+EOF
+run "$guides" || fail "the check failed on guides whose every link, path, message and test holds"
+
+# ... then broken in every way the check knows.
+echo 'See [nowhere](docs/nowhere.md), [a heading](docs/launch.md#nothing) and `launcher/job/gone.cpp`.' \
+  >>"$guides/README.md"
+echo '# Orphan' >"$guides/docs/orphan.md"
+echo 'constexpr int kExitDeadline = 124;' >>"$guides/launcher/exit_codes.h"
+sed -i 's/^    {"steps"/    {"retries", 0, "N", "x"},\n    {"steps"/' "$guides/launcher/job/launch_args.cpp"
+cat >>"$guides/docs/troubleshooting.md" <<'EOF'
+
+## A rank is slow
+
+```
+rank 1 is slow
+```
+
+**Checked:** message `is slow to answer` in `src/worker.cpp`; test `plain_test.Nope`.
+
+## No check
+
+Nothing.
+EOF
+if run "$guides"; then fail "the check passed although the guides are broken"; fi
+for expected in 'README.md:5: links to docs/nowhere.md, which does not exist' \
+                'README.md:5: #nothing is not a heading of docs/launch.md' \
+                'README.md:5: names `launcher/job/gone.cpp`, which is not in the repository' \
+                'README.md does not link to the guide docs/orphan.md' \
+                'docs/launch.md does not name --retries' \
+                'docs/launch.md has no exit-code row for 124' \
+                '"A rank is slow": the message "is slow to answer" no longer occurs in src/worker.cpp' \
+                '"A rank is slow": the example does not show "is slow to answer"' \
+                '"A rank is slow": no test plain_test.Nope in the sources' \
+                'docs/troubleshooting.md: "No check" has no **Checked:** line'; do
+  grep -qF -- "$expected" "$out" || fail "the check did not report: $expected"
+done
+if grep -qF '"The store does not answer"' "$out"; then
+  fail "the check reported the entry whose message, example and test hold"
+fi
 echo "docs_references_self_test: ok"

@@ -12,7 +12,16 @@
 #      "// Note [Title]" line to the first line that is not a comment; bare name() and Type::name
 #      count there too) or in a Markdown document names a function, method, type, enum value,
 #      constant, macro or member defined in the tree (docs_names.awk), or is on the allowlist of
-#      names from outside it below.
+#      names from outside it below;
+#   6. the guides (README.md and every docs/*.md): every relative link names a file that exists
+#      and, with #anchor, a heading of it (or of the same document); every docs/*.md guide is
+#      linked from README.md; every repository path a guide names in backticks (launcher/...,
+#      runtime/..., tests/..., dtrain/... for the installed headers) exists;
+#   7. docs/launch.md names every option of launch's option table (launcher/job/launch_args.cpp)
+#      and has a row for every exit code of launcher/exit_codes.h;
+#   8. every entry (## heading) of docs/troubleshooting.md has a **Checked:** line; each message
+#      `TEXT` in `PATH` it names occurs in that source file and, whitespace aside, in the entry's
+#      example output; each test it names exists (as in 4).
 # Usage: docs_references_test.sh <source-dir>
 set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -183,7 +192,7 @@ done < <(grep -nIE '(//|#) *[A-Z][0-9]{1,3}((,| and| /|-) *[A-Z][0-9]{1,3})*([:,
 foreign_namespaces=(torch c10d c10 at std gloo os)
 foreign_names=(
   # PyTorch / libtorch
-  detach_ named_parameters named_buffers load_state_dict set_autocast_enabled no_sync
+  detach_ named_parameters named_buffers load_state_dict set_autocast_enabled no_sync zero_grad
   DistributedRandomSampler RandomCrop
   # POSIX / libc
   poll fork kill raise _exit dlopen posix_fadvise
@@ -197,6 +206,124 @@ if problems="$(awk -f "$here/docs_names.awk" -v foreign_namespaces="${foreign_na
   done <<<"$problems"
 else
   fail "docs_names.awk failed on the sources"
+fi
+
+# 6. The guides' links and paths.
+mapfile -t guides < <(printf '%s\n' "${files[@]}" | grep -E '^(README\.md|docs/[^/]+\.md)$' || true)
+declare -A guide_anchors=()
+for guide in "${guides[@]}"; do guide_anchors["$guide"]="$(anchors_of "$guide")"; done
+normal_path() {  # "docs/../README.md" -> "README.md", in $REPLY
+  local -a parts=() out=()
+  local part
+  IFS=/ read -r -a parts <<<"$1"
+  for part in "${parts[@]}"; do
+    case "$part" in
+      "" | .) ;;
+      ..) [[ ${#out[@]} -gt 0 ]] && unset 'out[${#out[@]}-1]' ;;
+      *) out+=("$part") ;;
+    esac
+  done
+  local IFS=/
+  REPLY="${out[*]}"
+}
+for guide in "${guides[@]}"; do
+  dir="$(dirname "$guide")"
+  while IFS=: read -r line link; do
+    [[ -n "$link" ]] || continue
+    target="${link%%#*}"
+    anchor=""
+    [[ "$link" == *#* ]] && anchor="${link#*#}"
+    case "$target" in http:* | https:* | mailto:*) continue ;; esac
+    if [[ -z "$target" ]]; then
+      resolved="$guide"
+    else
+      normal_path "$dir/$target"
+      resolved="$REPLY"
+      [[ -e "$resolved" ]] || { fail "$guide:$line: links to $target, which does not exist"; continue; }
+    fi
+    if [[ -n "$anchor" && "$resolved" == *.md ]]; then
+      [[ -n "${guide_anchors[$resolved]+set}" ]] || guide_anchors["$resolved"]="$(anchors_of "$resolved")"
+      grep -qxF -- "$anchor" <<<"${guide_anchors[$resolved]}" ||
+        fail "$guide:$line: #$anchor is not a heading of $resolved"
+    fi
+  done < <(grep -noE '\]\([^) ]+\)' "$guide" | sed -E 's/^([0-9]+):\]\((.*)\)$/\1:\2/')
+  while IFS=: read -r line path; do
+    [[ -n "$path" ]] || continue
+    case "$path" in *'*'* | *'<'* | *'{'* | *'$'*) continue ;; esac
+    candidate="$path"
+    [[ "$path" == dtrain/* ]] && candidate="runtime/include/$path"
+    [[ "$path" == dtrain/config.h ]] && candidate="cmake/config.h.in"
+    [[ -e "$candidate" ]] || fail "$guide:$line: names \`$path\`, which is not in the repository"
+  done < <(grep -noE '`(launcher|runtime|tests|scripts|examples|benchmarks|docs|cmake|tools|dtrain)/[A-Za-z0-9_./-]*`' "$guide" |
+           tr -d '`')
+done
+if [[ -f README.md ]]; then
+  for guide in "${guides[@]}"; do
+    [[ "$guide" == docs/* ]] || continue
+    grep -qF "]($guide" README.md || fail "README.md does not link to the guide $guide"
+  done
+fi
+
+# 7. launch's options and exit codes in docs/launch.md.
+if [[ -f docs/launch.md && -f launcher/job/launch_args.cpp ]]; then
+  while read -r option; do
+    grep -qE -- "--$option([^a-z0-9-]|$)" docs/launch.md ||
+      fail "docs/launch.md does not name --$option (a row of launcher/job/launch_args.cpp)"
+  done < <(grep -oE '^    \{"[a-z0-9-]+", ' launcher/job/launch_args.cpp | sed -E 's/^    \{"([a-z0-9-]+)".*/\1/')
+fi
+if [[ -f docs/launch.md && -f launcher/exit_codes.h ]]; then
+  while read -r code; do
+    grep -qE "^\| ($code|[0-9]+ / $code|$code / [0-9]+) \|" docs/launch.md ||
+      fail "docs/launch.md has no exit-code row for $code (launcher/exit_codes.h)"
+  done < <(grep -oE 'constexpr int kExit[A-Za-z]+ = [0-9]+' launcher/exit_codes.h | grep -oE '[0-9]+$')
+fi
+
+# 8. docs/troubleshooting.md: each entry's messages and tests. The awk prints, per entry,
+#    "E<TAB>heading<TAB>number of Checked lines", then per message "M<TAB>heading<TAB>text<TAB>
+#    path<TAB>1 if the entry's example has it" and per test "T<TAB>heading<TAB>name".
+if [[ -f docs/troubleshooting.md ]]; then
+  while IFS=$'\t' read -r kind heading a b c; do
+    case "$kind" in
+      E) [[ "$a" -gt 0 ]] || fail "docs/troubleshooting.md: \"$heading\" has no **Checked:** line" ;;
+      M)
+        if [[ ! -f "$b" ]]; then
+          fail "docs/troubleshooting.md: \"$heading\": $b does not exist"
+        elif ! grep -qF -- "$a" "$b"; then
+          fail "docs/troubleshooting.md: \"$heading\": the message \"$a\" no longer occurs in $b"
+        fi
+        [[ "$c" == 1 ]] || fail "docs/troubleshooting.md: \"$heading\": the example does not show \"$a\""
+        ;;
+      T) test_exists "$a" || fail "docs/troubleshooting.md: \"$heading\": no test $a in the sources" ;;
+    esac
+  done < <(awk -v tick='`' '
+    function norm(t) { gsub(/[ \t]+/, " ", t); sub(/^ /, "", t); sub(/ $/, "", t); return t }
+    function flush(   i, rest, m, text, path, n) {
+      if (heading == "") return
+      printf "E\t%s\t%d\n", heading, nchecked
+      for (i = 1; i <= nchecked; i++) {
+        rest = checked[i]
+        while (match(rest, "message " tick "[^" tick "]+" tick " in " tick "[^" tick "]+" tick)) {
+          m = substr(rest, RSTART, RLENGTH)
+          rest = substr(rest, RSTART + RLENGTH)
+          n = split(m, part, tick)
+          text = part[2]; path = part[4]
+          printf "M\t%s\t%s\t%s\t%d\n", heading, text, path, (index(norm(example), norm(text)) > 0)
+        }
+        rest = checked[i]
+        while (match(rest, "test " tick "[^" tick "]+" tick)) {
+          m = substr(rest, RSTART + 6, RLENGTH - 7)
+          rest = substr(rest, RSTART + RLENGTH)
+          printf "T\t%s\t%s\n", heading, m
+        }
+      }
+    }
+    /^## / { flush(); heading = substr($0, 4); example = ""; nchecked = 0; inchecked = 0; next }
+    /^\*\*Checked:\*\*/ { checked[++nchecked] = $0; inchecked = 1; next }
+    /^[ \t]*$/ { inchecked = 0; example = example " "; next }
+    inchecked { checked[nchecked] = checked[nchecked] " " $0; next }
+    { example = example " " $0 }
+    END { flush() }
+  ' docs/troubleshooting.md)
 fi
 
 if [[ $failures -gt 0 ]]; then

@@ -38,9 +38,11 @@ add_test(NAME scripts.plot_metrics
 # It runs a short launch job (two test workers) for a real metrics file.
 set_tests_properties(scripts.plot_metrics PROPERTIES LABELS integration TIMEOUT 90)
 
-# The repository's own design documents: no citation of a document outside the repository, every
-# cited section and row of docs/design.md / docs/reliability.md exists, every test a row names too,
-# every function, type or member a Note or a document names is defined in the tree.
+# The repository's own documents: no citation of a document outside the repository, every cited
+# section and row of docs/design.md / docs/reliability.md exists, every test a row names too, every
+# function, type or member a Note or a document names is defined in the tree; every guide's links,
+# anchors and paths resolve, docs/launch.md has every option and exit code, and every
+# troubleshooting entry's message still occurs in the sources and its test exists.
 add_test(NAME docs.references
          COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/tests/scripts/docs_references_test.sh
                  ${CMAKE_CURRENT_SOURCE_DIR})
@@ -49,3 +51,23 @@ set_tests_properties(docs.references PROPERTIES LABELS unit TIMEOUT 60)
 add_test(NAME docs.references.self_test
          COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/tests/scripts/docs_references_self_test.sh)
 set_tests_properties(docs.references.self_test PROPERTIES LABELS unit TIMEOUT 60)
+
+# scripts/gpu_check.sh on a fake GPU machine (a pip-style site-packages tree with a stand-in torch
+# answered by a fake python, a fake nvcc; for real runs fake cmake, ctest and benchmarks): the paths
+# it resolves, its one-line refusals, and its rows' time limits and budget.
+add_test(NAME scripts.gpu_check_pip_layout
+         COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/tests/scripts/gpu_check_fake_test.sh
+                 ${CMAKE_CURRENT_SOURCE_DIR} pip-layout)
+add_test(NAME scripts.gpu_check_budget
+         COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/tests/scripts/gpu_check_fake_test.sh
+                 ${CMAKE_CURRENT_SOURCE_DIR} budget)
+set_tests_properties(scripts.gpu_check_pip_layout scripts.gpu_check_budget
+                     PROPERTIES LABELS unit TIMEOUT 90)
+
+# dtrain's CMake against a fake pip libtorch (configure only): fmt's headers ahead of libtorch's
+# bundled fmt (Note [Two fmts] in cmake/torch_fmt.cmake), C++20 for libtorch 2.14, the toolkit's
+# nvcc handed to libtorch's package, no c10d Gloo peer against a libtorch with its own Gloo.
+add_test(NAME cmake.pip_torch
+         COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/tests/scripts/cmake_pip_torch_test.sh
+                 ${CMAKE_CURRENT_SOURCE_DIR})
+set_tests_properties(cmake.pip_torch PROPERTIES LABELS unit TIMEOUT 180)

@@ -1,6 +1,6 @@
 // The fields dtrain itself writes, with the help line the Prometheus exposition gives each: the
 // schema's vocabulary (docs/design.md "Metrics"). launch's are listed in
-// launcher/monitor/records.h, the sample trainers' in README.md.
+// launcher/monitor/records.h, the sample trainers' in docs/training.md.
 #include <map>
 #include <string>
 

@@ -29,6 +29,7 @@ TEST(MonitorOptions, DefaultsSampleEveryFiveSecondsAndNothingElse) {
   EXPECT_EQ(o.sampleInterval, 5.0);
   EXPECT_EQ(o.metricsPort, -1);
   EXPECT_TRUE(o.metricsFile.empty());
+  EXPECT_TRUE(o.tensorboardDir.empty());
   EXPECT_EQ(o.statusInterval, 0);
   EXPECT_EQ(o.stallTimeout, 0);
   EXPECT_EQ(o.stallAction, StallAction::Report);
@@ -36,12 +37,14 @@ TEST(MonitorOptions, DefaultsSampleEveryFiveSecondsAndNothingElse) {
 
 TEST(MonitorOptions, ParsedValues) {
   MonitorOptions o = parse({"--sample-interval", "0.5", "--metrics-port", "127.0.0.1:9400",
-                            "--metrics-file=m.jsonl", "--status-interval", "30",
+                            "--metrics-file=m.jsonl", "--tensorboard-dir", "runs/a",
+                            "--status-interval", "30",
                             "--stall-timeout", "600", "--stall-action", "stop"});
   EXPECT_EQ(o.sampleInterval, 0.5);
   EXPECT_EQ(o.metricsHost, "127.0.0.1");
   EXPECT_EQ(o.metricsPort, 9400);
   EXPECT_EQ(o.metricsFile, "m.jsonl");
+  EXPECT_EQ(o.tensorboardDir, "runs/a");
   EXPECT_EQ(o.statusInterval, 30);
   EXPECT_EQ(o.stallTimeout, 600);
   EXPECT_EQ(o.stallAction, StallAction::Stop);
@@ -64,6 +67,8 @@ TEST(MonitorOptions, UsageErrorsNameTheOption) {
   EXPECT_NE(usageError({"--metrics-port", "70000"}).find("not a port"), std::string::npos);
   EXPECT_NE(usageError({"--metrics-port", ":9400"}).find("empty"), std::string::npos);
   EXPECT_NE(usageError({"--metrics-file="}).find("--metrics-file is empty"), std::string::npos);
+  EXPECT_NE(usageError({"--tensorboard-dir="}).find("--tensorboard-dir is empty"),
+            std::string::npos);
 }
 
 }  // namespace

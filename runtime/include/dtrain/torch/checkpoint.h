@@ -29,8 +29,8 @@
 // directory, then `LATEST` the same way; the ranks then confirm through the job's store that
 // every node committed. Old checkpoints beyond keepLast are deleted only after a new commit, once
 // save() has returned. The file format (one file, a versioned header, a checksummed manifest,
-// aligned data) is documented in README.md and is read back straight into the
-// existing tensors.
+// aligned data) is documented in docs/checkpoint-format.md and is read back straight
+// into the existing tensors.
 //
 // restore() is collective: the ranks agree on the newest step that verifies on at least one
 // node; nodes without it (a spot machine that came back with an empty disk) get a copy written

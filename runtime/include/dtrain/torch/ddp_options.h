@@ -27,10 +27,12 @@ struct DdpOptions {
   // Costs one graph walk per forward and one small allreduce per backward. Without it, a parameter
   // that gets no gradient fails the backward with an error naming it.
   bool findUnusedParameters = false;
-  // Each parameter's .grad lives in its bucket: the gradient is reduced where autograd left it,
-  // with no copy into the bucket and none back, and no separate memory for the gradients (with
-  // shared memory, the bucket is in the segment: the whole step's communication is then one
-  // allreduce in place). On by default, unlike PyTorch's gradient_as_bucket_view: dtrain's
+  // Each parameter's .grad lives in its bucket: the gradient is reduced there, with no copy back
+  // and no separate memory for the gradients (with shared memory, the bucket is in the segment:
+  // the whole step's communication is then one allreduce in place). A gradient zeroed in place
+  // (zero_grad(false)) is accumulated into the bucket by autograd, with no copy in either; one
+  // reset to undefined (zero_grad(true), libtorch 2.x's default) is created anew by autograd and
+  // copied into the bucket once, which costs less than zeroing the bucket and adding into it. On by default, unlike PyTorch's gradient_as_bucket_view: dtrain's
   // gradients are plain tensors over the bucket's memory, not autograd views of it, so PyTorch's
   // caveats (detach_() refused, zero_grad() rewritten) do not apply. The one visible difference:
   // a .grad tensor kept from an earlier step, after .grad was replaced (set to an undefined

@@ -1,0 +1,38 @@
+# Debian packages of a build: `cpack -G DEB` in the build directory writes
+#   dtrain_<version>_<arch>.deb      launch, checkpoint, the shared libraries, the sample trainers
+#                                    (<libexec>/dtrain): what every node of a job needs
+#   dtrain-dev_<version>_<arch>.deb  headers and the CMake package (find_package(dtrain)), the
+#                                    libraries' .so links: for building programs against dtrain
+# The runtime package's dependencies come from dpkg-shlibdeps over its binaries (Debian's libtorch,
+# Gloo, libuv, OpenSSL, ... as the build linked them), so a worker node pulls libtorch's runtime
+# library, not libtorch-dev. Libraries no Debian package owns (a CUDA toolkit's NCCL and runtime
+# in /usr/local/cuda) are left out of them: such a node has its CUDA from NVIDIA, and
+# `launch --check` names a node on which a library does not resolve. The -dev package depends on
+# the runtime package of the same version and on the -dev packages its CMake package and headers
+# need (find_dependency(fmt), and Torch when the libtorch layer is built): that short list is by
+# hand, as dpkg-shlibdeps sees only binaries. tests/scripts/deb_package_test.sh checks both.
+set(CPACK_PACKAGE_NAME dtrain)
+set(CPACK_PACKAGE_VERSION ${PROJECT_VERSION})
+set(CPACK_PACKAGE_DESCRIPTION_SUMMARY
+    "distributed training for libtorch (C++) programs: the launch launcher and libdtrain")
+set(CPACK_PACKAGE_CONTACT "dtrain developers <dtrain@localhost>")
+set(CPACK_PACKAGING_INSTALL_PREFIX /usr)
+set(CPACK_COMPONENTS_ALL runtime dev)
+set(CPACK_DEB_COMPONENT_INSTALL ON)
+set(CPACK_DEBIAN_FILE_NAME DEB-DEFAULT)
+set(CPACK_DEBIAN_PACKAGE_SECTION science)
+set(CPACK_DEBIAN_RUNTIME_PACKAGE_NAME dtrain)
+set(CPACK_DEBIAN_RUNTIME_PACKAGE_SHLIBDEPS ON)
+set(CPACK_DEBIAN_RUNTIME_DESCRIPTION
+    "launch (a torchrun-style launcher), the checkpoint tool, the libraries\nlibdtrain_base, libdtrain_comm and libdtrain, and the sample trainers\ntrain_linear and train_resnet in /usr/libexec/dtrain: what every node of a\njob needs.")
+set(CPACK_DEBIAN_DEV_PACKAGE_NAME dtrain-dev)
+set(CPACK_DEBIAN_DEV_PACKAGE_SECTION libdevel)
+set(CPACK_DEBIAN_DEV_PACKAGE_SHLIBDEPS OFF)
+set(_dev_depends "dtrain (= ${PROJECT_VERSION}), libfmt-dev")
+if(DTRAIN_HAVE_TORCH)
+  string(APPEND _dev_depends ", libtorch-dev")
+endif()
+set(CPACK_DEBIAN_DEV_PACKAGE_DEPENDS "${_dev_depends}")
+set(CPACK_DEBIAN_DEV_DESCRIPTION
+    "Development files: the headers and the CMake package (find_package(dtrain), then\nlink dtrain::dtrain).")
+include(CPack)

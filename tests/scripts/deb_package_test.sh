@@ -1,0 +1,107 @@
+#!/usr/bin/env bash
+# The Debian packages of the build (cmake/package.cmake), checked without installing them on this
+# machine: `cpack -G DEB` builds dtrain and dtrain-dev; their control fields say what they must
+# (the runtime's dependencies from dpkg-shlibdeps: libtorch's runtime library, never a -dev
+# package; the -dev package depends on the runtime of its version); `apt-get install --simulate`
+# of the two .deb files resolves every dependency from this machine's package lists;
+# `dpkg-deb -x` unpacks both into a temporary root, whose launch runs a two-rank job of its
+# train_linear with nothing of the build tree on any path, and the installed-package consumer
+# (tests/consumer) builds against that root's -dev files and runs.
+# Usage: deb_package_test.sh <build-dir> <source-dir>
+set -euo pipefail
+build="$(cd "$1" && pwd)"
+src="$(cd "$2" && pwd)"
+scratch="$(mktemp -d)"
+trap 'rm -rf "$scratch"' EXIT
+fail() { echo "deb_package_test: FAIL: $*" >&2; exit 1; }
+
+for tool in cpack dpkg-deb dpkg-shlibdeps apt-get; do
+  command -v "$tool" >/dev/null ||
+    fail "$tool is missing (HINT: scripts/setup.sh installs dpkg-dev, file and cmake)"
+done
+
+# 1. Build the packages (from the build's own CPack configuration, into the scratch directory).
+cpack --config "$build/CPackConfig.cmake" -G DEB -B "$scratch/pkg" >"$scratch/cpack.log" 2>&1 ||
+  { cat "$scratch/cpack.log"; fail "cpack -G DEB failed"; }
+runtime=("$scratch"/pkg/dtrain_*.deb)
+dev=("$scratch"/pkg/dtrain-dev_*.deb)
+[[ -f "${runtime[0]}" && -f "${dev[0]}" ]] ||
+  { ls -l "$scratch/pkg"; fail "no dtrain / dtrain-dev .deb"; }
+echo "deb_package_test: built $(cd "$scratch/pkg" && ls ./*.deb | tr '\n' ' ')"
+
+# 2. Their control fields.
+field() { dpkg-deb -f "$1" "$2"; }
+version="$(field "${runtime[0]}" Version)"
+depends="$(field "${runtime[0]}" Depends)"
+echo "deb_package_test: dtrain $version Depends: $depends"
+[[ "$depends" == *libc6* ]] ||
+  fail "the runtime's Depends has no libc6: not from dpkg-shlibdeps? ($depends)"
+if grep -q '^#define DTRAIN_WITH_TORCH 1' "$build/generated/dtrain/config.h"; then
+  [[ "$depends" =~ libtorch[0-9] ]] ||
+    fail "libdtrain links libtorch, but Depends names no libtorch runtime ($depends)"
+fi
+if grep -qE '(^|[ ,])[a-z0-9.+-]+-dev([ ,(]|$)' <<<"$depends"; then
+  fail "the runtime package depends on a -dev package ($depends): a worker node would pull it"
+fi
+dev_depends="$(field "${dev[0]}" Depends)"
+echo "deb_package_test: dtrain-dev Depends: $dev_depends"
+[[ "$dev_depends" == *"dtrain (= $version)"* ]] ||
+  fail "dtrain-dev does not depend on dtrain (= $version)"
+
+# 3. What each holds: the runtime no headers, the -dev package no programs or real libraries.
+dpkg-deb -c "${runtime[0]}" | awk '{print $6}' >"$scratch/runtime.list"
+dpkg-deb -c "${dev[0]}" | awk '{print $6}' >"$scratch/dev.list"
+for want in ./usr/bin/launch ./usr/bin/checkpoint; do
+  grep -qxF "$want" "$scratch/runtime.list" || fail "the runtime package lacks $want"
+done
+for lib in dtrain_base dtrain_comm; do
+  grep -qE "/lib$lib\.so\.[0-9]+\.[0-9]+\.[0-9]+$" "$scratch/runtime.list" ||
+    fail "the runtime package lacks lib$lib.so.<version>"
+done
+grep -q '/include/' "$scratch/runtime.list" && fail "the runtime package holds headers"
+grep -q '/include/dtrain/base/tensorboard.h$' "$scratch/dev.list" ||
+  fail "dtrain-dev lacks the headers"
+grep -q '/cmake/dtrain/dtrainConfig.cmake$' "$scratch/dev.list" ||
+  fail "dtrain-dev lacks dtrainConfig.cmake"
+grep -qE '/bin/|\.so\.[0-9]' "$scratch/dev.list" && fail "dtrain-dev holds programs or libraries"
+
+# 4. Would apt install them here? Every dependency resolves from the package lists.
+apt-get install --simulate --no-install-recommends "${runtime[0]}" "${dev[0]}" \
+  >"$scratch/apt.log" 2>&1 || { cat "$scratch/apt.log"; fail "apt-get install --simulate failed"; }
+grep -qE '^(Inst|Conf) dtrain ' "$scratch/apt.log" ||
+  { cat "$scratch/apt.log"; fail "apt would not install dtrain"; }
+echo "deb_package_test: apt-get install --simulate: ok" \
+     "($(grep -c '^Inst ' "$scratch/apt.log") to install)"
+
+# 5. Unpacked into a root of its own: launch and a sample trainer run from it alone.
+root="$scratch/root"
+dpkg-deb -x "${runtime[0]}" "$root"
+dpkg-deb -x "${dev[0]}" "$root"
+"$root/usr/bin/launch" --version | grep -q "launch (dtrain)" ||
+  fail "the unpacked launch does not run"
+if ldd "$root/usr/bin/launch" | grep -F "$build"; then
+  fail "the unpacked launch loads libraries of the build tree"
+fi
+trainer="$root/usr/libexec/dtrain/train_linear"
+if [[ -x "$trainer" ]]; then
+  out="$(cd "$scratch" && "$root/usr/bin/launch" --nproc-per-node 2 "$trainer" --epochs 1 2>&1)" ||
+    { echo "$out"; fail "the unpacked launch could not run the unpacked train_linear"; }
+  grep -q "over 2 ranks" <<<"$out" ||
+    { echo "$out"; fail "no epoch line from the unpacked train_linear"; }
+  if ldd "$trainer" | grep -F "$build"; then
+    fail "the unpacked train_linear loads libraries of the build tree"
+  fi
+fi
+
+# 6. The installed-package consumer, built against the unpacked -dev files.
+generator=()
+command -v ninja >/dev/null 2>&1 && generator=(-G Ninja)
+cmake -S "$src/tests/consumer" -B "$scratch/consumer" "${generator[@]}" \
+  -DCMAKE_PREFIX_PATH="$root/usr" -DCMAKE_BUILD_TYPE=Release >"$scratch/consumer.log" 2>&1 ||
+  { cat "$scratch/consumer.log"; fail "the consumer does not configure against the unpacked -dev"; }
+grep -q "$root/usr/lib/cmake/dtrain" "$scratch/consumer/CMakeCache.txt" ||
+  fail "the consumer found another dtrain than the unpacked one"
+cmake --build "$scratch/consumer" >>"$scratch/consumer.log" 2>&1 ||
+  { cat "$scratch/consumer.log"; fail "the consumer does not build against the unpacked -dev"; }
+"$scratch/consumer/consumer" | grep -q "store says world" || fail "the consumer does not run"
+echo "deb_package_test: ok"
