@@ -294,6 +294,22 @@ TEST(CheckpointResume, ANodeWithAnEmptyDiskGetsACopyFromTheOtherNode) {
       << rerun[0].output;
 }
 
+bool pythonHasTorch() {
+  return ::access("/usr/bin/python3", X_OK) == 0 &&
+         std::system("/usr/bin/python3 -c 'import torch' >/dev/null 2>&1") == 0;
+}
+
+// Loads an export (argv[1]) into the worker's model with weights_only=True and compares its
+// parameters with the worker's --out file (argv[2]).
+constexpr const char* kLoadWithWeightsOnly =
+    "import sys, torch\n"
+    "sd = torch.load(sys.argv[1], weights_only=True)\n"
+    "net = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 4))\n"
+    "net.load_state_dict(sd)\n"
+    "flat = torch.cat([p.detach().flatten() for p in net.parameters()])\n"
+    "want = torch.frombuffer(bytearray(open(sys.argv[2], 'rb').read()), dtype=torch.float32)\n"
+    "print('python equal' if torch.equal(flat, want) else 'python differs')\n";
+
 // Sharded checkpoints (ZeRO stage 2) across real processes, two simulated nodes of two ranks:
 // one rank is SIGKILLed while a save is in progress -- a node's writer (rank 2) in the middle of
 // writing its file (crash@io=21: after the first save, inside the second), or a rank that writes
@@ -342,6 +358,36 @@ TEST(ShardedCheckpointProcesses, AnyRankKilledDuringASaveLeavesAStepToResumeFrom
     }
     EXPECT_EQ(readFile(out), want) << rerun[0].output;
   }
+  // The tool on the sharded checkpoints: list and verify name the shards each file holds (two
+  // nodes: each file holds every rank's); export writes the module that Python's torch.load
+  // reads with weights_only=True, the parameters the run ended with.
+  const std::string ckpt = dir.file("ckpt-writer");
+  auto tool = [&](const std::string& a) {
+    const std::string log = dir.file("tool.out");
+    const int status = std::system((binaryPath("checkpoint") + " " + a + " > " + log + " 2>&1").c_str());
+    return std::make_pair(WEXITSTATUS(status), readFile(log));
+  };
+  auto [listRc, list] = tool("list " + ckpt);
+  EXPECT_EQ(listRc, 0) << list;
+  EXPECT_NE(list.find("step-00000011  epoch 2  world 4"), std::string::npos) << list;
+  EXPECT_NE(list.find("shards of ranks 0, 1, 2, 3"), std::string::npos) << list;
+  auto [verifyRc, verified] = tool("verify " + ckpt);
+  EXPECT_EQ(verifyRc, 0) << verified;
+  EXPECT_NE(verified.find("shards of ranks 0, 1, 2, 3, every checksum matches"), std::string::npos)
+      << verified;
+  auto [entriesRc, entries] = tool("list " + ckpt + "/node1/step-00000011");
+  EXPECT_NE(entries.find("rank 2"), std::string::npos) << entries;
+  EXPECT_NE(entries.find("optimizer/sgd/0.weight/momentum_buffer (elements "), std::string::npos)
+      << entries;
+  auto [exportRc, exported] = tool("export " + ckpt + " --to " + dir.file("model.pt"));
+  ASSERT_EQ(exportRc, 0) << exported;
+  if (!pythonHasTorch()) return;
+  writeFile(dir.file("check.py"), kLoadWithWeightsOnly);
+  const std::string py = dir.file("py.out");
+  std::system(("/usr/bin/python3 " + dir.file("check.py") + " " + dir.file("model.pt") + " " +
+               dir.file("params-writer") + " > " + py + " 2>&1")
+                  .c_str());
+  EXPECT_NE(readFile(py).find("python equal"), std::string::npos) << readFile(py);
 }
 
 // An elastic re-rendezvous gives the nodes other group ranks: host A, GROUP_RANK 0 in the first
@@ -425,10 +471,6 @@ TEST(CheckpointTool, ListVerifyAndExportForPython) {
   EXPECT_EQ(usageRc, 2) << usage;
 }
 
-bool pythonHasTorch() {
-  return ::access("/usr/bin/python3", X_OK) == 0 &&
-         std::system("/usr/bin/python3 -c 'import torch' >/dev/null 2>&1") == 0;
-}
 
 // What `checkpoint export` writes loads with torch.load(path, weights_only=True), PyTorch 2.6's
 // default (Note [Exported pickles]), into the model the worker trained, bitwise. Runs wherever
@@ -444,15 +486,7 @@ TEST(CheckpointTool, ExportLoadsInPythonWithWeightsOnly) {
                          dir.file("model.pt") + " > " + out + " 2>&1").c_str()),
             0)
       << readFile(out);
-  std::string script =
-      "import sys, torch\n"
-      "sd = torch.load(sys.argv[1], weights_only=True)\n"
-      "net = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 4))\n"
-      "net.load_state_dict(sd)\n"
-      "flat = torch.cat([p.detach().flatten() for p in net.parameters()])\n"
-      "want = torch.frombuffer(bytearray(open(sys.argv[2], 'rb').read()), dtype=torch.float32)\n"
-      "print('python equal' if torch.equal(flat, want) else 'python differs')\n";
-  writeFile(dir.file("check.py"), script);
+  writeFile(dir.file("check.py"), kLoadWithWeightsOnly);
   const std::string py = dir.file("py.out");
   std::system(("/usr/bin/python3 " + dir.file("check.py") + " " + dir.file("model.pt") + " " +
                dir.file("params") + " > " + py + " 2>&1")

@@ -77,6 +77,19 @@ torch::Tensor flatParams(torch::nn::Module& m) {
   return torch::cat(parts);
 }
 
+// SGD with momentum; with `zero` 1 or 2, sharded (its checkpoints are then sharded too).
+std::unique_ptr<torch::optim::Optimizer> makeSgd(
+    dtrain::DistributedDataParallel<torch::nn::Sequential>& ddp, int zero) {
+  const auto options = torch::optim::SGDOptions(0.05).momentum(0.9);
+  if (zero == 0) return std::make_unique<torch::optim::SGD>(ddp.parameters(), options);
+  dtrain::ZeroOptions zo;
+  zo.stage = zero;
+  zo.firstUnitBytes = 128;  // several units, each split over the ranks
+  zo.unitBytes = 256;
+  return std::make_unique<dtrain::ShardedOptimizer>(
+      ddp, dtrain::optimizerFactory<torch::optim::SGD>(options), zo);
+}
+
 int run(const Args& args) {
   torch::set_num_threads(1);
   dtrain::InitOptions init;
@@ -95,18 +108,7 @@ int run(const Args& args) {
   torch::manual_seed(7 + rank);  // DDP broadcasts rank 0's
   torch::nn::Sequential net(torch::nn::Linear(8, 16), torch::nn::Tanh(), torch::nn::Linear(16, 4));
   dtrain::DistributedDataParallel<torch::nn::Sequential> ddp(net, group);
-  const auto sgdOptions = torch::optim::SGDOptions(0.05).momentum(0.9);
-  std::unique_ptr<torch::optim::Optimizer> optimizer;
-  if (args.zero > 0) {
-    dtrain::ZeroOptions zo;
-    zo.stage = args.zero;
-    zo.firstUnitBytes = 128;  // several units, each split over the ranks
-    zo.unitBytes = 256;
-    optimizer = std::make_unique<dtrain::ShardedOptimizer>(
-        ddp, dtrain::optimizerFactory<torch::optim::SGD>(sgdOptions), zo);
-  } else {
-    optimizer = std::make_unique<torch::optim::SGD>(ddp.parameters(), sgdOptions);
-  }
+  auto optimizer = makeSgd(ddp, args.zero);
   torch::optim::Optimizer& sgd = *optimizer;
   torch::optim::StepLR schedule(sgd, /*step_size=*/5, /*gamma=*/0.7);
   dtrain::GradScalerOptions scalerOptions;

@@ -111,8 +111,8 @@ struct RestoredCheckpoint {
   int savedWorldSize = 0;
   std::string path;           // the file this rank read
   bool copiedFromPeer = false;  // this node lacked it and received a copy
-  // Why a newer checkpoint was passed over (damaged, or a sharded one whose shards are not all
-  // intact anywhere); empty when none was.
+  // The last damage the restore passed over: a damaged file, or a sharded step some rank's
+  // shards of which are intact nowhere (that step and rank named); empty when it met none.
   std::string skipped;
 };
 
