@@ -35,13 +35,14 @@ void printUsage(FILE* to) {
   const Args d;
   std::fprintf(to,
                "usage: train_linear [--epochs N] [--batch-size N] [--lr X] [--samples N]\n"
-               "                    [--checkpoint-dir DIR] [--amp]\n"
+               "                    [--checkpoint-dir DIR] [--amp] [--tensorboard-dir DIR]\n"
                "  --epochs N            epochs to train (default %lld)\n"
                "  --batch-size N        samples per rank per step (default %lld)\n"
                "  --lr X                SGD learning rate (default %g)\n"
                "  --samples N           size of the synthetic dataset (default %lld)\n"
                "  --checkpoint-dir DIR  save after each epoch and resume from there (default: none)\n"
                "  --amp                 mixed precision: bfloat16 on the CPU, float16 on CUDA\n"
+               "  --tensorboard-dir DIR rank 0 writes TensorBoard events there (default: none)\n"
                "Run it under launch: launch --nproc-per-node 2 train_linear --epochs 5\n",
                static_cast<long long>(d.epochs), static_cast<long long>(d.batchSize), d.lr,
                static_cast<long long>(d.samples));

@@ -36,6 +36,7 @@ struct Args {
   int64_t stopAfter = -1;
   bool allowResize = false;
   bool scalerLocal = false;
+  int64_t collectiveTimeoutMs = 30000;
   std::string out;
 };
 
@@ -56,6 +57,7 @@ Args parse(int argc, char** argv) {
     else if (f == "--stop-after") a.stopAfter = std::stoll(next());
     else if (f == "--allow-resize") a.allowResize = true;
     else if (f == "--scaler-local") a.scalerLocal = true;
+    else if (f == "--collective-timeout-ms") a.collectiveTimeoutMs = std::stoll(next());
     else if (f == "--out") a.out = next();
     else DTRAIN_THROW(dtrain::InvalidArgument, "unknown flag {}", f);
   }
@@ -74,7 +76,7 @@ torch::Tensor flatParams(torch::nn::Module& m) {
 int run(const Args& args) {
   torch::set_num_threads(1);
   dtrain::InitOptions init;
-  init.timeout = std::chrono::seconds(30);
+  init.timeout = std::chrono::milliseconds(args.collectiveTimeoutMs);
   init.connectTimeout = std::chrono::seconds(30);
   auto group = dtrain::init(init);
   const int rank = group->rank(), world = group->size();
