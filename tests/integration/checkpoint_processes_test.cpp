@@ -129,6 +129,21 @@ TEST(CheckpointResume, SigtermCheckpointsExits75AndTheRerunResumes) {
   expectBitwiseEqualToReference(readFile(dir.file("params")), 2, again);
 }
 
+// Note [Checkpoint agreement] across processes: rank 0's first write call of the run takes 4 s (a
+// slow disk, `write:slow:4000@1`) while the collectives time out after 2 s. Rank 1 waits for the
+// writer's outcome through the job's store, not in a collective: the job finishes and ends as the
+// uninterrupted run. (Rank 1 waiting in an allgather timed it out, which failed the communicator
+// and the job.)
+TEST(CheckpointResume, AWriteSlowerThanTheCollectiveTimeoutCompletes) {
+  TempDir dir;
+  auto r = train(2, {}, workerArgs(dir.file("ckpt"), dir.file("params"),
+                                   {"--steps", "12", "--save-every", "3", "--collective-timeout-ms", "2000"}),
+                 {"DTRAIN_IO_FAULT=write:slow:4000@1,rank=0"});
+  ASSERT_EQ(r.exitCode, 0) << r.all();
+  EXPECT_EQ(readFile(dir.file("ckpt") + "/node0/LATEST"), "step-00000011\n");
+  expectBitwiseEqualToReference(readFile(dir.file("params")), 2, r);
+}
+
 // Two ranks save at step 5 and stop; three ranks resume (global batch unchanged, the sampler
 // re-shards the rest of the epoch): equal to the uninterrupted two-rank run up to the order of
 // the reductions.

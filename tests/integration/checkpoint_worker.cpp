@@ -40,6 +40,7 @@ struct Args {
   bool scalerLocal = false;
   int zero = 0;
   int64_t checkpointTimeoutMs = 0;  // 0: the Checkpointer's default
+  int64_t collectiveTimeoutMs = 30000;
   std::string out;
 };
 
@@ -62,6 +63,7 @@ Args parse(int argc, char** argv) {
     else if (f == "--scaler-local") a.scalerLocal = true;
     else if (f == "--zero") a.zero = std::stoi(next());
     else if (f == "--checkpoint-timeout-ms") a.checkpointTimeoutMs = std::stoll(next());
+    else if (f == "--collective-timeout-ms") a.collectiveTimeoutMs = std::stoll(next());
     else if (f == "--out") a.out = next();
     else DTRAIN_THROW(dtrain::InvalidArgument, "unknown flag {}", f);
   }
@@ -93,7 +95,7 @@ std::unique_ptr<torch::optim::Optimizer> makeSgd(
 int run(const Args& args) {
   torch::set_num_threads(1);
   dtrain::InitOptions init;
-  init.timeout = std::chrono::seconds(30);
+  init.timeout = std::chrono::milliseconds(args.collectiveTimeoutMs);
   init.connectTimeout = std::chrono::seconds(30);
   auto group = dtrain::init(init);
   const int rank = group->rank(), world = group->size();

@@ -41,7 +41,7 @@ weight_error_below "$out" 0.05  # bfloat16 forward: 8 bits of mantissa
 out="$("$build/train_linear" --help 2>&1)"
 rc=$?
 [ "$rc" -eq 0 ] || { echo "FAIL: --help gave exit $rc, expected 0: $out"; exit 1; }
-for flag in --epochs --batch-size --lr --samples --checkpoint-dir --amp; do
+for flag in --epochs --batch-size --lr --samples --checkpoint-dir --amp --tensorboard-dir; do
   grep -q -- "$flag" <<<"$out" || { echo "FAIL: --help does not list $flag: $out"; exit 1; }
 done
 out="$("$build/train_linear" --bogus 2>&1)"
