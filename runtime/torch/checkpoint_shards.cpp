@@ -269,7 +269,7 @@ std::vector<Item> shardedReplicatedItems(const std::vector<ShardedEntry>& sharde
 std::vector<uint32_t> shardOwners(const CheckpointReader& reader) {
   std::vector<uint32_t> out;
   for (const Entry& e : reader.entries()) {
-    if (e.owner != kReplicated && e.isShard()) out.push_back(e.owner);
+    if (e.owner != kReplicated && e.kind == Kind::Tensor) out.push_back(e.owner);
   }
   std::sort(out.begin(), out.end());
   out.erase(std::unique(out.begin(), out.end()), out.end());
@@ -295,7 +295,7 @@ std::vector<uint8_t> readShardBlob(const CheckpointReader& reader, uint32_t owne
     Parts& p = records[{s->name, e.name.substr(from, slash - from)}];
     if (e.name.compare(slash + 1, std::string::npos, "step") == 0 && e.kind == Kind::Number) {
       p.step = &e;
-    } else if (e.kind == Kind::Tensor && e.isShard()) {
+    } else if (e.kind == Kind::Tensor) {
       DTRAIN_CHECK_T(CheckpointError, !p.any || (p.any->elementOffset == e.elementOffset &&
                                                  p.any->elementCount == e.elementCount),
                      "checkpoint {}: the fields of \"{}\" of rank {} hold different ranges",
@@ -398,6 +398,7 @@ void ShardAssembly::add(const uint8_t* blob, size_t size) {
 
 std::string ShardAssembly::missing() const {
   for (const auto& [key, need] : needs_) {
+    if (need.end <= need.begin) continue;  // a range of padding only: nothing to load
     if (!need.covered.count("master")) {
       return fmt::format("optimizer \"{}\": the checkpoint holds no shard of parameter {} "
                          "(another model?)", key.first, key.second);
@@ -420,6 +421,7 @@ void ShardAssembly::load() {
       auto it = needs_.find({name, what.param});
       if (it == needs_.end()) return false;
       const Need& need = it->second;
+      if (what.end <= what.begin) return what.field == "master";  // no elements: nothing to read
       if (what.field == "step") {
         if (!need.step) return false;
         out.fill_(*need.step);

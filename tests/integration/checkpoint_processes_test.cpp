@@ -334,7 +334,8 @@ constexpr const char* kLoadWithWeightsOnly =
 // with two nodes each file holds every shard) and ends bitwise as the uninterrupted run.
 TEST(ShardedCheckpointProcesses, AnyRankKilledDuringASaveLeavesAStepToResumeFrom) {
   TempDir dir;
-  const std::vector<std::string> common = {"--zero", "2", "--checkpoint-timeout-ms", "5000"};
+  const std::vector<std::string> common = {"--zero", "2", "--checkpoint-timeout-ms", "5000",
+                                           "--collective-timeout-ms", "10000"};
   auto args = [&](const std::string& ckpt, const std::string& out, std::vector<std::string> extra) {
     extra.insert(extra.end(), common.begin(), common.end());
     return workerArgs(ckpt, out, extra);

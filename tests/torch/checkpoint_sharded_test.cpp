@@ -155,7 +155,9 @@ std::set<uint32_t> ownersIn(const std::string& path) {
   std::set<uint32_t> owners;
   auto reader = checkpoint::CheckpointReader::open(path);
   for (const auto& e : reader.entries()) {
-    if (e.owner != checkpoint::kReplicated && e.isShard()) owners.insert(e.owner);
+    if (e.owner != checkpoint::kReplicated && e.kind == checkpoint::Kind::Tensor) {
+      owners.insert(e.owner);
+    }
   }
   return owners;
 }

@@ -78,7 +78,7 @@ std::vector<std::string> nodeDirectories(const std::string& dir) {
 std::string shardsText(const CheckpointReader& reader) {
   std::set<uint32_t> owners;
   for (const auto& e : reader.entries()) {
-    if (e.owner != kReplicated && e.isShard()) owners.insert(e.owner);
+    if (e.owner != kReplicated && e.kind == Kind::Tensor) owners.insert(e.owner);
   }
   if (owners.empty()) return "";
   return fmt::format(", shards of rank{} {}", owners.size() > 1 ? "s" : "", fmt::join(owners, ", "));
@@ -94,10 +94,10 @@ int listFile(const std::string& path) {
   std::printf("  %-8s %-9s %-12s %-10s %12s  %s\n", "kind", "dtype", "shape", "owner", "bytes", "name");
   for (const auto& e : reader.entries()) {
     std::string owner = e.owner == kReplicated ? "all" : fmt::format("rank {}", e.owner);
+    const bool ranged = e.isShard() || (e.owner != kReplicated && e.kind == Kind::Tensor);
     const std::string range =
-        e.isShard() ? fmt::format(" (elements {}..{})", e.elementOffset,
-                                  e.elementOffset + e.elementCount)
-                    : "";
+        ranged ? fmt::format(" (elements {}..{})", e.elementOffset, e.elementOffset + e.elementCount)
+               : "";
     std::printf("  %-8s %-9s %-12s %-10s %12llu  %s%s\n", kindName(e.kind), dtypeName(e.dtype),
                 shapeText(e.shape).c_str(), owner.c_str(), static_cast<unsigned long long>(e.size),
                 e.name.c_str(), range.c_str());

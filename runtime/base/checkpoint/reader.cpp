@@ -143,15 +143,15 @@ void checkNoOverlap(const std::string& file, const std::vector<Entry>& entries) 
 }
 
 // Names are unique per owner, except shards. Replicated shards (owner kReplicated) must tile their
-// tensor exactly. Owned shards -- one rank's range of a sharded tensor, Note [Sharded checkpoint
-// files] -- need not: a file holds the ranges of some ranks only; across owners they must agree
+// tensor exactly. Owned tensors are shards -- one rank's range of a sharded tensor, Note [Sharded
+// checkpoint files], which may be the whole tensor -- and need not: a file holds the ranges of some ranks only; across owners they must agree
 // on kind, dtype and shape and never overlap (whether the ranks' files together cover the tensor
 // is the restore's question).
 void checkShards(const std::string& file, const std::vector<Entry>& entries) {
   std::map<std::pair<std::string, uint32_t>, std::vector<size_t>> byName;
   std::map<std::string, std::vector<size_t>> owned;
   for (size_t i = 0; i < entries.size(); ++i) {
-    if (entries[i].owner != kReplicated && entries[i].isShard()) {
+    if (entries[i].owner != kReplicated && entries[i].kind == Kind::Tensor) {
       owned[entries[i].name].push_back(i);
     } else {
       byName[{entries[i].name, entries[i].owner}].push_back(i);
