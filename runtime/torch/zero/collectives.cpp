@@ -77,7 +77,9 @@ std::shared_ptr<comm::Buffer> GradientPool::allocate(size_t bytes) {
       ++it;
     }
   }
-  auto bucket = comm_.allocate(std::max<size_t>(1, (bytes + kGranule - 1) / kGranule * kGranule));
+  size_t granule = 1;
+  while (granule < bytes && granule < kGranule) granule <<= 1;
+  auto bucket = comm_.allocate(std::max<size_t>(1, (bytes + granule - 1) / granule * granule));
   capacity_ += bucket->bytes();
   ++leased_;
   return bucket;

@@ -42,9 +42,10 @@ class GradientPool {
 
   // A free bucket of at least `bytes` (the smallest such), or null when none is free.
   std::shared_ptr<comm::Buffer> takeFree(size_t bytes);
-  // A new bucket of at least `bytes`: rounded up to kGranule, so that units of about the same
-  // size (as units are, Note [Shard layout]) fit each other's buckets. Free buckets too small
-  // for it are released first: the pool holds what the units in flight need, not their history.
+  // A new bucket of at least `bytes`: rounded up to kGranule (below kGranule: to the next power
+  // of two, so that a small model's buckets stay its size), so that units of about the same size
+  // (as units are, Note [Shard layout]) fit each other's buckets. Free buckets too small for it
+  // are released first: the pool holds what the units in flight need, not their history.
   std::shared_ptr<comm::Buffer> allocate(size_t bytes);
   static constexpr size_t kGranule = size_t{4} << 20;
   void give(std::shared_ptr<comm::Buffer> bucket);

@@ -1,0 +1,134 @@
+// ZeRO's overlap, observed through the collectives each rank has issued and waited for at chosen
+// moments (no timing): stage 2 reduce-scatters unit by unit while backward still runs, and a
+// step's all-gathers run while the next units step (Note [Sharded backward], ShardedOptimizer::
+// step).
+#include <gtest/gtest.h>
+
+#include <memory>
+#include <utility>
+#include <vector>
+
+#include "zero_test_support.h"
+
+namespace dtrain::testing {
+namespace {
+
+// What a unit's optimizer saw when its step began: collectives issued and waits made since
+// ShardedOptimizer::step() was called.
+struct StepMoment {
+  int64_t issued = 0;
+  int waited = 0;
+};
+
+struct StepLog {
+  std::shared_ptr<ThreadWorld> world;
+  std::shared_ptr<WaitRecordingCommunicator> recorder;
+  int rank = 0;
+  int64_t issuedAtStep = 0;
+  int waitedAtStep = 0;
+  std::vector<StepMoment> moments;
+
+  int waits() const {
+    const auto c = recorder->counts();
+    return c.wait + c.waitOnStream;
+  }
+};
+
+// SGD that notes, as each unit's step begins, what the communicator has done since step().
+class RecordingSgd : public torch::optim::SGD {
+ public:
+  RecordingSgd(std::vector<torch::optim::OptimizerParamGroup> groups,
+               torch::optim::SGDOptions options, StepLog* log)
+      : SGD(std::move(groups), options), log_(log) {}
+  torch::Tensor step(LossClosure closure = nullptr) override {
+    log_->moments.push_back({log_->world->issued(log_->rank) - log_->issuedAtStep,
+                             log_->waits() - log_->waitedAtStep});
+    return SGD::step(std::move(closure));
+  }
+
+ private:
+  StepLog* log_;
+};
+
+// One synchronising step of Mlp(7, 13, 5) in small units on 2 ranks; returns rank 0's log and
+// the collectives rank 0 had issued since the forward when fc1.weight's gradient (the last one
+// backward computes) was about to be accumulated.
+std::pair<StepLog, int64_t> oneStep(int stage, bool overlapAllgather) {
+  auto world = ThreadWorld::create(2);
+  std::vector<StepLog> logs(2);
+  std::vector<int64_t> issuedBeforeLastGradient(2, -1);
+  world->run([&](int rank) {
+    StepLog& log = logs[static_cast<size_t>(rank)];
+    log.world = world;
+    log.rank = rank;
+    log.recorder = std::make_shared<WaitRecordingCommunicator>(world->communicator(rank));
+    auto group = std::make_shared<ProcessGroup>(log.recorder, rank, c10::Device(c10::kCPU));
+    Mlp net = buildSeeded(4, [] { return Mlp(7, 13, 5); });
+    DdpOptions ddpOptions;
+    ddpOptions.broadcastBuffers = false;
+    DistributedDataParallel<Mlp> ddp(net, group, ddpOptions);
+    const torch::optim::SGDOptions sgd(0.1);
+    OptimizerFactory factory;
+    factory.defaults = std::make_shared<torch::optim::SGDOptions>(sgd);
+    factory.make = [sgd, &log](std::vector<torch::optim::OptimizerParamGroup> groups) {
+      return std::make_unique<RecordingSgd>(std::move(groups), sgd, &log);
+    };
+    ZeroOptions zo;
+    zo.stage = stage;
+    zo.firstUnitBytes = 128;
+    zo.unitBytes = 256;
+    zo.overlapAllgather = overlapAllgather;
+    ShardedOptimizer optimizer(ddp, {}, factory, zo);
+    ASSERT_GE(optimizer.stats().units, 3u);
+
+    const auto x = randnSeeded({8, 7}, 10 + rank);
+    const auto y = randnSeeded({8, 5}, 20 + rank);
+    const int64_t issuedAtForward = world->issued(rank);
+    net->fc1->weight.register_hook([&, rank](torch::Tensor g) {
+      issuedBeforeLastGradient[static_cast<size_t>(rank)] = world->issued(rank) - issuedAtForward;
+      return g;
+    });
+    torch::mse_loss(ddp(x), y).backward();
+    EXPECT_EQ(world->issued(rank) - issuedAtForward, static_cast<int64_t>(optimizer.stats().units))
+        << "one reduce-scatter per unit";
+    log.issuedAtStep = world->issued(rank);
+    log.waitedAtStep = log.waits();
+    optimizer.step();
+    EXPECT_EQ(log.moments.size(), optimizer.stats().units);
+  });
+  return {logs[0], issuedBeforeLastGradient[0]};
+}
+
+TEST(ZeroOverlap, ReduceScattersStartWhileBackwardRuns) {
+  for (int stage : {1, 2}) {
+    auto [log, issuedBeforeLast] = oneStep(stage, true);
+    // fc1.weight is the first parameter registered: the last gradient, in the last unit (units
+    // are cut from the last registered parameter on). When it is about to be accumulated, the
+    // units of the later layers are complete and on their way.
+    EXPECT_GE(issuedBeforeLast, 1) << "stage " << stage << ": no reduce-scatter started before "
+                                   << "backward's last gradient (all at the end of backward?)";
+    EXPECT_LT(issuedBeforeLast, static_cast<int64_t>(log.moments.size()))
+        << "stage " << stage << ": the first unit cannot be complete before its last gradient";
+  }
+}
+
+TEST(ZeroOverlap, AllgathersRunWhileTheNextUnitsStep) {
+  for (int stage : {1, 2}) {
+    const StepLog overlapped = oneStep(stage, true).first;
+    for (size_t i = 0; i < overlapped.moments.size(); ++i) {
+      // The i units stepped before this one have their all-gathers issued and not waited for.
+      EXPECT_EQ(overlapped.moments[i].issued, static_cast<int64_t>(i)) << "unit step " << i;
+      EXPECT_EQ(overlapped.moments[i].waited, 0) << "stage " << stage << ", unit step " << i
+                                                  << ": an all-gather was waited for before it";
+    }
+    const StepLog serial = oneStep(stage, false).first;
+    for (size_t i = 0; i < serial.moments.size(); ++i) {
+      EXPECT_EQ(serial.moments[i].issued, static_cast<int64_t>(i)) << "unit step " << i;
+      EXPECT_EQ(serial.moments[i].waited, static_cast<int>(i))
+          << "overlapAllgather = false waits for each all-gather before the next step";
+    }
+  }
+}
+
+}  // namespace
+}  // namespace dtrain::testing
