@@ -31,6 +31,23 @@ struct Args {
   bool amp = false;           // mixed precision: bfloat16 on the CPU, float16 on CUDA
 };
 
+void printUsage(FILE* to) {
+  const Args d;
+  std::fprintf(to,
+               "usage: train_linear [--epochs N] [--batch-size N] [--lr X] [--samples N]\n"
+               "                    [--checkpoint-dir DIR] [--amp] [--tensorboard-dir DIR]\n"
+               "  --epochs N            epochs to train (default %lld)\n"
+               "  --batch-size N        samples per rank per step (default %lld)\n"
+               "  --lr X                SGD learning rate (default %g)\n"
+               "  --samples N           size of the synthetic dataset (default %lld)\n"
+               "  --checkpoint-dir DIR  save after each epoch and resume from there (default: none)\n"
+               "  --amp                 mixed precision: bfloat16 on the CPU, float16 on CUDA\n"
+               "  --tensorboard-dir DIR rank 0 writes TensorBoard events there (default: none)\n"
+               "Run it under launch: launch --nproc-per-node 2 train_linear --epochs 5\n",
+               static_cast<long long>(d.epochs), static_cast<long long>(d.batchSize), d.lr,
+               static_cast<long long>(d.samples));
+}
+
 Args parseArgs(int argc, char** argv) {
   Args args;
   for (int i = 1; i < argc; ++i) {
@@ -47,6 +64,10 @@ Args parseArgs(int argc, char** argv) {
       *out = static_cast<std::remove_pointer_t<decltype(out)>>(number);
       ++i;
     };
+    if (flag == "--help" || flag == "-h") {
+      printUsage(stdout);
+      std::exit(0);
+    }
     if (flag == "--amp") args.amp = true;
     else if (flag == "--checkpoint-dir" && value != nullptr) args.checkpointDir = argv[++i];
     else if (flag == "--tensorboard-dir" && value != nullptr) args.tensorboardDir = argv[++i];
@@ -55,10 +76,8 @@ Args parseArgs(int argc, char** argv) {
     else if (flag == "--lr") take(&args.lr);
     else if (flag == "--samples") take(&args.samples);
     else {
-      std::fprintf(stderr, "train_linear: unknown flag %s\nusage: train_linear [--epochs N] "
-                   "[--batch-size N] [--lr X] [--samples N] [--checkpoint-dir DIR] [--amp] "
-                   "[--tensorboard-dir DIR]\n",
-                   flag.c_str());
+      std::fprintf(stderr, "train_linear: unknown flag %s\n", flag.c_str());
+      printUsage(stderr);
       std::exit(2);
     }
   }

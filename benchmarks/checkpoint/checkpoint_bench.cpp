@@ -195,9 +195,14 @@ IoTimes measureIo(int reps, dtrain::Checkpointer& checkpointer, Peer& peer, cons
   auto& t = io.t;
   int64_t step = 0;
   for (int rep = 0; rep < reps; ++rep) {
+    // Each timed operation starts once the previous save's pruning (which runs after save() and
+    // wait() return, on the save thread) has ended, as it has long ended in training when the
+    // next save comes: committedSteps() waits for it. Neither side pays for it here.
+    checkpointer.committedSteps();
     auto start = Clock::now();
     checkpointer.save(++step);
     t["save"].push_back(since(start));
+    checkpointer.committedSteps();
     std::string file = checkpointer.nodeDirectory() + "/" + fmt::format("step-{:08d}", step);
     io.bytes = fileSize(file);
     t["dd write+fsync"].push_back(timeCommand({"dd", "if=" + file, "of=" + dir + "/dd.bin", "bs=4M",
@@ -221,6 +226,7 @@ IoTimes measureIo(int reps, dtrain::Checkpointer& checkpointer, Peer& peer, cons
     t["dd read"].push_back(timeCommand({"dd", "if=" + file, "of=/dev/null", "bs=4M", "status=none"}));
     dropFromCache(dir + "/dd.bin");
     t["dd read cold"].push_back(timeCommand({"dd", "if=" + dir + "/dd.bin", "of=/dev/null", "bs=4M", "status=none"}));
+    checkpointer.committedSteps();
     start = Clock::now();
     checkpointer.saveAsync(++step);
     t["async snapshot"].push_back(since(start));

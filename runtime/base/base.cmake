@@ -2,6 +2,7 @@
 # (JSONL, Prometheus, TensorBoard event files), the checkpoint file format and its file I/O.
 # No CUDA, no Gloo, no libtorch: `launch` links only this.
 add_library(dtrain_base SHARED
+  runtime/base/checkpoint/agreement.cpp
   runtime/base/checkpoint/file_io.cpp
   runtime/base/checkpoint/format.cpp
   runtime/base/checkpoint/reader.cpp

@@ -264,9 +264,16 @@ void execute(const Fault& fault) {
 }
 
 std::string IoFault::describe() const {
-  std::string out = crash ? "crash@io=" + std::to_string(nth)
-                          : std::string(kOpNames[static_cast<int>(op)]) + ":" + errnoName(error) +
-                                "@" + std::to_string(nth);
+  std::string out;
+  if (crash) {
+    out = "crash@io=" + std::to_string(nth);
+  } else if (slowMs > 0) {
+    out = std::string(kOpNames[static_cast<int>(op)]) + ":slow:" + std::to_string(slowMs) +
+          (nth > 0 ? "@" + std::to_string(nth) : "");
+  } else {
+    out = std::string(kOpNames[static_cast<int>(op)]) + ":" + errnoName(error) + "@" +
+          std::to_string(nth);
+  }
   if (rank >= 0) out += ",rank=" + std::to_string(rank);
   if (attempt >= 0) out += ",attempt=" + std::to_string(attempt);
   return out;
@@ -278,16 +285,22 @@ std::vector<IoFault> parseIoFaults(const std::string& spec) {
     std::string text = trim(part);
     if (text.empty()) continue;
     IoFault f;
+    // OP:slow:MS may go without "@N" (every call): its conditions then follow MS directly.
+    const bool slow = text.find(":slow:") != std::string::npos;
     size_t at = text.find('@');
-    DTRAIN_CHECK_ARG(at != std::string::npos,
+    DTRAIN_CHECK_ARG(at != std::string::npos || slow,
                      "DTRAIN_IO_FAULT: \"{}\" has no '@'; HINT: OP:ERRNO@N (OP = open, write, "
-                     "fsync, rename) or crash@io=K",
+                     "fsync, rename), OP:slow:MS[@N] or crash@io=K",
                      text);
-    std::string head = text.substr(0, at);
-    std::string tail = text.substr(at + 1);
+    std::string head = at == std::string::npos ? text : text.substr(0, at);
+    std::string tail = at == std::string::npos ? "" : text.substr(at + 1);
+    if (at == std::string::npos && head.find(',') != std::string::npos) {
+      tail = head.substr(head.find(','));
+      head = head.substr(0, head.find(','));
+    }
     // Conditions after the count: ",rank=R,attempt=A".
     auto parts = splitAt(tail, ',');
-    tail = parts[0];
+    tail = parts.empty() ? "" : parts[0];
     for (size_t i = 1; i < parts.size(); ++i) {
       size_t eq = parts[i].find('=');
       std::string key = parts[i].substr(0, eq);
@@ -318,6 +331,18 @@ std::vector<IoFault> parseIoFaults(const std::string& spec) {
                      "open, write, fsync or rename",
                      head, text);
     f.op = static_cast<IoOp>(opIndex);
+    if (slow) {
+      const bool form = head.size() > colon + 6 && head.compare(colon, 6, ":slow:") == 0;
+      DTRAIN_CHECK_ARG(form && parseInt64(head.substr(colon + 6), &f.slowMs) && f.slowMs > 0 &&
+                           f.slowMs <= 3600000,
+                       "DTRAIN_IO_FAULT: bad slow fault \"{}\"; HINT: OP:slow:MS with 1 <= MS <= "
+                       "3600000, optionally @N for the N-th call only",
+                       text);
+      DTRAIN_CHECK_ARG(tail.empty() || (parseInt64(tail, &f.nth) && f.nth > 0),
+                       "DTRAIN_IO_FAULT: \"{}\" is not a call number >= 1 in \"{}\"", tail, text);
+      faults.push_back(f);
+      continue;
+    }
     f.error = parseErrno(head.substr(colon + 1));
     DTRAIN_CHECK_ARG(f.error > 0, "DTRAIN_IO_FAULT: unknown errno \"{}\" in \"{}\"; HINT: ENOSPC, "
                      "EIO, EXDEV, ... or a number", head.substr(colon + 1), text);
@@ -342,7 +367,12 @@ IoFaultInjector IoFaultInjector::fromEnv(int rank) {
 int IoFaultInjector::before(IoOp op) {
   int64_t n = ++counts_[static_cast<int>(op)];
   for (const auto& f : faults_) {
-    if (!f.crash && f.op == op && f.nth == n) return f.error;
+    if (!f.crash && f.slowMs > 0 && f.op == op && (f.nth == 0 || f.nth == n)) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(f.slowMs));
+    }
+  }
+  for (const auto& f : faults_) {
+    if (!f.crash && f.slowMs == 0 && f.op == op && f.nth == n) return f.error;
   }
   return 0;
 }

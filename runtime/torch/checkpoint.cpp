@@ -14,9 +14,13 @@
 #include <fmt/format.h>
 #include <torch/version.h>
 
+#include "checkpoint_shards.h"
 #include "checkpointer_impl.h"
 #include "dtrain/base/error.h"
 #include "dtrain/base/logging.h"
+#include "dtrain/base/store.h"
+#include "dtrain/torch/zero.h"
+#include "env_contract.h"
 #include "parse_int.h"
 
 // Note [Preemption]
@@ -110,7 +114,10 @@ Checkpointer::Impl::Impl(Checkpointer& o, std::shared_ptr<ProcessGroup> g,
     : owner(o), group(std::move(g)), options(opts) {
   rank = group->rank();
   world = group->size();
-  nodeRank = options.nodeRank >= 0 ? options.nodeRank : envInt("GROUP_RANK", 0);
+  // The node's stable id (env::kNodeId), which an elastic re-rendezvous does not change, so the
+  // node keeps its directory; GROUP_RANK where the launcher exports none (torchrun).
+  nodeId = options.nodeId >= 0 ? options.nodeId
+                               : envInt(env::kNodeId, envInt(env::kGroupRank, 0));
   localRank = options.localRank >= 0 ? options.localRank : group->localRank();
   ops = std::make_shared<checkpoint::FileOps>(fault::IoFaultInjector::fromEnv(rank));
   scratch = std::make_shared<std::vector<uint8_t>>();
@@ -140,19 +147,41 @@ std::vector<std::vector<uint8_t>> Checkpointer::Impl::allgatherBytes(const std::
   return out;
 }
 
+checkpoint::Millis Checkpointer::Impl::deadline() const {
+  const checkpoint::Millis grace = std::clamp<checkpoint::Millis>(
+      options.timeout / 2, std::chrono::seconds(1), std::chrono::seconds(60));
+  return options.timeout + grace;
+}
+
 void Checkpointer::Impl::agree(const std::string& error, const std::string& what) {
-  auto failed = allgather(error.empty() ? 0 : 1);
-  std::vector<std::string> who;
-  for (int r = 0; r < world; ++r) {
-    if (failed[r]) who.push_back(fmt::format("rank {} (node {})", r, nodeOf.empty() ? 0 : nodeOf[r]));
+  throwIfFailed(agreement->exchange(error.empty() ? 0 : 1, deadline(), what), 1, error, what);
+}
+
+void Checkpointer::Impl::throwIfFailed(const std::vector<checkpoint::Report>& reports,
+                                       int64_t code, const std::string& mine,
+                                       const std::string& what) {
+  std::vector<std::string> others;
+  bool any = false;
+  for (const auto& r : reports) {
+    if (r.code != code) continue;
+    any = true;
+    if (r.rank != rank) {
+      others.push_back(fmt::format("rank {} (node {})", r.rank, nodeOf.empty() ? 0 : nodeOf[r.rank]));
+    }
   }
-  if (who.empty()) return;
-  if (!error.empty()) {
-    DTRAIN_THROW(CheckpointError, "rank {}/{}: {} failed: {}{}", rank, world, what, error,
-                 who.size() > 1 ? fmt::format(" (it failed on {} too)", fmt::join(who, ", ")) : "");
+  if (!any) return;
+  auto list = [](const std::vector<std::string>& names) {
+    if (names.size() < 2) return names.empty() ? std::string() : names[0];
+    return fmt::format("{} and {}",
+                       fmt::join(std::vector<std::string>(names.begin(), names.end() - 1), ", "),
+                       names.back());
+  };
+  if (!mine.empty()) {
+    DTRAIN_THROW(CheckpointError, "rank {}/{}: {} failed: {}{}", rank, world, what, mine,
+                 others.empty() ? "" : fmt::format(" (it failed on {} too)", list(others)));
   }
   DTRAIN_THROW(CheckpointError, "rank {}/{}: {} failed on {}; see the error there", rank, world,
-               what, fmt::join(who, ", "));
+               what, list(others));
 }
 
 std::string Checkpointer::Impl::collectLocal() {
@@ -164,6 +193,13 @@ std::string Checkpointer::Impl::collectLocal() {
   return "";
 }
 
+bool Checkpointer::Impl::settleSaveThread() {
+  if (thread.settle(options.timeout)) return true;
+  DTRAIN_LOG(Warn, "rank {}: pruning old checkpoints in {} has not ended within {} ms", rank, dir,
+             options.timeout.count());
+  return false;
+}
+
 void Checkpointer::Impl::waitPending() {
   if (pendingStep < 0) return;
   std::string error = pendingError;
@@ -172,18 +208,32 @@ void Checkpointer::Impl::waitPending() {
   int64_t step = pendingStep;
   pendingStep = -1;
   pendingError.clear();
-  agree(error, fmt::format("the asynchronous checkpoint of step {}", step));
+  agree(error, fmt::format("the checkpoint of step {}", step));
+  if (sharded()) moveLatestEverywhere(step);
+  committedStep = step;
 }
 
-// A save, on every rank: (1) agree on the previous asynchronous save, (2) gather every rank's
-// own state to its node's writer, (3) the writer writes, commits and prunes on the save thread
-// (checkpoint::saveStep), (4) every rank agrees that every node committed: at once for save(), at
-// the next save or wait() for saveAsync().
+// A save, on every rank, in four steps:
+//   1. agree: the previous asynchronous save is confirmed on every node (or its error thrown);
+//      a step that every node holds already is done;
+//   2. gather: every rank's own state goes to its node's writer (one allgather);
+//   3. write and commit: the writer writes `step-N` on the save thread
+//      (checkpoint::writeAndCommit), then, once the waiter has been released, prunes;
+//   4. agree again that every node committed (Note [Checkpoint agreement]): at once for save(),
+//      at the next save, wait() or preempted() for saveAsync().
 void Checkpointer::Impl::save(int64_t step, int64_t epoch, bool async) {
   DTRAIN_CHECK_ARG(step >= 0 && epoch >= 0, "Checkpointer: step {} and epoch {} must be >= 0", step,
                    epoch);
   waitPending();
+  if (step == committedStep) {
+    // saveAsync(S) then preempted(S), or save(S) right after restoring S: every node holds S
+    // complete, and writing it again would only spend the grace period (and rename over it).
+    DTRAIN_LOG(Info, "rank {}: step {} is committed on every node already; not writing it again",
+               rank, step);
+    return;
+  }
   auto blobs = allgatherBytes(checkpoint::encodeRankState(registry));
+  if (sharded()) shards = exchangeShards();  // See Note [Sharded checkpoint files].
   const std::string error = writer ? startWrite(step, epoch, async, blobs) : std::string();
   pendingStep = step;
   pendingError = error;
@@ -204,6 +254,11 @@ std::string Checkpointer::Impl::startWrite(int64_t step, int64_t epoch, bool asy
                        "finished); not starting another. HINT: check the disk or filesystem",
                        dir);
   }
+  if (!settleSaveThread()) {
+    return fmt::format("deleting old checkpoints in {} after the last save has not ended within "
+                       "{} ms; not starting another. HINT: check the disk or filesystem",
+                       dir, options.timeout.count());
+  }
   try {
     auto items = itemsToSave(blobs);
     std::vector<checkpoint::EntrySpec> specs;
@@ -211,7 +266,10 @@ std::string Checkpointer::Impl::startWrite(int64_t step, int64_t epoch, bool asy
     auto layout = std::make_shared<checkpoint::Layout>(checkpoint::planLayout(
         step, epoch, static_cast<uint32_t>(world), TORCH_VERSION, specs));
     const bool snapshot = async || !allHostContiguous(items);
-    startSaveThread(step, snapshot ? snapshotWrite(layout, items) : directWrite(layout, items));
+    // Note [Hashing beside the write]: a second thread only when the caller waits for the save.
+    const auto hashing = async ? checkpoint::Hashing::Inline : checkpoint::Hashing::Beside;
+    startSaveThread(step, snapshot ? snapshotWrite(layout, items, hashing)
+                                   : directWrite(layout, items), async);
     started = true;
   } catch (const std::exception& e) {
     return e.what();
@@ -227,11 +285,22 @@ std::vector<checkpoint::Item> Checkpointer::Impl::itemsToSave(
     items.insert(items.end(), std::make_move_iterator(own.begin()),
                  std::make_move_iterator(own.end()));
   }
+  if (sharded()) {
+    auto replicated = checkpoint::shardedReplicatedItems(registry.sharded);
+    items.insert(items.end(), std::make_move_iterator(replicated.begin()),
+                 std::make_move_iterator(replicated.end()));
+    for (const auto& [owner, blob] : std::exchange(shards, {})) {
+      auto kept = checkpoint::shardItems(static_cast<uint32_t>(owner), blob);
+      items.insert(items.end(), std::make_move_iterator(kept.begin()),
+                   std::make_move_iterator(kept.end()));
+    }
+  }
   return items;
 }
 
 Checkpointer::Impl::FileWrite Checkpointer::Impl::snapshotWrite(
-    const std::shared_ptr<checkpoint::Layout>& layout, const std::vector<checkpoint::Item>& items) {
+    const std::shared_ptr<checkpoint::Layout>& layout, const std::vector<checkpoint::Item>& items,
+    checkpoint::Hashing hashing) {
   // Snapshot into the reused region: the training thread's only cost of an async save.
   const uint64_t bytes = std::max<uint64_t>(layout->header.dataSize, 1);
   if (!region.defined() || static_cast<uint64_t>(region.numel()) < bytes) {
@@ -263,9 +332,9 @@ Checkpointer::Impl::FileWrite Checkpointer::Impl::snapshotWrite(
   }
   at::Tensor keep = region;
   auto ops_ = ops;
-  return [ops_, layout, keep](const std::string& tmp) {
-    checkpoint::writeCheckpointFileFromRegion(*ops_, tmp, *layout,
-                                              static_cast<const uint8_t*>(keep.data_ptr()));
+  return [ops_, layout, keep, hashing](const std::string& tmp, checkpoint::SaveProgress* progress) {
+    checkpoint::writeCheckpointFileFromRegion(
+        *ops_, tmp, *layout, static_cast<const uint8_t*>(keep.data_ptr()), progress, hashing);
   };
 }
 
@@ -274,34 +343,75 @@ Checkpointer::Impl::FileWrite Checkpointer::Impl::directWrite(
   auto held = std::make_shared<std::vector<checkpoint::Item>>(std::move(items));
   auto ops_ = ops;
   auto scratch_ = scratch;
-  return [ops_, layout, held, scratch_](const std::string& tmp) {
+  return [ops_, layout, held, scratch_](const std::string& tmp, checkpoint::SaveProgress* progress) {
     checkpoint::EntryData data;
     for (const auto& item : *held) data.push_back(hostData(item));
-    checkpoint::writeCheckpointFile(*ops_, tmp, *layout, data, *scratch_);
+    checkpoint::writeCheckpointFile(*ops_, tmp, *layout, data, *scratch_, progress);
   };
 }
 
-void Checkpointer::Impl::startSaveThread(int64_t step, FileWrite write) {
+void Checkpointer::Impl::startSaveThread(int64_t step, FileWrite write, bool background) {
   auto ops_ = ops;
   std::string dir_ = dir;
   int keep = options.keepLast;
   auto log = writes;
-  thread.start(fmt::format("the checkpoint of step {} into {}", step, dir),
-               [ops_, dir_, step, keep, write, log](checkpoint::SaveProgress& progress) {
-                 const auto begin = std::chrono::steady_clock::now();
-                 checkpoint::saveStep(*ops_, dir_, step, keep, write, &progress);
-                 CheckpointWrite done;
-                 done.step = step;
-                 done.seconds =
-                     std::chrono::duration<double>(std::chrono::steady_clock::now() - begin)
-                         .count();
-                 std::error_code ec;
-                 const auto size =
-                     std::filesystem::file_size(dir_ + "/" + checkpoint::stepFileName(step), ec);
-                 done.bytes = ec ? 0 : static_cast<uint64_t>(size);
-                 std::lock_guard<std::mutex> lock(log->mutex);
-                 log->finished.push_back(done);
-               });
+  const bool latest = !sharded();  // a sharded save moves LATEST after the agreement
+  auto job = [ops_, dir_, step, write, log, background,
+              latest](checkpoint::SaveProgress& progress) {
+    // See Note [Background saves yield].
+    if (background) checkpoint::lowerThisThreadsPriority();
+    const auto begin = std::chrono::steady_clock::now();
+    checkpoint::writeAndCommit(
+        *ops_, dir_, step, [&](const std::string& tmp) { write(tmp, &progress); }, &progress,
+        latest);
+    CheckpointWrite done;
+    done.step = step;
+    done.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - begin).count();
+    std::error_code ec;
+    const auto size = std::filesystem::file_size(dir_ + "/" + checkpoint::stepFileName(step), ec);
+    done.bytes = ec ? 0 : static_cast<uint64_t>(size);
+    std::lock_guard<std::mutex> lock(log->mutex);
+    log->finished.push_back(done);
+  };
+  // Pruning is nobody's wait: it runs after the commit has released save(), wait() or the next
+  // save's agreement (Note [Checkpoint directory], step 4).
+  auto prune = [dir_, keep, step] { checkpoint::pruneCheckpoints(dir_, keep, step); };
+  thread.start(fmt::format("the checkpoint of step {} into {}", step, dir), job, prune);
+}
+
+void Checkpointer::Impl::place() {
+  auto nodes = allgather(nodeId);
+  auto locals = allgather(localRank);
+  nodeOf.assign(nodes.begin(), nodes.end());
+  for (int r = 0; r < world; ++r) {
+    if (locals[r] != 0) continue;
+    auto [it, fresh] = writerOf.emplace(static_cast<int>(nodes[r]), r);
+    DTRAIN_CHECK_ARG(fresh, "Checkpointer: ranks {} and {} both say they are local rank 0 of node {}",
+                     it->second, r, nodes[r]);
+  }
+  for (int r = 0; r < world; ++r) {
+    DTRAIN_CHECK_ARG(writerOf.count(static_cast<int>(nodes[r])),
+                     "Checkpointer: node {} (rank {}) has no local rank 0 to write its checkpoints. "
+                     "HINT: {} (or GROUP_RANK) and LOCAL_RANK must describe the job as launch sets "
+                     "them",
+                     nodes[r], r, env::kNodeId);
+  }
+  writer = localRank == 0;
+  // One key prefix per Checkpointer of the job: rank 0 draws it from the store, the others learn
+  // it here; no store on rank 0 (a group made over a bare communicator): the collectives.
+  auto store = options.store ? options.store : group->store();
+  const int64_t drawn = store && rank == 0 ? store->add("checkpoint/instances", 1) : 0;
+  const int64_t instance = allgather(drawn)[0];
+  if (instance > 0) {
+    DTRAIN_CHECK_ARG(store != nullptr,
+                     "Checkpointer: rank 0 agrees through a store and rank {} has none. HINT: "
+                     "pass the same CheckpointOptions::store on every rank",
+                     rank);
+    agreement = std::make_unique<checkpoint::StoreAgreement>(
+        store, fmt::format("checkpoint/{}", instance), rank, world);
+  } else {
+    agreement = collectiveAgreement(group);
+  }
 }
 
 Checkpointer::Checkpointer(std::shared_ptr<ProcessGroup> group, CheckpointOptions options)
@@ -309,7 +419,7 @@ Checkpointer::Checkpointer(std::shared_ptr<ProcessGroup> group, CheckpointOption
   DTRAIN_CHECK_ARG(group_ != nullptr, "Checkpointer needs a process group");
   DTRAIN_CHECK_ARG(!options_.directory.empty(),
                    "Checkpointer: CheckpointOptions::directory is empty. HINT: name a directory; "
-                   "each node writes into <directory>/node<N>");
+                   "each node writes into <directory>/node<ID>");
   DTRAIN_CHECK_ARG(options_.keepLast >= 2,
                    "Checkpointer: keepLast {} must be at least 2 (a save in progress must never "
                    "leave fewer than one complete checkpoint besides it)",
@@ -317,29 +427,13 @@ Checkpointer::Checkpointer(std::shared_ptr<ProcessGroup> group, CheckpointOption
   DTRAIN_CHECK_ARG(options_.timeout.count() > 0, "Checkpointer: timeout must be positive");
   impl_ = std::make_unique<Impl>(*this, group_, options_);
   Impl& m = *impl_;
-  // Placement: which node each rank is on, and which rank writes each node's directory.
-  auto nodes = m.allgather(m.nodeRank);
-  auto locals = m.allgather(m.localRank);
-  m.nodeOf.assign(nodes.begin(), nodes.end());
-  for (int r = 0; r < m.world; ++r) {
-    if (locals[r] != 0) continue;
-    auto [it, fresh] = m.writerOf.emplace(static_cast<int>(nodes[r]), r);
-    DTRAIN_CHECK_ARG(fresh, "Checkpointer: ranks {} and {} both say they are local rank 0 of node {}",
-                     it->second, r, nodes[r]);
-  }
-  for (int r = 0; r < m.world; ++r) {
-    DTRAIN_CHECK_ARG(m.writerOf.count(static_cast<int>(nodes[r])),
-                     "Checkpointer: node {} (rank {}) has no local rank 0 to write its checkpoints. "
-                     "HINT: GROUP_RANK and LOCAL_RANK must describe the job as launch sets them",
-                     nodes[r], r);
-  }
-  m.writer = m.localRank == 0;
-  nodeDir_ = nodeDirectoryFor(options_.directory, m.nodeRank);
+  m.place();
+  nodeDir_ = nodeDirectoryFor(options_.directory, m.nodeId);
   m.dir = nodeDir_;
   std::string error;
   if (m.writer) {
     try {
-      checkpoint::makeDirectories(nodeDir_);
+      checkpoint::makeDirectories(*m.ops, nodeDir_);
     } catch (const std::exception& e) {
       error = e.what();
     }
@@ -373,6 +467,14 @@ void Checkpointer::addOptimizer(const std::string& name, torch::optim::Optimizer
   for (const auto& m : impl_->registry.optimizers) {
     DTRAIN_CHECK_ARG(m.first != name, "Checkpointer: an optimizer named \"{}\" is registered already", name);
   }
+  for (const auto& m : impl_->registry.sharded) {
+    DTRAIN_CHECK_ARG(m.name != name, "Checkpointer: an optimizer named \"{}\" is registered already", name);
+  }
+  // Sharded state is saved as shard records, never gathered (Note [Sharded checkpoint files]).
+  if (auto* zero = dynamic_cast<ShardedOptimizer*>(&optimizer)) {
+    impl_->registry.sharded.push_back({name, zero});
+    return;
+  }
   impl_->registry.optimizers.emplace_back(name, &optimizer);
 }
 
@@ -390,11 +492,13 @@ void Checkpointer::addScaler(const std::string& name, GradScaler& scaler) {
   impl_->registry.scalers.emplace_back(name, &scaler);
 }
 
-void Checkpointer::addSampler(const std::string& name, DistributedSampler& sampler) {
+void Checkpointer::addSampler(const std::string& name, DistributedSampler& sampler,
+                              std::function<size_t()> consumed) {
   for (const auto& m : impl_->registry.samplers) {
-    DTRAIN_CHECK_ARG(m.first != name, "Checkpointer: a sampler named \"{}\" is registered already", name);
+    DTRAIN_CHECK_ARG(m.name != name, "Checkpointer: a sampler named \"{}\" is registered already",
+                     name);
   }
-  impl_->registry.samplers.emplace_back(name, &sampler);
+  impl_->registry.samplers.push_back({name, &sampler, std::move(consumed)});
 }
 
 void Checkpointer::setMetadata(const std::string& key, MetadataValue value) {
@@ -436,6 +540,7 @@ std::vector<CheckpointWrite> Checkpointer::finishedWrites() {
 }
 
 std::vector<int64_t> Checkpointer::committedSteps() const {
+  impl_->settleSaveThread();  // what the last commit left, pruned
   return checkpoint::listDirectory(nodeDir_).steps;
 }
 

@@ -3,9 +3,14 @@
 #include <fstream>
 #include <map>
 #include <set>
+#include <utility>
+#include <vector>
 
 #include <ATen/ATen.h>
 #include <fmt/format.h>
+#include <caffe2/serialize/inline_container.h>
+#include <torch/csrc/jit/serialization/export.h>
+#include <torch/csrc/jit/serialization/pickler.h>
 #include <torch/serialize.h>
 #include <torch/serialize/output-archive.h>
 
@@ -39,6 +44,36 @@ struct ArchiveNode {
     }
   }
 };
+
+// Note [Exported pickles]
+// What Python's torch.save of a module's state dict writes: a zip archive whose data.pkl is a plain
+// dict of name -> tensor, each tensor rebuilt by torch._utils._rebuild_tensor_v2 from a storage in
+// data/<key>. torch::pickle_save writes the same archive, but tags typed containers with
+// torch.jit._pickle.restore_type_tag, which torch.load(weights_only=True) -- PyTorch 2.6's
+// default -- refuses as an unsafe global. The pickler without aggregate tags writes only what the
+// weights-only unpickler allows.
+std::vector<char> stateDictPickle(const std::vector<std::pair<std::string, at::Tensor>>& tensors) {
+  c10::Dict<std::string, at::Tensor> dict;
+  for (const auto& [name, t] : tensors) dict.insert(name, t);
+  std::vector<char> pickle;
+  torch::jit::Pickler pickler(
+      [&](const char* p, size_t n) { pickle.insert(pickle.end(), p, p + n); },
+      /*tensor_table=*/nullptr, /*type_renamer=*/nullptr, /*memoized_class_types=*/nullptr,
+      /*get_tensor_id=*/nullptr, /*tag_aggregates=*/false);
+  pickler.protocol();
+  pickler.pushIValue(c10::IValue(dict));
+  pickler.stop();
+  std::vector<char> archive;
+  caffe2::serialize::PyTorchStreamWriter writer([&](const void* p, size_t n) {
+    const auto* bytes = static_cast<const char*>(p);
+    archive.insert(archive.end(), bytes, bytes + n);
+    return n;
+  });
+  torch::jit::writeArchiveAndTensors("data", pickle.data(), pickle.size(), pickler.tensorData(),
+                                     writer);
+  writer.writeEndOfFile();
+  return archive;
+}
 
 }  // namespace
 
@@ -77,9 +112,7 @@ void exportStateDict(const std::string& path, const std::string& to, const std::
     tensors.emplace_back(e.name.substr(prefix.size()), t);
   }
   if (format == "pickle") {
-    c10::Dict<std::string, at::Tensor> dict;
-    for (const auto& [name, t] : tensors) dict.insert(name, t);
-    std::vector<char> bytes = torch::pickle_save(c10::IValue(dict));
+    std::vector<char> bytes = stateDictPickle(tensors);
     std::ofstream out(to, std::ios::binary | std::ios::trunc);
     out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
     out.close();

@@ -10,6 +10,7 @@
 #include <ATen/ATen.h>
 #include <fmt/format.h>
 
+#include "checkpoint_shards.h"
 #include "checkpointer_impl.h"
 #include "dtrain/base/error.h"
 #include "dtrain/base/logging.h"
@@ -21,14 +22,20 @@
 // an empty disk -- receives the file from the lowest node that has it (that node verifies every
 // checksum first, then broadcasts it in chunks from its local rank 0) and commits it as its own
 // `step-N` and `LATEST`, verified again before the rename, so the next failure finds it there
-// too. Then every rank reads its own node's copy straight into the registered tensors, checking
+// too. A node that cannot hand its copy out (damaged, or it cannot even open it) drops the step
+// and the round repeats: the next node that holds it hands it out, or the next older step wins.
+// Then every rank reads its own node's copy straight into the registered tensors, checking
 // every entry's checksum as it reads: one pass over the data, which is what makes a restore fast.
 // If any rank finds damage, the ranks agree on it, the nodes where it was found drop that step,
-// and the round repeats with what is left; a later round overwrites everything an earlier one
-// wrote, so nothing of a damaged checkpoint survives. When checkpoints exist but none is intact
-// anywhere, restore() refuses rather than silently start from scratch; a checkpoint that does not
-// fit what is registered (another model, another world size) is refused at once, before any
-// tensor is written.
+// and the round repeats with what is left (those nodes get a fresh copy); a step found damaged a
+// second time -- after that fresh, verified copy, so the file is not the cause -- is dropped on
+// every node. A later round overwrites everything an earlier one wrote, so nothing of a damaged
+// checkpoint survives. The loop is bounded: every round restores, refuses, or removes at least one
+// (node, step) pair from the candidates. When checkpoints exist but none is intact anywhere,
+// restore() refuses rather than silently start from scratch; a checkpoint that does not fit what
+// is registered (another model, another world size) is refused at once, before any tensor is
+// written. Every agreement that follows long local work (verifying, fsyncing, reading) goes
+// through Note [Checkpoint agreement], with the checkpoint's deadline.
 
 namespace dtrain {
 
@@ -99,17 +106,23 @@ bool Checkpointer::Impl::copyToNodesLacking(int64_t step, const std::vector<int6
   std::string error;
   int sourceFd = -1;
   int64_t size = rank == source ? openCopySource(dir + "/" + name, sourceFd, error) : -1;
-  at::Tensor sizeTensor = at::full({1}, size, at::kLong).to(group->device());
-  group->broadcast(sizeTensor, source);
-  size = sizeTensor.cpu().item<int64_t>();
-  if (size == -2) {
+  // The source verifies the whole file first: long on a large checkpoint.
+  size = agreement->share(source, size, deadline(),
+                          fmt::format("whether it can hand out checkpoint step {}", step));
+  if (size < 0) {
+    // Damaged or unreadable there: that node drops the step; the round repeats.
     if (rank == source) bad.insert(step);
+    if (rank == source || receiving) {
+      DTRAIN_LOG(Warn, "rank {}: node {} cannot hand out checkpoint step {}{}; trying another "
+                 "node's copy or an older step", rank, plan.sourceNode, step,
+                 error.empty() ? "" : ": " + error);
+    }
     return false;
   }
 
   std::string tmp = dir + "/" + name + ".tmp";
   int fd = -1;
-  if (receiving && size >= 0) {
+  if (receiving) {
     try {
       checkpoint::removeTemporaries(dir);
       fd = ops->open(tmp, O_WRONLY | O_CREAT | O_TRUNC, 0644);
@@ -119,25 +132,39 @@ bool Checkpointer::Impl::copyToNodesLacking(int64_t step, const std::vector<int6
   }
   broadcastFile(source, sourceFd, size, fd, tmp, name, error);
   if (sourceFd >= 0) ::close(sourceFd);
-  if (fd >= 0) commitCopy(fd, tmp, step, error);
-  if (size < 0 && error.empty() && receiving) {
-    error = fmt::format("node {} (rank {}) could not read {}", plan.sourceNode, source, name);
+  // Whether the source read every byte it sent: otherwise the receivers drop what they got.
+  const bool sent = agreement->share(source, rank == source && !error.empty() ? 0 : 1, deadline(),
+                                     fmt::format("whether it sent checkpoint step {}", step)) != 0;
+  if (!sent) {
+    if (rank == source) bad.insert(step);
+    if (fd >= 0) checkpoint::FileOps::close(fd);
+    if (receiving) ::unlink(tmp.c_str());
+    return false;
   }
+  if (fd >= 0) commitCopy(fd, tmp, step, error);
   agree(error, fmt::format("copying checkpoint step {} from node {} to node(s) {}", step,
                            plan.sourceNode, fmt::join(plan.lacking, ", ")));
   return true;
 }
 
 int64_t Checkpointer::Impl::openCopySource(const std::string& path, int& fd, std::string& error) {
-  int64_t size = -1;
   try {
     checkpoint::CheckpointReader::open(path).verify();
-    fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-    if (fd >= 0) size = static_cast<int64_t>(::lseek(fd, 0, SEEK_END));
-    if (size < 0) error = fmt::format("cannot read {}: {}", path, std::strerror(errno));
   } catch (const std::exception& e) {
     DTRAIN_LOG(Warn, "rank {}: checkpoint {} is damaged: {}", rank, path, e.what());
-    size = -2;
+    return -2;
+  }
+  try {
+    fd = ops->open(path, O_RDONLY);
+  } catch (const std::exception& e) {
+    error = e.what();
+    return -1;
+  }
+  const int64_t size = static_cast<int64_t>(::lseek(fd, 0, SEEK_END));
+  if (size < 0) {
+    error = fmt::format("cannot read {}: {}", path, std::strerror(errno));
+    ::close(fd);
+    fd = -1;
   }
   return size;
 }
@@ -189,6 +216,7 @@ void Checkpointer::Impl::commitCopy(int fd, const std::string& tmp, int64_t step
 
 std::optional<RestoredCheckpoint> Checkpointer::Impl::restore() {
   waitPending();
+  settleSaveThread();
   // Note [Restore agreement].
   std::string scanError, firstBad;
   int64_t found = 0;
@@ -202,7 +230,11 @@ std::optional<RestoredCheckpoint> Checkpointer::Impl::restore() {
   }
   agree(scanError, "scanning the checkpoint directory");
   const auto counts = allgather(found);
-  std::set<int64_t> bad;  // steps found damaged on this node
+  // Note [Sharded checkpoint files]: only steps whose shards are all somewhere take part.
+  ShardHolders shardHolders;
+  if (sharded()) shardHolders = listShardHolders(mine);
+  std::set<int64_t> bad;            // steps this node no longer offers
+  std::set<int64_t> damagedBefore;  // steps found damaged in an earlier round (on any node)
   std::string lastDamage = firstBad;
   while (true) {
     int64_t best = -1;
@@ -218,33 +250,57 @@ std::optional<RestoredCheckpoint> Checkpointer::Impl::restore() {
       refuseIfAnyExists(counts, lastDamage);
       return std::nullopt;
     }
-    if (!copyToNodesLacking(step, bests, bad)) continue;  // the source's copy was damaged
-
-    RestoredCheckpoint result;
-    result.step = step;
-    result.path = dir + "/" + checkpoint::stepFileName(step);
-    result.copiedFromPeer = bests[writerOf.at(nodeRank)] != step;
-    std::string error;
-    const int64_t status = readInto(result, error);
-    const auto statuses = allgather(status);
-    const bool refused = std::count(statuses.begin(), statuses.end(), kRefused) > 0;
-    const bool damaged = std::count(statuses.begin(), statuses.end(), kDamaged) > 0;
-    if (refused || !damaged) {
-      agree(status == kRefused ? error : "", fmt::format("restoring checkpoint step {}", step));
-      DTRAIN_LOG(Info, "rank {}: restored step {} (epoch {}) from {}{}", rank, step, result.epoch,
-                 result.path, result.copiedFromPeer ? " (copied from another node)" : "");
+    if (!copyToNodesLacking(step, bests, bad)) continue;  // the source could not hand it out
+    if (auto result = tryStep(step, bests, bad, damagedBefore, lastDamage)) {
+      std::string why;
+      if (sharded() && !loadShards(step, shardHolders, why)) {
+        // No intact copy of some rank's shards: every node drops the step.
+        if (writer) bad.insert(step);
+        lastDamage = why;
+        if (rank == 0) {
+          DTRAIN_LOG(Warn, "rank 0: {}; restoring the next older complete step", why);
+        }
+        continue;
+      }
+      committedStep = step;
+      result->skipped = lastDamage;
       return result;
     }
-    // Damage found: the nodes where it was found drop this step, and the round repeats.
-    for (int r = 0; r < world; ++r) {
-      if (statuses[r] == kDamaged && nodeOf[r] == nodeRank && writer) bad.insert(step);
-    }
-    if (!error.empty()) lastDamage = error;
-    if (rank == 0 || !error.empty()) {
-      DTRAIN_LOG(Warn, "rank {}: checkpoint step {} is damaged{}; trying the next older one", rank,
-                 step, error.empty() ? " on another node" : ": " + error);
-    }
   }
+}
+
+std::optional<RestoredCheckpoint> Checkpointer::Impl::tryStep(int64_t step,
+                                                              const std::vector<int64_t>& bests,
+                                                              std::set<int64_t>& bad,
+                                                              std::set<int64_t>& damagedBefore,
+                                                              std::string& lastDamage) {
+  RestoredCheckpoint result;
+  result.step = step;
+  result.path = dir + "/" + checkpoint::stepFileName(step);
+  result.copiedFromPeer = bests[writerOf.at(nodeId)] != step;
+  std::string error;
+  const int64_t status = readInto(result, error);
+  const std::string what = fmt::format("restoring checkpoint step {}", step);
+  const auto reports = agreement->exchange(status, deadline(), what);
+  throwIfFailed(reports, kRefused, status == kRefused ? error : "", what);
+  if (reports.empty()) {
+    DTRAIN_LOG(Info, "rank {}: restored step {} (epoch {}) from {}{}", rank, step, result.epoch,
+               result.path, result.copiedFromPeer ? " (copied from another node)" : "");
+    return result;
+  }
+  // Damage found: the nodes where it was found drop this step, and the round repeats; found a
+  // second time, every node drops it (Note [Restore agreement]).
+  const bool again = !damagedBefore.insert(step).second;
+  for (const auto& r : reports) {
+    if (writer && (again || nodeOf[r.rank] == nodeId)) bad.insert(step);
+  }
+  if (!error.empty()) lastDamage = error;
+  if (rank == 0 || !error.empty()) {
+    DTRAIN_LOG(Warn, "rank {}: checkpoint step {} is damaged{}; {}", rank, step,
+               error.empty() ? " on another node" : ": " + error,
+               again ? "found twice, every node drops it" : "trying again without that copy");
+  }
+  return std::nullopt;
 }
 
 void Checkpointer::Impl::refuseIfAnyExists(const std::vector<int64_t>& counts,
@@ -276,9 +332,11 @@ int64_t Checkpointer::Impl::readInto(RestoredCheckpoint& result, std::string& er
                    "(the sampler re-shards the rest of the epoch exactly)",
                    result.path, h.worldSize, world);
     checkpoint::checkRestorable(reader, registry);
+    checkpoint::checkShardedRestorable(reader, registry.sharded);
     status = kDamaged;  // from here on, an error is damage found while reading
-    checkpoint::restoreReplicated(reader, registry, owner.metadata_, same);
+    checkpoint::restoreReplicated(reader, registry, owner.metadata_, same, group->device());
     checkpoint::restoreRankState(reader, registry, static_cast<uint32_t>(rank), same);
+    checkpoint::restoreShardedReplicated(reader, registry.sharded);
     status = kRead;
   } catch (const CheckpointError& e) {
     error = e.what();

@@ -235,8 +235,8 @@ std::vector<Item> replicatedItems(const Registry& registry,
     items.push_back(intItem(prefix + "growth_interval", s.growthInterval));
     items.push_back(intItem(prefix + "growth_tracker", s.growthTracker));
   }
-  for (const auto& [name, sampler] : registry.samplers) {
-    items.push_back(bytesItem("sampler/" + name, sampler->state().encode()));
+  for (const auto& entry : registry.samplers) {
+    items.push_back(bytesItem("sampler/" + entry.name, entry.state().encode()));
   }
   for (const auto& [key, value] : metadata) {
     std::string name = "meta/" + key;
@@ -270,8 +270,8 @@ std::vector<uint8_t> encodeRankState(const Registry& registry) {
     ++count;
   }
 #endif
-  for (const auto& [name, sampler] : registry.samplers) {
-    putBlob(out, "sampler/" + name, sampler->state().encode());
+  for (const auto& entry : registry.samplers) {
+    putBlob(out, "sampler/" + entry.name, entry.state().encode());
     ++count;
   }
   putLE(out.data(), count, 4);
@@ -310,8 +310,24 @@ std::vector<Item> rankItems(uint32_t rank, const std::vector<uint8_t>& blob) {
   return items;
 }
 
+SamplerState SamplerEntry::state() const {
+  return consumed ? sampler->state(consumed()) : sampler->state();
+}
+
+std::function<void()> useDeviceInThread(const c10::Device& device) {
+#if DTRAIN_WITH_TORCH_CUDA
+  if (device.is_cuda()) {
+    const auto index = device.has_index() ? device.index() : c10::cuda::current_device();
+    return [index] { c10::cuda::set_device(index); };
+  }
+#endif
+  (void)device;
+  return nullptr;
+}
+
 void forEachSpread(size_t n, const std::function<uint64_t(size_t)>& weight,
-                   const std::function<void(size_t)>& job) {
+                   const std::function<void(size_t)>& job,
+                   const std::function<void()>& enterThread) {
   constexpr uint64_t kSmall = 4 << 20;  // below this in all, threads cost more than they save
   uint64_t total = 0;
   for (size_t i = 0; i < n; ++i) total += weight(i);
@@ -342,7 +358,19 @@ void forEachSpread(size_t n, const std::function<uint64_t(size_t)>& weight,
     }
   };
   std::vector<std::thread> threads;
-  for (size_t lane = 1; lane < lanes; ++lane) threads.emplace_back(runLane, lane);
+  for (size_t lane = 1; lane < lanes; ++lane) {
+    threads.emplace_back([&, lane] {
+      if (enterThread) {
+        try {
+          enterThread();
+        } catch (...) {
+          errors[lane] = std::current_exception();
+          return;
+        }
+      }
+      runLane(lane);
+    });
+  }
   runLane(0);
   for (auto& t : threads) t.join();
   for (auto& e : errors) {

@@ -12,15 +12,21 @@
 #include <vector>
 
 #include <ATen/core/Tensor.h>
+#include <c10/core/Device.h>
 
 #include "checkpoint/format.h"
 #include "dtrain/torch/checkpoint.h"
+#include "dtrain/torch/distributed_sampler.h"
 
 namespace torch::nn {
 class Module;
 }
 namespace torch::optim {
 class OptimizerParamState;
+}
+
+namespace dtrain {
+class ShardedOptimizer;
 }
 
 namespace dtrain::checkpoint {
@@ -34,12 +40,28 @@ struct Item {
   size_t size() const;
 };
 
+// A sampler and, when the program gave one, what its training has consumed (addSampler).
+struct SamplerEntry {
+  std::string name;
+  DistributedSampler* sampler = nullptr;
+  std::function<size_t()> consumed;
+  // The position to save: after what was consumed, else after what was handed out.
+  SamplerState state() const;
+};
+
+// A ShardedOptimizer registered with addOptimizer(): its state goes through checkpoint_shards.h.
+struct ShardedEntry {
+  std::string name;
+  ShardedOptimizer* optimizer = nullptr;
+};
+
 struct Registry {
   std::vector<std::pair<std::string, std::shared_ptr<torch::nn::Module>>> modules;
-  std::vector<std::pair<std::string, torch::optim::Optimizer*>> optimizers;
+  std::vector<std::pair<std::string, torch::optim::Optimizer*>> optimizers;  // not sharded
+  std::vector<ShardedEntry> sharded;
   std::vector<std::pair<std::string, torch::optim::LRScheduler*>> schedulers;
   std::vector<std::pair<std::string, GradScaler*>> scalers;
-  std::vector<std::pair<std::string, DistributedSampler*>> samplers;
+  std::vector<SamplerEntry> samplers;
 };
 
 // The state every rank shares, from this rank's objects.
@@ -55,9 +77,11 @@ std::vector<Item> rankItems(uint32_t rank, const std::vector<uint8_t>& blob);
 // anything is overwritten; throws CheckpointError naming the first difference.
 void checkRestorable(const CheckpointReader& reader, const Registry& registry);
 // Reads the replicated entries into the registered objects (existing tensors, no new ones
-// except optimizer state the optimizer has not created yet) and the metadata.
+// except optimizer state the optimizer has not created yet) and the metadata. The reads are
+// spread over threads that work on `device` (forEachSpread).
 void restoreReplicated(const CheckpointReader& reader, Registry& registry,
-                       std::map<std::string, MetadataValue>& metadata, bool sameWorldSize);
+                       std::map<std::string, MetadataValue>& metadata, bool sameWorldSize,
+                       const c10::Device& device);
 // Reads rank `rank`'s own entries (absent after a world-size change for new ranks).
 void restoreRankState(const CheckpointReader& reader, Registry& registry, uint32_t rank,
                       bool sameWorldSize);
@@ -91,9 +115,16 @@ void readTensor(const CheckpointReader& reader, const std::vector<const Entry*>&
 
 // Runs job(0..n-1) spread over up to at::get_num_threads() threads, at most 4 (the caller's among
 // them), balanced by weight(i): a restore's reads and an asynchronous save's snapshot are
-// memory-bound copies that a big machine does faster on several cores. Rethrows the first error
+// memory-bound copies that a big machine does faster on several cores. Each helper thread first
+// runs `enterThread` (when given): copies into CUDA tensors from a fresh thread would otherwise
+// run with device 0 current and create a context there in every rank. Rethrows the first error
 // after all have finished.
 void forEachSpread(size_t n, const std::function<uint64_t(size_t)>& weight,
-                   const std::function<void(size_t)>& job);
+                   const std::function<void(size_t)>& job,
+                   const std::function<void()>& enterThread = nullptr);
+
+// What forEachSpread's helper threads run first so that they work on `device` as the caller
+// does: for a CUDA device, makes it current; nothing for the CPU.
+std::function<void()> useDeviceInThread(const c10::Device& device);
 
 }  // namespace dtrain::checkpoint

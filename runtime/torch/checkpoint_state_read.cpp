@@ -154,8 +154,8 @@ void checkRestorable(const CheckpointReader& reader, const Registry& registry) {
   for (const auto& [name, scaler] : registry.scalers) {
     single(reader, "scaler/" + name + "/scale", Kind::Number);
   }
-  for (const auto& [name, sampler] : registry.samplers) {
-    single(reader, "sampler/" + name, Kind::Bytes);
+  for (const auto& entry : registry.samplers) {
+    single(reader, "sampler/" + entry.name, Kind::Bytes);
   }
 }
 
@@ -238,11 +238,12 @@ void restoreCounters(const CheckpointReader& reader, Registry& registry, bool sa
     s.growthTracker = readInt(reader, prefix + "growth_tracker");
     scaler->loadState(s);
   }
-  for (auto& [name, sampler] : registry.samplers) {
+  for (auto& entry : registry.samplers) {
     // At the same world size each rank loads its own position (restoreRankState); at another,
     // the global cursor is all there is, and it is the same for every rank.
     if (sameWorldSize) continue;
-    sampler->loadState(SamplerState::decode(readBytes(reader, single(reader, "sampler/" + name, Kind::Bytes))));
+    entry.sampler->loadState(SamplerState::decode(
+        readBytes(reader, single(reader, "sampler/" + entry.name, Kind::Bytes))));
   }
 }
 
@@ -280,7 +281,8 @@ void restoreMetadata(const CheckpointReader& reader,
 }  // namespace
 
 void restoreReplicated(const CheckpointReader& reader, Registry& registry,
-                       std::map<std::string, MetadataValue>& metadata, bool sameWorldSize) {
+                       std::map<std::string, MetadataValue>& metadata, bool sameWorldSize,
+                       const c10::Device& device) {
   // The bulk -- parameters, buffers, optimizer state -- is gathered first and read in one spread.
   TensorReads reads;
   for (auto& [name, module] : registry.modules) {
@@ -292,7 +294,8 @@ void restoreReplicated(const CheckpointReader& reader, Registry& registry,
   for (auto& [name, opt] : registry.optimizers) restoreOptimizer(reader, name, *opt, reads);
   forEachSpread(
       reads.size(), [&](size_t i) { return static_cast<uint64_t>(reads[i].second.nbytes()); },
-      [&](size_t i) { readTensor(reader, reads[i].first, reads[i].second); });
+      [&](size_t i) { readTensor(reader, reads[i].first, reads[i].second); },
+      useDeviceInThread(device));
   restoreCounters(reader, registry, sameWorldSize);
   restoreMetadata(reader, metadata);
 }
@@ -324,12 +327,12 @@ void restoreRankState(const CheckpointReader& reader, Registry& registry, uint32
   }
 #endif
   if (!sameWorldSize) return;
-  for (auto& [name, sampler] : registry.samplers) {
-    const Entry* e = own("sampler/" + name);
+  for (auto& entry : registry.samplers) {
+    const Entry* e = own("sampler/" + entry.name);
     DTRAIN_CHECK_T(CheckpointError, e != nullptr,
                    "checkpoint {}: rank {}'s position of sampler \"{}\" is missing", reader.name(),
-                   rank, name);
-    sampler->loadState(SamplerState::decode(readBytes(reader, *e)));
+                   rank, entry.name);
+    entry.sampler->loadState(SamplerState::decode(readBytes(reader, *e)));
   }
 }
 

@@ -4,12 +4,15 @@
 // (tests/unit/checkpoint_format_test.cpp). Arbitrary bytes go through the reader as a file would;
 // the only acceptable outcomes are a CheckpointError or a file whose every promise holds:
 //   - every entry's data lies inside the input, aligned, and reading it touches only its bytes;
+//   - no two non-empty entries share a byte;
 //   - the manifest re-encodes to exactly the bytes it came from (one encoding per file);
 //   - verify() and read() agree with the checksums.
 // Anything else -- another exception type, a crash, an allocation beyond the input -- is a bug.
+#include <algorithm>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <utility>
 #include <vector>
 
 #include "byte_layout.h"
@@ -66,10 +69,14 @@ inline void checkCheckpointBytes(const uint8_t* data, size_t size) {
     CheckpointReader reader(memorySource(data, size, "fuzz input"));
     const Header& h = reader.header();
     check(h.fileSize == size);
+    std::vector<std::pair<uint64_t, uint64_t>> spans;  // [offset, end) of non-empty entries
     for (const Entry& e : reader.entries()) {
       check(e.offset % kDataAlignment == 0 && e.offset >= h.dataOffset);
       check(e.offset <= size && e.size <= size - e.offset);
+      if (e.size) spans.emplace_back(e.offset, e.offset + e.size);
     }
+    std::sort(spans.begin(), spans.end());
+    for (size_t i = 1; i < spans.size(); ++i) check(spans[i - 1].second <= spans[i].first);
     auto manifest = encodeManifest(reader.entries());
     check(manifest.size() == h.manifestSize &&
           std::memcmp(manifest.data(), data + h.manifestOffset, manifest.size()) == 0);

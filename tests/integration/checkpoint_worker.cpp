@@ -7,7 +7,9 @@
 //
 //   checkpoint_worker --dir D --steps N [--save-every K] [--async] [--global-batch B]
 //                     [--step-ms MS] [--stop-after S] [--allow-resize] [--scaler-local]
-//                     [--out FILE]
+//                     [--zero 1|2] [--checkpoint-timeout-ms MS] [--out FILE]
+//
+// --zero: the SGD is a ShardedOptimizer (ZeRO stage 1 or 2) and the checkpoints are sharded.
 //
 // The data: 48 fixed samples; every step consumes a global batch of B (12) of an epoch's order,
 // split over the ranks (B / world each), so the math of a step does not depend on the world size.
@@ -36,6 +38,9 @@ struct Args {
   int64_t stopAfter = -1;
   bool allowResize = false;
   bool scalerLocal = false;
+  int zero = 0;
+  int64_t checkpointTimeoutMs = 0;  // 0: the Checkpointer's default
+  int64_t collectiveTimeoutMs = 30000;
   std::string out;
 };
 
@@ -56,6 +61,9 @@ Args parse(int argc, char** argv) {
     else if (f == "--stop-after") a.stopAfter = std::stoll(next());
     else if (f == "--allow-resize") a.allowResize = true;
     else if (f == "--scaler-local") a.scalerLocal = true;
+    else if (f == "--zero") a.zero = std::stoi(next());
+    else if (f == "--checkpoint-timeout-ms") a.checkpointTimeoutMs = std::stoll(next());
+    else if (f == "--collective-timeout-ms") a.collectiveTimeoutMs = std::stoll(next());
     else if (f == "--out") a.out = next();
     else DTRAIN_THROW(dtrain::InvalidArgument, "unknown flag {}", f);
   }
@@ -71,10 +79,23 @@ torch::Tensor flatParams(torch::nn::Module& m) {
   return torch::cat(parts);
 }
 
+// SGD with momentum; with `zero` 1 or 2, sharded (its checkpoints are then sharded too).
+std::unique_ptr<torch::optim::Optimizer> makeSgd(
+    dtrain::DistributedDataParallel<torch::nn::Sequential>& ddp, int zero) {
+  const auto options = torch::optim::SGDOptions(0.05).momentum(0.9);
+  if (zero == 0) return std::make_unique<torch::optim::SGD>(ddp.parameters(), options);
+  dtrain::ZeroOptions zo;
+  zo.stage = zero;
+  zo.firstUnitBytes = 128;  // several units, each split over the ranks
+  zo.unitBytes = 256;
+  return std::make_unique<dtrain::ShardedOptimizer>(
+      ddp, dtrain::optimizerFactory<torch::optim::SGD>(options), zo);
+}
+
 int run(const Args& args) {
   torch::set_num_threads(1);
   dtrain::InitOptions init;
-  init.timeout = std::chrono::seconds(30);
+  init.timeout = std::chrono::milliseconds(args.collectiveTimeoutMs);
   init.connectTimeout = std::chrono::seconds(30);
   auto group = dtrain::init(init);
   const int rank = group->rank(), world = group->size();
@@ -89,7 +110,8 @@ int run(const Args& args) {
   torch::manual_seed(7 + rank);  // DDP broadcasts rank 0's
   torch::nn::Sequential net(torch::nn::Linear(8, 16), torch::nn::Tanh(), torch::nn::Linear(16, 4));
   dtrain::DistributedDataParallel<torch::nn::Sequential> ddp(net, group);
-  torch::optim::SGD sgd(ddp.parameters(), torch::optim::SGDOptions(0.05).momentum(0.9));
+  auto optimizer = makeSgd(ddp, args.zero);
+  torch::optim::Optimizer& sgd = *optimizer;
   torch::optim::StepLR schedule(sgd, /*step_size=*/5, /*gamma=*/0.7);
   dtrain::GradScalerOptions scalerOptions;
   scalerOptions.growthInterval = 4;
@@ -101,6 +123,7 @@ int run(const Args& args) {
   dtrain::CheckpointOptions options(args.dir);
   options.keepLast = 2;
   options.allowWorldSizeChange = args.allowResize;
+  if (args.checkpointTimeoutMs > 0) options.timeout = std::chrono::milliseconds(args.checkpointTimeoutMs);
   dtrain::Checkpointer checkpointer(group, options);
   checkpointer.addModule("model", net);
   checkpointer.addOptimizer("sgd", sgd);

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The sample trainer under launch: 2 ranks train to the known solution; with --checkpoint-dir a
 # rank killed in epoch 2 is restarted by launch and the job resumes after epoch 1, still reaching
-# the solution; --amp (bfloat16 on the CPU) trains too; a bad flag is exit 2.
+# the solution; --amp (bfloat16 on the CPU) trains too; --help is exit 0 and lists every flag; a
+# bad or unknown flag is exit 2.
 # Usage: train_linear_test.sh <build-dir>
 set -uo pipefail
 build="$1"
@@ -36,6 +37,17 @@ rc=$?
 echo "$out"
 [ "$rc" -eq 0 ] || { echo "FAIL: --amp exited $rc"; exit 1; }
 weight_error_below "$out" 0.05  # bfloat16 forward: 8 bits of mantissa
+
+out="$("$build/train_linear" --help 2>&1)"
+rc=$?
+[ "$rc" -eq 0 ] || { echo "FAIL: --help gave exit $rc, expected 0: $out"; exit 1; }
+for flag in --epochs --batch-size --lr --samples --checkpoint-dir --amp --tensorboard-dir; do
+  grep -q -- "$flag" <<<"$out" || { echo "FAIL: --help does not list $flag: $out"; exit 1; }
+done
+out="$("$build/train_linear" --bogus 2>&1)"
+rc=$?
+[ "$rc" -eq 2 ] || { echo "FAIL: an unknown flag gave exit $rc, expected 2: $out"; exit 1; }
+grep -q "unknown flag --bogus" <<<"$out" || { echo "FAIL: message: $out"; exit 1; }
 
 out="$("$build/launch" --nproc-per-node 1 "$build/train_linear" --epochs x 2>&1)"
 rc=$?

@@ -1,23 +1,27 @@
-// Checkpointer with ranks as threads: what a checkpoint holds comes back bitwise, into the same
-// tensors; keep-last and LATEST; asynchronous snapshots; world-size checks; several simulated
-// nodes, one of which lost its directory or holds a damaged newest file; failed saves reported
-// on every rank; preemption at an agreed step; exports PyTorch reads. Real processes under
-// `launch` (kills, restarts, SIGTERM) are in tests/integration/checkpoint_processes_test.cpp.
+// Checkpointer with ranks as threads on one node: what a checkpoint holds comes back bitwise, into
+// the same tensors; keep-last and LATEST; asynchronous snapshots; a step saved twice written once;
+// a prefetching loader resumed exactly; world-size checks; failed saves reported on every rank;
+// preemption at an agreed step; exports PyTorch reads. Several simulated nodes are in
+// checkpoint_nodes_test.cpp; real processes under `launch` (kills, restarts, SIGTERM) in
+// tests/integration/checkpoint_processes_test.cpp.
 #include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <atomic>
 #include <chrono>
-#include <thread>
-
 #include <cstdlib>
 #include <fstream>
+#include <mutex>
+#include <set>
+#include <thread>
 
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include "../../runtime/torch/checkpoint_state.h"
 #include "checkpoint/file_io.h"
+#include "checkpoint_test_util.h"
 #include "ddp_models.h"
 #include "ddp_test_util.h"
 #include "dtrain/torch/checkpoint.h"
@@ -27,57 +31,6 @@
 
 namespace dtrain::testing {
 namespace {
-
-CheckpointOptions optionsFor(const std::string& dir) {
-  CheckpointOptions o(dir);
-  o.handlePreemption = false;
-  return o;
-}
-
-std::string verifyErrorOf(const std::string& path) {
-  try {
-    checkpoint::CheckpointReader::open(path).verify();
-    return "";
-  } catch (const std::exception& e) {
-    return e.what();
-  }
-}
-
-// The same values on every rank, as DDP would make them: ranks run as threads share one random
-// generator, so seeding it in each thread races.
-void setSameOnEveryRank(torch::nn::Module& m) {
-  torch::NoGradGuard g;
-  float base = 0;
-  for (auto& p : m.parameters()) {
-    p.copy_(torch::arange(p.numel(), torch::kFloat).reshape(p.sizes()) * 0.001 + base);
-    base += 1;
-  }
-}
-
-// Inverts the byte at `offset` (always a change, whatever the byte was).
-void flipByte(const std::string& path, uint64_t offset) {
-  std::fstream f(path, std::ios::in | std::ios::out | std::ios::binary);
-  f.seekg(static_cast<std::streamoff>(offset));
-  char c = 0;
-  f.read(&c, 1);
-  f.seekp(static_cast<std::streamoff>(offset));
-  f.put(static_cast<char>(~c));
-}
-
-std::shared_ptr<ProcessGroup> soloGroup() { return threadGroup(*ThreadWorld::create(1), 0); }
-
-std::vector<torch::Tensor> stateOf(torch::nn::Module& m) {
-  std::vector<torch::Tensor> out;
-  for (const auto& p : m.parameters()) out.push_back(p.detach().clone());
-  for (const auto& b : m.buffers()) out.push_back(b.detach().clone());
-  return out;
-}
-
-void expectBitwise(torch::nn::Module& m, const std::vector<torch::Tensor>& want, const std::string& what) {
-  auto have = stateOf(m);
-  ASSERT_EQ(have.size(), want.size());
-  for (size_t i = 0; i < have.size(); ++i) EXPECT_TRUE(torch::equal(have[i], want[i])) << what << " tensor " << i;
-}
 
 // A small training setup with everything a checkpoint holds.
 struct Trainer {
@@ -247,6 +200,156 @@ TEST(Checkpointer, AsyncSaveKeepsTheStateOfTheMomentItWasCalled) {
   expectBitwise(*fresh, atSave, "snapshot");
 }
 
+// saveAsync(S), then SIGTERM within that step: preempted(S) saves S again. A step that every node
+// committed is not written again, so the grace period holds one write, not two.
+TEST(Checkpointer, AStepSavedAsynchronouslyAndThenPreemptedIsWrittenOnce) {
+  TempDir dir;
+  auto world = ThreadWorld::create(2);
+  std::vector<std::vector<CheckpointWrite>> writes(2);
+  world->run([&](int rank) {
+    Mlp net;
+    Checkpointer c(threadGroup(*world, rank), optionsFor(dir.path()));
+    c.addModule("m", net);
+    c.saveAsync(4);
+    if (rank == 1) requestStop();  // SIGTERM during step 4
+    EXPECT_TRUE(c.preempted(4));
+    writes[rank] = c.finishedWrites();
+    EXPECT_EQ(c.committedSteps(), (std::vector<int64_t>{4}));
+  });
+  clearStopRequest();
+  ASSERT_EQ(writes[0].size(), 1u) << "step 4 was written more than once";
+  EXPECT_EQ(writes[0][0].step, 4);
+  EXPECT_TRUE(writes[1].empty());
+  // The same after a restore: saving the restored step again writes nothing.
+  auto group = soloGroup();
+  TempDir solo;
+  Mlp net;
+  {
+    Checkpointer c(group, optionsFor(solo.path()));
+    c.addModule("m", net);
+    c.save(7);
+  }
+  Checkpointer c(group, optionsFor(solo.path()));
+  c.addModule("m", net);
+  ASSERT_EQ(c.restore()->step, 7);
+  c.save(7);
+  EXPECT_TRUE(c.finishedWrites().empty());
+  c.save(8);
+  EXPECT_EQ(c.finishedWrites().size(), 1u);
+}
+
+// A dataset whose samples are their own indices.
+struct IndexDataset : torch::data::datasets::Dataset<IndexDataset> {
+  torch::data::Example<> get(size_t i) override {
+    return {torch::tensor(static_cast<int64_t>(i)), torch::tensor(int64_t{0})};
+  }
+  torch::optional<size_t> size() const override { return 64; }
+};
+
+// What a run sees after 5 batches of libtorch's loader with 2 workers, which asks its sampler for
+// 2 x workers batches ahead: `continuation`, the next 10 batches of the run itself; `resumed`, the
+// first 3 of a fresh run restored from a checkpoint taken after the 5. `counted`: the program
+// tells the Checkpointer how many samples training consumed.
+struct PrefetchRun {
+  std::vector<int64_t> continuation, resumed;
+  uint64_t handedOutCursor = 0, consumedCursor = 0;
+};
+
+PrefetchRun runWithPrefetchingLoader(const std::string& dir, bool counted) {
+  auto group = soloGroup();
+  SamplerOptions so;
+  so.seed = 3;
+  auto loaderOver = [](DistributedSampler& sampler) {
+    return torch::data::make_data_loader(
+        IndexDataset().map(torch::data::transforms::Stack<>()), sampler,
+        torch::data::DataLoaderOptions().batch_size(4).workers(2));
+  };
+  auto take = [](auto& it, int batches, size_t& consumed) {
+    std::vector<int64_t> out;
+    for (int b = 0; b < batches; ++b, ++it) {
+      for (int64_t i = 0; i < it->data.size(0); ++i) out.push_back(it->data[i].template item<int64_t>());
+      consumed += static_cast<size_t>(it->data.size(0));
+    }
+    return out;
+  };
+  PrefetchRun run;
+  {
+    DistributedSampler sampler(64, 1, 0, so);
+    size_t consumed = 0;
+    Checkpointer c(group, optionsFor(dir));
+    c.addSampler("data", sampler, counted ? std::function<size_t()>([&] { return consumed; }) : nullptr);
+    auto loader = loaderOver(sampler);
+    auto it = loader->begin();
+    take(it, 5, consumed);
+    run.handedOutCursor = sampler.state().cursor;
+    run.consumedCursor = sampler.state(consumed).cursor;
+    c.save(5);
+    run.continuation = take(it, 10, consumed);
+  }
+  DistributedSampler sampler(64, 1, 0, so);
+  size_t consumed = 0;
+  Checkpointer c(group, optionsFor(dir));
+  c.addSampler("data", sampler, counted ? std::function<size_t()>([&] { return consumed; }) : nullptr);
+  EXPECT_EQ(c.restore()->step, 5);
+  auto loader = loaderOver(sampler);
+  auto it = loader->begin();
+  run.resumed = take(it, 3, consumed);
+  return run;
+}
+
+TEST(Checkpointer, APrefetchingLoaderResumesExactlyWhenTheConsumedCountIsGiven) {
+  TempDir dir;
+  PrefetchRun counted = runWithPrefetchingLoader(dir.file("counted"), true);
+  EXPECT_EQ(counted.consumedCursor, 20u);
+  EXPECT_GT(counted.handedOutCursor, counted.consumedCursor) << "the loader did not prefetch";
+  EXPECT_EQ(counted.resumed, std::vector<int64_t>(counted.continuation.begin(),
+                                                  counted.continuation.begin() + 12));
+  // Without the count, the position saved is what the loader had prefetched: the resumed run
+  // starts that many samples later, and skips them.
+  PrefetchRun uncounted = runWithPrefetchingLoader(dir.file("uncounted"), false);
+  const auto skipped = static_cast<std::ptrdiff_t>(uncounted.handedOutCursor - uncounted.consumedCursor);
+  ASSERT_GT(skipped, 0);
+  ASSERT_LE(skipped + 12, static_cast<std::ptrdiff_t>(uncounted.continuation.size()));
+  EXPECT_EQ(uncounted.resumed,
+            std::vector<int64_t>(uncounted.continuation.begin() + skipped,
+                                 uncounted.continuation.begin() + skipped + 12));
+}
+
+// The refusal every rank reports names the others, not the rank that prints it.
+TEST(Checkpointer, AFailureOnSeveralRanksNamesTheOthersOnEach) {
+  TempDir dir;
+  auto two = ThreadWorld::create(2);
+  two->run([&](int rank) {
+    Mlp net;
+    Checkpointer c(threadGroup(*two, rank), optionsFor(dir.path()));
+    c.addModule("m", net);
+    c.save(4);
+  });
+  auto three = ThreadWorld::create(3);
+  std::vector<std::string> errors(3);
+  three->run([&](int rank) {
+    Mlp net;
+    Checkpointer c(threadGroup(*three, rank), optionsFor(dir.path()));
+    c.addModule("m", net);
+    try {
+      c.restore();
+    } catch (const CheckpointError& e) {
+      errors[rank] = e.what();
+    }
+  });
+  EXPECT_NE(errors[0].find("world size 2, this job has world size 3"), std::string::npos) << errors[0];
+  EXPECT_NE(errors[0].find("(it failed on rank 1 (node 0) and rank 2 (node 0) too)"),
+            std::string::npos)
+      << errors[0];
+  EXPECT_NE(errors[1].find("(it failed on rank 0 (node 0) and rank 2 (node 0) too)"),
+            std::string::npos)
+      << errors[1];
+  for (int r = 0; r < 3; ++r) {
+    const std::string self = "rank " + std::to_string(r) + " (node";
+    EXPECT_EQ(errors[r].find(self), std::string::npos) << "rank " << r << ": " << errors[r];
+  }
+}
+
 TEST(Checkpointer, AnotherWorldSizeIsRefusedNamingBothUnlessAllowed) {
   TempDir dir;
   auto world = ThreadWorld::create(2);
@@ -310,122 +413,6 @@ TEST(Checkpointer, RefusesACheckpointThatLacksWhatIsRegisteredBeforeTouchingAnyt
     EXPECT_NE(std::string(e.what()).find("optimizer/adam/type"), std::string::npos) << e.what();
     EXPECT_NE(std::string(e.what()).find("HINT"), std::string::npos) << e.what();
   }
-}
-
-// Four ranks on two simulated nodes, each node writing its own directory.
-struct TwoNodes {
-  std::shared_ptr<ThreadWorld> world = ThreadWorld::create(4);
-  std::string dir;
-  explicit TwoNodes(std::string d) : dir(std::move(d)) {}
-  CheckpointOptions options(int rank) const {
-    CheckpointOptions o = optionsFor(dir);
-    o.nodeRank = rank / 2;
-    o.localRank = rank % 2;
-    return o;
-  }
-};
-
-TEST(Checkpointer, ANodeThatLostItsDirectoryGetsACopyFromAnother) {
-  TempDir tmp;
-  TwoNodes job(tmp.path() + "/ckpt");
-  std::vector<std::vector<torch::Tensor>> saved(4);
-  job.world->run([&](int rank) {
-    Mlp net;
-    setSameOnEveryRank(*net);
-    Checkpointer c(threadGroup(*job.world, rank), job.options(rank));
-    c.addModule("m", net);
-    c.save(5);
-    saved[rank] = stateOf(*net);
-  });
-  for (int node : {0, 1}) {
-    EXPECT_EQ(checkpoint::listDirectory(job.dir + "/node" + std::to_string(node)).steps,
-              (std::vector<int64_t>{5}));
-  }
-  // Node 1 comes back as a fresh machine.
-  ASSERT_EQ(std::system(("rm -rf " + job.dir + "/node1").c_str()), 0);
-  std::vector<RestoredCheckpoint> results(4);
-  job.world->run([&](int rank) {
-    Mlp net;  // whatever it starts with, restore() overwrites
-    Checkpointer c(threadGroup(*job.world, rank), job.options(rank));
-    c.addModule("m", net);
-    results[rank] = c.restore().value();
-    expectBitwise(*net, saved[0], "rank " + std::to_string(rank));
-  });
-  for (int rank = 0; rank < 4; ++rank) {
-    EXPECT_EQ(results[rank].step, 5);
-    EXPECT_EQ(results[rank].copiedFromPeer, rank >= 2) << rank;
-  }
-  auto copied = checkpoint::listDirectory(job.dir + "/node1");
-  EXPECT_EQ(copied.steps, (std::vector<int64_t>{5}));
-  EXPECT_EQ(copied.latest.value_or(-1), 5);
-  EXPECT_EQ(verifyErrorOf(job.dir + "/node1/step-00000005"), "");
-}
-
-// What train_resnet records as checkpoint_write_seconds / checkpoint_bytes.
-TEST(Checkpointer, FinishedWritesAreReportedOnceByEachNodesWriter) {
-  TempDir tmp;
-  TwoNodes job(tmp.path() + "/ckpt");
-  std::vector<std::vector<CheckpointWrite>> writes(4), again(4);
-  job.world->run([&](int rank) {
-    Mlp net;
-    setSameOnEveryRank(*net);
-    Checkpointer c(threadGroup(*job.world, rank), job.options(rank));
-    c.addModule("m", net);
-    c.saveAsync(3);
-    c.save(7);  // waits for the first, then writes and commits
-    writes[rank] = c.finishedWrites();
-    again[rank] = c.finishedWrites();
-  });
-  for (int rank = 0; rank < 4; ++rank) {
-    EXPECT_TRUE(again[rank].empty()) << "rank " << rank << ": each write once";
-    if (rank % 2 == 1) {
-      EXPECT_TRUE(writes[rank].empty()) << "rank " << rank << " writes no directory";
-      continue;
-    }
-    ASSERT_EQ(writes[rank].size(), 2u) << "rank " << rank << ", the writer of its node";
-    const std::string dir = job.dir + "/node" + std::to_string(rank / 2);
-    for (size_t i = 0; i < 2; ++i) {
-      const CheckpointWrite& w = writes[rank][i];
-      EXPECT_EQ(w.step, i == 0 ? 3 : 7);
-      EXPECT_GT(w.seconds, 0);
-      char name[32];
-      std::snprintf(name, sizeof name, "/step-%08lld", static_cast<long long>(w.step));
-      struct stat st {};
-      ASSERT_EQ(::stat((dir + name).c_str(), &st), 0) << dir + name;
-      EXPECT_EQ(w.bytes, static_cast<uint64_t>(st.st_size));
-    }
-  }
-}
-
-TEST(Checkpointer, TheNewestStepThatVerifiesOnAnyNodeWins) {
-  TempDir tmp;
-  TwoNodes job(tmp.path() + "/ckpt-{node}-local");
-  std::vector<torch::Tensor> at6;
-  job.world->run([&](int rank) {
-    Mlp net;
-    setSameOnEveryRank(*net);
-    Checkpointer c(threadGroup(*job.world, rank), job.options(rank));
-    c.addModule("m", net);
-    c.save(5);
-    torch::NoGradGuard g;
-    net->fc1->weight.add_(1);
-    c.save(6);
-    if (rank == 0) at6 = stateOf(*net);
-  });
-  // Node 0's newest file is damaged; node 1's is intact.
-  std::string damaged = tmp.path() + "/ckpt-0-local/step-00000006";
-  flipByte(damaged, 300);
-  EXPECT_NE(verifyErrorOf(damaged), "");
-  job.world->run([&](int rank) {
-    Mlp net;
-    Checkpointer c(threadGroup(*job.world, rank), job.options(rank));
-    c.addModule("m", net);
-    auto r = c.restore().value();
-    EXPECT_EQ(r.step, 6);
-    EXPECT_EQ(r.copiedFromPeer, rank < 2);
-    expectBitwise(*net, at6, "rank " + std::to_string(rank));
-  });
-  EXPECT_EQ(verifyErrorOf(damaged), "") << "node 0's damaged copy was not replaced";
 }
 
 // The newest file's data is damaged (its header and manifest are fine): the damage is found while
@@ -617,9 +604,14 @@ TEST(CheckpointExport, WritesWhatPythonAndLibtorchLoad) {
   BnCnn loaded;
   torch::load(loaded, dir.file("model.libtorch.pt"));
   expectBitwise(*loaded, stateOf(*net), "torch::load");
-  // pickle: torch::pickle_load here; Python's torch.load in the integration test.
+  // pickle: torch::pickle_load here; Python's torch.load(weights_only=True) in the integration
+  // test. No typed-container tag (torch.jit._pickle.restore_type_tag), which weights_only refuses:
+  // only what torch.save(state_dict) writes (Note [Exported pickles]).
   exportStateDict(file, dir.file("model.pt"));
   std::string bytes = readFile(dir.file("model.pt"));
+  EXPECT_EQ(bytes.find("restore_type_tag"), std::string::npos);
+  EXPECT_EQ(bytes.find("torch.jit"), std::string::npos);
+  EXPECT_NE(bytes.find("_rebuild_tensor_v2"), std::string::npos);
   auto dict = torch::pickle_load(std::vector<char>(bytes.begin(), bytes.end())).toGenericDict();
   for (const auto& p : net->named_parameters()) {
     EXPECT_TRUE(torch::equal(dict.at(p.key()).toTensor(), p.value())) << p.key();
@@ -628,6 +620,36 @@ TEST(CheckpointExport, WritesWhatPythonAndLibtorchLoad) {
     EXPECT_TRUE(torch::equal(dict.at(b.key()).toTensor(), b.value())) << b.key();
   }
   EXPECT_THROW(exportStateDict(file, dir.file("x.pt"), "nope"), InvalidArgument);
+}
+
+// Restore's reading threads copy into CUDA tensors: each first makes the group's device current
+// (forEachSpread's hook), or a fresh thread would work on device 0 and create a context there in
+// every rank. The hook runs on every helper thread before its first job, never on the caller's.
+TEST(CheckpointState, HelperThreadsEnterTheDeviceBeforeTheirJobs) {
+  const int threadsBefore = at::get_num_threads();
+  at::set_num_threads(4);
+  std::mutex mutex;
+  std::set<std::thread::id> entered, ran;
+  const auto caller = std::this_thread::get_id();
+  checkpoint::forEachSpread(
+      8, [](size_t) { return uint64_t{1} << 20; },
+      [&](size_t) {
+        std::lock_guard<std::mutex> lock(mutex);
+        const auto id = std::this_thread::get_id();
+        ran.insert(id);
+        if (id != caller) {
+          EXPECT_TRUE(entered.count(id)) << "a job ran before its thread's hook";
+        }
+      },
+      [&] {
+        std::lock_guard<std::mutex> lock(mutex);
+        entered.insert(std::this_thread::get_id());
+      });
+  at::set_num_threads(threadsBefore);
+  EXPECT_GE(ran.size(), 2u) << "the work was not spread";
+  EXPECT_EQ(entered.size(), ran.size() - 1);
+  EXPECT_FALSE(entered.count(caller));
+  EXPECT_FALSE(static_cast<bool>(checkpoint::useDeviceInThread(c10::Device(c10::kCPU))));
 }
 
 }  // namespace

@@ -2,12 +2,18 @@
 // LATEST, keep-last, leftovers, I/O errors injected at every kind of call, a SIGKILL after every
 // single I/O call of three saves, and a real full disk (a small tmpfs, as root).
 #include <fcntl.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <atomic>
+#include <chrono>
+#include <cstring>
 #include <fstream>
 #include <regex>
+#include <thread>
 
 #include <gtest/gtest.h>
 
@@ -118,6 +124,64 @@ TEST(CheckpointDirectory, AFailedSaveLeavesTheEarlierCheckpointsAndLatest) {
     save(again, dir.path(), 3);
     EXPECT_EQ(listDirectory(dir.path()).latest.value_or(-1), 3);
   }
+}
+
+// Saving a committed step again (what a program that saveAsync()s a step and is then preempted at
+// it used to do): a failure after the rename must not remove the new file, which replaced the one
+// LATEST names and is complete and fsynced. A new step's failed save still leaves nothing.
+TEST(CheckpointDirectory, ASecondSaveOfTheStepLatestNamesNeverDeletesIt) {
+  TempDir dir;
+  FileOps ok = cleanOps();
+  save(ok, dir.path(), 1);
+  save(ok, dir.path(), 2);
+  // The second save's calls: fsync of the file (1), rename, then the directory's fsync (2) fails.
+  FileOps faulty{fault::IoFaultInjector(fault::parseIoFaults("fsync:EIO@2"))};
+  EXPECT_THROW(save(faulty, dir.path(), 2), CheckpointError);
+  auto listing = listDirectory(dir.path());
+  EXPECT_EQ(listing.steps, (std::vector<int64_t>{2, 1}));
+  EXPECT_EQ(listing.latest.value_or(-1), 2);
+  EXPECT_EQ(testing::verifyError(dir.file(stepFileName(2))), "");
+  EXPECT_TRUE(listing.temporaries.empty());
+}
+
+// The directories a Checkpointer creates survive a power loss: each new component's parent is
+// fsynced (through FileOps, so the injected fault reaches it), existing ones are left alone.
+TEST(CheckpointDirectory, NewDirectoriesAreMadeDurableThroughTheirParents) {
+  TempDir dir;
+  FileOps ops = cleanOps();
+  makeDirectories(ops, dir.file("a/b/c"));
+  EXPECT_EQ(ops.calls(), 6);  // open + fsync of the parent of a, of b and of c
+  makeDirectories(ops, dir.file("a/b/c"));
+  EXPECT_EQ(ops.calls(), 6);  // nothing new, nothing to sync
+  FileOps faulty{fault::IoFaultInjector(fault::parseIoFaults("fsync:EIO@2"))};
+  try {
+    makeDirectories(faulty, dir.file("x/y"));
+    ADD_FAILURE() << "a failed fsync of a new directory's parent went unnoticed";
+  } catch (const CheckpointError& e) {
+    EXPECT_NE(std::string(e.what()).find(dir.file("x")), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("EIO"), std::string::npos) << e.what();
+  }
+}
+
+// A save above the threshold of Note [Hashing beside the write] hashes on a second thread: the
+// checksums it writes are the data's.
+TEST(CheckpointDirectory, ALargeSaveHashedBesideItsWriteVerifies) {
+  TempDir dir;
+  FileOps ops = cleanOps();
+  save(ops, dir.path(), 7, 3, size_t{12} << 20);
+  EXPECT_EQ(testing::verifyError(dir.file(stepFileName(7))), "");
+  auto sample = testing::sampleCheckpoint(7, size_t{12} << 20);
+  std::vector<uint8_t> region(sample.layout.header.dataSize, 0);
+  for (size_t i = 0; i < sample.data.size(); ++i) {
+    const auto& e = sample.layout.entries[i];
+    if (e.size) {
+      std::memcpy(region.data() + (e.offset - sample.layout.header.dataOffset),
+                  sample.data[i].data(), e.size);
+    }
+  }
+  writeCheckpointFileFromRegion(ops, dir.file("region"), sample.layout, region.data());
+  EXPECT_EQ(testing::verifyError(dir.file("region")), "");
+  EXPECT_EQ(testing::readFile(dir.file("region")), testing::readFile(dir.file(stepFileName(7))));
 }
 
 struct HelperRun {
@@ -254,6 +318,44 @@ TEST(CheckpointSaveThread, AStuckSaveTimesOutSayingWhereItIs) {
   thread.wait(std::chrono::seconds(10));
   ::close(reader);
   EXPECT_FALSE(thread.running());
+}
+
+// Pruning runs after the waiter has been released: wait() returns at the commit, settle() once
+// the work after it is done too; a failed job skips it.
+TEST(CheckpointSaveThread, WorkAfterTheJobDoesNotDelayTheWaiter) {
+  SaveThread thread;
+  std::atomic<bool> pruned{false};
+  thread.start("a save", [](SaveProgress&) {}, [&pruned] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(400));
+    pruned = true;
+  });
+  auto start = std::chrono::steady_clock::now();
+  thread.wait(std::chrono::seconds(10));
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::milliseconds(300));
+  EXPECT_FALSE(pruned.load());
+  EXPECT_FALSE(thread.settle(std::chrono::milliseconds(1)));
+  EXPECT_TRUE(thread.settle(std::chrono::seconds(10)));
+  EXPECT_TRUE(pruned.load());
+  std::atomic<bool> ranAfterFailure{false};
+  thread.start("a failing save", [](SaveProgress&) { throw CheckpointError("disk gone"); },
+               [&ranAfterFailure] { ranAfterFailure = true; });
+  EXPECT_THROW(thread.wait(std::chrono::seconds(10)), CheckpointError);
+  EXPECT_TRUE(thread.settle(std::chrono::seconds(10)));
+  EXPECT_FALSE(ranAfterFailure.load());
+}
+
+// Note [Background saves yield]: the thread that lowers its priority is the only one that does.
+TEST(CheckpointSaveThread, ABackgroundSaveThreadYieldsTheCpu) {
+  auto niceOf = [] { return ::getpriority(PRIO_PROCESS, static_cast<id_t>(::syscall(SYS_gettid))); };
+  const int mine = niceOf();
+  int theirs = -100;
+  std::thread background([&] {
+    EXPECT_TRUE(lowerThisThreadsPriority());
+    theirs = niceOf();
+  });
+  background.join();
+  EXPECT_EQ(theirs, std::min(mine + kBackgroundNice, 19));
+  EXPECT_EQ(niceOf(), mine);
 }
 
 }  // namespace

@@ -146,6 +146,16 @@ const Crafted kCrafted[] = {
      "lie outside"},
     {"overlapping offsets",
      [](Bytes& b) { setU(b, recordAt(b, 1) + 32, getU(b, recordAt(b, 0) + 32, 8), 8); }, "overlap"},
+    {"an empty entry between overlapping ones",
+     [](Bytes& b) {
+       // fc.weight (record 0, 200 bytes at 128) covers 128..328: "meta/empty" (record 7, no
+       // bytes) moves to 192 and bn.num_batches_tracked (record 1) to 256, inside it. Each
+       // neighbour pair has an empty side; only the furthest end seen so far shows the overlap.
+       const uint64_t a = getU(b, recordAt(b, 0) + 32, 8);
+       setU(b, recordAt(b, 7) + 32, a + 64, 8);
+       setU(b, recordAt(b, 1) + 32, a + 128, 8);
+     },
+     "overlap"},
     {"misaligned offset", [](Bytes& b) { setU(b, recordAt(b, 1) + 32, getU(b, recordAt(b, 1) + 32, 8) + 8, 8); },
      "aligned"},
     {"shape overflow",
@@ -276,6 +286,41 @@ TEST(CheckpointFuzzCorpus, ReplaysTheCorpusAndSeededMutations) {
     Bytes b = mutate(base, rng);
     fuzz::fuzzCheckpointReader(b.data(), b.size());
   }
+}
+
+// Owned shards (a sharded optimizer's ranges, Note [Sharded checkpoint files]): a file may hold
+// some ranks' ranges only -- they need not tile the tensor -- but ranges of two ranks never
+// overlap, and a name is never both replicated and sharded.
+TEST(CheckpointFormat, OwnedShardsMayLeaveGapsButNeverOverlap) {
+  testing::TempDir dir;
+  FileOps ops(fault::IoFaultInjector({}));
+  auto write = [&](const std::string& name, const std::vector<EntrySpec>& specs) {
+    std::vector<std::vector<uint8_t>> bytes;
+    EntryData data;
+    for (const auto& spec : specs) {
+      const uint64_t count = spec.elementCount ? spec.elementCount : 12;
+      bytes.emplace_back(count * 4, static_cast<uint8_t>(bytes.size() + 1));
+    }
+    for (const auto& b : bytes) data.push_back(b.data());
+    std::vector<uint8_t> scratch;
+    Layout layout = planLayout(1, 0, 4, "1.13.0", specs);
+    writeCheckpointFile(ops, dir.file(name), layout, data, scratch);
+    return testing::verifyError(dir.file(name));
+  };
+  const std::string w = "optimizer/adam/fc.weight/exp_avg";
+  // Ranks 0 and 2 of four: elements 0..3 and 6..9 of 12, a gap between and after.
+  EXPECT_EQ(write("gaps", {{w, Kind::Tensor, DType::Float32, {3, 4}, 0, 0, 3},
+                           {w, Kind::Tensor, DType::Float32, {3, 4}, 2, 6, 3}}),
+            "");
+  const std::string overlap = write("overlap", {{w, Kind::Tensor, DType::Float32, {3, 4}, 0, 0, 4},
+                                                {w, Kind::Tensor, DType::Float32, {3, 4}, 1, 3, 4}});
+  EXPECT_NE(overlap.find("the shard of rank 1 (elements 3..7) overlaps another rank's, which ends "
+                         "at 4"),
+            std::string::npos)
+      << overlap;
+  const std::string both = write("both", {{w, Kind::Tensor, DType::Float32, {3, 4}},
+                                          {w, Kind::Tensor, DType::Float32, {3, 4}, 1, 3, 4}});
+  EXPECT_NE(both.find("is both replicated and sharded"), std::string::npos) << both;
 }
 
 }  // namespace

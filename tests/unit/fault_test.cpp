@@ -1,5 +1,7 @@
 #include <signal.h>
 
+#include <chrono>
+
 #include <gtest/gtest.h>
 
 #include "dtrain/base/error.h"
@@ -167,9 +169,30 @@ TEST(IoFaultTest, CrashPointKillsAfterTheKthCall) {
       ::testing::KilledBySignal(SIGKILL), "");
 }
 
+// A slow disk: every write (or only the N-th) sleeps before it runs, then goes ahead.
+TEST(IoFaultTest, SlowCallsSleepAndThenGoAhead) {
+  auto faults = parseIoFaults("write:slow:120;fsync:slow:50@2,rank=1");
+  ASSERT_EQ(faults.size(), 2u);
+  EXPECT_EQ(faults[0].describe(), "write:slow:120");
+  EXPECT_EQ(faults[1].describe(), "fsync:slow:50@2,rank=1");
+  EXPECT_EQ(parseIoFaults("write:slow:7,attempt=0")[0].describe(), "write:slow:7,attempt=0");
+  IoFaultInjector inj(parseIoFaults("write:slow:120;fsync:slow:150@2;write:EIO@2"));
+  auto timed = [&](IoOp op, int expected) {
+    auto start = std::chrono::steady_clock::now();
+    EXPECT_EQ(inj.before(op), expected);
+    return std::chrono::steady_clock::now() - start;
+  };
+  EXPECT_GE(timed(IoOp::Write, 0), std::chrono::milliseconds(120));
+  EXPECT_GE(timed(IoOp::Write, EIO), std::chrono::milliseconds(120));  // slow, then it fails
+  EXPECT_LT(timed(IoOp::Fsync, 0), std::chrono::milliseconds(100));
+  EXPECT_GE(timed(IoOp::Fsync, 0), std::chrono::milliseconds(150));
+  EXPECT_LT(timed(IoOp::Open, 0), std::chrono::milliseconds(100));
+}
+
 TEST(IoFaultTest, RejectsBadSpecs) {
   for (const char* bad : {"write:ENOSPC", "unlink:EIO@1", "write:EWHAT@1", "write:EIO@0",
-                          "crash@io=0", "crash@step=1", "write@1"}) {
+                          "crash@io=0", "crash@step=1", "write@1", "write:slow:0", "write:slow:x",
+                          "write:slow:", "write:slow:5@0", "unlink:slow:5", "write:slow:5,step=1"}) {
     EXPECT_THROW(parseIoFaults(bad), InvalidArgument) << bad;
   }
 }

@@ -6,8 +6,9 @@
 //                                       entry; exit 1 when anything is damaged
 //   checkpoint export DIR|FILE --to model.pt [--module NAME] [--format pickle|libtorch]
 //                                       a module's state_dict for Python's torch.load (pickle,
-//                                       the default) or C++ torch::load (libtorch); a directory
-//                                       exports its newest checkpoint that verifies
+//                                       the default: what torch.save writes, which loads with
+//                                       weights_only=True) or C++ torch::load (libtorch); a
+//                                       directory exports its newest checkpoint that verifies
 //
 // Exit codes: 0 ok, 1 a checkpoint is damaged or an operation failed, 2 usage error.
 #include <dirent.h>
@@ -15,6 +16,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -71,6 +73,17 @@ std::vector<std::string> nodeDirectories(const std::string& dir) {
   return out;
 }
 
+// ", shards of ranks 0, 1" for a file holding a sharded optimizer's records (owned shard entries:
+// its own ranks' and the next node's), else "".
+std::string shardsText(const CheckpointReader& reader) {
+  std::set<uint32_t> owners;
+  for (const auto& e : reader.entries()) {
+    if (e.owner != kReplicated && e.kind == Kind::Tensor) owners.insert(e.owner);
+  }
+  if (owners.empty()) return "";
+  return fmt::format(", shards of rank{} {}", owners.size() > 1 ? "s" : "", fmt::join(owners, ", "));
+}
+
 int listFile(const std::string& path) {
   CheckpointReader reader = CheckpointReader::open(path);
   const Header& h = reader.header();
@@ -81,9 +94,13 @@ int listFile(const std::string& path) {
   std::printf("  %-8s %-9s %-12s %-10s %12s  %s\n", "kind", "dtype", "shape", "owner", "bytes", "name");
   for (const auto& e : reader.entries()) {
     std::string owner = e.owner == kReplicated ? "all" : fmt::format("rank {}", e.owner);
-    std::printf("  %-8s %-9s %-12s %-10s %12llu  %s\n", kindName(e.kind), dtypeName(e.dtype),
+    const bool ranged = e.isShard() || (e.owner != kReplicated && e.kind == Kind::Tensor);
+    const std::string range =
+        ranged ? fmt::format(" (elements {}..{})", e.elementOffset, e.elementOffset + e.elementCount)
+               : "";
+    std::printf("  %-8s %-9s %-12s %-10s %12llu  %s%s\n", kindName(e.kind), dtypeName(e.dtype),
                 shapeText(e.shape).c_str(), owner.c_str(), static_cast<unsigned long long>(e.size),
-                e.name.c_str());
+                e.name.c_str(), range.c_str());
   }
   return 0;
 }
@@ -104,9 +121,10 @@ int list(const std::string& path) {
       try {
         CheckpointReader reader = CheckpointReader::open(file);
         const Header& h = reader.header();
-        std::printf("  %s  epoch %lld  world %u  %llu entries  %.1f MiB\n", stepFileName(step).c_str(),
-                    static_cast<long long>(h.epoch), h.worldSize,
-                    static_cast<unsigned long long>(h.entryCount), h.fileSize / 1048576.0);
+        std::printf("  %s  epoch %lld  world %u  %llu entries  %.1f MiB%s\n",
+                    stepFileName(step).c_str(), static_cast<long long>(h.epoch), h.worldSize,
+                    static_cast<unsigned long long>(h.entryCount), h.fileSize / 1048576.0,
+                    shardsText(reader).c_str());
       } catch (const std::exception& e) {
         std::printf("  %s  DAMAGED: %s\n", stepFileName(step).c_str(), e.what());
       }
@@ -123,9 +141,10 @@ bool verifyFile(const std::string& path) {
   try {
     CheckpointReader reader = CheckpointReader::open(path);
     reader.verify();
-    std::printf("%s: ok (step %lld, %llu entries, every checksum matches)\n", path.c_str(),
+    std::printf("%s: ok (step %lld, %llu entries%s, every checksum matches)\n", path.c_str(),
                 static_cast<long long>(reader.header().step),
-                static_cast<unsigned long long>(reader.header().entryCount));
+                static_cast<unsigned long long>(reader.header().entryCount),
+                shardsText(reader).c_str());
     return true;
   } catch (const std::exception& e) {
     std::printf("%s: DAMAGED: %s\n", path.c_str(), e.what());
@@ -209,7 +228,8 @@ int run(int argc, char** argv) {
     std::string file = newestVerified(positional[0]);
     dtrain::exportStateDict(file, to, module, format);
     std::printf("exported %s to %s (%s)\n", file.c_str(), to.c_str(),
-                format == "pickle" ? "for Python's torch.load" : "for C++ torch::load");
+                format == "pickle" ? "for Python's torch.load(path, weights_only=True)"
+                                   : "for C++ torch::load");
     return 0;
   }
   return usage("unknown command " + command);

@@ -2,12 +2,16 @@
 
 #include <dirent.h>
 #include <fcntl.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <system_error>
+#include <thread>
 
 #include <fmt/format.h>
 
@@ -176,6 +180,51 @@ void finishFile(FileOps& ops, int fd, const std::string& path, Layout& layout, S
   ops.fsync(fd, path);
 }
 
+// Note [Hashing beside the write]
+// Every entry's XXH3 goes into the manifest, which is written after the data. Hashing first and
+// writing after is two passes over the state, one after the other, on the save thread; a save is
+// memory-bound, and hashing (~6 GB/s) costs about as much as copying into the page cache. So when
+// the caller waits for the save (save(), training stopped), a second thread hashes the entries
+// while the save thread writes them: both only read the same memory, the wall time is the longer
+// of the two, and the manifest waits for both. A save in the background (saveAsync()) hashes
+// inline instead: it has time, and a third busy thread would take a core from training. Small
+// saves hash inline too, where a thread would cost more than it saves.
+constexpr uint64_t kHashThreadBytes = uint64_t{8} << 20;
+
+// Fills every entry's checksum from `dataOf(i)` -- for Hashing::Beside on a second thread while
+// `write` runs here -- complete when this returns (or throws: the thread is joined first).
+template <typename DataOf, typename Write>
+void hashBeside(Hashing hashing, Layout& layout, DataOf dataOf, Write&& write) {
+  auto hashAll = [&layout, dataOf] {
+    for (size_t i = 0; i < layout.entries.size(); ++i) {
+      Entry& e = layout.entries[i];
+      e.checksum = checksum(dataOf(i), e.size);
+    }
+  };
+  uint64_t total = 0;
+  for (const Entry& e : layout.entries) total += e.size;
+  std::thread hasher;
+  if (hashing == Hashing::Beside && total >= kHashThreadBytes) {
+    try {
+      hasher = std::thread(hashAll);
+    } catch (const std::system_error&) {
+      // No thread to be had: hash here, first.
+    }
+  }
+  if (!hasher.joinable()) {
+    hashAll();
+    write();
+    return;
+  }
+  try {
+    write();
+  } catch (...) {
+    hasher.join();
+    throw;
+  }
+  hasher.join();
+}
+
 template <typename Body>
 void withFile(FileOps& ops, const std::string& path, Body&& body) {
   int fd = ops.open(path, O_WRONLY | O_CREAT | O_TRUNC, 0644);
@@ -202,60 +251,75 @@ void pointLatestAt(FileOps& ops, const std::string& dir, const std::string& name
 
 }  // namespace
 
+namespace {
+
+// The data region of the file from one pointer per entry: small entries gathered into `scratch`,
+// large ones written straight from their memory, padding as zeros. Reads only the entries'
+// offsets and sizes (a second thread fills their checksums meanwhile).
+void writeEntries(FileOps& ops, int fd, const std::string& path, const Layout& layout,
+                  const EntryData& data, std::vector<uint8_t>& scratch, SaveProgress* progress) {
+  constexpr size_t kGather = size_t{8} << 20;  // entries below 1 MiB are gathered into this
+  if (scratch.size() < kGather) scratch.assign(kGather, 0);
+  uint64_t pendingStart = layout.header.dataOffset;  // file offset of scratch[0]
+  size_t pending = 0;
+  auto flush = [&] {
+    if (pending) ops.writeAt(fd, scratch.data(), pending, pendingStart, path, progress);
+    pendingStart += pending;
+    pending = 0;
+  };
+  for (size_t i = 0; i < layout.entries.size(); ++i) {
+    const Entry& e = layout.entries[i];
+    uint64_t padEnd = i + 1 < layout.entries.size() ? layout.entries[i + 1].offset
+                                                     : layout.header.manifestOffset;
+    uint64_t span = padEnd - e.offset;  // entry + alignment padding
+    if (span <= kGather / 8) {
+      if (pending + span > scratch.size()) flush();
+      if (e.size) std::memcpy(scratch.data() + pending, data[i], e.size);
+      std::memset(scratch.data() + pending + e.size, 0, span - e.size);
+      pending += span;
+      continue;
+    }
+    flush();
+    ops.writeAt(fd, data[i], e.size, e.offset, path, progress);
+    static const uint8_t kZeros[kDataAlignment] = {};
+    if (span > e.size) ops.writeAt(fd, kZeros, span - e.size, e.offset + e.size, path, progress);
+    pendingStart = padEnd;
+  }
+  flush();
+}
+
+}  // namespace
+
 void writeCheckpointFile(FileOps& ops, const std::string& path, Layout& layout,
                          const EntryData& data, std::vector<uint8_t>& scratch,
-                         SaveProgress* progress) {
+                         SaveProgress* progress, Hashing hashing) {
   DTRAIN_CHECK_ARG(data.size() == layout.entries.size(), "checkpoint: {} data pointers for {} entries",
                    data.size(), layout.entries.size());
-  constexpr size_t kGather = size_t{8} << 20;  // entries below 1 MiB are gathered into this
   if (progress) {
     progress->bytesTotal = layout.header.manifestOffset;
     progress->phase = "writing data";
   }
   withFile(ops, path, [&](int fd) {
-    if (scratch.size() < kGather) scratch.assign(kGather, 0);
-    uint64_t pendingStart = layout.header.dataOffset;  // file offset of scratch[0]
-    size_t pending = 0;
-    auto flush = [&] {
-      if (pending) ops.writeAt(fd, scratch.data(), pending, pendingStart, path, progress);
-      pendingStart += pending;
-      pending = 0;
-    };
-    for (size_t i = 0; i < layout.entries.size(); ++i) {
-      Entry& e = layout.entries[i];
-      e.checksum = checksum(data[i], e.size);
-      uint64_t padEnd = i + 1 < layout.entries.size() ? layout.entries[i + 1].offset
-                                                       : layout.header.manifestOffset;
-      uint64_t span = padEnd - e.offset;  // entry + alignment padding
-      if (span <= kGather / 8) {
-        if (pending + span > scratch.size()) flush();
-        if (e.size) std::memcpy(scratch.data() + pending, data[i], e.size);
-        std::memset(scratch.data() + pending + e.size, 0, span - e.size);
-        pending += span;
-        continue;
-      }
-      flush();
-      ops.writeAt(fd, data[i], e.size, e.offset, path, progress);
-      static const uint8_t kZeros[kDataAlignment] = {};
-      if (span > e.size) ops.writeAt(fd, kZeros, span - e.size, e.offset + e.size, path, progress);
-      pendingStart = padEnd;
-    }
-    flush();
+    // See Note [Hashing beside the write].
+    hashBeside(hashing, layout, [&data](size_t i) { return data[i]; },
+               [&] { writeEntries(ops, fd, path, layout, data, scratch, progress); });
     finishFile(ops, fd, path, layout, progress);
   });
 }
 
 void writeCheckpointFileFromRegion(FileOps& ops, const std::string& path, Layout& layout,
-                                   const uint8_t* region, SaveProgress* progress) {
+                                   const uint8_t* region, SaveProgress* progress,
+                                   Hashing hashing) {
   if (progress) {
     progress->bytesTotal = layout.header.manifestOffset;
     progress->phase = "writing data";
   }
-  for (auto& e : layout.entries) {
-    e.checksum = checksum(region + (e.offset - layout.header.dataOffset), e.size);
-  }
   withFile(ops, path, [&](int fd) {
-    ops.writeAt(fd, region, layout.header.dataSize, layout.header.dataOffset, path, progress);
+    // See Note [Hashing beside the write].
+    const uint64_t base = layout.header.dataOffset;
+    hashBeside(hashing, layout, [&layout, region, base](size_t i) {
+      return region + (layout.entries[i].offset - base);
+    }, [&] { ops.writeAt(fd, region, layout.header.dataSize, base, path, progress); });
     finishFile(ops, fd, path, layout, progress);
   });
 }
@@ -302,7 +366,7 @@ DirectoryListing listDirectory(const std::string& dir) {
   return out;
 }
 
-void makeDirectories(const std::string& dir) {
+void makeDirectories(FileOps& ops, const std::string& dir) {
   DTRAIN_CHECK_ARG(!dir.empty(), "checkpoint: empty directory name");
   std::string path;
   size_t pos = 0;
@@ -310,8 +374,12 @@ void makeDirectories(const std::string& dir) {
     size_t next = dir.find('/', pos + 1);
     path = dir.substr(0, next);
     pos = next;
-    if (path.empty() || path == "/") continue;
-    if (::mkdir(path.c_str(), 0755) != 0 && errno != EEXIST) {
+    if (path.empty() || path == "/" || path.back() == '/') continue;
+    if (::mkdir(path.c_str(), 0755) == 0) {
+      // The new entry lives in its parent: durable only once the parent is fsynced.
+      const size_t slash = path.find_last_of('/');
+      ops.fsyncDirectory(slash == std::string::npos ? "." : slash == 0 ? "/" : path.substr(0, slash));
+    } else if (errno != EEXIST) {
       int error = errno;
       DTRAIN_THROW(CheckpointError, "checkpoint: cannot create directory {}: {}.{}", path,
                    errnoText(error), hintFor(error));
@@ -330,31 +398,46 @@ void commitStep(FileOps& ops, const std::string& dir, int64_t step) {
   ops.fsyncDirectory(dir);
 }
 
-void saveStep(FileOps& ops, const std::string& dir, int64_t step, int keepLast,
-              const std::function<void(const std::string& tmpPath)>& write,
-              SaveProgress* progress) {
+void pointLatest(FileOps& ops, const std::string& dir, int64_t step) {
+  pointLatestAt(ops, dir, stepFileName(step));
+  ops.fsyncDirectory(dir);
+}
+
+void writeAndCommit(FileOps& ops, const std::string& dir, int64_t step,
+                    const std::function<void(const std::string& tmpPath)>& write,
+                    SaveProgress* progress, bool latest) {
   removeTemporaries(dir);
   const std::string name = stepFileName(step);
   const std::string tmp = dir + "/" + name + kTmpSuffix;
   const std::string final = dir + "/" + name;
-  bool renamed = false;
+  bool created = false;  // the rename made `final` appear (it replaced no earlier file)
   try {
     write(tmp);
     if (progress) progress->phase = "committing";
+    struct stat st {};
+    const bool replacing = ::lstat(final.c_str(), &st) == 0;
     ops.rename(tmp, final);
-    renamed = true;
+    created = !replacing;
     ops.fsyncDirectory(dir);
-    pointLatestAt(ops, dir, name);
+    if (latest) pointLatestAt(ops, dir, name);
   } catch (...) {
-    // Nothing of a failed save stays behind; LATEST still names the previous checkpoint.
+    // Nothing of a failed save stays behind; LATEST still names the previous checkpoint. A file
+    // the rename put in place of an earlier `step-N` is complete and fsynced: removing it would
+    // lose that step (and LATEST may name it), so it stays.
     ::unlink(tmp.c_str());
     ::unlink((dir + "/" + kLatest + kTmpSuffix).c_str());
-    if (renamed) ::unlink(final.c_str());
+    if (created) ::unlink(final.c_str());
     throw;
   }
   // LATEST names the new file now; a failure of this last fsync fails the save, but the file it
   // names is complete and durable (fsynced before the rename), so it stays.
-  ops.fsyncDirectory(dir);
+  if (latest) ops.fsyncDirectory(dir);
+}
+
+void saveStep(FileOps& ops, const std::string& dir, int64_t step, int keepLast,
+              const std::function<void(const std::string& tmpPath)>& write,
+              SaveProgress* progress) {
+  writeAndCommit(ops, dir, step, write, progress);
   if (progress) progress->phase = "pruning old checkpoints";
   pruneCheckpoints(dir, keepLast, step);
 }
@@ -400,11 +483,20 @@ void pruneCheckpoints(const std::string& dir, int keepLast, int64_t protect) {
   }
 }
 
+bool lowerThisThreadsPriority(int increment) {
+  const auto tid = static_cast<id_t>(::syscall(SYS_gettid));
+  errno = 0;
+  const int current = ::getpriority(PRIO_PROCESS, tid);
+  if (errno != 0) return false;
+  return ::setpriority(PRIO_PROCESS, tid, std::min(current + increment, 19)) == 0;
+}
+
 struct SaveThread::Shared {
   std::mutex mutex;
   std::condition_variable done;
-  bool finished = true;
-  bool collected = true;
+  bool finished = true;   // the job ended (its error is set)
+  bool collected = true;  // wait() handed the job's outcome over
+  bool exited = true;     // `after` ran too: the thread is about to end
   std::exception_ptr error;
   std::string what;
   SaveProgress progress;
@@ -412,12 +504,12 @@ struct SaveThread::Shared {
 
 SaveThread::~SaveThread() {
   if (!thread_.joinable()) return;
-  bool finished = false;
+  bool exited = false;
   {
     std::unique_lock<std::mutex> lock(shared_->mutex);
-    finished = shared_->done.wait_for(lock, std::chrono::seconds(30), [&] { return shared_->finished; });
+    exited = shared_->done.wait_for(lock, std::chrono::seconds(30), [&] { return shared_->exited; });
   }
-  if (finished) {
+  if (exited) {
     thread_.join();
   } else {
     // See Note [Bounded saves].
@@ -427,7 +519,8 @@ SaveThread::~SaveThread() {
   }
 }
 
-void SaveThread::start(std::string what, std::function<void(SaveProgress&)> job) {
+void SaveThread::start(std::string what, std::function<void(SaveProgress&)> job,
+                       std::function<void()> after) {
   if (thread_.joinable()) {
     std::lock_guard<std::mutex> lock(shared_->mutex);
     DTRAIN_CHECK(shared_->finished && shared_->collected,
@@ -437,18 +530,25 @@ void SaveThread::start(std::string what, std::function<void(SaveProgress&)> job)
   shared_ = std::make_shared<Shared>();
   shared_->finished = false;
   shared_->collected = false;
+  shared_->exited = false;
   shared_->what = std::move(what);
-  thread_ = std::thread([shared = shared_, job = std::move(job)] {
+  thread_ = std::thread([shared = shared_, job = std::move(job), after = std::move(after)] {
     std::exception_ptr error;
     try {
       job(shared->progress);
     } catch (...) {
       error = std::current_exception();
     }
+    {
+      std::lock_guard<std::mutex> lock(shared->mutex);
+      shared->error = error;
+      shared->finished = true;
+      shared->progress.phase = "done";
+      shared->done.notify_all();
+    }
+    if (after && !error) after();
     std::lock_guard<std::mutex> lock(shared->mutex);
-    shared->error = error;
-    shared->finished = true;
-    shared->progress.phase = "done";
+    shared->exited = true;
     shared->done.notify_all();
   });
 }
@@ -471,8 +571,17 @@ void SaveThread::wait(std::chrono::milliseconds timeout) {
     shared_->collected = true;
     error = shared_->error;
   }
-  thread_.join();
   if (error) std::rethrow_exception(error);
+}
+
+bool SaveThread::settle(std::chrono::milliseconds timeout) {
+  if (!thread_.joinable()) return true;
+  {
+    std::unique_lock<std::mutex> lock(shared_->mutex);
+    if (!shared_->done.wait_for(lock, timeout, [&] { return shared_->exited; })) return false;
+  }
+  thread_.join();
+  return true;
 }
 
 bool SaveThread::running() const {

@@ -5,13 +5,18 @@
 // Note [Checkpoint directory].
 //
 // Note [Checkpoint directory]
-// Each node writes into its own directory. A checkpoint is one file, committed in this order:
+// Each node writes into its own directory (created with every new component's parent fsynced, so
+// that the directory itself survives a power loss). A checkpoint is one file, committed in this
+// order:
 //   1. write `step-<N>.tmp` (data, manifest, then the header), fsync it;
 //   2. rename it to `step-<N>`, fsync the directory;
 //   3. write `LATEST.tmp` holding "step-<N>\n", fsync, rename to `LATEST`, fsync the directory;
 //   4. only then delete committed checkpoints beyond the newest keepLast (never below 2).
 // A crash at any point leaves the newest complete checkpoint and at most one temporary: `step-N`
-// exists only once its bytes are durable, and `LATEST` never names a file that is not. Readers
+// exists only once its bytes are durable, and `LATEST` never names a file that is not. A save
+// that fails removes what it wrote: the temporary, and `step-N` when the rename created it; a
+// `step-N` that the rename replaced (a step saved again, which `LATEST` may name) is complete and
+// fsynced, and stays. Readers
 // do not trust `LATEST` alone: restore scans every `step-<N>` newest first and takes the first
 // that verifies. A failed fsync is a failed save (the page cache may have dropped the data; it is
 // never retried and trusted). Temporaries are removed on the next save or restore only when they
@@ -75,17 +80,24 @@ class FileOps {
 // entries).
 using EntryData = std::vector<const void*>;
 
+// How a write computes the entries' checksums (Note [Hashing beside the write] in file_io.cpp).
+enum class Hashing {
+  Beside,  // on a second thread while this one writes: the shortest save, for a waiting caller
+  Inline,  // first, on this thread: one thread's worth of CPU, for a save in the background
+};
+
 // Writes a whole checkpoint file at `path` (created or truncated): the entries' data, then the
 // manifest, then the header, and fsyncs it. Fills in the entries' checksums. Small entries are
 // gathered into `scratch` (reused between saves) so that the file is written in few large calls.
 void writeCheckpointFile(FileOps& ops, const std::string& path, Layout& layout,
                          const EntryData& data, std::vector<uint8_t>& scratch,
-                         SaveProgress* progress = nullptr);
+                         SaveProgress* progress = nullptr, Hashing hashing = Hashing::Beside);
 
 // Same, when the entries' data lies in one buffer that mirrors the data region: entry i at
 // region + (entries[i].offset - header.dataOffset). Written in a few large calls.
 void writeCheckpointFileFromRegion(FileOps& ops, const std::string& path, Layout& layout,
-                                   const uint8_t* region, SaveProgress* progress = nullptr);
+                                   const uint8_t* region, SaveProgress* progress = nullptr,
+                                   Hashing hashing = Hashing::Beside);
 
 // "step-00000042".
 std::string stepFileName(int64_t step);
@@ -100,17 +112,28 @@ struct DirectoryListing {
 // An empty listing when `dir` does not exist; throws CheckpointError when it cannot be read.
 DirectoryListing listDirectory(const std::string& dir);
 
-// mkdir -p; throws CheckpointError naming the component that failed.
-void makeDirectories(const std::string& dir);
+// mkdir -p; each component it creates is made durable by fsyncing its parent (through `ops`).
+// Throws CheckpointError naming the component that failed.
+void makeDirectories(FileOps& ops, const std::string& dir);
 
 // Commits `step-<N>.tmp` (already written and fsynced) as `step-<N>` and points LATEST at it,
 // following the Note's order.
 void commitStep(FileOps& ops, const std::string& dir, int64_t step);
 
-// One whole save of Note [Checkpoint directory]: removes our leftovers, lets `write` create
-// `step-<N>.tmp` (complete and fsynced when it returns), commits it, then prunes beyond
-// `keepLast`. When anything fails, nothing of this save is left -- the temporary is removed, and
-// so is `step-<N>` when the failure came before LATEST named it -- and the error propagates.
+// Steps 1-3 of Note [Checkpoint directory]: removes our leftovers, lets `write` create
+// `step-<N>.tmp` (complete and fsynced when it returns) and commits it. When anything fails, what
+// this save wrote is removed -- the temporary, and `step-<N>` when the rename created it and LATEST
+// does not name it yet -- and the error propagates.
+// With `latest` false, LATEST is left alone: a sharded save moves it with pointLatest() only once
+// every node holds its shards and their replicas (Note [Sharded checkpoint files]).
+void writeAndCommit(FileOps& ops, const std::string& dir, int64_t step,
+                    const std::function<void(const std::string& tmpPath)>& write,
+                    SaveProgress* progress = nullptr, bool latest = true);
+
+// Step 3 of Note [Checkpoint directory] on its own: LATEST names `step-<N>` (already committed).
+void pointLatest(FileOps& ops, const std::string& dir, int64_t step);
+
+// One whole save of Note [Checkpoint directory]: writeAndCommit(), then pruneCheckpoints().
 void saveStep(FileOps& ops, const std::string& dir, int64_t step, int keepLast,
               const std::function<void(const std::string& tmpPath)>& write,
               SaveProgress* progress = nullptr);
@@ -122,6 +145,19 @@ void removeTemporaries(const std::string& dir);
 // `protect`. Never throws: a failed delete is logged and the checkpoint kept.
 void pruneCheckpoints(const std::string& dir, int keepLast, int64_t protect);
 
+// Note [Background saves yield]
+// An asynchronous save's write runs beside training, which is what it must not slow down: on a
+// machine without a spare core (several ranks per node, data loaders, other jobs), the save thread
+// takes its CPU time from the training threads. So that thread runs at a lower priority, nice +10
+// (a tenth of a default thread's share when they compete): where a core is free it runs as fast
+// as before, where none is, training goes first and the save takes longer, within its deadline.
+// A synchronous save keeps the normal priority: training waits for it.
+constexpr int kBackgroundNice = 10;
+
+// Raises this thread's nice value by `increment` (at most to 19); Linux threads have their own.
+// Returns false (and changes nothing) when the system refuses.
+bool lowerThisThreadsPriority(int increment = kBackgroundNice);
+
 // One job at a time on a thread of its own, waited on with a deadline: a checkpoint save must
 // never block training for ever (a hung disk or network filesystem). See
 // Note [Bounded saves] in file_io.cpp.
@@ -132,11 +168,16 @@ class SaveThread {
   SaveThread(const SaveThread&) = delete;
   SaveThread& operator=(const SaveThread&) = delete;
 
-  // Starts `job` (the previous one must have been waited for). `what` names it in errors.
-  void start(std::string what, std::function<void(SaveProgress&)> job);
+  // Starts `job` (the previous one must have been waited for and settled). `what` names it in
+  // errors. `after`, when given, runs on the same thread once the job has ended and its waiter
+  // has been released: work nobody needs to wait for (pruning old checkpoints). It must not throw.
+  void start(std::string what, std::function<void(SaveProgress&)> job,
+             std::function<void()> after = nullptr);
   // Waits until the job ends and rethrows its error, or throws TimeoutError after `timeout`,
   // saying how far it got; the job keeps running and a later wait() can collect it.
   void wait(std::chrono::milliseconds timeout);
+  // Waits up to `timeout` until the thread has finished `after` as well; false when it has not.
+  bool settle(std::chrono::milliseconds timeout);
   bool running() const;
   // True when no job was started since the last wait() collected one.
   bool idle() const;

@@ -52,9 +52,9 @@
 //
 // A tensor is normally one record (element offset 0, all its elements). Several records with
 // one name are shards of it, each holding a contiguous range of its flattened elements: they
-// must agree on kind, dtype and shape and tile the tensor exactly. Today's writer shards nothing;
-// the records leave room for sharded optimizer state (each rank's slice, its owner) without a
-// version change.
+// must agree on kind, dtype and shape. Replicated shards tile the tensor exactly; owned shards
+// (a sharded optimizer's ranges, owner = the rank that held them) never overlap, and one file
+// holds those of some ranks only (Note [Sharded checkpoint files] in the torch layer).
 //
 // What a reader checks before it allocates or trusts anything (CheckpointReader::open): the
 // header's checksum, magic, version and sizes; that every region lies inside the file and the

@@ -119,43 +119,65 @@ void checkRecord(const std::string& file, const Header& hd, const Entry& e, size
   }
 }
 
-// No two records' data overlap.
+// No two records' data overlap. Sorted by offset, each non-empty record must start at or after
+// the furthest end of the non-empty records before it: comparing neighbours alone lets an empty
+// record between two overlapping ones hide the overlap.
 void checkNoOverlap(const std::string& file, const std::vector<Entry>& entries) {
   std::vector<size_t> order(entries.size());
   std::iota(order.begin(), order.end(), 0);
   std::sort(order.begin(), order.end(),
             [&](size_t a, size_t b) { return entries[a].offset < entries[b].offset; });
-  for (size_t k = 1; k < order.size(); ++k) {
-    const Entry& prev = entries[order[k - 1]];
-    const Entry& cur = entries[order[k]];
-    DTRAIN_CHECK_T(CheckpointError, prev.offset + prev.size <= cur.offset || cur.size == 0 || prev.size == 0,
+  const Entry* furthest = nullptr;  // the non-empty record that ends last so far
+  for (size_t k : order) {
+    const Entry& cur = entries[k];
+    if (cur.size == 0) continue;
+    DTRAIN_CHECK_T(CheckpointError,
+                   furthest == nullptr || furthest->offset + furthest->size <= cur.offset,
                    "checkpoint {}: entries \"{}\" (offset {}, {} bytes) and \"{}\" (offset {}) overlap",
-                   file, prev.name.substr(0, 200), prev.offset, prev.size, cur.name.substr(0, 200),
-                   cur.offset);
+                   file, furthest ? furthest->name.substr(0, 200) : "", furthest ? furthest->offset : 0,
+                   furthest ? furthest->size : 0, cur.name.substr(0, 200), cur.offset);
+    if (furthest == nullptr || cur.offset + cur.size > furthest->offset + furthest->size) {
+      furthest = &cur;
+    }
   }
 }
 
-// Names are unique per owner, except shards, which must tile their tensor exactly.
+// Names are unique per owner, except shards. Replicated shards (owner kReplicated) must tile their
+// tensor exactly. Owned tensors are shards -- one rank's range of a sharded tensor, Note [Sharded
+// checkpoint files], which may be the whole tensor -- and need not: a file holds the ranges of some ranks only; across owners they must agree
+// on kind, dtype and shape and never overlap (whether the ranks' files together cover the tensor
+// is the restore's question).
 void checkShards(const std::string& file, const std::vector<Entry>& entries) {
   std::map<std::pair<std::string, uint32_t>, std::vector<size_t>> byName;
+  std::map<std::string, std::vector<size_t>> owned;
   for (size_t i = 0; i < entries.size(); ++i) {
-    byName[{entries[i].name, entries[i].owner}].push_back(i);
+    if (entries[i].owner != kReplicated && entries[i].kind == Kind::Tensor) {
+      owned[entries[i].name].push_back(i);
+    } else {
+      byName[{entries[i].name, entries[i].owner}].push_back(i);
+    }
   }
-  for (auto& [key, idx] : byName) {
-    const Entry& first = entries[idx.front()];
-    if (idx.size() == 1 && !first.isShard()) continue;
+  auto sameKind = [&](const Entry& e, const Entry& first, const std::string& name, size_t n) {
+    DTRAIN_CHECK_T(CheckpointError,
+                   e.kind == first.kind && e.dtype == first.dtype && e.shape == first.shape &&
+                       e.elementCount > 0,
+                   "checkpoint {}: entry \"{}\" appears {} times with different kinds, dtypes or "
+                   "shapes (duplicate name)",
+                   file, name.substr(0, 200), n);
+  };
+  auto byOffset = [&](std::vector<size_t>& idx) {
     std::sort(idx.begin(), idx.end(), [&](size_t a, size_t b) {
       return entries[a].elementOffset < entries[b].elementOffset;
     });
+  };
+  for (auto& [key, idx] : byName) {
+    const Entry& first = entries[idx.front()];
+    if (idx.size() == 1 && !first.isShard()) continue;
+    byOffset(idx);
     uint64_t next = 0;
     for (size_t i : idx) {
       const Entry& e = entries[i];
-      DTRAIN_CHECK_T(CheckpointError,
-                     e.kind == first.kind && e.dtype == first.dtype && e.shape == first.shape &&
-                         e.elementCount > 0,
-                     "checkpoint {}: entry \"{}\" appears {} times with different kinds, dtypes or "
-                     "shapes (duplicate name)",
-                     file, key.first.substr(0, 200), idx.size());
+      sameKind(e, first, key.first, idx.size());
       DTRAIN_CHECK_T(CheckpointError, e.elementOffset == next,
                      "checkpoint {}: entry \"{}\": shards {} elements {}, expected the next at {} "
                      "(duplicate name, overlapping or missing shard)",
@@ -166,6 +188,24 @@ void checkShards(const std::string& file, const std::vector<Entry>& entries) {
     DTRAIN_CHECK_T(CheckpointError, next == first.numel(),
                    "checkpoint {}: entry \"{}\": its shards hold {} of {} elements", file,
                    key.first.substr(0, 200), next, first.numel());
+  }
+  for (auto& [name, idx] : owned) {
+    const Entry& first = entries[idx.front()];
+    DTRAIN_CHECK_T(CheckpointError, !byName.count({name, kReplicated}),
+                   "checkpoint {}: entry \"{}\" is both replicated and sharded", file,
+                   name.substr(0, 200));
+    byOffset(idx);
+    uint64_t next = 0;
+    for (size_t i : idx) {
+      const Entry& e = entries[i];
+      sameKind(e, first, name, idx.size());
+      DTRAIN_CHECK_T(CheckpointError, e.elementOffset >= next,
+                     "checkpoint {}: entry \"{}\": the shard of rank {} (elements {}..{}) overlaps "
+                     "another rank's, which ends at {}",
+                     file, name.substr(0, 200), e.owner, e.elementOffset,
+                     e.elementOffset + e.elementCount, next);
+      next = e.elementOffset + e.elementCount;
+    }
   }
 }
 

@@ -15,6 +15,10 @@
 //   DTRAIN_IO_FAULT = iofault (";" iofault)*
 //   iofault         = (open|write|fsync|rename) ":" ERRNO "@" N ["," iocond]*
 //                                                  (the N-th call of that op fails with ERRNO)
+//                   | (open|write|fsync|rename) ":slow:" MS ["@" N] ["," iocond]*
+//                                                  (that call, or every call of the op without
+//                                                   "@N", sleeps MS milliseconds first: a slow
+//                                                   disk)
 //                   | "crash@io=" K ["," iocond]*  (SIGKILL right after the K-th I/O call)
 //   iocond          = ("rank" | "attempt") "=" integer                  (absent = any)
 // I/O calls are counted per process, over all of its checkpoint saves and copies.
@@ -85,7 +89,8 @@ struct IoFault {
   bool crash = false;  // crash@io=K: SIGKILL after the K-th I/O call of any kind
   IoOp op = IoOp::Write;
   int error = 0;       // errno to fail with
-  int64_t nth = 0;     // 1-based: which call (of `op`, or of any op when crash)
+  int64_t slowMs = 0;  // OP:slow:MS: sleep this long before the call (error stays 0)
+  int64_t nth = 0;     // 1-based: which call (of `op`, or of any op when crash); 0: every call
   int rank = -1;       // -1: any
   int attempt = -1;
   std::string describe() const;
@@ -104,7 +109,8 @@ class IoFaultInjector {
   // I/O calls completed so far (what crash@io=K counts).
   int64_t calls() const { return total_; }
 
-  // Call before each I/O call: returns the errno to fail it with, or 0 to go ahead.
+  // Call before each I/O call: sleeps for a matching slow fault, then returns the errno to fail
+  // it with, or 0 to go ahead.
   int before(IoOp op);
   // Call after each successful I/O call: SIGKILLs the process at a crash point.
   void after();

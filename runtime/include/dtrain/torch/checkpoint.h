@@ -22,12 +22,15 @@
 // generators and its samplers' positions -- gathered into it.
 //
 // Where and how (Note [Checkpoint directory], docs/design.md "Checkpoints"): each node's local
-// rank 0 writes a complete copy into its own directory, `<directory>/node<GROUP_RANK>` (so no
-// shared filesystem is needed and nodes sharing one never write the same file): `step-N.tmp`,
-// fsync, rename to `step-N`, fsync the directory, then `LATEST` the same way; the ranks then
-// confirm that every node committed. Old checkpoints beyond keepLast are deleted only after a
-// new commit. The file format (one file, a versioned header, a checksummed manifest, aligned
-// data) is documented in docs/checkpoint-format.md and is read back straight into the existing tensors.
+// rank 0 writes a complete copy into its own directory, `<directory>/node<ID>`, ID being the
+// node's stable id (DTRAIN_NODE_ID, which launch exports; GROUP_RANK without it), so no shared
+// filesystem is needed, nodes sharing one never write the same file, and a node keeps its
+// directory when an elastic job re-forms: `step-N.tmp`, fsync, rename to `step-N`, fsync the
+// directory, then `LATEST` the same way; the ranks then confirm through the job's store that
+// every node committed. Old checkpoints beyond keepLast are deleted only after a new commit, once
+// save() has returned. The file format (one file, a versioned header, a checksummed manifest,
+// aligned data) is documented in docs/checkpoint-format.md and is read back straight
+// into the existing tensors.
 //
 // restore() is collective: the ranks agree on the newest step that verifies on at least one
 // node; nodes without it (a spot machine that came back with an empty disk) get a copy written
@@ -36,7 +39,9 @@
 // the data exact; see dtrain/torch/distributed_sampler.h).
 
 #include <chrono>
+#include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <optional>
@@ -56,6 +61,10 @@ class Optimizer;
 class LRScheduler;
 }  // namespace torch::optim
 
+namespace dtrain::store {
+class Store;
+}  // namespace dtrain::store
+
 namespace dtrain {
 
 class ProcessGroup;
@@ -69,8 +78,8 @@ struct CheckpointOptions {
   CheckpointOptions() = default;
   CheckpointOptions(std::string dir) : directory(std::move(dir)) {}  // NOLINT: implicit on purpose
 
-  // Required. Each node writes into `<directory>/node<N>`; a directory containing "{node}" has it
-  // replaced by the node's rank instead (e.g. "/local/ckpt-{node}").
+  // Required. Each node writes into `<directory>/node<ID>`; a directory containing "{node}" has it
+  // replaced by the node's id instead (e.g. "/local/ckpt-{node}").
   std::string directory;
   // Committed checkpoints kept per node (never below 2: a save in progress never leaves fewer
   // than one complete checkpoint besides it).
@@ -81,12 +90,18 @@ struct CheckpointOptions {
   // step boundary every rank agrees on. See Note [Preemption] in the library.
   bool handlePreemption = true;
   // The longest a save, its commit or a restore may take before it fails with a TimeoutError
-  // saying what it was doing (Note [Bounded saves]).
+  // saying what it was doing (Note [Bounded saves]); the ranks wait this long (and a grace) for
+  // each other's outcome, whatever the collectives' own timeout.
   std::chrono::milliseconds timeout = kDefaultCheckpointTimeout;
-  // The node this rank runs on and its rank there; -1: GROUP_RANK and the group's local rank
-  // (what `launch` sets). Tests running several "nodes" in one process set them.
-  int nodeRank = -1;
+  // The node this rank runs on and its rank there; -1: DTRAIN_NODE_ID (GROUP_RANK when it is
+  // absent, as under torchrun) and the group's local rank, what `launch` sets. Tests running
+  // several "nodes" in one process set them.
+  int nodeId = -1;
   int localRank = -1;
+  // Where the ranks agree on each save's outcome (Note [Checkpoint agreement]). Null: the
+  // group's store, which dtrain::init() connects; a group without one agrees through its
+  // collectives, each given `timeout` as its own.
+  std::shared_ptr<store::Store> store;
 };
 
 // What restore() found and loaded.
@@ -96,6 +111,9 @@ struct RestoredCheckpoint {
   int savedWorldSize = 0;
   std::string path;           // the file this rank read
   bool copiedFromPeer = false;  // this node lacked it and received a copy
+  // The last damage the restore passed over: a damaged file, or a sharded step some rank's
+  // shards of which are intact nowhere (that step and rank named); empty when it met none.
+  std::string skipped;
 };
 
 // A checkpoint this rank wrote to its node's directory: what a save cost the disk (for a
@@ -128,7 +146,16 @@ class Checkpointer {
   void addOptimizer(const std::string& name, torch::optim::Optimizer& optimizer);
   void addScheduler(const std::string& name, torch::optim::LRScheduler& scheduler);
   void addScaler(const std::string& name, GradScaler& scaler);
-  void addSampler(const std::string& name, DistributedSampler& sampler);
+  // The sampler's position saved is what it handed out, unless `consumed` is given: then the
+  // position after the samples training has consumed -- `consumed()` is the number of this rank's
+  // samples (entries of sampler.indices()) trained on since setEpoch() or restore(). A loader that
+  // prefetches (torch::data::make_data_loader with workers > 0 asks for 2 x workers batches
+  // ahead) needs it, or a resume skips what was prefetched:
+  //   size_t consumed = 0;   // reset to 0 at setEpoch() and after restore()
+  //   checkpointer.addSampler("data", sampler, [&] { return consumed; });
+  //   for (auto& batch : *loader) { ...train...; consumed += batch.data.size(0); }
+  void addSampler(const std::string& name, DistributedSampler& sampler,
+                  std::function<size_t()> consumed = nullptr);
 
   // User metadata: set before save(), read after restore(). Values are replicated (rank 0's).
   void setMetadata(const std::string& key, MetadataValue value);
@@ -139,7 +166,9 @@ class Checkpointer {
   // mismatch or when no node holds a readable copy of any checkpoint that exists.
   std::optional<RestoredCheckpoint> restore();
 
-  // Saves the state after step `step` and returns once every node committed it. Collective.
+  // Saves the state after step `step` and returns once every node committed it. Collective. A
+  // step every node committed already (the last one saved, or the one restored) is not written
+  // again: saveAsync(step) followed by preempted(step) writes once.
   void save(int64_t step, int64_t epoch = 0);
   // Snapshots now (a copy into a reused host buffer) and writes in the background; training goes
   // on. A second save first waits for this one. Collective.

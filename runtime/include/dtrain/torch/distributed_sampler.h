@@ -122,7 +122,8 @@ class DistributedSampler : public detail::SamplerBase {
   // step in lockstep).
   SamplerState state() const { return state(pos_->handedOut); }
   // The position after this rank consumed `consumed` entries of indices(): use it when a
-  // prefetching loader runs ahead of training.
+  // prefetching loader runs ahead of training (Checkpointer::addSampler takes a function that
+  // returns that count, and saves this).
   SamplerState state(size_t consumed) const;
   // Continues from `state`. Throws InvalidArgument when the state belongs to another dataset size,
   // seed, or shuffle/dropLast setting.

@@ -1,0 +1,196 @@
+// Checkpointer::Impl with a ShardedOptimizer registered: the shards' way to the writers that
+// keep them, LATEST after the second agreement, and the restore's gathering of shards at any
+// world size. See Note [Sharded checkpoint files] (checkpoint_shards.cpp).
+#include <algorithm>
+#include <cstring>
+
+#include <ATen/ATen.h>
+#include <fmt/format.h>
+
+#include "checkpoint_shards.h"
+#include "checkpointer_impl.h"
+#include "dtrain/base/error.h"
+#include "dtrain/base/logging.h"
+
+namespace dtrain {
+
+namespace {
+
+bool contains(const std::vector<int>& v, int x) { return std::find(v.begin(), v.end(), x) != v.end(); }
+
+// Every rank's part of a step's shard listing: step, saved world size, owner count, owners.
+std::vector<uint8_t> encodeListing(const std::vector<std::vector<int64_t>>& rows) {
+  std::vector<int64_t> flat;
+  for (const auto& row : rows) flat.insert(flat.end(), row.begin(), row.end());
+  std::vector<uint8_t> out(flat.size() * 8);
+  if (!flat.empty()) std::memcpy(out.data(), flat.data(), out.size());
+  return out;
+}
+
+}  // namespace
+
+void Checkpointer::Impl::buildKeeperGroups() {
+  if (keeperGroupsBuilt) return;
+  keeperGroupsBuilt = true;
+  keepers = checkpoint::shardKeepers(nodeOf, writerOf);
+  keeperGroups.assign(world, nullptr);
+  bool created = false;
+  for (int r = 0; r < world && subgroups; ++r) {
+    std::vector<int> members = keepers[r];
+    if (!contains(members, r)) members.push_back(r);
+    if (members.size() < 2) continue;  // a writer that keeps only its own shards
+    try {
+      keeperGroups[r] = group->newGroup(members);
+      created = true;
+    } catch (const InvalidArgument& e) {
+      // The same backend on every rank: all of them get here at the first group.
+      if (created) throw;
+      DTRAIN_LOG(Info, "rank {}: the {} backend has no subgroups; shards go to their keepers "
+                 "through broadcasts over the whole group", rank, group->backend());
+      subgroups = false;
+    }
+  }
+}
+
+std::vector<std::pair<int, at::Tensor>> Checkpointer::Impl::exchangeShards() {
+  buildKeeperGroups();
+  const std::vector<uint8_t> mine = checkpoint::encodeShards(registry.sharded);
+  auto hostBlob = [](const std::vector<uint8_t>& bytes) {
+    at::Tensor t = at::empty({static_cast<int64_t>(bytes.size())}, at::kByte);
+    if (!bytes.empty()) std::memcpy(t.data_ptr(), bytes.data(), bytes.size());
+    return t;
+  };
+  std::vector<std::pair<int, at::Tensor>> kept;
+  // Ranks in order: two groups that share members are entered in the same order by all of them.
+  for (int r = 0; r < world; ++r) {
+    const bool keeper = writer && contains(keepers[r], rank);
+    std::shared_ptr<ProcessGroup> g = subgroups ? keeperGroups[r] : group;
+    if (!g) {
+      if (r == rank && keeper) kept.emplace_back(r, hostBlob(mine));
+      continue;
+    }
+    // The root's place in the group: subgroups rank their members by their rank here.
+    int root = r;
+    if (subgroups) {
+      std::vector<int> members = keepers[r];
+      if (!contains(members, r)) members.push_back(r);
+      std::sort(members.begin(), members.end());
+      root = static_cast<int>(std::find(members.begin(), members.end(), r) - members.begin());
+    }
+    at::Tensor length = at::full({1}, static_cast<int64_t>(r == rank ? mine.size() : 0), at::kLong)
+                            .to(g->device());
+    g->broadcast(length, root);
+    const int64_t n = length.cpu().item<int64_t>();
+    at::Tensor blob = r == rank ? hostBlob(mine) : at::empty({n}, at::kByte);
+    at::Tensor onDevice = blob.to(g->device());
+    if (n > 0) g->broadcast(onDevice, root);
+    if (keeper) kept.emplace_back(r, r == rank ? blob : onDevice.cpu());
+  }
+  return kept;
+}
+
+void Checkpointer::Impl::moveLatestEverywhere(int64_t step) {
+  std::string error;
+  if (writer) {
+    try {
+      checkpoint::pointLatest(*ops, dir, step);
+    } catch (const std::exception& e) {
+      error = e.what();
+    }
+  }
+  agree(error, fmt::format("moving LATEST to step {} once every node held its shards and their "
+                           "replicas", step));
+}
+
+Checkpointer::Impl::ShardHolders Checkpointer::Impl::listShardHolders(std::vector<int64_t>& mine) {
+  std::vector<std::vector<int64_t>> rows;
+  for (int64_t step : mine) {
+    try {
+      auto reader = checkpoint::CheckpointReader::open(dir + "/" + checkpoint::stepFileName(step));
+      std::vector<int64_t> row = {step, reader.header().worldSize, 0};
+      for (uint32_t o : checkpoint::shardOwners(reader)) row.push_back(o);
+      row[2] = static_cast<int64_t>(row.size()) - 3;
+      rows.push_back(row);
+    } catch (const std::exception& e) {
+      DTRAIN_LOG(Warn, "rank {}: skipping checkpoint step {}: {}", rank, step, e.what());
+    }
+  }
+  ShardHolders h;
+  const auto all = allgatherBytes(encodeListing(rows));
+  for (int r = 0; r < world; ++r) {
+    std::vector<int64_t> flat(all[r].size() / 8);
+    if (!flat.empty()) std::memcpy(flat.data(), all[r].data(), flat.size() * 8);
+    for (size_t i = 0; i + 3 <= flat.size(); i += 3 + static_cast<size_t>(flat[i + 2])) {
+      h.savedWorld[flat[i]] = static_cast<uint32_t>(flat[i + 1]);
+      auto& owners = h.holders[flat[i]];
+      for (int64_t k = 0; k < flat[i + 2]; ++k) owners[static_cast<uint32_t>(flat[i + 3 + k])].push_back(r);
+    }
+  }
+  // A step is complete when every rank that saved it has its shards on some node.
+  std::vector<int64_t> complete;
+  for (int64_t step : mine) {
+    std::vector<uint32_t> lacking;
+    for (uint32_t o = 0; o < h.savedWorld[step]; ++o) {
+      if (!h.holders[step].count(o)) lacking.push_back(o);
+    }
+    if (lacking.empty()) {
+      complete.push_back(step);
+    } else {
+      DTRAIN_LOG(Warn, "rank {}: checkpoint step {} is incomplete: no node holds the shards of "
+                 "rank(s) {} (a save that did not finish on every node); not restoring it", rank,
+                 step, fmt::join(lacking, ", "));
+    }
+  }
+  mine = complete;
+  return h;
+}
+
+bool Checkpointer::Impl::loadShards(int64_t step, const ShardHolders& h, std::string& why) {
+  checkpoint::ShardAssembly assembly(registry.sharded);
+  const std::string path = dir + "/" + checkpoint::stepFileName(step);
+  const uint32_t saved = h.savedWorld.at(step);
+  for (uint32_t o = 0; o < saved; ++o) {
+    const std::vector<int>& holders = h.holders.at(step).at(o);
+    bool got = false;
+    std::vector<std::string> damaged;
+    for (int source : holders) {
+      std::vector<uint8_t> blob;
+      int64_t size = -1;
+      if (rank == source) {
+        try {
+          blob = checkpoint::readShardBlob(checkpoint::CheckpointReader::open(path), o,
+                                           registry.sharded);
+          size = static_cast<int64_t>(blob.size());
+        } catch (const std::exception& e) {
+          DTRAIN_LOG(Warn, "rank {}: the shards of rank {} in {} are damaged: {}", rank, o, path,
+                     e.what());
+        }
+      }
+      size = agreement->share(source, size, deadline(),
+                              fmt::format("whether it can hand out the shards of rank {} of "
+                                          "checkpoint step {}", o, step));
+      if (size < 0) {
+        damaged.push_back(fmt::format("node {}", nodeOf[source]));
+        continue;
+      }
+      at::Tensor t = at::empty({size}, at::kByte);
+      if (rank == source && size > 0) std::memcpy(t.data_ptr(), blob.data(), blob.size());
+      at::Tensor onDevice = t.to(group->device());
+      if (size > 0) group->broadcast(onDevice, source);
+      at::Tensor host = onDevice.cpu();
+      assembly.add(host.data_ptr<uint8_t>(), static_cast<size_t>(size));
+      got = true;
+      break;
+    }
+    if (!got) {
+      why = fmt::format("checkpoint step {}: the shards of rank {} are damaged on every node that "
+                        "holds them ({})", step, o, fmt::join(damaged, ", "));
+      return false;
+    }
+  }
+  agree(assembly.missing(), fmt::format("assembling the sharded state of checkpoint step {}", step));
+  assembly.load();
+  return true;
+}
+
+}  // namespace dtrain

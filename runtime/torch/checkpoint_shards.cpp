@@ -1,0 +1,438 @@
+// Sharded optimizer state in checkpoints: blobs of shard records, owned shard entries, the ring of
+// keepers and the re-assembly at any world size. See Note [Sharded checkpoint files].
+#include "checkpoint_shards.h"
+
+#include <algorithm>
+#include <cstring>
+
+#include <ATen/ATen.h>
+#include <fmt/format.h>
+#include <torch/optim/optimizer.h>
+
+#include "byte_layout.h"
+#include "dtrain/base/error.h"
+#include "dtrain/torch/zero.h"
+
+// Note [Sharded checkpoint files]
+// A ShardedOptimizer's state is never gathered. Each rank's shard records (ShardRecord: a
+// parameter's element range [begin, end) with its master weights, optimizer state fields and step
+// count; independent of units and of the world size) become owned shard entries of the format:
+//   optimizer/O/<parameter>/<field>   tensor, element offset = begin, count = end - begin, shape
+//                                     the whole parameter's, owner = the rank that held it
+//                                     (field: master, exp_avg, exp_avg_sq, momentum_buffer, ...)
+//   optimizer/O/<parameter>/step      number (int64), owner = that rank
+// beside the replicated optimizer/O/type ("sharded") and optimizer/O/lr. The parameters
+// themselves are full on every rank (ZeRO-1/2) and are saved as module entries, once per node.
+// Node i's file holds its own ranks' entries and those of node i+1 in ring order (nodes by id):
+// at a save each rank broadcasts its records over a subgroup of itself and the two writers that
+// keep them (shardKeepers(); the communicator has no send/recv; a backend without subgroups
+// broadcasts over the whole group), so every shard is on two nodes and a node that comes back
+// empty restores from its neighbour. LATEST moves only after a second agreement: the first says
+// every node's `step-N` -- its shards and its replica of the next node's -- is durable. A restore
+// takes the newest step whose shards are all somewhere intact (the owners listed by every node's
+// manifests), reads the module and the other replicated state from its own node's file (a copy
+// when it lacks the step), then, for each rank that saved, one node holding its records reads
+// them (checksums checked; damage: the next holder, none left: the next older complete step) and
+// broadcasts them; each rank keeps what overlaps its ranges in today's layout and loads them
+// (ShardedOptimizer::loadShardState), which re-shards exactly onto any world size.
+
+namespace dtrain::checkpoint {
+
+namespace {
+
+// Blob: records, each
+//   u16 optimizer name length, name; u16 parameter name length, name; u8 ndim, i64 shape[ndim];
+//   i64 begin, end; u8 has step, i64 step; u8 fields; per field: u16 name length, name,
+//   u8 format dtype, zero padding to 8, the data (end - begin elements), zero padding to 8.
+// Data stays 8-aligned, so a blob's entries are written straight from it.
+class BlobWriter {
+ public:
+  void u(uint64_t v, size_t n) {
+    out_.resize(out_.size() + n);
+    putLE(out_.data() + out_.size() - n, v, n);
+  }
+  void str(const std::string& s) {
+    u(s.size(), 2);
+    out_.insert(out_.end(), s.begin(), s.end());
+  }
+  void pad() { out_.resize((out_.size() + 7) / 8 * 8, 0); }
+  // Room for n bytes of data, 8-aligned before and after.
+  uint8_t* data(size_t n) {
+    pad();
+    const size_t at = out_.size();
+    out_.resize(at + n);
+    pad();
+    return out_.data() + at;
+  }
+  std::vector<uint8_t> take() {
+    pad();
+    return std::move(out_);
+  }
+
+ private:
+  std::vector<uint8_t> out_;
+};
+
+struct BlobField {
+  std::string name;
+  DType dtype = DType::Float32;
+  size_t offset = 0;  // of the data, in the blob
+};
+
+struct BlobRecord {
+  std::string optimizer, param;
+  std::vector<int64_t> shape;
+  int64_t begin = 0, end = 0;
+  std::optional<int64_t> step;
+  std::vector<BlobField> fields;
+};
+
+class BlobReader {
+ public:
+  BlobReader(const uint8_t* p, size_t n) : p_(p), n_(n) {}
+  bool done() const { return at_ >= n_; }
+  uint64_t u(size_t n) {
+    need(n);
+    uint64_t v = getLE(p_ + at_, n);
+    at_ += n;
+    return v;
+  }
+  std::string str() {
+    size_t len = u(2);
+    need(len);
+    std::string s(reinterpret_cast<const char*>(p_ + at_), len);
+    at_ += len;
+    return s;
+  }
+  size_t data(size_t n) {
+    at_ = (at_ + 7) / 8 * 8;
+    need(n);
+    size_t at = at_;
+    at_ += n;
+    at_ = std::min(n_, (at_ + 7) / 8 * 8);
+    return at;
+  }
+  BlobRecord record() {
+    BlobRecord r;
+    r.optimizer = str();
+    r.param = str();
+    const size_t ndim = u(1);
+    for (size_t d = 0; d < ndim; ++d) r.shape.push_back(static_cast<int64_t>(u(8)));
+    r.begin = static_cast<int64_t>(u(8));
+    r.end = static_cast<int64_t>(u(8));
+    const bool hasStep = u(1) != 0;
+    const int64_t step = static_cast<int64_t>(u(8));
+    if (hasStep) r.step = step;
+    DTRAIN_CHECK_T(CheckpointError, r.begin >= 0 && r.end > r.begin,
+                   "shard blob: record of {} has the range [{}, {})", r.param, r.begin, r.end);
+    const size_t fields = u(1);
+    for (size_t f = 0; f < fields; ++f) {
+      BlobField field;
+      field.name = str();
+      field.dtype = static_cast<DType>(u(1));
+      field.offset = data(static_cast<size_t>(r.end - r.begin) * dtypeSize(field.dtype));
+      r.fields.push_back(field);
+    }
+    return r;
+  }
+
+ private:
+  void need(size_t n) const {
+    DTRAIN_CHECK_T(CheckpointError, at_ + n <= n_, "shard blob: truncated at byte {} of {}", at_,
+                   n_);
+  }
+  const uint8_t* p_;
+  size_t n_;
+  size_t at_ = 0;
+};
+
+void putRecordHead(BlobWriter& w, const std::string& optimizer, const std::string& param,
+                   const std::vector<int64_t>& shape, int64_t begin, int64_t end,
+                   std::optional<int64_t> step, size_t fields) {
+  w.str(optimizer);
+  w.str(param);
+  w.u(shape.size(), 1);
+  for (int64_t d : shape) w.u(static_cast<uint64_t>(d), 8);
+  w.u(static_cast<uint64_t>(begin), 8);
+  w.u(static_cast<uint64_t>(end), 8);
+  w.u(step ? 1 : 0, 1);
+  w.u(static_cast<uint64_t>(step.value_or(0)), 8);
+  w.u(fields, 1);
+}
+
+std::vector<BlobRecord> decode(const uint8_t* p, size_t n) {
+  BlobReader r(p, n);
+  std::vector<BlobRecord> out;
+  while (!r.done()) out.push_back(r.record());
+  return out;
+}
+
+// "optimizer/O/" of the sharded optimizer `name` starts, or nullptr.
+const ShardedEntry* optimizerOf(const std::string& entry, const std::vector<ShardedEntry>& sharded) {
+  for (const auto& s : sharded) {
+    if (entry.rfind(optimizerPrefix(s.name), 0) == 0) return &s;
+  }
+  return nullptr;
+}
+
+}  // namespace
+
+std::vector<std::vector<int>> shardKeepers(const std::vector<int>& nodeOf,
+                                           const std::map<int, int>& writerOf) {
+  std::vector<int> nodes;
+  for (const auto& [node, w] : writerOf) nodes.push_back(node);
+  std::vector<std::vector<int>> out;
+  for (int node : nodeOf) {
+    const size_t i = std::find(nodes.begin(), nodes.end(), node) - nodes.begin();
+    const int prev = nodes[(i + nodes.size() - 1) % nodes.size()];
+    std::vector<int> keepers = {writerOf.at(node)};
+    if (prev != node) keepers.push_back(writerOf.at(prev));
+    out.push_back(keepers);
+  }
+  return out;
+}
+
+std::vector<uint8_t> encodeShards(const std::vector<ShardedEntry>& sharded) {
+  BlobWriter w;
+  for (const auto& s : sharded) {
+    for (const ShardRecord& r : s.optimizer->shardRecords()) {
+      if (r.end <= r.begin) continue;
+      std::vector<std::pair<std::string, at::Tensor>> fields = {{"master", r.master}};
+      fields.insert(fields.end(), r.state.begin(), r.state.end());
+      putRecordHead(w, s.name, r.param, r.shape, r.begin, r.end, r.step, fields.size());
+      for (const auto& [name, t] : fields) {
+        at::Tensor host = t.detach().contiguous().cpu();
+        w.str(name);
+        w.u(static_cast<uint64_t>(toFormatDType(host.scalar_type(), r.param + "/" + name)), 1);
+        std::memcpy(w.data(host.nbytes()), host.data_ptr(), host.nbytes());
+      }
+    }
+  }
+  return w.take();
+}
+
+std::vector<Item> shardItems(uint32_t owner, const at::Tensor& blob) {
+  std::vector<Item> items;
+  const auto* base = blob.data_ptr<uint8_t>();
+  for (const BlobRecord& r : decode(base, static_cast<size_t>(blob.numel()))) {
+    const std::string at = optimizerPrefix(r.optimizer) + r.param + "/";
+    for (const BlobField& f : r.fields) {
+      Item item;
+      item.spec.name = at + f.name;
+      item.spec.kind = Kind::Tensor;
+      item.spec.dtype = f.dtype;
+      item.spec.shape = r.shape;
+      item.spec.owner = owner;
+      item.spec.elementOffset = static_cast<uint64_t>(r.begin);
+      item.spec.elementCount = static_cast<uint64_t>(r.end - r.begin);
+      const int64_t bytes = (r.end - r.begin) * static_cast<int64_t>(dtypeSize(f.dtype));
+      item.tensor = blob.narrow(0, static_cast<int64_t>(f.offset), bytes);
+      items.push_back(std::move(item));
+    }
+    if (r.step) {
+      Item item;
+      item.spec.name = at + "step";
+      item.spec.kind = Kind::Number;
+      item.spec.dtype = DType::Int64;
+      item.spec.owner = owner;
+      item.tensor = at::scalar_tensor(*r.step, at::kLong);
+      items.push_back(std::move(item));
+    }
+  }
+  return items;
+}
+
+std::vector<Item> shardedReplicatedItems(const std::vector<ShardedEntry>& sharded) {
+  std::vector<Item> items;
+  for (const auto& s : sharded) {
+    const std::string prefix = optimizerPrefix(s.name);
+    Item type;
+    type.spec.name = prefix + "type";
+    type.spec.kind = Kind::String;
+    type.spec.dtype = DType::UInt8;
+    const std::string text = "sharded";
+    type.bytes.assign(text.begin(), text.end());
+    type.spec.shape = {static_cast<int64_t>(type.bytes.size())};
+    items.push_back(std::move(type));
+    std::vector<double> lrs;
+    for (const auto& group : s.optimizer->param_groups()) lrs.push_back(group.options().get_lr());
+    Item lr;
+    lr.spec.name = prefix + "lr";
+    lr.tensor = at::tensor(lrs, at::kDouble);
+    lr.spec.dtype = DType::Float64;
+    lr.spec.shape = {static_cast<int64_t>(lrs.size())};
+    items.push_back(std::move(lr));
+  }
+  return items;
+}
+
+std::vector<uint32_t> shardOwners(const CheckpointReader& reader) {
+  std::vector<uint32_t> out;
+  for (const Entry& e : reader.entries()) {
+    if (e.owner != kReplicated && e.kind == Kind::Tensor) out.push_back(e.owner);
+  }
+  std::sort(out.begin(), out.end());
+  out.erase(std::unique(out.begin(), out.end()), out.end());
+  return out;
+}
+
+std::vector<uint8_t> readShardBlob(const CheckpointReader& reader, uint32_t owner,
+                                   const std::vector<ShardedEntry>& sharded) {
+  // (optimizer, parameter) -> its fields and step, in manifest order.
+  struct Parts {
+    const Entry* any = nullptr;
+    std::vector<const Entry*> fields;
+    const Entry* step = nullptr;
+  };
+  std::map<std::pair<std::string, std::string>, Parts> records;
+  for (const Entry& e : reader.entries()) {
+    if (e.owner != owner) continue;
+    const ShardedEntry* s = optimizerOf(e.name, sharded);
+    const size_t slash = e.name.rfind('/');
+    if (!s || slash == std::string::npos) continue;
+    const size_t from = optimizerPrefix(s->name).size();
+    if (slash <= from) continue;
+    Parts& p = records[{s->name, e.name.substr(from, slash - from)}];
+    if (e.name.compare(slash + 1, std::string::npos, "step") == 0 && e.kind == Kind::Number) {
+      p.step = &e;
+    } else if (e.kind == Kind::Tensor) {
+      DTRAIN_CHECK_T(CheckpointError, !p.any || (p.any->elementOffset == e.elementOffset &&
+                                                 p.any->elementCount == e.elementCount),
+                     "checkpoint {}: the fields of \"{}\" of rank {} hold different ranges",
+                     reader.name(), e.name, owner);
+      p.any = &e;
+      p.fields.push_back(&e);
+    }
+  }
+  BlobWriter w;
+  for (const auto& [key, p] : records) {
+    if (!p.any) continue;
+    std::optional<int64_t> step;
+    if (p.step) {
+      at::Tensor v = at::empty({}, at::kLong);
+      DTRAIN_CHECK_T(CheckpointError, p.step->dtype == DType::Int64 && p.step->size == 8,
+                     "checkpoint {}: entry \"{}\" is not an int64", reader.name(), p.step->name);
+      reader.read(*p.step, v.data_ptr());
+      step = v.item<int64_t>();
+    }
+    const int64_t begin = static_cast<int64_t>(p.any->elementOffset);
+    putRecordHead(w, key.first, key.second, p.any->shape, begin,
+                  begin + static_cast<int64_t>(p.any->elementCount), step, p.fields.size());
+    for (const Entry* e : p.fields) {
+      w.str(e->name.substr(e->name.rfind('/') + 1));
+      w.u(static_cast<uint64_t>(e->dtype), 1);
+      reader.read(*e, w.data(e->size));
+    }
+  }
+  return w.take();
+}
+
+void checkShardedRestorable(const CheckpointReader& reader,
+                            const std::vector<ShardedEntry>& sharded) {
+  for (const auto& s : sharded) {
+    const std::string prefix = optimizerPrefix(s.name);
+    auto type = reader.find(prefix + "type");
+    std::string saved;
+    if (!type.empty() && type[0]->kind == Kind::String) {
+      std::vector<uint8_t> bytes(type[0]->size);
+      reader.read(*type[0], bytes.data());
+      saved.assign(bytes.begin(), bytes.end());
+    }
+    DTRAIN_CHECK_T(CheckpointError, saved == "sharded",
+                   "checkpoint {}: optimizer \"{}\" was saved {}, but the one registered is a "
+                   "ShardedOptimizer. HINT: register the same kind of optimizer as the run that "
+                   "saved it",
+                   reader.name(), s.name, saved.empty() ? "by no optimizer" : "as " + saved);
+    auto lr = reader.find(prefix + "lr");
+    const size_t groups = s.optimizer->param_groups().size();
+    DTRAIN_CHECK_T(CheckpointError,
+                   lr.size() == 1 && lr[0]->dtype == DType::Float64 && lr[0]->elementCount == groups,
+                   "checkpoint {}: optimizer \"{}\" was saved with another number of parameter "
+                   "groups than the {} of the one registered",
+                   reader.name(), s.name, groups);
+  }
+}
+
+void restoreShardedReplicated(const CheckpointReader& reader,
+                              const std::vector<ShardedEntry>& sharded) {
+  for (const auto& s : sharded) {
+    const Entry& e = *reader.find(optimizerPrefix(s.name) + "lr")[0];
+    std::vector<double> lrs(e.elementCount);
+    reader.read(e, lrs.data());
+    auto& groups = s.optimizer->param_groups();
+    for (size_t g = 0; g < groups.size(); ++g) groups[g].options().set_lr(lrs[g]);
+  }
+}
+
+ShardAssembly::ShardAssembly(const std::vector<ShardedEntry>& sharded) : sharded_(sharded) {
+  for (const auto& s : sharded_) {
+    for (const ShardRecord& r : s.optimizer->shardRecords()) {
+      Need& need = needs_[{s.name, r.param}];
+      need.begin = r.begin;
+      need.end = r.end;
+    }
+  }
+}
+
+void ShardAssembly::add(const uint8_t* blob, size_t size) {
+  for (const BlobRecord& r : decode(blob, size)) {
+    auto it = needs_.find({r.optimizer, r.param});
+    if (it == needs_.end()) continue;
+    Need& need = it->second;
+    const int64_t lo = std::max(r.begin, need.begin), hi = std::min(r.end, need.end);
+    if (lo >= hi) continue;
+    if (r.step) need.step = r.step;
+    for (const BlobField& f : r.fields) {
+      at::Tensor& into = need.fields[f.name];
+      if (!into.defined()) into = at::empty({need.end - need.begin}, toScalarType(f.dtype));
+      const size_t es = dtypeSize(f.dtype);
+      DTRAIN_CHECK_T(CheckpointError, static_cast<size_t>(into.element_size()) == es,
+                     "checkpoint: field {} of {} was saved with different dtypes", f.name,
+                     r.param);
+      std::memcpy(static_cast<uint8_t*>(into.data_ptr()) + (lo - need.begin) * es,
+                  blob + f.offset + (lo - r.begin) * es, static_cast<size_t>(hi - lo) * es);
+      need.covered[f.name] += hi - lo;
+    }
+  }
+}
+
+std::string ShardAssembly::missing() const {
+  for (const auto& [key, need] : needs_) {
+    if (need.end <= need.begin) continue;  // a range of padding only: nothing to load
+    if (!need.covered.count("master")) {
+      return fmt::format("optimizer \"{}\": the checkpoint holds no shard of parameter {} "
+                         "(another model?)", key.first, key.second);
+    }
+    for (const auto& [field, n] : need.covered) {
+      if (n != need.end - need.begin) {
+        return fmt::format("optimizer \"{}\": the shards of {} of parameter {} cover {} of "
+                           "elements [{}, {})", key.first, field, key.second, n, need.begin,
+                           need.end);
+      }
+    }
+  }
+  return "";
+}
+
+void ShardAssembly::load() {
+  for (const auto& s : sharded_) {
+    const std::string name = s.name;
+    s.optimizer->loadShardState([this, name](const ShardField& what, at::Tensor& out) {
+      auto it = needs_.find({name, what.param});
+      if (it == needs_.end()) return false;
+      const Need& need = it->second;
+      if (what.end <= what.begin) return what.field == "master";  // no elements: nothing to read
+      if (what.field == "step") {
+        if (!need.step) return false;
+        out.fill_(*need.step);
+        return true;
+      }
+      auto f = need.fields.find(what.field);
+      if (f == need.fields.end()) return false;
+      out.copy_(f->second.narrow(0, what.begin - need.begin, what.end - what.begin));
+      return true;
+    });
+  }
+}
+
+}  // namespace dtrain::checkpoint

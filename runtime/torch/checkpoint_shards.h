@@ -1,0 +1,73 @@
+#pragma once
+// The Checkpointer's side of a ShardedOptimizer (dtrain/torch/zero.h): its shard records as
+// owned shard entries of a node's file, the ring of nodes that keep each other's shards, and the
+// re-assembly of a saved sharded state onto any world size (Note [Sharded checkpoint files]).
+// Private to the torch layer.
+
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <ATen/core/Tensor.h>
+
+#include "checkpoint/format.h"
+#include "checkpoint_state.h"
+
+namespace dtrain::checkpoint {
+
+// Which ranks' writers keep rank r's shards (index r): its own node's writer and the writer of the
+// node before it in ring order (nodes by id), so each node also keeps the next node's shards.
+// `writerOf`: node id -> its writer's rank. A pure function of the placement.
+std::vector<std::vector<int>> shardKeepers(const std::vector<int>& nodeOf,
+                                           const std::map<int, int>& writerOf);
+
+// This rank's records of every sharded optimizer, copied into one host blob (the format of the
+// blobs is private to checkpoint_shards.cpp).
+std::vector<uint8_t> encodeShards(const std::vector<ShardedEntry>& sharded);
+// The entries of rank `owner`'s blob (a CPU uint8 tensor): owned shard records whose data stays
+// in the blob.
+std::vector<Item> shardItems(uint32_t owner, const at::Tensor& blob);
+// What every rank shares of a sharded optimizer: optimizer/O/type ("sharded") and optimizer/O/lr.
+std::vector<Item> shardedReplicatedItems(const std::vector<ShardedEntry>& sharded);
+
+// The ranks whose shards a file holds (the owners of its owned shard records).
+std::vector<uint32_t> shardOwners(const CheckpointReader& reader);
+// Rank `owner`'s records in `reader`, read (checksums checked) into a blob as encodeShards()
+// makes them. Throws CheckpointError for damage.
+std::vector<uint8_t> readShardBlob(const CheckpointReader& reader, uint32_t owner,
+                                   const std::vector<ShardedEntry>& sharded);
+
+// Checks the replicated entries of the sharded optimizers (type, group count) and sets each
+// group's learning rate. Throws CheckpointError naming what does not fit.
+void checkShardedRestorable(const CheckpointReader& reader,
+                            const std::vector<ShardedEntry>& sharded);
+void restoreShardedReplicated(const CheckpointReader& reader,
+                              const std::vector<ShardedEntry>& sharded);
+
+// What this rank needs of a saved sharded state -- the ranges of its records in the layout of
+// today's world size -- filled from the blobs of the ranks that saved it, whatever their number.
+class ShardAssembly {
+ public:
+  explicit ShardAssembly(const std::vector<ShardedEntry>& sharded);
+  // Copies the parts of `blob`'s records that overlap this rank's ranges.
+  void add(const uint8_t* blob, size_t size);
+  // "" when every field that was saved covers this rank's ranges exactly, else what is missing.
+  std::string missing() const;
+  // ShardedOptimizer::loadShardState() of each optimizer from what was added. Collective.
+  void load();
+
+ private:
+  struct Need {
+    int64_t begin = 0;
+    int64_t end = 0;
+    std::map<std::string, at::Tensor> fields;    // field -> [end - begin], the saved dtype
+    std::map<std::string, int64_t> covered;      // field -> elements copied
+    std::optional<int64_t> step;
+  };
+  std::vector<ShardedEntry> sharded_;
+  std::map<std::pair<std::string, std::string>, Need> needs_;  // (optimizer, parameter)
+};
+
+}  // namespace dtrain::checkpoint

@@ -1,0 +1,322 @@
+// Checkpoints of a ShardedOptimizer with ranks as threads on simulated nodes, one directory each
+// (Note [Sharded checkpoint files]): each node's file holds its own ranks' shards and the next
+// node's; a node that comes back empty restores from its neighbour; 4 -> 3 -> 2 ranks restore
+// exactly what was saved; a shard damaged on every node that holds it makes the restore take the
+// next older complete step, saying why.
+#include <algorithm>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+#include <map>
+#include <mutex>
+#include <set>
+
+#include <fmt/format.h>
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include "checkpoint/format.h"
+#include "checkpoint_test_util.h"
+#include "dtrain/torch/checkpoint.h"
+#include "dtrain/torch/zero.h"
+#include "test_support.h"
+#include "zero/zero_test_support.h"
+
+namespace dtrain::testing {
+namespace {
+
+constexpr int64_t kGlobalBatch = 12;  // divides among 4, 3 and 2 ranks
+
+// A whole sharded state assembled from every rank's records: each (parameter, field) one tensor.
+struct Snapshot {
+  std::map<std::pair<std::string, std::string>, torch::Tensor> fields;
+  std::map<std::string, int64_t> steps;
+  std::map<std::string, torch::Tensor> params;  // rank 0's module
+};
+
+void addRecords(Snapshot& snap, const std::vector<ShardRecord>& records) {
+  for (const auto& r : records) {
+    int64_t numel = 1;
+    for (int64_t d : r.shape) numel *= d;
+    auto put = [&](const std::string& field, const torch::Tensor& part) {
+      auto& full = snap.fields[{r.param, field}];
+      if (!full.defined()) full = torch::full({numel}, std::nan(""), part.options());
+      full.narrow(0, r.begin, r.end - r.begin).copy_(part);
+    };
+    put("master", r.master);
+    for (const auto& [field, t] : r.state) put(field, t);
+    if (r.step) snap.steps[r.param] = *r.step;
+  }
+}
+
+void expectSame(const Snapshot& got, const Snapshot& want, const std::string& what) {
+  ASSERT_EQ(got.fields.size(), want.fields.size()) << what;
+  for (const auto& [key, t] : want.fields) {
+    ASSERT_TRUE(got.fields.count(key)) << what << ": " << key.first << " " << key.second;
+    EXPECT_TRUE(torch::equal(got.fields.at(key), t)) << what << ": " << key.first << " " << key.second;
+  }
+  EXPECT_EQ(got.steps, want.steps) << what;
+  for (const auto& [name, t] : want.params) {
+    EXPECT_TRUE(torch::equal(got.params.at(name), t)) << what << ": " << name;
+  }
+}
+
+// `world` ranks on nodes of `perNode` ranks, each node its own directory under `dir`.
+struct Cluster {
+  std::shared_ptr<ThreadWorld> threads;
+  std::string dir;
+  int perNode;
+  std::shared_ptr<store::HashStore> store = std::make_shared<store::HashStore>();
+  Cluster(int world, int perNode_, std::string d)
+      : threads(ThreadWorld::create(world)), dir(std::move(d)), perNode(perNode_) {}
+  CheckpointOptions options(int rank) const {
+    CheckpointOptions o = optionsFor(dir);
+    o.nodeId = rank / perNode;
+    o.localRank = rank % perNode;
+    o.store = store;
+    o.allowWorldSizeChange = true;
+    return o;
+  }
+};
+
+// What one leg of training does and ends with.
+struct Leg {
+  int from = 0, to = 0;           // steps trained
+  std::vector<int64_t> saves;     // steps saved (synchronously) after training them
+  bool restore = false;
+  Snapshot loaded;                // right after restore()
+  Snapshot end;                   // after the last step
+  std::vector<std::optional<RestoredCheckpoint>> restored;  // per rank
+};
+
+// Trains `leg` with ZeRO stage 2 and AdamW on `cluster`.
+void runLeg(Cluster& cluster, Leg& leg) {
+  std::mutex mutex;
+  const int world = cluster.threads->size();
+  leg.restored.assign(world, std::nullopt);
+  cluster.threads->run([&](int rank) {
+    auto group = threadGroup(*cluster.threads, rank);
+    // Another start than the run that saved: the restore decides.
+    Mlp net = buildSeeded(100 + world + leg.from, [] { return Mlp(7, 13, 5); });
+    DistributedDataParallel<Mlp> ddp(net, group);
+    ZeroOptions zo;
+    zo.stage = 2;
+    zo.firstUnitBytes = 128;
+    zo.unitBytes = 512;
+    ShardedOptimizer adam(ddp, factoryFor("adamw"), zo);
+    Checkpointer checkpointer(group, cluster.options(rank));
+    checkpointer.addModule("model", net);
+    checkpointer.addOptimizer("adam", adam);
+    if (leg.restore) {
+      auto restored = checkpointer.restore();
+      std::lock_guard<std::mutex> lock(mutex);
+      leg.restored[rank] = restored;
+      addRecords(leg.loaded, adam.shardRecords());
+      if (rank == 0) {
+        for (const auto& p : net->named_parameters()) leg.loaded.params[p.key()] = p.value().clone();
+      }
+    }
+    for (int s = leg.from; s < leg.to; ++s) {
+      auto x = randnSeeded({kGlobalBatch, 7}, 500 + s), y = randnSeeded({kGlobalBatch, 5}, 700 + s);
+      adam.zero_grad();
+      torch::mse_loss(ddp(shard(x, rank, world)), shard(y, rank, world)).backward();
+      adam.step();
+      if (std::count(leg.saves.begin(), leg.saves.end(), s)) checkpointer.save(s);
+    }
+    std::lock_guard<std::mutex> lock(mutex);
+    addRecords(leg.end, adam.shardRecords());
+    if (rank == 0) {
+      for (const auto& p : net->named_parameters()) leg.end.params[p.key()] = p.value().clone();
+    }
+  });
+}
+
+// Restores on `cluster` and trains nothing: what the restore loaded.
+Leg restoreOnly(Cluster& cluster, int from) {
+  Leg leg;
+  leg.from = from;
+  leg.to = from;
+  leg.restore = true;
+  runLeg(cluster, leg);
+  return leg;
+}
+
+std::string readText(const std::string& path) {
+  std::ifstream in(path);
+  return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+}
+
+std::string stepFile(const std::string& dir, int node, int64_t step) {
+  return fmt::format("{}/node{}/step-{:08d}", dir, node, step);
+}
+
+// The owners of the shard records in a file.
+std::set<uint32_t> ownersIn(const std::string& path) {
+  std::set<uint32_t> owners;
+  auto reader = checkpoint::CheckpointReader::open(path);
+  for (const auto& e : reader.entries()) {
+    if (e.owner != checkpoint::kReplicated && e.kind == checkpoint::Kind::Tensor) {
+      owners.insert(e.owner);
+    }
+  }
+  return owners;
+}
+
+// Three nodes of one rank: node i keeps its own shards and node i+1's; nothing is gathered.
+TEST(ShardedCheckpoint, EachNodeKeepsItsShardsAndTheNextNodesAndLatestNamesTheStep) {
+  TempDir tmp;
+  Cluster cluster(3, 1, tmp.file("ckpt"));
+  Leg leg;
+  leg.to = 2;
+  leg.saves = {1};
+  runLeg(cluster, leg);
+  EXPECT_EQ(ownersIn(stepFile(cluster.dir, 0, 1)), (std::set<uint32_t>{0, 1}));
+  EXPECT_EQ(ownersIn(stepFile(cluster.dir, 1, 1)), (std::set<uint32_t>{1, 2}));
+  EXPECT_EQ(ownersIn(stepFile(cluster.dir, 2, 1)), (std::set<uint32_t>{0, 2}));
+  for (int node = 0; node < 3; ++node) {
+    EXPECT_EQ(verifyErrorOf(stepFile(cluster.dir, node, 1)), "");
+    EXPECT_EQ(readText(fmt::format("{}/node{}/LATEST", cluster.dir, node)), "step-00000001\n");
+  }
+}
+
+TEST(ShardedCheckpoint, AWipedNodeRestoresFromItsNeighbour) {
+  TempDir tmp;
+  Leg first;
+  first.to = 3;
+  first.saves = {2};
+  {
+    Cluster cluster(3, 1, tmp.file("ckpt"));
+    runLeg(cluster, first);
+  }
+  std::filesystem::remove_all(tmp.file("ckpt/node1"));  // a spot machine that came back empty
+  Cluster cluster(3, 1, tmp.file("ckpt"));
+  const Leg second = restoreOnly(cluster, 3);
+  ASSERT_TRUE(second.restored[1].has_value());
+  EXPECT_EQ(second.restored[1]->step, 2);
+  EXPECT_TRUE(second.restored[1]->copiedFromPeer);
+  expectSame(second.loaded, first.end, "restored after node 1 was wiped");
+  EXPECT_EQ(verifyErrorOf(stepFile(cluster.dir, 1, 2)), "") << "node 1 holds the step again";
+}
+
+// 4 ranks on 2 nodes -> 3 ranks on 3 nodes (one of them new) -> 2 ranks on 2 nodes: each restore
+// loads bitwise what was saved, and training goes on as the uninterrupted run.
+TEST(ShardedCheckpoint, FourThenThreeThenTwoRanksRestoreExactly) {
+  TempDir tmp;
+  const std::string dir = tmp.file("ckpt");
+  Leg whole;
+  whole.to = 9;
+  {
+    Cluster c(4, 2, tmp.file("whole"));
+    runLeg(c, whole);
+  }
+  Leg four;
+  four.to = 3;
+  four.saves = {2};
+  {
+    Cluster c(4, 2, dir);
+    runLeg(c, four);
+  }
+  Leg three;
+  three.from = 3;
+  three.to = 6;
+  three.saves = {5};
+  three.restore = true;
+  {
+    Cluster c(3, 1, dir);
+    runLeg(c, three);
+  }
+  ASSERT_TRUE(three.restored[0].has_value());
+  EXPECT_EQ(three.restored[0]->savedWorldSize, 4);
+  expectSame(three.loaded, four.end, "4 -> 3");
+  Leg two;
+  two.from = 6;
+  two.to = 9;
+  two.restore = true;
+  {
+    Cluster c(2, 1, dir);  // nodes 0 and 1 hold every shard of step 5 between them
+    runLeg(c, two);
+  }
+  ASSERT_TRUE(two.restored[0].has_value());
+  EXPECT_EQ(two.restored[0]->step, 5);
+  EXPECT_EQ(two.restored[0]->savedWorldSize, 3);
+  expectSame(two.loaded, three.end, "3 -> 2");
+  for (const auto& [name, t] : whole.end.params) {
+    EXPECT_LE(relativeError(two.end.params.at(name), t), 1e-5) << name;
+  }
+}
+
+// Flips a byte of rank `owner`'s record of fc1.weight's exp_avg in `path`.
+void damageShard(const std::string& path, uint32_t owner) {
+  uint64_t offset = 0;
+  {
+    auto reader = checkpoint::CheckpointReader::open(path);
+    for (const auto& e : reader.entries()) {
+      if (e.owner == owner && e.name == "optimizer/adam/fc1.weight/exp_avg") offset = e.offset;
+    }
+  }
+  ASSERT_NE(offset, 0u) << path << " holds no exp_avg of fc1.weight from rank " << owner;
+  flipByte(path, offset);
+}
+
+// Steps 1 and 2 saved by three nodes of one rank; fc1.weight lies in rank 0's or 1's shard.
+struct TwoSaves {
+  TempDir tmp;
+  Leg leg;
+  uint32_t owner = 0;  // a rank holding part of fc1.weight
+  TwoSaves() {
+    leg.to = 3;
+    leg.saves = {1, 2};
+    Cluster cluster(3, 1, tmp.file("ckpt"));
+    runLeg(cluster, leg);
+    // Node n's own rank is n: the first rank whose own file holds part of fc1.weight.
+    for (int node = 2; node >= 0; --node) {
+      auto reader = checkpoint::CheckpointReader::open(stepFile(tmp.file("ckpt"), node, 2));
+      for (const auto& e : reader.entries()) {
+        if (e.owner == static_cast<uint32_t>(node) &&
+            e.name == "optimizer/adam/fc1.weight/exp_avg") {
+          owner = e.owner;
+        }
+      }
+    }
+  }
+  // The node whose file holds `owner`'s shards as its own, and the one keeping the replica.
+  int home() const { return static_cast<int>(owner); }
+  int keeper() const { return (static_cast<int>(owner) + 2) % 3; }
+};
+
+TEST(ShardedCheckpoint, AShardDamagedOnOneNodeIsReadFromItsReplica) {
+  TwoSaves saved;
+  damageShard(stepFile(saved.tmp.file("ckpt"), saved.home(), 2), saved.owner);
+  Cluster cluster(3, 1, saved.tmp.file("ckpt"));
+  const Leg after = restoreOnly(cluster, 3);
+  ASSERT_TRUE(after.restored[0].has_value());
+  EXPECT_EQ(after.restored[0]->step, 2);
+  EXPECT_EQ(after.restored[0]->skipped, "");
+}
+
+TEST(ShardedCheckpoint, AShardDamagedEverywhereFallsBackToTheNextOlderCompleteStepNamingIt) {
+  TwoSaves saved;
+  // What step 1 held: the same run, stopped after step 1.
+  Leg upTo1;
+  upTo1.to = 2;
+  {
+    Cluster c(3, 1, saved.tmp.file("other"));
+    runLeg(c, upTo1);
+  }
+  damageShard(stepFile(saved.tmp.file("ckpt"), saved.home(), 2), saved.owner);
+  damageShard(stepFile(saved.tmp.file("ckpt"), saved.keeper(), 2), saved.owner);
+  Cluster cluster(3, 1, saved.tmp.file("ckpt"));
+  const Leg after = restoreOnly(cluster, 3);
+  for (int r = 0; r < 3; ++r) {
+    ASSERT_TRUE(after.restored[r].has_value());
+    EXPECT_EQ(after.restored[r]->step, 1);
+    EXPECT_NE(after.restored[r]->skipped.find(
+                  fmt::format("checkpoint step 2: the shards of rank {} are damaged", saved.owner)),
+              std::string::npos)
+        << after.restored[r]->skipped;
+  }
+  expectSame(after.loaded, upTo1.end, "step 1");
+}
+
+}  // namespace
+}  // namespace dtrain::testing
