@@ -162,10 +162,6 @@ Options parseOptions(int argc, char** argv) {
   o.weightDecay = number<double>(r, "weight-decay", 0, 1);
   o.warmupSteps = number<int64_t>(r, "warmup-steps", 0, 1e9);
   if (r.count("checkpoint-dir")) o.checkpointDir = r["checkpoint-dir"].as<std::string>();
-  if (o.zero > 0 && !o.checkpointDir.empty()) {
-    usageError("--zero " + std::to_string(o.zero) +
-               " cannot be combined with --checkpoint-dir yet: sharded checkpoints are not built");
-  }
   o.saveEvery = number<int64_t>(r, "save-every", 0, 1e9);
   o.dataDir = r["data-dir"].as<std::string>();
   o.synthetic = number<int64_t>(r, "synthetic", 0, 1e7);
