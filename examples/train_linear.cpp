@@ -99,6 +99,42 @@ struct RegressionData : torch::data::datasets::Dataset<RegressionData> {
   torch::optional<size_t> size() const override { return static_cast<size_t>(x.size(0)); }
 };
 
+// Saves after each epoch into `dir` and restores the newest checkpoint there; null without a
+// directory.
+std::unique_ptr<dtrain::Checkpointer> makeCheckpointer(
+    const std::shared_ptr<dtrain::ProcessGroup>& group, const std::string& dir,
+    torch::nn::Linear& model, torch::optim::SGD& optimizer, dtrain::GradScaler& scaler) {
+  if (dir.empty()) return nullptr;
+  auto checkpointer = std::make_unique<dtrain::Checkpointer>(group, dir);
+  checkpointer->addModule("model", model);
+  checkpointer->addOptimizer("optimizer", optimizer);
+  checkpointer->addScaler("scaler", scaler);
+  return checkpointer;
+}
+
+// One epoch over this rank's shard. backward() returns with every gradient averaged over the
+// ranks. Returns {sum of the losses, number of batches}.
+template <typename Loader>
+torch::Tensor trainEpoch(Loader& loader, dtrain::DistributedDataParallel<torch::nn::Linear>& ddp,
+                         torch::optim::SGD& optimizer, dtrain::GradScaler& scaler,
+                         c10::Device device, bool amp) {
+  torch::Tensor lossSum = torch::zeros({2});
+  for (auto& batch : loader) {
+    optimizer.zero_grad();
+    torch::Tensor loss;
+    {
+      dtrain::AutocastGuard autocast(device, amp);  // forward and loss only
+      loss = torch::mse_loss(ddp(batch.data), batch.target);
+    }
+    scaler.scale(loss).backward();
+    scaler.step(optimizer);
+    scaler.update();
+    lossSum[0] += loss.item<float>();
+    lossSum[1] += 1;
+  }
+  return lossSum;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -129,13 +165,9 @@ int main(int argc, char** argv) {
     dtrain::GradScaler scaler(group, scaling);
 
     // 4. Checkpoints: after each epoch; a restarted (or rerun) job resumes after the last one.
+    auto checkpointer = makeCheckpointer(group, args.checkpointDir, model, optimizer, scaler);
     int64_t firstEpoch = 0;
-    std::unique_ptr<dtrain::Checkpointer> checkpointer;
-    if (!args.checkpointDir.empty()) {
-      checkpointer = std::make_unique<dtrain::Checkpointer>(group, args.checkpointDir);
-      checkpointer->addModule("model", model);
-      checkpointer->addOptimizer("optimizer", optimizer);
-      checkpointer->addScaler("scaler", scaler);
+    if (checkpointer) {
       if (auto restored = checkpointer->restore()) firstEpoch = restored->step;  // epochs done
     }
     // 5. Metrics: each epoch's mean loss; under launch it reaches launch's endpoint and files by
@@ -149,24 +181,12 @@ int main(int argc, char** argv) {
       std::printf("resumed at epoch %lld\n", static_cast<long long>(firstEpoch));
     }
 
-    // 6. Train. backward() returns with every gradient averaged over the ranks.
+    // 6. Train: trainEpoch() above is one epoch on this rank's shard.
     for (int64_t epoch = firstEpoch; epoch < args.epochs; ++epoch) {
       dtrain::fault::injectAt(group->rank(), epoch);  // DTRAIN_FAULT (its "step" is the epoch)
       sampler.setEpoch(epoch);  // a new shuffle each epoch, the same on every rank
-      torch::Tensor lossSum = torch::zeros({2});  // sum of losses, number of batches
-      for (auto& batch : *loader) {
-        optimizer.zero_grad();
-        torch::Tensor loss;
-        {
-          dtrain::AutocastGuard autocast(group->device(), args.amp);  // forward and loss only
-          loss = torch::mse_loss(ddp(batch.data), batch.target);
-        }
-        scaler.scale(loss).backward();
-        scaler.step(optimizer);
-        scaler.update();
-        lossSum[0] += loss.item<float>();
-        lossSum[1] += 1;
-      }
+      torch::Tensor lossSum =
+          trainEpoch(*loader, ddp, optimizer, scaler, group->device(), args.amp);
       if (checkpointer) checkpointer->save(epoch + 1, epoch);
       group->allreduce(lossSum);  // the mean over every rank's batches
       const float meanLoss = (lossSum[0] / lossSum[1]).item<float>();

@@ -13,7 +13,8 @@
 //   4. model and DDP         evaluation, checkpoints)
 //   5. optimizer, learning-rate schedule, loss scaling   9. summary
 // Helpers live beside it: the models in examples/models, the CIFAR-10 reader and the loader
-// thread in examples/data, the progress lines and the test-set evaluation in examples/training.
+// thread in examples/data, the progress lines, the test-set evaluation and the reading of a
+// numeric flag in examples/training.
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -32,11 +33,14 @@
 #include "data/loader.h"
 #include "models/resnet.h"
 #include "training/evaluate.h"
+#include "training/flags.h"
 #include "training/progress.h"
 
 namespace {
 
 using Clock = std::chrono::steady_clock;
+using examples::number;
+using examples::usageError;
 
 // ---------------------------------------------------------------------------------------------
 // 1. Options. Every flag has a default; --help lists them, a bad value exits 2 naming the flag.
@@ -69,29 +73,8 @@ struct Options {
   std::string tensorboardDir;
 };
 
-[[noreturn]] void usageError(const std::string& message) {
-  std::fprintf(stderr, "train_resnet: %s (see --help)\n", message.c_str());
-  std::exit(2);
-}
-
-// Reads flag `name` as a number in [min, max]; a bad value is a usage error naming the flag.
-template <typename T>
-T number(const cxxopts::ParseResult& r, const std::string& name, double min, double max) {
-  const std::string text = r[name].as<std::string>();
-  char* end = nullptr;
-  errno = 0;
-  const double value = std::strtod(text.c_str(), &end);
-  const bool integral = std::is_integral_v<T>;
-  if (text.empty() || *end != '\0' || errno != 0 || value < min || value > max ||
-      (integral && value != std::floor(value))) {
-    usageError("--" + name + " must be " + (integral ? "an integer" : "a number") + " in [" +
-               fmt::format("{}", min) + ", " + fmt::format("{}", max) + "], got '" + text + "'");
-  }
-  return static_cast<T>(value);
-}
-
-Options parseOptions(int argc, char** argv) {
-  Options o;
+// The flags, each with its line of --help and its default from Options.
+cxxopts::Options optionSpec(const Options& o) {
   cxxopts::Options spec("train_resnet",
                         "Train a ResNet on CIFAR-10 with dtrain (run it under launch).");
   spec.set_width(120);  // one line per flag
@@ -129,6 +112,12 @@ Options parseOptions(int argc, char** argv) {
       ("tensorboard-dir", "TensorBoard event files (rank 0; default: none)", none())
       ("h,help", "print this help");
   // clang-format on
+  return spec;
+}
+
+Options parseOptions(int argc, char** argv) {
+  Options o;
+  cxxopts::Options spec = optionSpec(o);
   cxxopts::ParseResult r;
   try {
     r = spec.parse(argc, argv);

@@ -73,11 +73,7 @@ std::string fail(LaunchRun& r, const std::string& why, const Fleet& fleet,
   return r.failure;
 }
 
-}  // namespace
-
-LaunchRun runLaunchScale(const ScaleOptions& o, int nodes) {
-  LaunchRun r;
-  r.nodes = nodes;
+sim::LaunchSimOptions simOptions(const ScaleOptions& o, int nodes) {
   sim::LaunchSimOptions so;
   so.launch = o.launch;
   so.worker = o.worker;
@@ -91,13 +87,17 @@ LaunchRun runLaunchScale(const ScaleOptions& o, int nodes) {
   so.workerSteps = 100000;  // until the loss stops them
   so.restartSteps = o.restartSteps;
   so.token = "scale-bench-0123456789abcdef0123456789";
-  LaunchSim s(so);
+  return so;
+}
+
+// Every worker started: how long the plan took and what the rendezvous cost the store.
+bool measureStart(LaunchSim& s, const ScaleOptions& o, LaunchRun& r) {
   Fleet& fleet = s.fleet();
-  s.start();
+  const int nodes = r.nodes;
   if (!fleet.pumpUntil([&] { return LaunchSim::count(s.workerStarted(0)) == nodes; }, 600)) {
     fail(r, fmt::format("{} of {} workers started", LaunchSim::count(s.workerStarted(0)), nodes),
          fleet, o);
-    return r;
+    return false;
   }
   const double plans = LaunchSim::latest(s.planned(0));
   r.allStartedToPlans = plans - s.startedAt();
@@ -106,10 +106,13 @@ LaunchRun runLaunchScale(const ScaleOptions& o, int nodes) {
   if (const auto* c = findCount(s.storeCounts(), "round 0 planned")) {
     r.rendezvousRequestsPerNode = static_cast<double>(c->total()) / nodes;
   }
+  return true;
+}
 
-  // Steady state: a few seconds for every worker's progress and every agent's first sample, then
-  // CPU and the store's periodic counts over the window.
-  const int lost = nodes - 1;
+// Steady state: a few seconds for every worker's progress and every agent's first sample, then
+// CPU and the store's periodic counts over the window.
+void measureSteadyState(LaunchSim& s, const ScaleOptions& o, LaunchRun& r) {
+  Fleet& fleet = s.fleet();
   fleet.pump(6000);
   const CpuSnapshot a = cpuNow(s, -1);
   fleet.pumpUntil([] { return false; }, o.steadySeconds);
@@ -130,14 +133,19 @@ LaunchRun runLaunchScale(const ScaleOptions& o, int nodes) {
     r.monitoringPerSecond = static_cast<double>(y.monitoring - x.monitoring) / t;
     r.restPerSecond = static_cast<double>(y.rest - x.rest) / t;
   }
+}
 
-  // One agent SIGKILLed: named, the round stopped, the job restarted elastic at N - 1.
+// One agent SIGKILLed: named, the round stopped, the job restarted elastic at N - 1.
+bool measureLostAgent(LaunchSim& s, const ScaleOptions& o, LaunchRun& r) {
+  Fleet& fleet = s.fleet();
+  const int nodes = r.nodes;
+  const int lost = nodes - 1;
   fleet.signal(lost, SIGKILL);
   const double killedAt = sim::monotonicSeconds();
   const std::string silent = fmt::format("stopping round 0 on every node: node {} (", lost);
   if (!fleet.pumpUntil([&] { return s.masterSaid(silent) >= 0; }, 4 * o.heartbeatTimeout + 30)) {
     fail(r, "the lost agent was not named", fleet, o);
-    return r;
+    return false;
   }
   const double named = s.masterSaid(silent);
   r.detect = named - killedAt;
@@ -154,7 +162,7 @@ LaunchRun runLaunchScale(const ScaleOptions& o, int nodes) {
       }, 300) || anotherExited()) {
     fail(r, fmt::format("{} of {} agents hold round 1's plan", LaunchSim::count(s.planned(1)),
                         nodes - 1), fleet, o);
-    return r;
+    return false;
   }
   r.restart = LaunchSim::latest(s.planned(1)) - named;
   double lastStop = -1;
@@ -166,8 +174,13 @@ LaunchRun runLaunchScale(const ScaleOptions& o, int nodes) {
   if (stopped && replanned) {
     r.restartRequestsPerNode = static_cast<double>(replanned->total() - stopped->total()) / (nodes - 1);
   }
+  return true;
+}
 
-  // The clean end: every worker's last steps, then every agent's exit.
+// The clean end: every worker's last steps, then every agent's exit.
+bool measureCleanEnd(LaunchSim& s, const ScaleOptions& o, LaunchRun& r) {
+  Fleet& fleet = s.fleet();
+  const int lost = r.nodes - 1;
   if (!fleet.pumpUntil([&] {
         for (int node = 0; node < lost; ++node) {
           if (!fleet.member(node).exited) return false;
@@ -175,17 +188,31 @@ LaunchRun runLaunchScale(const ScaleOptions& o, int nodes) {
         return true;
       }, o.restartSteps + 120)) {
     fail(r, "the agents did not exit", fleet, o);
-    return r;
+    return false;
   }
-  keepLogs(o, fleet, fmt::format("launch-{}-{:.0f}", nodes, s.startedAt()));
+  keepLogs(o, fleet, fmt::format("launch-{}-{:.0f}", r.nodes, s.startedAt()));
   for (int node = 0; node < lost; ++node) {
     if (fleet.exitCode(node) != 0) {
       fail(r, fmt::format("node {} exited {}:\n{}", node, fleet.exitCode(node),
                           fleet.text(node, 2000)), fleet, o);
-      return r;
+      return false;
     }
   }
   r.exitToMaster = fleet.member(0).exitedAt - LaunchSim::latest(s.workerDone(1));
+  return true;
+}
+
+}  // namespace
+
+LaunchRun runLaunchScale(const ScaleOptions& o, int nodes) {
+  LaunchRun r;
+  r.nodes = nodes;
+  LaunchSim s(simOptions(o, nodes));
+  s.start();
+  if (!measureStart(s, o, r)) return r;
+  measureSteadyState(s, o, r);
+  if (!measureLostAgent(s, o, r)) return r;
+  if (!measureCleanEnd(s, o, r)) return r;
   r.ok = true;
   return r;
 }

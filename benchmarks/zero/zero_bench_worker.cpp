@@ -84,59 +84,53 @@ double ddpStateBytes(DeepMlp& net, torch::optim::Adam& adam) {
   return coveredBytes(tensors);
 }
 
-}  // namespace
-
-int runZeroWorker(const ZeroConfig& config) {
-  torch::set_num_threads(1);
-  auto group = init();
-  torch::manual_seed(group->rank());  // each rank its own data; DDP broadcasts rank 0's model
-  DeepMlp net(config.io, config.width, config.layers);
-  const auto x = torch::randn({config.batch, config.io});
-  const auto y = torch::randn({config.batch, config.io});
-  DistributedDataParallel<DeepMlp> ddp(net, group);
+std::unique_ptr<torch::optim::Optimizer> makeOptimizer(DistributedDataParallel<DeepMlp>& ddp,
+                                                       int stage) {
   const torch::optim::AdamOptions adamOptions(1e-4);
-  std::unique_ptr<torch::optim::Optimizer> optimizer;
-  ShardedOptimizer* sharded = nullptr;
-  if (config.stage == 0) {
-    optimizer = std::make_unique<torch::optim::Adam>(ddp.parameters(), adamOptions);
-  } else {
-    ZeroOptions zo;
-    zo.stage = config.stage;
-    auto owned = std::make_unique<ShardedOptimizer>(
-        ddp, optimizerFactory<torch::optim::Adam>(adamOptions), zo);
-    sharded = owned.get();
-    optimizer = std::move(owned);
-  }
-  comm::Communicator& comm = group->communicator();
-  ZeroResult r;
-  r.stage = config.stage;
-  r.world = group->size();
-  r.backend = group->backend();
-  for (const auto& p : ddp.parameters()) r.parameters += p.numel();
-  TurnTaker turns(config.turns, group->rank() == 0);
+  if (stage == 0) return std::make_unique<torch::optim::Adam>(ddp.parameters(), adamOptions);
+  ZeroOptions zo;
+  zo.stage = stage;
+  return std::make_unique<ShardedOptimizer>(
+      ddp, optimizerFactory<torch::optim::Adam>(adamOptions), zo);
+}
+
+// One rank's training: the model under DDP, its optimizer and the batch every step uses.
+struct Training {
+  ProcessGroup& group;
+  DeepMlp& net;
+  DistributedDataParallel<DeepMlp>& ddp;
+  torch::optim::Optimizer& optimizer;
+  ShardedOptimizer* sharded;  // the optimizer when the stage is 1 or 2, else null
+  torch::Tensor x, y;
+};
+
+// The warm-up and timed steps, each in this job's turn; records the timed ones' breakdown.
+void timeSteps(const ZeroConfig& config, const Training& t, ZeroResult& r) {
+  comm::Communicator& comm = t.group.communicator();
+  TurnTaker turns(config.turns, t.group.rank() == 0);
   for (int i = 0; i < config.warmup + config.steps; ++i) {
     turns.begin();
-    group->barrier();
+    t.group.barrier();
     const uint64_t payload0 = comm.payloadBytes();
     const auto t0 = Clock::now();
-    if (sharded) {
-      sharded->zero_grad();  // unsets the shards' gradients: see ShardedOptimizer::zero_grad()
+    if (t.sharded) {
+      t.sharded->zero_grad();  // unsets the shards' gradients: see ShardedOptimizer::zero_grad()
     } else {
-      optimizer->zero_grad();
+      t.optimizer.zero_grad();
     }
     const auto t1 = Clock::now();
-    torch::mse_loss(ddp(x), y).backward();
+    torch::mse_loss(t.ddp(t.x), t.y).backward();
     const auto t2 = Clock::now();
-    optimizer->step();
+    t.optimizer.step();
     const auto t3 = Clock::now();
     const uint64_t payload = comm.payloadBytes() - payload0;
-    group->barrier();
+    t.group.barrier();
     turns.end();
     if (i < config.warmup) continue;
-    const double backwardWait = msOf(ddp.lastIteration().waited);
+    const double backwardWait = msOf(t.ddp.lastIteration().waited);
     double optimizerMs = msOf(t3 - t2), stepWait = 0;
-    if (sharded) {
-      const ZeroStats s = sharded->stats();
+    if (t.sharded) {
+      const ZeroStats s = t.sharded->stats();
       optimizerMs = msOf(s.optimizerStep);
       stepWait = msOf(s.allgatherWait);
     }
@@ -147,31 +141,59 @@ int runZeroWorker(const ZeroConfig& config) {
     r.otherMs.push_back(r.stepMs.back() - r.computeMs.back() - r.commMs.back() - optimizerMs);
     r.payloadBytes.push_back(static_cast<double>(payload));
   }
-  if (sharded) {
-    r.stateBytes = static_cast<double>(sharded->stats().memory.modelState());
-    r.bucketBytes = static_cast<double>(sharded->stats().memory.buckets);
+}
+
+// Model state, every rank's PSS, and the gradients held after a noSync() micro-batch; ends with
+// a synchronising step.
+void measureMemory(const Training& t, ZeroResult& r) {
+  if (t.sharded) {
+    r.stateBytes = static_cast<double>(t.sharded->stats().memory.modelState());
+    r.bucketBytes = static_cast<double>(t.sharded->stats().memory.buckets);
   } else {
-    r.stateBytes = ddpStateBytes(net, static_cast<torch::optim::Adam&>(*optimizer));
+    r.stateBytes = ddpStateBytes(t.net, static_cast<torch::optim::Adam&>(t.optimizer));
   }
-  const auto pss = group->allgather(torch::tensor({pssBytes()}, torch::kDouble));
-  for (const auto& t : pss) r.pssBytes.push_back(t.item<double>());
+  const auto pss = t.group.allgather(torch::tensor({pssBytes()}, torch::kDouble));
+  for (const auto& p : pss) r.pssBytes.push_back(p.item<double>());
   // Accumulation: the gradients a rank holds after a noSync() micro-batch (Note [Sharded
   // backward]: stage 2 keeps them full-size, in .grad, until the synchronising backward).
-  optimizer->zero_grad();
+  t.optimizer.zero_grad();
   {
-    auto guard = ddp.noSync();
-    torch::mse_loss(ddp(x), y).backward();
+    auto guard = t.ddp.noSync();
+    torch::mse_loss(t.ddp(t.x), t.y).backward();
   }
-  if (sharded) {
-    const ZeroMemory m = sharded->stats().memory;
+  if (t.sharded) {
+    const ZeroMemory m = t.sharded->stats().memory;
     r.noSyncGradientBytes = static_cast<double>(m.gradients + m.looseGradients);
   } else {
     std::vector<torch::Tensor> grads;
-    for (auto& p : net->parameters()) grads.push_back(p.grad());
+    for (auto& p : t.net->parameters()) grads.push_back(p.grad());
     r.noSyncGradientBytes = coveredBytes(grads);
   }
-  torch::mse_loss(ddp(x), y).backward();  // the synchronising one, so that the ranks end alike
-  optimizer->step();
+  // The synchronising backward, so that the ranks end alike.
+  torch::mse_loss(t.ddp(t.x), t.y).backward();
+  t.optimizer.step();
+}
+
+}  // namespace
+
+int runZeroWorker(const ZeroConfig& config) {
+  torch::set_num_threads(1);
+  auto group = init();
+  torch::manual_seed(group->rank());  // each rank its own data; DDP broadcasts rank 0's model
+  DeepMlp net(config.io, config.width, config.layers);
+  const auto x = torch::randn({config.batch, config.io});
+  const auto y = torch::randn({config.batch, config.io});
+  DistributedDataParallel<DeepMlp> ddp(net, group);
+  const auto optimizer = makeOptimizer(ddp, config.stage);
+  const Training training{*group, net, ddp, *optimizer,
+                          dynamic_cast<ShardedOptimizer*>(optimizer.get()), x, y};
+  ZeroResult r;
+  r.stage = config.stage;
+  r.world = group->size();
+  r.backend = group->backend();
+  for (const auto& p : ddp.parameters()) r.parameters += p.numel();
+  timeSteps(config, training, r);
+  measureMemory(training, r);
   if (group->rank() == 0 && !config.out.empty()) std::ofstream(config.out) << toJson(r) << "\n";
   group->barrier();
   group->shutdown();
