@@ -156,6 +156,51 @@ std::vector<Marked> findMarked(torch::nn::Module& root, const std::vector<Named>
   return marked;
 }
 
+// Stage 3: the layout's units are the marked modules', last marked first (the order backward
+// completes them), then the root's. `ownerOf[k]`: unit k's marked module, or marked.size() for
+// the root's.
+ShardLayout layoutMarked(const std::vector<Marked>& marked, const std::vector<ShardInput>& inputs,
+                         int ranks, std::vector<size_t>& ownerOf) {
+  std::vector<std::vector<size_t>> groups;
+  std::vector<size_t> groupOwner;
+  std::vector<char> owned(inputs.size(), 0);
+  for (size_t g = marked.size(); g-- > 0;) {
+    if (marked[g].params.empty()) continue;
+    groups.push_back(marked[g].params);
+    groupOwner.push_back(g);
+    for (size_t i : marked[g].params) owned[i] = 1;
+  }
+  std::vector<size_t> root;
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    if (!owned[i]) root.push_back(i);
+  }
+  if (!root.empty()) {
+    groups.push_back(root);
+    groupOwner.push_back(marked.size());
+  }
+  ShardLayout layout = layoutUnits(inputs, groups, ranks);
+  std::unordered_map<size_t, size_t> ownerOfParam;
+  for (size_t g = 0; g < groups.size(); ++g) {
+    for (size_t i : groups[g]) ownerOfParam[i] = groupOwner[g];
+  }
+  ownerOf.clear();
+  for (const auto& u : layout.units) ownerOf.push_back(ownerOfParam.at(u.params.front()));
+  return layout;
+}
+
+// Each marked module with trained parameters of its own runs through its units from now on.
+void bindMarked(const std::vector<Marked>& marked, const std::vector<size_t>& ownerOf,
+                const std::shared_ptr<ShardGroup>& shards) {
+  for (size_t g = 0; g < marked.size(); ++g) {
+    std::vector<size_t> mine;
+    for (size_t k = 0; k < ownerOf.size(); ++k) {
+      if (ownerOf[k] == g) mine.push_back(k);
+    }
+    if (mine.empty()) continue;  // nothing of its own to shard: it runs as it is
+    marked[g].module->bind(std::make_shared<UnitBinding>(shards, std::move(mine), marked[g].name));
+  }
+}
+
 at::ScalarType masterTypeOf(at::ScalarType dtype, const ZeroOptions& options) {
   const bool low = dtype == at::kHalf || dtype == at::kBFloat16;
   return options.masterWeights && low ? at::kFloat : dtype;
@@ -180,36 +225,12 @@ BuiltShards buildShards(DdpCore& ddp, std::vector<torch::optim::OptimizerParamGr
     inputs.push_back({t.numel(), static_cast<size_t>(t.element_size()),
                       static_cast<int>(groupOf[i] * 64 + static_cast<size_t>(t.scalar_type()))});
   }
-  // Stage 3: the layout's units are the marked modules', last marked first (the order
-  // backward completes them), then the root's; `ownerOf[k]`: unit k's marked module, or none.
-  std::vector<Marked> marked;
+  std::vector<Marked> marked;  // stage 3
   std::vector<size_t> ownerOf;
   ShardLayout layout;
   if (options.stage == 3) {
     marked = findMarked(*ddp.module(), trained);
-    std::vector<std::vector<size_t>> groups;
-    std::vector<size_t> groupOwner;
-    std::vector<char> owned(trained.size(), 0);
-    for (size_t g = marked.size(); g-- > 0;) {
-      if (marked[g].params.empty()) continue;
-      groups.push_back(marked[g].params);
-      groupOwner.push_back(g);
-      for (size_t i : marked[g].params) owned[i] = 1;
-    }
-    std::vector<size_t> root;
-    for (size_t i = 0; i < trained.size(); ++i) {
-      if (!owned[i]) root.push_back(i);
-    }
-    if (!root.empty()) {
-      groups.push_back(root);
-      groupOwner.push_back(marked.size());
-    }
-    layout = layoutUnits(inputs, groups, pg.size());
-    std::unordered_map<size_t, size_t> ownerOfParam;
-    for (size_t g = 0; g < groups.size(); ++g) {
-      for (size_t i : groups[g]) ownerOfParam[i] = groupOwner[g];
-    }
-    for (const auto& u : layout.units) ownerOf.push_back(ownerOfParam.at(u.params.front()));
+    layout = layoutMarked(marked, inputs, pg.size(), ownerOf);
   } else {
     layout = planShards(inputs, pg.size(), options.firstUnitBytes, options.unitBytes);
   }
@@ -250,15 +271,7 @@ BuiltShards buildShards(DdpCore& ddp, std::vector<torch::optim::OptimizerParamGr
     built.shards = std::make_shared<ShardGroup>(ddp.groupPtr(), layout, std::move(units),
                                                 std::move(unitGroup), options);
     built.sync = std::make_shared<ShardedGradientSync>(built.shards, ddp.options());
-    for (size_t g = 0; g < marked.size(); ++g) {
-      std::vector<size_t> mine;
-      for (size_t k = 0; k < ownerOf.size(); ++k) {
-        if (ownerOf[k] == g) mine.push_back(k);
-      }
-      if (mine.empty()) continue;  // no trained parameters of its own: runs as it is
-      marked[g].module->bind(std::make_shared<UnitBinding>(built.shards, std::move(mine),
-                                                           marked[g].name));
-    }
+    bindMarked(marked, ownerOf, built.shards);
     return built.sync;
   });
   return built;

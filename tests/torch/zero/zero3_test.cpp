@@ -63,8 +63,18 @@ TEST(ZeroShardedUnit, KeepsTheModulesParameterNames) {
   EXPECT_TRUE(torch::equal(marked->forward(torch::ones({2, 3})), plain->forward(torch::ones({2, 3}))));
 }
 
+size_t storageBytes(torch::nn::Module& module) {
+  size_t bytes = 0;
+  for (const auto& p : module.parameters()) bytes += p.storage().nbytes();
+  return bytes;
+}
+
 struct Zero3Result {
   std::vector<std::map<std::string, torch::Tensor>> params;  // by rank
+  // Rank 0, step 0: bytes of the marked modules' parameter storages once forward has returned,
+  // and once backward has.
+  size_t markedAfterForward = 1;
+  size_t markedAfterBackward = 1;
   // Rank 0, after the last step: bytes of the marked modules' parameter storages, and of the
   // head's one storage (its unit's: weight and bias are views of it).
   size_t markedBytes = 0;
@@ -97,13 +107,16 @@ Zero3Result trainZero3(int world, int stage, int steps) {
     for (int s = 0; s < steps; ++s) {
       optimizer->zero_grad();
       auto [x, y] = wholeBatch(run, s, 0, 7, 5);
-      torch::mse_loss(ddp(shard(x, rank, world)), shard(y, rank, world)).backward();
+      auto loss = torch::mse_loss(ddp(shard(x, rank, world)), shard(y, rank, world));
+      if (s == 0 && rank == 0 && sharded) result.markedAfterForward = storageBytes(*net->body);
+      loss.backward();
+      if (s == 0 && rank == 0 && sharded) result.markedAfterBackward = storageBytes(*net->body);
       optimizer->step();
     }
     auto& mine = result.params[static_cast<size_t>(rank)];
     if (sharded) {
       if (rank == 0) {
-        for (const auto& p : net->body->parameters()) result.markedBytes += p.storage().nbytes();
+        result.markedBytes = storageBytes(*net->body);
         result.headBytes = net->head->weight.storage().nbytes();  // its bias shares it
       }
       for (auto& [name, t] : gatherFullParameters(*sharded)) mine[name] = t;
@@ -123,19 +136,25 @@ TEST(ZeroStage3, AdamWMatchesDdpAtTwoRanks) {
   ASSERT_EQ(got.params[0].size(), want.params[0].size());
   expectRanksBitwiseEqual(got);
   expectClose(got, want, 1e-5);
-  // Between steps the marked layers hold nothing in full; the head (the root's unit) does.
+  // Forward frees each marked layer after it ran, backward once its gradients were in, and
+  // between steps they hold nothing in full; the head (the root's unit) stays full.
+  EXPECT_EQ(zero.markedAfterForward, 0u);
+  EXPECT_EQ(zero.markedAfterBackward, 0u);
   EXPECT_EQ(zero.markedBytes, 0u);
   EXPECT_EQ(zero.headBytes, (9 * 5 + 5) * sizeof(float));
 }
 
-TEST(ZeroStage3, RefusesAModelWithoutMarkedModules) {
-  auto threads = ThreadWorld::create(1);
+// Not built yet: a noSync() backward would leave the units it gathers in full.
+TEST(ZeroStage3, RefusesNoSyncForNow) {
+  auto threads = ThreadWorld::create(2);
   threads->run([&](int rank) {
-    torch::nn::Linear net(3, 2);
-    DistributedDataParallel<torch::nn::Linear> ddp(net, threadGroup(*threads, rank));
+    Zero3Net net = buildSeeded(3, [] { return Zero3Net(); });
+    DistributedDataParallel<Zero3Net> ddp(net, threadGroup(*threads, rank));
     ZeroOptions zo;
     zo.stage = 3;
-    EXPECT_THROW(ShardedOptimizer(ddp, factoryFor("adamw"), zo), InvalidArgument);
+    ShardedOptimizer optimizer(ddp, factoryFor("adamw"), zo);
+    auto guard = ddp.noSync();
+    EXPECT_THROW(ddp(torch::ones({2, 7})), InvalidArgument);
   });
 }
 
