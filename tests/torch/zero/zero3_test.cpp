@@ -116,11 +116,15 @@ struct Zero3Result {
   // unit: weight and bias are views of it).
   size_t markedBytes = 1;
   size_t headBytes = 0;
+  // Rank 0, after the last step: stats().memory.parameters, and the owned blocks' bytes.
+  size_t parameterBytes = 0;
+  size_t ownedBytes = 0;
 };
 
-// `stage` 0: DDP with torch::optim::AdamW; 3: a stage-3 ShardedOptimizer over the same factory.
+// `stage` 0: DDP with torch::optim::AdamW; 2, 3: a ShardedOptimizer of that stage over the same
+// factory. `dtype`: of the parameters (16-bit: float32 master shards).
 template <typename Net>
-Zero3Result trainZero3(int world, int stage, int steps) {
+Zero3Result trainZero3(int world, int stage, int steps, at::ScalarType dtype = at::kFloat) {
   Zero3Result result;
   result.params.resize(static_cast<size_t>(world));
   ZeroRun run;
@@ -129,6 +133,7 @@ Zero3Result trainZero3(int world, int stage, int steps) {
   threads->run([&](int rank) {
     auto group = threadGroup(*threads, rank);
     Net net = buildSeeded(run.seed, [] { return Net(); });
+    net->to(dtype);
     DistributedDataParallel<Net> ddp(net, group);
     OptimizerFactory factory = factoryFor("adamw");
     std::unique_ptr<torch::optim::Optimizer> optimizer;
@@ -142,11 +147,12 @@ Zero3Result trainZero3(int world, int stage, int steps) {
       sharded = owned.get();
       optimizer = std::move(owned);
     }
-    const bool probe = rank == 0 && sharded != nullptr;
+    const bool probe = rank == 0 && stage == 3;
     for (int s = 0; s < steps; ++s) {
       optimizer->zero_grad();
       auto [x, y] = wholeBatch(run, s, 0, 7, 5);
-      auto loss = torch::mse_loss(ddp(shard(x, rank, world)), shard(y, rank, world));
+      auto out = ddp(shard(x, rank, world).to(dtype)).to(torch::kFloat);
+      auto loss = torch::mse_loss(out, shard(y, rank, world));
       if (s == 0 && probe) result.markedAfterForward = markedBytes(*net);
       loss.backward();
       if (s == 0 && probe) result.markedAfterBackward = markedBytes(*net);
@@ -155,6 +161,9 @@ Zero3Result trainZero3(int world, int stage, int steps) {
     if (probe) {
       result.markedBytes = markedBytes(*net);
       result.headBytes = net->head->weight.storage().nbytes();
+      result.parameterBytes = sharded->stats().memory.parameters;
+      result.ownedBytes = static_cast<size_t>(sharded->layout().shardNumel()) *
+                          c10::elementSize(dtype);
     }
     auto& mine = result.params[static_cast<size_t>(rank)];
     if (sharded) {
@@ -191,6 +200,8 @@ void expectStage3MatchesDdp(int world, int64_t headNumel) {
   EXPECT_EQ(zero.markedBytes, 0u);
   const int64_t padded = (headNumel + world - 1) / world * world;
   EXPECT_EQ(zero.headBytes, static_cast<size_t>(padded) * sizeof(float));
+  EXPECT_EQ(zero.parameterBytes, zero.ownedBytes + zero.headBytes)
+      << "stats(): the owned blocks and the root's full unit, nothing gathered";
 }
 
 class ZeroStage3Ranks : public ::testing::TestWithParam<int> {};
@@ -200,6 +211,19 @@ TEST_P(ZeroStage3Ranks, LayersMatchDdp) { expectStage3MatchesDdp<Zero3Net>(GetPa
 
 TEST_P(ZeroStage3Ranks, NestedAndReusedUnitsMatchDdp) {
   expectStage3MatchesDdp<Zero3NestedNet>(GetParam(), 12 * 5 + 5);
+}
+
+// bfloat16 parameters with float32 master shards: stage 3 steps what stage 2 steps (the same
+// gradients, divided before the reduce-scatter, the same master arithmetic).
+TEST_P(ZeroStage3Ranks, Bfloat16WithMasterWeightsMatchesStage2) {
+  const Zero3Result two = trainZero3<Zero3NestedNet>(GetParam(), 2, 20, at::kBFloat16);
+  const Zero3Result three = trainZero3<Zero3NestedNet>(GetParam(), 3, 20, at::kBFloat16);
+  ZeroResult want, got;
+  want.params = two.params;
+  got.params = three.params;
+  expectRanksBitwiseEqual(got);
+  expectClose(got, want, 1e-5);
+  EXPECT_EQ(three.markedBytes, 0u);
 }
 
 INSTANTIATE_TEST_SUITE_P(World, ZeroStage3Ranks, ::testing::Values(2, 3, 4),
