@@ -96,6 +96,31 @@ struct Zero3NestedNetImpl : torch::nn::Module {
 };
 TORCH_MODULE(Zero3NestedNet);
 
+// Unused parameters (findUnusedParameters): a marked module whose forward never runs, and a
+// marked module with a parameter its forward does not use.
+struct Zero3PartlyUsedImpl : torch::nn::Module {
+  explicit Zero3PartlyUsedImpl(int64_t n) {
+    scale = register_parameter("scale", torch::full({n}, 0.5));
+    spare = register_parameter("spare", torch::ones({n}));
+  }
+  torch::Tensor forward(const torch::Tensor& x) { return torch::tanh(x * scale); }
+  torch::Tensor scale, spare;
+};
+TORCH_MODULE(Zero3PartlyUsed);
+
+struct Zero3UnusedNetImpl : torch::nn::Module {
+  Zero3UnusedNetImpl() {
+    in = register_module("in", ShardedUnit(torch::nn::Linear(7, 12)));
+    partly = register_module("partly", ShardedUnit(Zero3PartlyUsed(12)));
+    never = register_module("never", ShardedUnit(torch::nn::Linear(12, 12)));
+    head = register_module("head", torch::nn::Linear(12, 5));
+  }
+  torch::Tensor forward(const torch::Tensor& x) { return head(partly(in(x))); }
+  ShardedUnit in{nullptr}, partly{nullptr}, never{nullptr};
+  torch::nn::Linear head{nullptr};
+};
+TORCH_MODULE(Zero3UnusedNet);
+
 // Bytes of the parameter storages of every marked module (each parameter once).
 size_t markedBytes(torch::nn::Module& net) {
   size_t bytes = 0;
@@ -124,7 +149,8 @@ struct Zero3Result {
 // `stage` 0: DDP with torch::optim::AdamW; 2, 3: a ShardedOptimizer of that stage over the same
 // factory. `dtype`: of the parameters (16-bit: float32 master shards).
 template <typename Net>
-Zero3Result trainZero3(int world, int stage, int steps, at::ScalarType dtype = at::kFloat) {
+Zero3Result trainZero3(int world, int stage, int steps, at::ScalarType dtype = at::kFloat,
+                       bool findUnused = false) {
   Zero3Result result;
   result.params.resize(static_cast<size_t>(world));
   ZeroRun run;
@@ -134,7 +160,9 @@ Zero3Result trainZero3(int world, int stage, int steps, at::ScalarType dtype = a
     auto group = threadGroup(*threads, rank);
     Net net = buildSeeded(run.seed, [] { return Net(); });
     net->to(dtype);
-    DistributedDataParallel<Net> ddp(net, group);
+    DdpOptions ddpOptions;
+    ddpOptions.findUnusedParameters = findUnused;
+    DistributedDataParallel<Net> ddp(net, group, ddpOptions);
     OptimizerFactory factory = factoryFor("adamw");
     std::unique_ptr<torch::optim::Optimizer> optimizer;
     ShardedOptimizer* sharded = nullptr;
@@ -223,6 +251,23 @@ TEST_P(ZeroStage3Ranks, Bfloat16WithMasterWeightsMatchesStage2) {
   got.params = three.params;
   expectRanksBitwiseEqual(got);
   expectClose(got, want, 1e-5);
+  EXPECT_EQ(three.markedBytes, 0u);
+}
+
+// A marked module that never runs, and one with an unused parameter, under findUnusedParameters:
+// their parameters take part with zero gradients and are stepped as at stage 2 (where DDP's
+// libtorch optimizer would skip them: Note [Sharded backward]); the module that never runs is
+// never gathered.
+TEST_P(ZeroStage3Ranks, UnusedParametersStepAsStage2) {
+  const Zero3Result two = trainZero3<Zero3UnusedNet>(GetParam(), 2, 20, at::kFloat, true);
+  const Zero3Result three = trainZero3<Zero3UnusedNet>(GetParam(), 3, 20, at::kFloat, true);
+  ZeroResult want, got;
+  want.params = two.params;
+  got.params = three.params;
+  ASSERT_EQ(got.params[0].size(), want.params[0].size());
+  expectRanksBitwiseEqual(got);
+  expectClose(got, want, 1e-5);
+  EXPECT_EQ(three.markedAfterBackward, 0u);
   EXPECT_EQ(three.markedBytes, 0u);
 }
 
