@@ -2,6 +2,7 @@
 // function), marked modules keeping their parameter names, training against plain DDP with
 // AdamW, and the parameters of marked modules freed between uses.
 #include <algorithm>
+#include <limits>
 #include <sstream>
 #include <string>
 
@@ -144,13 +145,25 @@ struct Zero3Result {
   // Rank 0, after the last step: stats().memory.parameters, and the owned blocks' bytes.
   size_t parameterBytes = 0;
   size_t ownedBytes = 0;
+  int64_t skipped = 0;  // rank 0's GradScaler
 };
 
-// `stage` 0: DDP with torch::optim::AdamW; 2, 3: a ShardedOptimizer of that stage over the same
-// factory. `dtype`: of the parameters (16-bit: float32 master shards).
+struct Zero3Run {
+  int world = 2;
+  int stage = 3;  // 0: DDP with torch::optim::AdamW; 2, 3: a ShardedOptimizer over the same
+  int steps = 30;
+  at::ScalarType dtype = at::kFloat;  // of the parameters (16-bit: float32 master shards)
+  bool findUnused = false;
+  // >= 0: an enabled GradScaler, and at this step the last rank's gradient of the model's first
+  // parameter gets an inf (after the reduce-scatter only its owner sees it).
+  int overflowStep = -1;
+};
+
 template <typename Net>
-Zero3Result trainZero3(int world, int stage, int steps, at::ScalarType dtype = at::kFloat,
-                       bool findUnused = false) {
+Zero3Result trainZero3(const Zero3Run& how) {
+  const int world = how.world;
+  const int stage = how.stage;
+  const at::ScalarType dtype = how.dtype;
   Zero3Result result;
   result.params.resize(static_cast<size_t>(world));
   ZeroRun run;
@@ -161,7 +174,7 @@ Zero3Result trainZero3(int world, int stage, int steps, at::ScalarType dtype = a
     Net net = buildSeeded(run.seed, [] { return Net(); });
     net->to(dtype);
     DdpOptions ddpOptions;
-    ddpOptions.findUnusedParameters = findUnused;
+    ddpOptions.findUnusedParameters = how.findUnused;
     DistributedDataParallel<Net> ddp(net, group, ddpOptions);
     OptimizerFactory factory = factoryFor("adamw");
     std::unique_ptr<torch::optim::Optimizer> optimizer;
@@ -175,17 +188,30 @@ Zero3Result trainZero3(int world, int stage, int steps, at::ScalarType dtype = a
       sharded = owned.get();
       optimizer = std::move(owned);
     }
+    GradScalerOptions so;
+    so.enabled = how.overflowStep >= 0;
+    GradScaler scaler(group, so);
     const bool probe = rank == 0 && stage == 3;
-    for (int s = 0; s < steps; ++s) {
+    for (int s = 0; s < how.steps; ++s) {
       optimizer->zero_grad();
       auto [x, y] = wholeBatch(run, s, 0, 7, 5);
       auto out = ddp(shard(x, rank, world).to(dtype)).to(torch::kFloat);
       auto loss = torch::mse_loss(out, shard(y, rank, world));
       if (s == 0 && probe) result.markedAfterForward = markedBytes(*net);
-      loss.backward();
+      const bool poison = s == how.overflowStep && rank == world - 1;
+      torch::Tensor first = net->parameters().front();
+      const unsigned hook = poison ? first.register_hook([](torch::Tensor g) {
+        g = g.clone();
+        g.view(-1)[0] = std::numeric_limits<double>::infinity();
+        return g;
+      }) : 0;
+      scaler.scale(loss).backward();
+      if (poison) first.remove_hook(hook);
       if (s == 0 && probe) result.markedAfterBackward = markedBytes(*net);
-      optimizer->step();
+      scaler.step(*optimizer);
+      scaler.update();
     }
+    if (rank == 0) result.skipped = scaler.skippedSteps();
     if (probe) {
       result.markedBytes = markedBytes(*net);
       result.headBytes = net->head->weight.storage().nbytes();
@@ -205,8 +231,8 @@ Zero3Result trainZero3(int world, int stage, int steps, at::ScalarType dtype = a
 
 template <typename Net>
 void expectStage3MatchesDdp(int world, int64_t headNumel) {
-  const Zero3Result ddp = trainZero3<Net>(world, 0, 30);
-  const Zero3Result zero = trainZero3<Net>(world, 3, 30);
+  const Zero3Result ddp = trainZero3<Net>({world, 0});
+  const Zero3Result zero = trainZero3<Net>({world, 3});
   ZeroResult want, got;
   want.params = ddp.params;
   got.params = zero.params;
@@ -244,8 +270,8 @@ TEST_P(ZeroStage3Ranks, NestedAndReusedUnitsMatchDdp) {
 // bfloat16 parameters with float32 master shards: stage 3 steps what stage 2 steps (the same
 // gradients, divided before the reduce-scatter, the same master arithmetic).
 TEST_P(ZeroStage3Ranks, Bfloat16WithMasterWeightsMatchesStage2) {
-  const Zero3Result two = trainZero3<Zero3NestedNet>(GetParam(), 2, 20, at::kBFloat16);
-  const Zero3Result three = trainZero3<Zero3NestedNet>(GetParam(), 3, 20, at::kBFloat16);
+  const Zero3Result two = trainZero3<Zero3NestedNet>({GetParam(), 2, 20, at::kBFloat16});
+  const Zero3Result three = trainZero3<Zero3NestedNet>({GetParam(), 3, 20, at::kBFloat16});
   ZeroResult want, got;
   want.params = two.params;
   got.params = three.params;
@@ -259,8 +285,8 @@ TEST_P(ZeroStage3Ranks, Bfloat16WithMasterWeightsMatchesStage2) {
 // libtorch optimizer would skip them: Note [Sharded backward]); the module that never runs is
 // never gathered.
 TEST_P(ZeroStage3Ranks, UnusedParametersStepAsStage2) {
-  const Zero3Result two = trainZero3<Zero3UnusedNet>(GetParam(), 2, 20, at::kFloat, true);
-  const Zero3Result three = trainZero3<Zero3UnusedNet>(GetParam(), 3, 20, at::kFloat, true);
+  const Zero3Result two = trainZero3<Zero3UnusedNet>({GetParam(), 2, 20, at::kFloat, true});
+  const Zero3Result three = trainZero3<Zero3UnusedNet>({GetParam(), 3, 20, at::kFloat, true});
   ZeroResult want, got;
   want.params = two.params;
   got.params = three.params;
@@ -269,6 +295,23 @@ TEST_P(ZeroStage3Ranks, UnusedParametersStepAsStage2) {
   expectClose(got, want, 1e-5);
   EXPECT_EQ(three.markedAfterBackward, 0u);
   EXPECT_EQ(three.markedBytes, 0u);
+}
+
+// An enabled GradScaler over the shards: an inf in one rank's gradient of a marked layer lands
+// in one rank's shard, and every rank skips that step, as under DDP.
+TEST_P(ZeroStage3Ranks, GradScalerSkipsAnOverflowOnOneRankAsDdp) {
+  Zero3Run how{GetParam(), 0, 20};
+  how.overflowStep = 5;
+  const Zero3Result ddp = trainZero3<Zero3Net>(how);
+  how.stage = 3;
+  const Zero3Result zero = trainZero3<Zero3Net>(how);
+  EXPECT_EQ(ddp.skipped, 1);
+  EXPECT_EQ(zero.skipped, 1);
+  ZeroResult want, got;
+  want.params = ddp.params;
+  got.params = zero.params;
+  expectRanksBitwiseEqual(got);
+  expectClose(got, want, 1e-5);
 }
 
 INSTANTIATE_TEST_SUITE_P(World, ZeroStage3Ranks, ::testing::Values(2, 3, 4),
