@@ -229,19 +229,24 @@ Zero3Result trainZero3(const Zero3Run& how) {
   return result;
 }
 
+// `got`'s gathered parameters: every rank's bitwise equal, rank 0's within 1e-5 of `want`'s.
+void expectSameTraining(const Zero3Result& got, const Zero3Result& want) {
+  ZeroResult g, w;
+  g.params = got.params;
+  w.params = want.params;
+  ASSERT_EQ(g.params[0].size(), w.params[0].size());
+  expectRanksBitwiseEqual(g);
+  expectClose(g, w, 1e-5);
+}
+
 template <typename Net>
 void expectStage3MatchesDdp(int world, int64_t headNumel) {
   const Zero3Result ddp = trainZero3<Net>({world, 0});
   const Zero3Result zero = trainZero3<Net>({world, 3});
-  ZeroResult want, got;
-  want.params = ddp.params;
-  got.params = zero.params;
-  ASSERT_EQ(got.params[0].size(), want.params[0].size());
-  expectRanksBitwiseEqual(got);
-  expectClose(got, want, 1e-5);
+  expectSameTraining(zero, ddp);
   double worst = 0;
-  for (const auto& [name, t] : want.params[0]) {
-    worst = std::max(worst, relativeError(got.params[0].at(name).to(torch::kDouble),
+  for (const auto& [name, t] : ddp.params[0]) {
+    worst = std::max(worst, relativeError(zero.params[0].at(name).to(torch::kDouble),
                                           t.to(torch::kDouble)));
   }
   std::ostringstream text;
@@ -272,11 +277,7 @@ TEST_P(ZeroStage3Ranks, NestedAndReusedUnitsMatchDdp) {
 TEST_P(ZeroStage3Ranks, Bfloat16WithMasterWeightsMatchesStage2) {
   const Zero3Result two = trainZero3<Zero3NestedNet>({GetParam(), 2, 20, at::kBFloat16});
   const Zero3Result three = trainZero3<Zero3NestedNet>({GetParam(), 3, 20, at::kBFloat16});
-  ZeroResult want, got;
-  want.params = two.params;
-  got.params = three.params;
-  expectRanksBitwiseEqual(got);
-  expectClose(got, want, 1e-5);
+  expectSameTraining(three, two);
   EXPECT_EQ(three.markedBytes, 0u);
 }
 
@@ -287,12 +288,7 @@ TEST_P(ZeroStage3Ranks, Bfloat16WithMasterWeightsMatchesStage2) {
 TEST_P(ZeroStage3Ranks, UnusedParametersStepAsStage2) {
   const Zero3Result two = trainZero3<Zero3UnusedNet>({GetParam(), 2, 20, at::kFloat, true});
   const Zero3Result three = trainZero3<Zero3UnusedNet>({GetParam(), 3, 20, at::kFloat, true});
-  ZeroResult want, got;
-  want.params = two.params;
-  got.params = three.params;
-  ASSERT_EQ(got.params[0].size(), want.params[0].size());
-  expectRanksBitwiseEqual(got);
-  expectClose(got, want, 1e-5);
+  expectSameTraining(three, two);
   EXPECT_EQ(three.markedAfterBackward, 0u);
   EXPECT_EQ(three.markedBytes, 0u);
 }
@@ -307,11 +303,7 @@ TEST_P(ZeroStage3Ranks, GradScalerSkipsAnOverflowOnOneRankAsDdp) {
   const Zero3Result zero = trainZero3<Zero3Net>(how);
   EXPECT_EQ(ddp.skipped, 1);
   EXPECT_EQ(zero.skipped, 1);
-  ZeroResult want, got;
-  want.params = ddp.params;
-  got.params = zero.params;
-  expectRanksBitwiseEqual(got);
-  expectClose(got, want, 1e-5);
+  expectSameTraining(zero, ddp);
 }
 
 INSTANTIATE_TEST_SUITE_P(World, ZeroStage3Ranks, ::testing::Values(2, 3, 4),
