@@ -472,6 +472,10 @@ void Checkpointer::addOptimizer(const std::string& name, torch::optim::Optimizer
   }
   // Sharded state is saved as shard records, never gathered (Note [Sharded checkpoint files]).
   if (auto* zero = dynamic_cast<ShardedOptimizer*>(&optimizer)) {
+    DTRAIN_CHECK_ARG(zero->options().stage < 3,
+                     "Checkpointer::addOptimizer(\"{}\"): checkpoints of ZeRO stage 3 are not built "
+                     "yet. HINT: use stage 1 or 2 with a Checkpointer",
+                     name);
     impl_->registry.sharded.push_back({name, zero});
     return;
   }

@@ -9,6 +9,7 @@
 #include "dtrain/torch/checkpoint.h"
 #include "dtrain/torch/ddp.h"
 #include "dtrain/torch/distributed_sampler.h"
+#include "dtrain/torch/fully_shard.h"
 #include "dtrain/torch/grad_scaler.h"
 #include "dtrain/torch/init.h"
 #include "dtrain/torch/zero.h"

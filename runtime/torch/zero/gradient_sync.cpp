@@ -105,6 +105,13 @@ void ShardedGradientSync::arm(const std::vector<at::Tensor>& outputs) {
 }
 
 void ShardedGradientSync::disarm() {
+  // A noSync() backward has no hooks that reshard the units it gathers (and stage 3 has no
+  // place yet to keep full gradients across micro-batches): refused until it does.
+  DTRAIN_CHECK_ARG(shards_->stage() != 3,
+                   "rank {}: ShardedOptimizer stage 3: a forward under noSync() is not supported "
+                   "yet. HINT: run every micro-batch without noSync() (each backward then "
+                   "reduce-scatters and adds into the shard), or use stage 2",
+                   shards_->group().rank());
   std::lock_guard<std::mutex> lock(mutex_);
   state_ = State::Local;
   unused_.clear();
@@ -160,7 +167,10 @@ void ShardedGradientSync::markReadyLocked(size_t index, bool hookFired) {
                "supported. HINT: use a dense embedding (sparse=false)",
                nameOf(index));
   shards_->fill(p.unit, p.slot, poison);
-  if (--pending_[p.unit] == 0) launchReadyUnitsLocked();
+  if (--pending_[p.unit] == 0) {
+    shards_->gradientsComplete(p.unit);  // stage 3: Note [ZeRO-3 unit lifecycle]
+    launchReadyUnitsLocked();
+  }
 }
 
 void ShardedGradientSync::launchReadyUnitsLocked() {

@@ -9,8 +9,10 @@
 #include "../ddp_sync.h"
 #include "dtrain/base/error.h"
 #include "dtrain/base/logging.h"
+#include "dtrain/torch/fully_shard.h"
 #include "gradient_sync.h"
 #include "shard_group.h"
+#include "unit_binding.h"
 
 namespace dtrain::zero {
 
@@ -19,9 +21,8 @@ namespace {
 using Named = std::pair<std::string, at::Tensor>;
 
 void checkOptions(DdpCore& ddp, const OptimizerFactory& factory, const ZeroOptions& options) {
-  DTRAIN_CHECK_ARG(options.stage == 1 || options.stage == 2,
-                   "ShardedOptimizer: ZeroOptions::stage is {}; stages 1 and 2 exist (stage 3, "
-                   "sharded parameters, does not yet)",
+  DTRAIN_CHECK_ARG(options.stage >= 1 && options.stage <= 3,
+                   "ShardedOptimizer: ZeroOptions::stage is {}; stages 1, 2 and 3 exist",
                    options.stage);
   DTRAIN_CHECK_ARG(factory.defaults != nullptr && factory.make != nullptr,
                    "ShardedOptimizer: the optimizer factory has no {}. HINT: build it with "
@@ -108,6 +109,98 @@ void agreeAcrossRanks(ProcessGroup& group, const std::vector<Named>& trained,
   }
 }
 
+// Stage 3: the modules marked as units (ShardedUnit), pre-order, with their names.
+struct Marked {
+  std::string name;
+  std::shared_ptr<ShardedUnitImpl> module;
+  std::vector<size_t> params;  // indices into the trained parameters it owns
+};
+
+bool isAncestor(const std::string& outer, const std::string& inner) {
+  return outer.empty() || inner.rfind(outer + ".", 0) == 0;
+}
+
+// Every trained parameter belongs to the innermost marked module that has it; the others to the
+// root. Note [ZeRO-3 unit lifecycle].
+std::vector<Marked> findMarked(torch::nn::Module& root, const std::vector<Named>& trained) {
+  std::vector<Marked> marked;
+  for (const auto& m : root.named_modules("", /*include_self=*/true)) {
+    if (auto unit = std::dynamic_pointer_cast<ShardedUnitImpl>(m.value())) {
+      marked.push_back({m.key(), std::move(unit), {}});
+    }
+  }
+  DTRAIN_CHECK_ARG(!marked.empty(),
+                   "ShardedOptimizer: stage 3 shards the modules marked as units, and the model "
+                   "has none. HINT: wrap its layers in dtrain::ShardedUnit (or a Sequential's "
+                   "children with dtrain::shardEveryChild()) before DistributedDataParallel");
+  std::unordered_map<const void*, size_t> index;
+  for (size_t i = 0; i < trained.size(); ++i) index[trained[i].second.unsafeGetTensorImpl()] = i;
+  const size_t none = marked.size();
+  std::vector<size_t> owner(trained.size(), none);
+  for (size_t g = 0; g < marked.size(); ++g) {  // pre-order: an inner module comes later
+    for (const auto& p : marked[g].module->parameters(/*recurse=*/true)) {
+      auto it = index.find(p.unsafeGetTensorImpl());
+      if (it == index.end()) continue;  // frozen
+      const size_t was = owner[it->second];
+      DTRAIN_CHECK_ARG(was == none || isAncestor(marked[was].name, marked[g].name),
+                       "ShardedOptimizer stage 3: parameter {} is shared by units {} and {}, "
+                       "neither inside the other; tied parameters across units are not "
+                       "supported yet. HINT: mark a module that holds both instead",
+                       trained[it->second].first, marked[was].name, marked[g].name);
+      owner[it->second] = g;
+    }
+  }
+  for (size_t i = 0; i < trained.size(); ++i) {
+    if (owner[i] != none) marked[owner[i]].params.push_back(i);
+  }
+  return marked;
+}
+
+// Stage 3: the layout's units are the marked modules', last marked first (the order backward
+// completes them), then the root's. `ownerOf[k]`: unit k's marked module, or marked.size() for
+// the root's.
+ShardLayout layoutMarked(const std::vector<Marked>& marked, const std::vector<ShardInput>& inputs,
+                         int ranks, std::vector<size_t>& ownerOf) {
+  std::vector<std::vector<size_t>> groups;
+  std::vector<size_t> groupOwner;
+  std::vector<char> owned(inputs.size(), 0);
+  for (size_t g = marked.size(); g-- > 0;) {
+    if (marked[g].params.empty()) continue;
+    groups.push_back(marked[g].params);
+    groupOwner.push_back(g);
+    for (size_t i : marked[g].params) owned[i] = 1;
+  }
+  std::vector<size_t> root;
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    if (!owned[i]) root.push_back(i);
+  }
+  if (!root.empty()) {
+    groups.push_back(root);
+    groupOwner.push_back(marked.size());
+  }
+  ShardLayout layout = layoutUnits(inputs, groups, ranks);
+  std::unordered_map<size_t, size_t> ownerOfParam;
+  for (size_t g = 0; g < groups.size(); ++g) {
+    for (size_t i : groups[g]) ownerOfParam[i] = groupOwner[g];
+  }
+  ownerOf.clear();
+  for (const auto& u : layout.units) ownerOf.push_back(ownerOfParam.at(u.params.front()));
+  return layout;
+}
+
+// Each marked module with trained parameters of its own runs through its units from now on.
+void bindMarked(const std::vector<Marked>& marked, const std::vector<size_t>& ownerOf,
+                const std::shared_ptr<ShardGroup>& shards) {
+  for (size_t g = 0; g < marked.size(); ++g) {
+    std::vector<size_t> mine;
+    for (size_t k = 0; k < ownerOf.size(); ++k) {
+      if (ownerOf[k] == g) mine.push_back(k);
+    }
+    if (mine.empty()) continue;  // nothing of its own to shard: it runs as it is
+    marked[g].module->bind(std::make_shared<UnitBinding>(shards, std::move(mine), marked[g].name));
+  }
+}
+
 at::ScalarType masterTypeOf(at::ScalarType dtype, const ZeroOptions& options) {
   const bool low = dtype == at::kHalf || dtype == at::kBFloat16;
   return options.masterWeights && low ? at::kFloat : dtype;
@@ -132,8 +225,15 @@ BuiltShards buildShards(DdpCore& ddp, std::vector<torch::optim::OptimizerParamGr
     inputs.push_back({t.numel(), static_cast<size_t>(t.element_size()),
                       static_cast<int>(groupOf[i] * 64 + static_cast<size_t>(t.scalar_type()))});
   }
-  ShardLayout layout =
-      planShards(inputs, pg.size(), options.firstUnitBytes, options.unitBytes);
+  std::vector<Marked> marked;  // stage 3
+  std::vector<size_t> ownerOf;
+  ShardLayout layout;
+  if (options.stage == 3) {
+    marked = findMarked(*ddp.module(), trained);
+    layout = layoutMarked(marked, inputs, pg.size(), ownerOf);
+  } else {
+    layout = planShards(inputs, pg.size(), options.firstUnitBytes, options.unitBytes);
+  }
 
   BuiltShards built;
   // Inside replaceGradientSync: DDP's buckets are freed before the units take their memory.
@@ -145,9 +245,10 @@ BuiltShards buildShards(DdpCore& ddp, std::vector<torch::optim::OptimizerParamGr
       std::vector<UnitParam> params;
       for (size_t i : u.params) params.push_back({trained[i].first, trained[i].second});
       const at::ScalarType dtype = trained[u.params.front()].second.scalar_type();
+      const bool resharded = options.stage == 3 && ownerOf[k] < marked.size();
       units.push_back(std::make_unique<ShardUnit>(k, u, std::move(params), pg.rank(), pg.size(),
                                                   options.stage, masterTypeOf(dtype, options),
-                                                  pg.communicator(), pg.device()));
+                                                  pg.communicator(), pg.device(), resharded));
       const size_t g = groupOf[u.params.front()];
       std::vector<torch::optim::OptimizerParamGroup> one;
       one.emplace_back(std::vector<at::Tensor>{units.back()->optimized()},
@@ -170,6 +271,7 @@ BuiltShards buildShards(DdpCore& ddp, std::vector<torch::optim::OptimizerParamGr
     built.shards = std::make_shared<ShardGroup>(ddp.groupPtr(), layout, std::move(units),
                                                 std::move(unitGroup), options);
     built.sync = std::make_shared<ShardedGradientSync>(built.shards, ddp.options());
+    bindMarked(marked, ownerOf, built.shards);
     return built.sync;
   });
   return built;

@@ -55,6 +55,7 @@ const char* paramsName(ShardGroup::Params s) {
     case ShardGroup::Params::Gathered: return "gathered";
     case ShardGroup::Params::Stepped: return "stepped";
     case ShardGroup::Params::Gathering: return "gathering";
+    case ShardGroup::Params::Free: return "free (sharded)";
   }
   return "?";
 }
@@ -74,7 +75,12 @@ ShardGroup::ShardGroup(std::shared_ptr<ProcessGroup> group, ShardLayout layout,
       params_(units_.size(), Params::Gathered),
       reduceWork_(units_.size()),
       gatherWork_(units_.size()),
-      pool_(comm_) {}
+      pool_(comm_),
+      paramPool_(comm_) {
+  for (size_t k = 0; k < units_.size(); ++k) {
+    if (units_[k]->resharded()) params_[k] = Params::Free;  // the unit was built sharded
+  }
+}
 
 ShardGroup::~ShardGroup() {
   // Collectives still running write into the units' memory: wait for them before it goes.
@@ -139,7 +145,7 @@ void ShardGroup::lease(size_t k) {
 
 void ShardGroup::fill(size_t k, size_t j, const fault::Fault* poison) {
   ShardUnit& u = *units_[k];
-  if (stage() == 2 && grads_[k] == Grads::Empty) {
+  if (stage() != 1 && grads_[k] == Grads::Empty) {
     lease(k);
     grads_[k] = Grads::Accumulating;
   }
@@ -179,7 +185,7 @@ void ShardGroup::fill(size_t k, size_t j, const fault::Fault* poison) {
 
 void ShardGroup::fold(size_t k) {
   ShardUnit& u = *units_[k];
-  if (stage() != 2 || u.hasMaster() || !u.shardGradAttached()) return;
+  if (stage() == 1 || u.hasMaster() || !u.shardGradAttached()) return;
   const int64_t s = u.shardNumel();
   const double factor = averagedByCollective(u.dtype()) ? group_->size() : 1.0;
   at::NoGradGuard noGrad;
@@ -216,7 +222,7 @@ std::chrono::nanoseconds ShardGroup::finishReduce(size_t k) {
   } else if (!u.shardGradAttached()) {
     u.attachShardGrad();
   }
-  if (stage() == 2) {
+  if (stage() != 1) {
     pool_.give(u.returnGrads());
     grads_[k] = Grads::Empty;
   } else {
@@ -229,7 +235,8 @@ void ShardGroup::checkSteppable() const {
   for (size_t k = 0; k < units_.size(); ++k) {
     const bool ready =
         grads_[k] == (stage() == 1 ? Grads::Reduced : Grads::Empty) && !localGradients_;
-    DTRAIN_CHECK(ready && params_[k] == Params::Gathered,
+    const Params rest = units_[k]->resharded() ? Params::Free : Params::Gathered;
+    DTRAIN_CHECK(ready && params_[k] == rest,
                  "rank {}: ShardedOptimizer::step(): {} is {} (gradients) and {} (parameters): "
                  "its gradients of this step are not averaged yet. HINT: the last micro-batch's "
                  "forward and backward must run outside noSync(), and step() after backward() "
@@ -241,21 +248,51 @@ void ShardGroup::checkSteppable() const {
 
 void ShardGroup::stepUnit(size_t k) {
   ShardUnit& u = *units_[k];
-  DTRAIN_CHECK(params_[k] == Params::Gathered, "rank {}: ZeRO: step of {}, which is {}",
-               group_->rank(), u.describe(), paramsName(params_[k]));
+  const Params rest = u.resharded() ? Params::Free : Params::Gathered;
+  DTRAIN_CHECK(params_[k] == rest, "rank {}: ZeRO: step of {}, which is {}", group_->rank(),
+               u.describe(), paramsName(params_[k]));
   u.optimizer().step();
   shardWritten(k);
 }
 
 void ShardGroup::shardWritten(size_t k) {
   ShardUnit& u = *units_[k];
-  DTRAIN_CHECK(params_[k] == Params::Gathered, "rank {}: ZeRO: {} is {}, not gathered, when its "
-               "shard is written", group_->rank(), u.describe(), paramsName(params_[k]));
+  const Params rest = u.resharded() ? Params::Free : Params::Gathered;
+  DTRAIN_CHECK(params_[k] == rest, "rank {}: ZeRO: {} is {}, not {}, when its shard is written",
+               group_->rank(), u.describe(), paramsName(params_[k]), paramsName(rest));
   if (u.hasMaster()) {
     at::NoGradGuard noGrad;
     u.ownedParams().copy_(u.master());
   }
-  params_[k] = Params::Stepped;
+  // A resharded unit's owned block is all it has: the next unshard gathers the new values.
+  if (!u.resharded()) params_[k] = Params::Stepped;
+}
+
+bool ShardGroup::unshard(size_t k) {
+  ShardUnit& u = *units_[k];
+  if (params_[k] == Params::Gathered) return false;
+  DTRAIN_CHECK(params_[k] == Params::Free && u.resharded(), "rank {}: ZeRO-3: gathering {}, "
+               "which is {}", group_->rank(), u.describe(), paramsName(params_[k]));
+  const size_t bytes = u.paddedNumel() * c10::elementSize(u.dtype());
+  auto buffer = paramPool_.takeFree(bytes);
+  if (!buffer) buffer = paramPool_.allocate(bytes);
+  u.holdFull(std::move(buffer));
+  params_[k] = Params::Gathering;
+  gatherWork_[k] = allgatherUnit(comm_, u, call());
+  finishGather(k);
+  return true;
+}
+
+void ShardGroup::reshard(size_t k) {
+  ShardUnit& u = *units_[k];
+  DTRAIN_CHECK(params_[k] == Params::Gathered && u.resharded(), "rank {}: ZeRO-3: freeing {}, "
+               "which is {}", group_->rank(), u.describe(), paramsName(params_[k]));
+  paramPool_.give(u.releaseFull());
+  params_[k] = Params::Free;
+}
+
+void ShardGroup::gradientsComplete(size_t k) {
+  if (units_[k]->resharded() && params_[k] == Params::Gathered) reshard(k);
 }
 
 void ShardGroup::launchGather(size_t k) {

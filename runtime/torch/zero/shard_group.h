@@ -34,10 +34,48 @@ namespace dtrain::zero {
 //   Gathered --stepUnit--> Stepped --launchGather--> Gathering --finishGather--> Gathered
 // A step needs every unit's gradients Reduced (stage 1) or Empty (stage 2): a step in the middle
 // of an accumulation would use a half-made gradient.
+//
+// Note [ZeRO-3 unit lifecycle]
+// Stage 3 is stage 2 with one more state on the parameter side; the gradient side, the
+// backward's hooks (Note [Sharded backward]), the optimizers, the records and the norm are
+// stage 2's, unchanged. Its units are not planned by size: each module the user marks
+// (ShardedUnit, dtrain/torch/fully_shard.h) is one unit per dtype (layoutUnits()), in reverse
+// order of marking -- the order backward completes them, the order their reduce-scatters are
+// issued -- and the parameters of no marked module form the root's units, last.
+// A marked module's unit ("resharded") holds, between uses, only its owned block (S elements,
+// memory of its own) and the optimizer's state over it:
+//   Free --unshard--> Gathered --reshard--> Free
+// unshard: a buffer of P elements from the parameter pool (Communicator memory, reused: fresh
+// pages are slow to touch and glibc returns large blocks to the kernel) becomes the data of the
+// ONE storage all the unit's parameters share (ShardUnit::holdFull, Note [Sharded memory]), and
+// the all-gather writes every rank's block into it. reshard: the storage's data is swapped for
+// nothing and the buffer goes back to the pool. Neither bumps a version counter, so the tensors
+// autograd saved in forward are valid again once the unit is gathered for backward.
+// Who does what, and when:
+//   forward   ShardedUnit::forward unshards (when Free), runs the module, reshards what it
+//             unsharded, and passes its output through GatherForBackward (an autograd
+//             Function at the unit boundary, fully_shard.cpp).
+//   backward  GatherForBackward's backward runs before any node of the unit -- they all need
+//             the gradient of its output -- and unshards (a no-op when Gathered: a module
+//             called twice in one forward meets its second boundary first). The hooks of
+//             Note [Sharded backward] copy each finished gradient into a pooled bucket and
+//             free .grad (stage 2's fill); the post-hook that completes the unit reshards it
+//             (ShardGroup::gradientsComplete): after the unit's last gradient accumulator has
+//             run, no node that needs its parameters is left, as every node that reads a
+//             parameter sends a gradient into its accumulator. The unit's reduce-scatter
+//             starts in unit order, as at stage 2, and gives the bucket back when it is done.
+//   step      each unit's optimizer steps its owned block (a master copy for 16-bit units)
+//             and the parameters stay Free: nothing is all-gathered. Root units are stage 2's:
+//             Gathered --stepUnit--> Stepped --launchGather--> Gathering --> Gathered.
+// So between steps a rank holds its blocks, the root's parameters, and no marked unit in full;
+// during forward one unit (plus the units nested in it), during backward the units whose
+// gradients are not all in. Collectives are issued by every rank in the same order because the
+// same graph runs on every rank; a unit one rank skips desynchronises them (the unit id check
+// is a next step).
 class ShardGroup {
  public:
   enum class Grads { Empty, Accumulating, Reducing, Reduced };
-  enum class Params { Gathered, Stepped, Gathering };
+  enum class Params { Gathered, Stepped, Gathering, Free };
 
   // `unitGroup[k]`: the optimizer parameter group unit k belongs to.
   ShardGroup(std::shared_ptr<ProcessGroup> group, ShardLayout layout,
@@ -81,7 +119,17 @@ class ShardGroup {
   void launchGather(size_t k);
   std::chrono::nanoseconds finishGather(size_t k);
 
+  // --- stage 3 (Note [ZeRO-3 unit lifecycle]) ---
+  Params paramState(size_t k) const { return params_[k]; }
+  // Gathers unit k (Free -> Gathered); true when it did, false when it was gathered already.
+  // Collective, synchronous.
+  bool unshard(size_t k);
+  void reshard(size_t k);  // Gathered -> Free
+  // The backward's hooks: unit k's last gradient of this pass is in.
+  void gradientsComplete(size_t k);
+
   size_t bucketBytes() const { return pool_.capacityBytes(); }
+  size_t gatheredBytes() const { return paramPool_.capacityBytes(); }
 
  private:
   void lease(size_t k);
@@ -101,6 +149,7 @@ class ShardGroup {
   std::deque<size_t> reducing_;  // units whose reduce-scatter runs, in launch order
   bool localGradients_ = false;
   GradientPool pool_;
+  GradientPool paramPool_;  // stage 3: the full parameters of gathered units
 };
 
 }  // namespace dtrain::zero

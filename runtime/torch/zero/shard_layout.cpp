@@ -4,6 +4,7 @@
 
 #include "dtrain/base/error.h"
 #include "dtrain/torch/bucket_assignment.h"
+#include "dtrain/torch/unit_layout.h"
 
 namespace dtrain {
 
@@ -43,6 +44,53 @@ std::vector<OwnedRange> ShardLayout::ownedBy(int rank) const {
   return out;
 }
 
+namespace {
+
+UnitLayout unitOf(const std::vector<ShardInput>& params, std::vector<size_t> indices, int ranks) {
+  std::sort(indices.begin(), indices.end());
+  UnitLayout unit;
+  unit.key = params[indices.front()].key;
+  unit.elementSize = params[indices.front()].elementSize;
+  for (size_t i : indices) {
+    unit.params.push_back(i);
+    unit.offsets.push_back(unit.numel);
+    unit.numel += params[i].numel;
+  }
+  unit.shardNumel = (unit.numel + ranks - 1) / ranks;
+  return unit;
+}
+
+}  // namespace
+
+ShardLayout layoutUnits(const std::vector<ShardInput>& params,
+                        const std::vector<std::vector<size_t>>& groups, int ranks) {
+  DTRAIN_CHECK_ARG(ranks >= 1, "layoutUnits: {} ranks", ranks);
+  std::vector<int> seen(params.size(), 0);
+  ShardLayout layout;
+  layout.ranks = ranks;
+  for (size_t g = 0; g < groups.size(); ++g) {
+    std::vector<int> keys;  // in order of their first parameter in the group
+    std::vector<std::vector<size_t>> byKey;
+    for (size_t i : groups[g]) {
+      DTRAIN_CHECK_ARG(i < params.size(), "layoutUnits: group {} names parameter {} of {}", g, i,
+                       params.size());
+      DTRAIN_CHECK_ARG(seen[i]++ == 0, "layoutUnits: parameter {} is in two groups", i);
+      auto it = std::find(keys.begin(), keys.end(), params[i].key);
+      if (it == keys.end()) {
+        keys.push_back(params[i].key);
+        byKey.emplace_back();
+        it = keys.end() - 1;
+      }
+      byKey[static_cast<size_t>(it - keys.begin())].push_back(i);
+    }
+    for (auto& indices : byKey) layout.units.push_back(unitOf(params, std::move(indices), ranks));
+  }
+  for (size_t i = 0; i < params.size(); ++i) {
+    DTRAIN_CHECK_ARG(seen[i] == 1, "layoutUnits: parameter {} is in no group", i);
+  }
+  return layout;
+}
+
 ShardLayout planShards(const std::vector<ShardInput>& params, int ranks, size_t firstUnitBytes,
                        size_t unitBytes) {
   DTRAIN_CHECK_ARG(ranks >= 1, "planShards: {} ranks", ranks);
@@ -55,17 +103,7 @@ ShardLayout planShards(const std::vector<ShardInput>& params, int ranks, size_t 
   ShardLayout layout;
   layout.ranks = ranks;
   for (auto& indices : assignBuckets(inputs, firstUnitBytes, unitBytes)) {
-    std::sort(indices.begin(), indices.end());
-    UnitLayout unit;
-    unit.key = params[indices.front()].key;
-    unit.elementSize = params[indices.front()].elementSize;
-    for (size_t i : indices) {
-      unit.params.push_back(i);
-      unit.offsets.push_back(unit.numel);
-      unit.numel += params[i].numel;
-    }
-    unit.shardNumel = (unit.numel + ranks - 1) / ranks;
-    layout.units.push_back(std::move(unit));
+    layout.units.push_back(unitOf(params, std::move(indices), ranks));
   }
   return layout;
 }

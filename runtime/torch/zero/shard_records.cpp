@@ -111,9 +111,11 @@ void ShardedOptimizer::loadShardState(const ShardReader& read) {
       states.emplace(key, std::move(fresh));
     }
     shards.shardWritten(k);
-    shards.launchGather(k);
+    if (!shards.unit(k).resharded()) shards.launchGather(k);  // stage 3: at its next use
   }
-  for (size_t k = 0; k < shards.size(); ++k) shards.finishGather(k);
+  for (size_t k = 0; k < shards.size(); ++k) {
+    if (!shards.unit(k).resharded()) shards.finishGather(k);
+  }
 }
 
 }  // namespace dtrain

@@ -1,6 +1,7 @@
 #include "shard_unit.h"
 
 #include <ATen/ATen.h>
+#include <c10/util/strides.h>
 #include <fmt/format.h>
 #include <torch/optim/optimizer.h>
 
@@ -13,22 +14,46 @@ namespace {
 
 size_t storageBytes(const at::Tensor& t) { return t.defined() ? t.storage().nbytes() : 0; }
 
+// A storage's data pointer over `buffer`, keeping it alive until the storage lets go of it.
+at::DataPtr dataPtrOver(std::shared_ptr<comm::Buffer> buffer, const c10::Device& device) {
+  void* data = buffer->data();
+  auto* keep = new std::shared_ptr<comm::Buffer>(std::move(buffer));
+  return at::DataPtr(
+      data, keep, [](void* ctx) { delete static_cast<std::shared_ptr<comm::Buffer>*>(ctx); },
+      device);
+}
+
+// A plain tensor (no autograd view) of `sizes` at element `offset` of `storage`.
+at::Tensor tensorIn(const at::Storage& storage, int64_t offset, at::IntArrayRef sizes,
+                    const at::TensorOptions& options) {
+  at::Tensor t = at::empty({0}, options);
+  t.set_(storage, offset, sizes, c10::contiguous_strides(sizes));
+  return t;
+}
+
 }  // namespace
 
 ShardUnit::ShardUnit(size_t index, const UnitLayout& layout, std::vector<UnitParam> params,
                      int rank, int ranks, int stage, at::ScalarType masterType,
-                     comm::Communicator& comm, const c10::Device& device)
+                     comm::Communicator& comm, const c10::Device& device, bool resharded)
     : index_(index),
       layout_(layout),
       params_(std::move(params)),
       rank_(rank),
       ranks_(ranks),
       stage_(stage),
-      dtype_(params_.front().param.scalar_type()) {
+      dtype_(params_.front().param.scalar_type()),
+      resharded_(resharded),
+      device_(device) {
   DTRAIN_CHECK(params_.size() == layout_.params.size(),
                "ShardUnit: {} parameters for a unit of {}", params_.size(), layout_.params.size());
+  DTRAIN_CHECK(stage == 3 || !resharded, "ShardUnit: only stage 3 reshards parameters");
   at::NoGradGuard noGrad;
-  bindParameters(comm, device);
+  if (stage == 3) {
+    bindOverStorage(comm, device);
+  } else {
+    bindParameters(comm, device);
+  }
   const auto options = at::TensorOptions().dtype(dtype_).device(device);
   const size_t elem = c10::elementSize(dtype_);
   if (stage == 1) {
@@ -74,6 +99,50 @@ void ShardUnit::bindParameters(comm::Communicator& comm, const c10::Device& devi
   ownedParams_ = ddp::tensorOver(paramMemory_, rank_ * shardNumel(), {shardNumel()}, options);
 }
 
+void ShardUnit::bindOverStorage(comm::Communicator& comm, const c10::Device& device) {
+  // The values the parameters have now, gathered in a first buffer; a resharded unit keeps only
+  // its own block of them.
+  const auto options = at::TensorOptions().dtype(dtype_).device(device);
+  const size_t bytes = std::max<size_t>(1, paddedNumel() * c10::elementSize(dtype_));
+  paramMemory_ = comm.allocate(bytes);
+  fullStorage_ = at::Storage(at::Storage::use_byte_size_t(), bytes,
+                             dataPtrOver(paramMemory_, device), /*allocator=*/nullptr,
+                             /*resizable=*/false);
+  fullParams_ = tensorIn(fullStorage_, 0, {paddedNumel()}, options);
+  for (size_t j = 0; j < params_.size(); ++j) {
+    at::Tensor& p = params_[j].param;
+    DTRAIN_CHECK(p.scalar_type() == dtype_, "ShardUnit: {} is {}, its unit {}", params_[j].name,
+                 c10::toString(p.scalar_type()), c10::toString(dtype_));
+    at::Tensor place = tensorIn(fullStorage_, layout_.offsets[j], p.sizes(), options);
+    place.copy_(p);
+    p.set_data(place);
+  }
+  fullParams_.narrow(0, layout_.numel, paddedNumel() - layout_.numel).zero_();
+  ownedParams_ = fullParams_.narrow(0, rank_ * shardNumel(), shardNumel()).clone();
+  if (resharded_) releaseFull();
+}
+
+void ShardUnit::holdFull(std::shared_ptr<comm::Buffer> buffer) {
+  DTRAIN_CHECK(stage_ == 3 && paramMemory_ == nullptr, "{}: full parameters held twice",
+               describe());
+  const size_t bytes = std::max<size_t>(1, paddedNumel() * c10::elementSize(dtype_));
+  DTRAIN_CHECK(buffer->bytes() >= bytes, "{}: a buffer of {} bytes for {}", describe(),
+               buffer->bytes(), bytes);
+  paramMemory_ = std::move(buffer);
+  c10::StorageImpl* impl = fullStorage_.unsafeGetStorageImpl();
+  impl->set_data_ptr_noswap(dataPtrOver(paramMemory_, device_));
+  impl->set_nbytes(bytes);
+}
+
+std::shared_ptr<comm::Buffer> ShardUnit::releaseFull() {
+  DTRAIN_CHECK(stage_ == 3 && paramMemory_ != nullptr, "{}: full parameters freed twice",
+               describe());
+  c10::StorageImpl* impl = fullStorage_.unsafeGetStorageImpl();
+  impl->set_data_ptr_noswap(at::DataPtr(nullptr, device_));
+  impl->set_nbytes(0);
+  return std::move(paramMemory_);
+}
+
 void ShardUnit::makeGradViews(const std::shared_ptr<comm::Buffer>& memory) {
   const auto options = fullParams_.options();
   gradViews_.clear();
@@ -114,7 +183,10 @@ std::shared_ptr<comm::Buffer> ShardUnit::returnGrads() {
   return std::move(gradMemory_);
 }
 
-size_t ShardUnit::parameterBytes() const { return storageBytes(fullParams_); }
+size_t ShardUnit::parameterBytes() const {
+  // Stage 3: the owned block has memory of its own; the full storage counts while held.
+  return storageBytes(fullParams_) + (stage_ == 3 ? storageBytes(ownedParams_) : 0);
+}
 
 size_t ShardUnit::gradientBytes() const {
   // Stage 1: the full buffer, of which reduced is a block; stage 2: reduced. Master: its gradient.

@@ -42,6 +42,13 @@ struct UnitParam {
 //   optimized    what the real optimizer steps: master, or block `rank` of fullParams. Its .grad
 //                is the averaged gradient of the shard: reduced, or master's float32 gradient.
 // Plain tensors over the buffers (not autograd views), so optimizers may detach_() them.
+// Stage 3 (Note [ZeRO-3 unit lifecycle] in shard_group.h) differs in the parameters only:
+//   ownedParams  S elements of memory of their own, the one copy that persists between uses.
+//   fullParams   P elements over ONE storage that every parameter shares (set_data onto a
+//                tensor at::Tensor::set_() over it, not a from_blob per parameter), so that
+//                swapping that storage's data pointer (holdFull / releaseFull) gathers or frees
+//                the whole unit at once, and autograd's saved tensors -- which share the
+//                storage -- see the values gathered again for backward, no version bumped.
 class ShardUnit {
  public:
   // Allocates the unit's memory through `comm`, copies the parameters' values in and binds them
@@ -49,7 +56,7 @@ class ShardUnit {
   // parameters' own dtype for none.
   ShardUnit(size_t index, const UnitLayout& layout, std::vector<UnitParam> params, int rank,
             int ranks, int stage, at::ScalarType masterType, comm::Communicator& comm,
-            const c10::Device& device);
+            const c10::Device& device, bool resharded = false);
   ~ShardUnit();
   ShardUnit(const ShardUnit&) = delete;
   ShardUnit& operator=(const ShardUnit&) = delete;
@@ -87,6 +94,16 @@ class ShardUnit {
   std::shared_ptr<comm::Buffer> returnGrads();
   bool holdsGrads() const { return fullGrads_.defined(); }
 
+  // Stage 3: whether the full parameters are freed between uses (a marked module's unit), or
+  // kept as at stage 2 (the root's).
+  bool resharded() const { return resharded_; }
+  // Stage 3: the full parameters' storage over `buffer` (at least paddedNumel() elements; its
+  // bytes are the all-gather's to write), or over nothing. Accessing a parameter whose unit
+  // holds nothing reads a null storage.
+  void holdFull(std::shared_ptr<comm::Buffer> buffer);
+  std::shared_ptr<comm::Buffer> releaseFull();
+  bool holdsFull() const { return paramMemory_ != nullptr; }
+
   // Bytes of the unit's own persistent memory, by kind (see ZeroMemory).
   size_t parameterBytes() const;
   size_t gradientBytes() const;
@@ -98,6 +115,7 @@ class ShardUnit {
 
  private:
   void bindParameters(comm::Communicator& comm, const c10::Device& device);
+  void bindOverStorage(comm::Communicator& comm, const c10::Device& device);
   void makeGradViews(const std::shared_ptr<comm::Buffer>& memory);
 
   const size_t index_;
@@ -107,7 +125,10 @@ class ShardUnit {
   const int ranks_;
   const int stage_;
   const at::ScalarType dtype_;
-  std::shared_ptr<comm::Buffer> paramMemory_;
+  const bool resharded_;
+  const c10::Device device_;
+  std::shared_ptr<comm::Buffer> paramMemory_;  // stage 3: what fullStorage_ holds now, if any
+  at::Storage fullStorage_;                   // stage 3
   std::shared_ptr<comm::Buffer> gradMemory_;  // stage 1: owned; stage 2: the leased bucket
   at::Tensor fullParams_, ownedParams_;
   at::Tensor fullGrads_;

@@ -66,11 +66,14 @@ torch::Tensor ShardedOptimizer::step(LossClosure closure) {
     const auto start = Clock::now();
     shards.stepUnit(k);
     lastStep_.optimizerStep += Clock::now() - start;
+    if (shards.unit(k).resharded()) continue;  // stage 3: gathered at its next use
     shards.launchGather(k);  // runs while the next unit steps
     if (!options_.overlapAllgather) lastStep_.allgatherWait += shards.finishGather(k);
   }
   for (size_t k = shards.size(); k-- > 0;) {
-    if (options_.overlapAllgather) lastStep_.allgatherWait += shards.finishGather(k);
+    if (options_.overlapAllgather && shards.paramState(k) == zero::ShardGroup::Params::Gathering) {
+      lastStep_.allgatherWait += shards.finishGather(k);
+    }
   }
   return loss;
 }

@@ -38,10 +38,14 @@ void expectContains(const std::string& text, const std::string& part) {
 
 TEST(ZeroApi, RefusesWhatItCannotShard) {
   withDdp(2, [](int, DistributedDataParallel<Mlp>& ddp) {
-    ZeroOptions three;
+    ZeroOptions four;
+    four.stage = 4;
+    expectContains(errorOf([&] { ShardedOptimizer(ddp, factoryFor("adam"), four); }),
+                 "stages 1, 2 and 3 exist");
+    ZeroOptions three;  // stage 3 without a module marked as a unit
     three.stage = 3;
     expectContains(errorOf([&] { ShardedOptimizer(ddp, factoryFor("adam"), three); }),
-                 "stages 1 and 2 exist");
+                 "the model has none");
     std::vector<torch::optim::OptimizerParamGroup> partial;
     partial.emplace_back(std::vector<torch::Tensor>{ddp->fc1->weight});
     expectContains(errorOf([&] { ShardedOptimizer(ddp, std::move(partial), factoryFor("adam")); }),

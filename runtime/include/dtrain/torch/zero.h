@@ -32,7 +32,7 @@
 //
 // Construction is collective: every rank builds it with the same groups. It takes over what
 // DDP's backward does with the gradients (DDP's buckets are freed); forwards stay the DDP
-// wrapper's (buffers, noSync()). Design: "Sharding" in docs/design.md.
+// wrapper's (buffers, noSync()). Stage 3: dtrain/torch/fully_shard.h. Design: docs/design.md.
 
 #include <chrono>
 #include <cstddef>
@@ -80,7 +80,7 @@ OptimizerFactory optimizerFactory(const OptionsType& defaults) {
 }
 
 struct ZeroOptions {
-  // 1: optimizer state (and master weights) sharded; 2: the averaged gradients too.
+  // 1: optimizer state (and master weights) sharded; 2: gradients too; 3: parameters too.
   int stage = 2;
   // Units: the parameters that are reduce-scattered and all-gathered as one flat buffer (Note
   // [Shard layout] in dtrain/torch/shard_layout.h).

@@ -1,0 +1,127 @@
+// ShardedUnit (dtrain/torch/fully_shard.h) and its binding to the shards: the forward and the
+// boundary of Note [ZeRO-3 unit lifecycle].
+#include "dtrain/torch/fully_shard.h"
+
+#include <cstdint>
+
+#include <ATen/ATen.h>
+#include <torch/autograd.h>
+
+#include "dtrain/base/error.h"
+#include "dtrain/torch/zero.h"
+#include "shard_group.h"
+#include "unit_binding.h"
+
+namespace dtrain {
+
+namespace zero {
+
+namespace {
+
+// Identity in forward; in backward it gathers the unit before any of the unit's nodes run (they
+// all wait for the gradient of its output). Holds its binding as an address: the ShardedUnit
+// owns the binding, and the graph is used while the model lives.
+struct GatherForBackward : public torch::autograd::Function<GatherForBackward> {
+  static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& output,
+                            int64_t binding) {
+    ctx->saved_data["binding"] = binding;
+    return output;
+  }
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    auto* binding = reinterpret_cast<UnitBinding*>(ctx->saved_data["binding"].toInt());
+    binding->gatherForBackward();
+    return {grads[0], at::Tensor()};
+  }
+};
+
+}  // namespace
+
+UnitBinding::UnitBinding(std::weak_ptr<ShardGroup> shards, std::vector<size_t> units,
+                         std::string name)
+    : shards_(std::move(shards)), units_(std::move(units)), name_(std::move(name)) {}
+
+ShardGroup& UnitBinding::shards() {
+  auto shards = shards_.lock();
+  DTRAIN_CHECK(shards != nullptr, "ShardedUnit {}: the stage-3 ShardedOptimizer that sharded "
+               "its parameters is gone, and they with it. HINT: keep the optimizer alive while "
+               "the model is used", name_);
+  return *shards;  // the optimizer owns the group; it outlives this call
+}
+
+at::Tensor UnitBinding::forward(torch::nn::AnyModule& module, const at::Tensor& input) {
+  ShardGroup& group = shards();
+  std::vector<size_t> gathered;
+  for (size_t k : units_) {
+    if (group.unshard(k)) gathered.push_back(k);
+  }
+  at::Tensor output;
+  try {
+    output = module.forward<at::Tensor>(input);
+  } catch (...) {
+    for (size_t k : gathered) group.reshard(k);
+    throw;
+  }
+  for (size_t k : gathered) group.reshard(k);
+  if (units_.empty() || !at::GradMode::is_enabled() || !output.requires_grad()) return output;
+  return GatherForBackward::apply(output, reinterpret_cast<intptr_t>(this));
+}
+
+void UnitBinding::gatherForBackward() {
+  ShardGroup& group = shards();
+  for (size_t k : units_) group.unshard(k);
+}
+
+}  // namespace zero
+
+ShardedUnitImpl::ShardedUnitImpl(torch::nn::AnyModule module) : module_(std::move(module)) {
+  DTRAIN_CHECK_ARG(!module_.is_empty(), "ShardedUnit: an empty module");
+  const auto inner = module_.ptr();
+  for (const auto& p : inner->named_parameters(/*recurse=*/false)) {
+    register_parameter(p.key(), p.value(), p.value().requires_grad());
+  }
+  for (const auto& b : inner->named_buffers(/*recurse=*/false)) register_buffer(b.key(), b.value());
+  for (const auto& c : inner->named_children()) register_module(c.key(), c.value());
+}
+
+at::Tensor ShardedUnitImpl::forward(const at::Tensor& input) {
+  if (!binding_) return module_.forward<at::Tensor>(input);
+  return binding_->forward(module_, input);
+}
+
+void ShardedUnitImpl::train(bool on) {
+  torch::nn::Module::train(on);
+  module_.ptr()->train(on);
+}
+
+void ShardedUnitImpl::bind(std::shared_ptr<zero::UnitBinding> binding) {
+  DTRAIN_CHECK_ARG(binding_ == nullptr, "ShardedUnit {}: bound to a second stage-3 "
+                   "ShardedOptimizer. HINT: one ShardedOptimizer per model",
+                   binding->name());
+  binding_ = std::move(binding);
+}
+
+torch::nn::Sequential shardEveryChild(const torch::nn::Sequential& sequential) {
+  torch::nn::Sequential out;
+  const auto children = sequential->named_children();
+  size_t i = 0;
+  for (const torch::nn::AnyModule& m : *sequential) {
+    std::string name = children[i++].key();
+    out->push_back(std::move(name), std::make_shared<ShardedUnitImpl>(torch::nn::AnyModule(m)));
+  }
+  return out;
+}
+
+std::vector<std::pair<std::string, at::Tensor>> gatherFullParameters(ShardedOptimizer& optimizer) {
+  zero::ShardGroup& shards = optimizer.shards();
+  at::NoGradGuard noGrad;
+  std::vector<std::pair<std::string, at::Tensor>> out;
+  for (size_t k = 0; k < shards.size(); ++k) {
+    const bool gathered = shards.unshard(k);
+    for (const auto& p : shards.unit(k).params()) out.emplace_back(p.name, p.param.detach().clone());
+    if (gathered) shards.reshard(k);
+  }
+  return out;
+}
+
+}  // namespace dtrain
