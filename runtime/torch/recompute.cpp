@@ -58,9 +58,8 @@
 //   - Inputs: saved through autograd (version-checked); fn must not modify them in place during
 //     the forward (checked: the recompute would start from the modified value).
 //
-// A sharded (ZeRO-3) unit inside a segment: see docs/design.md#recompute for the contract it
-// follows (its gather is an autograd operation inside fn; isRecomputing() tells it the forward
-// runs for backward).
+// A sharded (ZeRO-3) unit inside a segment needs nothing of it: the recompute runs the unit's
+// forward again, which gathers the unit again (docs/design.md#recompute).
 
 namespace dtrain {
 
