@@ -213,4 +213,19 @@ void TurnTaker::end() {
   DTRAIN_CHECK(write(done_, &c, 1) == 1, "the driver is gone ({})", std::strerror(errno));
 }
 
+std::string flagValue(int argc, char** argv, int& i) {
+  DTRAIN_CHECK_ARG(i + 1 < argc, "{} needs a value", argv[i]);
+  return argv[++i];
+}
+
+int flagCount(int argc, char** argv, int& i) {
+  std::string flag = argv[i];
+  std::string v = flagValue(argc, argv, i);
+  char* end = nullptr;
+  long n = std::strtol(v.c_str(), &end, 10);
+  DTRAIN_CHECK_ARG(!v.empty() && *end == '\0' && n >= 0 && n < 1000000,
+                   "{} needs a count, got '{}'", flag, v);
+  return static_cast<int>(n);
+}
+
 }  // namespace dtrain::bench

@@ -1,11 +1,14 @@
 #pragma once
-// Process plumbing of the drivers of ddp_step_bench and train_bench: starting jobs, waiting for
-// them, free ports, the FIFOs through which they hand out turns (Note [Turns] in
-// ddp_step_bench.h), and the small helpers both use. Torch-free.
+// Process plumbing of the drivers of ddp_step_bench, train_bench, zero_bench and recompute_bench:
+// starting jobs, waiting for them, free ports, the FIFOs through which they hand out turns
+// (Note [Turns] in ddp_step_bench.h), reading their flags, their main(), and the small helpers
+// they share. Torch-free.
 
 #include <sys/types.h>
 
 #include <cstdint>
+#include <cstdio>
+#include <exception>
 #include <map>
 #include <memory>
 #include <string>
@@ -54,6 +57,24 @@ std::string finishJob(Job& job);
 double median(std::vector<double> v);
 // The non-empty parts of `s` between separators.
 std::vector<std::string> split(const std::string& s, char sep);
+
+// parse()'s reading of flag argv[i]'s value, advancing i; throws "<flag> needs a value" at the end
+// of argv.
+std::string flagValue(int argc, char** argv, int& i);
+// The same value read as a count in [0, 1000000); throws "<flag> needs a count, got '<value>'".
+int flagCount(int argc, char** argv, int& i);
+
+// A benchmark's main(): returns what `body` returns; an exception is printed as "<name>: <what>"
+// on stderr and exits 1.
+template <class Body>
+int benchMain(const char* name, Body&& body) {
+  try {
+    return body();
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "%s: %s\n", name, e.what());
+    return 1;
+  }
+}
 
 // The driver's end of one job's turn FIFOs "<path>.go" / "<path>.done" (created here).
 class TurnGiver {

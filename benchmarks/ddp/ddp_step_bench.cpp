@@ -48,10 +48,7 @@ Options parse(int argc, char** argv) {
   bool batchSet = false, modelsSet = false;
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
-    auto value = [&]() -> std::string {
-      DTRAIN_CHECK_ARG(i + 1 < argc, "{} needs a value", a);
-      return argv[++i];
-    };
+    auto value = [&] { return flagValue(argc, argv, i); };
     if (a == "--help" || a == "-h") {
       std::fputs("usage: ddp_step_bench [--rounds 3] [--steps 10] [--warmup 3] "
                  "[--models mlp,resnet18] [--no-peer]\n"
@@ -238,12 +235,9 @@ int runDriver(const Options& o) {
 }  // namespace dtrain::bench
 
 int main(int argc, char** argv) {
-  try {
+  return dtrain::bench::benchMain("ddp_step_bench", [&] {
     auto options = dtrain::bench::parse(argc, argv);
     if (options.worker) return dtrain::bench::runWorker(options.step);
     return dtrain::bench::runDriver(options);
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "ddp_step_bench: %s\n", e.what());
-    return 1;
-  }
+  });
 }

@@ -55,18 +55,8 @@ Options parse(int argc, char** argv) {
   Options o;
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
-    auto value = [&]() -> std::string {
-      DTRAIN_CHECK_ARG(i + 1 < argc, "{} needs a value", a);
-      return argv[++i];
-    };
-    auto count = [&]() {
-      std::string v = value();
-      char* end = nullptr;
-      long n = std::strtol(v.c_str(), &end, 10);
-      DTRAIN_CHECK_ARG(!v.empty() && *end == '\0' && n >= 0 && n < 1000000,
-                       "{} needs a count, got '{}'", a, v);
-      return static_cast<int>(n);
-    };
+    auto value = [&] { return flagValue(argc, argv, i); };
+    auto count = [&] { return flagCount(argc, argv, i); };
     if (a == "--help" || a == "-h") {
       std::fputs(kUsage, stdout);
       std::exit(0);

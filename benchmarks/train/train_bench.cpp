@@ -57,18 +57,8 @@ Options parse(int argc, char** argv) {
   bool modelsSet = false;
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
-    auto value = [&]() -> std::string {
-      DTRAIN_CHECK_ARG(i + 1 < argc, "{} needs a value", a);
-      return argv[++i];
-    };
-    auto count = [&]() {
-      std::string v = value();
-      char* end = nullptr;
-      long n = std::strtol(v.c_str(), &end, 10);
-      DTRAIN_CHECK_ARG(!v.empty() && *end == '\0' && n >= 0 && n < 1000000,
-                       "{} needs a count, got '{}'", a, v);
-      return static_cast<int>(n);
-    };
+    auto value = [&] { return flagValue(argc, argv, i); };
+    auto count = [&] { return flagCount(argc, argv, i); };
     if (a == "--help" || a == "-h") {
       std::fputs(
           "usage: train_bench [--rounds 3] [--steps 10] [--warmup 3] "
@@ -271,12 +261,9 @@ int runDriver(Options o) {
 }  // namespace dtrain::bench
 
 int main(int argc, char** argv) {
-  try {
+  return dtrain::bench::benchMain("train_bench", [&] {
     auto options = dtrain::bench::parse(argc, argv);
     if (options.worker) return dtrain::bench::runTrainWorker(options.train);
     return dtrain::bench::runDriver(options);
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "train_bench: %s\n", e.what());
-    return 1;
-  }
+  });
 }

@@ -45,10 +45,7 @@ Options parse(int argc, char** argv) {
   Options o;
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
-    auto value = [&]() -> std::string {
-      DTRAIN_CHECK_ARG(i + 1 < argc, "{} needs a value", a);
-      return argv[++i];
-    };
+    auto value = [&] { return flagValue(argc, argv, i); };
     if (a == "--help" || a == "-h") {
       std::fputs("usage: zero_bench [--worlds 2,4] [--stages 1,2] [--steps 5] [--warmup 2]\n"
                  "                  [--width 4096] [--io 1024] [--layers 7] [--batch 16]\n"
@@ -203,12 +200,9 @@ int runDriver(const Options& o) {
 }  // namespace dtrain::bench
 
 int main(int argc, char** argv) {
-  try {
+  return dtrain::bench::benchMain("zero_bench", [&] {
     auto options = dtrain::bench::parse(argc, argv);
     if (options.worker) return dtrain::bench::runZeroWorker(options.job);
     return dtrain::bench::runDriver(options);
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "zero_bench: %s\n", e.what());
-    return 1;
-  }
+  });
 }

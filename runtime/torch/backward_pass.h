@@ -5,6 +5,7 @@
 // "ShardedOptimizer").
 
 #include <cstddef>
+#include <exception>
 #include <memory>
 #include <string>
 #include <unordered_set>
@@ -44,6 +45,23 @@ std::string listNames(const std::vector<std::string>& names, size_t limit = 8);
 // The end of a pass in which `names` (`missing` of `total` parameters) got no gradient.
 [[noreturn]] void throwNoGradient(const char* who, int rank, size_t missing, size_t total,
                                   const std::string& names, bool findUnused);
+// The end of a pass: `finalize(missing)` collects the indices of the parameters that got no
+// gradient; `reset()` then runs whether or not it threw, so that the next pass starts clean, and
+// finalize's error is rethrown after it.
+template <class Finalize, class Reset>
+std::vector<size_t> finishPass(Finalize&& finalize, Reset&& reset) {
+  std::vector<size_t> missing;
+  std::exception_ptr error;
+  try {
+    finalize(missing);
+  } catch (...) {
+    error = std::current_exception();
+  }
+  reset();
+  if (error) std::rethrow_exception(error);
+  return missing;
+}
+
 // A backward reached the parameters without a forward through the wrapper (logged once).
 void warnBackwardWithoutForward(const char* who, int rank);
 

@@ -303,15 +303,8 @@ void Reducer::launchReadyBucketsLocked() {
 void Reducer::finalizeBackward() {
   std::lock_guard<std::mutex> lock(mutex_);
   stats_.backwardEnd = Clock::now();
-  std::vector<size_t> missing;
-  std::exception_ptr error;
-  try {
-    finalizeLocked(missing);
-  } catch (...) {
-    error = std::current_exception();
-  }
-  resetPassLocked();
-  if (error) std::rethrow_exception(error);
+  std::vector<size_t> missing = finishPass(
+      [this](std::vector<size_t>& out) { finalizeLocked(out); }, [this] { resetPassLocked(); });
   if (missing.empty() && !rebuilt_) {
     rebuilt_ = true;
     rebuildBucketsLocked();

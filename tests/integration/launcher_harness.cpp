@@ -18,9 +18,8 @@
 
 #include <gtest/gtest.h>
 
+#include "child_env.h"
 #include "test_support.h"
-
-extern char** environ;
 
 namespace dtrain::testing {
 
@@ -51,25 +50,7 @@ LaunchProcess::LaunchProcess(const std::vector<std::string>& args,
                              const std::vector<std::string>& wrapper) {
   becomeSubreaper();
   // The child's environment: ours, minus launcher options a developer may have set, plus `env`.
-  std::map<std::string, std::string> vars;
-  for (char** e = environ; *e; ++e) {
-    std::string s(*e);
-    size_t eq = s.find('=');
-    if (eq == std::string::npos) continue;
-    std::string key = s.substr(0, eq);
-    if (key.rfind("DTRAIN_", 0) == 0) continue;
-    vars[key] = s.substr(eq + 1);
-  }
-  for (const auto& kv : env) {
-    size_t eq = kv.find('=');
-    if (eq + 1 == kv.size()) {
-      vars.erase(kv.substr(0, eq));
-    } else {
-      vars[kv.substr(0, eq)] = kv.substr(eq + 1);
-    }
-  }
-  std::vector<std::string> envStrings;
-  for (const auto& [k, v] : vars) envStrings.push_back(k + "=" + v);
+  std::vector<std::string> envStrings = childEnvironment(env, "DTRAIN_");
   std::vector<std::string> argvStrings = wrapper;
   argvStrings.push_back(launchPath());
   argvStrings.insert(argvStrings.end(), args.begin(), args.end());

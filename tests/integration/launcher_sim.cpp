@@ -20,9 +20,8 @@
 
 #include <fmt/format.h>
 
+#include "child_env.h"
 #include "free_port.h"
-
-extern char** environ;
 
 namespace dtrain::sim {
 
@@ -46,22 +45,7 @@ Fleet::~Fleet() {
 }
 
 int Fleet::spawn(const std::vector<std::string>& argv, const std::vector<std::string>& env) {
-  std::map<std::string, std::string> vars;
-  for (char** e = environ; *e; ++e) {
-    std::string s(*e);
-    const size_t eq = s.find('=');
-    if (eq != std::string::npos) vars[s.substr(0, eq)] = s.substr(eq + 1);
-  }
-  for (const auto& kv : env) {
-    const size_t eq = kv.find('=');
-    if (eq + 1 == kv.size()) {
-      vars.erase(kv.substr(0, eq));
-    } else {
-      vars[kv.substr(0, eq)] = kv.substr(eq + 1);
-    }
-  }
-  std::vector<std::string> envStrings;
-  for (const auto& [k, v] : vars) envStrings.push_back(k + "=" + v);
+  std::vector<std::string> envStrings = dtrain::testing::childEnvironment(env);
   std::vector<char*> args;
   std::vector<char*> envp;
   for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));

@@ -27,27 +27,10 @@ namespace {
 
 constexpr int64_t kGlobalBatch = 12;  // divides among 4, 3 and 2 ranks
 
-// A whole sharded state assembled from every rank's records: each (parameter, field) one tensor.
-struct Snapshot {
-  std::map<std::pair<std::string, std::string>, torch::Tensor> fields;
-  std::map<std::string, int64_t> steps;
-  std::map<std::string, torch::Tensor> params;  // rank 0's module
+// A whole sharded state (ShardSnapshot) and rank 0's module.
+struct Snapshot : ShardSnapshot {
+  std::map<std::string, torch::Tensor> params;
 };
-
-void addRecords(Snapshot& snap, const std::vector<ShardRecord>& records) {
-  for (const auto& r : records) {
-    int64_t numel = 1;
-    for (int64_t d : r.shape) numel *= d;
-    auto put = [&](const std::string& field, const torch::Tensor& part) {
-      auto& full = snap.fields[{r.param, field}];
-      if (!full.defined()) full = torch::full({numel}, std::nan(""), part.options());
-      full.narrow(0, r.begin, r.end - r.begin).copy_(part);
-    };
-    put("master", r.master);
-    for (const auto& [field, t] : r.state) put(field, t);
-    if (r.step) snap.steps[r.param] = *r.step;
-  }
-}
 
 void expectSame(const Snapshot& got, const Snapshot& want, const std::string& what) {
   ASSERT_EQ(got.fields.size(), want.fields.size()) << what;

@@ -183,15 +183,8 @@ void ShardedGradientSync::launchReadyUnitsLocked() {
 void ShardedGradientSync::finalizeBackward() {
   std::lock_guard<std::mutex> lock(mutex_);
   stats_.backwardEnd = Clock::now();
-  std::vector<size_t> missing;
-  std::exception_ptr error;
-  try {
-    finalizeLocked(missing);
-  } catch (...) {
-    error = std::current_exception();
-  }
-  resetPassLocked();
-  if (error) std::rethrow_exception(error);
+  std::vector<size_t> missing = ddp::finishPass(
+      [this](std::vector<size_t>& out) { finalizeLocked(out); }, [this] { resetPassLocked(); });
   if (missing.empty()) return;
   std::vector<std::string> names;
   for (size_t i : missing) names.push_back(nameOf(i));

@@ -2,6 +2,7 @@
 // Helpers of the ZeRO tests (ranks as threads): one training loop that runs under plain DDP with
 // a libtorch optimizer or under a ShardedOptimizer, so the two can be compared step for step.
 
+#include <cmath>
 #include <functional>
 #include <map>
 #include <limits>
@@ -189,6 +190,28 @@ inline ZeroResult trainMlp(const ZeroRun& run,
     }
   });
   return result;
+}
+
+// A whole sharded state assembled from every rank's records: each (parameter, field) as one flat
+// tensor, NaN where no record covered it.
+struct ShardSnapshot {
+  std::map<std::pair<std::string, std::string>, torch::Tensor> fields;
+  std::map<std::string, int64_t> steps;
+};
+
+inline void addRecords(ShardSnapshot& snap, const std::vector<ShardRecord>& records) {
+  for (const auto& r : records) {
+    int64_t numel = 1;
+    for (int64_t d : r.shape) numel *= d;
+    auto put = [&](const std::string& field, const torch::Tensor& part) {
+      auto& full = snap.fields[{r.param, field}];
+      if (!full.defined()) full = torch::full({numel}, std::nan(""), part.options());
+      full.narrow(0, r.begin, r.end - r.begin).copy_(part);
+    };
+    put("master", r.master);
+    for (const auto& [field, t] : r.state) put(field, t);
+    if (r.step) snap.steps[r.param] = *r.step;
+  }
 }
 
 }  // namespace dtrain::testing
