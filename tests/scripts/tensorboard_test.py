@@ -194,8 +194,10 @@ def test_demo(tmp):
     events, tags = check_against_jsonl(only_event_file(m.group(1)),
                                        os.path.join(tmp, "launch.jsonl"))
     host = os.uname().nodename
-    for want in (f"loss/{host}/rank0", f"loss/{host}/rank1", f"test_accuracy/{host}/rank0",
-                 f"rss_bytes/{host}/rank1"):
+    # launch's own samples (rss_bytes, ...) come every 5 s by default, longer than an attempt of
+    # this small demo may last on a fast machine: whichever were taken are checked against
+    # launch.jsonl above; the launch part checks them at a short --sample-interval.
+    for want in (f"loss/{host}/rank0", f"loss/{host}/rank1", f"test_accuracy/{host}/rank0"):
         if want not in tags:
             fail(f"the demo's TensorBoard files have no {want}")
 
