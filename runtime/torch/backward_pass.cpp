@@ -58,6 +58,15 @@ void throwNoGradient(const char* who, int rank, size_t missing, size_t total,
                             "(requires_grad(false))");
 }
 
+void checkPreviousPassEnded(bool unfinished, int rank, const char* who, size_t launched,
+                            size_t total, const char* what) {
+  DTRAIN_CHECK(!unfinished,
+               "rank {}: {}: the previous backward pass stopped after {} of {} {} were launched, "
+               "so the ranks' collectives no longer line up. HINT: an exception escaped that "
+               "backward; end the job (or restart it) rather than train on",
+               rank, who, launched, total, what);
+}
+
 void warnBackwardWithoutForward(const char* who, int rank) {
   DTRAIN_LOG(Warn,
              "rank {}: a backward pass reached {}'s parameters without a forward through the "

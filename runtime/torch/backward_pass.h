@@ -62,6 +62,12 @@ std::vector<size_t> finishPass(Finalize&& finalize, Reset&& reset) {
   return missing;
 }
 
+// Refuses a backward pass while the previous one is unfinished (an exception escaped it after
+// `launched` of `total` collectives, named `what`, were issued): the ranks' collectives no longer
+// line up. `who` names the wrapper in the message.
+void checkPreviousPassEnded(bool unfinished, int rank, const char* who, size_t launched,
+                            size_t total, const char* what);
+
 // A backward reached the parameters without a forward through the wrapper (logged once).
 void warnBackwardWithoutForward(const char* who, int rank);
 

@@ -189,12 +189,8 @@ std::vector<std::vector<std::string>> Reducer::bucketNames() const {
 
 void Reducer::arm(const std::vector<at::Tensor>& outputs) {
   std::lock_guard<std::mutex> lock(mutex_);
-  DTRAIN_CHECK(!callbackQueued_,
-               "rank {}: DistributedDataParallel: the previous backward pass stopped after {} of "
-               "{} bucket allreduces were launched, so the ranks' collectives no longer line up. "
-               "HINT: an exception escaped that backward; end the job (or restart it) rather than "
-               "train on",
-               group_->rank(), nextBucket_, buckets_.size());
+  ddp::checkPreviousPassEnded(callbackQueued_, group_->rank(), "DistributedDataParallel",
+                              nextBucket_, buckets_.size(), "bucket allreduces");
   bool rearm = state_ == State::Armed;
   state_ = State::Armed;
   if (options_.findUnusedParameters) unused_.search(outputs, accumulators_, rearm);

@@ -93,12 +93,8 @@ std::vector<std::vector<std::string>> ShardedGradientSync::bucketNames() const {
 
 void ShardedGradientSync::arm(const std::vector<at::Tensor>& outputs) {
   std::lock_guard<std::mutex> lock(mutex_);
-  DTRAIN_CHECK(!callbackQueued_,
-               "rank {}: ShardedOptimizer: the previous backward pass stopped after {} of {} "
-               "unit reduce-scatters were launched, so the ranks' collectives no longer line "
-               "up. HINT: an exception escaped that backward; end the job (or restart it) rather "
-               "than train on",
-               shards_->group().rank(), nextUnit_, shards_->size());
+  ddp::checkPreviousPassEnded(callbackQueued_, shards_->group().rank(), "ShardedOptimizer",
+                              nextUnit_, shards_->size(), "unit reduce-scatters");
   const bool rearm = state_ == State::Armed;
   state_ = State::Armed;
   if (ddpOptions_.findUnusedParameters) unused_.search(outputs, accumulators_, rearm);
