@@ -210,11 +210,12 @@ std::vector<Fault> parseFaults(const std::string& spec) {
 }
 
 const std::vector<Fault>& activeFaults() {
-  static const std::vector<Fault> faults = [] {
+  // Never destroyed: a checkpoint writer thread may consult it while the process exits.
+  static const auto* const faults = [] {
     const char* spec = std::getenv("DTRAIN_FAULT");
-    return spec ? parseFaults(spec) : std::vector<Fault>{};
+    return new std::vector<Fault>(spec ? parseFaults(spec) : std::vector<Fault>{});
   }();
-  return faults;
+  return *faults;
 }
 
 const Fault* findFault(Kind kind, int rank, int64_t step, int attempt) {

@@ -11,8 +11,16 @@ namespace dtrain::log {
 namespace {
 
 std::atomic<int> gVerbosity{-1};
-std::mutex gTagMutex;
-std::string gTag = "[dtrain]";  // guarded by gTagMutex
+// Never destroyed: background threads (the progress publisher, the communicators' watchdogs) may
+// log while the process's exit handlers run.
+std::mutex& tagMutex() {
+  static auto* const mutex = new std::mutex;
+  return *mutex;
+}
+std::string& tag() {  // guarded by tagMutex()
+  static auto* const text = new std::string("[dtrain]");
+  return *text;
+}
 
 const char* levelName(Level level) {
   switch (level) {
@@ -38,16 +46,16 @@ int verbosity() {
 
 void setVerbosity(int level) { gVerbosity.store(level < 0 ? 0 : level); }
 
-void setTag(const std::string& tag) {
-  std::lock_guard<std::mutex> lock(gTagMutex);
-  gTag = tag;
+void setTag(const std::string& text) {
+  std::lock_guard<std::mutex> lock(tagMutex());
+  tag() = text;
 }
 
 void write(Level level, const std::string& message) {
   std::string line;
   {
-    std::lock_guard<std::mutex> lock(gTagMutex);
-    line = gTag;
+    std::lock_guard<std::mutex> lock(tagMutex());
+    line = tag();
   }
   line += ' ';
   line += levelName(level);

@@ -370,14 +370,20 @@ def test_watch():
         port = int(run.wait_for(r"launch: metrics on http://[^:]+:(\d+)/metrics", 60).group(1))
         deadline = time.time() + 120
         samples = {}
+        steps = {}
         while time.time() < deadline:
-            samples, types = scrape(port)
+            try:
+                samples, types = scrape(port)
+            except OSError:
+                if run.proc.poll() is None:
+                    raise
+                fail(f"the job ended before a scrape saw both ranks at step 12 (last: {steps})")
             steps = {dict(labels).get("rank"): v for (name, labels), v in samples.items()
                      if name == "dtrain_step"}
             if steps.get("0") == 12 and steps.get("1") == 12:
                 break
             if run.proc.poll() is not None:
-                fail("the job ended before a scrape saw both ranks at step 12")
+                fail(f"the job ended before a scrape saw both ranks at step 12 (last: {steps})")
             time.sleep(0.2)
         else:
             fail(f"no scrape saw both ranks at step 12: {samples}")

@@ -174,6 +174,26 @@ TEST(ProgressPublisher, TrainerRecordsMergeIntoFiguresAndTravelAsMade) {
   EXPECT_GT(r.records[2].time, 1.6e9) << "stamped when recorded";
 }
 
+// A checkpoint written in the background is recorded under the step it saved, steps after it:
+// the rank's step stays the newest (launch's stall detection and the dtrain_step gauge read it),
+// while the record itself travels with its own step.
+TEST(ProgressPublisher, ARecordOfAnEarlierStepDoesNotMoveTheStepBack) {
+  PublisherOptions o;
+  o.connect = [] { return std::make_shared<store::HashStore>(); };
+  ProgressPublisher p(o);
+  p.setFigures(12, {{"loss", 0.5}});
+  p.setFigures(10, {{"checkpoint_write_seconds", 0.25}});
+  RankReport r = p.gather();
+  EXPECT_EQ(r.step, 12);
+  EXPECT_EQ(r.figuresStep, 12);
+  ASSERT_EQ(r.records.size(), 2u);
+  EXPECT_EQ(r.records[1].step, 10);
+  std::map<std::string, double> figures(r.figures.begin(), r.figures.end());
+  EXPECT_EQ(figures.at("checkpoint_write_seconds"), 0.25);
+  p.setFigures(13, {{"loss", 0.4}});
+  EXPECT_EQ(p.gather().step, 13);
+}
+
 TEST(ProgressPublisher, RecentRecordsAreBoundedByCountAndAge) {
   PublisherOptions o;
   o.connect = [] { return std::make_shared<store::HashStore>(); };

@@ -9,7 +9,8 @@
 namespace dtrain::metrics {
 
 const char* fieldHelp(const std::string& name) {
-  static const std::map<std::string, const char*> kHelp{
+  // Never destroyed, like every table a background thread may read during exit.
+  static const auto* const kHelp = new std::map<std::string, const char*>{
       // launch: a node
       {"load1", "1-minute load average of the node"},
       {"mem_total_bytes", "memory of the machine"},
@@ -64,8 +65,8 @@ const char* fieldHelp(const std::string& name) {
       {"checkpoint_bytes", "size of the checkpoint file"},
       {"resumed", "1 at the step a run resumed from a checkpoint"},
   };
-  auto it = kHelp.find(name);
-  return it == kHelp.end() ? "a figure the program recorded" : it->second;
+  auto it = kHelp->find(name);
+  return it == kHelp->end() ? "a figure the program recorded" : it->second;
 }
 
 bool fieldIsCounter(const std::string& name) {

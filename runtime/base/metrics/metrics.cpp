@@ -22,11 +22,12 @@
 namespace dtrain::metrics {
 namespace {
 
-// The schema's own keys, which no field may shadow.
+// The schema's own keys, which no field may shadow. Never destroyed: the progress publisher's
+// thread encodes records while the process's exit handlers run (Note [Progress publisher]).
 const std::set<std::string>& reservedKeys() {
-  static const std::set<std::string> kKeys = {"time", "source", "run_id", "node",
-                                              "rank", "gpu",    "step"};
-  return kKeys;
+  static const auto* const kKeys =
+      new std::set<std::string>{"time", "source", "run_id", "node", "rank", "gpu", "step"};
+  return *kKeys;
 }
 
 void checkFields(const std::vector<Field>& fields) {

@@ -53,9 +53,11 @@ void ProgressPublisher::addRecord(metrics::Record record) {
   }
   record.fields = std::move(fields);
   std::lock_guard<std::mutex> lock(mutex_);
+  // The newest step: a record made later for an earlier step (a checkpoint's background write,
+  // recorded under the step it saved) does not move the rank's step back.
   if (record.step) {
-    step_ = record.step;
-    figuresStep_ = record.step;
+    if (!step_ || *record.step > *step_) step_ = record.step;
+    if (!figuresStep_ || *record.step > *figuresStep_) figuresStep_ = record.step;
   }
   figuresTime_ = record.time;
   for (const auto& [name, value] : record.fields) {

@@ -56,8 +56,10 @@ class ProgressPublisher {
   ProgressPublisher& operator=(const ProgressPublisher&) = delete;
 
   void setStep(int64_t step);
-  // A trainer record: its step (when it has one) becomes the step; its fields update the latest
-  // figures and it joins the recent records. Fields with an invalid or repeated name are dropped.
+  // A trainer record: its step (when it has one) becomes the step unless the step is already
+  // later (a checkpoint write is recorded under the step it saved, steps after it); its fields
+  // update the latest figures and it joins the recent records. Fields with an invalid or
+  // repeated name are dropped.
   void addRecord(metrics::Record record);
   void setFigures(int64_t step, std::vector<std::pair<std::string, double>> fields);
   uint64_t addSource(std::function<CollectiveState()> source);
