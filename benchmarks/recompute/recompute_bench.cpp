@@ -1,12 +1,14 @@
 // recompute_bench: what activation recompute costs and saves, dtrain::recompute beside PyTorch's
 // torch.utils.checkpoint.checkpoint_sequential, on ResNet-50 (ImageNet stem, 224x224, batch 16)
 // and a deep MLP (64 blocks in sqrt(64) = 8 segments). Every configuration -- model x side
-// (dtrain, PyTorch) x mode (plain, recompute) -- runs in a process of its own, once per
+// (dtrain, dtrain with its host memory cache, PyTorch) x mode (plain, recompute) -- runs in a
+// process of its own, once per
 // repetition, in an order that rotates from one repetition to the next (interleaved, so a load
 // change on the machine hits every configuration alike). Columns: medians over the repetitions.
 //
 //   recompute_bench [--reps 3] [--models resnet50,mlp] [--warmup 1] [--steps 3] [--threads 1]
-//                   [--batch N] [--no-peer] [--python /usr/bin/python3] [--smoke]
+//                   [--batch N] [--no-peer] [--no-host-cache] [--python /usr/bin/python3]
+//                   [--smoke]
 //   recompute_bench --gpu [--batch 64] [--python python3] ...   (cuda:0, float16 autocast)
 #include <unistd.h>
 
@@ -18,6 +20,7 @@
 #include <fstream>
 #include <map>
 #include <sstream>
+#include <string>
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
@@ -35,6 +38,7 @@ struct Options {
   std::vector<std::string> models = {"resnet50", "mlp"};
   int64_t batch = 0;  // 0: the model's default
   bool peer = true;
+  bool hostCacheSide = true;  // the dtrain+cache rows (CPU only)
   bool smoke = false;
   bool worker = false;
   std::string out;
@@ -45,8 +49,8 @@ struct Options {
 
 const char* kUsage =
     "usage: recompute_bench [--reps 3] [--models resnet50,mlp] [--warmup 1] [--steps 3]\n"
-    "                       [--threads 1] [--batch N] [--no-peer] [--python /usr/bin/python3]\n"
-    "                       [--smoke]\n"
+    "                       [--threads 1] [--batch N] [--no-peer] [--no-host-cache]\n"
+    "                       [--python /usr/bin/python3] [--smoke]\n"
     "       recompute_bench --gpu [--batch 64] [--python python3] ...\n"
     "Activation recompute: peak tensor bytes and step time with and without it, dtrain beside\n"
     "torch.utils.checkpoint.checkpoint_sequential; see benchmarks/README.md.\n";
@@ -94,6 +98,10 @@ Options parse(int argc, char** argv) {
       o.run.segments = std::max(1, count());
     } else if (a == "--recompute") {
       o.run.recompute = true;
+    } else if (a == "--host-cache") {  // worker: dtrain::enableHostMemoryCache() first
+      o.run.hostCache = true;
+    } else if (a == "--no-host-cache") {
+      o.hostCacheSide = false;
     } else if (a == "--out") {
       o.out = value();
     } else {
@@ -136,6 +144,7 @@ std::vector<std::string> runArgs(const RecomputeRun& r) {
                                 "--threads", std::to_string(r.threads)};
   if (r.recompute) a.push_back("--recompute");
   if (r.gpu) a.push_back("--gpu");
+  if (r.hostCache) a.push_back("--host-cache");
   return a;
 }
 
@@ -154,6 +163,7 @@ RecomputeResult parseResult(const std::string& text, const std::string& what) {
   r.peakBytes = j.at("peak_bytes");
   r.firstLoss = j.at("first_loss");
   r.firstGradSum = j.at("first_grad_sum");
+  r.peakRssBytes = j.value("peak_rss_bytes", int64_t{0});
   return r;
 }
 
@@ -185,8 +195,9 @@ RecomputeResult measure(const Options& o, const RecomputeRun& r, bool peer) {
   for (const auto& a : runArgs(r)) argv.push_back(a);
   argv.push_back("--out");
   argv.push_back(out);
-  const std::string what = fmt::format("{} {} {}", peer ? "PyTorch" : "dtrain", r.model,
-                                       r.recompute ? "recompute" : "plain");
+  const std::string what =
+      fmt::format("{} {} {}", peer ? "PyTorch" : r.hostCache ? "dtrain+cache" : "dtrain", r.model,
+                  r.recompute ? "recompute" : "plain");
   waitAll({spawn(argv, {{"OMP_NUM_THREADS", std::to_string(r.threads)}})}, what);
   std::string text = readFile(out);
   std::filesystem::remove(out);
@@ -216,13 +227,13 @@ struct Cell {
   }
 };
 
-// results[model][side][recompute]
+// results[model][side][recompute]; side: dtrain, dtrain+cache, torch
 using Results = std::map<std::string, std::map<std::string, std::map<bool, Cell>>>;
 
 void printTable(const Options& o, const Results& results) {
-  std::printf("%-9s %-7s %-10s %8s %8s %8s %8s %6s %9s %9s %6s %6s %6s %6s\n", "model", "side",
-              "mode", "fwd_ms", "bwd_ms", "step_ms", "sampl/s", "fwd%", "kept_MB", "peak_MB",
-              "r_peak", "r_step", "pred", "#wrong");
+  std::printf("%-9s %-12s %-10s %8s %8s %8s %8s %6s %9s %9s %6s %6s %6s %8s %6s\n", "model",
+              "side", "mode", "fwd_ms", "bwd_ms", "step_ms", "sampl/s", "fwd%", "kept_MB",
+              "peak_MB", "r_peak", "r_step", "pred", "rss_MB", "#wrong");
   for (const auto& [model, sides] : results) {
     const auto batch = static_cast<double>(configure(o, model).batch);
     for (const auto& [side, modes] : sides) {
@@ -238,20 +249,22 @@ void printTable(const Options& o, const Results& results) {
           wrong += cell.reps[i].firstLoss != plain.reps[i].firstLoss ||
                    cell.reps[i].firstGradSum != plain.reps[i].firstGradSum;
         }
-        std::printf("%-9s %-7s %-10s %8.0f %8.0f %8.0f %8.1f %5.0f%% %9.1f %9.1f %6.3f %6.3f %6.3f "
-                    "%6d\n",
+        std::printf("%-9s %-12s %-10s %8.0f %8.0f %8.0f %8.1f %5.0f%% %9.1f %9.1f %6.3f %6.3f "
+                    "%6.3f %8.0f %6d\n",
                     model.c_str(), side.c_str(), recompute ? "recompute" : "plain", 1e3 * fwd,
                     1e3 * cell.med(&RecomputeResult::backwardSeconds), 1e3 * step, batch / step,
                     100 * fwd / step, cell.medBytes(&RecomputeResult::keptBytes) / 1e6,
                     peak / 1e6, peak / plain.medBytes(&RecomputeResult::peakBytes),
-                    step / plainStep, 1 + plainFwd / plainStep, wrong);
+                    step / plainStep, 1 + plainFwd / plainStep,
+                    cell.medBytes(&RecomputeResult::peakRssBytes) / 1e6, wrong);
       }
     }
-    if (sides.count("dtrain") && sides.count("torch")) {
-      const Cell& d = sides.at("dtrain").at(true);
+    for (const char* ours : {"dtrain", "dtrain+cache"}) {
+      if (!sides.count(ours) || !sides.count("torch")) continue;
+      const Cell& d = sides.at(ours).at(true);
       const Cell& t = sides.at("torch").at(true);
-      std::printf("%s with recompute, PyTorch / dtrain: step time %.3f, peak bytes %.3f\n",
-                  model.c_str(),
+      std::printf("%s with recompute, PyTorch / %s: step time %.3f, peak bytes %.3f\n",
+                  model.c_str(), ours,
                   t.med(&RecomputeResult::stepSeconds) / d.med(&RecomputeResult::stepSeconds),
                   t.medBytes(&RecomputeResult::peakBytes) / d.medBytes(&RecomputeResult::peakBytes));
     }
@@ -289,16 +302,18 @@ int runDriver(Options o) {
   Results results;
   for (int rep = 0; rep < o.reps; ++rep) {
     for (const auto& model : o.models) {
-      std::vector<std::pair<bool, bool>> order;  // (peer, recompute)
-      for (bool peer : {false, true}) {
-        if (peer && !o.peer) continue;
-        for (bool recompute : {false, true}) order.emplace_back(peer, recompute);
+      std::vector<std::pair<std::string, bool>> order;  // (side, recompute)
+      for (const char* side : {"dtrain", "dtrain+cache", "torch"}) {
+        if (side == std::string("torch") && !o.peer) continue;
+        if (side == std::string("dtrain+cache") && (!o.hostCacheSide || o.run.gpu)) continue;
+        for (bool recompute : {false, true}) order.emplace_back(side, recompute);
       }
       std::rotate(order.begin(), order.begin() + rep % order.size(), order.end());
-      for (const auto& [peer, recompute] : order) {
+      for (const auto& [side, recompute] : order) {
         RecomputeRun r = configure(o, model);
         r.recompute = recompute;
-        results[model][peer ? "torch" : "dtrain"][recompute].reps.push_back(measure(o, r, peer));
+        r.hostCache = side == "dtrain+cache";
+        results[model][side][recompute].reps.push_back(measure(o, r, side == "torch"));
       }
     }
     std::fprintf(stderr, "rep %d/%d done, load average %s\n", rep + 1, o.reps,
@@ -308,12 +323,20 @@ int runDriver(Options o) {
   std::printf("# load average at the end: %s\n", loadAverage().c_str());
   int wrong = 0;
   for (const auto& [model, sides] : results) {
-    for (const auto& c : sides.at("dtrain").at(true).reps) {
-      const auto& p = sides.at("dtrain").at(false).reps.front();
-      wrong += c.firstLoss != p.firstLoss || c.firstGradSum != p.firstGradSum;
+    const auto& p = sides.at("dtrain").at(false).reps.front();
+    for (const auto& [side, modes] : sides) {
+      if (side == "torch") continue;
+      for (const auto& [recompute, cell] : modes) {
+        for (const auto& c : cell.reps) {
+          wrong += c.firstLoss != p.firstLoss || c.firstGradSum != p.firstGradSum;
+        }
+      }
     }
   }
-  if (wrong) std::printf("# FAILED: dtrain's recompute changed a loss or the gradients\n");
+  if (wrong) {
+    std::printf("# FAILED: dtrain's recompute or its host memory cache changed a loss or the "
+                "gradients\n");
+  }
   return wrong ? 1 : 0;
 }
 

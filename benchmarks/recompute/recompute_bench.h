@@ -21,6 +21,7 @@ struct RecomputeRun {
   int steps = 3;
   int threads = 1;
   bool gpu = false;  // cuda:0 with float16 autocast and a GradScaler
+  bool hostCache = false;  // dtrain::enableHostMemoryCache() first (dtrain/torch/host_memory.h)
 };
 
 // What it reports (medians over the timed steps; bytes of the last step).
@@ -32,6 +33,7 @@ struct RecomputeResult {
   int64_t peakBytes = 0;       // the most alive at once over forward and backward, beyond those
   double firstLoss = 0;        // step 0's loss: the same with and without recompute
   double firstGradSum = 0;     // sum of step 0's gradients (float64)
+  int64_t peakRssBytes = 0;    // the process's peak resident memory (getrusage)
 };
 
 // The worker: runs `run` in this process and writes the result as JSON to `out`.

@@ -12,6 +12,7 @@ same libc10), on the GPU by torch.cuda's statistics. Writes one JSON line to --o
 import argparse
 import ctypes
 import json
+import resource
 import statistics
 import time
 
@@ -132,7 +133,8 @@ def main():
     with open(a.out, "w") as f:
         json.dump({"forward_s": statistics.median(fwd), "backward_s": statistics.median(bwd),
                    "step_s": statistics.median(step), "kept_bytes": kept, "peak_bytes": peak,
-                   "first_loss": first_loss, "first_grad_sum": first_grad_sum}, f)
+                   "first_loss": first_loss, "first_grad_sum": first_grad_sum,
+                   "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024}, f)
         f.write("\n")
 
 

@@ -4,6 +4,8 @@
 // The deep MLP is a Sequential of Linear -> LayerNorm -> tanh blocks in `segments` recomputed
 // segments (recomputeSequential). Tensor bytes are counted by CountingCpuAllocator (on the GPU,
 // by the CUDA caching allocator's statistics).
+#include <sys/resource.h>
+
 #include <algorithm>
 #include <chrono>
 #include <fstream>
@@ -17,6 +19,7 @@
 #include "dtrain/base/error.h"
 #include "dtrain/torch/autocast.h"
 #include "dtrain/torch/grad_scaler.h"
+#include "dtrain/torch/host_memory.h"
 #include "dtrain/torch/recompute.h"
 #include "models/resnet.h"
 #include "recompute_bench.h"
@@ -85,6 +88,8 @@ struct Memory {
 
 void runRecomputeWorker(const RecomputeRun& run, const std::string& out) {
   torch::set_num_threads(run.threads);
+  // The cache first: the counting allocator then counts tensor bytes in front of it.
+  if (run.hostCache) DTRAIN_CHECK(enableHostMemoryCache(), "the host memory cache did not install");
   Memory memory;
   memory.gpu = run.gpu;
   if (!run.gpu) memory.cpu = &testing::CountingCpuAllocator::install();
@@ -137,10 +142,13 @@ void runRecomputeWorker(const RecomputeRun& run, const std::string& out) {
     std::sort(v.begin(), v.end());
     return v.empty() ? 0.0 : v[v.size() / 2];
   };
+  struct rusage usage {};
+  ::getrusage(RUSAGE_SELF, &usage);
   nlohmann::json j = {{"forward_s", median(forward)},       {"backward_s", median(backward)},
                       {"step_s", median(step)},             {"kept_bytes", result.keptBytes},
                       {"peak_bytes", result.peakBytes},     {"first_loss", result.firstLoss},
-                      {"first_grad_sum", result.firstGradSum}};
+                      {"first_grad_sum", result.firstGradSum},
+                      {"peak_rss_bytes", static_cast<int64_t>(usage.ru_maxrss) * 1024}};
   std::ofstream(out) << j.dump() << "\n";
 }
 

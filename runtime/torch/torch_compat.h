@@ -17,6 +17,8 @@
 //     TensorImpl's address in 1.13, the address itself (void*) in later 2.x releases.
 //   - schedulerStepCount: LRScheduler's position (a protected member in every version; no
 //     accessor exists), for checkpoints.
+//   - DTRAIN_ALLOCATE_CONST / DTRAIN_ALLOCATOR_COPY_DATA: 2.3 made c10::Allocator::allocate
+//     non-const and added the pure virtual copy_data().
 
 #include <functional>
 #include <memory>
@@ -42,6 +44,14 @@
 
 #if TORCH_VERSION_MAJOR < 1 || (TORCH_VERSION_MAJOR == 1 && TORCH_VERSION_MINOR < 13)
 #error "dtrain needs libtorch 1.13 or newer"
+#endif
+
+#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 3)
+#define DTRAIN_ALLOCATE_CONST
+#define DTRAIN_ALLOCATOR_COPY_DATA 1
+#else
+#define DTRAIN_ALLOCATE_CONST const
+#define DTRAIN_ALLOCATOR_COPY_DATA 0
 #endif
 
 namespace dtrain::compat {

@@ -11,6 +11,7 @@
 #include "dtrain/torch/distributed_sampler.h"
 #include "dtrain/torch/fully_shard.h"
 #include "dtrain/torch/grad_scaler.h"
+#include "dtrain/torch/host_memory.h"
 #include "dtrain/torch/init.h"
 #include "dtrain/torch/zero.h"
 #include "dtrain/torch/recompute.h"

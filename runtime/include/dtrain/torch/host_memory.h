@@ -1,0 +1,55 @@
+#pragma once
+// A caching allocator for libtorch's CPU tensors: freed blocks of 1 MiB and more are kept and
+// handed out again instead of going back to the system.
+//
+//   dtrain::enableHostMemoryCache();  // first thing in main(), before the model is built
+//
+// Why (Note [Host memory cache] in runtime/torch/host_memory.cpp): libtorch's CPU allocator is
+// malloc, and glibc serves every block above its mmap threshold (at most 32 MiB) with a fresh
+// mmap and gives it back with munmap when the tensor dies. A training step allocates its
+// activations and gradients anew every step, so every step touches fresh pages again: a page
+// fault per 4 KiB (1.4 us each on the development VM). Recompute doubles it (the recomputed
+// activations are allocated a second time), which is most of what recompute costs beyond its
+// extra forward (benchmarks/README.md, recompute_bench). The CUDA side has had a caching
+// allocator in libtorch all along; this is its counterpart for host memory.
+//
+// What it changes: blocks live as long as the process unless the cache holds more than
+// maxCachedBytes of freed ones, so the process's resident memory stays near its peak of live
+// tensor bytes (plus at most 1/8 rounding per block) instead of going down between steps.
+// emptyHostMemoryCache() gives the freed blocks back.
+
+#include <cstddef>
+#include <cstdint>
+
+namespace dtrain {
+
+struct HostMemoryCacheOptions {
+  // Smaller allocations go to the allocator that was in place before (malloc keeps and reuses
+  // those itself).
+  size_t minBytes = size_t{1} << 20;
+  // At most this many bytes of freed blocks are kept; past it the largest go back to the system.
+  // 0: a quarter of the machine's memory.
+  size_t maxCachedBytes = 0;
+};
+
+struct HostMemoryCacheStats {
+  size_t allocatedBytes = 0;     // blocks held by tensors now (their rounded sizes)
+  size_t cachedBytes = 0;        // freed blocks kept for reuse
+  size_t peakReservedBytes = 0;  // the most of allocated + cached at once
+  uint64_t hits = 0;             // allocations served from the cache
+  uint64_t misses = 0;           // allocations that mapped new memory
+  uint64_t released = 0;         // blocks given back to the system
+};
+
+// Installs the cache as libtorch's CPU allocator for this process, in front of the allocator in
+// place (which keeps serving the small allocations); storage allocated before stays with the
+// allocator that made it. Once per process: a second call changes nothing and returns false, as
+// does a call when an allocator of higher priority was installed before (then nothing is
+// cached). Returns true when it was installed.
+bool enableHostMemoryCache(const HostMemoryCacheOptions& options = {});
+bool hostMemoryCacheEnabled();
+HostMemoryCacheStats hostMemoryCacheStats();
+// Gives every freed block back to the system (the blocks in use stay).
+void emptyHostMemoryCache();
+
+}  // namespace dtrain
