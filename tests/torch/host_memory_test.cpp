@@ -10,6 +10,7 @@
 #include <string>
 #include <thread>
 
+#include <c10/core/CPUAllocator.h>
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
