@@ -148,6 +148,46 @@ TEST(HostMemoryCache, RawAllocationsAndFreesFromAnotherThreadComeBack) {
   EXPECT_EQ(hostMemoryCacheStats().allocatedBytes, start.allocatedBytes);
 }
 
+// The process's address space, for RLIMIT_AS below.
+size_t mappedBytes() {
+  std::ifstream in("/proc/self/statm");
+  size_t pages = 0;
+  in >> pages;
+  return pages * 4096;
+}
+
+// A limit on the address space makes mmap fail as a full machine does: the cache gives its free
+// blocks back and tries again, and when even that cannot fit, the error says what and what to do.
+TEST(HostMemoryCache, AnAllocationThatDoesNotFitEmptiesTheCacheThenFailsClearly) {
+  enable();
+  emptyHostMemoryCache();
+  auto make = [](size_t bytes) {
+    return torch::empty({static_cast<int64_t>(bytes / sizeof(float))});
+  };
+  { torch::Tensor a = make(40 * kMiB), b = make(40 * kMiB); }  // 80 MiB cached
+  ASSERT_EQ(hostMemoryCacheStats().cachedBytes, 80 * kMiB);
+  struct rlimit old {};
+  ASSERT_EQ(::getrlimit(RLIMIT_AS, &old), 0);
+  struct rlimit tight = old;
+  tight.rlim_cur = mappedBytes() + 64 * kMiB;
+  ASSERT_EQ(::setrlimit(RLIMIT_AS, &tight), 0);
+  std::string message;
+  size_t cachedAfterRetry = 1;
+  try {
+    // 96 MiB fits only once the 80 cached MiB are gone.
+    { torch::Tensor big = make(96 * kMiB); }
+    cachedAfterRetry = hostMemoryCacheStats().cachedBytes;
+    emptyHostMemoryCache();
+    torch::Tensor tooBig = make(512 * kMiB);
+  } catch (const std::exception& e) {
+    message = e.what();
+  }
+  ::setrlimit(RLIMIT_AS, &old);
+  EXPECT_EQ(cachedAfterRetry, 96 * kMiB) << "the 96 MiB block, freed; the 80 MiB given back";
+  EXPECT_NE(message.find("host memory cache: cannot map"), std::string::npos) << message;
+  EXPECT_NE(message.find("HINT"), std::string::npos) << message;
+}
+
 TEST(HostMemoryCache, TrainingGivesTheSameNumbersWithAndWithoutIt) {
   // The same seeded steps of a small MLP, before and after the cache is on in this process
   // (another test may have enabled it already: then both runs use it, and agree too).
