@@ -526,6 +526,7 @@ int main(int argc, char** argv) {
   const Options opt = parseOptions(argc, argv);  // 1.
   try {
     if (opt.threads > 0) torch::set_num_threads(static_cast<int>(opt.threads));
+    dtrain::enableHostMemoryCache();  // freed CPU tensor blocks reused (docs/training.md)
 
     // 2. Join the job.
     std::shared_ptr<dtrain::ProcessGroup> group = joinJob(opt);
