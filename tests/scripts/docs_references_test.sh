@@ -193,7 +193,7 @@ foreign_namespaces=(torch c10d c10 at std gloo os)
 foreign_names=(
   # PyTorch / libtorch
   detach_ named_parameters named_buffers load_state_dict set_autocast_enabled no_sync zero_grad
-  set_data param_groups
+  set_data param_groups raw_allocate raw_deallocate copy_data
   DistributedRandomSampler RandomCrop
   # POSIX / libc
   poll fork kill raise _exit dlopen posix_fadvise getpid
