@@ -110,6 +110,9 @@ class Engine {
   void slept(Clock::time_point start);
   static constexpr double kMinSpinUs = 2;
   static constexpr double kRaiseBelowUs = 200;
+  // Note [Moving off a shared core]: waits in a row that found `peer` on this rank's own core.
+  void notePeerCore(int peer, bool shared);
+  static constexpr int kSharedCoreWaits = 16;
 
   void allreduceSmall(const CollectiveInfo& info, void* data, Clock::time_point deadline,
                       const SliceHook& hook);
@@ -125,6 +128,7 @@ class Engine {
   uint32_t entries_[2] = {0, 0};  // progress after the entry of the last two steps, by step % 2
   uint64_t seq_ = 0;            // the collective being run (for messages)
   double spinBudgetUs_ = 50;    // Note [Waiting]: adapted between kMinSpinUs and options_.spin
+  int sharedCoreWaits_ = 0;     // Note [Moving off a shared core]
   const char* kindName_ = "";
 };
 
