@@ -20,6 +20,7 @@ target_link_libraries(dtrain_comm_test_support PUBLIC dtrain_comm GTest::gtest)
 dtrain_warnings(dtrain_comm_test_support)
 
 dtrain_gtest(dtrain_comm_tests LABEL unit TIMEOUT 120
+  SERIAL_TESTS "ShmPlacement.*"
   SOURCES ${DTRAIN_COMM_TEST_SOURCES}
   LIBS dtrain_comm_test_support)
 if(DTRAIN_COMM_FAILURE_TEST_SOURCES)
