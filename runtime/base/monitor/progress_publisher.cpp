@@ -10,6 +10,7 @@
 #include "dtrain/base/logging.h"
 #include "env_contract.h"
 #include "parse_int.h"
+#include "store/auth.h"
 
 namespace dtrain::progress {
 
@@ -143,17 +144,26 @@ bool ProgressPublisher::stop(std::chrono::milliseconds timeout) {
   std::unique_lock<std::mutex> lock(mutex_);
   stopping_ = true;
   wake_.notify_all();
-  return ticked_.wait_for(lock, timeout, [&] { return finished_; });
+  if (!ticked_.wait_for(lock, timeout, [&] { return finished_; })) return false;
+  lock.unlock();
+  // Finished: only the thread's own exit is left (Note [Progress publisher]); wait for it, so
+  // that nothing of it runs beside the process's exit handlers.
+  if (thread_.joinable() && thread_.get_id() != std::this_thread::get_id()) thread_.join();
+  return true;
 }
 
 void ProgressPublisher::threadMain() {
   ::pthread_setname_np(::pthread_self(), "dtrain-progress");
-  auto finish = [this] {
+  std::shared_ptr<store::Store> store;
+  // The connection and this thread's OpenSSL state go first, then finished_ is set: what the
+  // thread does after that is only its return.
+  auto finish = [this, &store] {
+    store.reset();
+    store::auth::releaseThreadState();
     std::lock_guard<std::mutex> lock(mutex_);
     finished_ = true;
     ticked_.notify_all();
   };
-  std::shared_ptr<store::Store> store;
   try {
     store = options_.connect();
   } catch (const std::exception& e) {

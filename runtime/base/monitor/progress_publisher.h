@@ -34,7 +34,10 @@ namespace dtrain::progress {
 // connection may sit in a 300-second wait() (a rendezvous, a barrier) exactly when the report
 // matters. Any store error ends publishing for this process with one warning; it never
 // disturbs training. At exit the thread is stopped with a short bound and otherwise left
-// behind (the process is ending anyway).
+// behind (the process is ending anyway). A thread that stops releases its store connection and
+// its OpenSSL state, then says it finished, and stop() joins it: a thread still ending while the
+// exit handlers ran (OpenSSL's thread-exit handler against OpenSSL's own cleanup, a connection
+// freed beside libtorch's destructors) corrupted the heap of one worker in tens of runs.
 
 struct PublisherOptions {
   int rank = 0;

@@ -63,4 +63,6 @@ bool sameMac(const wire::Mac& a, const wire::Mac& b) {
   return CRYPTO_memcmp(a.data(), b.data(), a.size()) == 0;
 }
 
+void releaseThreadState() { OPENSSL_thread_stop(); }
+
 }  // namespace dtrain::store::auth

@@ -38,4 +38,9 @@ wire::Mac hmacSha256(const std::string& key, const uint8_t* data, size_t size);
 // Constant time (CRYPTO_memcmp): how much of a forged proof matched never shows in timing.
 bool sameMac(const wire::Mac& a, const wire::Mac& b);
 
+// Frees OpenSSL's state of the calling thread (OPENSSL_thread_stop) while the library is whole:
+// a thread that ends during the process's exit would otherwise free it in its thread-exit
+// handler concurrently with OpenSSL's own cleanup (Note [Progress publisher]).
+void releaseThreadState();
+
 }  // namespace dtrain::store::auth
