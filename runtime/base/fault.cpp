@@ -210,7 +210,8 @@ std::vector<Fault> parseFaults(const std::string& spec) {
 }
 
 const std::vector<Fault>& activeFaults() {
-  // Never destroyed: a checkpoint writer thread may consult it while the process exits.
+  // Never destroyed, like dtrain_base's other lookup tables: a thread that asks while the
+  // process's exit handlers run finds it whole.
   static const auto* const faults = [] {
     const char* spec = std::getenv("DTRAIN_FAULT");
     return new std::vector<Fault>(spec ? parseFaults(spec) : std::vector<Fault>{});

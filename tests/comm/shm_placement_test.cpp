@@ -33,7 +33,9 @@ TEST(ShmPlacement, RanksThatShareACoreWhileAnotherIsFreeEndUpApart) {
     // Both on one CPU to begin with, then free to run anywhere: from here only the scheduler and
     // the engine decide where the two run.
     ASSERT_EQ(sched_setaffinity(0, sizeof(one), &one), 0);
-    for (int i = 0; i < 50; ++i) comm->allreduce(x.data(), x.size(), DataType::Float32, ReduceOp::Max);
+    for (int i = 0; i < 50; ++i) {
+      comm->allreduce(x.data(), x.size(), DataType::Float32, ReduceOp::Max);
+    }
     ASSERT_EQ(sched_setaffinity(0, sizeof(all), &all), 0);
     for (int i = 0; i < 3000; ++i) {
       comm->allreduce(x.data(), x.size(), DataType::Float32, ReduceOp::Max);

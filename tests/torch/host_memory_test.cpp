@@ -4,6 +4,7 @@
 // with the same options (the first call in a process installs it), and reads differences of its
 // counters, so the tests hold in one process as in one process each.
 #include <sys/resource.h>
+#include <unistd.h>
 
 #include <cstring>
 #include <fstream>
@@ -153,7 +154,7 @@ size_t mappedBytes() {
   std::ifstream in("/proc/self/statm");
   size_t pages = 0;
   in >> pages;
-  return pages * 4096;
+  return pages * static_cast<size_t>(::sysconf(_SC_PAGESIZE));
 }
 
 // A limit on the address space makes mmap fail as a full machine does: the cache gives its free

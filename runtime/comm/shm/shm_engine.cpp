@@ -79,8 +79,8 @@ namespace dtrain::comm::shm {
 // Note [Moving off a shared core]
 // The wake-affine placement of Note [Waiting] can also keep two ranks on one core of an otherwise
 // idle machine: each wakes the other onto its own core, the yield lets the other run, and they
-// take turns there for good (a 4 KiB allreduce at 2 ranks on 2 idle cores: 8.6 us a call in two of
-// five runs, 1.0-1.1 us in the others, where the ranks ran apart). The scheduler's balancer does
+// take turns there for good (a 4 KiB allreduce at 2 ranks on 2 idle cores: 8.6-8.7 us a call in two
+// of five runs, 1.0-2.0 us in the others, where the ranks ran apart). The scheduler's balancer does
 // not separate them: the core they share is half idle. So when kSharedCoreWaits waits in a row
 // find the peer last ran on this rank's core, the higher-ranked of the two (one of them, or both
 // would swap cores and meet again) moves: its affinity is set to its allowed CPUs but this one,
