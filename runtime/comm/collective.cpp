@@ -1,5 +1,6 @@
 #include "collective.h"
 
+#include <algorithm>
 #include <cstring>
 
 #include <fmt/format.h>
@@ -13,7 +14,8 @@ namespace dtrain::comm {
 // so a rank that skipped a collective (sequence numbers differ) or passes a buffer of another
 // size never mixes its data into a peer's result: both sides wait, time out, and the failure
 // report (failure_report.h) says which rank is where. The shape is left out on purpose: two
-// tensors of the same size and type but different shapes reduce correctly.
+// tensors of the same size and type but different shapes reduce correctly. The caller's label
+// is in (CallOptions::label): ZeRO-3's gathers of two units of the same size differ only there.
 
 const char* collectiveKindName(CollectiveKind kind) {
   switch (kind) {
@@ -104,7 +106,9 @@ std::string CollectiveInfo::describe() const {
     text += fmt::format(", {}", reduceOpName(op));
   }
   if (kind == CollectiveKind::Broadcast) text += fmt::format(", root {}", root);
-  return text + ")";
+  text += ")";
+  if (!label.empty()) text += fmt::format(" [{}]", label);
+  return text;
 }
 
 std::string CollectiveInfo::describeWithSeq() const {
@@ -126,6 +130,9 @@ uint32_t CollectiveInfo::tag() const {
   mix(static_cast<uint64_t>(op));
   mix(count);
   mix(static_cast<uint64_t>(static_cast<int64_t>(root)));
+  for (size_t i = 0; i < label.size() && i < CallOptions::kMaxLabelBytes; ++i) {
+    mix(static_cast<unsigned char>(label[i]));
+  }
   return static_cast<uint32_t>(h ^ (h >> 32));
 }
 
@@ -138,6 +145,7 @@ Fingerprint Fingerprint::of(const CollectiveInfo& info) {
   f.dtype = static_cast<uint8_t>(info.dtype);
   f.op = static_cast<uint8_t>(info.op);
   f.root = info.root;
+  std::memcpy(f.label, info.label.data(), std::min(info.label.size(), CallOptions::kMaxLabelBytes));
   if (info.shape.empty() || info.shape.size() > static_cast<size_t>(kMaxDims)) {
     f.ndim = -1;
   } else {
@@ -155,12 +163,14 @@ CollectiveInfo Fingerprint::toInfo() const {
   info.dtype = static_cast<DataType>(dtype);
   info.op = static_cast<ReduceOp>(op);
   info.root = root;
+  info.label.assign(label, strnlen(label, CallOptions::kMaxLabelBytes));
   for (int i = 0; i < ndim && i < kMaxDims; ++i) info.shape.push_back(dims[i]);
   return info;
 }
 
 bool Fingerprint::sameCollective(const Fingerprint& o) const {
-  if (kind != o.kind || dtype != o.dtype || op != o.op || count != o.count || root != o.root) {
+  if (kind != o.kind || dtype != o.dtype || op != o.op || count != o.count || root != o.root ||
+      std::strncmp(label, o.label, sizeof(label)) != 0) {
     return false;
   }
   if (ndim < 0 || o.ndim < 0) return true;

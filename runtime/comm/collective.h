@@ -24,6 +24,8 @@ struct CollectiveInfo {
   size_t count = 0;             // elements per rank (Allgather: sent; ReduceScatter: received)
   int root = -1;                // Broadcast
   std::vector<int64_t> shape;   // optional, from CallOptions
+  std::string label;            // optional, from CallOptions (at most kMaxLabelBytes kept)
+  bool check = false;           // CallOptions::check
 
   // What a backend's entry point records before submitting (seq and shape come later).
   static CollectiveInfo allreduce(DataType dtype, size_t count, ReduceOp op);
@@ -32,11 +34,13 @@ struct CollectiveInfo {
   static CollectiveInfo reduceScatter(DataType dtype, size_t count, ReduceOp op);
   static CollectiveInfo barrier();
 
-  // "allreduce(float32 x 1024, sum)", "broadcast(int64 [4, 8], root 0)", "barrier()".
+  // "allreduce(float32 x 1024, sum)", "broadcast(int64 [4, 8], root 0)", "barrier()",
+  // "allgather(float32 x 96) [unit 3 forward 2 (layers.2)]" (a labelled call).
   std::string describe() const;
   // "seq 7 allreduce(float32 x 1024, sum)".
   std::string describeWithSeq() const;
-  // A 32-bit message tag derived from everything above except the shape: ranks that disagree on
+  // A 32-bit message tag derived from everything above except the shape (the label included):
+  // ranks that disagree on
   // the collective never exchange data, they time out and report instead (see Note [Tags]).
   uint32_t tag() const;
 };
@@ -63,10 +67,11 @@ struct Fingerprint {
   uint8_t dtype;
   uint8_t op;
   uint8_t pad[5];
+  char label[CallOptions::kMaxLabelBytes + 1];  // NUL-terminated; empty: none
 
   static Fingerprint of(const CollectiveInfo& info);
   CollectiveInfo toInfo() const;
-  // Same collective: kind, dtype, op, count, root and (when both give one) shape.
+  // Same collective: kind, dtype, op, count, root, label and (when both give one) shape.
   bool sameCollective(const Fingerprint& other) const;
 };
 

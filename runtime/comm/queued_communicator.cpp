@@ -19,6 +19,8 @@ std::shared_ptr<Work> QueuedCommunicator::queueCollective(CollectiveInfo info,
   throwIfUnusable();
   const Millis timeout = timeoutOrDefault(options.timeout, timeout_, "CallOptions::timeout");
   info.shape = options.shape;
+  info.label = options.label.substr(0, CallOptions::kMaxLabelBytes);
+  info.check = options.check;
   std::lock_guard<std::mutex> lock(issueMutex_);
   info.seq = nextSeq_.load();
   recorder_.recordQueued(info);

@@ -3,6 +3,7 @@
 // away, fail-fast afterwards. Real processes (SIGKILL, SIGSTOP) are in tests/integration.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <chrono>
 #include <thread>
 
@@ -131,6 +132,35 @@ TEST(GlooFailure, CollectiveCheckCatchesAShapeMismatchAtOnce) {
                              "[4, 8], sum); rank 1 calls seq 1 allreduce(float32 [4, 7], sum)");
   EXPECT_CONTAINS(errors[1], "this rank calls seq 1 allreduce(float32 [4, 7], sum); rank 0 calls "
                              "seq 1 allreduce(float32 [4, 8], sum)");
+  for (double ms : took) EXPECT_LT(ms, kTimeout.count() / 2) << "no timeout needed";
+}
+
+TEST(GlooFailure, ACheckedCallIsComparedWithTheCheckOffAndLabelsTellEqualCallsApart) {
+  // T27: CallOptions::check compares this one call across ranks although the communicator's
+  // check is off; two calls that differ only in their label fail at once naming both.
+  auto w = world(2, {}, /*check=*/false);
+  std::vector<std::string> errors(2);
+  std::vector<double> took(2);
+  runRanks(2, [&](int r) {
+    std::vector<float> send(8, 1.0f), recv(16, 0.0f);
+    CallOptions o;
+    o.check = true;
+    o.label = "unit 1 forward 1";
+    w[r]->allgather(send.data(), recv.data(), send.size(), DataType::Float32, o);  // agreed
+    EXPECT_EQ(recv[8 * (1 - r)], 1.0f);
+    o.label = r == 0 ? "unit 2 forward 1" : "unit 3 forward 1";
+    auto start = std::chrono::steady_clock::now();
+    std::fill(recv.begin(), recv.end(), 0.0f);
+    errors[r] = messageOf(
+        [&] { w[r]->allgather(send.data(), recv.data(), send.size(), DataType::Float32, o); });
+    took[r] = elapsedMs(start);
+    EXPECT_EQ(recv[8 * (1 - r)], 0.0f) << "no data crossed";
+    EXPECT_THROW(std::rethrow_exception(w[r]->error()), InvalidArgument);
+  });
+  EXPECT_CONTAINS(errors[0], "collective check failed: this rank calls seq 1 allgather(float32 "
+                             "x 8) [unit 2 forward 1]; rank 1 calls seq 1 allgather(float32 x 8) "
+                             "[unit 3 forward 1]");
+  EXPECT_CONTAINS(errors[1], "rank 0 calls seq 1 allgather(float32 x 8) [unit 2 forward 1]");
   for (double ms : took) EXPECT_LT(ms, kTimeout.count() / 2) << "no timeout needed";
 }
 

@@ -98,6 +98,29 @@ TEST(ShmFailure, DifferentCollectivesFailAtOnceOnBothSidesNamingBoth) {
   for (double ms : took) EXPECT_LT(ms, 1000) << "no timeout needed";
 }
 
+TEST(ShmFailure, CallsThatDifferOnlyInTheirLabelFailAtOnceNamingBothLabels) {
+  // T27: ZeRO-3's gathers of two units of one size differ only in the caller's label.
+  auto w = world(2, {}, milliseconds(20000));
+  std::vector<std::string> errors(2);
+  std::vector<double> took(2);
+  runRanks(2, [&](int r) {
+    std::vector<float> send(8, 1.0f), recv(16, 0.0f);
+    CallOptions o;
+    o.label = r == 0 ? "unit 3 forward 2" : "unit 4 forward 2";
+    auto start = std::chrono::steady_clock::now();
+    errors[r] = messageOf(
+        [&] { w[r]->allgather(send.data(), recv.data(), send.size(), DataType::Float32, o); });
+    took[r] = elapsedMs(start);
+    EXPECT_EQ(recv[8 * (1 - r)], 0.0f) << "no data crossed";
+  });
+  EXPECT_CONTAINS(errors[0], "collective check failed: this rank calls seq 0 allgather(float32 "
+                             "x 8) [unit 3 forward 2]; rank 1 calls seq 0 allgather(float32 x 8) "
+                             "[unit 4 forward 2]");
+  EXPECT_CONTAINS(errors[1], "this rank calls seq 0 allgather(float32 x 8) [unit 4 forward 2]; "
+                             "rank 0 calls seq 0 allgather(float32 x 8) [unit 3 forward 2]");
+  for (double ms : took) EXPECT_LT(ms, 1000) << "no timeout needed";
+}
+
 TEST(ShmFailure, SkippedCollectiveFailsAtOnceSayingWhoIsAheadAndBehind) {
   // H4: rank 1 skips seq 1; its seq 2 meets rank 0's seq 1.
   auto w = world(2, {faultAt(fault::Kind::SkipCollective, 1, 1)}, milliseconds(20000));

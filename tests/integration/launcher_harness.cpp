@@ -314,4 +314,40 @@ std::string signalNameOf(int signo) {
   }
 }
 
+std::unique_ptr<MemoryCgroup> MemoryCgroup::create(const std::string& name, size_t limitBytes,
+                                                   std::string* why) {
+  std::string dir = "/sys/fs/cgroup/memory/" + name;
+  std::string limitFile = "memory.limit_in_bytes";
+  if (!std::filesystem::exists("/sys/fs/cgroup/memory/cgroup.procs")) {
+    dir = "/sys/fs/cgroup/" + name;  // cgroup v2
+    limitFile = "memory.max";
+  }
+  std::error_code ec;
+  if (!std::filesystem::create_directory(dir, ec)) {
+    *why = "cannot create a memory cgroup (" + dir + ": " + ec.message() +
+           "); needs root and a writable cgroup file system";
+    return nullptr;
+  }
+  std::unique_ptr<MemoryCgroup> cgroup(new MemoryCgroup(dir));
+  writeFile(dir + "/" + limitFile, std::to_string(limitBytes));
+  if (readFile(dir + "/" + limitFile).empty()) {
+    *why = "the memory controller is not available in " + dir;
+    return nullptr;
+  }
+  return cgroup;
+}
+
+MemoryCgroup::~MemoryCgroup() {
+  // Processes leave a cgroup when they are reaped; a moment for the last ones.
+  std::error_code ec;
+  for (int i = 0; i < 50 && !std::filesystem::remove(dir_, ec); ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  EXPECT_FALSE(std::filesystem::exists(dir_)) << "cgroup " << dir_ << " left behind";
+}
+
+std::vector<std::string> MemoryCgroup::wrapper() const {
+  return {"/bin/sh", "-c", "echo $$ > " + dir_ + "/cgroup.procs && exec \"$@\"", "sh"};
+}
+
 }  // namespace dtrain::testing

@@ -11,6 +11,7 @@
 
 #include <chrono>
 #include <functional>
+#include <memory>
 #include <map>
 #include <string>
 #include <vector>
@@ -111,5 +112,25 @@ char processStateOf(pid_t pid);
 
 // "SIGINT" for SIGINT.
 std::string signalNameOf(int signo);
+
+// A memory cgroup of its own (v1 or v2) with a limit, for one launch to run in: wrapper() is the
+// LaunchProcess wrapper that moves launch (and so the job) into it. Removed by the destructor,
+// once every process has left it. create() returns null with `why` set when this machine cannot
+// make one (not root, no writable cgroup file system, no memory controller): the test skips.
+class MemoryCgroup {
+ public:
+  static std::unique_ptr<MemoryCgroup> create(const std::string& name, size_t limitBytes,
+                                              std::string* why);
+  ~MemoryCgroup();
+  MemoryCgroup(const MemoryCgroup&) = delete;
+  MemoryCgroup& operator=(const MemoryCgroup&) = delete;
+
+  std::vector<std::string> wrapper() const;
+  const std::string& dir() const { return dir_; }
+
+ private:
+  explicit MemoryCgroup(std::string dir) : dir_(std::move(dir)) {}
+  std::string dir_;
+};
 
 }  // namespace dtrain::testing

@@ -454,29 +454,16 @@ TEST(LaunchSupervision, RestartCountIsExposedAndMonotone) {
 // The OOM killer's victim is reported as such: launch runs in a memory cgroup (v1 or v2) of its
 // own with a small limit, a worker allocates past it, the kernel SIGKILLs it.
 TEST(LaunchSupervision, OomKillIsNamedInTheReport) {
-  const std::string name = "dtrain-oom-test-" + std::to_string(::getpid());
-  std::string dir = "/sys/fs/cgroup/memory/" + name;
-  std::string limitFile = "memory.limit_in_bytes";
-  if (!std::filesystem::exists("/sys/fs/cgroup/memory/cgroup.procs")) {
-    dir = "/sys/fs/cgroup/" + name;  // cgroup v2
-    limitFile = "memory.max";
-  }
-  std::error_code ec;
-  if (!std::filesystem::create_directory(dir, ec)) {
-    GTEST_SKIP() << "cannot create a memory cgroup (" << dir << ": " << ec.message()
-                 << "); needs root and a writable cgroup file system";
-  }
-  writeFile(dir + "/" + limitFile, "150000000");
-  if (readFile(dir + "/" + limitFile).empty()) {
-    std::filesystem::remove(dir, ec);
-    GTEST_SKIP() << "the memory controller is not available in " << dir;
-  }
+  std::string why;
+  auto cgroup = MemoryCgroup::create("dtrain-oom-test-" + std::to_string(::getpid()), 150000000,
+                                     &why);
+  if (!cgroup) GTEST_SKIP() << why;
   std::vector<pid_t> pids;
   {
     LaunchProcess p({"--nproc-per-node", "2", workerPath(), "--steps", "40", "--step-ms", "20",
                      "--alloc-mb", "16"},
                     {"DTRAIN_FAULT=slow:100000@rank=0,step=1"},  // rank 0 stays small and waits
-                    {"/bin/sh", "-c", "echo $$ > " + dir + "/cgroup.procs && exec \"$@\"", "sh"});
+                    cgroup->wrapper());
     LaunchResult r = p.wait(60);
     EXPECT_EQ(r.exitCode, 128 + SIGKILL) << r.all();
     EXPECT_NE(r.err.find("rank 1 was killed by SIGKILL (signal 9) -- likely killed by the OOM "
@@ -486,8 +473,6 @@ TEST(LaunchSupervision, OomKillIsNamedInTheReport) {
     pids = jobPids(r.out);
   }
   waitGone(pids, 2);
-  std::filesystem::remove(dir, ec);
-  EXPECT_FALSE(ec) << "cgroup " << dir << " left behind: " << ec.message();
 }
 
 }  // namespace

@@ -7,6 +7,7 @@ if(DTRAIN_HAVE_GLOO AND TARGET dtrain_launcher_harness)
   dtrain_warnings(zero_worker)
 
   dtrain_gtest(dtrain_zero_process_tests LABEL integration TIMEOUT 300
+    SERIAL_TESTS "Backends/ZeroSkippedUnit.*:ZeroMemoryLimit.*"
     SOURCES tests/integration/zero_processes_test.cpp
     LIBS dtrain_launcher_harness)
   add_dependencies(dtrain_zero_process_tests zero_worker launch)

@@ -71,12 +71,13 @@ std::string GlooCommunicator::shutDownMessage() const {
 
 std::shared_ptr<Work> GlooCommunicator::submit(CollectiveInfo info, const CallOptions& options,
                                                GlooBody body) {
-  return queueCollective(std::move(info), options,
-                         [this, body = std::move(body)](const CollectiveInfo& i, Millis timeout) {
-                           GlooCall call{mesh_ ? mesh_->contextPtr() : nullptr, i.tag(), timeout};
-                           if (checkCollectives_ && size_ > 1) checkCollectiveOnCommThread(i, call);
-                           body(call, i);
-                         });
+  const bool check = (checkCollectives_ || options.check) && size_ > 1;
+  return queueCollective(std::move(info), options, [this, check, body = std::move(body)](
+                                                       const CollectiveInfo& i, Millis timeout) {
+    GlooCall call{mesh_ ? mesh_->contextPtr() : nullptr, i.tag(), timeout};
+    if (check) checkCollectiveOnCommThread(i, call);
+    body(call, i);
+  });
 }
 
 void GlooCommunicator::checkCollectiveOnCommThread(const CollectiveInfo& info,

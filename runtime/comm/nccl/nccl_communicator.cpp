@@ -150,6 +150,8 @@ std::shared_ptr<Work> NcclCommunicator::submit(CollectiveInfo info, const CallOp
   const Millis timeout = timeoutOrDefault(options.timeout, timeout_, "CallOptions::timeout");
   const auto caller = static_cast<cudaStream_t>(options.stream);
   info.shape = options.shape;
+  info.label = options.label.substr(0, CallOptions::kMaxLabelBytes);
+  info.check = options.check;
   std::lock_guard<std::timed_mutex> issue(issueMutex_);
   throwIfUnusable();  // the watchdog may have aborted while this caller waited for the lock
   DeviceGuard guard(device_);
@@ -163,7 +165,7 @@ std::shared_ptr<Work> NcclCommunicator::submit(CollectiveInfo info, const CallOp
                info.describeWithSeq());
   }
   const bool skip = faults_.at(fault::Kind::SkipCollective, info.seq) != nullptr;
-  if (checkCollectives_ && !skip) {
+  if ((checkCollectives_ || options.check) && !skip) {
     try {
       checkCollectiveThroughStore(*store_, name_ + "/check", rank_, size_, info, timeout, who());
     } catch (...) {

@@ -184,9 +184,11 @@ void ShmCommunicator::reportToCrossGroup(const std::string& where, const std::st
   exchangeReports(*store_, crossName_ + "/failure", topo_.nodes, mine, Millis::zero());
 }
 
-CallOptions ShmCommunicator::crossCall(shm::Clock::time_point deadline) {
+CallOptions ShmCommunicator::crossCall(shm::Clock::time_point deadline, const CollectiveInfo& i) {
   CallOptions o;
   o.synchronous = true;
+  o.label = i.label;
+  o.check = i.check;
   o.timeout = std::max(Millis(1), std::chrono::duration_cast<Millis>(deadline - shm::Clock::now()));
   return o;
 }

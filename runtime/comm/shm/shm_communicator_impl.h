@@ -95,7 +95,8 @@ class ShmCommunicator final : public QueuedCommunicator {
     return info;
   }
   // Time left until `deadline`, for a Gloo step inside a collective.
-  static CallOptions crossCall(shm::Clock::time_point deadline);
+  // The cross-node step of collective `i`: by the deadline, with its label and check.
+  static CallOptions crossCall(shm::Clock::time_point deadline, const CollectiveInfo& i);
   // Leaves this rank's error where its cross-node peers look when they lose the connection to it
   // (failure_report.h), so they can name the root cause.
   void reportToCrossGroup(const std::string& where, const std::string& error);

@@ -166,7 +166,7 @@ void ShmCommunicator::hierAllreduce(const CollectiveInfo& i, void* data,
                                     shm::Clock::time_point deadline) {
   const ReduceOp inNode = i.op == ReduceOp::Avg ? ReduceOp::Sum : i.op;
   engine_->allreduce(local(i, i.count, inNode), data, deadline, [&](void* slice, size_t n) {
-    across([&] { cross_->allreduce(slice, n, i.dtype, inNode, crossCall(deadline)); });
+    across([&] { cross_->allreduce(slice, n, i.dtype, inNode, crossCall(deadline, i)); });
     finishAverage(slice, n, i.dtype, i.op, topo_.size);
   });
 }
@@ -183,7 +183,7 @@ void ShmCommunicator::hierBroadcast(const CollectiveInfo& i, void* data,
     }
   }
   if (topo_.local == rootLocal) {
-    across([&] { cross_->broadcast(data, i.count, i.dtype, rootNode, crossCall(deadline)); });
+    across([&] { cross_->broadcast(data, i.count, i.dtype, rootNode, crossCall(deadline, i)); });
   }
   CollectiveInfo li = local(i, i.count, i.op);
   li.root = rootLocal;
@@ -196,7 +196,9 @@ void ShmCommunicator::hierAllgather(const CollectiveInfo& i, const void* send, v
   const size_t block = i.count * elementSize(i.dtype);
   auto gathered = scratchOnCommThread(m * block, 0);
   auto within = scratchOnCommThread(l * m * block, 1);
-  across([&] { cross_->allgather(send, gathered->data(), i.count, i.dtype, crossCall(deadline)); });
+  across([&] {
+    cross_->allgather(send, gathered->data(), i.count, i.dtype, crossCall(deadline, i));
+  });
   engine_->allgather(local(i, m * i.count, i.op), gathered->data(), within->data(), deadline);
   const char* from = static_cast<const char*>(within->data());
   char* to = static_cast<char*>(recv);
@@ -226,14 +228,14 @@ void ShmCommunicator::hierReduceScatter(const CollectiveInfo& i, const void* sen
   engine_->reduceScatter(local(i, m * i.count, inNode), ordered->data(), nodeSums->data(),
                          deadline);
   across([&] {
-    cross_->reduceScatter(nodeSums->data(), recv, i.count, i.dtype, inNode, crossCall(deadline));
+    cross_->reduceScatter(nodeSums->data(), recv, i.count, i.dtype, inNode, crossCall(deadline, i));
   });
   finishAverage(recv, i.count, i.dtype, i.op, topo_.size);
 }
 
 void ShmCommunicator::hierBarrier(const CollectiveInfo& i, shm::Clock::time_point deadline) {
   engine_->barrier(local(i, 0, i.op), deadline);
-  across([&] { cross_->barrier(crossCall(deadline)); });
+  across([&] { cross_->barrier(crossCall(deadline, i)); });
   engine_->barrier(local(i, 0, i.op), deadline);
 }
 

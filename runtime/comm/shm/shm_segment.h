@@ -25,7 +25,7 @@
 namespace dtrain::comm::shm {
 
 constexpr uint64_t kSegmentMagic = 0x6d68732d6e696172ull;  // "rain-shm"
-constexpr uint32_t kSegmentVersion = 2;
+constexpr uint32_t kSegmentVersion = 3;  // 3: descriptors carry the caller's label
 constexpr int kDescriptorRing = 4;
 constexpr size_t kReasonBytes = 768;
 // Most ranks one segment serves (one node).

@@ -38,8 +38,11 @@ struct GatherForBackward : public torch::autograd::Function<GatherForBackward> {
 }  // namespace
 
 UnitBinding::UnitBinding(std::weak_ptr<ShardGroup> shards, std::vector<size_t> units,
-                         std::string name)
-    : shards_(std::move(shards)), units_(std::move(units)), name_(std::move(name)) {}
+                         std::string name, bool reshardAfterForward)
+    : shards_(std::move(shards)),
+      units_(std::move(units)),
+      name_(std::move(name)),
+      reshardAfterForward_(reshardAfterForward) {}
 
 ShardGroup& UnitBinding::shards() {
   auto shards = shards_.lock();
@@ -53,7 +56,7 @@ at::Tensor UnitBinding::forward(torch::nn::AnyModule& module, const at::Tensor& 
   ShardGroup& group = shards();
   std::vector<size_t> gathered;
   for (size_t k : units_) {
-    if (group.unshard(k)) gathered.push_back(k);
+    if (group.unshard(k, ShardGroup::Why::Forward, name_)) gathered.push_back(k);
   }
   at::Tensor output;
   try {
@@ -62,19 +65,25 @@ at::Tensor UnitBinding::forward(torch::nn::AnyModule& module, const at::Tensor& 
     for (size_t k : gathered) group.reshard(k);
     throw;
   }
-  for (size_t k : gathered) group.reshard(k);
-  if (units_.empty() || !at::GradMode::is_enabled() || !output.requires_grad()) return output;
+  const bool backward = !units_.empty() && at::GradMode::is_enabled() && output.requires_grad();
+  // reshardAfterForward = false: kept for the backward, which frees it once its gradients are in
+  // (a forward no backward follows frees as usual).
+  if (reshardAfterForward_ || !backward) {
+    for (size_t k : gathered) group.reshard(k);
+  }
+  if (!backward) return output;
   return GatherForBackward::apply(output, reinterpret_cast<intptr_t>(this));
 }
 
 void UnitBinding::gatherForBackward() {
   ShardGroup& group = shards();
-  for (size_t k : units_) group.unshard(k);
+  for (size_t k : units_) group.unshard(k, ShardGroup::Why::Backward, name_);
 }
 
 }  // namespace zero
 
-ShardedUnitImpl::ShardedUnitImpl(torch::nn::AnyModule module) : module_(std::move(module)) {
+ShardedUnitImpl::ShardedUnitImpl(torch::nn::AnyModule module, ShardedUnitOptions options)
+    : module_(std::move(module)), options_(options) {
   DTRAIN_CHECK_ARG(!module_.is_empty(), "ShardedUnit: an empty module");
   const auto inner = module_.ptr();
   for (const auto& p : inner->named_parameters(/*recurse=*/false)) {
@@ -101,13 +110,15 @@ void ShardedUnitImpl::bind(std::shared_ptr<zero::UnitBinding> binding) {
   binding_ = std::move(binding);
 }
 
-torch::nn::Sequential shardEveryChild(const torch::nn::Sequential& sequential) {
+torch::nn::Sequential shardEveryChild(const torch::nn::Sequential& sequential,
+                                      ShardedUnitOptions options) {
   torch::nn::Sequential out;
   const auto children = sequential->named_children();
   size_t i = 0;
   for (const torch::nn::AnyModule& m : *sequential) {
     std::string name = children[i++].key();
-    out->push_back(std::move(name), std::make_shared<ShardedUnitImpl>(torch::nn::AnyModule(m)));
+    out->push_back(std::move(name),
+                   std::make_shared<ShardedUnitImpl>(torch::nn::AnyModule(m), options));
   }
   return out;
 }
@@ -117,7 +128,8 @@ std::vector<std::pair<std::string, at::Tensor>> gatherFullParameters(ShardedOpti
   at::NoGradGuard noGrad;
   std::vector<std::pair<std::string, at::Tensor>> out;
   for (size_t k = 0; k < shards.size(); ++k) {
-    const bool gathered = shards.unshard(k);
+    const bool gathered =
+        shards.unshard(k, zero::ShardGroup::Why::Full, shards.unit(k).params().front().name);
     for (const auto& p : shards.unit(k).params()) out.emplace_back(p.name, p.param.detach().clone());
     if (gathered) shards.reshard(k);
   }

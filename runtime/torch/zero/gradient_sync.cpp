@@ -26,9 +26,13 @@
 // and DeepSpeed's partitions are, and they do the same.
 //
 // noSync(): a backward after a forward inside the guard only accumulates: stage 1 into the
-// units' buffers (the gradients are views of them), stage 2 into the parameters' own .grad,
-// full-size, until the synchronising backward copies them into buckets (DeepSpeed's first
-// behaviour: no communication until the accumulation boundary; Note [Unit states]).
+// units' buffers (the gradients are views of them), stages 2 and 3 into the parameters' own
+// .grad, full-size, until the synchronising backward copies them into buckets (DeepSpeed's first
+// behaviour: no communication until the accumulation boundary; Note [Unit states]). So under
+// noSync() stage 3 keeps every unit's full gradients between micro-batches -- its parameters
+// it does not: a noSync() backward counts each unit's gradients as a synchronising one does
+// and reshards the unit once they are all in, and its end reshards whatever is left (a unit
+// with a parameter that pass did not reach).
 
 namespace dtrain::zero {
 
@@ -101,13 +105,6 @@ void ShardedGradientSync::arm(const std::vector<at::Tensor>& outputs) {
 }
 
 void ShardedGradientSync::disarm() {
-  // A noSync() backward has no hooks that reshard the units it gathers (and stage 3 has no
-  // place yet to keep full gradients across micro-batches): refused until it does.
-  DTRAIN_CHECK_ARG(shards_->stage() != 3,
-                   "rank {}: ShardedOptimizer stage 3: a forward under noSync() is not supported "
-                   "yet. HINT: run every micro-batch without noSync() (each backward then "
-                   "reduce-scatters and adds into the shard), or use stage 2",
-                   shards_->group().rank());
   std::lock_guard<std::mutex> lock(mutex_);
   state_ = State::Local;
   unused_.clear();
@@ -125,7 +122,10 @@ void ShardedGradientSync::onGradientReady(size_t index) {
   std::lock_guard<std::mutex> lock(mutex_);
   const auto now = Clock::now();
   if (state_ != State::Armed) {
-    if (state_ == State::Local) shards_->setLocalGradients(true);
+    if (state_ == State::Local) {
+      shards_->setLocalGradients(true);
+      if (shards_->stage() == 3) localGradientLocked(index);
+    }
     if (state_ == State::Idle && !warnedUnexpected_) {
       warnedUnexpected_ = true;
       ddp::warnBackwardWithoutForward("ShardedOptimizer", shards_->group().rank());
@@ -147,6 +147,23 @@ void ShardedGradientSync::onGradientReady(size_t index) {
                             ddpOptions_.findUnusedParameters);
   }
   markReadyLocked(index, true);
+}
+
+void ShardedGradientSync::localGradientLocked(size_t index) {
+  if (!callbackQueued_) {
+    callbackQueued_ = true;
+    compat::queueEngineCallback([this] { finishLocalPass(); });
+  }
+  if (ready_[index]) return;
+  ready_[index] = 1;
+  const size_t k = params_[index].unit;
+  if (--pending_[k] == 0) shards_->gradientsComplete(k);
+}
+
+void ShardedGradientSync::finishLocalPass() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  resetPassLocked();
+  shards_->backwardEnded();  // frees the units a parameter left unfinished
 }
 
 void ShardedGradientSync::markReadyLocked(size_t index, bool hookFired) {
@@ -215,6 +232,7 @@ void ShardedGradientSync::finalizeLocked(std::vector<size_t>& missing) {
     }
   }
   shards_->setLocalGradients(false);
+  shards_->backwardEnded();
   stats_.waited = waited;
   stats_.finished = Clock::now();
   ++stats_.iteration;

@@ -49,6 +49,10 @@ class ShardedGradientSync : public ddp::GradientSync {
   void installHooks();
   void onGradientArriving();
   void onGradientReady(size_t index);
+  // Stage 3 under noSync(): counts the gradient so that its unit is resharded once all are in
+  // (Note [Sharded backward]); the pass's end reshards the rest and resets it.
+  void localGradientLocked(size_t index);
+  void finishLocalPass();
   void markReadyLocked(size_t index, bool hookFired);
   void launchReadyUnitsLocked();
   void finalizeBackward();

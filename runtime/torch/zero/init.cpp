@@ -197,7 +197,8 @@ void bindMarked(const std::vector<Marked>& marked, const std::vector<size_t>& ow
       if (ownerOf[k] == g) mine.push_back(k);
     }
     if (mine.empty()) continue;  // nothing of its own to shard: it runs as it is
-    marked[g].module->bind(std::make_shared<UnitBinding>(shards, std::move(mine), marked[g].name));
+    marked[g].module->bind(std::make_shared<UnitBinding>(
+        shards, std::move(mine), marked[g].name, marked[g].module->options().reshardAfterForward));
   }
 }
 

@@ -76,7 +76,11 @@ ShardGroup::ShardGroup(std::shared_ptr<ProcessGroup> group, ShardLayout layout,
       reduceWork_(units_.size()),
       gatherWork_(units_.size()),
       pool_(comm_),
-      paramPool_(comm_) {
+      paramPool_(comm_),
+      gathers_(units_.size(), 0),
+      modules_(units_.size()),
+      forwardOrder_(units_.size()),
+      backwardOrder_(units_.size()) {
   for (size_t k = 0; k < units_.size(); ++k) {
     if (units_[k]->resharded()) params_[k] = Params::Free;  // the unit was built sharded
   }
@@ -268,31 +272,118 @@ void ShardGroup::shardWritten(size_t k) {
   if (!u.resharded()) params_[k] = Params::Stepped;
 }
 
-bool ShardGroup::unshard(size_t k) {
+namespace {
+
+const char* whyName(ShardGroup::Why why) {
+  switch (why) {
+    case ShardGroup::Why::Forward: return "forward";
+    case ShardGroup::Why::Backward: return "backward";
+    case ShardGroup::Why::Full: return "full";
+  }
+  return "?";
+}
+
+}  // namespace
+
+bool ShardGroup::unshard(size_t k, Why why, const std::string& module) {
   ShardUnit& u = *units_[k];
-  if (params_[k] == Params::Gathered) return false;
-  DTRAIN_CHECK(params_[k] == Params::Free && u.resharded(), "rank {}: ZeRO-3: gathering {}, "
+  DTRAIN_CHECK(u.resharded() || params_[k] == Params::Gathered, "rank {}: ZeRO-3: gathering {}, "
                "which is {}", group_->rank(), u.describe(), paramsName(params_[k]));
+  if (modules_[k].empty()) modules_[k] = module;
+  if (why == Why::Backward && !inBackward_) {
+    inBackward_ = true;
+    forwardOrder_.finishRecording();
+  }
+  const bool mine = params_[k] != Params::Gathered;
+  if (params_[k] == Params::Free) issueUnitGather(k, why, /*prefetch=*/false);
+  // Note [Prefetching units]: the next unit's all-gather goes out before this one is waited for.
+  size_t next = UnitOrder::kNone;
+  if (why == Why::Backward) {
+    next = backwardOrder_.needed(k);
+    if (!options_.backwardPrefetch) next = UnitOrder::kNone;
+  } else if (why == Why::Forward && !inBackward_) {
+    next = forwardOrder_.needed(k);
+    if (!options_.forwardPrefetch) next = UnitOrder::kNone;
+  }
+  if (next != UnitOrder::kNone && params_[next] == Params::Free) {
+    issueUnitGather(next, why, /*prefetch=*/true);
+  }
+  if (params_[k] == Params::Gathering) waitUnitGather(k, why);
+  return mine;
+}
+
+void ShardGroup::issueUnitGather(size_t k, Why why, bool prefetch) {
+  ShardUnit& u = *units_[k];
   const size_t bytes = u.paddedNumel() * c10::elementSize(u.dtype());
   auto buffer = paramPool_.takeFree(bytes);
   if (!buffer) buffer = paramPool_.allocate(bytes);
+  gatheredNow_ += bytes;
+  gatheredPeak_ = std::max(gatheredPeak_, gatheredNow_);
   u.holdFull(std::move(buffer));
   params_[k] = Params::Gathering;
-  gatherWork_[k] = allgatherUnit(comm_, u, call());
-  finishGather(k);
-  return true;
+  comm::CallOptions labelled = call();  // Note [Which unit is gathered]
+  labelled.label = fmt::format("unit {} {} {} ({})", k, whyName(why), ++gathers_[k], modules_[k]);
+  labelled.check = true;
+  ++counts_.gathers;
+  if (prefetch) ++counts_.prefetched;
+  inUnitTerms(k, why, [&] { gatherWork_[k] = allgatherUnit(comm_, u, labelled); });
+}
+
+void ShardGroup::waitUnitGather(size_t k, Why why) {
+  inUnitTerms(k, why, [&] { counts_.waited += finishGather(k); });
+}
+
+template <typename Step>
+void ShardGroup::inUnitTerms(size_t k, Why why, Step&& step) {
+  try {
+    step();
+  } catch (const InvalidArgument& e) {  // the check, here or on a peer that aborted first
+    gatherFailed<InvalidArgument>(e, k, why);
+  } catch (const TimeoutError& e) {
+    gatherFailed<TimeoutError>(e, k, why);
+  } catch (const NetworkError& e) {
+    gatherFailed<NetworkError>(e, k, why);
+  } catch (const Error& e) {
+    gatherFailed<Error>(e, k, why);
+  }
+}
+
+template <typename E>
+void ShardGroup::gatherFailed(const E& error, size_t k, Why why) const {
+  DTRAIN_THROW(E, "rank {}: ZeRO-3: gathering {} for its {} failed: {}. HINT: every rank must run "
+               "the same sharded units' forward and backward, in the same order; an evaluation "
+               "loop that runs more batches on one rank than on another does not (give every "
+               "rank the same number of batches, as DistributedSampler does by padding)",
+               group_->rank(), modules_[k], whyName(why), error.what());
 }
 
 void ShardGroup::reshard(size_t k) {
   ShardUnit& u = *units_[k];
   DTRAIN_CHECK(params_[k] == Params::Gathered && u.resharded(), "rank {}: ZeRO-3: freeing {}, "
                "which is {}", group_->rank(), u.describe(), paramsName(params_[k]));
+  gatheredNow_ -= u.paddedNumel() * c10::elementSize(u.dtype());
   paramPool_.give(u.releaseFull());
   params_[k] = Params::Free;
 }
 
 void ShardGroup::gradientsComplete(size_t k) {
   if (units_[k]->resharded() && params_[k] == Params::Gathered) reshard(k);
+}
+
+void ShardGroup::backwardEnded() {
+  inBackward_ = false;
+  backwardOrder_.finishRecording();
+  for (size_t k = 0; k < units_.size(); ++k) {
+    if (!units_[k]->resharded()) continue;
+    if (params_[k] == Params::Gathering) waitUnitGather(k, Why::Backward);
+    if (params_[k] == Params::Gathered) reshard(k);
+  }
+}
+
+ShardGroup::GatherCounts ShardGroup::takeGatherCounts() {
+  GatherCounts out = counts_;
+  counts_ = {};
+  return out;
 }
 
 void ShardGroup::launchGather(size_t k) {

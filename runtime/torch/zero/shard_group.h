@@ -8,6 +8,7 @@
 #include <chrono>
 #include <deque>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "collectives.h"
@@ -16,6 +17,7 @@
 #include "dtrain/torch/shard_layout.h"
 #include "dtrain/torch/zero.h"
 #include "shard_unit.h"
+#include "unit_order.h"
 
 namespace dtrain::zero {
 
@@ -70,8 +72,19 @@ namespace dtrain::zero {
 // So between steps a rank holds its blocks, the root's parameters, and no marked unit in full;
 // during forward one unit (plus the units nested in it), during backward the units whose
 // gradients are not all in. Collectives are issued by every rank in the same order because the
-// same graph runs on every rank; a unit one rank skips desynchronises them (the unit id check
-// is a next step).
+// same graph runs on every rank; a unit one rank skips is Note [Which unit is gathered].
+//
+// Note [Which unit is gathered]
+// A unit's forward that one rank runs and another skips (an evaluation loop with more batches on
+// one rank: FSDP's most reported hang) puts two different gathers at the same sequence number.
+// Of two units of the same size and dtype, the collectives would be indistinguishable -- the
+// ranks would silently exchange each other's parameters. So every gather of a resharded unit is
+// labelled "unit <k> <why> <n> (<module>)" -- why: forward, backward or full (gatherFullParameters);
+// n: the unit's own gather count, so a rank a whole forward ahead differs too -- and checked
+// across ranks before it runs, whatever DTRAIN_CHECK_COLLECTIVES says (CallOptions::label and
+// ::check): every rank fails at once, naming both sides' unit and call. The cost is the check's:
+// nothing more on shared memory (its descriptors are compared anyway), one fingerprint exchange
+// per gather on Gloo, a store round trip on NCCL.
 class ShardGroup {
  public:
   enum class Grads { Empty, Accumulating, Reducing, Reduced };
@@ -121,12 +134,27 @@ class ShardGroup {
 
   // --- stage 3 (Note [ZeRO-3 unit lifecycle]) ---
   Params paramState(size_t k) const { return params_[k]; }
-  // Gathers unit k (Free -> Gathered); true when it did, false when it was gathered already.
-  // Collective, synchronous.
-  bool unshard(size_t k);
+  enum class Why { Forward, Backward, Full };
+  // Gathers unit k (Free or prefetched -> Gathered); true when this call did (the caller frees
+  // it), false when it was gathered already. `why` and `module` label the gather (Note [Which
+  // unit is gathered]); `why` also says which order to record and prefetch in (Note
+  // [Prefetching units]). Collective, synchronous.
+  bool unshard(size_t k, Why why, const std::string& module);
   void reshard(size_t k);  // Gathered -> Free
   // The backward's hooks: unit k's last gradient of this pass is in.
   void gradientsComplete(size_t k);
+  // The backward's end (synchronising or noSync()): the first one ends the recording of the
+  // backward order; a unit gathered and not freed (a prefetch control flow did not use) is.
+  void backwardEnded();
+  // The unit gathers since the last call, and how long they were waited for; resets them.
+  struct GatherCounts {
+    size_t gathers = 0;
+    size_t prefetched = 0;
+    std::chrono::nanoseconds waited{0};
+  };
+  GatherCounts takeGatherCounts();
+  size_t gatheredNow() const { return gatheredNow_; }
+  size_t gatheredPeak() const { return gatheredPeak_; }
 
   size_t bucketBytes() const { return pool_.capacityBytes(); }
   size_t gatheredBytes() const { return paramPool_.capacityBytes(); }
@@ -135,6 +163,16 @@ class ShardGroup {
   void lease(size_t k);
   void fold(size_t k);
   comm::CallOptions call() const;
+  // Stage 3: unit k's all-gather into a pooled buffer, labelled, not waited for (Free ->
+  // Gathering); and the wait for it, with the error of a failed one said in the unit's terms.
+  void issueUnitGather(size_t k, Why why, bool prefetch);
+  void waitUnitGather(size_t k, Why why);
+  // Runs `step` of unit k's gather; its dtrain errors come out as gatherFailed's.
+  template <typename Step>
+  void inUnitTerms(size_t k, Why why, Step&& step);
+  // Rethrows a failed gather of unit k as the same type, saying which gather and what to do.
+  template <typename E>
+  [[noreturn]] void gatherFailed(const E& error, size_t k, Why why) const;
 
   std::shared_ptr<ProcessGroup> group_;
   comm::Communicator& comm_;
@@ -150,6 +188,15 @@ class ShardGroup {
   bool localGradients_ = false;
   GradientPool pool_;
   GradientPool paramPool_;  // stage 3: the full parameters of gathered units
+  // Stage 3.
+  std::vector<uint64_t> gathers_;     // per unit, gathers so far (Note [Which unit is gathered])
+  std::vector<std::string> modules_;  // per unit, the marked module's name
+  UnitOrder forwardOrder_;            // Note [Prefetching units]
+  UnitOrder backwardOrder_;
+  bool inBackward_ = false;  // between a pass's first gather for backward and backwardEnded()
+  GatherCounts counts_;
+  size_t gatheredNow_ = 0;
+  size_t gatheredPeak_ = 0;
 };
 
 }  // namespace dtrain::zero

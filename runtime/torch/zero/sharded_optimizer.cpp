@@ -60,6 +60,10 @@ torch::Tensor ShardedOptimizer::step(LossClosure closure) {
         param_groups_[shards.groupOf(k)].options().clone());
   }
   lastStep_ = {};
+  const zero::ShardGroup::GatherCounts gathers = shards.takeGatherCounts();
+  lastStep_.unitGathers = gathers.gathers;
+  lastStep_.prefetchedGathers = gathers.prefetched;
+  lastStep_.unitGatherWait = gathers.waited;
   // Last unit first: the all-gather left to wait for after the last step is then the first
   // unit's, small by design (Note [Shard layout]), and the parameters come back in forward order.
   for (size_t k = shards.size(); k-- > 0;) {
@@ -124,6 +128,11 @@ ZeroStats ShardedOptimizer::stats() const {
   s.reduceScatterWait = sync_->lastIteration().waited;
   s.optimizerStep = lastStep_.optimizerStep;
   s.allgatherWait = lastStep_.allgatherWait;
+  s.memory.gathered = shards.gatheredNow();
+  s.memory.peakGathered = shards.gatheredPeak();
+  s.unitGathers = lastStep_.unitGathers;
+  s.prefetchedGathers = lastStep_.prefetchedGathers;
+  s.unitGatherWait = lastStep_.unitGatherWait;
   return s;
 }
 

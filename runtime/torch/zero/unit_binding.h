@@ -18,7 +18,9 @@ class UnitBinding {
  public:
   // `units`: the ShardGroup units holding the module's own parameters (one per dtype; none for
   // a module without trained parameters). `name`: the module's name in the model.
-  UnitBinding(std::weak_ptr<ShardGroup> shards, std::vector<size_t> units, std::string name);
+  // `reshardAfterForward`: ShardedUnitOptions'.
+  UnitBinding(std::weak_ptr<ShardGroup> shards, std::vector<size_t> units, std::string name,
+              bool reshardAfterForward = true);
 
   // Gathers the units, runs `module`, frees what it gathered; the output goes through the
   // boundary whose backward gathers them again.
@@ -35,6 +37,7 @@ class UnitBinding {
   std::weak_ptr<ShardGroup> shards_;
   const std::vector<size_t> units_;
   const std::string name_;
+  const bool reshardAfterForward_;
 };
 
 }  // namespace dtrain::zero

@@ -3,6 +3,7 @@
 // AdamW, and the parameters of marked modules freed between uses.
 #include <algorithm>
 #include <limits>
+#include <optional>
 #include <sstream>
 #include <string>
 
@@ -11,6 +12,7 @@
 #include "dtrain/base/store.h"
 #include "dtrain/torch/checkpoint.h"
 #include "dtrain/torch/fully_shard.h"
+#include "zero3_support.h"
 #include "zero_expect.h"
 
 namespace dtrain::testing {
@@ -39,24 +41,6 @@ TEST(ZeroLayoutUnits, EveryParameterInExactlyOneGroup) {
   EXPECT_THROW((layoutUnits(params, {{0, 2}}, 2)), InvalidArgument);
 }
 
-// Four marked layers (their Tanh children marked too, with nothing to shard), and a head
-// outside every marked module: the root's unit. Sizes 128, 272, 187 and 108 elements: padding
-// at 2 ranks.
-struct Zero3NetImpl : torch::nn::Module {
-  Zero3NetImpl() {
-    body = register_module("body", shardEveryChild(torch::nn::Sequential(
-                                       torch::nn::Linear(7, 16), torch::nn::Tanh(),
-                                       torch::nn::Linear(16, 16), torch::nn::Tanh(),
-                                       torch::nn::Linear(16, 11), torch::nn::Tanh(),
-                                       torch::nn::Linear(11, 9))));
-    head = register_module("head", torch::nn::Linear(9, 5));
-  }
-  torch::Tensor forward(const torch::Tensor& x) { return head(body->forward(x)); }
-  torch::nn::Sequential body{nullptr};
-  torch::nn::Linear head{nullptr};
-};
-TORCH_MODULE(Zero3Net);
-
 TEST(ZeroShardedUnit, KeepsTheModulesParameterNames) {
   torch::nn::Sequential plain(torch::nn::Linear(3, 4), torch::nn::ReLU(), torch::nn::Linear(4, 2));
   torch::nn::Sequential marked = shardEveryChild(plain);
@@ -70,163 +54,42 @@ TEST(ZeroShardedUnit, KeepsTheModulesParameterNames) {
   EXPECT_TRUE(torch::equal(marked->forward(torch::ones({2, 3})), plain->forward(torch::ones({2, 3}))));
 }
 
-// Nesting and reuse: a marked block with a parameter of its own around a marked layer (the block
-// owns `scale`, the layer its weight and bias), and a marked layer called twice in one forward
-// (its second boundary, met first in backward, gathers it; the first finds it gathered).
-struct Zero3BlockImpl : torch::nn::Module {
-  explicit Zero3BlockImpl(int64_t n) {
-    scale = register_parameter("scale", torch::full({n}, 0.5));
-    inner = register_module("inner", ShardedUnit(torch::nn::Linear(n, n)));
-  }
-  torch::Tensor forward(const torch::Tensor& x) { return torch::tanh(inner(x) * scale) + x; }
-  torch::Tensor scale;
-  ShardedUnit inner{nullptr};
-};
-TORCH_MODULE(Zero3Block);
-
-struct Zero3NestedNetImpl : torch::nn::Module {
-  Zero3NestedNetImpl() {
-    in = register_module("in", ShardedUnit(torch::nn::Linear(7, 12)));
-    block = register_module("block", ShardedUnit(Zero3Block(12)));
-    twice = register_module("twice", ShardedUnit(torch::nn::Linear(12, 12)));
-    head = register_module("head", torch::nn::Linear(12, 5));
-  }
-  torch::Tensor forward(const torch::Tensor& x) {
-    return head(twice(torch::tanh(twice(block(in(x))))));
-  }
-  ShardedUnit in{nullptr}, block{nullptr}, twice{nullptr};
-  torch::nn::Linear head{nullptr};
-};
-TORCH_MODULE(Zero3NestedNet);
-
-// Unused parameters (findUnusedParameters): a marked module whose forward never runs, and a
-// marked module with a parameter its forward does not use.
-struct Zero3PartlyUsedImpl : torch::nn::Module {
-  explicit Zero3PartlyUsedImpl(int64_t n) {
-    scale = register_parameter("scale", torch::full({n}, 0.5));
-    spare = register_parameter("spare", torch::ones({n}));
-  }
-  torch::Tensor forward(const torch::Tensor& x) { return torch::tanh(x * scale); }
-  torch::Tensor scale, spare;
-};
-TORCH_MODULE(Zero3PartlyUsed);
-
-struct Zero3UnusedNetImpl : torch::nn::Module {
-  Zero3UnusedNetImpl() {
-    in = register_module("in", ShardedUnit(torch::nn::Linear(7, 12)));
-    partly = register_module("partly", ShardedUnit(Zero3PartlyUsed(12)));
-    never = register_module("never", ShardedUnit(torch::nn::Linear(12, 12)));
-    head = register_module("head", torch::nn::Linear(12, 5));
-  }
-  torch::Tensor forward(const torch::Tensor& x) { return head(partly(in(x))); }
-  ShardedUnit in{nullptr}, partly{nullptr}, never{nullptr};
-  torch::nn::Linear head{nullptr};
-};
-TORCH_MODULE(Zero3UnusedNet);
-
-// Bytes of the parameter storages of every marked module (each parameter once).
-size_t markedBytes(torch::nn::Module& net) {
-  size_t bytes = 0;
-  for (const auto& m : net.modules(/*include_self=*/true)) {
-    if (std::dynamic_pointer_cast<ShardedUnitImpl>(m) == nullptr) continue;
-    for (const auto& p : m->parameters(/*recurse=*/false)) bytes += p.storage().nbytes();
-  }
-  return bytes;
-}
-
+// Every rank's result of a run, ranks as threads; the probes are rank 0's.
 struct Zero3Result {
   std::vector<std::map<std::string, torch::Tensor>> params;  // by rank
-  // Rank 0, step 0: bytes of the marked modules' parameter storages once forward has returned,
-  // and once backward has.
   size_t markedAfterForward = 1;
   size_t markedAfterBackward = 1;
-  // Rank 0, after the last step: the same, and the bytes of the head's one storage (the root's
-  // unit: weight and bias are views of it).
   size_t markedBytes = 1;
   size_t headBytes = 0;
-  // Rank 0, after the last step: stats().memory.parameters, and the owned blocks' bytes.
   size_t parameterBytes = 0;
   size_t ownedBytes = 0;
-  int64_t skipped = 0;  // rank 0's GradScaler
-};
-
-struct Zero3Run {
-  int world = 2;
-  int stage = 3;  // 0: DDP with torch::optim::AdamW; 2, 3: a ShardedOptimizer over the same
-  int steps = 30;
-  at::ScalarType dtype = at::kFloat;  // of the parameters (16-bit: float32 master shards)
-  bool findUnused = false;
-  // >= 0: an enabled GradScaler, and at this step the last rank's gradient of the model's first
-  // parameter gets an inf (after the reduce-scatter only its owner sees it).
-  int overflowStep = -1;
+  size_t unitGathers = 0;
+  size_t prefetchedGathers = 0;
+  size_t peakGathered = 0;
+  size_t twoLargestUnits = 0;
+  int64_t skipped = 0;
 };
 
 template <typename Net>
 Zero3Result trainZero3(const Zero3Run& how) {
-  const int world = how.world;
-  const int stage = how.stage;
-  const at::ScalarType dtype = how.dtype;
   Zero3Result result;
-  result.params.resize(static_cast<size_t>(world));
-  ZeroRun run;
-  run.world = world;
-  auto threads = ThreadWorld::create(world);
+  result.params.resize(static_cast<size_t>(how.world));
+  auto threads = ThreadWorld::create(how.world);
   threads->run([&](int rank) {
-    auto group = threadGroup(*threads, rank);
-    Net net = buildSeeded(run.seed, [] { return Net(); });
-    net->to(dtype);
-    DdpOptions ddpOptions;
-    ddpOptions.findUnusedParameters = how.findUnused;
-    DistributedDataParallel<Net> ddp(net, group, ddpOptions);
-    OptimizerFactory factory = factoryFor("adamw");
-    std::unique_ptr<torch::optim::Optimizer> optimizer;
-    ShardedOptimizer* sharded = nullptr;
-    if (stage == 0) {
-      optimizer = factory.make({torch::optim::OptimizerParamGroup(ddp.parameters())});
-    } else {
-      ZeroOptions zo;
-      zo.stage = stage;
-      auto owned = std::make_unique<ShardedOptimizer>(ddp, factory, zo);
-      sharded = owned.get();
-      optimizer = std::move(owned);
-    }
-    GradScalerOptions so;
-    so.enabled = how.overflowStep >= 0;
-    GradScaler scaler(group, so);
-    const bool probe = rank == 0 && stage == 3;
-    for (int s = 0; s < how.steps; ++s) {
-      optimizer->zero_grad();
-      auto [x, y] = wholeBatch(run, s, 0, 7, 5);
-      auto out = ddp(shard(x, rank, world).to(dtype)).to(torch::kFloat);
-      auto loss = torch::mse_loss(out, shard(y, rank, world));
-      if (s == 0 && probe) result.markedAfterForward = markedBytes(*net);
-      const bool poison = s == how.overflowStep && rank == world - 1;
-      torch::Tensor first = net->parameters().front();
-      const unsigned hook = poison ? first.register_hook([](torch::Tensor g) {
-        g = g.clone();
-        g.view(-1)[0] = std::numeric_limits<double>::infinity();
-        return g;
-      }) : 0;
-      scaler.scale(loss).backward();
-      if (poison) first.remove_hook(hook);
-      if (s == 0 && probe) result.markedAfterBackward = markedBytes(*net);
-      scaler.step(*optimizer);
-      scaler.update();
-    }
-    if (rank == 0) result.skipped = scaler.skippedSteps();
-    if (probe) {
-      result.markedBytes = markedBytes(*net);
-      result.headBytes = net->head->weight.storage().nbytes();
-      result.parameterBytes = sharded->stats().memory.parameters;
-      result.ownedBytes = static_cast<size_t>(sharded->layout().shardNumel()) *
-                          c10::elementSize(dtype);
-    }
-    auto& mine = result.params[static_cast<size_t>(rank)];
-    if (sharded) {
-      for (auto& [name, t] : gatherFullParameters(*sharded)) mine[name] = t;
-    } else {
-      for (const auto& p : net->named_parameters()) mine[p.key()] = p.value().detach().clone();
-    }
+    Zero3RankResult mine = trainZero3OnRank<Net>(how, threadGroup(*threads, rank));
+    result.params[static_cast<size_t>(rank)] = std::move(mine.params);
+    if (rank != 0) return;
+    result.markedAfterForward = mine.markedAfterForward;
+    result.markedAfterBackward = mine.markedAfterBackward;
+    result.markedBytes = mine.markedBytes;
+    result.headBytes = mine.headBytes;
+    result.parameterBytes = mine.parameterBytes;
+    result.ownedBytes = mine.ownedBytes;
+    result.unitGathers = mine.unitGathers;
+    result.prefetchedGathers = mine.prefetchedGathers;
+    result.peakGathered = mine.peakGathered;
+    result.twoLargestUnits = mine.twoLargestUnits;
+    result.skipped = mine.skipped;
   });
   return result;
 }
@@ -308,22 +171,69 @@ TEST_P(ZeroStage3Ranks, GradScalerSkipsAnOverflowOnOneRankAsDdp) {
   expectSameTraining(zero, ddp);
 }
 
+// Gradient accumulation: three micro-batches per step, the first two under noSync(). Their
+// backwards reduce nothing and keep the full gradients in .grad, but reshard every unit as a
+// synchronising backward does: after the first (a noSync() one) no marked module holds its
+// parameters. Nested units and a layer called twice, as above.
+TEST_P(ZeroStage3Ranks, NoSyncAccumulationMatchesDdp) {
+  Zero3Run how{GetParam(), 0, 20};
+  how.micro = 3;
+  const Zero3Result ddp = trainZero3<Zero3NestedNet>(how);
+  how.stage = 3;
+  const Zero3Result zero = trainZero3<Zero3NestedNet>(how);
+  expectSameTraining(zero, ddp);
+  EXPECT_EQ(zero.markedAfterForward, 0u);
+  EXPECT_EQ(zero.markedAfterBackward, 0u) << "a noSync() backward resharded every unit";
+  EXPECT_EQ(zero.markedBytes, 0u);
+}
+
+// Note [Prefetching units]: from the second step on, every gather for backward but the first is
+// issued before its unit is needed, and with forwardPrefetch every forward gather but the first
+// too. Training stays within 1e-5 of DDP's either way, and the marked units' full parameters
+// held at once never exceed the two largest units (one computing, the next arriving; measured
+// by the pool's buffers as the units hold them).
+TEST_P(ZeroStage3Ranks, PrefetchedGathersTrainAsDdpHoldingAtMostTwoUnits) {
+  const Zero3Result ddp = trainZero3<Zero3Net>({GetParam(), 0, 10});
+  Zero3Run how{GetParam(), 3, 10};
+  how.forwardPrefetch = true;
+  const Zero3Result both = trainZero3<Zero3Net>(how);
+  expectSameTraining(both, ddp);
+  EXPECT_EQ(both.unitGathers, 8u) << "four marked layers, gathered in forward and in backward";
+  EXPECT_EQ(both.prefetchedGathers, 6u) << "all but the first of each pass";
+  EXPECT_GT(both.peakGathered, 0u);
+  EXPECT_LE(both.peakGathered, both.twoLargestUnits);
+  EXPECT_EQ(both.markedBytes, 0u);
+  how.forwardPrefetch = false;
+  const Zero3Result backward = trainZero3<Zero3Net>(how);
+  EXPECT_EQ(backward.prefetchedGathers, 3u);
+  how.backwardPrefetch = false;
+  const Zero3Result none = trainZero3<Zero3Net>(how);
+  EXPECT_EQ(none.unitGathers, 8u);
+  EXPECT_EQ(none.prefetchedGathers, 0u);
+  expectSameTraining(none, ddp);
+}
+
+// ShardedUnitOptions::reshardAfterForward = false: each unit stays from its forward to its
+// backward (the marked modules hold their parameters once forward has returned), the backward
+// gathers nothing and frees each unit once its gradients are in. Nested units and a layer
+// called twice, forward prefetch on, within 1e-5 of DDP's.
+TEST_P(ZeroStage3Ranks, UnitsKeptFromForwardToBackwardMatchDdp) {
+  Zero3Run how{GetParam(), 0, 20};
+  const Zero3Result ddp = trainZero3<Zero3NestedNet>(how);
+  how.stage = 3;
+  how.unit.reshardAfterForward = false;
+  how.forwardPrefetch = true;
+  const Zero3Result kept = trainZero3<Zero3NestedNet>(how);
+  expectSameTraining(kept, ddp);
+  EXPECT_GT(kept.markedAfterForward, 0u);
+  EXPECT_EQ(kept.markedAfterBackward, 0u);
+  EXPECT_EQ(kept.markedBytes, 0u);
+  EXPECT_EQ(kept.unitGathers, 4u) << "in, block, block.inner and twice, once each, in forward";
+}
+
 INSTANTIATE_TEST_SUITE_P(World, ZeroStage3Ranks, ::testing::Values(2, 3, 4),
                          [](const auto& info) { return "world" + std::to_string(info.param); });
 
-// Not built yet: a noSync() backward would leave the units it gathers in full.
-TEST(ZeroStage3, RefusesNoSyncForNow) {
-  auto threads = ThreadWorld::create(2);
-  threads->run([&](int rank) {
-    Zero3Net net = buildSeeded(3, [] { return Zero3Net(); });
-    DistributedDataParallel<Zero3Net> ddp(net, threadGroup(*threads, rank));
-    ZeroOptions zo;
-    zo.stage = 3;
-    ShardedOptimizer optimizer(ddp, factoryFor("adamw"), zo);
-    auto guard = ddp.noSync();
-    EXPECT_THROW(ddp(torch::ones({2, 7})), InvalidArgument);
-  });
-}
 
 // Not built yet: checkpoints of stage 3, whose marked units hold no full parameters between
 // uses. The Checkpointer refuses the optimizer, and a module whose parameters hold no memory,

@@ -75,6 +75,18 @@ struct CallOptions {
   // Optional: the shape of the tensor behind the buffer. Compared across ranks by the collective
   // check (DTRAIN_CHECK_COLLECTIVES=1) and printed in mismatch and desync reports.
   std::vector<int64_t> shape;
+  // Optional: what the caller calls this collective ("unit 3 forward 12 (layers.2)"; the first
+  // kMaxLabelBytes bytes count). Part of the collective's identity in every backend: ranks that
+  // give different labels never exchange data (Gloo's tags, the shared-memory descriptors), and
+  // every report and error names it.
+  std::string label;
+  static constexpr size_t kMaxLabelBytes = 47;
+  // Compare this call across ranks before it runs even when the collective check
+  // (DTRAIN_CHECK_COLLECTIVES) is off, so that ranks calling different collectives fail at once,
+  // naming both, instead of timing out: what ZeRO-3 sets on every unit gather. The shared-memory
+  // backend compares every call anyway; Gloo exchanges one fingerprint more (a round trip of
+  // ~150 bytes); NCCL goes through the store.
+  bool check = false;
   // The caller waits on the Work right away (the synchronous forms below set it): a CPU backend
   // then runs the collective on the calling thread without waking its comm thread, one thread
   // wake-up less per call (see Note [Inline execution] in runtime/comm/collective_queue.cpp).

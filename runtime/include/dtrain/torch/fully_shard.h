@@ -41,19 +41,29 @@ namespace zero {
 class UnitBinding;
 }  // namespace zero
 
+struct ShardedUnitOptions {
+  // false: the unit's full parameters stay from its forward to its backward, which then needs
+  // no second all-gather (PyTorch FSDP's reshard_after_forward=False): more memory between the
+  // two, one collective less. A forward no backward follows (no_grad, an output that needs no
+  // gradient) frees them as usual.
+  bool reshardAfterForward = true;
+};
+
 class ShardedUnitImpl : public torch::nn::Module {
  public:
   // `module`: one whose forward takes and returns a tensor.
-  explicit ShardedUnitImpl(torch::nn::AnyModule module);
+  explicit ShardedUnitImpl(torch::nn::AnyModule module, ShardedUnitOptions options = {});
   template <typename Impl>
-  explicit ShardedUnitImpl(const torch::nn::ModuleHolder<Impl>& module)
-      : ShardedUnitImpl(torch::nn::AnyModule(module)) {}
+  explicit ShardedUnitImpl(const torch::nn::ModuleHolder<Impl>& module,
+                           ShardedUnitOptions options = {})
+      : ShardedUnitImpl(torch::nn::AnyModule(module), options) {}
 
   at::Tensor forward(const at::Tensor& input);
   // Also the wrapped module's own flag (its children are this wrapper's children).
   void train(bool on = true) override;
 
   torch::nn::AnyModule& module() { return module_; }
+  const ShardedUnitOptions& options() const { return options_; }
 
   // Internal: ShardedOptimizer (stage 3) binds the unit to its shards; once only.
   void bind(std::shared_ptr<zero::UnitBinding> binding);
@@ -61,6 +71,7 @@ class ShardedUnitImpl : public torch::nn::Module {
 
  private:
   torch::nn::AnyModule module_;
+  ShardedUnitOptions options_;
   std::shared_ptr<zero::UnitBinding> binding_;
 };
 TORCH_MODULE(ShardedUnit);
@@ -68,7 +79,8 @@ TORCH_MODULE(ShardedUnit);
 // The policy of "one unit per layer": a Sequential whose every child is `sequential`'s child
 // wrapped in a ShardedUnit, under the same name (parameter names unchanged). The modules are
 // shared, not copied.
-torch::nn::Sequential shardEveryChild(const torch::nn::Sequential& sequential);
+torch::nn::Sequential shardEveryChild(const torch::nn::Sequential& sequential,
+                                      ShardedUnitOptions options = {});
 
 // Every trained parameter of `optimizer`'s model, full and copied (name, tensor), in unit order:
 // stage 3 gathers each unit and frees it again. What a test compares, or an export saves.

@@ -95,6 +95,14 @@ struct ZeroOptions {
   int bucketsInFlight = 2;
   // Overlap unit k's all-gather with unit k+1's optimizer step. Off: one unit after the other.
   bool overlapAllgather = true;
+  // Stage 3 (Note [Prefetching units] in the library): once the first step has recorded the
+  // order in which the marked units are needed, a unit's gather for backward also issues the
+  // all-gather of the unit backward needs next, so it runs while this one computes (FSDP's
+  // backward prefetch). forwardPrefetch does the same in forward; off by default: a rank whose
+  // forward leaves out a unit the others run is then caught at its missing gradient rather than
+  // at once by the units' labels (Note [Which unit is gathered]).
+  bool backwardPrefetch = true;
+  bool forwardPrefetch = false;
   // Deadline of the collectives waited for; zero: the communicator's.
   comm::Millis timeout = comm::Millis::zero();
 };
@@ -109,9 +117,13 @@ struct ZeroMemory {
   // kept for the next backward): communication memory, like DDP's buckets without
   // gradientAsBucketView.
   size_t buckets = 0;
-  // Gradients of the module's parameters outside the units' buffers: stage 2's full gradients
-  // accumulated under noSync() until the synchronising backward.
+  // Gradients of the module's parameters outside the units' buffers: stages 2 and 3's full
+  // gradients accumulated under noSync() until the synchronising backward.
   size_t looseGradients = 0;
+  // Stage 3: bytes of the full parameters of marked units gathered now (each unit's padded
+  // size, while it holds a buffer of the reuse pool), and the most ever gathered at once.
+  size_t gathered = 0;
+  size_t peakGathered = 0;
 
   size_t modelState() const { return parameters + gradients + masterWeights + optimizerState; }
 };
@@ -129,6 +141,11 @@ struct ZeroStats {
   std::chrono::nanoseconds reduceScatterWait{0};
   std::chrono::nanoseconds optimizerStep{0};
   std::chrono::nanoseconds allgatherWait{0};
+  // Stage 3, the forwards and backwards since the step before the last: the marked units'
+  // all-gathers, how many of them were prefetched, and how long the units waited for them.
+  size_t unitGathers = 0;
+  size_t prefetchedGathers = 0;
+  std::chrono::nanoseconds unitGatherWait{0};
 };
 
 // What this rank holds of one parameter: its elements [begin, end) of the flattened parameter,
@@ -210,6 +227,9 @@ class ShardedOptimizer : public torch::optim::Optimizer {
   struct StepTimes {
     std::chrono::nanoseconds optimizerStep{0};
     std::chrono::nanoseconds allgatherWait{0};
+    size_t unitGathers = 0;  // stage 3: ZeroStats'
+    size_t prefetchedGathers = 0;
+    std::chrono::nanoseconds unitGatherWait{0};
   };
 
   ZeroOptions options_;

@@ -1,0 +1,224 @@
+#pragma once
+// Models and one training loop of the ZeRO stage-3 tests, shared by the tests with ranks as
+// threads (zero3_test.cpp) and the real-process worker (tests/integration/zero_worker.cpp): the
+// same run under plain DDP with AdamW or under a stage-2/3 ShardedOptimizer, so the two can be
+// compared step for step.
+
+#include <algorithm>
+#include <map>
+#include <memory>
+#include <limits>
+#include <optional>
+#include <string>
+
+#include <torch/torch.h>
+
+#include "dtrain/torch/fully_shard.h"
+#include "zero_test_support.h"
+
+namespace dtrain::testing {
+
+// Four marked layers (their Tanh children marked too, with nothing to shard), and a head
+// outside every marked module: the root's unit. Sizes 128, 272, 187 and 108 elements: padding
+// at 2 ranks.
+struct Zero3NetImpl : torch::nn::Module {
+  explicit Zero3NetImpl(ShardedUnitOptions o = {}) {
+    body = register_module("body", shardEveryChild(torch::nn::Sequential(
+                                       torch::nn::Linear(7, 16), torch::nn::Tanh(),
+                                       torch::nn::Linear(16, 16), torch::nn::Tanh(),
+                                       torch::nn::Linear(16, 11), torch::nn::Tanh(),
+                                       torch::nn::Linear(11, 9)), o));
+    head = register_module("head", torch::nn::Linear(9, 5));
+  }
+  torch::Tensor forward(const torch::Tensor& x) { return head(body->forward(x)); }
+  torch::nn::Sequential body{nullptr};
+  torch::nn::Linear head{nullptr};
+};
+TORCH_MODULE(Zero3Net);
+
+// Nesting and reuse: a marked block with a parameter of its own around a marked layer (the block
+// owns `scale`, the layer its weight and bias), and a marked layer called twice in one forward
+// (its second boundary, met first in backward, gathers it; the first finds it gathered).
+struct Zero3BlockImpl : torch::nn::Module {
+  explicit Zero3BlockImpl(int64_t n, ShardedUnitOptions o = {}) {
+    scale = register_parameter("scale", torch::full({n}, 0.5));
+    inner = register_module("inner", ShardedUnit(torch::nn::Linear(n, n), o));
+  }
+  torch::Tensor forward(const torch::Tensor& x) { return torch::tanh(inner(x) * scale) + x; }
+  torch::Tensor scale;
+  ShardedUnit inner{nullptr};
+};
+TORCH_MODULE(Zero3Block);
+
+struct Zero3NestedNetImpl : torch::nn::Module {
+  explicit Zero3NestedNetImpl(ShardedUnitOptions o = {}) {
+    in = register_module("in", ShardedUnit(torch::nn::Linear(7, 12), o));
+    block = register_module("block", ShardedUnit(Zero3Block(12, o), o));
+    twice = register_module("twice", ShardedUnit(torch::nn::Linear(12, 12), o));
+    head = register_module("head", torch::nn::Linear(12, 5));
+  }
+  torch::Tensor forward(const torch::Tensor& x) {
+    return head(twice(torch::tanh(twice(block(in(x))))));
+  }
+  ShardedUnit in{nullptr}, block{nullptr}, twice{nullptr};
+  torch::nn::Linear head{nullptr};
+};
+TORCH_MODULE(Zero3NestedNet);
+
+// Unused parameters (findUnusedParameters): a marked module whose forward never runs, and a
+// marked module with a parameter its forward does not use.
+struct Zero3PartlyUsedImpl : torch::nn::Module {
+  explicit Zero3PartlyUsedImpl(int64_t n) {
+    scale = register_parameter("scale", torch::full({n}, 0.5));
+    spare = register_parameter("spare", torch::ones({n}));
+  }
+  torch::Tensor forward(const torch::Tensor& x) { return torch::tanh(x * scale); }
+  torch::Tensor scale, spare;
+};
+TORCH_MODULE(Zero3PartlyUsed);
+
+struct Zero3UnusedNetImpl : torch::nn::Module {
+  explicit Zero3UnusedNetImpl(ShardedUnitOptions o = {}) {
+    in = register_module("in", ShardedUnit(torch::nn::Linear(7, 12), o));
+    partly = register_module("partly", ShardedUnit(Zero3PartlyUsed(12), o));
+    never = register_module("never", ShardedUnit(torch::nn::Linear(12, 12), o));
+    head = register_module("head", torch::nn::Linear(12, 5));
+  }
+  torch::Tensor forward(const torch::Tensor& x) { return head(partly(in(x))); }
+  ShardedUnit in{nullptr}, partly{nullptr}, never{nullptr};
+  torch::nn::Linear head{nullptr};
+};
+TORCH_MODULE(Zero3UnusedNet);
+
+// Bytes of the parameter storages of every marked module (each parameter once).
+inline size_t markedBytes(torch::nn::Module& net) {
+  size_t bytes = 0;
+  for (const auto& m : net.modules(/*include_self=*/true)) {
+    if (std::dynamic_pointer_cast<ShardedUnitImpl>(m) == nullptr) continue;
+    for (const auto& p : m->parameters(/*recurse=*/false)) bytes += p.storage().nbytes();
+  }
+  return bytes;
+}
+
+struct Zero3Run {
+  int world = 2;
+  int stage = 3;  // 0: DDP with torch::optim::AdamW; 2, 3: a ShardedOptimizer over the same
+  int steps = 30;
+  at::ScalarType dtype = at::kFloat;  // of the parameters (16-bit: float32 master shards)
+  bool findUnused = false;
+  // >= 0: an enabled GradScaler, and at this step the last rank's gradient of the model's first
+  // parameter gets an inf (after the reduce-scatter only its owner sees it).
+  int overflowStep = -1;
+  int micro = 1;  // micro-batches per step, all but the last under noSync()
+  bool forwardPrefetch = false;  // ZeroOptions'
+  bool backwardPrefetch = true;
+  ShardedUnitOptions unit;       // of every marked module
+};
+
+// What one rank ends a run with.
+struct Zero3RankResult {
+  std::map<std::string, torch::Tensor> params;  // gathered in full
+  // Step 0: bytes of the marked modules' parameter storages once the first forward has
+  // returned, and once the first backward has (a noSync() one when there are micro-batches).
+  size_t markedAfterForward = 1;
+  size_t markedAfterBackward = 1;
+  // After the last step: the same, and the bytes of the head's one storage (the root's unit:
+  // weight and bias are views of it).
+  size_t markedBytes = 1;
+  size_t headBytes = 0;
+  // After the last step, stage 3: stats().memory.parameters, and the owned blocks' bytes.
+  size_t parameterBytes = 0;
+  size_t ownedBytes = 0;
+  // Stage 3, stats() after the last step: the last step's unit gathers and how many of them were
+  // prefetched; the most full-parameter bytes of marked units held at once in the run; the
+  // padded bytes of the two largest resharded units together.
+  size_t unitGathers = 0;
+  size_t prefetchedGathers = 0;
+  size_t peakGathered = 0;
+  size_t twoLargestUnits = 0;
+  int64_t skipped = 0;  // the GradScaler's
+};
+
+// One rank's part of a run of `Net` (Zero3Net, Zero3NestedNet, Zero3UnusedNet) in `group`.
+template <typename Net>
+Zero3RankResult trainZero3OnRank(const Zero3Run& how, const std::shared_ptr<ProcessGroup>& group) {
+  const int world = how.world;
+  const int rank = group->rank();
+  const at::ScalarType dtype = how.dtype;
+  Zero3RankResult result;
+  ZeroRun run;
+  run.world = world;
+  Net net = buildSeeded(run.seed, [&] { return Net(how.unit); });
+  net->to(dtype);
+  DdpOptions ddpOptions;
+  ddpOptions.findUnusedParameters = how.findUnused;
+  DistributedDataParallel<Net> ddp(net, group, ddpOptions);
+  OptimizerFactory factory = factoryFor("adamw");
+  std::unique_ptr<torch::optim::Optimizer> optimizer;
+  ShardedOptimizer* sharded = nullptr;
+  if (how.stage == 0) {
+    optimizer = factory.make({torch::optim::OptimizerParamGroup(ddp.parameters())});
+  } else {
+    ZeroOptions zo;
+    zo.stage = how.stage;
+    zo.forwardPrefetch = how.forwardPrefetch;
+    zo.backwardPrefetch = how.backwardPrefetch;
+    auto owned = std::make_unique<ShardedOptimizer>(ddp, factory, zo);
+    sharded = owned.get();
+    optimizer = std::move(owned);
+  }
+  GradScalerOptions so;
+  so.enabled = how.overflowStep >= 0;
+  GradScaler scaler(group, so);
+  for (int s = 0; s < how.steps; ++s) {
+    optimizer->zero_grad();
+    for (int m = 0; m < how.micro; ++m) {
+      std::optional<NoSyncGuard> local;
+      if (m + 1 < how.micro) local.emplace(ddp.core());  // what ddp.noSync() returns
+      auto [x, y] = wholeBatch(run, s, m, 7, 5);
+      auto out = ddp(shard(x, rank, world).to(dtype)).to(torch::kFloat);
+      auto loss = torch::mse_loss(out, shard(y, rank, world)) / how.micro;
+      if (s == 0 && m == 0) result.markedAfterForward = markedBytes(*net);
+      const bool poison = s == how.overflowStep && rank == world - 1 && m + 1 == how.micro;
+      torch::Tensor first = net->parameters().front();
+      const unsigned hook = poison ? first.register_hook([](torch::Tensor g) {
+        g = g.clone();
+        g.view(-1)[0] = std::numeric_limits<double>::infinity();
+        return g;
+      }) : 0;
+      scaler.scale(loss).backward();
+      if (poison) first.remove_hook(hook);
+      if (s == 0 && m == 0) result.markedAfterBackward = markedBytes(*net);
+    }
+    scaler.step(*optimizer);
+    scaler.update();
+  }
+  result.skipped = scaler.skippedSteps();
+  result.markedBytes = markedBytes(*net);
+  result.headBytes = net->head->weight.storage().nbytes();
+  if (sharded && how.stage == 3) {
+    result.parameterBytes = sharded->stats().memory.parameters;
+    result.ownedBytes = static_cast<size_t>(sharded->layout().shardNumel()) *
+                        c10::elementSize(dtype);
+    const ZeroStats stats = sharded->stats();
+    result.unitGathers = stats.unitGathers;
+    result.prefetchedGathers = stats.prefetchedGathers;
+    result.peakGathered = stats.memory.peakGathered;
+    // The root's unit (the head, one dtype) is the last one: Note [ZeRO-3 unit lifecycle].
+    const auto& units = sharded->layout().units;
+    std::vector<size_t> sizes;
+    for (size_t k = 0; k + 1 < units.size(); ++k) {
+      sizes.push_back(static_cast<size_t>(units[k].paddedNumel(world)) * units[k].elementSize);
+    }
+    std::sort(sizes.rbegin(), sizes.rend());
+    for (size_t i = 0; i < sizes.size() && i < 2; ++i) result.twoLargestUnits += sizes[i];
+  }
+  if (sharded) {
+    for (auto& [name, t] : gatherFullParameters(*sharded)) result.params[name] = t;
+  } else {
+    for (const auto& p : net->named_parameters()) result.params[p.key()] = p.value().detach().clone();
+  }
+  return result;
+}
+
+}  // namespace dtrain::testing
