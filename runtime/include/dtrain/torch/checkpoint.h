@@ -215,5 +215,10 @@ void clearStopRequest();
 // CheckpointError for a damaged file or an unknown module name (listing the known ones).
 void exportStateDict(const std::string& path, const std::string& to, const std::string& module = "",
                      const std::string& format = "pickle");
+// The same from `paths`: the first is read; the others, the same step's files on other nodes,
+// give the ranges of ZeRO stage-3 parameters it lacks (with three or more nodes each node's file
+// holds its own ranks' shards and the next node's only).
+void exportStateDict(const std::vector<std::string>& paths, const std::string& to,
+                     const std::string& module = "", const std::string& format = "pickle");
 
 }  // namespace dtrain
