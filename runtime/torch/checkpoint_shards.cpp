@@ -22,7 +22,9 @@
 //                                     (field: master, exp_avg, exp_avg_sq, momentum_buffer, ...)
 //   optimizer/O/<parameter>/step      number (int64), owner = that rank
 // beside the replicated optimizer/O/type ("sharded") and optimizer/O/lr. The parameters
-// themselves are full on every rank (ZeRO-1/2) and are saved as module entries, once per node.
+// themselves are full on every rank (ZeRO-1/2) and are saved as module entries, once per node;
+// those ZeRO-3 frees become owned module entries from the same records (Note [Stage-3
+// checkpoints]).
 // Node i's file holds its own ranks' entries and those of node i+1 in ring order (nodes by id):
 // at a save each rank broadcasts its records over a subgroup of itself and the two writers that
 // keep them (shardKeepers(); the communicator has no send/recv; a backend without subgroups

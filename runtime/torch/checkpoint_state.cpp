@@ -26,6 +26,8 @@
 // Note [Checkpoint entries]
 // Entry names, by what they come from (M, O, S, ... the names given to the Checkpointer):
 //   module/M/<parameter or buffer name>     tensors, as named_parameters()/named_buffers() name them
+//                                            (a parameter ZeRO-3 frees: each rank's range, owned;
+//                                            Note [Stage-3 checkpoints])
 //   optimizer/M/type                         string: SGD, Adam, AdamW, Adagrad, RMSprop
 //   optimizer/O/params                       int64 [groups]: parameters per group
 //   optimizer/O/lr                           float64 [groups]: each group's learning rate

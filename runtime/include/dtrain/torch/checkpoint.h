@@ -143,6 +143,9 @@ class Checkpointer {
   void addModule(const std::string& name, const torch::nn::ModuleHolder<Impl>& module) {
     addModule(name, std::static_pointer_cast<torch::nn::Module>(module.ptr()));
   }
+  // A ShardedOptimizer (ZeRO, any stage) is saved as each rank's shard records, never gathered;
+  // at stage 3 so are the parameters its marked units free, which a module registered without
+  // it cannot save.
   void addOptimizer(const std::string& name, torch::optim::Optimizer& optimizer);
   void addScheduler(const std::string& name, torch::optim::LRScheduler& scheduler);
   void addScaler(const std::string& name, GradScaler& scaler);
