@@ -5,7 +5,10 @@
 // save restores into stage 2 and into other units, a stage-2 save into stage 3; export assembles
 // the parameters from every node's files; a module whose units are freed is refused by name when
 // no stage-3 optimizer over it is registered.
+#include <sys/wait.h>
+
 #include <algorithm>
+#include <cstdlib>
 #include <map>
 #include <mutex>
 #include <optional>
@@ -181,6 +184,17 @@ std::map<uint32_t, checkpoint::DType> entriesOf(const std::string& path, const s
   return out;
 }
 
+// The pickle an export wrote (torch::pickle_load reads what torch.save writes) holds `want`.
+void expectExported(const std::string& path, const Params& want) {
+  const std::string bytes = readFile(path);
+  auto dict = torch::pickle_load(std::vector<char>(bytes.begin(), bytes.end())).toGenericDict();
+  EXPECT_EQ(dict.size(), want.size());
+  for (const auto& [name, t] : want) {
+    ASSERT_TRUE(dict.contains(name)) << name;
+    EXPECT_TRUE(torch::equal(dict.at(name).toTensor(), t)) << name;
+  }
+}
+
 class ShardedCheckpointStage3 : public ::testing::TestWithParam<at::ScalarType> {};
 
 // Saved at step 2 by 2 ranks on 2 nodes, restored by 2: the marked layers' parameters are owned
@@ -237,7 +251,8 @@ INSTANTIATE_TEST_SUITE_P(Dtype, ShardedCheckpointStage3,
 // 2 ranks on 2 nodes save step 2; 3 ranks on 3 nodes (node 2 new: it copies the step from a
 // peer) load bitwise what was saved and train on within 1e-5 of the uninterrupted 2-rank run.
 // Their save of step 5 spreads each layer over three files: export from one names what it
-// lacks, from every node's file it is the module the run ended with.
+// lacks; from every node's file -- given as files, or the `checkpoint` tool given the
+// directory -- it is the module the run ended with.
 TEST(ShardedCheckpointStage3Resize, TwoRanksRestoreAtThreeAndExportFromEveryNode) {
   TempDir tmp;
   Leg whole;
@@ -277,13 +292,12 @@ TEST(ShardedCheckpointStage3Resize, TwoRanksRestoreAtThreeAndExportFromEveryNode
   }
   exportStateDict({alone, stepFile(three.dir, 1, 5), stepFile(three.dir, 2, 5)},
                   tmp.file("model.pt"));
-  const std::string bytes = readFile(tmp.file("model.pt"));
-  auto dict = torch::pickle_load(std::vector<char>(bytes.begin(), bytes.end())).toGenericDict();
-  EXPECT_EQ(dict.size(), three.end.size());
-  for (const auto& [name, t] : three.end) {
-    ASSERT_TRUE(dict.contains(name)) << name;
-    EXPECT_TRUE(torch::equal(dict.at(name).toTensor(), t)) << name;
-  }
+  expectExported(tmp.file("model.pt"), three.end);
+  const std::string log = tmp.file("tool.out");
+  const int status = std::system((binaryPath("checkpoint") + " export " + three.dir + " --to " +
+                                  tmp.file("tool.pt") + " > " + log + " 2>&1").c_str());
+  ASSERT_EQ(WEXITSTATUS(status), 0) << readFile(log);
+  expectExported(tmp.file("tool.pt"), three.end);
 }
 
 // Records go by parameter name and range: a stage-3 save restores bitwise into stage 2 and into
