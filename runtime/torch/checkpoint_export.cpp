@@ -89,7 +89,8 @@ std::set<uint32_t> ownersIn(const std::vector<checkpoint::CheckpointReader>& rea
 // `readers` that holds it. Throws CheckpointError when the ranges do not cover the tensor.
 void readShards(const std::vector<checkpoint::CheckpointReader>& readers, const std::string& name,
                 at::Tensor& t) {
-  std::map<uint32_t, std::pair<const checkpoint::CheckpointReader*, const checkpoint::Entry*>> ranges;
+  using Source = std::pair<const checkpoint::CheckpointReader*, const checkpoint::Entry*>;
+  std::map<uint32_t, Source> ranges;  // owner -> where its range is read
   for (const auto& r : readers) {
     for (const checkpoint::Entry* e : r.find(name)) {
       if (e->owner == checkpoint::kReplicated) continue;
@@ -114,37 +115,46 @@ void readShards(const std::vector<checkpoint::CheckpointReader>& readers, const 
   }
 }
 
-// The tensors of module `chosen` in `paths`' first file, in manifest order (the module's own:
-// parameters, then buffers). Parameters saved as their owners' shards (Note [Stage-3
-// checkpoints]) are assembled from every rank's range, in that file or in the others (the same
-// step's files on the other nodes): between them they must hold every rank's.
+// The tensors of module `chosen` in `first`, in manifest order (the module's own: parameters,
+// then buffers). Parameters saved as their owners' shards (Note [Stage-3 checkpoints]) are
+// assembled from every rank's range, in `first` or in the files `others` (the same step's files
+// on the other nodes): between them they must hold every rank's.
 std::vector<std::pair<std::string, at::Tensor>> moduleTensorsOf(
-    const std::vector<std::string>& paths, const std::string& chosen) {
+    checkpoint::CheckpointReader first, const std::vector<std::string>& others,
+    const std::string& chosen) {
   const std::string prefix = "module/" + chosen + "/";
   std::vector<checkpoint::CheckpointReader> readers;
-  readers.push_back(checkpoint::CheckpointReader::open(paths.front()));
+  readers.push_back(std::move(first));
   bool sharded = false;
   for (const auto& e : readers.front().entries()) {
     sharded = sharded || (e.owner != checkpoint::kReplicated && e.name.rfind(prefix, 0) == 0);
   }
   if (sharded) {
-    for (size_t i = 1; i < paths.size(); ++i) readers.push_back(checkpoint::CheckpointReader::open(paths[i]));
-    const uint32_t world = readers.front().header().worldSize;
+    const checkpoint::Header h = readers.front().header();  // readers grows below
+    for (const auto& path : others) {
+      readers.push_back(checkpoint::CheckpointReader::open(path));
+      const checkpoint::Header& o = readers.back().header();
+      DTRAIN_CHECK_T(CheckpointError, o.step == h.step && o.worldSize == h.worldSize,
+                     "export: {} is step {} of a world of {}, {} step {} of a world of {}: the "
+                     "shards of one step are in that step's files",
+                     path, o.step, o.worldSize, readers.front().name(), h.step, h.worldSize);
+    }
+    const uint32_t world = h.worldSize;
     const std::set<uint32_t> owners = ownersIn(readers);
     DTRAIN_CHECK_T(CheckpointError, owners.size() == world,
                    "export: module \"{}\" was saved as the shards of the ranks that held it (ZeRO "
                    "stage 3), and {} hold{} those of rank(s) {} of {} only. HINT: export the "
                    "checkpoint's directory, which holds every node's directory (each node's file "
                    "holds its own ranks' shards and the next node's)",
-                   chosen, paths.size() == 1 ? paths.front() : "the files of this step",
-                   paths.size() == 1 ? "s" : "", fmt::join(owners, ", "), world);
+                   chosen, others.empty() ? readers.front().name() : "the files of this step",
+                   others.empty() ? "s" : "", fmt::join(owners, ", "), world);
   }
   std::vector<std::pair<std::string, at::Tensor>> tensors;
   std::set<std::string> done;
   for (const auto& r : readers) {
     for (const auto& e : r.entries()) {
       if (e.name.rfind(prefix, 0) != 0 || !done.insert(e.name).second) continue;
-      at::Tensor t = at::empty(e.shape, at::TensorOptions().dtype(checkpoint::toScalarType(e.dtype)));
+      at::Tensor t = at::empty(e.shape, at::dtype(checkpoint::toScalarType(e.dtype)));
       if (e.owner == checkpoint::kReplicated) {
         checkpoint::readTensor(r, r.find(e.name), t);
       } else {
@@ -188,7 +198,8 @@ void exportStateDict(const std::vector<std::string>& paths, const std::string& t
   }
   DTRAIN_CHECK_ARG(modules.count(chosen), "export: {} holds no module \"{}\" (it holds: {})", path,
                    chosen, fmt::join(modules, ", "));
-  const auto tensors = moduleTensorsOf(paths, chosen);
+  const auto tensors = moduleTensorsOf(
+      std::move(reader), std::vector<std::string>(paths.begin() + 1, paths.end()), chosen);
   if (format == "pickle") {
     std::vector<char> bytes = stateDictPickle(tensors);
     std::ofstream out(to, std::ios::binary | std::ios::trunc);

@@ -136,7 +136,9 @@ std::string optimizerPrefix(const std::string& name) { return "optimizer/" + nam
 
 std::vector<std::pair<std::string, at::Tensor>> moduleTensors(const torch::nn::Module& module) {
   std::vector<std::pair<std::string, at::Tensor>> out;
-  for (const auto& p : module.named_parameters(/*recurse=*/true)) out.emplace_back(p.key(), p.value());
+  for (const auto& p : module.named_parameters(/*recurse=*/true)) {
+    out.emplace_back(p.key(), p.value());
+  }
   for (const auto& b : module.named_buffers(/*recurse=*/true)) out.emplace_back(b.key(), b.value());
   return out;
 }

@@ -54,7 +54,8 @@ ModuleShards moduleShards(const Registry& registry) {
   for (const auto& [name, module] : registry.modules) {
     for (const auto& p : module->named_parameters(/*recurse=*/true)) {
       const ShardedParam* s = shardedParamOf(registry, p.value());
-      if (s && s->freed) out[{s->optimizer, s->record}] = {"module/" + name + "/" + p.key(), s->dtype};
+      if (!s || !s->freed) continue;
+      out[{s->optimizer, s->record}] = {"module/" + name + "/" + p.key(), s->dtype};
     }
   }
   return out;
@@ -62,10 +63,10 @@ ModuleShards moduleShards(const Registry& registry) {
 
 void checkHoldsMemory(const std::string& module, const std::string& key, const at::Tensor& t) {
   DTRAIN_CHECK_ARG(t.numel() == 0 || t.storage().data() != nullptr,
-                   "Checkpointer: parameter \"{}\" of module \"{}\" holds no memory: a ZeRO stage-3 "
-                   "unit frees it between uses, and no ShardedOptimizer over it is registered, "
-                   "whose shard records hold its values. HINT: addOptimizer() the stage-3 "
-                   "ShardedOptimizer with this Checkpointer",
+                   "Checkpointer: parameter \"{}\" of module \"{}\" holds no memory: a ZeRO "
+                   "stage-3 unit frees it between uses, and no ShardedOptimizer over it is "
+                   "registered, whose shard records hold its values. HINT: addOptimizer() the "
+                   "stage-3 ShardedOptimizer with this Checkpointer",
                    key, module);
 }
 

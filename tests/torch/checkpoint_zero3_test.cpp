@@ -150,7 +150,9 @@ void runLeg(Leg& leg) {
   });
   leg.end = ends[0];
   for (const auto& other : ends) {
-    for (const auto& [name, t] : leg.end) leg.ranksAgree = leg.ranksAgree && torch::equal(other.at(name), t);
+    for (const auto& [name, t] : leg.end) {
+      leg.ranksAgree = leg.ranksAgree && torch::equal(other.at(name), t);
+    }
   }
 }
 
@@ -163,11 +165,13 @@ void expectSameParams(const Params& got, const Params& want, const std::string& 
   }
 }
 
-void expectSameRecords(const ShardSnapshot& got, const ShardSnapshot& want, const std::string& what) {
+void expectSameRecords(const ShardSnapshot& got, const ShardSnapshot& want,
+                       const std::string& what) {
   ASSERT_EQ(got.fields.size(), want.fields.size()) << what;
   for (const auto& [key, t] : want.fields) {
     ASSERT_TRUE(got.fields.count(key)) << what << ": " << key.first << " " << key.second;
-    EXPECT_TRUE(torch::equal(got.fields.at(key), t)) << what << ": " << key.first << " " << key.second;
+    EXPECT_TRUE(torch::equal(got.fields.at(key), t))
+        << what << ": " << key.first << " " << key.second;
   }
   EXPECT_EQ(got.steps, want.steps) << what;
 }
