@@ -289,8 +289,9 @@ std::vector<checkpoint::Item> Checkpointer::Impl::itemsToSave(
     auto replicated = checkpoint::shardedReplicatedItems(registry.sharded);
     items.insert(items.end(), std::make_move_iterator(replicated.begin()),
                  std::make_move_iterator(replicated.end()));
+    const checkpoint::ModuleShards freed = checkpoint::moduleShards(registry);
     for (const auto& [owner, blob] : std::exchange(shards, {})) {
-      auto kept = checkpoint::shardItems(static_cast<uint32_t>(owner), blob);
+      auto kept = checkpoint::shardItems(static_cast<uint32_t>(owner), blob, freed);
       items.insert(items.end(), std::make_move_iterator(kept.begin()),
                    std::make_move_iterator(kept.end()));
     }
@@ -470,13 +471,11 @@ void Checkpointer::addOptimizer(const std::string& name, torch::optim::Optimizer
   for (const auto& m : impl_->registry.sharded) {
     DTRAIN_CHECK_ARG(m.name != name, "Checkpointer: an optimizer named \"{}\" is registered already", name);
   }
-  // Sharded state is saved as shard records, never gathered (Note [Sharded checkpoint files]).
+  // Sharded state is saved as shard records, never gathered (Note [Sharded checkpoint files]);
+  // at stage 3 so are the parameters its units free (Note [Stage-3 checkpoints]).
   if (auto* zero = dynamic_cast<ShardedOptimizer*>(&optimizer)) {
-    DTRAIN_CHECK_ARG(zero->options().stage < 3,
-                     "Checkpointer::addOptimizer(\"{}\"): checkpoints of ZeRO stage 3 are not built "
-                     "yet. HINT: use stage 1 or 2 with a Checkpointer",
-                     name);
     impl_->registry.sharded.push_back({name, zero});
+    checkpoint::addShardedParams(impl_->registry, name, *zero);
     return;
   }
   impl_->registry.optimizers.emplace_back(name, &optimizer);

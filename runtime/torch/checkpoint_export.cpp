@@ -14,6 +14,7 @@
 #include <torch/serialize.h>
 #include <torch/serialize/output-archive.h>
 
+#include "checkpoint_shards.h"
 #include "checkpoint_state.h"
 #include "dtrain/base/error.h"
 #include "dtrain/torch/checkpoint.h"
@@ -75,18 +76,115 @@ std::vector<char> stateDictPickle(const std::vector<std::pair<std::string, at::T
   return archive;
 }
 
+// The ranks whose owned entries `readers` hold between them.
+std::set<uint32_t> ownersIn(const std::vector<checkpoint::CheckpointReader>& readers) {
+  std::set<uint32_t> owners;
+  for (const auto& r : readers) {
+    for (uint32_t o : checkpoint::shardOwners(r)) owners.insert(o);
+  }
+  return owners;
+}
+
+// Reads tensor `name`, saved as owned ranges, into `t`: each owner's range from the first of
+// `readers` that holds it. Throws CheckpointError when the ranges do not cover the tensor.
+void readShards(const std::vector<checkpoint::CheckpointReader>& readers, const std::string& name,
+                at::Tensor& t) {
+  using Source = std::pair<const checkpoint::CheckpointReader*, const checkpoint::Entry*>;
+  std::map<uint32_t, Source> ranges;  // owner -> where its range is read
+  for (const auto& r : readers) {
+    for (const checkpoint::Entry* e : r.find(name)) {
+      if (e->owner == checkpoint::kReplicated) continue;
+      DTRAIN_CHECK_T(CheckpointError,
+                     checkpoint::toScalarType(e->dtype) == t.scalar_type() &&
+                         e->shape == t.sizes().vec(),
+                     "export: entry \"{}\" of rank {} in {} has another dtype or shape than in {}",
+                     name, e->owner, r.name(), readers.front().name());
+      ranges.emplace(e->owner, std::make_pair(&r, e));
+    }
+  }
+  uint64_t covered = 0;
+  for (const auto& [owner, source] : ranges) covered += source.second->elementCount;
+  DTRAIN_CHECK_T(CheckpointError, covered == static_cast<uint64_t>(t.numel()),
+                 "export: the shards of parameter \"{}\" in {} cover {} of its {} elements",
+                 name, readers.front().name(), covered, t.numel());
+  at::Tensor flat = t.view(-1);
+  for (const auto& [owner, source] : ranges) {
+    at::Tensor part = flat.narrow(0, static_cast<int64_t>(source.second->elementOffset),
+                                  static_cast<int64_t>(source.second->elementCount));
+    source.first->read(*source.second, part.data_ptr());
+  }
+}
+
+// The tensors of module `chosen` in `first`, in manifest order (the module's own: parameters,
+// then buffers). Parameters saved as their owners' shards (Note [Stage-3 checkpoints]) are
+// assembled from every rank's range, in `first` or in the files `others` (the same step's files
+// on the other nodes): between them they must hold every rank's.
+std::vector<std::pair<std::string, at::Tensor>> moduleTensorsOf(
+    checkpoint::CheckpointReader first, const std::vector<std::string>& others,
+    const std::string& chosen) {
+  const std::string prefix = "module/" + chosen + "/";
+  std::vector<checkpoint::CheckpointReader> readers;
+  readers.push_back(std::move(first));
+  bool sharded = false;
+  for (const auto& e : readers.front().entries()) {
+    sharded = sharded || (e.owner != checkpoint::kReplicated && e.name.rfind(prefix, 0) == 0);
+  }
+  if (sharded) {
+    const checkpoint::Header h = readers.front().header();  // readers grows below
+    for (const auto& path : others) {
+      readers.push_back(checkpoint::CheckpointReader::open(path));
+      const checkpoint::Header& o = readers.back().header();
+      DTRAIN_CHECK_T(CheckpointError, o.step == h.step && o.worldSize == h.worldSize,
+                     "export: {} is step {} of a world of {}, {} step {} of a world of {}: the "
+                     "shards of one step are in that step's files",
+                     path, o.step, o.worldSize, readers.front().name(), h.step, h.worldSize);
+    }
+    const uint32_t world = h.worldSize;
+    const std::set<uint32_t> owners = ownersIn(readers);
+    DTRAIN_CHECK_T(CheckpointError, owners.size() == world,
+                   "export: module \"{}\" was saved as the shards of the ranks that held it (ZeRO "
+                   "stage 3), and {} hold{} those of rank(s) {} of {} only. HINT: export the "
+                   "checkpoint's directory, which holds every node's directory (each node's file "
+                   "holds its own ranks' shards and the next node's)",
+                   chosen, others.empty() ? readers.front().name() : "the files of this step",
+                   others.empty() ? "s" : "", fmt::join(owners, ", "), world);
+  }
+  std::vector<std::pair<std::string, at::Tensor>> tensors;
+  std::set<std::string> done;
+  for (const auto& r : readers) {
+    for (const auto& e : r.entries()) {
+      if (e.name.rfind(prefix, 0) != 0 || !done.insert(e.name).second) continue;
+      at::Tensor t = at::empty(e.shape, at::dtype(checkpoint::toScalarType(e.dtype)));
+      if (e.owner == checkpoint::kReplicated) {
+        checkpoint::readTensor(r, r.find(e.name), t);
+      } else {
+        readShards(readers, e.name, t);
+      }
+      tensors.emplace_back(e.name.substr(prefix.size()), t);
+    }
+  }
+  return tensors;
+}
+
 }  // namespace
 
 void exportStateDict(const std::string& path, const std::string& to, const std::string& module,
                      const std::string& format) {
+  exportStateDict(std::vector<std::string>{path}, to, module, format);
+}
+
+void exportStateDict(const std::vector<std::string>& paths, const std::string& to,
+                     const std::string& module, const std::string& format) {
   DTRAIN_CHECK_ARG(format == "pickle" || format == "libtorch",
                    "export: unknown format \"{}\". HINT: pickle (Python's torch.load) or libtorch "
                    "(C++ torch::load)",
                    format);
+  DTRAIN_CHECK_ARG(!paths.empty(), "export: no checkpoint file given");
+  const std::string& path = paths.front();
   auto reader = checkpoint::CheckpointReader::open(path);
   std::set<std::string> modules;
   for (const auto& e : reader.entries()) {
-    if (e.owner != checkpoint::kReplicated || e.name.rfind("module/", 0) != 0) continue;
+    if (e.name.rfind("module/", 0) != 0) continue;
     size_t slash = e.name.find('/', 7);
     if (slash != std::string::npos) modules.insert(e.name.substr(7, slash - 7));
   }
@@ -100,17 +198,8 @@ void exportStateDict(const std::string& path, const std::string& to, const std::
   }
   DTRAIN_CHECK_ARG(modules.count(chosen), "export: {} holds no module \"{}\" (it holds: {})", path,
                    chosen, fmt::join(modules, ", "));
-  const std::string prefix = "module/" + chosen + "/";
-  // In manifest order, which is the module's own order (parameters, then buffers).
-  std::vector<std::pair<std::string, at::Tensor>> tensors;
-  std::set<std::string> done;
-  for (const auto& e : reader.entries()) {
-    if (e.owner != checkpoint::kReplicated || e.name.rfind(prefix, 0) != 0) continue;
-    if (!done.insert(e.name).second) continue;
-    at::Tensor t = at::empty(e.shape, at::TensorOptions().dtype(checkpoint::toScalarType(e.dtype)));
-    checkpoint::readTensor(reader, reader.find(e.name), t);
-    tensors.emplace_back(e.name.substr(prefix.size()), t);
-  }
+  const auto tensors = moduleTensorsOf(
+      std::move(reader), std::vector<std::string>(paths.begin() + 1, paths.end()), chosen);
   if (format == "pickle") {
     std::vector<char> bytes = stateDictPickle(tensors);
     std::ofstream out(to, std::ios::binary | std::ios::trunc);

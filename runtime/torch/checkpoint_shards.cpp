@@ -22,7 +22,9 @@
 //                                     (field: master, exp_avg, exp_avg_sq, momentum_buffer, ...)
 //   optimizer/O/<parameter>/step      number (int64), owner = that rank
 // beside the replicated optimizer/O/type ("sharded") and optimizer/O/lr. The parameters
-// themselves are full on every rank (ZeRO-1/2) and are saved as module entries, once per node.
+// themselves are full on every rank (ZeRO-1/2) and are saved as module entries, once per node;
+// those ZeRO-3 frees become owned module entries from the same records (Note [Stage-3
+// checkpoints]).
 // Node i's file holds its own ranks' entries and those of node i+1 in ring order (nodes by id):
 // at a save each rank broadcasts its records over a subgroup of itself and the two writers that
 // keep them (shardKeepers(); the communicator has no send/recv; a backend without subgroups
@@ -175,6 +177,26 @@ const ShardedEntry* optimizerOf(const std::string& entry, const std::vector<Shar
   return nullptr;
 }
 
+// The owned module entry of a freed parameter's range (Note [Stage-3 checkpoints]): the record's
+// `master` bytes, or their rounding to the parameter's dtype.
+Item moduleShardItem(uint32_t owner, const at::Tensor& blob, const BlobRecord& r,
+                     const BlobField& master, const ModuleShard& module) {
+  Item item;
+  item.spec.name = module.entry;
+  item.spec.kind = Kind::Tensor;
+  item.spec.dtype = toFormatDType(module.dtype, module.entry);
+  item.spec.shape = r.shape;
+  item.spec.owner = owner;
+  item.spec.elementOffset = static_cast<uint64_t>(r.begin);
+  item.spec.elementCount = static_cast<uint64_t>(r.end - r.begin);
+  const int64_t n = r.end - r.begin;
+  const at::ScalarType saved = toScalarType(master.dtype);
+  at::Tensor values = blob.narrow(0, static_cast<int64_t>(master.offset),
+                                  n * static_cast<int64_t>(dtypeSize(master.dtype)));
+  item.tensor = saved == module.dtype ? values : values.view(saved).to(module.dtype);
+  return item;
+}
+
 }  // namespace
 
 std::vector<std::vector<int>> shardKeepers(const std::vector<int>& nodeOf,
@@ -211,12 +233,16 @@ std::vector<uint8_t> encodeShards(const std::vector<ShardedEntry>& sharded) {
   return w.take();
 }
 
-std::vector<Item> shardItems(uint32_t owner, const at::Tensor& blob) {
+std::vector<Item> shardItems(uint32_t owner, const at::Tensor& blob, const ModuleShards& freed) {
   std::vector<Item> items;
   const auto* base = blob.data_ptr<uint8_t>();
   for (const BlobRecord& r : decode(base, static_cast<size_t>(blob.numel()))) {
     const std::string at = optimizerPrefix(r.optimizer) + r.param + "/";
+    auto module = freed.find({r.optimizer, r.param});
     for (const BlobField& f : r.fields) {
+      if (f.name == "master" && module != freed.end()) {
+        items.push_back(moduleShardItem(owner, blob, r, f, module->second));
+      }
       Item item;
       item.spec.name = at + f.name;
       item.spec.kind = Kind::Tensor;

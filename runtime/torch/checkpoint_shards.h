@@ -27,8 +27,9 @@ std::vector<std::vector<int>> shardKeepers(const std::vector<int>& nodeOf,
 // blobs is private to checkpoint_shards.cpp).
 std::vector<uint8_t> encodeShards(const std::vector<ShardedEntry>& sharded);
 // The entries of rank `owner`'s blob (a CPU uint8 tensor): owned shard records whose data stays
-// in the blob.
-std::vector<Item> shardItems(uint32_t owner, const at::Tensor& blob);
+// in the blob, and the owned module entries of the freed parameters among them (`freed`: Note
+// [Stage-3 checkpoints]), from their `master` records.
+std::vector<Item> shardItems(uint32_t owner, const at::Tensor& blob, const ModuleShards& freed);
 // What every rank shares of a sharded optimizer: optimizer/O/type ("sharded") and optimizer/O/lr.
 std::vector<Item> shardedReplicatedItems(const std::vector<ShardedEntry>& sharded);
 

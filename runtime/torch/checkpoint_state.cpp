@@ -26,6 +26,8 @@
 // Note [Checkpoint entries]
 // Entry names, by what they come from (M, O, S, ... the names given to the Checkpointer):
 //   module/M/<parameter or buffer name>     tensors, as named_parameters()/named_buffers() name them
+//                                            (a parameter ZeRO-3 frees: each rank's range, owned;
+//                                            Note [Stage-3 checkpoints])
 //   optimizer/M/type                         string: SGD, Adam, AdamW, Adagrad, RMSprop
 //   optimizer/O/params                       int64 [groups]: parameters per group
 //   optimizer/O/lr                           float64 [groups]: each group's learning rate
@@ -135,12 +137,6 @@ std::string optimizerPrefix(const std::string& name) { return "optimizer/" + nam
 std::vector<std::pair<std::string, at::Tensor>> moduleTensors(const torch::nn::Module& module) {
   std::vector<std::pair<std::string, at::Tensor>> out;
   for (const auto& p : module.named_parameters(/*recurse=*/true)) {
-    // ZeRO stage 3 frees a marked unit's full parameters between uses: no bytes to save or load.
-    DTRAIN_CHECK_ARG(p.value().numel() == 0 || p.value().storage().data() != nullptr,
-                     "Checkpointer: parameter \"{}\" holds no memory: its module is sharded by ZeRO "
-                     "stage 3, whose checkpoints are not built yet. HINT: use stage 1 or 2 with a "
-                     "Checkpointer",
-                     p.key());
     out.emplace_back(p.key(), p.value());
   }
   for (const auto& b : module.named_buffers(/*recurse=*/true)) out.emplace_back(b.key(), b.value());
@@ -195,6 +191,10 @@ std::vector<Item> replicatedItems(const Registry& registry,
   std::vector<Item> items;
   for (const auto& [name, module] : registry.modules) {
     for (const auto& [key, t] : moduleTensors(*module)) {
+      // A freed parameter's values are its owners' shard records (Note [Stage-3 checkpoints]).
+      const ShardedParam* sharded = shardedParamOf(registry, t);
+      if (sharded && sharded->freed) continue;
+      checkHoldsMemory(name, key, t);
       items.push_back(tensorItem("module/" + name + "/" + key, t));
     }
   }

@@ -55,6 +55,16 @@ struct ShardedEntry {
   ShardedOptimizer* optimizer = nullptr;
 };
 
+// A parameter that a registered ShardedOptimizer holds in shards: the optimizer's name, the
+// parameter's name in its shard records, its dtype, and whether its unit frees it between uses
+// (ZeRO stage 3's marked units: Note [Stage-3 checkpoints], checkpoint_zero3.cpp).
+struct ShardedParam {
+  std::string optimizer;
+  std::string record;
+  at::ScalarType dtype = at::kFloat;
+  bool freed = false;
+};
+
 struct Registry {
   std::vector<std::pair<std::string, std::shared_ptr<torch::nn::Module>>> modules;
   std::vector<std::pair<std::string, torch::optim::Optimizer*>> optimizers;  // not sharded
@@ -62,7 +72,27 @@ struct Registry {
   std::vector<std::pair<std::string, torch::optim::LRScheduler*>> schedulers;
   std::vector<std::pair<std::string, GradScaler*>> scalers;
   std::vector<SamplerEntry> samplers;
+  // Every parameter of the sharded optimizers, by its TensorImpl (addShardedParams()).
+  std::map<const void*, ShardedParam> shardedParams;
 };
+
+// --- ZeRO stage 3 (checkpoint_zero3.cpp, Note [Stage-3 checkpoints]) ---
+
+// Records the parameters `optimizer`, registered as `name`, holds in shards.
+void addShardedParams(Registry& registry, const std::string& name, ShardedOptimizer& optimizer);
+// `t`'s entry in registry.shardedParams, or nullptr.
+const ShardedParam* shardedParamOf(const Registry& registry, const at::Tensor& t);
+// Where the shards of a freed parameter go: its module entry and dtype.
+struct ModuleShard {
+  std::string entry;  // module/M/<key>
+  at::ScalarType dtype = at::kFloat;
+};
+// (optimizer, record name) -> the module entry of each freed parameter of a registered module.
+using ModuleShards = std::map<std::pair<std::string, std::string>, ModuleShard>;
+ModuleShards moduleShards(const Registry& registry);
+// Throws InvalidArgument when parameter `key` of module `module` holds no memory: a ZeRO-3 unit
+// freed it, and no stage-3 ShardedOptimizer over it is registered to save or restore it.
+void checkHoldsMemory(const std::string& module, const std::string& key, const at::Tensor& t);
 
 // The state every rank shares, from this rank's objects.
 std::vector<Item> replicatedItems(const Registry& registry,

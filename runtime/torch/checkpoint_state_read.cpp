@@ -90,6 +90,12 @@ std::vector<const Entry*> tensorEntries(const CheckpointReader& reader, const st
   for (const Entry* e : reader.find(name)) {
     if (e->owner == kReplicated) out.push_back(e);
   }
+  DTRAIN_CHECK_T(CheckpointError, !out.empty() || reader.find(name).empty(),
+                 "checkpoint {}: entry \"{}\" was saved as the shards of the ranks that held it "
+                 "(a parameter of a ZeRO stage-3 unit). HINT: register a ShardedOptimizer over "
+                 "the module (any stage, any world size) to restore it, or `checkpoint export` "
+                 "the checkpoint's directory for a full state_dict",
+                 reader.name(), name);
   DTRAIN_CHECK_T(CheckpointError, !out.empty(),
                  "checkpoint {}: entry \"{}\" is missing. HINT: register the same objects, under "
                  "the same names, as the run that saved it",
@@ -104,6 +110,15 @@ std::vector<const Entry*> tensorEntries(const CheckpointReader& reader, const st
                  reader.name(), name, dtypeName(e.dtype), shapeOf(e.shape),
                  c10::toString(target.scalar_type()), shapeOf(target.sizes().vec()));
   return out;
+}
+
+// Whether module tensor `t` (entry `entry`) comes back from the shard records instead of its
+// entry: a parameter its unit frees, or one the file holds only as shards (a stage-3 save
+// restored at stage 1 or 2). See Note [Stage-3 checkpoints].
+bool fromShardRecords(const CheckpointReader& reader, const Registry& registry,
+                      const std::string& entry, const at::Tensor& t) {
+  const ShardedParam* sharded = shardedParamOf(registry, t);
+  return sharded && (sharded->freed || !has(reader, entry));
 }
 
 }  // namespace
@@ -121,7 +136,10 @@ std::unique_ptr<torch::optim::OptimizerParamState> newParamState(const std::stri
 void checkRestorable(const CheckpointReader& reader, const Registry& registry) {
   for (const auto& [name, module] : registry.modules) {
     for (const auto& [key, t] : moduleTensors(*module)) {
-      tensorEntries(reader, "module/" + name + "/" + key, t);
+      const std::string entry = "module/" + name + "/" + key;
+      if (fromShardRecords(reader, registry, entry, t)) continue;
+      checkHoldsMemory(name, key, t);
+      tensorEntries(reader, entry, t);
     }
   }
   for (const auto& [name, opt] : registry.optimizers) {
@@ -288,6 +306,7 @@ void restoreReplicated(const CheckpointReader& reader, Registry& registry,
   for (auto& [name, module] : registry.modules) {
     for (auto& [key, t] : moduleTensors(*module)) {
       std::string entry = "module/" + name + "/" + key;
+      if (fromShardRecords(reader, registry, entry, t)) continue;  // loadShards() writes it
       reads.emplace_back(tensorEntries(reader, entry, t), t);
     }
   }

@@ -7,9 +7,10 @@
 //
 //   checkpoint_worker --dir D --steps N [--save-every K] [--async] [--global-batch B]
 //                     [--step-ms MS] [--stop-after S] [--allow-resize] [--scaler-local]
-//                     [--zero 1|2] [--checkpoint-timeout-ms MS] [--out FILE]
+//                     [--zero 1|2|3] [--checkpoint-timeout-ms MS] [--out FILE]
 //
-// --zero: the SGD is a ShardedOptimizer (ZeRO stage 1 or 2) and the checkpoints are sharded.
+// --zero: the SGD is a ShardedOptimizer (ZeRO stage 1, 2 or 3: each layer a ShardedUnit) and the
+// checkpoints are sharded.
 //
 // The data: 48 fixed samples; every step consumes a global batch of B (12) of an epoch's order,
 // split over the ranks (B / world each), so the math of a step does not depend on the world size.
@@ -17,6 +18,7 @@
 #include <cstdio>
 #include <fstream>
 #include <iostream>
+#include <map>
 #include <string>
 #include <thread>
 
@@ -73,13 +75,23 @@ Args parse(int argc, char** argv) {
 
 constexpr int64_t kSamples = 48;
 
-torch::Tensor flatParams(torch::nn::Module& m) {
+// The module's parameters, flattened in its order; stage 3 gathers them (its layers hold none).
+torch::Tensor flatParams(torch::nn::Module& m, torch::optim::Optimizer& optimizer, int zero) {
+  std::map<std::string, torch::Tensor> full;
+  if (zero == 3) {
+    for (auto& [name, t] : dtrain::gatherFullParameters(
+             static_cast<dtrain::ShardedOptimizer&>(optimizer))) {
+      full[name] = t;
+    }
+  }
   std::vector<torch::Tensor> parts;
-  for (const auto& p : m.parameters()) parts.push_back(p.detach().flatten());
+  for (const auto& p : m.named_parameters()) {
+    parts.push_back(zero == 3 ? full.at(p.key()).flatten() : p.value().detach().flatten());
+  }
   return torch::cat(parts);
 }
 
-// SGD with momentum; with `zero` 1 or 2, sharded (its checkpoints are then sharded too).
+// SGD with momentum; with `zero` 1, 2 or 3, sharded (its checkpoints are then sharded too).
 std::unique_ptr<torch::optim::Optimizer> makeSgd(
     dtrain::DistributedDataParallel<torch::nn::Sequential>& ddp, int zero) {
   const auto options = torch::optim::SGDOptions(0.05).momentum(0.9);
@@ -109,6 +121,7 @@ int run(const Args& args) {
   auto y = torch::randn({kSamples, 4});
   torch::manual_seed(7 + rank);  // DDP broadcasts rank 0's
   torch::nn::Sequential net(torch::nn::Linear(8, 16), torch::nn::Tanh(), torch::nn::Linear(16, 4));
+  if (args.zero == 3) net = dtrain::shardEveryChild(net);  // the same parameter names
   dtrain::DistributedDataParallel<torch::nn::Sequential> ddp(net, group);
   auto optimizer = makeSgd(ddp, args.zero);
   torch::optim::Optimizer& sgd = *optimizer;
@@ -173,7 +186,7 @@ int run(const Args& args) {
     if (args.stepMs > 0) std::this_thread::sleep_for(std::chrono::milliseconds(args.stepMs));
   }
   checkpointer.wait();
-  auto mine = flatParams(*net);
+  auto mine = flatParams(*net, sgd, args.zero);
   auto all = group->allgather(mine);
   bool same = true;
   for (const auto& t : all) same = same && torch::equal(t, all[0]);

@@ -10,4 +10,6 @@ if(DTRAIN_TORCH_TEST_SOURCES)
     SERIAL_TESTS "DdpOverlap.*"
     SOURCES ${DTRAIN_TORCH_TEST_SOURCES}
     LIBS dtrain dtrain_base_internal)
+  # checkpoint_zero3_test runs the `checkpoint` tool on the directories it writes.
+  add_dependencies(dtrain_torch_tests checkpoint)
 endif()

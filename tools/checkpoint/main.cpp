@@ -9,6 +9,8 @@
 //                                       the default: what torch.save writes, which loads with
 //                                       weights_only=True) or C++ torch::load (libtorch); a
 //                                       directory exports its newest checkpoint that verifies
+//                                       (ZeRO stage-3 parameters: assembled from that step's
+//                                       files on every node)
 //
 // Exit codes: 0 ok, 1 a checkpoint is damaged or an operation failed, 2 usage error.
 #include <dirent.h>
@@ -185,6 +187,21 @@ std::string newestVerified(const std::string& path) {
   DTRAIN_THROW(dtrain::CheckpointError, "no checkpoint under {} verifies", path);
 }
 
+// `file` first, then the same step's files in the other node directories under `path` (a
+// directory): ZeRO stage-3 parameters are spread over them (each node's file holds its own
+// ranks' shards and the next node's).
+std::vector<std::string> sameStepOnEveryNode(const std::string& path, const std::string& file) {
+  std::vector<std::string> out = {file};
+  if (!isDirectory(path)) return out;
+  const std::string name = file.substr(file.rfind('/') + 1);
+  for (const auto& dir : nodeDirectories(path)) {
+    const std::string other = dir + "/" + name;
+    struct stat st {};
+    if (other != file && ::stat(other.c_str(), &st) == 0) out.push_back(other);
+  }
+  return out;
+}
+
 int run(int argc, char** argv) {
   if (argc < 2) return usage("no command");
   std::string command = argv[1];
@@ -226,7 +243,7 @@ int run(int argc, char** argv) {
     if (to.empty()) return usage("export needs --to FILE");
     if (format != "pickle" && format != "libtorch") return usage("--format is pickle or libtorch");
     std::string file = newestVerified(positional[0]);
-    dtrain::exportStateDict(file, to, module, format);
+    dtrain::exportStateDict(sameStepOnEveryNode(positional[0], file), to, module, format);
     std::printf("exported %s to %s (%s)\n", file.c_str(), to.c_str(),
                 format == "pickle" ? "for Python's torch.load(path, weights_only=True)"
                                    : "for C++ torch::load");

@@ -235,38 +235,5 @@ INSTANTIATE_TEST_SUITE_P(World, ZeroStage3Ranks, ::testing::Values(2, 3, 4),
                          [](const auto& info) { return "world" + std::to_string(info.param); });
 
 
-// Not built yet: checkpoints of stage 3, whose marked units hold no full parameters between
-// uses. The Checkpointer refuses the optimizer, and a module whose parameters hold no memory,
-// with an error that says so (reading them would crash).
-TEST(ZeroStage3, CheckpointerRefusesStage3ForNow) {
-  auto threads = ThreadWorld::create(2);
-  auto store = std::make_shared<store::HashStore>();
-  const std::string dir = ::testing::TempDir() + "zero3_checkpoint_refused";
-  threads->run([&](int rank) {
-    auto group = threadGroup(*threads, rank);
-    Zero3Net net = buildSeeded(3, [] { return Zero3Net(); });
-    DistributedDataParallel<Zero3Net> ddp(net, group);
-    ZeroOptions zo;
-    zo.stage = 3;
-    ShardedOptimizer optimizer(ddp, factoryFor("adamw"), zo);
-    CheckpointOptions co(dir);
-    co.nodeId = rank;
-    co.localRank = 0;
-    co.handlePreemption = false;
-    co.store = store;
-    Checkpointer checkpointer(group, co);
-    EXPECT_THROW(checkpointer.addOptimizer("adamw", optimizer), InvalidArgument);
-    checkpointer.addModule("model", net);
-    try {
-      checkpointer.save(1);
-      ADD_FAILURE() << "a stage-3 module was saved";
-    } catch (const std::exception& e) {  // the save's failure, which quotes the refusal
-      EXPECT_NE(std::string(e.what()).find("holds no memory: its module is sharded by ZeRO stage 3"),
-                std::string::npos)
-          << e.what();
-    }
-  });
-}
-
 }  // namespace
 }  // namespace dtrain::testing

@@ -143,6 +143,9 @@ class Checkpointer {
   void addModule(const std::string& name, const torch::nn::ModuleHolder<Impl>& module) {
     addModule(name, std::static_pointer_cast<torch::nn::Module>(module.ptr()));
   }
+  // A ShardedOptimizer (ZeRO, any stage) is saved as each rank's shard records, never gathered;
+  // at stage 3 so are the parameters its marked units free, which a module registered without
+  // it cannot save.
   void addOptimizer(const std::string& name, torch::optim::Optimizer& optimizer);
   void addScheduler(const std::string& name, torch::optim::LRScheduler& scheduler);
   void addScaler(const std::string& name, GradScaler& scaler);
@@ -215,5 +218,10 @@ void clearStopRequest();
 // CheckpointError for a damaged file or an unknown module name (listing the known ones).
 void exportStateDict(const std::string& path, const std::string& to, const std::string& module = "",
                      const std::string& format = "pickle");
+// The same from `paths`: the first is read; the others, the same step's files on other nodes,
+// give the ranges of ZeRO stage-3 parameters it lacks (with three or more nodes each node's file
+// holds its own ranks' shards and the next node's only).
+void exportStateDict(const std::vector<std::string>& paths, const std::string& to,
+                     const std::string& module = "", const std::string& format = "pickle");
 
 }  // namespace dtrain
