@@ -9,7 +9,6 @@
 
 #include <gtest/gtest.h>
 
-#include "dtrain/base/store.h"
 #include "dtrain/torch/checkpoint.h"
 #include "dtrain/torch/fully_shard.h"
 #include "zero3_support.h"
