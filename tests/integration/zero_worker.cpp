@@ -21,6 +21,7 @@
 // prints "rank R fit stage S: peak RSS <MB> MB[, model state <MB> MB]" (the test runs it in a
 // memory cgroup whose limit ZeRO-3 fits under and DDP does not).
 #include <chrono>
+#include <cmath>
 #include <fstream>
 #include <iostream>
 #include <sstream>
@@ -190,8 +191,19 @@ void scenarioFit(const std::shared_ptr<ProcessGroup>& group, const Args& args) {
     ddp(torch::randn({4, w})).pow(2).mean().backward();
     optimizer->step();
   }
-  const std::string state =
-      sharded ? fmt::format(", model state {} MB", sharded->stats().memory.modelState() >> 20) : "";
+  std::string state;
+  if (sharded) {
+    // Model state per rank, from the storages: 16 bytes per parameter / N for float32 Adam
+    // (parameters, gradients, two moments), padding and all, within 2 %.
+    const ZeroStats stats = sharded->stats();
+    const double want = 16.0 * static_cast<double>(stats.parameters) / group->size();
+    const double got = static_cast<double>(stats.memory.modelState());
+    check(std::abs(got - want) <= 0.02 * want,
+          fmt::format("model state {} bytes, 16 x {} parameters / {} ranks = {:.0f}", got,
+                      stats.parameters, group->size(), want));
+    state = fmt::format(", model state {} MB ({:.4f} of 16 psi / N)", stats.memory.modelState() >> 20,
+                        got / want);
+  }
   std::cout << fmt::format("rank {} fit stage {}: peak RSS {} MB{}\n", group->rank(),
                            args.fitStage, peakRssMb(), state)
             << std::flush;

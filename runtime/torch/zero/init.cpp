@@ -1,5 +1,7 @@
 #include "init.h"
 
+#include <algorithm>
+
 #include <map>
 #include <unordered_map>
 
@@ -120,8 +122,15 @@ bool isAncestor(const std::string& outer, const std::string& inner) {
   return outer.empty() || inner.rfind(outer + ".", 0) == 0;
 }
 
-// Every trained parameter belongs to the innermost marked module that has it; the others to the
-// root. Note [ZeRO-3 unit lifecycle].
+bool holds(const std::string& outer, const std::string& inner) {
+  return outer == inner || isAncestor(outer, inner);
+}
+
+// Every trained parameter belongs to the innermost marked module that holds every module using
+// it (registering it), else to the root. Untied, that is the innermost marked module that has
+// it. Tied between modules neither of which holds the other (a shared embedding and output
+// projection), the innermost marked module around them all, or the root: the parameter is then
+// gathered whenever any of its users runs. Note [ZeRO-3 unit lifecycle].
 std::vector<Marked> findMarked(torch::nn::Module& root, const std::vector<Named>& trained) {
   std::vector<Marked> marked;
   for (const auto& m : root.named_modules("", /*include_self=*/true)) {
@@ -135,23 +144,23 @@ std::vector<Marked> findMarked(torch::nn::Module& root, const std::vector<Named>
                    "children with dtrain::shardEveryChild()) before DistributedDataParallel");
   std::unordered_map<const void*, size_t> index;
   for (size_t i = 0; i < trained.size(); ++i) index[trained[i].second.unsafeGetTensorImpl()] = i;
-  const size_t none = marked.size();
-  std::vector<size_t> owner(trained.size(), none);
-  for (size_t g = 0; g < marked.size(); ++g) {  // pre-order: an inner module comes later
-    for (const auto& p : marked[g].module->parameters(/*recurse=*/true)) {
+  std::vector<std::vector<std::string>> users(trained.size());
+  for (const auto& m : root.named_modules("", /*include_self=*/true)) {
+    for (const auto& p : m.value()->parameters(/*recurse=*/false)) {
       auto it = index.find(p.unsafeGetTensorImpl());
-      if (it == index.end()) continue;  // frozen
-      const size_t was = owner[it->second];
-      DTRAIN_CHECK_ARG(was == none || isAncestor(marked[was].name, marked[g].name),
-                       "ShardedOptimizer stage 3: parameter {} is shared by units {} and {}, "
-                       "neither inside the other; tied parameters across units are not "
-                       "supported yet. HINT: mark a module that holds both instead",
-                       trained[it->second].first, marked[was].name, marked[g].name);
-      owner[it->second] = g;
+      if (it != index.end()) users[it->second].push_back(m.key());  // else frozen
     }
   }
   for (size_t i = 0; i < trained.size(); ++i) {
-    if (owner[i] != none) marked[owner[i]].params.push_back(i);
+    size_t owner = marked.size();
+    for (size_t g = 0; g < marked.size(); ++g) {
+      const std::string& name = marked[g].name;
+      const bool all = std::all_of(users[i].begin(), users[i].end(),
+                                   [&](const std::string& user) { return holds(name, user); });
+      // Holders of every user form a chain of ancestors: the deepest has the longest name.
+      if (all && (owner == marked.size() || name.size() > marked[owner].name.size())) owner = g;
+    }
+    if (owner != marked.size()) marked[owner].params.push_back(i);
   }
   return marked;
 }

@@ -9,6 +9,7 @@
 #include <memory>
 #include <limits>
 #include <optional>
+#include <set>
 #include <string>
 
 #include <torch/torch.h>
@@ -90,6 +91,48 @@ struct Zero3UnusedNetImpl : torch::nn::Module {
 };
 TORCH_MODULE(Zero3UnusedNet);
 
+// Tied parameters: a module using a weight it may share, with a bias of its own.
+struct Zero3TiedUseImpl : torch::nn::Module {
+  explicit Zero3TiedUseImpl(torch::Tensor w) {
+    weight = register_parameter("weight", std::move(w));
+    bias = register_parameter("bias", torch::full({weight.size(0)}, 0.1));
+  }
+  torch::Tensor forward(const torch::Tensor& x) {
+    return torch::tanh(torch::linear(x, weight, bias));
+  }
+  torch::Tensor weight, bias;
+};
+TORCH_MODULE(Zero3TiedUse);
+
+// Two marked users of one weight, inside this module: the weight is this module's.
+struct Zero3TiedPairImpl : torch::nn::Module {
+  explicit Zero3TiedPairImpl(ShardedUnitOptions o = {}) {
+    torch::Tensor w = torch::randn({12, 12}) * 0.3;
+    c = register_module("c", ShardedUnit(Zero3TiedUse(w), o));
+    d = register_module("d", ShardedUnit(Zero3TiedUse(w), o));
+  }
+  torch::Tensor forward(const torch::Tensor& x) { return d(c(x)); }
+  ShardedUnit c{nullptr}, d{nullptr};
+};
+TORCH_MODULE(Zero3TiedPair);
+
+// `a` and `b`, marked siblings, share a weight that no marked module holds both of: the root's.
+// Inside the marked `pair`, `c` and `d` share another: pair's. Each user's bias is its own.
+struct Zero3TiedNetImpl : torch::nn::Module {
+  explicit Zero3TiedNetImpl(ShardedUnitOptions o = {}) {
+    in = register_module("in", ShardedUnit(torch::nn::Linear(7, 12), o));
+    torch::Tensor w = torch::randn({12, 12}) * 0.3;
+    a = register_module("a", ShardedUnit(Zero3TiedUse(w), o));
+    b = register_module("b", ShardedUnit(Zero3TiedUse(w), o));
+    pair = register_module("pair", ShardedUnit(Zero3TiedPair(o), o));
+    head = register_module("head", torch::nn::Linear(12, 5));
+  }
+  torch::Tensor forward(const torch::Tensor& x) { return head(pair(b(a(in(x))))); }
+  ShardedUnit in{nullptr}, a{nullptr}, b{nullptr}, pair{nullptr};
+  torch::nn::Linear head{nullptr};
+};
+TORCH_MODULE(Zero3TiedNet);
+
 // Bytes of the parameter storages of every marked module (each parameter once).
 inline size_t markedBytes(torch::nn::Module& net) {
   size_t bytes = 0;
@@ -139,7 +182,7 @@ struct Zero3RankResult {
   int64_t skipped = 0;  // the GradScaler's
 };
 
-// One rank's part of a run of `Net` (Zero3Net, Zero3NestedNet, Zero3UnusedNet) in `group`.
+// One rank's part of a run of `Net` (one of the Zero3*Net above) in `group`.
 template <typename Net>
 Zero3RankResult trainZero3OnRank(const Zero3Run& how, const std::shared_ptr<ProcessGroup>& group) {
   const int world = how.world;
@@ -216,7 +259,12 @@ Zero3RankResult trainZero3OnRank(const Zero3Run& how, const std::shared_ptr<Proc
   if (sharded) {
     for (auto& [name, t] : gatherFullParameters(*sharded)) result.params[name] = t;
   } else {
-    for (const auto& p : net->named_parameters()) result.params[p.key()] = p.value().detach().clone();
+    std::set<const void*> seen;  // a tied parameter under its first name, as DDP and ZeRO keep it
+    for (const auto& p : net->named_parameters()) {
+      if (seen.insert(p.value().unsafeGetTensorImpl()).second) {
+        result.params[p.key()] = p.value().detach().clone();
+      }
+    }
   }
   return result;
 }
