@@ -17,7 +17,7 @@ bool averagedByCollective(at::ScalarType dtype) {
 
 std::shared_ptr<comm::Work> reduceScatterUnit(comm::Communicator& comm, ShardUnit& unit,
                                               const comm::CallOptions& call) {
-  const bool avg = averagedByCollective(unit.dtype());
+  const bool avg = averagedByCollective(unit.gradType());
   return comm.reduceScatterAsync(unit.fullGrads().data_ptr(), unit.reduced().data_ptr(),
                                  static_cast<size_t>(unit.shardNumel()),
                                  toDataType(unit.fullGrads()),

@@ -33,6 +33,16 @@ void checkOptions(DdpCore& ddp, const OptimizerFactory& factory, const ZeroOptio
   DTRAIN_CHECK_ARG(options.unitBytes > 0 && options.firstUnitBytes > 0,
                    "ShardedOptimizer: unit sizes must be positive (firstUnitBytes {}, unitBytes {})",
                    options.firstUnitBytes, options.unitBytes);
+  DTRAIN_CHECK_ARG(!options.reduceDtype || (options.stage >= 2 && options.masterWeights &&
+                                             (*options.reduceDtype == at::kFloat ||
+                                              *options.reduceDtype == at::kBFloat16 ||
+                                              *options.reduceDtype == at::kHalf)),
+                   "ShardedOptimizer: reduceDtype {} needs stage 2 or 3 (this is stage {}), "
+                   "master weights (masterWeights is {}) and a floating dtype of 16 or 32 bits. "
+                   "HINT: stage 1 reduces the gradients where autograd left them, in the "
+                   "parameters' dtype",
+                   options.reduceDtype ? c10::toString(*options.reduceDtype) : "none",
+                   options.stage, options.masterWeights);
   DTRAIN_CHECK_ARG(ddp.options().compression == GradientCompression::None,
                    "ShardedOptimizer: DDP's gradient compression ({}) does not apply to "
                    "reduce-scatters. HINT: construct DistributedDataParallel without compression",
@@ -256,8 +266,11 @@ BuiltShards buildShards(DdpCore& ddp, std::vector<torch::optim::OptimizerParamGr
       for (size_t i : u.params) params.push_back({trained[i].first, trained[i].second});
       const at::ScalarType dtype = trained[u.params.front()].second.scalar_type();
       const bool resharded = options.stage == 3 && ownerOf[k] < marked.size();
+      const at::ScalarType master = masterTypeOf(dtype, options);
+      const at::ScalarType grads = options.reduceDtype && master != dtype ? *options.reduceDtype
+                                                                           : dtype;
       units.push_back(std::make_unique<ShardUnit>(k, u, std::move(params), pg.rank(), pg.size(),
-                                                  options.stage, masterTypeOf(dtype, options),
+                                                  options.stage, master, grads,
                                                   pg.communicator(), pg.device(), resharded));
       const size_t g = groupOf[u.params.front()];
       std::vector<torch::optim::OptimizerParamGroup> one;

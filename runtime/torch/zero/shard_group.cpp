@@ -136,7 +136,7 @@ void ShardGroup::openAccumulation() {
 void ShardGroup::lease(size_t k) {
   // See Note [Gradient buckets of stage 2].
   ShardUnit& u = *units_[k];
-  const size_t bytes = u.paddedNumel() * c10::elementSize(u.dtype());
+  const size_t bytes = u.paddedNumel() * c10::elementSize(u.gradType());
   auto bucket = pool_.takeFree(bytes);
   while (!bucket && pool_.leased() >= static_cast<size_t>(std::max(1, options_.bucketsInFlight)) &&
          !reducing_.empty()) {
@@ -158,7 +158,7 @@ void ShardGroup::fill(size_t k, size_t j, const fault::Fault* poison) {
   at::NoGradGuard noGrad;
   at::Tensor& view = u.gradView(j);
   at::Tensor& grad = u.params()[j].param.mutable_grad();
-  const bool avg = averagedByCollective(u.dtype());
+  const bool avg = averagedByCollective(u.gradType());
   const double inv = 1.0 / group_->size();
   if (stage() == 1) {
     // The gradient is the view already, unless something replaced .grad (libtorch 2.x's
@@ -191,7 +191,7 @@ void ShardGroup::fold(size_t k) {
   ShardUnit& u = *units_[k];
   if (stage() == 1 || u.hasMaster() || !u.shardGradAttached()) return;
   const int64_t s = u.shardNumel();
-  const double factor = averagedByCollective(u.dtype()) ? group_->size() : 1.0;
+  const double factor = averagedByCollective(u.gradType()) ? group_->size() : 1.0;
   at::NoGradGuard noGrad;
   u.fullGrads().narrow(0, group_->rank() * s, s).add_(u.reduced(), factor);
 }

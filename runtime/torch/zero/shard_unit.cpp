@@ -35,7 +35,8 @@ at::Tensor tensorIn(const at::Storage& storage, int64_t offset, at::IntArrayRef 
 
 ShardUnit::ShardUnit(size_t index, const UnitLayout& layout, std::vector<UnitParam> params,
                      int rank, int ranks, int stage, at::ScalarType masterType,
-                     comm::Communicator& comm, const c10::Device& device, bool resharded)
+                     at::ScalarType gradType, comm::Communicator& comm, const c10::Device& device,
+                     bool resharded)
     : index_(index),
       layout_(layout),
       params_(std::move(params)),
@@ -43,11 +44,15 @@ ShardUnit::ShardUnit(size_t index, const UnitLayout& layout, std::vector<UnitPar
       ranks_(ranks),
       stage_(stage),
       dtype_(params_.front().param.scalar_type()),
+      gradType_(gradType),
       resharded_(resharded),
       device_(device) {
   DTRAIN_CHECK(params_.size() == layout_.params.size(),
                "ShardUnit: {} parameters for a unit of {}", params_.size(), layout_.params.size());
   DTRAIN_CHECK(stage == 3 || !resharded, "ShardUnit: only stage 3 reshards parameters");
+  DTRAIN_CHECK(gradType == dtype_ || (stage != 1 && masterType != dtype_),
+               "ShardUnit: gradients in {} for {} parameters need stage 2 or 3 and master weights",
+               c10::toString(gradType), c10::toString(dtype_));
   at::NoGradGuard noGrad;
   if (stage == 3) {
     bindOverStorage(comm, device);
@@ -68,7 +73,7 @@ ShardUnit::ShardUnit(size_t index, const UnitLayout& layout, std::vector<UnitPar
     }
     reduced_ = ddp::tensorOver(gradMemory_, rank_ * shardNumel(), {shardNumel()}, options);
   } else {
-    reduced_ = at::zeros({shardNumel()}, options);
+    reduced_ = at::zeros({shardNumel()}, options.dtype(gradType_));
   }
   if (masterType != dtype_) {
     master_ = ownedParams_.to(masterType).clone();
@@ -144,7 +149,7 @@ std::shared_ptr<comm::Buffer> ShardUnit::releaseFull() {
 }
 
 void ShardUnit::makeGradViews(const std::shared_ptr<comm::Buffer>& memory) {
-  const auto options = fullParams_.options();
+  const auto options = fullParams_.options().dtype(gradType_);
   gradViews_.clear();
   for (size_t j = 0; j < params_.size(); ++j) {
     gradViews_.push_back(
@@ -168,11 +173,12 @@ void ShardUnit::attachShardGrad() { optimized_.mutable_grad() = shardGrad_; }
 
 void ShardUnit::leaseGrads(std::shared_ptr<comm::Buffer> bucket) {
   DTRAIN_CHECK(!fullGrads_.defined(), "{}: a second gradient bucket", describe());
-  const size_t need = paddedNumel() * c10::elementSize(dtype_);
+  const size_t need = paddedNumel() * c10::elementSize(gradType_);
   DTRAIN_CHECK(bucket->bytes() >= need, "{}: a bucket of {} bytes for {}", describe(),
                bucket->bytes(), need);
   gradMemory_ = std::move(bucket);
-  fullGrads_ = ddp::tensorOver(gradMemory_, 0, {paddedNumel()}, fullParams_.options());
+  fullGrads_ =
+      ddp::tensorOver(gradMemory_, 0, {paddedNumel()}, fullParams_.options().dtype(gradType_));
   fullGrads_.narrow(0, layout_.numel, paddedNumel() - layout_.numel).zero_();
   makeGradViews(gradMemory_);
 }

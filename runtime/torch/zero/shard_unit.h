@@ -37,7 +37,10 @@ struct UnitParam {
 //                the reduce-scatter reads the gradients where autograd left them. Stage 2: a
 //                bucket leased from the GradientPool for one backward, the gradients copied in.
 //   reduced      S elements: where the reduce-scatter lands. Stage 1: block `rank` of fullGrads
-//                (the reduce-scatter runs in place). Stage 2: memory of its own.
+//                (the reduce-scatter runs in place). Stage 2: memory of its own. Stages 2 and 3
+//                with ZeroOptions::reduceDtype: fullGrads and reduced are of that dtype (the
+//                gradients converted as they are copied in), and reduced is added into the
+//                master's gradient.
 //   master       S float32 elements, for lower-precision parameters only, with a float32 .grad.
 //   optimized    what the real optimizer steps: master, or block `rank` of fullParams. Its .grad
 //                is the averaged gradient of the shard: reduced, or master's float32 gradient.
@@ -53,10 +56,12 @@ class ShardUnit {
  public:
   // Allocates the unit's memory through `comm`, copies the parameters' values in and binds them
   // to it (stage 1: their gradients too). `masterType`: float32 for master weights; the
-  // parameters' own dtype for none.
+  // parameters' own dtype for none. `gradType`: the dtype of the full gradients and of what the
+  // reduce-scatter lands in (ZeroOptions::reduceDtype; stages 2 and 3 only); the parameters'
+  // own when it is the same.
   ShardUnit(size_t index, const UnitLayout& layout, std::vector<UnitParam> params, int rank,
-            int ranks, int stage, at::ScalarType masterType, comm::Communicator& comm,
-            const c10::Device& device, bool resharded = false);
+            int ranks, int stage, at::ScalarType masterType, at::ScalarType gradType,
+            comm::Communicator& comm, const c10::Device& device, bool resharded = false);
   ~ShardUnit();
   ShardUnit(const ShardUnit&) = delete;
   ShardUnit& operator=(const ShardUnit&) = delete;
@@ -67,6 +72,7 @@ class ShardUnit {
   int64_t shardNumel() const { return layout_.shardNumel; }
   int64_t paddedNumel() const { return layout_.shardNumel * ranks_; }
   at::ScalarType dtype() const { return dtype_; }
+  at::ScalarType gradType() const { return gradType_; }  // of fullGrads and reduced
   bool hasMaster() const { return master_.defined(); }
   // Where this unit's first parameter was registered among the module's: what error messages
   // and names go by.
@@ -125,6 +131,7 @@ class ShardUnit {
   const int ranks_;
   const int stage_;
   const at::ScalarType dtype_;
+  const at::ScalarType gradType_;
   const bool resharded_;
   const c10::Device device_;
   std::shared_ptr<comm::Buffer> paramMemory_;  // stage 3: what fullStorage_ holds now, if any

@@ -156,6 +156,7 @@ struct Zero3Run {
   bool forwardPrefetch = false;  // ZeroOptions'
   bool backwardPrefetch = true;
   ShardedUnitOptions unit;       // of every marked module
+  std::optional<at::ScalarType> reduceDtype;  // ZeroOptions'
 };
 
 // What one rank ends a run with.
@@ -206,6 +207,7 @@ Zero3RankResult trainZero3OnRank(const Zero3Run& how, const std::shared_ptr<Proc
     zo.stage = how.stage;
     zo.forwardPrefetch = how.forwardPrefetch;
     zo.backwardPrefetch = how.backwardPrefetch;
+    zo.reduceDtype = how.reduceDtype;
     auto owned = std::make_unique<ShardedOptimizer>(ddp, factory, zo);
     sharded = owned.get();
     optimizer = std::move(owned);

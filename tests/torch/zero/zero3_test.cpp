@@ -243,6 +243,40 @@ TEST_P(ZeroStage3Ranks, TiedParametersBelongToTheUnitAroundTheirUsers) {
   EXPECT_EQ(zero.markedBytes, 2 * zero.headBytes) << "a.weight and b.weight: the root's storage";
 }
 
+// ZeroOptions::reduceDtype = float32 with bfloat16 parameters and float32 master shards: the
+// gradients are reduce-scattered in float32 (summed without bfloat16 rounding), at stage 3 as at
+// stage 2, bitwise; the result is not the bfloat16 reduction's, and is closer to training the
+// same model in float32 under DDP than the bfloat16 reduction is.
+TEST_P(ZeroStage3Ranks, Float32ReductionOfBfloat16GradientsMatchesStage2) {
+  Zero3Run how{GetParam(), 0, 20};
+  const Zero3Result reference = trainZero3<Zero3NestedNet>(how);  // float32 DDP
+  how.dtype = at::kBFloat16;
+  how.stage = 2;
+  how.reduceDtype = at::kFloat;
+  const Zero3Result two = trainZero3<Zero3NestedNet>(how);
+  how.stage = 3;
+  const Zero3Result three = trainZero3<Zero3NestedNet>(how);
+  how.reduceDtype.reset();
+  const Zero3Result bf16 = trainZero3<Zero3NestedNet>(how);
+  ZeroResult a, b;
+  a.params = three.params;
+  b.params = two.params;
+  expectRanksBitwiseEqual(a);
+  expectClose(a, b, 0);
+  auto worst = [&](const Zero3Result& r) {
+    double err = 0;
+    for (const auto& [name, t] : reference.params[0]) {
+      err = std::max(err, relativeError(r.params[0].at(name).to(torch::kDouble),
+                                        t.to(torch::kDouble)));
+    }
+    return err;
+  };
+  bool differs = false;
+  for (const auto& [name, t] : bf16.params[0]) differs |= !torch::equal(three.params[0].at(name), t);
+  EXPECT_TRUE(differs) << "the float32 reduction changed nothing";
+  EXPECT_LT(worst(three), worst(bf16)) << "float32 reduction no closer to float32 training";
+}
+
 INSTANTIATE_TEST_SUITE_P(World, ZeroStage3Ranks, ::testing::Values(2, 3, 4),
                          [](const auto& info) { return "world" + std::to_string(info.param); });
 

@@ -32,6 +32,7 @@
 #include <memory>
 #include <tuple>
 #include <unordered_map>
+#include <unordered_set>
 #include <utility>
 #include <vector>
 
@@ -147,8 +148,15 @@ class DistributedDataParallel {
   ModuleType& module() { return module_; }
   const ModuleType& module() const { return module_; }
   auto* operator->() { return &*module_; }
+  // Each parameter once, as PyTorch's Module.parameters(): libtorch's lists a tied parameter
+  // under every module that registers it, and an optimizer given it twice steps it twice.
   std::vector<at::Tensor> parameters() const {
-    return detail::modulePtr(module_)->parameters(/*recurse=*/true);
+    std::vector<at::Tensor> out;
+    std::unordered_set<const void*> seen;
+    for (auto& p : detail::modulePtr(module_)->parameters(/*recurse=*/true)) {
+      if (seen.insert(p.unsafeGetTensorImpl()).second) out.push_back(std::move(p));
+    }
+    return out;
   }
 
   ProcessGroup& processGroup() { return core_->group(); }

@@ -90,6 +90,11 @@ struct ZeroOptions {
   // steps the master copy and the parameters are its rounding. Parameters already in float32 (or
   // float64) are stepped in place: no copy.
   bool masterWeights = true;
+  // Stages 2 and 3, units of a lower precision than their master weights: the dtype their
+  // gradients are reduce-scattered in (float32: the ranks' bfloat16 gradients summed without
+  // 16-bit rounding, as PyTorch FSDP's MixedPrecision(reduce_dtype=torch.float32); twice the
+  // bytes on the wire). Unset: the parameters' own. Units already in float32 are unaffected.
+  std::optional<at::ScalarType> reduceDtype;
   // Stage 2: how many full-size gradient buckets may be waiting for their reduce-scatter before
   // backward waits for the oldest (Note [Gradient buckets of stage 2] in the library).
   int bucketsInFlight = 2;
