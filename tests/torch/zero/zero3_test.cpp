@@ -245,8 +245,7 @@ TEST_P(ZeroStage3Ranks, TiedParametersBelongToTheUnitAroundTheirUsers) {
 
 // ZeroOptions::reduceDtype = float32 with bfloat16 parameters and float32 master shards: the
 // gradients are reduce-scattered in float32 (summed without bfloat16 rounding), at stage 3 as at
-// stage 2, bitwise; the result is not the bfloat16 reduction's, and is closer to training the
-// same model in float32 under DDP than the bfloat16 reduction is.
+// stage 2, bitwise, and the result is not the bfloat16 reduction's.
 TEST_P(ZeroStage3Ranks, Float32ReductionOfBfloat16GradientsMatchesStage2) {
   Zero3Run how{GetParam(), 0, 20};
   const Zero3Result reference = trainZero3<Zero3NestedNet>(how);  // float32 DDP
@@ -274,7 +273,10 @@ TEST_P(ZeroStage3Ranks, Float32ReductionOfBfloat16GradientsMatchesStage2) {
   bool differs = false;
   for (const auto& [name, t] : bf16.params[0]) differs |= !torch::equal(three.params[0].at(name), t);
   EXPECT_TRUE(differs) << "the float32 reduction changed nothing";
-  EXPECT_LT(worst(three), worst(bf16)) << "float32 reduction no closer to float32 training";
+  // For the record: how far each ends from float32 training (20 steps; which is closer varies
+  // with the world size, the rounding of the parameters themselves dominating).
+  ::testing::Test::RecordProperty("error_float32_reduce", std::to_string(worst(three)));
+  ::testing::Test::RecordProperty("error_bfloat16_reduce", std::to_string(worst(bf16)));
 }
 
 INSTANTIATE_TEST_SUITE_P(World, ZeroStage3Ranks, ::testing::Values(2, 3, 4),
