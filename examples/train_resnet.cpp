@@ -400,7 +400,8 @@ struct Training {
     for (int64_t micro = 0; micro < opt.accumSteps; ++micro) {
       const examples::Batch batch = nextBatch(loader, micro);
       torch::Tensor images = batch.images.to(device()), labels = batch.labels.to(device());
-      if (micro + 1 < opt.accumSteps) {
+      // ZeRO-3 has no noSync() yet: each of its micro-batches reduce-scatters into the shard.
+      if (micro + 1 < opt.accumSteps && opt.zero != 3) {
         auto noSync = ddp.noSync();
         forwardBackward(images, labels, figures);
       } else {

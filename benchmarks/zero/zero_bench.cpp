@@ -116,13 +116,14 @@ std::string methodName(int stage) { return stage == 0 ? "DDP" : fmt::format("ZeR
 // The jobs of `stages` on `world` ranks, taking turns (the first to go rotates step by step).
 std::vector<ZeroResult> runTogether(const Options& o, int world, const std::vector<int>& stages,
                                     const std::string& dir) {
+  const std::string run = fmt::format("{}/{}_{}", dir, world, stages.back());
   const std::map<std::string, std::string> env = {{"DTRAIN_SHM", o.noShm ? "0" : "1"}};
   std::vector<std::unique_ptr<TurnGiver>> turns;
   std::vector<Job> jobs;
   std::vector<std::string> outs;
   try {
     for (int stage : stages) {
-      const std::string base = fmt::format("{}/{}_{}", dir, world, stage);
+      const std::string base = fmt::format("{}_{}", run, stage);
       outs.push_back(base + ".json");
       turns.push_back(std::make_unique<TurnGiver>(base));
       jobs.push_back(startWorkers(methodName(stage), world,
@@ -247,10 +248,13 @@ int runDriver(const Options& o) {
       const ZeroResult& zero = results.back();
       for (const auto& r : results) printRow(r, ddp);
       fmt::print("  {:>5} backend {}, {:.2f}M parameters, load {:.1f} -> {:.1f}; gradients held "
-                 "after a noSync() micro-batch: DDP {:.0f} MiB, ZeRO-{} {:.0f} MiB; ZeRO-{} "
-                 "buckets {:.0f} MiB\n",
+                 "after a noSync() micro-batch: DDP {:.0f} MiB, ZeRO-{} {}; ZeRO-{} buckets "
+                 "{:.0f} MiB\n",
                  "", zero.backend, zero.parameters / 1e6, loadBefore, loadAfter,
-                 ddp.noSyncGradientBytes / (1 << 20), stage, zero.noSyncGradientBytes / (1 << 20),
+                 ddp.noSyncGradientBytes / (1 << 20), stage,
+                 zero.noSyncGradientBytes < 0
+                     ? std::string("- (no noSync() yet)")
+                     : fmt::format("{:.0f} MiB", zero.noSyncGradientBytes / (1 << 20)),
                  stage, zero.bucketBytes / (1 << 20));
       if (stage == 3) printStage3(o, zero, results[1]);
       std::fflush(stdout);

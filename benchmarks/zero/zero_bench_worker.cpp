@@ -225,33 +225,39 @@ void timeSteps(const ZeroConfig& config, const Training& t, ZeroResult& r) {
   }
 }
 
-// Model state, every rank's PSS, and the gradients held after a noSync() micro-batch; ends with
-// a synchronising step.
-void measureMemory(const Training& t, ZeroResult& r) {
-  if (t.sharded) {
-    r.stateBytes = static_cast<double>(t.sharded->stats().memory.modelState());
-    r.bucketBytes = static_cast<double>(t.sharded->stats().memory.buckets);
-    r.ownedParameterBytes = static_cast<double>(t.sharded->stats().memory.parameters);
-  } else {
-    r.stateBytes = ddpStateBytes(t.net, static_cast<torch::optim::Adam&>(t.optimizer));
-  }
-  const auto pss = t.group.allgather(torch::tensor({pssBytes()}, torch::kDouble));
-  for (const auto& p : pss) r.pssBytes.push_back(p.item<double>());
-  // Accumulation: the gradients a rank holds after a noSync() micro-batch (Note [Sharded
-  // backward]: stage 2 keeps them full-size, in .grad, until the synchronising backward).
-  t.optimizer.zero_grad();
+// The gradients a rank holds after a noSync() micro-batch (Note [Sharded backward]: stage 2
+// keeps them full-size, in .grad, until the synchronising backward); -1 at stage 3, which refuses
+// noSync() for now.
+double noSyncGradientBytes(const Training& t) {
+  if (t.sharded && t.sharded->options().stage == 3) return -1;
   {
     auto guard = t.ddp.noSync();
     torch::mse_loss(t.ddp(t.x), t.y).backward();
   }
   if (t.sharded) {
     const ZeroMemory m = t.sharded->stats().memory;
-    r.noSyncGradientBytes = static_cast<double>(m.gradients + m.looseGradients);
-  } else {
-    std::vector<torch::Tensor> grads;
-    for (auto& p : t.net->parameters()) grads.push_back(p.grad());
-    r.noSyncGradientBytes = coveredBytes(grads);
+    return static_cast<double>(m.gradients + m.looseGradients);
   }
+  std::vector<torch::Tensor> grads;
+  for (auto& p : t.net->parameters()) grads.push_back(p.grad());
+  return coveredBytes(grads);
+}
+
+// Model state, every rank's PSS, and the gradients held after a noSync() micro-batch; ends with
+// a synchronising step.
+void measureMemory(const Training& t, ZeroResult& r) {
+  if (t.sharded) {
+    const ZeroMemory m = t.sharded->stats().memory;
+    r.stateBytes = static_cast<double>(m.modelState());
+    r.bucketBytes = static_cast<double>(m.buckets);
+    r.ownedParameterBytes = static_cast<double>(m.parameters);
+  } else {
+    r.stateBytes = ddpStateBytes(t.net, static_cast<torch::optim::Adam&>(t.optimizer));
+  }
+  const auto pss = t.group.allgather(torch::tensor({pssBytes()}, torch::kDouble));
+  for (const auto& p : pss) r.pssBytes.push_back(p.item<double>());
+  t.optimizer.zero_grad();
+  r.noSyncGradientBytes = noSyncGradientBytes(t);
   // The synchronising backward, so that the ranks end alike.
   torch::mse_loss(t.ddp(t.x), t.y).backward();
   t.optimizer.step();
