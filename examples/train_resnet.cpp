@@ -95,15 +95,16 @@ cxxopts::Options optionSpec(const Options& o) {
       ("batch-size", "samples per rank per micro-batch", str(o.batchSize))
       ("accum-steps", "micro-batches per optimizer step (accumulation)", str(o.accumSteps))
       ("amp", "mixed precision: bfloat16 on the CPU; float16 + loss scaling on CUDA")
-      ("zero", "0 DDP | 1 shard the optimizer state | 2 and the gradients | 3 and the parameters, "
-               "each residual block a unit (ZeRO; 3: no --checkpoint-dir yet)", str(o.zero))
-      ("offload", "with --zero 3: optimizer state on the host; on the CPU a no-op (CUDA: not built)")
+      ("zero", "0 DDP | ZeRO: 1 shard optimizer state | 2 and gradients | 3 and parameters",
+               str(o.zero))
+      ("offload", "--zero 3: optimizer state on the host; on the CPU a no-op (CUDA: not built)")
       ("recompute", "keep only the stem's and each residual block's input; rerun them in backward")
       ("lr", "peak learning rate per 256 samples a step (scaled to the batch)", str(o.lr))
       ("momentum", "SGD momentum", str(o.momentum))
       ("weight-decay", "SGD weight decay", str(o.weightDecay))
       ("warmup-steps", "linear warm-up steps before the cosine decay", str(o.warmupSteps))
-      ("checkpoint-dir", "checkpoints here; resume from the newest (default: none)", none())
+      ("checkpoint-dir", "checkpoints here; resume from the newest (default: none; not with "
+                         "--zero 3 yet)", none())
       ("save-every", "checkpoint every N steps (0: after every epoch)", str(o.saveEvery))
       ("data-dir", "CIFAR-10 binary files (data_batch_1..5.bin, test_batch.bin)", str(o.dataDir))
       ("synthetic", "first write N synthetic training images (N/5 test) there", str(o.synthetic))
@@ -242,8 +243,7 @@ examples::ResNet buildModel(const Options& opt, const torch::Device& device) {
   modelOptions.width = opt.width;
   // Activation recompute: less memory for about one more forward per step; same results.
   modelOptions.recompute = opt.recompute;
-  // ZeRO-3: each residual block's parameters are gathered only while it runs (see step 5).
-  modelOptions.shardBlocks = opt.zero == 3;
+  modelOptions.shardBlocks = opt.zero == 3;  // ZeRO-3: each block a unit (step 5)
   examples::ResNet model = examples::makeResNet(modelOptions);
   model->to(device);
   return model;

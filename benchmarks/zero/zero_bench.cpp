@@ -213,8 +213,8 @@ void printStage3(const Options& o, const ZeroResult& z3, const ZeroResult& z2) {
              "all-gathers waited in forward + backward {:.1f} ms; hidden {:.0f}% (aim >= 50%)\n",
              "", paired(z3.stepMs, z2.stepMs), paired(z3.computeMs, z2.computeMs),
              paired(z3.commMs, z2.commMs), median(z3.gatherMs), 100 * hiddenShare(z3));
-  fmt::print("  {:>5} ZeRO-3 parameters alive at once: {:.1f} MiB gathered at the peak + {:.1f} MiB "
-             "owned blocks = {:.1f} MiB, aim Psi/N + root + two largest units = {:.1f} + 0 + "
+  fmt::print("  {:>5} ZeRO-3 parameters alive at once: {:.1f} MiB gathered at the peak + {:.1f} "
+             "MiB owned blocks = {:.1f} MiB, aim Psi/N + root + two largest units = {:.1f} + 0 + "
              "{:.1f} = {:.1f} MiB ({:.3f} of it); model state {:.1f} MiB = {:.3f} x 16 Psi/N\n",
              "", z3.peakFullBytes / MiB, z3.ownedParameterBytes / MiB, peak / MiB, blocks / MiB,
              twoLargest / MiB, (blocks + twoLargest) / MiB, peak / (blocks + twoLargest),
