@@ -400,8 +400,7 @@ struct Training {
     for (int64_t micro = 0; micro < opt.accumSteps; ++micro) {
       const examples::Batch batch = nextBatch(loader, micro);
       torch::Tensor images = batch.images.to(device()), labels = batch.labels.to(device());
-      // ZeRO-3 has no noSync() yet: each of its micro-batches reduce-scatters into the shard.
-      if (micro + 1 < opt.accumSteps && opt.zero != 3) {
+      if (micro + 1 < opt.accumSteps) {
         auto noSync = ddp.noSync();
         forwardBackward(images, labels, figures);
       } else {

@@ -5,14 +5,16 @@
 // between those marks are where ZeRO-3 waits for its all-gathers (Note [Timing the gathers]).
 //
 // Note [Timing the gathers]
-// Stage 3 gathers a unit synchronously: in forward inside ShardedUnit::forward, before the
-// module runs; in backward inside the GatherForBackward node at the unit's boundary, which runs
-// after the next unit has computed the gradient of its input and before any node of this unit.
-// A layer's probes sit inside its unit (the ShardedUnit wraps the TimedLayer), so
+// Stage 3 waits for a unit's all-gather (issued then, or earlier by a prefetch) in forward inside
+// ShardedUnit::forward, before the module runs; in backward inside the GatherForBackward node at
+// the unit's boundary, which runs after the next unit has computed the gradient of its input and
+// before any node of this unit. A layer's probes sit inside its unit (the ShardedUnit wraps the
+// TimedLayer), so
 //   forward:  the all-gathers = forward's wall time - the time spent inside the layers;
 //   backward: layer k's all-gather = (its output's gradient arrives) - (layer k+1 finished the
 //             gradient of its input); for the last layer, the probe on the model's output.
-// The library counts neither (ShardGroup::unshard waits in place and returns no duration). Other
+// The library counts the same waits (ZeroStats::unitGatherWait, which zero_bench reports); the
+// probes check that count from outside, and include the issue of a prefetched gather. Other
 // stages gather nothing there: the same gaps measure the wrapper's own forward and the autograd
 // engine's hops, microseconds. A unit's accumulator hooks (copies into buckets, reduce-scatter
 // launches, the wait when more buckets are in flight than allowed) run before the gradient of its

@@ -12,7 +12,7 @@
 // parameters alive at once against the aim.
 //
 //   zero_bench [--worlds 2,4] [--stages 1,2,3] [--steps 5] [--warmup 2] [--width 4096]
-//              [--io 1024] [--layers 7] [--batch 16] [--no-shm] [--smoke]
+//              [--io 1024] [--layers 7] [--batch 16] [--forward-prefetch] [--no-shm] [--smoke]
 #include <unistd.h>
 
 #include <algorithm>
@@ -55,7 +55,7 @@ Options parse(int argc, char** argv) {
     if (a == "--help" || a == "-h") {
       std::fputs("usage: zero_bench [--worlds 2,4] [--stages 1,2,3] [--steps 5] [--warmup 2]\n"
                  "                  [--width 4096] [--io 1024] [--layers 7] [--batch 16]\n"
-                 "                  [--no-shm] [--smoke]\n"
+                 "                  [--forward-prefetch] [--no-shm] [--smoke]\n"
                  "ZeRO stages 1, 2 and 3 against plain DDP (Adam, an MLP of 92M parameters), "
                  "interleaved (stage 3 beside DDP and ZeRO-2); see benchmarks/README.md.\n",
                  stdout);
@@ -64,6 +64,7 @@ Options parse(int argc, char** argv) {
     if (a == "--smoke") o.smoke = true;
     else if (a == "--worker") o.worker = true;
     else if (a == "--no-shm") o.noShm = true;
+    else if (a == "--forward-prefetch") o.job.forwardPrefetch = true;
     else if (a == "--worlds") o.worlds = ints(value());
     else if (a == "--stages") o.stages = ints(value());
     else if (a == "--stage") o.job.stage = std::stoi(value());
@@ -90,11 +91,14 @@ Options parse(int argc, char** argv) {
 
 std::vector<std::string> workerArgs(const Options& o, int stage, const std::string& out,
                                     const std::string& turns) {
-  return {"--stage",  std::to_string(stage),        "--width",  std::to_string(o.job.width),
-          "--io",     std::to_string(o.job.io),      "--layers", std::to_string(o.job.layers),
-          "--batch",  std::to_string(o.job.batch),   "--warmup", std::to_string(o.job.warmup),
-          "--steps",  std::to_string(o.job.steps),   "--out",    out,
-          "--turns",  turns};
+  std::vector<std::string> args = {
+      "--stage",  std::to_string(stage),        "--width",  std::to_string(o.job.width),
+      "--io",     std::to_string(o.job.io),      "--layers", std::to_string(o.job.layers),
+      "--batch",  std::to_string(o.job.batch),   "--warmup", std::to_string(o.job.warmup),
+      "--steps",  std::to_string(o.job.steps),   "--out",    out,
+      "--turns",  turns};
+  if (o.job.forwardPrefetch) args.push_back("--forward-prefetch");
+  return args;
 }
 
 double loadAverage() {
@@ -208,15 +212,19 @@ void printStage3(const Options& o, const ZeroResult& z3, const ZeroResult& z2) {
   std::sort(layers.rbegin(), layers.rend());
   const double twoLargest = 4 * (layers[0] + (layers.size() > 1 ? layers[1] : 0));
   const double blocks = 4 * static_cast<double>(z3.parameters) / z3.world;
-  const double peak = z3.peakFullBytes + z3.ownedParameterBytes;
+  const double peak = z3.peakGatheredBytes + z3.ownedParameterBytes;
   fmt::print("  {:>5} ZeRO-3 / ZeRO-2: step {:.3f} (aim <= 1.3), fwd+bwd {:.3f}, comm {:.2f}; "
-             "all-gathers waited in forward + backward {:.1f} ms; hidden {:.0f}% (aim >= 50%)\n",
+             "unit all-gathers waited {:.1f} ms (the layers' probes: {:.1f}); hidden {:.0f}% "
+             "(aim >= 50%){}\n",
              "", paired(z3.stepMs, z2.stepMs), paired(z3.computeMs, z2.computeMs),
-             paired(z3.commMs, z2.commMs), median(z3.gatherMs), 100 * hiddenShare(z3));
-  fmt::print("  {:>5} ZeRO-3 parameters alive at once: {:.1f} MiB gathered at the peak + {:.1f} "
-             "MiB owned blocks = {:.1f} MiB, aim Psi/N + root + two largest units = {:.1f} + 0 + "
-             "{:.1f} = {:.1f} MiB ({:.3f} of it); model state {:.1f} MiB = {:.3f} x 16 Psi/N\n",
-             "", z3.peakFullBytes / MiB, z3.ownedParameterBytes / MiB, peak / MiB, blocks / MiB,
+             paired(z3.commMs, z2.commMs), median(z3.gatherMs), median(z3.probedGatherMs),
+             100 * hiddenShare(z3), o.job.forwardPrefetch ? "; forward prefetch" : "");
+  fmt::print("  {:>5} ZeRO-3 parameters alive at once: {:.1f} MiB gathered at the peak (the "
+             "layers' storages: {:.1f}) + {:.1f} MiB owned blocks = {:.1f} MiB, aim Psi/N + root + "
+             "two largest units = {:.1f} + 0 + {:.1f} = {:.1f} MiB ({:.3f} of it); model state "
+             "{:.1f} MiB = {:.3f} x 16 Psi/N\n",
+             "", z3.peakGatheredBytes / MiB, z3.peakFullBytes / MiB, z3.ownedParameterBytes / MiB,
+             peak / MiB, blocks / MiB,
              twoLargest / MiB, (blocks + twoLargest) / MiB, peak / (blocks + twoLargest),
              z3.stateBytes / MiB, z3.stateBytes / formulaBytes(3, z3.world, z3.parameters));
 }
@@ -248,13 +256,10 @@ int runDriver(const Options& o) {
       const ZeroResult& zero = results.back();
       for (const auto& r : results) printRow(r, ddp);
       fmt::print("  {:>5} backend {}, {:.2f}M parameters, load {:.1f} -> {:.1f}; gradients held "
-                 "after a noSync() micro-batch: DDP {:.0f} MiB, ZeRO-{} {}; ZeRO-{} buckets "
-                 "{:.0f} MiB\n",
+                 "after a noSync() micro-batch: DDP {:.0f} MiB, ZeRO-{} {:.0f} MiB; ZeRO-{} "
+                 "buckets {:.0f} MiB\n",
                  "", zero.backend, zero.parameters / 1e6, loadBefore, loadAfter,
-                 ddp.noSyncGradientBytes / (1 << 20), stage,
-                 zero.noSyncGradientBytes < 0
-                     ? std::string("- (no noSync() yet)")
-                     : fmt::format("{:.0f} MiB", zero.noSyncGradientBytes / (1 << 20)),
+                 ddp.noSyncGradientBytes / (1 << 20), stage, zero.noSyncGradientBytes / (1 << 20),
                  stage, zero.bucketBytes / (1 << 20));
       if (stage == 3) printStage3(o, zero, results[1]);
       std::fflush(stdout);

@@ -91,11 +91,13 @@ double ddpStateBytes(DeepMlp& net, torch::optim::Adam& adam) {
 }
 
 std::unique_ptr<torch::optim::Optimizer> makeOptimizer(DistributedDataParallel<DeepMlp>& ddp,
-                                                       int stage) {
+                                                       const ZeroConfig& config) {
+  const int stage = config.stage;
   const torch::optim::AdamOptions adamOptions(1e-4);
   if (stage == 0) return std::make_unique<torch::optim::Adam>(ddp.parameters(), adamOptions);
   ZeroOptions zo;
   zo.stage = stage;
+  zo.forwardPrefetch = config.forwardPrefetch;
   return std::make_unique<ShardedOptimizer>(
       ddp, optimizerFactory<torch::optim::Adam>(adamOptions), zo);
 }
@@ -204,15 +206,18 @@ void timeSteps(const ZeroConfig& config, const Training& t, ZeroResult& r) {
     turns.end();
     if (i < config.warmup) continue;
     const double backwardWait = msOf(t.ddp.lastIteration().waited);
-    double optimizerMs = msOf(t3 - t2), stepWait = 0;
+    double optimizerMs = msOf(t3 - t2), stepWait = 0, gatherMs = 0;
     if (t.sharded) {
       const ZeroStats s = t.sharded->stats();
       optimizerMs = msOf(s.optimizerStep);
       stepWait = msOf(s.allgatherWait);
+      gatherMs = msOf(s.unitGatherWait);  // stage 3's units, in forward and backward
+      r.peakGatheredBytes = std::max(r.peakGatheredBytes, double(s.memory.peakGathered));
     }
-    // See Note [Timing the gathers].
-    const GatherSplit gathers = splitGathers(t.probes, forward, t.layers);
-    const double gatherMs = gathers.forwardMs + gathers.backwardMs;
+    // The same waits seen from the layers, to check the library's count (Note [Timing the
+    // gathers]).
+    const GatherSplit probed = splitGathers(t.probes, forward, t.layers);
+    r.probedGatherMs.push_back(probed.forwardMs + probed.backwardMs);
     r.stepMs.push_back(msOf(t3 - t0));
     r.computeMs.push_back(msOf(t2 - t1) - backwardWait - gatherMs);
     r.commMs.push_back(backwardWait + stepWait + gatherMs);
@@ -225,11 +230,9 @@ void timeSteps(const ZeroConfig& config, const Training& t, ZeroResult& r) {
   }
 }
 
-// The gradients a rank holds after a noSync() micro-batch (Note [Sharded backward]: stage 2
-// keeps them full-size, in .grad, until the synchronising backward); -1 at stage 3, which refuses
-// noSync() for now.
+// The gradients a rank holds after a noSync() micro-batch (Note [Sharded backward]: stages 2 and
+// 3 keep them full-size, in .grad, until the synchronising backward).
 double noSyncGradientBytes(const Training& t) {
-  if (t.sharded && t.sharded->options().stage == 3) return -1;
   {
     auto guard = t.ddp.noSync();
     torch::mse_loss(t.ddp(t.x), t.y).backward();
@@ -276,7 +279,7 @@ int runZeroWorker(const ZeroConfig& config) {
   const auto x = torch::randn({config.batch, config.io});
   const auto y = torch::randn({config.batch, config.io});
   DistributedDataParallel<DeepMlp> ddp(net, group);
-  const auto optimizer = makeOptimizer(ddp, config.stage);
+  const auto optimizer = makeOptimizer(ddp, config);
   const Training training{*group,  net,           ddp, *optimizer,
                           dynamic_cast<ShardedOptimizer*>(optimizer.get()),
                           *probes, config.layers, x,   y};
@@ -302,7 +305,9 @@ std::string toJson(const ZeroResult& r) {
                       {"state_bytes", r.stateBytes}, {"bucket_bytes", r.bucketBytes},
                       {"pss_bytes", r.pssBytes},   {"nosync_gradient_bytes", r.noSyncGradientBytes},
                       {"gather_ms", r.gatherMs},   {"alone_ms", r.aloneMs},
+                      {"probed_gather_ms", r.probedGatherMs},
                       {"peak_full_bytes", r.peakFullBytes},
+                      {"peak_gathered_bytes", r.peakGatheredBytes},
                       {"owned_parameter_bytes", r.ownedParameterBytes}};
   return j.dump();
 }
@@ -327,6 +332,8 @@ ZeroResult zeroResultFromJson(const std::string& text) {
   r.gatherMs = j.at("gather_ms").get<std::vector<double>>();
   r.aloneMs = j.at("alone_ms").get<std::vector<double>>();
   r.peakFullBytes = j.at("peak_full_bytes").get<double>();
+  r.probedGatherMs = j.at("probed_gather_ms").get<std::vector<double>>();
+  r.peakGatheredBytes = j.at("peak_gathered_bytes").get<double>();
   r.ownedParameterBytes = j.at("owned_parameter_bytes").get<double>();
   return r;
 }

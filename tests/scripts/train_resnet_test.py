@@ -115,16 +115,12 @@ def step_records(path):
     return records
 
 
-def interval_losses(run):
-    return [float(m.group(1)) for line in run.lines
-            for m in [re.search(r"epoch \d+/\d+  step \d+/\d+  loss ([0-9.]+)", line)] if m]
-
-
 def check_training(run):
     """The loss fell below 70% of the first interval's, the ranks ended bitwise equal, and the
     summary came; returns the number of steps."""
     total = int(run.wait_for(r"step \d+/(\d+)", 1).group(1))
-    losses = interval_losses(run)
+    losses = [float(m.group(1)) for line in run.lines
+              for m in [re.search(r"epoch \d+/\d+  step \d+/\d+  loss ([0-9.]+)", line)] if m]
     if len(losses) < 3:
         fail(f"expected at least 3 progress lines, got {len(losses)}")
     if not losses[-1] < 0.7 * losses[0]:
@@ -234,15 +230,14 @@ def test_zero():
 
 
 def test_zero3():
-    """--zero 3 (every residual block a unit: parameters gathered only while it runs), then with
-    --recompute and --offload (a no-op on the CPU): each ends bitwise equal to the same run under
-    --zero 2 (the same reduce-scatters and SGD over the same values), its ranks agreeing after
-    the parameters are gathered. Then with accumulation, where each micro-batch of --zero 3
-    reduce-scatters (no noSync() at stage 3 yet): the ranks agree, and the losses are --zero 2's
-    within 5 %."""
+    """--zero 3 (every residual block a unit: parameters gathered only while it runs) with
+    accumulation (noSync), then also with --recompute and --offload (a no-op on the CPU): each
+    ends bitwise equal to the same run under --zero 2 (the same reduce-scatters and SGD over the
+    same values), its ranks agreeing after the parameters are gathered."""
     with tempfile.TemporaryDirectory() as tmp:
         common = SMALL + ["--synthetic", "600", "--data-dir", os.path.join(tmp, "data"),
-                          "--epochs", "1", "--log-every", "6"]
+                          "--epochs", "1", "--log-every", "6", "--accum-steps", "2",
+                          "--batch-size", "8"]
         reference = Run(common + ["--zero", "2"])
         if reference.finish() != 0:
             fail("the --zero 2 run failed")
@@ -255,17 +250,6 @@ def test_zero3():
             run.wait_for(r"done: \d+ steps .* test accuracy [0-9.]+%", 1)
             if fingerprints(run) != expected:
                 fail(f"--zero 3 {' '.join(extra)} does not end bitwise equal to --zero 2")
-        losses = {}
-        for stage in ("2", "3"):
-            run = Run(common + ["--zero", stage, "--accum-steps", "2", "--batch-size", "8"])
-            if run.finish() != 0:
-                fail(f"launch failed (--zero {stage} --accum-steps 2)")
-            fingerprints(run)
-            losses[stage] = interval_losses(run)
-        # The same averages summed in another order: rounding apart, the same training.
-        if len(losses["3"]) != 3 or not all(abs(a - b) <= 0.05 * b
-                                            for a, b in zip(losses["3"], losses["2"])):
-            fail(f"--zero 3 with accumulation: losses {losses['3']}, --zero 2's {losses['2']}")
     print("zero3: ok")
 
 
