@@ -13,8 +13,8 @@
 //   4. model and DDP         evaluation, checkpoints)
 //   5. optimizer, learning-rate schedule, loss scaling   9. summary
 // Helpers live beside it: the models in examples/models, the CIFAR-10 reader and the loader
-// thread in examples/data, the progress lines, the test-set evaluation and the reading of a
-// numeric flag in examples/training.
+// thread in examples/data, the progress lines, the test-set evaluation, the learning-rate
+// schedule, the closing fingerprint and the reading of a numeric flag in examples/training.
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -156,8 +156,8 @@ Options parseOptions(int argc, char** argv) {
   o.warmupSteps = number<int64_t>(r, "warmup-steps", 0, 1e9);
   if (r.count("checkpoint-dir")) o.checkpointDir = r["checkpoint-dir"].as<std::string>();
   if (o.zero == 3 && !o.checkpointDir.empty()) {
-    usageError("--zero 3 cannot save checkpoints yet (sharded parameters), so --checkpoint-dir "
-               "is refused with it. HINT: --zero 2 for checkpoints");
+    usageError("train_resnet --zero 3 does not write checkpoints yet, so --checkpoint-dir is "
+               "refused with it. HINT: --zero 2 for checkpoints");
   }
   if (o.offload && o.zero != 3) usageError("--offload needs --zero 3");
   o.saveEvery = number<int64_t>(r, "save-every", 0, 1e9);
