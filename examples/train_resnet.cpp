@@ -156,8 +156,8 @@ Options parseOptions(int argc, char** argv) {
   o.warmupSteps = number<int64_t>(r, "warmup-steps", 0, 1e9);
   if (r.count("checkpoint-dir")) o.checkpointDir = r["checkpoint-dir"].as<std::string>();
   if (o.zero == 3 && !o.checkpointDir.empty()) {
-    usageError("train_resnet --zero 3 does not write checkpoints yet, so --checkpoint-dir is "
-               "refused with it. HINT: --zero 2 for checkpoints");
+    usageError("--zero 3 does not write checkpoints here yet, so --checkpoint-dir is refused "
+               "with it. HINT: --zero 2 for checkpoints");
   }
   if (o.offload && o.zero != 3) usageError("--offload needs --zero 3");
   o.saveEvery = number<int64_t>(r, "save-every", 0, 1e9);

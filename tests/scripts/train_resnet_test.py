@@ -330,7 +330,7 @@ def test_usage():
     expect_exit(["--bogus"], 2, r"bogus")
     expect_exit(["--zero", "4"], 2, r"--zero must be an integer in \[0, 3\], got '4'")
     expect_exit(["--zero", "3", "--checkpoint-dir", "ckpt"], 2,
-                r"--zero 3 does not write checkpoints yet.*HINT: --zero 2 for checkpoints")
+                r"--zero 3 does not write checkpoints here yet.*HINT: --zero 2 for checkpoints")
     expect_exit(["--offload"], 2, r"--offload needs --zero 3")
     if not (re.search(r"--offload\b.*no-op", text) and re.search(r"--zero\b.*3 and param", text)
             and re.search(r"--checkpoint-dir\b.*not with --zero 3 yet", text)):
