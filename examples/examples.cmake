@@ -6,6 +6,7 @@ add_library(dtrain_examples STATIC
   examples/data/cifar10.cpp
   examples/data/loader.cpp
   examples/training/evaluate.cpp
+  examples/training/fingerprint.cpp
   examples/training/progress.cpp)
 target_include_directories(dtrain_examples PUBLIC ${CMAKE_CURRENT_SOURCE_DIR}/examples)
 target_link_libraries(dtrain_examples PUBLIC dtrain)

@@ -13,12 +13,11 @@
 //   4. model and DDP         evaluation, checkpoints)
 //   5. optimizer, learning-rate schedule, loss scaling   9. summary
 // Helpers live beside it: the models in examples/models, the CIFAR-10 reader and the loader
-// thread in examples/data, the progress lines, the test-set evaluation and the reading of a
-// numeric flag in examples/training.
+// thread in examples/data, the progress lines, the test-set evaluation, the learning-rate
+// schedule, the closing fingerprint and the reading of a numeric flag in examples/training.
 #include <chrono>
 #include <cmath>
 #include <cstdio>
-#include <filesystem>
 #include <string>
 
 #include <cxxopts.hpp>
@@ -34,12 +33,16 @@
 #include "models/resnet.h"
 #include "training/evaluate.h"
 #include "training/flags.h"
+#include "training/fingerprint.h"
 #include "training/progress.h"
+#include "training/schedule.h"
 
 namespace {
 
 using Clock = std::chrono::steady_clock;
+using examples::learningRate;
 using examples::number;
+using examples::setLearningRate;
 using examples::usageError;
 
 // ---------------------------------------------------------------------------------------------
@@ -53,7 +56,8 @@ struct Options {
   int64_t batchSize = 128;  // per rank
   int64_t accumSteps = 1;   // micro-batches per optimizer step
   bool amp = false;         // mixed precision: bfloat16 autocast on the CPU, float16 on CUDA
-  int zero = 0;             // 0: DDP; 1: optimizer state sharded (ZeRO-1); 2: and gradients
+  int zero = 0;             // 0: DDP; ZeRO 1: optimizer state, 2: + gradients, 3: + parameters
+  bool offload = false;     // ZeRO-3: optimizer state on the host (a no-op on the CPU)
   bool recompute = false;   // recompute the stem and each residual block in backward
   double lr = 0.2;          // for 256 samples per step; scaled linearly with the global batch
   double momentum = 0.9;
@@ -91,14 +95,16 @@ cxxopts::Options optionSpec(const Options& o) {
       ("batch-size", "samples per rank per micro-batch", str(o.batchSize))
       ("accum-steps", "micro-batches per optimizer step (accumulation)", str(o.accumSteps))
       ("amp", "mixed precision: bfloat16 on the CPU; float16 + loss scaling on CUDA")
-      ("zero", "0 DDP | 1 shard the optimizer state | 2 and the gradients (ZeRO; 3 and --offload "
-               "are not built yet)", str(o.zero))
+      ("zero", "0 DDP | ZeRO: 1 shard optimizer state | 2 and gradients | 3 and parameters",
+               str(o.zero))
+      ("offload", "--zero 3: optimizer state on the host; on the CPU a no-op (CUDA: not built)")
       ("recompute", "keep only the stem's and each residual block's input; rerun them in backward")
       ("lr", "peak learning rate per 256 samples a step (scaled to the batch)", str(o.lr))
       ("momentum", "SGD momentum", str(o.momentum))
       ("weight-decay", "SGD weight decay", str(o.weightDecay))
       ("warmup-steps", "linear warm-up steps before the cosine decay", str(o.warmupSteps))
-      ("checkpoint-dir", "checkpoints here; resume from the newest (default: none)", none())
+      ("checkpoint-dir", "checkpoints here; resume from the newest (default: none; not with "
+                         "--zero 3 yet)", none())
       ("save-every", "checkpoint every N steps (0: after every epoch)", str(o.saveEvery))
       ("data-dir", "CIFAR-10 binary files (data_batch_1..5.bin, test_batch.bin)", str(o.dataDir))
       ("synthetic", "first write N synthetic training images (N/5 test) there", str(o.synthetic))
@@ -141,16 +147,19 @@ Options parseOptions(int argc, char** argv) {
   o.batchSize = number<int64_t>(r, "batch-size", 1, 1e6);
   o.accumSteps = number<int64_t>(r, "accum-steps", 1, 1e4);
   o.amp = r.count("amp") > 0;
-  if (r["zero"].as<std::string>() == "3") {
-    usageError("--zero 3 (parameters sharded too) is not built yet; --zero takes 0, 1 or 2");
-  }
-  o.zero = number<int>(r, "zero", 0, 2);
+  o.zero = number<int>(r, "zero", 0, 3);
+  o.offload = r.count("offload") > 0;
   o.recompute = r.count("recompute") > 0;
   o.lr = number<double>(r, "lr", 0, 1e3);
   o.momentum = number<double>(r, "momentum", 0, 1);
   o.weightDecay = number<double>(r, "weight-decay", 0, 1);
   o.warmupSteps = number<int64_t>(r, "warmup-steps", 0, 1e9);
   if (r.count("checkpoint-dir")) o.checkpointDir = r["checkpoint-dir"].as<std::string>();
+  if (o.zero == 3 && !o.checkpointDir.empty()) {
+    usageError("--zero 3 does not write checkpoints here yet, so --checkpoint-dir is refused "
+               "with it. HINT: --zero 2 for checkpoints");
+  }
+  if (o.offload && o.zero != 3) usageError("--offload needs --zero 3");
   o.saveEvery = number<int64_t>(r, "save-every", 0, 1e9);
   o.dataDir = r["data-dir"].as<std::string>();
   o.synthetic = number<int64_t>(r, "synthetic", 0, 1e7);
@@ -234,6 +243,7 @@ examples::ResNet buildModel(const Options& opt, const torch::Device& device) {
   modelOptions.width = opt.width;
   // Activation recompute: less memory for about one more forward per step; same results.
   modelOptions.recompute = opt.recompute;
+  modelOptions.shardBlocks = opt.zero == 3;  // ZeRO-3: each block a unit (step 5)
   examples::ResNet model = examples::makeResNet(modelOptions);
   model->to(device);
   return model;
@@ -248,30 +258,22 @@ examples::ResNet buildModel(const Options& opt, const torch::Device& device) {
 //    and needs no scaling: the scaler is then disabled and changes nothing. With --zero 1 or 2
 //    the optimizer is a ShardedOptimizer: each rank keeps the momentum (and, at 2, the averaged
 //    gradients) of its 1/N of the parameters, steps a real SGD over that part and all-gathers
-//    the parameters; to the rest of the program it is an optimizer like any other.
+//    the parameters; to the rest of the program it is an optimizer like any other. With --zero 3
+//    it also frees every residual block's parameters but the rank's 1/N: each block gathers them
+//    when it runs, in forward and again in backward (the model's shardBlocks, step 4).
 // ---------------------------------------------------------------------------------------------
 std::unique_ptr<torch::optim::Optimizer> makeOptimizer(
     const Options& opt, dtrain::DistributedDataParallel<examples::ResNet>& ddp, double peakLr) {
   const auto sgd =
       torch::optim::SGDOptions(peakLr).momentum(opt.momentum).weight_decay(opt.weightDecay);
   if (opt.zero == 0) return std::make_unique<torch::optim::SGD>(ddp.parameters(), sgd);
+  // --offload: on the CPU the state is on the host already. Refused on CUDA (not built yet).
+  DTRAIN_CHECK_ARG(!opt.offload || !ddp.parameters().front().is_cuda(),
+                   "--offload on CUDA is not built yet. HINT: drop --offload");
   dtrain::ZeroOptions zero;
   zero.stage = opt.zero;
   return std::make_unique<dtrain::ShardedOptimizer>(
       ddp, dtrain::optimizerFactory<torch::optim::SGD>(sgd), zero);
-}
-
-// Warm-up + cosine: linear from ~0 to the peak over `warmup` steps, then half a cosine to 0.
-double learningRate(double peak, int64_t step, int64_t warmup, int64_t total) {
-  if (step < warmup) return peak * static_cast<double>(step + 1) / static_cast<double>(warmup);
-  const double progress = static_cast<double>(step - warmup) /
-                          static_cast<double>(std::max<int64_t>(1, total - warmup));
-  return 0.5 * peak * (1.0 + std::cos(M_PI * std::min(1.0, progress)));
-}
-
-void setLearningRate(torch::optim::Optimizer& optimizer, double lr) {
-  for (auto& group : optimizer.param_groups())
-    static_cast<torch::optim::SGDOptions&>(group.options()).lr(lr);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -499,7 +501,7 @@ struct Training {
     // Each rank prints a fingerprint of its parameters and buffers: equal lines show that DDP
     // kept the ranks bitwise in step (evaluation synchronised the BatchNorm statistics).
     std::printf("fingerprint of rank %d's model: %016llx\n", group.rank(),
-                static_cast<unsigned long long>(examples::fingerprint(*model)));
+                static_cast<unsigned long long>(examples::trainedFingerprint(*model, optimizer)));
     const double total = std::chrono::duration<double>(Clock::now() - started).count();
     if (step == firstStep) {
       progress.line(fmt::format("done: all {} steps were trained before; test accuracy {:.2f}%",

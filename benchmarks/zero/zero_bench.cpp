@@ -1,21 +1,27 @@
-// zero_bench: ZeRO stages 1 and 2 against plain DDP, Adam on an MLP of 92M float32 parameters,
-// one thread per rank. For each world size and stage a DDP job and a ZeRO job run at once and
-// take turns step by step (Note [Turns] in benchmarks/ddp/ddp_step_bench.h), so both see the
-// same machine load. Per job: the median step and its split -- forward + backward (without the
-// communication they waited for), communication waited for, the optimizer's step, the rest --,
-// the ratio to DDP's step and communication (medians of per-step ratios, Note [Paired
-// statistics]), model-state bytes per rank (from the tensors' storages) against ZeRO's formula,
-// PSS per rank (max over the ranks), payload bytes each rank sends per step (the communicator's
-// counter, Note [Payload bytes]) per parameter, and what accumulation under noSync() holds.
+// zero_bench: ZeRO stages 1, 2 and 3 against plain DDP, Adam on an MLP of 92M float32
+// parameters, one thread per rank. For each world size and stage a DDP job and a ZeRO job (stage
+// 3: and a ZeRO-2 job, the reference of its aim) run at once and take turns step by step (Note
+// [Turns] in benchmarks/ddp/ddp_step_bench.h), so they see the same machine load. Per job: the
+// median step and its split -- forward + backward (without the communication they waited for),
+// communication waited for, the optimizer's step, the rest --, the ratio to DDP's step and
+// communication (medians of per-step ratios, Note [Paired statistics]), what the step's
+// collectives cost alone and how much of it was hidden, model-state bytes per rank (from the
+// tensors' storages) against ZeRO's formula, PSS per rank (max over the ranks), payload bytes
+// each rank sends per step (the communicator's counter, Note [Payload bytes]) per parameter, and
+// what accumulation under noSync() holds; for stage 3 its ratios to ZeRO-2 and the full
+// parameters alive at once against the aim.
 //
-//   zero_bench [--worlds 2,4] [--stages 1,2] [--steps 5] [--warmup 2] [--width 4096]
-//              [--io 1024] [--layers 7] [--batch 16] [--no-shm] [--smoke]
+//   zero_bench [--worlds 2,4] [--stages 1,2,3] [--steps 5] [--warmup 2] [--width 4096]
+//              [--io 1024] [--layers 7] [--batch 16] [--forward-prefetch] [--no-shm] [--smoke]
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
+#include <map>
+#include <memory>
 
 #include <fmt/format.h>
 
@@ -29,7 +35,7 @@ namespace {
 struct Options {
   ZeroConfig job;
   std::vector<int> worlds = {2, 4};
-  std::vector<int> stages = {1, 2};
+  std::vector<int> stages = {1, 2, 3};
   bool noShm = false;
   bool smoke = false;
   bool worker = false;
@@ -47,17 +53,18 @@ Options parse(int argc, char** argv) {
     std::string a = argv[i];
     auto value = [&] { return flagValue(argc, argv, i); };
     if (a == "--help" || a == "-h") {
-      std::fputs("usage: zero_bench [--worlds 2,4] [--stages 1,2] [--steps 5] [--warmup 2]\n"
+      std::fputs("usage: zero_bench [--worlds 2,4] [--stages 1,2,3] [--steps 5] [--warmup 2]\n"
                  "                  [--width 4096] [--io 1024] [--layers 7] [--batch 16]\n"
-                 "                  [--no-shm] [--smoke]\n"
-                 "ZeRO stages 1 and 2 against plain DDP (Adam, an MLP of 92M parameters), "
-                 "interleaved; see benchmarks/README.md.\n",
+                 "                  [--forward-prefetch] [--no-shm] [--smoke]\n"
+                 "ZeRO stages 1, 2 and 3 against plain DDP (Adam, an MLP of 92M parameters), "
+                 "interleaved (stage 3 beside DDP and ZeRO-2); see benchmarks/README.md.\n",
                  stdout);
       std::exit(0);
     }
     if (a == "--smoke") o.smoke = true;
     else if (a == "--worker") o.worker = true;
     else if (a == "--no-shm") o.noShm = true;
+    else if (a == "--forward-prefetch") o.job.forwardPrefetch = true;
     else if (a == "--worlds") o.worlds = ints(value());
     else if (a == "--stages") o.stages = ints(value());
     else if (a == "--stage") o.job.stage = std::stoi(value());
@@ -84,11 +91,14 @@ Options parse(int argc, char** argv) {
 
 std::vector<std::string> workerArgs(const Options& o, int stage, const std::string& out,
                                     const std::string& turns) {
-  return {"--stage",  std::to_string(stage),        "--width",  std::to_string(o.job.width),
-          "--io",     std::to_string(o.job.io),      "--layers", std::to_string(o.job.layers),
-          "--batch",  std::to_string(o.job.batch),   "--warmup", std::to_string(o.job.warmup),
-          "--steps",  std::to_string(o.job.steps),   "--out",    out,
-          "--turns",  turns};
+  std::vector<std::string> args = {
+      "--stage",  std::to_string(stage),        "--width",  std::to_string(o.job.width),
+      "--io",     std::to_string(o.job.io),      "--layers", std::to_string(o.job.layers),
+      "--batch",  std::to_string(o.job.batch),   "--warmup", std::to_string(o.job.warmup),
+      "--steps",  std::to_string(o.job.steps),   "--out",    out,
+      "--turns",  turns};
+  if (o.job.forwardPrefetch) args.push_back("--forward-prefetch");
+  return args;
 }
 
 double loadAverage() {
@@ -98,36 +108,43 @@ double loadAverage() {
   return load;
 }
 
-// DDP and ZeRO stage `stage` on `world` ranks, taking turns.
-std::pair<ZeroResult, ZeroResult> runPair(const Options& o, int world, int stage,
-                                          const std::string& dir) {
-  auto path = [&](const char* what) { return fmt::format("{}/{}_{}_{}", dir, what, world, stage); };
+// The jobs that run together for `stage`: DDP, and ZeRO-2 beside ZeRO-3 (its aim is relative to
+// ZeRO-2's step).
+std::vector<int> jobsFor(int stage) {
+  if (stage == 3) return {0, 2, 3};
+  return {0, stage};
+}
+
+std::string methodName(int stage) { return stage == 0 ? "DDP" : fmt::format("ZeRO-{}", stage); }
+
+// The jobs of `stages` on `world` ranks, taking turns (the first to go rotates step by step).
+std::vector<ZeroResult> runTogether(const Options& o, int world, const std::vector<int>& stages,
+                                    const std::string& dir) {
+  const std::string run = fmt::format("{}/{}_{}", dir, world, stages.back());
   const std::map<std::string, std::string> env = {{"DTRAIN_SHM", o.noShm ? "0" : "1"}};
-  TurnGiver ddpTurns(path("ddp")), zeroTurns(path("zero"));
-  Job ddp = startWorkers("DDP", world, workerArgs(o, 0, path("ddp") + ".json", ddpTurns.path()),
-                         env, path("ddp") + ".json");
-  Job zero;
+  std::vector<std::unique_ptr<TurnGiver>> turns;
+  std::vector<Job> jobs;
+  std::vector<std::string> outs;
   try {
-    zero = startWorkers(fmt::format("ZeRO-{}", stage), world,
-                        workerArgs(o, stage, path("zero") + ".json", zeroTurns.path()), env,
-                        path("zero") + ".json");
-    ddpTurns.connect(ddp.pids, 300);
-    zeroTurns.connect(zero.pids, 300);
+    for (int stage : stages) {
+      const std::string base = fmt::format("{}_{}", run, stage);
+      outs.push_back(base + ".json");
+      turns.push_back(std::make_unique<TurnGiver>(base));
+      jobs.push_back(startWorkers(methodName(stage), world,
+                                  workerArgs(o, stage, outs.back(), turns.back()->path()), env,
+                                  outs.back()));
+    }
+    for (size_t j = 0; j < jobs.size(); ++j) turns[j]->connect(jobs[j].pids, 300);
     for (int t = 0; t < o.job.warmup + o.job.steps; ++t) {
-      if (t % 2 == 0) {  // alternate who goes first
-        ddpTurns.give();
-        zeroTurns.give();
-      } else {
-        zeroTurns.give();
-        ddpTurns.give();
-      }
+      for (size_t j = 0; j < jobs.size(); ++j) turns[(t + j) % jobs.size()]->give();
     }
   } catch (const Error&) {
-    killAll(ddp.pids);
-    killAll(zero.pids);
+    for (auto& job : jobs) killAll(job.pids);
     throw;
   }
-  return {zeroResultFromJson(finishJob(ddp)), zeroResultFromJson(finishJob(zero))};
+  std::vector<ZeroResult> results;
+  for (auto& job : jobs) results.push_back(zeroResultFromJson(finishJob(job)));
+  return results;
 }
 
 // Note [Paired statistics]: step i of both jobs ran next to each other in time.
@@ -137,10 +154,27 @@ double paired(const std::vector<double>& a, const std::vector<double>& b) {
   return median(r);
 }
 
+// Model-state bytes per rank for float32 Adam (ZeRO's paper): DDP 16, ZeRO-1 8 + 8/N, ZeRO-2
+// 4 + 12/N, ZeRO-3 16/N bytes per parameter.
 double formulaBytes(int stage, int world, double params) {
   const double n = world;
-  if (stage == 0) return 16 * params;
-  return (stage == 1 ? 8 + 8 / n : 4 + 12 / n) * params;
+  switch (stage) {
+    case 0: return 16 * params;
+    case 1: return (8 + 8 / n) * params;
+    case 2: return (4 + 12 / n) * params;
+    default: return 16 / n * params;
+  }
+}
+
+// The share of the collectives' cost by themselves that the step did not wait for (Note
+// [Communication alone]), median of per-step values; negative when contention made the waits
+// longer than the collectives alone.
+double hiddenShare(const ZeroResult& r) {
+  std::vector<double> share;
+  for (size_t i = 0; i < r.commMs.size() && i < r.aloneMs.size(); ++i) {
+    if (r.aloneMs[i] > 0) share.push_back(1 - r.commMs[i] / r.aloneMs[i]);
+  }
+  return median(share);
 }
 
 void printRow(const ZeroResult& r, const ZeroResult& ddp) {
@@ -150,14 +184,49 @@ void printRow(const ZeroResult& r, const ZeroResult& ddp) {
   double pss = 0;
   for (double p : r.pssBytes) pss = std::max(pss, p);
   const bool isDdp = r.stage == 0;
-  fmt::print("  {:>5} {:>6} {:>8.1f} {:>8.1f} {:>7.1f} {:>7.1f} {:>6.1f} {:>6} {:>6} {:>8.1f} "
-             "{:>8.1f} {:>6.3f} {:>7.0f} {:>7.2f}\n",
+  fmt::print("  {:>5} {:>6} {:>8.1f} {:>8.1f} {:>7.1f} {:>7.1f} {:>6.1f} {:>6} {:>6} {:>7.1f} "
+             "{:>6.0f}% {:>8.1f} {:>8.1f} {:>6.3f} {:>7.0f} {:>7.2f}\n",
              r.world, isDdp ? "ddp" : fmt::format("zero{}", r.stage), median(r.stepMs),
              median(r.computeMs), median(r.commMs), median(r.optimizerMs), median(r.otherMs),
              isDdp ? "-" : fmt::format("{:.3f}", paired(r.stepMs, ddp.stepMs)),
              isDdp ? "-" : fmt::format("{:.2f}", paired(r.commMs, ddp.commMs)),
-             r.stateBytes / MiB, formula / MiB, r.stateBytes / formula, pss / MiB,
-             median(r.payloadBytes) / psi);
+             median(r.aloneMs), 100 * hiddenShare(r), r.stateBytes / MiB, formula / MiB,
+             r.stateBytes / formula, pss / MiB, median(r.payloadBytes) / psi);
+}
+
+// Parameter elements of each layer of the MLP (weight and bias).
+std::vector<double> layerNumels(const ZeroConfig& c) {
+  std::vector<double> out;
+  for (int l = 0; l < c.layers; ++l) {
+    const double in = static_cast<double>(l == 0 ? c.io : c.width);
+    const double width = static_cast<double>(l + 1 == c.layers ? c.io : c.width);
+    out.push_back(in * width + width);
+  }
+  return out;
+}
+
+// ZeRO-3 against ZeRO-2 (paired) and its memory against the aims.
+void printStage3(const Options& o, const ZeroResult& z3, const ZeroResult& z2) {
+  constexpr double MiB = 1 << 20;
+  auto layers = layerNumels(o.job);
+  std::sort(layers.rbegin(), layers.rend());
+  const double twoLargest = 4 * (layers[0] + (layers.size() > 1 ? layers[1] : 0));
+  const double blocks = 4 * static_cast<double>(z3.parameters) / z3.world;
+  const double peak = z3.peakGatheredBytes + z3.ownedParameterBytes;
+  fmt::print("  {:>5} ZeRO-3 / ZeRO-2: step {:.3f} (aim <= 1.3), fwd+bwd {:.3f}, comm {:.2f}; "
+             "unit all-gathers waited {:.1f} ms (the layers' probes: {:.1f}); hidden {:.0f}% "
+             "(aim >= 50%){}\n",
+             "", paired(z3.stepMs, z2.stepMs), paired(z3.computeMs, z2.computeMs),
+             paired(z3.commMs, z2.commMs), median(z3.gatherMs), median(z3.probedGatherMs),
+             100 * hiddenShare(z3), o.job.forwardPrefetch ? "; forward prefetch" : "");
+  fmt::print("  {:>5} ZeRO-3 parameters alive at once: {:.1f} MiB gathered at the peak (the "
+             "layers' storages: {:.1f}) + {:.1f} MiB owned blocks = {:.1f} MiB, aim Psi/N + root + "
+             "two largest units = {:.1f} + 0 + {:.1f} = {:.1f} MiB ({:.3f} of it); model state "
+             "{:.1f} MiB = {:.3f} x 16 Psi/N\n",
+             "", z3.peakGatheredBytes / MiB, z3.peakFullBytes / MiB, z3.ownedParameterBytes / MiB,
+             peak / MiB, blocks / MiB,
+             twoLargest / MiB, (blocks + twoLargest) / MiB, peak / (blocks + twoLargest),
+             z3.stateBytes / MiB, z3.stateBytes / formulaBytes(3, z3.world, z3.parameters));
 }
 
 int runDriver(const Options& o) {
@@ -170,25 +239,29 @@ int runDriver(const Options& o) {
              o.job.warmup, o.noShm ? "Gloo (DTRAIN_SHM=0)" : "shared memory",
              o.smoke ? ", SMOKE" : "");
   fmt::print("# ms: step = fwd+bwd (without waits) + comm (waited for) + optimizer + other; "
-             "ratio, comm: per-step ratios to DDP's; state: model-state MiB per rank (storages) "
-             "against the formula; pss: max over ranks, MiB; B/param: payload bytes per step\n");
-  fmt::print("# {:>5} {:>6} {:>8} {:>8} {:>7} {:>7} {:>6} {:>6} {:>6} {:>8} {:>8} {:>6} {:>7} "
-             "{:>7}\n",
+             "ratio, comm: per-step ratios to DDP's; alone: the step's collectives by themselves, "
+             "hidden: 1 - comm / alone; state: model-state MiB per rank (storages) against the "
+             "formula; pss: max over ranks, MiB; B/param: payload bytes per step\n");
+  fmt::print("# {:>5} {:>6} {:>8} {:>8} {:>7} {:>7} {:>6} {:>6} {:>6} {:>7} {:>7} {:>8} {:>8} "
+             "{:>6} {:>7} {:>7}\n",
              "world", "method", "step", "fwd+bwd", "comm", "optim", "other", "ratio", "comm",
-             "state", "formula", "/form", "pss", "B/param");
+             "alone", "hidden", "state", "formula", "/form", "pss", "B/param");
   for (int world : o.worlds) {
     for (int stage : o.stages) {
       const double loadBefore = loadAverage();
-      auto [ddp, zero] = runPair(o, world, stage, dir);
+      const std::vector<int> stages = jobsFor(stage);
+      const std::vector<ZeroResult> results = runTogether(o, world, stages, dir);
       const double loadAfter = loadAverage();
-      printRow(ddp, ddp);
-      printRow(zero, ddp);
+      const ZeroResult& ddp = results.front();
+      const ZeroResult& zero = results.back();
+      for (const auto& r : results) printRow(r, ddp);
       fmt::print("  {:>5} backend {}, {:.2f}M parameters, load {:.1f} -> {:.1f}; gradients held "
-                 "after a noSync() micro-batch: DDP {:.0f} MiB, ZeRO-{} {:.0f} MiB; ZeRO-2 "
+                 "after a noSync() micro-batch: DDP {:.0f} MiB, ZeRO-{} {:.0f} MiB; ZeRO-{} "
                  "buckets {:.0f} MiB\n",
                  "", zero.backend, zero.parameters / 1e6, loadBefore, loadAfter,
                  ddp.noSyncGradientBytes / (1 << 20), stage, zero.noSyncGradientBytes / (1 << 20),
-                 zero.bucketBytes / (1 << 20));
+                 stage, zero.bucketBytes / (1 << 20));
+      if (stage == 3) printStage3(o, zero, results[1]);
       std::fflush(stdout);
     }
   }

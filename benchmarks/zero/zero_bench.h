@@ -11,13 +11,14 @@
 namespace dtrain::bench {
 
 struct ZeroConfig {
-  int stage = 0;         // 0: plain DDP with torch::optim::Adam; 1, 2: ShardedOptimizer
+  int stage = 0;         // 0: plain DDP with torch::optim::Adam; 1, 2, 3: ShardedOptimizer
   // DeepMlp(io, width, layers): io -> width, layers - 2 hidden width x width, width -> io;
   // 92.3M parameters at the defaults.
   int64_t width = 4096;
   int64_t io = 1024;
   int layers = 7;
   int batch = 16;        // per rank
+  bool forwardPrefetch = false;  // stage 3: ZeroOptions::forwardPrefetch
   int warmup = 2;
   int steps = 5;
   std::string out;       // rank 0 writes its result here (JSON)
@@ -26,19 +27,27 @@ struct ZeroConfig {
 
 // One job's measurement. Per step (milliseconds): the whole step and its parts -- forward and
 // backward without the communication they waited for, the communication they and step() waited
-// for (DDP: the end of backward on allreduces; ZeRO: on reduce-scatters, and step() on
-// all-gathers), the optimizer's own step, the rest (zero_grad and bookkeeping).
+// for (DDP: the end of backward on allreduces; ZeRO: on reduce-scatters, step() on all-gathers,
+// and at stage 3 forward and backward on the units' all-gathers, ZeroStats::unitGatherWait),
+// the optimizer's own step, the rest (zero_grad and bookkeeping) --, and what the step's
+// collectives take by themselves (Note [Communication alone]).
 struct ZeroResult {
   int stage = 0;
   int world = 0;
   int64_t parameters = 0;
   std::string backend;
   std::vector<double> stepMs, computeMs, commMs, optimizerMs, otherMs;
+  std::vector<double> gatherMs;      // of commMs: stage 3's unit gathers (unitGatherWait)
+  std::vector<double> probedGatherMs;  // the same waits from the layers' probes
+  std::vector<double> aloneMs;       // the step's collectives by themselves
   std::vector<double> payloadBytes;  // rank 0's communicator, per step
   double stateBytes = 0;             // rank 0's model state, from the tensors' storages
   double bucketBytes = 0;            // ZeRO-2's gradient buckets
   std::vector<double> pssBytes;      // every rank's PSS after the timed steps
   double noSyncGradientBytes = 0;    // gradients held under noSync() (a last micro-batch)
+  double peakFullBytes = 0;          // the most full-parameter bytes alive at once in a step
+  double peakGatheredBytes = 0;      // the same from the library (ZeroMemory::peakGathered)
+  double ownedParameterBytes = 0;    // the module's parameters between steps (stage 3: blocks)
 };
 
 // Runs the worker side in this process (RANK, WORLD_SIZE and the store from the environment);

@@ -1,8 +1,10 @@
 // The worker of zero_bench: times Adam training steps of a deep MLP under plain DDP or a
-// ShardedOptimizer, in turns with the other job (Note [Turns]), and measures model-state bytes
-// (from the tensors' storages), PSS (smaps_rollup: RSS counts the shared-memory segment in every
-// rank) and the payload bytes of each step (Communicator::payloadBytes()).
+// ShardedOptimizer (stage 3: every layer a ShardedUnit), in turns with the other jobs (Note
+// [Turns]), and measures model-state bytes (from the tensors' storages), PSS (smaps_rollup: RSS
+// counts the shared-memory segment in every rank), the full parameters alive at once, the payload
+// bytes of each step (Communicator::payloadBytes()) and what its collectives cost alone.
 #include <chrono>
+#include <cstring>
 #include <fstream>
 #include <sstream>
 
@@ -12,8 +14,10 @@
 #include "../ddp/bench_process.h"
 #include "dtrain/base/error.h"
 #include "dtrain/torch/ddp.h"
+#include "dtrain/torch/fully_shard.h"
 #include "dtrain/torch/init.h"
 #include "dtrain/torch/zero.h"
+#include "layer_probe.h"
 #include "zero_bench.h"
 
 namespace dtrain::bench {
@@ -22,16 +26,18 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-// The model: Linear layers with ReLU between, io -> width -> ... -> width -> io. Each hidden
-// weight (64 MiB at the defaults) is a unit of its own, as a transformer layer's would be.
+// The model: Linear layers with ReLU between, io -> width -> ... -> width -> io, each with its
+// probes (layer_probe.h). Each hidden weight (64 MiB at the defaults) is a unit of its own, as a
+// transformer layer's would be: at stage 3 every layer is marked (ShardedUnit).
 struct DeepMlpImpl : torch::nn::Module {
-  DeepMlpImpl(int64_t io, int64_t width, int layers) {
+  DeepMlpImpl(int64_t io, int64_t width, int layers, bool markUnits,
+              const std::shared_ptr<ProbeLog>& log) {
     for (int l = 0; l < layers; ++l) {
       const int64_t in = l == 0 ? io : width;
       const int64_t out = l + 1 == layers ? io : width;
-      net->push_back(torch::nn::Linear(in, out));
-      if (l + 1 < layers) net->push_back(torch::nn::ReLU());
+      net->push_back(TimedLayer(in, out, /*relu=*/l + 1 < layers, l, log));
     }
+    if (markUnits) net = shardEveryChild(net);
     register_module("net", net);
   }
   torch::Tensor forward(const torch::Tensor& x) { return net->forward(x); }
@@ -85,14 +91,65 @@ double ddpStateBytes(DeepMlp& net, torch::optim::Adam& adam) {
 }
 
 std::unique_ptr<torch::optim::Optimizer> makeOptimizer(DistributedDataParallel<DeepMlp>& ddp,
-                                                       int stage) {
+                                                       const ZeroConfig& config) {
+  const int stage = config.stage;
   const torch::optim::AdamOptions adamOptions(1e-4);
   if (stage == 0) return std::make_unique<torch::optim::Adam>(ddp.parameters(), adamOptions);
   ZeroOptions zo;
   zo.stage = stage;
+  zo.forwardPrefetch = config.forwardPrefetch;
   return std::make_unique<ShardedOptimizer>(
       ddp, optimizerFactory<torch::optim::Adam>(adamOptions), zo);
 }
+
+// Note [Communication alone]
+// How much of a step's communication is hidden behind compute needs what that communication
+// costs by itself. After each timed step, still in its turn, the collectives the method issues
+// in a step run once more, synchronously and with nothing else to do, on buffers of the layers'
+// sizes (padded to N blocks, as the units are): DDP an allreduce per layer, ZeRO-1/2 a
+// reduce-scatter and an all-gather, ZeRO-3 two all-gathers (forward, backward) and a
+// reduce-scatter. hidden = 1 - waited / alone, per step. Stage 1 and 2 plan their units by size,
+// not by layer: the same bytes in a few more or fewer calls.
+class CollectivesAlone {
+ public:
+  CollectivesAlone(comm::Communicator& comm, int stage, const std::vector<int64_t>& layerNumels)
+      : comm_(comm), stage_(stage) {
+    const auto n = static_cast<size_t>(comm.size());
+    size_t most = 0;
+    for (int64_t numel : layerNumels) {
+      blocks_.push_back((static_cast<size_t>(numel) + n - 1) / n);
+      most = std::max(most, blocks_.back() * n);
+    }
+    full_ = comm.allocate(most * sizeof(float));
+    block_ = comm.allocate(most / n * sizeof(float));
+    std::memset(full_->data(), 0, full_->bytes());  // no NaN or denormal in the sums
+    std::memset(block_->data(), 0, block_->bytes());
+  }
+
+  // Milliseconds the step's collectives take by themselves. Collective.
+  double run() {
+    const auto start = Clock::now();
+    const auto f32 = comm::DataType::Float32;
+    for (size_t block : blocks_) {
+      const size_t full = block * static_cast<size_t>(comm_.size());
+      if (stage_ == 0) {
+        comm_.allreduce(full_->data(), full, f32, comm::ReduceOp::Sum);
+        continue;
+      }
+      for (int g = 0; g < (stage_ == 3 ? 2 : 1); ++g) {
+        comm_.allgather(block_->data(), full_->data(), block, f32);
+      }
+      comm_.reduceScatter(full_->data(), block_->data(), block, f32, comm::ReduceOp::Sum);
+    }
+    return msOf(Clock::now() - start);
+  }
+
+ private:
+  comm::Communicator& comm_;
+  const int stage_;
+  std::vector<size_t> blocks_;  // elements per rank, per layer
+  std::shared_ptr<comm::Buffer> full_, block_;
+};
 
 // One rank's training: the model under DDP, its optimizer and the batch every step uses.
 struct Training {
@@ -100,17 +157,37 @@ struct Training {
   DeepMlp& net;
   DistributedDataParallel<DeepMlp>& ddp;
   torch::optim::Optimizer& optimizer;
-  ShardedOptimizer* sharded;  // the optimizer when the stage is 1 or 2, else null
+  ShardedOptimizer* sharded;  // the optimizer when the stage is 1, 2 or 3, else null
+  ProbeLog& probes;
+  int layers;
   torch::Tensor x, y;
 };
+
+// The step's forward and backward; returns the forward's wall time.
+Clock::duration forwardBackward(const Training& t) {
+  const auto start = Clock::now();
+  torch::Tensor out = t.ddp(t.x);
+  const auto forward = Clock::now() - start;
+  out = probeBackward(out, ProbeLog::Kind::GradIn, t.layers, &t.probes);
+  torch::mse_loss(out, t.y).backward();
+  return forward;
+}
 
 // The warm-up and timed steps, each in this job's turn; records the timed ones' breakdown.
 void timeSteps(const ZeroConfig& config, const Training& t, ZeroResult& r) {
   comm::Communicator& comm = t.group.communicator();
+  std::vector<int64_t> layerNumels;
+  for (const auto& layer : t.net->net->children()) {
+    int64_t numel = 0;
+    for (const auto& p : layer->parameters()) numel += p.numel();
+    layerNumels.push_back(numel);
+  }
+  CollectivesAlone alone(comm, config.stage, layerNumels);
   TurnTaker turns(config.turns, t.group.rank() == 0);
   for (int i = 0; i < config.warmup + config.steps; ++i) {
     turns.begin();
     t.group.barrier();
+    t.probes.clear();
     const uint64_t payload0 = comm.payloadBytes();
     const auto t0 = Clock::now();
     if (t.sharded) {
@@ -119,56 +196,71 @@ void timeSteps(const ZeroConfig& config, const Training& t, ZeroResult& r) {
       t.optimizer.zero_grad();
     }
     const auto t1 = Clock::now();
-    torch::mse_loss(t.ddp(t.x), t.y).backward();
+    const auto forward = forwardBackward(t);
     const auto t2 = Clock::now();
     t.optimizer.step();
     const auto t3 = Clock::now();
     const uint64_t payload = comm.payloadBytes() - payload0;
     t.group.barrier();
+    const double aloneMs = alone.run();
     turns.end();
     if (i < config.warmup) continue;
     const double backwardWait = msOf(t.ddp.lastIteration().waited);
-    double optimizerMs = msOf(t3 - t2), stepWait = 0;
+    double optimizerMs = msOf(t3 - t2), stepWait = 0, gatherMs = 0;
     if (t.sharded) {
       const ZeroStats s = t.sharded->stats();
       optimizerMs = msOf(s.optimizerStep);
       stepWait = msOf(s.allgatherWait);
+      gatherMs = msOf(s.unitGatherWait);  // stage 3's units, in forward and backward
+      r.peakGatheredBytes = std::max(r.peakGatheredBytes, double(s.memory.peakGathered));
     }
+    // The same waits seen from the layers, to check the library's count (Note [Timing the
+    // gathers]).
+    const GatherSplit probed = splitGathers(t.probes, forward, t.layers);
+    r.probedGatherMs.push_back(probed.forwardMs + probed.backwardMs);
     r.stepMs.push_back(msOf(t3 - t0));
-    r.computeMs.push_back(msOf(t2 - t1) - backwardWait);
-    r.commMs.push_back(backwardWait + stepWait);
+    r.computeMs.push_back(msOf(t2 - t1) - backwardWait - gatherMs);
+    r.commMs.push_back(backwardWait + stepWait + gatherMs);
+    r.gatherMs.push_back(gatherMs);
+    r.aloneMs.push_back(aloneMs);
     r.optimizerMs.push_back(optimizerMs);
     r.otherMs.push_back(r.stepMs.back() - r.computeMs.back() - r.commMs.back() - optimizerMs);
     r.payloadBytes.push_back(static_cast<double>(payload));
+    r.peakFullBytes = std::max(r.peakFullBytes, t.probes.peakFullBytes());
   }
 }
 
-// Model state, every rank's PSS, and the gradients held after a noSync() micro-batch; ends with
-// a synchronising step.
-void measureMemory(const Training& t, ZeroResult& r) {
-  if (t.sharded) {
-    r.stateBytes = static_cast<double>(t.sharded->stats().memory.modelState());
-    r.bucketBytes = static_cast<double>(t.sharded->stats().memory.buckets);
-  } else {
-    r.stateBytes = ddpStateBytes(t.net, static_cast<torch::optim::Adam&>(t.optimizer));
-  }
-  const auto pss = t.group.allgather(torch::tensor({pssBytes()}, torch::kDouble));
-  for (const auto& p : pss) r.pssBytes.push_back(p.item<double>());
-  // Accumulation: the gradients a rank holds after a noSync() micro-batch (Note [Sharded
-  // backward]: stage 2 keeps them full-size, in .grad, until the synchronising backward).
-  t.optimizer.zero_grad();
+// The gradients a rank holds after a noSync() micro-batch (Note [Sharded backward]: stages 2 and
+// 3 keep them full-size, in .grad, until the synchronising backward).
+double noSyncGradientBytes(const Training& t) {
   {
     auto guard = t.ddp.noSync();
     torch::mse_loss(t.ddp(t.x), t.y).backward();
   }
   if (t.sharded) {
     const ZeroMemory m = t.sharded->stats().memory;
-    r.noSyncGradientBytes = static_cast<double>(m.gradients + m.looseGradients);
-  } else {
-    std::vector<torch::Tensor> grads;
-    for (auto& p : t.net->parameters()) grads.push_back(p.grad());
-    r.noSyncGradientBytes = coveredBytes(grads);
+    return static_cast<double>(m.gradients + m.looseGradients);
   }
+  std::vector<torch::Tensor> grads;
+  for (auto& p : t.net->parameters()) grads.push_back(p.grad());
+  return coveredBytes(grads);
+}
+
+// Model state, every rank's PSS, and the gradients held after a noSync() micro-batch; ends with
+// a synchronising step.
+void measureMemory(const Training& t, ZeroResult& r) {
+  if (t.sharded) {
+    const ZeroMemory m = t.sharded->stats().memory;
+    r.stateBytes = static_cast<double>(m.modelState());
+    r.bucketBytes = static_cast<double>(m.buckets);
+    r.ownedParameterBytes = static_cast<double>(m.parameters);
+  } else {
+    r.stateBytes = ddpStateBytes(t.net, static_cast<torch::optim::Adam&>(t.optimizer));
+  }
+  const auto pss = t.group.allgather(torch::tensor({pssBytes()}, torch::kDouble));
+  for (const auto& p : pss) r.pssBytes.push_back(p.item<double>());
+  t.optimizer.zero_grad();
+  r.noSyncGradientBytes = noSyncGradientBytes(t);
   // The synchronising backward, so that the ranks end alike.
   torch::mse_loss(t.ddp(t.x), t.y).backward();
   t.optimizer.step();
@@ -180,13 +272,17 @@ int runZeroWorker(const ZeroConfig& config) {
   torch::set_num_threads(1);
   auto group = init();
   torch::manual_seed(group->rank());  // each rank its own data; DDP broadcasts rank 0's model
-  DeepMlp net(config.io, config.width, config.layers);
+  auto probes = std::make_shared<ProbeLog>();
+  DeepMlp net(config.io, config.width, config.layers, config.stage == 3, probes);
+  const auto params = net->parameters();
+  probes->sampleFullBytes = [params] { return coveredBytes(params); };
   const auto x = torch::randn({config.batch, config.io});
   const auto y = torch::randn({config.batch, config.io});
   DistributedDataParallel<DeepMlp> ddp(net, group);
-  const auto optimizer = makeOptimizer(ddp, config.stage);
-  const Training training{*group, net, ddp, *optimizer,
-                          dynamic_cast<ShardedOptimizer*>(optimizer.get()), x, y};
+  const auto optimizer = makeOptimizer(ddp, config);
+  const Training training{*group,  net,           ddp, *optimizer,
+                          dynamic_cast<ShardedOptimizer*>(optimizer.get()),
+                          *probes, config.layers, x,   y};
   ZeroResult r;
   r.stage = config.stage;
   r.world = group->size();
@@ -207,7 +303,12 @@ std::string toJson(const ZeroResult& r) {
                       {"comm_ms", r.commMs},       {"optimizer_ms", r.optimizerMs},
                       {"other_ms", r.otherMs},     {"payload_bytes", r.payloadBytes},
                       {"state_bytes", r.stateBytes}, {"bucket_bytes", r.bucketBytes},
-                      {"pss_bytes", r.pssBytes},   {"nosync_gradient_bytes", r.noSyncGradientBytes}};
+                      {"pss_bytes", r.pssBytes},   {"nosync_gradient_bytes", r.noSyncGradientBytes},
+                      {"gather_ms", r.gatherMs},   {"alone_ms", r.aloneMs},
+                      {"probed_gather_ms", r.probedGatherMs},
+                      {"peak_full_bytes", r.peakFullBytes},
+                      {"peak_gathered_bytes", r.peakGatheredBytes},
+                      {"owned_parameter_bytes", r.ownedParameterBytes}};
   return j.dump();
 }
 
@@ -228,6 +329,12 @@ ZeroResult zeroResultFromJson(const std::string& text) {
   r.bucketBytes = j.at("bucket_bytes").get<double>();
   r.pssBytes = j.at("pss_bytes").get<std::vector<double>>();
   r.noSyncGradientBytes = j.at("nosync_gradient_bytes").get<double>();
+  r.gatherMs = j.at("gather_ms").get<std::vector<double>>();
+  r.aloneMs = j.at("alone_ms").get<std::vector<double>>();
+  r.peakFullBytes = j.at("peak_full_bytes").get<double>();
+  r.probedGatherMs = j.at("probed_gather_ms").get<std::vector<double>>();
+  r.peakGatheredBytes = j.at("peak_gathered_bytes").get<double>();
+  r.ownedParameterBytes = j.at("owned_parameter_bytes").get<double>();
   return r;
 }
 

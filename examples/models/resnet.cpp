@@ -4,6 +4,7 @@
 #include <torch/nn/init.h>
 
 #include <dtrain/base/error.h>
+#include <dtrain/torch/fully_shard.h>
 #include <dtrain/torch/recompute.h>
 
 namespace examples {
@@ -111,6 +112,7 @@ ResNetImpl::ResNetImpl(const ResNetOptions& opts) : options(opts) {
       }
       in = channels * expansion;
     }
+    if (options.shardBlocks) stage = dtrain::shardEveryChild(stage);  // names unchanged
     *stages[s] = register_module("layer" + std::to_string(s + 1), stage);
   }
   fc = register_module("fc", torch::nn::Linear(in, options.numClasses));
@@ -157,18 +159,22 @@ int64_t parameterCount(const torch::nn::Module& module) {
   return n;
 }
 
-uint64_t fingerprint(const torch::nn::Module& module) {
+uint64_t fingerprint(const std::vector<torch::Tensor>& tensors) {
   uint64_t hash = 0xcbf29ce484222325ULL;
-  auto absorb = [&](const torch::Tensor& t) {
+  for (const auto& t : tensors) {
     torch::Tensor c = t.detach().cpu().contiguous();
     const auto* p = static_cast<const uint8_t*>(c.data_ptr());
     for (size_t i = 0, n = c.numel() * c.element_size(); i < n; ++i) {
       hash = (hash ^ p[i]) * 0x100000001b3ULL;
     }
-  };
-  for (const auto& p : module.parameters()) absorb(p);
-  for (const auto& b : module.buffers()) absorb(b);
+  }
   return hash;
+}
+
+uint64_t fingerprint(const torch::nn::Module& module) {
+  std::vector<torch::Tensor> tensors = module.parameters();
+  for (const auto& b : module.buffers()) tensors.push_back(b);
+  return fingerprint(tensors);
 }
 
 }  // namespace examples

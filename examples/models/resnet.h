@@ -17,6 +17,11 @@
 //     keeps only their inputs and backward runs each again (about one more forward per step for
 //     a fraction of the activation memory; docs/design.md#recompute). Parameters, their names and
 //     the results are the same.
+//   - shardBlocks: every residual block is a dtrain::ShardedUnit (ZeRO-3, dtrain/torch/
+//     fully_shard.h): under a stage-3 ShardedOptimizer its parameters are gathered only while it
+//     runs. The stem, its BatchNorm and fc stay the root's. Parameter names are unchanged (the
+//     unit takes the block's), so checkpoints and exports keep torchvision's names; unbound (any
+//     other optimizer) the units are the plain blocks.
 
 #include <cstdint>
 #include <string>
@@ -60,6 +65,7 @@ struct ResNetOptions {
   bool cifarStem = false;
   int64_t width = 64;
   bool recompute = false;
+  bool shardBlocks = false;
 };
 
 struct ResNetImpl : torch::nn::Module {
@@ -89,5 +95,7 @@ int64_t parameterCount(const torch::nn::Module& module);
 // FNV-1a over the bytes of every parameter and buffer, in order: equal fingerprints on two ranks
 // mean bitwise-equal models (up to a 2^-64 chance).
 uint64_t fingerprint(const torch::nn::Module& module);
+// The same over `tensors`, in order (a sharded model's gathered parameters, then its buffers).
+uint64_t fingerprint(const std::vector<torch::Tensor>& tensors);
 
 }  // namespace examples

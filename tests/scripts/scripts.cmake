@@ -28,12 +28,14 @@ if(TARGET train_resnet)
            COMMAND /usr/bin/python3 ${_train_resnet_test} ${CMAKE_BINARY_DIR} watch)
   add_test(NAME examples.train_resnet.zero
            COMMAND /usr/bin/python3 ${_train_resnet_test} ${CMAKE_BINARY_DIR} zero)
+  add_test(NAME examples.train_resnet.zero3
+           COMMAND /usr/bin/python3 ${_train_resnet_test} ${CMAKE_BINARY_DIR} zero3)
   add_test(NAME examples.train_resnet.recompute
            COMMAND /usr/bin/python3 ${_train_resnet_test} ${CMAKE_BINARY_DIR} recompute)
   set_tests_properties(examples.train_resnet.train examples.train_resnet.amp
                        examples.train_resnet.resume examples.train_resnet.usage examples.train_resnet.data
                        examples.train_resnet.watch examples.train_resnet.zero
-                       examples.train_resnet.recompute
+                       examples.train_resnet.zero3 examples.train_resnet.recompute
                        PROPERTIES LABELS e2e TIMEOUT 300)
 endif()
 
