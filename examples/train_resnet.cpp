@@ -103,8 +103,8 @@ cxxopts::Options optionSpec(const Options& o) {
       ("momentum", "SGD momentum", str(o.momentum))
       ("weight-decay", "SGD weight decay", str(o.weightDecay))
       ("warmup-steps", "linear warm-up steps before the cosine decay", str(o.warmupSteps))
-      ("checkpoint-dir", "checkpoints here; resume from the newest (default: none; not with "
-                         "--zero 3 yet)", none())
+      ("checkpoint-dir", "checkpoints here (sharded with --zero); resume from the newest "
+                         "(default: none)", none())
       ("save-every", "checkpoint every N steps (0: after every epoch)", str(o.saveEvery))
       ("data-dir", "CIFAR-10 binary files (data_batch_1..5.bin, test_batch.bin)", str(o.dataDir))
       ("synthetic", "first write N synthetic training images (N/5 test) there", str(o.synthetic))
@@ -155,10 +155,6 @@ Options parseOptions(int argc, char** argv) {
   o.weightDecay = number<double>(r, "weight-decay", 0, 1);
   o.warmupSteps = number<int64_t>(r, "warmup-steps", 0, 1e9);
   if (r.count("checkpoint-dir")) o.checkpointDir = r["checkpoint-dir"].as<std::string>();
-  if (o.zero == 3 && !o.checkpointDir.empty()) {
-    usageError("--zero 3 does not write checkpoints here yet, so --checkpoint-dir is refused "
-               "with it. HINT: --zero 2 for checkpoints");
-  }
   if (o.offload && o.zero != 3) usageError("--offload needs --zero 3");
   o.saveEvery = number<int64_t>(r, "save-every", 0, 1e9);
   o.dataDir = r["data-dir"].as<std::string>();

@@ -233,7 +233,8 @@ def test_zero3():
     """--zero 3 (every residual block a unit: parameters gathered only while it runs) with
     accumulation (noSync), then also with --recompute and --offload (a no-op on the CPU): each
     ends bitwise equal to the same run under --zero 2 (the same reduce-scatters and SGD over the
-    same values), its ranks agreeing after the parameters are gathered."""
+    same values), its ranks agreeing after the parameters are gathered. Then with stage-3
+    checkpoints: killed, restarted, resumed bitwise."""
     with tempfile.TemporaryDirectory() as tmp:
         common = SMALL + ["--synthetic", "600", "--data-dir", os.path.join(tmp, "data"),
                           "--epochs", "1", "--log-every", "6", "--accum-steps", "2",
@@ -250,6 +251,25 @@ def test_zero3():
             run.wait_for(r"done: \d+ steps .* test accuracy [0-9.]+%", 1)
             if fingerprints(run) != expected:
                 fail(f"--zero 3 {' '.join(extra)} does not end bitwise equal to --zero 2")
+
+        # Stage-3 checkpoints: rank 1 SIGKILLed at step 15 (a checkpoint saved at step 10), the
+        # job restarts, restores every rank's shards (the parameters too) and ends bitwise equal
+        # to the uninterrupted run.
+        ckpt = SMALL + ["--synthetic", "600", "--data-dir", os.path.join(tmp, "data"),
+                        "--epochs", "1", "--log-every", "6", "--save-every", "10", "--zero", "3"]
+        plain = Run(ckpt + ["--checkpoint-dir", os.path.join(tmp, "a")])
+        if plain.finish() != 0:
+            fail("the uninterrupted --zero 3 run with checkpoints failed")
+        expected = fingerprints(plain)
+        run = Run(ckpt + ["--checkpoint-dir", os.path.join(tmp, "b")],
+                  env={"DTRAIN_FAULT": "signal:KILL@rank=1,step=15,attempt=0"},
+                  launch_args=["--max-restarts", "1"])
+        if run.finish() != 0:
+            fail("the restarted --zero 3 run failed")
+        run.wait_for(r"resumed from the checkpoint of step 10 \(", 1)
+        if fingerprints(run) != expected:
+            fail("--zero 3 resumed from sharded checkpoints does not end bitwise equal to the "
+                 "uninterrupted run")
     print("zero3: ok")
 
 
@@ -329,11 +349,9 @@ def test_usage():
     expect_exit(["--device", "tpu"], 2, r"--device must be auto, cpu or cuda")
     expect_exit(["--bogus"], 2, r"bogus")
     expect_exit(["--zero", "4"], 2, r"--zero must be an integer in \[0, 3\], got '4'")
-    expect_exit(["--zero", "3", "--checkpoint-dir", "ckpt"], 2,
-                r"--zero 3 does not write checkpoints here yet.*HINT: --zero 2 for checkpoints")
     expect_exit(["--offload"], 2, r"--offload needs --zero 3")
     if not (re.search(r"--offload\b.*no-op", text) and re.search(r"--zero\b.*3 and param", text)
-            and re.search(r"--checkpoint-dir\b.*not with --zero 3 yet", text)):
+            and re.search(r"--checkpoint-dir\b.*sharded with --zero", text)):
         fail(f"--help does not describe --zero 3 and --offload:\n{text}")
     print("usage: ok")
 
