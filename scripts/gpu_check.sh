@@ -14,7 +14,7 @@
 # the torch layer and DDP on CUDA, launch's GPU sampling parsers; their targets are those CMake
 # lists in BUILD/gpu_test_targets.txt), allreduce (allreduce_bench --backend nccl, 4 KiB -
 # 256 MiB), resnet_amp (train_bench --gpu: ResNet-50 AMP beside PyTorch eager AMP), launch_gpu
-# (launch's GPU sampling while a GPU test runs), zero_memory (train_resnet --zero 0|1|2: ZeRO's peak
+# (launch's GPU sampling while a GPU test runs), zero_memory (train_resnet --zero 0-3: ZeRO's peak
 # GPU memory against DDP's), recompute (recompute_bench --gpu: ResNet-50 AMP, peak CUDA memory and
 # samples/s with and without activation recompute, beside PyTorch's checkpoint_sequential), then
 # the rows other features add. --rows runs only the named rows (and the build of what they need).
@@ -114,7 +114,7 @@ row gpu_tests   75 "@gpu-tests"      ctest --test-dir "$build" -L gpu --output-o
 row allreduce   30 "allreduce_bench" "$build/allreduce_bench" "${bench_args[@]}"
 row resnet_amp  90 "train_bench"     "$build/train_bench" --gpu --python "$python" "${train_args[@]}"
 row launch_gpu  40 "launch dtrain_gpu_tests" launch_gpu_sampling
-row zero_memory 60 "launch train_resnet" zero_peak_memory
+row zero_memory 80 "launch train_resnet" zero_peak_memory
 row recompute  100 "recompute_bench" "$build/recompute_bench" --gpu --models resnet50 --python "$python" --reps 3 --steps 10 --warmup 3
 
 # ---- What the rows call (each row runs in BUILD/gpu_check/<row>.sh, which carries every function
@@ -184,12 +184,13 @@ sys.exit(1 if problems else 0)
 PY
 }
 
-# ZeRO on CUDA: train_resnet --zero 0, 1 and 2 on the one GPU, launch sampling its memory. At one
-# rank every stage holds what DDP holds (the shard is the whole), so the row checks that the sharded
-# path trains on CUDA and that its peak memory stays within 10 % of DDP's (stage 2's buckets).
+# ZeRO on CUDA: train_resnet --zero 0, 1, 2 and 3 on the one GPU, launch sampling its memory. At
+# one rank every stage holds what DDP holds (the shard is the whole), so the row checks that the
+# sharded path trains on CUDA -- stage 3 swapping each block's storage in and out on the device --
+# and that its peak memory stays within 10 % of DDP's (stage 2's buckets, stage 3's gathered block).
 zero_peak_memory() {
   local z metrics
-  for z in 0 1 2; do
+  for z in 0 1 2 3; do
     metrics="$build/gpu_check/zero$z.jsonl"
     rm -f "$metrics"
     "$build/launch" --nproc-per-node 1 --sample-interval 0.5 --metrics-file "$metrics" \
@@ -197,7 +198,7 @@ zero_peak_memory() {
       --data-dir "$build/gpu_check/cifar" --epochs 1 --batch-size 128 --eval-every 0 \
       --log-every 8 || return 1
   done
-  "$python" - "$build"/gpu_check/zero{0,1,2}.jsonl <<'PY'
+  "$python" - "$build"/gpu_check/zero{0,1,2,3}.jsonl <<'PY'
 import json, sys
 peaks = []
 for path in sys.argv[1:]:
@@ -206,7 +207,7 @@ for path in sys.argv[1:]:
 for z, peak in enumerate(peaks):
     print(f"gpu_check.sh: --zero {z}: peak GPU memory {peak / 2**20:.0f} MiB"
           + (f" ({peak / peaks[0]:.3f}x DDP's)" if z and peaks[0] else ""))
-bad = [z for z in (1, 2) if peaks[0] == 0 or peaks[z] > 1.10 * peaks[0]]
+bad = [z for z in (1, 2, 3) if peaks[0] == 0 or peaks[z] > 1.10 * peaks[0]]
 if bad:
     print(f"gpu_check.sh: FAILED: --zero {bad} above DDP's peak by more than 10 % (or no samples)")
 sys.exit(1 if bad else 0)
