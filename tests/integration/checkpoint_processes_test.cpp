@@ -325,6 +325,19 @@ constexpr const char* kLoadWithWeightsOnly =
     "want = torch.frombuffer(bytearray(open(sys.argv[2], 'rb').read()), dtype=torch.float32)\n"
     "print('python equal' if torch.equal(flat, want) else 'python differs')\n";
 
+// Python's torch.load(export, weights_only=True) into the worker's model gives the parameters in
+// `params` (the worker's --out file), bitwise. Where /usr/bin/python3 has no torch, nothing.
+void expectPythonLoadsExport(const TempDir& dir, const std::string& exported,
+                             const std::string& params) {
+  if (!pythonHasTorch()) return;
+  writeFile(dir.file("check.py"), kLoadWithWeightsOnly);
+  const std::string py = dir.file("py.out");
+  std::system(("/usr/bin/python3 " + dir.file("check.py") + " " + exported + " " + params +
+               " > " + py + " 2>&1")
+                  .c_str());
+  EXPECT_NE(readFile(py).find("python equal"), std::string::npos) << readFile(py);
+}
+
 // Sharded checkpoints (ZeRO stage 2) across real processes, two simulated nodes of two ranks:
 // one rank is SIGKILLed while a save is in progress -- a node's writer (rank 2) in the middle of
 // writing its file (crash@io=21: after the first save, inside the second), or a rank that writes
@@ -397,13 +410,7 @@ TEST(ShardedCheckpointProcesses, AnyRankKilledDuringASaveLeavesAStepToResumeFrom
       << entries;
   auto [exportRc, exported] = tool("export " + ckpt + " --to " + dir.file("model.pt"));
   ASSERT_EQ(exportRc, 0) << exported;
-  if (!pythonHasTorch()) return;
-  writeFile(dir.file("check.py"), kLoadWithWeightsOnly);
-  const std::string py = dir.file("py.out");
-  std::system(("/usr/bin/python3 " + dir.file("check.py") + " " + dir.file("model.pt") + " " +
-               dir.file("params-writer") + " > " + py + " 2>&1")
-                  .c_str());
-  EXPECT_NE(readFile(py).find("python equal"), std::string::npos) << readFile(py);
+  expectPythonLoadsExport(dir, dir.file("model.pt"), dir.file("params-writer"));
 }
 
 // ZeRO stage 3 across real processes (each layer a ShardedUnit, freed between uses): rank 1 is
@@ -431,13 +438,7 @@ TEST(ShardedCheckpointProcesses, Stage3KilledAfterACheckpointResumesBitwiseAndEx
   const int status = std::system((binaryPath("checkpoint") + " export " + ckpt + " --to " +
                                   dir.file("model.pt") + " > " + log + " 2>&1").c_str());
   ASSERT_EQ(WEXITSTATUS(status), 0) << readFile(log);
-  if (!pythonHasTorch()) return;
-  writeFile(dir.file("check.py"), kLoadWithWeightsOnly);
-  const std::string py = dir.file("py.out");
-  std::system(("/usr/bin/python3 " + dir.file("check.py") + " " + dir.file("model.pt") + " " +
-               dir.file("params") + " > " + py + " 2>&1")
-                  .c_str());
-  EXPECT_NE(readFile(py).find("python equal"), std::string::npos) << readFile(py);
+  expectPythonLoadsExport(dir, dir.file("model.pt"), dir.file("params"));
 }
 
 // An elastic re-rendezvous gives the nodes other group ranks: host A, GROUP_RANK 0 in the first
@@ -536,12 +537,7 @@ TEST(CheckpointTool, ExportLoadsInPythonWithWeightsOnly) {
                          dir.file("model.pt") + " > " + out + " 2>&1").c_str()),
             0)
       << readFile(out);
-  writeFile(dir.file("check.py"), kLoadWithWeightsOnly);
-  const std::string py = dir.file("py.out");
-  std::system(("/usr/bin/python3 " + dir.file("check.py") + " " + dir.file("model.pt") + " " +
-               dir.file("params") + " > " + py + " 2>&1")
-                  .c_str());
-  EXPECT_NE(readFile(py).find("python equal"), std::string::npos) << readFile(py);
+  expectPythonLoadsExport(dir, dir.file("model.pt"), dir.file("params"));
 }
 
 }  // namespace

@@ -213,20 +213,26 @@ def test_zero():
         common = SMALL + ["--synthetic", "1200", "--data-dir", os.path.join(tmp, "data"),
                           "--epochs", "1", "--log-every", "12", "--save-every", "10",
                           "--zero", "2"]
-        plain = Run(common + ["--checkpoint-dir", os.path.join(tmp, "a")])
-        if plain.finish() != 0:
-            fail("the uninterrupted --zero 2 run with checkpoints failed")
-        expected = fingerprints(plain)
-        run = Run(common + ["--checkpoint-dir", os.path.join(tmp, "b")],
-                  env={"DTRAIN_FAULT": "signal:KILL@rank=1,step=25,attempt=0"},
-                  launch_args=["--max-restarts", "1"])
-        if run.finish() != 0:
-            fail("the restarted --zero 2 run failed")
-        run.wait_for(r"resumed from the checkpoint of step 20 \(", 1)
-        if fingerprints(run) != expected:
-            fail("--zero 2 resumed from sharded checkpoints does not end bitwise equal to the "
-                 "uninterrupted run")
+        check_sharded_resume(common, tmp, killed_at=25, saved_at=20, what="--zero 2")
     print("zero: ok")
+
+
+def check_sharded_resume(args, tmp, killed_at, saved_at, what):
+    """`args` with --checkpoint-dir, once uninterrupted and once with rank 1 SIGKILLed at step
+    `killed_at` (a checkpoint saved at `saved_at`) and restarted: both end bitwise equal."""
+    plain = Run(args + ["--checkpoint-dir", os.path.join(tmp, "a")])
+    if plain.finish() != 0:
+        fail(f"the uninterrupted {what} run with checkpoints failed")
+    expected = fingerprints(plain)
+    run = Run(args + ["--checkpoint-dir", os.path.join(tmp, "b")],
+              env={"DTRAIN_FAULT": f"signal:KILL@rank=1,step={killed_at},attempt=0"},
+              launch_args=["--max-restarts", "1"])
+    if run.finish() != 0:
+        fail(f"the restarted {what} run failed")
+    run.wait_for(rf"resumed from the checkpoint of step {saved_at} \(", 1)
+    if fingerprints(run) != expected:
+        fail(f"{what} resumed from sharded checkpoints does not end bitwise equal to the "
+             "uninterrupted run")
 
 
 def test_zero3():
@@ -257,19 +263,7 @@ def test_zero3():
         # to the uninterrupted run.
         ckpt = SMALL + ["--synthetic", "600", "--data-dir", os.path.join(tmp, "data"),
                         "--epochs", "1", "--log-every", "6", "--save-every", "10", "--zero", "3"]
-        plain = Run(ckpt + ["--checkpoint-dir", os.path.join(tmp, "a")])
-        if plain.finish() != 0:
-            fail("the uninterrupted --zero 3 run with checkpoints failed")
-        expected = fingerprints(plain)
-        run = Run(ckpt + ["--checkpoint-dir", os.path.join(tmp, "b")],
-                  env={"DTRAIN_FAULT": "signal:KILL@rank=1,step=15,attempt=0"},
-                  launch_args=["--max-restarts", "1"])
-        if run.finish() != 0:
-            fail("the restarted --zero 3 run failed")
-        run.wait_for(r"resumed from the checkpoint of step 10 \(", 1)
-        if fingerprints(run) != expected:
-            fail("--zero 3 resumed from sharded checkpoints does not end bitwise equal to the "
-                 "uninterrupted run")
+        check_sharded_resume(ckpt, tmp, killed_at=15, saved_at=10, what="--zero 3")
     print("zero3: ok")
 
 

@@ -159,9 +159,8 @@ struct Zero3Run {
   std::optional<at::ScalarType> reduceDtype;  // ZeroOptions'
 };
 
-// What one rank ends a run with.
-struct Zero3RankResult {
-  std::map<std::string, torch::Tensor> params;  // gathered in full
+// What a run measured on one rank.
+struct Zero3Probes {
   // Step 0: bytes of the marked modules' parameter storages once the first forward has
   // returned, and once the first backward has (a noSync() one when there are micro-batches).
   size_t markedAfterForward = 1;
@@ -181,6 +180,11 @@ struct Zero3RankResult {
   size_t peakGathered = 0;
   size_t twoLargestUnits = 0;
   int64_t skipped = 0;  // the GradScaler's
+};
+
+// What one rank ends a run with.
+struct Zero3RankResult : Zero3Probes {
+  std::map<std::string, torch::Tensor> params;  // gathered in full
 };
 
 // One rank's part of a run of `Net` (one of the Zero3*Net above) in `group`.

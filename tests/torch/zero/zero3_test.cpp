@@ -54,19 +54,8 @@ TEST(ZeroShardedUnit, KeepsTheModulesParameterNames) {
 }
 
 // Every rank's result of a run, ranks as threads; the probes are rank 0's.
-struct Zero3Result {
+struct Zero3Result : Zero3Probes {
   std::vector<std::map<std::string, torch::Tensor>> params;  // by rank
-  size_t markedAfterForward = 1;
-  size_t markedAfterBackward = 1;
-  size_t markedBytes = 1;
-  size_t headBytes = 0;
-  size_t parameterBytes = 0;
-  size_t ownedBytes = 0;
-  size_t unitGathers = 0;
-  size_t prefetchedGathers = 0;
-  size_t peakGathered = 0;
-  size_t twoLargestUnits = 0;
-  int64_t skipped = 0;
 };
 
 template <typename Net>
@@ -77,18 +66,7 @@ Zero3Result trainZero3(const Zero3Run& how) {
   threads->run([&](int rank) {
     Zero3RankResult mine = trainZero3OnRank<Net>(how, threadGroup(*threads, rank));
     result.params[static_cast<size_t>(rank)] = std::move(mine.params);
-    if (rank != 0) return;
-    result.markedAfterForward = mine.markedAfterForward;
-    result.markedAfterBackward = mine.markedAfterBackward;
-    result.markedBytes = mine.markedBytes;
-    result.headBytes = mine.headBytes;
-    result.parameterBytes = mine.parameterBytes;
-    result.ownedBytes = mine.ownedBytes;
-    result.unitGathers = mine.unitGathers;
-    result.prefetchedGathers = mine.prefetchedGathers;
-    result.peakGathered = mine.peakGathered;
-    result.twoLargestUnits = mine.twoLargestUnits;
-    result.skipped = mine.skipped;
+    if (rank == 0) static_cast<Zero3Probes&>(result) = mine;
   });
   return result;
 }
