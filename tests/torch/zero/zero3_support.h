@@ -144,6 +144,10 @@ inline size_t markedBytes(torch::nn::Module& net) {
 }
 
 struct Zero3Run {
+  Zero3Run(int worldSize = 2, int zeroStage = 3, int stepCount = 30,
+           at::ScalarType paramType = at::kFloat, bool unused = false)
+      : world(worldSize), stage(zeroStage), steps(stepCount), dtype(paramType),
+        findUnused(unused) {}
   int world = 2;
   int stage = 3;  // 0: DDP with torch::optim::AdamW; 2, 3: a ShardedOptimizer over the same
   int steps = 30;
