@@ -1,7 +1,5 @@
 #include "shard_group.h"
 
-#include <type_traits>
-
 #include <ATen/ATen.h>
 #include <fmt/format.h>
 #include <torch/optim/optimizer.h>
@@ -352,18 +350,12 @@ void ShardGroup::inUnitTerms(size_t k, Why why, Step&& step) {
 
 template <typename E>
 void ShardGroup::gatherFailed(const E& error, size_t k, Why why) const {
-  // Ranks that disagree (the check, here or quoted from the peer that failed first) or wait for
-  // one that never comes (a timeout) are what a rank skipping a unit looks like; a peer that died
-  // is not.
-  const bool skipped = std::is_same_v<E, InvalidArgument> || std::is_same_v<E, TimeoutError> ||
-                       std::string(error.what()).find("collective check failed") != std::string::npos;
-  DTRAIN_THROW(E, "rank {}: ZeRO-3: gathering {} for its {} failed: {}{}", group_->rank(),
-               modules_[k], whyName(why), error.what(),
-               skipped ? ". HINT: every rank must run the same sharded units' forward and "
-                         "backward, in the same order; an evaluation loop that runs more batches "
-                         "on one rank than on another does not (give every rank the same number "
-                         "of batches, as DistributedSampler does by padding)"
-                       : "");
+  DTRAIN_THROW(E, "rank {}: ZeRO-3: gathering {} for its {} failed: {}. HINT: every rank must "
+               "run the same sharded units' forward and backward, in the same order (where the "
+               "ranks name different units, one did not); an evaluation loop that runs more "
+               "batches on one rank than on another does not (give every rank the same number "
+               "of batches, as DistributedSampler does by padding)",
+               group_->rank(), modules_[k], whyName(why), error.what());
 }
 
 void ShardGroup::reshard(size_t k) {
