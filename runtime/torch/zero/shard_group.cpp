@@ -297,15 +297,13 @@ bool ShardGroup::unshard(size_t k, Why why, const std::string& module) {
   const bool mine = params_[k] != Params::Gathered;
   if (params_[k] == Params::Free) issueUnitGather(k, why, /*prefetch=*/false);
   // Note [Prefetching units]: the next unit's all-gather goes out before this one is waited for.
-  size_t next = UnitOrder::kNone;
-  if (why == Why::Backward) {
-    next = backwardOrder_.needed(k);
-    if (!options_.backwardPrefetch) next = UnitOrder::kNone;
-  } else if (why == Why::Forward && !inBackward_) {
-    next = forwardOrder_.needed(k);
-    if (!options_.forwardPrefetch) next = UnitOrder::kNone;
-  }
-  if (next != UnitOrder::kNone && params_[next] == Params::Free) {
+  // A forward gather inside backward (a recompute) neither records nor prefetches.
+  UnitOrder* order = why == Why::Backward                   ? &backwardOrder_
+                     : why == Why::Forward && !inBackward_ ? &forwardOrder_
+                                                           : nullptr;
+  const size_t next = order ? order->needed(k) : UnitOrder::kNone;
+  const bool prefetch = why == Why::Backward ? options_.backwardPrefetch : options_.forwardPrefetch;
+  if (prefetch && next != UnitOrder::kNone && params_[next] == Params::Free) {
     issueUnitGather(next, why, /*prefetch=*/true);
   }
   if (params_[k] == Params::Gathering) waitUnitGather(k, why);
