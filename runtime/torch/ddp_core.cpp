@@ -6,6 +6,7 @@
 
 #include "ddp_reducer.h"
 #include "ddp_sync.h"
+#include "zero/built_unit.h"
 #include "dtrain/base/error.h"
 
 namespace dtrain {
@@ -57,8 +58,15 @@ DdpCore::DdpCore(std::shared_ptr<torch::nn::Module> module, std::shared_ptr<Proc
 
   ddp::verifySameModel(*group_, params, buffers);
 
+  // Parameters of units sharded when built have no memory: no rank holds rank 0's values to
+  // broadcast, and the stage-3 optimizer compares what the ranks built instead (Note [Units
+  // sharded when built]).
+  const std::vector<const void*> builtList = zero::builtParameters(*module_);
+  const std::unordered_set<const void*> built(builtList.begin(), builtList.end());
   std::vector<at::Tensor> everything;
-  for (const auto& p : params) everything.push_back(p.tensor);
+  for (const auto& p : params) {
+    if (!built.count(p.tensor.unsafeGetTensorImpl())) everything.push_back(p.tensor);
+  }
   for (const auto& b : buffers) everything.push_back(b.tensor);
   ddp::CoalescedBroadcast(*group_, everything).run(0, options_.timeout);
 
@@ -110,8 +118,14 @@ std::vector<std::vector<std::string>> DdpCore::bucketNames() const {
 }
 
 std::shared_ptr<ddp::GradientSync> DdpCore::makeReducer() const {
+  // Without the parameters of units sharded when built: a stage-3 optimizer replaces this
+  // reducer before any backward, and their full-size buckets are what no rank can hold.
+  const std::vector<const void*> builtList = zero::builtParameters(*module_);
+  const std::unordered_set<const void*> built(builtList.begin(), builtList.end());
   std::vector<ddp::NamedTensor> trained;
-  for (const auto& [name, tensor] : trained_) trained.push_back({name, tensor});
+  for (const auto& [name, tensor] : trained_) {
+    if (!built.count(tensor.unsafeGetTensorImpl())) trained.push_back({name, tensor});
+  }
   return std::make_shared<ddp::Reducer>(group_, std::move(trained), options_);
 }
 

@@ -7,7 +7,9 @@
 #include <ATen/ATen.h>
 #include <torch/autograd.h>
 
+#include "built_unit.h"
 #include "dtrain/base/error.h"
+#include "dtrain/torch/process_group.h"
 #include "dtrain/torch/zero.h"
 #include "shard_group.h"
 #include "unit_binding.h"
@@ -94,13 +96,68 @@ ShardedUnitImpl::ShardedUnitImpl(torch::nn::AnyModule module, ShardedUnitOptions
 }
 
 at::Tensor ShardedUnitImpl::forward(const at::Tensor& input) {
-  if (!binding_) return module_.forward<at::Tensor>(input);
+  if (!binding_) {
+    refuseUnbuilt("run");
+    return module_.forward<at::Tensor>(input);
+  }
   return binding_->forward(module_, input);
 }
 
-void ShardedUnitImpl::train(bool on) {
-  torch::nn::Module::train(on);
-  module_.ptr()->train(on);
+void ShardedUnitImpl::refuseUnbuilt(const char* what) const {
+  if (!built_) return;
+  size_t count = 0;
+  for (const auto& part : built_->parts) count += part.params.size();
+  DTRAIN_THROW(InvalidArgument,
+               "ShardedUnit ({} parameters, the first {}): it was sharded when built "
+               "(fullyShard) and no stage-3 ShardedOptimizer holds it yet, so its parameters "
+               "have no memory and it cannot {}. HINT: build the ShardedOptimizer with "
+               "ZeroOptions::stage = 3 over the DistributedDataParallel first",
+               count, built_->parts.front().names.front(), what);
+}
+
+// A unit sharded when built cannot be converted: its parameters have no memory. A "conversion"
+// to where and what it is already (Module::to() of the whole model) changes nothing.
+void ShardedUnitImpl::to(torch::Device device, torch::Dtype dtype, bool non_blocking) {
+  if (built_) {
+    bool same = device == built_->device;
+    for (const auto& part : built_->parts) same = same && part.owned.scalar_type() == dtype;
+    if (!same) {
+      refuseUnbuilt("be converted to another device or dtype (build it on its device, in its "
+                    "dtype, before fullyShard)");
+    }
+  }
+  torch::nn::Module::to(device, dtype, non_blocking);
+}
+
+void ShardedUnitImpl::to(torch::Dtype dtype, bool non_blocking) {
+  if (built_) {
+    for (const auto& part : built_->parts) {
+      if (part.owned.scalar_type() != dtype) {
+        refuseUnbuilt("be converted to another dtype (convert the module before fullyShard)");
+      }
+    }
+  }
+  torch::nn::Module::to(dtype, non_blocking);
+}
+
+void ShardedUnitImpl::to(torch::Device device, bool non_blocking) {
+  if (built_ && device != built_->device) {
+    refuseUnbuilt("move to another device (give fullyShard the group or device it trains on)");
+  }
+  torch::nn::Module::to(device, non_blocking);
+}
+
+ShardPlacement::ShardPlacement(int rank, int ranks, c10::Device device)
+    : rank(rank), ranks(ranks), device(device) {}
+
+ShardPlacement::ShardPlacement(const ProcessGroup& group)
+    : rank(group.rank()), ranks(group.size()), device(group.device()) {}
+
+ShardedUnit fullyShard(torch::nn::AnyModule module, const ShardPlacement& where,
+                       ShardedUnitOptions options) {
+  ShardedUnit unit(std::move(module), options);
+  unit->setBuilt(zero::shardWhenBuilt(*unit, where));
+  return unit;
 }
 
 void ShardedUnitImpl::bind(std::shared_ptr<zero::UnitBinding> binding) {

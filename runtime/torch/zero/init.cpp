@@ -4,11 +4,13 @@
 
 #include <map>
 #include <unordered_map>
+#include <unordered_set>
 
 #include <ATen/ATen.h>
 #include <fmt/format.h>
 
 #include "../ddp_sync.h"
+#include "built_unit.h"
 #include "dtrain/base/error.h"
 #include "dtrain/base/logging.h"
 #include "dtrain/torch/fully_shard.h"
@@ -221,6 +223,139 @@ void bindMarked(const std::vector<Marked>& marked, const std::vector<size_t>& ow
   }
 }
 
+// Units sharded when built (Note [Units sharded when built]): every rank built them for this
+// group, and built the same values. One allgather of (checksum, placement) per marked module, so
+// every rank judges the same table and fails alike.
+void agreeOnBuiltUnits(ProcessGroup& pg, const std::vector<Marked>& marked,
+                       const std::vector<Named>& trained) {
+  std::unordered_set<const void*> isTrained;
+  for (const auto& t : trained) isTrained.insert(t.second.unsafeGetTensorImpl());
+  std::vector<int64_t> mine;
+  for (const Marked& m : marked) {
+    const auto& built = m.module->built();
+    int64_t placement = 0;  // 0: not sharded when built; -1: for another place; else the ranks
+    uint64_t sum = 0;
+    if (built) {
+      for (const auto& part : built->parts) {
+        for (size_t j = 0; j < part.params.size(); ++j) {
+          DTRAIN_CHECK_ARG(isTrained.count(part.params[j].unsafeGetTensorImpl()),
+                           "ShardedOptimizer: {}.{} of a unit sharded when built (fullyShard) is "
+                           "not trained (frozen after it was built?), so it would never get its "
+                           "memory back. HINT: freeze parameters before fullyShard, which leaves "
+                           "them whole",
+                           m.name, part.names[j]);
+        }
+      }
+      const bool here = built->rank == pg.rank() && built->ranks == pg.size() &&
+                        built->device == pg.device();
+      placement = here ? built->ranks : -1;
+      sum = built->checksum;
+    }
+    mine.push_back(placement);
+    mine.push_back(static_cast<int64_t>(sum));
+  }
+  auto all = pg.allgather(at::tensor(mine, at::kLong).to(pg.device()));
+  std::vector<std::vector<int64_t>> rows;
+  for (const auto& t : all) {
+    at::Tensor host = t.cpu();
+    rows.emplace_back(host.data_ptr<int64_t>(), host.data_ptr<int64_t>() + host.numel());
+  }
+  for (size_t g = 0; g < marked.size(); ++g) {
+    std::vector<int> notHere, notBuilt;
+    std::map<int64_t, std::vector<int>> bySum;
+    for (size_t r = 0; r < rows.size(); ++r) {
+      const int64_t placement = rows[r][2 * g];
+      if (placement == -1) notHere.push_back(static_cast<int>(r));
+      if (placement == 0) notBuilt.push_back(static_cast<int>(r));
+      bySum[rows[r][2 * g + 1]].push_back(static_cast<int>(r));
+    }
+    if (notBuilt.size() == rows.size()) continue;
+    DTRAIN_CHECK(notHere.empty(),
+                 "rank {}: ShardedOptimizer: unit {} was sharded when built for another place "
+                 "than this group (rank {} of {}, {}) on ranks {}. HINT: pass the group that "
+                 "trains the model to fullyShard",
+                 pg.rank(), marked[g].name, pg.rank(), pg.size(), pg.device().str(),
+                 fmt::join(notHere, ", "));
+    DTRAIN_CHECK(notBuilt.empty(),
+                 "rank {}: ShardedOptimizer: unit {} was sharded when built (fullyShard) on some "
+                 "ranks but built whole on ranks {}. HINT: build the model alike on every rank",
+                 pg.rank(), marked[g].name, fmt::join(notBuilt, ", "));
+    if (bySum.size() == 1) continue;
+    std::vector<std::string> groups;
+    for (const auto& [sum, ranks] : bySum) {
+      groups.push_back(fmt::format("{} {}", ranks.size() == 1 ? "rank" : "ranks",
+                                   fmt::join(ranks, ", ")));
+    }
+    DTRAIN_THROW(Error,
+                 "rank {}: ShardedOptimizer: unit {} was built with different values on {} "
+                 "(fullyShard keeps a checksum of what each rank built): no rank holds the "
+                 "others' values to make them agree. HINT: seed every rank alike "
+                 "(torch::manual_seed) and build the model in the same order before fullyShard",
+                 pg.rank(), marked[g].name, fmt::join(groups, " than on "));
+  }
+}
+
+// Makes the parameters of units sharded when built full again, part by part, just before the
+// first unit that holds one of them is bound, and lets a part go once all its parameters are
+// bound (Note [Units sharded when built]). The same sequence of gathers on every rank: the
+// layout's.
+class BuiltGathers {
+ public:
+  BuiltGathers(const std::vector<Marked>& marked, comm::CallOptions call)
+      : call_(std::move(call)) {
+    for (const Marked& m : marked) {
+      const auto& built = m.module->built();
+      if (!built) continue;
+      for (size_t k = 0; k < built->parts.size(); ++k) {
+        const size_t id = parts_.size();
+        parts_.push_back({built, k, at::Tensor(), built->parts[k].params.size()});
+        for (const auto& p : built->parts[k].params) partOf_[p.unsafeGetTensorImpl()] = id;
+      }
+      modules_.push_back(m.module);
+    }
+  }
+
+  // Before unit `params` is bound.
+  void gather(const std::vector<at::Tensor>& params, comm::Communicator& comm) {
+    for (const auto& p : params) {
+      auto it = partOf_.find(p.unsafeGetTensorImpl());
+      if (it == partOf_.end()) continue;
+      Part& part = parts_[it->second];
+      if (!part.full.defined()) part.full = part.built->gather(part.index, comm, call_);
+    }
+  }
+
+  // After: parts all of whose parameters are bound go.
+  void bound(const std::vector<at::Tensor>& params) {
+    for (const auto& p : params) {
+      auto it = partOf_.find(p.unsafeGetTensorImpl());
+      if (it == partOf_.end()) continue;
+      Part& part = parts_[it->second];
+      if (--part.left == 0) {
+        part.full = at::Tensor();
+        part.built->parts[part.index].owned = at::Tensor();
+      }
+    }
+  }
+
+  // Once every unit is bound: the records go, the units run through their bindings.
+  void done() {
+    for (const auto& m : modules_) m->setBuilt(nullptr);
+  }
+
+ private:
+  struct Part {
+    std::shared_ptr<BuiltUnit> built;
+    size_t index;
+    at::Tensor full;  // while some of its parameters are not bound yet
+    size_t left;      // parameters not bound yet
+  };
+  comm::CallOptions call_;
+  std::vector<Part> parts_;
+  std::unordered_map<const void*, size_t> partOf_;
+  std::vector<std::shared_ptr<ShardedUnitImpl>> modules_;
+};
+
 at::ScalarType masterTypeOf(at::ScalarType dtype, const ZeroOptions& options) {
   const bool low = dtype == at::kHalf || dtype == at::kBFloat16;
   return options.masterWeights && low ? at::kFloat : dtype;
@@ -250,10 +385,19 @@ BuiltShards buildShards(DdpCore& ddp, std::vector<torch::optim::OptimizerParamGr
   ShardLayout layout;
   if (options.stage == 3) {
     marked = findMarked(*ddp.module(), trained);
+    agreeOnBuiltUnits(pg, marked, trained);
     layout = layoutMarked(marked, inputs, pg.size(), ownerOf);
   } else {
+    DTRAIN_CHECK_ARG(zero::builtParameters(*ddp.module()).empty(),
+                     "ShardedOptimizer: the model has units sharded when built (fullyShard), "
+                     "which only stage 3 keeps sharded (this is stage {}). HINT: ZeroOptions::"
+                     "stage = 3, or build the model whole for stages 1 and 2",
+                     options.stage);
     layout = planShards(inputs, pg.size(), options.firstUnitBytes, options.unitBytes);
   }
+  comm::CallOptions builtCall;
+  builtCall.timeout = options.timeout;
+  BuiltGathers builtGathers(marked, builtCall);
 
   BuiltShards built;
   // Inside replaceGradientSync: DDP's buckets are freed before the units take their memory.
@@ -263,7 +407,12 @@ BuiltShards buildShards(DdpCore& ddp, std::vector<torch::optim::OptimizerParamGr
     for (size_t k = 0; k < layout.units.size(); ++k) {
       const UnitLayout& u = layout.units[k];
       std::vector<UnitParam> params;
-      for (size_t i : u.params) params.push_back({trained[i].first, trained[i].second});
+      std::vector<at::Tensor> tensors;
+      for (size_t i : u.params) {
+        params.push_back({trained[i].first, trained[i].second});
+        tensors.push_back(trained[i].second);
+      }
+      builtGathers.gather(tensors, pg.communicator());
       const at::ScalarType dtype = trained[u.params.front()].second.scalar_type();
       const bool resharded = options.stage == 3 && ownerOf[k] < marked.size();
       const at::ScalarType master = masterTypeOf(dtype, options);
@@ -272,6 +421,7 @@ BuiltShards buildShards(DdpCore& ddp, std::vector<torch::optim::OptimizerParamGr
       units.push_back(std::make_unique<ShardUnit>(k, u, std::move(params), pg.rank(), pg.size(),
                                                   options.stage, master, grads,
                                                   pg.communicator(), pg.device(), resharded));
+      builtGathers.bound(tensors);
       const size_t g = groupOf[u.params.front()];
       std::vector<torch::optim::OptimizerParamGroup> one;
       one.emplace_back(std::vector<at::Tensor>{units.back()->optimized()},
@@ -295,6 +445,7 @@ BuiltShards buildShards(DdpCore& ddp, std::vector<torch::optim::OptimizerParamGr
                                                 std::move(unitGroup), options);
     built.sync = std::make_shared<ShardedGradientSync>(built.shards, ddp.options());
     bindMarked(marked, ownerOf, built.shards);
+    builtGathers.done();
     return built.sync;
   });
   return built;

@@ -20,6 +20,14 @@
 //
 // Unbound (no stage-3 optimizer over it) a ShardedUnit is the module it wraps, plain. Design:
 // Note [ZeRO-3 unit lifecycle] (runtime/torch/zero/shard_group.h), docs/design.md "Sharding".
+//
+// A model larger than one rank's memory is built unit by unit with fullyShard(), which keeps
+// only this rank's 1/N of each unit from the moment it is built, so that no rank ever holds more
+// than one unit in full (Note [Units sharded when built], runtime/torch/zero/built_unit.h):
+//
+//   torch::manual_seed(42);                          // the same seed on every rank
+//   torch::nn::Sequential body;
+//   for (int i = 0; i < 48; ++i) body->push_back(dtrain::fullyShard(Block(4096), *group));
 
 #include <memory>
 #include <string>
@@ -27,6 +35,7 @@
 #include <vector>
 
 #include <ATen/core/Tensor.h>
+#include <c10/core/Device.h>
 #include <torch/nn/module.h>
 #include <torch/nn/modules/container/any.h>
 #include <torch/nn/modules/container/sequential.h>
@@ -37,8 +46,10 @@
 namespace dtrain {
 
 class ShardedOptimizer;
+class ProcessGroup;
 namespace zero {
 class UnitBinding;
+struct BuiltUnit;
 }  // namespace zero
 
 struct ShardedUnitOptions {
@@ -65,16 +76,65 @@ class ShardedUnitImpl : public torch::nn::Module {
   torch::nn::AnyModule& module() { return module_; }
   const ShardedUnitOptions& options() const { return options_; }
 
+  // Refused while the unit is sharded as built (fullyShard) and not yet bound, except to where
+  // its shards are: its parameters have no memory to convert. Build it on its device, in its
+  // dtype, before fullyShard.
+  void to(torch::Device device, torch::Dtype dtype, bool non_blocking = false) override;
+  void to(torch::Dtype dtype, bool non_blocking = false) override;
+  void to(torch::Device device, bool non_blocking = false) override;
+
   // Internal: ShardedOptimizer (stage 3) binds the unit to its shards; once only.
   void bind(std::shared_ptr<zero::UnitBinding> binding);
   bool bound() const { return binding_ != nullptr; }
+  // Internal: fullyShard's record of what this rank kept, until the binding takes it (null
+  // otherwise).
+  const std::shared_ptr<zero::BuiltUnit>& built() const { return built_; }
+  void setBuilt(std::shared_ptr<zero::BuiltUnit> built) { built_ = std::move(built); }
 
  private:
+  void refuseUnbuilt(const char* what) const;
+
   torch::nn::AnyModule module_;
   ShardedUnitOptions options_;
   std::shared_ptr<zero::UnitBinding> binding_;
+  std::shared_ptr<zero::BuiltUnit> built_;
 };
 TORCH_MODULE(ShardedUnit);
+
+// Where fullyShard keeps a unit's part: this rank's place among the ranks of the group that will
+// train it, and the device of that group (a ProcessGroup converts).
+struct ShardPlacement {
+  ShardPlacement(int rank, int ranks, c10::Device device = c10::kCPU);
+  ShardPlacement(const ProcessGroup& group);  // NOLINT(google-explicit-constructor)
+  int rank;
+  int ranks;
+  c10::Device device;
+};
+
+// Wraps `module` in a ShardedUnit and shards it now, as PyTorch FSDP2's fully_shard does: of
+// the parameters that require gradients (those of units inside it that were sharded when built
+// aside) this rank keeps its 1/N -- the block of the flat buffer a stage-3 ShardedOptimizer
+// would own -- on `where.device`, and the parameters' own memory is freed. Build the units one
+// after another and the most a rank holds in full is one unit (with its construction's
+// temporaries), whatever the model's size.
+// - Every rank must build the same values: seed alike (torch::manual_seed) and build in the same
+//   order; then the model equals a one-process model built from that seed. The stage-3
+//   ShardedOptimizer compares a checksum of each unit's values as built across ranks and fails
+//   every rank naming the first unit that differs (DistributedDataParallel cannot broadcast rank
+//   0's values: no rank has them).
+// - Until that optimizer binds it, the unit cannot run or be read (its parameters have no
+//   memory); DistributedDataParallel takes such a model without copying rank 0's values over
+//   the shards. Its buffers stay whole (moved to where.device).
+// - Convert the module's dtype, and build on its device, first: to() of a unit sharded as built
+//   is refused.
+// Not collective: no rank waits for another here.
+ShardedUnit fullyShard(torch::nn::AnyModule module, const ShardPlacement& where,
+                       ShardedUnitOptions options = {});
+template <typename Impl>
+ShardedUnit fullyShard(const torch::nn::ModuleHolder<Impl>& module, const ShardPlacement& where,
+                       ShardedUnitOptions options = {}) {
+  return fullyShard(torch::nn::AnyModule(module), where, options);
+}
 
 // The policy of "one unit per layer": a Sequential whose every child is `sequential`'s child
 // wrapped in a ShardedUnit, under the same name (parameter names unchanged). The modules are

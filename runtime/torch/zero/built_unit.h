@@ -1,0 +1,69 @@
+#pragma once
+// BuiltUnit: what fullyShard() (dtrain/torch/fully_shard.h) keeps of a unit on this rank until a
+// stage-3 ShardedOptimizer binds it.
+//
+// Note [Units sharded when built]
+// libtorch 1.13's modules allocate their parameters in their constructors and its C++ frontend
+// has no meta device, so a model larger than one rank cannot be built whole and sharded after.
+// fullyShard() shards each unit the moment it is built instead: every rank builds the unit in
+// full from the same seed (the values a one-process model of that seed has), keeps its own block
+// of it and frees the rest before the next unit is built. So a rank holds at most one unit in
+// full (plus what the module's constructor makes on the side), and the blocks of those before.
+//   Layout: each dtype's trained parameters of the unit form one part, laid out as layoutUnits()
+//   lays out one marked module's parameters alone (parameter order, padded to a multiple of the
+//   ranks); this rank keeps block `rank` of it, on the placement's device. The parameters become
+//   views of a storage without memory (as a unit freed between uses), so names, shapes and
+//   dtypes are there for DistributedDataParallel and the optimizer to check and lay out.
+//   Checksum: XXH3 of each parameter's full values as built, combined per unit. Binding
+//   all-gathers them across ranks first: a rank that built other values (another seed, another
+//   order) fails every rank, naming the unit, instead of training a model no rank built.
+//   Binding: the optimizer's layout of a unit may differ from the part's (optimizer groups split
+//   a unit by key; a parameter tied across units belongs to their ancestor). So the optimizer
+//   makes each part's parameters full again just before its first unit that holds any of them
+//   is bound -- one all-gather of the part, in the layout's order on every rank -- binds as it
+//   binds a model built whole, and drops the part when every parameter of it is bound. The peak
+//   while binding is the same one unit in full, twice at most.
+// DistributedDataParallel skips these parameters in its broadcast of rank 0's values and in its
+// own reducer (the optimizer replaces that before any backward); an unbound unit refuses to run.
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <ATen/core/Tensor.h>
+#include <c10/core/Device.h>
+
+#include "dtrain/comm/communicator.h"
+#include "dtrain/torch/fully_shard.h"
+#include "dtrain/torch/shard_layout.h"
+
+namespace dtrain::zero {
+
+struct BuiltPart {
+  std::vector<std::string> names;  // within the unit, for messages
+  std::vector<at::Tensor> params;  // views of a storage without memory until gathered
+  UnitLayout layout;               // of these parameters alone, at BuiltUnit::ranks
+  at::Tensor owned;                // block `rank` of their flat buffer (layout.shardNumel)
+};
+
+struct BuiltUnit {
+  int rank = 0;
+  int ranks = 1;
+  c10::Device device{c10::kCPU};
+  std::vector<BuiltPart> parts;  // one per dtype, in the order of their first parameters
+  uint64_t checksum = 0;         // of every part's values as built
+
+  // Makes part `part`'s parameters full again: every rank's block all-gathered into one buffer
+  // the parameters become views of (returned: it lives while they do). Collective.
+  at::Tensor gather(size_t part, comm::Communicator& comm, const comm::CallOptions& call);
+};
+
+// Shards `unit`'s parameters that require gradients, except those of units inside it built
+// sharded already (they keep their own record), and frees their memory. Null when it has none.
+std::shared_ptr<BuiltUnit> shardWhenBuilt(torch::nn::Module& unit, const ShardPlacement& where);
+
+// The trained parameters of every unit of `root` sharded when built, by their tensors.
+std::vector<const void*> builtParameters(torch::nn::Module& root);
+
+}  // namespace dtrain::zero
