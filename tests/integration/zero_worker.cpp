@@ -12,7 +12,8 @@
 // poisoned before the collective, which after a reduce-scatter reaches one rank's shard only;
 // every rank must skip that step (--skipped 1), DDP's and both stages alike.
 // stage3: ZeRO stage 3 on marked units (nested, one called twice), 20 AdamW steps of 3
-// micro-batches (noSync()) with an overflow on the last rank at step 5, within 1e-5 of DDP's.
+// micro-batches (noSync()) with an overflow on the last rank at step 5, within 1e-5 of DDP's;
+// again with every unit sharded as it is built (fullyShard), bitwise as the model built whole.
 // skip-unit: stage 3 on four marked layers of which two have the same size; at step 3 the last
 // rank skips one of those layers' forward. Every rank must fail, naming both ranks' units, long
 // before the collective timeout (30 s): "rank R FAIL skip-unit after <ms> ms: <error>".
@@ -105,6 +106,12 @@ void scenarioStage3(const std::shared_ptr<ProcessGroup>& group) {
     const double err = relativeError(zero.params.at(name), t);
     check(err <= 1e-5, fmt::format("stage 3: {} differs from DDP's by {:.3g} (max 1e-5)", name, err));
     checkIdenticalAcrossRanks(*group, "stage 3 " + name, zero.params.at(name));
+  }
+  how.builtSharded = true;  // every unit sharded as it is built: the same training, bitwise
+  const Zero3RankResult built = trainZero3OnRank<Zero3NestedNet>(how, group);
+  for (const auto& [name, t] : zero.params) {
+    check(torch::equal(built.params.at(name), t),
+          fmt::format("stage 3 built unit by unit: {} differs from the model built whole", name));
   }
 }
 

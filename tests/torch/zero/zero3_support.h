@@ -11,6 +11,7 @@
 #include <optional>
 #include <set>
 #include <string>
+#include <type_traits>
 
 #include <torch/torch.h>
 
@@ -37,13 +38,21 @@ struct Zero3NetImpl : torch::nn::Module {
 };
 TORCH_MODULE(Zero3Net);
 
+// A ShardedUnit of `module`: sharded as it is built (fullyShard) when `where` is given, else
+// by the optimizer.
+template <typename Holder>
+ShardedUnit markUnit(const Holder& module, ShardedUnitOptions o, const ShardPlacement* where) {
+  return where ? fullyShard(module, *where, o) : ShardedUnit(module, o);
+}
+
 // Nesting and reuse: a marked block with a parameter of its own around a marked layer (the block
 // owns `scale`, the layer its weight and bias), and a marked layer called twice in one forward
 // (its second boundary, met first in backward, gathers it; the first finds it gathered).
 struct Zero3BlockImpl : torch::nn::Module {
-  explicit Zero3BlockImpl(int64_t n, ShardedUnitOptions o = {}) {
+  explicit Zero3BlockImpl(int64_t n, ShardedUnitOptions o = {},
+                          const ShardPlacement* where = nullptr) {
     scale = register_parameter("scale", torch::full({n}, 0.5));
-    inner = register_module("inner", ShardedUnit(torch::nn::Linear(n, n), o));
+    inner = register_module("inner", markUnit(torch::nn::Linear(n, n), o, where));
   }
   torch::Tensor forward(const torch::Tensor& x) { return torch::tanh(inner(x) * scale) + x; }
   torch::Tensor scale;
@@ -52,10 +61,11 @@ struct Zero3BlockImpl : torch::nn::Module {
 TORCH_MODULE(Zero3Block);
 
 struct Zero3NestedNetImpl : torch::nn::Module {
-  explicit Zero3NestedNetImpl(ShardedUnitOptions o = {}) {
-    in = register_module("in", ShardedUnit(torch::nn::Linear(7, 12), o));
-    block = register_module("block", ShardedUnit(Zero3Block(12, o), o));
-    twice = register_module("twice", ShardedUnit(torch::nn::Linear(12, 12), o));
+  // `where`: every unit sharded as it is built (the block's inner layer before the block).
+  explicit Zero3NestedNetImpl(ShardedUnitOptions o = {}, const ShardPlacement* where = nullptr) {
+    in = register_module("in", markUnit(torch::nn::Linear(7, 12), o, where));
+    block = register_module("block", markUnit(Zero3Block(12, o, where), o, where));
+    twice = register_module("twice", markUnit(torch::nn::Linear(12, 12), o, where));
     head = register_module("head", torch::nn::Linear(12, 5));
   }
   torch::Tensor forward(const torch::Tensor& x) {
@@ -161,6 +171,8 @@ struct Zero3Run {
   bool backwardPrefetch = true;
   ShardedUnitOptions unit;       // of every marked module
   std::optional<at::ScalarType> reduceDtype;  // ZeroOptions'
+  // Every unit sharded as it is built (fullyShard; Zero3NestedNet only, float32).
+  bool builtSharded = false;
 };
 
 // What a run measured on one rank.
@@ -200,7 +212,14 @@ Zero3RankResult trainZero3OnRank(const Zero3Run& how, const std::shared_ptr<Proc
   Zero3RankResult result;
   ZeroRun run;
   run.world = world;
-  Net net = buildSeeded(run.seed, [&] { return Net(how.unit); });
+  const ShardPlacement placement(*group);
+  Net net = buildSeeded(run.seed, [&] {
+    if constexpr (std::is_constructible_v<typename Net::ContainedType, ShardedUnitOptions,
+                                           const ShardPlacement*>) {
+      if (how.builtSharded) return Net(how.unit, &placement);
+    }
+    return Net(how.unit);
+  });
   net->to(dtype);
   DdpOptions ddpOptions;
   ddpOptions.findUnusedParameters = how.findUnused;

@@ -190,6 +190,26 @@ TEST_P(ZeroStage3Ranks, PrefetchedGathersTrainAsDdpHoldingAtMostTwoUnits) {
   expectSameTraining(none, ddp);
 }
 
+// Every unit sharded as it is built (fullyShard), the block's inner layer before the block that
+// holds it: 20 steps of three micro-batches end bitwise where the model built whole ends, with
+// and without reshardAfterForward.
+TEST_P(ZeroStage3Ranks, NestedUnitsShardedAsBuiltTrainBitwiseAsBuiltWhole) {
+  for (bool reshard : {true, false}) {
+    Zero3Run how{GetParam(), 3, 20};
+    how.micro = 3;
+    how.unit.reshardAfterForward = reshard;
+    const Zero3Result whole = trainZero3<Zero3NestedNet>(how);
+    how.builtSharded = true;
+    const Zero3Result built = trainZero3<Zero3NestedNet>(how);
+    for (int r = 0; r < GetParam(); ++r) {
+      ASSERT_EQ(built.params[r].size(), whole.params[r].size());
+      for (const auto& [name, t] : whole.params[r]) {
+        EXPECT_TRUE(torch::equal(built.params[r].at(name), t)) << name << " on rank " << r;
+      }
+    }
+  }
+}
+
 // ShardedUnitOptions::reshardAfterForward = false: each unit stays from its forward to its
 // backward (the marked modules hold their parameters once forward has returned), the backward
 // gathers nothing and frees each unit once its gradients are in. Nested units and a layer
