@@ -57,7 +57,7 @@ struct Options {
   int64_t accumSteps = 1;   // micro-batches per optimizer step
   bool amp = false;         // mixed precision: bfloat16 autocast on the CPU, float16 on CUDA
   int zero = 0;             // 0: DDP; ZeRO 1: optimizer state, 2: + gradients, 3: + parameters
-  bool offload = false;     // ZeRO-3: optimizer state on the host (a no-op on the CPU)
+  bool offload = false;     // ZeRO-2/3: optimizer state on the host (a no-op on the CPU)
   bool recompute = false;   // recompute the stem and each residual block in backward
   double lr = 0.2;          // for 256 samples per step; scaled linearly with the global batch
   double momentum = 0.9;
@@ -97,7 +97,8 @@ cxxopts::Options optionSpec(const Options& o) {
       ("amp", "mixed precision: bfloat16 on the CPU; float16 + loss scaling on CUDA")
       ("zero", "0 DDP | ZeRO: 1 shard optimizer state | 2 and gradients | 3 and parameters",
                str(o.zero))
-      ("offload", "--zero 3: optimizer state on the host; on the CPU a no-op (CUDA: not built)")
+      ("offload", "--zero 2 or 3 on CUDA: optimizer state and master weights in host memory, "
+                  "the step on the CPU; a no-op on the CPU (the state is there already)")
       ("recompute", "keep only the stem's and each residual block's input; rerun them in backward")
       ("lr", "peak learning rate per 256 samples a step (scaled to the batch)", str(o.lr))
       ("momentum", "SGD momentum", str(o.momentum))
@@ -155,7 +156,7 @@ Options parseOptions(int argc, char** argv) {
   o.weightDecay = number<double>(r, "weight-decay", 0, 1);
   o.warmupSteps = number<int64_t>(r, "warmup-steps", 0, 1e9);
   if (r.count("checkpoint-dir")) o.checkpointDir = r["checkpoint-dir"].as<std::string>();
-  if (o.offload && o.zero != 3) usageError("--offload needs --zero 3");
+  if (o.offload && o.zero < 2) usageError("--offload needs --zero 2 or 3");
   o.saveEvery = number<int64_t>(r, "save-every", 0, 1e9);
   o.dataDir = r["data-dir"].as<std::string>();
   o.synthetic = number<int64_t>(r, "synthetic", 0, 1e7);
@@ -263,11 +264,11 @@ std::unique_ptr<torch::optim::Optimizer> makeOptimizer(
   const auto sgd =
       torch::optim::SGDOptions(peakLr).momentum(opt.momentum).weight_decay(opt.weightDecay);
   if (opt.zero == 0) return std::make_unique<torch::optim::SGD>(ddp.parameters(), sgd);
-  // --offload: on the CPU the state is on the host already. Refused on CUDA (not built yet).
-  DTRAIN_CHECK_ARG(!opt.offload || !ddp.parameters().front().is_cuda(),
-                   "--offload on CUDA is not built yet. HINT: drop --offload");
   dtrain::ZeroOptions zero;
   zero.stage = opt.zero;
+  // --offload: on CUDA the momentum (and master weights) in host memory and SGD's step on the
+  // CPU; on the CPU they are on the host already and nothing changes.
+  zero.offload = opt.offload;
   return std::make_unique<dtrain::ShardedOptimizer>(
       ddp, dtrain::optimizerFactory<torch::optim::SGD>(sgd), zero);
 }

@@ -14,8 +14,8 @@
 # the torch layer and DDP on CUDA, launch's GPU sampling parsers; their targets are those CMake
 # lists in BUILD/gpu_test_targets.txt), allreduce (allreduce_bench --backend nccl, 4 KiB -
 # 256 MiB), resnet_amp (train_bench --gpu: ResNet-50 AMP beside PyTorch eager AMP), launch_gpu
-# (launch's GPU sampling while a GPU test runs), zero_memory (train_resnet --zero 0-3: ZeRO's peak
-# GPU memory against DDP's), recompute (recompute_bench --gpu: ResNet-50 AMP, peak CUDA memory and
+# (launch's GPU sampling while a GPU test runs), zero_memory (train_resnet --zero 0-3, and 2-3
+# with --offload: ZeRO's peak GPU memory and samples/s against DDP's), recompute (recompute_bench --gpu: ResNet-50 AMP, peak CUDA memory and
 # samples/s with and without activation recompute, beside PyTorch's checkpoint_sequential), then
 # the rows other features add. --rows runs only the named rows (and the build of what they need).
 #
@@ -114,7 +114,7 @@ row gpu_tests   75 "@gpu-tests"      ctest --test-dir "$build" -L gpu --output-o
 row allreduce   30 "allreduce_bench" "$build/allreduce_bench" "${bench_args[@]}"
 row resnet_amp  90 "train_bench"     "$build/train_bench" --gpu --python "$python" "${train_args[@]}"
 row launch_gpu  40 "launch dtrain_gpu_tests" launch_gpu_sampling
-row zero_memory 80 "launch train_resnet" zero_peak_memory
+row zero_memory 120 "launch train_resnet" zero_peak_memory
 row recompute  100 "recompute_bench" "$build/recompute_bench" --gpu --models resnet50 --python "$python" --reps 3 --steps 10 --warmup 3
 
 # ---- What the rows call (each row runs in BUILD/gpu_check/<row>.sh, which carries every function
@@ -184,32 +184,50 @@ sys.exit(1 if problems else 0)
 PY
 }
 
-# ZeRO on CUDA: train_resnet --zero 0, 1, 2 and 3 on the one GPU, launch sampling its memory. At
-# one rank every stage holds what DDP holds (the shard is the whole), so the row checks that the
-# sharded path trains on CUDA -- stage 3 swapping each block's storage in and out on the device --
-# and that its peak memory stays within 10 % of DDP's (stage 2's buckets, stage 3's gathered block).
+# ZeRO on CUDA: train_resnet --zero 0, 1, 2 and 3, then 2 and 3 with --offload, on the one GPU,
+# launch sampling its memory. At one rank every stage holds what DDP holds (the shard is the
+# whole), so the row checks that the sharded path trains on CUDA -- stage 3 swapping each block's
+# storage in and out on the device -- and that its peak memory stays within 10 % of DDP's (stage
+# 2's buckets, stage 3's gathered block). With --offload the momentum and the float32 master
+# copies live in pinned host memory and SGD steps on the CPU: the row prints each run's peak and
+# samples/s against DDP's and fails when an offloaded run holds more GPU memory than the same
+# stage without offload (the master copy went to the device) or does not train.
 zero_peak_memory() {
-  local z metrics
-  for z in 0 1 2 3; do
-    metrics="$build/gpu_check/zero$z.jsonl"
+  local run z flags metrics
+  for run in 0 1 2 3 2o 3o; do
+    z="${run%o}"
+    flags=(--zero "$z")
+    [ "$run" != "$z" ] && flags+=(--offload)
+    metrics="$build/gpu_check/zero$run.jsonl"
     rm -f "$metrics"
     "$build/launch" --nproc-per-node 1 --sample-interval 0.5 --metrics-file "$metrics" \
-      -- "$build/train_resnet" --device cuda --zero "$z" --arch resnet50 --synthetic 2048 \
+      -- "$build/train_resnet" --device cuda "${flags[@]}" --arch resnet50 --synthetic 2048 \
       --data-dir "$build/gpu_check/cifar" --epochs 1 --batch-size 128 --eval-every 0 \
-      --log-every 8 || return 1
+      --log-every 8 > "$build/gpu_check/zero$run.out" 2>&1
+    local rc=$?
+    cat "$build/gpu_check/zero$run.out"
+    [ "$rc" = 0 ] || return 1
   done
-  "$python" - "$build"/gpu_check/zero{0,1,2,3}.jsonl <<'PY'
-import json, sys
-peaks = []
-for path in sys.argv[1:]:
-    records = [json.loads(line) for line in open(path) if line.strip()]
-    peaks.append(max((r.get("gpu_process_mem_bytes", 0) for r in records if "rank" in r), default=0))
-for z, peak in enumerate(peaks):
-    print(f"gpu_check.sh: --zero {z}: peak GPU memory {peak / 2**20:.0f} MiB"
-          + (f" ({peak / peaks[0]:.3f}x DDP's)" if z and peaks[0] else ""))
-bad = [z for z in (1, 2, 3) if peaks[0] == 0 or peaks[z] > 1.10 * peaks[0]]
+  "$python" - "$build/gpu_check" <<'PY'
+import json, re, sys
+runs = ["0", "1", "2", "3", "2o", "3o"]
+peaks, rates = {}, {}
+for run in runs:
+    records = [json.loads(line) for line in open(f"{sys.argv[1]}/zero{run}.jsonl") if line.strip()]
+    peaks[run] = max((r.get("gpu_process_mem_bytes", 0) for r in records if "rank" in r), default=0)
+    found = re.findall(r"([0-9.]+) samples/s", open(f"{sys.argv[1]}/zero{run}.out").read())
+    rates[run] = float(found[-1]) if found else 0.0
+for run in runs:
+    name = f"--zero {run[0]}" + (" --offload" if run.endswith("o") else "")
+    ddp = f" ({peaks[run] / peaks['0']:.3f}x DDP's" if run != "0" and peaks["0"] else ""
+    speed = f", {rates[run] / rates['0']:.2f}x its samples/s)" if ddp and rates["0"] and rates[run] else (")" if ddp else "")
+    print(f"gpu_check.sh: {name}: peak GPU memory {peaks[run] / 2**20:.0f} MiB, "
+          f"{rates[run]:.0f} samples/s{ddp}{speed}")
+bad = [r for r in ("1", "2", "3") if peaks["0"] == 0 or peaks[r] > 1.10 * peaks["0"]]
+bad += [r for r in ("2o", "3o") if peaks[r] == 0 or peaks[r] > peaks[r[0]]]
 if bad:
-    print(f"gpu_check.sh: FAILED: --zero {bad} above DDP's peak by more than 10 % (or no samples)")
+    print(f"gpu_check.sh: FAILED: {bad}: --zero above DDP's peak by more than 10 %, an offloaded "
+          "run above the same stage without offload, or no samples")
 sys.exit(1 if bad else 0)
 PY
 }

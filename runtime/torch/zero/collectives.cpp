@@ -40,9 +40,9 @@ double globalNorm(comm::Communicator& comm, const std::vector<at::Tensor>& grads
     // Per tensor first, as torch::nn::utils::clip_grad_norm_ does, without a float64 copy.
     at::Tensor norm = at::linalg_vector_norm(g, normType, c10::nullopt, false, at::kDouble);
     if (infinity) {
-      total = at::maximum(total, norm.reshape({1}));
+      total = at::maximum(total, norm.reshape({1}).to(device));
     } else {
-      total.add_(norm.pow(normType));
+      total.add_(norm.pow(normType).to(device));  // offloaded shards' norms are on the host
     }
   }
   comm::CallOptions call;

@@ -103,6 +103,11 @@ at::Tensor ShardedUnitImpl::forward(const at::Tensor& input) {
   return binding_->forward(module_, input);
 }
 
+void ShardedUnitImpl::train(bool on) {
+  torch::nn::Module::train(on);
+  module_.ptr()->train(on);
+}
+
 void ShardedUnitImpl::refuseUnbuilt(const char* what) const {
   if (!built_) return;
   size_t count = 0;

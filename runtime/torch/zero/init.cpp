@@ -45,6 +45,9 @@ void checkOptions(DdpCore& ddp, const OptimizerFactory& factory, const ZeroOptio
                    "parameters' dtype",
                    options.reduceDtype ? c10::toString(*options.reduceDtype) : "none",
                    options.stage, options.masterWeights);
+  DTRAIN_CHECK_ARG(!options.offload || options.stage >= 2,
+                   "ShardedOptimizer: offload needs stage 2 or 3 (this is stage 1, whose "
+                   "gradients are reduced in place on the device). HINT: ZeroOptions::stage = 2");
   DTRAIN_CHECK_ARG(ddp.options().compression == GradientCompression::None,
                    "ShardedOptimizer: DDP's gradient compression ({}) does not apply to "
                    "reduce-scatters. HINT: construct DistributedDataParallel without compression",
@@ -420,7 +423,8 @@ BuiltShards buildShards(DdpCore& ddp, std::vector<torch::optim::OptimizerParamGr
                                                                            : dtype;
       units.push_back(std::make_unique<ShardUnit>(k, u, std::move(params), pg.rank(), pg.size(),
                                                   options.stage, master, grads,
-                                                  pg.communicator(), pg.device(), resharded));
+                                                  pg.communicator(), pg.device(), resharded,
+                                                  options.offload));
       builtGathers.bound(tensors);
       const size_t g = groupOf[u.params.front()];
       std::vector<torch::optim::OptimizerParamGroup> one;

@@ -217,12 +217,7 @@ std::chrono::nanoseconds ShardGroup::finishReduce(size_t k) {
   const auto waited = std::chrono::steady_clock::now() - start;
   at::NoGradGuard noGrad;
   if (u.hasMaster()) {
-    if (u.shardGradAttached()) {
-      u.shardGrad().add_(u.reduced());
-    } else {
-      u.shardGrad().copy_(u.reduced());
-      u.attachShardGrad();
-    }
+    u.takeReduced();
   } else if (!u.shardGradAttached()) {
     u.attachShardGrad();
   }
@@ -266,7 +261,7 @@ void ShardGroup::shardWritten(size_t k) {
                group_->rank(), u.describe(), paramsName(params_[k]), paramsName(rest));
   if (u.hasMaster()) {
     at::NoGradGuard noGrad;
-    u.ownedParams().copy_(u.master());
+    u.ownedParams().copy_(u.master());  // offload: from the host's memory, per unit
   }
   // A resharded unit's owned block is all it has: the next unshard gathers the new values.
   if (!u.resharded()) params_[k] = Params::Stepped;

@@ -36,7 +36,7 @@ at::Tensor tensorIn(const at::Storage& storage, int64_t offset, at::IntArrayRef 
 ShardUnit::ShardUnit(size_t index, const UnitLayout& layout, std::vector<UnitParam> params,
                      int rank, int ranks, int stage, at::ScalarType masterType,
                      at::ScalarType gradType, comm::Communicator& comm, const c10::Device& device,
-                     bool resharded)
+                     bool resharded, bool offload)
     : index_(index),
       layout_(layout),
       params_(std::move(params)),
@@ -75,7 +75,15 @@ ShardUnit::ShardUnit(size_t index, const UnitLayout& layout, std::vector<UnitPar
   } else {
     reduced_ = at::zeros({shardNumel()}, options.dtype(gradType_));
   }
-  if (masterType != dtype_) {
+  if (offload && device.type() != c10::DeviceType::CPU) {
+    // Pinned, so that the copies to and from the device run at the link's speed.
+    const auto host = at::TensorOptions().device(at::kCPU).pinned_memory(true);
+    master_ = at::empty({shardNumel()}, host.dtype(masterType));
+    master_.copy_(ownedParams_);
+    shardGrad_ = at::zeros({shardNumel()}, host.dtype(masterType));
+    hostReduced_ = at::empty({shardNumel()}, host.dtype(gradType_));
+    optimized_ = master_;
+  } else if (masterType != dtype_) {
     master_ = ownedParams_.to(masterType).clone();
     shardGrad_ = at::zeros_like(master_);
     optimized_ = master_;
@@ -171,6 +179,21 @@ bool ShardUnit::shardGradAttached() const {
 
 void ShardUnit::attachShardGrad() { optimized_.mutable_grad() = shardGrad_; }
 
+void ShardUnit::takeReduced() {
+  DTRAIN_CHECK(hasMaster(), "{}: no master weights to take the reduced gradient", describe());
+  at::Tensor from = reduced_;
+  if (offloaded()) {
+    hostReduced_.copy_(reduced_);  // synchronous: ordered after the collective on this stream
+    from = hostReduced_;
+  }
+  if (shardGradAttached()) {
+    shardGrad_.add_(from);
+  } else {
+    shardGrad_.copy_(from);
+    attachShardGrad();
+  }
+}
+
 void ShardUnit::leaseGrads(std::shared_ptr<comm::Buffer> bucket) {
   DTRAIN_CHECK(!fullGrads_.defined(), "{}: a second gradient bucket", describe());
   const size_t need = paddedNumel() * c10::elementSize(gradType_);
@@ -202,6 +225,11 @@ size_t ShardUnit::gradientBytes() const {
 }
 
 size_t ShardUnit::masterBytes() const { return storageBytes(master_); }
+
+size_t ShardUnit::offloadedBytes() const {
+  if (!offloaded()) return 0;
+  return storageBytes(master_) + storageBytes(shardGrad_) + storageBytes(hostReduced_);
+}
 
 void ShardUnit::setOptimizer(std::unique_ptr<torch::optim::Optimizer> optimizer) {
   optimizer_ = std::move(optimizer);

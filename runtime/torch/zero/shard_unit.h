@@ -42,6 +42,8 @@ struct UnitParam {
 //                gradients converted as they are copied in), and reduced is added into the
 //                master's gradient.
 //   master       S float32 elements, for lower-precision parameters only, with a float32 .grad.
+//                Offload (on an accelerator): in the host's pinned memory, for every dtype, with
+//                a pinned buffer beside it that reduced crosses to the host in.
 //   optimized    what the real optimizer steps: master, or block `rank` of fullParams. Its .grad
 //                is the averaged gradient of the shard: reduced, or master's float32 gradient.
 // Plain tensors over the buffers (not autograd views), so optimizers may detach_() them.
@@ -59,9 +61,12 @@ class ShardUnit {
   // parameters' own dtype for none. `gradType`: the dtype of the full gradients and of what the
   // reduce-scatter lands in (ZeroOptions::reduceDtype; stages 2 and 3 only); the parameters'
   // own when it is the same.
+  // `offload` (ZeroOptions'): on an accelerator, the master block (float32 parameters get one
+  // too) and its gradient in the host's pinned memory, where the optimizer steps them.
   ShardUnit(size_t index, const UnitLayout& layout, std::vector<UnitParam> params, int rank,
             int ranks, int stage, at::ScalarType masterType, at::ScalarType gradType,
-            comm::Communicator& comm, const c10::Device& device, bool resharded = false);
+            comm::Communicator& comm, const c10::Device& device, bool resharded = false,
+            bool offload = false);
   ~ShardUnit();
   ShardUnit(const ShardUnit&) = delete;
   ShardUnit& operator=(const ShardUnit&) = delete;
@@ -74,6 +79,8 @@ class ShardUnit {
   at::ScalarType dtype() const { return dtype_; }
   at::ScalarType gradType() const { return gradType_; }  // of fullGrads and reduced
   bool hasMaster() const { return master_.defined(); }
+  // The master block and what the optimizer holds are in the host's memory (offload).
+  bool offloaded() const { return hostReduced_.defined(); }
   // Where this unit's first parameter was registered among the module's: what error messages
   // and names go by.
   std::string describe() const;
@@ -93,6 +100,10 @@ class ShardUnit {
   // Whether optimized().grad() is still shardGrad(): libtorch 2.x's zero_grad() unsets it.
   bool shardGradAttached() const;
   void attachShardGrad();
+  // Master weights: the reduce-scatter's result (reduced()) into the master's gradient, added,
+  // or copied when the optimizer had unset it; through the pinned host buffer when offloaded.
+  // After the reduce-scatter was waited for on the current stream.
+  void takeReduced();
 
   // Stage 2: fullGrads over `bucket` (at least paddedNumel() elements), its padding zeroed; and
   // back. The stage's only full-size gradient memory.
@@ -114,6 +125,7 @@ class ShardUnit {
   size_t parameterBytes() const;
   size_t gradientBytes() const;
   size_t masterBytes() const;
+  size_t offloadedBytes() const;  // master, its gradient, the host buffer (offload only)
 
   // The real optimizer over optimized(), built by ShardGroup.
   torch::optim::Optimizer& optimizer() { return *optimizer_; }
@@ -144,6 +156,7 @@ class ShardUnit {
   at::Tensor master_;
   at::Tensor optimized_;
   at::Tensor shardGrad_;
+  at::Tensor hostReduced_;  // offload: pinned, where reduced_ crosses to the host
   std::unique_ptr<torch::optim::Optimizer> optimizer_;
 };
 

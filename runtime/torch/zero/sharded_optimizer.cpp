@@ -115,12 +115,14 @@ ZeroStats ShardedOptimizer::stats() const {
     s.memory.parameters += u.parameterBytes();
     s.memory.gradients += u.gradientBytes();
     s.memory.masterWeights += u.masterBytes();
+    s.memory.offloaded += u.offloadedBytes();
     auto& optimizer = u.optimizer();
     auto it = optimizer.state().find(compat::optimizerStateKey(optimizer, u.optimized()));
     if (it == optimizer.state().end()) continue;
     for (const auto& [field, tensor] : checkpoint::fieldsOf(*it->second).tensors) {
       if (!tensor->defined() || !seen.insert(tensor->storage().data()).second) continue;
       s.memory.optimizerState += tensor->storage().nbytes();
+      if (u.offloaded()) s.memory.offloaded += tensor->storage().nbytes();
     }
   }
   s.memory.buckets = shards.bucketBytes();

@@ -232,6 +232,43 @@ TEST(ZeroBuiltUnits, BuildingHoldsOneUnitInFullAndKeepsAQuarterOfEach) {
   EXPECT_GE(counter.peak() - before, kLayers * layerBytes);
 }
 
+// Every parameter in a unit sharded when built, none left to the root: DistributedDataParallel's
+// own reducer has nothing to hold until the optimizer replaces it, and training is bitwise that
+// of the same units built whole.
+TEST(ZeroBuiltUnits, AModelOfUnitsOnlyTrainsAsBuiltWhole) {
+  constexpr int kWorld = 2;
+  std::vector<std::vector<std::map<std::string, torch::Tensor>>> trained(2);
+  for (int sharded = 0; sharded < 2; ++sharded) {
+    trained[sharded].resize(kWorld);
+    auto threads = ThreadWorld::create(kWorld);
+    threads->run([&](int rank) {
+      const auto group = threadGroup(*threads, rank);
+      torch::nn::Sequential net = buildSeeded(kSeed, [&] {
+        torch::nn::Sequential s;
+        for (int64_t i = 0; i < 3; ++i) {
+          TanhLayer layer(i == 0 ? 7 : 9, i == 2 ? 5 : 9);
+          s->push_back(sharded ? fullyShard(layer, *group) : ShardedUnit(layer));
+        }
+        return s;
+      });
+      DistributedDataParallel<torch::nn::Sequential> ddp(net, group);
+      ZeroOptions zo;
+      zo.stage = 3;
+      ShardedOptimizer optimizer(ddp, factoryFor("adamw"), zo);
+      ZeroRun run;
+      run.world = kWorld;
+      for (int s = 0; s < 4; ++s) {
+        optimizer.zero_grad();
+        auto [x, y] = wholeBatch(run, s, 0, 7, 5);
+        torch::mse_loss(ddp(shard(x, rank, kWorld)), shard(y, rank, kWorld)).backward();
+        optimizer.step();
+      }
+      trained[sharded][rank] = toMap(gatherFullParameters(optimizer));
+    });
+  }
+  for (int r = 0; r < kWorld; ++r) expectBitwise(trained[1][r], trained[0][r], "trained");
+}
+
 // One rank built other values (another seed): every rank fails at the optimizer, naming the
 // first unit and which ranks built what, instead of training a model no rank built.
 TEST(ZeroBuiltUnits, RanksThatBuiltOtherValuesFailAlikeNamingTheUnit) {

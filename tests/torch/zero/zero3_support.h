@@ -173,6 +173,8 @@ struct Zero3Run {
   std::optional<at::ScalarType> reduceDtype;  // ZeroOptions'
   // Every unit sharded as it is built (fullyShard; Zero3NestedNet only, float32).
   bool builtSharded = false;
+  bool offload = false;  // ZeroOptions'
+
 };
 
 // What a run measured on one rank.
@@ -196,6 +198,9 @@ struct Zero3Probes {
   size_t peakGathered = 0;
   size_t twoLargestUnits = 0;
   int64_t skipped = 0;  // the GradScaler's
+  // stats() after the last step: master weights and what offload moved to the host.
+  size_t masterBytes = 0;
+  size_t offloadedBytes = 0;
 };
 
 // What one rank ends a run with.
@@ -235,6 +240,7 @@ Zero3RankResult trainZero3OnRank(const Zero3Run& how, const std::shared_ptr<Proc
     zo.forwardPrefetch = how.forwardPrefetch;
     zo.backwardPrefetch = how.backwardPrefetch;
     zo.reduceDtype = how.reduceDtype;
+    zo.offload = how.offload;
     auto owned = std::make_unique<ShardedOptimizer>(ddp, factory, zo);
     sharded = owned.get();
     optimizer = std::move(owned);
@@ -276,6 +282,8 @@ Zero3RankResult trainZero3OnRank(const Zero3Run& how, const std::shared_ptr<Proc
     result.unitGathers = stats.unitGathers;
     result.prefetchedGathers = stats.prefetchedGathers;
     result.peakGathered = stats.memory.peakGathered;
+    result.masterBytes = stats.memory.masterWeights;
+    result.offloadedBytes = stats.memory.offloaded;
     // The root's unit (the head, one dtype) is the last one: Note [ZeRO-3 unit lifecycle].
     const auto& units = sharded->layout().units;
     std::vector<size_t> sizes;

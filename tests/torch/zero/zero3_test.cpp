@@ -190,6 +190,26 @@ TEST_P(ZeroStage3Ranks, PrefetchedGathersTrainAsDdpHoldingAtMostTwoUnits) {
   expectSameTraining(none, ddp);
 }
 
+// ZeroOptions::offload on a CPU-only job: the optimizer state is on the host already, so it is
+// accepted and changes nothing -- no master copy of float32 parameters, nothing counted as
+// offloaded, training bitwise as without it (float32, and bfloat16 with float32 masters).
+TEST_P(ZeroStage3Ranks, OffloadOnTheCpuChangesNothing) {
+  for (at::ScalarType dtype : {at::kFloat, at::kBFloat16}) {
+    Zero3Run how{GetParam(), 3, 10, dtype};
+    const Zero3Result plain = trainZero3<Zero3NestedNet>(how);
+    how.offload = true;
+    const Zero3Result offloaded = trainZero3<Zero3NestedNet>(how);
+    EXPECT_EQ(offloaded.offloadedBytes, 0u);
+    EXPECT_EQ(offloaded.masterBytes, plain.masterBytes);
+    EXPECT_EQ(plain.masterBytes == 0, dtype == at::kFloat);
+    for (int r = 0; r < GetParam(); ++r) {
+      for (const auto& [name, t] : plain.params[r]) {
+        EXPECT_TRUE(torch::equal(offloaded.params[r].at(name), t)) << name << " on rank " << r;
+      }
+    }
+  }
+}
+
 // Every unit sharded as it is built (fullyShard), the block's inner layer before the block that
 // holds it: 20 steps of three micro-batches end bitwise where the model built whole ends, with
 // and without reshardAfterForward.

@@ -46,6 +46,11 @@ TEST(ZeroApi, RefusesWhatItCannotShard) {
     three.stage = 3;
     expectContains(errorOf([&] { ShardedOptimizer(ddp, factoryFor("adam"), three); }),
                  "the model has none");
+    ZeroOptions offloadOne;  // stage 1 reduces in place on the device: nothing to offload
+    offloadOne.stage = 1;
+    offloadOne.offload = true;
+    expectContains(errorOf([&] { ShardedOptimizer(ddp, factoryFor("adam"), offloadOne); }),
+                 "offload needs stage 2 or 3");
     std::vector<torch::optim::OptimizerParamGroup> partial;
     partial.emplace_back(std::vector<torch::Tensor>{ddp->fc1->weight});
     expectContains(errorOf([&] { ShardedOptimizer(ddp, std::move(partial), factoryFor("adam")); }),

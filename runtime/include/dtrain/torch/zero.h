@@ -108,6 +108,14 @@ struct ZeroOptions {
   // at once by the units' labels (Note [Which unit is gathered]).
   bool backwardPrefetch = true;
   bool forwardPrefetch = false;
+  // Stages 2 and 3: CPU offload (DeepSpeed's offload_optimizer, FSDP's CPUOffload). On an
+  // accelerator the optimizer state and float32 master shards -- float32 parameters get one
+  // too -- live in the host's pinned memory and the real optimizer steps there: each unit's
+  // reduce-scattered gradient is copied to the host when it arrives, its new parameter block
+  // back to the device after its step. The device keeps the parameters' blocks and their
+  // averaged gradients only (stage 3: 2 x 4 / N bytes per float32 parameter, against 16 / N).
+  // On a CPU-only job the state is on the host already: accepted, changes nothing.
+  bool offload = false;
   // Deadline of the collectives waited for; zero: the communicator's.
   comm::Millis timeout = comm::Millis::zero();
 };
@@ -116,7 +124,7 @@ struct ZeroOptions {
 struct ZeroMemory {
   size_t parameters = 0;      // the full parameters (every rank has all of them)
   size_t gradients = 0;       // held between steps: stage 1 full, stage 2 this rank's shard
-  size_t masterWeights = 0;   // float32 master shards (lower-precision parameters only)
+  size_t masterWeights = 0;   // float32 master shards (lower-precision parameters; offload: all)
   size_t optimizerState = 0;  // the real optimizers' state over this rank's shards
   // Stage 2's full-size gradient buckets (reused; alive only while their reduce-scatter runs,
   // kept for the next backward): communication memory, like DDP's buckets without
@@ -129,6 +137,11 @@ struct ZeroMemory {
   // size, while it holds a buffer of the reuse pool), and the most ever gathered at once.
   size_t gathered = 0;
   size_t peakGathered = 0;
+
+  // Offload (ZeroOptions::offload on an accelerator): how many of the bytes above are in the
+  // host's memory -- master shards, their gradients, the optimizer state -- plus the pinned
+  // buffer each unit's gradient crosses in. Zero on a CPU-only job.
+  size_t offloaded = 0;
 
   size_t modelState() const { return parameters + gradients + masterWeights + optimizerState; }
 };
