@@ -97,8 +97,7 @@ cxxopts::Options optionSpec(const Options& o) {
       ("amp", "mixed precision: bfloat16 on the CPU; float16 + loss scaling on CUDA")
       ("zero", "0 DDP | ZeRO: 1 shard optimizer state | 2 and gradients | 3 and parameters",
                str(o.zero))
-      ("offload", "--zero 2 or 3 on CUDA: optimizer state and master weights in host memory, "
-                  "the step on the CPU; a no-op on the CPU (the state is there already)")
+      ("offload", "--zero 2 or 3: optimizer state on the host (CUDA); a no-op on the CPU")
       ("recompute", "keep only the stem's and each residual block's input; rerun them in backward")
       ("lr", "peak learning rate per 256 samples a step (scaled to the batch)", str(o.lr))
       ("momentum", "SGD momentum", str(o.momentum))

@@ -343,7 +343,7 @@ def test_usage():
     expect_exit(["--device", "tpu"], 2, r"--device must be auto, cpu or cuda")
     expect_exit(["--bogus"], 2, r"bogus")
     expect_exit(["--zero", "4"], 2, r"--zero must be an integer in \[0, 3\], got '4'")
-    expect_exit(["--offload"], 2, r"--offload needs --zero 3")
+    expect_exit(["--offload"], 2, r"--offload needs --zero 2 or 3")
     if not (re.search(r"--offload\b.*no-op", text) and re.search(r"--zero\b.*3 and param", text)
             and re.search(r"--checkpoint-dir\b.*sharded with --zero", text)):
         fail(f"--help does not describe --zero 3 and --offload:\n{text}")
