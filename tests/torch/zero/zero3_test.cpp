@@ -190,6 +190,80 @@ TEST_P(ZeroStage3Ranks, PrefetchedGathersTrainAsDdpHoldingAtMostTwoUnits) {
   expectSameTraining(none, ddp);
 }
 
+// bfloat16 compute with float32 master weights against a single-process reference written
+// without the library: one process runs every rank's share of the batch through one bfloat16
+// model, sums the gradients in float32 in rank order and divides by the ranks (what the
+// float32 reduce-scatter's average computes), steps float32 masters with AdamW and rounds them
+// into the model. At a learning rate whose updates are below half a bfloat16 step of most weights
+// (1e-4 a step against weights of ~0.2: a step of 2^-10 ~ 1e-3), the parameters move only
+// because the masters accumulate them: stage 3 must end where the reference ends, bitwise.
+TEST_P(ZeroStage3Ranks, Bfloat16WithFloat32MastersMatchesASingleProcessReference) {
+  const int world = GetParam();
+  constexpr int kSteps = 20;
+  constexpr double kLr = 1e-4;
+  const auto adamw = torch::optim::AdamWOptions(kLr).weight_decay(0.05);
+  ZeroRun run;
+  run.world = world;
+  // The reference.
+  Zero3Net ref = buildSeeded(run.seed, [] { return Zero3Net(); });
+  ref->to(at::kBFloat16);
+  std::map<std::string, torch::Tensor> initial;
+  std::vector<torch::Tensor> params, masters;
+  for (const auto& p : ref->named_parameters()) {
+    initial[p.key()] = p.value().detach().clone();
+    params.push_back(p.value());
+    masters.push_back(p.value().detach().to(at::kFloat).clone());
+  }
+  torch::optim::AdamW refOptimizer(masters, adamw);
+  for (int s = 0; s < kSteps; ++s) {
+    std::vector<torch::Tensor> sums;
+    for (const auto& m : masters) sums.push_back(torch::zeros_like(m));
+    auto [x, y] = wholeBatch(run, s, 0, 7, 5);
+    for (int r = 0; r < world; ++r) {
+      for (auto& p : params) p.mutable_grad() = torch::Tensor();
+      auto out = ref->forward(shard(x, r, world).to(at::kBFloat16)).to(torch::kFloat);
+      torch::mse_loss(out, shard(y, r, world)).backward();
+      for (size_t i = 0; i < params.size(); ++i) sums[i].add_(params[i].grad().to(at::kFloat));
+    }
+    torch::NoGradGuard noGrad;
+    for (size_t i = 0; i < masters.size(); ++i) masters[i].mutable_grad() = sums[i].div_(world);
+    refOptimizer.step();
+    for (size_t i = 0; i < params.size(); ++i) params[i].copy_(masters[i]);
+  }
+  // Stage 3 at `world` ranks.
+  std::vector<std::map<std::string, torch::Tensor>> got(static_cast<size_t>(world));
+  auto threads = ThreadWorld::create(world);
+  threads->run([&](int rank) {
+    const auto group = threadGroup(*threads, rank);
+    Zero3Net net = buildSeeded(run.seed, [] { return Zero3Net(); });
+    net->to(at::kBFloat16);
+    DistributedDataParallel<Zero3Net> ddp(net, group);
+    ZeroOptions zo;
+    zo.stage = 3;
+    zo.reduceDtype = at::kFloat;
+    ShardedOptimizer optimizer(ddp, optimizerFactory<torch::optim::AdamW>(adamw), zo);
+    for (int s = 0; s < kSteps; ++s) {
+      optimizer.zero_grad();
+      auto [x, y] = wholeBatch(run, s, 0, 7, 5);
+      auto out = ddp(shard(x, rank, world).to(at::kBFloat16)).to(torch::kFloat);
+      torch::mse_loss(out, shard(y, rank, world)).backward();
+      optimizer.step();
+    }
+    for (auto& [name, t] : gatherFullParameters(optimizer)) got[static_cast<size_t>(rank)][name] = t;
+  });
+  int64_t moved = 0, elements = 0;
+  for (const auto& p : ref->named_parameters()) {
+    const torch::Tensor& want = p.value();
+    moved += want.ne(initial.at(p.key())).sum().item<int64_t>();
+    elements += want.numel();
+    for (int r = 0; r < world; ++r) {
+      EXPECT_TRUE(torch::equal(got[static_cast<size_t>(r)].at(p.key()), want))
+          << p.key() << " on rank " << r;
+    }
+  }
+  EXPECT_GT(moved, elements / 2) << "the masters moved most parameters by a bfloat16 step or more";
+}
+
 // ZeroOptions::offload on a CPU-only job: the optimizer state is on the host already, so it is
 // accepted and changes nothing -- no master copy of float32 parameters, nothing counted as
 // offloaded, training bitwise as without it (float32, and bfloat16 with float32 masters).
