@@ -229,8 +229,14 @@ Data loadData(const Options& opt, dtrain::ProcessGroup& group) {
 // ---------------------------------------------------------------------------------------------
 // 4. Model. Every rank builds the same architecture; in main, DDP's constructor then copies rank
 //    0's parameters and buffers to all, and from then on averages gradients during backward.
+//    With --zero 3 each residual block is sharded the moment it is built (dtrain::fullyShard):
+//    no rank ever holds the blocks whole, which is how a model larger than one rank's memory is
+//    built. That needs the same values on every rank -- the same seed, set here -- and DDP does
+//    not copy rank 0's values of those blocks (no rank has them); the stage-3 optimizer checks
+//    that every rank built the same.
 // ---------------------------------------------------------------------------------------------
-examples::ResNet buildModel(const Options& opt, const torch::Device& device) {
+examples::ResNet buildModel(const Options& opt, const dtrain::ProcessGroup& group) {
+  const torch::Device device = group.device();
   torch::manual_seed(opt.seed);
   examples::ResNetOptions modelOptions;
   modelOptions.arch = opt.arch;
@@ -239,7 +245,8 @@ examples::ResNet buildModel(const Options& opt, const torch::Device& device) {
   modelOptions.width = opt.width;
   // Activation recompute: less memory for about one more forward per step; same results.
   modelOptions.recompute = opt.recompute;
-  modelOptions.shardBlocks = opt.zero == 3;  // ZeRO-3: each block a unit (step 5)
+  modelOptions.shardBlocks = opt.zero == 3;  // ZeRO-3: each block a unit (step 5) ...
+  if (opt.zero == 3) modelOptions.shardAsBuilt = dtrain::ShardPlacement(group);  // ... as built
   examples::ResNet model = examples::makeResNet(modelOptions);
   model->to(device);
   return model;
@@ -535,7 +542,7 @@ int main(int argc, char** argv) {
     Data data = loadData(opt, *group);
 
     // 4. Model and DDP.
-    examples::ResNet model = buildModel(opt, device);
+    examples::ResNet model = buildModel(opt, *group);
     dtrain::DistributedDataParallel<examples::ResNet> ddp(model, group);
 
     // 5. Optimizer, schedule and loss scaling.

@@ -24,6 +24,21 @@ torch::nn::Sequential shortcut(int64_t in, int64_t out, int64_t stride) {
   return torch::nn::Sequential(conv(in, out, 1, stride), torch::nn::BatchNorm2d(out));
 }
 
+// torchvision's initialisation of `m` and everything in it: He-normal (fan out) convolutions,
+// BatchNorm at weight 1 and bias 0; the Linear layer keeps libtorch's default, as torchvision's
+// does. Applied to each part as soon as it is built (torchvision applies it once the whole model
+// is), so that a block sharded as it is built (shardAsBuilt) is sharded with its final values.
+void initialise(torch::nn::Module& m) {
+  for (auto& module : m.modules(/*include_self=*/true)) {
+    if (auto* c = module->as<torch::nn::Conv2d>()) {
+      torch::nn::init::kaiming_normal_(c->weight, 0.0, torch::kFanOut, torch::kReLU);
+    } else if (auto* bn = module->as<torch::nn::BatchNorm2d>()) {
+      torch::nn::init::ones_(bn->weight);
+      torch::nn::init::zeros_(bn->bias);
+    }
+  }
+}
+
 struct Layout {
   bool bottleneck;
   std::vector<int64_t> blocks;  // per stage
@@ -95,6 +110,8 @@ ResNetImpl::ResNetImpl(const ResNetOptions& opts) : options(opts) {
   conv1 = register_module(
       "conv1", options.cifarStem ? conv(3, options.width, 3, 1) : conv(3, options.width, 7, 2));
   bn1 = register_module("bn1", torch::nn::BatchNorm2d(options.width));
+  initialise(*conv1);
+  initialise(*bn1);
 
   // Stage s has width * 2^s channels (times the expansion at its output); every stage but the
   // first halves the resolution in its first block.
@@ -105,27 +122,23 @@ ResNetImpl::ResNetImpl(const ResNetOptions& opts) : options(opts) {
     torch::nn::Sequential stage;
     for (int64_t b = 0; b < layout.blocks[s]; ++b) {
       int64_t stride = (s > 0 && b == 0) ? 2 : 1;
-      if (layout.bottleneck) {
-        stage->push_back(Bottleneck(in, channels, stride));
+      torch::nn::AnyModule block = layout.bottleneck
+                                       ? torch::nn::AnyModule(Bottleneck(in, channels, stride))
+                                       : torch::nn::AnyModule(BasicBlock(in, channels, stride));
+      initialise(*block.ptr());
+      if (options.shardBlocks && options.shardAsBuilt) {
+        stage->push_back(dtrain::fullyShard(block, *options.shardAsBuilt));  // 1/N kept from here
       } else {
-        stage->push_back(BasicBlock(in, channels, stride));
+        stage->push_back(block);
       }
       in = channels * expansion;
     }
-    if (options.shardBlocks) stage = dtrain::shardEveryChild(stage);  // names unchanged
+    if (options.shardBlocks && !options.shardAsBuilt) {
+      stage = dtrain::shardEveryChild(stage);  // names unchanged
+    }
     *stages[s] = register_module("layer" + std::to_string(s + 1), stage);
   }
   fc = register_module("fc", torch::nn::Linear(in, options.numClasses));
-
-  // torchvision's initialisation; the Linear layer keeps libtorch's default, as torchvision's does.
-  for (auto& module : modules(/*include_self=*/false)) {
-    if (auto* c = module->as<torch::nn::Conv2d>()) {
-      torch::nn::init::kaiming_normal_(c->weight, 0.0, torch::kFanOut, torch::kReLU);
-    } else if (auto* bn = module->as<torch::nn::BatchNorm2d>()) {
-      torch::nn::init::ones_(bn->weight);
-      torch::nn::init::zeros_(bn->bias);
-    }
-  }
 }
 
 torch::Tensor ResNetImpl::stem(const torch::Tensor& x) {

@@ -21,9 +21,12 @@
 //     fully_shard.h): under a stage-3 ShardedOptimizer its parameters are gathered only while it
 //     runs. The stem, its BatchNorm and fc stay the root's. Parameter names are unchanged (the
 //     unit takes the block's), so checkpoints and exports keep torchvision's names; unbound (any
-//     other optimizer) the units are the plain blocks.
+//     other optimizer) the units are the plain blocks. With shardAsBuilt each block is sharded
+//     the moment it is built (dtrain::fullyShard), so no rank holds the blocks whole: the same
+//     values, for a stage-3 ShardedOptimizer only.
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -32,6 +35,8 @@
 #include <torch/nn/modules/container/sequential.h>
 #include <torch/nn/modules/conv.h>
 #include <torch/nn/modules/linear.h>
+
+#include <dtrain/torch/fully_shard.h>
 
 namespace examples {
 
@@ -66,6 +71,7 @@ struct ResNetOptions {
   int64_t width = 64;
   bool recompute = false;
   bool shardBlocks = false;
+  std::optional<dtrain::ShardPlacement> shardAsBuilt;  // with shardBlocks: where (the group)
 };
 
 struct ResNetImpl : torch::nn::Module {
