@@ -6,7 +6,7 @@ if(DTRAIN_HAVE_GLOO)
     benchmarks/zero/zero_bench.cpp
     benchmarks/zero/zero_bench_worker.cpp
     benchmarks/zero/layer_probe.cpp)
-  target_include_directories(zero_bench PRIVATE ${CMAKE_CURRENT_SOURCE_DIR}/tests/support)  # free_port.h
+  target_include_directories(zero_bench PRIVATE ${CMAKE_CURRENT_SOURCE_DIR}/tests/support)  # free_port.h, counting_allocator.h
   target_link_libraries(zero_bench PRIVATE dtrain nlohmann_json::nlohmann_json)
   dtrain_reuse_torch_pch(zero_bench)
   dtrain_warnings(zero_bench)

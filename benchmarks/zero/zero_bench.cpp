@@ -9,7 +9,11 @@
 // tensors' storages) against ZeRO's formula, PSS per rank (max over the ranks), payload bytes
 // each rank sends per step (the communicator's counter, Note [Payload bytes]) per parameter, and
 // what accumulation under noSync() holds; for stage 3 its ratios to ZeRO-2 and the full
-// parameters alive at once against the aim.
+// parameters alive at once against the aim. Stage 3 runs twice beside them: its model
+// built whole and sharded by the optimizer (ShardedUnit), and built unit by unit, each layer
+// sharded as it is built (fullyShard; method zero3b); a table below compares what building and
+// binding the model held at the most per rank (Note [Build peak] in zero_bench_worker.cpp) and
+// the two steps (the same training).
 //
 //   zero_bench [--worlds 2,4] [--stages 1,2,3] [--steps 5] [--warmup 2] [--width 4096]
 //              [--io 1024] [--layers 7] [--batch 16] [--forward-prefetch] [--no-shm] [--smoke]
@@ -57,7 +61,11 @@ Options parse(int argc, char** argv) {
                  "                  [--width 4096] [--io 1024] [--layers 7] [--batch 16]\n"
                  "                  [--forward-prefetch] [--no-shm] [--smoke]\n"
                  "ZeRO stages 1, 2 and 3 against plain DDP (Adam, an MLP of 92M parameters), "
-                 "interleaved (stage 3 beside DDP and ZeRO-2); see benchmarks/README.md.\n",
+                 "interleaved (stage 3 beside DDP and ZeRO-2). Stage 3 runs twice: the model "
+                 "built whole and sharded by the optimizer (zero3), and built unit by unit with "
+                 "fullyShard (zero3b); a table compares the two builds' peak memory per rank "
+                 "(CPU tensor storage counted, resident set) and steps. See "
+                 "benchmarks/README.md.\n",
                  stdout);
       std::exit(0);
     }
@@ -65,6 +73,7 @@ Options parse(int argc, char** argv) {
     else if (a == "--worker") o.worker = true;
     else if (a == "--no-shm") o.noShm = true;
     else if (a == "--forward-prefetch") o.job.forwardPrefetch = true;
+    else if (a == "--build-sharded") o.job.buildSharded = true;  // worker: Units::ShardedAsBuilt
     else if (a == "--worlds") o.worlds = ints(value());
     else if (a == "--stages") o.stages = ints(value());
     else if (a == "--stage") o.job.stage = std::stoi(value());
@@ -89,15 +98,22 @@ Options parse(int argc, char** argv) {
   return o;
 }
 
-std::vector<std::string> workerArgs(const Options& o, int stage, const std::string& out,
+// One job of a run: its stage, and at stage 3 how the model is built.
+struct JobKind {
+  int stage = 0;
+  bool buildSharded = false;  // every layer sharded as it is built (fullyShard)
+};
+
+std::vector<std::string> workerArgs(const Options& o, JobKind kind, const std::string& out,
                                     const std::string& turns) {
   std::vector<std::string> args = {
-      "--stage",  std::to_string(stage),        "--width",  std::to_string(o.job.width),
+      "--stage",  std::to_string(kind.stage),   "--width",  std::to_string(o.job.width),
       "--io",     std::to_string(o.job.io),      "--layers", std::to_string(o.job.layers),
       "--batch",  std::to_string(o.job.batch),   "--warmup", std::to_string(o.job.warmup),
       "--steps",  std::to_string(o.job.steps),   "--out",    out,
       "--turns",  turns};
   if (o.job.forwardPrefetch) args.push_back("--forward-prefetch");
+  if (kind.buildSharded) args.push_back("--build-sharded");
   return args;
 }
 
@@ -108,30 +124,39 @@ double loadAverage() {
   return load;
 }
 
-// The jobs that run together for `stage`: DDP, and ZeRO-2 beside ZeRO-3 (its aim is relative to
-// ZeRO-2's step).
-std::vector<int> jobsFor(int stage) {
-  if (stage == 3) return {0, 2, 3};
-  return {0, stage};
+// The jobs that run together for `stage`: DDP, and at stage 3 ZeRO-2 (its aim is relative to
+// ZeRO-2's step) and ZeRO-3 twice, its model built whole and built unit by unit (what building
+// costs, Note [Build peak] in zero_bench_worker.cpp).
+std::vector<JobKind> jobsFor(int stage) {
+  if (stage == 3) return {{0}, {2}, {3}, {3, true}};
+  return {{0}, {stage}};
 }
 
-std::string methodName(int stage) { return stage == 0 ? "DDP" : fmt::format("ZeRO-{}", stage); }
+// "3", "3b" (built sharded): the job's files and the table's method column.
+std::string tag(int stage, bool buildSharded) {
+  return fmt::format("{}{}", stage, buildSharded ? "b" : "");
+}
 
-// The jobs of `stages` on `world` ranks, taking turns (the first to go rotates step by step).
-std::vector<ZeroResult> runTogether(const Options& o, int world, const std::vector<int>& stages,
+std::string methodName(JobKind kind) {
+  if (kind.stage == 0) return "DDP";
+  return fmt::format("ZeRO-{}{}", kind.stage, kind.buildSharded ? " built sharded" : "");
+}
+
+// The jobs of `kinds` on `world` ranks, taking turns (the first to go rotates step by step).
+std::vector<ZeroResult> runTogether(const Options& o, int world, const std::vector<JobKind>& kinds,
                                     const std::string& dir) {
-  const std::string run = fmt::format("{}/{}_{}", dir, world, stages.back());
+  const std::string run = fmt::format("{}/{}_{}", dir, world, kinds.back().stage);
   const std::map<std::string, std::string> env = {{"DTRAIN_SHM", o.noShm ? "0" : "1"}};
   std::vector<std::unique_ptr<TurnGiver>> turns;
   std::vector<Job> jobs;
   std::vector<std::string> outs;
   try {
-    for (int stage : stages) {
-      const std::string base = fmt::format("{}_{}", run, stage);
+    for (JobKind kind : kinds) {
+      const std::string base = fmt::format("{}_{}", run, tag(kind.stage, kind.buildSharded));
       outs.push_back(base + ".json");
       turns.push_back(std::make_unique<TurnGiver>(base));
-      jobs.push_back(startWorkers(methodName(stage), world,
-                                  workerArgs(o, stage, outs.back(), turns.back()->path()), env,
+      jobs.push_back(startWorkers(methodName(kind), world,
+                                  workerArgs(o, kind, outs.back(), turns.back()->path()), env,
                                   outs.back()));
     }
     for (size_t j = 0; j < jobs.size(); ++j) turns[j]->connect(jobs[j].pids, 300);
@@ -186,7 +211,7 @@ void printRow(const ZeroResult& r, const ZeroResult& ddp) {
   const bool isDdp = r.stage == 0;
   fmt::print("  {:>5} {:>6} {:>8.1f} {:>8.1f} {:>7.1f} {:>7.1f} {:>6.1f} {:>6} {:>6} {:>7.1f} "
              "{:>6.0f}% {:>8.1f} {:>8.1f} {:>6.3f} {:>7.0f} {:>7.2f}\n",
-             r.world, isDdp ? "ddp" : fmt::format("zero{}", r.stage), median(r.stepMs),
+             r.world, isDdp ? "ddp" : "zero" + tag(r.stage, r.buildSharded), median(r.stepMs),
              median(r.computeMs), median(r.commMs), median(r.optimizerMs), median(r.otherMs),
              isDdp ? "-" : fmt::format("{:.3f}", paired(r.stepMs, ddp.stepMs)),
              isDdp ? "-" : fmt::format("{:.2f}", paired(r.commMs, ddp.commMs)),
@@ -229,6 +254,41 @@ void printStage3(const Options& o, const ZeroResult& z3, const ZeroResult& z2) {
              z3.stateBytes / MiB, z3.stateBytes / formulaBytes(3, z3.world, z3.parameters));
 }
 
+// What building held at the most per rank, the two ways stage 3 builds the same model (Note
+// [Build peak] in zero_bench_worker.cpp), medians over the ranks: against the model's parameters,
+// the layers' construction against the bound of building unit by unit -- one unit in full beside
+// the rank's blocks --, and each way's step against the whole build's (paired: the two train the
+// same model the same way).
+void printBuild(const Options& o, const std::vector<const ZeroResult*>& ways) {
+  constexpr double MiB = 1 << 20;
+  const ZeroResult& whole = *ways.front();
+  const auto layers = layerNumels(o.job);
+  const double largest = 4 * *std::max_element(layers.begin(), layers.end());
+  const double blocks = whole.parameterBytes / whole.world;
+  const double full = whole.parameterBytes;
+  fmt::print("  {:>5} {:<14} {:>8} {:>8} {:>8} {:>8} {:>8} {:>7} {:>7} {:>7}\n", "",
+             "ZeRO-3 built", "peak", "layers", "left", "resident", "params", "peak/p",
+             "lay/bd", "step");
+  for (const ZeroResult* r : ways) {
+    const double resident = median(r->buildResidentBytes);
+    fmt::print("  {:>5} {:<14} {:>8.1f} {:>8.1f} {:>8.1f} {:>8} {:>8.1f} {:>7.3f} {:>7.3f} {:>7}\n",
+               r->world, r->buildSharded ? "unit by unit" : "whole",
+               median(r->buildStorageBytes) / MiB, median(r->buildLayersBytes) / MiB,
+               median(r->buildLeftBytes) / MiB,
+               resident >= 0 ? fmt::format("{:.1f}", resident / MiB) : "-", full / MiB,
+               median(r->buildStorageBytes) / full,
+               median(r->buildLayersBytes) / (largest + blocks),
+               r == &whole ? "-" : fmt::format("{:.3f}", paired(r->stepMs, whole.stepMs)));
+  }
+  fmt::print("  {:>5} build, MiB per rank, medians over ranks, of CPU tensor storage counted from "
+             "the first layer built: peak through the optimizer's constructor, while the layers "
+             "were built, left at its end; resident: growth of the peak resident set (counts the "
+             "communicator's buffers too); params: the model's parameters; bd: one unit in full "
+             "+ the rank's blocks = {:.1f} + {:.1f} = {:.1f} MiB; step: per-step ratio to the "
+             "whole build's\n",
+             "", largest / MiB, blocks / MiB, (largest + blocks) / MiB);
+}
+
 int runDriver(const Options& o) {
   char dirTemplate[] = "/tmp/zero_bench.XXXXXX";
   DTRAIN_CHECK(mkdtemp(dirTemplate) != nullptr, "mkdtemp failed: {}", std::strerror(errno));
@@ -249,11 +309,10 @@ int runDriver(const Options& o) {
   for (int world : o.worlds) {
     for (int stage : o.stages) {
       const double loadBefore = loadAverage();
-      const std::vector<int> stages = jobsFor(stage);
-      const std::vector<ZeroResult> results = runTogether(o, world, stages, dir);
+      const std::vector<ZeroResult> results = runTogether(o, world, jobsFor(stage), dir);
       const double loadAfter = loadAverage();
       const ZeroResult& ddp = results.front();
-      const ZeroResult& zero = results.back();
+      const ZeroResult& zero = stage == 3 ? results[2] : results.back();
       for (const auto& r : results) printRow(r, ddp);
       fmt::print("  {:>5} backend {}, {:.2f}M parameters, load {:.1f} -> {:.1f}; gradients held "
                  "after a noSync() micro-batch: DDP {:.0f} MiB, ZeRO-{} {:.0f} MiB; ZeRO-{} "
@@ -261,7 +320,10 @@ int runDriver(const Options& o) {
                  "", zero.backend, zero.parameters / 1e6, loadBefore, loadAfter,
                  ddp.noSyncGradientBytes / (1 << 20), stage, zero.noSyncGradientBytes / (1 << 20),
                  stage, zero.bucketBytes / (1 << 20));
-      if (stage == 3) printStage3(o, zero, results[1]);
+      if (stage == 3) {
+        printStage3(o, zero, results[1]);
+        printBuild(o, {&zero, &results[3]});
+      }
       std::fflush(stdout);
     }
   }

@@ -19,6 +19,9 @@ struct ZeroConfig {
   int layers = 7;
   int batch = 16;        // per rank
   bool forwardPrefetch = false;  // stage 3: ZeroOptions::forwardPrefetch
+  // stage 3: every layer sharded the moment it is built (fullyShard), rather than built whole and
+  // sharded by the optimizer (ShardedUnit)
+  bool buildSharded = false;
   int warmup = 2;
   int steps = 5;
   std::string out;       // rank 0 writes its result here (JSON)
@@ -33,6 +36,7 @@ struct ZeroConfig {
 // collectives take by themselves (Note [Communication alone]).
 struct ZeroResult {
   int stage = 0;
+  bool buildSharded = false;
   int world = 0;
   int64_t parameters = 0;
   std::string backend;
@@ -48,6 +52,11 @@ struct ZeroResult {
   double peakFullBytes = 0;          // the most full-parameter bytes alive at once in a step
   double peakGatheredBytes = 0;      // the same from the library (ZeroMemory::peakGathered)
   double ownedParameterBytes = 0;    // the module's parameters between steps (stage 3: blocks)
+  double parameterBytes = 0;         // the model's parameters in full
+  // Every rank's, while the model and its optimizer were built (Note [Build peak] in
+  // zero_bench_worker.cpp): the most CPU tensor storage counted, the same while the layers alone
+  // were built, what was left at the end, and the growth of the peak resident set.
+  std::vector<double> buildStorageBytes, buildLayersBytes, buildLeftBytes, buildResidentBytes;
 };
 
 // Runs the worker side in this process (RANK, WORLD_SIZE and the store from the environment);

@@ -1,8 +1,10 @@
 // The worker of zero_bench: times Adam training steps of a deep MLP under plain DDP or a
-// ShardedOptimizer (stage 3: every layer a ShardedUnit), in turns with the other jobs (Note
-// [Turns]), and measures model-state bytes (from the tensors' storages), PSS (smaps_rollup: RSS
-// counts the shared-memory segment in every rank), the full parameters alive at once, the payload
-// bytes of each step (Communicator::payloadBytes()) and what its collectives cost alone.
+// ShardedOptimizer (stage 3: every layer a ShardedUnit, built whole or sharded as built), in
+// turns with the other jobs (Note [Turns]), and measures what building the model and its
+// optimizer held at the most (Note [Build peak]), model-state bytes (from the tensors'
+// storages), PSS (smaps_rollup: RSS counts the shared-memory segment in every rank), the full
+// parameters alive at once, the payload bytes of each step (Communicator::payloadBytes()) and
+// what its collectives cost alone.
 #include <chrono>
 #include <cstring>
 #include <fstream>
@@ -12,6 +14,7 @@
 #include <torch/torch.h>
 
 #include "../ddp/bench_process.h"
+#include "counting_allocator.h"
 #include "dtrain/base/error.h"
 #include "dtrain/torch/ddp.h"
 #include "dtrain/torch/fully_shard.h"
@@ -26,18 +29,33 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
+// Every rank's model, whichever job (Note [Build peak]); each rank's data comes from a seed of
+// its own after it.
+constexpr uint64_t kModelSeed = 0;
+
+// How the model's units come to be: none (stages 0-2), every layer marked and built whole (the
+// optimizer shards them), or every layer sharded the moment it is built (fullyShard).
+enum class Units { None, MarkedWhole, ShardedAsBuilt };
+
 // The model: Linear layers with ReLU between, io -> width -> ... -> width -> io, each with its
 // probes (layer_probe.h). Each hidden weight (64 MiB at the defaults) is a unit of its own, as a
-// transformer layer's would be: at stage 3 every layer is marked (ShardedUnit).
+// transformer layer's would be: at stage 3 every layer is a ShardedUnit. The layers are built in
+// the same order whatever `units`, so the same seed gives the same values; there are no
+// parameters outside them (no root unit).
 struct DeepMlpImpl : torch::nn::Module {
-  DeepMlpImpl(int64_t io, int64_t width, int layers, bool markUnits,
+  DeepMlpImpl(const ZeroConfig& c, Units units, const ProcessGroup& group,
               const std::shared_ptr<ProbeLog>& log) {
-    for (int l = 0; l < layers; ++l) {
-      const int64_t in = l == 0 ? io : width;
-      const int64_t out = l + 1 == layers ? io : width;
-      net->push_back(TimedLayer(in, out, /*relu=*/l + 1 < layers, l, log));
+    for (int l = 0; l < c.layers; ++l) {
+      const int64_t in = l == 0 ? c.io : c.width;
+      const int64_t out = l + 1 == c.layers ? c.io : c.width;
+      TimedLayer layer(in, out, /*relu=*/l + 1 < c.layers, l, log);
+      if (units == Units::ShardedAsBuilt) {
+        net->push_back(fullyShard(layer, group));
+      } else {
+        net->push_back(layer);
+      }
     }
-    if (markUnits) net = shardEveryChild(net);
+    if (units == Units::MarkedWhole) net = shardEveryChild(net);
     register_module("net", net);
   }
   torch::Tensor forward(const torch::Tensor& x) { return net->forward(x); }
@@ -266,28 +284,120 @@ void measureMemory(const Training& t, ZeroResult& r) {
   t.optimizer.step();
 }
 
+// Note [Build peak]
+// What building the model held at the most on a rank, from its first layer's construction
+// through the end of the optimizer's constructor (at stage 3, every unit bound), above what was
+// alive before; also the storage's peak while the layers alone were built (before
+// DistributedDataParallel: at stage 3, what fullyShard bounds) and what is left when the
+// optimizer is made (the bound model, the optimizer's shards). Two counts, since neither sees
+// everything:
+//   storage:  libtorch's CPU tensor storage, through a counting allocator installed in front of
+//             libtorch's at the worker's start (tests/support/counting_allocator.h): the
+//             parameters as built, the blocks kept, the parts gathered again to bind, the
+//             optimizer's shards. It does not see the communicator's buffers
+//             (Communicator::allocate), which the shared-memory backend places in its segment:
+//             DDP's gradient buckets (the whole model's size, when the model is built whole; none
+//             for units sharded as built, Note [Units sharded when built]) and each unit's full
+//             buffer while it is bound.
+//   resident: the growth of this process's peak resident set (VmHWM, reset through
+//             /proc/self/clear_refs when the build begins), which counts those too -- and
+//             anything else the process first touches then: libtorch's own allocations, the
+//             pages of the peers' shared buffers this rank reads in a collective (DDP's broadcast
+//             of rank 0's values). -1 where the kernel cannot reset it.
+// Whole, the model is held twice at the storage's peak: DistributedDataParallel's broadcast of
+// rank 0's values copies it into one flat tensor (ddp::CoalescedBroadcast), which fullyShard's
+// units skip.
+
+// This process's `field` of /proc/self/status ("VmRSS:", "VmHWM:"), in bytes.
+double statusBytes(const std::string& field) {
+  std::ifstream in("/proc/self/status");
+  for (std::string line; std::getline(in, line);) {
+    if (line.rfind(field, 0) == 0) return 1024.0 * std::stod(line.substr(field.size()));
+  }
+  return 0;
+}
+
+// Note [Build peak]: starts the window when made.
+class BuildPeak {
+ public:
+  struct Bytes {
+    double storage = 0, layers = 0, left = 0, resident = -1;
+  };
+
+  explicit BuildPeak(testing::CountingCpuAllocator& storage)
+      : storage_(storage), storageBefore_(storage.live()) {
+    storage_.resetPeak();
+    std::ofstream clear("/proc/self/clear_refs");
+    clear << "5";  // VmHWM := VmRSS
+    clear.flush();
+    residentBefore_ = clear ? statusBytes("VmRSS:") : -1;
+  }
+  // The layers are built.
+  void layersBuilt() { layers_ = sinceStart(storage_.peak()); }
+  // The optimizer is made: ends the window.
+  Bytes end() const {
+    Bytes b;
+    b.storage = sinceStart(storage_.peak());
+    b.layers = layers_;
+    b.left = sinceStart(storage_.live());
+    if (residentBefore_ >= 0) b.resident = statusBytes("VmHWM:") - residentBefore_;
+    return b;
+  }
+
+ private:
+  testing::CountingCpuAllocator& storage_;
+  const int64_t storageBefore_;
+  double residentBefore_ = -1;
+  double layers_ = 0;
+
+  double sinceStart(int64_t bytes) const { return static_cast<double>(bytes - storageBefore_); }
+};
+
 }  // namespace
 
 int runZeroWorker(const ZeroConfig& config) {
+  // Before any tensor is made: storage made earlier would go uncounted (Note [Build peak]).
+  testing::CountingCpuAllocator& storage = testing::CountingCpuAllocator::install();
   torch::set_num_threads(1);
   auto group = init();
-  torch::manual_seed(group->rank());  // each rank its own data; DDP broadcasts rank 0's model
   auto probes = std::make_shared<ProbeLog>();
-  DeepMlp net(config.io, config.width, config.layers, config.stage == 3, probes);
-  const auto params = net->parameters();
+  const Units units = config.stage != 3     ? Units::None
+                      : config.buildSharded ? Units::ShardedAsBuilt
+                                            : Units::MarkedWhole;
+  BuildPeak build(storage);
+  // The same seed on every rank: fullyShard needs every rank to build the same values (the
+  // optimizer compares them), and the model built whole is then rank 0's, which DDP broadcasts.
+  torch::manual_seed(kModelSeed);
+  DeepMlp net(config, units, *group, probes);
+  build.layersBuilt();
+  DistributedDataParallel<DeepMlp> ddp(net, group);
+  const auto optimizer = makeOptimizer(ddp, config);
+  const BuildPeak::Bytes built = build.end();
+  torch::manual_seed(kModelSeed + 1 + static_cast<uint64_t>(group->rank()));  // each rank its data
+  const auto params = net->parameters();  // at stage 3, views of the units' buffers by now
   probes->sampleFullBytes = [params] { return coveredBytes(params); };
   const auto x = torch::randn({config.batch, config.io});
   const auto y = torch::randn({config.batch, config.io});
-  DistributedDataParallel<DeepMlp> ddp(net, group);
-  const auto optimizer = makeOptimizer(ddp, config);
   const Training training{*group,  net,           ddp, *optimizer,
                           dynamic_cast<ShardedOptimizer*>(optimizer.get()),
                           *probes, config.layers, x,   y};
   ZeroResult r;
   r.stage = config.stage;
+  r.buildSharded = config.buildSharded;
   r.world = group->size();
   r.backend = group->backend();
-  for (const auto& p : ddp.parameters()) r.parameters += p.numel();
+  for (const auto& p : ddp.parameters()) {
+    r.parameters += p.numel();
+    r.parameterBytes += static_cast<double>(p.numel() * p.element_size());
+  }
+  const auto ranks = group->allgather(torch::tensor(
+      {built.storage, built.layers, built.left, built.resident}, torch::kDouble));
+  for (const auto& b : ranks) {
+    r.buildStorageBytes.push_back(b[0].item<double>());
+    r.buildLayersBytes.push_back(b[1].item<double>());
+    r.buildLeftBytes.push_back(b[2].item<double>());
+    r.buildResidentBytes.push_back(b[3].item<double>());
+  }
   timeSteps(config, training, r);
   measureMemory(training, r);
   if (group->rank() == 0 && !config.out.empty()) std::ofstream(config.out) << toJson(r) << "\n";
@@ -297,7 +407,8 @@ int runZeroWorker(const ZeroConfig& config) {
 }
 
 std::string toJson(const ZeroResult& r) {
-  nlohmann::json j = {{"stage", r.stage},         {"world", r.world},
+  nlohmann::json j = {{"stage", r.stage},         {"build_sharded", r.buildSharded},
+                      {"world", r.world},
                       {"parameters", r.parameters}, {"backend", r.backend},
                       {"step_ms", r.stepMs},       {"compute_ms", r.computeMs},
                       {"comm_ms", r.commMs},       {"optimizer_ms", r.optimizerMs},
@@ -308,7 +419,12 @@ std::string toJson(const ZeroResult& r) {
                       {"probed_gather_ms", r.probedGatherMs},
                       {"peak_full_bytes", r.peakFullBytes},
                       {"peak_gathered_bytes", r.peakGatheredBytes},
-                      {"owned_parameter_bytes", r.ownedParameterBytes}};
+                      {"owned_parameter_bytes", r.ownedParameterBytes},
+                      {"parameter_bytes", r.parameterBytes},
+                      {"build_storage_bytes", r.buildStorageBytes},
+                      {"build_layers_bytes", r.buildLayersBytes},
+                      {"build_left_bytes", r.buildLeftBytes},
+                      {"build_resident_bytes", r.buildResidentBytes}};
   return j.dump();
 }
 
@@ -316,6 +432,7 @@ ZeroResult zeroResultFromJson(const std::string& text) {
   auto j = nlohmann::json::parse(text);
   ZeroResult r;
   r.stage = j.at("stage").get<int>();
+  r.buildSharded = j.at("build_sharded").get<bool>();
   r.world = j.at("world").get<int>();
   r.parameters = j.at("parameters").get<int64_t>();
   r.backend = j.at("backend").get<std::string>();
@@ -335,6 +452,11 @@ ZeroResult zeroResultFromJson(const std::string& text) {
   r.probedGatherMs = j.at("probed_gather_ms").get<std::vector<double>>();
   r.peakGatheredBytes = j.at("peak_gathered_bytes").get<double>();
   r.ownedParameterBytes = j.at("owned_parameter_bytes").get<double>();
+  r.parameterBytes = j.at("parameter_bytes").get<double>();
+  r.buildStorageBytes = j.at("build_storage_bytes").get<std::vector<double>>();
+  r.buildLayersBytes = j.at("build_layers_bytes").get<std::vector<double>>();
+  r.buildLeftBytes = j.at("build_left_bytes").get<std::vector<double>>();
+  r.buildResidentBytes = j.at("build_resident_bytes").get<std::vector<double>>();
   return r;
 }
 
