@@ -68,7 +68,9 @@ DdpCore::DdpCore(std::shared_ptr<torch::nn::Module> module, std::shared_ptr<Proc
     if (!built.count(p.tensor.unsafeGetTensorImpl())) everything.push_back(p.tensor);
   }
   for (const auto& b : buffers) everything.push_back(b.tensor);
-  ddp::CoalescedBroadcast(*group_, everything).run(0, options_.timeout);
+  // In buckets: a model as large as the memory left must not need a second copy of itself.
+  ddp::CoalescedBroadcast(*group_, everything, ddp::kStateBroadcastBucketBytes)
+      .run(0, options_.timeout);
 
   for (const auto& p : params) {
     if (p.tensor.requires_grad()) trained_.emplace_back(p.name, p.tensor);

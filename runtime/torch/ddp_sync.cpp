@@ -100,44 +100,82 @@ void verifySameModel(ProcessGroup& group, const std::vector<NamedTensor>& params
                group.rank());
 }
 
-CoalescedBroadcast::CoalescedBroadcast(ProcessGroup& group, const std::vector<at::Tensor>& tensors)
-    : group_(group) {
+CoalescedBroadcast::CoalescedBroadcast(ProcessGroup& group, const std::vector<at::Tensor>& tensors,
+                                       size_t bucketBytes)
+    : group_(group), kept_(bucketBytes == 0) {
   std::map<at::ScalarType, std::vector<at::Tensor>> byType;
   for (const auto& t : tensors) {
     if (t.numel() > 0) byType[t.scalar_type()].push_back(t);
   }
   for (auto& [type, list] : byType) {
-    int64_t total = 0;
-    for (const auto& t : list) total += t.numel();
     Group g;
-    g.flat = at::empty({total}, at::TensorOptions().dtype(type).device(group_.device()));
-    g.tensors = std::move(list);
+    for (auto& t : list) {
+      const size_t bytes = static_cast<size_t>(t.numel()) * t.element_size();
+      const size_t open = static_cast<size_t>(g.numel) * t.element_size();
+      if (!kept_ && !g.tensors.empty() && open + bytes > bucketBytes) {
+        groups_.push_back(std::move(g));
+        g = Group();
+      }
+      g.numel += t.numel();
+      g.tensors.push_back(std::move(t));
+    }
+    if (kept_) g.flat = at::empty({g.numel}, at::TensorOptions().dtype(type).device(group_.device()));
     groups_.push_back(std::move(g));
   }
 }
 
+namespace {
+
+void pack(const std::vector<at::Tensor>& tensors, at::Tensor& flat) {
+  int64_t offset = 0;
+  for (const auto& t : tensors) {
+    flat.narrow(0, offset, t.numel()).copy_(t.reshape({-1}));
+    offset += t.numel();
+  }
+}
+
+void unpack(const at::Tensor& flat, std::vector<at::Tensor>& tensors) {
+  int64_t offset = 0;
+  for (auto& t : tensors) {
+    t.copy_(flat.narrow(0, offset, t.numel()).view(t.sizes()));
+    offset += t.numel();
+  }
+}
+
+}  // namespace
+
 void CoalescedBroadcast::run(int root, comm::Millis timeout) {
   at::NoGradGuard noGrad;
-  bool isRoot = group_.rank() == root;
+  if (!kept_) {
+    runBucketed(root, timeout);
+    return;
+  }
+  const bool isRoot = group_.rank() == root;
   std::vector<std::shared_ptr<comm::Work>> works;
   for (auto& g : groups_) {
-    if (isRoot) {
-      int64_t offset = 0;
-      for (const auto& t : g.tensors) {
-        g.flat.narrow(0, offset, t.numel()).copy_(t.reshape({-1}));
-        offset += t.numel();
-      }
-    }
+    if (isRoot) pack(g.tensors, g.flat);
     works.push_back(group_.broadcastAsync(g.flat, root));
   }
   for (size_t k = 0; k < groups_.size(); ++k) {
     works[k]->wait(timeout);
-    if (isRoot) continue;
-    int64_t offset = 0;
-    for (auto& t : groups_[k].tensors) {
-      t.copy_(groups_[k].flat.narrow(0, offset, t.numel()).view(t.sizes()));
-      offset += t.numel();
+    if (!isRoot) unpack(groups_[k].flat, groups_[k].tensors);
+  }
+}
+
+void CoalescedBroadcast::runBucketed(int root, comm::Millis timeout) {
+  const bool isRoot = group_.rank() == root;
+  for (auto& g : groups_) {
+    at::Tensor& first = g.tensors.front();
+    if (g.tensors.size() == 1 && first.is_contiguous() && first.device() == group_.device()) {
+      at::Tensor flat = first.view({-1});  // in place: no copy of the largest tensors
+      group_.broadcastAsync(flat, root)->wait(timeout);
+      continue;
     }
+    at::Tensor flat =
+        at::empty({g.numel}, at::TensorOptions().dtype(first.scalar_type()).device(group_.device()));
+    if (isRoot) pack(g.tensors, flat);
+    group_.broadcastAsync(flat, root)->wait(timeout);
+    if (!isRoot) unpack(flat, g.tensors);
   }
 }
 

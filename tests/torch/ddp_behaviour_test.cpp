@@ -4,6 +4,7 @@
 
 #include <thread>
 
+#include "counting_allocator.h"
 #include "ddp_test_util.h"
 
 namespace dtrain::testing {
@@ -264,6 +265,50 @@ TEST(DdpConstruction, BroadcastsRankZerosParametersAndBuffers) {
     auto want = nets[0]->named_parameters();
     for (const auto& p : nets[r]->named_parameters()) EXPECT_TRUE(torch::equal(p.value(), want[p.key()]));
     EXPECT_TRUE(torch::equal(nets[r]->bn1->running_mean, torch::ones({4})));
+  }
+}
+
+// Five 12 MiB weights, each with a small bias.
+struct WideImpl : torch::nn::Module {
+  WideImpl() {
+    for (int i = 0; i < 5; ++i) {
+      layers.push_back(register_module("l" + std::to_string(i), torch::nn::Linear(1536, 2048)));
+    }
+  }
+  torch::Tensor forward(torch::Tensor x) {
+    for (auto& l : layers) x = l(x.narrow(1, 0, 1536));
+    return x;
+  }
+  std::vector<torch::nn::Linear> layers;
+};
+TORCH_MODULE(Wide);
+
+// A model as large as the memory left must not need a copy of itself: construction broadcasts
+// rank 0's state in buckets of 32 MiB (c10d's DDP syncs module states in buckets of 250 MiB), so
+// what it adds beside two ranks' 60 MiB models is at most a bucket each (measured by a counting
+// allocator), where one flat copy per rank added 120 MiB. The values are rank 0's.
+TEST(DdpConstruction, BroadcastsALargeModelInBucketsWithoutASecondCopy) {
+  CountingCpuAllocator& counter = CountingCpuAllocator::install();
+  auto world = ThreadWorld::create(2);
+  std::vector<Wide> nets(2);
+  {
+    torch::NoGradGuard noGrad;
+    for (int r = 0; r < 2; ++r) {
+      for (auto& p : nets[r]->parameters()) p.fill_(r + 1);
+    }
+  }
+  const int64_t before = counter.live();
+  counter.resetPeak();
+  world->run([&](int rank) {
+    DistributedDataParallel<Wide> ddp(nets[rank], threadGroup(*world, rank));
+  });
+  const int64_t added = counter.peak() - before;
+  RecordProperty("construction_added_bytes", std::to_string(added));
+  EXPECT_LE(added, 2 * (int64_t{32} << 20) + (int64_t{2} << 20));
+  auto want = nets[0]->named_parameters();
+  for (const auto& p : nets[1]->named_parameters()) {
+    EXPECT_TRUE(torch::equal(p.value(), want[p.key()])) << p.key();
+    EXPECT_TRUE(torch::equal(p.value(), torch::ones_like(p.value()))) << p.key();
   }
 }
 
