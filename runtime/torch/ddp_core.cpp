@@ -75,7 +75,6 @@ DdpCore::DdpCore(std::shared_ptr<torch::nn::Module> module, std::shared_ptr<Proc
   for (const auto& p : params) {
     if (p.tensor.requires_grad()) trained_.emplace_back(p.name, p.tensor);
   }
-  sync_ = makeReducer();
   if (!buffers.empty()) {
     std::vector<at::Tensor> tensors;
     for (const auto& b : buffers) tensors.push_back(b.tensor);
@@ -98,7 +97,7 @@ bool DdpCore::wantsOutputs() const {
 void DdpCore::afterForward(const std::vector<at::Tensor>& outputs, bool outputsSearchable) {
   if (!at::GradMode::is_enabled()) return;  // no backward can follow this forward
   if (!syncEnabled_) {
-    sync_->disarm();
+    sync().disarm();
     return;
   }
   DTRAIN_CHECK_ARG(
@@ -106,17 +105,22 @@ void DdpCore::afterForward(const std::vector<at::Tensor>& outputs, bool outputsS
       "DistributedDataParallel: findUnusedParameters searches the autograd graph from the "
       "forward's outputs, but the module's forward returned a type the wrapper cannot search for "
       "tensors. HINT: return a torch::Tensor, or a std::vector, std::tuple or std::pair of them");
-  sync_->arm(outputs);
+  sync().arm(outputs);
 }
 
 void DdpCore::syncBuffers() {
   if (buffers_ && group_->size() > 1) buffers_->run(0, options_.timeout);
 }
 
-const DdpIterationStats& DdpCore::lastIteration() const { return sync_->lastIteration(); }
+const DdpIterationStats& DdpCore::lastIteration() const { return sync().lastIteration(); }
 
 std::vector<std::vector<std::string>> DdpCore::bucketNames() const {
-  return sync_->bucketNames();
+  return sync().bucketNames();
+}
+
+ddp::GradientSync& DdpCore::sync() const {
+  if (!sync_) sync_ = makeReducer();
+  return *sync_;
 }
 
 std::shared_ptr<ddp::GradientSync> DdpCore::makeReducer() const {
@@ -138,11 +142,11 @@ void DdpCore::replaceGradientSync(
                    "already (one ShardedOptimizer per DistributedDataParallel). HINT: put every "
                    "parameter group into that one optimizer",
                    group_->rank());
-  sync_.reset();  // DDP's reducer goes first: its hooks are removed, its buckets freed
+  sync_.reset();  // DDP's reducer, if made, goes first: its hooks are removed, its buckets freed
   try {
     sync_ = make();
   } catch (...) {
-    sync_ = makeReducer();
+    sync_.reset();  // made again when next needed
     throw;
   }
   DTRAIN_CHECK(sync_ != nullptr, "DistributedDataParallel: replaceGradientSync made nothing");

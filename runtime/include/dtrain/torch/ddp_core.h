@@ -72,13 +72,17 @@ class DdpCore {
 
  private:
   std::shared_ptr<ddp::GradientSync> makeReducer() const;
+  // DDP's Reducer is made when first needed (the first forward, or a question about its
+  // buckets), not by the constructor: a ShardedOptimizer built before any forward replaces it
+  // without its full-size buckets ever being allocated.
+  ddp::GradientSync& sync() const;
 
   std::shared_ptr<torch::nn::Module> module_;
   std::shared_ptr<ProcessGroup> group_;
   DdpOptions options_;
   bool syncEnabled_ = true;
   std::vector<std::pair<std::string, at::Tensor>> trained_;
-  std::shared_ptr<ddp::GradientSync> sync_;  // DDP's Reducer, or what replaced it
+  mutable std::shared_ptr<ddp::GradientSync> sync_;  // DDP's Reducer, or what replaced it
   bool replaced_ = false;
   std::unique_ptr<ddp::CoalescedBroadcast> buffers_;
 };
