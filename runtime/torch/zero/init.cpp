@@ -403,7 +403,8 @@ BuiltShards buildShards(DdpCore& ddp, std::vector<torch::optim::OptimizerParamGr
   BuiltGathers builtGathers(marked, builtCall);
 
   BuiltShards built;
-  // Inside replaceGradientSync: DDP's buckets are freed before the units take their memory.
+  // Inside replaceGradientSync: DDP's buckets, if its reducer was made (a forward before the
+  // optimizer), are freed before the units take their memory.
   ddp.replaceGradientSync([&]() -> std::shared_ptr<ddp::GradientSync> {
     std::vector<std::unique_ptr<ShardUnit>> units;
     std::vector<size_t> unitGroup;
