@@ -17,12 +17,14 @@
 //   Checksum: XXH3 of each parameter's full values as built, combined per unit. Binding
 //   all-gathers them across ranks first: a rank that built other values (another seed, another
 //   order) fails every rank, naming the unit, instead of training a model no rank built.
-//   Binding: the optimizer's layout of a unit may differ from the part's (optimizer groups split
-//   a unit by key; a parameter tied across units belongs to their ancestor). So the optimizer
+//   Binding: where the optimizer lays a unit out as the part is laid out (the same parameters in
+//   the same order: one optimizer group, no tie leaving the unit -- the usual case), the unit
+//   takes the part's block as its owned block: nothing is gathered or copied. Otherwise (groups
+//   split a unit by key; a parameter tied across units belongs to their ancestor) the optimizer
 //   makes each part's parameters full again just before its first unit that holds any of them
 //   is bound -- one all-gather of the part, in the layout's order on every rank -- binds as it
-//   binds a model built whole, and drops the part when every parameter of it is bound. The peak
-//   while binding is the same one unit in full, twice at most.
+//   binds a model built whole, and drops the part when every parameter of it is bound: one unit
+//   in full, twice at most, while binding.
 // DistributedDataParallel skips these parameters in its broadcast of rank 0's values and in its
 // own reducer (the optimizer replaces that before any backward); an unbound unit refuses to run.
 

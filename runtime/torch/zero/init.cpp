@@ -318,7 +318,27 @@ class BuiltGathers {
     }
   }
 
-  // Before unit `params` is bound.
+  // This rank's block as built, when `params` in `layout` -- the unit about to be bound -- are
+  // one part exactly as fullyShard laid it out: then it is the owned block as it is, and nothing
+  // is gathered (the part is done). Undefined otherwise. The same answer on every rank.
+  at::Tensor adopt(const std::vector<at::Tensor>& params, const UnitLayout& layout) {
+    auto it = partOf_.find(params.front().unsafeGetTensorImpl());
+    if (it == partOf_.end()) return {};
+    Part& part = parts_[it->second];
+    const BuiltPart& built = part.built->parts[part.index];
+    if (part.full.defined() || built.params.size() != params.size() ||
+        built.layout.shardNumel != layout.shardNumel || built.layout.offsets != layout.offsets) {
+      return {};
+    }
+    for (size_t j = 0; j < params.size(); ++j) {
+      if (!built.params[j].is_same(params[j])) return {};
+    }
+    at::Tensor owned = std::move(part.built->parts[part.index].owned);
+    part.left = 0;
+    return owned;
+  }
+
+  // Before unit `params` is bound (unless adopted).
   void gather(const std::vector<at::Tensor>& params, comm::Communicator& comm) {
     for (const auto& p : params) {
       auto it = partOf_.find(p.unsafeGetTensorImpl());
@@ -416,17 +436,20 @@ BuiltShards buildShards(DdpCore& ddp, std::vector<torch::optim::OptimizerParamGr
         params.push_back({trained[i].first, trained[i].second});
         tensors.push_back(trained[i].second);
       }
-      builtGathers.gather(tensors, pg.communicator());
       const at::ScalarType dtype = trained[u.params.front()].second.scalar_type();
       const bool resharded = options.stage == 3 && ownerOf[k] < marked.size();
+      // A unit fullyShard laid out as this layout does takes its block as built; any other is
+      // gathered once from the blocks as built (Note [Units sharded when built]).
+      at::Tensor asBuilt = resharded ? builtGathers.adopt(tensors, u) : at::Tensor();
+      if (!asBuilt.defined()) builtGathers.gather(tensors, pg.communicator());
       const at::ScalarType master = masterTypeOf(dtype, options);
       const at::ScalarType grads = options.reduceDtype && master != dtype ? *options.reduceDtype
                                                                            : dtype;
       units.push_back(std::make_unique<ShardUnit>(k, u, std::move(params), pg.rank(), pg.size(),
                                                   options.stage, master, grads,
                                                   pg.communicator(), pg.device(), resharded,
-                                                  options.offload));
-      builtGathers.bound(tensors);
+                                                  options.offload, asBuilt));
+      if (!asBuilt.defined()) builtGathers.bound(tensors);
       const size_t g = groupOf[u.params.front()];
       std::vector<torch::optim::OptimizerParamGroup> one;
       one.emplace_back(std::vector<at::Tensor>{units.back()->optimized()},

@@ -36,7 +36,7 @@ at::Tensor tensorIn(const at::Storage& storage, int64_t offset, at::IntArrayRef 
 ShardUnit::ShardUnit(size_t index, const UnitLayout& layout, std::vector<UnitParam> params,
                      int rank, int ranks, int stage, at::ScalarType masterType,
                      at::ScalarType gradType, comm::Communicator& comm, const c10::Device& device,
-                     bool resharded, bool offload)
+                     bool resharded, bool offload, at::Tensor ownedAsBuilt)
     : index_(index),
       layout_(layout),
       params_(std::move(params)),
@@ -54,7 +54,12 @@ ShardUnit::ShardUnit(size_t index, const UnitLayout& layout, std::vector<UnitPar
                "ShardUnit: gradients in {} for {} parameters need stage 2 or 3 and master weights",
                c10::toString(gradType), c10::toString(dtype_));
   at::NoGradGuard noGrad;
-  if (stage == 3) {
+  if (ownedAsBuilt.defined()) {
+    DTRAIN_CHECK(stage == 3 && resharded && ownedAsBuilt.numel() == shardNumel(),
+                 "ShardUnit: a block as built of {} elements for a unit whose block has {}",
+                 ownedAsBuilt.numel(), shardNumel());
+    adoptBuilt(std::move(ownedAsBuilt), device);
+  } else if (stage == 3) {
     bindOverStorage(comm, device);
   } else {
     bindParameters(comm, device);
@@ -133,6 +138,24 @@ void ShardUnit::bindOverStorage(comm::Communicator& comm, const c10::Device& dev
   fullParams_.narrow(0, layout_.numel, paddedNumel() - layout_.numel).zero_();
   ownedParams_ = fullParams_.narrow(0, rank_ * shardNumel(), shardNumel()).clone();
   if (resharded_) releaseFull();
+}
+
+void ShardUnit::adoptBuilt(at::Tensor owned, const c10::Device& device) {
+  // As bindOverStorage leaves a resharded unit, without the values passing through it: the
+  // storage is sized for set_() and then has no bytes (Note [Units sharded when built]).
+  const auto options = at::TensorOptions().dtype(dtype_).device(device);
+  const size_t bytes = std::max<size_t>(1, paddedNumel() * c10::elementSize(dtype_));
+  fullStorage_ = at::Storage(at::Storage::use_byte_size_t(), bytes, at::DataPtr(nullptr, device),
+                             /*allocator=*/nullptr, /*resizable=*/false);
+  fullParams_ = tensorIn(fullStorage_, 0, {paddedNumel()}, options);
+  for (size_t j = 0; j < params_.size(); ++j) {
+    at::Tensor& p = params_[j].param;
+    DTRAIN_CHECK(p.scalar_type() == dtype_, "ShardUnit: {} is {}, its unit {}", params_[j].name,
+                 c10::toString(p.scalar_type()), c10::toString(dtype_));
+    p.set_data(tensorIn(fullStorage_, layout_.offsets[j], p.sizes(), options));
+  }
+  fullStorage_.unsafeGetStorageImpl()->set_nbytes(0);
+  ownedParams_ = std::move(owned);
 }
 
 void ShardUnit::holdFull(std::shared_ptr<comm::Buffer> buffer) {

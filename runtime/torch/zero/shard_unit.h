@@ -61,12 +61,14 @@ class ShardUnit {
   // parameters' own dtype for none. `gradType`: the dtype of the full gradients and of what the
   // reduce-scatter lands in (ZeroOptions::reduceDtype; stages 2 and 3 only); the parameters'
   // own when it is the same.
-  // `offload` (ZeroOptions'): on an accelerator, the master block (float32 parameters get one
+  // `ownedAsBuilt` (stage 3, a resharded unit whose parameters were sharded when built in this
+  // very layout): this rank's block as fullyShard kept it, taken as the owned block; the
+  // parameters have no memory and nothing is gathered. `offload` (ZeroOptions'): on an accelerator, the master block (float32 parameters get one
   // too) and its gradient in the host's pinned memory, where the optimizer steps them.
   ShardUnit(size_t index, const UnitLayout& layout, std::vector<UnitParam> params, int rank,
             int ranks, int stage, at::ScalarType masterType, at::ScalarType gradType,
             comm::Communicator& comm, const c10::Device& device, bool resharded = false,
-            bool offload = false);
+            bool offload = false, at::Tensor ownedAsBuilt = {});
   ~ShardUnit();
   ShardUnit(const ShardUnit&) = delete;
   ShardUnit& operator=(const ShardUnit&) = delete;
@@ -134,6 +136,7 @@ class ShardUnit {
  private:
   void bindParameters(comm::Communicator& comm, const c10::Device& device);
   void bindOverStorage(comm::Communicator& comm, const c10::Device& device);
+  void adoptBuilt(at::Tensor owned, const c10::Device& device);
   void makeGradViews(const std::shared_ptr<comm::Buffer>& memory);
 
   const size_t index_;

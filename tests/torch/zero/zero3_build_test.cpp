@@ -89,6 +89,7 @@ struct BuiltResult {
   std::vector<std::map<std::string, torch::Tensor>> initial;  // gathered before any step, by rank
   std::vector<std::map<std::string, torch::Tensor>> trained;  // after the steps, by rank
   std::vector<size_t> bodyBytesBuilt;  // the body's parameter storages once built, by rank
+  int64_t bindCollectives = 0;  // rank 0's collectives from DDP's construction to the optimizer's
 };
 
 BuiltResult trainBuilt(const BuiltRun& how) {
@@ -105,6 +106,7 @@ BuiltResult trainBuilt(const BuiltRun& how) {
       result.bodyBytesBuilt[static_cast<size_t>(rank)] += p.storage().nbytes();
     }
     net->to(how.dtype);  // what the whole model's conversion does to units sharded when built: nothing
+    const int64_t issuedBefore = threads->issued(rank);
     DistributedDataParallel<BuiltNet> ddp(net, group);
     ZeroOptions zo;
     zo.stage = 3;
@@ -120,6 +122,7 @@ BuiltResult trainBuilt(const BuiltRun& how) {
     }
     ShardedOptimizer optimizer = how.groups ? ShardedOptimizer(ddp, groups, factoryFor("adamw"), zo)
                                             : ShardedOptimizer(ddp, factoryFor("adamw"), zo);
+    if (rank == 0) result.bindCollectives = threads->issued(rank) - issuedBefore;
     result.initial[static_cast<size_t>(rank)] = toMap(gatherFullParameters(optimizer));
     ZeroRun run;
     run.world = how.world;
@@ -166,6 +169,8 @@ TEST_P(ZeroBuiltUnitsRanks, EqualTheOneProcessModelAndTrainAsTheModelBuiltWhole)
     expectBitwise(sharded.trained[r], whole.trained[r], rank + ", trained");
   }
   EXPECT_GT(whole.bodyBytesBuilt[0], 0u);
+  // One optimizer group: every unit takes its block as built, nothing is gathered to bind it.
+  EXPECT_EQ(sharded.bindCollectives, whole.bindCollectives);
 }
 
 INSTANTIATE_TEST_SUITE_P(Ranks, ZeroBuiltUnitsRanks, ::testing::Values(2, 3, 4));
@@ -192,6 +197,7 @@ TEST(ZeroBuiltUnits, OptimizerGroupsThatSplitTheUnitsTrainAsBuiltWhole) {
   how.how = Build::Marked;
   const BuiltResult whole = trainBuilt(how);
   for (int r = 0; r < 3; ++r) expectBitwise(sharded.trained[r], whole.trained[r], "trained");
+  EXPECT_EQ(sharded.bindCollectives, whole.bindCollectives + 6) << "each layer gathered once";
 }
 
 // The counting allocator's peak while rank r of 4 builds a model of eight 256 x 256 layers (the
