@@ -17,4 +17,9 @@ namespace dtrain::ddp {
 at::Tensor tensorOver(const std::shared_ptr<comm::Buffer>& buffer, int64_t offset,
                       at::IntArrayRef sizes, const at::TensorOptions& options);
 
+// A plain tensor (no autograd view) of `sizes`, contiguous, at element `offset` of `storage`:
+// tensors that share one storage, whose data pointer ZeRO-3 swaps (Note [Sharded memory]).
+at::Tensor tensorIn(const at::Storage& storage, int64_t offset, at::IntArrayRef sizes,
+                    const at::TensorOptions& options);
+
 }  // namespace dtrain::ddp

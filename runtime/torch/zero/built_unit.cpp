@@ -5,8 +5,8 @@
 #include <unordered_set>
 
 #include <ATen/ATen.h>
-#include <c10/util/strides.h>
 
+#include "../buffer_tensor.h"
 #include "checkpoint/format.h"
 #include "dtrain/base/error.h"
 #include "dtrain/torch/process_group.h"
@@ -15,14 +15,6 @@
 namespace dtrain::zero {
 
 namespace {
-
-// A plain tensor of `sizes` at element `offset` of `storage`.
-at::Tensor tensorIn(const at::Storage& storage, int64_t offset, at::IntArrayRef sizes,
-                    const at::TensorOptions& options) {
-  at::Tensor t = at::empty({0}, options);
-  t.set_(storage, offset, sizes, c10::contiguous_strides(sizes));
-  return t;
-}
 
 uint64_t checksumOf(const at::Tensor& param) {
   const at::Tensor host = param.detach().cpu().contiguous();
@@ -101,7 +93,7 @@ std::shared_ptr<BuiltUnit> shardWhenBuilt(torch::nn::Module& unit, const ShardPl
                      /*allocator=*/nullptr, /*resizable=*/false);
     for (size_t j = 0; j < part.params.size(); ++j) {
       at::Tensor& p = part.params[j];
-      p.set_data(tensorIn(none, part.layout.offsets[j], p.sizes(), options));
+      p.set_data(ddp::tensorIn(none, part.layout.offsets[j], p.sizes(), options));
     }
     none.unsafeGetStorageImpl()->set_nbytes(0);
   }

@@ -1,7 +1,6 @@
 #include "shard_unit.h"
 
 #include <ATen/ATen.h>
-#include <c10/util/strides.h>
 #include <fmt/format.h>
 #include <torch/optim/optimizer.h>
 
@@ -21,14 +20,6 @@ at::DataPtr dataPtrOver(std::shared_ptr<comm::Buffer> buffer, const c10::Device&
   return at::DataPtr(
       data, keep, [](void* ctx) { delete static_cast<std::shared_ptr<comm::Buffer>*>(ctx); },
       device);
-}
-
-// A plain tensor (no autograd view) of `sizes` at element `offset` of `storage`.
-at::Tensor tensorIn(const at::Storage& storage, int64_t offset, at::IntArrayRef sizes,
-                    const at::TensorOptions& options) {
-  at::Tensor t = at::empty({0}, options);
-  t.set_(storage, offset, sizes, c10::contiguous_strides(sizes));
-  return t;
 }
 
 }  // namespace
@@ -126,12 +117,12 @@ void ShardUnit::bindOverStorage(comm::Communicator& comm, const c10::Device& dev
   fullStorage_ = at::Storage(at::Storage::use_byte_size_t(), bytes,
                              dataPtrOver(paramMemory_, device), /*allocator=*/nullptr,
                              /*resizable=*/false);
-  fullParams_ = tensorIn(fullStorage_, 0, {paddedNumel()}, options);
+  fullParams_ = ddp::tensorIn(fullStorage_, 0, {paddedNumel()}, options);
   for (size_t j = 0; j < params_.size(); ++j) {
     at::Tensor& p = params_[j].param;
     DTRAIN_CHECK(p.scalar_type() == dtype_, "ShardUnit: {} is {}, its unit {}", params_[j].name,
                  c10::toString(p.scalar_type()), c10::toString(dtype_));
-    at::Tensor place = tensorIn(fullStorage_, layout_.offsets[j], p.sizes(), options);
+    at::Tensor place = ddp::tensorIn(fullStorage_, layout_.offsets[j], p.sizes(), options);
     place.copy_(p);
     p.set_data(place);
   }
@@ -147,12 +138,12 @@ void ShardUnit::adoptBuilt(at::Tensor owned, const c10::Device& device) {
   const size_t bytes = std::max<size_t>(1, paddedNumel() * c10::elementSize(dtype_));
   fullStorage_ = at::Storage(at::Storage::use_byte_size_t(), bytes, at::DataPtr(nullptr, device),
                              /*allocator=*/nullptr, /*resizable=*/false);
-  fullParams_ = tensorIn(fullStorage_, 0, {paddedNumel()}, options);
+  fullParams_ = ddp::tensorIn(fullStorage_, 0, {paddedNumel()}, options);
   for (size_t j = 0; j < params_.size(); ++j) {
     at::Tensor& p = params_[j].param;
     DTRAIN_CHECK(p.scalar_type() == dtype_, "ShardUnit: {} is {}, its unit {}", params_[j].name,
                  c10::toString(p.scalar_type()), c10::toString(dtype_));
-    p.set_data(tensorIn(fullStorage_, layout_.offsets[j], p.sizes(), options));
+    p.set_data(ddp::tensorIn(fullStorage_, layout_.offsets[j], p.sizes(), options));
   }
   fullStorage_.unsafeGetStorageImpl()->set_nbytes(0);
   ownedParams_ = std::move(owned);
