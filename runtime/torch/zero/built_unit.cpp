@@ -57,10 +57,7 @@ std::shared_ptr<BuiltUnit> shardWhenBuilt(torch::nn::Module& unit, const ShardPl
   std::iota(all.begin(), all.end(), size_t{0});
   const ShardLayout layout = layoutUnits(inputs, {all}, where.ranks);
 
-  auto built = std::make_shared<BuiltUnit>();
-  built->rank = where.rank;
-  built->ranks = where.ranks;
-  built->device = where.device;
+  auto built = std::make_shared<BuiltUnit>(where);
   std::vector<uint64_t> sums;
   at::NoGradGuard noGrad;
   for (const UnitLayout& u : layout.units) {
@@ -106,7 +103,7 @@ std::shared_ptr<BuiltUnit> shardWhenBuilt(torch::nn::Module& unit, const ShardPl
 at::Tensor BuiltUnit::gather(size_t k, comm::Communicator& comm, const comm::CallOptions& call) {
   BuiltPart& part = parts.at(k);
   const int64_t s = part.layout.shardNumel;
-  at::Tensor full = at::empty({s * ranks}, part.owned.options());
+  at::Tensor full = at::empty({s * where.ranks}, part.owned.options());
   if (s > 0) comm.allgather(part.owned.data_ptr(), full.data_ptr(), s, toDataType(full), call);
   at::NoGradGuard noGrad;
   for (size_t j = 0; j < part.params.size(); ++j) {

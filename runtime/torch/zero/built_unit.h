@@ -45,14 +45,13 @@ namespace dtrain::zero {
 struct BuiltPart {
   std::vector<std::string> names;  // within the unit, for messages
   std::vector<at::Tensor> params;  // views of a storage without memory until gathered
-  UnitLayout layout;               // of these parameters alone, at BuiltUnit::ranks
-  at::Tensor owned;                // block `rank` of their flat buffer (layout.shardNumel)
+  UnitLayout layout;               // of these parameters alone, at BuiltUnit::where.ranks
+  at::Tensor owned;                // block where.rank of their flat buffer (layout.shardNumel)
 };
 
 struct BuiltUnit {
-  int rank = 0;
-  int ranks = 1;
-  c10::Device device{c10::kCPU};
+  explicit BuiltUnit(const ShardPlacement& placement) : where(placement) {}
+  ShardPlacement where;  // what fullyShard was given: the layout's ranks, the blocks' device
   std::vector<BuiltPart> parts;  // one per dtype, in the order of their first parameters
   uint64_t checksum = 0;         // of every part's values as built
 

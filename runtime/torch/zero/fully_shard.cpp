@@ -124,7 +124,7 @@ void ShardedUnitImpl::refuseUnbuilt(const char* what) const {
 // to where and what it is already (Module::to() of the whole model) changes nothing.
 void ShardedUnitImpl::to(torch::Device device, torch::Dtype dtype, bool non_blocking) {
   if (built_) {
-    bool same = device == built_->device;
+    bool same = device == built_->where.device;
     for (const auto& part : built_->parts) same = same && part.owned.scalar_type() == dtype;
     if (!same) {
       refuseUnbuilt("be converted to another device or dtype (build it on its device, in its "
@@ -146,7 +146,7 @@ void ShardedUnitImpl::to(torch::Dtype dtype, bool non_blocking) {
 }
 
 void ShardedUnitImpl::to(torch::Device device, bool non_blocking) {
-  if (built_ && device != built_->device) {
+  if (built_ && device != built_->where.device) {
     refuseUnbuilt("move to another device (give fullyShard the group or device it trains on)");
   }
   torch::nn::Module::to(device, non_blocking);

@@ -10,6 +10,7 @@
 #include <fmt/format.h>
 
 #include "../ddp_sync.h"
+#include "../torch_compat.h"
 #include "built_unit.h"
 #include "dtrain/base/error.h"
 #include "dtrain/base/logging.h"
@@ -249,9 +250,10 @@ void agreeOnBuiltUnits(ProcessGroup& pg, const std::vector<Marked>& marked,
                            m.name, part.names[j]);
         }
       }
-      const bool here = built->rank == pg.rank() && built->ranks == pg.size() &&
-                        built->device == pg.device();
-      placement = here ? built->ranks : -1;
+      const ShardPlacement& place = built->where;
+      const bool here =
+          place.rank == pg.rank() && place.ranks == pg.size() && place.device == pg.device();
+      placement = here ? place.ranks : -1;
       sum = built->checksum;
     }
     mine.push_back(placement);
@@ -418,7 +420,8 @@ BuiltShards buildShards(DdpCore& ddp, std::vector<torch::optim::OptimizerParamGr
                      options.stage);
     layout = planShards(inputs, pg.size(), options.firstUnitBytes, options.unitBytes);
   }
-  comm::CallOptions builtCall;
+  comm::CallOptions builtCall;  // as ShardGroup's calls
+  builtCall.stream = compat::currentStream(pg.device());
   builtCall.timeout = options.timeout;
   BuiltGathers builtGathers(marked, builtCall);
 

@@ -45,13 +45,12 @@ ShardUnit::ShardUnit(size_t index, const UnitLayout& layout, std::vector<UnitPar
                "ShardUnit: gradients in {} for {} parameters need stage 2 or 3 and master weights",
                c10::toString(gradType), c10::toString(dtype_));
   at::NoGradGuard noGrad;
-  if (ownedAsBuilt.defined()) {
-    DTRAIN_CHECK(stage == 3 && resharded && ownedAsBuilt.numel() == shardNumel(),
-                 "ShardUnit: a block as built of {} elements for a unit whose block has {}",
-                 ownedAsBuilt.numel(), shardNumel());
-    adoptBuilt(std::move(ownedAsBuilt), device);
-  } else if (stage == 3) {
-    bindOverStorage(comm, device);
+  DTRAIN_CHECK(!ownedAsBuilt.defined() ||
+                   (stage == 3 && resharded && ownedAsBuilt.numel() == shardNumel()),
+               "ShardUnit: a block as built of {} elements for a unit whose block has {}",
+               ownedAsBuilt.numel(), shardNumel());
+  if (stage == 3) {
+    bindOverStorage(comm, device, std::move(ownedAsBuilt));
   } else {
     bindParameters(comm, device);
   }
@@ -108,45 +107,37 @@ void ShardUnit::bindParameters(comm::Communicator& comm, const c10::Device& devi
   ownedParams_ = ddp::tensorOver(paramMemory_, rank_ * shardNumel(), {shardNumel()}, options);
 }
 
-void ShardUnit::bindOverStorage(comm::Communicator& comm, const c10::Device& device) {
+void ShardUnit::bindOverStorage(comm::Communicator& comm, const c10::Device& device,
+                                at::Tensor asBuilt) {
   // The values the parameters have now, gathered in a first buffer; a resharded unit keeps only
-  // its own block of them.
+  // its own block of them. A unit sharded when built has no values to gather: its storage has no
+  // memory from the start (sized for set_(), then without bytes) and its block as built is the
+  // owned block (Note [Units sharded when built]).
+  const bool built = asBuilt.defined();
   const auto options = at::TensorOptions().dtype(dtype_).device(device);
   const size_t bytes = std::max<size_t>(1, paddedNumel() * c10::elementSize(dtype_));
-  paramMemory_ = comm.allocate(bytes);
+  if (!built) paramMemory_ = comm.allocate(bytes);
   fullStorage_ = at::Storage(at::Storage::use_byte_size_t(), bytes,
-                             dataPtrOver(paramMemory_, device), /*allocator=*/nullptr,
-                             /*resizable=*/false);
-  fullParams_ = ddp::tensorIn(fullStorage_, 0, {paddedNumel()}, options);
-  for (size_t j = 0; j < params_.size(); ++j) {
-    at::Tensor& p = params_[j].param;
-    DTRAIN_CHECK(p.scalar_type() == dtype_, "ShardUnit: {} is {}, its unit {}", params_[j].name,
-                 c10::toString(p.scalar_type()), c10::toString(dtype_));
-    at::Tensor place = ddp::tensorIn(fullStorage_, layout_.offsets[j], p.sizes(), options);
-    place.copy_(p);
-    p.set_data(place);
-  }
-  fullParams_.narrow(0, layout_.numel, paddedNumel() - layout_.numel).zero_();
-  ownedParams_ = fullParams_.narrow(0, rank_ * shardNumel(), shardNumel()).clone();
-  if (resharded_) releaseFull();
-}
-
-void ShardUnit::adoptBuilt(at::Tensor owned, const c10::Device& device) {
-  // As bindOverStorage leaves a resharded unit, without the values passing through it: the
-  // storage is sized for set_() and then has no bytes (Note [Units sharded when built]).
-  const auto options = at::TensorOptions().dtype(dtype_).device(device);
-  const size_t bytes = std::max<size_t>(1, paddedNumel() * c10::elementSize(dtype_));
-  fullStorage_ = at::Storage(at::Storage::use_byte_size_t(), bytes, at::DataPtr(nullptr, device),
+                             built ? at::DataPtr(nullptr, device)
+                                   : dataPtrOver(paramMemory_, device),
                              /*allocator=*/nullptr, /*resizable=*/false);
   fullParams_ = ddp::tensorIn(fullStorage_, 0, {paddedNumel()}, options);
   for (size_t j = 0; j < params_.size(); ++j) {
     at::Tensor& p = params_[j].param;
     DTRAIN_CHECK(p.scalar_type() == dtype_, "ShardUnit: {} is {}, its unit {}", params_[j].name,
                  c10::toString(p.scalar_type()), c10::toString(dtype_));
-    p.set_data(ddp::tensorIn(fullStorage_, layout_.offsets[j], p.sizes(), options));
+    at::Tensor place = ddp::tensorIn(fullStorage_, layout_.offsets[j], p.sizes(), options);
+    if (!built) place.copy_(p);
+    p.set_data(place);
   }
-  fullStorage_.unsafeGetStorageImpl()->set_nbytes(0);
-  ownedParams_ = std::move(owned);
+  if (built) {
+    fullStorage_.unsafeGetStorageImpl()->set_nbytes(0);
+    ownedParams_ = std::move(asBuilt);
+    return;
+  }
+  fullParams_.narrow(0, layout_.numel, paddedNumel() - layout_.numel).zero_();
+  ownedParams_ = fullParams_.narrow(0, rank_ * shardNumel(), shardNumel()).clone();
+  if (resharded_) releaseFull();
 }
 
 void ShardUnit::holdFull(std::shared_ptr<comm::Buffer> buffer) {

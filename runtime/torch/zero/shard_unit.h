@@ -135,8 +135,7 @@ class ShardUnit {
 
  private:
   void bindParameters(comm::Communicator& comm, const c10::Device& device);
-  void bindOverStorage(comm::Communicator& comm, const c10::Device& device);
-  void adoptBuilt(at::Tensor owned, const c10::Device& device);
+  void bindOverStorage(comm::Communicator& comm, const c10::Device& device, at::Tensor asBuilt);
   void makeGradViews(const std::shared_ptr<comm::Buffer>& memory);
 
   const size_t index_;
