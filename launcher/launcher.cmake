@@ -58,5 +58,6 @@ dtrain_warnings(dtrain_launcher)
 
 add_executable(launch launcher/main.cpp)
 target_link_libraries(launch PRIVATE dtrain_launcher)
+target_link_options(launch PRIVATE -Wl,-z,now -Wl,-z,relro)
 dtrain_warnings(launch)
 list(APPEND DTRAIN_INSTALL_TARGETS launch)

@@ -352,7 +352,13 @@ int Agent::runRounds() {
       round = now.kind == JobPhase::Gather ? now.round : now.round + 1;  // it passed without us
       continue;
     }
-    const RoundPlan plan = decodePlan(store_->getString(keys::plan(round)));
+    if (!now.plan) {
+      throw AgentExit{kExitInfrastructure, fmt::format("round {}'s \"{}\" on the store at {} "
+                                                       "carries no plan (HINT: every node must "
+                                                       "run the same launch version)", round,
+                                                       keys::state(), store_->describe())};
+    }
+    const RoundPlan& plan = *now.plan;  // Note [Plan in the state]
     const PlannedNode* mine = plan.find(setup_.node);
     DTRAIN_LOG(Info, "launch: round {}: plan read at t={:.6f}: {}", round, monotonicNow(),
                mine ? fmt::format("node rank {} of {}, world size {}", mine->nodeRank,

@@ -81,10 +81,11 @@ const ExpectedNode* Coordinator::expected(const std::string& node) const {
   return nullptr;
 }
 
-void Coordinator::setPhase(int round, JobPhase::Kind kind) {
+void Coordinator::setPhase(int round, JobPhase::Kind kind, const RoundPlan* plan) {
   JobPhase p;
   p.round = round;
   p.kind = kind;
+  if (plan) p.plan = *plan;
   store_->setString(keys::state(), encodePhase(p));
   store_->flush();
 }
@@ -234,7 +235,7 @@ int Coordinator::run() {
     }
     if (options_.observer) options_.observer->attemptStarted(round, plan.worldSize);
     store_->setString(keys::plan(round), encodePlan(plan));
-    setPhase(round, JobPhase::Run);
+    setPhase(round, JobPhase::Run, &plan);
     logStoreLoad(Clock::now(), fmt::format("round {} planned", round));
     std::vector<std::string> reported;
     std::vector<std::string> waiting;

@@ -112,7 +112,7 @@ class Coordinator : public JobControl {
   struct RoundWatch;
 
   // --- coordinator.cpp: the rounds, the decisions, the shared looks at the store -------------
-  void setPhase(int round, JobPhase::Kind kind);
+  void setPhase(int round, JobPhase::Kind kind, const RoundPlan* plan = nullptr);
   // Sleeps until launch/events moves (true) or `until`, at most kTick.
   bool awaitEvents(Clock::time_point until);
   // Every heartbeat-read period: every watched node's counter in one request. The nodes silent

@@ -81,7 +81,19 @@ size_t storeRequestClass(const std::string& key) {
 std::string encodePhase(const JobPhase& p) {
   static const char* const kNames[] = {"gather", "run", "decided"};
   if (p.kind == JobPhase::Ended) return "end";
-  return fmt::format("{} {}", p.round, kNames[p.kind]);
+  std::string text = fmt::format("{} {}", p.round, kNames[p.kind]);
+  if (p.kind == JobPhase::Run && p.plan) {
+    // Note [Plan in the state]: the nodes as [node, node_rank, rank_offset, local_world_size].
+    json nodes = json::array();
+    for (const auto& n : p.plan->nodes) {
+      nodes.push_back(json::array({n.node, n.nodeRank, n.rankOffset, n.localWorldSize}));
+    }
+    text += '\n';
+    text += dump({{"run_id", p.plan->runId}, {"world_size", p.plan->worldSize},
+                  {"master_addr", p.plan->masterAddr}, {"master_port", p.plan->masterPort},
+                  {"nodes", nodes}});
+  }
+  return text;
 }
 
 JobPhase decodePhase(const std::string& text) {
@@ -90,15 +102,38 @@ JobPhase decodePhase(const std::string& text) {
     p.kind = JobPhase::Ended;
     return p;
   }
-  const size_t space = text.find(' ');
+  const size_t newline = text.find('\n');
+  const std::string head = text.substr(0, newline);
+  const size_t space = head.find(' ');
   int64_t round = 0;
-  if (space == std::string::npos || !parseInt64(text.substr(0, space), &round) || round < 0 ||
+  if (space == std::string::npos || !parseInt64(head.substr(0, space), &round) || round < 0 ||
       round > (1 << 30)) {
     return p;
   }
   p.round = static_cast<int>(round);
-  const std::string kind = text.substr(space + 1);
+  const std::string kind = head.substr(space + 1);
   p.kind = kind == "run" ? JobPhase::Run : kind == "decided" ? JobPhase::Decided : JobPhase::Gather;
+  if (p.kind != JobPhase::Run || newline == std::string::npos) return p;
+  const json v = parse(text.substr(newline + 1), "launch/state plan");
+  RoundPlan& plan = p.plan.emplace();
+  plan.round = p.round;
+  plan.runId = field<std::string>(v, "run_id", "launch/state plan");
+  plan.worldSize = field<int>(v, "world_size", "launch/state plan");
+  plan.masterAddr = field<std::string>(v, "master_addr", "launch/state plan");
+  plan.masterPort = field<int>(v, "master_port", "launch/state plan");
+  for (const auto& n : field<json>(v, "nodes", "launch/state plan")) {
+    if (!n.is_array() || n.size() != 4 || !n[0].is_string() || !n[1].is_number_integer() ||
+        !n[2].is_number_integer() || !n[3].is_number_integer()) {
+      DTRAIN_THROW(Error, "launch: launch/state plan record has a malformed node entry ({}); "
+                   "HINT: every node must run the same launch version", dump(n));
+    }
+    PlannedNode pn;
+    pn.node = n[0].get<std::string>();
+    pn.nodeRank = n[1].get<int>();
+    pn.rankOffset = n[2].get<int>();
+    pn.localWorldSize = n[3].get<int>();
+    plan.nodes.push_back(std::move(pn));
+  }
   return p;
 }
 

@@ -20,9 +20,10 @@ namespace dtrain::launcher {
 // The master (the launch that hosts the store) is the only writer of decisions; agents write
 // facts about themselves. Keys of round R live under "round<R>/launch/" (the workers' own keys of
 // that round are under "round<R>/" too, so nothing crosses rounds); job-wide keys under "launch/".
-//   launch/state                   master: where the job is -- "R gather", "R run" (plan R is
-//                                  written), "R decided" (decision R is written), "end". Agents
-//                                  watch it (waitChanged): one key tells every node what to read
+//   launch/state                   master: where the job is -- "R gather", "R run" and plan R
+//                                  (Note [Plan in the state]), "R decided" (decision R is
+//                                  written), "end". Agents watch it (waitChanged): one key tells
+//                                  every node what to do
 //   launch/events                  agents: a counter, add(1) after each write the master acts on
 //                                  (a join, a result, a stop); the master watches it instead of
 //                                  polling every node's keys
@@ -34,7 +35,8 @@ namespace dtrain::launcher {
 //   launch/ended/<node>            agent: it read launch/end (the master waits, bounded, for the
 //                                  nodes that joined before its store may go)
 //   round<R>/launch/join/<node>    agent: JoinInfo (host, address, workers, versions, nonce)
-//   round<R>/launch/plan           master: RoundPlan (who is in the round, ranks, MASTER_ADDR/PORT)
+//   round<R>/launch/plan           master: RoundPlan (who is in the round, ranks, MASTER_ADDR/PORT,
+//                                  every node's host and address), for tools and people
 //   round<R>/launch/stop           first writer wins (compareSet): why the round is stopping (a
 //                                  worker failed on node N, node N went silent, a node waits to
 //                                  join, a signal); the master writes it before its decision when
@@ -66,9 +68,10 @@ namespace dtrain::launcher {
 // by hand gets its node back. An agent releases its claim when it ends; a fan-out master
 // releases a lost node's claim before it starts that node's agent again.
 
-// Protocol 3: launch/state, launch/events, launch/claim and the join's nonce; the master reads
-// heartbeats, joins and results with tryMultiGet and waits with waitChanged (store opcodes 9, 10).
-constexpr int kProtocolVersion = 3;
+// Protocol 4: launch/state, launch/events, launch/claim and the join's nonce; the master reads
+// heartbeats, joins and results with tryMultiGet and waits with waitChanged (store opcodes 9, 10);
+// since 4 the "run" state carries the plan (Note [Plan in the state]).
+constexpr int kProtocolVersion = 4;
 
 namespace keys {
 std::string state();
@@ -92,16 +95,42 @@ enum StoreRequestClass : size_t { kHeartbeatRequests = 0, kMonitoringRequests = 
 constexpr size_t kStoreRequestClasses = 3;
 size_t storeRequestClass(const std::string& key);
 
-// launch/state.
+struct PlannedNode {
+  std::string node;
+  int nodeRank = 0;
+  int rankOffset = 0;
+  int localWorldSize = 1;
+  std::string host;
+  std::string label;
+  std::string address;
+};
+
+struct RoundPlan {
+  int round = 0;
+  std::string runId;
+  int worldSize = 0;
+  std::string masterAddr;
+  int masterPort = 0;
+  std::vector<PlannedNode> nodes;  // in node-rank order
+  const PlannedNode* find(const std::string& node) const;
+};
+
+// launch/state. Note [Plan in the state]: "R run" carries round R's plan after a newline, every
+// field but the nodes' host, label and address (what an agent needs to start its workers), so
+// the answer to an agent's waitChanged is all it reads to start: one wake-up and no second
+// request, which is what 256 agents woken at once on a loaded machine wait for. The full plan is
+// round<R>/launch/plan, for tools and people.
 struct JobPhase {
   enum Kind { Gather = 0, Run = 1, Decided = 2, Ended = 3 };
   int round = 0;
   Kind kind = Gather;
+  std::optional<RoundPlan> plan;  // kind == Run: the round's plan as the state carries it
   // At or past round `r`'s phase `k` (an ended job is past everything).
   bool reached(int r, Kind k) const { return kind == Ended || round > r || (round == r && kind >= k); }
 };
 std::string encodePhase(const JobPhase& p);
-// Absent or malformed: round 0, gathering.
+// Absent or malformed: round 0, gathering. A "run" state whose plan is malformed throws Error
+// (the master writes it; every node runs the same launch version).
 JobPhase decodePhase(const std::string& text);
 
 // launch/claim/<node>.
@@ -130,26 +159,6 @@ struct JoinInfo {
   // the master ends the job with errorCode, naming the node.
   std::string error;
   int errorCode = 0;
-};
-
-struct PlannedNode {
-  std::string node;
-  int nodeRank = 0;
-  int rankOffset = 0;
-  int localWorldSize = 1;
-  std::string host;
-  std::string label;
-  std::string address;
-};
-
-struct RoundPlan {
-  int round = 0;
-  std::string runId;
-  int worldSize = 0;
-  std::string masterAddr;
-  int masterPort = 0;
-  std::vector<PlannedNode> nodes;  // in node-rank order
-  const PlannedNode* find(const std::string& node) const;
 };
 
 std::string encodeJoin(const JoinInfo& j);

@@ -116,6 +116,44 @@ TEST(Rendezvous, JobPhasesAndClaimsRoundTrip) {
   EXPECT_EQ(decodePhase("").kind, JobPhase::Gather);  // absent: round 0 is gathered
   EXPECT_EQ(decodePhase("x y").round, 0);
   EXPECT_EQ(encodePhase(decodePhase("12 decided")), "12 decided");
+  EXPECT_FALSE(decodePhase("3 run").plan.has_value());
+  // Note [Plan in the state]: "R run" carries what an agent needs of the plan, nothing more.
+  RoundPlan plan;
+  plan.round = 3;
+  plan.runId = "job7";
+  plan.worldSize = 6;
+  plan.masterAddr = "10.0.0.4";
+  plan.masterPort = 29500;
+  plan.nodes.push_back({"4", 0, 0, 2, "gpu4", "gpu4.lan", "10.0.0.4"});
+  plan.nodes.push_back({"1", 1, 2, 4, "gpu1", "gpu1.lan", "10.0.0.1"});
+  p.plan = plan;
+  const std::string text = encodePhase(p);
+  EXPECT_EQ(text.substr(0, text.find('\n')), "3 run");
+  EXPECT_EQ(text.find("gpu1"), std::string::npos) << text;  // hosts stay in the full plan
+  back = decodePhase(text);
+  EXPECT_EQ(back.round, 3);
+  EXPECT_EQ(back.kind, JobPhase::Run);
+  ASSERT_TRUE(back.plan.has_value());
+  EXPECT_EQ(back.plan->round, 3);
+  EXPECT_EQ(back.plan->runId, "job7");
+  EXPECT_EQ(back.plan->worldSize, 6);
+  EXPECT_EQ(back.plan->masterAddr, "10.0.0.4");
+  EXPECT_EQ(back.plan->masterPort, 29500);
+  ASSERT_EQ(back.plan->nodes.size(), 2u);
+  ASSERT_NE(back.plan->find("1"), nullptr);
+  EXPECT_EQ(back.plan->find("1")->nodeRank, 1);
+  EXPECT_EQ(back.plan->find("1")->rankOffset, 2);
+  EXPECT_EQ(back.plan->find("1")->localWorldSize, 4);
+  EXPECT_EQ(back.plan->find("4")->rankOffset, 0);
+  EXPECT_EQ(back.plan->find("2"), nullptr);
+  try {
+    decodePhase("3 run\n{\"run_id\": \"j\", \"world_size\": 2, \"master_addr\": \"a\", "
+                "\"master_port\": 1, \"nodes\": [[\"0\", 0, \"x\", 2]]}");
+    ADD_FAILURE() << "a malformed node entry was taken";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("malformed node entry"), std::string::npos) << e.what();
+  }
+  EXPECT_THROW(decodePhase("3 run\n{\"run_id\": 1"), Error);
   NodeClaim c;
   c.nonce = "ab12";
   c.pid = 812;
@@ -180,9 +218,33 @@ struct Harness {
     store->add(keys::events(), 1);
   }
   void succeed(int round, const std::string& node) { report(round, node); }
+  // The plan as agents read it: from launch/state (Note [Plan in the state]), which must agree
+  // with the full plan the master wrote beside it.
   RoundPlan awaitPlan(int round) {
     store->wait({keys::plan(round)}, 10000ms);
-    return decodePlan(store->getString(keys::plan(round)));
+    const RoundPlan full = decodePlan(store->getString(keys::plan(round)));
+    JobPhase now;
+    for (int i = 0; i < 1000 && !now.reached(round, JobPhase::Run); ++i) {
+      now = decodePhase(store->getString(keys::state()));
+      if (!now.reached(round, JobPhase::Run)) std::this_thread::sleep_for(1ms);
+    }
+    if (now.round != round || now.kind != JobPhase::Run) return full;  // it moved on already
+    EXPECT_TRUE(now.plan.has_value());
+    if (!now.plan) return full;
+    const RoundPlan& p = *now.plan;
+    EXPECT_EQ(p.round, full.round);
+    EXPECT_EQ(p.runId, full.runId);
+    EXPECT_EQ(p.worldSize, full.worldSize);
+    EXPECT_EQ(p.masterAddr, full.masterAddr);
+    EXPECT_EQ(p.masterPort, full.masterPort);
+    EXPECT_EQ(p.nodes.size(), full.nodes.size());
+    for (size_t i = 0; i < std::min(p.nodes.size(), full.nodes.size()); ++i) {
+      EXPECT_EQ(p.nodes[i].node, full.nodes[i].node);
+      EXPECT_EQ(p.nodes[i].nodeRank, full.nodes[i].nodeRank);
+      EXPECT_EQ(p.nodes[i].rankOffset, full.nodes[i].rankOffset);
+      EXPECT_EQ(p.nodes[i].localWorldSize, full.nodes[i].localWorldSize);
+    }
+    return full;
   }
   std::string endMessage() { return decodeEnd(store->getString(keys::end())).second; }
 };
