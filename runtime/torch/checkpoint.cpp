@@ -303,14 +303,17 @@ Checkpointer::Impl::FileWrite Checkpointer::Impl::snapshotWrite(
     const std::shared_ptr<checkpoint::Layout>& layout, const std::vector<checkpoint::Item>& items,
     checkpoint::Hashing hashing) {
   // Snapshot into the reused region: the training thread's only cost of an async save.
-  const uint64_t bytes = std::max<uint64_t>(layout->header.dataSize, 1);
+  // The region starts where its bulk can be written with O_DIRECT (Note [Direct writes]).
+  const uint64_t bytes =
+      std::max<uint64_t>(layout->header.dataSize, 1) + checkpoint::kDirectAlignment;
   if (!region.defined() || static_cast<uint64_t>(region.numel()) < bytes) {
     auto options = at::TensorOptions().dtype(at::kByte);
     region = at::empty({static_cast<int64_t>(bytes + bytes / 8)}, options);
     if (group->device().is_cuda()) region = region.pin_memory();
     region.zero_();  // pre-fault: first touch of fresh pages is what costs
   }
-  auto* base = static_cast<uint8_t*>(region.data_ptr());
+  uint8_t* base = checkpoint::directRegionStart(static_cast<uint8_t*>(region.data_ptr()),
+                                                layout->header.dataOffset);
   at::NoGradGuard noGrad;
   auto copy = [&](size_t i) {
     const auto& e = layout->entries[i];
@@ -333,9 +336,9 @@ Checkpointer::Impl::FileWrite Checkpointer::Impl::snapshotWrite(
   }
   at::Tensor keep = region;
   auto ops_ = ops;
-  return [ops_, layout, keep, hashing](const std::string& tmp, checkpoint::SaveProgress* progress) {
-    checkpoint::writeCheckpointFileFromRegion(
-        *ops_, tmp, *layout, static_cast<const uint8_t*>(keep.data_ptr()), progress, hashing);
+  return [ops_, layout, keep, base, hashing](const std::string& tmp,
+                                             checkpoint::SaveProgress* progress) {
+    checkpoint::writeCheckpointFileFromRegion(*ops_, tmp, *layout, base, progress, hashing);
   };
 }
 

@@ -61,6 +61,14 @@ class FileOps {
   // pwrite() until all is written, in calls of at most kMaxWriteBytes (each counted).
   void writeAt(int fd, const void* data, size_t size, uint64_t offset, const std::string& path,
                SaveProgress* progress = nullptr);
+  // Note [Direct writes]: writes `size` bytes at `offset` of `path` through a second descriptor
+  // opened with O_DIRECT (`data`, `size` and `offset` multiples of kDirectAlignment), in calls of
+  // at most kMaxWriteBytes; the open and each call are counted as open() and writeAt()'s are.
+  // `fd` is the file's ordinary descriptor. Returns the bytes written: fewer than `size`, down to
+  // 0, where the filesystem refuses O_DIRECT (EINVAL), and the caller writes the rest through
+  // `fd`. Any other error throws as writeAt() does.
+  uint64_t writeDirectAt(int fd, const void* data, size_t size, uint64_t offset,
+                         const std::string& path, SaveProgress* progress = nullptr);
   void fsync(int fd, const std::string& path);
   void rename(const std::string& from, const std::string& to);
   void fsyncDirectory(const std::string& dir);
@@ -71,10 +79,34 @@ class FileOps {
   // I/O calls so far (what DTRAIN_IO_FAULT=crash@io=K counts).
   int64_t calls() const { return injector_.calls(); }
 
+  struct DirectStats {
+    uint64_t bytes = 0;    // written with O_DIRECT
+    int64_t refusals = 0;  // opens or writes a filesystem refused (each filesystem once)
+  };
+  const DirectStats& directStats() const { return direct_; }
+
  private:
+  // Open and write until done, or -- when `refusable` -- until a call fails with EINVAL (then -1
+  // and the bytes written so far); throw on any other error.
+  int openLoop(const std::string& path, int flags, mode_t mode, bool refusable);
+  size_t writeLoop(int fd, const void* data, size_t size, uint64_t offset, const std::string& path,
+                   SaveProgress* progress, bool refusable);
   int fail(fault::IoOp op);
   fault::IoFaultInjector injector_;
+  DirectStats direct_;
+  std::vector<dev_t> refusedDirect_;  // filesystems that refused O_DIRECT: not asked again
 };
+
+// Note [Direct writes]: the block size O_DIRECT transfers are aligned to (a multiple of every
+// common logical block size, 512 and 4096), and the least a save writes that way.
+constexpr uint64_t kDirectAlignment = 4096;
+constexpr uint64_t kDirectMinBytes = uint64_t{1} << 20;
+
+// Where a region for writeCheckpointFileFromRegion() should start inside a buffer beginning at
+// `buffer`, so that its bulk can be written with O_DIRECT: the first address congruent to the
+// file's data offset modulo kDirectAlignment. The buffer needs kDirectAlignment bytes more than
+// the region.
+uint8_t* directRegionStart(uint8_t* buffer, uint64_t dataOffset);
 
 // The bytes of every entry of `layout`, in host memory, one pointer per entry (nullptr for empty
 // entries).
@@ -94,7 +126,9 @@ void writeCheckpointFile(FileOps& ops, const std::string& path, Layout& layout,
                          SaveProgress* progress = nullptr, Hashing hashing = Hashing::Beside);
 
 // Same, when the entries' data lies in one buffer that mirrors the data region: entry i at
-// region + (entries[i].offset - header.dataOffset). Written in a few large calls.
+// region + (entries[i].offset - header.dataOffset). Written in a few large calls, its bulk with
+// O_DIRECT where the region starts at directRegionStart() and the filesystem allows it (Note
+// [Direct writes]).
 void writeCheckpointFileFromRegion(FileOps& ops, const std::string& path, Layout& layout,
                                    const uint8_t* region, SaveProgress* progress = nullptr,
                                    Hashing hashing = Hashing::Beside);
