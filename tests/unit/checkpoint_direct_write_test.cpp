@@ -65,15 +65,24 @@ bool acceptsDirect(const std::string& dir) {
   return fd >= 0;
 }
 
+// The sample written the buffered way (`want`, the bytes every direct write must reproduce) and
+// its region placed for O_DIRECT.
+struct Placed {
+  explicit Placed(const TempDir& dir) {
+    FileOps reference = opsWith("");
+    testing::writeSample(reference, dir.file("buffered"), 7, kPayload);
+    want = testing::readFile(dir.file("buffered"));
+  }
+  std::string want;
+  testing::SampleCheckpoint sample = testing::sampleCheckpoint(7, kPayload);
+  Region placed = regionOf(sample, 0);
+};
+
 TEST(DirectWrites, APlacedRegionIsWrittenDirectlyAndMatchesTheBufferedFile) {
   TempDir dir;
   if (!acceptsDirect(dir.path())) GTEST_SKIP() << dir.path() << " refuses O_DIRECT";
-  FileOps reference = opsWith("");
-  testing::writeSample(reference, dir.file("buffered"), 7, kPayload);
-  const std::string want = testing::readFile(dir.file("buffered"));
-
-  auto sample = testing::sampleCheckpoint(7, kPayload);
-  Region placed = regionOf(sample, 0);
+  Placed p(dir);
+  auto& [want, sample, placed] = p;
   for (Hashing hashing : {Hashing::Beside, Hashing::Inline}) {
     FileOps ops = opsWith("");
     SaveProgress progress;
@@ -107,11 +116,8 @@ TEST(DirectWrites, APlacedRegionIsWrittenDirectlyAndMatchesTheBufferedFile) {
 TEST(DirectWrites, ARefusalFallsBackToTheBufferedWriteAndIsNotAskedAgain) {
   TempDir dir;
   if (!acceptsDirect(dir.path())) GTEST_SKIP() << dir.path() << " refuses O_DIRECT";
-  FileOps reference = opsWith("");
-  testing::writeSample(reference, dir.file("buffered"), 7, kPayload);
-  const std::string want = testing::readFile(dir.file("buffered"));
-  auto sample = testing::sampleCheckpoint(7, kPayload);
-  Region placed = regionOf(sample, 0);
+  Placed p(dir);
+  auto& [want, sample, placed] = p;
   struct Case {
     const char* fault;
     int64_t calls;  // of the first save: a refused call is not counted
