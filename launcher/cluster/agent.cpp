@@ -125,6 +125,7 @@ class Agent {
   bool temporaryDir_ = false;
   store::Bytes claim_;          // this agent's claim of its node (Note [Node claims])
   store::Bytes phaseSeen_;      // launch/state as last read
+  JobPhase phase_;              // ... and decoded (once per value: it may carry a plan)
 };
 
 Agent::Agent(const AgentSetup& setup, const EnvMap& environment)
@@ -390,7 +391,7 @@ JobPhase Agent::awaitPhase(int round, JobPhase::Kind kind, const std::string& wh
     if (std::string why = heartbeat_->lost(); !why.empty()) {
       throw AgentExit{kExitInfrastructure, why};
     }
-    const JobPhase now = decodePhase(store::toString(phaseSeen_));
+    const JobPhase& now = phase_;
     if (now.kind == JobPhase::Ended) followEnd();
     if (!phaseSeen_.empty() && now.reached(round, kind)) return now;
     if (now.kind == JobPhase::Decided && now.round < round && now.round != decisionRead) {
@@ -411,6 +412,7 @@ JobPhase Agent::awaitPhase(int round, JobPhase::Kind kind, const std::string& wh
     try {
       // A slice at most, so that a signal is seen meanwhile.
       phaseSeen_ = store_->waitChanged(keys::state(), phaseSeen_, Millis(1000));
+      phase_ = decodePhase(store::toString(phaseSeen_));
     } catch (const TimeoutError&) {
     } catch (const NetworkError& e) {
       throw AgentExit{kExitInfrastructure, fmt::format("lost the store at {} while waiting for {}: "

@@ -56,6 +56,19 @@ T field(const json& j, const char* name, const char* what) {
   }
 }
 
+// What the full plan and the plan in launch/state share: run id, world size, MASTER_ADDR/PORT.
+json planHeader(const RoundPlan& p) {
+  return {{"run_id", p.runId}, {"world_size", p.worldSize}, {"master_addr", p.masterAddr},
+          {"master_port", p.masterPort}};
+}
+
+void readPlanHeader(const json& v, const char* what, RoundPlan* p) {
+  p->runId = field<std::string>(v, "run_id", what);
+  p->worldSize = field<int>(v, "world_size", what);
+  p->masterAddr = field<std::string>(v, "master_addr", what);
+  p->masterPort = field<int>(v, "master_port", what);
+}
+
 }  // namespace
 
 const PlannedNode* RoundPlan::find(const std::string& node) const {
@@ -88,10 +101,10 @@ std::string encodePhase(const JobPhase& p) {
     for (const auto& n : p.plan->nodes) {
       nodes.push_back(json::array({n.node, n.nodeRank, n.rankOffset, n.localWorldSize}));
     }
+    json v = planHeader(*p.plan);
+    v["nodes"] = std::move(nodes);
     text += '\n';
-    text += dump({{"run_id", p.plan->runId}, {"world_size", p.plan->worldSize},
-                  {"master_addr", p.plan->masterAddr}, {"master_port", p.plan->masterPort},
-                  {"nodes", nodes}});
+    text += dump(v);
   }
   return text;
 }
@@ -117,10 +130,7 @@ JobPhase decodePhase(const std::string& text) {
   const json v = parse(text.substr(newline + 1), "launch/state plan");
   RoundPlan& plan = p.plan.emplace();
   plan.round = p.round;
-  plan.runId = field<std::string>(v, "run_id", "launch/state plan");
-  plan.worldSize = field<int>(v, "world_size", "launch/state plan");
-  plan.masterAddr = field<std::string>(v, "master_addr", "launch/state plan");
-  plan.masterPort = field<int>(v, "master_port", "launch/state plan");
+  readPlanHeader(v, "launch/state plan", &plan);
   for (const auto& n : field<json>(v, "nodes", "launch/state plan")) {
     if (!n.is_array() || n.size() != 4 || !n[0].is_string() || !n[1].is_number_integer() ||
         !n[2].is_number_integer() || !n[3].is_number_integer()) {
@@ -186,18 +196,17 @@ std::string encodePlan(const RoundPlan& p) {
                      {"local_world_size", n.localWorldSize}, {"host", n.host},
                      {"label", n.label}, {"address", n.address}});
   }
-  return dump({{"round", p.round}, {"run_id", p.runId}, {"world_size", p.worldSize}, {"master_addr", p.masterAddr},
-               {"master_port", p.masterPort}, {"nodes", nodes}});
+  json v = planHeader(p);
+  v["round"] = p.round;
+  v["nodes"] = std::move(nodes);
+  return dump(v);
 }
 
 RoundPlan decodePlan(const std::string& text) {
   json v = parse(text, "plan");
   RoundPlan p;
   p.round = field<int>(v, "round", "plan");
-  p.runId = field<std::string>(v, "run_id", "plan");
-  p.worldSize = field<int>(v, "world_size", "plan");
-  p.masterAddr = field<std::string>(v, "master_addr", "plan");
-  p.masterPort = field<int>(v, "master_port", "plan");
+  readPlanHeader(v, "plan", &p);
   for (const auto& n : field<json>(v, "nodes", "plan")) {
     PlannedNode pn;
     pn.node = field<std::string>(n, "node", "plan");
