@@ -219,6 +219,16 @@ void printRow(const ZeroResult& r, const ZeroResult& ddp) {
              r.stateBytes / formula, pss / MiB, median(r.payloadBytes) / psi);
 }
 
+// Where stages 1 and 2 wait (the `comm` column split): DDP waits at the end of backward only,
+// ZeRO there and in step(), for the all-gathers still running after its last unit's step.
+void printWaits(const ZeroResult& ddp, const ZeroResult& zero) {
+  fmt::print("  {:>5} comm waited, ms (medians): end of backward DDP {:.1f}, ZeRO-{} {:.1f} (per-step "
+             "ratio {:.2f}); step()'s all-gathers {:.1f}; comm DDP {:.1f}, ZeRO {:.1f}\n",
+             "", median(ddp.backwardWaitMs), zero.stage, median(zero.backwardWaitMs),
+             paired(zero.backwardWaitMs, ddp.backwardWaitMs), median(zero.stepWaitMs),
+             median(ddp.commMs), median(zero.commMs));
+}
+
 // Parameter elements of each layer of the MLP (weight and bias).
 std::vector<double> layerNumels(const ZeroConfig& c) {
   std::vector<double> out;
@@ -320,6 +330,7 @@ int runDriver(const Options& o) {
                  "", zero.backend, zero.parameters / 1e6, loadBefore, loadAfter,
                  ddp.noSyncGradientBytes / (1 << 20), stage, zero.noSyncGradientBytes / (1 << 20),
                  stage, zero.bucketBytes / (1 << 20));
+      if (stage != 3) printWaits(ddp, zero);
       if (stage == 3) {
         printStage3(o, zero, results[1]);
         printBuild(o, {&zero, &results[3]});

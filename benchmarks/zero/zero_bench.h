@@ -42,6 +42,9 @@ struct ZeroResult {
   std::string backend;
   std::vector<double> stepMs, computeMs, commMs, optimizerMs, otherMs;
   std::vector<double> gatherMs;      // of commMs: stage 3's unit gathers (unitGatherWait)
+  // Of commMs: the end of backward's wait (DDP's allreduces, ZeRO's reduce-scatters) and
+  // step()'s wait for the all-gathers after its last unit's step (ZeroStats::allgatherWait).
+  std::vector<double> backwardWaitMs, stepWaitMs;
   std::vector<double> probedGatherMs;  // the same waits from the layers' probes
   std::vector<double> aloneMs;       // the step's collectives by themselves
   std::vector<double> payloadBytes;  // rank 0's communicator, per step

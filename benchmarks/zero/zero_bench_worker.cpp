@@ -240,6 +240,8 @@ void timeSteps(const ZeroConfig& config, const Training& t, ZeroResult& r) {
     r.computeMs.push_back(msOf(t2 - t1) - backwardWait - gatherMs);
     r.commMs.push_back(backwardWait + stepWait + gatherMs);
     r.gatherMs.push_back(gatherMs);
+    r.backwardWaitMs.push_back(backwardWait);
+    r.stepWaitMs.push_back(stepWait);
     r.aloneMs.push_back(aloneMs);
     r.optimizerMs.push_back(optimizerMs);
     r.otherMs.push_back(r.stepMs.back() - r.computeMs.back() - r.commMs.back() - optimizerMs);
@@ -416,6 +418,8 @@ std::string toJson(const ZeroResult& r) {
                       {"state_bytes", r.stateBytes}, {"bucket_bytes", r.bucketBytes},
                       {"pss_bytes", r.pssBytes},   {"nosync_gradient_bytes", r.noSyncGradientBytes},
                       {"gather_ms", r.gatherMs},   {"alone_ms", r.aloneMs},
+                      {"backward_wait_ms", r.backwardWaitMs},
+                      {"step_wait_ms", r.stepWaitMs},
                       {"probed_gather_ms", r.probedGatherMs},
                       {"peak_full_bytes", r.peakFullBytes},
                       {"peak_gathered_bytes", r.peakGatheredBytes},
@@ -448,6 +452,8 @@ ZeroResult zeroResultFromJson(const std::string& text) {
   r.noSyncGradientBytes = j.at("nosync_gradient_bytes").get<double>();
   r.gatherMs = j.at("gather_ms").get<std::vector<double>>();
   r.aloneMs = j.at("alone_ms").get<std::vector<double>>();
+  r.backwardWaitMs = j.at("backward_wait_ms").get<std::vector<double>>();
+  r.stepWaitMs = j.at("step_wait_ms").get<std::vector<double>>();
   r.peakFullBytes = j.at("peak_full_bytes").get<double>();
   r.probedGatherMs = j.at("probed_gather_ms").get<std::vector<double>>();
   r.peakGatheredBytes = j.at("peak_gathered_bytes").get<double>();

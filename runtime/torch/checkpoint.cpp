@@ -213,6 +213,10 @@ void Checkpointer::Impl::waitPending() {
   committedStep = step;
 }
 
+void Checkpointer::Impl::settleShardedParameters() {
+  for (const auto& s : registry.sharded) s.optimizer->waitForParameters();
+}
+
 // A save, on every rank, in four steps:
 //   1. agree: the previous asynchronous save is confirmed on every node (or its error thrown);
 //      a step that every node holds already is done;
@@ -225,6 +229,7 @@ void Checkpointer::Impl::save(int64_t step, int64_t epoch, bool async) {
   DTRAIN_CHECK_ARG(step >= 0 && epoch >= 0, "Checkpointer: step {} and epoch {} must be >= 0", step,
                    epoch);
   waitPending();
+  settleShardedParameters();
   if (step == committedStep) {
     // saveAsync(S) then preempted(S), or save(S) right after restoring S: every node holds S
     // complete, and writing it again would only spend the grace period (and rename over it).

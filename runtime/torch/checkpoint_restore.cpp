@@ -217,6 +217,7 @@ void Checkpointer::Impl::commitCopy(int fd, const std::string& tmp, int64_t step
 std::optional<RestoredCheckpoint> Checkpointer::Impl::restore() {
   waitPending();
   settleSaveThread();
+  settleShardedParameters();  // a running all-gather would overwrite the parameters restored
   // Note [Restore agreement].
   std::string scanError, firstBad;
   int64_t found = 0;

@@ -85,6 +85,7 @@ DdpCore::DdpCore(std::shared_ptr<torch::nn::Module> module, std::shared_ptr<Proc
 DdpCore::~DdpCore() = default;
 
 void DdpCore::beforeForward() {
+  if (sync_) sync_->beforeForward();  // not sync(): a forward without gradients makes no reducer
   if (options_.broadcastBuffers && syncEnabled_ && buffers_ && group_->size() > 1) {
     buffers_->run(0, options_.timeout);
   }

@@ -17,6 +17,8 @@ namespace dtrain::ddp {
 class GradientSync {
  public:
   virtual ~GradientSync() = default;
+  // Before every forward through the wrapper, before the module runs.
+  virtual void beforeForward() {}
   // After a forward whose backward is to be synchronised. `outputs`: the forward's tensors (only
   // with findUnusedParameters).
   virtual void arm(const std::vector<at::Tensor>& outputs) = 0;

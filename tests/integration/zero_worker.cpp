@@ -7,7 +7,8 @@
 //   zero_worker --scenarios adamw,sgd-groups,stage3,skip-unit [--skipped K]
 //
 // adamw: 50 AdamW steps of 2 micro-batches (noSync()); sgd-groups: 20 SGD-momentum steps, two
-// parameter groups; both stages 1 and 2 within 1e-6. Both with an enabled GradScaler: under
+// parameter groups; both stages 1 and 2 within 1e-6, and stage 2 with deferAllgatherWait bitwise
+// stage 2's. Both with an enabled GradScaler: under
 // DTRAIN_FAULT=nan-grad@rank=R,step=S (the test sets it) one element of one rank's gradient is
 // poisoned before the collective, which after a reduce-scatter reaches one rank's shard only;
 // every rank must skip that step (--skipped 1), DDP's and both stages alike.
@@ -60,9 +61,10 @@ void compareStages(const std::shared_ptr<ProcessGroup>& group, ZeroRun run, cons
   const RankResult ddp = trainOnRank(run, group);
   check(ddp.skipped == args.skipped,
         fmt::format("DDP skipped {} steps, expected {}", ddp.skipped, args.skipped));
+  RankResult stage2;
   for (int stage : {1, 2}) {
     run.stage = stage;
-    const RankResult zero = trainOnRank(run, group);
+    RankResult zero = trainOnRank(run, group);
     check(zero.skipped == args.skipped, fmt::format("stage {} skipped {} steps, expected {}",
                                                     stage, zero.skipped, args.skipped));
     for (const auto& [name, t] : ddp.params) {
@@ -72,6 +74,18 @@ void compareStages(const std::shared_ptr<ProcessGroup>& group, ZeroRun run, cons
       checkIdenticalAcrossRanks(*group, fmt::format("stage {} {}", stage, name),
                                 zero.params.at(name));
     }
+    if (stage == 2) stage2 = std::move(zero);
+  }
+  // Note [Deferred all-gathers]: step() leaves its all-gathers to the next forward; the same
+  // collectives in the same order, so bitwise stage 2's training.
+  run.deferAllgatherWait = true;
+  const RankResult deferred = trainOnRank(run, group);
+  check(deferred.skipped == args.skipped,
+        fmt::format("deferred stage 2 skipped {} steps, expected {}", deferred.skipped,
+                    args.skipped));
+  for (const auto& [name, t] : stage2.params) {
+    check(torch::equal(deferred.params.at(name), t),
+          fmt::format("stage 2 with deferred all-gathers: {} differs from stage 2's", name));
   }
 }
 

@@ -67,6 +67,7 @@ struct Leg {
   int from = 0, to = 0;           // steps trained
   std::vector<int64_t> saves;     // steps saved (synchronously) after training them
   bool restore = false;
+  bool defer = false;             // ZeroOptions::deferAllgatherWait
   Snapshot loaded;                // right after restore()
   Snapshot end;                   // after the last step
   std::vector<std::optional<RestoredCheckpoint>> restored;  // per rank
@@ -86,6 +87,7 @@ void runLeg(Cluster& cluster, Leg& leg) {
     zo.stage = 2;
     zo.firstUnitBytes = 128;
     zo.unitBytes = 512;
+    zo.deferAllgatherWait = leg.defer;
     ShardedOptimizer adam(ddp, factoryFor("adamw"), zo);
     Checkpointer checkpointer(group, cluster.options(rank));
     checkpointer.addModule("model", net);
@@ -179,6 +181,27 @@ TEST(ShardedCheckpoint, AWipedNodeRestoresFromItsNeighbour) {
   EXPECT_TRUE(second.restored[1]->copiedFromPeer);
   expectSame(second.loaded, first.end, "restored after node 1 was wiped");
   EXPECT_EQ(verifyErrorOf(stepFile(cluster.dir, 1, 2)), "") << "node 1 holds the step again";
+}
+
+// Note [Deferred all-gathers]: a save right after a step that left its all-gathers running
+// restores what the step made (the module's parameters and the shards). On these CPU backends
+// the save's own collectives, issued after the all-gathers, would order them first anyway; on a
+// GPU the save's wait is what puts its copies after them on the stream.
+TEST(ShardedCheckpoint, ASaveAfterADeferredStepHoldsTheStepsParameters) {
+  TempDir tmp;
+  Leg first;
+  first.to = 3;
+  first.saves = {2};
+  first.defer = true;
+  {
+    Cluster cluster(2, 1, tmp.file("ckpt"));
+    runLeg(cluster, first);
+  }
+  Cluster cluster(2, 1, tmp.file("ckpt"));
+  const Leg second = restoreOnly(cluster, 3);
+  ASSERT_TRUE(second.restored[0].has_value());
+  EXPECT_EQ(second.restored[0]->step, 2);
+  expectSame(second.loaded, first.end, "restored after a deferred step");
 }
 
 // 4 ranks on 2 nodes -> 3 ranks on 3 nodes (one of them new) -> 2 ranks on 2 nodes: each restore

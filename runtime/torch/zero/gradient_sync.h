@@ -31,6 +31,8 @@ class ShardedGradientSync : public ddp::GradientSync {
   ShardedGradientSync(const ShardedGradientSync&) = delete;
   ShardedGradientSync& operator=(const ShardedGradientSync&) = delete;
 
+  // Waits for the all-gathers the last step left running (Note [Deferred all-gathers]).
+  void beforeForward() override { shards_->settleGathers(); }
   void arm(const std::vector<at::Tensor>& outputs) override;
   void disarm() override;
   const DdpIterationStats& lastIteration() const override { return stats_; }

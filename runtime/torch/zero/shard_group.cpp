@@ -397,4 +397,13 @@ std::chrono::nanoseconds ShardGroup::finishGather(size_t k) {
   return std::chrono::steady_clock::now() - start;
 }
 
+void ShardGroup::settleGathers() {
+  for (size_t k = units_.size(); k-- > 0;) {
+    // A marked unit's gather (stage 3) is a prefetch its use waits for, not a step's.
+    if (!units_[k]->resharded() && params_[k] == Params::Gathering) {
+      deferredWait_ += finishGather(k);
+    }
+  }
+}
+
 }  // namespace dtrain::zero

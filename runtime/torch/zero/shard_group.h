@@ -85,6 +85,20 @@ namespace dtrain::zero {
 // ::check): every rank fails at once, naming both sides' unit and call. The cost is the check's:
 // nothing more on shared memory (its descriptors are compared anyway), one fingerprint exchange
 // per gather on Gloo, a store round trip on NCCL.
+// Note [Deferred all-gathers]
+// step() steps the units last first and issues each unit's all-gather as soon as its step ends,
+// so that it runs while the next units step; the first unit's, stepped last, has nothing left to
+// hide behind and step() waits for it (with the ranks' skew: the slowest rank's optimizer step
+// ends it). DDP has no such wait: its last collective ends with backward. With
+// ZeroOptions::deferAllgatherWait, step() returns with those units Gathering, and the first
+// reader of the parameters waits for them -- settleGathers(), from the DDP wrapper's next
+// forward (ddp::GradientSync::beforeForward, before the buffers' broadcast and the module), the
+// next step(), shardRecords(), loadShardState(), or a Checkpointer's save and restore -- so the
+// tail runs while the program loads its next batch. The collectives are the same, in the same
+// order, on every rank; only where a rank waits moves. A reader outside dtrain (an EMA copy, the
+// module called without the wrapper) cannot be seen: it calls waitForParameters(), which is why
+// it is off by default. Stage 3's marked units are unaffected (they are gathered at their use);
+// its root units defer as stage 2's.
 class ShardGroup {
  public:
   enum class Grads { Empty, Accumulating, Reducing, Reduced };
@@ -131,6 +145,11 @@ class ShardGroup {
   void shardWritten(size_t k);
   void launchGather(size_t k);
   std::chrono::nanoseconds finishGather(size_t k);
+  // Waits for every all-gather a step left running (Note [Deferred all-gathers]), last unit
+  // first, the order they were issued in; adds the time to deferredWait().
+  void settleGathers();
+  std::chrono::nanoseconds deferredWait() const { return deferredWait_; }
+  void resetDeferredWait() { deferredWait_ = {}; }
 
   // --- stage 3 (Note [ZeRO-3 unit lifecycle]) ---
   Params paramState(size_t k) const { return params_[k]; }
@@ -195,6 +214,7 @@ class ShardGroup {
   UnitOrder backwardOrder_;
   bool inBackward_ = false;  // between a pass's first gather for backward and backwardEnded()
   GatherCounts counts_;
+  std::chrono::nanoseconds deferredWait_{0};
   size_t gatheredNow_ = 0;
   size_t gatheredPeak_ = 0;
 };

@@ -37,6 +37,7 @@ size_t slotOf(zero::ShardUnit& u, size_t param) {
 
 std::vector<ShardRecord> ShardedOptimizer::shardRecords() {
   zero::ShardGroup& shards = *shards_;
+  shards.settleGathers();  // Note [Deferred all-gathers]: the records view the blocks gathered
   std::vector<ShardRecord> out;
   for (const OwnedRange& r : shards.layout().ownedBy(shards.group().rank())) {
     zero::ShardUnit& u = shards.unit(r.unit);
@@ -63,6 +64,7 @@ std::vector<ShardRecord> ShardedOptimizer::shardRecords() {
 
 void ShardedOptimizer::loadShardState(const ShardReader& read) {
   zero::ShardGroup& shards = *shards_;
+  shards.settleGathers();  // a running all-gather would overwrite what is loaded
   shards.checkSteppable();
   at::NoGradGuard noGrad;
   const auto ranges = shards.layout().ownedBy(shards.group().rank());

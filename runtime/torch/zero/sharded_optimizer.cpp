@@ -52,6 +52,8 @@ torch::Tensor ShardedOptimizer::step(LossClosure closure) {
   }
   at::NoGradGuard noGrad;
   zero::ShardGroup& shards = *shards_;
+  shards.settleGathers();  // the last step's, deferred and not waited for since (no forward)
+  shards.resetDeferredWait();
   shards.checkSteppable();
   // Each unit's optimizer steps with its group's options as they are now (a scheduler or the
   // program may have changed them since the last step).
@@ -74,13 +76,12 @@ torch::Tensor ShardedOptimizer::step(LossClosure closure) {
     shards.launchGather(k);  // runs while the next unit steps
     if (!options_.overlapAllgather) lastStep_.allgatherWait += shards.finishGather(k);
   }
-  for (size_t k = shards.size(); k-- > 0;) {
-    if (options_.overlapAllgather && shards.paramState(k) == zero::ShardGroup::Params::Gathering) {
-      lastStep_.allgatherWait += shards.finishGather(k);
-    }
-  }
+  // Note [Deferred all-gathers]: or the next forward waits.
+  if (!options_.deferAllgatherWait) shards.settleGathers();
   return loss;
 }
+
+void ShardedOptimizer::waitForParameters() { shards_->settleGathers(); }
 
 void ShardedOptimizer::zero_grad() {
   for (auto& group : param_groups_) {
@@ -129,7 +130,7 @@ ZeroStats ShardedOptimizer::stats() const {
   s.memory.looseGradients = sync_->looseGradientBytes();
   s.reduceScatterWait = sync_->lastIteration().waited;
   s.optimizerStep = lastStep_.optimizerStep;
-  s.allgatherWait = lastStep_.allgatherWait;
+  s.allgatherWait = lastStep_.allgatherWait + shards.deferredWait();
   s.memory.gathered = shards.gatheredNow();
   s.memory.peakGathered = shards.gatheredPeak();
   s.unitGathers = lastStep_.unitGathers;

@@ -66,6 +66,33 @@ TEST_P(ZeroEquivalence, ClipGradNormByTheGlobalNorm) {
   expectClose(zero, ddp, 1e-5);
 }
 
+// Note [Deferred all-gathers]: the wrapper's next forward waits for what step() left running;
+// the same collectives in the same order, so the training is bitwise the one that waited in
+// step() -- with accumulation, an overflow skipped on every rank, and clipping.
+TEST_P(ZeroEquivalence, DeferredAllgathersTrainBitwiseAsWaitedOnes) {
+  ZeroRun run;
+  run.world = GetParam().world;
+  run.stage = GetParam().stage;
+  run.steps = 12;
+  run.micro = 2;
+  run.scaler = true;
+  run.overflowStep = 4;
+  run.overflowRank = run.world - 1;
+  run.clip = 0.05;
+  const ZeroResult waited = trainMlp(run);
+  run.deferAllgatherWait = true;
+  const ZeroResult deferred = trainMlp(run);
+  EXPECT_EQ(deferred.skipped, 1);
+  expectRanksBitwiseEqual(deferred);
+  ASSERT_EQ(deferred.params.size(), waited.params.size());
+  for (size_t r = 0; r < waited.params.size(); ++r) {
+    for (const auto& [name, t] : waited.params[r]) {
+      EXPECT_TRUE(torch::equal(deferred.params[r].at(name), t)) << "rank " << r << " " << name;
+    }
+  }
+  EXPECT_EQ(deferred.clipNorms, waited.clipNorms);
+}
+
 INSTANTIATE_TEST_SUITE_P(Ranks, ZeroEquivalence,
                          ::testing::Values(Param{2, 1}, Param{2, 2}, Param{3, 1}, Param{3, 2},
                                            Param{4, 1}, Param{4, 2}),

@@ -130,5 +130,54 @@ TEST(ZeroOverlap, AllgathersRunWhileTheNextUnitsStep) {
   }
 }
 
+// Note [Deferred all-gathers]: with deferAllgatherWait, step() issues every unit's all-gather
+// and waits for none; the wrapper's next forward waits for all of them before the module runs
+// (its output is the one the stepped parameters give), and waitForParameters() after that has
+// nothing left to wait for.
+TEST(ZeroOverlap, DeferredAllgathersAreWaitedForByTheNextForward) {
+  for (int stage : {1, 2}) {
+    auto world = ThreadWorld::create(2);
+    world->run([&](int rank) {
+      StepLog log;
+      log.world = world;
+      log.rank = rank;
+      log.recorder = std::make_shared<WaitRecordingCommunicator>(world->communicator(rank));
+      auto group = std::make_shared<ProcessGroup>(log.recorder, rank, c10::Device(c10::kCPU));
+      Mlp net = buildSeeded(4, [] { return Mlp(7, 13, 5); });
+      DdpOptions ddpOptions;
+      ddpOptions.broadcastBuffers = false;
+      DistributedDataParallel<Mlp> ddp(net, group, ddpOptions);
+      ZeroOptions zo;
+      zo.stage = stage;
+      zo.firstUnitBytes = 128;
+      zo.unitBytes = 256;
+      zo.deferAllgatherWait = true;
+      ShardedOptimizer optimizer(
+          ddp, {}, optimizerFactory<torch::optim::SGD>(torch::optim::SGDOptions(0.1)), zo);
+      const size_t units = optimizer.stats().units;
+      ASSERT_GE(units, 3u);
+      const auto x = randnSeeded({8, 7}, 10 + rank);
+      const auto y = randnSeeded({8, 5}, 20 + rank);
+      torch::mse_loss(ddp(x), y).backward();
+      const int64_t issued = world->issued(rank);
+      const int waited = log.waits();
+      optimizer.step();
+      EXPECT_EQ(world->issued(rank) - issued, static_cast<int64_t>(units)) << "one per unit";
+      EXPECT_EQ(log.waits() - waited, 0) << "stage " << stage << ": step() waited";
+      torch::Tensor out;
+      {
+        at::NoGradGuard noGrad;
+        out = ddp(x);
+      }
+      EXPECT_EQ(log.waits() - waited, static_cast<int>(units))
+          << "stage " << stage << ": the forward waits for every unit's all-gather";
+      at::NoGradGuard noGrad;
+      EXPECT_TRUE(torch::equal(out, net->forward(x))) << "the forward ran before the gathers";
+      optimizer.waitForParameters();
+      EXPECT_EQ(log.waits() - waited, static_cast<int>(units)) << "nothing left to wait for";
+    });
+  }
+}
+
 }  // namespace
 }  // namespace dtrain::testing

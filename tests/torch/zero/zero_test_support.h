@@ -38,6 +38,7 @@ struct ZeroRun {
   size_t unitBytes = 256;  // small units: several per model, most with padding
   at::ScalarType dtype = at::kFloat;
   uint64_t seed = 3;
+  bool deferAllgatherWait = false;  // ZeroOptions'
 };
 
 // What a run ends with, per rank: the module's parameters (by name), their norms before clipping.
@@ -123,6 +124,7 @@ inline RankResult trainOnRank(const ZeroRun& run, const std::shared_ptr<ProcessG
     zo.stage = run.stage;
     zo.firstUnitBytes = run.unitBytes / 2;
     zo.unitBytes = run.unitBytes;
+    zo.deferAllgatherWait = run.deferAllgatherWait;
     auto owned = std::make_unique<ShardedOptimizer>(ddp, groupsFor(run.optimizer, *net), factory, zo);
     sharded = owned.get();
     optimizer = std::move(owned);
@@ -167,6 +169,8 @@ inline RankResult trainOnRank(const ZeroRun& run, const std::shared_ptr<ProcessG
     scaler.step(*optimizer);
     scaler.update();
   }
+  // Read without the wrapper: deferred all-gathers must be waited for first.
+  if (sharded) sharded->waitForParameters();
   if (sharded && atEnd) atEnd(*sharded);
   for (const auto& p : net->named_parameters()) result.params[p.key()] = p.value().detach().clone();
   result.skipped = scaler.skippedSteps();

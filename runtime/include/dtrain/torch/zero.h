@@ -100,6 +100,15 @@ struct ZeroOptions {
   int bucketsInFlight = 2;
   // Overlap unit k's all-gather with unit k+1's optimizer step. Off: one unit after the other.
   bool overlapAllgather = true;
+  // step() returns once the last unit's all-gather is issued, without waiting for the ones still
+  // running; the DDP wrapper's next forward waits for them before the module runs, so they run
+  // while the program prepares its next batch (Note [Deferred all-gathers] in the library). So
+  // does everything of dtrain that reads the parameters: the next step(), shardRecords(),
+  // loadShardState(), a Checkpointer's save, restore and export. Code that reads the module's
+  // parameters itself between step() and that forward -- an EMA copy, an evaluation through the
+  // module rather than the wrapper, logging weight norms -- calls waitForParameters() first:
+  // until then they are partly the last step's, partly this one's. Off by default.
+  bool deferAllgatherWait = false;
   // Stage 3 (Note [Prefetching units] in the library): once the first step has recorded the
   // order in which the marked units are needed, a unit's gather for backward also issues the
   // all-gather of the unit backward needs next, so it runs while this one computes (FSDP's
@@ -155,7 +164,9 @@ struct ZeroStats {
   size_t units = 0;
   ZeroMemory memory;
   // The last step: how long the end of backward waited for reduce-scatters, how long this rank's
-  // optimizer steps took, and how long step() waited for all-gathers after its last step.
+  // optimizer steps took, and how long its all-gathers were waited for after its last unit's
+  // step: by step(), or with deferAllgatherWait by whatever waited for them since (the next
+  // forward, waitForParameters()).
   std::chrono::nanoseconds reduceScatterWait{0};
   std::chrono::nanoseconds optimizerStep{0};
   std::chrono::nanoseconds allgatherWait{0};
@@ -217,6 +228,10 @@ class ShardedOptimizer : public torch::optim::Optimizer {
   // all-gather overlapping unit k+1's step). Collective. With a closure: runs it first (with
   // gradients enabled), as libtorch's optimizers do, and returns its loss.
   torch::Tensor step(LossClosure closure = nullptr) override;
+
+  // Waits for the all-gathers the last step() left running (ZeroOptions::deferAllgatherWait):
+  // the module's parameters are then this step's on every rank. A no-op when none are running.
+  void waitForParameters();
 
   // Unsets the shards' gradients (libtorch 2.x's default, set_to_none): the next synchronising
   // backward then writes them instead of adding to them, a pass over the shards fewer than
