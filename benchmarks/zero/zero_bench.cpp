@@ -15,8 +15,12 @@
 // binding the model held at the most per rank (Note [Build peak] in zero_bench_worker.cpp) and
 // the two steps (the same training).
 //
+// With --defer, stages 1 and 2 run a third job, ZeRO with deferAllgatherWait, and --data-mib M
+// gives every job a data phase after step() (Note [Data phase] in zero_bench_worker.cpp).
+//
 //   zero_bench [--worlds 2,4] [--stages 1,2,3] [--steps 5] [--warmup 2] [--width 4096]
-//              [--io 1024] [--layers 7] [--batch 16] [--forward-prefetch] [--no-shm] [--smoke]
+//              [--io 1024] [--layers 7] [--batch 16] [--forward-prefetch] [--defer]
+//              [--data-mib 0] [--no-shm] [--smoke]
 #include <unistd.h>
 
 #include <algorithm>
@@ -59,12 +63,15 @@ Options parse(int argc, char** argv) {
     if (a == "--help" || a == "-h") {
       std::fputs("usage: zero_bench [--worlds 2,4] [--stages 1,2,3] [--steps 5] [--warmup 2]\n"
                  "                  [--width 4096] [--io 1024] [--layers 7] [--batch 16]\n"
-                 "                  [--forward-prefetch] [--no-shm] [--smoke]\n"
+                 "                  [--forward-prefetch] [--defer] [--data-mib 0] [--no-shm]\n"
+                 "                  [--smoke]\n"
                  "ZeRO stages 1, 2 and 3 against plain DDP (Adam, an MLP of 92M parameters), "
                  "interleaved (stage 3 beside DDP and ZeRO-2). Stage 3 runs twice: the model "
                  "built whole and sharded by the optimizer (zero3), and built unit by unit with "
                  "fullyShard (zero3b); a table compares the two builds' peak memory per rank "
-                 "(CPU tensor storage counted, resident set) and steps. See "
+                 "(CPU tensor storage counted, resident set) and steps. --defer: stages 1 and "
+                 "2 also run ZeRO with deferAllgatherWait (zero1d, zero2d); --data-mib M: every "
+                 "step normalises M MiB of pixels after step(), as loading the next batch. See "
                  "benchmarks/README.md.\n",
                  stdout);
       std::exit(0);
@@ -74,6 +81,8 @@ Options parse(int argc, char** argv) {
     else if (a == "--no-shm") o.noShm = true;
     else if (a == "--forward-prefetch") o.job.forwardPrefetch = true;
     else if (a == "--build-sharded") o.job.buildSharded = true;  // worker: Units::ShardedAsBuilt
+    else if (a == "--defer") o.job.defer = true;
+    else if (a == "--data-mib") o.job.dataMib = std::stod(value());
     else if (a == "--worlds") o.worlds = ints(value());
     else if (a == "--stages") o.stages = ints(value());
     else if (a == "--stage") o.job.stage = std::stoi(value());
@@ -94,6 +103,8 @@ Options parse(int argc, char** argv) {
     o.job.layers = 3;
     o.job.warmup = 1;
     o.job.steps = 2;
+    o.job.defer = true;  // every job kind runs
+    if (o.job.dataMib == 0) o.job.dataMib = 1;
   }
   return o;
 }
@@ -102,6 +113,7 @@ Options parse(int argc, char** argv) {
 struct JobKind {
   int stage = 0;
   bool buildSharded = false;  // every layer sharded as it is built (fullyShard)
+  bool defer = false;         // ZeroOptions::deferAllgatherWait
 };
 
 std::vector<std::string> workerArgs(const Options& o, JobKind kind, const std::string& out,
@@ -114,6 +126,11 @@ std::vector<std::string> workerArgs(const Options& o, JobKind kind, const std::s
       "--turns",  turns};
   if (o.job.forwardPrefetch) args.push_back("--forward-prefetch");
   if (kind.buildSharded) args.push_back("--build-sharded");
+  if (kind.defer) args.push_back("--defer");
+  if (o.job.dataMib > 0) {
+    args.push_back("--data-mib");
+    args.push_back(fmt::format("{}", o.job.dataMib));
+  }
   return args;
 }
 
@@ -126,20 +143,23 @@ double loadAverage() {
 
 // The jobs that run together for `stage`: DDP, and at stage 3 ZeRO-2 (its aim is relative to
 // ZeRO-2's step) and ZeRO-3 twice, its model built whole and built unit by unit (what building
-// costs, Note [Build peak] in zero_bench_worker.cpp).
-std::vector<JobKind> jobsFor(int stage) {
+// costs, Note [Build peak] in zero_bench_worker.cpp); with --defer at stages 1 and 2, ZeRO with
+// its all-gathers waited for after the data phase, beside the one that waits in step().
+std::vector<JobKind> jobsFor(int stage, bool defer) {
   if (stage == 3) return {{0}, {2}, {3}, {3, true}};
+  if (defer) return {{0}, {stage}, {stage, false, true}};
   return {{0}, {stage}};
 }
 
-// "3", "3b" (built sharded): the job's files and the table's method column.
-std::string tag(int stage, bool buildSharded) {
-  return fmt::format("{}{}", stage, buildSharded ? "b" : "");
+// "3", "3b" (built sharded), "2d" (deferred): the job's files and the table's method column.
+std::string tag(int stage, bool buildSharded, bool defer = false) {
+  return fmt::format("{}{}{}", stage, buildSharded ? "b" : "", defer ? "d" : "");
 }
 
 std::string methodName(JobKind kind) {
   if (kind.stage == 0) return "DDP";
-  return fmt::format("ZeRO-{}{}", kind.stage, kind.buildSharded ? " built sharded" : "");
+  return fmt::format("ZeRO-{}{}{}", kind.stage, kind.buildSharded ? " built sharded" : "",
+                     kind.defer ? " deferred" : "");
 }
 
 // The jobs of `kinds` on `world` ranks, taking turns (the first to go rotates step by step).
@@ -152,7 +172,8 @@ std::vector<ZeroResult> runTogether(const Options& o, int world, const std::vect
   std::vector<std::string> outs;
   try {
     for (JobKind kind : kinds) {
-      const std::string base = fmt::format("{}_{}", run, tag(kind.stage, kind.buildSharded));
+      const std::string base =
+          fmt::format("{}_{}", run, tag(kind.stage, kind.buildSharded, kind.defer));
       outs.push_back(base + ".json");
       turns.push_back(std::make_unique<TurnGiver>(base));
       jobs.push_back(startWorkers(methodName(kind), world,
@@ -211,7 +232,8 @@ void printRow(const ZeroResult& r, const ZeroResult& ddp) {
   const bool isDdp = r.stage == 0;
   fmt::print("  {:>5} {:>6} {:>8.1f} {:>8.1f} {:>7.1f} {:>7.1f} {:>6.1f} {:>6} {:>6} {:>7.1f} "
              "{:>6.0f}% {:>8.1f} {:>8.1f} {:>6.3f} {:>7.0f} {:>7.2f}\n",
-             r.world, isDdp ? "ddp" : "zero" + tag(r.stage, r.buildSharded), median(r.stepMs),
+             r.world, isDdp ? "ddp" : "zero" + tag(r.stage, r.buildSharded, r.defer),
+             median(r.stepMs),
              median(r.computeMs), median(r.commMs), median(r.optimizerMs), median(r.otherMs),
              isDdp ? "-" : fmt::format("{:.3f}", paired(r.stepMs, ddp.stepMs)),
              isDdp ? "-" : fmt::format("{:.2f}", paired(r.commMs, ddp.commMs)),
@@ -221,12 +243,27 @@ void printRow(const ZeroResult& r, const ZeroResult& ddp) {
 
 // Where stages 1 and 2 wait (the `comm` column split): DDP waits at the end of backward only,
 // ZeRO there and in step(), for the all-gathers still running after its last unit's step.
+// With --defer the deferred job's all-gathers are waited for after the data phase. `+ end`:
+// comm plus the wait for the other ranks after the step (Note [Waiting for the others] in
+// zero_bench_worker.cpp), per step.
+std::vector<double> withEndWait(const ZeroResult& r) {
+  std::vector<double> out;
+  for (size_t i = 0; i < r.commMs.size() && i < r.endWaitMs.size(); ++i) {
+    out.push_back(r.commMs[i] + r.endWaitMs[i]);
+  }
+  return out;
+}
+
 void printWaits(const ZeroResult& ddp, const ZeroResult& zero) {
-  fmt::print("  {:>5} comm waited, ms (medians): end of backward DDP {:.1f}, ZeRO-{} {:.1f} (per-step "
-             "ratio {:.2f}); step()'s all-gathers {:.1f}; comm DDP {:.1f}, ZeRO {:.1f}\n",
-             "", median(ddp.backwardWaitMs), zero.stage, median(zero.backwardWaitMs),
-             paired(zero.backwardWaitMs, ddp.backwardWaitMs), median(zero.stepWaitMs),
-             median(ddp.commMs), median(zero.commMs));
+  fmt::print("  {:>5} zero{} waits, ms (medians): end of backward DDP {:.1f}, ZeRO {:.1f}; "
+             "all-gathers after the last unit's step {:.1f}{}; after the step, for the other "
+             "ranks: DDP {:.1f}, ZeRO {:.1f}; comm + end: DDP {:.1f}, ZeRO {:.1f}, per-step "
+             "ratio {:.2f}; data phase {:.1f}\n",
+             "", tag(zero.stage, false, zero.defer), median(ddp.backwardWaitMs),
+             median(zero.backwardWaitMs), median(zero.stepWaitMs),
+             zero.defer ? " (after the data phase)" : " (in step())", median(ddp.endWaitMs),
+             median(zero.endWaitMs), median(withEndWait(ddp)), median(withEndWait(zero)),
+             paired(withEndWait(zero), withEndWait(ddp)), median(zero.dataMs));
 }
 
 // Parameter elements of each layer of the MLP (weight and bias).
@@ -319,10 +356,11 @@ int runDriver(const Options& o) {
   for (int world : o.worlds) {
     for (int stage : o.stages) {
       const double loadBefore = loadAverage();
-      const std::vector<ZeroResult> results = runTogether(o, world, jobsFor(stage), dir);
+      const std::vector<ZeroResult> results =
+          runTogether(o, world, jobsFor(stage, o.job.defer), dir);
       const double loadAfter = loadAverage();
       const ZeroResult& ddp = results.front();
-      const ZeroResult& zero = stage == 3 ? results[2] : results.back();
+      const ZeroResult& zero = stage == 3 ? results[2] : results[1];
       for (const auto& r : results) printRow(r, ddp);
       fmt::print("  {:>5} backend {}, {:.2f}M parameters, load {:.1f} -> {:.1f}; gradients held "
                  "after a noSync() micro-batch: DDP {:.0f} MiB, ZeRO-{} {:.0f} MiB; ZeRO-{} "
@@ -330,7 +368,9 @@ int runDriver(const Options& o) {
                  "", zero.backend, zero.parameters / 1e6, loadBefore, loadAfter,
                  ddp.noSyncGradientBytes / (1 << 20), stage, zero.noSyncGradientBytes / (1 << 20),
                  stage, zero.bucketBytes / (1 << 20));
-      if (stage != 3) printWaits(ddp, zero);
+      if (stage != 3) {
+        for (size_t j = 1; j < results.size(); ++j) printWaits(ddp, results[j]);
+      }
       if (stage == 3) {
         printStage3(o, zero, results[1]);
         printBuild(o, {&zero, &results[3]});

@@ -22,6 +22,12 @@ struct ZeroConfig {
   // stage 3: every layer sharded the moment it is built (fullyShard), rather than built whole and
   // sharded by the optimizer (ShardedUnit)
   bool buildSharded = false;
+  // stages 1 and 2: ZeroOptions::deferAllgatherWait (the job waits for the all-gathers after its
+  // data phase, where the next forward would)
+  bool defer = false;
+  // MiB of 8-bit pixels each step normalises after step(), a stand-in for loading the next batch
+  // (Note [Data phase] in zero_bench_worker.cpp); 0: none
+  double dataMib = 0;
   int warmup = 2;
   int steps = 5;
   std::string out;       // rank 0 writes its result here (JSON)
@@ -37,6 +43,7 @@ struct ZeroConfig {
 struct ZeroResult {
   int stage = 0;
   bool buildSharded = false;
+  bool defer = false;
   int world = 0;
   int64_t parameters = 0;
   std::string backend;
@@ -45,6 +52,10 @@ struct ZeroResult {
   // Of commMs: the end of backward's wait (DDP's allreduces, ZeRO's reduce-scatters) and
   // step()'s wait for the all-gathers after its last unit's step (ZeroStats::allgatherWait).
   std::vector<double> backwardWaitMs, stepWaitMs;
+  std::vector<double> dataMs;        // the data phase (Note [Data phase]), in otherMs
+  // After the step, outside it: rank 0's wait for the other ranks to end theirs (Note [Waiting
+  // for the others]).
+  std::vector<double> endWaitMs;
   std::vector<double> probedGatherMs;  // the same waits from the layers' probes
   std::vector<double> aloneMs;       // the step's collectives by themselves
   std::vector<double> payloadBytes;  // rank 0's communicator, per step

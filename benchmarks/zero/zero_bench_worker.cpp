@@ -116,6 +116,7 @@ std::unique_ptr<torch::optim::Optimizer> makeOptimizer(DistributedDataParallel<D
   ZeroOptions zo;
   zo.stage = stage;
   zo.forwardPrefetch = config.forwardPrefetch;
+  zo.deferAllgatherWait = config.defer;
   return std::make_unique<ShardedOptimizer>(
       ddp, optimizerFactory<torch::optim::Adam>(adamOptions), zo);
 }
@@ -191,6 +192,42 @@ Clock::duration forwardBackward(const Training& t) {
   return forward;
 }
 
+// Note [Data phase]
+// A training loop loads its next batch between step() and the next forward. --data-mib M stands
+// in for it: every job, after step(), normalises M MiB of 8-bit pixels into float32 (an image
+// pipeline's last stage: a conversion and two passes, in buffers made once, so no page is touched
+// for the first time). Plain DDP and a ZeRO job that waits in step() have nothing to run beside
+// it; a job with deferAllgatherWait has its last all-gathers, waited for after it
+// (waitForParameters(), where the next forward would wait, before the turn ends).
+class DataPhase {
+ public:
+  explicit DataPhase(double mib) {
+    const auto n = static_cast<int64_t>(mib * (1 << 20));
+    if (n <= 0) return;
+    pixels_ = torch::randint(0, 256, {n}, torch::kUInt8);
+    out_ = torch::empty({n}, torch::kFloat);
+    run();  // touches the output's pages once, before the timed steps
+  }
+  void run() {
+    if (!pixels_.defined()) return;
+    out_.copy_(pixels_);
+    out_.sub_(127.5).mul_(1.0 / 64);
+  }
+
+ private:
+  torch::Tensor pixels_, out_;
+};
+
+// Note [Waiting for the others]
+// A rank's step ends when its own work does, but the job's step ends when every rank's has: the
+// next collective waits for the slowest. Each turn begins with a barrier (the ranks start
+// together) and ends with one, so a rank that finished early waits there -- uncounted by the
+// step's columns. That hides different things by method: DDP's ranks part after their last
+// allreduce and each runs Adam over all Ψ alone, so its optimizer's skew between ranks lands in
+// the barrier; ZeRO's ranks meet again at the all-gather after their steps, so theirs lands in
+// `comm` (in step(), or deferred after the data phase). The turn's closing barrier is timed on
+// rank 0 (endWaitMs), and comm + that wait is what each method waited for the others in a step,
+// wherever the wait fell.
 // The warm-up and timed steps, each in this job's turn; records the timed ones' breakdown.
 void timeSteps(const ZeroConfig& config, const Training& t, ZeroResult& r) {
   comm::Communicator& comm = t.group.communicator();
@@ -201,6 +238,7 @@ void timeSteps(const ZeroConfig& config, const Training& t, ZeroResult& r) {
     layerNumels.push_back(numel);
   }
   CollectivesAlone alone(comm, config.stage, layerNumels);
+  DataPhase data(config.dataMib);
   TurnTaker turns(config.turns, t.group.rank() == 0);
   for (int i = 0; i < config.warmup + config.steps; ++i) {
     turns.begin();
@@ -218,8 +256,13 @@ void timeSteps(const ZeroConfig& config, const Training& t, ZeroResult& r) {
     const auto t2 = Clock::now();
     t.optimizer.step();
     const auto t3 = Clock::now();
+    data.run();
+    const auto t4 = Clock::now();
+    if (t.sharded) t.sharded->waitForParameters();  // deferred: where the next forward waits
+    const auto t5 = Clock::now();
     const uint64_t payload = comm.payloadBytes() - payload0;
-    t.group.barrier();
+    t.group.barrier();  // Note [Waiting for the others]
+    const auto t6 = Clock::now();
     const double aloneMs = alone.run();
     turns.end();
     if (i < config.warmup) continue;
@@ -236,7 +279,9 @@ void timeSteps(const ZeroConfig& config, const Training& t, ZeroResult& r) {
     // gathers]).
     const GatherSplit probed = splitGathers(t.probes, forward, t.layers);
     r.probedGatherMs.push_back(probed.forwardMs + probed.backwardMs);
-    r.stepMs.push_back(msOf(t3 - t0));
+    r.stepMs.push_back(msOf(t5 - t0));
+    r.dataMs.push_back(msOf(t4 - t3));
+    r.endWaitMs.push_back(msOf(t6 - t5));
     r.computeMs.push_back(msOf(t2 - t1) - backwardWait - gatherMs);
     r.commMs.push_back(backwardWait + stepWait + gatherMs);
     r.gatherMs.push_back(gatherMs);
@@ -386,6 +431,7 @@ int runZeroWorker(const ZeroConfig& config) {
   ZeroResult r;
   r.stage = config.stage;
   r.buildSharded = config.buildSharded;
+  r.defer = config.defer;
   r.world = group->size();
   r.backend = group->backend();
   for (const auto& p : ddp.parameters()) {
@@ -410,6 +456,8 @@ int runZeroWorker(const ZeroConfig& config) {
 
 std::string toJson(const ZeroResult& r) {
   nlohmann::json j = {{"stage", r.stage},         {"build_sharded", r.buildSharded},
+                      {"defer", r.defer},          {"data_ms", r.dataMs},
+                      {"end_wait_ms", r.endWaitMs},
                       {"world", r.world},
                       {"parameters", r.parameters}, {"backend", r.backend},
                       {"step_ms", r.stepMs},       {"compute_ms", r.computeMs},
@@ -437,6 +485,9 @@ ZeroResult zeroResultFromJson(const std::string& text) {
   ZeroResult r;
   r.stage = j.at("stage").get<int>();
   r.buildSharded = j.at("build_sharded").get<bool>();
+  r.defer = j.at("defer").get<bool>();
+  r.dataMs = j.at("data_ms").get<std::vector<double>>();
+  r.endWaitMs = j.at("end_wait_ms").get<std::vector<double>>();
   r.world = j.at("world").get<int>();
   r.parameters = j.at("parameters").get<int64_t>();
   r.backend = j.at("backend").get<std::string>();
