@@ -50,6 +50,30 @@ class RecordingSgd : public torch::optim::SGD {
   StepLog* log_;
 };
 
+// Rank `rank`'s Mlp(7, 13, 5) under DDP (no buffer broadcast), over a communicator that records
+// its waits into `log`; zeroOptions(): units small enough that there are at least three.
+struct RankModel {
+  Mlp net = buildSeeded(4, [] { return Mlp(7, 13, 5); });
+  std::unique_ptr<DistributedDataParallel<Mlp>> ddp;
+
+  RankModel(StepLog& log, const std::shared_ptr<ThreadWorld>& world, int rank) {
+    log.world = world;
+    log.rank = rank;
+    log.recorder = std::make_shared<WaitRecordingCommunicator>(world->communicator(rank));
+    auto group = std::make_shared<ProcessGroup>(log.recorder, rank, c10::Device(c10::kCPU));
+    DdpOptions ddpOptions;
+    ddpOptions.broadcastBuffers = false;
+    ddp = std::make_unique<DistributedDataParallel<Mlp>>(net, group, ddpOptions);
+  }
+  static ZeroOptions zeroOptions(int stage) {
+    ZeroOptions zo;
+    zo.stage = stage;
+    zo.firstUnitBytes = 128;
+    zo.unitBytes = 256;
+    return zo;
+  }
+};
+
 // One synchronising step of Mlp(7, 13, 5) in small units on 2 ranks; returns rank 0's log and
 // the collectives rank 0 had issued since the forward when fc1.weight's gradient (the last one
 // backward computes) was about to be accumulated.
@@ -59,24 +83,16 @@ std::pair<StepLog, int64_t> oneStep(int stage, bool overlapAllgather) {
   std::vector<int64_t> issuedBeforeLastGradient(2, -1);
   world->run([&](int rank) {
     StepLog& log = logs[static_cast<size_t>(rank)];
-    log.world = world;
-    log.rank = rank;
-    log.recorder = std::make_shared<WaitRecordingCommunicator>(world->communicator(rank));
-    auto group = std::make_shared<ProcessGroup>(log.recorder, rank, c10::Device(c10::kCPU));
-    Mlp net = buildSeeded(4, [] { return Mlp(7, 13, 5); });
-    DdpOptions ddpOptions;
-    ddpOptions.broadcastBuffers = false;
-    DistributedDataParallel<Mlp> ddp(net, group, ddpOptions);
+    RankModel model(log, world, rank);
+    Mlp& net = model.net;
+    DistributedDataParallel<Mlp>& ddp = *model.ddp;
     const torch::optim::SGDOptions sgd(0.1);
     OptimizerFactory factory;
     factory.defaults = std::make_shared<torch::optim::SGDOptions>(sgd);
     factory.make = [sgd, &log](std::vector<torch::optim::OptimizerParamGroup> groups) {
       return std::make_unique<RecordingSgd>(std::move(groups), sgd, &log);
     };
-    ZeroOptions zo;
-    zo.stage = stage;
-    zo.firstUnitBytes = 128;
-    zo.unitBytes = 256;
+    ZeroOptions zo = RankModel::zeroOptions(stage);
     zo.overlapAllgather = overlapAllgather;
     ShardedOptimizer optimizer(ddp, {}, factory, zo);
     ASSERT_GE(optimizer.stats().units, 3u);
@@ -139,18 +155,10 @@ TEST(ZeroOverlap, DeferredAllgathersAreWaitedForByTheNextForward) {
     auto world = ThreadWorld::create(2);
     world->run([&](int rank) {
       StepLog log;
-      log.world = world;
-      log.rank = rank;
-      log.recorder = std::make_shared<WaitRecordingCommunicator>(world->communicator(rank));
-      auto group = std::make_shared<ProcessGroup>(log.recorder, rank, c10::Device(c10::kCPU));
-      Mlp net = buildSeeded(4, [] { return Mlp(7, 13, 5); });
-      DdpOptions ddpOptions;
-      ddpOptions.broadcastBuffers = false;
-      DistributedDataParallel<Mlp> ddp(net, group, ddpOptions);
-      ZeroOptions zo;
-      zo.stage = stage;
-      zo.firstUnitBytes = 128;
-      zo.unitBytes = 256;
+      RankModel model(log, world, rank);
+      Mlp& net = model.net;
+      DistributedDataParallel<Mlp>& ddp = *model.ddp;
+      ZeroOptions zo = RankModel::zeroOptions(stage);
       zo.deferAllgatherWait = true;
       ShardedOptimizer optimizer(
           ddp, {}, optimizerFactory<torch::optim::SGD>(torch::optim::SGDOptions(0.1)), zo);
