@@ -228,6 +228,7 @@ class DataPhase {
 // `comm` (in step(), or deferred after the data phase). The turn's closing barrier is timed on
 // rank 0 (endWaitMs), and comm + that wait is what each method waited for the others in a step,
 // wherever the wait fell.
+
 // The warm-up and timed steps, each in this job's turn; records the timed ones' breakdown.
 void timeSteps(const ZeroConfig& config, const Training& t, ZeroResult& r) {
   comm::Communicator& comm = t.group.communicator();

@@ -71,10 +71,10 @@ struct Checkpointer::Impl {
 
   // --- saves ---
   void save(int64_t step, int64_t epoch, bool async);
-  void waitPending();
+  void waitPending();  // collective
   // Waits for the all-gathers the sharded optimizers' last step left running (Note [Deferred
   // all-gathers]): the parameters are then the last step's on every rank.
-  void settleShardedParameters();  // collective
+  void settleShardedParameters();
   // Local only: waits for the save thread and returns its error ("" when none).
   std::string collectLocal();
   // Local only: waits (bounded) for what the save thread does after a commit (pruning), so that

@@ -85,6 +85,7 @@ namespace dtrain::zero {
 // ::check): every rank fails at once, naming both sides' unit and call. The cost is the check's:
 // nothing more on shared memory (its descriptors are compared anyway), one fingerprint exchange
 // per gather on Gloo, a store round trip on NCCL.
+//
 // Note [Deferred all-gathers]
 // step() steps the units last first and issues each unit's all-gather as soon as its step ends,
 // so that it runs while the next units step; the first unit's, stepped last, has nothing left to

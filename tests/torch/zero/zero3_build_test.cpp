@@ -85,6 +85,14 @@ struct BuiltRun {
   std::vector<uint64_t> seeds;  // per rank; empty: kSeed everywhere
 };
 
+BuiltRun builtRun(int world, Build how, at::ScalarType dtype = at::kFloat) {
+  BuiltRun run;
+  run.world = world;
+  run.how = how;
+  run.dtype = dtype;
+  return run;
+}
+
 struct BuiltResult {
   std::vector<std::map<std::string, torch::Tensor>> initial;  // gathered before any step, by rank
   std::vector<std::map<std::string, torch::Tensor>> trained;  // after the steps, by rank
@@ -160,8 +168,8 @@ TEST_P(ZeroBuiltUnitsRanks, EqualTheOneProcessModelAndTrainAsTheModelBuiltWhole)
   const int world = GetParam();
   BuiltNet plain = buildSeeded(kSeed, [] { return BuiltNet(Build::Plain, std::nullopt, at::kFloat); });
   const auto reference = onePass(plain);
-  const BuiltResult sharded = trainBuilt({world, Build::Sharded});
-  const BuiltResult whole = trainBuilt({world, Build::Marked});
+  const BuiltResult sharded = trainBuilt(builtRun(world, Build::Sharded));
+  const BuiltResult whole = trainBuilt(builtRun(world, Build::Marked));
   for (int r = 0; r < world; ++r) {
     const std::string rank = "rank " + std::to_string(r);
     EXPECT_EQ(sharded.bodyBytesBuilt[r], 0u) << rank << ": the body holds no memory once built";
@@ -180,8 +188,8 @@ TEST(ZeroBuiltUnits, Bfloat16LayersEqualTheOneProcessModelAndTrainAsBuiltWhole) 
   BuiltNet plain =
       buildSeeded(kSeed, [] { return BuiltNet(Build::Plain, std::nullopt, at::kBFloat16); });
   const auto reference = onePass(plain);
-  const BuiltResult sharded = trainBuilt({3, Build::Sharded, at::kBFloat16});
-  const BuiltResult whole = trainBuilt({3, Build::Marked, at::kBFloat16});
+  const BuiltResult sharded = trainBuilt(builtRun(3, Build::Sharded, at::kBFloat16));
+  const BuiltResult whole = trainBuilt(builtRun(3, Build::Marked, at::kBFloat16));
   for (int r = 0; r < 3; ++r) {
     expectBitwise(sharded.initial[r], reference, "as built");
     expectBitwise(sharded.trained[r], whole.trained[r], "trained");
@@ -191,7 +199,7 @@ TEST(ZeroBuiltUnits, Bfloat16LayersEqualTheOneProcessModelAndTrainAsBuiltWhole) 
 // Optimizer groups that split every unit (weights and biases apart) lay the units out otherwise
 // than fullyShard did: each part is gathered once and handed over, and training is the same.
 TEST(ZeroBuiltUnits, OptimizerGroupsThatSplitTheUnitsTrainAsBuiltWhole) {
-  BuiltRun how{3, Build::Sharded};
+  BuiltRun how = builtRun(3, Build::Sharded);
   how.groups = true;
   const BuiltResult sharded = trainBuilt(how);
   how.how = Build::Marked;

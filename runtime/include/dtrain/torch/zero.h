@@ -104,7 +104,7 @@ struct ZeroOptions {
   // running; the DDP wrapper's next forward waits for them before the module runs, so they run
   // while the program prepares its next batch (Note [Deferred all-gathers] in the library). So
   // does everything of dtrain that reads the parameters: the next step(), shardRecords(),
-  // loadShardState(), a Checkpointer's save, restore and export. Code that reads the module's
+  // loadShardState(), a Checkpointer's save and restore. Code that reads the module's
   // parameters itself between step() and that forward -- an EMA copy, an evaluation through the
   // module rather than the wrapper, logging weight norms -- calls waitForParameters() first:
   // until then they are partly the last step's, partly this one's. Off by default.
