@@ -241,11 +241,8 @@ void printRow(const ZeroResult& r, const ZeroResult& ddp) {
              r.stateBytes / formula, pss / MiB, median(r.payloadBytes) / psi);
 }
 
-// Where stages 1 and 2 wait (the `comm` column split): DDP waits at the end of backward only,
-// ZeRO there and in step(), for the all-gathers still running after its last unit's step.
-// With --defer the deferred job's all-gathers are waited for after the data phase. `+ end`:
-// comm plus the wait for the other ranks after the step (Note [Waiting for the others] in
-// zero_bench_worker.cpp), per step.
+// Per step: comm plus the wait for the other ranks after the step (Note [Waiting for the others]
+// in zero_bench_worker.cpp).
 std::vector<double> withEndWait(const ZeroResult& r) {
   std::vector<double> out;
   for (size_t i = 0; i < r.commMs.size() && i < r.endWaitMs.size(); ++i) {
@@ -254,6 +251,10 @@ std::vector<double> withEndWait(const ZeroResult& r) {
   return out;
 }
 
+// Where stages 1 and 2 wait (the `comm` column split): DDP at the end of backward only, ZeRO
+// there and for the all-gathers still running after its last unit's step (in step(), or with
+// --defer after the data phase); then both methods' wait for the other ranks after the step, and
+// "comm + end" (withEndWait) with its per-step ratio to DDP's.
 void printWaits(const ZeroResult& ddp, const ZeroResult& zero) {
   fmt::print("  {:>5} zero{} waits, ms (medians): end of backward DDP {:.1f}, ZeRO {:.1f}; "
              "all-gathers after the last unit's step {:.1f}{}; after the step, for the other "
