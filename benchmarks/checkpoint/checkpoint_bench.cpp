@@ -369,7 +369,16 @@ TrainTimes runVariants(TrainJob& job, int steps, int every, int rounds) {
 // measured step by step: the plain step P is the median of every step that neither holds a save
 // nor follows one within kWindow steps (the background write of an async save overlaps those); a
 // save costs the sum of (step - P) over its window.
+// The level of a whole round can still move by more than 10 ms a step against P (the variants'
+// rounds take turns, and the load, the page cache and the memory a round's allocations land on
+// differ between them), and five such steps are as much as an asynchronous save's whole cost.
+// So each save is also measured against its own round: its local level L is the median of the
+// kLocal steps just before it (the previous save lies 40 steps or more before those), and
+// `local` columns sum (step - L) over the window. The `none` variant, which never saves, is
+// measured the same way at the asynchronous saves' positions: a control, which shows how far
+// the estimate strays when there is no save at all.
 constexpr size_t kWindow = 5;
+constexpr size_t kLocal = 10;
 
 double plainStep(TrainTimes& times) {
   std::vector<double> plain;
@@ -387,25 +396,53 @@ double plainStep(TrainTimes& times) {
 }
 
 void printTrain(TrainTimes& times, double P, int every) {
-  std::printf("%-6s %10s %14s %14s %12s %12s %12s\n", "saves", "round_s", "save_call_ms",
-              "save_step_ms", "loss_step_%", "window_ms", "loss_win_%");
+  std::printf("%-6s %10s %14s %14s %12s %12s %12s %12s %12s\n", "saves", "round_s",
+              "save_call_ms", "save_step_ms", "loss_step_%", "window_ms", "loss_win_%",
+              "local_ms", "loss_local_%");
   for (const char* variant : kVariants) {
     std::string v = variant;
     const auto& durations = times.durations[v];
-    std::vector<double> costs, saveSteps;
-    for (size_t at : times.saveAt[v]) {
+    std::vector<double> costs, locals, saveSteps;
+    // `none` saves nothing: its windows at the asynchronous saves' places are the control.
+    for (size_t at : times.saveAt[v == "none" ? std::string("async") : v]) {
+      const size_t end = std::min(at + kWindow, durations.size());
       double c = 0;
-      for (size_t i = at; i < std::min(at + kWindow, durations.size()); ++i) c += durations[i] - P;
+      for (size_t i = at; i < end; ++i) c += durations[i] - P;
       costs.push_back(c);
-      saveSteps.push_back(durations[at]);
+      if (v != "none") saveSteps.push_back(durations[at]);
+      if (at < kLocal) continue;  // no round of its own before it (--smoke)
+      const double level = median(std::vector<double>(
+          durations.begin() + static_cast<long>(at - kLocal), durations.begin() + static_cast<long>(at)));
+      double l = 0;
+      for (size_t i = at; i < end; ++i) l += durations[i] - level;
+      locals.push_back(l);
     }
-    const double cost = median(costs);
+    const double cost = v == "none" ? 0.0 : median(costs);
+    const double local = median(locals);
     // loss_step_%: the save's own step over a plain one; loss_win_%: the whole window's excess
-    // (for async, the background write's competition too), both per `every` steps.
+    // (for async, the background write's competition too); loss_local_%: the window against the
+    // round's own level (Note [Paired costs]); each per `every` steps.
     double stepExcess = saveSteps.empty() ? 0 : median(saveSteps) - P;
-    std::printf("%-6s %10.2f %14.1f %14.1f %12.2f %12.1f %12.2f\n", variant, median(times.total[v]),
-                median(times.saveCalls[v]) * 1e3, median(saveSteps) * 1e3,
-                stepExcess / (every * P) * 100, cost * 1e3, cost / (every * P) * 100);
+    std::printf("%-6s %10.2f %14.1f %14.1f %12.2f %12.1f %12.2f %12.1f %12.2f\n", variant,
+                median(times.total[v]), median(times.saveCalls[v]) * 1e3,
+                saveSteps.empty() ? 0.0 : median(saveSteps) * 1e3,
+                stepExcess / (every * P) * 100, cost * 1e3, cost / (every * P) * 100,
+                local * 1e3, local / (every * P) * 100);
+  }
+  // Where a save's cost falls: each step after it, over P, the median over the saves; the steps
+  // past the window show what the window leaves out.
+  for (const char* variant : {"sync", "async"}) {
+    const auto& durations = times.durations[variant];
+    std::printf("# %s: steps s+0 .. s+%zu over P, ms (median over its saves; window | after):",
+                variant, 2 * kWindow - 1);
+    for (size_t offset = 0; offset < 2 * kWindow; ++offset) {
+      std::vector<double> excess;
+      for (size_t at : times.saveAt[variant]) {
+        if (at + offset < durations.size()) excess.push_back(durations[at + offset] - P);
+      }
+      std::printf("%s %.1f", offset == kWindow ? " |" : "", excess.empty() ? 0.0 : median(excess) * 1e3);
+    }
+    std::printf("\n");
   }
   std::vector<double> asyncSteps;
   for (size_t at : times.saveAt["async"]) asyncSteps.push_back(times.durations["async"][at]);
