@@ -54,6 +54,9 @@ std::vector<RankReport> exchangeReports(store::Store& store, const std::string& 
   reports[mine.rank] = mine;
   reports[mine.rank].reported = true;
   auto key = [&](int r) { return fmt::format("{}/{}", prefix, r); };
+  // The store's host may be gone as well (a rank that hosted it, a lost node): no call may
+  // outlast the grace by more than a second (Note [Store calls with a deadline]).
+  store::ScopedStoreDeadline bounded(std::chrono::steady_clock::now() + grace + Millis(1000));
   try {
     store.setString(key(mine.rank), encode(mine));
     // The others poll with check(), which does not wait for a key, and this process may end

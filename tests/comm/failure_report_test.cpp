@@ -4,6 +4,7 @@
 #include <thread>
 
 #include "comm_test_support.h"
+#include "dtrain/base/tcp_store.h"
 #include "failure_report.h"
 
 namespace dtrain::comm {
@@ -78,6 +79,31 @@ TEST(FailureReport, ExchangeCollectsWhatArrivesWithinTheGrace) {
   EXPECT_FALSE(seen[2].reported);
   EXPECT_GE(ms, 390) << "waited the whole grace for rank 2";
   EXPECT_LT(ms, 2000);
+}
+
+// Note [Store calls with a deadline]: the rank that hosted the store has gone too (the server
+// stopped after this rank's report was stored). Polling for the others reconnects, which alone
+// may take the client's connectTimeout (60 s); the exchange ends within its grace plus a second
+// instead, with what it knows, and the deadline ends with it.
+TEST(FailureReport, ExchangeEndsWithinTheGraceWhenTheStoreIsGone) {
+  auto server = store::TcpStoreServer::start({});
+  store::TcpStoreOptions options;
+  options.port = server->port();
+  store::TcpStore store(options);
+  std::thread stopper([&] {
+    std::this_thread::sleep_for(Millis(100));
+    server->stop();
+  });
+  auto start = std::chrono::steady_clock::now();
+  auto seen = exchangeReports(store, "f", 3, report(0, 9, "barrier()"), Millis(400));
+  const double ms = testing::elapsedMs(start);
+  stopper.join();
+  ASSERT_EQ(seen.size(), 3u);
+  EXPECT_TRUE(seen[0].reported);
+  EXPECT_FALSE(seen[1].reported);
+  EXPECT_FALSE(seen[2].reported);
+  EXPECT_LT(ms, 5000) << "the reconnect to the stopped store was not bounded by the grace";
+  EXPECT_FALSE(store::ScopedStoreDeadline::current().has_value());
 }
 
 TEST(FailureReport, GraceKeepsFailuresWithinTimeoutPlusTwoSeconds) {

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cstdlib>
+#include <optional>
 
 #include <fmt/format.h>
 
@@ -59,9 +60,27 @@ TcpStore::Impl::Impl(const TcpStoreOptions& options, Store* self) : options_(opt
                    "use the port the server reports", where_);
 }
 
-// Before the client is shared, or with mutex_ held (and nothing unacknowledged).
+namespace {
+thread_local std::optional<Clock::time_point> tDeadline;
+}  // namespace
+
+ScopedStoreDeadline::ScopedStoreDeadline(Clock::time_point deadline) : previous_(tDeadline) {
+  tDeadline = previous_ ? std::min(*previous_, deadline) : deadline;
+}
+
+ScopedStoreDeadline::~ScopedStoreDeadline() { tDeadline = previous_; }
+
+std::optional<Clock::time_point> ScopedStoreDeadline::current() { return tDeadline; }
+
+// Before the client is shared, or with mutex_ held (and nothing unacknowledged). Within a
+// ScopedStoreDeadline, connecting gives up at its deadline (Note [Store calls with a deadline]).
 void TcpStore::Impl::connect() {
-  socket_ = connectToStore(options_, token_, where_);
+  TcpStoreOptions options = options_;
+  if (tDeadline) {
+    const auto left = std::chrono::duration_cast<Millis>(*tDeadline - Clock::now());
+    options.connectTimeout = std::clamp(left, Millis(1), options_.connectTimeout);
+  }
+  socket_ = connectToStore(options, token_, where_);
   rbegin_ = rend_ = 0;
 }
 
@@ -104,6 +123,7 @@ std::pair<Status, Bytes> TcpStore::Impl::exchange(const wire::Request& request, 
   lastUse_ = start;
   // A parked Get/Wait is answered by the server at waitMs; anything else promptly.
   auto deadline = start + (waitMs.count() > 0 ? waitMs + kServerGrace : timeout());
+  if (tDeadline) deadline = std::min(deadline, *tDeadline);  // Note [Store calls with a deadline]
   net::IoResult w = net::sendAll(socket_.fd(), frame.data(), frame.size(), deadline);
   if (w.status != IoStatus::Ok) fail(request, w, start, "sending");
 

@@ -31,6 +31,27 @@ constexpr Millis kDefaultStoreTimeout{300000};
 Bytes toBytes(const std::string& s);
 std::string toString(const Bytes& b);
 
+// Note [Store calls with a deadline]
+// A TcpStore call waits as long as the store's timeouts allow: a lost connection is opened again
+// for up to connectTimeout (60 s by default), an answer awaited for up to the request timeout
+// (5 min). A caller on a failure path that must end within a grace of its own -- the ranks
+// comparing notes after a collective failed, when the rank that hosted the store may be gone
+// too -- bounds every TcpStore call its thread makes while a ScopedStoreDeadline lives: a
+// reconnect gives up and a request fails at `deadline` (TimeoutError or NetworkError, as they
+// would at their own limits). Other threads and other stores are not affected.
+class ScopedStoreDeadline {
+ public:
+  explicit ScopedStoreDeadline(std::chrono::steady_clock::time_point deadline);
+  ~ScopedStoreDeadline();
+  ScopedStoreDeadline(const ScopedStoreDeadline&) = delete;
+  ScopedStoreDeadline& operator=(const ScopedStoreDeadline&) = delete;
+  // The innermost deadline of this thread, if any.
+  static std::optional<std::chrono::steady_clock::time_point> current();
+
+ private:
+  std::optional<std::chrono::steady_clock::time_point> previous_;
+};
+
 class Store {
  public:
   virtual ~Store() = default;
