@@ -425,7 +425,7 @@ void printTrain(TrainTimes& times, double P, int every) {
     double stepExcess = saveSteps.empty() ? 0 : median(saveSteps) - P;
     std::printf("%-6s %10.2f %14.1f %14.1f %12.2f %12.1f %12.2f %12.1f %12.2f\n", variant,
                 median(times.total[v]), median(times.saveCalls[v]) * 1e3,
-                saveSteps.empty() ? 0.0 : median(saveSteps) * 1e3,
+                median(saveSteps) * 1e3,
                 stepExcess / (every * P) * 100, cost * 1e3, cost / (every * P) * 100,
                 local * 1e3, local / (every * P) * 100);
   }

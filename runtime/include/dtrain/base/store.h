@@ -36,9 +36,11 @@ std::string toString(const Bytes& b);
 // for up to connectTimeout (60 s by default), an answer awaited for up to the request timeout
 // (5 min). A caller on a failure path that must end within a grace of its own -- the ranks
 // comparing notes after a collective failed, when the rank that hosted the store may be gone
-// too -- bounds every TcpStore call its thread makes while a ScopedStoreDeadline lives: a
-// reconnect gives up and a request fails at `deadline` (TimeoutError or NetworkError, as they
-// would at their own limits). Other threads and other stores are not affected.
+// too -- bounds the TcpStore round trips its thread makes while a ScopedStoreDeadline lives: a
+// reconnect gives up and a request's answer is awaited no later than `deadline` (TimeoutError or
+// NetworkError, as at their own limits). Not bounded: waiting for the acknowledgements of
+// pipelined sets (flush()), which keeps the request timeout; a store whose host has gone closes
+// the connection, so that fails at once. Other threads and other stores are not affected.
 class ScopedStoreDeadline {
  public:
   explicit ScopedStoreDeadline(std::chrono::steady_clock::time_point deadline);
