@@ -17,6 +17,7 @@
 #include "dtrain/base/error.h"
 #include "env_contract.h"
 #include "metrics/record_json.h"
+#include "net/socket.h"
 #include "parse_int.h"
 
 namespace dtrain::metrics {
@@ -40,12 +41,6 @@ void checkFields(const std::vector<Field>& fields) {
     DTRAIN_CHECK_ARG(seen.insert(name).second, "metrics field '{}' given twice in one record",
                      name);
   }
-}
-
-std::string hostName() {
-  char name[256] = {};
-  if (::gethostname(name, sizeof name - 1) != 0 || name[0] == '\0') return "localhost";
-  return name;
 }
 
 }  // namespace
@@ -190,7 +185,7 @@ Metrics::Metrics(MetricsOptions options)
     const char* id = std::getenv(env::kRunId);
     runId_ = id && *id ? id : "local";
   }
-  if (node_.empty()) node_ = hostName();
+  if (node_.empty()) node_ = net::hostName();
   if (options.rank >= 0) {
     rank_ = options.rank;
   } else if (const char* rank = std::getenv(env::kRank); rank && *rank) {

@@ -19,15 +19,10 @@
 #include "dtrain/base/error.h"
 #include "dtrain/base/logging.h"
 #include "metrics/event_file.h"
+#include "net/socket.h"
 
 namespace dtrain::metrics {
 namespace {
-
-std::string hostName() {
-  char name[256] = {};
-  if (::gethostname(name, sizeof name - 1) != 0 || name[0] == '\0') return "localhost";
-  return name;
-}
 
 // `dir` for a message: a path may be as long as an argument (128 KiB); messages quote 200
 // characters of it at most, as launch's own do.
@@ -84,7 +79,8 @@ std::shared_ptr<TensorBoardSink> TensorBoardSink::open(const std::string& dir,
   static std::atomic<int> serial{0};
   const double now = unixSeconds();
   const std::string name =
-      fmt::format("events.out.tfevents.{:010d}.{}.{}.{}", static_cast<int64_t>(now), hostName(),
+      fmt::format("events.out.tfevents.{:010d}.{}.{}.{}", static_cast<int64_t>(now),
+                  net::hostName(),
                   ::getpid(), serial.fetch_add(1));
   const std::string path = (std::filesystem::path(dir) / name).string();
   const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_APPEND | O_CLOEXEC, 0644);

@@ -26,6 +26,12 @@ std::string errnoText(int err) {
   return fmt::format("{} ({})", desc ? desc : "unknown error", name ? name : std::to_string(err));
 }
 
+std::string hostName() {
+  char name[256] = {};
+  if (::gethostname(name, sizeof name - 1) != 0 || name[0] == '\0') return "localhost";
+  return name;
+}
+
 Socket& Socket::operator=(Socket&& other) noexcept {
   if (this != &other) {
     close();

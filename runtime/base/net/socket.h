@@ -18,6 +18,8 @@ using TimePoint = Clock::time_point;
 std::string hostPort(const std::string& host, uint16_t port);
 // "Connection refused (ECONNREFUSED)".
 std::string errnoText(int err);
+// This machine's host name; "localhost" when it has none.
+std::string hostName();
 
 // An owned socket; closes on destruction.
 class Socket {

@@ -10,6 +10,7 @@
 #include "dtrain/base/error.h"
 #include "dtrain/base/logging.h"
 #include "store/auth.h"
+#include "store/tcp_store_impl.h"
 #include "store/wire.h"
 
 namespace dtrain::store {
@@ -27,10 +28,6 @@ class HandshakeRefused : public Error {
  public:
   using Error::Error;
 };
-
-long long msSince(Clock::time_point start) {
-  return std::chrono::duration_cast<Millis>(Clock::now() - start).count();
-}
 
 void expectIo(const net::IoResult& r, const TcpStoreOptions& options, const std::string& where,
               const char* doing) {

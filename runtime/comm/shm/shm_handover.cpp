@@ -38,13 +38,6 @@ struct Pidfds {  // rank 0 -> rank, after the memfd: `count` ranks from `first`,
   uint8_t has[kBatch];
 };
 
-std::string errnoText(int e) { return std::strerror(e); }
-
-int msLeft(Clock::time_point deadline) {
-  auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
-  return static_cast<int>(std::max<int64_t>(0, left.count()));
-}
-
 void closeAll(const std::vector<int>& fds) {
   for (int fd : fds) {
     if (fd >= 0) ::close(fd);
@@ -144,6 +137,14 @@ bool sendHandover(int conn, int memfd, const std::vector<int>& pidfds) {
 }
 
 }  // namespace
+
+std::string errnoText(int e) { return std::strerror(e); }
+
+int msLeft(HandoverClock::time_point deadline) {
+  auto left =
+      std::chrono::duration_cast<std::chrono::milliseconds>(deadline - HandoverClock::now());
+  return static_cast<int>(std::max<int64_t>(0, left.count()));
+}
 
 int openOwnPidfd() { return static_cast<int>(::syscall(SYS_pidfd_open, ::getpid(), 0)); }
 

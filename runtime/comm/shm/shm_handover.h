@@ -39,4 +39,9 @@ std::vector<int> serveHandover(int listenFd, int memfd, int ownPidfd, int size,
 Handover receiveHandover(const std::string& socketName, int rank, int size, int ownPidfd,
                          HandoverClock::time_point deadline, const std::string& who);
 
+// strerror(e), for messages.
+std::string errnoText(int e);
+// Milliseconds until `deadline`, 0 once it has passed (a poll() timeout).
+int msLeft(HandoverClock::time_point deadline);
+
 }  // namespace dtrain::comm::shm

@@ -41,13 +41,6 @@ using Clock = std::chrono::steady_clock;
 constexpr size_t kPage = 4096;
 constexpr size_t kHuge = size_t{2} << 20;
 
-std::string errnoText(int e) { return std::strerror(e); }
-
-int msLeft(Clock::time_point deadline) {
-  auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
-  return static_cast<int>(std::max<int64_t>(0, left.count()));
-}
-
 bool shmemHugePagesAllowed() {
   std::ifstream in("/sys/kernel/mm/transparent_hugepage/shmem_enabled");
   std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
