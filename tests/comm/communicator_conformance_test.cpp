@@ -15,7 +15,7 @@
 #include "dtrain/base/error.h"
 #include "typed_buffer.h"
 
-namespace dtrain::comm {
+namespace dtrain::comm::communicator_conformance_test {
 namespace {
 
 using testing::contribution;
@@ -461,4 +461,4 @@ INSTANTIATE_TEST_SUITE_P(Backends, Conformance, ::testing::ValuesIn(kinds()),
                          [](const auto& info) { return info.param.label(); });
 
 }  // namespace
-}  // namespace dtrain::comm
+}  // namespace dtrain::comm::communicator_conformance_test

@@ -7,7 +7,7 @@
 #include "dtrain/base/tcp_store.h"
 #include "failure_report.h"
 
-namespace dtrain::comm {
+namespace dtrain::comm::failure_report_test {
 namespace {
 
 RankReport report(int rank, uint64_t seq, std::string collective, std::string error = "") {
@@ -113,4 +113,4 @@ TEST(FailureReport, GraceKeepsFailuresWithinTimeoutPlusTwoSeconds) {
 }
 
 }  // namespace
-}  // namespace dtrain::comm
+}  // namespace dtrain::comm::failure_report_test

@@ -2,7 +2,7 @@
 
 #include "flight_recorder.h"
 
-namespace dtrain::comm {
+namespace dtrain::comm::flight_recorder_test {
 namespace {
 
 CollectiveInfo allreduce(uint64_t seq, size_t count) {
@@ -63,4 +63,4 @@ TEST(Fingerprint, ComparesShapesWhenBothSidesGiveOne) {
 }
 
 }  // namespace
-}  // namespace dtrain::comm
+}  // namespace dtrain::comm::flight_recorder_test

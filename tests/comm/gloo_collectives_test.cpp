@@ -14,7 +14,7 @@
 #include "dtrain/base/error.h"
 #include "typed_buffer.h"
 
-namespace dtrain::comm {
+namespace dtrain::comm::gloo_collectives_test {
 namespace {
 
 using testing::contribution;
@@ -107,4 +107,4 @@ TEST(GlooCollectives, DescribeNamesBackendRankAndAddress) {
 }
 
 }  // namespace
-}  // namespace dtrain::comm
+}  // namespace dtrain::comm::gloo_collectives_test

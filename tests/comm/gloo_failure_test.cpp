@@ -10,7 +10,7 @@
 #include "comm_test_support.h"
 #include "dtrain/base/error.h"
 
-namespace dtrain::comm {
+namespace dtrain::comm::gloo_failure_test {
 namespace {
 
 using std::chrono::milliseconds;
@@ -217,4 +217,4 @@ TEST(GlooFailure, HangFaultLooksFrozenToThePeers) {
 }
 
 }  // namespace
-}  // namespace dtrain::comm
+}  // namespace dtrain::comm::gloo_failure_test

@@ -19,7 +19,7 @@
 
 #include "heartbeat_monitor.h"
 
-namespace dtrain::comm {
+namespace dtrain::comm::heartbeat_monitor_failure_test {
 namespace {
 
 using Clock = std::chrono::steady_clock;
@@ -146,4 +146,4 @@ TEST(HeartbeatMonitorFailure, AStuckWatchdogEndsTheProcessWithSigabrtAndItsError
 }
 
 }  // namespace
-}  // namespace dtrain::comm
+}  // namespace dtrain::comm::heartbeat_monitor_failure_test

@@ -8,7 +8,7 @@
 #include "dtrain/base/error.h"
 #include "heartbeat_monitor.h"
 
-namespace dtrain::comm {
+namespace dtrain::comm::heartbeat_monitor_test {
 namespace {
 
 // Sets (or unsets, for nullptr) a variable for one scope.
@@ -85,4 +85,4 @@ TEST(HeartbeatMonitor, ZeroIsTheDefaultAndTheMessageNamesWhoWhereAndHowLong) {
 }
 
 }  // namespace
-}  // namespace dtrain::comm
+}  // namespace dtrain::comm::heartbeat_monitor_test

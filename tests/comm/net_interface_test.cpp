@@ -5,7 +5,7 @@
 #include "dtrain/base/error.h"
 #include "net/net_interface.h"
 
-namespace dtrain::net {
+namespace dtrain::net::net_interface_test {
 namespace {
 
 TEST(NetInterface, OneNodeJobsStayOnLoopback) {
@@ -52,4 +52,4 @@ TEST(NetInterface, LoopbackHosts) {
 }
 
 }  // namespace
-}  // namespace dtrain::net
+}  // namespace dtrain::net::net_interface_test

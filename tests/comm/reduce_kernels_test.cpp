@@ -11,7 +11,7 @@
 #include "half.h"
 #include "reduce_kernels.h"
 
-namespace dtrain::comm {
+namespace dtrain::comm::reduce_kernels_test {
 namespace {
 
 __attribute__((target("f16c"))) uint16_t hardwareFloatToHalf(float f) {
@@ -121,4 +121,4 @@ TEST(ReduceKernels, AverageTruncatesIntegersAndDividesFloats) {
 }
 
 }  // namespace
-}  // namespace dtrain::comm
+}  // namespace dtrain::comm::reduce_kernels_test

@@ -10,7 +10,7 @@
 #include "shm_arena.h"
 #include "shm_segment.h"
 
-namespace dtrain::comm {
+namespace dtrain::comm::shm_arena_test {
 namespace {
 
 using testing::runRanks;
@@ -71,4 +71,4 @@ TEST(ShmArena, BeyondTheArenaBuffersAreStillReducedExactly) {
 }
 
 }  // namespace
-}  // namespace dtrain::comm
+}  // namespace dtrain::comm::shm_arena_test

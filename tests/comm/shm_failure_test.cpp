@@ -11,7 +11,7 @@
 #include "comm_test_support.h"
 #include "dtrain/base/error.h"
 
-namespace dtrain::comm {
+namespace dtrain::comm::shm_failure_test {
 namespace {
 
 using std::chrono::milliseconds;
@@ -211,4 +211,4 @@ TEST(ShmFailure, APeerThatFinishedAndShutDownDoesNotFailASlowerOne) {
 }
 
 }  // namespace
-}  // namespace dtrain::comm
+}  // namespace dtrain::comm::shm_failure_test

@@ -14,7 +14,7 @@
 #include "shm_kernels.h"
 #include "typed_buffer.h"
 
-namespace dtrain::comm {
+namespace dtrain::comm::shm_kernels_test {
 namespace {
 
 using testing::TypedBuffer;
@@ -153,4 +153,4 @@ TEST(ShmKernels, HalfTypesRoundOnceAfterAFloatSum) {
 }
 
 }  // namespace
-}  // namespace dtrain::comm
+}  // namespace dtrain::comm::shm_kernels_test

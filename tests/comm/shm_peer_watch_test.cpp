@@ -10,7 +10,7 @@
 
 #include "shm_wait.h"
 
-namespace dtrain::comm::shm {
+namespace dtrain::comm::shm::shm_peer_watch_test {
 namespace {
 
 // A child that exited and was reaped: its pid names no process now.
@@ -63,4 +63,4 @@ TEST(PeerWatch, ALivePeersPidfdIsNotReadable) {
 }
 
 }  // namespace
-}  // namespace dtrain::comm::shm
+}  // namespace dtrain::comm::shm::shm_peer_watch_test

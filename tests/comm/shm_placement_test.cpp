@@ -8,7 +8,7 @@
 
 #include "comm_test_support.h"
 
-namespace dtrain::comm {
+namespace dtrain::comm::shm_placement_test {
 namespace {
 
 using testing::runRanks;
@@ -47,4 +47,4 @@ TEST(ShmPlacement, RanksThatShareACoreWhileAnotherIsFreeEndUpApart) {
 }
 
 }  // namespace
-}  // namespace dtrain::comm
+}  // namespace dtrain::comm::shm_placement_test

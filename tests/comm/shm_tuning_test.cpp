@@ -12,7 +12,7 @@
 #include "dtrain/base/error.h"
 #include "shm_segment.h"
 
-namespace dtrain::comm {
+namespace dtrain::comm::shm_tuning_test {
 namespace {
 
 using testing::elapsedMs;
@@ -135,4 +135,4 @@ TEST(ShmTuning, NodesWithOtherOptionsAreRefusedOnEveryRankNamingTheirRanks) {
 }
 
 }  // namespace
-}  // namespace dtrain::comm
+}  // namespace dtrain::comm::shm_tuning_test

@@ -10,7 +10,7 @@
 #include "dtrain/base/error.h"
 #include "store_collective_check.h"
 
-namespace dtrain::comm {
+namespace dtrain::comm::store_collective_check_test {
 namespace {
 
 using std::chrono::milliseconds;
@@ -77,4 +77,4 @@ TEST(StoreCollectiveCheck, ARankThatNeverArrivesIsNamedAtTheTimeout) {
 }
 
 }  // namespace
-}  // namespace dtrain::comm
+}  // namespace dtrain::comm::store_collective_check_test

@@ -8,7 +8,7 @@
 #include "dtrain/comm/nccl_communicator.h"
 #include "dtrain/comm/world.h"
 
-namespace dtrain::comm {
+namespace dtrain::comm::world_env_test {
 namespace {
 
 using Env = std::map<std::string, std::string>;
@@ -221,4 +221,4 @@ TEST(NcclEnvironment, InvalidValuesAreRejectedNamingTheVariable) {
 }
 
 }  // namespace
-}  // namespace dtrain::comm
+}  // namespace dtrain::comm::world_env_test

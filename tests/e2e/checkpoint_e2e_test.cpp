@@ -16,7 +16,7 @@
 #include "e2e_support.h"
 #include "test_support.h"
 
-namespace dtrain::testing {
+namespace dtrain::testing::checkpoint_e2e_test {
 namespace {
 
 std::string checkpointWorker() { return binaryDir() + "/checkpoint_worker"; }
@@ -103,4 +103,4 @@ TEST(CheckpointE2E, SigtermToOneNodesAgentPreemptsTheWholeJob) {
 }
 
 }  // namespace
-}  // namespace dtrain::testing
+}  // namespace dtrain::testing::checkpoint_e2e_test

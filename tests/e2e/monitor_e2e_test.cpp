@@ -19,7 +19,7 @@
 #include "prometheus_text.h"
 #include "test_support.h"
 
-namespace dtrain::testing {
+namespace dtrain::testing::monitor_e2e_test {
 namespace {
 
 TEST(MultiNodeMonitor, OneEndpointForTheJobAndTheStackOfARankHungOnAnotherNode) {
@@ -93,4 +93,4 @@ TEST(MultiNodeMonitor, OneEndpointForTheJobAndTheStackOfARankHungOnAnotherNode) 
 }
 
 }  // namespace
-}  // namespace dtrain::testing
+}  // namespace dtrain::testing::monitor_e2e_test

@@ -16,7 +16,7 @@
 #include "e2e_support.h"
 #include "test_support.h"
 
-namespace dtrain::testing {
+namespace dtrain::testing::multinode_fault_test {
 namespace {
 
 // The agent process on host k (its guardians share its command line: they are forks of it).
@@ -340,4 +340,4 @@ TEST(MultiNodeFault, SignalToTheMasterReachesEveryNodesWorkers) {
 }
 
 }  // namespace
-}  // namespace dtrain::testing
+}  // namespace dtrain::testing::multinode_fault_test

@@ -11,7 +11,7 @@
 #include "data/cifar10.h"
 #include "test_support.h"
 
-namespace examples {
+namespace examples::cifar_test {
 namespace {
 
 using dtrain::testing::TempDir;
@@ -141,4 +141,4 @@ TEST(Cifar10, SyntheticClassesAreSeparable) {
 }
 
 }  // namespace
-}  // namespace examples
+}  // namespace examples::cifar_test

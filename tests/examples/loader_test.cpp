@@ -11,7 +11,7 @@
 
 #include "data/loader.h"
 
-namespace examples {
+namespace examples::loader_test {
 namespace {
 
 // Image i is filled with bytes derived from i, label i % 10.
@@ -182,4 +182,4 @@ TEST(BatchLoader, IndexOutsideTheDatasetIsRefused) {
 }
 
 }  // namespace
-}  // namespace examples
+}  // namespace examples::loader_test

@@ -7,7 +7,7 @@
 
 #include "models/resnet.h"
 
-namespace examples {
+namespace examples::resnet_recompute_test {
 namespace {
 
 bool bitwiseEqual(const torch::Tensor& a, const torch::Tensor& b) {
@@ -49,4 +49,4 @@ TEST(ResNetRecompute, OneStepBitwiseEqualForBothStems) {
 }
 
 }  // namespace
-}  // namespace examples
+}  // namespace examples::resnet_recompute_test

@@ -12,7 +12,7 @@
 #include "models/resnet.h"
 #include "test_support.h"
 
-namespace examples {
+namespace examples::resnet_test {
 namespace {
 
 // torchvision.models.resnetNN() at 1000 classes: sum(p.numel() for p in model.parameters()).
@@ -191,4 +191,4 @@ TEST(ResNet, UnknownArchitectureNamesTheKnownOnes) {
 }
 
 }  // namespace
-}  // namespace examples
+}  // namespace examples::resnet_test

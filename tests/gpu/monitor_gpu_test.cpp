@@ -8,7 +8,7 @@
 #include "launcher/monitor/command.h"
 #include "launcher/monitor/gpu_sampler.h"
 
-namespace dtrain::launcher::monitor {
+namespace dtrain::launcher::monitor::monitor_gpu_test {
 namespace {
 
 TEST(GpuSampling, LiveNvidiaSmiCsvParsesWithoutProblems) {
@@ -58,4 +58,4 @@ TEST(GpuSampling, NvmlAndNvidiaSmiDescribeTheSameGpus) {
 }
 
 }  // namespace
-}  // namespace dtrain::launcher::monitor
+}  // namespace dtrain::launcher::monitor::monitor_gpu_test

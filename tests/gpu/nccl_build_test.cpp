@@ -12,7 +12,7 @@
 #include "nccl_errors.h"
 #include "nccl_types.h"
 
-namespace dtrain::comm {
+namespace dtrain::comm::nccl_build_test {
 namespace {
 
 // A thread's view of the CUDA devices: the current one, which have a primary context, and every
@@ -123,4 +123,4 @@ TEST(NcclMapping, EveryReductionIsItsNcclTwin) {
 }
 
 }  // namespace
-}  // namespace dtrain::comm
+}  // namespace dtrain::comm::nccl_build_test

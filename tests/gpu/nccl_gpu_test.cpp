@@ -14,7 +14,7 @@
 #include "dtrain/comm/nccl_communicator.h"
 #include "half.h"
 
-namespace dtrain::comm {
+namespace dtrain::comm::nccl_gpu_test {
 namespace {
 
 using std::chrono::milliseconds;
@@ -205,4 +205,4 @@ TEST_F(NcclGpu, AllocateReturnsDeviceMemory) {
 }
 
 }  // namespace
-}  // namespace dtrain::comm
+}  // namespace dtrain::comm::nccl_gpu_test

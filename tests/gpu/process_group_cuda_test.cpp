@@ -11,7 +11,7 @@
 #include "dtrain/torch/ddp.h"
 #include "dtrain/torch/init.h"
 
-namespace dtrain {
+namespace dtrain::process_group_cuda_test {
 namespace {
 
 TEST(ProcessGroupCuda, InitPicksNcclAndReducesCudaTensorsInPlace) {
@@ -129,4 +129,4 @@ TEST(DdpCuda, HalfPrecisionCompressionStaysClose) {
 }
 
 }  // namespace
-}  // namespace dtrain
+}  // namespace dtrain::process_group_cuda_test

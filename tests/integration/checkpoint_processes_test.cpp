@@ -23,7 +23,7 @@
 #include "launcher_harness.h"
 #include "test_support.h"
 
-namespace dtrain::testing {
+namespace dtrain::testing::checkpoint_processes_test {
 namespace {
 
 constexpr double kRunSeconds = 120;
@@ -541,4 +541,4 @@ TEST(CheckpointTool, ExportLoadsInPythonWithWeightsOnly) {
 }
 
 }  // namespace
-}  // namespace dtrain::testing
+}  // namespace dtrain::testing::checkpoint_processes_test

@@ -20,7 +20,7 @@
 #include "launcher_harness.h"
 #include "test_support.h"
 
-namespace dtrain::testing {
+namespace dtrain::testing::comm_processes_test {
 namespace {
 
 struct Failure {
@@ -473,4 +473,4 @@ INSTANTIATE_TEST_SUITE_P(Ranks, DeadPeerInAnotherPidNamespace, ::testing::Values
                          });
 
 }  // namespace
-}  // namespace dtrain::testing
+}  // namespace dtrain::testing::comm_processes_test

@@ -8,7 +8,7 @@
 #include "launcher_harness.h"
 #include "test_support.h"
 
-namespace dtrain::testing {
+namespace dtrain::testing::ddp_processes_test {
 namespace {
 
 struct Run {
@@ -72,4 +72,4 @@ TEST(DdpProcesses, SamplerResumesMidEpochAtAnotherWorldSize) {
 }
 
 }  // namespace
-}  // namespace dtrain::testing
+}  // namespace dtrain::testing::ddp_processes_test

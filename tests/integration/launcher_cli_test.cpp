@@ -12,7 +12,7 @@
 #include "launcher_harness.h"
 #include "test_support.h"
 
-namespace dtrain::testing {
+namespace dtrain::testing::launcher_cli_test {
 namespace {
 
 // A program that leaves a mark if it ever runs: "nothing was started" is checked, not assumed.
@@ -318,4 +318,4 @@ TEST(LaunchCli, TokenNeverInArgvOrOutput) {
 }
 
 }  // namespace
-}  // namespace dtrain::testing
+}  // namespace dtrain::testing::launcher_cli_test

@@ -8,7 +8,7 @@
 #include "launcher_harness.h"
 #include "test_support.h"
 
-namespace dtrain::testing {
+namespace dtrain::testing::launcher_compat_test {
 namespace {
 
 constexpr const char* kPython = "/usr/bin/python3";
@@ -46,4 +46,4 @@ TEST(LaunchCompat, RecordErrorFileReachesTheReport) {
 }
 
 }  // namespace
-}  // namespace dtrain::testing
+}  // namespace dtrain::testing::launcher_compat_test

@@ -21,7 +21,7 @@
 #include "launcher_harness.h"
 #include "test_support.h"
 
-namespace dtrain::testing {
+namespace dtrain::testing::launcher_job_control_test {
 namespace {
 
 using namespace std::chrono_literals;
@@ -251,4 +251,4 @@ TEST(JobControl, CtrlZStopsTheWholeJobAndFgResumesIt) {
 }
 
 }  // namespace
-}  // namespace dtrain::testing
+}  // namespace dtrain::testing::launcher_job_control_test

@@ -23,7 +23,7 @@
 #include "prometheus_text.h"
 #include "test_support.h"
 
-namespace dtrain::launcher::monitor {
+namespace dtrain::launcher::monitor::launcher_monitor_nodes_test {
 namespace {
 
 using dtrain::testing::TempDir;
@@ -202,4 +202,4 @@ TEST(MonitorNodes, AnAgentsSamplesAndStacksReachTheMaster) {
 }
 
 }  // namespace
-}  // namespace dtrain::launcher::monitor
+}  // namespace dtrain::launcher::monitor::launcher_monitor_nodes_test

@@ -31,7 +31,7 @@
 #include "prometheus_text.h"
 #include "test_support.h"
 
-namespace dtrain::testing {
+namespace dtrain::testing::launcher_monitor_test {
 namespace {
 
 using launcher::monitor::CgroupLocation;
@@ -496,4 +496,4 @@ TEST(LaunchMonitor, SamplingCostsLaunchUnderOnePercentOfACore) {
 }
 
 }  // namespace
-}  // namespace dtrain::testing
+}  // namespace dtrain::testing::launcher_monitor_test

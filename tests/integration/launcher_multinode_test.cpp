@@ -20,7 +20,7 @@
 #include "launcher_harness.h"
 #include "test_support.h"
 
-namespace dtrain::testing {
+namespace dtrain::testing::launcher_multinode_test {
 namespace {
 
 // Heartbeat every 0.5 s, dead after 2 s: the bounds below are in these terms.
@@ -225,4 +225,4 @@ TEST(ManualMultiNode, TheGrownJobResumesWithEverySampleOnce) {
 }
 
 }  // namespace
-}  // namespace dtrain::testing
+}  // namespace dtrain::testing::launcher_multinode_test

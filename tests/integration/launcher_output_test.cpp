@@ -13,7 +13,7 @@
 #include "launcher_harness.h"
 #include "test_support.h"
 
-namespace dtrain::testing {
+namespace dtrain::testing::launcher_output_test {
 namespace {
 
 bool exists(const std::string& path) {
@@ -147,4 +147,4 @@ TEST(LaunchOutput, UnterminatedLastLine) {
 }
 
 }  // namespace
-}  // namespace dtrain::testing
+}  // namespace dtrain::testing::launcher_output_test

@@ -11,7 +11,7 @@
 #include "launcher_sim.h"
 #include "test_support.h"
 
-namespace dtrain::testing {
+namespace dtrain::testing::launcher_scale_test {
 namespace {
 
 using sim::LaunchSim;
@@ -86,4 +86,4 @@ TEST(LaunchScale, SixtyFourNodesFormRunLoseOneAndRestartElasticAtSixtyThree) {
 }
 
 }  // namespace
-}  // namespace dtrain::testing
+}  // namespace dtrain::testing::launcher_scale_test

@@ -16,7 +16,7 @@
 #include "launcher_harness.h"
 #include "test_support.h"
 
-namespace dtrain::testing {
+namespace dtrain::testing::launcher_supervision_test {
 namespace {
 
 // Names in `dir`, without "." and "..".
@@ -476,4 +476,4 @@ TEST(LaunchSupervision, OomKillIsNamedInTheReport) {
 }
 
 }  // namespace
-}  // namespace dtrain::testing
+}  // namespace dtrain::testing::launcher_supervision_test

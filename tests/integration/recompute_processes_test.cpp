@@ -9,7 +9,7 @@
 #include "launcher_harness.h"
 #include "test_support.h"
 
-namespace dtrain::testing {
+namespace dtrain::testing::recompute_processes_test {
 namespace {
 
 TEST(RecomputeProcesses, DropoutAndBatchNormUnderDdpTrainBitwiseEqual) {
@@ -25,4 +25,4 @@ TEST(RecomputeProcesses, DropoutAndBatchNormUnderDdpTrainBitwiseEqual) {
 }
 
 }  // namespace
-}  // namespace dtrain::testing
+}  // namespace dtrain::testing::recompute_processes_test

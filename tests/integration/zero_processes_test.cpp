@@ -14,7 +14,7 @@
 #include "launcher_harness.h"
 #include "test_support.h"
 
-namespace dtrain::testing {
+namespace dtrain::testing::zero_processes_test {
 namespace {
 
 struct Case {
@@ -145,4 +145,4 @@ TEST(ZeroMemoryLimit, StageThreeTrainsWhereDdpIsKilledForMemory) {
 }
 
 }  // namespace
-}  // namespace dtrain::testing
+}  // namespace dtrain::testing::zero_processes_test

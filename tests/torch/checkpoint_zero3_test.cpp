@@ -26,7 +26,7 @@
 #include "test_support.h"
 #include "zero/zero_test_support.h"
 
-namespace dtrain::testing {
+namespace dtrain::testing::checkpoint_zero3_test {
 namespace {
 
 constexpr int64_t kGlobalBatch = 12;  // divides among 2 and 3 ranks
@@ -402,4 +402,4 @@ TEST(ShardedCheckpointStage3Refusals, FreedParametersNeedTheirShardedOptimizerRe
 }
 
 }  // namespace
-}  // namespace dtrain::testing
+}  // namespace dtrain::testing::checkpoint_zero3_test

@@ -13,7 +13,7 @@
 #include "checkpoint/agreement.h"
 #include "dtrain/base/error.h"
 
-namespace dtrain::checkpoint {
+namespace dtrain::checkpoint::checkpoint_agreement_test {
 namespace {
 
 using std::chrono::milliseconds;
@@ -116,4 +116,4 @@ TEST(CheckpointAgreement, OneRankNeedsNoStoreRoundTrips) {
 }
 
 }  // namespace
-}  // namespace dtrain::checkpoint
+}  // namespace dtrain::checkpoint::checkpoint_agreement_test

@@ -22,7 +22,7 @@
 #include "dtrain/base/error.h"
 #include "test_support.h"
 
-namespace dtrain::checkpoint {
+namespace dtrain::checkpoint::checkpoint_direct_write_test {
 namespace {
 
 using testing::TempDir;
@@ -197,4 +197,4 @@ TEST(DirectWrites, AFilesystemWithoutODirectGetsAValidFile) {
 }
 
 }  // namespace
-}  // namespace dtrain::checkpoint
+}  // namespace dtrain::checkpoint::checkpoint_direct_write_test

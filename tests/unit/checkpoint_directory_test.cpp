@@ -22,7 +22,7 @@
 #include "dtrain/base/error.h"
 #include "test_support.h"
 
-namespace dtrain::checkpoint {
+namespace dtrain::checkpoint::checkpoint_directory_test {
 namespace {
 
 using testing::TempDir;
@@ -359,4 +359,4 @@ TEST(CheckpointSaveThread, ABackgroundSaveThreadYieldsTheCpu) {
 }
 
 }  // namespace
-}  // namespace dtrain::checkpoint
+}  // namespace dtrain::checkpoint::checkpoint_directory_test

@@ -18,7 +18,7 @@
 #include "dtrain/base/error.h"
 #include "test_support.h"
 
-namespace dtrain::checkpoint {
+namespace dtrain::checkpoint::checkpoint_format_test {
 namespace {
 
 using testing::sampleCheckpoint;
@@ -324,4 +324,4 @@ TEST(CheckpointFormat, OwnedShardsMayLeaveGapsButNeverOverlap) {
 }
 
 }  // namespace
-}  // namespace dtrain::checkpoint
+}  // namespace dtrain::checkpoint::checkpoint_format_test

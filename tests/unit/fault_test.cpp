@@ -7,7 +7,7 @@
 #include "dtrain/base/error.h"
 #include "dtrain/base/fault.h"
 
-namespace dtrain::fault {
+namespace dtrain::fault::fault_test {
 namespace {
 
 struct GoodSpec {
@@ -208,4 +208,4 @@ TEST(SignalNamesTest, BothWays) {
 }
 
 }  // namespace
-}  // namespace dtrain::fault
+}  // namespace dtrain::fault::fault_test

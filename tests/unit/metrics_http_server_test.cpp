@@ -19,7 +19,7 @@
 #include "hostile_http.h"
 #include "metrics/http_server.h"
 
-namespace dtrain::metrics {
+namespace dtrain::metrics::metrics_http_server_test {
 namespace {
 
 using testing::HostileHttpClients;
@@ -182,4 +182,4 @@ TEST(MetricsHttpServer, ARenderThatThrowsIsA500AndTheServerGoesOn) {
 }
 
 }  // namespace
-}  // namespace dtrain::metrics
+}  // namespace dtrain::metrics::metrics_http_server_test

@@ -15,7 +15,7 @@
 #include "prometheus_text.h"
 #include "test_support.h"
 
-namespace dtrain::metrics {
+namespace dtrain::metrics::metrics_test {
 namespace {
 
 using dtrain::testing::TempDir;
@@ -279,4 +279,4 @@ TEST(Metrics, WithoutSinksRecordsNothingButStillChecksNames) {
 }
 
 }  // namespace
-}  // namespace dtrain::metrics
+}  // namespace dtrain::metrics::metrics_test

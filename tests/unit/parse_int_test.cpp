@@ -4,7 +4,7 @@
 
 #include "parse_int.h"
 
-namespace dtrain {
+namespace dtrain::parse_int_test {
 namespace {
 
 TEST(ParseInt64, AcceptsDecimalIntegersOverTheWholeInt64Range) {
@@ -36,4 +36,4 @@ TEST(ParseInt64, ReadsOnlyTheViewNotTheBytesAfterIt) {
 }
 
 }  // namespace
-}  // namespace dtrain
+}  // namespace dtrain::parse_int_test

@@ -12,7 +12,7 @@
 #include "dtrain/base/progress.h"
 #include "monitor/progress_publisher.h"
 
-namespace dtrain::progress {
+namespace dtrain::progress::progress_test {
 namespace {
 
 RankReport sample() {
@@ -235,4 +235,4 @@ TEST(ProgressPublisher, OutsideLaunchEverythingIsANoOp) {
 }
 
 }  // namespace
-}  // namespace dtrain::progress
+}  // namespace dtrain::progress::progress_test

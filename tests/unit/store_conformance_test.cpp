@@ -10,7 +10,7 @@
 #include "dtrain/base/store.h"
 #include "store_factories.h"
 
-namespace dtrain::store {
+namespace dtrain::store::store_conformance_test {
 namespace {
 
 using testing::StoreFactory;
@@ -311,4 +311,4 @@ INSTANTIATE_TEST_SUITE_P(Stores, StoreConformance, ::testing::ValuesIn(testing::
                          [](const auto& info) { return info.param.name; });
 
 }  // namespace
-}  // namespace dtrain::store
+}  // namespace dtrain::store::store_conformance_test

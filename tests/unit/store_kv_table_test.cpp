@@ -3,7 +3,7 @@
 
 #include "store/kv_table.h"
 
-namespace dtrain::store {
+namespace dtrain::store::store_kv_table_test {
 namespace {
 
 using wire::Op;
@@ -152,4 +152,4 @@ TEST(KvTable, MultiGetAnswersPresentAndAbsentAndRefusesMoreThanTheValueLimit) {
 }
 
 }  // namespace
-}  // namespace dtrain::store
+}  // namespace dtrain::store::store_kv_table_test

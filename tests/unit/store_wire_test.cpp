@@ -9,7 +9,7 @@
 #include "store/wire.h"
 #include "store_test_support.h"
 
-namespace dtrain::store::wire {
+namespace dtrain::store::wire::store_wire_test {
 namespace {
 
 Bytes hex(const std::string& text) {
@@ -291,4 +291,4 @@ TEST(StoreWireLimits, MaxPayloadSaturatesInsteadOfWrapping) {
 }
 
 }  // namespace
-}  // namespace dtrain::store::wire
+}  // namespace dtrain::store::wire::store_wire_test

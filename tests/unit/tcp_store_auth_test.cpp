@@ -16,7 +16,7 @@
 #include "store/wire.h"
 #include "store_test_support.h"
 
-namespace dtrain::store {
+namespace dtrain::store::tcp_store_auth_test {
 namespace {
 
 using namespace testing;
@@ -171,4 +171,4 @@ TEST_F(TcpStoreAuth, NonStoreServersAreNamedAsSuch) {
 }
 
 }  // namespace
-}  // namespace dtrain::store
+}  // namespace dtrain::store::tcp_store_auth_test

@@ -11,7 +11,7 @@
 #include "store/wire.h"
 #include "store_test_support.h"
 
-namespace dtrain::store {
+namespace dtrain::store::tcp_store_hostile_test {
 namespace {
 
 using namespace testing;
@@ -332,4 +332,4 @@ TEST_F(TcpStoreHostile, MutatedFramesNeverHurtTheServer) {  // S2
 }
 
 }  // namespace
-}  // namespace dtrain::store
+}  // namespace dtrain::store::tcp_store_hostile_test

@@ -16,7 +16,7 @@
 #include "store/wire.h"
 #include "store_test_support.h"
 
-namespace dtrain::store {
+namespace dtrain::store::tcp_store_test {
 namespace {
 
 using namespace testing;
@@ -719,4 +719,4 @@ TEST_F(JobStoreEnv, ConnectsWithTheTokenAndPrefixesTheRound) {
 }
 
 }  // namespace
-}  // namespace dtrain::store
+}  // namespace dtrain::store::tcp_store_test

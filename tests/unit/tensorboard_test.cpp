@@ -19,7 +19,7 @@
 #include "metrics/event_file.h"
 #include "test_support.h"
 
-namespace dtrain::metrics {
+namespace dtrain::metrics::tensorboard_test {
 namespace {
 
 using dtrain::testing::TempDir;
@@ -200,4 +200,4 @@ TEST(TensorBoardSink, ATornWriteIsCutBackSoTheFileStaysWholeRecords) {
 }
 
 }  // namespace
-}  // namespace dtrain::metrics
+}  // namespace dtrain::metrics::tensorboard_test

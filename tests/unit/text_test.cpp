@@ -3,7 +3,7 @@
 
 #include "text.h"
 
-namespace dtrain {
+namespace dtrain::text_test {
 namespace {
 
 using Parts = std::vector<std::string>;
@@ -24,4 +24,4 @@ TEST(Text, TrimRemovesOnlyTheGivenBlanksAtBothEnds) {
 }
 
 }  // namespace
-}  // namespace dtrain
+}  // namespace dtrain::text_test

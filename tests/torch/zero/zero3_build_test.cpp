@@ -15,7 +15,7 @@
 #include "zero3_support.h"
 #include "zero_expect.h"
 
-namespace dtrain::testing {
+namespace dtrain::testing::zero3_build_test {
 namespace {
 
 enum class Build {
@@ -338,4 +338,4 @@ TEST(ZeroBuiltUnits, AnUnboundUnitRefusesToRunOrConvertAndStageTwoRefusesIt) {
 }
 
 }  // namespace
-}  // namespace dtrain::testing
+}  // namespace dtrain::testing::zero3_build_test

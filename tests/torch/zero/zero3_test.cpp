@@ -14,7 +14,7 @@
 #include "zero3_support.h"
 #include "zero_expect.h"
 
-namespace dtrain::testing {
+namespace dtrain::testing::zero3_test {
 namespace {
 
 TEST(ZeroLayoutUnits, OneUnitPerGroupAndDtypeInParameterOrder) {
@@ -376,4 +376,4 @@ INSTANTIATE_TEST_SUITE_P(World, ZeroStage3Ranks, ::testing::Values(2, 3, 4),
 
 
 }  // namespace
-}  // namespace dtrain::testing
+}  // namespace dtrain::testing::zero3_test

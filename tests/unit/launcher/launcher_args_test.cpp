@@ -5,7 +5,7 @@
 #include "launcher/job/launch_args.h"
 #include "launcher/job/program.h"
 
-namespace dtrain::launcher {
+namespace dtrain::launcher::launcher_args_test {
 namespace {
 
 using Args = std::vector<std::string>;
@@ -308,4 +308,4 @@ TEST(ShellQuote, QuotesOnlyWhatNeedsIt) {
 }
 
 }  // namespace
-}  // namespace dtrain::launcher
+}  // namespace dtrain::launcher::launcher_args_test

@@ -4,7 +4,7 @@
 #include "dtrain/base/error.h"
 #include "launcher/job/launch_config.h"
 
-namespace dtrain::launcher {
+namespace dtrain::launcher::launcher_config_test {
 namespace {
 
 TEST(ParseStreamSpec, TorchrunForms) {
@@ -171,4 +171,4 @@ TEST(ParseEnvAssignment, KeyValue) {
 }
 
 }  // namespace
-}  // namespace dtrain::launcher
+}  // namespace dtrain::launcher::launcher_config_test

@@ -6,7 +6,7 @@
 #include "launcher/cluster/hosts.h"
 #include "launcher/cluster/scheduler_env.h"
 
-namespace dtrain::launcher {
+namespace dtrain::launcher::launcher_hosts_test {
 namespace {
 
 std::string messageOf(const std::function<void()>& f) {
@@ -147,4 +147,4 @@ TEST(SchedulerEnv, KubernetesPet) {
 }
 
 }  // namespace
-}  // namespace dtrain::launcher
+}  // namespace dtrain::launcher::launcher_hosts_test

@@ -10,7 +10,7 @@
 #include "launcher/monitor/watches.h"
 #include "prometheus_text.h"
 
-namespace dtrain::launcher::monitor {
+namespace dtrain::launcher::monitor::launcher_monitor_analysis_test {
 namespace {
 
 using progress::CollectiveEntry;
@@ -406,4 +406,4 @@ TEST(StatusLine, MinMedianMaxAndTheTightestNode) {
 }
 
 }  // namespace
-}  // namespace dtrain::launcher::monitor
+}  // namespace dtrain::launcher::monitor::launcher_monitor_analysis_test

@@ -10,7 +10,7 @@
 #include "launcher/monitor/job_view.h"
 #include "prometheus_text.h"
 
-namespace dtrain::launcher::monitor {
+namespace dtrain::launcher::monitor::launcher_monitor_cluster_test {
 namespace {
 
 Record nodeRecord(const std::string& node, double time, std::optional<int> rank = std::nullopt) {
@@ -100,4 +100,4 @@ TEST(JobView, NodesTheirAgesAndANewAttempt) {
 }
 
 }  // namespace
-}  // namespace dtrain::launcher::monitor
+}  // namespace dtrain::launcher::monitor::launcher_monitor_cluster_test

@@ -4,7 +4,7 @@
 #include "dtrain/base/error.h"
 #include "launcher/job/launch_args.h"
 
-namespace dtrain::launcher {
+namespace dtrain::launcher::launcher_monitor_options_test {
 namespace {
 
 using Args = std::vector<std::string>;
@@ -72,4 +72,4 @@ TEST(MonitorOptions, UsageErrorsNameTheOption) {
 }
 
 }  // namespace
-}  // namespace dtrain::launcher
+}  // namespace dtrain::launcher::launcher_monitor_options_test

@@ -20,7 +20,7 @@
 #include "launcher/monitor/process_sampler.h"
 #include "test_support.h"
 
-namespace dtrain::launcher::monitor {
+namespace dtrain::launcher::monitor::launcher_monitor_sampling_test {
 namespace {
 
 using dtrain::testing::TempDir;
@@ -352,4 +352,4 @@ TEST(ProcessSampler, NodeSampleReadsThisMachine) {
 }
 
 }  // namespace
-}  // namespace dtrain::launcher::monitor
+}  // namespace dtrain::launcher::monitor::launcher_monitor_sampling_test

@@ -6,7 +6,7 @@
 #include "launcher/cluster/plan_codec.h"
 #include "launcher/job/launch_args.h"
 
-namespace dtrain::launcher {
+namespace dtrain::launcher::launcher_multinode_config_test {
 namespace {
 
 std::string usageError(const std::vector<std::string>& args,
@@ -107,4 +107,4 @@ TEST(AgentPlan, CarriesTheJobsOptionsEnvironmentAndToken) {
 }
 
 }  // namespace
-}  // namespace dtrain::launcher
+}  // namespace dtrain::launcher::launcher_multinode_config_test

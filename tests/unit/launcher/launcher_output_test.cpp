@@ -7,7 +7,7 @@
 #include "launcher/supervisor/output.h"
 #include "test_support.h"
 
-namespace dtrain::launcher {
+namespace dtrain::launcher::launcher_output_test {
 namespace {
 
 using Lines = std::vector<std::string>;
@@ -95,4 +95,4 @@ TEST(WorkerStream, TailKeepsTheLastLines) {
 }
 
 }  // namespace
-}  // namespace dtrain::launcher
+}  // namespace dtrain::launcher::launcher_output_test

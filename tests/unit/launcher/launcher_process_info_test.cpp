@@ -11,7 +11,7 @@
 
 #include "launcher/supervisor/process_info.h"
 
-namespace dtrain::launcher {
+namespace dtrain::launcher::launcher_process_info_test {
 namespace {
 
 // Polls until `pid` is in state `letter` (the kernel moves a signalled child asynchronously).
@@ -56,4 +56,4 @@ TEST(ProcessInfo, StateCommandAndChildren) {
 }
 
 }  // namespace
-}  // namespace dtrain::launcher
+}  // namespace dtrain::launcher::launcher_process_info_test

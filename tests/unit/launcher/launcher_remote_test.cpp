@@ -15,7 +15,7 @@
 #include "launcher/cluster/remote/session.h"
 #include "test_support.h"
 
-namespace dtrain::launcher {
+namespace dtrain::launcher::launcher_remote_test {
 namespace {
 
 // Arguments that break naive remote command lines (BashFAQ/096; DeepSpeed's issues with quotes).
@@ -264,4 +264,4 @@ TEST(Session, FinishEndsASessionThatIgnoresSigterm) {
 }
 
 }  // namespace
-}  // namespace dtrain::launcher
+}  // namespace dtrain::launcher::launcher_remote_test

@@ -11,7 +11,7 @@
 #include "launcher/cluster/coordinator.h"
 #include "launcher/cluster/rendezvous.h"
 
-namespace dtrain::launcher {
+namespace dtrain::launcher::launcher_rendezvous_test {
 namespace {
 
 using namespace std::chrono_literals;
@@ -533,4 +533,4 @@ TEST(Coordinator, TheElasticRestartAfterALossDoesNotWaitForTheLostNode) {
 }
 
 }  // namespace
-}  // namespace dtrain::launcher
+}  // namespace dtrain::launcher::launcher_rendezvous_test

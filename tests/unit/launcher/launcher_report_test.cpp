@@ -6,7 +6,7 @@
 #include "launcher/supervisor/failure_report.h"
 #include "launcher/supervisor/oom.h"
 
-namespace dtrain::launcher {
+namespace dtrain::launcher::launcher_report_test {
 namespace {
 
 using State = WorkerOutcome::State;
@@ -334,4 +334,4 @@ TEST(Printable, EscapesAndCuts) {
 }
 
 }  // namespace
-}  // namespace dtrain::launcher
+}  // namespace dtrain::launcher::launcher_report_test

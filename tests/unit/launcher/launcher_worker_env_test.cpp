@@ -4,7 +4,7 @@
 #include "env_contract.h"
 #include "launcher/job/worker_env.h"
 
-namespace dtrain::launcher {
+namespace dtrain::launcher::launcher_worker_env_test {
 namespace {
 
 NodeContext sampleNode() {
@@ -168,4 +168,4 @@ TEST(WorkerEnv, EnvStringsForExecve) {
 }
 
 }  // namespace
-}  // namespace dtrain::launcher
+}  // namespace dtrain::launcher::launcher_worker_env_test
