@@ -17,9 +17,9 @@
 
 namespace dtrain::testing {
 
-namespace {
-
-using Clock = std::chrono::steady_clock;
+// ThreadWorld::Impl holds Ops, so they have linkage: a unity build compiles this file as if it
+// were a header, where a member of a type from an anonymous namespace is a warning.
+namespace thread_world {
 
 enum class Kind { Allreduce, Broadcast, Allgather, ReduceScatter, Barrier };
 
@@ -52,6 +52,15 @@ struct Op {
     return kind == o.kind && count == o.count && dtype == o.dtype && op == o.op && root == o.root;
   }
 };
+
+}  // namespace thread_world
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+using thread_world::Kind;
+using thread_world::kindName;
+using thread_world::Op;
 
 template <typename T>
 T combine(T a, T b, comm::ReduceOp op) {

@@ -148,11 +148,9 @@ HttpRequestHead parseRequestHead(std::string_view head) {
 
 // --- The server ---------------------------------------------------------------------------------
 
-namespace {
-
-struct Connection;
-
-}  // namespace
+// One client (below). Not in the anonymous namespace: Impl holds pointers to it, and a unity
+// build compiles this file as if it were a header.
+struct HttpConnection;
 
 struct HttpServer::Impl {
   std::vector<HttpRoute> routes;
@@ -165,7 +163,7 @@ struct HttpServer::Impl {
   std::thread thread;
   std::atomic<size_t> open{0};
   // Loop thread only: every live connection, the one active the longest ago first.
-  std::list<Connection*> byActivity;
+  std::list<HttpConnection*> byActivity;
 
   void bind(const std::string& host, uint16_t requested, const std::string& option);
   void onConnectionOnLoop();
@@ -181,8 +179,10 @@ struct WriteRequest {
   std::string bytes;
 };
 
+}  // namespace
+
 // One client, on the loop thread. Deletes itself when its handles are closed.
-struct Connection {
+struct HttpConnection {
   enum class State { Idle, Head, Writing, Lingering };
 
   HttpServer::Impl* server;
@@ -194,9 +194,9 @@ struct Connection {
   bool closeAfterWrite = false;
   std::string in;
   size_t readAt = 0;  // where the buffer handed to libuv starts in `in`
-  std::list<Connection*>::iterator position;
+  std::list<HttpConnection*>::iterator position;
 
-  explicit Connection(HttpServer::Impl* s) : server(s) {
+  explicit HttpConnection(HttpServer::Impl* s) : server(s) {
     tcp.data = this;
     timer.data = this;
   }
@@ -208,8 +208,9 @@ struct Connection {
   }
 
   void arm(std::chrono::milliseconds after) {
-    uv_timer_start(&timer, [](uv_timer_t* t) { static_cast<Connection*>(t->data)->close(); },
-                   static_cast<uint64_t>(std::max<int64_t>(1, after.count())), 0);
+    uv_timer_start(
+        &timer, [](uv_timer_t* t) { static_cast<HttpConnection*>(t->data)->close(); },
+        static_cast<uint64_t>(std::max<int64_t>(1, after.count())), 0);
   }
 
   bool accept(uv_stream_t* listener) {
@@ -236,19 +237,19 @@ struct Connection {
   }
 
   static void closeCb(uv_handle_t* h) {
-    auto* c = static_cast<Connection*>(h->data);
+    auto* c = static_cast<HttpConnection*>(h->data);
     if (--c->openHandles == 0) delete c;
   }
 
   static void allocCb(uv_handle_t* h, size_t, uv_buf_t* buf) {
-    auto* c = static_cast<Connection*>(h->data);
+    auto* c = static_cast<HttpConnection*>(h->data);
     c->readAt = c->in.size();
     c->in.resize(c->readAt + kReadChunk);
     *buf = uv_buf_init(c->in.data() + c->readAt, kReadChunk);
   }
 
   static void readCb(uv_stream_t* s, ssize_t n, const uv_buf_t* buf) {
-    auto* c = static_cast<Connection*>(s->data);
+    auto* c = static_cast<HttpConnection*>(s->data);
     (void)buf;
     c->in.resize(c->readAt + static_cast<size_t>(std::max<ssize_t>(n, 0)));
     if (n < 0) return c->close();  // end of stream or an error
@@ -341,7 +342,7 @@ struct Connection {
 
   static void writeCb(uv_write_t* req, int status) {
     auto* w = reinterpret_cast<WriteRequest*>(req);
-    auto* c = static_cast<Connection*>(req->data);
+    auto* c = static_cast<HttpConnection*>(req->data);
     delete w;
     if (status == UV_ECANCELED || c->closing) return;
     if (status < 0) return c->close();
@@ -369,6 +370,8 @@ struct Connection {
     if (uv_read_start(stream(), allocCb, readCb) != 0) close();
   }
 };
+
+namespace {
 
 // The address to bind: numeric addresses directly, names through the resolver.
 bool bindAddress(const std::string& host, uint16_t port, sockaddr_storage* addr,
@@ -428,17 +431,17 @@ void HttpServer::Impl::bind(const std::string& host, uint16_t requested,
 void HttpServer::Impl::onConnectionOnLoop() {
   if (open.load() >= limits.maxConnections && !evictOnLoop()) {
     // Every connection is in the middle of a response: take this one and close it at once.
-    auto* c = new Connection(this);
+    auto* c = new HttpConnection(this);
     c->accept(reinterpret_cast<uv_stream_t*>(&listener));
     return c->close();
   }
-  auto* c = new Connection(this);
+  auto* c = new HttpConnection(this);
   if (!c->accept(reinterpret_cast<uv_stream_t*>(&listener))) c->close();
 }
 
 bool HttpServer::Impl::evictOnLoop() {
-  for (Connection* c : byActivity) {
-    if (c->state != Connection::State::Writing) {
+  for (HttpConnection* c : byActivity) {
+    if (c->state != HttpConnection::State::Writing) {
       c->close();
       return true;
     }
@@ -447,8 +450,8 @@ bool HttpServer::Impl::evictOnLoop() {
 }
 
 void HttpServer::Impl::stopOnLoop() {
-  std::vector<Connection*> all(byActivity.begin(), byActivity.end());
-  for (Connection* c : all) c->close();
+  std::vector<HttpConnection*> all(byActivity.begin(), byActivity.end());
+  for (HttpConnection* c : all) c->close();
   uv_close(reinterpret_cast<uv_handle_t*>(&listener), nullptr);
   uv_close(reinterpret_cast<uv_handle_t*>(&stopAsync), nullptr);
 }

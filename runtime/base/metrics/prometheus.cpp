@@ -12,25 +12,27 @@
 #include "metrics/http_server.h"
 
 namespace dtrain::metrics {
-namespace {
 
-// One time series: a metric name and its labels.
-struct SeriesKey {
+// One time series: a metric name and its labels. Not in the anonymous namespace:
+// PrometheusEndpoint::Impl holds them, and a unity build compiles this file as if it were a header.
+struct PrometheusSeries {
   std::string name;  // without the dtrain_ prefix
   std::string node;
   std::optional<int> rank;
   std::optional<int> gpu;
-  bool operator<(const SeriesKey& o) const {
+  bool operator<(const PrometheusSeries& o) const {
     return std::tie(name, node, rank, gpu) < std::tie(o.name, o.node, o.rank, o.gpu);
   }
 };
 
-using Latest = std::map<SeriesKey, double>;
+using Latest = std::map<PrometheusSeries, double>;
+
+namespace {
 
 // The record's values replace earlier ones of the same series.
 void absorb(Latest& latest, const Record& r) {
   auto put = [&](const std::string& name, double value) {
-    latest[SeriesKey{name, r.node, r.rank, r.gpu}] = value;
+    latest[PrometheusSeries{name, r.node, r.rank, r.gpu}] = value;
   };
   if (r.step) put("step", static_cast<double>(*r.step));
   for (const auto& [name, value] : r.fields) put(name, value);
