@@ -196,7 +196,8 @@ int main(int argc, char** argv) {
       o.nodes = {8};
       o.reps = 1;
       o.torchrun = false;
-      o.run.steadySeconds = 6;
+      o.run.settleSeconds = 2;
+      o.run.steadySeconds = 2;
       o.run.heartbeatInterval = 1;
       o.run.heartbeatTimeout = 3;
       o.run.restartSteps = 1;

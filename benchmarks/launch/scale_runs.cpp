@@ -109,11 +109,11 @@ bool measureStart(LaunchSim& s, const ScaleOptions& o, LaunchRun& r) {
   return true;
 }
 
-// Steady state: a few seconds for every worker's progress and every agent's first sample, then
+// Steady state: o.settleSeconds for every worker's progress and every agent's first sample, then
 // CPU and the store's periodic counts over the window.
 void measureSteadyState(LaunchSim& s, const ScaleOptions& o, LaunchRun& r) {
   Fleet& fleet = s.fleet();
-  fleet.pump(6000);
+  fleet.pump(static_cast<int>(o.settleSeconds * 1000));
   const CpuSnapshot a = cpuNow(s, -1);
   fleet.pumpUntil([] { return false; }, o.steadySeconds);
   const CpuSnapshot b = cpuNow(s, -1);

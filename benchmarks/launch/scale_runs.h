@@ -14,6 +14,7 @@ struct ScaleOptions {
   std::string torchrun = "/usr/bin/torchrun";
   double heartbeatInterval = 5;  // launch's default
   double heartbeatTimeout = 10;
+  double settleSeconds = 6;      // before it: every worker's progress, every agent's first sample
   double steadySeconds = 15;     // the window the steady-state figures are taken over
   int restartSteps = 5;          // seconds the workers run after the elastic restart
   std::string keepLogs;          // a directory: every agent's output as node<K>.log, per run
