@@ -80,8 +80,7 @@ std::shared_ptr<TensorBoardSink> TensorBoardSink::open(const std::string& dir,
   const double now = unixSeconds();
   const std::string name =
       fmt::format("events.out.tfevents.{:010d}.{}.{}.{}", static_cast<int64_t>(now),
-                  net::hostName(),
-                  ::getpid(), serial.fetch_add(1));
+                  net::hostName(), ::getpid(), serial.fetch_add(1));
   const std::string path = (std::filesystem::path(dir) / name).string();
   const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_APPEND | O_CLOEXEC, 0644);
   DTRAIN_CHECK_ARG(fd >= 0, "{} {}: cannot create {}: {}; HINT: give a writable directory",
