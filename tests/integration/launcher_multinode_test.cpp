@@ -17,6 +17,7 @@
 
 #include <fmt/format.h>
 
+#include "dtrain/config.h"
 #include "launcher_harness.h"
 #include "test_support.h"
 
@@ -175,8 +176,10 @@ TEST(ManualMultiNode, ASilentJoinedNodeIsDroppedWithinTheHeartbeatBound) {
 // was stopped (preempted(): SIGTERM, save, exit 75), at world size 3 instead of 2, with the data
 // cursor re-sharded: over the whole run every epoch trains on every sample exactly once.
 TEST(ManualMultiNode, TheGrownJobResumesWithEverySampleOnce) {
+  if (!DTRAIN_WITH_GLOO || !DTRAIN_WITH_TORCH) {
+    GTEST_SKIP() << "elastic_worker is built with libtorch and Gloo only";
+  }
   const std::string worker = binaryPath("elastic_worker");
-  if (::access(worker.c_str(), X_OK) != 0) GTEST_SKIP() << "elastic_worker not built (no libtorch or Gloo)";
   TempDir dir;
   const int port = freeLoopbackPort();
   const std::vector<std::string> options{"--rdzv-timeout", "3", "--max-restarts", "0",
