@@ -5,13 +5,18 @@ find_package(GTest REQUIRED)
 include(GoogleTest)
 
 # dtrain_gtest(<name> LABEL <label> SOURCES ... [LIBS ...] [SERIAL] [LOCK <resource>]
-#              [TIMEOUT <s>] [TORCH])
+#              [TIMEOUT <s>] [TORCH] [BY_SUITE])
 # One gtest executable; every TEST becomes a CTest test carrying the label (and RUN_SERIAL /
 # RESOURCE_LOCK for timing-bound and namespace tests). TORCH reuses the torch layer's PCH.
 # SERIAL_TESTS: a gtest filter ("Suite.*:Other.*") of timing-bound tests in an otherwise parallel
 # binary; they are registered apart, RUN_SERIAL.
+# BY_SUITE: every gtest suite becomes one CTest test (<name>.<Suite>, `--gtest_filter=Suite.*`),
+# for binaries that take longer to start than most of their tests take to run (a libtorch
+# process: ~0.5 s before main(), registering its operators). The TIMEOUT is then the suite's;
+# SERIAL_TESTS names whole suites. One test alone: `<name> --gtest_filter=Suite.Test`.
 function(dtrain_gtest name)
-  cmake_parse_arguments(A "SERIAL;TORCH" "LABEL;LOCK;TIMEOUT;SERIAL_TESTS" "SOURCES;LIBS" ${ARGN})
+  cmake_parse_arguments(A "SERIAL;TORCH;BY_SUITE" "LABEL;LOCK;TIMEOUT;SERIAL_TESTS" "SOURCES;LIBS"
+                        ${ARGN})
   if(NOT A_TIMEOUT)
     set(A_TIMEOUT 120)
   endif()
@@ -33,7 +38,17 @@ function(dtrain_gtest name)
   if(A_LOCK)
     list(APPEND props RESOURCE_LOCK ${A_LOCK})
   endif()
-  if(A_SERIAL_TESTS)
+  if(A_BY_SUITE)
+    set(script "${CMAKE_CURRENT_BINARY_DIR}/${name}_suites.cmake")
+    file(GENERATE OUTPUT "${script}" CONTENT
+"set(exe \"$<TARGET_FILE:${name}>\")
+set(prefix \"${name}.\")
+set(props \"${props}\")
+set(serial \"${A_SERIAL_TESTS}\")
+include(\"${CMAKE_CURRENT_FUNCTION_LIST_DIR}/gtest_suites.cmake\")
+")
+    set_property(DIRECTORY APPEND PROPERTY TEST_INCLUDE_FILES "${script}")
+  elseif(A_SERIAL_TESTS)
     gtest_discover_tests(${name} DISCOVERY_MODE PRE_TEST TEST_PREFIX "${name}."
                          TEST_FILTER "-${A_SERIAL_TESTS}" PROPERTIES ${props})
     gtest_discover_tests(${name} DISCOVERY_MODE PRE_TEST TEST_PREFIX "${name}."

@@ -3,7 +3,7 @@
 if(TARGET dtrain_examples)
   file(GLOB DTRAIN_EXAMPLES_TEST_SOURCES CONFIGURE_DEPENDS
     ${CMAKE_CURRENT_SOURCE_DIR}/tests/examples/*_test.cpp)
-  dtrain_gtest(dtrain_examples_tests LABEL unit TORCH TIMEOUT 300
+  dtrain_gtest(dtrain_examples_tests LABEL unit TORCH BY_SUITE TIMEOUT 300
     SOURCES ${DTRAIN_EXAMPLES_TEST_SOURCES}
     LIBS dtrain_examples)
 endif()

@@ -6,7 +6,7 @@ file(GLOB DTRAIN_TORCH_TEST_SOURCES CONFIGURE_DEPENDS
   ${CMAKE_CURRENT_SOURCE_DIR}/tests/torch/zero/*_test.cpp
   ${CMAKE_CURRENT_SOURCE_DIR}/tests/torch/*_support.cpp)
 if(DTRAIN_TORCH_TEST_SOURCES)
-  dtrain_gtest(dtrain_torch_tests LABEL unit TORCH TIMEOUT 300
+  dtrain_gtest(dtrain_torch_tests LABEL unit TORCH BY_SUITE TIMEOUT 300
     SERIAL_TESTS "DdpOverlap.*"
     SOURCES ${DTRAIN_TORCH_TEST_SOURCES}
     LIBS dtrain dtrain_base_internal)
