@@ -12,6 +12,7 @@
 #include "dtrain/base/error.h"
 #include "env_contract.h"
 #include "net/net_interface.h"
+#include "net/socket.h"
 
 namespace dtrain::launcher {
 
@@ -42,11 +43,7 @@ WorkerCommand lookUpProgram(const LaunchConfig& config, const EnvMap& environmen
                               path != environment.end() ? path->second : "/usr/bin:/bin", host);
 }
 
-std::string hostName() {
-  char name[256] = {};
-  if (::gethostname(name, sizeof name - 1) != 0) return "localhost";
-  return name;
-}
+std::string hostName() { return net::hostName(); }
 
 int usableCpus() {
   cpu_set_t set;
