@@ -6,7 +6,7 @@
 #include "dtrain/base/error.h"
 #include "dtrain/torch/autocast.h"
 
-namespace dtrain::autocast_test::autocast_test {
+namespace dtrain::autocast_test {
 namespace {
 
 TEST(Autocast, CpuForwardRunsInBfloat16InsideTheGuardOnly) {
@@ -48,4 +48,4 @@ TEST(Autocast, UnsupportedDeviceIsRefused) {
 }
 
 }  // namespace
-}  // namespace dtrain::autocast_test::autocast_test
+}  // namespace dtrain::autocast_test

@@ -2,7 +2,7 @@
 
 #include "dtrain/torch/bucket_assignment.h"
 
-namespace dtrain::bucket_assignment_test::bucket_assignment_test {
+namespace dtrain::bucket_assignment_test {
 namespace {
 
 using Buckets = std::vector<std::vector<size_t>>;
@@ -92,4 +92,4 @@ TEST(BucketAssignment, InTheOrderGradientsArrived) {
 }
 
 }  // namespace
-}  // namespace dtrain::bucket_assignment_test::bucket_assignment_test
+}  // namespace dtrain::bucket_assignment_test

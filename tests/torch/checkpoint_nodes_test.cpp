@@ -21,7 +21,7 @@
 #include "dtrain/torch/distributed_sampler.h"
 #include "test_support.h"
 
-namespace dtrain::testing::checkpoint_nodes_test::checkpoint_nodes_test {
+namespace dtrain::testing::checkpoint_nodes_test {
 namespace {
 
 // DTRAIN_IO_FAULT for the Checkpointers created while it lives (each reads it when built).
@@ -253,4 +253,4 @@ TEST(Checkpointer, ANodeThatCannotOpenItsCopyMakesTheRestoreTryTheNextStep) {
 }
 
 }  // namespace
-}  // namespace dtrain::testing::checkpoint_nodes_test::checkpoint_nodes_test
+}  // namespace dtrain::testing::checkpoint_nodes_test

@@ -22,7 +22,7 @@
 #include "test_support.h"
 #include "zero/zero_test_support.h"
 
-namespace dtrain::testing::checkpoint_sharded_test::checkpoint_sharded_test {
+namespace dtrain::testing::checkpoint_sharded_test {
 namespace {
 
 constexpr int64_t kGlobalBatch = 12;  // divides among 4, 3 and 2 ranks
@@ -325,4 +325,4 @@ TEST(ShardedCheckpoint, AShardDamagedEverywhereFallsBackToTheNextOlderCompleteSt
 }
 
 }  // namespace
-}  // namespace dtrain::testing::checkpoint_sharded_test::checkpoint_sharded_test
+}  // namespace dtrain::testing::checkpoint_sharded_test

@@ -29,7 +29,7 @@
 #include "dtrain/torch/grad_scaler.h"
 #include "test_support.h"
 
-namespace dtrain::testing::checkpoint_test::checkpoint_test {
+namespace dtrain::testing::checkpoint_test {
 namespace {
 
 // A small training setup with everything a checkpoint holds.
@@ -653,4 +653,4 @@ TEST(CheckpointState, HelperThreadsEnterTheDeviceBeforeTheirJobs) {
 }
 
 }  // namespace
-}  // namespace dtrain::testing::checkpoint_test::checkpoint_test
+}  // namespace dtrain::testing::checkpoint_test

@@ -7,7 +7,7 @@
 #include "counting_allocator.h"
 #include "ddp_test_util.h"
 
-namespace dtrain::testing::ddp_behaviour_test::ddp_behaviour_test {
+namespace dtrain::testing::ddp_behaviour_test {
 namespace {
 
 constexpr double kTolerance = 1e-5;
@@ -556,4 +556,4 @@ TEST(DdpBuffers, BatchNorm) {
 }
 
 }  // namespace
-}  // namespace dtrain::testing::ddp_behaviour_test::ddp_behaviour_test
+}  // namespace dtrain::testing::ddp_behaviour_test

@@ -5,7 +5,7 @@
 
 #include "ddp_test_util.h"
 
-namespace dtrain::testing::ddp_buckets_test::ddp_buckets_test {
+namespace dtrain::testing::ddp_buckets_test {
 namespace {
 
 // Registers its layers in the opposite order of use: the initial buckets (reverse registration)
@@ -158,4 +158,4 @@ TEST(DdpBucketRebuild, KeptWhenTurnedOffOrWithUnusedParameters) {
 }
 
 }  // namespace
-}  // namespace dtrain::testing::ddp_buckets_test::ddp_buckets_test
+}  // namespace dtrain::testing::ddp_buckets_test

@@ -3,7 +3,7 @@
 
 #include "ddp_test_util.h"
 
-namespace dtrain::testing::ddp_equivalence_test::ddp_equivalence_test {
+namespace dtrain::testing::ddp_equivalence_test {
 namespace {
 
 constexpr int kSteps = 3;
@@ -126,4 +126,4 @@ TEST(DdpEquivalence, MlpOnTwoThreeFourRanks) {
 }
 
 }  // namespace
-}  // namespace dtrain::testing::ddp_equivalence_test::ddp_equivalence_test
+}  // namespace dtrain::testing::ddp_equivalence_test

@@ -10,7 +10,7 @@
 
 #include "ddp_test_util.h"
 
-namespace dtrain::testing::ddp_set_to_none_test::ddp_set_to_none_test {
+namespace dtrain::testing::ddp_set_to_none_test {
 namespace {
 
 constexpr int kWorld = 2;
@@ -107,4 +107,4 @@ TEST(DdpSetToNone, ABucketMixingNewAndAccumulatedGradients) {
 }
 
 }  // namespace
-}  // namespace dtrain::testing::ddp_set_to_none_test::ddp_set_to_none_test
+}  // namespace dtrain::testing::ddp_set_to_none_test

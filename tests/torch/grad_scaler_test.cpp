@@ -12,7 +12,7 @@
 #include "dtrain/torch/ddp.h"
 #include "dtrain/torch/grad_scaler.h"
 
-namespace dtrain::testing::grad_scaler_test::grad_scaler_test {
+namespace dtrain::testing::grad_scaler_test {
 namespace {
 
 std::vector<torch::Tensor> snapshot(torch::nn::Module& m) {
@@ -222,4 +222,4 @@ TEST(GradScaler, EveryRankSkipsUnderNoSyncAccumulationToo) {
 }
 
 }  // namespace
-}  // namespace dtrain::testing::grad_scaler_test::grad_scaler_test
+}  // namespace dtrain::testing::grad_scaler_test

@@ -17,7 +17,7 @@
 
 #include "dtrain/torch/host_memory.h"
 
-namespace dtrain::host_memory_test::host_memory_test {
+namespace dtrain::host_memory_test {
 namespace {
 
 constexpr size_t kMiB = size_t{1} << 20;
@@ -215,4 +215,4 @@ TEST(HostMemoryCache, TrainingGivesTheSameNumbersWithAndWithoutIt) {
 }
 
 }  // namespace
-}  // namespace dtrain::host_memory_test::host_memory_test
+}  // namespace dtrain::host_memory_test

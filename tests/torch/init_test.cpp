@@ -17,7 +17,7 @@
 #include "dtrain/torch/init.h"
 #include "test_support.h"
 
-namespace dtrain::init_test::init_test {
+namespace dtrain::init_test {
 namespace {
 
 // Sets (or unsets, with nullopt) environment variables for one test and restores them after.
@@ -257,4 +257,4 @@ TEST(Init, HierarchicalWorldAndItsRowAndColumnGroups) {
 }
 
 }  // namespace
-}  // namespace dtrain::init_test::init_test
+}  // namespace dtrain::init_test

@@ -11,7 +11,7 @@
 #include "dtrain/torch/process_group.h"
 #include "thread_communicator_support.h"
 
-namespace dtrain::process_group_collectives_test::process_group_collectives_test {
+namespace dtrain::process_group_collectives_test {
 namespace {
 
 std::vector<std::shared_ptr<ProcessGroup>> makeGroups(int n, bool check = false) {
@@ -267,4 +267,4 @@ TEST(ProcessGroupCollectives, RejectsUnsupportedTensors) {
 }
 
 }  // namespace
-}  // namespace dtrain::process_group_collectives_test::process_group_collectives_test
+}  // namespace dtrain::process_group_collectives_test

@@ -19,7 +19,7 @@
 #include "dtrain/torch/recompute.h"
 #include "recompute_models.h"
 
-namespace dtrain::testing::recompute_ddp_test::recompute_ddp_test {
+namespace dtrain::testing::recompute_ddp_test {
 namespace {
 
 using Clock = std::chrono::steady_clock;
@@ -308,4 +308,4 @@ TEST(RecomputeDdpContrast, ReentrantBackwardInsideBackwardBreaksDdp) {
 }
 
 }  // namespace
-}  // namespace dtrain::testing::recompute_ddp_test::recompute_ddp_test
+}  // namespace dtrain::testing::recompute_ddp_test

@@ -9,7 +9,7 @@
 #include "counting_allocator.h"
 #include "dtrain/torch/recompute.h"
 
-namespace dtrain::testing::recompute_memory_test::recompute_memory_test {
+namespace dtrain::testing::recompute_memory_test {
 namespace {
 
 constexpr int64_t kBlocks = 64, kSegments = 8, kWidth = 64, kBatch = 1024;
@@ -68,4 +68,4 @@ TEST(RecomputeMemory, SixtyFourBlocksInEightSegments) {
 }
 
 }  // namespace
-}  // namespace dtrain::testing::recompute_memory_test::recompute_memory_test
+}  // namespace dtrain::testing::recompute_memory_test

@@ -13,7 +13,7 @@
 #include "dtrain/torch/recompute.h"
 #include "recompute_models.h"
 
-namespace dtrain::testing::recompute_test::recompute_test {
+namespace dtrain::testing::recompute_test {
 namespace {
 
 using Forward = std::function<torch::Tensor(torch::nn::Sequential&, const torch::Tensor&)>;
@@ -351,4 +351,4 @@ TEST(Recompute, BadSegmentCountsAreRefused) {
 }
 
 }  // namespace
-}  // namespace dtrain::testing::recompute_test::recompute_test
+}  // namespace dtrain::testing::recompute_test

@@ -16,7 +16,7 @@
 #include "recompute_models.h"
 #include "zero/zero_expect.h"
 
-namespace dtrain::testing::recompute_zero_test::recompute_zero_test {
+namespace dtrain::testing::recompute_zero_test {
 namespace {
 
 // Recomputes seen by ProbedLayer (both ranks), and those that found the layer's weight gathered.
@@ -155,4 +155,4 @@ TEST(RecomputeZeroStage3, UnitsInsideARecomputedSegmentAreGatheredAgainAndTrainB
 }
 
 }  // namespace
-}  // namespace dtrain::testing::recompute_zero_test::recompute_zero_test
+}  // namespace dtrain::testing::recompute_zero_test

@@ -9,7 +9,7 @@
 #include "dtrain/base/error.h"
 #include "dtrain/torch/distributed_sampler.h"
 
-namespace dtrain::sampler_test::sampler_test {
+namespace dtrain::sampler_test {
 namespace {
 
 using Shards = std::vector<std::vector<size_t>>;
@@ -305,4 +305,4 @@ TEST(DistributedSampler, StateFormatAndValidation) {
 }
 
 }  // namespace
-}  // namespace dtrain::sampler_test::sampler_test
+}  // namespace dtrain::sampler_test

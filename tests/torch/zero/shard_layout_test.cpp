@@ -7,7 +7,7 @@
 #include "dtrain/base/error.h"
 #include "dtrain/torch/shard_layout.h"
 
-namespace dtrain::shard_layout_test::shard_layout_test {
+namespace dtrain::shard_layout_test {
 namespace {
 
 std::vector<ShardInput> floats(std::vector<int64_t> numels, std::vector<int> keys = {}) {
@@ -105,4 +105,4 @@ TEST(ShardLayout, RefusesNonsense) {
 }
 
 }  // namespace
-}  // namespace dtrain::shard_layout_test::shard_layout_test
+}  // namespace dtrain::shard_layout_test

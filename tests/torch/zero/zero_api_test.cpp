@@ -9,7 +9,7 @@
 
 #include "zero_expect.h"
 
-namespace dtrain::testing::zero_api_test::zero_api_test {
+namespace dtrain::testing::zero_api_test {
 namespace {
 
 // Runs fn on each rank of a world of `n` threads with a fresh DDP-wrapped Mlp(7, 13, 5).
@@ -286,4 +286,4 @@ TEST(ZeroApi, Bfloat16ParametersWithFloat32MasterShards) {
 }
 
 }  // namespace
-}  // namespace dtrain::testing::zero_api_test::zero_api_test
+}  // namespace dtrain::testing::zero_api_test

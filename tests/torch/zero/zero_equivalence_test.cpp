@@ -5,7 +5,7 @@
 
 #include "zero_expect.h"
 
-namespace dtrain::testing::zero_equivalence_test::zero_equivalence_test {
+namespace dtrain::testing::zero_equivalence_test {
 namespace {
 
 struct Param {
@@ -102,4 +102,4 @@ INSTANTIATE_TEST_SUITE_P(Ranks, ZeroEquivalence,
                          });
 
 }  // namespace
-}  // namespace dtrain::testing::zero_equivalence_test::zero_equivalence_test
+}  // namespace dtrain::testing::zero_equivalence_test

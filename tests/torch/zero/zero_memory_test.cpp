@@ -8,7 +8,7 @@
 
 #include "zero_test_support.h"
 
-namespace dtrain::testing::zero_memory_test::zero_memory_test {
+namespace dtrain::testing::zero_memory_test {
 namespace {
 
 // Bytes of memory the tensors cover, each byte once (views and tensors over one buffer overlap).
@@ -135,4 +135,4 @@ TEST(ZeroMemory, NoSyncAccumulationHoldsFullGradientsUntilTheSynchronisingBackwa
 }
 
 }  // namespace
-}  // namespace dtrain::testing::zero_memory_test::zero_memory_test
+}  // namespace dtrain::testing::zero_memory_test

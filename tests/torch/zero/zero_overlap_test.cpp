@@ -10,7 +10,7 @@
 
 #include "zero_test_support.h"
 
-namespace dtrain::testing::zero_overlap_test::zero_overlap_test {
+namespace dtrain::testing::zero_overlap_test {
 namespace {
 
 // What a unit's optimizer saw when its step began: collectives issued and waits made since
@@ -188,4 +188,4 @@ TEST(ZeroOverlap, DeferredAllgathersAreWaitedForByTheNextForward) {
 }
 
 }  // namespace
-}  // namespace dtrain::testing::zero_overlap_test::zero_overlap_test
+}  // namespace dtrain::testing::zero_overlap_test

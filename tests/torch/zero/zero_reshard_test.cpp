@@ -8,7 +8,7 @@
 
 #include "zero_test_support.h"
 
-namespace dtrain::testing::zero_reshard_test::zero_reshard_test {
+namespace dtrain::testing::zero_reshard_test {
 namespace {
 
 constexpr int64_t kGlobalBatch = 12;  // divides among 4, 3 and 2 ranks
@@ -121,4 +121,4 @@ TEST(ZeroReshard, ParametersOnlyLeaveTheOptimizerUnstepped) {
 }
 
 }  // namespace
-}  // namespace dtrain::testing::zero_reshard_test::zero_reshard_test
+}  // namespace dtrain::testing::zero_reshard_test
