@@ -1,6 +1,7 @@
 # Run by ctest before it runs anything (a TEST_INCLUDE_FILES script of dtrain_gtest(... BY_SUITE)):
 # one CTest test per gtest suite of `exe`, running `--gtest_filter=<suite>.*`, named
-# <prefix><suite>, with `props`; the suites `serial` names ("A.*:B.*") also RUN_SERIAL.
+# <prefix><suite>, with `props`; the suites `serial` names ("A.*:B.*") also RUN_SERIAL. A suite
+# passes when none of its tests failed; the ones it skipped are named in its output.
 if(NOT EXISTS "${exe}")
   add_test("${prefix}NOT_BUILT" "${exe}")
   return()
