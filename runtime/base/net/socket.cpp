@@ -26,6 +26,10 @@ std::string errnoText(int err) {
   return fmt::format("{} ({})", desc ? desc : "unknown error", name ? name : std::to_string(err));
 }
 
+long long msSince(TimePoint start) {
+  return std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - start).count();
+}
+
 std::string hostName() {
   char name[256] = {};
   if (::gethostname(name, sizeof name - 1) != 0 || name[0] == '\0') return "localhost";

@@ -18,6 +18,8 @@ using TimePoint = Clock::time_point;
 std::string hostPort(const std::string& host, uint16_t port);
 // "Connection refused (ECONNREFUSED)".
 std::string errnoText(int err);
+// Whole milliseconds since `start`, for messages.
+long long msSince(TimePoint start);
 // This machine's host name; "localhost" when it has none.
 std::string hostName();
 

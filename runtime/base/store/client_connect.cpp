@@ -10,7 +10,6 @@
 #include "dtrain/base/error.h"
 #include "dtrain/base/logging.h"
 #include "store/auth.h"
-#include "store/tcp_store_impl.h"
 #include "store/wire.h"
 
 namespace dtrain::store {
@@ -19,6 +18,7 @@ namespace {
 
 using net::Clock;
 using net::IoStatus;
+using net::msSince;
 
 constexpr Millis kFirstBackoff{10};
 constexpr Millis kMaxBackoff{1000};

@@ -29,10 +29,6 @@ std::string quoted(const std::vector<std::string>& keys, size_t max) {
   return out;
 }
 
-long long msSince(Clock::time_point start) {
-  return std::chrono::duration_cast<Millis>(Clock::now() - start).count();
-}
-
 std::string errorMessage(const uint8_t* payload, size_t size) {
   wire::Reader in(payload, size);
   std::string message;
