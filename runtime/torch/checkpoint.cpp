@@ -228,6 +228,13 @@ void Checkpointer::Impl::settleShardedParameters() {
 void Checkpointer::Impl::save(int64_t step, int64_t epoch, bool async) {
   DTRAIN_CHECK_ARG(step >= 0 && epoch >= 0, "Checkpointer: step {} and epoch {} must be >= 0", step,
                    epoch);
+  if (started && pendingIdleClass && thread.running()) {
+    // See Note [Background saves yield].
+    idleClassSaves = false;
+    DTRAIN_LOG(Info, "rank {}: the asynchronous save of step {} was still running when the save "
+               "of step {} began: this machine leaves its idle-class thread too little CPU, so "
+               "later asynchronous saves run at nice +10", rank, pendingStep, step);
+  }
   waitPending();
   settleShardedParameters();
   if (step == committedStep) {
@@ -365,16 +372,20 @@ void Checkpointer::Impl::startSaveThread(int64_t step, FileWrite write, bool bac
   int keep = options.keepLast;
   auto log = writes;
   const bool latest = !sharded();  // a sharded save moves LATEST after the agreement
-  auto job = [ops_, dir_, step, write, log, background,
+  const bool idle = background && idleClassSaves;
+  pendingIdleClass = idle;
+  auto job = [ops_, dir_, step, write, log, background, idle,
               latest](checkpoint::SaveProgress& progress) {
     // See Note [Background saves yield].
-    if (background) checkpoint::lowerThisThreadsPriority();
+    const bool ranIdle = idle && checkpoint::moveThisThreadToIdleClass();
+    if (background && !ranIdle) checkpoint::lowerThisThreadsPriority();
     const auto begin = std::chrono::steady_clock::now();
     checkpoint::writeAndCommit(
         *ops_, dir_, step, [&](const std::string& tmp) { write(tmp, &progress); }, &progress,
         latest);
     CheckpointWrite done;
     done.step = step;
+    done.idleClass = ranIdle;
     done.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - begin).count();
     std::error_code ec;
     const auto size = std::filesystem::file_size(dir_ + "/" + checkpoint::stepFileName(step), ec);

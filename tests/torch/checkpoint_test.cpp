@@ -522,6 +522,45 @@ TEST(Checkpointer, AStuckSaveFailsWithinItsTimeoutAndLaterSavesRecover) {
   EXPECT_EQ(c.committedSteps(), (std::vector<int64_t>{3}));
 }
 
+// Note [Background saves yield]: asynchronous saves write from a thread in the idle scheduling
+// class, synchronous ones at the normal priority; once a save finds the previous asynchronous one
+// still running, the Checkpointer's later asynchronous saves run at nice +10.
+TEST(Checkpointer, AsynchronousSavesRunInTheIdleClassUntilASaveWaitsForOne) {
+  auto classes = [](Checkpointer& c) {
+    std::vector<bool> out;
+    for (const auto& w : c.finishedWrites()) out.push_back(w.idleClass);
+    return out;
+  };
+  auto group = soloGroup();
+  Mlp net;
+  {
+    TempDir dir;
+    Checkpointer c(group, optionsFor(dir.path()));
+    c.addModule("m", net);
+    c.saveAsync(1);
+    c.wait();  // waiting is not a save: the class stays
+    c.saveAsync(2);
+    c.wait();
+    c.save(3);
+    c.saveAsync(4);
+    c.wait();
+    EXPECT_EQ(classes(c), (std::vector<bool>{true, true, false, true}));
+  }
+  TempDir dir;
+  // The first write call of step 1 takes 0.5 s: the save of step 2 finds it running.
+  ::setenv("DTRAIN_IO_FAULT", "write:slow:500@1", 1);
+  Checkpointer c(group, optionsFor(dir.path()));
+  ::unsetenv("DTRAIN_IO_FAULT");
+  c.addModule("m", net);
+  c.saveAsync(1);
+  c.saveAsync(2);
+  c.wait();
+  c.saveAsync(3);
+  c.wait();
+  EXPECT_EQ(classes(c), (std::vector<bool>{true, false, false}));
+  EXPECT_EQ(c.committedSteps(), (std::vector<int64_t>{3, 2, 1}));
+}
+
 TEST(Checkpointer, PreemptionSavesTheSameStepOnEveryRank) {
   TempDir dir;
   auto world = ThreadWorld::create(2);

@@ -2,6 +2,7 @@
 // LATEST, keep-last, leftovers, I/O errors injected at every kind of call, a SIGKILL after every
 // single I/O call of three saves, and a real full disk (a small tmpfs, as root).
 #include <fcntl.h>
+#include <sched.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
@@ -356,6 +357,20 @@ TEST(CheckpointSaveThread, ABackgroundSaveThreadYieldsTheCpu) {
   background.join();
   EXPECT_EQ(theirs, std::min(mine + kBackgroundNice, 19));
   EXPECT_EQ(niceOf(), mine);
+}
+
+// Note [Background saves yield]: the idle class is the calling thread's alone, as the nice value is.
+TEST(CheckpointSaveThread, ABackgroundSaveThreadMovesAloneIntoTheIdleClass) {
+  const int mine = ::sched_getscheduler(0);
+  int theirs = -1;
+  std::thread background([&] {
+    EXPECT_TRUE(moveThisThreadToIdleClass());
+    theirs = ::sched_getscheduler(0);
+  });
+  background.join();
+  EXPECT_EQ(theirs, SCHED_IDLE);
+  EXPECT_EQ(::sched_getscheduler(0), mine);
+  EXPECT_NE(mine, SCHED_IDLE);
 }
 
 }  // namespace

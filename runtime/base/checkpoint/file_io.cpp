@@ -2,6 +2,7 @@
 
 #include <dirent.h>
 #include <fcntl.h>
+#include <sched.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
@@ -591,6 +592,12 @@ bool lowerThisThreadsPriority(int increment) {
   const int current = ::getpriority(PRIO_PROCESS, tid);
   if (errno != 0) return false;
   return ::setpriority(PRIO_PROCESS, tid, std::min(current + increment, 19)) == 0;
+}
+
+bool moveThisThreadToIdleClass() {
+  sched_param none{};
+  // pid 0: the calling thread, whatever the other threads of the process run at.
+  return ::sched_setscheduler(0, SCHED_IDLE, &none) == 0;
 }
 
 struct SaveThread::Shared {

@@ -180,17 +180,29 @@ void removeTemporaries(const std::string& dir);
 void pruneCheckpoints(const std::string& dir, int keepLast, int64_t protect);
 
 // Note [Background saves yield]
-// An asynchronous save's write runs beside training, which is what it must not slow down: on a
-// machine without a spare core (several ranks per node, data loaders, other jobs), the save thread
-// takes its CPU time from the training threads. So that thread runs at a lower priority, nice +10
-// (a tenth of a default thread's share when they compete): where a core is free it runs as fast
-// as before, where none is, training goes first and the save takes longer, within its deadline.
-// A synchronous save keeps the normal priority: training waits for it.
+// An asynchronous save's write runs beside training, which is what it must not slow down. Where
+// training keeps the cores busy -- several ranks per node, data loaders, other jobs, or one rank
+// whose BLAS calls split each product over every core and wait for the slowest part -- the save
+// thread takes its CPU time from the training threads. So that thread moves itself into the idle
+// scheduling class (SCHED_IDLE, which needs no privilege): it runs on the CPU time no other
+// thread wants (between a step's bursts, while training waits for a collective or for I/O), and a
+// training thread that wakes takes the core back at once. Where a core is free it runs as fast as
+// before. On a machine that leaves no idle time at all the idle class still gets a sliver (about
+// 0.3 % of a core against one busy thread), which could leave a save running until the next one
+// waits for it; so once training had to wait for an idle-class save that was still running (the
+// next save found it unfinished), that Checkpointer's later asynchronous saves run at nice +10
+// instead (a tenth of a default thread's share when they compete), and it says so once. The
+// thread is one per save: a class chosen for one save never outlives it. A synchronous save keeps
+// the normal priority: training waits for it. Measured in benchmarks/README.md
+// (checkpoint_bench --train, "the idle class").
 constexpr int kBackgroundNice = 10;
 
 // Raises this thread's nice value by `increment` (at most to 19); Linux threads have their own.
 // Returns false (and changes nothing) when the system refuses.
 bool lowerThisThreadsPriority(int increment = kBackgroundNice);
+// Moves this thread (only) into the idle scheduling class, SCHED_IDLE. Irreversible for an
+// unprivileged thread. Returns false (and changes nothing) when the system refuses.
+bool moveThisThreadToIdleClass();
 
 // One job at a time on a thread of its own, waited on with a deadline: a checkpoint save must
 // never block training for ever (a hung disk or network filesystem). See

@@ -122,6 +122,9 @@ struct CheckpointWrite {
   int64_t step = 0;
   double seconds = 0;  // writing the file, fsync, rename and LATEST: until committed on this node
   uint64_t bytes = 0;  // the file's size
+  // The save thread ran in the idle scheduling class: an asynchronous save, until training once
+  // found one still running at its next save; then nice +10 (docs/training.md, "Asynchronous saves").
+  bool idleClass = false;
 };
 
 // User metadata saved with a checkpoint: key -> string, number or tensor (on the CPU).
