@@ -195,6 +195,15 @@ void pruneCheckpoints(const std::string& dir, int keepLast, int64_t protect);
 // thread is one per save: a class chosen for one save never outlives it. A synchronous save keeps
 // the normal priority: training waits for it. Measured in benchmarks/README.md
 // (checkpoint_bench --train, "the idle class").
+// The hazard of the idle class is a lock it holds while it waits for a core. Its hashing and
+// writing take no lock of dtrain's (a log line, on a failure or a fallback, takes the log's); at
+// its end it takes two, each for a few instructions: the waiter's flag (a training thread that
+// takes it is waiting for this save anyway) and the list finishedWrites() reads. Were it
+// preempted inside the latter on a machine without idle time, a training thread asking for
+// finishedWrites() at that moment would wait until the idle class got a core again (estimated at
+// up to about a second when every core is busy with default-class threads); not seen in any
+// measurement, and on such a machine the fallback soon moves later saves to nice +10, whose
+// thread gets a core back within a few time slices.
 constexpr int kBackgroundNice = 10;
 
 // Raises this thread's nice value by `increment` (at most to 19); Linux threads have their own.
