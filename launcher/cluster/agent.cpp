@@ -25,6 +25,7 @@
 #include "launcher/seconds.h"
 #include "launcher/supervisor/output.h"
 #include "launcher/supervisor/supervisor.h"
+#include "net/socket.h"
 #include "parse_int.h"
 
 namespace dtrain::launcher {
@@ -130,7 +131,7 @@ class Agent {
 
 Agent::Agent(const AgentSetup& setup, const EnvMap& environment)
     : setup_(setup), environment_(environment), config_(setup.config),
-      host_(hostName()), label_(setup.label.empty() ? host_ : setup.label),
+      host_(net::hostName()), label_(setup.label.empty() ? host_ : setup.label),
       me_(fmt::format("launch (node {}, {})", setup.node, label_)),
       effective_(composeEnvironment(environment, setup.forwarded)) {
   if (!config_.linePrefixGiven) config_.linePrefixTemplate = kDefaultMultiNodeLinePrefixTemplate;

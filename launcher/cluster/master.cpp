@@ -8,6 +8,7 @@
 #include "dtrain/base/tcp_store.h"
 #include "launcher/job/node_probe.h"
 #include "launcher/supervisor/output.h"
+#include "net/socket.h"
 
 namespace dtrain::launcher {
 
@@ -21,7 +22,7 @@ std::unique_ptr<monitor::Monitor> masterMonitor(const LaunchConfig& config,
                                                 const MultiNodePlan& plan) {
   monitor::MonitorContext c;
   c.runId = plan.runId;
-  c.node = hostName();
+  c.node = net::hostName();
   c.nodeRank = -1;
   c.numNodes = plan.maxNodes;
   c.samplesNode = false;  // each node's agent samples its node, this one's too
@@ -51,7 +52,7 @@ CoordinatorOptions coordinatorOptions(const LaunchConfig& config, const MultiNod
   co.maxRestarts = config.maxRestarts;
   co.masterPort = plan.masterPort;
   co.runId = plan.runId;
-  co.self.host = hostName();
+  co.self.host = net::hostName();
   co.self.launchVersion = launcherVersion();
   co.storeWhere = fmt::format("{}:{}", plan.storeAddr, plan.storePort);
   co.logHint = "not kept (HINT: pass --log-dir DIR to keep every worker's output on its node)";

@@ -18,6 +18,7 @@
 #include "launcher/job/job.h"
 #include "launcher/job/node_probe.h"
 #include "net/net_interface.h"
+#include "net/socket.h"
 
 namespace dtrain::launcher {
 
@@ -209,7 +210,7 @@ void planManual(const LaunchConfig& config, const EnvMap& environment, MultiNode
                      "{} {}: node rank 0 hosts the store, but {} is not an address of this host "
                      "({}); HINT: run node rank 0 on the host named by --rdzv-endpoint",
                      optionLabel(config, "rdzv-endpoint"), config.rdzvHost, plan.storeAddr,
-                     hostName());
+                     net::hostName());
   }
 }
 

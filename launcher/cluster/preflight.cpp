@@ -28,6 +28,7 @@
 #include "launcher/seconds.h"
 #include "launcher/supervisor/output.h"
 #include "net/net_interface.h"
+#include "net/socket.h"
 
 namespace dtrain::launcher {
 
@@ -142,7 +143,7 @@ std::string missingLibraries(const std::string& ldd) {
 // The program here, every library it links, and the versions of libtorch, CUDA and NCCL.
 void programFacts(const LaunchConfig& config, const EnvMap& effective) {
   try {
-    WorkerCommand cmd = lookUpProgram(config, effective, hostName());
+    WorkerCommand cmd = lookUpProgram(config, effective, net::hostName());
     fact("program", cmd.file);
     const std::string ldd = run("ldd " + remote::singleQuote(cmd.file) + " 2>&1");
     fact("libraries", missingLibraries(ldd));
@@ -206,7 +207,7 @@ void holdMasterPort(int masterFd, Clock::time_point started) {
 int runNodeCheck(const AgentSetup& setup, const std::string& masterAddr, int masterPort,
                  const EnvMap& environment) {
   const EnvMap effective = composeEnvironment(environment, setup.forwarded);
-  fact("host", hostName());
+  fact("host", net::hostName());
   fact("launch", launcherVersion());
 
   // Node 0 holds MASTER_PORT open while the others probe it.

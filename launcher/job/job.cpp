@@ -21,6 +21,7 @@
 #include "launcher/job/program.h"
 #include "launcher/monitor/monitor.h"
 #include "launcher/supervisor/supervisor.h"
+#include "net/socket.h"
 
 namespace dtrain::launcher {
 
@@ -237,7 +238,7 @@ int superviseOneNode(const LaunchConfig& config, const WorkerCommand& command, N
 }  // namespace
 
 int runJob(const LaunchConfig& config, const EnvMap& environment) {
-  const std::string host = hostName();
+  const std::string host = net::hostName();
   ProbeRequest request;
   request.label = host;
   const NodeProbe probe = probeNode(config, environment, request);

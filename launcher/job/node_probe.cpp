@@ -12,7 +12,6 @@
 #include "dtrain/base/error.h"
 #include "env_contract.h"
 #include "net/net_interface.h"
-#include "net/socket.h"
 
 namespace dtrain::launcher {
 
@@ -42,8 +41,6 @@ WorkerCommand lookUpProgram(const LaunchConfig& config, const EnvMap& environmen
   return resolveWorkerCommand(workerCommandLine(config),
                               path != environment.end() ? path->second : "/usr/bin:/bin", host);
 }
-
-std::string hostName() { return net::hostName(); }
 
 int usableCpus() {
   cpu_set_t set;

@@ -53,8 +53,7 @@ NodeProbe probeNode(const LaunchConfig& config, const EnvMap& environment,
 WorkerCommand lookUpProgram(const LaunchConfig& config, const EnvMap& environment,
                             const std::string& host);
 
-// Facts of this machine.
-std::string hostName();
+// Facts of this machine (its host name: net::hostName()).
 int usableCpus();  // the CPUs this process may run on
 // GPUs a CUDA program here would see, without loading CUDA: CUDA_VISIBLE_DEVICES when set,
 // else the driver's list.

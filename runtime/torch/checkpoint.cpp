@@ -228,7 +228,7 @@ void Checkpointer::Impl::settleShardedParameters() {
 void Checkpointer::Impl::save(int64_t step, int64_t epoch, bool async) {
   DTRAIN_CHECK_ARG(step >= 0 && epoch >= 0, "Checkpointer: step {} and epoch {} must be >= 0", step,
                    epoch);
-  if (started && pendingIdleClass && thread.running()) {
+  if (started && idleClassSaves && thread.running()) {
     // See Note [Background saves yield].
     idleClassSaves = false;
     DTRAIN_LOG(Info, "rank {}: the asynchronous save of step {} was still running when the save "
@@ -373,7 +373,6 @@ void Checkpointer::Impl::startSaveThread(int64_t step, FileWrite write, bool bac
   auto log = writes;
   const bool latest = !sharded();  // a sharded save moves LATEST after the agreement
   const bool idle = background && idleClassSaves;
-  pendingIdleClass = idle;
   auto job = [ops_, dir_, step, write, log, background, idle,
               latest](checkpoint::SaveProgress& progress) {
     // See Note [Background saves yield].

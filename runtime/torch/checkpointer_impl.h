@@ -165,9 +165,9 @@ struct Checkpointer::Impl {
   bool started = false;         // this rank started the pending save's thread
   int64_t pendingStep = -1;     // an asynchronous save not yet waited for
   std::string pendingError;     // why it could not even start, on this rank
-  bool pendingIdleClass = false;  // the pending save's thread runs in the idle class
   // Asynchronous saves run in the idle scheduling class until training once had to wait for one
-  // (Note [Background saves yield] in file_io.h); then at nice +10.
+  // (Note [Background saves yield] in file_io.h); then at nice +10. It changes only when a save
+  // finds the pending one running, so it is also the pending save's class.
   bool idleClassSaves = true;
   // The newest step every node is known to hold complete: the last save every rank agreed on, or
   // the step restore() loaded. Saving it again writes nothing (the same on every rank).

@@ -24,12 +24,6 @@
 namespace dtrain::testing::checkpoint_nodes_test {
 namespace {
 
-// DTRAIN_IO_FAULT for the Checkpointers created while it lives (each reads it when built).
-struct IoFaultScope {
-  explicit IoFaultScope(const char* spec) { ::setenv("DTRAIN_IO_FAULT", spec, 1); }
-  ~IoFaultScope() { ::unsetenv("DTRAIN_IO_FAULT"); }
-};
-
 // Runs `fn` on the job's ranks, failing the test (and aborting the world, so that every rank's
 // collectives fail at once) when it has not ended within `limit`: a restore that loops for ever.
 void runWithin(TwoNodes& job, std::chrono::seconds limit, const std::function<void(int)>& fn) {

@@ -548,9 +548,8 @@ TEST(Checkpointer, AsynchronousSavesRunInTheIdleClassUntilASaveWaitsForOne) {
   }
   TempDir dir;
   // The first write call of step 1 takes 0.5 s: the save of step 2 finds it running.
-  ::setenv("DTRAIN_IO_FAULT", "write:slow:500@1", 1);
+  IoFaultScope slowFirstWrite("write:slow:500@1");
   Checkpointer c(group, optionsFor(dir.path()));
-  ::unsetenv("DTRAIN_IO_FAULT");
   c.addModule("m", net);
   c.saveAsync(1);
   c.saveAsync(2);

@@ -2,6 +2,7 @@
 // What the Checkpointer tests with ranks as threads share (checkpoint_test.cpp: one node;
 // checkpoint_nodes_test.cpp: several simulated nodes).
 #include <cstdint>
+#include <cstdlib>
 #include <fstream>
 #include <memory>
 #include <string>
@@ -17,6 +18,12 @@
 #include "thread_communicator_support.h"
 
 namespace dtrain::testing {
+
+// DTRAIN_IO_FAULT for the Checkpointers created while it lives (each reads it when built).
+struct IoFaultScope {
+  explicit IoFaultScope(const char* spec) { ::setenv("DTRAIN_IO_FAULT", spec, 1); }
+  ~IoFaultScope() { ::unsetenv("DTRAIN_IO_FAULT"); }
+};
 
 inline CheckpointOptions optionsFor(const std::string& dir) {
   CheckpointOptions o(dir);

@@ -18,7 +18,6 @@ namespace {
 
 using net::Clock;
 using net::IoStatus;
-using net::msSince;
 
 constexpr Millis kFirstBackoff{10};
 constexpr Millis kMaxBackoff{1000};
@@ -156,7 +155,7 @@ net::Socket connectToStore(const TcpStoreOptions& options, const std::string& to
                "could not connect to store {} within {} ms ({} attempts); last error: {}. HINT: "
                "is the launcher (which hosts the store) running, and is {} reachable from this "
                "host (firewall, --rdzv-endpoint)?",
-               where, msSince(start), attempts, why, where);
+               where, net::msSince(start), attempts, why, where);
 }
 
 }  // namespace dtrain::store

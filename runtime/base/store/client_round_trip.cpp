@@ -204,12 +204,12 @@ void TcpStore::Impl::fail(const wire::Request& request, const net::IoResult& r,
       DTRAIN_THROW(TimeoutError,
                    "store {} did not answer {} within {} ms ({}). HINT: the store host may be "
                    "overloaded or unreachable",
-                   where_, what, msSince(start), doing);
+                   where_, what, net::msSince(start), doing);
     case IoStatus::Closed:
       DTRAIN_THROW(NetworkError,
                    "store {} closed the connection during {} ({}, after {} ms){}. HINT: the "
                    "store's host (the launcher) stopped or crashed; see its log",
-                   where_, what, doing, msSince(start),
+                   where_, what, doing, net::msSince(start),
                    r.err ? ": " + net::errnoText(r.err) : std::string());
     default:
       DTRAIN_THROW(NetworkError, "lost the connection to store {} during {} ({}): {}", where_,

@@ -255,7 +255,7 @@ void TcpStore::Impl::loseConnection(const net::IoResult& r, Clock::time_point st
           "store {} did not acknowledge {} set(s) within {} ms ({}): {}; they may not have "
           "been applied, and the connection was closed. HINT: the store host may be "
           "overloaded or unreachable",
-          where_, count, msSince(start), doing, sets));
+          where_, count, net::msSince(start), doing, sets));
       return;
     case IoStatus::Closed:
       keepSetError(DTRAIN_ERROR_PTR(
@@ -327,7 +327,7 @@ Bytes TcpStore::get(const std::string& key) {
   if (timedOut) {
     DTRAIN_THROW(TimeoutError,
                  "timed out after {} ms waiting for key(s) \"{}\" on store {} (get, timeout {} ms)",
-                 msSince(start), key, impl_->where(), wait.count());
+                 net::msSince(start), key, impl_->where(), wait.count());
   }
   return value;
 }
@@ -387,7 +387,7 @@ void TcpStore::wait(const std::vector<std::string>& keys, Millis requested) {
   if (missing.empty()) return;
   DTRAIN_THROW(TimeoutError,
                "timed out after {} ms waiting for key(s) {} on store {} ({} of {} keys missing)",
-               msSince(start), quoted(missing), impl_->where(), missing.size(), keys.size());
+               net::msSince(start), quoted(missing), impl_->where(), missing.size(), keys.size());
 }
 
 bool TcpStore::check(const std::vector<std::string>& keys) {
@@ -442,8 +442,8 @@ Bytes TcpStore::waitChanged(const std::string& key, const Bytes& seen, Millis re
   });
   if (timedOut) {
     DTRAIN_THROW(TimeoutError, "timed out after {} ms waiting for key \"{}\" to change from \"{}\" "
-                 "on store {} (timeout {} ms)", msSince(start), key, toString(seen).substr(0, 64),
-                 impl_->where(), timeout.count());
+                 "on store {} (timeout {} ms)", net::msSince(start), key,
+                 toString(seen).substr(0, 64), impl_->where(), timeout.count());
   }
   return value;
 }

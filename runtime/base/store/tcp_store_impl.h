@@ -36,7 +36,6 @@ static_assert(kReceiveBufferBytes >= 2 * (wire::kHeaderBytes + kMaxAckPayload));
 
 // For messages: "\"a\", \"b\"", at most `max` keys, then "and N more".
 std::string quoted(const std::vector<std::string>& keys, size_t max = 8);
-using net::msSince;
 // The message of an Error or Refused answer.
 std::string errorMessage(const uint8_t* payload, size_t size);
 // Whether an answer with this header can be read: this version, a known status, a payload
