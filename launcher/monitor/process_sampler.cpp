@@ -65,7 +65,7 @@ std::string formatBytes(int64_t bytes) {
 std::vector<pid_t> descendantsOf(pid_t root, const std::multimap<pid_t, pid_t>& children) {
   std::vector<pid_t> out;
   std::vector<pid_t> frontier{root};
-  while (!frontier.empty() && out.size() < 4096) {
+  while (!frontier.empty() && out.size() < kMaxDescendants) {
     pid_t p = frontier.back();
     frontier.pop_back();
     auto [from, to] = children.equal_range(p);
@@ -77,9 +77,10 @@ std::vector<pid_t> descendantsOf(pid_t root, const std::multimap<pid_t, pid_t>& 
   return out;
 }
 
-ProcessSampler::ProcessSampler(CgroupLocation cgroup, int discoverEvery)
+ProcessSampler::ProcessSampler(CgroupLocation cgroup, int discoverEvery, bool childrenLists)
     : cgroup_(std::move(cgroup)),
       discoverEvery_(std::max(1, discoverEvery)),
+      childrenLists_(childrenLists && ::access("/proc/thread-self/children", R_OK) == 0),
       ticksPerSecond_(static_cast<double>(std::max(1L, ::sysconf(_SC_CLK_TCK)))),
       pageBytes_(std::max(1L, ::sysconf(_SC_PAGESIZE))) {
   path_.reserve(64);
@@ -103,7 +104,49 @@ void ProcessSampler::setWorkers(std::vector<WorkerProcess> workers) {
   samplesUntilDiscover_ = 0;  // new processes: look for their children at the next sample
 }
 
+void ProcessSampler::walkChildren(pid_t root, std::vector<pid_t>* out) {
+  out->clear();
+  std::vector<pid_t> frontier{root};
+  while (!frontier.empty() && out->size() < kMaxDescendants) {
+    const pid_t p = frontier.back();
+    frontier.pop_back();
+    char pidText[16];
+    auto [pidEnd, pidEc] = std::to_chars(pidText, pidText + sizeof pidText, p);
+    (void)pidEc;
+    path_.assign("/proc/").append(pidText, pidEnd).append("/task");
+    DIR* tasks = ::opendir(path_.c_str());
+    if (tasks == nullptr) continue;  // it ended meanwhile
+    const size_t taskDir = path_.size();
+    while (dirent* t = ::readdir(tasks)) {
+      if (t->d_name[0] < '1' || t->d_name[0] > '9') continue;
+      path_.resize(taskDir);
+      path_.append("/").append(t->d_name).append("/children");
+      auto text = reader_.read(path_.c_str());
+      if (!text) continue;  // the thread ended meanwhile
+      // "123 456 " -- the thread's children, each followed by a space.
+      const char* at = text->data();
+      const char* end = at + text->size();
+      while (at < end) {
+        pid_t child = 0;
+        auto [next, ec] = std::from_chars(at, end, child);
+        if (ec != std::errc{}) {
+          ++at;
+          continue;
+        }
+        out->push_back(child);
+        frontier.push_back(child);
+        at = next;
+      }
+    }
+    ::closedir(tasks);
+  }
+}
+
 void ProcessSampler::discover() {
+  if (childrenLists_) {
+    for (auto& r : ranks_) walkChildren(r.worker.pid, &r.descendants);
+    return;
+  }
   std::multimap<pid_t, pid_t> children;
   DIR* dir = ::opendir("/proc");
   if (dir == nullptr) return;

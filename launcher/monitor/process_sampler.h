@@ -22,11 +22,15 @@ namespace dtrain::launcher::monitor {
 // launch must not cost the job what it measures: at a 1 s interval with 4 workers it stays well
 // under 1 % of a core (tests/integration/launcher_monitor_test.cpp measures and prints it). Each
 // process costs three small reads (stat, status, io) with plain open/read/close into one reused
-// buffer; no streams, no allocation once warm. Descendants of the workers are found by a scan of
-// /proc (one stat read per process on the machine), which costs far more than sampling, so it
-// runs only every `discoverEvery` samples and when the set of workers changes; between scans the
+// buffer; no streams, no allocation once warm. Descendants of the workers are found from the
+// kernel's children lists: /proc/<pid>/task/<tid>/children of every thread of every process in
+// the tree, walked down from each worker -- a read per thread in the tree, nothing else on the
+// machine. Where the kernel lacks them (CONFIG_PROC_CHILDREN off) a scan of /proc (one stat read
+// per process on the machine) takes their place; at 256 agents on one machine, which the scale
+// benchmark simulates, that scan was most of the CPU the workers' start-up cost. Either runs only
+// every `discoverEvery` samples and when the set of workers changes; between them the
 // known descendants are sampled, and one whose start time changed (its pid was reused) is
-// dropped. A descendant that lives less than a scan interval is missed -- only short helpers
+// dropped. A descendant that lives less than a discovery interval is missed -- only short helpers
 // (a shell, a compiler) are.
 
 struct WorkerProcess {
@@ -66,7 +70,9 @@ struct NodeSample {
 
 class ProcessSampler {
  public:
-  explicit ProcessSampler(CgroupLocation cgroup, int discoverEvery = 10);
+  // `childrenLists` false: find descendants by scanning /proc even where the kernel has children
+  // lists (tests compare the two).
+  explicit ProcessSampler(CgroupLocation cgroup, int discoverEvery = 10, bool childrenLists = true);
 
   // The workers to sample from now on (an attempt started or a worker ended).
   void setWorkers(std::vector<WorkerProcess> workers);
@@ -93,18 +99,24 @@ class ProcessSampler {
     int64_t peakTree = 0;
   };
   void discover();
+  // Every descendant of `root` from the kernel's children lists (see Note [Sampling cost]).
+  void walkChildren(pid_t root, std::vector<pid_t>* out);
   // Samples one process into `out`; false when it is gone or its pid now names another process.
   bool sampleProcess(pid_t pid, RankState& rank, double now, RankSample& out, bool isWorker);
 
   FileReader reader_;
   CgroupMemoryReader cgroup_;
   const int discoverEvery_;
+  const bool childrenLists_;  // /proc/<pid>/task/<tid>/children exists (CONFIG_PROC_CHILDREN)
   int samplesUntilDiscover_ = 0;
   const double ticksPerSecond_;
   const int64_t pageBytes_;
   std::vector<RankState> ranks_;
   std::string path_;  // reused path buffer
 };
+
+// At most this many descendants of one worker are sampled.
+constexpr size_t kMaxDescendants = 4096;
 
 // All descendants of `root` in a parent map (ppid -> children), breadth first.
 std::vector<pid_t> descendantsOf(pid_t root, const std::multimap<pid_t, pid_t>& children);

@@ -1,6 +1,6 @@
 #pragma once
 // A guarded worker: the launcher forks one small guardian process per worker, and the guardian
-// forks the worker into a process group of its own. See Note [Guardians].
+// vforks the worker into a process group of its own. See Note [Guardians].
 //
 // The launcher talks to a guardian over two pipes. On the control pipe it writes one byte per
 // signal to send to the worker's process group; when the control pipe closes -- the launcher

@@ -1,10 +1,14 @@
 #include "store/auth.h"
 
+#include <sys/random.h>
+
+#include <cerrno>
+#include <cstring>
+
 #include <openssl/crypto.h>
 #include <openssl/err.h>
 #include <openssl/evp.h>
 #include <openssl/hmac.h>
-#include <openssl/rand.h>
 
 #include "dtrain/base/error.h"
 
@@ -27,10 +31,19 @@ wire::Mac proof(const std::string& token, const char* label, const wire::Nonce& 
 }  // namespace
 
 wire::Nonce randomNonce() {
+  // The kernel's generator, which OpenSSL's own is seeded from: RAND_bytes would first build its
+  // DRBG, about 1 ms of CPU in every process that connects (a worker's first store connection),
+  // which 256 workers starting at once on one machine feel.
   wire::Nonce nonce;
-  if (RAND_bytes(nonce.data(), static_cast<int>(nonce.size())) != 1) {
-    DTRAIN_THROW(Error, "store: OpenSSL RAND_bytes failed (error {:#x}) making a handshake nonce",
-                 ERR_get_error());
+  size_t got = 0;
+  while (got < nonce.size()) {
+    ssize_t n = ::getrandom(nonce.data() + got, nonce.size() - got, 0);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) {
+      DTRAIN_THROW(Error, "store: getrandom failed ({}) making a handshake nonce",
+                   std::strerror(errno));
+    }
+    got += static_cast<size_t>(n);
   }
   return nonce;
 }

@@ -1,6 +1,7 @@
 #pragma once
-// Job-token authentication of store connections: nonces, HMAC-SHA256 proofs and their
-// constant-time comparison, all from OpenSSL's libcrypto (never a home-made hash).
+// Job-token authentication of store connections: nonces from the kernel's generator (getrandom),
+// HMAC-SHA256 proofs and their constant-time comparison from OpenSSL's libcrypto (never a
+// home-made hash).
 //
 // Note [Store authentication]
 // The launcher makes a random token per job and hands it to workers through the environment
@@ -23,7 +24,7 @@
 
 namespace dtrain::store::auth {
 
-// 32 bytes from RAND_bytes; throws dtrain::Error when the generator fails.
+// 32 bytes from the kernel's generator (getrandom); throws dtrain::Error when the generator fails.
 wire::Nonce randomNonce();
 
 // HMAC-SHA256(token, label || first || second).

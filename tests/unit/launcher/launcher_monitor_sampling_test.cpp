@@ -6,6 +6,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <filesystem>
 #include <thread>
@@ -339,6 +340,65 @@ TEST(ProcessSampler, SumsTheWorkersProcessTree) {
   EXPECT_GE(s.threads, 2);
   // The worker has ended: it is no longer sampled.
   EXPECT_TRUE(sampler.sampleWorkers(now()).empty());
+}
+
+// Descendants come from the kernel's children lists, walked down from the worker: the same tree
+// the scan of every /proc/<pid>/stat finds, including a child that one of the worker's other
+// threads forked (it is on that thread's list, not the main thread's) and a grandchild.
+TEST(ProcessSampler, ChildrenListsFindTheTreeTheProcScanFinds) {
+  if (::access("/proc/thread-self/children", R_OK) != 0) {
+    GTEST_SKIP() << "this kernel has no /proc/<pid>/task/<tid>/children (CONFIG_PROC_CHILDREN)";
+  }
+  int pids[2];
+  ASSERT_EQ(::pipe(pids), 0);
+  pid_t worker = ::fork();
+  ASSERT_GE(worker, 0);
+  if (worker == 0) {
+    ::setpgid(0, 0);  // the test kills the group: nothing may outlive it
+    auto park = [] {
+      while (true) ::pause();
+    };
+    pid_t fromThread = -1;
+    std::thread other([&] {
+      fromThread = ::fork();
+      if (fromThread == 0) park();
+      while (true) ::pause();  // the forking thread stays: its list holds the child
+    });
+    while (__atomic_load_n(&fromThread, __ATOMIC_SEQ_CST) == -1) ::usleep(1000);
+    int inner[2];
+    if (::pipe(inner) != 0) ::_exit(1);
+    pid_t child = ::fork();
+    if (child == 0) {
+      pid_t grandchild = ::fork();
+      if (grandchild == 0) park();
+      (void)!::write(inner[1], &grandchild, sizeof grandchild);
+      park();
+    }
+    pid_t grandchild = -1;
+    if (::read(inner[0], &grandchild, sizeof grandchild) != sizeof grandchild) ::_exit(1);
+    pid_t tree[3] = {fromThread, child, grandchild};
+    (void)!::write(pids[1], tree, sizeof tree);
+    park();
+  }
+  ::setpgid(worker, worker);
+  pid_t tree[3] = {};
+  ASSERT_EQ(::read(pids[0], tree, sizeof tree), static_cast<ssize_t>(sizeof tree));
+  std::vector<pid_t> expected{worker, tree[0], tree[1], tree[2]};
+  std::sort(expected.begin(), expected.end());
+  auto found = [&](bool childrenLists) {
+    ProcessSampler sampler(CgroupLocation{}, /*discoverEvery=*/1, childrenLists);
+    sampler.setWorkers({WorkerProcess{0, 0, worker}});
+    auto samples = sampler.sampleWorkers(1.0);
+    std::vector<pid_t> pids = samples.empty() ? std::vector<pid_t>{} : samples[0].pids;
+    std::sort(pids.begin(), pids.end());
+    return pids;
+  };
+  const std::vector<pid_t> lists = found(true);
+  const std::vector<pid_t> scan = found(false);
+  ::kill(-worker, SIGKILL);
+  ::waitpid(worker, nullptr, 0);
+  EXPECT_EQ(lists, expected) << "children lists";
+  EXPECT_EQ(scan, expected) << "the /proc scan";
 }
 
 TEST(ProcessSampler, NodeSampleReadsThisMachine) {
