@@ -23,6 +23,10 @@ using store::Millis;
 // The longest store wait of the thread: a fan-out agent looks at stdin (the master's pipe) at
 // least this often.
 constexpr Millis kMaxSlice{5000};
+// A beat due within this much is sent now. A stop wait is answered at the server's deadline,
+// which lies a round trip after the agent's, so waiting until the beat is due left a remainder
+// of a few milliseconds -- and a second wait, a store request for nothing, every interval.
+constexpr Millis kBeatSlack{50};
 
 }  // namespace
 
@@ -111,7 +115,7 @@ void HeartbeatThread::loop() {
     const int round = this->round();
     try {
       if (!store) store = std::make_unique<store::TcpStore>(options_);
-      if (Clock::now() - lastBeat >= interval_) {
+      if (Clock::now() - lastBeat >= interval_ - std::min(kBeatSlack, interval_ / 10)) {
         store->add(keys::heartbeat(node_), 1);
         lastBeat = lastOk = Clock::now();
       }

@@ -20,7 +20,8 @@ namespace dtrain::launcher {
 // waits on the current round's stop key until the next beat is due (at most 5 s), so another
 // node's failure reaches this node's workers within one store round trip while an idle agent
 // costs the store two requests per interval (a server answers a wait at its deadline, so each
-// also proves the store alive). It wakes the supervisor through an eventfd when the stop key
+// also proves the store alive; a beat due within 50 ms of that answer is sent at once, so the
+// remainder is never a wait of its own). It wakes the supervisor through an eventfd when the stop key
 // appears, when the store has not answered for --heartbeat-timeout ("lost the store"), or when
 // stdin ends (the master, or its ssh session, is gone: noticed within one wait).
 //

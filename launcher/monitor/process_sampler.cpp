@@ -1,11 +1,14 @@
 #include "launcher/monitor/process_sampler.h"
 
 #include <dirent.h>
+#include <fcntl.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <charconv>
 #include <cmath>
+#include <cstring>
 
 #include <fmt/format.h>
 
@@ -106,39 +109,48 @@ void ProcessSampler::setWorkers(std::vector<WorkerProcess> workers) {
 
 void ProcessSampler::walkChildren(pid_t root, std::vector<pid_t>* out) {
   out->clear();
-  std::vector<pid_t> frontier{root};
-  while (!frontier.empty() && out->size() < kMaxDescendants) {
-    const pid_t p = frontier.back();
-    frontier.pop_back();
+  frontier_.assign(1, root);
+  while (!frontier_.empty() && out->size() < kMaxDescendants) {
+    const pid_t p = frontier_.back();
+    frontier_.pop_back();
     char pidText[16];
     auto [pidEnd, pidEc] = std::to_chars(pidText, pidText + sizeof pidText, p);
     (void)pidEc;
     path_.assign("/proc/").append(pidText, pidEnd).append("/task");
-    DIR* tasks = ::opendir(path_.c_str());
-    if (tasks == nullptr) continue;  // it ended meanwhile
+    // getdents64 into a reused buffer: opendir would allocate one per call.
+    const int tasks = ::open(path_.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (tasks < 0) continue;  // it ended meanwhile
     const size_t taskDir = path_.size();
-    while (dirent* t = ::readdir(tasks)) {
-      if (t->d_name[0] < '1' || t->d_name[0] > '9') continue;
-      path_.resize(taskDir);
-      path_.append("/").append(t->d_name).append("/children");
-      auto text = reader_.read(path_.c_str());
-      if (!text) continue;  // the thread ended meanwhile
-      // "123 456 " -- the thread's children, each followed by a space.
-      const char* at = text->data();
-      const char* end = at + text->size();
-      while (at < end) {
-        pid_t child = 0;
-        auto [next, ec] = std::from_chars(at, end, child);
-        if (ec != std::errc{}) {
-          ++at;
-          continue;
+    long n;
+    while ((n = ::syscall(SYS_getdents64, tasks, direntBuffer_, sizeof direntBuffer_)) > 0) {
+      for (long off = 0; off < n;) {
+        // struct linux_dirent64: ino (8), off (8), reclen (2), type (1), name.
+        unsigned short reclen = 0;
+        std::memcpy(&reclen, direntBuffer_ + off + 16, sizeof reclen);
+        const char* tid = direntBuffer_ + off + 19;
+        off += reclen;
+        if (tid[0] < '1' || tid[0] > '9') continue;
+        path_.resize(taskDir);
+        path_.append("/").append(tid).append("/children");
+        auto text = reader_.read(path_.c_str());
+        if (!text) continue;  // the thread ended meanwhile
+        // "123 456 " -- the thread's children, each followed by a space.
+        const char* at = text->data();
+        const char* end = at + text->size();
+        while (at < end) {
+          pid_t child = 0;
+          auto [next, ec] = std::from_chars(at, end, child);
+          if (ec != std::errc{}) {
+            ++at;
+            continue;
+          }
+          out->push_back(child);
+          frontier_.push_back(child);
+          at = next;
         }
-        out->push_back(child);
-        frontier.push_back(child);
-        at = next;
       }
     }
-    ::closedir(tasks);
+    ::close(tasks);
   }
 }
 
@@ -217,7 +229,7 @@ bool ProcessSampler::sampleProcess(pid_t pid, RankState& rank, double now, RankS
 
 std::vector<RankSample> ProcessSampler::sampleWorkers(double now) {
   if (ranks_.empty()) return {};
-  if (samplesUntilDiscover_-- <= 0) {
+  if (childrenLists_ || samplesUntilDiscover_-- <= 0) {
     discover();
     samplesUntilDiscover_ = discoverEvery_ - 1;
   }

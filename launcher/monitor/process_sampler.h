@@ -24,14 +24,15 @@ namespace dtrain::launcher::monitor {
 // process costs three small reads (stat, status, io) with plain open/read/close into one reused
 // buffer; no streams, no allocation once warm. Descendants of the workers are found from the
 // kernel's children lists: /proc/<pid>/task/<tid>/children of every thread of every process in
-// the tree, walked down from each worker -- a read per thread in the tree, nothing else on the
-// machine. Where the kernel lacks them (CONFIG_PROC_CHILDREN off) a scan of /proc (one stat read
-// per process on the machine) takes their place; at 256 agents on one machine, which the scale
-// benchmark simulates, that scan was most of the CPU the workers' start-up cost. Either runs only
-// every `discoverEvery` samples and when the set of workers changes; between them the
-// known descendants are sampled, and one whose start time changed (its pid was reused) is
-// dropped. A descendant that lives less than a discovery interval is missed -- only short helpers
-// (a shell, a compiler) are.
+// the tree, walked down from each worker at every sample -- a read per thread in the tree,
+// nothing else on the machine, so a child started since the last sample counts at once. Where
+// the kernel lacks them (CONFIG_PROC_CHILDREN off) a scan of /proc (one stat read per process on
+// the machine) takes their place, and being far dearer it runs only every `discoverEvery` samples
+// and when the set of workers changes; between scans the known descendants are sampled, and one
+// whose start time changed (its pid was reused) is dropped. At 256 agents on one machine, which
+// the scale benchmark simulates, those scans were nearly all the idle agents' CPU. A descendant
+// that lives less than a sample interval (a scan interval without children lists) is missed --
+// only short helpers (a shell, a compiler) are.
 
 struct WorkerProcess {
   int rank = 0;
@@ -70,8 +71,8 @@ struct NodeSample {
 
 class ProcessSampler {
  public:
-  // `childrenLists` false: find descendants by scanning /proc even where the kernel has children
-  // lists (tests compare the two).
+  // `discoverEvery`: samples between scans of /proc where the kernel has no children lists.
+  // `childrenLists` false: scan even where it has them (tests compare the two).
   explicit ProcessSampler(CgroupLocation cgroup, int discoverEvery = 10, bool childrenLists = true);
 
   // The workers to sample from now on (an attempt started or a worker ended).
@@ -113,6 +114,8 @@ class ProcessSampler {
   const int64_t pageBytes_;
   std::vector<RankState> ranks_;
   std::string path_;  // reused path buffer
+  std::vector<pid_t> frontier_;            // walkChildren's, reused
+  alignas(8) char direntBuffer_[4096];     // getdents64's, reused
 };
 
 // At most this many descendants of one worker are sampled.

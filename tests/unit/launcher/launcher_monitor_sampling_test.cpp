@@ -401,6 +401,53 @@ TEST(ProcessSampler, ChildrenListsFindTheTreeTheProcScanFinds) {
   EXPECT_EQ(scan, expected) << "the /proc scan";
 }
 
+// With children lists the tree is walked at every sample: a child the worker starts between two
+// samples counts at the next one, where the /proc scan (every `discoverEvery` samples) would
+// miss it until its next scan.
+TEST(ProcessSampler, AChildStartedBetweenSamplesCountsAtTheNext) {
+  if (::access("/proc/thread-self/children", R_OK) != 0) {
+    GTEST_SKIP() << "this kernel has no /proc/<pid>/task/<tid>/children (CONFIG_PROC_CHILDREN)";
+  }
+  int go[2];
+  int started[2];
+  ASSERT_EQ(::pipe(go), 0);
+  ASSERT_EQ(::pipe(started), 0);
+  pid_t worker = ::fork();
+  ASSERT_GE(worker, 0);
+  if (worker == 0) {
+    ::setpgid(0, 0);  // the test kills the group: the child must not outlive it
+    char c;
+    if (::read(go[0], &c, 1) != 1) ::_exit(1);
+    pid_t child = ::fork();
+    if (child == 0) {
+      while (true) ::pause();
+    }
+    (void)!::write(started[1], &child, sizeof child);
+    while (true) ::pause();
+  }
+  ::setpgid(worker, worker);
+  ProcessSampler lists(CgroupLocation{}, /*discoverEvery=*/10, /*childrenLists=*/true);
+  ProcessSampler scan(CgroupLocation{}, /*discoverEvery=*/10, /*childrenLists=*/false);
+  lists.setWorkers({WorkerProcess{0, 0, worker}});
+  scan.setWorkers({WorkerProcess{0, 0, worker}});
+  auto before = lists.sampleWorkers(1.0);
+  scan.sampleWorkers(1.0);  // its scan, before the child
+  ASSERT_EQ(::write(go[1], "x", 1), 1);
+  pid_t child = -1;
+  ASSERT_EQ(::read(started[0], &child, sizeof child), static_cast<ssize_t>(sizeof child));
+  auto after = lists.sampleWorkers(2.0);
+  auto scanAfter = scan.sampleWorkers(2.0);
+  ::kill(-worker, SIGKILL);
+  ::waitpid(worker, nullptr, 0);
+  ASSERT_EQ(before.size(), 1u);
+  ASSERT_EQ(after.size(), 1u);
+  ASSERT_EQ(scanAfter.size(), 1u);
+  EXPECT_EQ(before[0].processes, 1);
+  EXPECT_EQ(after[0].processes, 2) << "the child counts at the next sample";
+  EXPECT_NE(std::find(after[0].pids.begin(), after[0].pids.end(), child), after[0].pids.end());
+  EXPECT_EQ(scanAfter[0].processes, 1) << "the scan sees it only at its next scan";
+}
+
 TEST(ProcessSampler, NodeSampleReadsThisMachine) {
   ProcessSampler sampler(locateOwnMemoryCgroup());
   NodeSample n = sampler.sampleNode();

@@ -8,7 +8,9 @@
 
 #include "dtrain/base/error.h"
 #include "dtrain/base/store.h"
+#include "dtrain/base/tcp_store.h"
 #include "launcher/cluster/coordinator.h"
+#include "launcher/cluster/heartbeat_thread.h"
 #include "launcher/cluster/rendezvous.h"
 
 namespace dtrain::launcher::launcher_rendezvous_test {
@@ -175,6 +177,33 @@ TEST(Rendezvous, StoreRequestsAreClassedByTheirFirstKey) {
   EXPECT_EQ(storeRequestClass("round0/barrier/start/count"), kOtherRequests);
   EXPECT_EQ(storeRequestClass("round1"), kOtherRequests);
   EXPECT_EQ(storeRequestClass("round1/monitorx"), kOtherRequests);
+}
+
+// An idle agent costs the store two requests per heartbeat interval (Note [Heartbeat thread]):
+// its beat and one wait on the round's stop key until the next beat -- not a second, few-ms wait
+// for the remainder the first one's answer leaves (the server's deadline lies a round trip after
+// the agent's).
+TEST(HeartbeatThread, OneBeatAndOneStopWaitPerInterval) {
+  store::TcpStoreServerOptions so;
+  so.requestClasses = kStoreRequestClasses;
+  so.classify = storeRequestClass;
+  auto server = store::TcpStoreServer::start(so);
+  store::TcpStoreOptions co;
+  co.port = server->port();
+  co.token = "";
+  {
+    HeartbeatThread beat(co, "3", std::chrono::milliseconds(200), std::chrono::milliseconds(5000),
+                         /*watchStdin=*/false);
+    beat.setRound(0);
+    std::this_thread::sleep_for(std::chrono::milliseconds(2100));
+  }
+  const std::vector<uint64_t> counts = server->requestCounts();
+  ASSERT_EQ(counts.size(), kStoreRequestClasses);
+  const uint64_t beats = counts[kHeartbeatRequests];
+  const uint64_t waits = counts[kOtherRequests];
+  EXPECT_GE(beats, 5u) << "a beat every 200 ms for 2.1 s";
+  EXPECT_LE(beats, 12u);
+  EXPECT_LE(waits, beats + 1) << beats << " beats, " << waits << " stop waits";
 }
 
 // A Coordinator on a HashStore, and fake agents as threads: they join, beat, report.
