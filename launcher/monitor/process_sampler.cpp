@@ -2,15 +2,15 @@
 
 #include <dirent.h>
 #include <fcntl.h>
-#include <sys/syscall.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <charconv>
 #include <cmath>
-#include <cstring>
 
 #include <fmt/format.h>
+
+#include "launcher/dirents.h"
 
 namespace dtrain::launcher::monitor {
 
@@ -121,34 +121,28 @@ void ProcessSampler::walkChildren(pid_t root, std::vector<pid_t>* out) {
     const int tasks = ::open(path_.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
     if (tasks < 0) continue;  // it ended meanwhile
     const size_t taskDir = path_.size();
-    long n;
-    while ((n = ::syscall(SYS_getdents64, tasks, direntBuffer_, sizeof direntBuffer_)) > 0) {
-      for (long off = 0; off < n;) {
-        // struct linux_dirent64: ino (8), off (8), reclen (2), type (1), name.
-        unsigned short reclen = 0;
-        std::memcpy(&reclen, direntBuffer_ + off + 16, sizeof reclen);
-        const char* tid = direntBuffer_ + off + 19;
-        off += reclen;
-        if (tid[0] < '1' || tid[0] > '9') continue;
-        path_.resize(taskDir);
-        path_.append("/").append(tid).append("/children");
-        auto text = reader_.read(path_.c_str());
-        if (!text) continue;  // the thread ended meanwhile
-        // "123 456 " -- the thread's children, each followed by a space.
-        const char* at = text->data();
-        const char* end = at + text->size();
-        while (at < end) {
-          pid_t child = 0;
-          auto [next, ec] = std::from_chars(at, end, child);
-          if (ec != std::errc{}) {
-            ++at;
-            continue;
-          }
-          out->push_back(child);
-          frontier_.push_back(child);
-          at = next;
+    auto readChildren = [&](const char* tid) {
+      if (tid[0] < '1' || tid[0] > '9') return;
+      path_.resize(taskDir);
+      path_.append("/").append(tid).append("/children");
+      auto text = reader_.read(path_.c_str());
+      if (!text) return;  // the thread ended meanwhile
+      // "123 456 " -- the thread's children, each followed by a space.
+      const char* at = text->data();
+      const char* end = at + text->size();
+      while (at < end) {
+        pid_t child = 0;
+        auto [next, ec] = std::from_chars(at, end, child);
+        if (ec != std::errc{}) {
+          ++at;
+          continue;
         }
+        out->push_back(child);
+        frontier_.push_back(child);
+        at = next;
       }
+    };
+    while (readDirents(tasks, direntBuffer_, sizeof direntBuffer_, readChildren) > 0) {
     }
     ::close(tasks);
   }

@@ -12,6 +12,7 @@
 #include <cstring>
 
 #include "dtrain/base/error.h"
+#include "launcher/dirents.h"
 
 namespace dtrain::launcher {
 
@@ -110,18 +111,12 @@ void removeTree(int parent, const char* name, int depth) {
   for (int pass = 0; pass < 8; ++pass) {
     if (::lseek(fd, 0, SEEK_SET) != 0) break;
     bool removed = false;
-    long n;
-    while ((n = ::syscall(SYS_getdents64, fd, buf, sizeof buf)) > 0) {
-      for (long off = 0; off < n;) {
-        // struct linux_dirent64: ino (8), off (8), reclen (2), type (1), name.
-        unsigned short reclen = 0;
-        std::memcpy(&reclen, buf + off + 16, sizeof reclen);
-        const char* entry = buf + off + 19;
-        off += reclen;
-        if (entry[0] == '.' && (entry[1] == 0 || (entry[1] == '.' && entry[2] == 0))) continue;
-        removeTree(fd, entry, depth + 1);
-        removed = true;
-      }
+    auto remove = [&](const char* entry) {
+      if (entry[0] == '.' && (entry[1] == 0 || (entry[1] == '.' && entry[2] == 0))) return;
+      removeTree(fd, entry, depth + 1);
+      removed = true;
+    };
+    while (readDirents(fd, buf, sizeof buf, remove) > 0) {
     }
     if (!removed) break;
   }
