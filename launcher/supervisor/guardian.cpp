@@ -175,8 +175,9 @@ void removeTree(int parent, const char* name, int depth) {
   const pid_t self = ::getpid();
 
   // vfork: the worker shares this address space -- a copy of the launcher's -- until its execve,
-  // instead of copying its page tables first (about a millisecond of CPU per worker). The guardian
-  // is single-threaded and waits meanwhile; workerMain never returns and runs only system calls.
+  // instead of copying its page tables first (launch's own fork takes about half a millisecond).
+  // The guardian is single-threaded and waits meanwhile; workerMain never returns and makes only
+  // async-signal-safe calls.
   pid_t worker = ::vfork();
   if (worker < 0) {
     sendMessage(statusFd, GuardianMessage::kSpawnFailed, errno);
