@@ -192,16 +192,16 @@ TEST(HeartbeatThread, OneBeatAndOneStopWaitPerInterval) {
   co.port = server->port();
   co.token = "";
   {
-    HeartbeatThread beat(co, "3", std::chrono::milliseconds(200), std::chrono::milliseconds(5000),
+    HeartbeatThread beat(co, "3", std::chrono::milliseconds(100), std::chrono::milliseconds(5000),
                          /*watchStdin=*/false);
     beat.setRound(0);
-    std::this_thread::sleep_for(std::chrono::milliseconds(2100));
+    std::this_thread::sleep_for(std::chrono::milliseconds(1050));
   }
   const std::vector<uint64_t> counts = server->requestCounts();
   ASSERT_EQ(counts.size(), kStoreRequestClasses);
   const uint64_t beats = counts[kHeartbeatRequests];
   const uint64_t waits = counts[kOtherRequests];
-  EXPECT_GE(beats, 5u) << "a beat every 200 ms for 2.1 s";
+  EXPECT_GE(beats, 5u) << "a beat every 100 ms for 1.05 s";
   EXPECT_LE(beats, 12u);
   EXPECT_LE(waits, beats + 1) << beats << " beats, " << waits << " stop waits";
 }
