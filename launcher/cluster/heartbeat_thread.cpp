@@ -23,9 +23,10 @@ using store::Millis;
 // The longest store wait of the thread: a fan-out agent looks at stdin (the master's pipe) at
 // least this often.
 constexpr Millis kMaxSlice{5000};
-// A beat due within this much is sent now. A stop wait is answered at the server's deadline,
-// which lies a round trip after the agent's, so waiting until the beat is due left a remainder
-// of a few milliseconds -- and a second wait, a store request for nothing, every interval.
+// A beat due within this much (a tenth of the interval when that is less) is sent now. A stop
+// wait is answered at the server's deadline, which lies a round trip after the agent's, so
+// waiting until the beat is due left a remainder of a few milliseconds -- and a second wait, a
+// store request for nothing, every interval.
 constexpr Millis kBeatSlack{50};
 
 }  // namespace

@@ -21,9 +21,9 @@ namespace dtrain::launcher {
 // node's failure reaches this node's workers within one store round trip while an idle agent
 // costs the store two requests per interval (a server answers a wait at its deadline, so each
 // also proves the store alive; a beat due within 50 ms of that answer is sent at once, so the
-// remainder is never a wait of its own). It wakes the supervisor through an eventfd when the stop key
-// appears, when the store has not answered for --heartbeat-timeout ("lost the store"), or when
-// stdin ends (the master, or its ssh session, is gone: noticed within one wait).
+// remainder is never a wait of its own). It wakes the supervisor through an eventfd when the stop
+// key appears, when the store has not answered for --heartbeat-timeout ("lost the store"), or
+// when stdin ends (the master, or its ssh session, is gone: noticed within one wait).
 //
 // The master writes every round's stop key before its decision (Note [Rendezvous protocol]), so
 // after a round the thread is not in a store wait but in pause() on a condition variable, and

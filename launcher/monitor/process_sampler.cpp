@@ -14,6 +14,13 @@
 
 namespace dtrain::launcher::monitor {
 
+namespace {
+
+// At most this many descendants of one worker are sampled.
+constexpr size_t kMaxDescendants = 4096;
+
+}  // namespace
+
 std::optional<double> NodeSample::memUsedFraction() const {
   std::optional<double> fraction;
   if (mem.totalBytes > 0 && mem.availableBytes >= 0) {

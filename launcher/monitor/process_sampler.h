@@ -118,9 +118,6 @@ class ProcessSampler {
   alignas(8) char direntBuffer_[4096];     // getdents64's, reused
 };
 
-// At most this many descendants of one worker are sampled.
-constexpr size_t kMaxDescendants = 4096;
-
 // All descendants of `root` in a parent map (ppid -> children), breadth first.
 std::vector<pid_t> descendantsOf(pid_t root, const std::multimap<pid_t, pid_t>& children);
 

@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <filesystem>
 #include <thread>
@@ -358,13 +359,14 @@ TEST(ProcessSampler, ChildrenListsFindTheTreeTheProcScanFinds) {
     auto park = [] {
       while (true) ::pause();
     };
-    pid_t fromThread = -1;
+    std::atomic<pid_t> fromThread{-1};
     std::thread other([&] {
-      fromThread = ::fork();
-      if (fromThread == 0) park();
+      const pid_t child = ::fork();
+      if (child == 0) park();
+      fromThread = child;
       while (true) ::pause();  // the forking thread stays: its list holds the child
     });
-    while (__atomic_load_n(&fromThread, __ATOMIC_SEQ_CST) == -1) ::usleep(1000);
+    while (fromThread == -1) ::usleep(1000);
     int inner[2];
     if (::pipe(inner) != 0) ::_exit(1);
     pid_t child = ::fork();
@@ -376,7 +378,7 @@ TEST(ProcessSampler, ChildrenListsFindTheTreeTheProcScanFinds) {
     }
     pid_t grandchild = -1;
     if (::read(inner[0], &grandchild, sizeof grandchild) != sizeof grandchild) ::_exit(1);
-    pid_t tree[3] = {fromThread, child, grandchild};
+    pid_t tree[3] = {fromThread.load(), child, grandchild};
     (void)!::write(pids[1], tree, sizeof tree);
     park();
   }

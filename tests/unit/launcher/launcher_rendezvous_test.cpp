@@ -190,7 +190,6 @@ TEST(HeartbeatThread, OneBeatAndOneStopWaitPerInterval) {
   auto server = store::TcpStoreServer::start(so);
   store::TcpStoreOptions co;
   co.port = server->port();
-  co.token = "";
   {
     HeartbeatThread beat(co, "3", std::chrono::milliseconds(100), std::chrono::milliseconds(5000),
                          /*watchStdin=*/false);
