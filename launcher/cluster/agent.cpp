@@ -334,9 +334,12 @@ void Agent::releaseClaim() {
 void Agent::notifyMaster() { store_->add(keys::events(), 1); }
 
 void Agent::join(int round) {
+  // Stamped before the join is sent: on a loaded machine an agent can wait long to run again
+  // after its add returns, and a stamp taken then would put its join after the plan it led to.
+  const double sent = monotonicNow();
   store_->setString(keys::join(round, setup_.node), encodeJoin(join_));
   notifyMaster();
-  DTRAIN_LOG(Info, "launch: round {}: joined at t={:.6f}", round, monotonicNow());
+  DTRAIN_LOG(Info, "launch: round {}: joined at t={:.6f}", round, sent);
 }
 
 // Rounds until the master's decision ends the job; returns its exit code.
