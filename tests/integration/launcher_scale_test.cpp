@@ -5,6 +5,9 @@
 #include <gtest/gtest.h>
 #include <signal.h>
 
+#include <algorithm>
+#include <vector>
+
 #include <fmt/format.h>
 
 #include "launcher_harness.h"
@@ -45,6 +48,9 @@ TEST(LaunchScale, SixtyFourNodesFormRunLoseOneAndRestartElasticAtSixtyThree) {
   const double lastJoinToPlans = LaunchSim::latest(s.planned(0)) - LaunchSim::latest(s.joined(0));
   EXPECT_LT(formed, 20) << "all started -> all plans";
   EXPECT_LT(lastJoinToPlans, 3) << "last join -> all plans";
+  // An agent stamps its join before sending it: no plan is read before the last join's stamp.
+  const std::vector<double> plans = s.planned(0);
+  EXPECT_GE(*std::min_element(plans.begin(), plans.end()), LaunchSim::latest(s.joined(0)));
   fleet.pump(3000);  // runs: every worker publishes its progress
 
   // Loses node 63: named within the heartbeat timeout + 1 s (+ the machine's margin).
