@@ -216,7 +216,17 @@ std::vector<pid_t> childrenOf(pid_t pid) {
 
 }  // namespace
 
-double processCpuSeconds(pid_t pid) { return statCpuSeconds(slurp(fmt::format("/proc/{}/stat", pid))); }
+// The kernel's nanosecond count (every thread, the exited ones too), not /proc's clock ticks: an
+// idle agent uses well under a tick (10 ms) in a 15 s window, so tick counts of 256 of them are
+// mostly zeros and now and then a whole tick.
+double processCpuSeconds(pid_t pid) {
+  clockid_t clock;
+  timespec t{};
+  if (::clock_getcpuclockid(pid, &clock) == 0 && ::clock_gettime(clock, &t) == 0) {
+    return static_cast<double>(t.tv_sec) + static_cast<double>(t.tv_nsec) * 1e-9;
+  }
+  return statCpuSeconds(slurp(fmt::format("/proc/{}/stat", pid)));
+}
 
 std::map<std::string, double> threadCpuSeconds(pid_t pid) {
   std::map<std::string, double> out;
@@ -226,7 +236,12 @@ std::map<std::string, double> threadCpuSeconds(pid_t pid) {
     if (e->d_name[0] == '.') continue;
     std::string name = slurp(fmt::format("/proc/{}/task/{}/comm", pid, e->d_name));
     while (!name.empty() && name.back() == '\n') name.pop_back();
-    const double cpu = statCpuSeconds(slurp(fmt::format("/proc/{}/task/{}/stat", pid, e->d_name)));
+    // schedstat's first field: nanoseconds on a CPU (another process's thread clocks cannot be
+    // read with clock_gettime); the stat line's ticks where it is missing.
+    const std::string task = fmt::format("/proc/{}/task/{}/", pid, e->d_name);
+    const std::string schedstat = slurp(task + "schedstat");
+    const double cpu = !schedstat.empty() ? std::strtod(schedstat.c_str(), nullptr) * 1e-9
+                                          : statCpuSeconds(slurp(task + "stat"));
     if (cpu >= 0) out[name] += cpu;
   }
   ::closedir(d);
