@@ -222,10 +222,8 @@ std::vector<pid_t> childrenOf(pid_t pid) {
 double processCpuSeconds(pid_t pid) {
   clockid_t clock;
   timespec t{};
-  if (::clock_getcpuclockid(pid, &clock) == 0 && ::clock_gettime(clock, &t) == 0) {
-    return static_cast<double>(t.tv_sec) + static_cast<double>(t.tv_nsec) * 1e-9;
-  }
-  return statCpuSeconds(slurp(fmt::format("/proc/{}/stat", pid)));
+  if (::clock_getcpuclockid(pid, &clock) != 0 || ::clock_gettime(clock, &t) != 0) return -1;
+  return static_cast<double>(t.tv_sec) + static_cast<double>(t.tv_nsec) * 1e-9;
 }
 
 std::map<std::string, double> threadCpuSeconds(pid_t pid) {
