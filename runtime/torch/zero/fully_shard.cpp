@@ -187,6 +187,7 @@ torch::nn::Sequential shardEveryChild(const torch::nn::Sequential& sequential,
 
 std::vector<std::pair<std::string, at::Tensor>> gatherFullParameters(ShardedOptimizer& optimizer) {
   zero::ShardGroup& shards = optimizer.shards();
+  shards.settleGathers();  // Note [Deferred all-gathers]: the last step's, not waited for yet
   at::NoGradGuard noGrad;
   std::vector<std::pair<std::string, at::Tensor>> out;
   for (size_t k = 0; k < shards.size(); ++k) {

@@ -33,8 +33,43 @@
 // it does not: a noSync() backward counts each unit's gradients as a synchronising one does
 // and reshards the unit once they are all in, and its end reshards whatever is left (a unit
 // with a parameter that pass did not reach).
+//
+// Note [Zeroed gradients]
+// Under DDP a program drops the gradients it accumulated -- an abandoned accumulation, an epoch's
+// leftover micro-batches -- with the optimizer's zero_grad() or the module's, and both reach
+// every gradient there is. Under ZeRO they live in three places: the shards' .grad (S, what the
+// optimizer sees), the units' buffers (stage 1, whose views are the parameters' .grad), and the
+// parameters' own .grad (stages 2 and 3 under noSync()). The optimizer's zero_grad() sees only
+// the first, the module's only the last two; so each is made to drop all:
+//   - ShardedOptimizer::zero_grad() drops everything at once (zeroGradients): the shards'
+//     gradients are unset, stage 1's open accumulation is abandoned unreduced (the next
+//     backward opens a new one, which zeroes the buffers), stages 2 and 3 unset the parameters'
+//     .grad.
+//   - Anything else is found at the next pass's first gradient (a pre-hook on every gradient
+//     accumulator), by comparing with what the last pass left: a shard's .grad unset or replaced
+//     (libtorch's own zero_grad() through a torch::optim::Optimizer&) drops everything as above;
+//     a parameter's .grad unset or replaced (torch::nn::Module::zero_grad(), either kind: it
+//     assigns a detached tensor before zeroing) drops that parameter's part of S. The module's
+//     zero_grad() drops the rest itself: it is the parameters' .grad or, at stage 1, their views.
+// A gradient stages 2 and 3 would leave undefined -- after a synchronising backward, which moved
+// it into the bucket and on into S -- could not show that the module zeroed it; it is left as a
+// placeholder instead: zeros of the parameter's shape over one element of memory (an expanded
+// scalar, shared by the unit), taken off again at the next pass's first gradient before autograd
+// accumulates. Writing into a placeholder in place fails (its elements share one location): what
+// the optimizer steps is the shard's gradient (clipGradNorm, GradScaler::unscale).
+// Not seen: libtorch's zero_grad(false) through a torch::optim::Optimizer& (1.13's only kind)
+// zeroes S in place, and noSync()'s gradients outside it stay. The cost is one atomic load per
+// gradient and, once per pass, a look at each parameter's and each shard's .grad.
 
 namespace dtrain::zero {
+
+namespace {
+
+const void* implOf(const at::Tensor& t) {
+  return t.defined() ? static_cast<const void*>(t.unsafeGetTensorImpl()) : nullptr;
+}
+
+}  // namespace
 
 using Clock = DdpIterationStats::Clock;
 
@@ -48,7 +83,19 @@ ShardedGradientSync::ShardedGradientSync(std::shared_ptr<ShardGroup> shards,
   }
   pending_ = pending;
   ready_.assign(params_.size(), 0);
+  gradMarks_.assign(params_.size(), nullptr);
+  shardMarks_.assign(shards_->size(), nullptr);
+  if (shards_->stage() != 1) {
+    for (size_t k = 0; k < shards_->size(); ++k) {
+      const ShardUnit& u = shards_->unit(k);
+      if (u.params().empty()) continue;
+      const at::Tensor zero = at::zeros({}, u.params().front().param.options());
+      for (const auto& p : u.params()) placeholders_.push_back(zero.expand(p.param.sizes()));
+    }
+  }
   installHooks();
+  std::lock_guard<std::mutex> lock(mutex_);
+  markGradientsLocked();
 }
 
 ShardedGradientSync::~ShardedGradientSync() {
@@ -78,10 +125,8 @@ void ShardedGradientSync::installHooks() {
                  nameOf(i));
     postKeys_.push_back(
         compat::addAccumulatorPostHook(accumulator, [this, i] { onGradientReady(i); }));
-    if (shards_->stage() == 1) {
-      preKeys_.push_back(
-          compat::addAccumulatorPreHook(accumulator, [this] { onGradientArriving(); }));
-    }
+    preKeys_.push_back(
+        compat::addAccumulatorPreHook(accumulator, [this] { onGradientArriving(); }));
     accumulators_.push_back(std::move(accumulator));
   }
 }
@@ -111,11 +156,69 @@ void ShardedGradientSync::disarm() {
 }
 
 void ShardedGradientSync::onGradientArriving() {
-  if (open_.load(std::memory_order_acquire)) return;
+  if (!starting_.load(std::memory_order_acquire)) return;
   std::lock_guard<std::mutex> lock(mutex_);
-  if (open_.load(std::memory_order_relaxed)) return;
-  shards_->openAccumulation();
-  open_.store(true, std::memory_order_release);
+  if (!starting_.load(std::memory_order_relaxed)) return;
+  startPassLocked();
+  starting_.store(false, std::memory_order_release);
+}
+
+void ShardedGradientSync::startPassLocked() {
+  // See Note [Zeroed gradients].
+  at::NoGradGuard noGrad;
+  bool shardsZeroed = false;
+  for (size_t k = 0; k < shards_->size(); ++k) {
+    shardsZeroed |= implOf(shards_->unit(k).optimized().grad()) != shardMarks_[k];
+  }
+  if (shardsZeroed) {
+    dropAccumulatedLocked();
+  } else {
+    for (size_t i = 0; i < params_.size(); ++i) {
+      if (implOf(tensorOf(i).grad()) != gradMarks_[i]) {
+        shards_->dropShardGradient(params_[i].unit, params_[i].slot);
+      }
+    }
+  }
+  for (size_t i = 0; i < placeholders_.size(); ++i) {
+    at::Tensor& grad = tensorOf(i).mutable_grad();
+    if (grad.defined() && implOf(grad) == implOf(placeholders_[i])) grad = at::Tensor();
+  }
+  if (shards_->stage() == 1 && !open_) {
+    shards_->openAccumulation();
+    open_ = true;
+  }
+}
+
+void ShardedGradientSync::dropAccumulatedLocked() {
+  at::NoGradGuard noGrad;
+  for (size_t k = 0; k < shards_->size(); ++k) {
+    shards_->unit(k).optimized().mutable_grad() = at::Tensor();
+  }
+  if (shards_->stage() == 1) {
+    if (open_) shards_->abandonAccumulation();
+    open_ = false;
+  } else {
+    for (size_t i = 0; i < params_.size(); ++i) tensorOf(i).mutable_grad() = at::Tensor();
+  }
+  shards_->setLocalGradients(false);
+}
+
+void ShardedGradientSync::markGradientsLocked() {
+  for (size_t i = 0; i < params_.size(); ++i) {
+    at::Tensor& grad = tensorOf(i).mutable_grad();
+    if (!grad.defined() && i < placeholders_.size()) grad = placeholders_[i];
+    gradMarks_[i] = implOf(grad);
+  }
+  for (size_t k = 0; k < shards_->size(); ++k) {
+    shardMarks_[k] = implOf(shards_->unit(k).optimized().grad());
+  }
+  starting_.store(true, std::memory_order_release);
+}
+
+void ShardedGradientSync::zeroGradients() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  dropAccumulatedLocked();
+  markGradientsLocked();
 }
 
 void ShardedGradientSync::onGradientReady(size_t index) {
@@ -124,7 +227,7 @@ void ShardedGradientSync::onGradientReady(size_t index) {
   if (state_ != State::Armed) {
     if (state_ == State::Local) {
       shards_->setLocalGradients(true);
-      if (shards_->stage() == 3) localGradientLocked(index);
+      localGradientLocked(index);
     }
     if (state_ == State::Idle && !warnedUnexpected_) {
       warnedUnexpected_ = true;
@@ -154,7 +257,7 @@ void ShardedGradientSync::localGradientLocked(size_t index) {
     callbackQueued_ = true;
     compat::queueEngineCallback([this] { finishLocalPass(); });
   }
-  if (ready_[index]) return;
+  if (shards_->stage() != 3 || ready_[index]) return;
   ready_[index] = 1;
   const size_t k = params_[index].unit;
   if (--pending_[k] == 0) shards_->gradientsComplete(k);
@@ -162,8 +265,13 @@ void ShardedGradientSync::localGradientLocked(size_t index) {
 
 void ShardedGradientSync::finishLocalPass() {
   std::lock_guard<std::mutex> lock(mutex_);
-  resetPassLocked();
-  shards_->backwardEnded();  // frees the units a parameter left unfinished
+  if (shards_->stage() == 3) {
+    resetPassLocked();
+    shards_->backwardEnded();  // frees the units a parameter left unfinished
+  } else {
+    callbackQueued_ = false;  // stages 1 and 2 stay Local until the next forward
+  }
+  markGradientsLocked();
 }
 
 void ShardedGradientSync::markReadyLocked(size_t index, bool hookFired) {
@@ -197,7 +305,12 @@ void ShardedGradientSync::finalizeBackward() {
   std::lock_guard<std::mutex> lock(mutex_);
   stats_.backwardEnd = Clock::now();
   std::vector<size_t> missing = ddp::finishPass(
-      [this](std::vector<size_t>& out) { finalizeLocked(out); }, [this] { resetPassLocked(); });
+      [this](std::vector<size_t>& out) { finalizeLocked(out); },
+      [this] {
+        resetPassLocked();
+        open_ = false;  // stage 1: the accumulation ended with its reduce-scatter
+        markGradientsLocked();
+      });
   if (missing.empty()) return;
   std::vector<std::string> names;
   for (size_t i : missing) names.push_back(nameOf(i));
@@ -206,9 +319,9 @@ void ShardedGradientSync::finalizeBackward() {
 }
 
 void ShardedGradientSync::finalizeLocked(std::vector<size_t>& missing) {
-  if (shards_->stage() == 1 && !open_.load()) {
-    shards_->openAccumulation();  // no gradient arrived at all in this pass
-    open_.store(true);
+  if (starting_.load()) {  // no gradient arrived at all in this pass
+    startPassLocked();
+    starting_.store(false);
   }
   for (size_t i = 0; i < params_.size(); ++i) {
     if (!ready_[i]) missing.push_back(i);
@@ -242,7 +355,6 @@ void ShardedGradientSync::resetPassLocked() {
   state_ = State::Idle;
   callbackQueued_ = false;
   poisonedThisPass_ = false;
-  open_.store(false);
   std::fill(ready_.begin(), ready_.end(), 0);
   for (size_t k = 0; k < shards_->size(); ++k) pending_[k] = shards_->unit(k).params().size();
   nextUnit_ = 0;
@@ -250,15 +362,15 @@ void ShardedGradientSync::resetPassLocked() {
 }
 
 size_t ShardedGradientSync::looseGradientBytes() const {
+  std::lock_guard<std::mutex> lock(mutex_);
   size_t bytes = 0;
-  for (size_t k = 0; k < shards_->size(); ++k) {
-    ShardUnit& u = shards_->unit(k);
-    for (size_t j = 0; j < u.params().size(); ++j) {
-      const at::Tensor& grad = u.params()[j].param.grad();
-      if (!grad.defined()) continue;
-      if (u.holdsGrads() && grad.data_ptr() == u.gradView(j).data_ptr()) continue;
-      bytes += grad.storage().nbytes();
-    }
+  for (size_t i = 0; i < params_.size(); ++i) {
+    const at::Tensor& grad = tensorOf(i).grad();
+    if (!grad.defined()) continue;
+    if (i < placeholders_.size() && implOf(grad) == implOf(placeholders_[i])) continue;
+    ShardUnit& u = shards_->unit(params_[i].unit);
+    if (u.holdsGrads() && grad.data_ptr() == u.gradView(params_[i].slot).data_ptr()) continue;
+    bytes += grad.storage().nbytes();
   }
   return bytes;
 }

@@ -41,6 +41,10 @@ class ShardedGradientSync : public ddp::GradientSync {
   // Stage 2: bytes of the module's gradients held outside the units (noSync() accumulation).
   size_t looseGradientBytes() const;
 
+  // ShardedOptimizer::zero_grad(): drops every gradient accumulated so far -- the shards', the
+  // units' (stage 1) and the parameters' own (noSync(), stages 2 and 3). Note [Zeroed gradients].
+  void zeroGradients();
+
  private:
   enum class State { Idle, Armed, Local };
   struct Param {
@@ -49,7 +53,15 @@ class ShardedGradientSync : public ddp::GradientSync {
   };
 
   void installHooks();
+  // Every gradient's pre-hook; the first of a pass starts it (startPassLocked).
   void onGradientArriving();
+  // Note [Zeroed gradients]: drops what the program zeroed since the last pass; stage 1 opens the
+  // accumulation; stages 2 and 3 take the placeholders off.
+  void startPassLocked();
+  // The end of every pass: placeholders on the gradients stages 2 and 3 left undefined, and what
+  // the next pass compares with.
+  void markGradientsLocked();
+  void dropAccumulatedLocked();
   void onGradientReady(size_t index);
   // Stage 3 under noSync(): counts the gradient so that its unit is resharded once all are in
   // (Note [Sharded backward]); the pass's end reshards the rest and resets it.
@@ -68,13 +80,22 @@ class ShardedGradientSync : public ddp::GradientSync {
   std::vector<Param> params_;  // every unit's parameters, unit by unit
   std::vector<std::shared_ptr<torch::autograd::Node>> accumulators_;
   std::vector<uintptr_t> postKeys_;
-  std::vector<uintptr_t> preKeys_;  // stage 1 only
-  // Stage 1: an accumulation is open (Note [Accumulating into the shard]). Read without the
-  // lock by the pre-hooks' fast path.
-  std::atomic<bool> open_{false};
+  std::vector<uintptr_t> preKeys_;
+  // The next gradient to arrive is a pass's first. Read without the lock by the pre-hooks' fast
+  // path.
+  std::atomic<bool> starting_{true};
+  // Stages 2 and 3, per parameter: a zero of its shape over one element, its .grad between passes
+  // where it would be undefined (Note [Zeroed gradients]).
+  std::vector<at::Tensor> placeholders_;
 
   mutable std::mutex mutex_;  // guards everything below: hooks may run on autograd's threads
   State state_ = State::Idle;
+  // Stage 1: an accumulation is open (Note [Accumulating into the shard]).
+  bool open_ = false;
+  // What each parameter's .grad and each unit's shard gradient were when the last pass ended (the
+  // TensorImpl; null: undefined). Note [Zeroed gradients].
+  std::vector<const void*> gradMarks_;
+  std::vector<const void*> shardMarks_;
   bool callbackQueued_ = false;
   bool warnedUnexpected_ = false;
   bool poisonedThisPass_ = false;

@@ -1,5 +1,7 @@
 #include "shard_group.h"
 
+#include <algorithm>
+
 #include <ATen/ATen.h>
 #include <fmt/format.h>
 #include <torch/optim/optimizer.h>
@@ -131,6 +133,29 @@ void ShardGroup::openAccumulation() {
     }
     grads_[k] = Grads::Accumulating;
   }
+}
+
+void ShardGroup::abandonAccumulation() {
+  if (stage() != 1) return;
+  for (size_t k = 0; k < units_.size(); ++k) {
+    DTRAIN_CHECK(grads_[k] == Grads::Accumulating || grads_[k] == Grads::Reduced,
+                 "rank {}: ZeRO: {} is {} when its accumulation is dropped", group_->rank(),
+                 units_[k]->describe(), gradsName(grads_[k]));
+    grads_[k] = Grads::Reduced;
+  }
+}
+
+void ShardGroup::dropShardGradient(size_t k, size_t j) {
+  ShardUnit& u = *units_[k];
+  if (!u.shardGradAttached()) return;
+  const int64_t s = u.shardNumel();
+  const int64_t mine = group_->rank() * s;
+  const int64_t first = u.layout().offsets[j];
+  const int64_t begin = std::max(mine, first);
+  const int64_t end = std::min(mine + s, first + u.params()[j].param.numel());
+  if (begin >= end) return;
+  at::NoGradGuard noGrad;
+  u.shardGrad().narrow(0, begin - mine, end - begin).zero_();
 }
 
 void ShardGroup::lease(size_t k) {

@@ -24,7 +24,7 @@ namespace dtrain::zero {
 // Note [Unit states]
 // Gradient side, per unit:
 //   stage 1:  Reduced --openAccumulation--> Accumulating --launchReduce--> Reducing
-//             --finishReduce--> Reduced
+//             --finishReduce--> Reduced; Accumulating --abandonAccumulation--> Reduced
 //   stage 2:  Empty --fill (leases a bucket)--> Accumulating --launchReduce--> Reducing
 //             --finishReduce (gives the bucket back)--> Empty
 // Stage 1 opens every unit at once, before the first gradient of a backward after a
@@ -94,11 +94,11 @@ namespace dtrain::zero {
 // ZeroOptions::deferAllgatherWait, step() returns with those units Gathering, and the first
 // reader of the parameters waits for them -- settleGathers(), from the DDP wrapper's next
 // forward (ddp::GradientSync::beforeForward, before the buffers' broadcast and the module), the
-// next step(), shardRecords(), loadShardState(), or a Checkpointer's save and restore -- so the
-// tail runs while the program loads its next batch. The collectives are the same, in the same
-// order, on every rank; only where a rank waits moves. A reader outside dtrain (an EMA copy, the
-// module called without the wrapper) cannot be seen: it calls waitForParameters(), which is why
-// it is off by default. Stage 3's marked units are unaffected (they are gathered at their use);
+// next step(), shardRecords(), loadShardState(), gatherFullParameters(), or a Checkpointer's
+// save and restore -- so the tail runs while the program loads its next batch. The collectives
+// are the same, in the same order, on every rank; only where a rank waits moves. A reader
+// outside dtrain (an EMA copy, the module called without the wrapper) cannot be seen: it calls
+// waitForParameters(), which is why it is off by default. Stage 3's marked units are unaffected (they are gathered at their use);
 // its root units defer as stage 2's.
 class ShardGroup {
  public:
@@ -136,6 +136,11 @@ class ShardGroup {
   // A noSync() backward accumulated since the last synchronising one: a step now would use
   // gradients no rank has averaged.
   void setLocalGradients(bool pending) { localGradients_ = pending; }
+  // Note [Zeroed gradients] (gradient_sync.cpp): stage 1's open accumulation is dropped
+  // unreduced (Accumulating -> Reduced); the next backward opens a new one.
+  void abandonAccumulation();
+  // Parameter j's part of unit k's shard gradient is zeroed: the program zeroed its gradient.
+  void dropShardGradient(size_t k, size_t j);
 
   // --- parameter side (ShardedOptimizer::step) ---
   // Throws when any unit's gradients are not ready to step (see Note [Unit states]).

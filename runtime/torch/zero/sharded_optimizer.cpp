@@ -83,11 +83,7 @@ torch::Tensor ShardedOptimizer::step(LossClosure closure) {
 
 void ShardedOptimizer::waitForParameters() { shards_->settleGathers(); }
 
-void ShardedOptimizer::zero_grad() {
-  for (auto& group : param_groups_) {
-    for (auto& p : group.params()) p.mutable_grad() = torch::Tensor();
-  }
-}
+void ShardedOptimizer::zero_grad() { sync_->zeroGradients(); }
 
 void ShardedOptimizer::save(torch::serialize::OutputArchive&) const {
   DTRAIN_THROW(InvalidArgument,

@@ -174,7 +174,8 @@ struct Zero3Run {
   // Every unit sharded as it is built (fullyShard; Zero3NestedNet only, float32).
   bool builtSharded = false;
   bool offload = false;  // ZeroOptions'
-
+  bool abandoned = false;              // ZeroRun's
+  std::string zeroGrad = "optimizer";  // ZeroRun's
 };
 
 // What a run measured on one rank.
@@ -248,8 +249,15 @@ Zero3RankResult trainZero3OnRank(const Zero3Run& how, const std::shared_ptr<Proc
   GradScalerOptions so;
   so.enabled = how.overflowStep >= 0;
   GradScaler scaler(group, so);
+  run.zeroGrad = how.zeroGrad;
   for (int s = 0; s < how.steps; ++s) {
-    optimizer->zero_grad();
+    if (how.abandoned) {
+      auto guard = ddp.noSync();
+      auto [x, y] = wholeBatch(run, s, 1000, 7, 5);  // data no step trains on
+      torch::mse_loss(ddp(shard(x, rank, world).to(dtype)).to(torch::kFloat), shard(y, rank, world))
+          .backward();
+    }
+    zeroGradients(run, *net, *optimizer, sharded);
     for (int m = 0; m < how.micro; ++m) {
       std::optional<NoSyncGuard> local;
       if (m + 1 < how.micro) local.emplace(ddp.core());  // what ddp.noSync() returns

@@ -164,6 +164,23 @@ TEST_P(ZeroStage3Ranks, NoSyncAccumulationMatchesDdp) {
   EXPECT_EQ(zero.markedBytes, 0u);
 }
 
+// Note [Zeroed gradients]: a micro-batch accumulated under noSync() and then dropped by
+// zero_grad() leaves no trace, whichever zero_grad() drops it (ZeroEquivalence's test of stages
+// 1 and 2), with nested units and a layer called twice.
+TEST_P(ZeroStage3Ranks, AnAbandonedAccumulationIsDroppedByEitherZeroGrad) {
+  for (const char* who : {"optimizer", "module", "module-none"}) {
+    SCOPED_TRACE(who);
+    Zero3Run how{GetParam(), 0, 8};
+    how.micro = 2;
+    how.abandoned = true;
+    how.zeroGrad = who;
+    const Zero3Result ddp = trainZero3<Zero3NestedNet>(how);
+    how.stage = 3;
+    const Zero3Result zero = trainZero3<Zero3NestedNet>(how);
+    expectSameTraining(zero, ddp);
+  }
+}
+
 // Note [Prefetching units]: from the second step on, every gather for backward but the first is
 // issued before its unit is needed, and with forwardPrefetch every forward gather but the first
 // too. Training stays within 1e-5 of DDP's either way, and the marked units' full parameters

@@ -93,6 +93,28 @@ TEST_P(ZeroEquivalence, DeferredAllgathersTrainBitwiseAsWaitedOnes) {
   EXPECT_EQ(deferred.clipNorms, waited.clipNorms);
 }
 
+// Note [Zeroed gradients]: each step first accumulates a micro-batch under noSync() that
+// zero_grad() then drops, as an abandoned accumulation or an epoch's leftover micro-batches are;
+// it leaves no trace whichever zero_grad() drops it -- the optimizer's, or the module's (zeroing
+// in place or set_to_none) as the only one the program calls -- as under DDP. Two micro-batches
+// per step, so the kept accumulation is told apart from the dropped one.
+TEST_P(ZeroEquivalence, AnAbandonedAccumulationIsDroppedByEitherZeroGrad) {
+  for (const char* who : {"optimizer", "module", "module-none"}) {
+    SCOPED_TRACE(who);
+    ZeroRun run;
+    run.world = GetParam().world;
+    run.steps = 8;
+    run.micro = 2;
+    run.abandoned = true;
+    run.zeroGrad = who;
+    const ZeroResult ddp = trainMlp(run);
+    run.stage = GetParam().stage;
+    const ZeroResult zero = trainMlp(run);
+    expectRanksBitwiseEqual(zero);
+    expectClose(zero, ddp, 1e-6);
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(Ranks, ZeroEquivalence,
                          ::testing::Values(Param{2, 1}, Param{2, 2}, Param{3, 1}, Param{3, 2},
                                            Param{4, 1}, Param{4, 2}),

@@ -129,7 +129,12 @@ TEST(ZeroMemory, NoSyncAccumulationHoldsFullGradientsUntilTheSynchronisingBackwa
     EXPECT_EQ(sgd.stats().memory.looseGradients, 98880u * 4);
     torch::mse_loss(ddp(torch::randn({4, 64})), torch::randn({4, 64})).backward();
     EXPECT_EQ(sgd.stats().memory.looseGradients, 0u);
-    for (auto& p : net->parameters()) EXPECT_FALSE(p.grad().defined());
+    for (auto& p : net->parameters()) {
+      // Note [Zeroed gradients]: a placeholder of zeros over one element, no memory of the size.
+      ASSERT_TRUE(p.grad().defined());
+      EXPECT_EQ(p.grad().storage().nbytes(), sizeof(float));
+      EXPECT_EQ(p.grad().count_nonzero().item<int64_t>(), 0);
+    }
     sgd.step();
   });
 }

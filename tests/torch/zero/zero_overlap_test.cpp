@@ -8,6 +8,7 @@
 #include <utility>
 #include <vector>
 
+#include "dtrain/torch/fully_shard.h"
 #include "zero_test_support.h"
 
 namespace dtrain::testing::zero_overlap_test {
@@ -183,6 +184,36 @@ TEST(ZeroOverlap, DeferredAllgathersAreWaitedForByTheNextForward) {
       EXPECT_TRUE(torch::equal(out, net->forward(x))) << "the forward ran before the gathers";
       optimizer.waitForParameters();
       EXPECT_EQ(log.waits() - waited, static_cast<int>(units)) << "nothing left to wait for";
+    });
+  }
+}
+
+// gatherFullParameters() right after a step that deferred its all-gathers waits for them, as
+// every reader of the parameters does, and copies this step's parameters.
+TEST(ZeroOverlap, GatherFullParametersWaitsForDeferredAllgathers) {
+  for (int stage : {1, 2}) {
+    SCOPED_TRACE(stage);
+    auto world = ThreadWorld::create(2);
+    world->run([&](int rank) {
+      StepLog log;
+      RankModel model(log, world, rank);
+      ZeroOptions zo = RankModel::zeroOptions(stage);
+      zo.deferAllgatherWait = true;
+      ShardedOptimizer optimizer(
+          *model.ddp, {}, optimizerFactory<torch::optim::SGD>(torch::optim::SGDOptions(0.1)), zo);
+      torch::mse_loss((*model.ddp)(randnSeeded({8, 7}, 10 + rank)), randnSeeded({8, 5}, 20 + rank))
+          .backward();
+      optimizer.step();
+      std::vector<std::pair<std::string, torch::Tensor>> full;
+      EXPECT_NO_THROW(full = gatherFullParameters(optimizer));
+      const int waited = log.waits();
+      optimizer.waitForParameters();
+      EXPECT_EQ(log.waits(), waited) << "gatherFullParameters() left an all-gather running";
+      const auto params = model.net->named_parameters();
+      ASSERT_EQ(full.size(), params.size());
+      for (const auto& [name, t] : full) {
+        EXPECT_TRUE(torch::equal(t, params[name])) << name << ": not this step's parameters";
+      }
     });
   }
 }

@@ -39,7 +39,28 @@ struct ZeroRun {
   at::ScalarType dtype = at::kFloat;
   uint64_t seed = 3;
   bool deferAllgatherWait = false;  // ZeroOptions'
+  // Each step first runs a micro-batch under noSync() that its zero_grad() then drops (an
+  // accumulation abandoned, an epoch's leftover micro-batches).
+  bool abandoned = false;
+  // Who drops the gradients at the start of each step: "optimizer" (the ShardedOptimizer's, or
+  // the libtorch optimizer's under DDP), "module" (the module's, zeroing in place: libtorch
+  // 1.13's default) or "module-none" (the module's, set_to_none).
+  std::string zeroGrad = "optimizer";
 };
+
+// Drops the gradients as `run.zeroGrad` says.
+inline void zeroGradients(const ZeroRun& run, torch::nn::Module& net,
+                          torch::optim::Optimizer& optimizer, ShardedOptimizer* sharded) {
+  if (run.zeroGrad == "module") {
+    net.zero_grad(/*set_to_none=*/false);
+  } else if (run.zeroGrad == "module-none") {
+    net.zero_grad(/*set_to_none=*/true);
+  } else if (sharded) {
+    sharded->zero_grad();  // its own (the API tests call libtorch's)
+  } else {
+    optimizer.zero_grad();
+  }
+}
 
 // What a run ends with, per rank: the module's parameters (by name), their norms before clipping.
 struct ZeroResult {
@@ -134,11 +155,14 @@ inline RankResult trainOnRank(const ZeroRun& run, const std::shared_ptr<ProcessG
   GradScaler scaler(group, so);
   RankResult result;
   for (int s = 0; s < run.steps; ++s) {
-    if (sharded) {
-      sharded->zero_grad();  // its own: unsets the shards' gradients (the API tests call libtorch's)
-    } else {
-      optimizer->zero_grad();
+    if (run.abandoned) {
+      auto guard = ddp.noSync();
+      auto [x, y] = wholeBatch(run, s, 1000, 7, 5);  // data no step trains on
+      torch::mse_loss(ddp(shard(x, rank, run.world).to(run.dtype)).to(torch::kFloat),
+                      shard(y, rank, run.world))
+          .backward();
     }
+    zeroGradients(run, *net, *optimizer, sharded);
     for (int m = 0; m < run.micro; ++m) {
       auto [x, y] = wholeBatch(run, s, m, 7, 5);
       auto forwardBackward = [&] {

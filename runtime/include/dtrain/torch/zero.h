@@ -28,7 +28,7 @@
 // GradScaler, LR schedulers and code that sets a group's learning rate take it as they take any
 // optimizer. The module's own parameters stay full and equal on every rank (views into the units'
 // flat buffers); their .grad is not the averaged gradient under ZeRO (stage 1: the buffers the
-// reduce-scatter read, stage 2: none after a synchronising backward).
+// reduce-scatter read, stage 2: a zero placeholder of no memory after a synchronising backward).
 //
 // Construction is collective: every rank builds it with the same groups. It takes over what
 // DDP's backward does with the gradients (DDP's buckets are freed); forwards stay the DDP
@@ -233,10 +233,11 @@ class ShardedOptimizer : public torch::optim::Optimizer {
   // the module's parameters are then this step's on every rank. A no-op when none are running.
   void waitForParameters();
 
-  // Unsets the shards' gradients (libtorch 2.x's default, set_to_none): the next synchronising
-  // backward then writes them instead of adding to them, a pass over the shards fewer than
-  // zeroing them. Hides Optimizer::zero_grad() (not virtual): called through a
-  // torch::optim::Optimizer&, libtorch's zeroes them, with the same result.
+  // Drops every gradient accumulated so far, as zero_grad() does under DDP: the shards' (unset,
+  // libtorch 2.x's set_to_none), and what noSync() backwards accumulated outside them. The
+  // module's zero_grad() drops them too; libtorch's own through a torch::optim::Optimizer& (this
+  // hides it: it is not virtual) does where it unsets them (2.x), and keeps noSync()'s where it
+  // zeroes them in place (1.13). See Note [Zeroed gradients] in the library.
   void zero_grad();
 
   // Sharded state does not fit libtorch's archive: refused with a hint.
