@@ -4,7 +4,10 @@
 set(_tensorboard_test ${CMAKE_CURRENT_SOURCE_DIR}/tests/scripts/tensorboard_test.py)
 add_test(NAME tensorboard.launch COMMAND /usr/bin/python3 ${_tensorboard_test} ${CMAKE_BINARY_DIR} launch)
 add_test(NAME tensorboard.kill COMMAND /usr/bin/python3 ${_tensorboard_test} ${CMAKE_BINARY_DIR} kill)
-set_tests_properties(tensorboard.launch tensorboard.kill PROPERTIES LABELS integration TIMEOUT 120)
+add_test(NAME tensorboard.nolocks
+         COMMAND /usr/bin/python3 ${_tensorboard_test} ${CMAKE_BINARY_DIR} nolocks)
+set_tests_properties(tensorboard.launch tensorboard.kill tensorboard.nolocks
+                     PROPERTIES LABELS integration TIMEOUT 120)
 if(TARGET train_linear AND TARGET train_resnet)
   add_test(NAME tensorboard.trainer
            COMMAND /usr/bin/python3 ${_tensorboard_test} ${CMAKE_BINARY_DIR} trainer)

@@ -8,6 +8,9 @@
            or for launch's samples the whole seconds since the file was opened), every field's
            tag and value (as a float32);
   kill     launch SIGKILLed while it writes: every complete record verifies;
+  nolocks  launch --tensorboard-dir on a filesystem without file locks (flock() failing with
+           ENOSYS, ENOLCK or EOPNOTSUPP through libdtrain_flock_errno_shim.so): the job runs, one
+           warning says a second writer cannot be detected, and the event file holds what F holds;
   trainer  train_linear --tensorboard-dir D: rank 0's loss per epoch at steps 0.., equal to the
            lines it prints; and a trainer given launch's own directory is refused, naming it;
   demo     scripts/demo.sh, small: it prints the TensorBoard path, and the files there hold what
@@ -156,6 +159,23 @@ def test_kill(tmp):
           f"{f['torn']} bytes of a torn last record")
 
 
+def test_nolocks(tmp):
+    shim = os.path.join(BUILD, "libdtrain_flock_errno_shim.so")
+    for error in ("ENOSYS", "ENOLCK", "EOPNOTSUPP"):
+        jsonl = os.path.join(tmp, error + ".jsonl")
+        tb = os.path.join(tmp, error)
+        rc, out = run([LAUNCH, "--nproc-per-node", "2", "--sample-interval", "0.2",
+                       "--metrics-file", jsonl, "--tensorboard-dir", tb,
+                       WORKER, "--steps", "10", "--step-ms", "50", "--publish-figures"],
+                      env={"LD_PRELOAD": shim, "DTRAIN_TEST_FLOCK_ERRNO": error})
+        if rc != 0:
+            fail(f"{error}: launch exited {rc}:\n{out}")
+        if out.count("does not support file locks") != 1:
+            fail(f"{error}: expected one warning that the filesystem has no file locks:\n{out}")
+        check_against_jsonl(only_event_file(tb), jsonl)
+    print("launch without file locks: the job ran, one warning, the events written")
+
+
 def test_trainer(tmp):
     trainer = os.path.join(BUILD, "train_linear")
     tb = os.path.join(tmp, "linear")
@@ -202,7 +222,8 @@ def test_demo(tmp):
             fail(f"the demo's TensorBoard files have no {want}")
 
 
-PARTS = {"launch": test_launch, "kill": test_kill, "trainer": test_trainer, "demo": test_demo}
+PARTS = {"launch": test_launch, "kill": test_kill, "nolocks": test_nolocks,
+         "trainer": test_trainer, "demo": test_demo}
 
 if __name__ == "__main__":
     with tempfile.TemporaryDirectory() as tmp:

@@ -1,16 +1,20 @@
 // TensorBoard event files (Note [TensorBoard event files]): CRC32C against its check value, the
 // bytes of an Event and its TFRecord against golden bytes that Python's google.protobuf and
 // python3-crc32c produced, the tags, and the sink's file: one writer per directory, the step of
-// a record without one, a torn write cut back. tests/scripts/tensorboard_test.py reads whole runs
-// back with an independent reader.
+// a record without one, a torn write cut back, a directory whose filesystem has no file locks
+// (tensorboard_helper started with libdtrain_flock_errno_shim.so preloaded).
+// tests/scripts/tensorboard_test.py reads whole runs back with an independent reader.
+#include <fcntl.h>
 #include <signal.h>
 #include <sys/resource.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <iterator>
+#include <vector>
 
 #include <gtest/gtest.h>
 
@@ -47,6 +51,53 @@ std::vector<std::string> eventFiles(const std::string& dir) {
     }
   }
   return files;
+}
+
+struct HelperRun {
+  int status = -1;
+  std::string err;  // its stderr
+};
+
+// Runs tensorboard_helper DIR (one record written: see tensorboard_helper.cpp) with `env`
+// ("NAME=value") added to this process's environment.
+HelperRun runTensorBoardHelper(const std::string& dir, const std::vector<std::string>& env) {
+  const std::string helper = dtrain::testing::binaryPath("tensorboard_helper");
+  TempDir scratch;
+  const std::string errPath = scratch.file("stderr");
+  std::vector<std::string> vars(env);
+  for (char** e = environ; *e != nullptr; ++e) vars.emplace_back(*e);
+  std::vector<char*> envp;
+  for (auto& v : vars) envp.push_back(v.data());
+  envp.push_back(nullptr);
+  std::vector<char*> argv = {const_cast<char*>(helper.c_str()), const_cast<char*>(dir.c_str()),
+                             nullptr};
+  const int errFd = ::open(errPath.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  HelperRun run;
+  if (errFd < 0) return run;
+  const pid_t pid = ::fork();
+  if (pid == 0) {
+    ::dup2(errFd, 2);
+    ::execve(argv[0], argv.data(), envp.data());
+    ::_exit(127);
+  }
+  ::close(errFd);
+  if (pid > 0) ::waitpid(pid, &run.status, 0);
+  run.err = readAll(errPath);
+  return run;
+}
+
+// The first event file in `dir` other than `except`.
+std::string eventFileOtherThan(const std::string& dir, const std::string& except) {
+  for (const auto& f : eventFiles(dir)) {
+    if (f != except) return f;
+  }
+  return "";
+}
+
+size_t occurrences(const std::string& text, const std::string& what) {
+  size_t n = 0;
+  for (size_t at = text.find(what); at != std::string::npos; at = text.find(what, at + 1)) ++n;
+  return n;
 }
 
 TEST(TensorBoardEvents, Crc32cHasItsCheckValue) {
@@ -153,6 +204,50 @@ TEST(TensorBoardSink, ASecondLiveWriterInTheDirectoryIsRefusedNamingTheFirst) {
   first.reset();  // its writer ended: the directory is free, and the old file stays
   auto second = TensorBoardSink::open(tmp.path());
   EXPECT_EQ(eventFiles(tmp.path()).size(), 2u);
+}
+
+// Note [TensorBoard directories without file locks]: where flock() fails with ENOSYS, ENOLCK or
+// EOPNOTSUPP (Lustre without -o flock, NFS without lockd), both the writer's own lock and the
+// scan of the other event files cannot tell; the writer warns once and writes its records.
+TEST(TensorBoardSink, WithoutFileLocksTheWriterWarnsOnceAndWrites) {
+  const std::string shim = dtrain::testing::binaryPath("libdtrain_flock_errno_shim.so");
+  const std::string record = tensorboard::frameRecord(
+      tensorboard::scalarsEvent(1700000000.25, 42, {{"loss/node-a/rank1", 0.125f}}));
+  const std::vector<std::pair<std::string, int>> errors = {
+      {"ENOSYS", ENOSYS}, {"ENOLCK", ENOLCK}, {"EOPNOTSUPP", EOPNOTSUPP}};
+  for (const auto& error : errors) {
+    SCOPED_TRACE(error.first);
+    TempDir tmp;
+    // An ended writer's file, so that the scan of the directory meets the failing flock() too.
+    const std::string old = tmp.file("events.out.tfevents.1600000000.host.1.0");
+    dtrain::testing::writeFile(old, "");
+    const HelperRun run = runTensorBoardHelper(
+        tmp.path(), {"LD_PRELOAD=" + shim, "DTRAIN_TEST_FLOCK_ERRNO=" + error.first});
+    ASSERT_TRUE(WIFEXITED(run.status) && WEXITSTATUS(run.status) == 0)
+        << "status " << run.status << ": " << run.err;
+    EXPECT_EQ(occurrences(run.err, "does not support file locks"), 1u) << run.err;
+    EXPECT_NE(run.err.find("--tensorboard-dir " + tmp.path()), std::string::npos) << run.err;
+    EXPECT_NE(run.err.find(std::strerror(error.second)), std::string::npos) << run.err;
+    EXPECT_NE(run.err.find("HINT"), std::string::npos) << run.err;
+    const std::string file = readAll(eventFileOtherThan(tmp.path(), old));
+    ASSERT_GT(file.size(), record.size()) << run.err;
+    EXPECT_NE(file.find(tensorboard::kFileVersion), std::string::npos);
+    EXPECT_EQ(toHex(file.substr(file.size() - record.size())), toHex(record));
+  }
+}
+
+// The other process holds its lock (EWOULDBLOCK): refused as before, and no warning.
+TEST(TensorBoardSink, ALiveWriterInAnotherProcessIsStillRefused) {
+  TempDir tmp;
+  auto first = TensorBoardSink::open(tmp.path());
+  const HelperRun run = runTensorBoardHelper(tmp.path(), {});
+  EXPECT_TRUE(WIFEXITED(run.status) && WEXITSTATUS(run.status) == 2)
+      << "status " << run.status << ": " << run.err;
+  EXPECT_NE(run.err.find("another process is writing TensorBoard events there (" +
+                         std::filesystem::path(first->path()).filename().string() + ")"),
+            std::string::npos) << run.err;
+  EXPECT_EQ(run.err.find("does not support file locks"), std::string::npos) << run.err;
+  EXPECT_EQ(eventFiles(tmp.path()).size(), 1u) << "the refused writer left its file";
 }
 
 TEST(TensorBoardSink, AnUnwritableDirectoryIsAUsageErrorNamingIt) {

@@ -16,3 +16,13 @@ add_executable(checkpoint_io_helper tests/unit/checkpoint_io_helper.cpp
 target_link_libraries(checkpoint_io_helper PRIVATE dtrain_base dtrain_base_internal)
 dtrain_warnings(checkpoint_io_helper)
 add_dependencies(dtrain_unit_tests checkpoint_io_helper)
+
+# The TensorBoard tests' writer process, and the LD_PRELOAD library that makes its flock() fail as
+# on a filesystem without file locks (libdtrain_flock_errno_shim.so, DTRAIN_TEST_FLOCK_ERRNO).
+add_executable(tensorboard_helper tests/unit/tensorboard_helper.cpp)
+target_link_libraries(tensorboard_helper PRIVATE dtrain_base)
+dtrain_warnings(tensorboard_helper)
+add_library(dtrain_flock_errno_shim MODULE tests/unit/flock_errno_shim.c)
+target_link_libraries(dtrain_flock_errno_shim PRIVATE ${CMAKE_DL_LIBS})
+dtrain_warnings(dtrain_flock_errno_shim)
+add_dependencies(dtrain_unit_tests tensorboard_helper dtrain_flock_errno_shim)

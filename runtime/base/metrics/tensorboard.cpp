@@ -42,19 +42,45 @@ bool writeWhole(int fd, const std::string& bytes) {
   return n >= 0 && static_cast<size_t>(n) == bytes.size();
 }
 
+// Note [TensorBoard directories without file locks]
+// One writer per directory is checked with flock(): a writer holds LOCK_EX on its own file, and
+// open() tries LOCK_SH on every other event file there; EWOULDBLOCK means a live writer. Some
+// filesystems have no flock(): Lustre mounted without -o flock, NFS without lockd. There it fails
+// with ENOSYS, ENOLCK or EOPNOTSUPP, which says nothing about other writers, only that they
+// cannot be seen. open() then warns once and writes anyway: refusing would stop every job that
+// writes there (launch --tensorboard-dir exits before starting any rank) for a check it cannot
+// make, while a second writer costs one run's charts. Only EWOULDBLOCK counts as busy; any other
+// error of the writer's own lock still refuses.
+bool locksUnsupported(int error) {
+  return error == ENOSYS || error == ENOLCK || error == EOPNOTSUPP;  // ENOTSUP is EOPNOTSUPP
+}
+
+struct WriterScan {
+  std::vector<std::string> busy;       // held by a live writer
+  std::vector<std::string> unchecked;  // flock() unsupported there: cannot tell
+  int unsupported = 0;                 // the errno that said so
+};
+
 // Event files in `dir` other than `own` that a live process holds locked (its writer).
-std::vector<std::string> liveWriters(const std::string& dir, const std::string& own) {
-  std::vector<std::string> busy;
+WriterScan liveWriters(const std::string& dir, const std::string& own) {
+  WriterScan scan;
   std::error_code ec;
   for (const auto& entry : std::filesystem::directory_iterator(dir, ec)) {
     const std::string name = entry.path().filename().string();
     if (name == own || name.find("tfevents") == std::string::npos) continue;
     const int fd = ::open(entry.path().c_str(), O_RDONLY | O_CLOEXEC);
     if (fd < 0) continue;
-    if (::flock(fd, LOCK_SH | LOCK_NB) != 0 && errno == EWOULDBLOCK) busy.push_back(name);
+    if (::flock(fd, LOCK_SH | LOCK_NB) != 0) {
+      if (errno == EWOULDBLOCK) {
+        scan.busy.push_back(name);
+      } else if (locksUnsupported(errno)) {
+        scan.unchecked.push_back(name);
+        scan.unsupported = errno;
+      }
+    }
     ::close(fd);
   }
-  return busy;
+  return scan;
 }
 
 }  // namespace
@@ -90,21 +116,37 @@ std::shared_ptr<TensorBoardSink> TensorBoardSink::open(const std::string& dir,
     ::unlink(path.c_str());
     DTRAIN_THROW(InvalidArgument, "{} {}: {}", option, shown(dir), why);
   };
+  // See Note [TensorBoard directories without file locks].
+  int unsupported = 0;
   if (::flock(fd, LOCK_EX | LOCK_NB) != 0) {
-    refuse(fmt::format("cannot lock {}: {}", name, std::strerror(errno)));
+    const int error = errno;
+    if (!locksUnsupported(error)) {
+      refuse(fmt::format("cannot lock {}: {}", name, std::strerror(error)));
+    }
+    unsupported = error;
   }
-  const std::vector<std::string> busy = liveWriters(dir, name);
-  if (!busy.empty()) {
+  const WriterScan scan = liveWriters(dir, name);
+  if (!scan.busy.empty()) {
     refuse(fmt::format(
         "another process is writing TensorBoard events there ({}); TensorBoard follows only the "
         "newest event file of a directory, so one of the two would be lost. HINT: give each "
         "writer its own directory (TensorBoard shows each as a run); under launch "
         "--tensorboard-dir, every rank's records are in launch's file already",
-        busy.front()));
+        scan.busy.front()));
   }
   const std::string first = tensorboard::frameRecord(tensorboard::fileVersionEvent(now));
   if (!writeWhole(fd, first)) {
     refuse(fmt::format("cannot write {}: {}", name, std::strerror(errno)));
+  }
+  if (unsupported != 0 || !scan.unchecked.empty()) {
+    DTRAIN_LOG(Warn, "{} {}: cannot lock {}: {}: the directory's filesystem does not support "
+               "file locks, so another process writing TensorBoard events there cannot be "
+               "detected (TensorBoard follows only the newest event file of a directory: one "
+               "writer's records would be lost); writing the events anyway. HINT: give each "
+               "job its own directory; to have the check, mount Lustre with -o flock, or run "
+               "NFS's lock daemon (lockd)",
+               option, shown(dir), unsupported != 0 ? name : scan.unchecked.front(),
+               std::strerror(unsupported != 0 ? unsupported : scan.unsupported));
   }
   return std::shared_ptr<TensorBoardSink>(new TensorBoardSink(path, fd, now, first.size()));
 }

@@ -30,7 +30,9 @@ std::string tensorBoardTag(const Record& record, const std::string& field);
 //
 // One writer per directory: TensorBoard's loader follows only the newest event file of a
 // directory, so a second live writer's records would be lost. The writer holds an flock on its
-// file; open() refuses a directory in which another live process holds one.
+// file; open() refuses a directory in which another live process holds one. On a filesystem
+// without flock (Lustre without -o flock, NFS without lockd) it cannot tell: it warns once and
+// writes (Note [TensorBoard directories without file locks] in metrics/tensorboard.cpp).
 class TensorBoardSink : public Sink {
  public:
   // Creates `dir` (and its parents) if missing and a new file in it,
