@@ -522,6 +522,53 @@ TEST(Checkpointer, AStuckSaveFailsWithinItsTimeoutAndLaterSavesRecover) {
   EXPECT_EQ(c.committedSteps(), (std::vector<int64_t>{3}));
 }
 
+// Note [Abandoned saves]: a synchronous save whose first write stalls past the timeout (a slow
+// disk, `write:slow:6000@1`) is reported failed, and training changes the tensors it writes from.
+// Once the stall is over, the save ends without committing: `step-2` never appears, its temporary
+// is gone and LATEST still names step 1. The next save works.
+TEST(Checkpointer, ASaveReportedAsTimedOutNeverCommitsLater) {
+  TempDir dir;
+  auto group = soloGroup();
+  Mlp net;
+  CheckpointOptions o = optionsFor(dir.path());
+  o.timeout = std::chrono::seconds(3);  // long enough for a healthy save on a loaded machine
+  {
+    Checkpointer first(group, o);
+    first.addModule("m", net);
+    first.save(1);
+  }
+  IoFaultScope slowDisk("write:slow:6000@1");  // the first write call of the next Checkpointer
+  Checkpointer c(group, o);
+  c.addModule("m", net);
+  const auto start = std::chrono::steady_clock::now();
+  try {
+    c.save(2);
+    FAIL() << "a save stalled past its timeout returned";
+  } catch (const CheckpointError& e) {
+    std::string what = e.what();
+    EXPECT_NE(what.find("did not finish within 3000 ms"), std::string::npos) << what;
+    EXPECT_NE(what.find("abandoned: it will not be committed"), std::string::npos) << what;
+  }
+  {
+    torch::NoGradGuard g;
+    net->fc1->weight.add_(1);  // training goes on
+  }
+  // Past the stall, until the save's temporary is gone (removed, or renamed by a late commit).
+  const std::string node = c.nodeDirectory();
+  while (std::chrono::steady_clock::now() - start < std::chrono::seconds(30) &&
+         (std::chrono::steady_clock::now() - start < std::chrono::milliseconds(6200) ||
+          !checkpoint::listDirectory(node).temporaries.empty())) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  EXPECT_EQ(c.committedSteps(), (std::vector<int64_t>{1}));  // once the save thread has ended
+  auto listing = checkpoint::listDirectory(node);
+  EXPECT_EQ(listing.latest.value_or(-1), 1);
+  EXPECT_TRUE(listing.temporaries.empty());
+  c.save(3);
+  EXPECT_EQ(c.committedSteps(), (std::vector<int64_t>{3, 1}));
+  EXPECT_EQ(checkpoint::listDirectory(node).latest.value_or(-1), 3);
+}
+
 // Note [Background saves yield]: asynchronous saves write from a thread in the idle scheduling
 // class, synchronous ones at the normal priority; once a save finds the previous asynchronous one
 // still running, the Checkpointer's later asynchronous saves run at nice +10.

@@ -11,8 +11,10 @@
 
 #include <atomic>
 #include <chrono>
+#include <condition_variable>
 #include <cstring>
 #include <fstream>
+#include <mutex>
 #include <regex>
 #include <thread>
 
@@ -319,6 +321,82 @@ TEST(CheckpointSaveThread, AStuckSaveTimesOutSayingWhereItIs) {
   thread.wait(std::chrono::seconds(10));
   ::close(reader);
   EXPECT_FALSE(thread.running());
+}
+
+// Holds a save's write until the test lets it go.
+struct Gate {
+  std::mutex mutex;
+  std::condition_variable cv;
+  bool open = false;
+  void pass() {
+    std::unique_lock<std::mutex> lock(mutex);
+    cv.wait(lock, [&] { return open; });
+  }
+  void release() {
+    std::lock_guard<std::mutex> lock(mutex);
+    open = true;
+    cv.notify_all();
+  }
+};
+
+// Note [Abandoned saves]: a save whose waiter timed out never commits, however its write ends:
+// no `step-N`, no temporary, LATEST where it was; a later wait() collects why.
+TEST(CheckpointSaveThread, ASaveItsWaiterGaveUpOnNeverCommits) {
+  TempDir dir;
+  auto ops = std::make_shared<FileOps>(cleanOps());
+  save(*ops, dir.path(), 1);
+  Gate disk;
+  SaveThread thread;
+  const std::string where = dir.path();
+  thread.start("the checkpoint of step 2", [ops, where, &disk](SaveProgress& progress) {
+    writeAndCommit(*ops, where, 2, [&](const std::string& tmp) {
+      disk.pass();  // a hung disk
+      testing::writeSample(*ops, tmp, 2, 1000);
+    }, &progress);
+  });
+  try {
+    thread.wait(std::chrono::milliseconds(100));
+    FAIL() << "the held save returned";
+  } catch (const TimeoutError& e) {
+    EXPECT_NE(std::string(e.what()).find("abandoned: it will not be committed"), std::string::npos)
+        << e.what();
+  }
+  disk.release();  // the disk comes back: the write ends
+  std::string late = "it succeeded";
+  try {
+    thread.wait(std::chrono::seconds(10));
+  } catch (const CheckpointError& e) {
+    late = e.what();
+  }
+  EXPECT_NE(late.find("not committing"), std::string::npos) << late;
+  auto listing = listDirectory(dir.path());
+  EXPECT_EQ(listing.steps, (std::vector<int64_t>{1}));
+  EXPECT_EQ(listing.latest.value_or(-1), 1);
+  EXPECT_TRUE(listing.temporaries.empty());
+}
+
+// Note [Abandoned saves]: whichever comes first decides. A save that began committing before its
+// waiter's deadline is not abandoned (its file was complete), and the waiter says it may still be
+// committed.
+TEST(CheckpointSaveThread, ASaveThatBeganCommittingBeforeTheDeadlineIsNotAbandoned) {
+  Gate rename, entered;
+  std::atomic<bool> mayCommit{false};
+  SaveThread thread;
+  thread.start("the checkpoint of step 3", [&](SaveProgress& progress) {
+    mayCommit = progress.beginCommit();
+    entered.release();
+    rename.pass();  // a rename stuck in the kernel
+  });
+  entered.pass();
+  try {
+    thread.wait(std::chrono::milliseconds(50));
+    FAIL() << "the held save returned";
+  } catch (const TimeoutError& e) {
+    EXPECT_NE(std::string(e.what()).find("may still be committed"), std::string::npos) << e.what();
+  }
+  rename.release();
+  thread.wait(std::chrono::seconds(10));
+  EXPECT_TRUE(mayCommit.load());
 }
 
 // Pruning runs after the waiter has been released: wait() returns at the commit, settle() once

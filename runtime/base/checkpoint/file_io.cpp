@@ -28,6 +28,24 @@
 // goes on. The stuck thread cannot be cancelled; it owns everything it touches (shared_ptrs), so
 // it may outlive the Checkpointer, which detaches it rather than hang in its destructor.
 
+// Note [Abandoned saves]
+// A waiter that gives up on a save (SaveThread::wait() past its timeout) reports it failed, and
+// its caller goes on: every rank is told the checkpoint of that step failed, and training changes
+// the tensors a synchronous save writes straight from. Were the stuck save to commit once the
+// disk came back, `step-N` would appear and LATEST move for a save reported failed, from a file
+// that may mix the step's bytes with later ones (with checksums that pass, when the stall came
+// before the hashing). So the save's fate is decided once, by whichever comes first, with one
+// compare-and-swap on its SaveProgress: the writer, right before the rename that commits
+// (beginCommit()), or the waiter, at its deadline and before it reports anything (abandon()).
+// An abandoned save never renames: when its write ends it fails as abandoned and removes its
+// temporary, so `step-N` never appears and LATEST stays where it was. A writer that began
+// committing first had written, hashed and fsynced its whole file before the waiter gave up --
+// before training could change a byte of it -- so when its rename or LATEST's update is what
+// hangs, the step may still appear later, complete and consistent; the waiter's error says so.
+// Asynchronous saves write from a snapshot, and are abandoned the same way: a save reported
+// failed does not commit. No save starts while an abandoned one still runs (its buffer is not
+// free); the one after it finds it ended.
+
 namespace dtrain::checkpoint {
 
 namespace {
@@ -516,6 +534,11 @@ void writeAndCommit(FileOps& ops, const std::string& dir, int64_t step,
   bool created = false;  // the rename made `final` appear (it replaced no earlier file)
   try {
     write(tmp);
+    // See Note [Abandoned saves].
+    DTRAIN_CHECK_T(CheckpointError, !progress || progress->beginCommit(),
+                   "checkpoint: not committing {}: its wait timed out before the file was "
+                   "written, and the save was reported failed (abandoned); removed it",
+                   tmp);
     if (progress) progress->phase = "committing";
     struct stat st {};
     const bool replacing = ::lstat(final.c_str(), &st) == 0;
@@ -600,6 +623,16 @@ bool moveThisThreadToIdleClass() {
   return ::sched_setscheduler(0, SCHED_IDLE, &none) == 0;
 }
 
+bool SaveProgress::beginCommit() {
+  Commit open = Commit::Open;
+  return commit_.compare_exchange_strong(open, Commit::Committing) || open == Commit::Committing;
+}
+
+bool SaveProgress::abandon() {
+  Commit open = Commit::Open;
+  return commit_.compare_exchange_strong(open, Commit::Abandoned) || open == Commit::Abandoned;
+}
+
 struct SaveThread::Shared {
   std::mutex mutex;
   std::condition_variable done;
@@ -670,12 +703,19 @@ void SaveThread::wait(std::chrono::milliseconds timeout) {
     if (shared_->collected) return;
     bool finished = shared_->done.wait_for(lock, timeout, [&] { return shared_->finished; });
     if (!finished) {
+      // Decided before anyone is told: see Note [Abandoned saves].
+      const bool abandoned = shared_->progress.abandon();
       DTRAIN_THROW(TimeoutError,
-                   "checkpoint: {} did not finish within {} ms: still {} ({} of {} bytes written). "
-                   "HINT: the disk or filesystem under the checkpoint directory is hanging or very "
-                   "slow; training can go on, the save keeps running and the next save waits for it",
+                   "checkpoint: {} did not finish within {} ms: still {} ({} of {} bytes "
+                   "written); {}. HINT: the disk or filesystem under the checkpoint directory is "
+                   "hanging or very slow; training can go on, and no save starts until this one "
+                   "has ended",
                    shared_->what, timeout.count(), shared_->progress.phase.load(),
-                   shared_->progress.bytesWritten.load(), shared_->progress.bytesTotal.load());
+                   shared_->progress.bytesWritten.load(), shared_->progress.bytesTotal.load(),
+                   abandoned ? "abandoned: it will not be committed, and the checkpoints before "
+                               "it stay as they are"
+                             : "its file was complete and fsynced before the deadline, so it may "
+                               "still be committed");
     }
     shared_->collected = true;
     error = shared_->error;

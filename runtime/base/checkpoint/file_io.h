@@ -44,11 +44,24 @@
 
 namespace dtrain::checkpoint {
 
-// How far a running save got: read by a waiter to say where a stuck save is.
+// How far a running save got: read by a waiter to say where a stuck save is. It also decides,
+// once, between the save's writer and its waiter, whether the save may still commit
+// (Note [Abandoned saves] in file_io.cpp).
 struct SaveProgress {
   std::atomic<uint64_t> bytesWritten{0};
   std::atomic<uint64_t> bytesTotal{0};
   std::atomic<const char*> phase{"idle"};
+
+  // The writer, right before the rename that commits: true when it may go on (the save can no
+  // longer be abandoned), false when its waiter abandoned it first.
+  bool beginCommit();
+  // The waiter, when it gives up on the save: true when the save will never commit (abandoned
+  // now or before), false when its writer had begun committing.
+  bool abandon();
+
+ private:
+  enum class Commit { Open, Committing, Abandoned };
+  std::atomic<Commit> commit_{Commit::Open};
 };
 
 class FileOps {
@@ -157,7 +170,8 @@ void commitStep(FileOps& ops, const std::string& dir, int64_t step);
 // Steps 1-3 of Note [Checkpoint directory]: removes our leftovers, lets `write` create
 // `step-<N>.tmp` (complete and fsynced when it returns) and commits it. When anything fails, what
 // this save wrote is removed -- the temporary, and `step-<N>` when the rename created it and LATEST
-// does not name it yet -- and the error propagates.
+// does not name it yet -- and the error propagates. With `progress`, the save commits only when
+// progress->beginCommit() allows it, and otherwise fails as abandoned (Note [Abandoned saves]).
 // With `latest` false, LATEST is left alone: a sharded save moves it with pointLatest() only once
 // every node holds its shards and their replicas (Note [Sharded checkpoint files]).
 void writeAndCommit(FileOps& ops, const std::string& dir, int64_t step,
@@ -229,7 +243,8 @@ class SaveThread {
   void start(std::string what, std::function<void(SaveProgress&)> job,
              std::function<void()> after = nullptr);
   // Waits until the job ends and rethrows its error, or throws TimeoutError after `timeout`,
-  // saying how far it got; the job keeps running and a later wait() can collect it.
+  // saying how far it got; the job keeps running and a later wait() can collect it. A timeout
+  // abandons the job first (SaveProgress::abandon(); Note [Abandoned saves] in file_io.cpp).
   void wait(std::chrono::milliseconds timeout);
   // Waits up to `timeout` until the thread has finished `after` as well; false when it has not.
   bool settle(std::chrono::milliseconds timeout);
