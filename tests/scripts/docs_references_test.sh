@@ -196,7 +196,7 @@ foreign_names=(
   set_data param_groups raw_allocate raw_deallocate copy_data
   DistributedRandomSampler RandomCrop
   # POSIX / libc
-  poll fork kill raise _exit dlopen posix_fadvise getpid
+  poll fork kill raise _exit dlopen posix_fadvise getpid flock
 )
 mapfile -t name_sources < <(printf '%s\n' "${files[@]}" | grep -E '\.(h|cpp|py|sh|cmake)$|CMakeLists\.txt$' || true)
 mapfile -t documents < <(printf '%s\n' "${files[@]}" | grep -E '\.md$' || true)
