@@ -303,7 +303,8 @@ std::vector<checkpoint::Item> Checkpointer::Impl::itemsToSave(
                  std::make_move_iterator(replicated.end()));
     const checkpoint::ModuleShards freed = checkpoint::moduleShards(registry);
     for (const auto& [owner, blob] : std::exchange(shards, {})) {
-      auto kept = checkpoint::shardItems(static_cast<uint32_t>(owner), blob, freed);
+      auto kept = checkpoint::shardItems(static_cast<uint32_t>(owner),
+                                         static_cast<uint32_t>(world), blob, freed);
       items.insert(items.end(), std::make_move_iterator(kept.begin()),
                    std::make_move_iterator(kept.end()));
     }

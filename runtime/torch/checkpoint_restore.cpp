@@ -248,7 +248,9 @@ std::optional<RestoredCheckpoint> Checkpointer::Impl::restore() {
     const auto bests = allgather(best);
     const int64_t step = *std::max_element(bests.begin(), bests.end());
     if (step < 0) {
-      refuseIfAnyExists(counts, lastDamage);
+      const auto& incomplete = shardHolders.incomplete;
+      refuseIfAnyExists(counts, lastDamage,
+                        incomplete.empty() ? "" : incomplete.rbegin()->second);
       return std::nullopt;
     }
     if (!copyToNodesLacking(step, bests, bad)) continue;  // the source could not hand it out
@@ -305,17 +307,30 @@ std::optional<RestoredCheckpoint> Checkpointer::Impl::tryStep(int64_t step,
 }
 
 void Checkpointer::Impl::refuseIfAnyExists(const std::vector<int64_t>& counts,
-                                           const std::string& lastDamage) {
+                                           const std::string& lastDamage,
+                                           const std::string& incomplete) {
   std::vector<std::string> holders;
   for (int r = 0; r < world; ++r) {
     if (counts[r] > 0) holders.push_back(fmt::format("node {} (rank {}): {}", nodeOf[r], r, counts[r]));
   }
-  DTRAIN_CHECK_T(CheckpointError, holders.empty(),
-                 "rank {}/{}: checkpoints exist but none is intact on any node (files on {}){}. "
-                 "HINT: `checkpoint verify {}` names the damage; move the damaged files away "
-                 "to start from scratch",
-                 rank, world, fmt::join(holders, "; "),
-                 lastDamage.empty() ? "" : "; here: " + lastDamage, dir);
+  if (holders.empty()) return;
+  if (lastDamage.empty() && !incomplete.empty()) {
+    // Nothing was found damaged: shards are missing, which `checkpoint verify` cannot name.
+    DTRAIN_THROW(CheckpointError,
+                 "rank {}/{}: checkpoints exist (files on {}) but no step is complete: {}. HINT: "
+                 "a save that did not finish on every node, or the nodes holding those shards "
+                 "are not in this job: run it on them (each node's directory holds its own "
+                 "ranks' shards and the next node's), or move the step files away to start from "
+                 "scratch",
+                 rank, world, fmt::join(holders, "; "), incomplete);
+  }
+  DTRAIN_THROW(CheckpointError,
+               "rank {}/{}: checkpoints exist but none is intact on any node (files on {}){}{}. "
+               "HINT: `checkpoint verify {}` names the damage; move the damaged files away to "
+               "start from scratch",
+               rank, world, fmt::join(holders, "; "),
+               lastDamage.empty() ? "" : "; here: " + lastDamage,
+               incomplete.empty() ? "" : "; " + incomplete, dir);
 }
 
 int64_t Checkpointer::Impl::readInto(RestoredCheckpoint& result, std::string& error) {

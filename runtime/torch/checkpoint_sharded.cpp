@@ -3,6 +3,7 @@
 // world size. See Note [Sharded checkpoint files] (checkpoint_shards.cpp).
 #include <algorithm>
 #include <cstring>
+#include <set>
 
 #include <ATen/ATen.h>
 #include <fmt/format.h>
@@ -116,29 +117,41 @@ Checkpointer::Impl::ShardHolders Checkpointer::Impl::listShardHolders(std::vecto
     }
   }
   ShardHolders h;
+  std::map<int64_t, std::set<int>> listedBy;  // step -> the nodes whose file of it was listed
   const auto all = allgatherBytes(encodeListing(rows));
   for (int r = 0; r < world; ++r) {
     std::vector<int64_t> flat(all[r].size() / 8);
     if (!flat.empty()) std::memcpy(flat.data(), all[r].data(), flat.size() * 8);
     for (size_t i = 0; i + 3 <= flat.size(); i += 3 + static_cast<size_t>(flat[i + 2])) {
       h.savedWorld[flat[i]] = static_cast<uint32_t>(flat[i + 1]);
+      listedBy[flat[i]].insert(nodeOf[r]);
       auto& owners = h.holders[flat[i]];
       for (int64_t k = 0; k < flat[i + 2]; ++k) owners[static_cast<uint32_t>(flat[i + 3 + k])].push_back(r);
     }
   }
-  // A step is complete when every rank that saved it has its shards on some node.
-  std::vector<int64_t> complete;
-  for (int64_t step : mine) {
+  // A step is complete when every rank that saved it has its shards on some node: every rank of
+  // its world size, kShardSaversEntry listing also those that saved no record.
+  std::vector<int> searched;
+  for (const auto& [node, w] : writerOf) searched.push_back(node);
+  for (const auto& [step, saved] : h.savedWorld) {
     std::vector<uint32_t> lacking;
-    for (uint32_t o = 0; o < h.savedWorld[step]; ++o) {
+    for (uint32_t o = 0; o < saved; ++o) {
       if (!h.holders[step].count(o)) lacking.push_back(o);
     }
-    if (lacking.empty()) {
+    if (lacking.empty()) continue;
+    h.incomplete[step] = fmt::format(
+        "checkpoint step {} is incomplete: no node holds the shards of rank(s) {} of the {} ranks "
+        "that saved it (searched node(s) {}; the step's file is on node(s) {})",
+        step, fmt::join(lacking, ", "), saved, fmt::join(searched, ", "),
+        fmt::join(listedBy[step], ", "));
+  }
+  std::vector<int64_t> complete;
+  for (int64_t step : mine) {
+    auto it = h.incomplete.find(step);
+    if (it == h.incomplete.end()) {
       complete.push_back(step);
     } else {
-      DTRAIN_LOG(Warn, "rank {}: checkpoint step {} is incomplete: no node holds the shards of "
-                 "rank(s) {} (a save that did not finish on every node); not restoring it", rank,
-                 step, fmt::join(lacking, ", "));
+      DTRAIN_LOG(Warn, "rank {}: {}; not restoring it", rank, it->second);
     }
   }
   mine = complete;

@@ -21,22 +21,28 @@
 //                                     the whole parameter's, owner = the rank that held it
 //                                     (field: master, exp_avg, exp_avg_sq, momentum_buffer, ...)
 //   optimizer/O/<parameter>/step      number (int64), owner = that rank
-// beside the replicated optimizer/O/type ("sharded") and optimizer/O/lr. The parameters
-// themselves are full on every rank (ZeRO-1/2) and are saved as module entries, once per node;
-// those ZeRO-3 frees become owned module entries from the same records (Note [Stage-3
-// checkpoints]).
+// beside the replicated optimizer/O/type ("sharded") and optimizer/O/lr, and
+//   shards/records                    int64 [world size], element r owned by rank r: the number
+//                                     of records rank r saved, over all sharded optimizers
+// which lists every rank that saved, also one whose blocks are all padding and so has no record
+// (a small model at many ranks: Linear(2, 1) at 4). A file written before it existed lists only
+// the ranks with records. The parameters themselves are full on every rank (ZeRO-1/2) and are
+// saved as module entries, once per node; those ZeRO-3 frees become owned module entries from
+// the same records (Note [Stage-3 checkpoints]).
 // Node i's file holds its own ranks' entries and those of node i+1 in ring order (nodes by id):
 // at a save each rank broadcasts its records over a subgroup of itself and the two writers that
 // keep them (shardKeepers(); the communicator has no send/recv; a backend without subgroups
 // broadcasts over the whole group), so every shard is on two nodes and a node that comes back
 // empty restores from its neighbour. LATEST moves only after a second agreement: the first says
 // every node's `step-N` -- its shards and its replica of the next node's -- is durable. A restore
-// takes the newest step whose shards are all somewhere intact (the owners listed by every node's
-// manifests), reads the module and the other replicated state from its own node's file (a copy
-// when it lacks the step), then, for each rank that saved, one node holding its records reads
-// them (checksums checked; damage: the next holder, none left: the next older complete step) and
-// broadcasts them; each rank keeps what overlaps its ranges in today's layout and loads them
-// (ShardedOptimizer::loadShardState), which re-shards exactly onto any world size.
+// takes the newest step whose shards are all somewhere (every rank of its world size an owner in
+// some node's manifest; else the step is incomplete and passed over, and with no complete step
+// left the restore refuses, naming the ranks whose shards no node holds), reads the module and
+// the other replicated state from its own node's file (a copy when it lacks the step), then, for
+// each rank that saved, one node holding its records reads them (checksums checked; damage: the
+// next holder, none left: the next older complete step) and broadcasts them; each rank keeps what
+// overlaps its ranges in today's layout and loads them (ShardedOptimizer::loadShardState), which
+// re-shards exactly onto any world size.
 
 namespace dtrain::checkpoint {
 
@@ -233,10 +239,22 @@ std::vector<uint8_t> encodeShards(const std::vector<ShardedEntry>& sharded) {
   return w.take();
 }
 
-std::vector<Item> shardItems(uint32_t owner, const at::Tensor& blob, const ModuleShards& freed) {
+std::vector<Item> shardItems(uint32_t owner, uint32_t world, const at::Tensor& blob,
+                             const ModuleShards& freed) {
   std::vector<Item> items;
   const auto* base = blob.data_ptr<uint8_t>();
-  for (const BlobRecord& r : decode(base, static_cast<size_t>(blob.numel()))) {
+  const std::vector<BlobRecord> records = decode(base, static_cast<size_t>(blob.numel()));
+  Item saver;
+  saver.spec.name = kShardSaversEntry;
+  saver.spec.kind = Kind::Tensor;
+  saver.spec.dtype = DType::Int64;
+  saver.spec.shape = {static_cast<int64_t>(world)};
+  saver.spec.owner = owner;
+  saver.spec.elementOffset = owner;
+  saver.spec.elementCount = 1;
+  saver.tensor = at::full({1}, static_cast<int64_t>(records.size()), at::kLong);
+  items.push_back(std::move(saver));
+  for (const BlobRecord& r : records) {
     const std::string at = optimizerPrefix(r.optimizer) + r.param + "/";
     auto module = freed.find({r.optimizer, r.param});
     for (const BlobField& f : r.fields) {

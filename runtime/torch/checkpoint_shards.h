@@ -26,14 +26,20 @@ std::vector<std::vector<int>> shardKeepers(const std::vector<int>& nodeOf,
 // This rank's records of every sharded optimizer, copied into one host blob (the format of the
 // blobs is private to checkpoint_shards.cpp).
 std::vector<uint8_t> encodeShards(const std::vector<ShardedEntry>& sharded);
-// The entries of rank `owner`'s blob (a CPU uint8 tensor): owned shard records whose data stays
-// in the blob, and the owned module entries of the freed parameters among them (`freed`: Note
-// [Stage-3 checkpoints]), from their `master` records.
-std::vector<Item> shardItems(uint32_t owner, const at::Tensor& blob, const ModuleShards& freed);
+// The entry that names the ranks that saved a step's shards (Note [Sharded checkpoint files]).
+inline constexpr const char* kShardSaversEntry = "shards/records";
+
+// The entries of rank `owner`'s blob (a CPU uint8 tensor) in a job of `world` ranks: owned shard
+// records whose data stays in the blob, the owned module entries of the freed parameters among
+// them (`freed`: Note [Stage-3 checkpoints]), from their `master` records, and `owner`'s element
+// of kShardSaversEntry -- also when the blob is empty (a rank whose blocks are all padding).
+std::vector<Item> shardItems(uint32_t owner, uint32_t world, const at::Tensor& blob,
+                             const ModuleShards& freed);
 // What every rank shares of a sharded optimizer: optimizer/O/type ("sharded") and optimizer/O/lr.
 std::vector<Item> shardedReplicatedItems(const std::vector<ShardedEntry>& sharded);
 
-// The ranks whose shards a file holds (the owners of its owned shard records).
+// The ranks whose shards a file holds (the owners of its owned entries, kShardSaversEntry's
+// among them: a rank that saved no record is listed too, except in files written before it was).
 std::vector<uint32_t> shardOwners(const CheckpointReader& reader);
 // Rank `owner`'s records in `reader`, read (checksums checked) into a blob as encodeShards()
 // makes them. Throws CheckpointError for damage.

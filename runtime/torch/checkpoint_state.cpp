@@ -42,6 +42,9 @@
 //   rank/<r>/rng/cpu                         bytes: rank r's CPU generator state (owner r)
 //   rank/<r>/rng/cuda                        bytes: rank r's current CUDA device's generator
 //   rank/<r>/sampler/N                       bytes: rank r's own sampler position (owner r)
+//   optimizer/O/<parameter>/<field>, /step   a ShardedOptimizer's shards, each owned by its rank,
+//   shards/records                           and the ranks that saved them (Note [Sharded
+//                                            checkpoint files])
 // A parameter the optimizer has no state for yet (never stepped) has no entries; restoring
 // drops any state it has, so the optimizer ends exactly as it was saved.
 

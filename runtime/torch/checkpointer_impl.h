@@ -104,6 +104,9 @@ struct Checkpointer::Impl {
   struct ShardHolders {
     std::map<int64_t, std::map<uint32_t, std::vector<int>>> holders;  // step -> owner -> writers
     std::map<int64_t, uint32_t> savedWorld;                           // step -> its world size
+    // Step -> why it is incomplete: the ranks whose shards no node holds, the nodes searched.
+    // The same on every rank.
+    std::map<int64_t, std::string> incomplete;
   };
   ShardHolders listShardHolders(std::vector<int64_t>& mine);
   // After the replicated state of `step` was read: gathers and loads the sharded state. False
@@ -149,8 +152,11 @@ struct Checkpointer::Impl {
   // node's `step` (checkpoint::commitStep); removes it when anything failed.
   void commitCopy(int fd, const std::string& tmp, int64_t step, std::string& error);
   // When no step is intact anywhere: throws if any node holds checkpoint files at all (`counts`,
-  // per rank), rather than start from scratch.
-  void refuseIfAnyExists(const std::vector<int64_t>& counts, const std::string& lastDamage);
+  // per rank), rather than start from scratch. `incomplete`: why the newest sharded step whose
+  // shards are not all somewhere was passed over ("" when none was); the refusal names it, and
+  // says damage only when some was found (`lastDamage`).
+  void refuseIfAnyExists(const std::vector<int64_t>& counts, const std::string& lastDamage,
+                         const std::string& incomplete);
   // Reads result.path into what is registered; fills the result's epoch and world size. Returns
   // how it went (read, damaged, refused: checkpoint_restore.cpp), with the error.
   int64_t readInto(RestoredCheckpoint& result, std::string& error);

@@ -2,7 +2,8 @@
 // (Note [Sharded checkpoint files]): each node's file holds its own ranks' shards and the next
 // node's; a node that comes back empty restores from its neighbour; 4 -> 3 -> 2 ranks restore
 // exactly what was saved; a shard damaged on every node that holds it makes the restore take the
-// next older complete step, saying why.
+// next older complete step, saying why; a rank whose blocks are all padding is a saver all the
+// same; a step no node holds some rank's shards of is refused as incomplete, not as damaged.
 #include <algorithm>
 #include <filesystem>
 #include <fstream>
@@ -70,19 +71,23 @@ struct Leg {
   bool defer = false;             // ZeroOptions::deferAllgatherWait
   Snapshot loaded;                // right after restore()
   Snapshot end;                   // after the last step
+  std::vector<size_t> records;    // per rank: how many shard records it holds at the end
   std::vector<std::optional<RestoredCheckpoint>> restored;  // per rank
 };
 
-// Trains `leg` with ZeRO stage 2 and AdamW on `cluster`.
-void runLeg(Cluster& cluster, Leg& leg) {
+// Trains `leg` with ZeRO stage 2 and AdamW on `cluster`: the module `make()` builds, of `in`
+// inputs and `out` outputs.
+template <typename Make>
+void runLegOf(Cluster& cluster, Leg& leg, int64_t in, int64_t out, Make make) {
   std::mutex mutex;
   const int world = cluster.threads->size();
   leg.restored.assign(world, std::nullopt);
+  leg.records.assign(world, 0);
   cluster.threads->run([&](int rank) {
     auto group = threadGroup(*cluster.threads, rank);
     // Another start than the run that saved: the restore decides.
-    Mlp net = buildSeeded(100 + world + leg.from, [] { return Mlp(7, 13, 5); });
-    DistributedDataParallel<Mlp> ddp(net, group);
+    auto net = buildSeeded(100 + world + leg.from, make);
+    DistributedDataParallel<decltype(net)> ddp(net, group);
     ZeroOptions zo;
     zo.stage = 2;
     zo.firstUnitBytes = 128;
@@ -102,18 +107,25 @@ void runLeg(Cluster& cluster, Leg& leg) {
       }
     }
     for (int s = leg.from; s < leg.to; ++s) {
-      auto x = randnSeeded({kGlobalBatch, 7}, 500 + s), y = randnSeeded({kGlobalBatch, 5}, 700 + s);
+      auto x = randnSeeded({kGlobalBatch, in}, 500 + s);
+      auto y = randnSeeded({kGlobalBatch, out}, 700 + s);
       adam.zero_grad();
       torch::mse_loss(ddp(shard(x, rank, world)), shard(y, rank, world)).backward();
       adam.step();
       if (std::count(leg.saves.begin(), leg.saves.end(), s)) checkpointer.save(s);
     }
+    const auto records = adam.shardRecords();
     std::lock_guard<std::mutex> lock(mutex);
-    addRecords(leg.end, adam.shardRecords());
+    addRecords(leg.end, records);
+    leg.records[rank] = records.size();
     if (rank == 0) {
       for (const auto& p : net->named_parameters()) leg.end.params[p.key()] = p.value().clone();
     }
   });
+}
+
+void runLeg(Cluster& cluster, Leg& leg) {
+  runLegOf(cluster, leg, 7, 5, [] { return Mlp(7, 13, 5); });
 }
 
 // Restores on `cluster` and trains nothing: what the restore loaded.
@@ -249,6 +261,71 @@ TEST(ShardedCheckpoint, FourThenThreeThenTwoRanksRestoreExactly) {
   for (const auto& [name, t] : whole.end.params) {
     EXPECT_LE(relativeError(two.end.params.at(name), t), 1e-5) << name;
   }
+}
+
+// Linear(2, 1) at 4 ranks, one per node (a linear probe or a small head; many small stage-3 units
+// at a large world size alike): 3 trained elements, so rank 3's block is all padding and it saves
+// no record. shards/records lists it as a saver all the same, so the step is complete and
+// restores bitwise (Note [Sharded checkpoint files]).
+TEST(ShardedCheckpoint, ARankWhoseBlocksAreAllPaddingSavesAStepThatRestoresBitwise) {
+  TempDir tmp;
+  const std::string dir = tmp.file("ckpt");
+  auto probe = [] { return torch::nn::Linear(2, 1); };
+  Leg saved;
+  saved.to = 3;
+  saved.saves = {2};
+  {
+    Cluster cluster(4, 1, dir);
+    runLegOf(cluster, saved, 2, 1, probe);
+  }
+  ASSERT_EQ(saved.records.at(3), 0u) << "rank 3 holds a record: not the case under test";
+  // Node 3 keeps its own rank's shards and node 0's.
+  EXPECT_EQ(ownersIn(stepFile(dir, 3, 2)), (std::set<uint32_t>{0, 3}));
+  Leg restored;
+  restored.from = 3;
+  restored.to = 3;
+  restored.restore = true;
+  {
+    Cluster cluster(4, 1, dir);
+    runLegOf(cluster, restored, 2, 1, probe);
+  }
+  for (int r = 0; r < 4; ++r) {
+    ASSERT_TRUE(restored.restored[r].has_value()) << "rank " << r;
+    EXPECT_EQ(restored.restored[r]->step, 2);
+    EXPECT_EQ(restored.restored[r]->skipped, "");
+  }
+  expectSame(restored.loaded, saved.end, "restored with rank 3's blocks all padding");
+}
+
+// Rank 1's shards are on node 1 (its own) and node 0 (which keeps node 1's): with both files of
+// the step gone, no node holds them. Nothing is damaged, so the refusal says the step is
+// incomplete, naming the rank and the nodes searched -- not damage, which `checkpoint verify`
+// would look for in vain.
+TEST(ShardedCheckpoint, AStepNoNodeHoldsARanksShardsOfIsRefusedAsIncompleteNamingThem) {
+  TempDir tmp;
+  const std::string dir = tmp.file("ckpt");
+  Leg saved;
+  saved.to = 2;
+  saved.saves = {1};
+  {
+    Cluster cluster(3, 1, dir);
+    runLeg(cluster, saved);
+  }
+  ASSERT_TRUE(std::filesystem::remove(stepFile(dir, 0, 1)));
+  ASSERT_TRUE(std::filesystem::remove(stepFile(dir, 1, 1)));
+  Cluster cluster(3, 1, dir);
+  std::string error;
+  try {
+    restoreOnly(cluster, 2);
+  } catch (const CheckpointError& e) {
+    error = e.what();
+  }
+  EXPECT_NE(error.find("checkpoint step 1 is incomplete: no node holds the shards of rank(s) 1 of "
+                       "the 3 ranks that saved it (searched node(s) 0, 1, 2; the step's file is "
+                       "on node(s) 2)"),
+            std::string::npos)
+      << error;
+  EXPECT_EQ(error.find("damage"), std::string::npos) << error;
 }
 
 // Flips a byte of rank `owner`'s record of fc1.weight's exp_avg in `path`.

@@ -3,8 +3,8 @@
 // owned module entries, never gathered; a restore at the same world size loads bitwise what was
 // saved and training goes on bitwise as the uninterrupted run; 2 ranks restore at 3, a stage-3
 // save restores into stage 2 and into other units, a stage-2 save into stage 3; export assembles
-// the parameters from every node's files; a module whose units are freed is refused by name when
-// no stage-3 optimizer over it is registered.
+// the parameters from every node's files, also when a rank's block is all padding; a module whose
+// units are freed is refused by name when no stage-3 optimizer over it is registered.
 #include <sys/wait.h>
 
 #include <algorithm>
@@ -302,6 +302,84 @@ TEST(ShardedCheckpointStage3Resize, TwoRanksRestoreAtThreeAndExportFromEveryNode
                                   tmp.file("tool.pt") + " > " + log + " 2>&1").c_str());
   ASSERT_EQ(WEXITSTATUS(status), 0) << readFile(log);
   expectExported(tmp.file("tool.pt"), three.end);
+}
+
+// A marked Linear(2, 1) at 4 ranks, one per node: 3 trained elements, so rank 3's block is all
+// padding and it saves neither a record nor a parameter range. shards/records lists it as a
+// saver all the same (Note [Sharded checkpoint files]): the `checkpoint` tool exports the layer
+// from the directory (it wants every rank of the world an owner somewhere), and the step restores
+// bitwise.
+TEST(ShardedCheckpointStage3Padding, ARankWhoseBlockIsAllPaddingExportsAndRestoresBitwise) {
+  TempDir tmp;
+  const std::string dir = tmp.file("ckpt");
+  constexpr int kWorld = 4;
+  auto threads = ThreadWorld::create(kWorld);
+  auto store = std::make_shared<store::HashStore>();
+  struct Run {
+    Params params;  // rank 0's, gathered
+    ShardSnapshot records;
+    std::vector<size_t> counts;  // per rank: its records
+    std::vector<std::optional<RestoredCheckpoint>> restored;  // per rank
+  };
+  // Trains steps 0 and 1 and saves step 1, or restores.
+  auto run = [&](bool restore) {
+    Run out;
+    out.counts.assign(kWorld, 0);
+    out.restored.assign(kWorld, std::nullopt);
+    std::mutex mutex;
+    threads->run([&](int rank) {
+      auto group = threadGroup(*threads, rank);
+      auto net = buildSeeded(restore ? 9 : 3, [] {
+        return shardEveryChild(torch::nn::Sequential(torch::nn::Linear(2, 1)));
+      });
+      DistributedDataParallel<torch::nn::Sequential> ddp(net, group);
+      ZeroOptions zo;
+      zo.stage = 3;
+      ShardedOptimizer adam(ddp, factoryFor("adamw"), zo);
+      CheckpointOptions options = optionsFor(dir);
+      options.nodeId = rank;
+      options.localRank = 0;
+      options.store = store;
+      Checkpointer checkpointer(group, options);
+      checkpointer.addModule("model", net);
+      checkpointer.addOptimizer("adam", adam);
+      std::optional<RestoredCheckpoint> restored;
+      if (restore) restored = checkpointer.restore();
+      for (int s = 0; s < 2 && !restore; ++s) {
+        auto x = randnSeeded({kGlobalBatch, 2}, 500 + s);
+        auto y = randnSeeded({kGlobalBatch, 1}, 700 + s);
+        adam.zero_grad();
+        torch::mse_loss(ddp(shard(x, rank, kWorld)), shard(y, rank, kWorld)).backward();
+        adam.step();
+        if (s == 1) checkpointer.save(s);
+      }
+      auto records = adam.shardRecords();
+      Params full;
+      for (auto& [name, t] : gatherFullParameters(adam)) full[name] = t;
+      std::lock_guard<std::mutex> lock(mutex);
+      addRecords(out.records, records);
+      out.counts[static_cast<size_t>(rank)] = records.size();
+      out.restored[static_cast<size_t>(rank)] = restored;
+      if (rank == 0) out.params = full;
+    });
+    return out;
+  };
+  const Run saved = run(false);
+  ASSERT_EQ(saved.counts[3], 0u) << "rank 3 holds a record: not the case under test";
+
+  const std::string log = tmp.file("tool.out");
+  const int status = std::system((binaryPath("checkpoint") + " export " + dir + " --to " +
+                                  tmp.file("probe.pt") + " > " + log + " 2>&1").c_str());
+  ASSERT_EQ(WEXITSTATUS(status), 0) << readFile(log);
+  expectExported(tmp.file("probe.pt"), saved.params);
+
+  const Run restored = run(true);
+  for (int r = 0; r < kWorld; ++r) {
+    ASSERT_TRUE(restored.restored[static_cast<size_t>(r)].has_value()) << "rank " << r;
+    EXPECT_EQ(restored.restored[static_cast<size_t>(r)]->step, 1);
+  }
+  expectSameParams(restored.params, saved.params, "restored");
+  expectSameRecords(restored.records, saved.records, "restored");
 }
 
 // Records go by parameter name and range: a stage-3 save restores bitwise into stage 2 and into
