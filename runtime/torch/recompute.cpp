@@ -2,12 +2,19 @@
 
 #include <algorithm>
 #include <optional>
+#include <set>
 #include <unordered_set>
+#include <utility>
 
+#include <ATen/SequenceNumber.h>
 #include <ATen/core/ivalue.h>
+#include <ATen/record_function.h>
 #include <c10/core/GradMode.h>
+#include <c10/core/ScalarType.h>
+#include <fmt/format.h>
 #include <torch/csrc/autograd/custom_function.h>
 #include <torch/csrc/autograd/engine.h>
+#include <torch/csrc/autograd/functions/accumulate_grad.h>
 #include <torch/csrc/autograd/variable.h>
 
 #include "dtrain/base/error.h"
@@ -15,8 +22,9 @@
 
 // Note [Recompute]
 // recompute(fn, inputs...) is one autograd node, RecomputeFunction, whose inputs are the tensor
-// arguments *and the parameters fn reads* (RecomputeSegment). Its forward runs fn without a graph
-// (autograd's Function runs forward under no-grad) and saves only the inputs. Its backward runs
+// arguments *and the tensors fn reads that require grad*: the segment's parameters
+// (RecomputeSegment) and any other it finds fn reading (Note [Tensors a segment reads]). The
+// forward runs fn once, keeps none of its graph and saves only the inputs. Its backward runs
 // fn again, under grad mode, on detached copies of the inputs, then asks autograd for the
 // gradients of the recomputed outputs with respect to those copies and to the parameters
 // (what torch::autograd::grad with explicit inputs does) and returns them as the node's input gradients.
@@ -46,10 +54,12 @@
 //     thread drawing from them during a recompute breaks this, as it does for PyTorch.
 //   - Autocast: the forward's settings (enabled, dtype for CPU and CUDA, weight cache) are
 //     restored around the recompute, as a region of its own, since backward usually runs outside
-//     the autocast region. The forward turns autocast's weight cache off: under no-grad a cached
-//     cast has no history, and a later use of the same weight in the region would get it and
-//     lose that weight's gradient (libtorch 1.13 caches regardless of grad mode; Python's
-//     reentrant checkpoint gives a wrong gradient that way).
+//     the autocast region. The forward turns autocast's weight cache off: a cast of a weight
+//     cached before the segment would reach fn as a tensor with a history of its own, which
+//     Note [Tensors a segment reads] refuses; without the cache fn casts the weight itself, once
+//     per use. (A forward under no-grad would need it off too: libtorch 1.13 caches regardless
+//     of grad mode, a cast cached there has no history and a later use of the weight loses its
+//     gradient; Python's reentrant checkpoint gives a wrong gradient that way.)
 //   - Running statistics: BatchNorm updates its running mean and variance in every training
 //     forward. The recompute would update them a second time; the statistics are copied before
 //     and written back after it (BufferGuard), which is exact whatever ran in between (a module
@@ -57,6 +67,29 @@
 //     version counter check says so if one does.
 //   - Inputs: saved through autograd (version-checked); fn must not modify them in place during
 //     the forward (checked: the recompute would start from the modified value).
+//
+// Note [Tensors a segment reads]
+// The node's inputs are fixed when it is made, so everything whose gradient it must return has to
+// be known when the forward ends. A tensor fn reads that requires grad but is neither an argument
+// nor a parameter of the segment -- a learned scale the function captures, a parameter of a
+// module the segment does not name, the parameters of a segment nested in fn -- would otherwise
+// get no gradient, silently. So the forward runs fn with grad on, on detached copies of the
+// arguments (which do not require grad), and walks the graph that run built, from the outputs to
+// where it leaves the run: the nodes this thread made since fn started (sequence numbers) are the
+// run's own; an edge to any other node is a tensor fn read. A leaf (AccumulateGrad) the segment
+// does not name becomes one more input of the node, so it gets its gradient, once, in the
+// caller's graph task, like a named parameter (PyTorch's non-reentrant checkpoint gives it one
+// too); an argument fn also captures gets a second input for that use. A tensor fn captures that
+// has a history of its own (computed before fn from something that requires grad) is refused:
+// the graph holds its node, not the tensor, and the node's inputs must be tensors; passed as an
+// argument or added to the segment it works. Then the outputs are detached, the graph freed, and
+// the node made (runRecomputed). Cost: the forward builds the segment's graph (autograd's
+// per-operation bookkeeping) and holds the segment's activations until fn returns -- what the
+// recompute holds in backward, so the step's peak does not grow -- and walks its nodes once
+// (recompute_bench's MLP: the recomputed forward 12 % slower than under no-grad, as slow as the
+// plain forward; step time and peak bytes unchanged). Since this forward runs with grad on, a
+// ZeRO-3 unit in it with reshardAfterForward = false stays gathered until its backward, as
+// without recompute.
 //
 // A sharded (ZeRO-3) unit inside a segment needs nothing of it: the recompute runs the unit's
 // forward again, which gathers the unit again (docs/design.md#recompute).
@@ -82,6 +115,7 @@ struct RecomputeRun : torch::CustomClassHolder {
   detail::SegmentFn fn;
   RecomputeSegment segment;
   size_t inputCount = 0;
+  std::vector<at::Tensor> firstOutputs;  // from runRecomputed to forward
   std::optional<recompute_state::RngStates> rng;
   recompute_state::AutocastState autocast;
 };
@@ -102,30 +136,12 @@ class RecomputeFunction : public torch::autograd::Function<RecomputeFunction> {
  public:
   using variable_list = torch::autograd::variable_list;
 
+  // The outputs are the first run's (runRecomputed), made before the node.
   static variable_list forward(torch::autograd::AutogradContext* ctx,
                                c10::intrusive_ptr<RecomputeRun> run, at::TensorList inputs,
                                at::TensorList params) {
     ctx->set_materialize_grads(false);
-    if (run->segment.options.preserveRngState) {
-      run->rng = recompute_state::RngStates::capture(cudaDevicesOf(inputs, params));
-    }
-    run->autocast = recompute_state::AutocastState::current();
-    std::vector<int64_t> versions;
-    for (const auto& t : inputs) versions.push_back(t._version());
-    std::vector<at::Tensor> outputs;
-    {
-      recompute_state::AutocastCacheOff cacheOff;
-      outputs = run->fn(std::vector<at::Tensor>(inputs.begin(), inputs.end()));
-    }
-    for (size_t i = 0; i < inputs.size(); ++i) {
-      DTRAIN_CHECK_ARG(inputs[i]._version() == versions[i],
-                       "dtrain::recompute: the function modified its tensor argument #{} in place; "
-                       "the recompute in backward would start from the modified value. HINT: "
-                       "compute into a new tensor (x = x.relu() rather than x.relu_()), or move "
-                       "the in-place step out of the recomputed segment",
-                       i);
-    }
-    DTRAIN_CHECK_ARG(!outputs.empty(), "dtrain::recompute: the function returned no tensor");
+    std::vector<at::Tensor> outputs = std::move(run->firstOutputs);
     std::vector<at::Tensor> saved(inputs.begin(), inputs.end());
     saved.insert(saved.end(), params.begin(), params.end());
     ctx->save_for_backward(std::move(saved));
@@ -212,6 +228,124 @@ class RecomputeFunction : public torch::autograd::Function<RecomputeFunction> {
   }
 };
 
+using torch::autograd::Edge;
+using torch::autograd::Node;
+
+// Whether fn's first run made `node` (Note [Tensors a segment reads]). AccumulateGrad nodes carry
+// the largest sequence number; they belong to their leaf, whenever made.
+bool madeInRun(const Node& node, uint64_t firstNode, uint64_t thread) {
+  return node.sequence_nr() >= firstNode && node.thread_id() == thread &&
+         dynamic_cast<const torch::autograd::AccumulateGrad*>(&node) == nullptr;
+}
+
+// The edges by which the graph of fn's first run leaves it, each once.
+std::vector<Edge> edgesLeavingRun(const std::vector<at::Tensor>& outputs, uint64_t firstNode) {
+  const uint64_t thread = at::RecordFunction::currentThreadId();
+  std::unordered_set<const Node*> inside;
+  std::vector<Node*> pending;
+  std::set<std::pair<const Node*, uint32_t>> seen;
+  std::vector<Edge> leaving;
+  auto follow = [&](const Edge& e) {
+    if (!e.is_valid()) return;
+    Node* node = e.function.get();
+    if (madeInRun(*node, firstNode, thread)) {
+      if (inside.insert(node).second) pending.push_back(node);
+    } else if (seen.emplace(node, e.input_nr).second) {
+      leaving.push_back(e);
+    }
+  };
+  for (const auto& out : outputs) {
+    if (out.defined() && out.requires_grad()) follow(torch::autograd::impl::gradient_edge(out));
+  }
+  while (!pending.empty()) {
+    Node* node = pending.back();
+    pending.pop_back();
+    for (const Edge& e : node->next_edges()) follow(e);
+  }
+  return leaving;
+}
+
+// Appends to params the tensors fn's first run read that the node must take as inputs besides
+// the segment's parameters: leaves the segment does not name, and arguments fn also captures.
+void addUnnamedReads(const std::vector<at::Tensor>& outputs, const std::vector<at::Tensor>& inputs,
+                     std::vector<at::Tensor>& params, uint64_t firstNode) {
+  std::unordered_set<const c10::TensorImpl*> leaves;
+  for (const auto& p : params) leaves.insert(p.unsafeGetTensorImpl());
+  for (const Edge& e : edgesLeavingRun(outputs, firstNode)) {
+    if (auto* leaf = dynamic_cast<torch::autograd::AccumulateGrad*>(e.function.get())) {
+      if (leaves.insert(leaf->variable.unsafeGetTensorImpl()).second) {
+        params.push_back(leaf->variable);
+      }
+      continue;
+    }
+    // A tensor with a history: a parameter added with its history, an argument, or refused.
+    auto isRead = [&e](const at::Tensor& t) {
+      if (!t.requires_grad() || t.is_leaf()) return false;
+      const Edge own = torch::autograd::impl::gradient_edge(t);
+      return own.function == e.function && own.input_nr == e.input_nr;
+    };
+    if (std::any_of(params.begin(), params.end(), isRead)) continue;
+    auto argument = std::find_if(inputs.begin(), inputs.end(), isRead);
+    if (argument != inputs.end()) {
+      params.push_back(*argument);
+      continue;
+    }
+    // The metadata keeps the shape private; a zero tensor of it, once, on the way to an error.
+    const auto& meta = e.function->input_metadata(e.input_nr);
+    const std::vector<int64_t> shape = meta.zeros_like().sizes().vec();
+    DTRAIN_THROW(InvalidArgument,
+                 "dtrain::recompute: the function reads a tensor of shape [{}] ({}) that requires "
+                 "grad and was computed before the segment (its grad_fn is {}); it is neither a "
+                 "tensor argument nor a parameter of the segment, so the recompute's node cannot "
+                 "take it as an input and its gradient would be lost. HINT: pass it to "
+                 "recompute() as a tensor argument, or add it to the segment "
+                 "(RecomputeSegment::addParameter), and its gradient flows back; or compute it "
+                 "inside the function",
+                 fmt::join(shape.begin(), shape.end(), ", "),
+                 c10::toString(c10::typeMetaToScalarType(meta.dtype())), e.function->name());
+  }
+}
+
+// fn's first run, in forward (Note [Tensors a segment reads]): returns its outputs without
+// history and appends to params what else the node must take as inputs.
+std::vector<at::Tensor> firstRun(RecomputeRun& run, const std::vector<at::Tensor>& inputs,
+                                 std::vector<at::Tensor>& params) {
+  std::vector<at::Tensor> copies;
+  std::vector<int64_t> versions;
+  for (const auto& t : inputs) {
+    copies.push_back(t.detach());  // shares t's version counter
+    versions.push_back(t._version());
+  }
+  const uint64_t firstNode = at::sequence_number::peek();
+  std::vector<at::Tensor> outputs;
+  {
+    recompute_state::AutocastCacheOff cacheOff;
+    outputs = run.fn(copies);
+  }
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    DTRAIN_CHECK_ARG(inputs[i]._version() == versions[i],
+                     "dtrain::recompute: the function modified its tensor argument #{} in place; "
+                     "the recompute in backward would start from the modified value. HINT: "
+                     "compute into a new tensor (x = x.relu() rather than x.relu_()), or move "
+                     "the in-place step out of the recomputed segment",
+                     i);
+  }
+  DTRAIN_CHECK_ARG(!outputs.empty(), "dtrain::recompute: the function returned no tensor");
+  addUnnamedReads(outputs, inputs, params, firstNode);
+  for (auto& out : outputs) {
+    if (!out.defined()) continue;
+    auto copy = std::find_if(copies.begin(), copies.end(), [&out](const at::Tensor& c) {
+      return c.unsafeGetTensorImpl() == out.unsafeGetTensorImpl();
+    });
+    if (copy != copies.end()) {
+      out = inputs[static_cast<size_t>(copy - copies.begin())];  // an argument returned as it is
+    } else if (out.grad_fn()) {
+      out = out.detach();  // the first run's graph goes with the last of these
+    }
+  }
+  return outputs;
+}
+
 }  // namespace
 
 RecomputeSegment::RecomputeSegment(const torch::nn::Module& module, RecomputeOptions opts)
@@ -270,7 +404,12 @@ std::vector<at::Tensor> runRecomputed(const RecomputeSegment& segment, SegmentFn
   auto run = c10::make_intrusive<RecomputeRun>();
   run->fn = std::move(fn);
   run->segment = segment;
-  const std::vector<at::Tensor> params = segment.parameters();
+  std::vector<at::Tensor> params = segment.parameters();
+  if (segment.options.preserveRngState) {
+    run->rng = recompute_state::RngStates::capture(cudaDevicesOf(inputs, params));
+  }
+  run->autocast = recompute_state::AutocastState::current();
+  run->firstOutputs = firstRun(*run, inputs, params);
   return RecomputeFunction::apply(std::move(run), at::TensorList(inputs), at::TensorList(params));
 }
 

@@ -66,8 +66,8 @@ class AutocastRegion {
   AutocastState found_;
 };
 
-// Turns autocast's weight cache off for its lifetime: a cast cached under no-grad would hand a
-// tensor without history to later uses of the weight in the same region.
+// Turns autocast's weight cache off for its lifetime: the segment's forward casts its weights
+// itself rather than reading casts made before it (Note [Recompute] in recompute.cpp).
 class AutocastCacheOff {
  public:
   AutocastCacheOff();

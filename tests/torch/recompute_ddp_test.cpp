@@ -1,10 +1,10 @@
 // dtrain::recompute under DistributedDataParallel, ranks as threads: each parameter's hook fires
 // once per backward, its bucket launches right after its segment's backward (before the earlier
 // segments are recomputed), and training ends bitwise equal to DDP without recompute, with and
-// without findUnusedParameters, with noSync() accumulation and a GradScaler. The reentrant form
-// (backward() inside backward) is shown to break DDP. Dropout under DDP is tested across real
-// processes (tests/integration/recompute_processes_test.cpp): ranks as threads share one random
-// generator.
+// without findUnusedParameters, with noSync() accumulation and a GradScaler, and with tensors the
+// segment reads but does not name. The reentrant form (backward() inside backward) is shown to
+// break DDP. Dropout under DDP is tested across real processes
+// (tests/integration/recompute_processes_test.cpp): ranks as threads share one random generator.
 #include <gtest/gtest.h>
 
 #include <chrono>
@@ -190,6 +190,61 @@ TEST_P(RecomputeDdp, NoSyncAndGradScalerTrainBitwiseEqual) {
   }
   // The ranks' own running statistics, and the parameters, moved from where they started.
   EXPECT_NE(firstDifference(*expected[0], *dropBnNet(1, 4, 16, 5, 0.0)), "");
+}
+
+// fc1 -> [fc2 gated by `gate` and multiplied by `scale`, recomputed with a segment that names fc2
+// only] -> head.
+struct UnnamedReadsNetImpl : torch::nn::Module {
+  explicit UnnamedReadsNetImpl(bool withRecompute) : recomputed(withRecompute) {
+    torch::manual_seed(18);
+    fc1 = register_module("fc1", torch::nn::Linear(6, 8));
+    fc2 = register_module("fc2", torch::nn::Linear(8, 8));
+    gate = register_module("gate", torch::nn::Linear(8, 8));
+    head = register_module("head", torch::nn::Linear(8, 3));
+    scale = register_parameter("scale", torch::rand({8}) + 0.5);
+  }
+  torch::Tensor forward(const torch::Tensor& x) {
+    auto h = torch::tanh(fc1(x));
+    auto inner = [fc = fc2.ptr(), g = gate.ptr(), s = scale](const torch::Tensor& a) {
+      return torch::tanh(fc->forward(a)) * torch::sigmoid(g->forward(a)) * s;
+    };
+    return head(recomputed ? recompute(RecomputeSegment(*fc2), inner, h) : inner(h));
+  }
+  bool recomputed;
+  torch::nn::Linear fc1{nullptr}, fc2{nullptr}, gate{nullptr}, head{nullptr};
+  torch::Tensor scale;
+};
+TORCH_MODULE(UnnamedReadsNet);
+
+// A segment that reads a parameter of another module and a parameter of the model it does not
+// name: their gradients leave the recompute's node like the named ones' and reach DDP's hooks
+// (findUnusedParameters finds them through the node); training is bitwise the plain run's.
+TEST_P(RecomputeDdp, TensorsTheSegmentDoesNotNameTrainBitwiseEqual) {
+  constexpr int kWorld = 2;
+  const bool findUnused = GetParam();
+  auto run = [findUnused](bool withRecompute) {
+    auto world = ThreadWorld::create(kWorld);
+    std::vector<UnnamedReadsNet> nets;
+    for (int r = 0; r < kWorld; ++r) nets.emplace_back(withRecompute);
+    torch::manual_seed(19);
+    auto x = torch::randn({8, 6}), y = torch::randn({8, 3});
+    world->run([&](int rank) {
+      DdpOptions options;
+      options.findUnusedParameters = findUnused;
+      DistributedDataParallel<UnnamedReadsNet> ddp(nets[rank], threadGroup(*world, rank),
+                                                   options);
+      auto sgd = makeSgd(ddp.parameters());
+      for (int step = 0; step < 3; ++step) {
+        sgd.zero_grad();
+        mseLoss(ddp(shard(x, rank, kWorld)), shard(y, rank, kWorld)).backward();
+        sgd.step();
+      }
+    });
+    return nets;
+  };
+  auto expected = run(false), actual = run(true);
+  for (int r = 0; r < kWorld; ++r) EXPECT_EQ(firstDifference(*actual[r], *expected[r]), "") << r;
+  EXPECT_FALSE(bitwiseEqual(expected[0]->scale, UnnamedReadsNet(false)->scale)) << "scale moved";
 }
 
 INSTANTIATE_TEST_SUITE_P(FindUnusedParameters, RecomputeDdp, ::testing::Bool(),

@@ -1,6 +1,7 @@
 // dtrain::recompute in one process: gradients, parameters, running statistics and the random
 // generator end bitwise equal to training without recompute (Dropout, BatchNorm, autocast, tensor
-// and other arguments, inputs without grad, a module used twice), and its errors.
+// and other arguments, inputs without grad, a module used twice, tensors the segment does not
+// name), and its errors.
 #include <gtest/gtest.h>
 
 #include <functional>
@@ -218,6 +219,140 @@ TEST(Recompute, AModuleUsedTwiceInOneForward) {
       EXPECT_TRUE(bitwiseEqual(actual[i], expected[i])) << "same segment " << sameSegment << ", " << i;
     }
   }
+}
+
+void expectAllBitwiseEqual(const std::vector<torch::Tensor>& actual,
+                           const std::vector<torch::Tensor>& expected, const std::string& what) {
+  ASSERT_EQ(actual.size(), expected.size());
+  for (size_t i = 0; i < expected.size(); ++i) {
+    ASSERT_TRUE(expected[i].defined()) << what << ", gradient " << i;
+    EXPECT_TRUE(bitwiseEqual(actual[i], expected[i]))
+        << what << ", gradient " << i << (actual[i].defined() ? " differs" : " is missing");
+  }
+}
+
+// A learned scale the function captures, outside any module and not in the segment: it gets its
+// gradient, as without recompute (as in PyTorch's non-reentrant checkpoint), also when the
+// segment names nothing and no argument requires grad (then only it and the Linear's parameters,
+// found the same way, make the output require grad).
+TEST(Recompute, ACapturedTensorThatRequiresGradGetsItsGradient) {
+  for (bool named : {true, false}) {
+    auto run = [named](bool withRecompute) {
+      torch::manual_seed(15);
+      torch::nn::Linear fc(6, 6);
+      auto scale = torch::randn({6}, torch::requires_grad());
+      auto x = torch::randn({4, 6}, torch::requires_grad(named));
+      auto fn = [fc, scale](const torch::Tensor& in) mutable {
+        return torch::tanh(fc(in)) * scale;
+      };
+      auto segment = named ? RecomputeSegment(*fc) : RecomputeSegment();
+      auto out = withRecompute ? recompute(segment, fn, x) : fn(x);
+      out.pow(2).sum().backward();
+      std::vector<torch::Tensor> grads = {scale.grad(), fc->weight.grad(), fc->bias.grad()};
+      if (named) grads.push_back(x.grad());
+      return grads;
+    };
+    expectAllBitwiseEqual(run(true), run(false), named ? "Linear named" : "nothing named");
+  }
+}
+
+// A module the segment does not name, called inside the function directly or through a segment
+// of its own nested in it: its parameters get their gradients.
+TEST(Recompute, AParameterOfAModuleTheSegmentDoesNotNameGetsItsGradient) {
+  for (bool nested : {false, true}) {
+    auto run = [nested](bool withRecompute) {
+      torch::manual_seed(16);
+      torch::nn::Linear fc(6, 6), gate(6, 6);
+      auto x = torch::randn({4, 6}, torch::requires_grad());
+      auto fn = [fc, gate, nested, withRecompute](const torch::Tensor& in) mutable {
+        auto g = nested && withRecompute ? recompute(gate, in) : gate(in);
+        return torch::tanh(fc(in)) * torch::sigmoid(g);
+      };
+      auto out = withRecompute ? recompute(RecomputeSegment(*fc), fn, x) : fn(x);
+      out.pow(2).sum().backward();
+      return std::vector<torch::Tensor>{gate->weight.grad(), gate->bias.grad(), x.grad(),
+                                        fc->weight.grad(), fc->bias.grad()};
+    };
+    expectAllBitwiseEqual(run(true), run(false), nested ? "nested segment" : "called directly");
+  }
+}
+
+// A tensor argument the function captures as well, a leaf or computed from one: the gradients of
+// both uses arrive.
+TEST(Recompute, AnArgumentTheFunctionAlsoCapturesGetsBothContributions) {
+  for (bool leaf : {true, false}) {
+    auto run = [leaf](bool withRecompute) {
+      torch::manual_seed(17);
+      torch::nn::Linear fc(6, 6);
+      auto x0 = torch::randn({4, 6}, torch::requires_grad());
+      auto x = leaf ? x0 : x0 * 2;
+      auto fn = [fc, x](const torch::Tensor& in) mutable { return torch::tanh(fc(in)) * x; };
+      auto out = withRecompute ? recompute(RecomputeSegment(*fc), fn, x) : fn(x);
+      out.pow(2).sum().backward();
+      return std::vector<torch::Tensor>{x0.grad(), fc->weight.grad()};
+    };
+    expectAllBitwiseEqual(run(true), run(false), leaf ? "a leaf" : "computed");
+  }
+}
+
+// Under autocast, a weight used before the segment and in it: the segment casts it itself rather
+// than reading the cast cached before it (which has a history of its own and would be refused).
+TEST(Recompute, AutocastAWeightUsedBeforeAndInASegmentGetsBothGradients) {
+  auto run = [](bool withRecompute) {
+    torch::manual_seed(20);
+    torch::nn::Linear fc(16, 16);
+    auto x = torch::randn({4, 16}, torch::requires_grad());
+    torch::Tensor out;
+    {
+      AutocastGuard guard(torch::kCPU);
+      auto h = fc(x);
+      out = withRecompute ? recompute(fc, h) : fc(h);
+    }
+    out.to(torch::kFloat).pow(2).sum().backward();
+    return std::vector<torch::Tensor>{fc->weight.grad(), fc->bias.grad(), x.grad()};
+  };
+  auto expected = run(false), actual = run(true);
+  // As in the test above: summed in bfloat16 with one cast, in float32 with two.
+  for (size_t i = 0; i < expected.size(); ++i) {
+    EXPECT_LT((actual[i] - expected[i]).abs().max().item<double>(),
+              0.02 * expected[i].abs().max().item<double>())
+        << i;
+  }
+}
+
+// A captured tensor computed before the segment from something that requires grad has a history
+// of its own, which the recompute's node cannot take as an input: refused in forward, by shape.
+TEST(Recompute, ACapturedTensorWithAHistoryIsRefused) {
+  torch::nn::Linear fc(6, 6);
+  auto raw = torch::randn({6}, torch::requires_grad());
+  auto scale = raw.exp();
+  auto x = torch::randn({4, 6});
+  try {
+    recompute(RecomputeSegment(*fc),
+              [fc, scale](const torch::Tensor& in) mutable { return fc(in) * scale; }, x);
+    FAIL() << "no error";
+  } catch (const InvalidArgument& e) {
+    const std::string what = e.what();
+    EXPECT_NE(what.find("shape [6]"), std::string::npos) << what;
+    EXPECT_NE(what.find("ExpBackward0"), std::string::npos) << what;
+    EXPECT_NE(what.find("HINT: pass it to recompute() as a tensor argument"), std::string::npos)
+        << what;
+    EXPECT_NE(what.find("addParameter"), std::string::npos) << what;
+  }
+  // Passed as an argument, or added to the segment, it gets its gradient.
+  auto fn = [fc](const torch::Tensor& in, const torch::Tensor& s) mutable { return fc(in) * s; };
+  fn(x, raw.exp()).sum().backward();
+  const auto expected = raw.grad().clone();
+  raw.mutable_grad() = torch::Tensor();
+  recompute(RecomputeSegment(*fc), fn, x, raw.exp()).sum().backward();
+  EXPECT_TRUE(bitwiseEqual(raw.grad(), expected)) << "as an argument";
+  raw.mutable_grad() = torch::Tensor();
+  auto added = raw.exp();
+  recompute(RecomputeSegment(*fc).addParameter(added),
+            [fc, added](const torch::Tensor& in) mutable { return fc(in) * added; }, x)
+      .sum()
+      .backward();
+  EXPECT_TRUE(bitwiseEqual(raw.grad(), expected)) << "added with addParameter";
 }
 
 TEST(Recompute, AutogradGradThroughASegmentLeavesDotGradAlone) {

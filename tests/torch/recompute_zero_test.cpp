@@ -44,10 +44,12 @@ TORCH_MODULE(ProbedLayer);
 // runs as a RecomputeSequential of 2 segments; `marked`: every layer is a ShardedUnit (a unit of
 // stage 3). Either way the parameter names are the same ("body.0.fc.weight").
 struct RecomputeZeroNetImpl : torch::nn::Module {
-  RecomputeZeroNetImpl(bool recompute, bool marked) {
+  RecomputeZeroNetImpl(bool recompute, bool marked, bool reshardAfterForward = true) {
     torch::nn::Sequential layers(ProbedLayer(7, 16), ProbedLayer(16, 16), ProbedLayer(16, 11),
                                  ProbedLayer(11, 9));
-    if (marked) layers = shardEveryChild(layers);
+    ShardedUnitOptions unitOptions;
+    unitOptions.reshardAfterForward = reshardAfterForward;
+    if (marked) layers = shardEveryChild(layers, unitOptions);
     if (recompute) {
       recomputed = register_module("body", RecomputeSequential(layers, /*segments=*/2));
     } else {
@@ -69,6 +71,7 @@ struct Run {
   bool recompute = false;
   bool marked = false;
   int steps = 5;
+  bool reshardAfterForward = true;
 };
 
 struct Trained {
@@ -86,7 +89,9 @@ Trained train(const Run& how) {
   auto threads = ThreadWorld::create(kWorld);
   threads->run([&](int rank) {
     RecomputeZeroNet net =
-        buildSeeded(data.seed, [&] { return RecomputeZeroNet(how.recompute, how.marked); });
+        buildSeeded(data.seed, [&] {
+          return RecomputeZeroNet(how.recompute, how.marked, how.reshardAfterForward);
+        });
     DistributedDataParallel<RecomputeZeroNet> ddp(net, threadGroup(*threads, rank));
     ZeroOptions zo;
     zo.stage = how.stage;
@@ -151,6 +156,23 @@ TEST(RecomputeZeroStage3, UnitsInsideARecomputedSegmentAreGatheredAgainAndTrainB
   EXPECT_EQ(recomputedGathered.load(), recomputedLayers.load());
   EXPECT_EQ(plain.markedAfterStep, 0u);
   EXPECT_EQ(recomputed.markedAfterStep, 0u) << "a unit left gathered after the recompute";
+  expectBitwiseEqual(recomputed.result, plain.result);
+}
+
+// Units kept from forward to backward (reshardAfterForward = false) inside a recomputed segment,
+// whose forward runs with grad on (Note [Tensors a segment reads]): every recomputed layer finds
+// its weight in memory, every unit is freed once its gradients are in, and training is bitwise the
+// run without recompute.
+TEST(RecomputeZeroStage3, UnitsKeptForBackwardInsideARecomputedSegmentTrainBitwiseEqual) {
+  constexpr int kSteps = 3;
+  struct Run how{3, false, true, kSteps};  // "struct": Test::Run hides the name
+  how.reshardAfterForward = false;
+  const Trained plain = train(how);
+  how.recompute = true;
+  recomputedLayers = recomputedGathered = 0;
+  const Trained recomputed = train(how);
+  EXPECT_EQ(recomputedGathered.load(), recomputedLayers.load());
+  EXPECT_EQ(recomputed.markedAfterStep, 0u) << "a unit left gathered after the step";
   expectBitwiseEqual(recomputed.result, plain.result);
 }
 

@@ -14,19 +14,23 @@
 //   // A Sequential in segments of consecutive children (torch.utils.checkpoint_sequential):
 //   x = dtrain::recomputeSequential(stack, /*segments=*/8, x);
 //
-// During forward the function runs without building a graph; only its tensor arguments are kept.
-// During backward it runs again under the forward's random-generator state and autocast
+// During forward the function runs once; its graph is walked for the tensors it reads that
+// require grad (a parameter of a module the segment does not name, a learned scale it captures:
+// they become inputs like the segment's parameters) and then dropped; only its tensor arguments
+// are kept. During backward it runs again under the forward's random-generator state and autocast
 // settings, BatchNorm's running statistics are left as the forward set them, and the gradients
-// of the arguments and of the segment's parameters come back to the caller's backward pass: each
-// parameter's gradient is accumulated once, by the ordinary autograd machinery, so
-// DistributedDataParallel's hooks, noSync(), findUnusedParameters and GradScaler work unchanged
-// (see Note [Recompute] in the library and docs/design.md#recompute).
+// of the arguments and of every tensor it read that requires grad come back to the caller's
+// backward pass: each parameter's gradient is accumulated once, by the ordinary autograd
+// machinery, so DistributedDataParallel's hooks, noSync(), findUnusedParameters and GradScaler
+// work unchanged (see Notes [Recompute] and [Tensors a segment reads] in the library and
+// docs/design.md#recompute).
 //
 // The function runs twice: capture by value what it needs (module holders, scalars), since a
 // reference to a local would dangle by the time backward runs. A module holder's call operator is
 // not const: capture holders in a `mutable` lambda, or capture `holder.ptr()`. It must not modify its tensor
-// arguments in place (an error says so). Results: a tensor, a std::vector of tensors or a
-// std::tuple of tensors.
+// arguments in place, nor capture a tensor computed before it that requires grad (x * w: pass it
+// as an argument); errors say so. Results: a tensor, a std::vector of tensors or a std::tuple of
+// tensors.
 
 #include <array>
 #include <cstddef>
@@ -57,9 +61,10 @@ struct RecomputeOptions {
 };
 
 // What a recomputed function reads besides its tensor arguments: the parameters whose gradients
-// it must return (they become inputs of the autograd node) and the buffers its forward updates
-// in place (BatchNorm's running statistics), which the recompute must leave as the forward set
-// them. Built from the modules the function calls.
+// it must return (they become inputs of the autograd node; a parameter it reads that is not listed
+// here is found in forward and becomes one too) and the buffers its forward updates in place
+// (BatchNorm's running statistics), which the recompute must leave as the forward set them, and
+// only this list names. Built from the modules the function calls.
 class RecomputeSegment {
  public:
   struct NamedBuffer {
@@ -75,7 +80,8 @@ class RecomputeSegment {
   // InstanceNorm's) and its other buffers, which the recompute must not change (an error names
   // one that it did).
   RecomputeSegment& add(const torch::nn::Module& module);
-  // A tensor the function reads that is neither an argument nor a module's parameter.
+  // A tensor the function reads that is neither an argument nor a module's parameter (a leaf is
+  // found without it; a tensor computed before the function must be added or passed).
   RecomputeSegment& addParameter(const at::Tensor& parameter);
   // A buffer the function's forward updates in place, restored after the recompute.
   RecomputeSegment& addStatistic(std::string name, const at::Tensor& buffer);
