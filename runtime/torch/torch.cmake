@@ -1,7 +1,11 @@
 # dtrain: the libtorch layer (init, ProcessGroup, DDP, GradScaler, Checkpointer, sampler, ZeRO):
-# every runtime/torch/*.cpp and runtime/torch/zero/*.cpp. torch/torch.h costs ~15-30 s per
-# translation unit: the layer and the torch tests share one precompiled header.
+# every runtime/torch/*.cpp and those of its folders, one per concept (ddp/, checkpoint/,
+# recompute/, zero/). torch/torch.h costs ~15-30 s per translation unit: the layer and the torch
+# tests share one precompiled header.
 file(GLOB DTRAIN_TORCH_SOURCES CONFIGURE_DEPENDS ${CMAKE_CURRENT_SOURCE_DIR}/runtime/torch/*.cpp
+  ${CMAKE_CURRENT_SOURCE_DIR}/runtime/torch/ddp/*.cpp
+  ${CMAKE_CURRENT_SOURCE_DIR}/runtime/torch/checkpoint/*.cpp
+  ${CMAKE_CURRENT_SOURCE_DIR}/runtime/torch/recompute/*.cpp
   ${CMAKE_CURRENT_SOURCE_DIR}/runtime/torch/zero/*.cpp)
 add_library(dtrain SHARED ${DTRAIN_TORCH_SOURCES})
 add_library(dtrain::dtrain ALIAS dtrain)

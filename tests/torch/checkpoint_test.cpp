@@ -19,7 +19,7 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
-#include "../../runtime/torch/checkpoint_state.h"
+#include "../../runtime/torch/checkpoint/state.h"
 #include "checkpoint/file_io.h"
 #include "checkpoint_test_util.h"
 #include "ddp_models.h"

@@ -6,7 +6,7 @@
 
 #include <ATen/ATen.h>
 
-#include "../buffer_tensor.h"
+#include "../ddp/buffer_tensor.h"
 #include "checkpoint/format.h"
 #include "dtrain/base/error.h"
 #include "dtrain/torch/process_group.h"

@@ -3,8 +3,8 @@
 #include <ATen/ATen.h>
 #include <fmt/format.h>
 
-#include "../backward_pass.h"
-#include "../nan_grad_fault.h"
+#include "../ddp/backward_pass.h"
+#include "../ddp/nan_grad_fault.h"
 #include "../torch_compat.h"
 #include "dtrain/base/error.h"
 #include "dtrain/base/logging.h"

@@ -1,6 +1,6 @@
 #pragma once
 // ShardedGradientSync: the backward side of ZeRO, installed in DDP in place of its Reducer
-// (ddp::GradientSync, runtime/torch/ddp_gradient_sync.h). Hooks on the parameters' gradient
+// (ddp::GradientSync, runtime/torch/ddp/gradient_sync.h). Hooks on the parameters' gradient
 // accumulators hand each finished gradient to its unit; a unit whose last gradient arrived
 // starts its reduce-scatter at once, units strictly in order on every rank; the end-of-backward
 // callback launches what is left, waits for every unit and reports parameters that got no
@@ -13,8 +13,8 @@
 #include <string>
 #include <vector>
 
-#include "../backward_pass.h"
-#include "../ddp_gradient_sync.h"
+#include "../ddp/backward_pass.h"
+#include "../ddp/gradient_sync.h"
 #include "dtrain/torch/ddp_options.h"
 #include "shard_group.h"
 

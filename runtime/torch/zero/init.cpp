@@ -9,7 +9,7 @@
 #include <ATen/ATen.h>
 #include <fmt/format.h>
 
-#include "../ddp_sync.h"
+#include "../ddp/model_sync.h"
 #include "../torch_compat.h"
 #include "built_unit.h"
 #include "dtrain/base/error.h"

@@ -6,7 +6,7 @@
 #include <fmt/format.h>
 #include <torch/optim/optimizer.h>
 
-#include "../nan_grad_fault.h"
+#include "../ddp/nan_grad_fault.h"
 #include "../torch_compat.h"
 #include "dtrain/base/error.h"
 #include "dtrain/base/logging.h"

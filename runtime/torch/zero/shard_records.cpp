@@ -4,7 +4,7 @@
 #include <ATen/ATen.h>
 #include <torch/optim/optimizer.h>
 
-#include "../checkpoint_state.h"
+#include "../checkpoint/state.h"
 #include "../torch_compat.h"
 #include "dtrain/base/error.h"
 #include "dtrain/torch/zero.h"

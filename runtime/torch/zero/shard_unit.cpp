@@ -4,7 +4,7 @@
 #include <fmt/format.h>
 #include <torch/optim/optimizer.h>
 
-#include "../buffer_tensor.h"
+#include "../ddp/buffer_tensor.h"
 #include "dtrain/base/error.h"
 
 namespace dtrain::zero {

@@ -38,7 +38,7 @@ struct DdpOptions {
   // a .grad tensor kept from an earlier step, after .grad was replaced (set to an undefined
   // tensor and recreated by autograd), still shares memory with the bucket and changes with it.
   // false: separate gradient tensors, copied into the buckets and back (PyTorch's default).
-  // See Note [Gradients in the buckets] in runtime/torch/ddp_reducer.cpp.
+  // See Note [Gradients in the buckets] in runtime/torch/ddp/reducer.cpp.
   bool gradientAsBucketView = true;
   GradientCompression compression = GradientCompression::None;
   // After the first synchronised backward, rebuild the buckets in the order the gradients arrived

@@ -4,7 +4,7 @@
 #include <torch/csrc/autograd/function.h>
 #include <torch/csrc/autograd/variable.h>
 
-#include "ddp_reducer.h"
+#include "reducer.h"
 
 namespace dtrain::ddp {
 

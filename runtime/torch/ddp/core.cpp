@@ -4,9 +4,9 @@
 
 #include <torch/nn/module.h>
 
-#include "ddp_reducer.h"
-#include "ddp_sync.h"
-#include "zero/built_unit.h"
+#include "reducer.h"
+#include "model_sync.h"
+#include "../zero/built_unit.h"
 #include "dtrain/base/error.h"
 
 namespace dtrain {

@@ -1,4 +1,4 @@
-#include "ddp_reducer.h"
+#include "reducer.h"
 
 #include <ATen/ATen.h>
 #include <fmt/format.h>
@@ -8,7 +8,7 @@
 #include "dtrain/base/error.h"
 #include "dtrain/base/logging.h"
 #include "nan_grad_fault.h"
-#include "torch_compat.h"
+#include "../torch_compat.h"
 
 // Note [Gradients in the buckets]
 // DdpOptions::gradientAsBucketView is on by default. Copying gradients into the buckets and the

@@ -1,4 +1,4 @@
-#include "recompute_state.h"
+#include "state.h"
 
 #include <mutex>
 
@@ -7,7 +7,7 @@
 #include <c10/core/GradMode.h>
 
 #include "dtrain/base/error.h"
-#include "torch_compat.h"
+#include "../torch_compat.h"
 
 namespace dtrain::recompute_state {
 

@@ -14,8 +14,8 @@
 #include <torch/serialize.h>
 #include <torch/serialize/output-archive.h>
 
-#include "checkpoint_shards.h"
-#include "checkpoint_state.h"
+#include "shard_entries.h"
+#include "state.h"
 #include "dtrain/base/error.h"
 #include "dtrain/torch/checkpoint.h"
 

@@ -2,7 +2,7 @@
 
 #include <fmt/format.h>
 
-#include "ddp_reducer.h"
+#include "reducer.h"
 #include "dtrain/base/error.h"
 #include "dtrain/base/logging.h"
 

@@ -10,7 +10,7 @@
 #include <ATen/ATen.h>
 #include <fmt/format.h>
 
-#include "checkpoint_shards.h"
+#include "shard_entries.h"
 #include "checkpointer_impl.h"
 #include "dtrain/base/error.h"
 #include "dtrain/base/logging.h"

@@ -6,7 +6,7 @@
 
 #include <ATen/core/Tensor.h>
 
-#include "ddp_reducer.h"
+#include "reducer.h"
 #include "dtrain/torch/process_group.h"
 
 namespace dtrain::ddp {

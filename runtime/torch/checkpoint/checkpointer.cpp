@@ -14,7 +14,7 @@
 #include <fmt/format.h>
 #include <torch/version.h>
 
-#include "checkpoint_shards.h"
+#include "shard_entries.h"
 #include "checkpointer_impl.h"
 #include "dtrain/base/error.h"
 #include "dtrain/base/logging.h"

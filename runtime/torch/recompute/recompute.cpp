@@ -18,7 +18,7 @@
 #include <torch/csrc/autograd/variable.h>
 
 #include "dtrain/base/error.h"
-#include "recompute_state.h"
+#include "state.h"
 
 // Note [Recompute]
 // recompute(fn, inputs...) is one autograd node, RecomputeFunction, whose inputs are the tensor

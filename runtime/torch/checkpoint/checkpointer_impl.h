@@ -1,6 +1,6 @@
 #pragma once
-// Checkpointer::Impl: the state behind dtrain::Checkpointer, shared by checkpoint.cpp (placement,
-// saves, preemption) and checkpoint_restore.cpp. Private to the torch layer.
+// Checkpointer::Impl: the state behind dtrain::Checkpointer, shared by checkpointer.cpp
+// (placement, saves, preemption) and restore.cpp. Private to the torch layer.
 
 #include <cstdint>
 #include <functional>
@@ -17,7 +17,7 @@
 
 #include "checkpoint/agreement.h"
 #include "checkpoint/file_io.h"
-#include "checkpoint_state.h"
+#include "state.h"
 #include "dtrain/torch/checkpoint.h"
 #include "dtrain/torch/process_group.h"
 
@@ -30,7 +30,7 @@ struct WriteLog {
 };
 
 // Note [Checkpoint agreement] over the group's collectives, each with the deadline as its own
-// timeout: for groups that have no store (made over a communicator). checkpoint_agreement.cpp.
+// timeout: for groups that have no store (made over a communicator). agreement.cpp.
 std::unique_ptr<checkpoint::Agreement> collectiveAgreement(std::shared_ptr<ProcessGroup> group);
 
 struct Checkpointer::Impl {
@@ -89,7 +89,7 @@ struct Checkpointer::Impl {
   std::vector<checkpoint::Item> itemsToSave(const std::vector<std::vector<uint8_t>>& blobs);
   std::vector<std::pair<int, at::Tensor>> shards;  // of the save being started (writers)
 
-  // --- sharded optimizers (checkpoint_sharded.cpp, Note [Sharded checkpoint files]) ---
+  // --- sharded optimizers (sharded_checkpointer.cpp, Note [Sharded checkpoint files]) ---
   bool sharded() const { return !registry.sharded.empty(); }
   // Collective: every rank's records go to the writers that keep them (shardKeepers()), over a
   // subgroup per rank built at the first save. Returns what this rank keeps (writers only).
@@ -128,7 +128,7 @@ struct Checkpointer::Impl {
   // Sharded saves: LATEST moves after every node's commit was agreed, then the ranks agree again.
   void moveLatestEverywhere(int64_t step);
 
-  // --- restore (checkpoint_restore.cpp) ---
+  // --- restore (restore.cpp) ---
   std::optional<RestoredCheckpoint> restore();
   // This node's checkpoints whose header and manifest are intact, newest first (writers only).
   std::vector<int64_t> candidates(std::string& firstBad, int64_t& found);
@@ -158,7 +158,7 @@ struct Checkpointer::Impl {
   void refuseIfAnyExists(const std::vector<int64_t>& counts, const std::string& lastDamage,
                          const std::string& incomplete);
   // Reads result.path into what is registered; fills the result's epoch and world size. Returns
-  // how it went (read, damaged, refused: checkpoint_restore.cpp), with the error.
+  // how it went (read, damaged, refused: restore.cpp), with the error.
   int64_t readInto(RestoredCheckpoint& result, std::string& error);
 
   Checkpointer& owner;

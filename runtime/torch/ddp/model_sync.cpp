@@ -1,4 +1,4 @@
-#include "ddp_sync.h"
+#include "model_sync.h"
 
 #include <map>
 #include <sstream>

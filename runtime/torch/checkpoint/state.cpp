@@ -1,4 +1,4 @@
-#include "checkpoint_state.h"
+#include "state.h"
 
 #include <algorithm>
 #include <numeric>
@@ -16,7 +16,7 @@
 #include "dtrain/config.h"
 #include "dtrain/torch/distributed_sampler.h"
 #include "dtrain/torch/grad_scaler.h"
-#include "torch_compat.h"
+#include "../torch_compat.h"
 
 #if DTRAIN_WITH_TORCH_CUDA
 #include <ATen/cuda/CUDAGeneratorImpl.h>

@@ -1,7 +1,7 @@
 // Checkpoint entries read back into the objects a Checkpointer was given (Note [Checkpoint
-// entries] in checkpoint_state.cpp): every check before anything is overwritten, then the
+// entries] in state.cpp): every check before anything is overwritten, then the
 // replicated state into the existing tensors, then each rank's own.
-#include "checkpoint_state.h"
+#include "state.h"
 
 #include <algorithm>
 #include <mutex>
@@ -17,7 +17,7 @@
 #include "dtrain/config.h"
 #include "dtrain/torch/distributed_sampler.h"
 #include "dtrain/torch/grad_scaler.h"
-#include "torch_compat.h"
+#include "../torch_compat.h"
 
 #if DTRAIN_WITH_TORCH_CUDA
 #include <ATen/cuda/CUDAGeneratorImpl.h>

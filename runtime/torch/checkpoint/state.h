@@ -49,7 +49,7 @@ struct SamplerEntry {
   SamplerState state() const;
 };
 
-// A ShardedOptimizer registered with addOptimizer(): its state goes through checkpoint_shards.h.
+// A ShardedOptimizer registered with addOptimizer(): its state goes through shard_entries.h.
 struct ShardedEntry {
   std::string name;
   ShardedOptimizer* optimizer = nullptr;
@@ -57,7 +57,7 @@ struct ShardedEntry {
 
 // A parameter that a registered ShardedOptimizer holds in shards: the optimizer's name, the
 // parameter's name in its shard records, its dtype, and whether its unit frees it between uses
-// (ZeRO stage 3's marked units: Note [Stage-3 checkpoints], checkpoint_zero3.cpp).
+// (ZeRO stage 3's marked units: Note [Stage-3 checkpoints], checkpoint/zero3.cpp).
 struct ShardedParam {
   std::string optimizer;
   std::string record;
@@ -76,7 +76,7 @@ struct Registry {
   std::map<const void*, ShardedParam> shardedParams;
 };
 
-// --- ZeRO stage 3 (checkpoint_zero3.cpp, Note [Stage-3 checkpoints]) ---
+// --- ZeRO stage 3 (checkpoint/zero3.cpp, Note [Stage-3 checkpoints]) ---
 
 // Records the parameters `optimizer`, registered as `name`, holds in shards.
 void addShardedParams(Registry& registry, const std::string& name, ShardedOptimizer& optimizer);
@@ -116,7 +116,7 @@ void restoreReplicated(const CheckpointReader& reader, Registry& registry,
 void restoreRankState(const CheckpointReader& reader, Registry& registry, uint32_t rank,
                       bool sameWorldSize);
 
-// --- shared by the writing (checkpoint_state.cpp) and reading (checkpoint_state_read.cpp) sides ---
+// --- shared by the writing (state.cpp) and reading (state_read.cpp) sides ---
 
 // "SGD", "Adam", "AdamW", "Adagrad", "RMSprop"; nullptr for an optimizer checkpoints do not know.
 const char* optimizerType(const torch::optim::Optimizer& optimizer);

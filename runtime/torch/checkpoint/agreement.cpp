@@ -5,7 +5,7 @@
 
 #include "checkpointer_impl.h"
 #include "dtrain/torch/process_group.h"
-#include "torch_compat.h"
+#include "../torch_compat.h"
 
 namespace dtrain {
 

@@ -1,6 +1,6 @@
 // Checkpointer::Impl with a ShardedOptimizer registered: the shards' way to the writers that
 // keep them, LATEST after the second agreement, and the restore's gathering of shards at any
-// world size. See Note [Sharded checkpoint files] (checkpoint_shards.cpp).
+// world size. See Note [Sharded checkpoint files] (shard_entries.cpp).
 #include <algorithm>
 #include <cstring>
 #include <set>
@@ -8,7 +8,7 @@
 #include <ATen/ATen.h>
 #include <fmt/format.h>
 
-#include "checkpoint_shards.h"
+#include "shard_entries.h"
 #include "checkpointer_impl.h"
 #include "dtrain/base/error.h"
 #include "dtrain/base/logging.h"

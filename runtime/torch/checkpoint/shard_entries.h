@@ -13,7 +13,7 @@
 #include <ATen/core/Tensor.h>
 
 #include "checkpoint/format.h"
-#include "checkpoint_state.h"
+#include "state.h"
 
 namespace dtrain::checkpoint {
 
@@ -24,7 +24,7 @@ std::vector<std::vector<int>> shardKeepers(const std::vector<int>& nodeOf,
                                            const std::map<int, int>& writerOf);
 
 // This rank's records of every sharded optimizer, copied into one host blob (the format of the
-// blobs is private to checkpoint_shards.cpp).
+// blobs is private to shard_entries.cpp).
 std::vector<uint8_t> encodeShards(const std::vector<ShardedEntry>& sharded);
 // The entry that names the ranks that saved a step's shards (Note [Sharded checkpoint files]).
 inline constexpr const char* kShardSaversEntry = "shards/records";

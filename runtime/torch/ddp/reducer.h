@@ -13,7 +13,7 @@
 #include <ATen/core/Tensor.h>
 
 #include "backward_pass.h"
-#include "ddp_gradient_sync.h"
+#include "gradient_sync.h"
 #include "dtrain/comm/communicator.h"
 #include "dtrain/torch/bucket_assignment.h"
 #include "dtrain/torch/ddp_options.h"

@@ -1,6 +1,6 @@
 #pragma once
 // GradientSync: what DdpCore drives around each forward through the wrapper. DDP's own Reducer
-// (allreduce; ddp_reducer.h) is one; a ShardedOptimizer that took the module over installs the
+// (allreduce; reducer.h) is one; a ShardedOptimizer that took the module over installs the
 // sharded gradient path (runtime/torch/zero/) in its place. The one seam between DDP and ZeRO:
 // DdpCore keeps the forward (buffers, noSync(), whether a backward synchronises), the sync decides
 // what the backward does with the gradients.

@@ -1,6 +1,6 @@
 // Sharded optimizer state in checkpoints: blobs of shard records, owned shard entries, the ring of
 // keepers and the re-assembly at any world size. See Note [Sharded checkpoint files].
-#include "checkpoint_shards.h"
+#include "shard_entries.h"
 
 #include <algorithm>
 #include <cstring>

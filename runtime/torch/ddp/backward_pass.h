@@ -1,5 +1,5 @@
 #pragma once
-// What DDP's reducer (ddp_reducer.cpp) and ZeRO's backward (zero/gradient_sync.cpp) share of a
+// What DDP's reducer (reducer.cpp) and ZeRO's backward (../zero/gradient_sync.cpp) share of a
 // synchronised backward pass: findUnusedParameters' search, and the messages a pass fails or
 // warns with. `who` names the object the user built ("DistributedDataParallel",
 // "ShardedOptimizer").
