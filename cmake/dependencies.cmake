@@ -76,6 +76,14 @@ if(DTRAIN_WITH_NCCL)
     set(CUDAToolkit_ROOT /usr/local/cuda)
   endif()
   find_package(CUDAToolkit QUIET)
+  # Unless told otherwise, the NCCL of the project's Python environment (scripts/setup.sh): the pip
+  # nvidia-nccl wheel PyTorch 2.x loads, not whatever NCCL a CUDA toolkit carries.
+  if(NOT NCCL_ROOT AND NOT DEFINED ENV{NCCL_ROOT})
+    file(GLOB _venv_nccl "${CMAKE_SOURCE_DIR}/.venv/lib/python3*/site-packages/nvidia/nccl")
+    if(_venv_nccl)
+      list(GET _venv_nccl 0 NCCL_ROOT)
+    endif()
+  endif()
   # The oldest NCCL the backend builds against (runtime/comm/nccl/nccl_compat.h says why).
   set(DTRAIN_NCCL_MINIMUM_VERSION 2.14)
   find_package(NCCL ${DTRAIN_NCCL_MINIMUM_VERSION} QUIET)

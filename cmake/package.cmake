@@ -23,6 +23,12 @@ set(CPACK_DEBIAN_FILE_NAME DEB-DEFAULT)
 set(CPACK_DEBIAN_PACKAGE_SECTION science)
 set(CPACK_DEBIAN_RUNTIME_PACKAGE_NAME dtrain)
 set(CPACK_DEBIAN_RUNTIME_PACKAGE_SHLIBDEPS ON)
+# NCCL from the pip wheel (.venv, cmake/dependencies.cmake) is found by dpkg-shlibdeps only when
+# told where: no package owns it, so it adds no dependency, as a toolkit's NCCL did.
+if(DTRAIN_HAVE_NCCL AND NCCL_LIBRARY)
+  get_filename_component(_nccl_dir "${NCCL_LIBRARY}" DIRECTORY)
+  set(CPACK_DEBIAN_PACKAGE_SHLIBDEPS_PRIVATE_DIRS "${_nccl_dir}")
+endif()
 set(CPACK_DEBIAN_RUNTIME_DESCRIPTION
     "launch (a torchrun-style launcher), the checkpoint tool, the libraries\nlibdtrain_base, libdtrain_comm and libdtrain, and the sample trainers\ntrain_linear and train_resnet in /usr/libexec/dtrain: what every node of a\njob needs.")
 set(CPACK_DEBIAN_DEV_PACKAGE_NAME dtrain-dev)

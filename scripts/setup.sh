@@ -1,9 +1,40 @@
 #!/usr/bin/env bash
-# Installs the Debian packages listed in scripts/packages.txt that are not installed yet.
-# Idempotent; quiet when everything is present. Needs root or sudo when something is missing.
+# Installs the Debian packages listed in scripts/packages.txt that are not installed yet, then
+# the project's Python environment (.venv, pinned in scripts/requirements.txt). Idempotent; quiet
+# when everything is present. Needs root or sudo when a package is missing.
 set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+root="$(cd "$here/.." && pwd)"
 list="$here/packages.txt"
+
+# The Python environment: made again only when scripts/requirements.txt changed since (its copy
+# in the environment says what it holds). pip takes the wheels from the local disk it is set up
+# to read; a pip that would download several GB of PyTorch is what the pins prevent.
+setup_venv() {
+  local venv="$root/.venv" python="${DTRAIN_VENV_PYTHON:-python3}" log
+  if cmp -s "$here/requirements.txt" "$venv/requirements.txt" 2>/dev/null; then
+    return 0
+  fi
+  if ! "$python" -c 'import sys; sys.exit(sys.version_info[:2] != (3, 11))' 2>/dev/null; then
+    echo "setup.sh: the Python environment needs Python 3.11 (the local PyTorch wheels are" \
+         "cp311); '$python' is $("$python" --version 2>&1 || echo missing)." \
+         "HINT: set DTRAIN_VENV_PYTHON to a Python 3.11" >&2
+    exit 1
+  fi
+  echo "setup.sh: installing the Python environment $venv (scripts/requirements.txt)"
+  log="$(mktemp)"
+  rm -rf "$venv"
+  if ! { "$python" -m venv "$venv" &&
+         "$venv/bin/python" -m pip install --disable-pip-version-check -q \
+           -r "$here/requirements.txt"; } >"$log" 2>&1; then
+    tail -20 "$log" >&2
+    rm -f "$log"
+    echo "setup.sh: could not install the Python environment (above: pip's last lines)" >&2
+    exit 1
+  fi
+  rm -f "$log"
+  cp "$here/requirements.txt" "$venv/requirements.txt"
+}
 
 missing=()
 while read -r pkg; do
@@ -14,7 +45,10 @@ while read -r pkg; do
   fi
 done < "$list"
 
-[ ${#missing[@]} -eq 0 ] && exit 0
+if [ ${#missing[@]} -eq 0 ]; then
+  setup_venv
+  exit 0
+fi
 
 if [ "$(id -u)" -eq 0 ]; then
   sudo=()
@@ -30,3 +64,4 @@ echo "setup.sh: installing ${missing[*]}"
 export DEBIAN_FRONTEND=noninteractive
 "${sudo[@]}" apt-get update -qq
 "${sudo[@]}" apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+setup_venv

@@ -51,7 +51,8 @@ echo "deb_package_test: dtrain-dev Depends: $dev_depends"
 # 3. What each holds: the runtime no headers, the -dev package no programs or real libraries.
 dpkg-deb -c "${runtime[0]}" | awk '{print $6}' >"$scratch/runtime.list"
 dpkg-deb -c "${dev[0]}" | awk '{print $6}' >"$scratch/dev.list"
-for want in ./usr/bin/launch ./usr/bin/checkpoint; do
+for want in ./usr/bin/launch ./usr/bin/checkpoint ./usr/share/dtrain/prometheus/dtrain-alerts.yml \
+            ./usr/share/dtrain/grafana/dtrain.json; do
   grep -qxF "$want" "$scratch/runtime.list" || fail "the runtime package lacks $want"
 done
 for lib in dtrain_base dtrain_comm; do
@@ -83,6 +84,12 @@ if ldd "$root/usr/bin/launch" | grep -F "$build"; then
   fail "the unpacked launch loads libraries of the build tree"
 fi
 trainer="$root/usr/libexec/dtrain/train_linear"
+# NCCL from a pip wheel belongs to no package: a node finds it on the loader's path, as
+# docs/building.md says (a toolkit's NCCL in the loader's configuration needs nothing).
+nccl="$(sed -n 's/^NCCL_LIBRARY:[A-Z]*=//p' "$build/CMakeCache.txt")"
+if [[ -n "$nccl" && "$nccl" != *NOTFOUND && -f "$nccl" ]] && ! ldconfig -p | grep -qF "$nccl"; then
+  export LD_LIBRARY_PATH="$(dirname "$nccl")${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+fi
 if [[ -x "$trainer" ]]; then
   out="$(cd "$scratch" && "$root/usr/bin/launch" --nproc-per-node 2 "$trainer" --epochs 1 2>&1)" ||
     { echo "$out"; fail "the unpacked launch could not run the unpacked train_linear"; }
