@@ -104,37 +104,6 @@ void putBlob(std::vector<uint8_t>& out, const std::string& name, const std::vect
 
 }  // namespace
 
-const char* optimizerType(const torch::optim::Optimizer& o) {
-  if (dynamic_cast<const torch::optim::SGD*>(&o)) return "SGD";
-  if (dynamic_cast<const torch::optim::Adam*>(&o)) return "Adam";
-  if (dynamic_cast<const torch::optim::AdamW*>(&o)) return "AdamW";
-  if (dynamic_cast<const torch::optim::Adagrad*>(&o)) return "Adagrad";
-  if (dynamic_cast<const torch::optim::RMSprop*>(&o)) return "RMSprop";
-  return nullptr;
-}
-
-StateFields fieldsOf(torch::optim::OptimizerParamState& s) {
-  using namespace torch::optim;
-  if (auto* p = dynamic_cast<SGDParamState*>(&s)) return {{{"momentum_buffer", &p->momentum_buffer()}}, nullptr};
-  if (auto* p = dynamic_cast<AdamParamState*>(&s)) {
-    return {{{"exp_avg", &p->exp_avg()}, {"exp_avg_sq", &p->exp_avg_sq()},
-             {"max_exp_avg_sq", &p->max_exp_avg_sq()}},
-            &p->step()};
-  }
-  if (auto* p = dynamic_cast<AdamWParamState*>(&s)) {
-    return {{{"exp_avg", &p->exp_avg()}, {"exp_avg_sq", &p->exp_avg_sq()},
-             {"max_exp_avg_sq", &p->max_exp_avg_sq()}},
-            &p->step()};
-  }
-  if (auto* p = dynamic_cast<AdagradParamState*>(&s)) return {{{"sum", &p->sum()}}, &p->step()};
-  if (auto* p = dynamic_cast<RMSpropParamState*>(&s)) {
-    return {{{"square_avg", &p->square_avg()}, {"momentum_buffer", &p->momentum_buffer()},
-             {"grad_avg", &p->grad_avg()}},
-            &p->step()};
-  }
-  return {};
-}
-
 std::string optimizerPrefix(const std::string& name) { return "optimizer/" + name + "/"; }
 
 std::vector<std::pair<std::string, at::Tensor>> moduleTensors(const torch::nn::Module& module) {

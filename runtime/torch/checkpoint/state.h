@@ -14,6 +14,7 @@
 #include <ATen/core/Tensor.h>
 #include <c10/core/Device.h>
 
+#include "../optimizer_state.h"
 #include "checkpoint/format.h"
 #include "dtrain/torch/checkpoint.h"
 #include "dtrain/torch/distributed_sampler.h"
@@ -118,17 +119,11 @@ void restoreRankState(const CheckpointReader& reader, Registry& registry, uint32
 
 // --- shared by the writing (state.cpp) and reading (state_read.cpp) sides ---
 
-// "SGD", "Adam", "AdamW", "Adagrad", "RMSprop"; nullptr for an optimizer checkpoints do not know.
-const char* optimizerType(const torch::optim::Optimizer& optimizer);
-// The tensors and the step count of one parameter's optimizer state.
-struct StateFields {
-  std::vector<std::pair<const char*, at::Tensor*>> tensors;
-  int64_t* step = nullptr;
-};
-StateFields fieldsOf(torch::optim::OptimizerParamState& state);
-// An empty state of an optimizer of `type` (optimizerType()), for a parameter the optimizer has
-// not stepped yet; nullptr for a type checkpoints do not know.
-std::unique_ptr<torch::optim::OptimizerParamState> newParamState(const std::string& type);
+// Optimizer state by type: ../optimizer_state.h.
+using optim_state::fieldsOf;
+using optim_state::newParamState;
+using optim_state::optimizerType;
+using optim_state::StateFields;
 // "optimizer/<name>/": where an optimizer's entries go.
 std::string optimizerPrefix(const std::string& name);
 // A module's parameters, then its buffers, by their recursive names.

@@ -123,16 +123,6 @@ bool fromShardRecords(const CheckpointReader& reader, const Registry& registry,
 
 }  // namespace
 
-std::unique_ptr<torch::optim::OptimizerParamState> newParamState(const std::string& type) {
-  using namespace torch::optim;
-  if (type == "SGD") return std::make_unique<SGDParamState>();
-  if (type == "Adam") return std::make_unique<AdamParamState>();
-  if (type == "AdamW") return std::make_unique<AdamWParamState>();
-  if (type == "Adagrad") return std::make_unique<AdagradParamState>();
-  if (type == "RMSprop") return std::make_unique<RMSpropParamState>();
-  return nullptr;
-}
-
 void checkRestorable(const CheckpointReader& reader, const Registry& registry) {
   for (const auto& [name, module] : registry.modules) {
     for (const auto& [key, t] : moduleTensors(*module)) {

@@ -4,7 +4,7 @@
 #include <ATen/ATen.h>
 #include <torch/optim/optimizer.h>
 
-#include "../checkpoint/state.h"
+#include "../optimizer_state.h"
 #include "../torch_compat.h"
 #include "dtrain/base/error.h"
 #include "dtrain/torch/zero.h"
@@ -49,7 +49,7 @@ std::vector<ShardRecord> ShardedOptimizer::shardRecords() {
     rec.end = r.end;
     rec.master = u.optimized().narrow(0, r.shardOffset, r.end - r.begin);
     if (auto* state = stateOf(u)) {
-      checkpoint::StateFields fields = checkpoint::fieldsOf(*state);
+      optim_state::StateFields fields = optim_state::fieldsOf(*state);
       for (const auto& [name, tensor] : fields.tensors) {
         if (tensor->defined()) {
           rec.state.emplace_back(name, tensor->narrow(0, r.shardOffset, r.end - r.begin));
@@ -71,13 +71,13 @@ void ShardedOptimizer::loadShardState(const ShardReader& read) {
   for (size_t k = 0; k < shards.size(); ++k) {
     zero::ShardUnit& u = shards.unit(k);
     auto& optimizer = u.optimizer();
-    const char* type = checkpoint::optimizerType(optimizer);
+    const char* type = optim_state::optimizerType(optimizer);
     DTRAIN_CHECK_ARG(type != nullptr,
                      "ShardedOptimizer::loadShardState: the real optimizer's type is not one "
                      "whose state can be loaded (SGD, Adam, AdamW, Adagrad, RMSprop)");
     const auto key = compat::optimizerStateKey(optimizer, u.optimized());
-    auto fresh = checkpoint::newParamState(type);
-    checkpoint::StateFields probe = checkpoint::fieldsOf(*fresh);
+    auto fresh = optim_state::newParamState(type);
+    optim_state::StateFields probe = optim_state::fieldsOf(*fresh);
     auto& states = optimizer.state();
     states.erase(key);  // the unit ends exactly as saved: what was not saved is absent
     bool saved = false;

@@ -5,7 +5,7 @@
 #include <ATen/ATen.h>
 #include <torch/optim/optimizer.h>
 
-#include "../checkpoint/state.h"
+#include "../optimizer_state.h"
 #include "../torch_compat.h"
 #include "dtrain/base/error.h"
 #include "dtrain/torch/zero.h"
@@ -116,7 +116,7 @@ ZeroStats ShardedOptimizer::stats() const {
     auto& optimizer = u.optimizer();
     auto it = optimizer.state().find(compat::optimizerStateKey(optimizer, u.optimized()));
     if (it == optimizer.state().end()) continue;
-    for (const auto& [field, tensor] : checkpoint::fieldsOf(*it->second).tensors) {
+    for (const auto& [field, tensor] : optim_state::fieldsOf(*it->second).tensors) {
       if (!tensor->defined() || !seen.insert(tensor->storage().data()).second) continue;
       s.memory.optimizerState += tensor->storage().nbytes();
       if (u.offloaded()) s.memory.offloaded += tensor->storage().nbytes();
