@@ -84,12 +84,7 @@ if ldd "$root/usr/bin/launch" | grep -F "$build"; then
   fail "the unpacked launch loads libraries of the build tree"
 fi
 trainer="$root/usr/libexec/dtrain/train_linear"
-# NCCL from a pip wheel belongs to no package: a node finds it on the loader's path, as
-# docs/building.md says (a toolkit's NCCL in the loader's configuration needs nothing).
-nccl="$(sed -n 's/^NCCL_LIBRARY:[A-Z]*=//p' "$build/CMakeCache.txt")"
-if [[ -n "$nccl" && "$nccl" != *NOTFOUND && -f "$nccl" ]] && ! ldconfig -p | grep -qF "$nccl"; then
-  export LD_LIBRARY_PATH="$(dirname "$nccl")${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
-fi
+source "$src/tests/scripts/nccl_library_path.sh"
 if [[ -x "$trainer" ]]; then
   out="$(cd "$scratch" && "$root/usr/bin/launch" --nproc-per-node 2 "$trainer" --epochs 1 2>&1)" ||
     { echo "$out"; fail "the unpacked launch could not run the unpacked train_linear"; }

@@ -9,6 +9,7 @@ scratch="$(mktemp -d)"
 trap 'rm -rf "$scratch"' EXIT
 
 cmake --install "$build" --prefix "$scratch/prefix" >/dev/null
+source "$src/tests/scripts/nccl_library_path.sh"
 generator=()
 command -v ninja >/dev/null 2>&1 && generator=(-G Ninja)
 cmake -S "$src/tests/consumer" -B "$scratch/consumer" "${generator[@]}" \
