@@ -16,7 +16,6 @@
 
 #include <dtrain/dtrain.h>
 #include <dtrain/base/fault.h>
-#include <dtrain/base/tensorboard.h>
 
 namespace {
 

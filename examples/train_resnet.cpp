@@ -25,8 +25,6 @@
 
 #include <dtrain/dtrain.h>
 #include <dtrain/base/fault.h>
-#include <dtrain/base/metrics.h>
-#include <dtrain/base/tensorboard.h>
 
 #include "data/cifar10.h"
 #include "data/loader.h"

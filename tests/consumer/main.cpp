@@ -1,20 +1,9 @@
-// Uses the installed headers and libraries: the config header, the store, and (when the torch
-// layer was built) the library's version symbol. The include paths of earlier releases
-// (dtrain/store.h, dtrain/progress.h, dtrain/metrics.h, dtrain/fault.h, dtrain/init.h) must keep
-// working beside the per-library folders (dtrain/base/, dtrain/comm/, dtrain/torch/).
+// Uses the installed headers and libraries through the one header a training program includes:
+// the config header, the store, and (when the torch layer was built) the library's version
+// symbol.
 #include <cstdio>
 
-#include "dtrain/base/store.h"
-#include "dtrain/comm/communicator.h"
-#include "dtrain/config.h"
-#include "dtrain/fault.h"
-#include "dtrain/metrics.h"
-#include "dtrain/progress.h"
-#include "dtrain/store.h"
-#if CONSUMER_HAS_TORCH_LAYER
 #include "dtrain/dtrain.h"
-#include "dtrain/init.h"
-#endif
 
 int main() {
   dtrain::store::HashStore store;

@@ -1,7 +1,15 @@
 #pragma once
-// The one header a training program includes.
+// The one header a training program includes, as torch/torch.h is libtorch's: errors, the store,
+// metrics and their sinks (Prometheus through launch, JSONL, TensorBoard), progress reports, the
+// communicators, and with the libtorch layer init(), DDP, the sampler, GradScaler, checkpoints,
+// autocast, ZeRO, recompute and the host memory cache.
 
 #include "dtrain/base/error.h"
+#include "dtrain/base/metrics.h"
+#include "dtrain/base/progress.h"
+#include "dtrain/base/store.h"
+#include "dtrain/base/tensorboard.h"
+#include "dtrain/comm/communicator.h"
 #include "dtrain/config.h"
 
 #if DTRAIN_WITH_TORCH
