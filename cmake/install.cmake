@@ -22,6 +22,13 @@ foreach(example train_linear train_resnet)
   endif()
 endforeach()
 
+# What watching a job needs beside launch (docs/monitoring.md): the Prometheus alert rules and the
+# Grafana dashboard, in <datadir>/dtrain/.
+install(FILES docs/prometheus/dtrain-alerts.yml
+        DESTINATION ${CMAKE_INSTALL_DATADIR}/dtrain/prometheus COMPONENT runtime)
+install(FILES docs/grafana/dtrain.json
+        DESTINATION ${CMAKE_INSTALL_DATADIR}/dtrain/grafana COMPONENT runtime)
+
 set(DTRAIN_CMAKE_DIR ${CMAKE_INSTALL_LIBDIR}/cmake/dtrain)
 install(EXPORT dtrainTargets NAMESPACE dtrain:: DESTINATION ${DTRAIN_CMAKE_DIR} COMPONENT dev)
 configure_package_config_file(cmake/dtrainConfig.cmake.in

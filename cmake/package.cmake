@@ -1,6 +1,8 @@
 # Debian packages of a build: `cpack -G DEB` in the build directory writes
 #   dtrain_<version>_<arch>.deb      launch, checkpoint, the shared libraries, the sample trainers
-#                                    (<libexec>/dtrain): what every node of a job needs
+#                                    (<libexec>/dtrain): what every node of a job needs; the
+#                                    Prometheus alert rules and the Grafana dashboard
+#                                    (/usr/share/dtrain)
 #   dtrain-dev_<version>_<arch>.deb  headers and the CMake package (find_package(dtrain)), the
 #                                    libraries' .so links: for building programs against dtrain
 # The runtime package's dependencies come from dpkg-shlibdeps over its binaries (Debian's libtorch,
@@ -30,7 +32,7 @@ if(DTRAIN_HAVE_NCCL AND NCCL_LIBRARY)
   set(CPACK_DEBIAN_PACKAGE_SHLIBDEPS_PRIVATE_DIRS "${_nccl_dir}")
 endif()
 set(CPACK_DEBIAN_RUNTIME_DESCRIPTION
-    "launch (a torchrun-style launcher), the checkpoint tool, the libraries\nlibdtrain_base, libdtrain_comm and libdtrain, and the sample trainers\ntrain_linear and train_resnet in /usr/libexec/dtrain: what every node of a\njob needs.")
+    "launch (a torchrun-style launcher), the checkpoint tool, the libraries\nlibdtrain_base, libdtrain_comm and libdtrain, and the sample trainers\ntrain_linear and train_resnet in /usr/libexec/dtrain: what every node of a\njob needs. Also the Prometheus alert rules and the Grafana dashboard in\n/usr/share/dtrain.")
 set(CPACK_DEBIAN_DEV_PACKAGE_NAME dtrain-dev)
 set(CPACK_DEBIAN_DEV_PACKAGE_SECTION libdevel)
 set(CPACK_DEBIAN_DEV_PACKAGE_SHLIBDEPS OFF)

@@ -42,6 +42,8 @@ add_library(dtrain_launcher STATIC
   launcher/monitor/monitor.cpp
   launcher/monitor/monitor_options.cpp
   launcher/monitor/native_stack.cpp
+  launcher/monitor/node_files.cpp
+  launcher/monitor/node_sampler.cpp
   launcher/monitor/proc_files.cpp
   launcher/monitor/process_sampler.cpp
   launcher/monitor/records.cpp

@@ -33,7 +33,7 @@ DEFAULT_PANELS = [
     ("GPU utilisation %", ["gpu_util"]),
     ("GPU memory in use (bytes)", ["gpu_mem_used_bytes"]),
 ]
-SCHEMA_KEYS = {"time", "source", "run_id", "node", "rank", "gpu", "step"}
+SCHEMA_KEYS = {"time", "source", "run_id", "node", "rank", "gpu", "interface", "mount", "step"}
 
 
 def fail(message):

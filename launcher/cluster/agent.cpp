@@ -505,6 +505,7 @@ monitor::MonitorContext Agent::monitorContext(const RoundPlan& plan) const {
   mc.storePort = setup_.storePort;
   mc.storeToken = setup_.token;
   mc.label = [this](const std::string& o) { return optionLabel(config_, o); };
+  mc.nodeFigures = nodeFigureOptions(config_, node_);
   return mc;
 }
 

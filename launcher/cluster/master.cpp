@@ -28,6 +28,7 @@ std::unique_ptr<monitor::Monitor> masterMonitor(const LaunchConfig& config,
   c.samplesNode = false;  // each node's agent samples its node, this one's too
   c.aggregates = true;
   c.maxRestarts = config.maxRestarts;
+  c.heartbeatTimeout = config.heartbeatTimeout;
   c.storeHost = plan.storeAddr;
   c.storePort = plan.storePort;
   c.storeToken = plan.token;

@@ -8,6 +8,7 @@
 
 #include "launcher/job/launch_config.h"
 #include "launcher/job/worker_env.h"
+#include "launcher/monitor/node_sampler.h"
 
 namespace dtrain::launcher {
 
@@ -34,6 +35,12 @@ std::string makeTempJobDir(const EnvMap& environment, const std::string& runId);
 // The job directory: `logDir`/RUN_ID (absolute), or a fresh temporary one when `logDir` is empty.
 std::string jobDirFor(const std::string& logDir, const EnvMap& environment,
                       const std::string& runId);
+
+// What a node's monitor measures besides its workers: the directories of Note [Watched
+// directories] (launcher/monitor/node_sampler.h) and the interface the collectives use, as the
+// workers' NCCL_SOCKET_IFNAME names it (--env, launch's choice, then the environment; a list or
+// an exclusion names none). DTRAIN_NODE_FIGURES=0 in launch's environment turns them off.
+monitor::NodeFigureOptions nodeFigureOptions(const LaunchConfig& config, const NodeContext& node);
 
 // The --dry-run text: each worker's command and the environment launch sets, token redacted.
 std::string formatDryRun(const LaunchConfig& config, const NodeContext& node,

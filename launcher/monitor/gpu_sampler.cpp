@@ -2,7 +2,9 @@
 
 #include <dlfcn.h>
 
+#include <algorithm>
 #include <charconv>
+#include <cstdint>
 #include <cstring>
 
 #include <fmt/format.h>
@@ -67,10 +69,11 @@ std::vector<GpuSample> parseGpuQueryCsv(std::string_view csv, std::vector<std::s
   std::vector<GpuSample> out;
   forEachLine(csv, [&](std::string_view line, int number) {
     auto f = csvFields(line);
-    std::optional<double> index = f.size() == 7 ? csvNumber(f[0]) : std::nullopt;
+    std::optional<double> index =
+        f.size() == 9 || f.size() == 7 ? csvNumber(f[0]) : std::nullopt;
     if (!index || f[1].empty()) {
       if (problems) {
-        problems->push_back(fmt::format("line {}: expected 7 fields ({}), got \"{}\"", number,
+        problems->push_back(fmt::format("line {}: expected 9 fields ({}), got \"{}\"", number,
                                         kGpuQueryFields, line));
       }
       return;
@@ -83,6 +86,10 @@ std::vector<GpuSample> parseGpuQueryCsv(std::string_view csv, std::vector<std::s
     if (auto total = csvNumber(f[4])) g.memTotalBytes = *total * kMiB;
     g.temperatureC = csvNumber(f[5]);
     g.powerW = csvNumber(f[6]);
+    if (f.size() == 9) {
+      g.eccCorrected = csvNumber(f[7]);
+      g.eccUncorrected = csvNumber(f[8]);
+    }
     out.push_back(std::move(g));
   });
   return out;
@@ -174,10 +181,12 @@ class NvmlSource : public GpuSource {
       return nullptr;
     }
     s->initialised_ = true;
+    s->watchXids();
     return s;
   }
 
   ~NvmlSource() override {
+    if (events_ != nullptr && freeEvents_) freeEvents_(events_);
     if (initialised_ && shutdown_) shutdown_();
     // The library stays loaded: NVML's own threads may outlive nvmlShutdown briefly.
   }
@@ -190,6 +199,7 @@ class NvmlSource : public GpuSource {
       lastError_ = fmt::format("nvmlDeviceGetCount_v2 failed ({})", errorString(rc));
       return {};
     }
+    takeXids();
     std::vector<GpuSample> out;
     for (unsigned i = 0; i < count; ++i) {
       Device device = nullptr;
@@ -211,6 +221,19 @@ class NvmlSource : public GpuSource {
       }
       unsigned milliwatts = 0;
       if (getPower_(device, &milliwatts) == 0) g.powerW = milliwatts / 1000.0;
+      unsigned long long ecc = 0;
+      // NVML_MEMORY_ERROR_TYPE_CORRECTED / _UNCORRECTED, NVML_VOLATILE_ECC: since the driver
+      // loaded. NVML_ERROR_NOT_SUPPORTED without ECC: left out.
+      if (getEcc_ && getEcc_(device, 0, 0, &ecc) == 0) g.eccCorrected = static_cast<double>(ecc);
+      if (getEcc_ && getEcc_(device, 1, 0, &ecc) == 0) g.eccUncorrected = static_cast<double>(ecc);
+      if (events_ != nullptr) {
+        g.xidEvents = 0;
+        for (const auto& x : xids_) {
+          if (x.device != device) continue;
+          g.xidEvents = static_cast<double>(x.count);
+          g.lastXid = static_cast<double>(x.last);
+        }
+      }
       if (getProcesses_) {
         ProcessInfoV1 procs[64];
         unsigned n = 64;
@@ -249,7 +272,65 @@ class NvmlSource : public GpuSource {
     unsigned long long usedGpuMemory;
   };
 
+  // nvmlEventData_t as of NVML 11 (the two instance ids came after the first three fields).
+  struct EventData {
+    Device device;
+    unsigned long long eventType;
+    unsigned long long eventData;
+    unsigned gpuInstanceId;
+    unsigned computeInstanceId;
+  };
+  struct XidCount {
+    Device device;
+    uint64_t count;
+    unsigned long long last;
+  };
+  static constexpr unsigned long long kXidCriticalError = 0x8;  // nvmlEventTypeXidCriticalError
+
   explicit NvmlSource(void* lib) : lib_(lib) {}
+
+  // Note [XID events]
+  // ~~~~~~~~~~~~~~~~~
+  // The driver reports an XID (a GPU's critical error: a GPU fallen off the bus, a double-bit
+  // ECC error, a page retirement) as an NVML event. launch registers every GPU for them once,
+  // then drains the event set without waiting at each sample; the records carry a count per GPU
+  // since launch started and the last code. Without the entry points, or where no GPU accepts
+  // the registration (no privileges in some containers), there is no count. nvidia-smi has no
+  // query for XIDs: without NVML there is none either.
+  void watchXids() {
+    if (!createEvents_ || !registerEvents_ || !waitEvents_) return;
+    if (createEvents_(&events_) != 0) {
+      events_ = nullptr;
+      return;
+    }
+    unsigned count = 0;
+    bool any = false;
+    if (getCount_(&count) == 0) {
+      for (unsigned i = 0; i < count; ++i) {
+        Device device = nullptr;
+        if (getHandle_(i, &device) != 0) continue;
+        if (registerEvents_(device, kXidCriticalError, events_) == 0) any = true;
+      }
+    }
+    if (!any) {
+      if (freeEvents_) freeEvents_(events_);
+      events_ = nullptr;
+    }
+  }
+
+  void takeXids() {
+    if (events_ == nullptr) return;
+    for (int n = 0; n < 1024; ++n) {  // bounded: a storm of events waits for the next sample
+      EventData e{};
+      if (waitEvents_(events_, &e, 0) != 0) return;  // NVML_ERROR_TIMEOUT: none left
+      if ((e.eventType & kXidCriticalError) == 0) continue;
+      auto it = std::find_if(xids_.begin(), xids_.end(),
+                             [&](const XidCount& x) { return x.device == e.device; });
+      if (it == xids_.end()) it = xids_.insert(xids_.end(), XidCount{e.device, 0, 0});
+      ++it->count;
+      it->last = e.eventData;
+    }
+  }
 
   template <typename Fn>
   bool load(Fn& fn, const char* name) {
@@ -268,6 +349,11 @@ class NvmlSource : public GpuSource {
     load(shutdown_, "nvmlShutdown");
     load(errorString_, "nvmlErrorString");
     load(getProcesses_, "nvmlDeviceGetComputeRunningProcesses");  // optional
+    load(getEcc_, "nvmlDeviceGetTotalEccErrors");                   // optional, as below
+    load(createEvents_, "nvmlEventSetCreate");
+    load(registerEvents_, "nvmlDeviceRegisterEvents");
+    if (!load(waitEvents_, "nvmlEventSetWait_v2")) load(waitEvents_, "nvmlEventSetWait");
+    load(freeEvents_, "nvmlEventSetFree");
     return ok;
   }
 
@@ -291,6 +377,13 @@ class NvmlSource : public GpuSource {
   int (*getTemperature_)(Device, int, unsigned*) = nullptr;
   int (*getPower_)(Device, unsigned*) = nullptr;
   int (*getProcesses_)(Device, unsigned*, ProcessInfoV1*) = nullptr;
+  int (*getEcc_)(Device, int, int, unsigned long long*) = nullptr;
+  int (*createEvents_)(void**) = nullptr;
+  int (*registerEvents_)(Device, unsigned long long, void*) = nullptr;
+  int (*waitEvents_)(void*, EventData*, unsigned) = nullptr;
+  int (*freeEvents_)(void*) = nullptr;
+  void* events_ = nullptr;
+  std::vector<XidCount> xids_;
 };
 
 }  // namespace

@@ -31,17 +31,26 @@ struct GpuSample {
   std::optional<double> memTotalBytes;
   std::optional<double> temperatureC;
   std::optional<double> powerW;
+  // ECC errors since the driver loaded (volatile counts); absent without ECC.
+  std::optional<double> eccCorrected;
+  std::optional<double> eccUncorrected;
+  // XID events (critical errors the driver reports) since launch opened NVML, and the last XID
+  // code; NVML only: nvidia-smi has no query for them.
+  std::optional<double> xidEvents;
+  std::optional<double> lastXid;
   std::vector<GpuProcess> processes;
 };
 
 // The query launch runs (nvidia-smi --query-gpu=<kGpuQueryFields> --format=csv,noheader,nounits):
-// memory in MiB, power in W.
+// memory in MiB, power in W, ECC errors as counts since the driver loaded.
 constexpr const char* kGpuQueryFields =
-    "index,uuid,utilization.gpu,memory.used,memory.total,temperature.gpu,power.draw";
+    "index,uuid,utilization.gpu,memory.used,memory.total,temperature.gpu,power.draw,"
+    "ecc.errors.corrected.volatile.total,ecc.errors.uncorrected.volatile.total";
 constexpr const char* kComputeAppsFields = "pid,gpu_uuid,used_memory";
 
 // Pure parsers of those two CSV outputs. "[N/A]" / "[Not Supported]" become absent values; a
-// malformed line is skipped and named in `problems` (when given), never a crash.
+// malformed line is skipped and named in `problems` (when given), never a crash. A query line of
+// the first 7 fields only (before launch asked for ECC errors) is read too.
 std::vector<GpuSample> parseGpuQueryCsv(std::string_view csv, std::vector<std::string>* problems = nullptr);
 struct GpuApp {
   std::string gpuUuid;

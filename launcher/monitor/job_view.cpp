@@ -14,9 +14,15 @@ void JobView::setJob(int attempt, int worldSize, int maxRestarts) {
   job_.maxRestarts = maxRestarts;
 }
 
-void JobView::setStalled(bool stalled) {
+void JobView::setStalled(bool stalled, std::vector<int> ranks) {
   std::lock_guard<std::mutex> lock(mutex_);
   job_.stalled = stalled;
+  job_.stalledRanks = std::move(ranks);
+}
+
+void JobView::setHeartbeatTimeout(double seconds) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  job_.heartbeatTimeout = seconds;
 }
 
 void JobView::ingest(const std::string& node, std::vector<Record> records, double now) {
@@ -36,6 +42,7 @@ void JobView::newAttempt(int attempt) {
   job_.attempt = attempt;
   job_.restarts = attempt;
   job_.stalled = false;
+  job_.stalledRanks.clear();
   trainer_.clear();
   for (auto& [name, n] : nodes_) {
     n.records.erase(std::remove_if(n.records.begin(), n.records.end(),

@@ -15,7 +15,10 @@ namespace dtrain::launcher::monitor {
 class JobView {
  public:
   void setJob(int attempt, int worldSize, int maxRestarts);
-  void setStalled(bool stalled);
+  // `ranks`: those the stall report blames (dtrain_rank_stalled), empty when none is.
+  void setStalled(bool stalled, std::vector<int> ranks = {});
+  // The multi-node master's --heartbeat-timeout (0: none), served beside the nodes' ages.
+  void setHeartbeatTimeout(double seconds);
   // Node `node`'s latest records (they replace its earlier ones), heard of at `now` (steady
   // seconds): its heartbeat age counts from there.
   void ingest(const std::string& node, std::vector<Record> records, double now);

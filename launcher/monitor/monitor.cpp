@@ -46,6 +46,7 @@ Monitor::Monitor(MonitorOptions options, MonitorContext context)
     : options_(std::move(options)),
       context_(std::move(context)),
       sampler_(locateOwnMemoryCgroup()),
+      nodeFigures_(context_.nodeFigures),
       memory_(context_.memory),
       gpuIdle_(context_.gpuIdle),
       stall_(options_.stallTimeout) {
@@ -74,6 +75,7 @@ Monitor::Monitor(MonitorOptions options, MonitorContext context)
     say(fmt::format("launch: TensorBoard events in {}\n", tensorboard_->path()));
   }
   view_.setJob(0, context_.worldSize, context_.maxRestarts);
+  view_.setHeartbeatTimeout(context_.heartbeatTimeout);
 }
 
 Monitor::~Monitor() {
@@ -180,6 +182,7 @@ void Monitor::threadMain() {
     try {
       if (newAttempt) {
         stall_.reset(currentWorldSize_);
+        stalledRanks_.clear();
         memory_.resetRanks();
         gpuIdle_.reset();
         reports_.clear();
@@ -424,6 +427,7 @@ void Monitor::sample(double now) {
   ctx.workers = context_.localWorldSize;
   ctx.workersAlive = static_cast<int>(currentWorkers_.size());
   std::vector<Record> records = sampleRecords(ctx, lastNode_, ranks, gpus, reports_);
+  addNodeFigures(records, ctx, nodeFigures_.sample(now));
   if (context_.aggregates) {
     writeRecords(records);
     view_.ingest(context_.node, std::move(records), now);
@@ -502,7 +506,10 @@ void Monitor::checkStall(double now) {
                     context_.label("stall-timeout"), options_.stallTimeout, now - workersSince_));
   }
   std::optional<Stall> stall = stall_.check(now);
-  view_.setStalled(stall_.inStall());
+  // The ranks the report blames stay on the endpoint (dtrain_rank_stalled) while the stall lasts.
+  if (stall) stalledRanks_ = !stall->behind.empty() ? stall->behind : stall->stuck;
+  if (!stall_.inStall()) stalledRanks_.clear();
+  view_.setStalled(stall_.inStall(), stalledRanks_);
   if (!stall) return;
   StallReportContext ctx;
   ctx.option = context_.label("stall-timeout");

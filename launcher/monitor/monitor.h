@@ -1,10 +1,11 @@
 #pragma once
-// Monitor: watches a running job from launch -- samples this node's workers, memory and GPUs,
-// reads every rank's progress (and its trainer's metrics records) from the job's store, and from
-// that writes --metrics-file and --tensorboard-dir, serves --metrics-port, prints the --status-interval line, the
-// memory and idle-GPU warnings, and the stall report (--stall-timeout), stopping the job with
-// exit 124 when --stall-action stop says so. One thread of its own; the supervisor only tells
-// it what starts and ends (JobObserver).
+// Monitor: watches a running job from launch -- samples this node's workers, memory, GPUs,
+// network and disks (node_sampler.h), reads every rank's progress (and its trainer's metrics
+// records) from the job's store, and from that writes --metrics-file and --tensorboard-dir,
+// serves --metrics-port, prints the --status-interval line, the memory and idle-GPU warnings,
+// and the stall report (--stall-timeout), stopping the job with exit 124 when --stall-action
+// stop says so. One thread of its own; the supervisor only tells it what starts and ends
+// (JobObserver).
 //
 // Multi-node: every node's launch samples its own node and runs the memory and GPU warnings for
 // it; the master aggregates. See Note [Monitor roles].
@@ -30,6 +31,7 @@
 #include "launcher/monitor/job_view.h"
 #include "launcher/monitor/monitor_options.h"
 #include "launcher/monitor/native_stack.h"
+#include "launcher/monitor/node_sampler.h"
 #include "launcher/monitor/process_sampler.h"
 #include "launcher/monitor/records.h"
 #include "launcher/monitor/stall_detector.h"
@@ -61,6 +63,7 @@ struct MonitorContext {
   int localWorldSize = 1;
   int worldSize = 1;
   int maxRestarts = 0;
+  double heartbeatTimeout = 0;  // the multi-node master's --heartbeat-timeout; 0: none
   // The job's store, to read the ranks' progress (launch hosts it).
   std::string storeHost;
   int storePort = 0;
@@ -70,6 +73,8 @@ struct MonitorContext {
     return "--" + o;
   };
   GpuSourceOptions gpu;
+  // The node's network, disk and scheduler figures (a node's sampler only).
+  NodeFigureOptions nodeFigures;
   NativeStackOptions stacks;
   MemoryWatchOptions memory;
   GpuIdleOptions gpuIdle;
@@ -143,6 +148,7 @@ class Monitor : public JobObserver {
   // Monitor thread only.
   std::thread thread_;
   ProcessSampler sampler_;
+  NodeFigureSampler nodeFigures_;
   std::unique_ptr<GpuSource> gpu_;
   bool gpuOpened_ = false;
   MemoryWatch memory_;
@@ -166,6 +172,7 @@ class Monitor : public JobObserver {
   NodeSample lastNode_;
   double workersSince_ = -1;  // when workers ran with no report yet (steady seconds); -1: not so
   bool toldSilent_ = false;   // the "no rank publishes progress" note was printed
+  std::vector<int> stalledRanks_;  // those the current stall's report blames
 
   // What a scrape answers (thread-safe itself).
   JobView view_;

@@ -126,6 +126,8 @@ MemInfo parseMemInfo(std::string_view text) {
   MemInfo m;
   m.totalBytes = statusKilobytes(text, "MemTotal");
   m.availableBytes = statusKilobytes(text, "MemAvailable");
+  m.swapTotalBytes = statusKilobytes(text, "SwapTotal");
+  m.swapFreeBytes = statusKilobytes(text, "SwapFree");
   return m;
 }
 

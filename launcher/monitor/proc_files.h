@@ -57,10 +57,12 @@ struct ProcIo {
 };
 ProcIo parseProcIo(std::string_view text);
 
-// /proc/meminfo: MemTotal and MemAvailable in bytes; -1 where absent.
+// /proc/meminfo: MemTotal, MemAvailable, SwapTotal and SwapFree in bytes; -1 where absent.
 struct MemInfo {
   int64_t totalBytes = -1;
   int64_t availableBytes = -1;
+  int64_t swapTotalBytes = -1;
+  int64_t swapFreeBytes = -1;
 };
 MemInfo parseMemInfo(std::string_view text);
 

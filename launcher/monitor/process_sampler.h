@@ -32,7 +32,9 @@ namespace dtrain::launcher::monitor {
 // whose start time changed (its pid was reused) is dropped. At 256 agents on one machine, which
 // the scale benchmark simulates, those scans were nearly all the idle agents' CPU. A descendant
 // that lives less than a sample interval (a scan interval without children lists) is missed --
-// only short helpers (a shell, a compiler) are.
+// only short helpers (a shell, a compiler) are. The node's figures (node_sampler.h) add three
+// reads (/proc/net/dev, /proc/diskstats, /proc/stat) and a stat and statvfs per watched
+// directory, into buffers kept the same way: tens of microseconds a sample.
 
 struct WorkerProcess {
   int rank = 0;

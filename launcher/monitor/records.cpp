@@ -40,6 +40,11 @@ std::vector<Record> sampleRecords(const SampleContext& ctx, const NodeSample& no
     putIfKnown(n, "cgroup_working_set_bytes", node.cgroup->workingSetBytes());
     putIfKnown(n, "cgroup_limit_bytes", node.cgroup->limitBytes);
   }
+  putIfKnown(n, "swap_total_bytes", node.mem.swapTotalBytes);
+  if (node.mem.swapTotalBytes >= 0 && node.mem.swapFreeBytes >= 0) {
+    const int64_t used = node.mem.swapTotalBytes - node.mem.swapFreeBytes;
+    put(n, "swap_used_bytes", static_cast<double>(std::max<int64_t>(0, used)));
+  }
   put(n, "workers", ctx.workers);
   put(n, "workers_alive", ctx.workersAlive);
   put(n, "attempt", ctx.attempt);
@@ -78,6 +83,10 @@ std::vector<Record> sampleRecords(const SampleContext& ctx, const NodeSample& no
     if (g.temperatureC) put(r, "gpu_temperature_c", *g.temperatureC);
     if (g.powerW) put(r, "gpu_power_w", *g.powerW);
     put(r, "gpu_processes", static_cast<double>(g.processes.size()));
+    if (g.eccCorrected) put(r, "gpu_ecc_corrected_errors", *g.eccCorrected);
+    if (g.eccUncorrected) put(r, "gpu_ecc_uncorrected_errors", *g.eccUncorrected);
+    if (g.xidEvents) put(r, "gpu_xid_events", *g.xidEvents);
+    if (g.lastXid) put(r, "gpu_last_xid", *g.lastXid);
     out.push_back(std::move(r));
     std::map<int, double> perRank;
     for (const auto& p : g.processes) {
@@ -94,6 +103,42 @@ std::vector<Record> sampleRecords(const SampleContext& ctx, const NodeSample& no
     }
   }
   return out;
+}
+
+void addNodeFigures(std::vector<Record>& records, const SampleContext& ctx,
+                    const NodeFigures& figures) {
+  if (!records.empty() && figures.contextSwitchesPerS) {
+    put(records.front(), "context_switches_per_s", *figures.contextSwitchesPerS);
+  }
+  for (const auto& i : figures.interfaces) {
+    Record r = base(ctx);
+    r.interface = i.name;
+    if (i.hasRates) {
+      put(r, "net_rx_bytes_per_s", i.rxBytesPerS);
+      put(r, "net_tx_bytes_per_s", i.txBytesPerS);
+      put(r, "net_rx_errors_per_s", i.rxErrorsPerS);
+      put(r, "net_tx_errors_per_s", i.txErrorsPerS);
+      put(r, "net_rx_drops_per_s", i.rxDropsPerS);
+      put(r, "net_tx_drops_per_s", i.txDropsPerS);
+    }
+    put(r, "net_collectives", i.collectives ? 1 : 0);
+    records.push_back(std::move(r));
+  }
+  for (const auto& f : figures.filesystems) {
+    Record r = base(ctx);
+    r.mount = f.mountPoint;
+    putIfKnown(r, "disk_free_bytes", f.freeBytes);
+    putIfKnown(r, "disk_total_bytes", f.totalBytes);
+    if (auto ratio = f.freeRatio()) put(r, "disk_free_ratio", *ratio);
+    if (f.hasRates) {
+      put(r, "disk_read_bytes_per_s", f.readBytesPerS);
+      put(r, "disk_write_bytes_per_s", f.writeBytesPerS);
+    }
+    put(r, "disk_checkpoints", f.checkpoints ? 1 : 0);
+    put(r, "disk_logs", f.logs ? 1 : 0);
+    put(r, "disk_data", f.data ? 1 : 0);
+    records.push_back(std::move(r));
+  }
 }
 
 std::optional<Record> trainerRecord(const progress::RankReport& report, const std::string& runId,
@@ -157,7 +202,21 @@ std::string exposition(const std::vector<Record>& records, const JobState& job) 
                   {"max_restarts", job.maxRestarts},
                   {"world_size", job.worldSize},
                   {"stalled", job.stalled ? 1 : 0}};
+  if (job.heartbeatTimeout > 0) {
+    state.fields.emplace_back("heartbeat_timeout_seconds", job.heartbeatTimeout);
+  }
   all.push_back(std::move(state));
+  for (const auto& r : records) {
+    if (r.source != "launch" || !r.rank || r.gpu) continue;
+    Record stalled;
+    stalled.source = "launch";
+    stalled.node = r.node;
+    stalled.rank = r.rank;
+    const bool blamed = std::find(job.stalledRanks.begin(), job.stalledRanks.end(), *r.rank) !=
+                        job.stalledRanks.end();
+    stalled.fields = {{"rank_stalled", blamed ? 1 : 0}};
+    all.push_back(std::move(stalled));
+  }
   for (const auto& [node, age] : job.heartbeatAge) {
     Record heartbeat;
     heartbeat.source = "launch";

@@ -1,11 +1,15 @@
 // Watching a multi-node job on a simulated cluster (network namespaces + real sshd): every node's
 // agent samples its node and publishes through the store; the master serves one endpoint for the
 // whole job, writes one metrics file, and on a stall names the rank behind with the native stack
-// its node's agent took (Note [Monitor roles] in launcher/monitor/monitor.h).
+// its node's agent took (Note [Monitor roles] in launcher/monitor/monitor.h); each node's network,
+// disk and memory figures reach all three of the master's sinks: the endpoint, the metrics file
+// and the TensorBoard event file.
 #include <unistd.h>
 
 #include <chrono>
+#include <filesystem>
 #include <fstream>
+#include <map>
 #include <regex>
 #include <set>
 #include <thread>
@@ -90,6 +94,82 @@ TEST(MultiNodeMonitor, OneEndpointForTheJobAndTheStackOfARankHungOnAnotherNode) 
   std::set<std::string> nodes;
   while (std::getline(in, line)) nodes.insert(nlohmann::json::parse(line)["node"].get<std::string>());
   EXPECT_EQ(nodes, (std::set<std::string>{node0, node1}));
+}
+
+// The test worker (no collectives): every node's agent samples its node's figures.
+TEST(MultiNodeMonitor, EveryNodesFiguresReachTheEndpointTheFileAndTensorBoard) {
+  DTRAIN_CLUSTER_OR_SKIP(c, 2);
+  const std::string file = c->dir() + "/metrics.jsonl";
+  const std::string tensorboard = c->dir() + "/tb";
+  LaunchProcess p(fanOut(*c, {"--nproc-per-node", "1", "--sample-interval", "0.5",
+                              "--metrics-port", "0", "--metrics-file", file,
+                              "--tensorboard-dir", tensorboard, workerPath(), "--steps", "60",
+                              "--step-ms", "100", "--quiet"}));
+  ASSERT_TRUE(p.waitFor([](const std::string&, const std::string& err) {
+    return err.find("launch: metrics on http://") != std::string::npos;
+  }, 30)) << p.err();
+  std::smatch m;
+  std::string err = p.err();
+  ASSERT_TRUE(std::regex_search(err, m, std::regex("metrics on http://[^ ]*:([0-9]+)/metrics")));
+  httplib::Client client("127.0.0.1", std::stoi(m[1]));
+  client.set_read_timeout(5);
+  const std::vector<std::string> nodes = {c->hosts()[0], c->hosts()[1]};
+  // Each node's collectives' interface: launch's NCCL_SOCKET_IFNAME on a multi-node job.
+  std::map<std::string, std::string> collectives;
+  PromScrape scrape;
+  for (int i = 0; i < 200 && collectives.size() < 2; ++i) {
+    if (auto res = client.Get("/metrics"); res && res->status == 200) {
+      scrape = parsePrometheusText(res->body);
+      collectives.clear();
+      for (const auto& node : nodes) {
+        for (const auto& s : scrape.find("dtrain_net_collectives", {{"node", node}})) {
+          const std::map<std::string, std::string> labels{{"node", node},
+                                                          {"interface", s.labels.at("interface")}};
+          if (s.value == 1 && scrape.value("dtrain_net_tx_bytes_per_s", labels)) {
+            collectives[node] = s.labels.at("interface");
+          }
+        }
+      }
+    }
+    p.pump(100);
+  }
+  ASSERT_EQ(collectives.size(), 2u) << "no scrape with both nodes' interfaces; last one had "
+                                    << scrape.samples.size() << " samples\n" << p.err();
+  for (const auto& node : nodes) {
+    EXPECT_TRUE(scrape.value("dtrain_context_switches_per_s", {{"node", node}})) << node;
+    EXPECT_TRUE(scrape.value("dtrain_swap_used_bytes", {{"node", node}})) << node;
+    auto disks = scrape.find("dtrain_disk_logs", {{"node", node}});
+    ASSERT_EQ(disks.size(), 1u) << node << ": the metrics file's directory";
+    EXPECT_TRUE(scrape.value("dtrain_disk_free_ratio",
+                             {{"node", node}, {"mount", disks[0].labels.at("mount")}}));
+  }
+  LaunchResult r = p.wait(60);
+  ASSERT_FALSE(r.timedOut) << r.all();
+  EXPECT_EQ(r.exitCode, 0) << r.all();
+
+  // The master's file: both nodes' interface and filesystem records.
+  std::ifstream in(file);
+  std::string line;
+  std::set<std::string> interfaceNodes;
+  std::set<std::string> mountNodes;
+  while (std::getline(in, line)) {
+    auto j = nlohmann::json::parse(line);
+    if (j.contains("interface")) interfaceNodes.insert(j["node"].get<std::string>());
+    if (j.contains("mount")) mountNodes.insert(j["node"].get<std::string>());
+  }
+  const std::set<std::string> both(nodes.begin(), nodes.end());
+  EXPECT_EQ(interfaceNodes, both);
+  EXPECT_EQ(mountNodes, both);
+  // The TensorBoard event file holds the same records; its tags are plain strings in it
+  // (tensorboard.launch reads such files back record by record).
+  std::string events;
+  for (const auto& e : std::filesystem::directory_iterator(tensorboard)) {
+    events += readFile(e.path().string());
+  }
+  for (const auto& node : nodes) {
+    const std::string tag = "net_rx_bytes_per_s/" + node + "/" + collectives[node];
+    EXPECT_NE(events.find(tag), std::string::npos) << tag;
+  }
 }
 
 }  // namespace

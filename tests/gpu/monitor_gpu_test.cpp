@@ -54,6 +54,13 @@ TEST(GpuSampling, NvmlAndNvidiaSmiDescribeTheSameGpus) {
     if (a[i].temperatureC && b[i].temperatureC) {
       EXPECT_NEAR(*a[i].temperatureC, *b[i].temperatureC, 5.0);
     }
+    // ECC: both read the driver's volatile counts (a GPU without ECC has none from either).
+    EXPECT_EQ(a[i].eccUncorrected.has_value(), b[i].eccUncorrected.has_value()) << "GPU " << i;
+    if (a[i].eccUncorrected && b[i].eccUncorrected) {
+      EXPECT_EQ(*a[i].eccUncorrected, *b[i].eccUncorrected) << "GPU " << i;
+    }
+    // XIDs: NVML only; a count (0 on a healthy GPU) wherever the event registration worked.
+    EXPECT_FALSE(b[i].xidEvents) << "nvidia-smi has no XID query";
   }
 }
 

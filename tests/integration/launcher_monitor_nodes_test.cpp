@@ -114,7 +114,9 @@ TEST(MonitorNodes, AnAgentsSamplesAndStacksReachTheMaster) {
 
   RecordingControl control;
   Monitor master(masterOptions, contextFor(*server, 0, true));
-  Monitor agent(agentOptions, contextFor(*server, 1, false));
+  MonitorContext agentContext = contextFor(*server, 1, false);
+  agentContext.nodeFigures.directories = {{DirectoryRole::Checkpoint, tmp.path()}};
+  Monitor agent(agentOptions, agentContext);
   master.attemptStarted(0, 2);
   master.workerStarted(0, 0, workers.pids[0]);
   agent.attemptStarted(0, 2);
@@ -142,6 +144,7 @@ TEST(MonitorNodes, AnAgentsSamplesAndStacksReachTheMaster) {
       scrape = dtrain::testing::parsePrometheusText(res->body);
       if (scrape.value("dtrain_rss_bytes", {{"node", "node-b"}, {"rank", "1"}}) &&
           scrape.value("dtrain_rss_bytes", {{"node", "node-a"}, {"rank", "0"}}) &&
+          scrape.value("dtrain_context_switches_per_s", {{"node", "node-b"}}) &&
           !control.reasons.empty()) {
         break;
       }
@@ -159,6 +162,13 @@ TEST(MonitorNodes, AnAgentsSamplesAndStacksReachTheMaster) {
   EXPECT_TRUE(scrape.value("dtrain_workers_alive", {{"node", "node-b"}}));
   EXPECT_TRUE(scrape.value("dtrain_step", {{"node", "node-b"}, {"rank", "1"}}))
       << "a rank's trainer record is labelled with the node it runs on";
+  // The agent's node figures: its checkpoint filesystem, labelled with its node and mount.
+  EXPECT_TRUE(scrape.value("dtrain_swap_used_bytes", {{"node", "node-b"}}));
+  auto disks = scrape.find("dtrain_disk_checkpoints", {{"node", "node-b"}});
+  ASSERT_EQ(disks.size(), 1u);
+  EXPECT_EQ(disks[0].value, 1);
+  EXPECT_TRUE(scrape.value("dtrain_disk_free_ratio",
+                           {{"node", "node-b"}, {"mount", disks[0].labels.at("mount")}}));
 
   // The stall report names rank 1 and shows its stack, taken by the agent on "its" node.
   ASSERT_EQ(control.reasons.size(), 1u) << err;
@@ -190,7 +200,8 @@ TEST(MonitorNodes, AnAgentsSamplesAndStacksReachTheMaster) {
       EXPECT_EQ(j["step"], 7) << line;
       continue;
     }
-    if (j["node"] == "node-b" && !j.contains("rank") && !j.contains("gpu")) {
+    if (j["node"] == "node-b" && !j.contains("rank") && !j.contains("gpu") &&
+        !j.contains("interface") && !j.contains("mount")) {
       ++agentNodeRecordsAt[j["time"].get<double>()];
     }
   }

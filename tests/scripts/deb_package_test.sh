@@ -51,7 +51,8 @@ echo "deb_package_test: dtrain-dev Depends: $dev_depends"
 # 3. What each holds: the runtime no headers, the -dev package no programs or real libraries.
 dpkg-deb -c "${runtime[0]}" | awk '{print $6}' >"$scratch/runtime.list"
 dpkg-deb -c "${dev[0]}" | awk '{print $6}' >"$scratch/dev.list"
-for want in ./usr/bin/launch ./usr/bin/checkpoint; do
+for want in ./usr/bin/launch ./usr/bin/checkpoint ./usr/share/dtrain/prometheus/dtrain-alerts.yml \
+            ./usr/share/dtrain/grafana/dtrain.json; do
   grep -qxF "$want" "$scratch/runtime.list" || fail "the runtime package lacks $want"
 done
 for lib in dtrain_base dtrain_comm; do

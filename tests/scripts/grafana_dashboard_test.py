@@ -4,7 +4,12 @@ panel's expressions and legends, each template variable's label_values) names a 
 labels it selects on, groups by or prints, that a real scrape of a running job serves. The job:
 launch --metrics-port 0 over two test workers that record loss and samples/s, with a stand-in
 nvidia-smi (tests/data/nvidia_smi: four GPUs, the workers on GPU 0), so the GPU series are there
-as on a GPU node. A series inside rate() or increase() must be a counter.
+as on a GPU node, a checkpoint directory (DTRAIN_CHECKPOINT_DIR, in the temporary directory) and a
+data directory (DTRAIN_DATA_DIR, the source tree: most likely on a block device, whose read and
+write rates /proc/diskstats has, where /tmp may be a tmpfs) for the filesystem series, and
+NCCL_SOCKET_IFNAME=lo, so that an interface's series are there on a machine whose only interface
+is loopback. A series inside rate() or increase() must be a counter. A query of Prometheus' own
+ALERTS series must select alerts that docs/prometheus/dtrain-alerts.yml defines.
 
 Usage: grafana_dashboard_test.py <source-dir> <build-dir>
 """
@@ -20,6 +25,8 @@ import urllib.request
 SOURCE = os.path.abspath(sys.argv[1])
 BUILD = os.path.abspath(sys.argv[2])
 DASHBOARD = os.path.join(SOURCE, "docs", "grafana", "dtrain.json")
+RULES = os.path.join(SOURCE, "docs", "prometheus", "dtrain-alerts.yml")
+ALERTS = re.compile(r'^ALERTS\{[^}]*alertname=~"([^"]*)"[^}]*\}$')
 
 
 def fail(message):
@@ -139,14 +146,22 @@ def main():
     with open(DASHBOARD) as f:
         dashboard = json.load(f)
     host = os.uname().nodename
+    with open(RULES) as f:
+        alerts = re.findall(r"^\s*- alert: (\w+)$", f.read(), re.M)
+    for where, expr, _ in queries(dashboard):
+        m = ALERTS.match(expr)
+        if m and not any(re.fullmatch(m.group(1), a) for a in alerts):
+            fail(f"{where}: {expr!r} selects none of the alerts of {RULES}: {alerts}")
     wanted = [(where, expr, req) for where, expr, legend in queries(dashboard)
-              for req in requirements(expr, legend, {"node": host})]
+              if not ALERTS.match(expr) for req in requirements(expr, legend, {"node": host})]
     counters = {m for _, expr, _ in queries(dashboard) for m in COUNTER_FUNCTION.findall(expr)}
     print(f"{DASHBOARD}: {len(queries(dashboard))} queries, "
           f"{len({r[0] for _, _, r in wanted})} series")
 
     with tempfile.TemporaryDirectory() as tmp:
-        env = dict(os.environ, PATH=stand_in_nvidia_smi(tmp) + ":" + os.environ["PATH"])
+        env = dict(os.environ, PATH=stand_in_nvidia_smi(tmp) + ":" + os.environ["PATH"],
+                   DTRAIN_CHECKPOINT_DIR=os.path.join(tmp, "ckpt"), DTRAIN_DATA_DIR=SOURCE,
+                   NCCL_SOCKET_IFNAME="lo")
         proc = subprocess.Popen([os.path.join(BUILD, "launch"), "--nproc-per-node", "2",
                                  "--sample-interval", "0.2", "--metrics-port", "127.0.0.1:0",
                                  os.path.join(BUILD, "tests", "worker", "worker"), "--steps",

@@ -37,7 +37,7 @@ BUILD = os.path.abspath(sys.argv[1])
 SOURCE = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 LAUNCH = os.path.join(BUILD, "launch")
 WORKER = os.path.join(BUILD, "tests", "worker", "worker")
-SCHEMA = {"time", "source", "run_id", "node", "rank", "gpu", "step"}
+SCHEMA = {"time", "source", "run_id", "node", "rank", "gpu", "interface", "mount", "step"}
 
 
 def fail(message):
@@ -57,6 +57,10 @@ def tag(record, field):
         t += f"/gpu{record['gpu']}"
     if "rank" in record:
         t += f"/rank{record['rank']}"
+    if record.get("interface"):
+        t += "/" + record["interface"]
+    if record.get("mount"):
+        t += "/fs" + record["mount"]
     return t
 
 

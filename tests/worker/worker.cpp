@@ -44,6 +44,8 @@
 //   --publish-figures         record "loss" (1/(step+1)) and "samples_per_s" (100+rank) each step
 //                             with dtrain::metrics::Metrics and no sink of its own: under launch
 //                             they reach launch's endpoint and metrics file through the store
+//   --nan-loss-from S         with --publish-figures: the loss is NaN from step S ...
+//   --nan-loss-until S        ... until step S (excluded; default: the last step)
 //   --quiet                   print only the pid line and errors (benchmarks)
 //   --print-env               print the worker-contract variables it received
 //   --store HOST:PORT         the barriers' store (see above); keys under --store-prefix
@@ -56,6 +58,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <chrono>
+#include <cmath>
 #include <ctime>
 #include <cstdio>
 #include <cstdlib>
@@ -94,6 +97,8 @@ struct Flags {
   int64_t allocMb = 0;
   int64_t allocRank = -1;
   bool publishFigures = false;
+  int64_t nanLossFrom = -1;
+  int64_t nanLossUntil = -1;
   bool quiet = false;
   bool printEnv = false;
   std::string storeHost;  // --store: empty for the job's store
@@ -146,6 +151,8 @@ Flags parseFlags(int argc, char** argv) {
     else if (a == "--alloc-mb") f.allocMb = number();
     else if (a == "--alloc-rank") f.allocRank = number();
     else if (a == "--publish-figures") f.publishFigures = true;
+    else if (a == "--nan-loss-from") f.nanLossFrom = number();
+    else if (a == "--nan-loss-until") f.nanLossUntil = number();
     else if (a == "--quiet") f.quiet = true;
     else if (a == "--print-env") f.printEnv = true;
     else if (a == "--store") {
@@ -386,8 +393,10 @@ int run(const Flags& flags) {
       hog.emplace_back(static_cast<size_t>(flags.allocMb) << 20, 1);  // touched: really resident
     }
     if (flags.publishFigures) {
-      metrics.record(step, {{"loss", 1.0 / static_cast<double>(step + 1)},
-                            {"samples_per_s", 100.0 + rank}});
+      const bool diverged = flags.nanLossFrom >= 0 && step >= flags.nanLossFrom &&
+                            (flags.nanLossUntil < 0 || step < flags.nanLossUntil);
+      const double loss = diverged ? std::nan("") : 1.0 / static_cast<double>(step + 1);
+      metrics.record(step, {{"loss", loss}, {"samples_per_s", 100.0 + rank}});
     }
     if (flags.progress) dtrain::progress::setStep(step);
     if (!flags.quiet) std::printf("rank %d: step %lld\n", rank, static_cast<long long>(step));

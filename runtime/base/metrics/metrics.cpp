@@ -27,7 +27,8 @@ namespace {
 // thread encodes records while the process's exit handlers run (Note [Progress publisher]).
 const std::set<std::string>& reservedKeys() {
   static const auto* const kKeys =
-      new std::set<std::string>{"time", "source", "run_id", "node", "rank", "gpu", "step"};
+      new std::set<std::string>{"time", "source", "run_id", "node", "rank", "gpu",
+                                "interface", "mount", "step"};
   return *kKeys;
 }
 
@@ -36,7 +37,8 @@ void checkFields(const std::vector<Field>& fields) {
   for (const auto& [name, value] : fields) {
     DTRAIN_CHECK_ARG(validFieldName(name),
                      "metrics field name '{}' is not allowed: use letters, digits and '_' (not "
-                     "first), and none of time, source, run_id, node, rank, gpu, step",
+                     "first), and none of time, source, run_id, node, rank, gpu, interface, mount, "
+                     "step",
                      name);
     DTRAIN_CHECK_ARG(seen.insert(name).second, "metrics field '{}' given twice in one record",
                      name);
@@ -77,6 +79,8 @@ nlohmann::ordered_json recordToJson(const Record& record) {
   j["node"] = record.node;
   if (record.rank) j["rank"] = *record.rank;
   if (record.gpu) j["gpu"] = *record.gpu;
+  if (!record.interface.empty()) j["interface"] = record.interface;
+  if (!record.mount.empty()) j["mount"] = record.mount;
   if (record.step) j["step"] = *record.step;
   for (const auto& [name, value] : record.fields) {
     if (!std::isfinite(value)) {
@@ -117,6 +121,11 @@ Record recordFromJson(const nlohmann::ordered_json& j, const std::string& contex
   if (j.contains("gpu")) {
     need("gpu", &json::is_number_integer, "an integer");
     r.gpu = j["gpu"].get<int>();
+  }
+  for (auto [key, label] : {std::pair{"interface", &r.interface}, std::pair{"mount", &r.mount}}) {
+    if (!j.contains(key)) continue;
+    need(key, &json::is_string, "a string");
+    *label = j[key].get<std::string>();
   }
   if (j.contains("step")) {
     need("step", &json::is_number_integer, "an integer");

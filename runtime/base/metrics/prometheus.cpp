@@ -20,8 +20,11 @@ struct PrometheusSeries {
   std::string node;
   std::optional<int> rank;
   std::optional<int> gpu;
+  std::string interface;
+  std::string mount;
   bool operator<(const PrometheusSeries& o) const {
-    return std::tie(name, node, rank, gpu) < std::tie(o.name, o.node, o.rank, o.gpu);
+    return std::tie(name, node, rank, gpu, interface, mount) <
+           std::tie(o.name, o.node, o.rank, o.gpu, o.interface, o.mount);
   }
 };
 
@@ -32,7 +35,7 @@ namespace {
 // The record's values replace earlier ones of the same series.
 void absorb(Latest& latest, const Record& r) {
   auto put = [&](const std::string& name, double value) {
-    latest[PrometheusSeries{name, r.node, r.rank, r.gpu}] = value;
+    latest[PrometheusSeries{name, r.node, r.rank, r.gpu, r.interface, r.mount}] = value;
   };
   if (r.step) put("step", static_cast<double>(*r.step));
   for (const auto& [name, value] : r.fields) put(name, value);
@@ -80,6 +83,8 @@ std::string render(const Latest& latest) {
     if (!key.node.empty()) add(fmt::format("node=\"{}\"", escapeLabel(key.node)));
     if (key.rank) add(fmt::format("rank=\"{}\"", *key.rank));
     if (key.gpu) add(fmt::format("gpu=\"{}\"", *key.gpu));
+    if (!key.interface.empty()) add(fmt::format("interface=\"{}\"", escapeLabel(key.interface)));
+    if (!key.mount.empty()) add(fmt::format("mount=\"{}\"", escapeLabel(key.mount)));
     if (!labels.empty()) labels += "}";
     out += fmt::format("dtrain_{}{} {}\n", key.name, labels, formatValue(value));
   }

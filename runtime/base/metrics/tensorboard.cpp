@@ -90,6 +90,8 @@ std::string tensorBoardTag(const Record& record, const std::string& field) {
   if (!record.node.empty()) tag += "/" + record.node;
   if (record.gpu) tag += fmt::format("/gpu{}", *record.gpu);
   if (record.rank) tag += fmt::format("/rank{}", *record.rank);
+  if (!record.interface.empty()) tag += "/" + record.interface;
+  if (!record.mount.empty()) tag += "/fs" + record.mount;  // "/fs/", "/fs/scratch"
   return tag;
 }
 

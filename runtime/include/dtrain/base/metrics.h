@@ -14,10 +14,11 @@
 //
 // Record schema: one JSON object a line with `time` (Unix seconds), `source` ("trainer" |
 // "launch"), `run_id`, `node`, `rank` (absent for node-wide figures), `gpu` (GPU figures only),
-// `step` (trainer records), then the named numeric fields. A field that is not finite (a diverged
+// `interface` / `mount` (launch's network and filesystem figures only), `step` (trainer
+// records), then the named numeric fields. A field that is not finite (a diverged
 // loss) is written as null and read back as NaN; an integral value as a JSON integer (2, not 2.0).
 // Prometheus: each field becomes `dtrain_<field>` (and the step `dtrain_step`), labelled node,
-// rank and gpu where present, holding the latest value of each series.
+// rank, gpu, interface and mount where present, holding the latest value of each series.
 //
 // Torch-free (dtrain_base): launch writes and serves its records with the same code.
 
@@ -41,6 +42,9 @@ struct Record {
   std::string node;  // empty: a job-wide figure (launch's endpoint: no node label)
   std::optional<int> rank;
   std::optional<int> gpu;
+  // launch's figures of one network interface or one filesystem (its mount point); empty: none.
+  std::string interface;
+  std::string mount;
   std::optional<int64_t> step;
   std::vector<Field> fields;  // in the order given; names are unique within a record
 
@@ -49,7 +53,7 @@ struct Record {
 };
 
 // Whether `name` may name a field: a Prometheus name ([a-zA-Z_][a-zA-Z0-9_]*) that is not one of
-// the schema's own keys (time, source, run_id, node, rank, gpu, step).
+// the schema's own keys (time, source, run_id, node, rank, gpu, interface, mount, step).
 bool validFieldName(const std::string& name);
 
 // One line of JSON, without the newline, schema keys first. Throws InvalidArgument for an invalid
@@ -63,14 +67,15 @@ std::string toJsonArray(const std::vector<Record>& records);
 std::vector<Record> parseJsonArray(const std::string& text);
 
 // The Prometheus text exposition (format 0.0.4) of `records`: one `# HELP` / `# TYPE` block per
-// metric `dtrain_<field>` (and `dtrain_step`), one sample per series (name, node, rank, gpu) with
-// the value of the last record in `records` that has it. Labels node (left out when empty), rank
-// and gpu where present. A field is a gauge unless fieldIsCounter(); its help is fieldHelp().
+// metric `dtrain_<field>` (and `dtrain_step`), one sample per series (name and labels) with the
+// value of the last record in `records` that has it. Labels node (left out when empty), rank,
+// gpu, interface and mount where present. A field is a gauge unless fieldIsCounter(); its help
+// is fieldHelp().
 std::string prometheusText(const std::vector<Record>& records);
 
 // The fields dtrain itself writes (launch's samples, the sample trainers' figures), with a line
-// of help each; any other name reads "a figure the program recorded". read_bytes and
-// write_bytes only grow: counters.
+// of help each; any other name reads "a figure the program recorded". read_bytes, write_bytes
+// and gpu_xid_events only grow: counters.
 const char* fieldHelp(const std::string& name);
 bool fieldIsCounter(const std::string& name);
 

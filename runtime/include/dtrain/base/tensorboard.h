@@ -19,9 +19,11 @@
 
 namespace dtrain::metrics {
 
-// The scalar tag of `field` in `record`: the field, then the record's node, GPU and rank where it
-// has them -- "loss/host1/rank3", "gpu_util/host1/gpu0", "gpu_process_mem_bytes/host1/gpu0/rank3",
-// "restarts" (a job-wide figure). TensorBoard groups the charts by the part before the first '/'.
+// The scalar tag of `field` in `record`: the field, then the record's node, GPU, rank, interface
+// and mount ("fs" before it) where it has them -- "loss/host1/rank3", "gpu_util/host1/gpu0",
+// "gpu_process_mem_bytes/host1/gpu0/rank3", "net_rx_bytes_per_s/host1/eth0",
+// "disk_free_ratio/host1/fs/scratch", "restarts" (a job-wide figure). TensorBoard groups the
+// charts by the part before the first '/'.
 std::string tensorBoardTag(const Record& record, const std::string& field);
 
 // Writes records into a new event file in a directory, one TFRecord per record (an Event with one
