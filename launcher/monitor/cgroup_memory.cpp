@@ -39,24 +39,6 @@ bool hasOption(std::string_view options, std::string_view name) {
   return false;
 }
 
-// mountinfo escapes spaces and a few other bytes as \ooo.
-std::string unescapeMountField(std::string_view field) {
-  std::string out;
-  for (size_t i = 0; i < field.size(); ++i) {
-    if (field[i] == '\\' && i + 3 < field.size()) {
-      int v = 0;
-      auto [end, ec] = std::from_chars(field.data() + i + 1, field.data() + i + 4, v, 8);
-      if (ec == std::errc() && end == field.data() + i + 4) {
-        out += static_cast<char>(v);
-        i += 3;
-        continue;
-      }
-    }
-    out += field[i];
-  }
-  return out;
-}
-
 // The directory of cgroup `path` in a hierarchy mounted at `mountPoint` whose root is `root`.
 std::optional<std::string> joinCgroupPath(const std::string& mountPoint, const std::string& root,
                                           const std::string& path) {

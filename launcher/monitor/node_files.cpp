@@ -4,6 +4,8 @@
 #include <charconv>
 #include <cstring>
 
+#include "launcher/monitor/proc_files.h"
+
 namespace dtrain::launcher::monitor {
 
 namespace {
@@ -33,24 +35,6 @@ void forEachProcLine(std::string_view text, Fn fn) {
     if (nl > at) fn(text.substr(at, nl - at));
     at = nl + 1;
   }
-}
-
-// mountinfo writes a space in a path as \040 (and tab, newline, backslash likewise).
-std::string mountUnescape(std::string_view field) {
-  std::string out;
-  for (size_t i = 0; i < field.size(); ++i) {
-    if (field[i] == '\\' && i + 4 <= field.size()) {
-      int v = 0;
-      auto [end, ec] = std::from_chars(field.data() + i + 1, field.data() + i + 4, v, 8);
-      if (ec == std::errc() && end == field.data() + i + 4) {
-        out += static_cast<char>(v);
-        i += 3;
-        continue;
-      }
-    }
-    out += field[i];
-  }
-  return out;
 }
 
 // Whether `mountPoint` is `path` or a directory above it.
@@ -152,12 +136,12 @@ std::optional<MountPoint> findMount(std::string_view mountinfo, std::string_view
         !procNumber(device.substr(colon + 1), m.minor) || m.major != major || m.minor != minor) {
       return;
     }
-    m.mountPoint = mountUnescape(point);
+    m.mountPoint = unescapeMountField(point);
     if (!mountHolds(m.mountPoint, path)) return;
     if (best && best->mountPoint.size() > m.mountPoint.size()) return;
     size_t after = dash + 3;
     m.fsType = std::string(procToken(line, after));
-    m.source = mountUnescape(procToken(line, after));
+    m.source = unescapeMountField(procToken(line, after));
     best = std::move(m);  // a later mount at the same place covers an earlier one
   });
   return best;

@@ -139,4 +139,21 @@ std::optional<double> parseLoadAvg(std::string_view text) {
   return v;
 }
 
+std::string unescapeMountField(std::string_view field) {
+  std::string out;
+  for (size_t i = 0; i < field.size(); ++i) {
+    if (field[i] == '\\' && i + 4 <= field.size()) {
+      int v = 0;
+      auto [end, ec] = std::from_chars(field.data() + i + 1, field.data() + i + 4, v, 8);
+      if (ec == std::errc() && end == field.data() + i + 4) {
+        out += static_cast<char>(v);
+        i += 3;
+        continue;
+      }
+    }
+    out += field[i];
+  }
+  return out;
+}
+
 }  // namespace dtrain::launcher::monitor

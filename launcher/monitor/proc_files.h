@@ -73,4 +73,8 @@ std::optional<double> parseLoadAvg(std::string_view text);
 // start a line and be followed by `separator` (' ' or ':').
 int64_t findKeyedValue(std::string_view text, std::string_view key, char separator);
 
+// A field of /proc/<pid>/mountinfo as the path it names: mountinfo writes a space, tab, newline
+// or backslash in a path as \ooo (octal).
+std::string unescapeMountField(std::string_view field);
+
 }  // namespace dtrain::launcher::monitor
