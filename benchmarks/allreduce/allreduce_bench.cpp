@@ -55,16 +55,12 @@
 #include "dtrain/comm/shm_communicator.h"
 #include "env_contract.h"
 #include "peer_process.h"
+#include "../common/median.h"
 
 namespace dtrain::bench {
 namespace {
 
 using Clock = std::chrono::steady_clock;
-
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v.empty() ? 0 : v[v.size() / 2];
-}
 
 double memcpyMedianUs(size_t bytes, int iters) {
   std::vector<char> a(bytes, 1), b(bytes, 2);  // touched here, not in the timed loop

@@ -29,17 +29,14 @@
 
 #include "dtrain/base/store.h"
 #include "dtrain/dtrain.h"
+#include "../common/median.h"
 
 namespace {
 
 using Clock = std::chrono::steady_clock;
 double since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
 
-double median(std::vector<double> v) {
-  if (v.empty()) return 0;
-  std::sort(v.begin(), v.end());
-  return v.size() % 2 ? v[v.size() / 2] : (v[v.size() / 2 - 1] + v[v.size() / 2]) / 2;
-}
+using dtrain::bench::median;
 
 // The parameters and buffers of torchvision's resnet50 (25,557,032 parameters), by shape.
 // `small` (--smoke): the first stage only.

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "dtrain/base/tcp_store.h"
+#include "../common/median.h"
 
 namespace dtrain::bench {
 
@@ -54,7 +55,6 @@ std::vector<std::string> torchrunArgv(const std::string& python, int world,
 // when a process failed or the file is empty.
 std::string finishJob(Job& job);
 
-double median(std::vector<double> v);
 // The non-empty parts of `s` between separators.
 std::vector<std::string> split(const std::string& s, char sep);
 

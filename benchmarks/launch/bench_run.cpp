@@ -70,13 +70,6 @@ double timeRun(const std::vector<std::string>& argv, std::string* failure, int c
                     failure);
 }
 
-double median(std::vector<double> v) {
-  if (v.empty()) return -1;
-  std::sort(v.begin(), v.end());
-  size_t n = v.size();
-  return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
-}
-
 double minimum(const std::vector<double>& v) {
   return v.empty() ? -1 : *std::min_element(v.begin(), v.end());
 }

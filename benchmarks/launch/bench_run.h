@@ -7,6 +7,8 @@
 #include <string>
 #include <vector>
 
+#include "../common/median.h"
+
 namespace dtrain::bench {
 
 // Runs every command of `argvs` at once, to completion, stdout and stdin on /dev/null (stderr
@@ -18,7 +20,6 @@ double timeRunAll(const std::vector<std::vector<std::string>>& argvs, std::strin
 // `copies` instances of argv at once.
 double timeRun(const std::vector<std::string>& argv, std::string* failure, int copies = 1);
 
-double median(std::vector<double> v);
 double minimum(const std::vector<double>& v);
 bool executable(const std::string& path);
 // The stdout of `sh -c command`, trailing newlines and spaces removed; *rc its exit code.

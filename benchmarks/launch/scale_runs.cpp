@@ -264,8 +264,8 @@ TorchrunRun runTorchrunScale(const ScaleOptions& o, int nodes) {
   r.lastJoinToRanks = lastRank - *std::max_element(attempts.begin(), attempts.end());
   r.ranksToWorkers = *std::max_element(workers.begin(), workers.end()) - lastRank;
   keepLogs(o, fleet, fmt::format("torchrun-{}-{:.0f}", nodes, startedAt));
-  r.cpuPerAgent = median(cpu);
-  r.rssPerAgent = median(rss);
+  r.cpuPerAgent = median(cpu, -1);
+  r.rssPerAgent = median(rss, -1);
   r.ok = true;
   return r;
 }
