@@ -4,6 +4,8 @@
 // calls these helpers and never tests versions itself.
 //
 // What is here and why:
+//   - NodePtr: how libtorch hands out a node of the autograd graph (a parameter's gradient
+//     accumulator): std::shared_ptr up to 2.13, c10::intrusive_ptr from 2.14.
 //   - PostHook: a gradient-accumulator post-hook from a std::function. libtorch's LambdaPostHook
 //     changed its constructor (and grew compiled-autograd callbacks) in 2.x; the FunctionPostHook
 //     interface we derive from kept operator()(outputs, inputs) in both.
@@ -25,6 +27,7 @@
 #include <sstream>
 #include <string>
 #include <type_traits>
+#include <utility>
 
 #include <ATen/autocast_mode.h>
 #include <c10/core/Device.h>
@@ -58,6 +61,9 @@ namespace dtrain::compat {
 
 using torch::autograd::variable_list;
 
+using NodePtr =
+    decltype(torch::autograd::impl::grad_accumulator(std::declval<const at::Tensor&>()));
+
 class PostHook : public torch::autograd::FunctionPostHook {
  public:
   using Fn = std::function<void()>;
@@ -72,12 +78,12 @@ class PostHook : public torch::autograd::FunctionPostHook {
 };
 
 // Adds `fn` as a post-hook of a parameter's gradient accumulator; returns the key that removes it.
-inline uintptr_t addAccumulatorPostHook(const std::shared_ptr<torch::autograd::Node>& accumulator,
+inline uintptr_t addAccumulatorPostHook(const NodePtr& accumulator,
                                         PostHook::Fn fn) {
   return accumulator->add_post_hook(std::make_unique<PostHook>(std::move(fn)));
 }
 
-inline void removeAccumulatorPostHook(const std::shared_ptr<torch::autograd::Node>& accumulator,
+inline void removeAccumulatorPostHook(const NodePtr& accumulator,
                                       uintptr_t key) {
   accumulator->del_post_hook(key);
 }
@@ -98,7 +104,7 @@ class PreHook : public torch::autograd::FunctionPreHook {
 // Adds `fn` as a pre-hook of a parameter's gradient accumulator: it runs before the incoming
 // gradient is added into .grad. Returns the key that removes it (1.13 has no del_pre_hook: the
 // hook is found by its address).
-inline uintptr_t addAccumulatorPreHook(const std::shared_ptr<torch::autograd::Node>& accumulator,
+inline uintptr_t addAccumulatorPreHook(const NodePtr& accumulator,
                                        PreHook::Fn fn) {
   auto hook = std::make_unique<PreHook>(std::move(fn));
   const auto key = reinterpret_cast<uintptr_t>(hook.get());
@@ -106,7 +112,7 @@ inline uintptr_t addAccumulatorPreHook(const std::shared_ptr<torch::autograd::No
   return key;
 }
 
-inline void removeAccumulatorPreHook(const std::shared_ptr<torch::autograd::Node>& accumulator,
+inline void removeAccumulatorPreHook(const NodePtr& accumulator,
                                      uintptr_t key) {
   auto& hooks = accumulator->pre_hooks();
   for (auto it = hooks.begin(); it != hooks.end(); ++it) {

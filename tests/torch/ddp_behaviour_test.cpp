@@ -272,7 +272,8 @@ TEST(DdpConstruction, BroadcastsRankZerosParametersAndBuffers) {
 struct WideImpl : torch::nn::Module {
   WideImpl() {
     for (int i = 0; i < 5; ++i) {
-      layers.push_back(register_module("l" + std::to_string(i), torch::nn::Linear(1536, 2048)));
+      layers.push_back(
+          register_module(std::string("l").append(std::to_string(i)), torch::nn::Linear(1536, 2048)));
     }
   }
   torch::Tensor forward(torch::Tensor x) {

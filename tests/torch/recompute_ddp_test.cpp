@@ -70,9 +70,12 @@ class CountingHook : public torch::autograd::FunctionPostHook {
   std::string name_;
 };
 
+// A parameter's gradient accumulator as this libtorch hands it out (shared or intrusive).
+using AccumulatorPtr = decltype(torch::autograd::impl::grad_accumulator(at::Tensor()));
+
 // Returns the accumulators, which must stay alive: a parameter only holds its accumulator weakly.
-std::vector<std::shared_ptr<torch::autograd::Node>> countAccumulations(torch::nn::Module& net) {
-  std::vector<std::shared_ptr<torch::autograd::Node>> accumulators;
+std::vector<AccumulatorPtr> countAccumulations(torch::nn::Module& net) {
+  std::vector<AccumulatorPtr> accumulators;
   for (const auto& p : net.named_parameters()) {
     accumulators.push_back(torch::autograd::impl::grad_accumulator(p.value()));
     accumulators.back()->add_post_hook(std::make_unique<CountingHook>(p.key()));

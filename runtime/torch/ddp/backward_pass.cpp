@@ -9,7 +9,7 @@
 namespace dtrain::ddp {
 
 void UnusedSearch::search(const std::vector<at::Tensor>& outputs,
-                          const std::vector<std::shared_ptr<torch::autograd::Node>>& accumulators,
+                          const std::vector<compat::NodePtr>& accumulators,
                           bool rearm) {
   auto nodes = reachableNodes(outputs);
   if (rearm) {

@@ -13,9 +13,7 @@
 
 #include <ATen/core/Tensor.h>
 
-namespace torch::autograd {
-struct Node;
-}
+#include "../torch_compat.h"
 
 namespace dtrain::ddp {
 
@@ -26,7 +24,7 @@ class UnusedSearch {
   // accumulator. `rearm`: a second forward before one backward (a siamese network) -- a
   // parameter is used if either forward's outputs reach it.
   void search(const std::vector<at::Tensor>& outputs,
-              const std::vector<std::shared_ptr<torch::autograd::Node>>& accumulators,
+              const std::vector<compat::NodePtr>& accumulators,
               bool rearm);
   void clear();
   const std::vector<size_t>& unused() const { return unused_; }

@@ -92,7 +92,7 @@ class Reducer : public GradientSync {
   comm::Communicator& comm_;
   DdpOptions options_;
   std::vector<NamedTensor> params_;
-  std::vector<std::shared_ptr<torch::autograd::Node>> accumulators_;  // keep the hooks alive
+  std::vector<compat::NodePtr> accumulators_;  // keep the hooks alive
   std::vector<uintptr_t> hookKeys_;
   std::vector<Bucket> buckets_;
   std::vector<Slot> slots_;

@@ -78,7 +78,7 @@ class ShardedGradientSync : public ddp::GradientSync {
   std::shared_ptr<ShardGroup> shards_;
   const DdpOptions ddpOptions_;
   std::vector<Param> params_;  // every unit's parameters, unit by unit
-  std::vector<std::shared_ptr<torch::autograd::Node>> accumulators_;
+  std::vector<compat::NodePtr> accumulators_;
   std::vector<uintptr_t> postKeys_;
   std::vector<uintptr_t> preKeys_;
   // The next gradient to arrive is a pass's first. Read without the lock by the pre-hooks' fast
