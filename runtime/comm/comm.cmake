@@ -34,14 +34,25 @@ target_include_directories(dtrain_comm PRIVATE ${CMAKE_CURRENT_SOURCE_DIR}/runti
 # dtrain_base's internal parse_int.h (one integer rule everywhere).
 target_include_directories(dtrain_comm PRIVATE ${CMAKE_CURRENT_SOURCE_DIR}/runtime/base)
 if(DTRAIN_HAVE_GLOO)
-  target_sources(dtrain_comm PRIVATE
+  # The Gloo backend is a library of its own that dtrain_comm loads on first use, so that it and
+  # libgloo never bind to the other Gloo a pip libtorch carries (Note [One Gloo per process] in
+  # runtime/comm/gloo_loader.cpp). Built wherever dtrain_comm is.
+  target_sources(dtrain_comm PRIVATE runtime/comm/gloo_loader.cpp)
+  target_link_libraries(dtrain_comm PRIVATE ${CMAKE_DL_LIBS})
+  add_library(dtrain_gloo MODULE
     runtime/comm/gloo/gloo_algorithms.cpp
     runtime/comm/gloo/gloo_communicator.cpp
     runtime/comm/gloo/gloo_failure.cpp
     runtime/comm/gloo/gloo_mesh.cpp
     runtime/comm/gloo/gloo_store.cpp)
-  target_include_directories(dtrain_comm PRIVATE ${CMAKE_CURRENT_SOURCE_DIR}/runtime/comm/gloo)
-  target_link_libraries(dtrain_comm PRIVATE gloo)
+  set_target_properties(dtrain_gloo PROPERTIES PREFIX "lib" OUTPUT_NAME dtrain_gloo
+                        LIBRARY_OUTPUT_DIRECTORY "${CMAKE_BINARY_DIR}")
+  target_include_directories(dtrain_gloo PRIVATE ${CMAKE_CURRENT_SOURCE_DIR}/runtime/comm
+                             ${CMAKE_CURRENT_SOURCE_DIR}/runtime/comm/gloo
+                             ${CMAKE_CURRENT_SOURCE_DIR}/runtime/base)
+  target_link_libraries(dtrain_gloo PRIVATE dtrain_comm gloo)
+  dtrain_warnings(dtrain_gloo)
+  install(TARGETS dtrain_gloo LIBRARY DESTINATION ${CMAKE_INSTALL_LIBDIR} COMPONENT runtime)
 else()
   target_sources(dtrain_comm PRIVATE runtime/comm/gloo_unavailable.cpp)
 endif()

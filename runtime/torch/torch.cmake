@@ -8,8 +8,14 @@ file(GLOB DTRAIN_TORCH_SOURCES CONFIGURE_DEPENDS ${CMAKE_CURRENT_SOURCE_DIR}/run
   ${CMAKE_CURRENT_SOURCE_DIR}/runtime/torch/recompute/*.cpp
   ${CMAKE_CURRENT_SOURCE_DIR}/runtime/torch/zero/*.cpp)
 add_library(dtrain SHARED ${DTRAIN_TORCH_SOURCES})
+if(TARGET dtrain_gloo)
+  add_dependencies(dtrain dtrain_gloo)  # loaded at run time by dtrain_comm: built with dtrain
+endif()
 add_library(dtrain::dtrain ALIAS dtrain)
 target_link_libraries(dtrain PUBLIC dtrain_comm torch)
+if(CMAKE_CXX_STANDARD GREATER_EQUAL 20)
+  target_compile_features(dtrain PUBLIC cxx_std_20)  # libtorch >= 2.13: so must its users be
+endif()
 # dtrain_base's internal headers: the checkpoint format (checkpoint/format.h) and parse_int.h.
 target_include_directories(dtrain PRIVATE ${CMAKE_CURRENT_SOURCE_DIR}/runtime/base)
 if(DTRAIN_HAVE_TORCH_CUDA AND DTRAIN_HAVE_NCCL)

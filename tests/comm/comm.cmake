@@ -18,6 +18,9 @@ target_include_directories(dtrain_comm_test_support PUBLIC
   ${CMAKE_CURRENT_SOURCE_DIR}/runtime/comm/shm ${CMAKE_CURRENT_SOURCE_DIR}/runtime/base)
 target_link_libraries(dtrain_comm_test_support PUBLIC dtrain_comm GTest::gtest)
 dtrain_warnings(dtrain_comm_test_support)
+if(TARGET dtrain_gloo)
+  add_dependencies(dtrain_comm_test_support dtrain_gloo)  # loaded at run time by dtrain_comm
+endif()
 
 dtrain_gtest(dtrain_comm_tests LABEL unit TIMEOUT 120
   SERIAL_TESTS "ShmPlacement.*"

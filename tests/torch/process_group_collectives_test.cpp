@@ -1,7 +1,9 @@
 // ProcessGroup over Gloo with ranks as threads: every dtype and op on tensors, non-contiguous
 // tensors in place, async work keeping its tensors alive, shapes in the collective check.
+#include <dlfcn.h>
 #include <gtest/gtest.h>
 
+#include <iostream>
 #include <thread>
 
 #include <torch/torch.h>
@@ -69,6 +71,29 @@ at::Tensor expected(int n, ReduceOp op, at::IntArrayRef shape, at::ScalarType dt
   }
   if (!at::isFloatingType(dtype)) e = e.trunc();
   return e.to(dtype);
+}
+
+// dtrain's Gloo backend in a process whose libtorch carries a Gloo of its own (pip's libtorch 2.x
+// exports one; Debian's 1.13 links the system's): after torch ops, a small allreduce and one of
+// 4 MiB (the ring, in segments) give exact sums. Linked the usual way, dtrain's Gloo code bound to
+// libtorch's Gloo and crashed here; see Note [One Gloo per process] in runtime/comm/gloo_loader.cpp.
+TEST(ProcessGroupCollectives, GlooRunsBesideTheGlooInsideLibtorch) {
+  if (!comm::glooAvailable()) GTEST_SKIP() << "built without Gloo";
+  const auto product = torch::ones({64, 64}).matmul(torch::ones({64, 64}));
+  ASSERT_EQ(product[0][0].item<float>(), 64.0f);
+  std::cout << "libtorch's own Gloo is "
+            << (::dlsym(RTLD_DEFAULT, "_ZN4gloo7Context8nextSlotEi") ? "in" : "not in")
+            << " this process\n";
+  const int n = 2;
+  auto pgs = makeGroups(n);
+  onRanks(n, [&](int r) {
+    for (int64_t numel : {int64_t{17}, int64_t{1} << 20}) {
+      auto t = contribution(r, {numel}, torch::kFloat);
+      pgs[r]->allreduce(t);
+      EXPECT_TRUE(t.equal(expected(n, ReduceOp::Sum, {numel}, torch::kFloat)))
+          << "rank " << r << ", " << numel << " floats";
+    }
+  });
 }
 
 TEST(ProcessGroupCollectives, AllreduceEveryDtypeAndOpInPlace) {

@@ -8,6 +8,7 @@
 #include "dtrain/base/error.h"
 #include "dtrain/base/logging.h"
 #include "dtrain/base/timeout.h"
+#include "dtrain/config.h"
 #include "failure_report.h"
 #include "net/net_interface.h"
 #include "reduce_kernels.h"
@@ -207,10 +208,15 @@ std::shared_ptr<Communicator> GlooCommunicator::createGroup(const GroupSpec& spe
   return std::make_shared<GlooCommunicator>(o);
 }
 
-bool glooAvailable() { return true; }
+}  // namespace dtrain::comm
 
-std::shared_ptr<Communicator> createGlooCommunicator(const GlooOptions& options) {
-  return std::make_shared<GlooCommunicator>(options);
+// The entry points dtrain_comm looks up after loading this library (gloo_loader.cpp; see
+// Note [One Gloo per process] there).
+extern "C" __attribute__((visibility("default"))) const char* dtrain_gloo_version() {
+  return DTRAIN_VERSION;
 }
 
-}  // namespace dtrain::comm
+extern "C" __attribute__((visibility("default"))) void dtrain_gloo_create(
+    const dtrain::comm::GlooOptions* options, std::shared_ptr<dtrain::comm::Communicator>* out) {
+  *out = std::make_shared<dtrain::comm::GlooCommunicator>(*options);
+}
