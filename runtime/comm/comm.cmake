@@ -34,9 +34,9 @@ target_include_directories(dtrain_comm PRIVATE ${CMAKE_CURRENT_SOURCE_DIR}/runti
 # dtrain_base's internal parse_int.h (one integer rule everywhere).
 target_include_directories(dtrain_comm PRIVATE ${CMAKE_CURRENT_SOURCE_DIR}/runtime/base)
 if(DTRAIN_HAVE_GLOO)
-  # The Gloo backend is a library of its own that dtrain_comm loads on first use, so that it and
-  # libgloo never bind to the other Gloo a pip libtorch carries (Note [One Gloo per process] in
-  # runtime/comm/gloo_loader.cpp). Built wherever dtrain_comm is.
+  # The Gloo backend is a library of its own that dtrain_comm loads on first use, once it has seen
+  # that gloo:: symbols resolve to the system's libgloo and not to the Gloo a pip libtorch carries
+  # (Note [One Gloo per process] in runtime/comm/gloo_loader.cpp). Built wherever dtrain_comm is.
   target_sources(dtrain_comm PRIVATE runtime/comm/gloo_loader.cpp)
   target_link_libraries(dtrain_comm PRIVATE ${CMAKE_DL_LIBS})
   add_library(dtrain_gloo MODULE
@@ -52,6 +52,25 @@ if(DTRAIN_HAVE_GLOO)
                              ${CMAKE_CURRENT_SOURCE_DIR}/runtime/base)
   target_link_libraries(dtrain_gloo PRIVATE dtrain_comm gloo)
   dtrain_warnings(dtrain_gloo)
+  # The system's libgloo comes first among the libraries of every program that links dtrain_comm,
+  # ahead of a libtorch that carries its own Gloo, so that gloo:: symbols resolve to it.
+  get_target_property(_gloo_configs gloo IMPORTED_CONFIGURATIONS)
+  set(DTRAIN_GLOO_LIBRARY "")
+  foreach(_config IN LISTS _gloo_configs ITEMS "")
+    if(_config)
+      get_target_property(_location gloo IMPORTED_LOCATION_${_config})
+    else()
+      get_target_property(_location gloo IMPORTED_LOCATION)
+    endif()
+    if(_location AND NOT DTRAIN_GLOO_LIBRARY)
+      set(DTRAIN_GLOO_LIBRARY "${_location}")
+    endif()
+  endforeach()
+  if(DTRAIN_GLOO_LIBRARY)
+    target_link_options(dtrain_comm INTERFACE "LINKER:--push-state,--no-as-needed"
+                        "${DTRAIN_GLOO_LIBRARY}" "LINKER:--pop-state")
+    target_compile_definitions(dtrain_comm PRIVATE DTRAIN_GLOO_LIBRARY="${DTRAIN_GLOO_LIBRARY}")
+  endif()
   install(TARGETS dtrain_gloo LIBRARY DESTINATION ${CMAKE_INSTALL_LIBDIR} COMPONENT runtime)
 else()
   target_sources(dtrain_comm PRIVATE runtime/comm/gloo_unavailable.cpp)

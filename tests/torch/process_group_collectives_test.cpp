@@ -84,6 +84,17 @@ TEST(ProcessGroupCollectives, GlooRunsBesideTheGlooInsideLibtorch) {
   std::cout << "libtorch's own Gloo is "
             << (::dlsym(RTLD_DEFAULT, "_ZN4gloo7Context8nextSlotEi") ? "in" : "not in")
             << " this process\n";
+  {
+    comm::GlooOptions one;
+    one.store = std::make_shared<store::HashStore>();
+    one.faultsFromEnv = false;
+    one.checkCollectivesFromEnv = false;
+    try {
+      comm::createGlooCommunicator(one);
+    } catch (const Error& e) {
+      FAIL() << e.what();
+    }
+  }
   const int n = 2;
   auto pgs = makeGroups(n);
   onRanks(n, [&](int r) {
