@@ -52,8 +52,10 @@ end=$(date +%s)
 
 echo
 echo "demo.sh: trained in $((end - start)) s, including the restart"
-if /usr/bin/python3 -c 'import matplotlib' 2>/dev/null; then
-  "$root/scripts/plot_metrics.py" -o "$out/metrics.png" "$out/metrics.jsonl"
+# The build's Python (CMake's DTRAIN_PYTHON: the project's .venv, which has matplotlib).
+python="$(sed -n 's/^DTRAIN_PYTHON:FILEPATH=//p' "$build/CMakeCache.txt")"
+if [ -n "$python" ] && "$python" -c 'import matplotlib' 2>/dev/null; then
+  "$python" "$root/scripts/plot_metrics.py" -o "$out/metrics.png" "$out/metrics.jsonl"
   echo "demo.sh: plot:    $out/metrics.png"
 fi
 echo "demo.sh: metrics: $out/metrics.jsonl (rank 0: one JSON record per step), $out/launch.jsonl"

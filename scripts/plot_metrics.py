@@ -1,4 +1,4 @@
-#!/usr/bin/python3
+#!/usr/bin/env python3
 """Plots dtrain metrics files (JSONL, one record a line: docs/design.md#metrics) into
 one PNG: a trainer's file, launch's --metrics-file, or both.
 
@@ -15,7 +15,8 @@ its own line. Trainer records (they have a `step`) are drawn against the step; r
 one (launch's samples) against seconds since the run's first record. A restarted run appends to
 the same file, its line going on from the step it resumed from (back, when steps were redone),
 and the trainer's `resumed` record draws a dashed line there.
-Needs matplotlib (Debian: python3-matplotlib). Exits 2 on a malformed file, naming file and line.
+Needs matplotlib (the project's .venv has it: scripts/requirements.txt). Exits 2 on a malformed
+file, naming file and line.
 """
 import argparse
 import collections

@@ -67,13 +67,15 @@ function(dtrain_write_gpu_test_targets)
 endfunction()
 cmake_language(DEFER DIRECTORY ${CMAKE_SOURCE_DIR} CALL dtrain_write_gpu_test_targets)
 
-# Helpers shared by the tests (paths of built binaries, temporary directories, process checks).
+# Helpers shared by the tests (paths of built binaries and of DTRAIN_PYTHON, temporary directories,
+# process checks).
 add_library(dtrain_test_support STATIC tests/support/test_support.cpp
   tests/support/hostile_http.cpp)
 target_include_directories(dtrain_test_support PUBLIC ${CMAKE_CURRENT_SOURCE_DIR}/tests/support)
 target_link_libraries(dtrain_test_support PUBLIC dtrain_base GTest::gtest)
 target_compile_definitions(dtrain_test_support PRIVATE
-  DTRAIN_TEST_BINARY_DIR="${CMAKE_BINARY_DIR}" DTRAIN_TEST_SOURCE_DIR="${CMAKE_SOURCE_DIR}")
+  DTRAIN_TEST_BINARY_DIR="${CMAKE_BINARY_DIR}" DTRAIN_TEST_SOURCE_DIR="${CMAKE_SOURCE_DIR}"
+  DTRAIN_TEST_PYTHON="${DTRAIN_PYTHON}")
 dtrain_warnings(dtrain_test_support)
 
 # One include per owner, so areas do not all edit one file.

@@ -45,7 +45,8 @@ endif()
 target_include_directories(allreduce_bench PRIVATE ${CMAKE_CURRENT_SOURCE_DIR}/runtime/comm
                                                    ${CMAKE_CURRENT_SOURCE_DIR}/tests/support)
 target_compile_definitions(allreduce_bench PRIVATE
-  DTRAIN_BENCH_SOURCE_DIR="${CMAKE_CURRENT_SOURCE_DIR}/benchmarks/allreduce")
+  DTRAIN_BENCH_SOURCE_DIR="${CMAKE_CURRENT_SOURCE_DIR}/benchmarks/allreduce"
+  DTRAIN_PYTHON="${DTRAIN_PYTHON}")
 target_link_libraries(allreduce_bench PRIVATE dtrain_comm dtrain_base_internal cxxopts::cxxopts)
 if(DTRAIN_HAVE_NCCL)
   target_sources(allreduce_bench PRIVATE benchmarks/allreduce/bench_buffers_cuda.cpp)

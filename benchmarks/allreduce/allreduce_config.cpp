@@ -101,7 +101,7 @@ cxxopts::Options optionSpec() {
       ("no-mpi", "skip Open MPI")
       ("no-probe", "skip the bare probe")
       ("no-gloo", "skip dtrain over Gloo")
-      ("python", "python with torch for the torch peer", cxxopts::value<std::string>()->default_value("/usr/bin/python3"))
+      ("python", "python with torch for the torch peer", cxxopts::value<std::string>()->default_value(DTRAIN_PYTHON))
       ("peer-script", "the torch peer's script", cxxopts::value<std::string>()->default_value(DTRAIN_BENCH_SOURCE_DIR "/torch_peer.py"))
       ("mpirun", "Open MPI's mpirun", cxxopts::value<std::string>()->default_value("mpirun"))
       ("smoke", "a few small sizes and iterations (CTest)")

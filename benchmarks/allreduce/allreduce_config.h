@@ -26,7 +26,7 @@ struct Config {
   bool mpi = true;
   bool probe = true;
   bool gloo = true;
-  std::string python = "/usr/bin/python3";
+  std::string python = DTRAIN_PYTHON;  // the build's (CMake's DTRAIN_PYTHON)
   std::string peerScript;
   std::string mpirun = "mpirun";
   std::string mpiPeer;

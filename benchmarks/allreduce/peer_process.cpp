@@ -164,8 +164,8 @@ std::unique_ptr<PeerProcess> startTorchPeer(const std::string& python, const std
   std::string check = python + " -c 'import torch.distributed' >/dev/null 2>&1";
   if (!executable(python) || std::system(check.c_str()) != 0) {
     std::cerr << "allreduce_bench: no PyTorch peer: " << python
-              << " cannot import torch.distributed (HINT: apt-get install python3-torch, or "
-                 "--python PATH)\n";
+              << " cannot import torch.distributed (HINT: scripts/setup.sh makes the project's "
+                 ".venv, or --python PATH)\n";
     return nullptr;
   }
   // torchrun 1.13 on Python 3.11 fails without explicit --redirects/--tee maps. Not

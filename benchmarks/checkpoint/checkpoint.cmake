@@ -1,9 +1,10 @@
-# checkpoint_bench: dtrain's Checkpointer against torch.save/torch.load (Debian's python3-torch)
+# checkpoint_bench: dtrain's Checkpointer against torch.save/torch.load (DTRAIN_PYTHON's torch)
 # and dd (benchmarks/README.md). The --train mode runs under launch and needs Gloo.
 add_executable(checkpoint_bench benchmarks/checkpoint/checkpoint_bench.cpp)
 target_link_libraries(checkpoint_bench PRIVATE dtrain nlohmann_json::nlohmann_json)
 target_compile_definitions(checkpoint_bench PRIVATE
-  DTRAIN_CHECKPOINT_BENCH_DIR="${CMAKE_CURRENT_SOURCE_DIR}/benchmarks/checkpoint")
+  DTRAIN_CHECKPOINT_BENCH_DIR="${CMAKE_CURRENT_SOURCE_DIR}/benchmarks/checkpoint"
+  DTRAIN_PYTHON="${DTRAIN_PYTHON}")
 dtrain_reuse_torch_pch(checkpoint_bench)
 dtrain_warnings(checkpoint_bench)
 if(DTRAIN_WITH_TESTS AND DTRAIN_HAVE_GLOO)

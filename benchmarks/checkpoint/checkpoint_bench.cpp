@@ -3,7 +3,7 @@
 //
 //   checkpoint_bench [--reps N] [--dir D] [--no-peer] [--smoke]
 //       I/O: a ResNet-50-sized state (25.6M parameters + SGD momentum + BatchNorm buffers, ~205 MB)
-//       saved and loaded by dtrain, by torch.save/torch.load (Debian's python3-torch, with fsync),
+//       saved and loaded by dtrain, by torch.save/torch.load (DTRAIN_PYTHON's torch, with fsync),
 //       and written by `dd conv=fsync` / read by `dd` (raw bytes, the floor); cold reads after
 //       posix_fadvise(DONTNEED) on the file (no root needed).
 //   launch --nproc-per-node R checkpoint_bench --train [--steps N] [--every K] [--rounds N] [--smoke]
@@ -159,11 +159,11 @@ std::shared_ptr<dtrain::ProcessGroup> soloGroup() {
   return dtrain::init(o);
 }
 
-// The torch.save/torch.load peer (checkpoint_peer.py) over the same state's shapes; not ok when
-// Python or torch is missing.
+// The torch.save/torch.load peer (checkpoint_peer.py, run by the build's DTRAIN_PYTHON) over the
+// same state's shapes; not ok when Python or torch is missing.
 Peer startPeer(const std::string& dir, torch::nn::Module& model) {
   Peer peer;
-  if (::access("/usr/bin/python3", X_OK) != 0) return peer;
+  if (::access(DTRAIN_PYTHON, X_OK) != 0) return peer;
   nlohmann::json spec;
   spec["model"] = nlohmann::json::array();
   spec["optimizer"] = nlohmann::json::array();
@@ -173,10 +173,11 @@ Peer startPeer(const std::string& dir, torch::nn::Module& model) {
   }
   for (const auto& b : model.named_buffers()) spec["model"].push_back({b.key(), b.value().sizes().vec()});
   std::ofstream(dir + "/spec.json") << spec.dump();
-  peer.child = spawn({"/usr/bin/python3", DTRAIN_CHECKPOINT_BENCH_DIR "/checkpoint_peer.py", dir + "/spec.json"}, true);
+  peer.child = spawn(
+      {DTRAIN_PYTHON, DTRAIN_CHECKPOINT_BENCH_DIR "/checkpoint_peer.py", dir + "/spec.json"}, true);
   char line[64];
   peer.ok = std::fgets(line, sizeof(line), peer.child.out) && std::string(line) == "ready\n";
-  if (!peer.ok) std::printf("# torch peer unavailable (needs Debian's python3-torch)\n");
+  if (!peer.ok) std::printf("# torch peer unavailable (%s cannot import torch)\n", DTRAIN_PYTHON);
   return peer;
 }
 

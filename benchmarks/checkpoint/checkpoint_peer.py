@@ -1,6 +1,6 @@
 """torch.save / torch.load of the same state as checkpoint_bench's, for its interleaved comparison.
 
-Started by checkpoint_bench with Debian's /usr/bin/python3 (python3-torch). Reads the state's
+Started by checkpoint_bench with the build's DTRAIN_PYTHON (the project's .venv). Reads the state's
 tensors (names and shapes) from the JSON file named on the command line, builds them once, then
 answers one command per stdin line with the seconds it took:
 

@@ -1,5 +1,5 @@
 # ddp_step_bench: dtrain's DDP against PyTorch's (benchmarks/README.md). Needs Gloo for the ranks'
-# collectives; the PyTorch peer (ddp_step_peer.py) runs when python3 can import torch.
+# collectives; the PyTorch peer (ddp_step_peer.py) runs when DTRAIN_PYTHON can import torch.
 if(DTRAIN_HAVE_GLOO)
   add_executable(ddp_step_bench
     benchmarks/ddp/bench_process.cpp
@@ -8,7 +8,8 @@ if(DTRAIN_HAVE_GLOO)
   target_include_directories(ddp_step_bench PRIVATE ${CMAKE_CURRENT_SOURCE_DIR}/tests/support)  # free_port.h
   target_link_libraries(ddp_step_bench PRIVATE dtrain nlohmann_json::nlohmann_json)
   target_compile_definitions(ddp_step_bench PRIVATE
-    DTRAIN_DDP_BENCH_DIR="${CMAKE_CURRENT_SOURCE_DIR}/benchmarks/ddp")
+    DTRAIN_DDP_BENCH_DIR="${CMAKE_CURRENT_SOURCE_DIR}/benchmarks/ddp"
+    DTRAIN_PYTHON="${DTRAIN_PYTHON}")
   dtrain_reuse_torch_pch(ddp_step_bench)
   dtrain_warnings(ddp_step_bench)
   if(DTRAIN_WITH_TESTS)

@@ -13,7 +13,8 @@
 //   ddp_step_bench [--rounds 3] [--steps 10] [--warmup 3] [--models mlp,resnet18] [--no-peer]
 //                  [--grad-as-bucket-view | --grad-copies] [--compression none|fp16|bf16]
 //                  [--no-shm]
-//                  [--python /usr/bin/python3] [--smoke]
+//                  [--python PATH] [--smoke]
+// --python: the PyTorch peer's Python, by default the build's DTRAIN_PYTHON (the project's .venv).
 #include <unistd.h>
 
 #include <algorithm>
@@ -38,7 +39,7 @@ struct Options {
   int rounds = 3;
   std::vector<std::string> models = {"mlp", "resnet18"};
   bool peer = true;
-  std::string python = "/usr/bin/python3";
+  std::string python = DTRAIN_PYTHON;
   std::string peerScript = DTRAIN_DDP_BENCH_DIR "/ddp_step_peer.py";
   bool worker = false;
 };
@@ -54,7 +55,8 @@ Options parse(int argc, char** argv) {
                  "[--models mlp,resnet18] [--no-peer]\n"
                  "                      [--grad-as-bucket-view | --grad-copies] [--compression none|fp16|bf16]\n"
                  "                      [--no-shm]\n"
-                 "                      [--python /usr/bin/python3] [--smoke]\n"
+                 "                      [--python PATH] [--smoke]\n"
+                 "--python: the PyTorch peer's Python (default " DTRAIN_PYTHON ")\n"
                  "DDP step time against PyTorch's DistributedDataParallel, interleaved; see "
                  "benchmarks/README.md.\n",
                  stdout);

@@ -3,6 +3,7 @@
 under torch.nn.parallel.DistributedDataParallel with the gloo backend. Started by ddp_step_bench
 through torchrun; rank 0 writes its timings as JSON to --out."""
 import argparse
+import gc
 import json
 import time
 
@@ -146,3 +147,7 @@ def main():
 
 if __name__ == "__main__":
     main()
+    # Frees DDP's reference cycles, and with them the process group, whose Gloo threads would
+    # otherwise free their last work during interpreter exit and abort it under torch 2.x
+    # (pytorch/pytorch#190489).
+    gc.collect()

@@ -9,11 +9,13 @@
 // the crash is noticed, the job's teardown is under way, every survivor knows. The clock is the
 // same in every process, so no launcher log or pipe latency is in the number.
 //
-// torchrun (Debian's 1.13) polls its workers every --monitor_interval seconds (5 by default;
-// torch 2.x uses 0.1); the peer runs with --monitor_interval 0.1, the fair comparison.
+// torchrun polls its workers every --monitor_interval seconds (5 by default in torch 1.13, 0.1 in
+// 2.x); the peer runs with --monitor_interval 0.1, the fair comparison.
 //
 //   crash_latency_bench [--crashes N] [--nproc N] [--no-torchrun] [--no-load] [--smoke]
 //                       [--launch PATH] [--worker PATH] [--python PATH] [--torchrun PATH]
+// --python, --torchrun: by default the build's DTRAIN_PYTHON (the project's .venv) and the
+//   torchrun beside it.
 // Load: one busy-looping process per online CPU, at the same priority, for the loaded half.
 // --smoke: 3 crashes, idle, launch only (CI: checks it runs).
 #include <fcntl.h>
@@ -48,8 +50,8 @@ struct Options {
   bool smoke = false;
   std::string launch = DTRAIN_BENCH_LAUNCH;
   std::string worker = DTRAIN_BENCH_WORKER;
-  std::string python = "/usr/bin/python3";
-  std::string torchrunPath = "/usr/bin/torchrun";
+  std::string python = DTRAIN_PYTHON;
+  std::string torchrunPath = DTRAIN_TORCHRUN;
 };
 
 constexpr const char* kUsage =
@@ -199,7 +201,7 @@ int main(int argc, char** argv) {
     std::vector<Runner> runners;
     runners.push_back({"launch", {o.launch, "--nproc-per-node", n, "--grace-period", "5"}, {}, 0});
     if (o.torchrun && executable(o.python) && executable(o.torchrunPath)) {
-      // Debian's torchrun 1.13 crashes at start without a --redirects/--tee value: 9:0 names a
+      // torchrun 1.13 crashes at start without a --redirects/--tee value: 9:0 names a
       // local rank that does not exist, so nothing is redirected.
       runners.push_back({"torchrun mi=0.1",
                          {o.python, o.torchrunPath, "--nnodes", "1", "--rdzv_backend", "c10d",

@@ -13,6 +13,12 @@ if(DTRAIN_HAVE_TORCH)
   set(_launch_bench_torch_worker $<TARGET_FILE:launch_torch_worker>)
 endif()
 
+# The Python peers' interpreter, DTRAIN_PYTHON (cmake/python.cmake), and the torchrun beside it
+# (its torch's), which the benchmarks start as `python torchrun`.
+get_filename_component(_launch_bench_python_dir "${DTRAIN_PYTHON}" DIRECTORY)
+set(_launch_bench_python DTRAIN_PYTHON="${DTRAIN_PYTHON}"
+                         DTRAIN_TORCHRUN="${_launch_bench_python_dir}/torchrun")
+
 # What both launch benchmarks share: their plumbing (bench_run.*, with tests/support's
 # free_port.h), and what they drive: launch and the test worker.
 add_library(dtrain_launch_bench_run STATIC ${CMAKE_CURRENT_LIST_DIR}/bench_run.cpp)
@@ -26,7 +32,8 @@ foreach(bench launch_bench crash_latency_bench)
   target_link_libraries(${bench} PRIVATE dtrain_launch_bench_run)
   target_compile_definitions(${bench} PRIVATE
     DTRAIN_BENCH_LAUNCH="$<TARGET_FILE:launch>"
-    DTRAIN_BENCH_WORKER="$<TARGET_FILE:dtrain_test_worker>")
+    DTRAIN_BENCH_WORKER="$<TARGET_FILE:dtrain_test_worker>"
+    ${_launch_bench_python})
   set_target_properties(${bench} PROPERTIES
     RUNTIME_OUTPUT_DIRECTORY ${CMAKE_BINARY_DIR}/benchmarks/launch)
   add_dependencies(${bench} launch dtrain_test_worker)
@@ -51,7 +58,8 @@ add_executable(launch_scale_bench ${CMAKE_CURRENT_LIST_DIR}/scale_bench.cpp
 target_link_libraries(launch_scale_bench PRIVATE dtrain_launch_bench_run dtrain_launch_sim)
 target_compile_definitions(launch_scale_bench PRIVATE
   DTRAIN_BENCH_LAUNCH="$<TARGET_FILE:launch>"
-  DTRAIN_BENCH_WORKER="$<TARGET_FILE:dtrain_test_worker>")
+  DTRAIN_BENCH_WORKER="$<TARGET_FILE:dtrain_test_worker>"
+  ${_launch_bench_python})
 set_target_properties(launch_scale_bench PROPERTIES
   RUNTIME_OUTPUT_DIRECTORY ${CMAKE_BINARY_DIR}/benchmarks/launch)
 add_dependencies(launch_scale_bench launch dtrain_test_worker)

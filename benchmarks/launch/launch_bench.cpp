@@ -13,7 +13,9 @@
 //
 //   launch_bench [--reps N] [--nprocs 1,2,4] [--no-torchrun] [--smoke] [--multinode]
 //                [--launch PATH] [--worker PATH] [--torch-worker PATH]
-//                [--python /usr/bin/python3] [--torchrun /usr/bin/torchrun] [--script PATH]
+//                [--python PATH] [--torchrun PATH] [--script PATH]
+// --python, --torchrun: by default the build's DTRAIN_PYTHON (the project's .venv) and the
+//   torchrun beside it.
 // --smoke: one rep of the torch-free worker with N = 1, 2 (CI: checks it runs, < 15 s).
 // --multinode (root): instead, 3 nodes x 2 workers in a simulated cluster, two phases each (to
 //   every worker past a barrier, then to exit): see multinode_bench.cpp.
@@ -40,8 +42,8 @@ struct Options {
   std::string launch = DTRAIN_BENCH_LAUNCH;
   std::string worker = DTRAIN_BENCH_WORKER;
   std::string torchWorker = DTRAIN_BENCH_TORCH_WORKER;  // empty when not built
-  std::string python = "/usr/bin/python3";
-  std::string torchrunPath = "/usr/bin/torchrun";
+  std::string python = DTRAIN_PYTHON;
+  std::string torchrunPath = DTRAIN_TORCHRUN;
   std::string script = DTRAIN_BENCH_SCRIPT;
   bool multinode = false;
   std::string clusterScript = DTRAIN_BENCH_CLUSTER_SCRIPT;
@@ -50,7 +52,8 @@ struct Options {
 constexpr const char* kUsage =
     "usage: launch_bench [--reps N] [--nprocs 1,2,4] [--no-torchrun] [--smoke] [--multinode]\n"
     "                    [--launch PATH] [--worker PATH] [--torch-worker PATH]\n"
-    "                    [--python /usr/bin/python3] [--torchrun /usr/bin/torchrun] [--script PATH]\n"
+    "                    [--python PATH] [--torchrun PATH] [--script PATH]\n"
+    "--python, --torchrun: default " DTRAIN_PYTHON " and " DTRAIN_TORCHRUN "\n"
     "Start-to-exit wall time of `launch --nproc-per-node N` (torch-free worker, libtorch worker,\n"
     "Python script) beside torchrun; see benchmarks/README.md.\n";
 
@@ -131,7 +134,7 @@ std::vector<Config> jobs(const Options& o) {
                          {o.launch, np, ns, "--python", o.python, o.script}, 1, {}, 0, {}});
     }
     if (o.torchrun && executable(o.torchrunPath)) {
-      // Debian's torchrun 1.13 crashes at start without a --redirects/--tee value: 9:0 names a
+      // torchrun 1.13 crashes at start without a --redirects/--tee value: 9:0 names a
       // local rank that does not exist, so nothing is redirected. Its --standalone always uses
       // port 29400 (busy on a shared machine), so spell out what it means with a free port.
       std::vector<std::string> base = {o.python, o.torchrunPath, "--nnodes", "1", "--rdzv_backend",

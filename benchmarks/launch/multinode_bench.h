@@ -10,8 +10,8 @@ struct MultinodeBenchOptions {
   bool torchrun = true;
   std::string launch;
   std::string worker;
-  std::string python = "/usr/bin/python3";
-  std::string torchrunPath = "/usr/bin/torchrun";
+  std::string python = DTRAIN_PYTHON;
+  std::string torchrunPath = DTRAIN_TORCHRUN;
   std::string clusterScript;
 };
 

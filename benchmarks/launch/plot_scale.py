@@ -3,7 +3,7 @@
 and torchrun, and the store's steady load by class, with the requests of one rendezvous per node.
 
     launch_scale_bench --csv scale.csv
-    /usr/bin/python3 benchmarks/launch/plot_scale.py scale.csv scale.png
+    .venv/bin/python3 benchmarks/launch/plot_scale.py scale.csv scale.png
 
 The point is the curves' shape: flat or linear in N, never quadratic.
 """

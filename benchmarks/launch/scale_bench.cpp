@@ -6,14 +6,16 @@
 // plans; plan -> workers started), the store's steady load by class and the CPU of the master,
 // the store and the agents, then one agent SIGKILLed (named after; every other worker stopped
 // after; the elastic restart at N - 1), then the clean end (the last worker's exit -> the
-// master's). torchrun (Debian's 1.13, --no-python, the same worker with --steps 0) at the
+// master's). torchrun (DTRAIN_PYTHON's, --no-python, the same worker with --steps 0) at the
 // smaller sizes: all started -> all ranks and last join -> all ranks, its agents' CPU and
 // memory, and no larger N than memory allows. Sizes interleaved rep by rep; medians.
 //
 //   launch_scale_bench [--nodes 16,64,256] [--torchrun-nodes 16,64] [--reps 3] [--no-torchrun]
 //                      [--csv FILE] [--keep-logs DIR] [--heartbeat-timeout S] [--smoke]
 //                      [--launch PATH] [--worker PATH]
-//                      [--python /usr/bin/python3] [--torchrun /usr/bin/torchrun]
+//                      [--python PATH] [--torchrun PATH]
+// --python, --torchrun: by default the build's DTRAIN_PYTHON (the project's .venv) and the
+//   torchrun beside it.
 // --smoke: one rep at 8 nodes, no torchrun (CI: checks that it runs).
 #include <unistd.h>
 
@@ -129,7 +131,7 @@ void printLaunchTable(const std::map<int, std::vector<LaunchRun>>& runs, double 
 void printTorchrunTable(const std::map<int, std::vector<TorchrunRun>>& runs,
                         const std::map<int, std::vector<LaunchRun>>& launchRuns,
                         const std::map<int, std::string>& skipped) {
-  fmt::print("# torchrun 1.13 c10d (--no-python, the same worker --steps 0): medians; times in s\n");
+  fmt::print("# torchrun c10d (--no-python, the same worker --steps 0): medians; times in s\n");
   fmt::print("{:>5} {:>10} {:>10} {:>10} {:>10} {:>10} {:>13} {:>13} {:>5}\n", "N", "start>rank",
              "join>rank", "rank>work", "cpu/agent", "MiB/agent", "launch start", "launch join",
              "ok");

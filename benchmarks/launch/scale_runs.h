@@ -10,8 +10,8 @@ namespace dtrain::bench {
 struct ScaleOptions {
   std::string launch;
   std::string worker;
-  std::string python = "/usr/bin/python3";
-  std::string torchrun = "/usr/bin/torchrun";
+  std::string python = DTRAIN_PYTHON;
+  std::string torchrun = DTRAIN_TORCHRUN;
   double heartbeatInterval = 5;  // launch's default
   double heartbeatTimeout = 10;
   double settleSeconds = 6;      // before it: every worker's progress, every agent's first sample

@@ -1,7 +1,9 @@
 # recompute_bench: activation recompute's memory and time, dtrain beside PyTorch's
 # checkpoint_sequential (benchmarks/README.md). Needs the examples' library (ResNet-50). The peer
-# (recompute_peer.py) runs when the Python can import torch and torchvision; it counts tensor
-# bytes with librecompute_counting.so, the tests' counting allocator, loaded after torch.
+# (recompute_peer.py) runs when the Python (--python, by default DTRAIN_PYTHON) can import torch
+# and torchvision; on the CPU it counts tensor bytes with librecompute_counting.so, the tests'
+# counting allocator, loaded after torch: it links this build's libtorch, so the peer runs there
+# only when the Python's torch is the same release.
 if(TARGET dtrain_examples)
   add_library(recompute_counting SHARED benchmarks/recompute/counting_library.cpp)
   target_include_directories(recompute_counting PRIVATE ${CMAKE_CURRENT_SOURCE_DIR}/tests/support)
@@ -18,7 +20,8 @@ if(TARGET dtrain_examples)
   target_link_libraries(recompute_bench PRIVATE dtrain dtrain_examples nlohmann_json::nlohmann_json)
   target_compile_definitions(recompute_bench PRIVATE
     DTRAIN_RECOMPUTE_BENCH_DIR="${CMAKE_CURRENT_SOURCE_DIR}/benchmarks/recompute"
-    DTRAIN_RECOMPUTE_COUNTING_LIBRARY="$<TARGET_FILE:recompute_counting>")
+    DTRAIN_RECOMPUTE_COUNTING_LIBRARY="$<TARGET_FILE:recompute_counting>"
+    DTRAIN_PYTHON="${DTRAIN_PYTHON}")
   add_dependencies(recompute_bench recompute_counting)
   dtrain_reuse_torch_pch(recompute_bench)
   dtrain_warnings(recompute_bench)

@@ -7,9 +7,9 @@
 // change on the machine hits every configuration alike). Columns: medians over the repetitions.
 //
 //   recompute_bench [--reps 3] [--models resnet50,mlp] [--warmup 1] [--steps 3] [--threads 1]
-//                   [--batch N] [--no-peer] [--no-host-cache] [--python /usr/bin/python3]
-//                   [--smoke]
-//   recompute_bench --gpu [--batch 64] [--python python3] ...   (cuda:0, float16 autocast)
+//                   [--batch N] [--no-peer] [--no-host-cache] [--python PATH] [--smoke]
+//   recompute_bench --gpu [--batch 64] [--python PATH] ...   (cuda:0, float16 autocast)
+// --python: the PyTorch peer's Python, by default the build's DTRAIN_PYTHON (the project's .venv).
 #include <unistd.h>
 
 #include <algorithm>
@@ -24,6 +24,7 @@
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
+#include <torch/version.h>
 
 #include "bench_process.h"
 #include "dtrain/base/error.h"
@@ -42,7 +43,7 @@ struct Options {
   bool smoke = false;
   bool worker = false;
   std::string out;
-  std::string python = "/usr/bin/python3";
+  std::string python = DTRAIN_PYTHON;
   std::string peerScript = DTRAIN_RECOMPUTE_BENCH_DIR "/recompute_peer.py";
   std::string countingLibrary = DTRAIN_RECOMPUTE_COUNTING_LIBRARY;
 };
@@ -50,8 +51,9 @@ struct Options {
 const char* kUsage =
     "usage: recompute_bench [--reps 3] [--models resnet50,mlp] [--warmup 1] [--steps 3]\n"
     "                       [--threads 1] [--batch N] [--no-peer] [--no-host-cache]\n"
-    "                       [--python /usr/bin/python3] [--smoke]\n"
-    "       recompute_bench --gpu [--batch 64] [--python python3] ...\n"
+    "                       [--python PATH] [--smoke]\n"
+    "       recompute_bench --gpu [--batch 64] [--python PATH] ...\n"
+    "--python: the PyTorch peer's Python (default " DTRAIN_PYTHON ")\n"
     "Activation recompute: peak tensor bytes and step time with and without it, dtrain beside\n"
     "torch.utils.checkpoint.checkpoint_sequential; see benchmarks/README.md.\n";
 
@@ -204,13 +206,27 @@ RecomputeResult measure(const Options& o, const RecomputeRun& r, bool peer) {
   return parseResult(text, what);
 }
 
-bool peerAvailable(const Options& o) {
-  try {
-    waitAll({spawn({o.python, "-c", "import torch, torchvision"}, {})}, "the peer's Python");
-    return true;
-  } catch (const std::exception&) {
-    return false;
+// Why the peer cannot run here; empty when it can. On the CPU it loads librecompute_counting.so,
+// which links this build's libtorch: a Python whose torch is another release (the .venv's 2.x
+// beside a build against Debian's 1.13) would hold two libtorchs in one process, and aborts.
+std::string peerMissing(const Options& o) {
+  auto runs = [&o](const std::string& code) {
+    try {
+      waitAll({spawn({o.python, "-c", code}, {})}, "the peer's Python");
+      return true;
+    } catch (const std::exception&) {
+      return false;
+    }
+  };
+  if (!runs("import torch, torchvision")) return o.python + " cannot import torch and torchvision";
+  const std::string release = fmt::format("{}.{}", TORCH_VERSION_MAJOR, TORCH_VERSION_MINOR);
+  if (!o.run.gpu &&
+      !runs("import sys, torch; sys.exit(not torch.__version__.startswith('" + release + ".'))")) {
+    return fmt::format("the torch of {} is not this build's libtorch {}, which its counting "
+                       "allocator (librecompute_counting.so) links",
+                       o.python, release);
   }
+  return "";
 }
 
 struct Cell {
@@ -290,8 +306,8 @@ void printTable(const Options& o, const Results& results) {
 }
 
 int runDriver(Options o) {
-  if (o.peer && !peerAvailable(o)) {
-    std::printf("# peer skipped: %s cannot import torch and torchvision\n", o.python.c_str());
+  if (const std::string missing = o.peer ? peerMissing(o) : ""; !missing.empty()) {
+    std::printf("# peer skipped: %s\n", missing.c_str());
     o.peer = false;
   }
   std::printf("# recompute_bench: %d reps, %d warm-up + %d timed steps, %d thread(s)%s; load "

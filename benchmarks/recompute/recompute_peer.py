@@ -1,12 +1,13 @@
-#!/usr/bin/python3
+#!/usr/bin/env python3
 """PyTorch's side of recompute_bench: one configuration in this process, the way a PyTorch user
 recomputes activations -- torch.utils.checkpoint.checkpoint_sequential on an explicit
 nn.Sequential: for ResNet-50, torchvision's resnet50() as Sequential(stem, its 16 blocks, head)
 in 18 segments (the stem and each block recomputed; checkpoint_sequential runs the last segment,
 the head, plainly), for the MLP the same Linear -> LayerNorm -> Tanh blocks in `segments`
-segments. In 1.13 checkpoint_sequential is the reentrant checkpoint, which gives the first
-segment's parameters no gradient unless its input requires grad: the input is made to require
-grad in recompute mode (the documented workaround; it adds the first layer's input gradient).
+segments. It is the reentrant checkpoint (use_reentrant=True: torch 2.x asks for the choice, 1.13
+had only that one, which the recorded results measured), which gives the first segment's
+parameters no gradient unless its input requires grad: the input is made to require grad in
+recompute mode (the documented workaround; it adds the first layer's input gradient).
 Tensor bytes are counted by dtrain's counting allocator (--counting-lib, loaded after torch: the
 same libc10), on the GPU by torch.cuda's statistics. Writes one JSON line to --out."""
 import argparse
@@ -95,7 +96,7 @@ def main():
     if a.recompute:
         x.requires_grad_()
     sgd = torch.optim.SGD(net.parameters(), lr=0.01, momentum=0.9)
-    scaler = torch.cuda.amp.GradScaler(enabled=a.gpu)
+    scaler = torch.amp.GradScaler("cuda", enabled=a.gpu)
     sync = torch.cuda.synchronize if a.gpu else (lambda: None)
 
     fwd, bwd, step = [], [], []
@@ -108,7 +109,8 @@ def main():
         base = memory.live()
         memory.reset_peak()
         with torch.autocast(device.type, enabled=a.gpu):
-            out = checkpoint_sequential(net, segments, x) if a.recompute else net(x)
+            out = (checkpoint_sequential(net, segments, x, use_reentrant=True) if a.recompute
+                   else net(x))
             loss = F.cross_entropy(out, target) if target is not None else out.pow(2).mean()
         del out
         sync()

@@ -6,9 +6,10 @@
 // of the per-step ratios dtrain / PyTorch samples/s (Note [Paired statistics] there).
 //
 //   train_bench [--rounds 3] [--steps 10] [--warmup 3] [--models resnet18,resnet50] [--no-peer]
-//               [--amp] [--python /usr/bin/python3] [--smoke]
-//   train_bench --gpu [--batch 64] [--python python3] ...
+//               [--amp] [--python PATH] [--smoke]
+//   train_bench --gpu [--batch 64] [--python PATH] ...
 //
+// --python: the PyTorch peer's Python, by default the build's DTRAIN_PYTHON (the project's .venv).
 // --gpu: ResNet-50 at 224x224 with --amp (float16 autocast + GradScaler) at world size 1 on
 // cuda:0 (NCCL), beside PyTorch eager with torch.autocast and its GradScaler on the same GPU, also
 // in turns (scripts/gpu_check.sh runs it).
@@ -41,7 +42,7 @@ struct Options {
   bool peer = true;
   bool smoke = false;
   bool worker = false;
-  std::string python = "/usr/bin/python3";
+  std::string python = DTRAIN_PYTHON;
   std::string peerScript = DTRAIN_TRAIN_BENCH_DIR "/train_peer.py";
 };
 
@@ -63,8 +64,9 @@ Options parse(int argc, char** argv) {
       std::fputs(
           "usage: train_bench [--rounds 3] [--steps 10] [--warmup 3] "
           "[--models resnet18,resnet50] [--no-peer]\n"
-          "                   [--amp] [--batch N] [--python /usr/bin/python3] [--smoke]\n"
-          "       train_bench --gpu [--batch 64] [--python python3] ...\n"
+          "                   [--amp] [--batch N] [--python PATH] [--smoke]\n"
+          "       train_bench --gpu [--batch 64] [--python PATH] ...\n"
+          "--python: the PyTorch peer's Python (default " DTRAIN_PYTHON ")\n"
           "train_resnet's step against PyTorch DDP's, interleaved; see "
           "benchmarks/README.md.\n",
           stdout);

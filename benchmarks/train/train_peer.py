@@ -1,4 +1,4 @@
-#!/usr/bin/python3
+#!/usr/bin/env python3
 """PyTorch's side of train_bench: the same training step as train_bench_worker.cpp, written the way
 a PyTorch user writes it — torchvision's ResNet, a Dataset over the CIFAR-10 binary files with
 torchvision's RandomCrop(32, padding=4) + RandomHorizontalFlip + Normalize, a DataLoader with one
@@ -6,9 +6,10 @@ worker process and a DistributedSampler, DistributedDataParallel over gloo, SGD.
 train_bench through torchrun; rank 0 writes its timings as JSON to --out.
 
 With --device cuda (train_bench --gpu) it is PyTorch eager in one process: the model on cuda:0,
-no process group, torch.autocast(float16) and torch.cuda.amp.GradScaler under --amp, each step
+no process group, torch.autocast(float16) and torch.amp.GradScaler under --amp, each step
 timed until the GPU has finished it."""
 import argparse
+import gc
 import json
 import time
 
@@ -74,7 +75,7 @@ def main():
     net = (cifar_resnet18() if cifar else torchvision.models.resnet50()).to(device)
     ddp = net if cuda else nn.parallel.DistributedDataParallel(net)
     sgd = torch.optim.SGD(ddp.parameters(), lr=0.1, momentum=0.9, weight_decay=5e-4)
-    scaler = torch.cuda.amp.GradScaler(enabled=args.amp and cuda)
+    scaler = torch.amp.GradScaler("cuda", enabled=args.amp and cuda)
 
     if cifar:
         dataset = Cifar10(args.data)
@@ -143,3 +144,7 @@ def main():
 
 if __name__ == "__main__":
     main()
+    # Frees DDP's reference cycles, and with them the process group, whose Gloo threads would
+    # otherwise free their last work during interpreter exit and abort it under torch 2.x
+    # (pytorch/pytorch#190489).
+    gc.collect()

@@ -107,13 +107,10 @@ TEST(ResNet, NamesAndOrderAreTorchvisions) {
   EXPECT_TRUE(buffers.contains("layer3.5.bn2.num_batches_tracked"));
 }
 
-// Every parameter and buffer name and shape against torchvision itself, when Python has it.
-TEST(ResNet, StateDictLayoutEqualsTorchvisionsWhenAvailable) {
-  const char* python = "/usr/bin/python3";
-  if (std::system((std::string(python) + " -c 'import torchvision' 2>/dev/null").c_str()) != 0) {
-    GTEST_SKIP() << "torchvision is not importable by " << python
-                 << " (Debian: python3-torchvision)";
-  }
+// Every parameter and buffer name and shape against torchvision itself (DTRAIN_PYTHON's).
+TEST(ResNet, StateDictLayoutEqualsTorchvisions) {
+  const std::string missing = dtrain::testing::pythonImportError("torchvision");
+  ASSERT_TRUE(missing.empty()) << missing;
   // One Python start for all four (importing torch takes seconds): "<arch>" lines, then one line
   // per entry, parameters first, then buffers, each in registration order as stateLayout().
   dtrain::testing::TempDir dir;
@@ -126,7 +123,7 @@ TEST(ResNet, StateDictLayoutEqualsTorchvisionsWhenAvailable) {
       "  for n, t in list(m.named_parameters()) + list(m.named_buffers()):\n"
       "    print(n, *t.shape)\n";
   dtrain::testing::writeFile(dir.file("layout.py"), script);
-  std::string cmd = std::string(python) + " " + dir.file("layout.py") + " > " + out;
+  std::string cmd = dtrain::testing::python() + " " + dir.file("layout.py") + " > " + out;
   ASSERT_EQ(std::system(cmd.c_str()), 0) << cmd;
   std::istringstream theirs(dtrain::testing::readFile(out));
   std::string line;

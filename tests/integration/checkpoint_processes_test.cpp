@@ -309,11 +309,6 @@ TEST(CheckpointResume, ANodeWithAnEmptyDiskGetsACopyFromTheOtherNode) {
       << rerun[0].output;
 }
 
-bool pythonHasTorch() {
-  return ::access("/usr/bin/python3", X_OK) == 0 &&
-         std::system("/usr/bin/python3 -c 'import torch' >/dev/null 2>&1") == 0;
-}
-
 // Loads an export (argv[1]) into the worker's model with weights_only=True and compares its
 // parameters with the worker's --out file (argv[2]).
 constexpr const char* kLoadWithWeightsOnly =
@@ -326,14 +321,18 @@ constexpr const char* kLoadWithWeightsOnly =
     "print('python equal' if torch.equal(flat, want) else 'python differs')\n";
 
 // Python's torch.load(export, weights_only=True) into the worker's model gives the parameters in
-// `params` (the worker's --out file), bitwise. Where /usr/bin/python3 has no torch, nothing.
+// `params` (the worker's --out file), bitwise. A DTRAIN_PYTHON without torch fails the test.
 void expectPythonLoadsExport(const TempDir& dir, const std::string& exported,
                              const std::string& params) {
-  if (!pythonHasTorch()) return;
+  const std::string missing = pythonImportError("torch");
+  if (!missing.empty()) {
+    ADD_FAILURE() << missing;
+    return;
+  }
   writeFile(dir.file("check.py"), kLoadWithWeightsOnly);
   const std::string py = dir.file("py.out");
-  std::system(("/usr/bin/python3 " + dir.file("check.py") + " " + exported + " " + params +
-               " > " + py + " 2>&1")
+  std::system((python() + " " + dir.file("check.py") + " " + exported + " " + params + " > " +
+               py + " 2>&1")
                   .c_str());
   EXPECT_NE(readFile(py).find("python equal"), std::string::npos) << readFile(py);
 }
@@ -524,10 +523,9 @@ TEST(CheckpointTool, ListVerifyAndExportForPython) {
 
 
 // What `checkpoint export` writes loads with torch.load(path, weights_only=True), PyTorch 2.6's
-// default (Note [Exported pickles]), into the model the worker trained, bitwise. Runs wherever
-// /usr/bin/python3 has torch (Debian's python3-torch); says so where it has not.
+// default (Note [Exported pickles]), into the model the worker trained, bitwise: with the torch
+// of DTRAIN_PYTHON (the project's .venv: PyTorch 2.14).
 TEST(CheckpointTool, ExportLoadsInPythonWithWeightsOnly) {
-  if (!pythonHasTorch()) GTEST_SKIP() << "Debian's /usr/bin/python3 with python3-torch is not installed";
   TempDir dir;
   std::string ckpt = dir.file("ckpt");
   auto r = train(1, {}, workerArgs(ckpt, dir.file("params"), {"--steps", "4", "--save-every", "2"}));

@@ -15,7 +15,7 @@ set_tests_properties(prometheus.check_rules prometheus.test_rules
 
 # Every `for:` shortened to 1 s, Prometheus scraping every second: about a minute.
 add_test(NAME prometheus.alerts
-         COMMAND /usr/bin/python3 ${CMAKE_CURRENT_SOURCE_DIR}/tests/prometheus/prometheus_alerts_test.py
+         COMMAND ${DTRAIN_PYTHON} ${CMAKE_CURRENT_SOURCE_DIR}/tests/prometheus/prometheus_alerts_test.py
                  ${CMAKE_CURRENT_SOURCE_DIR} ${CMAKE_BINARY_DIR})
 set_tests_properties(prometheus.alerts PROPERTIES LABELS integration SKIP_RETURN_CODE 77
                      TIMEOUT 180 RUN_SERIAL ON)

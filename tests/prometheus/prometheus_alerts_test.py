@@ -1,4 +1,4 @@
-#!/usr/bin/python3
+#!/usr/bin/env python3
 """The alert rules evaluated by a real Prometheus (Debian's `prometheus`) scraping a running job:
 the alerts a CPU can provoke fire and then resolve, as Prometheus' HTTP API reports them.
 

@@ -1,4 +1,4 @@
-#!/usr/bin/python3
+#!/usr/bin/env python3
 """docs/grafana/dtrain.json asks only for what launch serves: every query of the dashboard (each
 panel's expressions and legends, each template variable's label_values) names a series, with the
 labels it selects on, groups by or prints, that a real scrape of a running job serves. The job:

@@ -2,17 +2,18 @@
 # scripts/plot_metrics.py: two runs' JSONL files (trainer records, and launch records without a
 # step) make one PNG of the expected size; a real `launch --metrics-file` of a two-rank job (the
 # test worker recording its figures with dtrain::metrics) makes one with a line per rank in every
-# panel; a malformed line is exit 2 naming file and line.
-# Usage: plot_metrics_test.sh <source-dir> <build-dir>
+# panel; a malformed line is exit 2 naming file and line. All with the build's DTRAIN_PYTHON.
+# Usage: plot_metrics_test.sh <source-dir> <build-dir> <python>
 set -uo pipefail
 src="$1"
 build="$2"
+python="$3"
 dir="$(mktemp -d)"
 trap 'rm -rf "$dir"' EXIT
 
 # A PNG: the signature, then IHDR with width and height (900 x 300 per panel at 100 dpi).
 check_png() {  # <file> <panels>
-  /usr/bin/python3 - "$1" "$2" <<'PY' || { echo "FAIL: $1 is not the expected PNG"; exit 1; }
+  "$python" - "$1" "$2" <<'PY' || { echo "FAIL: $1 is not the expected PNG"; exit 1; }
 import struct, sys
 data = open(sys.argv[1], "rb").read()
 assert data[:8] == b"\x89PNG\r\n\x1a\n", "no PNG signature"
@@ -23,7 +24,7 @@ assert len(data) > 5000 * int(sys.argv[2]), f"only {len(data)} bytes: empty pane
 PY
 }
 
-/usr/bin/python3 - "$dir" <<'PY'
+"$python" - "$dir" <<'PY'
 import json, math, sys
 d = sys.argv[1]
 for run in ("run-a", "run-b"):
@@ -39,7 +40,7 @@ for run in ("run-a", "run-b"):
         f.write(json.dumps({"time": 1e9 + 5, "source": "launch", "run_id": run, "node": "n",
                             "rank": 1, "rss_bytes": 1.5e8}) + "\n")
 PY
-out="$("$src/scripts/plot_metrics.py" -o "$dir/plot.png" "$dir/run-a.jsonl" "$dir/run-b.jsonl" 2>&1)"
+out="$("$python" "$src/scripts/plot_metrics.py" -o "$dir/plot.png" "$dir/run-a.jsonl" "$dir/run-b.jsonl" 2>&1)"
 rc=$?
 echo "$out"
 [ "$rc" -eq 0 ] || { echo "FAIL: plot_metrics.py exited $rc"; exit 1; }
@@ -49,7 +50,7 @@ expected+="; resident memory (bytes), per rank: 2 line(s))"
 grep -qF "$expected" <<<"$out" || { echo "FAIL: summary line"; exit 1; }
 check_png "$dir/plot.png" 4
 # Launch records plot against time when asked for their field.
-"$src/scripts/plot_metrics.py" --fields rss_bytes -o "$dir/rss.png" "$dir/run-a.jsonl" >/dev/null ||
+"$python" "$src/scripts/plot_metrics.py" --fields rss_bytes -o "$dir/rss.png" "$dir/run-a.jsonl" >/dev/null ||
   { echo "FAIL: --fields rss_bytes"; exit 1; }
 check_png "$dir/rss.png" 1
 
@@ -57,7 +58,7 @@ check_png "$dir/rss.png" 1
 "$build/launch" --nproc-per-node 2 --sample-interval 0.2 --metrics-file "$dir/launch.jsonl" \
   "$build/tests/worker/worker" --steps 12 --step-ms 100 --publish-figures >"$dir/launch.out" 2>&1 ||
   { cat "$dir/launch.out"; echo "FAIL: the launch job failed"; exit 1; }
-out="$("$src/scripts/plot_metrics.py" -o "$dir/job.png" "$dir/launch.jsonl" 2>&1)"
+out="$("$python" "$src/scripts/plot_metrics.py" -o "$dir/job.png" "$dir/launch.jsonl" 2>&1)"
 rc=$?
 echo "$out"
 [ "$rc" -eq 0 ] || { echo "FAIL: plot_metrics.py on launch's file exited $rc"; exit 1; }
@@ -69,7 +70,7 @@ done
 check_png "$dir/job.png" "$(grep -o "line(s)" <<<"$out" | wc -l)"
 
 printf '{"time": 1, "source": "trainer", "step": 1, "loss": 1}\n{"time": oops\n' >"$dir/bad.jsonl"
-out="$("$src/scripts/plot_metrics.py" -o "$dir/bad.png" "$dir/bad.jsonl" 2>&1)"
+out="$("$python" "$src/scripts/plot_metrics.py" -o "$dir/bad.png" "$dir/bad.jsonl" 2>&1)"
 rc=$?
 [ "$rc" -eq 2 ] || { echo "FAIL: malformed file gave exit $rc: $out"; exit 1; }
 grep -q "bad.jsonl:2: not JSON" <<<"$out" || { echo "FAIL: message: $out"; exit 1; }

@@ -15,23 +15,23 @@ if(TARGET train_resnet)
   # out, not a loop, because docs/reliability.md cites them and docs.references looks the names up.
   set(_train_resnet_test ${CMAKE_CURRENT_SOURCE_DIR}/tests/scripts/train_resnet_test.py)
   add_test(NAME examples.train_resnet.train
-           COMMAND /usr/bin/python3 ${_train_resnet_test} ${CMAKE_BINARY_DIR} train)
+           COMMAND ${DTRAIN_PYTHON} ${_train_resnet_test} ${CMAKE_BINARY_DIR} train)
   add_test(NAME examples.train_resnet.amp
-           COMMAND /usr/bin/python3 ${_train_resnet_test} ${CMAKE_BINARY_DIR} amp)
+           COMMAND ${DTRAIN_PYTHON} ${_train_resnet_test} ${CMAKE_BINARY_DIR} amp)
   add_test(NAME examples.train_resnet.resume
-           COMMAND /usr/bin/python3 ${_train_resnet_test} ${CMAKE_BINARY_DIR} resume)
+           COMMAND ${DTRAIN_PYTHON} ${_train_resnet_test} ${CMAKE_BINARY_DIR} resume)
   add_test(NAME examples.train_resnet.usage
-           COMMAND /usr/bin/python3 ${_train_resnet_test} ${CMAKE_BINARY_DIR} usage)
+           COMMAND ${DTRAIN_PYTHON} ${_train_resnet_test} ${CMAKE_BINARY_DIR} usage)
   add_test(NAME examples.train_resnet.data
-           COMMAND /usr/bin/python3 ${_train_resnet_test} ${CMAKE_BINARY_DIR} data)
+           COMMAND ${DTRAIN_PYTHON} ${_train_resnet_test} ${CMAKE_BINARY_DIR} data)
   add_test(NAME examples.train_resnet.watch
-           COMMAND /usr/bin/python3 ${_train_resnet_test} ${CMAKE_BINARY_DIR} watch)
+           COMMAND ${DTRAIN_PYTHON} ${_train_resnet_test} ${CMAKE_BINARY_DIR} watch)
   add_test(NAME examples.train_resnet.zero
-           COMMAND /usr/bin/python3 ${_train_resnet_test} ${CMAKE_BINARY_DIR} zero)
+           COMMAND ${DTRAIN_PYTHON} ${_train_resnet_test} ${CMAKE_BINARY_DIR} zero)
   add_test(NAME examples.train_resnet.zero3
-           COMMAND /usr/bin/python3 ${_train_resnet_test} ${CMAKE_BINARY_DIR} zero3)
+           COMMAND ${DTRAIN_PYTHON} ${_train_resnet_test} ${CMAKE_BINARY_DIR} zero3)
   add_test(NAME examples.train_resnet.recompute
-           COMMAND /usr/bin/python3 ${_train_resnet_test} ${CMAKE_BINARY_DIR} recompute)
+           COMMAND ${DTRAIN_PYTHON} ${_train_resnet_test} ${CMAKE_BINARY_DIR} recompute)
   set_tests_properties(examples.train_resnet.train examples.train_resnet.amp
                        examples.train_resnet.resume examples.train_resnet.usage examples.train_resnet.data
                        examples.train_resnet.watch examples.train_resnet.zero
@@ -41,7 +41,7 @@ endif()
 
 add_test(NAME scripts.plot_metrics
          COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/tests/scripts/plot_metrics_test.sh
-                 ${CMAKE_CURRENT_SOURCE_DIR} ${CMAKE_BINARY_DIR})
+                 ${CMAKE_CURRENT_SOURCE_DIR} ${CMAKE_BINARY_DIR} ${DTRAIN_PYTHON})
 # It runs a short launch job (two test workers) for a real metrics file.
 set_tests_properties(scripts.plot_metrics PROPERTIES LABELS integration TIMEOUT 90)
 

@@ -1,8 +1,9 @@
 """An independent reader of TensorBoard event files, for the tests of dtrain's writer.
 
-It shares no code with dtrain: TFRecord framing and CRC32C from python3-crc32c, the Event
-protocol buffer parsed by google.protobuf (python3-protobuf) from a descriptor built here with
-TensorBoard's own field numbers (tensorboard/compat/proto/event.proto and summary.proto):
+It shares no code with dtrain: TFRecord framing and CRC32C (Castagnoli, bit-reflected, computed
+here from its polynomial), the Event protocol buffer parsed by google.protobuf (TensorBoard's
+dependency) from a descriptor built here with TensorBoard's own field numbers
+(tensorboard/compat/proto/event.proto and summary.proto):
 
     message Event   { double wall_time = 1; int64 step = 2;
                       oneof what { string file_version = 3; Summary summary = 5; ... } }
@@ -21,7 +22,6 @@ import os
 import struct
 import sys
 
-import crc32c
 from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
 
 FILE_VERSION = "brain.Event:2"
@@ -54,8 +54,31 @@ def _messages():
 Event = _messages()
 
 
+def _crc32c_table():
+    table = []
+    for byte in range(256):
+        crc = byte
+        for _ in range(8):
+            crc = (crc >> 1) ^ 0x82F63B78 if crc & 1 else crc >> 1
+        table.append(crc)
+    return table
+
+
+_CRC32C_TABLE = _crc32c_table()
+
+
+def crc32c(data):
+    crc = 0xFFFFFFFF
+    for byte in data:
+        crc = _CRC32C_TABLE[(crc ^ byte) & 0xFF] ^ (crc >> 8)
+    return crc ^ 0xFFFFFFFF
+
+
+assert crc32c(b"123456789") == 0xE3069283, "CRC32C check value"
+
+
 def masked_crc(data):
-    crc = crc32c.crc32c(data)
+    crc = crc32c(data)
     return (((crc >> 15) | (crc << 17)) + 0xA282EAD8) & 0xFFFFFFFF
 
 

@@ -1,6 +1,6 @@
-#!/usr/bin/python3
+#!/usr/bin/env python3
 """TensorBoard event files written by dtrain, read back by an independent reader
-(tensorboard_events.py: google.protobuf with TensorBoard's field numbers, python3-crc32c):
+(tensorboard_events.py: google.protobuf with TensorBoard's field numbers, its own CRC32C):
 
   launch   launch --metrics-file F --tensorboard-dir D over two test workers that record figures,
            with a restart: one event file; it opens with the file_version record, every CRC

@@ -1,4 +1,4 @@
-#!/usr/bin/python3
+#!/usr/bin/env python3
 """train_resnet under launch with 2 ranks, at a small size (ResNet-18 of width 8 on a synthetic
 CIFAR-10 of 1,200 images): the loss falls, the ranks end bitwise equal, the metrics file holds a
 record per step in the schema, the Prometheus endpoint answers a scrape mid-run (parsed, not
@@ -378,9 +378,10 @@ def scrape(port):
 
 
 def plot(files, output):
-    """plot_metrics.py on `files`: the PNG it wrote, and its panels as {title: lines}."""
-    out = subprocess.run([os.path.join(SOURCE, "scripts", "plot_metrics.py"), "-o", output, *files],
-                         capture_output=True, text=True, timeout=120)
+    """plot_metrics.py on `files`, run by this test's Python (DTRAIN_PYTHON, which has matplotlib):
+    the PNG it wrote, and its panels as {title: lines}."""
+    out = subprocess.run([sys.executable, os.path.join(SOURCE, "scripts", "plot_metrics.py"),
+                          "-o", output, *files], capture_output=True, text=True, timeout=120)
     if out.returncode != 0:
         fail(f"plot_metrics.py {files}: exit {out.returncode}: {out.stdout}{out.stderr}")
     with open(output, "rb") as f:

@@ -15,6 +15,14 @@ std::string sourceDir();
 // A built executable of this tree, e.g. binaryPath("launch"); fails the test if absent.
 std::string binaryPath(const std::string& name);
 
+// The Python of this build (CMake's DTRAIN_PYTHON: the project's .venv unless configured
+// otherwise), for the tests that check dtrain against PyTorch.
+std::string python();
+// Empty when python() imports `modules` (one import statement: "torch, torchvision"); else what
+// failed, with a HINT. scripts/setup.sh always makes the environment, so a test that needs a
+// module fails with this rather than skipping.
+std::string pythonImportError(const std::string& modules);
+
 // A fresh directory under $TMPDIR, removed with everything in it when the object dies.
 class TempDir {
  public:

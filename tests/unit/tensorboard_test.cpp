@@ -1,6 +1,6 @@
 // TensorBoard event files (Note [TensorBoard event files]): CRC32C against its check value, the
-// bytes of an Event and its TFRecord against golden bytes that Python's google.protobuf and
-// python3-crc32c produced, the tags, and the sink's file: one writer per directory, the step of
+// bytes of an Event and its TFRecord against golden bytes that Python's google.protobuf and a
+// CRC32C in Python produced, the tags, and the sink's file: one writer per directory, the step of
 // a record without one, a torn write cut back, a directory whose filesystem has no file locks
 // (tensorboard_helper started with libdtrain_flock_errno_shim.so preloaded).
 // tests/scripts/tensorboard_test.py reads whole runs back with an independent reader.
@@ -103,7 +103,7 @@ size_t occurrences(const std::string& text, const std::string& what) {
 TEST(TensorBoardEvents, Crc32cHasItsCheckValue) {
   EXPECT_EQ(tensorboard::crc32c("123456789", 9), 0xE3069283u);
   EXPECT_EQ(tensorboard::crc32c("", 0), 0u);
-  // python3-crc32c, masked as TFRecord masks it.
+  // Python's (tests/scripts/tensorboard_events.py), masked as TFRecord masks it.
   EXPECT_EQ(tensorboard::maskedCrc32c("123456789", 9), 0xc78ab0e5u);
 }
 

@@ -1,14 +1,22 @@
 """A plain PyTorch DDP script, written for torchrun: it must run unchanged under `launch`.
 
     torchrun --standalone --nproc_per_node=2 ddp_compat.py
-    launch --nproc-per-node 2 --python /usr/bin/python3 ddp_compat.py
+    launch --nproc-per-node 2 --python .venv/bin/python3 ddp_compat.py
 
 Gloo, init_process_group with the default env:// (MASTER_ADDR, MASTER_PORT, RANK, WORLD_SIZE),
 DDP on a small model, a few steps; prints one line per rank that the test checks. With
---fail-rank R, rank R raises inside a function wrapped by torchrun's @record, which writes
-TORCHELASTIC_ERROR_FILE -- launch's report must show that message.
+--fail-rank R, rank R raises once it has joined the process group, inside a function wrapped by
+torchrun's @record, which writes TORCHELASTIC_ERROR_FILE -- launch's report must show that message.
+
+Under torch 2.x a Gloo worker thread can still be freeing its last collective when the interpreter
+exits, and needing the GIL then, aborts the process (SIGABRT, "terminate called without an active
+exception"; under torchrun too: pytorch/pytorch#190489). DDP's reference cycles keep the process
+group, and so its threads, alive until the collection at exit; collected before it, the group
+joins them while Python still runs. The failing rank raises before any collective for the same
+reason: the exception's traceback would keep the model, and so the group, alive.
 """
 import argparse
+import gc
 import os
 
 import torch
@@ -26,6 +34,8 @@ def main():
 
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
+    if rank == args.fail_rank:
+        raise RuntimeError(f"compat test failure on rank {rank}")
     assert world == int(os.environ["WORLD_SIZE"]), "WORLD_SIZE disagrees with the process group"
     assert rank == int(os.environ["RANK"])
     local_rank = int(os.environ["LOCAL_RANK"])
@@ -39,8 +49,6 @@ def main():
         optimizer.zero_grad()
         loss.backward()
         optimizer.step()
-    if rank == args.fail_rank:
-        raise RuntimeError(f"compat test failure on rank {rank}")
 
     weight = model.module.weight.detach().clone()
     gathered = [torch.zeros_like(weight) for _ in range(world)]
@@ -55,3 +63,4 @@ def main():
 
 if __name__ == "__main__":
     main()
+    gc.collect()

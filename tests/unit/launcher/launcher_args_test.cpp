@@ -294,8 +294,8 @@ INSTANTIATE_TEST_SUITE_P(
     ::testing::Values(
         CommandCase{"Binary", {"./train", "--lr", "1"}, {"./train", "--lr", "1"}, false},
         CommandCase{"Script", {"train.py", "-x"}, {"python3", "train.py", "-x"}, true},
-        CommandCase{"ScriptOtherPython", {"--python", "/usr/bin/python3", "t.py"},
-                    {"/usr/bin/python3", "t.py"}, true},
+        CommandCase{"ScriptOtherPython", {"--python", "/opt/py/bin/python3", "t.py"},
+                    {"/opt/py/bin/python3", "t.py"}, true},
         CommandCase{"NoPython", {"--no-python", "t.py"}, {"t.py"}, false},
         CommandCase{"Module", {"-m", "pkg.train", "a"}, {"python3", "-m", "pkg.train", "a"}, true},
         CommandCase{"PyInTheMiddle", {"./x.py.sh"}, {"./x.py.sh"}, false}),
