@@ -105,6 +105,37 @@ endif()
 set(DTRAIN_HAVE_TORCH OFF)
 set(DTRAIN_HAVE_TORCH_CUDA OFF)
 if(DTRAIN_WITH_TORCH)
+  # Which libtorch: by default the pip torch of the project's Python environment (scripts/setup.sh
+  # makes .venv: torch 2.14.1, its CUDA 13 build). DTRAIN_LIBTORCH names a libtorch root (the folder
+  # with lib/ and share/cmake/Torch: pip's site-packages/torch, or an unpacked libtorch zip); empty,
+  # the usual CMAKE_PREFIX_PATH / Torch_DIR search. The root goes first on CMAKE_PREFIX_PATH, not
+  # only into Torch_DIR: TorchConfig looks its libraries up with find_library, which would otherwise
+  # take a system libtorch's libc10.so (Debian's) ahead of the one beside its headers.
+  file(GLOB _venv_torch "${CMAKE_SOURCE_DIR}/.venv/lib/python3*/site-packages/torch/share/cmake/Torch")
+  set(_default_libtorch "")
+  if(_venv_torch AND NOT Torch_DIR AND NOT DEFINED ENV{Torch_DIR})
+    list(GET _venv_torch 0 _default_libtorch)
+    get_filename_component(_default_libtorch "${_default_libtorch}/../../.." ABSOLUTE)
+  endif()
+  set(DTRAIN_LIBTORCH "${_default_libtorch}" CACHE PATH
+      "libtorch root to build against (default: the project's .venv torch; empty: search)")
+  if(DTRAIN_LIBTORCH)
+    if(NOT EXISTS "${DTRAIN_LIBTORCH}/share/cmake/Torch/TorchConfig.cmake")
+      message(FATAL_ERROR "DTRAIN_LIBTORCH=${DTRAIN_LIBTORCH} has no share/cmake/Torch/TorchConfig.cmake "
+                          "(HINT: name the folder of a libtorch: pip's site-packages/torch, or an "
+                          "unpacked libtorch; run scripts/setup.sh for the project's .venv)")
+    endif()
+    list(PREPEND CMAKE_PREFIX_PATH "${DTRAIN_LIBTORCH}")
+    # A CUDA wheel's libtorch needs NVRTC, which the wheels carry (nvidia/cu*/lib) and a CUDA toolkit
+    # may not: take the wheel's unless told otherwise.
+    if(NOT CUDA_nvrtc_LIBRARY)
+      file(GLOB _wheel_nvrtc "${DTRAIN_LIBTORCH}/../nvidia/cu*/lib/libnvrtc.so.[0-9]*")
+      if(_wheel_nvrtc)
+        list(GET _wheel_nvrtc 0 _wheel_nvrtc)
+        set(CUDA_nvrtc_LIBRARY "${_wheel_nvrtc}" CACHE FILEPATH "NVRTC of the libtorch wheel")
+      endif()
+    endif()
+  endif()
   # A CUDA libtorch 2.x's package enables the CUDA language, which needs nvcc, and refuses an nvcc
   # whose version is not its toolkit's: hand it the toolkit found above, unless told otherwise
   # (-DCMAKE_CUDA_COMPILER, CUDACXX, -DCUDA_TOOLKIT_ROOT_DIR). A CPU libtorch ignores both.
@@ -126,9 +157,38 @@ if(DTRAIN_WITH_TORCH)
       endif()
     endforeach()
     message(STATUS "libtorch ${Torch_VERSION} (cuda=${DTRAIN_HAVE_TORCH_CUDA})")
-    # libtorch 2.14's headers refuse anything older than C++20 (#error); the whole build then uses
-    # it, so that dtrain's libraries and their users agree on one standard.
-    if(Torch_VERSION VERSION_GREATER_EQUAL 2.14 AND CMAKE_CXX_STANDARD LESS 20)
+    # Libraries from pip wheels (this libtorch, the NCCL beside it) belong to no Debian package and
+    # sit in no folder the loader searches: the installed binaries that need them name their folders
+    # in their RUNPATH (cmake/install.cmake), and packaging leaves them out of the dependencies
+    # (cmake/package.cmake). docs/building.md says what a node then needs.
+    set(DTRAIN_WHEEL_LIBRARY_DIRS "")
+    if(DTRAIN_LIBTORCH)
+      list(APPEND DTRAIN_WHEEL_LIBRARY_DIRS "${TORCH_INSTALL_PREFIX}/lib")
+      get_filename_component(_wheel_site "${DTRAIN_LIBTORCH}" DIRECTORY)
+      if(DTRAIN_HAVE_NCCL AND NCCL_LIBRARY MATCHES "^${_wheel_site}/")
+        get_filename_component(_nccl_dir "${NCCL_LIBRARY}" DIRECTORY)
+        list(APPEND DTRAIN_WHEEL_LIBRARY_DIRS "${_nccl_dir}")
+      endif()
+    endif()
+    # One NCCL per process: a pip libtorch loads the nvidia-nccl wheel its metadata pins; the NCCL
+    # backend must be built against that version, not another one a CUDA toolkit carries.
+    get_filename_component(_torch_site "${TORCH_INSTALL_PREFIX}" DIRECTORY)
+    file(GLOB _torch_metadata "${_torch_site}/torch-*.dist-info/METADATA")
+    if(DTRAIN_HAVE_NCCL AND _torch_metadata)
+      list(GET _torch_metadata 0 _torch_metadata)
+      file(STRINGS "${_torch_metadata}" _torch_nccl REGEX "^Requires-Dist: nvidia-nccl-cu[0-9]+==")
+      if(_torch_nccl MATCHES "==([0-9]+\\.[0-9]+\\.[0-9]+)" AND
+         NOT CMAKE_MATCH_1 VERSION_EQUAL NCCL_VERSION)
+        message(FATAL_ERROR "libtorch ${Torch_VERSION} (${TORCH_INSTALL_PREFIX}) loads NCCL "
+                            "${CMAKE_MATCH_1} and the NCCL found is ${NCCL_VERSION} "
+                            "(${NCCL_INCLUDE_DIR}): a process would hold both. HINT: point NCCL_ROOT "
+                            "at the nvidia-nccl wheel beside torch (site-packages/nvidia/nccl), or "
+                            "-DDTRAIN_WITH_NCCL=OFF")
+      endif()
+    endif()
+    # libtorch 2.13's headers need C++20 and 2.14's refuse anything older (#error); the whole build
+    # then uses it, so that dtrain's libraries and their users agree on one standard.
+    if(Torch_VERSION VERSION_GREATER_EQUAL 2.13 AND CMAKE_CXX_STANDARD LESS 20)
       set(CMAKE_CXX_STANDARD 20)
       message(STATUS "libtorch ${Torch_VERSION} needs C++20: building as C++20")
     endif()

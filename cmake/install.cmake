@@ -22,6 +22,21 @@ foreach(example train_linear train_resnet)
   endif()
 endforeach()
 
+# Libraries from pip wheels (cmake/dependencies.cmake): their folders go into the RUNPATH of the
+# installed binaries that load them, after the package's own library folder.
+if(DTRAIN_WHEEL_LIBRARY_DIRS)
+  foreach(_target dtrain_comm dtrain_gloo dtrain checkpoint train_linear train_resnet)
+    if(TARGET ${_target})
+      get_target_property(_rpath ${_target} INSTALL_RPATH)
+      if(NOT _rpath)
+        set(_rpath "${CMAKE_INSTALL_RPATH}")
+      endif()
+      list(APPEND _rpath ${DTRAIN_WHEEL_LIBRARY_DIRS})
+      set_target_properties(${_target} PROPERTIES INSTALL_RPATH "${_rpath}")
+    endif()
+  endforeach()
+endif()
+
 # What watching a job needs beside launch (docs/monitoring.md): the Prometheus alert rules and the
 # Grafana dashboard, in <datadir>/dtrain/.
 install(FILES docs/prometheus/dtrain-alerts.yml

@@ -12,8 +12,9 @@
 # because every link list named fmt (through dtrain_base) before torch. So when libtorch bundles an
 # fmt of another version, the fmt package's include directory becomes an include directory of every
 # target defined after this point, ahead of anything linked, and this is checked at configure time
-# by compiling against libtorch the way every target does. An fmt in the compiler's own search
-# path (/usr/include) cannot come ahead of libtorch's -isystem directories: refused, with what to do.
+# by compiling against libtorch the way every target does. An fmt in the compiler's own search path
+# (Debian's, in /usr/include) is searched after every -isystem directory whatever the order, so it is
+# reached through a folder of the build holding only a link to its fmt/ folder, which can come first.
 # A program that links dtrain's installed package with such a libtorch needs the same order.
 
 set(_fmt_number "")
@@ -40,32 +41,48 @@ endforeach()
 
 if(_torch_fmt_number AND _fmt_number AND NOT _torch_fmt_number EQUAL _fmt_number)
   get_target_property(_fmt_includes fmt::fmt INTERFACE_INCLUDE_DIRECTORIES)
+  # An fmt in the compiler's own search path is searched after every -isystem directory: it is
+  # reached instead through a folder of the build that holds only a link to its fmt/ folder.
+  set(_fmt_read_from "")
   foreach(_dir IN LISTS _fmt_includes)
     if(_dir IN_LIST CMAKE_CXX_IMPLICIT_INCLUDE_DIRECTORIES)
-      message(FATAL_ERROR
-        "libtorch ${Torch_VERSION} bundles fmt ${_torch_fmt_version} (${_torch_fmt_dir}/fmt) and dtrain "
-        "links fmt ${fmt_VERSION}, whose headers are in ${_dir}, which the compiler searches after "
-        "every -isystem directory: dtrain would compile against libtorch's fmt and link its own "
-        "(see Note [Two fmts] in cmake/torch_fmt.cmake). HINT: put an fmt package outside the "
-        "compiler's own search path first on CMAKE_PREFIX_PATH (scripts/gpu_deps.sh unpacks "
-        "Debian's into .deps/root/usr)")
+      if(NOT EXISTS "${_dir}/fmt/core.h")
+        message(FATAL_ERROR
+          "libtorch ${Torch_VERSION} bundles fmt ${_torch_fmt_version} (${_torch_fmt_dir}/fmt) and "
+          "dtrain links fmt ${fmt_VERSION}, whose headers are not in ${_dir}/fmt (see Note [Two "
+          "fmts] in cmake/torch_fmt.cmake). HINT: put the fmt package dtrain links first on "
+          "CMAKE_PREFIX_PATH")
+      endif()
+      set(_dir_link "${CMAKE_BINARY_DIR}/dtrain_fmt_include")
+      file(MAKE_DIRECTORY "${_dir_link}")
+      if(NOT EXISTS "${_dir_link}/fmt/core.h")
+        file(CREATE_LINK "${_dir}/fmt" "${_dir_link}/fmt" SYMBOLIC)
+      endif()
+      list(APPEND _fmt_read_from "${_dir_link}")
+    else()
+      list(APPEND _fmt_read_from "${_dir}")
     endif()
   endforeach()
+  set(_fmt_includes ${_fmt_read_from})
   include_directories(BEFORE SYSTEM ${_fmt_includes})
+  set(DTRAIN_TORCH_BUNDLES_OTHER_FMT 1)  # the installed package does the same (dtrainConfig.cmake)
 
-  # Compiled the way every target is: the include directories it gets from this directory, then
-  # those of what it links, libtorch named before fmt (the order that would let libtorch's win).
+  # Compiled with the include directories in the order every target gets them: this directory's
+  # (fmt's, above), then libtorch's (what linking it adds), all -isystem. Its imported targets cannot
+  # be linked in a try_compile (they name a protobuf target only its package defines), so the
+  # directories are spelled out.
   set(_check_dir "${CMAKE_BINARY_DIR}/CMakeFiles/dtrain_torch_fmt_check")
   file(WRITE "${_check_dir}/check.cpp"
        "#include <fmt/core.h>\n"
        "static_assert(FMT_VERSION == ${_fmt_number}, \"reads another fmt's headers\");\n")
-  get_directory_property(_own_includes INCLUDE_DIRECTORIES)
-  string(REPLACE ";" "\\;" _own_includes_arg "${_own_includes}")
+  set(_check_flags "")
+  foreach(_dir IN LISTS _fmt_includes TORCH_INCLUDE_DIRS)
+    string(APPEND _check_flags " -isystem \"${_dir}\"")
+  endforeach()
   set(_saved_type "${CMAKE_TRY_COMPILE_TARGET_TYPE}")
   set(CMAKE_TRY_COMPILE_TARGET_TYPE STATIC_LIBRARY)
   try_compile(_fmt_order_ok "${_check_dir}/build" SOURCES "${_check_dir}/check.cpp"
-              CMAKE_FLAGS "-DINCLUDE_DIRECTORIES=${_own_includes_arg}"
-              LINK_LIBRARIES torch fmt::fmt
+              CMAKE_FLAGS "-DCMAKE_CXX_FLAGS=${_check_flags}"
               OUTPUT_VARIABLE _fmt_order_output)
   set(CMAKE_TRY_COMPILE_TARGET_TYPE "${_saved_type}")
   if(NOT _fmt_order_ok)

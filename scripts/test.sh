@@ -9,6 +9,7 @@ jobs="$(nproc)"
 start=$(date +%s)
 
 "$root/scripts/setup.sh"
+setup_done=$(date +%s)
 
 generator=()
 command -v ninja >/dev/null 2>&1 && generator=(-G Ninja)
@@ -19,7 +20,14 @@ else
 fi
 cmake --build "$build" -j "$jobs"
 built=$(date +%s)
-echo "test.sh: build took $((built - start)) s"
+# Seconds each step may take on a fresh machine of CI's kind (docs/building.md has the figures).
+declare -A step_budget=([setup]=420 [build]=1080)
+step() {  # step NAME SECONDS
+  printf 'test.sh: %-6s took %5s s of %5s s budget\n' "$1" "$2" "${step_budget[$1]}"
+  [ "$2" -le "${step_budget[$1]}" ] || echo "  WARNING: step $1 is over its budget"
+}
+step setup $((setup_done - start))
+step build $((built - setup_done))
 
 # Seconds each label may take (sum of its tests' time); printed against what they took.
 declare -A budget=([unit]=120 [integration]=600 [e2e]=420 [gpu]=300)
@@ -40,5 +48,5 @@ for label in unit integration e2e gpu; do
   fi
 done
 end=$(date +%s)
-echo "test.sh: total $((end - start)) s (build $((built - start)) s, tests $((end - built)) s)"
+echo "test.sh: total $((end - start)) s (setup $((setup_done - start)) s, build $((built - setup_done)) s, tests $((end - built)) s)"
 exit $status

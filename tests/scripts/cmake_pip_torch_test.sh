@@ -2,9 +2,11 @@
 # dtrain's CMake against a fake pip libtorch (TorchConfig.cmake in torch/share/cmake/Torch, fmt 12
 # headers in torch/include/fmt, a libtorch_cpu.so without Gloo), configured only, so what the
 # configure decides is tested without libtorch 2.x:
+#   - DTRAIN_LIBTORCH names the libtorch to build against;
 #   - the fmt dtrain links is read ahead of libtorch's bundled one (Note [Two fmts]), checked by a
-#     compile at configure time; an fmt in /usr/include is refused with a hint;
-#   - libtorch 2.14 makes the build C++20, 2.13 leaves it C++17;
+#     compile at configure time, also when that fmt is in /usr/include (through a folder of the
+#     build that links to it);
+#   - libtorch 2.13 and 2.14 make the build C++20;
 #   - libtorch's package sees CMAKE_CUDA_COMPILER set to the CUDA toolkit's nvcc, when the build
 #     found a toolkit;
 #   - the c10d Gloo peer of allreduce_bench is skipped, saying why, for a libtorch with its own Gloo.
@@ -57,7 +59,7 @@ cp -P "$libdir"/libfmt.so* "$fmt/${libdir#/usr/}/"
 configure() {  # configure NAME PREFIX_PATH: output in $out, exit status in $rc
   rc=0
   out="$(cmake -S "$src" -B "$tmp/$1" -G Ninja -DCMAKE_BUILD_TYPE=Release \
-           "-DCMAKE_PREFIX_PATH=$2" -DDTRAIN_WITH_TESTS=OFF -DDTRAIN_WITH_EXAMPLES=OFF \
+           "-DCMAKE_PREFIX_PATH=$2" "-DDTRAIN_LIBTORCH=$torch" -DDTRAIN_WITH_TESTS=OFF -DDTRAIN_WITH_EXAMPLES=OFF \
            -DDTRAIN_WITH_BENCHMARKS=ON 2>&1)" || rc=$?
   [ -z "${VERBOSE:-}" ] || printf '%s\n(exit %s)\n' "$out" "$rc"
 }
@@ -107,10 +109,12 @@ echo "ok: libtorch 2.14: fmt order checked, C++20, no c10d Gloo peer"
 torch_version 2.13.0
 configure b213 "$torch/share/cmake;$fmt"
 [ "$rc" = 0 ] || { echo "$out" >&2; fail "configure against the fake libtorch 2.13 failed"; }
-[ "$(std_of b213)" = "-std=c++17 " ] || fail "libtorch 2.13: sources compiled with $(std_of b213), not -std=c++17"
-echo "ok: libtorch 2.13: C++17"
+[ "$(std_of b213)" = "-std=c++20 " ] || fail "libtorch 2.13: sources compiled with $(std_of b213), not -std=c++20"
+echo "ok: libtorch 2.13: C++20"
 
 configure bsys "$torch/share/cmake"
-[ "$rc" != 0 ] || { echo "$out" >&2; fail "configure with fmt in /usr/include passed"; }
-expect "whose headers are in /usr/include, which the compiler searches after every -isystem directory"
-echo "ok: an fmt in /usr/include beside libtorch's bundled fmt is refused"
+[ "$rc" = 0 ] || { echo "$out" >&2; fail "configure with fmt in /usr/include failed"; }
+expect "($tmp/bsys/dtrain_fmt_include) is read ahead of the fmt 12.0.0 libtorch bundles"
+[ "$(readlink "$tmp/bsys/dtrain_fmt_include/fmt")" = /usr/include/fmt ] ||
+  fail "the build's fmt folder does not link to /usr/include/fmt"
+echo "ok: an fmt in /usr/include is read, through the build's link to it, ahead of libtorch's"

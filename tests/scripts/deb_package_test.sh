@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The Debian packages of the build (cmake/package.cmake), checked without installing them on this
 # machine: `cpack -G DEB` builds dtrain and dtrain-dev; their control fields say what they must
-# (the runtime's dependencies from dpkg-shlibdeps: libtorch's runtime library, never a -dev
+# (the runtime's dependencies from dpkg-shlibdeps: Debian's libtorch runtime library when built
+# against it, none for a pip wheel's, whose folder the libraries' RUNPATH names instead; never a -dev
 # package; the -dev package depends on the runtime of its version); `apt-get install --simulate`
 # of the two .deb files resolves every dependency from this machine's package lists;
 # `dpkg-deb -x` unpacks both into a temporary root, whose launch runs a two-rank job of its
@@ -36,9 +37,16 @@ depends="$(field "${runtime[0]}" Depends)"
 echo "deb_package_test: dtrain $version Depends: $depends"
 [[ "$depends" == *libc6* ]] ||
   fail "the runtime's Depends has no libc6: not from dpkg-shlibdeps? ($depends)"
+# A libtorch from a pip wheel or zip (DTRAIN_LIBTORCH) belongs to no package: the installed
+# libraries name its folder in their RUNPATH instead (checked once unpacked, below).
+libtorch_root="$(sed -n 's/^DTRAIN_LIBTORCH:PATH=//p' "$build/CMakeCache.txt")"
 if grep -q '^#define DTRAIN_WITH_TORCH 1' "$build/generated/dtrain/config.h"; then
-  [[ "$depends" =~ libtorch[0-9] ]] ||
-    fail "libdtrain links libtorch, but Depends names no libtorch runtime ($depends)"
+  if [ -z "$libtorch_root" ]; then
+    [[ "$depends" =~ libtorch[0-9] ]] ||
+      fail "libdtrain links libtorch, but Depends names no libtorch runtime ($depends)"
+  elif [[ "$depends" =~ libtorch ]]; then
+    fail "libdtrain links the libtorch of $libtorch_root, which no package owns, but Depends names one ($depends)"
+  fi
 fi
 if grep -qE '(^|[ ,])[a-z0-9.+-]+-dev([ ,(]|$)' <<<"$depends"; then
   fail "the runtime package depends on a -dev package ($depends): a worker node would pull it"
@@ -82,6 +90,11 @@ dpkg-deb -x "${dev[0]}" "$root"
   fail "the unpacked launch does not run"
 if ldd "$root/usr/bin/launch" | grep -F "$build"; then
   fail "the unpacked launch loads libraries of the build tree"
+fi
+if [ -n "$libtorch_root" ] && grep -q '^#define DTRAIN_WITH_TORCH 1' "$build/generated/dtrain/config.h"; then
+  library="$(find "$root/usr/lib" -name 'libdtrain.so.*.*' | head -n1)"
+  readelf -d "$library" | grep -E 'RUNPATH|RPATH' | grep -qF "$libtorch_root/lib" ||
+    fail "the unpacked libdtrain's RUNPATH does not name $libtorch_root/lib: $(readelf -d "$library" | grep -E 'RUNPATH|RPATH')"
 fi
 trainer="$root/usr/libexec/dtrain/train_linear"
 source "$src/tests/scripts/nccl_library_path.sh"
