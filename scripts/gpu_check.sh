@@ -25,7 +25,9 @@
 # DTRAIN_WITH_TORCH, DTRAIN_WITH_TORCH_CUDA and DTRAIN_WITH_NCCL are 1 in dtrain/config.h.
 #
 # Where things come from:
-#   libtorch    the pip `torch` of PYTHON (default python3): torch.utils.cmake_prefix_path
+#   libtorch    the pip `torch` of PYTHON (default python3): its folder (the one above
+#               torch.utils.cmake_prefix_path), passed as DTRAIN_LIBTORCH as the default build
+#               passes the .venv's
 #   NCCL        the pip `nvidia-nccl` wheel beside torch (site-packages/nvidia/nccl/{include,lib}),
 #               else NCCL_ROOT from the environment, else the CUDA toolkit
 #   CUDA        the toolkit of nvcc: CUDACXX, else the nvcc on PATH, else CUDAToolkit_ROOT/bin,
@@ -337,7 +339,7 @@ if [ -z "${TORCH_CUDA_ARCH_LIST:-}" ] && command -v nvidia-smi >/dev/null 2>&1; 
   [ -n "$TORCH_CUDA_ARCH_LIST" ] && export TORCH_CUDA_ARCH_LIST
 fi
 cmake_args=(-S "$root" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release
-            "-DCMAKE_PREFIX_PATH=$torch_prefix;$deps/usr"
+            "-DDTRAIN_LIBTORCH=${torch_prefix%/share/cmake}" "-DCMAKE_PREFIX_PATH=$deps/usr"
             ${nccl_root:+"-DNCCL_ROOT=$nccl_root"}
             ${nvcc:+"-DCMAKE_CUDA_COMPILER=$nvcc"} ${cuda_root:+"-DCUDAToolkit_ROOT=$cuda_root"}
             ${cuda_root:+"-DCUDA_TOOLKIT_ROOT_DIR=$cuda_root"}

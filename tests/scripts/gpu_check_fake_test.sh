@@ -82,7 +82,7 @@ pip_layout() {
   expect "torch 2.11.0+cu130, CUDA 13.0, C++11 ABI 1, CMake prefix $site/torch/share/cmake"
   expect "NCCL_ROOT=$site/nvidia/nccl"
   expect "nvcc 13.0 ($tmp/bin/nvcc), toolkit $tmp"
-  expect "-DCMAKE_PREFIX_PATH=$site/torch/share/cmake\\;$tmp/deps/usr"
+  expect "-DDTRAIN_LIBTORCH=$site/torch -DCMAKE_PREFIX_PATH=$tmp/deps/usr"
   expect "-DNCCL_ROOT=$site/nvidia/nccl"
   expect "-DCMAKE_CUDA_COMPILER=$tmp/bin/nvcc"
   expect "-DCUDAToolkit_ROOT=$tmp "
