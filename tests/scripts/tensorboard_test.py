@@ -6,7 +6,8 @@
            with a restart: one event file; it opens with the file_version record, every CRC
            holds, and record for record it holds what F holds -- wall time, step (a trainer's,
            or for launch's samples the whole seconds since the file was opened), every field's
-           tag and value (as a float32);
+           tag and value (as a float32); and TensorBoard's own EventAccumulator reads every one
+           of those scalars, per tag, at its step (also in nolocks and demo);
   kill     launch SIGKILLed while it writes: every complete record verifies;
   nolocks  launch --tensorboard-dir on a filesystem without file locks (flock() failing with
            ENOSYS, ENOLCK or EOPNOTSUPP through libdtrain_flock_errno_shim.so): the job runs, one
@@ -104,7 +105,33 @@ def check_against_jsonl(event_file, jsonl):
             fail(f"record {i}: scalars {got[2]}, expected {want[2]}")
         tags.update(t for t, _ in got[2])
     print(f"{event_file}: {len(events)} records, {len(tags)} tags, equal to {jsonl}")
+    check_with_tensorboard(event_file, events)
     return events, tags
+
+
+def check_with_tensorboard(event_file, events):
+    """TensorBoard itself (its EventAccumulator, every scalar kept: size_guidance 0, nothing purged
+    across a restart's repeated steps) reads, per tag, the steps and values the records hold."""
+    import tensorboard
+    from tensorboard.backend.event_processing import event_accumulator as ea
+    acc = ea.EventAccumulator(event_file, size_guidance={ea.SCALARS: 0},
+                              purge_orphaned_data=False)
+    acc.Reload()
+    want = {}
+    for _, step, scalars in events:
+        for t, value in scalars:
+            want.setdefault(t, []).append((step, value))
+    tags = set(acc.Tags()["scalars"])
+    if tags != set(want):
+        fail(f"TensorBoard {tensorboard.__version__} reads the tags {sorted(tags)}, "
+             f"expected {sorted(want)}")
+    for t, points in want.items():
+        got = [(e.step, e.value) for e in acc.Scalars(t)]
+        if len(got) != len(points) or not all(
+                gs == ws and same_value(gv, wv) for (gs, gv), (ws, wv) in zip(got, points)):
+            fail(f"TensorBoard {tensorboard.__version__} reads {t} as {got}, expected {points}")
+    print(f"{event_file}: TensorBoard {tensorboard.__version__}'s EventAccumulator reads "
+          f"{sum(len(p) for p in want.values())} scalars under {len(want)} tags, the same")
 
 
 def run(args, env=None, timeout=120):
