@@ -45,6 +45,13 @@ add_test(NAME scripts.plot_metrics
 # It runs a short launch job (two test workers) for a real metrics file.
 set_tests_properties(scripts.plot_metrics PROPERTIES LABELS integration TIMEOUT 90)
 
+# docs/launch.md's table of torchrun's options: a row for every option of DTRAIN_PYTHON's torchrun,
+# and launch accepts, warns about or refuses each spelling as its row says.
+add_test(NAME launch.torchrun_flags
+         COMMAND ${DTRAIN_PYTHON} ${CMAKE_CURRENT_SOURCE_DIR}/tests/scripts/torchrun_flags_test.py
+                 ${CMAKE_BINARY_DIR} ${CMAKE_CURRENT_SOURCE_DIR})
+set_tests_properties(launch.torchrun_flags PROPERTIES LABELS integration TIMEOUT 120)
+
 # The repository's own documents: no citation of a document outside the repository, every cited
 # section and row of docs/design.md / docs/reliability.md exists, every test a row names too, every
 # function, type or member a Note or a document names is defined in the tree; every guide's links,
