@@ -54,18 +54,7 @@ if(DTRAIN_HAVE_GLOO)
   dtrain_warnings(dtrain_gloo)
   # The system's libgloo comes first among the libraries of every program that links dtrain_comm,
   # ahead of a libtorch that carries its own Gloo, so that gloo:: symbols resolve to it.
-  get_target_property(_gloo_configs gloo IMPORTED_CONFIGURATIONS)
-  set(DTRAIN_GLOO_LIBRARY "")
-  foreach(_config IN LISTS _gloo_configs ITEMS "")
-    if(_config)
-      get_target_property(_location gloo IMPORTED_LOCATION_${_config})
-    else()
-      get_target_property(_location gloo IMPORTED_LOCATION)
-    endif()
-    if(_location AND NOT DTRAIN_GLOO_LIBRARY)
-      set(DTRAIN_GLOO_LIBRARY "${_location}")
-    endif()
-  endforeach()
+  get_target_property(DTRAIN_GLOO_LIBRARY gloo LOCATION)  # the imported library's file
   if(DTRAIN_GLOO_LIBRARY)
     target_link_options(dtrain_comm INTERFACE "LINKER:--push-state,--no-as-needed"
                         "${DTRAIN_GLOO_LIBRARY}" "LINKER:--pop-state")

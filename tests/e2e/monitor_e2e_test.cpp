@@ -10,7 +10,6 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
-#include <regex>
 #include <set>
 #include <thread>
 
@@ -38,13 +37,8 @@ TEST(MultiNodeMonitor, OneEndpointForTheJobAndTheStackOfARankHungOnAnotherNode) 
                               "3", "--stall-action", "stop", commWorker, "--iters", "100000",
                               "--iter-ms", "20", "--timeout-ms", "120000"}),
                   {"DTRAIN_FAULT=hang@rank=3,step=150"});
-  ASSERT_TRUE(p.waitFor([](const std::string&, const std::string& err) {
-    return err.find("launch: metrics on http://") != std::string::npos;
-  }, 30)) << p.err();
-  std::smatch m;
-  std::string err = p.err();
-  ASSERT_TRUE(std::regex_search(err, m, std::regex("metrics on http://[^ ]*:([0-9]+)/metrics")));
-  const int port = std::stoi(m[1]);
+  const int port = metricsPort(p, 30);
+  ASSERT_GT(port, 0) << p.err();
 
   // One scrape shows both nodes' ranks, labelled with the host list's names.
   const std::string node0 = c->hosts()[0];
@@ -105,13 +99,9 @@ TEST(MultiNodeMonitor, EveryNodesFiguresReachTheEndpointTheFileAndTensorBoard) {
                               "--metrics-port", "0", "--metrics-file", file,
                               "--tensorboard-dir", tensorboard, workerPath(), "--steps", "60",
                               "--step-ms", "100", "--quiet"}));
-  ASSERT_TRUE(p.waitFor([](const std::string&, const std::string& err) {
-    return err.find("launch: metrics on http://") != std::string::npos;
-  }, 30)) << p.err();
-  std::smatch m;
-  std::string err = p.err();
-  ASSERT_TRUE(std::regex_search(err, m, std::regex("metrics on http://[^ ]*:([0-9]+)/metrics")));
-  httplib::Client client("127.0.0.1", std::stoi(m[1]));
+  const int port = metricsPort(p, 30);
+  ASSERT_GT(port, 0) << p.err();
+  httplib::Client client("127.0.0.1", port);
   client.set_read_timeout(5);
   const std::vector<std::string> nodes = {c->hosts()[0], c->hosts()[1]};
   // Each node's collectives' interface: launch's NCCL_SOCKET_IFNAME on a multi-node job.

@@ -269,6 +269,18 @@ std::vector<std::string> launchArgs(const std::vector<std::string>& launchOption
   return args;
 }
 
+int metricsPort(LaunchProcess& p, double seconds) {
+  static const std::regex re("launch: metrics on http://[^ ]*:([0-9]+)/metrics");
+  if (!p.waitFor([](const std::string&, const std::string& err) {
+        return err.find("launch: metrics on") != std::string::npos;
+      }, seconds)) {
+    return -1;
+  }
+  std::smatch m;
+  const std::string err = p.err();
+  return std::regex_search(err, m, re) ? std::stoi(m[1]) : -1;
+}
+
 bool waitForWorkers(LaunchProcess& p, int n, double seconds) {
   return p.waitFor(
       [n](const std::string& o, const std::string&) { return countLines(o, "worker rank=") >= n; },

@@ -103,6 +103,10 @@ std::vector<std::string> workerStoreFlags();
 // Pumps until `n` workers printed their pid line.
 bool waitForWorkers(LaunchProcess& p, int n, double seconds = 20);
 
+// The port launch printed ("launch: metrics on http://0.0.0.0:PORT/metrics"), waiting at most
+// `seconds` for the line; -1 when it did not come.
+int metricsPort(LaunchProcess& p, double seconds = 20);
+
 // No pid the job printed exists any more (reaping orphans; a moment's grace for the kernel).
 void expectNoneLeft(const std::string& output);
 

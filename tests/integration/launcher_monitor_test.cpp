@@ -51,19 +51,6 @@ std::string hostName() {
   return name;
 }
 
-// The port launch printed ("launch: metrics on http://0.0.0.0:PORT/metrics").
-int metricsPort(LaunchProcess& p) {
-  std::smatch m;
-  static const std::regex re("launch: metrics on http://[^ ]*:([0-9]+)/metrics");
-  if (!p.waitFor([](const std::string&, const std::string& err) {
-        return err.find("launch: metrics on") != std::string::npos;
-      }, 20)) {
-    return -1;
-  }
-  std::string err = p.err();
-  return std::regex_search(err, m, re) ? std::stoi(m[1]) : -1;
-}
-
 std::optional<PromScrape> scrape(int port) {
   httplib::Client client("127.0.0.1", port);
   client.set_connection_timeout(2);
