@@ -157,6 +157,14 @@ if(DTRAIN_WITH_TORCH)
       endif()
     endforeach()
     message(STATUS "libtorch ${Torch_VERSION} (cuda=${DTRAIN_HAVE_TORCH_CUDA})")
+    # The versions built and tested (docs/building.md, "Which libtorch"): 2.14 (CI's default), 2.13
+    # (CI's CPU-only configuration), 2.11 (the GPU machine's, scripts/gpu_check.sh).
+    if(Torch_VERSION VERSION_LESS 2.11 OR Torch_VERSION VERSION_GREATER_EQUAL 2.15)
+      message(FATAL_ERROR "libtorch ${Torch_VERSION} (${TORCH_INSTALL_PREFIX}) is not a version "
+                          "dtrain supports (2.11 - 2.14; docs/building.md, \"Which libtorch\"). "
+                          "HINT: pip install torch in that range and pass -DDTRAIN_LIBTORCH=<its "
+                          "site-packages/torch>, or run scripts/setup.sh for the project's .venv")
+    endif()
     # Libraries from pip wheels (this libtorch, the NCCL beside it) belong to no Debian package and
     # sit in no folder the loader searches: the installed binaries that need them name their folders
     # in their RUNPATH (cmake/install.cmake), and packaging leaves them out of the dependencies
@@ -195,7 +203,7 @@ if(DTRAIN_WITH_TORCH)
     include(${CMAKE_CURRENT_LIST_DIR}/torch_fmt.cmake)
   else()
     message(STATUS "libtorch not found: only launch and the torch-free libraries are built "
-                   "(HINT: apt-get install libtorch-dev, or set CMAKE_PREFIX_PATH)")
+                   "(HINT: run scripts/setup.sh for the project's .venv, or -DDTRAIN_LIBTORCH=<a libtorch root>)")
   endif()
 endif()
 

@@ -43,9 +43,6 @@ set(CPACK_DEBIAN_DEV_PACKAGE_NAME dtrain-dev)
 set(CPACK_DEBIAN_DEV_PACKAGE_SECTION libdevel)
 set(CPACK_DEBIAN_DEV_PACKAGE_SHLIBDEPS OFF)
 set(_dev_depends "dtrain (= ${PROJECT_VERSION}), libfmt-dev")
-if(DTRAIN_HAVE_TORCH AND NOT DTRAIN_LIBTORCH)
-  string(APPEND _dev_depends ", libtorch-dev")  # a system libtorch: Debian's
-endif()
 set(CPACK_DEBIAN_DEV_PACKAGE_DEPENDS "${_dev_depends}")
 set(CPACK_DEBIAN_DEV_DESCRIPTION
     "Development files: the headers and the CMake package (find_package(dtrain), then\nlink dtrain::dtrain).")

@@ -20,7 +20,7 @@
 # the rows other features add. --rows runs only the named rows (and the build of what they need).
 #
 # Before configuring it checks, and stops with one line on the first that fails: PYTHON's torch is
-# a CUDA build of a version dtrain supports (1.13, 2.0 - 2.14: docs/design.md#libraries), built
+# a CUDA build of a version dtrain supports (2.11 - 2.14: docs/design.md#libraries), built
 # with the C++11 ABI, and nvcc's major version is torch.version.cuda's. Right after configuring:
 # DTRAIN_WITH_TORCH, DTRAIN_WITH_TORCH_CUDA and DTRAIN_WITH_NCCL are 1 in dtrain/config.h.
 #
@@ -82,9 +82,9 @@ usage_error() { echo "gpu_check.sh: $*" >&2; exit 2; }
 [ -z "$check_build" ] || [ "$dry" = 1 ] || usage_error "--check-build needs --dry-run"
 [[ "$budget" =~ ^[0-9]+$ ]] || usage_error "--budget takes whole seconds, got $budget"
 
-# The libtorch versions dtrain supports (docs/design.md#libraries): 1.13 (Debian, the CI's) and
-# 2.0 - 2.14 (2.14 needs C++20, which cmake/dependencies.cmake then asks for).
-torch_min2=0
+# The libtorch versions dtrain supports (docs/design.md#libraries): 2.11 (this machine kind's) to
+# 2.14 (CI's; 2.13 and later need C++20, which cmake/dependencies.cmake then asks for).
+torch_min2=11
 torch_max2=14
 bench_args=(--backend nccl --world 1 --no-peer --warmup 5 --iters 20
             --sizes 4K,16K,64K,256K,1M,4M,16M,64M,256M)
@@ -281,10 +281,9 @@ else
   IFS=. read -r tmaj tmin _ <<<"${torch_version%%+*}"
   tmin="${tmin%%[!0-9]*}"
   [[ "$tmin" =~ ^[0-9]+$ ]] || tmin=-1
-  if ! { [ "$tmaj" = 1 ] && [ "$tmin" = 13 ]; } &&
-     ! { [ "$tmaj" = 2 ] && [ "$tmin" -ge "$torch_min2" ] && [ "$tmin" -le "$torch_max2" ]; }; then
+  if ! { [ "$tmaj" = 2 ] && [ "$tmin" -ge "$torch_min2" ] && [ "$tmin" -le "$torch_max2" ]; }; then
     refuse "torch $torch_version is not a version dtrain supports" \
-           "(1.13, 2.$torch_min2 - 2.$torch_max2; docs/design.md#libraries)"
+           "(2.$torch_min2 - 2.$torch_max2; docs/design.md#libraries)"
   fi
   [ -n "$torch_cuda" ] || refuse "the torch of $python is a CPU build (torch.version.cuda is None)"
   [ "$torch_abi" = 1 ] ||

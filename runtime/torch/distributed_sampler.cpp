@@ -120,7 +120,7 @@ void DistributedSampler::setEpoch(int64_t epoch) {
   rebuild();
 }
 
-void DistributedSampler::reset(detail::SamplerOptional<size_t> newSize) {
+void DistributedSampler::reset(std::optional<size_t> newSize) {
   if (newSize.has_value() && *newSize != pos_->datasetSize) {
     pos_->datasetSize = *newSize;
     pos_->start = 0;
@@ -129,7 +129,7 @@ void DistributedSampler::reset(detail::SamplerOptional<size_t> newSize) {
   pos_->handedOut = 0;
 }
 
-detail::SamplerOptional<std::vector<size_t>> DistributedSampler::next(size_t batchSize) {
+std::optional<std::vector<size_t>> DistributedSampler::next(size_t batchSize) {
   Position& p = *pos_;
   if (p.handedOut >= p.indices.size()) return {};
   size_t count = std::min(batchSize, p.indices.size() - p.handedOut);

@@ -39,7 +39,7 @@ bool unscaleSpan(T* p, int64_t n, Math inv) {
   return bad;
 }
 
-// The portable fallback of _amp_foreach_non_finite_check_and_unscale_ (no CPU kernel in 1.13).
+// The CPU's unscale and inf/NaN check: a portable loop over the gradient's elements.
 bool unscaleCpu(at::Tensor& grad, float inv) {
   if (grad.is_contiguous()) {
     switch (grad.scalar_type()) {

@@ -70,7 +70,7 @@ class HostMemoryCache final : public c10::Allocator {
     if (options_.maxCachedBytes == 0) options_.maxCachedBytes = quarterOfMemory();
   }
 
-  c10::DataPtr allocate(size_t bytes) DTRAIN_ALLOCATE_CONST override {
+  c10::DataPtr allocate(size_t bytes) override {
     if (bytes < options_.minBytes) return previous_->allocate(bytes);
     void* data = take(bytes);
     return {data, data, &HostMemoryCache::release, c10::Device(c10::DeviceType::CPU)};
@@ -78,11 +78,9 @@ class HostMemoryCache final : public c10::Allocator {
 
   c10::DeleterFnPtr raw_deleter() const override { return &HostMemoryCache::release; }
 
-#if DTRAIN_ALLOCATOR_COPY_DATA
   void copy_data(void* dest, const void* src, std::size_t count) const override {
     default_copy_data(dest, src, count);
   }
-#endif
 
   HostMemoryCacheStats stats() const {
     std::lock_guard<std::mutex> lock(mutex_);

@@ -1,7 +1,7 @@
 #pragma once
-// Every difference between the libtorch versions dtrain supports (1.13, the Debian CI's, and 2.x)
-// that the torch layer touches, in one place, keyed on TORCH_VERSION_MAJOR/MINOR. Code elsewhere
-// calls these helpers and never tests versions itself.
+// Every difference between the libtorch versions dtrain supports (2.11 - 2.14: docs/building.md,
+// "Which libtorch") that the torch layer touches, in one place. Code elsewhere calls these helpers
+// and never tests versions itself.
 //
 // What is here and why:
 //   - NodePtr: how libtorch hands out a node of the autograd graph (a parameter's gradient
@@ -9,24 +9,19 @@
 //   - PostHook: a gradient-accumulator post-hook from a std::function. libtorch's LambdaPostHook
 //     changed its constructor (and grew compiled-autograd callbacks) in 2.x; the FunctionPostHook
 //     interface we derive from kept operator()(outputs, inputs) in both.
-//   - PreHook: the same before the accumulator adds the gradient; 1.13 has no del_pre_hook.
+//   - PreHook: the same before the accumulator adds the gradient (libtorch has no del_pre_hook).
 //   - queueEngineCallback: the autograd engine's end-of-backward callback.
 //   - currentStream: the caller's CUDA stream, only in CUDA builds of libtorch.
-//   - autocastEnabled / setAutocastEnabled / autocastDtype / setAutocastDtype: per device type in
-//     2.4 and later; 1.13 has one function pair per device (set_cpu_enabled, set_enabled for
-//     CUDA), deprecated since.
-//   - optimizerStateKey: the key of a parameter's entry in Optimizer::state(): a string of the
-//     TensorImpl's address in 1.13, the address itself (void*) in later 2.x releases.
+//   - autocastEnabled / setAutocastEnabled / autocastDtype / setAutocastDtype: autocast's switch
+//     and dtype for one device type.
+//   - optimizerStateKey: the key of a parameter's entry in Optimizer::state() (its TensorImpl's
+//     address).
 //   - schedulerStepCount: LRScheduler's position (a protected member in every version; no
 //     accessor exists), for checkpoints.
-//   - DTRAIN_ALLOCATE_CONST / DTRAIN_ALLOCATOR_COPY_DATA: 2.3 made c10::Allocator::allocate
-//     non-const and added the pure virtual copy_data().
 
 #include <functional>
 #include <memory>
-#include <sstream>
 #include <string>
-#include <type_traits>
 #include <utility>
 
 #include <ATen/autocast_mode.h>
@@ -45,16 +40,8 @@
 #include <c10/cuda/CUDAStream.h>
 #endif
 
-#if TORCH_VERSION_MAJOR < 1 || (TORCH_VERSION_MAJOR == 1 && TORCH_VERSION_MINOR < 13)
-#error "dtrain needs libtorch 1.13 or newer"
-#endif
-
-#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 3)
-#define DTRAIN_ALLOCATE_CONST
-#define DTRAIN_ALLOCATOR_COPY_DATA 1
-#else
-#define DTRAIN_ALLOCATE_CONST const
-#define DTRAIN_ALLOCATOR_COPY_DATA 0
+#if TORCH_VERSION_MAJOR < 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR < 11)
+#error "dtrain needs libtorch 2.11 or newer (docs/building.md, Which libtorch)"
 #endif
 
 namespace dtrain::compat {
@@ -102,7 +89,7 @@ class PreHook : public torch::autograd::FunctionPreHook {
 };
 
 // Adds `fn` as a pre-hook of a parameter's gradient accumulator: it runs before the incoming
-// gradient is added into .grad. Returns the key that removes it (1.13 has no del_pre_hook: the
+// gradient is added into .grad. Returns the key that removes it (Node has no del_pre_hook: the
 // hook is found by its address).
 inline uintptr_t addAccumulatorPreHook(const NodePtr& accumulator,
                                        PreHook::Fn fn) {
@@ -140,7 +127,6 @@ inline void* currentStream(const c10::Device& device) {
 }
 
 // Autocast's thread-local switch and lower-precision dtype for CPU or CUDA.
-#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 4)
 inline bool autocastEnabled(c10::DeviceType type) { return at::autocast::is_autocast_enabled(type); }
 inline void setAutocastEnabled(c10::DeviceType type, bool enabled) {
   at::autocast::set_autocast_enabled(type, enabled);
@@ -151,42 +137,10 @@ inline c10::ScalarType autocastDtype(c10::DeviceType type) {
 inline void setAutocastDtype(c10::DeviceType type, c10::ScalarType dtype) {
   at::autocast::set_autocast_dtype(type, dtype);
 }
-#else
-inline bool autocastEnabled(c10::DeviceType type) {
-  return type == c10::DeviceType::CUDA ? at::autocast::is_enabled() : at::autocast::is_cpu_enabled();
-}
-inline void setAutocastEnabled(c10::DeviceType type, bool enabled) {
-  if (type == c10::DeviceType::CUDA) {
-    at::autocast::set_enabled(enabled);
-  } else {
-    at::autocast::set_cpu_enabled(enabled);
-  }
-}
-inline c10::ScalarType autocastDtype(c10::DeviceType type) {
-  return type == c10::DeviceType::CUDA ? at::autocast::get_autocast_gpu_dtype()
-                                       : at::autocast::get_autocast_cpu_dtype();
-}
-inline void setAutocastDtype(c10::DeviceType type, c10::ScalarType dtype) {
-  if (type == c10::DeviceType::CUDA) {
-    at::autocast::set_autocast_gpu_dtype(dtype);
-  } else {
-    at::autocast::set_autocast_cpu_dtype(dtype);
-  }
-}
-#endif
 
-// The key of `param`'s state in `optimizer.state()`, whatever the key type of this libtorch.
-// (A template so that only the branch of this libtorch's key type is instantiated.)
-template <typename OptimizerType>
-auto optimizerStateKey(const OptimizerType& optimizer, const at::Tensor& param) {
-  using Key = typename std::decay_t<decltype(optimizer.state())>::key_type;
-  if constexpr (std::is_same_v<Key, std::string>) {
-    std::ostringstream out;  // what c10::guts::to_string(TensorImpl*) writes
-    out << param.unsafeGetTensorImpl();
-    return Key(out.str());
-  } else {
-    return static_cast<Key>(param.unsafeGetTensorImpl());
-  }
+// The key of `param`'s state in `optimizer.state()`.
+inline void* optimizerStateKey(const at::Tensor& param) {
+  return param.unsafeGetTensorImpl();
 }
 
 // LRScheduler::step_count_, reached through a derived class (the standard way to name a

@@ -118,3 +118,12 @@ expect "($tmp/bsys/dtrain_fmt_include) is read ahead of the fmt 12.0.0 libtorch 
 [ "$(readlink "$tmp/bsys/dtrain_fmt_include/fmt")" = /usr/include/fmt ] ||
   fail "the build's fmt folder does not link to /usr/include/fmt"
 echo "ok: an fmt in /usr/include is read, through the build's link to it, ahead of libtorch's"
+
+# Outside the supported range: one message naming the version found and the range.
+for v in 2.10.0 2.15.0; do
+  torch_version "$v"
+  configure "bv$v" "$torch/share/cmake;$fmt"
+  [ "$rc" != 0 ] || fail "configure against libtorch $v succeeded"
+  expect "libtorch $v ($torch) is not a version dtrain supports (2.11 - 2.14"
+done
+echo "ok: libtorch 2.10 and 2.15 are refused, naming the version and the supported range"

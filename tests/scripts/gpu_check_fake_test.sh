@@ -93,17 +93,19 @@ pip_layout() {
   FAKE_NVCC=12.8 run_check 3 --dry-run
   expect_one_refusal "nvcc 12.8 ($tmp/bin/nvcc) and torch.version.cuda 13.0 are different CUDA major versions"
   FAKE_TORCH_VERSION=2.15.0 run_check 3 --dry-run
-  expect_one_refusal "torch 2.15.0 is not a version dtrain supports (1.13, 2.0 - 2.14"
-  FAKE_TORCH_VERSION=1.12.1 run_check 3 --dry-run
-  expect_one_refusal "torch 1.12.1 is not a version dtrain supports"
+  expect_one_refusal "torch 2.15.0 is not a version dtrain supports (2.11 - 2.14"
+  for v in 1.13.1 2.10.0+cu130; do
+    FAKE_TORCH_VERSION=$v run_check 3 --dry-run
+    expect_one_refusal "torch $v is not a version dtrain supports (2.11 - 2.14"
+  done
   FAKE_TORCH_ABI=0 run_check 3 --dry-run
   expect_one_refusal "built with the pre-C++11 ABI"
   FAKE_TORCH_CUDA="" FAKE_TORCH_VERSION=2.11.0+cpu run_check 3 --dry-run
   expect_one_refusal "is a CPU build"
-  for v in 1.13.1 2.0.1 2.14.0+cu132; do
+  for v in 2.11.0+cu130 2.14.0+cu132; do
     FAKE_TORCH_VERSION=$v run_check 0 --dry-run
   done
-  echo "ok: one line per refusal; 1.13, 2.0 and 2.14 accepted"
+  echo "ok: one line per refusal; 1.13 and 2.10 refused, 2.11 and 2.14 accepted"
 
   # A real run refuses before configuring anything.
   FAKE_NVCC=12.8 run_check 1

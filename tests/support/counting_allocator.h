@@ -16,15 +16,6 @@
 #include <c10/core/CPUAllocator.h>
 #include <torch/version.h>
 
-// libtorch 2.3 made Allocator::allocate non-const and added copy_data().
-#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 3)
-#define DTRAIN_TEST_ALLOCATE_CONST
-#define DTRAIN_TEST_ALLOCATOR_COPY_DATA 1
-#else
-#define DTRAIN_TEST_ALLOCATE_CONST const
-#define DTRAIN_TEST_ALLOCATOR_COPY_DATA 0
-#endif
-
 namespace dtrain::testing {
 
 class CountingCpuAllocator final : public c10::Allocator {
@@ -43,7 +34,7 @@ class CountingCpuAllocator final : public c10::Allocator {
 
   // The context is the data pointer and the deleter takes it alone (raw_deleter()), as for the
   // default allocator: oneDNN allocates through raw_allocate(), which needs both.
-  c10::DataPtr allocate(size_t bytes) DTRAIN_TEST_ALLOCATE_CONST override {
+  c10::DataPtr allocate(size_t bytes) override {
     c10::DataPtr inner = inner_->allocate(bytes);
     void* data = inner.get();
     const c10::Device device = inner.device();
@@ -62,11 +53,9 @@ class CountingCpuAllocator final : public c10::Allocator {
   }
 
   c10::DeleterFnPtr raw_deleter() const override { return &CountingCpuAllocator::release; }
-#if DTRAIN_TEST_ALLOCATOR_COPY_DATA
   void copy_data(void* dest, const void* src, std::size_t count) const override {
     default_copy_data(dest, src, count);
   }
-#endif
 
   // Bytes of counted storage alive now.
   int64_t live() const { return live_.load(); }

@@ -2,8 +2,7 @@
 // libtorch 2.x's Optimizer::zero_grad() and Module::zero_grad() do by default. With
 // gradientAsBucketView, autograd then creates every gradient anew; the reducer copies it into its
 // bucket slot once and points .grad back at the slot (Note [Gradients in the buckets] in
-// runtime/torch/ddp/reducer.cpp). libtorch 1.13's Optimizer::zero_grad() only zeroes, so these
-// tests reset through Module::zero_grad(true), which 1.13 has.
+// runtime/torch/ddp/reducer.cpp). These tests reset through Module::zero_grad(true).
 #include <cstring>
 
 #include <gtest/gtest.h>

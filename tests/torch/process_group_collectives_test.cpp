@@ -73,8 +73,8 @@ at::Tensor expected(int n, ReduceOp op, at::IntArrayRef shape, at::ScalarType dt
   return e.to(dtype);
 }
 
-// dtrain's Gloo backend in a process whose libtorch carries a Gloo of its own (pip's libtorch 2.x
-// exports one; Debian's 1.13 links the system's): after torch ops, a small allreduce and one of
+// dtrain's Gloo backend in a process whose libtorch carries a Gloo of its own (pip's libtorch
+// exports one): after torch ops, a small allreduce and one of
 // 4 MiB (the ring, in segments) give exact sums. Linked the usual way, dtrain's Gloo code bound to
 // libtorch's Gloo and crashed here; see Note [One Gloo per process] in runtime/comm/gloo_loader.cpp.
 TEST(ProcessGroupCollectives, GlooRunsBesideTheGlooInsideLibtorch) {

@@ -406,7 +406,7 @@ TEST(Recompute, NoGradModeRunsTheFunctionOnce) {
   EXPECT_FALSE(out.requires_grad());
 }
 
-// Under autocast, libtorch 1.13 caches a parameter's lower-precision copy even under no-grad (the
+// Under autocast, libtorch caches a parameter's lower-precision copy even under no-grad (the
 // bias of a Linear, here); the forward must not, or the use of the parameter after the segment
 // gets the copy without history and loses its gradient.
 TEST(Recompute, AutocastParametersUsedInAndAfterASegmentGetBothGradients) {

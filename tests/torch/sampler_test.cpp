@@ -32,7 +32,7 @@ SamplerOptions shuffled(uint64_t seed, bool dropLast = false) {
 }
 
 void checkMatchesPyTorch() {
-  // torch.utils.data.distributed.DistributedSampler (PyTorch 1.13), shuffle=True.
+  // torch.utils.data.distributed.DistributedSampler (PyTorch 1.13 and 2.14.1 alike), shuffle=True.
   struct Case {
     size_t n;
     int world;

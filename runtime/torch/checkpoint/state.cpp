@@ -191,7 +191,7 @@ std::vector<Item> replicatedItems(const Registry& registry,
     for (size_t g = 0; g < opt->param_groups().size(); ++g) {
       const auto& params = opt->param_groups()[g].params();
       for (size_t i = 0; i < params.size(); ++i) {
-        auto it = state.find(compat::optimizerStateKey(*opt, params[i]));
+        auto it = state.find(compat::optimizerStateKey(params[i]));
         if (it == state.end()) continue;
         std::string at = fmt::format("{}{}.{}/", prefix, g, i);
         StateFields fields = fieldsOf(*it->second);

@@ -202,7 +202,7 @@ void restoreOptimizer(const CheckpointReader& reader, const std::string& name,
     const auto& params = groups[g].params();
     for (size_t i = 0; i < params.size(); ++i) {
       std::string at = fmt::format("{}{}.{}/", prefix, g, i);
-      auto key = compat::optimizerStateKey(opt, params[i]);
+      auto key = compat::optimizerStateKey(params[i]);
       // A parameter without saved state had never been stepped: it has none after restoring.
       auto probe = newParamState(type);
       StateFields probeFields = fieldsOf(*probe);

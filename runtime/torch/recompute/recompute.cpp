@@ -57,8 +57,8 @@
 //     the autocast region. The forward turns autocast's weight cache off: a cast of a weight
 //     cached before the segment would reach fn as a tensor with a history of its own, which
 //     Note [Tensors a segment reads] refuses; without the cache fn casts the weight itself, once
-//     per use. (A forward under no-grad would need it off too: libtorch 1.13 caches regardless
-//     of grad mode, a cast cached there has no history and a later use of the weight loses its
+//     per use. (A forward under no-grad would need it off too: autocast's cache ignores grad
+//     mode, a cast cached there has no history and a later use of the weight loses its
 //     gradient; Python's reentrant checkpoint gives a wrong gradient that way.)
 //   - Running statistics: BatchNorm updates its running mean and variance in every training
 //     forward. The recompute would update them a second time; the statistics are copied before

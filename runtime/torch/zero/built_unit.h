@@ -3,8 +3,9 @@
 // stage-3 ShardedOptimizer binds it.
 //
 // Note [Units sharded when built]
-// libtorch 1.13's modules allocate their parameters in their constructors and its C++ frontend
-// has no meta device, so a model larger than one rank cannot be built whole and sharded after.
+// libtorch's C++ modules allocate their parameters in their constructors (there is no building on
+// the meta device as in Python), so a model larger than one rank cannot be built whole and
+// sharded after.
 // fullyShard() shards each unit the moment it is built instead: every rank builds the unit in
 // full from the same seed (the values a one-process model of that seed has), keeps its own block
 // of it and frees the rest before the next unit is built. So a rank holds at most one unit in

@@ -57,7 +57,7 @@
 // scalar, shared by the unit), taken off again at the next pass's first gradient before autograd
 // accumulates. Writing into a placeholder in place fails (its elements share one location): what
 // the optimizer steps is the shard's gradient (clipGradNorm, GradScaler::unscale).
-// Not seen: libtorch's zero_grad(false) through a torch::optim::Optimizer& (1.13's only kind)
+// Not seen: libtorch's zero_grad(false) through a torch::optim::Optimizer& (zeroing in place)
 // zeroes S in place, and noSync()'s gradients outside it stay. The cost is one atomic load per
 // gradient and, once per pass, a look at each parameter's and each shard's .grad.
 

@@ -24,7 +24,7 @@ namespace {
 
 torch::optim::OptimizerParamState* stateOf(zero::ShardUnit& u) {
   auto& optimizer = u.optimizer();
-  auto it = optimizer.state().find(compat::optimizerStateKey(optimizer, u.optimized()));
+  auto it = optimizer.state().find(compat::optimizerStateKey(u.optimized()));
   return it == optimizer.state().end() ? nullptr : it->second.get();
 }
 
@@ -75,7 +75,7 @@ void ShardedOptimizer::loadShardState(const ShardReader& read) {
     DTRAIN_CHECK_ARG(type != nullptr,
                      "ShardedOptimizer::loadShardState: the real optimizer's type is not one "
                      "whose state can be loaded (SGD, Adam, AdamW, Adagrad, RMSprop)");
-    const auto key = compat::optimizerStateKey(optimizer, u.optimized());
+    const auto key = compat::optimizerStateKey(u.optimized());
     auto fresh = optim_state::newParamState(type);
     optim_state::StateFields probe = optim_state::fieldsOf(*fresh);
     auto& states = optimizer.state();

@@ -114,7 +114,7 @@ ZeroStats ShardedOptimizer::stats() const {
     s.memory.masterWeights += u.masterBytes();
     s.memory.offloaded += u.offloadedBytes();
     auto& optimizer = u.optimizer();
-    auto it = optimizer.state().find(compat::optimizerStateKey(optimizer, u.optimized()));
+    auto it = optimizer.state().find(compat::optimizerStateKey(u.optimized()));
     if (it == optimizer.state().end()) continue;
     for (const auto& [field, tensor] : optim_state::fieldsOf(*it->second).tensors) {
       if (!tensor->defined() || !seen.insert(tensor->storage().data()).second) continue;

@@ -43,8 +43,8 @@ struct ZeroRun {
   // accumulation abandoned, an epoch's leftover micro-batches).
   bool abandoned = false;
   // Who drops the gradients at the start of each step: "optimizer" (the ShardedOptimizer's, or
-  // the libtorch optimizer's under DDP), "module" (the module's, zeroing in place: libtorch
-  // 1.13's default) or "module-none" (the module's, set_to_none).
+  // the libtorch optimizer's under DDP), "module" (the module's, zeroing in place:
+  // zero_grad(false)) or "module-none" (the module's, set_to_none).
   std::string zeroGrad = "optimizer";
 };
 

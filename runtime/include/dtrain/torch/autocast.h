@@ -2,8 +2,8 @@
 // AutocastGuard: mixed-precision forward passes, as Python's `with torch.autocast(device):`.
 // While a guard lives, eligible operations on `device` (matrix multiplications, convolutions, ...)
 // run in lower precision and the rest stay in float32: float16 on CUDA (use it with a
-// GradScaler), bfloat16 on the CPU (libtorch 1.13's CPU autocast knows only bfloat16, whose range
-// needs no loss scaling). Wrap the forward and the loss, not backward(), as in PyTorch:
+// GradScaler), bfloat16 on the CPU (whose range needs no loss
+// scaling). Wrap the forward and the loss, not backward(), as in PyTorch:
 //
 //   {
 //     dtrain::AutocastGuard autocast(device, /*enabled=*/amp);

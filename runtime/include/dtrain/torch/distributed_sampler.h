@@ -17,30 +17,13 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <utility>
 #include <vector>
 
 #include <torch/data/samplers/base.h>
 
 namespace dtrain {
-
-namespace detail {
-// The optional type of libtorch's Sampler interface, read off the interface itself: c10::optional
-// in libtorch 1.13, std::optional in 2.x, where c10::optional survives only as a deprecated alias
-// in a header that libtorch's own headers no longer include. The overrides below spell the type
-// the base class declares, so they match whatever libtorch this is.
-template <typename Optional>
-struct OptionalTemplate;
-template <template <typename> class Optional, typename T>
-struct OptionalTemplate<Optional<T>> {
-  template <typename U>
-  using Of = Optional<U>;
-};
-using SamplerBase = torch::data::samplers::Sampler<std::vector<size_t>>;
-template <typename T>
-using SamplerOptional = typename OptionalTemplate<decltype(std::declval<SamplerBase&>().next(
-    size_t{}))>::template Of<T>;
-}  // namespace detail
 
 struct SamplerOptions {
   bool shuffle = true;
@@ -89,7 +72,7 @@ struct SamplerState {
 // loader has handed out, for a checkpoint - copies of a DistributedSampler share one position
 // (epoch, cursor, this epoch's indices, how many were handed out). Not thread-safe, as in PyTorch:
 // one thread drives the loader and calls setEpoch()/state().
-class DistributedSampler : public detail::SamplerBase {
+class DistributedSampler : public torch::data::samplers::Sampler<std::vector<size_t>> {
  public:
   // PyTorch's argument order, numReplicas (the world size) BEFORE rank, as in libtorch's
   // DistributedRandomSampler(size, num_replicas, rank) and Python's
@@ -113,8 +96,8 @@ class DistributedSampler : public detail::SamplerBase {
 
   // torch::data::samplers::Sampler. reset() rewinds next() to the start of indices() (the data
   // loader calls it at the start of each pass); with a new dataset size the epoch restarts.
-  void reset(detail::SamplerOptional<size_t> newSize = {}) override;
-  detail::SamplerOptional<std::vector<size_t>> next(size_t batchSize) override;
+  void reset(std::optional<size_t> newSize = {}) override;
+  std::optional<std::vector<size_t>> next(size_t batchSize) override;
   void save(torch::serialize::OutputArchive& archive) const override;
   void load(torch::serialize::InputArchive& archive) override;
 

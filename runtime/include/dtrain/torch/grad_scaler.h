@@ -15,7 +15,7 @@
 //   }                                               // growthInterval clean steps
 //
 // unscale() divides the optimizer's gradients by the scale and checks them for inf/NaN (ATen's
-// fused _amp_* kernels on CUDA; a portable loop on the CPU, where libtorch 1.13 has none); the
+// fused _amp_* kernels on CUDA; a portable loop on the CPU); the
 // result is combined over the ranks with one MAX allreduce of a single value per step (a
 // collective: every rank calls unscale()/step() for the same optimizers in the same order). Under
 // DistributedDataParallel's noSync() accumulation, call it once per optimizer step as usual,

@@ -236,8 +236,8 @@ class ShardedOptimizer : public torch::optim::Optimizer {
   // Drops every gradient accumulated so far, as zero_grad() does under DDP: the shards' (unset,
   // libtorch 2.x's set_to_none), and what noSync() backwards accumulated outside them. The
   // module's zero_grad() drops them too; libtorch's own through a torch::optim::Optimizer& (this
-  // hides it: it is not virtual) does where it unsets them (2.x), and keeps noSync()'s where it
-  // zeroes them in place (1.13). See Note [Zeroed gradients] in the library.
+  // hides it: it is not virtual) does where it unsets them (its default), and keeps noSync()'s
+  // where it zeroes them in place (zero_grad(false)). See Note [Zeroed gradients] in the library.
   void zero_grad();
 
   // Sharded state does not fit libtorch's archive: refused with a hint.
