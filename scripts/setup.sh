@@ -1,18 +1,19 @@
 #!/usr/bin/env bash
 # Installs the Debian packages listed in scripts/packages.txt that are not installed yet, then
-# the project's Python environment (.venv, pinned in scripts/requirements.txt). Idempotent; quiet
-# when everything is present. Needs root or sudo when a package is missing.
+# the project's Python environment (.venv, pinned in scripts/requirements.txt) and the CPU-only
+# libtorch of CI's second configuration (.venv-cpu, scripts/requirements-cpu.txt). Idempotent;
+# quiet when everything is present. Needs root or sudo when a package is missing.
 set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 root="$(cd "$here/.." && pwd)"
 list="$here/packages.txt"
 
-# The Python environment: made again only when scripts/requirements.txt changed since (its copy
-# in the environment says what it holds). pip takes the wheels from the local disk it is set up
-# to read; a pip that would download several GB of PyTorch is what the pins prevent.
-setup_venv() {
-  local venv="$root/.venv" python="${DTRAIN_VENV_PYTHON:-python3}" log
-  if cmp -s "$here/requirements.txt" "$venv/requirements.txt" 2>/dev/null; then
+# A Python environment: made again only when its requirements file changed since (its copy in
+# the environment says what it holds). pip takes the wheels from the local disk it is set up to
+# read; a pip that would download several GB of PyTorch is what the pins prevent.
+setup_venv() {  # setup_venv VENV REQUIREMENTS
+  local venv="$root/$1" requirements="$here/$2" python="${DTRAIN_VENV_PYTHON:-python3}" log
+  if cmp -s "$requirements" "$venv/requirements.txt" 2>/dev/null; then
     return 0
   fi
   if ! "$python" -c 'import sys; sys.exit(sys.version_info[:2] != (3, 11))' 2>/dev/null; then
@@ -21,19 +22,23 @@ setup_venv() {
          "HINT: set DTRAIN_VENV_PYTHON to a Python 3.11" >&2
     exit 1
   fi
-  echo "setup.sh: installing the Python environment $venv (scripts/requirements.txt)"
+  echo "setup.sh: installing the Python environment $venv (scripts/$2)"
   log="$(mktemp)"
   rm -rf "$venv"
   if ! { "$python" -m venv "$venv" &&
          "$venv/bin/python" -m pip install --disable-pip-version-check -q \
-           -r "$here/requirements.txt"; } >"$log" 2>&1; then
+           -r "$requirements"; } >"$log" 2>&1; then
     tail -20 "$log" >&2
     rm -f "$log"
     echo "setup.sh: could not install the Python environment (above: pip's last lines)" >&2
     exit 1
   fi
   rm -f "$log"
-  cp "$here/requirements.txt" "$venv/requirements.txt"
+  cp "$requirements" "$venv/requirements.txt"
+}
+setup_venvs() {
+  setup_venv .venv requirements.txt
+  setup_venv .venv-cpu requirements-cpu.txt
 }
 
 missing=()
@@ -46,7 +51,7 @@ while read -r pkg; do
 done < "$list"
 
 if [ ${#missing[@]} -eq 0 ]; then
-  setup_venv
+  setup_venvs
   exit 0
 fi
 
@@ -64,4 +69,4 @@ echo "setup.sh: installing ${missing[*]}"
 export DEBIAN_FRONTEND=noninteractive
 "${sudo[@]}" apt-get update -qq
 "${sudo[@]}" apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
-setup_venv
+setup_venvs
