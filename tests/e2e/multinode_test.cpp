@@ -72,6 +72,31 @@ TEST(MultiNode, SharedMemoryInsideEachNodeGlooAcross) {
   EXPECT_EQ(countLines(r.out, "ready backend=gloo"), 4) << r.all();
 }
 
+// A plain PyTorch DDP script written for torchrun (tests/integration/py/ddp_compat.py: Gloo,
+// env://, DDP) runs unchanged across two nodes: PyTorch's own Gloo must find the other node
+// through what launch exports on each (MASTER_ADDR, GLOO_SOCKET_IFNAME), and its replicas agree.
+TEST(MultiNode, UnchangedPyTorchDdpScriptAcrossNodes) {
+  DTRAIN_CLUSTER_OR_SKIP(c, 2);
+  const std::string missing = pythonImportError("torch.distributed");
+  ASSERT_TRUE(missing.empty()) << missing;
+  LaunchResult r = runLaunch(
+      fanOut(*c, {"--nproc-per-node", "2", "--python", python(),
+                  sourceDir() + "/tests/integration/py/ddp_compat.py", "--steps", "3"}),
+      {}, 100);
+  ASSERT_EQ(r.exitCode, 0) << r.all();
+  std::set<std::string> sums;
+  for (int rank = 0; rank < 4; ++rank) {
+    const std::string line = fmt::format(
+        "[node{} rank{}]: ddp_compat rank={} local_rank={} world=4 replicas_equal=True "
+        "restart_count=0 weight_sum=",
+        rank / 2, rank, rank, rank % 2);
+    const auto at = r.out.find(line);
+    ASSERT_NE(at, std::string::npos) << line << "\n" << r.all();
+    sums.insert(r.out.substr(at + line.size(), r.out.find('\n', at) - at - line.size()));
+  }
+  EXPECT_EQ(sums.size(), 1u) << "the ranks' weights differ: " << r.out;
+}
+
 TEST(MultiNode, FanOutFromNodeZeroRunsItsAgentWithoutSsh) {
   DTRAIN_CLUSTER_OR_SKIP(c, 2);
   // Node 0's sshd is stopped: the master, inside node 0, must run node 0's agent itself.

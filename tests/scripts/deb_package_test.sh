@@ -6,14 +6,22 @@
 # package; the -dev package depends on the runtime of its version); `apt-get install --simulate`
 # of the two .deb files resolves every dependency from this machine's package lists;
 # `dpkg-deb -x` unpacks both into a temporary root, whose launch runs a two-rank job of its
-# train_linear with nothing of the build tree on any path, and the installed-package consumer
-# (tests/consumer) builds against that root's -dev files and runs.
+# train_linear with nothing of the build tree on any path, then (as root, where network namespaces
+# and sshd are at hand) a job of it over two nodes of scripts/netns-cluster.sh, fanned out over
+# ssh with the unpacked launch on both; and the installed-package consumer (tests/consumer) builds
+# against that root's -dev files and runs.
 # Usage: deb_package_test.sh <build-dir> <source-dir>
 set -euo pipefail
 build="$(cd "$1" && pwd)"
 src="$(cd "$2" && pwd)"
-scratch="$(mktemp -d)"
-trap 'rm -rf "$scratch"' EXIT
+# Not under /tmp: the simulated nodes below each have a /tmp of their own.
+scratch="$(mktemp -d -p /var/tmp dtrain-deb.XXXXXX)"
+cluster=""
+cleanup() {
+  [ -z "$cluster" ] || bash "$src/scripts/netns-cluster.sh" down "$cluster" >/dev/null 2>&1 || true
+  rm -rf "$scratch"
+}
+trap cleanup EXIT
 fail() { echo "deb_package_test: FAIL: $*" >&2; exit 1; }
 
 for tool in cpack dpkg-deb dpkg-shlibdeps apt-get; do
@@ -106,6 +114,30 @@ if [[ -x "$trainer" ]]; then
   if ldd "$trainer" | grep -F "$build"; then
     fail "the unpacked train_linear loads libraries of the build tree"
   fi
+fi
+
+# 5b. Two nodes, from the unpacked files alone: launch fans out over ssh into two network
+# namespaces and runs the unpacked launch and train_linear on each (the same path on every node).
+if [[ -x "$trainer" ]] && [ "$(id -u)" = 0 ] && [ -x /usr/sbin/sshd ] && command -v ip >/dev/null; then
+  cluster="deb$(( $$ % 100000 ))"
+  state="$(bash "$src/scripts/netns-cluster.sh" up 2 "$cluster" 2>"$scratch/cluster.log")" ||
+    { cat "$scratch/cluster.log"; fail "scripts/netns-cluster.sh up 2 failed"; }
+  # shellcheck disable=SC1091
+  source "$state/env"
+  port="$(python3 -c 'import socket, sys; s = socket.socket(); s.bind((sys.argv[1], 0)); print(s.getsockname()[1])' "$CLUSTER_BRIDGE_IP")"
+  out="$(cd "$CLUSTER_WORK" &&
+         "$root/usr/bin/launch" --hosts "${CLUSTER_HOSTS// /,}" --ssh-config "$CLUSTER_SSH_CONFIG" \
+           --rdzv-endpoint "$CLUSTER_BRIDGE_IP:$port" --nproc-per-node 1 --rdzv-timeout 30 \
+           "$trainer" --epochs 1 2>&1)" ||
+    { echo "$out"; fail "the unpacked launch could not run the unpacked train_linear on two nodes"; }
+  # One rank per node: two ranks are the two nodes.
+  grep -q "^\[node0 rank0\]: epoch 0: .* over 2 ranks" <<<"$out" ||
+    { echo "$out"; fail "no epoch line over 2 ranks from the two-node job"; }
+  echo "deb_package_test: a two-node job of the unpacked launch and train_linear: ok"
+  bash "$src/scripts/netns-cluster.sh" down "$cluster" >/dev/null 2>&1 || true
+  cluster=""
+else
+  echo "deb_package_test: the two-node job is not run (needs root, sshd and ip for network namespaces)"
 fi
 
 # 6. The installed-package consumer, built against the unpacked -dev files.
