@@ -13,10 +13,12 @@ include(GoogleTest)
 # BY_SUITE: every gtest suite becomes one CTest test (<name>.<Suite>, `--gtest_filter=Suite.*`),
 # for binaries that take longer to start than most of their tests take to run (a libtorch
 # process: ~0.5 s before main(), registering its operators). The TIMEOUT is then the suite's;
-# SERIAL_TESTS names whole suites. One test alone: `<name> --gtest_filter=Suite.Test`.
+# SERIAL_TESTS names whole suites, and INTEGRATION_SUITES ("Suite.*:Other.*") the suites of a
+# unit binary that belong to the integration label: timeouts waited out, large models built. One
+# test alone: `<name> --gtest_filter=Suite.Test`.
 function(dtrain_gtest name)
-  cmake_parse_arguments(A "SERIAL;TORCH;BY_SUITE" "LABEL;LOCK;TIMEOUT;SERIAL_TESTS" "SOURCES;LIBS"
-                        ${ARGN})
+  cmake_parse_arguments(A "SERIAL;TORCH;BY_SUITE" "LABEL;LOCK;TIMEOUT;SERIAL_TESTS;INTEGRATION_SUITES"
+                        "SOURCES;LIBS" ${ARGN})
   if(NOT A_TIMEOUT)
     set(A_TIMEOUT 120)
   endif()
@@ -45,6 +47,7 @@ function(dtrain_gtest name)
 set(prefix \"${name}.\")
 set(props \"${props}\")
 set(serial \"${A_SERIAL_TESTS}\")
+set(integration \"${A_INTEGRATION_SUITES}\")
 include(\"${CMAKE_CURRENT_FUNCTION_LIST_DIR}/gtest_suites.cmake\")
 ")
     set_property(DIRECTORY APPEND PROPERTY TEST_INCLUDE_FILES "${script}")

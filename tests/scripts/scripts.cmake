@@ -75,8 +75,9 @@ add_test(NAME scripts.gpu_check_pip_layout
 add_test(NAME scripts.gpu_check_budget
          COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/tests/scripts/gpu_check_fake_test.sh
                  ${CMAKE_CURRENT_SOURCE_DIR} budget)
-set_tests_properties(scripts.gpu_check_pip_layout scripts.gpu_check_budget
-                     PROPERTIES LABELS unit TIMEOUT 90)
+set_tests_properties(scripts.gpu_check_pip_layout PROPERTIES LABELS unit TIMEOUT 90)
+# Runs gpu_check.sh's whole budget logic over fake builds (~14 s): integration.
+set_tests_properties(scripts.gpu_check_budget PROPERTIES LABELS integration TIMEOUT 90)
 
 # dtrain's CMake against a fake pip libtorch (configure only): fmt's headers ahead of libtorch's
 # bundled fmt (Note [Two fmts] in cmake/torch_fmt.cmake), C++20 for libtorch 2.14, the toolkit's

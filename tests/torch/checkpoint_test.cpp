@@ -488,7 +488,7 @@ TEST(Checkpointer, AFailedSaveFailsOnEveryRankAndKeepsTheEarlierOne) {
 
 // A save stuck in the kernel (opening a FIFO nobody reads stands in for a hung disk) fails within
 // the timeout saying where it is; a save while it is stuck is refused; once it ends, saving works.
-TEST(Checkpointer, AStuckSaveFailsWithinItsTimeoutAndLaterSavesRecover) {
+TEST(CheckpointerTimeouts, AStuckSaveFailsWithinItsTimeoutAndLaterSavesRecover) {
   TempDir dir;
   auto group = soloGroup();
   Mlp net;
@@ -526,7 +526,7 @@ TEST(Checkpointer, AStuckSaveFailsWithinItsTimeoutAndLaterSavesRecover) {
 // disk, `write:slow:6000@1`) is reported failed, and training changes the tensors it writes from.
 // Once the stall is over, the save ends without committing: `step-2` never appears, its temporary
 // is gone and LATEST still names step 1. The next save works.
-TEST(Checkpointer, ASaveReportedAsTimedOutNeverCommitsLater) {
+TEST(CheckpointerTimeouts, ASaveReportedAsTimedOutNeverCommitsLater) {
   TempDir dir;
   auto group = soloGroup();
   Mlp net;

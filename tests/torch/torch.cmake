@@ -6,8 +6,10 @@ file(GLOB DTRAIN_TORCH_TEST_SOURCES CONFIGURE_DEPENDS
   ${CMAKE_CURRENT_SOURCE_DIR}/tests/torch/zero/*_test.cpp
   ${CMAKE_CURRENT_SOURCE_DIR}/tests/torch/*_support.cpp)
 if(DTRAIN_TORCH_TEST_SOURCES)
+  # CheckpointerTimeouts waits its saves' timeouts out (~10 s): integration.
   dtrain_gtest(dtrain_torch_tests LABEL unit TORCH BY_SUITE TIMEOUT 300
     SERIAL_TESTS "DdpOverlap.*"
+    INTEGRATION_SUITES "CheckpointerTimeouts.*"
     SOURCES ${DTRAIN_TORCH_TEST_SOURCES}
     LIBS dtrain dtrain_base_internal)
   # checkpoint_zero3_test runs the `checkpoint` tool on the directories it writes.
