@@ -1,7 +1,13 @@
 #include "dtrain/torch/init.h"
 
+#include <cstdlib>
+#include <cstring>
+
+#include <c10/core/CPUAllocator.h>
+
 #include "dtrain/base/error.h"
 #include "dtrain/config.h"
+#include "dtrain/torch/host_memory.h"
 
 #if DTRAIN_WITH_TORCH_CUDA
 #include <c10/cuda/CUDAFunctions.h>
@@ -22,6 +28,15 @@ std::shared_ptr<ProcessGroup> init(const InitOptions& options) {
     device = c10::Device(c10::kCUDA, static_cast<c10::DeviceIndex>(world.device));
     c10::cuda::set_device(static_cast<c10::DeviceIndex>(world.device));
 #endif
+  }
+  if (device.is_cpu() && options.hostMemoryCache) {
+    const char* env = std::getenv("DTRAIN_HOST_MEMORY_CACHE");
+    // Quietly not over an allocator of higher priority (a test's counting allocator): only a
+    // program's own enableHostMemoryCache() call says so.
+    if ((env == nullptr || std::strcmp(env, "0") != 0) &&
+        c10::GetCPUAllocator() == c10::GetDefaultCPUAllocator()) {
+      enableHostMemoryCache();
+    }
   }
   return std::make_shared<ProcessGroup>(std::move(world), device);
 }

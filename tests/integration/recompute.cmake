@@ -6,8 +6,15 @@ if(DTRAIN_HAVE_GLOO AND TARGET dtrain_launcher_harness)
   dtrain_reuse_torch_pch(recompute_worker)
   dtrain_warnings(recompute_worker)
 
+  # recompute_rss_worker: resident memory of a recomputed step (docs/training.md, "Host memory
+  # cache").
+  add_executable(recompute_rss_worker tests/integration/recompute_rss_worker.cpp)
+  target_link_libraries(recompute_rss_worker PRIVATE dtrain)
+  dtrain_reuse_torch_pch(recompute_rss_worker)
+  dtrain_warnings(recompute_rss_worker)
+
   dtrain_gtest(dtrain_recompute_process_tests LABEL integration TIMEOUT 180
     SOURCES tests/integration/recompute_processes_test.cpp
     LIBS dtrain_launcher_harness)
-  add_dependencies(dtrain_recompute_process_tests recompute_worker launch)
+  add_dependencies(dtrain_recompute_process_tests recompute_worker recompute_rss_worker launch)
 endif()

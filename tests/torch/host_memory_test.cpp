@@ -1,20 +1,32 @@
 // dtrain/torch/host_memory.h: freed CPU tensor blocks are handed out again without new page
 // faults, small ones stay with libtorch's allocator, the cache is bounded and can be emptied, and
-// raw allocations and frees from other threads go where they belong. Every test enables the cache
+// raw allocations and frees from other threads go where they belong; larger free blocks serve
+// smaller shapes and merge again, resident memory stays near the live bytes when shapes vary,
+// idle blocks go back, the default limit follows the cgroup and the node's ranks, and fork() is
+// safe. Every test enables the cache
 // with the same options (the first call in a process installs it), and reads differences of its
 // counters, so the tests hold in one process as in one process each.
 #include <sys/resource.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
+#include <atomic>
+#include <chrono>
+#include <csignal>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
+#include <iostream>
+#include <random>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include <c10/core/CPUAllocator.h>
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include "../../runtime/torch/host_memory_limit.h"
 #include "dtrain/torch/host_memory.h"
 
 namespace dtrain::host_memory_test {
@@ -93,19 +105,6 @@ TEST(HostMemoryCache, SmallAllocationsStayWithThePreviousAllocator) {
   EXPECT_EQ(end.allocatedBytes, start.allocatedBytes);
 }
 
-TEST(HostMemoryCache, NearSizesShareABlockAndFarOnesDoNot) {
-  enable();
-  emptyHostMemoryCache();
-  void* a = nullptr;
-  void* b = nullptr;
-  void* c = nullptr;
-  faultsOfATouchedTensor(8 * kMiB, &a);
-  faultsOfATouchedTensor(8 * kMiB - 4096, &b);  // rounds to the same block size
-  EXPECT_EQ(a, b);
-  faultsOfATouchedTensor(4 * kMiB, &c);  // would waste half of the 8 MiB block
-  EXPECT_NE(a, c);
-}
-
 TEST(HostMemoryCache, FreedBlocksBeyondTheLimitGoBackAndEmptyingReturnsTheRest) {
   enable();
   emptyHostMemoryCache();
@@ -137,15 +136,17 @@ TEST(HostMemoryCache, RawAllocationsAndFreesFromAnotherThreadComeBack) {
   EXPECT_EQ(hostMemoryCacheStats().allocatedBytes - start.allocatedBytes, 2 * kMiB);
   allocator->raw_deallocate(raw);
   EXPECT_EQ(hostMemoryCacheStats().allocatedBytes, start.allocatedBytes);
-  EXPECT_EQ(hostMemoryCacheStats().cachedBytes, 2 * kMiB);
+  EXPECT_GE(hostMemoryCacheStats().cachedBytes, 2 * kMiB);
   // A small raw block is the previous allocator's, and goes back to it.
+  const size_t cached = hostMemoryCacheStats().cachedBytes;
   void* small = allocator->raw_allocate(4096);
   allocator->raw_deallocate(small);
-  EXPECT_EQ(hostMemoryCacheStats().cachedBytes, 2 * kMiB);
+  EXPECT_EQ(hostMemoryCacheStats().cachedBytes, cached);
   // A tensor freed on another thread (a data loader's batch) returns to the cache.
   torch::Tensor t = torch::empty({static_cast<int64_t>(4 * kMiB / sizeof(float))});
+  EXPECT_EQ(hostMemoryCacheStats().allocatedBytes - start.allocatedBytes, 4 * kMiB);
   std::thread([t = std::move(t)]() mutable { t = torch::Tensor(); }).join();
-  EXPECT_EQ(hostMemoryCacheStats().cachedBytes, 6 * kMiB);
+  EXPECT_GE(hostMemoryCacheStats().cachedBytes, 4 * kMiB);
   EXPECT_EQ(hostMemoryCacheStats().allocatedBytes, start.allocatedBytes);
 }
 
@@ -212,6 +213,184 @@ TEST(HostMemoryCache, TrainingGivesTheSameNumbersWithAndWithoutIt) {
   const auto after = run();
   ASSERT_EQ(before.size(), after.size());
   for (size_t i = 0; i < before.size(); ++i) EXPECT_TRUE(torch::equal(before[i], after[i])) << i;
+}
+
+// The suites below install the cache with options of their own: ctest runs each suite in a
+// process of its own; in a process where another suite installed it first they skip, saying so.
+#define DTRAIN_ENABLE_OR_SKIP(options)                                                          \
+  if (!enableHostMemoryCache(options)) GTEST_SKIP() << "the cache was installed by another suite " \
+                                                       "of this process: run this suite alone"
+
+size_t residentBytes() {
+  std::ifstream in("/proc/self/statm");
+  size_t size = 0, resident = 0;
+  in >> size >> resident;
+  return resident * static_cast<size_t>(::sysconf(_SC_PAGESIZE));
+}
+
+// A block of `bytes` from the installed CPU allocator, every page written.
+c10::DataPtr touched(size_t bytes) {
+  c10::DataPtr block = c10::GetCPUAllocator()->allocate(bytes);
+  std::memset(block.get(), 1, bytes);
+  return block;
+}
+
+// A smaller allocation takes the front of a larger free block and leaves the rest free for the
+// next; freed, the two merge into the block they came from, which a request of its whole size
+// gets back with its pages.
+TEST(HostMemoryCacheBlocks, ASmallerAllocationSplitsAFreeBlockAndFreedNeighboursMerge) {
+  HostMemoryCacheOptions options;
+  options.maxCachedBytes = 256 * kMiB;
+  DTRAIN_ENABLE_OR_SKIP(options);
+  char* whole = nullptr;
+  { c10::DataPtr a = touched(8 * kMiB); whole = static_cast<char*>(a.get()); }
+  const HostMemoryCacheStats start = hostMemoryCacheStats();
+  {
+    c10::DataPtr front = touched(3 * kMiB);
+    c10::DataPtr back = touched(5 * kMiB);
+    EXPECT_EQ(front.get(), whole);
+    EXPECT_EQ(back.get(), whole + 3 * kMiB);
+    EXPECT_EQ(hostMemoryCacheStats().reservedBytes, start.reservedBytes) << "nothing mapped";
+  }
+  const long before = minorFaults();
+  c10::DataPtr again = touched(8 * kMiB);
+  EXPECT_LT(minorFaults() - before, 8 * 256 / 20) << "the merged block came back with its pages";
+  EXPECT_EQ(again.get(), whole);
+  const HostMemoryCacheStats end = hostMemoryCacheStats();
+  EXPECT_EQ(end.misses, start.misses);
+  EXPECT_EQ(end.hits - start.hits, 3u);
+}
+
+// Shapes that vary (sequence lengths, an epoch's last batch): eight tensors alive at a time, each
+// step one replaced by another of a random size in [0.5, 1] x the largest. Resident memory stays
+// within 1.5 x the most bytes alive at once + 64 MiB: freed memory is reused by smaller shapes and
+// what no allocation fits goes back.
+TEST(HostMemoryCacheVaryingShapes, ResidentMemoryStaysNearTheLiveBytes) {
+  HostMemoryCacheOptions options;
+  options.maxCachedBytes = size_t{4} << 30;  // far above: the varying shapes alone must bound it
+  DTRAIN_ENABLE_OR_SKIP(options);
+  const size_t largest = 32 * kMiB;
+  std::mt19937_64 random(42);
+  std::uniform_int_distribution<size_t> size(largest / 2, largest);
+  std::uniform_int_distribution<size_t> which(0, 7);
+  const size_t baseline = residentBytes();
+  std::vector<std::pair<c10::DataPtr, size_t>> live;
+  size_t liveBytes = 0, peakLive = 0, peakResident = 0;
+  for (int step = 0; step < 300; ++step) {
+    if (live.size() == 8) {
+      const size_t k = which(random);
+      liveBytes -= live[k].second;
+      live.erase(live.begin() + static_cast<long>(k));
+    }
+    const size_t bytes = size(random) / 4096 * 4096;
+    live.emplace_back(touched(bytes), bytes);
+    liveBytes += bytes;
+    peakLive = std::max(peakLive, liveBytes);
+    const size_t resident = residentBytes();
+    peakResident = std::max(peakResident, resident > baseline ? resident - baseline : 0);
+  }
+  const HostMemoryCacheStats stats = hostMemoryCacheStats();
+  std::cout << "varying shapes: peak live " << peakLive / kMiB << " MiB, peak resident added "
+            << peakResident / kMiB << " MiB, reserved peak " << stats.peakReservedBytes / kMiB
+            << " MiB, hits " << stats.hits << ", misses " << stats.misses << ", released "
+            << stats.released << "\n";
+  EXPECT_LE(peakResident, peakLive * 3 / 2 + 64 * kMiB);
+  EXPECT_GT(stats.hits, stats.misses) << "freed memory is reused";
+}
+
+// Freed blocks unused for idleSeconds go back at the cache's next use.
+TEST(HostMemoryCacheIdle, BlocksUnusedForIdleSecondsGoBack) {
+  HostMemoryCacheOptions options;
+  options.maxCachedBytes = 256 * kMiB;
+  options.idleSeconds = 0.5;
+  DTRAIN_ENABLE_OR_SKIP(options);
+  { c10::DataPtr a = touched(16 * kMiB); }
+  { c10::DataPtr b = touched(2 * kMiB); }  // served from the free 16 MiB: not idle yet
+  EXPECT_EQ(hostMemoryCacheStats().cachedBytes, 16 * kMiB);
+  std::this_thread::sleep_for(std::chrono::milliseconds(1200));
+  const HostMemoryCacheStats before = hostMemoryCacheStats();
+  { c10::DataPtr c = touched(2 * kMiB); }  // the next use finds the 16 MiB idle
+  const HostMemoryCacheStats after = hostMemoryCacheStats();
+  EXPECT_GE(after.released - before.released, 1u);
+  EXPECT_EQ(after.reservedBytes, 2 * kMiB) << "the idle segment unmapped; c's block mapped anew";
+  EXPECT_EQ(after.cachedBytes, 2 * kMiB);
+}
+
+// The default limit: a quarter of the memory the process may use -- the machine's, or a cgroup
+// v2 memory.max on the way up from its cgroup when lower -- divided among the node's ranks.
+TEST(HostMemoryCacheLimit, TheCgroupsLimitSharedAmongTheLocalRanks) {
+  namespace fs = std::filesystem;
+  const fs::path root = fs::temp_directory_path() / ("dtrain_cgroup_" + std::to_string(::getpid()));
+  fs::create_directories(root / "job" / "rank");
+  auto write = [](const fs::path& file, const std::string& text) { std::ofstream(file) << text; };
+  const size_t gib = size_t{1} << 30;
+  using host_memory::memoryLimit;
+  EXPECT_EQ(memoryLimit("0::/job/rank\n", root.string(), 64 * gib), 64 * gib) << "no files";
+  write(root / "job" / "rank" / "memory.max", "max\n");
+  write(root / "job" / "memory.max", "8589934592\n");
+  EXPECT_EQ(memoryLimit("0::/job/rank\n", root.string(), 64 * gib), 8 * gib) << "a parent's";
+  write(root / "job" / "rank" / "memory.max", "2147483648\n");
+  EXPECT_EQ(memoryLimit("0::/job/rank\n", root.string(), 64 * gib), 2 * gib) << "its own";
+  EXPECT_EQ(memoryLimit("0::/job/rank\n", root.string(), gib), gib) << "the machine's, lower";
+  EXPECT_EQ(memoryLimit("12:memory:/job/rank\n", root.string(), 64 * gib), 64 * gib)
+      << "cgroup v1 lines are not read";
+  EXPECT_EQ(host_memory::defaultMaxCachedBytes(8 * gib, 4), gib / 2);
+  EXPECT_EQ(host_memory::defaultMaxCachedBytes(8 * gib, 0), 2 * gib);
+  fs::remove_all(root);
+
+  // This process: LOCAL_WORLD_SIZE=4, as launch sets it for four ranks on a node.
+  ::setenv("LOCAL_WORLD_SIZE", "4", 1);
+  DTRAIN_ENABLE_OR_SKIP(HostMemoryCacheOptions{});
+  ::unsetenv("LOCAL_WORLD_SIZE");
+  std::ifstream in("/proc/self/cgroup");
+  const std::string cgroups((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  const size_t machine = static_cast<size_t>(::sysconf(_SC_PHYS_PAGES)) *
+                         static_cast<size_t>(::sysconf(_SC_PAGESIZE));
+  EXPECT_EQ(hostMemoryCacheLimit(), memoryLimit(cgroups, "/sys/fs/cgroup", machine) / 16);
+  EXPECT_LE(hostMemoryCacheLimit(), machine / 16);
+}
+
+// fork() while another thread is inside the cache (a data loader forking its workers): every
+// child gets a usable cache -- it allocates a large block and exits -- none blocks on a mutex
+// the other thread held.
+TEST(HostMemoryCacheFork, AChildForkedWhileAnotherThreadAllocatesCanAllocate) {
+  HostMemoryCacheOptions options;
+  options.maxCachedBytes = 64 * kMiB;
+  DTRAIN_ENABLE_OR_SKIP(options);
+  std::atomic<bool> stop{false};
+  std::thread allocating([&] {
+    for (size_t i = 0; !stop.load(); ++i) {
+      c10::DataPtr block = c10::GetCPUAllocator()->allocate((1 + i % 7) * kMiB);
+    }
+  });
+  int hung = 0, failed = 0;
+  for (int i = 0; i < 30 && hung < 2; ++i) {  // two hung children say enough
+    const pid_t child = ::fork();
+    if (child == 0) {
+      c10::DataPtr block = c10::GetCPUAllocator()->allocate(4 * kMiB);
+      std::memset(block.get(), 1, 4 * kMiB);
+      block.clear();
+      ::_exit(0);
+    }
+    ASSERT_GT(child, 0);
+    int status = 0;
+    pid_t done = 0;
+    for (int waited = 0; waited < 500 && done == 0; ++waited) {  // up to 5 s
+      done = ::waitpid(child, &status, WNOHANG);
+      if (done == 0) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    if (done == 0) {
+      ++hung;
+      ::kill(child, SIGKILL);
+      ::waitpid(child, &status, 0);
+    } else if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
+      ++failed;
+    }
+  }
+  stop = true;
+  allocating.join();
+  EXPECT_EQ(hung, 0) << "children blocked on their first large allocation";
+  EXPECT_EQ(failed, 0);
 }
 
 }  // namespace

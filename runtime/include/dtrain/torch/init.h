@@ -17,7 +17,14 @@
 
 namespace dtrain {
 
-using InitOptions = comm::WorldOptions;
+struct InitOptions : comm::WorldOptions {
+  // The host memory cache (dtrain/torch/host_memory.h) for a rank on the CPU, which init()
+  // installs with its default options (docs/training.md, "Host memory cache"); false, or
+  // DTRAIN_HOST_MEMORY_CACHE=0 in the environment, leaves libtorch's allocator. A rank on a CUDA
+  // device goes without: its tensors are the CUDA caching allocator's. An allocator installed
+  // before at a higher priority (or the cache with options of the program's own) stays.
+  bool hostMemoryCache = true;
+};
 
 // Throws InvalidArgument naming a missing or malformed variable (and saying that `launch` sets
 // it), TimeoutError / NetworkError when the store or the other ranks cannot be reached.
