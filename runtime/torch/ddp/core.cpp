@@ -92,13 +92,18 @@ void DdpCore::beforeForward() {
 }
 
 bool DdpCore::wantsOutputs() const {
-  return options_.findUnusedParameters && syncEnabled_ && at::GradMode::is_enabled();
+  return options_.findUnusedParameters && (syncEnabled_ || sync().armsUnderNoSync()) &&
+         at::GradMode::is_enabled();
 }
 
 void DdpCore::afterForward(const std::vector<at::Tensor>& outputs, bool outputsSearchable) {
   if (!at::GradMode::is_enabled()) return;  // no backward can follow this forward
   if (!syncEnabled_) {
-    sync().disarm();
+    if (sync().armsUnderNoSync()) {
+      sync().armAccumulating(outputs);
+    } else {
+      sync().disarm();
+    }
     return;
   }
   DTRAIN_CHECK_ARG(

@@ -24,6 +24,11 @@ class GradientSync {
   virtual void arm(const std::vector<at::Tensor>& outputs) = 0;
   // After a forward inside noSync(): its backward accumulates locally.
   virtual void disarm() = 0;
+  // Whether a backward inside noSync() is to be armed as well (ZeRO's reduce-scattered
+  // accumulation): the sync then accumulates into what it reduces to. Such a forward calls
+  // armAccumulating() instead of disarm().
+  virtual bool armsUnderNoSync() const { return false; }
+  virtual void armAccumulating(const std::vector<at::Tensor>& outputs) { arm(outputs); }
   virtual const DdpIterationStats& lastIteration() const = 0;
   // The parameters' names, in the groups that travel together, in launch order.
   virtual std::vector<std::vector<std::string>> bucketNames() const = 0;

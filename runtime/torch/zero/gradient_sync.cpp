@@ -25,12 +25,18 @@
 // a parameter whose .grad stayed undefined: a shard is one flat tensor, as FSDP's flat parameters
 // and DeepSpeed's partitions are, and they do the same.
 //
-// noSync(): a backward after a forward inside the guard only accumulates: stage 1 into the
-// units' buffers (the gradients are views of them), stages 2 and 3 into the parameters' own
-// .grad, full-size, until the synchronising backward copies them into buckets (DeepSpeed's first
-// behaviour: no communication until the accumulation boundary; Note [Unit states]). So under
-// noSync() stage 3 keeps every unit's full gradients between micro-batches -- its parameters
-// it does not: a noSync() backward counts each unit's gradients as a synchronising one does
+// noSync(), stages 2 and 3 with ZeroOptions::Accumulation::ReduceScatter (the default): the
+// backward of a forward inside the guard is armed as a synchronising one is (DdpCore asks
+// armsUnderNoSync()), so each micro-batch's gradients are reduce-scattered and added to the
+// shard's (Note [Accumulating into the shard]): between micro-batches a rank holds its shard's
+// gradient only, as DeepSpeed's ZeRO-2 does with gradient accumulation steps; the sum of the
+// micro-batches' averages is the average of their sum, to rounding.
+// noSync() otherwise (Accumulation::Local, and stage 1 always): a backward after a forward
+// inside the guard only accumulates: stage 1 into the units' buffers (the gradients are views of
+// them), stages 2 and 3 into the parameters' own .grad, full-size, until the synchronising
+// backward copies them into buckets (no communication until the accumulation boundary; Note
+// [Unit states]). So then stage 3 keeps every unit's full gradients between micro-batches --
+// its parameters it does not: a noSync() backward counts each unit's gradients as a synchronising one does
 // and reshards the unit once they are all in, and its end reshards whatever is left (a unit
 // with a parameter that pass did not reach).
 //
@@ -140,8 +146,15 @@ std::vector<std::vector<std::string>> ShardedGradientSync::bucketNames() const {
   return out;
 }
 
+void ShardedGradientSync::armAccumulating(const std::vector<at::Tensor>& outputs) {
+  arm(outputs);
+  std::lock_guard<std::mutex> lock(mutex_);
+  accumulatingPass_ = true;
+}
+
 void ShardedGradientSync::arm(const std::vector<at::Tensor>& outputs) {
   std::lock_guard<std::mutex> lock(mutex_);
+  accumulatingPass_ = false;
   ddp::checkPreviousPassEnded(callbackQueued_, shards_->group().rank(), "ShardedOptimizer",
                               nextUnit_, shards_->size(), "unit reduce-scatters");
   const bool rearm = state_ == State::Armed;
@@ -179,9 +192,11 @@ void ShardedGradientSync::startPassLocked() {
       }
     }
   }
+  // A placeholder, or a view of one (torch::nn::Module::zero_grad(false) detaches and zeroes
+  // it), goes: autograd must not accumulate into it.
   for (size_t i = 0; i < placeholders_.size(); ++i) {
     at::Tensor& grad = tensorOf(i).mutable_grad();
-    if (grad.defined() && implOf(grad) == implOf(placeholders_[i])) grad = at::Tensor();
+    if (grad.defined() && grad.data_ptr() == placeholders_[i].data_ptr()) grad = at::Tensor();
   }
   if (shards_->stage() == 1 && !open_) {
     shards_->openAccumulation();
@@ -278,7 +293,7 @@ void ShardedGradientSync::markReadyLocked(size_t index, bool hookFired) {
   ready_[index] = 1;
   const Param& p = params_[index];
   const fault::Fault* poison = nullptr;
-  if (hookFired && !poisonedThisPass_) {
+  if (hookFired && !poisonedThisPass_ && !accumulatingPass_) {
     poison = ddp::nanGradFault(shards_->group().rank(), stats_.iteration, /*after=*/false);
     poisonedThisPass_ = poison != nullptr;
   }
@@ -332,7 +347,9 @@ void ShardedGradientSync::finalizeLocked(std::vector<size_t>& missing) {
   for (size_t k = 0; k < shards_->size(); ++k) {
     if (shards_->gradState(k) == ShardGroup::Grads::Reducing) waited += shards_->finishReduce(k);
   }
-  if (const auto* f = ddp::nanGradFault(shards_->group().rank(), stats_.iteration, true)) {
+  const fault::Fault* after =
+      accumulatingPass_ ? nullptr : ddp::nanGradFault(shards_->group().rank(), stats_.iteration, true);
+  if (const auto* f = after) {
     for (size_t k = 0; k < shards_->size(); ++k) {
       at::Tensor& grad = shards_->shardGrad(k);
       if (grad.numel() == 0) continue;
@@ -348,7 +365,7 @@ void ShardedGradientSync::finalizeLocked(std::vector<size_t>& missing) {
   shards_->backwardEnded();
   stats_.waited = waited;
   stats_.finished = Clock::now();
-  ++stats_.iteration;
+  if (!accumulatingPass_) ++stats_.iteration;
 }
 
 void ShardedGradientSync::resetPassLocked() {

@@ -35,6 +35,14 @@ class ShardedGradientSync : public ddp::GradientSync {
   void beforeForward() override { shards_->settleGathers(); }
   void arm(const std::vector<at::Tensor>& outputs) override;
   void disarm() override;
+  // A noSync() backward that reduce-scatters: not a synchronising one for the iteration count
+  // (what DTRAIN_FAULT's step= and the stats count), as under DDP.
+  void armAccumulating(const std::vector<at::Tensor>& outputs) override;
+  // Stages 2 and 3 with ZeroOptions::Accumulation::ReduceScatter.
+  bool armsUnderNoSync() const override {
+    return shards_->stage() != 1 &&
+           shards_->options().accumulation == ZeroOptions::Accumulation::ReduceScatter;
+  }
   const DdpIterationStats& lastIteration() const override { return stats_; }
   std::vector<std::vector<std::string>> bucketNames() const override;
 
@@ -99,6 +107,7 @@ class ShardedGradientSync : public ddp::GradientSync {
   bool callbackQueued_ = false;
   bool warnedUnexpected_ = false;
   bool poisonedThisPass_ = false;
+  bool accumulatingPass_ = false;  // armed by armAccumulating(): a noSync() micro-batch
   std::vector<char> ready_;
   std::vector<size_t> pending_;  // per unit: gradients not yet ready this pass
   size_t nextUnit_ = 0;          // next unit to launch: launches are in unit order

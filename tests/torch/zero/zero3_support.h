@@ -174,6 +174,8 @@ struct Zero3Run {
   // Every unit sharded as it is built (fullyShard; Zero3NestedNet only, float32).
   bool builtSharded = false;
   bool offload = false;  // ZeroOptions'
+  // ZeroOptions::Accumulation::Local (noSync() keeps full gradients) instead of the default.
+  bool localAccumulation = false;
   bool abandoned = false;              // ZeroRun's
   std::string zeroGrad = "optimizer";  // ZeroRun's
 };
@@ -242,6 +244,7 @@ Zero3RankResult trainZero3OnRank(const Zero3Run& how, const std::shared_ptr<Proc
     zo.backwardPrefetch = how.backwardPrefetch;
     zo.reduceDtype = how.reduceDtype;
     zo.offload = how.offload;
+    if (how.localAccumulation) zo.accumulation = ZeroOptions::Accumulation::Local;
     auto owned = std::make_unique<ShardedOptimizer>(ddp, factory, zo);
     sharded = owned.get();
     optimizer = std::move(owned);

@@ -149,19 +149,24 @@ TEST_P(ZeroStage3Ranks, GradScalerSkipsAnOverflowOnOneRankAsDdp) {
 }
 
 // Gradient accumulation: three micro-batches per step, the first two under noSync(). Their
-// backwards reduce nothing and keep the full gradients in .grad, but reshard every unit as a
-// synchronising backward does: after the first (a noSync() one) no marked module holds its
-// parameters. Nested units and a layer called twice, as above.
+// backwards reduce-scatter into the shards' gradients (the default accumulation) or, with
+// Accumulation::Local, reduce nothing and keep the full gradients in .grad; either way they
+// reshard every unit as a synchronising backward does: after the first (a noSync() one) no
+// marked module holds its parameters. Nested units and a layer called twice, as above.
 TEST_P(ZeroStage3Ranks, NoSyncAccumulationMatchesDdp) {
   Zero3Run how{GetParam(), 0, 20};
   how.micro = 3;
   const Zero3Result ddp = trainZero3<Zero3NestedNet>(how);
   how.stage = 3;
-  const Zero3Result zero = trainZero3<Zero3NestedNet>(how);
-  expectSameTraining(zero, ddp);
-  EXPECT_EQ(zero.markedAfterForward, 0u);
-  EXPECT_EQ(zero.markedAfterBackward, 0u) << "a noSync() backward resharded every unit";
-  EXPECT_EQ(zero.markedBytes, 0u);
+  for (bool local : {false, true}) {
+    SCOPED_TRACE(local ? "local accumulation" : "reduce-scattered accumulation");
+    how.localAccumulation = local;
+    const Zero3Result zero = trainZero3<Zero3NestedNet>(how);
+    expectSameTraining(zero, ddp);
+    EXPECT_EQ(zero.markedAfterForward, 0u);
+    EXPECT_EQ(zero.markedAfterBackward, 0u) << "a noSync() backward resharded every unit";
+    EXPECT_EQ(zero.markedBytes, 0u);
+  }
 }
 
 // Note [Zeroed gradients]: a micro-batch accumulated under noSync() and then dropped by

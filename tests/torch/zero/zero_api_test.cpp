@@ -81,12 +81,25 @@ TEST(ZeroApi, RanksWithOtherOptionsFailOnEveryRankNamingThem) {
   });
 }
 
-// A step whose last backward ran under noSync() would use gradients no rank has averaged.
+// A step whose last backward ran under noSync() would use gradients no rank has averaged (stage
+// 1, and Accumulation::Local); under the default accumulation of stages 2 and 3 every noSync()
+// backward has reduce-scattered its gradients, and the step is taken.
 TEST(ZeroApi, StepAfterOnlyNoSyncBackwardsIsRefused) {
+  withDdp(2, [](int, DistributedDataParallel<Mlp>& ddp) {
+    ZeroOptions zo;
+    zo.stage = 2;
+    ShardedOptimizer adam(ddp, factoryFor("adam"), zo);
+    {
+      auto guard = ddp.noSync();
+      torch::mse_loss(ddp(torch::randn({2, 7})), torch::randn({2, 5})).backward();
+    }
+    adam.step();  // averaged already
+  });
   for (int stage : {1, 2}) {
     withDdp(2, [stage](int, DistributedDataParallel<Mlp>& ddp) {
       ZeroOptions zo;
       zo.stage = stage;
+      zo.accumulation = ZeroOptions::Accumulation::Local;
       ShardedOptimizer adam(ddp, factoryFor("adam"), zo);
       {
         auto guard = ddp.noSync();

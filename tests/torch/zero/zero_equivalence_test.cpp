@@ -34,6 +34,25 @@ TEST_P(ZeroEquivalence, AdamWWithAccumulationAndAnOverflow) {
   expectClose(zero, ddp, 1e-6);
 }
 
+// The same with ZeroOptions::Accumulation::Local: noSync() micro-batches keep full gradients and
+// the synchronising backward reduce-scatters their sum (at stage 1 the option changes nothing).
+TEST_P(ZeroEquivalence, AdamWWithLocalAccumulationAndAnOverflow) {
+  ZeroRun run;
+  run.world = GetParam().world;
+  run.steps = 20;
+  run.micro = 3;
+  run.scaler = true;
+  run.overflowStep = 7;
+  run.overflowRank = run.world - 1;
+  const ZeroResult ddp = trainMlp(run);
+  run.stage = GetParam().stage;
+  run.localAccumulation = true;
+  const ZeroResult zero = trainMlp(run);
+  EXPECT_EQ(zero.skipped, 1) << "the overflow on one rank skips the step on all";
+  expectRanksBitwiseEqual(zero);
+  expectClose(zero, ddp, 1e-6);
+}
+
 // SGD with momentum and weight decay, and a second group (the biases) with its own options.
 TEST_P(ZeroEquivalence, SgdMomentumWithTwoParameterGroups) {
   ZeroRun run;

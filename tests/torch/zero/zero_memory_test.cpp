@@ -107,10 +107,10 @@ INSTANTIATE_TEST_SUITE_P(Ranks, ZeroMemory,
                                   std::to_string(info.param.second);
                          });
 
-// DeepSpeed's first behaviour (Note [Sharded backward]): under noSync() stage 2 keeps the full
-// gradients in the parameters' .grad, no communication, until the synchronising backward moves
-// them into buckets and frees them.
-TEST(ZeroMemory, NoSyncAccumulationHoldsFullGradientsUntilTheSynchronisingBackward) {
+// Accumulation::Local (Note [Sharded backward]): under noSync() stage 2 keeps the full gradients
+// in the parameters' .grad, no communication, until the synchronising backward moves them into
+// buckets and frees them.
+TEST(ZeroMemory, LocalAccumulationHoldsFullGradientsUntilTheSynchronisingBackward) {
   auto threads = ThreadWorld::create(2);
   threads->run([&](int rank) {
     auto group = threadGroup(*threads, rank);
@@ -119,6 +119,7 @@ TEST(ZeroMemory, NoSyncAccumulationHoldsFullGradientsUntilTheSynchronisingBackwa
     DistributedDataParallel<Mlp> ddp(net, group);
     ZeroOptions zo;
     zo.stage = 2;
+    zo.accumulation = ZeroOptions::Accumulation::Local;
     ShardedOptimizer sgd(ddp, optimizerFactory<torch::optim::SGD>(torch::optim::SGDOptions(0.1)), zo);
     const auto issued = threads->issued(rank);
     {
@@ -137,6 +138,61 @@ TEST(ZeroMemory, NoSyncAccumulationHoldsFullGradientsUntilTheSynchronisingBackwa
     }
     sgd.step();
   });
+}
+
+// The default accumulation (DeepSpeed's ZeRO-2 with gradient accumulation steps): every
+// micro-batch's backward under noSync() reduce-scatters into the shard's gradient, so after eight
+// micro-batches a rank holds its shard's gradient only -- 4 / N bytes per parameter, padding
+// aside -- and nothing full-size outside the buckets; the step it makes is the Local one's.
+TEST(ZeroMemory, ReduceScatteredAccumulationHoldsTheShardsGradientOnly) {
+  {
+    const int stage = 2;  // stage 3's accumulation: ZeroStage3Ranks.NoSyncAccumulationMatchesDdp
+    auto threads = ThreadWorld::create(2);
+    std::vector<std::vector<torch::Tensor>> after(2);
+    // The ranks are threads of one process, which has one random generator: the data of every
+    // rank and micro-batch is drawn before they start, and DDP gives every rank rank 0's model.
+    torch::manual_seed(10);
+    std::vector<std::vector<torch::Tensor>> data(2);
+    for (auto& rankData : data) {
+      for (int i = 0; i < 18; ++i) rankData.push_back(torch::randn({4, 64}));
+    }
+    for (bool local : {false, true}) {
+      torch::manual_seed(1);
+      Mlp first(64, 256, 64);
+      threads->run([&](int rank) {
+        auto group = threadGroup(*threads, rank);
+        Mlp net = rank == 0 ? first : Mlp(64, 256, 64);
+        DistributedDataParallel<Mlp> ddp(net, group);
+        ZeroOptions zo;
+        zo.stage = stage;
+        if (local) zo.accumulation = ZeroOptions::Accumulation::Local;
+        ShardedOptimizer sgd(ddp, optimizerFactory<torch::optim::SGD>(torch::optim::SGDOptions(0.1)), zo);
+        auto& mine = data[static_cast<size_t>(rank)];
+        for (int micro = 0; micro < 8; ++micro) {
+          const auto issued = threads->issued(rank);
+          {
+            auto guard = ddp.noSync();
+            torch::mse_loss(ddp(mine[2 * micro]), mine[2 * micro + 1]).backward();
+          }
+          if (local) continue;
+          EXPECT_GT(threads->issued(rank), issued) << "each micro-batch reduce-scatters";
+          const dtrain::ZeroMemory m = sgd.stats().memory;
+          EXPECT_EQ(m.looseGradients, 0u);
+          EXPECT_GT(m.gradients, 0u);
+          EXPECT_LE(m.gradients, (98880u / 2 + 4 * 64) * 4) << "the shard's gradient only";
+        }
+        torch::mse_loss(ddp(mine[16]), mine[17]).backward();
+        sgd.step();
+        if (rank == 0) {
+          for (auto& p : net->parameters()) after[local].push_back(p.detach().clone());
+        }
+      });
+    }
+    ASSERT_EQ(after[0].size(), after[1].size());
+    for (size_t i = 0; i < after[0].size(); ++i) {
+      EXPECT_TRUE(torch::allclose(after[0][i], after[1][i], 1e-5, 1e-6)) << "parameter " << i;
+    }
+  }
 }
 
 }  // namespace

@@ -39,6 +39,8 @@ struct ZeroRun {
   at::ScalarType dtype = at::kFloat;
   uint64_t seed = 3;
   bool deferAllgatherWait = false;  // ZeroOptions'
+  // ZeroOptions::Accumulation::Local (noSync() keeps full gradients) instead of the default.
+  bool localAccumulation = false;
   // Each step first runs a micro-batch under noSync() that its zero_grad() then drops (an
   // accumulation abandoned, an epoch's leftover micro-batches).
   bool abandoned = false;
@@ -146,6 +148,7 @@ inline RankResult trainOnRank(const ZeroRun& run, const std::shared_ptr<ProcessG
     zo.firstUnitBytes = run.unitBytes / 2;
     zo.unitBytes = run.unitBytes;
     zo.deferAllgatherWait = run.deferAllgatherWait;
+    if (run.localAccumulation) zo.accumulation = ZeroOptions::Accumulation::Local;
     auto owned = std::make_unique<ShardedOptimizer>(ddp, groupsFor(run.optimizer, *net), factory, zo);
     sharded = owned.get();
     optimizer = std::move(owned);

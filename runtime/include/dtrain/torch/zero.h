@@ -127,6 +127,17 @@ struct ZeroOptions {
   bool offload = false;
   // Deadline of the collectives waited for; zero: the communicator's.
   comm::Millis timeout = comm::Millis::zero();
+  // Stages 2 and 3 under noSync() (gradient accumulation): where a micro-batch's gradients wait
+  // for the step. ReduceScatter (the default): each micro-batch's backward reduce-scatters its
+  // gradients into the shard's gradient, as a synchronising backward does (they add up: Note
+  // [Accumulating into the shard]), so a rank holds its shard's gradient only -- 4 / N bytes per
+  // float32 parameter whatever the accumulation, DeepSpeed's ZeRO-2 with gradient accumulation
+  // steps -- at one reduce-scatter per micro-batch. Local: they accumulate full-size in the
+  // parameters' .grad until the synchronising backward, as under DDP: one reduce-scatter per
+  // step, the full gradients held between micro-batches (where bandwidth is scarcer than
+  // memory). Stage 1 always accumulates locally, in its units' buffers.
+  enum class Accumulation { ReduceScatter, Local };
+  Accumulation accumulation = Accumulation::ReduceScatter;
 };
 
 // Bytes this rank holds, measured from the tensors' storages (each storage counted once).
