@@ -364,7 +364,7 @@ int runDriver(const Options& o) {
       const ZeroResult& zero = stage == 3 ? results[2] : results[1];
       for (const auto& r : results) printRow(r, ddp);
       fmt::print("  {:>5} backend {}, {:.2f}M parameters, load {:.1f} -> {:.1f}; gradients held "
-                 "after a noSync() micro-batch: DDP {:.0f} MiB, ZeRO-{} {:.0f} MiB; ZeRO-{} "
+                 "after 8 noSync() micro-batches: DDP {:.0f} MiB, ZeRO-{} {:.0f} MiB; ZeRO-{} "
                  "buckets {:.0f} MiB\n",
                  "", zero.backend, zero.parameters / 1e6, loadBefore, loadAfter,
                  ddp.noSyncGradientBytes / (1 << 20), stage, zero.noSyncGradientBytes / (1 << 20),

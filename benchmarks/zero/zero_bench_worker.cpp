@@ -296,10 +296,11 @@ void timeSteps(const ZeroConfig& config, const Training& t, ZeroResult& r) {
   }
 }
 
-// The gradients a rank holds after a noSync() micro-batch (Note [Sharded backward]: stages 2 and
-// 3 keep them full-size, in .grad, until the synchronising backward).
+// The gradients a rank holds after eight noSync() micro-batches (Note [Sharded backward]: stages
+// 2 and 3 reduce-scatter each into the shard's gradient by default; DDP, stage 1 and
+// Accumulation::Local keep them full-size until the synchronising backward).
 double noSyncGradientBytes(const Training& t) {
-  {
+  for (int micro = 0; micro < 8; ++micro) {
     auto guard = t.ddp.noSync();
     torch::mse_loss(t.ddp(t.x), t.y).backward();
   }
