@@ -6,6 +6,7 @@ add_library(dtrain_base SHARED
   runtime/base/checkpoint/file_io.cpp
   runtime/base/checkpoint/format.cpp
   runtime/base/checkpoint/reader.cpp
+  runtime/base/checkpoint/save_thread.cpp
   runtime/base/error.cpp
   runtime/base/fault.cpp
   runtime/base/logging.cpp

@@ -46,7 +46,7 @@ namespace dtrain::checkpoint {
 
 // How far a running save got: read by a waiter to say where a stuck save is. It also decides,
 // once, between the save's writer and its waiter, whether the save may still commit
-// (Note [Abandoned saves] in file_io.cpp).
+// (Note [Abandoned saves] in save_thread.cpp).
 struct SaveProgress {
   std::atomic<uint64_t> bytesWritten{0};
   std::atomic<uint64_t> bytesTotal{0};
@@ -229,7 +229,7 @@ bool moveThisThreadToIdleClass();
 
 // One job at a time on a thread of its own, waited on with a deadline: a checkpoint save must
 // never block training for ever (a hung disk or network filesystem). See
-// Note [Bounded saves] in file_io.cpp.
+// Note [Bounded saves] in save_thread.cpp.
 class SaveThread {
  public:
   SaveThread() = default;
@@ -244,7 +244,7 @@ class SaveThread {
              std::function<void()> after = nullptr);
   // Waits until the job ends and rethrows its error, or throws TimeoutError after `timeout`,
   // saying how far it got; the job keeps running and a later wait() can collect it. A timeout
-  // abandons the job first (SaveProgress::abandon(); Note [Abandoned saves] in file_io.cpp).
+  // abandons the job first (SaveProgress::abandon(); Note [Abandoned saves] in save_thread.cpp).
   void wait(std::chrono::milliseconds timeout);
   // Waits up to `timeout` until the thread has finished `after` as well; false when it has not.
   bool settle(std::chrono::milliseconds timeout);

@@ -18,7 +18,7 @@ struct CudaDeviceApi {
   static bool hasContext(int device) noexcept { return primaryContextActive(device); }
 };
 
-// Note [Device guards and GPU 0]
+// See Note [Device guards and GPU 0] in device_guard.h.
 using DeviceGuard = BasicDeviceGuard<CudaDeviceApi>;
 
 }  // namespace dtrain::comm
