@@ -15,18 +15,21 @@ struct Param {
 
 class ZeroEquivalence : public ::testing::TestWithParam<Param> {};
 
-// 50 AdamW steps of 3 micro-batches (noSync), an enabled GradScaler whose step 7 overflows on one
-// rank only (so every rank must agree to skip it), units with padding.
-TEST_P(ZeroEquivalence, AdamWWithAccumulationAndAnOverflow) {
+// AdamW steps of 3 micro-batches (noSync), an enabled GradScaler whose step 7 overflows on one
+// rank only (so every rank must agree to skip it), units with padding; ZeRO with `accumulation`
+// against DDP.
+void adamWWithAccumulationAndAnOverflow(const Param& param, int steps,
+                                        ZeroOptions::Accumulation accumulation) {
   ZeroRun run;
-  run.world = GetParam().world;
-  run.steps = 50;
+  run.world = param.world;
+  run.steps = steps;
   run.micro = 3;
   run.scaler = true;
   run.overflowStep = 7;
   run.overflowRank = run.world - 1;
   const ZeroResult ddp = trainMlp(run);
-  run.stage = GetParam().stage;
+  run.stage = param.stage;
+  run.localAccumulation = accumulation == ZeroOptions::Accumulation::Local;
   const ZeroResult zero = trainMlp(run);
   EXPECT_EQ(ddp.skipped, 1);
   EXPECT_EQ(zero.skipped, 1) << "the overflow on one rank skips the step on all";
@@ -34,23 +37,14 @@ TEST_P(ZeroEquivalence, AdamWWithAccumulationAndAnOverflow) {
   expectClose(zero, ddp, 1e-6);
 }
 
-// The same with ZeroOptions::Accumulation::Local: noSync() micro-batches keep full gradients and
-// the synchronising backward reduce-scatters their sum (at stage 1 the option changes nothing).
+TEST_P(ZeroEquivalence, AdamWWithAccumulationAndAnOverflow) {
+  adamWWithAccumulationAndAnOverflow(GetParam(), 50, ZeroOptions::Accumulation::ReduceScatter);
+}
+
+// Accumulation::Local: noSync() micro-batches keep full gradients and the synchronising backward
+// reduce-scatters their sum (at stage 1 the option changes nothing).
 TEST_P(ZeroEquivalence, AdamWWithLocalAccumulationAndAnOverflow) {
-  ZeroRun run;
-  run.world = GetParam().world;
-  run.steps = 20;
-  run.micro = 3;
-  run.scaler = true;
-  run.overflowStep = 7;
-  run.overflowRank = run.world - 1;
-  const ZeroResult ddp = trainMlp(run);
-  run.stage = GetParam().stage;
-  run.localAccumulation = true;
-  const ZeroResult zero = trainMlp(run);
-  EXPECT_EQ(zero.skipped, 1) << "the overflow on one rank skips the step on all";
-  expectRanksBitwiseEqual(zero);
-  expectClose(zero, ddp, 1e-6);
+  adamWWithAccumulationAndAnOverflow(GetParam(), 20, ZeroOptions::Accumulation::Local);
 }
 
 // SGD with momentum and weight decay, and a second group (the biases) with its own options.
