@@ -15,12 +15,13 @@
 // binding the model held at the most per rank (Note [Build peak] in zero_bench_worker.cpp) and
 // the two steps (the same training).
 //
-// With --defer, stages 1 and 2 run a third job, ZeRO with deferAllgatherWait, and --data-mib M
-// gives every job a data phase after step() (Note [Data phase] in zero_bench_worker.cpp).
+// With --defer, stages 1 and 2 run a third job, ZeRO with deferAllgatherWait, --data-mib M
+// gives every job a data phase after step() (Note [Data phase] in zero_bench_worker.cpp), and
+// --micro M makes each step M micro-batches, all but the last under noSync().
 //
 //   zero_bench [--worlds 2,4] [--stages 1,2,3] [--steps 5] [--warmup 2] [--width 4096]
 //              [--io 1024] [--layers 7] [--batch 16] [--forward-prefetch] [--defer]
-//              [--data-mib 0] [--no-shm] [--smoke]
+//              [--data-mib 0] [--micro 1] [--no-shm] [--smoke]
 #include <unistd.h>
 
 #include <algorithm>
@@ -63,15 +64,16 @@ Options parse(int argc, char** argv) {
     if (a == "--help" || a == "-h") {
       std::fputs("usage: zero_bench [--worlds 2,4] [--stages 1,2,3] [--steps 5] [--warmup 2]\n"
                  "                  [--width 4096] [--io 1024] [--layers 7] [--batch 16]\n"
-                 "                  [--forward-prefetch] [--defer] [--data-mib 0] [--no-shm]\n"
-                 "                  [--smoke]\n"
+                 "                  [--forward-prefetch] [--defer] [--data-mib 0] [--micro 1]\n"
+                 "                  [--no-shm] [--smoke]\n"
                  "ZeRO stages 1, 2 and 3 against plain DDP (Adam, an MLP of 92M parameters), "
                  "interleaved (stage 3 beside DDP and ZeRO-2). Stage 3 runs twice: the model "
                  "built whole and sharded by the optimizer (zero3), and built unit by unit with "
                  "fullyShard (zero3b); a table compares the two builds' peak memory per rank "
                  "(CPU tensor storage counted, resident set) and steps. --defer: stages 1 and "
                  "2 also run ZeRO with deferAllgatherWait (zero1d, zero2d); --data-mib M: every "
-                 "step normalises M MiB of pixels after step(), as loading the next batch. See "
+                 "step normalises M MiB of pixels after step(), as loading the next batch; --micro "
+                 "M: M micro-batches per step, all but the last under noSync(). See "
                  "benchmarks/README.md.\n",
                  stdout);
       std::exit(0);
@@ -83,6 +85,7 @@ Options parse(int argc, char** argv) {
     else if (a == "--build-sharded") o.job.buildSharded = true;  // worker: Units::ShardedAsBuilt
     else if (a == "--defer") o.job.defer = true;
     else if (a == "--data-mib") o.job.dataMib = std::stod(value());
+    else if (a == "--micro") o.job.micro = std::max(1, std::stoi(value()));
     else if (a == "--worlds") o.worlds = ints(value());
     else if (a == "--stages") o.stages = ints(value());
     else if (a == "--stage") o.job.stage = std::stoi(value());
@@ -127,6 +130,10 @@ std::vector<std::string> workerArgs(const Options& o, JobKind kind, const std::s
   if (o.job.forwardPrefetch) args.push_back("--forward-prefetch");
   if (kind.buildSharded) args.push_back("--build-sharded");
   if (kind.defer) args.push_back("--defer");
+  if (o.job.micro > 1) {
+    args.push_back("--micro");
+    args.push_back(std::to_string(o.job.micro));
+  }
   if (o.job.dataMib > 0) {
     args.push_back("--data-mib");
     args.push_back(fmt::format("{}", o.job.dataMib));
@@ -341,10 +348,11 @@ int runDriver(const Options& o) {
   char dirTemplate[] = "/tmp/zero_bench.XXXXXX";
   DTRAIN_CHECK(mkdtemp(dirTemplate) != nullptr, "mkdtemp failed: {}", std::strerror(errno));
   const std::string dir = dirTemplate;
-  fmt::print("# zero_bench: Adam, DeepMlp({} -> {} x {} -> {}), batch {} per rank, 1 thread per "
+  fmt::print("# zero_bench: Adam, DeepMlp({} -> {} x {} -> {}), batch {} per rank{}, 1 thread per "
              "rank, {} steps (+{} warm-up) per job, medians; {}{}\n",
-             o.job.io, o.job.width, o.job.layers - 1, o.job.io, o.job.batch, o.job.steps,
-             o.job.warmup, o.noShm ? "Gloo (DTRAIN_SHM=0)" : "shared memory",
+             o.job.io, o.job.width, o.job.layers - 1, o.job.io, o.job.batch,
+             o.job.micro > 1 ? fmt::format(" x {} micro-batches (noSync())", o.job.micro) : "",
+             o.job.steps, o.job.warmup, o.noShm ? "Gloo (DTRAIN_SHM=0)" : "shared memory",
              o.smoke ? ", SMOKE" : "");
   fmt::print("# ms: step = fwd+bwd (without waits) + comm (waited for) + optimizer + other; "
              "ratio, comm: per-step ratios to DDP's; alone: the step's collectives by themselves, "

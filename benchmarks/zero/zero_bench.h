@@ -28,6 +28,9 @@ struct ZeroConfig {
   // MiB of 8-bit pixels each step normalises after step(), a stand-in for loading the next batch
   // (Note [Data phase] in zero_bench_worker.cpp); 0: none
   double dataMib = 0;
+  // Micro-batches per step: all but the last under noSync() (ZeRO's default accumulation
+  // reduce-scatters each; DDP allreduces once). Timed as part of forward + backward.
+  int micro = 1;
   int warmup = 2;
   int steps = 5;
   std::string out;       // rank 0 writes its result here (JSON)

@@ -16,9 +16,11 @@ bool averagedByCollective(at::ScalarType dtype) {
 }
 
 std::shared_ptr<comm::Work> reduceScatterUnit(comm::Communicator& comm, ShardUnit& unit,
-                                              const comm::CallOptions& call) {
+                                              const comm::CallOptions& call,
+                                              const at::Tensor& out) {
   const bool avg = averagedByCollective(unit.gradType());
-  return comm.reduceScatterAsync(unit.fullGrads().data_ptr(), unit.reduced().data_ptr(),
+  void* to = out.defined() ? out.data_ptr() : unit.reduced().data_ptr();
+  return comm.reduceScatterAsync(unit.fullGrads().data_ptr(), to,
                                  static_cast<size_t>(unit.shardNumel()),
                                  toDataType(unit.fullGrads()),
                                  avg ? comm::ReduceOp::Avg : comm::ReduceOp::Sum, call);

@@ -21,9 +21,11 @@ namespace dtrain::zero {
 // before, where the gradients are written, so their sum cannot overflow, and summed.
 bool averagedByCollective(at::ScalarType dtype);
 
-// Starts unit `unit`'s reduce-scatter: fullGrads -> reduced (stage 1: in place).
+// Starts unit `unit`'s reduce-scatter: fullGrads -> reduced (stage 1: in place), or -> `out` (a
+// shard-sized tensor) when given.
 std::shared_ptr<comm::Work> reduceScatterUnit(comm::Communicator& comm, ShardUnit& unit,
-                                              const comm::CallOptions& call);
+                                              const comm::CallOptions& call,
+                                              const at::Tensor& out = {});
 // Starts unit `unit`'s all-gather, in place: block `rank` of fullParams -> all of fullParams.
 std::shared_ptr<comm::Work> allgatherUnit(comm::Communicator& comm, ShardUnit& unit,
                                           const comm::CallOptions& call);

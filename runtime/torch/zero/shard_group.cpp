@@ -13,21 +13,21 @@
 
 // Note [Accumulating into the shard]
 // Gradients accumulate until zero_grad(), as with any libtorch optimizer: a second synchronising
-// backward before step() adds its average to the shard's gradient S. Each unit's reduce-scatter
-// computes (sum over ranks of block r) / N, so S is folded into this rank's own block as N S
-// before the collective: (N S + sum of the ranks' new gradients) / N = S + their average. When S
-// is zero -- the common case, zero_grad() each step -- N S is zero and the result is bitwise the
-// average DDP's allreduce computes.
-//   Stage 1: the block is S itself (the reduce-scatter runs in place), and the other blocks hold
+// backward before step() adds its average to the shard's gradient S (under noSync() with the
+// default accumulation, every micro-batch's backward does).
+//   Stage 1: each unit's reduce-scatter computes (sum over ranks of block r) / N, so S is folded
+//   into this rank's own block as N S before the collective: (N S + sum of the ranks' new
+//   gradients) / N = S + their average; when S is zero -- zero_grad() each step -- the result is
+//   bitwise the average DDP's allreduce computes. The block is S itself (the reduce-scatter runs in place), and the other blocks hold
 //   this rank's share of the last reduce-scatter's input. Before the first gradient of the next
 //   backward is accumulated (a pre-hook on the gradient accumulators, so also when that backward
 //   is a noSync() one), the other blocks are zeroed and S multiplied by N: one pass over the
 //   buffer, what zero_grad() costs DDP.
-//   Stage 2: the bucket's own block gets N S added right before the reduce-scatter, which writes
-//   the sum into S.
-//   16-bit units are divided by N before they travel (Note [Averaging in the reduce-scatter]):
-//   there the fold adds S, not N S. With master weights S is the float32 master gradient, and the
-//   reduce-scatter's result is added to it afterwards instead.
+//   Stages 2 and 3: when S holds a gradient, the reduce-scatter writes the bucket's own block in
+//   place and that average is added to S once it has arrived (S + the ranks' average, the same
+//   arithmetic whichever rank owns an element, so stage 2 and stage 3 agree bitwise whatever
+//   their units); when it holds none, it writes S directly. With master weights S is the float32
+//   master gradient, and the reduce-scatter's result is added to it afterwards likewise.
 // A shard whose gradient zero_grad() unset (libtorch 2.x) counts as zero and gets it back.
 //
 // Note [Gradient buckets of stage 2]
@@ -76,6 +76,7 @@ ShardGroup::ShardGroup(std::shared_ptr<ProcessGroup> group, ShardLayout layout,
       grads_(units_.size(), options.stage == 1 ? Grads::Reduced : Grads::Empty),
       params_(units_.size(), Params::Gathered),
       reduceWork_(units_.size()),
+      reduceInto_(units_.size()),
       gatherWork_(units_.size()),
       pool_(comm_),
       paramPool_(comm_),
@@ -212,20 +213,18 @@ void ShardGroup::fill(size_t k, size_t j, const fault::Fault* poison) {
   }
 }
 
-void ShardGroup::fold(size_t k) {
+at::Tensor ShardGroup::addedLater(size_t k) {
   ShardUnit& u = *units_[k];
-  if (stage() == 1 || u.hasMaster() || !u.shardGradAttached()) return;
+  if (stage() == 1 || u.hasMaster() || !u.shardGradAttached()) return {};
   const int64_t s = u.shardNumel();
-  const double factor = averagedByCollective(u.gradType()) ? group_->size() : 1.0;
-  at::NoGradGuard noGrad;
-  u.fullGrads().narrow(0, group_->rank() * s, s).add_(u.reduced(), factor);
+  return u.fullGrads().narrow(0, group_->rank() * s, s);
 }
 
 void ShardGroup::launchReduce(size_t k) {
   DTRAIN_CHECK(grads_[k] == Grads::Accumulating, "rank {}: ZeRO: reduce-scatter of {}, which is "
                "{}", group_->rank(), units_[k]->describe(), gradsName(grads_[k]));
-  fold(k);  // see Note [Accumulating into the shard]
-  reduceWork_[k] = reduceScatterUnit(comm_, *units_[k], call());
+  reduceInto_[k] = addedLater(k);  // see Note [Accumulating into the shard]
+  reduceWork_[k] = reduceScatterUnit(comm_, *units_[k], call(), reduceInto_[k]);
   grads_[k] = Grads::Reducing;
   reducing_.push_back(k);
 }
@@ -243,6 +242,9 @@ std::chrono::nanoseconds ShardGroup::finishReduce(size_t k) {
   at::NoGradGuard noGrad;
   if (u.hasMaster()) {
     u.takeReduced();
+  } else if (reduceInto_[k].defined()) {
+    u.reduced().add_(reduceInto_[k]);  // the shard's gradient + this backward's average
+    reduceInto_[k] = at::Tensor();
   } else if (!u.shardGradAttached()) {
     u.attachShardGrad();
   }

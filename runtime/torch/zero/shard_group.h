@@ -186,7 +186,10 @@ class ShardGroup {
 
  private:
   void lease(size_t k);
-  void fold(size_t k);
+  // Stages 2 and 3, a unit whose shard holds a gradient already: the bucket's own block, which
+  // its reduce-scatter then writes and finishReduce() adds to the shard's gradient (Note
+  // [Accumulating into the shard]); undefined otherwise.
+  at::Tensor addedLater(size_t k);
   comm::CallOptions call() const;
   // Stage 3: unit k's all-gather into a pooled buffer, labelled, not waited for (Free ->
   // Gathering); and the wait for it, with the error of a failed one said in the unit's terms.
@@ -208,6 +211,7 @@ class ShardGroup {
   std::vector<Grads> grads_;
   std::vector<Params> params_;
   std::vector<std::shared_ptr<comm::Work>> reduceWork_;
+  std::vector<at::Tensor> reduceInto_;  // per unit: addedLater() of its running reduce-scatter
   std::vector<std::shared_ptr<comm::Work>> gatherWork_;
   std::deque<size_t> reducing_;  // units whose reduce-scatter runs, in launch order
   bool localGradients_ = false;
