@@ -150,12 +150,17 @@ TEST(HostMemoryCache, RawAllocationsAndFreesFromAnotherThreadComeBack) {
   EXPECT_EQ(hostMemoryCacheStats().allocatedBytes, start.allocatedBytes);
 }
 
-// The process's address space, for RLIMIT_AS below.
-size_t mappedBytes() {
+// The process's address space (for RLIMIT_AS below) and its resident set, from /proc/self/statm.
+struct Statm {
+  size_t mapped = 0;
+  size_t resident = 0;
+};
+Statm statm() {
   std::ifstream in("/proc/self/statm");
-  size_t pages = 0;
-  in >> pages;
-  return pages * static_cast<size_t>(::sysconf(_SC_PAGESIZE));
+  Statm pages;
+  in >> pages.mapped >> pages.resident;
+  const auto page = static_cast<size_t>(::sysconf(_SC_PAGESIZE));
+  return {pages.mapped * page, pages.resident * page};
 }
 
 // A limit on the address space makes mmap fail as a full machine does: the cache gives its free
@@ -171,7 +176,7 @@ TEST(HostMemoryCache, AnAllocationThatDoesNotFitEmptiesTheCacheThenFailsClearly)
   struct rlimit old {};
   ASSERT_EQ(::getrlimit(RLIMIT_AS, &old), 0);
   struct rlimit tight = old;
-  tight.rlim_cur = mappedBytes() + 64 * kMiB;
+  tight.rlim_cur = statm().mapped + 64 * kMiB;
   ASSERT_EQ(::setrlimit(RLIMIT_AS, &tight), 0);
   std::string message;
   size_t cachedAfterRetry = 1;
@@ -221,13 +226,6 @@ TEST(HostMemoryCache, TrainingGivesTheSameNumbersWithAndWithoutIt) {
   if (!enableHostMemoryCache(options)) GTEST_SKIP() << "the cache was installed by another suite " \
                                                        "of this process: run this suite alone"
 
-size_t residentBytes() {
-  std::ifstream in("/proc/self/statm");
-  size_t size = 0, resident = 0;
-  in >> size >> resident;
-  return resident * static_cast<size_t>(::sysconf(_SC_PAGESIZE));
-}
-
 // A block of `bytes` from the installed CPU allocator, every page written.
 c10::DataPtr touched(size_t bytes) {
   c10::DataPtr block = c10::GetCPUAllocator()->allocate(bytes);
@@ -273,7 +271,7 @@ TEST(HostMemoryCacheVaryingShapes, ResidentMemoryStaysNearTheLiveBytes) {
   std::mt19937_64 random(42);
   std::uniform_int_distribution<size_t> size(largest / 2, largest);
   std::uniform_int_distribution<size_t> which(0, 7);
-  const size_t baseline = residentBytes();
+  const size_t baseline = statm().resident;
   std::vector<std::pair<c10::DataPtr, size_t>> live;
   size_t liveBytes = 0, peakLive = 0, peakResident = 0;
   for (int step = 0; step < 300; ++step) {
@@ -286,7 +284,7 @@ TEST(HostMemoryCacheVaryingShapes, ResidentMemoryStaysNearTheLiveBytes) {
     live.emplace_back(touched(bytes), bytes);
     liveBytes += bytes;
     peakLive = std::max(peakLive, liveBytes);
-    const size_t resident = residentBytes();
+    const size_t resident = statm().resident;
     peakResident = std::max(peakResident, resident > baseline ? resident - baseline : 0);
   }
   const HostMemoryCacheStats stats = hostMemoryCacheStats();
