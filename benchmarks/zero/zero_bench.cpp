@@ -65,7 +65,7 @@ Options parse(int argc, char** argv) {
       std::fputs("usage: zero_bench [--worlds 2,4] [--stages 1,2,3] [--steps 5] [--warmup 2]\n"
                  "                  [--width 4096] [--io 1024] [--layers 7] [--batch 16]\n"
                  "                  [--forward-prefetch] [--defer] [--data-mib 0] [--micro 1]\n"
-                 "                  [--no-shm] [--smoke]\n"
+                 "                  [--autocast] [--param-dtype] [--no-shm] [--smoke]\n"
                  "ZeRO stages 1, 2 and 3 against plain DDP (Adam, an MLP of 92M parameters), "
                  "interleaved (stage 3 beside DDP and ZeRO-2). Stage 3 runs twice: the model "
                  "built whole and sharded by the optimizer (zero3), and built unit by unit with "
@@ -73,7 +73,9 @@ Options parse(int argc, char** argv) {
                  "(CPU tensor storage counted, resident set) and steps. --defer: stages 1 and "
                  "2 also run ZeRO with deferAllgatherWait (zero1d, zero2d); --data-mib M: every "
                  "step normalises M MiB of pixels after step(), as loading the next batch; --micro "
-                 "M: M micro-batches per step, all but the last under noSync(). See "
+                 "M: M micro-batches per step, all but the last under noSync(); --autocast: forwards under "
+                 "AutocastGuard (bfloat16); --param-dtype: stage 3 gathers its units in bfloat16 "
+                 "(ZeroOptions::paramDtype). See "
                  "benchmarks/README.md.\n",
                  stdout);
       std::exit(0);
@@ -86,6 +88,8 @@ Options parse(int argc, char** argv) {
     else if (a == "--defer") o.job.defer = true;
     else if (a == "--data-mib") o.job.dataMib = std::stod(value());
     else if (a == "--micro") o.job.micro = std::max(1, std::stoi(value()));
+    else if (a == "--autocast") o.job.autocast = true;
+    else if (a == "--param-dtype") o.job.paramDtype = true;
     else if (a == "--worlds") o.worlds = ints(value());
     else if (a == "--stages") o.stages = ints(value());
     else if (a == "--stage") o.job.stage = std::stoi(value());
@@ -130,6 +134,8 @@ std::vector<std::string> workerArgs(const Options& o, JobKind kind, const std::s
   if (o.job.forwardPrefetch) args.push_back("--forward-prefetch");
   if (kind.buildSharded) args.push_back("--build-sharded");
   if (kind.defer) args.push_back("--defer");
+  if (o.job.autocast) args.push_back("--autocast");
+  if (o.job.paramDtype && kind.stage == 3) args.push_back("--param-dtype");
   if (o.job.micro > 1) {
     args.push_back("--micro");
     args.push_back(std::to_string(o.job.micro));
@@ -373,10 +379,15 @@ int runDriver(const Options& o) {
       for (const auto& r : results) printRow(r, ddp);
       fmt::print("  {:>5} backend {}, {:.2f}M parameters, load {:.1f} -> {:.1f}; gradients held "
                  "after 8 noSync() micro-batches: DDP {:.0f} MiB, ZeRO-{} {:.0f} MiB; ZeRO-{} "
-                 "buckets {:.0f} MiB\n",
+                 "buckets {:.0f} MiB; held from forward to backward{}: DDP {:.1f} MiB, ZeRO-{} "
+                 "{:.1f} MiB\n",
                  "", zero.backend, zero.parameters / 1e6, loadBefore, loadAfter,
                  ddp.noSyncGradientBytes / (1 << 20), stage, zero.noSyncGradientBytes / (1 << 20),
-                 stage, zero.bucketBytes / (1 << 20));
+                 stage, zero.bucketBytes / (1 << 20),
+                 !o.job.autocast ? ""
+                 : o.job.paramDtype && stage == 3 ? " (autocast, paramDtype bfloat16)"
+                                                  : " (autocast)",
+                 ddp.heldBytes / (1 << 20), stage, zero.heldBytes / (1 << 20));
       if (stage != 3) {
         for (size_t j = 1; j < results.size(); ++j) printWaits(ddp, results[j]);
       }

@@ -31,6 +31,10 @@ struct ZeroConfig {
   // Micro-batches per step: all but the last under noSync() (ZeRO's default accumulation
   // reduce-scatters each; DDP allreduces once). Timed as part of forward + backward.
   int micro = 1;
+  // Forwards and losses under AutocastGuard (bfloat16 on the CPU); paramDtype: stage 3's
+  // ZeroOptions::paramDtype = bfloat16 (its units gathered in the compute dtype).
+  bool autocast = false;
+  bool paramDtype = false;
   int warmup = 2;
   int steps = 5;
   std::string out;       // rank 0 writes its result here (JSON)
@@ -66,6 +70,10 @@ struct ZeroResult {
   double bucketBytes = 0;            // ZeRO-2's gradient buckets
   std::vector<double> pssBytes;      // every rank's PSS after the timed steps
   double noSyncGradientBytes = 0;    // gradients held under noSync() (a last micro-batch)
+  // Rank 0's CPU tensor storage alive after a forward (ZeroConfig::autocast's) above what was
+  // alive before it: what the graph keeps for backward -- activations, and under autocast the
+  // cast copies of weights it saved (Note [Held for backward] in zero_bench_worker.cpp).
+  double heldBytes = 0;
   double peakFullBytes = 0;          // the most full-parameter bytes alive at once in a step
   double peakGatheredBytes = 0;      // the same from the library (ZeroMemory::peakGathered)
   double ownedParameterBytes = 0;    // the module's parameters between steps (stage 3: blocks)

@@ -16,6 +16,7 @@
 #include "../ddp/bench_process.h"
 #include "counting_allocator.h"
 #include "dtrain/base/error.h"
+#include "dtrain/torch/autocast.h"
 #include "dtrain/torch/ddp.h"
 #include "dtrain/torch/fully_shard.h"
 #include "dtrain/torch/init.h"
@@ -117,6 +118,7 @@ std::unique_ptr<torch::optim::Optimizer> makeOptimizer(DistributedDataParallel<D
   zo.stage = stage;
   zo.forwardPrefetch = config.forwardPrefetch;
   zo.deferAllgatherWait = config.defer;
+  if (stage == 3 && config.paramDtype) zo.paramDtype = at::kBFloat16;
   return std::make_unique<ShardedOptimizer>(
       ddp, optimizerFactory<torch::optim::Adam>(adamOptions), zo);
 }
@@ -181,20 +183,31 @@ struct Training {
   int layers;
   torch::Tensor x, y;
   int micro = 1;  // ZeroConfig::micro
+  bool autocast = false;  // ZeroConfig::autocast
 };
+
+// The model's output for the batch, under autocast when the job asks for it.
+torch::Tensor forwardOf(const Training& t) {
+  AutocastGuard autocast(torch::kCPU, t.autocast);
+  return t.ddp(t.x);
+}
+
+torch::Tensor lossOf(const torch::Tensor& out, const Training& t) {
+  return torch::mse_loss(out.to(torch::kFloat), t.y);
+}
 
 // The step's forwards and backwards (ZeroConfig::micro: all but the last under noSync()); returns
 // the last forward's wall time.
 Clock::duration forwardBackward(const Training& t) {
   for (int m = 0; m + 1 < t.micro; ++m) {
     auto guard = t.ddp.noSync();
-    torch::mse_loss(t.ddp(t.x), t.y).backward();
+    lossOf(forwardOf(t), t).backward();
   }
   const auto start = Clock::now();
-  torch::Tensor out = t.ddp(t.x);
+  torch::Tensor out = forwardOf(t);
   const auto forward = Clock::now() - start;
   out = probeBackward(out, ProbeLog::Kind::GradIn, t.layers, &t.probes);
-  torch::mse_loss(out, t.y).backward();
+  lossOf(out, t).backward();
   return forward;
 }
 
@@ -308,7 +321,7 @@ void timeSteps(const ZeroConfig& config, const Training& t, ZeroResult& r) {
 double noSyncGradientBytes(const Training& t) {
   for (int micro = 0; micro < 8; ++micro) {
     auto guard = t.ddp.noSync();
-    torch::mse_loss(t.ddp(t.x), t.y).backward();
+    lossOf(forwardOf(t), t).backward();
   }
   if (t.sharded) {
     const ZeroMemory m = t.sharded->stats().memory;
@@ -317,6 +330,25 @@ double noSyncGradientBytes(const Training& t) {
   std::vector<torch::Tensor> grads;
   for (auto& p : t.net->parameters()) grads.push_back(p.grad());
   return coveredBytes(grads);
+}
+
+// Note [Held for backward]
+// What a forward leaves alive for its backward, from the counting allocator (a process per rank,
+// so it counts this rank): storage alive after the forward minus before it, in a step like the
+// timed ones (its pools warm). The graph holds the activations autograd saved and, under
+// autocast, the lower-precision copies of the weights it cast (a Linear saves its cast weight):
+// ~2 bytes per parameter of every layer, freed or not at the unit's reshard, unless stage 3
+// gathers its units in the compute dtype (ZeroOptions::paramDtype), when the cast finds the
+// weight in its own dtype and the graph saves the unit's parameter itself -- freed at reshard,
+// gathered again for backward. A synchronising step.
+double heldForBackward(const Training& t) {
+  const testing::CountingCpuAllocator& storage = testing::CountingCpuAllocator::install();
+  const int64_t before = storage.live();
+  torch::Tensor out = forwardOf(t);
+  const int64_t held = storage.live() - before;
+  lossOf(out, t).backward();
+  t.optimizer.step();
+  return static_cast<double>(held);
 }
 
 // Model state, every rank's PSS, and the gradients held after a noSync() micro-batch; ends with
@@ -335,8 +367,10 @@ void measureMemory(const Training& t, ZeroResult& r) {
   t.optimizer.zero_grad();
   r.noSyncGradientBytes = noSyncGradientBytes(t);
   // The synchronising backward, so that the ranks end alike.
-  torch::mse_loss(t.ddp(t.x), t.y).backward();
+  lossOf(forwardOf(t), t).backward();
   t.optimizer.step();
+  t.optimizer.zero_grad();
+  r.heldBytes = heldForBackward(t);
 }
 
 // Note [Build peak]
@@ -435,7 +469,7 @@ int runZeroWorker(const ZeroConfig& config) {
   const auto y = torch::randn({config.batch, config.io});
   const Training training{*group,  net,           ddp, *optimizer,
                           dynamic_cast<ShardedOptimizer*>(optimizer.get()),
-                          *probes, config.layers, x,   y, config.micro};
+                          *probes, config.layers, x,   y, config.micro, config.autocast};
   ZeroResult r;
   r.stage = config.stage;
   r.buildSharded = config.buildSharded;
@@ -484,7 +518,8 @@ std::string toJson(const ZeroResult& r) {
                       {"build_storage_bytes", r.buildStorageBytes},
                       {"build_layers_bytes", r.buildLayersBytes},
                       {"build_left_bytes", r.buildLeftBytes},
-                      {"build_resident_bytes", r.buildResidentBytes}};
+                      {"build_resident_bytes", r.buildResidentBytes},
+                      {"held_bytes", r.heldBytes}};
   return j.dump();
 }
 
@@ -522,6 +557,7 @@ ZeroResult zeroResultFromJson(const std::string& text) {
   r.buildLayersBytes = j.at("build_layers_bytes").get<std::vector<double>>();
   r.buildLeftBytes = j.at("build_left_bytes").get<std::vector<double>>();
   r.buildResidentBytes = j.at("build_resident_bytes").get<std::vector<double>>();
+  r.heldBytes = j.at("held_bytes").get<double>();
   return r;
 }
 

@@ -20,6 +20,7 @@
 
 #include "checkpoint/format.h"
 #include "checkpoint_test_util.h"
+#include "dtrain/torch/autocast.h"
 #include "dtrain/torch/checkpoint.h"
 #include "dtrain/torch/fully_shard.h"
 #include "dtrain/torch/zero.h"
@@ -73,6 +74,7 @@ struct Leg {
   int stage = 3;
   bool everyLayer = true;
   at::ScalarType dtype = at::kFloat;
+  bool paramDtype = false;  // ZeroOptions::paramDtype = bfloat16; forwards under autocast
   int from = 0, to = 0;
   std::vector<int64_t> saves;
   bool restore = false;
@@ -112,6 +114,7 @@ void runLeg(Leg& leg) {
     zo.stage = leg.stage;
     zo.firstUnitBytes = 128;
     zo.unitBytes = 512;
+    if (leg.paramDtype) zo.paramDtype = at::kBFloat16;
     ShardedOptimizer adam(ddp, factoryFor("adamw"), zo);
     CheckpointOptions options = optionsFor(leg.dir);
     options.nodeId = rank / leg.perNode;
@@ -137,8 +140,12 @@ void runLeg(Leg& leg) {
     for (int s = leg.from; s < leg.to; ++s) {
       auto x = randnSeeded({kGlobalBatch, 7}, 500 + s), y = randnSeeded({kGlobalBatch, 5}, 700 + s);
       adam.zero_grad();
-      auto out = ddp(shard(x, rank, leg.world).to(leg.dtype)).to(torch::kFloat);
-      torch::mse_loss(out, shard(y, rank, leg.world)).backward();
+      torch::Tensor out;
+      {
+        AutocastGuard autocast(torch::kCPU, leg.paramDtype);
+        out = ddp(shard(x, rank, leg.world).to(leg.dtype));
+      }
+      torch::mse_loss(out.to(torch::kFloat), shard(y, rank, leg.world)).backward();
       adam.step();
       if (std::count(leg.saves.begin(), leg.saves.end(), s)) checkpointer.save(s);
     }
@@ -251,6 +258,44 @@ INSTANTIATE_TEST_SUITE_P(Dtype, ShardedCheckpointStage3,
                          [](const auto& info) {
                            return std::string(info.param == at::kFloat ? "float32" : "bfloat16");
                          });
+
+// ZeroOptions::paramDtype (the marked layers gathered in bfloat16, under autocast): what a save
+// keeps of them is the float32 masters, not their rounding -- owned float32 entries --, the
+// restore loads bitwise what was saved and trains on bitwise, and an export of the step is the
+// float32 model gatherFullParameters() gives.
+TEST(ShardedCheckpointStage3ParamDtype, SavesTheFloat32MastersAndRestoresBitwise) {
+  TempDir tmp;
+  Leg whole;
+  whole.dir = tmp.file("whole");
+  whole.paramDtype = true;
+  whole.to = 6;
+  runLeg(whole);
+  Leg first = whole;
+  first.dir = tmp.file("ckpt");
+  first.to = 3;
+  first.saves = {2};
+  runLeg(first);
+  const std::string file = stepFile(first.dir, 0, 2);
+  for (const char* layer : {"module/model/body.0.weight", "module/model/body.2.weight"}) {
+    EXPECT_EQ(entriesOf(file, layer),
+              (std::map<uint32_t, checkpoint::DType>{{0, checkpoint::DType::Float32},
+                                                     {1, checkpoint::DType::Float32}}))
+        << layer << ": the masters' values, in float32";
+  }
+  exportStateDict({file, stepFile(first.dir, 1, 2)}, tmp.file("model.pt"));
+  for (const auto& [name, t] : first.end) EXPECT_EQ(t.scalar_type(), at::kFloat) << name;
+  expectExported(tmp.file("model.pt"), first.end);
+  Leg second = whole;
+  second.dir = first.dir;
+  second.from = 3;
+  second.restore = true;
+  runLeg(second);
+  ASSERT_TRUE(second.restored[0].has_value());
+  expectSameParams(second.loaded, first.end, "restored");
+  expectSameRecords(second.loadedRecords, first.endRecords, "restored");
+  EXPECT_EQ(second.markedAfterRestore, 0u);
+  expectSameParams(second.end, whole.end, "trained on after the restore");
+}
 
 // 2 ranks on 2 nodes save step 2; 3 ranks on 3 nodes (node 2 new: it copies the step from a
 // peer) load bitwise what was saved and train on within 1e-5 of the uninterrupted 2-rank run.

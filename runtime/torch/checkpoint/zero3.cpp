@@ -37,7 +37,7 @@ void addShardedParams(Registry& registry, const std::string& name, ShardedOptimi
       ShardedParam& s = registry.shardedParams[p.param.unsafeGetTensorImpl()];
       s.optimizer = name;
       s.record = p.name;
-      s.dtype = p.param.scalar_type();
+      s.dtype = unit.givenType();  // ZeroOptions::paramDtype: the master's, not the rounding
       s.freed = unit.resharded();
     }
   }

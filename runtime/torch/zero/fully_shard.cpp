@@ -60,9 +60,19 @@ at::Tensor UnitBinding::forward(torch::nn::AnyModule& module, const at::Tensor& 
   for (size_t k : units_) {
     if (group.unshard(k, ShardGroup::Why::Forward, name_)) gathered.push_back(k);
   }
+  // ZeroOptions::paramDtype: a floating input in the dtype the unit computes in, as FSDP2's
+  // MixedPrecisionPolicy(cast_forward_inputs=True); under autocast the same cast it would make.
+  at::Tensor x = input;
+  for (size_t k : units_) {
+    const ShardUnit& unit = group.unit(k);
+    if (unit.converted() && x.is_floating_point() && x.scalar_type() != unit.dtype()) {
+      x = x.to(unit.dtype());
+      break;
+    }
+  }
   at::Tensor output;
   try {
-    output = module.forward<at::Tensor>(input);
+    output = module.forward<at::Tensor>(x);
   } catch (...) {
     for (size_t k : gathered) group.reshard(k);
     throw;
@@ -191,9 +201,18 @@ std::vector<std::pair<std::string, at::Tensor>> gatherFullParameters(ShardedOpti
   at::NoGradGuard noGrad;
   std::vector<std::pair<std::string, at::Tensor>> out;
   for (size_t k = 0; k < shards.size(); ++k) {
-    const bool gathered =
-        shards.unshard(k, zero::ShardGroup::Why::Full, shards.unit(k).params().front().name);
-    for (const auto& p : shards.unit(k).params()) out.emplace_back(p.name, p.param.detach().clone());
+    zero::ShardUnit& unit = shards.unit(k);
+    if (unit.converted()) {  // ZeroOptions::paramDtype: the values are the master's
+      const at::Tensor full = shards.gatherMaster(k);
+      for (size_t j = 0; j < unit.params().size(); ++j) {
+        const at::Tensor& p = unit.params()[j].param;
+        out.emplace_back(unit.params()[j].name,
+                         full.narrow(0, unit.layout().offsets[j], p.numel()).view(p.sizes()).clone());
+      }
+      continue;
+    }
+    const bool gathered = shards.unshard(k, zero::ShardGroup::Why::Full, unit.params().front().name);
+    for (const auto& p : unit.params()) out.emplace_back(p.name, p.param.detach().clone());
     if (gathered) shards.reshard(k);
   }
   return out;

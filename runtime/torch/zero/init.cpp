@@ -46,6 +46,15 @@ void checkOptions(DdpCore& ddp, const OptimizerFactory& factory, const ZeroOptio
                    "parameters' dtype",
                    options.reduceDtype ? c10::toString(*options.reduceDtype) : "none",
                    options.stage, options.masterWeights);
+  DTRAIN_CHECK_ARG(!options.paramDtype ||
+                       (options.stage == 3 && options.masterWeights &&
+                        (*options.paramDtype == at::kBFloat16 || *options.paramDtype == at::kHalf)),
+                   "ShardedOptimizer: paramDtype {} needs stage 3 (this is stage {}), master "
+                   "weights (masterWeights is {}) and bfloat16 or float16. HINT: at stages 1 and "
+                   "2 every rank keeps the whole model; convert it "
+                   "(module->to(torch::kBFloat16)) and keep masterWeights for the same effect",
+                   options.paramDtype ? c10::toString(*options.paramDtype) : "none",
+                   options.stage, options.masterWeights);
   DTRAIN_CHECK_ARG(!options.offload || options.stage >= 2,
                    "ShardedOptimizer: offload needs stage 2 or 3 (this is stage 1, whose "
                    "gradients are reduced in place on the device). HINT: ZeroOptions::stage = 2");
@@ -100,6 +109,10 @@ std::vector<size_t> resolveGroups(const std::vector<Named>& trained,
   return groupOf;
 }
 
+const char* dtypeName(int64_t dtype) {
+  return dtype < 0 ? "none" : c10::toString(static_cast<at::ScalarType>(dtype));
+}
+
 // The same groups, dtypes, shapes and options on every rank, or an error on every rank naming
 // the first difference.
 void agreeAcrossRanks(ProcessGroup& group, const std::vector<Named>& trained,
@@ -112,18 +125,22 @@ void agreeAcrossRanks(ProcessGroup& group, const std::vector<Named>& trained,
   ddp::verifySameModel(group, described, {});
   const std::vector<int64_t> mine = {options.stage, static_cast<int64_t>(options.firstUnitBytes),
                                      static_cast<int64_t>(options.unitBytes),
-                                     options.masterWeights ? 1 : 0};
+                                     options.masterWeights ? 1 : 0,
+                                     options.paramDtype ? static_cast<int64_t>(*options.paramDtype)
+                                                        : -1};
   auto all = group.allgather(at::tensor(mine, at::kLong).to(group.device()));
   for (size_t r = 0; r < all.size(); ++r) {
     auto theirs = all[r].cpu();
     const bool same = std::equal(mine.begin(), mine.end(), theirs.data_ptr<int64_t>());
     DTRAIN_CHECK(same,
                  "rank {}: ShardedOptimizer: ranks disagree on the ZeroOptions: this rank has "
-                 "stage {}, units {}/{} bytes, master weights {}; rank {} has stage {}, units "
-                 "{}/{} bytes, master weights {}. HINT: build the optimizer alike on every rank",
-                 group.rank(), mine[0], mine[1], mine[2], mine[3], r,
+                 "stage {}, units {}/{} bytes, master weights {}, paramDtype {}; rank {} has "
+                 "stage {}, units {}/{} bytes, master weights {}, paramDtype {}. HINT: build the "
+                 "optimizer alike on every rank",
+                 group.rank(), mine[0], mine[1], mine[2], mine[3], dtypeName(mine[4]), r,
                  theirs.data_ptr<int64_t>()[0], theirs.data_ptr<int64_t>()[1],
-                 theirs.data_ptr<int64_t>()[2], theirs.data_ptr<int64_t>()[3]);
+                 theirs.data_ptr<int64_t>()[2], theirs.data_ptr<int64_t>()[3],
+                 dtypeName(theirs.data_ptr<int64_t>()[4]));
   }
 }
 
@@ -445,13 +462,18 @@ BuiltShards buildShards(DdpCore& ddp, std::vector<torch::optim::OptimizerParamGr
       // gathered once from the blocks as built (Note [Units sharded when built]).
       at::Tensor asBuilt = resharded ? builtGathers.adopt(tensors, u) : at::Tensor();
       if (!asBuilt.defined()) builtGathers.gather(tensors, pg.communicator());
-      const at::ScalarType master = masterTypeOf(dtype, options);
-      const at::ScalarType grads = options.reduceDtype && master != dtype ? *options.reduceDtype
-                                                                           : dtype;
+      // ZeroOptions::paramDtype: a marked unit's float32 parameters held in it, their values
+      // the master's.
+      const bool convert = options.paramDtype && resharded && dtype == at::kFloat;
+      UnitDtypes types;
+      types.param = convert ? *options.paramDtype : dtype;
+      types.master = convert ? dtype : masterTypeOf(dtype, options);
+      types.grad = options.reduceDtype && types.master != types.param ? *options.reduceDtype
+                                                                       : types.param;
       units.push_back(std::make_unique<ShardUnit>(k, u, std::move(params), pg.rank(), pg.size(),
-                                                  options.stage, master, grads,
-                                                  pg.communicator(), pg.device(), resharded,
-                                                  options.offload, asBuilt));
+                                                  options.stage, types, pg.communicator(),
+                                                  pg.device(), resharded, options.offload,
+                                                  asBuilt));
       if (!asBuilt.defined()) builtGathers.bound(tensors);
       const size_t g = groupOf[u.params.front()];
       std::vector<torch::optim::OptimizerParamGroup> one;

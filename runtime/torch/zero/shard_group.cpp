@@ -349,6 +349,22 @@ void ShardGroup::issueUnitGather(size_t k, Why why, bool prefetch) {
   inUnitTerms(k, why, [&] { gatherWork_[k] = allgatherUnit(comm_, u, labelled); });
 }
 
+at::Tensor ShardGroup::gatherMaster(size_t k) {
+  ShardUnit& u = *units_[k];
+  DTRAIN_CHECK(u.converted(), "rank {}: ZeRO-3: {} keeps no master of its parameters' values",
+               group_->rank(), u.describe());
+  const at::Tensor send = u.master().to(group_->device()).contiguous();
+  at::Tensor full = at::empty({u.paddedNumel()}, send.options());
+  comm::CallOptions labelled = call();  // Note [Which unit is gathered]
+  labelled.label = fmt::format("unit {} master ({})", k, u.describe());
+  labelled.check = true;
+  inUnitTerms(k, Why::Full, [&] {
+    comm_.allgather(send.data_ptr(), full.data_ptr(), static_cast<size_t>(u.shardNumel()),
+                    toDataType(send), labelled);
+  });
+  return full;
+}
+
 void ShardGroup::waitUnitGather(size_t k, Why why) {
   inUnitTerms(k, why, [&] { counts_.waited += finishGather(k); });
 }

@@ -166,6 +166,9 @@ class ShardGroup {
   // [Prefetching units]). Collective, synchronous.
   bool unshard(size_t k, Why why, const std::string& module);
   void reshard(size_t k);  // Gathered -> Free
+  // A converted unit (ZeroOptions::paramDtype): every rank's master block, all-gathered into a
+  // tensor of the unit's padded size in the dtype its parameters were given in. Collective.
+  at::Tensor gatherMaster(size_t k);
   // The backward's hooks: unit k's last gradient of this pass is in.
   void gradientsComplete(size_t k);
   // The backward's end (synchronising or noSync()): the first one ends the recording of the

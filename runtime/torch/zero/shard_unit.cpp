@@ -1,5 +1,7 @@
 #include "shard_unit.h"
 
+#include <algorithm>
+
 #include <ATen/ATen.h>
 #include <fmt/format.h>
 #include <torch/optim/optimizer.h>
@@ -25,35 +27,45 @@ at::DataPtr dataPtrOver(std::shared_ptr<comm::Buffer> buffer, const c10::Device&
 }  // namespace
 
 ShardUnit::ShardUnit(size_t index, const UnitLayout& layout, std::vector<UnitParam> params,
-                     int rank, int ranks, int stage, at::ScalarType masterType,
-                     at::ScalarType gradType, comm::Communicator& comm, const c10::Device& device,
-                     bool resharded, bool offload, at::Tensor ownedAsBuilt)
+                     int rank, int ranks, int stage, UnitDtypes types,
+                     comm::Communicator& comm, const c10::Device& device, bool resharded,
+                     bool offload, at::Tensor ownedAsBuilt)
     : index_(index),
       layout_(layout),
       params_(std::move(params)),
       rank_(rank),
       ranks_(ranks),
       stage_(stage),
-      dtype_(params_.front().param.scalar_type()),
-      gradType_(gradType),
+      dtype_(types.param),
+      givenType_(params_.front().param.scalar_type()),
+      gradType_(types.grad),
       resharded_(resharded),
       device_(device) {
   DTRAIN_CHECK(params_.size() == layout_.params.size(),
                "ShardUnit: {} parameters for a unit of {}", params_.size(), layout_.params.size());
   DTRAIN_CHECK(stage == 3 || !resharded, "ShardUnit: only stage 3 reshards parameters");
-  DTRAIN_CHECK(gradType == dtype_ || (stage != 1 && masterType != dtype_),
+  const at::ScalarType masterType = types.master;
+  DTRAIN_CHECK(gradType_ == dtype_ || (stage != 1 && masterType != dtype_),
                "ShardUnit: gradients in {} for {} parameters need stage 2 or 3 and master weights",
-               c10::toString(gradType), c10::toString(dtype_));
+               c10::toString(gradType_), c10::toString(dtype_));
+  DTRAIN_CHECK(!converted() || (stage == 3 && resharded && masterType == givenType_),
+               "ShardUnit: {} parameters held in {} need a resharded stage-3 unit with {} master "
+               "weights", c10::toString(givenType_), c10::toString(dtype_),
+               c10::toString(givenType_));
   at::NoGradGuard noGrad;
   DTRAIN_CHECK(!ownedAsBuilt.defined() ||
                    (stage == 3 && resharded && ownedAsBuilt.numel() == shardNumel()),
                "ShardUnit: a block as built of {} elements for a unit whose block has {}",
                ownedAsBuilt.numel(), shardNumel());
+  // A converted unit's master starts from the values as given, not from their rounding.
+  at::Tensor given;
+  if (converted()) given = ownedAsBuilt.defined() ? ownedAsBuilt : givenBlock(device);
   if (stage == 3) {
     bindOverStorage(comm, device, std::move(ownedAsBuilt));
   } else {
     bindParameters(comm, device);
   }
+  const at::Tensor& masterFrom = converted() ? given : ownedParams_;
   const auto options = at::TensorOptions().dtype(dtype_).device(device);
   const size_t elem = c10::elementSize(dtype_);
   if (stage == 1) {
@@ -74,12 +86,12 @@ ShardUnit::ShardUnit(size_t index, const UnitLayout& layout, std::vector<UnitPar
     // Pinned, so that the copies to and from the device run at the link's speed.
     const auto host = at::TensorOptions().device(at::kCPU).pinned_memory(true);
     master_ = at::empty({shardNumel()}, host.dtype(masterType));
-    master_.copy_(ownedParams_);
+    master_.copy_(masterFrom);
     shardGrad_ = at::zeros({shardNumel()}, host.dtype(masterType));
     hostReduced_ = at::empty({shardNumel()}, host.dtype(gradType_));
     optimized_ = master_;
   } else if (masterType != dtype_) {
-    master_ = ownedParams_.to(masterType).clone();
+    master_ = masterFrom.to(masterType).clone();
     shardGrad_ = at::zeros_like(master_);
     optimized_ = master_;
   } else {
@@ -107,6 +119,21 @@ void ShardUnit::bindParameters(comm::Communicator& comm, const c10::Device& devi
   ownedParams_ = ddp::tensorOver(paramMemory_, rank_ * shardNumel(), {shardNumel()}, options);
 }
 
+at::Tensor ShardUnit::givenBlock(const c10::Device& device) const {
+  const int64_t begin = rank_ * shardNumel();
+  const int64_t end = begin + shardNumel();
+  at::Tensor block = at::zeros({shardNumel()}, at::TensorOptions().dtype(givenType_).device(device));
+  for (size_t j = 0; j < params_.size(); ++j) {
+    const at::Tensor& p = params_[j].param;
+    const int64_t from = std::max(begin, layout_.offsets[j]);
+    const int64_t to = std::min(end, layout_.offsets[j] + p.numel());
+    if (from >= to) continue;
+    block.narrow(0, from - begin, to - from)
+        .copy_(p.detach().reshape({-1}).narrow(0, from - layout_.offsets[j], to - from));
+  }
+  return block;
+}
+
 void ShardUnit::bindOverStorage(comm::Communicator& comm, const c10::Device& device,
                                 at::Tensor asBuilt) {
   // The values the parameters have now, gathered in a first buffer; a resharded unit keeps only
@@ -124,15 +151,18 @@ void ShardUnit::bindOverStorage(comm::Communicator& comm, const c10::Device& dev
   fullParams_ = ddp::tensorIn(fullStorage_, 0, {paddedNumel()}, options);
   for (size_t j = 0; j < params_.size(); ++j) {
     at::Tensor& p = params_[j].param;
-    DTRAIN_CHECK(p.scalar_type() == dtype_, "ShardUnit: {} is {}, its unit {}", params_[j].name,
-                 c10::toString(p.scalar_type()), c10::toString(dtype_));
+    DTRAIN_CHECK(p.scalar_type() == givenType_, "ShardUnit: {} is {}, its unit {}",
+                 params_[j].name, c10::toString(p.scalar_type()), c10::toString(givenType_));
     at::Tensor place = ddp::tensorIn(fullStorage_, layout_.offsets[j], p.sizes(), options);
     if (!built) place.copy_(p);
     p.set_data(place);
+    // A gradient from before (converted: of the dtype as given) in the parameter's dtype now.
+    at::Tensor& grad = p.mutable_grad();
+    if (grad.defined() && grad.scalar_type() != dtype_) grad = grad.to(dtype_);
   }
   if (built) {
     fullStorage_.unsafeGetStorageImpl()->set_nbytes(0);
-    ownedParams_ = std::move(asBuilt);
+    ownedParams_ = converted() ? asBuilt.to(dtype_) : std::move(asBuilt);
     return;
   }
   fullParams_.narrow(0, layout_.numel, paddedNumel() - layout_.numel).zero_();

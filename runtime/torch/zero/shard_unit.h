@@ -22,6 +22,19 @@ class Optimizer;
 
 namespace dtrain::zero {
 
+// The dtypes of a unit's memory.
+struct UnitDtypes {
+  // The parameters' and the all-gather's: their own, or ZeroOptions::paramDtype for a marked
+  // unit's float32 parameters (converted when the unit is built).
+  at::ScalarType param = at::kFloat;
+  // What the optimizer steps: float32 master weights, or `param` for none. A converted unit's
+  // master holds the parameters' values as they were given.
+  at::ScalarType master = at::kFloat;
+  // The full gradients' and what the reduce-scatter lands in (ZeroOptions::reduceDtype; stages
+  // 2 and 3 only): `param` when it is the same.
+  at::ScalarType grad = at::kFloat;
+};
+
 struct UnitParam {
   std::string name;
   at::Tensor param;  // the module's parameter; a view of the unit's flat buffer once bound
@@ -57,18 +70,16 @@ struct UnitParam {
 class ShardUnit {
  public:
   // Allocates the unit's memory through `comm`, copies the parameters' values in and binds them
-  // to it (stage 1: their gradients too). `masterType`: float32 for master weights; the
-  // parameters' own dtype for none. `gradType`: the dtype of the full gradients and of what the
-  // reduce-scatter lands in (ZeroOptions::reduceDtype; stages 2 and 3 only); the parameters'
-  // own when it is the same.
+  // to it (stage 1: their gradients too), in `types.param` (see UnitDtypes).
   // `ownedAsBuilt` (stage 3, a resharded unit whose parameters were sharded when built in this
   // very layout): this rank's block as fullyShard kept it, taken as the owned block; the
-  // parameters have no memory and nothing is gathered. `offload` (ZeroOptions'): on an accelerator, the master block (float32 parameters get one
-  // too) and its gradient in the host's pinned memory, where the optimizer steps them.
+  // parameters have no memory and nothing is gathered. `offload` (ZeroOptions'): on an
+  // accelerator, the master block (float32 parameters get one too) and its gradient in the
+  // host's pinned memory, where the optimizer steps them.
   ShardUnit(size_t index, const UnitLayout& layout, std::vector<UnitParam> params, int rank,
-            int ranks, int stage, at::ScalarType masterType, at::ScalarType gradType,
-            comm::Communicator& comm, const c10::Device& device, bool resharded = false,
-            bool offload = false, at::Tensor ownedAsBuilt = {});
+            int ranks, int stage, UnitDtypes types, comm::Communicator& comm,
+            const c10::Device& device, bool resharded = false, bool offload = false,
+            at::Tensor ownedAsBuilt = {});
   ~ShardUnit();
   ShardUnit(const ShardUnit&) = delete;
   ShardUnit& operator=(const ShardUnit&) = delete;
@@ -79,6 +90,10 @@ class ShardUnit {
   int64_t shardNumel() const { return layout_.shardNumel; }
   int64_t paddedNumel() const { return layout_.shardNumel * ranks_; }
   at::ScalarType dtype() const { return dtype_; }
+  // The dtype the parameters were given in: dtype(), or float32 where ZeroOptions::paramDtype
+  // converted them (their values are then the master's).
+  at::ScalarType givenType() const { return givenType_; }
+  bool converted() const { return givenType_ != dtype_; }
   at::ScalarType gradType() const { return gradType_; }  // of fullGrads and reduced
   bool hasMaster() const { return master_.defined(); }
   // The master block and what the optimizer holds are in the host's memory (offload).
@@ -136,6 +151,8 @@ class ShardUnit {
  private:
   void bindParameters(comm::Communicator& comm, const c10::Device& device);
   void bindOverStorage(comm::Communicator& comm, const c10::Device& device, at::Tensor asBuilt);
+  // This rank's block of the parameters' values as given, before they are bound.
+  at::Tensor givenBlock(const c10::Device& device) const;
   void makeGradViews(const std::shared_ptr<comm::Buffer>& memory);
 
   const size_t index_;
@@ -145,6 +162,7 @@ class ShardUnit {
   const int ranks_;
   const int stage_;
   const at::ScalarType dtype_;
+  const at::ScalarType givenType_;
   const at::ScalarType gradType_;
   const bool resharded_;
   const c10::Device device_;

@@ -15,6 +15,7 @@
 
 #include <torch/torch.h>
 
+#include "dtrain/torch/autocast.h"
 #include "dtrain/torch/fully_shard.h"
 #include "zero_test_support.h"
 
@@ -174,6 +175,8 @@ struct Zero3Run {
   // Every unit sharded as it is built (fullyShard; Zero3NestedNet only, float32).
   bool builtSharded = false;
   bool offload = false;  // ZeroOptions'
+  // ZeroOptions'; set, every forward runs under autocast.
+  std::optional<at::ScalarType> paramDtype;
   // ZeroOptions::Accumulation::Local (noSync() keeps full gradients) instead of the default.
   bool localAccumulation = false;
   bool abandoned = false;              // ZeroRun's
@@ -244,6 +247,7 @@ Zero3RankResult trainZero3OnRank(const Zero3Run& how, const std::shared_ptr<Proc
     zo.backwardPrefetch = how.backwardPrefetch;
     zo.reduceDtype = how.reduceDtype;
     zo.offload = how.offload;
+    zo.paramDtype = how.paramDtype;
     if (how.localAccumulation) zo.accumulation = ZeroOptions::Accumulation::Local;
     auto owned = std::make_unique<ShardedOptimizer>(ddp, factory, zo);
     sharded = owned.get();
@@ -265,7 +269,11 @@ Zero3RankResult trainZero3OnRank(const Zero3Run& how, const std::shared_ptr<Proc
       std::optional<NoSyncGuard> local;
       if (m + 1 < how.micro) local.emplace(ddp.core());  // what ddp.noSync() returns
       auto [x, y] = wholeBatch(run, s, m, 7, 5);
-      auto out = ddp(shard(x, rank, world).to(dtype)).to(torch::kFloat);
+      torch::Tensor out;
+      {
+        AutocastGuard autocast(torch::kCPU, how.paramDtype.has_value());
+        out = ddp(shard(x, rank, world).to(dtype)).to(torch::kFloat);
+      }
       auto loss = torch::mse_loss(out, shard(y, rank, world)) / how.micro;
       if (s == 0 && m == 0) result.markedAfterForward = markedBytes(*net);
       const bool poison = s == how.overflowStep && rank == world - 1 && m + 1 == how.micro;
@@ -314,6 +322,24 @@ Zero3RankResult trainZero3OnRank(const Zero3Run& how, const std::shared_ptr<Proc
       }
     }
   }
+  return result;
+}
+
+// Every rank's result of a run, ranks as threads; the probes are rank 0's.
+struct Zero3Result : Zero3Probes {
+  std::vector<std::map<std::string, torch::Tensor>> params;  // by rank
+};
+
+template <typename Net>
+Zero3Result trainZero3(const Zero3Run& how) {
+  Zero3Result result;
+  result.params.resize(static_cast<size_t>(how.world));
+  auto threads = ThreadWorld::create(how.world);
+  threads->run([&](int rank) {
+    Zero3RankResult mine = trainZero3OnRank<Net>(how, threadGroup(*threads, rank));
+    result.params[static_cast<size_t>(rank)] = std::move(mine.params);
+    if (rank == 0) static_cast<Zero3Probes&>(result) = mine;
+  });
   return result;
 }
 

@@ -53,24 +53,6 @@ TEST(ZeroShardedUnit, KeepsTheModulesParameterNames) {
   EXPECT_TRUE(torch::equal(marked->forward(torch::ones({2, 3})), plain->forward(torch::ones({2, 3}))));
 }
 
-// Every rank's result of a run, ranks as threads; the probes are rank 0's.
-struct Zero3Result : Zero3Probes {
-  std::vector<std::map<std::string, torch::Tensor>> params;  // by rank
-};
-
-template <typename Net>
-Zero3Result trainZero3(const Zero3Run& how) {
-  Zero3Result result;
-  result.params.resize(static_cast<size_t>(how.world));
-  auto threads = ThreadWorld::create(how.world);
-  threads->run([&](int rank) {
-    Zero3RankResult mine = trainZero3OnRank<Net>(how, threadGroup(*threads, rank));
-    result.params[static_cast<size_t>(rank)] = std::move(mine.params);
-    if (rank == 0) static_cast<Zero3Probes&>(result) = mine;
-  });
-  return result;
-}
-
 // `got`'s gathered parameters: every rank's bitwise equal, rank 0's within 1e-5 of `want`'s.
 void expectSameTraining(const Zero3Result& got, const Zero3Result& want) {
   ZeroResult g, w;

@@ -95,6 +95,17 @@ struct ZeroOptions {
   // 16-bit rounding, as PyTorch FSDP's MixedPrecision(reduce_dtype=torch.float32); twice the
   // bytes on the wire). Unset: the parameters' own. Units already in float32 are unaffected.
   std::optional<at::ScalarType> reduceDtype;
+  // Stage 3, under autocast (FSDP2's MixedPrecisionPolicy(param_dtype=...)): the dtype the float32
+  // parameters of marked units (ShardedUnit) are gathered and computed in -- bfloat16 or float16.
+  // Their float32 values become master shards that the optimizer steps (masterWeights needed);
+  // the block a rank keeps is their rounding, the all-gather moves half the bytes, and the
+  // module's parameters are views of the gathered unit in this dtype. So autocast finds the
+  // weights in its own dtype and makes no copy of them: between forward and backward nothing but
+  // the gathered unit holds them, freed on reshard (unset, autocast's cast copies, which autograd
+  // saves, hold ~2 bytes per parameter of every unit from forward to backward). A marked unit's
+  // forward casts a floating input to this dtype (FSDP2's cast_forward_inputs). The root's units
+  // stay float32. shardRecords(), checkpoints and gatherFullParameters() give the float32 values.
+  std::optional<at::ScalarType> paramDtype;
   // Stage 2: how many full-size gradient buckets may be waiting for their reduce-scatter before
   // backward waits for the oldest (Note [Gradient buckets of stage 2] in the library).
   int bucketsInFlight = 2;
