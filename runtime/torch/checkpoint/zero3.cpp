@@ -31,7 +31,7 @@ namespace dtrain::checkpoint {
 
 void addShardedParams(Registry& registry, const std::string& name, ShardedOptimizer& optimizer) {
   zero::ShardGroup& shards = optimizer.shards();
-  for (size_t k = 0; k < shards.size(); ++k) {
+  for (size_t k = 0; k < shards.unitCount(); ++k) {  // frozen units too: Note [Frozen units]
     zero::ShardUnit& unit = shards.unit(k);
     for (const zero::UnitParam& p : unit.params()) {
       ShardedParam& s = registry.shardedParams[p.param.unsafeGetTensorImpl()];

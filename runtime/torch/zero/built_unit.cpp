@@ -38,7 +38,7 @@ std::shared_ptr<BuiltUnit> shardWhenBuilt(torch::nn::Module& unit, const ShardPl
   std::vector<std::pair<std::string, at::Tensor>> params;
   for (const auto& p : unit.named_parameters(/*recurse=*/true)) {
     const at::Tensor& t = p.value();
-    if (!t.requires_grad() || !skip.insert(t.unsafeGetTensorImpl()).second) continue;
+    if (!skip.insert(t.unsafeGetTensorImpl()).second) continue;
     DTRAIN_CHECK_ARG(t.numel() == 0 || t.storage().nbytes() > 0,
                      "fullyShard: parameter {} has no memory to shard (it belongs to a unit bound "
                      "to a stage-3 ShardedOptimizer already). HINT: shard a module when it is "
@@ -50,8 +50,11 @@ std::shared_ptr<BuiltUnit> shardWhenBuilt(torch::nn::Module& unit, const ShardPl
 
   std::vector<ShardInput> inputs;
   for (const auto& [name, t] : params) {
+    // Frozen parameters in parts of their own, as the optimizer's frozen units (Note [Frozen
+    // units] in shard_group.h).
+    const int frozen = t.requires_grad() ? 0 : 64;
     inputs.push_back({t.numel(), static_cast<size_t>(t.element_size()),
-                      static_cast<int>(t.scalar_type())});
+                      static_cast<int>(t.scalar_type()) + frozen});
   }
   std::vector<size_t> all(params.size());
   std::iota(all.begin(), all.end(), size_t{0});

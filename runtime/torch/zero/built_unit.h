@@ -10,9 +10,13 @@
 // full from the same seed (the values a one-process model of that seed has), keeps its own block
 // of it and frees the rest before the next unit is built. So a rank holds at most one unit in
 // full (plus what the module's constructor makes on the side), and the blocks of those before.
-//   Layout: each dtype's trained parameters of the unit form one part, laid out as layoutUnits()
-//   lays out one marked module's parameters alone (parameter order, padded to a multiple of the
-//   ranks); this rank keeps block `rank` of it, on the placement's device. The parameters become
+//   Layout: each dtype's trained parameters of the unit form one part, and each dtype's frozen
+//   ones another (the optimizer's frozen units, Note [Frozen units] in shard_group.h), laid out
+//   as layoutUnits() lays out one marked module's parameters alone (parameter order, padded to a
+//   multiple of the ranks); this rank keeps block `rank` of it, on the placement's device. So a
+//   frozen base under trained adapters is never held whole either. A frozen parameter the
+//   optimizer assigns to the root (tied to a use outside every marked module) is gathered once
+//   there and stays whole, as the root's frozen parameters do. The parameters become
 //   views of a storage without memory (as a unit freed between uses), so names, shapes and
 //   dtypes are there for DistributedDataParallel and the optimizer to check and lay out.
 //   Checksum: XXH3 of each parameter's full values as built, combined per unit. Binding
@@ -53,7 +57,8 @@ struct BuiltPart {
 struct BuiltUnit {
   explicit BuiltUnit(const ShardPlacement& placement) : where(placement) {}
   ShardPlacement where;  // what fullyShard was given: the layout's ranks, the blocks' device
-  std::vector<BuiltPart> parts;  // one per dtype, in the order of their first parameters
+  // One per dtype, trained and frozen apart, in the order of their first parameters.
+  std::vector<BuiltPart> parts;
   uint64_t checksum = 0;         // of every part's values as built
 
   // Makes part `part`'s parameters full again: every rank's block all-gathered into one buffer
@@ -61,11 +66,11 @@ struct BuiltUnit {
   at::Tensor gather(size_t part, comm::Communicator& comm, const comm::CallOptions& call);
 };
 
-// Shards `unit`'s parameters that require gradients, except those of units inside it built
-// sharded already (they keep their own record), and frees their memory. Null when it has none.
+// Shards `unit`'s parameters, trained and frozen, except those of units inside it built sharded
+// already (they keep their own record), and frees their memory. Null when it has none.
 std::shared_ptr<BuiltUnit> shardWhenBuilt(torch::nn::Module& unit, const ShardPlacement& where);
 
-// The trained parameters of every unit of `root` sharded when built, by their tensors.
+// The parameters of every unit of `root` sharded when built, by their tensors.
 std::vector<const void*> builtParameters(torch::nn::Module& root);
 
 }  // namespace dtrain::zero

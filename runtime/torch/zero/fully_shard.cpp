@@ -37,14 +37,33 @@ struct GatherForBackward : public torch::autograd::Function<GatherForBackward> {
   }
 };
 
+// Identity in forward; in backward, the gradient of the unit's input is complete, so every node
+// of the unit it waited for has run: what may free the unit's frozen parameters (Note [Frozen
+// units]). Holds its binding as an address, as GatherForBackward does.
+struct InputBoundary : public torch::autograd::Function<InputBoundary> {
+  static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& input,
+                            int64_t binding) {
+    ctx->saved_data["binding"] = binding;
+    return input;
+  }
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    auto* binding = reinterpret_cast<UnitBinding*>(ctx->saved_data["binding"].toInt());
+    binding->inputGradientArrived();
+    return {grads[0], at::Tensor()};
+  }
+};
+
 }  // namespace
 
 UnitBinding::UnitBinding(std::weak_ptr<ShardGroup> shards, std::vector<size_t> units,
-                         std::string name, bool reshardAfterForward)
+                         std::string name, bool reshardAfterForward,
+                         std::optional<size_t> frozenRelease)
     : shards_(std::move(shards)),
       units_(std::move(units)),
       name_(std::move(name)),
-      reshardAfterForward_(reshardAfterForward) {}
+      reshardAfterForward_(reshardAfterForward),
+      frozenRelease_(frozenRelease) {}
 
 ShardGroup& UnitBinding::shards() {
   auto shards = shards_.lock();
@@ -63,6 +82,10 @@ at::Tensor UnitBinding::forward(torch::nn::AnyModule& module, const at::Tensor& 
   // ZeroOptions::paramDtype: a floating input in the dtype the unit computes in, as FSDP2's
   // MixedPrecisionPolicy(cast_forward_inputs=True); under autocast the same cast it would make.
   at::Tensor x = input;
+  if (frozenRelease_ && at::GradMode::is_enabled() && x.requires_grad()) {
+    group.frozenInputForward(*frozenRelease_);
+    x = InputBoundary::apply(x, reinterpret_cast<intptr_t>(this));
+  }
   for (size_t k : units_) {
     const ShardUnit& unit = group.unit(k);
     if (unit.converted() && x.is_floating_point() && x.scalar_type() != unit.dtype()) {
@@ -90,6 +113,11 @@ at::Tensor UnitBinding::forward(torch::nn::AnyModule& module, const at::Tensor& 
 void UnitBinding::gatherForBackward() {
   ShardGroup& group = shards();
   for (size_t k : units_) group.unshard(k, ShardGroup::Why::Backward, name_);
+  if (frozenRelease_) group.armFrozenRelease(*frozenRelease_);
+}
+
+void UnitBinding::inputGradientArrived() {
+  if (frozenRelease_) shards().frozenInputBackward(*frozenRelease_);
 }
 
 }  // namespace zero
@@ -200,7 +228,7 @@ std::vector<std::pair<std::string, at::Tensor>> gatherFullParameters(ShardedOpti
   shards.settleGathers();  // Note [Deferred all-gathers]: the last step's, not waited for yet
   at::NoGradGuard noGrad;
   std::vector<std::pair<std::string, at::Tensor>> out;
-  for (size_t k = 0; k < shards.size(); ++k) {
+  for (size_t k = 0; k < shards.unitCount(); ++k) {  // the frozen units too, last
     zero::ShardUnit& unit = shards.unit(k);
     if (unit.converted()) {  // ZeroOptions::paramDtype: the values are the master's
       const at::Tensor full = shards.gatherMaster(k);

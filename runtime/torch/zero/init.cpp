@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include <map>
+#include <optional>
 #include <unordered_map>
 #include <unordered_set>
 
@@ -116,12 +117,14 @@ const char* dtypeName(int64_t dtype) {
 // The same groups, dtypes, shapes and options on every rank, or an error on every rank naming
 // the first difference.
 void agreeAcrossRanks(ProcessGroup& group, const std::vector<Named>& trained,
-                      const std::vector<size_t>& groupOf, const ZeroOptions& options) {
+                      const std::vector<Named>& frozen, const std::vector<size_t>& groupOf,
+                      const ZeroOptions& options) {
   std::vector<ddp::NamedTensor> described;
   for (size_t i = 0; i < trained.size(); ++i) {
     described.push_back(
         {fmt::format("{} (optimizer group {})", trained[i].first, groupOf[i]), trained[i].second});
   }
+  for (const auto& [name, t] : frozen) described.push_back({fmt::format("{} (frozen)", name), t});
   ddp::verifySameModel(group, described, {});
   const std::vector<int64_t> mine = {options.stage, static_cast<int64_t>(options.firstUnitBytes),
                                      static_cast<int64_t>(options.unitBytes),
@@ -149,6 +152,7 @@ struct Marked {
   std::string name;
   std::shared_ptr<ShardedUnitImpl> module;
   std::vector<size_t> params;  // indices into the trained parameters it owns
+  std::vector<size_t> frozen;  // indices into the frozen ones (Note [Frozen units])
 };
 
 bool isAncestor(const std::string& outer, const std::string& inner) {
@@ -164,28 +168,35 @@ bool holds(const std::string& outer, const std::string& inner) {
 // it. Tied between modules neither of which holds the other (a shared embedding and output
 // projection), the innermost marked module around them all, or the root: the parameter is then
 // gathered whenever any of its users runs. Note [ZeRO-3 unit lifecycle].
-std::vector<Marked> findMarked(torch::nn::Module& root, const std::vector<Named>& trained) {
+std::vector<Marked> findMarked(torch::nn::Module& root) {
   std::vector<Marked> marked;
   for (const auto& m : root.named_modules("", /*include_self=*/true)) {
     if (auto unit = std::dynamic_pointer_cast<ShardedUnitImpl>(m.value())) {
-      marked.push_back({m.key(), std::move(unit), {}});
+      marked.push_back({m.key(), std::move(unit), {}, {}});
     }
   }
   DTRAIN_CHECK_ARG(!marked.empty(),
                    "ShardedOptimizer: stage 3 shards the modules marked as units, and the model "
                    "has none. HINT: wrap its layers in dtrain::ShardedUnit (or a Sequential's "
                    "children with dtrain::shardEveryChild()) before DistributedDataParallel");
+  return marked;
+}
+
+// The marked module each of `params` belongs to (marked.size(): the root), by the rule above.
+std::vector<size_t> ownersOf(torch::nn::Module& root, const std::vector<Marked>& marked,
+                             const std::vector<Named>& params) {
   std::unordered_map<const void*, size_t> index;
-  for (size_t i = 0; i < trained.size(); ++i) index[trained[i].second.unsafeGetTensorImpl()] = i;
-  std::vector<std::vector<std::string>> users(trained.size());
+  for (size_t i = 0; i < params.size(); ++i) index[params[i].second.unsafeGetTensorImpl()] = i;
+  std::vector<std::vector<std::string>> users(params.size());
   for (const auto& m : root.named_modules("", /*include_self=*/true)) {
     for (const auto& p : m.value()->parameters(/*recurse=*/false)) {
       auto it = index.find(p.unsafeGetTensorImpl());
-      if (it != index.end()) users[it->second].push_back(m.key());  // else frozen
+      if (it != index.end()) users[it->second].push_back(m.key());
     }
   }
-  for (size_t i = 0; i < trained.size(); ++i) {
-    size_t owner = marked.size();
+  std::vector<size_t> owners(params.size(), marked.size());
+  for (size_t i = 0; i < params.size(); ++i) {
+    size_t& owner = owners[i];
     for (size_t g = 0; g < marked.size(); ++g) {
       const std::string& name = marked[g].name;
       const bool all = std::all_of(users[i].begin(), users[i].end(),
@@ -193,9 +204,65 @@ std::vector<Marked> findMarked(torch::nn::Module& root, const std::vector<Named>
       // Holders of every user form a chain of ancestors: the deepest has the longest name.
       if (all && (owner == marked.size() || name.size() > marked[owner].name.size())) owner = g;
     }
-    if (owner != marked.size()) marked[owner].params.push_back(i);
   }
-  return marked;
+  return owners;
+}
+
+// Stage 3, Note [Frozen units]: the parameters that need no gradient, each once, in the
+// module's order.
+std::vector<Named> frozenParameters(torch::nn::Module& root) {
+  std::vector<Named> out;
+  std::unordered_set<const void*> seen;
+  for (const auto& p : root.named_parameters(/*recurse=*/true)) {
+    if (p.value().requires_grad() || !seen.insert(p.value().unsafeGetTensorImpl()).second) continue;
+    out.emplace_back(p.key(), p.value());
+  }
+  return out;
+}
+
+// Stage 3: the frozen units, one per marked module with frozen parameters and dtype, last marked
+// first as the trained ones; `ownerOf[u]`: frozen unit u's marked module.
+ShardLayout layoutFrozen(const std::vector<Marked>& marked, const std::vector<Named>& frozen,
+                         int ranks, std::vector<size_t>& ownerOf) {
+  std::vector<ShardInput> inputs;
+  for (const auto& [name, t] : frozen) {
+    inputs.push_back({t.numel(), static_cast<size_t>(t.element_size()),
+                      static_cast<int>(t.scalar_type())});
+  }
+  std::vector<std::vector<size_t>> groups;
+  std::vector<size_t> groupOwner;
+  for (size_t g = marked.size(); g-- > 0;) {
+    if (marked[g].frozen.empty()) continue;
+    groups.push_back(marked[g].frozen);
+    groupOwner.push_back(g);
+  }
+  ownerOf.clear();
+  if (groups.empty()) return {};
+  // layoutUnits() wants every parameter in a group: those of the root go into one left out.
+  std::vector<size_t> root;
+  std::vector<char> owned(frozen.size(), 0);
+  for (const auto& grp : groups) {
+    for (size_t i : grp) owned[i] = 1;
+  }
+  for (size_t i = 0; i < frozen.size(); ++i) {
+    if (!owned[i]) root.push_back(i);
+  }
+  if (!root.empty()) groups.push_back(root);
+  ShardLayout layout = layoutUnits(inputs, groups, ranks);
+  std::unordered_map<size_t, size_t> ownerOfParam;
+  for (size_t g = 0; g < groups.size(); ++g) {
+    const size_t owner = g < groupOwner.size() ? groupOwner[g] : marked.size();
+    for (size_t i : groups[g]) ownerOfParam[i] = owner;
+  }
+  ShardLayout out;
+  out.ranks = layout.ranks;
+  for (const auto& u : layout.units) {
+    const size_t owner = ownerOfParam.at(u.params.front());
+    if (owner == marked.size()) continue;  // the root's stay whole
+    out.units.push_back(u);
+    ownerOf.push_back(owner);
+  }
+  return out;
 }
 
 // Stage 3: the layout's units are the marked modules', last marked first (the order backward
@@ -230,43 +297,40 @@ ShardLayout layoutMarked(const std::vector<Marked>& marked, const std::vector<Sh
   return layout;
 }
 
-// Each marked module with trained parameters of its own runs through its units from now on.
+// Each marked module with parameters of its own runs through its units from now on.
+// `ownerOf[k]`: unit k's marked module, the trained units' then the frozen ones'.
 void bindMarked(const std::vector<Marked>& marked, const std::vector<size_t>& ownerOf,
                 const std::shared_ptr<ShardGroup>& shards) {
   for (size_t g = 0; g < marked.size(); ++g) {
-    std::vector<size_t> mine;
+    std::vector<size_t> mine, frozen, inside;
     for (size_t k = 0; k < ownerOf.size(); ++k) {
-      if (ownerOf[k] == g) mine.push_back(k);
+      if (ownerOf[k] == g) (k < shards->size() ? mine : frozen).push_back(k);
+      // Note [Frozen units]: the trained units of the module and of those marked inside it.
+      if (k < shards->size() && ownerOf[k] < marked.size() &&
+          holds(marked[g].name, marked[ownerOf[k]].name)) {
+        inside.push_back(k);
+      }
     }
-    if (mine.empty()) continue;  // nothing of its own to shard: it runs as it is
+    if (mine.empty() && frozen.empty()) continue;  // nothing of its own: it runs as it is
+    std::optional<size_t> release;
+    if (!frozen.empty()) release = shards->addFrozenRelease(frozen, std::move(inside));
+    mine.insert(mine.end(), frozen.begin(), frozen.end());
     marked[g].module->bind(std::make_shared<UnitBinding>(
-        shards, std::move(mine), marked[g].name, marked[g].module->options().reshardAfterForward));
+        shards, std::move(mine), marked[g].name, marked[g].module->options().reshardAfterForward,
+        release));
   }
 }
 
 // Units sharded when built (Note [Units sharded when built]): every rank built them for this
 // group, and built the same values. One allgather of (checksum, placement) per marked module, so
 // every rank judges the same table and fails alike.
-void agreeOnBuiltUnits(ProcessGroup& pg, const std::vector<Marked>& marked,
-                       const std::vector<Named>& trained) {
-  std::unordered_set<const void*> isTrained;
-  for (const auto& t : trained) isTrained.insert(t.second.unsafeGetTensorImpl());
+void agreeOnBuiltUnits(ProcessGroup& pg, const std::vector<Marked>& marked) {
   std::vector<int64_t> mine;
   for (const Marked& m : marked) {
     const auto& built = m.module->built();
     int64_t placement = 0;  // 0: not sharded when built; -1: for another place; else the ranks
     uint64_t sum = 0;
     if (built) {
-      for (const auto& part : built->parts) {
-        for (size_t j = 0; j < part.params.size(); ++j) {
-          DTRAIN_CHECK_ARG(isTrained.count(part.params[j].unsafeGetTensorImpl()),
-                           "ShardedOptimizer: {}.{} of a unit sharded when built (fullyShard) is "
-                           "not trained (frozen after it was built?), so it would never get its "
-                           "memory back. HINT: freeze parameters before fullyShard, which leaves "
-                           "them whole",
-                           m.name, part.names[j]);
-        }
-      }
       const ShardPlacement& place = built->where;
       const bool here =
           place.rank == pg.rank() && place.ranks == pg.size() && place.device == pg.device();
@@ -413,7 +477,10 @@ BuiltShards buildShards(DdpCore& ddp, std::vector<torch::optim::OptimizerParamGr
   DTRAIN_CHECK_ARG(!trained.empty(), "ShardedOptimizer: the module has no trained parameters");
   std::vector<std::unique_ptr<torch::optim::OptimizerOptions>> groupOptions;
   const std::vector<size_t> groupOf = resolveGroups(trained, groups, factory, groupOptions);
-  agreeAcrossRanks(pg, trained, groupOf, options);
+  // Stage 3 shards the frozen parameters of marked modules too (Note [Frozen units]).
+  const std::vector<Named> frozen =
+      options.stage == 3 ? frozenParameters(*ddp.module()) : std::vector<Named>();
+  agreeAcrossRanks(pg, trained, frozen, groupOf, options);
 
   // One key per (group, dtype): Note [Shard layout].
   std::vector<ShardInput> inputs;
@@ -425,10 +492,27 @@ BuiltShards buildShards(DdpCore& ddp, std::vector<torch::optim::OptimizerParamGr
   std::vector<Marked> marked;  // stage 3
   std::vector<size_t> ownerOf;
   ShardLayout layout;
+  ShardLayout frozenLayout;
+  std::vector<Named> frozenOfRoot;  // stay whole
   if (options.stage == 3) {
-    marked = findMarked(*ddp.module(), trained);
-    agreeOnBuiltUnits(pg, marked, trained);
+    marked = findMarked(*ddp.module());
+    const std::vector<size_t> owners = ownersOf(*ddp.module(), marked, trained);
+    for (size_t i = 0; i < trained.size(); ++i) {
+      if (owners[i] < marked.size()) marked[owners[i]].params.push_back(i);
+    }
+    const std::vector<size_t> frozenOwners = ownersOf(*ddp.module(), marked, frozen);
+    for (size_t i = 0; i < frozen.size(); ++i) {
+      if (frozenOwners[i] < marked.size()) {
+        marked[frozenOwners[i]].frozen.push_back(i);
+      } else {
+        frozenOfRoot.push_back(frozen[i]);
+      }
+    }
+    agreeOnBuiltUnits(pg, marked);
     layout = layoutMarked(marked, inputs, pg.size(), ownerOf);
+    std::vector<size_t> frozenOwnerOf;
+    frozenLayout = layoutFrozen(marked, frozen, pg.size(), frozenOwnerOf);
+    ownerOf.insert(ownerOf.end(), frozenOwnerOf.begin(), frozenOwnerOf.end());
   } else {
     DTRAIN_CHECK_ARG(zero::builtParameters(*ddp.module()).empty(),
                      "ShardedOptimizer: the model has units sharded when built (fullyShard), "
@@ -448,6 +532,12 @@ BuiltShards buildShards(DdpCore& ddp, std::vector<torch::optim::OptimizerParamGr
   ddp.replaceGradientSync([&]() -> std::shared_ptr<ddp::GradientSync> {
     std::vector<std::unique_ptr<ShardUnit>> units;
     std::vector<size_t> unitGroup;
+    // A frozen parameter of the root built sharded (tied to a use outside its unit) is made
+    // whole, as the root's frozen parameters are.
+    for (const auto& [name, t] : frozenOfRoot) {
+      builtGathers.gather({t}, pg.communicator());
+      builtGathers.bound({t});
+    }
     for (size_t k = 0; k < layout.units.size(); ++k) {
       const UnitLayout& u = layout.units[k];
       std::vector<UnitParam> params;
@@ -482,20 +572,41 @@ BuiltShards buildShards(DdpCore& ddp, std::vector<torch::optim::OptimizerParamGr
       units.back()->setOptimizer(factory.make(std::move(one)));
       unitGroup.push_back(g);
     }
+    for (size_t f = 0; f < frozenLayout.units.size(); ++f) {  // Note [Frozen units]
+      const UnitLayout& u = frozenLayout.units[f];
+      std::vector<UnitParam> params;
+      std::vector<at::Tensor> tensors;
+      for (size_t i : u.params) {
+        params.push_back({frozen[i].first, frozen[i].second});
+        tensors.push_back(frozen[i].second);
+      }
+      const at::ScalarType dtype = frozen[u.params.front()].second.scalar_type();
+      at::Tensor asBuilt = builtGathers.adopt(tensors, u);
+      if (!asBuilt.defined()) builtGathers.gather(tensors, pg.communicator());
+      UnitDtypes types;
+      types.param = types.master = types.grad = dtype;
+      units.push_back(std::make_unique<ShardUnit>(
+          layout.units.size() + f, u, std::move(params), pg.rank(), pg.size(), options.stage,
+          types, pg.communicator(), pg.device(), /*resharded=*/true, /*offload=*/false, asBuilt,
+          /*frozen=*/true));
+      if (!asBuilt.defined()) builtGathers.bound(tensors);
+    }
     for (size_t g = 0; g < groupOptions.size(); ++g) {
       std::vector<at::Tensor> shards;
-      for (size_t k = 0; k < units.size(); ++k) {
+      for (size_t k = 0; k < unitGroup.size(); ++k) {  // the trained units: frozen ones follow
         if (unitGroup[k] == g) shards.push_back(units[k]->optimized());
       }
       built.groups.emplace_back(std::move(shards), groupOptions[g]->clone());
     }
     if (log::enabled(log::Level::Info)) {
       DTRAIN_LOG(Info, "ZeRO stage {}: {} parameters ({} elements) in {} units; each of {} ranks "
-                 "owns {} elements, {} of them padding in all", options.stage, trained.size(),
-                 layout.numel(), units.size(), pg.size(), layout.shardNumel(), layout.padding());
+                 "owns {} elements, {} of them padding in all; {} frozen units ({} elements)",
+                 options.stage, trained.size(), layout.numel(), layout.units.size(), pg.size(),
+                 layout.shardNumel(), layout.padding(), frozenLayout.units.size(),
+                 frozenLayout.numel());
     }
     built.shards = std::make_shared<ShardGroup>(ddp.groupPtr(), layout, std::move(units),
-                                                std::move(unitGroup), options);
+                                                std::move(unitGroup), options, frozenLayout);
     built.sync = std::make_shared<ShardedGradientSync>(built.shards, ddp.options());
     bindMarked(marked, ownerOf, built.shards);
     builtGathers.done();

@@ -66,10 +66,12 @@ const char* paramsName(ShardGroup::Params s) {
 
 ShardGroup::ShardGroup(std::shared_ptr<ProcessGroup> group, ShardLayout layout,
                        std::vector<std::unique_ptr<ShardUnit>> units,
-                       std::vector<size_t> unitGroup, const ZeroOptions& options)
+                       std::vector<size_t> unitGroup, const ZeroOptions& options,
+                       ShardLayout frozenLayout)
     : group_(std::move(group)),
       comm_(group_->communicator()),
       layout_(std::move(layout)),
+      frozenLayout_(std::move(frozenLayout)),
       units_(std::move(units)),
       unitGroup_(std::move(unitGroup)),
       options_(options),
@@ -83,7 +85,11 @@ ShardGroup::ShardGroup(std::shared_ptr<ProcessGroup> group, ShardLayout layout,
       gathers_(units_.size(), 0),
       modules_(units_.size()),
       forwardOrder_(units_.size()),
-      backwardOrder_(units_.size()) {
+      backwardOrder_(units_.size()),
+      releasesOf_(units_.size()) {
+  DTRAIN_CHECK(units_.size() == layout_.units.size() + frozenLayout_.units.size(),
+               "ZeRO: {} units for {} trained and {} frozen ones", units_.size(),
+               layout_.units.size(), frozenLayout_.units.size());
   for (size_t k = 0; k < units_.size(); ++k) {
     if (units_[k]->resharded()) params_[k] = Params::Free;  // the unit was built sharded
   }
@@ -405,6 +411,50 @@ void ShardGroup::reshard(size_t k) {
 
 void ShardGroup::gradientsComplete(size_t k) {
   if (units_[k]->resharded() && params_[k] == Params::Gathered) reshard(k);
+  for (size_t r : releasesOf_[k]) {
+    FrozenRelease& release = releases_[r];
+    if (!release.armed || release.trainedLeft == 0) continue;
+    --release.trainedLeft;
+    tryFrozenRelease(r);
+  }
+}
+
+size_t ShardGroup::addFrozenRelease(std::vector<size_t> frozen, std::vector<size_t> trained) {
+  const size_t id = releases_.size();
+  for (size_t k : frozen) {
+    DTRAIN_CHECK(k < units_.size() && units_[k]->frozen(), "ZeRO-3: unit {} is not frozen", k);
+  }
+  for (size_t k : trained) releasesOf_.at(k).push_back(id);
+  FrozenRelease release;
+  release.frozen = std::move(frozen);
+  release.trained = std::move(trained);
+  releases_.push_back(std::move(release));
+  return id;
+}
+
+void ShardGroup::frozenInputForward(size_t r) { ++releases_.at(r).inputs; }
+
+void ShardGroup::frozenInputBackward(size_t r) {
+  FrozenRelease& release = releases_.at(r);
+  if (release.inputs > 0) --release.inputs;
+  tryFrozenRelease(r);
+}
+
+void ShardGroup::armFrozenRelease(size_t r) {
+  FrozenRelease& release = releases_.at(r);
+  if (release.armed) return;  // a module called twice: its second call's boundary came first
+  release.armed = true;
+  release.trainedLeft = release.trained.size();
+}
+
+void ShardGroup::tryFrozenRelease(size_t r) {
+  FrozenRelease& release = releases_[r];
+  if (!release.armed || release.inputs > 0 || release.trainedLeft > 0) return;
+  release.armed = false;
+  for (size_t k : release.frozen) {
+    if (params_[k] == Params::Gathering) waitUnitGather(k, Why::Backward);
+    if (params_[k] == Params::Gathered) reshard(k);
+  }
 }
 
 void ShardGroup::backwardEnded() {
@@ -414,6 +464,10 @@ void ShardGroup::backwardEnded() {
     if (!units_[k]->resharded()) continue;
     if (params_[k] == Params::Gathering) waitUnitGather(k, Why::Backward);
     if (params_[k] == Params::Gathered) reshard(k);
+  }
+  for (FrozenRelease& release : releases_) {  // Note [Frozen units]: the next pass counts anew
+    release.armed = false;
+    release.inputs = 0;
   }
 }
 

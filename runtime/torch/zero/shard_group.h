@@ -74,6 +74,32 @@ namespace dtrain::zero {
 // gradients are not all in. Collectives are issued by every rank in the same order because the
 // same graph runs on every rank; a unit one rank skips is Note [Which unit is gathered].
 //
+// Note [Frozen units]
+// A marked module's parameters that need no gradient (a frozen base under LoRA adapters) are
+// sharded as its trained ones are -- PyTorch FSDP2 shards them alike -- but in units of their own,
+// laid out as the trained ones (layoutUnits(), one per marked module and dtype) and numbered after
+// every trained unit: size() counts the trained units, which the gradient side, the optimizers
+// and step() know; unitCount() all of them, which the parameter side knows. A frozen unit is a
+// ShardUnit with its owned block and nothing else: no gradient, reduce-scatter, master weights or
+// optimizer state, never converted to ZeroOptions::paramDtype (it has no master to keep the
+// values as given). Its module's binding gathers it with the trained units -- one label each,
+// Note [Which unit is gathered] -- in forward and for backward. Freeing it in backward is the
+// question: no gradient accumulator tells when the last node reading a frozen parameter has run.
+// Such a node exists only because another of its inputs needs a gradient, and that gradient
+// flows either to the module's input or to a trained parameter inside the module (its own units'
+// or those of marked modules nested in it). So the frozen units of a module are freed (a
+// "release", armed by the module's gather for backward) once both are in for this pass:
+//   - the gradient of every input of the module's forwards that needed one (an identity autograd
+//     Function on the input counts the forwards and, in backward, the gradients that arrived);
+//   - the gradients of every trained unit inside the module (gradientsComplete()).
+// A pass in which one of them never comes (a nested unit control flow skipped) frees them at its
+// end, with whatever else is gathered (backwardEnded()). Not covered: a node whose only other
+// operand needing a gradient is a parameter outside the module (tied to an ancestor's and used
+// here with no other operand that needs a gradient); such a model would read freed memory and is
+// what ShardedUnitOptions::reshardAfterForward = false does not fix either -- mark the ancestor.
+// Shard records (Note [Shard records]) carry a frozen unit's owned block as `master` with no
+// state, so checkpoints save, re-shard and export frozen parameters as they do trained ones.
+//
 // Note [Which unit is gathered]
 // A unit's forward that one rank runs and another skips (an evaluation loop with more batches on
 // one rank: FSDP's most reported hang) puts two different gathers at the same sequence number.
@@ -105,10 +131,11 @@ class ShardGroup {
   enum class Grads { Empty, Accumulating, Reducing, Reduced };
   enum class Params { Gathered, Stepped, Gathering, Free };
 
-  // `unitGroup[k]`: the optimizer parameter group unit k belongs to.
+  // `unitGroup[k]`: the optimizer parameter group unit k belongs to. Stage 3: `units` ends with
+  // the frozen units, laid out by `frozenLayout` (Note [Frozen units]).
   ShardGroup(std::shared_ptr<ProcessGroup> group, ShardLayout layout,
              std::vector<std::unique_ptr<ShardUnit>> units, std::vector<size_t> unitGroup,
-             const ZeroOptions& options);
+             const ZeroOptions& options, ShardLayout frozenLayout = {});
   ~ShardGroup();
   ShardGroup(const ShardGroup&) = delete;
   ShardGroup& operator=(const ShardGroup&) = delete;
@@ -117,7 +144,11 @@ class ShardGroup {
   const ShardLayout& layout() const { return layout_; }
   const ZeroOptions& options() const { return options_; }
   int stage() const { return options_.stage; }
-  size_t size() const { return units_.size(); }
+  // The trained units (the gradient side's, the optimizers'); the frozen ones follow them.
+  size_t size() const { return layout_.units.size(); }
+  size_t unitCount() const { return units_.size(); }
+  // Stage 3, Note [Frozen units]: their layout; its unit u is unit size() + u.
+  const ShardLayout& frozenLayout() const { return frozenLayout_; }
   ShardUnit& unit(size_t k) { return *units_[k]; }
   size_t groupOf(size_t k) const { return unitGroup_[k]; }
   Grads gradState(size_t k) const { return grads_[k]; }
@@ -171,6 +202,12 @@ class ShardGroup {
   at::Tensor gatherMaster(size_t k);
   // The backward's hooks: unit k's last gradient of this pass is in.
   void gradientsComplete(size_t k);
+  // Note [Frozen units]: the frozen units of one marked module, freed in backward once the
+  // gradients of its forwards' inputs and of the trained units inside it are in. Returns its id.
+  size_t addFrozenRelease(std::vector<size_t> frozen, std::vector<size_t> trained);
+  void frozenInputForward(size_t release);   // a forward whose input needs a gradient
+  void frozenInputBackward(size_t release);  // the gradient of such an input is in
+  void armFrozenRelease(size_t release);     // the module's gather for backward
   // The backward's end (synchronising or noSync()): the first one ends the recording of the
   // backward order; a unit gathered and not freed (a prefetch control flow did not use) is.
   void backwardEnded();
@@ -205,9 +242,21 @@ class ShardGroup {
   template <typename E>
   [[noreturn]] void gatherFailed(const E& error, size_t k, Why why) const;
 
+  // Frees the release's frozen units when nothing it waits for is left (Note [Frozen units]).
+  void tryFrozenRelease(size_t release);
+
+  struct FrozenRelease {
+    std::vector<size_t> frozen;
+    std::vector<size_t> trained;  // the trained units inside the module
+    size_t inputs = 0;            // forwards whose input's gradient has not arrived yet
+    size_t trainedLeft = 0;       // while armed: trained units not complete in this pass
+    bool armed = false;
+  };
+
   std::shared_ptr<ProcessGroup> group_;
   comm::Communicator& comm_;
   const ShardLayout layout_;
+  const ShardLayout frozenLayout_;
   std::vector<std::unique_ptr<ShardUnit>> units_;
   const std::vector<size_t> unitGroup_;
   const ZeroOptions options_;
@@ -226,6 +275,8 @@ class ShardGroup {
   UnitOrder forwardOrder_;            // Note [Prefetching units]
   UnitOrder backwardOrder_;
   bool inBackward_ = false;  // between a pass's first gather for backward and backwardEnded()
+  std::vector<FrozenRelease> releases_;
+  std::vector<std::vector<size_t>> releasesOf_;  // per trained unit, the releases waiting on it
   GatherCounts counts_;
   std::chrono::nanoseconds deferredWait_{0};
   size_t gatheredNow_ = 0;

@@ -1,6 +1,9 @@
 // What a sharded checkpoint needs of a ShardedOptimizer (dtrain/torch/zero.h): this rank's shard
 // records, by parameter name and element range (independent of units and world size), and the
 // loading of a state saved at any world size. See Note [Shard records].
+#include <utility>
+#include <vector>
+
 #include <ATen/ATen.h>
 #include <torch/optim/optimizer.h>
 
@@ -16,7 +19,8 @@
 // world size do not appear: the records of all ranks tile every parameter exactly once, so a
 // state saved at N ranks loads at M by asking, for each of the M-rank layout's records, for its
 // range of each field, which the saver's records (one or several of them) cover. The padding at
-// the end of a unit belongs to no record; it stays zero.
+// the end of a unit belongs to no record; it stays zero. Stage 3's frozen units (Note [Frozen
+// units]) have records too: `master` is their owned block, with no state and no step.
 
 namespace dtrain {
 
@@ -33,22 +37,40 @@ size_t slotOf(zero::ShardUnit& u, size_t param) {
   return static_cast<size_t>(std::find(params.begin(), params.end(), param) - params.begin());
 }
 
+// What this rank owns of every parameter, trained units first, then the frozen ones, each range
+// with its unit.
+std::vector<std::pair<OwnedRange, zero::ShardUnit*>> ownedRanges(zero::ShardGroup& shards) {
+  std::vector<std::pair<OwnedRange, zero::ShardUnit*>> out;
+  const int rank = shards.group().rank();
+  for (const OwnedRange& r : shards.layout().ownedBy(rank)) {
+    out.emplace_back(r, &shards.unit(r.unit));
+  }
+  for (const OwnedRange& r : shards.frozenLayout().ownedBy(rank)) {
+    out.emplace_back(r, &shards.unit(shards.size() + r.unit));
+  }
+  return out;
+}
+
 }  // namespace
 
 std::vector<ShardRecord> ShardedOptimizer::shardRecords() {
   zero::ShardGroup& shards = *shards_;
   shards.settleGathers();  // Note [Deferred all-gathers]: the records view the blocks gathered
   std::vector<ShardRecord> out;
-  for (const OwnedRange& r : shards.layout().ownedBy(shards.group().rank())) {
-    zero::ShardUnit& u = shards.unit(r.unit);
-    const zero::UnitParam& p = u.params()[slotOf(u, r.param)];
+  for (const auto& [r, u] : ownedRanges(shards)) {
+    const zero::UnitParam& p = u->params()[slotOf(*u, r.param)];
     ShardRecord rec;
     rec.param = p.name;
     rec.shape = p.param.sizes().vec();
     rec.begin = r.begin;
     rec.end = r.end;
-    rec.master = u.optimized().narrow(0, r.shardOffset, r.end - r.begin);
-    if (auto* state = stateOf(u)) {
+    if (u->frozen()) {
+      rec.master = u->ownedParams().narrow(0, r.shardOffset, r.end - r.begin);
+      out.push_back(std::move(rec));
+      continue;
+    }
+    rec.master = u->optimized().narrow(0, r.shardOffset, r.end - r.begin);
+    if (auto* state = stateOf(*u)) {
       optim_state::StateFields fields = optim_state::fieldsOf(*state);
       for (const auto& [name, tensor] : fields.tensors) {
         if (tensor->defined()) {
@@ -117,6 +139,20 @@ void ShardedOptimizer::loadShardState(const ShardReader& read) {
   }
   for (size_t k = 0; k < shards.size(); ++k) {
     if (!shards.unit(k).resharded()) shards.finishGather(k);
+  }
+  // Frozen units: their owned blocks, gathered at their next use.
+  for (const auto& [r, u] : ownedRanges(shards)) {
+    if (!u->frozen()) continue;
+    const std::string& name = u->params()[slotOf(*u, r.param)].name;
+    const int64_t len = r.end - r.begin;
+    at::Tensor part = at::empty({len}, u->ownedParams().options());
+    DTRAIN_CHECK(read({name, "master", r.begin, r.end}, part),
+                 "ShardedOptimizer::loadShardState: the saved state has no values of frozen {} "
+                 "[{}, {}). HINT: a state saved where frozen parameters were whole (stages 1 and "
+                 "2, or before stage 3 sharded them) has none; load such values into the model "
+                 "before the stage-3 optimizer is built",
+                 name, r.begin, r.end);
+    u->ownedParams().narrow(0, r.shardOffset, len).copy_(part);
   }
 }
 

@@ -29,7 +29,7 @@ at::DataPtr dataPtrOver(std::shared_ptr<comm::Buffer> buffer, const c10::Device&
 ShardUnit::ShardUnit(size_t index, const UnitLayout& layout, std::vector<UnitParam> params,
                      int rank, int ranks, int stage, UnitDtypes types,
                      comm::Communicator& comm, const c10::Device& device, bool resharded,
-                     bool offload, at::Tensor ownedAsBuilt)
+                     bool offload, at::Tensor ownedAsBuilt, bool frozen)
     : index_(index),
       layout_(layout),
       params_(std::move(params)),
@@ -40,10 +40,13 @@ ShardUnit::ShardUnit(size_t index, const UnitLayout& layout, std::vector<UnitPar
       givenType_(params_.front().param.scalar_type()),
       gradType_(types.grad),
       resharded_(resharded),
+      frozen_(frozen),
       device_(device) {
   DTRAIN_CHECK(params_.size() == layout_.params.size(),
                "ShardUnit: {} parameters for a unit of {}", params_.size(), layout_.params.size());
   DTRAIN_CHECK(stage == 3 || !resharded, "ShardUnit: only stage 3 reshards parameters");
+  DTRAIN_CHECK(!frozen || (resharded && types.param == givenType_),
+               "ShardUnit: frozen parameters are sharded by resharded stage-3 units, unconverted");
   const at::ScalarType masterType = types.master;
   DTRAIN_CHECK(gradType_ == dtype_ || (stage != 1 && masterType != dtype_),
                "ShardUnit: gradients in {} for {} parameters need stage 2 or 3 and master weights",
@@ -65,6 +68,7 @@ ShardUnit::ShardUnit(size_t index, const UnitLayout& layout, std::vector<UnitPar
   } else {
     bindParameters(comm, device);
   }
+  if (frozen_) return;  // no gradient, master or optimizer: Note [Frozen units]
   const at::Tensor& masterFrom = converted() ? given : ownedParams_;
   const auto options = at::TensorOptions().dtype(dtype_).device(device);
   const size_t elem = c10::elementSize(dtype_);

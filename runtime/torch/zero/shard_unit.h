@@ -75,11 +75,13 @@ class ShardUnit {
   // very layout): this rank's block as fullyShard kept it, taken as the owned block; the
   // parameters have no memory and nothing is gathered. `offload` (ZeroOptions'): on an
   // accelerator, the master block (float32 parameters get one too) and its gradient in the
-  // host's pinned memory, where the optimizer steps them.
+  // host's pinned memory, where the optimizer steps them. `frozen` (stage 3, resharded): the
+  // parameters need no gradient -- Note [Frozen units] in shard_group.h: the unit has its
+  // parameters' memory only, no gradients, master or optimizer.
   ShardUnit(size_t index, const UnitLayout& layout, std::vector<UnitParam> params, int rank,
             int ranks, int stage, UnitDtypes types, comm::Communicator& comm,
             const c10::Device& device, bool resharded = false, bool offload = false,
-            at::Tensor ownedAsBuilt = {});
+            at::Tensor ownedAsBuilt = {}, bool frozen = false);
   ~ShardUnit();
   ShardUnit(const ShardUnit&) = delete;
   ShardUnit& operator=(const ShardUnit&) = delete;
@@ -137,6 +139,8 @@ class ShardUnit {
   void holdFull(std::shared_ptr<comm::Buffer> buffer);
   std::shared_ptr<comm::Buffer> releaseFull();
   bool holdsFull() const { return paramMemory_ != nullptr; }
+  // Stage 3: a marked module's parameters that need no gradient (Note [Frozen units]).
+  bool frozen() const { return frozen_; }
 
   // Bytes of the unit's own persistent memory, by kind (see ZeroMemory).
   size_t parameterBytes() const;
@@ -165,6 +169,7 @@ class ShardUnit {
   const at::ScalarType givenType_;
   const at::ScalarType gradType_;
   const bool resharded_;
+  const bool frozen_;
   const c10::Device device_;
   std::shared_ptr<comm::Buffer> paramMemory_;  // stage 3: what fullStorage_ holds now, if any
   at::Storage fullStorage_;                   // stage 3

@@ -106,10 +106,15 @@ ZeroStats ShardedOptimizer::stats() const {
   s.padding = shards.layout().padding();
   s.owned = shards.layout().shardNumel();
   s.units = shards.size();
+  s.frozen = shards.frozenLayout().numel();
   std::unordered_set<const void*> seen;  // each storage once
-  for (size_t k = 0; k < shards.size(); ++k) {
+  for (size_t k = 0; k < shards.unitCount(); ++k) {
     zero::ShardUnit& u = shards.unit(k);
     s.memory.parameters += u.parameterBytes();
+    if (u.frozen()) {  // Note [Frozen units]: its parameters' memory is all it has
+      s.memory.frozen += u.parameterBytes();
+      continue;
+    }
     s.memory.gradients += u.gradientBytes();
     s.memory.masterWeights += u.masterBytes();
     s.memory.offloaded += u.offloadedBytes();

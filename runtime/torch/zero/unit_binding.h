@@ -4,6 +4,7 @@
 // Note [ZeRO-3 unit lifecycle] in shard_group.h.
 
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -16,17 +17,21 @@ class ShardGroup;
 
 class UnitBinding {
  public:
-  // `units`: the ShardGroup units holding the module's own parameters (one per dtype; none for
-  // a module without trained parameters). `name`: the module's name in the model.
-  // `reshardAfterForward`: ShardedUnitOptions'.
+  // `units`: the ShardGroup units holding the module's own parameters (one per dtype, trained
+  // and frozen). `name`: the module's name in the model. `reshardAfterForward`:
+  // ShardedUnitOptions'. `frozenRelease`: the ShardGroup's release of its frozen units, if it
+  // has any (Note [Frozen units]).
   UnitBinding(std::weak_ptr<ShardGroup> shards, std::vector<size_t> units, std::string name,
-              bool reshardAfterForward = true);
+              bool reshardAfterForward = true, std::optional<size_t> frozenRelease = {});
 
   // Gathers the units, runs `module`, frees what it gathered; the output goes through the
   // boundary whose backward gathers them again.
   at::Tensor forward(torch::nn::AnyModule& module, const at::Tensor& input);
   // The boundary's backward: before any node of the unit runs.
   void gatherForBackward();
+  // The gradient of a forward's input is in: no node of this forward is left to run that the
+  // input's gradient waits for (Note [Frozen units]).
+  void inputGradientArrived();
 
   const std::string& name() const { return name_; }
   const std::vector<size_t>& units() const { return units_; }
@@ -38,6 +43,7 @@ class UnitBinding {
   const std::vector<size_t> units_;
   const std::string name_;
   const bool reshardAfterForward_;
+  const std::optional<size_t> frozenRelease_;
 };
 
 }  // namespace dtrain::zero

@@ -6,7 +6,11 @@
 // into one flat buffer per dtype, of which every rank keeps its 1/N between uses. The unit's
 // forward all-gathers them before the module runs and frees them after; its backward gathers
 // them again, and their gradients are reduce-scattered into the owned 1/N and freed once they
-// are all in. libtorch's C++ frontend has no module hooks, so the wrapper is what runs the
+// are all in. Its frozen parameters (requires_grad false: a base model under LoRA adapters) are
+// sharded too, in units of their own gathered and freed with the trained ones, without
+// gradients or optimizer state (Note [Frozen units], runtime/torch/zero/shard_group.h); frozen
+// parameters of no marked module stay whole. libtorch's C++ frontend has no module hooks, so the
+// wrapper is what runs the
 // module: it takes the module's parameters, buffers and children under their own names, so a
 // wrapped model has the same named_parameters() (and state_dict) as the plain one.
 //
@@ -112,8 +116,8 @@ struct ShardPlacement {
 };
 
 // Wraps `module` in a ShardedUnit and shards it now, as PyTorch FSDP2's fully_shard does: of
-// the parameters that require gradients (those of units inside it that were sharded when built
-// aside) this rank keeps its 1/N -- the block of the flat buffer a stage-3 ShardedOptimizer
+// its parameters, trained and frozen apart (those of units inside it that were sharded when built
+// aside), this rank keeps its 1/N -- the block of the flat buffer a stage-3 ShardedOptimizer
 // would own -- on `where.device`, and the parameters' own memory is freed. Build the units one
 // after another and the most a rank holds in full is one unit (with its construction's
 // temporaries), whatever the model's size.
@@ -142,8 +146,10 @@ ShardedUnit fullyShard(const torch::nn::ModuleHolder<Impl>& module, const ShardP
 torch::nn::Sequential shardEveryChild(const torch::nn::Sequential& sequential,
                                       ShardedUnitOptions options = {});
 
-// Every trained parameter of `optimizer`'s model, full and copied (name, tensor), in unit order:
-// stage 3 gathers each unit and frees it again. What a test compares, or an export saves.
+// Every parameter `optimizer` holds, full and copied (name, tensor), in unit order: the trained
+// ones, then (stage 3) the frozen ones of marked modules; stage 3 gathers each unit and frees it
+// again. Frozen parameters of no marked module are not listed: they are whole on every rank
+// already, under the same names in the model. What a test compares, or an export saves.
 // Collective.
 std::vector<std::pair<std::string, at::Tensor>> gatherFullParameters(ShardedOptimizer& optimizer);
 

@@ -153,7 +153,9 @@ struct ZeroOptions {
 
 // Bytes this rank holds, measured from the tensors' storages (each storage counted once).
 struct ZeroMemory {
-  size_t parameters = 0;      // the full parameters (every rank has all of them)
+  // The full parameters (every rank has all of them); stage 3: the owned blocks, and the full
+  // parameters of units gathered now. Frozen parameters of marked modules included.
+  size_t parameters = 0;
   size_t gradients = 0;       // held between steps: stage 1 full, stage 2 this rank's shard
   size_t masterWeights = 0;   // float32 master shards (lower-precision parameters; offload: all)
   size_t optimizerState = 0;  // the real optimizers' state over this rank's shards
@@ -173,6 +175,10 @@ struct ZeroMemory {
   // host's memory -- master shards, their gradients, the optimizer state -- plus the pinned
   // buffer each unit's gradient crosses in. Zero on a CPU-only job.
   size_t offloaded = 0;
+  // Stage 3: how many of `parameters` are the frozen parameters of marked modules (their owned
+  // blocks, ~1/N of them, and their full size while gathered). Frozen parameters of no marked
+  // module are not counted: they stay whole, outside the optimizer.
+  size_t frozen = 0;
 
   size_t modelState() const { return parameters + gradients + masterWeights + optimizerState; }
 };
@@ -181,6 +187,9 @@ struct ZeroStats {
   int stage = 0;
   int ranks = 1;
   int64_t parameters = 0;  // elements of every trained parameter
+  // Stage 3: elements of the frozen parameters of marked modules, sharded in units of their own
+  // (no gradient, no optimizer state); not in `parameters`, `padding` or `owned`.
+  int64_t frozen = 0;
   int64_t padding = 0;     // elements added so that every unit divides into `ranks` blocks
   int64_t owned = 0;       // elements of this rank's shards, padding included
   size_t units = 0;
@@ -202,6 +211,8 @@ struct ZeroStats {
 // What this rank holds of one parameter: its elements [begin, end) of the flattened parameter,
 // with views (write to load) of their master weights and optimizer state. Independent of units
 // and world size: a checkpoint keyed by (param, begin, end) re-shards onto any world size.
+// Stage 3 has records of the frozen parameters of marked modules too: their values as `master`,
+// no state.
 struct ShardRecord {
   std::string param;            // the module's name for it
   std::vector<int64_t> shape;   // the whole parameter's
