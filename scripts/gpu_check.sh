@@ -16,8 +16,9 @@
 # 256 MiB), resnet_amp (train_bench --gpu: ResNet-50 AMP beside PyTorch eager AMP), launch_gpu
 # (launch's GPU sampling while a GPU test runs), zero_memory (train_resnet --zero 0-3, and 2-3
 # with --offload: ZeRO's peak GPU memory and samples/s against DDP's), recompute (recompute_bench --gpu: ResNet-50 AMP, peak CUDA memory and
-# samples/s with and without activation recompute, beside PyTorch's checkpoint_sequential), then
-# the rows other features add. --rows runs only the named rows (and the build of what they need).
+# samples/s with and without activation recompute, beside PyTorch's checkpoint_sequential), gpt2
+# (train_gpt's GPT-2-sized model: ZeRO-3 + float16 + recompute, then DDP), then the rows other
+# features add. --rows runs only the named rows (and the build of what they need).
 #
 # Before configuring it checks, and stops with one line on the first that fails: PYTHON's torch is
 # a CUDA build of a version dtrain supports (2.11 - 2.14: docs/design.md#libraries), built
@@ -118,6 +119,7 @@ row resnet_amp  90 "train_bench"     "$build/train_bench" --gpu --python "$pytho
 row launch_gpu  40 "launch dtrain_gpu_tests" launch_gpu_sampling
 row zero_memory 120 "launch train_resnet" zero_peak_memory
 row recompute  100 "recompute_bench" "$build/recompute_bench" --gpu --models resnet50 --python "$python" --reps 3 --steps 10 --warmup 3
+row gpt2        90 "launch train_gpt" gpt2_steps
 
 # ---- What the rows call (each row runs in BUILD/gpu_check/<row>.sh, which carries every function
 # of this script and the variables it resolved) ---------------------------------------------------
@@ -183,6 +185,40 @@ print(f"gpu_check.sh: {len(records)} records, {len(gpus)} GPU samples, "
 for p in problems:
     print("gpu_check.sh: FAILED: " + p)
 sys.exit(1 if problems else 0)
+PY
+}
+
+# train_gpt's GPT-2-sized model (12 x 768, 1024 positions, 85.8M parameters with byte tokens) on
+# CUDA: 8 steps of ZeRO-3 with float16 autocast (the blocks gathered in float16 with float32
+# masters, a GradScaler), recompute and a checkpoint, then the same under DDP; the corpus is the
+# repository's docs (the fortunes package may be missing here). The row fails unless both train
+# (a finite loss, a sample at the end); it prints each run's tokens/s and peak GPU memory.
+gpt2_steps() {
+  local run metrics
+  for run in zero3 ddp; do
+    local flags=(--zero 3 --recompute --checkpoint-dir "$build/gpu_check/gpt2-ckpt")
+    [ "$run" = ddp ] && flags=(--zero 0)
+    metrics="$build/gpu_check/gpt2-$run.jsonl"
+    rm -rf "$metrics" "$build/gpu_check/gpt2-ckpt"
+    "$build/launch" --nproc-per-node 1 --sample-interval 0.5 --metrics-file "$metrics" \
+      -- "$build/train_gpt" --device cuda --preset gpt2 --amp "${flags[@]}" --steps 8 \
+      --batch-size 8 --warmup-steps 2 --eval-every 0 --eval-batches 4 --log-every 2 \
+      --sample-tokens 64 --data "$root/docs" > "$build/gpu_check/gpt2-$run.out" 2>&1 || {
+      cat "$build/gpu_check/gpt2-$run.out"; return 1; }
+    cat "$build/gpu_check/gpt2-$run.out"
+    grep -q "sample:" "$build/gpu_check/gpt2-$run.out" || return 1
+  done
+  "$python" - "$build/gpu_check" <<'PY'
+import json, math, sys
+for run in ("zero3", "ddp"):
+    records = [json.loads(line) for line in open(f"{sys.argv[1]}/gpt2-{run}.jsonl") if line.strip()]
+    peak = max((r.get("gpu_process_mem_bytes", 0) for r in records if "rank" in r), default=0)
+    steps = [r for r in records if "loss" in r and "tokens_per_s" in r]
+    if not steps or not all(math.isfinite(r["loss"]) for r in steps):
+        sys.exit(f"gpu_check.sh: gpt2 {run}: no finite loss")
+    rate = sorted(r["tokens_per_s"] for r in steps[2:] or steps)[len(steps[2:] or steps) // 2]
+    print(f"gpu_check.sh: gpt2 {run}: loss {steps[0]['loss']:.3f} -> {steps[-1]['loss']:.3f}, "
+          f"{rate:.0f} tokens/s (median), peak GPU memory {peak / 2**20:.0f} MiB")
 PY
 }
 

@@ -1,6 +1,6 @@
 #pragma once
-// Flags: reading train_resnet's command line (parsed with cxxopts). A bad value is a usage error:
-// one line on stderr that names the flag, and exit code 2.
+// Flags: reading a sample trainer's command line (parsed with cxxopts). A bad value is a usage
+// error: one line on stderr that names the flag, and exit code 2.
 //
 //   o.width = number<int64_t>(result, "width", 1, 4096);  // else: "--width must be an integer ..."
 
@@ -16,9 +16,9 @@
 
 namespace examples {
 
-// Prints "train_resnet: <message> (see --help)" on stderr and exits 2.
+// Prints "<program>: <message> (see --help)" on stderr and exits 2.
 [[noreturn]] inline void usageError(const std::string& message) {
-  std::fprintf(stderr, "train_resnet: %s (see --help)\n", message.c_str());
+  std::fprintf(stderr, "%s: %s (see --help)\n", program_invocation_short_name, message.c_str());
   std::exit(2);
 }
 

@@ -3,6 +3,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <utility>
 #include <cstdio>
 
 #include <ATen/ATen.h>
@@ -15,10 +16,12 @@ std::string formatDuration(double seconds) {
   return fmt::format("{}:{:02}:{:02}", s / 3600, s / 60 % 60, s % 60);
 }
 
-Progress::Progress(dtrain::ProcessGroup& group, int64_t epochs, int64_t totalSteps)
+Progress::Progress(dtrain::ProcessGroup& group, int64_t epochs, int64_t totalSteps,
+                   std::string unit)
     : group_(group),
       epochs_(epochs),
       totalSteps_(totalSteps),
+      unit_(std::move(unit)),
       terminal_(group.rank() == 0 && isatty(STDOUT_FILENO)),
       sums_(at::zeros({3}, at::kDouble)) {}
 
@@ -35,10 +38,12 @@ void Progress::report(int64_t epoch, int64_t step, const std::string& extra) {
   const double samples = sums_[2].item<double>();
   const double eta =
       elapsed / static_cast<double>(steps_) * static_cast<double>(totalSteps_ - step);
-  line(fmt::format(
-           "epoch {}/{}  step {}/{}  loss {:.4f}  acc {:5.1f}%  {:.0f} samples/s  eta {}{}",
-           epoch + 1, epochs_, step, totalSteps_, sums_[0].item<double>() / samples,
-           100 * sums_[1].item<double>() / samples, samples / elapsed, formatDuration(eta), extra),
+  const std::string epochPart =
+      epochs_ > 0 ? fmt::format("epoch {}/{}  ", epoch + 1, epochs_) : std::string();
+  line(fmt::format("{}step {}/{}  loss {:.4f}  acc {:5.1f}%  {:.0f} {}/s  eta {}{}", epochPart,
+                   step, totalSteps_, sums_[0].item<double>() / samples,
+                   100 * sums_[1].item<double>() / samples, samples / elapsed, unit_,
+                   formatDuration(eta), extra),
        /*redraw=*/true);
   sums_.zero_();
   steps_ = 0;

@@ -23,7 +23,9 @@ std::string formatDuration(double seconds);
 
 class Progress {
  public:
-  Progress(dtrain::ProcessGroup& group, int64_t epochs, int64_t totalSteps);
+  // `unit`: what add()'s samples count ("samples", "tokens"); epochs <= 0: no epoch shown.
+  Progress(dtrain::ProcessGroup& group, int64_t epochs, int64_t totalSteps,
+           std::string unit = "samples");
 
   // One step of this rank: its loss (mean over its samples), correct predictions, samples.
   void add(double loss, double correct, double samples);
@@ -40,6 +42,7 @@ class Progress {
 
   dtrain::ProcessGroup& group_;
   int64_t epochs_, totalSteps_;
+  std::string unit_;
   bool terminal_;
   bool open_ = false;   // a redrawn line without its newline yet
   at::Tensor sums_;     // double [3]: loss x samples, correct, samples

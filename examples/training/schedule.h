@@ -1,12 +1,11 @@
 #pragma once
-// train_resnet's learning-rate schedule: a linear warm-up, then half a cosine down to zero.
+// The sample trainers' learning-rate schedule: a linear warm-up, then half a cosine down to zero.
 
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
 
 #include <torch/optim/optimizer.h>
-#include <torch/optim/sgd.h>
 
 namespace examples {
 
@@ -18,10 +17,9 @@ inline double learningRate(double peak, int64_t step, int64_t warmup, int64_t to
   return 0.5 * peak * (1.0 + std::cos(M_PI * std::min(1.0, progress)));
 }
 
-// Sets every group's rate of an SGD optimizer (a ShardedOptimizer over SGD included).
+// Sets every group's rate, whatever the optimizer (a ShardedOptimizer included).
 inline void setLearningRate(torch::optim::Optimizer& optimizer, double lr) {
-  for (auto& group : optimizer.param_groups())
-    static_cast<torch::optim::SGDOptions&>(group.options()).lr(lr);
+  for (auto& group : optimizer.param_groups()) group.options().set_lr(lr);
 }
 
 }  // namespace examples

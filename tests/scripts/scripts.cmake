@@ -39,6 +39,27 @@ if(TARGET train_resnet)
                        PROPERTIES LABELS e2e TIMEOUT 300)
 endif()
 
+if(TARGET train_gpt)
+  # One CTest test per part of tests/scripts/train_gpt_test.py, spelled out as train_resnet's.
+  set(_train_gpt_test ${CMAKE_CURRENT_SOURCE_DIR}/tests/scripts/train_gpt_test.py)
+  add_test(NAME examples.train_gpt.train
+           COMMAND ${DTRAIN_PYTHON} ${_train_gpt_test} ${CMAKE_BINARY_DIR} train)
+  add_test(NAME examples.train_gpt.zero
+           COMMAND ${DTRAIN_PYTHON} ${_train_gpt_test} ${CMAKE_BINARY_DIR} zero)
+  add_test(NAME examples.train_gpt.resume
+           COMMAND ${DTRAIN_PYTHON} ${_train_gpt_test} ${CMAKE_BINARY_DIR} resume)
+  add_test(NAME examples.train_gpt.interop
+           COMMAND ${DTRAIN_PYTHON} ${_train_gpt_test} ${CMAKE_BINARY_DIR} interop)
+  add_test(NAME examples.train_gpt.lora
+           COMMAND ${DTRAIN_PYTHON} ${_train_gpt_test} ${CMAKE_BINARY_DIR} lora)
+  add_test(NAME examples.train_gpt.usage
+           COMMAND ${DTRAIN_PYTHON} ${_train_gpt_test} ${CMAKE_BINARY_DIR} usage)
+  set_tests_properties(examples.train_gpt.train examples.train_gpt.zero
+                       examples.train_gpt.resume examples.train_gpt.interop
+                       examples.train_gpt.lora examples.train_gpt.usage
+                       PROPERTIES LABELS e2e TIMEOUT 300)
+endif()
+
 add_test(NAME scripts.plot_metrics
          COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/tests/scripts/plot_metrics_test.sh
                  ${CMAKE_CURRENT_SOURCE_DIR} ${CMAKE_BINARY_DIR} ${DTRAIN_PYTHON})
