@@ -68,6 +68,7 @@ struct Options {
   bool amp = false;            // bfloat16 autocast on the CPU, float16 + loss scaling on CUDA
   int zero = 0;                // 0: DDP; ZeRO 1: optimizer state, 2: + gradients, 3: + parameters
   bool offload = false;        // ZeRO-2/3: optimizer state on the host (a no-op on the CPU)
+  std::string optimizer = "adamw";  // or sgd: plain SGD (comparisons with another trainer)
   double lr = 1e-3;            // peak
   double minLrRatio = 0.1;     // the cosine ends at lr x this
   double weightDecay = 0.1;    // matrices only
@@ -122,6 +123,7 @@ cxxopts::Options optionSpec(const Options& o) {
       ("lora", "rank of LoRA adapters on every projection; the base model frozen (0: none)",
                str(o.model.lora))
       ("lora-alpha", "the adapters' scale is alpha / rank", str(o.model.loraAlpha))
+      ("optimizer", "adamw | sgd (plain, with the same decay groups)", str(o.optimizer))
       ("lr", "peak learning rate", str(o.lr))
       ("min-lr-ratio", "the cosine decays to lr x this", str(o.minLrRatio))
       ("weight-decay", "AdamW's, on matrices and embeddings only", str(o.weightDecay))
@@ -191,6 +193,10 @@ Options parseOptions(int argc, char** argv) {
   o.offload = r.count("offload") > 0;
   if (o.offload && o.zero < 2) usageError("--offload needs --zero 2 or 3");
   o.model.recompute = r.count("recompute") > 0;
+  o.optimizer = r["optimizer"].as<std::string>();
+  if (o.optimizer != "adamw" && o.optimizer != "sgd") {
+    usageError("--optimizer must be adamw or sgd, got '" + o.optimizer + "'");
+  }
   o.lr = number<double>(r, "lr", 0, 10);
   o.minLrRatio = number<double>(r, "min-lr-ratio", 0, 1);
   o.weightDecay = number<double>(r, "weight-decay", 0, 10);
@@ -362,7 +368,8 @@ examples::Gpt buildModel(const Options& opt, const dtrain::ProcessGroup& group) 
 // ---------------------------------------------------------------------------------------------
 // 5. Optimizer, schedule and loss scaling. AdamW in two groups, as GPT recipes have it: weight
 //    decay on matrices and embeddings, none on biases and LayerNorms (with --lora only the
-//    adapters are trained). With --zero the optimizer is a ShardedOptimizer over the same groups:
+//    adapters are trained; --optimizer sgd: plain SGD over the same groups, for comparisons with
+//    another trainer). With --zero the optimizer is a ShardedOptimizer over the same groups:
 //    each rank keeps Adam's moments (at 2, the averaged gradients; at 3, the parameters) of its
 //    1/N, and to the rest of the program it is an optimizer like any other (the schedule sets
 //    its groups' rates). Stage 3 under --amp gathers its blocks in bfloat16 (float16 on CUDA)
@@ -373,20 +380,32 @@ examples::Gpt buildModel(const Options& opt, const dtrain::ProcessGroup& group) 
 std::unique_ptr<torch::optim::Optimizer> makeOptimizer(
     const Options& opt, examples::Gpt& model, dtrain::DistributedDataParallel<examples::Gpt>& ddp,
     const torch::Device& device) {
-  const auto adamw = torch::optim::AdamWOptions(opt.lr)
-                         .betas({opt.beta1, opt.beta2})
-                         .weight_decay(opt.weightDecay);
+  // Each group's options in full, and the optimizer's defaults with weight_decay left at its
+  // type's default: libtorch 2.x replaces a group's option that equals its type's default (SGD's
+  // weight_decay 0, AdamW's 0.01) by the optimizer's default, so defaults with weight_decay 0.1
+  // would turn the no-decay group's 0 into 0.1 under SGD.
+  std::unique_ptr<torch::optim::OptimizerOptions> decay, noDecay;
+  dtrain::OptimizerFactory factory;
+  if (opt.optimizer == "sgd") {
+    const auto sgd = torch::optim::SGDOptions(opt.lr);
+    decay = std::make_unique<torch::optim::SGDOptions>(
+        torch::optim::SGDOptions(sgd).weight_decay(opt.weightDecay));
+    noDecay = std::make_unique<torch::optim::SGDOptions>(
+        torch::optim::SGDOptions(sgd).weight_decay(0));
+    factory = dtrain::optimizerFactory<torch::optim::SGD>(sgd);
+  } else {
+    const auto adamw = torch::optim::AdamWOptions(opt.lr).betas({opt.beta1, opt.beta2});
+    decay = std::make_unique<torch::optim::AdamWOptions>(
+        torch::optim::AdamWOptions(adamw).weight_decay(opt.weightDecay));
+    noDecay = std::make_unique<torch::optim::AdamWOptions>(
+        torch::optim::AdamWOptions(adamw).weight_decay(0));
+    factory = dtrain::optimizerFactory<torch::optim::AdamW>(adamw);
+  }
   examples::DecayGroups split = examples::decayGroups(*model);
   std::vector<torch::optim::OptimizerParamGroup> groups;
-  if (!split.decay.empty()) {
-    groups.emplace_back(split.decay, std::make_unique<torch::optim::AdamWOptions>(adamw));
-  }
-  if (!split.noDecay.empty()) {
-    auto noDecay = std::make_unique<torch::optim::AdamWOptions>(adamw);
-    noDecay->weight_decay(0);
-    groups.emplace_back(split.noDecay, std::move(noDecay));
-  }
-  if (opt.zero == 0) return std::make_unique<torch::optim::AdamW>(std::move(groups), adamw);
+  if (!split.decay.empty()) groups.emplace_back(split.decay, decay->clone());
+  if (!split.noDecay.empty()) groups.emplace_back(split.noDecay, noDecay->clone());
+  if (opt.zero == 0) return factory.make(std::move(groups));
   dtrain::ZeroOptions zero;
   zero.stage = opt.zero;
   zero.offload = opt.offload;
@@ -394,8 +413,8 @@ std::unique_ptr<torch::optim::Optimizer> makeOptimizer(
     zero.paramDtype = dtrain::AutocastGuard::lowerPrecision(device);
     zero.reduceDtype = at::kFloat;
   }
-  return std::make_unique<dtrain::ShardedOptimizer>(
-      ddp, std::move(groups), dtrain::optimizerFactory<torch::optim::AdamW>(adamw), zero);
+  return std::make_unique<dtrain::ShardedOptimizer>(ddp, std::move(groups), std::move(factory),
+                                                    zero);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -487,12 +506,16 @@ struct Training {
   torch::Tensor loss = torch::zeros({}, torch::kDouble);     // this step's, summed over micro
   torch::Tensor correct = torch::zeros({}, torch::kDouble);  // next bytes predicted right
   double gradNorm = NAN;
+  // This step's host time in forward (and loss), in backward, and in the optimizer (unscale,
+  // clipping, step): on CUDA the time to queue the work, not to do it.
+  double forwardSeconds = 0, backwardSeconds = 0, optimizerSeconds = 0;
 
   void trainStep() {
     setLearningRate(optimizer, lrAt(step));
     optimizer.zero_grad();
     loss.zero_();
     correct.zero_();
+    forwardSeconds = backwardSeconds = 0;
     // Dropout's masks from a generator seeded by the step: a resumed run draws the same.
     torch::manual_seed(generatorFor(opt.seed, step, -1, group.rank()).current_seed());
     for (int64_t micro = 0; micro < opt.accumSteps; ++micro) {
@@ -510,6 +533,7 @@ struct Training {
         forwardBackward(x.to(device()), y.to(device()));
       }
     }
+    const auto optimizerStart = Clock::now();
     if (opt.clip > 0) {
       scaler.unscale(optimizer);  // the true gradients, then their norm over every rank
       auto* sharded = dynamic_cast<dtrain::ShardedOptimizer*>(&optimizer);
@@ -525,19 +549,24 @@ struct Training {
     }
     scaler.step(optimizer);  // optimizer.step(), unless a rank's gradients overflowed
     scaler.update();
+    optimizerSeconds = std::chrono::duration<double>(Clock::now() - optimizerStart).count();
     ++step;
   }
 
   // The forward and the loss under autocast with --amp; backward outside it, as in PyTorch.
   void forwardBackward(const torch::Tensor& x, const torch::Tensor& y) {
     torch::Tensor logits, l;
+    const auto start = Clock::now();
     {
       dtrain::AutocastGuard autocast(device(), opt.amp);
       logits = ddp(x);
       l = torch::nn::functional::cross_entropy(
           logits.reshape({-1, logits.size(-1)}).to(torch::kFloat), y.reshape({-1}));
     }
+    const auto forwardEnd = Clock::now();
     scaler.scale(l / static_cast<double>(opt.accumSteps)).backward();
+    forwardSeconds += std::chrono::duration<double>(forwardEnd - start).count();
+    backwardSeconds += std::chrono::duration<double>(Clock::now() - forwardEnd).count();
     loss += l.detach().to(torch::kCPU, torch::kDouble);
     correct += (logits.detach().argmax(-1) == y).sum().to(torch::kCPU, torch::kDouble);
   }
@@ -550,6 +579,10 @@ struct Training {
                           {"tokens_per_s", tokens * group.size() / seconds},
                           {"lr", lrAt(step - 1)},
                           {"grad_norm", gradNorm},
+                          {"step_seconds", seconds},
+                          {"forward_seconds", forwardSeconds},
+                          {"backward_seconds", backwardSeconds},
+                          {"optimizer_seconds", optimizerSeconds},
                           {"loss_scale", scaler.isEnabled() ? scaler.getScale() : 1.0}});
     recordCheckpointWrites();
     if (step % opt.logEvery == 0 || step == opt.steps) {
@@ -620,9 +653,10 @@ struct Training {
       if (p.grad().defined()) grads += static_cast<double>(p.grad().numel() * p.element_size());
     }
     for (const auto& [key, s] : optimizer.state()) {
-      const auto& adam = static_cast<const torch::optim::AdamWParamState&>(*s);
-      for (const auto* t : {&adam.exp_avg(), &adam.exp_avg_sq()}) {
-        state += static_cast<double>(t->numel() * t->element_size());
+      if (const auto* adam = dynamic_cast<const torch::optim::AdamWParamState*>(s.get())) {
+        for (const auto* t : {&adam->exp_avg(), &adam->exp_avg_sq()}) {
+          state += static_cast<double>(t->numel() * t->element_size());
+        }
       }
     }
     return fmt::format("model state on rank {} (DDP): parameters {:.2f} MiB (frozen: {:.2f}), "

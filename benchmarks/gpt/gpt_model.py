@@ -73,8 +73,8 @@ class CausalSelfAttention(nn.Module):
         b, t, c = x.shape
         q, k, v = (part.view(b, t, self.heads, c // self.heads).transpose(1, 2)
                    for part in self.qkv(x).split(c, 2))
-        y = F.scaled_dot_product_attention(q, k, v, dropout_p=self.dropout if self.training else 0.0,
-                                           is_causal=True)
+        y = F.scaled_dot_product_attention(
+            q, k, v, dropout_p=self.dropout if self.training else 0.0, is_causal=True)
         y = y.transpose(1, 2).contiguous().view(b, t, c)
         return F.dropout(self.proj(y), self.dropout, self.training)
 

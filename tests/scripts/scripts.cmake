@@ -52,11 +52,13 @@ if(TARGET train_gpt)
            COMMAND ${DTRAIN_PYTHON} ${_train_gpt_test} ${CMAKE_BINARY_DIR} interop)
   add_test(NAME examples.train_gpt.lora
            COMMAND ${DTRAIN_PYTHON} ${_train_gpt_test} ${CMAKE_BINARY_DIR} lora)
+  add_test(NAME examples.train_gpt.peer
+           COMMAND ${DTRAIN_PYTHON} ${_train_gpt_test} ${CMAKE_BINARY_DIR} peer)
   add_test(NAME examples.train_gpt.usage
            COMMAND ${DTRAIN_PYTHON} ${_train_gpt_test} ${CMAKE_BINARY_DIR} usage)
   set_tests_properties(examples.train_gpt.train examples.train_gpt.zero
                        examples.train_gpt.resume examples.train_gpt.interop
-                       examples.train_gpt.lora examples.train_gpt.usage
+                       examples.train_gpt.lora examples.train_gpt.peer examples.train_gpt.usage
                        PROPERTIES LABELS e2e TIMEOUT 300)
 endif()
 

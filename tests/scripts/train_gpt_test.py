@@ -5,11 +5,11 @@ equal, the schedule and the metrics are what the flags say, a sample is generate
 and resumes bitwise; a state_dict saved by PyTorch (benchmarks/gpt/gpt_model.py) starts a run
 whose validation loss is PyTorch's, and an export of a run loads into the PyTorch model with
 torch.load(weights_only=True) and load_state_dict(strict=True) and gives its validation loss;
---lora trains the adapters only (the base bitwise unchanged, at every stage); bad input exits
-with one clear message.
+--lora trains the adapters only (the base bitwise unchanged, at every stage); against the
+PyTorch peer (DDP, FSDP2) every step's loss agrees; bad input exits with one clear message.
 
 Usage: train_gpt_test.py <build-dir> [test ...]   (tests: train, zero, resume, interop, lora,
-usage; default all)
+peer, usage; default all)
 """
 import json
 import math
@@ -290,6 +290,52 @@ def test_lora():
     print("lora: ok")
 
 
+def test_peer():
+    """train_gpt against its PyTorch 2.14 peer (benchmarks/gpt/gpt_peer.py) on the same model,
+    initial weights, batches and schedule, plain SGD in float32: DDP against PyTorch DDP, and
+    ZeRO-3 with recompute against FSDP2 (fully_shard per block and on the root) with
+    torch.utils.checkpoint, every step's loss within 1e-5; under bfloat16 autocast, ZeRO-3's
+    blocks gathered in bfloat16 against FSDP2's MixedPrecisionPolicy(bfloat16, float32), within
+    1e-3."""
+    import torch
+    from gpt_model import GPT, GPTConfig
+    with tempfile.TemporaryDirectory() as tmp:
+        text = corpus(os.path.join(tmp, "t"))
+        torch.manual_seed(11)
+        init = os.path.join(tmp, "init.pt")
+        torch.save(GPT(GPTConfig.preset("nano")).state_dict(), init)
+        common = ["--steps", "8", "--optimizer", "sgd", "--lr", "0.05", "--clip", "0",
+                  "--warmup-steps", "2", "--data", text, "--init-from", init]
+
+        def losses(path):
+            return [r["loss"] for r in records(path) if "loss" in r]
+
+        for ours, theirs, tolerance in ((["--zero", "0"], ["--mode", "ddp"], 1e-5),
+                                        (["--zero", "3", "--recompute"],
+                                         ["--mode", "fsdp2", "--recompute"], 1e-5),
+                                        (["--zero", "3", "--amp"], ["--mode", "fsdp2", "--amp"],
+                                         1e-3)):
+            name = "_".join(x.lstrip("-") for x in ours)
+            mine = os.path.join(tmp, name + ".jsonl")
+            run_ok(common + ours + ["--eval-every", "0", "--metrics-file", mine])
+            peer = os.path.join(tmp, name + "-peer.jsonl")
+            out = subprocess.run([LAUNCH, "--nproc-per-node", "2", "--python", sys.executable,
+                                  os.path.join(SOURCE, "benchmarks", "gpt", "gpt_peer.py")]
+                                 + common + theirs + ["--metrics-file", peer],
+                                 capture_output=True, text=True, timeout=240)
+            if out.returncode != 0:
+                fail(f"the peer {' '.join(theirs)} failed:\n{out.stdout}{out.stderr}")
+            a, b = losses(mine), losses(peer)
+            if len(a) != 8 or len(b) != 8:
+                fail(f"{name}: {len(a)} and {len(b)} steps recorded, want 8")
+            worst = max(abs(x - y) / y for x, y in zip(a, b))
+            if worst > tolerance:
+                fail(f"{name} against PyTorch's {' '.join(theirs)}: a loss {worst:.2e} apart "
+                     f"(tolerance {tolerance}):\n{a}\n{b}")
+            print(f"peer: {name}: losses within {worst:.1e} of PyTorch's {' '.join(theirs)}")
+    print("peer: ok")
+
+
 def expect_exit(args, rc_expected, pattern):
     out = subprocess.run([TRAINER] + args, capture_output=True, text=True, timeout=60)
     text = out.stdout + out.stderr
@@ -341,7 +387,7 @@ def test_usage():
 
 
 TESTS = {"train": test_train, "zero": test_zero, "resume": test_resume,
-         "interop": test_interop, "lora": test_lora, "usage": test_usage}
+         "interop": test_interop, "lora": test_lora, "peer": test_peer, "usage": test_usage}
 
 if __name__ == "__main__":
     for name in sys.argv[2:] or list(TESTS):

@@ -96,7 +96,9 @@ TEST_P(ZeroParamDtype, UnderAutocastTrainsAsASingleProcessReferenceWithFloat32Ma
           .backward();
       optimizer.step();
     }
-    for (auto& [name, t] : gatherFullParameters(optimizer)) got[static_cast<size_t>(rank)][name] = t;
+    for (auto& [name, t] : gatherFullParameters(optimizer)) {
+      got[static_cast<size_t>(rank)][name] = t;
+    }
   });
   for (size_t i = 0; i < names.size(); ++i) {
     const torch::Tensor& want = isBody(names[i]) ? masters[i] : params[i];
