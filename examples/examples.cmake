@@ -9,6 +9,7 @@ add_library(dtrain_examples STATIC
   examples/training/evaluate.cpp
   examples/training/fingerprint.cpp
   examples/training/progress.cpp
+  examples/training/job.cpp
   examples/training/state_dict.cpp)
 target_include_directories(dtrain_examples PUBLIC ${CMAKE_CURRENT_SOURCE_DIR}/examples)
 target_link_libraries(dtrain_examples PUBLIC dtrain)

@@ -41,6 +41,7 @@
 #include "models/gpt.h"
 #include "training/fingerprint.h"
 #include "training/flags.h"
+#include "training/job.h"
 #include "training/progress.h"
 #include "training/schedule.h"
 #include "training/state_dict.h"
@@ -231,14 +232,8 @@ Options parseOptions(int argc, char** argv) {
 
 // ---------------------------------------------------------------------------------------------
 // 2. Join the job, as train_resnet does: the backend is NCCL on GPUs (cuda:LOCAL_RANK), Gloo on
-//    the CPU, unless --device says which.
+//    the CPU, unless --device says which (examples::joinJob in examples/training/job.h).
 // ---------------------------------------------------------------------------------------------
-std::shared_ptr<dtrain::ProcessGroup> joinJob(const Options& opt) {
-  dtrain::InitOptions init;
-  if (opt.device == "cpu") init.backend = "gloo";
-  if (opt.device == "cuda") init.backend = "nccl";
-  return dtrain::init(init);
-}
 
 // ---------------------------------------------------------------------------------------------
 // 3. Data. The tokens are the corpus's bytes (a vocabulary of 256, no tokenizer to ship); every
@@ -438,20 +433,8 @@ std::unique_ptr<dtrain::Checkpointer> makeCheckpointer(
 // ---------------------------------------------------------------------------------------------
 // 7. Metrics, as train_resnet's: every rank records its figures (under launch they reach its
 //    endpoint and file by themselves); rank 0 can also write JSONL, TensorBoard events and serve
-//    Prometheus.
+//    Prometheus (examples::addOwnSinks, examples/training/job.h).
 // ---------------------------------------------------------------------------------------------
-void addOwnSinks(dtrain::metrics::Metrics& metrics, const Options& opt) {
-  if (!opt.metricsFile.empty()) metrics.addSink(dtrain::metrics::JsonlSink::open(opt.metricsFile));
-  if (!opt.tensorboardDir.empty()) {
-    metrics.addSink(dtrain::metrics::TensorBoardSink::open(opt.tensorboardDir));
-  }
-  if (opt.metricsPort >= 0) {
-    auto endpoint = dtrain::metrics::PrometheusEndpoint::start(
-        {"0.0.0.0", static_cast<uint16_t>(opt.metricsPort)});
-    std::printf("metrics: http://%s:%u/metrics\n", metrics.node().c_str(), endpoint->port());
-    metrics.addSink(endpoint);
-  }
-}
 
 // ---------------------------------------------------------------------------------------------
 // 8. The training loop: optimizer steps of micro-batches, with progress lines, validation and
@@ -584,7 +567,7 @@ struct Training {
                           {"backward_seconds", backwardSeconds},
                           {"optimizer_seconds", optimizerSeconds},
                           {"loss_scale", scaler.isEnabled() ? scaler.getScale() : 1.0}});
-    recordCheckpointWrites();
+    examples::recordCheckpointWrites(checkpointer, metrics);
     if (step % opt.logEvery == 0 || step == opt.steps) {
       progress.report(0, step, std::isnan(gradNorm) ? "" : fmt::format("  |g| {:.3f}", gradNorm));
     }
@@ -672,13 +655,6 @@ struct Training {
                            std::chrono::duration<double>(Clock::now() - begin).count()}});
   }
 
-  void recordCheckpointWrites() {
-    if (!checkpointer) return;
-    for (const auto& write : checkpointer->finishedWrites()) {
-      metrics.record(write.step, {{"checkpoint_write_seconds", write.seconds},
-                                  {"checkpoint_bytes", static_cast<double>(write.bytes)}});
-    }
-  }
 
   // 9. Summary and a sample. Every rank generates (under ZeRO-3 each forward gathers the
   //    blocks: collective) from the same generator; rank 0 prints.
@@ -687,7 +663,7 @@ struct Training {
     if (checkpointer) {
       if (savedAt != step) save();
       checkpointer->wait();
-      recordCheckpointWrites();
+      examples::recordCheckpointWrites(checkpointer, metrics);
     }
     metrics.flush();
     std::printf("fingerprint of rank %d's model: %016llx\n", group.rank(),
@@ -735,7 +711,7 @@ int main(int argc, char** argv) {
     if (opt.threads > 0) torch::set_num_threads(static_cast<int>(opt.threads));
 
     // 2. Join the job.
-    std::shared_ptr<dtrain::ProcessGroup> group = joinJob(opt);
+    std::shared_ptr<dtrain::ProcessGroup> group = examples::joinJob(opt.device);
     const bool leader = group->rank() == 0;
     const torch::Device device = group->device();
 
@@ -768,7 +744,9 @@ int main(int argc, char** argv) {
 
     // 7. Metrics.
     dtrain::metrics::Metrics metrics;
-    if (leader) addOwnSinks(metrics, opt);
+    if (leader) {
+      examples::addOwnSinks(metrics, {opt.metricsFile, opt.metricsPort, opt.tensorboardDir});
+    }
     if (firstStep > 0) metrics.record(firstStep, {{"resumed", 1}});
 
     // 8. Train.

@@ -31,6 +31,7 @@
 #include "models/resnet.h"
 #include "training/evaluate.h"
 #include "training/flags.h"
+#include "training/job.h"
 #include "training/fingerprint.h"
 #include "training/progress.h"
 #include "training/schedule.h"
@@ -173,14 +174,9 @@ Options parseOptions(int argc, char** argv) {
 
 // ---------------------------------------------------------------------------------------------
 // 2. Join the job. Rank, world size and the store come from `launch`'s environment; the backend
-//    is NCCL on GPUs (cuda:LOCAL_RANK) and Gloo on the CPU, unless --device says which.
+//    is NCCL on GPUs (cuda:LOCAL_RANK) and Gloo on the CPU, unless --device says which
+//    (examples::joinJob in examples/training/job.h, called in main).
 // ---------------------------------------------------------------------------------------------
-std::shared_ptr<dtrain::ProcessGroup> joinJob(const Options& opt) {
-  dtrain::InitOptions init;
-  if (opt.device == "cpu") init.backend = "gloo";
-  if (opt.device == "cuda") init.backend = "nccl";
-  return dtrain::init(init);
-}
 
 // ---------------------------------------------------------------------------------------------
 // 3. Data. Every rank reads the whole set (CIFAR-10 is small); the DistributedSampler gives each
@@ -288,7 +284,8 @@ std::unique_ptr<torch::optim::Optimizer> makeOptimizer(
 // ---------------------------------------------------------------------------------------------
 std::unique_ptr<dtrain::Checkpointer> makeCheckpointer(
     const Options& opt, std::shared_ptr<dtrain::ProcessGroup> group, examples::ResNet& model,
-    torch::optim::Optimizer& optimizer, dtrain::GradScaler& scaler, dtrain::DistributedSampler& sampler) {
+    torch::optim::Optimizer& optimizer, dtrain::GradScaler& scaler,
+    dtrain::DistributedSampler& sampler) {
   auto checkpointer = std::make_unique<dtrain::Checkpointer>(
       std::move(group), dtrain::CheckpointOptions(opt.checkpointDir));
   checkpointer->addModule("model", model);
@@ -305,21 +302,9 @@ std::unique_ptr<dtrain::Checkpointer> makeCheckpointer(
 //    through the job's store by themselves, so `launch --metrics-port` shows every rank's
 //    figures beside launch's own samples (memory, CPU, GPUs) and `launch --metrics-file` holds
 //    them all: the trainer needs no port of its own. Rank 0 can also write its own JSONL file,
-//    TensorBoard events and serve its own Prometheus endpoint (without launch, say). The
-//    progress lines average over all ranks.
+//    TensorBoard events and serve its own Prometheus endpoint (without launch, say:
+//    examples::addOwnSinks, examples/training/job.h). The progress lines average over all ranks.
 // ---------------------------------------------------------------------------------------------
-void addOwnSinks(dtrain::metrics::Metrics& metrics, const Options& opt) {
-  if (!opt.metricsFile.empty()) metrics.addSink(dtrain::metrics::JsonlSink::open(opt.metricsFile));
-  if (!opt.tensorboardDir.empty()) {
-    metrics.addSink(dtrain::metrics::TensorBoardSink::open(opt.tensorboardDir));
-  }
-  if (opt.metricsPort >= 0) {
-    auto endpoint = dtrain::metrics::PrometheusEndpoint::start(
-        {"0.0.0.0", static_cast<uint16_t>(opt.metricsPort)});
-    std::printf("metrics: http://%s:%u/metrics\n", metrics.node().c_str(), endpoint->port());
-    metrics.addSink(endpoint);
-  }
-}
 
 // ---------------------------------------------------------------------------------------------
 // 8. The training loop: epochs of optimizer steps of micro-batches, with progress lines,
@@ -456,7 +441,7 @@ struct Training {
                           {"allreduce_wait_share", waited / seconds},
                           {"loss_scale", scaler.isEnabled() ? scaler.getScale() : 1.0},
                           {"epoch", static_cast<double>(epoch)}});
-    recordCheckpointWrites();
+    examples::recordCheckpointWrites(checkpointer, metrics);
     if (step % opt.logEvery == 0 || step == data.totalSteps) {
       progress.report(epoch, step,
                       scaler.isEnabled() ? fmt::format("  scale {:g}", scaler.getScale()) : "");
@@ -480,15 +465,6 @@ struct Training {
                            std::chrono::duration<double>(Clock::now() - begin).count()}});
   }
 
-  // A checkpoint's background write ends while training goes on: its duration and size are
-  // recorded (under the step it saved) once it has, on each node's writer rank.
-  void recordCheckpointWrites() {
-    if (!checkpointer) return;
-    for (const auto& write : checkpointer->finishedWrites()) {
-      metrics.record(write.step, {{"checkpoint_write_seconds", write.seconds},
-                                  {"checkpoint_bytes", static_cast<double>(write.bytes)}});
-    }
-  }
 
   // 9. Summary. Every rank ends with the same parameters (DDP); rank 0 reports.
   void finish() {
@@ -496,7 +472,7 @@ struct Training {
     if (checkpointer) {
       if (savedAt != step) save(data.sampler.epoch());
       checkpointer->wait();  // the last asynchronous save is on disk everywhere
-      recordCheckpointWrites();
+      examples::recordCheckpointWrites(checkpointer, metrics);
     }
     metrics.flush();  // the last records reach the file, the endpoint and launch now
     // Each rank prints a fingerprint of its parameters and buffers: equal lines show that DDP
@@ -532,7 +508,7 @@ int main(int argc, char** argv) {
     dtrain::enableHostMemoryCache();  // freed CPU tensor blocks reused (docs/training.md)
 
     // 2. Join the job.
-    std::shared_ptr<dtrain::ProcessGroup> group = joinJob(opt);
+    std::shared_ptr<dtrain::ProcessGroup> group = examples::joinJob(opt.device);
     const bool leader = group->rank() == 0;
     const torch::Device device = group->device();
 
@@ -566,7 +542,9 @@ int main(int argc, char** argv) {
 
     // 7. Metrics.
     dtrain::metrics::Metrics metrics;
-    if (leader) addOwnSinks(metrics, opt);
+    if (leader) {
+      examples::addOwnSinks(metrics, {opt.metricsFile, opt.metricsPort, opt.tensorboardDir});
+    }
     if (firstStep > 0) metrics.record(firstStep, {{"resumed", 1}});  // plot_metrics.py marks it
 
     // 8. Train.

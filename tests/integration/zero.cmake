@@ -11,4 +11,7 @@ if(DTRAIN_HAVE_GLOO AND TARGET dtrain_launcher_harness)
     SOURCES tests/integration/zero_processes_test.cpp
     LIBS dtrain_launcher_harness)
   add_dependencies(dtrain_zero_process_tests zero_worker launch)
+  if(TARGET train_gpt)
+    add_dependencies(dtrain_zero_process_tests train_gpt)
+  endif()
 endif()

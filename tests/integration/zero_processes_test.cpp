@@ -144,5 +144,43 @@ TEST(ZeroMemoryLimit, StageThreeTrainsWhereDdpIsKilledForMemory) {
   std::cout << zero.out << ddp.out;  // each rank's peak RSS, for the record
 }
 
+// The same for the workload stage 3 exists for: train_gpt with an 8 x 768 GPT (57.5M parameters,
+// 128 positions) at 4 ranks in a memory cgroup whose limit lies between what ZeRO-3 with
+// recompute and DDP need -- measured in such a cgroup without a limit: ZeRO-3 with recompute
+// 2912 MiB at most (model state 218 MiB per rank), DDP 5489 MiB (870 MiB per rank) --:
+// --zero 3 --recompute trains its steps, --zero 0 is killed by the OOM killer and launch says
+// so. Root and a writable cgroup file system needed; SKIP otherwise.
+TEST(ZeroMemoryLimit, AGptTooLargeForDdpTrainsWithZeroThreeAndRecompute) {
+  constexpr size_t kLimit = size_t{4000} << 20;
+  std::string why;
+  auto cgroup = MemoryCgroup::create("dtrain-gpt-fit-" + std::to_string(::getpid()), kLimit, &why);
+  if (!cgroup) GTEST_SKIP() << why;
+  TempDir dir;
+  const std::string corpus = dir.file("corpus.txt");
+  std::string text;
+  for (int i = 0; text.size() < 100000; ++i) {
+    text += "line " + std::to_string(i * 7919 % 1000) + "\n";
+  }
+  writeFile(corpus, text);
+  auto run = [&](const char* zero, bool recompute) {
+    std::vector<std::string> args = {"--nproc-per-node", "4", binaryPath("train_gpt"),
+                                     "--layers", "8", "--dim", "768", "--heads", "12",
+                                     "--context", "128", "--batch-size", "1", "--steps", "2",
+                                     "--eval-every", "0", "--eval-batches", "4", "--sample-tokens",
+                                     "0", "--threads", "1", "--data", corpus, "--zero", zero};
+    if (recompute) args.push_back("--recompute");
+    LaunchProcess p(args, {}, cgroup->wrapper());
+    return p.wait(280);
+  };
+  const LaunchResult zero = run("3", true);
+  EXPECT_EQ(zero.exitCode, 0) << zero.all();
+  EXPECT_NE(zero.out.find("done: 2 steps"), std::string::npos) << zero.all();
+  const LaunchResult ddp = run("0", false);
+  EXPECT_EQ(ddp.exitCode, 128 + SIGKILL) << ddp.all();
+  EXPECT_NE(ddp.err.find("was killed by SIGKILL (signal 9) -- likely killed by the OOM killer"),
+            std::string::npos)
+      << ddp.all();
+}
+
 }  // namespace
 }  // namespace dtrain::testing::zero_processes_test
