@@ -88,12 +88,8 @@ struct Options {
   std::string prompt = "\n";
   double temperature = 0.8;
   int64_t topK = 40;
-  std::string device = "auto";
   uint64_t seed = 0;
-  int64_t threads = 0;
-  std::string metricsFile;
-  int metricsPort = -1;
-  std::string tensorboardDir;
+  examples::JobFlags job;  // --device, --threads, rank 0's metrics sinks
 };
 
 cxxopts::Options optionSpec(const Options& o) {
@@ -146,31 +142,16 @@ cxxopts::Options optionSpec(const Options& o) {
       ("prompt", "what the sample continues", none())
       ("temperature", "of the sample", str(o.temperature))
       ("top-k", "the sample draws from the k likeliest bytes (0: all)", str(o.topK))
-      ("device", "auto | cpu | cuda", str(o.device))
-      ("seed", "model, data and dropout seed", str(o.seed))
-      ("threads", "threads per rank (0: OMP_NUM_THREADS, set by launch)", str(o.threads))
-      ("metrics-file", "a JSON record per step, appended (rank 0; default: none)", none())
-      ("metrics-port", "Prometheus endpoint (rank 0; 0: a free port; default: none)", none())
-      ("tensorboard-dir", "TensorBoard event files (rank 0; default: none)", none())
-      ("h,help", "print this help");
+      ("seed", "model, data and dropout seed", str(o.seed));
   // clang-format on
+  examples::addJobFlags(spec, o.job);
   return spec;
 }
 
 Options parseOptions(int argc, char** argv) {
   Options o;
   cxxopts::Options spec = optionSpec(o);
-  cxxopts::ParseResult r;
-  try {
-    r = spec.parse(argc, argv);
-  } catch (const cxxopts::exceptions::exception& e) {
-    usageError(e.what());
-  }
-  if (r.count("help")) {
-    std::fputs(spec.help().c_str(), stdout);
-    std::exit(0);
-  }
-  if (!r.unmatched().empty()) usageError("unexpected argument '" + r.unmatched()[0] + "'");
+  const cxxopts::ParseResult r = examples::parseFlags(spec, argc, argv);
   o.preset = r["preset"].as<std::string>();
   const auto preset = examples::gptPreset(o.preset);
   if (!preset) usageError("--preset must be nano, small or gpt2, got '" + o.preset + "'");
@@ -218,15 +199,8 @@ Options parseOptions(int argc, char** argv) {
   if (o.prompt.empty()) usageError("--prompt must not be empty");
   o.temperature = number<double>(r, "temperature", 0, 100);
   o.topK = number<int64_t>(r, "top-k", 0, 256);
-  o.device = r["device"].as<std::string>();
-  if (o.device != "auto" && o.device != "cpu" && o.device != "cuda") {
-    usageError("--device must be auto, cpu or cuda, got '" + o.device + "'");
-  }
   o.seed = number<uint64_t>(r, "seed", 0, 1e15);
-  o.threads = number<int64_t>(r, "threads", 0, 1024);
-  if (r.count("metrics-file")) o.metricsFile = r["metrics-file"].as<std::string>();
-  if (r.count("metrics-port")) o.metricsPort = number<int>(r, "metrics-port", 0, 65535);
-  if (r.count("tensorboard-dir")) o.tensorboardDir = r["tensorboard-dir"].as<std::string>();
+  o.job = examples::readJobFlags(r);
   return o;
 }
 
@@ -697,8 +671,8 @@ struct Training {
                                static_cast<size_t>(out.numel()));
       progress.line("sample:\n" + opt.prompt + sample);
     }
-    if (!opt.metricsFile.empty()) progress.line("metrics: " + opt.metricsFile);
-    if (!opt.tensorboardDir.empty()) progress.line("tensorboard: " + opt.tensorboardDir);
+    if (!opt.job.metricsFile.empty()) progress.line("metrics: " + opt.job.metricsFile);
+    if (!opt.job.tensorboardDir.empty()) progress.line("tensorboard: " + opt.job.tensorboardDir);
     if (checkpointer) progress.line("checkpoints: " + checkpointer->nodeDirectory());
   }
 };
@@ -708,10 +682,10 @@ struct Training {
 int main(int argc, char** argv) {
   const Options opt = parseOptions(argc, argv);  // 1.
   try {
-    if (opt.threads > 0) torch::set_num_threads(static_cast<int>(opt.threads));
+    if (opt.job.threads > 0) torch::set_num_threads(static_cast<int>(opt.job.threads));
 
     // 2. Join the job.
-    std::shared_ptr<dtrain::ProcessGroup> group = examples::joinJob(opt.device);
+    std::shared_ptr<dtrain::ProcessGroup> group = examples::joinJob(opt.job.device);
     const bool leader = group->rank() == 0;
     const torch::Device device = group->device();
 
@@ -745,7 +719,8 @@ int main(int argc, char** argv) {
     // 7. Metrics.
     dtrain::metrics::Metrics metrics;
     if (leader) {
-      examples::addOwnSinks(metrics, {opt.metricsFile, opt.metricsPort, opt.tensorboardDir});
+      examples::addOwnSinks(metrics, {opt.job.metricsFile, opt.job.metricsPort,
+                                      opt.job.tensorboardDir});
     }
     if (firstStep > 0) metrics.record(firstStep, {{"resumed", 1}});
 

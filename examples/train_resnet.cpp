@@ -66,14 +66,10 @@ struct Options {
   int64_t saveEvery = 0;      // steps; 0: at the end of every epoch
   std::string dataDir = "cifar10";
   int64_t synthetic = 0;  // > 0: write a synthetic set of this many training images first
-  std::string device = "auto";
   uint64_t seed = 0;
   int64_t evalEvery = 0;  // steps; 0: at the end of every epoch
   int64_t logEvery = 20;  // steps per progress line
-  int64_t threads = 0;    // intra-op threads per rank; 0: OMP_NUM_THREADS (launch sets it)
-  std::string metricsFile;
-  int metricsPort = -1;  // -1: no endpoint; 0: a free port
-  std::string tensorboardDir;
+  examples::JobFlags job;  // --device, --threads, rank 0's metrics sinks
 };
 
 // The flags, each with its line of --help and its default from Options.
@@ -107,33 +103,18 @@ cxxopts::Options optionSpec(const Options& o) {
       ("save-every", "checkpoint every N steps (0: after every epoch)", str(o.saveEvery))
       ("data-dir", "CIFAR-10 binary files (data_batch_1..5.bin, test_batch.bin)", str(o.dataDir))
       ("synthetic", "first write N synthetic training images (N/5 test) there", str(o.synthetic))
-      ("device", "auto | cpu | cuda", str(o.device))
       ("seed", "model, sampler and augmentation seed", str(o.seed))
       ("eval-every", "test accuracy every N steps (0: after every epoch)", str(o.evalEvery))
-      ("log-every", "steps per progress line", str(o.logEvery))
-      ("threads", "threads per rank (0: OMP_NUM_THREADS, set by launch)", str(o.threads))
-      ("metrics-file", "a JSON record per step, appended (rank 0; default: none)", none())
-      ("metrics-port", "Prometheus endpoint (rank 0; 0: a free port; default: none)", none())
-      ("tensorboard-dir", "TensorBoard event files (rank 0; default: none)", none())
-      ("h,help", "print this help");
+      ("log-every", "steps per progress line", str(o.logEvery));
   // clang-format on
+  examples::addJobFlags(spec, o.job);
   return spec;
 }
 
 Options parseOptions(int argc, char** argv) {
   Options o;
   cxxopts::Options spec = optionSpec(o);
-  cxxopts::ParseResult r;
-  try {
-    r = spec.parse(argc, argv);
-  } catch (const cxxopts::exceptions::exception& e) {
-    usageError(e.what());
-  }
-  if (r.count("help")) {
-    std::fputs(spec.help().c_str(), stdout);
-    std::exit(0);
-  }
-  if (!r.unmatched().empty()) usageError("unexpected argument '" + r.unmatched()[0] + "'");
+  const cxxopts::ParseResult r = examples::parseFlags(spec, argc, argv);
   o.arch = r["arch"].as<std::string>();
   const auto& archs = examples::resnetArchs();
   if (std::find(archs.begin(), archs.end(), o.arch) == archs.end()) {
@@ -158,17 +139,10 @@ Options parseOptions(int argc, char** argv) {
   o.saveEvery = number<int64_t>(r, "save-every", 0, 1e9);
   o.dataDir = r["data-dir"].as<std::string>();
   o.synthetic = number<int64_t>(r, "synthetic", 0, 1e7);
-  o.device = r["device"].as<std::string>();
-  if (o.device != "auto" && o.device != "cpu" && o.device != "cuda") {
-    usageError("--device must be auto, cpu or cuda, got '" + o.device + "'");
-  }
   o.seed = number<uint64_t>(r, "seed", 0, 1e15);
   o.evalEvery = number<int64_t>(r, "eval-every", 0, 1e9);
   o.logEvery = number<int64_t>(r, "log-every", 1, 1e9);
-  o.threads = number<int64_t>(r, "threads", 0, 1024);
-  if (r.count("metrics-file")) o.metricsFile = r["metrics-file"].as<std::string>();
-  if (r.count("metrics-port")) o.metricsPort = number<int>(r, "metrics-port", 0, 65535);
-  if (r.count("tensorboard-dir")) o.tensorboardDir = r["tensorboard-dir"].as<std::string>();
+  o.job = examples::readJobFlags(r);
   return o;
 }
 
@@ -491,8 +465,8 @@ struct Training {
           static_cast<double>((step - firstStep) * data.samplesPerStep * group.size()) / total,
           lastLoss, 100 * lastAccuracy, 100 * testAccuracy, 100 * bestAccuracy, bestStep));
     }
-    if (!opt.metricsFile.empty()) progress.line("metrics: " + opt.metricsFile);
-    if (!opt.tensorboardDir.empty()) progress.line("tensorboard: " + opt.tensorboardDir);
+    if (!opt.job.metricsFile.empty()) progress.line("metrics: " + opt.job.metricsFile);
+    if (!opt.job.tensorboardDir.empty()) progress.line("tensorboard: " + opt.job.tensorboardDir);
     if (checkpointer) progress.line("checkpoints: " + checkpointer->nodeDirectory());
   }
 
@@ -504,11 +478,11 @@ struct Training {
 int main(int argc, char** argv) {
   const Options opt = parseOptions(argc, argv);  // 1.
   try {
-    if (opt.threads > 0) torch::set_num_threads(static_cast<int>(opt.threads));
+    if (opt.job.threads > 0) torch::set_num_threads(static_cast<int>(opt.job.threads));
     dtrain::enableHostMemoryCache();  // freed CPU tensor blocks reused (docs/training.md)
 
     // 2. Join the job.
-    std::shared_ptr<dtrain::ProcessGroup> group = examples::joinJob(opt.device);
+    std::shared_ptr<dtrain::ProcessGroup> group = examples::joinJob(opt.job.device);
     const bool leader = group->rank() == 0;
     const torch::Device device = group->device();
 
@@ -543,7 +517,8 @@ int main(int argc, char** argv) {
     // 7. Metrics.
     dtrain::metrics::Metrics metrics;
     if (leader) {
-      examples::addOwnSinks(metrics, {opt.metricsFile, opt.metricsPort, opt.tensorboardDir});
+      examples::addOwnSinks(metrics, {opt.job.metricsFile, opt.job.metricsPort,
+                                      opt.job.tensorboardDir});
     }
     if (firstStep > 0) metrics.record(firstStep, {{"resumed", 1}});  // plot_metrics.py marks it
 
