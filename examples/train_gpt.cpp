@@ -102,7 +102,7 @@ cxxopts::Options optionSpec(const Options& o) {
   auto none = [] { return cxxopts::value<std::string>(); };
   // clang-format off
   spec.add_options()
-      ("preset", "nano (~0.8M) | small (~10.8M) | gpt2 (GPT-2 small's shape, 85.8M)",
+      ("preset", "nano (~0.8M) | small (~10.8M) | gpt2 (GPT-2 small's shape, 86.0M)",
                  str(o.preset))
       ("layers", "blocks (default: the preset's)", none())
       ("heads", "attention heads (default: the preset's)", none())

@@ -188,7 +188,7 @@ sys.exit(1 if problems else 0)
 PY
 }
 
-# train_gpt's GPT-2-sized model (12 x 768, 1024 positions, 85.8M parameters with byte tokens) on
+# train_gpt's GPT-2-sized model (12 x 768, 1024 positions, 86.0M parameters with byte tokens) on
 # CUDA: 8 steps of ZeRO-3 with float16 autocast (the blocks gathered in float16 with float32
 # masters, a GradScaler), recompute and a checkpoint, then the same under DDP; the corpus is the
 # repository's docs (the fortunes package may be missing here). The row fails unless both train

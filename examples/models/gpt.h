@@ -54,7 +54,7 @@ struct GptOptions {
 };
 
 // The presets: "nano" (~0.8M parameters, the tests'), "small" (~10.8M, the CPU benchmark's),
-// "gpt2" (GPT-2 small's shape, 12 x 768 with 1024 positions: 85.8M with byte-level tokens, 124M
+// "gpt2" (GPT-2 small's shape, 12 x 768 with 1024 positions: 86.0M with byte-level tokens, 124M
 // with GPT-2's 50257-token vocabulary). Empty optional for an unknown name.
 std::optional<GptOptions> gptPreset(const std::string& name);
 const std::vector<std::string>& gptPresetNames();

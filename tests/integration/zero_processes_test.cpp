@@ -144,7 +144,7 @@ TEST(ZeroMemoryLimit, StageThreeTrainsWhereDdpIsKilledForMemory) {
   std::cout << zero.out << ddp.out;  // each rank's peak RSS, for the record
 }
 
-// The same for the workload stage 3 exists for: train_gpt with an 8 x 768 GPT (57.5M parameters,
+// The same for the workload stage 3 exists for: train_gpt with an 8 x 768 GPT (57.0M parameters,
 // 128 positions) at 4 ranks in a memory cgroup whose limit lies between what ZeRO-3 with
 // recompute and DDP need -- measured in such a cgroup without a limit: ZeRO-3 with recompute
 // 2912 MiB at most (model state 218 MiB per rank), DDP 5489 MiB (870 MiB per rank) --:
