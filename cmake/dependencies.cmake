@@ -8,7 +8,7 @@ find_package(fmt REQUIRED)
 find_package(OpenSSL REQUIRED COMPONENTS Crypto)
 find_package(nlohmann_json REQUIRED)
 # cxxopts reads the sample trainers' and allreduce_bench's options: launch parses its own command
-# line (see Note [Option parsing] in launcher/job/launch_args.cpp for why).
+# line (see Note [Option parsing] in launcher/config/launch_args.cpp for why).
 if(DTRAIN_WITH_BENCHMARKS OR DTRAIN_WITH_EXAMPLES)
   find_package(cxxopts REQUIRED)
 endif()

@@ -1,31 +1,21 @@
 # `launch`: links dtrain_base only, so it starts on a node without CUDA libraries or libtorch.
-# The launcher's logic lives in dtrain_launcher (a static library) so tests can link it.
+# The launcher's logic lives in dtrain_launcher (a static library) so tests can link it. Its
+# folders are its layers (docs/design.md, Layout); tests/scripts/layering_test.py keeps them.
 add_library(dtrain_launcher STATIC
   launcher/version.cpp
-  launcher/job/launch_args.cpp
-  launcher/job/launch_config.cpp
-  launcher/cluster/hosts.cpp
-  launcher/cluster/scheduler_env.cpp
-  launcher/cluster/forwarded_env.cpp
-  launcher/cluster/nccl_env.cpp
-  launcher/cluster/remote/remote_command.cpp
-  launcher/cluster/remote/session.cpp
-  launcher/cluster/rendezvous.cpp
-  launcher/cluster/coordinator.cpp
-  launcher/cluster/coordinator_rendezvous.cpp
-  launcher/cluster/coordinator_round.cpp
-  launcher/cluster/plan.cpp
-  launcher/cluster/plan_codec.cpp
-  launcher/cluster/heartbeat_thread.cpp
-  launcher/cluster/agent.cpp
-  launcher/cluster/master.cpp
-  launcher/cluster/fan_out.cpp
-  launcher/cluster/multinode.cpp
-  launcher/cluster/preflight.cpp
-  launcher/job/worker_env.cpp
-  launcher/job/program.cpp
-  launcher/job/node_probe.cpp
-  launcher/job/job.cpp
+  # Bottom: what launch was asked to do (pure), then what one node makes of it.
+  launcher/config/launch_args.cpp
+  launcher/config/launch_config.cpp
+  launcher/config/hosts.cpp
+  launcher/config/scheduler_env.cpp
+  launcher/config/monitor_options.cpp
+  launcher/node/program.cpp
+  launcher/node/shell_quote.cpp
+  launcher/node/worker_env.cpp
+  launcher/node/node_probe.cpp
+  launcher/node/nccl_env.cpp
+  launcher/node/job_resources.cpp
+  # Middle: one node's workers (supervisor) and what watches them (monitor).
   launcher/supervisor/guardian.cpp
   launcher/supervisor/output.cpp
   launcher/supervisor/failure_report.cpp
@@ -40,8 +30,8 @@ add_library(dtrain_launcher STATIC
   launcher/monitor/gpu_sampler.cpp
   launcher/monitor/job_view.cpp
   launcher/monitor/monitor.cpp
-  launcher/monitor/monitor_options.cpp
   launcher/monitor/native_stack.cpp
+  launcher/monitor/node_figure_options.cpp
   launcher/monitor/node_files.cpp
   launcher/monitor/node_sampler.cpp
   launcher/monitor/proc_files.cpp
@@ -49,6 +39,23 @@ add_library(dtrain_launcher STATIC
   launcher/monitor/records.cpp
   launcher/monitor/stall_detector.cpp
   launcher/monitor/watches.cpp
+  # Top: the one-node job, and the multi-node job (plan, remote, protocol, master, agent).
+  launcher/job/job.cpp
+  launcher/cluster/plan/plan.cpp
+  launcher/cluster/plan/forwarded_env.cpp
+  launcher/cluster/remote/remote_command.cpp
+  launcher/cluster/remote/session.cpp
+  launcher/cluster/protocol/rendezvous.cpp
+  launcher/cluster/protocol/plan_codec.cpp
+  launcher/cluster/master/coordinator.cpp
+  launcher/cluster/master/coordinator_rendezvous.cpp
+  launcher/cluster/master/coordinator_round.cpp
+  launcher/cluster/master/master.cpp
+  launcher/cluster/master/fan_out.cpp
+  launcher/cluster/agent/heartbeat_thread.cpp
+  launcher/cluster/agent/agent.cpp
+  launcher/cluster/multinode.cpp
+  launcher/cluster/preflight.cpp
 )
 target_include_directories(dtrain_launcher PUBLIC ${CMAKE_CURRENT_SOURCE_DIR})
 # dtrain_base's internal headers: parse_int.h (one integer rule everywhere) and text.h, which

@@ -14,11 +14,11 @@
 #include "dtrain/base/error.h"
 #include "dtrain/base/logging.h"
 #include "launcher/cluster/multinode.h"
+#include "launcher/config/launch_args.h"
 #include "launcher/exit_codes.h"
 #include "launcher/job/job.h"
-#include "launcher/job/launch_args.h"
-#include "launcher/job/program.h"
-#include "launcher/job/worker_env.h"
+#include "launcher/node/program.h"
+#include "launcher/node/worker_env.h"
 
 namespace dtrain::launcher {
 const char* launcherVersion();

@@ -11,8 +11,8 @@
 //   - `launch --agent`: an agent started by a fan-out master, its plan on stdin.
 // The configuration is resolved and validated once, into MultiNodePlan (plan.h).
 
-#include "launcher/job/launch_config.h"
-#include "launcher/job/worker_env.h"
+#include "launcher/config/launch_config.h"
+#include "launcher/node/worker_env.h"
 
 namespace dtrain::launcher {
 

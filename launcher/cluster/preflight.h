@@ -15,8 +15,8 @@
 #include <string>
 #include <vector>
 
-#include "launcher/cluster/plan.h"
-#include "launcher/job/launch_config.h"
+#include "launcher/cluster/plan/plan.h"
+#include "launcher/config/launch_config.h"
 
 namespace dtrain::launcher {
 

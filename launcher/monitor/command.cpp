@@ -14,7 +14,7 @@
 
 #include <fmt/format.h>
 
-#include "launcher/job/program.h"
+#include "launcher/node/program.h"
 
 extern char** environ;
 

@@ -15,7 +15,7 @@
 #include "dtrain/base/error.h"
 #include "dtrain/base/logging.h"
 #include "dtrain/base/tcp_store.h"
-#include "launcher/job/launch_config.h"
+#include "launcher/config/launch_config.h"
 #include "launcher/monitor/cluster_keys.h"
 
 namespace dtrain::launcher::monitor {

@@ -47,13 +47,13 @@ struct Supervisor::Slot {
 
 // Note [Attempt steps]
 // ~~~~~~~~~~~~~~~~~~~~
-// One attempt of this node's workers, as named steps that the one-node job (Supervisor::run) and
-// a multi-node agent (launcher/cluster/agent.h, one attempt per round) share: spawnWorkers(), then
-// superviseUntilEveryWorkerEnded() -- the event loop of Note [One event loop], dispatching to
+// One attempt of this node's workers, as named steps that the one-node job (Supervisor::run) and a
+// multi-node agent (launcher/cluster/agent/agent.h, one attempt per round) share: spawnWorkers(),
+// then superviseUntilEveryWorkerEnded() -- the event loop of Note [One event loop], dispatching to
 // onSignals(), onStatus(), pump() and the stop request of AttemptHooks, with the deadlines of
-// nextTimeoutMs() -- then drainOutput() and gatherFacts() for the report. The state the steps
-// share is this class's members; the Supervisor keeps what outlives an attempt (epoll set,
-// signalfd, plan).
+// nextTimeoutMs() -- then drainOutput() and gatherFacts() for the report. The state the steps share
+// is this class's members; the Supervisor keeps what outlives an attempt (epoll set, signalfd,
+// plan).
 class Supervisor::Attempt {
  public:
   Attempt(Supervisor& sup, int attempt, const AttemptHooks& hooks);

@@ -14,9 +14,9 @@
 #include <string>
 #include <vector>
 
-#include "launcher/job/launch_config.h"
-#include "launcher/job/program.h"
-#include "launcher/job/worker_env.h"
+#include "launcher/config/launch_config.h"
+#include "launcher/node/program.h"
+#include "launcher/node/worker_env.h"
 #include "launcher/supervisor/failure_report.h"
 #include "launcher/supervisor/job_observer.h"
 
@@ -108,7 +108,7 @@ struct JobPlan {
   JobObserver* observer = nullptr;  // told what starts and ends (the monitor); may be null
 };
 
-// What a node's agent adds to one attempt in a multi-node job (launcher/cluster/agent.h).
+// What a node's agent adds to one attempt in a multi-node job (launcher/cluster/agent/agent.h).
 struct AttemptHooks {
   // Readable (an eventfd): stop the workers -- another node failed, or the master said so.
   int stopFd = -1;

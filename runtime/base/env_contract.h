@@ -1,6 +1,7 @@
 #pragma once
 // The worker environment (docs/design.md#worker-environment), by name. The launcher writes it
-// (launcher/job/worker_env.*), the runtime reads it (dtrain::init); both spell the names from here.
+// (launcher/node/worker_env.*), the runtime reads it (dtrain::init); both spell the names from
+// here.
 
 namespace dtrain::env {
 

@@ -86,7 +86,7 @@ done
   fail "the check reported names other than the three undefined ones"
 
 # The guides: a tree whose links, paths, options, exit codes, messages and tests all hold.
-mkdir -p "$guides/docs" "$guides/src" "$guides/launcher/job"
+mkdir -p "$guides/docs" "$guides/src" "$guides/launcher/config"
 cp "$tree/docs/reliability.md" "$guides/docs/reliability.md"
 cp "$tree/tests.cmake" "$guides/tests.cmake"
 echo '# Design' >"$guides/docs/design.md"
@@ -101,7 +101,7 @@ cat >"$guides/docs/launch.md" <<'EOF'
 
 ## Options
 
-`--steps N` (`launcher/job/launch_args.cpp`), see [below](#exit-codes).
+`--steps N` (`launcher/config/launch_args.cpp`), see [below](#exit-codes).
 
 ## Exit codes
 
@@ -109,7 +109,7 @@ cat >"$guides/docs/launch.md" <<'EOF'
 |---|---|
 | 2 | usage |
 EOF
-cat >"$guides/launcher/job/launch_args.cpp" <<'EOF'
+cat >"$guides/launcher/config/launch_args.cpp" <<'EOF'
 const OptionSpec kOptions[] = {
     {"steps", 0, "N", "steps to run"},
 };
@@ -137,7 +137,7 @@ echo 'See [nowhere](docs/nowhere.md), [a heading](docs/launch.md#nothing) and `l
   >>"$guides/README.md"
 echo '# Orphan' >"$guides/docs/orphan.md"
 echo 'constexpr int kExitDeadline = 124;' >>"$guides/launcher/exit_codes.h"
-sed -i 's/^    {"steps"/    {"retries", 0, "N", "x"},\n    {"steps"/' "$guides/launcher/job/launch_args.cpp"
+sed -i 's/^    {"steps"/    {"retries", 0, "N", "x"},\n    {"steps"/' "$guides/launcher/config/launch_args.cpp"
 cat >>"$guides/docs/troubleshooting.md" <<'EOF'
 
 ## A rank is slow

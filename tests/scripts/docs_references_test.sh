@@ -17,7 +17,7 @@
 #      and, with #anchor, a heading of it (or of the same document); every docs/*.md guide is
 #      linked from README.md; every repository path a guide names in backticks (launcher/...,
 #      runtime/..., tests/..., dtrain/... for the installed headers) exists;
-#   7. docs/launch.md names every option of launch's option table (launcher/job/launch_args.cpp)
+#   7. docs/launch.md names every option of launch's option table (launcher/config/launch_args.cpp)
 #      and has a row for every exit code of launcher/exit_codes.h;
 #   8. every entry (## heading) of docs/troubleshooting.md has a **Checked:** line; each message
 #      `TEXT` in `PATH` it names occurs in that source file and, whitespace aside, in the entry's
@@ -266,11 +266,11 @@ if [[ -f README.md ]]; then
 fi
 
 # 7. launch's options and exit codes in docs/launch.md.
-if [[ -f docs/launch.md && -f launcher/job/launch_args.cpp ]]; then
+if [[ -f docs/launch.md && -f launcher/config/launch_args.cpp ]]; then
   while read -r option; do
     grep -qE -- "--$option([^a-z0-9-]|$)" docs/launch.md ||
-      fail "docs/launch.md does not name --$option (a row of launcher/job/launch_args.cpp)"
-  done < <(grep -oE '^    \{"[a-z0-9-]+", ' launcher/job/launch_args.cpp | sed -E 's/^    \{"([a-z0-9-]+)".*/\1/')
+      fail "docs/launch.md does not name --$option (a row of launcher/config/launch_args.cpp)"
+  done < <(grep -oE '^    \{"[a-z0-9-]+", ' launcher/config/launch_args.cpp | sed -E 's/^    \{"([a-z0-9-]+)".*/\1/')
 fi
 if [[ -f docs/launch.md && -f launcher/exit_codes.h ]]; then
   while read -r code; do

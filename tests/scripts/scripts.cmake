@@ -109,3 +109,16 @@ add_test(NAME cmake.pip_torch
          COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/tests/scripts/cmake_pip_torch_test.sh
                  ${CMAKE_CURRENT_SOURCE_DIR})
 set_tests_properties(cmake.pip_torch PROPERTIES LABELS unit TIMEOUT 180)
+
+# The include graph keeps the layers of docs/design.md (Layout): no include runs up a layer or
+# into another folder's internals outside the seams tests/scripts/layering_test.py lists, launch
+# stays on dtrain_base, dtrain_base and dtrain_comm stay torch-free. The self test breaks each rule
+# on a small tree.
+add_test(NAME docs.layering
+         COMMAND ${DTRAIN_PYTHON} ${CMAKE_CURRENT_SOURCE_DIR}/tests/scripts/layering_test.py
+                 ${CMAKE_CURRENT_SOURCE_DIR})
+set_tests_properties(docs.layering PROPERTIES LABELS unit TIMEOUT 60)
+add_test(NAME docs.layering.self_test
+         COMMAND ${DTRAIN_PYTHON} ${CMAKE_CURRENT_SOURCE_DIR}/tests/scripts/layering_test.py
+                 --self-test)
+set_tests_properties(docs.layering.self_test PROPERTIES LABELS unit TIMEOUT 60)

@@ -17,19 +17,6 @@ std::string seconds(double s) { return fmt::format("{}", std::max(1, static_cast
 
 }  // namespace
 
-std::string singleQuote(const std::string& word) {
-  std::string out = "'";
-  for (char c : word) {
-    if (c == '\'') {
-      out += "'\"'\"'";
-    } else {
-      out += c;
-    }
-  }
-  out += '\'';
-  return out;
-}
-
 std::string remoteScript(const std::string& cwd, const std::vector<std::string>& argv) {
   std::string out;
   if (!cwd.empty()) {

@@ -9,6 +9,9 @@
 #include <utility>
 #include <vector>
 
+#include "launcher/config/ssh_options.h"
+#include "launcher/node/shell_quote.h"
+
 namespace dtrain::launcher::remote {
 
 // Note [Remote command lines]
@@ -34,9 +37,6 @@ namespace dtrain::launcher::remote {
 // stdin as length-prefixed records (encodePlan), which need no quoting at all and which no `ps`
 // shows. ssh's SendEnv is not used: Debian's sshd accepts only LANG and LC_*.
 
-// 'word' with every ' as '"'"' -- always quoted, also when it would not need it.
-std::string singleQuote(const std::string& word);
-
 // The POSIX script: `cd 'DIR' && exec 'WORD' 'WORD'...` (no cd when `cwd` is empty). A directory
 // missing on the remote node ends it with exit 125 and a line naming it.
 std::string remoteScript(const std::string& cwd, const std::vector<std::string>& argv);
@@ -47,17 +47,6 @@ std::string remoteShellCommand(const std::string& cwd, const std::vector<std::st
 
 // RFC 4648 base64, with padding.
 std::string base64(const std::string& bytes);
-
-// How to reach the other nodes.
-struct SshOptions {
-  std::string program = "ssh";
-  int port = 0;                   // 0: ssh's default (or the config's)
-  std::string identity;           // -i
-  std::string configFile;         // -F
-  std::vector<std::string> options;  // -o passthrough, in order, before launch's own
-  double connectTimeout = 10;     // seconds: -o ConnectTimeout
-  bool acceptNewHostKeys = false; // -o StrictHostKeyChecking=accept-new
-};
 
 // The argv of `ssh ... HOST COMMAND`: -T, the user's -o options first (ssh takes the first value
 // it sees, so they win), then BatchMode=yes (never a password prompt) and ConnectTimeout,

@@ -16,7 +16,7 @@
 
 #include "dtrain/base/error.h"
 #include "dtrain/base/fault.h"
-#include "launcher/job/program.h"
+#include "launcher/node/program.h"
 #include "launcher/seconds.h"
 
 namespace dtrain::launcher::remote {

@@ -2,8 +2,8 @@
 #include <gtest/gtest.h>
 
 #include "dtrain/base/error.h"
-#include "launcher/job/launch_args.h"
-#include "launcher/job/program.h"
+#include "launcher/config/launch_args.h"
+#include "launcher/node/program.h"
 
 namespace dtrain::launcher::launcher_args_test {
 namespace {

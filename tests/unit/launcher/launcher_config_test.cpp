@@ -2,7 +2,7 @@
 #include <gtest/gtest.h>
 
 #include "dtrain/base/error.h"
-#include "launcher/job/launch_config.h"
+#include "launcher/config/launch_config.h"
 
 namespace dtrain::launcher::launcher_config_test {
 namespace {

@@ -3,8 +3,8 @@
 #include <gtest/gtest.h>
 
 #include "dtrain/base/error.h"
-#include "launcher/cluster/hosts.h"
-#include "launcher/cluster/scheduler_env.h"
+#include "launcher/config/hosts.h"
+#include "launcher/config/scheduler_env.h"
 
 namespace dtrain::launcher::launcher_hosts_test {
 namespace {

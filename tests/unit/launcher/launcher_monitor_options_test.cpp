@@ -2,7 +2,7 @@
 #include <gtest/gtest.h>
 
 #include "dtrain/base/error.h"
-#include "launcher/job/launch_args.h"
+#include "launcher/config/launch_args.h"
 
 namespace dtrain::launcher::launcher_monitor_options_test {
 namespace {

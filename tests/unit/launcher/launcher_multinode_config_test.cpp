@@ -3,8 +3,8 @@
 #include <gtest/gtest.h>
 
 #include "dtrain/base/error.h"
-#include "launcher/cluster/plan_codec.h"
-#include "launcher/job/launch_args.h"
+#include "launcher/cluster/protocol/plan_codec.h"
+#include "launcher/config/launch_args.h"
 
 namespace dtrain::launcher::launcher_multinode_config_test {
 namespace {

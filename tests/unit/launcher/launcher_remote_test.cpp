@@ -9,10 +9,10 @@
 #include <thread>
 
 #include "dtrain/base/error.h"
-#include "launcher/cluster/forwarded_env.h"
-#include "launcher/cluster/nccl_env.h"
+#include "launcher/cluster/plan/forwarded_env.h"
 #include "launcher/cluster/remote/remote_command.h"
 #include "launcher/cluster/remote/session.h"
+#include "launcher/node/nccl_env.h"
 #include "test_support.h"
 
 namespace dtrain::launcher::launcher_remote_test {

@@ -9,9 +9,9 @@
 #include "dtrain/base/error.h"
 #include "dtrain/base/store.h"
 #include "dtrain/base/tcp_store.h"
-#include "launcher/cluster/coordinator.h"
-#include "launcher/cluster/heartbeat_thread.h"
-#include "launcher/cluster/rendezvous.h"
+#include "launcher/cluster/agent/heartbeat_thread.h"
+#include "launcher/cluster/master/coordinator.h"
+#include "launcher/cluster/protocol/rendezvous.h"
 
 namespace dtrain::launcher::launcher_rendezvous_test {
 namespace {

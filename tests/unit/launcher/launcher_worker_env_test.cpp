@@ -2,7 +2,7 @@
 #include <gtest/gtest.h>
 
 #include "env_contract.h"
-#include "launcher/job/worker_env.h"
+#include "launcher/node/worker_env.h"
 
 namespace dtrain::launcher::launcher_worker_env_test {
 namespace {
