@@ -82,6 +82,13 @@ struct ZeroResult {
   // zero_bench_worker.cpp): the most CPU tensor storage counted, the same while the layers alone
   // were built, what was left at the end, and the growth of the peak resident set.
   std::vector<double> buildStorageBytes, buildLayersBytes, buildLeftBytes, buildResidentBytes;
+  // Every rank's, over the timed steps (Note [Peak in a step] in zero_bench_worker.cpp): the most
+  // CPU tensor storage alive at once, the most communicator buffers in use at once, those held
+  // between steps, what the communicator keeps cached and unused after them, and the real
+  // optimizers' state (ZeroMemory::optimizerState; DDP: Adam's).
+  std::vector<double> stepPeakStorageBytes, commPeakBytes, commHeldBytes, commIdleBytes;
+  std::vector<double> optimizerStateBytes;
+  std::vector<double> socketBytes;  // rank 0's bytes written per step (/proc/self/io wchar)
 };
 
 // Runs the worker side in this process (RANK, WORLD_SIZE and the store from the environment);

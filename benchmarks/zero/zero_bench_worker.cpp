@@ -1,8 +1,9 @@
 // The worker of zero_bench: times Adam training steps of a deep MLP under plain DDP or a
 // ShardedOptimizer (stage 3: every layer a ShardedUnit, built whole or sharded as built), in
 // turns with the other jobs (Note [Turns]), and measures what building the model and its
-// optimizer held at the most (Note [Build peak]), model-state bytes (from the tensors'
-// storages), PSS (smaps_rollup: RSS counts the shared-memory segment in every rank), the full
+// optimizer held at the most (Note [Build peak]), the most a step holds (Note [Peak in a step]),
+// model-state bytes (from the tensors' storages), PSS (smaps_rollup: RSS counts the shared-memory
+// segment in every rank), the full
 // parameters alive at once, the payload bytes of each step (Communicator::payloadBytes()) and
 // what its collectives cost alone.
 #include <chrono>
@@ -107,6 +108,19 @@ double ddpStateBytes(DeepMlp& net, torch::optim::Adam& adam) {
     tensors.push_back(s.exp_avg_sq());
   }
   return coveredBytes(tensors);
+}
+
+// The storage of Adam's state (moments and step counts), as ZeroMemory::optimizerState counts
+// a shard's.
+double adamStateBytes(torch::optim::Adam& adam) {
+  double bytes = 0;
+  for (auto& [key, state] : adam.state()) {
+    auto& s = static_cast<torch::optim::AdamParamState&>(*state);
+    for (const auto& t : {s.exp_avg(), s.exp_avg_sq(), s.max_exp_avg_sq()}) {
+      if (t.defined()) bytes += static_cast<double>(t.storage().nbytes());
+    }
+  }
+  return bytes;
 }
 
 std::unique_ptr<torch::optim::Optimizer> makeOptimizer(DistributedDataParallel<DeepMlp>& ddp,
@@ -248,6 +262,32 @@ class DataPhase {
 // rank 0 (endWaitMs), and comm + that wait is what each method waited for the others in a step,
 // wherever the wait fell.
 
+// Note [Peak in a step]
+// What a rank holds at the most in a training step, for the comparison with PyTorch's FSDP2 and
+// ZeroRedundancyOptimizer (benchmarks/zero/zero_peer.py counts its side with the same counting
+// allocator, loaded when its process starts): the peak of CPU tensor storage alive, counted from
+// the worker's start (the model, its gradients, the optimizer's state, the batch, activations,
+// the parts gathered into tensors), reset when each timed step begins and read when it ends, the
+// most over the timed steps; plus the most of the communicator's buffers in use at once in those
+// steps (Communicator::bufferStats(), peak reset likewise), where ZeRO keeps what PyTorch's FSDP2
+// holds in tensors: gathered units and gradient buckets (stage 1: the units' full gradients). A
+// buffer a ZeRO pool keeps for the next step counts as in use: the pools keep what a step uses
+// (Note [Communication buffers of a step] in runtime/torch/zero/collectives.h). Both peaks are
+// read apart, so their sum bounds the step's peak from above. Reported beside it, not in it: the
+// buffers in use between steps (held), and the communicator's cache of released buffers after
+// the timed steps (idle: resident memory nobody uses, what the OOM killer sees too). The
+// benchmark's own buffers (CollectivesAlone) are left out of all three.
+
+// /proc/self/io's wchar: bytes this process passed to write() and its kin, Gloo's sockets
+// among them (its TCP pairs send with writev; sendmsg() would not count).
+double writtenBytes() {
+  std::ifstream in("/proc/self/io");
+  for (std::string line; std::getline(in, line);) {
+    if (line.rfind("wchar:", 0) == 0) return std::stod(line.substr(6));
+  }
+  return 0;
+}
+
 // The warm-up and timed steps, each in this job's turn; records the timed ones' breakdown.
 void timeSteps(const ZeroConfig& config, const Training& t, ZeroResult& r) {
   comm::Communicator& comm = t.group.communicator();
@@ -257,14 +297,21 @@ void timeSteps(const ZeroConfig& config, const Training& t, ZeroResult& r) {
     for (const auto& p : layer->parameters()) numel += p.numel();
     layerNumels.push_back(numel);
   }
+  const size_t buffersBefore = comm.bufferStats().inUseBytes;
   CollectivesAlone alone(comm, config.stage, layerNumels);
+  const auto aloneBuffers = static_cast<double>(comm.bufferStats().inUseBytes - buffersBefore);
   DataPhase data(config.dataMib);
   TurnTaker turns(config.turns, t.group.rank() == 0);
+  auto& storage = testing::CountingCpuAllocator::install();
+  double peakStorage = 0, peakComm = 0, heldComm = 0;
   for (int i = 0; i < config.warmup + config.steps; ++i) {
     turns.begin();
     t.group.barrier();
     t.probes.clear();
     const uint64_t payload0 = comm.payloadBytes();
+    const double written0 = writtenBytes();
+    storage.resetPeak();
+    comm.resetBufferPeak();
     const auto t0 = Clock::now();
     if (t.sharded) {
       t.sharded->zero_grad();  // unsets the shards' gradients: see ShardedOptimizer::zero_grad()
@@ -281,6 +328,9 @@ void timeSteps(const ZeroConfig& config, const Training& t, ZeroResult& r) {
     if (t.sharded) t.sharded->waitForParameters();  // deferred: where the next forward waits
     const auto t5 = Clock::now();
     const uint64_t payload = comm.payloadBytes() - payload0;
+    const double written = writtenBytes() - written0;
+    const auto stepPeak = static_cast<double>(storage.peak());
+    const comm::BufferStats buffers = comm.bufferStats();
     t.group.barrier();  // Note [Waiting for the others]
     const auto t6 = Clock::now();
     const double aloneMs = alone.run();
@@ -311,7 +361,28 @@ void timeSteps(const ZeroConfig& config, const Training& t, ZeroResult& r) {
     r.optimizerMs.push_back(optimizerMs);
     r.otherMs.push_back(r.stepMs.back() - r.computeMs.back() - r.commMs.back() - optimizerMs);
     r.payloadBytes.push_back(static_cast<double>(payload));
+    r.socketBytes.push_back(written);
+    peakStorage = std::max(peakStorage, stepPeak);
+    peakComm = std::max(peakComm, static_cast<double>(buffers.peakInUseBytes) - aloneBuffers);
+    heldComm = std::max(heldComm, static_cast<double>(buffers.inUseBytes) - aloneBuffers);
     r.peakFullBytes = std::max(r.peakFullBytes, t.probes.peakFullBytes());
+  }
+  // Note [Peak in a step]: every rank's.
+  const auto idleComm = static_cast<double>(comm.bufferStats().cachedBytes);
+  double optimizerState = 0;
+  if (t.sharded) {
+    optimizerState = static_cast<double>(t.sharded->stats().memory.optimizerState);
+  } else {
+    optimizerState = adamStateBytes(static_cast<torch::optim::Adam&>(t.optimizer));
+  }
+  const auto ranks = t.group.allgather(
+      torch::tensor({peakStorage, peakComm, heldComm, idleComm, optimizerState}, torch::kDouble));
+  for (const auto& b : ranks) {
+    r.stepPeakStorageBytes.push_back(b[0].item<double>());
+    r.commPeakBytes.push_back(b[1].item<double>());
+    r.commHeldBytes.push_back(b[2].item<double>());
+    r.commIdleBytes.push_back(b[3].item<double>());
+    r.optimizerStateBytes.push_back(b[4].item<double>());
   }
 }
 
@@ -519,7 +590,13 @@ std::string toJson(const ZeroResult& r) {
                       {"build_layers_bytes", r.buildLayersBytes},
                       {"build_left_bytes", r.buildLeftBytes},
                       {"build_resident_bytes", r.buildResidentBytes},
-                      {"held_bytes", r.heldBytes}};
+                      {"held_bytes", r.heldBytes},
+                      {"step_peak_storage_bytes", r.stepPeakStorageBytes},
+                      {"comm_peak_bytes", r.commPeakBytes},
+                      {"comm_held_bytes", r.commHeldBytes},
+                      {"comm_idle_bytes", r.commIdleBytes},
+                      {"optimizer_state_bytes", r.optimizerStateBytes},
+                      {"socket_bytes", r.socketBytes}};
   return j.dump();
 }
 
@@ -558,6 +635,12 @@ ZeroResult zeroResultFromJson(const std::string& text) {
   r.buildLeftBytes = j.at("build_left_bytes").get<std::vector<double>>();
   r.buildResidentBytes = j.at("build_resident_bytes").get<std::vector<double>>();
   r.heldBytes = j.at("held_bytes").get<double>();
+  r.stepPeakStorageBytes = j.at("step_peak_storage_bytes").get<std::vector<double>>();
+  r.commPeakBytes = j.at("comm_peak_bytes").get<std::vector<double>>();
+  r.commHeldBytes = j.at("comm_held_bytes").get<std::vector<double>>();
+  r.commIdleBytes = j.at("comm_idle_bytes").get<std::vector<double>>();
+  r.optimizerStateBytes = j.at("optimizer_state_bytes").get<std::vector<double>>();
+  r.socketBytes = j.at("socket_bytes").get<std::vector<double>>();
   return r;
 }
 

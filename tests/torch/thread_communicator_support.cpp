@@ -323,6 +323,8 @@ class ThreadCommunicator : public comm::Communicator {
     std::lock_guard<std::mutex> lock(mutex_);
     return nextSeq_;
   }
+  // As Note [Payload bytes] in runtime/comm/collective.cpp counts them, when issued.
+  uint64_t payloadBytes() const override { return payload_.load(); }
 
  private:
   // An op with the call's buffers, count and timeout; the caller adds the reduction or root.
@@ -345,6 +347,17 @@ class ThreadCommunicator : public comm::Communicator {
   };
 
   std::shared_ptr<comm::Work> enqueue(const Op& op) {
+    const uint64_t n = static_cast<uint64_t>(world_->size);
+    const uint64_t bytes = op.count * comm::elementSize(op.dtype);
+    if (n > 1) {
+      switch (op.kind) {
+        case Kind::Allreduce: payload_ += 2 * (n - 1) * bytes / n; break;
+        case Kind::Allgather:
+        case Kind::ReduceScatter: payload_ += (n - 1) * bytes; break;
+        case Kind::Broadcast: payload_ += bytes; break;
+        default: break;
+      }
+    }
     const auto timeout = op.timeout == comm::Millis::zero() ? world_->options.timeout : op.timeout;
     auto work = std::make_shared<ThreadWork>(timeout + comm::Millis(1000));
     {
@@ -384,6 +397,7 @@ class ThreadCommunicator : public comm::Communicator {
   std::condition_variable cv_;
   std::deque<Task> queue_;  // guarded by mutex_
   int64_t nextSeq_ = 0;     // guarded by mutex_
+  std::atomic<uint64_t> payload_{0};
   bool stopping_ = false;   // guarded by mutex_
   std::exception_ptr failure_;  // worker thread only: the first error, rethrown by every later call
   std::thread worker_;

@@ -30,7 +30,8 @@ class ThreadWorld : public std::enable_shared_from_this<ThreadWorld> {
 
   int size() const { return size_; }
   const ThreadWorldOptions& options() const { return options_; }
-  // Rank `rank`'s communicator (created on first use, then the same one).
+  // Rank `rank`'s communicator (created on first use, then the same one); its payloadBytes()
+  // counts what its collectives sent.
   std::shared_ptr<comm::Communicator> communicator(int rank);
   // Collectives rank `rank` has issued so far.
   int64_t issued(int rank);
@@ -76,6 +77,9 @@ class WaitRecordingCommunicator : public comm::Communicator {
                                                  const comm::CallOptions& options) override;
   std::shared_ptr<comm::Work> barrierAsync(const comm::CallOptions& options) override;
   std::shared_ptr<comm::Buffer> allocate(size_t bytes) override { return inner_->allocate(bytes); }
+  comm::BufferStats bufferStats() const override { return inner_->bufferStats(); }
+  void resetBufferPeak() override { inner_->resetBufferPeak(); }
+  void trimBuffers() override { inner_->trimBuffers(); }
   void shutdown() override { inner_->shutdown(); }
 
   struct Counts {

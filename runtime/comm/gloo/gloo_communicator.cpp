@@ -179,6 +179,9 @@ std::shared_ptr<Work> GlooCommunicator::barrierAsync(const CallOptions& options)
 }
 
 std::shared_ptr<Buffer> GlooCommunicator::allocate(size_t bytes) { return pool_->allocate(bytes); }
+BufferStats GlooCommunicator::bufferStats() const { return pool_->stats(); }
+void GlooCommunicator::resetBufferPeak() { pool_->resetPeak(); }
+void GlooCommunicator::trimBuffers() { pool_->trim(); }
 
 void GlooCommunicator::shutdown() {
   // Collectives already queued still run (each bounded by its timeout): shutdown() finishes

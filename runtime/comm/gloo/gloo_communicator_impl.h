@@ -37,6 +37,9 @@ class GlooCommunicator final : public QueuedCommunicator {
                                            const CallOptions& options) override;
   std::shared_ptr<Work> barrierAsync(const CallOptions& options) override;
   std::shared_ptr<Buffer> allocate(size_t bytes) override;
+  BufferStats bufferStats() const override;
+  void resetBufferPeak() override;
+  void trimBuffers() override;
   void shutdown() override;
 
   std::string describe() const override;

@@ -2,6 +2,8 @@
 
 #include <sys/mman.h>
 
+#include <algorithm>
+
 #include "byte_layout.h"
 #include "dtrain/base/error.h"
 
@@ -70,6 +72,7 @@ std::shared_ptr<Buffer> Arena::allocate(size_t bytes) {
       }
     }
     inUse_ += length;
+    peakInUse_ = std::max(peakInUse_, inUse_);
   }
   return std::make_shared<ArenaBuffer>(shared_from_this(), offset, bytes, length);
 }
@@ -95,6 +98,16 @@ void Arena::release(size_t offset, size_t length) {
 size_t Arena::inUseBytes() const {
   std::lock_guard<std::mutex> lock(mutex_);
   return inUse_;
+}
+
+size_t Arena::peakInUseBytes() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return peakInUse_;
+}
+
+void Arena::resetPeak() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  peakInUse_ = inUse_;
 }
 
 size_t Arena::touchedBytes() const {

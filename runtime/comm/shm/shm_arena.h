@@ -22,6 +22,8 @@ class Arena : public std::enable_shared_from_this<Arena> {
   std::shared_ptr<Buffer> allocate(size_t bytes);
 
   size_t inUseBytes() const;
+  size_t peakInUseBytes() const;  // the most inUseBytes at once since resetPeak()
+  void resetPeak();
   size_t touchedBytes() const;
 
  private:
@@ -34,6 +36,7 @@ class Arena : public std::enable_shared_from_this<Arena> {
   size_t top_ = 0;                 // guarded by mutex_: everything above is untouched and free
   size_t touched_ = 0;             // guarded by mutex_: bytes from the arena start ever touched
   size_t inUse_ = 0;               // guarded by mutex_
+  size_t peakInUse_ = 0;           // guarded by mutex_
 
   friend class ArenaBuffer;
 };

@@ -282,6 +282,22 @@ std::shared_ptr<Buffer> ShmCommunicator::allocate(size_t bytes) {
   return spill_->allocate(bytes);
 }
 
+BufferStats ShmCommunicator::bufferStats() const {
+  BufferStats s = spill_->stats();
+  const size_t inUse = arena_->inUseBytes();
+  s.inUseBytes += inUse;
+  s.peakInUseBytes += arena_->peakInUseBytes();  // an upper bound: the two peak apart
+  s.cachedBytes += arena_->touchedBytes() - inUse;
+  return s;
+}
+
+void ShmCommunicator::resetBufferPeak() {
+  spill_->resetPeak();
+  arena_->resetPeak();
+}
+
+void ShmCommunicator::trimBuffers() { spill_->trim(); }
+
 void ShmCommunicator::shutdown() {
   if (!stopQueue()) return;
   engine_->close();

@@ -69,6 +69,10 @@ class ShmCommunicator final : public QueuedCommunicator {
                                            const CallOptions& options) override;
   std::shared_ptr<Work> barrierAsync(const CallOptions& options) override;
   std::shared_ptr<Buffer> allocate(size_t bytes) override;
+  // The arena's and the private overflow's together; the arena's freed pieces count as cached.
+  BufferStats bufferStats() const override;
+  void resetBufferPeak() override;
+  void trimBuffers() override;
   void shutdown() override;
 
   std::string describe() const override;

@@ -59,29 +59,27 @@ double globalNorm(comm::Communicator& comm, const std::vector<at::Tensor>& grads
 std::shared_ptr<comm::Buffer> GradientPool::takeFree(size_t bytes) {
   size_t best = free_.size();
   for (size_t k = 0; k < free_.size(); ++k) {
-    if (free_[k]->bytes() >= bytes && (best == free_.size() || free_[k]->bytes() < free_[best]->bytes())) {
-      best = k;
-    }
+    const size_t have = free_[k].bucket->bytes();
+    if (have >= bytes && (best == free_.size() || have < free_[best].bucket->bytes())) best = k;
   }
   if (best == free_.size()) return nullptr;
-  auto bucket = std::move(free_[best]);
+  auto bucket = std::move(free_[best].bucket);
   free_.erase(free_.begin() + static_cast<std::ptrdiff_t>(best));
   ++leased_;
   return bucket;
 }
 
 std::shared_ptr<comm::Buffer> GradientPool::allocate(size_t bytes) {
+  // See Note [Communication buffers of a step].
   for (auto it = free_.begin(); it != free_.end();) {
-    if ((*it)->bytes() < bytes) {
-      capacity_ -= (*it)->bytes();
+    if (it->bucket->bytes() < bytes) {
+      capacity_ -= it->bucket->bytes();
       it = free_.erase(it);
     } else {
       ++it;
     }
   }
-  size_t granule = 1;
-  while (granule < bytes && granule < kGranule) granule <<= 1;
-  auto bucket = comm_.allocate(std::max<size_t>(1, (bytes + granule - 1) / granule * granule));
+  auto bucket = comm_.allocate(std::max<size_t>(1, bytes));
   capacity_ += bucket->bytes();
   ++leased_;
   return bucket;
@@ -90,7 +88,19 @@ std::shared_ptr<comm::Buffer> GradientPool::allocate(size_t bytes) {
 void GradientPool::give(std::shared_ptr<comm::Buffer> bucket) {
   DTRAIN_CHECK(bucket != nullptr && leased_ > 0, "GradientPool: a bucket given back twice");
   --leased_;
-  free_.push_back(std::move(bucket));
+  free_.push_back({std::move(bucket), generation_});
+}
+
+void GradientPool::trim() {
+  for (auto it = free_.begin(); it != free_.end();) {
+    if (it->generation < generation_) {
+      capacity_ -= it->bucket->bytes();
+      it = free_.erase(it);
+    } else {
+      ++it;
+    }
+  }
+  ++generation_;
 }
 
 }  // namespace dtrain::zero

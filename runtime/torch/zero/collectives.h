@@ -5,6 +5,7 @@
 // full-size gradient buckets.
 
 #include <cstddef>
+#include <cstdint>
 #include <memory>
 #include <vector>
 
@@ -35,31 +36,50 @@ std::shared_ptr<comm::Work> allgatherUnit(comm::Communicator& comm, ShardUnit& u
 double globalNorm(comm::Communicator& comm, const std::vector<at::Tensor>& grads,
                   double normType, const c10::Device& device, comm::Millis timeout);
 
-// Stage 2's full-size gradient buckets, from Communicator::allocate (shared-memory arena pages,
-// pre-touched Gloo memory, device memory), reused from one backward to the next: the first
-// touch of fresh pages is slow, and glibc hands large blocks back to the kernel when freed.
+// Note [Communication buffers of a step]
+// Stage 2's full-size gradient buckets and stage 3's gathered units come from
+// Communicator::allocate (shared-memory arena pages, pre-touched Gloo memory, device memory) and
+// are reused from one step to the next, through a GradientPool each: the first touch of fresh
+// pages is slow (~14 us per 4 KiB page on the CPU), cudaMalloc and cudaFree synchronise. What a
+// pool holds between steps should be what the step has in flight at once, as PyTorch FSDP2's
+// caching allocator holds its all-gather outputs and reduce-scatter inputs:
+//   - a buffer is the request's size, as the communicator rounds it (a page), not more: units of
+//     one layout are near-equal, and a larger free buffer serves a smaller unit (the smallest
+//     that fits), so a step reuses what the last one left, never a doubled size class;
+//   - a new buffer first releases the free ones too small for it, so the pool holds what the
+//     units in flight need, not their history;
+//   - trim(), once per step (ShardGroup::trimPools, from ShardedOptimizer::step), releases the
+//     free buffers that lay idle since before the last trim -- a one-off full gather
+//     (gatherFullParameters), more buckets than a steady step leases -- and then the
+//     communicator's own cache (Communicator::trimBuffers, Note [Host buffer reuse] in
+//     runtime/comm/host_buffer_pool.h) gives back what it kept idle as long, such as the buffers
+//     the units were bound through when built whole. What every step uses is never released, so
+//     no page is touched twice in a steady state.
 class GradientPool {
  public:
   explicit GradientPool(comm::Communicator& comm) : comm_(comm) {}
 
   // A free bucket of at least `bytes` (the smallest such), or null when none is free.
   std::shared_ptr<comm::Buffer> takeFree(size_t bytes);
-  // A new bucket of at least `bytes`: rounded up to kGranule (below kGranule: to the next power
-  // of two, so that a small model's buckets stay its size), so that units of about the same size
-  // (as units are, Note [Shard layout]) fit each other's buckets. Free buckets too small for it
-  // are released first: the pool holds what the units in flight need, not their history.
+  // A new bucket of at least `bytes`; free buckets too small for it are released first.
   std::shared_ptr<comm::Buffer> allocate(size_t bytes);
-  static constexpr size_t kGranule = size_t{4} << 20;
   void give(std::shared_ptr<comm::Buffer> bucket);
+  // Releases the free buckets given back before the previous trim() and not taken since.
+  void trim();
 
   size_t leased() const { return leased_; }
   size_t capacityBytes() const { return capacity_; }
 
  private:
+  struct Free {
+    std::shared_ptr<comm::Buffer> bucket;
+    uint64_t generation;  // trims done when it was given back
+  };
   comm::Communicator& comm_;
-  std::vector<std::shared_ptr<comm::Buffer>> free_;
+  std::vector<Free> free_;
   size_t leased_ = 0;
   size_t capacity_ = 0;
+  uint64_t generation_ = 0;
 };
 
 }  // namespace dtrain::zero

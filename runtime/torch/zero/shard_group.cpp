@@ -471,6 +471,12 @@ void ShardGroup::backwardEnded() {
   }
 }
 
+void ShardGroup::trimPools() {
+  pool_.trim();
+  paramPool_.trim();
+  comm_.trimBuffers();
+}
+
 ShardGroup::GatherCounts ShardGroup::takeGatherCounts() {
   GatherCounts out = counts_;
   counts_ = {};

@@ -223,6 +223,9 @@ class ShardGroup {
 
   size_t bucketBytes() const { return pool_.capacityBytes(); }
   size_t gatheredBytes() const { return paramPool_.capacityBytes(); }
+  // Once per step: what the pools and the communicator's cache kept idle for a whole step goes
+  // (Note [Communication buffers of a step] in collectives.h).
+  void trimPools();
 
  private:
   void lease(size_t k);

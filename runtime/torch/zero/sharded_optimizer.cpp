@@ -38,6 +38,9 @@ ShardedOptimizer::ShardedOptimizer(DdpCore& ddp,
   shards_ = std::move(built.shards);
   sync_ = std::move(built.sync);
   for (const auto& group : built.groups) add_param_group(group);
+  // The build's buffers (DDP's buckets replaced, those the units were bound through) go after
+  // the first step unless it reuses them: Note [Communication buffers of a step].
+  shards_->trimPools();
 }
 
 ShardedOptimizer::~ShardedOptimizer() = default;
@@ -78,6 +81,7 @@ torch::Tensor ShardedOptimizer::step(LossClosure closure) {
   }
   // Note [Deferred all-gathers]: or the next forward waits.
   if (!options_.deferAllgatherWait) shards.settleGathers();
+  shards.trimPools();  // Note [Communication buffers of a step]
   return loss;
 }
 
@@ -134,6 +138,7 @@ ZeroStats ShardedOptimizer::stats() const {
   s.allgatherWait = lastStep_.allgatherWait + shards.deferredWait();
   s.memory.gathered = shards.gatheredNow();
   s.memory.peakGathered = shards.gatheredPeak();
+  s.memory.gatherPool = shards.gatheredBytes();
   s.unitGathers = lastStep_.unitGathers;
   s.prefetchedGathers = lastStep_.prefetchedGathers;
   s.unitGatherWait = lastStep_.unitGatherWait;

@@ -101,6 +101,18 @@ class Buffer {
   virtual size_t bytes() const = 0;
 };
 
+// What the memory of Communicator::allocate() holds, for a backend that keeps it: the CPU
+// backends keep a released buffer, its pages touched, for the next allocation it fits, until
+// trimBuffers() (docs/design.md, "Communication buffers"). Sizes are the buffers' rounded ones.
+struct BufferStats {
+  size_t inUseBytes = 0;      // handed out and not released yet
+  size_t peakInUseBytes = 0;  // the most inUseBytes at once since the last resetBufferPeak()
+  size_t cachedBytes = 0;     // released, kept with their pages for reuse: resident, unused
+  uint64_t hits = 0;          // allocations served from cached memory
+  uint64_t misses = 0;        // allocations that took, and touched, fresh memory
+  uint64_t freed = 0;         // cached buffers trimBuffers() gave back to the system
+};
+
 // Options of a subgroup (Communicator::split / newGroup). Zero: the parent's value.
 struct GroupOptions {
   Millis timeout = Millis::zero();
@@ -134,6 +146,16 @@ class Communicator {
   // where the backend moves it fastest (a segment shared by the ranks of a node, for the
   // shared-memory path). Device memory for a CUDA communicator.
   virtual std::shared_ptr<Buffer> allocate(size_t bytes) = 0;
+  // allocate()'s memory now; zeros from a backend that does not count (NCCL's device buffers are
+  // freed when released, nothing is cached).
+  virtual BufferStats bufferStats() const { return {}; }
+  // Starts a new peak: peakInUseBytes := inUseBytes (to measure a step's).
+  virtual void resetBufferPeak() {}
+  // Gives back to the system the cached buffers released before the previous call and not taken
+  // since. For a caller with a cycle (ZeRO calls it once per training step): what every cycle
+  // reuses stays touched, what a phase that does not recur left behind goes. The shared-memory
+  // arena's pages stay (they are the segment's); its private overflow is trimmed.
+  virtual void trimBuffers() {}
 
   // Finishes pending work and releases connections; later calls fail. Idempotent.
   virtual void shutdown() = 0;

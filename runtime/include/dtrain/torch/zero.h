@@ -170,6 +170,9 @@ struct ZeroMemory {
   // size, while it holds a buffer of the reuse pool), and the most ever gathered at once.
   size_t gathered = 0;
   size_t peakGathered = 0;
+  // Stage 3: the buffers of the pool gathered units draw from, in use or kept for the next
+  // gather -- communication memory, as `buckets` (docs/design.md, "Communication buffers").
+  size_t gatherPool = 0;
 
   // Offload (ZeroOptions::offload on an accelerator): how many of the bytes above are in the
   // host's memory -- master shards, their gradients, the optimizer state -- plus the pinned

@@ -1,0 +1,112 @@
+// What a ZeRO-3 job keeps in its communicator's memory (Note [Communication buffers of a step] in
+// runtime/torch/zero/collectives.h), over Gloo with ranks as threads: its pooled host buffers are
+// what Communicator::bufferStats() counts. Between steps the job holds what a step has in flight
+// at once -- gathered units and gradient buckets of the units' own size, not a doubled size
+// class -- nothing of its build (DDP's buckets replaced, the buffers the units were bound
+// through) is left in the cache after a step, and a steady step touches no fresh memory.
+#include <thread>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "dtrain/comm/gloo_communicator.h"
+#include "dtrain/torch/fully_shard.h"
+#include "zero_test_support.h"
+
+namespace dtrain::testing::zero3_comm_memory_test {
+namespace {
+
+// Units of 1024 x 1024 + 1024 float32 elements: 4 MiB and a page (4,198,400 bytes), just past a
+// power of two, at 1 and 2 ranks alike (no padding).
+constexpr int64_t kWidth = 1024;
+constexpr size_t kUnitBytes = (kWidth * kWidth + kWidth) * sizeof(float);
+constexpr int kLayers = 4;
+
+std::vector<std::shared_ptr<ProcessGroup>> glooGroups(int n) {
+  auto store = std::make_shared<store::HashStore>();
+  std::vector<std::shared_ptr<ProcessGroup>> groups(static_cast<size_t>(n));
+  std::vector<std::thread> threads;
+  for (int r = 0; r < n; ++r) {
+    threads.emplace_back([&, r] {
+      comm::GlooOptions o;
+      o.rank = r;
+      o.size = n;
+      o.store = store;
+      o.timeout = std::chrono::milliseconds(10000);
+      o.faultsFromEnv = false;
+      o.checkCollectivesFromEnv = false;
+      groups[static_cast<size_t>(r)] =
+          std::make_shared<ProcessGroup>(comm::createGlooCommunicator(o), r, c10::kCPU);
+    });
+  }
+  for (auto& t : threads) t.join();
+  return groups;
+}
+
+TEST(Zero3CommMemory, HeldBetweenStepsIsAStepsPeakAndTheBuildIsGone) {
+  if (!comm::glooAvailable()) GTEST_SKIP() << "built without Gloo";
+  constexpr int kWorld = 2;
+  const auto groups = glooGroups(kWorld);
+  std::vector<comm::BufferStats> afterWarmup(kWorld), end(kWorld);
+  std::vector<size_t> stepPeak(kWorld, 0);
+  std::vector<ZeroMemory> memory(kWorld);
+  std::vector<std::thread> threads;
+  std::vector<std::exception_ptr> errors(kWorld);
+  for (int rank = 0; rank < kWorld; ++rank) {
+    threads.emplace_back([&, rank] {
+      try {
+        const auto& group = groups[static_cast<size_t>(rank)];
+        comm::Communicator& comm = group->communicator();
+        torch::manual_seed(5);
+        torch::nn::Sequential body;
+        for (int l = 0; l < kLayers; ++l) body->push_back(torch::nn::Linear(kWidth, kWidth));
+        auto net = shardEveryChild(body);  // built whole, every layer a unit
+        DistributedDataParallel<torch::nn::Sequential> ddp(net, group);
+        const auto x = torch::randn({4, kWidth});
+        // A forward before the optimizer: DDP makes its buckets, which stage 3 then replaces.
+        ddp(x);
+        ZeroOptions zo;
+        zo.stage = 3;
+        ShardedOptimizer optimizer(
+            ddp, optimizerFactory<torch::optim::Adam>(torch::optim::AdamOptions(1e-3)), zo);
+        for (int s = 0; s < 4; ++s) {
+          if (s == 2) afterWarmup[static_cast<size_t>(rank)] = comm.bufferStats();
+          comm.resetBufferPeak();
+          optimizer.zero_grad();
+          ddp(x).square().mean().backward();
+          optimizer.step();
+          auto& peak = stepPeak[static_cast<size_t>(rank)];
+          if (s >= 2) peak = std::max(peak, comm.bufferStats().peakInUseBytes);
+        }
+        end[static_cast<size_t>(rank)] = comm.bufferStats();
+        memory[static_cast<size_t>(rank)] = optimizer.stats().memory;
+      } catch (...) {
+        errors[static_cast<size_t>(rank)] = std::current_exception();
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (auto& e : errors) {
+    if (e) std::rethrow_exception(e);
+  }
+  for (int r = 0; r < kWorld; ++r) {
+    const comm::BufferStats& s = end[static_cast<size_t>(r)];
+    SCOPED_TRACE("rank " + std::to_string(r));
+    // In flight at once: this unit and the next one gathered (backward prefetch), and
+    // bucketsInFlight (2) gradient buckets. Before the fix each was a doubled size class: 8 MiB.
+    EXPECT_LE(s.inUseBytes, 4 * kUnitBytes);
+    EXPECT_LE(memory[static_cast<size_t>(r)].gatherPool, 2 * kUnitBytes);
+    EXPECT_LE(memory[static_cast<size_t>(r)].buckets, 2 * kUnitBytes);
+    // What is held between steps is what a step uses at its peak, not more.
+    EXPECT_LE(s.inUseBytes, stepPeak[static_cast<size_t>(r)]);
+    // DDP's buckets (the whole model) and the buffers the units were bound through were idle
+    // for a step: given back, not cached.
+    EXPECT_EQ(s.cachedBytes, 0u);
+    EXPECT_GT(s.freed, 0u);
+    // A steady step reuses what the last one left: no fresh memory touched.
+    EXPECT_EQ(s.misses, afterWarmup[static_cast<size_t>(r)].misses);
+  }
+}
+
+}  // namespace
+}  // namespace dtrain::testing::zero3_comm_memory_test
