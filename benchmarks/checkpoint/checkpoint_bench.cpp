@@ -10,6 +10,9 @@
 //       Training throughput with no checkpoints, a synchronous save every K steps and an
 //       asynchronous one, interleaved round by round: the cost per step and what an async save
 //       costs the step it overlaps.
+//   launch --nproc-per-node R checkpoint_bench --sharded --job save|load ...
+//       One job of dcp_bench.py: sharded checkpoints (ZeRO-3) beside PyTorch's DCP over FSDP2
+//       (sharded_bench.h).
 #include <fcntl.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
@@ -30,6 +33,7 @@
 #include "dtrain/base/store.h"
 #include "dtrain/dtrain.h"
 #include "../common/median.h"
+#include "sharded_bench.h"
 
 namespace {
 
@@ -484,6 +488,16 @@ int benchTrain(int steps, int every, int rounds, int batch, int64_t width) {
 
 int main(int argc, char** argv) {
   try {
+    if (argc > 1 && std::string(argv[1]) == "--sharded") {
+      dtrain::bench::ShardedConfig config;
+      try {
+        config = dtrain::bench::parseShardedArgs(argc - 2, argv + 2);
+      } catch (const std::exception& e) {  // parsing throws for usage errors only (a bad number)
+        std::fprintf(stderr, "checkpoint_bench: %s\n", e.what());
+        return 2;
+      }
+      return dtrain::bench::runShardedJob(config);
+    }
     bool train = false, smoke = false, peer = true;
     int reps = 5, steps = 100, every = 50, rounds = 2, batch = 16;
     std::string dir;
@@ -502,7 +516,11 @@ int main(int argc, char** argv) {
       else if (a == "--help" || a == "-h") {
         std::printf("usage: checkpoint_bench [--reps N] [--dir D] [--no-peer] [--smoke]\n"
                     "       launch --nproc-per-node R checkpoint_bench --train [--steps N] [--every K] "
-                    "[--rounds N] [--batch B] [--smoke]\n");
+                    "[--rounds N] [--batch B] [--smoke]\n"
+                    "       launch --nproc-per-node R checkpoint_bench --sharded --job save|load "
+                    "--dir D --reference F --result F\n"
+                    "              [--io N] [--width N] [--layers N] [--batch B]   "
+                    "(dcp_bench.py runs it)\n");
         return 0;
       } else {
         std::fprintf(stderr, "checkpoint_bench: unknown argument %s (see --help)\n", a.c_str());

@@ -73,6 +73,7 @@ struct Leg {
   Snapshot end;                   // after the last step
   std::vector<size_t> records;    // per rank: how many shard records it holds at the end
   std::vector<std::optional<RestoredCheckpoint>> restored;  // per rank
+  std::vector<uint64_t> restoreBytes;  // per rank: what restore() sent over the group
 };
 
 // Trains `leg` with ZeRO stage 2 and AdamW on `cluster`: the module `make()` builds, of `in`
@@ -83,6 +84,7 @@ void runLegOf(Cluster& cluster, Leg& leg, int64_t in, int64_t out, Make make) {
   const int world = cluster.threads->size();
   leg.restored.assign(world, std::nullopt);
   leg.records.assign(world, 0);
+  leg.restoreBytes.assign(world, 0);
   cluster.threads->run([&](int rank) {
     auto group = threadGroup(*cluster.threads, rank);
     // Another start than the run that saved: the restore decides.
@@ -98,9 +100,12 @@ void runLegOf(Cluster& cluster, Leg& leg, int64_t in, int64_t out, Make make) {
     checkpointer.addModule("model", net);
     checkpointer.addOptimizer("adam", adam);
     if (leg.restore) {
+      const uint64_t before = cluster.threads->communicator(rank)->payloadBytes();
       auto restored = checkpointer.restore();
+      const uint64_t sent = cluster.threads->communicator(rank)->payloadBytes() - before;
       std::lock_guard<std::mutex> lock(mutex);
       leg.restored[rank] = restored;
+      leg.restoreBytes[rank] = sent;
       addRecords(leg.loaded, adam.shardRecords());
       if (rank == 0) {
         for (const auto& p : net->named_parameters()) leg.loaded.params[p.key()] = p.value().clone();
@@ -366,6 +371,39 @@ struct TwoSaves {
   int home() const { return static_cast<int>(owner); }
   int keeper() const { return (static_cast<int>(owner) + 2) % 3; }
 };
+
+// Note [Local shard reads] in sharded_checkpointer.cpp: 4 ranks on 2 nodes save, so each node's
+// file holds every rank's shards; restored by 4 ranks on those nodes, by 2 and by 6, every rank
+// reads what it needs from its own node's file and the group carries no shard: only the
+// parameters' all-gather after the load and a few bytes of agreement.
+TEST(ShardedCheckpoint, RanksThatCanReadEveryShardOnTheirNodeSendNoneAtAnyWorldSize) {
+  TempDir tmp;
+  auto wide = [] { return Mlp(7, 512, 5); };
+  Cluster saving(4, 2, tmp.file("ckpt"));
+  Leg saved;
+  saved.to = 2;
+  saved.saves = {1};
+  runLegOf(saving, saved, 7, 5, wide);
+  uint64_t paramBytes = 0;  // the shards are three times as much: master, exp_avg, exp_avg_sq
+  for (const auto& [name, t] : saved.end.params) paramBytes += t.nbytes();
+  for (int perNode : {2, 1, 3}) {
+    Cluster cluster(2 * perNode, perNode, saving.dir);
+    Leg leg;
+    leg.from = leg.to = 2;
+    leg.restore = true;
+    runLegOf(cluster, leg, 7, 5, wide);
+    const std::string what = fmt::format("4 ranks -> {}", 2 * perNode);
+    ASSERT_TRUE(leg.restored[0].has_value()) << what;
+    expectSame(leg.loaded, saved.end, what);
+    // The stage-2 parameters' all-gather after the load, and a slack far below one shard.
+    const uint64_t world = static_cast<uint64_t>(2 * perNode);
+    const uint64_t allgather = paramBytes * (world - 1) / world;
+    for (int r = 0; r < 2 * perNode; ++r) {
+      EXPECT_LT(leg.restoreBytes[r], allgather + paramBytes / 20)
+          << what << ": rank " << r << " sent shards";
+    }
+  }
+}
 
 TEST(ShardedCheckpoint, AShardDamagedOnOneNodeIsReadFromItsReplica) {
   TwoSaves saved;

@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <cstdlib>
+#include <filesystem>
 #include <map>
 #include <mutex>
 #include <optional>
@@ -18,6 +19,7 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include "checkpoint/file_io.h"
 #include "checkpoint/format.h"
 #include "checkpoint_test_util.h"
 #include "dtrain/torch/autocast.h"
@@ -206,6 +208,44 @@ void expectExported(const std::string& path, const Params& want) {
   }
 }
 
+// Rewrites the file at `path` as a save before Note [One copy of a freed master]
+// (shard_entries.cpp) wrote it: each owned module entry of "model" also as the `master` entry of
+// optimizer "adam" over the same range.
+void addMasterEntries(const std::string& path) {
+  auto reader = checkpoint::CheckpointReader::open(path);
+  std::vector<checkpoint::EntrySpec> specs;
+  std::vector<std::vector<uint8_t>> bytes;
+  auto add = [&](const checkpoint::Entry& e, const std::string& name) {
+    checkpoint::EntrySpec spec;
+    spec.name = name;
+    spec.kind = e.kind;
+    spec.dtype = e.dtype;
+    spec.shape = e.shape;
+    spec.owner = e.owner;
+    spec.elementOffset = e.elementOffset;
+    spec.elementCount = e.elementCount;
+    specs.push_back(spec);
+    bytes.emplace_back(e.size);
+    reader.read(e, bytes.back().data());
+  };
+  const std::string module = "module/model/";
+  for (const auto& e : reader.entries()) {
+    add(e, e.name);
+    if (e.owner != checkpoint::kReplicated && e.name.rfind(module, 0) == 0) {
+      add(e, "optimizer/adam/" + e.name.substr(module.size()) + "/master");
+    }
+  }
+  const checkpoint::Header& h = reader.header();
+  checkpoint::Layout layout =
+      checkpoint::planLayout(h.step, h.epoch, h.worldSize, h.torchVersion, specs);
+  checkpoint::EntryData data;
+  for (const auto& b : bytes) data.push_back(b.data());
+  checkpoint::FileOps ops;
+  std::vector<uint8_t> scratch;
+  checkpoint::writeCheckpointFile(ops, path + ".old", layout, data, scratch);
+  std::filesystem::rename(path + ".old", path);
+}
+
 class ShardedCheckpointStage3 : public ::testing::TestWithParam<at::ScalarType> {};
 
 // Saved at step 2 by 2 ranks on 2 nodes, restored by 2: the marked layers' parameters are owned
@@ -234,6 +274,14 @@ TEST_P(ShardedCheckpointStage3, SavedAndRestoredAtTheSameWorldSizeTrainsOnBitwis
                 (std::map<uint32_t, checkpoint::DType>{{0, format}, {1, format}}))
           << file << " " << layer << ": one owned range per rank, never gathered";
     }
+    // Note [One copy of a freed master] in shard_entries.cpp: float32 layers' masters are
+    // their module entries; bfloat16 ones keep their float32 masters beside them.
+    EXPECT_EQ(entriesOf(file, "optimizer/adam/body.0.weight/master"),
+              (GetParam() == at::kFloat
+                   ? std::map<uint32_t, checkpoint::DType>{}
+                   : std::map<uint32_t, checkpoint::DType>{{0, checkpoint::DType::Float32},
+                                                           {1, checkpoint::DType::Float32}}))
+        << file;
     EXPECT_EQ(entriesOf(file, "module/model/head.weight"),
               (std::map<uint32_t, checkpoint::DType>{{checkpoint::kReplicated, format}}));
     EXPECT_EQ(entriesOf(file, "module/model/shift").count(checkpoint::kReplicated), 1u);
@@ -258,6 +306,36 @@ INSTANTIATE_TEST_SUITE_P(Dtype, ShardedCheckpointStage3,
                          [](const auto& info) {
                            return std::string(info.param == at::kFloat ? "float32" : "bfloat16");
                          });
+
+// A float32 stage-3 step as saves wrote it before Note [One copy of a freed master]
+// (shard_entries.cpp): every record's master also as its own entry. It restores bitwise at the
+// same world size and at 3 ranks.
+TEST(ShardedCheckpointStage3OldFormat, AFileWithMasterEntriesRestoresBitwise) {
+  TempDir tmp;
+  Leg first;
+  first.dir = tmp.file("ckpt");
+  first.to = 3;
+  first.saves = {2};
+  runLeg(first);
+  for (int node = 0; node < 2; ++node) {
+    addMasterEntries(stepFile(first.dir, node, 2));
+    EXPECT_EQ(entriesOf(stepFile(first.dir, node, 2), "optimizer/adam/body.0.weight/master").size(),
+              2u);
+  }
+  for (int world : {2, 3}) {
+    Leg second = first;
+    second.world = world;
+    second.from = second.to = 3;
+    second.saves = {};
+    second.restore = true;
+    runLeg(second);
+    ASSERT_TRUE(second.restored[0].has_value()) << world;
+    EXPECT_EQ(second.restored[0]->step, 2) << world;
+    expectSameParams(second.loaded, first.end, fmt::format("old format at {} ranks", world));
+    expectSameRecords(second.loadedRecords, first.endRecords,
+                      fmt::format("old format at {} ranks", world));
+  }
+}
 
 // ZeroOptions::paramDtype (the marked layers gathered in bfloat16, under autocast): what a save
 // keeps of them is the float32 masters, not their rounding -- owned float32 entries --, the

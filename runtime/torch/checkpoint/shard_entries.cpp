@@ -44,6 +44,16 @@
 // overlaps its ranges in today's layout and loads them (ShardedOptimizer::loadShardState), which
 // re-shards exactly onto any world size.
 
+// Note [One copy of a freed master]
+// At stage 3 the module entry of a freed parameter's range is made from the record's `master`
+// bytes (Note [Stage-3 checkpoints] in zero3.cpp); when the module entry has the master's dtype
+// (float32 parameters, also with ZeroOptions::paramDtype, whose module entries are the float32
+// masters) they are the same bytes, so the record is saved without its `master` entry and the
+// file holds them once -- a third less for Adam. A 16-bit model keeps both: its module entry is
+// the float32 master rounded. readShardBlob() takes a record's master from the owner's module
+// entry of the same range when the file has no `master` entry for it, so a restore (and the
+// blobs it broadcasts) sees the same records as from a file written before, which has both.
+
 namespace dtrain::checkpoint {
 
 namespace {
@@ -175,6 +185,16 @@ std::vector<BlobRecord> decode(const uint8_t* p, size_t n) {
   return out;
 }
 
+bool hasField(const std::vector<const Entry*>& fields, const std::string& name) {
+  for (const Entry* e : fields) {
+    if (e->name.size() > name.size() &&
+        e->name.compare(e->name.size() - name.size() - 1, std::string::npos, "/" + name) == 0) {
+      return true;
+    }
+  }
+  return false;
+}
+
 // "optimizer/O/" of the sharded optimizer `name` starts, or nullptr.
 const ShardedEntry* optimizerOf(const std::string& entry, const std::vector<ShardedEntry>& sharded) {
   for (const auto& s : sharded) {
@@ -260,6 +280,8 @@ std::vector<Item> shardItems(uint32_t owner, uint32_t world, const at::Tensor& b
     for (const BlobField& f : r.fields) {
       if (f.name == "master" && module != freed.end()) {
         items.push_back(moduleShardItem(owner, blob, r, f, module->second));
+        // The module entry holds these very bytes: Note [One copy of a freed master].
+        if (toFormatDType(module->second.dtype, module->second.entry) == f.dtype) continue;
       }
       Item item;
       item.spec.name = at + f.name;
@@ -321,7 +343,8 @@ std::vector<uint32_t> shardOwners(const CheckpointReader& reader) {
 }
 
 std::vector<uint8_t> readShardBlob(const CheckpointReader& reader, uint32_t owner,
-                                   const std::vector<ShardedEntry>& sharded) {
+                                   const std::vector<ShardedEntry>& sharded,
+                                   const ModuleShards& modules, const RecordFilter& wanted) {
   // (optimizer, parameter) -> its fields and step, in manifest order.
   struct Parts {
     const Entry* any = nullptr;
@@ -348,9 +371,33 @@ std::vector<uint8_t> readShardBlob(const CheckpointReader& reader, uint32_t owne
       p.fields.push_back(&e);
     }
   }
+  // A freed parameter's master saved only as its module entry (Note [One copy of a freed
+  // master]): that entry is the master field.
+  std::map<std::pair<std::string, std::string>, const Entry*> masters;
+  for (const auto& [key, module] : modules) {
+    auto it = records.find(key);
+    if (it != records.end() && hasField(it->second.fields, "master")) continue;
+    for (const Entry* e : reader.find(module.entry)) {
+      if (e->owner != owner || e->kind != Kind::Tensor) continue;
+      Parts& p = records[key];
+      DTRAIN_CHECK_T(CheckpointError, !p.any || (p.any->elementOffset == e->elementOffset &&
+                                                 p.any->elementCount == e->elementCount),
+                     "checkpoint {}: entry \"{}\" of rank {} holds another range than the "
+                     "optimizer state of its parameter", reader.name(), e->name, owner);
+      if (!p.any) p.any = e;
+      masters[key] = e;
+    }
+  }
   BlobWriter w;
   for (const auto& [key, p] : records) {
     if (!p.any) continue;
+    const int64_t first = static_cast<int64_t>(p.any->elementOffset);
+    if (wanted && !wanted(key.first, key.second, first,
+                          first + static_cast<int64_t>(p.any->elementCount))) {
+      continue;
+    }
+    auto master = masters.find(key);
+    const Entry* fromModule = master == masters.end() ? nullptr : master->second;
     std::optional<int64_t> step;
     if (p.step) {
       at::Tensor v = at::empty({}, at::kLong);
@@ -361,7 +408,13 @@ std::vector<uint8_t> readShardBlob(const CheckpointReader& reader, uint32_t owne
     }
     const int64_t begin = static_cast<int64_t>(p.any->elementOffset);
     putRecordHead(w, key.first, key.second, p.any->shape, begin,
-                  begin + static_cast<int64_t>(p.any->elementCount), step, p.fields.size());
+                  begin + static_cast<int64_t>(p.any->elementCount), step,
+                  p.fields.size() + (fromModule ? 1 : 0));
+    if (fromModule) {
+      w.str("master");
+      w.u(static_cast<uint64_t>(fromModule->dtype), 1);
+      reader.read(*fromModule, w.data(fromModule->size));
+    }
     for (const Entry* e : p.fields) {
       w.str(e->name.substr(e->name.rfind('/') + 1));
       w.u(static_cast<uint64_t>(e->dtype), 1);
@@ -416,6 +469,13 @@ ShardAssembly::ShardAssembly(const std::vector<ShardedEntry>& sharded) : sharded
       need.end = r.end;
     }
   }
+}
+
+bool ShardAssembly::wants(const std::string& optimizer, const std::string& param, int64_t begin,
+                          int64_t end) const {
+  auto it = needs_.find({optimizer, param});
+  if (it == needs_.end()) return false;
+  return std::max(begin, it->second.begin) < std::min(end, it->second.end);
 }
 
 void ShardAssembly::add(const uint8_t* blob, size_t size) {

@@ -158,11 +158,62 @@ Checkpointer::Impl::ShardHolders Checkpointer::Impl::listShardHolders(std::vecto
   return h;
 }
 
+// Note [Local shard reads]
+// A restore sends a saved rank's shards over the group only to ranks that cannot read them on
+// their own node. Every node holds the step's file by then (copyToNodesLacking()), and each rank
+// first reads from it the records of each saved rank the file lists -- only those that overlap
+// the rank's own ranges in today's layout (readShardBlob()'s filter: the others are not read;
+// each one read has its checksum checked). A saved rank whose records it cannot read so -- its
+// node's file lacks them (from three nodes on a file holds two nodes' shards) or they are
+// damaged there -- it marks as lacking. One allgather of every rank's marks is the agreement:
+// the same bytes on every rank, so every rank derives the same list of saved ranks to send, in
+// saved-rank order, and skips the others. For each of these, as before, each holder in turn
+// says through agreement->share() whether its copy is intact (its size, or -1: the next holder
+// is asked; none left: the step is dropped everywhere) and the first that is broadcasts it
+// whole; only the ranks that marked it add it to what they assemble, so none adds a saved
+// rank's records twice. The collective calls -- the allgather, per saved rank sent the shares
+// and one broadcast, the closing agree() -- depend only on what every rank has received, never
+// on what a rank read locally, so every rank makes them in the same order. When every node's
+// file holds every saved rank's shards (one or two nodes), no shard is sent at all.
 bool Checkpointer::Impl::loadShards(int64_t step, const ShardHolders& h, std::string& why) {
   checkpoint::ShardAssembly assembly(registry.sharded);
+  const checkpoint::ModuleShards modules = checkpoint::moduleEntries(registry);
   const std::string path = dir + "/" + checkpoint::stepFileName(step);
   const uint32_t saved = h.savedWorld.at(step);
+  std::vector<uint8_t> lacking(saved, 1);  // per saved rank: 1 when this rank needs it sent
+  try {
+    const auto reader = checkpoint::CheckpointReader::open(path);
+    const checkpoint::RecordFilter wanted = [&assembly](const std::string& optimizer,
+                                                        const std::string& param, int64_t begin,
+                                                        int64_t end) {
+      return assembly.wants(optimizer, param, begin, end);
+    };
+    for (uint32_t o : checkpoint::shardOwners(reader)) {
+      if (o >= saved) continue;
+      try {
+        const std::vector<uint8_t> blob =
+            checkpoint::readShardBlob(reader, o, registry.sharded, modules, wanted);
+        assembly.add(blob.data(), blob.size());
+        lacking[o] = 0;
+      } catch (const std::exception& e) {
+        DTRAIN_LOG(Warn, "rank {}: the shards of rank {} in {} are damaged: {}; asking the nodes "
+                   "that hold them", rank, o, path, e.what());
+      }
+    }
+  } catch (const std::exception& e) {
+    DTRAIN_LOG(Warn, "rank {}: cannot read the shards in {}: {}; asking the nodes that hold them",
+               rank, path, e.what());
+  }
+  // Every rank's marks: `saved` bytes each, the same length everywhere (one allgather).
+  at::Tensor marks = at::empty({static_cast<int64_t>(saved)}, at::kByte);
+  std::memcpy(marks.data_ptr(), lacking.data(), lacking.size());
+  std::vector<at::Tensor> all = {marks};
+  if (world > 1) all = group->allgather(marks.to(group->device()));
+  for (at::Tensor& m : all) m = m.cpu();
   for (uint32_t o = 0; o < saved; ++o) {
+    bool sent = false;
+    for (const at::Tensor& m : all) sent = sent || m.data_ptr<uint8_t>()[o] != 0;
+    if (!sent) continue;
     const std::vector<int>& holders = h.holders.at(step).at(o);
     bool got = false;
     std::vector<std::string> damaged;
@@ -172,7 +223,7 @@ bool Checkpointer::Impl::loadShards(int64_t step, const ShardHolders& h, std::st
       if (rank == source) {
         try {
           blob = checkpoint::readShardBlob(checkpoint::CheckpointReader::open(path), o,
-                                           registry.sharded);
+                                           registry.sharded, modules);
           size = static_cast<int64_t>(blob.size());
         } catch (const std::exception& e) {
           DTRAIN_LOG(Warn, "rank {}: the shards of rank {} in {} are damaged: {}", rank, o, path,
@@ -190,8 +241,10 @@ bool Checkpointer::Impl::loadShards(int64_t step, const ShardHolders& h, std::st
       if (rank == source && size > 0) std::memcpy(t.data_ptr(), blob.data(), blob.size());
       at::Tensor onDevice = t.to(group->device());
       if (size > 0) group->broadcast(onDevice, source);
-      at::Tensor host = onDevice.cpu();
-      assembly.add(host.data_ptr<uint8_t>(), static_cast<size_t>(size));
+      if (lacking[o]) {
+        at::Tensor host = onDevice.cpu();
+        assembly.add(host.data_ptr<uint8_t>(), static_cast<size_t>(size));
+      }
       got = true;
       break;
     }

@@ -91,6 +91,9 @@ struct ModuleShard {
 // (optimizer, record name) -> the module entry of each freed parameter of a registered module.
 using ModuleShards = std::map<std::pair<std::string, std::string>, ModuleShard>;
 ModuleShards moduleShards(const Registry& registry);
+// The same for every parameter a registered ShardedOptimizer holds, freed or not: where a
+// restore finds a master saved only as its module entry (Note [One copy of a freed master]).
+ModuleShards moduleEntries(const Registry& registry);
 // Throws InvalidArgument when parameter `key` of module `module` holds no memory: a ZeRO-3 unit
 // freed it, and no stage-3 ShardedOptimizer over it is registered to save or restore it.
 void checkHoldsMemory(const std::string& module, const std::string& key, const at::Tensor& t);

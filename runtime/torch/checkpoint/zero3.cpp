@@ -49,17 +49,25 @@ const ShardedParam* shardedParamOf(const Registry& registry, const at::Tensor& t
   return it == registry.shardedParams.end() ? nullptr : &it->second;
 }
 
-ModuleShards moduleShards(const Registry& registry) {
+namespace {
+
+ModuleShards moduleEntriesOf(const Registry& registry, bool freedOnly) {
   ModuleShards out;
   for (const auto& [name, module] : registry.modules) {
     for (const auto& p : module->named_parameters(/*recurse=*/true)) {
       const ShardedParam* s = shardedParamOf(registry, p.value());
-      if (!s || !s->freed) continue;
+      if (!s || (freedOnly && !s->freed)) continue;
       out[{s->optimizer, s->record}] = {"module/" + name + "/" + p.key(), s->dtype};
     }
   }
   return out;
 }
+
+}  // namespace
+
+ModuleShards moduleShards(const Registry& registry) { return moduleEntriesOf(registry, true); }
+
+ModuleShards moduleEntries(const Registry& registry) { return moduleEntriesOf(registry, false); }
 
 void checkHoldsMemory(const std::string& module, const std::string& key, const at::Tensor& t) {
   DTRAIN_CHECK_ARG(t.numel() == 0 || t.storage().data() != nullptr,
