@@ -168,10 +168,8 @@ std::unique_ptr<PeerProcess> startTorchPeer(const std::string& python, const std
                  ".venv, or --python PATH)\n";
     return nullptr;
   }
-  // torchrun 1.13 on Python 3.11 fails without explicit --redirects/--tee maps. Not
-  // --standalone: in 1.13 that rendezvouses on the fixed localhost:29400, which a launch or store
-  // elsewhere on the machine may hold (the peer then hangs talking to it); a one-node static
-  // rendezvous on a free loopback port instead.
+  // A one-node static rendezvous on a free loopback port: the workers meet at once, without
+  // torchrun's c10d rendezvous round.
   const int port = freeLoopbackPort();
   if (port <= 0) {
     std::cerr << "allreduce_bench: no PyTorch peer: no free loopback port for torchrun\n";
@@ -181,7 +179,7 @@ std::unique_ptr<PeerProcess> startTorchPeer(const std::string& python, const std
                              {python, "-m", "torch.distributed.run", "--nnodes", "1",
                               "--node_rank", "0", "--master_addr", "127.0.0.1", "--master_port",
                               std::to_string(port), "--nproc_per_node", std::to_string(world),
-                              "--redirects", "9:0", "--tee", "9:0", script, "{commands}",
+                              script, "{commands}",
                               "{results}", dtype},
                              world, false});
 }

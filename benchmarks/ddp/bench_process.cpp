@@ -108,7 +108,7 @@ std::vector<std::string> torchrunArgv(const std::string& python, int world,
   return {python, "-m", "torch.distributed.run", "--nnodes", "1", "--nproc_per_node",
           std::to_string(world), "--rdzv_backend", "c10d", "--rdzv_endpoint",
           fmt::format("127.0.0.1:{}", freePort()), "--rdzv_id", rdzvId, "--monitor_interval",
-          smoke ? "1" : "5", "--redirects", "9:0", "--tee", "9:0"};
+          smoke ? "1" : "5"};
 }
 
 std::string finishJob(Job& job) {

@@ -45,9 +45,9 @@ Job startWorkers(std::string name, int world, const std::vector<std::string>& wo
                  const std::map<std::string, std::string>& env, std::string out);
 
 // torchrun running a peer of `world` processes on this node, up to the script and its arguments.
-// Not --standalone: that always puts the rendezvous on port 29400, which other jobs on the
-// machine may hold. torchrun polls its workers every --monitor_interval seconds (default 5, most
-// of a smoke run), and crashes on this machine's Python without --redirects/--tee.
+// The rendezvous is on a free loopback port; torchrun polls its workers every 5 s (1 s in smoke
+// runs) rather than 2.x's default 0.1 s, so that its own polling takes less of the two cores the
+// peer's ranks measure on.
 std::vector<std::string> torchrunArgv(const std::string& python, int world,
                                       const std::string& rdzvId, bool smoke);
 

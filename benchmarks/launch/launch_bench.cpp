@@ -8,8 +8,8 @@
 //             of the same binary started at once without a launcher (and without the store): the
 //             floor every N-process libtorch job pays on this machine
 //   python    benchmarks/launch/bench_worker.py (torch.distributed.TCPStore at MASTER_ADDR:PORT),
-//             under launch and under torchrun (default, and --monitor_interval 0.1); torchrun
-//             runs what --standalone means (c10d rendezvous on localhost, one node) on a free port
+//             under launch and under `torchrun --standalone` (PyTorch 2.x: a c10d rendezvous
+//             on a free loopback port, workers polled every 0.1 s)
 //
 //   launch_bench [--reps N] [--nprocs 1,2,4] [--no-torchrun] [--smoke] [--multinode]
 //                [--launch PATH] [--worker PATH] [--torch-worker PATH]
@@ -96,19 +96,9 @@ Options parse(int argc, char** argv) {
   return o;
 }
 
-// Stands for "localhost:<a port free right now>" in a command line.
-constexpr const char* kFreeEndpoint = "@free-endpoint@";
-
-std::vector<std::string> withFreePort(std::vector<std::string> argv) {
-  for (auto& a : argv) {
-    if (a == kFreeEndpoint) a = freeLocalEndpoint();
-  }
-  return argv;
-}
-
 struct Config {
   std::string workload;  // worker | libtorch | python
-  std::string runner;    // launch | bare | torchrun | torchrun-mi0.1
+  std::string runner;    // launch | bare | torchrun
   int nproc;
   std::vector<std::string> argv;
   int copies = 1;        // bare: nproc copies at once, no launcher
@@ -134,18 +124,11 @@ std::vector<Config> jobs(const Options& o) {
                          {o.launch, np, ns, "--python", o.python, o.script}, 1, {}, 0, {}});
     }
     if (o.torchrun && executable(o.torchrunPath)) {
-      // torchrun 1.13 crashes at start without a --redirects/--tee value: 9:0 names a
-      // local rank that does not exist, so nothing is redirected. Its --standalone always uses
-      // port 29400 (busy on a shared machine), so spell out what it means with a free port.
-      std::vector<std::string> base = {o.python, o.torchrunPath, "--nnodes", "1", "--rdzv_backend",
-                                       "c10d", "--rdzv_endpoint", kFreeEndpoint, "--nproc_per_node",
-                                       ns, "--redirects", "9:0", "--tee", "9:0"};
-      std::vector<std::string> mi = base;
-      mi.insert(mi.end(), {"--monitor_interval", "0.1"});
-      base.push_back(o.script);
-      mi.push_back(o.script);
-      configs.push_back({"python", "torchrun", n, base, 1, {}, 0, {}});
-      configs.push_back({"python", "torchrun-mi0.1", n, mi, 1, {}, 0, {}});
+      // As a user runs one node: --standalone (2.x rendezvouses on a free port) and the default
+      // --monitor-interval (0.1 s in 2.x).
+      configs.push_back({"python", "torchrun", n,
+                         {o.python, o.torchrunPath, "--standalone", "--nproc-per-node", ns,
+                          o.script}, 1, {}, 0, {}});
     }
   }
   return configs;
@@ -153,11 +136,11 @@ std::vector<Config> jobs(const Options& o) {
 
 // A warm-up run of each (page cache, dynamic loader caches), then --reps interleaved rounds.
 void measure(std::vector<Config>& configs, int reps) {
-  for (auto& c : configs) timeRun(withFreePort(c.argv), nullptr, c.copies);
+  for (auto& c : configs) timeRun(c.argv, nullptr, c.copies);
   for (int rep = 0; rep < reps; ++rep) {
     for (auto& c : configs) {
       std::string failure;
-      double s = timeRun(withFreePort(c.argv), &failure, c.copies);
+      double s = timeRun(c.argv, &failure, c.copies);
       if (s < 0) {
         ++c.failures;
         c.lastFailure = failure;
@@ -189,20 +172,19 @@ void printTable(const Options& o, const std::vector<Config>& configs) {
              "load {}", o.reps, load[0] ? load : "?\n");
   fmt::print("# worker: C++ test worker, join store + barrier; libtorch: minimal libtorch worker "
              "(bare = N copies at once, no launcher);\n# python: TCPStore join + barrier with torch imported\n");
-  fmt::print("{:>6} {:>9} {:>16} {:>16} {:>16} {:>18} {:>10}\n", "nproc", "workload", "launch",
-             "bare", "torchrun", "torchrun mi=0.1", "tr/launch");
+  fmt::print("{:>6} {:>9} {:>16} {:>16} {:>16} {:>10}\n", "nproc", "workload", "launch", "bare",
+             "torchrun", "tr/launch");
   for (int n : o.nprocs) {
     for (const char* w : {"worker", "libtorch", "python"}) {
       const Config* l = find(w, "launch", n);
       if (!l) continue;
       const Config* t = find(w, "torchrun", n);
-      const Config* tm = find(w, "torchrun-mi0.1", n);
       std::string ratio = "-";
       if (t && !t->samples.empty() && !l->samples.empty()) {
         ratio = fmt::format("{:.1f}x", median(t->samples) / median(l->samples));
       }
-      fmt::print("{:>6} {:>9} {:>16} {:>16} {:>16} {:>18} {:>10}\n", n, w, cell(l),
-                 cell(find(w, "bare", n)), cell(t), cell(tm), ratio);
+      fmt::print("{:>6} {:>9} {:>16} {:>16} {:>16} {:>10}\n", n, w, cell(l),
+                 cell(find(w, "bare", n)), cell(t), ratio);
     }
   }
   for (int n : o.nprocs) {

@@ -230,7 +230,7 @@ std::vector<Row> jobRows(const MultinodeBenchOptions& o, const SimCluster& c,
                              // In a namespace the host name does not resolve to the namespace's
                              // address, so torchrun's guess of who hosts its store fails: say it.
                              "--rdzv_conf", k == 0 ? "is_host=1,join_timeout=60" : "is_host=0,join_timeout=60",
-                             "--no_python", "--redirects", "9:0", "--tee", "9:0"},
+                             "--no_python"},
                             worker(p)));
                       }
                       return all;

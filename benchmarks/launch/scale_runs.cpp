@@ -229,7 +229,7 @@ TorchrunRun runTorchrunScale(const ScaleOptions& o, int nodes) {
                  "--rdzv_id", id,
                  // Every agent is on this host: say which one hosts the store.
                  "--rdzv_conf", k == 0 ? "is_host=1,join_timeout=900" : "is_host=0,join_timeout=900",
-                 "--no_python", "--redirects", "9:0", "--tee", "9:0", o.worker, "--no-store",
+                 "--no_python", o.worker, "--no-store",
                  "--progress", "--quiet", "--steps", "0"},
                 {"LOGLEVEL=INFO"});
   }

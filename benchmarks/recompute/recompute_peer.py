@@ -4,10 +4,11 @@ recomputes activations -- torch.utils.checkpoint.checkpoint_sequential on an exp
 nn.Sequential: for ResNet-50, torchvision's resnet50() as Sequential(stem, its 16 blocks, head)
 in 18 segments (the stem and each block recomputed; checkpoint_sequential runs the last segment,
 the head, plainly), for the MLP the same Linear -> LayerNorm -> Tanh blocks in `segments`
-segments. It is the reentrant checkpoint (use_reentrant=True: torch 2.x asks for the choice, 1.13
-had only that one, which the recorded results measured), which gives the first segment's
-parameters no gradient unless its input requires grad: the input is made to require grad in
-recompute mode (the documented workaround; it adds the first layer's input gradient).
+segments. It is the non-reentrant checkpoint (use_reentrant=False), the one PyTorch 2.x
+recommends; --reentrant runs the reentrant one (1.x had only that, which LOG.md's earlier results
+measured), which gives the first segment's parameters no gradient unless its input requires grad:
+the input is then made to require grad (the documented workaround; it adds the first layer's input
+gradient).
 Tensor bytes are counted by dtrain's counting allocator (--counting-lib, loaded after torch: the
 same libc10), on the GPU by torch.cuda's statistics. Writes one JSON line to --out."""
 import argparse
@@ -72,6 +73,7 @@ def main():
     p.add_argument("--model", default="resnet50")
     p.add_argument("--recompute", action="store_true")
     p.add_argument("--gpu", action="store_true")
+    p.add_argument("--reentrant", action="store_true")
     for name, default in (("batch", 16), ("size", 224), ("blocks", 64), ("width", 256),
                           ("segments", 8), ("warmup", 1), ("steps", 3), ("threads", 1)):
         p.add_argument("--" + name, type=int, default=default)
@@ -93,7 +95,7 @@ def main():
         segments = a.segments
         x = torch.randn(a.batch, a.width, device=device)
         target = None
-    if a.recompute:
+    if a.recompute and a.reentrant:
         x.requires_grad_()
     sgd = torch.optim.SGD(net.parameters(), lr=0.01, momentum=0.9)
     scaler = torch.amp.GradScaler("cuda", enabled=a.gpu)
@@ -109,7 +111,7 @@ def main():
         base = memory.live()
         memory.reset_peak()
         with torch.autocast(device.type, enabled=a.gpu):
-            out = (checkpoint_sequential(net, segments, x, use_reentrant=True) if a.recompute
+            out = (checkpoint_sequential(net, segments, x, use_reentrant=a.reentrant) if a.recompute
                    else net(x))
             loss = F.cross_entropy(out, target) if target is not None else out.pow(2).mean()
         del out
