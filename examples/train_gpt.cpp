@@ -36,7 +36,6 @@
 #include <torch/torch.h>
 
 #include <dtrain/dtrain.h>
-#include <dtrain/base/fault.h>
 
 #include "models/gpt.h"
 #include "training/fingerprint.h"
@@ -387,21 +386,23 @@ std::unique_ptr<torch::optim::Optimizer> makeOptimizer(
 }
 
 // ---------------------------------------------------------------------------------------------
-// 6. Checkpoints and resume: the model, the optimizer and the scaler (the data of a step and
-//    the learning rate follow from the step, which the checkpoint holds). A restart by `launch
-//    --max-restarts`, or the command run again, resumes from the newest checkpoint every rank can
-//    load; SIGTERM makes every rank save at the same step and exit 75. With --zero the
-//    checkpoints are sharded; `checkpoint export` makes a PyTorch state_dict of any of them.
+// 6. The training state, checkpoints and resume: a TrainingState holds the model, the optimizer
+//    and the scaler (the data of a step and the learning rate follow from the step, which the
+//    checkpoint holds) and hears where each step begins; a Checkpointer built from it saves and
+//    restores it. A restart by `launch --max-restarts`, or the command run again, resumes from
+//    the newest checkpoint every rank can load; SIGTERM makes every rank save at the same step
+//    and exit 75. With --zero the checkpoints are sharded; `checkpoint export` makes a PyTorch
+//    state_dict of any of them.
 // ---------------------------------------------------------------------------------------------
-std::unique_ptr<dtrain::Checkpointer> makeCheckpointer(
-    const Options& opt, std::shared_ptr<dtrain::ProcessGroup> group, examples::Gpt& model,
-    torch::optim::Optimizer& optimizer, dtrain::GradScaler& scaler) {
-  auto checkpointer = std::make_unique<dtrain::Checkpointer>(
-      std::move(group), dtrain::CheckpointOptions(opt.checkpointDir));
-  checkpointer->addModule("model", model);
-  checkpointer->addOptimizer("optimizer", optimizer);
-  checkpointer->addScaler("scaler", scaler);
-  return checkpointer;
+std::shared_ptr<dtrain::TrainingState> makeState(std::shared_ptr<dtrain::ProcessGroup> group,
+                                                 examples::Gpt& model,
+                                                 torch::optim::Optimizer& optimizer,
+                                                 dtrain::GradScaler& scaler) {
+  auto state = std::make_shared<dtrain::TrainingState>(std::move(group));
+  state->addModule("model", model);
+  state->addOptimizer("optimizer", optimizer);
+  state->addScaler("scaler", scaler);
+  return state;
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -422,6 +423,7 @@ struct Training {
   dtrain::DistributedDataParallel<examples::Gpt>& ddp;
   torch::optim::Optimizer& optimizer;
   dtrain::GradScaler& scaler;
+  dtrain::TrainingState& state;
   dtrain::Checkpointer* checkpointer;  // null without --checkpoint-dir
   dtrain::metrics::Metrics& metrics;
   int64_t firstStep;
@@ -444,7 +446,7 @@ struct Training {
   // Trains up to the last step. False when the job was preempted: every rank saved this step.
   bool run() {
     while (step < opt.steps) {
-      dtrain::fault::injectAt(group.rank(), step);  // DTRAIN_FAULT: tests kill or stop a rank
+      state.beginStep(step);  // where the step begins (DTRAIN_FAULT: tests kill or stop a rank)
       const auto stepStart = Clock::now();
       trainStep();
       record(std::chrono::duration<double>(Clock::now() - stepStart).count());
@@ -702,11 +704,13 @@ int main(int argc, char** argv) {
     scalerOptions.enabled = opt.amp && device.is_cuda();
     dtrain::GradScaler scaler(group, scalerOptions);
 
-    // 6. Checkpoints and resume.
+    // 6. The training state, checkpoints and resume.
+    std::shared_ptr<dtrain::TrainingState> state = makeState(group, model, *optimizer, scaler);
     std::unique_ptr<dtrain::Checkpointer> checkpointer;
     int64_t firstStep = 0;
     if (!opt.checkpointDir.empty()) {
-      checkpointer = makeCheckpointer(opt, group, model, *optimizer, scaler);
+      checkpointer = std::make_unique<dtrain::Checkpointer>(
+          state, dtrain::CheckpointOptions(opt.checkpointDir));
       if (auto restored = checkpointer->restore()) {
         firstStep = restored->step;
         if (leader) {
@@ -746,8 +750,8 @@ int main(int argc, char** argv) {
                   opt.lr, static_cast<double>(data.train.numel() + data.val.numel()) / 1e6);
       std::fflush(stdout);
     }
-    Training training{opt,    *group,  data,  model,      ddp,
-                      *optimizer, scaler, checkpointer.get(), metrics, firstStep};
+    Training training{opt,        *group, data,   model,              ddp,
+                      *optimizer, scaler, *state, checkpointer.get(), metrics, firstStep};
     if (!training.run()) {
       group->shutdown();
       return dtrain::kExitPreempted;

@@ -15,7 +15,6 @@
 #include <torch/torch.h>
 
 #include <dtrain/dtrain.h>
-#include <dtrain/base/fault.h>
 
 namespace {
 
@@ -98,19 +97,6 @@ struct RegressionData : torch::data::datasets::Dataset<RegressionData> {
   torch::optional<size_t> size() const override { return static_cast<size_t>(x.size(0)); }
 };
 
-// Saves after each epoch into `dir` and restores the newest checkpoint there; null without a
-// directory.
-std::unique_ptr<dtrain::Checkpointer> makeCheckpointer(
-    const std::shared_ptr<dtrain::ProcessGroup>& group, const std::string& dir,
-    torch::nn::Linear& model, torch::optim::SGD& optimizer, dtrain::GradScaler& scaler) {
-  if (dir.empty()) return nullptr;
-  auto checkpointer = std::make_unique<dtrain::Checkpointer>(group, dir);
-  checkpointer->addModule("model", model);
-  checkpointer->addOptimizer("optimizer", optimizer);
-  checkpointer->addScaler("scaler", scaler);
-  return checkpointer;
-}
-
 // One epoch over this rank's shard. backward() returns with every gradient averaged over the
 // ranks. Returns {sum of the losses, number of batches}.
 template <typename Loader>
@@ -163,8 +149,17 @@ int main(int argc, char** argv) {
     scaling.enabled = args.amp && group->device().is_cuda();
     dtrain::GradScaler scaler(group, scaling);
 
-    // 4. Checkpoints: after each epoch; a restarted (or rerun) job resumes after the last one.
-    auto checkpointer = makeCheckpointer(group, args.checkpointDir, model, optimizer, scaler);
+    // 4. The training state: what a checkpoint saves and restores, registered once. Checkpoints:
+    //    after each epoch into --checkpoint-dir; a restarted (or rerun) job resumes after the
+    //    last one.
+    auto state = std::make_shared<dtrain::TrainingState>(group);
+    state->addModule("model", model);
+    state->addOptimizer("optimizer", optimizer);
+    state->addScaler("scaler", scaler);
+    std::unique_ptr<dtrain::Checkpointer> checkpointer;
+    if (!args.checkpointDir.empty()) {
+      checkpointer = std::make_unique<dtrain::Checkpointer>(state, args.checkpointDir);
+    }
     int64_t firstEpoch = 0;
     if (checkpointer) {
       if (auto restored = checkpointer->restore()) firstEpoch = restored->step;  // epochs done
@@ -182,7 +177,7 @@ int main(int argc, char** argv) {
 
     // 6. Train: trainEpoch() above is one epoch on this rank's shard.
     for (int64_t epoch = firstEpoch; epoch < args.epochs; ++epoch) {
-      dtrain::fault::injectAt(group->rank(), epoch);  // DTRAIN_FAULT (its "step" is the epoch)
+      state->beginStep(epoch);  // where each epoch begins (DTRAIN_FAULT's "step" is the epoch)
       sampler.setEpoch(epoch);  // a new shuffle each epoch, the same on every rank
       torch::Tensor lossSum =
           trainEpoch(*loader, ddp, optimizer, scaler, group->device(), args.amp);

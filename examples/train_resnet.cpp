@@ -24,7 +24,6 @@
 #include <torch/torch.h>
 
 #include <dtrain/dtrain.h>
-#include <dtrain/base/fault.h>
 
 #include "data/cifar10.h"
 #include "data/loader.h"
@@ -248,25 +247,27 @@ std::unique_ptr<torch::optim::Optimizer> makeOptimizer(
 }
 
 // ---------------------------------------------------------------------------------------------
-// 6. Checkpoints and resume. Everything the job's state is made of goes in: the model, the
-//    optimizer (momentum), the scaler, and the sampler (how far every rank got in the data; the
-//    learning rate follows from the step). When `launch --max-restarts` restarts the job after a
+// 6. The training state, checkpoints and resume. Everything the job's state is made of is
+//    registered once, in a TrainingState: the model, the optimizer (momentum), the scaler, and
+//    the sampler (how far every rank got in the data; the learning rate follows from the step).
+//    The training loop tells it where each step begins (beginStep). A Checkpointer built from
+//    it saves and restores that state: when `launch --max-restarts` restarts the job after a
 //    failure, or the command is simply run again, restore() finds the newest checkpoint every
 //    rank can load and the loop continues from there; on a fresh start it finds none. A SIGTERM
 //    (a spot instance's notice) makes every rank save at the same step and exit 75, which launch
 //    passes on: run the same command again to resume.
 // ---------------------------------------------------------------------------------------------
-std::unique_ptr<dtrain::Checkpointer> makeCheckpointer(
-    const Options& opt, std::shared_ptr<dtrain::ProcessGroup> group, examples::ResNet& model,
-    torch::optim::Optimizer& optimizer, dtrain::GradScaler& scaler,
-    dtrain::DistributedSampler& sampler) {
-  auto checkpointer = std::make_unique<dtrain::Checkpointer>(
-      std::move(group), dtrain::CheckpointOptions(opt.checkpointDir));
-  checkpointer->addModule("model", model);
-  checkpointer->addOptimizer("optimizer", optimizer);
-  checkpointer->addScaler("scaler", scaler);
-  checkpointer->addSampler("sampler", sampler);
-  return checkpointer;
+std::shared_ptr<dtrain::TrainingState> makeState(std::shared_ptr<dtrain::ProcessGroup> group,
+                                                 examples::ResNet& model,
+                                                 torch::optim::Optimizer& optimizer,
+                                                 dtrain::GradScaler& scaler,
+                                                 dtrain::DistributedSampler& sampler) {
+  auto state = std::make_shared<dtrain::TrainingState>(std::move(group));
+  state->addModule("model", model);
+  state->addOptimizer("optimizer", optimizer);
+  state->addScaler("scaler", scaler);
+  state->addSampler("sampler", sampler);
+  return state;
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -296,6 +297,7 @@ struct Training {
   torch::optim::Optimizer& optimizer;
   double peakLr;
   dtrain::GradScaler& scaler;
+  dtrain::TrainingState& state;
   dtrain::Checkpointer* checkpointer;  // null without --checkpoint-dir
   dtrain::metrics::Metrics& metrics;
   int64_t firstStep;  // the checkpoint's step, or 0
@@ -328,7 +330,7 @@ struct Training {
       const int64_t steps = static_cast<int64_t>(data.sampler.size()) / data.samplesPerStep;
 
       for (int64_t inEpoch = 0; inEpoch < steps && step < data.totalSteps; ++inEpoch) {
-        dtrain::fault::injectAt(group.rank(), step);  // DTRAIN_FAULT: tests kill or stop a rank
+        state.beginStep(step);  // where the step begins (DTRAIN_FAULT: tests kill or stop a rank)
         const auto stepStart = Clock::now();
         const StepFigures figures = trainStep(loader);
         record(epoch, figures, std::chrono::duration<double>(Clock::now() - stepStart).count());
@@ -500,11 +502,14 @@ int main(int argc, char** argv) {
     scalerOptions.enabled = opt.amp && device.is_cuda();
     dtrain::GradScaler scaler(group, scalerOptions);
 
-    // 6. Checkpoints and resume.
+    // 6. The training state, checkpoints and resume.
+    std::shared_ptr<dtrain::TrainingState> state =
+        makeState(group, model, *optimizer, scaler, data.sampler);
     std::unique_ptr<dtrain::Checkpointer> checkpointer;
     int64_t firstStep = 0;
     if (!opt.checkpointDir.empty()) {
-      checkpointer = makeCheckpointer(opt, group, model, *optimizer, scaler, data.sampler);
+      checkpointer = std::make_unique<dtrain::Checkpointer>(
+          state, dtrain::CheckpointOptions(opt.checkpointDir));
       if (auto restored = checkpointer->restore()) {
         firstStep = restored->step;
         if (leader) {
@@ -535,8 +540,8 @@ int main(int argc, char** argv) {
           peakLr);
       std::fflush(stdout);
     }
-    Training training{opt,    *group, data,               model,   ddp,      *optimizer,
-                      peakLr, scaler, checkpointer.get(), metrics, firstStep};
+    Training training{opt,    *group, data,   model,              ddp,     *optimizer,
+                      peakLr, scaler, *state, checkpointer.get(), metrics, firstStep};
     if (!training.run()) {
       group->shutdown();
       return dtrain::kExitPreempted;

@@ -58,8 +58,8 @@ add_library(dtrain_launcher STATIC
   launcher/cluster/preflight.cpp
 )
 target_include_directories(dtrain_launcher PUBLIC ${CMAKE_CURRENT_SOURCE_DIR})
-# dtrain_base's internal headers: parse_int.h (one integer rule everywhere) and text.h, which
-# launcher headers include too (so `launch` and the launcher's tests see them).
+# dtrain_base's internal headers: parse_int.h (one integer rule everywhere), text.h, which
+# launcher headers include too (so `launch` and the launcher's tests see them), and fault.h.
 target_include_directories(dtrain_launcher PUBLIC ${CMAKE_CURRENT_SOURCE_DIR}/runtime/base)
 target_link_libraries(dtrain_launcher PUBLIC dtrain_base
                       PRIVATE nlohmann_json::nlohmann_json ${CMAKE_DL_LIBS})

@@ -23,7 +23,7 @@ mkdir -p "$build/corpus/store" "$build/corpus/checkpoint"
 cxxflags=(-std=c++17 -O1 -g -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined
           -I "$root/runtime/include" -I "$root/runtime/base")
 
-# Store seeds: the golden frames of tests/unit/store_wire_test.cpp, one request per file.
+# Store seeds: the golden frames of tests/base/store/store_wire_test.cpp, one request per file.
 seed() { printf '%b' "$(echo "$2" | tr -d ' ' | sed 's/\(..\)/\\x\1/g')" > "$build/corpus/store/$1"; }
 seed set      "1500000000000000 01 01 0000 0200000000000000 6162 0300000000000000 78797a"
 seed get      "1100000000000000 01 02 0000 e803000000000000 0100000000000000 6b"

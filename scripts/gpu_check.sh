@@ -287,7 +287,7 @@ build_targets=""
 for i in "${chosen[@]}"; do build_targets+=" ${row_targets[$i]}"; done
 
 # ---- Inputs, checked before anything is configured -------------------------------------------
-for f in CMakeLists.txt tests/gpu/gpu.cmake benchmarks/allreduce/allreduce_bench.cpp \
+for f in CMakeLists.txt tests/comm/nccl/nccl.cmake benchmarks/allreduce/allreduce_bench.cpp \
          benchmarks/train/train_bench.cpp benchmarks/train/train_peer.py scripts/gpu_deps.sh; do
   [ -e "$root/$f" ] || { say "error: $f is missing from the source tree" >&2; exit 1; }
 done

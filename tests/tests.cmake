@@ -70,36 +70,18 @@ function(dtrain_write_gpu_test_targets)
 endfunction()
 cmake_language(DEFER DIRECTORY ${CMAKE_SOURCE_DIR} CALL dtrain_write_gpu_test_targets)
 
-# Helpers shared by the tests (paths of built binaries and of DTRAIN_PYTHON, temporary directories,
-# process checks).
-add_library(dtrain_test_support STATIC tests/support/test_support.cpp
-  tests/support/hostile_http.cpp)
-target_include_directories(dtrain_test_support PUBLIC ${CMAKE_CURRENT_SOURCE_DIR}/tests/support)
-target_link_libraries(dtrain_test_support PUBLIC dtrain_base GTest::gtest)
-target_compile_definitions(dtrain_test_support PRIVATE
-  DTRAIN_TEST_BINARY_DIR="${CMAKE_BINARY_DIR}" DTRAIN_TEST_SOURCE_DIR="${CMAKE_SOURCE_DIR}"
-  DTRAIN_TEST_PYTHON="${DTRAIN_PYTHON}")
-dtrain_warnings(dtrain_test_support)
-
-# One include per owner, so areas do not all edit one file.
-include(tests/unit/unit.cmake)
-include(tests/comm/comm.cmake OPTIONAL)
-include(tests/integration/launcher.cmake OPTIONAL)
-include(tests/integration/comm.cmake OPTIONAL)
-include(tests/integration/monitor.cmake OPTIONAL)
-include(tests/e2e/e2e.cmake OPTIONAL)
-include(tests/e2e/monitor_e2e.cmake OPTIONAL)
-include(tests/gpu/gpu.cmake OPTIONAL)
-include(tests/gpu/monitor_gpu.cmake OPTIONAL)
+# One include per area, laid out as the sources are; the kind of a test (unit, integration, e2e,
+# gpu) is its label, not its folder. Worker programs a test starts live beside it. Order matters
+# where an area tests with another's targets: support first, comm before launcher (comm_worker).
+include(tests/support/support.cmake)
+include(tests/base/base.cmake)
+include(tests/comm/comm.cmake)
+include(tests/launcher/launcher.cmake)
 if(DTRAIN_HAVE_TORCH)
   include(tests/torch/torch.cmake)
-  include(tests/integration/ddp.cmake OPTIONAL)
-  include(tests/integration/zero.cmake OPTIONAL)
-  include(tests/integration/recompute.cmake OPTIONAL)
-  include(tests/examples/examples.cmake OPTIONAL)
-  include(tests/integration/checkpoint.cmake OPTIONAL)
+  include(tests/examples/examples.cmake)
 endif()
-include(tests/scripts/scripts.cmake OPTIONAL)
-include(tests/scripts/tensorboard_grafana.cmake OPTIONAL)
-include(tests/scripts/package.cmake OPTIONAL)
-include(tests/prometheus/prometheus.cmake OPTIONAL)
+include(tests/scripts/scripts.cmake)
+include(tests/scripts/tensorboard_grafana.cmake)
+include(tests/scripts/package.cmake)
+include(tests/prometheus/prometheus.cmake)

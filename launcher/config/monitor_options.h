@@ -1,6 +1,7 @@
 #pragma once
 // What `launch` is asked to watch (--sample-interval, --metrics-port, --metrics-file,
-// --tensorboard-dir, --status-interval, --stall-timeout, --stall-action). Part of LaunchConfig; plain values,
+// --tensorboard-dir, --status-interval, --stall-timeout, --stall-action). Part of LaunchConfig;
+// plain values,
 // checked by validateMonitorOptions() without touching the machine.
 
 #include <functional>

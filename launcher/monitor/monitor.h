@@ -51,7 +51,8 @@ namespace dtrain::launcher::monitor {
 //   - the multi-node master: aggregates -- reads every rank's progress and every node's records
 //     from the store, serves --metrics-port, writes --metrics-file, prints the status line and
 //     the stall report (asking the agents for stacks) and stops the job through JobControl.
-// Keys: Note [Monitoring keys] in dtrain/base/progress.h; the protocol: launcher/monitor/cluster_keys.h.
+// Keys: Note [Monitoring keys] in dtrain/base/progress.h; the protocol:
+// launcher/monitor/cluster_keys.h.
 
 struct MonitorContext {
   std::string runId;

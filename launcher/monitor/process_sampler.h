@@ -20,7 +20,8 @@ namespace dtrain::launcher::monitor {
 // Note [Sampling cost]
 // ~~~~~~~~~~~~~~~~~~~~
 // launch must not cost the job what it measures: at a 1 s interval with 4 workers it stays well
-// under 1 % of a core (tests/integration/launcher_monitor_test.cpp measures and prints it). Each
+// under 1 % of a core (tests/launcher/monitor/launcher_monitor_test.cpp
+// measures and prints it). Each
 // process costs three small reads (stat, status, io) with plain open/read/close into one reused
 // buffer; no streams, no allocation once warm. Descendants of the workers are found from the
 // kernel's children lists: /proc/<pid>/task/<tid>/children of every thread of every process in

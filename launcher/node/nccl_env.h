@@ -1,6 +1,7 @@
 #pragma once
 // The NCCL_* (and GLOO_SOCKET_IFNAME) variables launch sets on each node: --nccl-socket-ifname
-// (default auto: docs/design.md's interface rule, never `lo` for a multi-node job), --nccl-ib-disable,
+// (default auto: docs/design.md's interface rule, never `lo` for a multi-node job),
+// --nccl-ib-disable,
 // --nccl-debug LEVEL, --nccl-debug-subsys LIST. A variable the user set -- in the environment,
 // `.dtrain_env` or --env -- always wins over launch's choice.
 

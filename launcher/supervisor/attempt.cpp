@@ -11,8 +11,8 @@
 #include <limits>
 
 #include "dtrain/base/error.h"
-#include "dtrain/base/fault.h"
 #include "dtrain/base/logging.h"
+#include "fault.h"
 #include "launcher/supervisor/oom.h"
 
 namespace dtrain::launcher {

@@ -10,7 +10,7 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
-#include "dtrain/base/fault.h"
+#include "fault.h"
 #include "launcher/exit_codes.h"
 
 namespace dtrain::launcher {

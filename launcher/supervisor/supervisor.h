@@ -75,7 +75,8 @@ namespace dtrain::launcher {
 // children and nobody else's), which puts them outside the terminal's foreground group: Ctrl-Z
 // would stop launch and leave the workers training unsupervised, and a worker reading the
 // terminal would be stopped by SIGTTIN (and N workers would race for the keyboard). So workers'
-// stdin is /dev/null, and launch handles job control itself: on SIGTSTP (Ctrl-Z, or kill -TSTP) it sends SIGSTOP to
+// stdin is /dev/null, and launch handles job control itself: on SIGTSTP (Ctrl-Z, or kill -TSTP)
+// it sends SIGSTOP to
 // every worker's group and then stops itself with SIGSTOP; the shell sees a stopped job. On
 // SIGCONT (fg, bg, kill -CONT) it sends SIGCONT to every worker's group, and the time spent
 // stopped does not count against --grace-period, --exit-barrier-timeout or --kill-timeout.
@@ -90,7 +91,8 @@ constexpr int kForwardedSignals[] = {SIGINT, SIGTERM, SIGHUP, SIGQUIT};
 // The job-control signals launch handles itself (see Note [Job control]).
 constexpr int kJobControlSignals[] = {SIGTSTP, SIGCONT};
 
-// Blocks kForwardedSignals and kJobControlSignals in the calling thread (and so in threads it starts later, such as the
+// Blocks kForwardedSignals and kJobControlSignals in the calling thread (and so in threads it
+// starts later, such as the
 // store server's) so the supervisor can read them from a signalfd; ignores SIGPIPE. Call before
 // starting any thread.
 void blockLauncherSignals();

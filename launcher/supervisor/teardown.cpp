@@ -8,7 +8,7 @@
 #include <mutex>
 #include <optional>
 
-#include "dtrain/base/fault.h"
+#include "fault.h"
 #include "launcher/supervisor/process_info.h"
 
 namespace dtrain::launcher {

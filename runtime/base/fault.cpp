@@ -1,4 +1,4 @@
-#include "dtrain/base/fault.h"
+#include "fault.h"
 
 #include <signal.h>
 #include <unistd.h>

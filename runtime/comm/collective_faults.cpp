@@ -4,9 +4,26 @@
 
 namespace dtrain::comm {
 
-CollectiveFaults::CollectiveFaults(int rank, std::vector<fault::Fault> faults, bool fromEnv)
+namespace {
+
+// The innermost ScopedCollectiveFaults alive on this thread, or nullptr.
+thread_local const ScopedCollectiveFaults* tCurrent = nullptr;
+
+}  // namespace
+
+ScopedCollectiveFaults::ScopedCollectiveFaults(std::vector<fault::Fault> faults)
+    : faults_(std::move(faults)), outer_(tCurrent) {
+  tCurrent = this;
+}
+
+ScopedCollectiveFaults::~ScopedCollectiveFaults() { tCurrent = outer_; }
+
+CollectiveFaults CollectiveFaults::forThisThread(int rank) {
+  return CollectiveFaults(rank, tCurrent != nullptr ? tCurrent->faults_ : fault::activeFaults());
+}
+
+CollectiveFaults::CollectiveFaults(int rank, std::vector<fault::Fault> faults)
     : rank_(rank), faults_(std::move(faults)) {
-  if (fromEnv && faults_.empty()) faults_ = fault::activeFaults();
   if (const char* restart = std::getenv("DTRAIN_RESTART_COUNT")) attempt_ = std::atoi(restart);
 }
 

@@ -64,7 +64,7 @@ void QueuedWork::wait(Millis timeout) {
                    describe_ ? describe_() : std::string("collective"), timeout.count());
     }
   } else {
-    // Note [The default deadline of a queued collective]
+    // See Note [The default deadline of a queued collective].
     auto deadline = [&] {
       auto own = start + budget_;
       auto queue = queue_.lock();

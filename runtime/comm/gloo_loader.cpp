@@ -19,13 +19,15 @@ namespace {
 // Note [One Gloo per process]
 // pip's libtorch carries a Gloo of its own, a newer one whose symbols libtorch_cpu.so and
 // libtorch_cuda.so export; dtrain's backend is compiled against the system's libgloo (Debian's),
-// and the two lay out gloo's classes differently. A process resolves each gloo:: symbol to the first
+// and the two lay out gloo's classes differently. A process resolves each gloo:: symbol
+// to the first
 // library of its global lookup order that defines it, for dtrain's backend and for libgloo's own
 // calls alike. With libtorch first (a program names it; libgloo came in only through dtrain_comm),
 // dtrain's backend ran libtorch's Gloo on the other version's objects: every worker crashed
 // (SIGSEGV) in its first Gloo collective. So:
 // - every program that links dtrain_comm gets the system's libgloo as its first needed library (a
-//   link option of dtrain_comm's interface, exported with the CMake package), ahead of any libtorch.
+//   link option of dtrain_comm's interface, exported with the CMake package),
+//   ahead of any libtorch.
 //   libtorch's own Gloo code (c10d's ProcessGroupGloo, which a dtrain program does not run) is then
 //   the one bound to the other version; libtorch loads and runs its ops as before;
 // - the backend is a library of its own, loaded here on first use once gloo:: symbols are seen to

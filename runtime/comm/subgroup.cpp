@@ -1,4 +1,5 @@
-// Communicator::split / newGroup (dtrain/comm/communicator.h): the ranks agree on the groups through the store,
+// Communicator::split / newGroup (dtrain/comm/communicator.h): the ranks agree on the groups
+// through the store,
 // then each backend builds its own kind of communicator over the members (createGroup).
 #include <algorithm>
 #include <functional>

@@ -1,4 +1,5 @@
-// connectWorld / shutdownWorld (dtrain/comm/world.h): the environment resolved by world_env.cpp turned
+// connectWorld / shutdownWorld (dtrain/comm/world.h):
+// the environment resolved by world_env.cpp turned
 // into a store and a communicator.
 #include "dtrain/comm/world.h"
 

@@ -1,8 +1,9 @@
-# dtrain: the libtorch layer (init, ProcessGroup, DDP, GradScaler, Checkpointer, sampler, ZeRO):
-# every runtime/torch/*.cpp and those of its folders, one per concept (ddp/, checkpoint/,
-# recompute/, zero/). torch/torch.h costs ~15-30 s per translation unit: the layer and the torch
+# dtrain: the libtorch layer (init, ProcessGroup, DDP, GradScaler, TrainingState, Checkpointer,
+# sampler, ZeRO): every runtime/torch/*.cpp and those of its folders, one per concept (state/,
+# ddp/, checkpoint/, recompute/, zero/). torch/torch.h costs ~15-30 s per translation unit: the layer and the torch
 # tests share one precompiled header.
 file(GLOB DTRAIN_TORCH_SOURCES CONFIGURE_DEPENDS ${CMAKE_CURRENT_SOURCE_DIR}/runtime/torch/*.cpp
+  ${CMAKE_CURRENT_SOURCE_DIR}/runtime/torch/state/*.cpp
   ${CMAKE_CURRENT_SOURCE_DIR}/runtime/torch/ddp/*.cpp
   ${CMAKE_CURRENT_SOURCE_DIR}/runtime/torch/checkpoint/*.cpp
   ${CMAKE_CURRENT_SOURCE_DIR}/runtime/torch/recompute/*.cpp

@@ -1,4 +1,5 @@
-// The communicator conformance suite: one set of TEST_Ps, run over every CPU backend -- Gloo, shared
+// The communicator conformance suite: one set of TEST_Ps, run over every CPU backend --
+// Gloo, shared
 // memory, and the hierarchical combination (shared memory inside pretend nodes, Gloo across) --
 // with ranks as threads. Closed-form results for every op, dtype and several world sizes; user
 // buffers and communicator-owned ones (allocate()), in place and mixed; many-chunk streaming;
@@ -11,7 +12,7 @@
 
 #include <fmt/format.h>
 
-#include "comm_test_support.h"
+#include "comm_support.h"
 #include "dtrain/base/error.h"
 #include "typed_buffer.h"
 

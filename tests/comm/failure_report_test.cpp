@@ -3,7 +3,7 @@
 
 #include <thread>
 
-#include "comm_test_support.h"
+#include "comm_support.h"
 #include "dtrain/base/tcp_store.h"
 #include "failure_report.h"
 

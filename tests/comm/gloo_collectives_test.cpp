@@ -10,7 +10,7 @@
 
 #include <fmt/format.h>
 
-#include "comm_test_support.h"
+#include "comm_support.h"
 #include "dtrain/base/error.h"
 #include "typed_buffer.h"
 

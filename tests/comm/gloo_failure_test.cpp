@@ -1,13 +1,13 @@
 // Failure behaviour of the Gloo communicator with ranks as threads (docs/reliability.md P1-P5):
 // timeouts that name the silent rank, desync and shape reports, fast failure when a peer goes
-// away, fail-fast afterwards. Real processes (SIGKILL, SIGSTOP) are in tests/integration.
+// away, fail-fast afterwards. Real processes (SIGKILL, SIGSTOP) are in comm_processes_test.cpp.
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <chrono>
 #include <thread>
 
-#include "comm_test_support.h"
+#include "comm_support.h"
 #include "dtrain/base/error.h"
 
 namespace dtrain::comm::gloo_failure_test {
@@ -26,11 +26,13 @@ constexpr double kGraceMs = 500;  // reportGrace(kTimeout)
 
 std::vector<std::shared_ptr<Communicator>> world(int n, std::vector<fault::Fault> faults = {},
                                                  bool check = false) {
-  return makeGlooWorld(n, [&](GlooOptions& o) {
-    o.timeout = kTimeout;
-    o.faults = faults;
-    o.checkCollectives = check;
-  });
+  return makeGlooWorld(
+      n,
+      [&](GlooOptions& o) {
+        o.timeout = kTimeout;
+        o.checkCollectives = check;
+      },
+      faults);
 }
 
 TEST(GlooFailure, TimeoutNamesTheSilentRankAndLaterCallsFailFast) {

@@ -4,7 +4,7 @@
 // trim() gives back what lay idle since the previous trim while what every cycle reuses stays.
 #include <gtest/gtest.h>
 
-#include "comm_test_support.h"
+#include "comm_support.h"
 #include "host_buffer_pool.h"
 
 namespace dtrain::comm::host_buffer_pool_test {

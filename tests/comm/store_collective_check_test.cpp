@@ -6,7 +6,7 @@
 #include <string>
 #include <vector>
 
-#include "comm_test_support.h"
+#include "comm_support.h"
 #include "dtrain/base/error.h"
 #include "store_collective_check.h"
 

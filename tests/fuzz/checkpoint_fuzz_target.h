@@ -1,7 +1,8 @@
 #pragma once
 // One input of the checkpoint reader's fuzz target: shared by the libFuzzer binary
 // (checkpoint_reader_fuzz.cpp, scripts/fuzz.sh) and the unit test that replays the corpus
-// (tests/unit/checkpoint_format_test.cpp). Arbitrary bytes go through the reader as a file would;
+// (tests/base/checkpoint/checkpoint_format_test.cpp).
+// Arbitrary bytes go through the reader as a file would;
 // the only acceptable outcomes are a CheckpointError or a file whose every promise holds:
 //   - every entry's data lies inside the input, aligned, and reading it touches only its bytes;
 //   - no two non-empty entries share a byte;

@@ -104,7 +104,7 @@ def run(tmp, prometheus, fs):
     launch = subprocess.Popen(
         [os.path.join(BUILD, "launch"), "--nproc-per-node", "2", "--sample-interval", "0.5",
          "--metrics-port", "127.0.0.1:0", "--stall-timeout", "2", "--stall-action", "report",
-         os.path.join(BUILD, "tests", "worker", "worker"), "--steps", "400", "--step-ms", "100",
+         os.path.join(BUILD, "testing", "worker", "worker"), "--steps", "400", "--step-ms", "100",
          "--barrier-every-step", "--progress", "--publish-figures", "--quiet",
          "--nan-loss-from", "100", "--nan-loss-until", "160"],
         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,

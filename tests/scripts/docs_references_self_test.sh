@@ -1,19 +1,23 @@
 #!/usr/bin/env bash
 # docs_references_test.sh on small trees of its own. The check of names (part 5): it passes while
 # every name resolves, and fails, naming file:line and the name, once a Note and a document cite
-# names the tree does not define. The guides (parts 6-8): a README, docs/launch.md and a
-# troubleshooting entry pass; a broken link, an unlinked guide, a missing path, an option or exit
-# code launch.md lacks, a message the sources no longer print (or the example does not show), and
-# a test that does not exist are each reported. Without this, a check that resolved everything
-# would pass too.
+# names the tree does not define, and once a Note is defined twice (part 9). The guides (parts
+# 6-8): a README, docs/launch.md and a troubleshooting entry pass; a broken link, an unlinked
+# guide, a missing path, an option or exit code launch.md lacks, a message the sources no longer
+# print (or the example does not show), and a test that does not exist are each reported. The
+# installed headers (part 10): they pass while they cite Notes of installed headers and headings
+# of the guides, wrapped or not; a Note of a file that is not installed, a Note defined nowhere
+# and a heading the guide lacks are each reported. Without this, a check that resolved
+# everything would pass too.
 # Usage: docs_references_self_test.sh
 # shellcheck disable=SC2016  # the backticks below are Markdown, not command substitutions
 set -euo pipefail
 check="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)/docs_references_test.sh"
 tree="$(mktemp -d)"
 guides="$(mktemp -d)"
+headers="$(mktemp -d)"
 out="$(mktemp)"
-trap 'rm -rf "$tree" "$guides" "$out"' EXIT
+trap 'rm -rf "$tree" "$guides" "$headers" "$out"' EXIT
 
 mkdir -p "$tree/docs" "$tree/src"
 cat >"$tree/docs/design.md" <<'EOF'
@@ -84,6 +88,20 @@ for expected in 'src/store.h:25: `Store::close()` is not defined in the tree' \
 done
 [[ "$(grep -c 'is not defined in the tree' "$out")" == 3 ]] ||
   fail "the check reported names other than the three undefined ones"
+
+# A Note defined twice (part 9); a "See Note" and a "Note [Title]: ..." line are not definitions.
+cat >"$tree/src/wait.cpp" <<'EOF'
+// See Note [Waiting].
+// Note [Waiting]: what connect() waits for.
+
+// Note [Waiting]
+// The store's wait, explained a second time.
+EOF
+if run; then fail "the check passed although Note [Waiting] is defined twice"; fi
+expected='src/wait.cpp:4: Note [Waiting] is defined again (first at src/store.h:6)'
+grep -qF -- "$expected" "$out" || fail "the check did not report: $expected"
+[[ "$(grep -c 'is defined again' "$out")" == 1 ]] ||
+  fail "the check took a See Note or a \"Note [Title]: ...\" line for a definition"
 
 # The guides: a tree whose links, paths, options, exit codes, messages and tests all hold.
 mkdir -p "$guides/docs" "$guides/src" "$guides/launcher/config"
@@ -168,4 +186,39 @@ done
 if grep -qF '"The store does not answer"' "$out"; then
   fail "the check reported the entry whose message, example and test hold"
 fi
+# The installed headers (part 10): a tree whose headers cite an installed Note and two headings.
+mkdir -p "$headers/docs" "$headers/src" "$headers/runtime/include/demo"
+cp "$tree/docs/reliability.md" "$headers/docs/reliability.md"
+cp "$tree/tests.cmake" "$headers/tests.cmake"
+printf '# Design\n\n## Waiting\n\n- **Zero timeouts.** The default deadline.\n' \
+  >"$headers/docs/design.md"
+cat >"$headers/runtime/include/demo/timeout.h" <<'EOF'
+#pragma once
+// Note [Zero means the default]
+// A timeout of zero is the default deadline.
+EOF
+cat >"$headers/src/store.cpp" <<'EOF'
+// Note [Store internals]
+// How the store keeps its keys.
+EOF
+cat >"$headers/runtime/include/demo/store.h" <<'EOF'
+#pragma once
+// A store. Its waits (docs/design.md "Waiting") end at a deadline; zero is the default one (Note
+// [Zero means the default], docs/design.md, "Zero timeouts").
+int wait();  // see docs/design.md
+             // "Waiting"
+EOF
+run "$headers" || fail "the check failed on installed headers that cite what is installed"
+echo '// Keys: Note [Store internals]; Note [Gone]; docs/design.md "Keys".' \
+  >>"$headers/runtime/include/demo/store.h"
+if run "$headers"; then fail "the check passed although an installed header cites what is not"; fi
+h='runtime/include/demo/store.h:6: an installed header cites Note'
+for expected in "$h [Store internals], defined in src/store.cpp:1, which is not installed" \
+                "$h [Gone], defined nowhere" \
+                "store.h:6: cites docs/design.md \"Keys\", which is not a heading of docs/design.md"; do
+  grep -qF -- "$expected" "$out" || fail "the check did not report: $expected"
+done
+[[ "$(grep -cE 'installed header cites|not a heading of' "$out")" == 3 ]] ||
+  fail "the check reported a citation of the installed headers that holds"
+
 echo "docs_references_self_test: ok"

@@ -22,6 +22,11 @@
 #   8. every entry (## heading) of docs/troubleshooting.md has a **Checked:** line; each message
 #      `TEXT` in `PATH` it names occurs in that source file and, whitespace aside, in the entry's
 #      example output; each test it names exists (as in 4).
+#   9. every Note is defined once: no two "// Note [Title]" lines ("# Note [Title]" in Python,
+#      shell and CMake), the whole line, name the same Note; the others say "See Note [Title]".
+#  10. the installed headers (runtime/include/: all of the tree a user gets) cite only what a user
+#      has: every Note they cite is defined in an installed header, and every docs/<guide>.md
+#      "Heading" they cite is a heading of that guide (or the bold lead of one of its paragraphs).
 # Usage: docs_references_test.sh <source-dir>
 set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -326,6 +331,59 @@ if [[ -f docs/troubleshooting.md ]]; then
     END { flush() }
   ' docs/troubleshooting.md)
 fi
+
+# 9. Notes defined twice.
+mapfile -t note_sources < <(printf '%s\n' "${files[@]}" |
+  grep -E '\.(h|cpp|c|cu|py|sh|cmake|in)$|CMakeLists\.txt$' || true)
+declare -A note_at=()
+note_line='^[[:space:]]*(//|#)[[:space:]]*Note \[([^]]+)\][[:space:]]*$'
+while IFS= read -r hit; do
+  file="${hit%%:*}"
+  rest="${hit#*:}"
+  line="${rest%%:*}"
+  text="${rest#*:}"
+  [[ "$text" =~ $note_line ]] || continue
+  marker="${BASH_REMATCH[1]}" title="${BASH_REMATCH[2]}"
+  case "$file" in
+    *.h | *.cpp | *.c | *.cu) [[ "$marker" == // ]] || continue ;;
+    *) [[ "$marker" == '#' ]] || continue ;;  # a "//" line in a shell script is a here-document's
+  esac
+  if [[ -n "${note_at[$title]:-}" ]]; then
+    fail "$file:$line: Note [$title] is defined again (first at ${note_at[$title]}); keep one" \
+         "definition and make this one \"See Note [$title]\""
+  else
+    note_at["$title"]="$file:$line"
+  fi
+done < <(if [[ ${#note_sources[@]} -gt 0 ]]; then
+           grep -nHIE "$note_line" "${note_sources[@]}" || true
+         fi)
+
+# 10. What the installed headers cite (docs_citations.awk reads a wrapped citation as one).
+declare -A guide_sections=()
+sections_of() {  # a guide's headings, and the bold leads of its paragraphs and list items
+  grep -E '^#{1,6} ' "$1" | sed -E 's/^#+ +//; s/ +#+$//' || true
+  grep -oE '^ *(- )?\*\*[^*]+\*\*' "$1" | sed -E 's/^ *(- )?\*\*//; s/\*\*$//; s/[.:]$//' || true
+}
+mapfile -t installed < <(printf '%s\n' "${files[@]}" | grep -E '^runtime/include/.*\.h$' || true)
+while IFS=$'\t' read -r file line kind what heading; do
+  if [[ "$kind" == N ]]; then
+    defined="${note_at[$what]:-}"
+    if [[ "$defined" != runtime/include/* ]]; then
+      where="in ${defined}, which is not installed"
+      [[ -n "$defined" ]] || where="nowhere"
+      fail "$file:$line: an installed header cites Note [$what], defined $where; cite the docs/" \
+           "section that explains it instead (docs/design.md \"Heading\")"
+    fi
+  elif [[ ! -f "$what" ]]; then
+    fail "$file:$line: cites $what, which does not exist"
+  else
+    [[ -n "${guide_sections[$what]+set}" ]] || guide_sections["$what"]="$(sections_of "$what")"
+    grep -qxF -- "$heading" <<<"${guide_sections[$what]}" ||
+      fail "$file:$line: cites $what \"$heading\", which is not a heading of $what"
+  fi
+done < <(if [[ ${#installed[@]} -gt 0 ]]; then
+           awk -f "$here/docs_citations.awk" "${installed[@]}"
+         fi)
 
 if [[ $failures -gt 0 ]]; then
   echo "docs_references: $failures problem(s)" >&2

@@ -164,7 +164,7 @@ def main():
                    NCCL_SOCKET_IFNAME="lo")
         proc = subprocess.Popen([os.path.join(BUILD, "launch"), "--nproc-per-node", "2",
                                  "--sample-interval", "0.2", "--metrics-port", "127.0.0.1:0",
-                                 os.path.join(BUILD, "tests", "worker", "worker"), "--steps",
+                                 os.path.join(BUILD, "testing", "worker", "worker"), "--steps",
                                  "300", "--step-ms", "100", "--publish-figures"],
                                 stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
                                 env=env)

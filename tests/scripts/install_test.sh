@@ -25,8 +25,8 @@ grep -q "launch (dtrain)" <<<"$version"
 # The installed tree holds the package files and headers a user needs.
 test -f "$scratch/prefix/include/dtrain/config.h"
 for dir in base comm torch; do test -d "$scratch/prefix/include/dtrain/$dir"; done
-# Internal headers stay out of the installed set.
-for internal in env_contract.h torch_compat.h; do
+# Internal headers stay out of the installed set; fault injection (fault.h) is a test seam.
+for internal in env_contract.h torch_compat.h fault.h collective_faults.h; do
   if find "$scratch/prefix/include" -name "$internal" | grep -q .; then
     echo "install_test: internal header $internal was installed" >&2
     exit 1

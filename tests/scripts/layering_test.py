@@ -33,11 +33,12 @@ LAYERS = [
     (4, "runtime/include/dtrain/torch/", "libdtrain's public headers"),
     (5, "runtime/include/dtrain/dtrain.h", "the one public include"),
     (6, "runtime/torch/", "the torch layer's shared internals (torch_compat.h, ...)"),
-    (7, "runtime/torch/checkpoint/", "checkpoints of model and optimizer state"),
-    (7, "runtime/torch/ddp/", "DistributedDataParallel"),
-    (7, "runtime/torch/recompute/", "activation recomputation"),
-    (7, "runtime/torch/zero/", "ZeRO sharding"),
-    (8, "examples/", "the sample trainers and their helpers"),
+    (7, "runtime/torch/state/", "what a job's state is (TrainingState's registry)"),
+    (8, "runtime/torch/checkpoint/", "checkpoints of model and optimizer state"),
+    (8, "runtime/torch/ddp/", "DistributedDataParallel"),
+    (8, "runtime/torch/recompute/", "activation recomputation"),
+    (8, "runtime/torch/zero/", "ZeRO sharding"),
+    (9, "examples/", "the sample trainers and their helpers"),
     # `launch`, on top of dtrain_base only (LAUNCH_REACHES).
     (10, "launcher/", "launch's shared headers: exit codes, seconds, directory entries"),
     (11, "launcher/config/", "what launch was asked to do: options, parsed, validated (pure)"),
@@ -76,6 +77,9 @@ SEAMS = [
     ("runtime/comm/", "runtime/base/net/", "sockets and network interfaces"),
     ("launcher/", "runtime/base/net/", "sockets and network interfaces (ports, --check)"),
     ("launcher/", "runtime/base/text.h", "quoting user values in messages"),
+    ("runtime/comm/", "runtime/base/fault.h", "DTRAIN_FAULT: the collectives' faults"),
+    ("runtime/torch/", "runtime/base/fault.h", "DTRAIN_FAULT: nan-grad, a step's faults"),
+    ("launcher/", "runtime/base/fault.h", "signalName(): the names of signals in messages"),
     ("runtime/torch/checkpoint/", "runtime/base/checkpoint/",
      "the checkpoint file format, I/O and agreement, written by the torch layer"),
     ("runtime/torch/zero/", "runtime/base/checkpoint/format.h",
@@ -86,6 +90,8 @@ SEAMS = [
     ("runtime/torch/", "runtime/torch/optimizer_state.h",
      "libtorch optimizer state, read by checkpoint/ and zero/"),
     # Between the torch layer's folders.
+    ("runtime/torch/checkpoint/", "runtime/torch/state/registry.h",
+     "a checkpoint saves and restores what the job's TrainingState registered"),
     ("runtime/torch/zero/", "runtime/torch/ddp/gradient_sync.h",
      "the one seam between DDP and ZeRO: the sharded gradient path is a GradientSync"),
     ("runtime/torch/zero/", "runtime/torch/ddp/backward_pass.h",
@@ -252,10 +258,14 @@ def self_test():
         "runtime/comm/f.h": "#include <torch/torch.h>\n",  # torch in a torch-free layer
         "examples/h.cpp": '#include "runtime/torch/i.h"\n#include "missing.h"\n',  # internal
         "runtime/torch/i.h": "",
+        # the training state under the checkpointer that saves it
+        "runtime/torch/state/j.h": '#include "runtime/torch/checkpoint/k.h"\n',
+        "runtime/torch/checkpoint/k.h": "",
     }
     expect = ["launcher/config/a.h:1: ", "launcher/job/c.cpp:1: ", "launcher/cluster/agent/d.h:1: ",
               "launcher/cluster/master/e.h:1: ", "launcher/monitor/g.h:1: ",
-              "runtime/comm/f.h:1: ", "examples/h.cpp:1: ", "examples/h.cpp:2: "]
+              "runtime/comm/f.h:1: ", "examples/h.cpp:1: ", "examples/h.cpp:2: ",
+              "runtime/torch/state/j.h:1: "]
     with tempfile.TemporaryDirectory() as root:
         for path, text in cases.items():
             os.makedirs(os.path.join(root, os.path.dirname(path)), exist_ok=True)

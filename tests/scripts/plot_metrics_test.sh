@@ -56,7 +56,7 @@ check_png "$dir/rss.png" 1
 
 # A real launch file: two ranks' samples and their trainer records, side by side.
 "$build/launch" --nproc-per-node 2 --sample-interval 0.2 --metrics-file "$dir/launch.jsonl" \
-  "$build/tests/worker/worker" --steps 12 --step-ms 100 --publish-figures >"$dir/launch.out" 2>&1 ||
+  "$build/testing/worker/worker" --steps 12 --step-ms 100 --publish-figures >"$dir/launch.out" 2>&1 ||
   { cat "$dir/launch.out"; echo "FAIL: the launch job failed"; exit 1; }
 out="$("$python" "$src/scripts/plot_metrics.py" -o "$dir/job.png" "$dir/launch.jsonl" 2>&1)"
 rc=$?

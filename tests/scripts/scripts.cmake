@@ -122,3 +122,23 @@ add_test(NAME docs.layering.self_test
          COMMAND ${DTRAIN_PYTHON} ${CMAKE_CURRENT_SOURCE_DIR}/tests/scripts/layering_test.py
                  --self-test)
 set_tests_properties(docs.layering.self_test PROPERTIES LABELS unit TIMEOUT 60)
+
+# The C/C++ sources are formatted as .clang-format says (clang-format 14) and keep to 100 columns
+# (scripts/format.sh --check); the test fails where clang-format 14 is not installed. The self test
+# plants a misformat and a long line in a small tree.
+add_test(NAME docs.format
+         COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/tests/scripts/format_test.sh
+                 ${CMAKE_CURRENT_SOURCE_DIR})
+# enabled by the commit that applies the format
+set_tests_properties(docs.format PROPERTIES LABELS unit TIMEOUT 60 DISABLED TRUE)
+add_test(NAME docs.format.self_test
+         COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/tests/scripts/format_test.sh --self-test)
+set_tests_properties(docs.format.self_test PROPERTIES LABELS unit TIMEOUT 60)
+
+# The GPU check script itself, on every machine: --dry-run prints each step, and --check-build
+# checks what it would build and run (targets, allreduce_bench flags, gpu-labelled tests) against
+# this build, failing on any mismatch.
+add_test(NAME scripts.gpu_check_dry_run
+         COMMAND ${CMAKE_CURRENT_SOURCE_DIR}/scripts/gpu_check.sh --dry-run
+                 --check-build ${CMAKE_BINARY_DIR})
+set_tests_properties(scripts.gpu_check_dry_run PROPERTIES LABELS unit TIMEOUT 60)

@@ -37,7 +37,7 @@ import tensorboard_events  # noqa: E402
 BUILD = os.path.abspath(sys.argv[1])
 SOURCE = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 LAUNCH = os.path.join(BUILD, "launch")
-WORKER = os.path.join(BUILD, "tests", "worker", "worker")
+WORKER = os.path.join(BUILD, "testing", "worker", "worker")
 SCHEMA = {"time", "source", "run_id", "node", "rank", "gpu", "interface", "mount", "step"}
 
 

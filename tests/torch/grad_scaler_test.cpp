@@ -1,14 +1,15 @@
 // GradScaler: torch.amp.GradScaler's semantics (defaults, skip and backoff, growth, the errors it
 // raises) and the cross-rank agreement on overflow, with ranks as threads. The same agreement
-// across real processes with DTRAIN_FAULT=nan-grad is in tests/integration/checkpoint_processes_test.cpp.
+// across real processes with DTRAIN_FAULT=nan-grad is in
+// tests/torch/checkpoint/checkpoint_processes_test.cpp.
 #include <cmath>
 #include <limits>
 
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
-#include "ddp_models.h"
-#include "ddp_test_util.h"
+#include "ddp/ddp_models.h"
+#include "ddp/ddp_support.h"
 #include "dtrain/torch/ddp.h"
 #include "dtrain/torch/grad_scaler.h"
 

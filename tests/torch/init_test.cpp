@@ -1,6 +1,6 @@
 // dtrain::init() with ranks as threads: explicit placement and store, rank 0 hosting the store
 // without a launcher, and the errors for a missing or wrong environment. Real processes (launch,
-// srun/mpirun-style variables) are in tests/integration.
+// srun/mpirun-style variables) are in tests/comm/comm_processes_test.cpp.
 #include <gtest/gtest.h>
 
 #include <unistd.h>

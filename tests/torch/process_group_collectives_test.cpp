@@ -11,46 +11,13 @@
 #include "dtrain/base/error.h"
 #include "dtrain/comm/gloo_communicator.h"
 #include "dtrain/torch/process_group.h"
-#include "thread_communicator_support.h"
+#include "process_group_support.h"
 
 namespace dtrain::process_group_collectives_test {
 namespace {
 
 std::vector<std::shared_ptr<ProcessGroup>> makeGroups(int n, bool check = false) {
-  auto store = std::make_shared<store::HashStore>();
-  std::vector<std::shared_ptr<ProcessGroup>> groups(n);
-  std::vector<std::thread> threads;
-  for (int r = 0; r < n; ++r) {
-    threads.emplace_back([&, r] {
-      comm::GlooOptions o;
-      o.rank = r;
-      o.size = n;
-      o.store = store;
-      o.timeout = std::chrono::milliseconds(5000);
-      o.faultsFromEnv = false;
-      o.checkCollectivesFromEnv = false;
-      o.checkCollectives = check;
-      groups[r] = std::make_shared<ProcessGroup>(comm::createGlooCommunicator(o), r, c10::kCPU);
-    });
-  }
-  for (auto& t : threads) t.join();
-  return groups;
-}
-
-void onRanks(int n, const std::function<void(int)>& fn) {
-  std::vector<std::thread> threads;
-  std::vector<std::string> errors(n);
-  for (int r = 0; r < n; ++r) {
-    threads.emplace_back([&, r] {
-      try {
-        fn(r);
-      } catch (const std::exception& e) {
-        errors[r] = e.what();
-      }
-    });
-  }
-  for (auto& t : threads) t.join();
-  for (int r = 0; r < n; ++r) EXPECT_EQ(errors[r], "") << "rank " << r;
+  return testing::glooGroups(n, [&](comm::GlooOptions& o) { o.checkCollectives = check; });
 }
 
 // Rank r contributes r + (i % 5) at flat index i.
@@ -76,7 +43,8 @@ at::Tensor expected(int n, ReduceOp op, at::IntArrayRef shape, at::ScalarType dt
 // dtrain's Gloo backend in a process whose libtorch carries a Gloo of its own (pip's libtorch
 // exports one): after torch ops, a small allreduce and one of
 // 4 MiB (the ring, in segments) give exact sums. Linked the usual way, dtrain's Gloo code bound to
-// libtorch's Gloo and crashed here; see Note [One Gloo per process] in runtime/comm/gloo_loader.cpp.
+// libtorch's Gloo and crashed here; see Note [One Gloo per process] in
+// runtime/comm/gloo_loader.cpp.
 TEST(ProcessGroupCollectives, GlooRunsBesideTheGlooInsideLibtorch) {
   if (!comm::glooAvailable()) GTEST_SKIP() << "built without Gloo";
   const auto product = torch::ones({64, 64}).matmul(torch::ones({64, 64}));
@@ -87,7 +55,6 @@ TEST(ProcessGroupCollectives, GlooRunsBesideTheGlooInsideLibtorch) {
   {
     comm::GlooOptions one;
     one.store = std::make_shared<store::HashStore>();
-    one.faultsFromEnv = false;
     one.checkCollectivesFromEnv = false;
     try {
       comm::createGlooCommunicator(one);
@@ -97,7 +64,7 @@ TEST(ProcessGroupCollectives, GlooRunsBesideTheGlooInsideLibtorch) {
   }
   const int n = 2;
   auto pgs = makeGroups(n);
-  onRanks(n, [&](int r) {
+  testing::runRanks(n, [&](int r) {
     for (int64_t numel : {int64_t{17}, int64_t{1} << 20}) {
       auto t = contribution(r, {numel}, torch::kFloat);
       pgs[r]->allreduce(t);
@@ -114,7 +81,7 @@ TEST(ProcessGroupCollectives, AllreduceEveryDtypeAndOpInPlace) {
   for (auto dtype : {torch::kFloat, torch::kDouble, torch::kHalf, torch::kBFloat16, torch::kInt,
                      torch::kLong}) {
     for (auto op : {ReduceOp::Sum, ReduceOp::Avg, ReduceOp::Max, ReduceOp::Min}) {
-      onRanks(n, [&](int r) {
+      testing::runRanks(n, [&](int r) {
         auto t = contribution(r, {7, 13}, dtype);
         void* before = t.data_ptr();
         pgs[r]->allreduce(t, op);
@@ -130,7 +97,7 @@ TEST(ProcessGroupCollectives, NonContiguousTensorsAreWrittenBackInPlace) {
   if (!comm::glooAvailable()) GTEST_SKIP() << "built without Gloo";
   const int n = 2;
   auto pgs = makeGroups(n);
-  onRanks(n, [&](int r) {
+  testing::runRanks(n, [&](int r) {
     // A transposed view and a strided slice of a bigger tensor: only the view's elements change.
     auto base = contribution(r, {6, 10}, torch::kFloat);
     auto view = base.t();
@@ -157,7 +124,7 @@ TEST(ProcessGroupCollectives, AsyncWorkKeepsItsTensorAlive) {
   const int n = 2;
   auto pgs = makeGroups(n);
   using WeakTensor = c10::weak_intrusive_ptr<c10::TensorImpl, c10::UndefinedTensorImpl>;
-  onRanks(n, [&](int r) {
+  testing::runRanks(n, [&](int r) {
     std::vector<std::shared_ptr<comm::Work>> works;
     std::vector<WeakTensor> weak;
     for (int k = 0; k < 20; ++k) {
@@ -180,7 +147,7 @@ TEST(ProcessGroupCollectives, WorkIsWaitedOnTheCurrentStream) {
   // ProcessGroup's works (and its synchronous calls) wait through waitOnStream() with torch's
   // stream current at wait time, as c10d does (comm.h); on the CPU that stream is null.
   auto world = testing::ThreadWorld::create(2);
-  onRanks(2, [&](int r) {
+  testing::runRanks(2, [&](int r) {
     auto recorder = std::make_shared<testing::WaitRecordingCommunicator>(world->communicator(r));
     ProcessGroup pg(recorder, r, c10::kCPU);
     auto t = torch::ones({8});
@@ -200,7 +167,7 @@ TEST(ProcessGroupCollectives, BoolSumIsALogicalOr) {
   if (!comm::glooAvailable()) GTEST_SKIP() << "built without Gloo";
   const int n = 3;
   auto pgs = makeGroups(n);
-  onRanks(n, [&](int r) {
+  testing::runRanks(n, [&](int r) {
     auto t = torch::tensor({true, r == 1, false});
     pgs[r]->allreduce(t);
     auto bytes = t.view(torch::kUInt8);
@@ -243,7 +210,7 @@ TEST(ProcessGroupCollectives, AllgatherAndReduceScatter) {
   if (!comm::glooAvailable()) GTEST_SKIP() << "built without Gloo";
   const int n = 4;
   auto pgs = makeGroups(n);
-  onRanks(n, [&](int r) {
+  testing::runRanks(n, [&](int r) {
     auto in = torch::full({2, 3}, static_cast<int>(r), torch::kInt);
     auto all = pgs[r]->allgather(in);
     ASSERT_EQ(all.size(), static_cast<size_t>(n));
@@ -262,7 +229,7 @@ TEST(ProcessGroupCollectives, ZeroElementTensors) {
   if (!comm::glooAvailable()) GTEST_SKIP() << "built without Gloo";
   const int n = 2;
   auto pgs = makeGroups(n);
-  onRanks(n, [&](int r) {
+  testing::runRanks(n, [&](int r) {
     auto t = torch::empty({0, 4});
     pgs[r]->allreduce(t);
     pgs[r]->broadcast(t, 0);

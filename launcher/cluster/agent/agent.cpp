@@ -10,10 +10,10 @@
 #include <optional>
 
 #include "dtrain/base/error.h"
-#include "dtrain/base/fault.h"
 #include "dtrain/base/logging.h"
 #include "dtrain/base/tcp_store.h"
 #include "env_contract.h"
+#include "fault.h"
 #include "launcher/cluster/agent/heartbeat_thread.h"
 #include "launcher/cluster/protocol/rendezvous.h"
 #include "launcher/exit_codes.h"

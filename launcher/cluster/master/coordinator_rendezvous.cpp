@@ -2,7 +2,7 @@
 #include <optional>
 
 #include "dtrain/base/error.h"
-#include "dtrain/base/fault.h"
+#include "fault.h"
 #include "launcher/cluster/master/coordinator.h"
 #include "launcher/exit_codes.h"
 #include "launcher/seconds.h"

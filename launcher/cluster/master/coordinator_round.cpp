@@ -1,7 +1,7 @@
 // The Coordinator while a round runs: results, heartbeats, lost sessions, nodes waiting to join
 // (Note [Coordinator loop]).
 #include "dtrain/base/error.h"
-#include "dtrain/base/fault.h"
+#include "fault.h"
 #include "launcher/cluster/master/coordinator.h"
 #include "launcher/seconds.h"
 #include "launcher/supervisor/output.h"

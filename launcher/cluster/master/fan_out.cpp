@@ -13,8 +13,8 @@
 #include <thread>
 
 #include "dtrain/base/error.h"
-#include "dtrain/base/fault.h"
 #include "env_contract.h"
+#include "fault.h"
 #include "launcher/cluster/master/master.h"
 #include "launcher/cluster/protocol/plan_codec.h"
 #include "launcher/cluster/remote/remote_command.h"

@@ -27,7 +27,8 @@ namespace dtrain::launcher::remote {
 // The outer single quotes are read alike by every login shell as long as SCRIPT holds no
 // backslash (fish reads \\ and \' inside single quotes), no newline (csh and tcsh refuse one
 // inside quotes) and no ! (csh's history expansion); its quotes travel as '"'"' , which all of them
-// read as one ' (so does sh inside SCRIPT: no backslash is needed for a quote). A SCRIPT with one of those three characters (they can only come from the
+// read as one ' (so does sh inside SCRIPT: no backslash is needed for a quote). A SCRIPT with one
+// of those three characters (they can only come from the
 // directory or an argument) travels encoded instead, as
 //   exec sh -c 'c="$(echo BASE64 | base64 -d)" && eval "$c"'
 // -- letters, digits and + / = only -- so the argument still arrives byte-identical (base64 is

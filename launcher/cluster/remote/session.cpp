@@ -15,7 +15,7 @@
 #include <thread>
 
 #include "dtrain/base/error.h"
-#include "dtrain/base/fault.h"
+#include "fault.h"
 #include "launcher/node/program.h"
 #include "launcher/seconds.h"
 

@@ -40,7 +40,7 @@
 #include <vector>
 
 #include "checkpoint/format.h"
-#include "dtrain/base/fault.h"
+#include "fault.h"
 
 namespace dtrain::checkpoint {
 

@@ -144,7 +144,8 @@ void checkNoOverlap(const std::string& file, const std::vector<Entry>& entries) 
 
 // Names are unique per owner, except shards. Replicated shards (owner kReplicated) must tile their
 // tensor exactly. Owned tensors are shards -- one rank's range of a sharded tensor, Note [Sharded
-// checkpoint files], which may be the whole tensor -- and need not: a file holds the ranges of some ranks only; across owners they must agree
+// checkpoint files], which may be the whole tensor -- and need not: a file holds the ranges of
+// some ranks only; across owners they must agree
 // on kind, dtype and shape and never overlap (whether the ranks' files together cover the tensor
 // is the restore's question).
 void checkShards(const std::string& file, const std::vector<Entry>& entries) {

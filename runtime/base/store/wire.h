@@ -69,10 +69,12 @@
 //  10 WaitChanged u64 timeout_ms, key, seen      -> bytes: the value, once the key exists and
 //                                                   holds something other than `seen` (a counter
 //                                                   or a state key watched without polling)
-// Opcodes 9 and 10 came with launch's agent protocol 3 (docs/design.md#multi-node); a server without them refuses them by name ("unknown opcode 9"), which the client
+// Opcodes 9 and 10 came with launch's agent protocol 3 (docs/design.md#multi-node); a server
+// without them refuses them by name ("unknown opcode 9"), which the client
 // reports. The wire version stays 1: a frame of an older client is the same bytes.
 // timeout_ms is the server-side deadline of a parked Get/Wait/WaitChanged; 0 on the wire makes
-// the server answer at once. The client never sends 0 for a caller's zero timeout: that is the store's
+// the server answer at once. The client never sends 0 for a caller's zero timeout:
+// that is the store's
 // default deadline (Note [Zero timeouts] in dtrain/base/timeout.h), resolved before sending.
 // Other statuses:
 //   1 Timeout     (Get, Wait, WaitChanged) the server-side deadline passed: u64 count, then count

@@ -5,6 +5,7 @@
 
 #include <fmt/format.h>
 
+#include "collective_faults.h"
 #include "dtrain/base/error.h"
 #include "dtrain/base/logging.h"
 #include "dtrain/base/timeout.h"
@@ -30,7 +31,7 @@ GlooCommunicator::GlooCommunicator(const GlooOptions& o)
                    size_);
   const Millis connectTimeout =
       timeoutOrDefault(o.connectTimeout, kDefaultConnectTimeout, "GlooOptions::connectTimeout");
-  faults_ = CollectiveFaults(rank_, o.faults, o.faultsFromEnv);
+  faults_ = CollectiveFaults::forThisThread(rank_);
   checkCollectives_ =
       agreeOnCollectiveCheck(o.checkCollectives, o.checkCollectivesFromEnv, connectTimeout);
 
@@ -204,10 +205,9 @@ std::shared_ptr<Communicator> GlooCommunicator::createGroup(const GroupSpec& spe
   o.name = spec.name;
   o.timeout = spec.timeout;
   o.connectTimeout = spec.connectTimeout;
-  o.faults.clear();  // faults count the world's collectives, not a group's
-  o.faultsFromEnv = false;
   o.checkCollectives = checkCollectives_;
   o.checkCollectivesFromEnv = false;
+  const ScopedCollectiveFaults none({});  // faults count the world's collectives, not a group's
   return std::make_shared<GlooCommunicator>(o);
 }
 

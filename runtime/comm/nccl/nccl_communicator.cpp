@@ -75,7 +75,7 @@ NcclCommunicator::NcclCommunicator(const NcclOptions& o)
   const Millis connectTimeout =
       timeoutOrDefault(o.connectTimeout, kDefaultConnectTimeout, "NcclOptions::connectTimeout");
   validateNcclEnvironment();
-  faults_ = CollectiveFaults(rank_, o.faults, o.faultsFromEnv);
+  faults_ = CollectiveFaults::forThisThread(rank_);
   checkCollectives_ =
       agreeOnCollectiveCheck(o.checkCollectives, o.checkCollectivesFromEnv, connectTimeout);
 

@@ -11,7 +11,7 @@
 #include <nccl.h>
 
 #if !defined(NCCL_VERSION_CODE) || NCCL_VERSION_CODE < 21400
-#error "dtrain needs NCCL >= 2.14 (ncclRemoteError, ncclInProgress, ncclCommFinalize); see docs/building.md"
+#error "dtrain needs NCCL >= 2.14 (for ncclInProgress and ncclCommFinalize); see docs/building.md"
 #endif
 
 // ncclBfloat16 needs CUDA >= 11's bfloat16 types (some NCCL headers declare it only with them).

@@ -7,6 +7,7 @@
 
 #include <fmt/format.h>
 
+#include "collective_faults.h"
 #include "dtrain/base/error.h"
 #include "dtrain/base/logging.h"
 #include "dtrain/base/timeout.h"
@@ -44,7 +45,7 @@ ShmCommunicator::ShmCommunicator(Config c)
           timeoutOrDefault(c.connectTimeout, kDefaultConnectTimeout, "ShmOptions::connectTimeout")),
       cross_(std::move(c.cross)),
       crossName_(c.crossName) {
-  faults_ = CollectiveFaults(topo_.rank, c.shm.faults, c.shm.faultsFromEnv);
+  faults_ = CollectiveFaults::forThisThread(topo_.rank);
   const ShmOptions& o = shmOptions_;
   DTRAIN_CHECK_ARG(o.size >= 1 && o.size <= shm::kMaxShmRanks,
                    "shared memory: {} ranks on one node; at most {} are supported", o.size,
@@ -324,8 +325,7 @@ std::shared_ptr<Communicator> ShmCommunicator::createGroup(const GroupSpec& spec
   o.timeout = spec.timeout;
   o.connectTimeout = spec.connectTimeout;
   o.shm = shmOptions_;
-  o.shm.faults.clear();  // faults count the world's collectives, not a group's
-  o.shm.faultsFromEnv = false;
+  const ScopedCollectiveFaults none({});  // faults count the world's collectives, not a group's
   return createCpuCommunicatorFor(o, members);
 }
 

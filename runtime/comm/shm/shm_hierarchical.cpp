@@ -8,6 +8,7 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include "collective_faults.h"
 #include "dtrain/base/error.h"
 #include "dtrain/base/logging.h"
 #include "dtrain/comm/gloo_communicator.h"
@@ -251,8 +252,6 @@ GlooOptions glooFor(const CpuWorldOptions& o) {
   g.timeout = o.timeout;
   g.connectTimeout = o.connectTimeout;
   g.checkCollectives = o.checkCollectives;
-  g.faults = o.shm.faults;
-  g.faultsFromEnv = o.shm.faultsFromEnv;
   return g;
 }
 
@@ -288,9 +287,6 @@ std::shared_ptr<Communicator> createCpuCommunicatorFor(const CpuWorldOptions& o,
   c.connectTimeout = o.connectTimeout;
   c.shm = inNode(o, c.topology, nodes == 1 ? o.name : fmt::format("{}/node{}", o.name,
                                                                    c.topology.node));
-  // Faults count this communicator's collectives, not the in-node or cross ones.
-  c.shm.faults = o.shm.faults;
-  c.shm.faultsFromEnv = o.shm.faultsFromEnv;
   if (nodes > 1) {
     // Every rank joins its cross group first, then its node's segment: the same order
     // everywhere, so no group waits for a rank that is stuck joining the other.
@@ -299,10 +295,9 @@ std::shared_ptr<Communicator> createCpuCommunicatorFor(const CpuWorldOptions& o,
     cross.size = nodes;
     cross.name = fmt::format("{}/cross{}", o.name, c.topology.local);
     cross.checkCollectives = false;
-    GlooOptions g = glooFor(cross);
-    g.faults.clear();
-    g.faultsFromEnv = false;
-    c.cross = createGlooCommunicator(g);
+    // Faults count this communicator's collectives, not the cross ones.
+    const ScopedCollectiveFaults none({});
+    c.cross = createGlooCommunicator(glooFor(cross));
     c.crossName = cross.name;
   }
   return std::make_shared<ShmCommunicator>(std::move(c));

@@ -1,8 +1,8 @@
 #pragma once
 // The one header a training program includes, as torch/torch.h is libtorch's: errors, the store,
 // metrics and their sinks (Prometheus through launch, JSONL, TensorBoard), progress reports, the
-// communicators, and with the libtorch layer init(), DDP, the sampler, GradScaler, checkpoints,
-// autocast, ZeRO, recompute and the host memory cache.
+// communicators, and with the libtorch layer init(), DDP, the sampler, GradScaler, the training
+// state and its checkpoints, autocast, ZeRO, recompute and the host memory cache.
 
 #include "dtrain/base/error.h"
 #include "dtrain/base/metrics.h"
@@ -23,6 +23,7 @@
 #include "dtrain/torch/init.h"
 #include "dtrain/torch/zero.h"
 #include "dtrain/torch/recompute.h"
+#include "dtrain/torch/training_state.h"
 #endif
 
 namespace dtrain {

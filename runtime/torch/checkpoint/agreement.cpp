@@ -3,11 +3,11 @@
 // that a slow writer is waited for as long as the checkpoint allows, not the collectives' default.
 #include <ATen/ATen.h>
 
-#include "checkpointer_impl.h"
 #include "dtrain/torch/process_group.h"
+#include "placement.h"
 #include "../torch_compat.h"
 
-namespace dtrain {
+namespace dtrain::checkpoint {
 
 namespace {
 
@@ -61,4 +61,4 @@ std::unique_ptr<checkpoint::Agreement> collectiveAgreement(std::shared_ptr<Proce
   return std::make_unique<CollectiveAgreement>(std::move(group));
 }
 
-}  // namespace dtrain
+}  // namespace dtrain::checkpoint

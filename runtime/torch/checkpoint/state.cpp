@@ -161,7 +161,7 @@ at::ScalarType toScalarType(DType dtype) {
 std::vector<Item> replicatedItems(const Registry& registry,
                                   const std::map<std::string, MetadataValue>& metadata) {
   std::vector<Item> items;
-  for (const auto& [name, module] : registry.modules) {
+  for (const auto& [name, module] : registry.state.modules) {
     for (const auto& [key, t] : moduleTensors(*module)) {
       // A freed parameter's values are its owners' shard records (Note [Stage-3 checkpoints]).
       const ShardedParam* sharded = shardedParamOf(registry, t);
@@ -170,7 +170,7 @@ std::vector<Item> replicatedItems(const Registry& registry,
       items.push_back(tensorItem("module/" + name + "/" + key, t));
     }
   }
-  for (const auto& [name, opt] : registry.optimizers) {
+  for (const auto& [name, opt] : registry.state.optimizers) {
     const std::string prefix = optimizerPrefix(name);
     const char* type = optimizerType(*opt);
     DTRAIN_CHECK_T(CheckpointError, type != nullptr,
@@ -202,11 +202,11 @@ std::vector<Item> replicatedItems(const Registry& registry,
       }
     }
   }
-  for (const auto& [name, scheduler] : registry.schedulers) {
+  for (const auto& [name, scheduler] : registry.state.schedulers) {
     items.push_back(intItem("scheduler/" + name + "/step_count",
                             static_cast<int64_t>(compat::schedulerStepCount(*scheduler))));
   }
-  for (const auto& [name, scaler] : registry.scalers) {
+  for (const auto& [name, scaler] : registry.state.scalers) {
     GradScalerState s = scaler->state();
     std::string prefix = "scaler/" + name + "/";
     items.push_back(numberItem(prefix + "scale", s.scale));
@@ -215,7 +215,7 @@ std::vector<Item> replicatedItems(const Registry& registry,
     items.push_back(intItem(prefix + "growth_interval", s.growthInterval));
     items.push_back(intItem(prefix + "growth_tracker", s.growthTracker));
   }
-  for (const auto& entry : registry.samplers) {
+  for (const auto& entry : registry.state.samplers) {
     items.push_back(bytesItem("sampler/" + entry.name, entry.state().encode()));
   }
   for (const auto& [key, value] : metadata) {
@@ -233,7 +233,7 @@ std::vector<Item> replicatedItems(const Registry& registry,
   return items;
 }
 
-std::vector<uint8_t> encodeRankState(const Registry& registry) {
+std::vector<uint8_t> encodeRankState(const state::Registry& registered) {
   std::vector<uint8_t> out(4, 0);
   uint32_t count = 0;
   {
@@ -250,7 +250,7 @@ std::vector<uint8_t> encodeRankState(const Registry& registry) {
     ++count;
   }
 #endif
-  for (const auto& entry : registry.samplers) {
+  for (const auto& entry : registered.samplers) {
     putBlob(out, "sampler/" + entry.name, entry.state().encode());
     ++count;
   }
@@ -288,10 +288,6 @@ std::vector<Item> rankItems(uint32_t rank, const std::vector<uint8_t>& blob) {
     items.push_back(std::move(item));
   }
   return items;
-}
-
-SamplerState SamplerEntry::state() const {
-  return consumed ? sampler->state(consumed()) : sampler->state();
 }
 
 std::function<void()> useDeviceInThread(const c10::Device& device) {

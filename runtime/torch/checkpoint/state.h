@@ -18,6 +18,7 @@
 #include "checkpoint/format.h"
 #include "dtrain/torch/checkpoint.h"
 #include "dtrain/torch/distributed_sampler.h"
+#include "../state/registry.h"
 
 namespace torch::nn {
 class Module;
@@ -41,20 +42,9 @@ struct Item {
   size_t size() const;
 };
 
-// A sampler and, when the program gave one, what its training has consumed (addSampler).
-struct SamplerEntry {
-  std::string name;
-  DistributedSampler* sampler = nullptr;
-  std::function<size_t()> consumed;
-  // The position to save: after what was consumed, else after what was handed out.
-  SamplerState state() const;
-};
-
-// A ShardedOptimizer registered with addOptimizer(): its state goes through shard_entries.h.
-struct ShardedEntry {
-  std::string name;
-  ShardedOptimizer* optimizer = nullptr;
-};
+// What a TrainingState registered (state/registry.h).
+using state::SamplerEntry;
+using state::ShardedEntry;
 
 // A parameter that a registered ShardedOptimizer holds in shards: the optimizer's name, the
 // parameter's name in its shard records, its dtype, and whether its unit frees it between uses
@@ -66,19 +56,17 @@ struct ShardedParam {
   bool freed = false;
 };
 
+// What a save or restore walks: the registered state and, for ZeRO stage 3, every parameter of
+// its sharded optimizers by its TensorImpl (registryOf()).
 struct Registry {
-  std::vector<std::pair<std::string, std::shared_ptr<torch::nn::Module>>> modules;
-  std::vector<std::pair<std::string, torch::optim::Optimizer*>> optimizers;  // not sharded
-  std::vector<ShardedEntry> sharded;
-  std::vector<std::pair<std::string, torch::optim::LRScheduler*>> schedulers;
-  std::vector<std::pair<std::string, GradScaler*>> scalers;
-  std::vector<SamplerEntry> samplers;
-  // Every parameter of the sharded optimizers, by its TensorImpl (addShardedParams()).
+  state::Registry& state;
   std::map<const void*, ShardedParam> shardedParams;
 };
 
 // --- ZeRO stage 3 (checkpoint/zero3.cpp, Note [Stage-3 checkpoints]) ---
 
+// `state` with the parameters its sharded optimizers hold in shards, as they are now.
+Registry registryOf(state::Registry& state);
 // Records the parameters `optimizer`, registered as `name`, holds in shards.
 void addShardedParams(Registry& registry, const std::string& name, ShardedOptimizer& optimizer);
 // `t`'s entry in registry.shardedParams, or nullptr.
@@ -103,7 +91,7 @@ std::vector<Item> replicatedItems(const Registry& registry,
                                   const std::map<std::string, MetadataValue>& metadata);
 
 // This rank's own state (random generators, samplers' positions), as one blob for the gather.
-std::vector<uint8_t> encodeRankState(const Registry& registry);
+std::vector<uint8_t> encodeRankState(const state::Registry& registered);
 // Rank `rank`'s blob as entries owned by it. Throws CheckpointError for a malformed blob.
 std::vector<Item> rankItems(uint32_t rank, const std::vector<uint8_t>& blob);
 
@@ -117,7 +105,7 @@ void restoreReplicated(const CheckpointReader& reader, Registry& registry,
                        std::map<std::string, MetadataValue>& metadata, bool sameWorldSize,
                        const c10::Device& device);
 // Reads rank `rank`'s own entries (absent after a world-size change for new ranks).
-void restoreRankState(const CheckpointReader& reader, Registry& registry, uint32_t rank,
+void restoreRankState(const CheckpointReader& reader, state::Registry& registered, uint32_t rank,
                       bool sameWorldSize);
 
 // --- shared by the writing (state.cpp) and reading (state_read.cpp) sides ---

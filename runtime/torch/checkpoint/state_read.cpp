@@ -124,7 +124,7 @@ bool fromShardRecords(const CheckpointReader& reader, const Registry& registry,
 }  // namespace
 
 void checkRestorable(const CheckpointReader& reader, const Registry& registry) {
-  for (const auto& [name, module] : registry.modules) {
+  for (const auto& [name, module] : registry.state.modules) {
     for (const auto& [key, t] : moduleTensors(*module)) {
       const std::string entry = "module/" + name + "/" + key;
       if (fromShardRecords(reader, registry, entry, t)) continue;
@@ -132,7 +132,7 @@ void checkRestorable(const CheckpointReader& reader, const Registry& registry) {
       tensorEntries(reader, entry, t);
     }
   }
-  for (const auto& [name, opt] : registry.optimizers) {
+  for (const auto& [name, opt] : registry.state.optimizers) {
     const std::string prefix = optimizerPrefix(name);
     auto typeBytes = readBytes(reader, single(reader, prefix + "type", Kind::String));
     std::string saved(typeBytes.begin(), typeBytes.end());
@@ -156,13 +156,13 @@ void checkRestorable(const CheckpointReader& reader, const Registry& registry) {
     at::Tensor lrs = at::empty({static_cast<int64_t>(mineCounts.size())}, at::kDouble);
     tensorEntries(reader, prefix + "lr", lrs);
   }
-  for (const auto& [name, scheduler] : registry.schedulers) {
+  for (const auto& [name, scheduler] : registry.state.schedulers) {
     single(reader, "scheduler/" + name + "/step_count", Kind::Number);
   }
-  for (const auto& [name, scaler] : registry.scalers) {
+  for (const auto& [name, scaler] : registry.state.scalers) {
     single(reader, "scaler/" + name + "/scale", Kind::Number);
   }
-  for (const auto& entry : registry.samplers) {
+  for (const auto& entry : registry.state.samplers) {
     single(reader, "sampler/" + entry.name, Kind::Bytes);
   }
 }
@@ -232,11 +232,11 @@ void restoreOptimizer(const CheckpointReader& reader, const std::string& name,
 
 // Schedulers' step counts, scalers' state and (after a world-size change) samplers' positions.
 void restoreCounters(const CheckpointReader& reader, Registry& registry, bool sameWorldSize) {
-  for (auto& [name, scheduler] : registry.schedulers) {
+  for (auto& [name, scheduler] : registry.state.schedulers) {
     compat::schedulerStepCount(*scheduler) =
         static_cast<unsigned>(readInt(reader, "scheduler/" + name + "/step_count"));
   }
-  for (auto& [name, scaler] : registry.scalers) {
+  for (auto& [name, scaler] : registry.state.scalers) {
     std::string prefix = "scaler/" + name + "/";
     GradScalerState s;
     s.scale = readNumber(reader, prefix + "scale");
@@ -246,7 +246,7 @@ void restoreCounters(const CheckpointReader& reader, Registry& registry, bool sa
     s.growthTracker = readInt(reader, prefix + "growth_tracker");
     scaler->loadState(s);
   }
-  for (auto& entry : registry.samplers) {
+  for (auto& entry : registry.state.samplers) {
     // At the same world size each rank loads its own position (restoreRankState); at another,
     // the global cursor is all there is, and it is the same for every rank.
     if (sameWorldSize) continue;
@@ -293,14 +293,14 @@ void restoreReplicated(const CheckpointReader& reader, Registry& registry,
                        const c10::Device& device) {
   // The bulk -- parameters, buffers, optimizer state -- is gathered first and read in one spread.
   TensorReads reads;
-  for (auto& [name, module] : registry.modules) {
+  for (auto& [name, module] : registry.state.modules) {
     for (auto& [key, t] : moduleTensors(*module)) {
       std::string entry = "module/" + name + "/" + key;
       if (fromShardRecords(reader, registry, entry, t)) continue;  // loadShards() writes it
       reads.emplace_back(tensorEntries(reader, entry, t), t);
     }
   }
-  for (auto& [name, opt] : registry.optimizers) restoreOptimizer(reader, name, *opt, reads);
+  for (auto& [name, opt] : registry.state.optimizers) restoreOptimizer(reader, name, *opt, reads);
   forEachSpread(
       reads.size(), [&](size_t i) { return static_cast<uint64_t>(reads[i].second.nbytes()); },
       [&](size_t i) { readTensor(reader, reads[i].first, reads[i].second); },
@@ -309,7 +309,7 @@ void restoreReplicated(const CheckpointReader& reader, Registry& registry,
   restoreMetadata(reader, metadata);
 }
 
-void restoreRankState(const CheckpointReader& reader, Registry& registry, uint32_t rank,
+void restoreRankState(const CheckpointReader& reader, state::Registry& registered, uint32_t rank,
                       bool sameWorldSize) {
   if (rank >= reader.header().worldSize) {
     DTRAIN_LOG(Info, "checkpoint: rank {} did not exist when {} was saved (world size {}); its "
@@ -336,7 +336,7 @@ void restoreRankState(const CheckpointReader& reader, Registry& registry, uint32
   }
 #endif
   if (!sameWorldSize) return;
-  for (auto& entry : registry.samplers) {
+  for (auto& entry : registered.samplers) {
     const Entry* e = own("sampler/" + entry.name);
     DTRAIN_CHECK_T(CheckpointError, e != nullptr,
                    "checkpoint {}: rank {}'s position of sampler \"{}\" is missing", reader.name(),

@@ -29,6 +29,12 @@
 
 namespace dtrain::checkpoint {
 
+Registry registryOf(state::Registry& state) {
+  Registry registry{state, {}};
+  for (const auto& s : state.sharded) addShardedParams(registry, s.name, *s.optimizer);
+  return registry;
+}
+
 void addShardedParams(Registry& registry, const std::string& name, ShardedOptimizer& optimizer) {
   zero::ShardGroup& shards = optimizer.shards();
   for (size_t k = 0; k < shards.unitCount(); ++k) {  // frozen units too: Note [Frozen units]
@@ -53,7 +59,7 @@ namespace {
 
 ModuleShards moduleEntriesOf(const Registry& registry, bool freedOnly) {
   ModuleShards out;
-  for (const auto& [name, module] : registry.modules) {
+  for (const auto& [name, module] : registry.state.modules) {
     for (const auto& p : module->named_parameters(/*recurse=*/true)) {
       const ShardedParam* s = shardedParamOf(registry, p.value());
       if (!s || (freedOnly && !s->freed)) continue;

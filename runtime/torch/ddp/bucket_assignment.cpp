@@ -1,4 +1,4 @@
-#include "dtrain/torch/bucket_assignment.h"
+#include "dtrain/torch/detail/bucket_assignment.h"
 
 #include <algorithm>
 #include <map>

@@ -1,4 +1,4 @@
-#include "dtrain/torch/ddp_core.h"
+#include "dtrain/torch/detail/ddp_core.h"
 
 #include <unordered_set>
 

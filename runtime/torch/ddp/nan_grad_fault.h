@@ -6,7 +6,7 @@
 
 #include <ATen/core/Tensor.h>
 
-#include "dtrain/base/fault.h"
+#include "fault.h"
 
 namespace dtrain::ddp {
 

@@ -34,7 +34,8 @@
 // post-hook, so the hook runs once per backward, after the gradient is complete in .grad. The hook
 // copies the gradient into its slot of a bucket (with gradientAsBucketView it already lives
 // there), to be divided by the world size there or by the allreduce (Note [Averaging]); the bucket
-// whose last gradient this was starts its allreduce at once, while autograd goes on with the earlier layers. Buckets are launched
+// whose last gradient this was starts its allreduce at once, while autograd goes on with the
+// earlier layers. Buckets are launched
 // strictly in bucket order, so every rank issues the same collectives in the same order even when
 // gradients arrive in a different order on different ranks.
 //

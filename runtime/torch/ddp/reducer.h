@@ -15,7 +15,7 @@
 #include "backward_pass.h"
 #include "gradient_sync.h"
 #include "dtrain/comm/communicator.h"
-#include "dtrain/torch/bucket_assignment.h"
+#include "dtrain/torch/detail/bucket_assignment.h"
 #include "dtrain/torch/ddp_options.h"
 #include "dtrain/torch/ddp_stats.h"
 #include "dtrain/torch/process_group.h"

@@ -27,7 +27,8 @@
 // forward runs fn once, keeps none of its graph and saves only the inputs. Its backward runs
 // fn again, under grad mode, on detached copies of the inputs, then asks autograd for the
 // gradients of the recomputed outputs with respect to those copies and to the parameters
-// (what torch::autograd::grad with explicit inputs does) and returns them as the node's input gradients.
+// (what torch::autograd::grad with explicit inputs does)
+// and returns them as the node's input gradients.
 //
 // Why not the classic reentrant form (Python's use_reentrant=True), which calls backward() on
 // the recomputed outputs from inside backward: that inner backward accumulates the segment's
@@ -35,7 +36,8 @@
 // fire there; the hook that queues the end-of-backward callback (Note [DDP backward]) binds it to
 // that inner task, which ends first; findUnusedParameters' walk from the outputs cannot see the
 // parameters, which were used under no-grad, and marks them unused although they receive
-// gradients. Here the gradients come from a nested engine task too, but one that only *captures* the
+// gradients. Here the gradients come from a nested engine task too, but one that only
+// *captures* the
 // gradients at its inputs: no AccumulateGrad node runs in it, so no hook fires and .grad is not
 // touched. The parameters' gradients leave the node like any other node's, in the caller's graph
 // task; each parameter's AccumulateGrad runs once (a parameter used in several segments, or

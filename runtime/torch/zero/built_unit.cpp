@@ -10,7 +10,7 @@
 #include "checkpoint/format.h"
 #include "dtrain/base/error.h"
 #include "dtrain/torch/process_group.h"
-#include "dtrain/torch/unit_layout.h"
+#include "dtrain/torch/detail/unit_layout.h"
 
 namespace dtrain::zero {
 

@@ -43,7 +43,7 @@
 
 #include "dtrain/comm/communicator.h"
 #include "dtrain/torch/fully_shard.h"
-#include "dtrain/torch/shard_layout.h"
+#include "dtrain/torch/detail/shard_layout.h"
 
 namespace dtrain::zero {
 

@@ -36,7 +36,8 @@
 // them), stages 2 and 3 into the parameters' own .grad, full-size, until the synchronising
 // backward copies them into buckets (no communication until the accumulation boundary; Note
 // [Unit states]). So then stage 3 keeps every unit's full gradients between micro-batches --
-// its parameters it does not: a noSync() backward counts each unit's gradients as a synchronising one does
+// its parameters it does not: a noSync() backward counts each unit's gradients as a
+// synchronising one does
 // and reshards the unit once they are all in, and its end reshards whatever is left (a unit
 // with a parameter that pass did not reach).
 //

@@ -8,7 +8,7 @@
 
 #include <torch/optim/optimizer.h>
 
-#include "dtrain/torch/ddp_core.h"
+#include "dtrain/torch/detail/ddp_core.h"
 #include "dtrain/torch/zero.h"
 
 namespace dtrain::zero {

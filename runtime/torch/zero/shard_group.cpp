@@ -18,7 +18,8 @@
 //   Stage 1: each unit's reduce-scatter computes (sum over ranks of block r) / N, so S is folded
 //   into this rank's own block as N S before the collective: (N S + sum of the ranks' new
 //   gradients) / N = S + their average; when S is zero -- zero_grad() each step -- the result is
-//   bitwise the average DDP's allreduce computes. The block is S itself (the reduce-scatter runs in place), and the other blocks hold
+//   bitwise the average DDP's allreduce computes. The block is S itself (the reduce-scatter runs
+//   in place), and the other blocks hold
 //   this rank's share of the last reduce-scatter's input. Before the first gradient of the next
 //   backward is accumulated (a pre-hook on the gradient accumulators, so also when that backward
 //   is a noSync() one), the other blocks are zeroed and S multiplied by N: one pass over the

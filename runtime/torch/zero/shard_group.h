@@ -12,10 +12,10 @@
 #include <vector>
 
 #include "collectives.h"
-#include "dtrain/base/fault.h"
 #include "dtrain/torch/process_group.h"
-#include "dtrain/torch/shard_layout.h"
+#include "dtrain/torch/detail/shard_layout.h"
 #include "dtrain/torch/zero.h"
+#include "fault.h"
 #include "shard_unit.h"
 #include "unit_order.h"
 
@@ -105,7 +105,8 @@ namespace dtrain::zero {
 // one rank: FSDP's most reported hang) puts two different gathers at the same sequence number.
 // Of two units of the same size and dtype, the collectives would be indistinguishable -- the
 // ranks would silently exchange each other's parameters. So every gather of a resharded unit is
-// labelled "unit <k> <why> <n> (<module>)" -- why: forward, backward or full (gatherFullParameters);
+// labelled "unit <k> <why> <n> (<module>)" -- why: forward, backward or full
+// (gatherFullParameters);
 // n: the unit's own gather count, so a rank a whole forward ahead differs too -- and checked
 // across ranks before it runs, whatever DTRAIN_CHECK_COLLECTIVES says (CallOptions::label and
 // ::check): every rank fails at once, naming both sides' unit and call. The cost is the check's:
@@ -124,7 +125,8 @@ namespace dtrain::zero {
 // save and restore -- so the tail runs while the program loads its next batch. The collectives
 // are the same, in the same order, on every rank; only where a rank waits moves. A reader
 // outside dtrain (an EMA copy, the module called without the wrapper) cannot be seen: it calls
-// waitForParameters(), which is why it is off by default. Stage 3's marked units are unaffected (they are gathered at their use);
+// waitForParameters(), which is why it is off by default. Stage 3's marked units are unaffected
+// (they are gathered at their use);
 // its root units defer as stage 2's.
 class ShardGroup {
  public:

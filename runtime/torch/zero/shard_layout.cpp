@@ -1,10 +1,10 @@
-#include "dtrain/torch/shard_layout.h"
+#include "dtrain/torch/detail/shard_layout.h"
 
 #include <algorithm>
 
 #include "dtrain/base/error.h"
-#include "dtrain/torch/bucket_assignment.h"
-#include "dtrain/torch/unit_layout.h"
+#include "dtrain/torch/detail/bucket_assignment.h"
+#include "dtrain/torch/detail/unit_layout.h"
 
 namespace dtrain {
 

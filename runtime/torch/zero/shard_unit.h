@@ -14,7 +14,7 @@
 #include <c10/core/Device.h>
 
 #include "dtrain/comm/communicator.h"
-#include "dtrain/torch/shard_layout.h"
+#include "dtrain/torch/detail/shard_layout.h"
 
 namespace torch::optim {
 class Optimizer;

@@ -5,7 +5,7 @@
 #include <map>
 
 #include "dtrain/base/error.h"
-#include "dtrain/torch/shard_layout.h"
+#include "dtrain/torch/detail/shard_layout.h"
 
 namespace dtrain::shard_layout_test {
 namespace {

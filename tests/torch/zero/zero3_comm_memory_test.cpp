@@ -9,9 +9,10 @@
 
 #include <gtest/gtest.h>
 
+#include "../process_group_support.h"
 #include "dtrain/comm/gloo_communicator.h"
 #include "dtrain/torch/fully_shard.h"
-#include "zero_test_support.h"
+#include "zero_support.h"
 
 namespace dtrain::testing::zero3_comm_memory_test {
 namespace {
@@ -22,31 +23,11 @@ constexpr int64_t kWidth = 1024;
 constexpr size_t kUnitBytes = (kWidth * kWidth + kWidth) * sizeof(float);
 constexpr int kLayers = 4;
 
-std::vector<std::shared_ptr<ProcessGroup>> glooGroups(int n) {
-  auto store = std::make_shared<store::HashStore>();
-  std::vector<std::shared_ptr<ProcessGroup>> groups(static_cast<size_t>(n));
-  std::vector<std::thread> threads;
-  for (int r = 0; r < n; ++r) {
-    threads.emplace_back([&, r] {
-      comm::GlooOptions o;
-      o.rank = r;
-      o.size = n;
-      o.store = store;
-      o.timeout = std::chrono::milliseconds(10000);
-      o.faultsFromEnv = false;
-      o.checkCollectivesFromEnv = false;
-      groups[static_cast<size_t>(r)] =
-          std::make_shared<ProcessGroup>(comm::createGlooCommunicator(o), r, c10::kCPU);
-    });
-  }
-  for (auto& t : threads) t.join();
-  return groups;
-}
-
 TEST(Zero3CommMemory, HeldBetweenStepsIsAStepsPeakAndTheBuildIsGone) {
   if (!comm::glooAvailable()) GTEST_SKIP() << "built without Gloo";
   constexpr int kWorld = 2;
-  const auto groups = glooGroups(kWorld);
+  const auto groups =
+      glooGroups(kWorld, [](comm::GlooOptions& o) { o.timeout = comm::Millis(10000); });
   std::vector<comm::BufferStats> afterWarmup(kWorld), end(kWorld);
   std::vector<size_t> stepPeak(kWorld, 0);
   std::vector<ZeroMemory> memory(kWorld);

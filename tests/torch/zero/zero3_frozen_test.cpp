@@ -16,13 +16,13 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
-#include "../checkpoint_test_util.h"
+#include "../checkpoint/checkpoint_support.h"
 #include "counting_allocator.h"
 #include "dtrain/torch/checkpoint.h"
 #include "dtrain/torch/fully_shard.h"
 #include "dtrain/torch/zero.h"
 #include "test_support.h"
-#include "zero_test_support.h"
+#include "zero_support.h"
 
 namespace dtrain::testing::zero3_frozen_test {
 namespace {

@@ -1,6 +1,6 @@
 #pragma once
 // Models and one training loop of the ZeRO stage-3 tests, shared by the tests with ranks as
-// threads (zero3_test.cpp) and the real-process worker (tests/integration/zero_worker.cpp): the
+// threads (zero3_test.cpp) and the real-process worker (tests/torch/zero/zero_worker.cpp): the
 // same run under plain DDP with AdamW or under a stage-2/3 ShardedOptimizer, so the two can be
 // compared step for step.
 
@@ -17,7 +17,7 @@
 
 #include "dtrain/torch/autocast.h"
 #include "dtrain/torch/fully_shard.h"
-#include "zero_test_support.h"
+#include "zero_support.h"
 
 namespace dtrain::testing {
 

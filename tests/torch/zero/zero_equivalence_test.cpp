@@ -1,6 +1,6 @@
 // ZeRO stages 1 and 2 against plain DDP, ranks as threads: the same model, data and optimizer end
 // within 1e-6 (relative) of DDP's parameters, and every rank bitwise equal after the all-gather.
-// Real processes over shared memory and Gloo: tests/integration/zero_processes_test.cpp.
+// Real processes over shared memory and Gloo: tests/torch/zero/zero_processes_test.cpp.
 #include <gtest/gtest.h>
 
 #include "zero_expect.h"

@@ -1,9 +1,9 @@
 #pragma once
-// gtest assertions of the ZeRO tests over trainMlp's results (zero_test_support.h).
+// gtest assertions of the ZeRO tests over trainMlp's results (zero_support.h).
 
 #include <gtest/gtest.h>
 
-#include "zero_test_support.h"
+#include "zero_support.h"
 
 namespace dtrain::testing {
 

@@ -6,7 +6,7 @@
 
 #include <algorithm>
 
-#include "zero_test_support.h"
+#include "zero_support.h"
 
 namespace dtrain::testing::zero_memory_test {
 namespace {

@@ -9,7 +9,7 @@
 #include <vector>
 
 #include "dtrain/torch/fully_shard.h"
-#include "zero_test_support.h"
+#include "zero_support.h"
 
 namespace dtrain::testing::zero_overlap_test {
 namespace {

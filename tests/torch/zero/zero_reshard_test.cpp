@@ -6,7 +6,7 @@
 #include <map>
 #include <mutex>
 
-#include "zero_test_support.h"
+#include "zero_support.h"
 
 namespace dtrain::testing::zero_reshard_test {
 namespace {

@@ -5,7 +5,7 @@
 // where, and serve a trainer's figures on its metrics endpoint beside its own samples.
 //
 // A rank publishes through the job's store from a thread of its own, at most once a second and
-// only when something changed (see Note [Progress publisher]). Nothing here blocks the caller:
+// only when something changed (docs/design.md "Monitoring"). Nothing here blocks the caller:
 // setStep() and publishFigures() only record the latest values. Outside `launch` (no
 // DTRAIN_STORE_ADDR) nothing is published and every call is a cheap no-op.
 //

@@ -87,17 +87,17 @@ struct TcpStoreOptions {
   Millis handshakeTimeout = kDefaultHandshakeTimeout;  // per connection attempt, after connect
   StoreLimits limits;  // checked here too, so an oversize key fails before it is sent
   // false: set() returns once its request is sent (see TcpStore). true: set() waits for the
-  // server's acknowledgement, a round trip each (on loopback about a quarter of the throughput
-  // of pipelined sets, benchmarks/README.md).
+  // server's acknowledgement, a round trip each (many sets take several times as long as pipelined
+  // ones: benchmarks/README.md, store_bench).
   bool acknowledgedSets = false;
 };
 
 // The job's store, seen from a worker. Every operation but set() is one round trip.
 //
-// set() is pipelined (Note [Pipelined sets] in tcp_store_client.cpp): when it returns, the value
-// has been sent, not necessarily applied. The next call on the same client (any operation, in
-// any thread), flush(), or the destructor guarantees that it was applied, or reports why not:
-// an error of a set that already returned -- the server refused it, or the connection was lost
+// set() is pipelined (docs/design.md "Pipelined sets"): when it returns, the value has been sent,
+// not necessarily applied. The next call on the same client (any operation, in any thread),
+// flush(), or the destructor guarantees that it was applied, or reports why not: an error of a set
+// that already returned -- the server refused it, or the connection was lost
 // or timed out before it was acknowledged -- is thrown by the next call on this client, before
 // that call does anything itself, and names the set's key (and any later ones it took along).
 // set() throws by itself only when its own request could not be sent. The destructor waits for

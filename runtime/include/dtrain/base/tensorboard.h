@@ -7,8 +7,8 @@
 //
 // Then, on any machine with the files: `pip install tensorboard; tensorboard --logdir runs`.
 // Torch-free (dtrain_base): launch --tensorboard-dir writes its samples and every rank's records
-// with the same code. The format: Note [TensorBoard event files] in
-// runtime/base/metrics/event_file.h.
+// with the same code. The format and the one-writer rule: docs/monitoring.md "TensorBoard:
+// --tensorboard-dir".
 
 #include <cstdint>
 #include <memory>
@@ -34,7 +34,7 @@ std::string tensorBoardTag(const Record& record, const std::string& field);
 // directory, so a second live writer's records would be lost. The writer holds an flock on its
 // file; open() refuses a directory in which another live process holds one. On a filesystem
 // without flock (Lustre without -o flock, NFS without lockd) it cannot tell: it warns once and
-// writes (Note [TensorBoard directories without file locks] in metrics/tensorboard.cpp).
+// writes (docs/monitoring.md "TensorBoard: --tensorboard-dir").
 class TensorBoardSink : public Sink {
  public:
   // Creates `dir` (and its parents) if missing and a new file in it,

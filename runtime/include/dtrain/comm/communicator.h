@@ -1,7 +1,8 @@
 #pragma once
 // Communicator: collectives on raw buffers (pointer, count, dtype, op), torch-free. Backends: Gloo
 // (CPU, dtrain/comm/gloo_communicator.h), shared memory inside a node and hierarchical across nodes
-// (CPU, dtrain/comm/shm_communicator.h) and NCCL (CUDA, dtrain/comm/nccl_communicator.h); dtrain/comm/world.h
+// (CPU, dtrain/comm/shm_communicator.h) and NCCL (CUDA, dtrain/comm/nccl_communicator.h);
+// dtrain/comm/world.h
 // has the table of backends. The torch layer wraps a Communicator in dtrain::ProcessGroup
 // (dtrain/torch/process_group.h).
 //
@@ -89,7 +90,7 @@ struct CallOptions {
   bool check = false;
   // The caller waits on the Work right away (the synchronous forms below set it): a CPU backend
   // then runs the collective on the calling thread without waking its comm thread, one thread
-  // wake-up less per call (see Note [Inline execution] in runtime/comm/collective_queue.cpp).
+  // wake-up less per call (docs/design.md "Communicator").
   bool synchronous = false;
 };
 
@@ -170,7 +171,7 @@ class Communicator {
   // allreduce 2(n-1)/n of its buffer, reduceScatter and allgather (n-1)/n of the whole n x count
   // buffer, broadcast its buffer, barrier nothing. So a reduce-scatter plus an allgather count as
   // much as an allreduce of the same buffer, which is what ZeRO's step is measured against. 0 for
-  // a communicator that does not count (see Note [Payload bytes] in runtime/comm/collective.cpp).
+  // a communicator that does not count (docs/design.md "Communicator").
   virtual uint64_t payloadBytes() const { return 0; }
   // The backend's own stream (cudaStream_t) for a CUDA communicator; null for CPU backends.
   virtual void* deviceStream() const { return nullptr; }

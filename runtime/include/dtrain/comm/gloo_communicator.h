@@ -6,9 +6,7 @@
 
 #include <memory>
 #include <string>
-#include <vector>
 
-#include "dtrain/base/fault.h"
 #include "dtrain/base/store.h"
 #include "dtrain/comm/communicator.h"
 
@@ -50,10 +48,6 @@ struct GlooOptions {
   // With two ranks the direct exchange moves exactly the ring's bytes in one round instead of
   // 2(n-1) dependent steps: use it at every size (false: the ring above smallAllreduceBytes).
   bool twoRankExchange = true;
-  // Fault injection (skip-collective, wrong-shape, hang); `step` counts collectives. Default:
-  // DTRAIN_FAULT. Tests set it directly.
-  std::vector<fault::Fault> faults;
-  bool faultsFromEnv = true;
 };
 
 // True when dtrain was built with Gloo.

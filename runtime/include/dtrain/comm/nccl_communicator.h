@@ -11,9 +11,7 @@
 #include <functional>
 #include <memory>
 #include <string>
-#include <vector>
 
-#include "dtrain/base/fault.h"
 #include "dtrain/base/store.h"
 #include "dtrain/comm/communicator.h"
 
@@ -34,11 +32,11 @@ struct NcclOptions {
   // passed) instead of only ordering the caller's stream after it.
   bool blockingWait = false;
   Millis watchdogInterval = kDefaultWatchdogInterval;
-  // The watchdog's own watchdog (Note [Watchdog heartbeat] in runtime/comm/heartbeat_monitor.cpp):
-  // when the watchdog thread has been stuck this long (in a CUDA or NCCL call that never returns),
-  // the process ends with a message, so launch can stop and restart the job. Zero: 8 minutes,
-  // c10d's default; TORCH_NCCL_HEARTBEAT_TIMEOUT_SEC overrides it and
-  // TORCH_NCCL_ENABLE_MONITORING=0 turns it off (heartbeatFromEnv).
+  // The watchdog's own watchdog (docs/design.md "Communicator"): when the watchdog thread has been
+  // stuck this long (in a CUDA or NCCL call that never returns), the process ends with a message,
+  // so launch can stop and restart the job. Zero: 8 minutes, c10d's default;
+  // TORCH_NCCL_HEARTBEAT_TIMEOUT_SEC overrides it and TORCH_NCCL_ENABLE_MONITORING=0 turns it off
+  // (heartbeatFromEnv).
   Millis heartbeatTimeout = Millis::zero();
   bool heartbeatFromEnv = true;
   // Compare every collective's type and shape across ranks through the store before running it
@@ -46,10 +44,6 @@ struct NcclOptions {
   // Rank 0's value applies to all ranks. Default: DTRAIN_CHECK_COLLECTIVES=1.
   bool checkCollectives = false;
   bool checkCollectivesFromEnv = true;
-  // Fault injection (hang: the collective's stream stalls until the watchdog aborts); `step`
-  // counts collectives. Default: DTRAIN_FAULT.
-  std::vector<fault::Fault> faults;
-  bool faultsFromEnv = true;
 };
 
 // True when dtrain was built with NCCL.

@@ -6,14 +6,12 @@
 // share a node (DTRAIN_SHM=0 or WorldOptions::sharedMemory turns that off); tests and benchmarks
 // create them directly.
 //
-// Design, segment lifetime and failure handling: see "Shared memory" in docs/design.md and
-// Note [Shared-memory collectives] in runtime/comm/shm/shm_engine.cpp.
+// Design, segment lifetime and failure handling: docs/design.md "Shared memory".
 
 #include <memory>
 #include <string>
 #include <vector>
 
-#include "dtrain/base/fault.h"
 #include "dtrain/base/store.h"
 #include "dtrain/comm/communicator.h"
 
@@ -21,8 +19,8 @@ namespace dtrain::comm {
 
 // Staging memory of each rank: two slots of this size, through which buffers that the
 // communicator does not own stream chunk by chunk (any size passes through them). 1 MiB keeps a
-// chunk's user buffer and slot in a core's L2 cache: a 4 MiB allreduce on user buffers measured
-// 0.5-0.64 ms with 1 MiB slots against 0.85-0.89 ms with 4 MiB (two ranks, 2-core VM).
+// chunk's user buffer and slot in a core's L2 cache, which larger slots overflow (4 MiB slots were
+// slower when this was tuned: benchmarks/LOG.md, shared memory against Open MPI).
 constexpr size_t kDefaultShmSlotBytes = size_t{1} << 20;
 // Chunk of an allreduce on communicator-owned buffers (no staging; read in place by the peers).
 constexpr size_t kDefaultShmOwnedChunkBytes = size_t{8} << 20;
@@ -58,10 +56,6 @@ struct ShmOptions {
   // Spin with sched_yield() instead of a pause: 1 yes, 0 no, -1 when the node's ranks outnumber
   // its cores.
   int yieldSpin = -1;
-  // Fault injection (skip-collective, wrong-shape, hang; `step` counts collectives). Default:
-  // DTRAIN_FAULT.
-  std::vector<fault::Fault> faults;
-  bool faultsFromEnv = true;
   // Free-form words for messages ("node 1"): where this communicator lives.
   std::string where;
 };

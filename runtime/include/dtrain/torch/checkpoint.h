@@ -2,26 +2,30 @@
 // Checkpointer: crash-safe checkpoints of a data-parallel job, and resume after a crash, a
 // restart by `launch --max-restarts`, or a spot preemption (SIGTERM).
 //
-//   dtrain::Checkpointer checkpointer(group, {"checkpoints"});   // directory; keepLast 3
-//   checkpointer.addModule("model", net);
-//   checkpointer.addOptimizer("optimizer", optimizer);
-//   checkpointer.addScaler("scaler", scaler);
-//   checkpointer.addSampler("sampler", sampler);
+//   auto state = std::make_shared<dtrain::TrainingState>(group);  // what the job's state is
+//   state->addModule("model", net);
+//   state->addOptimizer("optimizer", optimizer);
+//   state->addScaler("scaler", scaler);
+//   state->addSampler("sampler", sampler);
+//   dtrain::Checkpointer checkpointer(state, {"checkpoints"});   // directory; keepLast 3
 //   int64_t start = 0;
 //   if (auto restored = checkpointer.restore()) start = restored->step + 1;   // collective
 //   for (int64_t step = start; step < steps; ++step) {
+//     state->beginStep(step);
 //     ...train one step...
 //     if (step % 100 == 0) checkpointer.saveAsync(step);       // or save(step): collective
 //     if (checkpointer.preempted(step)) return dtrain::kExitPreempted;  // SIGTERM: saved, exit 75
 //   }
 //
-// What a checkpoint holds: the registered modules' parameters and buffers; optimizers' state
-// (SGD momentum; Adam/AdamW moments and step counts; Adagrad, RMSprop) and learning rates;
-// LR schedulers' positions; GradScalers; samplers' positions; user metadata (key -> string,
-// number or tensor); the step and epoch; and every rank's own state -- its CPU (and CUDA) random
-// generators and its samplers' positions -- gathered into it.
+// What a checkpoint holds -- what a TrainingState registered (dtrain/torch/training_state.h; a
+// Checkpointer built from a group has a TrainingState of its own): the registered modules'
+// parameters and buffers; optimizers' state (SGD momentum; Adam/AdamW moments and step counts;
+// Adagrad, RMSprop) and learning rates; LR schedulers' positions; GradScalers; samplers'
+// positions; user metadata (key -> string, number or tensor); the step and epoch; and every
+// rank's own state -- its CPU (and CUDA) random generators and its samplers' positions --
+// gathered into it.
 //
-// Where and how (Note [Checkpoint directory], docs/design.md "Checkpoints"): each node's local
+// Where and how (docs/design.md "Checkpoints"): each node's local
 // rank 0 writes a complete copy into its own directory, `<directory>/node<ID>`, ID being the
 // node's stable id (DTRAIN_NODE_ID, which launch exports; GROUP_RANK without it), so no shared
 // filesystem is needed, nodes sharing one never write the same file, and a node keeps its
@@ -55,6 +59,7 @@
 
 // dtrain::kExitPreempted (75): what a program returns after preempted() saw SIGTERM and saved.
 #include "dtrain/base/exit_codes.h"
+#include "dtrain/torch/training_state.h"
 
 namespace torch::optim {
 class Optimizer;
@@ -87,18 +92,18 @@ struct CheckpointOptions {
   // Restore a checkpoint written at another world size (the data cursor is re-sharded).
   bool allowWorldSizeChange = false;
   // Install a SIGTERM handler that only sets a flag; preempted() turns it into a checkpoint at a
-  // step boundary every rank agrees on. See Note [Preemption] in the library.
+  // step boundary every rank agrees on. See docs/design.md "Preemption".
   bool handlePreemption = true;
   // The longest a save, its commit or a restore may take before it fails with a TimeoutError
-  // saying what it was doing (Note [Bounded saves]); the ranks wait this long (and a grace) for
-  // each other's outcome, whatever the collectives' own timeout.
+  // saying what it was doing (docs/design.md "Checkpoints"); the ranks wait this long (and a
+  // grace) for each other's outcome, whatever the collectives' own timeout.
   std::chrono::milliseconds timeout = kDefaultCheckpointTimeout;
   // The node this rank runs on and its rank there; -1: DTRAIN_NODE_ID (GROUP_RANK when it is
   // absent, as under torchrun) and the group's local rank, what `launch` sets. Tests running
   // several "nodes" in one process set them.
   int nodeId = -1;
   int localRank = -1;
-  // Where the ranks agree on each save's outcome (Note [Checkpoint agreement]). Null: the
+  // Where the ranks agree on each save's outcome (docs/design.md "Checkpoints"). Null: the
   // group's store, which dtrain::init() connects; a group without one agrees through its
   // collectives, each given `timeout` as its own.
   std::shared_ptr<store::Store> store;
@@ -123,24 +128,29 @@ struct CheckpointWrite {
   double seconds = 0;  // writing the file, fsync, rename and LATEST: until committed on this node
   uint64_t bytes = 0;  // the file's size
   // The save thread ran in the idle scheduling class: an asynchronous save, until training once
-  // found one still running at its next save; then nice +10 (docs/training.md, "Asynchronous saves").
+  // found one still running at its next save; then nice +10 (docs/training.md, "Asynchronous
+  // saves").
   bool idleClass = false;
 };
 
-// User metadata saved with a checkpoint: key -> string, number or tensor (on the CPU).
-using MetadataValue = std::variant<std::string, double, int64_t, at::Tensor>;
-
 class Checkpointer {
  public:
-  // Collective (the ranks exchange their node placement). Creates this node's directory.
+  // Collective (the ranks exchange their node placement). Creates this node's directory. Saves
+  // and restores what `state` holds, over its group.
+  Checkpointer(std::shared_ptr<TrainingState> state, CheckpointOptions options);
+  // The same with a TrainingState of its own, which add*() and setMetadata() below fill.
   Checkpointer(std::shared_ptr<ProcessGroup> group, CheckpointOptions options);
   // Waits for an asynchronous save still running (bounded by options.timeout).
   ~Checkpointer();
   Checkpointer(const Checkpointer&) = delete;
   Checkpointer& operator=(const Checkpointer&) = delete;
 
-  // What goes into a checkpoint, under a name unique per kind. Register the same things in the
-  // same order on every rank, before restore(); they must outlive the Checkpointer.
+  // What it saves and restores: the TrainingState it was built from, or its own.
+  TrainingState& state() { return *state_; }
+
+  // Register into state(): what goes into a checkpoint, under a name unique per kind. Register
+  // the same things in the same order on every rank, before restore(); they must outlive the
+  // Checkpointer.
   void addModule(const std::string& name, std::shared_ptr<torch::nn::Module> module);
   template <typename Impl>
   void addModule(const std::string& name, const torch::nn::ModuleHolder<Impl>& module) {
@@ -165,7 +175,7 @@ class Checkpointer {
 
   // User metadata: set before save(), read after restore(). Values are replicated (rank 0's).
   void setMetadata(const std::string& key, MetadataValue value);
-  const std::map<std::string, MetadataValue>& metadata() const { return metadata_; }
+  const std::map<std::string, MetadataValue>& metadata() const { return state_->metadata(); }
 
   // Loads the newest checkpoint that verifies on any node into everything registered; nullopt
   // (on every rank) when there is none. Collective. Throws CheckpointError for a world-size
@@ -202,10 +212,10 @@ class Checkpointer {
   struct Impl;
 
  private:
+  std::shared_ptr<TrainingState> state_;
   std::shared_ptr<ProcessGroup> group_;
   CheckpointOptions options_;
   std::string nodeDir_;
-  std::map<std::string, MetadataValue> metadata_;
   std::unique_ptr<Impl> impl_;
 };
 

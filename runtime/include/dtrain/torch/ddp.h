@@ -19,7 +19,7 @@
 //
 // Construction is collective: it checks that every rank has the same parameters and buffers
 // (names, shapes, dtypes) and broadcasts them from rank 0. Gradients travel in buckets whose
-// allreduces overlap with the rest of backward (see Note [DDP backward] in the library). Every
+// allreduces overlap with the rest of backward (docs/design.md "DDP"). Every
 // forward through the wrapper is a collective too when buffers are broadcast (the default): call
 // it on every rank, or call the module itself for rank-local evaluation.
 //
@@ -40,7 +40,7 @@
 #include <torch/nn/module.h>
 #include <torch/nn/pimpl.h>
 
-#include "dtrain/torch/ddp_core.h"
+#include "dtrain/torch/detail/ddp_core.h"
 #include "dtrain/torch/ddp_options.h"
 #include "dtrain/torch/ddp_stats.h"
 #include "dtrain/torch/process_group.h"

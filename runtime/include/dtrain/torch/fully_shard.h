@@ -8,7 +8,7 @@
 // them again, and their gradients are reduce-scattered into the owned 1/N and freed once they
 // are all in. Its frozen parameters (requires_grad false: a base model under LoRA adapters) are
 // sharded too, in units of their own gathered and freed with the trained ones, without
-// gradients or optimizer state (Note [Frozen units], runtime/torch/zero/shard_group.h); frozen
+// gradients or optimizer state (docs/design.md "Sharding", Frozen parameters); frozen
 // parameters of no marked module stay whole. libtorch's C++ frontend has no module hooks, so the
 // wrapper is what runs the
 // module: it takes the module's parameters, buffers and children under their own names, so a
@@ -23,11 +23,11 @@
 //   ...  // train as at stage 2; read full parameters with optimizer.fullParameters()
 //
 // Unbound (no stage-3 optimizer over it) a ShardedUnit is the module it wraps, plain. Design:
-// Note [ZeRO-3 unit lifecycle] (runtime/torch/zero/shard_group.h), docs/design.md "Sharding".
+// docs/design.md "Sharding".
 //
 // A model larger than one rank's memory is built unit by unit with fullyShard(), which keeps
 // only this rank's 1/N of each unit from the moment it is built, so that no rank ever holds more
-// than one unit in full (Note [Units sharded when built], runtime/torch/zero/built_unit.h):
+// than one unit in full (docs/design.md "Sharding", Units sharded when built):
 //
 //   torch::manual_seed(42);                          // the same seed on every rank
 //   torch::nn::Sequential body;
@@ -45,7 +45,7 @@
 #include <torch/nn/modules/container/sequential.h>
 #include <torch/nn/pimpl.h>
 
-#include "dtrain/torch/unit_layout.h"
+#include "dtrain/torch/detail/unit_layout.h"
 
 namespace dtrain {
 

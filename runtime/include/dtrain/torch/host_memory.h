@@ -4,13 +4,12 @@
 //
 //   dtrain::enableHostMemoryCache();  // first thing in main(), before the model is built
 //
-// Why (Note [Host memory cache] in runtime/torch/host_memory.cpp): libtorch's CPU allocator is
-// malloc, and glibc serves every block above its mmap threshold (at most 32 MiB) with a fresh
-// mmap and gives it back with munmap when the tensor dies. A training step allocates its
-// activations and gradients anew every step, so every step touches fresh pages again: a page
-// fault per 4 KiB (1.4 us each on the development VM). Recompute doubles it (the recomputed
-// activations are allocated a second time), which is most of what recompute costs beyond its
-// extra forward (benchmarks/README.md, recompute_bench). The CUDA side has had a caching
+// Why (docs/training.md "Host memory cache"): libtorch's CPU allocator is malloc, and glibc serves
+// every block above its mmap threshold (at most 32 MiB) with a fresh mmap and gives it back with
+// munmap when the tensor dies. A training step allocates its activations and gradients anew every
+// step, so every step touches fresh pages again: a page fault per 4 KiB. Recompute doubles it (the
+// recomputed activations are allocated a second time), which is most of what recompute costs beyond
+// its extra forward (benchmarks/README.md, recompute_bench). The CUDA side has had a caching
 // allocator in libtorch all along; this is its counterpart for host memory.
 //
 // What it changes: freed blocks stay mapped for the next allocation that fits in them (a larger

@@ -7,7 +7,8 @@
 // Under `launch` everything comes from the environment it sets (docs/design.md#init); under srun
 // or mpirun rank 0 hosts the store at MASTER_ADDR:MASTER_PORT; tests pass rank, world size and a
 // shared store explicitly. NCCL on CUDA devices (cuda:LOCAL_RANK among CUDA_VISIBLE_DEVICES), Gloo
-// on the CPU; DTRAIN_BACKEND or InitOptions::backend overrides. See dtrain/comm/world.h for the rules
+// on the CPU; DTRAIN_BACKEND or InitOptions::backend overrides.
+// See dtrain/comm/world.h for the rules
 // and docs/training.md, "Init", for the variables.
 
 #include <memory>

@@ -1,6 +1,7 @@
 #pragma once
 // ProcessGroup: the training program's handle on the job: its rank, the world, and collectives on
-// tensors. Created by dtrain::init() (dtrain/torch/init.h) from the launcher's environment, or directly
+// tensors. Created by dtrain::init() (dtrain/torch/init.h) from the launcher's environment,
+// or directly
 // over a Communicator (tests, ranks as threads). A thin facade: it checks tensors, maps dtypes and
 // hands raw buffers to the Communicator; non-contiguous tensors go through a contiguous copy that
 // is written back when the collective has finished. Async forms keep their tensors alive until
@@ -46,7 +47,8 @@ class ProcessGroup {
   std::shared_ptr<comm::Work> broadcastAsync(at::Tensor& tensor, int root = 0);
   // Returns size() tensors shaped like `input`, rank r's at index r.
   std::vector<at::Tensor> allgather(const at::Tensor& input);
-  // `input` has size() * output.numel() elements; `output` receives op over all ranks' block rank().
+  // `input` has size() * output.numel() elements;
+  // `output` receives op over all ranks' block rank().
   void reduceScatter(at::Tensor& output, const at::Tensor& input, ReduceOp op = ReduceOp::Sum);
   void barrier();
 

@@ -27,7 +27,8 @@
 //
 // The function runs twice: capture by value what it needs (module holders, scalars), since a
 // reference to a local would dangle by the time backward runs. A module holder's call operator is
-// not const: capture holders in a `mutable` lambda, or capture `holder.ptr()`. It must not modify its tensor
+// not const: capture holders in a `mutable` lambda, or capture `holder.ptr()`.
+// It must not modify its tensor
 // arguments in place, nor capture a tensor computed before it that requires grad (x * w: pass it
 // as an argument); errors say so. Results: a tensor, a std::vector of tensors or a std::tuple of
 // tensors.
@@ -106,7 +107,8 @@ namespace detail {
 
 using SegmentFn = std::function<std::vector<at::Tensor>(const std::vector<at::Tensor>&)>;
 
-// The type-erased core: fn(inputs) under autograd's RecomputeFunction (Note [Recompute]).
+// The type-erased core: fn(inputs) under autograd's RecomputeFunction (docs/design.md
+// "Recompute").
 std::vector<at::Tensor> runRecomputed(const RecomputeSegment& segment, SegmentFn fn,
                                       std::vector<at::Tensor> inputs);
 

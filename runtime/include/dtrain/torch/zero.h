@@ -49,7 +49,7 @@
 
 #include "dtrain/comm/communicator.h"
 #include "dtrain/torch/ddp.h"
-#include "dtrain/torch/shard_layout.h"
+#include "dtrain/torch/detail/shard_layout.h"
 
 namespace dtrain {
 
@@ -83,7 +83,7 @@ struct ZeroOptions {
   // 1: optimizer state (and master weights) sharded; 2: gradients too; 3: parameters too.
   int stage = 2;
   // Units: the parameters that are reduce-scattered and all-gathered as one flat buffer (Note
-  // [Shard layout] in dtrain/torch/shard_layout.h).
+  // [Shard layout] in dtrain/torch/detail/shard_layout.h).
   size_t firstUnitBytes = kDefaultFirstUnitBytes;
   size_t unitBytes = kDefaultUnitBytes;
   // Parameters of a lower precision (bfloat16, float16) get float32 master shards: the optimizer
@@ -107,25 +107,25 @@ struct ZeroOptions {
   // stay float32. shardRecords(), checkpoints and gatherFullParameters() give the float32 values.
   std::optional<at::ScalarType> paramDtype;
   // Stage 2: how many full-size gradient buckets may be waiting for their reduce-scatter before
-  // backward waits for the oldest (Note [Gradient buckets of stage 2] in the library).
+  // backward waits for the oldest (docs/design.md "Sharding").
   int bucketsInFlight = 2;
   // Overlap unit k's all-gather with unit k+1's optimizer step. Off: one unit after the other.
   bool overlapAllgather = true;
   // step() returns once the last unit's all-gather is issued, without waiting for the ones still
   // running; the DDP wrapper's next forward waits for them before the module runs, so they run
-  // while the program prepares its next batch (Note [Deferred all-gathers] in the library). So
+  // while the program prepares its next batch (docs/design.md "Sharding"). So
   // does everything of dtrain that reads the parameters: the next step(), shardRecords(),
   // loadShardState(), a Checkpointer's save and restore. Code that reads the module's
   // parameters itself between step() and that forward -- an EMA copy, an evaluation through the
   // module rather than the wrapper, logging weight norms -- calls waitForParameters() first:
   // until then they are partly the last step's, partly this one's. Off by default.
   bool deferAllgatherWait = false;
-  // Stage 3 (Note [Prefetching units] in the library): once the first step has recorded the
-  // order in which the marked units are needed, a unit's gather for backward also issues the
-  // all-gather of the unit backward needs next, so it runs while this one computes (FSDP's
-  // backward prefetch). forwardPrefetch does the same in forward; off by default: a rank whose
-  // forward leaves out a unit the others run is then caught at its missing gradient rather than
-  // at once by the units' labels (Note [Which unit is gathered]).
+  // Stage 3 (docs/design.md "Sharding", Prefetch): once the first step has recorded the order in
+  // which the marked units are needed, a unit's gather for backward also issues the all-gather of
+  // the unit backward needs next, so it runs while this one computes (FSDP's backward prefetch).
+  // forwardPrefetch does the same in forward; off by default: a rank whose forward leaves out a
+  // unit the others run is then caught at its missing gradient rather than at once by the units'
+  // labels (docs/design.md "Sharding", Which unit is gathered).
   bool backwardPrefetch = true;
   bool forwardPrefetch = false;
   // Stages 2 and 3: CPU offload (DeepSpeed's offload_optimizer, FSDP's CPUOffload). On an
@@ -140,8 +140,8 @@ struct ZeroOptions {
   comm::Millis timeout = comm::Millis::zero();
   // Stages 2 and 3 under noSync() (gradient accumulation): where a micro-batch's gradients wait
   // for the step. ReduceScatter (the default): each micro-batch's backward reduce-scatters its
-  // gradients into the shard's gradient, as a synchronising backward does (they add up: Note
-  // [Accumulating into the shard]), so a rank holds its shard's gradient only -- 4 / N bytes per
+  // gradients into the shard's gradient, as a synchronising backward does (they add up:
+  // docs/design.md "Sharding"), so a rank holds its shard's gradient only -- 4 / N bytes per
   // float32 parameter whatever the accumulation, DeepSpeed's ZeRO-2 with gradient accumulation
   // steps -- at one reduce-scatter per micro-batch. Local: they accumulate full-size in the
   // parameters' .grad until the synchronising backward, as under DDP: one reduce-scatter per
@@ -273,7 +273,7 @@ class ShardedOptimizer : public torch::optim::Optimizer {
   // libtorch 2.x's set_to_none), and what noSync() backwards accumulated outside them. The
   // module's zero_grad() drops them too; libtorch's own through a torch::optim::Optimizer& (this
   // hides it: it is not virtual) does where it unsets them (its default), and keeps noSync()'s
-  // where it zeroes them in place (zero_grad(false)). See Note [Zeroed gradients] in the library.
+  // where it zeroes them in place (zero_grad(false)). See docs/design.md "Sharding".
   void zero_grad();
 
   // Sharded state does not fit libtorch's archive: refused with a hint.

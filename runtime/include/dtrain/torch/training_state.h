@@ -1,0 +1,103 @@
+#pragma once
+// TrainingState: what a job's state is -- its modules, optimizers, LR schedulers, GradScalers,
+// samplers and metadata -- registered once, and where each step begins. A program builds one,
+// registers its state into it, and gives it to whatever keeps that state: a Checkpointer built
+// from it saves and restores what was registered here.
+//
+//   auto state = std::make_shared<dtrain::TrainingState>(group);
+//   state->addModule("model", net);
+//   state->addOptimizer("optimizer", optimizer);
+//   state->addSampler("sampler", sampler);
+//   dtrain::Checkpointer checkpointer(state, {"checkpoints"});
+//   for (int64_t step = start; step < steps; ++step) {
+//     state->beginStep(step);
+//     ...train one step...
+//   }
+//
+// Every rank's own random generators (CPU, and CUDA where there is one) are always part of it.
+
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+#include <variant>
+
+#include <ATen/core/Tensor.h>
+#include <torch/nn/module.h>
+#include <torch/nn/pimpl.h>
+
+namespace torch::optim {
+class Optimizer;
+class LRScheduler;
+}  // namespace torch::optim
+
+namespace dtrain {
+
+class ProcessGroup;
+class GradScaler;
+class DistributedSampler;
+
+namespace state {
+struct Registry;
+}  // namespace state
+
+// User metadata kept with the state: key -> string, number or tensor (on the CPU).
+using MetadataValue = std::variant<std::string, double, int64_t, at::Tensor>;
+
+class TrainingState {
+ public:
+  explicit TrainingState(std::shared_ptr<ProcessGroup> group);
+  ~TrainingState();
+  TrainingState(const TrainingState&) = delete;
+  TrainingState& operator=(const TrainingState&) = delete;
+
+  // What the state is, under a name unique per kind. Register the same things in the same order
+  // on every rank, before anything restores into them; they must outlive every user of the state.
+  void addModule(const std::string& name, std::shared_ptr<torch::nn::Module> module);
+  template <typename Impl>
+  void addModule(const std::string& name, const torch::nn::ModuleHolder<Impl>& module) {
+    addModule(name, std::static_pointer_cast<torch::nn::Module>(module.ptr()));
+  }
+  // A ShardedOptimizer (ZeRO, any stage) is kept as each rank's shard records, never gathered;
+  // at stage 3 so are the parameters its marked units free.
+  void addOptimizer(const std::string& name, torch::optim::Optimizer& optimizer);
+  void addScheduler(const std::string& name, torch::optim::LRScheduler& scheduler);
+  void addScaler(const std::string& name, GradScaler& scaler);
+  // The sampler's position kept is what it handed out, unless `consumed` is given: then the
+  // position after the samples training has consumed -- `consumed()` is the number of this rank's
+  // samples (entries of sampler.indices()) trained on since setEpoch() or a restore. A loader
+  // that prefetches (torch::data::make_data_loader with workers > 0 asks for 2 x workers batches
+  // ahead) needs it, or a resume skips what was prefetched:
+  //   size_t consumed = 0;   // reset to 0 at setEpoch() and after a restore
+  //   state->addSampler("data", sampler, [&] { return consumed; });
+  //   for (auto& batch : *loader) { ...train...; consumed += batch.data.size(0); }
+  void addSampler(const std::string& name, DistributedSampler& sampler,
+                  std::function<size_t()> consumed = nullptr);
+
+  // User metadata: set before a save, read after a restore. Values are replicated (rank 0's).
+  void setMetadata(const std::string& key, MetadataValue value);
+  const std::map<std::string, MetadataValue>& metadata() const;
+
+  // The step boundary: call it on every rank where step `step` begins, before its work. The
+  // runtime keys its per-step behaviour on it; today that is DTRAIN_FAULT's process-level faults
+  // (exit, signal, abort, hang, stop, slow: docs/design.md, "Fault injection") whose rank is
+  // this group's rank and whose step is `step`. Not collective.
+  void beginStep(int64_t step);
+  // The step of the last beginStep(), -1 before the first.
+  int64_t currentStep() const { return step_; }
+
+  const std::shared_ptr<ProcessGroup>& group() const { return group_; }
+
+  // What was registered, for the runtime's consumers of the state (the Checkpointer); its type
+  // is internal to the library.
+  state::Registry& registry() { return *registry_; }
+
+ private:
+  std::shared_ptr<ProcessGroup> group_;
+  std::unique_ptr<state::Registry> registry_;
+  int64_t step_ = -1;
+};
+
+}  // namespace dtrain

@@ -1,0 +1,48 @@
+#pragma once
+// state::Registry: what a dtrain::TrainingState holds -- the objects the program registered, by
+// kind and in registration order, and its metadata -- as the runtime's consumers of the state
+// (the Checkpointer) walk it. Private to the torch layer.
+
+#include <cstddef>
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "dtrain/torch/distributed_sampler.h"
+#include "dtrain/torch/training_state.h"
+
+namespace dtrain {
+class ShardedOptimizer;
+}  // namespace dtrain
+
+namespace dtrain::state {
+
+// A sampler and, when the program gave one, what its training has consumed (addSampler).
+struct SamplerEntry {
+  std::string name;
+  DistributedSampler* sampler = nullptr;
+  std::function<size_t()> consumed;
+  // The position to keep: after what was consumed, else after what was handed out.
+  SamplerState state() const;
+};
+
+// A ShardedOptimizer registered with addOptimizer(): kept as its shard records.
+struct ShardedEntry {
+  std::string name;
+  ShardedOptimizer* optimizer = nullptr;
+};
+
+struct Registry {
+  std::vector<std::pair<std::string, std::shared_ptr<torch::nn::Module>>> modules;
+  std::vector<std::pair<std::string, torch::optim::Optimizer*>> optimizers;  // not sharded
+  std::vector<ShardedEntry> sharded;
+  std::vector<std::pair<std::string, torch::optim::LRScheduler*>> schedulers;
+  std::vector<std::pair<std::string, GradScaler*>> scalers;
+  std::vector<SamplerEntry> samplers;
+  std::map<std::string, MetadataValue> metadata;
+};
+
+}  // namespace dtrain::state
