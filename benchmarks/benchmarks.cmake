@@ -1,4 +1,6 @@
-# Benchmarks: built in CI, run there only in --smoke mode (tests/scripts). Each area owns one include.
+# Benchmarks: built in CI, run there only in --smoke mode (the bench_smoke.* CTest tests). Each
+# area owns one include; common/ is the harness they all share.
+include(benchmarks/common/common.cmake)
 include(benchmarks/store/store.cmake OPTIONAL)
 include(benchmarks/launch/launch.cmake OPTIONAL)
 include(benchmarks/allreduce/allreduce.cmake OPTIONAL)

@@ -41,13 +41,13 @@ else()
   set_source_files_properties(benchmarks/allreduce/c10d_peer_unavailable.cpp PROPERTIES
                               COMPILE_DEFINITIONS "DTRAIN_C10D_PEER_MISSING=\"${_c10d_gloo_missing}\"")
 endif()
-# tests/support: free_port.h (header-only).
-target_include_directories(allreduce_bench PRIVATE ${CMAKE_CURRENT_SOURCE_DIR}/runtime/comm
-                                                   ${CMAKE_CURRENT_SOURCE_DIR}/tests/support)
+target_include_directories(allreduce_bench PRIVATE ${CMAKE_CURRENT_SOURCE_DIR}/runtime/comm)
 target_compile_definitions(allreduce_bench PRIVATE
   DTRAIN_BENCH_SOURCE_DIR="${CMAKE_CURRENT_SOURCE_DIR}/benchmarks/allreduce"
   DTRAIN_PYTHON="${DTRAIN_PYTHON}")
-target_link_libraries(allreduce_bench PRIVATE dtrain_comm dtrain_base_internal cxxopts::cxxopts)
+# dtrain_testing: free_port.h.
+target_link_libraries(allreduce_bench PRIVATE dtrain_comm dtrain_base_internal dtrain_bench_stats
+                                              dtrain_testing cxxopts::cxxopts)
 if(DTRAIN_HAVE_NCCL)
   target_sources(allreduce_bench PRIVATE benchmarks/allreduce/bench_buffers_cuda.cpp)
   target_link_libraries(allreduce_bench PRIVATE CUDA::cudart)
@@ -56,15 +56,18 @@ dtrain_warnings(allreduce_bench)
 
 # The ceiling: the same algorithm with nothing around it (plain loops, spin barriers).
 add_executable(shm_probe benchmarks/allreduce/shm_probe.cpp)
-target_link_libraries(shm_probe PRIVATE Threads::Threads)
+target_link_libraries(shm_probe PRIVATE dtrain_bench_stats Threads::Threads)
 dtrain_warnings(shm_probe)
 add_dependencies(allreduce_bench shm_probe)
 
 # Open MPI's MPI_Allreduce as a peer (Debian's libopenmpi-dev + openmpi-bin), when found.
 find_package(MPI COMPONENTS C QUIET)
 if(MPI_C_FOUND)
-  add_executable(mpi_peer benchmarks/allreduce/mpi_peer.c)
-  target_link_libraries(mpi_peer PRIVATE MPI::MPI_C)
+  add_executable(mpi_peer benchmarks/allreduce/mpi_peer.cpp)
+  # The C API from C++: without these mpi.h would pull in the MPI C++ bindings and their library.
+  target_compile_definitions(mpi_peer PRIVATE OMPI_SKIP_MPICXX MPICH_SKIP_MPICXX)
+  target_link_libraries(mpi_peer PRIVATE MPI::MPI_C dtrain_bench_stats)
+  dtrain_warnings(mpi_peer)
   add_dependencies(allreduce_bench mpi_peer)
 else()
   message(STATUS "allreduce_bench: no MPI found; its Open MPI peer is not built")

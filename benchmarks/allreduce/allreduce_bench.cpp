@@ -46,6 +46,7 @@
 #include "allreduce_config.h"
 #include "bench_buffers.h"
 #include "c10d_peer.h"
+#include "common/stats.h"
 #include "dtrain/base/error.h"
 #include "dtrain/base/job_store.h"
 #include "dtrain/base/tcp_store.h"
@@ -55,7 +56,6 @@
 #include "dtrain/comm/shm_communicator.h"
 #include "env_contract.h"
 #include "peer_process.h"
-#include "../common/median.h"
 
 namespace dtrain::bench {
 namespace {

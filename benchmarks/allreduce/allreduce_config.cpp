@@ -62,14 +62,18 @@ cxxopts::Options optionSpec() {
                            "dtrain's allreduce (shared memory, hierarchical, Gloo) beside "
                            "c10d::ProcessGroupGloo (C++), torch.distributed, Open MPI, a bare "
                            "probe and memcpy");
+  // clang-format off
   options.add_options()
-      ("world", "ranks to fork when not started by launch", cxxopts::value<int>()->default_value("2"))
-      ("sizes", "comma-separated sizes (4K, 1M, ...)", cxxopts::value<std::string>()->default_value(""))
+      ("world", "ranks to fork when not started by launch",
+       cxxopts::value<int>()->default_value("2"))
+      ("sizes", "comma-separated sizes (4K, 1M, ...)",
+       cxxopts::value<std::string>()->default_value(""))
       ("warmup", "untimed iterations per size", cxxopts::value<int>()->default_value("5"))
       ("iters", "timed iterations per size", cxxopts::value<int>()->default_value("20"))
       ("dtype", "element type", cxxopts::value<std::string>()->default_value("float32"))
       ("op", "reduction", cxxopts::value<std::string>()->default_value("sum"))
-      ("backend", "cpu (every CPU contender) or nccl (GPU mode)", cxxopts::value<std::string>()->default_value("cpu"))
+      ("backend", "cpu (every CPU contender) or nccl (GPU mode)",
+       cxxopts::value<std::string>()->default_value("cpu"))
       ("nodes", "also the hierarchical path, the ranks split into this many pretend nodes",
        cxxopts::value<int>()->default_value("1"))
       ("chunk-bytes", "Gloo's direct exchange chunk (bytes)",
@@ -101,11 +105,14 @@ cxxopts::Options optionSpec() {
       ("no-mpi", "skip Open MPI")
       ("no-probe", "skip the bare probe")
       ("no-gloo", "skip dtrain over Gloo")
-      ("python", "python with torch for the torch peer", cxxopts::value<std::string>()->default_value(DTRAIN_PYTHON))
-      ("peer-script", "the torch peer's script", cxxopts::value<std::string>()->default_value(DTRAIN_BENCH_SOURCE_DIR "/torch_peer.py"))
+      ("python", "python with torch for the torch peer",
+       cxxopts::value<std::string>()->default_value(DTRAIN_PYTHON))
+      ("peer-script", "the torch peer's script",
+       cxxopts::value<std::string>()->default_value(DTRAIN_BENCH_SOURCE_DIR "/torch_peer.py"))
       ("mpirun", "Open MPI's mpirun", cxxopts::value<std::string>()->default_value("mpirun"))
       ("smoke", "a few small sizes and iterations (CTest)")
       ("h,help", "this help");
+  // clang-format on
   return options;
 }
 

@@ -12,10 +12,12 @@ the contenders were interleaved round by round), and the load of every run.
 """
 import argparse
 import os
-import statistics
 import subprocess
 import sys
 import tempfile
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "common"))
+from stats import median  # noqa: E402
 
 
 def load_average():
@@ -64,7 +66,7 @@ def fmt(v):
 
 def median_of(runs, size, column):
     values = [r[size][column] for r in runs if size in r and r[size].get(column) is not None]
-    return statistics.median(values) if values else None
+    return median(values, when_empty=None)
 
 
 def run_once(bench, world, args, out_dir, tag, index):

@@ -11,6 +11,7 @@
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
 #include "bench_buffers.h"
+#include "common/stats.h"
 
 namespace dtrain::bench {
 
@@ -68,8 +69,7 @@ class GlooPeer final : public C10dPeer {
       pg_->allreduce(tensors, options)->wait();
       times.push_back(std::chrono::duration<double, std::micro>(Clock::now() - t0).count());
     }
-    std::sort(times.begin(), times.end());
-    result.medianUs = times.empty() ? 0 : times[times.size() / 2];
+    result.medianUs = median(times);
     return result;
   }
 

@@ -12,7 +12,7 @@
 // contributes r + i % 5).
 //
 // Peers: torch.distributed (gloo) under torchrun (torch_peer.py), Open MPI's MPI_Allreduce under
-// mpirun (mpi_peer.c), and the bare shared-memory probe (shm_probe.cpp).
+// mpirun (mpi_peer.cpp), and the bare shared-memory probe (shm_probe.cpp).
 
 #include <chrono>
 #include <memory>

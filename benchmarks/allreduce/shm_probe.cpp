@@ -23,6 +23,8 @@
 #include <thread>
 #include <vector>
 
+#include "common/stats.h"
+
 namespace {
 
 struct alignas(64) Counter {
@@ -142,10 +144,8 @@ int worker(Probe probe, const std::string& dir) {
       once();
       times.push_back(std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count());
     }
-    std::sort(times.begin(), times.end());
     if (results) {
-      std::fprintf(results, "%zu %.3f %ld\n", bytes, times.empty() ? 0.0 : times[times.size() / 2],
-                   wrong);
+      std::fprintf(results, "%zu %.3f %ld\n", bytes, dtrain::bench::median(times), wrong);
       std::fflush(results);
     }
   }

@@ -5,12 +5,15 @@ commands from a FIFO ("run BYTES WARMUP ITERS" or "quit"), shares them with the 
 writes "BYTES MEDIAN_US WRONG" to the results FIFO. The data and the checks are the benchmark's:
 rank r contributes r + (i % 5) at element i.
 """
-import statistics
+import os
 import sys
 import time
 
 import torch
 import torch.distributed as dist
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "common"))
+from stats import median  # noqa: E402
 
 DTYPES = {"float32": torch.float32, "float64": torch.float64, "float16": torch.float16,
           "bfloat16": torch.bfloat16, "int32": torch.int32, "int64": torch.int64}
@@ -45,7 +48,7 @@ def main():
             dist.all_reduce(t)
             times.append(time.perf_counter() - start)
         if rank == 0:
-            results.write(f"{nbytes} {statistics.median(times) * 1e6:.3f} {wrong}\n")
+            results.write(f"{nbytes} {median(times) * 1e6:.3f} {wrong}\n")
     dist.destroy_process_group()
 
 

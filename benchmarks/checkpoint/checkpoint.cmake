@@ -3,7 +3,8 @@
 # --sharded, the dtrain side of dcp_bench.py (sharded checkpoints beside PyTorch's DCP + FSDP2).
 add_executable(checkpoint_bench benchmarks/checkpoint/checkpoint_bench.cpp
                                 benchmarks/checkpoint/sharded_bench.cpp)
-target_link_libraries(checkpoint_bench PRIVATE dtrain nlohmann_json::nlohmann_json)
+target_link_libraries(checkpoint_bench PRIVATE dtrain dtrain_bench_stats
+                                               nlohmann_json::nlohmann_json)
 target_compile_definitions(checkpoint_bench PRIVATE
   DTRAIN_CHECKPOINT_BENCH_DIR="${CMAKE_CURRENT_SOURCE_DIR}/benchmarks/checkpoint"
   DTRAIN_PYTHON="${DTRAIN_PYTHON}")

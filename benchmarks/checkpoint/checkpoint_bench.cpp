@@ -6,7 +6,8 @@
 //       saved and loaded by dtrain, by torch.save/torch.load (DTRAIN_PYTHON's torch, with fsync),
 //       and written by `dd conv=fsync` / read by `dd` (raw bytes, the floor); cold reads after
 //       posix_fadvise(DONTNEED) on the file (no root needed).
-//   launch --nproc-per-node R checkpoint_bench --train [--steps N] [--every K] [--rounds N] [--smoke]
+//   launch --nproc-per-node R checkpoint_bench --train [--steps N] [--every K] [--rounds N]
+//                                              [--smoke]
 //       Training throughput with no checkpoints, a synchronous save every K steps and an
 //       asynchronous one, interleaved round by round: the cost per step and what an async save
 //       costs the step it overlaps.
@@ -30,9 +31,9 @@
 #include <nlohmann/json.hpp>
 #include <torch/torch.h>
 
+#include "common/stats.h"
 #include "dtrain/base/store.h"
 #include "dtrain/dtrain.h"
-#include "../common/median.h"
 #include "sharded_bench.h"
 
 namespace {
@@ -442,7 +443,7 @@ void printTrain(TrainTimes& times, double P, int every) {
       for (size_t at : times.saveAt[variant]) {
         if (at + offset < durations.size()) excess.push_back(durations[at + offset] - P);
       }
-      std::printf("%s %.1f", offset == kWindow ? " |" : "", excess.empty() ? 0.0 : median(excess) * 1e3);
+      std::printf("%s %.1f", offset == kWindow ? " |" : "", median(excess) * 1e3);
     }
     std::printf("\n");
   }

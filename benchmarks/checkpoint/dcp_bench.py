@@ -27,15 +27,22 @@ import argparse
 import json
 import os
 import shutil
-import statistics
 import subprocess
 import sys
 import tempfile
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, "..", "common"))  # benchmarks/common/stats.py
+from stats import median, paired_ratios, spread  # noqa: E402
+
 SIDES = ("ours", "peer")
 OPS = ("save", "load", "reload")  # reload: the load job at the other world size
+
+
+def series(pairs, side, key):
+    """One side's figure over the pairs, in their order (pair i ran its sides back to back)."""
+    return [pr[side][key] for pr in pairs]
 
 
 def parameter_count(a):
@@ -141,20 +148,19 @@ def main():
                 print(f"# saved at {world}: restore check FAILED ({', '.join(bad)}); no row")
                 continue
             for op in OPS:
-                ratios = [pr["peer"][op] / pr["ours"][op] for pr in pairs]
-                ours = statistics.median(pr["ours"][op] for pr in pairs)
-                peer = statistics.median(pr["peer"][op] for pr in pairs)
+                ratios = paired_ratios(series(pairs, "peer", op), series(pairs, "ours", op))
+                ours = median(series(pairs, "ours", op))
+                peer = median(series(pairs, "peer", op))
+                lo, hi = spread(ratios)
                 name = f"load@{other}" if op == "reload" else f"{op}@{world}"
-                row[op] = {"ours_s": ours, "peer_s": peer, "speedup": statistics.median(ratios),
-                           "min": min(ratios), "max": max(ratios)}
+                row[op] = {"ours_s": ours, "peer_s": peer, "speedup": median(ratios),
+                           "min": lo, "max": hi}
                 print(f"  {world:>5} {name:>10} {ours:>8.3f} {peer:>8.3f} "
-                      f"{statistics.median(ratios):>7.2f} [{min(ratios):.2f}-{max(ratios):.2f}]",
-                      flush=True)
-            ratios = [pr["ours"]["bytes"] / pr["peer"]["bytes"] for pr in pairs]
-            row["bytes"] = {side: statistics.median(pr[side]["bytes"] for pr in pairs)
-                            for side in SIDES}
-            row["bytes"].update(ratio=statistics.median(ratios), min=min(ratios),
-                                max=max(ratios))
+                      f"{median(ratios):>7.2f} [{lo:.2f}-{hi:.2f}]", flush=True)
+            ratios = paired_ratios(series(pairs, "ours", "bytes"), series(pairs, "peer", "bytes"))
+            lo, hi = spread(ratios)
+            row["bytes"] = {side: median(series(pairs, side, "bytes")) for side in SIDES}
+            row["bytes"].update(ratio=median(ratios), min=lo, max=hi)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
     print(f"# bytes written: parameters and Adam's two moments are {params * 12 / 1e6:.1f} MB; "

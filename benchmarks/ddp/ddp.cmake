@@ -2,11 +2,10 @@
 # collectives; the PyTorch peer (ddp_step_peer.py) runs when DTRAIN_PYTHON can import torch.
 if(DTRAIN_HAVE_GLOO)
   add_executable(ddp_step_bench
-    benchmarks/ddp/bench_process.cpp
     benchmarks/ddp/ddp_step_bench.cpp
     benchmarks/ddp/ddp_step_worker.cpp)
-  target_include_directories(ddp_step_bench PRIVATE ${CMAKE_CURRENT_SOURCE_DIR}/tests/support)  # free_port.h
-  target_link_libraries(ddp_step_bench PRIVATE dtrain nlohmann_json::nlohmann_json)
+  target_link_libraries(ddp_step_bench PRIVATE dtrain dtrain_bench_common
+                                               nlohmann_json::nlohmann_json)
   target_compile_definitions(ddp_step_bench PRIVATE
     DTRAIN_DDP_BENCH_DIR="${CMAKE_CURRENT_SOURCE_DIR}/benchmarks/ddp"
     DTRAIN_PYTHON="${DTRAIN_PYTHON}")

@@ -1,11 +1,11 @@
 // ddp_step_bench: median training-step time of dtrain's DistributedDataParallel against PyTorch's,
 // at world size 2 with one thread per rank, for an MLP of ~25M parameters (batch 64 per rank) and
 // ResNet-18 on 3x32x32 (batch 32 per rank). Both jobs run at once and take turns step by step, so
-// that both see the same machine load (Note [Turns] in ddp_step_bench.h); each alternates
-// synchronised and communication-free (noSync / no_sync) steps. Prints, per model: both medians,
-// the ratio dtrain / PyTorch, the overhead of communication over the communication-free step, and
-// the exposed communication share (step - communication-free step) / step; ratios and shares are
-// medians of per-sample values (Note [Paired statistics]).
+// that both see the same machine load (Note [Turns] in benchmarks/common/bench_process.h); each
+// alternates synchronised and communication-free (noSync / no_sync) steps. Prints, per model: both
+// medians, the ratio dtrain / PyTorch, the overhead of communication over the communication-free
+// step, and the exposed communication share (step - communication-free step) / step; ratios and
+// shares are medians of per-sample values (Note [Paired statistics] in benchmarks/common/stats.h).
 //
 // The communication-free step is the floor of any DDP step: `floor` prints dtrain's
 // communication-free step over PyTorch's synchronised one, the best ratio dtrain could reach.
@@ -25,7 +25,7 @@
 
 #include <fmt/format.h>
 
-#include "bench_process.h"
+#include "common/bench_process.h"
 #include "ddp_step_bench.h"
 #include "dtrain/base/error.h"
 
@@ -205,24 +205,18 @@ int runDriver(const Options& o) {
         append(peerLocal, p.noSyncMs);
       }
     }
-    // Note [Paired statistics]: samples i of the four series ran next to each other in time (see
-    // Note [Turns]), so ratios are taken per sample and their median reported; a load swing then
-    // moves both sides of a ratio together instead of one side of a ratio of medians.
-    auto paired = [](const std::vector<double>& a, const std::vector<double>& b,
-                     double (*f)(double, double)) {
-      std::vector<double> out;
-      for (size_t i = 0; i < a.size() && i < b.size(); ++i) out.push_back(f(a[i], b[i]));
-      return median(out);
-    };
-    auto ratio = [](double a, double b) { return a / b; };
+    // Samples i of the four series ran next to each other in time (Note [Turns]): ratios and
+    // shares are taken per sample, their medians printed (Note [Paired statistics]).
     auto exposed = [](double step, double local) { return (step - local) / step; };
     auto overhead = [](double step, double local) { return (step - local) / local; };
+    auto paired = [](const std::vector<double>& a, const std::vector<double>& b,
+                     double (*f)(double, double)) { return median(pairwise(a, b, f)); };
     auto pct = [](double x) { return fmt::format("{:.1f}%", 100 * x); };
     fmt::print("  {:>8} {:>5} {:>6.2f}M {:>9.1f} {:>9} {:>6} {:>6} {:>9.1f} {:>9} {:>9} {:>9} {:>9}\n",
                model, batch, params / 1e6, median(ours),
                peer ? fmt::format("{:.1f}", median(peerStep)) : "-",
-               peer ? fmt::format("{:.3f}", paired(ours, peerStep, ratio)) : "-",
-               peer ? fmt::format("{:.3f}", paired(oursLocal, peerStep, ratio)) : "-",
+               peer ? fmt::format("{:.3f}", pairedRatio(ours, peerStep)) : "-",
+               peer ? fmt::format("{:.3f}", pairedRatio(oursLocal, peerStep)) : "-",
                median(oursLocal), peer ? fmt::format("{:.1f}", median(peerLocal)) : "-",
                pct(paired(ours, oursLocal, overhead)), pct(paired(ours, oursLocal, exposed)),
                peer ? pct(paired(peerStep, peerLocal, exposed)) : "-");

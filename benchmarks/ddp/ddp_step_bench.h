@@ -21,22 +21,15 @@ struct StepConfig {
   int gradAsBucketView = -1;
   std::string compression = "none";
   std::string out;            // rank 0 writes its result here (JSON)
-  // Turn-taking with the driver (see Note [Turns]): "<dir>/<side>", rank 0 reads "<...>.go" and
-  // writes "<...>.done". Empty: run freely.
+  // Turn-taking with the driver (Note [Turns] in benchmarks/common/bench_process.h):
+  // "<dir>/<side>", rank 0 reads "<...>.go" and writes "<...>.done". Empty: run freely.
   std::string turns;
   // dtrain's job without shared memory (DTRAIN_SHM=0): Gloo over loopback, as before issue 13.
   bool noShm = false;
 };
 
-// Note [Turns]
-// The development machine is shared and its load swings within seconds, more than the
-// differences measured here. So both jobs, dtrain's and PyTorch's, run at once and take turns step
-// by step: before each step (warm-up ones included) rank 0 of a job waits for a byte on its "go"
-// FIFO, the job's ranks meet in a barrier, run and time the step, meet again, and rank 0 answers
-// on "done". The driver hands the turns out alternately, so every dtrain step has a PyTorch step
-// next to it in time, and a job that waits for its turn sleeps in a barrier (no CPU).
-// Turns per job: warmup + 2 * steps (each measured step is a synchronised one followed by a
-// communication-free one).
+// Turns per job (Note [Turns] in benchmarks/common/bench_process.h): warmup + 2 * steps, each
+// measured step being a synchronised one followed by a communication-free one.
 
 // One worker's measurement: milliseconds per step.
 struct StepResult {

@@ -108,7 +108,7 @@ def main():
         loss.backward()
         sgd.step()
 
-    # Turns with the driver: Note [Turns] in ddp_step_bench.h.
+    # Turns with the driver: Note [Turns] in benchmarks/common/bench_process.h.
     go = done = None
     if args.turns and rank == 0:
         go = open(args.turns + ".go", "rb", buffering=0)

@@ -1,6 +1,6 @@
 // The worker of ddp_step_bench: times one model's training step under dtrain's DDP, alternating
 // synchronised steps with communication-free ones (noSync) so that both see the same conditions,
-// in turns with the PyTorch job (Note [Turns] in ddp_step_bench.h).
+// in turns with the PyTorch job (Note [Turns] in benchmarks/common/bench_process.h).
 #include <chrono>
 #include <fstream>
 
@@ -8,6 +8,7 @@
 #include <torch/torch.h>
 
 #include "bench_models.h"
+#include "common/bench_process.h"
 #include "ddp_step_bench.h"
 #include "dtrain/base/error.h"
 #include "dtrain/torch/ddp.h"
@@ -16,31 +17,6 @@
 namespace dtrain::bench {
 
 namespace {
-
-// Rank 0's side of Note [Turns]; a no-op on other ranks and without --turns.
-class Turns {
- public:
-  Turns(const std::string& path, bool owner) {
-    if (path.empty() || !owner) return;
-    go_.open(path + ".go", std::ios::binary);  // the same order as the driver: go, then done
-    done_.open(path + ".done", std::ios::binary);
-    DTRAIN_CHECK(go_ && done_, "cannot open the turn FIFOs {}.go / .done", path);
-  }
-  void begin() {
-    if (!go_.is_open()) return;
-    char c;
-    DTRAIN_CHECK(go_.get(c), "the driver closed the turn FIFO");
-  }
-  void end() {
-    if (!done_.is_open()) return;
-    done_.put('d');
-    done_.flush();
-  }
-
- private:
-  std::ifstream go_;
-  std::ofstream done_;
-};
 
 double msSince(std::chrono::steady_clock::time_point start) {
   return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start)
@@ -68,7 +44,7 @@ StepResult measure(Net net, const torch::Tensor& x, const torch::Tensor& y, bool
   result.impl = "dtrain";
   result.model = config.model;
   for (const auto& p : ddp.parameters()) result.parameters += p.numel();
-  Turns turns(config.turns, group->rank() == 0);
+  TurnTaker turns(config.turns, group->rank() == 0);  // Note [Turns]
   // One step in its turn; returns its milliseconds.
   auto turn = [&](bool sync) {
     turns.begin();

@@ -24,13 +24,14 @@ peak resident memory per rank (the largest rank's) with its ratio.
 import argparse
 import json
 import os
-import statistics
 import subprocess
 import sys
 import tempfile
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
+sys.path.insert(0, os.path.join(HERE, "..", "common"))  # benchmarks/common/stats.py
+from stats import median, paired_ratios, spread  # noqa: E402
 
 CONFIGS = {
     "ddp": (["--zero", "0"], ["--mode", "ddp"]),
@@ -60,8 +61,7 @@ def run(cmd, metrics, env=None, timeout=900):
 
 
 def median_after(steps, key, warmup):
-    values = [s[key] for s in steps if s["step"] > warmup]
-    return statistics.median(values)
+    return median(s[key] for s in steps if s["step"] > warmup)
 
 
 def main():
@@ -133,15 +133,19 @@ def main():
                                 for k in ("step", "forward", "backward", "optimizer")}
                             sides[side]["rss"] = rss
                         pairs.append(sides)
-                    ratios = [p["peer"]["step"] / p["ours"]["step"] for p in pairs]
+                    def side_of(side, key):
+                        return [p[side][key] for p in pairs]
 
                     def med(side, key):
-                        return statistics.median(p[side][key] for p in pairs)
+                        return median(side_of(side, key))
+                    # ours / the peer's tokens/s per pair: the peer's step / ours.
+                    ratios = paired_ratios(side_of("peer", "step"), side_of("ours", "step"))
+                    lo, hi = spread(ratios)
                     row = {"preset": preset, "world": world, "config": name,
                            "ours_tokens_per_s": tokens * world / med("ours", "step"),
                            "peer_tokens_per_s": tokens * world / med("peer", "step"),
-                           "ratio": statistics.median(ratios), "ratio_min": min(ratios),
-                           "ratio_max": max(ratios), "pairs": pairs}
+                           "ratio": median(ratios), "ratio_min": lo, "ratio_max": hi,
+                           "pairs": pairs}
                     for side in ("ours", "peer"):
                         for key in ("forward", "backward", "optimizer", "rss"):
                             row[f"{side}_{key}"] = med(side, key)

@@ -70,10 +70,6 @@ double timeRun(const std::vector<std::string>& argv, std::string* failure, int c
                     failure);
 }
 
-double minimum(const std::vector<double>& v) {
-  return v.empty() ? -1 : *std::min_element(v.begin(), v.end());
-}
-
 bool executable(const std::string& path) { return !path.empty() && ::access(path.c_str(), X_OK) == 0; }
 
 std::string shellOut(const std::string& command, int* rc) {

@@ -1,13 +1,13 @@
 #pragma once
 // Process plumbing shared by the launch benchmarks (launch_bench's one-node and multi-node parts,
-// crash_latency_bench): run commands to completion and time them, medians, shell helpers, and
-// their hand-written command lines.
+// crash_latency_bench): run commands to completion and time them, shell helpers, and their
+// hand-written command lines; with the statistics every benchmark shares (common/stats.h).
 
 #include <cstdint>
 #include <string>
 #include <vector>
 
-#include "../common/median.h"
+#include "common/stats.h"
 
 namespace dtrain::bench {
 
@@ -20,7 +20,6 @@ double timeRunAll(const std::vector<std::vector<std::string>>& argvs, std::strin
 // `copies` instances of argv at once.
 double timeRun(const std::vector<std::string>& argv, std::string* failure, int copies = 1);
 
-double minimum(const std::vector<double>& v);
 bool executable(const std::string& path);
 // The stdout of `sh -c command`, trailing newlines and spaces removed; *rc its exit code.
 std::string shellOut(const std::string& command, int* rc = nullptr);

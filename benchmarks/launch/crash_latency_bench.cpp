@@ -2,7 +2,7 @@
 // `launch` and, as the peer, torchrun, interleaved crash by crash, on an idle machine and on one
 // whose every CPU is busy.
 //
-// Each run starts N test workers (tests/worker/worker --no-store --on-sigterm 0) under the
+// Each run starts N test workers (testing/worker/worker --no-store --on-sigterm 0) under the
 // launcher; the last rank SIGKILLs itself at step 20 (DTRAIN_FAULT=signal:KILL), printing its
 // CLOCK_MONOTONIC time just before; every other rank prints the CLOCK_MONOTONIC time at which
 // the launcher's SIGTERM reached it. One sample is the time until the *last* of them was told:
@@ -150,15 +150,6 @@ struct Runner {
   int failures = 0;
 };
 
-double percentile(std::vector<double> v, double q) {
-  if (v.empty()) return NAN;
-  std::sort(v.begin(), v.end());
-  double pos = q * static_cast<double>(v.size() - 1);
-  size_t lo = static_cast<size_t>(pos);
-  size_t hi = std::min(lo + 1, v.size() - 1);
-  return v[lo] + (v[hi] - v[lo]) * (pos - static_cast<double>(lo));
-}
-
 // One busy-looping process per online CPU; killed by stopLoad().
 std::vector<pid_t> startLoad() {
   std::vector<pid_t> pids;
@@ -230,16 +221,18 @@ int main(int argc, char** argv) {
       }
     }
     stopLoad(load);
-    const double launchMedian = percentile(runners[0].samples, 0.5);
+    // No sample (every crash of a runner failed): "nan" in its cells.
+    const double launchMedian = median(runners[0].samples, NAN);
     for (const auto& r : runners) {
+      const double med = median(r.samples, NAN);
+      const Spread range = spread(r.samples, NAN);
       std::string ratio = "-";
       if (&r != &runners[0] && !r.samples.empty()) {
-        ratio = fmt::format("{:.1f}x", percentile(r.samples, 0.5) / launchMedian);
+        ratio = fmt::format("{:.1f}x", med / launchMedian);
       }
       fmt::print("{:>7} {:>16} {:>8} {:>8.2f} {:>8.2f} {:>8.2f} {:>8.2f} {:>12}\n",
-                 loaded ? "loaded" : "idle", r.name, r.samples.size(), percentile(r.samples, 0.5),
-                 percentile(r.samples, 0.9), percentile(r.samples, 1.0),
-                 percentile(r.samples, 0.0), ratio);
+                 loaded ? "loaded" : "idle", r.name, r.samples.size(), med,
+                 percentile(r.samples, 0.9, NAN), range.max, range.min, ratio);
     }
   }
   if (failures > 0) {

@@ -1,7 +1,7 @@
 # launch_bench: start-to-exit wall time of `launch` beside torchrun (see launch_bench.cpp).
 # Its libtorch worker builds only with libtorch; the smoke run (CTest bench_smoke.launch_bench,
 # label integration) needs neither libtorch nor torchrun.
-include(${CMAKE_CURRENT_SOURCE_DIR}/tests/worker/worker.cmake)
+include(${CMAKE_CURRENT_SOURCE_DIR}/testing/worker/worker.cmake)
 
 set(_launch_bench_torch_worker "")
 if(DTRAIN_HAVE_TORCH)
@@ -19,12 +19,11 @@ get_filename_component(_launch_bench_python_dir "${DTRAIN_PYTHON}" DIRECTORY)
 set(_launch_bench_python DTRAIN_PYTHON="${DTRAIN_PYTHON}"
                          DTRAIN_TORCHRUN="${_launch_bench_python_dir}/torchrun")
 
-# What both launch benchmarks share: their plumbing (bench_run.*, with tests/support's
-# free_port.h), and what they drive: launch and the test worker.
+# What the launch benchmarks share: their plumbing (bench_run.*, with the benchmarks' statistics
+# and testing/'s free_port.h), and what they drive: launch and the test worker.
 add_library(dtrain_launch_bench_run STATIC ${CMAKE_CURRENT_LIST_DIR}/bench_run.cpp)
-target_include_directories(dtrain_launch_bench_run PUBLIC ${CMAKE_CURRENT_LIST_DIR}
-                                                          ${CMAKE_SOURCE_DIR}/tests/support)
-target_link_libraries(dtrain_launch_bench_run PUBLIC fmt::fmt)
+target_include_directories(dtrain_launch_bench_run PUBLIC ${CMAKE_CURRENT_LIST_DIR})
+target_link_libraries(dtrain_launch_bench_run PUBLIC dtrain_bench_stats dtrain_testing fmt::fmt)
 dtrain_warnings(dtrain_launch_bench_run)
 # crash_latency_bench: a worker's crash -> SIGTERM at the others, launch beside torchrun.
 foreach(bench launch_bench crash_latency_bench)
@@ -51,8 +50,8 @@ if(DTRAIN_HAVE_TORCH)
   add_dependencies(launch_bench launch_torch_worker)
 endif()
 
-# launch_scale_bench: N simulated nodes (tests/integration/launcher_sim.h) beside torchrun.
-include(${CMAKE_SOURCE_DIR}/tests/integration/launcher_sim.cmake)
+# launch_scale_bench: N simulated nodes (testing/launcher_sim/launcher_sim.h) beside torchrun.
+include(${CMAKE_SOURCE_DIR}/testing/launcher_sim/launcher_sim.cmake)
 add_executable(launch_scale_bench ${CMAKE_CURRENT_LIST_DIR}/scale_bench.cpp
                                   ${CMAKE_CURRENT_LIST_DIR}/scale_runs.cpp)
 target_link_libraries(launch_scale_bench PRIVATE dtrain_launch_bench_run dtrain_launch_sim)

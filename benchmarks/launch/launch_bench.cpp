@@ -3,7 +3,7 @@
 // same run (so load drifts hit all alike), medians and minima, and the ratio printed.
 //
 // Workloads (each joins the job's store and passes one barrier, then exits):
-//   worker    the torch-free test worker (tests/worker/worker --steps 0 --quiet), C++
+//   worker    the torch-free test worker (testing/worker/worker --steps 0 --quiet), C++
 //   libtorch  a minimal libtorch worker (benchmarks/launch/torch_worker.cpp); "bare" is N copies
 //             of the same binary started at once without a launcher (and without the store): the
 //             floor every N-process libtorch job pays on this machine
@@ -160,7 +160,7 @@ void printTable(const Options& o, const std::vector<Config>& configs) {
   };
   auto cell = [](const Config* c) {
     if (!c || c->samples.empty()) return std::string("-");
-    return fmt::format("{:.1f} ({:.1f})", median(c->samples), *std::min_element(c->samples.begin(), c->samples.end()));
+    return fmt::format("{:.1f} ({:.1f})", median(c->samples), spread(c->samples).min);
   };
 
   char load[128] = {};

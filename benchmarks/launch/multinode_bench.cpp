@@ -1,5 +1,5 @@
 // launch_bench --multinode: 3 nodes x 2 workers in a simulated cluster (scripts/netns-cluster.sh),
-// every job running the same torch-free worker (tests/worker/worker --steps 0), so that the
+// every job running the same torch-free worker (testing/worker/worker --steps 0), so that the
 // launchers, not the workers' start-up, are measured:
 //   - launch's fan-out from outside the nodes (the master on the bridge, ssh to each node);
 //   - the same 6 workers by launch on one node, and 2 (one node's share);
@@ -147,7 +147,7 @@ void runOnce(Row& row, const std::string& prefix, store::Store& store, bool reco
 }
 
 std::string cell(const std::vector<double>& v) {
-  return v.empty() ? std::string("-") : fmt::format("{:.0f} ({:.0f})", median(v), minimum(v));
+  return v.empty() ? std::string("-") : fmt::format("{:.0f} ({:.0f})", median(v), spread(v).min);
 }
 
 std::string ratio(const std::vector<double>& a, const std::vector<double>& b) {
@@ -241,8 +241,8 @@ std::vector<Row> jobRows(const MultinodeBenchOptions& o, const SimCluster& c,
 
 void printTable(const MultinodeBenchOptions& o, const std::vector<Row>& rows,
                 const std::string& loadBefore, bool withTorchrun) {
-  fmt::print("# launch_bench --multinode: {} nodes x {} workers (tests/worker --steps 0), ms, median "
-             "(min) of {} interleaved reps; load average {} before, {} after\n",
+  fmt::print("# launch_bench --multinode: {} nodes x {} workers (testing/worker --steps 0), ms, "
+             "median (min) of {} interleaved reps; load average {} before, {} after\n",
              kNodes, kPerNode, o.reps, loadBefore, loadAverage());
   fmt::print("# start->barrier: until every worker passed a barrier on one store; barrier->exit: "
              "from there until the launchers exited\n");
@@ -291,8 +291,8 @@ std::vector<double> measureDetection(const MultinodeBenchOptions& o, const SimCl
   if (!detections.empty()) {
     fmt::print("# a silent node (cable out) noticed after {:.2f} s median of {} (min {:.2f}, max "
                "{:.2f}); --heartbeat-timeout 3 (aim: <= timeout + 1 s)\n",
-               median(detections), detections.size(), minimum(detections),
-               *std::max_element(detections.begin(), detections.end()));
+               median(detections), detections.size(), spread(detections).min,
+               spread(detections).max);
   }
   return detections;
 }

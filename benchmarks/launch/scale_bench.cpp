@@ -1,7 +1,7 @@
 // launch_scale_bench: launch's control plane at N simulated nodes on this machine, beside
 // torchrun's c10d rendezvous (issue 23; benchmarks/README.md). Each node is a `launch` in manual
 // mode on loopback with one test worker that publishes progress once a second and computes
-// nothing (tests/integration/launcher_sim.h); no ssh, so a lost node is found through its
+// nothing (testing/launcher_sim/launcher_sim.h); no ssh, so a lost node is found through its
 // heartbeats. Per N, in one run: the rendezvous (all started -> all plans; last join -> all
 // plans; plan -> workers started), the store's steady load by class and the CPU of the master,
 // the store and the agents, then one agent SIGKILLed (named after; every other worker stopped
@@ -73,7 +73,7 @@ double med(const std::vector<Run>& runs, double Run::*field) {
   for (const auto& r : runs) {
     if (r.ok && r.*field >= 0) v.push_back(r.*field);
   }
-  return v.empty() ? -1 : median(v);
+  return median(v, -1);
 }
 
 std::string cell(double v, const char* format = "{:.2f}") {

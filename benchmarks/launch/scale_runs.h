@@ -1,6 +1,6 @@
 #pragma once
 // One run of launch_scale_bench (scale_bench.cpp): N simulated nodes under launch
-// (tests/integration/launcher_sim.h) or under torchrun's c10d rendezvous, and what was measured.
+// (testing/launcher_sim/launcher_sim.h) or under torchrun's c10d rendezvous, and what was measured.
 
 #include <string>
 #include <vector>

@@ -6,18 +6,16 @@
 # only when the Python's torch is the same release.
 if(TARGET dtrain_examples)
   add_library(recompute_counting SHARED benchmarks/recompute/counting_library.cpp)
-  target_include_directories(recompute_counting PRIVATE ${CMAKE_CURRENT_SOURCE_DIR}/tests/support)
-  target_link_libraries(recompute_counting PRIVATE torch)
+  target_link_libraries(recompute_counting PRIVATE torch dtrain_testing)  # counting_allocator.h
   dtrain_warnings(recompute_counting)
 
   add_executable(recompute_bench
     benchmarks/recompute/recompute_bench.cpp
     benchmarks/recompute/recompute_worker.cpp
-    benchmarks/recompute/cuda_memory.cpp
-    benchmarks/ddp/bench_process.cpp)
-  target_include_directories(recompute_bench PRIVATE ${CMAKE_CURRENT_SOURCE_DIR}/benchmarks/ddp
-                                                     ${CMAKE_CURRENT_SOURCE_DIR}/tests/support)
-  target_link_libraries(recompute_bench PRIVATE dtrain dtrain_examples nlohmann_json::nlohmann_json)
+    benchmarks/recompute/cuda_memory.cpp)
+  # dtrain_testing: counting_allocator.h.
+  target_link_libraries(recompute_bench PRIVATE dtrain dtrain_examples dtrain_bench_common
+                                                dtrain_testing nlohmann_json::nlohmann_json)
   target_compile_definitions(recompute_bench PRIVATE
     DTRAIN_RECOMPUTE_BENCH_DIR="${CMAKE_CURRENT_SOURCE_DIR}/benchmarks/recompute"
     DTRAIN_RECOMPUTE_COUNTING_LIBRARY="$<TARGET_FILE:recompute_counting>"

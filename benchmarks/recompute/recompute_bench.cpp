@@ -26,7 +26,7 @@
 #include <nlohmann/json.hpp>
 #include <torch/version.h>
 
-#include "bench_process.h"
+#include "common/bench_process.h"
 #include "dtrain/base/error.h"
 #include "recompute_bench.h"
 

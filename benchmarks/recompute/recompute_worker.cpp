@@ -15,6 +15,7 @@
 #include <torch/cuda.h>
 #include <torch/torch.h>
 
+#include "common/stats.h"
 #include "counting_allocator.h"
 #include "dtrain/base/error.h"
 #include "dtrain/torch/autocast.h"
@@ -108,7 +109,9 @@ void runRecomputeWorker(const RecomputeRun& run, const std::string& out) {
   for (int s = 0; s < run.warmup + run.steps; ++s) {
     sync();
     const auto t0 = Clock::now();
-    sgd.zero_grad();
+    // The gradients go (libtorch 2.x's default, as the peer's zero_grad(set_to_none=True)):
+    // both peaks count the gradients backward makes.
+    sgd.zero_grad(/*set_to_none=*/true);
     const int64_t base = memory.live();
     memory.resetPeak();
     torch::Tensor loss;
@@ -138,10 +141,6 @@ void runRecomputeWorker(const RecomputeRun& run, const std::string& out) {
     backward.push_back(std::chrono::duration<double>(t2 - t1).count());
     step.push_back(std::chrono::duration<double>(t3 - t0).count());
   }
-  auto median = [](std::vector<double> v) {
-    std::sort(v.begin(), v.end());
-    return v.empty() ? 0.0 : v[v.size() / 2];
-  };
   struct rusage usage {};
   ::getrusage(RUSAGE_SELF, &usage);
   nlohmann::json j = {{"forward_s", median(forward)},       {"backward_s", median(backward)},

@@ -1,6 +1,6 @@
 # store_bench: TcpStore round trips beside c10d::TCPStore (from libtorch, when this build has it).
 add_executable(store_bench benchmarks/store/store_bench.cpp)
-target_link_libraries(store_bench PRIVATE dtrain_base)
+target_link_libraries(store_bench PRIVATE dtrain_base dtrain_bench_stats)
 if(DTRAIN_HAVE_TORCH)
   # Only for the peer: c10d::TCPStore is exported by libtorch_cpu.
   target_link_libraries(store_bench PRIVATE torch)

@@ -26,6 +26,7 @@
 #include <thread>
 #include <vector>
 
+#include "common/stats.h"
 #include "dtrain/base/tcp_store.h"
 #include "dtrain/config.h"
 
@@ -193,12 +194,6 @@ void runRound(Subject& subject, const std::string& op, int n, const Config& cfg,
   }
 }
 
-double percentile(std::vector<double> v, double p) {
-  if (v.empty()) return 0;
-  std::sort(v.begin(), v.end());
-  return v[std::min(v.size() - 1, static_cast<size_t>(p * v.size()))];
-}
-
 std::vector<std::string> split(const std::string& s) {
   std::vector<std::string> out;
   std::stringstream in(s);
@@ -296,8 +291,8 @@ long measureRow(const std::string& op, int n, const Config& cfg, std::vector<Sub
   }
   long wrong = 0;
   for (const auto& res : results) wrong += res.wrong;
-  auto p50 = [&](size_t s) { return percentile(results[s].micros, 0.50); };
-  auto p99 = [&](size_t s) { return percentile(results[s].micros, 0.99); };
+  auto p50 = [&](size_t s) { return dtrain::bench::percentile(results[s].micros, 0.50); };
+  auto p99 = [&](size_t s) { return dtrain::bench::percentile(results[s].micros, 0.99); };
   auto ops = [&](size_t s) { return results[s].ops / results[s].seconds; };
   std::printf("  %-4s %7d  %9.1f %9.1f %10.0f", op.c_str(), n, p50(0), p99(0), ops(0));
   if (subjects.size() > 1) {

@@ -5,11 +5,9 @@
 if(TARGET dtrain_examples)
   add_executable(train_bench
     benchmarks/train/train_bench.cpp
-    benchmarks/train/train_bench_worker.cpp
-    benchmarks/ddp/bench_process.cpp)
-  target_include_directories(train_bench PRIVATE ${CMAKE_CURRENT_SOURCE_DIR}/benchmarks/ddp
-                                                 ${CMAKE_CURRENT_SOURCE_DIR}/tests/support)
-  target_link_libraries(train_bench PRIVATE dtrain dtrain_examples nlohmann_json::nlohmann_json)
+    benchmarks/train/train_bench_worker.cpp)
+  target_link_libraries(train_bench PRIVATE dtrain dtrain_examples dtrain_bench_common
+                                            nlohmann_json::nlohmann_json)
   target_compile_definitions(train_bench PRIVATE
     DTRAIN_TRAIN_BENCH_DIR="${CMAKE_CURRENT_SOURCE_DIR}/benchmarks/train"
     DTRAIN_PYTHON="${DTRAIN_PYTHON}")

@@ -2,8 +2,9 @@
 // with one compute thread per rank (plus each side's data loader): ResNet-18 on CIFAR-sized
 // images (32x32, batch 32 per rank, through the loader thread with crop, flip and normalisation)
 // and ResNet-50 at 224x224 (batch 4 per rank, a fixed batch). Both jobs run at once and take
-// turns step by step (Note [Turns] in benchmarks/ddp/ddp_step_bench.h); the ratio is the median
-// of the per-step ratios dtrain / PyTorch samples/s (Note [Paired statistics] there).
+// turns step by step (Note [Turns] in benchmarks/common/bench_process.h); the ratio is the median
+// of the per-step ratios dtrain / PyTorch samples/s (Note [Paired statistics] in
+// benchmarks/common/stats.h).
 //
 //   train_bench [--rounds 3] [--steps 10] [--warmup 3] [--models resnet18,resnet50] [--no-peer]
 //               [--amp] [--python PATH] [--smoke]
@@ -25,7 +26,7 @@
 #include <fmt/format.h>
 #include <torch/torch.h>
 
-#include "bench_process.h"
+#include "common/bench_process.h"
 #include "data/cifar10.h"
 #include "dtrain/base/error.h"
 #include "train_bench.h"
@@ -240,9 +241,8 @@ int runDriver(Options o) {
                      p.parameters, params);
         theirs.insert(theirs.end(), p.stepMs.begin(), p.stepMs.end());
         // Step i of both ran next to each other: the ratio of samples/s is theirs / ours in time.
-        for (size_t i = 0; i < r.stepMs.size() && i < p.stepMs.size(); ++i) {
-          ratios.push_back(p.stepMs[i] / r.stepMs[i]);
-        }
+        const auto paired = pairedRatios(p.stepMs, r.stepMs);
+        ratios.insert(ratios.end(), paired.begin(), paired.end());
       }
     }
     auto rate = [&](const std::vector<double>& ms) {

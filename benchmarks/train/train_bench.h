@@ -18,7 +18,7 @@ struct TrainConfig {
   std::string device = "cpu";  // cpu (Gloo, world size 2) | cuda (NCCL, world size 1)
   bool amp = false;            // autocast (float16 on CUDA, bfloat16 on the CPU) + GradScaler
   std::string out;             // rank 0 writes its result here (JSON)
-  std::string turns;           // see Note [Turns] in benchmarks/ddp/ddp_step_bench.h
+  std::string turns;           // see Note [Turns] in benchmarks/common/bench_process.h
 };
 
 // One job's measurement: milliseconds per step, each from asking for the batch to the end of

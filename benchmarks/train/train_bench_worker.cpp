@@ -11,7 +11,7 @@
 
 #include <dtrain/dtrain.h>
 
-#include "bench_process.h"
+#include "common/bench_process.h"
 #include "data/cifar10.h"
 #include "data/loader.h"
 #include "models/resnet.h"

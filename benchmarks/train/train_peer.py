@@ -101,7 +101,7 @@ def main():
         def next_batch():
             return fixed
 
-    # Turns with the driver: Note [Turns] in benchmarks/ddp/ddp_step_bench.h.
+    # Turns with the driver: Note [Turns] in benchmarks/common/bench_process.h.
     go = done = None
     if args.turns and rank == 0:
         go = open(args.turns + ".go", "rb", buffering=0)

@@ -1,13 +1,13 @@
-# zero_bench: ZeRO stages 1, 2 and 3 against plain DDP (benchmarks/README.md). Shares the process
-# plumbing of benchmarks/ddp (jobs, turns).
+# zero_bench: ZeRO stages 1, 2 and 3 against plain DDP (benchmarks/README.md), its jobs taking
+# turns through the benchmarks' shared plumbing (dtrain_bench_common).
 if(DTRAIN_HAVE_GLOO)
   add_executable(zero_bench
-    benchmarks/ddp/bench_process.cpp
     benchmarks/zero/zero_bench.cpp
     benchmarks/zero/zero_bench_worker.cpp
     benchmarks/zero/layer_probe.cpp)
-  target_include_directories(zero_bench PRIVATE ${CMAKE_CURRENT_SOURCE_DIR}/tests/support)  # free_port.h, counting_allocator.h
-  target_link_libraries(zero_bench PRIVATE dtrain nlohmann_json::nlohmann_json)
+  # dtrain_testing: counting_allocator.h.
+  target_link_libraries(zero_bench PRIVATE dtrain dtrain_bench_common dtrain_testing
+                                           nlohmann_json::nlohmann_json)
   dtrain_reuse_torch_pch(zero_bench)
   dtrain_warnings(zero_bench)
   if(DTRAIN_WITH_TESTS)

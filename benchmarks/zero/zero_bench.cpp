@@ -1,10 +1,10 @@
 // zero_bench: ZeRO stages 1, 2 and 3 against plain DDP, Adam on an MLP of 92M float32
 // parameters, one thread per rank. For each world size and stage a DDP job and a ZeRO job (stage
 // 3: and a ZeRO-2 job, the reference of its aim) run at once and take turns step by step (Note
-// [Turns] in benchmarks/ddp/ddp_step_bench.h), so they see the same machine load. Per job: the
+// [Turns] in benchmarks/common/bench_process.h), so they see the same machine load. Per job: the
 // median step and its split -- forward + backward (without the communication they waited for),
 // communication waited for, the optimizer's step, the rest --, the ratio to DDP's step and
-// communication (medians of per-step ratios, Note [Paired statistics]), what the step's
+// communication (medians of per-step ratios, Note [Paired statistics] in stats.h), what the step's
 // collectives cost alone and how much of it was hidden, model-state bytes per rank (from the
 // tensors' storages) against ZeRO's formula, PSS per rank (max over the ranks), payload bytes
 // each rank sends per step (the communicator's counter, Note [Payload bytes]) per parameter, and
@@ -34,7 +34,7 @@
 
 #include <fmt/format.h>
 
-#include "../ddp/bench_process.h"
+#include "common/bench_process.h"
 #include "dtrain/base/error.h"
 #include "zero_bench.h"
 
@@ -206,13 +206,6 @@ std::vector<ZeroResult> runTogether(const Options& o, int world, const std::vect
   return results;
 }
 
-// Note [Paired statistics]: step i of both jobs ran next to each other in time.
-double paired(const std::vector<double>& a, const std::vector<double>& b) {
-  std::vector<double> r;
-  for (size_t i = 0; i < a.size() && i < b.size(); ++i) r.push_back(b[i] > 0 ? a[i] / b[i] : 0);
-  return median(r);
-}
-
 // Model-state bytes per rank for float32 Adam (ZeRO's paper): DDP 16, ZeRO-1 8 + 8/N, ZeRO-2
 // 4 + 12/N, ZeRO-3 16/N bytes per parameter.
 double formulaBytes(int stage, int world, double params) {
@@ -230,9 +223,7 @@ double formulaBytes(int stage, int world, double params) {
 // longer than the collectives alone.
 double hiddenShare(const ZeroResult& r) {
   std::vector<double> share;
-  for (size_t i = 0; i < r.commMs.size() && i < r.aloneMs.size(); ++i) {
-    if (r.aloneMs[i] > 0) share.push_back(1 - r.commMs[i] / r.aloneMs[i]);
-  }
+  for (double waited : pairedRatios(r.commMs, r.aloneMs)) share.push_back(1 - waited);
   return median(share);
 }
 
@@ -248,8 +239,8 @@ void printRow(const ZeroResult& r, const ZeroResult& ddp) {
              r.world, isDdp ? "ddp" : "zero" + tag(r.stage, r.buildSharded, r.defer),
              median(r.stepMs),
              median(r.computeMs), median(r.commMs), median(r.optimizerMs), median(r.otherMs),
-             isDdp ? "-" : fmt::format("{:.3f}", paired(r.stepMs, ddp.stepMs)),
-             isDdp ? "-" : fmt::format("{:.2f}", paired(r.commMs, ddp.commMs)),
+             isDdp ? "-" : fmt::format("{:.3f}", pairedRatio(r.stepMs, ddp.stepMs)),
+             isDdp ? "-" : fmt::format("{:.2f}", pairedRatio(r.commMs, ddp.commMs)),
              median(r.aloneMs), 100 * hiddenShare(r), r.stateBytes / MiB, formula / MiB,
              r.stateBytes / formula, pss / MiB, median(r.payloadBytes) / psi);
 }
@@ -277,7 +268,7 @@ void printWaits(const ZeroResult& ddp, const ZeroResult& zero) {
              median(zero.backwardWaitMs), median(zero.stepWaitMs),
              zero.defer ? " (after the data phase)" : " (in step())", median(ddp.endWaitMs),
              median(zero.endWaitMs), median(withEndWait(ddp)), median(withEndWait(zero)),
-             paired(withEndWait(zero), withEndWait(ddp)), median(zero.dataMs));
+             pairedRatio(withEndWait(zero), withEndWait(ddp)), median(zero.dataMs));
 }
 
 // Parameter elements of each layer of the MLP (weight and bias).
@@ -302,8 +293,8 @@ void printStage3(const Options& o, const ZeroResult& z3, const ZeroResult& z2) {
   fmt::print("  {:>5} ZeRO-3 / ZeRO-2: step {:.3f} (aim <= 1.3), fwd+bwd {:.3f}, comm {:.2f}; "
              "unit all-gathers waited {:.1f} ms (the layers' probes: {:.1f}); hidden {:.0f}% "
              "(aim >= 50%){}\n",
-             "", paired(z3.stepMs, z2.stepMs), paired(z3.computeMs, z2.computeMs),
-             paired(z3.commMs, z2.commMs), median(z3.gatherMs), median(z3.probedGatherMs),
+             "", pairedRatio(z3.stepMs, z2.stepMs), pairedRatio(z3.computeMs, z2.computeMs),
+             pairedRatio(z3.commMs, z2.commMs), median(z3.gatherMs), median(z3.probedGatherMs),
              100 * hiddenShare(z3), o.job.forwardPrefetch ? "; forward prefetch" : "");
   fmt::print("  {:>5} ZeRO-3 parameters alive at once: {:.1f} MiB gathered at the peak (the "
              "layers' storages: {:.1f}) + {:.1f} MiB owned blocks = {:.1f} MiB, aim Psi/N + root + "
@@ -339,7 +330,7 @@ void printBuild(const Options& o, const std::vector<const ZeroResult*>& ways) {
                resident >= 0 ? fmt::format("{:.1f}", resident / MiB) : "-", full / MiB,
                median(r->buildStorageBytes) / full,
                median(r->buildLayersBytes) / (largest + blocks),
-               r == &whole ? "-" : fmt::format("{:.3f}", paired(r->stepMs, whole.stepMs)));
+               r == &whole ? "-" : fmt::format("{:.3f}", pairedRatio(r->stepMs, whole.stepMs)));
   }
   fmt::print("  {:>5} build, MiB per rank, medians over ranks, of CPU tensor storage counted from "
              "the first layer built: peak through the optimizer's constructor, while the layers "

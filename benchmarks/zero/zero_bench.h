@@ -1,6 +1,6 @@
 #pragma once
 // zero_bench's two halves: the driver (zero_bench.cpp) starts a DDP job and a ZeRO job per world
-// size and stage, hands out their turns (Note [Turns] in benchmarks/ddp/ddp_step_bench.h) and
+// size and stage, hands out their turns (Note [Turns] in benchmarks/common/bench_process.h) and
 // prints the table; a worker (zero_bench_worker.cpp) times training steps of one of them and
 // measures its memory and traffic.
 

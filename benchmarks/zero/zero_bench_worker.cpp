@@ -14,7 +14,7 @@
 #include <nlohmann/json.hpp>
 #include <torch/torch.h>
 
-#include "../ddp/bench_process.h"
+#include "common/bench_process.h"
 #include "counting_allocator.h"
 #include "dtrain/base/error.h"
 #include "dtrain/torch/autocast.h"
@@ -452,7 +452,7 @@ void measureMemory(const Training& t, ZeroResult& r) {
 // optimizer is made (the bound model, the optimizer's shards). Two counts, since neither sees
 // everything:
 //   storage:  libtorch's CPU tensor storage, through a counting allocator installed in front of
-//             libtorch's at the worker's start (tests/support/counting_allocator.h): the
+//             libtorch's at the worker's start (testing/counting_allocator.h): the
 //             parameters as built, the blocks kept, the parts gathered again to bind, the
 //             optimizer's shards. It does not see the communicator's buffers
 //             (Communicator::allocate), which the shared-memory backend places in its segment:

@@ -39,7 +39,7 @@ CHECK_TOLERANCE = 1e-5  # relative, of a tensor's norm
 
 
 class CountingBytes:
-    """dtrain's counting CPU allocator (tests/support/counting_allocator.h) in this process."""
+    """dtrain's counting CPU allocator (testing/counting_allocator.h) in this process."""
 
     def __init__(self, path):
         self.lib = ctypes.CDLL(path)

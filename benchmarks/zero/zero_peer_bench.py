@@ -24,12 +24,14 @@ BUILD holds zero_bench and launch; LIB is librecompute_counting.so (benchmarks/r
 import argparse
 import json
 import os
-import statistics
 import subprocess
 import sys
 import tempfile
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, "..", "common"))  # benchmarks/common/stats.py
+from stats import median, median_spread, paired_ratios  # noqa: E402
+
 MiB = float(1 << 20)
 PEERS = {3: "fsdp2", 1: "zero1"}
 
@@ -67,14 +69,14 @@ def peer(a, world, stage, out, check=False):
     return run(cmd, out)
 
 
-def spread(values):
-    """The median and the min-max of per-pair values."""
-    return statistics.median(values), min(values), max(values)
+def side_of(pairs, i, key):
+    """One side's figure over the pairs (0: ours, 1: the peer's), in their order."""
+    return [pair[i][key] for pair in pairs]
 
 
-def fmt_ratio(values):
-    m, lo, hi = spread(values)
-    return f"{m:.3f} [{lo:.3f}-{hi:.3f}]"
+def ratios(pairs, key):
+    """Ours / the peer's per pair: the two sides of a pair ran back to back."""
+    return paired_ratios(side_of(pairs, 0, key), side_of(pairs, 1, key))
 
 
 def aim(ratio, bound=1.0):
@@ -82,36 +84,36 @@ def aim(ratio, bound=1.0):
 
 
 def print_stage3(world, pairs, check):
-    step = [o["step"] / p["step"] for o, p in pairs]
-    peak = [o["peak"] / p["peak"] for o, p in pairs]
-    bus = [o["bus"] / p["bus"] for o, p in pairs]
-    sock = [o["socket"] / p["socket"] for o, p in pairs]
+    step, peak, bus, sock = (ratios(pairs, k) for k in ("step", "peak", "bus", "socket"))
     o, p = pairs[0]
-    med = lambda side, k: statistics.median(x[side][k] for x in pairs)  # noqa: E731
+
+    def med(side, k):
+        return median(side_of(pairs, side, k))
     print(f"  {world:>5} {'zero3/fsdp2':>12} {med(0, 'step'):>8.1f} {med(1, 'step'):>8.1f} "
-          f"{fmt_ratio(step):>21} {med(0, 'peak') / MiB:>8.2f} {med(1, 'peak') / MiB:>8.2f} "
-          f"{fmt_ratio(peak):>21} {med(0, 'idle') / MiB:>7.2f} {o['bus'] / MiB:>7.2f} "
-          f"{p['bus'] / MiB:>7.2f} {fmt_ratio(bus):>21} {fmt_ratio(sock):>21}")
+          f"{median_spread(step):>21} {med(0, 'peak') / MiB:>8.2f} {med(1, 'peak') / MiB:>8.2f} "
+          f"{median_spread(peak):>21} {med(0, 'idle') / MiB:>7.2f} {o['bus'] / MiB:>7.2f} "
+          f"{p['bus'] / MiB:>7.2f} {median_spread(bus):>21} {median_spread(sock):>21}")
     print(f"  {'':>5} ours: peak = {o['storage'] / MiB:.2f} MiB tensor storage + "
           f"{o['buffers'] / MiB:.2f} MiB communicator buffers in use (largest rank); held "
           f"between steps {o['held'] / MiB:.2f} MiB (most of any rank); socket MiB/step "
           f"ours {o['socket'] / MiB:.2f}, peer {p['socket'] / MiB:.2f}; aims: peak "
-          f"{aim(spread(peak)[0])}, bus bytes {aim(spread(bus)[0])} (<= 1.0); peer check: "
+          f"{aim(median(peak))}, bus bytes {aim(median(bus))} (<= 1.0); peer check: "
           f"{check}")
 
 
 def print_stage1(world, pairs, check):
-    step = [o["step"] / p["step"] for o, p in pairs]
-    state = [o["state"] / p["state"] for o, p in pairs]
-    med = lambda side, k: statistics.median(x[side][k] for x in pairs)  # noqa: E731
+    step, state = ratios(pairs, "step"), ratios(pairs, "state")
     o, p = pairs[0]
+
+    def med(side, k):
+        return median(side_of(pairs, side, k))
     print(f"  {world:>5} {'zero1/zero-ro':>12} {med(0, 'step'):>8.1f} {med(1, 'step'):>8.1f} "
-          f"{fmt_ratio(step):>21} {o['state'] / MiB:>8.2f} {p['state'] / MiB:>8.2f} "
-          f"{fmt_ratio(state):>21}")
+          f"{median_spread(step):>21} {o['state'] / MiB:>8.2f} {p['state'] / MiB:>8.2f} "
+          f"{median_spread(state):>21}")
     print(f"  {'':>5} ZeroRedundancyOptimizer's partitions, MiB per rank: "
           f"{', '.join(f'{b / MiB:.2f}' for b in p['partitions'])}; aims: step "
-          f"{aim(spread(step)[0])}, state per rank <= its largest partition "
-          f"{aim(spread(state)[0])}; peer check: {check}")
+          f"{aim(median(step))}, state per rank <= its largest partition "
+          f"{aim(median(state))}; peer check: {check}")
 
 
 def figures(r):
@@ -124,8 +126,8 @@ def figures(r):
     buffers = r.get("comm_peak_bytes") or none
     totals = [s + b for s, b in zip(storage, buffers)]
     i = totals.index(max(totals))
-    return {"step": statistics.median(r["step_ms"]), "bus": statistics.median(r["payload_bytes"]),
-            "socket": statistics.median(r["socket_bytes"]), "peak": totals[i],
+    return {"step": median(r["step_ms"]), "bus": median(r["payload_bytes"]),
+            "socket": median(r["socket_bytes"]), "peak": totals[i],
             "storage": storage[i], "buffers": buffers[i],
             "held": max(r.get("comm_held_bytes") or none),
             "idle": max(r.get("comm_idle_bytes") or none),

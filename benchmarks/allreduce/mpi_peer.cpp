@@ -1,9 +1,9 @@
-/* mpi_peer: Open MPI's MPI_Allreduce as a peer of allreduce_bench (see peer_process.h for the
- * protocol). Started by the benchmark's rank 0 under `mpirun -np N ... mpi_peer DIR DTYPE`; each
- * rank reads its commands from DIR/commands.<rank> (blocking: no MPI progress polling between
- * sizes), rank 0 writes results to DIR/results. Rank r contributes r + i % 5 at element i; the
- * first call is checked against the closed form. In place (MPI_IN_PLACE), float32/float64/int32/
- * int64 sums. */
+// mpi_peer: Open MPI's MPI_Allreduce as a peer of allreduce_bench (see peer_process.h for the
+// protocol). Started by the benchmark's rank 0 under `mpirun -np N ... mpi_peer DIR DTYPE`; each
+// rank reads its commands from DIR/commands.<rank> (blocking: no MPI progress polling between
+// sizes), rank 0 writes results to DIR/results. Rank r contributes r + i % 5 at element i; the
+// first call is checked against the closed form. In place (MPI_IN_PLACE), float32/float64/int32/
+// int64 sums. C++ for one reason: a size's time is the median of stats.h, as every contender's.
 #include <mpi.h>
 
 #include <stdint.h>
@@ -11,10 +11,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-static int compareDoubles(const void* a, const void* b) {
-  double x = *(const double*)a, y = *(const double*)b;
-  return x < y ? -1 : x > y;
-}
+#include <vector>
+
+#include "common/stats.h"
 
 static void fill(void* buf, MPI_Datatype type, int rank, size_t count) {
   for (size_t i = 0; i < count; ++i) {
@@ -69,7 +68,7 @@ int main(int argc, char** argv) {
   void* buf = NULL;
   size_t capacity = 0;
   char line[256];
-  double* times = NULL;
+  std::vector<double> times;
   while (fgets(line, sizeof(line), commands)) {
     size_t bytes = 0;
     int warmup = 0, iters = 0;
@@ -78,7 +77,7 @@ int main(int argc, char** argv) {
     if (bytes > capacity) {
       free(buf);
       buf = malloc(bytes);
-      memset(buf, 0, bytes);  /* first touch here, not in the timed loop */
+      memset(buf, 0, bytes);  // first touch here, not in the timed loop
       capacity = bytes;
     }
     fill(buf, type, rank, count);
@@ -88,20 +87,18 @@ int main(int argc, char** argv) {
       MPI_Allreduce(MPI_IN_PLACE, buf, (int)count, type, MPI_SUM, MPI_COMM_WORLD);
     }
     MPI_Barrier(MPI_COMM_WORLD);
-    times = realloc(times, sizeof(double) * (size_t)iters);
+    times.clear();
     for (int i = 0; i < iters; ++i) {
       const double t0 = MPI_Wtime();
       MPI_Allreduce(MPI_IN_PLACE, buf, (int)count, type, MPI_SUM, MPI_COMM_WORLD);
-      times[i] = (MPI_Wtime() - t0) * 1e6;
+      times.push_back((MPI_Wtime() - t0) * 1e6);
     }
     if (rank == 0) {
-      qsort(times, (size_t)iters, sizeof(double), compareDoubles);
-      fprintf(results, "%zu %.3f %ld\n", bytes, times[iters / 2], wrong);
+      fprintf(results, "%zu %.3f %ld\n", bytes, dtrain::bench::median(times), wrong);
       fflush(results);
     }
   }
   free(buf);
-  free(times);
   MPI_Finalize();
   return 0;
 }

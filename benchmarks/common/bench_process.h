@@ -1,8 +1,8 @@
 #pragma once
 // Process plumbing of the drivers of ddp_step_bench, train_bench, zero_bench and recompute_bench:
 // starting jobs, waiting for them, free ports, the FIFOs through which they hand out turns
-// (Note [Turns] in ddp_step_bench.h), reading their flags, their main(), and the small helpers
-// they share. Torch-free.
+// (Note [Turns]), reading their flags, their main(), and the small helpers they share.
+// Torch-free; the library dtrain_bench_common (benchmarks/common/common.cmake).
 
 #include <sys/types.h>
 
@@ -14,8 +14,8 @@
 #include <string>
 #include <vector>
 
+#include "common/stats.h"
 #include "dtrain/base/tcp_store.h"
-#include "../common/median.h"
 
 namespace dtrain::bench {
 
@@ -75,6 +75,15 @@ int benchMain(const char* name, Body&& body) {
     return 1;
   }
 }
+
+// Note [Turns]
+// The development machine is shared and its load swings within seconds, more than the
+// differences measured here. So the jobs of one measurement -- dtrain's and its peer's (PyTorch's,
+// or another dtrain configuration) -- run at once and take turns step by step: before each step
+// (warm-up ones included) rank 0 of a job waits for a byte on its "go" FIFO, the job's ranks meet
+// in a barrier, run and time the step, meet again, and rank 0 answers on "done". The driver hands
+// the turns out in rotation, so every dtrain step has a peer's step next to it in time (Note
+// [Paired statistics] in stats.h), and a job that waits for its turn sleeps in a barrier (no CPU).
 
 // The driver's end of one job's turn FIFOs "<path>.go" / "<path>.done" (created here).
 class TurnGiver {

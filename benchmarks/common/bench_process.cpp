@@ -1,4 +1,4 @@
-#include "bench_process.h"
+#include "common/bench_process.h"
 
 #include <fcntl.h>
 #include <signal.h>
