@@ -69,19 +69,19 @@ struct Options {
   int zero = 0;                // 0: DDP; ZeRO 1: optimizer state, 2: + gradients, 3: + parameters
   bool offload = false;        // ZeRO-2/3: optimizer state on the host (a no-op on the CPU)
   std::string optimizer = "adamw";  // or sgd: plain SGD (comparisons with another trainer)
-  double lr = 1e-3;            // peak
-  double minLrRatio = 0.1;     // the cosine ends at lr x this
-  double weightDecay = 0.1;    // matrices only
+  double lr = 1e-3;                 // peak
+  double minLrRatio = 0.1;          // the cosine ends at lr x this
+  double weightDecay = 0.1;         // matrices only
   double beta1 = 0.9, beta2 = 0.95;
-  double clip = 1.0;           // gradient norm; 0: none
+  double clip = 1.0;  // gradient norm; 0: none
   int64_t warmupSteps = 50;
   std::string data = kDefaultData;
-  double valFraction = 0.1;    // the corpus's last bytes
-  std::string initFrom;        // a PyTorch state_dict (torch.save) of the same model
+  double valFraction = 0.1;  // the corpus's last bytes
+  std::string initFrom;      // a PyTorch state_dict (torch.save) of the same model
   std::string checkpointDir;
-  int64_t saveEvery = 100;     // steps; 0: at the end only
-  int64_t evalEvery = 100;     // steps; 0: at the end only
-  int64_t evalBatches = 16;    // validation sequences, spread over the ranks
+  int64_t saveEvery = 100;   // steps; 0: at the end only
+  int64_t evalEvery = 100;   // steps; 0: at the end only
+  int64_t evalBatches = 16;  // validation sequences, spread over the ranks
   int64_t logEvery = 10;
   int64_t sampleTokens = 200;  // generated at the end; 0: none
   std::string prompt = "\n";
@@ -160,8 +160,8 @@ Options parseOptions(int argc, char** argv) {
   if (r.count("dim")) o.model.dim = number<int64_t>(r, "dim", 1, 1 << 16);
   if (r.count("context")) o.model.context = number<int64_t>(r, "context", 2, 1 << 20);
   if (o.model.dim % o.model.heads != 0) {
-    usageError(fmt::format("--dim ({}) must be a multiple of --heads ({})", o.model.dim,
-                           o.model.heads));
+    usageError(
+        fmt::format("--dim ({}) must be a multiple of --heads ({})", o.model.dim, o.model.heads));
   }
   o.model.dropout = number<double>(r, "dropout", 0, 0.99);
   o.model.lora = number<int64_t>(r, "lora", 0, 4096);
@@ -241,8 +241,10 @@ std::string readCorpus(const std::string& path) {
   std::string text;
   for (const auto& file : files) {
     std::ifstream in(file, std::ios::binary);
-    DTRAIN_CHECK_ARG(in.good(), "cannot read the corpus {}. HINT: give --data a text file or a "
-                     "directory of them{}", file,
+    DTRAIN_CHECK_ARG(in.good(),
+                     "cannot read the corpus {}. HINT: give --data a text file or a "
+                     "directory of them{}",
+                     file,
                      path == kDefaultData ? " (the default is the Debian package fortunes')" : "");
     text.append(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
   }
@@ -257,8 +259,8 @@ Data loadData(const Options& opt) {
   DTRAIN_CHECK_ARG(bytes - val >= need && val >= need,
                    "the corpus {} has {} bytes: its training part ({}) and validation part ({}, "
                    "--val-fraction {}) must each hold a sequence of {} (--context + 1). HINT: "
-                   "more text, or a shorter --context", opt.data, bytes, bytes - val, val,
-                   opt.valFraction, need);
+                   "more text, or a shorter --context",
+                   opt.data, bytes, bytes - val, val, opt.valFraction, need);
   torch::Tensor all = torch::empty({bytes}, torch::kUInt8);
   std::memcpy(all.data_ptr(), text.data(), text.size());
   return Data{all.narrow(0, 0, bytes - val).clone(), all.narrow(0, bytes - val, val).clone()};
@@ -267,8 +269,8 @@ Data loadData(const Options& opt) {
 // Windows of context + 1 tokens at `offsets` of `tokens`: inputs [n, T] and targets [n, T].
 std::pair<torch::Tensor, torch::Tensor> windows(const torch::Tensor& tokens,
                                                 const torch::Tensor& offsets, int64_t context) {
-  torch::Tensor index =
-      offsets.to(torch::kLong).unsqueeze(1) + torch::arange(context + 1, torch::kLong);
+  torch::Tensor index = offsets.to(torch::kLong).unsqueeze(1) +
+                        torch::arange(context + 1, torch::kLong);
   torch::Tensor seq = tokens.index({index}).to(torch::kLong);
   return {seq.narrow(1, 0, context), seq.narrow(1, 1, context)};
 }
@@ -276,8 +278,8 @@ std::pair<torch::Tensor, torch::Tensor> windows(const torch::Tensor& tokens,
 // A generator of its own for every (seed, step, micro-batch, rank): splitmix64 of them together.
 at::Generator generatorFor(uint64_t seed, int64_t step, int64_t micro, int rank) {
   uint64_t z = seed;
-  for (uint64_t v : {static_cast<uint64_t>(step), static_cast<uint64_t>(micro),
-                     static_cast<uint64_t>(rank)}) {
+  for (uint64_t v :
+       {static_cast<uint64_t>(step), static_cast<uint64_t>(micro), static_cast<uint64_t>(rank)}) {
     z += 0x9e3779b97f4a7c15ULL + v;
     z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
     z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
@@ -309,14 +311,17 @@ void loadStateDict(examples::Gpt& model, const std::string& path) {
     const bool adapter = p.key().find(".lora_") != std::string::npos;
     auto it = saved.find(p.key());
     if (it == saved.end()) {
-      DTRAIN_CHECK_ARG(adapter, "--init-from {}: it has no {} (a state_dict of this model, "
+      DTRAIN_CHECK_ARG(adapter,
+                       "--init-from {}: it has no {} (a state_dict of this model, "
                        "saved with torch.save(model.state_dict()), has). HINT: the same preset "
-                       "and sizes as the model that saved it", path, p.key());
+                       "and sizes as the model that saved it",
+                       path, p.key());
       continue;
     }
-    DTRAIN_CHECK_ARG(it->second.sizes() == p.value().sizes(), "--init-from {}: {} is {} there, "
-                     "{} here. HINT: the same preset and sizes as the model that saved it", path,
-                     p.key(), fmt::format("{}", fmt::join(it->second.sizes(), "x")),
+    DTRAIN_CHECK_ARG(it->second.sizes() == p.value().sizes(),
+                     "--init-from {}: {} is {} there, "
+                     "{} here. HINT: the same preset and sizes as the model that saved it",
+                     path, p.key(), fmt::format("{}", fmt::join(it->second.sizes(), "x")),
                      fmt::format("{}", fmt::join(p.value().sizes(), "x")));
     p.value().copy_(it->second);
   }
@@ -579,8 +584,8 @@ struct Training {
     evaluatedAt = step;
     if (std::isnan(bestValLoss) || valLoss < bestValLoss) bestValLoss = valLoss;
     metrics.record(step, {{"val_loss", valLoss}});
-    progress.line(fmt::format("eval step {}: validation loss {:.4f} ({:.3f} bits per byte)",
-                              step, valLoss, valLoss / std::log(2.0)));
+    progress.line(fmt::format("eval step {}: validation loss {:.4f} ({:.3f} bits per byte)", step,
+                              valLoss, valLoss / std::log(2.0)));
   }
 
   // What this rank holds of the model's state, from the tensors' storages: under ZeRO its
@@ -599,9 +604,9 @@ struct Training {
       }
       return fmt::format("model state on rank {} (ZeRO-{}): parameters {:.2f} MiB (frozen: {:.2f} "
                          "whole, {:.2f} sharded), gradients {:.2f}, master weights {:.2f}, "
-                         "optimizer state {:.2f}", group.rank(), opt.zero,
-                         (static_cast<double>(m.parameters) + whole) / kMiB, whole / kMiB,
-                         m.frozen / kMiB, m.gradients / kMiB, m.masterWeights / kMiB,
+                         "optimizer state {:.2f}",
+                         group.rank(), opt.zero, (static_cast<double>(m.parameters) + whole) / kMiB,
+                         whole / kMiB, m.frozen / kMiB, m.gradients / kMiB, m.masterWeights / kMiB,
                          m.optimizerState / kMiB);
     }
     double params = 0, frozen = 0, grads = 0, state = 0;
@@ -619,8 +624,8 @@ struct Training {
       }
     }
     return fmt::format("model state on rank {} (DDP): parameters {:.2f} MiB (frozen: {:.2f}), "
-                       "gradients {:.2f}, optimizer state {:.2f}", group.rank(), params / kMiB,
-                       frozen / kMiB, grads / kMiB, state / kMiB);
+                       "gradients {:.2f}, optimizer state {:.2f}",
+                       group.rank(), params / kMiB, frozen / kMiB, grads / kMiB, state / kMiB);
   }
 
   void save() {
@@ -630,7 +635,6 @@ struct Training {
     metrics.record(step, {{"checkpoint_seconds",
                            std::chrono::duration<double>(Clock::now() - begin).count()}});
   }
-
 
   // 9. Summary and a sample. Every rank generates (under ZeRO-3 each forward gathers the
   //    blocks: collective) from the same generator; rank 0 prints.
@@ -646,10 +650,11 @@ struct Training {
                 static_cast<unsigned long long>(examples::trainedFingerprint(*model, optimizer)));
     const double total = std::chrono::duration<double>(Clock::now() - started).count();
     if (step == firstStep) {
-      progress.line(firstStep > 0 ? fmt::format("done: all {} steps were trained before; "
-                                                "validation loss {:.4f}", step, valLoss)
-                                  : fmt::format("done: no step to train; validation loss {:.4f}",
-                                                valLoss));
+      progress.line(firstStep > 0
+                        ? fmt::format("done: all {} steps were trained before; "
+                                      "validation loss {:.4f}",
+                                      step, valLoss)
+                        : fmt::format("done: no step to train; validation loss {:.4f}", valLoss));
     } else {
       progress.line(fmt::format(
           "done: {} steps in {} ({:.0f} tokens/s); last step loss {:.4f}; validation loss "
@@ -723,8 +728,8 @@ int main(int argc, char** argv) {
     // 7. Metrics.
     dtrain::metrics::Metrics metrics;
     if (leader) {
-      examples::addOwnSinks(metrics, {opt.job.metricsFile, opt.job.metricsPort,
-                                      opt.job.tensorboardDir});
+      examples::addOwnSinks(metrics,
+                            {opt.job.metricsFile, opt.job.metricsPort, opt.job.tensorboardDir});
     }
     if (firstStep > 0) metrics.record(firstStep, {{"resumed", 1}});
 
@@ -750,8 +755,9 @@ int main(int argc, char** argv) {
                   opt.lr, static_cast<double>(data.train.numel() + data.val.numel()) / 1e6);
       std::fflush(stdout);
     }
-    Training training{opt,        *group, data,   model,              ddp,
-                      *optimizer, scaler, *state, checkpointer.get(), metrics, firstStep};
+    Training training{
+        opt,     *group,   data, model, ddp, *optimizer, scaler, *state, checkpointer.get(),
+        metrics, firstStep};
     if (!training.run()) {
       group->shutdown();
       return dtrain::kExitPreempted;

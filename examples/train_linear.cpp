@@ -24,26 +24,27 @@ struct Args {
   double lr = 0.05;
   int64_t samples = 4096;
   int64_t features = 16;
-  std::string checkpointDir;  // empty: no checkpoints
+  std::string checkpointDir;   // empty: no checkpoints
   std::string tensorboardDir;  // empty: no TensorBoard events
-  bool amp = false;           // mixed precision: bfloat16 on the CPU, float16 on CUDA
+  bool amp = false;            // mixed precision: bfloat16 on the CPU, float16 on CUDA
 };
 
 void printUsage(FILE* to) {
   const Args d;
-  std::fprintf(to,
-               "usage: train_linear [--epochs N] [--batch-size N] [--lr X] [--samples N]\n"
-               "                    [--checkpoint-dir DIR] [--amp] [--tensorboard-dir DIR]\n"
-               "  --epochs N            epochs to train (default %lld)\n"
-               "  --batch-size N        samples per rank per step (default %lld)\n"
-               "  --lr X                SGD learning rate (default %g)\n"
-               "  --samples N           size of the synthetic dataset (default %lld)\n"
-               "  --checkpoint-dir DIR  save after each epoch and resume from there (default: none)\n"
-               "  --amp                 mixed precision: bfloat16 on the CPU, float16 on CUDA\n"
-               "  --tensorboard-dir DIR rank 0 writes TensorBoard events there (default: none)\n"
-               "Run it under launch: launch --nproc-per-node 2 train_linear --epochs 5\n",
-               static_cast<long long>(d.epochs), static_cast<long long>(d.batchSize), d.lr,
-               static_cast<long long>(d.samples));
+  std::fprintf(
+      to,
+      "usage: train_linear [--epochs N] [--batch-size N] [--lr X] [--samples N]\n"
+      "                    [--checkpoint-dir DIR] [--amp] [--tensorboard-dir DIR]\n"
+      "  --epochs N            epochs to train (default %lld)\n"
+      "  --batch-size N        samples per rank per step (default %lld)\n"
+      "  --lr X                SGD learning rate (default %g)\n"
+      "  --samples N           size of the synthetic dataset (default %lld)\n"
+      "  --checkpoint-dir DIR  save after each epoch and resume from there (default: none)\n"
+      "  --amp                 mixed precision: bfloat16 on the CPU, float16 on CUDA\n"
+      "  --tensorboard-dir DIR rank 0 writes TensorBoard events there (default: none)\n"
+      "Run it under launch: launch --nproc-per-node 2 train_linear --epochs 5\n",
+      static_cast<long long>(d.epochs), static_cast<long long>(d.batchSize), d.lr,
+      static_cast<long long>(d.samples));
 }
 
 Args parseArgs(int argc, char** argv) {
@@ -179,8 +180,8 @@ int main(int argc, char** argv) {
     for (int64_t epoch = firstEpoch; epoch < args.epochs; ++epoch) {
       state->beginStep(epoch);  // where each epoch begins (DTRAIN_FAULT's "step" is the epoch)
       sampler.setEpoch(epoch);  // a new shuffle each epoch, the same on every rank
-      torch::Tensor lossSum =
-          trainEpoch(*loader, ddp, optimizer, scaler, group->device(), args.amp);
+      torch::Tensor lossSum = trainEpoch(*loader, ddp, optimizer, scaler, group->device(),
+                                         args.amp);
       if (checkpointer) checkpointer->save(epoch + 1, epoch);
       group->allreduce(lossSum);  // the mean over every rank's batches
       const float meanLoss = (lossSum[0] / lossSum[1]).item<float>();

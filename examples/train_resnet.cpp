@@ -29,9 +29,9 @@
 #include "data/loader.h"
 #include "models/resnet.h"
 #include "training/evaluate.h"
+#include "training/fingerprint.h"
 #include "training/flags.h"
 #include "training/job.h"
-#include "training/fingerprint.h"
 #include "training/progress.h"
 #include "training/schedule.h"
 
@@ -66,8 +66,8 @@ struct Options {
   std::string dataDir = "cifar10";
   int64_t synthetic = 0;  // > 0: write a synthetic set of this many training images first
   uint64_t seed = 0;
-  int64_t evalEvery = 0;  // steps; 0: at the end of every epoch
-  int64_t logEvery = 20;  // steps per progress line
+  int64_t evalEvery = 0;   // steps; 0: at the end of every epoch
+  int64_t logEvery = 20;   // steps per progress line
   examples::JobFlags job;  // --device, --threads, rank 0's metrics sinks
 };
 
@@ -177,8 +177,8 @@ Data loadData(const Options& opt, dtrain::ProcessGroup& group) {
   examples::CifarSplit test = examples::readCifar10(opt.dataDir, /*train=*/false);
   dtrain::SamplerOptions samplerOptions;
   samplerOptions.seed = opt.seed;
-  dtrain::DistributedSampler sampler(static_cast<size_t>(train.size()), group.size(),
-                                     group.rank(), samplerOptions);
+  dtrain::DistributedSampler sampler(static_cast<size_t>(train.size()), group.size(), group.rank(),
+                                     samplerOptions);
 
   // Whole optimizer steps per epoch: the sampler gives every rank the same number of samples.
   const int64_t samplesPerStep = opt.batchSize * opt.accumSteps;
@@ -189,8 +189,8 @@ Data loadData(const Options& opt, dtrain::ProcessGroup& group) {
                  "(--batch-size x --accum-steps). HINT: a smaller batch or more data",
                  train.size(), group.size(), sampler.size(), samplesPerStep);
   }
-  return Data{std::move(train), std::move(test),   std::move(sampler),
-              samplesPerStep,   stepsPerEpoch,     opt.epochs * stepsPerEpoch};
+  return Data{std::move(train), std::move(test), std::move(sampler),
+              samplesPerStep,   stepsPerEpoch,   opt.epochs * stepsPerEpoch};
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -381,10 +381,9 @@ struct Training {
     auto batch = loader.next();
     DTRAIN_CHECK(batch, "the loader ended early, at micro-batch {} of step {}", micro, step);
     const std::vector<size_t> consumed = data.sampler.next(batch->indices.size(0)).value();
-    DTRAIN_CHECK(
-        std::equal(consumed.begin(), consumed.end(), batch->indices.data_ptr<int64_t>(),
-                   [](size_t a, int64_t b) { return a == static_cast<size_t>(b); }),
-        "the loader's batch at step {} is not the sampler's", step);
+    DTRAIN_CHECK(std::equal(consumed.begin(), consumed.end(), batch->indices.data_ptr<int64_t>(),
+                            [](size_t a, int64_t b) { return a == static_cast<size_t>(b); }),
+                 "the loader's batch at step {} is not the sampler's", step);
     return std::move(*batch);
   }
 
@@ -440,7 +439,6 @@ struct Training {
     metrics.record(step, {{"checkpoint_seconds",
                            std::chrono::duration<double>(Clock::now() - begin).count()}});
   }
-
 
   // 9. Summary. Every rank ends with the same parameters (DDP); rank 0 reports.
   void finish() {
@@ -503,8 +501,8 @@ int main(int argc, char** argv) {
     dtrain::GradScaler scaler(group, scalerOptions);
 
     // 6. The training state, checkpoints and resume.
-    std::shared_ptr<dtrain::TrainingState> state =
-        makeState(group, model, *optimizer, scaler, data.sampler);
+    std::shared_ptr<dtrain::TrainingState> state = makeState(group, model, *optimizer, scaler,
+                                                             data.sampler);
     std::unique_ptr<dtrain::Checkpointer> checkpointer;
     int64_t firstStep = 0;
     if (!opt.checkpointDir.empty()) {
@@ -522,8 +520,8 @@ int main(int argc, char** argv) {
     // 7. Metrics.
     dtrain::metrics::Metrics metrics;
     if (leader) {
-      examples::addOwnSinks(metrics, {opt.job.metricsFile, opt.job.metricsPort,
-                                      opt.job.tensorboardDir});
+      examples::addOwnSinks(metrics,
+                            {opt.job.metricsFile, opt.job.metricsPort, opt.job.tensorboardDir});
     }
     if (firstStep > 0) metrics.record(firstStep, {{"resumed", 1}});  // plot_metrics.py marks it
 
@@ -540,8 +538,9 @@ int main(int argc, char** argv) {
           peakLr);
       std::fflush(stdout);
     }
-    Training training{opt,    *group, data,   model,              ddp,     *optimizer,
-                      peakLr, scaler, *state, checkpointer.get(), metrics, firstStep};
+    Training training{opt,        *group,   data,   model,  ddp,
+                      *optimizer, peakLr,   scaler, *state, checkpointer.get(),
+                      metrics,    firstStep};
     if (!training.run()) {
       group->shutdown();
       return dtrain::kExitPreempted;

@@ -107,7 +107,7 @@ int main(int argc, char** argv) {
     return kExitInfrastructure;
   } catch (...) {
     std::fprintf(stderr, "launch: error: an unexpected exception (exit 125: launcher or "
-                 "infrastructure error)\n");
+                         "infrastructure error)\n");
     return kExitInfrastructure;
   }
 }

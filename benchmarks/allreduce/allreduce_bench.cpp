@@ -142,8 +142,8 @@ int runNccl(const Config& cfg, int rank, int world, std::shared_ptr<store::Store
   const double bus = world > 1 ? 2.0 * (world - 1) / world : 1.0;
   long totalWrong = 0;
   if (rank == 0) {
-    std::printf("%10s %11s %8s %4s %10s %7s %7s %6s\n", "size", "count", "dtype", "op",
-                "time_us", "algbw", "busbw", "#wrong");
+    std::printf("%10s %11s %8s %4s %10s %7s %7s %6s\n", "size", "count", "dtype", "op", "time_us",
+                "algbw", "busbw", "#wrong");
   }
   for (size_t bytes : cfg.sizes) {
     const size_t count = bytes / comm::elementSize(cfg.dtype);
@@ -153,7 +153,8 @@ int runNccl(const Config& cfg, int rank, int world, std::shared_ptr<store::Store
       buf->fillContribution(rank, count);
       c->allreduce(buf->data(), count, cfg.dtype, cfg.op);
       wrong += buf->countWrong(count, world, cfg.op);
-      for (int i = 0; i < (round == 0 ? cfg.warmup : 1); ++i) c->allreduce(buf->data(), count, cfg.dtype, cfg.op);
+      for (int i = 0; i < (round == 0 ? cfg.warmup : 1); ++i)
+        c->allreduce(buf->data(), count, cfg.dtype, cfg.op);
       buf->synchronize();
       std::vector<double> times;
       for (int i = 0; i < itersFor(bytes, cfg); ++i) {
@@ -168,8 +169,8 @@ int runNccl(const Config& cfg, int rank, int world, std::shared_ptr<store::Store
     if (rank != 0) continue;
     const double us = median(rounds), algbw = bytes / us / 1e3;
     std::printf("%10zu %11zu %8s %4s %10.1f %7.3f %7.3f %6ld\n", bytes, count,
-                comm::dataTypeName(cfg.dtype), comm::reduceOpName(cfg.op), us, algbw,
-                algbw * bus, wrong);
+                comm::dataTypeName(cfg.dtype), comm::reduceOpName(cfg.op), us, algbw, algbw * bus,
+                wrong);
     std::fflush(stdout);
   }
   c->shutdown();
@@ -215,15 +216,16 @@ Communicators openCommunicators(const Config& cfg, int rank, int world,
     h.store = store;
     h.name = "allreduce_bench/hier";
     h.shm = so;
-    for (int r = 0; r < world; ++r) h.nodes.nodeOf.push_back(std::to_string(r / (world / cfg.nodes)));
+    for (int r = 0; r < world; ++r)
+      h.nodes.nodeOf.push_back(std::to_string(r / (world / cfg.nodes)));
     c.hier = comm::createHierarchicalCommunicator(h);
     c.hierOwned = c.hier->allocate(maxBytes);
   }
   return c;
 }
 
-void addDtrainContenders(std::vector<Contender>& contenders, const Config& cfg,
-                         Communicators& c, void* user) {
+void addDtrainContenders(std::vector<Contender>& contenders, const Config& cfg, Communicators& c,
+                         void* user) {
   auto add = [&](const std::string& name, comm::Communicator& communicator, void* data) {
     contenders.push_back({name, false, [&cfg, &communicator, data](size_t bytes, int warmup) {
                             return std::optional<Row>(
@@ -240,7 +242,8 @@ void addDtrainContenders(std::vector<Contender>& contenders, const Config& cfg,
 }
 
 // The peers that run as programs of their own, on rank 0 only; the dtype and op decide which can.
-std::vector<std::unique_ptr<PeerProcess>> startPeers(const Config& cfg, int world, size_t maxBytes) {
+std::vector<std::unique_ptr<PeerProcess>> startPeers(const Config& cfg, int world,
+                                                     size_t maxBytes) {
   std::vector<std::unique_ptr<PeerProcess>> peers;
   const bool floatSum = cfg.dtype == comm::DataType::Float32 && cfg.op == comm::ReduceOp::Sum;
   const std::string dtype = comm::dataTypeName(cfg.dtype);
@@ -257,8 +260,7 @@ std::vector<std::unique_ptr<PeerProcess>> startPeers(const Config& cfg, int worl
 // The peers' rows. Every rank must agree on the list (the rows of the table): rank 0, which owns
 // the peers, says over `gloo` which of them started.
 void addPeerContenders(std::vector<Contender>& contenders, const Config& cfg,
-                       std::vector<std::unique_ptr<PeerProcess>>& peers,
-                       comm::Communicator& gloo) {
+                       std::vector<std::unique_ptr<PeerProcess>>& peers, comm::Communicator& gloo) {
   const std::vector<std::string> peerRows = {"torch", "mpi", "probe", "probe-cp"};
   std::vector<int32_t> started(peerRows.size(), 0);
   for (auto& p : peers) {
@@ -273,16 +275,16 @@ void addPeerContenders(std::vector<Contender>& contenders, const Config& cfg,
     const std::string row = peerRows[k];
     const std::string process = row == "probe-cp" ? "probe" : row;
     const std::string mode = row == "probe-cp" ? "copy" : row == "probe" ? "owned" : "";
-    contenders.push_back({row, true, [&cfg, &peers, process, mode](size_t bytes, int warmup) -> std::optional<Row> {
-                            for (auto& p : peers) {
-                              if (!p || p->name() != process) continue;
-                              auto r = p->run(bytes, warmup, itersFor(bytes, cfg),
-                                              std::chrono::seconds(300), mode);
-                              if (!r) return std::nullopt;
-                              return Row{r->medianUs, r->wrong};
-                            }
-                            return std::nullopt;
-                          }});
+    contenders.push_back(
+        {row, true, [&cfg, &peers, process, mode](size_t bytes, int warmup) -> std::optional<Row> {
+           for (auto& p : peers) {
+             if (!p || p->name() != process) continue;
+             auto r = p->run(bytes, warmup, itersFor(bytes, cfg), std::chrono::seconds(300), mode);
+             if (!r) return std::nullopt;
+             return Row{r->medianUs, r->wrong};
+           }
+           return std::nullopt;
+         }});
   }
 }
 
@@ -292,9 +294,10 @@ void printHeader(const Config& cfg, int world, const std::vector<std::string>& n
               world, cfg.nodes > 1 ? fmt::format(" on {} pretend nodes", cfg.nodes).c_str() : "",
               comm::dataTypeName(cfg.dtype), comm::reduceOpName(cfg.op), cfg.warmup, cfg.iters,
               std::max(cfg.iters, cfg.smallIters), cfg.rounds);
-  std::printf("# busbw GB/s of: %s; memcpy GB/s; ratios of busbw\n", fmt::format("{}", fmt::join(names, ", ")).c_str());
-  std::string head = fmt::format("{:>10} {:>10} {:>8} {:>4} {:>10} {:>10} |", "size", "count", "dtype", "op",
-                                 "shm_us", "shm-own_us");
+  std::printf("# busbw GB/s of: %s; memcpy GB/s; ratios of busbw\n",
+              fmt::format("{}", fmt::join(names, ", ")).c_str());
+  std::string head = fmt::format("{:>10} {:>10} {:>8} {:>4} {:>10} {:>10} |", "size", "count",
+                                 "dtype", "op", "shm_us", "shm-own_us");
   for (const auto& n : names) head += fmt::format(" {:>8}", n);
   head += fmt::format(" {:>7} | {:>9} {:>12} {:>7} {:>7} {:>8} {:>9} {:>12} | {:>6}", "memcpy",
                       "own/probe", "shm/probe-cp", "own/mpi", "shm/mpi", "shm/c10d", "gloo/c10d",
@@ -357,12 +360,11 @@ void printRow(size_t bytes, const Config& cfg, int world, const std::vector<std:
   }
   const double memcpyGBs = bytes / copyUs / 1e3;
   const double probeAlgbw = busbw("probe") / busFactor;
-  line += fmt::format(" {:>7.2f} | {:>9} {:>12} {:>7} {:>7} {:>8} {:>9} {:>12} | {:>6}",
-                      memcpyGBs, ratio("shm-own", "probe"), ratio("shm", "probe-cp"),
-                      ratio("shm-own", "mpi"), ratio("shm", "mpi"), ratio("shm", "c10d"),
-                      ratio("gloo", "c10d"),
-                      hasProbe && probeAlgbw > 0 ? fmt::format("{:.2f}", probeAlgbw / memcpyGBs) : "-",
-                      wrong);
+  line += fmt::format(
+      " {:>7.2f} | {:>9} {:>12} {:>7} {:>7} {:>8} {:>9} {:>12} | {:>6}", memcpyGBs,
+      ratio("shm-own", "probe"), ratio("shm", "probe-cp"), ratio("shm-own", "mpi"),
+      ratio("shm", "mpi"), ratio("shm", "c10d"), ratio("gloo", "c10d"),
+      hasProbe && probeAlgbw > 0 ? fmt::format("{:.2f}", probeAlgbw / memcpyGBs) : "-", wrong);
   std::printf("%s\n", line.c_str());
   std::fflush(stdout);
 }

@@ -31,8 +31,8 @@ comm::DataType parseDtype(const std::string& s) {
 }
 
 comm::ReduceOp parseOp(const std::string& s) {
-  for (auto o : {comm::ReduceOp::Sum, comm::ReduceOp::Avg, comm::ReduceOp::Max,
-                 comm::ReduceOp::Min}) {
+  for (auto o :
+       {comm::ReduceOp::Sum, comm::ReduceOp::Avg, comm::ReduceOp::Max, comm::ReduceOp::Min}) {
     if (s == comm::reduceOpName(o)) return o;
   }
   DTRAIN_THROW(InvalidArgument, "--op: unknown reduction \"{}\"", s);

@@ -16,7 +16,8 @@ double expected(comm::ReduceOp op, comm::DataType dtype, int n, size_t i) {
   const bool integer = dtype == comm::DataType::Int32 || dtype == comm::DataType::Int64;
   switch (op) {
     case comm::ReduceOp::Sum: return sum;
-    case comm::ReduceOp::Avg: return integer ? static_cast<double>(static_cast<int64_t>(sum / n)) : sum / n;
+    case comm::ReduceOp::Avg:
+      return integer ? static_cast<double>(static_cast<int64_t>(sum / n)) : sum / n;
     case comm::ReduceOp::Max: return (n - 1) + m;
     case comm::ReduceOp::Min: return m;
   }
@@ -64,12 +65,32 @@ void fillHost(void* data, comm::DataType dtype, int rank, size_t count) {
   for (size_t i = 0; i < count; ++i) {
     const double v = rank + static_cast<double>(i % 5);
     switch (dtype) {
-      case comm::DataType::Float32: { float f = static_cast<float>(v); std::memcpy(p + 4 * i, &f, 4); break; }
+      case comm::DataType::Float32: {
+        float f = static_cast<float>(v);
+        std::memcpy(p + 4 * i, &f, 4);
+        break;
+      }
       case comm::DataType::Float64: std::memcpy(p + 8 * i, &v, 8); break;
-      case comm::DataType::Float16: { uint16_t h = comm::floatToHalf(static_cast<float>(v)); std::memcpy(p + 2 * i, &h, 2); break; }
-      case comm::DataType::BFloat16: { uint16_t h = comm::floatToBf16(static_cast<float>(v)); std::memcpy(p + 2 * i, &h, 2); break; }
-      case comm::DataType::Int32: { int32_t x = static_cast<int32_t>(v); std::memcpy(p + 4 * i, &x, 4); break; }
-      case comm::DataType::Int64: { int64_t x = static_cast<int64_t>(v); std::memcpy(p + 8 * i, &x, 8); break; }
+      case comm::DataType::Float16: {
+        uint16_t h = comm::floatToHalf(static_cast<float>(v));
+        std::memcpy(p + 2 * i, &h, 2);
+        break;
+      }
+      case comm::DataType::BFloat16: {
+        uint16_t h = comm::floatToBf16(static_cast<float>(v));
+        std::memcpy(p + 2 * i, &h, 2);
+        break;
+      }
+      case comm::DataType::Int32: {
+        int32_t x = static_cast<int32_t>(v);
+        std::memcpy(p + 4 * i, &x, 4);
+        break;
+      }
+      case comm::DataType::Int64: {
+        int64_t x = static_cast<int64_t>(v);
+        std::memcpy(p + 8 * i, &x, 8);
+        break;
+      }
       default: break;
     }
   }

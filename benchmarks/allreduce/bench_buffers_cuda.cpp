@@ -21,13 +21,15 @@ class DeviceBuffers final : public BenchBuffers {
   void* data() override { return buffer_->data(); }
   void fillContribution(int rank, size_t count) override {
     fillHost(host_.data(), dtype_, rank, count);
-    check(cudaMemcpy(data(), host_.data(), count * comm::elementSize(dtype_),
-                     cudaMemcpyHostToDevice), "cudaMemcpy to the device");
+    check(
+        cudaMemcpy(data(), host_.data(), count * comm::elementSize(dtype_), cudaMemcpyHostToDevice),
+        "cudaMemcpy to the device");
   }
   long countWrong(size_t count, int world, comm::ReduceOp op) override {
     synchronize();
-    check(cudaMemcpy(host_.data(), data(), count * comm::elementSize(dtype_),
-                     cudaMemcpyDeviceToHost), "cudaMemcpy from the device");
+    check(
+        cudaMemcpy(host_.data(), data(), count * comm::elementSize(dtype_), cudaMemcpyDeviceToHost),
+        "cudaMemcpy from the device");
     return countWrongHost(host_.data(), dtype_, count, world, op);
   }
   void synchronize() override { check(cudaDeviceSynchronize(), "cudaDeviceSynchronize"); }

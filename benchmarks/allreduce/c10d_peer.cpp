@@ -45,7 +45,11 @@ class GlooPeer final : public C10dPeer {
  public:
   GlooPeer(c10::intrusive_ptr<c10d::TCPStore> store, c10::intrusive_ptr<c10d::ProcessGroupGloo> pg,
            int rank, int world, comm::DataType dtype, comm::ReduceOp op, size_t maxBytes)
-      : store_(std::move(store)), pg_(std::move(pg)), rank_(rank), world_(world), dtype_(dtype),
+      : store_(std::move(store)),
+        pg_(std::move(pg)),
+        rank_(rank),
+        world_(world),
+        dtype_(dtype),
         op_(op) {
     // One buffer for every size, touched once here: first touches stay out of the timed loop.
     buffer_ = at::zeros({static_cast<int64_t>(maxBytes / comm::elementSize(dtype))},

@@ -49,10 +49,16 @@ int main(int argc, char** argv) {
   }
   MPI_Datatype type = MPI_FLOAT;
   size_t elem = 4;
-  if (strcmp(argv[2], "float64") == 0) { type = MPI_DOUBLE; elem = 8; }
-  else if (strcmp(argv[2], "int32") == 0) { type = MPI_INT32_T; elem = 4; }
-  else if (strcmp(argv[2], "int64") == 0) { type = MPI_INT64_T; elem = 8; }
-  else if (strcmp(argv[2], "float32") != 0) {
+  if (strcmp(argv[2], "float64") == 0) {
+    type = MPI_DOUBLE;
+    elem = 8;
+  } else if (strcmp(argv[2], "int32") == 0) {
+    type = MPI_INT32_T;
+    elem = 4;
+  } else if (strcmp(argv[2], "int64") == 0) {
+    type = MPI_INT64_T;
+    elem = 8;
+  } else if (strcmp(argv[2], "float32") != 0) {
     fprintf(stderr, "mpi_peer: no MPI type for %s\n", argv[2]);
     MPI_Abort(MPI_COMM_WORLD, 2);
   }

@@ -27,7 +27,9 @@ std::string replaceAll(std::string text, const std::string& from, const std::str
   return text;
 }
 
-bool executable(const std::string& path) { return !path.empty() && access(path.c_str(), X_OK) == 0; }
+bool executable(const std::string& path) {
+  return !path.empty() && access(path.c_str(), X_OK) == 0;
+}
 
 }  // namespace
 
@@ -45,8 +47,8 @@ std::unique_ptr<PeerProcess> PeerProcess::start(const Spec& spec) {
   peer->results_ = open(results.c_str(), O_RDWR | O_CLOEXEC);
   const int fifos = spec.perRankCommands ? spec.ranks : 1;
   for (int r = 0; r < fifos; ++r) {
-    const std::string path =
-        peer->dir_ + (spec.perRankCommands ? "/commands." + std::to_string(r) : "/commands");
+    const std::string path = peer->dir_ + (spec.perRankCommands ? "/commands." + std::to_string(r)
+                                                                : "/commands");
     mkfifo(path.c_str(), 0600);
     peer->commands_.push_back(open(path.c_str(), O_RDWR | O_CLOEXEC));
   }
@@ -154,7 +156,8 @@ void PeerProcess::stop() {
   results_ = -1;
   if (!dir_.empty()) {
     std::string rm = "rm -rf '" + dir_ + "'";
-    if (std::system(rm.c_str()) != 0) std::cerr << "allreduce_bench: could not remove " << dir_ << "\n";
+    if (std::system(rm.c_str()) != 0)
+      std::cerr << "allreduce_bench: could not remove " << dir_ << "\n";
     dir_.clear();
   }
 }
@@ -175,13 +178,13 @@ std::unique_ptr<PeerProcess> startTorchPeer(const std::string& python, const std
     std::cerr << "allreduce_bench: no PyTorch peer: no free loopback port for torchrun\n";
     return nullptr;
   }
-  return PeerProcess::start({"torch",
-                             {python, "-m", "torch.distributed.run", "--nnodes", "1",
-                              "--node_rank", "0", "--master_addr", "127.0.0.1", "--master_port",
-                              std::to_string(port), "--nproc_per_node", std::to_string(world),
-                              script, "{commands}",
-                              "{results}", dtype},
-                             world, false});
+  return PeerProcess::start(
+      {"torch",
+       {python, "-m", "torch.distributed.run", "--nnodes", "1", "--node_rank", "0", "--master_addr",
+        "127.0.0.1", "--master_port", std::to_string(port), "--nproc_per_node",
+        std::to_string(world), script, "{commands}", "{results}", dtype},
+       world,
+       false});
 }
 
 std::unique_ptr<PeerProcess> startMpiPeer(const std::string& mpirun, const std::string& binary,
@@ -196,11 +199,12 @@ std::unique_ptr<PeerProcess> startMpiPeer(const std::string& mpirun, const std::
     return nullptr;
   }
   // Open MPI's shared-memory transport (vader), every rank unbound like dtrain's.
-  return PeerProcess::start({"mpi",
-                             {mpirun, "--oversubscribe", "--allow-run-as-root", "-np",
-                              std::to_string(world), "--bind-to", "none", "--mca", "pml", "ob1",
-                              "--mca", "btl", "self,vader", binary, "{dir}", dtype},
-                             world, true});
+  return PeerProcess::start(
+      {"mpi",
+       {mpirun, "--oversubscribe", "--allow-run-as-root", "-np", std::to_string(world), "--bind-to",
+        "none", "--mca", "pml", "ob1", "--mca", "btl", "self,vader", binary, "{dir}", dtype},
+       world,
+       true});
 }
 
 std::unique_ptr<PeerProcess> startProbe(const std::string& binary, int world, size_t maxBytes) {

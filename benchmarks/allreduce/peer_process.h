@@ -29,7 +29,7 @@ class PeerProcess {
     long wrong = 0;
   };
   struct Spec {
-    std::string name;                // "torch", "mpi", "probe": for messages
+    std::string name;  // "torch", "mpi", "probe": for messages
     // The command line; "{dir}", "{commands}" and "{results}" in an argument are replaced by the
     // FIFO directory and paths.
     std::vector<std::string> argv;

@@ -142,7 +142,8 @@ int worker(Probe probe, const std::string& dir) {
     for (int i = 0; i < iters; ++i) {
       const auto t0 = std::chrono::steady_clock::now();
       once();
-      times.push_back(std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count());
+      times.push_back(
+          std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count());
     }
     if (results) {
       std::fprintf(results, "%zu %.3f %ld\n", bytes, dtrain::bench::median(times), wrong);

@@ -39,7 +39,9 @@
 namespace {
 
 using Clock = std::chrono::steady_clock;
-double since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
+double since(Clock::time_point t) {
+  return std::chrono::duration<double>(Clock::now() - t).count();
+}
 
 using dtrain::bench::median;
 
@@ -49,7 +51,8 @@ struct ResNet50State : torch::nn::Module {
   explicit ResNet50State(bool small) {
     conv("conv1", 64, 3, 7);
     bn("bn1", 64);
-    const int blocks[] = {3, small ? 0 : 4, small ? 0 : 6, small ? 0 : 3}, planes[] = {64, 128, 256, 512};
+    const int blocks[] = {3, small ? 0 : 4, small ? 0 : 6, small ? 0 : 3},
+              planes[] = {64, 128, 256, 512};
     int64_t in = 64;
     for (int l = 0; l < 4; ++l) {
       for (int b = 0; b < blocks[l]; ++b) {
@@ -137,7 +140,8 @@ struct Peer {
     std::fprintf(child.in, "%s\n", command.c_str());
     std::fflush(child.in);
     char line[256];
-    DTRAIN_CHECK(std::fgets(line, sizeof(line), child.out), "the torch peer died at \"{}\"", command);
+    DTRAIN_CHECK(std::fgets(line, sizeof(line), child.out), "the torch peer died at \"{}\"",
+                 command);
     return std::atof(line);
   }
 };
@@ -176,7 +180,8 @@ Peer startPeer(const std::string& dir, torch::nn::Module& model) {
     spec["model"].push_back({p.key(), p.value().sizes().vec()});
     spec["optimizer"].push_back({p.key(), p.value().sizes().vec()});
   }
-  for (const auto& b : model.named_buffers()) spec["model"].push_back({b.key(), b.value().sizes().vec()});
+  for (const auto& b : model.named_buffers())
+    spec["model"].push_back({b.key(), b.value().sizes().vec()});
   std::ofstream(dir + "/spec.json") << spec.dump();
   peer.child = spawn(
       {DTRAIN_PYTHON, DTRAIN_CHECKPOINT_BENCH_DIR "/checkpoint_peer.py", dir + "/spec.json"}, true);
@@ -193,7 +198,8 @@ struct IoTimes {
 };
 
 // Every operation once per repetition, the contenders interleaved.
-IoTimes measureIo(int reps, dtrain::Checkpointer& checkpointer, Peer& peer, const std::string& dir) {
+IoTimes measureIo(int reps, dtrain::Checkpointer& checkpointer, Peer& peer,
+                  const std::string& dir) {
   IoTimes io;
   auto& t = io.t;
   int64_t step = 0;
@@ -208,8 +214,8 @@ IoTimes measureIo(int reps, dtrain::Checkpointer& checkpointer, Peer& peer, cons
     checkpointer.committedSteps();
     std::string file = checkpointer.nodeDirectory() + "/" + fmt::format("step-{:08d}", step);
     io.bytes = fileSize(file);
-    t["dd write+fsync"].push_back(timeCommand({"dd", "if=" + file, "of=" + dir + "/dd.bin", "bs=4M",
-                                               "conv=fsync", "status=none"}));
+    t["dd write+fsync"].push_back(timeCommand(
+        {"dd", "if=" + file, "of=" + dir + "/dd.bin", "bs=4M", "conv=fsync", "status=none"}));
     if (peer.ok) {
       t["torch.save+fsync"].push_back(peer.ask("save " + dir + "/torch.pt"));
       io.torchBytes = fileSize(dir + "/torch.pt");
@@ -226,9 +232,11 @@ IoTimes measureIo(int reps, dtrain::Checkpointer& checkpointer, Peer& peer, cons
       peer.ask("drop " + dir + "/torch.pt");
       t["torch.load cold"].push_back(peer.ask("load " + dir + "/torch.pt"));
     }
-    t["dd read"].push_back(timeCommand({"dd", "if=" + file, "of=/dev/null", "bs=4M", "status=none"}));
+    t["dd read"].push_back(
+        timeCommand({"dd", "if=" + file, "of=/dev/null", "bs=4M", "status=none"}));
     dropFromCache(dir + "/dd.bin");
-    t["dd read cold"].push_back(timeCommand({"dd", "if=" + dir + "/dd.bin", "of=/dev/null", "bs=4M", "status=none"}));
+    t["dd read cold"].push_back(
+        timeCommand({"dd", "if=" + dir + "/dd.bin", "of=/dev/null", "bs=4M", "status=none"}));
     checkpointer.committedSteps();
     start = Clock::now();
     checkpointer.saveAsync(++step);
@@ -242,7 +250,8 @@ IoTimes measureIo(int reps, dtrain::Checkpointer& checkpointer, Peer& peer, cons
 void printIo(IoTimes& io, int64_t numel, int reps) {
   auto& t = io.t;
   auto gbps = [](uint64_t b, double s) { return s > 0 ? b / s / 1e9 : 0.0; };
-  std::printf("# state: %.1fM parameters + momentum + buffers; dtrain file %.1f MB, torch.save file %.1f MB; "
+  std::printf("# state: %.1fM parameters + momentum + buffers; dtrain file %.1f MB, torch.save "
+              "file %.1f MB; "
               "%d interleaved repetitions, medians\n",
               numel / 1e6, io.bytes / 1e6, io.torchBytes / 1e6, reps);
   std::printf("%-18s %10s %8s\n", "operation", "time_ms", "GB/s");
@@ -253,13 +262,13 @@ void printIo(IoTimes& io, int64_t numel, int reps) {
   auto ratio = [&](const char* a, const char* b) {
     return t.count(a) && t.count(b) ? median(t[b]) / median(t[a]) : 0.0;
   };
-  std::printf("# ratios (above 1: dtrain faster): save vs dd+fsync %.2f, save vs torch.save+fsync %.2f, "
-              "load vs torch.load %.2f (cold %.2f), load vs dd read %.2f (cold %.2f); "
-              "async snapshot / sync save %.2f\n",
-              ratio("save", "dd write+fsync"), ratio("save", "torch.save+fsync"),
-              ratio("load", "torch.load"), ratio("load cold", "torch.load cold"),
-              ratio("load", "dd read"), ratio("load cold", "dd read cold"),
-              median(t["async snapshot"]) / median(t["save"]));
+  std::printf(
+      "# ratios (above 1: dtrain faster): save vs dd+fsync %.2f, save vs torch.save+fsync %.2f, "
+      "load vs torch.load %.2f (cold %.2f), load vs dd read %.2f (cold %.2f); "
+      "async snapshot / sync save %.2f\n",
+      ratio("save", "dd write+fsync"), ratio("save", "torch.save+fsync"),
+      ratio("load", "torch.load"), ratio("load cold", "torch.load cold"), ratio("load", "dd read"),
+      ratio("load cold", "dd read cold"), median(t["async snapshot"]) / median(t["save"]));
 }
 
 int benchIo(int reps, std::string dir, bool withPeer, bool small) {
@@ -399,9 +408,8 @@ double plainStep(TrainTimes& times) {
 }
 
 void printTrain(TrainTimes& times, double P, int every) {
-  std::printf("%-6s %10s %14s %14s %12s %12s %12s %12s %12s\n", "saves", "round_s",
-              "save_call_ms", "save_step_ms", "loss_step_%", "window_ms", "loss_win_%",
-              "local_ms", "loss_local_%");
+  std::printf("%-6s %10s %14s %14s %12s %12s %12s %12s %12s\n", "saves", "round_s", "save_call_ms",
+              "save_step_ms", "loss_step_%", "window_ms", "loss_win_%", "local_ms", "loss_local_%");
   for (const char* variant : kVariants) {
     std::string v = variant;
     const auto& durations = times.durations[v];
@@ -414,8 +422,9 @@ void printTrain(TrainTimes& times, double P, int every) {
       costs.push_back(c);
       if (v != "none") saveSteps.push_back(durations[at]);
       if (at < kLocal) continue;  // no round of its own before it (--smoke)
-      const double level = median(std::vector<double>(
-          durations.begin() + static_cast<long>(at - kLocal), durations.begin() + static_cast<long>(at)));
+      const double level = median(
+          std::vector<double>(durations.begin() + static_cast<long>(at - kLocal),
+                              durations.begin() + static_cast<long>(at)));
       double l = 0;
       for (size_t i = at; i < end; ++i) l += durations[i] - level;
       locals.push_back(l);
@@ -427,10 +436,9 @@ void printTrain(TrainTimes& times, double P, int every) {
     // round's own level (Note [Paired costs]); each per `every` steps.
     double stepExcess = saveSteps.empty() ? 0 : median(saveSteps) - P;
     std::printf("%-6s %10.2f %14.1f %14.1f %12.2f %12.1f %12.2f %12.1f %12.2f\n", variant,
-                median(times.total[v]), median(times.saveCalls[v]) * 1e3,
-                median(saveSteps) * 1e3,
-                stepExcess / (every * P) * 100, cost * 1e3, cost / (every * P) * 100,
-                local * 1e3, local / (every * P) * 100);
+                median(times.total[v]), median(times.saveCalls[v]) * 1e3, median(saveSteps) * 1e3,
+                stepExcess / (every * P) * 100, cost * 1e3, cost / (every * P) * 100, local * 1e3,
+                local / (every * P) * 100);
   }
   // Where a save's cost falls: each step after it, over P, the median over the saves; the steps
   // past the window show what the window leaves out.
@@ -451,7 +459,8 @@ void printTrain(TrainTimes& times, double P, int every) {
   for (size_t at : times.saveAt["async"]) asyncSteps.push_back(times.durations["async"][at]);
   std::printf("# an async save costs the step it starts in %.1f ms over a plain step: %.0f%% of a "
               "synchronous save's call (%.1f ms)\n",
-              (median(asyncSteps) - P) * 1e3, (median(asyncSteps) - P) / median(times.saveCalls["sync"]) * 100,
+              (median(asyncSteps) - P) * 1e3,
+              (median(asyncSteps) - P) / median(times.saveCalls["sync"]) * 100,
               median(times.saveCalls["sync"]) * 1e3);
 }
 
@@ -469,15 +478,17 @@ int benchTrain(int steps, int every, int rounds, int batch, int64_t width) {
   dtrain::Checkpointer checkpointer(group, options);
   checkpointer.addModule("model", net);
   checkpointer.addOptimizer("sgd", sgd);
-  TrainJob job{ddp, sgd, checkpointer, torch::randn({batch, 1024}), torch::randint(0, 1000, {batch})};
+  TrainJob job{ddp, sgd, checkpointer, torch::randn({batch, 1024}),
+               torch::randint(0, 1000, {batch})};
   TrainTimes times = runVariants(job, steps, every, rounds);
   if (group->rank() == 0) {
     int64_t numel = 0;
     for (const auto& p : net->parameters()) numel += p.numel();
     const double P = plainStep(times);  // Note [Paired costs]
-    std::printf("# %d rank(s), %.1fM parameters, batch %d per rank, a save every %d steps, %d rounds of "
-                "%d steps per variant, interleaved; plain step %.1f ms (median)\n",
-                group->size(), numel / 1e6, batch, every, rounds, steps, P * 1e3);
+    std::printf(
+        "# %d rank(s), %.1fM parameters, batch %d per rank, a save every %d steps, %d rounds of "
+        "%d steps per variant, interleaved; plain step %.1f ms (median)\n",
+        group->size(), numel / 1e6, batch, every, rounds, steps, P * 1e3);
     printTrain(times, P, every);
     std::system(("rm -rf " + dir).c_str());
   }
@@ -515,13 +526,14 @@ int main(int argc, char** argv) {
       else if (a == "--batch") batch = num();
       else if (a == "--dir") dir = i + 1 < argc ? argv[++i] : "";
       else if (a == "--help" || a == "-h") {
-        std::printf("usage: checkpoint_bench [--reps N] [--dir D] [--no-peer] [--smoke]\n"
-                    "       launch --nproc-per-node R checkpoint_bench --train [--steps N] [--every K] "
-                    "[--rounds N] [--batch B] [--smoke]\n"
-                    "       launch --nproc-per-node R checkpoint_bench --sharded --job save|load "
-                    "--dir D --reference F --result F\n"
-                    "              [--io N] [--width N] [--layers N] [--batch B]   "
-                    "(dcp_bench.py runs it)\n");
+        std::printf(
+            "usage: checkpoint_bench [--reps N] [--dir D] [--no-peer] [--smoke]\n"
+            "       launch --nproc-per-node R checkpoint_bench --train [--steps N] [--every K] "
+            "[--rounds N] [--batch B] [--smoke]\n"
+            "       launch --nproc-per-node R checkpoint_bench --sharded --job save|load "
+            "--dir D --reference F --result F\n"
+            "              [--io N] [--width N] [--layers N] [--batch B]   "
+            "(dcp_bench.py runs it)\n");
         return 0;
       } else {
         std::fprintf(stderr, "checkpoint_bench: unknown argument %s (see --help)\n", a.c_str());

@@ -105,9 +105,20 @@ Job startWorkers(std::string name, int world, const std::vector<std::string>& wo
 
 std::vector<std::string> torchrunArgv(const std::string& python, int world,
                                       const std::string& rdzvId, bool smoke) {
-  return {python, "-m", "torch.distributed.run", "--nnodes", "1", "--nproc_per_node",
-          std::to_string(world), "--rdzv_backend", "c10d", "--rdzv_endpoint",
-          fmt::format("127.0.0.1:{}", freePort()), "--rdzv_id", rdzvId, "--monitor_interval",
+  return {python,
+          "-m",
+          "torch.distributed.run",
+          "--nnodes",
+          "1",
+          "--nproc_per_node",
+          std::to_string(world),
+          "--rdzv_backend",
+          "c10d",
+          "--rdzv_endpoint",
+          fmt::format("127.0.0.1:{}", freePort()),
+          "--rdzv_id",
+          rdzvId,
+          "--monitor_interval",
           smoke ? "1" : "5"};
 }
 
@@ -155,8 +166,8 @@ void TurnGiver::connect(const std::vector<pid_t>& pids, double timeoutSeconds) {
       DTRAIN_CHECK(waitpid(pid, nullptr, WNOHANG) == 0, "a job ended before taking turns ({})",
                    path_);
     }
-    DTRAIN_CHECK(std::chrono::steady_clock::now() < deadline,
-                 "the job did not open {} within {} s", go, timeoutSeconds);
+    DTRAIN_CHECK(std::chrono::steady_clock::now() < deadline, "the job did not open {} within {} s",
+                 go, timeoutSeconds);
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }
   fcntl(go_, F_SETFL, fcntl(go_, F_GETFL) & ~O_NONBLOCK);

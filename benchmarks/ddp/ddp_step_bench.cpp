@@ -53,7 +53,8 @@ Options parse(int argc, char** argv) {
     if (a == "--help" || a == "-h") {
       std::fputs("usage: ddp_step_bench [--rounds 3] [--steps 10] [--warmup 3] "
                  "[--models mlp,resnet18] [--no-peer]\n"
-                 "                      [--grad-as-bucket-view | --grad-copies] [--compression none|fp16|bf16]\n"
+                 "                      [--grad-as-bucket-view | --grad-copies] [--compression "
+                 "none|fp16|bf16]\n"
                  "                      [--no-shm]\n"
                  "                      [--python PATH] [--smoke]\n"
                  "--python: the PyTorch peer's Python (default " DTRAIN_PYTHON ")\n"
@@ -95,9 +96,11 @@ Options parse(int argc, char** argv) {
 
 std::vector<std::string> workerArgs(const Options& o, const std::string& model, int batch,
                                     const std::string& out, const std::string& turns) {
-  std::vector<std::string> a = {"--model", model, "--batch", std::to_string(batch), "--warmup",
-                                std::to_string(o.step.warmup), "--steps",
-                                std::to_string(o.step.steps), "--out", out};
+  std::vector<std::string> a = {"--model",  model,
+                                "--batch",  std::to_string(batch),
+                                "--warmup", std::to_string(o.step.warmup),
+                                "--steps",  std::to_string(o.step.steps),
+                                "--out",    out};
   if (!turns.empty()) a.insert(a.end(), {"--turns", turns});
   if (o.step.gradAsBucketView >= 0) {
     a.push_back(o.step.gradAsBucketView == 1 ? "--grad-as-bucket-view" : "--grad-copies");
@@ -120,8 +123,8 @@ Job startPeer(const Options& o, const std::string& model, int batch, const std::
   argv.push_back(o.peerScript);
   auto rest = workerArgs(o, model, batch, out, turns);
   argv.insert(argv.end(), rest.begin(), rest.end());
-  return Job{"PyTorch peer (" + model + ")", {spawn(argv, {{"OMP_NUM_THREADS", "1"}})}, nullptr,
-             out};
+  return Job{
+      "PyTorch peer (" + model + ")", {spawn(argv, {{"OMP_NUM_THREADS", "1"}})}, nullptr, out};
 }
 
 StepResult finish(Job& job) { return fromJson(finishJob(job)); }
@@ -129,12 +132,16 @@ StepResult finish(Job& job) { return fromJson(finishJob(job)); }
 // One round: dtrain's job alone, or both jobs taking turns (Note [Turns]).
 std::pair<StepResult, StepResult> runRound(const Options& o, bool peer, const std::string& model,
                                            int batch, const std::string& dir, int round) {
-  auto out = [&](const char* impl) { return fmt::format("{}/{}_{}_{}.json", dir, impl, model, round); };
+  auto out = [&](const char* impl) {
+    return fmt::format("{}/{}_{}_{}.json", dir, impl, model, round);
+  };
   if (!peer) {
     Job ours = startOurs(o, model, batch, out("dtrain"), "");
     return {finish(ours), StepResult{}};
   }
-  auto turnPath = [&](const char* impl) { return fmt::format("{}/{}_{}_{}", dir, impl, model, round); };
+  auto turnPath = [&](const char* impl) {
+    return fmt::format("{}/{}_{}_{}", dir, impl, model, round);
+  };
   TurnGiver oursTurns(turnPath("dtrain")), peerTurns(turnPath("pytorch"));
   Job ours = startOurs(o, model, batch, out("dtrain"), oursTurns.path());
   Job theirs;
@@ -177,15 +184,18 @@ int runDriver(const Options& o) {
   std::string dir = dirTemplate;
   fmt::print("# ddp_step_bench: world size {}, 1 thread per rank, {} round(s) x {} steps "
              "(+{} warm-up), medians in ms{}\n",
-             kWorld, o.rounds, o.step.steps, o.step.warmup, o.step.smoke ? ", SMOKE (tiny models)" : "");
+             kWorld, o.rounds, o.step.steps, o.step.warmup,
+             o.step.smoke ? ", SMOKE (tiny models)" : "");
   fmt::print("# gradients as bucket views: {}; compression {}\n",
-             o.step.gradAsBucketView < 0 ? "each side's default (dtrain on, PyTorch off)"
-             : o.step.gradAsBucketView == 1 ? "on for both" : "off for both (copies)",
+             o.step.gradAsBucketView < 0    ? "each side's default (dtrain on, PyTorch off)"
+             : o.step.gradAsBucketView == 1 ? "on for both"
+                                            : "off for both (copies)",
              o.step.compression);
-  if (!peer) fmt::print("# PyTorch peer skipped (--no-peer, or {} cannot import torch)\n", o.python);
-  fmt::print("# {:>8} {:>5} {:>7} {:>9} {:>9} {:>6} {:>6} {:>9} {:>9} {:>9} {:>9} {:>9}\n",
-             "model", "batch", "params", "dtrain", "pytorch", "ratio", "floor", "d-nosync",
-             "p-nosync", "overhead", "exposed-d", "exposed-p");
+  if (!peer)
+    fmt::print("# PyTorch peer skipped (--no-peer, or {} cannot import torch)\n", o.python);
+  fmt::print("# {:>8} {:>5} {:>7} {:>9} {:>9} {:>6} {:>6} {:>9} {:>9} {:>9} {:>9} {:>9}\n", "model",
+             "batch", "params", "dtrain", "pytorch", "ratio", "floor", "d-nosync", "p-nosync",
+             "overhead", "exposed-d", "exposed-p");
   for (const auto& model : o.models) {
     int batch = o.step.smoke ? 2 : (model == "mlp" ? 64 : 32);
     std::vector<double> ours, oursLocal, peerStep, peerLocal, waits;
@@ -212,14 +222,15 @@ int runDriver(const Options& o) {
     auto paired = [](const std::vector<double>& a, const std::vector<double>& b,
                      double (*f)(double, double)) { return median(pairwise(a, b, f)); };
     auto pct = [](double x) { return fmt::format("{:.1f}%", 100 * x); };
-    fmt::print("  {:>8} {:>5} {:>6.2f}M {:>9.1f} {:>9} {:>6} {:>6} {:>9.1f} {:>9} {:>9} {:>9} {:>9}\n",
-               model, batch, params / 1e6, median(ours),
-               peer ? fmt::format("{:.1f}", median(peerStep)) : "-",
-               peer ? fmt::format("{:.3f}", pairedRatio(ours, peerStep)) : "-",
-               peer ? fmt::format("{:.3f}", pairedRatio(oursLocal, peerStep)) : "-",
-               median(oursLocal), peer ? fmt::format("{:.1f}", median(peerLocal)) : "-",
-               pct(paired(ours, oursLocal, overhead)), pct(paired(ours, oursLocal, exposed)),
-               peer ? pct(paired(peerStep, peerLocal, exposed)) : "-");
+    fmt::print(
+        "  {:>8} {:>5} {:>6.2f}M {:>9.1f} {:>9} {:>6} {:>6} {:>9.1f} {:>9} {:>9} {:>9} {:>9}\n",
+        model, batch, params / 1e6, median(ours),
+        peer ? fmt::format("{:.1f}", median(peerStep)) : "-",
+        peer ? fmt::format("{:.3f}", pairedRatio(ours, peerStep)) : "-",
+        peer ? fmt::format("{:.3f}", pairedRatio(oursLocal, peerStep)) : "-", median(oursLocal),
+        peer ? fmt::format("{:.1f}", median(peerLocal)) : "-",
+        pct(paired(ours, oursLocal, overhead)), pct(paired(ours, oursLocal, exposed)),
+        peer ? pct(paired(peerStep, peerLocal, exposed)) : "-");
     fmt::print("  {:>8} dtrain ({}) end-of-backward wait (median): {:.1f} ms = {} of the step\n",
                "", backend, median(waits), pct(median(waits) / median(ours)));
   }

@@ -12,15 +12,15 @@ struct StepConfig {
   std::string model = "mlp";  // mlp | resnet18
   int batch = 64;             // per rank
   int warmup = 3;
-  int steps = 10;             // timed synchronised steps, and as many communication-free ones
-  bool smoke = false;         // tiny models: checks the plumbing only
+  int steps = 10;      // timed synchronised steps, and as many communication-free ones
+  bool smoke = false;  // tiny models: checks the plumbing only
   // DDP options, the same on both sides: DdpOptions::gradientAsBucketView / PyTorch's
   // gradient_as_bucket_view, and "fp16" / "bf16" compression / PyTorch's fp16_compress_hook and
   // bf16_compress_hook.
   // -1: each side's default (dtrain: on; PyTorch: off), 0: both off, 1: both on.
   int gradAsBucketView = -1;
   std::string compression = "none";
-  std::string out;            // rank 0 writes its result here (JSON)
+  std::string out;  // rank 0 writes its result here (JSON)
   // Turn-taking with the driver (Note [Turns] in benchmarks/common/bench_process.h):
   // "<dir>/<side>", rank 0 reads "<...>.go" and writes "<...>.done". Empty: run freely.
   std::string turns;

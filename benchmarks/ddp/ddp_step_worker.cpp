@@ -75,7 +75,7 @@ StepResult measure(Net net, const torch::Tensor& x, const torch::Tensor& y, bool
 
 int runWorker(const StepConfig& config) {
   torch::set_num_threads(1);
-  auto group = init();  // from the environment ddp_step_bench gives its workers
+  auto group = init();                // from the environment ddp_step_bench gives its workers
   torch::manual_seed(group->rank());  // each rank its own data; DDP broadcasts rank 0's model
   StepResult result;
   if (config.model == "mlp") {
@@ -97,9 +97,10 @@ int runWorker(const StepConfig& config) {
 }
 
 std::string toJson(const StepResult& r) {
-  nlohmann::json j = {{"impl", r.impl},       {"model", r.model},       {"parameters", r.parameters},
-                      {"step_ms", r.stepMs},  {"nosync_ms", r.noSyncMs}, {"wait_ms", r.waitMs},
-                      {"backend", r.backend}};
+  nlohmann::json j = {
+      {"impl", r.impl},      {"model", r.model},        {"parameters", r.parameters},
+      {"step_ms", r.stepMs}, {"nosync_ms", r.noSyncMs}, {"wait_ms", r.waitMs},
+      {"backend", r.backend}};
   return j.dump();
 }
 

@@ -70,7 +70,9 @@ double timeRun(const std::vector<std::string>& argv, std::string* failure, int c
                     failure);
 }
 
-bool executable(const std::string& path) { return !path.empty() && ::access(path.c_str(), X_OK) == 0; }
+bool executable(const std::string& path) {
+  return !path.empty() && ::access(path.c_str(), X_OK) == 0;
+}
 
 std::string shellOut(const std::string& command, int* rc) {
   std::string out;

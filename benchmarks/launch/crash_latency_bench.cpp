@@ -107,7 +107,8 @@ std::string runCapture(const std::vector<std::string>& argv, const std::vector<s
   *ok = true;
   while (true) {
     int left = static_cast<int>(std::chrono::duration_cast<std::chrono::milliseconds>(
-                                    until - std::chrono::steady_clock::now()).count());
+                                    until - std::chrono::steady_clock::now())
+                                    .count());
     if (left <= 0) {
       *ok = false;
       ::kill(-pid, SIGKILL);
@@ -127,8 +128,10 @@ std::string runCapture(const std::vector<std::string>& argv, const std::vector<s
 
 // Crash -> last SIGTERM among the other ranks, in ms; negative when the output lacks a time.
 double latencyMs(const std::string& out, int nproc) {
-  static const std::regex kCrash(R"(rank (\d+): step \d+: injecting signal:KILL[^\n]*\(t=([0-9.]+)\))");
-  static const std::regex kTerm(R"(rank (\d+): SIGTERM: checkpointing and exiting \(t=([0-9.]+)\))");
+  static const std::regex kCrash(
+      R"(rank (\d+): step \d+: injecting signal:KILL[^\n]*\(t=([0-9.]+)\))");
+  static const std::regex kTerm(
+      R"(rank (\d+): SIGTERM: checkpointing and exiting \(t=([0-9.]+)\))");
   std::smatch m;
   if (!std::regex_search(out, m, kCrash)) return -1;
   const double crash = std::stod(m[2].str());
@@ -175,15 +178,17 @@ void stopLoad(const std::vector<pid_t>& pids) {
 int main(int argc, char** argv) {
   const Options o = parse(argc, argv);
   const std::string n = std::to_string(o.nproc);
-  const std::vector<std::string> workerArgs = {o.worker, "--no-store", "--steps", "100000",
-                                               "--step-ms", "10", "--quiet", "--on-sigterm", "0"};
-  const std::string fault =
-      "DTRAIN_FAULT=signal:KILL@rank=" + std::to_string(o.nproc - 1) + ",step=20";
+  const std::vector<std::string> workerArgs = {o.worker,  "--no-store",   "--steps",
+                                               "100000",  "--step-ms",    "10",
+                                               "--quiet", "--on-sigterm", "0"};
+  const std::string fault = "DTRAIN_FAULT=signal:KILL@rank=" + std::to_string(o.nproc - 1) +
+                            ",step=20";
 
   int failures = 0;
   std::string lastFailure;
   fmt::print("# crash_latency_bench: one worker of {} SIGKILLs itself; ms until the last other "
-             "worker got SIGTERM; {} crashes per cell, runners interleaved\n", o.nproc, o.crashes);
+             "worker got SIGTERM; {} crashes per cell, runners interleaved\n",
+             o.nproc, o.crashes);
   fmt::print("{:>7} {:>16} {:>8} {:>8} {:>8} {:>8} {:>8} {:>12}\n", "machine", "runner", "n",
              "median", "p90", "worst", "best", "tr/launch");
   std::vector<bool> conditions = {false};
@@ -192,11 +197,12 @@ int main(int argc, char** argv) {
     std::vector<Runner> runners;
     runners.push_back({"launch", {o.launch, "--nproc-per-node", n, "--grace-period", "5"}, {}, 0});
     if (o.torchrun && executable(o.python) && executable(o.torchrunPath)) {
-      runners.push_back({"torchrun mi=0.1",
-                         {o.python, o.torchrunPath, "--nnodes", "1", "--rdzv_backend", "c10d",
-                          "--rdzv_endpoint", "@endpoint@", "--nproc_per_node", n,
-                          "--monitor_interval", "0.1", "--no_python"},
-                         {}, 0});
+      runners.push_back(
+          {"torchrun mi=0.1",
+           {o.python, o.torchrunPath, "--nnodes", "1", "--rdzv_backend", "c10d", "--rdzv_endpoint",
+            "@endpoint@", "--nproc_per_node", n, "--monitor_interval", "0.1", "--no_python"},
+           {},
+           0});
     }
     std::vector<pid_t> load;
     if (loaded) load = startLoad();
@@ -213,7 +219,8 @@ int main(int argc, char** argv) {
         if (ms < 0) {
           ++r.failures;
           ++failures;
-          lastFailure = fmt::format("{} ({}): {}", r.name, ok ? "no times in its output" : "timed out",
+          lastFailure = fmt::format("{} ({}): {}", r.name,
+                                    ok ? "no times in its output" : "timed out",
                                     out.substr(0, 600));
           continue;
         }

@@ -101,7 +101,7 @@ struct Config {
   std::string runner;    // launch | bare | torchrun
   int nproc;
   std::vector<std::string> argv;
-  int copies = 1;        // bare: nproc copies at once, no launcher
+  int copies = 1;  // bare: nproc copies at once, no launcher
   std::vector<double> samples;
   int failures = 0;
   std::string lastFailure;
@@ -113,22 +113,40 @@ std::vector<Config> jobs(const Options& o) {
   const std::string np = "--nproc-per-node";
   for (int n : o.nprocs) {
     const std::string ns = std::to_string(n);
-    configs.push_back({"worker", "launch", n,
-                       {o.launch, np, ns, o.worker, "--steps", "0", "--quiet"}, 1, {}, 0, {}});
+    configs.push_back({"worker",
+                       "launch",
+                       n,
+                       {o.launch, np, ns, o.worker, "--steps", "0", "--quiet"},
+                       1,
+                       {},
+                       0,
+                       {}});
     if (executable(o.torchWorker)) {
       configs.push_back({"libtorch", "launch", n, {o.launch, np, ns, o.torchWorker}, 1, {}, 0, {}});
       configs.push_back({"libtorch", "bare", n, {o.torchWorker, "--bare"}, n, {}, 0, {}});
     }
     if (o.torchrun && executable(o.python)) {
-      configs.push_back({"python", "launch", n,
-                         {o.launch, np, ns, "--python", o.python, o.script}, 1, {}, 0, {}});
+      configs.push_back({"python",
+                         "launch",
+                         n,
+                         {o.launch, np, ns, "--python", o.python, o.script},
+                         1,
+                         {},
+                         0,
+                         {}});
     }
     if (o.torchrun && executable(o.torchrunPath)) {
       // As a user runs one node: --standalone (2.x rendezvouses on a free port) and the default
       // --monitor-interval (0.1 s in 2.x).
-      configs.push_back({"python", "torchrun", n,
-                         {o.python, o.torchrunPath, "--standalone", "--nproc-per-node", ns,
-                          o.script}, 1, {}, 0, {}});
+      configs.push_back(
+          {"python",
+           "torchrun",
+           n,
+           {o.python, o.torchrunPath, "--standalone", "--nproc-per-node", ns, o.script},
+           1,
+           {},
+           0,
+           {}});
     }
   }
   return configs;
@@ -169,9 +187,11 @@ void printTable(const Options& o, const std::vector<Config>& configs) {
     std::fclose(f);
   }
   fmt::print("# launch_bench: wall time start->exit in ms, median (min) of {} interleaved reps; "
-             "load {}", o.reps, load[0] ? load : "?\n");
+             "load {}",
+             o.reps, load[0] ? load : "?\n");
   fmt::print("# worker: C++ test worker, join store + barrier; libtorch: minimal libtorch worker "
-             "(bare = N copies at once, no launcher);\n# python: TCPStore join + barrier with torch imported\n");
+             "(bare = N copies at once, no launcher);\n# python: TCPStore join + barrier with "
+             "torch imported\n");
   fmt::print("{:>6} {:>9} {:>16} {:>16} {:>16} {:>10}\n", "nproc", "workload", "launch", "bare",
              "torchrun", "tr/launch");
   for (int n : o.nprocs) {
@@ -192,7 +212,8 @@ void printTable(const Options& o, const std::vector<Config>& configs) {
     const Config* bare = find("libtorch", "bare", n);
     if (l && bare && !l->samples.empty() && !bare->samples.empty()) {
       fmt::print("# libtorch nproc={}: launch adds {:+.1f} ms to {} bare start-up(s) at once "
-                 "(aim: < 100)\n", n, median(l->samples) - median(bare->samples), n);
+                 "(aim: < 100)\n",
+                 n, median(l->samples) - median(bare->samples), n);
     }
   }
 }

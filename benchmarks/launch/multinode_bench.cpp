@@ -82,7 +82,8 @@ double detectionSeconds(const std::vector<std::string>& launchArgv, const std::s
       if (n > 0) (i == 0 ? o : e).append(buf, static_cast<size_t>(n));
     }
     size_t started = 0;
-    for (size_t at = o.find("worker rank="); at != std::string::npos; at = o.find("worker rank=", at + 1)) {
+    for (size_t at = o.find("worker rank="); at != std::string::npos;
+         at = o.find("worker rank=", at + 1)) {
       ++started;
     }
     if (cut == std::chrono::steady_clock::time_point{} && started >= kNodes * kPerNode) {
@@ -90,7 +91,8 @@ double detectionSeconds(const std::vector<std::string>& launchArgv, const std::s
       shellOut(script + " link " + name + " " + std::to_string(node) + " down");
       cut = std::chrono::steady_clock::now();
     }
-    if (cut != std::chrono::steady_clock::time_point{} && e.find("stopping round") != std::string::npos) {
+    if (cut != std::chrono::steady_clock::time_point{} &&
+        e.find("stopping round") != std::string::npos) {
       detected = std::chrono::duration<double>(std::chrono::steady_clock::now() - cut).count();
       break;
     }
@@ -108,8 +110,8 @@ using Argvs = std::function<std::vector<std::vector<std::string>>(const std::str
 struct Row {
   Row(std::string l, int w, Argvs a) : label(std::move(l)), world(w), argvs(std::move(a)) {}
   std::string label;
-  int world = 0;  // workers that pass the barrier; 0: no barrier (ssh alone)
-  Argvs argvs;    // the commands of one run, started at once, keys under the prefix
+  int world = 0;                  // workers that pass the barrier; 0: no barrier (ssh alone)
+  Argvs argvs;                    // the commands of one run, started at once, keys under the prefix
   std::vector<double> total;      // ms, start -> exit
   std::vector<double> toBarrier;  // ms, start -> the last worker past the barrier
   std::vector<double> after;      // ms, from there -> exit
@@ -157,8 +159,8 @@ std::string ratio(const std::vector<double>& a, const std::vector<double>& b) {
 
 // The simulated cluster the jobs run on, and launch's rendezvous endpoint on its bridge.
 struct SimCluster {
-  std::string name;      // netns-cluster.sh's name for it
-  std::string dir;       // its files: hosts, ssh_config
+  std::string name;  // netns-cluster.sh's name for it
+  std::string dir;   // its files: hosts, ssh_config
   std::vector<std::string> hosts;
   std::string ssh;       // the ssh_config
   std::string bridge;    // this machine's address on the cluster's bridge
@@ -199,42 +201,43 @@ using WorkerArgv = std::function<std::vector<std::string>(const std::string& pre
 std::vector<Row> jobRows(const MultinodeBenchOptions& o, const SimCluster& c,
                          const WorkerArgv& worker, bool withTorchrun) {
   std::vector<Row> rows;
-  rows.emplace_back("launch fan-out, 3 nodes x 2", kNodes * kPerNode, [&o, &c, worker](const std::string& p) {
-                    return std::vector<std::vector<std::string>>{
-                        cat({o.launch, "--hosts", c.hostList, "--ssh-config", c.ssh, "--rdzv-endpoint",
-                             c.endpoint, "--nproc-per-node", std::to_string(kPerNode)},
-                            worker(p))};
-                  });
+  rows.emplace_back(
+      "launch fan-out, 3 nodes x 2", kNodes * kPerNode, [&o, &c, worker](const std::string& p) {
+        return std::vector<std::vector<std::string>>{
+            cat({o.launch, "--hosts", c.hostList, "--ssh-config", c.ssh, "--rdzv-endpoint",
+                 c.endpoint, "--nproc-per-node", std::to_string(kPerNode)},
+                worker(p))};
+      });
   rows.emplace_back("launch, one node x 6", kNodes * kPerNode, [&o, worker](const std::string& p) {
-                    return std::vector<std::vector<std::string>>{
-                        cat({o.launch, "--nproc-per-node", std::to_string(kNodes * kPerNode)}, worker(p))};
-                  });
+    return std::vector<std::vector<std::string>>{
+        cat({o.launch, "--nproc-per-node", std::to_string(kNodes * kPerNode)}, worker(p))};
+  });
   rows.emplace_back("launch, one node x 2", kPerNode, [&o, worker](const std::string& p) {
-                    return std::vector<std::vector<std::string>>{
-                        cat({o.launch, "--nproc-per-node", std::to_string(kPerNode)}, worker(p))};
-                  });
+    return std::vector<std::vector<std::string>>{
+        cat({o.launch, "--nproc-per-node", std::to_string(kPerNode)}, worker(p))};
+  });
   rows.emplace_back("ssh to the 3 hosts (true)", 0, [&c](const std::string&) {
-                    std::vector<std::vector<std::string>> all;
-                    for (const auto& h : c.hosts) all.push_back({"/usr/bin/ssh", "-F", c.ssh, h, "true"});
-                    return all;
-                  });
+    std::vector<std::vector<std::string>> all;
+    for (const auto& h : c.hosts) all.push_back({"/usr/bin/ssh", "-F", c.ssh, h, "true"});
+    return all;
+  });
   if (withTorchrun) {
-    rows.emplace_back("torchrun c10d, 3 nodes x 2", kNodes * kPerNode, [&o, &c, worker](const std::string& p) {
-                      std::vector<std::vector<std::string>> all;
-                      for (int k = 0; k < kNodes; ++k) {
-                        all.push_back(cat(
-                            {o.clusterScript, "exec", c.name, std::to_string(k), o.python,
-                             o.torchrunPath, "--nnodes", std::to_string(kNodes), "--nproc_per_node",
-                             std::to_string(kPerNode), "--rdzv_backend", "c10d", "--rdzv_endpoint",
-                             c.hosts[0] + ":29400", "--rdzv_id", p,
-                             // In a namespace the host name does not resolve to the namespace's
-                             // address, so torchrun's guess of who hosts its store fails: say it.
-                             "--rdzv_conf", k == 0 ? "is_host=1,join_timeout=60" : "is_host=0,join_timeout=60",
-                             "--no_python"},
-                            worker(p)));
-                      }
-                      return all;
-                    });
+    rows.emplace_back(
+        "torchrun c10d, 3 nodes x 2", kNodes * kPerNode, [&o, &c, worker](const std::string& p) {
+          std::vector<std::vector<std::string>> all;
+          for (int k = 0; k < kNodes; ++k) {
+            all.push_back(cat(
+                {o.clusterScript, "exec", c.name, std::to_string(k), o.python, o.torchrunPath,
+                 "--nnodes", std::to_string(kNodes), "--nproc_per_node", std::to_string(kPerNode),
+                 "--rdzv_backend", "c10d", "--rdzv_endpoint", c.hosts[0] + ":29400", "--rdzv_id", p,
+                 // In a namespace the host name does not resolve to the namespace's
+                 // address, so torchrun's guess of who hosts its store fails: say it.
+                 "--rdzv_conf", k == 0 ? "is_host=1,join_timeout=60" : "is_host=0,join_timeout=60",
+                 "--no_python"},
+                worker(p)));
+          }
+          return all;
+        });
   }
   return rows;
 }
@@ -280,12 +283,30 @@ void printTable(const MultinodeBenchOptions& o, const std::vector<Row>& rows,
 std::vector<double> measureDetection(const MultinodeBenchOptions& o, const SimCluster& c) {
   std::vector<double> detections;
   for (int rep = 0; rep < std::min(o.reps, 3); ++rep) {
-    double d = detectionSeconds(
-        {o.launch, "--hosts", c.hostList, "--ssh-config", c.ssh, "--rdzv-endpoint", c.endpoint,
-         "--ssh-option", "ServerAliveInterval=60", "--nproc-per-node", std::to_string(kPerNode),
-         "--heartbeat-interval", "0.5", "--heartbeat-timeout", "3", "--grace-period", "1",
-         o.worker, "--steps", "100000", "--step-ms", "50", "--no-store"},
-        o.clusterScript, c.name, 1);
+    double d = detectionSeconds({o.launch,
+                                 "--hosts",
+                                 c.hostList,
+                                 "--ssh-config",
+                                 c.ssh,
+                                 "--rdzv-endpoint",
+                                 c.endpoint,
+                                 "--ssh-option",
+                                 "ServerAliveInterval=60",
+                                 "--nproc-per-node",
+                                 std::to_string(kPerNode),
+                                 "--heartbeat-interval",
+                                 "0.5",
+                                 "--heartbeat-timeout",
+                                 "3",
+                                 "--grace-period",
+                                 "1",
+                                 o.worker,
+                                 "--steps",
+                                 "100000",
+                                 "--step-ms",
+                                 "50",
+                                 "--no-store"},
+                                o.clusterScript, c.name, 1);
     if (d >= 0) detections.push_back(d);
   }
   if (!detections.empty()) {
@@ -320,13 +341,14 @@ int multinodeBench(const MultinodeBenchOptions& o) {
   store::TcpStore client(co);
   const std::string storeWhere = fmt::format("{}:{}", cluster->bridge, server->port());
   const WorkerArgv worker = [&o, storeWhere, token = so.token](const std::string& prefix) {
-    return std::vector<std::string>{o.worker, "--steps", "0", "--quiet", "--store", storeWhere,
-                                    "--store-token", token, "--store-prefix", prefix};
+    return std::vector<std::string>{o.worker,   "--steps",       "0",   "--quiet",        "--store",
+                                    storeWhere, "--store-token", token, "--store-prefix", prefix};
   };
 
   const bool withTorchrun = o.torchrun && executable(o.torchrunPath) && executable(o.python);
   std::vector<Row> rows = jobRows(o, *cluster, worker, withTorchrun);
-  for (size_t i = 0; i < rows.size(); ++i) runOnce(rows[i], fmt::format("warm{}", i), client, false);
+  for (size_t i = 0; i < rows.size(); ++i)
+    runOnce(rows[i], fmt::format("warm{}", i), client, false);
   for (int rep = 0; rep < o.reps; ++rep) {
     for (size_t i = 0; i < rows.size(); ++i) {
       runOnce(rows[i], fmt::format("rep{}-{}", rep, i), client, true);

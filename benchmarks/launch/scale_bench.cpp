@@ -96,8 +96,8 @@ void printLaunchTable(const std::map<int, std::vector<LaunchRun>>& runs, double 
              "CPU in % of one core\n");
   fmt::print("{:>5} {:>9} {:>9} {:>9} {:>7} {:>7} {:>7} {:>7} {:>7} {:>7} {:>7} {:>7} {:>7} "
              "{:>7} {:>7} {:>7} {:>5}\n",
-             "N", "start>pl", "join>pl", "pl>work", "rdzv/N", "hb/s", "mon/s", "rest/s",
-             "master", "store", "agents", "detect", "stopped", "restart", "rst/N", "exit", "ok");
+             "N", "start>pl", "join>pl", "pl>work", "rdzv/N", "hb/s", "mon/s", "rest/s", "master",
+             "store", "agents", "detect", "stopped", "restart", "rst/N", "exit", "ok");
   for (const auto& [n, rs] : runs) {
     int ok = 0;
     for (const auto& r : rs) ok += r.ok ? 1 : 0;
@@ -123,9 +123,11 @@ void printLaunchTable(const std::map<int, std::vector<LaunchRun>>& runs, double 
              "requests until round 0's plan was out, per node; hb/mon/rest: heartbeats, "
              "monitoring (the workers' progress, the agents' samples), everything else; detect: "
              "an agent SIGKILLed -> the master names it (--heartbeat-timeout {:g}); stopped: the "
-             "SIGKILL -> every other worker has SIGTERM; restart: -> every remaining agent holds round 1's "
+             "SIGKILL -> every other worker has SIGTERM; restart: -> every remaining agent holds "
+             "round 1's "
              "plan (elastic, N - 1); rst/N: requests of that rendezvous per node; exit: the last "
-             "worker done -> the master's launch exited\n", heartbeatTimeout);
+             "worker done -> the master's launch exited\n",
+             heartbeatTimeout);
 }
 
 void printTorchrunTable(const std::map<int, std::vector<TorchrunRun>>& runs,
@@ -162,14 +164,15 @@ void writeCsv(const std::string& path, const std::map<int, std::vector<LaunchRun
   out << "who,nodes,start_to_plans,join_to_plans,rendezvous_requests_per_node,heartbeats_per_s,"
          "monitoring_per_s,rest_per_s\n";
   for (const auto& [n, rs] : launchRuns) {
-    out << fmt::format("launch,{},{},{},{},{},{},{}\n", n, med(rs, &LaunchRun::allStartedToPlans),
-                       med(rs, &LaunchRun::lastJoinToPlans),
-                       med(rs, &LaunchRun::rendezvousRequestsPerNode),
-                       med(rs, &LaunchRun::heartbeatsPerSecond),
-                       med(rs, &LaunchRun::monitoringPerSecond), med(rs, &LaunchRun::restPerSecond));
+    out << fmt::format(
+        "launch,{},{},{},{},{},{},{}\n", n, med(rs, &LaunchRun::allStartedToPlans),
+        med(rs, &LaunchRun::lastJoinToPlans), med(rs, &LaunchRun::rendezvousRequestsPerNode),
+        med(rs, &LaunchRun::heartbeatsPerSecond), med(rs, &LaunchRun::monitoringPerSecond),
+        med(rs, &LaunchRun::restPerSecond));
   }
   for (const auto& [n, rs] : torchRuns) {
-    out << fmt::format("torchrun,{},{},{},-1,-1,-1,-1\n", n, med(rs, &TorchrunRun::allStartedToRanks),
+    out << fmt::format("torchrun,{},{},{},-1,-1,-1,-1\n", n,
+                       med(rs, &TorchrunRun::allStartedToRanks),
                        med(rs, &TorchrunRun::lastJoinToRanks));
   }
 }
@@ -230,8 +233,8 @@ int main(int argc, char** argv) {
       const double have = static_cast<double>(memAvailableBytes()) * 0.85;
       if (need > have) {
         skipped[n] = fmt::format("{} agents x ~{:.0f} MiB need ~{:.1f} GiB, {:.1f} GiB available "
-                                 "(85 %)", n, kTorchrunMiBPerAgent, need / (1 << 30),
-                                 have / (1 << 30));
+                                 "(85 %)",
+                                 n, kTorchrunMiBPerAgent, need / (1 << 30), have / (1 << 30));
         continue;
       }
       TorchrunRun r = runTorchrunScale(o.run, n);
@@ -241,8 +244,8 @@ int main(int argc, char** argv) {
     }
   }
   fmt::print("# launch_scale_bench: {} rep(s), sizes interleaved; load average {} before, {} "
-             "after; heartbeat every {:g} s, dead after {:g} s\n", o.reps, loadBefore,
-             loadAverage(), o.run.heartbeatInterval, o.run.heartbeatTimeout);
+             "after; heartbeat every {:g} s, dead after {:g} s\n",
+             o.reps, loadBefore, loadAverage(), o.run.heartbeatInterval, o.run.heartbeatTimeout);
   printLaunchTable(launchRuns, o.run.heartbeatTimeout);
   if (torchrun) printTorchrunTable(torchRuns, launchRuns, skipped);
   if (!o.csv.empty()) writeCsv(o.csv, launchRuns, torchRuns);

@@ -61,12 +61,12 @@ void keepLogs(const ScaleOptions& o, const Fleet& fleet, const std::string& run)
   shellOut("mkdir -p '" + dir + "'");
   for (int i = 0; i < static_cast<int>(fleet.size()); ++i) {
     std::ofstream out(fmt::format("{}/node{}.log", dir, i));
-    for (const auto& l : fleet.member(i).lines) out << fmt::format("{:.6f} ", l.at) << l.text << "\n";
+    for (const auto& l : fleet.member(i).lines)
+      out << fmt::format("{:.6f} ", l.at) << l.text << "\n";
   }
 }
 
-std::string fail(LaunchRun& r, const std::string& why, const Fleet& fleet,
-                 const ScaleOptions& o) {
+std::string fail(LaunchRun& r, const std::string& why, const Fleet& fleet, const ScaleOptions& o) {
   keepLogs(o, fleet, fmt::format("launch-{}-failed-{:.0f}", r.nodes, sim::monotonicSeconds()));
   r.ok = false;
   r.failure = why + "; node 0 said:\n" + fleet.text(0, 3000);
@@ -157,11 +157,13 @@ bool measureLostAgent(LaunchSim& s, const ScaleOptions& o, LaunchRun& r) {
     }
     return false;
   };
-  if (!fleet.pumpUntil([&] {
-        return LaunchSim::count(s.planned(1)) == nodes - 1 || anotherExited();
-      }, 300) || anotherExited()) {
-    fail(r, fmt::format("{} of {} agents hold round 1's plan", LaunchSim::count(s.planned(1)),
-                        nodes - 1), fleet, o);
+  if (!fleet.pumpUntil(
+          [&] { return LaunchSim::count(s.planned(1)) == nodes - 1 || anotherExited(); }, 300) ||
+      anotherExited()) {
+    fail(r,
+         fmt::format("{} of {} agents hold round 1's plan", LaunchSim::count(s.planned(1)),
+                     nodes - 1),
+         fleet, o);
     return false;
   }
   r.restart = LaunchSim::latest(s.planned(1)) - named;
@@ -172,7 +174,8 @@ bool measureLostAgent(LaunchSim& s, const ScaleOptions& o, LaunchRun& r) {
   const auto* stopped = findCount(counts, "round 0 stopped");
   const auto* replanned = findCount(counts, "round 1 planned");
   if (stopped && replanned) {
-    r.restartRequestsPerNode = static_cast<double>(replanned->total() - stopped->total()) / (nodes - 1);
+    r.restartRequestsPerNode = static_cast<double>(replanned->total() - stopped->total()) /
+                               (nodes - 1);
   }
   return true;
 }
@@ -181,20 +184,24 @@ bool measureLostAgent(LaunchSim& s, const ScaleOptions& o, LaunchRun& r) {
 bool measureCleanEnd(LaunchSim& s, const ScaleOptions& o, LaunchRun& r) {
   Fleet& fleet = s.fleet();
   const int lost = r.nodes - 1;
-  if (!fleet.pumpUntil([&] {
-        for (int node = 0; node < lost; ++node) {
-          if (!fleet.member(node).exited) return false;
-        }
-        return true;
-      }, o.restartSteps + 120)) {
+  if (!fleet.pumpUntil(
+          [&] {
+            for (int node = 0; node < lost; ++node) {
+              if (!fleet.member(node).exited) return false;
+            }
+            return true;
+          },
+          o.restartSteps + 120)) {
     fail(r, "the agents did not exit", fleet, o);
     return false;
   }
   keepLogs(o, fleet, fmt::format("launch-{}-{:.0f}", r.nodes, s.startedAt()));
   for (int node = 0; node < lost; ++node) {
     if (fleet.exitCode(node) != 0) {
-      fail(r, fmt::format("node {} exited {}:\n{}", node, fleet.exitCode(node),
-                          fleet.text(node, 2000)), fleet, o);
+      fail(
+          r,
+          fmt::format("node {} exited {}:\n{}", node, fleet.exitCode(node), fleet.text(node, 2000)),
+          fleet, o);
       return false;
     }
   }
@@ -228,9 +235,9 @@ TorchrunRun runTorchrunScale(const ScaleOptions& o, int nodes) {
                  "--rdzv_backend", "c10d", "--rdzv_endpoint", fmt::format("127.0.0.1:{}", port),
                  "--rdzv_id", id,
                  // Every agent is on this host: say which one hosts the store.
-                 "--rdzv_conf", k == 0 ? "is_host=1,join_timeout=900" : "is_host=0,join_timeout=900",
-                 "--no_python", o.worker, "--no-store",
-                 "--progress", "--quiet", "--steps", "0"},
+                 "--rdzv_conf",
+                 k == 0 ? "is_host=1,join_timeout=900" : "is_host=0,join_timeout=900",
+                 "--no_python", o.worker, "--no-store", "--progress", "--quiet", "--steps", "0"},
                 {"LOGLEVEL=INFO"});
   }
   const double startedAt = sim::monotonicSeconds();
@@ -241,7 +248,8 @@ TorchrunRun runTorchrunScale(const ScaleOptions& o, int nodes) {
   std::vector<double> attempts, ranks, workers, cpu, rss;
   for (int k = 0; k < nodes; ++k) {
     if (fleet.exitCode(k) != 0) {
-      r.failure = fmt::format("torchrun {} exited {}:\n{}", k, fleet.exitCode(k), fleet.text(k, 3000));
+      r.failure = fmt::format("torchrun {} exited {}:\n{}", k, fleet.exitCode(k),
+                              fleet.text(k, 3000));
       return r;
     }
     // The agent's own INFO lines (LOGLEVEL reaches its logger, not the rendezvous module's): it
@@ -250,7 +258,8 @@ TorchrunRun runTorchrunScale(const ScaleOptions& o, int nodes) {
     auto joined = fleet.linesWith(k, "Rendezvous complete for workers");
     auto started = fleet.linesWith(k, ": started attempt=");
     if (attempt.empty() || joined.empty() || started.empty()) {
-      r.failure = fmt::format("torchrun {} printed no join or worker line:\n{}", k, fleet.text(k, 3000));
+      r.failure = fmt::format("torchrun {} printed no join or worker line:\n{}", k,
+                              fleet.text(k, 3000));
       return r;
     }
     attempts.push_back(attempt.front().at);

@@ -138,12 +138,15 @@ RecomputeRun configure(const Options& o, const std::string& model) {
 }
 
 std::vector<std::string> runArgs(const RecomputeRun& r) {
-  std::vector<std::string> a = {"--model", r.model, "--batch", std::to_string(r.batch),
-                                "--size",  std::to_string(r.size), "--blocks",
-                                std::to_string(r.blocks), "--width", std::to_string(r.width),
-                                "--segments", std::to_string(r.segments), "--warmup",
-                                std::to_string(r.warmup), "--steps", std::to_string(r.steps),
-                                "--threads", std::to_string(r.threads)};
+  std::vector<std::string> a = {"--model",    r.model,
+                                "--batch",    std::to_string(r.batch),
+                                "--size",     std::to_string(r.size),
+                                "--blocks",   std::to_string(r.blocks),
+                                "--width",    std::to_string(r.width),
+                                "--segments", std::to_string(r.segments),
+                                "--warmup",   std::to_string(r.warmup),
+                                "--steps",    std::to_string(r.steps),
+                                "--threads",  std::to_string(r.threads)};
   if (r.recompute) a.push_back("--recompute");
   if (r.gpu) a.push_back("--gpu");
   if (r.hostCache) a.push_back("--host-cache");
@@ -197,9 +200,11 @@ RecomputeResult measure(const Options& o, const RecomputeRun& r, bool peer) {
   for (const auto& a : runArgs(r)) argv.push_back(a);
   argv.push_back("--out");
   argv.push_back(out);
-  const std::string what =
-      fmt::format("{} {} {}", peer ? "PyTorch" : r.hostCache ? "dtrain+cache" : "dtrain", r.model,
-                  r.recompute ? "recompute" : "plain");
+  const std::string what = fmt::format("{} {} {}",
+                                       peer          ? "PyTorch"
+                                       : r.hostCache ? "dtrain+cache"
+                                                     : "dtrain",
+                                       r.model, r.recompute ? "recompute" : "plain");
   waitAll({spawn(argv, {{"OMP_NUM_THREADS", std::to_string(r.threads)}})}, what);
   std::string text = readFile(out);
   std::filesystem::remove(out);
@@ -247,9 +252,9 @@ struct Cell {
 using Results = std::map<std::string, std::map<std::string, std::map<bool, Cell>>>;
 
 void printTable(const Options& o, const Results& results) {
-  std::printf("%-9s %-12s %-10s %8s %8s %8s %8s %6s %9s %9s %6s %6s %6s %8s %6s\n", "model",
-              "side", "mode", "fwd_ms", "bwd_ms", "step_ms", "sampl/s", "fwd%", "kept_MB",
-              "peak_MB", "r_peak", "r_step", "pred", "rss_MB", "#wrong");
+  std::printf("%-9s %-12s %-10s %8s %8s %8s %8s %6s %9s %9s %6s %6s %6s %8s %6s\n", "model", "side",
+              "mode", "fwd_ms", "bwd_ms", "step_ms", "sampl/s", "fwd%", "kept_MB", "peak_MB",
+              "r_peak", "r_step", "pred", "rss_MB", "#wrong");
   for (const auto& [model, sides] : results) {
     const auto batch = static_cast<double>(configure(o, model).batch);
     for (const auto& [side, modes] : sides) {
@@ -269,20 +274,20 @@ void printTable(const Options& o, const Results& results) {
                     "%6.3f %8.0f %6d\n",
                     model.c_str(), side.c_str(), recompute ? "recompute" : "plain", 1e3 * fwd,
                     1e3 * cell.med(&RecomputeResult::backwardSeconds), 1e3 * step, batch / step,
-                    100 * fwd / step, cell.medBytes(&RecomputeResult::keptBytes) / 1e6,
-                    peak / 1e6, peak / plain.medBytes(&RecomputeResult::peakBytes),
-                    step / plainStep, 1 + plainFwd / plainStep,
-                    cell.medBytes(&RecomputeResult::peakRssBytes) / 1e6, wrong);
+                    100 * fwd / step, cell.medBytes(&RecomputeResult::keptBytes) / 1e6, peak / 1e6,
+                    peak / plain.medBytes(&RecomputeResult::peakBytes), step / plainStep,
+                    1 + plainFwd / plainStep, cell.medBytes(&RecomputeResult::peakRssBytes) / 1e6,
+                    wrong);
       }
     }
     for (const char* ours : {"dtrain", "dtrain+cache"}) {
       if (!sides.count(ours) || !sides.count("torch")) continue;
       const Cell& d = sides.at(ours).at(true);
       const Cell& t = sides.at("torch").at(true);
-      std::printf("%s with recompute, PyTorch / %s: step time %.3f, peak bytes %.3f\n",
-                  model.c_str(), ours,
-                  t.med(&RecomputeResult::stepSeconds) / d.med(&RecomputeResult::stepSeconds),
-                  t.medBytes(&RecomputeResult::peakBytes) / d.medBytes(&RecomputeResult::peakBytes));
+      std::printf(
+          "%s with recompute, PyTorch / %s: step time %.3f, peak bytes %.3f\n", model.c_str(), ours,
+          t.med(&RecomputeResult::stepSeconds) / d.med(&RecomputeResult::stepSeconds),
+          t.medBytes(&RecomputeResult::peakBytes) / d.medBytes(&RecomputeResult::peakBytes));
     }
     if (model == "mlp" && !o.run.gpu) {
       // The sqrt(n) bound for k segments: the k segment inputs, one segment's activations (n/k

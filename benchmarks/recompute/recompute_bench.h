@@ -13,14 +13,14 @@ struct RecomputeRun {
   std::string model = "resnet50";  // resnet50 | mlp
   bool recompute = false;
   int64_t batch = 16;
-  int64_t size = 224;       // resnet50: image side
-  int64_t blocks = 64;      // mlp: Linear -> LayerNorm -> tanh blocks
-  int64_t width = 256;      // mlp: features
-  int64_t segments = 8;     // mlp: recomputed segments (resnet50: the stem and each block)
+  int64_t size = 224;    // resnet50: image side
+  int64_t blocks = 64;   // mlp: Linear -> LayerNorm -> tanh blocks
+  int64_t width = 256;   // mlp: features
+  int64_t segments = 8;  // mlp: recomputed segments (resnet50: the stem and each block)
   int warmup = 1;
   int steps = 3;
   int threads = 1;
-  bool gpu = false;  // cuda:0 with float16 autocast and a GradScaler
+  bool gpu = false;        // cuda:0 with float16 autocast and a GradScaler
   bool hostCache = false;  // dtrain::enableHostMemoryCache() first (dtrain/torch/host_memory.h)
 };
 

@@ -94,7 +94,8 @@ void runRecomputeWorker(const RecomputeRun& run, const std::string& out) {
   Memory memory;
   memory.gpu = run.gpu;
   if (!run.gpu) memory.cpu = &testing::CountingCpuAllocator::install();
-  const torch::Device device = run.gpu ? torch::Device(torch::kCUDA, 0) : torch::Device(torch::kCPU);
+  const torch::Device device = run.gpu ? torch::Device(torch::kCUDA, 0)
+                                       : torch::Device(torch::kCPU);
   Model m = build(run, device);
   torch::optim::SGD sgd(m.parameters, torch::optim::SGDOptions(0.01).momentum(0.9));
   GradScalerOptions scalerOptions;
@@ -143,9 +144,12 @@ void runRecomputeWorker(const RecomputeRun& run, const std::string& out) {
   }
   struct rusage usage {};
   ::getrusage(RUSAGE_SELF, &usage);
-  nlohmann::json j = {{"forward_s", median(forward)},       {"backward_s", median(backward)},
-                      {"step_s", median(step)},             {"kept_bytes", result.keptBytes},
-                      {"peak_bytes", result.peakBytes},     {"first_loss", result.firstLoss},
+  nlohmann::json j = {{"forward_s", median(forward)},
+                      {"backward_s", median(backward)},
+                      {"step_s", median(step)},
+                      {"kept_bytes", result.keptBytes},
+                      {"peak_bytes", result.peakBytes},
+                      {"first_loss", result.firstLoss},
                       {"first_grad_sum", result.firstGradSum},
                       {"peak_rss_bytes", static_cast<int64_t>(usage.ru_maxrss) * 1024}};
   std::ofstream(out) << j.dump() << "\n";

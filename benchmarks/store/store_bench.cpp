@@ -277,8 +277,7 @@ void printHeader(const Config& cfg, size_t subjects) {
   std::printf("#\n");
   std::printf("# %-4s %7s  %9s %9s %10s", "op", "clients", "p50_us", "p99_us", "ops/s");
   if (subjects > 1) {
-    std::printf("  %9s %9s %10s  %6s %6s", "c10d_p50", "c10d_p99", "c10d_ops/s", "r_p50",
-                "r_ops");
+    std::printf("  %9s %9s %10s  %6s %6s", "c10d_p50", "c10d_p99", "c10d_ops/s", "r_p50", "r_ops");
   }
   std::printf("  %6s\n", "#wrong");
 }

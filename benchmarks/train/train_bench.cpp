@@ -62,51 +62,33 @@ Options parse(int argc, char** argv) {
     auto value = [&] { return flagValue(argc, argv, i); };
     auto count = [&] { return flagCount(argc, argv, i); };
     if (a == "--help" || a == "-h") {
-      std::fputs(
-          "usage: train_bench [--rounds 3] [--steps 10] [--warmup 3] "
-          "[--models resnet18,resnet50] [--no-peer]\n"
-          "                   [--amp] [--batch N] [--python PATH] [--smoke]\n"
-          "       train_bench --gpu [--batch 64] [--python PATH] ...\n"
-          "--python: the PyTorch peer's Python (default " DTRAIN_PYTHON ")\n"
-          "train_resnet's step against PyTorch DDP's, interleaved; see "
-          "benchmarks/README.md.\n",
-          stdout);
+      std::fputs("usage: train_bench [--rounds 3] [--steps 10] [--warmup 3] "
+                 "[--models resnet18,resnet50] [--no-peer]\n"
+                 "                   [--amp] [--batch N] [--python PATH] [--smoke]\n"
+                 "       train_bench --gpu [--batch 64] [--python PATH] ...\n"
+                 "--python: the PyTorch peer's Python (default " DTRAIN_PYTHON ")\n"
+                 "train_resnet's step against PyTorch DDP's, interleaved; see "
+                 "benchmarks/README.md.\n",
+                 stdout);
       std::exit(0);
     }
-    if (a == "--smoke")
-      o.smoke = true;
-    else if (a == "--gpu")
-      o.train.device = "cuda", o.world = 1, o.train.amp = true;
-    else if (a == "--amp")
-      o.train.amp = true;
-    else if (a == "--device")
-      o.train.device = value();
-    else if (a == "--worker")
-      o.worker = true;
-    else if (a == "--no-peer")
-      o.peer = false;
-    else if (a == "--rounds")
-      o.rounds = count();
-    else if (a == "--steps")
-      o.train.steps = count();
-    else if (a == "--warmup")
-      o.train.warmup = count();
-    else if (a == "--batch")
-      o.batch = o.train.batch = count();
-    else if (a == "--model")
-      o.train.model = value();
-    else if (a == "--models")
-      o.models = split(value(), ','), modelsSet = true;
-    else if (a == "--data")
-      o.train.data = value();
-    else if (a == "--out")
-      o.train.out = value();
-    else if (a == "--turns")
-      o.train.turns = value();
-    else if (a == "--python")
-      o.python = value();
-    else
-      DTRAIN_THROW(InvalidArgument, "unknown argument {} (see train_bench --help)", a);
+    if (a == "--smoke") o.smoke = true;
+    else if (a == "--gpu") o.train.device = "cuda", o.world = 1, o.train.amp = true;
+    else if (a == "--amp") o.train.amp = true;
+    else if (a == "--device") o.train.device = value();
+    else if (a == "--worker") o.worker = true;
+    else if (a == "--no-peer") o.peer = false;
+    else if (a == "--rounds") o.rounds = count();
+    else if (a == "--steps") o.train.steps = count();
+    else if (a == "--warmup") o.train.warmup = count();
+    else if (a == "--batch") o.batch = o.train.batch = count();
+    else if (a == "--model") o.train.model = value();
+    else if (a == "--models") o.models = split(value(), ','), modelsSet = true;
+    else if (a == "--data") o.train.data = value();
+    else if (a == "--out") o.train.out = value();
+    else if (a == "--turns") o.train.turns = value();
+    else if (a == "--python") o.python = value();
+    else DTRAIN_THROW(InvalidArgument, "unknown argument {} (see train_bench --help)", a);
   }
   if (o.train.device == "cuda" && !modelsSet) o.models = {"resnet50"};
   DTRAIN_CHECK_ARG(o.train.device == "cpu" || o.train.device == "cuda",
@@ -152,8 +134,8 @@ Job startPeer(const Options& o, const TrainConfig& c) {
   }
   auto rest = workerArgs(c);
   argv.insert(argv.end(), rest.begin(), rest.end());
-  return Job{"PyTorch peer (" + c.model + ")", {spawn(argv, {{"OMP_NUM_THREADS", "1"}})}, nullptr,
-             c.out};
+  return Job{
+      "PyTorch peer (" + c.model + ")", {spawn(argv, {{"OMP_NUM_THREADS", "1"}})}, nullptr, c.out};
 }
 
 TrainResult finish(Job& job) { return trainResultFromJson(finishJob(job)); }
@@ -207,14 +189,12 @@ int runDriver(Options o) {
       std::filesystem::remove_all(path, ignored);
     }
   } cleanup{dir};
-  fmt::print(
-      "# train_bench: world size {} on {}{}, 1 compute thread per rank, {} round(s) x {} "
-      "steps (+{} warm-up){}\n",
-      o.world, o.train.device, o.train.amp ? " with amp" : "", o.rounds, o.train.steps,
-      o.train.warmup, o.smoke ? ", SMOKE" : "");
-  fmt::print(
-      "# samples/s: median over steps of world x batch / step time; ratio: median of the "
-      "paired per-step ratios dtrain / PyTorch\n");
+  fmt::print("# train_bench: world size {} on {}{}, 1 compute thread per rank, {} round(s) x {} "
+             "steps (+{} warm-up){}\n",
+             o.world, o.train.device, o.train.amp ? " with amp" : "", o.rounds, o.train.steps,
+             o.train.warmup, o.smoke ? ", SMOKE" : "");
+  fmt::print("# samples/s: median over steps of world x batch / step time; ratio: median of the "
+             "paired per-step ratios dtrain / PyTorch\n");
   if (!peer) {
     fmt::print("# PyTorch peer skipped (--no-peer, or {} cannot import torch and torchvision)\n",
                o.python);

@@ -73,7 +73,8 @@ Options parse(int argc, char** argv) {
                  "(CPU tensor storage counted, resident set) and steps. --defer: stages 1 and "
                  "2 also run ZeRO with deferAllgatherWait (zero1d, zero2d); --data-mib M: every "
                  "step normalises M MiB of pixels after step(), as loading the next batch; --micro "
-                 "M: M micro-batches per step, all but the last under noSync(); --autocast: forwards under "
+                 "M: M micro-batches per step, all but the last under noSync(); --autocast: "
+                 "forwards under "
                  "AutocastGuard (bfloat16); --param-dtype: stage 3 gathers its units in bfloat16 "
                  "(ZeroOptions::paramDtype). See "
                  "benchmarks/README.md.\n",
@@ -125,12 +126,15 @@ struct JobKind {
 
 std::vector<std::string> workerArgs(const Options& o, JobKind kind, const std::string& out,
                                     const std::string& turns) {
-  std::vector<std::string> args = {
-      "--stage",  std::to_string(kind.stage),   "--width",  std::to_string(o.job.width),
-      "--io",     std::to_string(o.job.io),      "--layers", std::to_string(o.job.layers),
-      "--batch",  std::to_string(o.job.batch),   "--warmup", std::to_string(o.job.warmup),
-      "--steps",  std::to_string(o.job.steps),   "--out",    out,
-      "--turns",  turns};
+  std::vector<std::string> args = {"--stage",  std::to_string(kind.stage),
+                                   "--width",  std::to_string(o.job.width),
+                                   "--io",     std::to_string(o.job.io),
+                                   "--layers", std::to_string(o.job.layers),
+                                   "--batch",  std::to_string(o.job.batch),
+                                   "--warmup", std::to_string(o.job.warmup),
+                                   "--steps",  std::to_string(o.job.steps),
+                                   "--out",    out,
+                                   "--turns",  turns};
   if (o.job.forwardPrefetch) args.push_back("--forward-prefetch");
   if (kind.buildSharded) args.push_back("--build-sharded");
   if (kind.defer) args.push_back("--defer");
@@ -185,8 +189,8 @@ std::vector<ZeroResult> runTogether(const Options& o, int world, const std::vect
   std::vector<std::string> outs;
   try {
     for (JobKind kind : kinds) {
-      const std::string base =
-          fmt::format("{}_{}", run, tag(kind.stage, kind.buildSharded, kind.defer));
+      const std::string base = fmt::format("{}_{}", run,
+                                           tag(kind.stage, kind.buildSharded, kind.defer));
       outs.push_back(base + ".json");
       turns.push_back(std::make_unique<TurnGiver>(base));
       jobs.push_back(startWorkers(methodName(kind), world,
@@ -237,8 +241,8 @@ void printRow(const ZeroResult& r, const ZeroResult& ddp) {
   fmt::print("  {:>5} {:>6} {:>8.1f} {:>8.1f} {:>7.1f} {:>7.1f} {:>6.1f} {:>6} {:>6} {:>7.1f} "
              "{:>6.0f}% {:>8.1f} {:>8.1f} {:>6.3f} {:>7.0f} {:>7.2f}\n",
              r.world, isDdp ? "ddp" : "zero" + tag(r.stage, r.buildSharded, r.defer),
-             median(r.stepMs),
-             median(r.computeMs), median(r.commMs), median(r.optimizerMs), median(r.otherMs),
+             median(r.stepMs), median(r.computeMs), median(r.commMs), median(r.optimizerMs),
+             median(r.otherMs),
              isDdp ? "-" : fmt::format("{:.3f}", pairedRatio(r.stepMs, ddp.stepMs)),
              isDdp ? "-" : fmt::format("{:.2f}", pairedRatio(r.commMs, ddp.commMs)),
              median(r.aloneMs), 100 * hiddenShare(r), r.stateBytes / MiB, formula / MiB,
@@ -301,9 +305,9 @@ void printStage3(const Options& o, const ZeroResult& z3, const ZeroResult& z2) {
              "two largest units = {:.1f} + 0 + {:.1f} = {:.1f} MiB ({:.3f} of it); model state "
              "{:.1f} MiB = {:.3f} x 16 Psi/N\n",
              "", z3.peakGatheredBytes / MiB, z3.peakFullBytes / MiB, z3.ownedParameterBytes / MiB,
-             peak / MiB, blocks / MiB,
-             twoLargest / MiB, (blocks + twoLargest) / MiB, peak / (blocks + twoLargest),
-             z3.stateBytes / MiB, z3.stateBytes / formulaBytes(3, z3.world, z3.parameters));
+             peak / MiB, blocks / MiB, twoLargest / MiB, (blocks + twoLargest) / MiB,
+             peak / (blocks + twoLargest), z3.stateBytes / MiB,
+             z3.stateBytes / formulaBytes(3, z3.world, z3.parameters));
 }
 
 // What building held at the most per rank, the two ways stage 3 builds the same model (Note
@@ -318,19 +322,17 @@ void printBuild(const Options& o, const std::vector<const ZeroResult*>& ways) {
   const double largest = 4 * *std::max_element(layers.begin(), layers.end());
   const double blocks = whole.parameterBytes / whole.world;
   const double full = whole.parameterBytes;
-  fmt::print("  {:>5} {:<14} {:>8} {:>8} {:>8} {:>8} {:>8} {:>7} {:>7} {:>7}\n", "",
-             "ZeRO-3 built", "peak", "layers", "left", "resident", "params", "peak/p",
-             "lay/bd", "step");
+  fmt::print("  {:>5} {:<14} {:>8} {:>8} {:>8} {:>8} {:>8} {:>7} {:>7} {:>7}\n", "", "ZeRO-3 built",
+             "peak", "layers", "left", "resident", "params", "peak/p", "lay/bd", "step");
   for (const ZeroResult* r : ways) {
     const double resident = median(r->buildResidentBytes);
-    fmt::print("  {:>5} {:<14} {:>8.1f} {:>8.1f} {:>8.1f} {:>8} {:>8.1f} {:>7.3f} {:>7.3f} {:>7}\n",
-               r->world, r->buildSharded ? "unit by unit" : "whole",
-               median(r->buildStorageBytes) / MiB, median(r->buildLayersBytes) / MiB,
-               median(r->buildLeftBytes) / MiB,
-               resident >= 0 ? fmt::format("{:.1f}", resident / MiB) : "-", full / MiB,
-               median(r->buildStorageBytes) / full,
-               median(r->buildLayersBytes) / (largest + blocks),
-               r == &whole ? "-" : fmt::format("{:.3f}", pairedRatio(r->stepMs, whole.stepMs)));
+    fmt::print(
+        "  {:>5} {:<14} {:>8.1f} {:>8.1f} {:>8.1f} {:>8} {:>8.1f} {:>7.3f} {:>7.3f} {:>7}\n",
+        r->world, r->buildSharded ? "unit by unit" : "whole", median(r->buildStorageBytes) / MiB,
+        median(r->buildLayersBytes) / MiB, median(r->buildLeftBytes) / MiB,
+        resident >= 0 ? fmt::format("{:.1f}", resident / MiB) : "-", full / MiB,
+        median(r->buildStorageBytes) / full, median(r->buildLayersBytes) / (largest + blocks),
+        r == &whole ? "-" : fmt::format("{:.3f}", pairedRatio(r->stepMs, whole.stepMs)));
   }
   fmt::print("  {:>5} build, MiB per rank, medians over ranks, of CPU tensor storage counted from "
              "the first layer built: peak through the optimizer's constructor, while the layers "
@@ -362,8 +364,8 @@ int runDriver(const Options& o) {
   for (int world : o.worlds) {
     for (int stage : o.stages) {
       const double loadBefore = loadAverage();
-      const std::vector<ZeroResult> results =
-          runTogether(o, world, jobsFor(stage, o.job.defer), dir);
+      const std::vector<ZeroResult> results = runTogether(o, world, jobsFor(stage, o.job.defer),
+                                                          dir);
       const double loadAfter = loadAverage();
       const ZeroResult& ddp = results.front();
       const ZeroResult& zero = stage == 3 ? results[2] : results[1];
@@ -375,7 +377,7 @@ int runDriver(const Options& o) {
                  "", zero.backend, zero.parameters / 1e6, loadBefore, loadAfter,
                  ddp.noSyncGradientBytes / (1 << 20), stage, zero.noSyncGradientBytes / (1 << 20),
                  stage, zero.bucketBytes / (1 << 20),
-                 !o.job.autocast ? ""
+                 !o.job.autocast                  ? ""
                  : o.job.paramDtype && stage == 3 ? " (autocast, paramDtype bfloat16)"
                                                   : " (autocast)",
                  ddp.heldBytes / (1 << 20), stage, zero.heldBytes / (1 << 20));

@@ -11,13 +11,13 @@
 namespace dtrain::bench {
 
 struct ZeroConfig {
-  int stage = 0;         // 0: plain DDP with torch::optim::Adam; 1, 2, 3: ShardedOptimizer
+  int stage = 0;  // 0: plain DDP with torch::optim::Adam; 1, 2, 3: ShardedOptimizer
   // DeepMlp(io, width, layers): io -> width, layers - 2 hidden width x width, width -> io;
   // 92.3M parameters at the defaults.
   int64_t width = 4096;
   int64_t io = 1024;
   int layers = 7;
-  int batch = 16;        // per rank
+  int batch = 16;                // per rank
   bool forwardPrefetch = false;  // stage 3: ZeroOptions::forwardPrefetch
   // stage 3: every layer sharded the moment it is built (fullyShard), rather than built whole and
   // sharded by the optimizer (ShardedUnit)
@@ -37,8 +37,8 @@ struct ZeroConfig {
   bool paramDtype = false;
   int warmup = 2;
   int steps = 5;
-  std::string out;       // rank 0 writes its result here (JSON)
-  std::string turns;     // Note [Turns]; empty: run freely
+  std::string out;    // rank 0 writes its result here (JSON)
+  std::string turns;  // Note [Turns]; empty: run freely
 };
 
 // One job's measurement. Per step (milliseconds): the whole step and its parts -- forward and
@@ -55,29 +55,29 @@ struct ZeroResult {
   int64_t parameters = 0;
   std::string backend;
   std::vector<double> stepMs, computeMs, commMs, optimizerMs, otherMs;
-  std::vector<double> gatherMs;      // of commMs: stage 3's unit gathers (unitGatherWait)
+  std::vector<double> gatherMs;  // of commMs: stage 3's unit gathers (unitGatherWait)
   // Of commMs: the end of backward's wait (DDP's allreduces, ZeRO's reduce-scatters) and
   // step()'s wait for the all-gathers after its last unit's step (ZeroStats::allgatherWait).
   std::vector<double> backwardWaitMs, stepWaitMs;
-  std::vector<double> dataMs;        // the data phase (Note [Data phase]), in otherMs
+  std::vector<double> dataMs;  // the data phase (Note [Data phase]), in otherMs
   // After the step, outside it: rank 0's wait for the other ranks to end theirs (Note [Waiting
   // for the others]).
   std::vector<double> endWaitMs;
   std::vector<double> probedGatherMs;  // the same waits from the layers' probes
-  std::vector<double> aloneMs;       // the step's collectives by themselves
-  std::vector<double> payloadBytes;  // rank 0's communicator, per step
-  double stateBytes = 0;             // rank 0's model state, from the tensors' storages
-  double bucketBytes = 0;            // ZeRO-2's gradient buckets
-  std::vector<double> pssBytes;      // every rank's PSS after the timed steps
-  double noSyncGradientBytes = 0;    // gradients held under noSync() (a last micro-batch)
+  std::vector<double> aloneMs;         // the step's collectives by themselves
+  std::vector<double> payloadBytes;    // rank 0's communicator, per step
+  double stateBytes = 0;               // rank 0's model state, from the tensors' storages
+  double bucketBytes = 0;              // ZeRO-2's gradient buckets
+  std::vector<double> pssBytes;        // every rank's PSS after the timed steps
+  double noSyncGradientBytes = 0;      // gradients held under noSync() (a last micro-batch)
   // Rank 0's CPU tensor storage alive after a forward (ZeroConfig::autocast's) above what was
   // alive before it: what the graph keeps for backward -- activations, and under autocast the
   // cast copies of weights it saved (Note [Held for backward] in zero_bench_worker.cpp).
   double heldBytes = 0;
-  double peakFullBytes = 0;          // the most full-parameter bytes alive at once in a step
-  double peakGatheredBytes = 0;      // the same from the library (ZeroMemory::peakGathered)
-  double ownedParameterBytes = 0;    // the module's parameters between steps (stage 3: blocks)
-  double parameterBytes = 0;         // the model's parameters in full
+  double peakFullBytes = 0;        // the most full-parameter bytes alive at once in a step
+  double peakGatheredBytes = 0;    // the same from the library (ZeroMemory::peakGathered)
+  double ownedParameterBytes = 0;  // the module's parameters between steps (stage 3: blocks)
+  double parameterBytes = 0;       // the model's parameters in full
   // Every rank's, while the model and its optimizer were built (Note [Build peak] in
   // zero_bench_worker.cpp): the most CPU tensor storage counted, the same while the layers alone
   // were built, what was left at the end, and the growth of the peak resident set.

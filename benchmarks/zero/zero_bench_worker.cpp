@@ -133,8 +133,8 @@ std::unique_ptr<torch::optim::Optimizer> makeOptimizer(DistributedDataParallel<D
   zo.forwardPrefetch = config.forwardPrefetch;
   zo.deferAllgatherWait = config.defer;
   if (stage == 3 && config.paramDtype) zo.paramDtype = at::kBFloat16;
-  return std::make_unique<ShardedOptimizer>(
-      ddp, optimizerFactory<torch::optim::Adam>(adamOptions), zo);
+  return std::make_unique<ShardedOptimizer>(ddp, optimizerFactory<torch::optim::Adam>(adamOptions),
+                                            zo);
 }
 
 // Note [Communication alone]
@@ -196,7 +196,7 @@ struct Training {
   ProbeLog& probes;
   int layers;
   torch::Tensor x, y;
-  int micro = 1;  // ZeroConfig::micro
+  int micro = 1;          // ZeroConfig::micro
   bool autocast = false;  // ZeroConfig::autocast
 };
 
@@ -538,9 +538,17 @@ int runZeroWorker(const ZeroConfig& config) {
   probes->sampleFullBytes = [params] { return coveredBytes(params); };
   const auto x = torch::randn({config.batch, config.io});
   const auto y = torch::randn({config.batch, config.io});
-  const Training training{*group,  net,           ddp, *optimizer,
+  const Training training{*group,
+                          net,
+                          ddp,
+                          *optimizer,
                           dynamic_cast<ShardedOptimizer*>(optimizer.get()),
-                          *probes, config.layers, x,   y, config.micro, config.autocast};
+                          *probes,
+                          config.layers,
+                          x,
+                          y,
+                          config.micro,
+                          config.autocast};
   ZeroResult r;
   r.stage = config.stage;
   r.buildSharded = config.buildSharded;
@@ -551,8 +559,8 @@ int runZeroWorker(const ZeroConfig& config) {
     r.parameters += p.numel();
     r.parameterBytes += static_cast<double>(p.numel() * p.element_size());
   }
-  const auto ranks = group->allgather(torch::tensor(
-      {built.storage, built.layers, built.left, built.resident}, torch::kDouble));
+  const auto ranks = group->allgather(
+      torch::tensor({built.storage, built.layers, built.left, built.resident}, torch::kDouble));
   for (const auto& b : ranks) {
     r.buildStorageBytes.push_back(b[0].item<double>());
     r.buildLayersBytes.push_back(b[1].item<double>());
@@ -568,17 +576,26 @@ int runZeroWorker(const ZeroConfig& config) {
 }
 
 std::string toJson(const ZeroResult& r) {
-  nlohmann::json j = {{"stage", r.stage},         {"build_sharded", r.buildSharded},
-                      {"defer", r.defer},          {"data_ms", r.dataMs},
+  nlohmann::json j = {{"stage", r.stage},
+                      {"build_sharded", r.buildSharded},
+                      {"defer", r.defer},
+                      {"data_ms", r.dataMs},
                       {"end_wait_ms", r.endWaitMs},
                       {"world", r.world},
-                      {"parameters", r.parameters}, {"backend", r.backend},
-                      {"step_ms", r.stepMs},       {"compute_ms", r.computeMs},
-                      {"comm_ms", r.commMs},       {"optimizer_ms", r.optimizerMs},
-                      {"other_ms", r.otherMs},     {"payload_bytes", r.payloadBytes},
-                      {"state_bytes", r.stateBytes}, {"bucket_bytes", r.bucketBytes},
-                      {"pss_bytes", r.pssBytes},   {"nosync_gradient_bytes", r.noSyncGradientBytes},
-                      {"gather_ms", r.gatherMs},   {"alone_ms", r.aloneMs},
+                      {"parameters", r.parameters},
+                      {"backend", r.backend},
+                      {"step_ms", r.stepMs},
+                      {"compute_ms", r.computeMs},
+                      {"comm_ms", r.commMs},
+                      {"optimizer_ms", r.optimizerMs},
+                      {"other_ms", r.otherMs},
+                      {"payload_bytes", r.payloadBytes},
+                      {"state_bytes", r.stateBytes},
+                      {"bucket_bytes", r.bucketBytes},
+                      {"pss_bytes", r.pssBytes},
+                      {"nosync_gradient_bytes", r.noSyncGradientBytes},
+                      {"gather_ms", r.gatherMs},
+                      {"alone_ms", r.aloneMs},
                       {"backward_wait_ms", r.backwardWaitMs},
                       {"step_wait_ms", r.stepWaitMs},
                       {"probed_gather_ms", r.probedGatherMs},

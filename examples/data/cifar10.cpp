@@ -82,10 +82,10 @@ void writeCifar10File(const std::string& path, const CifarSplit& split) {
                        split.images.sizes() == at::IntArrayRef({n, 3, kCifarSide, kCifarSide}),
                    "{}: images must be uint8 [{}, 3, 32, 32], got {} {}", path, n,
                    std::string(split.images.dtype().name()), c10::str(split.images.sizes()));
-  at::Tensor records =
-      at::cat(
-          {split.labels.to(at::kByte).unsqueeze(1), split.images.reshape({n, kCifarImageBytes})}, 1)
-          .contiguous();
+  at::Tensor records = at::cat({split.labels.to(at::kByte).unsqueeze(1),
+                                split.images.reshape({n, kCifarImageBytes})},
+                               1)
+                           .contiguous();
   const std::string tmp = path + ".tmp";
   {
     std::ofstream out(tmp, std::ios::binary | std::ios::trunc);

@@ -99,8 +99,8 @@ void BatchLoader::run() {
         if (stopping_) break;
       }
       const size_t first = static_cast<size_t>(b * options_.batchSize);
-      const size_t count =
-          std::min(static_cast<size_t>(options_.batchSize), indices_.size() - first);
+      const size_t count = std::min(static_cast<size_t>(options_.batchSize),
+                                    indices_.size() - first);
       Batch batch = build(first, count);
       {
         std::lock_guard<std::mutex> lock(mu_);

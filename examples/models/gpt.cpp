@@ -111,8 +111,7 @@ torch::Tensor GptBlockImpl::forward(const torch::Tensor& x) {
 }
 
 GptImpl::GptImpl(const GptOptions& o) : options(o) {
-  TORCH_CHECK(o.dim % o.heads == 0, "the width (", o.dim, ") must divide into ", o.heads,
-              " heads");
+  TORCH_CHECK(o.dim % o.heads == 0, "the width (", o.dim, ") must divide into ", o.heads, " heads");
   wte = register_module("wte", torch::nn::Embedding(o.vocab, o.dim));
   wpe = register_module("wpe", torch::nn::Embedding(o.context, o.dim));
   {
@@ -143,8 +142,8 @@ GptImpl::GptImpl(const GptOptions& o) : options(o) {
 
 torch::Tensor GptImpl::forward(const torch::Tensor& tokens) {
   const int64_t t = tokens.size(1);
-  TORCH_CHECK(t <= options.context, "a sequence of ", t, " tokens; the model has ",
-              options.context, " positions");
+  TORCH_CHECK(t <= options.context, "a sequence of ", t, " tokens; the model has ", options.context,
+              " positions");
   torch::Tensor positions = torch::arange(t, tokens.options());
   torch::Tensor x = wte(tokens) + wpe(positions);
   x = F::dropout(x, F::DropoutFuncOptions().p(options.dropout).training(is_training()));

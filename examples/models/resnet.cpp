@@ -104,11 +104,11 @@ ResNetImpl::ResNetImpl(const ResNetOptions& opts) : options(opts) {
   DTRAIN_CHECK_ARG(options.numClasses > 0, "numClasses must be positive, got {}",
                    options.numClasses);
   DTRAIN_CHECK_ARG(options.width > 0, "width must be positive, got {}", options.width);
-  const int64_t expansion =
-      layout.bottleneck ? BottleneckImpl::kExpansion : BasicBlockImpl::kExpansion;
+  const int64_t expansion = layout.bottleneck ? BottleneckImpl::kExpansion
+                                              : BasicBlockImpl::kExpansion;
 
-  conv1 = register_module(
-      "conv1", options.cifarStem ? conv(3, options.width, 3, 1) : conv(3, options.width, 7, 2));
+  conv1 = register_module("conv1", options.cifarStem ? conv(3, options.width, 3, 1)
+                                                     : conv(3, options.width, 7, 2));
   bn1 = register_module("bn1", torch::nn::BatchNorm2d(options.width));
   initialise(*conv1);
   initialise(*bn1);
@@ -151,8 +151,9 @@ torch::Tensor ResNetImpl::forward(torch::Tensor x) {
   torch::nn::Sequential* stages[] = {&layer1, &layer2, &layer3, &layer4};
   if (options.recompute) {
     // Each block is a segment of its own (recomputeSequential with one segment per child).
-    x = dtrain::recompute(dtrain::RecomputeSegment(*conv1).add(*bn1),
-                          [this](const torch::Tensor& in) { return stem(in); }, x);
+    x = dtrain::recompute(
+        dtrain::RecomputeSegment(*conv1).add(*bn1),
+        [this](const torch::Tensor& in) { return stem(in); }, x);
     for (auto* stage : stages) {
       x = dtrain::recomputeSequential(*stage, static_cast<int64_t>((*stage)->size()), x);
     }

@@ -3,8 +3,8 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <utility>
 #include <cstdio>
+#include <utility>
 
 #include <ATen/ATen.h>
 #include <fmt/format.h>
@@ -36,10 +36,10 @@ void Progress::report(int64_t epoch, int64_t step, const std::string& extra) {
   group_.allreduce(sums_);  // sums over every rank
   const double elapsed = std::chrono::duration<double>(Clock::now() - start_).count();
   const double samples = sums_[2].item<double>();
-  const double eta =
-      elapsed / static_cast<double>(steps_) * static_cast<double>(totalSteps_ - step);
-  const std::string epochPart =
-      epochs_ > 0 ? fmt::format("epoch {}/{}  ", epoch + 1, epochs_) : std::string();
+  const double eta = elapsed / static_cast<double>(steps_) *
+                     static_cast<double>(totalSteps_ - step);
+  const std::string epochPart = epochs_ > 0 ? fmt::format("epoch {}/{}  ", epoch + 1, epochs_)
+                                            : std::string();
   line(fmt::format("{}step {}/{}  loss {:.4f}  acc {:5.1f}%  {:.0f} {}/s  eta {}{}", epochPart,
                    step, totalSteps_, sums_[0].item<double>() / samples,
                    100 * sums_[1].item<double>() / samples, samples / elapsed, unit_,

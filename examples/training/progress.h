@@ -44,8 +44,8 @@ class Progress {
   int64_t epochs_, totalSteps_;
   std::string unit_;
   bool terminal_;
-  bool open_ = false;   // a redrawn line without its newline yet
-  at::Tensor sums_;     // double [3]: loss x samples, correct, samples
+  bool open_ = false;  // a redrawn line without its newline yet
+  at::Tensor sums_;    // double [3]: loss x samples, correct, samples
   int64_t steps_ = 0;
   Clock::time_point start_ = Clock::now();
 };

@@ -22,11 +22,11 @@ struct Value {
   Kind kind = Kind::None;
   int64_t i = 0;
   double f = 0;
-  std::string s;                            // String; Global: "module.name"; Storage: its key
-  std::vector<Ref> items;                   // Tuple, List
-  std::vector<std::pair<Ref, Ref>> pairs;   // Dict
-  at::ScalarType dtype = at::kFloat;        // Storage
-  at::Tensor tensor;                        // Tensor
+  std::string s;                           // String; Global: "module.name"; Storage: its key
+  std::vector<Ref> items;                  // Tuple, List
+  std::vector<std::pair<Ref, Ref>> pairs;  // Dict
+  at::ScalarType dtype = at::kFloat;       // Storage
+  at::Tensor tensor;                       // Tensor
 };
 
 Ref make(Value::Kind kind) {
@@ -45,15 +45,16 @@ class Unpickler {
     while (true) {
       const auto op = static_cast<uint8_t>(byte());
       switch (op) {
-        case 0x80: byte(); break;                    // PROTO
-        case 0x95: bytes(8); break;                  // FRAME
+        case 0x80: byte(); break;    // PROTO
+        case 0x95: bytes(8); break;  // FRAME
         case '(': marks_.push_back(stack_.size()); break;
         case '.': return pop();                      // STOP
         case '0': pop(); break;                      // POP
         case '1': stack_.resize(takeMark()); break;  // POP_MARK
         case '2': stack_.push_back(stack_.back()); break;
         case 'N': stack_.push_back(make(Value::Kind::None)); break;
-        case 0x88: case 0x89: {                      // NEWTRUE, NEWFALSE
+        case 0x88:
+        case 0x89: {  // NEWTRUE, NEWFALSE
           Ref v = make(Value::Kind::Bool);
           v->i = op == 0x88;
           stack_.push_back(v);
@@ -62,14 +63,14 @@ class Unpickler {
         case 'J': pushInt(static_cast<int32_t>(little(4))); break;
         case 'K': pushInt(static_cast<int64_t>(little(1))); break;
         case 'M': pushInt(static_cast<int64_t>(little(2))); break;
-        case 0x8a: {                                 // LONG1
+        case 0x8a: {  // LONG1
           const size_t n = static_cast<size_t>(little(1));
           uint64_t raw = little(n);
           if (n > 0 && n < 8 && (raw >> (8 * n - 1)) & 1) raw |= ~uint64_t{0} << (8 * n);
           pushInt(static_cast<int64_t>(raw));
           break;
         }
-        case 'G': {                                  // BINFLOAT, big-endian
+        case 'G': {  // BINFLOAT, big-endian
           uint64_t raw = 0;
           for (char c : bytes(8)) raw = (raw << 8) | static_cast<uint8_t>(c);
           Ref v = make(Value::Kind::Float);
@@ -77,36 +78,38 @@ class Unpickler {
           stack_.push_back(v);
           break;
         }
-        case 'X': pushString(bytes(little(4))); break;     // BINUNICODE
-        case 0x8c: pushString(bytes(little(1))); break;    // SHORT_BINUNICODE
-        case 0x8d: pushString(bytes(little(8))); break;    // BINUNICODE8
-        case 'B': pushString(bytes(little(4))); break;     // BINBYTES
-        case 'C': pushString(bytes(little(1))); break;     // SHORT_BINBYTES
-        case 'c': {                                        // GLOBAL
+        case 'X': pushString(bytes(little(4))); break;   // BINUNICODE
+        case 0x8c: pushString(bytes(little(1))); break;  // SHORT_BINUNICODE
+        case 0x8d: pushString(bytes(little(8))); break;  // BINUNICODE8
+        case 'B': pushString(bytes(little(4))); break;   // BINBYTES
+        case 'C': pushString(bytes(little(1))); break;   // SHORT_BINBYTES
+        case 'c': {                                      // GLOBAL
           std::string module = line(), name = line();
           pushGlobal(module + "." + name);
           break;
         }
-        case 0x93: {                                       // STACK_GLOBAL
+        case 0x93: {  // STACK_GLOBAL
           Ref name = pop(), module = pop();
           pushGlobal(module->s + "." + name->s);
           break;
         }
-        case 'q': memo_[little(1)] = stack_.back(); break;  // BINPUT
-        case 'r': memo_[little(4)] = stack_.back(); break;  // LONG_BINPUT
+        case 'q': memo_[little(1)] = stack_.back(); break;      // BINPUT
+        case 'r': memo_[little(4)] = stack_.back(); break;      // LONG_BINPUT
         case 0x94: memo_[memo_.size()] = stack_.back(); break;  // MEMOIZE
-        case 'h': stack_.push_back(memo(little(1))); break;  // BINGET
-        case 'j': stack_.push_back(memo(little(4))); break;  // LONG_BINGET
+        case 'h': stack_.push_back(memo(little(1))); break;     // BINGET
+        case 'j': stack_.push_back(memo(little(4))); break;     // LONG_BINGET
         case ')': stack_.push_back(make(Value::Kind::Tuple)); break;
-        case 0x85: case 0x86: case 0x87: tuple(op - 0x84); break;
+        case 0x85:
+        case 0x86:
+        case 0x87: tuple(op - 0x84); break;
         case 't': tuple(stack_.size() - takeMark()); break;
         case ']': stack_.push_back(make(Value::Kind::List)); break;
-        case 'a': {                                        // APPEND
+        case 'a': {  // APPEND
           Ref v = pop();
           stack_.back()->items.push_back(v);
           break;
         }
-        case 'e': {                                        // APPENDS
+        case 'e': {  // APPENDS
           const size_t from = takeMark();
           Ref list = stack_[from - 1];
           list->items.insert(list->items.end(), stack_.begin() + static_cast<long>(from),
@@ -115,12 +118,12 @@ class Unpickler {
           break;
         }
         case '}': stack_.push_back(make(Value::Kind::Dict)); break;
-        case 's': {                                        // SETITEM
+        case 's': {  // SETITEM
           Ref v = pop(), k = pop();
           stack_.back()->pairs.emplace_back(k, v);
           break;
         }
-        case 'u': {                                        // SETITEMS
+        case 'u': {  // SETITEMS
           const size_t from = takeMark();
           Ref dict = stack_[from - 1];
           for (size_t j = from; j + 1 < stack_.size(); j += 2) {
@@ -130,19 +133,20 @@ class Unpickler {
           break;
         }
         case 'Q': stack_.push_back(persistent(pop())); break;  // BINPERSID
-        case 'R': {                                        // REDUCE
+        case 'R': {                                            // REDUCE
           Ref args = pop(), callable = pop();
           stack_.push_back(reduce(*callable, *args));
           break;
         }
-        case 0x81: {                                       // NEWOBJ: cls.__new__(cls, *args)
+        case 0x81: {  // NEWOBJ: cls.__new__(cls, *args)
           pop();
           fail("it holds an object of " + pop()->s);
         }
         case 'b': pop(); break;  // BUILD: a state_dict's _metadata; the tensors need none
         default:
           fail(fmt::format("pickle opcode 0x{:02x} at byte {}, which a state_dict of tensors "
-                           "does not use", op, at_ - 1));
+                           "does not use",
+                           op, at_ - 1));
       }
     }
   }
@@ -150,7 +154,8 @@ class Unpickler {
  private:
   [[noreturn]] void fail(const std::string& what) const {
     throw std::runtime_error(fmt::format("{}: {}. HINT: save the model's state_dict itself "
-                                         "(torch.save(model.state_dict(), path))", path_, what));
+                                         "(torch.save(model.state_dict(), path))",
+                                         path_, what));
   }
 
   char byte() {
@@ -219,13 +224,13 @@ class Unpickler {
   // ('storage', torch.<Type>Storage, key, location, numel): the record data/<key>.
   Ref persistent(const Ref& id) {
     static const std::map<std::string, at::ScalarType> kTypes = {
-        {"FloatStorage", at::kFloat},   {"DoubleStorage", at::kDouble},
-        {"HalfStorage", at::kHalf},     {"BFloat16Storage", at::kBFloat16},
-        {"LongStorage", at::kLong},     {"IntStorage", at::kInt},
-        {"ShortStorage", at::kShort},   {"CharStorage", at::kChar},
-        {"ByteStorage", at::kByte},     {"BoolStorage", at::kBool}};
-    if (id->kind != Value::Kind::Tuple || id->items.size() < 3 ||
-        id->items[0]->s != "storage" || id->items[1]->kind != Value::Kind::Global) {
+        {"FloatStorage", at::kFloat}, {"DoubleStorage", at::kDouble},
+        {"HalfStorage", at::kHalf},   {"BFloat16Storage", at::kBFloat16},
+        {"LongStorage", at::kLong},   {"IntStorage", at::kInt},
+        {"ShortStorage", at::kShort}, {"CharStorage", at::kChar},
+        {"ByteStorage", at::kByte},   {"BoolStorage", at::kBool}};
+    if (id->kind != Value::Kind::Tuple || id->items.size() < 3 || id->items[0]->s != "storage" ||
+        id->items[1]->kind != Value::Kind::Global) {
       fail("a persistent object that is not a storage");
     }
     const std::string& type = id->items[1]->s;
@@ -268,7 +273,8 @@ class Unpickler {
       return v;
     }
     if ((f == "torch._utils._rebuild_parameter" ||
-         f == "torch._utils._rebuild_parameter_with_state") && !a.empty()) {
+         f == "torch._utils._rebuild_parameter_with_state") &&
+        !a.empty()) {
       return a[0];
     }
     // copyreg's reconstructor and __newobj__ name the class they make first.
@@ -303,8 +309,8 @@ std::vector<std::pair<std::string, at::Tensor>> readStateDict(const std::string&
     auto [data, size] = archive->getRecord("byteorder");
     const std::string order(static_cast<const char*>(data.get()), size);
     if (order != "little") {
-      throw std::runtime_error(fmt::format("{}: saved {}-endian; this reads little-endian",
-                                           path, order));
+      throw std::runtime_error(
+          fmt::format("{}: saved {}-endian; this reads little-endian", path, order));
     }
   }
   auto [data, size] = archive->getRecord("data.pkl");
@@ -312,7 +318,8 @@ std::vector<std::pair<std::string, at::Tensor>> readStateDict(const std::string&
   const Ref root = unpickler.run();
   if (root->kind != Value::Kind::Dict) {
     throw std::runtime_error(fmt::format("{}: it holds no dict of tensors. HINT: save the "
-                                         "model's state_dict itself", path));
+                                         "model's state_dict itself",
+                                         path));
   }
   std::vector<std::pair<std::string, at::Tensor>> out;
   for (const auto& [k, v] : root->pairs) {

@@ -30,26 +30,27 @@ std::string formatMultiNodeDryRun(const LaunchConfig& config, const MultiNodePla
   std::string out = fmt::format(
       "launch --dry-run: nothing was started. A {} job of {} node{} (run id {}): store at {}:{} "
       "hosted by {}, MASTER_PORT {}, token <redacted>.\n",
-      plan.fanOut ? "fan-out" : "manual", plan.minNodes == plan.maxNodes
-                                              ? std::to_string(plan.maxNodes)
-                                              : fmt::format("{}:{}", plan.minNodes, plan.maxNodes),
+      plan.fanOut ? "fan-out" : "manual",
+      plan.minNodes == plan.maxNodes ? std::to_string(plan.maxNodes)
+                                     : fmt::format("{}:{}", plan.minNodes, plan.maxNodes),
       plan.maxNodes == 1 ? "" : "s", plan.runId, plan.storeAddr, plan.storePort,
       plan.fanOut ? "this launch" : "node rank 0", plan.masterPort);
   out += "Every node's workers get, over their own environment:\n";
   for (const auto& [k, v] : redacted(plan.forwarded)) out += "    " + k + "=" + v + "\n";
-  out += fmt::format("NCCL: --nccl-socket-ifname {}{}{}{}\n", config.nccl.socketIfname,
-                     config.nccl.ibDisable ? ", NCCL_IB_DISABLE=1" : "",
-                     config.nccl.debug.empty() ? "" : ", NCCL_DEBUG=" + config.nccl.debug,
-                     config.nccl.debugSubsys.empty() ? "" : ", NCCL_DEBUG_SUBSYS=" + config.nccl.debugSubsys);
+  out += fmt::format(
+      "NCCL: --nccl-socket-ifname {}{}{}{}\n", config.nccl.socketIfname,
+      config.nccl.ibDisable ? ", NCCL_IB_DISABLE=1" : "",
+      config.nccl.debug.empty() ? "" : ", NCCL_DEBUG=" + config.nccl.debug,
+      config.nccl.debugSubsys.empty() ? "" : ", NCCL_DEBUG_SUBSYS=" + config.nccl.debugSubsys);
   for (size_t i = 0; i < plan.hosts.size(); ++i) {
     const PlannedHost& h = plan.hosts[i];
     out += fmt::format("node {} {} ({}{}), {}:\n  command: {}\n", i, h.entry.host, h.address,
                        h.local ? ", this host" : "",
-                       !h.entry.gpus.empty() ? fmt::format("{} workers, CUDA_VISIBLE_DEVICES={}",
-                                                           h.entry.gpus.size(),
-                                                           fmt::join(h.entry.gpus, ","))
-                       : h.entry.slots > 0   ? fmt::format("{} workers", h.entry.slots)
-                                             : "--nproc-per-node workers",
+                       !h.entry.gpus.empty()
+                           ? fmt::format("{} workers, CUDA_VISIBLE_DEVICES={}", h.entry.gpus.size(),
+                                         fmt::join(h.entry.gpus, ","))
+                       : h.entry.slots > 0 ? fmt::format("{} workers", h.entry.slots)
+                                           : "--nproc-per-node workers",
                        shellQuote(agentCommand(config, plan, static_cast<int>(i))));
   }
   if (!plan.fanOut) {
@@ -111,7 +112,8 @@ int runManualNode(const LaunchConfig& config, const MultiNodePlan& plan,
 int runMultiNode(const LaunchConfig& config, const EnvMap& environment) {
   MultiNodePlan plan = planMultiNode(config, environment);
   if (config.check) {
-    DTRAIN_CHECK_ARG(plan.fanOut, "--check checks the nodes of a host list; HINT: give "
+    DTRAIN_CHECK_ARG(plan.fanOut,
+                     "--check checks the nodes of a host list; HINT: give "
                      "--hostfile FILE or --hosts A,B (in manual mode, run it from one node with "
                      "the list of all)");
     return runPreflight(config, plan, environment);
@@ -135,7 +137,8 @@ int runAgentFromStdin(const LaunchConfig& config, const EnvMap& environment) {
   while (remote::planEnd(text) == std::string::npos) {
     ssize_t n = ::read(STDIN_FILENO, buf, sizeof buf);
     if (n < 0 && errno == EINTR) continue;
-    DTRAIN_CHECK_ARG(n > 0, "launch --agent: stdin ended after {} bytes, before the plan was "
+    DTRAIN_CHECK_ARG(n > 0,
+                     "launch --agent: stdin ended after {} bytes, before the plan was "
                      "complete; HINT: --agent is started by the master launch, not by hand",
                      text.size());
     text.append(buf, static_cast<size_t>(n));

@@ -167,19 +167,22 @@ void interfaceFact(const AgentSetup& setup) {
 // The GPUs here (nvidia-smi's list, unless CUDA_VISIBLE_DEVICES narrows it) against the workers.
 void gpuFacts(const AgentSetup& setup, const EnvMap& effective) {
   const LaunchConfig& config = setup.config;
-  int workers = setup.slots > 0 ? setup.slots
+  int workers = setup.slots > 0       ? setup.slots
                 : !setup.gpus.empty() ? static_cast<int>(setup.gpus.size())
-                : config.nprocPerNode.kind == NprocSpec::Kind::Count ? config.nprocPerNode.count : 0;
+                : config.nprocPerNode.kind == NprocSpec::Kind::Count ? config.nprocPerNode.count
+                                                                     : 0;
   int gpus = visibleGpus(effective);
   if (::access("/usr/bin/nvidia-smi", X_OK) == 0) {
     std::string list = run("nvidia-smi -L 2>/dev/null");
     int n = 0;
-    for (size_t at = list.find("GPU "); at != std::string::npos; at = list.find("GPU ", at + 4)) ++n;
+    for (size_t at = list.find("GPU "); at != std::string::npos; at = list.find("GPU ", at + 4))
+      ++n;
     if (n > 0 && effective.find("CUDA_VISIBLE_DEVICES") == effective.end()) gpus = n;
   }
   fact("gpus", std::to_string(gpus));
   fact("workers", std::to_string(workers));
-  fact("gpu_job", config.nprocPerNode.kind == NprocSpec::Kind::Gpu || !setup.gpus.empty() ? "1" : "0");
+  fact("gpu_job",
+       config.nprocPerNode.kind == NprocSpec::Kind::Gpu || !setup.gpus.empty() ? "1" : "0");
 }
 
 // Node 0 lets the others' probes of MASTER_PORT in until they are done: the master then closes
@@ -268,7 +271,8 @@ std::vector<std::string> preflightProblems(const std::vector<std::string>& label
     }
     if (get(f, "program").rfind("error: ", 0) == 0) {
       out.push_back(fmt::format("{}: {}; HINT: copy the program to the same path on every node, "
-                                "or run it from a shared directory", who, get(f, "program").substr(7)));
+                                "or run it from a shared directory",
+                                who, get(f, "program").substr(7)));
     }
     if (get(f, "libraries").rfind("missing", 0) == 0) {
       out.push_back(fmt::format("{}: the program's libraries are {} (ldd); HINT: install them, or "
@@ -279,7 +283,9 @@ std::vector<std::string> preflightProblems(const std::vector<std::string>& label
     if (store != "ok") {
       out.push_back(fmt::format(
           "{}: the store port {} is {} from it{}", who, storeWhere,
-          store == "dropped" ? "dropped (no answer: a firewall?)" : store == "refused" ? "refused" : "unreachable: " + store,
+          store == "dropped"   ? "dropped (no answer: a firewall?)"
+          : store == "refused" ? "refused"
+                               : "unreachable: " + store,
           store == "dropped" ? fmt::format("; HINT: open TCP port {} from the nodes to the master",
                                            storeWhere.substr(storeWhere.rfind(':') + 1))
                              : "; HINT: check the address (--rdzv-endpoint) and the route"));
@@ -287,12 +293,14 @@ std::vector<std::string> preflightProblems(const std::vector<std::string>& label
     const std::string master = get(f, "master_port");
     if (i == 0 && master != "free") {
       out.push_back(fmt::format("{}: MASTER_PORT {} is {} there; HINT: pick a free one with "
-                                "--master-port", who, masterPort, master));
+                                "--master-port",
+                                who, masterPort, master));
     } else if (i > 0 && master != "ok") {
-      out.push_back(fmt::format("{}: MASTER_PORT {} on node 0 is {} from it; HINT: open TCP port {} "
-                                "between the nodes", who, masterPort,
-                                master == "dropped" ? "dropped (no answer: a firewall?)" : master,
-                                masterPort));
+      out.push_back(fmt::format(
+          "{}: MASTER_PORT {} on node 0 is {} from it; HINT: open TCP port {} "
+          "between the nodes",
+          who, masterPort, master == "dropped" ? "dropped (no answer: a firewall?)" : master,
+          masterPort));
     }
     if (get(f, "interface").rfind("error: ", 0) == 0) {
       out.push_back(who + ": " + get(f, "interface").substr(7));
@@ -310,7 +318,8 @@ std::vector<std::string> preflightProblems(const std::vector<std::string>& label
       auto [it, first] = firstVersion.emplace(lib, get(f, lib));
       if (!first && it->second != get(f, lib)) {
         out.push_back(fmt::format("{}: {} library {} differs from node 0's {}; HINT: the same "
-                                  "libraries on every node", who, lib, get(f, lib), it->second));
+                                  "libraries on every node",
+                                  who, lib, get(f, lib), it->second));
       }
     }
   }
@@ -320,9 +329,10 @@ std::vector<std::string> preflightProblems(const std::vector<std::string>& label
 std::string formatPreflightTable(const std::vector<std::string>& labels,
                                  const std::vector<NodeFacts>& nodes,
                                  const std::vector<std::string>& ssh) {
-  std::string out = fmt::format("{:<5} {:<16} {:<5} {:<8} {:<8} {:<10} {:<8} {:<8} {:<24} {:<5} {}\n",
-                                "node", "host", "ssh", "launch", "program", "libraries", "store",
-                                "master", "interface", "GPUs", "torch / CUDA / NCCL");
+  std::string out = fmt::format(
+      "{:<5} {:<16} {:<5} {:<8} {:<8} {:<10} {:<8} {:<8} {:<24} {:<5} {}\n", "node", "host", "ssh",
+      "launch", "program", "libraries", "store", "master", "interface", "GPUs",
+      "torch / CUDA / NCCL");
   for (size_t i = 0; i < nodes.size(); ++i) {
     const NodeFacts& f = nodes[i];
     auto get = [&](const char* k) {
@@ -336,10 +346,10 @@ std::string formatPreflightTable(const std::vector<std::string>& labels,
     std::string program = get("program").rfind("error", 0) == 0 ? "MISSING" : "ok";
     std::string libs = get("libraries") == "ok" ? "ok" : "MISSING";
     std::string iface = get("interface").rfind("error", 0) == 0 ? "ERROR" : get("interface");
-    out += fmt::format("{:<5} {:<16} {:<5} {:<8} {:<8} {:<10} {:<8} {:<8} {:<24} {:<5} {} / {} / {}\n",
-                       i, labels[i], "ok", get("launch"), program, libs, get("store_port"),
-                       get("master_port"), iface, get("gpus"), get("torch"), get("cuda"),
-                       get("nccl"));
+    out += fmt::format(
+        "{:<5} {:<16} {:<5} {:<8} {:<8} {:<10} {:<8} {:<8} {:<24} {:<5} {} / {} / {}\n", i,
+        labels[i], "ok", get("launch"), program, libs, get("store_port"), get("master_port"), iface,
+        get("gpus"), get("torch"), get("cuda"), get("nccl"));
   }
   return out;
 }
@@ -364,8 +374,8 @@ Sessions startChecks(const LaunchConfig& config, const MultiNodePlan& plan,
     try {
       sessions.push_back(std::make_unique<remote::Session>(
           std::to_string(i), plan.hosts[i].entry.host,
-          agentCommand(config, plan, static_cast<int>(i)), childEnv,
-          remote::encodePlan(records), /*captureStdout=*/true));
+          agentCommand(config, plan, static_cast<int>(i)), childEnv, remote::encodePlan(records),
+          /*captureStdout=*/true));
     } catch (const Error& e) {
       sessions.push_back(nullptr);
       (*ssh)[i] = e.what();
@@ -430,7 +440,8 @@ std::vector<NodeFacts> collectFacts(const LaunchConfig& config, const MultiNodeP
       std::string hint = remote::sshFailureHint(plan.hosts[i].entry.host, last, config.ssh);
       if (WIFEXITED(sessions[i]->waitStatus()) && WEXITSTATUS(sessions[i]->waitStatus()) == 127) {
         hint = fmt::format("HINT: launch is not at {} there; install it, or give "
-                           "--remote-launch PATH", plan.launchPath);
+                           "--remote-launch PATH",
+                           plan.launchPath);
       }
       if (!hint.empty()) why += "; " + hint;
     }
@@ -449,7 +460,8 @@ int runPreflight(const LaunchConfig& config, const MultiNodePlan& plan, const En
   std::vector<std::string> problems;
   if (storeFd < 0) {
     problems.push_back(fmt::format("the master: the store port {} is {} here; HINT: another job? "
-                                   "pick a port with --rdzv-endpoint HOST:PORT", storeWhere, why));
+                                   "pick a port with --rdzv-endpoint HOST:PORT",
+                                   storeWhere, why));
   }
   std::vector<std::string> ssh(plan.hosts.size());
   Sessions sessions = startChecks(config, plan, environment, &ssh);
@@ -462,8 +474,8 @@ int runPreflight(const LaunchConfig& config, const MultiNodePlan& plan, const En
                                  plan.hosts.size(), plan.hosts.size() == 1 ? "" : "s", storeWhere,
                                  plan.masterPort);
   text += formatPreflightTable(labels, facts, ssh);
-  for (auto& p : preflightProblems(labels, facts, ssh, launcherVersion(), storeWhere,
-                                   plan.masterPort)) {
+  for (auto& p :
+       preflightProblems(labels, facts, ssh, launcherVersion(), storeWhere, plan.masterPort)) {
     problems.push_back(p);
   }
   if (problems.empty()) {

@@ -24,8 +24,8 @@ bool validHostName(const std::string& h) {
 int parseSlots(const std::string& text, const std::string& where) {
   int64_t v = 0;
   DTRAIN_CHECK_ARG(parseInt64(text, &v) && v >= 1 && v <= kMaxSlotsPerHost,
-                   "{}: slots {} is not a count in 1..{}; HINT: host slots=8", where, quoteValue(text),
-                   kMaxSlotsPerHost);
+                   "{}: slots {} is not a count in 1..{}; HINT: host slots=8", where,
+                   quoteValue(text), kMaxSlotsPerHost);
   return static_cast<int>(v);
 }
 
@@ -65,8 +65,8 @@ std::vector<HostEntry> parseHostfile(const std::string& text, const std::string&
     HostEntry e;
     e.host = fields[0];
     DTRAIN_CHECK_ARG(validHostName(e.host),
-                     "{}: {} is not a host name; HINT: one host a line, as `host slots=N`",
-                     where, quoteValue(e.host));
+                     "{}: {} is not a host name; HINT: one host a line, as `host slots=N`", where,
+                     quoteValue(e.host));
     for (size_t i = 1; i < fields.size(); ++i) {
       size_t eq = fields[i].find('=');
       std::string key = fields[i].substr(0, eq);
@@ -98,7 +98,8 @@ std::vector<HostEntry> parseHostsOption(const std::string& text, const std::stri
       DTRAIN_CHECK_ARG(close != std::string::npos, "{} {}: unclosed '['", label, quoteValue(text));
       e.host = part.substr(1, close - 1);
       if (close + 1 < part.size()) {
-        DTRAIN_CHECK_ARG(part[close + 1] == ':', "{} {}: expected ':' after ']'", label, quoteValue(text));
+        DTRAIN_CHECK_ARG(part[close + 1] == ':', "{} {}: expected ':' after ']'", label,
+                         quoteValue(text));
         slots = part.substr(close + 2);
       }
     } else if (size_t colon = part.find(':'); colon != std::string::npos) {
@@ -110,8 +111,10 @@ std::vector<HostEntry> parseHostsOption(const std::string& text, const std::stri
     if (!slots.empty() || (part.find(':') != std::string::npos && part[0] != '[')) {
       e.slots = parseSlots(slots, label + " " + quoteValue(part));
     }
-    DTRAIN_CHECK_ARG(validHostName(e.host), "{} {}: {} is not a host name; HINT: "
-                     "--hosts a,b or --hosts a:4,b:4", label, quoteValue(text), quoteValue(part));
+    DTRAIN_CHECK_ARG(validHostName(e.host),
+                     "{} {}: {} is not a host name; HINT: "
+                     "--hosts a,b or --hosts a:4,b:4",
+                     label, quoteValue(text), quoteValue(part));
     for (const auto& h : hosts) {
       DTRAIN_CHECK_ARG(h.host != e.host, "{} {}: host {} is listed twice", label, quoteValue(text),
                        e.host);
@@ -155,8 +158,10 @@ std::vector<HostEntry> applyHostFilters(std::vector<HostEntry> hosts,
   auto find = [&](const std::string& host, const std::string& label) -> HostEntry& {
     auto it = std::find_if(hosts.begin(), hosts.end(),
                            [&](const HostEntry& h) { return h.host == host; });
-    DTRAIN_CHECK_ARG(it != hosts.end(), "{}: host {} is not in the host list; HINT: name a host "
-                     "of --hostfile / --hosts", label, host);
+    DTRAIN_CHECK_ARG(it != hosts.end(),
+                     "{}: host {} is not in the host list; HINT: name a host "
+                     "of --hostfile / --hosts",
+                     label, host);
     return *it;
   };
   auto checkSlots = [&](const HostEntry& h, const std::vector<int>& slots,
@@ -196,13 +201,15 @@ std::vector<HostEntry> applyHostFilters(std::vector<HostEntry> hosts,
     for (int s : h.gpus.empty() ? slotsOf(h) : h.gpus) {
       if (std::find(t.slots.begin(), t.slots.end(), s) == t.slots.end()) left.push_back(s);
     }
-    DTRAIN_CHECK_ARG(!left.empty(), "{}: excludes every slot of host {}; HINT: exclude the "
-                     "host itself (without :slots)", excludeLabel, t.host);
+    DTRAIN_CHECK_ARG(!left.empty(),
+                     "{}: excludes every slot of host {}; HINT: exclude the "
+                     "host itself (without :slots)",
+                     excludeLabel, t.host);
     h.gpus = left;
   }
-  hosts.erase(std::remove_if(hosts.begin(), hosts.end(),
-                             [](const HostEntry& h) { return h.host.empty(); }),
-              hosts.end());
+  hosts.erase(
+      std::remove_if(hosts.begin(), hosts.end(), [](const HostEntry& h) { return h.host.empty(); }),
+      hosts.end());
   DTRAIN_CHECK_ARG(!hosts.empty(), "{} leaves no host to run on", excludeLabel);
   return hosts;
 }
@@ -229,9 +236,9 @@ void expandName(const std::string& name, const std::string& label, const std::st
     std::string hi = dash == std::string::npos ? lo : range.substr(dash + 1);
     int64_t a = 0;
     int64_t b = 0;
-    DTRAIN_CHECK_ARG(parseInt64(lo, &a) && parseInt64(hi, &b) && a >= 0 && a <= b &&
-                         b - a < 100000,
-                     "{} {}: {} is not a range such as 01-04 or 7", label, quoteValue(all), quoteValue(range));
+    DTRAIN_CHECK_ARG(parseInt64(lo, &a) && parseInt64(hi, &b) && a >= 0 && a <= b && b - a < 100000,
+                     "{} {}: {} is not a range such as 01-04 or 7", label, quoteValue(all),
+                     quoteValue(range));
     const size_t width = lo.size();  // "01-04": keep the padding
     for (int64_t i = a; i <= b; ++i) {
       std::string num = std::to_string(i);
@@ -251,7 +258,8 @@ std::vector<std::string> expandSlurmNodelist(const std::string& text, const std:
   for (char c : text) {
     if (c == '[') ++depth;
     if (c == ']') --depth;
-    DTRAIN_CHECK_ARG(depth >= 0 && depth <= 1, "{} {}: unbalanced brackets", label, quoteValue(text));
+    DTRAIN_CHECK_ARG(depth >= 0 && depth <= 1, "{} {}: unbalanced brackets", label,
+                     quoteValue(text));
     if (c == ',' && depth == 0) {
       names.push_back(cur);
       cur.clear();

@@ -24,13 +24,12 @@ struct OptionSpec {
   char shortName;         // 0: none
   const char* valueName;  // nullptr: a flag
   const char* help;
-  Apply apply;            // nullptr: handled by the caller (help, version)
+  Apply apply;                  // nullptr: handled by the caller (help, version)
   const char* alias = nullptr;  // another accepted long name (torchrun's)
 };
 
 const OptionSpec kOptions[] = {
-    {"nproc-per-node", 0, "N|auto|gpu|cpu",
-     "workers on this node (auto: visible GPUs, else CPUs)",
+    {"nproc-per-node", 0, "N|auto|gpu|cpu", "workers on this node (auto: visible GPUs, else CPUs)",
      [](LaunchConfig& c, const std::string& v, const std::string& l) {
        c.nprocPerNode = parseNproc(v, l);
      }},
@@ -216,7 +215,8 @@ const OptionSpec kOptions[] = {
      [](LaunchConfig& c, const std::string& v, const std::string& l) {
        DTRAIN_CHECK_ARG(v.find('=') != std::string::npos || v.find(' ') != std::string::npos,
                         "{} {} is not an ssh option; HINT: e.g. --ssh-option "
-                        "ServerAliveInterval=5", l, quoteValue(v));
+                        "ServerAliveInterval=5",
+                        l, quoteValue(v));
        c.ssh.options.push_back(v);
      }},
     {"ssh-connect-timeout", 0, "SECONDS", "ssh -o ConnectTimeout (10)",
@@ -258,7 +258,8 @@ const OptionSpec kOptions[] = {
      }},
     {"nccl-debug-subsys", 0, "LIST", "NCCL_DEBUG_SUBSYS, e.g. INIT,NET",
      [](LaunchConfig& c, const std::string& v, const std::string&) { c.nccl.debugSubsys = v; }},
-    {"check", 0, nullptr, "preflight every node (ssh, binaries, libraries, ports, GPUs); start "
+    {"check", 0, nullptr,
+     "preflight every node (ssh, binaries, libraries, ports, GPUs); start "
      "nothing",
      [](LaunchConfig& c, const std::string& v, const std::string& l) {
        c.check = parseBool(v, l);
@@ -409,7 +410,8 @@ void applyOptionVariables(const std::map<std::string, std::string>& environment,
     for (const auto& o : kOptions) {
       if (o.apply && optionEnvName(o.name) == key) spec = &o;
     }
-    DTRAIN_CHECK_ARG(spec, "environment variable {} names no launch option; HINT: unset it, or "
+    DTRAIN_CHECK_ARG(spec,
+                     "environment variable {} names no launch option; HINT: unset it, or "
                      "see launch --help for the options (DTRAIN_LAUNCH_<OPTION>)",
                      excerpt(key));
     if (std::find(seen->begin(), seen->end(), spec->name) != seen->end()) continue;
@@ -472,7 +474,7 @@ ParsedCommand parseLaunchArgs(const std::vector<std::string>& args,
   config.program = split.program[0];
   config.programArgs.assign(split.program.begin() + 1, split.program.end());
   DTRAIN_CHECK_ARG(!config.program.empty(), "the program name is empty; HINT: launch [options] "
-                   "[--] PROGRAM [ARGS...]");
+                                            "[--] PROGRAM [ARGS...]");
   validate(config);
   return out;
 }
@@ -490,10 +492,9 @@ std::string helpText() {
   // names are too wide), wrapped at kWidth.
   constexpr size_t kHelpColumn = 32;
   constexpr size_t kWidth = 100;
-  std::string text =
-      "Start, supervise and restart a distributed training job.\n"
-      "Usage:\n"
-      "  launch [options] [--] PROGRAM [ARGS...]\n\n";
+  std::string text = "Start, supervise and restart a distributed training job.\n"
+                     "Usage:\n"
+                     "  launch [options] [--] PROGRAM [ARGS...]\n\n";
   for (const auto& o : kOptions) {
     std::string names = o.shortName ? fmt::format("  -{}, --{}", o.shortName, o.name)
                                     : fmt::format("      --{}", o.name);

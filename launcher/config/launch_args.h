@@ -24,10 +24,10 @@ struct OptionValue {
 };
 
 struct SplitArgs {
-  std::vector<OptionValue> options;       // the launcher's, in command-line order
-  std::vector<std::string> program;       // PROGRAM ARGS...; empty when none was given
-  bool help = false;                      // --help / -h seen among the launcher's options
-  bool version = false;                   // --version seen
+  std::vector<OptionValue> options;  // the launcher's, in command-line order
+  std::vector<std::string> program;  // PROGRAM ARGS...; empty when none was given
+  bool help = false;                 // --help / -h seen among the launcher's options
+  bool version = false;              // --version seen
 };
 
 // `args` excludes argv[0]. Throws InvalidArgument for an unknown option or a missing value.

@@ -106,7 +106,8 @@ double parseNonNegativeSeconds(const std::string& text, const std::string& label
 double parseSeconds(const std::string& text, const std::string& label) {
   constexpr const char* kHint = "e.g. 30 or 0.5";
   double v = parseNonNegativeSeconds(text, label, kHint);
-  DTRAIN_CHECK_ARG(v > 0, "{} {} must be greater than zero; HINT: {}", label, quoteValue(text), kHint);
+  DTRAIN_CHECK_ARG(v > 0, "{} {} must be greater than zero; HINT: {}", label, quoteValue(text),
+                   kHint);
   return v;
 }
 
@@ -128,8 +129,8 @@ int64_t parseByteCount(const std::string& text, const std::string& label) {
   }
   int64_t v = 0;
   DTRAIN_CHECK_ARG(parseInt64(digits, &v) && v >= 0 && v <= (int64_t{1} << 50) / scale,
-                   "{} {} is not a byte count; HINT: e.g. 0 (unlimited), 65536, 64k, 1G",
-                   label, quoteValue(text));
+                   "{} {} is not a byte count; HINT: e.g. 0 (unlimited), 65536, 64k, 1G", label,
+                   quoteValue(text));
   return v * scale;
 }
 
@@ -174,10 +175,10 @@ StreamSpec parseStreamSpec(const std::string& text, const std::string& label) {
   for (const auto& part : splitAt(text, ',')) {
     size_t colon = part.find(':');
     int64_t rank = 0;
-    DTRAIN_CHECK_ARG(colon != std::string::npos && parseInt64(part.substr(0, colon), &rank) &&
-                         rank >= 0 && rank < kMaxWorkersPerNode &&
-                         parseInt64(part.substr(colon + 1), &v) && v >= 0 && v <= 3,
-                     "{} {}: bad entry {}; HINT: use {}", label, quoteValue(text), quoteValue(part), kForms);
+    DTRAIN_CHECK_ARG(
+        colon != std::string::npos && parseInt64(part.substr(0, colon), &rank) && rank >= 0 &&
+            rank < kMaxWorkersPerNode && parseInt64(part.substr(colon + 1), &v) && v >= 0 && v <= 3,
+        "{} {}: bad entry {}; HINT: use {}", label, quoteValue(text), quoteValue(part), kForms);
     DTRAIN_CHECK_ARG(spec.perRank.emplace(static_cast<int>(rank), static_cast<int>(v)).second,
                      "{} {}: local rank {} is listed twice", label, quoteValue(text), rank);
   }
@@ -208,17 +209,19 @@ std::pair<std::string, int> parseEndpoint(const std::string& text, const std::st
     DTRAIN_CHECK_ARG(close != std::string::npos, "{} {}: unclosed '['", label, quoteValue(text));
     host = text.substr(1, close - 1);
     if (close + 1 < text.size()) {
-      DTRAIN_CHECK_ARG(text[close + 1] == ':', "{} {}: expected ':' after ']'", label, quoteValue(text));
+      DTRAIN_CHECK_ARG(text[close + 1] == ':', "{} {}: expected ':' after ']'", label,
+                       quoteValue(text));
       port = text.substr(close + 2);
     }
   } else if (size_t colon = text.rfind(':'); colon != std::string::npos) {
     DTRAIN_CHECK_ARG(text.find(':') == colon,
-                     "{} {}: an IPv6 address needs brackets; HINT: [::1]:29400", label, quoteValue(text));
+                     "{} {}: an IPv6 address needs brackets; HINT: [::1]:29400", label,
+                     quoteValue(text));
     host = text.substr(0, colon);
     port = text.substr(colon + 1);
   }
-  DTRAIN_CHECK_ARG(!host.empty(), "{} {} has no host; HINT: HOST:PORT, e.g. 10.0.0.1:29400",
-                   label, quoteValue(text));
+  DTRAIN_CHECK_ARG(!host.empty(), "{} {} has no host; HINT: HOST:PORT, e.g. 10.0.0.1:29400", label,
+                   quoteValue(text));
   int p = 0;
   if (!port.empty()) p = parseIntValue(port, label + " port", 1, 65535);
   return {host, p};
@@ -229,7 +232,8 @@ std::vector<int> parseRankList(const std::string& text, const std::string& label
   for (const auto& part : splitAt(text, ',')) {
     int64_t v = 0;
     DTRAIN_CHECK_ARG(parseInt64(part, &v) && v >= 0 && v < kMaxWorkersPerNode,
-                     "{} {}: {} is not a local rank; HINT: e.g. 0,3", label, quoteValue(text), quoteValue(part));
+                     "{} {}: {} is not a local rank; HINT: e.g. 0,3", label, quoteValue(text),
+                     quoteValue(part));
     if (std::find(ranks.begin(), ranks.end(), v) == ranks.end()) {
       ranks.push_back(static_cast<int>(v));
     }
@@ -254,11 +258,11 @@ std::pair<std::string, std::string> parseEnvAssignment(const std::string& text,
 
 bool isReservedWorkerVariable(const std::string& name) {
   static const char* const kReserved[] = {
-      env::kRank,          env::kLocalRank,       env::kWorldSize,      env::kLocalWorldSize,
-      env::kGroupRank,     env::kGroupWorldSize,  env::kRoleRank,       env::kRoleWorldSize,
-      env::kRoleName,      env::kMasterAddr,      env::kMasterPort,     env::kRestartCount,
-      env::kMaxRestarts,   env::kRunId,           env::kUseAgentStore,  env::kErrorFile,
-      env::kStoreAddr,     env::kStorePort,       env::kStoreToken,     env::kDtrainRestartCount,
+      env::kRank,        env::kLocalRank,      env::kWorldSize,     env::kLocalWorldSize,
+      env::kGroupRank,   env::kGroupWorldSize, env::kRoleRank,      env::kRoleWorldSize,
+      env::kRoleName,    env::kMasterAddr,     env::kMasterPort,    env::kRestartCount,
+      env::kMaxRestarts, env::kRunId,          env::kUseAgentStore, env::kErrorFile,
+      env::kStoreAddr,   env::kStorePort,      env::kStoreToken,    env::kDtrainRestartCount,
       env::kDtrainRunId,
   };
   for (const char* r : kReserved) {
@@ -275,7 +279,7 @@ int resolveNproc(const NprocSpec& spec, int cpus, int gpus) {
     case NprocSpec::Kind::Auto: return gpus > 0 ? gpus : cpus;
     case NprocSpec::Kind::Gpu:
       DTRAIN_CHECK_ARG(gpus > 0, "--nproc-per-node gpu: no GPU is visible on this machine; HINT: "
-                       "give a count, or auto to fall back to the CPUs");
+                                 "give a count, or auto to fall back to the CPUs");
       return gpus;
   }
   return spec.count;
@@ -290,7 +294,9 @@ std::string expandLinePrefix(const std::string& templ, int rank, int localRank,
   std::string out;
   out.reserve(templ.size() + 8);
   for (size_t i = 0; i < templ.size();) {
-    auto at = [&](const char* p) { return templ.compare(i, std::char_traits<char>::length(p), p) == 0; };
+    auto at = [&](const char* p) {
+      return templ.compare(i, std::char_traits<char>::length(p), p) == 0;
+    };
     if (at("${rank}")) {
       out += std::to_string(rank);
       i += 7;
@@ -329,19 +335,20 @@ void validateShape(const LaunchConfig& c) {
                    c.maxNodes);
   const bool fanOut = !c.hostfile.empty() || !c.hosts.empty();
   DTRAIN_CHECK_ARG(c.hostfile.empty() || c.hosts.empty(),
-                   "{} and {} both give the host list; HINT: use one of them",
-                   label("hostfile"), label("hosts"));
+                   "{} and {} both give the host list; HINT: use one of them", label("hostfile"),
+                   label("hosts"));
   DTRAIN_CHECK_ARG(c.include.empty() || c.exclude.empty(),
                    "{} and {} exclude each other (as in DeepSpeed); HINT: list what to run with "
-                   "{} alone", label("include"), label("exclude"), label("include"));
+                   "{} alone",
+                   label("include"), label("exclude"), label("include"));
   DTRAIN_CHECK_ARG(fanOut || (c.include.empty() && c.exclude.empty()),
                    "{} / {} filter a host list; HINT: give --hostfile or --hosts too",
                    label("include"), label("exclude"));
   if (c.maxNodes == 1 && !fanOut) {
     DTRAIN_CHECK_ARG(c.nodeRank <= 0,
                      "{} {}: a one-node job has only node rank 0; HINT: drop {}, or give "
-                     "--nnodes N for a multi-node job", label("node-rank"), c.nodeRank,
-                     label("node-rank"));
+                     "--nnodes N for a multi-node job",
+                     label("node-rank"), c.nodeRank, label("node-rank"));
   } else if (fanOut) {
     DTRAIN_CHECK_ARG(c.nodeRank < 0 || c.agent,
                      "{}: with a host list the node ranks follow the list; HINT: drop {}",
@@ -350,7 +357,8 @@ void validateShape(const LaunchConfig& c) {
     DTRAIN_CHECK_ARG(c.nodeRank >= 0,
                      "{} {}: a multi-node job needs this node's rank; HINT: --node-rank R on "
                      "every node (0 hosts the store), or --hostfile / --hosts to start every node "
-                     "from here", label("nnodes"), c.maxNodes);
+                     "from here",
+                     label("nnodes"), c.maxNodes);
     DTRAIN_CHECK_ARG(c.nodeRank < c.maxNodes, "{} {} is not below {} {}", label("node-rank"),
                      c.nodeRank, label("nnodes"), c.maxNodes);
     DTRAIN_CHECK_ARG(!c.rdzvHost.empty(),
@@ -371,8 +379,9 @@ void validateSupervision(const LaunchConfig& c) {
   }
   DTRAIN_CHECK_ARG(c.heartbeatTimeout > c.heartbeatInterval,
                    "{} {:g} must be longer than {} {:g}: a node would be declared dead between "
-                   "two heartbeats; HINT: a timeout of 3-6 intervals", label("heartbeat-timeout"),
-                   c.heartbeatTimeout, label("heartbeat-interval"), c.heartbeatInterval);
+                   "two heartbeats; HINT: a timeout of 3-6 intervals",
+                   label("heartbeat-timeout"), c.heartbeatTimeout, label("heartbeat-interval"),
+                   c.heartbeatInterval);
   DTRAIN_CHECK_ARG(c.rdzvBackend == "c10d" || c.rdzvBackend == "static",
                    "{} {} is not supported; HINT: launch hosts its own store: use c10d (the "
                    "default) or static",
@@ -433,9 +442,10 @@ void validateProgramAndOutput(const LaunchConfig& c) {
   // Every ${...} in the prefix template must be one we know, so a typo shows up now.
   for (size_t at = c.linePrefixTemplate.find("${"); at != std::string::npos;
        at = c.linePrefixTemplate.find("${", at + 2)) {
-    bool known = std::any_of(std::begin(kPlaceholders), std::end(kPlaceholders), [&](const char* p) {
-      return c.linePrefixTemplate.compare(at, std::char_traits<char>::length(p), p) == 0;
-    });
+    bool known = std::any_of(
+        std::begin(kPlaceholders), std::end(kPlaceholders), [&](const char* p) {
+          return c.linePrefixTemplate.compare(at, std::char_traits<char>::length(p), p) == 0;
+        });
     DTRAIN_CHECK_ARG(known,
                      "{} {} has an unknown placeholder at offset {}; HINT: use ${{rank}}, "
                      "${{local_rank}}, ${{role_name}}, ${{attempt}}",

@@ -25,7 +25,7 @@ constexpr const char* kDefaultRdzvBackend = "c10d";
 constexpr const char* kDefaultLinePrefixTemplate = "[rank ${rank}]: ";
 // A multi-node job's default: which node a line came from, too.
 constexpr const char* kDefaultMultiNodeLinePrefixTemplate = "[node${node_rank} rank${rank}]: ";
-constexpr int kDefaultMultiNodeStorePort = 29400;   // docs/design.md, Ports
+constexpr int kDefaultMultiNodeStorePort = 29400;  // docs/design.md, Ports
 constexpr int kDefaultMultiNodeMasterPort = 29500;
 constexpr double kDefaultRdzvTimeoutSeconds = 900;
 constexpr double kDefaultHeartbeatIntervalSeconds = 5;
@@ -54,8 +54,8 @@ struct NprocSpec {
 
 // The value of --redirects / --tee: which streams of which local rank ("3", or "0:3,1:2").
 struct StreamSpec {
-  int all = 0;                  // ranks not listed in perRank
-  std::map<int, int> perRank;   // local rank -> bits
+  int all = 0;                 // ranks not listed in perRank
+  std::map<int, int> perRank;  // local rank -> bits
   int streamsFor(int localRank) const;
   bool any() const;
 };
@@ -76,8 +76,8 @@ struct LaunchConfig {
   int nodeRank = -1;  // -1: not given (0 for one node; manual multi-node needs it)
   bool standalone = false;
   std::string rdzvBackend = kDefaultRdzvBackend;
-  std::string rdzvHost;  // empty: loopback
-  int rdzvPort = 0;      // 0: a free port
+  std::string rdzvHost;    // empty: loopback
+  int rdzvPort = 0;        // 0: a free port
   std::string masterAddr;  // empty: loopback
   int masterPort = 0;      // 0: a free port
   std::string runId;       // empty: a random one at launch
@@ -123,8 +123,8 @@ struct LaunchConfig {
   std::string remoteLaunch;  // empty: the master's own path
   std::string remoteCwd;     // empty: the master's working directory
   NcclOptions nccl;
-  bool check = false;        // --check: the preflight table, nothing started
-  bool agent = false;        // --agent: a node's agent, its plan on stdin (started by the master)
+  bool check = false;  // --check: the preflight table, nothing started
+  bool agent = false;  // --agent: a node's agent, its plan on stdin (started by the master)
   bool linePrefixGiven = false;
 
   // Every option value applied, in order ("max-restarts", "3"), from the command line and
@@ -159,9 +159,9 @@ std::vector<int> parseRankList(const std::string& text, const std::string& label
 std::pair<std::string, std::string> parseEnvAssignment(const std::string& text,
                                                        const std::string& label);
 int parseIntValue(const std::string& text, const std::string& label, int64_t min, int64_t max);
-double parseSeconds(const std::string& text, const std::string& label);  // > 0
+double parseSeconds(const std::string& text, const std::string& label);         // > 0
 double parseTimeoutSeconds(const std::string& text, const std::string& label);  // >= 0, 0: none
-int64_t parseByteCount(const std::string& text, const std::string& label);  // "64k", "1G", "0"
+int64_t parseByteCount(const std::string& text, const std::string& label);      // "64k", "1G", "0"
 bool parseBool(const std::string& text, const std::string& label);
 
 // The number of workers for `spec` on a machine with `cpus` usable CPUs and `gpus` visible GPUs.

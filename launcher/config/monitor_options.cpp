@@ -16,8 +16,10 @@ void parseMetricsEndpoint(const std::string& text, const std::string& label, Mon
     if (host.size() >= 2 && host.front() == '[' && host.back() == ']') {
       host = host.substr(1, host.size() - 2);
     }
-    DTRAIN_CHECK_ARG(!host.empty(), "{} {}: the address before ':' is empty; HINT: PORT or "
-                     "HOST:PORT, e.g. 9400 or 127.0.0.1:9400", label, quoteValue(text));
+    DTRAIN_CHECK_ARG(!host.empty(),
+                     "{} {}: the address before ':' is empty; HINT: PORT or "
+                     "HOST:PORT, e.g. 9400 or 127.0.0.1:9400",
+                     label, quoteValue(text));
   }
   int64_t value = -1;
   DTRAIN_CHECK_ARG(parseInt64(port, &value) && value >= 0 && value <= 65535,
@@ -31,8 +33,10 @@ void parseMetricsEndpoint(const std::string& text, const std::string& label, Mon
 StallAction parseStallAction(const std::string& text, const std::string& label) {
   if (text == "report") return StallAction::Report;
   if (text == "stop") return StallAction::Stop;
-  DTRAIN_THROW(InvalidArgument, "{} {}: use report (print where the ranks are and go on) or "
-               "stop (print it, then stop the job and exit 124)", label, quoteValue(text));
+  DTRAIN_THROW(InvalidArgument,
+               "{} {}: use report (print where the ranks are and go on) or "
+               "stop (print it, then stop the job and exit 124)",
+               label, quoteValue(text));
 }
 
 const char* stallActionName(StallAction action) {
@@ -41,14 +45,15 @@ const char* stallActionName(StallAction action) {
 
 void validateMonitorOptions(const MonitorOptions& o,
                             const std::function<std::string(const std::string&)>& label) {
-  DTRAIN_CHECK_ARG(o.sampleInterval >= kMinSampleIntervalSeconds, "{} {:g}: at least {:g} "
+  DTRAIN_CHECK_ARG(o.sampleInterval >= kMinSampleIntervalSeconds,
+                   "{} {:g}: at least {:g} "
                    "seconds; HINT: sampling costs the job a little CPU each time (5 is the "
-                   "default)", label("sample-interval"), o.sampleInterval,
-                   kMinSampleIntervalSeconds);
+                   "default)",
+                   label("sample-interval"), o.sampleInterval, kMinSampleIntervalSeconds);
   DTRAIN_CHECK_ARG(o.stallTimeout == 0 || o.stallTimeout >= kMinStallTimeoutSeconds,
                    "{} {:g}: at least {:g} seconds (ranks publish their progress at most once a "
-                   "second), or 0 for none", label("stall-timeout"), o.stallTimeout,
-                   kMinStallTimeoutSeconds);
+                   "second), or 0 for none",
+                   label("stall-timeout"), o.stallTimeout, kMinStallTimeoutSeconds);
   DTRAIN_CHECK_ARG(o.stallAction == StallAction::Report || o.stallTimeout > 0,
                    "{} stop needs {} (when to call it a stall); HINT: e.g. --stall-timeout 600",
                    label("stall-action"), label("stall-timeout"));

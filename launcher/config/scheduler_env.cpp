@@ -31,7 +31,8 @@ void slurmSettings(const std::map<std::string, std::string>& env,
                    quoteValue(*nnodes));
   if (n == 1) return;  // one node: nothing to rendezvous across
   DTRAIN_CHECK_ARG(parseInt64(*nodeId, &id) && id >= 0 && id < n,
-                   "SLURM_NODEID={} is not a node index below SLURM_NNODES={}", quoteValue(*nodeId), n);
+                   "SLURM_NODEID={} is not a node index below SLURM_NNODES={}", quoteValue(*nodeId),
+                   n);
   std::vector<std::string> hosts = expandSlurmNodelist(*list, listName);
   DTRAIN_CHECK_ARG(static_cast<int64_t>(hosts.size()) == n,
                    "{}={} names {} nodes, but SLURM_NNODES={}; HINT: run launch inside the "
@@ -48,9 +49,12 @@ std::vector<SchedulerSetting> schedulerSettings(const std::map<std::string, std:
   std::vector<SchedulerSetting> out;
   if (lookup(env, "PET_NNODES") || lookup(env, "PET_NODE_RANK")) {
     const std::pair<const char*, const char*> kDirect[] = {
-        {"PET_NNODES", "nnodes"},          {"PET_NODE_RANK", "node-rank"},
-        {"PET_NPROC_PER_NODE", "nproc-per-node"}, {"PET_MASTER_PORT", "master-port"},
-        {"PET_MAX_RESTARTS", "max-restarts"},     {"PET_RDZV_ID", "run-id"},
+        {"PET_NNODES", "nnodes"},
+        {"PET_NODE_RANK", "node-rank"},
+        {"PET_NPROC_PER_NODE", "nproc-per-node"},
+        {"PET_MASTER_PORT", "master-port"},
+        {"PET_MAX_RESTARTS", "max-restarts"},
+        {"PET_RDZV_ID", "run-id"},
         {"PET_RDZV_ENDPOINT", "rdzv-endpoint"},
     };
     for (const auto& [var, option] : kDirect) {

@@ -10,12 +10,12 @@ namespace dtrain::launcher::remote {
 // How to reach the other nodes.
 struct SshOptions {
   std::string program = "ssh";
-  int port = 0;                   // 0: ssh's default (or the config's)
-  std::string identity;           // -i
-  std::string configFile;         // -F
+  int port = 0;                      // 0: ssh's default (or the config's)
+  std::string identity;              // -i
+  std::string configFile;            // -F
   std::vector<std::string> options;  // -o passthrough, in order, before launch's own
-  double connectTimeout = 10;     // seconds: -o ConnectTimeout
-  bool acceptNewHostKeys = false; // -o StrictHostKeyChecking=accept-new
+  double connectTimeout = 10;        // seconds: -o ConnectTimeout
+  bool acceptNewHostKeys = false;    // -o StrictHostKeyChecking=accept-new
 };
 
 }  // namespace dtrain::launcher::remote

@@ -52,9 +52,11 @@ NodeContext oneNodeContext(const LaunchConfig& config, const std::string& host,
   node.rankOffset = 0;
   node.worldSize = node.localWorldSize;
   for (int r : config.localRanksFilter) {
-    DTRAIN_CHECK_ARG(r < node.localWorldSize, "{}: local rank {} does not exist with {} workers "
-                     "per node; HINT: use 0..{}", optionLabel(config, "local-ranks-filter"), r,
-                     node.localWorldSize, node.localWorldSize - 1);
+    DTRAIN_CHECK_ARG(r < node.localWorldSize,
+                     "{}: local rank {} does not exist with {} workers "
+                     "per node; HINT: use 0..{}",
+                     optionLabel(config, "local-ranks-filter"), r, node.localWorldSize,
+                     node.localWorldSize - 1);
   }
   node.runId = config.runId.empty() ? newRunId() : config.runId;
   node.inherited = environment;
@@ -94,8 +96,7 @@ std::unique_ptr<store::TcpStoreServer> hostStore(const LaunchConfig& config, Nod
   return server;
 }
 
-monitor::MonitorContext oneNodeMonitorContext(const LaunchConfig& config,
-                                              const NodeContext& node) {
+monitor::MonitorContext oneNodeMonitorContext(const LaunchConfig& config, const NodeContext& node) {
   monitor::MonitorContext watch;
   watch.runId = node.runId;
   watch.node = node.host;
@@ -123,7 +124,8 @@ int superviseOneNode(const LaunchConfig& config, const WorkerCommand& command, N
   node.jobDir = jobDirFor(config.logDir, environment, node.runId);
   const bool tempLogs = tempDir && (config.redirects.any() || config.tee.any());
   if (tempLogs) {
-    std::string line = fmt::format("launch: worker logs (--redirects/--tee) are in {}\n", node.jobDir);
+    std::string line = fmt::format("launch: worker logs (--redirects/--tee) are in {}\n",
+                                   node.jobDir);
     std::fwrite(line.data(), 1, line.size(), stderr);
   }
   plan.config = config;
@@ -132,9 +134,11 @@ int superviseOneNode(const LaunchConfig& config, const WorkerCommand& command, N
   plan.logAllStreams = !tempDir;
   plan.temporaryJobDir = tempDir && !tempLogs;  // logs the user asked for are kept
   plan.logHint = "not kept (HINT: pass --log-dir DIR to keep every worker's output)";
-  DTRAIN_LOG(Info, "launch: run {}: {} worker(s) of {} on {}; store {}:{}; MASTER_PORT {}; job "
-             "dir {}", node.runId, node.localWorldSize, shellQuote(command.argv), node.host,
-             node.storeAddr, node.storePort, node.masterPort, node.jobDir);
+  DTRAIN_LOG(Info,
+             "launch: run {}: {} worker(s) of {} on {}; store {}:{}; MASTER_PORT {}; job "
+             "dir {}",
+             node.runId, node.localWorldSize, shellQuote(command.argv), node.host, node.storeAddr,
+             node.storePort, node.masterPort, node.jobDir);
   plan.observer = &watcher;
 
   int code = 0;

@@ -28,10 +28,10 @@ struct CgroupLocation {
 CgroupLocation locateMemoryCgroup(std::string_view procSelfCgroup, std::string_view mountinfo);
 
 struct CgroupMemory {
-  int64_t usageBytes = -1;         // the cgroup's charge, page cache included
-  int64_t limitBytes = -1;         // -1: no limit on the way up to the root
-  int64_t inactiveFileBytes = 0;   // reclaimable page cache
-  std::string limitDir;            // the cgroup whose limit applies (v2: possibly an ancestor)
+  int64_t usageBytes = -1;        // the cgroup's charge, page cache included
+  int64_t limitBytes = -1;        // -1: no limit on the way up to the root
+  int64_t inactiveFileBytes = 0;  // reclaimable page cache
+  std::string limitDir;           // the cgroup whose limit applies (v2: possibly an ancestor)
 
   int64_t workingSetBytes() const {
     return usageBytes < 0 ? -1 : std::max<int64_t>(0, usageBytes - inactiveFileBytes);
@@ -56,7 +56,7 @@ class CgroupMemoryReader {
   CgroupLocation location_;
   int rescanEvery_;
   int readsUntilRescan_ = 0;
-  std::string limitDir_;     // v2: the directory with the smallest memory.max; empty: none
+  std::string limitDir_;  // v2: the directory with the smallest memory.max; empty: none
   int64_t limitBytes_ = -1;
 };
 

@@ -94,8 +94,8 @@ void answerStacks(store::Store& round, int nodeRank, int64_t id,
   round.flush();
 }
 
-std::map<int, std::string> collectStacks(store::Store& round, int64_t id, int numNodes,
-                                         int ownNode, std::chrono::milliseconds wait) {
+std::map<int, std::string> collectStacks(store::Store& round, int64_t id, int numNodes, int ownNode,
+                                         std::chrono::milliseconds wait) {
   std::map<int, std::string> out;
   std::vector<bool> answered(static_cast<size_t>(std::max(0, numNodes)), false);
   if (ownNode >= 0 && ownNode < numNodes) answered[static_cast<size_t>(ownNode)] = true;

@@ -43,7 +43,7 @@ void answerStacks(store::Store& round, int nodeRank, int64_t id,
                   const std::map<int, std::string>& stacks);
 // The master: the answers to request `id` from nodes in [0, numNodes) but `ownNode`, waiting up
 // to `wait` for all of them; a node that did not answer in time is simply missing.
-std::map<int, std::string> collectStacks(store::Store& round, int64_t id, int numNodes,
-                                         int ownNode, std::chrono::milliseconds wait);
+std::map<int, std::string> collectStacks(store::Store& round, int64_t id, int numNodes, int ownNode,
+                                         std::chrono::milliseconds wait);
 
 }  // namespace dtrain::launcher::monitor

@@ -19,7 +19,8 @@ constexpr double kMiB = 1024.0 * 1024.0;
 
 std::string_view trim(std::string_view s) {
   while (!s.empty() && (s.front() == ' ' || s.front() == '\t')) s.remove_prefix(1);
-  while (!s.empty() && (s.back() == ' ' || s.back() == '\t' || s.back() == '\r')) s.remove_suffix(1);
+  while (!s.empty() && (s.back() == ' ' || s.back() == '\t' || s.back() == '\r'))
+    s.remove_suffix(1);
   return s;
 }
 
@@ -28,8 +29,8 @@ std::vector<std::string_view> csvFields(std::string_view line) {
   size_t at = 0;
   while (true) {
     size_t comma = line.find(',', at);
-    out.push_back(trim(line.substr(at, comma == std::string_view::npos ? line.size() - at
-                                                                       : comma - at)));
+    out.push_back(
+        trim(line.substr(at, comma == std::string_view::npos ? line.size() - at : comma - at)));
     if (comma == std::string_view::npos) break;
     at = comma + 1;
   }
@@ -44,8 +45,10 @@ std::optional<double> csvNumber(std::string_view field) {
   double v = 0;
   auto [end, ec] = std::from_chars(field.data(), field.data() + field.size(), v);
   if (ec != std::errc() || end == field.data()) return std::nullopt;
-  std::string_view rest = trim(std::string_view(end, static_cast<size_t>(field.data() + field.size() - end)));
-  if (!rest.empty() && rest != "%" && rest != "MiB" && rest != "W" && rest != "C") return std::nullopt;
+  std::string_view rest = trim(
+      std::string_view(end, static_cast<size_t>(field.data() + field.size() - end)));
+  if (!rest.empty() && rest != "%" && rest != "MiB" && rest != "W" && rest != "C")
+    return std::nullopt;
   return v;
 }
 
@@ -69,8 +72,7 @@ std::vector<GpuSample> parseGpuQueryCsv(std::string_view csv, std::vector<std::s
   std::vector<GpuSample> out;
   forEachLine(csv, [&](std::string_view line, int number) {
     auto f = csvFields(line);
-    std::optional<double> index =
-        f.size() == 9 || f.size() == 7 ? csvNumber(f[0]) : std::nullopt;
+    std::optional<double> index = f.size() == 9 || f.size() == 7 ? csvNumber(f[0]) : std::nullopt;
     if (!index || f[1].empty()) {
       if (problems) {
         problems->push_back(fmt::format("line {}: expected 9 fields ({}), got \"{}\"", number,
@@ -134,10 +136,10 @@ class NvidiaSmiSource : public GpuSource {
 
   std::vector<GpuSample> sample() override {
     lastError_.clear();
-    CommandResult gpus = runCommand(
-        {options_.nvidiaSmi, std::string("--query-gpu=") + kGpuQueryFields,
-         "--format=csv,noheader,nounits"},
-        options_.timeout, 256 * 1024);
+    CommandResult gpus = runCommand({options_.nvidiaSmi,
+                                     std::string("--query-gpu=") + kGpuQueryFields,
+                                     "--format=csv,noheader,nounits"},
+                                    options_.timeout, 256 * 1024);
     if (!gpus.ok()) {
       lastError_ = gpus.error.empty() ? fmt::format("nvidia-smi exited {}: {}", gpus.exitCode,
                                                     trim(gpus.err.empty() ? gpus.out : gpus.err))
@@ -145,10 +147,10 @@ class NvidiaSmiSource : public GpuSource {
       return {};
     }
     std::vector<GpuSample> out = parseGpuQueryCsv(gpus.out);
-    CommandResult apps = runCommand(
-        {options_.nvidiaSmi, std::string("--query-compute-apps=") + kComputeAppsFields,
-         "--format=csv,noheader,nounits"},
-        options_.timeout, 256 * 1024);
+    CommandResult apps = runCommand({options_.nvidiaSmi,
+                                     std::string("--query-compute-apps=") + kComputeAppsFields,
+                                     "--format=csv,noheader,nounits"},
+                                    options_.timeout, 256 * 1024);
     if (apps.ok()) attachApps(out, parseComputeAppsCsv(apps.out));
     return out;
   }
@@ -349,7 +351,7 @@ class NvmlSource : public GpuSource {
     load(shutdown_, "nvmlShutdown");
     load(errorString_, "nvmlErrorString");
     load(getProcesses_, "nvmlDeviceGetComputeRunningProcesses");  // optional
-    load(getEcc_, "nvmlDeviceGetTotalEccErrors");                   // optional, as below
+    load(getEcc_, "nvmlDeviceGetTotalEccErrors");                 // optional, as below
     load(createEvents_, "nvmlEventSetCreate");
     load(registerEvents_, "nvmlDeviceRegisterEvents");
     if (!load(waitEvents_, "nvmlEventSetWait_v2")) load(waitEvents_, "nvmlEventSetWait");
@@ -408,8 +410,7 @@ std::unique_ptr<GpuSource> openGpuSource(const GpuSourceOptions& options, std::s
   if (smi->sample().empty()) {
     if (why) {
       *why = fmt::format("{}{}{} lists no GPU{}{}", nvmlWhy, nvmlWhy.empty() ? "" : "; ",
-                         options.nvidiaSmi, smi->lastError().empty() ? "" : ": ",
-                         smi->lastError());
+                         options.nvidiaSmi, smi->lastError().empty() ? "" : ": ", smi->lastError());
     }
     return nullptr;
   }

@@ -51,12 +51,14 @@ constexpr const char* kComputeAppsFields = "pid,gpu_uuid,used_memory";
 // Pure parsers of those two CSV outputs. "[N/A]" / "[Not Supported]" become absent values; a
 // malformed line is skipped and named in `problems` (when given), never a crash. A query line of
 // the first 7 fields only (before launch asked for ECC errors) is read too.
-std::vector<GpuSample> parseGpuQueryCsv(std::string_view csv, std::vector<std::string>* problems = nullptr);
+std::vector<GpuSample> parseGpuQueryCsv(std::string_view csv,
+                                        std::vector<std::string>* problems = nullptr);
 struct GpuApp {
   std::string gpuUuid;
   GpuProcess process;
 };
-std::vector<GpuApp> parseComputeAppsCsv(std::string_view csv, std::vector<std::string>* problems = nullptr);
+std::vector<GpuApp> parseComputeAppsCsv(std::string_view csv,
+                                        std::vector<std::string>* problems = nullptr);
 // Attaches each app to the GPU with its uuid.
 void attachApps(std::vector<GpuSample>& gpus, const std::vector<GpuApp>& apps);
 
@@ -73,7 +75,7 @@ class GpuSource {
 };
 
 struct GpuSourceOptions {
-  std::string nvidiaSmi = "nvidia-smi";  // program name or path
+  std::string nvidiaSmi = "nvidia-smi";     // program name or path
   std::chrono::milliseconds timeout{5000};  // per nvidia-smi call
   bool tryNvml = true;
 };

@@ -23,13 +23,11 @@ namespace dtrain::launcher::monitor {
 namespace {
 
 double steadyNow() {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch())
-      .count();
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
 
 double unixNow() {
-  return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch())
-      .count();
+  return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
 }
 
 constexpr double kNever = std::numeric_limits<double>::infinity();
@@ -53,9 +51,11 @@ Monitor::Monitor(MonitorOptions options, MonitorContext context)
   if (!options_.metricsFile.empty() && context_.aggregates) {
     metricsFd_ = ::open(options_.metricsFile.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC,
                         0644);
-    DTRAIN_CHECK_ARG(metricsFd_ >= 0, "{} {}: cannot open it for appending: {}; HINT: give a "
-                     "path in a writable directory", context_.label("metrics-file"),
-                     quoteValue(options_.metricsFile), std::strerror(errno));
+    DTRAIN_CHECK_ARG(metricsFd_ >= 0,
+                     "{} {}: cannot open it for appending: {}; HINT: give a "
+                     "path in a writable directory",
+                     context_.label("metrics-file"), quoteValue(options_.metricsFile),
+                     std::strerror(errno));
   }
   if (options_.metricsPort >= 0 && context_.aggregates) {
     metrics::PrometheusOptions server;
@@ -317,8 +317,7 @@ void Monitor::readAgentRecords(double now) {
   if (own >= 0) nodeNames_[own] = context_.node;
   for (auto& [n, records] : readNodeRecords(*store_, context_.numNodes, own, &problems)) {
     if (records.empty()) continue;
-    nodeNames_[n] = records.front().node.empty() ? fmt::format("node{}", n)
-                                                 : records.front().node;
+    nodeNames_[n] = records.front().node.empty() ? fmt::format("node{}", n) : records.front().node;
     // Each agent's sample once in the file, however often the version moves.
     if (nodeRecordTimes_[n] == records.front().time) continue;
     nodeRecordTimes_[n] = records.front().time;
@@ -350,21 +349,24 @@ void Monitor::writeTrainerRecords(bool final) {
   std::vector<Record> fresh;
   for (const auto& [rank, report] : reports_) {
     const std::optional<std::string> node = nodeOf(rank, report, nodeOfRank);
-    const std::string label =
-        node ? *node : report.nodeRank >= 0 ? fmt::format("node{}", report.nodeRank) : "";
+    const std::string label = node                   ? *node
+                              : report.nodeRank >= 0 ? fmt::format("node{}", report.nodeRank)
+                                                     : "";
     if (auto t = trainerRecord(report, context_.runId, label)) trainer.push_back(std::move(*t));
     if (!node && !final) continue;
     uint64_t& missed = recordsMissed_[rank];
     const uint64_t missedBefore = missed;
-    for (auto& r : newTrainerRecords(report, recordsWritten_[rank], context_.runId, label,
-                                     &missed)) {
+    for (auto& r :
+         newTrainerRecords(report, recordsWritten_[rank], context_.runId, label, &missed)) {
       fresh.push_back(std::move(r));
     }
     if (metricsFd_ >= 0 && missedBefore == 0 && missed > 0) {
-      DTRAIN_LOG(Info, "launch: monitoring: rank {} records metrics faster than launch reads "
+      DTRAIN_LOG(Info,
+                 "launch: monitoring: rank {} records metrics faster than launch reads "
                  "them (more than {} in {:g} s): {} misses some of its records; the trainer's "
-                 "own metrics file has them all", rank, progress::kRecentRecords,
-                 progress::kRecentRecordSeconds, options_.metricsFile);
+                 "own metrics file has them all",
+                 rank, progress::kRecentRecords, progress::kRecentRecordSeconds,
+                 options_.metricsFile);
     }
   }
   writeRecords(fresh);
@@ -407,8 +409,8 @@ void Monitor::sample(double now) {
     gpuOpened_ = true;
     std::string why;
     gpu_ = openGpuSource(context_.gpu, &why);
-    DTRAIN_LOG(Info, "launch: monitoring: GPUs {}", gpu_ ? "from " + gpu_->describe()
-                                                          : "not sampled: " + why);
+    DTRAIN_LOG(Info, "launch: monitoring: GPUs {}",
+               gpu_ ? "from " + gpu_->describe() : "not sampled: " + why);
   }
   std::vector<GpuSample> gpus;
   if (gpu_) {
@@ -497,8 +499,8 @@ void Monitor::checkStall(double now) {
     workersSince_ = running ? workersSince_ : -1;
   } else if (workersSince_ < 0) {
     workersSince_ = now;
-  } else if (!toldSilent_ && now - workersSince_ >= std::max(options_.stallTimeout,
-                                                             kSilentNoteSeconds)) {
+  } else if (!toldSilent_ &&
+             now - workersSince_ >= std::max(options_.stallTimeout, kSilentNoteSeconds)) {
     toldSilent_ = true;
     say(fmt::format("launch: {} {:g}: no rank has published progress after {:.0f} s (a program "
                     "without dtrain's runtime, e.g. a torchrun-style Python script): there is "
@@ -542,9 +544,9 @@ void Monitor::checkStall(double now) {
   if (ctx.stopping && control_ != nullptr) {
     control_->stopForDeadline(fmt::format(
         "{} for {:.1f} s ({} {:g}, {} stop); the stall report above says where each rank was",
-        stall->kind == Stall::Kind::NoProgress ? "no rank made progress"
-                                               : "ranks " + formatRanks(stall->stuck) +
-                                                     " made no progress",
+        stall->kind == Stall::Kind::NoProgress
+            ? "no rank made progress"
+            : "ranks " + formatRanks(stall->stuck) + " made no progress",
         stall->quietSeconds, ctx.option, options_.stallTimeout, context_.label("stall-action")));
   }
 }

@@ -59,7 +59,7 @@ struct MonitorContext {
   std::string node;  // this node's name: the `node` label, and in messages
   int nodeRank = 0;
   int numNodes = 1;
-  bool samplesNode = true;   // see Note [Monitor roles]
+  bool samplesNode = true;  // see Note [Monitor roles]
   bool aggregates = true;
   int localWorldSize = 1;
   int worldSize = 1;
@@ -136,15 +136,15 @@ class Monitor : public JobObserver {
 
   // Shared with the supervisor's thread.
   std::mutex mutex_;
-  std::condition_variable wake_;             // with mutex_: stop
-  bool stopping_ = false;                    // guarded by mutex_
-  int attempt_ = 0;                          // guarded by mutex_
-  int worldSize_ = 0;                        // guarded by mutex_
-  bool attemptChanged_ = false;              // guarded by mutex_
-  bool tearingDown_ = false;                 // guarded by mutex_
-  std::map<int, WorkerProcess> workers_;     // guarded by mutex_: live workers by rank
-  bool workersChanged_ = false;              // guarded by mutex_
-  std::vector<int> ended_;                   // guarded by mutex_: ranks ended since the last tick
+  std::condition_variable wake_;          // with mutex_: stop
+  bool stopping_ = false;                 // guarded by mutex_
+  int attempt_ = 0;                       // guarded by mutex_
+  int worldSize_ = 0;                     // guarded by mutex_
+  bool attemptChanged_ = false;           // guarded by mutex_
+  bool tearingDown_ = false;              // guarded by mutex_
+  std::map<int, WorkerProcess> workers_;  // guarded by mutex_: live workers by rank
+  bool workersChanged_ = false;           // guarded by mutex_
+  std::vector<int> ended_;                // guarded by mutex_: ranks ended since the last tick
 
   // Monitor thread only.
   std::thread thread_;

@@ -32,9 +32,9 @@ std::string nativeStack(pid_t pid, const NativeStackOptions& options) {
     return fmt::format("(no native stack: {} is not installed; HINT: apt-get install elfutils)",
                        options.program);
   }
-  CommandResult r = runCommand({options.program, "-p", std::to_string(pid), "-n",
-                                std::to_string(options.framesPerThread)},
-                               options.timeout, 1 << 20);
+  CommandResult r = runCommand(
+      {options.program, "-p", std::to_string(pid), "-n", std::to_string(options.framesPerThread)},
+      options.timeout, 1 << 20);
   if (r.timedOut) {
     return fmt::format("(no native stack: {} -p {} did not finish within {} ms; the process may "
                        "be in uninterruptible sleep (state D))",

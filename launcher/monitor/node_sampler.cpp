@@ -76,8 +76,8 @@ const NodeFigures& NodeFigureSampler::sample(double now) {
   if (auto text = reader_.read(statPath_)) {
     if (auto ctxt = parseContextSwitches(*text)) {
       if (ctxtBefore_ && now > ctxtTime_ && *ctxt >= *ctxtBefore_) {
-        figures_.contextSwitchesPerS =
-            static_cast<double>(*ctxt - *ctxtBefore_) / (now - ctxtTime_);
+        figures_.contextSwitchesPerS = static_cast<double>(*ctxt - *ctxtBefore_) /
+                                       (now - ctxtTime_);
       }
       ctxtBefore_ = ctxt;
       ctxtTime_ = now;
@@ -150,8 +150,8 @@ void NodeFigureSampler::resolve() {
     r.device = st.st_dev;
     r.known = true;
     char real[PATH_MAX];
-    const std::string absolute =
-        ::realpath(r.statPath.c_str(), real) ? std::string(real) : at.string();
+    const std::string absolute = ::realpath(r.statPath.c_str(), real) ? std::string(real)
+                                                                      : at.string();
     std::optional<MountPoint> m;
     if (auto text = reader_.read(mountInfoPath_)) {
       m = findMount(*text, absolute, major(st.st_dev), minor(st.st_dev));
@@ -207,8 +207,9 @@ void NodeFigureSampler::sampleFilesystems(double now) {
     const bool measured = ::statvfs(r->statPath.c_str(), &vfs) == 0;
     f.freeBytes = measured ? static_cast<int64_t>(vfs.f_bavail) * static_cast<int64_t>(vfs.f_frsize)
                            : -1;
-    f.totalBytes =
-        measured ? static_cast<int64_t>(vfs.f_blocks) * static_cast<int64_t>(vfs.f_frsize) : -1;
+    f.totalBytes = measured
+                       ? static_cast<int64_t>(vfs.f_blocks) * static_cast<int64_t>(vfs.f_frsize)
+                       : -1;
     f.hasRates = false;
     if (!diskstats) continue;
     // The device by number, else by the name the mount's source gives ("/dev/vda1" -> "vda1").

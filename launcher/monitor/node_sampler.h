@@ -72,9 +72,9 @@ struct FilesystemFigures {
   bool checkpoints = false;  // holds a directory of that role
   bool logs = false;
   bool data = false;
-  int64_t freeBytes = -1;   // what an unprivileged writer may still use (f_bavail)
+  int64_t freeBytes = -1;  // what an unprivileged writer may still use (f_bavail)
   int64_t totalBytes = -1;
-  bool hasRates = false;    // its block device is in /proc/diskstats and sampled twice
+  bool hasRates = false;  // its block device is in /proc/diskstats and sampled twice
   double readBytesPerS = 0;
   double writeBytesPerS = 0;
 
@@ -119,11 +119,11 @@ class NodeFigureSampler {
   std::string diskStatsPath_;
   std::string statPath_;
   std::string mountInfoPath_;
-  std::vector<Resolved> resolved_;       // one per options_.directories
-  std::vector<NetDevCounters> netNow_;   // reused
+  std::vector<Resolved> resolved_;      // one per options_.directories
+  std::vector<NetDevCounters> netNow_;  // reused
   std::vector<NetDevCounters> netBefore_;
   double netTime_ = -1;
-  std::vector<DiskState> disks_;         // one per figures_.filesystems
+  std::vector<DiskState> disks_;  // one per figures_.filesystems
   std::optional<uint64_t> ctxtBefore_;
   double ctxtTime_ = 0;
   NodeFigures figures_;

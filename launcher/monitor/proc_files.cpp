@@ -92,8 +92,8 @@ int64_t findKeyedValue(std::string_view text, std::string_view key, char separat
   size_t at = 0;
   while (at < text.size()) {
     size_t nl = text.find('\n', at);
-    std::string_view line = text.substr(at, nl == std::string_view::npos ? text.size() - at
-                                                                          : nl - at);
+    std::string_view line = text.substr(at,
+                                        nl == std::string_view::npos ? text.size() - at : nl - at);
     if (line.size() > key.size() && line.compare(0, key.size(), key) == 0 &&
         line[key.size()] == separator) {
       size_t pos = key.size() + 1;

@@ -31,7 +31,7 @@ struct ProcStat {
   char state = 0;
   pid_t ppid = 0;
   pid_t pgrp = 0;
-  uint64_t cpuTicks = 0;    // utime + stime, in clock ticks
+  uint64_t cpuTicks = 0;  // utime + stime, in clock ticks
   int64_t threads = 0;
   uint64_t startTicks = 0;  // since boot
   int64_t rssPages = 0;

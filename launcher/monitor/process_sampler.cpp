@@ -48,9 +48,10 @@ std::string NodeSample::describeMemory() const {
   std::string machine;
   double machineFraction = -1;
   if (mem.totalBytes > 0 && mem.availableBytes >= 0) {
-    machineFraction = 1.0 - static_cast<double>(mem.availableBytes) /
-                                static_cast<double>(mem.totalBytes);
-    machine = fmt::format("machine: {} of {} in use", formatBytes(mem.totalBytes - mem.availableBytes),
+    machineFraction = 1.0 -
+                      static_cast<double>(mem.availableBytes) / static_cast<double>(mem.totalBytes);
+    machine = fmt::format("machine: {} of {} in use",
+                          formatBytes(mem.totalBytes - mem.availableBytes),
                           formatBytes(mem.totalBytes));
   }
   if (cgroup && cgroup->limitBytes > 0) {
@@ -66,7 +67,8 @@ std::string NodeSample::describeMemory() const {
 
 std::string formatBytes(int64_t bytes) {
   const double b = static_cast<double>(bytes);
-  if (std::abs(b) >= 1024.0 * 1024 * 1024) return fmt::format("{:.1f} GiB", b / (1024.0 * 1024 * 1024));
+  if (std::abs(b) >= 1024.0 * 1024 * 1024)
+    return fmt::format("{:.1f} GiB", b / (1024.0 * 1024 * 1024));
   if (std::abs(b) >= 1024.0 * 1024) return fmt::format("{:.0f} MiB", b / (1024.0 * 1024));
   if (std::abs(b) >= 1024.0) return fmt::format("{:.0f} KiB", b / 1024.0);
   return fmt::format("{} B", bytes);
@@ -169,7 +171,8 @@ void ProcessSampler::discover() {
     auto text = reader_.read(path_.c_str());
     if (!text) continue;
     auto stat = parseProcStat(*text);
-    if (stat && stat->ppid > 0) children.emplace(stat->ppid, static_cast<pid_t>(std::atoi(e->d_name)));
+    if (stat && stat->ppid > 0)
+      children.emplace(stat->ppid, static_cast<pid_t>(std::atoi(e->d_name)));
   }
   ::closedir(dir);
   for (auto& r : ranks_) r.descendants = descendantsOf(r.worker.pid, children);
@@ -214,7 +217,8 @@ bool ProcessSampler::sampleProcess(pid_t pid, RankState& rank, double now, RankS
     now_.writeBytes = p.writeBytes;
   }
   if (it != rank.seen.end() && now > it->second.time) {
-    const double ticks = static_cast<double>(now_.cpuTicks - std::min(now_.cpuTicks, it->second.cpuTicks));
+    const double ticks = static_cast<double>(now_.cpuTicks -
+                                             std::min(now_.cpuTicks, it->second.cpuTicks));
     const double percent = 100.0 * ticks / ticksPerSecond_ / (now - it->second.time);
     out.cpuPercent = std::max(0.0, out.cpuPercent) + percent;
   }

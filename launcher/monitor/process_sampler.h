@@ -51,10 +51,10 @@ struct RankSample {
   int64_t rssBytes = 0;      // summed over the tree (shared pages counted per process, as ps does)
   int64_t peakRssBytes = 0;  // the worker's own peak (VmHWM) or the largest tree sum seen
   int64_t threads = 0;
-  int64_t processes = 0;     // the worker and its live descendants
-  int64_t readBytes = -1;    // storage bytes, cumulative, including descendants that ended
+  int64_t processes = 0;   // the worker and its live descendants
+  int64_t readBytes = -1;  // storage bytes, cumulative, including descendants that ended
   int64_t writeBytes = -1;
-  std::vector<pid_t> pids;   // the worker first
+  std::vector<pid_t> pids;  // the worker first
 };
 
 struct NodeSample {
@@ -98,7 +98,7 @@ class ProcessSampler {
     WorkerProcess worker;
     std::vector<pid_t> descendants;
     std::map<pid_t, PidState> seen;
-    int64_t departedRead = 0;   // I/O of processes of this tree that ended
+    int64_t departedRead = 0;  // I/O of processes of this tree that ended
     int64_t departedWrite = 0;
     int64_t peakTree = 0;
   };
@@ -116,9 +116,9 @@ class ProcessSampler {
   const double ticksPerSecond_;
   const int64_t pageBytes_;
   std::vector<RankState> ranks_;
-  std::string path_;  // reused path buffer
-  std::vector<pid_t> frontier_;            // walkChildren's, reused
-  alignas(8) char direntBuffer_[4096];     // getdents64's, reused
+  std::string path_;                    // reused path buffer
+  std::vector<pid_t> frontier_;         // walkChildren's, reused
+  alignas(8) char direntBuffer_[4096];  // getdents64's, reused
 };
 
 // All descendants of `root` in a parent map (ppid -> children), breadth first.

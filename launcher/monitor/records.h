@@ -48,7 +48,7 @@ struct SampleContext {
   std::string runId;
   std::string node;
   int attempt = 0;
-  int workers = 0;       // expected on this node
+  int workers = 0;  // expected on this node
   int workersAlive = 0;
 };
 

@@ -31,9 +31,9 @@ std::string formatRanks(const std::vector<int>& ranksIn) {
     size_t j = i;
     while (j + 1 < ranks.size() && ranks[j + 1] == ranks[j] + 1) ++j;
     if (!out.empty()) out += ", ";
-    out += j > i + 1 ? fmt::format("{}-{}", ranks[i], ranks[j])
-                     : j == i + 1 ? fmt::format("{}, {}", ranks[i], ranks[j])
-                                  : std::to_string(ranks[i]);
+    out += j > i + 1    ? fmt::format("{}-{}", ranks[i], ranks[j])
+           : j == i + 1 ? fmt::format("{}, {}", ranks[i], ranks[j])
+                        : std::to_string(ranks[i]);
     i = j + 1;
   }
   return out;
@@ -108,8 +108,8 @@ const progress::RankReport& reportOf(const std::map<int, RankProgress>& ranks, i
 
 // 1. Collectives issued: the stuck ranks that issued `least`, fewer than the most advanced live
 // rank (`most`), are behind.
-void behindInCollectiveCount(Stall& stall, const std::map<int, RankProgress>& ranks,
-                             uint64_t least, uint64_t most) {
+void behindInCollectiveCount(Stall& stall, const std::map<int, RankProgress>& ranks, uint64_t least,
+                             uint64_t most) {
   std::vector<int> ahead;
   const progress::CollectiveEntry* aheadEntry = nullptr;
   for (const auto& [rank, p] : ranks) {
@@ -122,13 +122,13 @@ void behindInCollectiveCount(Stall& stall, const std::map<int, RankProgress>& ra
     }
   }
   const auto* mine = newest(primaryCollectives(reportOf(ranks, stall.behind.front())));
-  stall.where = fmt::format(
-      "{} {} issued {} collective{} ({}); {} {} at {}", plural(stall.behind),
-      stall.behind.size() == 1 ? "has" : "have", least, least == 1 ? "" : "s",
-      mine ? "the last: " + describeEntry(*mine) + ", " + mine->state : "none yet",
-      plural(ahead), ahead.size() == 1 ? "is" : "are",
-      aheadEntry ? describeEntry(*aheadEntry) + " (" + aheadEntry->state + ")"
-                 : fmt::format("{} collectives", most));
+  stall.where = fmt::format("{} {} issued {} collective{} ({}); {} {} at {}", plural(stall.behind),
+                            stall.behind.size() == 1 ? "has" : "have", least, least == 1 ? "" : "s",
+                            mine ? "the last: " + describeEntry(*mine) + ", " + mine->state
+                                 : "none yet",
+                            plural(ahead), ahead.size() == 1 ? "is" : "are",
+                            aheadEntry ? describeEntry(*aheadEntry) + " (" + aheadEntry->state + ")"
+                                       : fmt::format("{} collectives", most));
 }
 
 // 2. The same count everywhere: a newest collective still queued (never started) holds up the
@@ -146,10 +146,9 @@ bool behindInSameCollective(Stall& stall, const std::map<int, RankProgress>& ran
   if (!queued.empty() && !started.empty()) {
     stall.behind = queued;
     const auto* e = newest(primaryCollectives(reportOf(ranks, queued.front())));
-    stall.where = fmt::format("{} {} not started {} (queued), which {} {} running",
-                              plural(queued), queued.size() == 1 ? "has" : "have",
-                              describeEntry(*e), plural(started),
-                              started.size() == 1 ? "is" : "are");
+    stall.where = fmt::format("{} {} not started {} (queued), which {} {} running", plural(queued),
+                              queued.size() == 1 ? "has" : "have", describeEntry(*e),
+                              plural(started), started.size() == 1 ? "is" : "are");
     return true;
   }
   if (entry != nullptr && stall.moving.empty()) {
@@ -205,7 +204,8 @@ void findBehind(Stall& stall, const std::map<int, RankProgress>& ranks) {
   if (anyCollectives) {
     uint64_t least = most;
     for (int r : stall.stuck) {
-      if (const auto* c = primaryCollectives(reportOf(ranks, r))) least = std::min(least, c->issued);
+      if (const auto* c = primaryCollectives(reportOf(ranks, r)))
+        least = std::min(least, c->issued);
     }
     if (least < most) {
       behindInCollectiveCount(stall, ranks, least, most);
@@ -227,8 +227,7 @@ std::string formatStallReport(const Stall& stall, const std::map<int, RankProgre
                        plural(stall.stuck), stall.quietSeconds, plural(stall.moving), ctx.option,
                        ctx.timeout);
   }
-  out += stall.behind.empty() ? "\n"
-                              : fmt::format("; behind: {}\n", plural(stall.behind));
+  out += stall.behind.empty() ? "\n" : fmt::format("; behind: {}\n", plural(stall.behind));
   out += "  " + stall.where + "\n";
   // The behind ranks first, then the other stuck ones.
   std::vector<int> order = stall.behind;
@@ -255,7 +254,8 @@ std::string formatStallReport(const Stall& stall, const std::map<int, RankProgre
   }
   if (!stall.silent.empty()) {
     out += fmt::format("  {} publish no progress (not using dtrain's runtime?) and are not "
-                       "judged\n", plural(stall.silent));
+                       "judged\n",
+                       plural(stall.silent));
   }
   for (int r : order) {
     auto s = ctx.stacks.find(r);

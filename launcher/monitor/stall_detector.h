@@ -40,12 +40,12 @@ struct RankProgress {
 struct Stall {
   enum class Kind { NoProgress, Lagging };
   Kind kind = Kind::NoProgress;
-  double quietSeconds = 0;   // every stuck rank has made no progress for at least this long
-  std::vector<int> stuck;    // no progress for at least the timeout
-  std::vector<int> behind;   // of those, the ranks holding the others up (may be empty)
-  std::vector<int> moving;   // ranks that still advance (a lag)
-  std::vector<int> silent;   // live ranks that publish no progress
-  std::string where;         // one line: why `behind` are behind, or that none stands out
+  double quietSeconds = 0;  // every stuck rank has made no progress for at least this long
+  std::vector<int> stuck;   // no progress for at least the timeout
+  std::vector<int> behind;  // of those, the ranks holding the others up (may be empty)
+  std::vector<int> moving;  // ranks that still advance (a lag)
+  std::vector<int> silent;  // live ranks that publish no progress
+  std::string where;        // one line: why `behind` are behind, or that none stands out
 };
 
 class StallDetector {
@@ -79,9 +79,9 @@ void findBehind(Stall& stall, const std::map<int, RankProgress>& ranks);
 struct StallReportContext {
   std::string option = "--stall-timeout";
   double timeout = 0;
-  bool stopping = false;               // --stall-action stop
-  std::map<int, std::string> nodes;    // rank -> node name
-  std::map<int, std::string> stacks;   // rank -> native stack text, or why there is none
+  bool stopping = false;              // --stall-action stop
+  std::map<int, std::string> nodes;   // rank -> node name
+  std::map<int, std::string> stacks;  // rank -> native stack text, or why there is none
 };
 
 // The report printed on stderr, one "launch: " headline and indented detail lines.

@@ -71,9 +71,10 @@ std::optional<std::string> MemoryWatch::check(double now, const NodeSample& node
       if (x.grownBytes <= 0 || x.seconds <= 0) continue;
       totalRate += static_cast<double>(x.grownBytes) / x.seconds;
       if (i >= 3) continue;
-      fastest += fmt::format("{}rank {} +{} in the last {:.0f} s ({}/s)", fastest.empty() ? "" : ", ",
-                             x.rank, formatBytes(x.grownBytes), x.seconds,
-                             formatBytes(static_cast<int64_t>(static_cast<double>(x.grownBytes) / x.seconds)));
+      fastest += fmt::format(
+          "{}rank {} +{} in the last {:.0f} s ({}/s)", fastest.empty() ? "" : ", ", x.rank,
+          formatBytes(x.grownBytes), x.seconds,
+          formatBytes(static_cast<int64_t>(static_cast<double>(x.grownBytes) / x.seconds)));
     }
     if (fastest.empty()) {
       text += "  fastest-growing: none of the ranks grew over the last minute (the memory is "
@@ -151,12 +152,12 @@ std::string formatStatusLine(const std::vector<Record>& latest, const JobState& 
       if (auto u = r.field("gpu_util")) gpu.push_back(*u);
     }
   }
-  return fmt::format("launch: status: attempt {}, ranks alive {}/{}; CPU % per rank "
-                     "min/median/max {}; GPU %{} {}; memory: {}\n",
-                     job.attempt, alive, job.worldSize, minMedianMax(cpu),
-                     gpu.empty() ? "" : fmt::format(" ({} GPU{})", gpu.size(), gpu.size() == 1 ? "" : "s"),
-                     gpu.empty() ? "n/a (no GPU sampled)" : minMedianMax(gpu),
-                     memory.empty() ? "n/a" : memory);
+  return fmt::format(
+      "launch: status: attempt {}, ranks alive {}/{}; CPU % per rank "
+      "min/median/max {}; GPU %{} {}; memory: {}\n",
+      job.attempt, alive, job.worldSize, minMedianMax(cpu),
+      gpu.empty() ? "" : fmt::format(" ({} GPU{})", gpu.size(), gpu.size() == 1 ? "" : "s"),
+      gpu.empty() ? "n/a (no GPU sampled)" : minMedianMax(gpu), memory.empty() ? "n/a" : memory);
 }
 
 }  // namespace dtrain::launcher::monitor

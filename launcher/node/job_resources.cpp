@@ -38,7 +38,8 @@ std::string randomHex(size_t bytes) {
 std::string resolveAddress(const std::string& host, const std::string& label) {
   in_addr a4{};
   in6_addr a6{};
-  if (::inet_pton(AF_INET, host.c_str(), &a4) == 1 || ::inet_pton(AF_INET6, host.c_str(), &a6) == 1) {
+  if (::inet_pton(AF_INET, host.c_str(), &a4) == 1 ||
+      ::inet_pton(AF_INET6, host.c_str(), &a6) == 1) {
     return host;
   }
   addrinfo hints{};
@@ -46,8 +47,10 @@ std::string resolveAddress(const std::string& host, const std::string& label) {
   hints.ai_socktype = SOCK_STREAM;
   addrinfo* res = nullptr;
   int rc = ::getaddrinfo(host.c_str(), nullptr, &hints, &res);
-  DTRAIN_CHECK_ARG(rc == 0 && res, "{} {}: cannot resolve the host name: {}; HINT: give an IP "
-                   "address", label, quoteValue(host), ::gai_strerror(rc));
+  DTRAIN_CHECK_ARG(rc == 0 && res,
+                   "{} {}: cannot resolve the host name: {}; HINT: give an IP "
+                   "address",
+                   label, quoteValue(host), ::gai_strerror(rc));
   char text[INET_ADDRSTRLEN] = {};
   ::inet_ntop(AF_INET, &reinterpret_cast<sockaddr_in*>(res->ai_addr)->sin_addr, text, sizeof text);
   ::freeaddrinfo(res);
@@ -60,7 +63,8 @@ int freePort(const std::string& address) {
   sockaddr_in sa{};
   sa.sin_family = AF_INET;
   sa.sin_port = 0;
-  if (::inet_pton(AF_INET, address.c_str(), &sa.sin_addr) != 1) sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  if (::inet_pton(AF_INET, address.c_str(), &sa.sin_addr) != 1)
+    sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
   socklen_t len = sizeof sa;
   bool ok = ::bind(fd, reinterpret_cast<sockaddr*>(&sa), sizeof sa) == 0 &&
             ::getsockname(fd, reinterpret_cast<sockaddr*>(&sa), &len) == 0;
@@ -76,9 +80,10 @@ std::string makeTempJobDir(const EnvMap& environment, const std::string& runId) 
   std::string templ = base + "/dtrain-" + runId + "-XXXXXX";
   std::vector<char> buf(templ.begin(), templ.end());
   buf.push_back('\0');
-  DTRAIN_CHECK(::mkdtemp(buf.data()) != nullptr, "launch: cannot create a directory under {}: {}; "
-               "HINT: set TMPDIR to a writable directory, or give --log-dir", base,
-               std::strerror(errno));
+  DTRAIN_CHECK(::mkdtemp(buf.data()) != nullptr,
+               "launch: cannot create a directory under {}: {}; "
+               "HINT: set TMPDIR to a writable directory, or give --log-dir",
+               base, std::strerror(errno));
   return buf.data();
 }
 

@@ -44,8 +44,10 @@ InterfaceChoice resolveSocketInterface(const NcclOptions& options, bool multiNod
     InterfaceChoice c = pickSocketInterface(options, multiNode, storeAddress, "", "", "", label);
     if (!c.name.empty() && c.name.find_first_of("^=,") == std::string::npos) {
       c.address = net::interfaceAddress(c.name);
-      DTRAIN_CHECK_ARG(!c.address.empty(), "{} {}: no such interface with an IPv4 address on "
-                       "this node; HINT: `ip -4 addr` lists them", label, c.name);
+      DTRAIN_CHECK_ARG(!c.address.empty(),
+                       "{} {}: no such interface with an IPv4 address on "
+                       "this node; HINT: `ip -4 addr` lists them",
+                       label, c.name);
     }
     return c;
   }
@@ -61,9 +63,9 @@ InterfaceChoice resolveSocketInterface(const NcclOptions& options, bool multiNod
                              label);
 }
 
-std::map<std::string, std::string> ncclEnvironment(const NcclOptions& options,
-                                                   const InterfaceChoice& iface,
-                                                   const std::map<std::string, std::string>& userEnv) {
+std::map<std::string, std::string> ncclEnvironment(
+    const NcclOptions& options, const InterfaceChoice& iface,
+    const std::map<std::string, std::string>& userEnv) {
   std::map<std::string, std::string> out;
   auto offer = [&](const char* key, const std::string& value) {
     if (!value.empty() && userEnv.find(key) == userEnv.end()) out[key] = value;

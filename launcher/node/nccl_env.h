@@ -34,8 +34,8 @@ InterfaceChoice resolveSocketInterface(const NcclOptions& options, bool multiNod
                                        const std::string& storeAddress, const std::string& label);
 
 // The variables to add for `options` and `iface`, leaving out any the user set in `userEnv`.
-std::map<std::string, std::string> ncclEnvironment(const NcclOptions& options,
-                                                   const InterfaceChoice& iface,
-                                                   const std::map<std::string, std::string>& userEnv);
+std::map<std::string, std::string> ncclEnvironment(
+    const NcclOptions& options, const InterfaceChoice& iface,
+    const std::map<std::string, std::string>& userEnv);
 
 }  // namespace dtrain::launcher

@@ -21,16 +21,14 @@ NodeProbe probeNode(const LaunchConfig& config, const EnvMap& environment,
   probe.cpuCount = usableCpus();
   probe.command = lookUpProgram(config, environment, request.label);
   if (!config.logDir.empty()) checkWritableDir(config.logDir, optionLabel(config, "log-dir"));
-  probe.localWorldSize = request.slots > 0         ? request.slots
-                         : !request.gpus.empty()   ? static_cast<int>(request.gpus.size())
-                                                   : resolveNproc(config.nprocPerNode,
-                                                                  probe.cpuCount,
-                                                                  visibleGpus(environment));
+  probe.localWorldSize = request.slots > 0       ? request.slots
+                         : !request.gpus.empty() ? static_cast<int>(request.gpus.size())
+                                                 : resolveNproc(config.nprocPerNode, probe.cpuCount,
+                                                                visibleGpus(environment));
   if (!request.storeAddr.empty()) {
     probe.iface = resolveSocketInterface(config.nccl, true, request.storeAddr,
                                          optionLabel(config, "nccl-socket-ifname"));
-    probe.address =
-        net::chooseBindAddress("", "the store's address", request.storeAddr).address;
+    probe.address = net::chooseBindAddress("", "the store's address", request.storeAddr).address;
   }
   return probe;
 }
@@ -81,20 +79,23 @@ void checkWritableDir(const std::string& dir, const std::string& label) {
   while (true) {
     struct stat st {};
     if (::stat(path.c_str(), &st) == 0) {
-      DTRAIN_CHECK_ARG(S_ISDIR(st.st_mode), "{} {}: {} is not a directory; HINT: give a "
-                       "directory path", label, excerpt(dir), excerpt(path));
+      DTRAIN_CHECK_ARG(S_ISDIR(st.st_mode),
+                       "{} {}: {} is not a directory; HINT: give a "
+                       "directory path",
+                       label, excerpt(dir), excerpt(path));
       // Try it: access() says yes to root on read-only or virtual file systems.
       std::string probe = path + "/.dtrain-write-check-XXXXXX";
       std::vector<char> buf(probe.begin(), probe.end());
       buf.push_back('\0');
-      DTRAIN_CHECK_ARG(::mkdtemp(buf.data()) != nullptr, "{} {}: cannot create anything in {} "
-                       "({}); HINT: pick a directory you can write to", label, excerpt(dir), excerpt(path),
-                       std::strerror(errno));
+      DTRAIN_CHECK_ARG(::mkdtemp(buf.data()) != nullptr,
+                       "{} {}: cannot create anything in {} "
+                       "({}); HINT: pick a directory you can write to",
+                       label, excerpt(dir), excerpt(path), std::strerror(errno));
       ::rmdir(buf.data());
       return;
     }
-    DTRAIN_CHECK_ARG(errno == ENOENT, "{} {}: cannot use {}: {}", label, excerpt(dir), excerpt(path),
-                     std::strerror(errno));
+    DTRAIN_CHECK_ARG(errno == ENOENT, "{} {}: cannot use {}: {}", label, excerpt(dir),
+                     excerpt(path), std::strerror(errno));
     // Not there yet: it will be created if its nearest existing ancestor is writable.
     size_t slash = path.find_last_of('/');
     if (slash == std::string::npos) {

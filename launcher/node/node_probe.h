@@ -28,10 +28,10 @@ namespace dtrain::launcher {
 
 // What the node is probed for, besides the job's options.
 struct ProbeRequest {
-  std::string label;       // this node in messages: the host list's name, else the host name
-  int slots = 0;           // workers from the host list; 0: --nproc-per-node
-  std::vector<int> gpus;   // GPU slots from the host list (--include host:0,2): one worker each
-  std::string storeAddr;   // a multi-node job's store; empty: a one-node job
+  std::string label;      // this node in messages: the host list's name, else the host name
+  int slots = 0;          // workers from the host list; 0: --nproc-per-node
+  std::vector<int> gpus;  // GPU slots from the host list (--include host:0,2): one worker each
+  std::string storeAddr;  // a multi-node job's store; empty: a one-node job
 };
 
 struct NodeProbe {

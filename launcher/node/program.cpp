@@ -13,7 +13,8 @@ namespace dtrain::launcher {
 namespace {
 
 bool endsWith(const std::string& s, const std::string& suffix) {
-  return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
+  return s.size() >= suffix.size() &&
+         s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
 }
 
 // Checks one candidate path: 0 when executable, else the exit code it earns (126 / 127) with
@@ -46,12 +47,15 @@ std::string findOnPath(const std::string& name, const std::string& what, const s
     if (code == 126 && firstProblem.empty()) firstProblem = excerpt(candidate) + " " + why;
   }
   if (!firstProblem.empty()) {
-    DTRAIN_THROW(ProgramNotExecutable, "{} {} on host {}: {}; HINT: chmod +x it, or give a "
-                 "path", what, quoteValue(name), host, firstProblem);
+    DTRAIN_THROW(ProgramNotExecutable,
+                 "{} {} on host {}: {}; HINT: chmod +x it, or give a "
+                 "path",
+                 what, quoteValue(name), host, firstProblem);
   }
-  DTRAIN_THROW(ProgramNotFound, "{} {} not found on host {}: no such file in any PATH "
-               "directory; HINT: give a path such as ./{}", what, quoteValue(name), host,
-               excerpt(name));
+  DTRAIN_THROW(ProgramNotFound,
+               "{} {} not found on host {}: no such file in any PATH "
+               "directory; HINT: give a path such as ./{}",
+               what, quoteValue(name), host, excerpt(name));
 }
 
 }  // namespace
@@ -92,12 +96,14 @@ WorkerCommand resolveWorkerCommand(WorkerCommand command, const std::string& pat
     std::string why;
     int code = checkExecutable(command.file, &why);
     if (code == 127) {
-      DTRAIN_THROW(ProgramNotFound, "{} {} not found on host {}: {}; HINT: check the path",
-                   what, quoteValue(command.file), host, why);
+      DTRAIN_THROW(ProgramNotFound, "{} {} not found on host {}: {}; HINT: check the path", what,
+                   quoteValue(command.file), host, why);
     }
     if (code == 126) {
-      DTRAIN_THROW(ProgramNotExecutable, "{} {} on host {} {}; HINT: chmod +x it, or run a "
-                   "script through its interpreter", what, quoteValue(command.file), host, why);
+      DTRAIN_THROW(ProgramNotExecutable,
+                   "{} {} on host {} {}; HINT: chmod +x it, or run a "
+                   "script through its interpreter",
+                   what, quoteValue(command.file), host, why);
     }
   }
   if (!command.script.empty()) {
@@ -119,8 +125,9 @@ std::string shellQuote(const std::vector<std::string>& argv) {
   for (size_t i = 0; i < argv.size(); ++i) {
     const std::string& a = argv[i];
     if (i) out += ' ';
-    bool plain = !a.empty() && a.find_first_not_of("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRST"
-                                                   "UVWXYZ0123456789_-+=/.,:@%") == std::string::npos;
+    bool plain = !a.empty() &&
+                 a.find_first_not_of("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRST"
+                                     "UVWXYZ0123456789_-+=/.,:@%") == std::string::npos;
     out += plain ? a : remote::singleQuote(a);
   }
   return out;

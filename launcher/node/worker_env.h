@@ -16,23 +16,23 @@ using EnvMap = std::map<std::string, std::string>;
 // What the launcher knows about this node and job when it spawns a worker: resolved addresses,
 // ports, counts and the inherited environment. Filled at launch; tests fill it by hand.
 struct NodeContext {
-  std::string host;     // this node's name, for messages
-  int nodeRank = 0;         // GROUP_RANK: this round's place among the nodes
-  int nodeId = 0;           // DTRAIN_NODE_ID: stable across rounds (host-list index, --node-rank)
+  std::string host;  // this node's name, for messages
+  int nodeRank = 0;  // GROUP_RANK: this round's place among the nodes
+  int nodeId = 0;    // DTRAIN_NODE_ID: stable across rounds (host-list index, --node-rank)
   int numNodes = 1;
-  int localWorldSize = 1;   // workers on this node
-  int rankOffset = 0;       // global rank of local rank 0 (prefix sum over the nodes before)
-  int worldSize = 1;        // workers of the whole job
-  int cpuCount = 1;         // CPUs this launcher may use (affinity), for OMP_NUM_THREADS
-  std::string masterAddr;   // an IP, never a host name
+  int localWorldSize = 1;  // workers on this node
+  int rankOffset = 0;      // global rank of local rank 0 (prefix sum over the nodes before)
+  int worldSize = 1;       // workers of the whole job
+  int cpuCount = 1;        // CPUs this launcher may use (affinity), for OMP_NUM_THREADS
+  std::string masterAddr;  // an IP, never a host name
   int masterPort = 0;
   std::string storeAddr;
   int storePort = 0;
-  std::string storeToken;   // secret: environment only
+  std::string storeToken;  // secret: environment only
   std::string runId;
-  std::string jobDir;       // per-worker files live under jobDir/attempt_K/rank_N/
+  std::string jobDir;         // per-worker files live under jobDir/attempt_K/rank_N/
   std::vector<int> gpuSlots;  // --include host:0,2; empty: CUDA_VISIBLE_DEVICES is inherited
-  EnvMap inherited;         // the launcher's own environment
+  EnvMap inherited;           // the launcher's own environment
   // Multi-node: the master's forwarded environment and launch's NCCL_* choices, laid over
   // `inherited` before --env (see forwarded_env.h, nccl_env.h).
   EnvMap overlay;

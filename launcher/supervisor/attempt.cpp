@@ -43,10 +43,16 @@ void addToEpoll(int epollFd, int fd, uint64_t tag) {
 }
 
 Supervisor::Attempt::Attempt(Supervisor& sup, int attempt, const AttemptHooks& hooks)
-    : sup_(sup), config_(sup.plan_.config), node_(sup.plan_.node), hooks_(hooks),
+    : sup_(sup),
+      config_(sup.plan_.config),
+      node_(sup.plan_.node),
+      hooks_(hooks),
       observer_(sup.plan_.observer),
-      attempt_(attempt), start_(Clock::now()), oomBefore_(readOomKillCount()),
-      slots_(static_cast<size_t>(sup.plan_.node.localWorldSize)), buffer_(kReadChunk) {
+      attempt_(attempt),
+      start_(Clock::now()),
+      oomBefore_(readOomKillCount()),
+      slots_(static_cast<size_t>(sup.plan_.node.localWorldSize)),
+      buffer_(kReadChunk) {
   result_.attempt = attempt;
 }
 
@@ -107,9 +113,9 @@ void Supervisor::Attempt::spawnWorker(int i) {
                                  i) != config_.localRanksFilter.end();
     const int redirected = config_.redirects.streamsFor(i);
     const int logged = sup_.plan_.logAllStreams ? (kStdoutBit | kStderrBit)
-                                           : (redirected | config_.tee.streamsFor(i));
-    const std::string prefix = expandLinePrefix(config_.linePrefixTemplate, s.rank, i,
-                                                config_.role, attempt_, node_.nodeRank);
+                                                : (redirected | config_.tee.streamsFor(i));
+    const std::string prefix = expandLinePrefix(config_.linePrefixTemplate, s.rank, i, config_.role,
+                                                attempt_, node_.nodeRank);
     StreamSinks out;
     out.consoleFd = shown && !(redirected & kStdoutBit) ? STDOUT_FILENO : -1;
     out.prefix = prefix;
@@ -170,8 +176,8 @@ void Supervisor::Attempt::onStatus(Slot& s) {
         break;
       case GuardianMessage::kExecFailed: s.execErrno = m.value; break;
       case GuardianMessage::kSpawnFailed:
-        s.outcome.lostReason =
-            fmt::format("its guardian could not fork the worker: {}", std::strerror(m.value));
+        s.outcome.lostReason = fmt::format("its guardian could not fork the worker: {}",
+                                           std::strerror(m.value));
         break;
       case GuardianMessage::kExited: {
         s.exitReported = true;
@@ -192,8 +198,8 @@ void Supervisor::Attempt::onStatus(Slot& s) {
         DTRAIN_LOG(Info, "launch: rank {} (pid {}) {} after {:.3f} s", s.rank, s.outcome.pid,
                    describeOutcome(s.outcome), s.outcome.endSeconds);
         if (s.outcome.failed()) {
-          beginTeardown(fmt::format("rank {} (pid {}) on {} {}", s.rank, s.outcome.pid,
-                                    node_.host, describeOutcome(s.outcome)));
+          beginTeardown(fmt::format("rank {} (pid {}) on {} {}", s.rank, s.outcome.pid, node_.host,
+                                    describeOutcome(s.outcome)));
         } else if (!barrierArmed_ && !stopping_ && config_.exitBarrierTimeout > 0) {
           barrierArmed_ = true;
           barrierAt_ = after(Clock::now(), config_.exitBarrierTimeout);

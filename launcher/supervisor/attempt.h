@@ -23,7 +23,9 @@ constexpr uint64_t kStopTag = ~uint64_t{1};
 constexpr uint64_t kDeadlineTag = ~uint64_t{2};
 constexpr size_t kReadChunk = 64 * 1024;
 
-inline uint64_t tagOf(size_t slot, FdKind kind) { return (static_cast<uint64_t>(slot) << 2) | kind; }
+inline uint64_t tagOf(size_t slot, FdKind kind) {
+  return (static_cast<uint64_t>(slot) << 2) | kind;
+}
 
 // Adds `fd` to the epoll set `epollFd` (readable), tagged `tag`.
 void addToEpoll(int epollFd, int fd, uint64_t tag);

@@ -33,7 +33,9 @@ std::string indentLines(const std::string& text, const std::string& indent) {
   return out;
 }
 
-std::string signalText(int sig) { return fmt::format("{} (signal {})", fault::signalName(sig), sig); }
+std::string signalText(int sig) {
+  return fmt::format("{} (signal {})", fault::signalName(sig), sig);
+}
 
 }  // namespace
 
@@ -96,7 +98,8 @@ std::string describeOutcome(const WorkerOutcome& w) {
   switch (w.state) {
     case WorkerOutcome::State::Running: return "was still running";
     case WorkerOutcome::State::Exited:
-      return w.exitCode == 0 ? "exited with code 0" : fmt::format("exited with code {}", w.exitCode);
+      return w.exitCode == 0 ? "exited with code 0"
+                             : fmt::format("exited with code {}", w.exitCode);
     case WorkerOutcome::State::Signaled: {
       std::string s = "was killed by " + signalText(w.signal);
       if (w.coreDumped) s += ", core dumped";
@@ -164,8 +167,9 @@ std::string printable(const std::string& text, size_t max) {
 
 std::string summarizeErrorFile(const std::string& content, int64_t fileSize) {
   const bool cut = fileSize > static_cast<int64_t>(content.size());
-  std::string sizeNote =
-      cut ? fmt::format(" (the file is {} bytes; read the first {})", fileSize, content.size()) : "";
+  std::string sizeNote = cut ? fmt::format(" (the file is {} bytes; read the first {})", fileSize,
+                                           content.size())
+                             : "";
   if (content.find_first_not_of(" \t\r\n") == std::string::npos) {
     return "the error file is empty" + sizeNote;
   }
@@ -198,8 +202,8 @@ std::string summarizeErrorFile(const std::string& content, int64_t fileSize) {
 std::string readErrorFile(const std::string& path) {
   if (path.empty()) return "";
   int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
-  if (fd < 0) return errno == ENOENT ? "" : fmt::format("cannot read {}: {}", path,
-                                                        std::strerror(errno));
+  if (fd < 0)
+    return errno == ENOENT ? "" : fmt::format("cannot read {}: {}", path, std::strerror(errno));
   struct stat st {};
   ::fstat(fd, &st);
   if (!S_ISREG(st.st_mode)) {
@@ -267,7 +271,7 @@ std::string formatExitBarrierReport(const ReportContext& ctx, const AttemptResul
       out += fmt::format("      stderr log:  {}\n",
                          w.stderrLog.empty() ? ctx.logHint : w.stderrLog);
       size_t from = w.stderrTail.size() > kReportTailLines ? w.stderrTail.size() - kReportTailLines
-                                                            : 0;
+                                                           : 0;
       if (from < w.stderrTail.size()) out += "      last stderr lines:\n";
       for (size_t i = from; i < w.stderrTail.size(); ++i) {
         out += "        | " + printable(w.stderrTail[i], 600) + "\n";
@@ -336,14 +340,16 @@ std::string formatReportHead(const ReportContext& ctx, const AttemptResult& last
                        last.attempt, ctx.runId, w.endSeconds);
     out += fmt::format("    host:        {}\n", w.host.empty() ? ctx.host : w.host);
     out += fmt::format("    rank:        {} (local rank {})\n", w.rank, w.localRank);
-    out += fmt::format("    pid:         {}\n", w.pid > 0 ? std::to_string(w.pid) : "none (not started)");
+    out += fmt::format("    pid:         {}\n",
+                       w.pid > 0 ? std::to_string(w.pid) : "none (not started)");
     out += fmt::format("    cause:       {}\n", describeOutcome(w));
     if (!w.errorFileMessage.empty()) {
       out += "    error file:\n" + indentLines(w.errorFileMessage, "      ");
     }
     out += fmt::format("    stderr log:  {}\n", w.stderrLog.empty() ? ctx.logHint : w.stderrLog);
     if (!w.stderrTail.empty()) {
-      size_t from = w.stderrTail.size() > kReportTailLines ? w.stderrTail.size() - kReportTailLines : 0;
+      size_t from = w.stderrTail.size() > kReportTailLines ? w.stderrTail.size() - kReportTailLines
+                                                           : 0;
       out += "    last stderr lines:\n";
       for (size_t i = from; i < w.stderrTail.size(); ++i) {
         out += "      | " + printable(w.stderrTail[i], 600) + "\n";
@@ -394,7 +400,8 @@ std::string formatOtherWorkers(const AttemptResult& last, int root) {
 
 }  // namespace
 
-std::string formatFailureReport(const ReportContext& ctx, const std::vector<AttemptResult>& attempts) {
+std::string formatFailureReport(const ReportContext& ctx,
+                                const std::vector<AttemptResult>& attempts) {
   if (attempts.empty()) return "";
   const AttemptResult& last = attempts.back();
   const int code = launcherExitCode(last);

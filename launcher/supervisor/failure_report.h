@@ -22,12 +22,12 @@ struct WorkerOutcome {
   int localRank = 0;
   pid_t pid = -1;
   State state = State::Running;
-  int exitCode = 0;       // Exited
-  int signal = 0;         // Signaled
+  int exitCode = 0;  // Exited
+  int signal = 0;    // Signaled
   bool coreDumped = false;
-  int execErrno = 0;      // ExecFailed
-  std::string lostReason; // Lost: what happened to its guardian
-  double endSeconds = 0;  // when it ended, seconds after the attempt started
+  int execErrno = 0;             // ExecFailed
+  std::string lostReason;        // Lost: what happened to its guardian
+  double endSeconds = 0;         // when it ended, seconds after the attempt started
   bool stoppedByLaunch = false;  // it ended after launch asked it to stop (not a root cause)
   bool wasStopped = false;       // it was in state T (SIGSTOP) when the teardown began
   std::string stderrLog;         // path, or empty when no log file was kept
@@ -51,8 +51,8 @@ struct ExitBarrierTimeout {
   };
   bool timedOut = false;
   double timeoutSeconds = 0;
-  int firstRank = -1;              // the first rank that exited 0
-  double firstExitSeconds = 0;     // when, seconds after the attempt started
+  int firstRank = -1;                   // the first rank that exited 0
+  double firstExitSeconds = 0;          // when, seconds after the attempt started
   std::vector<Straggler> stillRunning;  // when the barrier timed out
 };
 
@@ -72,7 +72,7 @@ struct Survivor {
 struct AttemptResult {
   int attempt = 0;
   std::vector<WorkerOutcome> workers;
-  int launcherSignal = 0;       // a signal launch received during this attempt
+  int launcherSignal = 0;            // a signal launch received during this attempt
   bool signalBeforeFailure = false;  // it arrived before any worker failed
   ExitBarrierTimeout exitBarrier;
   std::vector<Survivor> survivors;  // non-empty: launch gave up on them and exits 125
@@ -107,7 +107,7 @@ struct ReportContext {
   std::string runId;
   int maxRestarts = 0;
   double gracePeriod = 0;
-  std::string logHint;  // where logs are, or how to keep them
+  std::string logHint;                                       // where logs are, or how to keep them
   std::string exitBarrierOption = "--exit-barrier-timeout";  // as the user gave it
   std::string killTimeoutOption = "--kill-timeout";          // as the user gave it
 };
@@ -116,7 +116,8 @@ struct ReportContext {
 std::string formatSurvivorsLine(const std::vector<Survivor>& survivors, double killTimeout);
 
 // The failure report of the whole job: `attempts` in order, the last one decides.
-std::string formatFailureReport(const ReportContext& ctx, const std::vector<AttemptResult>& attempts);
+std::string formatFailureReport(const ReportContext& ctx,
+                                const std::vector<AttemptResult>& attempts);
 
 // One line for a failed attempt that will be restarted.
 std::string formatRestartLine(const AttemptResult& attempt, int restart, int maxRestarts);

@@ -246,8 +246,10 @@ struct Pipe {
 
 Pipe makePipe(const char* what) {
   int fds[2];
-  DTRAIN_CHECK(::pipe2(fds, O_CLOEXEC) == 0, "launch: cannot create the {} pipe of a worker: {}; "
-               "HINT: raise the open-file limit (ulimit -n)", what, std::strerror(errno));
+  DTRAIN_CHECK(::pipe2(fds, O_CLOEXEC) == 0,
+               "launch: cannot create the {} pipe of a worker: {}; "
+               "HINT: raise the open-file limit (ulimit -n)",
+               what, std::strerror(errno));
   return {fds[0], fds[1]};
 }
 
@@ -282,16 +284,18 @@ GuardedWorker spawnGuarded(const SpawnSpec& spec) {
 
   pid_t pid = ::fork();
   if (pid == 0) {
-    guardianMain(spec.file.c_str(), argv.data(), envp.data(), control.read, status.write,
-                 out.write, err.write,
+    guardianMain(spec.file.c_str(), argv.data(), envp.data(), control.read, status.write, out.write,
+                 err.write,
                  spec.removeOnLauncherDeath.empty() ? nullptr : spec.removeOnLauncherDeath.c_str());
   }
   int forkErrno = errno;
   for (int fd : {control.read, status.write, out.write, err.write}) ::close(fd);
   if (pid < 0) {
     for (int fd : {control.write, status.read, out.read, err.read}) ::close(fd);
-    DTRAIN_THROW(Error, "launch: fork failed while starting a worker: {}; HINT: check the process "
-                 "limit (ulimit -u) and free memory", std::strerror(forkErrno));
+    DTRAIN_THROW(Error,
+                 "launch: fork failed while starting a worker: {}; HINT: check the process "
+                 "limit (ulimit -u) and free memory",
+                 std::strerror(forkErrno));
   }
   for (int fd : {status.read, out.read, err.read}) setNonBlocking(fd);
   GuardedWorker w;

@@ -73,9 +73,9 @@ struct GuardianMessage {
 };
 
 struct SpawnSpec {
-  std::string file;               // path for execve
+  std::string file;  // path for execve
   std::vector<std::string> argv;
-  std::vector<std::string> env;   // "KEY=VALUE"
+  std::vector<std::string> env;  // "KEY=VALUE"
   // A directory the guardian removes, with everything in it, if the launcher dies while the
   // worker runs; empty: none. See Note [Temporary job directory].
   std::string removeOnLauncherDeath;

@@ -107,8 +107,10 @@ void LogFile::write(const char* data, size_t n) {
   }
   if (!writeAll(fd_, data, n)) {
     failed_ = true;  // e.g. disk full: keep the job running, say so once
-    DTRAIN_LOG(Error, "launch: writing log file {} failed: {}; later output of this stream is "
-               "not logged", path_, std::strerror(errno));
+    DTRAIN_LOG(Error,
+               "launch: writing log file {} failed: {}; later output of this stream is "
+               "not logged",
+               path_, std::strerror(errno));
     return;
   }
   written_ += static_cast<int64_t>(n);
@@ -138,8 +140,9 @@ void WorkerStream::emit(const std::vector<std::string>& lines) {
   }
   for (size_t i = lines.size() > sinks_.tailLines ? lines.size() - sinks_.tailLines : 0;
        i < lines.size(); ++i) {
-    tail_.push_back(lines[i].size() > kMaxTailLineBytes ? lines[i].substr(0, kMaxTailLineBytes) + "..."
-                                                        : lines[i]);
+    tail_.push_back(lines[i].size() > kMaxTailLineBytes
+                        ? lines[i].substr(0, kMaxTailLineBytes) + "..."
+                        : lines[i]);
     if (tail_.size() > sinks_.tailLines) tail_.pop_front();
   }
 }

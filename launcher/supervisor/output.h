@@ -64,11 +64,11 @@ class LogFile {
 
 // Where one stream of one worker goes.
 struct StreamSinks {
-  int consoleFd = -1;        // STDOUT_FILENO / STDERR_FILENO, or -1 when not shown
-  std::string prefix;        // for console lines
-  std::string logPath;       // empty: no log file
-  int64_t logMaxBytes = 0;   // 0: unlimited
-  size_t tailLines = 0;      // keep this many last lines for the report
+  int consoleFd = -1;       // STDOUT_FILENO / STDERR_FILENO, or -1 when not shown
+  std::string prefix;       // for console lines
+  std::string logPath;      // empty: no log file
+  int64_t logMaxBytes = 0;  // 0: unlimited
+  size_t tailLines = 0;     // keep this many last lines for the report
 };
 
 class WorkerStream {

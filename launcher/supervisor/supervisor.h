@@ -101,9 +101,9 @@ void blockLauncherSignals();
 struct JobPlan {
   LaunchConfig config;
   WorkerCommand command;
-  NodeContext node;          // with localWorldSize, ports, token, jobDir, inherited environment
+  NodeContext node;            // with localWorldSize, ports, token, jobDir, inherited environment
   bool logAllStreams = false;  // --log-dir: every stream of every rank gets a log file
-  std::string logHint;       // for the report when a stream has no log file
+  std::string logHint;         // for the report when a stream has no log file
   // node.jobDir is launch's temporary directory, removed when the job ends -- by the guardians
   // if launch is killed (see Note [Temporary job directory]).
   bool temporaryJobDir = false;

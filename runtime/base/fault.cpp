@@ -30,12 +30,18 @@ struct KindInfo {
 };
 
 constexpr KindInfo kKinds[] = {
-    {"exit", Kind::Exit, true},          {"signal", Kind::Signal, true},
-    {"abort", Kind::Abort, false},       {"hang", Kind::Hang, false},
-    {"stop", Kind::Stop, false},         {"slow", Kind::Slow, true},
-    {"nan-grad", Kind::NanGrad, false},  {"skip-collective", Kind::SkipCollective, false},
-    {"wrong-shape", Kind::WrongShape, false}, {"flood", Kind::Flood, true},
-    {"grandchild", Kind::Grandchild, false},  {"error-file", Kind::ErrorFile, true},
+    {"exit", Kind::Exit, true},
+    {"signal", Kind::Signal, true},
+    {"abort", Kind::Abort, false},
+    {"hang", Kind::Hang, false},
+    {"stop", Kind::Stop, false},
+    {"slow", Kind::Slow, true},
+    {"nan-grad", Kind::NanGrad, false},
+    {"skip-collective", Kind::SkipCollective, false},
+    {"wrong-shape", Kind::WrongShape, false},
+    {"flood", Kind::Flood, true},
+    {"grandchild", Kind::Grandchild, false},
+    {"error-file", Kind::ErrorFile, true},
 };
 
 const KindInfo& infoOf(Kind kind) {
@@ -75,8 +81,10 @@ Fault parseKind(const std::string& what, const std::string& text) {
                    info->hasArg ? "needs" : "takes no", text, kFaultForms);
   if (f.kind == Kind::Signal) {
     f.arg = parseSignal(arg);
-    DTRAIN_CHECK_ARG(f.arg > 0, "DTRAIN_FAULT: unknown signal \"{}\" in \"{}\"; HINT: KILL, SEGV, "
-                     "TERM, or a number", arg, text);
+    DTRAIN_CHECK_ARG(f.arg > 0,
+                     "DTRAIN_FAULT: unknown signal \"{}\" in \"{}\"; HINT: KILL, SEGV, "
+                     "TERM, or a number",
+                     arg, text);
   } else if (info->hasArg) {
     DTRAIN_CHECK_ARG(parseInt64(arg, &f.arg) && f.arg >= 0,
                      "DTRAIN_FAULT: \"{}\" is not a non-negative integer in \"{}\"", arg, text);
@@ -103,7 +111,8 @@ void parseConditions(const std::string& conds, const std::string& text, Fault& f
       continue;
     }
     int64_t value = 0;
-    DTRAIN_CHECK_ARG(eq != std::string::npos && parseInt64(cond.substr(eq + 1), &value) && value >= 0,
+    DTRAIN_CHECK_ARG(eq != std::string::npos && parseInt64(cond.substr(eq + 1), &value) &&
+                         value >= 0,
                      "DTRAIN_FAULT: bad condition \"{}\" in \"{}\"; HINT: rank=R, step=S, "
                      "attempt=A with non-negative integers",
                      cond, text);
@@ -160,10 +169,10 @@ constexpr NamedNumber kSignals[] = {
 };
 
 constexpr NamedNumber kErrnos[] = {
-    {"EPERM", EPERM},   {"ENOENT", ENOENT}, {"EINTR", EINTR},   {"EIO", EIO},
-    {"EBADF", EBADF},   {"EAGAIN", EAGAIN}, {"ENOMEM", ENOMEM}, {"EACCES", EACCES},
+    {"EPERM", EPERM},   {"ENOENT", ENOENT}, {"EINTR", EINTR},     {"EIO", EIO},
+    {"EBADF", EBADF},   {"EAGAIN", EAGAIN}, {"ENOMEM", ENOMEM},   {"EACCES", EACCES},
     {"EEXIST", EEXIST}, {"EXDEV", EXDEV},   {"ENOTDIR", ENOTDIR}, {"EISDIR", EISDIR},
-    {"EINVAL", EINVAL}, {"EMFILE", EMFILE}, {"EFBIG", EFBIG},   {"ENOSPC", ENOSPC},
+    {"EINVAL", EINVAL}, {"EMFILE", EMFILE}, {"EFBIG", EFBIG},     {"ENOSPC", ENOSPC},
     {"EROFS", EROFS},   {"EDQUOT", EDQUOT},
 };
 
@@ -239,29 +248,22 @@ void injectAt(int rank, int64_t step, int attempt) {
 
 void execute(const Fault& fault) {
   switch (fault.kind) {
-    case Kind::Exit:
-      std::fflush(nullptr);
-      ::_exit(static_cast<int>(fault.arg));
+    case Kind::Exit: std::fflush(nullptr); ::_exit(static_cast<int>(fault.arg));
     case Kind::Signal:
       std::fflush(nullptr);
       ::signal(static_cast<int>(fault.arg), SIG_DFL);
       ::raise(static_cast<int>(fault.arg));
       ::pause();  // a blocked or ignored signal: wait to be killed rather than run on
       return;
-    case Kind::Abort:
-      std::fflush(nullptr);
-      std::abort();
+    case Kind::Abort: std::fflush(nullptr); std::abort();
     case Kind::Hang:
       while (true) ::pause();
     case Kind::Stop:
       std::fflush(nullptr);
       ::raise(SIGSTOP);
       return;
-    case Kind::Slow:
-      std::this_thread::sleep_for(std::chrono::milliseconds(fault.arg));
-      return;
-    default:
-      return;  // interpreted by the runtime or the test worker
+    case Kind::Slow: std::this_thread::sleep_for(std::chrono::milliseconds(fault.arg)); return;
+    default: return;  // interpreted by the runtime or the test worker
   }
 }
 
@@ -346,8 +348,10 @@ std::vector<IoFault> parseIoFaults(const std::string& spec) {
       continue;
     }
     f.error = parseErrno(head.substr(colon + 1));
-    DTRAIN_CHECK_ARG(f.error > 0, "DTRAIN_IO_FAULT: unknown errno \"{}\" in \"{}\"; HINT: ENOSPC, "
-                     "EIO, EXDEV, ... or a number", head.substr(colon + 1), text);
+    DTRAIN_CHECK_ARG(f.error > 0,
+                     "DTRAIN_IO_FAULT: unknown errno \"{}\" in \"{}\"; HINT: ENOSPC, "
+                     "EIO, EXDEV, ... or a number",
+                     head.substr(colon + 1), text);
     DTRAIN_CHECK_ARG(parseInt64(tail, &f.nth) && f.nth > 0,
                      "DTRAIN_IO_FAULT: \"{}\" is not a call number >= 1 in \"{}\"", tail, text);
     faults.push_back(f);
@@ -361,7 +365,8 @@ IoFaultInjector IoFaultInjector::fromEnv(int rank) {
   if (!spec) return IoFaultInjector(faults);
   int attempt = envAttempt();
   for (const auto& f : parseIoFaults(spec)) {
-    if ((f.rank < 0 || f.rank == rank) && (f.attempt < 0 || f.attempt == attempt)) faults.push_back(f);
+    if ((f.rank < 0 || f.rank == rank) && (f.attempt < 0 || f.attempt == attempt))
+      faults.push_back(f);
   }
   return IoFaultInjector(std::move(faults));
 }

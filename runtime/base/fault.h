@@ -55,8 +55,8 @@ enum class Kind {
 
 struct Fault {
   Kind kind = Kind::Exit;
-  int64_t arg = 0;   // exit code, signal number, milliseconds, lines; nan-grad: 1 for inf
-  int rank = -1;     // -1: any
+  int64_t arg = 0;  // exit code, signal number, milliseconds, lines; nan-grad: 1 for inf
+  int rank = -1;    // -1: any
   int64_t step = -1;
   int attempt = -1;
   bool after = false;  // nan-grad: phase=after

@@ -99,17 +99,22 @@ const BackendEntry& chooseBackend(const std::string& requested, const EnvLookup&
       if (!e.built() || (e.cuda && cudaDevices <= 0) || (e.sharedMemory && !sharedMemory)) continue;
       return e;
     }
-    DTRAIN_THROW(InvalidArgument, "no backend: this build has none that runs here (no GPU for "
+    DTRAIN_THROW(InvalidArgument,
+                 "no backend: this build has none that runs here (no GPU for "
                  "NCCL, and no CPU backend{})",
                  sharedMemory ? "" : fmt::format(" with {}=0", env::kShm));
   }
   for (const auto& e : table) {
     if (want != e.name) continue;
     DTRAIN_CHECK_ARG(e.built(), "{}={}, but this dtrain was built without it", source, e.name);
-    DTRAIN_CHECK_ARG(!e.cuda || cudaDevices > 0, "{}={}, but no CUDA device is usable here (no "
-                     "GPU, no driver, or a libtorch without CUDA)", source, e.name);
-    DTRAIN_CHECK_ARG(!e.sharedMemory || sharedMemory, "{}={}, but shared memory is turned off "
-                     "({}=0 or WorldOptions::sharedMemory)", source, e.name, env::kShm);
+    DTRAIN_CHECK_ARG(!e.cuda || cudaDevices > 0,
+                     "{}={}, but no CUDA device is usable here (no "
+                     "GPU, no driver, or a libtorch without CUDA)",
+                     source, e.name);
+    DTRAIN_CHECK_ARG(!e.sharedMemory || sharedMemory,
+                     "{}={}, but shared memory is turned off "
+                     "({}=0 or WorldOptions::sharedMemory)",
+                     source, e.name, env::kShm);
     return e;
   }
   DTRAIN_THROW(InvalidArgument, "{}=\"{}\" is not a backend: use {}", source, want, names(table));

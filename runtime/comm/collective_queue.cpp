@@ -59,7 +59,8 @@ void QueuedWork::wait(Millis timeout) {
   if (timeout > Millis::zero()) {
     if (!done_.wait_for(lock, timeout, done)) {
       lock.unlock();
-      DTRAIN_THROW(TimeoutError, "{}: not completed after {} ms of wait() (the collective keeps "
+      DTRAIN_THROW(TimeoutError,
+                   "{}: not completed after {} ms of wait() (the collective keeps "
                    "running; it fails by itself at the collective timeout)",
                    describe_ ? describe_() : std::string("collective"), timeout.count());
     }
@@ -73,7 +74,8 @@ void QueuedWork::wait(Millis timeout) {
     while (!done_.wait_until(lock, deadline(), done)) {
       if (std::chrono::steady_clock::now() < deadline()) continue;  // the queue moved on
       lock.unlock();
-      DTRAIN_THROW(TimeoutError, "{}: not completed within the default deadline of wait() ({} ms "
+      DTRAIN_THROW(TimeoutError,
+                   "{}: not completed within the default deadline of wait() ({} ms "
                    "after it or the collective before it started): the communicator is stuck "
                    "past the collective's own timeout (the collective keeps running). HINT: "
                    "a rank stuck outside the communicator, or a backend bug; DTRAIN_VERBOSE=2 "

@@ -13,7 +13,10 @@ namespace dtrain::comm {
 
 CommunicatorBase::CommunicatorBase(int rank, int size, std::string name,
                                    std::shared_ptr<store::Store> store, Millis timeout)
-    : rank_(rank), size_(size), name_(std::move(name)), store_(std::move(store)),
+    : rank_(rank),
+      size_(size),
+      name_(std::move(name)),
+      store_(std::move(store)),
       timeout_(timeout) {}
 
 std::string CommunicatorBase::who() const { return fmt::format("rank {}/{}", rank_, size_); }
@@ -42,13 +45,12 @@ bool CommunicatorBase::markClosing() {
   return true;
 }
 
-bool CommunicatorBase::agreeOnCollectiveCheck(bool requested, bool fromEnv,
-                                              Millis connectTimeout) {
+bool CommunicatorBase::agreeOnCollectiveCheck(bool requested, bool fromEnv, Millis connectTimeout) {
   const std::string key = name_ + "/check_collectives";
   if (rank_ == 0) {
     const char* env = std::getenv("DTRAIN_CHECK_COLLECTIVES");
     const bool check = requested || (fromEnv && env != nullptr &&
-                                      (std::strcmp(env, "1") == 0 || std::strcmp(env, "true") == 0));
+                                     (std::strcmp(env, "1") == 0 || std::strcmp(env, "true") == 0));
     store_->setString(key, check ? "1" : "0");
     return check;
   }
@@ -62,7 +64,8 @@ void CommunicatorBase::watchProgress() {
 }
 
 std::string CommunicatorBase::compareNotes(const RankReport& mine, Millis timeout, bool timedOut) {
-  const Millis grace = timedOut ? reportGrace(timeout) : std::min(reportGrace(timeout), Millis(500));
+  const Millis grace = timedOut ? reportGrace(timeout)
+                                : std::min(reportGrace(timeout), Millis(500));
   const auto reports = exchangeReports(*store_, name_ + "/failure", size_, mine, grace);
   return summarizeReports(reports, mine, grace);
 }

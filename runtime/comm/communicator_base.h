@@ -72,7 +72,7 @@ class CommunicatorBase : public Communicator {
   const Millis timeout_;
   CollectiveFaults faults_;  // set by the constructor, read-only after
   FlightRecorder recorder_;
-  std::atomic<uint64_t> nextSeq_{0};  // the next collective's; written under the issue lock
+  std::atomic<uint64_t> nextSeq_{0};       // the next collective's; written under the issue lock
   std::atomic<uint64_t> payloadBytes_{0};  // Note [Payload bytes]
 
   mutable std::mutex stateMutex_;

@@ -106,8 +106,8 @@ std::string summarizeReports(const std::vector<RankReport>& reports, const RankR
       parts.push_back(fmt::format("rank {} is behind at seq {} ({}; this rank is at seq {})",
                                   r.rank, r.seq, r.collective, mine.seq));
     } else if (r.seq > mine.seq) {
-      parts.push_back(fmt::format("rank {} is ahead at seq {} ({}; this rank is at seq {})",
-                                  r.rank, r.seq, r.collective, mine.seq));
+      parts.push_back(fmt::format("rank {} is ahead at seq {} ({}; this rank is at seq {})", r.rank,
+                                  r.seq, r.collective, mine.seq));
     } else if (r.collective != mine.collective) {
       parts.push_back(fmt::format("rank {} calls {} at seq {} where this rank calls {}: the "
                                   "ranks disagree on the collective",

@@ -61,8 +61,8 @@ std::string FlightRecorder::dump(size_t last) const {
   for (size_t i = from; i < entries.size(); ++i) {
     const Entry& e = entries[i];
     bool open = e.state == State::Queued || e.state == State::Running;
-    double ms = std::chrono::duration<double, std::milli>((open ? now : e.changedAt) - e.queuedAt)
-                    .count();
+    double ms =
+        std::chrono::duration<double, std::milli>((open ? now : e.changedAt) - e.queuedAt).count();
     if (!text.empty()) text += "; ";
     text += fmt::format("{} {} {:.1f} ms", e.info.describeWithSeq(), stateName(e.state), ms);
   }
@@ -70,7 +70,7 @@ std::string FlightRecorder::dump(size_t last) const {
 }
 
 progress::CollectiveState FlightRecorder::progressState(const std::string& name, uint64_t issued,
-                                                       size_t last) const {
+                                                        size_t last) const {
   auto entries = snapshot();
   auto now = std::chrono::steady_clock::now();
   progress::CollectiveState state;
@@ -84,8 +84,8 @@ progress::CollectiveState FlightRecorder::progressState(const std::string& name,
     out.seq = e.info.seq;
     out.what = e.info.describe();
     out.state = stateName(e.state);
-    out.ms = std::chrono::duration<double, std::milli>((open ? now : e.changedAt) - e.queuedAt)
-                 .count();
+    out.ms =
+        std::chrono::duration<double, std::milli>((open ? now : e.changedAt) - e.queuedAt).count();
     state.tail.push_back(std::move(out));
   }
   return state;

@@ -59,7 +59,8 @@ std::string libraryPath() {
 }
 
 bool sameFile(const char* a, const char* b) {
-  struct stat sa {}, sb {};
+  struct stat sa {
+  }, sb{};
   return ::stat(a, &sa) == 0 && ::stat(b, &sb) == 0 && sa.st_dev == sb.st_dev &&
          sa.st_ino == sb.st_ino;
 }
@@ -123,8 +124,9 @@ bool glooAvailable() { return true; }
 std::shared_ptr<Communicator> createGlooCommunicator(const GlooOptions& options) {
   const Backend& b = backend();
   if (b.create == nullptr) {
-    DTRAIN_THROW(InvalidArgument, "the Gloo backend is unavailable: {} (or pick another backend: "
-                                  "DTRAIN_BACKEND)",
+    DTRAIN_THROW(InvalidArgument,
+                 "the Gloo backend is unavailable: {} (or pick another backend: "
+                 "DTRAIN_BACKEND)",
                  b.error);
   }
   std::shared_ptr<Communicator> out;

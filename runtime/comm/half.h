@@ -54,13 +54,13 @@ inline uint16_t floatToHalf(float f) {
   const uint32_t u = bitsOf(f);
   const uint16_t sign = static_cast<uint16_t>((u >> 16) & 0x8000u);
   const uint32_t abs = u & 0x7fffffffu;
-  if (abs > 0x7f800000u) return sign | 0x7e00u;         // NaN
-  if (abs >= 0x477ff000u) return sign | 0x7c00u;        // overflow (and inf) after rounding
-  if (abs < 0x38800000u) {                              // subnormal or zero in half
-    if (abs < 0x33000000u) return sign;                 // rounds to zero
+  if (abs > 0x7f800000u) return sign | 0x7e00u;   // NaN
+  if (abs >= 0x477ff000u) return sign | 0x7c00u;  // overflow (and inf) after rounding
+  if (abs < 0x38800000u) {                        // subnormal or zero in half
+    if (abs < 0x33000000u) return sign;           // rounds to zero
     const uint32_t exp = abs >> 23;
     const uint32_t mant = (abs & 0x7fffffu) | 0x800000u;
-    const uint32_t shift = 126 - exp;                   // 14..24
+    const uint32_t shift = 126 - exp;  // 14..24
     uint32_t half = mant >> shift;
     const uint32_t rest = mant & ((1u << shift) - 1);
     const uint32_t halfway = 1u << (shift - 1);

@@ -38,7 +38,8 @@ namespace {
 
 int64_t nowNanos() {
   return std::chrono::duration_cast<std::chrono::nanoseconds>(
-             std::chrono::steady_clock::now().time_since_epoch()).count();
+             std::chrono::steady_clock::now().time_since_epoch())
+      .count();
 }
 
 Millis defaultCheckInterval(Millis timeout) {
@@ -146,8 +147,10 @@ HeartbeatSetting heartbeatFromEnv(Millis fromOptions) {
   HeartbeatSetting setting{true, fromOptions};
   if (const char* on = std::getenv("TORCH_NCCL_ENABLE_MONITORING"); on != nullptr && *on != '\0') {
     const std::string v = on;
-    DTRAIN_CHECK_ARG(v == "0" || v == "1", "TORCH_NCCL_ENABLE_MONITORING={}: expected 0 or 1 (0 "
-                     "turns the NCCL watchdog's heartbeat monitor off)", v);
+    DTRAIN_CHECK_ARG(v == "0" || v == "1",
+                     "TORCH_NCCL_ENABLE_MONITORING={}: expected 0 or 1 (0 "
+                     "turns the NCCL watchdog's heartbeat monitor off)",
+                     v);
     setting.enabled = v == "1";
   }
   const char* text = std::getenv("TORCH_NCCL_HEARTBEAT_TIMEOUT_SEC");

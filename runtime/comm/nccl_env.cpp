@@ -58,7 +58,10 @@ const std::vector<Rule>& rules() {
       {"NCCL_LAUNCH_MODE", Grammar::Enum, 0, 0, {"PARALLEL", "GROUP"}},
       {"NCCL_SOCKET_FAMILY", Grammar::Enum, 0, 0, {"AF_INET", "AF_INET6"}},
       {"NCCL_PROTO", Grammar::EnumList, 0, 0, {"LL", "LL128", "SIMPLE"}},
-      {"NCCL_ALGO", Grammar::EnumList, 0, 0,
+      {"NCCL_ALGO",
+       Grammar::EnumList,
+       0,
+       0,
        {"RING", "TREE", "COLLNET", "COLLNETDIRECT", "COLLNETCHAIN", "NVLS", "NVLSTREE", "PAT"}},
       {"NCCL_SOCKET_IFNAME", Grammar::Interfaces},
       {"NCCL_IB_HCA", Grammar::Interfaces},
@@ -97,7 +100,8 @@ bool isWordList(const std::string& v, const std::vector<const char*>& words) {
   size_t start = 0;
   while (start <= text.size()) {
     size_t end = text.find_first_of(",;", start);
-    std::string token = text.substr(start, end == std::string::npos ? std::string::npos : end - start);
+    std::string token = text.substr(start,
+                                    end == std::string::npos ? std::string::npos : end - start);
     size_t colon = token.find(':');
     if (colon != std::string::npos) token = token.substr(colon + 1);
     if (!token.empty() && token[0] == '^') token = token.substr(1);
@@ -111,7 +115,8 @@ bool isWordList(const std::string& v, const std::vector<const char*>& words) {
 
 bool isInterfaceList(const std::string& v) {
   if (v.empty()) return false;
-  return std::none_of(v.begin(), v.end(), [](char c) { return std::isspace(static_cast<unsigned char>(c)); });
+  return std::none_of(v.begin(), v.end(),
+                      [](char c) { return std::isspace(static_cast<unsigned char>(c)); });
 }
 
 std::string accepted(const Rule& r) {
@@ -126,7 +131,8 @@ std::string accepted(const Rule& r) {
       return "a comma-separated list of interface names or prefixes without spaces "
              "(optionally starting with ^ or =)";
     case Grammar::IntOrEnum:
-      return fmt::format("an integer in [{}, {}] or one of {}", r.min, r.max, fmt::join(r.words, ", "));
+      return fmt::format("an integer in [{}, {}] or one of {}", r.min, r.max,
+                         fmt::join(r.words, ", "));
   }
   return "";
 }

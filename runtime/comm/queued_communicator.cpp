@@ -53,8 +53,9 @@ void QueuedCommunicator::runOnCommThread(const CollectiveInfo& requested, Millis
     // how a stall report tells the rank that holds everyone up from the ones waiting for it.
     hangOnCommThread(requested, *hang);
   }
-  const CollectiveInfo info =
-      faults_.at(fault::Kind::WrongShape, requested.seq) ? wrongShape(requested) : requested;
+  const CollectiveInfo info = faults_.at(fault::Kind::WrongShape, requested.seq)
+                                  ? wrongShape(requested)
+                                  : requested;
   recorder_.setState(info.seq, FlightRecorder::State::Running);
   try {
     body(info, timeout);

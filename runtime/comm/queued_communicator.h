@@ -31,8 +31,7 @@ class QueuedCommunicator : public CommunicatorBase {
   void startQueue(const std::string& threadName, bool writesSockets = true);
   // Gives `info` the next sequence number and queues `body` for it. Throws the first error, or
   // that the communicator was shut down.
-  std::shared_ptr<Work> queueCollective(CollectiveInfo info, const CallOptions& options,
-                                        Body body);
+  std::shared_ptr<Work> queueCollective(CollectiveInfo info, const CallOptions& options, Body body);
   // The first step of shutdown(): no new collectives, an injected hang ends, the collectives
   // already queued run (each bounded by its timeout) and the comm thread stops. False when
   // shutdown() had begun already.

@@ -74,7 +74,7 @@ void reduceHalfPortable(void* out, const void* a, const void* b, size_t n) {
 // float16 with the F16C conversion instructions (8 lanes at a time), when the CPU has them.
 template <template <typename> class Op>
 __attribute__((target("avx,f16c"))) void reduceHalfF16c(void* out, const void* a, const void* b,
-                                                         size_t n) {
+                                                        size_t n) {
   uint16_t* o = static_cast<uint16_t*>(out);
   const uint16_t* x = static_cast<const uint16_t*>(a);
   const uint16_t* y = static_cast<const uint16_t*>(b);

@@ -19,8 +19,8 @@ std::string keyOf(const std::string& prefix, uint64_t seq, int rank) {
 }  // namespace
 
 // See Note [Collective check through the store].
-void checkCollectiveThroughStore(store::Store& store, const std::string& prefix, int rank,
-                                 int size, const CollectiveInfo& info, Millis timeout,
+void checkCollectiveThroughStore(store::Store& store, const std::string& prefix, int rank, int size,
+                                 const CollectiveInfo& info, Millis timeout,
                                  const std::string& who) {
   if (size == 1) return;
   const Fingerprint mine = Fingerprint::of(info);
@@ -42,8 +42,7 @@ void checkCollectiveThroughStore(store::Store& store, const std::string& prefix,
                  "{}: collective check of {}: rank(s) {} did not reach seq {} within {} ms. HINT: "
                  "they are behind (a collective skipped on this rank's side?), skipped it, or "
                  "are stuck outside the communicator",
-                 who, info.describeWithSeq(), fmt::join(missing, ", "), info.seq,
-                 timeout.count());
+                 who, info.describeWithSeq(), fmt::join(missing, ", "), info.seq, timeout.count());
   }
 
   std::vector<std::string> differ;

@@ -23,8 +23,8 @@ namespace dtrain::comm {
 // Throws InvalidArgument naming every rank that calls something else than `info` ("rank 1 calls
 // seq 3 allreduce(float32 x 1023, sum)"), TimeoutError naming the ranks whose fingerprint did not
 // arrive within `timeout` (behind, skipped it, or stuck). `who`: "rank 0/4", for the messages.
-void checkCollectiveThroughStore(store::Store& store, const std::string& prefix, int rank,
-                                 int size, const CollectiveInfo& info, Millis timeout,
+void checkCollectiveThroughStore(store::Store& store, const std::string& prefix, int rank, int size,
+                                 const CollectiveInfo& info, Millis timeout,
                                  const std::string& who);
 
 }  // namespace dtrain::comm

@@ -65,14 +65,16 @@ std::vector<Entry> agree(store::Store& store, const std::string& prefix, int ran
   for (std::string line; std::getline(in, line);) {
     if (!line.empty()) out.push_back(decode(line));
   }
-  DTRAIN_CHECK(static_cast<int>(out.size()) == size, "{}: the group table has {} entries for {} "
-               "ranks", what, out.size(), size);
+  DTRAIN_CHECK(static_cast<int>(out.size()) == size,
+               "{}: the group table has {} entries for {} "
+               "ranks",
+               what, out.size(), size);
   return out;
 }
 
 std::shared_ptr<Communicator> formGroup(
-    Communicator& self, const std::string& prefix, const std::vector<Entry>& entries,
-    int color, const GroupOptions& options, Millis defaultTimeout, Millis connectTimeout,
+    Communicator& self, const std::string& prefix, const std::vector<Entry>& entries, int color,
+    const GroupOptions& options, Millis defaultTimeout, Millis connectTimeout,
     const std::function<std::shared_ptr<Communicator>(const std::vector<int>&, int,
                                                       const std::string&, Millis, Millis)>& make) {
   if (color < 0) return nullptr;
@@ -120,8 +122,9 @@ std::shared_ptr<Communicator> Communicator::newGroup(std::vector<int> ranks,
   DTRAIN_CHECK_ARG(ctx.has_value(), "{}: newGroup(): the {} backend does not create subgroups",
                    describe(), backendName());
   std::sort(ranks.begin(), ranks.end());
-  DTRAIN_CHECK_ARG(!ranks.empty() && std::adjacent_find(ranks.begin(), ranks.end()) == ranks.end()
-                       && ranks.front() >= 0 && ranks.back() < size(),
+  DTRAIN_CHECK_ARG(!ranks.empty() &&
+                       std::adjacent_find(ranks.begin(), ranks.end()) == ranks.end() &&
+                       ranks.front() >= 0 && ranks.back() < size(),
                    "{}: newGroup([{}]): the ranks must be distinct and in 0..{}", describe(),
                    fmt::join(ranks, ", "), size() - 1);
   const bool member = std::binary_search(ranks.begin(), ranks.end(), rank());

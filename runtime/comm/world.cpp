@@ -3,8 +3,8 @@
 // into a store and a communicator.
 #include "dtrain/comm/world.h"
 
-#include <netdb.h>
 #include <arpa/inet.h>
+#include <netdb.h>
 
 #include <unistd.h>
 
@@ -34,8 +34,10 @@ std::string numericAddress(const std::string& host) {
   hints.ai_family = AF_INET;
   addrinfo* res = nullptr;
   int rc = getaddrinfo(host.c_str(), nullptr, &hints, &res);
-  DTRAIN_CHECK_ARG(rc == 0 && res != nullptr, "{}=\"{}\" does not resolve: {}. HINT: export the "
-                   "first node's IP address", env::kMasterAddr, host, gai_strerror(rc));
+  DTRAIN_CHECK_ARG(rc == 0 && res != nullptr,
+                   "{}=\"{}\" does not resolve: {}. HINT: export the "
+                   "first node's IP address",
+                   env::kMasterAddr, host, gai_strerror(rc));
   char buf[INET_ADDRSTRLEN] = {0};
   inet_ntop(AF_INET, &reinterpret_cast<sockaddr_in*>(res->ai_addr)->sin_addr, buf, sizeof(buf));
   freeaddrinfo(res);
@@ -49,12 +51,13 @@ std::shared_ptr<store::Store> hostedStore(World& w, const WorldOptions& o) {
   const std::string token = tokenEnv ? tokenEnv : "";
   // Off loopback the store must authenticate its clients (docs/reliability.md S17); checked on
   // every rank so they all fail the same way.
-  DTRAIN_CHECK_ARG(net::isLoopbackHost(host) || !token.empty(),
-                   "{} is not set, and {}={} is not a loopback address: rank 0 would host the job's "
-                   "store on the network without authentication. HINT: export {}=$(openssl rand "
-                   "-hex 16) before srun/mpirun so every rank has the same token, or start the "
-                   "job with `launch`, which does this for you",
-                   env::kStoreToken, env::kMasterAddr, w.env.masterAddr, env::kStoreToken);
+  DTRAIN_CHECK_ARG(
+      net::isLoopbackHost(host) || !token.empty(),
+      "{} is not set, and {}={} is not a loopback address: rank 0 would host the job's "
+      "store on the network without authentication. HINT: export {}=$(openssl rand "
+      "-hex 16) before srun/mpirun so every rank has the same token, or start the "
+      "job with `launch`, which does this for you",
+      env::kStoreToken, env::kMasterAddr, w.env.masterAddr, env::kStoreToken);
   if (w.env.rank == 0) {
     store::TcpStoreServerOptions so;
     so.host = host;
@@ -96,8 +99,9 @@ World connectWorld(const WorldOptions& o, bool cudaDevicesUsable) {
   log::setTag(fmt::format("[dtrain rank {}]", w.env.rank));
   // A backend asked for by name has its variables checked first: a bad NCCL_* value is named
   // even on a machine where NCCL cannot run (docs/reliability.md P7).
-  const std::string requested = !o.backend.empty() ? o.backend
-                                : std::getenv(env::kBackend) ? std::getenv(env::kBackend) : "";
+  const std::string requested = !o.backend.empty()           ? o.backend
+                                : std::getenv(env::kBackend) ? std::getenv(env::kBackend)
+                                                             : "";
   for (const auto& e : backendTable()) {
     if (requested == e.name && e.validateEnvironment) e.validateEnvironment();
   }
@@ -118,7 +122,12 @@ World connectWorld(const WorldOptions& o, bool cudaDevicesUsable) {
     w.store = hostedStore(w, o);
   }
 
-  BackendSetup setup{o, w.env, w.store, "pg/" + o.name, w.device, devices,
+  BackendSetup setup{o,
+                     w.env,
+                     w.store,
+                     "pg/" + o.name,
+                     w.device,
+                     devices,
                      w.env.node.empty() ? hostNodeKey() : w.env.node};
   w.communicator = entry.create(setup);
   w.backend = w.communicator->backendName();

@@ -33,8 +33,8 @@ int requireInt(const EnvLookup& env, const char* name, long long min, long long 
   return static_cast<int>(parseInt(name, v, min, max, hint));
 }
 
-int optionalInt(const EnvLookup& env, const char* name, int fallback, long long min,
-                long long max, const char* hint) {
+int optionalInt(const EnvLookup& env, const char* name, int fallback, long long min, long long max,
+                const char* hint) {
   const char* v = get(env, name);
   return v ? static_cast<int>(parseInt(name, v, min, max, hint)) : fallback;
 }
@@ -61,8 +61,10 @@ bool sharedMemoryFromEnv(const EnvLookup& env) {
   const std::string s = v;
   if (s == "1" || s == "true" || s == "on" || s == "yes") return true;
   if (s == "0" || s == "false" || s == "off" || s == "no") return false;
-  DTRAIN_THROW(InvalidArgument, "{}=\"{}\" is not a switch: 0 turns the shared-memory path off, "
-               "1 (the default) keeps it", env::kShm, s);
+  DTRAIN_THROW(InvalidArgument,
+               "{}=\"{}\" is not a switch: 0 turns the shared-memory path off, "
+               "1 (the default) keeps it",
+               env::kShm, s);
 }
 
 // Ranks with the same key share a node (and memory). launch numbers its nodes with GROUP_RANK,
@@ -73,8 +75,8 @@ std::string nodeKey(const WorldOptions& o, const EnvLookup& env) {
     return "group" + std::to_string(parseInt(env::kGroupRank, group, 0, 1 << 24, kLaunchHint));
   }
   if (const char* slurm = get(env, "SLURM_NODEID")) {
-    return "slurm" + std::to_string(parseInt("SLURM_NODEID", slurm, 0, 1 << 24,
-                                             "HINT: srun sets it"));
+    return "slurm" +
+           std::to_string(parseInt("SLURM_NODEID", slurm, 0, 1 << 24, "HINT: srun sets it"));
   }
   return "";
 }
@@ -101,8 +103,9 @@ WorldEnv resolveWorldEnv(const WorldOptions& o, const EnvLookup& env) {
     w.launcher = Launcher::Explicit;
     w.rank = o.rank;
     w.worldSize = o.worldSize;
-    w.localRank = o.localRank >= 0 ? o.localRank
-                                   : optionalInt(env, env::kLocalRank, o.rank, 0, 1 << 20, kLaunchHint);
+    w.localRank = o.localRank >= 0
+                      ? o.localRank
+                      : optionalInt(env, env::kLocalRank, o.rank, 0, 1 << 20, kLaunchHint);
   } else {
     if (get(env, env::kRank)) names = &kLaunch;
     else if (get(env, kSlurm.rank)) names = &kSlurm;

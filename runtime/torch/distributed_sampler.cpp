@@ -21,7 +21,8 @@ constexpr const char* kArchiveKey = "dtrain_sampler_state";
 std::vector<int64_t> epochOrder(size_t n, const SamplerOptions& options, int64_t epoch) {
   at::Tensor order;
   if (options.shuffle) {
-    auto gen = at::make_generator<at::CPUGeneratorImpl>(options.seed + static_cast<uint64_t>(epoch));
+    auto gen = at::make_generator<at::CPUGeneratorImpl>(options.seed +
+                                                        static_cast<uint64_t>(epoch));
     order = at::randperm(static_cast<int64_t>(n), gen, at::kLong);
   } else {
     order = at::arange(static_cast<int64_t>(n), at::kLong);
@@ -55,8 +56,8 @@ SamplerState SamplerState::decode(const std::vector<uint8_t>& bytes) {
                  "HINT: resume with the dtrain version that wrote the checkpoint",
                  version, kFormatVersion);
   uint64_t flags = getLE(bytes.data() + 12, 4);
-  DTRAIN_CHECK_T(CheckpointError, (flags & ~uint64_t{3}) == 0,
-                 "sampler state: unknown flags {:#x}", flags);
+  DTRAIN_CHECK_T(CheckpointError, (flags & ~uint64_t{3}) == 0, "sampler state: unknown flags {:#x}",
+                 flags);
   SamplerState s;
   s.shuffle = flags & 1;
   s.dropLast = flags & 2;
@@ -71,8 +72,8 @@ SamplerState SamplerState::decode(const std::vector<uint8_t>& bytes) {
 }
 
 bool SamplerState::operator==(const SamplerState& o) const {
-  return seed == o.seed && epoch == o.epoch && datasetSize == o.datasetSize &&
-         cursor == o.cursor && shuffle == o.shuffle && dropLast == o.dropLast;
+  return seed == o.seed && epoch == o.epoch && datasetSize == o.datasetSize && cursor == o.cursor &&
+         shuffle == o.shuffle && dropLast == o.dropLast;
 }
 
 DistributedSampler::DistributedSampler(size_t datasetSize, int numReplicas, int rank,
@@ -175,9 +176,10 @@ void DistributedSampler::loadState(const SamplerState& s) {
 
 void DistributedSampler::save(torch::serialize::OutputArchive& archive) const {
   auto bytes = state().encode();
-  archive.write(kArchiveKey, at::tensor(std::vector<int64_t>(bytes.begin(), bytes.end()), at::kLong)
-                                 .to(at::kByte),
-                /*is_buffer=*/true);
+  archive.write(
+      kArchiveKey,
+      at::tensor(std::vector<int64_t>(bytes.begin(), bytes.end()), at::kLong).to(at::kByte),
+      /*is_buffer=*/true);
 }
 
 void DistributedSampler::load(torch::serialize::InputArchive& archive) {

@@ -119,7 +119,8 @@ void GradScaler::unscale(torch::optim::Optimizer& optimizer) {
       grads.push_back(g);
     }
   }
-  at::Device device = group_ ? group_->device() : (grads.empty() ? at::Device(at::kCPU) : grads[0].device());
+  at::Device device = group_ ? group_->device()
+                             : (grads.empty() ? at::Device(at::kCPU) : grads[0].device());
   ensureScale(scale_.defined() ? scale_.device() : device);
   at::NoGradGuard noGrad;
   // ATen's convention: the reciprocal in double, then rounded to float.
@@ -138,7 +139,8 @@ void GradScaler::unscale(torch::optim::Optimizer& optimizer) {
   if (!cuda.empty()) {
     // One fused launch per device and dtype, as PyTorch groups them.
     std::map<std::pair<int, int>, std::vector<at::Tensor>> byDeviceType;
-    for (auto& g : cuda) byDeviceType[{g.device().index(), static_cast<int>(g.scalar_type())}].push_back(g);
+    for (auto& g : cuda)
+      byDeviceType[{g.device().index(), static_cast<int>(g.scalar_type())}].push_back(g);
     for (auto& [key, list] : byDeviceType) {
       at::Tensor foundHere = at::zeros({1}, list[0].options().dtype(at::kFloat));
       at::_amp_foreach_non_finite_check_and_unscale_(list, foundHere,
@@ -184,8 +186,8 @@ void GradScaler::update() {
   perOptimizer_.clear();
   at::NoGradGuard noGrad;
   if (scale_.is_cuda()) {
-    at::_amp_update_scale_(scale_, growthTracker_, found.to(scale_.device()),
-                           options_.growthFactor, options_.backoffFactor, options_.growthInterval);
+    at::_amp_update_scale_(scale_, growthTracker_, found.to(scale_.device()), options_.growthFactor,
+                           options_.backoffFactor, options_.growthInterval);
     return;
   }
   // The same arithmetic as ATen's _amp_update_scale_ kernel (float scale, int32 tracker).
@@ -210,7 +212,8 @@ void GradScaler::update(double newScale) {
   DTRAIN_CHECK_ARG(newScale > 0 && std::isfinite(newScale),
                    "GradScaler: update({}): the new scale must be positive and finite", newScale);
   perOptimizer_.clear();
-  ensureScale(scale_.defined() ? scale_.device() : (group_ ? group_->device() : at::Device(at::kCPU)));
+  ensureScale(scale_.defined() ? scale_.device()
+                               : (group_ ? group_->device() : at::Device(at::kCPU)));
   scale_.fill_(newScale);
   growthTracker_.fill_(0);
 }
@@ -243,7 +246,8 @@ void GradScaler::loadState(const GradScalerState& s) {
   options_.backoffFactor = s.backoffFactor;
   options_.growthInterval = s.growthInterval;
   initScale_ = s.scale;
-  ensureScale(scale_.defined() ? scale_.device() : (group_ ? group_->device() : at::Device(at::kCPU)));
+  ensureScale(scale_.defined() ? scale_.device()
+                               : (group_ ? group_->device() : at::Device(at::kCPU)));
   scale_.fill_(s.scale);
   growthTracker_.fill_(s.growthTracker);
   perOptimizer_.clear();

@@ -113,7 +113,8 @@ class HostMemoryCache final : public c10::Allocator {
  public:
   HostMemoryCache(c10::Allocator* previous, const HostMemoryCacheOptions& options)
       : previous_(previous), options_(options) {
-    if (options_.maxCachedBytes == 0) options_.maxCachedBytes = host_memory::defaultMaxCachedBytes();
+    if (options_.maxCachedBytes == 0)
+      options_.maxCachedBytes = host_memory::defaultMaxCachedBytes();
   }
 
   c10::DataPtr allocate(size_t bytes) override {
@@ -159,8 +160,7 @@ class HostMemoryCache final : public c10::Allocator {
       // Not a block of the cache: the previous allocator's (see the Note).
       c10::DeleterFnPtr deleter = cache ? cache->previous_->raw_deleter() : nullptr;
       if (deleter == nullptr) {
-        DTRAIN_LOG(Error, "host memory cache: asked to free {} that no allocator can free",
-                   data);
+        DTRAIN_LOG(Error, "host memory cache: asked to free {} that no allocator can free", data);
         std::abort();
       }
       deleter(data);
@@ -356,7 +356,7 @@ bool enableHostMemoryCache(const HostMemoryCacheOptions& options) {
   c10::SetCPUAllocator(cache, /*priority=*/1);
   if (c10::GetCPUAllocator() != cache) {
     DTRAIN_LOG(Warn, "host memory cache: another CPU allocator of higher priority is installed; "
-               "CPU tensors are not cached");
+                     "CPU tensors are not cached");
     return false;
   }
   return true;

@@ -15,20 +15,24 @@ const char* optimizerType(const torch::optim::Optimizer& o) {
 
 StateFields fieldsOf(torch::optim::OptimizerParamState& s) {
   using namespace torch::optim;
-  if (auto* p = dynamic_cast<SGDParamState*>(&s)) return {{{"momentum_buffer", &p->momentum_buffer()}}, nullptr};
+  if (auto* p = dynamic_cast<SGDParamState*>(&s))
+    return {{{"momentum_buffer", &p->momentum_buffer()}}, nullptr};
   if (auto* p = dynamic_cast<AdamParamState*>(&s)) {
-    return {{{"exp_avg", &p->exp_avg()}, {"exp_avg_sq", &p->exp_avg_sq()},
+    return {{{"exp_avg", &p->exp_avg()},
+             {"exp_avg_sq", &p->exp_avg_sq()},
              {"max_exp_avg_sq", &p->max_exp_avg_sq()}},
             &p->step()};
   }
   if (auto* p = dynamic_cast<AdamWParamState*>(&s)) {
-    return {{{"exp_avg", &p->exp_avg()}, {"exp_avg_sq", &p->exp_avg_sq()},
+    return {{{"exp_avg", &p->exp_avg()},
+             {"exp_avg_sq", &p->exp_avg_sq()},
              {"max_exp_avg_sq", &p->max_exp_avg_sq()}},
             &p->step()};
   }
   if (auto* p = dynamic_cast<AdagradParamState*>(&s)) return {{{"sum", &p->sum()}}, &p->step()};
   if (auto* p = dynamic_cast<RMSpropParamState*>(&s)) {
-    return {{{"square_avg", &p->square_avg()}, {"momentum_buffer", &p->momentum_buffer()},
+    return {{{"square_avg", &p->square_avg()},
+             {"momentum_buffer", &p->momentum_buffer()},
              {"grad_avg", &p->grad_avg()}},
             &p->step()};
   }

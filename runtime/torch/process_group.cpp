@@ -84,7 +84,8 @@ comm::DataType toDataType(const at::Tensor& tensor) {
 
 ReduceOp reduceOpFor(at::ScalarType type, ReduceOp op) {
   if (type != at::kBool) return op;
-  DTRAIN_CHECK_ARG(op != ReduceOp::Avg, "the average of a bool tensor is not a bool: use Sum "
+  DTRAIN_CHECK_ARG(op != ReduceOp::Avg,
+                   "the average of a bool tensor is not a bool: use Sum "
                    "(logical or), Min (and) or Max (or), or convert the tensor first");
   return op == ReduceOp::Sum ? ReduceOp::Max : op;
 }
@@ -160,11 +161,9 @@ std::shared_ptr<comm::Work> ProcessGroup::startAllreduce(at::Tensor& tensor, Red
                                                          bool synchronous) {
   checkTensor(tensor, "allreduce");
   Staged staged(tensor);
-  auto work = communicator_->allreduceAsync(staged.contiguous.data_ptr(),
-                                            static_cast<size_t>(staged.contiguous.numel()),
-                                            toDataType(tensor),
-                                            reduceOpFor(tensor.scalar_type(), op),
-                                            callOptions(tensor, synchronous));
+  auto work = communicator_->allreduceAsync(
+      staged.contiguous.data_ptr(), static_cast<size_t>(staged.contiguous.numel()),
+      toDataType(tensor), reduceOpFor(tensor.scalar_type(), op), callOptions(tensor, synchronous));
   return std::make_shared<TensorWork>(std::move(work), std::move(staged));
 }
 
@@ -182,10 +181,9 @@ std::shared_ptr<comm::Work> ProcessGroup::startBroadcast(at::Tensor& tensor, int
   DTRAIN_CHECK_ARG(root >= 0 && root < size(), "broadcast root {} is outside 0..{}", root,
                    size() - 1);
   Staged staged(tensor);
-  auto work = communicator_->broadcastAsync(staged.contiguous.data_ptr(),
-                                            static_cast<size_t>(staged.contiguous.numel()),
-                                            toDataType(tensor), root,
-                                            callOptions(tensor, synchronous));
+  auto work = communicator_->broadcastAsync(
+      staged.contiguous.data_ptr(), static_cast<size_t>(staged.contiguous.numel()),
+      toDataType(tensor), root, callOptions(tensor, synchronous));
   return std::make_shared<TensorWork>(std::move(work), std::move(staged));
 }
 

@@ -65,13 +65,11 @@ class PostHook : public torch::autograd::FunctionPostHook {
 };
 
 // Adds `fn` as a post-hook of a parameter's gradient accumulator; returns the key that removes it.
-inline uintptr_t addAccumulatorPostHook(const NodePtr& accumulator,
-                                        PostHook::Fn fn) {
+inline uintptr_t addAccumulatorPostHook(const NodePtr& accumulator, PostHook::Fn fn) {
   return accumulator->add_post_hook(std::make_unique<PostHook>(std::move(fn)));
 }
 
-inline void removeAccumulatorPostHook(const NodePtr& accumulator,
-                                      uintptr_t key) {
+inline void removeAccumulatorPostHook(const NodePtr& accumulator, uintptr_t key) {
   accumulator->del_post_hook(key);
 }
 
@@ -91,16 +89,14 @@ class PreHook : public torch::autograd::FunctionPreHook {
 // Adds `fn` as a pre-hook of a parameter's gradient accumulator: it runs before the incoming
 // gradient is added into .grad. Returns the key that removes it (Node has no del_pre_hook: the
 // hook is found by its address).
-inline uintptr_t addAccumulatorPreHook(const NodePtr& accumulator,
-                                       PreHook::Fn fn) {
+inline uintptr_t addAccumulatorPreHook(const NodePtr& accumulator, PreHook::Fn fn) {
   auto hook = std::make_unique<PreHook>(std::move(fn));
   const auto key = reinterpret_cast<uintptr_t>(hook.get());
   accumulator->add_pre_hook(std::move(hook));
   return key;
 }
 
-inline void removeAccumulatorPreHook(const NodePtr& accumulator,
-                                     uintptr_t key) {
+inline void removeAccumulatorPreHook(const NodePtr& accumulator, uintptr_t key) {
   auto& hooks = accumulator->pre_hooks();
   for (auto it = hooks.begin(); it != hooks.end(); ++it) {
     if (reinterpret_cast<uintptr_t>(it->get()) == key) {
@@ -127,7 +123,9 @@ inline void* currentStream(const c10::Device& device) {
 }
 
 // Autocast's thread-local switch and lower-precision dtype for CPU or CUDA.
-inline bool autocastEnabled(c10::DeviceType type) { return at::autocast::is_autocast_enabled(type); }
+inline bool autocastEnabled(c10::DeviceType type) {
+  return at::autocast::is_autocast_enabled(type);
+}
 inline void setAutocastEnabled(c10::DeviceType type, bool enabled) {
   at::autocast::set_autocast_enabled(type, enabled);
 }
@@ -139,9 +137,7 @@ inline void setAutocastDtype(c10::DeviceType type, c10::ScalarType dtype) {
 }
 
 // The key of `param`'s state in `optimizer.state()`.
-inline void* optimizerStateKey(const at::Tensor& param) {
-  return param.unsafeGetTensorImpl();
-}
+inline void* optimizerStateKey(const at::Tensor& param) { return param.unsafeGetTensorImpl(); }
 
 // LRScheduler::step_count_, reached through a derived class (the standard way to name a
 // protected member of another object).

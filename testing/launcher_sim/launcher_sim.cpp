@@ -143,7 +143,9 @@ bool Fleet::pumpUntil(const std::function<bool()>& done, double seconds) {
   return true;
 }
 
-void Fleet::signal(int member, int signo) { ::kill(members_[static_cast<size_t>(member)]->pid, signo); }
+void Fleet::signal(int member, int signo) {
+  ::kill(members_[static_cast<size_t>(member)]->pid, signo);
+}
 
 bool Fleet::allExited() const {
   return std::all_of(members_.begin(), members_.end(), [](const auto& m) { return m->exited; });
@@ -271,16 +273,35 @@ std::vector<std::string> LaunchSim::agentArgv(int node) const {
   const std::string nnodes = minNodes == options_.nodes
                                  ? std::to_string(options_.nodes)
                                  : fmt::format("{}:{}", minNodes, options_.nodes);
-  std::vector<std::string> argv{
-      options_.launch, "--nnodes", nnodes, "--node-rank", std::to_string(node),
-      "--rdzv-endpoint", fmt::format("127.0.0.1:{}", port_), "--nproc-per-node", "1",
-      "--heartbeat-interval", fmt::format("{:g}", options_.heartbeatInterval),
-      "--heartbeat-timeout", fmt::format("{:g}", options_.heartbeatTimeout),
-      "--grace-period", fmt::format("{:g}", options_.gracePeriod),
-      "--rdzv-timeout", fmt::format("{:g}", options_.rdzvTimeout),
-      "--max-restarts", std::to_string(options_.maxRestarts),
-      options_.worker, "--no-store", "--progress", "--quiet", "--on-sigterm", "75",
-      "--steps", std::to_string(options_.workerSteps), "--step-ms", "1000"};
+  std::vector<std::string> argv{options_.launch,
+                                "--nnodes",
+                                nnodes,
+                                "--node-rank",
+                                std::to_string(node),
+                                "--rdzv-endpoint",
+                                fmt::format("127.0.0.1:{}", port_),
+                                "--nproc-per-node",
+                                "1",
+                                "--heartbeat-interval",
+                                fmt::format("{:g}", options_.heartbeatInterval),
+                                "--heartbeat-timeout",
+                                fmt::format("{:g}", options_.heartbeatTimeout),
+                                "--grace-period",
+                                fmt::format("{:g}", options_.gracePeriod),
+                                "--rdzv-timeout",
+                                fmt::format("{:g}", options_.rdzvTimeout),
+                                "--max-restarts",
+                                std::to_string(options_.maxRestarts),
+                                options_.worker,
+                                "--no-store",
+                                "--progress",
+                                "--quiet",
+                                "--on-sigterm",
+                                "75",
+                                "--steps",
+                                std::to_string(options_.workerSteps),
+                                "--step-ms",
+                                "1000"};
   if (options_.restartSteps >= 0) {
     argv.insert(argv.end(), {"--restart-steps", std::to_string(options_.restartSteps)});
   }
@@ -363,7 +384,8 @@ double LaunchSim::masterSaid(const std::string& needle) const {
 }
 
 int LaunchSim::count(const std::vector<double>& times) {
-  return static_cast<int>(std::count_if(times.begin(), times.end(), [](double t) { return t >= 0; }));
+  return static_cast<int>(
+      std::count_if(times.begin(), times.end(), [](double t) { return t >= 0; }));
 }
 
 double LaunchSim::latest(const std::vector<double>& times) {

@@ -39,8 +39,8 @@ class Fleet {
     bool exited = false;
     int status = 0;
     double exitedAt = 0;
-    double cpuSeconds = 0;      // once exited: its own and its reaped children's (wait4)
-    uint64_t maxRssBytes = 0;   // once exited: its largest resident set (wait4)
+    double cpuSeconds = 0;     // once exited: its own and its reaped children's (wait4)
+    uint64_t maxRssBytes = 0;  // once exited: its largest resident set (wait4)
   };
 
   Fleet() = default;
@@ -88,15 +88,15 @@ struct LaunchSimOptions {
   std::string launch;  // the launch binary
   std::string worker;  // testing/worker/worker
   int nodes = 16;
-  int minNodes = 0;    // elastic MIN; 0: not elastic (MIN = nodes)
+  int minNodes = 0;  // elastic MIN; 0: not elastic (MIN = nodes)
   double heartbeatInterval = 5;
   double heartbeatTimeout = 30;
   double gracePeriod = 10;
   double rdzvTimeout = 300;
   int maxRestarts = 0;
-  int workerSteps = 30;    // seconds each worker runs (a step a second)
-  int restartSteps = -1;   // in a restarted round; -1: workerSteps
-  std::string token;       // the job's token (DTRAIN_STORE_TOKEN on every node)
+  int workerSteps = 30;   // seconds each worker runs (a step a second)
+  int restartSteps = -1;  // in a restarted round; -1: workerSteps
+  std::string token;      // the job's token (DTRAIN_STORE_TOKEN on every node)
 };
 
 // Store requests node rank 0 had served when it logged them.

@@ -59,10 +59,10 @@
 #include <cerrno>
 #include <chrono>
 #include <cmath>
-#include <ctime>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <ctime>
 #include <fstream>
 #include <string>
 #include <thread>
@@ -147,8 +147,7 @@ Flags parseFlags(int argc, char** argv) {
     else if (a == "--error-file-mode") {
       if (i + 1 >= argc) usage("--error-file-mode needs a value");
       f.errorFileMode = argv[++i];
-    }
-    else if (a == "--alloc-mb") f.allocMb = number();
+    } else if (a == "--alloc-mb") f.allocMb = number();
     else if (a == "--alloc-rank") f.allocRank = number();
     else if (a == "--publish-figures") f.publishFigures = true;
     else if (a == "--nan-loss-from") f.nanLossFrom = number();
@@ -169,8 +168,7 @@ Flags parseFlags(int argc, char** argv) {
     } else if (a == "--store-prefix") {
       if (i + 1 >= argc) usage("--store-prefix needs a value");
       f.storePrefix = argv[++i];
-    }
-    else usage("unknown flag " + a);
+    } else usage("unknown flag " + a);
   }
   return f;
 }
@@ -243,9 +241,11 @@ void barrier(dtrain::store::Store& store, const std::string& name, int world,
         missing += (missing.empty() ? "" : ", ") + std::to_string(r);
       }
     }
-    DTRAIN_THROW(dtrain::TimeoutError, "rank {}: barrier \"{}\" timed out after {} ms: {}/{} ranks "
-                 "arrived, missing rank(s) {} ({})", gRank, name, timeout.count(),
-                 store.add(base + "/count", 0), world, missing, e.what());
+    DTRAIN_THROW(dtrain::TimeoutError,
+                 "rank {}: barrier \"{}\" timed out after {} ms: {}/{} ranks "
+                 "arrived, missing rank(s) {} ({})",
+                 gRank, name, timeout.count(), store.add(base + "/count", 0), world, missing,
+                 e.what());
   }
 }
 
@@ -266,8 +266,10 @@ void flood(int rank, int64_t lines) {
     text.erase(0, off);
   };
   for (int64_t i = 0; i < lines; ++i) {
-    out += "rank " + std::to_string(rank) + " flood out " + std::to_string(i) + " " + pad + " end\n";
-    err += "rank " + std::to_string(rank) + " flood err " + std::to_string(i) + " " + pad + " end\n";
+    out += "rank " + std::to_string(rank) + " flood out " + std::to_string(i) + " " + pad +
+           " end\n";
+    err += "rank " + std::to_string(rank) + " flood err " + std::to_string(i) + " " + pad +
+           " end\n";
     writeChunks(STDOUT_FILENO, out, false);
     writeChunks(STDERR_FILENO, err, false);
   }
@@ -316,11 +318,11 @@ int run(const Flags& flags) {
               rank, envInt(dtrain::env::kLocalRank, 0), world, attempt,
               envInt(dtrain::env::kRestartCount, -1), ::getpid(), ::getppid());
   if (flags.printEnv) {
-    for (const char* name : {"RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR",
-                             "MASTER_PORT", "OMP_NUM_THREADS", "TORCHELASTIC_RUN_ID",
-                             "TORCHELASTIC_ERROR_FILE", "DTRAIN_STORE_ADDR", "DTRAIN_STORE_PORT",
-                             "GROUP_RANK", "DTRAIN_NODE_ID", "CUDA_VISIBLE_DEVICES", "NCCL_SOCKET_IFNAME",
-                             "GLOO_SOCKET_IFNAME", "NCCL_DEBUG", "FROM_DOTENV"}) {
+    for (const char* name :
+         {"RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
+          "OMP_NUM_THREADS", "TORCHELASTIC_RUN_ID", "TORCHELASTIC_ERROR_FILE", "DTRAIN_STORE_ADDR",
+          "DTRAIN_STORE_PORT", "GROUP_RANK", "DTRAIN_NODE_ID", "CUDA_VISIBLE_DEVICES",
+          "NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME", "NCCL_DEBUG", "FROM_DOTENV"}) {
       const char* v = std::getenv(name);
       std::printf("rank %d: env %s=%s\n", rank, name, v ? v : "(unset)");
     }
@@ -358,8 +360,8 @@ int run(const Flags& flags) {
     store = dtrain::store::connectToJobStore(options);
     barrier(*store, "start", world, timeout);
     if (!flags.quiet) {
-      double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0)
-                      .count();
+      double ms =
+          std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
       std::printf("rank %d: joined store %s (%s), barrier start passed in %.1f ms\n", rank,
                   store->describe().c_str(), store->prefix().c_str(), ms);
     }
@@ -372,8 +374,8 @@ int run(const Flags& flags) {
   for (int64_t step = 0; step < steps; ++step) {
     for (const auto& f : dtrain::fault::activeFaults()) {
       if (!f.matches(rank, step, attempt)) continue;
-      std::printf("rank %d: step %lld: injecting %s (t=%.6f)\n", rank,
-                  static_cast<long long>(step), f.describe().c_str(), monotonicSeconds());
+      std::printf("rank %d: step %lld: injecting %s (t=%.6f)\n", rank, static_cast<long long>(step),
+                  f.describe().c_str(), monotonicSeconds());
       std::fflush(stdout);
       switch (f.kind) {
         case Kind::Flood: flood(rank, f.arg); break;

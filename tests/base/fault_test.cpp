@@ -75,18 +75,14 @@ TEST_P(FaultRejectTest, SaysWhatIsWrong) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Table, FaultRejectTest,
-                         ::testing::Values(BadSpec{"explode", "explode"},
-                                           BadSpec{"exit", "needs"},
-                                           BadSpec{"abort:3", "takes no"},
-                                           BadSpec{"exit:x", "\"x\""},
-                                           BadSpec{"exit:300", "300"},
-                                           BadSpec{"signal:NOPE", "NOPE"},
-                                           BadSpec{"exit:1@rnk=1", "rnk"},
-                                           BadSpec{"exit:1@rank=-1", "rank=-1"},
-                                           BadSpec{"exit:1@rank", "rank"},
-                                           BadSpec{"exit:1@", "empty condition"},
-                                           BadSpec{"slow:-5", "-5"}));
+INSTANTIATE_TEST_SUITE_P(
+    Table, FaultRejectTest,
+    ::testing::Values(BadSpec{"explode", "explode"}, BadSpec{"exit", "needs"},
+                      BadSpec{"abort:3", "takes no"}, BadSpec{"exit:x", "\"x\""},
+                      BadSpec{"exit:300", "300"}, BadSpec{"signal:NOPE", "NOPE"},
+                      BadSpec{"exit:1@rnk=1", "rnk"}, BadSpec{"exit:1@rank=-1", "rank=-1"},
+                      BadSpec{"exit:1@rank", "rank"}, BadSpec{"exit:1@", "empty condition"},
+                      BadSpec{"slow:-5", "-5"}));
 
 TEST(FaultTest, SeveralFaultsAndMatching) {
   auto faults = parseFaults("exit:1@rank=1;slow:10@step=3,attempt=2;");
@@ -110,8 +106,8 @@ TEST(FaultTest, NanGradPhaseAndValue) {
   EXPECT_EQ(faults[1].arg, 0);  // NaN
   EXPECT_EQ(faults[1].describe(), "nan-grad@step=2");
   EXPECT_EQ(parseFaults("nan-grad:nan")[0].describe(), "nan-grad");
-  for (const char* bad : {"nan-grad:zero", "nan-grad@phase=during", "exit:1@phase=after",
-                          "nan-grad@phase"}) {
+  for (const char* bad :
+       {"nan-grad:zero", "nan-grad@phase=during", "exit:1@phase=after", "nan-grad@phase"}) {
     EXPECT_THROW(parseFaults(bad), InvalidArgument) << bad;
   }
 }
@@ -190,9 +186,10 @@ TEST(IoFaultTest, SlowCallsSleepAndThenGoAhead) {
 }
 
 TEST(IoFaultTest, RejectsBadSpecs) {
-  for (const char* bad : {"write:ENOSPC", "unlink:EIO@1", "write:EWHAT@1", "write:EIO@0",
-                          "crash@io=0", "crash@step=1", "write@1", "write:slow:0", "write:slow:x",
-                          "write:slow:", "write:slow:5@0", "unlink:slow:5", "write:slow:5,step=1"}) {
+  for (const char* bad :
+       {"write:ENOSPC", "unlink:EIO@1", "write:EWHAT@1", "write:EIO@0", "crash@io=0",
+        "crash@step=1", "write@1", "write:slow:0", "write:slow:x", "write:slow:", "write:slow:5@0",
+        "unlink:slow:5", "write:slow:5,step=1"}) {
     EXPECT_THROW(parseIoFaults(bad), InvalidArgument) << bad;
   }
 }

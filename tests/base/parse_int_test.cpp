@@ -9,8 +9,13 @@ namespace {
 
 TEST(ParseInt64, AcceptsDecimalIntegersOverTheWholeInt64Range) {
   const std::pair<const char*, int64_t> cases[] = {
-      {"0", 0},  {"7", 7},     {"-7", -7},  {"0042", 42}, {"-0", 0},
-      {"9223372036854775807", INT64_MAX},   {"-9223372036854775808", INT64_MIN},
+      {"0", 0},
+      {"7", 7},
+      {"-7", -7},
+      {"0042", 42},
+      {"-0", 0},
+      {"9223372036854775807", INT64_MAX},
+      {"-9223372036854775808", INT64_MIN},
   };
   for (const auto& [text, expected] : cases) {
     int64_t v = 123;

@@ -54,7 +54,8 @@ TEST(ProgressReport, RoundTrips) {
   ASSERT_EQ(back.figures.size(), 2u);
   EXPECT_EQ(back.figuresStep, 17);
   bool sawNan = false;
-  for (const auto& [name, value] : back.figures) sawNan = sawNan || (name == "diverged" && std::isnan(value));
+  for (const auto& [name, value] : back.figures)
+    sawNan = sawNan || (name == "diverged" && std::isnan(value));
   EXPECT_TRUE(sawNan) << "a non-finite figure travels as null and comes back as NaN";
   ASSERT_EQ(back.records.size(), 1u);
   EXPECT_EQ(back.lastRecord, 9u);

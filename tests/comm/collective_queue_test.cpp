@@ -56,12 +56,18 @@ TEST(CollectiveQueue, WaitRunsUnstartedWorkOnTheCallingThread) {
   auto queue = CollectiveQueue::start("test-queue");
   // Keep the comm thread busy so the next item is certainly not started by it.
   std::atomic<bool> release{false};
-  auto blocker = queue->enqueue([&] { while (!release) std::this_thread::yield(); }, {}, kBudget);
+  auto blocker = queue->enqueue(
+      [&] {
+        while (!release) std::this_thread::yield();
+      },
+      {}, kBudget);
   std::thread::id ranOn;
-  auto work = queue->enqueue([&] {
-    ranOn = std::this_thread::get_id();
-    EXPECT_TRUE(queue->onCommThread());
-  }, {}, kBudget);
+  auto work = queue->enqueue(
+      [&] {
+        ranOn = std::this_thread::get_id();
+        EXPECT_TRUE(queue->onCommThread());
+      },
+      {}, kBudget);
   EXPECT_FALSE(queue->tryRunInline(work.get())) << "not next in line while the blocker runs";
   release = true;
   blocker->wait();
@@ -102,8 +108,8 @@ TEST(CollectiveQueue, WaitWithoutATimeoutKeepsTheDefaultDeadline) {
   // stuck past its own budget (a backend bug) makes the waiter throw instead of hanging it.
   auto queue = CollectiveQueue::start("test-queue");
   std::atomic<bool> release{false};
-  auto work =
-      startHeldTask(*queue, release, "rank 1/2: seq 7 allreduce(float32 x 4, sum)", Millis(300));
+  auto work = startHeldTask(*queue, release, "rank 1/2: seq 7 allreduce(float32 x 4, sum)",
+                            Millis(300));
   auto start = std::chrono::steady_clock::now();
   auto waited = std::async(std::launch::async, [&] {
     try {
@@ -153,8 +159,11 @@ TEST(CollectiveQueue, UnwokenWorkBehindBusyWorkStillRuns) {
   // thread, busy anyway, runs it after the earlier one.
   auto queue = CollectiveQueue::start("test-queue");
   std::atomic<bool> release{false};
-  auto blocker =
-      queue->enqueue([&] { while (!release) std::this_thread::sleep_for(Millis(1)); }, {}, kBudget);
+  auto blocker = queue->enqueue(
+      [&] {
+        while (!release) std::this_thread::sleep_for(Millis(1));
+      },
+      {}, kBudget);
   std::atomic<bool> ran{false};
   auto sync = queue->enqueue([&] { ran = true; }, {}, kBudget, /*wake=*/false);
   std::thread waiter([&] { sync->wait(); });

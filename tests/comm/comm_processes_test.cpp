@@ -32,7 +32,8 @@ struct Failure {
 // "rank R/N: FAILED at iteration I after MS ms: message", by rank.
 std::map<int, Failure> failures(const std::string& output) {
   std::map<int, Failure> out;
-  static const std::regex re(R"(rank (\d+)/\d+: FAILED at iteration (-?\d+) after (\d+) ms: ([^\n]*))");
+  static const std::regex re(
+      R"(rank (\d+)/\d+: FAILED at iteration (-?\d+) after (\d+) ms: ([^\n]*))");
   for (std::sregex_iterator it(output.begin(), output.end(), re), end; it != end; ++it) {
     Failure f;
     f.iteration = std::stoi((*it)[2]);
@@ -51,8 +52,8 @@ int count(const std::string& text, const std::string& part) {
 
 LaunchResult launchWorkers(int ranks, const std::vector<std::string>& workerArgs,
                            const std::vector<std::string>& env = {}, double seconds = 60) {
-  std::vector<std::string> args = {"--nproc-per-node", std::to_string(ranks), "--grace-period",
-                                   "5", binaryPath("comm_worker")};
+  std::vector<std::string> args = {"--nproc-per-node", std::to_string(ranks), "--grace-period", "5",
+                                   binaryPath("comm_worker")};
   args.insert(args.end(), workerArgs.begin(), workerArgs.end());
   return runLaunch(args, env, seconds);
 }
@@ -112,15 +113,17 @@ TEST_P(DeadRank, SurvivorsFailWithinTwoSecondsNamingIt) {
   EXPECT_NE(r.exitCode, 0) << "a rank that leaves early is not a group success\n" << r.all();
 }
 
-INSTANTIATE_TEST_SUITE_P(
-    Faults, DeadRank,
-    ::testing::Combine(::testing::Values(kGloo, kShm),
-                       ::testing::Values("signal:KILL", "signal:TERM", "abort", "exit:1", "exit:0")),
-    [](const auto& info) {
-      std::string name = std::string(std::get<0>(info.param).name) + "_" + std::get<1>(info.param);
-      for (char& ch : name) if (!isalnum(static_cast<unsigned char>(ch))) ch = '_';
-      return name;
-    });
+INSTANTIATE_TEST_SUITE_P(Faults, DeadRank,
+                         ::testing::Combine(::testing::Values(kGloo, kShm),
+                                            ::testing::Values("signal:KILL", "signal:TERM", "abort",
+                                                              "exit:1", "exit:0")),
+                         [](const auto& info) {
+                           std::string name = std::string(std::get<0>(info.param).name) + "_" +
+                                              std::get<1>(info.param);
+                           for (char& ch : name)
+                             if (!isalnum(static_cast<unsigned char>(ch))) ch = '_';
+                           return name;
+                         });
 
 TEST_P(CommPath, FrozenRankFailsSurvivorsAtTheCollectiveTimeout) {
   auto r = launchWorkers(2, {"--iters", "6", "--ignore-sigterm", "--timeout-ms", "3000"},
@@ -155,13 +158,14 @@ TEST_P(CommPath, SkippedCollectiveIsReportedAsDesyncOnBothSides) {
 }
 
 TEST_P(CommPath, ShapeMismatchIsCaughtAtOnceByTheCollectiveCheck) {
-  auto r = launchWorkers(2, {"--iters", "5", "--count", "4096", "--shape", "64,64", "--check",
-                             "--ignore-sigterm"},
-                         with(GetParam(), {"DTRAIN_FAULT=wrong-shape@rank=1,step=2"}));
+  auto r = launchWorkers(
+      2, {"--iters", "5", "--count", "4096", "--shape", "64,64", "--check", "--ignore-sigterm"},
+      with(GetParam(), {"DTRAIN_FAULT=wrong-shape@rank=1,step=2"}));
   auto f = failures(r.out);
   ASSERT_TRUE(f.count(0) && f.count(1)) << r.all();
-  EXPECT_CONTAINS(f[0].message, "collective check failed: this rank calls seq 2 allreduce(float32 "
-                                "[64, 64], sum); rank 1 calls seq 2 allreduce(float32 [64, 63], sum)");
+  EXPECT_CONTAINS(f[0].message,
+                  "collective check failed: this rank calls seq 2 allreduce(float32 "
+                  "[64, 64], sum); rank 1 calls seq 2 allreduce(float32 [64, 63], sum)");
   EXPECT_LT(f[0].ms, 1000) << "no timeout needed";
   EXPECT_EQ(r.exitCode, 4) << "InvalidArgument: the worker's own exit code\n" << r.all();
 }
@@ -169,8 +173,9 @@ TEST_P(CommPath, ShapeMismatchIsCaughtAtOnceByTheCollectiveCheck) {
 // P5: without the check, Gloo's ranks time out and compare notes; shared memory compares every
 // collective anyway (it costs nothing there) and fails at once.
 TEST_P(CommPath, ShapeMismatchWithoutTheCheckNamesBothShapes) {
-  auto r = launchWorkers(2, {"--iters", "5", "--count", "4096", "--shape", "64,64",
-                             "--ignore-sigterm", "--timeout-ms", "2000"},
+  auto r = launchWorkers(2,
+                         {"--iters", "5", "--count", "4096", "--shape", "64,64", "--ignore-sigterm",
+                          "--timeout-ms", "2000"},
                          with(GetParam(), {"DTRAIN_FAULT=wrong-shape@rank=1,step=2"}));
   auto f = failures(r.out);
   ASSERT_TRUE(f.count(0)) << r.all();
@@ -218,9 +223,10 @@ TEST(CommProcesses, NoSegmentOutlivesASigkilledJob) {
   const auto shmBefore = devShmEntries();
   LaunchProcess p({"--nproc-per-node", "3", binaryPath("comm_worker"), "--iters", "1000000",
                    "--count", "300000"});
-  ASSERT_TRUE(p.waitFor([](const std::string& o, const std::string&) {
-    return count(o, "ready backend=shm") == 3;
-  }, 30)) << p.out() << p.err();
+  ASSERT_TRUE(p.waitFor(
+      [](const std::string& o, const std::string&) { return count(o, "ready backend=shm") == 3; },
+      30))
+      << p.out() << p.err();
   const auto pids = jobPids(p.out());
   ASSERT_EQ(pids.size(), 3u) << p.out();
   std::string mapper;
@@ -260,15 +266,16 @@ std::vector<Spawned> spawnWorkers(const std::vector<std::map<std::string, std::s
   for (size_t i = 0; i < envs.size(); ++i) {
     pid_t pid = fork();
     if (pid == 0) {
-      for (const char* v : {"RANK", "WORLD_SIZE", "LOCAL_RANK", "DTRAIN_STORE_ADDR",
-                            "DTRAIN_STORE_PORT", "MASTER_ADDR", "MASTER_PORT", "DTRAIN_FAULT",
-                            "SLURM_PROCID", "OMPI_COMM_WORLD_RANK", "DTRAIN_BACKEND", "GROUP_RANK",
-                            "DTRAIN_SHM", "SLURM_NODEID", "DTRAIN_STORE_TOKEN",
-                            "DTRAIN_RESTART_COUNT"}) {
+      for (const char* v :
+           {"RANK", "WORLD_SIZE", "LOCAL_RANK", "DTRAIN_STORE_ADDR", "DTRAIN_STORE_PORT",
+            "MASTER_ADDR", "MASTER_PORT", "DTRAIN_FAULT", "SLURM_PROCID", "OMPI_COMM_WORLD_RANK",
+            "DTRAIN_BACKEND", "GROUP_RANK", "DTRAIN_SHM", "SLURM_NODEID", "DTRAIN_STORE_TOKEN",
+            "DTRAIN_RESTART_COUNT"}) {
         unsetenv(v);
       }
       for (auto& [k, v] : envs[i]) setenv(k.c_str(), v.c_str(), 1);
-      int fd = open(dir.file("out" + std::to_string(i)).c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
+      int fd = open(dir.file("out" + std::to_string(i)).c_str(), O_WRONLY | O_CREAT | O_TRUNC,
+                    0600);
       dup2(fd, 1);
       dup2(fd, 2);
       std::vector<std::string> command = i < wrappers.size() ? wrappers[i]
@@ -305,8 +312,10 @@ TEST(CommProcesses, UnderSrunRankZeroHostsTheStoreAtMasterAddr) {
   const std::string port = std::to_string(freeLoopbackPort());
   std::vector<std::map<std::string, std::string>> envs;
   for (int r = 0; r < 3; ++r) {
-    envs.push_back({{"SLURM_PROCID", std::to_string(r)}, {"SLURM_NTASKS", "3"},
-                    {"SLURM_LOCALID", std::to_string(r)}, {"MASTER_ADDR", "127.0.0.1"},
+    envs.push_back({{"SLURM_PROCID", std::to_string(r)},
+                    {"SLURM_NTASKS", "3"},
+                    {"SLURM_LOCALID", std::to_string(r)},
+                    {"MASTER_ADDR", "127.0.0.1"},
                     {"MASTER_PORT", port}});
   }
   auto runs = spawnWorkers(envs, {"--iters", "10"});
@@ -321,9 +330,11 @@ TEST(CommProcesses, UnderMpirunRankZeroHostsTheStoreAtMasterAddr) {
   const std::string port = std::to_string(freeLoopbackPort());
   std::vector<std::map<std::string, std::string>> envs;
   for (int r = 0; r < 2; ++r) {
-    envs.push_back({{"OMPI_COMM_WORLD_RANK", std::to_string(r)}, {"OMPI_COMM_WORLD_SIZE", "2"},
+    envs.push_back({{"OMPI_COMM_WORLD_RANK", std::to_string(r)},
+                    {"OMPI_COMM_WORLD_SIZE", "2"},
                     {"OMPI_COMM_WORLD_LOCAL_RANK", std::to_string(r)},
-                    {"MASTER_ADDR", "localhost"}, {"MASTER_PORT", port}});
+                    {"MASTER_ADDR", "localhost"},
+                    {"MASTER_PORT", port}});
   }
   auto runs = spawnWorkers(envs, {"--iters", "5"});
   for (int r = 0; r < 2; ++r) {
@@ -343,11 +354,13 @@ TEST(CommProcesses, WithoutAnyVariablesTheErrorNamesRankAndLaunch) {
 // memory inside each node, Gloo across. The test hosts the job's store, as launch would (a rank
 // hosting it would take it away from the others' failure reports when it fails first).
 std::vector<std::map<std::string, std::string>> twoNodesOfTwo(const store::TcpStoreServer& server,
-                                                             const std::string& fault = "") {
+                                                              const std::string& fault = "") {
   std::vector<std::map<std::string, std::string>> envs;
   for (int r = 0; r < 4; ++r) {
-    envs.push_back({{"RANK", std::to_string(r)}, {"WORLD_SIZE", "4"},
-                    {"LOCAL_RANK", std::to_string(r % 2)}, {"GROUP_RANK", std::to_string(r / 2)},
+    envs.push_back({{"RANK", std::to_string(r)},
+                    {"WORLD_SIZE", "4"},
+                    {"LOCAL_RANK", std::to_string(r % 2)},
+                    {"GROUP_RANK", std::to_string(r / 2)},
                     {"DTRAIN_STORE_ADDR", "127.0.0.1"},
                     {"DTRAIN_STORE_PORT", std::to_string(server.port())},
                     {"DTRAIN_RESTART_COUNT", "0"}});
@@ -422,11 +435,14 @@ std::vector<std::map<std::string, std::string>> twoRanksOneNode(const store::Tcp
                                                                 const std::string& fault) {
   std::vector<std::map<std::string, std::string>> envs;
   for (int r = 0; r < 2; ++r) {
-    envs.push_back({{"RANK", std::to_string(r)}, {"WORLD_SIZE", "2"},
-                    {"LOCAL_RANK", std::to_string(r)}, {"GROUP_RANK", "0"},
+    envs.push_back({{"RANK", std::to_string(r)},
+                    {"WORLD_SIZE", "2"},
+                    {"LOCAL_RANK", std::to_string(r)},
+                    {"GROUP_RANK", "0"},
                     {"DTRAIN_STORE_ADDR", "127.0.0.1"},
                     {"DTRAIN_STORE_PORT", std::to_string(server.port())},
-                    {"DTRAIN_RESTART_COUNT", "0"}, {"DTRAIN_FAULT", fault}});
+                    {"DTRAIN_RESTART_COUNT", "0"},
+                    {"DTRAIN_FAULT", fault}});
   }
   return envs;
 }
@@ -462,8 +478,8 @@ TEST_P(DeadPeerInAnotherPidNamespace, IsSeenWithinTwoSecondsNamingIt) {
   ASSERT_TRUE(f.count(survivor)) << runs[survivor].output;
   EXPECT_EQ(f[survivor].iteration, 3);
   EXPECT_LE(f[survivor].ms, 2000) << f[survivor].message;
-  EXPECT_CONTAINS(f[survivor].message, "rank " + std::to_string(dead) + " (pid " +
-                                           (dead == 0 ? "2" : "") );
+  EXPECT_CONTAINS(f[survivor].message,
+                  "rank " + std::to_string(dead) + " (pid " + (dead == 0 ? "2" : ""));
   EXPECT_CONTAINS(f[survivor].message, " in its PID namespace) exited while this rank waited");
 }
 

@@ -5,8 +5,8 @@
 
 #include <chrono>
 #include <functional>
-#include <ostream>
 #include <memory>
+#include <ostream>
 #include <string>
 #include <vector>
 
@@ -21,18 +21,19 @@
 namespace dtrain::testing {
 
 // ShmOptions for thread tests: short timeouts, a small arena.
-comm::ShmOptions shmTestOptions(int rank, int size, std::shared_ptr<store::Store> store,
-                                std::chrono::milliseconds timeout = std::chrono::milliseconds(5000));
+comm::ShmOptions shmTestOptions(
+    int rank, int size, std::shared_ptr<store::Store> store,
+    std::chrono::milliseconds timeout = std::chrono::milliseconds(5000));
 
 // A world for the communicator conformance suite: which backend, how many ranks, and for the
 // hierarchical one how many pretend nodes (ranks as threads; each node its own segment).
 struct WorldKind {
   std::string backend;  // "gloo", "shm" or "hier"
   int size = 2;
-  int nodes = 1;           // hier: size / nodes ranks per node
+  int nodes = 1;             // hier: size / nodes ranks per node
   bool interleaved = false;  // hier: rank r on node r % nodes (else r / (size / nodes), as launch)
-  bool tinySlots = false;  // shm/hier: 4 KiB staging slots and small chunks, so that every
-                           // collective streams through many chunks with uneven slices
+  bool tinySlots = false;    // shm/hier: 4 KiB staging slots and small chunks, so that every
+                             // collective streams through many chunks with uneven slices
   std::string label() const;
 };
 

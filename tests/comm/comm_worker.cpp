@@ -85,8 +85,7 @@ Flags parse(int argc, char** argv) {
 void injectProcessFaults(int rank, int64_t step) {
   for (const auto& f : dtrain::fault::activeFaults()) {
     const bool processLevel = f.kind == Kind::Exit || f.kind == Kind::Signal ||
-                              f.kind == Kind::Abort || f.kind == Kind::Stop ||
-                              f.kind == Kind::Slow;
+                              f.kind == Kind::Abort || f.kind == Kind::Stop || f.kind == Kind::Slow;
     if (processLevel && f.matches(rank, step, 0)) {
       std::printf("rank %d: fault %s at iteration %lld\n", rank, f.describe().c_str(),
                   static_cast<long long>(step));
@@ -123,7 +122,8 @@ int main(int argc, char** argv) {
     for (iteration = 0; iteration < flags.iters; ++iteration) {
       dtrain::progress::setStep(iteration);  // what launch's stall report shows as the step
       injectProcessFaults(c.rank(), iteration);
-      for (size_t i = 0; i < data.size(); ++i) data[i] = static_cast<float>(c.rank() + i % 5 + iteration);
+      for (size_t i = 0; i < data.size(); ++i)
+        data[i] = static_cast<float>(c.rank() + i % 5 + iteration);
       started = Clock::now();
       c.allreduce(data.data(), data.size(), dtrain::comm::DataType::Float32,
                   dtrain::comm::ReduceOp::Sum, call);

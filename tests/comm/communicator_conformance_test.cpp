@@ -135,7 +135,8 @@ TEST_P(Conformance, BroadcastFromEveryRoot) {
       for (size_t count : {size_t(0), size_t(3), size_t(100003)}) {
         runRanks(n(), [&](int r) {
           RankBuffer buf(*w[r], memory, DataType::Int64, count);
-          buf.fill([&](size_t i) { return r == root ? 1000.0 * root + static_cast<double>(i) : -1.0; });
+          buf.fill(
+              [&](size_t i) { return r == root ? 1000.0 * root + static_cast<double>(i) : -1.0; });
           w[r]->broadcast(buf.data(), count, DataType::Int64, root);
           const auto got = buf.values();
           for (size_t i = 0; i < count; ++i) ASSERT_EQ(got[i], 1000.0 * root + i) << i;
@@ -170,7 +171,9 @@ TEST_P(Conformance, AllgatherInPlaceInOwnedMemory) {
   const size_t count = 30011;
   runRanks(n(), [&](int r) {
     RankBuffer all(*w[r], Memory::Owned, DataType::Float32, count * n());
-    all.fill([&](size_t k) { return k / count == static_cast<size_t>(r) ? contribution(r, k % count) : -7.0; });
+    all.fill([&](size_t k) {
+      return k / count == static_cast<size_t>(r) ? contribution(r, k % count) : -7.0;
+    });
     auto* base = static_cast<float*>(all.data());
     w[r]->allgather(base + r * count, base, count, DataType::Float32);
     const auto got = all.values();
@@ -192,9 +195,8 @@ TEST_P(Conformance, ReduceScatterEveryDtypeAndOp) {
           for (size_t k = 0; k < count * n(); ++k) send.set(k, contribution(r, k));
           w[r]->reduceScatter(send.data(), recv.data(), count, dtype, op);
           for (size_t i = 0; i < count; ++i) {
-            ASSERT_EQ(recv.get(i), expectedReduce(op, dtype, n(), r * count + i))
-                << fmt::format("rank {} {} {} element {}", r, dataTypeName(dtype),
-                               reduceOpName(op), i);
+            ASSERT_EQ(recv.get(i), expectedReduce(op, dtype, n(), r * count + i)) << fmt::format(
+                "rank {} {} {} element {}", r, dataTypeName(dtype), reduceOpName(op), i);
           }
           EXPECT_EQ(recv.guard(), 0xCD);
         });
@@ -213,7 +215,8 @@ TEST_P(Conformance, ReduceScatterInPlaceInOwnedMemory) {
     w[r]->reduceScatter(base, base + r * count, count, DataType::Int32, ReduceOp::Sum);
     const auto got = all.values();
     for (size_t i = 0; i < count; ++i) {
-      ASSERT_EQ(got[r * count + i], expectedReduce(ReduceOp::Sum, DataType::Int32, n(), r * count + i));
+      ASSERT_EQ(got[r * count + i],
+                expectedReduce(ReduceOp::Sum, DataType::Int32, n(), r * count + i));
     }
   });
 }
@@ -251,8 +254,8 @@ TEST_P(Conformance, AsyncWorkCompletesInIssueOrder) {
     std::vector<std::shared_ptr<Work>> works;
     for (int k = 0; k < kOps; ++k) {
       std::fill(bufs[k].begin(), bufs[k].end(), k * 10 + r);
-      works.push_back(w[r]->allreduceAsync(bufs[k].data(), bufs[k].size(), DataType::Int64,
-                                           ReduceOp::Sum));
+      works.push_back(
+          w[r]->allreduceAsync(bufs[k].data(), bufs[k].size(), DataType::Int64, ReduceOp::Sum));
     }
     works.back()->wait();
     for (auto& work : works) EXPECT_TRUE(work->isCompleted());

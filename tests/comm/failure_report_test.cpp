@@ -36,7 +36,9 @@ struct Case {
 TEST(FailureReport, SummariesNameWhoIsBehindAheadOrSilent) {
   const std::string ar = "allreduce(float32 x 1024, sum)";
   const std::vector<Case> cases = {
-      {"peer behind", {report(0, 5, ar), report(1, 4, ar)}, 0,
+      {"peer behind",
+       {report(0, 5, ar), report(1, 4, ar)},
+       0,
        {"rank 1 is behind at seq 4", "this rank is at seq 5"}},
       {"peer ahead", {report(0, 4, ar), report(1, 5, ar)}, 0, {"rank 1 is ahead at seq 5"}},
       {"mismatch",
@@ -44,11 +46,14 @@ TEST(FailureReport, SummariesNameWhoIsBehindAheadOrSilent) {
        0,
        {"rank 1 calls allreduce(float32 x 1023, sum) at seq 3 where this rank calls " + ar,
         "disagree"}},
-      {"silent", {report(0, 3, ar), silent(1), silent(2)}, 0,
+      {"silent",
+       {report(0, 3, ar), silent(1), silent(2)},
+       0,
        {"ranks 1, 2 did not report within 500 ms"}},
       {"same collective", {report(0, 3, ar), report(1, 3, ar)}, 1, {"rank 0 reached the same"}},
       {"root cause from a peer",
-       {report(0, 3, ar, "connection closed by rank 2 (127.0.0.1:4000)"), report(1, 3, ar), silent(2)},
+       {report(0, 3, ar, "connection closed by rank 2 (127.0.0.1:4000)"), report(1, 3, ar),
+        silent(2)},
        1,
        {"rank 2 did not report", "rank 0 reported: connection closed by rank 2"}},
   };

@@ -33,8 +33,8 @@ std::vector<std::shared_ptr<Communicator>> worldWithSmallCrossover(int size) {
   return makeGlooWorld(size, [](GlooOptions& o) { o.smallAllreduceBytes = 4096; });
 }
 
-void checkAllreduce(std::vector<std::shared_ptr<Communicator>>& world, DataType dtype,
-                    ReduceOp op, size_t count) {
+void checkAllreduce(std::vector<std::shared_ptr<Communicator>>& world, DataType dtype, ReduceOp op,
+                    size_t count) {
   const int n = static_cast<int>(world.size());
   runRanks(n, [&](int r) {
     TypedBuffer buf(dtype, count);

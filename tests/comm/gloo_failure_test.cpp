@@ -17,8 +17,8 @@ using std::chrono::milliseconds;
 using testing::elapsedMs;
 using testing::expectQueuedCollectivesFailWithTheFirstError;
 using testing::faultAt;
-using testing::messageOf;
 using testing::makeGlooWorld;
+using testing::messageOf;
 using testing::runRanks;
 
 constexpr milliseconds kTimeout{1500};
@@ -84,7 +84,8 @@ TEST(GlooFailure, SkippedCollectiveIsReportedAsDesync) {
     std::vector<float> x(1000, 1.0f);
     auto start = std::chrono::steady_clock::now();
     errors[r] = messageOf([&] {
-      for (int i = 0; i < 3; ++i) w[r]->allreduce(x.data(), x.size(), DataType::Float32, ReduceOp::Sum);
+      for (int i = 0; i < 3; ++i)
+        w[r]->allreduce(x.data(), x.size(), DataType::Float32, ReduceOp::Sum);
     });
     took[r] = elapsedMs(start);
   });
@@ -105,7 +106,8 @@ TEST(GlooFailure, WrongShapeTimesOutNamingBothShapes) {
     std::vector<float> x(32, 1.0f);
     CallOptions o;
     o.shape = {4, 8};
-    errors[r] = messageOf([&] { w[r]->allreduce(x.data(), 32, DataType::Float32, ReduceOp::Sum, o); });
+    errors[r] = messageOf(
+        [&] { w[r]->allreduce(x.data(), 32, DataType::Float32, ReduceOp::Sum, o); });
   });
   EXPECT_CONTAINS(errors[0], "rank 1 calls allreduce(float32 [4, 7], sum) at seq 0 where this "
                              "rank calls allreduce(float32 [4, 8], sum)");
@@ -194,7 +196,8 @@ TEST(GlooFailure, APeerThatGoesAwayFailsTheOthersWithinTwoSeconds) {
       return;
     }
     std::vector<double> x(100000, 1.0);  // the ring path
-    errors[r] = messageOf([&] { w[r]->allreduce(x.data(), x.size(), DataType::Float64, ReduceOp::Sum); });
+    errors[r] = messageOf(
+        [&] { w[r]->allreduce(x.data(), x.size(), DataType::Float64, ReduceOp::Sum); });
     took[r] = elapsedMs(start) - 200;
   });
   for (int r = 0; r < 2; ++r) {
@@ -207,9 +210,7 @@ TEST(GlooFailure, APeerThatGoesAwayFailsTheOthersWithinTwoSeconds) {
 TEST(GlooFailure, HangFaultLooksFrozenToThePeers) {
   auto w = world(2, {faultAt(fault::Kind::Hang, 1, 0)});
   std::string hung;
-  std::thread frozen([&] {
-    hung = messageOf([&] { w[1]->barrier(); });
-  });
+  std::thread frozen([&] { hung = messageOf([&] { w[1]->barrier(); }); });
   std::string error = messageOf([&] { w[0]->barrier(); });
   EXPECT_CONTAINS(error, "seq 0 barrier() failed: timed out");
   EXPECT_CONTAINS(error, "rank 1 did not report");

@@ -105,7 +105,9 @@ TEST(HeartbeatMonitorFailure, AStuckWatchdogEndsTheProcessWithSigabrtAndItsError
   pid_t pid = ::fork();
   ASSERT_GE(pid, 0);
   if (pid == 0) {
-    struct rlimit noCore {0, 0};
+    struct rlimit noCore {
+      0, 0
+    };
     ::setrlimit(RLIMIT_CORE, &noCore);  // no core file from the abort
     ::setenv("TORCHELASTIC_ERROR_FILE", errorFile.c_str(), 1);
     HeartbeatMonitorOptions o;
@@ -137,8 +139,8 @@ TEST(HeartbeatMonitorFailure, AStuckWatchdogEndsTheProcessWithSigabrtAndItsError
   content << in.rdbuf();
   const std::string text = content.str();
   EXPECT_EQ(text.rfind("{\"message\": {\"message\": \"", 0), 0u) << text;
-  for (const char* part : {"nccl rank 3/4 (cuda:3)", "it was in: ncclCommAbort",
-                           "seq 12 allreduce running"}) {
+  for (const char* part :
+       {"nccl rank 3/4 (cuda:3)", "it was in: ncclCommAbort", "seq 12 allreduce running"}) {
     EXPECT_NE(text.find(part), std::string::npos) << "missing \"" << part << "\" in: " << text;
   }
   ::unlink(errorFile.c_str());

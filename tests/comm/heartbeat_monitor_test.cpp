@@ -57,7 +57,8 @@ TEST(HeartbeatSettings, MalformedValuesAreRefusedNamingTheVariable) {
       ADD_FAILURE() << "TORCH_NCCL_HEARTBEAT_TIMEOUT_SEC=" << bad << " was accepted";
     } catch (const InvalidArgument& e) {
       EXPECT_NE(std::string(e.what()).find(std::string("TORCH_NCCL_HEARTBEAT_TIMEOUT_SEC=") + bad),
-                std::string::npos) << e.what();
+                std::string::npos)
+          << e.what();
     }
   }
   ::unsetenv("TORCH_NCCL_HEARTBEAT_TIMEOUT_SEC");

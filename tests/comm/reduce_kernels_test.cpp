@@ -54,7 +54,8 @@ TEST(HalfConversion, NarrowingRoundsLikeTheHardware) {
     }
   }
   for (uint32_t h = 0; h < 0x7c00; ++h) {
-    float mid = (halfToFloat(static_cast<uint16_t>(h)) + halfToFloat(static_cast<uint16_t>(h + 1))) / 2;
+    float mid =
+        (halfToFloat(static_cast<uint16_t>(h)) + halfToFloat(static_cast<uint16_t>(h + 1))) / 2;
     ASSERT_EQ(floatToHalf(mid), hardwareFloatToHalf(mid)) << "halfway above 0x" << std::hex << h;
   }
 }
@@ -94,7 +95,8 @@ TEST(ReduceKernels, MaxAndMinPropagateNaN) {
 }
 
 TEST(ReduceKernels, IntegerSumsWrapAround) {
-  auto s = apply<int32_t>(DataType::Int32, ReduceOp::Sum, {std::numeric_limits<int32_t>::max()}, {1});
+  auto s = apply<int32_t>(DataType::Int32, ReduceOp::Sum, {std::numeric_limits<int32_t>::max()},
+                          {1});
   EXPECT_EQ(s[0], std::numeric_limits<int32_t>::min());
 }
 

@@ -22,7 +22,9 @@ CollectiveInfo allreduceOf(size_t count, uint64_t seq) {
   return info;
 }
 
-std::string who(int rank, int size) { return "rank " + std::to_string(rank) + "/" + std::to_string(size); }
+std::string who(int rank, int size) {
+  return "rank " + std::to_string(rank) + "/" + std::to_string(size);
+}
 
 TEST(StoreCollectiveCheck, AgreeingRanksPassAndTheStoreStaysSmall) {
   auto store = std::make_shared<store::HashStore>();

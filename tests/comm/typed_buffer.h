@@ -54,7 +54,9 @@ class TypedBuffer {
 
  private:
   template <typename T>
-  static void store(uint8_t* p, T v) { std::memcpy(p, &v, sizeof(T)); }
+  static void store(uint8_t* p, T v) {
+    std::memcpy(p, &v, sizeof(T));
+  }
   template <typename T>
   static T load(const uint8_t* p) {
     T v;
@@ -75,8 +77,8 @@ inline bool isInteger(comm::DataType d) {
 constexpr comm::DataType kAllDtypes[] = {comm::DataType::Float32, comm::DataType::Float64,
                                          comm::DataType::Float16, comm::DataType::BFloat16,
                                          comm::DataType::Int32,   comm::DataType::Int64};
-constexpr comm::ReduceOp kAllOps[] = {comm::ReduceOp::Sum, comm::ReduceOp::Avg,
-                                      comm::ReduceOp::Max, comm::ReduceOp::Min};
+constexpr comm::ReduceOp kAllOps[] = {comm::ReduceOp::Sum, comm::ReduceOp::Avg, comm::ReduceOp::Max,
+                                      comm::ReduceOp::Min};
 
 // Closed form: rank r contributes r + (i % 5) at element i.
 inline double contribution(int rank, size_t i) { return rank + static_cast<double>(i % 5); }

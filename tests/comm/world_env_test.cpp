@@ -30,8 +30,12 @@ std::string errorOf(const std::function<void()>& fn) {
 }
 
 TEST(WorldEnv, LaunchVariablesAndTheJobStore) {
-  Env env{{"RANK", "3"}, {"WORLD_SIZE", "8"}, {"LOCAL_RANK", "1"}, {"DTRAIN_STORE_ADDR", "10.0.0.1"},
-          {"DTRAIN_STORE_PORT", "29400"}, {"DTRAIN_RESTART_COUNT", "2"}};
+  Env env{{"RANK", "3"},
+          {"WORLD_SIZE", "8"},
+          {"LOCAL_RANK", "1"},
+          {"DTRAIN_STORE_ADDR", "10.0.0.1"},
+          {"DTRAIN_STORE_PORT", "29400"},
+          {"DTRAIN_RESTART_COUNT", "2"}};
   auto w = resolveWorldEnv({}, lookup(env));
   EXPECT_EQ(w.launcher, Launcher::Launch);
   EXPECT_EQ(w.rank, 3);
@@ -56,7 +60,9 @@ TEST(WorldEnv, CudaDeviceOfALocalRank) {
 }
 
 TEST(WorldEnv, SrunAndMpirunHostTheStoreOnRankZero) {
-  Env slurm{{"SLURM_PROCID", "0"}, {"SLURM_NTASKS", "4"}, {"SLURM_LOCALID", "0"},
+  Env slurm{{"SLURM_PROCID", "0"},
+            {"SLURM_NTASKS", "4"},
+            {"SLURM_LOCALID", "0"},
             {"MASTER_ADDR", "10.0.0.7"}};
   auto s = resolveWorldEnv({}, lookup(slurm));
   EXPECT_EQ(s.launcher, Launcher::Slurm);
@@ -65,8 +71,10 @@ TEST(WorldEnv, SrunAndMpirunHostTheStoreOnRankZero) {
   EXPECT_EQ(s.masterAddr, "10.0.0.7");
   EXPECT_EQ(s.masterPort, kDefaultMasterPort);
 
-  Env mpi{{"OMPI_COMM_WORLD_RANK", "5"}, {"OMPI_COMM_WORLD_SIZE", "6"},
-          {"OMPI_COMM_WORLD_LOCAL_RANK", "1"}, {"MASTER_ADDR", "127.0.0.1"},
+  Env mpi{{"OMPI_COMM_WORLD_RANK", "5"},
+          {"OMPI_COMM_WORLD_SIZE", "6"},
+          {"OMPI_COMM_WORLD_LOCAL_RANK", "1"},
+          {"MASTER_ADDR", "127.0.0.1"},
           {"MASTER_PORT", "31000"}};
   auto m = resolveWorldEnv({}, lookup(mpi));
   EXPECT_EQ(m.launcher, Launcher::Mpi);
@@ -82,22 +90,28 @@ TEST(WorldEnv, EveryMissingOrBadVariableIsNamed) {
   };
   const std::vector<Case> cases = {
       {{}, "RANK is not set"},
-      {{{"RANK", "0"}}, "WORLD_SIZE is not set. HINT: start the program with `launch`, which sets it"},
+      {{{"RANK", "0"}},
+       "WORLD_SIZE is not set. HINT: start the program with `launch`, which sets it"},
       {{{"RANK", "0"}, {"WORLD_SIZE", "2"}}, "LOCAL_RANK is not set"},
-      {{{"RANK", "2"}, {"WORLD_SIZE", "2"}, {"LOCAL_RANK", "0"}}, "RANK=\"2\" is not an integer in [0, 1]"},
+      {{{"RANK", "2"}, {"WORLD_SIZE", "2"}, {"LOCAL_RANK", "0"}},
+       "RANK=\"2\" is not an integer in [0, 1]"},
       {{{"RANK", "x"}, {"WORLD_SIZE", "2"}, {"LOCAL_RANK", "0"}}, "RANK=\"x\""},
       {{{"RANK", "0"}, {"WORLD_SIZE", "2"}, {"LOCAL_RANK", "0"}},
        "neither DTRAIN_STORE_ADDR nor MASTER_ADDR is set"},
       {{{"SLURM_PROCID", "0"}}, "SLURM_NTASKS is not set. HINT: srun sets it"},
       {{{"OMPI_COMM_WORLD_RANK", "0"}, {"OMPI_COMM_WORLD_SIZE", "1"}},
        "OMPI_COMM_WORLD_LOCAL_RANK is not set. HINT: mpirun (Open MPI) sets it"},
-      {{{"RANK", "0"}, {"WORLD_SIZE", "1"}, {"LOCAL_RANK", "0"}, {"MASTER_ADDR", "h"},
+      {{{"RANK", "0"},
+        {"WORLD_SIZE", "1"},
+        {"LOCAL_RANK", "0"},
+        {"MASTER_ADDR", "h"},
         {"MASTER_PORT", "70000"}},
        "MASTER_PORT=\"70000\" is not an integer in [1, 65535]"},
   };
   for (const auto& c : cases) {
     std::string error = errorOf([&] { resolveWorldEnv({}, lookup(c.env)); });
-    EXPECT_NE(error.find(c.expected), std::string::npos) << "expected \"" << c.expected << "\" in: " << error;
+    EXPECT_NE(error.find(c.expected), std::string::npos)
+        << "expected \"" << c.expected << "\" in: " << error;
   }
 }
 
@@ -114,7 +128,8 @@ TEST(WorldEnv, ExplicitOptionsWinOverTheEnvironment) {
   EXPECT_FALSE(w.jobStore);
   EXPECT_FALSE(w.hostStore);
   o.rank = 2;
-  EXPECT_NE(errorOf([&] { resolveWorldEnv(o, lookup(env)); }).find("do not fit"), std::string::npos);
+  EXPECT_NE(errorOf([&] { resolveWorldEnv(o, lookup(env)); }).find("do not fit"),
+            std::string::npos);
 }
 
 // A table like backendTable() whose entries' "built" answers are the test's.
@@ -146,8 +161,9 @@ TEST(Backend, AutomaticExplicitAndRefused) {
   EXPECT_EQ(chosen("nccl", gloo, 1), "nccl") << "the option wins";
   Env shm{{"DTRAIN_BACKEND", "shm"}};
   EXPECT_EQ(chosen("", shm, 2), "shm");
-  EXPECT_NE(errorOf([&] { chosen("", shm, 0, /*shm=*/false); })
-                .find("DTRAIN_BACKEND=shm, but shared memory is turned off (DTRAIN_SHM=0"),
+  EXPECT_NE(errorOf([&] {
+              chosen("", shm, 0, /*shm=*/false);
+            }).find("DTRAIN_BACKEND=shm, but shared memory is turned off (DTRAIN_SHM=0"),
             std::string::npos);
   Env bad{{"DTRAIN_BACKEND", "NCCL2"}};
   const std::string unknown = errorOf([&] { chosen("", bad, 1); });
@@ -156,16 +172,21 @@ TEST(Backend, AutomaticExplicitAndRefused) {
             std::string::npos)
       << unknown;
   Env nccl{{"DTRAIN_BACKEND", "nccl"}};
-  EXPECT_NE(errorOf([&] { chosen("", nccl, 0); })
-                .find("DTRAIN_BACKEND=nccl, but no CUDA device is usable"),
+  EXPECT_NE(errorOf([&] {
+              chosen("", nccl, 0);
+            }).find("DTRAIN_BACKEND=nccl, but no CUDA device is usable"),
             std::string::npos);
-  EXPECT_NE(errorOf([&] { chosen("", nccl, 1, true, /*ncclBuilt=*/false); })
-                .find("DTRAIN_BACKEND=nccl, but this dtrain was built without it"),
+  EXPECT_NE(errorOf([&] {
+              chosen("", nccl, 1, true, /*ncclBuilt=*/false);
+            }).find("DTRAIN_BACKEND=nccl, but this dtrain was built without it"),
             std::string::npos);
 }
 
 TEST(Backend, SharedMemorySwitchAndNodeKey) {
-  Env launch{{"RANK", "1"}, {"WORLD_SIZE", "4"}, {"LOCAL_RANK", "1"}, {"GROUP_RANK", "1"},
+  Env launch{{"RANK", "1"},
+             {"WORLD_SIZE", "4"},
+             {"LOCAL_RANK", "1"},
+             {"GROUP_RANK", "1"},
              {"DTRAIN_STORE_ADDR", "127.0.0.1"}};
   auto w = resolveWorldEnv({}, lookup(launch));
   EXPECT_TRUE(w.sharedMemory);
@@ -173,8 +194,9 @@ TEST(Backend, SharedMemorySwitchAndNodeKey) {
   launch["DTRAIN_SHM"] = "0";
   EXPECT_FALSE(resolveWorldEnv({}, lookup(launch)).sharedMemory);
   launch["DTRAIN_SHM"] = "maybe";
-  EXPECT_NE(errorOf([&] { resolveWorldEnv({}, lookup(launch)); })
-                .find("DTRAIN_SHM=\"maybe\" is not a switch"),
+  EXPECT_NE(errorOf([&] {
+              resolveWorldEnv({}, lookup(launch));
+            }).find("DTRAIN_SHM=\"maybe\" is not a switch"),
             std::string::npos);
   launch.erase("DTRAIN_SHM");
   WorldOptions off;
@@ -183,8 +205,11 @@ TEST(Backend, SharedMemorySwitchAndNodeKey) {
   WorldOptions named;
   named.node = "rack3";
   EXPECT_EQ(resolveWorldEnv(named, lookup(launch)).node, "rack3") << "the option wins";
-  Env srun{{"SLURM_PROCID", "0"}, {"SLURM_NTASKS", "2"}, {"SLURM_LOCALID", "0"},
-           {"SLURM_NODEID", "5"}, {"MASTER_ADDR", "127.0.0.1"}};
+  Env srun{{"SLURM_PROCID", "0"},
+           {"SLURM_NTASKS", "2"},
+           {"SLURM_LOCALID", "0"},
+           {"SLURM_NODEID", "5"},
+           {"MASTER_ADDR", "127.0.0.1"}};
   EXPECT_EQ(resolveWorldEnv({}, lookup(srun)).node, "slurm5");
   Env bare{{"RANK", "0"}, {"WORLD_SIZE", "1"}, {"LOCAL_RANK", "0"}, {"MASTER_ADDR", "127.0.0.1"}};
   EXPECT_EQ(resolveWorldEnv({}, lookup(bare)).node, "") << "connectWorld() asks the host";
@@ -196,26 +221,35 @@ TEST(NcclEnvironment, InvalidValuesAreRejectedNamingTheVariable) {
     const char* expected;  // "" = accepted
   };
   const std::vector<Case> cases = {
-      {{{"NCCL_DEBUG", "INFO"}, {"NCCL_IB_DISABLE", "1"}, {"NCCL_SOCKET_IFNAME", "^lo,docker"},
-        {"NCCL_ALGO", "Ring,Tree"}, {"NCCL_PROTO", "^LL128"}, {"NCCL_NET_GDR_LEVEL", "PHB"},
-        {"NCCL_BUFFSIZE", "4194304"}, {"TORCH_NCCL_BLOCKING_WAIT", "1"},
+      {{{"NCCL_DEBUG", "INFO"},
+        {"NCCL_IB_DISABLE", "1"},
+        {"NCCL_SOCKET_IFNAME", "^lo,docker"},
+        {"NCCL_ALGO", "Ring,Tree"},
+        {"NCCL_PROTO", "^LL128"},
+        {"NCCL_NET_GDR_LEVEL", "PHB"},
+        {"NCCL_BUFFSIZE", "4194304"},
+        {"TORCH_NCCL_BLOCKING_WAIT", "1"},
         {"NCCL_ALGO", "allreduce:tree;broadcast:ring"}},
        ""},
-      {{{"NCCL_DEBUG", "VERBOSE"}}, "NCCL_DEBUG=\"VERBOSE\" is not a valid value: NCCL expects one of"},
-      {{{"NCCL_IB_DISABLE", "yes"}}, "NCCL_IB_DISABLE=\"yes\" is not a valid value: NCCL expects 0 or 1"},
+      {{{"NCCL_DEBUG", "VERBOSE"}},
+       "NCCL_DEBUG=\"VERBOSE\" is not a valid value: NCCL expects one of"},
+      {{{"NCCL_IB_DISABLE", "yes"}},
+       "NCCL_IB_DISABLE=\"yes\" is not a valid value: NCCL expects 0 or 1"},
       {{{"NCCL_BUFFSIZE", "4M"}}, "NCCL_BUFFSIZE=\"4M\""},
       {{{"NCCL_ALGO", "Ring,Star"}}, "NCCL_ALGO=\"Ring,Star\""},
       {{{"NCCL_SOCKET_IFNAME", "eth0, eth1"}}, "NCCL_SOCKET_IFNAME=\"eth0, eth1\""},
       {{{"TORCH_NCCL_BLOCKING_WAIT", "abc"}}, "TORCH_NCCL_BLOCKING_WAIT=\"abc\""},
-      {{{"NCCL_ASYNC_ERROR_HANDLING", "4"}}, "NCCL_ASYNC_ERROR_HANDLING=\"4\" is not a valid value: "
-                                             "NCCL expects an integer in [0, 3]"},
+      {{{"NCCL_ASYNC_ERROR_HANDLING", "4"}},
+       "NCCL_ASYNC_ERROR_HANDLING=\"4\" is not a valid value: "
+       "NCCL expects an integer in [0, 3]"},
   };
   for (const auto& c : cases) {
     std::string error = errorOf([&] { validateNcclEnvironment(lookup(c.env)); });
     if (std::string(c.expected).empty()) {
       EXPECT_EQ(error, "");
     } else {
-      EXPECT_NE(error.find(c.expected), std::string::npos) << "expected \"" << c.expected << "\" in: " << error;
+      EXPECT_NE(error.find(c.expected), std::string::npos)
+          << "expected \"" << c.expected << "\" in: " << error;
     }
   }
 }

@@ -161,7 +161,8 @@ TEST(GptInterop, WhatIsNotAStateDictIsRefusedWithAHint) {
   ASSERT_EQ(std::system(cmd.c_str()), 0) << cmd;
   dtrain::testing::writeFile(dir.file("text.pt"), "not an archive");
   const std::map<std::string, std::string> expected = {
-      {"module.pt", "gpt_model.GPT"}, {"nested.pt", "its entry model is not a tensor"},
+      {"module.pt", "gpt_model.GPT"},
+      {"nested.pt", "its entry model is not a tensor"},
       {"text.pt", "not an archive torch.save writes"}};
   for (const auto& [file, what] : expected) {
     try {

@@ -6,8 +6,8 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
-#include <dtrain/torch/distributed_sampler.h>
 #include <dtrain/base/error.h>
+#include <dtrain/torch/distributed_sampler.h>
 
 #include "data/loader.h"
 

@@ -40,7 +40,8 @@ TEST(ResNetRecompute, OneStepBitwiseEqualForBothStems) {
     auto want = plain->named_parameters();
     auto got = recomputed->named_parameters();
     ASSERT_EQ(got.keys(), want.keys());
-    for (const auto& p : want) EXPECT_TRUE(bitwiseEqual(got[p.key()], p.value())) << arch << " " << p.key();
+    for (const auto& p : want)
+      EXPECT_TRUE(bitwiseEqual(got[p.key()], p.value())) << arch << " " << p.key();
     auto wantBuffers = plain->named_buffers();
     for (const auto& b : recomputed->named_buffers()) {
       EXPECT_TRUE(bitwiseEqual(b.value(), wantBuffers[b.key()])) << arch << " " << b.key();

@@ -115,13 +115,12 @@ TEST(ResNet, StateDictLayoutEqualsTorchvisions) {
   // per entry, parameters first, then buffers, each in registration order as stateLayout().
   dtrain::testing::TempDir dir;
   const std::string out = dir.file("torchvision.txt");
-  std::string script =
-      "import torchvision\n"
-      "for a in ('resnet18', 'resnet34', 'resnet50', 'resnet101'):\n"
-      "  print(a)\n"
-      "  m = getattr(torchvision.models, a)()\n"
-      "  for n, t in list(m.named_parameters()) + list(m.named_buffers()):\n"
-      "    print(n, *t.shape)\n";
+  std::string script = "import torchvision\n"
+                       "for a in ('resnet18', 'resnet34', 'resnet50', 'resnet101'):\n"
+                       "  print(a)\n"
+                       "  m = getattr(torchvision.models, a)()\n"
+                       "  for n, t in list(m.named_parameters()) + list(m.named_buffers()):\n"
+                       "    print(n, *t.shape)\n";
   dtrain::testing::writeFile(dir.file("layout.py"), script);
   std::string cmd = dtrain::testing::python() + " " + dir.file("layout.py") + " > " + out;
   ASSERT_EQ(std::system(cmd.c_str()), 0) << cmd;

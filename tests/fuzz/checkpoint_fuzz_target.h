@@ -30,7 +30,8 @@ inline void resign(std::vector<uint8_t>& b) {
   using namespace dtrain::checkpoint;
   if (b.size() < kHeaderSize) return;
   uint64_t offset = getLE(&b[72]), size = getLE(&b[80]);
-  if (offset <= b.size() && size <= b.size() - offset) putLE(&b[96], checksum(b.data() + offset, size));
+  if (offset <= b.size() && size <= b.size() - offset)
+    putLE(&b[96], checksum(b.data() + offset, size));
   putLE(&b[120], checksum(b.data(), 120));
 }
 

@@ -35,25 +35,41 @@ INSTANTIATE_TEST_SUITE_P(
     Table, SplitTest,
     ::testing::Values(
         SplitCase{"ProgramOnly", {"./train"}, {}, {"./train"}},
-        SplitCase{"ValueSeparate", {"--nproc-per-node", "4", "./train", "--lr", "1"},
-                  {{"nproc-per-node", "4"}}, {"./train", "--lr", "1"}},
-        SplitCase{"ValueJoined", {"--nproc-per-node=4", "./train"}, {{"nproc-per-node", "4"}},
+        SplitCase{"ValueSeparate",
+                  {"--nproc-per-node", "4", "./train", "--lr", "1"},
+                  {{"nproc-per-node", "4"}},
+                  {"./train", "--lr", "1"}},
+        SplitCase{"ValueJoined",
+                  {"--nproc-per-node=4", "./train"},
+                  {{"nproc-per-node", "4"}},
                   {"./train"}},
-        SplitCase{"TorchrunUnderscores", {"--nproc_per_node=2", "--max_restarts", "3", "t.py"},
-                  {{"nproc-per-node", "2"}, {"max-restarts", "3"}}, {"t.py"}},
+        SplitCase{"TorchrunUnderscores",
+                  {"--nproc_per_node=2", "--max_restarts", "3", "t.py"},
+                  {{"nproc-per-node", "2"}, {"max-restarts", "3"}},
+                  {"t.py"}},
         SplitCase{"RdzvIdIsRunId", {"--rdzv_id", "abc", "x"}, {{"run-id", "abc"}}, {"x"}},
         SplitCase{"Flag", {"--standalone", "x"}, {{"standalone", "true"}}, {"x"}},
-        SplitCase{"ShortWithValue", {"-r", "3", "-t3", "x"}, {{"redirects", "3"}, {"tee", "3"}},
+        SplitCase{"ShortWithValue",
+                  {"-r", "3", "-t3", "x"},
+                  {{"redirects", "3"}, {"tee", "3"}},
                   {"x"}},
         SplitCase{"ShortFlag", {"-m", "pkg.train"}, {{"module", "true"}}, {"pkg.train"}},
-        SplitCase{"DoubleDash", {"--nproc-per-node", "2", "--", "--weird-name", "--x"},
-                  {{"nproc-per-node", "2"}}, {"--weird-name", "--x"}},
-        SplitCase{"ProgramFlagsUntouched", {"x", "--nproc-per-node", "9"}, {},
+        SplitCase{"DoubleDash",
+                  {"--nproc-per-node", "2", "--", "--weird-name", "--x"},
+                  {{"nproc-per-node", "2"}},
+                  {"--weird-name", "--x"}},
+        SplitCase{"ProgramFlagsUntouched",
+                  {"x", "--nproc-per-node", "9"},
+                  {},
                   {"x", "--nproc-per-node", "9"}},
-        SplitCase{"ValueLooksLikeFlag", {"--log-line-prefix-template", "--", "x"},
-                  {{"log-line-prefix-template", "--"}}, {"x"}},
-        SplitCase{"ValueWithEquals", {"--env=A=b=c", "--env", "--X=1", "x"},
-                  {{"env", "A=b=c"}, {"env", "--X=1"}}, {"x"}},
+        SplitCase{"ValueLooksLikeFlag",
+                  {"--log-line-prefix-template", "--", "x"},
+                  {{"log-line-prefix-template", "--"}},
+                  {"x"}},
+        SplitCase{"ValueWithEquals",
+                  {"--env=A=b=c", "--env", "--X=1", "x"},
+                  {{"env", "A=b=c"}, {"env", "--X=1"}},
+                  {"x"}},
         SplitCase{"EmptyValue", {"--role=", "x"}, {{"role", ""}}, {"x"}},
         SplitCase{"NoProgram", {"--nproc-per-node", "2"}, {{"nproc-per-node", "2"}}, {}},
         SplitCase{"DashAloneIsAProgram", {"-"}, {}, {"-"}}),
@@ -93,12 +109,30 @@ INSTANTIATE_TEST_SUITE_P(
     [](const ::testing::TestParamInfo<BadSplit>& info) { return info.param.name; });
 
 TEST(ParseLaunchArgs, FillsTheConfig) {
-  ParsedCommand p = parseLaunchArgs(
-      {"--nproc_per_node", "auto", "--max-restarts", "2", "--grace-period", "1.5", "--env", "A=1",
-       "--env", "B=x,y", "--rdzv-endpoint", "10.0.0.1:29400", "--master_port", "29501",
-       "--local-ranks-filter", "0,3", "--redirects", "0:1,1:3", "--log-max-bytes", "64k",
-       "train.py", "--epochs", "3"},
-      {});
+  ParsedCommand p = parseLaunchArgs({"--nproc_per_node",
+                                     "auto",
+                                     "--max-restarts",
+                                     "2",
+                                     "--grace-period",
+                                     "1.5",
+                                     "--env",
+                                     "A=1",
+                                     "--env",
+                                     "B=x,y",
+                                     "--rdzv-endpoint",
+                                     "10.0.0.1:29400",
+                                     "--master_port",
+                                     "29501",
+                                     "--local-ranks-filter",
+                                     "0,3",
+                                     "--redirects",
+                                     "0:1,1:3",
+                                     "--log-max-bytes",
+                                     "64k",
+                                     "train.py",
+                                     "--epochs",
+                                     "3"},
+                                    {});
   const LaunchConfig& c = p.config;
   EXPECT_EQ(p.action, ParsedCommand::Action::Run);
   EXPECT_EQ(c.nprocPerNode.kind, NprocSpec::Kind::Auto);
@@ -146,10 +180,11 @@ TEST(ParseLaunchArgs, EnvironmentErrorsNameTheVariable) {
 // spelling) or DTRAIN_LAUNCH_EXIT_BARRIER_TIMEOUT.
 TEST(ParseLaunchArgs, ExitBarrierTimeout) {
   EXPECT_DOUBLE_EQ(parseLaunchArgs({"x"}, {}).config.exitBarrierTimeout, 300.0);
-  EXPECT_DOUBLE_EQ(parseLaunchArgs({"--exit-barrier-timeout", "1.5", "x"}, {})
-                       .config.exitBarrierTimeout, 1.5);
-  EXPECT_DOUBLE_EQ(parseLaunchArgs({"--exit_barrier_timeout=0", "x"}, {})
-                       .config.exitBarrierTimeout, 0.0) << "0: no limit";
+  EXPECT_DOUBLE_EQ(
+      parseLaunchArgs({"--exit-barrier-timeout", "1.5", "x"}, {}).config.exitBarrierTimeout, 1.5);
+  EXPECT_DOUBLE_EQ(parseLaunchArgs({"--exit_barrier_timeout=0", "x"}, {}).config.exitBarrierTimeout,
+                   0.0)
+      << "0: no limit";
   LaunchConfig fromEnv =
       parseLaunchArgs({"x"}, {{"DTRAIN_LAUNCH_EXIT_BARRIER_TIMEOUT", "7"}}).config;
   EXPECT_DOUBLE_EQ(fromEnv.exitBarrierTimeout, 7.0);
@@ -157,7 +192,9 @@ TEST(ParseLaunchArgs, ExitBarrierTimeout) {
             "DTRAIN_LAUNCH_EXIT_BARRIER_TIMEOUT (environment)");
   EXPECT_DOUBLE_EQ(parseLaunchArgs({"--exit-barrier-timeout", "2", "x"},
                                    {{"DTRAIN_LAUNCH_EXIT_BARRIER_TIMEOUT", "7"}})
-                       .config.exitBarrierTimeout, 2.0) << "the command line wins";
+                       .config.exitBarrierTimeout,
+                   2.0)
+      << "the command line wins";
 }
 
 TEST(ParseLaunchArgs, BadExitBarrierTimeoutNamesTheFlagOrVariable) {
@@ -175,7 +212,8 @@ TEST(ParseLaunchArgs, BadExitBarrierTimeoutNamesTheFlagOrVariable) {
       FAIL() << "accepted " << bad << " from the environment";
     } catch (const InvalidArgument& e) {
       EXPECT_NE(std::string(e.what()).find("DTRAIN_LAUNCH_EXIT_BARRIER_TIMEOUT (environment)"),
-                std::string::npos) << e.what();
+                std::string::npos)
+          << e.what();
     }
   }
   EXPECT_THROW(splitLauncherArgs({"--exit-barrier-timeout"}), InvalidArgument) << "needs a value";
@@ -219,7 +257,8 @@ TEST(ParseLaunchArgs, LongEnvValueArrivesIntact) {
   for (size_t i = 0; i < value.size(); i += 7) value[i] = static_cast<char>('a' + i % 26);
   value[1] = '=';  // '=' and ',' inside the value are part of it
   value[2] = ',';
-  LaunchConfig c = parseLaunchArgs({"--env", "CONFIG=" + value, "--env=B=" + value, "x"}, {}).config;
+  LaunchConfig c =
+      parseLaunchArgs({"--env", "CONFIG=" + value, "--env=B=" + value, "x"}, {}).config;
   ASSERT_EQ(c.env.size(), 2u);
   EXPECT_EQ(c.env[0].first, "CONFIG");
   EXPECT_TRUE(c.env[0].second == value) << "value of " << c.env[0].second.size() << " characters";
@@ -235,7 +274,8 @@ TEST(SplitLauncherArgs, UnknownLongOptionIsQuotedShort) {
     const std::string message = e.what();
     EXPECT_LT(message.size(), 500u) << message.substr(0, 1000);
     EXPECT_NE(message.find("unknown option --" + std::string(kMaxQuotedChars - 2, 'q') + "..."),
-              std::string::npos) << message;
+              std::string::npos)
+        << message;
     EXPECT_NE(message.find("(100002 characters)"), std::string::npos) << message;
   }
 }
@@ -247,7 +287,8 @@ TEST(QuoteValue, CutsAndEscapes) {
             "\"" + std::string(kMaxQuotedChars, 'z') + "\"");
   EXPECT_EQ(quoteValue(std::string(kMaxQuotedChars + 1, 'z')),
             "\"" + std::string(kMaxQuotedChars, 'z') + "...\" (201 characters)");
-  EXPECT_EQ(excerpt(std::string(1000, 'y')), std::string(kMaxQuotedChars, 'y') + "... (1000 characters)");
+  EXPECT_EQ(excerpt(std::string(1000, 'y')),
+            std::string(kMaxQuotedChars, 'y') + "... (1000 characters)");
 }
 
 TEST(HelpText, EveryOptionOnce) {
@@ -294,8 +335,10 @@ INSTANTIATE_TEST_SUITE_P(
     ::testing::Values(
         CommandCase{"Binary", {"./train", "--lr", "1"}, {"./train", "--lr", "1"}, false},
         CommandCase{"Script", {"train.py", "-x"}, {"python3", "train.py", "-x"}, true},
-        CommandCase{"ScriptOtherPython", {"--python", "/opt/py/bin/python3", "t.py"},
-                    {"/opt/py/bin/python3", "t.py"}, true},
+        CommandCase{"ScriptOtherPython",
+                    {"--python", "/opt/py/bin/python3", "t.py"},
+                    {"/opt/py/bin/python3", "t.py"},
+                    true},
         CommandCase{"NoPython", {"--no-python", "t.py"}, {"t.py"}, false},
         CommandCase{"Module", {"-m", "pkg.train", "a"}, {"python3", "-m", "pkg.train", "a"}, true},
         CommandCase{"PyInTheMiddle", {"./x.py.sh"}, {"./x.py.sh"}, false}),

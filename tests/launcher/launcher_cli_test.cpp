@@ -57,28 +57,42 @@ INSTANTIATE_TEST_SUITE_P(
         UsageCase{"NodeRankOnOneNode", {"--node-rank", "1"}, {}, "--node-rank"},
         UsageCase{"ZeroGrace", {"--grace-period", "0"}, {}, "--grace-period"},
         UsageCase{"NegativeGrace", {"--grace-period", "-1"}, {}, "--grace-period"},
-        UsageCase{"NegativeExitBarrier", {"--exit-barrier-timeout", "-1"}, {},
+        UsageCase{"NegativeExitBarrier",
+                  {"--exit-barrier-timeout", "-1"},
+                  {},
                   "--exit-barrier-timeout"},
-        UsageCase{"ExitBarrierNotANumber", {"--exit_barrier_timeout=soon"}, {},
+        UsageCase{"ExitBarrierNotANumber",
+                  {"--exit_barrier_timeout=soon"},
+                  {},
                   "--exit-barrier-timeout"},
-        UsageCase{"BadEnvExitBarrier", {}, {"DTRAIN_LAUNCH_EXIT_BARRIER_TIMEOUT=-5"},
+        UsageCase{"BadEnvExitBarrier",
+                  {},
+                  {"DTRAIN_LAUNCH_EXIT_BARRIER_TIMEOUT=-5"},
                   "DTRAIN_LAUNCH_EXIT_BARRIER_TIMEOUT"},
         UsageCase{"ZeroKillTimeout", {"--kill-timeout", "0"}, {}, "--kill-timeout"},
         UsageCase{"ZeroMonitorInterval", {"--monitor_interval", "0"}, {}, "--monitor-interval"},
         UsageCase{"NegativeRestarts", {"--max-restarts", "-1"}, {}, "--max-restarts"},
         UsageCase{"PortOutOfRange", {"--master-port", "70000"}, {}, "--master-port"},
-        UsageCase{"EndpointPortOutOfRange", {"--rdzv-endpoint", "127.0.0.1:99999"}, {},
+        UsageCase{"EndpointPortOutOfRange",
+                  {"--rdzv-endpoint", "127.0.0.1:99999"},
+                  {},
                   "--rdzv-endpoint"},
-        UsageCase{"SamePortTwice", {"--rdzv-endpoint", "127.0.0.1:29555", "--master-port", "29555"},
-                  {}, "share a port"},
+        UsageCase{"SamePortTwice",
+                  {"--rdzv-endpoint", "127.0.0.1:29555", "--master-port", "29555"},
+                  {},
+                  "share a port"},
         UsageCase{"UnknownBackend", {"--rdzv-backend", "etcd"}, {}, "--rdzv-backend"},
         UsageCase{"UnknownOption", {"--nprocs", "2"}, {}, "--nprocs"},
         UsageCase{"BadRedirects", {"--redirects", "0:9"}, {}, "--redirects"},
         UsageCase{"BadTee", {"--tee", "x"}, {}, "--tee"},
         UsageCase{"BadRanksFilter", {"--local-ranks-filter", "0,a"}, {}, "--local-ranks-filter"},
-        UsageCase{"FilterBeyondWorkers", {"--nproc-per-node", "2", "--local-ranks-filter", "5"}, {},
+        UsageCase{"FilterBeyondWorkers",
+                  {"--nproc-per-node", "2", "--local-ranks-filter", "5"},
+                  {},
                   "local rank 5"},
-        UsageCase{"UnknownPlaceholder", {"--log-line-prefix-template", "${bogus}:"}, {},
+        UsageCase{"UnknownPlaceholder",
+                  {"--log-line-prefix-template", "${bogus}:"},
+                  {},
                   "--log-line-prefix-template"},
         UsageCase{"ReservedEnv", {"--env", "RANK=3"}, {}, "RANK"},
         UsageCase{"EnvWithoutValue", {"--env", "NOVALUE"}, {}, "--env"},
@@ -86,7 +100,9 @@ INSTANTIATE_TEST_SUITE_P(
         UsageCase{"ModuleAndNoPython", {"--module", "--no-python"}, {}, "--no-python"},
         UsageCase{"LogDirIsAFile", {"--log-dir", "/etc/hostname"}, {}, "not a directory"},
         UsageCase{"LogDirUnwritable", {"--log-dir", "/proc/self/logs"}, {}, "--log-dir"},
-        UsageCase{"BadEnvOption", {}, {"DTRAIN_LAUNCH_NPROC_PER_NODE=0"},
+        UsageCase{"BadEnvOption",
+                  {},
+                  {"DTRAIN_LAUNCH_NPROC_PER_NODE=0"},
                   "DTRAIN_LAUNCH_NPROC_PER_NODE"},
         UsageCase{"UnknownEnvOption", {}, {"DTRAIN_LAUNCH_NPROCS=2"}, "DTRAIN_LAUNCH_NPROCS"}),
     [](const ::testing::TestParamInfo<UsageCase>& info) { return info.param.name; });
@@ -151,9 +167,9 @@ TEST(LaunchCli, LongestValuesNeverKillLaunch) {
     EXPECT_FALSE(r.timedOut) << name;
     EXPECT_LT(r.err.size(), 800u) << name << ": " << r.err.substr(0, 1200);
   }
-  for (const std::string& program : {"/" + std::string(kArgMax - 2, 'p'),
-                                     std::string(kArgMax - 1, 'p'),
-                                     std::string(kArgMax - 4, 'p') + ".py"}) {
+  for (const std::string& program :
+       {"/" + std::string(kArgMax - 2, 'p'), std::string(kArgMax - 1, 'p'),
+        std::string(kArgMax - 4, 'p') + ".py"}) {
     LaunchResult r = runLaunch({program}, {}, 20);
     EXPECT_EQ(r.exitCode, 127) << r.all().substr(0, 600);
     EXPECT_LT(r.err.size(), 800u) << r.err.substr(0, 1200);
@@ -164,7 +180,8 @@ TEST(LaunchCli, LongestValuesNeverKillLaunch) {
 TEST(LaunchCli, MissingProgramExits127NamingPathAndHost) {
   char host[256] = {};
   ::gethostname(host, sizeof host - 1);
-  for (const std::string& program : {std::string("/nonexistent/train"), std::string("no-such-trainer-xyz")}) {
+  for (const std::string& program :
+       {std::string("/nonexistent/train"), std::string("no-such-trainer-xyz")}) {
     LaunchResult r = runLaunch({"--nproc-per-node", "2", program});
     EXPECT_EQ(r.exitCode, 127) << r.err;
     EXPECT_NE(r.err.find(program), std::string::npos) << r.err;
@@ -200,15 +217,16 @@ TEST(LaunchCli, MissingScriptOrInterpreterExits127) {
 TEST(LaunchCli, PythonProgramsRunUnderTheInterpreter) {
   TempDir dir;
   writeFile(dir.file("train.py"), "echo \"interpreted rank=$RANK args=$*\"\n");
-  LaunchResult r = runLaunch({"--nproc-per-node", "2", "--python", "/bin/sh", dir.file("train.py"),
-                              "--lr", "0.1"});
+  LaunchResult r = runLaunch(
+      {"--nproc-per-node", "2", "--python", "/bin/sh", dir.file("train.py"), "--lr", "0.1"});
   EXPECT_EQ(r.exitCode, 0) << r.all();
   EXPECT_NE(r.out.find("[rank 0]: interpreted rank=0 args=--lr 0.1"), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("[rank 1]: interpreted rank=1 args=--lr 0.1"), std::string::npos) << r.out;
 
   writeFile(dir.file("direct.py"), "#!/bin/sh\necho direct\n");
   ::chmod(dir.file("direct.py").c_str(), 0755);
-  LaunchResult direct = runLaunch({"--no_python", "--python", "/nonexistent", dir.file("direct.py")});
+  LaunchResult direct = runLaunch(
+      {"--no_python", "--python", "/nonexistent", dir.file("direct.py")});
   EXPECT_EQ(direct.exitCode, 0) << direct.all();
   EXPECT_NE(direct.out.find("[rank 0]: direct"), std::string::npos) << direct.out;
 }
@@ -217,7 +235,7 @@ TEST(LaunchCli, PythonProgramsRunUnderTheInterpreter) {
 TEST(LaunchCli, DryRunPrintsEachWorkerAndStartsNothing) {
   Marker marker;
   std::vector<std::string> args = {"--dry-run", "--nproc-per-node", "3", "--run-id", "dry",
-                                   "--env", "NCCL_DEBUG=INFO"};
+                                   "--env",     "NCCL_DEBUG=INFO"};
   for (const auto& a : marker.program()) args.push_back(a);
   LaunchResult r = runLaunch(args);
   EXPECT_EQ(r.exitCode, 0) << r.all();
@@ -233,7 +251,8 @@ TEST(LaunchCli, DryRunPrintsEachWorkerAndStartsNothing) {
   EXPECT_NE(r.out.find("command: /bin/sh -c 'touch "), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("Supervision: --max-restarts 0 --grace-period 30 --exit-barrier-timeout "
                        "300 --kill-timeout 60\n"),
-            std::string::npos) << r.out;
+            std::string::npos)
+      << r.out;
   LaunchResult unbounded = runLaunch({"--dry-run", "/bin/true"},
                                      {"DTRAIN_LAUNCH_EXIT_BARRIER_TIMEOUT=0"});
   EXPECT_NE(unbounded.out.find("--exit-barrier-timeout 0 (no limit) --kill-timeout"),
@@ -247,8 +266,9 @@ TEST(LaunchCli, OptionsFromTheEnvironment) {
                                    {"DTRAIN_LAUNCH_NPROC_PER_NODE=3"});
   EXPECT_EQ(fromEnv.exitCode, 0) << fromEnv.all();
   EXPECT_EQ(countLines(fromEnv.out, "of 3"), 3) << fromEnv.out;
-  LaunchResult cmdWins = runLaunch({"--nproc-per-node", "1", "/bin/sh", "-c", "echo of $WORLD_SIZE"},
-                                   {"DTRAIN_LAUNCH_NPROC_PER_NODE=3"});
+  LaunchResult cmdWins = runLaunch(
+      {"--nproc-per-node", "1", "/bin/sh", "-c", "echo of $WORLD_SIZE"},
+      {"DTRAIN_LAUNCH_NPROC_PER_NODE=3"});
   EXPECT_EQ(countLines(cmdWins.out, "of 1"), 1) << cmdWins.out;
   EXPECT_EQ(countLines(cmdWins.out, "of 3"), 0) << cmdWins.out;
 }
@@ -256,9 +276,9 @@ TEST(LaunchCli, OptionsFromTheEnvironment) {
 // torchrun's spellings start the same job.
 TEST(LaunchCli, AcceptsTorchrunSpellings) {
   LaunchResult r = runLaunch({"--standalone", "--nnodes=1", "--nproc_per_node=2", "--rdzv_id=tr",
-                              "--rdzv_backend", "c10d", "--max_restarts=0", "--monitor_interval=0.1",
-                              "--start_method", "spawn", "--node_rank", "0", "/bin/sh", "-c",
-                              "echo run=$TORCHELASTIC_RUN_ID rank=$RANK"});
+                              "--rdzv_backend", "c10d", "--max_restarts=0",
+                              "--monitor_interval=0.1", "--start_method", "spawn", "--node_rank",
+                              "0", "/bin/sh", "-c", "echo run=$TORCHELASTIC_RUN_ID rank=$RANK"});
   EXPECT_EQ(r.exitCode, 0) << r.all();
   EXPECT_NE(r.out.find("run=tr rank=0"), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("run=tr rank=1"), std::string::npos) << r.out;
@@ -286,20 +306,21 @@ TEST(LaunchCli, WorkerEnvironment) {
   EXPECT_EQ(countLines(r.out, omp), 2) << r.out;
   EXPECT_EQ(countLines(r.out, "attempt=0 torchelastic_restart_count=0"), 2) << r.out;
 
-  LaunchResult user = runLaunch({"--nproc-per-node", "2", workerPath(), "--no-store", "--steps",
-                                 "0", "--print-env"},
-                                {"OMP_NUM_THREADS=7"});
+  LaunchResult user = runLaunch(
+      {"--nproc-per-node", "2", workerPath(), "--no-store", "--steps", "0", "--print-env"},
+      {"OMP_NUM_THREADS=7"});
   EXPECT_EQ(countLines(user.out, "env OMP_NUM_THREADS=7"), 2) << user.out;
 }
 
 // S18: the job token is in the workers' environment only -- never in any process's argv, never in
 // launch's output.
 TEST(LaunchCli, TokenNeverInArgvOrOutput) {
-  LaunchProcess p({"--nproc-per-node", "2", workerPath(), "--no-store", "--steps", "100",
-                   "--step-ms", "20"});
-  ASSERT_TRUE(p.waitFor([](const std::string& o, const std::string&) {
-    return countLines(o, "worker rank=") == 2;
-  }, 10)) << p.out() << p.err();
+  LaunchProcess p(
+      {"--nproc-per-node", "2", workerPath(), "--no-store", "--steps", "100", "--step-ms", "20"});
+  ASSERT_TRUE(p.waitFor(
+      [](const std::string& o, const std::string&) { return countLines(o, "worker rank=") == 2; },
+      10))
+      << p.out() << p.err();
   std::vector<pid_t> pids = jobPids(p.out());
   ASSERT_FALSE(pids.empty());
   std::string environ = readFile("/proc/" + std::to_string(pids[0]) + "/environ");

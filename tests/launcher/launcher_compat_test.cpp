@@ -17,8 +17,9 @@ TEST(LaunchCompat, TorchrunDdpScriptRunsUnchanged) {
   LaunchResult r = runLaunch({"--nproc-per-node", "2", "--python", python(), script()}, {}, 80);
   ASSERT_EQ(r.exitCode, 0) << r.all();
   for (int rank : {0, 1}) {
-    std::string line = "[rank " + std::to_string(rank) + "]: ddp_compat rank=" +
-                       std::to_string(rank) + " local_rank=" + std::to_string(rank) +
+    std::string line = "[rank " + std::to_string(rank) +
+                       "]: ddp_compat rank=" + std::to_string(rank) +
+                       " local_rank=" + std::to_string(rank) +
                        " world=2 replicas_equal=True restart_count=0";
     EXPECT_NE(r.out.find(line), std::string::npos) << r.out;
   }
@@ -34,8 +35,8 @@ TEST(LaunchCompat, RecordErrorFileReachesTheReport) {
   EXPECT_NE(r.err.find("launch: job failed: rank 1 exited with code 1"), std::string::npos)
       << r.err;
   EXPECT_NE(r.err.find("compat test failure on rank 1"), std::string::npos) << r.err;
-  EXPECT_NE(r.err.find("error file:"), std::string::npos) << "from TORCHELASTIC_ERROR_FILE: "
-                                                          << r.err;
+  EXPECT_NE(r.err.find("error file:"), std::string::npos)
+      << "from TORCHELASTIC_ERROR_FILE: " << r.err;
 }
 
 }  // namespace

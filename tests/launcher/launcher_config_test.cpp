@@ -124,9 +124,14 @@ INSTANTIATE_TEST_SUITE_P(
         BadConfig{"NoProgram", [](LaunchConfig& c) { c.program.clear(); }, "no program"},
         BadConfig{"ZeroWorkers", [](LaunchConfig& c) { c.nprocPerNode.count = 0; },
                   "--nproc-per-node"},
-        BadConfig{"MinAboveMax", [](LaunchConfig& c) { c.minNodes = 3; c.maxNodes = 2; },
+        BadConfig{"MinAboveMax",
+                  [](LaunchConfig& c) {
+                    c.minNodes = 3;
+                    c.maxNodes = 2;
+                  },
                   "--nnodes"},
-        BadConfig{"MultiNodeWithoutNodeRank", [](LaunchConfig& c) { c.maxNodes = 2; }, "--node-rank R"},
+        BadConfig{"MultiNodeWithoutNodeRank", [](LaunchConfig& c) { c.maxNodes = 2; },
+                  "--node-rank R"},
         BadConfig{"NodeRank", [](LaunchConfig& c) { c.nodeRank = 1; }, "--node-rank"},
         BadConfig{"Backend", [](LaunchConfig& c) { c.rdzvBackend = "etcd"; }, "--rdzv-backend"},
         BadConfig{"MasterPort", [](LaunchConfig& c) { c.masterPort = 70000; }, "--master-port"},
@@ -139,8 +144,7 @@ INSTANTIATE_TEST_SUITE_P(
                   "--exit-barrier-timeout"},
         BadConfig{"ExitBarrierHuge", [](LaunchConfig& c) { c.exitBarrierTimeout = 1e300; },
                   "--exit-barrier-timeout"},
-        BadConfig{"Monitor", [](LaunchConfig& c) { c.monitorInterval = -1; },
-                  "--monitor-interval"},
+        BadConfig{"Monitor", [](LaunchConfig& c) { c.monitorInterval = -1; }, "--monitor-interval"},
         BadConfig{"ModuleNoPython", [](LaunchConfig& c) { c.module = c.noPython = true; },
                   "--no-python"},
         BadConfig{"EmptyPython", [](LaunchConfig& c) { c.python.clear(); }, "--python"},
@@ -149,10 +153,15 @@ INSTANTIATE_TEST_SUITE_P(
         BadConfig{"RunIdDots", [](LaunchConfig& c) { c.runId = ".."; }, "--run-id"},
         BadConfig{"Template", [](LaunchConfig& c) { c.linePrefixTemplate = "${nope}"; },
                   "--log-line-prefix-template"},
-        BadConfig{"ReservedEnv", [](LaunchConfig& c) { c.env.push_back({"WORLD_SIZE", "1"}); },
+        BadConfig{"ReservedEnv",
+                  [](LaunchConfig& c) {
+                    c.env.push_back({"WORLD_SIZE", "1"});
+                  },
                   "WORLD_SIZE"},
         BadConfig{"LaunchOptionEnv",
-                  [](LaunchConfig& c) { c.env.push_back({"DTRAIN_LAUNCH_X", "1"}); },
+                  [](LaunchConfig& c) {
+                    c.env.push_back({"DTRAIN_LAUNCH_X", "1"});
+                  },
                   "DTRAIN_LAUNCH_X"},
         BadConfig{"FromEnvironment",
                   [](LaunchConfig& c) {
@@ -163,7 +172,8 @@ INSTANTIATE_TEST_SUITE_P(
     [](const ::testing::TestParamInfo<BadConfig>& info) { return info.param.name; });
 
 TEST(ParseEnvAssignment, KeyValue) {
-  EXPECT_EQ(parseEnvAssignment("A=b=c", "--env"), std::make_pair(std::string("A"), std::string("b=c")));
+  EXPECT_EQ(parseEnvAssignment("A=b=c", "--env"),
+            std::make_pair(std::string("A"), std::string("b=c")));
   EXPECT_EQ(parseEnvAssignment("A=", "--env").second, "");
   for (const char* bad : {"A", "=x", "1A=x", "A B=x", "RANK=1", "DTRAIN_STORE_TOKEN=x"}) {
     EXPECT_THROW(parseEnvAssignment(bad, "--env"), InvalidArgument) << bad;

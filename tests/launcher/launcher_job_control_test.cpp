@@ -61,15 +61,19 @@ void expectGivesUpOnAHeldWorker(const std::function<bool(pid_t)>& hold,
   EXPECT_EQ(r.exitCode, 125) << r.all();
   EXPECT_NE(r.err.find("launch: 1 process of the job still exists 1 s after SIGKILL: pid " +
                        pidText + " in state " + state),
-            std::string::npos) << r.err;
+            std::string::npos)
+      << r.err;
   EXPECT_NE(r.err.find("rank 0 (local rank 0): pid " + pidText + " (the worker), state " + state),
-            std::string::npos) << r.err;
+            std::string::npos)
+      << r.err;
   EXPECT_NE(r.err.find("      command: " + workerPath() + " --no-store --steps 100000"),
-            std::string::npos) << r.err;
+            std::string::npos)
+      << r.err;
   EXPECT_NE(r.err.find("(--kill-timeout 1; exit code 125"), std::string::npos) << r.err;
   EXPECT_NE(r.err.find("rank 1 (local rank 1, pid"), std::string::npos) << r.err;
   EXPECT_EQ(r.err.find("rank 1 (local rank 1): pid"), std::string::npos)
-      << "rank 1 ended; only rank 0 survived\n" << r.err;
+      << "rank 1 ended; only rank 0 survived\n"
+      << r.err;
   const double took = r.seconds - termAt;
   EXPECT_GT(took, kGrace + kKillTimeout - 0.05) << "gave up before the last deadline";
   EXPECT_LT(took, kGrace + kKillTimeout + 1.0 + kMargin) << r.err;
@@ -80,7 +84,8 @@ void expectGivesUpOnAHeldWorker(const std::function<bool(pid_t)>& hold,
 // uninterruptible sleep and SIGKILL does not end it until it is thawed. (The v2 freezer lets
 // SIGKILL through, so there is nothing to test with it: the test then skips.)
 TEST(LastDeadline, WorkerInStateDIsNamedAndLaunchExits125) {
-  const std::string dir = "/sys/fs/cgroup/freezer/dtrain-d-state-test-" + std::to_string(::getpid());
+  const std::string dir = "/sys/fs/cgroup/freezer/dtrain-d-state-test-" +
+                          std::to_string(::getpid());
   std::error_code ec;
   if (!std::filesystem::exists("/sys/fs/cgroup/freezer/cgroup.procs") ||
       !std::filesystem::create_directory(dir, ec)) {

@@ -29,7 +29,8 @@ int64_t sizeOf(const std::string& path) {
 // Every console line of a worker is "<prefix><whole line>": count the flood lines per rank and
 // stream, and fail on any line that is not whole.
 void checkFloodLines(const std::string& text, const char* stream, int ranks, int lines) {
-  static const std::regex kLine(R"(^\[rank (\d+)\]: rank (\d+) flood (out|err) (\d+) \.{150} end$)");
+  static const std::regex kLine(
+      R"(^\[rank (\d+)\]: rank (\d+) flood (out|err) (\d+) \.{150} end$)");
   std::map<int, int> perRank;
   std::istringstream in(text);
   std::string line;
@@ -52,11 +53,10 @@ void checkFloodLines(const std::string& text, const char* stream, int ranks, int
 TEST(LaunchOutput, FloodArrivesAsWholeLinesWithoutDeadlock) {
   TempDir logs;
   constexpr int kLines = 20000;  // x ~180 bytes x 2 streams x 4 workers: ~29 MB
-  LaunchResult r = runLaunch(
-      launchArgs({"--nproc-per-node", "4", "--log-dir", logs.path(), "--run-id", "flood",
-                  "--log-max-bytes", "1M"},
-                 {"--steps", "1"}),
-      {"DTRAIN_FAULT=flood:" + std::to_string(kLines) + "@step=0"}, 60);
+  LaunchResult r = runLaunch(launchArgs({"--nproc-per-node", "4", "--log-dir", logs.path(),
+                                         "--run-id", "flood", "--log-max-bytes", "1M"},
+                                        {"--steps", "1"}),
+                             {"DTRAIN_FAULT=flood:" + std::to_string(kLines) + "@step=0"}, 60);
   ASSERT_FALSE(r.timedOut) << "deadlock? " << r.err.substr(0, 2000);
   EXPECT_EQ(r.exitCode, 0) << r.err.substr(r.err.size() > 2000 ? r.err.size() - 2000 : 0);
   checkFloodLines(r.out, "out", 4, kLines);
@@ -101,8 +101,8 @@ TEST(LaunchOutput, LogDirLayoutKeptAcrossAttempts) {
 TEST(LaunchOutput, RedirectsAndTee) {
   TempDir logs;
   const std::vector<std::string> prog = {"/bin/sh", "-c", "echo out-$RANK; echo err-$RANK >&2"};
-  std::vector<std::string> args = {"--nproc-per-node", "2", "--redirects", "0:1,1:3",
-                                   "--log-dir", logs.path(), "--run-id", "rd"};
+  std::vector<std::string> args = {"--nproc-per-node", "2",         "--redirects", "0:1,1:3",
+                                   "--log-dir",        logs.path(), "--run-id",    "rd"};
   args.insert(args.end(), prog.begin(), prog.end());
   LaunchResult r = runLaunch(args);
   ASSERT_EQ(r.exitCode, 0) << r.all();
@@ -118,7 +118,8 @@ TEST(LaunchOutput, RedirectsAndTee) {
   ASSERT_EQ(t.exitCode, 0) << t.all();
   EXPECT_NE(t.out.find("[rank 1]: out-1"), std::string::npos) << t.out;
   std::smatch m;
-  ASSERT_TRUE(std::regex_search(t.err, m, std::regex("worker logs \\(--redirects/--tee\\) are in (\\S+)")))
+  ASSERT_TRUE(
+      std::regex_search(t.err, m, std::regex("worker logs \\(--redirects/--tee\\) are in (\\S+)")))
       << t.err;
   const std::string dir = m[1].str();
   EXPECT_EQ(readFile(dir + "/attempt_0/rank_1/stdout.log"), "out-1\n");
@@ -143,7 +144,8 @@ TEST(LaunchOutput, UnterminatedLastLine) {
   EXPECT_EQ(r.exitCode, 3) << r.all();
   EXPECT_EQ(r.out, "[rank 0]: partial\n");
   EXPECT_NE(r.err.find("[rank 0]: tail\n"), std::string::npos) << r.err;
-  EXPECT_NE(r.err.find("      | tail"), std::string::npos) << "in the report's stderr tail: " << r.err;
+  EXPECT_NE(r.err.find("      | tail"), std::string::npos)
+      << "in the report's stderr tail: " << r.err;
 }
 
 }  // namespace

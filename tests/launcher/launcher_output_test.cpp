@@ -16,7 +16,7 @@ struct SplitCase {
   const char* name;
   std::vector<std::string> pieces;  // fed one after another
   size_t maxLine;
-  Lines lines;                      // everything fed, then finish()
+  Lines lines;  // everything fed, then finish()
 };
 
 class LineSplitterTest : public ::testing::TestWithParam<SplitCase> {};
@@ -50,7 +50,8 @@ TEST(ConsoleChunks, WholeLinesPackedUpToTheChunkSize) {
   EXPECT_EQ(formatConsoleChunks("[r0]: ", {"a", "b"}, 4096), (Lines{"[r0]: a\n[r0]: b\n"}));
   EXPECT_EQ(formatConsoleChunks("> ", {"aaaa", "bbbb", "cc"}, 14),
             (Lines{"> aaaa\n> bbbb\n", "> cc\n"}));
-  EXPECT_EQ(formatConsoleChunks("> ", {std::string(20, 'x')}, 8), (Lines{"> " + std::string(20, 'x') + "\n"}))
+  EXPECT_EQ(formatConsoleChunks("> ", {std::string(20, 'x')}, 8),
+            (Lines{"> " + std::string(20, 'x') + "\n"}))
       << "a line longer than a chunk stays whole";
   EXPECT_TRUE(formatConsoleChunks("> ", {}, 8).empty());
 }

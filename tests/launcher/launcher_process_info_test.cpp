@@ -47,7 +47,8 @@ TEST(ProcessInfo, StateCommandAndChildren) {
   std::optional<ProcessInfo> zombie = inspectProcess(child);
   ASSERT_TRUE(zombie.has_value());
   EXPECT_EQ(zombie->state, "Z (zombie)");
-  EXPECT_EQ(zombie->command, "[dtrain_unit_tes]") << "no argv left: the name, as the kernel cuts it";
+  EXPECT_EQ(zombie->command, "[dtrain_unit_tes]")
+      << "no argv left: the name, as the kernel cuts it";
 
   ::waitpid(child, nullptr, 0);
   EXPECT_FALSE(inspectProcess(child).has_value());

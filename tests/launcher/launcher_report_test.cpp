@@ -75,20 +75,32 @@ INSTANTIATE_TEST_SUITE_P(
         ExitCodeCase{"WorkerCode", {exited(0, 0, 1), exited(1, 3, 1)}, 0, false, 3},
         ExitCodeCase{"WorkerCodeTwo", {exited(0, 2, 1)}, 0, false, 2},
         ExitCodeCase{"HighCodePassedThrough", {exited(0, 138, 1)}, 0, false, 138},
-        ExitCodeCase{"Signal", {signaled(0, SIGSEGV, 1), signaled(1, SIGTERM, 2, true)}, 0, false,
+        ExitCodeCase{"Signal",
+                     {signaled(0, SIGSEGV, 1), signaled(1, SIGTERM, 2, true)},
+                     0,
+                     false,
                      139},
         ExitCodeCase{"EarliestWins", {exited(0, 5, 2), exited(1, 6, 1)}, 0, false, 6},
         ExitCodeCase{"ExecNotFound", {execFailed(ENOENT)}, 0, false, 127},
         ExitCodeCase{"ExecDenied", {execFailed(EACCES)}, 0, false, 126},
         ExitCodeCase{"Lost", {lost()}, 0, false, 125},
         ExitCodeCase{"LauncherSignal", {signaled(0, SIGTERM, 1, true)}, SIGINT, true, 130},
-        ExitCodeCase{"Preempted", {exited(0, 75, 1, true), exited(1, 75, 1, true)}, SIGTERM, true,
+        ExitCodeCase{"Preempted",
+                     {exited(0, 75, 1, true), exited(1, 75, 1, true)},
+                     SIGTERM,
+                     true,
                      75},
-        ExitCodeCase{"PartlyPreempted", {exited(0, 75, 1, true), signaled(1, SIGKILL, 2, true)},
-                     SIGTERM, true, 143},
+        ExitCodeCase{"PartlyPreempted",
+                     {exited(0, 75, 1, true), signaled(1, SIGKILL, 2, true)},
+                     SIGTERM,
+                     true,
+                     143},
         ExitCodeCase{"SeventyFiveNeedsSigterm", {exited(0, 75, 1, true)}, SIGHUP, true, 129},
-        ExitCodeCase{"FailureBeforeSignal", {exited(0, 4, 1), signaled(1, SIGTERM, 2, true)},
-                     SIGINT, false, 4}),
+        ExitCodeCase{"FailureBeforeSignal",
+                     {exited(0, 4, 1), signaled(1, SIGTERM, 2, true)},
+                     SIGINT,
+                     false,
+                     4}),
     [](const ::testing::TestParamInfo<ExitCodeCase>& info) { return info.param.name; });
 
 TEST(DescribeOutcome, Words) {
@@ -96,8 +108,10 @@ TEST(DescribeOutcome, Words) {
   EXPECT_EQ(describeOutcome(signaled(0, SIGSEGV, 0)), "was killed by SIGSEGV (signal 11)");
   WorkerOutcome oom = signaled(0, SIGKILL, 0);
   oom.oomNote = "likely killed by the OOM killer";
-  EXPECT_EQ(describeOutcome(oom), "was killed by SIGKILL (signal 9) -- likely killed by the OOM killer");
-  EXPECT_EQ(describeOutcome(execFailed(ENOENT)), "could not be executed: No such file or directory");
+  EXPECT_EQ(describeOutcome(oom),
+            "was killed by SIGKILL (signal 9) -- likely killed by the OOM killer");
+  EXPECT_EQ(describeOutcome(execFailed(ENOENT)),
+            "could not be executed: No such file or directory");
 }
 
 struct ErrorFileCase {
@@ -111,8 +125,8 @@ class ErrorFileSummaryTest : public ::testing::TestWithParam<ErrorFileCase> {};
 
 TEST_P(ErrorFileSummaryTest, NeverThrows) {
   const ErrorFileCase& c = GetParam();
-  std::string s = summarizeErrorFile(c.content, c.fileSize < 0 ? static_cast<int64_t>(c.content.size())
-                                                               : c.fileSize);
+  std::string s = summarizeErrorFile(
+      c.content, c.fileSize < 0 ? static_cast<int64_t>(c.content.size()) : c.fileSize);
   EXPECT_NE(s.find(c.says), std::string::npos) << s;
   EXPECT_LT(s.size(), 5000u);
 }
@@ -266,9 +280,11 @@ TEST(ExitBarrier, ReportNamesTheRanksStillRunning) {
   std::string r = formatFailureReport(ctx, {barrierTimedOut()});
   EXPECT_EQ(r.find("launch: job failed: exit barrier timed out: rank 0 exited 0 at 0.30 s, and 1 "
                    "rank was still running 2 s later (exit code 124: a deadline passed"),
-            0u) << r;
+            0u)
+      << r;
   EXPECT_NE(r.find("rank 1 (local rank 1, pid 1001): still running 2.00 s after rank 0 exited 0"),
-            std::string::npos) << r;
+            std::string::npos)
+      << r;
   EXPECT_NE(r.find("| rank 1: writing the last shard"), std::string::npos) << r;
   EXPECT_NE(r.find("HINT:"), std::string::npos) << r;
   EXPECT_NE(r.find("stuck outside collectives"), std::string::npos) << r;
@@ -277,8 +293,8 @@ TEST(ExitBarrier, ReportNamesTheRanksStillRunning) {
   EXPECT_EQ(r.find("rank 2 (local rank 2, pid 1002): still running"), std::string::npos) << r;
   EXPECT_NE(r.find("rank 2 (local rank 2, pid 1002) exited with code 0"), std::string::npos) << r;
 
-  std::string line = formatExitBarrierLine(barrierTimedOut().exitBarrier,
-                                           "--exit-barrier-timeout", 30);
+  std::string line = formatExitBarrierLine(barrierTimedOut().exitBarrier, "--exit-barrier-timeout",
+                                           30);
   EXPECT_EQ(line, "launch: exit barrier timed out: rank 0 exited 0 2 s ago (--exit-barrier-timeout "
                   "2) and rank 1 is still running; stopping the workers (SIGTERM, SIGKILL after "
                   "30 s)\n");
@@ -315,22 +331,29 @@ TEST(LastDeadline, SurvivorsExit125AndAreNamedFirst) {
   EXPECT_EQ(r.find("launch: job failed: 1 process of the job survived SIGKILL for 60 s "
                    "(--kill-timeout 60; exit code 125: launcher or infrastructure error: "
                    "processes of the job survived SIGKILL)\n"),
-            0u) << r;
+            0u)
+      << r;
   EXPECT_NE(r.find("    rank 1 (local rank 1): pid 1001 (the worker), state D (disk sleep), "
                    "waiting in nfs_wait_bit_killable\n      command: ./train --epochs 3\n"),
-            std::string::npos) << r;
+            std::string::npos)
+      << r;
   EXPECT_NE(r.find("HINT: state D (uninterruptible sleep)"), std::string::npos) << r;
   EXPECT_NE(r.find("launch: job failed: rank 0 exited with code 3 (exit code 125"),
-            std::string::npos) << "the root cause still follows: " << r;
+            std::string::npos)
+      << "the root cause still follows: " << r;
   EXPECT_NE(r.find("rank 1 (local rank 1, pid 1001) was lost: it survived SIGKILL for 60 s"),
-            std::string::npos) << r;
+            std::string::npos)
+      << r;
   EXPECT_EQ(formatSurvivorsLine(a.survivors, 60),
             "launch: 1 process of the job still exists 60 s after SIGKILL: pid 1001 in state D "
             "(disk sleep); giving up on it\n");
 }
 
 TEST(Printable, EscapesAndCuts) {
-  EXPECT_EQ(printable("a\x01" "b\n", 100), "a\\x01b\n");
+  EXPECT_EQ(printable("a\x01"
+                      "b\n",
+                      100),
+            "a\\x01b\n");
   EXPECT_EQ(printable(std::string(10, 'x'), 4), "xxxx...");
 }
 

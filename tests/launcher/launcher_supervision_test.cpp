@@ -82,9 +82,10 @@ TEST(LaunchSupervision, RestartAfterCrash) {
   LaunchProcess p(launchArgs({"--nproc-per-node", "3", "--max-restarts", "1"},
                              {"--steps", "40", "--step-ms", "25"}),
                   {"DTRAIN_FAULT=signal:KILL@rank=1,step=2,attempt=0"});
-  ASSERT_TRUE(p.waitFor([](const std::string& o, const std::string&) {
-    return countLines(o, "attempt=1 ") == 3;
-  }, 20)) << p.out() << p.err();
+  ASSERT_TRUE(p.waitFor(
+      [](const std::string& o, const std::string&) { return countLines(o, "attempt=1 ") == 3; },
+      20))
+      << p.out() << p.err();
   // While attempt 1 runs, launch's children are exactly its 3 live guardians.
   auto children = childrenOf(p.pid());
   EXPECT_EQ(children.size(), 3u);
@@ -109,7 +110,8 @@ TEST(LaunchSupervision, FailsEveryAttempt) {
   EXPECT_EQ(countLines(r.out, "attempt=3"), 0);
   EXPECT_NE(r.err.find("restart 2 of 2"), std::string::npos) << r.err;
   EXPECT_EQ(r.err.find("restart 3 of"), std::string::npos) << r.err;
-  EXPECT_NE(r.err.find("launch: job failed: rank 1 exited with code 3"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("launch: job failed: rank 1 exited with code 3"), std::string::npos)
+      << r.err;
   EXPECT_NE(r.err.find("injected failure at step 1 on rank 1"), std::string::npos) << r.err;
   EXPECT_NE(r.err.find("attempts: 3 (2 restarts of at most 2)"), std::string::npos) << r.err;
   expectNoneLeft(r.out);
@@ -127,9 +129,9 @@ class CrashKindTest : public ::testing::TestWithParam<CrashCase> {};
 
 TEST_P(CrashKindTest, ReportsSignalOrExitCode) {
   const CrashCase& c = GetParam();
-  LaunchResult r = runLaunch(launchArgs({"--nproc-per-node", "2"},
-                                        {"--steps", "100", "--step-ms", "20"}),
-                             {std::string("DTRAIN_FAULT=") + c.fault});
+  LaunchResult r = runLaunch(
+      launchArgs({"--nproc-per-node", "2"}, {"--steps", "100", "--step-ms", "20"}),
+      {std::string("DTRAIN_FAULT=") + c.fault});
   EXPECT_EQ(r.exitCode, c.exitCode) << r.all();
   EXPECT_NE(r.err.find(c.says), std::string::npos) << r.err;
   EXPECT_NE(r.err.find("rank 1"), std::string::npos) << r.err;
@@ -230,9 +232,10 @@ TEST_P(LauncherKilledTest, EveryProcessOfTheJobDiesWithIt) {
   if (GetParam()) workerFlags.push_back("--grandchild-setsid");
   LaunchProcess p(launchArgs({"--nproc-per-node", "3"}, workerFlags),
                   {"DTRAIN_FAULT=grandchild@step=1", "TMPDIR=" + tmp.path()});
-  ASSERT_TRUE(p.waitFor([](const std::string& o, const std::string&) {
-    return countLines(o, "grandchild pid=") == 3;
-  }, 20)) << p.out() << p.err();
+  ASSERT_TRUE(p.waitFor([](const std::string& o,
+                           const std::string&) { return countLines(o, "grandchild pid=") == 3; },
+                        20))
+      << p.out() << p.err();
   std::vector<pid_t> pids = jobPids(p.out());
   ASSERT_EQ(pids.size(), 9u) << "3 workers, 3 guardians, 3 grandchildren: " << p.out();
   std::vector<std::string> jobDirs = entriesOf(tmp.path());
@@ -290,7 +293,8 @@ TEST_P(HungRankTest, PeersTimeOutAndTheGroupIsTornDown) {
   LaunchResult r = p.wait(30);
   EXPECT_EQ(r.exitCode, 1) << r.all();
   EXPECT_NE(r.err.find("timed out after 1000 ms: 2/3 ranks arrived, missing rank(s) 1"),
-            std::string::npos) << r.err;
+            std::string::npos)
+      << r.err;
   EXPECT_NE(r.err.find("error file:"), std::string::npos) << r.err;
   if (fault == "stop") {
     EXPECT_NE(r.err.find("it was stopped (SIGSTOP) when the teardown began"), std::string::npos)
@@ -309,9 +313,9 @@ INSTANTIATE_TEST_SUITE_P(HungRanks, HungRankTest, ::testing::Values("stop", "han
 
 // L12: a rank that exits 0 early is not a failure by itself; the job waits for the others.
 TEST(LaunchSupervision, EarlyZeroExitIsNotAFailure) {
-  LaunchResult r = runLaunch(launchArgs({"--nproc-per-node", "2"},
-                                        {"--steps", "30", "--step-ms", "40"}),
-                             {"DTRAIN_FAULT=exit:0@rank=1,step=1"});
+  LaunchResult r = runLaunch(
+      launchArgs({"--nproc-per-node", "2"}, {"--steps", "30", "--step-ms", "40"}),
+      {"DTRAIN_FAULT=exit:0@rank=1,step=1"});
   EXPECT_EQ(r.exitCode, 0) << r.all();
   EXPECT_NE(r.out.find("rank 0: done"), std::string::npos) << r.out;
   EXPECT_GE(r.seconds, 30 * 0.040);
@@ -324,7 +328,8 @@ TEST(LaunchSupervision, EarlyExitIsCaughtByPeersCollectives) {
                               "20", "--barrier-every-step", "--barrier-timeout-ms", "1000"},
                              {"DTRAIN_FAULT=exit:0@rank=1,step=2"});
   EXPECT_EQ(r.exitCode, 1) << r.all();
-  EXPECT_NE(r.err.find("launch: job failed: rank 0 exited with code 1"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("launch: job failed: rank 0 exited with code 1"), std::string::npos)
+      << r.err;
   EXPECT_NE(r.err.find("missing rank(s) 1"), std::string::npos) << r.err;
   EXPECT_NE(r.err.find("rank 1 (local rank 1, pid"), std::string::npos) << r.err;
   EXPECT_LT(r.seconds, 2 * 0.020 + 1.0 + 1.0 + kMargin);
@@ -340,10 +345,9 @@ TEST(LaunchSupervision, DriftingRanksAndFailingGroup) {
   EXPECT_GE(drift.seconds, 1.5);
   EXPECT_EQ(countLines(drift.out, ": done"), 2);
 
-  LaunchResult failing = runLaunch(
-      launchArgs({"--nproc-per-node", "3", "--grace-period", "5"},
-                 {"--steps", "400", "--step-ms", "20"}),
-      {"DTRAIN_FAULT=exit:0@rank=0,step=0;exit:4@rank=1,step=10"});
+  LaunchResult failing = runLaunch(launchArgs({"--nproc-per-node", "3", "--grace-period", "5"},
+                                              {"--steps", "400", "--step-ms", "20"}),
+                                   {"DTRAIN_FAULT=exit:0@rank=0,step=0;exit:4@rank=1,step=10"});
   EXPECT_EQ(failing.exitCode, 4) << failing.all();
   EXPECT_LT(failing.seconds, 10 * 0.020 + 1.0 + kMargin);
   EXPECT_NE(failing.err.find("rank 0 (local rank 0"), std::string::npos) << failing.err;
@@ -384,9 +388,9 @@ TEST(LaunchSupervision, ExitBarrierTimesOut) {
 // L13 bounded, drift within the bound: ranks finishing 1 s apart under a 4 s exit barrier (set
 // through the environment) is a success.
 TEST(LaunchSupervision, DriftWithinTheExitBarrierSucceeds) {
-  LaunchResult r = runLaunch(launchArgs({"--nproc-per-node", "2"}, {"--steps", "2"}),
-                             {"DTRAIN_FAULT=slow:1000@rank=1,step=1",
-                              "DTRAIN_LAUNCH_EXIT_BARRIER_TIMEOUT=4"});
+  LaunchResult r = runLaunch(
+      launchArgs({"--nproc-per-node", "2"}, {"--steps", "2"}),
+      {"DTRAIN_FAULT=slow:1000@rank=1,step=1", "DTRAIN_LAUNCH_EXIT_BARRIER_TIMEOUT=4"});
   EXPECT_EQ(r.exitCode, 0) << r.all();
   EXPECT_GE(r.seconds, 1.0);
   EXPECT_EQ(countLines(r.out, ": done"), 2) << r.out;
@@ -398,8 +402,8 @@ TEST(LaunchSupervision, DriftWithinTheExitBarrierSucceeds) {
 // gives a report, never a crash of launch.
 struct ErrorFileCase {
   const char* name;
-  const char* mode;   // --error-file-mode; nullptr: no error file at all
-  const char* says;   // in the report
+  const char* mode;  // --error-file-mode; nullptr: no error file at all
+  const char* says;  // in the report
 };
 
 class ErrorFileTest : public ::testing::TestWithParam<ErrorFileCase> {};
@@ -423,12 +427,11 @@ TEST_P(ErrorFileTest, ReportsWhateverTheFileHolds) {
 
 INSTANTIATE_TEST_SUITE_P(
     ErrorFiles, ErrorFileTest,
-    ::testing::Values(
-        ErrorFileCase{"Json", "json", "injected failure at step 1 on rank 1"},
-        ErrorFileCase{"Missing", nullptr, "cause:       exited with code 5"},
-        ErrorFileCase{"Garbage", "garbage", "the error file is not valid JSON"},
-        ErrorFileCase{"Empty", "empty", "the error file is empty"},
-        ErrorFileCase{"Huge", "huge", "read the first 1048576"}),
+    ::testing::Values(ErrorFileCase{"Json", "json", "injected failure at step 1 on rank 1"},
+                      ErrorFileCase{"Missing", nullptr, "cause:       exited with code 5"},
+                      ErrorFileCase{"Garbage", "garbage", "the error file is not valid JSON"},
+                      ErrorFileCase{"Empty", "empty", "the error file is empty"},
+                      ErrorFileCase{"Huge", "huge", "read the first 1048576"}),
     [](const ::testing::TestParamInfo<ErrorFileCase>& info) { return info.param.name; });
 
 // L2: workers see the attempt number; it only goes up; the budget is exact.

@@ -23,8 +23,11 @@ NodeContext sampleNode() {
   n.storeToken = "feedface";
   n.runId = "job1";
   n.jobDir = "/logs/job1";
-  n.inherited = {{"PATH", "/usr/bin"}, {"HOME", "/root"}, {"DTRAIN_LAUNCH_MAX_RESTARTS", "3"},
-                 {"RANK", "99"}, {"NCCL_DEBUG", "WARN"}};
+  n.inherited = {{"PATH", "/usr/bin"},
+                 {"HOME", "/root"},
+                 {"DTRAIN_LAUNCH_MAX_RESTARTS", "3"},
+                 {"RANK", "99"},
+                 {"NCCL_DEBUG", "WARN"}};
   return n;
 }
 
@@ -60,29 +63,71 @@ TEST_P(WorkerEnvTest, SetsTheContract) {
 INSTANTIATE_TEST_SUITE_P(
     Table, WorkerEnvTest,
     ::testing::Values(
-        EnvCase{"FirstWorker", 0, 0, 1, 0, 0,
-                {{"RANK", "0"}, {"LOCAL_RANK", "0"}, {"WORLD_SIZE", "4"},
-                 {"LOCAL_WORLD_SIZE", "4"}, {"GROUP_RANK", "0"}, {"GROUP_WORLD_SIZE", "1"},
+        EnvCase{"FirstWorker",
+                0,
+                0,
+                1,
+                0,
+                0,
+                {{"RANK", "0"},
+                 {"LOCAL_RANK", "0"},
+                 {"WORLD_SIZE", "4"},
+                 {"LOCAL_WORLD_SIZE", "4"},
+                 {"GROUP_RANK", "0"},
+                 {"GROUP_WORLD_SIZE", "1"},
                  {"DTRAIN_NODE_ID", "0"},
-                 {"ROLE_RANK", "0"}, {"ROLE_WORLD_SIZE", "4"}, {"ROLE_NAME", "default"},
-                 {"MASTER_ADDR", "127.0.0.1"}, {"MASTER_PORT", "29500"},
-                 {"TORCHELASTIC_RESTART_COUNT", "0"}, {"TORCHELASTIC_MAX_RESTARTS", "2"},
-                 {"TORCHELASTIC_RUN_ID", "job1"}, {"TORCHELASTIC_USE_AGENT_STORE", "False"},
+                 {"ROLE_RANK", "0"},
+                 {"ROLE_WORLD_SIZE", "4"},
+                 {"ROLE_NAME", "default"},
+                 {"MASTER_ADDR", "127.0.0.1"},
+                 {"MASTER_PORT", "29500"},
+                 {"TORCHELASTIC_RESTART_COUNT", "0"},
+                 {"TORCHELASTIC_MAX_RESTARTS", "2"},
+                 {"TORCHELASTIC_RUN_ID", "job1"},
+                 {"TORCHELASTIC_USE_AGENT_STORE", "False"},
                  {"TORCHELASTIC_ERROR_FILE", "/logs/job1/attempt_0/rank_0/error.json"},
-                 {"DTRAIN_STORE_ADDR", "127.0.0.1"}, {"DTRAIN_STORE_PORT", "29400"},
-                 {"DTRAIN_STORE_TOKEN", "feedface"}, {"DTRAIN_RESTART_COUNT", "0"},
-                 {"DTRAIN_RUN_ID", "job1"}, {"OMP_NUM_THREADS", "4"}}},
-        EnvCase{"LastWorkerSecondRound", 0, 0, 1, 3, 2,
-                {{"RANK", "3"}, {"LOCAL_RANK", "3"}, {"TORCHELASTIC_RESTART_COUNT", "2"},
+                 {"DTRAIN_STORE_ADDR", "127.0.0.1"},
+                 {"DTRAIN_STORE_PORT", "29400"},
+                 {"DTRAIN_STORE_TOKEN", "feedface"},
+                 {"DTRAIN_RESTART_COUNT", "0"},
+                 {"DTRAIN_RUN_ID", "job1"},
+                 {"OMP_NUM_THREADS", "4"}}},
+        EnvCase{"LastWorkerSecondRound",
+                0,
+                0,
+                1,
+                3,
+                2,
+                {{"RANK", "3"},
+                 {"LOCAL_RANK", "3"},
+                 {"TORCHELASTIC_RESTART_COUNT", "2"},
                  {"DTRAIN_RESTART_COUNT", "2"},
                  {"TORCHELASTIC_ERROR_FILE", "/logs/job1/attempt_2/rank_3/error.json"}}},
-        EnvCase{"SecondNodeOfThree", 1, 1, 3, 2, 0,
-                {{"RANK", "6"}, {"LOCAL_RANK", "2"}, {"WORLD_SIZE", "12"},
-                 {"LOCAL_WORLD_SIZE", "4"}, {"GROUP_RANK", "1"}, {"GROUP_WORLD_SIZE", "3"},
-                 {"ROLE_RANK", "6"}, {"ROLE_WORLD_SIZE", "12"}, {"DTRAIN_NODE_ID", "1"}}},
+        EnvCase{"SecondNodeOfThree",
+                1,
+                1,
+                3,
+                2,
+                0,
+                {{"RANK", "6"},
+                 {"LOCAL_RANK", "2"},
+                 {"WORLD_SIZE", "12"},
+                 {"LOCAL_WORLD_SIZE", "4"},
+                 {"GROUP_RANK", "1"},
+                 {"GROUP_WORLD_SIZE", "3"},
+                 {"ROLE_RANK", "6"},
+                 {"ROLE_WORLD_SIZE", "12"},
+                 {"DTRAIN_NODE_ID", "1"}}},
         // Elastic: node id 5 (its --node-rank) is the second node of this round's three.
-        EnvCase{"ElasticNodeKeepsItsIdNotItsGroupRank", 1, 5, 3, 0, 1,
-                {{"GROUP_RANK", "1"}, {"DTRAIN_NODE_ID", "5"}, {"RANK", "4"},
+        EnvCase{"ElasticNodeKeepsItsIdNotItsGroupRank",
+                1,
+                5,
+                3,
+                0,
+                1,
+                {{"GROUP_RANK", "1"},
+                 {"DTRAIN_NODE_ID", "5"},
+                 {"RANK", "4"},
                  {"TORCHELASTIC_RESTART_COUNT", "1"}}}),
     [](const ::testing::TestParamInfo<EnvCase>& info) { return info.param.name; });
 
@@ -100,9 +145,9 @@ TEST(WorkerEnv, UnequalNodesAndForwardedOverlay) {
   EXPECT_EQ(env["RANK"], "8");
   EXPECT_EQ(env["WORLD_SIZE"], "9");
   EXPECT_EQ(env["GROUP_RANK"], "2");
-  EXPECT_EQ(env["NCCL_DEBUG"], "INFO");         // the master's over the node's own
+  EXPECT_EQ(env["NCCL_DEBUG"], "INFO");  // the master's over the node's own
   EXPECT_EQ(env["NCCL_SOCKET_IFNAME"], "eth1");
-  EXPECT_EQ(env["PATH"], "/from/env");          // --env last
+  EXPECT_EQ(env["PATH"], "/from/env");  // --env last
 }
 
 TEST(WorkerEnv, InheritsButNotLauncherOptions) {

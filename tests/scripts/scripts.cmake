@@ -129,8 +129,7 @@ set_tests_properties(docs.layering.self_test PROPERTIES LABELS unit TIMEOUT 60)
 add_test(NAME docs.format
          COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/tests/scripts/format_test.sh
                  ${CMAKE_CURRENT_SOURCE_DIR})
-# enabled by the commit that applies the format
-set_tests_properties(docs.format PROPERTIES LABELS unit TIMEOUT 60 DISABLED TRUE)
+set_tests_properties(docs.format PROPERTIES LABELS unit TIMEOUT 60)
 add_test(NAME docs.format.self_test
          COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/tests/scripts/format_test.sh --self-test)
 set_tests_properties(docs.format.self_test PROPERTIES LABELS unit TIMEOUT 60)

@@ -84,8 +84,7 @@ std::unique_ptr<Cluster> Cluster::up(int n, std::string* skipReason) {
   ::prctl(PR_SET_CHILD_SUBREAPER, 1);
   static std::atomic<int> counter{0};
   std::unique_ptr<Cluster> c(new Cluster);
-  c->name_ = "e" + std::to_string(::getpid() % 100000) +
-             static_cast<char>('a' + (counter++ % 26));
+  c->name_ = "e" + std::to_string(::getpid() % 100000) + static_cast<char>('a' + (counter++ % 26));
   std::string out;
   int rc = shell("DTRAIN_CLUSTER_OWNER=" + std::to_string(::getpid()) + " " +
                      quote(clusterScript()) + " up " + std::to_string(n) + " " + c->name_ + " 2>&1",
@@ -129,7 +128,8 @@ void Cluster::killHost(int k) const {
 }
 
 void Cluster::link(int k, bool up) const {
-  shell(quote(clusterScript()) + " link " + name_ + " " + std::to_string(k) + (up ? " up" : " down"),
+  shell(quote(clusterScript()) + " link " + name_ + " " + std::to_string(k) +
+            (up ? " up" : " down"),
         nullptr);
 }
 

@@ -23,8 +23,8 @@ class Cluster {
   const std::vector<std::string>& hosts() const { return hosts_; }  // one address each
   std::string hostList() const;                                     // "a,b,c"
   const std::string& sshConfig() const { return sshConfig_; }
-  const std::string& bridgeAddress() const { return bridge_; }    // this namespace's address
-  const std::string& workDir() const { return work_; }  // same path, private on every host
+  const std::string& bridgeAddress() const { return bridge_; }  // this namespace's address
+  const std::string& workDir() const { return work_; }          // same path, private on every host
   const std::string& dir() const { return dir_; }
 
   // A wrapper that runs a command on host k: {script, "exec", name, k}, then the command.

@@ -86,7 +86,7 @@ HostileHttpClients::~HostileHttpClients() {
 
 std::vector<std::string> HostileHttpClients::garbageAnswers(double seconds) const {
   const auto deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(
-                                          std::chrono::duration<double>(seconds));
+                                           std::chrono::duration<double>(seconds));
   std::vector<std::string> answers(garbage_.size());
   std::vector<bool> done(garbage_.size(), false);
   size_t left = garbage_.size();
@@ -137,8 +137,8 @@ ScrapeResult timedScrape(int port, const std::string& path, double timeoutSecond
     r.error = std::string("connect: ") + std::strerror(errno);
     return r;
   }
-  const std::string request =
-      "GET " + path + " HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n";
+  const std::string request = "GET " + path +
+                              " HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n";
   std::string answer;
   if (::send(fd, request.data(), request.size(), MSG_NOSIGNAL) !=
       static_cast<ssize_t>(request.size())) {

@@ -33,10 +33,10 @@ class HostileHttpClients {
 };
 
 struct ScrapeResult {
-  int status = 0;       // 0: no answer
+  int status = 0;  // 0: no answer
   std::string body;
-  double seconds = 0;   // from connect to the end of the answer
-  std::string error;    // why there was no answer
+  double seconds = 0;  // from connect to the end of the answer
+  std::string error;   // why there was no answer
 };
 
 // GET `path` over a fresh connection ("Connection: close"), giving up after `timeoutSeconds`.

@@ -271,9 +271,11 @@ std::vector<std::string> launchArgs(const std::vector<std::string>& launchOption
 
 int metricsPort(LaunchProcess& p, double seconds) {
   static const std::regex re("launch: metrics on http://[^ ]*:([0-9]+)/metrics");
-  if (!p.waitFor([](const std::string&, const std::string& err) {
-        return err.find("launch: metrics on") != std::string::npos;
-      }, seconds)) {
+  if (!p.waitFor(
+          [](const std::string&, const std::string& err) {
+            return err.find("launch: metrics on") != std::string::npos;
+          },
+          seconds)) {
     return -1;
   }
   std::smatch m;

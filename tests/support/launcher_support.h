@@ -11,8 +11,8 @@
 
 #include <chrono>
 #include <functional>
-#include <memory>
 #include <map>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -23,7 +23,7 @@ std::string launchPath();
 std::string workerPath();
 
 struct LaunchResult {
-  int exitCode = -1;   // launch's exit code; 128+N when it was killed by signal N
+  int exitCode = -1;  // launch's exit code; 128+N when it was killed by signal N
   bool timedOut = false;
   std::string out;
   std::string err;

@@ -17,8 +17,8 @@
 namespace dtrain::testing {
 
 std::vector<std::string> timings() {
-  return {"--heartbeat-interval", "0.5", "--heartbeat-timeout", "3", "--rdzv-timeout", "20",
-          "--grace-period", "2"};
+  return {"--heartbeat-interval", "0.5", "--heartbeat-timeout", "3",
+          "--rdzv-timeout",       "20",  "--grace-period",      "2"};
 }
 
 std::vector<std::string> cat(std::vector<std::string> a, const std::vector<std::string>& b) {
@@ -49,9 +49,9 @@ int storePort(const Cluster& c) {
 }
 
 std::vector<std::string> fanOutFromANode(const Cluster& c, const std::vector<std::string>& extra) {
-  return cat(cat(cat({"--hosts", c.hostList(), "--ssh-config", c.sshConfig()}, timings()),
-                 blasEnv()),
-             extra);
+  return cat(
+      cat(cat({"--hosts", c.hostList(), "--ssh-config", c.sshConfig()}, timings()), blasEnv()),
+      extra);
 }
 
 std::vector<std::string> fanOut(const Cluster& c, const std::vector<std::string>& extra) {
@@ -63,7 +63,8 @@ std::vector<std::string> fanOut(const Cluster& c, const std::vector<std::string>
 
 std::vector<pid_t> pidsOn(const Cluster& c, int k, const std::string& needle) {
   std::vector<pid_t> pids;
-  FILE* p = ::popen(("ip netns pids " + c.name() + "-" + std::to_string(k) + " 2>/dev/null").c_str(), "r");
+  FILE* p = ::popen(
+      ("ip netns pids " + c.name() + "-" + std::to_string(k) + " 2>/dev/null").c_str(), "r");
   if (!p) return pids;
   for (int pid; std::fscanf(p, "%d", &pid) == 1;) {
     std::string cmd = readFile("/proc/" + std::to_string(pid) + "/cmdline");
@@ -86,7 +87,8 @@ std::vector<std::string> listeningAddresses(const std::string& procNetTcp, int p
     std::string slot, local, remote, state;
     if (!(words >> slot >> local >> remote >> state) || state != "0A") continue;
     const size_t colon = local.find(':');
-    if (colon == std::string::npos || std::stoi(local.substr(colon + 1), nullptr, 16) != port) continue;
+    if (colon == std::string::npos || std::stoi(local.substr(colon + 1), nullptr, 16) != port)
+      continue;
     const std::string addr = local.substr(0, colon);
     if (addr.size() == 8) {
       in_addr a{};

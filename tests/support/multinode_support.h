@@ -23,7 +23,8 @@ constexpr double kGrace = 2;
 // not the default 29400, which other jobs on a shared machine may hold on every address.
 std::vector<std::string> fanOut(const Cluster& c, const std::vector<std::string>& extra = {});
 // The fan-out options without --rdzv-endpoint (a master inside a node: default address and port).
-std::vector<std::string> fanOutFromANode(const Cluster& c, const std::vector<std::string>& extra = {});
+std::vector<std::string> fanOutFromANode(const Cluster& c,
+                                         const std::vector<std::string>& extra = {});
 int storePort(const Cluster& c);
 // The common timing options alone.
 std::vector<std::string> timings();

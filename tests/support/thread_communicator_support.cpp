@@ -94,7 +94,8 @@ void reduce(const std::vector<const void*>& inputs, void* out, size_t count, com
   auto* o = static_cast<T*>(out);
   for (size_t i = 0; i < count; ++i) {
     T acc = static_cast<const T*>(inputs[0])[i];
-    for (size_t r = 1; r < inputs.size(); ++r) acc = combine(acc, static_cast<const T*>(inputs[r])[i], op);
+    for (size_t r = 1; r < inputs.size(); ++r)
+      acc = combine(acc, static_cast<const T*>(inputs[r])[i], op);
     if (op == comm::ReduceOp::Avg) acc = static_cast<T>(acc / static_cast<T>(inputs.size()));
     o[i] = acc;
   }
@@ -191,8 +192,8 @@ struct ThreadWorld::Impl {
                      op.describe(), aborted);
       }
       if (cv.wait_until(lock, deadline) == std::cv_status::timeout && !pred()) {
-        DTRAIN_THROW(TimeoutError, "rank {}: timed out in collective #{} ({}) while {}", rank,
-                     seq, op.describe(), phase);
+        DTRAIN_THROW(TimeoutError, "rank {}: timed out in collective #{} ({}) while {}", rank, seq,
+                     op.describe(), phase);
       }
     }
   }
@@ -261,12 +262,12 @@ struct ThreadWorld::Impl {
       case Kind::ReduceScatter:
         out.resize(op.count * elem);
         for (const auto& o : ops) {
-          inputs.push_back(static_cast<const uint8_t*>(o.send) + static_cast<size_t>(rank) * op.count * elem);
+          inputs.push_back(static_cast<const uint8_t*>(o.send) +
+                           static_cast<size_t>(rank) * op.count * elem);
         }
         reduceAny(op.dtype, inputs, out.data(), op.count, op.op);
         break;
-      case Kind::Barrier:
-        break;
+      case Kind::Barrier: break;
     }
     return out;
   }
@@ -413,7 +414,7 @@ class ThreadCommunicator : public comm::Communicator {
   std::deque<Task> queue_;  // guarded by mutex_
   int64_t nextSeq_ = 0;     // guarded by mutex_
   std::atomic<uint64_t> payload_{0};
-  bool stopping_ = false;   // guarded by mutex_
+  bool stopping_ = false;       // guarded by mutex_
   std::exception_ptr failure_;  // worker thread only: the first error, rethrown by every later call
   std::thread worker_;
 };

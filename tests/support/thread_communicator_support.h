@@ -107,8 +107,9 @@ class WaitRecordingCommunicator : public comm::Communicator {
 void runRanks(int size, const std::function<void(int rank)>& fn);
 
 // GlooOptions for thread tests: short timeouts, no collective checks from the environment.
-comm::GlooOptions glooTestOptions(int rank, int size, std::shared_ptr<store::Store> store,
-                                  std::chrono::milliseconds timeout = std::chrono::milliseconds(5000));
+comm::GlooOptions glooTestOptions(
+    int rank, int size, std::shared_ptr<store::Store> store,
+    std::chrono::milliseconds timeout = std::chrono::milliseconds(5000));
 
 // Creates one Gloo communicator per rank concurrently (creation blocks until all have joined),
 // each injecting `faults` (collective_faults.h).

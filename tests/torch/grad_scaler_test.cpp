@@ -78,7 +78,8 @@ TEST(GradScaler, OverflowSkipsTheStepAndBacksOff) {
     GradScalerOptions o;
     o.initScale = 256;
     GradScaler scaler(nullptr, o);
-    scaler.scale(torch::mse_loss(net->forward(torch::randn({2, 8})), torch::randn({2, 4}))).backward();
+    scaler.scale(torch::mse_loss(net->forward(torch::randn({2, 8})), torch::randn({2, 4})))
+        .backward();
     net->fc2->bias.mutable_grad()[1] = poison;
     auto before = snapshot(*net);
     EXPECT_FALSE(scaler.step(sgd));
@@ -102,7 +103,8 @@ TEST(GradScaler, GrowsAfterTheIntervalOfCleanSteps) {
   std::vector<double> scales;
   for (int step = 0; step < 7; ++step) {
     sgd.zero_grad();
-    scaler.scale(torch::mse_loss(net->forward(torch::randn({2, 8})), torch::randn({2, 4}))).backward();
+    scaler.scale(torch::mse_loss(net->forward(torch::randn({2, 8})), torch::randn({2, 4})))
+        .backward();
     if (step == 4) net->fc1->weight.mutable_grad()[0][0] = INFINITY;
     scaler.step(sgd);
     scaler.update();
@@ -211,7 +213,8 @@ TEST(GradScaler, EveryRankSkipsWhenOneRankAloneOverflows) {
   EXPECT_FALSE(skipped[0]);
   EXPECT_TRUE(skipped[1]);
   bool allEqual = true;
-  for (size_t i = 0; i < drifted[0].size(); ++i) allEqual = allEqual && torch::equal(drifted[0][i], drifted[1][i]);
+  for (size_t i = 0; i < drifted[0].size(); ++i)
+    allEqual = allEqual && torch::equal(drifted[0][i], drifted[1][i]);
   EXPECT_FALSE(allEqual);
 }
 
@@ -219,7 +222,8 @@ TEST(GradScaler, EveryRankSkipsUnderNoSyncAccumulationToo) {
   std::vector<bool> skipped;
   auto finals = trainWithLonelyInf(/*agree=*/true, &skipped, /*accumulate=*/true);
   EXPECT_TRUE(skipped[0] && skipped[1]);
-  for (size_t i = 0; i < finals[0].size(); ++i) EXPECT_TRUE(torch::equal(finals[0][i], finals[1][i]));
+  for (size_t i = 0; i < finals[0].size(); ++i)
+    EXPECT_TRUE(torch::equal(finals[0][i], finals[1][i]));
 }
 
 }  // namespace

@@ -222,9 +222,10 @@ TEST(HostMemoryCache, TrainingGivesTheSameNumbersWithAndWithoutIt) {
 
 // The suites below install the cache with options of their own: ctest runs each suite in a
 // process of its own; in a process where another suite installed it first they skip, saying so.
-#define DTRAIN_ENABLE_OR_SKIP(options)                                                          \
-  if (!enableHostMemoryCache(options)) GTEST_SKIP() << "the cache was installed by another suite " \
-                                                       "of this process: run this suite alone"
+#define DTRAIN_ENABLE_OR_SKIP(options)                        \
+  if (!enableHostMemoryCache(options))                        \
+  GTEST_SKIP() << "the cache was installed by another suite " \
+                  "of this process: run this suite alone"
 
 // A block of `bytes` from the installed CPU allocator, every page written.
 c10::DataPtr touched(size_t bytes) {
@@ -241,7 +242,10 @@ TEST(HostMemoryCacheBlocks, ASmallerAllocationSplitsAFreeBlockAndFreedNeighbours
   options.maxCachedBytes = 256 * kMiB;
   DTRAIN_ENABLE_OR_SKIP(options);
   char* whole = nullptr;
-  { c10::DataPtr a = touched(8 * kMiB); whole = static_cast<char*>(a.get()); }
+  {
+    c10::DataPtr a = touched(8 * kMiB);
+    whole = static_cast<char*>(a.get());
+  }
   const HostMemoryCacheStats start = hostMemoryCacheStats();
   {
     c10::DataPtr front = touched(3 * kMiB);

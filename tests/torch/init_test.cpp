@@ -43,13 +43,21 @@ class EnvGuard {
 };
 
 const std::map<std::string, std::optional<std::string>> kNoLauncher = {
-    {"RANK", std::nullopt}, {"WORLD_SIZE", std::nullopt}, {"LOCAL_RANK", std::nullopt},
-    {"SLURM_PROCID", std::nullopt}, {"OMPI_COMM_WORLD_RANK", std::nullopt},
-    {"DTRAIN_STORE_ADDR", std::nullopt}, {"MASTER_ADDR", std::nullopt},
-    {"DTRAIN_BACKEND", std::nullopt}, {"DTRAIN_FAULT", std::nullopt}, {"GROUP_RANK", std::nullopt},
-    {"SLURM_NODEID", std::nullopt}, {"DTRAIN_SHM", std::nullopt}};
+    {"RANK", std::nullopt},
+    {"WORLD_SIZE", std::nullopt},
+    {"LOCAL_RANK", std::nullopt},
+    {"SLURM_PROCID", std::nullopt},
+    {"OMPI_COMM_WORLD_RANK", std::nullopt},
+    {"DTRAIN_STORE_ADDR", std::nullopt},
+    {"MASTER_ADDR", std::nullopt},
+    {"DTRAIN_BACKEND", std::nullopt},
+    {"DTRAIN_FAULT", std::nullopt},
+    {"GROUP_RANK", std::nullopt},
+    {"SLURM_NODEID", std::nullopt},
+    {"DTRAIN_SHM", std::nullopt}};
 
-std::vector<std::shared_ptr<ProcessGroup>> initRanks(int n, const std::function<InitOptions(int)>& make) {
+std::vector<std::shared_ptr<ProcessGroup>> initRanks(int n,
+                                                     const std::function<InitOptions(int)>& make) {
   std::vector<std::shared_ptr<ProcessGroup>> pgs(n);
   std::vector<std::string> errors(n);
   std::vector<std::thread> threads;
@@ -225,7 +233,7 @@ TEST(Init, HierarchicalWorldAndItsRowAndColumnGroups) {
     threads.emplace_back([&, r] {
       auto& pg = pgs[r];
       EXPECT_STREQ(pg->backend(), "shm+gloo");
-      auto row = pg->split(r / 2);      // the ranks of one node
+      auto row = pg->split(r / 2);  // the ranks of one node
       // As with torch.distributed.new_group, every rank creates every group.
       auto even = pg->newGroup({0, 2});
       auto odd = pg->newGroup({1, 3});

@@ -78,8 +78,8 @@ TEST(ProcessGroupCollectives, AllreduceEveryDtypeAndOpInPlace) {
   if (!comm::glooAvailable()) GTEST_SKIP() << "built without Gloo";
   const int n = 3;
   auto pgs = makeGroups(n);
-  for (auto dtype : {torch::kFloat, torch::kDouble, torch::kHalf, torch::kBFloat16, torch::kInt,
-                     torch::kLong}) {
+  for (auto dtype :
+       {torch::kFloat, torch::kDouble, torch::kHalf, torch::kBFloat16, torch::kInt, torch::kLong}) {
     for (auto op : {ReduceOp::Sum, ReduceOp::Avg, ReduceOp::Max, ReduceOp::Min}) {
       testing::runRanks(n, [&](int r) {
         auto t = contribution(r, {7, 13}, dtype);
@@ -87,7 +87,8 @@ TEST(ProcessGroupCollectives, AllreduceEveryDtypeAndOpInPlace) {
         pgs[r]->allreduce(t, op);
         EXPECT_EQ(t.data_ptr(), before) << "in place";
         EXPECT_TRUE(t.equal(expected(n, op, {7, 13}, dtype)))
-            << c10::toString(dtype) << " " << comm::reduceOpName(op) << "\n" << t;
+            << c10::toString(dtype) << " " << comm::reduceOpName(op) << "\n"
+            << t;
       });
     }
   }
@@ -139,7 +140,8 @@ TEST(ProcessGroupCollectives, AsyncWorkKeepsItsTensorAlive) {
       EXPECT_TRUE(t.eq(static_cast<float>(2 * k + 1)).all().item<bool>()) << k;
     }
     works.clear();
-    for (int k = 0; k < 20; ++k) EXPECT_TRUE(weak[k].expired()) << "work " << k << " leaked its tensor";
+    for (int k = 0; k < 20; ++k)
+      EXPECT_TRUE(weak[k].expired()) << "work " << k << " leaked its tensor";
   });
 }
 
@@ -196,8 +198,9 @@ TEST(ProcessGroupCollectives, ATensorOnAnotherDeviceIsRefusedNamingBoth) {
     return std::string();
   };
   const c10::Device cuda0(c10::kCUDA, 0), cuda1(c10::kCUDA, 1), cpu(c10::kCPU);
-  EXPECT_NE(message(cuda1, cuda0).find("allreduce: the tensor is on cuda:1, but this nccl process "
-                                       "group works on cuda:0 tensors"),
+  EXPECT_NE(message(cuda1, cuda0)
+                .find("allreduce: the tensor is on cuda:1, but this nccl process "
+                      "group works on cuda:0 tensors"),
             std::string::npos)
       << message(cuda1, cuda0);
   EXPECT_NE(message(cpu, cuda0).find("the tensor is on cpu"), std::string::npos);

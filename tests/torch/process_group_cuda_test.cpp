@@ -23,8 +23,8 @@ TEST(ProcessGroupCuda, InitPicksNcclAndReducesCudaTensorsInPlace) {
   auto pg = init(o);
   EXPECT_STREQ(pg->backend(), "nccl");
   EXPECT_EQ(pg->device(), c10::Device(c10::kCUDA, 0));
-  for (auto dtype : {torch::kFloat, torch::kDouble, torch::kHalf, torch::kBFloat16, torch::kInt,
-                     torch::kLong}) {
+  for (auto dtype :
+       {torch::kFloat, torch::kDouble, torch::kHalf, torch::kBFloat16, torch::kInt, torch::kLong}) {
     auto opts = torch::TensorOptions().dtype(dtype).device(torch::kCUDA, 0);
     auto t = torch::arange(1000, opts).remainder(5).reshape({10, 100});
     auto expect = t.clone();
@@ -50,9 +50,7 @@ struct SmallCnnImpl : torch::nn::Module {
     bn = register_module("bn", torch::nn::BatchNorm2d(8));
     fc = register_module("fc", torch::nn::Linear(8 * 8 * 8, 5));
   }
-  torch::Tensor forward(const torch::Tensor& x) {
-    return fc(torch::relu(bn(conv(x))).flatten(1));
-  }
+  torch::Tensor forward(const torch::Tensor& x) { return fc(torch::relu(bn(conv(x))).flatten(1)); }
   torch::nn::Conv2d conv{nullptr};
   torch::nn::BatchNorm2d bn{nullptr};
   torch::nn::Linear fc{nullptr};
@@ -85,7 +83,8 @@ void expectDdpMatchesPlainModel(const DdpOptions& options, int micro, double tol
   DistributedDataParallel<SmallCnn> ddp(wrapped, pg, options);
   for (int m = 0; m < micro; ++m) {
     auto x = torch::randn({4, 3, 8, 8}, torch::kCUDA);
-    auto y = torch::randint(0, 5, {4}, torch::TensorOptions().dtype(torch::kLong).device(torch::kCUDA));
+    auto y = torch::randint(0, 5, {4},
+                            torch::TensorOptions().dtype(torch::kLong).device(torch::kCUDA));
     torch::nn::functional::cross_entropy(plain->forward(x), y).backward();
     if (m + 1 < micro) {
       auto guard = ddp.noSync();

@@ -83,7 +83,8 @@ std::string shardsText(const CheckpointReader& reader) {
     if (e.owner != kReplicated && e.kind == Kind::Tensor) owners.insert(e.owner);
   }
   if (owners.empty()) return "";
-  return fmt::format(", shards of rank{} {}", owners.size() > 1 ? "s" : "", fmt::join(owners, ", "));
+  return fmt::format(", shards of rank{} {}", owners.size() > 1 ? "s" : "",
+                     fmt::join(owners, ", "));
 }
 
 int listFile(const std::string& path) {
@@ -93,13 +94,14 @@ int listFile(const std::string& path) {
               path.c_str(), static_cast<long long>(h.step), static_cast<long long>(h.epoch),
               h.worldSize, h.torchVersion.c_str(), static_cast<unsigned long long>(h.entryCount),
               static_cast<unsigned long long>(h.fileSize));
-  std::printf("  %-8s %-9s %-12s %-10s %12s  %s\n", "kind", "dtype", "shape", "owner", "bytes", "name");
+  std::printf("  %-8s %-9s %-12s %-10s %12s  %s\n", "kind", "dtype", "shape", "owner", "bytes",
+              "name");
   for (const auto& e : reader.entries()) {
     std::string owner = e.owner == kReplicated ? "all" : fmt::format("rank {}", e.owner);
     const bool ranged = e.isShard() || (e.owner != kReplicated && e.kind == Kind::Tensor);
-    const std::string range =
-        ranged ? fmt::format(" (elements {}..{})", e.elementOffset, e.elementOffset + e.elementCount)
-               : "";
+    const std::string range = ranged ? fmt::format(" (elements {}..{})", e.elementOffset,
+                                                   e.elementOffset + e.elementCount)
+                                     : "";
     std::printf("  %-8s %-9s %-12s %-10s %12llu  %s%s\n", kindName(e.kind), dtypeName(e.dtype),
                 shapeText(e.shape).c_str(), owner.c_str(), static_cast<unsigned long long>(e.size),
                 e.name.c_str(), range.c_str());
@@ -132,7 +134,8 @@ int list(const std::string& path) {
       }
     }
     for (const auto& t : listing.temporaries) {
-      std::printf("  %s  (left by an interrupted save; removed by the next save or restore)\n", t.c_str());
+      std::printf("  %s  (left by an interrupted save; removed by the next save or restore)\n",
+                  t.c_str());
     }
   }
   return 0;
@@ -164,7 +167,8 @@ int verify(const std::vector<std::string>& paths) {
     auto dirs = nodeDirectories(path);
     if (dirs.empty()) std::printf("%s: no checkpoints\n", path.c_str());
     for (const auto& dir : dirs) {
-      for (int64_t step : listDirectory(dir).steps) ok = verifyFile(dir + "/" + stepFileName(step)) && ok;
+      for (int64_t step : listDirectory(dir).steps)
+        ok = verifyFile(dir + "/" + stepFileName(step)) && ok;
     }
   }
   return ok ? 0 : 1;

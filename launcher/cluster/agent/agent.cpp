@@ -125,14 +125,17 @@ class Agent {
   std::unique_ptr<monitor::Monitor> watcher_;
   std::unique_ptr<Supervisor> supervisor_;
   bool temporaryDir_ = false;
-  store::Bytes claim_;          // this agent's claim of its node (Note [Node claims])
-  store::Bytes phaseSeen_;      // launch/state as last read
-  JobPhase phase_;              // ... and decoded (once per value: it may carry a plan)
+  store::Bytes claim_;      // this agent's claim of its node (Note [Node claims])
+  store::Bytes phaseSeen_;  // launch/state as last read
+  JobPhase phase_;          // ... and decoded (once per value: it may carry a plan)
 };
 
 Agent::Agent(const AgentSetup& setup, const EnvMap& environment)
-    : setup_(setup), environment_(environment), config_(setup.config),
-      host_(net::hostName()), label_(setup.label.empty() ? host_ : setup.label),
+    : setup_(setup),
+      environment_(environment),
+      config_(setup.config),
+      host_(net::hostName()),
+      label_(setup.label.empty() ? host_ : setup.label),
       me_(fmt::format("launch (node {}, {})", setup.node, label_)),
       effective_(composeEnvironment(environment, setup.forwarded)) {
   if (!config_.linePrefixGiven) config_.linePrefixTemplate = kDefaultMultiNodeLinePrefixTemplate;
@@ -147,10 +150,9 @@ int Agent::run() {
   int code = kExitInfrastructure;
   try {
     claimNode();
-    heartbeat_ = std::make_unique<HeartbeatThread>(storeOptions(), setup_.node,
-                                                   millis(config_.heartbeatInterval),
-                                                   millis(config_.heartbeatTimeout),
-                                                   setup_.watchStdin);
+    heartbeat_ = std::make_unique<HeartbeatThread>(
+        storeOptions(), setup_.node, millis(config_.heartbeatInterval),
+        millis(config_.heartbeatTimeout), setup_.watchStdin);
     code = runRounds();
   } catch (const AgentExit& e) {
     code = e.code;
@@ -249,7 +251,8 @@ NodeContext Agent::nodeContext() const {
   NodeContext node;
   node.host = label_;
   int64_t id = 0;
-  node.nodeId = parseInt64(setup_.node, &id) ? static_cast<int>(id) : 0;  // host-list index, --node-rank
+  node.nodeId = parseInt64(setup_.node, &id) ? static_cast<int>(id)
+                                             : 0;  // host-list index, --node-rank
   node.cpuCount = probe_.cpuCount;
   node.storeAddr = setup_.storeAddr;
   node.storePort = setup_.storePort;
@@ -281,12 +284,15 @@ void Agent::claimNode() {
     if (now == claim_) return;
     const NodeClaim holder = decodeClaim(store::toString(now));
     if (!holder.nonce.empty() && holderAlive(holder)) {
-      throw AgentExit{kExitUsage, fmt::format(
-          "{} is held by another launch, alive on host {} (pid {}: its heartbeat moves); this "
-          "launch on {} (pid {}) was given the same one. HINT: give every node its own "
-          "--node-rank, 0 to {}", setup_.label.empty() ? fmt::format("--node-rank {}", setup_.node)
-                                                       : fmt::format("node {}", setup_.node),
-          holder.host, holder.pid, host_, ::getpid(), config_.maxNodes - 1)};
+      throw AgentExit{
+          kExitUsage,
+          fmt::format(
+              "{} is held by another launch, alive on host {} (pid {}: its heartbeat moves); this "
+              "launch on {} (pid {}) was given the same one. HINT: give every node its own "
+              "--node-rank, 0 to {}",
+              setup_.label.empty() ? fmt::format("--node-rank {}", setup_.node)
+                                   : fmt::format("node {}", setup_.node),
+              holder.host, holder.pid, host_, ::getpid(), config_.maxNodes - 1)};
     }
     // Released, or its holder went silent: take it over, unless someone else was quicker.
     if (store_->compareSet(key, now, claim_) == claim_) {
@@ -303,8 +309,10 @@ bool Agent::holderAlive(const NodeClaim& holder) {
   const std::string beat = keys::heartbeat(setup_.node);
   const store::Bytes seen = store_->tryMultiGet({beat})[0].value_or(store::Bytes{});
   const auto deadline = after(Clock::now(), config_.heartbeatTimeout);
-  DTRAIN_LOG(Info, "launch: node {} is claimed by a launch on {} (pid {}); watching its heartbeat "
-             "for up to {:g} s", setup_.node, holder.host, holder.pid, config_.heartbeatTimeout);
+  DTRAIN_LOG(Info,
+             "launch: node {} is claimed by a launch on {} (pid {}); watching its heartbeat "
+             "for up to {:g} s",
+             setup_.node, holder.host, holder.pid, config_.heartbeatTimeout);
   while (Clock::now() < deadline) {
     if (int sig = takePendingSignal()) {
       if (setup_.onSignal) setup_.onSignal(sig);
@@ -347,8 +355,8 @@ void Agent::join(int round) {
 int Agent::runRounds() {
   // Note [Rendezvous protocol]: join the round being gathered, or -- its plan being out -- the
   // next one; never a finished one.
-  JobPhase now = decodePhase(store::toString(store_->tryMultiGet({keys::state()})[0].value_or(
-      store::Bytes{})));
+  JobPhase now = decodePhase(
+      store::toString(store_->tryMultiGet({keys::state()})[0].value_or(store::Bytes{})));
   if (now.kind == JobPhase::Ended) followEnd();
   int round = now.kind == JobPhase::Gather ? now.round : now.round + 1;
   while (true) {
@@ -361,8 +369,8 @@ int Agent::runRounds() {
     if (!now.plan) {
       throw AgentExit{kExitInfrastructure, fmt::format("round {}'s \"{}\" on the store at {} "
                                                        "carries no plan (HINT: every node must "
-                                                       "run the same launch version)", round,
-                                                       keys::state(), store_->describe())};
+                                                       "run the same launch version)",
+                                                       round, keys::state(), store_->describe())};
     }
     const RoundPlan& plan = *now.plan;  // Note [Plan in the state]
     const PlannedNode* mine = plan.find(setup_.node);
@@ -376,7 +384,8 @@ int Agent::runRounds() {
       continue;
     }
     runRound(round, plan, *mine);
-    awaitPhase(round, JobPhase::Decided, fmt::format("the master's decision after round {}", round));
+    awaitPhase(round, JobPhase::Decided,
+               fmt::format("the master's decision after round {}", round));
     const std::string decision = store_->getString(keys::decision(round));
     acknowledge(round);
     followDecision(round, decision);
@@ -390,8 +399,8 @@ JobPhase Agent::awaitPhase(int round, JobPhase::Kind kind, const std::string& wh
   while (true) {
     if (int sig = takePendingSignal()) {
       if (setup_.onSignal) setup_.onSignal(sig);
-      throw AgentExit{128 + sig, fmt::format("received {} while waiting for {}",
-                                             fault::signalName(sig), what)};
+      throw AgentExit{
+          128 + sig, fmt::format("received {} while waiting for {}", fault::signalName(sig), what)};
     }
     if (std::string why = heartbeat_->lost(); !why.empty()) {
       throw AgentExit{kExitInfrastructure, why};
@@ -411,8 +420,8 @@ JobPhase Agent::awaitPhase(int round, JobPhase::Kind kind, const std::string& wh
     }
     if (deadline && Clock::now() >= *deadline) {
       throw AgentExit{kExitDeadline, fmt::format("timed out waiting for {} (key \"{}\" on the "
-                                                 "store at {})", what, keys::state(),
-                                                 store_->describe())};
+                                                 "store at {})",
+                                                 what, keys::state(), store_->describe())};
     }
     try {
       // A slice at most, so that a signal is seen meanwhile.
@@ -421,7 +430,8 @@ JobPhase Agent::awaitPhase(int round, JobPhase::Kind kind, const std::string& wh
     } catch (const TimeoutError&) {
     } catch (const NetworkError& e) {
       throw AgentExit{kExitInfrastructure, fmt::format("lost the store at {} while waiting for {}: "
-                                                       "{}", store_->describe(), what, e.what())};
+                                                       "{}",
+                                                       store_->describe(), what, e.what())};
     }
   }
 }
@@ -482,7 +492,8 @@ void Agent::startSupervisor(const RoundPlan& plan) {
   jp.logAllStreams = !temporaryDir_;
   jp.temporaryJobDir = temporaryDir_;
   jp.logHint = fmt::format("not kept on {} (HINT: pass --log-dir DIR to keep every "
-                           "worker's output)", label_);
+                           "worker's output)",
+                           label_);
   watcher_ = std::make_unique<monitor::Monitor>(config_.monitor, monitorContext(plan));
   jp.observer = watcher_.get();
   supervisor_ = std::make_unique<Supervisor>(std::move(jp));
@@ -495,7 +506,8 @@ monitor::MonitorContext Agent::monitorContext(const RoundPlan& plan) const {
   mc.node = label_;
   int64_t id = -1;
   mc.nodeRank = parseInt64(setup_.node, &id) && id >= 0 && id < (1 << 20)
-                    ? static_cast<int>(id) : -1;  // node ids are host-list indices
+                    ? static_cast<int>(id)
+                    : -1;  // node ids are host-list indices
   mc.numNodes = static_cast<int>(plan.nodes.size());
   mc.samplesNode = true;
   mc.aggregates = false;
@@ -519,8 +531,8 @@ void Agent::report(int round, const AttemptResult& result) {
     // The store went with its host while this round's workers ended (they lost it first):
     // the same cause the heartbeat thread reports when it notices first.
     throw AgentExit{kExitInfrastructure, fmt::format("lost the store at {} while reporting round "
-                                                     "{}'s result: {}", store_->describe(), round,
-                                                     e.what())};
+                                                     "{}'s result: {}",
+                                                     store_->describe(), round, e.what())};
   }
 }
 

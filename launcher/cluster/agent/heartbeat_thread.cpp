@@ -41,7 +41,10 @@ bool stdinEnded() {
 
 HeartbeatThread::HeartbeatThread(store::TcpStoreOptions options, std::string node, Millis interval,
                                  Millis timeout, bool watchStdin)
-    : options_(std::move(options)), node_(std::move(node)), interval_(interval), timeout_(timeout),
+    : options_(std::move(options)),
+      node_(std::move(node)),
+      interval_(interval),
+      timeout_(timeout),
       watchStdin_(watchStdin) {
   wakeFd_ = ::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
   DTRAIN_CHECK(wakeFd_ >= 0, "launch: eventfd failed: {}", std::strerror(errno));

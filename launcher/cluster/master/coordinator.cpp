@@ -36,7 +36,8 @@ double monotonicSeconds() {
 }  // namespace
 
 Coordinator::Coordinator(std::shared_ptr<store::Store> store, CoordinatorOptions options)
-    : store_(std::move(store)), options_(std::move(options)),
+    : store_(std::move(store)),
+      options_(std::move(options)),
       heartbeatRead_(std::min(kHeartbeatRead, millis(options_.heartbeatTimeout / 4))),
       tracker_(millis(options_.heartbeatTimeout)) {
   for (const auto& e : options_.nodes) nodes_[e.node];
@@ -153,14 +154,17 @@ void Coordinator::logStoreLoad(Clock::time_point now, const std::string& when) {
   const std::vector<uint64_t> c = options_.storeRequests();
   uint64_t total = 0;
   for (uint64_t v : c) total += v;
-  DTRAIN_LOG(Info, "launch: store requests so far ({}) at t={:.6f}: {} (heartbeats {}, monitoring "
-             "{}, the rest {})", when.empty() ? "periodic" : when, monotonicSeconds(), total,
-             c.size() > 0 ? c[0] : 0, c.size() > 1 ? c[1] : 0, c.size() > 2 ? c[2] : 0);
+  DTRAIN_LOG(Info,
+             "launch: store requests so far ({}) at t={:.6f}: {} (heartbeats {}, monitoring "
+             "{}, the rest {})",
+             when.empty() ? "periodic" : when, monotonicSeconds(), total, c.size() > 0 ? c[0] : 0,
+             c.size() > 1 ? c[1] : 0, c.size() > 2 ? c[2] : 0);
 }
 
 int Coordinator::end(int code, const std::string& message,
                      const std::vector<std::string>& awaitAcks) {
-  if (!message.empty()) say("launch: job failed: " + message + fmt::format(" (exit code {})", code));
+  if (!message.empty())
+    say("launch: job failed: " + message + fmt::format(" (exit code {})", code));
   store_->setString(keys::end(), encodeEnd(code, message));
   setPhase(0, JobPhase::Ended);
   std::vector<std::string> acks;
@@ -248,7 +252,8 @@ int Coordinator::run() {
                                          [](const WorkerOutcome& w) { return w.stoppedByLaunch; });
     if (!growth.empty() && !failed && !interrupted && stoppedByUs) {
       say(fmt::format("launch: round {} stopped to grow the job ({}); restarting with the nodes "
-                      "waiting to join (not counted against --max-restarts)", round, growth));
+                      "waiting to join (not counted against --max-restarts)",
+                      round, growth));
       decide(round, "restart", {});
       continue;
     }

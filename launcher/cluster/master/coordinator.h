@@ -39,8 +39,8 @@ namespace dtrain::launcher {
 // stop. Steady state, a round of N nodes costs the master about 12 requests a second whatever N.
 
 struct ExpectedNode {
-  std::string node;       // node id
-  std::string label;      // how the user names it (host list entry, or "node rank R")
+  std::string node;   // node id
+  std::string label;  // how the user names it (host list entry, or "node rank R")
   int requestedRank = 0;
 };
 
@@ -54,8 +54,8 @@ struct CoordinatorOptions {
   int maxRestarts = 0;
   int masterPort = 0;
   std::string runId;
-  JoinInfo self;               // the master's host and versions, for the version check
-  std::string storeWhere;      // "10.0.0.1:29400", for messages
+  JoinInfo self;           // the master's host and versions, for the version check
+  std::string storeWhere;  // "10.0.0.1:29400", for messages
   std::string logHint;
   // The master starts lost nodes' agents again before a restart (fan-out): then they are waited
   // for as any other node; else (manual) a lost node is not waited for by an elastic job.
@@ -180,12 +180,12 @@ class Coordinator : public JobControl {
   const std::chrono::milliseconds heartbeatRead_;
   std::atomic<int> signal_{0};
   std::mutex mutex_;
-  std::string deadline_;         // guarded by mutex_: stopForDeadline's reason, taken per round
-  std::vector<Gone> gone_;       // guarded by mutex_; append-only
-  size_t goneSeen_ = 0;          // guarded by mutex_
-  std::vector<std::string> goneToRestart_;  // guarded by mutex_
+  std::string deadline_;    // guarded by mutex_: stopForDeadline's reason, taken per round
+  std::vector<Gone> gone_;  // guarded by mutex_; append-only
+  size_t goneSeen_ = 0;     // guarded by mutex_
+  std::vector<std::string> goneToRestart_;            // guarded by mutex_
   std::vector<std::string> goneToRestartCandidates_;  // lost in this round; guarded by mutex_
-  std::set<std::string> lost_;                         // guarded by mutex_
+  std::set<std::string> lost_;                        // guarded by mutex_
 
   // The coordinator's thread only.
   std::map<std::string, NodeState> nodes_;

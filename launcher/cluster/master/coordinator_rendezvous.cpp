@@ -38,8 +38,11 @@ std::vector<JoinInfo> Coordinator::gatherJoins(int round, int* endCode) {
 
 bool Coordinator::rendezvousStep(Gathering& g, bool eventsMoved) {
   if (int sig = signal_.load()) {
-    g.endCode = end(128 + sig, fmt::format("launch received {} while waiting for the nodes "
-                                           "(round {})", fault::signalName(sig), g.round), g.heard);
+    g.endCode = end(128 + sig,
+                    fmt::format("launch received {} while waiting for the nodes "
+                                "(round {})",
+                                fault::signalName(sig), g.round),
+                    g.heard);
     return true;
   }
   for (const auto& gone : goneSince()) {
@@ -54,8 +57,8 @@ bool Coordinator::rendezvousStep(Gathering& g, bool eventsMoved) {
     auto j = g.joined.find(node);
     if (j == g.joined.end()) continue;
     const std::string why = fmt::format("it joined round {} and went silent ({:.1f} s without a "
-                                        "heartbeat, --heartbeat-timeout {:g})", g.round, quiet,
-                                        options_.heartbeatTimeout);
+                                        "heartbeat, --heartbeat-timeout {:g})",
+                                        g.round, quiet, options_.heartbeatTimeout);
     say(fmt::format("launch: rendezvous round {}: dropped node {} ({}): {}", g.round, node,
                     expected(node)->label, why));
     markLost(node, why, j->second.nonce, /*gone=*/false);
@@ -77,10 +80,10 @@ bool Coordinator::takeJoins(Gathering& g) {
       return true;
     }
     if (!j.error.empty()) {
-      g.endCode = end(j.errorCode != 0 ? j.errorCode : kExitInfrastructure,
-                      fmt::format("node {} ({}) cannot run: {}", node, expected(node)->label,
-                                  j.error),
-                      g.heard);
+      g.endCode = end(
+          j.errorCode != 0 ? j.errorCode : kExitInfrastructure,
+          fmt::format("node {} ({}) cannot run: {}", node, expected(node)->label, j.error),
+          g.heard);
       return true;
     }
     nodes_[node].lost = false;
@@ -106,8 +109,9 @@ bool Coordinator::rendezvousDecided(Gathering& g) {
   if (joined + waitable < minNodes) {
     g.endCode = end(kExitInfrastructure,
                     fmt::format("rendezvous round {}: only {} of the {} nodes needed can join; "
-                                "joined: {}; the others: {}", g.round, joined + waitable,
-                                options_.minNodes, listing(g, true), listing(g, false)),
+                                "joined: {}; the others: {}",
+                                g.round, joined + waitable, options_.minNodes, listing(g, true),
+                                listing(g, false)),
                     g.heard);
     return true;
   }

@@ -45,7 +45,8 @@ AttemptResult Coordinator::superviseRound(const RoundPlan& plan,
   while (!roundStep(w, moved)) {
     auto until = nextHeartbeatRead_;
     if (w.stopSeen) {
-      until = std::min(until, after(w.stopAt, options_.gracePeriod + options_.heartbeatTimeout + 5));
+      until = std::min(until,
+                       after(w.stopAt, options_.gracePeriod + options_.heartbeatTimeout + 5));
     }
     moved = awaitEvents(until);
   }
@@ -73,8 +74,9 @@ bool Coordinator::roundStep(RoundWatch& w, bool eventsMoved) {
   if (w.stopSeen && now > after(w.stopAt, reportWithin)) {
     for (const auto& n : w.plan.nodes) {
       if (!w.open(n.node)) continue;
-      noteDead(w, n.node, fmt::format("its agent did not report within {:g} s of the stop",
-                                      reportWithin), true);
+      noteDead(w, n.node,
+               fmt::format("its agent did not report within {:g} s of the stop", reportWithin),
+               true);
     }
     return true;
   }
@@ -94,9 +96,9 @@ void Coordinator::noteStopRequests(RoundWatch& w) {
   }
   if (int sig = signal_.load(); sig != 0 && w.signalSeen == 0) {
     w.signalSeen = sig;
-    w.signalFirst = stopRound(w.plan.round, fmt::format("launch (the master, {}) received {}",
-                                                        options_.self.host,
-                                                        fault::signalName(sig)));
+    w.signalFirst = stopRound(w.plan.round,
+                              fmt::format("launch (the master, {}) received {}", options_.self.host,
+                                          fault::signalName(sig)));
   }
 }
 
@@ -141,7 +143,8 @@ void Coordinator::readRoundKeys(RoundWatch& w, Clock::time_point now) {
       // agent, started again on that node, so the one in the plan is gone.
       if (w.open(node) && j.nonce != planned->second.nonce) {
         const std::string why = fmt::format("its agent was started again (a new launch on {} "
-                                            "took node {} over)", j.host, node);
+                                            "took node {} over)",
+                                            j.host, node);
         noteDead(w, node, why, false);
         stopRound(round, fmt::format("node {} ({}): {}", node, w.plan.find(node)->label, why));
       }
@@ -168,8 +171,8 @@ void Coordinator::noteLostNodes(RoundWatch& w, Clock::time_point now) {
   for (const auto& g : goneSince()) {
     if (w.open(g.node)) {
       noteDead(w, g.node, g.why, false);
-      stopRound(plan.round, fmt::format("node {} ({}): {}", g.node, plan.find(g.node)->label,
-                                        g.why));
+      stopRound(plan.round,
+                fmt::format("node {} ({}): {}", g.node, plan.find(g.node)->label, g.why));
       continue;
     }
     auto waiting = w.waiting.find(g.node);
@@ -178,17 +181,20 @@ void Coordinator::noteLostNodes(RoundWatch& w, Clock::time_point now) {
   }
   for (const auto& [node, quiet] : readHeartbeats(now)) {
     if (const PlannedNode* n = plan.find(node); n != nullptr && w.open(node)) {
-      noteDead(w, node, fmt::format("its agent stopped answering heartbeats: silent for {:.1f} s "
-                                    "(--heartbeat-timeout {:g})", quiet, options_.heartbeatTimeout),
+      noteDead(w, node,
+               fmt::format("its agent stopped answering heartbeats: silent for {:.1f} s "
+                           "(--heartbeat-timeout {:g})",
+                           quiet, options_.heartbeatTimeout),
                true);
-      stopRound(plan.round, fmt::format("node {} ({}) on {} went silent", node, n->label,
-                                        n->address));
+      stopRound(plan.round,
+                fmt::format("node {} ({}) on {} went silent", node, n->label, n->address));
       continue;
     }
     auto waiting = w.waiting.find(node);
     if (waiting == w.waiting.end()) continue;
     const std::string why = fmt::format("it waited to join and went silent ({:.1f} s without a "
-                                        "heartbeat)", quiet);
+                                        "heartbeat)",
+                                        quiet);
     say(fmt::format("launch: node {} ({}) dropped: {}", node, expected(node)->label, why));
     markLost(node, why, waiting->second.nonce, false);
     w.waiting.erase(waiting);
@@ -205,11 +211,11 @@ void Coordinator::growIfWaiting(RoundWatch& w) {
   for (const auto& [node, j] : w.waiting) {
     who += fmt::format("{}node {} ({})", who.empty() ? "" : ", ", node, expected(node)->label);
   }
-  const size_t target = std::min(planned + w.waiting.size(), static_cast<size_t>(options_.maxNodes));
-  const std::string why =
-      fmt::format("{} wait{} to join: the job grows from {} to {} nodes (elastic --nnodes {}:{})",
-                  who, w.waiting.size() == 1 ? "s" : "", planned, target, options_.minNodes,
-                  options_.maxNodes);
+  const size_t target = std::min(planned + w.waiting.size(),
+                                 static_cast<size_t>(options_.maxNodes));
+  const std::string why = fmt::format(
+      "{} wait{} to join: the job grows from {} to {} nodes (elastic --nnodes {}:{})", who,
+      w.waiting.size() == 1 ? "s" : "", planned, target, options_.minNodes, options_.maxNodes);
   if (stopRound(w.plan.round, why)) w.growth = why;
 }
 

@@ -67,7 +67,10 @@ class FanOut {
  public:
   FanOut(const LaunchConfig& config, const MultiNodePlan& plan, const EnvMap& environment,
          const store::TcpStoreServer* server)
-      : config_(config), plan_(plan), master_(config, plan, server), childEnv_(environmentFor(environment)),
+      : config_(config),
+        plan_(plan),
+        master_(config, plan, server),
+        childEnv_(environmentFor(environment)),
         sessions_(plan.hosts.size()) {}
   int run();
 
@@ -129,8 +132,8 @@ int FanOut::run() {
 }
 
 void FanOut::startAgent(size_t i) {
-  const std::string records =
-      remote::encodePlan(agentPlanRecords(agentSetupFor(config_, plan_, static_cast<int>(i))));
+  const std::string records = remote::encodePlan(
+      agentPlanRecords(agentSetupFor(config_, plan_, static_cast<int>(i))));
   sessions_[i] = std::make_unique<remote::Session>(
       std::to_string(i), plan_.hosts[i].entry.host,
       agentCommand(config_, plan_, static_cast<int>(i)), childEnv_, records);
@@ -158,13 +161,15 @@ void FanOut::waitForEvents() {
 
 void FanOut::onSignals() {
   signalfd_siginfo si{};
-  while (signalFd_.fd >= 0 && ::read(signalFd_.fd, &si, sizeof si) == static_cast<ssize_t>(sizeof si)) {
+  while (signalFd_.fd >= 0 &&
+         ::read(signalFd_.fd, &si, sizeof si) == static_cast<ssize_t>(sizeof si)) {
     const int sig = static_cast<int>(si.ssi_signo);
     say(++signals_ == 1
-        ? fmt::format("launch: received {}; stopping the workers on every node (SIGTERM, "
-                      "SIGKILL after {:g} s)", fault::signalName(sig), config_.gracePeriod)
-        : fmt::format("launch: received {} again; ending every node's agent now",
-                      fault::signalName(sig)));
+            ? fmt::format("launch: received {}; stopping the workers on every node (SIGTERM, "
+                          "SIGKILL after {:g} s)",
+                          fault::signalName(sig), config_.gracePeriod)
+            : fmt::format("launch: received {} again; ending every node's agent now",
+                          fault::signalName(sig)));
     master_.coordinator().requestStop(sig);
     if (signals_ > 1) {
       for (auto& s : sessions_) {
@@ -182,8 +187,9 @@ void FanOut::onSessionsEnded() {
     std::string last;
     for (const auto& l : s->stderrTail()) last += (last.empty() ? "" : " | ") + l;
     const PlannedHost& h = plan_.hosts[std::stoul(s->node())];
-    std::string why = h.local ? fmt::format("its agent (a child of the master) {}", s->describeExit())
-                              : fmt::format("its ssh session {}", s->describeExit());
+    std::string why = h.local
+                          ? fmt::format("its agent (a child of the master) {}", s->describeExit())
+                          : fmt::format("its ssh session {}", s->describeExit());
     if (!last.empty()) why += ": " + last;
     if (!h.local) {
       std::string hint = remote::sshFailureHint(h.entry.host, last, config_.ssh);

@@ -27,11 +27,30 @@ namespace {
 // Options only the master acts on; the agents get the rest of the job's options.
 bool masterOnlyOption(const std::string& name) {
   static const char* const kMasterOnly[] = {
-      "hostfile",   "hosts",       "include",     "exclude",        "token-file",
-      "ssh-port",   "ssh-identity", "ssh-config", "ssh-option",     "ssh-connect-timeout",
-      "ssh-accept-new-host-keys",  "remote-launch", "remote-cwd",  "check",
-      "dry-run",    "node-rank",   "nnodes",      "rdzv-endpoint",  "master-addr",
-      "master-port", "agent",      "run-id",      "env",            "rdzv-backend",
+      "hostfile",
+      "hosts",
+      "include",
+      "exclude",
+      "token-file",
+      "ssh-port",
+      "ssh-identity",
+      "ssh-config",
+      "ssh-option",
+      "ssh-connect-timeout",
+      "ssh-accept-new-host-keys",
+      "remote-launch",
+      "remote-cwd",
+      "check",
+      "dry-run",
+      "node-rank",
+      "nnodes",
+      "rdzv-endpoint",
+      "master-addr",
+      "master-port",
+      "agent",
+      "run-id",
+      "env",
+      "rdzv-backend",
       "standalone",
   };
   return std::find_if(std::begin(kMasterOnly), std::end(kMasterOnly),
@@ -85,7 +104,8 @@ std::vector<std::string> resolveHosts(const std::vector<HostEntry>& hosts) {
     work();
   } else {
     std::vector<std::thread> threads;
-    for (size_t t = 0; t < std::min(kResolverThreads, pending.size()); ++t) threads.emplace_back(work);
+    for (size_t t = 0; t < std::min(kResolverThreads, pending.size()); ++t)
+      threads.emplace_back(work);
     for (auto& t : threads) t.join();
   }
   for (const auto& e : errors) {
@@ -136,11 +156,13 @@ std::vector<HostEntry> hostList(const LaunchConfig& config) {
           ? parseHostsOption(config.hosts, optionLabel(config, "hosts"))
           : parseHostfile(readTextFile(config.hostfile, optionLabel(config, "hostfile")),
                           optionLabel(config, "hostfile") + " " + quoteValue(config.hostfile));
-  const int defaultSlots =
-      config.nprocPerNode.kind == NprocSpec::Kind::Count ? config.nprocPerNode.count : 0;
+  const int defaultSlots = config.nprocPerNode.kind == NprocSpec::Kind::Count
+                               ? config.nprocPerNode.count
+                               : 0;
   return applyHostFilters(
-      hosts, config.include.empty() ? std::vector<HostFilterTerm>{}
-                                    : parseHostFilter(config.include, optionLabel(config, "include")),
+      hosts,
+      config.include.empty() ? std::vector<HostFilterTerm>{}
+                             : parseHostFilter(config.include, optionLabel(config, "include")),
       config.exclude.empty() ? std::vector<HostFilterTerm>{}
                              : parseHostFilter(config.exclude, optionLabel(config, "exclude")),
       defaultSlots, optionLabel(config, "include"), optionLabel(config, "exclude"));
@@ -174,7 +196,8 @@ void planFanOut(const LaunchConfig& config, MultiNodePlan& plan) {
     DTRAIN_CHECK_ARG(isLocalAddress(plan.storeAddr),
                      "{} {}: the master hosts the store, but {} is not an address of this "
                      "host; HINT: give one of its addresses (`ip -4 addr`), or leave the option "
-                     "out", optionLabel(config, "rdzv-endpoint"), config.rdzvHost, plan.storeAddr);
+                     "out",
+                     optionLabel(config, "rdzv-endpoint"), config.rdzvHost, plan.storeAddr);
   } else if (!firstRemote.empty()) {
     plan.storeAddr = net::chooseBindAddress("", "the route toward the hosts", firstRemote).address;
   } else {

@@ -10,7 +10,8 @@ namespace dtrain::launcher {
 
 remote::Records agentPlanRecords(const AgentSetup& s) {
   remote::Records r;
-  for (const auto& [name, value] : s.config.appliedOptions) r.emplace_back("option", name + "=" + value);
+  for (const auto& [name, value] : s.config.appliedOptions)
+    r.emplace_back("option", name + "=" + value);
   r.emplace_back("node", s.node);
   r.emplace_back("requested-rank", std::to_string(s.requestedRank));
   r.emplace_back("label", s.label);
@@ -30,8 +31,10 @@ AgentSetup agentSetupFromRecords(const remote::Records& records, const LaunchCon
   s.watchStdin = true;
   auto number = [](const std::string& name, const std::string& v) {
     int64_t n = 0;
-    DTRAIN_CHECK_ARG(parseInt64(v, &n) && n >= 0 && n <= 1 << 20, "agent plan: {} \"{}\" is not "
-                     "a number", name, v);
+    DTRAIN_CHECK_ARG(parseInt64(v, &n) && n >= 0 && n <= 1 << 20,
+                     "agent plan: {} \"{}\" is not "
+                     "a number",
+                     name, v);
     return static_cast<int>(n);
   };
   for (const auto& [name, value] : records) {
@@ -39,7 +42,8 @@ AgentSetup agentSetupFromRecords(const remote::Records& records, const LaunchCon
       size_t eq = value.find('=');
       DTRAIN_CHECK_ARG(eq != std::string::npos, "agent plan: option record \"{}\"", value);
       const std::string option = value.substr(0, eq);
-      applyLaunchOption(s.config, option, value.substr(eq + 1), "--" + option + " (from the master)");
+      applyLaunchOption(s.config, option, value.substr(eq + 1),
+                        "--" + option + " (from the master)");
     } else if (name == "node") {
       s.node = value;
     } else if (name == "requested-rank") {
@@ -63,8 +67,10 @@ AgentSetup agentSetupFromRecords(const remote::Records& records, const LaunchCon
       DTRAIN_CHECK_ARG(eq != std::string::npos && eq > 0, "agent plan: env record without '='");
       s.forwarded[value.substr(0, eq)] = value.substr(eq + 1);
     } else {
-      DTRAIN_THROW(InvalidArgument, "agent plan: unknown record \"{}\"; HINT: the master runs "
-                   "another launch version", name);
+      DTRAIN_THROW(InvalidArgument,
+                   "agent plan: unknown record \"{}\"; HINT: the master runs "
+                   "another launch version",
+                   name);
     }
   }
   s.config.agent = true;

@@ -42,8 +42,10 @@ json parse(const std::string& text, const char* what) {
   try {
     return json::parse(text);
   } catch (const json::exception& e) {
-    DTRAIN_THROW(Error, "launch: malformed {} record on the store ({}); HINT: every node must run "
-                 "the same launch version", what, e.what());
+    DTRAIN_THROW(Error,
+                 "launch: malformed {} record on the store ({}); HINT: every node must run "
+                 "the same launch version",
+                 what, e.what());
   }
 }
 
@@ -58,7 +60,9 @@ T field(const json& j, const char* name, const char* what) {
 
 // What the full plan and the plan in launch/state share: run id, world size, MASTER_ADDR/PORT.
 json planHeader(const RoundPlan& p) {
-  return {{"run_id", p.runId}, {"world_size", p.worldSize}, {"master_addr", p.masterAddr},
+  return {{"run_id", p.runId},
+          {"world_size", p.worldSize},
+          {"master_addr", p.masterAddr},
           {"master_port", p.masterPort}};
 }
 
@@ -134,8 +138,10 @@ JobPhase decodePhase(const std::string& text) {
   for (const auto& n : field<json>(v, "nodes", "launch/state plan")) {
     if (!n.is_array() || n.size() != 4 || !n[0].is_string() || !n[1].is_number_integer() ||
         !n[2].is_number_integer() || !n[3].is_number_integer()) {
-      DTRAIN_THROW(Error, "launch: launch/state plan record has a malformed node entry ({}); "
-                   "HINT: every node must run the same launch version", dump(n));
+      DTRAIN_THROW(Error,
+                   "launch: launch/state plan record has a malformed node entry ({}); "
+                   "HINT: every node must run the same launch version",
+                   dump(n));
     }
     PlannedNode pn;
     pn.node = n[0].get<std::string>();
@@ -162,11 +168,18 @@ NodeClaim decodeClaim(const std::string& text) {
 }
 
 std::string encodeJoin(const JoinInfo& j) {
-  return dump({{"node", j.node}, {"requested_rank", j.requestedRank}, {"host", j.host},
-               {"label", j.label}, {"address", j.address}, {"local_world_size", j.localWorldSize},
-               {"gpus", j.gpus}, {"launch_version", j.launchVersion},
-               {"protocol_version", j.protocolVersion}, {"error", j.error},
-               {"error_code", j.errorCode}, {"nonce", j.nonce}});
+  return dump({{"node", j.node},
+               {"requested_rank", j.requestedRank},
+               {"host", j.host},
+               {"label", j.label},
+               {"address", j.address},
+               {"local_world_size", j.localWorldSize},
+               {"gpus", j.gpus},
+               {"launch_version", j.launchVersion},
+               {"protocol_version", j.protocolVersion},
+               {"error", j.error},
+               {"error_code", j.errorCode},
+               {"nonce", j.nonce}});
 }
 
 JoinInfo decodeJoin(const std::string& text) {
@@ -192,9 +205,13 @@ JoinInfo decodeJoin(const std::string& text) {
 std::string encodePlan(const RoundPlan& p) {
   json nodes = json::array();
   for (const auto& n : p.nodes) {
-    nodes.push_back({{"node", n.node}, {"node_rank", n.nodeRank}, {"rank_offset", n.rankOffset},
-                     {"local_world_size", n.localWorldSize}, {"host", n.host},
-                     {"label", n.label}, {"address", n.address}});
+    nodes.push_back({{"node", n.node},
+                     {"node_rank", n.nodeRank},
+                     {"rank_offset", n.rankOffset},
+                     {"local_world_size", n.localWorldSize},
+                     {"host", n.host},
+                     {"label", n.label},
+                     {"address", n.address}});
   }
   json v = planHeader(p);
   v["round"] = p.round;
@@ -242,8 +259,10 @@ std::string encodeResult(const AttemptResult& r) {
                        {"oom_note", w.oomNote},
                        {"host", w.host}});
   }
-  return dump({{"attempt", r.attempt}, {"launcher_signal", r.launcherSignal},
-               {"signal_before_failure", r.signalBeforeFailure}, {"workers", workers}});
+  return dump({{"attempt", r.attempt},
+               {"launcher_signal", r.launcherSignal},
+               {"signal_before_failure", r.signalBeforeFailure},
+               {"workers", workers}});
 }
 
 AttemptResult decodeResult(const std::string& text) {
@@ -290,8 +309,7 @@ std::pair<int, std::string> decodeEnd(const std::string& text) {
 
 RoundPlan assignRanks(int round, std::vector<JoinInfo> joins, int maxNodes, int masterPort) {
   std::sort(joins.begin(), joins.end(), [](const JoinInfo& a, const JoinInfo& b) {
-    return a.requestedRank != b.requestedRank ? a.requestedRank < b.requestedRank
-                                              : a.node < b.node;
+    return a.requestedRank != b.requestedRank ? a.requestedRank < b.requestedRank : a.node < b.node;
   });
   if (static_cast<int>(joins.size()) > maxNodes) joins.resize(static_cast<size_t>(maxNodes));
   RoundPlan p;

@@ -91,7 +91,11 @@ std::string ack(int round, const std::string& node);
 // The class of a request on the job's store by its first key, for the store's counts: 0 the
 // agents' heartbeats, 1 monitoring (the ranks' progress, the nodes' samples and stacks: every
 // key under "monitor/" of a round), 2 the rest (rendezvous, rounds, the workers' own keys).
-enum StoreRequestClass : size_t { kHeartbeatRequests = 0, kMonitoringRequests = 1, kOtherRequests = 2 };
+enum StoreRequestClass : size_t {
+  kHeartbeatRequests = 0,
+  kMonitoringRequests = 1,
+  kOtherRequests = 2
+};
 constexpr size_t kStoreRequestClasses = 3;
 size_t storeRequestClass(const std::string& key);
 
@@ -126,7 +130,9 @@ struct JobPhase {
   Kind kind = Gather;
   std::optional<RoundPlan> plan;  // kind == Run: the round's plan as the state carries it
   // At or past round `r`'s phase `k` (an ended job is past everything).
-  bool reached(int r, Kind k) const { return kind == Ended || round > r || (round == r && kind >= k); }
+  bool reached(int r, Kind k) const {
+    return kind == Ended || round > r || (round == r && kind >= k);
+  }
 };
 std::string encodePhase(const JobPhase& p);
 // Absent or malformed: round 0, gathering. A "run" state whose plan is malformed throws Error
@@ -145,16 +151,16 @@ std::string encodeClaim(const NodeClaim& c);
 NodeClaim decodeClaim(const std::string& text);
 
 struct JoinInfo {
-  std::string node;           // node id
-  int requestedRank = 0;      // host-list index or --node-rank
-  std::string host;           // its host name
-  std::string label;          // as the host list names it (fan-out), else the host name
-  std::string address;        // its address toward the store: MASTER_ADDR when it is node 0
+  std::string node;       // node id
+  int requestedRank = 0;  // host-list index or --node-rank
+  std::string host;       // its host name
+  std::string label;      // as the host list names it (fan-out), else the host name
+  std::string address;    // its address toward the store: MASTER_ADDR when it is node 0
   int localWorldSize = 1;
-  std::vector<int> gpus;      // CUDA_VISIBLE_DEVICES slots, empty: inherited
+  std::vector<int> gpus;  // CUDA_VISIBLE_DEVICES slots, empty: inherited
   std::string launchVersion;
   int protocolVersion = kProtocolVersion;
-  std::string nonce;          // its agent's claim (Note [Node claims]): which agent wrote it
+  std::string nonce;  // its agent's claim (Note [Node claims]): which agent wrote it
   // A problem that keeps this node from running (its program is missing, no usable interface):
   // the master ends the job with errorCode, naming the node.
   std::string error;

@@ -13,7 +13,9 @@ constexpr const char* kPlanMagic = "dtrain-agent-plan 1\n";
 constexpr size_t kMaxRecordBytes = 64 << 20;
 constexpr size_t kMaxRecords = 100000;
 
-std::string seconds(double s) { return fmt::format("{}", std::max(1, static_cast<int>(s + 0.999))); }
+std::string seconds(double s) {
+  return fmt::format("{}", std::max(1, static_cast<int>(s + 0.999)));
+}
 
 }  // namespace
 
@@ -32,7 +34,8 @@ std::string remoteScript(const std::string& cwd, const std::vector<std::string>&
 std::string remoteShellCommand(const std::string& cwd, const std::vector<std::string>& argv) {
   // See Note [Remote command lines]: what every login shell reads alike inside single quotes.
   const std::string script = remoteScript(cwd, argv);
-  if (script.find_first_of("\\\n!") == std::string::npos) return "exec sh -c " + singleQuote(script);
+  if (script.find_first_of("\\\n!") == std::string::npos)
+    return "exec sh -c " + singleQuote(script);
   return "exec sh -c 'c=\"$(echo " + base64(script) + " | base64 -d)\" && eval \"$c\"'";
 }
 
@@ -66,7 +69,8 @@ std::vector<std::string> sshArgv(const SshOptions& o, const std::string& host,
     argv.push_back("-o");
     argv.push_back(opt);
   }
-  argv.insert(argv.end(), {"-o", "BatchMode=yes", "-o", "ConnectTimeout=" + seconds(o.connectTimeout)});
+  argv.insert(argv.end(),
+              {"-o", "BatchMode=yes", "-o", "ConnectTimeout=" + seconds(o.connectTimeout)});
   if (o.acceptNewHostKeys) argv.insert(argv.end(), {"-o", "StrictHostKeyChecking=accept-new"});
   if (o.port > 0) argv.insert(argv.end(), {"-p", std::to_string(o.port)});
   if (!o.identity.empty()) argv.insert(argv.end(), {"-i", o.identity});
@@ -83,7 +87,8 @@ std::string sshFailureHint(const std::string& host, const std::string& err,
     if (has("REMOTE HOST IDENTIFICATION HAS CHANGED")) {
       return fmt::format("HINT: the host key of {} changed since it was recorded; if the machine "
                          "was reinstalled, remove the old key (ssh-keygen -R {}) and add the new "
-                         "one", host, host);
+                         "one",
+                         host, host);
     }
     return fmt::format("HINT: {}'s host key is not known here and launch never asks; add it "
                        "(ssh-keyscan -H {} >> ~/.ssh/known_hosts, after checking its "
@@ -95,12 +100,14 @@ std::string sshFailureHint(const std::string& host, const std::string& err,
   }
   if (has("Permission denied")) {
     return fmt::format("HINT: ssh to {} needs a key that works without a prompt (BatchMode): "
-                       "ssh-copy-id {}, or --ssh-identity FILE", host, host);
+                       "ssh-copy-id {}, or --ssh-identity FILE",
+                       host, host);
   }
   if (has("Connection timed out") || has("Connection refused") || has("No route to host") ||
       has("Could not resolve hostname") || has("Network is unreachable")) {
     return fmt::format("HINT: check that {} is up, its sshd listens{}, and no firewall drops "
-                       "port {}", host, options.port > 0 ? " on --ssh-port" : "",
+                       "port {}",
+                       host, options.port > 0 ? " on --ssh-port" : "",
                        options.port > 0 ? options.port : 22);
   }
   return "";

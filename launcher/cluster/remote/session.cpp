@@ -70,8 +70,10 @@ Pipes openPipes(size_t stdinBytes, const std::string& host) {
   const size_t room = static_cast<size_t>(capacity > 0 ? capacity : ::fcntl(p.in[1], F_GETPIPE_SZ));
   if (stdinBytes > room) {
     p.closeAll();
-    DTRAIN_THROW(Error, "launch: the agent plan for {} ({} bytes) does not fit its pipe ({} bytes); "
-                 "HINT: fewer or shorter --env / forwarded variables", host, stdinBytes, room);
+    DTRAIN_THROW(Error,
+                 "launch: the agent plan for {} ({} bytes) does not fit its pipe ({} bytes); "
+                 "HINT: fewer or shorter --env / forwarded variables",
+                 host, stdinBytes, room);
   }
   return p;
 }
@@ -163,7 +165,8 @@ Session::~Session() {
 
 bool Session::waitExit(Clock::time_point deadline) {
   while (!reap()) {
-    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline -
+                                                                            Clock::now());
     if (left.count() <= 0) return false;
     std::vector<pollfd> fds;
     for (int fd : {pidFd_, outFd_, errFd_}) {

@@ -84,7 +84,8 @@ std::vector<Report> StoreAgreement::exchange(int64_t code, Millis deadline,
 }
 
 int64_t StoreAgreement::share(int root, int64_t value, Millis deadline, const std::string& what) {
-  DTRAIN_CHECK_ARG(root >= 0 && root < world_, "StoreAgreement::share: root {} of {}", root, world_);
+  DTRAIN_CHECK_ARG(root >= 0 && root < world_, "StoreAgreement::share: root {} of {}", root,
+                   world_);
   if (world_ == 1) return value;
   const int64_t n = ++round_;
   const std::string k = key(n, "value");

@@ -35,8 +35,12 @@ std::string errnoText(int error) {
 std::string hintFor(int error) {
   switch (error) {
     case ENOSPC:
-    case EDQUOT: return " HINT: the disk is full; free space or lower keepLast. Earlier checkpoints are intact";
-    case EIO: return " HINT: the device reported an I/O error; check the disk. Earlier checkpoints are intact";
+    case EDQUOT:
+      return " HINT: the disk is full; free space or lower keepLast. Earlier checkpoints are "
+             "intact";
+    case EIO:
+      return " HINT: the device reported an I/O error; check the disk. Earlier checkpoints are "
+             "intact";
     case EROFS: return " HINT: the filesystem is read-only";
     case EACCES:
     case EPERM: return " HINT: check the directory's permissions";
@@ -67,7 +71,8 @@ bool ownedTemporary(const std::string& path) {
   if (n != static_cast<ssize_t>(sizeof(head))) return false;
   // The header is written last: a crashed save's temporary starts with zeros, or with the magic.
   static const char kZeros[sizeof(kMagic)] = {};
-  return std::memcmp(head, kMagic, sizeof(kMagic)) == 0 || std::memcmp(head, kZeros, sizeof(head)) == 0;
+  return std::memcmp(head, kMagic, sizeof(kMagic)) == 0 ||
+         std::memcmp(head, kZeros, sizeof(head)) == 0;
 }
 
 bool isStepTemporary(const std::string& name) {
@@ -196,8 +201,9 @@ void FileOps::fsync(int fd, const std::string& path) {
   int rc = injected ? -1 : ::fsync(fd);
   int error = injected ? injected : errno;
   // Never retried: after a failed fsync the kernel may have dropped the dirty pages.
-  DTRAIN_CHECK_T(CheckpointError, rc == 0, "checkpoint: fsync of {} failed: {}; the save is lost.{}",
-                 path, errnoText(error), hintFor(error));
+  DTRAIN_CHECK_T(CheckpointError, rc == 0,
+                 "checkpoint: fsync of {} failed: {}; the save is lost.{}", path, errnoText(error),
+                 hintFor(error));
   injector_.after();
 }
 
@@ -228,7 +234,8 @@ void FileOps::close(int fd) {
 namespace {
 
 // Writes the manifest after the data and the header at offset 0, then fsyncs.
-void finishFile(FileOps& ops, int fd, const std::string& path, Layout& layout, SaveProgress* progress) {
+void finishFile(FileOps& ops, int fd, const std::string& path, Layout& layout,
+                SaveProgress* progress) {
   if (progress) progress->phase = "writing the manifest";
   auto manifest = encodeManifest(layout.entries);
   auto header = encodeHeader(layout.header, manifest);
@@ -335,7 +342,7 @@ void writeEntries(FileOps& ops, int fd, const std::string& path, const Layout& l
   for (size_t i = 0; i < layout.entries.size(); ++i) {
     const Entry& e = layout.entries[i];
     uint64_t padEnd = i + 1 < layout.entries.size() ? layout.entries[i + 1].offset
-                                                     : layout.header.manifestOffset;
+                                                    : layout.header.manifestOffset;
     uint64_t span = padEnd - e.offset;  // entry + alignment padding
     if (span <= kGather / 8) {
       if (pending + span > scratch.size()) flush();
@@ -358,16 +365,18 @@ void writeEntries(FileOps& ops, int fd, const std::string& path, const Layout& l
 void writeCheckpointFile(FileOps& ops, const std::string& path, Layout& layout,
                          const EntryData& data, std::vector<uint8_t>& scratch,
                          SaveProgress* progress, Hashing hashing) {
-  DTRAIN_CHECK_ARG(data.size() == layout.entries.size(), "checkpoint: {} data pointers for {} entries",
-                   data.size(), layout.entries.size());
+  DTRAIN_CHECK_ARG(data.size() == layout.entries.size(),
+                   "checkpoint: {} data pointers for {} entries", data.size(),
+                   layout.entries.size());
   if (progress) {
     progress->bytesTotal = layout.header.manifestOffset;
     progress->phase = "writing data";
   }
   withFile(ops, path, [&](int fd) {
     // See Note [Hashing beside the write].
-    hashBeside(hashing, layout, [&data](size_t i) { return data[i]; },
-               [&] { writeEntries(ops, fd, path, layout, data, scratch, progress); });
+    hashBeside(
+        hashing, layout, [&data](size_t i) { return data[i]; },
+        [&] { writeEntries(ops, fd, path, layout, data, scratch, progress); });
     finishFile(ops, fd, path, layout, progress);
   });
 }
@@ -385,8 +394,9 @@ void writeRegion(FileOps& ops, int fd, const std::string& path, const uint8_t* r
                  uint64_t offset, uint64_t size, SaveProgress* progress) {
   const uint64_t head = (kDirectAlignment - offset % kDirectAlignment) % kDirectAlignment;
   const bool placed = (reinterpret_cast<uintptr_t>(region) + head) % kDirectAlignment == 0;
-  const uint64_t blocks =
-      placed && size > head ? (size - head) / kDirectAlignment * kDirectAlignment : 0;
+  const uint64_t blocks = placed && size > head
+                              ? (size - head) / kDirectAlignment * kDirectAlignment
+                              : 0;
   const uint64_t direct = blocks >= kDirectMinBytes
                               ? ops.writeDirectAt(fd, region + head, blocks, offset + head, path,
                                                   progress)
@@ -403,8 +413,7 @@ void writeRegion(FileOps& ops, int fd, const std::string& path, const uint8_t* r
 }  // namespace
 
 void writeCheckpointFileFromRegion(FileOps& ops, const std::string& path, Layout& layout,
-                                   const uint8_t* region, SaveProgress* progress,
-                                   Hashing hashing) {
+                                   const uint8_t* region, SaveProgress* progress, Hashing hashing) {
   if (progress) {
     progress->bytesTotal = layout.header.manifestOffset;
     progress->phase = "writing data";
@@ -412,9 +421,10 @@ void writeCheckpointFileFromRegion(FileOps& ops, const std::string& path, Layout
   withFile(ops, path, [&](int fd) {
     // See Note [Hashing beside the write].
     const uint64_t base = layout.header.dataOffset;
-    hashBeside(hashing, layout, [&layout, region, base](size_t i) {
-      return region + (layout.entries[i].offset - base);
-    }, [&] { writeRegion(ops, fd, path, region, base, layout.header.dataSize, progress); });
+    hashBeside(
+        hashing, layout,
+        [&layout, region, base](size_t i) { return region + (layout.entries[i].offset - base); },
+        [&] { writeRegion(ops, fd, path, region, base, layout.header.dataSize, progress); });
     finishFile(ops, fd, path, layout, progress);
   });
 }
@@ -425,8 +435,8 @@ DirectoryListing listDirectory(const std::string& dir) {
   DirectoryListing out;
   DIR* d = ::opendir(dir.c_str());
   if (!d) {
-    DTRAIN_CHECK_T(CheckpointError, errno == ENOENT, "checkpoint: cannot read directory {}: {}", dir,
-                   errnoText(errno));
+    DTRAIN_CHECK_T(CheckpointError, errno == ENOENT, "checkpoint: cannot read directory {}: {}",
+                   dir, errnoText(errno));
     return out;
   }
   while (struct dirent* ent = ::readdir(d)) {
@@ -435,7 +445,8 @@ DirectoryListing listDirectory(const std::string& dir) {
     size_t p = std::strlen(kStepPrefix);
     if (name.compare(0, p, kStepPrefix) == 0 && parseStep(name.substr(p), &step)) {
       struct stat st {};
-      if (::stat((dir + "/" + name).c_str(), &st) == 0 && S_ISREG(st.st_mode)) out.steps.push_back(step);
+      if (::stat((dir + "/" + name).c_str(), &st) == 0 && S_ISREG(st.st_mode))
+        out.steps.push_back(step);
     } else if (isStepTemporary(name) || name == std::string(kLatest) + kTmpSuffix) {
       if (ownedTemporary(dir + "/" + name)) {
         out.temporaries.push_back(name);
@@ -456,7 +467,8 @@ DirectoryListing listDirectory(const std::string& dir) {
     while (!latest.empty() && (latest.back() == '\n' || latest.back() == ' ')) latest.pop_back();
     int64_t step = 0;
     size_t p = std::strlen(kStepPrefix);
-    if (latest.compare(0, p, kStepPrefix) == 0 && parseStep(latest.substr(p), &step)) out.latest = step;
+    if (latest.compare(0, p, kStepPrefix) == 0 && parseStep(latest.substr(p), &step))
+      out.latest = step;
   }
   return out;
 }
@@ -473,7 +485,9 @@ void makeDirectories(FileOps& ops, const std::string& dir) {
     if (::mkdir(path.c_str(), 0755) == 0) {
       // The new entry lives in its parent: durable only once the parent is fsynced.
       const size_t slash = path.find_last_of('/');
-      ops.fsyncDirectory(slash == std::string::npos ? "." : slash == 0 ? "/" : path.substr(0, slash));
+      ops.fsyncDirectory(slash == std::string::npos ? "."
+                         : slash == 0               ? "/"
+                                                    : path.substr(0, slash));
     } else if (errno != EEXIST) {
       int error = errno;
       DTRAIN_THROW(CheckpointError, "checkpoint: cannot create directory {}: {}.{}", path,
@@ -559,7 +573,8 @@ void removeTemporaries(const std::string& dir) {
     }
   }
   for (const auto& name : listing.foreign) {
-    DTRAIN_LOG(Info, "checkpoint: leaving {}/{} alone: named like a temporary but not ours", dir, name);
+    DTRAIN_LOG(Info, "checkpoint: leaving {}/{} alone: named like a temporary but not ours", dir,
+               name);
   }
 }
 

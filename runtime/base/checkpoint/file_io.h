@@ -150,10 +150,10 @@ void writeCheckpointFileFromRegion(FileOps& ops, const std::string& path, Layout
 std::string stepFileName(int64_t step);
 
 struct DirectoryListing {
-  std::vector<int64_t> steps;             // committed `step-<N>` files, newest first
-  std::vector<std::string> temporaries;   // names of our leftovers (see the Note)
-  std::vector<std::string> foreign;       // `*.tmp`-like names that are not ours: left alone
-  std::optional<int64_t> latest;          // what LATEST names, when it names a step file
+  std::vector<int64_t> steps;            // committed `step-<N>` files, newest first
+  std::vector<std::string> temporaries;  // names of our leftovers (see the Note)
+  std::vector<std::string> foreign;      // `*.tmp`-like names that are not ours: left alone
+  std::optional<int64_t> latest;         // what LATEST names, when it names a step file
 };
 
 // An empty listing when `dir` does not exist; throws CheckpointError when it cannot be read.

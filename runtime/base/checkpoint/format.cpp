@@ -79,7 +79,8 @@ std::string Entry::describe() const {
   std::string out = fmt::format("{} \"{}\" {} {}", kindName(kind), name, dtypeName(dtype),
                                 shapeText(shape));
   if (owner != kReplicated) out += fmt::format(" of rank {}", owner);
-  if (isShard()) out += fmt::format(" (elements {}..{})", elementOffset, elementOffset + elementCount);
+  if (isShard())
+    out += fmt::format(" (elements {}..{})", elementOffset, elementOffset + elementCount);
   return out;
 }
 
@@ -100,8 +101,9 @@ Layout planLayout(int64_t step, int64_t epoch, uint32_t worldSize, const std::st
     DTRAIN_CHECK_ARG(!spec.name.empty() && spec.name.size() <= kMaxNameBytes,
                      "checkpoint: entry name \"{}\" must have 1..{} bytes", spec.name.substr(0, 80),
                      kMaxNameBytes);
-    DTRAIN_CHECK_ARG(spec.shape.size() <= kMaxDims, "checkpoint: entry \"{}\" has {} dimensions (at most {})",
-                     spec.name, spec.shape.size(), kMaxDims);
+    DTRAIN_CHECK_ARG(spec.shape.size() <= kMaxDims,
+                     "checkpoint: entry \"{}\" has {} dimensions (at most {})", spec.name,
+                     spec.shape.size(), kMaxDims);
     Entry e;
     e.name = spec.name;
     e.kind = spec.kind;

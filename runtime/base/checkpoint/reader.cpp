@@ -37,7 +37,8 @@ bool knownKind(uint8_t code) { return code >= 1 && code <= 4; }
 
 class FileSource : public ByteSource {
  public:
-  FileSource(std::string path, int fd, uint64_t size) : path_(std::move(path)), fd_(fd), size_(size) {}
+  FileSource(std::string path, int fd, uint64_t size)
+      : path_(std::move(path)), fd_(fd), size_(size) {}
   ~FileSource() override { ::close(fd_); }
   uint64_t size() const override { return size_; }
   const std::string& name() const override { return path_; }
@@ -47,11 +48,13 @@ class FileSource : public ByteSource {
     while (done < size) {
       ssize_t n = ::pread(fd_, p + done, size - done, static_cast<off_t>(offset + done));
       if (n < 0 && errno == EINTR) continue;
-      DTRAIN_CHECK_T(CheckpointError, n >= 0, "checkpoint {}: read of {} bytes at offset {} failed: {}",
-                     path_, size, offset + done, std::strerror(errno));
-      DTRAIN_CHECK_T(CheckpointError, n > 0,
-                     "checkpoint {}: truncated: expected {} bytes at offset {}, the file ends at {}",
-                     path_, size, offset, offset + done);
+      DTRAIN_CHECK_T(CheckpointError, n >= 0,
+                     "checkpoint {}: read of {} bytes at offset {} failed: {}", path_, size,
+                     offset + done, std::strerror(errno));
+      DTRAIN_CHECK_T(
+          CheckpointError, n > 0,
+          "checkpoint {}: truncated: expected {} bytes at offset {}, the file ends at {}", path_,
+          size, offset, offset + done);
       done += static_cast<size_t>(n);
     }
   }
@@ -93,7 +96,8 @@ void checkRecord(const std::string& file, const Header& hd, const Entry& e, size
                  "{}: elements {}+{} lie outside its {} elements", who, e.elementOffset,
                  e.elementCount, numel);
   size_t elem = dtypeSize(e.dtype);
-  DTRAIN_CHECK_T(CheckpointError, e.elementCount <= kMaxElements / elem && e.size == e.elementCount * elem,
+  DTRAIN_CHECK_T(CheckpointError,
+                 e.elementCount <= kMaxElements / elem && e.size == e.elementCount * elem,
                  "{}: {} bytes of data for {} elements of {}", who, e.size, e.elementCount,
                  dtypeName(e.dtype));
   DTRAIN_CHECK_T(CheckpointError,
@@ -131,11 +135,11 @@ void checkNoOverlap(const std::string& file, const std::vector<Entry>& entries) 
   for (size_t k : order) {
     const Entry& cur = entries[k];
     if (cur.size == 0) continue;
-    DTRAIN_CHECK_T(CheckpointError,
-                   furthest == nullptr || furthest->offset + furthest->size <= cur.offset,
-                   "checkpoint {}: entries \"{}\" (offset {}, {} bytes) and \"{}\" (offset {}) overlap",
-                   file, furthest ? furthest->name.substr(0, 200) : "", furthest ? furthest->offset : 0,
-                   furthest ? furthest->size : 0, cur.name.substr(0, 200), cur.offset);
+    DTRAIN_CHECK_T(
+        CheckpointError, furthest == nullptr || furthest->offset + furthest->size <= cur.offset,
+        "checkpoint {}: entries \"{}\" (offset {}, {} bytes) and \"{}\" (offset {}) overlap", file,
+        furthest ? furthest->name.substr(0, 200) : "", furthest ? furthest->offset : 0,
+        furthest ? furthest->size : 0, cur.name.substr(0, 200), cur.offset);
     if (furthest == nullptr || cur.offset + cur.size > furthest->offset + furthest->size) {
       furthest = &cur;
     }
@@ -182,8 +186,8 @@ void checkShards(const std::string& file, const std::vector<Entry>& entries) {
       DTRAIN_CHECK_T(CheckpointError, e.elementOffset == next,
                      "checkpoint {}: entry \"{}\": shards {} elements {}, expected the next at {} "
                      "(duplicate name, overlapping or missing shard)",
-                     file, key.first.substr(0, 200), e.elementOffset < next ? "overlap at" : "skip to",
-                     e.elementOffset, next);
+                     file, key.first.substr(0, 200),
+                     e.elementOffset < next ? "overlap at" : "skip to", e.elementOffset, next);
       next += e.elementCount;
     }
     DTRAIN_CHECK_T(CheckpointError, next == first.numel(),
@@ -214,7 +218,8 @@ void checkShards(const std::string& file, const std::vector<Entry>& entries) {
 
 std::unique_ptr<ByteSource> openFileSource(const std::string& path) {
   int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  DTRAIN_CHECK_T(CheckpointError, fd >= 0, "checkpoint {}: cannot open: {}", path, std::strerror(errno));
+  DTRAIN_CHECK_T(CheckpointError, fd >= 0, "checkpoint {}: cannot open: {}", path,
+                 std::strerror(errno));
   struct stat st {};
   if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
     int err = errno;
@@ -229,7 +234,8 @@ std::unique_ptr<ByteSource> memorySource(const uint8_t* data, size_t size, std::
   return std::make_unique<MemorySource>(data, size, std::move(name));
 }
 
-CheckpointReader::CheckpointReader(std::unique_ptr<ByteSource> source) : source_(std::move(source)) {
+CheckpointReader::CheckpointReader(std::unique_ptr<ByteSource> source)
+    : source_(std::move(source)) {
   parseHeader();
   parseManifest();
   checkEntries();
@@ -255,7 +261,8 @@ void CheckpointReader::parseHeader() {
                  "version {}). HINT: read it with the dtrain version that wrote it",
                  file, version, kFormatVersion);
   DTRAIN_CHECK_T(CheckpointError, getLE(h + 120, 8) == checksum(h, 120),
-                 "checkpoint {}: header checksum mismatch (offset 120): the header is damaged", file);
+                 "checkpoint {}: header checksum mismatch (offset 120): the header is damaged",
+                 file);
   DTRAIN_CHECK_T(CheckpointError, getLE(h + 12, 4) == kHeaderSize,
                  "checkpoint {}: header size {} at offset 12, expected {}", file, getLE(h + 12, 4),
                  kHeaderSize);
@@ -274,14 +281,15 @@ void CheckpointReader::parseHeader() {
   hd.manifestChecksum = getLE(h + 96, 8);
   hd.fileSize = getLE(h + 104, 8);
   DTRAIN_CHECK_T(CheckpointError, hd.step >= 0 && hd.epoch >= 0,
-                 "checkpoint {}: negative step {} or epoch {} (offset 16)", file, hd.step, hd.epoch);
-  DTRAIN_CHECK_T(CheckpointError, hd.worldSize >= 1, "checkpoint {}: world size 0 (offset 32)", file);
-  DTRAIN_CHECK_T(CheckpointError, flags == 0, "checkpoint {}: unknown flags {:#x} (offset 36)", file,
-                 flags);
-  DTRAIN_CHECK_T(CheckpointError, getLE(h + 112, 8) == 0, "checkpoint {}: reserved field at offset 112 is not 0",
+                 "checkpoint {}: negative step {} or epoch {} (offset 16)", file, hd.step,
+                 hd.epoch);
+  DTRAIN_CHECK_T(CheckpointError, hd.worldSize >= 1, "checkpoint {}: world size 0 (offset 32)",
                  file);
-  DTRAIN_CHECK_T(CheckpointError,
-                 hd.fileSize == size || hd.fileSize > size,
+  DTRAIN_CHECK_T(CheckpointError, flags == 0, "checkpoint {}: unknown flags {:#x} (offset 36)",
+                 file, flags);
+  DTRAIN_CHECK_T(CheckpointError, getLE(h + 112, 8) == 0,
+                 "checkpoint {}: reserved field at offset 112 is not 0", file);
+  DTRAIN_CHECK_T(CheckpointError, hd.fileSize == size || hd.fileSize > size,
                  "checkpoint {}: {} bytes, but its header says {}: bytes follow the manifest", file,
                  size, hd.fileSize);
   DTRAIN_CHECK_T(CheckpointError, hd.fileSize == size,
@@ -317,18 +325,18 @@ void CheckpointReader::parseManifest() {
   for (uint64_t i = 0; i < hd.entryCount; ++i) {
     uint64_t where = hd.manifestOffset + at;
     DTRAIN_CHECK_T(CheckpointError, m.size() - at >= kRecordFixedSize,
-                   "checkpoint {}: manifest record {} at offset {} runs past the manifest's end", file,
-                   i, where);
+                   "checkpoint {}: manifest record {} at offset {} runs past the manifest's end",
+                   file, i, where);
     const uint8_t* r = m.data() + at;
     Entry e;
     uint64_t nameLen = getLE(r, 2);
     uint8_t kind = r[2], dtype = r[3], ndim = r[4];
     DTRAIN_CHECK_T(CheckpointError, nameLen >= 1 && nameLen <= kMaxNameBytes,
-                   "checkpoint {}: manifest record {} at offset {}: name length {} (1..{})", file, i,
-                   where, nameLen, kMaxNameBytes);
+                   "checkpoint {}: manifest record {} at offset {}: name length {} (1..{})", file,
+                   i, where, nameLen, kMaxNameBytes);
     DTRAIN_CHECK_T(CheckpointError, ndim <= kMaxDims,
-                   "checkpoint {}: manifest record {} at offset {}: {} dimensions (at most {})", file,
-                   i, where, ndim, kMaxDims);
+                   "checkpoint {}: manifest record {} at offset {}: {} dimensions (at most {})",
+                   file, i, where, ndim, kMaxDims);
     uint64_t recordSize = roundUp(kRecordFixedSize + 8 * uint64_t{ndim} + nameLen, 8);
     DTRAIN_CHECK_T(CheckpointError, recordSize <= m.size() - at,
                    "checkpoint {}: manifest record {} at offset {} ({} bytes) runs past the "
@@ -338,7 +346,8 @@ void CheckpointReader::parseManifest() {
     e.name.assign(name, nameLen);
     std::string who = fmt::format("checkpoint {}: entry \"{}\" (manifest record {} at offset {})",
                                   file, e.name.substr(0, 200), i, where);
-    DTRAIN_CHECK_T(CheckpointError, e.name.find('\0') == std::string::npos, "{}: NUL in the name", who);
+    DTRAIN_CHECK_T(CheckpointError, e.name.find('\0') == std::string::npos, "{}: NUL in the name",
+                   who);
     DTRAIN_CHECK_T(CheckpointError, knownKind(kind), "{}: unknown kind {}", who, kind);
     DTRAIN_CHECK_T(CheckpointError, knownDType(dtype), "{}: unknown dtype {}", who, dtype);
     DTRAIN_CHECK_T(CheckpointError, r[5] == 0 && r[6] == 0 && r[7] == 0 && getLE(r + 12, 4) == 0,
@@ -354,7 +363,8 @@ void CheckpointReader::parseManifest() {
     uint64_t numel = 1;
     for (uint8_t d = 0; d < ndim; ++d) {
       uint64_t dim = getLE(r + kRecordFixedSize + 8 * d, 8);
-      DTRAIN_CHECK_T(CheckpointError, dim < kMaxElements && (dim == 0 || numel <= kMaxElements / dim),
+      DTRAIN_CHECK_T(CheckpointError,
+                     dim < kMaxElements && (dim == 0 || numel <= kMaxElements / dim),
                      "{}: shape dimension {} = {} overflows", who, d, static_cast<int64_t>(dim));
       numel *= dim;
       e.shape.push_back(static_cast<int64_t>(dim));
@@ -422,10 +432,11 @@ void CheckpointReader::read(const Entry& e, void* out) const {
     sum = XXH3_64bits_digest(state);
     XXH3_freeState(state);
   }
-  DTRAIN_CHECK_T(CheckpointError, sum == e.checksum,
-                 "checkpoint {}: entry \"{}\" (data at offset {}, {} bytes): checksum mismatch: the "
-                 "data is damaged",
-                 source_->name(), e.name, e.offset, e.size);
+  DTRAIN_CHECK_T(
+      CheckpointError, sum == e.checksum,
+      "checkpoint {}: entry \"{}\" (data at offset {}, {} bytes): checksum mismatch: the "
+      "data is damaged",
+      source_->name(), e.name, e.offset, e.size);
 }
 
 void CheckpointReader::verify() const {
@@ -461,7 +472,8 @@ void CheckpointReader::verify() const {
   // no byte of the file escapes a check.
   std::vector<const Entry*> order;
   for (const auto& e : entries_) order.push_back(&e);
-  std::sort(order.begin(), order.end(), [](const Entry* a, const Entry* b) { return a->offset < b->offset; });
+  std::sort(order.begin(), order.end(),
+            [](const Entry* a, const Entry* b) { return a->offset < b->offset; });
   uint64_t pos = header_.dataOffset;
   const uint64_t end = header_.dataOffset + header_.dataSize;
   auto checkZero = [&](uint64_t from, uint64_t to, const Entry* after) {
@@ -473,7 +485,8 @@ void CheckpointReader::verify() const {
         DTRAIN_CHECK_T(CheckpointError, buffer[i] == 0,
                        "checkpoint {}: byte {} (padding {}) is not zero: the file is damaged",
                        source_->name(), from + i,
-                       after ? fmt::format("after entry \"{}\"", after->name) : "before the first entry");
+                       after ? fmt::format("after entry \"{}\"", after->name)
+                             : "before the first entry");
       }
       from += n;
     }

@@ -86,7 +86,8 @@ SaveThread::~SaveThread() {
   bool exited = false;
   {
     std::unique_lock<std::mutex> lock(shared_->mutex);
-    exited = shared_->done.wait_for(lock, std::chrono::seconds(30), [&] { return shared_->exited; });
+    exited = shared_->done.wait_for(lock, std::chrono::seconds(30),
+                                    [&] { return shared_->exited; });
   }
   if (exited) {
     thread_.join();

@@ -6,8 +6,8 @@
 #include <uv.h>
 
 #include <algorithm>
-#include <cctype>
 #include <atomic>
+#include <cctype>
 #include <cstring>
 #include <list>
 #include <mutex>
@@ -278,9 +278,9 @@ struct HttpConnection {
       if (end == 0) {
         if (in.size() <= server->limits.maxHeadBytes) return;
         const bool lineEnded = in.find('\n') < server->limits.maxHeadBytes;
-        return fail(lineEnded ? 431 : 414, fmt::format("the request {} is longer than {} bytes\n",
-                                                       lineEnded ? "head" : "line",
-                                                       server->limits.maxHeadBytes));
+        return fail(lineEnded ? 431 : 414,
+                    fmt::format("the request {} is longer than {} bytes\n",
+                                lineEnded ? "head" : "line", server->limits.maxHeadBytes));
       }
       if (end > server->limits.maxHeadBytes) {
         return fail(431, fmt::format("the request head is longer than {} bytes\n",
@@ -294,8 +294,8 @@ struct HttpConnection {
 
   void answer(const HttpRequestHead& head) {
     if (head.status != 0) {
-      return fail(head.status, head.status == 405 ? "only GET and HEAD are served\n"
-                                                  : "malformed request\n");
+      return fail(head.status,
+                  head.status == 405 ? "only GET and HEAD are served\n" : "malformed request\n");
     }
     const HttpRoute* route = nullptr;
     for (const HttpRoute& r : server->routes) {
@@ -374,8 +374,7 @@ struct HttpConnection {
 namespace {
 
 // The address to bind: numeric addresses directly, names through the resolver.
-bool bindAddress(const std::string& host, uint16_t port, sockaddr_storage* addr,
-                 std::string* why) {
+bool bindAddress(const std::string& host, uint16_t port, sockaddr_storage* addr, std::string* why) {
   *addr = {};
   if (uv_ip4_addr(host.c_str(), port, reinterpret_cast<sockaddr_in*>(addr)) == 0) return true;
   if (uv_ip6_addr(host.c_str(), port, reinterpret_cast<sockaddr_in6*>(addr)) == 0) return true;
@@ -466,9 +465,8 @@ HttpServer::HttpServer(const std::string& host, uint16_t port, const std::string
   DTRAIN_CHECK(rc == 0, "{}: uv_loop_init failed: {}", option, uv_strerror(rc));
   uv_tcp_init(&s.loop, &s.listener);
   s.listener.data = impl_.get();
-  uv_async_init(&s.loop, &s.stopAsync, [](uv_async_t* a) {
-    static_cast<Impl*>(a->data)->stopOnLoop();
-  });
+  uv_async_init(&s.loop, &s.stopAsync,
+                [](uv_async_t* a) { static_cast<Impl*>(a->data)->stopOnLoop(); });
   s.stopAsync.data = impl_.get();
   try {
     s.bind(host, port, option);

@@ -28,8 +28,8 @@ struct HttpLimits {
 };
 
 struct HttpRoute {
-  std::string path;         // "/metrics"
-  std::string contentType;  // of what `body` returns
+  std::string path;                   // "/metrics"
+  std::string contentType;            // of what `body` returns
   std::function<std::string()> body;  // runs on the server's thread, at each request
 };
 

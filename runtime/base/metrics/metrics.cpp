@@ -26,9 +26,8 @@ namespace {
 // The schema's own keys, which no field may shadow. Never destroyed: the progress publisher's
 // thread encodes records while the process's exit handlers run (Note [Progress publisher]).
 const std::set<std::string>& reservedKeys() {
-  static const auto* const kKeys =
-      new std::set<std::string>{"time", "source", "run_id", "node", "rank", "gpu",
-                                "interface", "mount", "step"};
+  static const auto* const kKeys = new std::set<std::string>{
+      "time", "source", "run_id", "node", "rank", "gpu", "interface", "mount", "step"};
   return *kKeys;
 }
 
@@ -86,7 +85,8 @@ nlohmann::ordered_json recordToJson(const Record& record) {
     if (!std::isfinite(value)) {
       j[name] = nullptr;
     } else if (value == std::floor(value) && std::fabs(value) < 9007199254740992.0) {
-      j[name] = static_cast<int64_t>(value);  // counts and bytes as integers: 1048576, not 1048576.0
+      j[name] = static_cast<int64_t>(
+          value);  // counts and bytes as integers: 1048576, not 1048576.0
     } else {
       j[name] = value;
     }
@@ -135,8 +135,8 @@ Record recordFromJson(const nlohmann::ordered_json& j, const std::string& contex
     if (reservedKeys().count(key)) continue;
     DTRAIN_CHECK_ARG(value.is_number() || value.is_null(),
                      "metrics record: field '{}' must be a number or null ({:.80})", key, context);
-    r.fields.emplace_back(
-        key, value.is_null() ? std::numeric_limits<double>::quiet_NaN() : value.get<double>());
+    r.fields.emplace_back(key, value.is_null() ? std::numeric_limits<double>::quiet_NaN()
+                                               : value.get<double>());
   }
   checkFields(r.fields);
   return r;
@@ -181,8 +181,8 @@ JsonlSink::~JsonlSink() { std::fclose(file_); }
 void JsonlSink::write(const Record& record) {
   std::string line = toJsonLine(record);
   line += '\n';
-  const bool ok =
-      std::fwrite(line.data(), 1, line.size(), file_) == line.size() && std::fflush(file_) == 0;
+  const bool ok = std::fwrite(line.data(), 1, line.size(), file_) == line.size() &&
+                  std::fflush(file_) == 0;
   DTRAIN_CHECK(ok, "cannot append to metrics file {}: {}", path_, std::strerror(errno));
 }
 
@@ -199,10 +199,10 @@ Metrics::Metrics(MetricsOptions options)
     rank_ = options.rank;
   } else if (const char* rank = std::getenv(env::kRank); rank && *rank) {
     int64_t value = 0;
-    DTRAIN_CHECK_ARG(
-        parseInt64(rank, &value) && value >= 0 && value <= std::numeric_limits<int>::max(),
-        "{}='{}' is not a rank. HINT: launch sets it; unset it to record no rank", env::kRank,
-        rank);
+    DTRAIN_CHECK_ARG(parseInt64(rank, &value) && value >= 0 &&
+                         value <= std::numeric_limits<int>::max(),
+                     "{}='{}' is not a rank. HINT: launch sets it; unset it to record no rank",
+                     env::kRank, rank);
     rank_ = static_cast<int>(value);
   }
   if (options.toLaunch) {

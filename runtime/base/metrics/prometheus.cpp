@@ -110,9 +110,8 @@ PrometheusServer::PrometheusServer(const PrometheusOptions& options,
     : host_(options.host) {
   std::vector<HttpRoute> routes;
   routes.push_back({"/metrics", "text/plain; version=0.0.4; charset=utf-8", std::move(render)});
-  routes.push_back({"/", "text/plain; charset=utf-8", [] {
-                      return std::string("dtrain: metrics at /metrics\n");
-                    }});
+  routes.push_back({"/", "text/plain; charset=utf-8",
+                    [] { return std::string("dtrain: metrics at /metrics\n"); }});
   impl_.reset(new Impl{HttpServer(options.host, options.port, options.option, std::move(routes))});
   port_ = impl_->http.port();
 }
@@ -123,7 +122,7 @@ PrometheusServer::~PrometheusServer() = default;
 
 struct PrometheusEndpoint::Impl {
   mutable std::mutex mu;
-  Latest latest;  // guarded by mu
+  Latest latest;                             // guarded by mu
   std::unique_ptr<PrometheusServer> server;  // last: stops before `latest` goes
 };
 

@@ -97,22 +97,26 @@ std::string tensorBoardTag(const Record& record, const std::string& field) {
 
 std::shared_ptr<TensorBoardSink> TensorBoardSink::open(const std::string& dir,
                                                        const std::string& option) {
-  DTRAIN_CHECK_ARG(!dir.empty(), "{} is empty; HINT: give a directory (TensorBoard's --logdir "
-                   "or a folder under it)", option);
+  DTRAIN_CHECK_ARG(!dir.empty(),
+                   "{} is empty; HINT: give a directory (TensorBoard's --logdir "
+                   "or a folder under it)",
+                   option);
   std::error_code ec;
   std::filesystem::create_directories(dir, ec);
-  DTRAIN_CHECK_ARG(!ec, "{} {}: cannot create the directory: {}; HINT: give a path in a "
-                   "writable place", option, shown(dir), ec.message());
+  DTRAIN_CHECK_ARG(!ec,
+                   "{} {}: cannot create the directory: {}; HINT: give a path in a "
+                   "writable place",
+                   option, shown(dir), ec.message());
 
   static std::atomic<int> serial{0};
   const double now = unixSeconds();
-  const std::string name =
-      fmt::format("events.out.tfevents.{:010d}.{}.{}.{}", static_cast<int64_t>(now),
-                  net::hostName(), ::getpid(), serial.fetch_add(1));
+  const std::string name = fmt::format("events.out.tfevents.{:010d}.{}.{}.{}",
+                                       static_cast<int64_t>(now), net::hostName(), ::getpid(),
+                                       serial.fetch_add(1));
   const std::string path = (std::filesystem::path(dir) / name).string();
   const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_APPEND | O_CLOEXEC, 0644);
-  DTRAIN_CHECK_ARG(fd >= 0, "{} {}: cannot create {}: {}; HINT: give a writable directory",
-                   option, shown(dir), name, std::strerror(errno));
+  DTRAIN_CHECK_ARG(fd >= 0, "{} {}: cannot create {}: {}; HINT: give a writable directory", option,
+                   shown(dir), name, std::strerror(errno));
   auto refuse = [&](const std::string& why) {
     ::close(fd);
     ::unlink(path.c_str());
@@ -141,7 +145,8 @@ std::shared_ptr<TensorBoardSink> TensorBoardSink::open(const std::string& dir,
     refuse(fmt::format("cannot write {}: {}", name, std::strerror(errno)));
   }
   if (unsupported != 0 || !scan.unchecked.empty()) {
-    DTRAIN_LOG(Warn, "{} {}: cannot lock {}: {}: the directory's filesystem does not support "
+    DTRAIN_LOG(Warn,
+               "{} {}: cannot lock {}: {}: the directory's filesystem does not support "
                "file locks, so another process writing TensorBoard events there cannot be "
                "detected (TensorBoard follows only the newest event file of a directory: one "
                "writer's records would be lost); writing the events anyway. HINT: give each "
@@ -166,10 +171,10 @@ void TensorBoardSink::write(const Record& record) {
     scalars.emplace_back(tensorBoardTag(record, name), static_cast<float>(value));
   }
   const int64_t step = record.step ? *record.step
-                                   : static_cast<int64_t>(std::max(0.0, std::floor(
-                                         record.time - openedAt_)));
-  const std::string bytes =
-      tensorboard::frameRecord(tensorboard::scalarsEvent(record.time, step, scalars));
+                                   : static_cast<int64_t>(
+                                         std::max(0.0, std::floor(record.time - openedAt_)));
+  const std::string bytes = tensorboard::frameRecord(
+      tensorboard::scalarsEvent(record.time, step, scalars));
   std::lock_guard<std::mutex> lock(mutex_);
   if (writeWhole(fd_, bytes)) {
     size_ += bytes.size();

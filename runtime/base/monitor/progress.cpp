@@ -91,13 +91,14 @@ std::string encodeReport(const RankReport& r) {
 
 RankReport decodeReport(const std::string& text) {
   json j = json::parse(text, nullptr, /*allow_exceptions=*/false);
-  DTRAIN_CHECK_ARG(j.is_object(), "progress report is not a JSON object: {}",
-                   text.substr(0, 120));
+  DTRAIN_CHECK_ARG(j.is_object(), "progress report is not a JSON object: {}", text.substr(0, 120));
   auto need = [&](const json& obj, const char* key, bool (json::*is)() const noexcept,
                   const char* type) -> const json& {
     auto it = obj.find(key);
-    DTRAIN_CHECK_ARG(it != obj.end() && ((*it).*is)(), "progress report: \"{}\" is missing or "
-                     "not {}: {}", key, type, text.substr(0, 120));
+    DTRAIN_CHECK_ARG(it != obj.end() && ((*it).*is)(),
+                     "progress report: \"{}\" is missing or "
+                     "not {}: {}",
+                     key, type, text.substr(0, 120));
     return *it;
   };
   RankReport r;
@@ -107,7 +108,8 @@ RankReport decodeReport(const std::string& text) {
   }
   r.pid = need(j, "pid", &json::is_number_integer, "an integer").get<int64_t>();
   r.time = need(j, "time", &json::is_number, "a number").get<double>();
-  if (j.contains("step")) r.step = need(j, "step", &json::is_number_integer, "an integer").get<int64_t>();
+  if (j.contains("step"))
+    r.step = need(j, "step", &json::is_number_integer, "an integer").get<int64_t>();
   for (const auto& c : need(j, "collectives", &json::is_array, "an array")) {
     DTRAIN_CHECK_ARG(c.is_object(), "progress report: a collective is not an object");
     CollectiveState state;
@@ -131,8 +133,10 @@ RankReport decodeReport(const std::string& text) {
       r.figuresStep = need(f, "step", &json::is_number_integer, "an integer").get<int64_t>();
     }
     for (const auto& [name, value] : need(f, "fields", &json::is_object, "an object").items()) {
-      DTRAIN_CHECK_ARG(value.is_number() || value.is_null(), "progress report: figure \"{}\" "
-                       "is not a number", name);
+      DTRAIN_CHECK_ARG(value.is_number() || value.is_null(),
+                       "progress report: figure \"{}\" "
+                       "is not a number",
+                       name);
       r.figures.emplace_back(name, numberOrNan(value));
     }
   }
@@ -140,8 +144,10 @@ RankReport decodeReport(const std::string& text) {
     const json& rec = need(j, "records", &json::is_object, "an object");
     r.lastRecord = need(rec, "last", &json::is_number_unsigned, "a count").get<uint64_t>();
     const json& items = need(rec, "items", &json::is_array, "an array");
-    DTRAIN_CHECK_ARG(items.size() <= r.lastRecord, "progress report: {} records, but the last is "
-                     "number {}", items.size(), r.lastRecord);
+    DTRAIN_CHECK_ARG(items.size() <= r.lastRecord,
+                     "progress report: {} records, but the last is "
+                     "number {}",
+                     items.size(), r.lastRecord);
     for (const auto& item : items) r.records.push_back(metrics::recordFromJson(item, text));
   }
   return r;

@@ -17,8 +17,7 @@ namespace dtrain::progress {
 namespace {
 
 double unixNow() {
-  return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch())
-      .count();
+  return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
 }
 
 }  // namespace
@@ -167,8 +166,10 @@ void ProgressPublisher::threadMain() {
   try {
     store = options_.connect();
   } catch (const std::exception& e) {
-    DTRAIN_LOG(Warn, "progress: cannot reach the job's store, so launch sees no progress from "
-               "this rank (no stall detection, no trainer figures on its endpoint): {}", e.what());
+    DTRAIN_LOG(Warn,
+               "progress: cannot reach the job's store, so launch sees no progress from "
+               "this rank (no stall detection, no trainer figures on its endpoint): {}",
+               e.what());
     finish();
     return;
   }
@@ -183,8 +184,8 @@ void ProgressPublisher::threadMain() {
     flushesSeen = flushRequests_;
     lock.unlock();
     RankReport now = gather();
-    const bool something =
-        now.step || !now.collectives.empty() || now.figuresStep || now.lastRecord > 0;
+    const bool something = now.step || !now.collectives.empty() || now.figuresStep ||
+                           now.lastRecord > 0;
     if (something && (!published || advanced(last, now))) {
       try {
         store->set(rankKey(options_.rank), store::toBytes(encodeReport(now)));
@@ -192,8 +193,10 @@ void ProgressPublisher::threadMain() {
         last = std::move(now);
         published = true;
       } catch (const std::exception& e) {
-        DTRAIN_LOG(Warn, "progress: publishing to the job's store failed; stopping (launch sees "
-                   "no more progress from this rank): {}", e.what());
+        DTRAIN_LOG(Warn,
+                   "progress: publishing to the job's store failed; stopping (launch sees "
+                   "no more progress from this rank): {}",
+                   e.what());
         finish();
         return;
       }
@@ -219,8 +222,8 @@ ProgressPublisher* makeProcessPublisher() {
   const char* addr = std::getenv(env::kStoreAddr);
   const char* rankText = std::getenv(env::kRank);
   int64_t rank = 0;
-  if (addr == nullptr || *addr == '\0' || rankText == nullptr ||
-      !parseInt64(rankText, &rank) || rank < 0) {
+  if (addr == nullptr || *addr == '\0' || rankText == nullptr || !parseInt64(rankText, &rank) ||
+      rank < 0) {
     return nullptr;
   }
   PublisherOptions options;

@@ -82,18 +82,18 @@ class ProgressPublisher {
   const PublisherOptions options_;
 
   std::mutex mutex_;
-  std::condition_variable wake_;      // with mutex_: a flush request or stop
-  std::condition_variable ticked_;    // with mutex_: one more round done
-  std::optional<int64_t> step_;       // guarded by mutex_
+  std::condition_variable wake_;                         // with mutex_: a flush request or stop
+  std::condition_variable ticked_;                       // with mutex_: one more round done
+  std::optional<int64_t> step_;                          // guarded by mutex_
   std::vector<std::pair<std::string, double>> figures_;  // guarded by mutex_
   std::optional<int64_t> figuresStep_;                   // guarded by mutex_
   double figuresTime_ = 0;                               // guarded by mutex_
   std::deque<metrics::Record> recent_;                   // guarded by mutex_
   uint64_t recorded_ = 0;                                // guarded by mutex_: records so far
-  bool stopping_ = false;             // guarded by mutex_
-  bool finished_ = false;             // guarded by mutex_: the thread has returned
-  uint64_t flushRequests_ = 0;        // guarded by mutex_
-  uint64_t rounds_ = 0;               // guarded by mutex_: rounds completed
+  bool stopping_ = false;                                // guarded by mutex_
+  bool finished_ = false;       // guarded by mutex_: the thread has returned
+  uint64_t flushRequests_ = 0;  // guarded by mutex_
+  uint64_t rounds_ = 0;         // guarded by mutex_: rounds completed
 
   std::mutex sourcesMutex_;  // held while a source is called, so removeSource waits for it
   std::map<uint64_t, std::function<CollectiveState()>> sources_;  // guarded by sourcesMutex_

@@ -76,8 +76,8 @@ int waitFor(int fd, short events, TimePoint deadline) {
 }
 
 Socket connectAddress(const addrinfo* ai, TimePoint deadline, int* err) {
-  Socket s(::socket(ai->ai_family, ai->ai_socktype | SOCK_NONBLOCK | SOCK_CLOEXEC,
-                    ai->ai_protocol));
+  Socket s(
+      ::socket(ai->ai_family, ai->ai_socktype | SOCK_NONBLOCK | SOCK_CLOEXEC, ai->ai_protocol));
   if (!s.valid()) {
     *err = errno;
     return s;

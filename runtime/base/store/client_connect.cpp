@@ -36,8 +36,8 @@ void expectIo(const net::IoResult& r, const TcpStoreOptions& options, const std:
       DTRAIN_THROW(TimeoutError, "store {}: handshake timed out after {} ms {}", where,
                    options.handshakeTimeout.count(), doing);
     case IoStatus::Closed:
-      DTRAIN_THROW(NetworkError, "store {} closed the connection during the handshake ({})",
-                   where, doing);
+      DTRAIN_THROW(NetworkError, "store {} closed the connection during the handshake ({})", where,
+                   doing);
     default:
       DTRAIN_THROW(NetworkError, "store {}: handshake failed {}: {}", where, doing,
                    net::errnoText(r.err));
@@ -108,10 +108,10 @@ void handshake(int fd, const TcpStoreOptions& options, const std::string& token,
   uint8_t verdict[wire::kVerdictBytes];
   net::IoResult r = net::recvAtLeast(fd, verdict, sizeof(verdict), sizeof(verdict), deadline);
   if (r.status == IoStatus::Closed || (r.status == IoStatus::Ok && verdict[4] != 0)) {
-    throw HandshakeRefused(fmt::format(
-        "store {} refused the job token. HINT: every process of a job needs the same "
-        "DTRAIN_STORE_TOKEN; start the program with `launch`",
-        where));
+    throw HandshakeRefused(
+        fmt::format("store {} refused the job token. HINT: every process of a job needs the same "
+                    "DTRAIN_STORE_TOKEN; start the program with `launch`",
+                    where));
   }
   expectIo(r, options, where, "reading its verdict");
   if (wire::decodeVerdict(verdict) != wire::kVerdictAccepted) {

@@ -45,15 +45,17 @@ TcpStore::Impl::Impl(const TcpStoreOptions& options, Store* self) : options_(opt
   where_ = net::hostPort(options.host, options.port);
   options_.connectTimeout = timeoutOrDefault(options.connectTimeout, kDefaultConnectTimeout,
                                              "TcpStoreOptions::connectTimeout");
-  options_.handshakeTimeout = timeoutOrDefault(
-      options.handshakeTimeout, kDefaultHandshakeTimeout, "TcpStoreOptions::handshakeTimeout");
+  options_.handshakeTimeout = timeoutOrDefault(options.handshakeTimeout, kDefaultHandshakeTimeout,
+                                               "TcpStoreOptions::handshakeTimeout");
   token_ = options.token;
   if (token_.empty()) {
     const char* env = std::getenv("DTRAIN_STORE_TOKEN");
     if (env != nullptr) token_ = env;
   }
-  DTRAIN_CHECK_ARG(options.port != 0, "store client: port 0 is not a store's port ({}). HINT: "
-                   "use the port the server reports", where_);
+  DTRAIN_CHECK_ARG(options.port != 0,
+                   "store client: port 0 is not a store's port ({}). HINT: "
+                   "use the port the server reports",
+                   where_);
 }
 
 namespace {
@@ -153,9 +155,8 @@ std::pair<Status, Bytes> TcpStore::Impl::exchange(const wire::Request& request, 
                  errorMessage(answer.payload.data(), answer.payload.size()));
   }
   if (answer.status == Status::Error) {
-    DTRAIN_THROW(InvalidArgument, "store {} refused {} {}: {}", where_,
-                 wire::opName(request.op), quoted(request.keys),
-                 errorMessage(answer.payload.data(), answer.payload.size()));
+    DTRAIN_THROW(InvalidArgument, "store {} refused {} {}: {}", where_, wire::opName(request.op),
+                 quoted(request.keys), errorMessage(answer.payload.data(), answer.payload.size()));
   }
   return {answer.status, std::move(answer.payload)};
 }
@@ -212,8 +213,8 @@ void TcpStore::Impl::fail(const wire::Request& request, const net::IoResult& r,
                    where_, what, doing, net::msSince(start),
                    r.err ? ": " + net::errnoText(r.err) : std::string());
     default:
-      DTRAIN_THROW(NetworkError, "lost the connection to store {} during {} ({}): {}", where_,
-                   what, doing, net::errnoText(r.err));
+      DTRAIN_THROW(NetworkError, "lost the connection to store {} during {} ({}): {}", where_, what,
+                   doing, net::errnoText(r.err));
   }
 }
 

@@ -131,8 +131,10 @@ Bytes HashStore::waitChanged(const std::string& key, const Bytes& seen, Millis r
     return it != map_.end() && it->second != seen;
   };
   if (!changed_.wait_for(lock, timeout, changed)) {
-    DTRAIN_THROW(TimeoutError, "timed out after {} ms waiting for key \"{}\" to change from \"{}\" "
-                 "on {}", timeout.count(), key, toString(seen).substr(0, 64), describe());
+    DTRAIN_THROW(TimeoutError,
+                 "timed out after {} ms waiting for key \"{}\" to change from \"{}\" "
+                 "on {}",
+                 timeout.count(), key, toString(seen).substr(0, 64), describe());
   }
   return map_.at(key);
 }
@@ -154,8 +156,10 @@ Bytes Store::waitChanged(const std::string& key, const Bytes& seen, Millis reque
     std::optional<Bytes> now = tryMultiGet({key})[0];
     if (now && *now != seen) return *now;
     if (std::chrono::steady_clock::now() >= deadline) {
-      DTRAIN_THROW(TimeoutError, "timed out after {} ms waiting for key \"{}\" to change from "
-                   "\"{}\" on {}", timeout.count(), key, toString(seen).substr(0, 64), describe());
+      DTRAIN_THROW(TimeoutError,
+                   "timed out after {} ms waiting for key \"{}\" to change from "
+                   "\"{}\" on {}",
+                   timeout.count(), key, toString(seen).substr(0, 64), describe());
     }
     std::this_thread::sleep_for(Millis(10));
   }

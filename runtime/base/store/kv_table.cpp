@@ -40,17 +40,16 @@ std::optional<Bytes> KvTable::execute(wire::Request& r, Waiter* waiter) {
       waiter->request_ = &r;
       registerMissing(waiter);
       return std::nullopt;
-    case Op::MultiGet:
-      return multiGet(r);
+    case Op::MultiGet: return multiGet(r);
     case Op::Add: {
       auto it = map_.find(key);
       int64_t before = 0;
       if (it != map_.end() && !parseCounter(it->second, &before)) {
         std::string shown(it->second.begin(),
                           it->second.begin() + std::min<size_t>(it->second.size(), 32));
-        return wire::encodeErrorResponse(fmt::format(
-            "store key \"{}\" holds \"{}\", not an integer: add() needs a counter key", key,
-            shown));
+        return wire::encodeErrorResponse(
+            fmt::format("store key \"{}\" holds \"{}\", not an integer: add() needs a counter key",
+                        key, shown));
       }
       int64_t now = 0;
       if (__builtin_add_overflow(before, r.delta, &now)) {
@@ -75,12 +74,9 @@ std::optional<Bytes> KvTable::execute(wire::Request& r, Waiter* waiter) {
       notify(key);
       return wire::encodeValueResponse(r.value);
     }
-    case Op::Check:
-      return ok(wire::encodeU8(allPresent(r.keys) ? 1 : 0));
-    case Op::Delete:
-      return ok(wire::encodeU8(map_.erase(key) > 0 ? 1 : 0));
-    case Op::NumKeys:
-      return ok(wire::encodeI64(static_cast<int64_t>(map_.size())));
+    case Op::Check: return ok(wire::encodeU8(allPresent(r.keys) ? 1 : 0));
+    case Op::Delete: return ok(wire::encodeU8(map_.erase(key) > 0 ? 1 : 0));
+    case Op::NumKeys: return ok(wire::encodeI64(static_cast<int64_t>(map_.size())));
   }
   return wire::encodeErrorResponse("unknown opcode");
 }
@@ -118,8 +114,8 @@ Bytes KvTable::multiGet(const wire::Request& r) const {
   if (total > maxValueBytes_) {
     return wire::encodeErrorResponse(fmt::format(
         "multi-key get of {} keys (the first \"{}\") would answer {} bytes of values, more than "
-        "the value limit of {}: ask for fewer keys at a time", r.keys.size(), r.keys[0], total,
-        maxValueBytes_));
+        "the value limit of {}: ask for fewer keys at a time",
+        r.keys.size(), r.keys[0], total, maxValueBytes_));
   }
   return ok(wire::encodeMultiValues(values));
 }

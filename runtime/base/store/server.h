@@ -149,7 +149,7 @@ class UvStoreServer final : public TcpStoreServer {
   std::vector<char> readBuffer_;
   uv_timer_t dropWindowTimer_;  // fires when a window with drops left out ends
   std::chrono::steady_clock::time_point logWindow_{};  // start of the open window
-  int loggedInWindow_ = 0;  // 0: no window is open
+  int loggedInWindow_ = 0;                             // 0: no window is open
   int suppressed_ = 0;
 };
 

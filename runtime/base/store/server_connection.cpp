@@ -189,8 +189,8 @@ void Connection::resumeUnguarded() {
     return;
   }
   if (phase_ == Phase::Ready && buffered() > kMaxPipelinedBytes && blocked()) {
-    dropOnLoop(fmt::format("sent {} bytes of requests without waiting for the replies",
-                           buffered()));
+    dropOnLoop(
+        fmt::format("sent {} bytes of requests without waiting for the replies", buffered()));
     return;
   }
   if (inStart_ == in_.size()) {
@@ -230,8 +230,8 @@ bool Connection::stepHello() {
   if (hello.version != wire::kVersion) {
     // The client says which versions met; see Note [Store wire format].
     sendNow(bytes.data(), bytes.size());
-    dropOnLoop(fmt::format("speaks wire version {}, this server {}", hello.version,
-                           wire::kVersion));
+    dropOnLoop(
+        fmt::format("speaks wire version {}, this server {}", hello.version, wire::kVersion));
     return false;
   }
   send(Bytes(bytes.begin(), bytes.end()));
@@ -355,8 +355,7 @@ void Connection::send(Bytes frame) {
 void Connection::onWritten(int status) {
   if (closing_) return;
   if (status != 0) {
-    DTRAIN_LOG(Info, "store {}: client {} lost: {}", server_->where(), peer_,
-               uv_strerror(status));
+    DTRAIN_LOG(Info, "store {}: client {} lost: {}", server_->where(), peer_, uv_strerror(status));
     closeOnLoop();
     return;
   }
@@ -379,10 +378,10 @@ void Connection::armDeadline() {
     deadline_ = kind;
     uv_timer_start(
         &deadlineTimer_,
-      [](uv_timer_t* t) {
-        auto* c = static_cast<Connection*>(t->data);
-        c->guarded([c] { c->onDeadline(); });
-      },
+        [](uv_timer_t* t) {
+          auto* c = static_cast<Connection*>(t->data);
+          c->guarded([c] { c->onDeadline(); });
+        },
         static_cast<uint64_t>(ms.count()), 0);
   };
   if (parked_) {
@@ -412,11 +411,8 @@ void Connection::onDeadline() {
       dropOnLoop(fmt::format("frame incomplete after {} ms ({} bytes of it received)",
                              o.frameTimeout.count(), buffered()));
       break;
-    case Deadline::Idle:
-      dropOnLoop(fmt::format("idle for {} ms", o.idleTimeout.count()));
-      break;
-    case Deadline::None:
-      break;
+    case Deadline::Idle: dropOnLoop(fmt::format("idle for {} ms", o.idleTimeout.count())); break;
+    case Deadline::None: break;
   }
 }
 

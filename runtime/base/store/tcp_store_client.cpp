@@ -109,7 +109,8 @@ void TcpStore::Impl::close() noexcept {
       try {
         std::rethrow_exception(setError_);
       } catch (const std::exception& e) {
-        DTRAIN_LOG(Warn, "store client {} closing: a set() failed and no later call reported "
+        DTRAIN_LOG(Warn,
+                   "store client {} closing: a set() failed and no later call reported "
                    "it: {}. HINT: call flush() before dropping a TcpStore whose sets matter",
                    where_, e.what());
       }
@@ -141,8 +142,10 @@ void TcpStore::Impl::keepSetError(std::exception_ptr e) {
   try {
     std::rethrow_exception(e);
   } catch (const std::exception& later) {
-    DTRAIN_LOG(Info, "store client {}: another set() failed before the first failure was "
-               "reported: {}", where_, later.what());
+    DTRAIN_LOG(Info,
+               "store client {}: another set() failed before the first failure was "
+               "reported: {}",
+               where_, later.what());
   }
 }
 
@@ -159,7 +162,8 @@ std::string TcpStore::Impl::unackedKeys() const {
 // Takes acknowledgements, oldest first. Without `wait`: those that have already arrived (one
 // non-blocking receive at most). With it: blocks until no more than `maxCount` sets and
 // `maxBytes` bytes stay unacknowledged, or `deadline`. Failures are kept for the next call.
-void TcpStore::Impl::takeAcks(bool wait, size_t maxCount, size_t maxBytes, Clock::time_point deadline) {
+void TcpStore::Impl::takeAcks(bool wait, size_t maxCount, size_t maxBytes,
+                              Clock::time_point deadline) {
   auto start = Clock::now();
   bool received = false;
   while (socket_.valid() && !unacked_.empty() &&
@@ -177,8 +181,7 @@ void TcpStore::Impl::takeAcks(bool wait, size_t maxCount, size_t maxBytes, Clock
       rbegin_ = 0;
     }
     uint8_t* room = rbuf_.data() + rend_;
-    net::IoResult r = wait ? net::recvAtLeast(socket_.fd(), room, 1, rbuf_.size() - rend_,
-                                              deadline)
+    net::IoResult r = wait ? net::recvAtLeast(socket_.fd(), room, 1, rbuf_.size() - rend_, deadline)
                            : net::recvAvailable(socket_.fd(), room, rbuf_.size() - rend_);
     rend_ += r.done;
     if (r.status != IoStatus::Ok) {
@@ -244,7 +247,8 @@ void TcpStore::Impl::takeAck(size_t size) {
 }
 
 // The connection is gone with sets unacknowledged: nobody can tell which were applied.
-void TcpStore::Impl::loseConnection(const net::IoResult& r, Clock::time_point start, const std::string& doing) {
+void TcpStore::Impl::loseConnection(const net::IoResult& r, Clock::time_point start,
+                                    const std::string& doing) {
   std::string sets = unackedKeys();
   size_t count = unacked_.size();
   dropUnacked();
@@ -441,9 +445,11 @@ Bytes TcpStore::waitChanged(const std::string& key, const Bytes& seen, Millis re
     return timedOut || readValue(status, payload, &value);
   });
   if (timedOut) {
-    DTRAIN_THROW(TimeoutError, "timed out after {} ms waiting for key \"{}\" to change from \"{}\" "
-                 "on store {} (timeout {} ms)", net::msSince(start), key,
-                 toString(seen).substr(0, 64), impl_->where(), timeout.count());
+    DTRAIN_THROW(TimeoutError,
+                 "timed out after {} ms waiting for key \"{}\" to change from \"{}\" "
+                 "on store {} (timeout {} ms)",
+                 net::msSince(start), key, toString(seen).substr(0, 64), impl_->where(),
+                 timeout.count());
   }
   return value;
 }

@@ -73,9 +73,11 @@ std::unique_ptr<TcpStoreServer> TcpStoreServer::start(const TcpStoreServerOption
 }
 
 UvStoreServer::UvStoreServer(const TcpStoreServerOptions& options)
-    : options_(options), where_(net::hostPort(options.host, options.port)),
+    : options_(options),
+      where_(net::hostPort(options.host, options.port)),
       requestCounts_(std::max<size_t>(options.requestClasses, 1)),
-      table_(options.limits.maxValueBytes), readBuffer_(kReadBufferBytes) {
+      table_(options.limits.maxValueBytes),
+      readBuffer_(kReadBufferBytes) {
   // Zero: the default (Note [Zero timeouts]); the default idle timeout is none.
   options_.handshakeTimeout = timeoutOrDefault(options.handshakeTimeout, kDefaultHandshakeTimeout,
                                                "TcpStoreServerOptions::handshakeTimeout");
@@ -88,9 +90,8 @@ UvStoreServer::UvStoreServer(const TcpStoreServerOptions& options)
                  uv_strerror(rc));
   uv_tcp_init(&loop_, &listener_);
   listener_.data = this;
-  uv_async_init(&loop_, &stopAsync_, [](uv_async_t* a) {
-    static_cast<UvStoreServer*>(a->data)->stopOnLoop();
-  });
+  uv_async_init(&loop_, &stopAsync_,
+                [](uv_async_t* a) { static_cast<UvStoreServer*>(a->data)->stopOnLoop(); });
   stopAsync_.data = this;
   uv_timer_init(&loop_, &dropWindowTimer_);
   dropWindowTimer_.data = this;
@@ -138,10 +139,9 @@ void UvStoreServer::bindOrThrow() {
                    });
   }
   if (rc != 0) {
-    DTRAIN_THROW(NetworkError,
-                 "store server cannot listen on {} (address {}, port {}): {} ({}). HINT: {}",
-                 where_, options_.host, options_.port, uv_strerror(rc), uv_err_name(rc),
-                 bindHint(rc));
+    DTRAIN_THROW(
+        NetworkError, "store server cannot listen on {} (address {}, port {}): {} ({}). HINT: {}",
+        where_, options_.host, options_.port, uv_strerror(rc), uv_err_name(rc), bindHint(rc));
   }
   sockaddr_storage bound{};
   int len = sizeof(bound);

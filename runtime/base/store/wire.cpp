@@ -161,16 +161,36 @@ Bytes encodeRequest(const Request& r) {
   static const std::string kNoKey;
   const std::string& key = r.keys.empty() ? kNoKey : r.keys[0];
   switch (r.op) {
-    case Op::Set: w.bytes(key); w.bytes(r.value); break;
-    case Op::Get: w.u64(r.timeoutMs); w.bytes(key); break;
-    case Op::Add: w.bytes(key); w.u64(static_cast<uint64_t>(r.delta)); break;
-    case Op::CompareSet: w.bytes(key); w.bytes(r.expected); w.bytes(r.value); break;
-    case Op::Wait: w.u64(r.timeoutMs); w.keys(r.keys); break;
+    case Op::Set:
+      w.bytes(key);
+      w.bytes(r.value);
+      break;
+    case Op::Get:
+      w.u64(r.timeoutMs);
+      w.bytes(key);
+      break;
+    case Op::Add:
+      w.bytes(key);
+      w.u64(static_cast<uint64_t>(r.delta));
+      break;
+    case Op::CompareSet:
+      w.bytes(key);
+      w.bytes(r.expected);
+      w.bytes(r.value);
+      break;
+    case Op::Wait:
+      w.u64(r.timeoutMs);
+      w.keys(r.keys);
+      break;
     case Op::Check: w.keys(r.keys); break;
     case Op::Delete: w.bytes(key); break;
     case Op::NumKeys: break;
     case Op::MultiGet: w.keys(r.keys); break;
-    case Op::WaitChanged: w.u64(r.timeoutMs); w.bytes(key); w.bytes(r.expected); break;
+    case Op::WaitChanged:
+      w.u64(r.timeoutMs);
+      w.bytes(key);
+      w.bytes(r.expected);
+      break;
   }
   finishFrame(&out);
   return out;

@@ -221,8 +221,7 @@ struct ParseResult {
 // Decodes one request frame from the front of `data`. NeedMore while the header or the payload
 // is incomplete -- but a header that breaks a limit is Bad as soon as its 12 bytes are in. Never
 // allocates more than the bytes present justify.
-ParseResult parseRequest(const uint8_t* data, size_t size, const StoreLimits& limits,
-                         Request* out);
+ParseResult parseRequest(const uint8_t* data, size_t size, const StoreLimits& limits, Request* out);
 
 // Reads payload fields with bounds checks; the client decodes responses with it.
 class Reader {

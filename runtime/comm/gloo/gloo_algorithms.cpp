@@ -7,8 +7,8 @@
 #include <gloo/allreduce.h>
 #include <gloo/barrier.h>
 #include <gloo/broadcast.h>
-#include <gloo/transport/unbound_buffer.h>
 #include <gloo/common/error.h>
+#include <gloo/transport/unbound_buffer.h>
 #include <gloo/types.h>
 
 #include <fmt/format.h>

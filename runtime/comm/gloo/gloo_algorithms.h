@@ -40,7 +40,8 @@ struct GlooCall {
 class GlooWaitTimeout : public std::runtime_error {
  public:
   GlooWaitTimeout(std::string action, std::vector<int> ranks)
-      : std::runtime_error("timed out " + action), action(std::move(action)),
+      : std::runtime_error("timed out " + action),
+        action(std::move(action)),
         ranks(std::move(ranks)) {}
   std::string action;  // "waiting for data from", "sending to"
   std::vector<int> ranks;

@@ -17,9 +17,9 @@
 namespace dtrain::comm {
 
 GlooCommunicator::GlooCommunicator(const GlooOptions& o)
-    : QueuedCommunicator(o.rank, o.size, o.name, o.store,
-                         timeoutOrDefault(o.timeout, kDefaultCollectiveTimeout,
-                                          "GlooOptions::timeout")),
+    : QueuedCommunicator(
+          o.rank, o.size, o.name, o.store,
+          timeoutOrDefault(o.timeout, kDefaultCollectiveTimeout, "GlooOptions::timeout")),
       options_(o),
       smallAllreduceBytes_(o.smallAllreduceBytes),
       ringSegmentBytes_(o.ringSegmentBytes),
@@ -29,11 +29,11 @@ GlooCommunicator::GlooCommunicator(const GlooOptions& o)
   DTRAIN_CHECK_ARG(rank_ >= 0 && rank_ < size_, "Gloo: rank {} is outside 0..{}", rank_, size_ - 1);
   DTRAIN_CHECK_ARG(store_ != nullptr, "Gloo: rank {}/{}: no store to rendezvous through", rank_,
                    size_);
-  const Millis connectTimeout =
-      timeoutOrDefault(o.connectTimeout, kDefaultConnectTimeout, "GlooOptions::connectTimeout");
+  const Millis connectTimeout = timeoutOrDefault(o.connectTimeout, kDefaultConnectTimeout,
+                                                 "GlooOptions::connectTimeout");
   faults_ = CollectiveFaults::forThisThread(rank_);
-  checkCollectives_ =
-      agreeOnCollectiveCheck(o.checkCollectives, o.checkCollectivesFromEnv, connectTimeout);
+  checkCollectives_ = agreeOnCollectiveCheck(o.checkCollectives, o.checkCollectivesFromEnv,
+                                             connectTimeout);
 
   const char* envIface = std::getenv("GLOO_SOCKET_IFNAME");
   std::string iface = o.interface;
@@ -74,12 +74,13 @@ std::string GlooCommunicator::shutDownMessage() const {
 std::shared_ptr<Work> GlooCommunicator::submit(CollectiveInfo info, const CallOptions& options,
                                                GlooBody body) {
   const bool check = (checkCollectives_ || options.check) && size_ > 1;
-  return queueCollective(std::move(info), options, [this, check, body = std::move(body)](
-                                                       const CollectiveInfo& i, Millis timeout) {
-    GlooCall call{mesh_ ? mesh_->contextPtr() : nullptr, i.tag(), timeout};
-    if (check) checkCollectiveOnCommThread(i, call);
-    body(call, i);
-  });
+  return queueCollective(
+      std::move(info), options,
+      [this, check, body = std::move(body)](const CollectiveInfo& i, Millis timeout) {
+        GlooCall call{mesh_ ? mesh_->contextPtr() : nullptr, i.tag(), timeout};
+        if (check) checkCollectiveOnCommThread(i, call);
+        body(call, i);
+      });
 }
 
 void GlooCommunicator::checkCollectiveOnCommThread(const CollectiveInfo& info,
@@ -106,49 +107,49 @@ std::shared_ptr<Work> GlooCommunicator::allreduceAsync(void* data, size_t count,
   DTRAIN_CHECK_ARG(data != nullptr || count == 0, "{}: allreduce of a null buffer", who());
   const ReduceFn reduce = reduceFunction(dtype, op);
   CollectiveInfo info = CollectiveInfo::allreduce(dtype, count, op);
-  return submit(std::move(info), options, [this, data, reduce](const GlooCall& call,
-                                                                const CollectiveInfo& i) {
-    if (i.count == 0 || size_ == 1) return;
-    const size_t bytes = i.count * elementSize(i.dtype);
-    if (bytes <= smallAllreduceBytes_ || (size_ == 2 && twoRankExchange_)) {
-      allreduceDirect(call, data, i.count, elementSize(i.dtype), reduce, scratch_,
-                      directChunkBytes_);
-    } else {
-      allreduceRing(call, data, i.count, elementSize(i.dtype), reduce, ringSegmentBytes_);
-    }
-    finishAverage(data, i.count, i.dtype, i.op, size_);
-  });
+  return submit(std::move(info), options,
+                [this, data, reduce](const GlooCall& call, const CollectiveInfo& i) {
+                  if (i.count == 0 || size_ == 1) return;
+                  const size_t bytes = i.count * elementSize(i.dtype);
+                  if (bytes <= smallAllreduceBytes_ || (size_ == 2 && twoRankExchange_)) {
+                    allreduceDirect(call, data, i.count, elementSize(i.dtype), reduce, scratch_,
+                                    directChunkBytes_);
+                  } else {
+                    allreduceRing(call, data, i.count, elementSize(i.dtype), reduce,
+                                  ringSegmentBytes_);
+                  }
+                  finishAverage(data, i.count, i.dtype, i.op, size_);
+                });
 }
 
 std::shared_ptr<Work> GlooCommunicator::broadcastAsync(void* data, size_t count, DataType dtype,
                                                        int root, const CallOptions& options) {
-  DTRAIN_CHECK_ARG(root >= 0 && root < size_, "{}: broadcast root {} is outside 0..{}", who(),
-                   root, size_ - 1);
+  DTRAIN_CHECK_ARG(root >= 0 && root < size_, "{}: broadcast root {} is outside 0..{}", who(), root,
+                   size_ - 1);
   DTRAIN_CHECK_ARG(data != nullptr || count == 0, "{}: broadcast of a null buffer", who());
   CollectiveInfo info = CollectiveInfo::broadcast(dtype, count, root);
-  return submit(std::move(info), options, [this, data](const GlooCall& call,
-                                                       const CollectiveInfo& i) {
-    if (i.count == 0 || size_ == 1) return;
-    broadcastGloo(call, data, i.count * elementSize(i.dtype), i.root);
-  });
+  return submit(std::move(info), options,
+                [this, data](const GlooCall& call, const CollectiveInfo& i) {
+                  if (i.count == 0 || size_ == 1) return;
+                  broadcastGloo(call, data, i.count * elementSize(i.dtype), i.root);
+                });
 }
 
 std::shared_ptr<Work> GlooCommunicator::allgatherAsync(const void* send, void* recv, size_t count,
-                                                       DataType dtype,
-                                                       const CallOptions& options) {
+                                                       DataType dtype, const CallOptions& options) {
   DTRAIN_CHECK_ARG((send != nullptr && recv != nullptr) || count == 0,
                    "{}: allgather of a null buffer", who());
   CollectiveInfo info = CollectiveInfo::allgather(dtype, count);
-  return submit(std::move(info), options, [this, send, recv](const GlooCall& call,
-                                                             const CollectiveInfo& i) {
-    const size_t bytes = i.count * elementSize(i.dtype);
-    if (bytes == 0) return;
-    if (size_ == 1) {
-      if (send != recv) std::memmove(recv, send, bytes);
-      return;
-    }
-    allgatherGloo(call, send, recv, bytes);
-  });
+  return submit(std::move(info), options,
+                [this, send, recv](const GlooCall& call, const CollectiveInfo& i) {
+                  const size_t bytes = i.count * elementSize(i.dtype);
+                  if (bytes == 0) return;
+                  if (size_ == 1) {
+                    if (send != recv) std::memmove(recv, send, bytes);
+                    return;
+                  }
+                  allgatherGloo(call, send, recv, bytes);
+                });
 }
 
 std::shared_ptr<Work> GlooCommunicator::reduceScatterAsync(const void* send, void* recv,
@@ -159,17 +160,18 @@ std::shared_ptr<Work> GlooCommunicator::reduceScatterAsync(const void* send, voi
                    "{}: reduceScatter of a null buffer", who());
   const ReduceFn reduce = reduceFunction(dtype, op);
   CollectiveInfo info = CollectiveInfo::reduceScatter(dtype, count, op);
-  return submit(std::move(info), options, [this, send, recv, reduce](const GlooCall& call,
-                                                                     const CollectiveInfo& i) {
-    if (i.count == 0) return;
-    if (size_ == 1) {
-      if (send != recv) std::memmove(recv, send, i.count * elementSize(i.dtype));
-      finishAverage(recv, i.count, i.dtype, i.op, size_);
-      return;
-    }
-    reduceScatterDirect(call, send, recv, i.count, elementSize(i.dtype), reduce, scratch_);
-    finishAverage(recv, i.count, i.dtype, i.op, size_);
-  });
+  return submit(std::move(info), options,
+                [this, send, recv, reduce](const GlooCall& call, const CollectiveInfo& i) {
+                  if (i.count == 0) return;
+                  if (size_ == 1) {
+                    if (send != recv) std::memmove(recv, send, i.count * elementSize(i.dtype));
+                    finishAverage(recv, i.count, i.dtype, i.op, size_);
+                    return;
+                  }
+                  reduceScatterDirect(call, send, recv, i.count, elementSize(i.dtype), reduce,
+                                      scratch_);
+                  finishAverage(recv, i.count, i.dtype, i.op, size_);
+                });
 }
 
 std::shared_ptr<Work> GlooCommunicator::barrierAsync(const CallOptions& options) {

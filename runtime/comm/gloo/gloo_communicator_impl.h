@@ -66,8 +66,8 @@ class GlooCommunicator final : public QueuedCommunicator {
   const size_t ringSegmentBytes_;
   const size_t directChunkBytes_;
   const bool twoRankExchange_;
-  bool checkCollectives_ = false;    // agreed at construction (rank 0's value)
-  std::string address_;              // the address this rank binds
+  bool checkCollectives_ = false;  // agreed at construction (rank 0's value)
+  std::string address_;            // the address this rank binds
 
   std::unique_ptr<GlooMesh> mesh_;  // comm thread only, except abort() in shutdown()
   Scratch scratch_;                 // comm thread only

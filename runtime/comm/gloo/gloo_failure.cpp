@@ -39,7 +39,8 @@ std::string GlooCommunicator::explainOnCommThread(std::exception_ptr cause, Mill
   } catch (const GlooWaitTimeout& e) {
     timedOut = true;
     std::vector<std::string> peers;
-    for (int r : e.ranks) peers.push_back(mesh_ ? mesh_->describePeer(r) : fmt::format("rank {}", r));
+    for (int r : e.ranks)
+      peers.push_back(mesh_ ? mesh_->describePeer(r) : fmt::format("rank {}", r));
     return fmt::format("timed out after {} ms {} {}", timeout.count(), e.action,
                        fmt::join(peers, ", "));
   } catch (const std::exception& e) {
@@ -52,7 +53,8 @@ std::string GlooCommunicator::explainOnCommThread(std::exception_ptr cause, Mill
     }
     if (contains(text, "closed by peer") || contains(text, "Socket closed")) {
       return fmt::format("connection closed by {}: that process exited, crashed, or its "
-                         "communicator failed or shut down", from);
+                         "communicator failed or shut down",
+                         from);
     }
     if (contains(text, "reset by peer") || contains(text, "Broken pipe")) {
       return fmt::format("connection reset by {}: that process died or aborted its communicator",

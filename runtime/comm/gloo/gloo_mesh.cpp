@@ -96,8 +96,8 @@ GlooMesh::GlooMesh(const Options& o) : rank_(o.rank), size_(o.size), address_(o.
   } catch (const dtrain::Error&) {
     throw;
   } catch (const std::exception& e) {
-    DTRAIN_THROW(NetworkError, "rank {}/{}: Gloo could not connect to its peers from {}: {}",
-                 rank_, size_, o.bind.address, e.what());
+    DTRAIN_THROW(NetworkError, "rank {}/{}: Gloo could not connect to its peers from {}: {}", rank_,
+                 size_, o.bind.address, e.what());
   }
   context->setTimeout(o.timeout);
   context_ = context;

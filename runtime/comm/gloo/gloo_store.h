@@ -17,12 +17,14 @@ namespace dtrain::comm {
 class GlooStore : public gloo::rendezvous::Store {
  public:
   // `waitTimeout`: deadline of waits that Gloo issues without one.
-  GlooStore(std::shared_ptr<store::Store> store, std::string prefix, std::chrono::milliseconds waitTimeout);
+  GlooStore(std::shared_ptr<store::Store> store, std::string prefix,
+            std::chrono::milliseconds waitTimeout);
 
   void set(const std::string& key, const std::vector<char>& data) override;
   std::vector<char> get(const std::string& key) override;
   void wait(const std::vector<std::string>& keys) override;
-  void wait(const std::vector<std::string>& keys, const std::chrono::milliseconds& timeout) override;
+  void wait(const std::vector<std::string>& keys,
+            const std::chrono::milliseconds& timeout) override;
 
  private:
   std::string join(const std::string& key) const { return prefix_ + "/" + key; }

@@ -41,8 +41,8 @@ bool primaryContextActive(int device) noexcept {
   using DeviceGet = int (*)(int*, int);
   using PrimaryCtxGetState = int (*)(int, unsigned int*, int*);
   static const auto deviceGet = reinterpret_cast<DeviceGet>(driverFunction("cuDeviceGet"));
-  static const auto getState =
-      reinterpret_cast<PrimaryCtxGetState>(driverFunction("cuDevicePrimaryCtxGetState"));
+  static const auto getState = reinterpret_cast<PrimaryCtxGetState>(
+      driverFunction("cuDevicePrimaryCtxGetState"));
   if (deviceGet == nullptr || getState == nullptr) return false;
   int handle = 0;
   unsigned int flags = 0;

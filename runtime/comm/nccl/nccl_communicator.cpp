@@ -22,7 +22,8 @@ namespace {
 // Device memory from allocate(): freed on the communicator's device when released.
 class DeviceBuffer final : public Buffer {
  public:
-  DeviceBuffer(void* data, size_t bytes, int device) : data_(data), bytes_(bytes), device_(device) {}
+  DeviceBuffer(void* data, size_t bytes, int device)
+      : data_(data), bytes_(bytes), device_(device) {}
   ~DeviceBuffer() override {
     try {
       DeviceGuard guard(device_);  // Note [Device guards and GPU 0]
@@ -54,9 +55,9 @@ class DeviceBuffer final : public Buffer {
 // cleanup; Note [Aborting under the issue lock]), and every later call rethrows it.
 
 NcclCommunicator::NcclCommunicator(const NcclOptions& o)
-    : CommunicatorBase(o.rank, o.size, o.name, o.store,
-                       timeoutOrDefault(o.timeout, kDefaultCollectiveTimeout,
-                                        "NcclOptions::timeout")),
+    : CommunicatorBase(
+          o.rank, o.size, o.name, o.store,
+          timeoutOrDefault(o.timeout, kDefaultCollectiveTimeout, "NcclOptions::timeout")),
       device_(o.device),
       watchdogInterval_(o.watchdogInterval),
       blockingWait_(o.blockingWait) {
@@ -71,13 +72,14 @@ NcclCommunicator::NcclCommunicator(const NcclOptions& o)
   }
   DTRAIN_CHECK_ARG(size_ >= 1 && rank_ >= 0 && rank_ < size_, "NCCL: rank {} / world size {}",
                    rank_, size_);
-  DTRAIN_CHECK_ARG(store_ != nullptr, "NCCL: {}: no store to share the ncclUniqueId through", who());
-  const Millis connectTimeout =
-      timeoutOrDefault(o.connectTimeout, kDefaultConnectTimeout, "NcclOptions::connectTimeout");
+  DTRAIN_CHECK_ARG(store_ != nullptr, "NCCL: {}: no store to share the ncclUniqueId through",
+                   who());
+  const Millis connectTimeout = timeoutOrDefault(o.connectTimeout, kDefaultConnectTimeout,
+                                                 "NcclOptions::connectTimeout");
   validateNcclEnvironment();
   faults_ = CollectiveFaults::forThisThread(rank_);
-  checkCollectives_ =
-      agreeOnCollectiveCheck(o.checkCollectives, o.checkCollectivesFromEnv, connectTimeout);
+  checkCollectives_ = agreeOnCollectiveCheck(o.checkCollectives, o.checkCollectivesFromEnv,
+                                             connectTimeout);
 
   const int devices = cudaDeviceCount();
   DTRAIN_CHECK_ARG(device_ >= 0 && device_ < devices,
@@ -99,13 +101,16 @@ NcclCommunicator::NcclCommunicator(const NcclOptions& o)
     try {
       store_->wait({idKey}, connectTimeout);
     } catch (const TimeoutError& e) {
-      DTRAIN_THROW(TimeoutError, "NCCL: {}: rank 0 did not publish the ncclUniqueId within {} ms "
-                   "({}). HINT: rank 0 must call init() too", who(), connectTimeout.count(),
-                   e.what());
+      DTRAIN_THROW(TimeoutError,
+                   "NCCL: {}: rank 0 did not publish the ncclUniqueId within {} ms "
+                   "({}). HINT: rank 0 must call init() too",
+                   who(), connectTimeout.count(), e.what());
     }
     store::Bytes bytes = store_->get(idKey);
-    DTRAIN_CHECK(bytes.size() == sizeof(id), "NCCL: {}: the ncclUniqueId in the store has {} bytes, "
-                 "expected {}", who(), bytes.size(), sizeof(id));
+    DTRAIN_CHECK(bytes.size() == sizeof(id),
+                 "NCCL: {}: the ncclUniqueId in the store has {} bytes, "
+                 "expected {}",
+                 who(), bytes.size(), sizeof(id));
     std::memcpy(&id, bytes.data(), sizeof(id));
   }
   checkNccl(ncclCommInitRank(&comm_, size_, id, rank_), nullptr, who(),
@@ -322,7 +327,7 @@ void NcclCommunicator::failOnWatchdog(std::exception_ptr error) {
 // "rank 3 did not report" to its error. That is how a skipped collective or a wrong-sized buffer
 // (which NCCL cannot see: it just waits) is told apart from a dead or frozen rank.
 std::exception_ptr NcclCommunicator::withReports(std::exception_ptr error,
-                                                  const CollectiveInfo* at) {
+                                                 const CollectiveInfo* at) {
   if (size_ == 1) return error;
   std::string text;
   bool timedOut = false;
@@ -359,12 +364,15 @@ void NcclCommunicator::abortOnWatchdog() {
   // for good, and the heartbeat monitor ends the process (Note [Watchdog heartbeat]).
   beat("waiting for a caller inside NCCL to return before ncclCommAbort");
   while (!issue.try_lock_for(std::chrono::seconds(5))) {
-    DTRAIN_LOG(Warn, "nccl {}: the communicator failed, but a caller has been inside NCCL for {} "
-               "s (issuing seq {}); waiting for it to return before ncclCommAbort, which NCCL "
-               "allows no other thread to call meanwhile",
-               who(), std::chrono::duration_cast<std::chrono::seconds>(
-                          std::chrono::steady_clock::now() - start).count(),
-               nextSeq_.load() - 1);
+    DTRAIN_LOG(
+        Warn,
+        "nccl {}: the communicator failed, but a caller has been inside NCCL for {} "
+        "s (issuing seq {}); waiting for it to return before ncclCommAbort, which NCCL "
+        "allows no other thread to call meanwhile",
+        who(),
+        std::chrono::duration_cast<std::chrono::seconds>(std::chrono::steady_clock::now() - start)
+            .count(),
+        nextSeq_.load() - 1);
   }
   beat("ncclCommAbort");
   if (comm_ != nullptr) ncclCommAbort(comm_);
@@ -396,8 +404,7 @@ std::shared_ptr<Work> NcclCommunicator::broadcastAsync(void* data, size_t count,
 }
 
 std::shared_ptr<Work> NcclCommunicator::allgatherAsync(const void* send, void* recv, size_t count,
-                                                       DataType dtype,
-                                                       const CallOptions& options) {
+                                                       DataType dtype, const CallOptions& options) {
   const ncclDataType_t t = toNcclDataType(dtype);
   CollectiveInfo info = CollectiveInfo::allgather(dtype, count);
   return submit(std::move(info), options, false,

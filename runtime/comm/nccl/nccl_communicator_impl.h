@@ -28,9 +28,8 @@ class NcclCommunicator;
 // One enqueued collective: its end event on the communicator's stream.
 class NcclWork final : public Work {
  public:
-  NcclWork(std::weak_ptr<NcclCommunicator> owner, std::string who, int device,
-           CollectiveInfo info, cudaEvent_t done, cudaStream_t caller,
-           std::chrono::steady_clock::time_point deadline,
+  NcclWork(std::weak_ptr<NcclCommunicator> owner, std::string who, int device, CollectiveInfo info,
+           cudaEvent_t done, cudaStream_t caller, std::chrono::steady_clock::time_point deadline,
            std::chrono::steady_clock::time_point waitLimit, bool blocking);
   ~NcclWork() override;
 

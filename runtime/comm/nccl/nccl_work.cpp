@@ -42,9 +42,10 @@ bool NcclWork::pollOnWatchdog() {
     return true;
   }
   if (rc != cudaErrorNotReady) {
-    fail(std::make_exception_ptr(Error(fmt::format("nccl {}: {}: CUDA error {} while waiting for "
-                                                   "the collective", who_, info_.describeWithSeq(),
-                                                   cudaGetErrorString(rc)))));
+    fail(std::make_exception_ptr(
+        Error(fmt::format("nccl {}: {}: CUDA error {} while waiting for "
+                          "the collective",
+                          who_, info_.describeWithSeq(), cudaGetErrorString(rc)))));
     return true;
   }
   return false;
@@ -90,13 +91,15 @@ void NcclWork::waitOnStream(void* stream, Millis timeout) {
   while (cudaEventQuery(done_) == cudaErrorNotReady) {
     if (auto error = errorNow()) std::rethrow_exception(error);
     if (std::chrono::steady_clock::now() > limit) {
-      DTRAIN_THROW(TimeoutError, "nccl {}: {}: not completed after {} ms of wait(){} (the "
-                   "collective keeps running; the watchdog aborts it at its timeout)",
-                   who_, info_.describeWithSeq(),
-                   std::chrono::duration_cast<Millis>(std::chrono::steady_clock::now() - start)
-                       .count(),
-                   timeout > Millis::zero() ? "" : ", past its default deadline: the watchdog "
-                                                   "did not fail it in time");
+      DTRAIN_THROW(
+          TimeoutError,
+          "nccl {}: {}: not completed after {} ms of wait(){} (the "
+          "collective keeps running; the watchdog aborts it at its timeout)",
+          who_, info_.describeWithSeq(),
+          std::chrono::duration_cast<Millis>(std::chrono::steady_clock::now() - start).count(),
+          timeout > Millis::zero() ? ""
+                                   : ", past its default deadline: the watchdog "
+                                     "did not fail it in time");
     }
     std::this_thread::sleep_for(std::chrono::microseconds(50));
   }

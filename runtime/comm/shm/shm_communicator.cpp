@@ -35,9 +35,9 @@ std::string firstLine(const std::string& text) { return text.substr(0, text.find
 }  // namespace
 
 ShmCommunicator::ShmCommunicator(Config c)
-    : QueuedCommunicator(c.topology.rank, c.topology.size, c.name, c.store,
-                         timeoutOrDefault(c.timeout, kDefaultCollectiveTimeout,
-                                          "ShmOptions::timeout")),
+    : QueuedCommunicator(
+          c.topology.rank, c.topology.size, c.name, c.store,
+          timeoutOrDefault(c.timeout, kDefaultCollectiveTimeout, "ShmOptions::timeout")),
       topo_(std::move(c.topology)),
       shmOptions_(c.shm),
       storeHost_(c.storeHost),
@@ -87,12 +87,12 @@ ShmCommunicator::ShmCommunicator(Config c)
   engine_ = std::make_unique<shm::Engine>(segment_, eo);
   arena_ = shm::Arena::create(segment_);
   spill_ = HostBufferPool::create();
-  DTRAIN_LOG(Info, "{}: shared memory with {} rank{} of this node{}; {} MiB staging, kernels {}, "
+  DTRAIN_LOG(Info,
+             "{}: shared memory with {} rank{} of this node{}; {} MiB staging, kernels {}, "
              "huge pages {}; collective timeout {} ms",
              describe(), o.size, o.size > 1 ? "s" : "",
              cross_ ? fmt::format(", Gloo across {} nodes", topo_.nodes) : std::string(),
-             (2 * segment_->slotBytes() * o.size) >> 20,
-             shm::vectorKernels() ? "AVX2" : "portable",
+             (2 * segment_->slotBytes() * o.size) >> 20, shm::vectorKernels() ? "AVX2" : "portable",
              segment_->hugePages() ? "advised" : "not allowed for shared memory here",
              timeout_.count());
   // Only the cross-node Gloo steps write to sockets; shared memory alone cannot raise SIGPIPE.
@@ -111,18 +111,19 @@ std::string ShmCommunicator::describe() const {
 
 std::string ShmCommunicator::shutDownMessage() const {
   return fmt::format("{}: the shared-memory communicator was shut down; no collectives after "
-                     "shutdown()", who());
+                     "shutdown()",
+                     who());
 }
 
 std::shared_ptr<Work> ShmCommunicator::submit(CollectiveInfo info, const CallOptions& options,
                                               ShmBody body) {
   const bool synchronous = options.synchronous;
-  return queueCollective(std::move(info), options,
-                         [this, synchronous, body = std::move(body)](const CollectiveInfo& i,
-                                                                     Millis timeout) {
-                           engine_->setSpin(synchronous ? spin_ : asyncSpin_);
-                           body(i, shm::Clock::now() + timeout);
-                         });
+  return queueCollective(
+      std::move(info), options,
+      [this, synchronous, body = std::move(body)](const CollectiveInfo& i, Millis timeout) {
+        engine_->setSpin(synchronous ? spin_ : asyncSpin_);
+        body(i, shm::Clock::now() + timeout);
+      });
 }
 
 void ShmCommunicator::failOnCommThread(const CollectiveInfo& info, Millis timeout,
@@ -245,8 +246,7 @@ std::shared_ptr<Work> ShmCommunicator::allgatherAsync(const void* send, void* re
 }
 
 std::shared_ptr<Work> ShmCommunicator::reduceScatterAsync(const void* send, void* recv,
-                                                          size_t count, DataType dtype,
-                                                          ReduceOp op,
+                                                          size_t count, DataType dtype, ReduceOp op,
                                                           const CallOptions& options) {
   DTRAIN_CHECK_ARG((send != nullptr && recv != nullptr) || count == 0,
                    "{}: reduceScatter of a null buffer", who());
@@ -275,7 +275,8 @@ std::shared_ptr<Work> ShmCommunicator::barrierAsync(const CallOptions& options) 
 std::shared_ptr<Buffer> ShmCommunicator::allocate(size_t bytes) {
   if (auto buffer = arena_->allocate(bytes)) return buffer;
   if (!warnedSpill_.exchange(true)) {
-    DTRAIN_LOG(Warn, "{}: the shared-memory arena ({} MiB reserved, {} MiB in use) has no room "
+    DTRAIN_LOG(Warn,
+               "{}: the shared-memory arena ({} MiB reserved, {} MiB in use) has no room "
                "for {} more bytes; such buffers live in private memory and their collectives "
                "copy through the staging slots. HINT: raise ShmOptions::arenaBytes",
                who(), segment_->arenaBytes() >> 20, arena_->inUseBytes() >> 20, bytes);

@@ -37,17 +37,19 @@ struct ShmTopology {
 
   // Requires map.uniform().
   static ShmTopology of(const NodeMap& map, int rank);
-  int rankOf(int node, int local) const { return rankAt[static_cast<size_t>(node * locals + local)]; }
+  int rankOf(int node, int local) const {
+    return rankAt[static_cast<size_t>(node * locals + local)];
+  }
 };
 
 class ShmCommunicator final : public QueuedCommunicator {
  public:
   struct Config {
-    ShmOptions shm;                        // the in-node part (rank and size within the node)
-    ShmTopology topology;                  // nodes == 1: shared memory only
-    std::shared_ptr<Communicator> cross;   // across nodes; null when nodes == 1
-    std::string crossName;                 // its store prefix
-    std::string name;                      // this communicator's store keys (groups)
+    ShmOptions shm;                       // the in-node part (rank and size within the node)
+    ShmTopology topology;                 // nodes == 1: shared memory only
+    std::shared_ptr<Communicator> cross;  // across nodes; null when nodes == 1
+    std::string crossName;                // its store prefix
+    std::string name;                     // this communicator's store keys (groups)
     std::shared_ptr<store::Store> store;
     std::string storeHost;
     Millis timeout = kDefaultCollectiveTimeout;
@@ -129,13 +131,13 @@ class ShmCommunicator final : public QueuedCommunicator {
   std::chrono::microseconds asyncSpin_{0};  // calls run while the caller goes on
 
   std::shared_ptr<shm::Segment> segment_;
-  std::unique_ptr<shm::Engine> engine_;   // executor only
+  std::unique_ptr<shm::Engine> engine_;  // executor only
   std::shared_ptr<shm::Arena> arena_;
   std::shared_ptr<HostBufferPool> spill_;  // allocate() beyond the arena
   std::shared_ptr<Communicator> cross_;
   const std::string crossName_;
-  std::shared_ptr<Buffer> scratch_[2];     // executor only
-  uint64_t localSeq_ = 0;                  // executor only: in-node collectives (hierarchical)
+  std::shared_ptr<Buffer> scratch_[2];  // executor only
+  uint64_t localSeq_ = 0;               // executor only: in-node collectives (hierarchical)
   std::atomic<bool> warnedSpill_{false};
 };
 

@@ -90,9 +90,7 @@ namespace dtrain::comm::shm {
 
 namespace {
 
-bool reached(uint32_t value, uint32_t target) {
-  return static_cast<int32_t>(value - target) >= 0;
-}
+bool reached(uint32_t value, uint32_t target) { return static_cast<int32_t>(value - target) >= 0; }
 
 std::vector<PeerWatch::Peer> peersOf(const Segment& s) {
   std::vector<PeerWatch::Peer> peers(static_cast<size_t>(s.size()));
@@ -309,9 +307,10 @@ void Engine::checkPeers(int waitingFor, const char* what) {
     RankControl& c = segment_->control(r);
     const uint32_t state = c.aborted.load(std::memory_order_acquire);
     if (state == 0) continue;
-    const std::string waiting =
-        r == waitingFor ? "" : fmt::format(" (this rank was waiting for rank {} {})",
-                                           nameOf(waitingFor), what);
+    const std::string waiting = r == waitingFor
+                                    ? ""
+                                    : fmt::format(" (this rank was waiting for rank {} {})",
+                                                  nameOf(waitingFor), what);
     if (state == kClosed) {
       DTRAIN_THROW(NetworkError, "{} shut down its communicator{}{}", describePeer(r),
                    r == waitingFor ? fmt::format(" while this rank waited for it {}", what) : "",
@@ -324,7 +323,8 @@ void Engine::checkPeers(int waitingFor, const char* what) {
   }
   const int dead = peers_.firstDead();
   if (dead >= 0) {
-    DTRAIN_THROW(NetworkError, "{} exited while this rank waited for {} {}: the process died or "
+    DTRAIN_THROW(NetworkError,
+                 "{} exited while this rank waited for {} {}: the process died or "
                  "ended without finishing this collective",
                  describePeer(dead),
                  dead == waitingFor ? "it" : fmt::format("rank {}", nameOf(waitingFor)), what);
@@ -334,7 +334,8 @@ void Engine::checkPeers(int waitingFor, const char* what) {
 void Engine::failWaiting(int peer, uint32_t target, Clock::time_point deadline, const char* what) {
   (void)target;
   (void)deadline;
-  DTRAIN_THROW(TimeoutError, "timed out waiting for {} {} ({}; the process is alive: frozen, "
+  DTRAIN_THROW(TimeoutError,
+               "timed out waiting for {} {} ({}; the process is alive: frozen, "
                "stopped, or busy outside the communicator)",
                describePeer(peer), what, whereIs(peer));
 }
@@ -350,14 +351,16 @@ void Engine::checkDescriptors(const CollectiveInfo& info, int onlyPeer) {
     const Descriptor& d = descriptorOf(j, info.seq);
     if (d.what.seq == info.seq) {
       if (d.what.sameCollective(mine)) continue;
-      DTRAIN_THROW(InvalidArgument, "collective check failed: this rank calls {}; rank {} calls "
+      DTRAIN_THROW(InvalidArgument,
+                   "collective check failed: this rank calls {}; rank {} calls "
                    "{}. HINT: every rank must issue the same collectives, in the same order, "
                    "with the same types and sizes",
                    info.describeWithSeq(), nameOf(j), d.what.toInfo().describeWithSeq());
     }
     const uint64_t theirs = segment_->control(j).seq.load(std::memory_order_acquire);
     const std::string what = descriptorOf(j, theirs).what.toInfo().describe();
-    DTRAIN_THROW(Error, "rank {} is {} at seq {} ({}; this rank is at seq {}). HINT: a rank "
+    DTRAIN_THROW(Error,
+                 "rank {} is {} at seq {} ({}; this rank is at seq {}). HINT: a rank "
                  "skipped a collective or issued one more; every rank must issue the same "
                  "collectives in the same order",
                  nameOf(j), theirs > info.seq ? "ahead" : "behind", theirs, what, info.seq);
@@ -533,7 +536,7 @@ void Engine::allgather(const CollectiveInfo& info, const void* send, void* recv,
     const int slot = static_cast<int>(step_ % 2);
     for (int j = 0; j < size_; ++j) {
       char* dst = out + (static_cast<size_t>(j) * count + done) * elem;
-      const char* from = j == rank_ ? in + done * elem
+      const char* from = j == rank_     ? in + done * elem
                          : src[j].owned ? src[j].base + done * elem
                                         : segment_->slot(j, slot);
       if (dst != from) std::memcpy(dst, from, m * elem);

@@ -71,7 +71,9 @@ class Engine {
   void close();
   // "rank 1 (pid 4242)", with the rank as messages name it.
   std::string describePeer(int rank) const;
-  int nameOf(int rank) const { return options_.rankNames.empty() ? rank : options_.rankNames[rank]; }
+  int nameOf(int rank) const {
+    return options_.rankNames.empty() ? rank : options_.rankNames[rank];
+  }
 
  private:
   struct Source;  // where a rank's input of this collective lies
@@ -123,12 +125,12 @@ class Engine {
   int size_;
   RankControl& me_;
   PeerWatch peers_;
-  uint32_t phase_ = 0;          // this rank's progress word, mirrored
-  uint64_t step_ = 0;           // steps that used a staging slot, over all collectives
+  uint32_t phase_ = 0;            // this rank's progress word, mirrored
+  uint64_t step_ = 0;             // steps that used a staging slot, over all collectives
   uint32_t entries_[2] = {0, 0};  // progress after the entry of the last two steps, by step % 2
-  uint64_t seq_ = 0;            // the collective being run (for messages)
-  double spinBudgetUs_ = 50;    // Note [Waiting]: adapted between kMinSpinUs and options_.spin
-  int sharedCoreWaits_ = 0;     // Note [Moving off a shared core]
+  uint64_t seq_ = 0;              // the collective being run (for messages)
+  double spinBudgetUs_ = 50;      // Note [Waiting]: adapted between kMinSpinUs and options_.spin
+  int sharedCoreWaits_ = 0;       // Note [Moving off a shared core]
   const char* kindName_ = "";
 };
 

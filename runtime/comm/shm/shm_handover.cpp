@@ -141,8 +141,8 @@ bool sendHandover(int conn, int memfd, const std::vector<int>& pidfds) {
 std::string errnoText(int e) { return std::strerror(e); }
 
 int msLeft(HandoverClock::time_point deadline) {
-  auto left =
-      std::chrono::duration_cast<std::chrono::milliseconds>(deadline - HandoverClock::now());
+  auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline -
+                                                                    HandoverClock::now());
   return static_cast<int>(std::max<int64_t>(0, left.count()));
 }
 
@@ -188,7 +188,8 @@ std::vector<int> serveHandover(int listenFd, int memfd, int ownPidfd, int size,
         if (conns[r] < 0) missing.push_back(r);
       }
       fail([&] {
-        DTRAIN_THROW(TimeoutError, "{}: shared memory: rank{} {} did not ask for the segment "
+        DTRAIN_THROW(TimeoutError,
+                     "{}: shared memory: rank{} {} did not ask for the segment "
                      "within the connect timeout. HINT: every rank of the node must create the "
                      "communicator; DTRAIN_SHM=0 falls back to Gloo",
                      who, missing.size() > 1 ? "s" : "", fmt::join(missing, ", "));
@@ -200,19 +201,20 @@ std::vector<int> serveHandover(int listenFd, int memfd, int ownPidfd, int size,
     socklen_t len = sizeof(cred);
     Hello hello{-1, 0};
     std::vector<int> fds;
-    const bool ok =
-        ::getsockopt(conn, SOL_SOCKET, SO_PEERCRED, &cred, &len) == 0 &&
-        (cred.uid == ::geteuid() || ::geteuid() == 0) &&
-        receiveMessage(conn, &hello, sizeof(hello), &fds,
-                       std::min(deadline, Clock::now() + std::chrono::seconds(5))) &&
-        hello.rank > 0 && hello.rank < size && conns[hello.rank] < 0 &&
-        fds.size() == (hello.hasPidfd != 0 ? 1u : 0u);
+    const bool ok = ::getsockopt(conn, SOL_SOCKET, SO_PEERCRED, &cred, &len) == 0 &&
+                    (cred.uid == ::geteuid() || ::geteuid() == 0) &&
+                    receiveMessage(conn, &hello, sizeof(hello), &fds,
+                                   std::min(deadline, Clock::now() + std::chrono::seconds(5))) &&
+                    hello.rank > 0 && hello.rank < size && conns[hello.rank] < 0 &&
+                    fds.size() == (hello.hasPidfd != 0 ? 1u : 0u);
     if (!ok) {
       closeAll(fds);
       ::close(conn);
       // The pid is the peer's as this rank's PID namespace sees it (0: not visible from here).
-      DTRAIN_LOG(Warn, "{}: shared memory: refused a connection (pid {}, uid {}) that is not one "
-                 "of this job's ranks", who, cred.pid, cred.uid);
+      DTRAIN_LOG(Warn,
+                 "{}: shared memory: refused a connection (pid {}, uid {}) that is not one "
+                 "of this job's ranks",
+                 who, cred.pid, cred.uid);
       continue;
     }
     conns[hello.rank] = conn;
@@ -241,9 +243,11 @@ Handover receiveHandover(const std::string& socketName, int rank, int size, int 
   if (::connect(sock, reinterpret_cast<sockaddr*>(&addr), len) != 0) {
     const int e = errno;
     ::close(sock);
-    DTRAIN_THROW(Error, "{}: shared memory: cannot reach rank 0's segment socket: {}. HINT: "
+    DTRAIN_THROW(Error,
+                 "{}: shared memory: cannot reach rank 0's segment socket: {}. HINT: "
                  "the ranks of one node must share a network namespace to exchange the segment; "
-                 "DTRAIN_SHM=0 falls back to Gloo", who, errnoText(e));
+                 "DTRAIN_SHM=0 falls back to Gloo",
+                 who, errnoText(e));
   }
   Handover h;
   h.pidfds.assign(static_cast<size_t>(size), -1);
@@ -261,8 +265,8 @@ Handover receiveHandover(const std::string& socketName, int rank, int size, int 
   for (uint32_t first = 0; ok && first < static_cast<uint32_t>(size); first += kBatch) {
     Pidfds batch{};
     const size_t before = received.size();
-    ok = receiveMessage(sock, &batch, sizeof(batch), &received, deadline) &&
-         batch.first == first && batch.count == std::min(kBatch, size - first);
+    ok = receiveMessage(sock, &batch, sizeof(batch), &received, deadline) && batch.first == first &&
+         batch.count == std::min(kBatch, size - first);
     size_t next = before;
     for (uint32_t i = 0; ok && i < batch.count; ++i) {
       if (batch.has[i] == 0) continue;
@@ -273,8 +277,10 @@ Handover receiveHandover(const std::string& socketName, int rank, int size, int 
   }
   if (!ok) {
     cleanup();
-    DTRAIN_THROW(Error, "{}: shared memory: rank 0 did not hand over the segment (it failed, "
-                 "or timed out waiting for another rank of this node)", who);
+    DTRAIN_THROW(Error,
+                 "{}: shared memory: rank 0 did not hand over the segment (it failed, "
+                 "or timed out waiting for another rank of this node)",
+                 who);
   }
   ::close(sock);
   return h;

@@ -155,7 +155,8 @@ void ShmCommunicator::checkTuningAcrossNodes() {
   for (int n = 1; n < topo_.nodes; ++n) {
     const std::string diff = shm::tuningMismatch(all[0], topo_.rankOf(0, topo_.local), all[n],
                                                  topo_.rankOf(n, topo_.local));
-    DTRAIN_CHECK_ARG(diff.empty(), "{}: shared memory: the nodes were given different options: "
+    DTRAIN_CHECK_ARG(diff.empty(),
+                     "{}: shared memory: the nodes were given different options: "
                      "{}. HINT: every rank must pass the same ShmOptions (slotBytes, arenaBytes, "
                      "smallBytes, ownedChunkBytes): nodes that chunk differently would wait for "
                      "each other forever",
@@ -197,15 +198,15 @@ void ShmCommunicator::hierAllgather(const CollectiveInfo& i, const void* send, v
   const size_t block = i.count * elementSize(i.dtype);
   auto gathered = scratchOnCommThread(m * block, 0);
   auto within = scratchOnCommThread(l * m * block, 1);
-  across([&] {
-    cross_->allgather(send, gathered->data(), i.count, i.dtype, crossCall(deadline, i));
-  });
+  across(
+      [&] { cross_->allgather(send, gathered->data(), i.count, i.dtype, crossCall(deadline, i)); });
   engine_->allgather(local(i, m * i.count, i.op), gathered->data(), within->data(), deadline);
   const char* from = static_cast<const char*>(within->data());
   char* to = static_cast<char*>(recv);
   for (size_t li = 0; li < l; ++li) {
     for (size_t mi = 0; mi < m; ++mi) {
-      const size_t r = static_cast<size_t>(topo_.rankOf(static_cast<int>(mi), static_cast<int>(li)));
+      const size_t r = static_cast<size_t>(
+          topo_.rankOf(static_cast<int>(mi), static_cast<int>(li)));
       std::memcpy(to + r * block, from + (li * m + mi) * block, block);
     }
   }
@@ -221,7 +222,8 @@ void ShmCommunicator::hierReduceScatter(const CollectiveInfo& i, const void* sen
   char* to = static_cast<char*>(ordered->data());
   for (size_t li = 0; li < l; ++li) {
     for (size_t mi = 0; mi < m; ++mi) {
-      const size_t r = static_cast<size_t>(topo_.rankOf(static_cast<int>(mi), static_cast<int>(li)));
+      const size_t r = static_cast<size_t>(
+          topo_.rankOf(static_cast<int>(mi), static_cast<int>(li)));
       std::memcpy(to + (li * m + mi) * block, from + r * block, block);
     }
   }
@@ -273,8 +275,10 @@ std::shared_ptr<Communicator> createCpuCommunicatorFor(const CpuWorldOptions& o,
   const int nodes = map.nodes();
   if (o.size == 1 || nodes == o.size || !map.uniform()) {
     if (o.size > 1 && nodes < o.size) {
-      DTRAIN_LOG(Info, "rank {}/{}: {} nodes hold different numbers of ranks; using Gloo "
-                 "without shared memory", o.rank, o.size, nodes);
+      DTRAIN_LOG(Info,
+                 "rank {}/{}: {} nodes hold different numbers of ranks; using Gloo "
+                 "without shared memory",
+                 o.rank, o.size, nodes);
     }
     return createGlooCommunicator(glooFor(o));
   }
@@ -285,8 +289,8 @@ std::shared_ptr<Communicator> createCpuCommunicatorFor(const CpuWorldOptions& o,
   c.storeHost = o.storeHost;
   c.timeout = o.timeout;
   c.connectTimeout = o.connectTimeout;
-  c.shm = inNode(o, c.topology, nodes == 1 ? o.name : fmt::format("{}/node{}", o.name,
-                                                                   c.topology.node));
+  c.shm = inNode(o, c.topology,
+                 nodes == 1 ? o.name : fmt::format("{}/node{}", o.name, c.topology.node));
   if (nodes > 1) {
     // Every rank joins its cross group first, then its node's segment: the same order
     // everywhere, so no group waits for a rank that is stuck joining the other.

@@ -42,16 +42,22 @@ DTRAIN_INLINE T addWrap(T a, T b) {
 
 struct SumOp {
   template <typename A>
-  static DTRAIN_INLINE A apply(A a, A b) { return addWrap(a, b); }
+  static DTRAIN_INLINE A apply(A a, A b) {
+    return addWrap(a, b);
+  }
 };
 // NaN-propagating, like torch.maximum / torch.minimum.
 struct MaxOp {
   template <typename A>
-  static DTRAIN_INLINE A apply(A a, A b) { return (a != a || a > b) ? a : b; }
+  static DTRAIN_INLINE A apply(A a, A b) {
+    return (a != a || a > b) ? a : b;
+  }
 };
 struct MinOp {
   template <typename A>
-  static DTRAIN_INLINE A apply(A a, A b) { return (a != a || a < b) ? a : b; }
+  static DTRAIN_INLINE A apply(A a, A b) {
+    return (a != a || a < b) ? a : b;
+  }
 };
 
 // Element type T accumulated as A.
@@ -111,9 +117,9 @@ DTRAIN_AVX2 void halfToFloatAvx2(float* dst, const uint16_t* src, size_t m) {
 DTRAIN_AVX2 void floatToHalfAvx2(uint16_t* dst, const float* src, size_t m) {
   size_t i = 0;
   for (; i + 8 <= m; i += 8) {
-    _mm_storeu_si128(reinterpret_cast<__m128i*>(dst + i),
-                     _mm256_cvtps_ph(_mm256_loadu_ps(src + i),
-                                     _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+    _mm_storeu_si128(
+        reinterpret_cast<__m128i*>(dst + i),
+        _mm256_cvtps_ph(_mm256_loadu_ps(src + i), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
   }
   for (; i < m; ++i) dst[i] = floatToHalf(src[i]);
 }
@@ -207,12 +213,18 @@ DTRAIN_INLINE void reduceTyped(void* out, const void* const* in, int n, size_t c
 template <bool Avx, typename Op, bool Avg>
 DTRAIN_INLINE void reduceOp(void* out, const void* const* in, int n, size_t count, DataType dtype) {
   switch (dtype) {
-    case DataType::Float32: return reduceTyped<Avx, Native<float>, Op, Avg, float>(out, in, n, count);
-    case DataType::Float64: return reduceTyped<Avx, Native<double>, Op, Avg, double>(out, in, n, count);
-    case DataType::Int32: return reduceTyped<Avx, Native<int32_t>, Op, Avg, int32_t>(out, in, n, count);
-    case DataType::Int64: return reduceTyped<Avx, Native<int64_t>, Op, Avg, int64_t>(out, in, n, count);
-    case DataType::UInt8: return reduceTyped<Avx, Native<uint8_t>, Op, Avg, uint8_t>(out, in, n, count);
-    case DataType::Int8: return reduceTyped<Avx, Native<int8_t>, Op, Avg, int8_t>(out, in, n, count);
+    case DataType::Float32:
+      return reduceTyped<Avx, Native<float>, Op, Avg, float>(out, in, n, count);
+    case DataType::Float64:
+      return reduceTyped<Avx, Native<double>, Op, Avg, double>(out, in, n, count);
+    case DataType::Int32:
+      return reduceTyped<Avx, Native<int32_t>, Op, Avg, int32_t>(out, in, n, count);
+    case DataType::Int64:
+      return reduceTyped<Avx, Native<int64_t>, Op, Avg, int64_t>(out, in, n, count);
+    case DataType::UInt8:
+      return reduceTyped<Avx, Native<uint8_t>, Op, Avg, uint8_t>(out, in, n, count);
+    case DataType::Int8:
+      return reduceTyped<Avx, Native<int8_t>, Op, Avg, int8_t>(out, in, n, count);
     case DataType::BFloat16: return reduceTyped<Avx, Bf16, Op, Avg, uint16_t>(out, in, n, count);
     case DataType::Float16:
       return blockedHalf<Avx, Op, Avg>(static_cast<uint16_t*>(out),
@@ -221,8 +233,8 @@ DTRAIN_INLINE void reduceOp(void* out, const void* const* in, int n, size_t coun
 }
 
 template <bool Avx>
-DTRAIN_INLINE void reduceAny(void* out, const void* const* in, int n, size_t count,
-                             DataType dtype, ReduceOp op) {
+DTRAIN_INLINE void reduceAny(void* out, const void* const* in, int n, size_t count, DataType dtype,
+                             ReduceOp op) {
   switch (op) {
     case ReduceOp::Sum: return reduceOp<Avx, SumOp, false>(out, in, n, count, dtype);
     case ReduceOp::Avg: return reduceOp<Avx, SumOp, true>(out, in, n, count, dtype);
@@ -237,8 +249,8 @@ void reducePlain(void* out, const void* const* in, int n, size_t count, DataType
 }
 
 #if defined(__x86_64__)
-DTRAIN_AVX2 void reduceVector(void* out, const void* const* in, int n, size_t count,
-                              DataType dtype, ReduceOp op) {
+DTRAIN_AVX2 void reduceVector(void* out, const void* const* in, int n, size_t count, DataType dtype,
+                              ReduceOp op) {
   reduceAny<true>(out, in, n, count, dtype, op);
 }
 

@@ -74,7 +74,7 @@ int createSegmentFile(uint64_t bytes, const std::string& who) {
 // Inode of this process's PID namespace: two ranks with the same one see the same pids. 0 when
 // /proc cannot tell.
 uint64_t pidNamespaceId() {
-  struct stat st{};
+  struct stat st {};
   return ::stat("/proc/self/ns/pid", &st) == 0 ? static_cast<uint64_t>(st.st_ino) : 0;
 }
 
@@ -112,8 +112,10 @@ std::shared_ptr<Segment> Segment::join(const SegmentOptions& o) {
   const Tuning& t = o.tuning;
   DTRAIN_CHECK_ARG(t.slotBytes >= kPage && t.slotBytes % kPage == 0,
                    "{}: shared memory: slot size {} must be a multiple of 4096", who, t.slotBytes);
-  DTRAIN_CHECK_ARG(t.arenaBytes % kHuge == 0, "{}: shared memory: arena size {} must be a "
-                   "multiple of 2 MiB", who, t.arenaBytes);
+  DTRAIN_CHECK_ARG(t.arenaBytes % kHuge == 0,
+                   "{}: shared memory: arena size {} must be a "
+                   "multiple of 2 MiB",
+                   who, t.arenaBytes);
   const auto deadline = Clock::now() + o.connectTimeout;
   const std::string key = o.name + "/shm/socket";
   std::shared_ptr<Segment> seg(new Segment());
@@ -172,7 +174,7 @@ std::shared_ptr<Segment> Segment::join(const SegmentOptions& o) {
 }
 
 void Segment::map(const std::string& who) {
-  struct stat st{};
+  struct stat st {};
   DTRAIN_CHECK(::fstat(fd_, &st) == 0 && st.st_size > 0, "{}: shared memory: fstat: {}", who,
                errnoText(errno));
   bytes_ = static_cast<size_t>(st.st_size);
@@ -231,9 +233,10 @@ void Segment::waitForRanks(Clock::time_point deadline, const std::string& who) {
       for (int r = 0; r < size_; ++r) {
         if (control(r).pid.load() == 0) missing.push_back(r);
       }
-      DTRAIN_THROW(TimeoutError, "{}: shared memory: rank{} {} did not map the segment within "
-                   "the connect timeout", who, missing.size() > 1 ? "s" : "",
-                   fmt::join(missing, ", "));
+      DTRAIN_THROW(TimeoutError,
+                   "{}: shared memory: rank{} {} did not map the segment within "
+                   "the connect timeout",
+                   who, missing.size() > 1 ? "s" : "", fmt::join(missing, ", "));
     }
     futexWait(&h.joined, joined, std::chrono::milliseconds(std::min(msLeft(deadline), 100)));
   }
@@ -252,7 +255,8 @@ void Segment::checkTuning(const std::vector<int>& rankNames, const std::string& 
   auto name = [&](int r) { return rankNames.empty() ? r : rankNames[static_cast<size_t>(r)]; };
   for (int r = 1; r < size_; ++r) {
     const std::string diff = tuningMismatch(tuning(), name(0), control(r).tuning, name(r));
-    DTRAIN_CHECK_ARG(diff.empty(), "{}: shared memory: the ranks of this node were given "
+    DTRAIN_CHECK_ARG(diff.empty(),
+                     "{}: shared memory: the ranks of this node were given "
                      "different options: {}. HINT: every rank must pass the same ShmOptions "
                      "(slotBytes, arenaBytes, smallBytes, ownedChunkBytes): ranks that pick "
                      "different paths for one collective would wait for each other forever",
@@ -263,8 +267,8 @@ void Segment::checkTuning(const std::vector<int>& rankNames, const std::string& 
 std::string tuningMismatch(const Tuning& ours, int ourRank, const Tuning& theirs, int theirRank) {
   for (const TuningField& f : kTuningFields) {
     if (ours.*f.member == theirs.*f.member) continue;
-    return fmt::format("ShmOptions::{} is {} on rank {} and {} on rank {}", f.name,
-                       ours.*f.member, ourRank, theirs.*f.member, theirRank);
+    return fmt::format("ShmOptions::{} is {} on rank {} and {} on rank {}", f.name, ours.*f.member,
+                       ourRank, theirs.*f.member, theirRank);
   }
   return "";
 }

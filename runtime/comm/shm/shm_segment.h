@@ -35,8 +35,8 @@ constexpr int kMaxShmRanks = 256;
 // any data moves) and where its buffers are when the communicator owns them.
 struct Descriptor {
   Fingerprint what;
-  uint64_t inputOffset;   // segment offset of the rank's input when `owned`
-  uint32_t owned;         // 1: the input lies in the rank's arena, peers read it in place
+  uint64_t inputOffset;  // segment offset of the rank's input when `owned`
+  uint32_t owned;        // 1: the input lies in the rank's arena, peers read it in place
   uint32_t pad;
 };
 
@@ -66,8 +66,8 @@ struct alignas(64) RankControl {
   // 2 when it was shut down.
   std::atomic<uint32_t> aborted;
   std::atomic<int32_t> pid;
-  std::atomic<uint64_t> seq;      // the collective it is in, or the last one it finished
-  std::atomic<uint32_t> inside;   // 1 while inside a collective
+  std::atomic<uint64_t> seq;     // the collective it is in, or the last one it finished
+  std::atomic<uint32_t> inside;  // 1 while inside a collective
   char pad1[44];
   Descriptor ring[kDescriptorRing];  // by seq % kDescriptorRing
   char reason[kReasonBytes];

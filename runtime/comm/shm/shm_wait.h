@@ -37,10 +37,10 @@ inline void cpuRelax() {
 class PeerWatch {
  public:
   struct Peer {
-    int pidfd = -1;          // borrowed (the segment owns it); -1: none
-    int pid = 0;             // as the peer sees itself
+    int pidfd = -1;  // borrowed (the segment owns it); -1: none
+    int pid = 0;     // as the peer sees itself
     bool samePidNamespace = false;
-    bool self = false;       // this rank: never watched
+    bool self = false;  // this rank: never watched
   };
   PeerWatch() = default;
   explicit PeerWatch(std::vector<Peer> peers);

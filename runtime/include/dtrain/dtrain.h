@@ -21,9 +21,9 @@
 #include "dtrain/torch/grad_scaler.h"
 #include "dtrain/torch/host_memory.h"
 #include "dtrain/torch/init.h"
-#include "dtrain/torch/zero.h"
 #include "dtrain/torch/recompute.h"
 #include "dtrain/torch/training_state.h"
+#include "dtrain/torch/zero.h"
 #endif
 
 namespace dtrain {

@@ -3,9 +3,9 @@
 // that a slow writer is waited for as long as the checkpoint allows, not the collectives' default.
 #include <ATen/ATen.h>
 
+#include "../torch_compat.h"
 #include "dtrain/torch/process_group.h"
 #include "placement.h"
-#include "../torch_compat.h"
 
 namespace dtrain::checkpoint {
 

@@ -182,8 +182,10 @@ bool Checkpointer::preempted(int64_t step, int64_t epoch) {
   }
   if (!flag) return false;
   if (impl_->placement.rank == 0) {
-    DTRAIN_LOG(Warn, "rank 0: a stop was requested (SIGTERM or requestStop()) on {}; every rank "
-               "checkpoints step {} and stops", stopRequested() ? "this rank" : "another rank", step);
+    DTRAIN_LOG(Warn,
+               "rank 0: a stop was requested (SIGTERM or requestStop()) on {}; every rank "
+               "checkpoints step {} and stops",
+               stopRequested() ? "this rank" : "another rank", step);
   }
   save(step, epoch);
   return true;

@@ -7,17 +7,17 @@
 #include <vector>
 
 #include <ATen/ATen.h>
-#include <fmt/format.h>
 #include <caffe2/serialize/inline_container.h>
+#include <fmt/format.h>
 #include <torch/csrc/jit/serialization/export.h>
 #include <torch/csrc/jit/serialization/pickler.h>
 #include <torch/serialize.h>
 #include <torch/serialize/output-archive.h>
 
-#include "shard_entries.h"
-#include "state.h"
 #include "dtrain/base/error.h"
 #include "dtrain/torch/checkpoint.h"
+#include "shard_entries.h"
+#include "state.h"
 
 namespace dtrain {
 
@@ -105,8 +105,8 @@ void readShards(const std::vector<checkpoint::CheckpointReader>& readers, const 
   uint64_t covered = 0;
   for (const auto& [owner, source] : ranges) covered += source.second->elementCount;
   DTRAIN_CHECK_T(CheckpointError, covered == static_cast<uint64_t>(t.numel()),
-                 "export: the shards of parameter \"{}\" in {} cover {} of its {} elements",
-                 name, readers.front().name(), covered, t.numel());
+                 "export: the shards of parameter \"{}\" in {} cover {} of its {} elements", name,
+                 readers.front().name(), covered, t.numel());
   at::Tensor flat = t.view(-1);
   for (const auto& [owner, source] : ranges) {
     at::Tensor part = flat.narrow(0, static_cast<int64_t>(source.second->elementOffset),
@@ -192,8 +192,8 @@ void exportStateDict(const std::vector<std::string>& paths, const std::string& t
   std::string chosen = module;
   if (chosen.empty()) {
     DTRAIN_CHECK_ARG(modules.size() == 1,
-                     "export: {} holds several modules ({}). HINT: name one with --module",
-                     path, fmt::join(modules, ", "));
+                     "export: {} holds several modules ({}). HINT: name one with --module", path,
+                     fmt::join(modules, ", "));
     chosen = *modules.begin();
   }
   DTRAIN_CHECK_ARG(modules.count(chosen), "export: {} holds no module \"{}\" (it holds: {})", path,

@@ -32,8 +32,7 @@ Placement::Placement(std::shared_ptr<ProcessGroup> g, const CheckpointOptions& o
   world = group->size();
   // The node's stable id (env::kNodeId), which an elastic re-rendezvous does not change, so the
   // node keeps its directory; GROUP_RANK where the launcher exports none (torchrun).
-  nodeId = options.nodeId >= 0 ? options.nodeId
-                               : envInt(env::kNodeId, envInt(env::kGroupRank, 0));
+  nodeId = options.nodeId >= 0 ? options.nodeId : envInt(env::kNodeId, envInt(env::kGroupRank, 0));
   localRank = options.localRank >= 0 ? options.localRank : group->localRank();
 }
 

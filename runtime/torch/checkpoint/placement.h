@@ -27,11 +27,11 @@ struct Placement {
 
   int rank = 0;
   int world = 1;
-  int nodeId = 0;                    // DTRAIN_NODE_ID, else GROUP_RANK (or the option)
+  int nodeId = 0;  // DTRAIN_NODE_ID, else GROUP_RANK (or the option)
   int localRank = 0;
-  std::vector<int> nodeOf;           // per rank: its node's id
-  std::map<int, int> writerOf;       // node id -> the rank that writes its directory (local rank 0)
-  bool writer = false;               // this rank writes its node's directory
+  std::vector<int> nodeOf;      // per rank: its node's id
+  std::map<int, int> writerOf;  // node id -> the rank that writes its directory (local rank 0)
+  bool writer = false;          // this rank writes its node's directory
 
   // Collective (the Checkpointer's constructor): which node each rank is on, which rank writes
   // each node's directory, and the agreement the ranks use.

@@ -119,18 +119,20 @@ bool Restorer::copyToNodesLacking(int64_t step, const std::vector<int64_t>& best
   }
   std::string error;
   int sourceFd = -1;
-  int64_t size =
-      placement_.rank == source ? openCopySource(dir_ + "/" + name, sourceFd, error) : -1;
+  int64_t size = placement_.rank == source ? openCopySource(dir_ + "/" + name, sourceFd, error)
+                                           : -1;
   // The source verifies the whole file first: long on a large checkpoint.
-  size = placement_.agreement->share(source, size, placement_.deadline(),
-                          fmt::format("whether it can hand out checkpoint step {}", step));
+  size = placement_.agreement->share(
+      source, size, placement_.deadline(),
+      fmt::format("whether it can hand out checkpoint step {}", step));
   if (size < 0) {
     // Damaged or unreadable there: that node drops the step; the round repeats.
     if (placement_.rank == source) bad.insert(step);
     if (placement_.rank == source || receiving) {
-      DTRAIN_LOG(Warn, "rank {}: node {} cannot hand out checkpoint step {}{}; trying another "
-                 "node's copy or an older step", placement_.rank, plan.sourceNode, step,
-                 error.empty() ? "" : ": " + error);
+      DTRAIN_LOG(Warn,
+                 "rank {}: node {} cannot hand out checkpoint step {}{}; trying another "
+                 "node's copy or an older step",
+                 placement_.rank, plan.sourceNode, step, error.empty() ? "" : ": " + error);
     }
     return false;
   }
@@ -148,10 +150,10 @@ bool Restorer::copyToNodesLacking(int64_t step, const std::vector<int64_t>& best
   broadcastFile(source, sourceFd, size, fd, tmp, name, error);
   if (sourceFd >= 0) ::close(sourceFd);
   // Whether the source read every byte it sent: otherwise the receivers drop what they got.
-  const bool sent =
-      placement_.agreement->share(source, placement_.rank == source && !error.empty() ? 0 : 1,
-                                  placement_.deadline(),
-                                  fmt::format("whether it sent checkpoint step {}", step)) != 0;
+  const bool sent = placement_.agreement->share(
+                        source, placement_.rank == source && !error.empty() ? 0 : 1,
+                        placement_.deadline(),
+                        fmt::format("whether it sent checkpoint step {}", step)) != 0;
   if (!sent) {
     if (placement_.rank == source) bad.insert(step);
     if (fd >= 0) checkpoint::FileOps::close(fd);
@@ -160,7 +162,7 @@ bool Restorer::copyToNodesLacking(int64_t step, const std::vector<int64_t>& best
   }
   if (fd >= 0) commitCopy(fd, tmp, step, error);
   placement_.agree(error, fmt::format("copying checkpoint step {} from node {} to node(s) {}", step,
-                           plan.sourceNode, fmt::join(plan.lacking, ", ")));
+                                      plan.sourceNode, fmt::join(plan.lacking, ", ")));
   return true;
 }
 
@@ -186,9 +188,8 @@ int64_t Restorer::openCopySource(const std::string& path, int& fd, std::string& 
   return size;
 }
 
-void Restorer::broadcastFile(int source, int sourceFd, int64_t size, int fd,
-                             const std::string& tmp, const std::string& name,
-                             std::string& error) {
+void Restorer::broadcastFile(int source, int sourceFd, int64_t size, int fd, const std::string& tmp,
+                             const std::string& name, std::string& error) {
   at::Tensor chunk = at::empty({std::min(kCopyChunk, std::max<int64_t>(size, 1))}, at::kByte);
   // Every rank takes part in every broadcast, whatever fails locally: the collectives must line up.
   for (int64_t off = 0; size > 0 && off < size; off += kCopyChunk) {
@@ -211,8 +212,7 @@ void Restorer::broadcastFile(int source, int sourceFd, int64_t size, int fd,
   }
 }
 
-void Restorer::commitCopy(int fd, const std::string& tmp, int64_t step,
-                          std::string& error) {
+void Restorer::commitCopy(int fd, const std::string& tmp, int64_t step, std::string& error) {
   try {
     if (error.empty()) {
       ops_->fsync(fd, tmp);
@@ -267,8 +267,7 @@ std::optional<RestoredCheckpoint> Restorer::restore() {
     const int64_t step = *std::max_element(bests.begin(), bests.end());
     if (step < 0) {
       const auto& incomplete = shardHolders.incomplete;
-      refuseIfAnyExists(counts, lastDamage,
-                        incomplete.empty() ? "" : incomplete.rbegin()->second);
+      refuseIfAnyExists(counts, lastDamage, incomplete.empty() ? "" : incomplete.rbegin()->second);
       return std::nullopt;
     }
     if (!copyToNodesLacking(step, bests, bad)) continue;  // the source could not hand it out
@@ -290,8 +289,7 @@ std::optional<RestoredCheckpoint> Restorer::restore() {
   }
 }
 
-std::optional<RestoredCheckpoint> Restorer::tryStep(int64_t step,
-                                                    const std::vector<int64_t>& bests,
+std::optional<RestoredCheckpoint> Restorer::tryStep(int64_t step, const std::vector<int64_t>& bests,
                                                     std::set<int64_t>& bad,
                                                     std::set<int64_t>& damagedBefore,
                                                     std::string& lastDamage) {
@@ -327,8 +325,7 @@ std::optional<RestoredCheckpoint> Restorer::tryStep(int64_t step,
   return std::nullopt;
 }
 
-void Restorer::refuseIfAnyExists(const std::vector<int64_t>& counts,
-                                 const std::string& lastDamage,
+void Restorer::refuseIfAnyExists(const std::vector<int64_t>& counts, const std::string& lastDamage,
                                  const std::string& incomplete) {
   std::vector<std::string> holders;
   for (int r = 0; r < placement_.world; ++r) {

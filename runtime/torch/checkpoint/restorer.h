@@ -24,9 +24,8 @@ class ShardExchange;
 class Restorer {
  public:
   // `dir`: this node's directory; `ops` counts I/O calls over the process's saves and copies.
-  Restorer(Placement& placement, Saver& saver, ShardExchange& exchange,
-           state::Registry& registered, const CheckpointOptions& options, std::string dir,
-           std::shared_ptr<FileOps> ops);
+  Restorer(Placement& placement, Saver& saver, ShardExchange& exchange, state::Registry& registered,
+           const CheckpointOptions& options, std::string dir, std::shared_ptr<FileOps> ops);
 
   // Collective: Checkpointer::restore().
   std::optional<RestoredCheckpoint> restore();

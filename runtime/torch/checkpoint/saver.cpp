@@ -90,9 +90,11 @@ void Saver::save(int64_t step, int64_t epoch, bool async) {
   if (started_ && idleClassSaves_ && thread_.running()) {
     // See Note [Background saves yield].
     idleClassSaves_ = false;
-    DTRAIN_LOG(Info, "rank {}: the asynchronous save of step {} was still running when the save "
+    DTRAIN_LOG(Info,
+               "rank {}: the asynchronous save of step {} was still running when the save "
                "of step {} began: this machine leaves its idle-class thread too little CPU, so "
-               "later asynchronous saves run at nice +10", placement_.rank, pendingStep_, step);
+               "later asynchronous saves run at nice +10",
+               placement_.rank, pendingStep_, step);
   }
   waitPending();
   settleShardedParameters(registered_);
@@ -105,8 +107,8 @@ void Saver::save(int64_t step, int64_t epoch, bool async) {
   }
   auto blobs = placement_.allgatherBytes(checkpoint::encodeRankState(registered_));
   if (sharded()) shards_ = exchange_.exchangeShards();  // See Note [Sharded checkpoint files].
-  const std::string error =
-      placement_.writer ? startWrite(step, epoch, async, blobs) : std::string();
+  const std::string error = placement_.writer ? startWrite(step, epoch, async, blobs)
+                                              : std::string();
   pendingStep_ = step;
   pendingError_ = error;
   if (!async) waitPending();
@@ -140,8 +142,8 @@ std::string Saver::startWrite(int64_t step, int64_t epoch, bool async,
     const bool snapshot = async || !allHostContiguous(items);
     // Note [Hashing beside the write]: a second thread only when the caller waits for the save.
     const auto hashing = async ? checkpoint::Hashing::Inline : checkpoint::Hashing::Beside;
-    startSaveThread(step, snapshot ? snapshotWrite(layout, items, hashing)
-                                   : directWrite(layout, items), async);
+    startSaveThread(
+        step, snapshot ? snapshotWrite(layout, items, hashing) : directWrite(layout, items), async);
     started_ = true;
   } catch (const std::exception& e) {
     return e.what();
@@ -177,8 +179,8 @@ Saver::FileWrite Saver::snapshotWrite(const std::shared_ptr<checkpoint::Layout>&
                                       checkpoint::Hashing hashing) {
   // Snapshot into the reused region: the training thread's only cost of an async save.
   // The region starts where its bulk can be written with O_DIRECT (Note [Direct writes]).
-  const uint64_t bytes =
-      std::max<uint64_t>(layout->header.dataSize, 1) + checkpoint::kDirectAlignment;
+  const uint64_t bytes = std::max<uint64_t>(layout->header.dataSize, 1) +
+                         checkpoint::kDirectAlignment;
   if (!region_.defined() || static_cast<uint64_t>(region_.numel()) < bytes) {
     auto byteOptions = at::TensorOptions().dtype(at::kByte);
     region_ = at::empty({static_cast<int64_t>(bytes + bytes / 8)}, byteOptions);
@@ -191,8 +193,8 @@ Saver::FileWrite Saver::snapshotWrite(const std::shared_ptr<checkpoint::Layout>&
   auto copy = [&](size_t i) {
     const auto& e = layout->entries[i];
     uint8_t* dst = base + (e.offset - layout->header.dataOffset);
-    uint64_t next =
-        i + 1 < items.size() ? layout->entries[i + 1].offset : layout->header.manifestOffset;
+    uint64_t next = i + 1 < items.size() ? layout->entries[i + 1].offset
+                                         : layout->header.manifestOffset;
     const at::Tensor& t = items[i].tensor;
     if (t.defined() && !(t.device().is_cpu() && t.is_contiguous())) {
       at::from_blob(dst, t.sizes(), t.options().device(at::kCPU)).copy_(t);
@@ -221,12 +223,12 @@ Saver::FileWrite Saver::directWrite(const std::shared_ptr<checkpoint::Layout>& l
   auto held = std::make_shared<std::vector<checkpoint::Item>>(std::move(items));
   auto fileOps = ops_;
   auto buffer = scratch_;
-  return [fileOps, layout, held, buffer](const std::string& tmp,
-                                         checkpoint::SaveProgress* progress) {
-    checkpoint::EntryData data;
-    for (const auto& item : *held) data.push_back(hostData(item));
-    checkpoint::writeCheckpointFile(*fileOps, tmp, *layout, data, *buffer, progress);
-  };
+  return
+      [fileOps, layout, held, buffer](const std::string& tmp, checkpoint::SaveProgress* progress) {
+        checkpoint::EntryData data;
+        for (const auto& item : *held) data.push_back(hostData(item));
+        checkpoint::writeCheckpointFile(*fileOps, tmp, *layout, data, *buffer, progress);
+      };
 }
 
 void Saver::startSaveThread(int64_t step, FileWrite write, bool background) {
@@ -250,8 +252,8 @@ void Saver::startSaveThread(int64_t step, FileWrite write, bool background) {
     done.idleClass = ranIdle;
     done.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - begin).count();
     std::error_code ec;
-    const auto size =
-        std::filesystem::file_size(directory + "/" + checkpoint::stepFileName(step), ec);
+    const auto size = std::filesystem::file_size(directory + "/" + checkpoint::stepFileName(step),
+                                                 ec);
     done.bytes = ec ? 0 : static_cast<uint64_t>(size);
     std::lock_guard<std::mutex> lock(log->mutex);
     log->finished.push_back(done);
@@ -272,9 +274,9 @@ void Saver::moveLatestEverywhere(int64_t step) {
     }
   }
   placement_.agree(error, fmt::format("moving LATEST to step {} once every node held its shards "
-                                      "and their replicas", step));
+                                      "and their replicas",
+                                      step));
 }
-
 
 std::vector<CheckpointWrite> Saver::finishedWrites() {
   std::lock_guard<std::mutex> lock(writes_->mutex);

@@ -87,16 +87,16 @@ class Saver {
   const std::string dir_;
   std::shared_ptr<FileOps> ops_;
   SaveThread thread_;
-  bool started_ = false;         // this rank started the pending save's thread
-  int64_t pendingStep_ = -1;     // an asynchronous save not yet waited for
-  std::string pendingError_;     // why it could not even start, on this rank
+  bool started_ = false;      // this rank started the pending save's thread
+  int64_t pendingStep_ = -1;  // an asynchronous save not yet waited for
+  std::string pendingError_;  // why it could not even start, on this rank
   // Asynchronous saves run in the idle scheduling class until training once had to wait for one
   // (Note [Background saves yield] in file_io.h); then at nice +10. It changes only when a save
   // finds the pending one running, so it is also the pending save's class.
   bool idleClassSaves_ = true;
   int64_t committedStep_ = -1;
   std::vector<std::pair<int, at::Tensor>> shards_;  // of the save being started (writers)
-  at::Tensor region_;            // the asynchronous snapshot: reused, pre-faulted host memory
+  at::Tensor region_;  // the asynchronous snapshot: reused, pre-faulted host memory
   std::shared_ptr<std::vector<uint8_t>> scratch_;  // gathering buffer of synchronous saves
   std::shared_ptr<WriteLog> writes_ = std::make_shared<WriteLog>();  // shared with the save thread
 };

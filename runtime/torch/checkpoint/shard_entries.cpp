@@ -196,7 +196,8 @@ bool hasField(const std::vector<const Entry*>& fields, const std::string& name) 
 }
 
 // "optimizer/O/" of the sharded optimizer `name` starts, or nullptr.
-const ShardedEntry* optimizerOf(const std::string& entry, const std::vector<ShardedEntry>& sharded) {
+const ShardedEntry* optimizerOf(const std::string& entry,
+                                const std::vector<ShardedEntry>& sharded) {
   for (const auto& s : sharded) {
     if (entry.rfind(optimizerPrefix(s.name), 0) == 0) return &s;
   }
@@ -363,8 +364,9 @@ std::vector<uint8_t> readShardBlob(const CheckpointReader& reader, uint32_t owne
     if (e.name.compare(slash + 1, std::string::npos, "step") == 0 && e.kind == Kind::Number) {
       p.step = &e;
     } else if (e.kind == Kind::Tensor) {
-      DTRAIN_CHECK_T(CheckpointError, !p.any || (p.any->elementOffset == e.elementOffset &&
-                                                 p.any->elementCount == e.elementCount),
+      DTRAIN_CHECK_T(CheckpointError,
+                     !p.any || (p.any->elementOffset == e.elementOffset &&
+                                p.any->elementCount == e.elementCount),
                      "checkpoint {}: the fields of \"{}\" of rank {} hold different ranges",
                      reader.name(), e.name, owner);
       p.any = &e;
@@ -380,10 +382,12 @@ std::vector<uint8_t> readShardBlob(const CheckpointReader& reader, uint32_t owne
     for (const Entry* e : reader.find(module.entry)) {
       if (e->owner != owner || e->kind != Kind::Tensor) continue;
       Parts& p = records[key];
-      DTRAIN_CHECK_T(CheckpointError, !p.any || (p.any->elementOffset == e->elementOffset &&
-                                                 p.any->elementCount == e->elementCount),
+      DTRAIN_CHECK_T(CheckpointError,
+                     !p.any || (p.any->elementOffset == e->elementOffset &&
+                                p.any->elementCount == e->elementCount),
                      "checkpoint {}: entry \"{}\" of rank {} holds another range than the "
-                     "optimizer state of its parameter", reader.name(), e->name, owner);
+                     "optimizer state of its parameter",
+                     reader.name(), e->name, owner);
       if (!p.any) p.any = e;
       masters[key] = e;
     }
@@ -392,8 +396,8 @@ std::vector<uint8_t> readShardBlob(const CheckpointReader& reader, uint32_t owne
   for (const auto& [key, p] : records) {
     if (!p.any) continue;
     const int64_t first = static_cast<int64_t>(p.any->elementOffset);
-    if (wanted && !wanted(key.first, key.second, first,
-                          first + static_cast<int64_t>(p.any->elementCount))) {
+    if (wanted &&
+        !wanted(key.first, key.second, first, first + static_cast<int64_t>(p.any->elementCount))) {
       continue;
     }
     auto master = masters.find(key);
@@ -443,7 +447,8 @@ void checkShardedRestorable(const CheckpointReader& reader,
     auto lr = reader.find(prefix + "lr");
     const size_t groups = s.optimizer->param_groups().size();
     DTRAIN_CHECK_T(CheckpointError,
-                   lr.size() == 1 && lr[0]->dtype == DType::Float64 && lr[0]->elementCount == groups,
+                   lr.size() == 1 && lr[0]->dtype == DType::Float64 &&
+                       lr[0]->elementCount == groups,
                    "checkpoint {}: optimizer \"{}\" was saved with another number of parameter "
                    "groups than the {} of the one registered",
                    reader.name(), s.name, groups);
@@ -491,8 +496,7 @@ void ShardAssembly::add(const uint8_t* blob, size_t size) {
       if (!into.defined()) into = at::empty({need.end - need.begin}, toScalarType(f.dtype));
       const size_t es = dtypeSize(f.dtype);
       DTRAIN_CHECK_T(CheckpointError, static_cast<size_t>(into.element_size()) == es,
-                     "checkpoint: field {} of {} was saved with different dtypes", f.name,
-                     r.param);
+                     "checkpoint: field {} of {} was saved with different dtypes", f.name, r.param);
       std::memcpy(static_cast<uint8_t*>(into.data_ptr()) + (lo - need.begin) * es,
                   blob + f.offset + (lo - r.begin) * es, static_cast<size_t>(hi - lo) * es);
       need.covered[f.name] += hi - lo;
@@ -505,13 +509,14 @@ std::string ShardAssembly::missing() const {
     if (need.end <= need.begin) continue;  // a range of padding only: nothing to load
     if (!need.covered.count("master")) {
       return fmt::format("optimizer \"{}\": the checkpoint holds no shard of parameter {} "
-                         "(another model?)", key.first, key.second);
+                         "(another model?)",
+                         key.first, key.second);
     }
     for (const auto& [field, n] : need.covered) {
       if (n != need.end - need.begin) {
         return fmt::format("optimizer \"{}\": the shards of {} of parameter {} cover {} of "
-                           "elements [{}, {})", key.first, field, key.second, n, need.begin,
-                           need.end);
+                           "elements [{}, {})",
+                           key.first, field, key.second, n, need.begin, need.end);
       }
     }
   }

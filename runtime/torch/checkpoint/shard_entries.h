@@ -81,8 +81,8 @@ class ShardAssembly {
   struct Need {
     int64_t begin = 0;
     int64_t end = 0;
-    std::map<std::string, at::Tensor> fields;    // field -> [end - begin], the saved dtype
-    std::map<std::string, int64_t> covered;      // field -> elements copied
+    std::map<std::string, at::Tensor> fields;  // field -> [end - begin], the saved dtype
+    std::map<std::string, int64_t> covered;    // field -> elements copied
     std::optional<int64_t> step;
   };
   std::vector<ShardedEntry> sharded_;

@@ -55,9 +55,10 @@ void ShardExchange::buildKeeperGroups() {
     } catch (const InvalidArgument& e) {
       // The same backend on every rank: all of them get here at the first group.
       if (created) throw;
-      DTRAIN_LOG(Info, "rank {}: the {} backend has no subgroups; shards go to their keepers "
-                 "through broadcasts over the whole group", placement_.rank,
-                 placement_.group->backend());
+      DTRAIN_LOG(Info,
+                 "rank {}: the {} backend has no subgroups; shards go to their keepers "
+                 "through broadcasts over the whole group",
+                 placement_.rank, placement_.group->backend());
       subgroups_ = false;
     }
   }
@@ -176,28 +177,28 @@ ShardExchange::ShardHolders ShardExchange::listShardHolders(std::vector<int64_t>
 // file holds every saved rank's shards (one or two nodes), no shard is sent at all.
 bool ShardExchange::loadShards(int64_t step, const ShardHolders& h, std::string& why) {
   checkpoint::ShardAssembly assembly(registered_.sharded);
-  const checkpoint::ModuleShards modules =
-      checkpoint::moduleEntries(checkpoint::registryOf(registered_));
+  const checkpoint::ModuleShards modules = checkpoint::moduleEntries(
+      checkpoint::registryOf(registered_));
   const std::string path = dir_ + "/" + checkpoint::stepFileName(step);
   const uint32_t saved = h.savedWorld.at(step);
   std::vector<uint8_t> lacking(saved, 1);  // per saved rank: 1 when this rank needs it sent
   try {
     const auto reader = checkpoint::CheckpointReader::open(path);
-    const checkpoint::RecordFilter wanted = [&assembly](const std::string& optimizer,
-                                                        const std::string& param, int64_t begin,
-                                                        int64_t end) {
-      return assembly.wants(optimizer, param, begin, end);
-    };
+    const checkpoint::RecordFilter wanted =
+        [&assembly](const std::string& optimizer, const std::string& param, int64_t begin,
+                    int64_t end) { return assembly.wants(optimizer, param, begin, end); };
     for (uint32_t o : checkpoint::shardOwners(reader)) {
       if (o >= saved) continue;
       try {
-        const std::vector<uint8_t> blob =
-            checkpoint::readShardBlob(reader, o, registered_.sharded, modules, wanted);
+        const std::vector<uint8_t> blob = checkpoint::readShardBlob(reader, o, registered_.sharded,
+                                                                    modules, wanted);
         assembly.add(blob.data(), blob.size());
         lacking[o] = 0;
       } catch (const std::exception& e) {
-        DTRAIN_LOG(Warn, "rank {}: the shards of rank {} in {} are damaged: {}; asking the nodes "
-                   "that hold them", placement_.rank, o, path, e.what());
+        DTRAIN_LOG(Warn,
+                   "rank {}: the shards of rank {} in {} are damaged: {}; asking the nodes "
+                   "that hold them",
+                   placement_.rank, o, path, e.what());
       }
     }
   } catch (const std::exception& e) {
@@ -226,13 +227,15 @@ bool ShardExchange::loadShards(int64_t step, const ShardHolders& h, std::string&
                                            registered_.sharded, modules);
           size = static_cast<int64_t>(blob.size());
         } catch (const std::exception& e) {
-          DTRAIN_LOG(Warn, "rank {}: the shards of rank {} in {} are damaged: {}",
-                     placement_.rank, o, path, e.what());
+          DTRAIN_LOG(Warn, "rank {}: the shards of rank {} in {} are damaged: {}", placement_.rank,
+                     o, path, e.what());
         }
       }
-      size = placement_.agreement->share(source, size, placement_.deadline(),
-                              fmt::format("whether it can hand out the shards of rank {} of "
-                                          "checkpoint step {}", o, step));
+      size = placement_.agreement->share(
+          source, size, placement_.deadline(),
+          fmt::format("whether it can hand out the shards of rank {} of "
+                      "checkpoint step {}",
+                      o, step));
       if (size < 0) {
         damaged.push_back(fmt::format("node {}", placement_.nodeOf[source]));
         continue;
@@ -252,7 +255,8 @@ bool ShardExchange::loadShards(int64_t step, const ShardHolders& h, std::string&
     }
     if (!got) {
       why = fmt::format("checkpoint step {}: the shards of rank {} are damaged on every node that "
-                        "holds them ({})", step, o, fmt::join(damaged, ", "));
+                        "holds them ({})",
+                        step, o, fmt::join(damaged, ", "));
       return false;
     }
   }

@@ -52,7 +52,7 @@ class ShardExchange {
   Placement& placement_;
   state::Registry& registered_;
   const std::string dir_;
-  std::vector<std::vector<int>> keepers_;                   // per rank: the writers keeping it
+  std::vector<std::vector<int>> keepers_;                    // per rank: the writers keeping it
   std::vector<std::shared_ptr<ProcessGroup>> keeperGroups_;  // per rank: null when not a member
   bool keeperGroupsBuilt_ = false;
   bool subgroups_ = true;  // false: the backend has none; broadcast over the whole group

@@ -5,18 +5,18 @@
 #include <thread>
 
 #include <ATen/ATen.h>
-#include <ATen/Parallel.h>
 #include <ATen/CPUGeneratorImpl.h>
+#include <ATen/Parallel.h>
 #include <fmt/format.h>
 #include <torch/nn/module.h>
 #include <torch/optim.h>
 
+#include "../torch_compat.h"
 #include "byte_layout.h"
 #include "dtrain/base/error.h"
 #include "dtrain/config.h"
 #include "dtrain/torch/distributed_sampler.h"
 #include "dtrain/torch/grad_scaler.h"
-#include "../torch_compat.h"
 
 #if DTRAIN_WITH_TORCH_CUDA
 #include <ATen/cuda/CUDAGeneratorImpl.h>
@@ -25,9 +25,9 @@
 
 // Note [Checkpoint entries]
 // Entry names, by what they come from (M, O, S, ... the names given to the Checkpointer):
-//   module/M/<parameter or buffer name>     tensors, as named_parameters()/named_buffers() name them
-//                                            (a parameter ZeRO-3 frees: each rank's range, owned;
-//                                            Note [Stage-3 checkpoints])
+//   module/M/<parameter or buffer name>     tensors, as named_parameters() and named_buffers()
+//                                            name them (a parameter ZeRO-3 frees: each rank's
+//                                            range, owned; Note [Stage-3 checkpoints])
 //   optimizer/M/type                         string: SGD, Adam, AdamW, Adagrad, RMSprop
 //   optimizer/O/params                       int64 [groups]: parameters per group
 //   optimizer/O/lr                           float64 [groups]: each group's learning rate
@@ -91,7 +91,8 @@ std::vector<uint8_t> tensorBytes(const at::Tensor& t) {
 }
 
 // Rank-blob encoding: u32 count, then per item u16 name length, name, u64 size, bytes.
-void putBlob(std::vector<uint8_t>& out, const std::string& name, const std::vector<uint8_t>& bytes) {
+void putBlob(std::vector<uint8_t>& out, const std::string& name,
+             const std::vector<uint8_t>& bytes) {
   auto put = [&](uint64_t v, size_t n) {
     out.resize(out.size() + n);
     putLE(out.data() + out.size() - n, v, n);

@@ -15,10 +15,10 @@
 #include <c10/core/Device.h>
 
 #include "../optimizer_state.h"
+#include "../state/registry.h"
 #include "checkpoint/format.h"
 #include "dtrain/torch/checkpoint.h"
 #include "dtrain/torch/distributed_sampler.h"
-#include "../state/registry.h"
 
 namespace torch::nn {
 class Module;

@@ -12,12 +12,12 @@
 #include <torch/nn/module.h>
 #include <torch/optim.h>
 
+#include "../torch_compat.h"
 #include "dtrain/base/error.h"
 #include "dtrain/base/logging.h"
 #include "dtrain/config.h"
 #include "dtrain/torch/distributed_sampler.h"
 #include "dtrain/torch/grad_scaler.h"
-#include "../torch_compat.h"
 
 #if DTRAIN_WITH_TORCH_CUDA
 #include <ATen/cuda/CUDAGeneratorImpl.h>
@@ -147,7 +147,8 @@ void checkRestorable(const CheckpointReader& reader, const Registry& registry) {
     }
     std::vector<int64_t> savedCounts(counts.elementCount);
     DTRAIN_CHECK_T(CheckpointError, counts.dtype == DType::Int64 && counts.shape.size() == 1,
-                   "checkpoint {}: entry \"{}params\" is not an int64 vector", reader.name(), prefix);
+                   "checkpoint {}: entry \"{}params\" is not an int64 vector", reader.name(),
+                   prefix);
     reader.read(counts, savedCounts.data());
     DTRAIN_CHECK_T(CheckpointError, savedCounts == mineCounts,
                    "checkpoint {}: optimizer \"{}\" was saved with parameter groups of sizes {}, "
@@ -207,7 +208,8 @@ void restoreOptimizer(const CheckpointReader& reader, const std::string& name,
       auto probe = newParamState(type);
       StateFields probeFields = fieldsOf(*probe);
       bool saved = probeFields.step ? has(reader, at + "step") : false;
-      for (const auto& [field, unused] : probeFields.tensors) saved = saved || has(reader, at + field);
+      for (const auto& [field, unused] : probeFields.tensors)
+        saved = saved || has(reader, at + field);
       if (!saved) {
         state.erase(key);
         continue;
@@ -233,8 +235,8 @@ void restoreOptimizer(const CheckpointReader& reader, const std::string& name,
 // Schedulers' step counts, scalers' state and (after a world-size change) samplers' positions.
 void restoreCounters(const CheckpointReader& reader, Registry& registry, bool sameWorldSize) {
   for (auto& [name, scheduler] : registry.state.schedulers) {
-    compat::schedulerStepCount(*scheduler) =
-        static_cast<unsigned>(readInt(reader, "scheduler/" + name + "/step_count"));
+    compat::schedulerStepCount(*scheduler) = static_cast<unsigned>(
+        readInt(reader, "scheduler/" + name + "/step_count"));
   }
   for (auto& [name, scaler] : registry.state.scalers) {
     std::string prefix = "scaler/" + name + "/";
@@ -312,9 +314,10 @@ void restoreReplicated(const CheckpointReader& reader, Registry& registry,
 void restoreRankState(const CheckpointReader& reader, state::Registry& registered, uint32_t rank,
                       bool sameWorldSize) {
   if (rank >= reader.header().worldSize) {
-    DTRAIN_LOG(Info, "checkpoint: rank {} did not exist when {} was saved (world size {}); its "
-               "random generators keep their current state", rank, reader.name(),
-               reader.header().worldSize);
+    DTRAIN_LOG(Info,
+               "checkpoint: rank {} did not exist when {} was saved (world size {}); its "
+               "random generators keep their current state",
+               rank, reader.name(), reader.header().worldSize);
     return;
   }
   auto own = [&](const std::string& what) -> const Entry* {

@@ -3,10 +3,10 @@
 #include <fmt/format.h>
 #include <torch/nn/module.h>
 
-#include "state.h"
+#include "../zero/shard_group.h"
 #include "dtrain/base/error.h"
 #include "dtrain/torch/zero.h"
-#include "../zero/shard_group.h"
+#include "state.h"
 
 // Note [Stage-3 checkpoints]
 // A marked unit's parameters hold no memory between uses (Note [ZeRO-3 unit lifecycle]); what

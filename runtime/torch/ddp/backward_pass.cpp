@@ -2,15 +2,14 @@
 
 #include <fmt/format.h>
 
-#include "reducer.h"
 #include "dtrain/base/error.h"
 #include "dtrain/base/logging.h"
+#include "reducer.h"
 
 namespace dtrain::ddp {
 
 void UnusedSearch::search(const std::vector<at::Tensor>& outputs,
-                          const std::vector<compat::NodePtr>& accumulators,
-                          bool rearm) {
+                          const std::vector<compat::NodePtr>& accumulators, bool rearm) {
   auto nodes = reachableNodes(outputs);
   if (rearm) {
     reachable_.insert(nodes.begin(), nodes.end());

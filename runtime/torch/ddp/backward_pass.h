@@ -24,8 +24,7 @@ class UnusedSearch {
   // accumulator. `rearm`: a second forward before one backward (a siamese network) -- a
   // parameter is used if either forward's outputs reach it.
   void search(const std::vector<at::Tensor>& outputs,
-              const std::vector<compat::NodePtr>& accumulators,
-              bool rearm);
+              const std::vector<compat::NodePtr>& accumulators, bool rearm);
   void clear();
   const std::vector<size_t>& unused() const { return unused_; }
 

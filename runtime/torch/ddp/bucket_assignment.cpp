@@ -17,8 +17,7 @@ struct OpenBucket {
 
 std::vector<std::vector<size_t>> assignBucketsInOrder(const std::vector<BucketInput>& inputs,
                                                       const std::vector<size_t>& order,
-                                                      size_t firstBucketBytes,
-                                                      size_t bucketBytes) {
+                                                      size_t firstBucketBytes, size_t bucketBytes) {
   std::vector<size_t> position(inputs.size(), 0);
   for (size_t k = 0; k < order.size(); ++k) position[order[k]] = k;
   std::vector<std::vector<size_t>> closed;

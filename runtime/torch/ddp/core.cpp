@@ -4,10 +4,10 @@
 
 #include <torch/nn/module.h>
 
-#include "reducer.h"
-#include "model_sync.h"
 #include "../zero/built_unit.h"
 #include "dtrain/base/error.h"
+#include "model_sync.h"
+#include "reducer.h"
 
 namespace dtrain {
 
@@ -120,9 +120,7 @@ void DdpCore::syncBuffers() {
 
 const DdpIterationStats& DdpCore::lastIteration() const { return sync().lastIteration(); }
 
-std::vector<std::vector<std::string>> DdpCore::bucketNames() const {
-  return sync().bucketNames();
-}
+std::vector<std::vector<std::string>> DdpCore::bucketNames() const { return sync().bucketNames(); }
 
 ddp::GradientSync& DdpCore::sync() const {
   if (!sync_) sync_ = makeReducer();
@@ -141,8 +139,7 @@ std::shared_ptr<ddp::GradientSync> DdpCore::makeReducer() const {
   return std::make_shared<ddp::Reducer>(group_, std::move(trained), options_);
 }
 
-void DdpCore::replaceGradientSync(
-    const std::function<std::shared_ptr<ddp::GradientSync>()>& make) {
+void DdpCore::replaceGradientSync(const std::function<std::shared_ptr<ddp::GradientSync>()>& make) {
   DTRAIN_CHECK_ARG(!replaced_,
                    "rank {}: DistributedDataParallel: its gradients are handled by another object "
                    "already (one ShardedOptimizer per DistributedDataParallel). HINT: put every "

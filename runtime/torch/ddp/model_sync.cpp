@@ -53,7 +53,8 @@ void verifySameModel(ProcessGroup& group, const std::vector<NamedTensor>& params
   if (same) return;
 
   // They differ: exchange the descriptions to say where.
-  auto lengths = group.allgather(at::tensor({static_cast<int64_t>(text.size())}, at::kLong).to(device));
+  auto lengths = group.allgather(
+      at::tensor({static_cast<int64_t>(text.size())}, at::kLong).to(device));
   int64_t longest = 0;
   for (const auto& l : lengths) longest = std::max(longest, l.item<int64_t>());
   auto mine = at::zeros({longest}, at::kByte);
@@ -81,8 +82,8 @@ void verifySameModel(ProcessGroup& group, const std::vector<NamedTensor>& params
     if (variants.size() < 2) continue;
     std::vector<std::string> parts;
     for (const auto& [entry, ranks] : variants) {
-      parts.push_back(fmt::format("{} {} {}", rankList(ranks), ranks.size() == 1 ? "has" : "have",
-                                  entry));
+      parts.push_back(
+          fmt::format("{} {} {}", rankList(ranks), ranks.size() == 1 ? "has" : "have", entry));
     }
     // Rank 0's view first: it is the one every other rank is compared with.
     std::stable_partition(parts.begin(), parts.end(), [&](const std::string& p) {
@@ -119,7 +120,8 @@ CoalescedBroadcast::CoalescedBroadcast(ProcessGroup& group, const std::vector<at
       g.numel += t.numel();
       g.tensors.push_back(std::move(t));
     }
-    if (kept_) g.flat = at::empty({g.numel}, at::TensorOptions().dtype(type).device(group_.device()));
+    if (kept_)
+      g.flat = at::empty({g.numel}, at::TensorOptions().dtype(type).device(group_.device()));
     groups_.push_back(std::move(g));
   }
 }
@@ -171,8 +173,8 @@ void CoalescedBroadcast::runBucketed(int root, comm::Millis timeout) {
       group_.broadcastAsync(flat, root)->wait(timeout);
       continue;
     }
-    at::Tensor flat =
-        at::empty({g.numel}, at::TensorOptions().dtype(first.scalar_type()).device(group_.device()));
+    at::Tensor flat = at::empty(
+        {g.numel}, at::TensorOptions().dtype(first.scalar_type()).device(group_.device()));
     if (isRoot) pack(g.tensors, flat);
     group_.broadcastAsync(flat, root)->wait(timeout);
     if (!isRoot) unpack(flat, g.tensors);

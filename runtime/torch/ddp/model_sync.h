@@ -6,8 +6,8 @@
 
 #include <ATen/core/Tensor.h>
 
-#include "reducer.h"
 #include "dtrain/torch/process_group.h"
+#include "reducer.h"
 
 namespace dtrain::ddp {
 

@@ -3,12 +3,12 @@
 #include <ATen/ATen.h>
 #include <fmt/format.h>
 
+#include "../torch_compat.h"
 #include "backward_pass.h"
 #include "buffer_tensor.h"
 #include "dtrain/base/error.h"
 #include "dtrain/base/logging.h"
 #include "nan_grad_fault.h"
-#include "../torch_compat.h"
 
 // Note [Gradients in the buckets]
 // DdpOptions::gradientAsBucketView is on by default. Copying gradients into the buckets and the
@@ -132,12 +132,10 @@ void Reducer::buildBuckets(const std::vector<std::vector<size_t>>& assignment) {
     // the way; with gradientAsBucketView nothing then touches a gradient between autograd and the
     // allreduce). 16-bit buckets and compressed ones are divided first, as PyTorch does, so their
     // sums cannot overflow.
-    bucket.averagedByAllreduce =
-        options_.compression == GradientCompression::None &&
-        (bucket.dtype == at::kFloat || bucket.dtype == at::kDouble);
+    bucket.averagedByAllreduce = options_.compression == GradientCompression::None &&
+                                 (bucket.dtype == at::kFloat || bucket.dtype == at::kDouble);
     if (options_.compression != GradientCompression::None && bucket.dtype == at::kFloat) {
-      auto wireType =
-          options_.compression == GradientCompression::Fp16 ? at::kHalf : at::kBFloat16;
+      auto wireType = options_.compression == GradientCompression::Fp16 ? at::kHalf : at::kBFloat16;
       bucket.wireMemory = comm_.allocate(std::max<size_t>(1, bucket.numel * 2));
       bucket.wire = tensorOver(bucket.wireMemory, 0, {bucket.numel}, options.dtype(wireType));
     }
@@ -172,9 +170,8 @@ void Reducer::installHooks() {
                  "DistributedDataParallel: parameter {} has no gradient accumulator (is it a leaf "
                  "tensor that requires grad?)",
                  params_[i].name);
-    hookKeys_.push_back(compat::addAccumulatorPostHook(accumulator, [this, i] {
-      onGradientReady(i);
-    }));
+    hookKeys_.push_back(
+        compat::addAccumulatorPostHook(accumulator, [this, i] { onGradientReady(i); }));
     accumulators_.push_back(std::move(accumulator));
   }
 }
@@ -283,10 +280,9 @@ void Reducer::launchReadyBucketsLocked() {
     stats_.bucketLaunched.push_back(Clock::now());
     at::Tensor& travels = b.wire.defined() ? b.wire : b.flat;
     if (b.wire.defined()) b.wire.copy_(b.flat);
-    b.work = comm_.allreduceAsync(travels.data_ptr(), static_cast<size_t>(b.numel),
-                                  toDataType(travels),
-                                  b.averagedByAllreduce ? comm::ReduceOp::Avg : comm::ReduceOp::Sum,
-                                  call);
+    b.work = comm_.allreduceAsync(
+        travels.data_ptr(), static_cast<size_t>(b.numel), toDataType(travels),
+        b.averagedByAllreduce ? comm::ReduceOp::Avg : comm::ReduceOp::Sum, call);
   }
   if (nextBucket_ == buckets_.size() && options_.findUnusedParameters && !usedWork_) {
     auto host = at::from_blob(usedLocally_.data(), {static_cast<int64_t>(usedLocally_.size())},
@@ -393,12 +389,13 @@ void Reducer::rebuildBucketsLocked() {
     const int64_t i = shared.data_ptr<int64_t>()[k];
     DTRAIN_CHECK(i >= 0 && static_cast<size_t>(i) < n && !hit[i],
                  "rank {}: DistributedDataParallel: rank 0's gradient order is not a permutation "
-                 "of the {} parameters (entry {} is {})", group_->rank(), n, k, i);
+                 "of the {} parameters (entry {} is {})",
+                 group_->rank(), n, k, i);
     hit[i] = 1;
     walk[k] = static_cast<size_t>(i);
   }
-  auto assignment =
-      assignBucketsInOrder(bucketInputs(), walk, options_.firstBucketBytes, options_.bucketBytes);
+  auto assignment = assignBucketsInOrder(bucketInputs(), walk, options_.firstBucketBytes,
+                                         options_.bucketBytes);
   std::vector<std::vector<size_t>> current;
   for (const auto& b : buckets_) current.push_back(b.params);
   if (assignment == current) {
@@ -407,7 +404,8 @@ void Reducer::rebuildBucketsLocked() {
   }
   std::vector<Bucket> old = std::move(buckets_);  // alive until the gradients have moved over
   buildBuckets(assignment);
-  DTRAIN_LOG(Info, "DDP: buckets rebuilt in the order the gradients arrived (rank 0's): {} "
+  DTRAIN_LOG(Info,
+             "DDP: buckets rebuilt in the order the gradients arrived (rank 0's): {} "
              "buckets, the first holds {}",
              buckets_.size(), namesOf(params_, buckets_.front().params, 4));
 }

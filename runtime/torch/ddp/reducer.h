@@ -13,12 +13,12 @@
 #include <ATen/core/Tensor.h>
 
 #include "backward_pass.h"
-#include "gradient_sync.h"
 #include "dtrain/comm/communicator.h"
-#include "dtrain/torch/detail/bucket_assignment.h"
 #include "dtrain/torch/ddp_options.h"
 #include "dtrain/torch/ddp_stats.h"
+#include "dtrain/torch/detail/bucket_assignment.h"
 #include "dtrain/torch/process_group.h"
+#include "gradient_sync.h"
 
 namespace torch::autograd {
 struct Node;
@@ -63,7 +63,7 @@ class Reducer : public GradientSync {
     std::shared_ptr<comm::Buffer> wireMemory;
     at::Tensor wire;
     bool averagedByAllreduce = false;  // Note [Averaging]: ReduceOp::Avg, no division before
-    size_t pending = 0;  // gradients not yet ready this pass
+    size_t pending = 0;                // gradients not yet ready this pass
     std::shared_ptr<comm::Work> work;
   };
   struct Slot {
@@ -102,13 +102,13 @@ class Reducer : public GradientSync {
   State state_ = State::Idle;
   bool callbackQueued_ = false;
   bool warnedUnexpected_ = false;
-  bool poisonedThisPass_ = false;   // DTRAIN_FAULT=nan-grad: one gradient per pass
-  std::vector<char> ready_;         // per parameter, this pass
-  std::vector<char> usedLocally_;   // per parameter, since the last synchronised pass
-  UnusedSearch unused_;             // findUnusedParameters: unreachable from this pass's outputs
-  size_t nextBucket_ = 0;           // next bucket to launch: launches are in bucket order
-  std::vector<size_t> arrival_;     // until the rebuild: parameters in the order gradients came
-  bool rebuilt_ = false;            // the buckets were rebuilt (or will not be)
+  bool poisonedThisPass_ = false;  // DTRAIN_FAULT=nan-grad: one gradient per pass
+  std::vector<char> ready_;        // per parameter, this pass
+  std::vector<char> usedLocally_;  // per parameter, since the last synchronised pass
+  UnusedSearch unused_;            // findUnusedParameters: unreachable from this pass's outputs
+  size_t nextBucket_ = 0;          // next bucket to launch: launches are in bucket order
+  std::vector<size_t> arrival_;    // until the rebuild: parameters in the order gradients came
+  bool rebuilt_ = false;           // the buckets were rebuilt (or will not be)
   std::shared_ptr<comm::Buffer> usedMemory_;  // findUnusedParameters: per parameter, int32
   at::Tensor usedMap_;
   std::shared_ptr<comm::Work> usedWork_;

@@ -161,7 +161,8 @@ class RecomputeFunction : public torch::autograd::Function<RecomputeFunction> {
     std::vector<bool> needed(count);
     bool any = false;
     for (size_t k = 0; k < count; ++k) any |= (needed[k] = ctx->needs_input_grad(k));
-    bool anyGrad = std::any_of(grads.begin(), grads.end(), [](const auto& g) { return g.defined(); });
+    bool anyGrad = std::any_of(grads.begin(), grads.end(),
+                               [](const auto& g) { return g.defined(); });
     if (!any || !anyGrad) return result;
 
     std::vector<at::Tensor> inputs;
@@ -187,9 +188,8 @@ class RecomputeFunction : public torch::autograd::Function<RecomputeFunction> {
  private:
   // Runs fn again and writes the gradients of the inputs and parameters into result.
   static void gradients(RecomputeRun& run, const variable_list& grads, const variable_list& saved,
-                        const std::vector<at::Tensor>& inputs,
-                        const std::vector<bool>& needed, bool createGraph,
-                        variable_list& result) {
+                        const std::vector<at::Tensor>& inputs, const std::vector<bool>& needed,
+                        bool createGraph, variable_list& result) {
     const size_t count = saved.size();
     std::vector<at::Tensor> outputs = rerun(run, inputs);
 
@@ -398,8 +398,7 @@ namespace detail {
 std::vector<at::Tensor> runRecomputed(const RecomputeSegment& segment, SegmentFn fn,
                                       std::vector<at::Tensor> inputs) {
   for (size_t i = 0; i < inputs.size(); ++i) {
-    DTRAIN_CHECK_ARG(inputs[i].defined(), "dtrain::recompute: tensor argument #{} is undefined",
-                     i);
+    DTRAIN_CHECK_ARG(inputs[i].defined(), "dtrain::recompute: tensor argument #{} is undefined", i);
   }
   // Without grad mode (evaluation) there is nothing to recompute: no node, nothing saved.
   if (!c10::GradMode::is_enabled()) return fn(inputs);

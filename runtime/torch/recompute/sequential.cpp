@@ -37,8 +37,8 @@ at::Tensor recomputeSequential(const torch::nn::Sequential& sequential, int64_t 
   return out;
 }
 
-RecomputeSequentialImpl::RecomputeSequentialImpl(torch::nn::Sequential sequential,
-                                                 int64_t segments, RecomputeOptions options)
+RecomputeSequentialImpl::RecomputeSequentialImpl(torch::nn::Sequential sequential, int64_t segments,
+                                                 RecomputeOptions options)
     : sequential_(std::move(sequential)), segments_(segments), options_(options) {
   DTRAIN_CHECK_ARG(sequential_, "RecomputeSequential: the Sequential is empty (null)");
   const auto size = static_cast<int64_t>(sequential_->size());

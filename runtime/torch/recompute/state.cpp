@@ -6,8 +6,8 @@
 #include <ATen/autocast_mode.h>
 #include <c10/core/GradMode.h>
 
-#include "dtrain/base/error.h"
 #include "../torch_compat.h"
+#include "dtrain/base/error.h"
 
 namespace dtrain::recompute_state {
 

@@ -4,11 +4,11 @@
 
 #include <ATen/ATen.h>
 
-#include "registry.h"
 #include "dtrain/base/error.h"
 #include "dtrain/torch/process_group.h"
 #include "dtrain/torch/zero.h"
 #include "fault.h"
+#include "registry.h"
 
 namespace dtrain {
 
@@ -42,13 +42,16 @@ TrainingState::~TrainingState() = default;
 
 void TrainingState::addModule(const std::string& name, std::shared_ptr<torch::nn::Module> module) {
   DTRAIN_CHECK_ARG(module != nullptr, "TrainingState::addModule(\"{}\"): null module", name);
-  checkUnique(registry_->modules, [](const auto& e) { return e.first; }, "a module", name);
+  checkUnique(
+      registry_->modules, [](const auto& e) { return e.first; }, "a module", name);
   registry_->modules.emplace_back(name, std::move(module));
 }
 
 void TrainingState::addOptimizer(const std::string& name, torch::optim::Optimizer& optimizer) {
-  checkUnique(registry_->optimizers, [](const auto& e) { return e.first; }, "an optimizer", name);
-  checkUnique(registry_->sharded, [](const auto& e) { return e.name; }, "an optimizer", name);
+  checkUnique(
+      registry_->optimizers, [](const auto& e) { return e.first; }, "an optimizer", name);
+  checkUnique(
+      registry_->sharded, [](const auto& e) { return e.name; }, "an optimizer", name);
   // Sharded state is kept as shard records, never gathered (Note [Sharded checkpoint files]).
   if (auto* zero = dynamic_cast<ShardedOptimizer*>(&optimizer)) {
     registry_->sharded.push_back({name, zero});
@@ -58,18 +61,21 @@ void TrainingState::addOptimizer(const std::string& name, torch::optim::Optimize
 }
 
 void TrainingState::addScheduler(const std::string& name, torch::optim::LRScheduler& scheduler) {
-  checkUnique(registry_->schedulers, [](const auto& e) { return e.first; }, "a scheduler", name);
+  checkUnique(
+      registry_->schedulers, [](const auto& e) { return e.first; }, "a scheduler", name);
   registry_->schedulers.emplace_back(name, &scheduler);
 }
 
 void TrainingState::addScaler(const std::string& name, GradScaler& scaler) {
-  checkUnique(registry_->scalers, [](const auto& e) { return e.first; }, "a scaler", name);
+  checkUnique(
+      registry_->scalers, [](const auto& e) { return e.first; }, "a scaler", name);
   registry_->scalers.emplace_back(name, &scaler);
 }
 
 void TrainingState::addSampler(const std::string& name, DistributedSampler& sampler,
                                std::function<size_t()> consumed) {
-  checkUnique(registry_->samplers, [](const auto& e) { return e.name; }, "a sampler", name);
+  checkUnique(
+      registry_->samplers, [](const auto& e) { return e.name; }, "a sampler", name);
   registry_->samplers.push_back({name, &sampler, std::move(consumed)});
 }
 

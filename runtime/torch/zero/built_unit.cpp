@@ -9,8 +9,8 @@
 #include "../ddp/buffer_tensor.h"
 #include "checkpoint/format.h"
 #include "dtrain/base/error.h"
-#include "dtrain/torch/process_group.h"
 #include "dtrain/torch/detail/unit_layout.h"
+#include "dtrain/torch/process_group.h"
 
 namespace dtrain::zero {
 
@@ -71,14 +71,15 @@ std::shared_ptr<BuiltUnit> shardWhenBuilt(torch::nn::Module& unit, const ShardPl
       part.params.push_back(params[i].second);
       sums.push_back(checksumOf(params[i].second));
     }
-    part.owned = at::zeros({u.shardNumel},
-                           at::TensorOptions().dtype(part.params.front().scalar_type())
-                               .device(where.device));
+    part.owned = at::zeros(
+        {u.shardNumel},
+        at::TensorOptions().dtype(part.params.front().scalar_type()).device(where.device));
     built->parts.push_back(std::move(part));
   }
   for (const OwnedRange& r : layout.ownedBy(where.rank)) {
     const at::Tensor& from = params[r.param].second;
-    built->parts[r.unit].owned.narrow(0, r.shardOffset, r.end - r.begin)
+    built->parts[r.unit]
+        .owned.narrow(0, r.shardOffset, r.end - r.begin)
         .copy_(from.detach().reshape({-1}).narrow(0, r.begin, r.end - r.begin));
   }
   built->checksum = checkpoint::checksum(sums.data(), sums.size() * sizeof(uint64_t));

@@ -42,8 +42,8 @@
 #include <c10/core/Device.h>
 
 #include "dtrain/comm/communicator.h"
-#include "dtrain/torch/fully_shard.h"
 #include "dtrain/torch/detail/shard_layout.h"
+#include "dtrain/torch/fully_shard.h"
 
 namespace dtrain::zero {
 
@@ -59,7 +59,7 @@ struct BuiltUnit {
   ShardPlacement where;  // what fullyShard was given: the layout's ranks, the blocks' device
   // One per dtype, trained and frozen apart, in the order of their first parameters.
   std::vector<BuiltPart> parts;
-  uint64_t checksum = 0;         // of every part's values as built
+  uint64_t checksum = 0;  // of every part's values as built
 
   // Makes part `part`'s parameters full again: every rank's block all-gathered into one buffer
   // the parameters become views of (returned: it lives while they do). Collective.

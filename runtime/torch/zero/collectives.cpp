@@ -20,21 +20,20 @@ std::shared_ptr<comm::Work> reduceScatterUnit(comm::Communicator& comm, ShardUni
                                               const at::Tensor& out) {
   const bool avg = averagedByCollective(unit.gradType());
   void* to = out.defined() ? out.data_ptr() : unit.reduced().data_ptr();
-  return comm.reduceScatterAsync(unit.fullGrads().data_ptr(), to,
-                                 static_cast<size_t>(unit.shardNumel()),
-                                 toDataType(unit.fullGrads()),
-                                 avg ? comm::ReduceOp::Avg : comm::ReduceOp::Sum, call);
+  return comm.reduceScatterAsync(
+      unit.fullGrads().data_ptr(), to, static_cast<size_t>(unit.shardNumel()),
+      toDataType(unit.fullGrads()), avg ? comm::ReduceOp::Avg : comm::ReduceOp::Sum, call);
 }
 
 std::shared_ptr<comm::Work> allgatherUnit(comm::Communicator& comm, ShardUnit& unit,
                                           const comm::CallOptions& call) {
   return comm.allgatherAsync(unit.ownedParams().data_ptr(), unit.fullParams().data_ptr(),
-                             static_cast<size_t>(unit.shardNumel()),
-                             toDataType(unit.fullParams()), call);
+                             static_cast<size_t>(unit.shardNumel()), toDataType(unit.fullParams()),
+                             call);
 }
 
-double globalNorm(comm::Communicator& comm, const std::vector<at::Tensor>& grads,
-                  double normType, const c10::Device& device, comm::Millis timeout) {
+double globalNorm(comm::Communicator& comm, const std::vector<at::Tensor>& grads, double normType,
+                  const c10::Device& device, comm::Millis timeout) {
   const bool infinity = std::isinf(normType);
   at::Tensor total = at::zeros({1}, at::TensorOptions().dtype(at::kDouble).device(device));
   for (const auto& g : grads) {

@@ -33,8 +33,8 @@ std::shared_ptr<comm::Work> allgatherUnit(comm::Communicator& comm, ShardUnit& u
 
 // The norm of every rank's `grads` together: sum of |g|^p (max for infinity) over this rank's,
 // one allreduce. Collective. `grads` on `device`, any floating dtypes (summed in float64).
-double globalNorm(comm::Communicator& comm, const std::vector<at::Tensor>& grads,
-                  double normType, const c10::Device& device, comm::Millis timeout);
+double globalNorm(comm::Communicator& comm, const std::vector<at::Tensor>& grads, double normType,
+                  const c10::Device& device, comm::Millis timeout);
 
 // Note [Communication buffers of a step]
 // Stage 2's full-size gradient buckets and stage 3's gathered units come from

@@ -67,9 +67,11 @@ UnitBinding::UnitBinding(std::weak_ptr<ShardGroup> shards, std::vector<size_t> u
 
 ShardGroup& UnitBinding::shards() {
   auto shards = shards_.lock();
-  DTRAIN_CHECK(shards != nullptr, "ShardedUnit {}: the stage-3 ShardedOptimizer that sharded "
+  DTRAIN_CHECK(shards != nullptr,
+               "ShardedUnit {}: the stage-3 ShardedOptimizer that sharded "
                "its parameters is gone, and they with it. HINT: keep the optimizer alive while "
-               "the model is used", name_);
+               "the model is used",
+               name_);
   return *shards;  // the optimizer owns the group; it outlives this call
 }
 
@@ -204,7 +206,8 @@ ShardedUnit fullyShard(torch::nn::AnyModule module, const ShardPlacement& where,
 }
 
 void ShardedUnitImpl::bind(std::shared_ptr<zero::UnitBinding> binding) {
-  DTRAIN_CHECK_ARG(binding_ == nullptr, "ShardedUnit {}: bound to a second stage-3 "
+  DTRAIN_CHECK_ARG(binding_ == nullptr,
+                   "ShardedUnit {}: bound to a second stage-3 "
                    "ShardedOptimizer. HINT: one ShardedOptimizer per model",
                    binding->name());
   binding_ = std::move(binding);
@@ -234,12 +237,14 @@ std::vector<std::pair<std::string, at::Tensor>> gatherFullParameters(ShardedOpti
       const at::Tensor full = shards.gatherMaster(k);
       for (size_t j = 0; j < unit.params().size(); ++j) {
         const at::Tensor& p = unit.params()[j].param;
-        out.emplace_back(unit.params()[j].name,
-                         full.narrow(0, unit.layout().offsets[j], p.numel()).view(p.sizes()).clone());
+        out.emplace_back(
+            unit.params()[j].name,
+            full.narrow(0, unit.layout().offsets[j], p.numel()).view(p.sizes()).clone());
       }
       continue;
     }
-    const bool gathered = shards.unshard(k, zero::ShardGroup::Why::Full, unit.params().front().name);
+    const bool gathered = shards.unshard(k, zero::ShardGroup::Why::Full,
+                                         unit.params().front().name);
     for (const auto& p : unit.params()) out.emplace_back(p.name, p.param.detach().clone());
     if (gathered) shards.reshard(k);
   }

@@ -348,17 +348,19 @@ void ShardedGradientSync::finalizeLocked(std::vector<size_t>& missing) {
   for (size_t k = 0; k < shards_->size(); ++k) {
     if (shards_->gradState(k) == ShardGroup::Grads::Reducing) waited += shards_->finishReduce(k);
   }
-  const fault::Fault* after =
-      accumulatingPass_ ? nullptr : ddp::nanGradFault(shards_->group().rank(), stats_.iteration, true);
+  const fault::Fault* after = accumulatingPass_ ? nullptr
+                                                : ddp::nanGradFault(shards_->group().rank(),
+                                                                    stats_.iteration, true);
   if (const auto* f = after) {
     for (size_t k = 0; k < shards_->size(); ++k) {
       at::Tensor& grad = shards_->shardGrad(k);
       if (grad.numel() == 0) continue;
       at::NoGradGuard noGrad;
       ddp::poison(grad, *f);  // this rank's shard alone: the reduce-scatter is over
-      DTRAIN_LOG(Warn, "rank {}: DTRAIN_FAULT {}: poisoned the shard of {} after the "
-                 "reduce-scatter", shards_->group().rank(), f->describe(),
-                 shards_->unit(k).describe());
+      DTRAIN_LOG(Warn,
+                 "rank {}: DTRAIN_FAULT {}: poisoned the shard of {} after the "
+                 "reduce-scatter",
+                 shards_->group().rank(), f->describe(), shards_->unit(k).describe());
       break;
     }
   }

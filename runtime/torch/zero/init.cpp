@@ -34,13 +34,14 @@ void checkOptions(DdpCore& ddp, const OptimizerFactory& factory, const ZeroOptio
                    "ShardedOptimizer: the optimizer factory has no {}. HINT: build it with "
                    "dtrain::optimizerFactory<torch::optim::AdamW>(torch::optim::AdamWOptions(...))",
                    factory.defaults ? "make function" : "defaults");
-  DTRAIN_CHECK_ARG(options.unitBytes > 0 && options.firstUnitBytes > 0,
-                   "ShardedOptimizer: unit sizes must be positive (firstUnitBytes {}, unitBytes {})",
-                   options.firstUnitBytes, options.unitBytes);
+  DTRAIN_CHECK_ARG(
+      options.unitBytes > 0 && options.firstUnitBytes > 0,
+      "ShardedOptimizer: unit sizes must be positive (firstUnitBytes {}, unitBytes {})",
+      options.firstUnitBytes, options.unitBytes);
   DTRAIN_CHECK_ARG(!options.reduceDtype || (options.stage >= 2 && options.masterWeights &&
-                                             (*options.reduceDtype == at::kFloat ||
-                                              *options.reduceDtype == at::kBFloat16 ||
-                                              *options.reduceDtype == at::kHalf)),
+                                            (*options.reduceDtype == at::kFloat ||
+                                             *options.reduceDtype == at::kBFloat16 ||
+                                             *options.reduceDtype == at::kHalf)),
                    "ShardedOptimizer: reduceDtype {} needs stage 2 or 3 (this is stage {}), "
                    "master weights (masterWeights is {}) and a floating dtype of 16 or 32 bits. "
                    "HINT: stage 1 reduces the gradients where autograd left them, in the "
@@ -54,8 +55,8 @@ void checkOptions(DdpCore& ddp, const OptimizerFactory& factory, const ZeroOptio
                    "weights (masterWeights is {}) and bfloat16 or float16. HINT: at stages 1 and "
                    "2 every rank keeps the whole model; convert it "
                    "(module->to(torch::kBFloat16)) and keep masterWeights for the same effect",
-                   options.paramDtype ? c10::toString(*options.paramDtype) : "none",
-                   options.stage, options.masterWeights);
+                   options.paramDtype ? c10::toString(*options.paramDtype) : "none", options.stage,
+                   options.masterWeights);
   DTRAIN_CHECK_ARG(!options.offload || options.stage >= 2,
                    "ShardedOptimizer: offload needs stage 2 or 3 (this is stage 1, whose "
                    "gradients are reduced in place on the device). HINT: ZeroOptions::stage = 2");
@@ -70,10 +71,10 @@ void checkOptions(DdpCore& ddp, const OptimizerFactory& factory, const ZeroOptio
 }
 
 // Which group each trained parameter belongs to, and each group's options.
-std::vector<size_t> resolveGroups(const std::vector<Named>& trained,
-                                  const std::vector<torch::optim::OptimizerParamGroup>& groups,
-                                  const OptimizerFactory& factory,
-                                  std::vector<std::unique_ptr<torch::optim::OptimizerOptions>>& options) {
+std::vector<size_t> resolveGroups(
+    const std::vector<Named>& trained, const std::vector<torch::optim::OptimizerParamGroup>& groups,
+    const OptimizerFactory& factory,
+    std::vector<std::unique_ptr<torch::optim::OptimizerOptions>>& options) {
   const size_t none = groups.size() + 1;
   std::vector<size_t> groupOf(trained.size(), groups.empty() ? 0 : none);
   if (groups.empty()) {
@@ -126,11 +127,10 @@ void agreeAcrossRanks(ProcessGroup& group, const std::vector<Named>& trained,
   }
   for (const auto& [name, t] : frozen) described.push_back({fmt::format("{} (frozen)", name), t});
   ddp::verifySameModel(group, described, {});
-  const std::vector<int64_t> mine = {options.stage, static_cast<int64_t>(options.firstUnitBytes),
-                                     static_cast<int64_t>(options.unitBytes),
-                                     options.masterWeights ? 1 : 0,
-                                     options.paramDtype ? static_cast<int64_t>(*options.paramDtype)
-                                                        : -1};
+  const std::vector<int64_t> mine = {
+      options.stage, static_cast<int64_t>(options.firstUnitBytes),
+      static_cast<int64_t>(options.unitBytes), options.masterWeights ? 1 : 0,
+      options.paramDtype ? static_cast<int64_t>(*options.paramDtype) : -1};
   auto all = group.allgather(at::tensor(mine, at::kLong).to(group.device()));
   for (size_t r = 0; r < all.size(); ++r) {
     auto theirs = all[r].cpu();
@@ -226,8 +226,8 @@ ShardLayout layoutFrozen(const std::vector<Marked>& marked, const std::vector<Na
                          int ranks, std::vector<size_t>& ownerOf) {
   std::vector<ShardInput> inputs;
   for (const auto& [name, t] : frozen) {
-    inputs.push_back({t.numel(), static_cast<size_t>(t.element_size()),
-                      static_cast<int>(t.scalar_type())});
+    inputs.push_back(
+        {t.numel(), static_cast<size_t>(t.element_size()), static_cast<int>(t.scalar_type())});
   }
   std::vector<std::vector<size_t>> groups;
   std::vector<size_t> groupOwner;
@@ -315,9 +315,9 @@ void bindMarked(const std::vector<Marked>& marked, const std::vector<size_t>& ow
     std::optional<size_t> release;
     if (!frozen.empty()) release = shards->addFrozenRelease(frozen, std::move(inside));
     mine.insert(mine.end(), frozen.begin(), frozen.end());
-    marked[g].module->bind(std::make_shared<UnitBinding>(
-        shards, std::move(mine), marked[g].name, marked[g].module->options().reshardAfterForward,
-        release));
+    marked[g].module->bind(
+        std::make_shared<UnitBinding>(shards, std::move(mine), marked[g].name,
+                                      marked[g].module->options().reshardAfterForward, release));
   }
 }
 
@@ -332,8 +332,8 @@ void agreeOnBuiltUnits(ProcessGroup& pg, const std::vector<Marked>& marked) {
     uint64_t sum = 0;
     if (built) {
       const ShardPlacement& place = built->where;
-      const bool here =
-          place.rank == pg.rank() && place.ranks == pg.size() && place.device == pg.device();
+      const bool here = place.rank == pg.rank() && place.ranks == pg.size() &&
+                        place.device == pg.device();
       placement = here ? place.ranks : -1;
       sum = built->checksum;
     }
@@ -369,8 +369,8 @@ void agreeOnBuiltUnits(ProcessGroup& pg, const std::vector<Marked>& marked) {
     if (bySum.size() == 1) continue;
     std::vector<std::string> groups;
     for (const auto& [sum, ranks] : bySum) {
-      groups.push_back(fmt::format("{} {}", ranks.size() == 1 ? "rank" : "ranks",
-                                   fmt::join(ranks, ", ")));
+      groups.push_back(
+          fmt::format("{} {}", ranks.size() == 1 ? "rank" : "ranks", fmt::join(ranks, ", ")));
     }
     DTRAIN_THROW(Error,
                  "rank {}: ShardedOptimizer: unit {} was built with different values on {} "
@@ -387,8 +387,7 @@ void agreeOnBuiltUnits(ProcessGroup& pg, const std::vector<Marked>& marked) {
 // layout's.
 class BuiltGathers {
  public:
-  BuiltGathers(const std::vector<Marked>& marked, comm::CallOptions call)
-      : call_(std::move(call)) {
+  BuiltGathers(const std::vector<Marked>& marked, comm::CallOptions call) : call_(std::move(call)) {
     for (const Marked& m : marked) {
       const auto& built = m.module->built();
       if (!built) continue;
@@ -478,8 +477,8 @@ BuiltShards buildShards(DdpCore& ddp, std::vector<torch::optim::OptimizerParamGr
   std::vector<std::unique_ptr<torch::optim::OptimizerOptions>> groupOptions;
   const std::vector<size_t> groupOf = resolveGroups(trained, groups, factory, groupOptions);
   // Stage 3 shards the frozen parameters of marked modules too (Note [Frozen units]).
-  const std::vector<Named> frozen =
-      options.stage == 3 ? frozenParameters(*ddp.module()) : std::vector<Named>();
+  const std::vector<Named> frozen = options.stage == 3 ? frozenParameters(*ddp.module())
+                                                       : std::vector<Named>();
   agreeAcrossRanks(pg, trained, frozen, groupOf, options);
 
   // One key per (group, dtype): Note [Shard layout].
@@ -559,11 +558,10 @@ BuiltShards buildShards(DdpCore& ddp, std::vector<torch::optim::OptimizerParamGr
       types.param = convert ? *options.paramDtype : dtype;
       types.master = convert ? dtype : masterTypeOf(dtype, options);
       types.grad = options.reduceDtype && types.master != types.param ? *options.reduceDtype
-                                                                       : types.param;
-      units.push_back(std::make_unique<ShardUnit>(k, u, std::move(params), pg.rank(), pg.size(),
-                                                  options.stage, types, pg.communicator(),
-                                                  pg.device(), resharded, options.offload,
-                                                  asBuilt));
+                                                                      : types.param;
+      units.push_back(std::make_unique<ShardUnit>(
+          k, u, std::move(params), pg.rank(), pg.size(), options.stage, types, pg.communicator(),
+          pg.device(), resharded, options.offload, asBuilt));
       if (!asBuilt.defined()) builtGathers.bound(tensors);
       const size_t g = groupOf[u.params.front()];
       std::vector<torch::optim::OptimizerParamGroup> one;
@@ -586,8 +584,8 @@ BuiltShards buildShards(DdpCore& ddp, std::vector<torch::optim::OptimizerParamGr
       UnitDtypes types;
       types.param = types.master = types.grad = dtype;
       units.push_back(std::make_unique<ShardUnit>(
-          layout.units.size() + f, u, std::move(params), pg.rank(), pg.size(), options.stage,
-          types, pg.communicator(), pg.device(), /*resharded=*/true, /*offload=*/false, asBuilt,
+          layout.units.size() + f, u, std::move(params), pg.rank(), pg.size(), options.stage, types,
+          pg.communicator(), pg.device(), /*resharded=*/true, /*offload=*/false, asBuilt,
           /*frozen=*/true));
       if (!asBuilt.defined()) builtGathers.bound(tensors);
     }
@@ -599,7 +597,8 @@ BuiltShards buildShards(DdpCore& ddp, std::vector<torch::optim::OptimizerParamGr
       built.groups.emplace_back(std::move(shards), groupOptions[g]->clone());
     }
     if (log::enabled(log::Level::Info)) {
-      DTRAIN_LOG(Info, "ZeRO stage {}: {} parameters ({} elements) in {} units; each of {} ranks "
+      DTRAIN_LOG(Info,
+                 "ZeRO stage {}: {} parameters ({} elements) in {} units; each of {} ranks "
                  "owns {} elements, {} of them padding in all; {} frozen units ({} elements)",
                  options.stage, trained.size(), layout.numel(), layout.units.size(), pg.size(),
                  layout.shardNumel(), layout.padding(), frozenLayout.units.size(),

@@ -66,9 +66,8 @@ const char* paramsName(ShardGroup::Params s) {
 }  // namespace
 
 ShardGroup::ShardGroup(std::shared_ptr<ProcessGroup> group, ShardLayout layout,
-                       std::vector<std::unique_ptr<ShardUnit>> units,
-                       std::vector<size_t> unitGroup, const ZeroOptions& options,
-                       ShardLayout frozenLayout)
+                       std::vector<std::unique_ptr<ShardUnit>> units, std::vector<size_t> unitGroup,
+                       const ZeroOptions& options, ShardLayout frozenLayout)
     : group_(std::move(group)),
       comm_(group_->communicator()),
       layout_(std::move(layout)),
@@ -124,8 +123,10 @@ void ShardGroup::openAccumulation() {
   const int64_t r = group_->rank();
   for (size_t k = 0; k < units_.size(); ++k) {
     ShardUnit& u = *units_[k];
-    DTRAIN_CHECK(grads_[k] == Grads::Reduced, "rank {}: ZeRO: {} is {}, not reduced, when a new "
-                 "accumulation opens", r, u.describe(), gradsName(grads_[k]));
+    DTRAIN_CHECK(grads_[k] == Grads::Reduced,
+                 "rank {}: ZeRO: {} is {}, not reduced, when a new "
+                 "accumulation opens",
+                 r, u.describe(), gradsName(grads_[k]));
     const int64_t s = u.shardNumel();
     if (u.hasMaster()) {
       u.fullGrads().zero_();
@@ -186,8 +187,10 @@ void ShardGroup::fill(size_t k, size_t j, const fault::Fault* poison) {
     lease(k);
     grads_[k] = Grads::Accumulating;
   }
-  DTRAIN_CHECK(grads_[k] == Grads::Accumulating, "rank {}: ZeRO: a gradient of {} arrived while "
-               "its unit is {}", group_->rank(), u.params()[j].name, gradsName(grads_[k]));
+  DTRAIN_CHECK(grads_[k] == Grads::Accumulating,
+               "rank {}: ZeRO: a gradient of {} arrived while "
+               "its unit is {}",
+               group_->rank(), u.params()[j].name, gradsName(grads_[k]));
   at::NoGradGuard noGrad;
   at::Tensor& view = u.gradView(j);
   at::Tensor& grad = u.params()[j].param.mutable_grad();
@@ -228,8 +231,10 @@ at::Tensor ShardGroup::addedLater(size_t k) {
 }
 
 void ShardGroup::launchReduce(size_t k) {
-  DTRAIN_CHECK(grads_[k] == Grads::Accumulating, "rank {}: ZeRO: reduce-scatter of {}, which is "
-               "{}", group_->rank(), units_[k]->describe(), gradsName(grads_[k]));
+  DTRAIN_CHECK(grads_[k] == Grads::Accumulating,
+               "rank {}: ZeRO: reduce-scatter of {}, which is "
+               "{}",
+               group_->rank(), units_[k]->describe(), gradsName(grads_[k]));
   reduceInto_[k] = addedLater(k);  // see Note [Accumulating into the shard]
   reduceWork_[k] = reduceScatterUnit(comm_, *units_[k], call(), reduceInto_[k]);
   grads_[k] = Grads::Reducing;
@@ -266,8 +271,8 @@ std::chrono::nanoseconds ShardGroup::finishReduce(size_t k) {
 
 void ShardGroup::checkSteppable() const {
   for (size_t k = 0; k < units_.size(); ++k) {
-    const bool ready =
-        grads_[k] == (stage() == 1 ? Grads::Reduced : Grads::Empty) && !localGradients_;
+    const bool ready = grads_[k] == (stage() == 1 ? Grads::Reduced : Grads::Empty) &&
+                       !localGradients_;
     const Params rest = units_[k]->resharded() ? Params::Free : Params::Gathered;
     DTRAIN_CHECK(ready && params_[k] == rest,
                  "rank {}: ShardedOptimizer::step(): {} is {} (gradients) and {} (parameters): "
@@ -316,8 +321,10 @@ const char* whyName(ShardGroup::Why why) {
 
 bool ShardGroup::unshard(size_t k, Why why, const std::string& module) {
   ShardUnit& u = *units_[k];
-  DTRAIN_CHECK(u.resharded() || params_[k] == Params::Gathered, "rank {}: ZeRO-3: gathering {}, "
-               "which is {}", group_->rank(), u.describe(), paramsName(params_[k]));
+  DTRAIN_CHECK(u.resharded() || params_[k] == Params::Gathered,
+               "rank {}: ZeRO-3: gathering {}, "
+               "which is {}",
+               group_->rank(), u.describe(), paramsName(params_[k]));
   if (modules_[k].empty()) modules_[k] = module;
   if (why == Why::Backward && !inBackward_) {
     inBackward_ = true;
@@ -327,7 +334,7 @@ bool ShardGroup::unshard(size_t k, Why why, const std::string& module) {
   if (params_[k] == Params::Free) issueUnitGather(k, why, /*prefetch=*/false);
   // Note [Prefetching units]: the next unit's all-gather goes out before this one is waited for.
   // A forward gather inside backward (a recompute) neither records nor prefetches.
-  UnitOrder* order = why == Why::Backward                   ? &backwardOrder_
+  UnitOrder* order = why == Why::Backward                  ? &backwardOrder_
                      : why == Why::Forward && !inBackward_ ? &forwardOrder_
                                                            : nullptr;
   const size_t next = order ? order->needed(k) : UnitOrder::kNone;
@@ -393,7 +400,8 @@ void ShardGroup::inUnitTerms(size_t k, Why why, Step&& step) {
 
 template <typename E>
 void ShardGroup::gatherFailed(const E& error, size_t k, Why why) const {
-  DTRAIN_THROW(E, "rank {}: ZeRO-3: gathering {} for its {} failed: {}. HINT: every rank must "
+  DTRAIN_THROW(E,
+               "rank {}: ZeRO-3: gathering {} for its {} failed: {}. HINT: every rank must "
                "run the same sharded units' forward and backward, in the same order (where the "
                "ranks name different units, one did not); an evaluation loop that runs more "
                "batches on one rank than on another does not (give every rank the same number "
@@ -403,8 +411,10 @@ void ShardGroup::gatherFailed(const E& error, size_t k, Why why) const {
 
 void ShardGroup::reshard(size_t k) {
   ShardUnit& u = *units_[k];
-  DTRAIN_CHECK(params_[k] == Params::Gathered && u.resharded(), "rank {}: ZeRO-3: freeing {}, "
-               "which is {}", group_->rank(), u.describe(), paramsName(params_[k]));
+  DTRAIN_CHECK(params_[k] == Params::Gathered && u.resharded(),
+               "rank {}: ZeRO-3: freeing {}, "
+               "which is {}",
+               group_->rank(), u.describe(), paramsName(params_[k]));
   gatheredNow_ -= u.paddedNumel() * c10::elementSize(u.dtype());
   paramPool_.give(u.releaseFull());
   params_[k] = Params::Free;
@@ -492,8 +502,10 @@ void ShardGroup::launchGather(size_t k) {
 }
 
 std::chrono::nanoseconds ShardGroup::finishGather(size_t k) {
-  DTRAIN_CHECK(params_[k] == Params::Gathering, "rank {}: ZeRO: waiting for the all-gather of "
-               "{}, which is {}", group_->rank(), units_[k]->describe(), paramsName(params_[k]));
+  DTRAIN_CHECK(params_[k] == Params::Gathering,
+               "rank {}: ZeRO: waiting for the all-gather of "
+               "{}, which is {}",
+               group_->rank(), units_[k]->describe(), paramsName(params_[k]));
   const auto start = std::chrono::steady_clock::now();
   auto work = std::move(gatherWork_[k]);
   work->waitOnStream(compat::currentStream(group_->device()), options_.timeout);

@@ -12,8 +12,8 @@
 #include <vector>
 
 #include "collectives.h"
-#include "dtrain/torch/process_group.h"
 #include "dtrain/torch/detail/shard_layout.h"
+#include "dtrain/torch/process_group.h"
 #include "dtrain/torch/zero.h"
 #include "fault.h"
 #include "shard_unit.h"

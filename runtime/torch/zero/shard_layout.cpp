@@ -96,8 +96,10 @@ ShardLayout planShards(const std::vector<ShardInput>& params, int ranks, size_t 
   DTRAIN_CHECK_ARG(ranks >= 1, "planShards: {} ranks", ranks);
   std::vector<BucketInput> inputs;
   for (const auto& p : params) {
-    DTRAIN_CHECK_ARG(p.numel >= 0 && p.elementSize > 0, "planShards: a parameter of {} elements "
-                     "of {} bytes", p.numel, p.elementSize);
+    DTRAIN_CHECK_ARG(p.numel >= 0 && p.elementSize > 0,
+                     "planShards: a parameter of {} elements "
+                     "of {} bytes",
+                     p.numel, p.elementSize);
     inputs.push_back({static_cast<size_t>(p.numel) * p.elementSize, p.key});
   }
   ShardLayout layout;

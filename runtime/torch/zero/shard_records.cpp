@@ -111,7 +111,8 @@ void ShardedOptimizer::loadShardState(const ShardReader& read) {
       at::Tensor part = at::empty({len}, u.optimized().options());
       DTRAIN_CHECK(read({name, "master", r.begin, r.end}, part),
                    "ShardedOptimizer::loadShardState: the saved state has no values of {} "
-                   "[{}, {})", name, r.begin, r.end);
+                   "[{}, {})",
+                   name, r.begin, r.end);
       u.optimized().narrow(0, r.shardOffset, len).copy_(part);
       for (auto& [field, tensor] : probe.tensors) {
         if (!read({name, field, r.begin, r.end}, part)) continue;
@@ -124,8 +125,8 @@ void ShardedOptimizer::loadShardState(const ShardReader& read) {
         const int64_t value = count.item<int64_t>();
         DTRAIN_CHECK(!step || *step == value,
                      "ShardedOptimizer::loadShardState: {} of {} has step {}, another parameter "
-                     "of its unit step {}; one optimizer steps the unit", name, u.describe(),
-                     value, *step);
+                     "of its unit step {}; one optimizer steps the unit",
+                     name, u.describe(), value, *step);
         step = value;
         saved = true;
       }

@@ -27,9 +27,9 @@ at::DataPtr dataPtrOver(std::shared_ptr<comm::Buffer> buffer, const c10::Device&
 }  // namespace
 
 ShardUnit::ShardUnit(size_t index, const UnitLayout& layout, std::vector<UnitParam> params,
-                     int rank, int ranks, int stage, UnitDtypes types,
-                     comm::Communicator& comm, const c10::Device& device, bool resharded,
-                     bool offload, at::Tensor ownedAsBuilt, bool frozen)
+                     int rank, int ranks, int stage, UnitDtypes types, comm::Communicator& comm,
+                     const c10::Device& device, bool resharded, bool offload,
+                     at::Tensor ownedAsBuilt, bool frozen)
     : index_(index),
       layout_(layout),
       params_(std::move(params)),
@@ -42,8 +42,8 @@ ShardUnit::ShardUnit(size_t index, const UnitLayout& layout, std::vector<UnitPar
       resharded_(resharded),
       frozen_(frozen),
       device_(device) {
-  DTRAIN_CHECK(params_.size() == layout_.params.size(),
-               "ShardUnit: {} parameters for a unit of {}", params_.size(), layout_.params.size());
+  DTRAIN_CHECK(params_.size() == layout_.params.size(), "ShardUnit: {} parameters for a unit of {}",
+               params_.size(), layout_.params.size());
   DTRAIN_CHECK(stage == 3 || !resharded, "ShardUnit: only stage 3 reshards parameters");
   DTRAIN_CHECK(!frozen || (resharded && types.param == givenType_),
                "ShardUnit: frozen parameters are sharded by resharded stage-3 units, unconverted");
@@ -53,8 +53,8 @@ ShardUnit::ShardUnit(size_t index, const UnitLayout& layout, std::vector<UnitPar
                c10::toString(gradType_), c10::toString(dtype_));
   DTRAIN_CHECK(!converted() || (stage == 3 && resharded && masterType == givenType_),
                "ShardUnit: {} parameters held in {} need a resharded stage-3 unit with {} master "
-               "weights", c10::toString(givenType_), c10::toString(dtype_),
-               c10::toString(givenType_));
+               "weights",
+               c10::toString(givenType_), c10::toString(dtype_), c10::toString(givenType_));
   at::NoGradGuard noGrad;
   DTRAIN_CHECK(!ownedAsBuilt.defined() ||
                    (stage == 3 && resharded && ownedAsBuilt.numel() == shardNumel()),
@@ -126,7 +126,8 @@ void ShardUnit::bindParameters(comm::Communicator& comm, const c10::Device& devi
 at::Tensor ShardUnit::givenBlock(const c10::Device& device) const {
   const int64_t begin = rank_ * shardNumel();
   const int64_t end = begin + shardNumel();
-  at::Tensor block = at::zeros({shardNumel()}, at::TensorOptions().dtype(givenType_).device(device));
+  at::Tensor block = at::zeros({shardNumel()},
+                               at::TensorOptions().dtype(givenType_).device(device));
   for (size_t j = 0; j < params_.size(); ++j) {
     const at::Tensor& p = params_[j].param;
     const int64_t from = std::max(begin, layout_.offsets[j]);
@@ -155,8 +156,8 @@ void ShardUnit::bindOverStorage(comm::Communicator& comm, const c10::Device& dev
   fullParams_ = ddp::tensorIn(fullStorage_, 0, {paddedNumel()}, options);
   for (size_t j = 0; j < params_.size(); ++j) {
     at::Tensor& p = params_[j].param;
-    DTRAIN_CHECK(p.scalar_type() == givenType_, "ShardUnit: {} is {}, its unit {}",
-                 params_[j].name, c10::toString(p.scalar_type()), c10::toString(givenType_));
+    DTRAIN_CHECK(p.scalar_type() == givenType_, "ShardUnit: {} is {}, its unit {}", params_[j].name,
+                 c10::toString(p.scalar_type()), c10::toString(givenType_));
     at::Tensor place = ddp::tensorIn(fullStorage_, layout_.offsets[j], p.sizes(), options);
     if (!built) place.copy_(p);
     p.set_data(place);
@@ -239,8 +240,8 @@ void ShardUnit::leaseGrads(std::shared_ptr<comm::Buffer> bucket) {
   DTRAIN_CHECK(bucket->bytes() >= need, "{}: a bucket of {} bytes for {}", describe(),
                bucket->bytes(), need);
   gradMemory_ = std::move(bucket);
-  fullGrads_ =
-      ddp::tensorOver(gradMemory_, 0, {paddedNumel()}, fullParams_.options().dtype(gradType_));
+  fullGrads_ = ddp::tensorOver(gradMemory_, 0, {paddedNumel()},
+                               fullParams_.options().dtype(gradType_));
   fullGrads_.narrow(0, layout_.numel, paddedNumel() - layout_.numel).zero_();
   makeGradViews(gradMemory_);
 }

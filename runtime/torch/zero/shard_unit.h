@@ -172,8 +172,8 @@ class ShardUnit {
   const bool frozen_;
   const c10::Device device_;
   std::shared_ptr<comm::Buffer> paramMemory_;  // stage 3: what fullStorage_ holds now, if any
-  at::Storage fullStorage_;                   // stage 3
-  std::shared_ptr<comm::Buffer> gradMemory_;  // stage 1: owned; stage 2: the leased bucket
+  at::Storage fullStorage_;                    // stage 3
+  std::shared_ptr<comm::Buffer> gradMemory_;   // stage 1: owned; stage 2: the leased bucket
   at::Tensor fullParams_, ownedParams_;
   at::Tensor fullGrads_;
   std::vector<at::Tensor> gradViews_;

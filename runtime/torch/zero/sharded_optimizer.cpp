@@ -18,9 +18,10 @@ namespace dtrain {
 namespace {
 
 std::unique_ptr<torch::optim::OptimizerOptions> defaultsOf(const OptimizerFactory& factory) {
-  DTRAIN_CHECK_ARG(factory.defaults != nullptr,
-                   "ShardedOptimizer: the optimizer factory has no defaults. HINT: build it with "
-                   "dtrain::optimizerFactory<torch::optim::AdamW>(torch::optim::AdamWOptions(...))");
+  DTRAIN_CHECK_ARG(
+      factory.defaults != nullptr,
+      "ShardedOptimizer: the optimizer factory has no defaults. HINT: build it with "
+      "dtrain::optimizerFactory<torch::optim::AdamW>(torch::optim::AdamWOptions(...))");
   return factory.defaults->clone();
 }
 
@@ -76,7 +77,7 @@ torch::Tensor ShardedOptimizer::step(LossClosure closure) {
     shards.stepUnit(k);
     lastStep_.optimizerStep += Clock::now() - start;
     if (shards.unit(k).resharded()) continue;  // stage 3: gathered at its next use
-    shards.launchGather(k);  // runs while the next unit steps
+    shards.launchGather(k);                    // runs while the next unit steps
     if (!options_.overlapAllgather) lastStep_.allgatherWait += shards.finishGather(k);
   }
   // Note [Deferred all-gathers]: or the next forward waits.

@@ -31,7 +31,7 @@ constexpr size_t kPayload = size_t{12} << 20;
 
 FileOps opsWith(const std::string& ioFaults) {
   return FileOps(fault::IoFaultInjector(ioFaults.empty() ? std::vector<fault::IoFault>{}
-                                                          : fault::parseIoFaults(ioFaults)));
+                                                         : fault::parseIoFaults(ioFaults)));
 }
 
 // The sample's data region in a buffer of its own, `shift` bytes past directRegionStart().
@@ -45,7 +45,8 @@ Region regionOf(const testing::SampleCheckpoint& s, size_t shift) {
   uint8_t* start = directRegionStart(r.buffer.data(), s.layout.header.dataOffset) + shift;
   for (size_t i = 0; i < s.data.size(); ++i) {
     const Entry& e = s.layout.entries[i];
-    if (e.size) std::memcpy(start + (e.offset - s.layout.header.dataOffset), s.data[i].data(), e.size);
+    if (e.size)
+      std::memcpy(start + (e.offset - s.layout.header.dataOffset), s.data[i].data(), e.size);
   }
   r.start = start;
   return r;
@@ -143,8 +144,8 @@ TEST(DirectWrites, OtherErrorsOfTheDirectCallsFailTheSave) {
   if (!acceptsDirect(dir.path())) GTEST_SKIP() << dir.path() << " refuses O_DIRECT";
   auto sample = testing::sampleCheckpoint(7, kPayload);
   Region placed = regionOf(sample, 0);
-  for (const auto& [fault, error] : {std::pair<std::string, std::string>{"open:EIO@2", "EIO"},
-                                     {"write:ENOSPC@1", "ENOSPC"}}) {
+  for (const auto& [fault, error] :
+       {std::pair<std::string, std::string>{"open:EIO@2", "EIO"}, {"write:ENOSPC@1", "ENOSPC"}}) {
     SCOPED_TRACE(fault);
     FileOps ops = opsWith(fault);
     try {
@@ -168,7 +169,8 @@ TEST(DirectWrites, AFilesystemWithoutODirectGetsAValidFile) {
   pid_t pid = ::fork();
   if (pid == 0) {
     // The child's verdict is its exit status: 0 passed, 3 skipped, else the failed check.
-    if (::unshare(CLONE_NEWNS) != 0 || ::mount(nullptr, "/", nullptr, MS_REC | MS_PRIVATE, nullptr) != 0 ||
+    if (::unshare(CLONE_NEWNS) != 0 ||
+        ::mount(nullptr, "/", nullptr, MS_REC | MS_PRIVATE, nullptr) != 0 ||
         ::mount("dtrain-test", dir.path().c_str(), "ramfs", 0, nullptr) != 0) {
       ::_exit(3);
     }

@@ -33,7 +33,8 @@ using testing::TempDir;
 FileOps cleanOps() { return FileOps(fault::IoFaultInjector({})); }
 
 void save(FileOps& ops, const std::string& dir, int64_t step, int keep = 3, size_t payload = 1000) {
-  saveStep(ops, dir, step, keep, [&](const std::string& tmp) { testing::writeSample(ops, tmp, step, payload); });
+  saveStep(ops, dir, step, keep,
+           [&](const std::string& tmp) { testing::writeSample(ops, tmp, step, payload); });
 }
 
 TEST(CheckpointDirectory, CommitsKeepsTheLastAndPointsLatestAtTheNewest) {
@@ -57,7 +58,7 @@ TEST(CheckpointDirectory, RemovesOnlyItsOwnLeftovers) {
   TempDir dir;
   FileOps ops = cleanOps();
   save(ops, dir.path(), 1);
-  testing::writeFile(dir.file("step-00000007.tmp"), "");        // crashed right after open
+  testing::writeFile(dir.file("step-00000007.tmp"), "");  // crashed right after open
   testing::writeFile(dir.file("step-00000008.tmp"), std::string(200, '\0'));  // header not yet
   auto ours = testing::sampleFileBytes(9);
   testing::writeFile(dir.file("step-00000009.tmp"), std::string(ours.begin(), ours.end()));
@@ -69,7 +70,8 @@ TEST(CheckpointDirectory, RemovesOnlyItsOwnLeftovers) {
   auto listing = listDirectory(dir.path());
   EXPECT_EQ(listing.temporaries.size(), 4u);
   removeTemporaries(dir.path());
-  for (const char* gone : {"step-00000007.tmp", "step-00000008.tmp", "step-00000009.tmp", "LATEST.tmp"}) {
+  for (const char* gone :
+       {"step-00000007.tmp", "step-00000008.tmp", "step-00000009.tmp", "LATEST.tmp"}) {
     EXPECT_NE(::access(dir.file(gone).c_str(), F_OK), 0) << gone;
   }
   for (const char* kept : {"step-00000010.tmp", "step-x.tmp", "notes.txt", "step-00000011.tmp",
@@ -89,12 +91,12 @@ TEST(CheckpointDirectory, AFailedSaveLeavesTheEarlierCheckpointsAndLatest) {
   // Calls of one save: open tmp, 3 writes, fsync, rename, open dir, fsync dir, open LATEST.tmp,
   // write, fsync, rename, open dir, fsync dir.
   const IoCase cases[] = {
-      {"open:EACCES@1", "EACCES", false},   {"write:ENOSPC@1", "ENOSPC", false},
-      {"write:ENOSPC@2", "ENOSPC", false},  {"write:EIO@3", "EIO", false},
-      {"fsync:EIO@1", "fsync", false},      {"rename:EXDEV@1", "EXDEV", false},
-      {"open:EMFILE@2", "EMFILE", false},   {"fsync:EIO@2", "EIO", false},
-      {"open:ENOSPC@3", "ENOSPC", false},   {"write:ENOSPC@4", "ENOSPC", false},
-      {"fsync:EIO@3", "EIO", false},        {"rename:EIO@2", "EIO", false},
+      {"open:EACCES@1", "EACCES", false},  {"write:ENOSPC@1", "ENOSPC", false},
+      {"write:ENOSPC@2", "ENOSPC", false}, {"write:EIO@3", "EIO", false},
+      {"fsync:EIO@1", "fsync", false},     {"rename:EXDEV@1", "EXDEV", false},
+      {"open:EMFILE@2", "EMFILE", false},  {"fsync:EIO@2", "EIO", false},
+      {"open:ENOSPC@3", "ENOSPC", false},  {"write:ENOSPC@4", "ENOSPC", false},
+      {"fsync:EIO@3", "EIO", false},       {"rename:EIO@2", "EIO", false},
       {"fsync:EIO@4", "EIO", true},
   };
   for (const auto& c : cases) {
@@ -107,7 +109,8 @@ TEST(CheckpointDirectory, AFailedSaveLeavesTheEarlierCheckpointsAndLatest) {
       save(faulty, dir.path(), 2);
       ADD_FAILURE() << c.fault << ": the save succeeded";
     } catch (const CheckpointError& e) {
-      EXPECT_NE(std::string(e.what()).find(c.mentions), std::string::npos) << c.fault << ": " << e.what();
+      EXPECT_NE(std::string(e.what()).find(c.mentions), std::string::npos)
+          << c.fault << ": " << e.what();
       EXPECT_NE(std::string(e.what()).find(dir.path()), std::string::npos) << e.what();
     }
     auto listing = listDirectory(dir.path());
@@ -239,7 +242,8 @@ TEST(CheckpointDirectory, EveryCrashPointLeavesTheNewestCompleteCheckpoint) {
   ASSERT_GT(calls, 20) << clean.out;
   for (int64_t k = 1; k <= calls; ++k) {
     TempDir dir;
-    auto run = runHelper({helper, dir.path(), "1", "3", "2000", "2"}, "crash@io=" + std::to_string(k));
+    auto run = runHelper({helper, dir.path(), "1", "3", "2000", "2"},
+                         "crash@io=" + std::to_string(k));
     ASSERT_TRUE(WIFSIGNALED(run.status) && WTERMSIG(run.status) == SIGKILL)
         << "crash@io=" << k << " did not kill the saver: " << run.out;
     int64_t announced = 0;
@@ -255,7 +259,8 @@ TEST(CheckpointDirectory, EveryCrashPointLeavesTheNewestCompleteCheckpoint) {
     EXPECT_TRUE(newest == announced || newest == announced + 1)
         << "crash@io=" << k << ": newest " << newest << ", last committed " << announced;
     if (listing.latest) {
-      EXPECT_NE(std::find(listing.steps.begin(), listing.steps.end(), *listing.latest), listing.steps.end())
+      EXPECT_NE(std::find(listing.steps.begin(), listing.steps.end(), *listing.latest),
+                listing.steps.end())
           << "crash@io=" << k << ": LATEST names a missing step " << *listing.latest;
       EXPECT_GE(*listing.latest, announced) << "crash@io=" << k;
     } else {
@@ -287,7 +292,8 @@ TEST(CheckpointDirectory, DiskFullOnASmallTmpfsFailsTheSaveCleanly) {
   EXPECT_NE(run.out.find("committed 1\n"), std::string::npos) << run.out;
   EXPECT_NE(run.out.find("ENOSPC"), std::string::npos) << run.out;
   EXPECT_NE(run.out.find("the disk is full"), std::string::npos) << run.out;
-  EXPECT_NE(run.out.find("steps=1 latest=1 temporaries=0 verified=ok"), std::string::npos) << run.out;
+  EXPECT_NE(run.out.find("steps=1 latest=1 temporaries=0 verified=ok"), std::string::npos)
+      << run.out;
   // The tmpfs went with the namespace: nothing was written to the real directory.
   EXPECT_TRUE(listDirectory(dir.path()).steps.empty());
 }
@@ -349,10 +355,13 @@ TEST(CheckpointSaveThread, ASaveItsWaiterGaveUpOnNeverCommits) {
   SaveThread thread;
   const std::string where = dir.path();
   thread.start("the checkpoint of step 2", [ops, where, &disk](SaveProgress& progress) {
-    writeAndCommit(*ops, where, 2, [&](const std::string& tmp) {
-      disk.pass();  // a hung disk
-      testing::writeSample(*ops, tmp, 2, 1000);
-    }, &progress);
+    writeAndCommit(
+        *ops, where, 2,
+        [&](const std::string& tmp) {
+          disk.pass();  // a hung disk
+          testing::writeSample(*ops, tmp, 2, 1000);
+        },
+        &progress);
   });
   try {
     thread.wait(std::chrono::milliseconds(100));
@@ -404,10 +413,12 @@ TEST(CheckpointSaveThread, ASaveThatBeganCommittingBeforeTheDeadlineIsNotAbandon
 TEST(CheckpointSaveThread, WorkAfterTheJobDoesNotDelayTheWaiter) {
   SaveThread thread;
   std::atomic<bool> pruned{false};
-  thread.start("a save", [](SaveProgress&) {}, [&pruned] {
-    std::this_thread::sleep_for(std::chrono::milliseconds(400));
-    pruned = true;
-  });
+  thread.start(
+      "a save", [](SaveProgress&) {},
+      [&pruned] {
+        std::this_thread::sleep_for(std::chrono::milliseconds(400));
+        pruned = true;
+      });
   auto start = std::chrono::steady_clock::now();
   thread.wait(std::chrono::seconds(10));
   EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::milliseconds(300));
@@ -416,8 +427,9 @@ TEST(CheckpointSaveThread, WorkAfterTheJobDoesNotDelayTheWaiter) {
   EXPECT_TRUE(thread.settle(std::chrono::seconds(10)));
   EXPECT_TRUE(pruned.load());
   std::atomic<bool> ranAfterFailure{false};
-  thread.start("a failing save", [](SaveProgress&) { throw CheckpointError("disk gone"); },
-               [&ranAfterFailure] { ranAfterFailure = true; });
+  thread.start(
+      "a failing save", [](SaveProgress&) { throw CheckpointError("disk gone"); },
+      [&ranAfterFailure] { ranAfterFailure = true; });
   EXPECT_THROW(thread.wait(std::chrono::seconds(10)), CheckpointError);
   EXPECT_TRUE(thread.settle(std::chrono::seconds(10)));
   EXPECT_FALSE(ranAfterFailure.load());
@@ -425,7 +437,9 @@ TEST(CheckpointSaveThread, WorkAfterTheJobDoesNotDelayTheWaiter) {
 
 // Note [Background saves yield]: the thread that lowers its priority is the only one that does.
 TEST(CheckpointSaveThread, ABackgroundSaveThreadYieldsTheCpu) {
-  auto niceOf = [] { return ::getpriority(PRIO_PROCESS, static_cast<id_t>(::syscall(SYS_gettid))); };
+  auto niceOf = [] {
+    return ::getpriority(PRIO_PROCESS, static_cast<id_t>(::syscall(SYS_gettid)));
+  };
   const int mine = niceOf();
   int theirs = -100;
   std::thread background([&] {

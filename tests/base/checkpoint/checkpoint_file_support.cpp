@@ -32,7 +32,8 @@ SampleCheckpoint sampleCheckpoint(int64_t step, size_t payload) {
   // A float tensor of `payload` bytes (rounded down to floats), values depending on the step.
   size_t n = std::max<size_t>(payload / 4, 1);
   std::vector<float> weights(n);
-  for (size_t i = 0; i < n; ++i) weights[i] = static_cast<float>(step) + 0.001f * static_cast<float>(i);
+  for (size_t i = 0; i < n; ++i)
+    weights[i] = static_cast<float>(step) + 0.001f * static_cast<float>(i);
   add({"module/model/fc.weight", Kind::Tensor, DType::Float32, {static_cast<int64_t>(n)}},
       bytesOf(weights.data(), n * 4));
   int64_t count = step * 3;
@@ -70,7 +71,8 @@ std::vector<uint8_t> sampleFileBytes(int64_t step, size_t payload) {
   FileOps ops(fault::IoFaultInjector({}));
   writeSample(ops, name, step, payload);
   std::ifstream in(name, std::ios::binary);
-  std::vector<uint8_t> bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  std::vector<uint8_t> bytes((std::istreambuf_iterator<char>(in)),
+                             std::istreambuf_iterator<char>());
   ::unlink(name);
   return bytes;
 }

@@ -133,7 +133,8 @@ struct Crafted {
 const Crafted kCrafted[] = {
     {"manifest size 2^64-1", [](Bytes& b) { setU(b, 80, UINT64_MAX, 8); }, "inconsistent regions"},
     {"data size 2^64-1", [](Bytes& b) { setU(b, 64, UINT64_MAX, 8); }, "inconsistent regions"},
-    {"manifest offset past the end", [](Bytes& b) { setU(b, 72, 1ull << 40, 8); }, "inconsistent regions"},
+    {"manifest offset past the end", [](Bytes& b) { setU(b, 72, 1ull << 40, 8); },
+     "inconsistent regions"},
     {"entry count 2^64-1", [](Bytes& b) { setU(b, 88, UINT64_MAX, 8); }, "cannot fit"},
     {"world size 0", [](Bytes& b) { setU(b, 32, 0, 4); }, "world size 0"},
     {"unknown flags", [](Bytes& b) { setU(b, 36, 4, 4); }, "unknown flags"},
@@ -156,10 +157,12 @@ const Crafted kCrafted[] = {
        setU(b, recordAt(b, 1) + 32, a + 128, 8);
      },
      "overlap"},
-    {"misaligned offset", [](Bytes& b) { setU(b, recordAt(b, 1) + 32, getU(b, recordAt(b, 1) + 32, 8) + 8, 8); },
+    {"misaligned offset",
+     [](Bytes& b) { setU(b, recordAt(b, 1) + 32, getU(b, recordAt(b, 1) + 32, 8) + 8, 8); },
      "aligned"},
     {"shape overflow",
-     [](Bytes& b) { setU(b, recordAt(b, 0) + kRecordFixedSize, uint64_t{1} << 62, 8); }, "overflows"},
+     [](Bytes& b) { setU(b, recordAt(b, 0) + kRecordFixedSize, uint64_t{1} << 62, 8); },
+     "overflows"},
     {"negative dimension",
      [](Bytes& b) { setU(b, recordAt(b, 0) + kRecordFixedSize, static_cast<uint64_t>(-4), 8); },
      "overflows"},
@@ -231,7 +234,9 @@ Bytes mutate(const Bytes& base, std::mt19937_64& rng) {
         if (at + 8 <= b.size()) setU(b, at, (rng() % 2) ? UINT64_MAX : rng(), 8);
         break;
       case 2: b.resize(at); break;
-      case 3: b.insert(b.begin() + static_cast<std::ptrdiff_t>(at), static_cast<uint8_t>(rng())); break;
+      case 3:
+        b.insert(b.begin() + static_cast<std::ptrdiff_t>(at), static_cast<uint8_t>(rng()));
+        break;
       case 4: b[at] = 0; break;
     }
   }
@@ -255,7 +260,8 @@ std::vector<std::pair<std::string, Bytes>> corpusCases() {
   }
   std::mt19937_64 rng(7);
   const Bytes base = sampleFileBytes(3, 500);
-  for (int i = 0; i < 12; ++i) cases.emplace_back("mutated-" + std::to_string(i), mutate(base, rng));
+  for (int i = 0; i < 12; ++i)
+    cases.emplace_back("mutated-" + std::to_string(i), mutate(base, rng));
   return cases;
 }
 
@@ -278,7 +284,8 @@ TEST(CheckpointFuzzCorpus, ReplaysTheCorpusAndSeededMutations) {
     ::closedir(d);
   }
   EXPECT_GE(replayed, 20) << "the committed corpus is missing: " << corpus;
-  for (const auto& [name, bytes] : corpusCases()) fuzz::fuzzCheckpointReader(bytes.data(), bytes.size());
+  for (const auto& [name, bytes] : corpusCases())
+    fuzz::fuzzCheckpointReader(bytes.data(), bytes.size());
   // Mutations: flips, overwrites with extreme values, cuts and insertions, seeded.
   std::mt19937_64 rng(20240611);
   const Bytes base = sampleFileBytes(2, 300);
@@ -312,8 +319,9 @@ TEST(CheckpointFormat, OwnedShardsMayLeaveGapsButNeverOverlap) {
   EXPECT_EQ(write("gaps", {{w, Kind::Tensor, DType::Float32, {3, 4}, 0, 0, 3},
                            {w, Kind::Tensor, DType::Float32, {3, 4}, 2, 6, 3}}),
             "");
-  const std::string overlap = write("overlap", {{w, Kind::Tensor, DType::Float32, {3, 4}, 0, 0, 4},
-                                                {w, Kind::Tensor, DType::Float32, {3, 4}, 1, 3, 4}});
+  const std::string overlap = write("overlap",
+                                    {{w, Kind::Tensor, DType::Float32, {3, 4}, 0, 0, 4},
+                                     {w, Kind::Tensor, DType::Float32, {3, 4}, 1, 3, 4}});
   EXPECT_NE(overlap.find("the shard of rank 1 (elements 3..7) overlaps another rank's, which ends "
                          "at 4"),
             std::string::npos)

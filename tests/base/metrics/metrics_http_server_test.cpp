@@ -68,9 +68,8 @@ std::vector<HttpRoute> countingRoute(std::atomic<int>* scrapes) {
 
 TEST(MetricsHttpServer, AScrapeIsAnsweredWithinOneSecondWhileIdleAndGarbageConnectionsAreOpen) {
   std::atomic<int> scrapes{0};
-  PrometheusServer server({"127.0.0.1", 0}, [&] {
-    return "dtrain_scrapes " + std::to_string(++scrapes) + "\n";
-  });
+  PrometheusServer server({"127.0.0.1", 0},
+                          [&] { return "dtrain_scrapes " + std::to_string(++scrapes) + "\n"; });
   HostileHttpClients hostile(server.port(), 200, 40);
   ASSERT_EQ(hostile.opened(), 240);
   for (int i = 0; i < 5; ++i) {

@@ -110,8 +110,8 @@ TEST(TensorBoardEvents, Crc32cHasItsCheckValue) {
 TEST(TensorBoardEvents, ScalarEventAndItsRecordMatchGoldenBytes) {
   // Event(wall_time=1700000000.25, step=42, summary={value: [{tag: "loss/node-a/rank1",
   // simple_value: 0.125}]}).SerializeToString(), and its TFRecord, from Python.
-  const std::string event =
-      tensorboard::scalarsEvent(1700000000.25, 42, {{"loss/node-a/rank1", 0.125f}});
+  const std::string event = tensorboard::scalarsEvent(1700000000.25, 42,
+                                                      {{"loss/node-a/rank1", 0.125f}});
   EXPECT_EQ(toHex(event),
             "0900001040fc54d941102a2a1a0a180a116c6f73732f6e6f64652d612f72616e6b31150000003e");
   EXPECT_EQ(toHex(tensorboard::frameRecord(event)),
@@ -144,8 +144,8 @@ TEST(TensorBoardSink, WritesTheFileVersionThenOneRecordPerMetricsRecord) {
   const std::string dir = tmp.file("runs/a");  // created, parents too
   auto sink = TensorBoardSink::open(dir);
   EXPECT_EQ(std::filesystem::path(sink->path()).parent_path().string(), dir);
-  EXPECT_EQ(std::filesystem::path(sink->path()).filename().string().rfind(
-                "events.out.tfevents.", 0), 0u);
+  EXPECT_EQ(
+      std::filesystem::path(sink->path()).filename().string().rfind("events.out.tfevents.", 0), 0u);
   const std::string first = readAll(sink->path());
   ASSERT_GT(first.size(), 16u);
   EXPECT_NE(first.find(tensorboard::kFileVersion), std::string::npos);
@@ -157,9 +157,8 @@ TEST(TensorBoardSink, WritesTheFileVersionThenOneRecordPerMetricsRecord) {
   r.step = 42;
   r.fields = {{"loss", 0.125}};
   sink->write(r);
-  EXPECT_EQ(readAll(sink->path()),
-            first + tensorboard::frameRecord(
-                        tensorboard::scalarsEvent(r.time, 42, {{"loss/node-a/rank1", 0.125f}})));
+  EXPECT_EQ(readAll(sink->path()), first + tensorboard::frameRecord(tensorboard::scalarsEvent(
+                                               r.time, 42, {{"loss/node-a/rank1", 0.125f}})));
   Record empty = r;
   empty.fields.clear();
   const size_t before = readAll(sink->path()).size();
@@ -197,7 +196,8 @@ TEST(TensorBoardSink, ASecondLiveWriterInTheDirectoryIsRefusedNamingTheFirst) {
     const std::string what = e.what();
     EXPECT_NE(what.find("--tensorboard-dir " + tmp.path()), std::string::npos) << what;
     EXPECT_NE(what.find(std::filesystem::path(first->path()).filename().string()),
-              std::string::npos) << what;
+              std::string::npos)
+        << what;
     EXPECT_NE(what.find("HINT"), std::string::npos) << what;
   }
   EXPECT_EQ(eventFiles(tmp.path()).size(), 1u) << "the refused writer left its file";
@@ -245,7 +245,8 @@ TEST(TensorBoardSink, ALiveWriterInAnotherProcessIsStillRefused) {
       << "status " << run.status << ": " << run.err;
   EXPECT_NE(run.err.find("another process is writing TensorBoard events there (" +
                          std::filesystem::path(first->path()).filename().string() + ")"),
-            std::string::npos) << run.err;
+            std::string::npos)
+      << run.err;
   EXPECT_EQ(run.err.find("does not support file locks"), std::string::npos) << run.err;
   EXPECT_EQ(eventFiles(tmp.path()).size(), 1u) << "the refused writer left its file";
 }

@@ -307,7 +307,8 @@ TEST_P(StoreConformance, WaitChangedIgnoresAWriteOfTheSameValueAndTimesOutNaming
   EXPECT_THROW(store_->waitChanged("w/same", toBytes("y"), Millis(-1)), InvalidArgument);
 }
 
-INSTANTIATE_TEST_SUITE_P(Stores, StoreConformance, ::testing::ValuesIn(testing::allStoreFactories()),
+INSTANTIATE_TEST_SUITE_P(Stores, StoreConformance,
+                         ::testing::ValuesIn(testing::allStoreFactories()),
                          [](const auto& info) { return info.param.name; });
 
 }  // namespace

@@ -55,10 +55,9 @@ std::vector<StoreFactory> allStoreFactories() {
   out.push_back({"PrefixStoreOverHashStore",
                  [] { return std::make_shared<PrefixStore>("job", std::make_shared<HashStore>()); },
                  [](const std::shared_ptr<Store>& first) { return first; }});
-  out.push_back({"TcpStore", [] { return newServedClient(); },
-                 [](const std::shared_ptr<Store>& first) {
-                   return keptClient(first, portOf(*first));
-                 }});
+  out.push_back(
+      {"TcpStore", [] { return newServedClient(); },
+       [](const std::shared_ptr<Store>& first) { return keptClient(first, portOf(*first)); }});
   out.push_back({"PrefixStoreOverTcpStore",
                  [] { return std::make_shared<PrefixStore>("job", newServedClient()); },
                  [](const std::shared_ptr<Store>& first) -> std::shared_ptr<Store> {

@@ -2,8 +2,8 @@
 // The Store implementations the conformance suite runs over. `another(first)` returns a second
 // handle on the same data (another client for TcpStore, the same object for HashStore).
 #include <functional>
-#include <ostream>
 #include <memory>
+#include <ostream>
 #include <string>
 #include <vector>
 

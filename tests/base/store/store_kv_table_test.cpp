@@ -143,8 +143,8 @@ TEST(KvTable, MultiGetAnswersPresentAndAbsentAndRefusesMoreThanTheValueLimit) {
   ASSERT_TRUE(answer.has_value());
   ASSERT_EQ(statusOf(*answer).type, static_cast<uint8_t>(wire::Status::Ok));
   std::vector<std::optional<Bytes>> values;
-  ASSERT_TRUE(wire::decodeMultiValues(Bytes(answer->begin() + wire::kHeaderBytes, answer->end()),
-                                      3, 10, &values));
+  ASSERT_TRUE(wire::decodeMultiValues(Bytes(answer->begin() + wire::kHeaderBytes, answer->end()), 3,
+                                      10, &values));
   EXPECT_EQ(values, (std::vector<std::optional<Bytes>>{Bytes{'1', '2', '3', '4', '5'}, std::nullopt,
                                                        Bytes{'6', '7', '8', '9'}}));
   Request tooMuch = req(Op::MultiGet, {"a", "b", "a"});  // 14 bytes of values

@@ -170,8 +170,7 @@ FakeServer::~FakeServer() {
   if (listener_ >= 0) ::close(listener_);
 }
 
-std::unique_ptr<TcpStore> FakeServer::connect(
-    const std::function<void(TcpStoreOptions&)>& adjust) {
+std::unique_ptr<TcpStore> FakeServer::connect(const std::function<void(TcpStoreOptions&)>& adjust) {
   closeClient();
   std::thread server([&] {
     pollfd p{listener_, POLLIN, 0};

@@ -70,9 +70,9 @@ TEST(StoreWireGolden, ChallengeAndProofs) {
 TEST(StoreWireGolden, HmacKnownAnswer) {
   // RFC 4231, test case 2.
   std::string data = "what do ya want for nothing?";
-  EXPECT_EQ(asBytes(auth::hmacSha256("Jefe", reinterpret_cast<const uint8_t*>(data.data()),
-                                     data.size())),
-            hex("5bdcc146bf60754e6a042426089575c75a003f089d2739839dec58b964ec3843"));
+  EXPECT_EQ(
+      asBytes(auth::hmacSha256("Jefe", reinterpret_cast<const uint8_t*>(data.data()), data.size())),
+      hex("5bdcc146bf60754e6a042426089575c75a003f089d2739839dec58b964ec3843"));
 }
 
 TEST(StoreWireGolden, Requests) {
@@ -134,8 +134,7 @@ TEST(StoreWireGolden, Responses) {
   EXPECT_EQ(encodeValueResponse({'v'}), hex("0900000000000000 01 00 0000 0100000000000000 76"));
   EXPECT_EQ(encodeResponse(Status::Timeout, encodeIndices({1})),
             hex("1000000000000000 01 01 0000 0100000000000000 0100000000000000"));
-  EXPECT_EQ(encodeErrorResponse("no"),
-            hex("0a00000000000000 01 02 0000 0200000000000000 6e6f"));
+  EXPECT_EQ(encodeErrorResponse("no"), hex("0a00000000000000 01 02 0000 0200000000000000 6e6f"));
   // MultiGet of ("a" present with "v", "b" absent).
   const Bytes v{'v'};
   EXPECT_EQ(encodeResponse(Status::Ok, encodeMultiValues({&v, nullptr})),
@@ -232,15 +231,15 @@ TEST_F(StoreWireParse, OversizeLengthsAreRefusedFromTheHeaderAlone) {
 }
 
 TEST_F(StoreWireParse, BadHeadersAreRefused) {
-  EXPECT_EQ(parse(rawHeader(0, 8, 2)).status, ParseStatus::Bad);        // version
-  EXPECT_EQ(parse(rawHeader(0, 0)).status, ParseStatus::Bad);           // opcode 0
-  EXPECT_EQ(parse(rawHeader(0, 11)).status, ParseStatus::Bad);          // opcode 11
+  EXPECT_EQ(parse(rawHeader(0, 8, 2)).status, ParseStatus::Bad);            // version
+  EXPECT_EQ(parse(rawHeader(0, 0)).status, ParseStatus::Bad);               // opcode 0
+  EXPECT_EQ(parse(rawHeader(0, 11)).status, ParseStatus::Bad);              // opcode 11
   EXPECT_EQ(parse(rawHeader(0, 8, kVersion, 1)).status, ParseStatus::Bad);  // reserved
 }
 
 TEST_F(StoreWireParse, KeyCountOfTwoToTheFortyIsRefused) {
   Bytes payload;
-  appendU64(&payload, 10);               // timeout
+  appendU64(&payload, 10);                 // timeout
   appendU64(&payload, uint64_t{1} << 40);  // key count
   Bytes frame = rawHeader(payload.size(), Op::Wait);
   frame.insert(frame.end(), payload.begin(), payload.end());

@@ -226,8 +226,7 @@ TEST_F(TcpStoreHostile, IdleClientsAreKeptByDefaultAndDroppedWithAnIdleTimeout) 
     wire::Request n;
     n.op = wire::Op::NumKeys;
     ASSERT_TRUE(idle.send(wire::encodeRequest(n)));
-    EXPECT_EQ(idle.recv(wire::kHeaderBytes + 8, milliseconds(5000)).size(),
-              wire::kHeaderBytes + 8);
+    EXPECT_EQ(idle.recv(wire::kHeaderBytes + 8, milliseconds(5000)).size(), wire::kHeaderBytes + 8);
   }
   TcpStoreServerOptions o = serverOptions();
   o.idleTimeout = Millis(200);
@@ -311,9 +310,7 @@ TEST_F(TcpStoreHostile, MutatedFramesNeverHurtTheServer) {  // S2
           frame[rng() % frame.size()] ^= static_cast<uint8_t>(1 << (rng() % 8));
         }
         break;
-      case 1:
-        frame.resize(rng() % frame.size());
-        break;
+      case 1: frame.resize(rng() % frame.size()); break;
       default: {
         Bytes twice = frame;
         twice.insert(twice.end(), frame.begin(), frame.end());

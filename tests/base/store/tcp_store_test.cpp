@@ -216,7 +216,7 @@ void countSignal(int) { gSignals.fetch_add(1); }
 class SignalPester {
  public:
   SignalPester() : target_(pthread_self()) {
-    struct sigaction sa{};
+    struct sigaction sa {};
     sa.sa_handler = countSignal;
     sigemptyset(&sa.sa_mask);
     sa.sa_flags = 0;  // no SA_RESTART: blocking calls return EINTR
@@ -242,7 +242,7 @@ class SignalPester {
 
  private:
   pthread_t target_;
-  struct sigaction old_{};
+  struct sigaction old_ {};
   bool installed_ = false;
   std::atomic<bool> done_{false};
   std::thread thread_;
@@ -362,7 +362,7 @@ TEST(TcpStoreClient, ServerSideLimitsRefuseAndTheNextCallReportsItThenReconnects
   so.limits.maxValueBytes = 1024;
   auto server = TcpStoreServer::start(so);
   TcpStore client(clientOptions(*server));  // default (larger) limits
-  client.set("big", Bytes(4096));  // sent, not yet refused: see Note [Pipelined sets]
+  client.set("big", Bytes(4096));           // sent, not yet refused: see Note [Pipelined sets]
   try {
     client.add("n", 1);
     FAIL() << "the server took a value over its limit";
@@ -592,8 +592,8 @@ TEST(TcpStorePipelining, LargeValuesToAServerThatDoesNotReadFailInTime) {
   auto client = fake.connect([](TcpStoreOptions& o) { o.timeout = Millis(300); });
   Bytes value(8 << 20, 'x');
   auto start = Clock::now();
-  EXPECT_THROW(
-      for (int i = 0; i < 100; ++i) client->set("big" + std::to_string(i), value), TimeoutError);
+  EXPECT_THROW(for (int i = 0; i < 100; ++i) client->set("big" + std::to_string(i), value),
+               TimeoutError);
   EXPECT_LT(Clock::now() - start, milliseconds(10000));
 }
 

@@ -73,7 +73,8 @@ TEST(NcclFailureReport, OtherRanksGoBeforeTheHintAndTheTypeStays) {
   auto error = std::make_exception_ptr(TimeoutError(
       "nccl rank 0/2: seq 3 allreduce(float32 x 4, sum) on cuda:0 did not finish within its "
       "timeout. HINT: a rank that died [nccl_errors.cpp:9]"));
-  auto joined = withOtherRanks(error, "rank 1 is behind at seq 2 (barrier(); this rank is at seq 3)");
+  auto joined = withOtherRanks(error,
+                               "rank 1 is behind at seq 2 (barrier(); this rank is at seq 3)");
   try {
     std::rethrow_exception(joined);
   } catch (const TimeoutError& e) {
@@ -84,17 +85,24 @@ TEST(NcclFailureReport, OtherRanksGoBeforeTheHintAndTheTypeStays) {
   } catch (...) {
     ADD_FAILURE() << "the error changed type";
   }
-  auto plain = withOtherRanks(std::make_exception_ptr(NetworkError("peer gone")), "rank 1 did not report");
+  auto plain = withOtherRanks(std::make_exception_ptr(NetworkError("peer gone")),
+                              "rank 1 did not report");
   EXPECT_THROW(std::rethrow_exception(plain), NetworkError);
 }
 
 // Bytes per element of an NCCL type, from NCCL's documentation of ncclDataType_t.
 size_t ncclBytes(ncclDataType_t t) {
   switch (t) {
-    case ncclInt8: case ncclUint8: return 1;
-    case ncclFloat16: case ncclBfloat16: return 2;
-    case ncclInt32: case ncclUint32: case ncclFloat32: return 4;
-    case ncclInt64: case ncclUint64: case ncclFloat64: return 8;
+    case ncclInt8:
+    case ncclUint8: return 1;
+    case ncclFloat16:
+    case ncclBfloat16: return 2;
+    case ncclInt32:
+    case ncclUint32:
+    case ncclFloat32: return 4;
+    case ncclInt64:
+    case ncclUint64:
+    case ncclFloat64: return 8;
     default: return 0;
   }
 }

@@ -49,12 +49,32 @@ std::vector<uint8_t> pattern(DataType dtype, size_t count) {
     const double v = static_cast<double>(i % 5);
     uint8_t* p = out.data() + i * elementSize(dtype);
     switch (dtype) {
-      case DataType::Float32: { float f = static_cast<float>(v); std::memcpy(p, &f, 4); break; }
+      case DataType::Float32: {
+        float f = static_cast<float>(v);
+        std::memcpy(p, &f, 4);
+        break;
+      }
       case DataType::Float64: std::memcpy(p, &v, 8); break;
-      case DataType::Float16: { uint16_t h = floatToHalf(static_cast<float>(v)); std::memcpy(p, &h, 2); break; }
-      case DataType::BFloat16: { uint16_t h = floatToBf16(static_cast<float>(v)); std::memcpy(p, &h, 2); break; }
-      case DataType::Int32: { int32_t x = static_cast<int32_t>(v); std::memcpy(p, &x, 4); break; }
-      case DataType::Int64: { int64_t x = static_cast<int64_t>(v); std::memcpy(p, &x, 8); break; }
+      case DataType::Float16: {
+        uint16_t h = floatToHalf(static_cast<float>(v));
+        std::memcpy(p, &h, 2);
+        break;
+      }
+      case DataType::BFloat16: {
+        uint16_t h = floatToBf16(static_cast<float>(v));
+        std::memcpy(p, &h, 2);
+        break;
+      }
+      case DataType::Int32: {
+        int32_t x = static_cast<int32_t>(v);
+        std::memcpy(p, &x, 4);
+        break;
+      }
+      case DataType::Int64: {
+        int64_t x = static_cast<int64_t>(v);
+        std::memcpy(p, &x, 8);
+        break;
+      }
       default: break;
     }
   }
@@ -140,7 +160,8 @@ TEST_F(NcclGpu, CollectivesAreOrderedWithTheCallersStreamBothWays) {
   EXPECT_EQ(host.back(), 0x01010101);
 
   CUDA_OK(cudaMemsetAsync(send->data(), 0x02, count * 4, caller));
-  auto work = c->allgatherAsync(send->data(), recv->data(), count, DataType::Int32, o);  // seq 1: slow
+  auto work = c->allgatherAsync(send->data(), recv->data(), count, DataType::Int32,
+                                o);  // seq 1: slow
   work->wait();
   CUDA_OK(cudaMemcpyAsync(host.data(), recv->data(), count * 4, cudaMemcpyDeviceToHost, caller));
   CUDA_OK(cudaStreamSynchronize(caller));
@@ -164,7 +185,8 @@ TEST_F(NcclGpu, TheWatchdogAbortsAHungCollectiveAndNamesIt) {
   } catch (const TimeoutError& e) {
     message = e.what();
   }
-  double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
+  double ms =
+      std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
   EXPECT_GE(ms, 950);
   EXPECT_LE(ms, 3000) << "never an endless hang: timeout + watchdog interval";
   EXPECT_NE(message.find("nccl rank 0/1: seq 1 allreduce(float32 x 1024, sum) on cuda:0 did not "

@@ -60,11 +60,12 @@ TEST(ShmFailure, TimeoutNamesTheSilentRankAndLaterCallsFailFast) {
 
   // The silent rank, arriving late, finds out at once: rank 0 marked itself failed in the segment.
   start = std::chrono::steady_clock::now();
-  const std::string peer =
-      messageOf([&] { w[1]->allreduce(x.data(), x.size(), DataType::Float32, ReduceOp::Sum); });
+  const std::string peer = messageOf(
+      [&] { w[1]->allreduce(x.data(), x.size(), DataType::Float32, ReduceOp::Sum); });
   EXPECT_LT(elapsedMs(start), 500);
   EXPECT_CONTAINS(peer, "rank 1/2: seq 0 allreduce(float32 x 65536, sum) failed: rank 0 (pid ");
-  EXPECT_CONTAINS(peer, "failed: rank 0/2: seq 0 allreduce(float32 x 65536, sum) failed: timed out");
+  EXPECT_CONTAINS(peer,
+                  "failed: rank 0/2: seq 0 allreduce(float32 x 65536, sum) failed: timed out");
 }
 
 TEST(ShmFailure, QueuedCollectivesBehindAFailureFailWithTheFirstError) {
@@ -129,12 +130,14 @@ TEST(ShmFailure, SkippedCollectiveFailsAtOnceSayingWhoIsAheadAndBehind) {
     std::vector<float> x(1000, 1.0f);
     auto start = std::chrono::steady_clock::now();
     errors[r] = messageOf([&] {
-      for (int i = 0; i < 3; ++i) w[r]->allreduce(x.data(), x.size(), DataType::Float32, ReduceOp::Sum);
+      for (int i = 0; i < 3; ++i)
+        w[r]->allreduce(x.data(), x.size(), DataType::Float32, ReduceOp::Sum);
     });
     took[r] = elapsedMs(start);
   });
-  EXPECT_CONTAINS(errors[0], "rank 0/2: seq 1 allreduce(float32 x 1000, sum) failed: rank 1 is "
-                             "ahead at seq 2 (allreduce(float32 x 1000, sum); this rank is at seq 1)");
+  EXPECT_CONTAINS(errors[0],
+                  "rank 0/2: seq 1 allreduce(float32 x 1000, sum) failed: rank 1 is "
+                  "ahead at seq 2 (allreduce(float32 x 1000, sum); this rank is at seq 1)");
   EXPECT_CONTAINS(errors[1], "rank 1/2: seq 2 allreduce(float32 x 1000, sum) failed: rank 0 is "
                              "behind at seq 1");
   for (double ms : took) EXPECT_LT(ms, 1000) << "no timeout needed";
@@ -158,7 +161,8 @@ TEST(ShmFailure, AHungRankTimesOutItsPeersNamingWhereItIs) {
     }
     w[0]->allreduce(x.data(), x.size(), DataType::Float64, ReduceOp::Sum);
     auto start = std::chrono::steady_clock::now();
-    error = messageOf([&] { w[0]->allreduce(x.data(), x.size(), DataType::Float64, ReduceOp::Sum); });
+    error = messageOf(
+        [&] { w[0]->allreduce(x.data(), x.size(), DataType::Float64, ReduceOp::Sum); });
     took = elapsedMs(start);
   });
   EXPECT_GE(took, kTimeout.count() - 10);
@@ -181,7 +185,8 @@ TEST(ShmFailure, APeerThatShutsDownFailsTheWaitingOnesAtOnce) {
       return;
     }
     std::vector<double> x(100000, 1.0);
-    errors[r] = messageOf([&] { w[r]->allreduce(x.data(), x.size(), DataType::Float64, ReduceOp::Sum); });
+    errors[r] = messageOf(
+        [&] { w[r]->allreduce(x.data(), x.size(), DataType::Float64, ReduceOp::Sum); });
     took[r] = elapsedMs(start) - 200;
   });
   for (int r = 0; r < 2; ++r) {

@@ -41,7 +41,8 @@ std::vector<uint8_t> reference(const std::vector<std::vector<uint8_t>>& in, Data
     uint8_t* o = out.data() + i * e;
     auto viaFloat = [&](auto toFloat, auto fromFloat) {
       float acc = toFloat(*reinterpret_cast<const uint16_t*>(at(0)));
-      for (int k = 1; k < n; ++k) acc = combine(op, acc, toFloat(*reinterpret_cast<const uint16_t*>(at(k))));
+      for (int k = 1; k < n; ++k)
+        acc = combine(op, acc, toFloat(*reinterpret_cast<const uint16_t*>(at(k))));
       if (op == ReduceOp::Avg) acc /= static_cast<float>(n);
       const uint16_t r = fromFloat(acc);
       std::memcpy(o, &r, 2);
@@ -108,16 +109,17 @@ bool sameElement(const uint8_t* a, const uint8_t* b, DataType dtype) {
 
 TEST(ShmKernels, EveryDtypeOpAndInputCountMatchesTheReference) {
   std::mt19937 rng(11);
-  const DataType dtypes[] = {DataType::Float32, DataType::Float64, DataType::Float16,
+  const DataType dtypes[] = {DataType::Float32,  DataType::Float64, DataType::Float16,
                              DataType::BFloat16, DataType::Int32,   DataType::Int64,
-                             DataType::UInt8,   DataType::Int8};
+                             DataType::UInt8,    DataType::Int8};
   for (DataType dtype : dtypes) {
     for (ReduceOp op : {ReduceOp::Sum, ReduceOp::Avg, ReduceOp::Max, ReduceOp::Min}) {
       for (int n = 1; n <= 9; ++n) {
         for (size_t count : {size_t(1), size_t(15), size_t(2053)}) {
           for (bool inPlace : {false, true}) {
             std::vector<std::vector<uint8_t>> in;
-            for (int k = 0; k < n; ++k) in.push_back(randomInput(dtype, count, rng, op != ReduceOp::Sum));
+            for (int k = 0; k < n; ++k)
+              in.push_back(randomInput(dtype, count, rng, op != ReduceOp::Sum));
             const auto want = reference(in, dtype, op, count);
             std::vector<uint8_t> out(count * elementSize(dtype) + 1, 0xEE);
             std::vector<const void*> ptrs;
@@ -126,8 +128,8 @@ TEST(ShmKernels, EveryDtypeOpAndInputCountMatchesTheReference) {
             shm::reduceInputs(dst, ptrs.data(), n, count, dtype, op);
             const uint8_t* got = static_cast<const uint8_t*>(dst);
             for (size_t i = 0; i < count; ++i) {
-              ASSERT_TRUE(sameElement(got + i * elementSize(dtype), want.data() + i * elementSize(dtype),
-                                      dtype))
+              ASSERT_TRUE(sameElement(got + i * elementSize(dtype),
+                                      want.data() + i * elementSize(dtype), dtype))
                   << fmt::format("{} {} n={} count={} inPlace={} element {}", dataTypeName(dtype),
                                  reduceOpName(op), n, count, inPlace, i);
             }

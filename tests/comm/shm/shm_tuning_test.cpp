@@ -82,20 +82,27 @@ std::vector<std::string> createAll(int size, int nodes,
 
 TEST(ShmTuning, ARankWithOtherOptionsIsRefusedOnEveryRankAtCreation) {
   double slowest = 0;
-  auto errors = createAll(3, 1, [](int r, ShmOptions& o) {
-    if (r == 2) o.smallBytes = 128 << 10;
-  }, &slowest);
+  auto errors = createAll(
+      3, 1,
+      [](int r, ShmOptions& o) {
+        if (r == 2) o.smallBytes = 128 << 10;
+      },
+      &slowest);
   for (int r = 0; r < 3; ++r) {
-    EXPECT_CONTAINS(errors[r], "rank " + std::to_string(r) + "/3: shared memory: the ranks of "
-                               "this node were given different options: ShmOptions::smallBytes "
-                               "is 65536 on rank 0 and 131072 on rank 2. HINT: every rank must "
-                               "pass the same ShmOptions");
+    EXPECT_CONTAINS(errors[r], "rank " + std::to_string(r) +
+                                   "/3: shared memory: the ranks of "
+                                   "this node were given different options: ShmOptions::smallBytes "
+                                   "is 65536 on rank 0 and 131072 on rank 2. HINT: every rank must "
+                                   "pass the same ShmOptions");
   }
   EXPECT_LT(slowest, 5000) << "no timeout: the connect timeout is 10 s";
 
-  errors = createAll(2, 1, [](int r, ShmOptions& o) {
-    if (r == 1) o.ownedChunkBytes = 1 << 20;
-  }, &slowest);
+  errors = createAll(
+      2, 1,
+      [](int r, ShmOptions& o) {
+        if (r == 1) o.ownedChunkBytes = 1 << 20;
+      },
+      &slowest);
   for (int r = 0; r < 2; ++r) {
     EXPECT_CONTAINS(errors[r], "ShmOptions::ownedChunkBytes is 8388608 on rank 0 and 1048576 on "
                                "rank 1");
@@ -106,9 +113,12 @@ TEST(ShmTuning, NodesWithOtherOptionsAreRefusedOnEveryRankNamingTheirRanks) {
   if (!glooAvailable()) GTEST_SKIP() << "built without Gloo: no backend between the nodes";
   double slowest = 0;
   // Two pretend nodes of two ranks; node 1 (ranks 2, 3) agrees with itself, not with node 0.
-  auto errors = createAll(4, 2, [](int r, ShmOptions& o) {
-    if (r >= 2) o.slotBytes = 2 << 20;
-  }, &slowest);
+  auto errors = createAll(
+      4, 2,
+      [](int r, ShmOptions& o) {
+        if (r >= 2) o.slotBytes = 2 << 20;
+      },
+      &slowest);
   for (int r : {0, 2}) {
     EXPECT_CONTAINS(errors[r], "the nodes were given different options: ShmOptions::slotBytes is "
                                "1048576 on rank 0 and 2097152 on rank 2");
@@ -119,12 +129,16 @@ TEST(ShmTuning, NodesWithOtherOptionsAreRefusedOnEveryRankNamingTheirRanks) {
   EXPECT_LT(slowest, 5000);
 
   // Within a pretend node the ranks are named by the communicator's numbers.
-  errors = createAll(4, 2, [](int r, ShmOptions& o) {
-    if (r == 3) o.smallBytes = 1024;
-  }, &slowest);
+  errors = createAll(
+      4, 2,
+      [](int r, ShmOptions& o) {
+        if (r == 3) o.smallBytes = 1024;
+      },
+      &slowest);
   for (int r : {2, 3}) {
     EXPECT_CONTAINS(errors[r], "rank " + std::to_string(r) + "/4 (local rank " +
-                                   std::to_string(r - 2) + "/2): shared memory: the ranks of this "
+                                   std::to_string(r - 2) +
+                                   "/2): shared memory: the ranks of this "
                                    "node were given different options: ShmOptions::smallBytes is "
                                    "65536 on rank 2 and 1024 on rank 3");
   }

@@ -89,9 +89,9 @@ int run(const Args& args) {
                              restored->step, restored->savedWorldSize, world)
               << std::flush;
   }
-  std::ofstream trace(fmt::format("{}/attempt{}-rank{}.txt", args.traceDir,
-                                  attempt ? attempt : "0", rank),
-                      std::ios::app);
+  std::ofstream trace(
+      fmt::format("{}/attempt{}-rank{}.txt", args.traceDir, attempt ? attempt : "0", rank),
+      std::ios::app);
   for (int64_t step = start; step < args.steps; ++step) {
     const int64_t epoch = step / stepsPerEpoch;
     // A new epoch starts here; one resumed in its middle goes on from the checkpoint's cursor.

@@ -37,9 +37,10 @@ TEST(Hostfile, DuplicateNamesBothLines) {
 
 TEST(Hostfile, BadLinesNamed) {
   const std::pair<const char*, const char*> kBad[] = {
-      {"a slots=0", "line 1"},      {"a\nb slots=x", "line 2"},  {"a gpus=2", "unknown field"},
-      {"-oProxyCommand=x", "not a host"}, {"a;b", "not a host"}, {"", "lists no host"},
-      {"# only\n\n", "lists no host"},    {"a slots=5000", "1..4096"},
+      {"a slots=0", "line 1"},         {"a\nb slots=x", "line 2"},
+      {"a gpus=2", "unknown field"},   {"-oProxyCommand=x", "not a host"},
+      {"a;b", "not a host"},           {"", "lists no host"},
+      {"# only\n\n", "lists no host"}, {"a slots=5000", "1..4096"},
   };
   for (const auto& [text, want] : kBad) {
     std::string m = messageOf([&] { parseHostfile(text, "hostfile h"); });
@@ -51,8 +52,8 @@ TEST(HostsOption, NamesAndSlots) {
   auto h = parseHostsOption("a,b", "--hosts");
   EXPECT_EQ(h, (std::vector<HostEntry>{{"a", 0, {}}, {"b", 0, {}}}));
   h = parseHostsOption("a:4,10.1.0.2:2,[fe80::1]:3,[::1]", "--hosts");
-  EXPECT_EQ(h, (std::vector<HostEntry>{{"a", 4, {}}, {"10.1.0.2", 2, {}}, {"fe80::1", 3, {}},
-                                       {"::1", 0, {}}}));
+  EXPECT_EQ(h, (std::vector<HostEntry>{
+                   {"a", 4, {}}, {"10.1.0.2", 2, {}}, {"fe80::1", 3, {}}, {"::1", 0, {}}}));
   for (const char* bad : {"", "a,", "a,a", "a:0", "a:x", "a:", "a b", "[::1", "-x"}) {
     EXPECT_THROW(parseHostsOption(bad, "--hosts"), InvalidArgument) << bad;
   }
@@ -81,13 +82,15 @@ TEST(HostFilter, IncludeExcludeRules) {
   EXPECT_EQ(r, (std::vector<HostEntry>{{"a", 4, {}}, {"c", 0, {1}}}));
   r = applyHostFilters(hosts, inc("a:0,1,2"), exc("a:1"), 2, "--include", "--exclude");
   EXPECT_EQ(r, (std::vector<HostEntry>{{"a", 4, {0, 2}}}));
-  const std::pair<const char*, const char*> kBad[] = {
-      {"x", "not in the host list"}, {"a:4", "slots 0..3, not 4"}};
+  const std::pair<const char*, const char*> kBad[] = {{"x", "not in the host list"},
+                                                      {"a:4", "slots 0..3, not 4"}};
   for (const auto& [text, want] : kBad) {
-    std::string m = messageOf([&] { applyHostFilters(hosts, inc(text), {}, 2, "--include", "--exclude"); });
+    std::string m = messageOf(
+        [&] { applyHostFilters(hosts, inc(text), {}, 2, "--include", "--exclude"); });
     EXPECT_NE(m.find(want), std::string::npos) << m;
   }
-  std::string m = messageOf([&] { applyHostFilters(hosts, {}, exc("a@b@c"), 2, "--include", "--exclude"); });
+  std::string m = messageOf(
+      [&] { applyHostFilters(hosts, {}, exc("a@b@c"), 2, "--include", "--exclude"); });
   EXPECT_NE(m.find("leaves no host"), std::string::npos) << m;
   m = messageOf([&] { applyHostFilters(hosts, {}, exc("c:0,1"), 2, "--include", "--exclude"); });
   EXPECT_NE(m.find("every slot of host c"), std::string::npos) << m;
@@ -116,31 +119,38 @@ std::map<std::string, std::string> settingsMap(const std::map<std::string, std::
 }
 
 TEST(SchedulerEnv, Slurm) {
-  auto m = settingsMap({{"SLURM_JOB_NODELIST", "gpu[01-02]"}, {"SLURM_NNODES", "2"},
-                        {"SLURM_NODEID", "1"}});
+  auto m = settingsMap(
+      {{"SLURM_JOB_NODELIST", "gpu[01-02]"}, {"SLURM_NNODES", "2"}, {"SLURM_NODEID", "1"}});
   EXPECT_EQ(m, (std::map<std::string, std::string>{
                    {"nnodes", "2"}, {"node-rank", "1"}, {"rdzv-endpoint", "gpu01"}}));
   // One node: nothing to do.
-  EXPECT_TRUE(settingsMap({{"SLURM_JOB_NODELIST", "gpu01"}, {"SLURM_NNODES", "1"},
-                           {"SLURM_NODEID", "0"}}).empty());
-  EXPECT_THROW(schedulerSettings({{"SLURM_JOB_NODELIST", "gpu[01-03]"}, {"SLURM_NNODES", "2"},
-                                  {"SLURM_NODEID", "0"}}),
-               InvalidArgument);
-  EXPECT_THROW(schedulerSettings({{"SLURM_JOB_NODELIST", "gpu[01-02]"}, {"SLURM_NNODES", "2"},
-                                  {"SLURM_NODEID", "2"}}),
-               InvalidArgument);
+  EXPECT_TRUE(
+      settingsMap({{"SLURM_JOB_NODELIST", "gpu01"}, {"SLURM_NNODES", "1"}, {"SLURM_NODEID", "0"}})
+          .empty());
+  EXPECT_THROW(
+      schedulerSettings(
+          {{"SLURM_JOB_NODELIST", "gpu[01-03]"}, {"SLURM_NNODES", "2"}, {"SLURM_NODEID", "0"}}),
+      InvalidArgument);
+  EXPECT_THROW(
+      schedulerSettings(
+          {{"SLURM_JOB_NODELIST", "gpu[01-02]"}, {"SLURM_NNODES", "2"}, {"SLURM_NODEID", "2"}}),
+      InvalidArgument);
 }
 
 TEST(SchedulerEnv, KubernetesPet) {
-  auto m = settingsMap({{"PET_NNODES", "3"}, {"PET_NODE_RANK", "2"}, {"PET_NPROC_PER_NODE", "4"},
-                        {"PET_MASTER_ADDR", "job-master-0"}, {"PET_MASTER_PORT", "23456"},
+  auto m = settingsMap({{"PET_NNODES", "3"},
+                        {"PET_NODE_RANK", "2"},
+                        {"PET_NPROC_PER_NODE", "4"},
+                        {"PET_MASTER_ADDR", "job-master-0"},
+                        {"PET_MASTER_PORT", "23456"},
                         {"SLURM_NNODES", "9"}});
   EXPECT_EQ(m, (std::map<std::string, std::string>{{"nnodes", "3"},
                                                    {"node-rank", "2"},
                                                    {"nproc-per-node", "4"},
                                                    {"master-port", "23456"},
                                                    {"rdzv-endpoint", "job-master-0"}}));
-  m = settingsMap({{"PET_NNODES", "1:4"}, {"PET_RDZV_ENDPOINT", "10.0.0.1:29400"},
+  m = settingsMap({{"PET_NNODES", "1:4"},
+                   {"PET_RDZV_ENDPOINT", "10.0.0.1:29400"},
                    {"PET_MASTER_ADDR", "ignored"}});
   EXPECT_EQ(m["rdzv-endpoint"], "10.0.0.1:29400");
   EXPECT_TRUE(settingsMap({{"PATH", "/bin"}}).empty());

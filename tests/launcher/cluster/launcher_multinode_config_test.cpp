@@ -46,9 +46,11 @@ TEST(MultiNodeArgs, RefusedCombinationsNameTheOptions) {
 }
 
 TEST(MultiNodeArgs, SchedulerVariablesComeLast) {
-  const std::map<std::string, std::string> pet = {
-      {"PET_NNODES", "3"}, {"PET_NODE_RANK", "1"}, {"PET_MASTER_ADDR", "10.0.0.1"},
-      {"PET_NPROC_PER_NODE", "4"}, {"DTRAIN_LAUNCH_NPROC_PER_NODE", "2"}};
+  const std::map<std::string, std::string> pet = {{"PET_NNODES", "3"},
+                                                  {"PET_NODE_RANK", "1"},
+                                                  {"PET_MASTER_ADDR", "10.0.0.1"},
+                                                  {"PET_NPROC_PER_NODE", "4"},
+                                                  {"DTRAIN_LAUNCH_NPROC_PER_NODE", "2"}};
   LaunchConfig c = parseLaunchArgs({"./t"}, pet).config;
   EXPECT_EQ(c.maxNodes, 3);
   EXPECT_EQ(c.nodeRank, 1);
@@ -60,8 +62,10 @@ TEST(MultiNodeArgs, SchedulerVariablesComeLast) {
   EXPECT_NE(usageError({"./t"}, {{"PET_NNODES", "x"}, {"PET_NODE_RANK", "0"}}).find("PET_NNODES"),
             std::string::npos);
   // Slurm, with the bracket node list.
-  c = parseLaunchArgs({"./t"}, {{"SLURM_JOB_NODELIST", "gpu[07-08]"}, {"SLURM_NNODES", "2"},
-                                {"SLURM_NODEID", "1"}}).config;
+  c = parseLaunchArgs(
+          {"./t"},
+          {{"SLURM_JOB_NODELIST", "gpu[07-08]"}, {"SLURM_NNODES", "2"}, {"SLURM_NODEID", "1"}})
+          .config;
   EXPECT_EQ(c.rdzvHost, "gpu07");
   EXPECT_EQ(c.nodeRank, 1);
 }
@@ -71,7 +75,7 @@ TEST(AgentPlan, CarriesTheJobsOptionsEnvironmentAndToken) {
                                          "--log-line-prefix-template", "<${node_rank}> ",
                                          "--nccl-ib-disable", "./t", "a"},
                                         {{"DTRAIN_LAUNCH_EXIT_BARRIER_TIMEOUT", "9"}})
-                          .config;
+                            .config;
   AgentSetup s;
   s.config = master;
   s.node = "2";
@@ -84,7 +88,8 @@ TEST(AgentPlan, CarriesTheJobsOptionsEnvironmentAndToken) {
   s.token = std::string(64, 'a');
   s.forwarded = {{"PATH", "/opt/bin"}, {"ODD", "line1\nline2=x"}};
   LaunchConfig base = parseLaunchArgs({"--agent", "./t", "a"}, {}).config;
-  AgentSetup back = agentSetupFromRecords(remote::decodePlan(remote::encodePlan(agentPlanRecords(s))), base);
+  AgentSetup back = agentSetupFromRecords(
+      remote::decodePlan(remote::encodePlan(agentPlanRecords(s))), base);
   EXPECT_EQ(back.config.maxRestarts, 3);
   EXPECT_DOUBLE_EQ(back.config.gracePeriod, 7);
   EXPECT_DOUBLE_EQ(back.config.exitBarrierTimeout, 9) << "DTRAIN_LAUNCH_* of the master travels";

@@ -35,10 +35,20 @@ std::vector<std::string> cat(std::vector<std::string> a, const std::vector<std::
 
 // `launch` options of node `rank` of a manual job on loopback at `port`.
 std::vector<std::string> nodeArgs(int port, const std::string& nnodes, int rank) {
-  return {"--nnodes", nnodes, "--node-rank", std::to_string(rank), "--rdzv-endpoint",
-          fmt::format("127.0.0.1:{}", port), "--nproc-per-node", "1", "--heartbeat-interval",
-          fmt::format("{:g}", kBeat), "--heartbeat-timeout", fmt::format("{:g}", kSilent),
-          "--grace-period", "5"};
+  return {"--nnodes",
+          nnodes,
+          "--node-rank",
+          std::to_string(rank),
+          "--rdzv-endpoint",
+          fmt::format("127.0.0.1:{}", port),
+          "--nproc-per-node",
+          "1",
+          "--heartbeat-interval",
+          fmt::format("{:g}", kBeat),
+          "--heartbeat-timeout",
+          fmt::format("{:g}", kSilent),
+          "--grace-period",
+          "5"};
 }
 
 // Values of "rank R: env NAME=VALUE" lines, in order.
@@ -56,8 +66,8 @@ std::vector<std::string> envValues(const std::string& out, const std::string& na
 // heartbeat interval, while the job goes on.
 TEST(ManualMultiNode, ADuplicateNodeRankExits2NamingBothHostsAndTheJobGoesOn) {
   const int port = freeLoopbackPort();
-  const std::vector<std::string> worker{workerPath(), "--no-store", "--steps", "30", "--step-ms",
-                                        "100"};
+  const std::vector<std::string> worker{workerPath(), "--no-store", "--steps",
+                                        "30",         "--step-ms",  "100"};
   LaunchProcess node0(cat(nodeArgs(port, "2", 0), worker));
   LaunchProcess node1(cat(nodeArgs(port, "2", 1), worker));
   ASSERT_TRUE(waitForWorkers(node1, 1, 20)) << node1.out() << node1.err();
@@ -66,11 +76,12 @@ TEST(ManualMultiNode, ADuplicateNodeRankExits2NamingBothHostsAndTheJobGoesOn) {
   EXPECT_LT(twin.seconds, kBeat + 2 * kMargin) << twin.all();
   const std::string host = readFile("/proc/sys/kernel/hostname").substr(0, 64);
   std::smatch m;
-  ASSERT_TRUE(std::regex_search(twin.err, m, std::regex("--node-rank 1 is held by another launch, "
-                                                         "alive on host (\\S+) \\(pid ([0-9]+): its "
-                                                         "heartbeat moves\\); this launch on (\\S+) "
-                                                         "\\(pid ([0-9]+)\\) was given the same "
-                                                         "one")))
+  ASSERT_TRUE(std::regex_search(twin.err, m,
+                                std::regex("--node-rank 1 is held by another launch, "
+                                           "alive on host (\\S+) \\(pid ([0-9]+): its "
+                                           "heartbeat moves\\); this launch on (\\S+) "
+                                           "\\(pid ([0-9]+)\\) was given the same "
+                                           "one")))
       << twin.err;
   EXPECT_EQ(std::stoi(m[2]), node1.pid());
   EXPECT_NE(m[4], std::to_string(node1.pid()));
@@ -88,8 +99,9 @@ TEST(ManualMultiNode, ADuplicateNodeRankExits2NamingBothHostsAndTheJobGoesOn) {
 // and the job restarts (--max-restarts 1) and ends 0 on both nodes.
 TEST(ManualMultiNode, ANodeStartedAgainJoinsTheNextRoundNotAFinishedOne) {
   const int port = freeLoopbackPort();
-  const std::vector<std::string> worker{workerPath(), "--steps", "20", "--step-ms", "100",
-                                        "--barrier-every-step", "--barrier-timeout-ms", "60000"};
+  const std::vector<std::string> worker{
+      workerPath(),           "--steps", "20", "--step-ms", "100", "--barrier-every-step",
+      "--barrier-timeout-ms", "60000"};
   const std::vector<std::string> restarts{"--max-restarts", "1"};
   LaunchProcess node0(cat(cat(nodeArgs(port, "2", 0), restarts), worker));
   auto node1 = std::make_unique<LaunchProcess>(cat(cat(nodeArgs(port, "2", 1), restarts), worker));
@@ -120,8 +132,8 @@ TEST(ManualMultiNode, ANodeStartedAgainJoinsTheNextRoundNotAFinishedOne) {
 TEST(ManualMultiNode, AnElasticJobGrowsWhenANodeJoinsAndNodeIdsStay) {
   const int port = freeLoopbackPort();
   const std::vector<std::string> options{"--rdzv-timeout", "3", "--max-restarts", "0"};
-  const std::vector<std::string> worker{workerPath(), "--no-store", "--print-env", "--steps",
-                                        "60", "--step-ms", "100", "--on-sigterm", "75"};
+  const std::vector<std::string> worker{workerPath(), "--no-store", "--print-env",  "--steps", "60",
+                                        "--step-ms",  "100",        "--on-sigterm", "75"};
   LaunchProcess node0(cat(cat(nodeArgs(port, "2:3", 0), options), worker));
   LaunchProcess node2(cat(cat(nodeArgs(port, "2:3", 2), options), worker));
   ASSERT_TRUE(waitForWorkers(node2, 1, 30)) << node2.out() << node2.err();
@@ -131,7 +143,9 @@ TEST(ManualMultiNode, AnElasticJobGrowsWhenANodeJoinsAndNodeIdsStay) {
   LaunchResult r2 = node2.wait(30);
   for (const LaunchResult* r : {&r0, &r1, &r2}) EXPECT_EQ(r->exitCode, 0) << r->all();
   EXPECT_NE(r0.err.find("node 1 (node rank 1) waits to join: the job grows from 2 to 3 nodes "
-                        "(elastic --nnodes 2:3)"), std::string::npos) << r0.err;
+                        "(elastic --nnodes 2:3)"),
+            std::string::npos)
+      << r0.err;
   EXPECT_NE(r0.err.find("not counted against --max-restarts"), std::string::npos) << r0.err;
   // Round 0: world size 2, node 2 is group rank 1; round 1: world size 3, group rank 2.
   EXPECT_EQ(countLines(r2.out, "world_size=2 attempt=0"), 1) << r2.out;
@@ -167,7 +181,9 @@ TEST(ManualMultiNode, ASilentJoinedNodeIsDroppedWithinTheHeartbeatBound) {
   EXPECT_EQ(r0.exitCode, 0) << r0.all();
   EXPECT_EQ(r1.exitCode, 0) << r1.all();
   EXPECT_NE(r0.err.find("rendezvous round 0: dropped node 2 (node rank 2): it joined round 0 and "
-                        "went silent"), std::string::npos) << r0.err;
+                        "went silent"),
+            std::string::npos)
+      << r0.err;
   EXPECT_LT(r0.seconds, 30) << "waited for the rendezvous timeout";
   EXPECT_EQ(countLines(r0.out, "world_size=2"), 1) << r0.out;
 }
@@ -184,8 +200,9 @@ TEST(ManualMultiNode, TheGrownJobResumesWithEverySampleOnce) {
   const int port = freeLoopbackPort();
   const std::vector<std::string> options{"--rdzv-timeout", "3", "--max-restarts", "0",
                                          "--grace-period", "30"};
-  const std::vector<std::string> program{worker, "--dir", dir.file("ckpt"), "--trace-dir",
-                                         dir.path(), "--steps", "16", "--step-ms", "300"};
+  const std::vector<std::string> program{worker,        "--dir",     dir.file("ckpt"),
+                                         "--trace-dir", dir.path(),  "--steps",
+                                         "16",          "--step-ms", "300"};
   LaunchProcess node0(cat(cat(nodeArgs(port, "2:3", 0), options), program));
   LaunchProcess node1(cat(cat(nodeArgs(port, "2:3", 1), options), program));
   ASSERT_TRUE(node0.waitForOutput("rank 0 step 5 world 2", 90)) << node0.out() << node0.err();

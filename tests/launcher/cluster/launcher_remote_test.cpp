@@ -21,9 +21,32 @@ namespace {
 // Arguments that break naive remote command lines (BashFAQ/096; DeepSpeed's issues with quotes).
 const std::vector<std::string>& argumentCorpus() {
   static const std::vector<std::string> kCorpus = {
-      "plain", "with space", "it's", "say \"hi\"", "$(id)", "`id`", "a;b", "x && y", "*", "~",
-      "line1\nline2", "", "-leading-dash", "--lr=0.1", "caf\xc3\xa9", "\xff\xfe raw bytes",
-      "back\\slash", "$HOME", "'", "''", "tab\there", "!event", "#hash", "{a,b}", "a|b", ">out",
+      "plain",
+      "with space",
+      "it's",
+      "say \"hi\"",
+      "$(id)",
+      "`id`",
+      "a;b",
+      "x && y",
+      "*",
+      "~",
+      "line1\nline2",
+      "",
+      "-leading-dash",
+      "--lr=0.1",
+      "caf\xc3\xa9",
+      "\xff\xfe raw bytes",
+      "back\\slash",
+      "$HOME",
+      "'",
+      "''",
+      "tab\there",
+      "!event",
+      "#hash",
+      "{a,b}",
+      "a|b",
+      ">out",
   };
   return kCorpus;
 }
@@ -62,8 +85,8 @@ std::vector<std::string> runShell(const std::string& shell, const std::string& c
 
 // The login shells a remote user may have; the ones not installed here are skipped.
 const std::vector<std::string>& loginShells() {
-  static const std::vector<std::string> kShells = {"/bin/sh", "/bin/bash", "/bin/dash",
-                                                   "/bin/tcsh", "/usr/bin/fish"};
+  static const std::vector<std::string> kShells = {"/bin/sh", "/bin/bash", "/bin/dash", "/bin/tcsh",
+                                                   "/usr/bin/fish"};
   return kShells;
 }
 
@@ -101,16 +124,21 @@ TEST(RemoteCommand, QuotesAlwaysAndMissingDirectoryExits125UnderEveryLoginShell)
     const std::string cmd = remote::remoteShellCommand(dir, {"/bin/true"});
     for (const auto& shell : loginShells()) {
       if (::access(shell.c_str(), X_OK) != 0) continue;
-      int status = std::system((shell + " -c " + remote::singleQuote(cmd) + " 2>/dev/null").c_str());
+      int status = std::system(
+          (shell + " -c " + remote::singleQuote(cmd) + " 2>/dev/null").c_str());
       EXPECT_EQ(WEXITSTATUS(status), 125) << shell << ": " << cmd;
     }
   }
 }
 
 TEST(RemoteCommand, Base64FollowsRfc4648) {
-  const std::pair<const char*, const char*> kVectors[] = {
-      {"", ""}, {"f", "Zg=="}, {"fo", "Zm8="}, {"foo", "Zm9v"}, {"foob", "Zm9vYg=="},
-      {"fooba", "Zm9vYmE="}, {"foobar", "Zm9vYmFy"}};
+  const std::pair<const char*, const char*> kVectors[] = {{"", ""},
+                                                          {"f", "Zg=="},
+                                                          {"fo", "Zm8="},
+                                                          {"foo", "Zm9v"},
+                                                          {"foob", "Zm9vYg=="},
+                                                          {"fooba", "Zm9vYmE="},
+                                                          {"foobar", "Zm9vYmFy"}};
   for (const auto& [in, out] : kVectors) EXPECT_EQ(remote::base64(in), out) << in;
   EXPECT_EQ(remote::base64(std::string("\xff\xfe\x00", 3)), "//4A");
 }
@@ -127,21 +155,30 @@ TEST(SshArgv, OptionsInOrder) {
   o.connectTimeout = 2.5;
   o.acceptNewHostKeys = true;
   EXPECT_EQ(remote::sshArgv(o, "10.9.0.2", "c"),
-            (std::vector<std::string>{"ssh", "-T", "-o", "ServerAliveInterval=1", "-o", "User=bob",
-                                      "-o", "BatchMode=yes", "-o", "ConnectTimeout=3", "-o",
-                                      "StrictHostKeyChecking=accept-new", "-p", "2222", "-i",
-                                      "/k/id", "-F", "/k/cfg", "--", "10.9.0.2", "c"}));
+            (std::vector<std::string>{"ssh", "-T",
+                                      "-o",  "ServerAliveInterval=1",
+                                      "-o",  "User=bob",
+                                      "-o",  "BatchMode=yes",
+                                      "-o",  "ConnectTimeout=3",
+                                      "-o",  "StrictHostKeyChecking=accept-new",
+                                      "-p",  "2222",
+                                      "-i",  "/k/id",
+                                      "-F",  "/k/cfg",
+                                      "--",  "10.9.0.2",
+                                      "c"}));
 }
 
 TEST(SshArgv, FailureHints) {
   remote::SshOptions o;
-  EXPECT_NE(remote::sshFailureHint("n1", "Host key verification failed.\r\n", o).find("ssh-keyscan -H n1"),
+  EXPECT_NE(remote::sshFailureHint("n1", "Host key verification failed.\r\n", o)
+                .find("ssh-keyscan -H n1"),
             std::string::npos);
   EXPECT_NE(remote::sshFailureHint("n1", "Host key verification failed.", o)
                 .find("--ssh-accept-new-host-keys"),
             std::string::npos);
-  EXPECT_NE(remote::sshFailureHint("n1", "bob@n1: Permission denied (publickey).", o).find("ssh-copy-id"),
-            std::string::npos);
+  EXPECT_NE(
+      remote::sshFailureHint("n1", "bob@n1: Permission denied (publickey).", o).find("ssh-copy-id"),
+      std::string::npos);
   EXPECT_NE(remote::sshFailureHint("n1", "ssh: connect to host n1 port 22: Connection timed out", o)
                 .find("port 22"),
             std::string::npos);
@@ -168,19 +205,34 @@ TEST(AgentPlan, RoundTripsAnyBytes) {
 }
 
 TEST(ForwardedEnv, DesignListDotEnvAndEnvOption) {
-  EnvMap inherited{{"PATH", "/p"},        {"LD_LIBRARY_PATH", "/l"}, {"PYTHONPATH", "/py"},
-                   {"NCCL_IB_HCA", "mlx5"}, {"GLOO_X", "g"},        {"TORCH_SHOW_CPP_STACKTRACES", "1"},
-                   {"DTRAIN_VERBOSE", "2"}, {"DTRAIN_FAULT", "f"},  {"HOME", "/root"},
-                   {"DTRAIN_LAUNCH_NNODES", "2"}, {"DTRAIN_STORE_TOKEN", "secret"},
-                   {"SSH_AUTH_SOCK", "/s"}, {"NCCL_DEBUG", "WARN"}};
+  EnvMap inherited{{"PATH", "/p"},
+                   {"LD_LIBRARY_PATH", "/l"},
+                   {"PYTHONPATH", "/py"},
+                   {"NCCL_IB_HCA", "mlx5"},
+                   {"GLOO_X", "g"},
+                   {"TORCH_SHOW_CPP_STACKTRACES", "1"},
+                   {"DTRAIN_VERBOSE", "2"},
+                   {"DTRAIN_FAULT", "f"},
+                   {"HOME", "/root"},
+                   {"DTRAIN_LAUNCH_NNODES", "2"},
+                   {"DTRAIN_STORE_TOKEN", "secret"},
+                   {"SSH_AUTH_SOCK", "/s"},
+                   {"NCCL_DEBUG", "WARN"}};
   auto dot = parseDotEnv("# comment\n\nexport NCCL_DEBUG=INFO\nFOO=a=b c\r\n", ".dtrain_env");
   EnvMap f = forwardedEnvironment(inherited, dot, {{"FOO", "from --env"}, {"BAR", ""}});
-  EXPECT_EQ(f, (EnvMap{{"PATH", "/p"},        {"LD_LIBRARY_PATH", "/l"}, {"PYTHONPATH", "/py"},
-                       {"NCCL_IB_HCA", "mlx5"}, {"GLOO_X", "g"},        {"TORCH_SHOW_CPP_STACKTRACES", "1"},
-                       {"DTRAIN_VERBOSE", "2"}, {"DTRAIN_FAULT", "f"},  {"NCCL_DEBUG", "INFO"},
-                       {"FOO", "from --env"},   {"BAR", ""}}));
-  for (const char* bad : {"FOO", "1X=2", "RANK=3", "DTRAIN_STORE_TOKEN=x", "DTRAIN_LAUNCH_NNODES=2",
-                          "A B=1"}) {
+  EXPECT_EQ(f, (EnvMap{{"PATH", "/p"},
+                       {"LD_LIBRARY_PATH", "/l"},
+                       {"PYTHONPATH", "/py"},
+                       {"NCCL_IB_HCA", "mlx5"},
+                       {"GLOO_X", "g"},
+                       {"TORCH_SHOW_CPP_STACKTRACES", "1"},
+                       {"DTRAIN_VERBOSE", "2"},
+                       {"DTRAIN_FAULT", "f"},
+                       {"NCCL_DEBUG", "INFO"},
+                       {"FOO", "from --env"},
+                       {"BAR", ""}}));
+  for (const char* bad :
+       {"FOO", "1X=2", "RANK=3", "DTRAIN_STORE_TOKEN=x", "DTRAIN_LAUNCH_NNODES=2", "A B=1"}) {
     EXPECT_THROW(parseDotEnv(bad, ".dtrain_env"), InvalidArgument) << bad;
   }
   try {
@@ -203,7 +255,8 @@ TEST(NcclEnv, InterfaceRule) {
   EXPECT_EQ(pickSocketInterface(o, false, "127.0.0.1", "lo", "", "", "x").name, "");
   // Never loopback for a multi-node job -- unless every node is this machine (store on loopback).
   EXPECT_EQ(pickSocketInterface(o, true, "127.0.0.1", "lo", "", "", "x").name, "");
-  EXPECT_THROW(pickSocketInterface(o, true, "10.9.0.1", "", "lo", "127.0.0.1", "x"), InvalidArgument);
+  EXPECT_THROW(pickSocketInterface(o, true, "10.9.0.1", "", "lo", "127.0.0.1", "x"),
+               InvalidArgument);
   o.socketIfname = "ib0";
   EXPECT_EQ(pickSocketInterface(o, true, "10.9.0.1", "", "eth1", "", "x").name, "ib0");
 }
@@ -214,12 +267,14 @@ TEST(NcclEnv, UserSettingsWin) {
   o.debug = "INFO";
   o.debugSubsys = "INIT,NET";
   InterfaceChoice eth{"eth1", "10.0.0.2", ""};
-  EXPECT_EQ(ncclEnvironment(o, eth, {}),
-            (EnvMap{{"NCCL_SOCKET_IFNAME", "eth1"}, {"GLOO_SOCKET_IFNAME", "eth1"},
-                    {"NCCL_IB_DISABLE", "1"}, {"NCCL_DEBUG", "INFO"},
-                    {"NCCL_DEBUG_SUBSYS", "INIT,NET"}}));
+  EXPECT_EQ(ncclEnvironment(o, eth, {}), (EnvMap{{"NCCL_SOCKET_IFNAME", "eth1"},
+                                                 {"GLOO_SOCKET_IFNAME", "eth1"},
+                                                 {"NCCL_IB_DISABLE", "1"},
+                                                 {"NCCL_DEBUG", "INFO"},
+                                                 {"NCCL_DEBUG_SUBSYS", "INIT,NET"}}));
   EXPECT_EQ(ncclEnvironment(o, eth, {{"NCCL_DEBUG", "WARN"}, {"NCCL_SOCKET_IFNAME", "ib0"}}),
-            (EnvMap{{"GLOO_SOCKET_IFNAME", "eth1"}, {"NCCL_IB_DISABLE", "1"},
+            (EnvMap{{"GLOO_SOCKET_IFNAME", "eth1"},
+                    {"NCCL_IB_DISABLE", "1"},
                     {"NCCL_DEBUG_SUBSYS", "INIT,NET"}}));
   // NCCL's list syntax is not for Gloo.
   EXPECT_EQ(ncclEnvironment(NcclOptions{}, InterfaceChoice{"^docker,lo", "", ""}, {}),
@@ -229,7 +284,8 @@ TEST(NcclEnv, UserSettingsWin) {
 
 TEST(Session, WritesThePlanOnStdinAndPassesWholeLines) {
   const std::string plan = remote::encodePlan({{"env", "A=it's\nmultiline"}, {"token", "t"}});
-  remote::Session s("0", "h0", {"/bin/sh", "-c", "exec /bin/cat"}, {}, plan, /*captureStdout=*/true);
+  remote::Session s("0", "h0", {"/bin/sh", "-c", "exec /bin/cat"}, {}, plan,
+                    /*captureStdout=*/true);
   s.finish(5);
   EXPECT_EQ(s.describeExit(), "exited with code 0");
   std::string got;
@@ -246,7 +302,8 @@ TEST(Session, PlanThatDoesNotFitIsRefusedBeforeAnythingStarts) {
     FAIL() << "a 4 MiB plan was accepted";
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("the agent plan for gpu7 (4194304 bytes) does not fit"),
-              std::string::npos) << e.what();
+              std::string::npos)
+        << e.what();
   }
   std::this_thread::sleep_for(std::chrono::milliseconds(300));
   EXPECT_NE(::access(mark.c_str(), F_OK), 0) << "the session's command ran";
@@ -254,8 +311,8 @@ TEST(Session, PlanThatDoesNotFitIsRefusedBeforeAnythingStarts) {
 
 TEST(Session, FinishEndsASessionThatIgnoresSigterm) {
   // The session ignores SIGTERM and never reads its stdin's end: SIGKILL after two graces.
-  remote::Session s("0", "h0", {"/bin/sh", "-c", "trap '' TERM; while :; do /bin/sleep 0.05; done"}, {},
-                    "");
+  remote::Session s("0", "h0", {"/bin/sh", "-c", "trap '' TERM; while :; do /bin/sleep 0.05; done"},
+                    {}, "");
   const auto start = std::chrono::steady_clock::now();
   s.finish(0.3);
   EXPECT_TRUE(s.exited());

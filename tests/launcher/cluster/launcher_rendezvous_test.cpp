@@ -31,9 +31,10 @@ JoinInfo joinOf(const std::string& node, int requested, int workers, const std::
 }
 
 TEST(Rendezvous, RanksFollowTheRequestedOrderAndArePrefixSums) {
-  RoundPlan p = assignRanks(3, {joinOf("2", 2, 1, "10.0.0.3"), joinOf("0", 0, 4, "10.0.0.1"),
-                                joinOf("1", 1, 2, "10.0.0.2")},
-                            8, 29500);
+  RoundPlan p = assignRanks(
+      3,
+      {joinOf("2", 2, 1, "10.0.0.3"), joinOf("0", 0, 4, "10.0.0.1"), joinOf("1", 1, 2, "10.0.0.2")},
+      8, 29500);
   ASSERT_EQ(p.nodes.size(), 3u);
   EXPECT_EQ(p.worldSize, 7);
   EXPECT_EQ(p.masterAddr, "10.0.0.1");
@@ -45,7 +46,8 @@ TEST(Rendezvous, RanksFollowTheRequestedOrderAndArePrefixSums) {
   EXPECT_EQ(p.nodes[0].node, "1");
   EXPECT_EQ(p.nodes[0].nodeRank, 0);
   EXPECT_EQ(p.masterAddr, "b");
-  EXPECT_EQ(assignRanks(0, {joinOf("0", 0, 1, "a"), joinOf("1", 1, 1, "b")}, 1, 1).nodes.size(), 1u);
+  EXPECT_EQ(assignRanks(0, {joinOf("0", 0, 1, "a"), joinOf("1", 1, 1, "b")}, 1, 1).nodes.size(),
+            1u);
   RoundPlan back = decodePlan(encodePlan(p));
   EXPECT_EQ(back.worldSize, 3);
   EXPECT_EQ(back.nodes[1].rankOffset, 2);
@@ -210,7 +212,8 @@ struct Harness {
   std::shared_ptr<store::HashStore> store = std::make_shared<store::HashStore>();
   CoordinatorOptions options;
   Harness(int nodes, int minNodes) {
-    for (int i = 0; i < nodes; ++i) options.nodes.push_back({std::to_string(i), "h" + std::to_string(i), i});
+    for (int i = 0; i < nodes; ++i)
+      options.nodes.push_back({std::to_string(i), "h" + std::to_string(i), i});
     options.minNodes = minNodes;
     options.maxNodes = nodes;
     options.rdzvTimeout = 0.4;
@@ -323,7 +326,8 @@ TEST(Coordinator, RendezvousTimeoutListsJoinedAndMissing) {
   EXPECT_LT(std::chrono::steady_clock::now() - start, 3s);
   const std::string m = h.endMessage();
   EXPECT_NE(m.find("2 of 3 nodes joined; joined: node 0 (h0), node 2 (h2); missing: node 1 (h1)"),
-            std::string::npos) << m;
+            std::string::npos)
+      << m;
 }
 
 TEST(Coordinator, GoneNodeFailsTheRendezvousAtOnce) {
@@ -336,7 +340,8 @@ TEST(Coordinator, GoneNodeFailsTheRendezvousAtOnce) {
   EXPECT_EQ(c.run(), 125);
   EXPECT_LT(std::chrono::steady_clock::now() - start, 2s);
   EXPECT_NE(h.endMessage().find("node 1 (h1): its ssh session exited with code 255"),
-            std::string::npos) << h.endMessage();
+            std::string::npos)
+      << h.endMessage();
 }
 
 TEST(Coordinator, ElasticGoesOnWithMinNodes) {
@@ -376,7 +381,8 @@ TEST(Coordinator, SilentNodeIsStoppedAndNamed) {
   quit = true;
   agent.join();
   EXPECT_NE(h.store->getString(keys::stop(0)).find("node 1 (h1) on 10.0.0.1 went silent"),
-            std::string::npos) << h.store->getString(keys::stop(0));
+            std::string::npos)
+      << h.store->getString(keys::stop(0));
   EXPECT_EQ(h.store->getString(keys::decision(0)), "end 124");
 }
 
@@ -465,7 +471,7 @@ TEST(Coordinator, ANodeWaitingToJoinGrowsTheJobWithoutCountingARestart) {
   size_t grown = 0;
   std::thread agents([&] {
     EXPECT_EQ(h.awaitPlan(0).nodes.size(), 2u);  // after the rendezvous timeout, elastic
-    h.join(1, "2");                                // node 2 comes while round 0 runs
+    h.join(1, "2");                              // node 2 comes while round 0 runs
     h.store->wait({keys::stop(0)}, 5000ms);
     stop = h.store->getString(keys::stop(0));
     h.report(0, "0", 75, /*stopped=*/true);  // preempted: checkpointed, exit 75

@@ -10,8 +10,8 @@
 
 #include <fmt/format.h>
 
-#include "launcher_support.h"
 #include "launcher_sim.h"
+#include "launcher_support.h"
 #include "test_support.h"
 
 namespace dtrain::testing::launcher_scale_test {
@@ -43,7 +43,8 @@ TEST(LaunchScale, SixtyFourNodesFormRunLoseOneAndRestartElasticAtSixtyThree) {
   // Forms: every agent holds round 0's plan, every worker runs.
   ASSERT_TRUE(fleet.pumpUntil([&] { return LaunchSim::count(s.workerStarted(0)) == kNodes; }, 90))
       << LaunchSim::count(s.planned(0)) << " plans, " << LaunchSim::count(s.workerStarted(0))
-      << " workers; node 0:\n" << fleet.text(0);
+      << " workers; node 0:\n"
+      << fleet.text(0);
   const double formed = LaunchSim::latest(s.planned(0)) - s.startedAt();
   const double lastJoinToPlans = LaunchSim::latest(s.planned(0)) - LaunchSim::latest(s.joined(0));
   EXPECT_LT(formed, 20) << "all started -> all plans";
@@ -61,7 +62,8 @@ TEST(LaunchScale, SixtyFourNodesFormRunLoseOneAndRestartElasticAtSixtyThree) {
   ASSERT_TRUE(fleet.pumpUntil([&] { return s.masterSaid(silent) >= 0; }, 30)) << fleet.text(0);
   const double detected = s.masterSaid(silent) - killedAt;
   EXPECT_NE(fleet.linesWith(0, silent).front().text.find("on 127.0.0.1 went silent"),
-            std::string::npos) << fleet.linesWith(0, silent).front().text;
+            std::string::npos)
+      << fleet.linesWith(0, silent).front().text;
   EXPECT_LT(detected, kHeartbeatTimeout + 1 + 2 * kMargin);
   EXPECT_GT(detected, kHeartbeatTimeout - 1.5);
 
@@ -76,12 +78,15 @@ TEST(LaunchScale, SixtyFourNodesFormRunLoseOneAndRestartElasticAtSixtyThree) {
   }
 
   // Ends: each worker's 3 steps, then every agent exits 0.
-  ASSERT_TRUE(fleet.pumpUntil([&] {
-    for (int node = 0; node < lost; ++node) {
-      if (!fleet.member(node).exited) return false;
-    }
-    return true;
-  }, 90)) << fleet.text(0);
+  ASSERT_TRUE(fleet.pumpUntil(
+      [&] {
+        for (int node = 0; node < lost; ++node) {
+          if (!fleet.member(node).exited) return false;
+        }
+        return true;
+      },
+      90))
+      << fleet.text(0);
   for (int node = 0; node < lost; ++node) {
     EXPECT_EQ(fleet.exitCode(node), 0) << "node " << node << ":\n" << fleet.text(node);
     EXPECT_EQ(fleet.linesWith(node, "world_size=63 attempt=1").size(), 1u) << fleet.text(node);

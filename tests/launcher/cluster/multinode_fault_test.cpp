@@ -7,10 +7,10 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <filesystem>
 #include <map>
 #include <regex>
-#include <cstdlib>
 #include <thread>
 
 #include "multinode_support.h"
@@ -32,9 +32,8 @@ pid_t agentOn(const Cluster& c, int k) {
 
 // A job that runs until stopped: barriers at every step, so a lost peer is noticed.
 std::vector<std::string> longJob(const Cluster& c, const std::vector<std::string>& extra = {}) {
-  return fanOut(c, cat(extra, {"--nproc-per-node", "2", workerPath(), "--steps", "600",
-                               "--step-ms", "50", "--barrier-every-step",
-                               "--barrier-timeout-ms", "60000"}));
+  return fanOut(c, cat(extra, {"--nproc-per-node", "2", workerPath(), "--steps", "600", "--step-ms",
+                               "50", "--barrier-every-step", "--barrier-timeout-ms", "60000"}));
 }
 
 std::string commWorker() { return binaryDir() + "/comm_worker"; }
@@ -60,8 +59,8 @@ void expectNothingLeft(const Cluster& c, const LaunchResult& r, pid_t spare = -1
       std::string stat = readFile("/proc/" + std::to_string(p) + "/stat");
       which += "\n  " + stat.substr(0, 80);
     }
-    EXPECT_TRUE(left.empty()) << "host " << k << " still runs " << left.size() << " process(es):"
-                              << which;
+    EXPECT_TRUE(left.empty()) << "host " << k << " still runs " << left.size()
+                              << " process(es):" << which;
   }
   std::vector<pid_t> pids = jobPids(r.all());
   pids.erase(std::remove(pids.begin(), pids.end(), spare), pids.end());
@@ -91,13 +90,13 @@ TEST(MultiNodeFault, RankDeadInsideAHierarchicalAllreduceFailsEverySurvivorWithi
   DTRAIN_CLUSTER_OR_SKIP(c, 2);
   const std::string worker = binaryDir() + "/comm_worker";
   if (::access(worker.c_str(), X_OK) != 0) GTEST_SKIP() << "comm_worker not built (no Gloo)";
-  LaunchResult r = runLaunch(
-      fanOut(*c, {"--nproc-per-node", "2", worker, "--iters", "8", "--ignore-sigterm",
-                  "--timeout-ms", "20000"}),
-      {"DTRAIN_FAULT=signal:KILL@rank=3,step=4"}, 90);
+  LaunchResult r = runLaunch(fanOut(*c, {"--nproc-per-node", "2", worker, "--iters", "8",
+                                         "--ignore-sigterm", "--timeout-ms", "20000"}),
+                             {"DTRAIN_FAULT=signal:KILL@rank=3,step=4"}, 90);
   EXPECT_NE(r.exitCode, 0) << r.all();
   EXPECT_EQ(countLines(r.out, "ready backend=shm+gloo"), 4) << r.all();
-  static const std::regex failed(R"(rank (\d+)/4: FAILED at iteration (\d+) after (\d+) ms: ([^\n]*))");
+  static const std::regex failed(
+      R"(rank (\d+)/4: FAILED at iteration (\d+) after (\d+) ms: ([^\n]*))");
   std::map<int, std::pair<double, std::string>> byRank;
   for (std::sregex_iterator it(r.out.begin(), r.out.end(), failed), end; it != end; ++it) {
     EXPECT_EQ(std::stoi((*it)[2]), 4) << it->str();
@@ -105,7 +104,8 @@ TEST(MultiNodeFault, RankDeadInsideAHierarchicalAllreduceFailsEverySurvivorWithi
   }
   for (int survivor : {0, 1, 2}) {
     ASSERT_TRUE(byRank.count(survivor)) << "rank " << survivor << " did not report\n" << r.all();
-    EXPECT_LE(byRank[survivor].first, 2000) << "rank " << survivor << ": " << byRank[survivor].second;
+    EXPECT_LE(byRank[survivor].first, 2000)
+        << "rank " << survivor << ": " << byRank[survivor].second;
   }
   EXPECT_NE(byRank[2].second.find("rank 3 (pid "), std::string::npos) << byRank[2].second;
   EXPECT_NE(byRank[1].second.find("whose ranks 0, 1 are ranks 1, 3 here"), std::string::npos)
@@ -118,7 +118,8 @@ TEST(MultiNodeFault, SshToOneNodeFailsFastAndNamesIt) {
   LaunchResult r = runLaunch(longJob(*c, {"--ssh-connect-timeout", "2"}), {}, 60);
   EXPECT_EQ(r.exitCode, 125) << r.all();
   EXPECT_NE(r.err.find("node 1 (" + c->hosts()[1] + "): its ssh session exited with code 255"),
-            std::string::npos) << r.err;
+            std::string::npos)
+      << r.err;
   EXPECT_NE(r.err.find("Connection refused"), std::string::npos) << r.err;
   EXPECT_LT(r.seconds, 2 + 5 + kMargin) << r.err;
   expectNothingLeft(*c, r);
@@ -140,12 +141,12 @@ TEST(MultiNodeFault, UnknownHostKeyIsRefusedWithAHint) {
   EXPECT_NE(r.err.find("ssh-keyscan -H 10."), std::string::npos) << r.err;
   EXPECT_NE(r.err.find("--ssh-accept-new-host-keys"), std::string::npos) << r.err;
   // The opt-in trusts first-seen keys (accept-new) and records them.
-  r = runLaunch(cat(cat({"--hosts", c->hostList(), "--ssh-config", cfg,
-                         "--ssh-accept-new-host-keys", "--rdzv-endpoint",
-                         c->bridgeAddress() + ":" + std::to_string(storePort(*c))},
-                        timings()),
-                    {workerPath(), "--steps", "1"}),
-                {}, 60);
+  r = runLaunch(
+      cat(cat({"--hosts", c->hostList(), "--ssh-config", cfg, "--ssh-accept-new-host-keys",
+               "--rdzv-endpoint", c->bridgeAddress() + ":" + std::to_string(storePort(*c))},
+              timings()),
+          {workerPath(), "--steps", "1"}),
+      {}, 60);
   EXPECT_EQ(r.exitCode, 0) << r.all();
   EXPECT_NE(readFile(dir.file("known_hosts")).find(c->hosts()[1]), std::string::npos);
 }
@@ -166,7 +167,8 @@ pid_t sshTo(const std::string& host) {
     const std::string name = entry.path().filename();
     if (name.find_first_not_of("0123456789") != std::string::npos) continue;
     std::string cmd = readFile(entry.path().string() + "/cmdline");
-    if (cmd.rfind("ssh", 0) == 0 && cmd.find(std::string("\0") + host + "\0") != std::string::npos &&
+    if (cmd.rfind("ssh", 0) == 0 &&
+        cmd.find(std::string("\0") + host + "\0") != std::string::npos &&
         cmd.find("--agent") != std::string::npos) {
       return std::stoi(name);
     }
@@ -209,10 +211,13 @@ TEST(MultiNodeFault, WholeNodeKilledEndsTheJobWithinTheHeartbeatBound) {
 // Every worker's communicator is up. Two ranks per node take the hierarchical path (shm+gloo:
 // shared memory inside each node, Gloo across), so what crosses the cut link is Gloo either way.
 bool waitForCommWorkers(LaunchProcess& p, int n, double seconds) {
-  return p.waitFor([n](const std::string& out, const std::string&) {
-    return countLines(out, ": ready backend=gloo") + countLines(out, ": ready backend=shm+gloo") >=
-           n;
-  }, seconds);
+  return p.waitFor(
+      [n](const std::string& out, const std::string&) {
+        return countLines(out, ": ready backend=gloo") +
+                   countLines(out, ": ready backend=shm+gloo") >=
+               n;
+      },
+      seconds);
 }
 
 TEST(MultiNodeFault, SilentPartitionEndsTheJobNamingTheNode) {
@@ -220,9 +225,9 @@ TEST(MultiNodeFault, SilentPartitionEndsTheJobNamingTheNode) {
   DTRAIN_CLUSTER_OR_SKIP(c, 2);
   // Gloo allreduces across the nodes, back to back, with a 10-minute collective timeout: when
   // the cable goes, every worker sits inside an allreduce that would wait that long.
-  LaunchProcess p(fanOut(*c, {"--ssh-option", "ServerAliveInterval=30", "--nproc-per-node", "2",
-                              commWorker(), "--iters", "1000000", "--count", "16384",
-                              "--timeout-ms", "600000"}));
+  LaunchProcess p(
+      fanOut(*c, {"--ssh-option", "ServerAliveInterval=30", "--nproc-per-node", "2", commWorker(),
+                  "--iters", "1000000", "--count", "16384", "--timeout-ms", "600000"}));
   ASSERT_TRUE(waitForCommWorkers(p, 4, 40)) << p.out() << p.err();
   std::this_thread::sleep_for(std::chrono::milliseconds(300));
   c->link(1, false);
@@ -231,7 +236,8 @@ TEST(MultiNodeFault, SilentPartitionEndsTheJobNamingTheNode) {
   c->link(1, true);
   EXPECT_EQ(r.exitCode, 124) << r.all();
   EXPECT_NE(r.err.find("node 1 (" + c->hosts()[1] + ") on " + c->hosts()[1] + " went silent"),
-            std::string::npos) << r.err;
+            std::string::npos)
+      << r.err;
   EXPECT_LT(r.seconds - cutAt, kNodeLossBound) << r.err;
   EXPECT_EQ(countLines(r.out, ": OK"), 0) << r.out;
   // The cut-off node's agent loses the store and stops its workers by itself.
@@ -244,8 +250,8 @@ TEST(MultiNodeFault, PartitionThatHealsInTimeIsNoFailure) {
   // Gloo allreduces across the nodes while node 1's cable is out for 1.2 s (< the 3 s heartbeat
   // timeout): TCP carries the collectives (and the heartbeats) over the gap, and every result of
   // every iteration is checked against its closed form, element by element, on every rank.
-  LaunchProcess p(fanOut(*c, {"--nproc-per-node", "2", commWorker(), "--iters", "150",
-                              "--iter-ms", "20", "--timeout-ms", "30000"}));
+  LaunchProcess p(fanOut(*c, {"--nproc-per-node", "2", commWorker(), "--iters", "150", "--iter-ms",
+                              "20", "--timeout-ms", "30000"}));
   ASSERT_TRUE(waitForCommWorkers(p, 4, 40)) << p.out() << p.err();
   std::this_thread::sleep_for(std::chrono::milliseconds(300));
   c->link(1, false);
@@ -270,8 +276,8 @@ TEST(MultiNodeFault, StoreHostLostEndsEveryAgent) {
   for (int k = 0; k < 2; ++k) {
     nodes.push_back(std::make_unique<LaunchProcess>(
         cat(timings(), {"--nnodes", "2", "--node-rank", std::to_string(k), "--rdzv-endpoint",
-                        c->hosts()[0], "--token-file", token, "--nproc-per-node", "1",
-                        workerPath(), "--steps", "600", "--step-ms", "50"}),
+                        c->hosts()[0], "--token-file", token, "--nproc-per-node", "1", workerPath(),
+                        "--steps", "600", "--step-ms", "50"}),
         std::vector<std::string>{}, c->on(k)));
   }
   ASSERT_TRUE(waitForWorkers(*nodes[1], 1, 30)) << nodes[1]->out() << nodes[1]->err();
@@ -279,7 +285,8 @@ TEST(MultiNodeFault, StoreHostLostEndsEveryAgent) {
   const double killedAt = nodes[1]->elapsed();
   LaunchResult r = nodes[1]->wait(60);
   EXPECT_EQ(r.exitCode, 125) << r.all();
-  EXPECT_NE(r.err.find("lost the store at " + c->hosts()[0] + ":29400"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("lost the store at " + c->hosts()[0] + ":29400"), std::string::npos)
+      << r.err;
   EXPECT_LT(r.seconds - killedAt, kNodeLossBound) << r.err;
   nodes[0]->wait(10);
   expectNothingLeft(*c, r);
@@ -290,7 +297,7 @@ TEST(MultiNodeFault, FirewallOnTheStorePortFailsTheRendezvousNamingTheNode) {
   if (::access("/usr/sbin/nft", X_OK) != 0) GTEST_SKIP() << "no nft (nftables) here";
   ASSERT_EQ(c->run(1, "nft add table inet f && nft add chain inet f out '{ type filter hook "
                       "output priority 0; }' && nft add rule inet f out tcp dport " +
-                      std::to_string(storePort(*c)) + " drop"),
+                          std::to_string(storePort(*c)) + " drop"),
             0);
   LaunchResult r = runLaunch(cat(fanOut(*c, {"--rdzv-timeout", "4"}),
                                  {"--nproc-per-node", "1", workerPath(), "--steps", "1"}),
@@ -305,9 +312,9 @@ TEST(MultiNodeFault, FirewallOnTheStorePortFailsTheRendezvousNamingTheNode) {
 TEST(MultiNodeFault, ElasticGoesOnWithMinNodesWhenOneNeverReturns) {
   DTRAIN_CLUSTER_OR_SKIP(c, 2);
   LaunchProcess p(fanOut(*c, {"--nnodes", "1:2", "--max-restarts", "1", "--rdzv-timeout", "4",
-                              "--ssh-connect-timeout", "1", "--nproc-per-node", "2",
-                              workerPath(), "--steps", "30", "--step-ms", "50",
-                              "--barrier-every-step", "--barrier-timeout-ms", "60000"}));
+                              "--ssh-connect-timeout", "1", "--nproc-per-node", "2", workerPath(),
+                              "--steps", "30", "--step-ms", "50", "--barrier-every-step",
+                              "--barrier-timeout-ms", "60000"}));
   ASSERT_TRUE(waitForWorkers(p, 4, 30)) << p.out() << p.err();
   c->killHost(1);  // its sshd too: it never comes back
   LaunchResult r = p.wait(90);
@@ -323,12 +330,16 @@ TEST(MultiNodeFault, SignalToTheMasterReachesEveryNodesWorkers) {
   // A decoy with the workers' command line on node 1: the teardown must spare it (nothing is
   // ever killed by name).
   std::string decoyPid;
-  ASSERT_EQ(c->run(1, "setsid " + workerPath() + " --no-store --steps 600 --step-ms 50 "
-                      "</dev/null >/dev/null 2>&1 & echo $!", &decoyPid), 0);
+  ASSERT_EQ(c->run(1,
+                   "setsid " + workerPath() +
+                       " --no-store --steps 600 --step-ms 50 "
+                       "</dev/null >/dev/null 2>&1 & echo $!",
+                   &decoyPid),
+            0);
   const pid_t decoy = std::atoi(decoyPid.c_str());
   ASSERT_GT(decoy, 0);
-  LaunchProcess p(fanOut(*c, {"--nproc-per-node", "2", workerPath(), "--steps", "600",
-                              "--step-ms", "50", "--on-sigterm", "75"}));
+  LaunchProcess p(fanOut(*c, {"--nproc-per-node", "2", workerPath(), "--steps", "600", "--step-ms",
+                              "50", "--on-sigterm", "75"}));
   ASSERT_TRUE(waitForWorkers(p, 4, 30)) << p.out() << p.err();
   p.signal(SIGTERM);
   LaunchResult r = p.wait(30);

@@ -61,8 +61,8 @@ TEST(MultiNode, SharedMemoryInsideEachNodeGlooAcross) {
   DTRAIN_CLUSTER_OR_SKIP(c, 2);
   if (!DTRAIN_WITH_GLOO) GTEST_SKIP() << "built without Gloo: no backend between the nodes";
   LaunchResult r = runLaunch(
-      fanOut(*c, {"--nproc-per-node", "2", commWorker(), "--iters", "20", "--count", "300007"}),
-      {}, 60);
+      fanOut(*c, {"--nproc-per-node", "2", commWorker(), "--iters", "20", "--count", "300007"}), {},
+      60);
   ASSERT_EQ(r.exitCode, 0) << r.all();
   EXPECT_EQ(countLines(r.out, "ready backend=shm+gloo"), 4) << r.all();
   EXPECT_EQ(countLines(r.out, "/4: OK"), 4) << r.all();
@@ -122,7 +122,8 @@ TEST(MultiNode, TrainLinearUnderDdpAcrossNodes) {
   const std::string trainer = binaryDir() + "/train_linear";
   if (::access(trainer.c_str(), X_OK) != 0) GTEST_SKIP() << "train_linear not built (no libtorch)";
   DTRAIN_CLUSTER_OR_SKIP(c, 2);
-  LaunchResult r = runLaunch(fanOut(*c, {"--nproc-per-node", "1", trainer, "--epochs", "3"}), {}, 90);
+  LaunchResult r = runLaunch(fanOut(*c, {"--nproc-per-node", "1", trainer, "--epochs", "3"}), {},
+                             90);
   ASSERT_EQ(r.exitCode, 0) << r.all();
   EXPECT_NE(r.all().find("over 2 ranks"), std::string::npos) << r.all();
   std::smatch m;
@@ -136,8 +137,8 @@ void runManual(const Cluster& c, const std::vector<std::vector<std::string>>& ar
                const std::vector<std::vector<std::string>>& envPerNode) {
   std::vector<std::unique_ptr<LaunchProcess>> nodes;
   for (size_t k = 0; k < argsPerNode.size(); ++k) {
-    nodes.push_back(std::make_unique<LaunchProcess>(argsPerNode[k], envPerNode[k],
-                                                    c.on(static_cast<int>(k))));
+    nodes.push_back(
+        std::make_unique<LaunchProcess>(argsPerNode[k], envPerNode[k], c.on(static_cast<int>(k))));
   }
   for (size_t k = 0; k < nodes.size(); ++k) {
     LaunchResult r = nodes[k]->wait(60);
@@ -172,17 +173,19 @@ TEST(MultiNode, ManualNodeWithoutTheProgramEndsEveryNodeWithItsCode) {
   std::vector<std::unique_ptr<LaunchProcess>> nodes;
   for (int k = 0; k < 2; ++k) {
     nodes.push_back(std::make_unique<LaunchProcess>(
-        cat(timings(), {"--nnodes", "2", "--node-rank", std::to_string(k), "--rdzv-endpoint",
-                        c->hosts()[0], "--token-file", token, "--nproc-per-node", "1", program,
-                        "--steps", "1"}),
+        cat(timings(),
+            {"--nnodes", "2", "--node-rank", std::to_string(k), "--rdzv-endpoint", c->hosts()[0],
+             "--token-file", token, "--nproc-per-node", "1", program, "--steps", "1"}),
         std::vector<std::string>{}, c->on(k)));
   }
   LaunchResult r0 = nodes[0]->wait(60);
   LaunchResult r1 = nodes[1]->wait(60);
   EXPECT_EQ(r0.exitCode, 127) << r0.all();
   EXPECT_EQ(r1.exitCode, 127) << r1.all();
-  EXPECT_NE(r0.err.find("node 1 (node rank 1) cannot run: program \"" + program +
-                        "\" not found on host"), std::string::npos) << r0.err;
+  EXPECT_NE(
+      r0.err.find("node 1 (node rank 1) cannot run: program \"" + program + "\" not found on host"),
+      std::string::npos)
+      << r0.err;
   EXPECT_NE(r1.err.find("program \"" + program + "\" not found on host"), std::string::npos)
       << r1.err;
   EXPECT_EQ(r1.err.find("lost the store"), std::string::npos) << r1.err;
@@ -195,9 +198,12 @@ TEST(MultiNode, ManualModeWithoutTokenOffLoopbackIsAUsageError) {
                                {"DTRAIN_STORE_TOKEN="}, 20);
     EXPECT_EQ(r.exitCode, 2) << r.all();
     EXPECT_NE(r.err.find("a store at 10.231.254.1 (off loopback) needs a job token"),
-              std::string::npos) << r.all();
+              std::string::npos)
+        << r.all();
     EXPECT_NE(r.err.find("HINT: make one token and give it to every node, e.g. `openssl rand -hex "
-                         "32 > job.token`"), std::string::npos) << r.all();
+                         "32 > job.token`"),
+              std::string::npos)
+        << r.all();
     EXPECT_EQ(r.out.find("worker rank="), std::string::npos) << "a worker was started: " << r.out;
   }
 }
@@ -209,16 +215,17 @@ TEST(MultiNode, ManualNodeWithAnotherTokenIsRefusedAtOnce) {
   writeFile(dir.file("a.token"), "aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa\n");
   writeFile(dir.file("b.token"), "bbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbb\n");
   const std::string endpoint = "127.0.0.1:" + std::to_string(freeLoopbackPort());
-  LaunchProcess node0(cat(timings(), {"--nnodes", "2", "--node-rank", "0", "--rdzv-endpoint",
-                                      endpoint, "--token-file", dir.file("a.token"), "--rdzv-timeout",
-                                      "6", workerPath()}));
-  LaunchResult r = runLaunch(cat(timings(), {"--nnodes", "2", "--node-rank", "1", "--rdzv-endpoint",
-                                             endpoint, "--token-file", dir.file("b.token"),
-                                             "--rdzv-timeout", "30", workerPath()}),
-                             {}, 40);
+  LaunchProcess node0(
+      cat(timings(), {"--nnodes", "2", "--node-rank", "0", "--rdzv-endpoint", endpoint,
+                      "--token-file", dir.file("a.token"), "--rdzv-timeout", "6", workerPath()}));
+  LaunchResult r = runLaunch(
+      cat(timings(), {"--nnodes", "2", "--node-rank", "1", "--rdzv-endpoint", endpoint,
+                      "--token-file", dir.file("b.token"), "--rdzv-timeout", "30", workerPath()}),
+      {}, 40);
   EXPECT_EQ(r.exitCode, 125) << r.all();
   EXPECT_NE(r.err.find("the store at 127.0.0.1:" + endpoint.substr(10) + " refused this node"),
-            std::string::npos) << r.err;
+            std::string::npos)
+      << r.err;
   EXPECT_LT(r.seconds, 6 + kMargin) << r.err;
   LaunchResult r0 = node0.wait(30);
   EXPECT_EQ(r0.exitCode, 124) << r0.all();
@@ -274,13 +281,17 @@ TEST(MultiNode, HostfileWithIncludeAndExclude) {
   EXPECT_NE(r.out.find("rank 0: env GLOO_SOCKET_IFNAME=eth0"), std::string::npos) << r.out;
   // --exclude: slot 0 of node 1 and all of node 2 (seen in the plan of a dry run).
   r = runLaunch({"--hostfile", hostfile, "--exclude", c->hosts()[1] + ":0@" + c->hosts()[2],
-                 "--dry-run", workerPath()}, {}, 20);
+                 "--dry-run", workerPath()},
+                {}, 20);
   ASSERT_EQ(r.exitCode, 0) << r.all();
   EXPECT_NE(r.out.find("node 1 " + c->hosts()[1] + " (" + c->hosts()[1] +
-                       "), 1 workers, CUDA_VISIBLE_DEVICES=1"), std::string::npos) << r.out;
+                       "), 1 workers, CUDA_VISIBLE_DEVICES=1"),
+            std::string::npos)
+      << r.out;
   EXPECT_EQ(r.out.find("node 2"), std::string::npos) << r.out;
   r = runLaunch({"--hostfile", hostfile, "--include", c->hosts()[0], "--exclude", c->hosts()[1],
-                 workerPath()}, {}, 20);
+                 workerPath()},
+                {}, 20);
   EXPECT_EQ(r.exitCode, 2) << r.all();
 }
 
@@ -296,13 +307,15 @@ TEST(MultiNode, HostfileDuplicateNamesTheLine) {
 TEST(MultiNode, ArgumentsArriveByteIdenticalOnEveryNode) {
   DTRAIN_CLUSTER_OR_SKIP(c, 2);
   const std::vector<std::string> corpus = {
-      "with space", "it's", "say \"hi\"", "$(id)", "`id`", "a;b", "x && y", "*", "~",
-      "line1\nline2", "", "-leading-dash", "caf\xc3\xa9", "\xff\xfe raw", "$HOME", "'"};
+      "with space", "it's", "say \"hi\"",   "$(id)", "`id`",          "a;b",         "x && y",
+      "*",          "~",    "line1\nline2", "",      "-leading-dash", "caf\xc3\xa9", "\xff\xfe raw",
+      "$HOME",      "'"};
   // Each worker prints every argument as hex, one a line; RANK tells the nodes apart.
   const std::string script =
       "for a in \"$@\"; do printf 'arg %s ' \"$RANK\"; printf '%s' \"$a\" | od -An -tx1 -v | "
       "tr -d ' \\n'; echo; done";
-  std::vector<std::string> args = fanOut(*c, {"--nproc-per-node", "1", "/bin/sh", "-c", script, "sh"});
+  std::vector<std::string> args = fanOut(*c,
+                                         {"--nproc-per-node", "1", "/bin/sh", "-c", script, "sh"});
   args.insert(args.end(), corpus.begin(), corpus.end());
   LaunchResult r = runLaunch(args, {}, 60);
   ASSERT_EQ(r.exitCode, 0) << r.all();
@@ -326,10 +339,24 @@ TEST(MultiNode, EnvironmentArrivesByteIdenticalOnEveryNode) {
   DTRAIN_CLUSTER_OR_SKIP(c, 2);
   // The argument corpus as environment values: every one by --env, and every one a line can
   // hold by .dtrain_env (in the master's working directory, which every node also has).
-  const std::vector<std::string> corpus = {
-      "with space", "it's", "say \"hi\"", "$(id)", "`id`", "a;b", "x && y", "*", "~",
-      "line1\nline2", "", "-leading-dash", "caf\xc3\xa9", "\xff\xfe raw", "$HOME", "'",
-      "a=b=c", " lead and trail "};
+  const std::vector<std::string> corpus = {"with space",
+                                           "it's",
+                                           "say \"hi\"",
+                                           "$(id)",
+                                           "`id`",
+                                           "a;b",
+                                           "x && y",
+                                           "*",
+                                           "~",
+                                           "line1\nline2",
+                                           "",
+                                           "-leading-dash",
+                                           "caf\xc3\xa9",
+                                           "\xff\xfe raw",
+                                           "$HOME",
+                                           "'",
+                                           "a=b=c",
+                                           " lead and trail "};
   std::vector<std::pair<std::string, std::string>> expected;  // name, value
   std::vector<std::string> envOptions;
   std::string dotEnv = "# the corpus, one variable a line\n";
@@ -348,7 +375,8 @@ TEST(MultiNode, EnvironmentArrivesByteIdenticalOnEveryNode) {
   std::string names;
   for (const auto& [name, value] : expected) names += " " + name;
   const std::string script =
-      "for n in" + names + "; do eval \"v=\\${$n-} s=\\${$n+set}\"; printf 'env %s %s %s ' "
+      "for n in" + names +
+      "; do eval \"v=\\${$n-} s=\\${$n+set}\"; printf 'env %s %s %s ' "
       "\"$RANK\" \"$n\" \"${s:-unset}\"; printf '%s' \"$v\" | od -An -tx1 -v | tr -d ' \\n'; "
       "echo; done";
   LaunchProcess p(cat(fanOut(*c, envOptions), {"--nproc-per-node", "1", "/bin/sh", "-c", script}),
@@ -374,8 +402,8 @@ TEST(MultiNode, EnvironmentArrivesByteIdenticalOnEveryNode) {
 TEST(MultiNode, TokenInNoCommandLineAndNoLog) {
   DTRAIN_CLUSTER_OR_SKIP(c, 2);
   const std::string logDir = c->workDir() + "/logs";  // private on every node
-  LaunchProcess p(fanOut(*c, {"--nproc-per-node", "2", "--log-dir", logDir, workerPath(),
-                              "--steps", "40", "--step-ms", "50", "--print-env"}),
+  LaunchProcess p(fanOut(*c, {"--nproc-per-node", "2", "--log-dir", logDir, workerPath(), "--steps",
+                              "40", "--step-ms", "50", "--print-env"}),
                   {"DTRAIN_VERBOSE=2"});
   ASSERT_TRUE(waitForWorkers(p, 4, 30)) << p.out() << p.err();
   // The token, from a remote worker's environment.
@@ -404,7 +432,8 @@ TEST(MultiNode, TokenInNoCommandLineAndNoLog) {
   EXPECT_EQ(r.all().find(token), std::string::npos);
   for (int k = 0; k < 2; ++k) {
     std::string found;
-    EXPECT_EQ(c->run(k, "grep -rlF -- " + token + " " + logDir + " || test -d " + logDir, &found), 0);
+    EXPECT_EQ(c->run(k, "grep -rlF -- " + token + " " + logDir + " || test -d " + logDir, &found),
+              0);
     EXPECT_EQ(found, "") << "node " << k << " logs hold the token";
   }
 }
@@ -438,7 +467,8 @@ namespace {
 
 TEST(MultiNodeCheck, GreenOnAHealthyCluster) {
   DTRAIN_CLUSTER_OR_SKIP(c, 2);
-  LaunchResult r = runLaunch(fanOut(*c, {"--check", "--nproc-per-node", "2", workerPath()}), {}, 60);
+  LaunchResult r = runLaunch(fanOut(*c, {"--check", "--nproc-per-node", "2", workerPath()}), {},
+                             60);
   EXPECT_EQ(r.exitCode, 0) << r.all();
   EXPECT_NE(r.out.find("launch --check: all is well"), std::string::npos) << r.out;
   for (int k = 0; k < 2; ++k) {
@@ -469,21 +499,25 @@ TEST(MultiNodeCheck, NamesAMissingProgramAndAFirewalledPort) {
   ASSERT_EQ(c->run(0, "cp " + workerPath() + " " + program), 0);
   ASSERT_EQ(c->run(2, "nft add table inet f && nft add chain inet f out '{ type filter hook "
                       "output priority 0; }' && nft add rule inet f out tcp dport " +
-                      std::to_string(storePort(*c)) + " drop"),
+                          std::to_string(storePort(*c)) + " drop"),
             0);
   LaunchResult r = runLaunch(fanOut(*c, {"--check", program}), {}, 60);
   EXPECT_EQ(r.exitCode, 125) << r.all();
   EXPECT_NE(r.out.find("node 1 (" + c->hosts()[1] + "): program \"" + program + "\" not found"),
-            std::string::npos) << r.out;
+            std::string::npos)
+      << r.out;
   EXPECT_NE(r.out.find("node 2 (" + c->hosts()[2] + "): the store port " + c->bridgeAddress() +
-                       ":" + std::to_string(storePort(*c)) + " is dropped (no answer: a firewall?)"),
-            std::string::npos) << r.out;
+                       ":" + std::to_string(storePort(*c)) +
+                       " is dropped (no answer: a firewall?)"),
+            std::string::npos)
+      << r.out;
   // The real launch says the same about the program, and exits 127 without starting anything.
   r = runLaunch(fanOut(*c, {"--include", c->hosts()[0] + "@" + c->hosts()[1], program}), {}, 60);
   EXPECT_EQ(r.exitCode, 127) << r.all();
   EXPECT_NE(r.err.find("node 1 (" + c->hosts()[1] + ") cannot run: program \"" + program +
                        "\" not found on host " + c->hosts()[1]),
-            std::string::npos) << r.err;
+            std::string::npos)
+      << r.err;
 }
 
 // A node without launch at the master's path (dtrain not installed there): --check names it and
@@ -496,9 +530,11 @@ TEST(MultiNodeCheck, NamesANodeWithoutLaunch) {
                              60);
   EXPECT_EQ(r.exitCode, 125) << r.all();
   EXPECT_NE(r.out.find("node 1 (" + c->hosts()[1] + "): ssh"), std::string::npos) << r.out;
-  EXPECT_NE(r.out.find("HINT: launch is not at " + launch + " there; install it, or give "
+  EXPECT_NE(r.out.find("HINT: launch is not at " + launch +
+                       " there; install it, or give "
                        "--remote-launch PATH"),
-            std::string::npos) << r.out;
+            std::string::npos)
+      << r.out;
   EXPECT_EQ(r.out.find("node 0 (" + c->hosts()[0] + "): ssh"), std::string::npos) << r.out;
 }
 

@@ -147,7 +147,9 @@ TEST(StallDetector, ReportListsRanksTailsAndStacks) {
   ctx.stopping = true;
   std::string text = formatStallReport(*stall, d.ranks(), ctx);
   EXPECT_EQ(text.rfind("launch: STALL: no rank has made progress for 12.0 s (--stall-timeout 10); "
-                       "behind: rank 1\n", 0), 0u)
+                       "behind: rank 1\n",
+                       0),
+            0u)
       << text;
   EXPECT_NE(text.find("rank 1 (pid 1001, node h, step 4): last collectives:"), std::string::npos)
       << text;
@@ -391,9 +393,9 @@ TEST(Prometheus, EverySeriesLabelledAndParsable) {
 
 TEST(StatusLine, MinMedianMaxAndTheTightestNode) {
   std::vector<Record> latest{
-      launchRecord(std::nullopt, std::nullopt,
-                   {{"workers_alive", 3}, {"mem_used_ratio", 0.41},
-                    {"mem_headroom_bytes", 1288490189.0}}),
+      launchRecord(
+          std::nullopt, std::nullopt,
+          {{"workers_alive", 3}, {"mem_used_ratio", 0.41}, {"mem_headroom_bytes", 1288490189.0}}),
       launchRecord(0, std::nullopt, {{"cpu_percent", 12}}),
       launchRecord(1, std::nullopt, {{"cpu_percent", 98}}),
       launchRecord(2, std::nullopt, {{"cpu_percent", 50}})};

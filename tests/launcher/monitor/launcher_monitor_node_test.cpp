@@ -25,9 +25,9 @@
 namespace dtrain::launcher::monitor::launcher_monitor_node_test {
 namespace {
 
-using dtrain::testing::TempDir;
 using dtrain::testing::readFile;
 using dtrain::testing::sourceDir;
+using dtrain::testing::TempDir;
 using dtrain::testing::writeFile;
 
 // /proc/net/dev of a GPU node (recorded, trimmed): its two header lines, loopback, an idle ifb,
@@ -62,12 +62,15 @@ INSTANTIATE_TEST_SUITE_P(
     Texts, NetDev,
     ::testing::Values(NetDevCase{"recorded", kNetDev, 4},
                       NetDevCase{"headers_only", "Inter-| Receive | Transmit\n face |bytes\n", 0},
-                      NetDevCase{"empty", "", 0},
-                      NetDevCase{"short_line", "  eth0: 1 2 3\n", 0},
-                      NetDevCase{"name_too_long", "abcdefghijklmnopq: 1 2 3 4 5 6 7 8 9 10 11 12 "
-                                                  "13 14 15 16\n", 0},
-                      NetDevCase{"no_trailing_newline", "eth1: 1 2 3 4 5 6 7 8 9 10 11 12 13 14 "
-                                                        "15 16", 1}),
+                      NetDevCase{"empty", "", 0}, NetDevCase{"short_line", "  eth0: 1 2 3\n", 0},
+                      NetDevCase{"name_too_long",
+                                 "abcdefghijklmnopq: 1 2 3 4 5 6 7 8 9 10 11 12 "
+                                 "13 14 15 16\n",
+                                 0},
+                      NetDevCase{"no_trailing_newline",
+                                 "eth1: 1 2 3 4 5 6 7 8 9 10 11 12 13 14 "
+                                 "15 16",
+                                 1}),
     [](const auto& info) { return std::string(info.param.name); });
 
 TEST(NodeFiles, NetDevCountersAreTheRightColumns) {
@@ -185,10 +188,10 @@ INSTANTIATE_TEST_SUITE_P(
     [](const auto& info) { return std::string(info.param.name); });
 
 TEST(WatchedDirectories, LaunchsDirsTheProgramsArgsAndTheEnvironment) {
-  auto dirs = watchedDirectories({"/logs", "", "/logs"},
-                                 {"--epochs", "3", "--checkpoint-dir", "ckpt", "--data-dir=/data",
-                                  "--save-dir"},
-                                 "/env/ckpt", "/data");
+  auto dirs = watchedDirectories(
+      {"/logs", "", "/logs"},
+      {"--epochs", "3", "--checkpoint-dir", "ckpt", "--data-dir=/data", "--save-dir"}, "/env/ckpt",
+      "/data");
   std::vector<std::string> got;
   for (const auto& d : dirs) got.push_back(fmt::format("{}={}", directoryRoleName(d.role), d.path));
   EXPECT_EQ(got, (std::vector<std::string>{"log=/logs", "checkpoint=ckpt", "data=/data",
@@ -212,8 +215,8 @@ struct FakeProc {
   }
 };
 
-std::string netDevLine(const char* name, uint64_t rx, uint64_t rxErr, uint64_t rxDrop,
-                       uint64_t tx, uint64_t txErr, uint64_t txDrop) {
+std::string netDevLine(const char* name, uint64_t rx, uint64_t rxErr, uint64_t rxDrop, uint64_t tx,
+                       uint64_t txErr, uint64_t txDrop) {
   return fmt::format("{}: {} 10 {} {} 0 0 0 0 {} 10 {} {} 0 0 0 0\n", name, rx, rxErr, rxDrop, tx,
                      txErr, txDrop);
 }
@@ -229,20 +232,19 @@ TEST(NodeFigureSampler, RatesBetweenTwoSamplesOfEveryInterfaceAndFilesystem) {
   const unsigned min = minor(st.st_dev);
   const std::string real = std::filesystem::canonical(work.path()).string();
   // The temporary directory is its own mount here, on device "fake0".
-  const std::string mountInfo =
-      fmt::format("1 0 {}:{} / {} rw - ext4 /dev/fake0 rw\n", maj, min, real);
+  const std::string mountInfo = fmt::format("1 0 {}:{} / {} rw - ext4 /dev/fake0 rw\n", maj, min,
+                                            real);
   const std::string header = "Inter-| Receive | Transmit\n face |bytes packets\n";
 
   NodeFigureOptions o;
   o.procDir = proc.dir.path();
   o.collectiveInterface = "ib0";
-  o.directories = {{DirectoryRole::Log, work.file("logs")},
-                   {DirectoryRole::Checkpoint, ckpt}};
+  o.directories = {{DirectoryRole::Log, work.file("logs")}, {DirectoryRole::Checkpoint, ckpt}};
   NodeFigureSampler sampler(o);
 
   proc.write(header + netDevLine("lo", 100, 0, 0, 100, 0, 0) +
-                 netDevLine("eth0", 1000, 0, 0, 2000, 0, 0) +
-                 netDevLine("ib0", 0, 0, 0, 0, 0, 0) + netDevLine("docker0", 0, 0, 0, 0, 0, 0),
+                 netDevLine("eth0", 1000, 0, 0, 2000, 0, 0) + netDevLine("ib0", 0, 0, 0, 0, 0, 0) +
+                 netDevLine("docker0", 0, 0, 0, 0, 0, 0),
              fmt::format("{} {} fake0 1 0 8 0 1 0 16 0 0 0 0\n", maj, min), 1000, mountInfo);
   const NodeFigures& first = sampler.sample(10.0);
   ASSERT_EQ(first.interfaces.size(), 2u) << "lo and an idle bridge are left out, the "
@@ -265,8 +267,7 @@ TEST(NodeFigureSampler, RatesBetweenTwoSamplesOfEveryInterfaceAndFilesystem) {
   std::filesystem::create_directories(ckpt);
   proc.write(header + netDevLine("lo", 100, 0, 0, 100, 0, 0) +
                  netDevLine("eth0", 3000, 4, 6, 2500, 2, 0) +
-                 netDevLine("ib0", 800, 0, 0, 400, 0, 0) +
-                 netDevLine("docker0", 0, 0, 0, 0, 0, 0),
+                 netDevLine("ib0", 800, 0, 0, 400, 0, 0) + netDevLine("docker0", 0, 0, 0, 0, 0, 0),
              fmt::format("{} {} fake0 1 0 408 0 1 0 2016 0 0 0 0\n", maj, min), 3000, mountInfo);
   const NodeFigures& second = sampler.sample(12.0);
   ASSERT_EQ(second.interfaces.size(), 2u);
@@ -365,8 +366,7 @@ TEST(NodeFigureRecords, LabelledByInterfaceAndMountInEverySink) {
   auto scrape = dtrain::testing::parsePrometheusText(exposition(records, JobState{}));
   EXPECT_EQ(scrape.value("dtrain_net_rx_bytes_per_s", {{"node", "node-a"}, {"interface", "eth0"}}),
             1e6);
-  EXPECT_EQ(scrape.value("dtrain_net_collectives", {{"node", "node-a"}, {"interface", "eth0"}}),
-            1);
+  EXPECT_EQ(scrape.value("dtrain_net_collectives", {{"node", "node-a"}, {"interface", "eth0"}}), 1);
   EXPECT_EQ(scrape.value("dtrain_disk_free_ratio", {{"node", "node-a"}, {"mount", "/scratch"}}),
             0.15);
   EXPECT_EQ(scrape.value("dtrain_disk_checkpoints", {{"node", "node-a"}, {"mount", "/scratch"}}),

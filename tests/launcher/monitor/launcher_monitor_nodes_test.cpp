@@ -127,8 +127,10 @@ TEST(MonitorNodes, AnAgentsSamplesAndStacksReachTheMaster) {
   co.port = server->port();
   co.token = "tok";
   store::PrefixStore round("round0", std::make_shared<store::TcpStore>(co));
-  round.setString(progress::rankKey(0), progress::encodeReport(report(0, workers.pids[0], "running")));
-  round.setString(progress::rankKey(1), progress::encodeReport(report(1, workers.pids[1], "queued")));
+  round.setString(progress::rankKey(0),
+                  progress::encodeReport(report(0, workers.pids[0], "running")));
+  round.setString(progress::rankKey(1),
+                  progress::encodeReport(report(1, workers.pids[1], "queued")));
   round.add(progress::kVersionKey, 1);
 
   ::testing::internal::CaptureStderr();

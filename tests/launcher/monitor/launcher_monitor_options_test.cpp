@@ -38,8 +38,8 @@ TEST(MonitorOptions, DefaultsSampleEveryFiveSecondsAndNothingElse) {
 TEST(MonitorOptions, ParsedValues) {
   MonitorOptions o = parse({"--sample-interval", "0.5", "--metrics-port", "127.0.0.1:9400",
                             "--metrics-file=m.jsonl", "--tensorboard-dir", "runs/a",
-                            "--status-interval", "30",
-                            "--stall-timeout", "600", "--stall-action", "stop"});
+                            "--status-interval", "30", "--stall-timeout", "600", "--stall-action",
+                            "stop"});
   EXPECT_EQ(o.sampleInterval, 0.5);
   EXPECT_EQ(o.metricsHost, "127.0.0.1");
   EXPECT_EQ(o.metricsPort, 9400);
@@ -57,8 +57,9 @@ TEST(MonitorOptions, ParsedValues) {
 }
 
 TEST(MonitorOptions, UsageErrorsNameTheOption) {
-  EXPECT_NE(usageError({"--stall-action", "stop"}).find("--stall-action stop needs --stall-timeout"),
-            std::string::npos);
+  EXPECT_NE(
+      usageError({"--stall-action", "stop"}).find("--stall-action stop needs --stall-timeout"),
+      std::string::npos);
   EXPECT_NE(usageError({"--stall-action", "kill"}).find("use report"), std::string::npos);
   EXPECT_NE(usageError({"--stall-timeout", "1"}).find("at least 2 seconds"), std::string::npos);
   EXPECT_NE(usageError({"--sample-interval", "0.001"}).find("--sample-interval"),

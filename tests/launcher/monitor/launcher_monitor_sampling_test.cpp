@@ -25,9 +25,9 @@
 namespace dtrain::launcher::monitor::launcher_monitor_sampling_test {
 namespace {
 
-using dtrain::testing::TempDir;
 using dtrain::testing::readFile;
 using dtrain::testing::sourceDir;
+using dtrain::testing::TempDir;
 using dtrain::testing::writeFile;
 
 TEST(ProcFiles, StatCountsFieldsFromTheLastParenthesis) {
@@ -108,11 +108,10 @@ INSTANTIATE_TEST_SUITE_P(
         CgroupCase{"v2", "0::/user.slice/job.scope\n",
                    "29 23 0:26 / /sys/fs/cgroup rw,nosuid - cgroup2 cgroup2 rw,nsdelegate\n", 2,
                    "/sys/fs/cgroup/user.slice/job.scope"},
-        CgroupCase{"v2_root", "0::/\n",
-                   "29 23 0:26 / /sys/fs/cgroup rw - cgroup2 cgroup2 rw\n", 2, "/sys/fs/cgroup"},
+        CgroupCase{"v2_root", "0::/\n", "29 23 0:26 / /sys/fs/cgroup rw - cgroup2 cgroup2 rw\n", 2,
+                   "/sys/fs/cgroup"},
         // A hybrid machine (this one): v1 memory controller plus a v2 mount without it.
-        CgroupCase{"hybrid_v1_wins",
-                   "4:memory:/process_api/abc\n1:cpu:/\n0::/\n",
+        CgroupCase{"hybrid_v1_wins", "4:memory:/process_api/abc\n1:cpu:/\n0::/\n",
                    "31 23 0:28 / /sys/fs/cgroup rw - tmpfs tmpfs rw\n"
                    "35 31 0:32 / /sys/fs/cgroup/memory rw,relatime - cgroup cgroup rw,memory\n"
                    "41 31 0:38 / /sys/fs/cgroup/unified rw,relatime - cgroup2 cgroup2 rw\n",
@@ -216,8 +215,8 @@ TEST(NvidiaSmiCsv, ParsesTheRecordedQuery) {
   EXPECT_FALSE(gpus[3].powerW) << "[N/A] is no value";
   EXPECT_DOUBLE_EQ(*gpus[3].temperatureC, 30);
 
-  auto apps = parseComputeAppsCsv(
-      readFile(sourceDir() + "/tests/data/nvidia_smi/compute_apps.csv"), &problems);
+  auto apps = parseComputeAppsCsv(readFile(sourceDir() + "/tests/data/nvidia_smi/compute_apps.csv"),
+                                  &problems);
   EXPECT_TRUE(problems.empty());
   ASSERT_EQ(apps.size(), 3u);
   EXPECT_EQ(apps[2].process.pid, 41301);
@@ -250,10 +249,12 @@ TEST(NvidiaSmiCsv, MalformedLinesAreSkippedAndNamed) {
 TEST(NvidiaSmiSource, RunsTheQueriesAndAttributesProcesses) {
   TempDir tmp;
   const std::string data = sourceDir() + "/tests/data/nvidia_smi";
-  writeFile(tmp.file("nvidia-smi"),
-            "#!/bin/sh\ncase \"$1\" in\n  --query-gpu=*) cat '" + data + "/query_gpu.csv' ;;\n"
-            "  --query-compute-apps=*) cat '" + data + "/compute_apps.csv' ;;\n  *) exit 9 ;;\n"
-            "esac\n");
+  writeFile(tmp.file("nvidia-smi"), "#!/bin/sh\ncase \"$1\" in\n  --query-gpu=*) cat '" + data +
+                                        "/query_gpu.csv' ;;\n"
+                                        "  --query-compute-apps=*) cat '" +
+                                        data +
+                                        "/compute_apps.csv' ;;\n  *) exit 9 ;;\n"
+                                        "esac\n");
   ::chmod(tmp.file("nvidia-smi").c_str(), 0755);
   GpuSourceOptions o;
   o.nvidiaSmi = tmp.file("nvidia-smi");

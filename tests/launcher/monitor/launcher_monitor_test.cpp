@@ -2,11 +2,11 @@
 // parsed) during a job and after a restart, the metrics file, the stall report of a rank hung in
 // a collective with its native stack (--stall-action stop and report), the memory warning before
 // a cgroup's OOM kill, the status line, and launch's own CPU cost at a 1 s interval.
+#include <arpa/inet.h>
 #include <dirent.h>
+#include <netinet/in.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
-#include <netinet/in.h>
-#include <arpa/inet.h>
 #include <unistd.h>
 
 #include <time.h>
@@ -20,20 +20,20 @@
 #include <map>
 #include <memory>
 #include <numeric>
-#include <set>
 #include <regex>
+#include <set>
 #include <thread>
 
 #include <gtest/gtest.h>
 #include <httplib.h>
 #include <nlohmann/json.hpp>
 
+#include "hostile_http_support.h"
 #include "launcher/monitor/cgroup_memory.h"
 #include "launcher/monitor/command.h"
 #include "launcher/monitor/node_files.h"
 #include "launcher/monitor/node_sampler.h"
 #include "launcher/monitor/proc_files.h"
-#include "hostile_http_support.h"
 #include "launcher_support.h"
 #include "prometheus_text_support.h"
 #include "test_support.h"
@@ -63,8 +63,8 @@ std::optional<PromScrape> scrape(int port) {
 }
 
 // Scrapes until `ready` holds (launch samples every 0.2 s; ranks publish once a second).
-PromScrape scrapeUntil(LaunchProcess& p, int port, const std::function<bool(const PromScrape&)>& ready,
-                       double seconds) {
+PromScrape scrapeUntil(LaunchProcess& p, int port,
+                       const std::function<bool(const PromScrape&)>& ready, double seconds) {
   auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(seconds);
   PromScrape last;
   while (std::chrono::steady_clock::now() < deadline) {
@@ -83,7 +83,8 @@ PromScrape scrapeUntil(LaunchProcess& p, int port, const std::function<bool(cons
 std::map<int, int> workerPids(const std::string& out, int attempt) {
   std::map<int, int> pids;
   static const std::regex re("worker rank=([0-9]+) .* attempt=([0-9]+) .* pid=([0-9]+) ");
-  for (auto it = std::sregex_iterator(out.begin(), out.end(), re); it != std::sregex_iterator(); ++it) {
+  for (auto it = std::sregex_iterator(out.begin(), out.end(), re); it != std::sregex_iterator();
+       ++it) {
     if (std::stoi((*it)[2]) == attempt) pids[std::stoi((*it)[1])] = std::stoi((*it)[3]);
   }
   return pids;
@@ -98,13 +99,15 @@ std::string standInNvidiaSmi(const TempDir& tmp) {
   writeFile(bin + "/nvidia-smi",
             "#!/bin/sh\n"
             "case \"$1\" in\n"
-            "  --query-gpu=*) exec cat '" + data + "/query_gpu.csv' ;;\n"
-            "  --query-compute-apps=*)\n"
-            "    for g in $(pgrep -P $PPID); do for w in $(pgrep -P $g); do\n"
-            "      echo \"$w, GPU-8c3e1a52-4f0b-2d6e-91a7-5b2f0c7d9e13, 1024\"\n"
-            "    done; done ;;\n"
-            "  *) exit 9 ;;\n"
-            "esac\n");
+            "  --query-gpu=*) exec cat '" +
+                data +
+                "/query_gpu.csv' ;;\n"
+                "  --query-compute-apps=*)\n"
+                "    for g in $(pgrep -P $PPID); do for w in $(pgrep -P $g); do\n"
+                "      echo \"$w, GPU-8c3e1a52-4f0b-2d6e-91a7-5b2f0c7d9e13, 1024\"\n"
+                "    done; done ;;\n"
+                "  *) exit 9 ;;\n"
+                "esac\n");
   ::chmod((bin + "/nvidia-smi").c_str(), 0755);
   return bin;
 }
@@ -130,9 +133,9 @@ void expectEverySeries(const PromScrape& s, int attempt, const std::map<int, int
   for (const auto& [rank, pid] : pids) {
     const std::map<std::string, std::string> labels{{"node", node}, {"rank", std::to_string(rank)}};
     EXPECT_EQ(s.value("dtrain_pid", labels), pid) << "rank " << rank;
-    for (const char* name : {"local_rank", "cpu_percent", "rss_bytes", "rss_peak_bytes", "threads",
-                             "processes", "read_bytes", "write_bytes", "step", "loss",
-                             "samples_per_s"}) {
+    for (const char* name :
+         {"local_rank", "cpu_percent", "rss_bytes", "rss_peak_bytes", "threads", "processes",
+          "read_bytes", "write_bytes", "step", "loss", "samples_per_s"}) {
       EXPECT_TRUE(s.value(std::string("dtrain_") + name, labels)) << name << " of rank " << rank;
     }
     EXPECT_GT(*s.value("dtrain_rss_bytes", labels), 0);
@@ -143,8 +146,8 @@ void expectEverySeries(const PromScrape& s, int attempt, const std::map<int, int
   }
   for (int gpu = 0; gpu < 4; ++gpu) {
     const std::map<std::string, std::string> labels{{"node", node}, {"gpu", std::to_string(gpu)}};
-    for (const char* name : {"gpu_mem_used_bytes", "gpu_mem_total_bytes", "gpu_temperature_c",
-                             "gpu_processes"}) {
+    for (const char* name :
+         {"gpu_mem_used_bytes", "gpu_mem_total_bytes", "gpu_temperature_c", "gpu_processes"}) {
       EXPECT_TRUE(s.value(std::string("dtrain_") + name, labels)) << name << " of GPU " << gpu;
     }
   }
@@ -157,35 +160,43 @@ TEST(LaunchMonitor, EndpointAnswersEverySeriesDuringTheJobAndAfterARestart) {
   TempDir tmp;
   const std::string bin = standInNvidiaSmi(tmp);
   const std::string file = tmp.file("metrics.jsonl");
-  LaunchProcess p(launchArgs({"--nproc-per-node", "2", "--max-restarts", "1", "--sample-interval",
-                              "0.2", "--metrics-port", "0", "--metrics-file", file},
-                             {"--steps", "70", "--step-ms", "100", "--publish-figures"}),
-                  {"DTRAIN_FAULT=exit:3@rank=1,step=35,attempt=0",
-                   "PATH=" + bin + ":" + std::getenv("PATH")});
+  LaunchProcess p(
+      launchArgs({"--nproc-per-node", "2", "--max-restarts", "1", "--sample-interval", "0.2",
+                  "--metrics-port", "0", "--metrics-file", file},
+                 {"--steps", "70", "--step-ms", "100", "--publish-figures"}),
+      {"DTRAIN_FAULT=exit:3@rank=1,step=35,attempt=0", "PATH=" + bin + ":" + std::getenv("PATH")});
   const int port = metricsPort(p);
   ASSERT_GT(port, 0) << p.err();
   ASSERT_TRUE(waitForWorkers(p, 2)) << p.err();
   const auto first = workerPids(p.out(), 0);
   ASSERT_EQ(first.size(), 2u);
 
-  PromScrape during = scrapeUntil(p, port, [&](const PromScrape& s) {
-    return s.find("dtrain_loss").size() == 2 && s.find("dtrain_gpu_process_mem_bytes").size() == 2 &&
-           s.find("dtrain_cpu_percent").size() == 2 && s.value("dtrain_attempt") == 0;
-  }, 20);
+  PromScrape during = scrapeUntil(
+      p, port,
+      [&](const PromScrape& s) {
+        return s.find("dtrain_loss").size() == 2 &&
+               s.find("dtrain_gpu_process_mem_bytes").size() == 2 &&
+               s.find("dtrain_cpu_percent").size() == 2 && s.value("dtrain_attempt") == 0;
+      },
+      20);
   expectEverySeries(during, 0, first);
 
   // Rank 1 fails at step 35; launch restarts both.
-  ASSERT_TRUE(p.waitFor([](const std::string& o, const std::string&) {
-    return countLines(o, " attempt=1 ") >= 2;
-  }, 30)) << p.err();
+  ASSERT_TRUE(p.waitFor(
+      [](const std::string& o, const std::string&) { return countLines(o, " attempt=1 ") >= 2; },
+      30))
+      << p.err();
   const auto second = workerPids(p.out(), 1);
   ASSERT_EQ(second.size(), 2u);
-  PromScrape after = scrapeUntil(p, port, [&](const PromScrape& s) {
-    return s.value("dtrain_attempt") == 1 &&
-           s.value("dtrain_pid", {{"node", hostName()}, {"rank", "0"}}) == second.at(0) &&
-           s.value("dtrain_pid", {{"node", hostName()}, {"rank", "1"}}) == second.at(1) &&
-           s.find("dtrain_loss").size() == 2 && s.find("dtrain_cpu_percent").size() == 2;
-  }, 20);
+  PromScrape after = scrapeUntil(
+      p, port,
+      [&](const PromScrape& s) {
+        return s.value("dtrain_attempt") == 1 &&
+               s.value("dtrain_pid", {{"node", hostName()}, {"rank", "0"}}) == second.at(0) &&
+               s.value("dtrain_pid", {{"node", hostName()}, {"rank", "1"}}) == second.at(1) &&
+               s.find("dtrain_loss").size() == 2 && s.find("dtrain_cpu_percent").size() == 2;
+      },
+      20);
   expectEverySeries(after, 1, second);
 
   LaunchResult r = p.wait(60);
@@ -243,8 +254,8 @@ TEST(LaunchMonitor, NodeFiguresReachTheEndpointAndTheFileWithTheirLabels) {
   TempDir tmp;
   const std::string file = tmp.file("metrics.jsonl");
   const std::string node = hostName();
-  LaunchProcess p(launchArgs({"--nproc-per-node", "1", "--sample-interval", "0.2",
-                              "--metrics-port", "127.0.0.1:0", "--metrics-file", file},
+  LaunchProcess p(launchArgs({"--nproc-per-node", "1", "--sample-interval", "0.2", "--metrics-port",
+                              "127.0.0.1:0", "--metrics-file", file},
                              {"--steps", "30", "--step-ms", "100", "--quiet"}),
                   {"DTRAIN_CHECKPOINT_DIR=" + tmp.file("ckpt")});
   const int port = metricsPort(p);
@@ -261,11 +272,14 @@ TEST(LaunchMonitor, NodeFiguresReachTheEndpointAndTheFileWithTheirLabels) {
       }
     }
   }
-  PromScrape s = scrapeUntil(p, port, [&](const PromScrape& s) {
-    return s.value("dtrain_context_switches_per_s", {{"node", node}}) &&
-           !s.find("dtrain_disk_free_ratio").empty() &&
-           s.find("dtrain_net_rx_bytes_per_s").size() == interfaces.size();
-  }, 20);
+  PromScrape s = scrapeUntil(
+      p, port,
+      [&](const PromScrape& s) {
+        return s.value("dtrain_context_switches_per_s", {{"node", node}}) &&
+               !s.find("dtrain_disk_free_ratio").empty() &&
+               s.find("dtrain_net_rx_bytes_per_s").size() == interfaces.size();
+      },
+      20);
   EXPECT_GT(*s.value("dtrain_context_switches_per_s", {{"node", node}}), 0);
   const auto total = s.value("dtrain_swap_total_bytes", {{"node", node}});
   ASSERT_TRUE(total);
@@ -274,9 +288,9 @@ TEST(LaunchMonitor, NodeFiguresReachTheEndpointAndTheFileWithTheirLabels) {
   EXPECT_LE(*used, *total);
   for (const auto& i : interfaces) {
     const std::map<std::string, std::string> labels{{"node", node}, {"interface", i}};
-    for (const char* name : {"net_rx_bytes_per_s", "net_tx_bytes_per_s", "net_rx_errors_per_s",
-                             "net_tx_errors_per_s", "net_rx_drops_per_s", "net_tx_drops_per_s",
-                             "net_collectives"}) {
+    for (const char* name :
+         {"net_rx_bytes_per_s", "net_tx_bytes_per_s", "net_rx_errors_per_s", "net_tx_errors_per_s",
+          "net_rx_drops_per_s", "net_tx_drops_per_s", "net_collectives"}) {
       EXPECT_TRUE(s.value(std::string("dtrain_") + name, labels)) << name << " of " << i;
     }
   }
@@ -335,11 +349,10 @@ std::string stackOf(const std::string& err, int rank) {
 TEST(LaunchMonitor, AHangInACollectiveIsReportedWithTheRankAndItsNativeStackThenStopped) {
   // Rank 1 hangs when it reaches collective 30 (it never starts it); rank 0 waits in it. The
   // collective timeout (120 s) is far away: only the stall detection can end this.
-  LaunchResult r = runLaunch(
-      {"--nproc-per-node", "2", "--sample-interval", "0.5", "--stall-timeout", "3",
-       "--stall-action", "stop", commWorker(), "--iters", "100000", "--iter-ms", "20",
-       "--timeout-ms", "120000"},
-      {"DTRAIN_FAULT=hang@rank=1,step=30"}, 90);
+  LaunchResult r = runLaunch({"--nproc-per-node", "2", "--sample-interval", "0.5",
+                              "--stall-timeout", "3", "--stall-action", "stop", commWorker(),
+                              "--iters", "100000", "--iter-ms", "20", "--timeout-ms", "120000"},
+                             {"DTRAIN_FAULT=hang@rank=1,step=30"}, 90);
   EXPECT_EQ(r.exitCode, 124) << r.err;
   EXPECT_LT(r.seconds, 40) << "3 s of stall plus detection, stacks and teardown";
   EXPECT_NE(r.err.find("launch: STALL: no rank has made progress for"), std::string::npos) << r.err;
@@ -361,16 +374,17 @@ TEST(LaunchMonitor, AHangInACollectiveIsReportedWithTheRankAndItsNativeStackThen
   const std::string stack = stackOf(r.err, 1);
   ASSERT_FALSE(stack.empty()) << r.err;
   EXPECT_NE(stack.find("hangOnCommThread"), std::string::npos)
-      << "rank 1's stack shows where it hangs:\n" << stack;
+      << "rank 1's stack shows where it hangs:\n"
+      << stack;
   EXPECT_FALSE(stackOf(r.err, 0).empty()) << "every stuck rank's stack is shown";
 }
 
 TEST(LaunchMonitor, ReportOnlyLeavesTheJobRunningAndAStallThatEndsIsReportedOnce) {
   // Rank 1 sleeps 6 s before collective 30: behind by one collective, then it catches up.
-  LaunchResult r = runLaunch(
-      {"--nproc-per-node", "2", "--sample-interval", "0.5", "--stall-timeout", "3", commWorker(),
-       "--iters", "60", "--iter-ms", "20", "--timeout-ms", "60000"},
-      {"DTRAIN_FAULT=slow:6000@rank=1,step=30"}, 90);
+  LaunchResult r = runLaunch({"--nproc-per-node", "2", "--sample-interval", "0.5",
+                              "--stall-timeout", "3", commWorker(), "--iters", "60", "--iter-ms",
+                              "20", "--timeout-ms", "60000"},
+                             {"DTRAIN_FAULT=slow:6000@rank=1,step=30"}, 90);
   EXPECT_EQ(r.exitCode, 0) << r.err;
   EXPECT_EQ(countLines(r.err, "launch: STALL"), 1) << r.err;
   EXPECT_NE(r.err.find("behind: rank 1\n"), std::string::npos) << r.err;
@@ -385,13 +399,12 @@ TEST(LaunchMonitor, RanksThatPublishNoProgressAreNamedNotJudged) {
   // The test worker uses the store but no collectives and no progress calls. launch says so
   // once the workers ran 10 s without a report (at least the stall timeout), quoting how long
   // they ran by then: 11 s or more on a loaded machine.
-  LaunchResult r = runLaunch(launchArgs({"--nproc-per-node", "2", "--sample-interval", "0.5",
-                                         "--stall-timeout", "2"},
-                                        {"--steps", "40", "--step-ms", "400", "--quiet"}),
-                             {}, 60);
+  LaunchResult r = runLaunch(
+      launchArgs({"--nproc-per-node", "2", "--sample-interval", "0.5", "--stall-timeout", "2"},
+                 {"--steps", "40", "--step-ms", "400", "--quiet"}),
+      {}, 60);
   EXPECT_EQ(r.exitCode, 0) << r.err;
-  EXPECT_EQ(countLines(r.err,
-                       "launch: --stall-timeout 2: no rank has published progress after "),
+  EXPECT_EQ(countLines(r.err, "launch: --stall-timeout 2: no rank has published progress after "),
             1)
       << r.err;
   EXPECT_EQ(countLines(r.err, "launch: STALL"), 0) << r.err;
@@ -430,7 +443,8 @@ void makeCgroup(TestCgroup& cg, int64_t limit) {
     cg.dir.clear();
     return;
   }
-  const std::string limitFile = cg.dir + (own.version == 1 ? "/memory.limit_in_bytes" : "/memory.max");
+  const std::string limitFile = cg.dir +
+                                (own.version == 1 ? "/memory.limit_in_bytes" : "/memory.max");
   std::ofstream(limitFile) << limit;
   if (own.version == 2) std::ofstream(cg.dir + "/memory.swap.max") << 0;
   if (std::stoll(readFile(limitFile)) != limit) cg.skip = "the cgroup's limit did not take";
@@ -443,10 +457,11 @@ TEST(LaunchMonitor, MemoryWarningComesBeforeTheCgroupOomKill) {
   if (!cg.skip.empty()) GTEST_SKIP() << cg.skip;
   // launch moves itself into the cgroup before it starts (so do its workers); rank 1 grows by
   // 2 MiB every 100 ms until the kernel kills it: 90 % to 100 % takes one second, five ticks.
-  LaunchProcess p(launchArgs({"--nproc-per-node", "2", "--sample-interval", "0.2"},
-                             {"--steps", "100000", "--step-ms", "100", "--alloc-mb", "2",
-                              "--alloc-rank", "1", "--quiet"}),
-                  {}, {"/bin/sh", "-c", "echo $$ > '" + cg.dir + "/cgroup.procs' && exec \"$@\"", "sh"});
+  LaunchProcess p(
+      launchArgs({"--nproc-per-node", "2", "--sample-interval", "0.2"},
+                 {"--steps", "100000", "--step-ms", "100", "--alloc-mb", "2", "--alloc-rank", "1",
+                  "--quiet"}),
+      {}, {"/bin/sh", "-c", "echo $$ > '" + cg.dir + "/cgroup.procs' && exec \"$@\"", "sh"});
   LaunchResult r = p.wait(120);
   ASSERT_FALSE(r.timedOut) << r.err;
   EXPECT_EQ(r.exitCode, 128 + 9) << "rank 1 killed by the OOM killer\n" << r.err;
@@ -462,10 +477,10 @@ TEST(LaunchMonitor, MemoryWarningComesBeforeTheCgroupOomKill) {
 }
 
 TEST(LaunchMonitor, StatusLineEveryInterval) {
-  LaunchResult r = runLaunch(launchArgs({"--nproc-per-node", "2", "--sample-interval", "0.2",
-                                         "--status-interval", "0.5"},
-                                        {"--steps", "30", "--step-ms", "100", "--quiet"}),
-                             {"PATH=/usr/bin:/bin"}, 60);
+  LaunchResult r = runLaunch(
+      launchArgs({"--nproc-per-node", "2", "--sample-interval", "0.2", "--status-interval", "0.5"},
+                 {"--steps", "30", "--step-ms", "100", "--quiet"}),
+      {"PATH=/usr/bin:/bin"}, 60);
   EXPECT_EQ(r.exitCode, 0) << r.err;
   static const std::regex line(
       "launch: status: attempt 0, ranks alive 2/2; CPU % per rank min/median/max "
@@ -479,9 +494,9 @@ TEST(LaunchMonitor, StatusLineEveryInterval) {
 // are open (binary, a 64 KiB request line, a 1 MiB header, a truncated request), as Prometheus
 // pairs that keep their connections alive, or anyone else who can reach the port, would hold.
 TEST(LaunchMonitor, TheEndpointAnswersAtOnceWhileIdleAndGarbageConnectionsAreOpen) {
-  LaunchProcess p(launchArgs({"--nproc-per-node", "2", "--sample-interval", "0.2",
-                              "--metrics-port", "127.0.0.1:0"},
-                             {"--steps", "100000", "--step-ms", "100", "--quiet"}));
+  LaunchProcess p(launchArgs(
+      {"--nproc-per-node", "2", "--sample-interval", "0.2", "--metrics-port", "127.0.0.1:0"},
+      {"--steps", "100000", "--step-ms", "100", "--quiet"}));
   const int port = metricsPort(p);
   ASSERT_GT(port, 0) << p.err();
   ASSERT_TRUE(waitForWorkers(p, 2)) << p.err();
@@ -513,9 +528,9 @@ TEST(LaunchMonitor, ABusyMetricsPortIsAUsageErrorBeforeAnythingStarts) {
   socklen_t len = sizeof sa;
   ::getsockname(fd, reinterpret_cast<sockaddr*>(&sa), &len);
   const int port = ntohs(sa.sin_port);
-  LaunchResult r = runLaunch(launchArgs({"--metrics-port", "127.0.0.1:" + std::to_string(port)},
-                                        {"--steps", "1"}),
-                             {}, 30);
+  LaunchResult r = runLaunch(
+      launchArgs({"--metrics-port", "127.0.0.1:" + std::to_string(port)}, {"--steps", "1"}), {},
+      30);
   ::close(fd);
   EXPECT_EQ(r.exitCode, 2) << r.err;
   EXPECT_NE(r.err.find("--metrics-port: cannot listen on 127.0.0.1:" + std::to_string(port)),
@@ -640,7 +655,8 @@ TEST(LaunchMonitor, NodeFiguresCostUnderAFifthOfAPercentOfACore) {
                      static_cast<double>(b.tv_nsec - a.tv_nsec) / 1e9;
   const double perSample = cpu / kSamples;
   std::printf("the node figures' sampling alone: %.1f us of CPU a sample = %.4f %% of a core at "
-              "1 s\n", perSample * 1e6, 100.0 * perSample);
+              "1 s\n",
+              perSample * 1e6, 100.0 * perSample);
   EXPECT_LT(100.0 * perSample, 0.2);
 }
 

@@ -17,8 +17,8 @@
 #include <httplib.h>
 #include <nlohmann/json.hpp>
 
-#include "multinode_support.h"
 #include "launcher/monitor/command.h"
+#include "multinode_support.h"
 #include "prometheus_text_support.h"
 #include "test_support.h"
 
@@ -32,11 +32,11 @@ TEST(MultiNodeMonitor, OneEndpointForTheJobAndTheStackOfARankHungOnAnotherNode) 
   const std::string file = c->dir() + "/metrics.jsonl";
   // Rank 3 (node 1) hangs when it reaches collective 150, about 3 s into the job; the others wait
   // for it in that collective. The collective timeout (120 s) is far away.
-  LaunchProcess p(fanOut(*c, {"--nproc-per-node", "2", "--sample-interval", "0.5",
-                              "--metrics-port", "0", "--metrics-file", file, "--stall-timeout",
-                              "3", "--stall-action", "stop", commWorker, "--iters", "100000",
-                              "--iter-ms", "20", "--timeout-ms", "120000"}),
-                  {"DTRAIN_FAULT=hang@rank=3,step=150"});
+  LaunchProcess p(
+      fanOut(*c, {"--nproc-per-node", "2", "--sample-interval", "0.5", "--metrics-port", "0",
+                  "--metrics-file", file, "--stall-timeout", "3", "--stall-action", "stop",
+                  commWorker, "--iters", "100000", "--iter-ms", "20", "--timeout-ms", "120000"}),
+      {"DTRAIN_FAULT=hang@rank=3,step=150"});
   const int port = metricsPort(p, 30);
   ASSERT_GT(port, 0) << p.err();
 
@@ -57,7 +57,8 @@ TEST(MultiNodeMonitor, OneEndpointForTheJobAndTheStackOfARankHungOnAnotherNode) 
     p.pump(100);
   }
   EXPECT_TRUE(both) << "no scrape with both nodes' ranks; last one had " << scrape.samples.size()
-                    << " samples\n" << p.err();
+                    << " samples\n"
+                    << p.err();
   EXPECT_EQ(scrape.value("dtrain_world_size"), 4);
   EXPECT_TRUE(scrape.value("dtrain_heartbeat_age_seconds", {{"node", node1}}));
   EXPECT_EQ(scrape.value("dtrain_workers_alive", {{"node", node1}}), 2);
@@ -86,7 +87,8 @@ TEST(MultiNodeMonitor, OneEndpointForTheJobAndTheStackOfARankHungOnAnotherNode) 
   std::ifstream in(file);
   std::string line;
   std::set<std::string> nodes;
-  while (std::getline(in, line)) nodes.insert(nlohmann::json::parse(line)["node"].get<std::string>());
+  while (std::getline(in, line))
+    nodes.insert(nlohmann::json::parse(line)["node"].get<std::string>());
   EXPECT_EQ(nodes, (std::set<std::string>{node0, node1}));
 }
 
@@ -95,10 +97,9 @@ TEST(MultiNodeMonitor, EveryNodesFiguresReachTheEndpointTheFileAndTensorBoard) {
   DTRAIN_CLUSTER_OR_SKIP(c, 2);
   const std::string file = c->dir() + "/metrics.jsonl";
   const std::string tensorboard = c->dir() + "/tb";
-  LaunchProcess p(fanOut(*c, {"--nproc-per-node", "1", "--sample-interval", "0.5",
-                              "--metrics-port", "0", "--metrics-file", file,
-                              "--tensorboard-dir", tensorboard, workerPath(), "--steps", "60",
-                              "--step-ms", "100", "--quiet"}));
+  LaunchProcess p(fanOut(*c, {"--nproc-per-node", "1", "--sample-interval", "0.5", "--metrics-port",
+                              "0", "--metrics-file", file, "--tensorboard-dir", tensorboard,
+                              workerPath(), "--steps", "60", "--step-ms", "100", "--quiet"}));
   const int port = metricsPort(p, 30);
   ASSERT_GT(port, 0) << p.err();
   httplib::Client client("127.0.0.1", port);
@@ -124,7 +125,8 @@ TEST(MultiNodeMonitor, EveryNodesFiguresReachTheEndpointTheFileAndTensorBoard) {
     p.pump(100);
   }
   ASSERT_EQ(collectives.size(), 2u) << "no scrape with both nodes' interfaces; last one had "
-                                    << scrape.samples.size() << " samples\n" << p.err();
+                                    << scrape.samples.size() << " samples\n"
+                                    << p.err();
   for (const auto& node : nodes) {
     EXPECT_TRUE(scrape.value("dtrain_context_switches_per_s", {{"node", node}})) << node;
     EXPECT_TRUE(scrape.value("dtrain_swap_used_bytes", {{"node", node}})) << node;

@@ -36,10 +36,11 @@ int countRestored(const std::string& out, int step) {
 }
 
 TEST(CheckpointE2E, ANodeWithAWipedDiskResumesFromTheOtherNodesCopy) {
-  if (::access(checkpointWorker().c_str(), X_OK) != 0) GTEST_SKIP() << "checkpoint_worker not built";
+  if (::access(checkpointWorker().c_str(), X_OK) != 0)
+    GTEST_SKIP() << "checkpoint_worker not built";
   DTRAIN_CLUSTER_OR_SKIP(c, 2);
   const std::string ckpt = c->workDir() + "/ckpt";  // private on each host
-  const std::string out = c->dir() + "/params";      // seen by every host and by this test
+  const std::string out = c->dir() + "/params";     // seen by every host and by this test
   auto job = [&](std::vector<std::string> extra) {
     return fanOut(*c, cat({"--nproc-per-node", "1", checkpointWorker(), "--dir", ckpt, "--out", out,
                            "--steps", "12", "--save-every", "3"},
@@ -70,7 +71,8 @@ TEST(CheckpointE2E, ANodeWithAWipedDiskResumesFromTheOtherNodesCopy) {
 // at the next step boundary, all checkpoint that step and exit 75, and so does launch. The same
 // command again resumes from there.
 TEST(CheckpointE2E, SigtermToOneNodesAgentPreemptsTheWholeJob) {
-  if (::access(checkpointWorker().c_str(), X_OK) != 0) GTEST_SKIP() << "checkpoint_worker not built";
+  if (::access(checkpointWorker().c_str(), X_OK) != 0)
+    GTEST_SKIP() << "checkpoint_worker not built";
   DTRAIN_CLUSTER_OR_SKIP(c, 2);
   const std::string ckpt = c->workDir() + "/ckpt";
   const std::string out = c->dir() + "/params";

@@ -14,9 +14,9 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include "../ddp/ddp_models.h"
 #include "checkpoint/file_io.h"
 #include "checkpoint_support.h"
-#include "../ddp/ddp_models.h"
 #include "dtrain/torch/checkpoint.h"
 #include "dtrain/torch/distributed_sampler.h"
 #include "test_support.h"

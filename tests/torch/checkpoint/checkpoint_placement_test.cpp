@@ -93,7 +93,7 @@ void expectFailuresNamedEverywhere(bool throughStore) {
   });
   for (int r : {0, 2}) {
     EXPECT_NE(errors[r].find(std::to_string(r) + "/4: saving step 7 failed on rank 1 (node 0) "
-                             "and rank 3 (node 1); see the error there"),
+                                                 "and rank 3 (node 1); see the error there"),
               std::string::npos)
         << errors[r];
   }

@@ -36,8 +36,10 @@ std::vector<std::string> workerArgs(const std::string& dir, const std::string& o
 }
 
 LaunchResult train(int ranks, const std::vector<std::string>& launchExtra,
-                   const std::vector<std::string>& worker, const std::vector<std::string>& env = {}) {
-  std::vector<std::string> args = {"--nproc-per-node", std::to_string(ranks), "--grace-period", "10"};
+                   const std::vector<std::string>& worker,
+                   const std::vector<std::string>& env = {}) {
+  std::vector<std::string> args = {"--nproc-per-node", std::to_string(ranks), "--grace-period",
+                                   "10"};
   args.insert(args.end(), launchExtra.begin(), launchExtra.end());
   args.insert(args.end(), worker.begin(), worker.end());
   return runLaunch(args, env, kRunSeconds);
@@ -63,9 +65,10 @@ void expectBitwiseEqualToReference(const std::string& params, int ranks, const L
 
 TEST(CheckpointResume, KilledAfterACheckpointResumesBitwise) {
   TempDir dir;
-  auto r = train(2, {"--max-restarts", "2"},
-                 workerArgs(dir.file("ckpt"), dir.file("params"), {"--steps", "12", "--save-every", "3"}),
-                 {"DTRAIN_FAULT=signal:KILL@rank=1,step=7,attempt=0"});
+  auto r = train(
+      2, {"--max-restarts", "2"},
+      workerArgs(dir.file("ckpt"), dir.file("params"), {"--steps", "12", "--save-every", "3"}),
+      {"DTRAIN_FAULT=signal:KILL@rank=1,step=7,attempt=0"});
   EXPECT_EQ(r.exitCode, 0) << r.all();
   EXPECT_NE(r.all().find("restored step 5"), std::string::npos) << r.all();
   expectBitwiseEqualToReference(readFile(dir.file("params")), 2, r);
@@ -78,9 +81,10 @@ TEST(CheckpointResume, KilledAfterACheckpointResumesBitwise) {
 // a torn temporary.
 TEST(CheckpointResume, KilledDuringASynchronousSaveResumesFromThePreviousOne) {
   TempDir dir;
-  auto r = train(2, {"--max-restarts", "2"},
-                 workerArgs(dir.file("ckpt"), dir.file("params"), {"--steps", "12", "--save-every", "3"}),
-                 {"DTRAIN_IO_FAULT=crash@io=21,rank=0,attempt=0"});
+  auto r = train(
+      2, {"--max-restarts", "2"},
+      workerArgs(dir.file("ckpt"), dir.file("params"), {"--steps", "12", "--save-every", "3"}),
+      {"DTRAIN_IO_FAULT=crash@io=21,rank=0,attempt=0"});
   EXPECT_EQ(r.exitCode, 0) << r.all();
   EXPECT_NE(r.all().find("killed by SIGKILL"), std::string::npos) << r.all();
   EXPECT_NE(r.all().find("restored step 2"), std::string::npos) << r.all();
@@ -105,8 +109,10 @@ TEST(CheckpointResume, KilledDuringAnAsynchronousSaveResumesFromThePreviousOne) 
 // launch exits 75; the same command again resumes and ends as if nothing happened.
 TEST(CheckpointResume, SigtermCheckpointsExits75AndTheRerunResumes) {
   TempDir dir;
-  std::vector<std::string> args = {"--nproc-per-node", "2", "--grace-period", "20", "--max-restarts", "2"};
-  auto worker = workerArgs(dir.file("ckpt"), dir.file("params"), {"--steps", "12", "--step-ms", "300"});
+  std::vector<std::string> args = {"--nproc-per-node", "2", "--grace-period", "20",
+                                   "--max-restarts",   "2"};
+  auto worker = workerArgs(dir.file("ckpt"), dir.file("params"),
+                           {"--steps", "12", "--step-ms", "300"});
   args.insert(args.end(), worker.begin(), worker.end());
   LaunchProcess first(args);
   ASSERT_TRUE(first.waitForOutput("step 3 loss", 60)) << first.out() << first.err();
@@ -125,7 +131,8 @@ TEST(CheckpointResume, SigtermCheckpointsExits75AndTheRerunResumes) {
   EXPECT_LT(at(0), 11) << "the run ended before the signal";
   auto again = runLaunch(args, {}, kRunSeconds);
   EXPECT_EQ(again.exitCode, 0) << again.all();
-  EXPECT_NE(again.out.find("restored step " + std::to_string(at(0))), std::string::npos) << again.all();
+  EXPECT_NE(again.out.find("restored step " + std::to_string(at(0))), std::string::npos)
+      << again.all();
   expectBitwiseEqualToReference(readFile(dir.file("params")), 2, again);
 }
 
@@ -136,9 +143,11 @@ TEST(CheckpointResume, SigtermCheckpointsExits75AndTheRerunResumes) {
 // and the job.)
 TEST(CheckpointResume, AWriteSlowerThanTheCollectiveTimeoutCompletes) {
   TempDir dir;
-  auto r = train(2, {}, workerArgs(dir.file("ckpt"), dir.file("params"),
-                                   {"--steps", "12", "--save-every", "3", "--collective-timeout-ms", "2000"}),
-                 {"DTRAIN_IO_FAULT=write:slow:4000@1,rank=0"});
+  auto r = train(
+      2, {},
+      workerArgs(dir.file("ckpt"), dir.file("params"),
+                 {"--steps", "12", "--save-every", "3", "--collective-timeout-ms", "2000"}),
+      {"DTRAIN_IO_FAULT=write:slow:4000@1,rank=0"});
   ASSERT_EQ(r.exitCode, 0) << r.all();
   EXPECT_EQ(readFile(dir.file("ckpt") + "/node0/LATEST"), "step-00000011\n");
   expectBitwiseEqualToReference(readFile(dir.file("params")), 2, r);
@@ -149,17 +158,19 @@ TEST(CheckpointResume, AWriteSlowerThanTheCollectiveTimeoutCompletes) {
 // the reductions.
 TEST(CheckpointResume, AnotherWorldSizeResumesWithinOneInAMillion) {
   TempDir dir;
-  auto first = train(2, {}, workerArgs(dir.file("ckpt"), dir.file("params"),
-                                       {"--steps", "12", "--save-every", "3", "--stop-after", "5"}));
+  auto first = train(2, {},
+                     workerArgs(dir.file("ckpt"), dir.file("params"),
+                                {"--steps", "12", "--save-every", "3", "--stop-after", "5"}));
   ASSERT_EQ(first.exitCode, 0) << first.all();
   auto refused = train(3, {}, workerArgs(dir.file("ckpt"), dir.file("params"), {"--steps", "12"}));
   EXPECT_NE(refused.exitCode, 0);
   EXPECT_NE(refused.all().find("world size 2, this job has world size 3"), std::string::npos)
       << refused.all();
-  auto resumed = train(3, {}, workerArgs(dir.file("ckpt"), dir.file("params"),
-                                         {"--steps", "12", "--allow-resize"}));
+  auto resumed = train(
+      3, {}, workerArgs(dir.file("ckpt"), dir.file("params"), {"--steps", "12", "--allow-resize"}));
   ASSERT_EQ(resumed.exitCode, 0) << resumed.all();
-  EXPECT_NE(resumed.out.find("restored step 5 from world size 2"), std::string::npos) << resumed.all();
+  EXPECT_NE(resumed.out.find("restored step 5 from world size 2"), std::string::npos)
+      << resumed.all();
   std::string got = readFile(dir.file("params")), want = reference(2);
   ASSERT_EQ(got.size(), want.size());
   const auto* g = reinterpret_cast<const float*>(got.data());
@@ -187,19 +198,22 @@ TEST(GradScalerProcesses, OneRankAloneOverflowsAfterTheAllreduce) {
       << agreed.all();
   EXPECT_NE(agreed.err.find("poisoned"), std::string::npos) << agreed.all();
 
-  auto local = train(2, {}, workerArgs(dir.file("b"), dir.file("pb"), {"--steps", "6", "--scaler-local"}),
+  auto local = train(2, {},
+                     workerArgs(dir.file("b"), dir.file("pb"), {"--steps", "6", "--scaler-local"}),
                      {fault});
   EXPECT_EQ(local.exitCode, 0) << local.all();
   EXPECT_EQ(local.out.find("rank 0 skipped step 3"), std::string::npos) << local.all();
   EXPECT_NE(local.out.find("rank 1 skipped step 3"), std::string::npos) << local.all();
   EXPECT_NE(local.out.find("DIFFERS across ranks"), std::string::npos) << local.all();
 
-  auto before = train(2, {}, workerArgs(dir.file("c"), dir.file("pc"), {"--steps", "6", "--scaler-local"}),
+  auto before = train(2, {},
+                      workerArgs(dir.file("c"), dir.file("pc"), {"--steps", "6", "--scaler-local"}),
                       {"DTRAIN_FAULT=nan-grad:inf@rank=1,step=3"});
   EXPECT_EQ(before.exitCode, 0) << before.all();
   EXPECT_NE(before.out.find("rank 0 skipped step 3"), std::string::npos) << before.all();
   EXPECT_NE(before.out.find("rank 1 skipped step 3"), std::string::npos) << before.all();
-  EXPECT_NE(before.out.find("rank 0 final identical across ranks"), std::string::npos) << before.all();
+  EXPECT_NE(before.out.find("rank 0 final identical across ranks"), std::string::npos)
+      << before.all();
 }
 
 // Ranks started by hand, as two nodes of two ranks (GROUP_RANK / LOCAL_RANK as launch sets them
@@ -237,9 +251,9 @@ std::vector<RankRun> runAsTwoNodes(const std::vector<SimulatedNode>& nodes,
       int fd = ::open(log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
       ::dup2(fd, 1);
       ::dup2(fd, 2);
-      for (const char* v : {"DTRAIN_STORE_ADDR", "DTRAIN_STORE_PORT", "DTRAIN_STORE_TOKEN",
-                            "DTRAIN_FAULT", "DTRAIN_IO_FAULT", "DTRAIN_RESTART_COUNT",
-                            "DTRAIN_NODE_ID"}) {
+      for (const char* v :
+           {"DTRAIN_STORE_ADDR", "DTRAIN_STORE_PORT", "DTRAIN_STORE_TOKEN", "DTRAIN_FAULT",
+            "DTRAIN_IO_FAULT", "DTRAIN_RESTART_COUNT", "DTRAIN_NODE_ID"}) {
         ::unsetenv(v);
       }
       const SimulatedNode& node = nodes[static_cast<size_t>(rank / 2)];
@@ -281,14 +295,16 @@ std::vector<RankRun> runAsTwoNodes(const std::vector<SimulatedNode>& nodes,
 TEST(CheckpointResume, ANodeWithAnEmptyDiskGetsACopyFromTheOtherNode) {
   TempDir dir;
   std::string ckpt = dir.file("ckpt");
-  auto args = workerArgs(ckpt, dir.file("params"), {"--steps", "12", "--save-every", "3", "--stop-after", "5"});
+  auto args = workerArgs(ckpt, dir.file("params"),
+                         {"--steps", "12", "--save-every", "3", "--stop-after", "5"});
   auto first = runAsTwoNodes(args, dir.path(), "first");
   for (const auto& r : first) ASSERT_EQ(r.exitCode, 0) << r.output;
   ASSERT_EQ(::access((ckpt + "/node0/step-00000005").c_str(), F_OK), 0);
   ASSERT_EQ(::access((ckpt + "/node1/step-00000005").c_str(), F_OK), 0);
   ASSERT_EQ(std::system(("rm -rf " + ckpt + "/node1").c_str()), 0);
-  auto rerun = runAsTwoNodes(workerArgs(ckpt, dir.file("params"), {"--steps", "12", "--save-every", "3"}),
-                             dir.path(), "rerun");
+  auto rerun = runAsTwoNodes(
+      workerArgs(ckpt, dir.file("params"), {"--steps", "12", "--save-every", "3"}), dir.path(),
+      "rerun");
   for (int rank = 0; rank < 4; ++rank) {
     EXPECT_EQ(rerun[rank].exitCode, 0) << rerun[rank].output;
     EXPECT_NE(rerun[rank].output.find("restored step 5"), std::string::npos) << rerun[rank].output;
@@ -300,10 +316,10 @@ TEST(CheckpointResume, ANodeWithAnEmptyDiskGetsACopyFromTheOtherNode) {
   EXPECT_EQ(::access((ckpt + "/node1/step-00000008").c_str(), F_OK), 0);
   // The uninterrupted run in the same layout: two nodes take the hierarchical path, whose sums
   // associate differently from one node's (reference(4)), so only this one is bitwise the same.
-  auto uninterrupted = runAsTwoNodes(
-      workerArgs(dir.file("ckpt-uninterrupted"), dir.file("params-uninterrupted"),
-                 {"--steps", "12"}),
-      dir.path(), "uninterrupted");
+  auto uninterrupted = runAsTwoNodes(workerArgs(dir.file("ckpt-uninterrupted"),
+                                                dir.file("params-uninterrupted"),
+                                                {"--steps", "12"}),
+                                     dir.path(), "uninterrupted");
   for (const auto& r : uninterrupted) ASSERT_EQ(r.exitCode, 0) << r.output;
   EXPECT_EQ(readFile(dir.file("params")), readFile(dir.file("params-uninterrupted")))
       << rerun[0].output;
@@ -331,9 +347,9 @@ void expectPythonLoadsExport(const TempDir& dir, const std::string& exported,
   }
   writeFile(dir.file("check.py"), kLoadWithWeightsOnly);
   const std::string py = dir.file("py.out");
-  std::system((python() + " " + dir.file("check.py") + " " + exported + " " + params + " > " +
-               py + " 2>&1")
-                  .c_str());
+  std::system(
+      (python() + " " + dir.file("check.py") + " " + exported + " " + params + " > " + py + " 2>&1")
+          .c_str());
   EXPECT_NE(readFile(py).find("python equal"), std::string::npos) << readFile(py);
 }
 
@@ -346,14 +362,14 @@ void expectPythonLoadsExport(const TempDir& dir, const std::string& exported,
 // with two nodes each file holds every shard) and ends bitwise as the uninterrupted run.
 TEST(ShardedCheckpointProcesses, AnyRankKilledDuringASaveLeavesAStepToResumeFrom) {
   TempDir dir;
-  const std::vector<std::string> common = {"--zero", "2", "--checkpoint-timeout-ms", "5000",
-                                           "--collective-timeout-ms", "10000"};
+  const std::vector<std::string> common = {
+      "--zero", "2", "--checkpoint-timeout-ms", "5000", "--collective-timeout-ms", "10000"};
   auto args = [&](const std::string& ckpt, const std::string& out, std::vector<std::string> extra) {
     extra.insert(extra.end(), common.begin(), common.end());
     return workerArgs(ckpt, out, extra);
   };
-  auto uninterrupted = runAsTwoNodes(args(dir.file("ref"), dir.file("params-ref"), {"--steps", "12"}),
-                                     dir.path(), "ref");
+  auto uninterrupted = runAsTwoNodes(
+      args(dir.file("ref"), dir.file("params-ref"), {"--steps", "12"}), dir.path(), "ref");
   for (const auto& r : uninterrupted) ASSERT_EQ(r.exitCode, 0) << r.output;
   const std::string want = readFile(dir.file("params-ref"));
   struct Kill {
@@ -392,7 +408,8 @@ TEST(ShardedCheckpointProcesses, AnyRankKilledDuringASaveLeavesAStepToResumeFrom
   const std::string ckpt = dir.file("ckpt-writer");
   auto tool = [&](const std::string& a) {
     const std::string log = dir.file("tool.out");
-    const int status = std::system((binaryPath("checkpoint") + " " + a + " > " + log + " 2>&1").c_str());
+    const int status = std::system(
+        (binaryPath("checkpoint") + " " + a + " > " + log + " 2>&1").c_str());
     return std::make_pair(WEXITSTATUS(status), readFile(log));
   };
   auto [listRc, list] = tool("list " + ckpt);
@@ -435,7 +452,8 @@ TEST(ShardedCheckpointProcesses, Stage3KilledAfterACheckpointResumesBitwiseAndEx
   EXPECT_EQ(params, readFile(dir.file("params-ref"))) << r.all();
   const std::string log = dir.file("export.out");
   const int status = std::system((binaryPath("checkpoint") + " export " + ckpt + " --to " +
-                                  dir.file("model.pt") + " > " + log + " 2>&1").c_str());
+                                  dir.file("model.pt") + " > " + log + " 2>&1")
+                                     .c_str());
   ASSERT_EQ(WEXITSTATUS(status), 0) << readFile(log);
   expectPythonLoadsExport(dir, dir.file("model.pt"), dir.file("params"));
 }
@@ -453,8 +471,10 @@ TEST(CheckpointResume, NodesKeepTheirDirectoriesWhenTheirGroupRanksChange) {
     return SimulatedNode{workerArgs(disk + "/ckpt", dir.file("params"), std::move(extra)),
                          {std::string("DTRAIN_NODE_ID=") + id}};
   };
-  const std::vector<std::string> first = {"--steps", "12", "--save-every", "3", "--stop-after", "5"};
-  auto before = runAsTwoNodes({node(diskA, "7", first), node(diskB, "3", first)}, dir.path(), "first");
+  const std::vector<std::string> first = {"--steps", "12",           "--save-every",
+                                          "3",       "--stop-after", "5"};
+  auto before = runAsTwoNodes({node(diskA, "7", first), node(diskB, "3", first)}, dir.path(),
+                              "first");
   for (const auto& r : before) ASSERT_EQ(r.exitCode, 0) << r.output;
   ASSERT_EQ(::access((diskA + "/ckpt/node7/step-00000005").c_str(), F_OK), 0);
   ASSERT_EQ(::access((diskB + "/ckpt/node3/step-00000005").c_str(), F_OK), 0);
@@ -481,16 +501,19 @@ TEST(CheckpointResume, NodesKeepTheirDirectoriesWhenTheirGroupRanksChange) {
 TEST(CheckpointTool, ListVerifyAndExportForPython) {
   TempDir dir;
   std::string ckpt = dir.file("ckpt");
-  auto r = train(1, {}, workerArgs(ckpt, dir.file("params"), {"--steps", "4", "--save-every", "2"}));
+  auto r = train(1, {},
+                 workerArgs(ckpt, dir.file("params"), {"--steps", "4", "--save-every", "2"}));
   ASSERT_EQ(r.exitCode, 0) << r.all();
   auto tool = [&](const std::string& args) {
     std::string out = dir.file("tool.out");
-    int status = std::system((binaryPath("checkpoint") + " " + args + " > " + out + " 2>&1").c_str());
+    int status = std::system(
+        (binaryPath("checkpoint") + " " + args + " > " + out + " 2>&1").c_str());
     return std::make_pair(WEXITSTATUS(status), readFile(out));
   };
   auto [listRc, list] = tool("list " + ckpt);
   EXPECT_EQ(listRc, 0) << list;
-  EXPECT_NE(list.find("node0: 2 checkpoint(s), LATEST -> step-00000003"), std::string::npos) << list;
+  EXPECT_NE(list.find("node0: 2 checkpoint(s), LATEST -> step-00000003"), std::string::npos)
+      << list;
   auto [verifyRc, verified] = tool("verify " + ckpt);
   EXPECT_EQ(verifyRc, 0) << verified;
   EXPECT_EQ(countLines(verified, ": ok"), 2) << verified;
@@ -521,18 +544,19 @@ TEST(CheckpointTool, ListVerifyAndExportForPython) {
   EXPECT_EQ(usageRc, 2) << usage;
 }
 
-
 // What `checkpoint export` writes loads with torch.load(path, weights_only=True), PyTorch 2.6's
 // default (Note [Exported pickles]), into the model the worker trained, bitwise: with the torch
 // of DTRAIN_PYTHON (the project's .venv: PyTorch 2.14).
 TEST(CheckpointTool, ExportLoadsInPythonWithWeightsOnly) {
   TempDir dir;
   std::string ckpt = dir.file("ckpt");
-  auto r = train(1, {}, workerArgs(ckpt, dir.file("params"), {"--steps", "4", "--save-every", "2"}));
+  auto r = train(1, {},
+                 workerArgs(ckpt, dir.file("params"), {"--steps", "4", "--save-every", "2"}));
   ASSERT_EQ(r.exitCode, 0) << r.all();
   const std::string out = dir.file("export.out");
   ASSERT_EQ(std::system((binaryPath("checkpoint") + " export " + ckpt + " --to " +
-                         dir.file("model.pt") + " > " + out + " 2>&1").c_str()),
+                         dir.file("model.pt") + " > " + out + " 2>&1")
+                            .c_str()),
             0)
       << readFile(out);
   expectPythonLoadsExport(dir, dir.file("model.pt"), dir.file("params"));

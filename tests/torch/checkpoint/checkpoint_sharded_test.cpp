@@ -16,12 +16,12 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include "../zero/zero_support.h"
 #include "checkpoint/format.h"
 #include "checkpoint_support.h"
 #include "dtrain/torch/checkpoint.h"
 #include "dtrain/torch/zero.h"
 #include "test_support.h"
-#include "../zero/zero_support.h"
 
 namespace dtrain::testing::checkpoint_sharded_test {
 namespace {
@@ -37,7 +37,8 @@ void expectSame(const Snapshot& got, const Snapshot& want, const std::string& wh
   ASSERT_EQ(got.fields.size(), want.fields.size()) << what;
   for (const auto& [key, t] : want.fields) {
     ASSERT_TRUE(got.fields.count(key)) << what << ": " << key.first << " " << key.second;
-    EXPECT_TRUE(torch::equal(got.fields.at(key), t)) << what << ": " << key.first << " " << key.second;
+    EXPECT_TRUE(torch::equal(got.fields.at(key), t))
+        << what << ": " << key.first << " " << key.second;
   }
   EXPECT_EQ(got.steps, want.steps) << what;
   for (const auto& [name, t] : want.params) {
@@ -65,13 +66,13 @@ struct Cluster {
 
 // What one leg of training does and ends with.
 struct Leg {
-  int from = 0, to = 0;           // steps trained
-  std::vector<int64_t> saves;     // steps saved (synchronously) after training them
+  int from = 0, to = 0;        // steps trained
+  std::vector<int64_t> saves;  // steps saved (synchronously) after training them
   bool restore = false;
-  bool defer = false;             // ZeroOptions::deferAllgatherWait
-  Snapshot loaded;                // right after restore()
-  Snapshot end;                   // after the last step
-  std::vector<size_t> records;    // per rank: how many shard records it holds at the end
+  bool defer = false;           // ZeroOptions::deferAllgatherWait
+  Snapshot loaded;              // right after restore()
+  Snapshot end;                 // after the last step
+  std::vector<size_t> records;  // per rank: how many shard records it holds at the end
   std::vector<std::optional<RestoredCheckpoint>> restored;  // per rank
   std::vector<uint64_t> restoreBytes;  // per rank: what restore() sent over the group
 };
@@ -108,7 +109,8 @@ void runLegOf(Cluster& cluster, Leg& leg, int64_t in, int64_t out, Make make) {
       leg.restoreBytes[rank] = sent;
       addRecords(leg.loaded, adam.shardRecords());
       if (rank == 0) {
-        for (const auto& p : net->named_parameters()) leg.loaded.params[p.key()] = p.value().clone();
+        for (const auto& p : net->named_parameters())
+          leg.loaded.params[p.key()] = p.value().clone();
       }
     }
     for (int s = leg.from; s < leg.to; ++s) {

@@ -11,8 +11,8 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
-#include "checkpoint/format.h"
 #include "../ddp/ddp_support.h"
+#include "checkpoint/format.h"
 #include "dtrain/base/store.h"
 #include "dtrain/torch/checkpoint.h"
 #include "thread_communicator_support.h"

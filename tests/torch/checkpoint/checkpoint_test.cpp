@@ -20,10 +20,10 @@
 #include <torch/torch.h>
 
 #include "../../../runtime/torch/checkpoint/state.h"
-#include "checkpoint/file_io.h"
-#include "checkpoint_support.h"
 #include "../ddp/ddp_models.h"
 #include "../ddp/ddp_support.h"
+#include "checkpoint/file_io.h"
+#include "checkpoint_support.h"
 #include "dtrain/torch/checkpoint.h"
 #include "dtrain/torch/distributed_sampler.h"
 #include "dtrain/torch/grad_scaler.h"
@@ -153,11 +153,20 @@ TEST(Checkpointer, EveryOptimizerContinuesBitwise) {
     expectBitwise(*b, stateOf(*a), name);
   };
   using namespace torch::optim;
-  run([](std::vector<torch::Tensor> p) { return SGD(p, SGDOptions(0.1).momentum(0.9).nesterov(true)); }, "SGD");
-  run([](std::vector<torch::Tensor> p) { return Adam(p, AdamOptions(0.01).amsgrad(true)); }, "Adam");
+  run(
+      [](std::vector<torch::Tensor> p) {
+        return SGD(p, SGDOptions(0.1).momentum(0.9).nesterov(true));
+      },
+      "SGD");
+  run([](std::vector<torch::Tensor> p) { return Adam(p, AdamOptions(0.01).amsgrad(true)); },
+      "Adam");
   run([](std::vector<torch::Tensor> p) { return AdamW(p, AdamWOptions(0.01)); }, "AdamW");
   run([](std::vector<torch::Tensor> p) { return Adagrad(p, AdagradOptions(0.1)); }, "Adagrad");
-  run([](std::vector<torch::Tensor> p) { return RMSprop(p, RMSpropOptions(0.01).momentum(0.5).centered(true)); }, "RMSprop");
+  run(
+      [](std::vector<torch::Tensor> p) {
+        return RMSprop(p, RMSpropOptions(0.01).momentum(0.5).centered(true));
+      },
+      "RMSprop");
 }
 
 TEST(Checkpointer, KeepsTheLastKAndRefusesFewerThanTwo) {
@@ -260,14 +269,15 @@ PrefetchRun runWithPrefetchingLoader(const std::string& dir, bool counted) {
   SamplerOptions so;
   so.seed = 3;
   auto loaderOver = [](DistributedSampler& sampler) {
-    return torch::data::make_data_loader(
-        IndexDataset().map(torch::data::transforms::Stack<>()), sampler,
-        torch::data::DataLoaderOptions().batch_size(4).workers(2));
+    return torch::data::make_data_loader(IndexDataset().map(torch::data::transforms::Stack<>()),
+                                         sampler,
+                                         torch::data::DataLoaderOptions().batch_size(4).workers(2));
   };
   auto take = [](auto& it, int batches, size_t& consumed) {
     std::vector<int64_t> out;
     for (int b = 0; b < batches; ++b, ++it) {
-      for (int64_t i = 0; i < it->data.size(0); ++i) out.push_back(it->data[i].template item<int64_t>());
+      for (int64_t i = 0; i < it->data.size(0); ++i)
+        out.push_back(it->data[i].template item<int64_t>());
       consumed += static_cast<size_t>(it->data.size(0));
     }
     return out;
@@ -277,7 +287,8 @@ PrefetchRun runWithPrefetchingLoader(const std::string& dir, bool counted) {
     DistributedSampler sampler(64, 1, 0, so);
     size_t consumed = 0;
     Checkpointer c(group, optionsFor(dir));
-    c.addSampler("data", sampler, counted ? std::function<size_t()>([&] { return consumed; }) : nullptr);
+    c.addSampler("data", sampler,
+                 counted ? std::function<size_t()>([&] { return consumed; }) : nullptr);
     auto loader = loaderOver(sampler);
     auto it = loader->begin();
     take(it, 5, consumed);
@@ -289,7 +300,8 @@ PrefetchRun runWithPrefetchingLoader(const std::string& dir, bool counted) {
   DistributedSampler sampler(64, 1, 0, so);
   size_t consumed = 0;
   Checkpointer c(group, optionsFor(dir));
-  c.addSampler("data", sampler, counted ? std::function<size_t()>([&] { return consumed; }) : nullptr);
+  c.addSampler("data", sampler,
+               counted ? std::function<size_t()>([&] { return consumed; }) : nullptr);
   EXPECT_EQ(c.restore()->step, 5);
   auto loader = loaderOver(sampler);
   auto it = loader->begin();
@@ -302,17 +314,17 @@ TEST(Checkpointer, APrefetchingLoaderResumesExactlyWhenTheConsumedCountIsGiven) 
   PrefetchRun counted = runWithPrefetchingLoader(dir.file("counted"), true);
   EXPECT_EQ(counted.consumedCursor, 20u);
   EXPECT_GT(counted.handedOutCursor, counted.consumedCursor) << "the loader did not prefetch";
-  EXPECT_EQ(counted.resumed, std::vector<int64_t>(counted.continuation.begin(),
-                                                  counted.continuation.begin() + 12));
+  EXPECT_EQ(counted.resumed,
+            std::vector<int64_t>(counted.continuation.begin(), counted.continuation.begin() + 12));
   // Without the count, the position saved is what the loader had prefetched: the resumed run
   // starts that many samples later, and skips them.
   PrefetchRun uncounted = runWithPrefetchingLoader(dir.file("uncounted"), false);
-  const auto skipped = static_cast<std::ptrdiff_t>(uncounted.handedOutCursor - uncounted.consumedCursor);
+  const auto skipped = static_cast<std::ptrdiff_t>(uncounted.handedOutCursor -
+                                                   uncounted.consumedCursor);
   ASSERT_GT(skipped, 0);
   ASSERT_LE(skipped + 12, static_cast<std::ptrdiff_t>(uncounted.continuation.size()));
-  EXPECT_EQ(uncounted.resumed,
-            std::vector<int64_t>(uncounted.continuation.begin() + skipped,
-                                 uncounted.continuation.begin() + skipped + 12));
+  EXPECT_EQ(uncounted.resumed, std::vector<int64_t>(uncounted.continuation.begin() + skipped,
+                                                    uncounted.continuation.begin() + skipped + 12));
 }
 
 // The refusal every rank reports names the others, not the rank that prints it.
@@ -337,7 +349,8 @@ TEST(Checkpointer, AFailureOnSeveralRanksNamesTheOthersOnEach) {
       errors[rank] = e.what();
     }
   });
-  EXPECT_NE(errors[0].find("world size 2, this job has world size 3"), std::string::npos) << errors[0];
+  EXPECT_NE(errors[0].find("world size 2, this job has world size 3"), std::string::npos)
+      << errors[0];
   EXPECT_NE(errors[0].find("(it failed on rank 1 (node 0) and rank 2 (node 0) too)"),
             std::string::npos)
       << errors[0];
@@ -637,7 +650,8 @@ void programHandler(int) { gProgramHandlerCalls++; }
 TEST(Checkpointer, SigtermSetsTheFlagAndStillCallsTheProgramsOwnHandler) {
   TempDir dir;
   auto group = soloGroup();
-  struct sigaction mine {}, before {};
+  struct sigaction mine {
+  }, before{};
   mine.sa_handler = programHandler;
   sigemptyset(&mine.sa_mask);
   ::sigaction(SIGTERM, &mine, &before);
@@ -661,7 +675,7 @@ TEST(Checkpointer, SigtermSetsTheFlagOnlyWhileACheckpointerHandlesIt) {
   ::sigaction(SIGTERM, nullptr, &before);
   {
     Checkpointer c(group, {dir.path()});  // SIGTERM handled by default
-    ::raise(SIGTERM);  // would kill the test without the handler
+    ::raise(SIGTERM);                     // would kill the test without the handler
     EXPECT_TRUE(stopRequested());
     Mlp net;
     c.addModule("m", net);

@@ -79,8 +79,8 @@ constexpr int64_t kSamples = 48;
 torch::Tensor flatParams(torch::nn::Module& m, torch::optim::Optimizer& optimizer, int zero) {
   std::map<std::string, torch::Tensor> full;
   if (zero == 3) {
-    for (auto& [name, t] : dtrain::gatherFullParameters(
-             static_cast<dtrain::ShardedOptimizer&>(optimizer))) {
+    for (auto& [name, t] :
+         dtrain::gatherFullParameters(static_cast<dtrain::ShardedOptimizer&>(optimizer))) {
       full[name] = t;
     }
   }
@@ -136,7 +136,8 @@ int run(const Args& args) {
   dtrain::CheckpointOptions options(args.dir);
   options.keepLast = 2;
   options.allowWorldSizeChange = args.allowResize;
-  if (args.checkpointTimeoutMs > 0) options.timeout = std::chrono::milliseconds(args.checkpointTimeoutMs);
+  if (args.checkpointTimeoutMs > 0)
+    options.timeout = std::chrono::milliseconds(args.checkpointTimeoutMs);
   dtrain::Checkpointer checkpointer(group, options);
   checkpointer.addModule("model", net);
   checkpointer.addOptimizer("sgd", sgd);
@@ -161,10 +162,12 @@ int run(const Args& args) {
     sgd.zero_grad();
     auto loss = torch::mse_loss(ddp(x.index_select(0, idx)), y.index_select(0, idx));
     scaler.scale(loss).backward();
-    if (!scaler.step(sgd)) std::cout << fmt::format("rank {} skipped step {}\n", rank, step) << std::flush;
+    if (!scaler.step(sgd))
+      std::cout << fmt::format("rank {} skipped step {}\n", rank, step) << std::flush;
     scaler.update();
     schedule.step();
-    if (rank == 0) std::cout << fmt::format("step {} loss {:.6f}\n", step, loss.item<float>()) << std::flush;
+    if (rank == 0)
+      std::cout << fmt::format("step {} loss {:.6f}\n", step, loss.item<float>()) << std::flush;
     if (args.saveEvery > 0 && (step + 1) % args.saveEvery == 0) {
       if (args.async) {
         checkpointer.saveAsync(step, epoch);
@@ -191,11 +194,13 @@ int run(const Args& args) {
   bool same = true;
   for (const auto& t : all) same = same && torch::equal(t, all[0]);
   std::cout << fmt::format("rank {} final {} (scale {})\n", rank,
-                           same ? "identical across ranks" : "DIFFERS across ranks", scaler.getScale())
+                           same ? "identical across ranks" : "DIFFERS across ranks",
+                           scaler.getScale())
             << std::flush;
   if (rank == 0 && !args.out.empty()) {
     std::ofstream out(args.out, std::ios::binary);
-    out.write(static_cast<const char*>(mine.data_ptr()), static_cast<std::streamsize>(mine.nbytes()));
+    out.write(static_cast<const char*>(mine.data_ptr()),
+              static_cast<std::streamsize>(mine.nbytes()));
   }
   group->shutdown();
   return 0;

@@ -19,6 +19,7 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include "../zero/zero_support.h"
 #include "checkpoint/file_io.h"
 #include "checkpoint/format.h"
 #include "checkpoint_support.h"
@@ -27,7 +28,6 @@
 #include "dtrain/torch/fully_shard.h"
 #include "dtrain/torch/zero.h"
 #include "test_support.h"
-#include "../zero/zero_support.h"
 
 namespace dtrain::testing::checkpoint_zero3_test {
 namespace {
@@ -236,8 +236,8 @@ void addMasterEntries(const std::string& path) {
     }
   }
   const checkpoint::Header& h = reader.header();
-  checkpoint::Layout layout =
-      checkpoint::planLayout(h.step, h.epoch, h.worldSize, h.torchVersion, specs);
+  checkpoint::Layout layout = checkpoint::planLayout(h.step, h.epoch, h.worldSize, h.torchVersion,
+                                                     specs);
   checkpoint::EntryData data;
   for (const auto& b : bytes) data.push_back(b.data());
   checkpoint::FileOps ops;
@@ -302,8 +302,7 @@ TEST_P(ShardedCheckpointStage3, SavedAndRestoredAtTheSameWorldSizeTrainsOnBitwis
 }
 
 INSTANTIATE_TEST_SUITE_P(Dtype, ShardedCheckpointStage3,
-                         ::testing::Values(at::kFloat, at::kBFloat16),
-                         [](const auto& info) {
+                         ::testing::Values(at::kFloat, at::kBFloat16), [](const auto& info) {
                            return std::string(info.param == at::kFloat ? "float32" : "bfloat16");
                          });
 
@@ -422,7 +421,8 @@ TEST(ShardedCheckpointStage3Resize, TwoRanksRestoreAtThreeAndExportFromEveryNode
   expectExported(tmp.file("model.pt"), three.end);
   const std::string log = tmp.file("tool.out");
   const int status = std::system((binaryPath("checkpoint") + " export " + three.dir + " --to " +
-                                  tmp.file("tool.pt") + " > " + log + " 2>&1").c_str());
+                                  tmp.file("tool.pt") + " > " + log + " 2>&1")
+                                     .c_str());
   ASSERT_EQ(WEXITSTATUS(status), 0) << readFile(log);
   expectExported(tmp.file("tool.pt"), three.end);
 }
@@ -441,7 +441,7 @@ TEST(ShardedCheckpointStage3Padding, ARankWhoseBlockIsAllPaddingExportsAndRestor
   struct Run {
     Params params;  // rank 0's, gathered
     ShardSnapshot records;
-    std::vector<size_t> counts;  // per rank: its records
+    std::vector<size_t> counts;                               // per rank: its records
     std::vector<std::optional<RestoredCheckpoint>> restored;  // per rank
   };
   // Trains steps 0 and 1 and saves step 1, or restores.
@@ -492,7 +492,8 @@ TEST(ShardedCheckpointStage3Padding, ARankWhoseBlockIsAllPaddingExportsAndRestor
 
   const std::string log = tmp.file("tool.out");
   const int status = std::system((binaryPath("checkpoint") + " export " + dir + " --to " +
-                                  tmp.file("probe.pt") + " > " + log + " 2>&1").c_str());
+                                  tmp.file("probe.pt") + " > " + log + " 2>&1")
+                                     .c_str());
   ASSERT_EQ(WEXITSTATUS(status), 0) << readFile(log);
   expectExported(tmp.file("probe.pt"), saved.params);
 

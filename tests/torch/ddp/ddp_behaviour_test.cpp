@@ -123,7 +123,8 @@ void checkSkippedLayerIsStillSynchronised(bool asView) {
   ASSERT_TRUE(fc2Grad[0].defined());
   EXPECT_GT(fc2Grad[0].abs().max().item<double>(), 0);
   EXPECT_TRUE(torch::equal(fc2Grad[0], fc2Grad[1]));
-  for (int r = 0; r < 2; ++r) expectSameParameters(*nets[r], *reference, "rank " + std::to_string(r));
+  for (int r = 0; r < 2; ++r)
+    expectSameParameters(*nets[r], *reference, "rank " + std::to_string(r));
 }
 
 void checkUsedOnlyInsideNoSyncStillSynchronised(bool asView) {
@@ -163,7 +164,8 @@ void checkUsedOnlyInsideNoSyncStillSynchronised(bool asView) {
     (mseLoss(ddp(mine.narrow(0, 2, 2), true), target.narrow(0, 2, 2)) / 2).backward();
     sgd.step();
   });
-  for (int r = 0; r < 2; ++r) expectSameParameters(*nets[r], *reference, "rank " + std::to_string(r));
+  for (int r = 0; r < 2; ++r)
+    expectSameParameters(*nets[r], *reference, "rank " + std::to_string(r));
 }
 
 void checkWithoutFindUnusedTheBackwardNamesThem() {
@@ -258,12 +260,12 @@ TEST(DdpConstruction, BroadcastsRankZerosParametersAndBuffers) {
     torch::NoGradGuard noGrad;
     for (int r = 0; r < 3; ++r) nets[r]->bn1->running_mean.fill_(r + 1);
   }
-  world->run([&](int rank) {
-    DistributedDataParallel<BnCnn> ddp(nets[rank], threadGroup(*world, rank));
-  });
+  world->run(
+      [&](int rank) { DistributedDataParallel<BnCnn> ddp(nets[rank], threadGroup(*world, rank)); });
   for (int r = 1; r < 3; ++r) {
     auto want = nets[0]->named_parameters();
-    for (const auto& p : nets[r]->named_parameters()) EXPECT_TRUE(torch::equal(p.value(), want[p.key()]));
+    for (const auto& p : nets[r]->named_parameters())
+      EXPECT_TRUE(torch::equal(p.value(), want[p.key()]));
     EXPECT_TRUE(torch::equal(nets[r]->bn1->running_mean, torch::ones({4})));
   }
 }
@@ -272,8 +274,8 @@ TEST(DdpConstruction, BroadcastsRankZerosParametersAndBuffers) {
 struct WideImpl : torch::nn::Module {
   WideImpl() {
     for (int i = 0; i < 5; ++i) {
-      layers.push_back(
-          register_module(std::string("l").append(std::to_string(i)), torch::nn::Linear(1536, 2048)));
+      layers.push_back(register_module(std::string("l").append(std::to_string(i)),
+                                       torch::nn::Linear(1536, 2048)));
     }
   }
   torch::Tensor forward(torch::Tensor x) {
@@ -300,9 +302,8 @@ TEST(DdpConstruction, BroadcastsALargeModelInBucketsWithoutASecondCopy) {
   }
   const int64_t before = counter.live();
   counter.resetPeak();
-  world->run([&](int rank) {
-    DistributedDataParallel<Wide> ddp(nets[rank], threadGroup(*world, rank));
-  });
+  world->run(
+      [&](int rank) { DistributedDataParallel<Wide> ddp(nets[rank], threadGroup(*world, rank)); });
   const int64_t added = counter.peak() - before;
   RecordProperty("construction_added_bytes", std::to_string(added));
   EXPECT_LE(added, 2 * (int64_t{32} << 20) + (int64_t{2} << 20));
@@ -525,13 +526,12 @@ TEST(DdpFailure, CommunicatorErrorComesOutOfBackward) {
   options.failAtCollective = 2;  // after construction's allgather and broadcast
   auto world = ThreadWorld::create(2, options);
   std::vector<Mlp> nets(2);
-  expectErrorOnEveryRank(
-      *world,
-      [&](int rank) {
-        DistributedDataParallel<Mlp> ddp(nets[rank], threadGroup(*world, rank));
-        mseLoss(ddp(torch::randn({2, 8})), torch::randn({2, 4})).backward();
-      },
-      {"injected failure of collective #2", "allreduce"});
+  expectErrorOnEveryRank(*world,
+                         [&](int rank) {
+                           DistributedDataParallel<Mlp> ddp(nets[rank], threadGroup(*world, rank));
+                           mseLoss(ddp(torch::randn({2, 8})), torch::randn({2, 4})).backward();
+                         },
+                         {"injected failure of collective #2", "allreduce"});
 }
 
 TEST(DdpUnusedParameters, SkippedGradientsAreSynchronised) {

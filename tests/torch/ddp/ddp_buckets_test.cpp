@@ -132,7 +132,8 @@ TEST(DdpBucketRebuild, EveryRankTakesRankZerosOrder) {
     }
   });
   EXPECT_EQ(first(after[0]).rfind("b.", 0), 0u) << first(after[0]);
-  EXPECT_EQ(after[1], after[0]) << "rank 1's gradients arrived the other way, but it follows rank 0";
+  EXPECT_EQ(after[1], after[0])
+      << "rank 1's gradients arrived the other way, but it follows rank 0";
   for (int r = 0; r < kWorld; ++r) {
     for (const auto& p : nets[r]->named_parameters()) {
       EXPECT_LE(relativeError(p.value(), reference->named_parameters()[p.key()]), 1e-5)
@@ -151,7 +152,8 @@ TEST(DdpBucketRebuild, KeptWhenTurnedOffOrWithUnusedParameters) {
       o.findUnusedParameters = findUnused;
       DistributedDataParallel<ReversedMlp> ddp(nets[rank], threadGroup(*world, rank), o);
       const Names before = ddp.bucketNames();
-      for (int s = 0; s < 2; ++s) mseLoss(ddp(torch::randn({4, 8})), torch::randn({4, 4})).backward();
+      for (int s = 0; s < 2; ++s)
+        mseLoss(ddp(torch::randn({4, 8})), torch::randn({4, 4})).backward();
       EXPECT_EQ(ddp.bucketNames(), before) << "findUnused " << findUnused;
     });
   }

@@ -68,7 +68,8 @@ void checkMlpOnTwoThreeFourRanks() {
   for (int world : {2, 3, 4}) {
     torch::manual_seed(world);
     auto data = mlpData(world);
-    expectEquivalent<Mlp>(world, [] { return Mlp(); }, data, mseLoss, smallBuckets(false));
+    expectEquivalent<Mlp>(
+        world, [] { return Mlp(); }, data, mseLoss, smallBuckets(false));
   }
 }
 
@@ -76,21 +77,24 @@ void checkMlpWithGradientsAsBucketViews() {
   for (int world : {2, 3}) {
     torch::manual_seed(10 + world);
     auto data = mlpData(world);
-    expectEquivalent<Mlp>(world, [] { return Mlp(); }, data, mseLoss, smallBuckets(true));
+    expectEquivalent<Mlp>(
+        world, [] { return Mlp(); }, data, mseLoss, smallBuckets(true));
   }
 }
 
 void checkMlpWithDefaultBuckets() {
   torch::manual_seed(20);
   auto data = mlpData(2);
-  expectEquivalent<Mlp>(2, [] { return Mlp(); }, data, mseLoss, DdpOptions{});
+  expectEquivalent<Mlp>(
+      2, [] { return Mlp(); }, data, mseLoss, DdpOptions{});
 }
 
 TEST(DdpEquivalence, CnnOnTwoThreeFourRanks) {
   for (int world : {2, 3, 4}) {
     torch::manual_seed(30 + world);
     auto data = cnnData(world);
-    expectEquivalent<Cnn>(world, [] { return Cnn(); }, data, crossEntropy, smallBuckets(false));
+    expectEquivalent<Cnn>(
+        world, [] { return Cnn(); }, data, crossEntropy, smallBuckets(false));
   }
 }
 

@@ -23,7 +23,8 @@ TORCH_MODULE(Mlp);
 // Input 3x8x8, 5 classes.
 struct CnnImpl : torch::nn::Module {
   CnnImpl() {
-    conv1 = register_module("conv1", torch::nn::Conv2d(torch::nn::Conv2dOptions(3, 4, 3).padding(1)));
+    conv1 = register_module("conv1",
+                            torch::nn::Conv2d(torch::nn::Conv2dOptions(3, 4, 3).padding(1)));
     conv2 = register_module(
         "conv2", torch::nn::Conv2d(torch::nn::Conv2dOptions(4, 8, 3).stride(2).padding(1)));
     fc = register_module("fc", torch::nn::Linear(8 * 4 * 4, 5));
@@ -40,7 +41,8 @@ TORCH_MODULE(Cnn);
 // Input 3x8x8, 5 classes; BatchNorm keeps per-rank running statistics.
 struct BnCnnImpl : torch::nn::Module {
   BnCnnImpl() {
-    conv1 = register_module("conv1", torch::nn::Conv2d(torch::nn::Conv2dOptions(3, 4, 3).padding(1)));
+    conv1 = register_module("conv1",
+                            torch::nn::Conv2d(torch::nn::Conv2dOptions(3, 4, 3).padding(1)));
     bn1 = register_module("bn1", torch::nn::BatchNorm2d(4));
     conv2 = register_module(
         "conv2", torch::nn::Conv2d(torch::nn::Conv2dOptions(4, 8, 3).stride(2).padding(1)));

@@ -43,9 +43,9 @@ std::string join(const std::vector<std::string>& v) {
 }
 
 TEST(DdpProcesses, TwoRanks) {
-  const std::vector<std::string> scenarios = {"mlp",    "cnn",          "batchnorm",
-                                              "nosync", "unused",       "unused-error",
-                                              "mismatch", "overlap",    "compression"};
+  const std::vector<std::string> scenarios = {"mlp",      "cnn",     "batchnorm",
+                                              "nosync",   "unused",  "unused-error",
+                                              "mismatch", "overlap", "compression"};
   expectAllPassed(launchWorkers(2, {"--scenarios", join(scenarios)}), 2, scenarios);
 }
 
@@ -62,11 +62,12 @@ TEST(DdpProcesses, FourRanks) {
 TEST(DdpProcesses, SamplerResumesMidEpochAtAnotherWorldSize) {
   TempDir dir;
   std::string state = dir.file("sampler.state");
-  expectAllPassed(launchWorkers(3, {"--scenarios", "sampler-save", "--state", state, "--consumed", "4"}),
-                  3, {"sampler-save"});
+  expectAllPassed(
+      launchWorkers(3, {"--scenarios", "sampler-save", "--state", state, "--consumed", "4"}), 3,
+      {"sampler-save"});
   for (int world : {2, 3, 4}) {
-    expectAllPassed(launchWorkers(world, {"--scenarios", "sampler-resume", "--state", state, "--consumed",
-                                          "4", "--original-world", "3"}),
+    expectAllPassed(launchWorkers(world, {"--scenarios", "sampler-resume", "--state", state,
+                                          "--consumed", "4", "--original-world", "3"}),
                     world, {"sampler-resume"});
   }
 }

@@ -101,9 +101,7 @@ TEST(DdpSetToNone, NewGradientsLandInTheirSlotsWithTheUnwrappedModelsValues) {
   checkSetToNone(/*resetAll=*/true);
 }
 
-TEST(DdpSetToNone, ABucketMixingNewAndAccumulatedGradients) {
-  checkSetToNone(/*resetAll=*/false);
-}
+TEST(DdpSetToNone, ABucketMixingNewAndAccumulatedGradients) { checkSetToNone(/*resetAll=*/false); }
 
 }  // namespace
 }  // namespace dtrain::testing::ddp_set_to_none_test

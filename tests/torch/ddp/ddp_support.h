@@ -28,7 +28,8 @@ struct Batches {
   std::vector<torch::Tensor> targets;
 };
 
-using LossFn = std::function<torch::Tensor(const torch::Tensor& output, const torch::Tensor& target)>;
+using LossFn =
+    std::function<torch::Tensor(const torch::Tensor& output, const torch::Tensor& target)>;
 
 inline torch::Tensor mseLoss(const torch::Tensor& out, const torch::Tensor& target) {
   return torch::mse_loss(out, target);

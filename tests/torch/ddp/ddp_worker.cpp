@@ -73,8 +73,9 @@ void expectClose(torch::nn::Module& actual, torch::nn::Module& expected, const C
   auto want = expected.named_parameters();
   for (const auto& p : actual.named_parameters()) {
     double err = relativeError(p.value(), want[p.key()]);
-    EXPECT_OR_FAIL(err <= 1e-5, "rank {}: {} differs from the single-process run by {:.3g} (max 1e-5)",
-                   c.rank, p.key(), err);
+    EXPECT_OR_FAIL(err <= 1e-5,
+                   "rank {}: {} differs from the single-process run by {:.3g} (max 1e-5)", c.rank,
+                   p.key(), err);
   }
 }
 
@@ -125,13 +126,22 @@ torch::Tensor xent(torch::Tensor a, torch::Tensor b) {
 
 void scenarioMlp(const Ctx& c) {
   equivalence<Mlp>(
-      c, [] { return Mlp(); }, [](int64_t n) { return torch::randn({n, 8}); },
-      [](int64_t n) { return torch::randn({n, 4}); }, mse);
+      c, [] { return Mlp(); },
+      [](int64_t n) {
+        return torch::randn({n, 8});
+      },
+      [](int64_t n) {
+        return torch::randn({n, 4});
+      },
+      mse);
 }
 
 void scenarioCnn(const Ctx& c) {
   equivalence<Cnn>(
-      c, [] { return Cnn(); }, [](int64_t n) { return torch::randn({n, 3, 8, 8}); },
+      c, [] { return Cnn(); },
+      [](int64_t n) {
+        return torch::randn({n, 3, 8, 8});
+      },
       [](int64_t n) { return torch::randint(0, 5, {n}, torch::kLong); }, xent);
 }
 
@@ -197,7 +207,8 @@ void scenarioUnused(const Ctx& c) {
     for (int r = 0; r < c.world; ++r) {
       Ctx other = c;
       other.rank = r;
-      total = total + mse(reference->forward(shardOf(xs[s], other), skips(s, r)), shardOf(ys[s], other));
+      total = total +
+              mse(reference->forward(shardOf(xs[s], other), skips(s, r)), shardOf(ys[s], other));
     }
     (total / c.world).backward();
     refSgd.step();
@@ -217,7 +228,8 @@ void scenarioUnused(const Ctx& c) {
 }
 
 // Runs `fn`, which must throw dtrain::Error mentioning every one of `parts`.
-void expectError(const Ctx& c, const std::function<void()>& fn, const std::vector<std::string>& parts) {
+void expectError(const Ctx& c, const std::function<void()>& fn,
+                 const std::vector<std::string>& parts) {
   try {
     fn();
   } catch (const Error& e) {
@@ -233,7 +245,10 @@ void expectError(const Ctx& c, const std::function<void()>& fn, const std::vecto
 void scenarioUnusedError(const Ctx& c) {
   BranchNet net;
   DistributedDataParallel<BranchNet> ddp(net, c.group);
-  expectError(c, [&] { mse(ddp(torch::randn({2, 6}), true), torch::randn({2, 3})).backward(); },
+  expectError(c,
+              [&] {
+                mse(ddp(torch::randn({2, 6}), true), torch::randn({2, 3})).backward();
+              },
               {"fc2.weight", "fc2.bias", "received no gradient", "findUnusedParameters"});
   mse(ddp(torch::randn({2, 6}), false), torch::randn({2, 3})).backward();  // and carries on
 }
@@ -274,7 +289,8 @@ void scenarioOverlap(const Ctx& c) {
   mse(ddp(torch::randn({4, 8})), torch::randn({4, 4})).backward();
   const auto& s = ddp.lastIteration();
   using std::chrono::milliseconds;
-  EXPECT_OR_FAIL(s.bucketLaunched.size() == 3, "expected 3 buckets, got {}", s.bucketLaunched.size());
+  EXPECT_OR_FAIL(s.bucketLaunched.size() == 3, "expected 3 buckets, got {}",
+                 s.bucketLaunched.size());
   auto lead = std::chrono::duration_cast<milliseconds>(s.lastGradient - s.bucketLaunched[0]);
   EXPECT_OR_FAIL(lead >= milliseconds(60),
                  "the first bucket's allreduce started only {} ms before the last gradient; "
@@ -300,7 +316,8 @@ void scenarioCompression(const Ctx& c) {
   auto bf16 = grads(GradientCompression::Bf16);
   double e16 = relativeError(fp16, exact), eb16 = relativeError(bf16, exact);
   EXPECT_OR_FAIL(e16 > 0 && e16 < 2e-3, "fp16 relative error {:.3g} (expected in (0, 2e-3))", e16);
-  EXPECT_OR_FAIL(eb16 > 0 && eb16 < 2e-2, "bf16 relative error {:.3g} (expected in (0, 2e-2))", eb16);
+  EXPECT_OR_FAIL(eb16 > 0 && eb16 < 2e-2, "bf16 relative error {:.3g} (expected in (0, 2e-2))",
+                 eb16);
   expectIdenticalAcrossRanks("fp16-compressed gradients", fp16, c);
 }
 
@@ -324,13 +341,15 @@ void scenarioSamplerSave(const Ctx& c) {
   if (c.rank == 0) {
     auto bytes = state.encode();
     std::ofstream(c.args.state, std::ios::binary)
-        .write(reinterpret_cast<const char*>(bytes.data()), static_cast<std::streamsize>(bytes.size()));
+        .write(reinterpret_cast<const char*>(bytes.data()),
+               static_cast<std::streamsize>(bytes.size()));
   }
 }
 
 void scenarioSamplerResume(const Ctx& c) {
   std::ifstream in(c.args.state, std::ios::binary);
-  std::vector<uint8_t> bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  std::vector<uint8_t> bytes((std::istreambuf_iterator<char>(in)),
+                             std::istreambuf_iterator<char>());
   DistributedSampler sampler(kSamples, c.world, c.rank, samplerOptions());
   sampler.loadState(SamplerState::decode(bytes));
   // What the interrupted run (originalWorld ranks, `consumed` each) had not yet seen.

@@ -90,7 +90,8 @@ struct Batch {
 std::vector<Batch> batches(int steps, int64_t rows) {
   torch::manual_seed(11);
   std::vector<Batch> out;
-  for (int s = 0; s < steps; ++s) out.push_back({torch::randn({rows, 16}), torch::randint(0, 5, {rows})});
+  for (int s = 0; s < steps; ++s)
+    out.push_back({torch::randn({rows, 16}), torch::randint(0, 5, {rows})});
   return out;
 }
 
@@ -154,7 +155,8 @@ std::vector<torch::nn::Sequential> trainDdp(bool withRecompute, bool findUnused)
   auto data = batches(2 * kSteps, 8 * kWorld);
   auto world = ThreadWorld::create(kWorld);
   std::vector<torch::nn::Sequential> nets;
-  for (int r = 0; r < kWorld; ++r) nets.push_back(dropBnNet(1 + r, 4, 16, 5, 0.0));  // DDP copies rank 0's
+  for (int r = 0; r < kWorld; ++r)
+    nets.push_back(dropBnNet(1 + r, 4, 16, 5, 0.0));  // DDP copies rank 0's
   world->run([&](int rank) {
     auto group = threadGroup(*world, rank);
     DdpOptions options;
@@ -235,8 +237,7 @@ TEST_P(RecomputeDdp, TensorsTheSegmentDoesNotNameTrainBitwiseEqual) {
     world->run([&](int rank) {
       DdpOptions options;
       options.findUnusedParameters = findUnused;
-      DistributedDataParallel<UnnamedReadsNet> ddp(nets[rank], threadGroup(*world, rank),
-                                                   options);
+      DistributedDataParallel<UnnamedReadsNet> ddp(nets[rank], threadGroup(*world, rank), options);
       auto sgd = makeSgd(ddp.parameters());
       for (int step = 0; step < 3; ++step) {
         sgd.zero_grad();
@@ -309,10 +310,8 @@ TEST(RecomputeDdpUnused, SkippedAndRecomputedSegmentsTrainBitwiseEqual) {
 // exist.
 struct ReentrantCheckpoint : torch::autograd::Function<ReentrantCheckpoint> {
   static torch::autograd::variable_list forward(torch::autograd::AutogradContext* ctx,
-                                                torch::nn::Sequential net,
-                                                const torch::Tensor& x) {
-    ctx->saved_data["net"] = c10::IValue::make_capsule(
-        c10::make_intrusive<Holder>(net));
+                                                torch::nn::Sequential net, const torch::Tensor& x) {
+    ctx->saved_data["net"] = c10::IValue::make_capsule(c10::make_intrusive<Holder>(net));
     ctx->save_for_backward({x});
     return {net->forward(x)};
   }

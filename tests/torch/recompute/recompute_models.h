@@ -62,14 +62,17 @@ inline torch::nn::Sequential dropBnNet(uint64_t seed, int64_t blocks = 4, int64_
 // `net` run plainly or through RecomputeSequential(net, segments), under the same parameter
 // names, so that a DDP wrapper of either has the same parameters.
 struct EitherNetImpl : torch::nn::Module {
-  EitherNetImpl(torch::nn::Sequential n, bool withRecompute, int64_t segments = 3) : net(std::move(n)) {
+  EitherNetImpl(torch::nn::Sequential n, bool withRecompute, int64_t segments = 3)
+      : net(std::move(n)) {
     if (withRecompute) {
       recomputed = register_module("net", RecomputeSequential(net, segments));
     } else {
       register_module("net", net);
     }
   }
-  torch::Tensor forward(const torch::Tensor& x) { return recomputed ? recomputed(x) : net->forward(x); }
+  torch::Tensor forward(const torch::Tensor& x) {
+    return recomputed ? recomputed(x) : net->forward(x);
+  }
   torch::nn::Sequential net;
   RecomputeSequential recomputed{nullptr};
 };

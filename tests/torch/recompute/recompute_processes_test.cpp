@@ -33,7 +33,8 @@ struct Rss {
 };
 
 Rss measure(const std::string& mode, const std::vector<std::string>& env = {}) {
-  auto result = runLaunch({"--nproc-per-node", "1", binaryPath("recompute_rss_worker"), mode}, env, 120);
+  auto result = runLaunch({"--nproc-per-node", "1", binaryPath("recompute_rss_worker"), mode}, env,
+                          120);
   EXPECT_EQ(result.exitCode, 0) << result.all();
   std::smatch m;
   const std::string out = result.out;

@@ -82,8 +82,8 @@ TEST(Recompute, WithoutRngPreservationDropoutMasksDiffer) {
   RecomputeOptions options;
   options.preserveRngState = false;
   Trained expected = train(plain, 1);
-  Trained actual = train([&](auto& net, const auto& x) { return recomputeSequential(net, 2, x, options); },
-                         1);
+  Trained actual = train(
+      [&](auto& net, const auto& x) { return recomputeSequential(net, 2, x, options); }, 1);
   bool anyDiffers = false;
   for (size_t i = 0; i < actual.grads[0].size(); ++i) {
     anyDiffers |= !bitwiseEqual(actual.grads[0][i], expected.grads[0][i]);
@@ -160,7 +160,7 @@ TEST(Recompute, VectorResultWithAnUnusedOutput) {
   auto out = recompute(RecomputeSegment(*fc), fn, x);
   ASSERT_EQ(out.size(), 3u);
   EXPECT_TRUE(bitwiseEqual(out[2], expected[2]));  // an integer result, not differentiable
-  out[0].sum().backward();  // out[1] takes no part in the loss
+  out[0].sum().backward();                         // out[1] takes no part in the loss
   EXPECT_TRUE(bitwiseEqual(fc->weight.grad(), want));
 }
 
@@ -216,7 +216,8 @@ TEST(Recompute, AModuleUsedTwiceInOneForward) {
     };
     auto expected = run(false), actual = run(true);
     for (size_t i = 0; i < expected.size(); ++i) {
-      EXPECT_TRUE(bitwiseEqual(actual[i], expected[i])) << "same segment " << sameSegment << ", " << i;
+      EXPECT_TRUE(bitwiseEqual(actual[i], expected[i]))
+          << "same segment " << sameSegment << ", " << i;
     }
   }
 }
@@ -328,8 +329,9 @@ TEST(Recompute, ACapturedTensorWithAHistoryIsRefused) {
   auto scale = raw.exp();
   auto x = torch::randn({4, 6});
   try {
-    recompute(RecomputeSegment(*fc),
-              [fc, scale](const torch::Tensor& in) mutable { return fc(in) * scale; }, x);
+    recompute(
+        RecomputeSegment(*fc),
+        [fc, scale](const torch::Tensor& in) mutable { return fc(in) * scale; }, x);
     FAIL() << "no error";
   } catch (const InvalidArgument& e) {
     const std::string what = e.what();
@@ -348,8 +350,9 @@ TEST(Recompute, ACapturedTensorWithAHistoryIsRefused) {
   EXPECT_TRUE(bitwiseEqual(raw.grad(), expected)) << "as an argument";
   raw.mutable_grad() = torch::Tensor();
   auto added = raw.exp();
-  recompute(RecomputeSegment(*fc).addParameter(added),
-            [fc, added](const torch::Tensor& in) mutable { return fc(in) * added; }, x)
+  recompute(
+      RecomputeSegment(*fc).addParameter(added),
+      [fc, added](const torch::Tensor& in) mutable { return fc(in) * added; }, x)
       .sum()
       .backward();
   EXPECT_TRUE(bitwiseEqual(raw.grad(), expected)) << "added with addParameter";
@@ -379,16 +382,20 @@ TEST(Recompute, DoubleBackwardThroughASegment) {
     return std::vector<torch::Tensor>{x.grad(), fc->weight.grad()};
   };
   auto expected = run(false), actual = run(true);
-  for (size_t i = 0; i < expected.size(); ++i) EXPECT_TRUE(bitwiseEqual(actual[i], expected[i])) << i;
+  for (size_t i = 0; i < expected.size(); ++i)
+    EXPECT_TRUE(bitwiseEqual(actual[i], expected[i])) << i;
 }
 
 TEST(Recompute, IsRecomputingOnlyDuringTheSecondRun) {
   std::vector<bool> seen;
   auto x = torch::randn({2, 2}, torch::requires_grad());
-  auto out = recompute(RecomputeSegment(), [&seen](const torch::Tensor& a) {
-    seen.push_back(isRecomputing());
-    return a * 2;
-  }, x);
+  auto out = recompute(
+      RecomputeSegment(),
+      [&seen](const torch::Tensor& a) {
+        seen.push_back(isRecomputing());
+        return a * 2;
+      },
+      x);
   EXPECT_EQ(seen, std::vector<bool>({false}));
   out.sum().backward();
   EXPECT_EQ(seen, std::vector<bool>({false, true}));
@@ -398,10 +405,13 @@ TEST(Recompute, IsRecomputingOnlyDuringTheSecondRun) {
 TEST(Recompute, NoGradModeRunsTheFunctionOnce) {
   int calls = 0;
   torch::NoGradGuard noGrad;
-  auto out = recompute(RecomputeSegment(), [&calls](const torch::Tensor& a) {
-    ++calls;
-    return a + 1;
-  }, torch::zeros({2}));
+  auto out = recompute(
+      RecomputeSegment(),
+      [&calls](const torch::Tensor& a) {
+        ++calls;
+        return a + 1;
+      },
+      torch::zeros({2}));
   EXPECT_EQ(calls, 1);
   EXPECT_FALSE(out.requires_grad());
 }
@@ -436,7 +446,8 @@ TEST(Recompute, AutocastParametersUsedInAndAfterASegmentGetBothGradients) {
 TEST(Recompute, ModifyingAnInputInPlaceIsRefused) {
   auto x = torch::randn({3}, torch::requires_grad()) * 1;
   try {
-    recompute(RecomputeSegment(), [](const torch::Tensor& a) { return a.relu_(); }, x);
+    recompute(
+        RecomputeSegment(), [](const torch::Tensor& a) { return a.relu_(); }, x);
     FAIL() << "no error";
   } catch (const InvalidArgument& e) {
     EXPECT_NE(std::string(e.what()).find("modified its tensor argument #0 in place"),
@@ -472,7 +483,8 @@ TEST(Recompute, ABufferTheRecomputeChangesIsNamedUnlessRestored) {
   }
   counter->calls.zero_();
   auto segment = RecomputeSegment(*counter).addStatistic("calls", counter->calls);
-  recompute(segment, [c = counter.ptr()](const torch::Tensor& a) { return c->forward(a); }, x)
+  recompute(
+      segment, [c = counter.ptr()](const torch::Tensor& a) { return c->forward(a); }, x)
       .sum()
       .backward();
   EXPECT_EQ(counter->calls.item<int64_t>(), 1);

@@ -13,9 +13,9 @@
 #include <fmt/format.h>
 #include <torch/torch.h>
 
-#include "recompute_models.h"
 #include "dtrain/torch/ddp.h"
 #include "dtrain/torch/init.h"
+#include "recompute_models.h"
 
 namespace dtrain::testing {
 namespace {

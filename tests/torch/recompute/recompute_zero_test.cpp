@@ -11,10 +11,10 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include "../zero/zero_expect.h"
 #include "dtrain/torch/fully_shard.h"
 #include "dtrain/torch/recompute.h"
 #include "recompute_models.h"
-#include "../zero/zero_expect.h"
 
 namespace dtrain::testing::recompute_zero_test {
 namespace {
@@ -88,10 +88,9 @@ Trained train(const Run& how) {
   out.result.params.resize(kWorld);
   auto threads = ThreadWorld::create(kWorld);
   threads->run([&](int rank) {
-    RecomputeZeroNet net =
-        buildSeeded(data.seed, [&] {
-          return RecomputeZeroNet(how.recompute, how.marked, how.reshardAfterForward);
-        });
+    RecomputeZeroNet net = buildSeeded(data.seed, [&] {
+      return RecomputeZeroNet(how.recompute, how.marked, how.reshardAfterForward);
+    });
     DistributedDataParallel<RecomputeZeroNet> ddp(net, threadGroup(*threads, rank));
     ZeroOptions zo;
     zo.stage = how.stage;
@@ -165,7 +164,9 @@ TEST(RecomputeZeroStage3, UnitsInsideARecomputedSegmentAreGatheredAgainAndTrainB
 // run without recompute.
 TEST(RecomputeZeroStage3, UnitsKeptForBackwardInsideARecomputedSegmentTrainBitwiseEqual) {
   constexpr int kSteps = 3;
-  struct Run how{3, false, true, kSteps};  // "struct": Test::Run hides the name
+  struct Run how {
+    3, false, true, kSteps
+  };  // "struct": Test::Run hides the name
   how.reshardAfterForward = false;
   const Trained plain = train(how);
   how.recompute = true;

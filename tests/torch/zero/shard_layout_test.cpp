@@ -32,12 +32,27 @@ TEST(ShardLayout, UnitsAndBlocks) {
   const std::vector<Case> cases = {
       {"nothing", {}, 2, 16, 64, {}, {}},
       {"one parameter", floats({10}), 4, 16, 64, {{0}}, {3}},
-      {"walks from the last registered, units in parameter order", floats({4, 4, 4, 4}), 2, 16,
-       40, {{3}, {0, 1, 2}}, {2, 6}},
-      {"a parameter larger than the limit is a unit alone", floats({3, 100, 3}), 3, 12, 40,
-       {{2}, {1}, {0}}, {1, 34, 1}},
-      {"keys never share a unit", floats({5, 5, 5, 5}, {0, 1, 0, 1}), 2, 1000, 1000,
-       {{1, 3}, {0, 2}}, {5, 5}},
+      {"walks from the last registered, units in parameter order",
+       floats({4, 4, 4, 4}),
+       2,
+       16,
+       40,
+       {{3}, {0, 1, 2}},
+       {2, 6}},
+      {"a parameter larger than the limit is a unit alone",
+       floats({3, 100, 3}),
+       3,
+       12,
+       40,
+       {{2}, {1}, {0}},
+       {1, 34, 1}},
+      {"keys never share a unit",
+       floats({5, 5, 5, 5}, {0, 1, 0, 1}),
+       2,
+       1000,
+       1000,
+       {{1, 3}, {0, 2}},
+       {5, 5}},
       {"one rank owns everything", floats({7, 9}), 1, 1000, 1000, {{0, 1}}, {16}},
   };
   for (const auto& c : cases) {
@@ -72,12 +87,14 @@ TEST(ShardLayout, PaddingIsReportedAndBelowRanksPerUnit) {
 // Every element of every parameter belongs to exactly one rank's record; the records of one rank
 // lie in its blocks without overlapping.
 TEST(ShardLayout, RanksOwnEveryElementExactlyOnce) {
-  const auto inputs = floats({7, 13, 91, 13, 169, 13, 65, 5, 1, 0, 333}, {0, 0, 1, 1, 0, 0, 1, 1, 0, 0, 1});
+  const auto inputs = floats({7, 13, 91, 13, 169, 13, 65, 5, 1, 0, 333},
+                             {0, 0, 1, 1, 0, 0, 1, 1, 0, 0, 1});
   for (int ranks : {1, 2, 3, 4, 7}) {
     SCOPED_TRACE(ranks);
     ShardLayout layout = planShards(inputs, ranks, 64, 400);
     std::vector<std::vector<int>> owner(inputs.size());
-    for (size_t i = 0; i < inputs.size(); ++i) owner[i].assign(static_cast<size_t>(inputs[i].numel), -1);
+    for (size_t i = 0; i < inputs.size(); ++i)
+      owner[i].assign(static_cast<size_t>(inputs[i].numel), -1);
     for (int r = 0; r < ranks; ++r) {
       std::map<size_t, std::vector<bool>> used;  // per unit: the block's elements
       for (const auto& range : layout.ownedBy(r)) {

@@ -80,8 +80,8 @@ struct BuiltRun {
   Build how = Build::Sharded;
   at::ScalarType dtype = at::kFloat;
   int steps = 12;
-  int micro = 2;          // micro-batches per step, all but the last under noSync()
-  bool groups = false;    // weights and biases in optimizer groups of their own
+  int micro = 2;                // micro-batches per step, all but the last under noSync()
+  bool groups = false;          // weights and biases in optimizer groups of their own
   std::vector<uint64_t> seeds;  // per rank; empty: kSeed everywhere
 };
 
@@ -109,11 +109,13 @@ BuiltResult trainBuilt(const BuiltRun& how) {
   threads->run([&](int rank) {
     const auto group = threadGroup(*threads, rank);
     const uint64_t seed = how.seeds.empty() ? kSeed : how.seeds[static_cast<size_t>(rank)];
-    BuiltNet net = buildSeeded(seed, [&] { return BuiltNet(how.how, ShardPlacement(*group), how.dtype); });
+    BuiltNet net = buildSeeded(
+        seed, [&] { return BuiltNet(how.how, ShardPlacement(*group), how.dtype); });
     for (const auto& p : net->body->parameters()) {
       result.bodyBytesBuilt[static_cast<size_t>(rank)] += p.storage().nbytes();
     }
-    net->to(how.dtype);  // what the whole model's conversion does to units sharded when built: nothing
+    net->to(
+        how.dtype);  // what the whole model's conversion does to units sharded when built: nothing
     const int64_t issuedBefore = threads->issued(rank);
     DistributedDataParallel<BuiltNet> ddp(net, group);
     ZeroOptions zo;
@@ -166,7 +168,8 @@ class ZeroBuiltUnitsRanks : public ::testing::TestWithParam<int> {};
 // end bitwise where the same model built whole and sharded by the optimizer ends.
 TEST_P(ZeroBuiltUnitsRanks, EqualTheOneProcessModelAndTrainAsTheModelBuiltWhole) {
   const int world = GetParam();
-  BuiltNet plain = buildSeeded(kSeed, [] { return BuiltNet(Build::Plain, std::nullopt, at::kFloat); });
+  BuiltNet plain = buildSeeded(kSeed,
+                               [] { return BuiltNet(Build::Plain, std::nullopt, at::kFloat); });
   const auto reference = onePass(plain);
   const BuiltResult sharded = trainBuilt(builtRun(world, Build::Sharded));
   const BuiltResult whole = trainBuilt(builtRun(world, Build::Marked));
@@ -185,8 +188,8 @@ INSTANTIATE_TEST_SUITE_P(Ranks, ZeroBuiltUnitsRanks, ::testing::Values(2, 3, 4))
 
 // bfloat16 layers (converted as built, float32 master shards): as above.
 TEST(ZeroBuiltUnits, Bfloat16LayersEqualTheOneProcessModelAndTrainAsBuiltWhole) {
-  BuiltNet plain =
-      buildSeeded(kSeed, [] { return BuiltNet(Build::Plain, std::nullopt, at::kBFloat16); });
+  BuiltNet plain = buildSeeded(kSeed,
+                               [] { return BuiltNet(Build::Plain, std::nullopt, at::kBFloat16); });
   const auto reference = onePass(plain);
   const BuiltResult sharded = trainBuilt(builtRun(3, Build::Sharded, at::kBFloat16));
   const BuiltResult whole = trainBuilt(builtRun(3, Build::Marked, at::kBFloat16));
@@ -233,7 +236,8 @@ TEST(ZeroBuiltUnits, BuildingHoldsOneUnitInFullAndKeepsAQuarterOfEach) {
   for (int r = 0; r < kRanks; ++r) {
     const int64_t before = counter.live();
     counter.resetPeak();
-    torch::nn::Sequential body = buildSeeded(kSeed, [&] { return build(ShardPlacement(r, kRanks)); });
+    torch::nn::Sequential body = buildSeeded(kSeed,
+                                             [&] { return build(ShardPlacement(r, kRanks)); });
     const int64_t kept = counter.live() - before;
     const int64_t peak = counter.peak() - before;
     EXPECT_EQ(kept, kLayers * blockBytes) << "rank " << r << ": its block of each layer";
@@ -305,7 +309,9 @@ TEST(ZeroBuiltUnits, RanksThatBuiltOtherValuesFailAlikeNamingTheUnit) {
   });
   for (int r = 0; r < kWorld; ++r) {
     EXPECT_NE(errors[r].find("unit body.0 was built with different values on ranks 0, 1 than "
-                             "on rank 2"), std::string::npos) << errors[r];
+                             "on rank 2"),
+              std::string::npos)
+        << errors[r];
     EXPECT_NE(errors[r].find("torch::manual_seed"), std::string::npos) << errors[r];
   }
 }
@@ -316,9 +322,8 @@ TEST(ZeroBuiltUnits, AnUnboundUnitRefusesToRunOrConvertAndStageTwoRefusesIt) {
   auto threads = ThreadWorld::create(2);
   threads->run([&](int rank) {
     const auto group = threadGroup(*threads, rank);
-    BuiltNet net = buildSeeded(kSeed, [&] {
-      return BuiltNet(Build::Sharded, ShardPlacement(*group), at::kFloat);
-    });
+    BuiltNet net = buildSeeded(
+        kSeed, [&] { return BuiltNet(Build::Sharded, ShardPlacement(*group), at::kFloat); });
     auto expectRefused = [](const std::function<void()>& f, const std::string& what) {
       try {
         f();

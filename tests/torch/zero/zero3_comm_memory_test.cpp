@@ -26,8 +26,8 @@ constexpr int kLayers = 4;
 TEST(Zero3CommMemory, HeldBetweenStepsIsAStepsPeakAndTheBuildIsGone) {
   if (!comm::glooAvailable()) GTEST_SKIP() << "built without Gloo";
   constexpr int kWorld = 2;
-  const auto groups =
-      glooGroups(kWorld, [](comm::GlooOptions& o) { o.timeout = comm::Millis(10000); });
+  const auto groups = glooGroups(kWorld,
+                                 [](comm::GlooOptions& o) { o.timeout = comm::Millis(10000); });
   std::vector<comm::BufferStats> afterWarmup(kWorld), end(kWorld);
   std::vector<size_t> stepPeak(kWorld, 0);
   std::vector<ZeroMemory> memory(kWorld);

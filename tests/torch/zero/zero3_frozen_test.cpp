@@ -126,11 +126,11 @@ Params trainAlone(int steps, Params* initial = nullptr) {
 
 // What one stage-3 run ends with.
 struct FrozenRun {
-  std::vector<Params> params;  // by rank, gatherFullParameters() plus the root's frozen scale
-  size_t frozenBytes = 0;      // rank 0, between steps: ZeroMemory::frozen
+  std::vector<Params> params;     // by rank, gatherFullParameters() plus the root's frozen scale
+  size_t frozenBytes = 0;         // rank 0, between steps: ZeroMemory::frozen
   size_t frozenStorageBytes = 1;  // rank 0, between steps: the marked frozen storages
-  size_t frozenOwned = 0;      // rank 0: the frozen units' blocks, padded
-  int64_t frozenElements = 0;  // ZeroStats::frozen
+  size_t frozenOwned = 0;         // rank 0: the frozen units' blocks, padded
+  int64_t frozenElements = 0;     // ZeroStats::frozen
   bool freedBeforeBackwardEnded = false;  // rank 0, every step
 };
 
@@ -260,8 +260,8 @@ TEST(ZeroStage3FrozenBuilt, BuildingHoldsOneLayerInFullAndAQuarterOfTheBase) {
   for (int r = 0; r < kRanks; ++r) {
     const int64_t before = counter.live();
     counter.resetPeak();
-    torch::nn::Sequential body =
-        buildSeeded(kSeed, [&] { return build(ShardPlacement(r, kRanks)); });
+    torch::nn::Sequential body = buildSeeded(kSeed,
+                                             [&] { return build(ShardPlacement(r, kRanks)); });
     const int64_t kept = counter.live() - before;
     const int64_t peak = counter.peak() - before;
     EXPECT_EQ(kept, kLayers * blockBytes) << "rank " << r << ": its block of each layer";

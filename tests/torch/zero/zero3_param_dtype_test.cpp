@@ -173,8 +173,8 @@ TEST(ZeroParamDtypeMemory, AutocastKeepsNoCopyOfTheWeightsBetweenForwardAndBackw
       ZeroOptions zo;
       zo.stage = 3;
       if (mode == Mode::AutocastParamDtype) zo.paramDtype = at::kBFloat16;
-      ShardedOptimizer optimizer(ddp, optimizerFactory<torch::optim::SGD>(
-                                          torch::optim::SGDOptions(0.01)), zo);
+      ShardedOptimizer optimizer(
+          ddp, optimizerFactory<torch::optim::SGD>(torch::optim::SGDOptions(0.01)), zo);
       const torch::Tensor mine = shard(x, rank, kWorld);
       for (int step = 0; step < 2; ++step) {  // the second with the pools warm
         optimizer.zero_grad();
@@ -223,8 +223,8 @@ TEST(ZeroParamDtypeOptions, RefusedOutsideStage3WithMasterWeights) {
       zo.masterWeights = masters;
       zo.paramDtype = dtype;
       try {
-        ShardedOptimizer optimizer(ddp, optimizerFactory<torch::optim::SGD>(
-                                            torch::optim::SGDOptions(0.1)), zo);
+        ShardedOptimizer optimizer(
+            ddp, optimizerFactory<torch::optim::SGD>(torch::optim::SGDOptions(0.1)), zo);
       } catch (const InvalidArgument& e) {
         return std::string(e.what());
       }

@@ -5,9 +5,9 @@
 // compared step for step.
 
 #include <algorithm>
+#include <limits>
 #include <map>
 #include <memory>
-#include <limits>
 #include <optional>
 #include <set>
 #include <string>
@@ -26,11 +26,12 @@ namespace dtrain::testing {
 // at 2 ranks.
 struct Zero3NetImpl : torch::nn::Module {
   explicit Zero3NetImpl(ShardedUnitOptions o = {}) {
-    body = register_module("body", shardEveryChild(torch::nn::Sequential(
-                                       torch::nn::Linear(7, 16), torch::nn::Tanh(),
-                                       torch::nn::Linear(16, 16), torch::nn::Tanh(),
-                                       torch::nn::Linear(16, 11), torch::nn::Tanh(),
-                                       torch::nn::Linear(11, 9)), o));
+    body = register_module(
+        "body", shardEveryChild(torch::nn::Sequential(torch::nn::Linear(7, 16), torch::nn::Tanh(),
+                                                      torch::nn::Linear(16, 16), torch::nn::Tanh(),
+                                                      torch::nn::Linear(16, 11), torch::nn::Tanh(),
+                                                      torch::nn::Linear(11, 9)),
+                                o));
     head = register_module("head", torch::nn::Linear(9, 5));
   }
   torch::Tensor forward(const torch::Tensor& x) { return head(body->forward(x)); }
@@ -157,7 +158,10 @@ inline size_t markedBytes(torch::nn::Module& net) {
 struct Zero3Run {
   Zero3Run(int worldSize = 2, int zeroStage = 3, int stepCount = 30,
            at::ScalarType paramType = at::kFloat, bool unused = false)
-      : world(worldSize), stage(zeroStage), steps(stepCount), dtype(paramType),
+      : world(worldSize),
+        stage(zeroStage),
+        steps(stepCount),
+        dtype(paramType),
         findUnused(unused) {}
   int world = 2;
   int stage = 3;  // 0: DDP with torch::optim::AdamW; 2, 3: a ShardedOptimizer over the same
@@ -167,10 +171,10 @@ struct Zero3Run {
   // >= 0: an enabled GradScaler, and at this step the last rank's gradient of the model's first
   // parameter gets an inf (after the reduce-scatter only its owner sees it).
   int overflowStep = -1;
-  int micro = 1;  // micro-batches per step, all but the last under noSync()
+  int micro = 1;                 // micro-batches per step, all but the last under noSync()
   bool forwardPrefetch = false;  // ZeroOptions'
   bool backwardPrefetch = true;
-  ShardedUnitOptions unit;       // of every marked module
+  ShardedUnitOptions unit;                    // of every marked module
   std::optional<at::ScalarType> reduceDtype;  // ZeroOptions'
   // Every unit sharded as it is built (fullyShard; Zero3NestedNet only, float32).
   bool builtSharded = false;
@@ -226,7 +230,7 @@ Zero3RankResult trainZero3OnRank(const Zero3Run& how, const std::shared_ptr<Proc
   const ShardPlacement placement(*group);
   Net net = buildSeeded(run.seed, [&] {
     if constexpr (std::is_constructible_v<typename Net::ContainedType, ShardedUnitOptions,
-                                           const ShardPlacement*>) {
+                                          const ShardPlacement*>) {
       if (how.builtSharded) return Net(how.unit, &placement);
     }
     return Net(how.unit);
@@ -282,7 +286,8 @@ Zero3RankResult trainZero3OnRank(const Zero3Run& how, const std::shared_ptr<Proc
         g = g.clone();
         g.view(-1)[0] = std::numeric_limits<double>::infinity();
         return g;
-      }) : 0;
+      })
+                                   : 0;
       scaler.scale(loss).backward();
       if (poison) first.remove_hook(hook);
       if (s == 0 && m == 0) result.markedAfterBackward = markedBytes(*net);

@@ -50,7 +50,8 @@ TEST(ZeroShardedUnit, KeepsTheModulesParameterNames) {
     ASSERT_TRUE(got.contains(p.key())) << p.key();
     EXPECT_TRUE(got[p.key()].is_same(p.value())) << p.key() << ": shared, not copied";
   }
-  EXPECT_TRUE(torch::equal(marked->forward(torch::ones({2, 3})), plain->forward(torch::ones({2, 3}))));
+  EXPECT_TRUE(
+      torch::equal(marked->forward(torch::ones({2, 3})), plain->forward(torch::ones({2, 3}))));
 }
 
 // `got`'s gathered parameters: every rank's bitwise equal, rank 0's within 1e-5 of `want`'s.
@@ -70,8 +71,8 @@ void expectStage3MatchesDdp(int world, int64_t headNumel) {
   expectSameTraining(zero, ddp);
   double worst = 0;
   for (const auto& [name, t] : ddp.params[0]) {
-    worst = std::max(worst, relativeError(zero.params[0].at(name).to(torch::kDouble),
-                                          t.to(torch::kDouble)));
+    worst = std::max(
+        worst, relativeError(zero.params[0].at(name).to(torch::kDouble), t.to(torch::kDouble)));
   }
   std::ostringstream text;
   text << worst;
@@ -253,7 +254,8 @@ TEST_P(ZeroStage3Ranks, Bfloat16WithFloat32MastersMatchesASingleProcessReference
       torch::mse_loss(out, shard(y, rank, world)).backward();
       optimizer.step();
     }
-    for (auto& [name, t] : gatherFullParameters(optimizer)) got[static_cast<size_t>(rank)][name] = t;
+    for (auto& [name, t] : gatherFullParameters(optimizer))
+      got[static_cast<size_t>(rank)][name] = t;
   });
   int64_t moved = 0, elements = 0;
   for (const auto& p : ref->named_parameters()) {
@@ -361,13 +363,14 @@ TEST_P(ZeroStage3Ranks, Float32ReductionOfBfloat16GradientsMatchesStage2) {
   auto worst = [&](const Zero3Result& r) {
     double err = 0;
     for (const auto& [name, t] : reference.params[0]) {
-      err = std::max(err, relativeError(r.params[0].at(name).to(torch::kDouble),
-                                        t.to(torch::kDouble)));
+      err = std::max(err,
+                     relativeError(r.params[0].at(name).to(torch::kDouble), t.to(torch::kDouble)));
     }
     return err;
   };
   bool differs = false;
-  for (const auto& [name, t] : bf16.params[0]) differs |= !torch::equal(three.params[0].at(name), t);
+  for (const auto& [name, t] : bf16.params[0])
+    differs |= !torch::equal(three.params[0].at(name), t);
   EXPECT_TRUE(differs) << "the float32 reduction changed nothing";
   // For the record: how far each ends from float32 training (20 steps; which is closer varies
   // with the world size, the rounding of the parameters themselves dominating).
@@ -377,7 +380,6 @@ TEST_P(ZeroStage3Ranks, Float32ReductionOfBfloat16GradientsMatchesStage2) {
 
 INSTANTIATE_TEST_SUITE_P(World, ZeroStage3Ranks, ::testing::Values(2, 3, 4),
                          [](const auto& info) { return "world" + std::to_string(info.param); });
-
 
 }  // namespace
 }  // namespace dtrain::testing::zero3_test

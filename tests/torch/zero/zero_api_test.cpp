@@ -41,32 +41,32 @@ TEST(ZeroApi, RefusesWhatItCannotShard) {
     ZeroOptions four;
     four.stage = 4;
     expectContains(errorOf([&] { ShardedOptimizer(ddp, factoryFor("adam"), four); }),
-                 "stages 1, 2 and 3 exist");
+                   "stages 1, 2 and 3 exist");
     ZeroOptions three;  // stage 3 without a module marked as a unit
     three.stage = 3;
     expectContains(errorOf([&] { ShardedOptimizer(ddp, factoryFor("adam"), three); }),
-                 "the model has none");
+                   "the model has none");
     ZeroOptions offloadOne;  // stage 1 reduces in place on the device: nothing to offload
     offloadOne.stage = 1;
     offloadOne.offload = true;
     expectContains(errorOf([&] { ShardedOptimizer(ddp, factoryFor("adam"), offloadOne); }),
-                 "offload needs stage 2 or 3");
+                   "offload needs stage 2 or 3");
     std::vector<torch::optim::OptimizerParamGroup> partial;
     partial.emplace_back(std::vector<torch::Tensor>{ddp->fc1->weight});
     expectContains(errorOf([&] { ShardedOptimizer(ddp, std::move(partial), factoryFor("adam")); }),
-                 "in no group: fc1.bias, fc2.weight");
+                   "in no group: fc1.bias, fc2.weight");
     std::vector<torch::optim::OptimizerParamGroup> twice;
     twice.emplace_back(ddp.parameters());
     twice.emplace_back(std::vector<torch::Tensor>{ddp->fc3->bias});
     expectContains(errorOf([&] { ShardedOptimizer(ddp, std::move(twice), factoryFor("adam")); }),
-                 "fc3.bias is in group 0 and in group 1");
+                   "fc3.bias is in group 0 and in group 1");
     std::vector<torch::optim::OptimizerParamGroup> stranger;
     stranger.emplace_back(std::vector<torch::Tensor>{torch::zeros({3}, torch::requires_grad())});
     expectContains(errorOf([&] { ShardedOptimizer(ddp, std::move(stranger), factoryFor("adam")); }),
-                 "not a trained parameter");
+                   "not a trained parameter");
     ShardedOptimizer once(ddp, factoryFor("adam"));
     expectContains(errorOf([&] { ShardedOptimizer(ddp, factoryFor("adam")); }),
-                 "another ShardedOptimizer");
+                   "another ShardedOptimizer");
     torch::serialize::OutputArchive archive;
     expectContains(errorOf([&] { once.save(archive); }), "shardRecords()");
   });
@@ -77,7 +77,7 @@ TEST(ZeroApi, RanksWithOtherOptionsFailOnEveryRankNamingThem) {
     ZeroOptions zo;
     zo.stage = rank == 0 ? 1 : 2;
     expectContains(errorOf([&] { ShardedOptimizer(ddp, factoryFor("adam"), zo); }),
-                 "ranks disagree on the ZeroOptions");
+                   "ranks disagree on the ZeroOptions");
   });
 }
 
@@ -136,7 +136,8 @@ Params paramsOf(Net& net) {
 
 // Runs `train(stage, rank, group)` on `world` ranks as threads for DDP (stage 0) and for stages 1
 // and 2; each returns its module's parameters; rank 0's must agree within 1e-6.
-void expectStagesMatchDdp(int world, const std::function<Params(int, int, std::shared_ptr<ProcessGroup>)>& train) {
+void expectStagesMatchDdp(
+    int world, const std::function<Params(int, int, std::shared_ptr<ProcessGroup>)>& train) {
   auto run = [&](int stage) {
     Params out;
     auto threads = ThreadWorld::create(world);
@@ -161,7 +162,8 @@ TEST(ZeroApi, SchedulersAndClosuresWorkAsWithAnyOptimizer) {
   expectStagesMatchDdp(2, [](int stage, int rank, std::shared_ptr<ProcessGroup> group) {
     Mlp net = buildSeeded(2, [] { return Mlp(7, 13, 5); });
     DistributedDataParallel<Mlp> ddp(net, group);
-    auto opt = optimizerFor(stage, ddp, optimizerFactory<torch::optim::SGD>(torch::optim::SGDOptions(0.2)));
+    auto opt = optimizerFor(stage, ddp,
+                            optimizerFactory<torch::optim::SGD>(torch::optim::SGDOptions(0.2)));
     torch::optim::StepLR schedule(*opt, 1, 0.5);
     for (int s = 0; s < 4; ++s) {
       auto x = randnSeeded({4, 7}, 40 + s), y = randnSeeded({4, 5}, 80 + s);
@@ -185,7 +187,8 @@ TEST(ZeroApi, GradientsAccumulateUntilZeroGradAsWithAnyOptimizer) {
     Mlp net = buildSeeded(5, [] { return Mlp(7, 13, 5); });
     DistributedDataParallel<Mlp> ddp(net, group);
     auto opt = optimizerFor(
-        stage, ddp, optimizerFactory<torch::optim::SGD>(torch::optim::SGDOptions(0.02).momentum(0.9)));
+        stage, ddp,
+        optimizerFactory<torch::optim::SGD>(torch::optim::SGDOptions(0.02).momentum(0.9)));
     for (int s = 0; s < 6; ++s) {
       if (s % 2 == 0) opt->zero_grad();
       for (int b = 0; b < 2; ++b) {
@@ -205,7 +208,8 @@ TEST(ZeroApi, UnusedParametersMatchDdp) {
     DdpOptions o;
     o.findUnusedParameters = true;
     DistributedDataParallel<BranchNet> ddp(net, group, o);
-    auto opt = optimizerFor(stage, ddp, optimizerFactory<torch::optim::SGD>(torch::optim::SGDOptions(0.1)));
+    auto opt = optimizerFor(stage, ddp,
+                            optimizerFactory<torch::optim::SGD>(torch::optim::SGDOptions(0.1)));
     for (int s = 0; s < 4; ++s) {
       auto x = randnSeeded({6, 6}, 60 + s), y = randnSeeded({6, 3}, 90 + s);
       opt->zero_grad();
@@ -228,7 +232,7 @@ TEST(ZeroApi, AMissingGradientFailsTheBackwardNamingIt) {
     ShardedOptimizer adam(ddp, factoryFor("adam"));
     auto loss = torch::mse_loss(ddp(torch::randn({2, 6}), /*skip=*/true), torch::randn({2, 3}));
     expectContains(errorOf([&] { loss.backward(); }),
-                 "received no gradient in this backward pass: fc2.weight");
+                   "received no gradient in this backward pass: fc2.weight");
   });
 }
 

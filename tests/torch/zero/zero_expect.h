@@ -19,7 +19,8 @@ inline void expectRanksBitwiseEqual(const ZeroResult& r) {
 // Rank 0's parameters within `tolerance` (relativeError) of the reference's.
 inline void expectClose(const ZeroResult& got, const ZeroResult& want, double tolerance) {
   for (const auto& [name, t] : want.params[0]) {
-    const double err = relativeError(got.params[0].at(name).to(torch::kDouble), t.to(torch::kDouble));
+    const double err = relativeError(got.params[0].at(name).to(torch::kDouble),
+                                     t.to(torch::kDouble));
     EXPECT_LE(err, tolerance) << name;
   }
 }

@@ -68,8 +68,8 @@ TEST_P(ZeroMemory, ModelStateBytesFromStoragesMatchTheFormula) {
     zo.stage = stage;
     zo.firstUnitBytes = 64 << 10;
     zo.unitBytes = 128 << 10;
-    ShardedOptimizer adam(ddp, optimizerFactory<torch::optim::Adam>(torch::optim::AdamOptions(1e-3)),
-                          zo);
+    ShardedOptimizer adam(
+        ddp, optimizerFactory<torch::optim::Adam>(torch::optim::AdamOptions(1e-3)), zo);
     for (int s = 0; s < 2; ++s) {
       adam.zero_grad();
       torch::manual_seed(10 + s);
@@ -120,7 +120,8 @@ TEST(ZeroMemory, LocalAccumulationHoldsFullGradientsUntilTheSynchronisingBackwar
     ZeroOptions zo;
     zo.stage = 2;
     zo.accumulation = ZeroOptions::Accumulation::Local;
-    ShardedOptimizer sgd(ddp, optimizerFactory<torch::optim::SGD>(torch::optim::SGDOptions(0.1)), zo);
+    ShardedOptimizer sgd(ddp, optimizerFactory<torch::optim::SGD>(torch::optim::SGDOptions(0.1)),
+                         zo);
     const auto issued = threads->issued(rank);
     {
       auto guard = ddp.noSync();
@@ -166,7 +167,8 @@ TEST(ZeroMemory, ReduceScatteredAccumulationHoldsTheShardsGradientOnly) {
         ZeroOptions zo;
         zo.stage = stage;
         if (local) zo.accumulation = ZeroOptions::Accumulation::Local;
-        ShardedOptimizer sgd(ddp, optimizerFactory<torch::optim::SGD>(torch::optim::SGDOptions(0.1)), zo);
+        ShardedOptimizer sgd(
+            ddp, optimizerFactory<torch::optim::SGD>(torch::optim::SGDOptions(0.1)), zo);
         auto& mine = data[static_cast<size_t>(rank)];
         for (int micro = 0; micro < 8; ++micro) {
           const auto issued = threads->issued(rank);

@@ -42,8 +42,8 @@ class RecordingSgd : public torch::optim::SGD {
                torch::optim::SGDOptions options, StepLog* log)
       : SGD(std::move(groups), options), log_(log) {}
   torch::Tensor step(LossClosure closure = nullptr) override {
-    log_->moments.push_back({log_->world->issued(log_->rank) - log_->issuedAtStep,
-                             log_->waits() - log_->waitedAtStep});
+    log_->moments.push_back(
+        {log_->world->issued(log_->rank) - log_->issuedAtStep, log_->waits() - log_->waitedAtStep});
     return SGD::step(std::move(closure));
   }
 
@@ -135,8 +135,8 @@ TEST(ZeroOverlap, AllgathersRunWhileTheNextUnitsStep) {
     for (size_t i = 0; i < overlapped.moments.size(); ++i) {
       // The i units stepped before this one have their all-gathers issued and not waited for.
       EXPECT_EQ(overlapped.moments[i].issued, static_cast<int64_t>(i)) << "unit step " << i;
-      EXPECT_EQ(overlapped.moments[i].waited, 0) << "stage " << stage << ", unit step " << i
-                                                  << ": an all-gather was waited for before it";
+      EXPECT_EQ(overlapped.moments[i].waited, 0)
+          << "stage " << stage << ", unit step " << i << ": an all-gather was waited for before it";
     }
     const StepLog serial = oneStep(stage, false).first;
     for (size_t i = 0; i < serial.moments.size(); ++i) {

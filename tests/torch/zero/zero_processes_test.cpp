@@ -68,7 +68,6 @@ INSTANTIATE_TEST_SUITE_P(Backends, ZeroProcesses,
                                   (info.param.shm ? "SharedMemory" : "Gloo");
                          });
 
-
 // T27: at step 3 the last rank leaves out the forward of l2, a marked layer of the same size as
 // l3, so its next gather is l3's where the others gather l2's. Without the units' labels the two
 // gathers would exchange each other's parameters silently; with them every rank fails at once,
@@ -108,8 +107,6 @@ INSTANTIATE_TEST_SUITE_P(Backends, ZeroSkippedUnit,
                            return std::to_string(info.param.ranks) + "Ranks" +
                                   (info.param.shm ? "SharedMemory" : "Gloo");
                          });
-
-
 
 // The point of ZeRO-3: a model that does not fit replicated trains sharded. Four ranks train four
 // marked 3584 x 3584 layers (51.4M parameters; DDP with AdamW holds 16 bytes of each per rank,
@@ -163,11 +160,33 @@ TEST(ZeroMemoryLimit, AGptTooLargeForDdpTrainsWithZeroThreeAndRecompute) {
   }
   writeFile(corpus, text);
   auto run = [&](const char* zero, bool recompute) {
-    std::vector<std::string> args = {"--nproc-per-node", "4", binaryPath("train_gpt"),
-                                     "--layers", "8", "--dim", "768", "--heads", "12",
-                                     "--context", "128", "--batch-size", "1", "--steps", "2",
-                                     "--eval-every", "0", "--eval-batches", "4", "--sample-tokens",
-                                     "0", "--threads", "1", "--data", corpus, "--zero", zero};
+    std::vector<std::string> args = {"--nproc-per-node",
+                                     "4",
+                                     binaryPath("train_gpt"),
+                                     "--layers",
+                                     "8",
+                                     "--dim",
+                                     "768",
+                                     "--heads",
+                                     "12",
+                                     "--context",
+                                     "128",
+                                     "--batch-size",
+                                     "1",
+                                     "--steps",
+                                     "2",
+                                     "--eval-every",
+                                     "0",
+                                     "--eval-batches",
+                                     "4",
+                                     "--sample-tokens",
+                                     "0",
+                                     "--threads",
+                                     "1",
+                                     "--data",
+                                     corpus,
+                                     "--zero",
+                                     zero};
     if (recompute) args.push_back("--recompute");
     LaunchProcess p(args, {}, cgroup->wrapper());
     return p.wait(280);

@@ -33,7 +33,7 @@ ShardReader readerOf(const Snapshot& snap) {
 struct Leg {
   Snapshot end;
   std::map<std::string, torch::Tensor> params;  // rank 0's module
-  Snapshot loaded;                               // the records right after loading
+  Snapshot loaded;                              // the records right after loading
 };
 
 // Trains steps [from, to) on `world` ranks, starting from `start` when given.
@@ -65,7 +65,8 @@ Leg trainLeg(int world, int stage, int from, int to, const Snapshot* start) {
     std::lock_guard<std::mutex> lock(mutex);
     addRecords(leg.end, adam.shardRecords());
     if (rank == 0) {
-      for (const auto& p : net->named_parameters()) leg.params[p.key()] = p.value().detach().clone();
+      for (const auto& p : net->named_parameters())
+        leg.params[p.key()] = p.value().detach().clone();
     }
   });
   return leg;
@@ -116,7 +117,8 @@ TEST(ZeroReshard, ParametersOnlyLeaveTheOptimizerUnstepped) {
     EXPECT_EQ(key.second, "master") << "no optimizer state was saved";
   }
   for (const auto& [name, t] : loaded.params) {
-    EXPECT_TRUE(torch::equal(t, torch::full_like(t, 0.25))) << name << ": all-gathered after the load";
+    EXPECT_TRUE(torch::equal(t, torch::full_like(t, 0.25)))
+        << name << ": all-gathered after the load";
   }
 }
 

@@ -4,8 +4,8 @@
 
 #include <cmath>
 #include <functional>
-#include <map>
 #include <limits>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -26,15 +26,15 @@ struct ZeroRun {
   int world = 2;
   int stage = 0;
   int steps = 10;
-  int micro = 1;        // micro-batches per step, all but the last under noSync()
-  int perRank = 4;      // samples per rank and micro-batch
+  int micro = 1;                    // micro-batches per step, all but the last under noSync()
+  int perRank = 4;                  // samples per rank and micro-batch
   std::string optimizer = "adamw";  // adamw | sgd-groups | adam
-  bool scaler = false;  // an enabled GradScaler
+  bool scaler = false;              // an enabled GradScaler
   // This step's last micro-batch on `overflowRank` writes +inf into one element of one gradient
   // (fc1.weight[0][0]): after the reduce-scatter only the rank owning that element sees it.
   int overflowStep = -1;
   int overflowRank = 1;
-  double clip = 0;      // > 0: clip the gradients' norm to this (after unscale)
+  double clip = 0;         // > 0: clip the gradients' norm to this (after unscale)
   size_t unitBytes = 256;  // small units: several per model, most with padding
   at::ScalarType dtype = at::kFloat;
   uint64_t seed = 3;
@@ -67,8 +67,8 @@ inline void zeroGradients(const ZeroRun& run, torch::nn::Module& net,
 // What a run ends with, per rank: the module's parameters (by name), their norms before clipping.
 struct ZeroResult {
   std::vector<std::map<std::string, torch::Tensor>> params;  // by rank
-  std::vector<double> clipNorms;                              // rank 0's
-  int64_t skipped = 0;                                        // rank 0's scaler
+  std::vector<double> clipNorms;                             // rank 0's
+  int64_t skipped = 0;                                       // rank 0's scaler
 };
 
 inline OptimizerFactory factoryFor(const std::string& name) {
@@ -149,7 +149,8 @@ inline RankResult trainOnRank(const ZeroRun& run, const std::shared_ptr<ProcessG
     zo.unitBytes = run.unitBytes;
     zo.deferAllgatherWait = run.deferAllgatherWait;
     if (run.localAccumulation) zo.accumulation = ZeroOptions::Accumulation::Local;
-    auto owned = std::make_unique<ShardedOptimizer>(ddp, groupsFor(run.optimizer, *net), factory, zo);
+    auto owned = std::make_unique<ShardedOptimizer>(ddp, groupsFor(run.optimizer, *net), factory,
+                                                    zo);
     sharded = owned.get();
     optimizer = std::move(owned);
   }
@@ -176,7 +177,8 @@ inline RankResult trainOnRank(const ZeroRun& run, const std::shared_ptr<ProcessG
           g = g.clone();
           g[0][0] = std::numeric_limits<double>::infinity();
           return g;
-        }) : 0;
+        })
+                                     : 0;
         scaler.scale(loss).backward();
         if (poison) net->fc1->weight.remove_hook(hook);
       };
@@ -189,9 +191,9 @@ inline RankResult trainOnRank(const ZeroRun& run, const std::shared_ptr<ProcessG
     }
     if (run.clip > 0) {
       scaler.unscale(*optimizer);
-      result.clipNorms.push_back(sharded ? clipGradNorm(*sharded, run.clip)
-                                         : torch::nn::utils::clip_grad_norm_(ddp.parameters(),
-                                                                             run.clip));
+      result.clipNorms.push_back(
+          sharded ? clipGradNorm(*sharded, run.clip)
+                  : torch::nn::utils::clip_grad_norm_(ddp.parameters(), run.clip));
     }
     scaler.step(*optimizer);
     scaler.update();

@@ -31,10 +31,10 @@
 #include <fmt/format.h>
 #include <torch/torch.h>
 
-#include "zero3_support.h"
-#include "zero_support.h"
 #include "dtrain/base/error.h"
 #include "dtrain/torch/init.h"
+#include "zero3_support.h"
+#include "zero_support.h"
 
 namespace dtrain::testing {
 namespace {
@@ -49,10 +49,12 @@ struct Args {
 void check(bool ok, const std::string& what) { DTRAIN_CHECK(ok, "{}", what); }
 
 // Every rank's tensor equals rank 0's, bit for bit.
-void checkIdenticalAcrossRanks(ProcessGroup& group, const std::string& name, const torch::Tensor& t) {
+void checkIdenticalAcrossRanks(ProcessGroup& group, const std::string& name,
+                               const torch::Tensor& t) {
   auto all = group.allgather(t.contiguous());
   for (size_t r = 1; r < all.size(); ++r) {
-    check(torch::equal(all[r], all[0]), fmt::format("{} differs between rank 0 and rank {}", name, r));
+    check(torch::equal(all[r], all[0]),
+          fmt::format("{} differs between rank 0 and rank {}", name, r));
   }
 }
 
@@ -65,12 +67,12 @@ void compareStages(const std::shared_ptr<ProcessGroup>& group, ZeroRun run, cons
   for (int stage : {1, 2}) {
     run.stage = stage;
     RankResult zero = trainOnRank(run, group);
-    check(zero.skipped == args.skipped, fmt::format("stage {} skipped {} steps, expected {}",
-                                                    stage, zero.skipped, args.skipped));
+    check(zero.skipped == args.skipped,
+          fmt::format("stage {} skipped {} steps, expected {}", stage, zero.skipped, args.skipped));
     for (const auto& [name, t] : ddp.params) {
       const double err = relativeError(zero.params.at(name), t);
-      check(err <= 1e-6, fmt::format("stage {}: {} differs from DDP's by {:.3g} (max 1e-6)",
-                                     stage, name, err));
+      check(err <= 1e-6,
+            fmt::format("stage {}: {} differs from DDP's by {:.3g} (max 1e-6)", stage, name, err));
       checkIdenticalAcrossRanks(*group, fmt::format("stage {} {}", stage, name),
                                 zero.params.at(name));
     }
@@ -112,13 +114,15 @@ void scenarioStage3(const std::shared_ptr<ProcessGroup>& group) {
   const Zero3RankResult ddp = trainZero3OnRank<Zero3NestedNet>(how, group);
   how.stage = 3;
   const Zero3RankResult zero = trainZero3OnRank<Zero3NestedNet>(how, group);
-  check(ddp.skipped == 1 && zero.skipped == 1,
-        fmt::format("skipped steps: DDP {}, stage 3 {}, expected 1 each", ddp.skipped, zero.skipped));
+  check(
+      ddp.skipped == 1 && zero.skipped == 1,
+      fmt::format("skipped steps: DDP {}, stage 3 {}, expected 1 each", ddp.skipped, zero.skipped));
   check(zero.markedAfterBackward == 0 && zero.markedBytes == 0,
         "a marked module kept its parameters after a backward or a step");
   for (const auto& [name, t] : ddp.params) {
     const double err = relativeError(zero.params.at(name), t);
-    check(err <= 1e-5, fmt::format("stage 3: {} differs from DDP's by {:.3g} (max 1e-5)", name, err));
+    check(err <= 1e-5,
+          fmt::format("stage 3: {} differs from DDP's by {:.3g} (max 1e-5)", name, err));
     checkIdenticalAcrossRanks(*group, "stage 3 " + name, zero.params.at(name));
   }
   how.builtSharded = true;  // every unit sharded as it is built: the same training, bitwise
@@ -222,11 +226,11 @@ void scenarioFit(const std::shared_ptr<ProcessGroup>& group, const Args& args) {
     check(std::abs(got - want) <= 0.02 * want,
           fmt::format("model state {} bytes, 16 x {} parameters / {} ranks = {:.0f}", got,
                       stats.parameters, group->size(), want));
-    state = fmt::format(", model state {} MB ({:.4f} of 16 psi / N)", stats.memory.modelState() >> 20,
-                        got / want);
+    state = fmt::format(", model state {} MB ({:.4f} of 16 psi / N)",
+                        stats.memory.modelState() >> 20, got / want);
   }
-  std::cout << fmt::format("rank {} fit stage {}: peak RSS {} MB{}\n", group->rank(),
-                           args.fitStage, peakRssMb(), state)
+  std::cout << fmt::format("rank {} fit stage {}: peak RSS {} MB{}\n", group->rank(), args.fitStage,
+                           peakRssMb(), state)
             << std::flush;
 }
 
@@ -279,7 +283,8 @@ int run(int argc, char** argv) {
       std::cout << fmt::format("rank {} PASS {}\n", group->rank(), name) << std::flush;
     } catch (const std::exception& e) {
       ++failures;
-      std::cout << fmt::format("rank {} FAIL {}: {}\n", group->rank(), name, e.what()) << std::flush;
+      std::cout << fmt::format("rank {} FAIL {}: {}\n", group->rank(), name, e.what())
+                << std::flush;
     }
     group->barrier();
   }

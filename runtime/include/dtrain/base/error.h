@@ -55,16 +55,16 @@ std::string withLocation(const std::string& message, const char* file, int line)
 
 // What DTRAIN_THROW would throw, as an exception_ptr: for an error found now and thrown later, by
 // another call or another thread.
-#define DTRAIN_ERROR_PTR(Type, ...)    \
-  ::std::make_exception_ptr(          \
+#define DTRAIN_ERROR_PTR(Type, ...) \
+  ::std::make_exception_ptr(        \
       Type(::dtrain::detail::withLocation(::fmt::format(__VA_ARGS__), __FILE__, __LINE__)))
 
 // Throws dtrain::Error unless `cond` holds.
-#define DTRAIN_CHECK(cond, ...)                 \
-  do {                                          \
-    if (!(cond)) {                              \
+#define DTRAIN_CHECK(cond, ...)                   \
+  do {                                            \
+    if (!(cond)) {                                \
       DTRAIN_THROW(::dtrain::Error, __VA_ARGS__); \
-    }                                           \
+    }                                             \
   } while (0)
 
 // Throws `Type` unless `cond` holds.

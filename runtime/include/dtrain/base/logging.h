@@ -22,9 +22,9 @@ inline bool enabled(Level level) { return static_cast<int>(level) <= verbosity()
 
 }  // namespace dtrain::log
 
-#define DTRAIN_LOG(level, ...)                                                  \
-  do {                                                                          \
-    if (::dtrain::log::enabled(::dtrain::log::Level::level)) {                  \
+#define DTRAIN_LOG(level, ...)                                                       \
+  do {                                                                               \
+    if (::dtrain::log::enabled(::dtrain::log::Level::level)) {                       \
       ::dtrain::log::write(::dtrain::log::Level::level, ::fmt::format(__VA_ARGS__)); \
-    }                                                                           \
+    }                                                                                \
   } while (0)

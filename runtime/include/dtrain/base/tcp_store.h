@@ -83,7 +83,7 @@ struct TcpStoreOptions {
   uint16_t port = kDefaultStorePort;
   std::string token;  // empty: take DTRAIN_STORE_TOKEN from the environment when set
   Millis connectTimeout = kDefaultConnectTimeout;
-  Millis timeout = kDefaultStoreTimeout;  // every operation
+  Millis timeout = kDefaultStoreTimeout;               // every operation
   Millis handshakeTimeout = kDefaultHandshakeTimeout;  // per connection attempt, after connect
   StoreLimits limits;  // checked here too, so an oversize key fails before it is sent
   // false: set() returns once its request is sent (see TcpStore). true: set() waits for the

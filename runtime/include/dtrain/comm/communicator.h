@@ -16,8 +16,8 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
-#include <memory>
 #include <exception>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>

@@ -24,7 +24,7 @@ struct NcclOptions {
   int size = 1;
   std::shared_ptr<store::Store> store;  // shared by all ranks; keys under "<name>/"
   std::string name = "nccl";
-  int device = 0;                        // CUDA device index: cuda:LOCAL_RANK
+  int device = 0;  // CUDA device index: cuda:LOCAL_RANK
   // Zero: the default (Note [Zero timeouts] in dtrain/base/timeout.h).
   Millis timeout = kDefaultCollectiveTimeout;
   Millis connectTimeout = kDefaultConnectTimeout;  // waiting for rank 0's ncclUniqueId

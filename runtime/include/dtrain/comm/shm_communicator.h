@@ -106,7 +106,7 @@ struct CpuWorldOptions {
   int size = 1;
   std::shared_ptr<store::Store> store;
   std::string name = "cpu";
-  std::string node;       // this rank's node key
+  std::string node;  // this rank's node key
   std::string storeHost;
   Millis timeout = kDefaultCollectiveTimeout;
   Millis connectTimeout = kDefaultConnectTimeout;

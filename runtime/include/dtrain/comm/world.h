@@ -48,8 +48,8 @@ struct WorldOptions {
   std::shared_ptr<store::Store> store;
   std::string storeHost;
   // Zero: the default (Note [Zero timeouts] in dtrain/base/timeout.h).
-  Millis timeout = kDefaultCollectiveTimeout;       // each collective
-  Millis connectTimeout = kDefaultConnectTimeout;   // store connection and rendezvous
+  Millis timeout = kDefaultCollectiveTimeout;      // each collective
+  Millis connectTimeout = kDefaultConnectTimeout;  // store connection and rendezvous
   // Check every collective's type and shape across ranks (also DTRAIN_CHECK_COLLECTIVES=1).
   bool checkCollectives = false;
   // Distinguishes process groups of one job (the same on every rank).
@@ -65,14 +65,14 @@ struct WorldEnv {
   int rank = 0;
   int worldSize = 1;
   int localRank = 0;
-  int round = 0;            // restart round: store keys live under "round<N>/"
-  bool jobStore = false;    // connect to the launcher's store (DTRAIN_STORE_*)
-  bool hostStore = false;   // no launcher: rank 0 hosts the store at masterAddr:masterPort
+  int round = 0;           // restart round: store keys live under "round<N>/"
+  bool jobStore = false;   // connect to the launcher's store (DTRAIN_STORE_*)
+  bool hostStore = false;  // no launcher: rank 0 hosts the store at masterAddr:masterPort
   std::string masterAddr;
   uint16_t masterPort = kDefaultMasterPort;
-  std::string storeHost;    // where the store is, for the interface rule
-  bool sharedMemory = true; // WorldOptions::sharedMemory and DTRAIN_SHM
-  std::string node;         // node key from the options or the launcher; empty: the host's
+  std::string storeHost;     // where the store is, for the interface rule
+  bool sharedMemory = true;  // WorldOptions::sharedMemory and DTRAIN_SHM
+  std::string node;          // node key from the options or the launcher; empty: the host's
 };
 
 // Looks a variable up (nullptr when unset). Tests pass a map; the real one is std::getenv.
@@ -87,10 +87,10 @@ struct BackendSetup {
   const WorldOptions& options;
   const WorldEnv& env;
   std::shared_ptr<store::Store> store;
-  std::string name;   // the communicator's store prefix
-  int device = -1;    // CUDA device for a CUDA backend
+  std::string name;  // the communicator's store prefix
+  int device = -1;   // CUDA device for a CUDA backend
   int cudaDevices = 0;
-  std::string node;   // this rank's node key (never empty)
+  std::string node;  // this rank's node key (never empty)
 };
 
 // The backends dtrain knows, in order of preference: one entry each, and adding a backend is
@@ -125,12 +125,12 @@ int chooseCudaDevice(int localRank, int devices, const char* visibleDevices);
 
 struct World {
   WorldEnv env;
-  std::string backend;                             // what runs: "shm", "shm+gloo", "gloo", "nccl"
-  int device = -1;                                 // CUDA device index for a CUDA backend, else -1
-  std::shared_ptr<store::Store> store;             // the round's view of the job store
-  std::shared_ptr<store::TcpStoreServer> server;   // rank 0 without a launcher: the store it hosts
+  std::string backend;                            // what runs: "shm", "shm+gloo", "gloo", "nccl"
+  int device = -1;                                // CUDA device index for a CUDA backend, else -1
+  std::shared_ptr<store::Store> store;            // the round's view of the job store
+  std::shared_ptr<store::TcpStoreServer> server;  // rank 0 without a launcher: the store it hosts
   std::shared_ptr<Communicator> communicator;
-  bool closed = false;                             // set by shutdownWorld()
+  bool closed = false;  // set by shutdownWorld()
 };
 
 // Resolves the environment, connects to (or hosts) the store and creates the communicator.

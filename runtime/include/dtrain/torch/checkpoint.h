@@ -114,7 +114,7 @@ struct RestoredCheckpoint {
   int64_t step = 0;
   int64_t epoch = 0;
   int savedWorldSize = 0;
-  std::string path;           // the file this rank read
+  std::string path;             // the file this rank read
   bool copiedFromPeer = false;  // this node lacked it and received a copy
   // The last damage the restore passed over: a damaged file, or a sharded step some rank's
   // shards of which are intact nowhere (that step and rank named); empty when it met none.

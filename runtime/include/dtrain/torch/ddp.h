@@ -40,9 +40,9 @@
 #include <torch/nn/module.h>
 #include <torch/nn/pimpl.h>
 
-#include "dtrain/torch/detail/ddp_core.h"
 #include "dtrain/torch/ddp_options.h"
 #include "dtrain/torch/ddp_stats.h"
+#include "dtrain/torch/detail/ddp_core.h"
 #include "dtrain/torch/process_group.h"
 
 namespace dtrain {

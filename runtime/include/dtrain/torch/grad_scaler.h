@@ -42,8 +42,8 @@ constexpr int64_t kDefaultGrowthInterval = 2000;
 
 struct GradScalerOptions {
   double initScale = kDefaultInitScale;
-  double growthFactor = kDefaultGrowthFactor;    // > 1
-  double backoffFactor = kDefaultBackoffFactor;  // in (0, 1)
+  double growthFactor = kDefaultGrowthFactor;       // > 1
+  double backoffFactor = kDefaultBackoffFactor;     // in (0, 1)
   int64_t growthInterval = kDefaultGrowthInterval;  // >= 1
   // Disabled: scale() returns its input, step() just steps, update() does nothing.
   bool enabled = true;
@@ -64,7 +64,8 @@ class GradScaler {
  public:
   // `group` may be null (one process); then nothing is agreed with anyone. Throws
   // InvalidArgument for options PyTorch refuses too.
-  explicit GradScaler(std::shared_ptr<ProcessGroup> group = nullptr, GradScalerOptions options = {});
+  explicit GradScaler(std::shared_ptr<ProcessGroup> group = nullptr,
+                      GradScalerOptions options = {});
   ~GradScaler();
   GradScaler(const GradScaler&) = delete;
   GradScaler& operator=(const GradScaler&) = delete;

@@ -39,15 +39,15 @@ struct HostMemoryCacheOptions {
 };
 
 struct HostMemoryCacheStats {
-  size_t allocatedBytes = 0;     // blocks held by tensors now (their rounded sizes)
-  size_t peakAllocatedBytes = 0; // the most allocatedBytes at once
-  size_t cachedBytes = 0;        // freed bytes kept for reuse with their pages
-  size_t reservedBytes = 0;      // mapped by the cache: allocated, cached, and freed pages given
-                                 // back inside a mapping still in use
-  size_t peakReservedBytes = 0;  // the most reservedBytes at once
-  uint64_t hits = 0;             // allocations served from freed memory
-  uint64_t misses = 0;           // allocations that mapped new memory
-  uint64_t released = 0;         // freed blocks whose pages went back to the system
+  size_t allocatedBytes = 0;      // blocks held by tensors now (their rounded sizes)
+  size_t peakAllocatedBytes = 0;  // the most allocatedBytes at once
+  size_t cachedBytes = 0;         // freed bytes kept for reuse with their pages
+  size_t reservedBytes = 0;       // mapped by the cache: allocated, cached, and freed pages given
+                                  // back inside a mapping still in use
+  size_t peakReservedBytes = 0;   // the most reservedBytes at once
+  uint64_t hits = 0;              // allocations served from freed memory
+  uint64_t misses = 0;            // allocations that mapped new memory
+  uint64_t released = 0;          // freed blocks whose pages went back to the system
 };
 
 // Installs the cache as libtorch's CPU allocator for this process, in front of the allocator in

@@ -22,8 +22,7 @@ using comm::ReduceOp;
 
 class ProcessGroup {
  public:
-  ProcessGroup(std::shared_ptr<comm::Communicator> communicator, int localRank,
-               c10::Device device);
+  ProcessGroup(std::shared_ptr<comm::Communicator> communicator, int localRank, c10::Device device);
   // What init() builds: the group owns the world (store, hosted store server) and shuts it down.
   ProcessGroup(comm::World world, c10::Device device);
   ~ProcessGroup();

@@ -158,9 +158,8 @@ decltype(auto) callWith(Fn& fn, const Tuple& kept, const std::vector<at::Tensor>
 // A segment's result as a list of tensors, and back.
 template <typename R>
 struct SegmentResult {
-  static_assert(sizeof(R) == 0,
-                "dtrain::recompute: the function must return a torch::Tensor, a "
-                "std::vector<torch::Tensor> or a std::tuple of torch::Tensor");
+  static_assert(sizeof(R) == 0, "dtrain::recompute: the function must return a torch::Tensor, a "
+                                "std::vector<torch::Tensor> or a std::tuple of torch::Tensor");
 };
 template <>
 struct SegmentResult<at::Tensor> {
@@ -214,16 +213,16 @@ auto recompute(const RecomputeSegment& segment, Fn&& fn, Args&&... args) {
 // A module's forward, recomputed: recompute(RecomputeSegment(*module), module->forward, args...).
 template <typename Impl, typename... Args>
 auto recompute(const torch::nn::ModuleHolder<Impl>& module, Args&&... args) {
-  return recompute(RecomputeSegment(*module),
-                   [m = module.ptr()](const auto&... a) { return m->forward(a...); },
-                   std::forward<Args>(args)...);
+  return recompute(
+      RecomputeSegment(*module), [m = module.ptr()](const auto&... a) { return m->forward(a...); },
+      std::forward<Args>(args)...);
 }
 template <typename Impl, typename... Args>
 auto recompute(const std::shared_ptr<Impl>& module, Args&&... args) {
   static_assert(std::is_base_of_v<torch::nn::Module, Impl>, "recompute: not a module");
-  return recompute(RecomputeSegment(*module),
-                   [m = module](const auto&... a) { return m->forward(a...); },
-                   std::forward<Args>(args)...);
+  return recompute(
+      RecomputeSegment(*module), [m = module](const auto&... a) { return m->forward(a...); },
+      std::forward<Args>(args)...);
 }
 
 // Runs the children of `sequential` on x in `segments` segments of consecutive children, each

@@ -193,8 +193,8 @@ struct ZeroStats {
   // Stage 3: elements of the frozen parameters of marked modules, sharded in units of their own
   // (no gradient, no optimizer state); not in `parameters`, `padding` or `owned`.
   int64_t frozen = 0;
-  int64_t padding = 0;     // elements added so that every unit divides into `ranks` blocks
-  int64_t owned = 0;       // elements of this rank's shards, padding included
+  int64_t padding = 0;  // elements added so that every unit divides into `ranks` blocks
+  int64_t owned = 0;    // elements of this rank's shards, padding included
   size_t units = 0;
   ZeroMemory memory;
   // The last step: how long the end of backward waited for reduce-scatters, how long this rank's
@@ -217,11 +217,11 @@ struct ZeroStats {
 // Stage 3 has records of the frozen parameters of marked modules too: their values as `master`,
 // no state.
 struct ShardRecord {
-  std::string param;            // the module's name for it
-  std::vector<int64_t> shape;   // the whole parameter's
+  std::string param;           // the module's name for it
+  std::vector<int64_t> shape;  // the whole parameter's
   int64_t begin = 0;
   int64_t end = 0;
-  at::Tensor master;            // [end - begin]: float32 master weights, or the parameter's values
+  at::Tensor master;  // [end - begin]: float32 master weights, or the parameter's values
   // [end - begin] each: "exp_avg", "exp_avg_sq", "momentum_buffer", ... (those the optimizer has;
   // none before its first step).
   std::vector<std::pair<std::string, at::Tensor>> state;
@@ -253,8 +253,8 @@ class ShardedOptimizer : public torch::optim::Optimizer {
   // each once.
   template <typename ModuleType>
   ShardedOptimizer(DistributedDataParallel<ModuleType>& ddp,
-                   std::vector<torch::optim::OptimizerParamGroup> groups,
-                   OptimizerFactory factory, ZeroOptions options = {})
+                   std::vector<torch::optim::OptimizerParamGroup> groups, OptimizerFactory factory,
+                   ZeroOptions options = {})
       : ShardedOptimizer(ddp.core(), std::move(groups), std::move(factory), options) {}
   ShardedOptimizer(DdpCore& ddp, std::vector<torch::optim::OptimizerParamGroup> groups,
                    OptimizerFactory factory, ZeroOptions options);

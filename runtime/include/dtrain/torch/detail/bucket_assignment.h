@@ -49,7 +49,6 @@ std::vector<std::vector<size_t>> assignBuckets(const std::vector<BucketInput>& i
 // rank buckets and launches alike.
 std::vector<std::vector<size_t>> assignBucketsInOrder(const std::vector<BucketInput>& inputs,
                                                       const std::vector<size_t>& order,
-                                                      size_t firstBucketBytes,
-                                                      size_t bucketBytes);
+                                                      size_t firstBucketBytes, size_t bucketBytes);
 
 }  // namespace dtrain
