@@ -148,32 +148,20 @@ class Checkpointer {
   // What it saves and restores: the TrainingState it was built from, or its own.
   TrainingState& state() { return *state_; }
 
-  // Register into state(): what goes into a checkpoint, under a name unique per kind. Register
-  // the same things in the same order on every rank, before restore(); they must outlive the
-  // Checkpointer.
+  // Register into state(), as TrainingState's calls of the same names do (their rules are
+  // there, dtrain/torch/training_state.h): what goes into a checkpoint. Before restore(); what
+  // is registered must outlive the Checkpointer. A ShardedOptimizer (ZeRO) is saved as each
+  // rank's shard records, never gathered.
   void addModule(const std::string& name, std::shared_ptr<torch::nn::Module> module);
   template <typename Impl>
   void addModule(const std::string& name, const torch::nn::ModuleHolder<Impl>& module) {
     addModule(name, std::static_pointer_cast<torch::nn::Module>(module.ptr()));
   }
-  // A ShardedOptimizer (ZeRO, any stage) is saved as each rank's shard records, never gathered;
-  // at stage 3 so are the parameters its marked units free, which a module registered without
-  // it cannot save.
   void addOptimizer(const std::string& name, torch::optim::Optimizer& optimizer);
   void addScheduler(const std::string& name, torch::optim::LRScheduler& scheduler);
   void addScaler(const std::string& name, GradScaler& scaler);
-  // The sampler's position saved is what it handed out, unless `consumed` is given: then the
-  // position after the samples training has consumed -- `consumed()` is the number of this rank's
-  // samples (entries of sampler.indices()) trained on since setEpoch() or restore(). A loader that
-  // prefetches (torch::data::make_data_loader with workers > 0 asks for 2 x workers batches
-  // ahead) needs it, or a resume skips what was prefetched:
-  //   size_t consumed = 0;   // reset to 0 at setEpoch() and after restore()
-  //   checkpointer.addSampler("data", sampler, [&] { return consumed; });
-  //   for (auto& batch : *loader) { ...train...; consumed += batch.data.size(0); }
   void addSampler(const std::string& name, DistributedSampler& sampler,
                   std::function<size_t()> consumed = nullptr);
-
-  // User metadata: set before save(), read after restore(). Values are replicated (rank 0's).
   void setMetadata(const std::string& key, MetadataValue value);
   const std::map<std::string, MetadataValue>& metadata() const { return state_->metadata(); }
 
