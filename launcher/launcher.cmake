@@ -50,6 +50,7 @@ add_library(dtrain_launcher STATIC
   launcher/cluster/master/coordinator.cpp
   launcher/cluster/master/coordinator_rendezvous.cpp
   launcher/cluster/master/coordinator_round.cpp
+  launcher/cluster/master/node_loss.cpp
   launcher/cluster/master/master.cpp
   launcher/cluster/master/fan_out.cpp
   launcher/cluster/agent/heartbeat_thread.cpp

@@ -35,6 +35,14 @@ std::string formatMultiNodeDryRun(const LaunchConfig& config, const MultiNodePla
                                      : fmt::format("{}:{}", plan.minNodes, plan.maxNodes),
       plan.maxNodes == 1 ? "" : "s", plan.runId, plan.storeAddr, plan.storePort,
       plan.fanOut ? "this launch" : "node rank 0", plan.masterPort);
+  out += fmt::format("On a lost node: --on-node-loss {}{}, --max-restarts {}\n",
+                     onNodeLossName(config.onNodeLoss),
+                     config.onNodeLoss == OnNodeLoss::Continue
+                         ? fmt::format(" (the nodes left go on while {} or more remain; at most "
+                                       "{} re-forms per {:g} s, then the restart path)",
+                                       plan.minNodes, config.maxReforms, config.reformWindow)
+                         : " (stop every node, restart from the checkpoint)",
+                     config.maxRestarts);
   out += "Every node's workers get, over their own environment:\n";
   for (const auto& [k, v] : redacted(plan.forwarded)) out += "    " + k + "=" + v + "\n";
   out += fmt::format(

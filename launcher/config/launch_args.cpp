@@ -49,6 +49,19 @@ const OptionSpec kOptions[] = {
      [](LaunchConfig& c, const std::string& v, const std::string& l) {
        c.maxRestarts = parseIntValue(v, l, 0, 1000000);
      }},
+    {"on-node-loss", 0, "restart|continue",
+     "a lost node: restart every node (default), or go on with the rest (multi-node)",
+     [](LaunchConfig& c, const std::string& v, const std::string& l) {
+       c.onNodeLoss = parseOnNodeLoss(v, l);
+     }},
+    {"max-reforms", 0, "K", "continue mode: at most K re-forms per window, then a restart (3)",
+     [](LaunchConfig& c, const std::string& v, const std::string& l) {
+       c.maxReforms = parseIntValue(v, l, 0, 1000000);
+     }},
+    {"reform-window", 0, "SECONDS", "the window of the re-form limit, seconds (3600)",
+     [](LaunchConfig& c, const std::string& v, const std::string& l) {
+       c.reformWindow = parseSeconds(v, l);
+     }},
     {"monitor-interval", 0, "SECONDS",
      "accepted for torchrun and ignored (event-driven; see --sample-interval)",
      [](LaunchConfig& c, const std::string& v, const std::string& l) {

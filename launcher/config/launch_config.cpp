@@ -263,12 +263,25 @@ bool isReservedWorkerVariable(const std::string& name) {
       env::kRoleName,    env::kMasterAddr,     env::kMasterPort,    env::kRestartCount,
       env::kMaxRestarts, env::kRunId,          env::kUseAgentStore, env::kErrorFile,
       env::kStoreAddr,   env::kStorePort,      env::kStoreToken,    env::kDtrainRestartCount,
-      env::kDtrainRunId,
+      env::kDtrainRunId, env::kOnNodeLoss,     env::kNodeLossWait,
   };
   for (const char* r : kReserved) {
     if (name == r) return true;
   }
   return name.rfind(env::kLaunchOptionPrefix, 0) == 0;
+}
+
+OnNodeLoss parseOnNodeLoss(const std::string& text, const std::string& label) {
+  if (text == "restart") return OnNodeLoss::Restart;
+  if (text == "continue") return OnNodeLoss::Continue;
+  DTRAIN_THROW(InvalidArgument,
+               "{} {}: use restart (stop every node and restart from the checkpoint, the "
+               "default) or continue (the surviving nodes go on without the lost one)",
+               label, quoteValue(text));
+}
+
+const char* onNodeLossName(OnNodeLoss mode) {
+  return mode == OnNodeLoss::Continue ? "continue" : "restart";
 }
 
 int resolveNproc(const NprocSpec& spec, int cpus, int gpus) {
@@ -397,6 +410,11 @@ void validateSupervision(const LaunchConfig& c) {
                    label("rdzv-endpoint"), label("master-port"), c.masterPort);
   DTRAIN_CHECK_ARG(c.maxRestarts >= 0, "{} {} must be 0 or more", label("max-restarts"),
                    c.maxRestarts);
+  DTRAIN_CHECK_ARG(c.maxReforms >= 0, "{} {} must be 0 or more", label("max-reforms"),
+                   c.maxReforms);
+  DTRAIN_CHECK_ARG(c.reformWindow > 0 && c.reformWindow <= kMaxTimeoutSeconds,
+                   "{} {} must be greater than zero seconds (and at most {:g})",
+                   label("reform-window"), c.reformWindow, kMaxTimeoutSeconds);
   DTRAIN_CHECK_ARG(c.gracePeriod > 0 && c.gracePeriod <= kMaxTimeoutSeconds,
                    "{} {} must be greater than zero seconds (and at most {:g})",
                    label("grace-period"), c.gracePeriod, kMaxTimeoutSeconds);

@@ -31,6 +31,8 @@ constexpr double kDefaultRdzvTimeoutSeconds = 900;
 constexpr double kDefaultHeartbeatIntervalSeconds = 5;
 constexpr double kDefaultHeartbeatTimeoutSeconds = 30;
 constexpr int kDefaultMaxRestarts = 0;
+constexpr int kDefaultMaxReforms = 3;                 // --max-reforms: per --reform-window
+constexpr double kDefaultReformWindowSeconds = 3600;  // --reform-window
 constexpr double kDefaultGracePeriodSeconds = 30.0;
 constexpr double kDefaultMonitorIntervalSeconds = 0.1;
 constexpr double kDefaultExitBarrierTimeoutSeconds = 300.0;  // torchrun's exit_barrier_timeout
@@ -51,6 +53,13 @@ struct NprocSpec {
   Kind kind = Kind::Count;
   int count = 1;
 };
+
+// --on-node-loss: what a multi-node job does when a node of the running round is lost (its
+// heartbeat goes silent, its agent ends, its workers are killed by a signal launch did not send).
+// Restart: today's -- stop the round, restart from the checkpoint while --max-restarts lasts.
+// Continue: the survivors go on in the next membership epoch (Note [Membership epochs] in
+// runtime/base/membership.h; Note [Node loss] in launcher/cluster/master/node_loss.h).
+enum class OnNodeLoss { Restart, Continue };
 
 // The value of --redirects / --tee: which streams of which local rank ("3", or "0:3,1:2").
 struct StreamSpec {
@@ -93,6 +102,11 @@ struct LaunchConfig {
   // After SIGKILL, how long to wait for every process of a worker to end before reporting the
   // ones left (state D) and exiting 125. See Note [Last deadline] in supervisor/supervisor.h.
   double killTimeout = kDefaultKillTimeoutSeconds;
+  // A lost node: restart (default) or go on without it; at most maxReforms re-forms per
+  // reformWindow seconds, then the restart path.
+  OnNodeLoss onNodeLoss = OnNodeLoss::Restart;
+  int maxReforms = kDefaultMaxReforms;
+  double reformWindow = kDefaultReformWindowSeconds;
 
   // Output.
   std::string logDir;  // empty: no log files unless redirects/tee ask for them
@@ -163,6 +177,8 @@ double parseSeconds(const std::string& text, const std::string& label);         
 double parseTimeoutSeconds(const std::string& text, const std::string& label);  // >= 0, 0: none
 int64_t parseByteCount(const std::string& text, const std::string& label);      // "64k", "1G", "0"
 bool parseBool(const std::string& text, const std::string& label);
+OnNodeLoss parseOnNodeLoss(const std::string& text, const std::string& label);  // restart|continue
+const char* onNodeLossName(OnNodeLoss mode);
 
 // The number of workers for `spec` on a machine with `cpus` usable CPUs and `gpus` visible GPUs.
 // Throws InvalidArgument for "gpu" on a machine without GPUs.

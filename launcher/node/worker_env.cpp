@@ -4,6 +4,8 @@
 
 #include <algorithm>
 
+#include <fmt/format.h>
+
 #include "env_contract.h"
 
 extern char** environ;
@@ -62,6 +64,13 @@ EnvMap workerEnv(const LaunchConfig& config, const NodeContext& node, int localR
   set(env::kStoreToken, node.storeToken);
   setInt(env::kDtrainRestartCount, round);
   set(env::kDtrainRunId, node.runId);
+  if (config.onNodeLoss == OnNodeLoss::Continue) {
+    // Note [Membership epochs]: the runtime watches the round's epochs; a worker whose collective
+    // failed waits this long for the master's next epoch -- the master names a silent node within
+    // --heartbeat-timeout plus one heartbeat read.
+    set(env::kOnNodeLoss, onNodeLossName(config.onNodeLoss));
+    set(env::kNodeLossWait, fmt::format("{:g}", config.heartbeatTimeout + 5));
+  }
 
   // Leave the user's choice alone; otherwise split the CPUs between the local workers (at least 1)
   // so N workers do not each start a thread per core.

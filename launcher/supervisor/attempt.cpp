@@ -198,8 +198,13 @@ void Supervisor::Attempt::onStatus(Slot& s) {
         DTRAIN_LOG(Info, "launch: rank {} (pid {}) {} after {:.3f} s", s.rank, s.outcome.pid,
                    describeOutcome(s.outcome), s.outcome.endSeconds);
         if (s.outcome.failed()) {
+          // A signal launch did not send, under --on-node-loss continue: this node is lost, the
+          // round is not stopped (Note [Node loss]); a non-zero exit stops it as always.
+          const bool nodeLost = hooks_.signalLosesNode && !s.askedToStop &&
+                                s.outcome.state == WorkerOutcome::State::Signaled;
           beginTeardown(fmt::format("rank {} (pid {}) on {} {}", s.rank, s.outcome.pid, node_.host,
-                                    describeOutcome(s.outcome)));
+                                    describeOutcome(s.outcome)),
+                        nodeLost);
         } else if (!barrierArmed_ && !stopping_ && config_.exitBarrierTimeout > 0) {
           barrierArmed_ = true;
           barrierAt_ = after(Clock::now(), config_.exitBarrierTimeout);

@@ -84,8 +84,9 @@ class Supervisor::Attempt {
   void gatherFacts();
 
   // Stopping (teardown.cpp).
-  // `why`: this node's own reason, passed to the hooks (empty: asked from outside).
-  void beginTeardown(const std::string& why);
+  // `why`: this node's own reason, passed to the hooks (empty: asked from outside) unless
+  // `nodeLost` (AttemptHooks::signalLosesNode): then it goes into the result instead.
+  void beginTeardown(const std::string& why, bool nodeLost = false);
   void killAll();
   // Ctrl-Z: stop every worker, then launch itself; SIGCONT resumes them (Note [Job control]).
   void forwardToAll(int sig);

@@ -54,7 +54,7 @@ int rootCauseIndex(const std::vector<WorkerOutcome>& workers) {
   int best = -1;
   for (size_t i = 0; i < workers.size(); ++i) {
     const auto& w = workers[i];
-    if (!w.failed() || w.stoppedByLaunch) continue;
+    if (!w.failed() || w.stoppedByLaunch || w.leftBehind) continue;
     if (best < 0 || w.endSeconds < workers[best].endSeconds) best = static_cast<int>(i);
   }
   return best;

@@ -36,6 +36,9 @@ struct WorkerOutcome {
   std::string oomNote;           // "likely killed by the OOM killer (...)"; empty when no evidence
   std::string host;              // its node, in a multi-node job; empty: the report's host
   bool lostToDeadline = false;   // Lost because its node stopped answering heartbeats (exit 124)
+  // Lost with its node, and the job went on without it (--on-node-loss continue; Note [Node
+  // loss] in launcher/cluster/master/node_loss.h): reported, never the root cause.
+  bool leftBehind = false;
 
   bool failed() const;  // non-zero exit, signal, exec failure, lost
 };
@@ -79,6 +82,10 @@ struct AttemptResult {
   double killTimeout = 0;           // how long it waited after SIGKILL
   // An observer stopped the job because a deadline passed (--stall-action stop): what it said.
   std::string deadlineStop;
+  // --on-node-loss continue: this node's workers were killed by a signal launch did not send;
+  // the agent stopped the others without stopping the round, and the master takes the node as
+  // lost (Note [Node loss]). What happened, e.g. "rank 5 (pid 812) was killed by SIGKILL".
+  std::string nodeLost;
 };
 
 // Index into `workers` of the root cause: the earliest failure launch did not cause itself

@@ -117,6 +117,10 @@ struct AttemptHooks {
   // Called once, when this node begins stopping its workers for a reason of its own (a worker
   // failed, launch was signalled, the exit barrier timed out), so the other nodes stop too.
   std::function<void(const std::string& why)> onTeardown;
+  // --on-node-loss continue (Note [Node loss] in launcher/cluster/master/node_loss.h): a worker
+  // killed by a signal launch did not send stops this node's other workers as a failure does, but
+  // without onTeardown -- the round goes on elsewhere; the result says why (nodeLost).
+  bool signalLosesNode = false;
 };
 
 class Supervisor : public JobControl {

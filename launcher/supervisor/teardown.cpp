@@ -13,11 +13,15 @@
 
 namespace dtrain::launcher {
 
-void Supervisor::Attempt::beginTeardown(const std::string& why) {
+void Supervisor::Attempt::beginTeardown(const std::string& why, bool nodeLost) {
   if (stopping_) return;
   stopping_ = true;
   if (observer_) observer_->teardownStarted();
-  if (!why.empty() && hooks_.onTeardown) hooks_.onTeardown(why);
+  if (nodeLost) {
+    result_.nodeLost = why;
+  } else if (!why.empty() && hooks_.onTeardown) {
+    hooks_.onTeardown(why);
+  }
   killAt_ = after(Clock::now(), config_.gracePeriod);
   for (auto& s : slots_) {
     if (!s.statusOpen || s.exitReported) continue;

@@ -10,6 +10,7 @@ add_library(dtrain_base SHARED
   runtime/base/error.cpp
   runtime/base/fault.cpp
   runtime/base/logging.cpp
+  runtime/base/membership.cpp
   runtime/base/monitor/progress.cpp
   runtime/base/monitor/progress_publisher.cpp
   runtime/base/metrics/event_file.cpp

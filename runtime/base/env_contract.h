@@ -36,6 +36,13 @@ constexpr const char* kDtrainRunId = "DTRAIN_RUN_ID";
 // job re-forms with other nodes; node-local state (checkpoint directories, shard replicas) is
 // keyed by it. Readers fall back to GROUP_RANK when it is absent (torchrun, srun without launch).
 constexpr const char* kNodeId = "DTRAIN_NODE_ID";
+// `launch --on-node-loss continue`: "continue" tells the runtime to watch the round's membership
+// epochs (Note [Membership epochs] in membership.h) and re-form in memory when a node is lost;
+// absent under the default (restart). DTRAIN_NODE_LOSS_WAIT: the seconds a worker whose
+// collective failed waits for the master's next epoch before it fails as today
+// (--heartbeat-timeout + 5).
+constexpr const char* kOnNodeLoss = "DTRAIN_ON_NODE_LOSS";
+constexpr const char* kNodeLossWait = "DTRAIN_NODE_LOSS_WAIT";
 
 // Runtime settings, forwarded to every node.
 constexpr const char* kVerbose = "DTRAIN_VERBOSE";

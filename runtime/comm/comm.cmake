@@ -10,6 +10,7 @@ add_library(dtrain_comm SHARED
   runtime/comm/flight_recorder.cpp
   runtime/comm/heartbeat_monitor.cpp
   runtime/comm/host_buffer_pool.cpp
+  runtime/comm/membership_watcher.cpp
   runtime/comm/nccl_env.cpp
   runtime/comm/queued_communicator.cpp
   runtime/comm/reduce_kernels.cpp
@@ -26,6 +27,7 @@ add_library(dtrain_comm SHARED
   runtime/comm/subgroup.cpp
   runtime/comm/world.cpp
   runtime/comm/world_env.cpp
+  runtime/comm/world_reform.cpp
 )
 add_library(dtrain::dtrain_comm ALIAS dtrain_comm)
 target_link_libraries(dtrain_comm PUBLIC dtrain_base)

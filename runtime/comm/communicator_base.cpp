@@ -45,6 +45,45 @@ bool CommunicatorBase::markClosing() {
   return true;
 }
 
+// Note [Aborting from outside]
+// abort() is how a watcher thread that learned of a lost node pulls this rank out of whatever
+// collective it is blocked in (dtrain/comm/communicator.h). Its error is MembershipChanged and it
+// supersedes an earlier failure (quoting it): a collective may well have failed first with a
+// NetworkError because the lost node's connections broke, but the lost node is what the caller
+// acts on -- it re-forms the communicators among the survivors instead of ending the job. The
+// error is set before the backend releases its blocked operation, so the executor that sees that
+// operation fail finds it and rethrows it at once (QueuedCommunicator::runOnCommThread), without
+// comparing notes with ranks that are gone. Each backend then releases what it blocks in:
+// the shared-memory engine marks this rank failed in the segment and wakes every sleeper (its
+// waits look at this rank's own mark too); Gloo fails every pending operation of every pair and
+// closes the connections (GlooMesh::interrupt); NCCL fails the pending work at once and lets its
+// watchdog call ncclCommAbort under the issue lock (Note [Aborting under the issue lock]).
+std::exception_ptr CommunicatorBase::markAborted(const std::string& reason) {
+  const std::string me = describe();  // virtual and may lock: outside stateMutex_
+  std::lock_guard<std::mutex> lock(stateMutex_);
+  if (membershipAborted_) return nullptr;
+  std::string earlier;
+  if (error_) {
+    try {
+      std::rethrow_exception(error_);
+    } catch (const std::exception& e) {
+      earlier = fmt::format(" (it had failed before: {})", e.what());
+    }
+  }
+  error_ = DTRAIN_ERROR_PTR(MembershipChanged,
+                            "{}: membership changed: {}; this communicator was aborted and every "
+                            "pending and later collective on it fails{}. HINT: the runtime "
+                            "re-forms its communicators among the surviving ranks",
+                            me, reason, earlier);
+  membershipAborted_ = true;
+  return error_;
+}
+
+std::exception_ptr CommunicatorBase::abortError() const {
+  std::lock_guard<std::mutex> lock(stateMutex_);
+  return membershipAborted_ ? error_ : nullptr;
+}
+
 bool CommunicatorBase::agreeOnCollectiveCheck(bool requested, bool fromEnv, Millis connectTimeout) {
   const std::string key = name_ + "/check_collectives";
   if (rank_ == 0) {

@@ -50,6 +50,12 @@ class CommunicatorBase : public Communicator {
   std::exception_ptr keepFirstError(std::exception_ptr error);
   // Marks the communicator closing; false when shutdown() had begun already.
   bool markClosing();
+  // The first step of every backend's abort(): makes MembershipChanged the communicator's error,
+  // superseding an earlier one (Note [Aborting from outside]). Returns it, or null when abort()
+  // had been called already.
+  std::exception_ptr markAborted(const std::string& reason);
+  // abort()'s error once it was called, else null.
+  std::exception_ptr abortError() const;
   // Rank 0 decides whether collectives are checked across ranks and posts it, so all ranks agree
   // (a rank checking alone would wait for fingerprints nobody sends). `fromEnv`: rank 0 also
   // checks when DTRAIN_CHECK_COLLECTIVES is 1 or true.
@@ -76,8 +82,11 @@ class CommunicatorBase : public Communicator {
   std::atomic<uint64_t> payloadBytes_{0};  // Note [Payload bytes]
 
   mutable std::mutex stateMutex_;
-  std::exception_ptr error_;  // guarded by stateMutex_: the first error
-  bool closing_ = false;      // guarded by stateMutex_: shutdown() has begun
+  // Guarded by stateMutex_: the first error (abort()'s once it was called), whether shutdown()
+  // has begun, whether abort() was called.
+  std::exception_ptr error_;
+  bool closing_ = false;
+  bool membershipAborted_ = false;
 
  private:
   // Last member, so it is gone before anything the publisher thread reads (dtrain/base/progress.h):

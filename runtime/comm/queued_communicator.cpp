@@ -60,18 +60,32 @@ void QueuedCommunicator::runOnCommThread(const CollectiveInfo& requested, Millis
   try {
     body(info, timeout);
   } catch (...) {
+    // Released by abort(): its error, at once (Note [Aborting from outside]).
+    if (std::exception_ptr aborted = abortError()) {
+      recorder_.setState(info.seq, FlightRecorder::State::Failed);
+      std::rethrow_exception(aborted);
+    }
     failOnCommThread(info, timeout, std::current_exception());
   }
   recorder_.setState(info.seq, FlightRecorder::State::Done);
 }
 
 void QueuedCommunicator::hangOnCommThread(const CollectiveInfo& info, const fault::Fault& fault) {
-  DTRAIN_LOG(Info, "{}: hanging in {} (DTRAIN_FAULT {}) until shutdown", who(),
+  DTRAIN_LOG(Info, "{}: hanging in {} (DTRAIN_FAULT {}) until shutdown or abort", who(),
              info.describeWithSeq(), fault.describe());
   std::unique_lock<std::mutex> lock(stateMutex_);
-  stateChanged_.wait(lock, [&] { return closing_; });
+  stateChanged_.wait(lock, [&] { return closing_ || membershipAborted_; });
+  if (membershipAborted_) std::rethrow_exception(error_);
   DTRAIN_THROW(Error, "{}: {} hung (DTRAIN_FAULT {}) until the communicator was shut down", who(),
                info.describeWithSeq(), fault.describe());
+}
+
+void QueuedCommunicator::abortQueue(const std::string& reason,
+                                    const std::function<void()>& release) {
+  if (!markAborted(reason)) return;
+  DTRAIN_LOG(Warn, "{}: aborted: membership changed: {}", who(), reason);
+  release();
+  stateChanged_.notify_all();  // set under stateMutex_: no hang misses this
 }
 
 bool QueuedCommunicator::stopQueue() {

@@ -37,6 +37,11 @@ class QueuedCommunicator : public CommunicatorBase {
   // shutdown() had begun already.
   bool stopQueue();
 
+  // A queued backend's abort() (Note [Aborting from outside]): markAborted(), then `release`
+  // stops what the executor is blocked in, from this (any) thread, then an injected hang ends.
+  // Nothing happens when abort() was called before.
+  void abortQueue(const std::string& reason, const std::function<void()>& release);
+
   // Turns the failure `cause` of collective `info` into the communicator's error (the first one
   // kept, keepFirstError()) and throws it.
   [[noreturn]] virtual void failOnCommThread(const CollectiveInfo& info, Millis timeout,

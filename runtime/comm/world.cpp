@@ -20,6 +20,7 @@
 #include "dtrain/comm/nccl_communicator.h"
 #include "env_contract.h"
 #include "net/net_interface.h"
+#include "world_reform.h"
 
 namespace dtrain::comm {
 
@@ -131,6 +132,7 @@ World connectWorld(const WorldOptions& o, bool cudaDevicesUsable) {
                      w.env.node.empty() ? hostNodeKey() : w.env.node};
   w.communicator = entry.create(setup);
   w.backend = w.communicator->backendName();
+  watchMembership(w, o, entry.name, setup.node, devices);
   DTRAIN_LOG(Info, "{}: rank {}/{} (local rank {}) from {}, backend {}", o.name, w.env.rank,
              w.env.worldSize, w.env.localRank, launcherName(w.env.launcher), w.backend);
   return w;

@@ -174,6 +174,14 @@ void DistributedSampler::loadState(const SamplerState& s) {
   rebuild();
 }
 
+void DistributedSampler::reshard(int numReplicas, int rank, const SamplerState& state) {
+  DTRAIN_CHECK_ARG(numReplicas >= 1 && rank >= 0 && rank < numReplicas,
+                   "DistributedSampler::reshard: rank {} of {} replicas", rank, numReplicas);
+  numReplicas_ = numReplicas;
+  rank_ = rank;
+  loadState(state);
+}
+
 void DistributedSampler::save(torch::serialize::OutputArchive& archive) const {
   auto bytes = state().encode();
   archive.write(

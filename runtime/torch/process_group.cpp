@@ -127,6 +127,12 @@ ProcessGroup::~ProcessGroup() {
   }
 }
 
+bool ProcessGroup::reform() {
+  if (!world_ || !comm::reformWorld(*world_)) return false;
+  communicator_ = world_->communicator;
+  return true;
+}
+
 std::shared_ptr<store::Store> ProcessGroup::store() const {
   return world_ ? world_->store : nullptr;
 }

@@ -11,7 +11,11 @@
 //   3. runs --steps steps; at each step it obeys DTRAIN_FAULT (fault::injectAt for exit, signal,
 //      abort, hang, stop, slow; and itself for flood:LINES, grandchild, error-file:CODE), prints
 //      "rank R: step S", sleeps --step-ms, and with --barrier-every-step passes barrier "step<S>";
-//   4. with --end-barrier passes barrier "end"; prints "rank R: done" and exits 0.
+//   4. with --end-barrier passes barrier "end"; with --await-epoch MS (the first attempt only)
+//      prints "rank R: awaiting epoch", waits (waitChanged, at most MS) for the master's membership
+//      epoch (the round's "launch/epoch", Note [Membership epochs] in runtime/base/membership.h),
+//      prints "rank R: epoch E world_size W new_rank N t=T: WHY" and adds 1 to the epoch's formed
+//      counter -- a survivor re-formed, as the runtime's would; prints "rank R: done", exits 0.
 // With --store HOST:PORT the barriers are on that store instead of the job's (a store the
 // benchmark hosts, so the same worker passes the same barrier under launch and under torchrun),
 // and after barrier "start" the worker records when it passed it: "passed/rank<R>" = its
@@ -51,6 +55,10 @@
 //   --store HOST:PORT         the barriers' store (see above); keys under --store-prefix
 //   --store-token TOKEN       that store's token (benchmarks only: argv is visible in ps)
 //   --store-prefix P          keys on --store under "P/" ("bench")
+//   --await-epoch MS          see 4.: a survivor of `launch --on-node-loss continue`, without the
+//                             runtime (no epoch within MS: an error)
+//   --no-formed               with --await-epoch: never add to the formed counter, and wait (MS)
+//                             after the epoch instead of exiting -- a re-form that does not end
 #include <signal.h>
 #include <sys/types.h>
 #include <unistd.h>
@@ -75,6 +83,7 @@
 #include "dtrain/base/tcp_store.h"
 #include "env_contract.h"
 #include "fault.h"
+#include "membership.h"
 
 namespace {
 
@@ -105,6 +114,8 @@ struct Flags {
   int storePort = 0;
   std::string storeToken;
   std::string storePrefix = "bench";
+  int64_t awaitEpochMs = -1;  // --await-epoch: < 0, not at all
+  bool noFormed = false;
 };
 
 int gRank = -1;
@@ -154,6 +165,8 @@ Flags parseFlags(int argc, char** argv) {
     else if (a == "--nan-loss-until") f.nanLossUntil = number();
     else if (a == "--quiet") f.quiet = true;
     else if (a == "--print-env") f.printEnv = true;
+    else if (a == "--await-epoch") f.awaitEpochMs = number();
+    else if (a == "--no-formed") f.noFormed = true;
     else if (a == "--store") {
       if (i + 1 >= argc) usage("--store needs HOST:PORT");
       std::string v = argv[++i];
@@ -247,6 +260,42 @@ void barrier(dtrain::store::Store& store, const std::string& name, int world,
                  gRank, name, timeout.count(), store.add(base + "/count", 0), world, missing,
                  e.what());
   }
+}
+
+// --await-epoch: what a survivor's runtime does when the master writes the next epoch.
+void awaitEpoch(dtrain::store::Store& store, const Flags& flags) {
+  const std::string key = dtrain::membership::epochKey();
+  std::printf("rank %d: awaiting epoch\n", gRank);
+  std::fflush(stdout);
+  const auto deadline = std::chrono::steady_clock::now() +
+                        std::chrono::milliseconds(flags.awaitEpochMs);
+  dtrain::store::Bytes seen;
+  while (true) {
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+        deadline - std::chrono::steady_clock::now());
+    if (left.count() <= 0) {
+      DTRAIN_THROW(dtrain::TimeoutError, "rank {}: no membership epoch on \"{}\" within {} ms",
+                   gRank, key, flags.awaitEpochMs);
+    }
+    try {
+      seen = store.waitChanged(key, seen, std::min(left, std::chrono::milliseconds(1000)));
+      break;
+    } catch (const dtrain::TimeoutError&) {
+    }
+  }
+  const dtrain::membership::Epoch e = dtrain::membership::decodeEpoch(
+      dtrain::store::toString(seen));
+  const int node = envInt(dtrain::env::kNodeId, 0);
+  std::printf("rank %d: epoch %d world_size %d new_rank %d t=%.6f: %s\n", gRank, e.epoch,
+              e.worldSize, e.rankOf(std::to_string(node), envInt(dtrain::env::kLocalRank, 0)),
+              monotonicSeconds(), e.why.c_str());
+  std::fflush(stdout);
+  if (flags.noFormed) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(flags.awaitEpochMs));
+    return;
+  }
+  store.add(dtrain::membership::formedKey(e.epoch), 1);
+  store.flush();
 }
 
 void flood(int rank, int64_t lines) {
@@ -408,6 +457,7 @@ int run(const Flags& flags) {
     }
   }
   if (store && flags.endBarrier) barrier(*store, "end", world, timeout);
+  if (store && flags.awaitEpochMs >= 0 && attempt == 0) awaitEpoch(*store, flags);
   if (flags.progress) {
     std::printf("rank %d: done attempt=%d t=%.6f\n", rank, attempt, monotonicSeconds());
   } else if (!flags.quiet) {

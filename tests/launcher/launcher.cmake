@@ -23,6 +23,7 @@ target_sources(dtrain_unit_tests PRIVATE
   ${_dir}/launcher_worker_env_test.cpp
   ${_dir}/cluster/launcher_hosts_test.cpp ${_dir}/cluster/launcher_multinode_config_test.cpp
   ${_dir}/cluster/launcher_remote_test.cpp ${_dir}/cluster/launcher_rendezvous_test.cpp
+  ${_dir}/cluster/launcher_node_loss_test.cpp
   ${_dir}/monitor/launcher_monitor_analysis_test.cpp
   ${_dir}/monitor/launcher_monitor_cluster_test.cpp ${_dir}/monitor/launcher_monitor_node_test.cpp
   ${_dir}/monitor/launcher_monitor_options_test.cpp
@@ -69,6 +70,10 @@ dtrain_gtest(multinode_e2e_tests LABEL e2e TIMEOUT 120
 dtrain_gtest(multinode_fault_e2e_tests LABEL e2e SERIAL TIMEOUT 120
   SOURCES ${_dir}/cluster/multinode_fault_test.cpp
   LIBS dtrain_cluster_support)
+# --on-node-loss continue: the survivors go on in the next membership epoch, or restart.
+dtrain_gtest(multinode_node_loss_e2e_tests LABEL e2e SERIAL TIMEOUT 120
+  SOURCES ${_dir}/cluster/multinode_node_loss_test.cpp
+  LIBS dtrain_cluster_support)
 
 # Watching a running job (launcher/monitor) with real processes under launch, on one node and on
 # the simulated cluster. Timing-bound and CPU-measuring: serial.
@@ -82,7 +87,8 @@ endif()
 dtrain_gtest(monitor_e2e_tests LABEL e2e SERIAL TIMEOUT 150
   SOURCES ${_dir}/monitor/monitor_e2e_test.cpp
   LIBS dtrain_cluster_support dtrain_launcher dtrain_httplib nlohmann_json::nlohmann_json)
-foreach(t multinode_e2e_tests multinode_fault_e2e_tests monitor_e2e_tests)
+foreach(t multinode_e2e_tests multinode_fault_e2e_tests multinode_node_loss_e2e_tests
+          monitor_e2e_tests)
   add_dependencies(${t} launch dtrain_test_worker)
   if(TARGET comm_worker)
     add_dependencies(${t} comm_worker)

@@ -178,8 +178,9 @@ struct ThreadWorld::Impl {
   ThreadWorldOptions options;
   std::mutex mutex;
   std::condition_variable cv;
-  std::map<int64_t, Slot> slots;  // by sequence number
-  std::string aborted;            // why, once aborted
+  std::map<int64_t, Slot> slots;                // by sequence number
+  std::string aborted;                          // why, once aborted
+  std::vector<std::exception_ptr> rankAborted;  // by rank: Communicator::abort()'s error
   std::vector<std::shared_ptr<comm::Communicator>> comms;
 
   // Blocks until `pred` holds; throws on abort or deadline.
@@ -187,6 +188,9 @@ struct ThreadWorld::Impl {
   void waitFor(std::unique_lock<std::mutex>& lock, int rank, int64_t seq, const Op& op,
                Clock::time_point deadline, const char* phase, Pred pred) {
     while (!pred()) {
+      if (rankAborted[static_cast<size_t>(rank)]) {
+        std::rethrow_exception(rankAborted[static_cast<size_t>(rank)]);
+      }
       if (!aborted.empty()) {
         DTRAIN_THROW(NetworkError, "rank {}: collective #{} ({}) aborted: {}", rank, seq,
                      op.describe(), aborted);
@@ -335,6 +339,27 @@ class ThreadCommunicator : public comm::Communicator {
     cv_.notify_all();
     if (worker_.joinable()) worker_.join();
   }
+  // This rank only: its collective in flight fails at once, every later one too. Other ranks
+  // waiting for it wait on until their own abort (or timeout), as with a real backend.
+  void abort(const std::string& reason) override {
+    const auto error = std::make_exception_ptr(
+        MembershipChanged(fmt::format("{}: membership changed: {}", describe(), reason)));
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      if (aborted_) return;
+      aborted_ = error;
+    }
+    {
+      std::lock_guard<std::mutex> lock(world_->mutex);
+      world_->rankAborted[static_cast<size_t>(rank_)] = error;
+    }
+    world_->cv.notify_all();
+    cv_.notify_all();
+  }
+  std::exception_ptr error() const override {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return aborted_;
+  }
   int64_t issued() {
     std::lock_guard<std::mutex> lock(mutex_);
     return nextSeq_;
@@ -378,6 +403,7 @@ class ThreadCommunicator : public comm::Communicator {
     auto work = std::make_shared<ThreadWork>(timeout + comm::Millis(1000));
     {
       std::lock_guard<std::mutex> lock(mutex_);
+      if (aborted_) std::rethrow_exception(aborted_);
       DTRAIN_CHECK(!stopping_, "rank {}: {} after shutdown()", rank_, op.describe());
       queue_.push_back({nextSeq_++, op, work});
     }
@@ -396,12 +422,19 @@ class ThreadCommunicator : public comm::Communicator {
         queue_.pop_front();
       }
       std::exception_ptr error = failure_;
+      {
+        std::lock_guard<std::mutex> lock(mutex_);
+        if (aborted_) error = aborted_;
+      }
       if (!error) {
         try {
           world_->execute(rank_, task.seq, task.op);
         } catch (...) {
-          error = failure_ = std::current_exception();
+          error = std::current_exception();
+          std::lock_guard<std::mutex> lock(mutex_);
+          if (aborted_) error = aborted_;  // released by abort(): its error, whatever ended it
         }
+        failure_ = error;
       }
       task.work->finish(error);
     }
@@ -409,10 +442,11 @@ class ThreadCommunicator : public comm::Communicator {
 
   std::shared_ptr<ThreadWorld::Impl> world_;
   int rank_;
-  std::mutex mutex_;
+  mutable std::mutex mutex_;
   std::condition_variable cv_;
-  std::deque<Task> queue_;  // guarded by mutex_
-  int64_t nextSeq_ = 0;     // guarded by mutex_
+  std::deque<Task> queue_;      // guarded by mutex_
+  std::exception_ptr aborted_;  // guarded by mutex_: abort()'s error
+  int64_t nextSeq_ = 0;         // guarded by mutex_
   std::atomic<uint64_t> payload_{0};
   bool stopping_ = false;       // guarded by mutex_
   std::exception_ptr failure_;  // worker thread only: the first error, rethrown by every later call
@@ -426,6 +460,7 @@ ThreadWorld::ThreadWorld(int size, ThreadWorldOptions options)
   impl_->size = size;
   impl_->options = options;
   impl_->comms.resize(static_cast<size_t>(size));
+  impl_->rankAborted.resize(static_cast<size_t>(size));
 }
 
 std::shared_ptr<ThreadWorld> ThreadWorld::create(int size, ThreadWorldOptions options) {

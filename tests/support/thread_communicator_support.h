@@ -88,6 +88,7 @@ class WaitRecordingCommunicator : public comm::Communicator {
   void resetBufferPeak() override { inner_->resetBufferPeak(); }
   void trimBuffers() override { inner_->trimBuffers(); }
   void shutdown() override { inner_->shutdown(); }
+  void abort(const std::string& reason) override { inner_->abort(reason); }
 
   struct Counts {
     int wait = 0;          // Work::wait()

@@ -56,6 +56,13 @@ if(DTRAIN_HAVE_GLOO)
     SOURCES ${_dir}/ddp/ddp_processes_test.cpp
     LIBS dtrain_launcher_support)
   add_dependencies(dtrain_ddp_process_tests ddp_worker launch)
+  # Surviving a lost node (launch --on-node-loss continue): node_loss_worker trains; the e2e test
+  # kills a node of a simulated cluster under it.
+  dtrain_torch_worker(node_loss_worker ${_dir}/ddp/node_loss_worker.cpp)
+  dtrain_gtest(node_loss_e2e_tests LABEL e2e SERIAL TIMEOUT 240
+    SOURCES ${_dir}/ddp/node_loss_e2e_test.cpp
+    LIBS dtrain_cluster_support)
+  add_dependencies(node_loss_e2e_tests launch node_loss_worker)
 
   # ZeRO over shared memory and over Gloo.
   dtrain_torch_worker(zero_worker ${_dir}/zero/zero_worker.cpp)

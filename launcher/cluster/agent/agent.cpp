@@ -468,6 +468,7 @@ void Agent::runRound(int round, const RoundPlan& plan, const PlannedNode& mine) 
   heartbeat_->setRound(round);
   AttemptHooks hooks;
   hooks.stopFd = heartbeat_->wakeFd();
+  hooks.signalLosesNode = config_.onNodeLoss == OnNodeLoss::Continue;
   hooks.onTeardown = [this, round](const std::string& why) {
     try {
       store_->compareSet(keys::stop(round), {}, store::toBytes(why));

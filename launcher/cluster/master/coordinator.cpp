@@ -105,14 +105,17 @@ bool Coordinator::awaitEvents(Clock::time_point until) {
   return moved;
 }
 
-std::vector<std::pair<std::string, double>> Coordinator::readHeartbeats(Clock::time_point now) {
+std::vector<std::pair<std::string, double>> Coordinator::readHeartbeats(
+    Clock::time_point now, const std::string& alsoKey, std::optional<store::Bytes>* also) {
   if (now < nextHeartbeatRead_) return {};
   nextHeartbeatRead_ = now + heartbeatRead_;
   const std::vector<std::string> nodes = tracker_.nodes();
-  if (nodes.empty()) return {};
+  if (nodes.empty() && alsoKey.empty()) return {};
   std::vector<std::string> ks;
   for (const auto& n : nodes) ks.push_back(keys::heartbeat(n));
+  if (!alsoKey.empty()) ks.push_back(alsoKey);
   const auto values = store_->tryMultiGet(ks);
+  if (!alsoKey.empty() && also) *also = values.back();
   for (size_t i = 0; i < nodes.size(); ++i) {
     if (values[i]) tracker_.observe(nodes[i], store::toString(*values[i]), now);
   }
@@ -267,7 +270,9 @@ int Coordinator::run() {
       continue;
     }
     code = launcherExitCode(r);
-    if (code != 0) {
+    if (code == 0) {
+      for (const auto& line : leftOut_) say(line);
+    } else {
       ReportContext ctx;
       ctx.host = options_.self.host;
       ctx.runId = options_.runId;

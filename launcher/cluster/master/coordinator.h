@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "dtrain/base/store.h"
+#include "launcher/cluster/master/node_loss.h"
 #include "launcher/cluster/protocol/rendezvous.h"
 #include "launcher/supervisor/job_observer.h"
 
@@ -52,6 +53,14 @@ struct CoordinatorOptions {
   double heartbeatTimeout = 30;
   double gracePeriod = 30;
   int maxRestarts = 0;
+  // A lost node of the running round: restart, or go on without it (Note [Node loss] in
+  // node_loss.h), at most maxReforms times per reformWindow seconds.
+  OnNodeLoss onNodeLoss = OnNodeLoss::Restart;
+  int maxReforms = kDefaultMaxReforms;
+  double reformWindow = kDefaultReformWindowSeconds;
+  // The node whose loss takes the store and this coordinator with it (node rank 0 of a manual
+  // job); empty when this launch hosts them apart from every node (fan-out).
+  std::string storeNode;
   int masterPort = 0;
   std::string runId;
   JoinInfo self;           // the master's host and versions, for the version check
@@ -115,9 +124,12 @@ class Coordinator : public JobControl {
   void setPhase(int round, JobPhase::Kind kind, const RoundPlan* plan = nullptr);
   // Sleeps until launch/events moves (true) or `until`, at most kTick.
   bool awaitEvents(Clock::time_point until);
-  // Every heartbeat-read period: every watched node's counter in one request. The nodes silent
-  // for --heartbeat-timeout, with how long; they are no longer watched.
-  std::vector<std::pair<std::string, double>> readHeartbeats(Clock::time_point now);
+  // Every heartbeat-read period: every watched node's counter in one request -- and `alsoKey`
+  // when given (a re-form's formed counter), its value into *also. The nodes silent for
+  // --heartbeat-timeout, with how long; they are no longer watched.
+  std::vector<std::pair<std::string, double>> readHeartbeats(
+      Clock::time_point now, const std::string& alsoKey = "",
+      std::optional<store::Bytes>* also = nullptr);
   // The joins of round `round` there now of `nodes`, leaving out those of a lost agent.
   std::map<std::string, JoinInfo> readJoins(int round, const std::vector<std::string>& nodes);
   void markLost(const std::string& node, const std::string& why, const std::string& nonce,
@@ -170,6 +182,13 @@ class Coordinator : public JobControl {
   // A node waits to join and the job may grow: stop the round to take it in.
   void growIfWaiting(RoundWatch& w);
   void noteDead(RoundWatch& w, const std::string& node, const std::string& why, bool deadline);
+  // Note [Node loss]: node `node` of the running round is lost (`cause`, for the epoch's why).
+  // True when the round goes on without it (the next epoch is written); false when the caller
+  // stops the round as under --on-node-loss restart (the one line saying why is printed).
+  bool goOnWithout(RoundWatch& w, const std::string& node, LossKind kind, const std::string& cause);
+  // A re-form in progress: complete once its formed counter reached the epoch's world size;
+  // not complete within --heartbeat-timeout + 30 s: the round stops (restart path).
+  void followReform(RoundWatch& w, Clock::time_point now);
   // The round's outcome, every worker with its host; a lost node's workers are Lost.
   AttemptResult roundOutcome(const RoundWatch& w, std::vector<std::string>* reported);
   // Writes round `round`'s stop key unless someone did; true when `why` is the one written.
@@ -193,6 +212,10 @@ class Coordinator : public JobControl {
   Clock::time_point nextHeartbeatRead_{};
   store::Bytes eventsSeen_;
   int restartsUsed_ = 0;
+  std::vector<Clock::time_point> reforms_;  // when each re-form of the job began
+  std::string stopWritten_;                 // the last stop key this coordinator wrote
+  // Each node a round went on without, for the last words of a job that ends 0.
+  std::vector<std::string> leftOut_;
   Clock::time_point nextStoreLog_{};
 };
 

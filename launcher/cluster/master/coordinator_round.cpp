@@ -5,6 +5,7 @@
 #include "launcher/cluster/master/coordinator.h"
 #include "launcher/seconds.h"
 #include "launcher/supervisor/output.h"
+#include "parse_int.h"
 
 namespace dtrain::launcher {
 
@@ -16,7 +17,7 @@ struct Coordinator::RoundWatch {
     double at = 0;
   };
   RoundWatch(const RoundPlan& p, const std::map<std::string, JoinInfo>& j)
-      : plan(p), joins(j), start(Clock::now()) {}
+      : plan(p), joins(j), start(Clock::now()), epoch(epochOfPlan(p)) {}
   bool open(const std::string& node) const {
     return plan.find(node) != nullptr && results.count(node) == 0 && dead.count(node) == 0;
   }
@@ -33,6 +34,14 @@ struct Coordinator::RoundWatch {
   Clock::time_point stopAt;
   std::string deadlineStop;  // this round was stopped for a deadline (stopForDeadline)
   std::string growth;        // this round was stopped to take in the waiting nodes
+  // Note [Node loss]: the round's current membership epoch (0: its plan), the nodes it went on
+  // without (with the cause and epoch, for the report), a re-form in progress and its deadline,
+  // and whether a loss fell back to the restart path.
+  membership::Epoch epoch;
+  std::map<std::string, std::string> leftOut;
+  bool reforming = false;
+  Clock::time_point reformDeadline;
+  bool fellBack = false;
 };
 
 AttemptResult Coordinator::superviseRound(const RoundPlan& plan,
@@ -60,7 +69,63 @@ AttemptResult Coordinator::superviseRound(const RoundPlan& plan,
 bool Coordinator::stopRound(int round, const std::string& why) {
   store::Bytes now = store_->compareSet(keys::stop(round), {}, store::toBytes(why));
   store_->add(keys::events(), 1);  // the next look reads the stop key, as an agent's would be
-  return store::toString(now) == why;
+  if (store::toString(now) != why) return false;
+  stopWritten_ = why;
+  return true;
+}
+
+bool Coordinator::goOnWithout(RoundWatch& w, const std::string& node, LossKind kind,
+                              const std::string& cause) {
+  if (options_.onNodeLoss != OnNodeLoss::Continue || w.stopSeen || w.fellBack) return false;
+  const auto now = Clock::now();
+  const PlannedNode* n = w.plan.find(node);
+  const std::string who = fmt::format("node {} ({})", node, n ? n->label : node);
+  NodeLossFacts f;
+  f.kind = kind;
+  f.nodesLeft = 0;
+  for (const auto& m : w.epoch.nodes) f.nodesLeft += m.node != node ? 1 : 0;
+  f.minNodes = options_.minNodes;
+  f.reformInProgress = w.reforming;
+  f.reformsInWindow = reformsWithin(reforms_, now, options_.reformWindow);
+  f.maxReforms = options_.maxReforms;
+  f.reformWindow = options_.reformWindow;
+  f.hostsStore = !options_.storeNode.empty() && node == options_.storeNode;
+  const NodeLossDecision d = decideNodeLoss(options_.onNodeLoss, f);
+  if (!d.goOn) {
+    w.fellBack = true;
+    say(fmt::format("launch: round {} cannot go on without {} ({}): {}; falling back to the "
+                    "restart path (--max-restarts {})",
+                    w.plan.round, who, cause, d.why, options_.maxRestarts));
+    return false;
+  }
+  const membership::Epoch next = epochWithout(w.epoch, {node}, who + " " + cause);
+  store_->setString(epochStoreKey(w.plan.round), membership::encodeEpoch(next));
+  store_->flush();
+  reforms_.push_back(now);
+  w.epoch = next;
+  w.reforming = true;
+  w.reformDeadline = after(now, options_.heartbeatTimeout + kReformSeconds);
+  w.leftOut[node] = fmt::format("{}; the job went on without it in epoch {} of round {}", cause,
+                                next.epoch, w.plan.round);
+  say(fmt::format("launch: round {} goes on without {}: {}; epoch {}: {} node{}, {} rank{}",
+                  w.plan.round, who, cause, next.epoch, next.nodes.size(),
+                  next.nodes.size() == 1 ? "" : "s", next.worldSize,
+                  next.worldSize == 1 ? "" : "s"));
+  logStoreLoad(now, fmt::format("round {} epoch {}", w.plan.round, next.epoch));
+  return true;
+}
+
+void Coordinator::followReform(RoundWatch& w, Clock::time_point now) {
+  if (!w.reforming || w.stopSeen) return;
+  if (now <= w.reformDeadline) return;
+  w.reforming = false;
+  w.fellBack = true;
+  const std::string why = fmt::format(
+      "the survivors did not re-form epoch {} within {:g} s (--heartbeat-timeout + {:g})",
+      w.epoch.epoch, options_.heartbeatTimeout + kReformSeconds, kReformSeconds);
+  say(fmt::format("launch: round {}: {}; falling back to the restart path (--max-restarts {})",
+                  w.plan.round, why, options_.maxRestarts));
+  stopRound(w.plan.round, why);
 }
 
 bool Coordinator::roundStep(RoundWatch& w, bool eventsMoved) {
@@ -68,6 +133,7 @@ bool Coordinator::roundStep(RoundWatch& w, bool eventsMoved) {
   noteStopRequests(w);
   if (eventsMoved) readRoundKeys(w, now);
   noteLostNodes(w, now);
+  followReform(w, now);
   growIfWaiting(w);
   if (w.results.size() + w.dead.size() == w.plan.nodes.size()) return true;
   const double reportWithin = options_.gracePeriod + options_.heartbeatTimeout + 5;
@@ -127,8 +193,15 @@ void Coordinator::readRoundKeys(RoundWatch& w, Clock::time_point now) {
   const auto values = store_->tryMultiGet(ks);
   for (size_t i = 0; i < open.size(); ++i) {
     if (!values[i]) continue;
-    w.results[open[i]] = decodeResult(store::toString(*values[i]));
+    const AttemptResult& r = w.results[open[i]] = decodeResult(store::toString(*values[i]));
     tracker_.forget(open[i]);
+    // Its agent stopped its workers without stopping the round (Note [Node loss]): go on
+    // without the node, or stop the round for it now.
+    if (!r.nodeLost.empty() &&
+        !goOnWithout(w, open[i], LossKind::WorkersSignaled, "lost its workers: " + r.nodeLost)) {
+      stopRound(round, fmt::format("node {} ({}) lost its workers: {}", open[i],
+                                   w.plan.find(open[i])->label, r.nodeLost));
+    }
   }
   for (size_t i = 0; i < joiners.size(); ++i) {
     const auto& v = values[open.size() + i];
@@ -160,8 +233,15 @@ void Coordinator::readRoundKeys(RoundWatch& w, Clock::time_point now) {
     w.stopSeen = true;
     w.stopAt = now;
     if (options_.observer) options_.observer->teardownStarted();
-    say(fmt::format("launch: stopping round {} on every node: {}", round,
-                    store::toString(*values.back())));
+    const std::string why = store::toString(*values.back());
+    // An agent's own reason (a worker's non-zero exit, its launch signalled) is never a lost
+    // node: under --on-node-loss continue, say that this is the restart path (Note [Node loss]).
+    const bool notALoss = options_.onNodeLoss == OnNodeLoss::Continue && !w.fellBack &&
+                          why != stopWritten_;
+    say(fmt::format("launch: stopping round {} on every node: {}{}", round, why,
+                    notALoss ? " (not a lost node: --on-node-loss continue falls back to the "
+                               "restart path)"
+                             : ""));
     logStoreLoad(now, fmt::format("round {} stopped", round));
   }
 }
@@ -171,23 +251,38 @@ void Coordinator::noteLostNodes(RoundWatch& w, Clock::time_point now) {
   for (const auto& g : goneSince()) {
     if (w.open(g.node)) {
       noteDead(w, g.node, g.why, false);
-      stopRound(plan.round,
-                fmt::format("node {} ({}): {}", g.node, plan.find(g.node)->label, g.why));
+      if (!goOnWithout(w, g.node, LossKind::AgentGone, "lost its agent: " + g.why)) {
+        stopRound(plan.round,
+                  fmt::format("node {} ({}): {}", g.node, plan.find(g.node)->label, g.why));
+      }
       continue;
     }
     auto waiting = w.waiting.find(g.node);
     markLost(g.node, g.why, waiting != w.waiting.end() ? waiting->second.nonce : "", true);
     if (waiting != w.waiting.end()) w.waiting.erase(waiting);
   }
-  for (const auto& [node, quiet] : readHeartbeats(now)) {
+  std::optional<store::Bytes> formed;
+  const auto silent = readHeartbeats(
+      now, w.reforming ? formedStoreKey(plan.round, w.epoch.epoch) : "", &formed);
+  int64_t count = 0;
+  if (w.reforming && formed && parseInt64(store::toString(*formed), &count) &&
+      count >= w.epoch.worldSize) {
+    w.reforming = false;
+    DTRAIN_LOG(Info, "launch: round {}: epoch {} re-formed ({} ranks) {:.3f} s into the round",
+               plan.round, w.epoch.epoch, count, secondsSince(w.start));
+  }
+  for (const auto& [node, quiet] : silent) {
     if (const PlannedNode* n = plan.find(node); n != nullptr && w.open(node)) {
-      noteDead(w, node,
-               fmt::format("its agent stopped answering heartbeats: silent for {:.1f} s "
-                           "(--heartbeat-timeout {:g})",
-                           quiet, options_.heartbeatTimeout),
-               true);
-      stopRound(plan.round,
-                fmt::format("node {} ({}) on {} went silent", node, n->label, n->address));
+      const std::string why = fmt::format("its agent stopped answering heartbeats: silent for "
+                                          "{:.1f} s (--heartbeat-timeout {:g})",
+                                          quiet, options_.heartbeatTimeout);
+      noteDead(w, node, why, true);
+      if (!goOnWithout(
+              w, node, LossKind::Silent,
+              fmt::format("on {} went silent ({:.1f} s without a heartbeat)", n->address, quiet))) {
+        stopRound(plan.round,
+                  fmt::format("node {} ({}) on {} went silent", node, n->label, n->address));
+      }
       continue;
     }
     auto waiting = w.waiting.find(node);
@@ -224,10 +319,22 @@ AttemptResult Coordinator::roundOutcome(const RoundWatch& w, std::vector<std::st
   all.attempt = w.plan.round;
   for (const auto& n : w.plan.nodes) {
     auto r = w.results.find(n.node);
+    auto left = w.leftOut.find(n.node);
+    if (left != w.leftOut.end()) {
+      leftOut_.push_back(
+          fmt::format("launch: node {} ({}) was lost: {}", n.node, n.label, left->second));
+    }
     if (r != w.results.end()) {
       reported->push_back(n.node);
       for (auto worker : r->second.workers) {
         if (worker.host.empty()) worker.host = n.label;
+        if (left != w.leftOut.end()) {
+          // Its workers went with the node (Note [Node loss]): Lost, and not a root cause.
+          worker.state = WorkerOutcome::State::Lost;
+          worker.lostReason = fmt::format("its node {} ({}) was lost: {}", n.node, n.label,
+                                          left->second);
+          worker.leftBehind = true;
+        }
         all.workers.push_back(worker);
       }
       if (r->second.launcherSignal != 0 && all.launcherSignal == 0) {
@@ -251,8 +358,10 @@ AttemptResult Coordinator::roundOutcome(const RoundWatch& w, std::vector<std::st
       lost.localRank = i;
       lost.state = WorkerOutcome::State::Lost;
       lost.lostReason = fmt::format("its node {} ({}{}) was lost: {}", n.node, n.label,
-                                    n.address == n.label ? "" : ", " + n.address, d.why);
+                                    n.address == n.label ? "" : ", " + n.address,
+                                    left != w.leftOut.end() ? left->second : d.why);
       lost.lostToDeadline = d.deadline;
+      lost.leftBehind = left != w.leftOut.end();
       lost.host = n.label;
       lost.endSeconds = d.at;
       all.workers.push_back(lost);

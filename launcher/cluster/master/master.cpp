@@ -51,6 +51,10 @@ CoordinatorOptions coordinatorOptions(const LaunchConfig& config, const MultiNod
   co.heartbeatTimeout = config.heartbeatTimeout;
   co.gracePeriod = config.gracePeriod;
   co.maxRestarts = config.maxRestarts;
+  co.onNodeLoss = config.onNodeLoss;
+  co.maxReforms = config.maxReforms;
+  co.reformWindow = config.reformWindow;
+  co.storeNode = plan.fanOut ? "" : "0";  // node rank 0 of a manual job hosts the store
   co.masterPort = plan.masterPort;
   co.runId = plan.runId;
   co.self.host = net::hostName();

@@ -259,10 +259,12 @@ std::string encodeResult(const AttemptResult& r) {
                        {"oom_note", w.oomNote},
                        {"host", w.host}});
   }
-  return dump({{"attempt", r.attempt},
-               {"launcher_signal", r.launcherSignal},
-               {"signal_before_failure", r.signalBeforeFailure},
-               {"workers", workers}});
+  json out = {{"attempt", r.attempt},
+              {"launcher_signal", r.launcherSignal},
+              {"signal_before_failure", r.signalBeforeFailure},
+              {"workers", workers}};
+  if (!r.nodeLost.empty()) out["node_lost"] = r.nodeLost;  // Note [Node loss]
+  return dump(out);
 }
 
 AttemptResult decodeResult(const std::string& text) {
@@ -271,6 +273,7 @@ AttemptResult decodeResult(const std::string& text) {
   r.attempt = field<int>(v, "attempt", "result");
   r.launcherSignal = field<int>(v, "launcher_signal", "result");
   r.signalBeforeFailure = field<bool>(v, "signal_before_failure", "result");
+  if (v.contains("node_lost")) r.nodeLost = field<std::string>(v, "node_lost", "result");
   for (const auto& j : field<json>(v, "workers", "result")) {
     WorkerOutcome w;
     w.rank = field<int>(j, "rank", "result");

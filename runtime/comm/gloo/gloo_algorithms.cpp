@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <optional>
 
 #include <gloo/allgather.h>
 #include <gloo/allreduce.h>
@@ -59,25 +60,33 @@ bool isTimeout(const std::exception& e) {
   return std::string(e.what()).find("Timed out") != std::string::npos;
 }
 
+// One wait on `buf`, interruptible through `interrupt` (may be null). Gloo's wait returns false
+// when woken by abortWait*(): only WaitInterrupt does that.
+void waitBuffer(gloo::transport::UnboundBuffer& buf, bool receive, WaitInterrupt* interrupt,
+                Clock::time_point deadline) {
+  std::optional<WaitInterrupt::Waiting> waiting;
+  if (interrupt != nullptr) waiting.emplace(interrupt, buf, receive);
+  const bool done = receive ? buf.waitRecv(nullptr, remaining(deadline))
+                            : buf.waitSend(nullptr, remaining(deadline));
+  if (!done) throw GlooInterrupted();
+}
+
 // Waits for one receive (or send) on `buf`, naming `peer` when the deadline passes.
-void waitOne(gloo::transport::UnboundBuffer& buf, bool receive, int peer,
+void waitOne(gloo::transport::UnboundBuffer& buf, bool receive, int peer, WaitInterrupt* interrupt,
              Clock::time_point deadline) {
   try {
-    if (receive) {
-      buf.waitRecv(remaining(deadline));
-    } else {
-      buf.waitSend(remaining(deadline));
-    }
+    waitBuffer(buf, receive, interrupt, deadline);
   } catch (const gloo::IoException& e) {
     if (!isTimeout(e)) throw;
     throw GlooWaitTimeout(receive ? "waiting for data from" : "sending to", std::vector<int>{peer});
   }
 }
 
-void waitAll(PeerBuffers& bufs, const std::vector<int>& peers, Clock::time_point deadline) {
+void waitAll(PeerBuffers& bufs, const std::vector<int>& peers, WaitInterrupt* interrupt,
+             Clock::time_point deadline) {
   for (size_t i = 0; i < peers.size(); ++i) {
     try {
-      bufs.recv[i]->waitRecv(remaining(deadline));
+      waitBuffer(*bufs.recv[i], /*receive=*/true, interrupt, deadline);
     } catch (const gloo::IoException& e) {
       if (!isTimeout(e)) throw;
       std::vector<int> missing(peers.begin() + static_cast<long>(i), peers.end());
@@ -86,7 +95,7 @@ void waitAll(PeerBuffers& bufs, const std::vector<int>& peers, Clock::time_point
   }
   for (size_t i = 0; i < peers.size(); ++i) {
     try {
-      bufs.send[i]->waitSend(remaining(deadline));
+      waitBuffer(*bufs.send[i], /*receive=*/false, interrupt, deadline);
     } catch (const gloo::IoException& e) {
       if (!isTimeout(e)) throw;
       throw GlooWaitTimeout("sending to", std::vector<int>{peers[i]});
@@ -118,6 +127,33 @@ void reduceInRankOrder(const std::vector<const uint8_t*>& contributions, uint8_t
 }
 
 }  // namespace
+
+WaitInterrupt::Waiting::Waiting(WaitInterrupt* owner, gloo::transport::UnboundBuffer& buffer,
+                                bool receive)
+    : owner_(owner) {
+  std::lock_guard<std::mutex> lock(owner_->mutex_);
+  if (owner_->interrupted_) throw GlooInterrupted();
+  owner_->buffer_ = &buffer;
+  owner_->receive_ = receive;
+}
+
+WaitInterrupt::Waiting::~Waiting() {
+  // The buffer dies after this: interrupt() never touches it once it is unregistered.
+  std::lock_guard<std::mutex> lock(owner_->mutex_);
+  owner_->buffer_ = nullptr;
+}
+
+void WaitInterrupt::interrupt() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  interrupted_ = true;
+  if (buffer_ == nullptr) return;
+  // Set before the wait begins, the flag makes it return at once; during it, it wakes it.
+  if (receive_) {
+    buffer_->abortWaitRecv();
+  } else {
+    buffer_->abortWaitSend();
+  }
+}
 
 uint8_t* Scratch::reserve(size_t bytes) {
   if (bytes > capacity_) {
@@ -180,11 +216,11 @@ void allreduceDirect(const GlooCall& call, void* data, size_t count, size_t elem
   std::vector<const uint8_t*> contributions(n);
   for (size_t k = 0; k < chunks; ++k) {
     for (size_t p = 0; p < npeers; ++p) {
-      waitOne(*recvs[k * npeers + p], /*receive=*/true, peers[p], deadline);
+      waitOne(*recvs[k * npeers + p], /*receive=*/true, peers[p], call.interrupt, deadline);
     }
     // This rank's chunk has left (the kernel copied it) before the result overwrites it.
     for (size_t p = 0; p < npeers; ++p) {
-      waitOne(*sends[k * npeers + p], /*receive=*/false, peers[p], deadline);
+      waitOne(*sends[k * npeers + p], /*receive=*/false, peers[p], call.interrupt, deadline);
     }
     uint8_t* chunkOut = out + k * chunkElems * elementSize;
     for (int r = 0, p = 0; r < n; ++r) {
@@ -236,7 +272,7 @@ void reduceScatterDirect(const GlooCall& call, const void* send, void* recv, siz
     bufs.recv.push_back(ctx.createUnboundBuffer(base + bytes * peer, bytes));
     bufs.recv.back()->recv(peer, slot);
   }
-  waitAll(bufs, peers, deadline);
+  waitAll(bufs, peers, call.interrupt, deadline);
 
   std::vector<const uint8_t*> contributions(n);
   for (int r = 0; r < n; ++r) {
@@ -290,7 +326,7 @@ std::vector<Fingerprint> allgatherFingerprints(const GlooCall& call, const Finge
     bufs.send.push_back(ctx.createUnboundBuffer(&all[ctx.rank], bytes));
     bufs.send.back()->send(peer, slot);
   }
-  waitAll(bufs, peers, deadline);
+  waitAll(bufs, peers, call.interrupt, deadline);
   return all;
 }
 

@@ -9,10 +9,12 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <mutex>
 #include <stdexcept>
 #include <vector>
 
 #include <gloo/context.h>
+#include <gloo/transport/unbound_buffer.h>
 
 #include "collective.h"
 #include "reduce_kernels.h"
@@ -30,10 +32,43 @@ class Scratch {
   size_t capacity_ = 0;
 };
 
+// Wakes the wait of our algorithms from another thread (abort()): Gloo fails the operations still
+// pending on a pair it closes, but not one whose data is moving (Note [Interrupting Gloo]).
+class WaitInterrupt {
+ public:
+  // Registers `buffer` as the one the executor waits on (receive or send) until destroyed; throws
+  // GlooInterrupted once interrupt() was called.
+  class Waiting {
+   public:
+    Waiting(WaitInterrupt* owner, gloo::transport::UnboundBuffer& buffer, bool receive);
+    ~Waiting();
+    Waiting(const Waiting&) = delete;
+    Waiting& operator=(const Waiting&) = delete;
+
+   private:
+    WaitInterrupt* owner_;
+  };
+  // Makes the wait registered now return, and every later registration throw. Idempotent.
+  void interrupt();
+
+ private:
+  std::mutex mutex_;
+  gloo::transport::UnboundBuffer* buffer_ = nullptr;  // guarded by mutex_
+  bool receive_ = false;                              // guarded by mutex_
+  bool interrupted_ = false;                          // guarded by mutex_
+};
+
+// Thrown by our algorithms when a wait was interrupted (WaitInterrupt).
+class GlooInterrupted : public std::runtime_error {
+ public:
+  GlooInterrupted() : std::runtime_error("interrupted: the communicator was aborted") {}
+};
+
 struct GlooCall {
   std::shared_ptr<gloo::Context> context;
   uint32_t tag = 0;
   std::chrono::milliseconds timeout{0};
+  WaitInterrupt* interrupt = nullptr;  // null: waits are not interruptible
 };
 
 // Thrown by our algorithms when a wait times out: what was waited for, and from which ranks.

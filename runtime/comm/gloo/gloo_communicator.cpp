@@ -77,7 +77,8 @@ std::shared_ptr<Work> GlooCommunicator::submit(CollectiveInfo info, const CallOp
   return queueCollective(
       std::move(info), options,
       [this, check, body = std::move(body)](const CollectiveInfo& i, Millis timeout) {
-        GlooCall call{mesh_ ? mesh_->contextPtr() : nullptr, i.tag(), timeout};
+        GlooCall call{mesh_ ? mesh_->contextPtr() : nullptr, i.tag(), timeout,
+                      mesh_ ? mesh_->waitInterrupt() : nullptr};
         if (check) checkCollectiveOnCommThread(i, call);
         body(call, i);
       });
@@ -186,11 +187,23 @@ BufferStats GlooCommunicator::bufferStats() const { return pool_->stats(); }
 void GlooCommunicator::resetBufferPeak() { pool_->resetPeak(); }
 void GlooCommunicator::trimBuffers() { pool_->trim(); }
 
+void GlooCommunicator::abort(const std::string& reason) {
+  abortQueue(reason, [&] {
+    std::lock_guard<std::mutex> lock(meshMutex_);
+    if (mesh_) mesh_->interrupt();  // Note [Interrupting Gloo]
+  });
+}
+
 void GlooCommunicator::shutdown() {
   // Collectives already queued still run (each bounded by its timeout): shutdown() finishes
   // pending work, then closes the connections.
   if (!stopQueue()) return;
-  mesh_.reset();
+  std::unique_ptr<GlooMesh> mesh;
+  {
+    std::lock_guard<std::mutex> lock(meshMutex_);
+    mesh = std::move(mesh_);
+  }
+  mesh.reset();
   DTRAIN_LOG(Debug, "{}: Gloo communicator shut down", who());
 }
 

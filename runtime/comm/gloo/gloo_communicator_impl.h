@@ -7,6 +7,7 @@
 
 #include <functional>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -41,6 +42,7 @@ class GlooCommunicator final : public QueuedCommunicator {
   void resetBufferPeak() override;
   void trimBuffers() override;
   void shutdown() override;
+  void abort(const std::string& reason) override;
 
   std::string describe() const override;
 
@@ -69,8 +71,11 @@ class GlooCommunicator final : public QueuedCommunicator {
   bool checkCollectives_ = false;  // agreed at construction (rank 0's value)
   std::string address_;            // the address this rank binds
 
-  std::unique_ptr<GlooMesh> mesh_;  // comm thread only, except abort() in shutdown()
-  Scratch scratch_;                 // comm thread only
+  // Used by the executor; set by the constructor, reset by shutdown() under meshMutex_, which
+  // abort() holds to interrupt it from another thread.
+  std::unique_ptr<GlooMesh> mesh_;
+  std::mutex meshMutex_;
+  Scratch scratch_;  // comm thread only
   std::shared_ptr<HostBufferPool> pool_;
 };
 

@@ -169,9 +169,46 @@ std::string GlooMesh::describePeer(int rank) const {
 }
 
 void GlooMesh::abort() {
+  std::lock_guard<std::mutex> lock(abortMutex_);
   if (aborted_ || !context_) return;
   aborted_ = true;
   context_->closeConnections();
+}
+
+// Note [Interrupting Gloo]
+// A thread blocked in a Gloo collective waits on a condition variable of one of the operation's
+// buffers; Gloo wakes it on completion, on its timeout, on abortWait*(), or when the pair fails
+// and hands its exception to the buffers of the operations pending on it. Closing a pair fails
+// nothing (close only drops the socket), so interrupt() makes each pair fail after closing it:
+// switching a closed pair to synchronous mode is, in Gloo's TCP transport, "socket unexpectedly
+// closed", which fails every operation pending on that pair (a posted receive whose data has
+// not begun to arrive, a send its peer has not asked for: what a rank waiting for a lost peer
+// blocks in). That is all Gloo's public interface offers, and it misses the one operation whose
+// data is being read, and sends queued behind a full socket: Gloo keeps those apart from the
+// pending ones. For our algorithms (the direct allreduce and reduce-scatter, the collective
+// check) WaitInterrupt covers them, waking the wait registered at that moment through
+// abortWaitRecv/abortWaitSend. It does so only after the pairs are closed: by then Gloo's event
+// loop, which reads and writes under each pair's lock, has let go of every buffer, so the
+// algorithm may free them at once. Gloo's own algorithms (ring allreduce, broadcast, allgather,
+// barrier) interrupted in the middle of a transfer still wait until their timeout
+// (docs/reliability.md P20).
+void GlooMesh::interrupt() {
+  std::lock_guard<std::mutex> lock(abortMutex_);
+  if (interrupted_ || !context_) return;
+  interrupted_ = true;
+  if (!aborted_) {
+    aborted_ = true;
+    context_->closeConnections();
+  }
+  for (int peer = 0; peer < size_; ++peer) {
+    if (peer == rank_) continue;
+    try {
+      context_->getPair(peer)->setSync(true, false);
+    } catch (const std::exception&) {
+      // Expected: the pair failed (now or before), and so did what was pending on it.
+    }
+  }
+  waitInterrupt_.interrupt();
 }
 
 }  // namespace dtrain::comm

@@ -7,11 +7,13 @@
 #include <chrono>
 #include <map>
 #include <memory>
+#include <mutex>
 #include <string>
 
 #include <gloo/context.h>
 
 #include "dtrain/base/store.h"
+#include "gloo_algorithms.h"
 #include "net/net_interface.h"
 
 namespace dtrain::comm {
@@ -46,8 +48,15 @@ class GlooMesh {
   std::string describePeer(int rank) const;
 
   // Resets every connection (SO_LINGER 0): peers see ECONNRESET/EOF on their next read.
-  // Idempotent; safe while no collective runs on this mesh.
+  // Idempotent; callable from any thread, but a collective running meanwhile on this mesh waits
+  // on until its timeout: interrupt() releases it.
   void abort();
+  // abort(), and the collective running on this mesh, if any, fails within milliseconds: Gloo
+  // fails every operation pending on each closed pair, and waitInterrupt() wakes the wait of our
+  // algorithms (Note [Interrupting Gloo]). Idempotent; callable from any thread.
+  void interrupt();
+  // For GlooCall: what interrupt() wakes.
+  WaitInterrupt* waitInterrupt() { return &waitInterrupt_; }
 
  private:
   void publishEndpoints(store::Store& store, const std::string& prefix);
@@ -57,7 +66,10 @@ class GlooMesh {
   int size_;
   std::string address_;
   std::shared_ptr<gloo::Context> context_;
-  bool aborted_ = false;
+  std::mutex abortMutex_;     // abort() and interrupt() from any thread
+  bool aborted_ = false;      // guarded by abortMutex_
+  bool interrupted_ = false;  // guarded by abortMutex_
+  WaitInterrupt waitInterrupt_;
   std::map<std::string, int> rankOfEndpoint_;  // "[127.0.0.1]:41232" -> rank; set at connect
   std::map<int, std::string> addressOfRank_;   // rank -> bind address; set at connect
 };

@@ -287,18 +287,26 @@ void NcclCommunicator::failOnWatchdog(std::exception_ptr error) {
   DTRAIN_CHECK(std::this_thread::get_id() == watchdog_.get_id(),
                "nccl {}: failOnWatchdog() called outside the watchdog thread", who());
   std::shared_ptr<NcclWork> oldest;
+  bool membership = false;
   {
     std::lock_guard<std::mutex> lock(stateMutex_);
     if (aborted_) return;
     if (!pending_.empty()) oldest = pending_.front();
-    if (error_) error = error_;  // a caller's launch failed first
+    if (error_) error = error_;  // a caller's launch failed first, or abort() was called
+    membership = membershipAborted_;
   }
-  error = withReports(error, oldest ? &oldest->info() : nullptr);
+  // abort()'s error goes out as it is: the ranks to compare notes with are being re-formed.
+  if (!membership) error = withReports(error, oldest ? &oldest->info() : nullptr);
   std::deque<std::shared_ptr<NcclWork>> pending;
   {
     std::lock_guard<std::mutex> lock(stateMutex_);
-    // Reports replace the bare error; calls made meanwhile rethrow the one with reports.
-    error_ = error;
+    // Reports replace the bare error; calls made meanwhile rethrow the one with reports. An
+    // abort() that came meanwhile keeps its own (Note [Aborting from outside]).
+    if (membershipAborted_) {
+      error = error_;
+    } else {
+      error_ = error;
+    }
     pending.swap(pending_);
     aborted_ = true;
   }
@@ -317,6 +325,28 @@ void NcclCommunicator::failOnWatchdog(std::exception_ptr error) {
   // Release an injected hang before aborting, so the stream can drain once the kernels stop.
   releaseHang();
   abortOnWatchdog();
+}
+
+// abort() from any thread (Note [Aborting from outside] in communicator_base.cpp): the pending
+// work fails now, so every waiter returns at once; ncclCommAbort, which must not free the
+// ncclComm_t under a caller inside NCCL, is the watchdog's, woken for it, under the issue lock
+// (Note [Aborting under the issue lock]). After shutdown() there is no watchdog, and nothing left
+// to abort: shutdown() aborts a failed communicator itself.
+void NcclCommunicator::abort(const std::string& reason) {
+  const std::exception_ptr error = markAborted(reason);
+  if (!error) return;
+  DTRAIN_LOG(Warn, "nccl {}: aborted: membership changed: {}", who(), reason);
+  std::deque<std::shared_ptr<NcclWork>> pending;
+  {
+    std::lock_guard<std::mutex> lock(stateMutex_);
+    pending.swap(pending_);
+  }
+  for (auto& w : pending) {
+    recorder_.setState(w->info().seq, FlightRecorder::State::Failed);
+    w->fail(error);
+  }
+  releaseHang();
+  wake_.notify_all();
 }
 
 // Note [NCCL failure report]

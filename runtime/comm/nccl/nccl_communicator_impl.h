@@ -87,6 +87,7 @@ class NcclCommunicator final : public CommunicatorBase,
   std::shared_ptr<Work> barrierAsync(const CallOptions& options) override;
   std::shared_ptr<Buffer> allocate(size_t bytes) override;
   void shutdown() override;
+  void abort(const std::string& reason) override;
 
   void* deviceStream() const override { return stream_; }
   std::string describe() const override;

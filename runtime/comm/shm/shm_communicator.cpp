@@ -130,9 +130,13 @@ void ShmCommunicator::failOnCommThread(const CollectiveInfo& info, Millis timeou
                                        std::exception_ptr cause) {
   recorder_.setState(info.seq, FlightRecorder::State::Failed);
   std::string what = "unknown error";
-  enum { Timeout, Peer, Argument, Other } kind = Other;
+  enum { Timeout, Peer, Argument, Membership, Other } kind = Other;
   try {
     std::rethrow_exception(cause);
+  } catch (const MembershipChanged& e) {
+    // A peer of this node, or this rank's cross-node group, was aborted: the node re-forms.
+    what = e.what();
+    kind = Membership;
   } catch (const TimeoutError& e) {
     what = e.what();
     kind = Timeout;
@@ -147,7 +151,11 @@ void ShmCommunicator::failOnCommThread(const CollectiveInfo& info, Millis timeou
   }
   const std::string head = fmt::format("{}: {} failed: {}", who(), info.describeWithSeq(), what);
   // Note [Failing once]: the node's peers fail at once, quoting this; other nodes through Gloo.
-  engine_->abort(firstLine(head));
+  if (kind == Membership) {
+    engine_->abortForMembership(firstLine(head));
+  } else {
+    engine_->abort(firstLine(head));
+  }
   if (cross_) {
     // The cross-node peers waiting on this rank lose the connection; the report they read right
     // then (failure_report.h) carries this error, so they can name the root cause too.
@@ -170,6 +178,7 @@ void ShmCommunicator::failOnCommThread(const CollectiveInfo& info, Millis timeou
     case Timeout: error = DTRAIN_ERROR_PTR(TimeoutError, "{}", message); break;
     case Peer: error = DTRAIN_ERROR_PTR(NetworkError, "{}", message); break;
     case Argument: error = DTRAIN_ERROR_PTR(InvalidArgument, "{}", message); break;
+    case Membership: error = DTRAIN_ERROR_PTR(MembershipChanged, "{}", message); break;
     case Other: error = DTRAIN_ERROR_PTR(Error, "{}", message); break;
   }
   std::rethrow_exception(keepFirstError(error));
@@ -299,6 +308,16 @@ void ShmCommunicator::resetBufferPeak() {
 }
 
 void ShmCommunicator::trimBuffers() { spill_->trim(); }
+
+void ShmCommunicator::abort(const std::string& reason) {
+  abortQueue(reason, [&] {
+    // The whole node's segment: the node's other ranks fail at once, quoting this, and re-form
+    // with this one (docs/design.md "Communicator").
+    engine_->abortForMembership(
+        fmt::format("{}: membership changed: {}", describe(), firstLine(reason)));
+    if (cross_) cross_->abort(reason);
+  });
+}
 
 void ShmCommunicator::shutdown() {
   if (!stopQueue()) return;

@@ -76,6 +76,7 @@ class ShmCommunicator final : public QueuedCommunicator {
   void resetBufferPeak() override;
   void trimBuffers() override;
   void shutdown() override;
+  void abort(const std::string& reason) override;
 
   std::string describe() const override;
 

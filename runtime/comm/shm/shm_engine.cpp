@@ -200,6 +200,7 @@ void Engine::leaveAfterReaders(bool anyOwned, Clock::time_point deadline) {
 }
 
 void Engine::waitFor(int peer, uint32_t target, Clock::time_point deadline, const char* what) {
+  checkSelf();  // a collective moving data stops at its next step once aborted
   RankControl& c = segment_->control(peer);
   if (reached(c.progress.load(std::memory_order_acquire), target)) return;
   notePeerCore(peer, c.cpu.load(std::memory_order_relaxed) == sched_getcpu());
@@ -301,7 +302,15 @@ std::string Engine::whereIs(int peer) const {
                            what);
 }
 
+void Engine::throwSelfAborted() const {
+  char reason[kReasonBytes];
+  std::memcpy(reason, me_.reason, sizeof(reason));
+  reason[sizeof(reason) - 1] = '\0';
+  DTRAIN_THROW(Error, "this rank's communicator was aborted while it waited ({})", reason);
+}
+
 void Engine::checkPeers(int waitingFor, const char* what) {
+  checkSelf();
   for (int r = 0; r < size_; ++r) {
     if (r == rank_) continue;
     RankControl& c = segment_->control(r);
@@ -319,6 +328,9 @@ void Engine::checkPeers(int waitingFor, const char* what) {
     char reason[kReasonBytes];
     std::memcpy(reason, c.reason, sizeof(reason));
     reason[sizeof(reason) - 1] = '\0';
+    if (state == kMembership) {
+      DTRAIN_THROW(MembershipChanged, "{} was aborted{}: {}", describePeer(r), waiting, reason);
+    }
     DTRAIN_THROW(NetworkError, "{} failed{}: {}", describePeer(r), waiting, reason);
   }
   const int dead = peers_.firstDead();
@@ -369,9 +381,12 @@ void Engine::checkDescriptors(const CollectiveInfo& info, int onlyPeer) {
 
 void Engine::abort(const std::string& reason) { mark(kFailed, reason); }
 
+void Engine::abortForMembership(const std::string& reason) { mark(kMembership, reason); }
+
 void Engine::close() { mark(kClosed, "shut down"); }
 
 void Engine::mark(uint32_t state, const std::string& reason) {
+  std::lock_guard<std::mutex> lock(markMutex_);  // one writer of `reason` at a time
   if (me_.aborted.load() == 0) {
     const size_t n = std::min(reason.size(), kReasonBytes - 1);
     std::memcpy(me_.reason, reason.data(), n);

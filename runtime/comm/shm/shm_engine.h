@@ -11,6 +11,7 @@
 #include <chrono>
 #include <functional>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -64,8 +65,13 @@ class Engine {
   void setSpin(std::chrono::microseconds spin);
 
   // Marks this rank failed in the segment (peers then fail at once, quoting `reason`) and wakes
-  // every sleeping peer. Idempotent; callable from any thread.
+  // every sleeping rank. Idempotent; callable from any thread: a collective this rank runs
+  // meanwhile fails at its next wait, within a futex wake-up (Note [Aborting from outside] in
+  // communicator_base.cpp).
   void abort(const std::string& reason);
+  // abort() for Communicator::abort(): the node's ranks then fail with MembershipChanged, since
+  // they re-form together (Note [Aborting from outside] in communicator_base.cpp).
+  void abortForMembership(const std::string& reason);
   // Marks this rank as gone (its communicator shut down): a peer still waiting for it fails at
   // once instead of at its deadline. Idempotent; a failure marked before stays.
   void close();
@@ -80,6 +86,7 @@ class Engine {
 
   static constexpr uint32_t kFailed = 1;
   static constexpr uint32_t kClosed = 2;
+  static constexpr uint32_t kMembership = 3;
   void mark(uint32_t state, const std::string& reason);
   void enter(const CollectiveInfo& info, bool owned, int64_t inputOffset);
   void leave();
@@ -106,6 +113,11 @@ class Engine {
   [[noreturn]] void failWaiting(int peer, uint32_t target, Clock::time_point deadline,
                                 const char* what);
   void checkPeers(int waitingFor, const char* what);
+  // Throws once this rank is marked failed or gone: abort() from another thread.
+  void checkSelf() const {
+    if (me_.aborted.load(std::memory_order_acquire) != 0) throwSelfAborted();
+  }
+  [[noreturn]] void throwSelfAborted() const;
   std::string whereIs(int peer) const;
   // A wait ended while spinning, or after sleeping; `start` being when it began: adapt the budget.
   void spun(Clock::time_point start);
@@ -125,6 +137,7 @@ class Engine {
   int size_;
   RankControl& me_;
   PeerWatch peers_;
+  std::mutex markMutex_;          // mark() from the executor and from abort() on another thread
   uint32_t phase_ = 0;            // this rank's progress word, mirrored
   uint64_t step_ = 0;             // steps that used a staging slot, over all collectives
   uint32_t entries_[2] = {0, 0};  // progress after the entry of the last two steps, by step % 2

@@ -132,6 +132,8 @@ void ShmCommunicator::across(const std::function<void()>& step) {
   };
   try {
     step();
+  } catch (const MembershipChanged& e) {
+    DTRAIN_THROW(MembershipChanged, "{}{}", context(), e.what());
   } catch (const TimeoutError& e) {
     DTRAIN_THROW(TimeoutError, "{}{}", context(), e.what());
   } catch (const NetworkError& e) {

@@ -63,7 +63,7 @@ struct alignas(64) RankControl {
   std::atomic<int32_t> cpu;
   char pad0[52];
   // Set once: 1 when this rank's communicator failed (`reason` holds its error, NUL-terminated),
-  // 2 when it was shut down.
+  // 2 when it was shut down, 3 when it was aborted because the job's membership changed.
   std::atomic<uint32_t> aborted;
   std::atomic<int32_t> pid;
   std::atomic<uint64_t> seq;     // the collective it is in, or the last one it finished

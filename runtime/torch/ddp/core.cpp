@@ -51,6 +51,7 @@ DdpCore::DdpCore(std::shared_ptr<torch::nn::Module> module, std::shared_ptr<Proc
     : module_(std::move(module)), group_(std::move(group)), options_(options) {
   DTRAIN_CHECK_ARG(module_ != nullptr, "DistributedDataParallel needs a module");
   DTRAIN_CHECK_ARG(group_ != nullptr, "DistributedDataParallel needs a process group");
+  epoch_ = group_->epoch();
   auto params = named(module_->named_parameters(/*recurse=*/true));
   auto buffers = named(module_->named_buffers(/*recurse=*/true));
   for (const auto& p : params) checkDevice(*group_, p, "parameter");
@@ -83,6 +84,8 @@ DdpCore::DdpCore(std::shared_ptr<torch::nn::Module> module, std::shared_ptr<Proc
 }
 
 DdpCore::~DdpCore() = default;
+
+bool DdpCore::stale() const { return group_->epoch() != epoch_; }
 
 void DdpCore::beforeForward() {
   if (sync_) sync_->beforeForward();  // not sync(): a forward without gradients makes no reducer

@@ -15,6 +15,7 @@
 #include "dtrain/torch/training_state.h"
 
 namespace dtrain {
+class ProcessGroup;
 class ShardedOptimizer;
 }  // namespace dtrain
 
@@ -43,6 +44,15 @@ struct Registry {
   std::vector<std::pair<std::string, GradScaler*>> scalers;
   std::vector<SamplerEntry> samplers;
   std::map<std::string, MetadataValue> metadata;
+  // Each sampler's position where the current step began (TrainingState::beginStep): where a
+  // step discarded after a lost node starts again (step_transaction.cpp).
+  std::vector<SamplerState> stepStart;
 };
+
+// After `group` re-formed in a step that failed (TrainingState::tryStep): drops the registered
+// modules' gradients, hands the state of a member that applied one step more over to the others,
+// re-shards the samplers for the new world, and returns the step every member runs next.
+// Collective over the new members.
+int64_t settleAfterReform(Registry& registry, ProcessGroup& group, int64_t step);
 
 }  // namespace dtrain::state

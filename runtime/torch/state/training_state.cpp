@@ -5,6 +5,7 @@
 #include <ATen/ATen.h>
 
 #include "dtrain/base/error.h"
+#include "dtrain/base/logging.h"
 #include "dtrain/torch/process_group.h"
 #include "dtrain/torch/zero.h"
 #include "fault.h"
@@ -94,7 +95,35 @@ const std::map<std::string, MetadataValue>& TrainingState::metadata() const {
 
 void TrainingState::beginStep(int64_t step) {
   step_ = step;
+  registry_->stepStart.clear();
+  for (const auto& e : registry_->samplers) registry_->stepStart.push_back(e.state());
   fault::injectAt(group_->rank(), step);
+}
+
+bool TrainingState::tryStep(const std::function<void()>& work) {
+  try {
+    work();
+    return true;
+  } catch (const std::exception& e) {
+    if (!group_->reformsOnNodeLoss()) throw;
+    // A failure of the program's own, with every collective healthy, is no node loss.
+    if (dynamic_cast<const MembershipChanged*>(&e) == nullptr &&
+        group_->communicator().error() == nullptr) {
+      throw;
+    }
+    if (!registry_->sharded.empty()) {
+      DTRAIN_LOG(Error,
+                 "step {}: a collective failed under ZeRO, whose sharded state does not re-form "
+                 "in memory yet: the job restarts from its last checkpoint ({})",
+                 step_, e.what());
+      throw;
+    }
+    DTRAIN_LOG(Warn, "step {}: discarded on rank {}: {}", step_, group_->rank(), e.what());
+    // No new epoch in time: not a loss the launcher decided to survive.
+    if (!group_->reform()) throw;
+  }
+  step_ = state::settleAfterReform(*registry_, *group_, step_);
+  return false;
 }
 
 }  // namespace dtrain

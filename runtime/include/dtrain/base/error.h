@@ -42,6 +42,13 @@ class CheckpointError : public Error {
   using Error::Error;
 };
 
+// The job's membership changed: a collective was aborted because a node was lost
+// (Communicator::abort); the runtime re-forms its communicators among the survivors.
+class MembershipChanged : public Error {
+ public:
+  using Error::Error;
+};
+
 namespace detail {
 // "message [file.cpp:123]": the basename only, so messages do not leak build paths.
 std::string withLocation(const std::string& message, const char* file, int line);

@@ -161,6 +161,20 @@ class Communicator {
   // Finishes pending work and releases connections; later calls fail. Idempotent.
   virtual void shutdown() = 0;
 
+  // Pulls every rank of this communicator that is blocked in it out at once, from outside: what a
+  // watcher thread calls when it learns that a node of the job was lost, so that the training
+  // thread leaves the collective it can never finish and the survivors form new communicators.
+  // Thread-safe: callable from any thread, while other threads wait() or run a synchronous
+  // collective and while the comm thread runs one. Every pending collective and every later call
+  // fails with MembershipChanged ("<describe()>: membership changed: <reason>"), and error()
+  // returns it from then on; it supersedes an earlier failure (whose message it quotes), since
+  // the lost node is what the caller acts on. A blocked wait returns within ~100 ms. Idempotent:
+  // a second abort keeps the first reason. shutdown() still works afterwards and never hangs;
+  // abort never ends the process. It aborts this communicator (for the hierarchical one, both its
+  // parts) and nothing else: a subgroup made by split()/newGroup() is a communicator of its own,
+  // aborted on its own. Per backend: docs/design.md "Communicator".
+  virtual void abort(const std::string& reason) = 0;
+
   // The first error once the communicator has failed (every later call rethrows it); null while
   // healthy.
   virtual std::exception_ptr error() const { return nullptr; }

@@ -25,6 +25,8 @@ class TcpStoreServer;
 
 namespace dtrain::comm {
 
+class WorldReform;
+
 constexpr uint16_t kDefaultMasterPort = 29500;
 
 struct WorldOptions {
@@ -54,6 +56,12 @@ struct WorldOptions {
   bool checkCollectives = false;
   // Distinguishes process groups of one job (the same on every rank).
   std::string name = "default";
+  // Re-form in memory when a node is lost, reading the membership epochs from the store
+  // (reformWorld below). Under launch it follows `--on-node-loss` (DTRAIN_ON_NODE_LOSS=continue)
+  // whatever this says; with an explicit `store` (tests, custom launchers) set it, and `nodeId`:
+  // this rank's node in the epochs (DTRAIN_NODE_ID under launch).
+  bool reformOnNodeLoss = false;
+  std::string nodeId;
 };
 
 enum class Launcher { Explicit, Launch, Slurm, Mpi };
@@ -131,11 +139,28 @@ struct World {
   std::shared_ptr<store::TcpStoreServer> server;  // rank 0 without a launcher: the store it hosts
   std::shared_ptr<Communicator> communicator;
   bool closed = false;  // set by shutdownWorld()
+  // The membership epoch the communicator belongs to: 0 as planned, +1 at each re-form.
+  int epoch = 0;
+  // Under `launch --on-node-loss continue` (DTRAIN_ON_NODE_LOSS=continue): the watch on the
+  // round's membership and what a re-form needs (runtime/comm/world_reform.h); null otherwise.
+  std::shared_ptr<WorldReform> reform;
 };
 
 // Resolves the environment, connects to (or hosts) the store and creates the communicator.
 // `cudaDevicesUsable` lets the torch layer veto NCCL when its libtorch has no CUDA.
 World connectWorld(const WorldOptions& options, bool cudaDevicesUsable = true);
+
+// True when `world` re-forms in memory when a node is lost (launch --on-node-loss continue).
+bool reformsOnNodeLoss(const World& world);
+// After a collective of world.communicator failed -- aborted with MembershipChanged when the
+// launcher published a new membership epoch, or a peer's death seen first -- waits (at most
+// DTRAIN_NODE_LOSS_WAIT seconds, --heartbeat-timeout + 5) for that epoch, replaces the
+// communicator by one among the epoch's members (this rank's new rank and the world size from
+// it; the old one aborted and shut down) under the epoch's own store prefix, and returns true.
+// Collective over the new members. False when the world does not re-form or no new epoch came in
+// time: the failure was not a node loss the launcher decided to survive, and the caller rethrows
+// its error. Throws MembershipChanged when this rank is not a member of the new epoch.
+bool reformWorld(World& world);
 
 // Shuts `world` down cleanly: when rank 0 hosts the store, everyone first meets at a barrier so
 // the store outlives every rank's last use of it. Idempotent.

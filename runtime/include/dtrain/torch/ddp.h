@@ -126,6 +126,7 @@ class DistributedDataParallel {
 
   template <typename... Args>
   auto forward(Args&&... args) {
+    if (core_->stale()) reform();
     core_->beforeForward();
     auto output = module_->forward(std::forward<Args>(args)...);
     std::vector<at::Tensor> tensors;
@@ -157,6 +158,16 @@ class DistributedDataParallel {
       if (seen.insert(p.unsafeGetTensorImpl()).second) out.push_back(std::move(p));
     }
     return out;
+  }
+
+  // Makes the buckets again for the group's new world after it re-formed among the survivors of
+  // a lost node (ProcessGroup::reform): the next forward does it by itself. Collective over the
+  // new members; the parameters are broadcast from the new rank 0 as at construction.
+  void reform() {
+    auto group = core_->groupPtr();
+    DdpOptions options = core_->options();
+    core_.reset();  // its hooks go before the new core installs its own
+    core_ = std::make_unique<DdpCore>(detail::modulePtr(module_), std::move(group), options);
   }
 
   ProcessGroup& processGroup() { return core_->group(); }

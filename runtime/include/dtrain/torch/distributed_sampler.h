@@ -111,6 +111,10 @@ class DistributedSampler : public torch::data::samplers::Sampler<std::vector<siz
   // Continues from `state`. Throws InvalidArgument when the state belongs to another dataset size,
   // seed, or shuffle/dropLast setting.
   void loadState(const SamplerState& state);
+  // Serves another world from `state` on: rank `rank` of `numReplicas` (after a re-form among the
+  // survivors of a lost node: TrainingState::tryStep). The same checks as loadState(); copies of
+  // this sampler (a data loader's) keep their own world: make the loader again.
+  void reshard(int numReplicas, int rank, const SamplerState& state);
 
  private:
   // Shared by copies (Note [Sampler copies share their position]).

@@ -62,6 +62,18 @@ class ProcessGroup {
   std::shared_ptr<ProcessGroup> split(int color, int key = -1,
                                       const comm::GroupOptions& options = {});
 
+  // Node loss (`launch --on-node-loss continue`, docs/training.md "Surviving a lost node"): the
+  // membership epoch this group's communicator belongs to -- 0 from init(), +1 at each re-form --
+  // and whether it re-forms at all (only a group init() made, under that mode).
+  int epoch() const { return world_ ? world_->epoch : 0; }
+  bool reformsOnNodeLoss() const { return world_ && comm::reformsOnNodeLoss(*world_); }
+  // After a collective failed: comm::reformWorld (dtrain/comm/world.h) -- waits for the
+  // launcher's next epoch and replaces the communicator by one among its members: rank() and
+  // size() change, communicator() is another object (do not keep references to it across a
+  // step). Subgroups made before are not re-formed. Collective over the new members; false when
+  // no new epoch came (rethrow what failed). TrainingState::tryStep() calls it.
+  bool reform();
+
   // Idempotent; collectives after it fail. When rank 0 hosts the store (srun/mpirun), every rank
   // meets at a barrier first, so call it on every rank.
   void shutdown();

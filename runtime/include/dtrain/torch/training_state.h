@@ -85,7 +85,33 @@ class TrainingState {
   // (exit, signal, abort, hang, stop, slow: docs/design.md, "Fault injection") whose rank is
   // this group's rank and whose step is `step`. Not collective.
   void beginStep(int64_t step);
-  // The step of the last beginStep(), -1 before the first.
+  // Steps as transactions, for a job that survives a lost node (`launch --on-node-loss
+  // continue`; docs/training.md, "Surviving a lost node"). Runs `work` -- everything of the step
+  // that communicates: forward, backward with DDP's gradient sync, GradScaler's unscale, clipping
+  // -- and returns true when it finished: then apply the step (optimizer, scheduler, scaler
+  // update). When a collective in it failed because a node was lost, the step is discarded on
+  // every survivor and false comes back once the group re-formed among them: the registered
+  // modules' gradients dropped, the state of a member that had applied one step more handed to
+  // the others (all members equal), every registered sampler re-sharded for the new world at the
+  // position where the step to run begins; run step currentStep() again, with the new
+  // group->size() (and DDP, which re-makes its buckets at its next forward):
+  //
+  //   for (int64_t step = start; step < steps;) {
+  //     state->beginStep(step);
+  //     if (!state->tryStep([&] { ...forward, backward...; })) {
+  //       step = state->currentStep();
+  //       continue;
+  //     }
+  //     optimizer.step();
+  //     ++step;
+  //   }
+  //
+  // Anything else -- an error of the program's own, a failure the launcher did not decide to
+  // survive, any failure under ZeRO (its sharded state does not re-form yet) -- propagates, and
+  // the launcher's restart path takes over. Outside that mode it is work() and true.
+  bool tryStep(const std::function<void()>& work);
+  // The step of the last beginStep() -- after tryStep() returned false, the step to run -- -1
+  // before the first.
   int64_t currentStep() const { return step_; }
 
   const std::shared_ptr<ProcessGroup>& group() const { return group_; }

@@ -52,6 +52,10 @@ class DdpCore {
   // Broadcasts the buffers from rank 0 now (collective).
   void syncBuffers();
 
+  // The group re-formed (another membership epoch) since this core was made: its buckets are for
+  // another world (DistributedDataParallel::reform()).
+  bool stale() const;
+
   ProcessGroup& group() { return *group_; }
   const std::shared_ptr<ProcessGroup>& groupPtr() const { return group_; }
   const DdpOptions& options() const { return options_; }
@@ -82,6 +86,7 @@ class DdpCore {
 
   std::shared_ptr<torch::nn::Module> module_;
   std::shared_ptr<ProcessGroup> group_;
+  int epoch_ = 0;  // group_'s membership epoch when this core was made
   DdpOptions options_;
   bool syncEnabled_ = true;
   std::vector<std::pair<std::string, at::Tensor>> trained_;

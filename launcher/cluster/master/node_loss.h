@@ -1,0 +1,80 @@
+#pragma once
+// What the master does when a node of the running round is lost under `launch --on-node-loss
+// continue`: go on without it in the next membership epoch, or fall back to today's restart --
+// a pure function of what the master knows (decideNodeLoss), and the epoch it writes
+// (epochWithout). The Coordinator (coordinator_round.cpp) gathers the facts and writes the keys.
+//
+// Note [Node loss]
+// ~~~~~~~~~~~~~~~~
+// A node of the running round is lost when its agent's heartbeat goes silent, its agent (or its
+// ssh session) ends, or its workers are killed by a signal launch did not send (its agent reports
+// "node_lost"). Under --on-node-loss continue the master then writes the round's next epoch
+// (Note [Membership epochs] in runtime/base/membership.h) instead of its stop key, and the
+// survivors go on. It falls back to the restart path -- the stop key, a restart while
+// --max-restarts lasts -- saying why in one line, when:
+//   - fewer than the minimum of --nnodes MIN:MAX would remain;
+//   - a worker exits with a non-zero code of its own (a program bug must not evict node after
+//     node: that agent writes the stop key as today, and the master never sees a node loss);
+//   - a node is lost while the last re-form is in progress (its formed counter has not reached
+//     the epoch's world size), or a re-form is not complete within --heartbeat-timeout + 30 s;
+//   - it would be more than --max-reforms re-forms within --reform-window seconds;
+//   - the lost node hosts the store (node rank 0 of a manual job): the coordinator and the store
+//     go with it, so nothing is left to decide -- every agent loses the store instead.
+
+#include <chrono>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "launcher/cluster/protocol/rendezvous.h"
+#include "launcher/config/launch_config.h"
+#include "membership.h"
+
+namespace dtrain::launcher {
+
+// A re-form not complete within --heartbeat-timeout + this many seconds falls back to a restart.
+constexpr double kReformSeconds = 30;
+
+// How the node was lost: the cause's kind (the text goes into the epoch's `why`).
+enum class LossKind {
+  Silent,           // its agent's heartbeat went silent
+  AgentGone,        // its agent or ssh session ended
+  WorkersSignaled,  // its workers were killed by a signal launch did not send
+  WorkerExited,     // a worker exited with a non-zero code of its own: never a node loss
+};
+
+struct NodeLossFacts {
+  LossKind kind = LossKind::Silent;
+  int nodesLeft = 0;  // nodes of the round that would remain without this one
+  int minNodes = 1;   // of --nnodes MIN:MAX
+  bool reformInProgress = false;
+  int reformsInWindow = 0;  // re-forms already made within --reform-window
+  int maxReforms = kDefaultMaxReforms;
+  double reformWindow = kDefaultReformWindowSeconds;
+  bool hostsStore = false;  // the lost node is node rank 0 of a manual job
+};
+
+struct NodeLossDecision {
+  bool goOn = false;  // write the next epoch; else the restart path
+  std::string why;    // when !goOn: why not, for the one line the master prints
+};
+
+// Note [Node loss]. Under OnNodeLoss::Restart it never goes on (why is empty: today's path).
+NodeLossDecision decideNodeLoss(OnNodeLoss mode, const NodeLossFacts& facts);
+
+// The epoch after `previous` without the nodes `lost`: the others in the plan's order, their
+// ranks renumbered from 0; epoch number + 1; `why` as given.
+membership::Epoch epochWithout(const membership::Epoch& previous, const std::set<std::string>& lost,
+                               const std::string& why);
+// Epoch 0 of a round: its plan.
+membership::Epoch epochOfPlan(const RoundPlan& plan);
+
+// The round's keys of Note [Membership epochs], with the round's prefix ("round<R>/...").
+std::string epochStoreKey(int round);
+std::string formedStoreKey(int round, int epoch);
+
+// The re-forms of `times` within `window` seconds before `now`.
+int reformsWithin(const std::vector<std::chrono::steady_clock::time_point>& times,
+                  std::chrono::steady_clock::time_point now, double window);
+
+}  // namespace dtrain::launcher

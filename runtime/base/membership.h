@@ -1,0 +1,55 @@
+#pragma once
+// Membership epochs: the launcher's decision that a job goes on without a lost node, and how every
+// surviving worker reads it. Torch-free and internal to this tree: the master writes it
+// (launcher/cluster/master), the runtime reads it (runtime/comm/membership_watcher.*); both
+// spell the keys and the value from here.
+//
+// Note [Membership epochs]
+// ~~~~~~~~~~~~~~~~~~~~~~~~
+// Under `launch --on-node-loss continue` a round starts at epoch 0: the round's plan. When a node
+// is lost and enough remain, the master writes epoch E+1 -- the nodes left, in the plan's order,
+// with their ranks renumbered from 0 -- to the round's key "launch/epoch" (one writer: the
+// master). Every worker of a survivor watches that key with a blocking wait on a store
+// connection of its own, so the decision reaches it within one store round trip; it aborts its
+// communicators, and builds new ones among the members under the store prefix "epoch<E>/", so a
+// late message of an older epoch can never be taken for one of the new. Each rank adds 1 to
+// "launch/epoch<E>/formed" once its communicators of epoch E are built: the master counts the
+// re-form done when the counter reaches the epoch's world size, and a loss before that ends the
+// round the old way (a restart).
+
+#include <string>
+#include <vector>
+
+namespace dtrain::membership {
+
+// Keys, relative to the round's prefix "round<R>/" (a worker's store view is the round's).
+std::string epochKey();            // "launch/epoch": the master's latest epoch (encodeEpoch)
+std::string formedKey(int epoch);  // "launch/epoch<E>/formed": counter of ranks re-formed
+// The store prefix of epoch E's communicators: "epoch<E>" (epoch 0 has none: today's keys).
+std::string epochPrefix(int epoch);
+
+// One member node of an epoch: ranks [rankOffset, rankOffset + localWorldSize).
+struct EpochNode {
+  std::string node;  // DTRAIN_NODE_ID
+  int rankOffset = 0;
+  int localWorldSize = 1;
+};
+
+struct Epoch {
+  int epoch = 0;
+  int worldSize = 0;
+  std::vector<EpochNode> nodes;  // in rank order
+  // Why this epoch began, for logs and errors: "node 2 (h3) went silent".
+  std::string why;
+  // The rank of local rank `localRank` of node `node` in this epoch; -1 when not a member.
+  int rankOf(const std::string& node, int localRank) const;
+};
+
+// "E\n" + JSON {"epoch", "world_size", "nodes": [[node, rank_offset, local_world_size], ...],
+// "why"}: the epoch number first, so a reader that only needs it stops at the newline.
+std::string encodeEpoch(const Epoch& epoch);
+// Throws InvalidArgument naming what is malformed: a bad number, missing fields, ranks that do
+// not cover [0, world_size) in order.
+Epoch decodeEpoch(const std::string& text);
+
+}  // namespace dtrain::membership

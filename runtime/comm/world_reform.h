@@ -1,0 +1,40 @@
+#pragma once
+// What a World needs to re-form after a lost node (dtrain/comm/world.h, reformWorld): how it was
+// built, and the watch on the round's membership epochs. Internal to dtrain_comm.
+
+#include <chrono>
+#include <memory>
+#include <mutex>
+#include <string>
+
+#include "dtrain/comm/world.h"
+#include "membership_watcher.h"
+
+namespace dtrain::comm {
+
+class WorldReform {
+ public:
+  // The communicator a new epoch aborts: the world's current one.
+  struct Target {
+    std::mutex mutex;
+    std::weak_ptr<Communicator> current;  // guarded by mutex
+    int epoch = 0;                        // guarded by mutex: current's epoch
+  };
+
+  WorldOptions options;  // as connectWorld() was given them (the store left out)
+  std::string nodeId;    // DTRAIN_NODE_ID: this worker's node in the epochs
+  std::string nodeKey;   // the shared-memory node key (BackendSetup::node)
+  std::string backend;   // the backend table's entry that built the world
+  int cudaDevices = 0;
+  std::chrono::milliseconds wait{35000};  // DTRAIN_NODE_LOSS_WAIT
+  std::shared_ptr<Target> target = std::make_shared<Target>();
+  std::unique_ptr<MembershipWatcher> watcher;
+};
+
+// Sets world.reform up when the environment asks for it (DTRAIN_ON_NODE_LOSS=continue under
+// launch): a store connection of its own for the watcher, which aborts the current communicator
+// when a newer epoch comes. `backend`: the table's entry name, `nodeKey`: BackendSetup::node.
+void watchMembership(World& world, const WorldOptions& options, const std::string& backend,
+                     const std::string& nodeKey, int cudaDevices);
+
+}  // namespace dtrain::comm

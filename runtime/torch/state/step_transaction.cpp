@@ -1,0 +1,136 @@
+// What follows a step discarded after a lost node (TrainingState::tryStep): the survivors made
+// equal again, and the samplers re-sharded for the new world.
+//
+// Note [Settling after a re-form]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// The commit of a step is the success of its collectives on this rank: a rank whose gradient
+// sync completed holds the gradient averaged over every member (the lost ones had contributed
+// before they went) and applies the step; a rank whose sync failed applies nothing. Both can
+// happen in one step -- a ring allreduce finishes on some ranks while the lost node cuts the
+// others off -- so no vote during the step could prevent it without a message of its own in
+// every step. It is settled here instead, only after a failure: the members compare the step
+// they were in (one allgather of a number); when some applied one step more, the lowest-ranked
+// of them hands its replicated state (parameters, buffers, optimizers, schedulers, scalers,
+// sampler positions) to the rest by broadcast, and every member runs the next step from there.
+// A step is never half applied on a rank, and the ranks never go on apart.
+
+#include <cstring>
+#include <sstream>
+
+#include <ATen/ATen.h>
+#include <torch/nn/module.h>
+#include <torch/optim/optimizer.h>
+#include <torch/optim/schedulers/lr_scheduler.h>
+#include <torch/serialize/archive.h>
+
+#include "../torch_compat.h"
+#include "dtrain/base/error.h"
+#include "dtrain/base/logging.h"
+#include "dtrain/torch/grad_scaler.h"
+#include "dtrain/torch/process_group.h"
+#include "registry.h"
+
+namespace dtrain::state {
+
+namespace {
+
+// `bytes` from `root` to every member.
+void broadcastBytes(ProcessGroup& group, std::string& bytes, int root) {
+  at::Tensor size = at::tensor({static_cast<int64_t>(bytes.size())}, at::kLong);
+  group.broadcast(size, root);
+  at::Tensor data = at::empty({size.item<int64_t>()}, at::kByte);
+  if (group.rank() == root) std::memcpy(data.data_ptr(), bytes.data(), bytes.size());
+  group.broadcast(data, root);
+  bytes.assign(static_cast<const char*>(data.data_ptr()), static_cast<size_t>(data.numel()));
+}
+
+void handOver(Registry& r, ProcessGroup& group, int root) {
+  at::NoGradGuard noGrad;
+  for (auto& [name, module] : r.modules) {
+    for (auto& p : module->parameters(/*recurse=*/true)) {
+      if (p.numel() > 0) group.broadcast(p, root);
+    }
+    for (auto& b : module->buffers(/*recurse=*/true)) {
+      if (b.defined() && b.numel() > 0) group.broadcast(b, root);
+    }
+  }
+  for (auto& [name, optimizer] : r.optimizers) {
+    std::string bytes;
+    if (group.rank() == root) {
+      torch::serialize::OutputArchive archive;
+      optimizer->save(archive);
+      std::ostringstream out;
+      archive.save_to(out);
+      bytes = out.str();
+    }
+    broadcastBytes(group, bytes, root);
+    if (group.rank() != root) {
+      torch::serialize::InputArchive archive;
+      std::istringstream in(bytes);
+      archive.load_from(in);
+      optimizer->load(archive);
+    }
+  }
+  for (auto& [name, scheduler] : r.schedulers) {
+    at::Tensor count = at::tensor({static_cast<int64_t>(compat::schedulerStepCount(*scheduler))},
+                                  at::kLong);
+    group.broadcast(count, root);
+    compat::schedulerStepCount(*scheduler) = static_cast<unsigned>(count.item<int64_t>());
+  }
+  for (auto& [name, scaler] : r.scalers) {
+    GradScalerState s = scaler->state();
+    at::Tensor v = at::tensor({s.scale, s.growthFactor, s.backoffFactor,
+                               static_cast<double>(s.growthInterval),
+                               static_cast<double>(s.growthTracker)},
+                              at::kDouble);
+    group.broadcast(v, root);
+    auto a = v.accessor<double, 1>();
+    s.scale = a[0];
+    s.growthFactor = a[1];
+    s.backoffFactor = a[2];
+    s.growthInterval = static_cast<int64_t>(a[3]);
+    s.growthTracker = static_cast<int64_t>(a[4]);
+    scaler->loadState(s);
+  }
+}
+
+}  // namespace
+
+int64_t settleAfterReform(Registry& r, ProcessGroup& group, int64_t step) {
+  // The discarded step's gradients, partly accumulated, must not reach the next attempt.
+  for (auto& [name, module] : r.modules) {
+    for (auto& p : module->parameters(/*recurse=*/true)) {
+      if (p.grad().defined()) p.mutable_grad() = at::Tensor();
+    }
+  }
+  const auto steps = group.allgather(at::tensor({step}, at::kLong));
+  int64_t top = step;
+  for (const auto& s : steps) top = std::max(top, s.item<int64_t>());
+  int root = -1;
+  bool equal = true;
+  for (int i = 0; i < static_cast<int>(steps.size()); ++i) {
+    const int64_t s = steps[static_cast<size_t>(i)].item<int64_t>();
+    if (s != top) equal = false;
+    if (s == top && root < 0) root = i;
+  }
+  if (!equal) {
+    DTRAIN_LOG(Warn,
+               "members were at different steps after the re-form; rank {} (at step {}) "
+               "hands its state over (Note [Settling after a re-form])",
+               root, top);
+    handOver(r, group, root);
+  }
+  // Every sampler from where the step to run begins, for the new world.
+  for (size_t i = 0; i < r.samplers.size(); ++i) {
+    SamplerState at = i < r.stepStart.size() ? r.stepStart[i] : r.samplers[i].state();
+    std::vector<uint8_t> encoded = at.encode();
+    std::string bytes(encoded.begin(), encoded.end());
+    broadcastBytes(group, bytes, root);
+    at = SamplerState::decode(std::vector<uint8_t>(bytes.begin(), bytes.end()));
+    r.samplers[i].sampler->reshard(group.size(), group.rank(), at);
+    if (i < r.stepStart.size()) r.stepStart[i] = at;
+  }
+  return top;
+}
+
+}  // namespace dtrain::state
