@@ -99,6 +99,8 @@ void DistributedSampler::rebuild() {
   Position& p = *pos_;
   p.indices.clear();
   p.handedOut = 0;
+  p.shared = 0;
+  p.order.clear();
   const size_t n = p.datasetSize;
   const size_t w = static_cast<size_t>(numReplicas_);
   if (n == 0) return;
@@ -128,6 +130,7 @@ void DistributedSampler::reset(std::optional<size_t> newSize) {
     rebuild();
   }
   pos_->handedOut = 0;
+  pos_->shared = 0;
 }
 
 std::optional<std::vector<size_t>> DistributedSampler::next(size_t batchSize) {
@@ -140,6 +143,29 @@ std::optional<std::vector<size_t>> DistributedSampler::next(size_t batchSize) {
   return batch;
 }
 
+std::optional<std::vector<size_t>> DistributedSampler::nextShare(size_t globalBatch) {
+  DTRAIN_CHECK_ARG(globalBatch >= 1, "DistributedSampler::nextShare: a global batch of 0");
+  Position& p = *pos_;
+  const uint64_t begin = p.start + p.shared;
+  if (begin >= p.datasetSize) return {};
+  const uint64_t window = std::min<uint64_t>(globalBatch, p.datasetSize - begin);
+  if (options_.dropLast && window < globalBatch) return {};
+  if (p.order.empty()) p.order = epochOrder(p.datasetSize, options_, p.epoch);
+  std::vector<size_t> share;
+  for (uint64_t k = static_cast<uint64_t>(rank_); k < window;
+       k += static_cast<uint64_t>(numReplicas_)) {
+    share.push_back(static_cast<size_t>(p.order[begin + k]));
+  }
+  p.shared += window;
+  return share;
+}
+
+double sampleWeight(size_t localSamples, size_t globalSamples, int worldSize) {
+  DTRAIN_CHECK_ARG(globalSamples > 0 && worldSize > 0,
+                   "sampleWeight: {} global samples over {} ranks", globalSamples, worldSize);
+  return static_cast<double>(localSamples) * worldSize / static_cast<double>(globalSamples);
+}
+
 SamplerState DistributedSampler::state(size_t consumed) const {
   const Position& p = *pos_;
   consumed = std::min(consumed, p.indices.size());
@@ -147,7 +173,10 @@ SamplerState DistributedSampler::state(size_t consumed) const {
   s.seed = options_.seed;
   s.epoch = p.epoch;
   s.datasetSize = p.datasetSize;
-  s.cursor = std::min<uint64_t>(p.datasetSize, p.start + uint64_t{consumed} * numReplicas_);
+  // nextShare() counts the world's entries itself; next() counts this rank's, a stride apart.
+  s.cursor = p.shared > 0
+                 ? std::min<uint64_t>(p.datasetSize, p.start + p.shared)
+                 : std::min<uint64_t>(p.datasetSize, p.start + uint64_t{consumed} * numReplicas_);
   s.shuffle = options_.shuffle;
   s.dropLast = options_.dropLast;
   return s;

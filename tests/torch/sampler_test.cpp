@@ -304,5 +304,47 @@ TEST(DistributedSampler, StateFormatAndValidation) {
   checkLoadStateRefusesAnotherDatasetOrSeed();
 }
 
+// nextShare(): the ranks' shares of each window are disjoint and cover it exactly, uneven when
+// the world does not divide the window; the cursor moves by the whole window on every rank; a
+// re-shard to another world mid-epoch goes on from there; the epoch's last window is short.
+TEST(DistributedSampler, SharesOfAGlobalBatchCoverItAndReshardMidEpoch) {
+  SamplerOptions o;
+  o.seed = 3;
+  DistributedSampler whole(23, 1, 0, o);
+  std::vector<DistributedSampler> ranks;
+  for (int r = 0; r < 3; ++r) ranks.emplace_back(23, 3, r, o);
+  for (int step = 0; step < 2; ++step) {
+    auto want = *whole.nextShare(7);
+    std::vector<size_t> got;
+    for (int r = 0; r < 3; ++r) {
+      auto share = *ranks[static_cast<size_t>(r)].nextShare(7);
+      EXPECT_EQ(share.size(), r == 0 ? 3u : 2u) << "rank " << r;
+      got.insert(got.end(), share.begin(), share.end());
+    }
+    std::sort(got.begin(), got.end());
+    std::sort(want.begin(), want.end());
+    EXPECT_EQ(got, want) << "step " << step;
+    for (auto& r : ranks) EXPECT_EQ(r.state().cursor, 7u * (step + 1));
+  }
+  // Two of the three go on as a world of two from the cursor (14).
+  const SamplerState at = ranks[0].state();
+  ranks.pop_back();
+  for (int r = 0; r < 2; ++r) ranks[static_cast<size_t>(r)].reshard(2, r, at);
+  auto want = *whole.nextShare(7);
+  auto a = *ranks[0].nextShare(7);
+  auto b = *ranks[1].nextShare(7);
+  EXPECT_EQ(a.size(), 4u);
+  EXPECT_EQ(b.size(), 3u);
+  a.insert(a.end(), b.begin(), b.end());
+  std::sort(a.begin(), a.end());
+  std::sort(want.begin(), want.end());
+  EXPECT_EQ(a, want);
+  // 2 of 23 left: a short last window, then the end.
+  EXPECT_EQ(ranks[0].nextShare(7)->size() + ranks[1].nextShare(7)->size(), 2u);
+  EXPECT_FALSE(ranks[0].nextShare(7).has_value());
+  EXPECT_DOUBLE_EQ(sampleWeight(3, 10, 4), 1.2);
+  EXPECT_DOUBLE_EQ(sampleWeight(2, 8, 4), 1.0);
+}
+
 }  // namespace
 }  // namespace dtrain::sampler_test

@@ -1,6 +1,7 @@
 // The NCCL backend on one GPU (world size 1: NCCL refuses two ranks on one device). Skipped
 // without a GPU. Covers init, every collective and dtype, ordering with the caller's stream both
-// ways, and the watchdog's timeout-abort through an injected hang (DTRAIN_FAULT kinds).
+// ways, the watchdog's timeout-abort through an injected hang (DTRAIN_FAULT kinds), and an abort
+// from another thread (Communicator::abort).
 #include <gtest/gtest.h>
 
 #include <cuda_runtime.h>
@@ -214,6 +215,52 @@ TEST_F(NcclGpu, WithoutBlockingWaitTheFailureShowsUpInError) {
   ASSERT_NE(c->error(), nullptr);
   EXPECT_TRUE(work->isCompleted());
   EXPECT_THROW(work->wait(), TimeoutError);
+}
+
+// Communicator::abort from another thread (a lost node's membership epoch): a collective held
+// by an injected hang is released with MembershipChanged well before its 10 s timeout; later calls
+// rethrow it at once; shutdown() after it returns.
+TEST_F(NcclGpu, AbortFromAnotherThreadReleasesAHungCollective) {
+  fault::Fault hang;
+  hang.kind = fault::Kind::Hang;
+  hang.step = 1;
+  auto c = make(milliseconds(10000), {hang}, /*blocking=*/true);
+  auto buf = c->allocate(4096);
+  c->allreduce(buf->data(), 1024, DataType::Float32, ReduceOp::Sum);  // seq 0: fine
+  std::thread aborter([&] {
+    std::this_thread::sleep_for(milliseconds(300));
+    c->abort("epoch 1: a test's lost node");
+  });
+  const auto start = std::chrono::steady_clock::now();
+  std::string message;
+  try {
+    c->allreduce(buf->data(), 1024, DataType::Float32, ReduceOp::Sum);  // seq 1: hangs
+    ADD_FAILURE() << "a hung collective returned";
+  } catch (const MembershipChanged& e) {
+    message = e.what();
+  }
+  aborter.join();
+  EXPECT_LT(std::chrono::steady_clock::now() - start, milliseconds(1300));
+  EXPECT_NE(message.find("membership changed: epoch 1: a test's lost node"), std::string::npos)
+      << message;
+  const auto again = std::chrono::steady_clock::now();
+  EXPECT_THROW(c->barrier(), MembershipChanged);
+  EXPECT_LT(std::chrono::steady_clock::now() - again, milliseconds(100));
+  c->shutdown();
+}
+
+TEST_F(NcclGpu, AbortOfAnIdleCommunicatorThenShutdown) {
+  auto c = make();
+  c->barrier();
+  c->abort("epoch 1: idle");
+  c->abort("epoch 2: a second abort keeps the first reason");
+  try {
+    c->barrier();
+    ADD_FAILURE() << "an aborted communicator ran a barrier";
+  } catch (const MembershipChanged& e) {
+    EXPECT_NE(std::string(e.what()).find("epoch 1: idle"), std::string::npos) << e.what();
+  }
+  c->shutdown();
 }
 
 TEST_F(NcclGpu, AllocateReturnsDeviceMemory) {

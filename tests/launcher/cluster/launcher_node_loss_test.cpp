@@ -2,6 +2,8 @@
 // options, the worker environment, the decision to go on or fall back, the epoch without a node.
 #include <gtest/gtest.h>
 
+#include <ostream>
+
 #include "dtrain/base/error.h"
 #include "env_contract.h"
 #include "launcher/cluster/master/node_loss.h"
@@ -90,6 +92,10 @@ struct DecisionCase {
   bool goOn;
   const char* why;  // part of the one line, when it falls back
 };
+
+// By name: gtest's default prints the struct's bytes (pointers among them), and CTest's test
+// names would change with every build.
+void PrintTo(const DecisionCase& c, std::ostream* os) { *os << c.name; }
 
 class NodeLossDecisionTest : public ::testing::TestWithParam<DecisionCase> {};
 

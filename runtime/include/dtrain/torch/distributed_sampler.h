@@ -98,6 +98,15 @@ class DistributedSampler : public torch::data::samplers::Sampler<std::vector<siz
   // loader calls it at the start of each pass); with a new dataset size the epoch restarts.
   void reset(std::optional<size_t> newSize = {}) override;
   std::optional<std::vector<size_t>> next(size_t batchSize) override;
+  // The step-wise alternative to next() for a job whose world may change size (after a lost
+  // node: TrainingState::tryStep): this rank's share of the next `globalBatch` entries of the
+  // epoch's order, those the world consumes together -- the window's positions p with
+  // p % numReplicas == rank, so ceil((globalBatch - rank) / numReplicas) of them and the split is
+  // uneven when numReplicas does not divide globalBatch (weight the loss with sampleWeight()).
+  // Every rank advances the epoch's cursor by the whole window, so state() and a re-shard for
+  // another world size continue exactly. The epoch's last window may be shorter (with dropLast:
+  // nullopt instead); nullopt at the end. Do not mix it with next() within an epoch.
+  std::optional<std::vector<size_t>> nextShare(size_t globalBatch);
   void save(torch::serialize::OutputArchive& archive) const override;
   void load(torch::serialize::InputArchive& archive) override;
 
@@ -124,6 +133,8 @@ class DistributedSampler : public torch::data::samplers::Sampler<std::vector<siz
     uint64_t start = 0;  // entries of the epoch's order consumed before indices begin
     std::vector<size_t> indices;
     size_t handedOut = 0;
+    uint64_t shared = 0;         // entries of the order handed out by nextShare() since start
+    std::vector<int64_t> order;  // the epoch's order, kept once nextShare() needs it
   };
 
   void rebuild();
@@ -133,5 +144,11 @@ class DistributedSampler : public torch::data::samplers::Sampler<std::vector<siz
   SamplerOptions options_;
   std::shared_ptr<Position> pos_;
 };
+
+// The factor for the loss of a rank that trains `localSamples` of a global batch of
+// `globalSamples` over `worldSize` ranks: DDP averages the ranks' gradients, each the mean over
+// its own samples, so with uneven shares (nextShare) a mean over samples needs each rank's loss
+// scaled by localSamples * worldSize / globalSamples. 1 when the split is even.
+double sampleWeight(size_t localSamples, size_t globalSamples, int worldSize);
 
 }  // namespace dtrain

@@ -1,0 +1,153 @@
+// What surviving a lost node costs and where it stops (docs/training.md, "Surviving a lost node"):
+// with the mode on, a step without a failure issues the same collectives and sends the same bytes
+// as with it off (the commit rides on the step's own gradient sync); and under ZeRO, whose sharded
+// state does not re-form yet, tryStep lets the failure through to the restart path. Ranks are
+// threads over real Gloo communicators; the test writes the membership epoch as the master would.
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <chrono>
+#include <thread>
+
+#include <torch/torch.h>
+
+#include "dtrain/base/error.h"
+#include "dtrain/base/store.h"
+#include "dtrain/torch/ddp.h"
+#include "dtrain/torch/distributed_sampler.h"
+#include "dtrain/torch/init.h"
+#include "dtrain/torch/training_state.h"
+#include "dtrain/torch/zero.h"
+#include "membership.h"
+
+namespace dtrain::testing::node_loss_limits_test {
+namespace {
+
+std::shared_ptr<ProcessGroup> threadRank(const std::shared_ptr<store::Store>& store, int rank,
+                                         int world, bool reform) {
+  InitOptions o;
+  o.backend = "gloo";
+  o.sharedMemory = false;
+  o.rank = rank;
+  o.worldSize = world;
+  o.localRank = 0;
+  o.store = store;
+  o.node = "node" + std::to_string(rank);
+  o.reformOnNodeLoss = reform;
+  o.nodeId = std::to_string(rank);
+  o.hostMemoryCache = false;
+  o.timeout = std::chrono::seconds(60);
+  return init(o);
+}
+
+torch::nn::Sequential makeNet() {
+  torch::manual_seed(3);
+  return torch::nn::Sequential(torch::nn::Linear(8, 32), torch::nn::ReLU(),
+                               torch::nn::Linear(32, 4));
+}
+
+struct Counts {
+  uint64_t collectives = 0;
+  uint64_t bytes = 0;
+};
+
+// Five steps of DDP on two ranks with tryStep; rank 0's collectives and payload bytes after them.
+Counts countSteps(bool reform) {
+  auto store = std::make_shared<store::HashStore>();
+  std::vector<Counts> counts(2);
+  std::vector<std::thread> threads;
+  for (int rank = 0; rank < 2; ++rank) {
+    threads.emplace_back([&, rank] {
+      auto group = threadRank(store, rank, 2, reform);
+      EXPECT_EQ(group->reformsOnNodeLoss(), reform);
+      auto net = makeNet();
+      DistributedDataParallel<torch::nn::Sequential> ddp(net, group);
+      torch::optim::SGD sgd(ddp.parameters(), torch::optim::SGDOptions(0.1));
+      DistributedSampler sampler(64, 2, rank);
+      auto state = std::make_shared<TrainingState>(group);
+      state->addModule("net", net);
+      state->addOptimizer("sgd", sgd);
+      state->addSampler("data", sampler);
+      const uint64_t before = group->communicator().sequenceNumber();
+      const uint64_t bytesBefore = group->communicator().payloadBytes();
+      for (int64_t step = 0; step < 5; ++step) {
+        state->beginStep(step);
+        ASSERT_TRUE(state->tryStep([&] {
+          sgd.zero_grad();
+          auto x = torch::randn({4, 8});
+          torch::mse_loss(ddp(x), torch::zeros({4, 4})).backward();
+        }));
+        sgd.step();
+      }
+      counts[static_cast<size_t>(rank)] = {group->communicator().sequenceNumber() - before,
+                                           group->communicator().payloadBytes() - bytesBefore};
+      group->shutdown();
+    });
+  }
+  for (auto& t : threads) t.join();
+  return counts[0];
+}
+
+TEST(NodeLossLimits, AStepWithoutAFailureSendsNothingMore) {
+  const Counts off = countSteps(false);
+  const Counts on = countSteps(true);
+  EXPECT_GT(off.collectives, 0u);
+  EXPECT_EQ(on.collectives, off.collectives) << "collectives in 5 steps, mode on vs off";
+  EXPECT_EQ(on.bytes, off.bytes) << "payload bytes in 5 steps, mode on vs off";
+}
+
+TEST(NodeLossLimits, UnderZeroAFailureGoesToTheRestartPath) {
+  auto store = std::make_shared<store::HashStore>();
+  std::atomic<bool> rank1Waits{false};
+  std::vector<std::string> thrown(2);
+  std::vector<std::thread> threads;
+  for (int rank = 0; rank < 2; ++rank) {
+    threads.emplace_back([&, rank] {
+      auto group = threadRank(store, rank, 2, true);
+      auto net = makeNet();
+      DistributedDataParallel<torch::nn::Sequential> ddp(net, group);
+      ZeroOptions zo;
+      zo.stage = 1;
+      ShardedOptimizer sgd(ddp, optimizerFactory<torch::optim::SGD>(torch::optim::SGDOptions(0.1)),
+                           zo);
+      auto state = std::make_shared<TrainingState>(group);
+      state->addModule("net", net);
+      state->addOptimizer("sgd", sgd);
+      try {
+        for (int64_t step = 0; step < 4; ++step) {
+          state->beginStep(step);
+          state->tryStep([&] {
+            sgd.zero_grad();
+            torch::mse_loss(ddp(torch::ones({2, 8})), torch::zeros({2, 4})).backward();
+            if (rank == 1 && step == 2) {
+              rank1Waits = true;
+              group->barrier();  // rank 0 never comes: only the epoch ends it
+            }
+          });
+          sgd.step();
+        }
+        ADD_FAILURE() << "rank " << rank << " went on under ZeRO after its group was aborted";
+      } catch (const MembershipChanged& e) {
+        thrown[static_cast<size_t>(rank)] = e.what();
+      }
+      EXPECT_EQ(group->epoch(), 0) << "rank " << rank << " re-formed under ZeRO";
+    });
+  }
+  while (!rank1Waits.load()) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  membership::Epoch e;
+  e.epoch = 1;
+  e.worldSize = 2;
+  e.nodes = {{"0", 0, 1}, {"1", 1, 1}};
+  e.why = "a test's epoch";
+  store->set(membership::epochKey(), store::toBytes(membership::encodeEpoch(e)));
+  for (auto& t : threads) t.join();
+  for (int rank = 0; rank < 2; ++rank) {
+    EXPECT_NE(thrown[static_cast<size_t>(rank)].find("membership changed: epoch 1"),
+              std::string::npos)
+        << "rank " << rank << ": " << thrown[static_cast<size_t>(rank)];
+  }
+}
+
+}  // namespace
+}  // namespace dtrain::testing::node_loss_limits_test
