@@ -72,8 +72,9 @@ std::exception_ptr CommunicatorBase::markAborted(const std::string& reason) {
   }
   error_ = DTRAIN_ERROR_PTR(MembershipChanged,
                             "{}: membership changed: {}; this communicator was aborted and every "
-                            "pending and later collective on it fails{}. HINT: the runtime "
-                            "re-forms its communicators among the surviving ranks",
+                            "pending and later collective on it fails{}. HINT: a step run "
+                            "in TrainingState::tryStep is discarded and the group re-forms "
+                            "among the survivors (docs/training.md, \"Surviving a lost node\")",
                             me, reason, earlier);
   membershipAborted_ = true;
   return error_;
@@ -105,7 +106,11 @@ void CommunicatorBase::watchProgress() {
 std::string CommunicatorBase::compareNotes(const RankReport& mine, Millis timeout, bool timedOut) {
   const Millis grace = timedOut ? reportGrace(timeout)
                                 : std::min(reportGrace(timeout), Millis(500));
-  const auto reports = exchangeReports(*store_, name_ + "/failure", size_, mine, grace);
+  // A new membership epoch aborts this communicator while it waits: the lost ranks never answer.
+  const auto reports = exchangeReports(*store_, name_ + "/failure", size_, mine, grace, [this] {
+    std::lock_guard<std::mutex> lock(stateMutex_);
+    return membershipAborted_;
+  });
   return summarizeReports(reports, mine, grace);
 }
 

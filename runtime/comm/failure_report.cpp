@@ -48,7 +48,8 @@ Millis defaultWaitBudget(Millis collectiveTimeout) {
 }
 
 std::vector<RankReport> exchangeReports(store::Store& store, const std::string& prefix, int size,
-                                        const RankReport& mine, Millis grace) {
+                                        const RankReport& mine, Millis grace,
+                                        const std::function<bool()>& stop) {
   std::vector<RankReport> reports(static_cast<size_t>(size));
   for (int r = 0; r < size; ++r) reports[r].rank = r;
   reports[mine.rank] = mine;
@@ -86,6 +87,7 @@ std::vector<RankReport> exchangeReports(store::Store& store, const std::string& 
     }
     missing.swap(still);
     if (missing.empty() || std::chrono::steady_clock::now() >= deadline) break;
+    if (stop && stop()) break;
     std::this_thread::sleep_for(Millis(20));
   }
   return reports;

@@ -6,6 +6,7 @@
 // collective (desync) or a mismatched shape shows up as "rank 1 is behind at seq 41" instead of a
 // bare timeout. Torch-free; used by every backend.
 
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -24,9 +25,12 @@ struct RankReport {
 };
 
 // Posts `mine` under "<prefix>/<rank>" and collects the other ranks' reports, waiting at most
-// `grace` in total. Store errors (the store host died) leave the missing ranks unreported.
+// `grace` in total, and no longer once `stop` (when given) says so: a communicator aborted for a
+// lost node does not wait for notes the lost ranks will never post. Store errors (the store host
+// died) leave the missing ranks unreported.
 std::vector<RankReport> exchangeReports(store::Store& store, const std::string& prefix, int size,
-                                        const RankReport& mine, Millis grace);
+                                        const RankReport& mine, Millis grace,
+                                        const std::function<bool()>& stop = nullptr);
 
 // Pure: one paragraph comparing `mine` with every other report, e.g.
 // "rank 1 is behind at seq 41 (allreduce(float32 x 1024, sum)); rank 2 did not report within

@@ -75,7 +75,10 @@ bool Coordinator::stopRound(int round, const std::string& why) {
 }
 
 bool Coordinator::goOnWithout(RoundWatch& w, const std::string& node, LossKind kind,
-                              const std::string& cause) {
+                              const std::string& given) {
+  // A cause quoted from elsewhere (ssh's "closed by remote host.") goes inside a sentence.
+  std::string cause = given;
+  while (!cause.empty() && (cause.back() == '.' || cause.back() == ' ')) cause.pop_back();
   if (options_.onNodeLoss != OnNodeLoss::Continue || w.stopSeen || w.fellBack) return false;
   const auto now = Clock::now();
   const PlannedNode* n = w.plan.find(node);

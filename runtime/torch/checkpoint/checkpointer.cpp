@@ -24,6 +24,28 @@
 // handler the program installed before the Checkpointer is still called, after the flag is set;
 // the previous disposition comes back when the last Checkpointer goes.
 
+// Note [A Checkpointer follows its group's epoch]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// Under `launch --on-node-loss continue` the group re-forms in memory among the survivors of a
+// lost node (ProcessGroup::reform): its rank and size change, its communicator is another one.
+// What a Checkpointer learnt about the world at construction -- this rank and the world size,
+// which node each rank is on and who writes its directory, the agreement's store keys sized for
+// the old world, ZeRO's shard keepers -- is then stale; used as it is, the next save would wait
+// for ranks that are gone. So every call that makes collectives (save, saveAsync, wait,
+// preempted, restore) first compares the group's epoch with the one it placed the ranks in;
+// when it moved, every survivor places them again (one allgather round and a fresh agreement
+// prefix) and settles an asynchronous save still pending from the old world: its writers are
+// waited for and the survivors agree on it among themselves. A node lost while it wrote leaves
+// only a temporary file in its own directory (writeAndCommit renames after the fsync), which
+// restores skip and its next save removes; its LATEST still names its last complete
+// checkpoint; and the survivors' copies of that step are complete, each holding the whole
+// replicated state and every old rank's own. The next save is one of the new world size. A
+// node lost during a save's own collectives ends that call with MembershipChanged like any
+// collective, and an agreement on the store never waits for a lost node past the abort (Note
+// [Agreements a lost node cannot hold up], placement.cpp): call save() and saveAsync() inside
+// TrainingState::tryStep's work, so that such a failure discards the step and the call is made
+// again in the new world (docs/training.md, "Surviving a lost node").
+
 namespace dtrain {
 
 namespace {
@@ -90,7 +112,24 @@ Checkpointer::Impl::Impl(std::shared_ptr<ProcessGroup> group, const CheckpointOp
       ops(std::make_shared<checkpoint::FileOps>(fault::IoFaultInjector::fromEnv(placement.rank))),
       exchange(placement, registered, dir),
       saver(placement, exchange, registered, options, dir, ops),
-      restorer(placement, saver, exchange, registered, options, dir, ops) {}
+      restorer(placement, saver, exchange, registered, options, dir, ops),
+      epoch(placement.group->epoch()) {}
+
+void Checkpointer::Impl::followEpoch() {
+  const int now = placement.group->epoch();
+  if (now == epoch) return;
+  const int oldRank = placement.rank;
+  const int oldWorld = placement.world;
+  placement.refresh();
+  exchange.reset();
+  epoch = now;
+  DTRAIN_LOG(Info,
+             "rank {}/{}: the group re-formed in epoch {}: the checkpointer follows it (it was "
+             "rank {}/{})",
+             placement.rank, placement.world, now, oldRank, oldWorld);
+  // An asynchronous save begun in the old world: agreed among the members left.
+  saver.waitPending();
+}
 
 Checkpointer::Checkpointer(std::shared_ptr<ProcessGroup> group, CheckpointOptions options)
     : Checkpointer(ownState(std::move(group)), std::move(options)) {}
@@ -161,19 +200,28 @@ void Checkpointer::setMetadata(const std::string& key, MetadataValue value) {
   state_->setMetadata(key, std::move(value));
 }
 
-std::optional<RestoredCheckpoint> Checkpointer::restore() { return impl_->restorer.restore(); }
+std::optional<RestoredCheckpoint> Checkpointer::restore() {
+  impl_->followEpoch();
+  return impl_->restorer.restore();
+}
 
 void Checkpointer::save(int64_t step, int64_t epoch) {
+  impl_->followEpoch();
   impl_->saver.save(step, epoch, /*async=*/false);
 }
 
 void Checkpointer::saveAsync(int64_t step, int64_t epoch) {
+  impl_->followEpoch();
   impl_->saver.save(step, epoch, /*async=*/true);
 }
 
-void Checkpointer::wait() { impl_->saver.waitPending(); }
+void Checkpointer::wait() {
+  impl_->followEpoch();
+  impl_->saver.waitPending();
+}
 
 bool Checkpointer::preempted(int64_t step, int64_t epoch) {
+  impl_->followEpoch();
   int64_t flag = stopRequested() ? 1 : 0;
   if (impl_->placement.world > 1) {
     at::Tensor t = at::full({1}, flag, at::kLong).to(group_->device());

@@ -22,6 +22,11 @@ struct Checkpointer::Impl {
   Impl(std::shared_ptr<ProcessGroup> group, const CheckpointOptions& options,
        state::Registry& registered);
 
+  // Collective when the group re-formed since the last call (its epoch moved): see Note [A
+  // Checkpointer follows its group's epoch] in checkpointer.cpp. Every public call that makes
+  // collectives starts with it.
+  void followEpoch();
+
   const CheckpointOptions options;
   checkpoint::Placement placement;
   const std::string dir;                     // this node's directory
@@ -30,6 +35,7 @@ struct Checkpointer::Impl {
   checkpoint::Saver saver;
   checkpoint::Restorer restorer;
   bool signalInstalled = false;
+  int epoch = 0;  // the group's membership epoch that `placement` describes
 };
 
 }  // namespace dtrain

@@ -4,6 +4,8 @@
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
+#include <exception>
+#include <optional>
 #include <utility>
 
 #include <ATen/ATen.h>
@@ -23,6 +25,83 @@ int envInt(const char* name, int fallback) {
   int64_t n = 0;
   return v && *v && parseInt64(v, &n) && n >= 0 ? static_cast<int>(n) : fallback;
 }
+
+// Note [Agreements a lost node cannot hold up]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// Under `launch --on-node-loss continue` a rank may wait in a save's agreement (Note [Checkpoint
+// agreement]) for the ranks of a node that is gone. The store knows nothing of membership: the
+// wait would last the checkpoint's whole deadline (minutes), while the survivors wait for this
+// rank to re-form with them. So a group that re-forms agrees through this store: its waits are
+// cut into slices of kFenceSlice, and between two it looks at the group's communicator, which
+// the launcher's new epoch aborts at once (Communicator::abort). Once that happened the wait
+// ends with MembershipChanged, as a collective would: TrainingState::tryStep() re-forms, and the
+// Checkpointer follows the group's epoch at its next call.
+constexpr checkpoint::Millis kFenceSlice{200};
+
+class MembershipFencedStore : public store::Store {
+  using Bytes = store::Bytes;
+  using Millis = store::Millis;
+
+ public:
+  MembershipFencedStore(std::shared_ptr<store::Store> inner, std::shared_ptr<ProcessGroup> group)
+      : inner_(std::move(inner)), group_(std::move(group)) {}
+
+  void set(const std::string& key, const Bytes& value) override { inner_->set(key, value); }
+  void flush() override { inner_->flush(); }
+  Bytes get(const std::string& key) override { return inner_->get(key); }
+  int64_t add(const std::string& key, int64_t delta) override { return inner_->add(key, delta); }
+  Bytes compareSet(const std::string& key, const Bytes& expected, const Bytes& desired) override {
+    return inner_->compareSet(key, expected, desired);
+  }
+  void wait(const std::vector<std::string>& keys, Millis timeout) override {
+    using Clock = std::chrono::steady_clock;
+    const Millis total = waitTimeout(timeout);
+    const auto until = Clock::now() + total;
+    for (;;) {
+      fence(keys);
+      const auto left = std::chrono::duration_cast<Millis>(until - Clock::now());
+      try {
+        inner_->wait(keys, std::clamp(left, Millis(1), kFenceSlice));
+        return;
+      } catch (const TimeoutError&) {
+        if (Clock::now() < until) continue;
+      }
+      DTRAIN_THROW(TimeoutError, "timed out after {} ms waiting for {} on store {}", total.count(),
+                   fmt::join(keys, ", "), describe());
+    }
+  }
+  bool check(const std::vector<std::string>& keys) override { return inner_->check(keys); }
+  bool deleteKey(const std::string& key) override { return inner_->deleteKey(key); }
+  int64_t numKeys() override { return inner_->numKeys(); }
+  Millis timeout() const override { return inner_->timeout(); }
+  void setTimeout(Millis timeout) override { inner_->setTimeout(timeout); }
+  std::string describe() const override { return inner_->describe(); }
+  std::vector<std::optional<Bytes>> tryMultiGet(const std::vector<std::string>& keys) override {
+    return inner_->tryMultiGet(keys);
+  }
+  Bytes waitChanged(const std::string& key, const Bytes& seen, Millis timeout) override {
+    return inner_->waitChanged(key, seen, timeout);
+  }
+
+ private:
+  void fence(const std::vector<std::string>& keys) {
+    std::exception_ptr failed = group_->communicator().error();
+    if (!failed) return;
+    std::string why;
+    try {
+      std::rethrow_exception(failed);
+    } catch (const std::exception& e) {
+      why = e.what();
+    }
+    DTRAIN_THROW(MembershipChanged,
+                 "rank {}/{} (epoch {}): left the checkpoint agreement (waiting for {}) because "
+                 "the group's communicator failed: {}",
+                 group_->rank(), group_->size(), group_->epoch(), fmt::join(keys, ", "), why);
+  }
+
+  std::shared_ptr<store::Store> inner_;
+  std::shared_ptr<ProcessGroup> group_;
+};
 
 }  // namespace
 
@@ -97,6 +176,17 @@ void Placement::throwIfFailed(const std::vector<checkpoint::Report>& reports, in
                what, list(others));
 }
 
+void Placement::refresh() {
+  rank = group->rank();
+  world = group->size();
+  localRank = options.localRank >= 0 ? options.localRank : group->localRank();
+  nodeOf.clear();
+  writerOf.clear();
+  writer = false;
+  agreement.reset();
+  place();
+}
+
 void Placement::place() {
   auto nodes = allgather(nodeId);
   auto locals = allgather(localRank);
@@ -119,6 +209,10 @@ void Placement::place() {
   // One key prefix per Checkpointer of the job: rank 0 draws it from the store, the others learn
   // it here; no store on rank 0 (a group made over a bare communicator): the collectives.
   auto store = options.store ? options.store : group->store();
+  // See Note [Agreements a lost node cannot hold up].
+  if (store && group->reformsOnNodeLoss()) {
+    store = std::make_shared<MembershipFencedStore>(std::move(store), group);
+  }
   const int64_t drawn = store && rank == 0 ? store->add("checkpoint/instances", 1) : 0;
   const int64_t instance = allgather(drawn)[0];
   if (instance > 0) {

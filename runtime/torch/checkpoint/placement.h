@@ -36,6 +36,9 @@ struct Placement {
   // Collective (the Checkpointer's constructor): which node each rank is on, which rank writes
   // each node's directory, and the agreement the ranks use.
   void place();
+  // Collective over the group's new members, after it re-formed (Note [A Checkpointer follows
+  // its group's epoch], checkpointer.cpp): this rank's rank and world size again, then place().
+  void refresh();
 
   // --- collectives on small values (every rank calls them in the same order) ---
   // Every rank's `value`, in rank order (the group's collective: for values every rank has at

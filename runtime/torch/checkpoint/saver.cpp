@@ -71,7 +71,16 @@ void Saver::waitPending() {
   int64_t step = pendingStep_;
   pendingStep_ = -1;
   pendingError_.clear();
-  placement_.agree(error, fmt::format("the checkpoint of step {}", step));
+  try {
+    placement_.agree(error, fmt::format("the checkpoint of step {}", step));
+  } catch (const MembershipChanged&) {
+    // A node was lost before every rank reported: the save stays pending (this rank's part is
+    // collected), and the ranks left agree on it in their new world (Note [A Checkpointer
+    // follows its group's epoch], checkpointer.cpp).
+    pendingStep_ = step;
+    pendingError_ = error;
+    throw;
+  }
   if (sharded()) moveLatestEverywhere(step);
   committedStep_ = step;
 }

@@ -39,6 +39,25 @@ void settleShardedParameters(const state::Registry& registered) {
 ShardExchange::ShardExchange(Placement& placement, state::Registry& registered, std::string dir)
     : placement_(placement), registered_(registered), dir_(std::move(dir)) {}
 
+void ShardExchange::reset() {
+  // The old world's subgroups may wait for a lost member: aborted first (a subgroup is not
+  // aborted with its parent), so that shutting them down never waits.
+  for (auto& g : keeperGroups_) {
+    if (!g) continue;
+    try {
+      g->communicator().abort("the group re-formed; the checkpoint's subgroups are made again");
+      g->shutdown();
+    } catch (const std::exception& e) {
+      DTRAIN_LOG(Debug, "rank {}: closing a checkpoint subgroup of the old world: {}",
+                 placement_.rank, e.what());
+    }
+  }
+  keepers_.clear();
+  keeperGroups_.clear();
+  keeperGroupsBuilt_ = false;
+  subgroups_ = true;
+}
+
 void ShardExchange::buildKeeperGroups() {
   if (keeperGroupsBuilt_) return;
   keeperGroupsBuilt_ = true;

@@ -45,6 +45,9 @@ class ShardExchange {
   // After the replicated state of `step` was read: gathers and loads the sharded state. False
   // (`why` says what) when some rank's shards are intact nowhere: the step is dropped everywhere.
   bool loadShards(int64_t step, const ShardHolders& holders, std::string& why);
+  // Forgets what was built for the old world (the keepers and their subgroups) after the group
+  // re-formed: the next save builds them again.
+  void reset();
 
  private:
   void buildKeeperGroups();

@@ -4,12 +4,22 @@
 // the node lost -- and the survivors discard that step, re-form as 4 ranks in epoch 1 and train
 // on. The job must end 0 with every survivor bitwise equal to the others and, within 1e-5, to one
 // process that trained every step on the whole global batch.
+//
+// Then the other ways a node is lost and every phase of a step it can be lost in (issue 43,
+// point 5; docs/reliability.md rows N34-N40): the whole namespace SIGKILLed, its traffic
+// dropped, its workers SIGSTOPped (hung, not lost: the restart path), a kill in backward between
+// bucket allreduces and around the optimizer step, during a background checkpoint save, and a
+// slow node that must never be evicted. Each launch is bounded (runLaunch / wait): none hangs.
 #include <gtest/gtest.h>
+#include <signal.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <cmath>
 #include <cstdlib>
 #include <cstring>
 #include <iostream>
+#include <string>
 #include <vector>
 
 #include <fmt/format.h>
@@ -60,6 +70,212 @@ TEST(NodeLossE2E, ANodeKilledMidStepCostsOneStepAndTheSurvivorsEndAsOneProcess) 
     scale = std::max(scale, static_cast<double>(std::abs(want[i])));
   }
   EXPECT_LE(worst / scale, 1e-5) << "the survivors' parameters differ from one process's";
+}
+
+}  // namespace
+}  // namespace dtrain::testing::node_loss_e2e_test
+
+namespace dtrain::testing::node_loss_e2e_test {
+namespace {
+
+void show(const LaunchResult& job) {
+  if (std::getenv("DTRAIN_TEST_SHOW")) std::cout << job.all();
+}
+
+// The job of the phase tests: `launch --on-node-loss continue` of 3 nodes x 2 ranks running the
+// worker with `flags` (after --out), steps of `stepMs`.
+std::vector<std::string> job(const Cluster& c, const std::string& out, int steps,
+                             const std::vector<std::string>& flags,
+                             const std::vector<std::string>& launchFlags = {}) {
+  std::vector<std::string> launch = {"--on-node-loss",   "continue", "--nnodes", "2:3",
+                                     "--nproc-per-node", "2"};
+  launch.insert(launch.end(), launchFlags.begin(), launchFlags.end());
+  launch.push_back(worker());
+  for (const auto& f : std::vector<std::string>{"--steps", std::to_string(steps), "--out", out}) {
+    launch.push_back(f);
+  }
+  launch.insert(launch.end(), flags.begin(), flags.end());
+  return fanOut(c, launch);
+}
+
+// Every survivor (ranks 0-3 of epoch 1) ended bitwise equal after discarding `discarded` steps,
+// and the parameters rank 0 wrote equal one process's within 1e-5.
+void expectSurvivorsMatchOneProcess(const Cluster& c, const LaunchResult& r, const std::string& out,
+                                    int steps, int discarded = 1) {
+  for (int rank = 0; rank < 4; ++rank) {
+    EXPECT_EQ(countLines(r.out, fmt::format("rank {} final identical across ranks world 4 epoch 1 "
+                                            "discarded {}",
+                                            rank, discarded)),
+              1)
+        << "rank " << rank << ":\n"
+        << r.all();
+  }
+  const std::string ref = out + ".ref";
+  ASSERT_EQ(
+      std::system(fmt::format("{} --reference --steps {} --out {}", worker(), steps, ref).c_str()),
+      0);
+  const auto got = floats(readFile(out));
+  const auto want = floats(readFile(ref));
+  ASSERT_EQ(got.size(), want.size()) << c.dir();
+  ASSERT_FALSE(want.empty());
+  double worst = 0, scale = 0;
+  for (size_t i = 0; i < want.size(); ++i) {
+    worst = std::max(worst, static_cast<double>(std::abs(got[i] - want[i])));
+    scale = std::max(scale, static_cast<double>(std::abs(want[i])));
+  }
+  EXPECT_LE(worst / scale, 1e-5) << "the survivors' parameters differ from one process's";
+}
+
+// The launch report names the node, the epoch and the cause (`cause`: a part of its text).
+void expectReportNames(const Cluster& c, const LaunchResult& r, const std::string& cause) {
+  const std::string node2 = "node 2 (" + c.hosts()[2] + ")";
+  EXPECT_NE(r.err.find("launch: round 0 goes on without " + node2 + ": " + cause),
+            std::string::npos)
+      << r.err;
+  EXPECT_NE(r.err.find("launch: " + node2 + " was lost: " + cause), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("the job went on without it in epoch 1 of round 0"), std::string::npos)
+      << r.err;
+  EXPECT_EQ(r.err.find("stopping round 0"), std::string::npos) << r.err;
+}
+
+// (1) The node's whole namespace SIGKILLed mid-training -- its agent and sshd too.
+TEST(NodeLossE2E, AWholeNodeKilledMidTrainingIsLeftBehind) {
+  if (::access(worker().c_str(), X_OK) != 0) GTEST_SKIP() << "node_loss_worker not built";
+  DTRAIN_CLUSTER_OR_SKIP(c, 3);
+  const std::string out = c->dir() + "/params";
+  LaunchProcess p(job(*c, out, 14, {"--step-ms", "150"}));
+  ASSERT_TRUE(p.waitForOutput("step 3 world 6", 30)) << p.out() << p.err();
+  c->killHost(2);
+  LaunchResult r = p.wait(40);
+  show(r);
+  ASSERT_EQ(r.exitCode, 0) << r.all();
+  expectReportNames(*c, r, "lost its agent");
+  expectSurvivorsMatchOneProcess(*c, r, out, 14);
+}
+
+// (2) The node's traffic silently dropped (nft, loopback spared): the epoch within
+// --heartbeat-timeout + 1 s of the cut, the survivors go on.
+TEST(NodeLossE2E, ANodeWhoseTrafficIsDroppedIsLeftWithinTheHeartbeatBound) {
+  if (::access(worker().c_str(), X_OK) != 0) GTEST_SKIP() << "node_loss_worker not built";
+  if (::access("/usr/sbin/nft", X_OK) != 0) GTEST_SKIP() << "no nft (nftables) here";
+  DTRAIN_CLUSTER_OR_SKIP(c, 3);
+  const std::string out = c->dir() + "/params";
+  LaunchProcess p(job(*c, out, 14, {"--step-ms", "150"}));
+  ASSERT_TRUE(p.waitForOutput("step 3 world 6", 30)) << p.out() << p.err();
+  ASSERT_EQ(c->run(2, "nft add table inet cut && "
+                      "nft add chain inet cut in '{ type filter hook input priority 0; }' && "
+                      "nft add chain inet cut out '{ type filter hook output priority 0; }' && "
+                      "nft add rule inet cut in iifname != lo drop && "
+                      "nft add rule inet cut out oifname != lo drop"),
+            0);
+  const double cutAt = p.elapsed();
+  LaunchResult r = p.wait(40);
+  show(r);
+  ASSERT_EQ(r.exitCode, 0) << r.all();
+  const double decided = p.firstSeen("goes on without node 2") - cutAt;
+  std::printf("cut -> epoch 1: %.2f s (--heartbeat-timeout %g)\n", decided, kHeartbeatTimeout);
+  EXPECT_GT(decided, 0) << r.err;
+  EXPECT_LT(decided, kHeartbeatTimeout + 1) << r.err;
+  expectReportNames(*c, r, "on " + c->hosts()[2] + " went silent");
+  expectSurvivorsMatchOneProcess(*c, r, out, 14);
+}
+
+// (3) The node's workers SIGSTOPped: hung but alive, its agent's heartbeat healthy, so no epoch
+// comes. The survivors' collective times out (2 s), tryStep waits DTRAIN_NODE_LOSS_WAIT
+// (--heartbeat-timeout + 5) for an epoch, none comes, it rethrows, the workers exit 1 and launch
+// takes the restart path, saying why; attempt 1 trains all 6 ranks to the end.
+TEST(NodeLossE2E, HungWorkersAreNoLostNodeAndFallBackToTheRestart) {
+  if (::access(worker().c_str(), X_OK) != 0) GTEST_SKIP() << "node_loss_worker not built";
+  DTRAIN_CLUSTER_OR_SKIP(c, 3);
+  const std::string out = c->dir() + "/params";
+  LaunchResult r = runLaunch(
+      job(*c, out, 6, {"--collective-timeout-ms", "2000"}, {"--max-restarts", "1"}),
+      {"DTRAIN_FAULT=stop@rank=4,step=1,attempt=0;stop@rank=5,step=1,"
+       "attempt=0"},
+      60);
+  show(r);
+  EXPECT_FALSE(r.timedOut) << r.all();
+  EXPECT_EQ(r.exitCode, 0) << r.all();
+  EXPECT_NE(r.err.find("(not a lost node: --on-node-loss continue falls back to the restart "
+                       "path)"),
+            std::string::npos)
+      << r.err;
+  EXPECT_EQ(r.err.find("goes on without"), std::string::npos) << r.err;
+  EXPECT_EQ(countLines(r.out, "final identical across ranks world 6 epoch 0 discarded 0"), 6)
+      << r.all();
+  EXPECT_LT(r.seconds, 30) << r.err;
+}
+
+// (4) A loss in every phase of a step, one cluster for all: in backward between two bucket
+// allreduces (one bucket per parameter), in the optimizer step before and after sgd.step() (a
+// forward is the first test's DTRAIN_FAULT at beginStep). Each: the survivors discard one step
+// and end equal to one process.
+TEST(NodeLossE2E, ALossInEachPhaseOfAStepCostsOneStep) {
+  if (::access(worker().c_str(), X_OK) != 0) GTEST_SKIP() << "node_loss_worker not built";
+  DTRAIN_CLUSTER_OR_SKIP(c, 3);
+  const std::vector<std::vector<std::string>> phases = {
+      {"--bucket-bytes", "64", "--kill-in-backward", "3:4"},
+      {"--kill-in-optimizer", "3:4:before"},
+      {"--kill-in-optimizer", "3:5:after"},
+  };
+  for (size_t i = 0; i < phases.size(); ++i) {
+    SCOPED_TRACE(fmt::format("{}", fmt::join(phases[i], " ")));
+    const std::string out = c->dir() + "/params" + std::to_string(i);
+    LaunchResult r = runLaunch(job(*c, out, 8, phases[i]), {}, 40);
+    show(r);
+    ASSERT_EQ(r.exitCode, 0) << r.all();
+    EXPECT_EQ(countLines(r.out, "killing myself "), 1) << r.out;
+    expectReportNames(*c, r, "lost its workers: rank");
+    expectSurvivorsMatchOneProcess(*c, r, out, 8);
+  }
+}
+
+// (4) ... and during a background checkpoint save: rank 4 (node 2's writer, its writes slowed)
+// is killed while it writes the save of step 3. Node 2 keeps only complete checkpoints and its
+// LATEST names the last one it committed; the survivors agree on step 3 among themselves, save
+// steps 5 and 7 at world size 4, and restore step 7 at world size 4.
+TEST(NodeLossE2E, ANodeLostDuringABackgroundSaveLeavesNoHalfCheckpoint) {
+  if (::access(worker().c_str(), X_OK) != 0) GTEST_SKIP() << "node_loss_worker not built";
+  DTRAIN_CLUSTER_OR_SKIP(c, 3);
+  const std::string out = c->dir() + "/params";
+  const std::string ckpt = c->dir() + "/ckpt";
+  LaunchResult r = runLaunch(
+      job(*c, out, 8, {"--ckpt", ckpt, "--save-every", "2", "--async", "--kill-after-save", "4:4"}),
+      {"DTRAIN_IO_FAULT=write:slow:400,rank=4"}, 60);
+  show(r);
+  ASSERT_EQ(r.exitCode, 0) << r.all();
+  EXPECT_EQ(countLines(r.out, "killing myself during the save of step 3"), 1) << r.out;
+  expectReportNames(*c, r, "lost its workers: rank");
+  expectSurvivorsMatchOneProcess(*c, r, out, 8);
+  EXPECT_EQ(countLines(r.out, "restored step 7 saved at world 4"), 4) << r.out;
+  auto step = [&](int node, int s) { return fmt::format("{}/node{}/step-{:08d}", ckpt, node, s); };
+  auto exists = [](const std::string& path) { return ::access(path.c_str(), F_OK) == 0; };
+  EXPECT_EQ(readFile(ckpt + "/node0/LATEST"), "step-00000007\n");
+  EXPECT_EQ(readFile(ckpt + "/node1/LATEST"), "step-00000007\n");
+  EXPECT_TRUE(exists(step(0, 3)) && exists(step(1, 3))) << "the survivors' step 3";
+  // Node 2: its last complete checkpoint, never the one it died writing.
+  EXPECT_EQ(readFile(ckpt + "/node2/LATEST"), "step-00000001\n");
+  EXPECT_TRUE(exists(step(2, 1)));
+  EXPECT_FALSE(exists(step(2, 3))) << "a half checkpoint under its final name";
+}
+
+// (5) A loaded node, alive but slow -- its ranks sleep 4 s (longer than --heartbeat-timeout) in
+// one step and 200 ms in every other -- is never evicted: no epoch, the job ends 0.
+TEST(NodeLossE2E, ASlowNodeIsNeverEvicted) {
+  if (::access(worker().c_str(), X_OK) != 0) GTEST_SKIP() << "node_loss_worker not built";
+  DTRAIN_CLUSTER_OR_SKIP(c, 3);
+  const std::string out = c->dir() + "/params";
+  LaunchResult r = runLaunch(job(*c, out, 8, {}),
+                             {"DTRAIN_FAULT=slow:4000@rank=4,step=2;slow:4000@rank=5,step=2;"
+                              "slow:200@rank=4;slow:200@rank=5"},
+                             40);
+  show(r);
+  ASSERT_EQ(r.exitCode, 0) << r.all();
+  EXPECT_EQ(r.err.find("goes on without"), std::string::npos) << r.err;
+  EXPECT_EQ(r.err.find("was lost"), std::string::npos) << r.err;
+  EXPECT_EQ(countLines(r.out, "final identical across ranks world 6 epoch 0 discarded 0"), 6)
+      << r.all();
+  EXPECT_GT(r.seconds, 4) << "the slow step was not slow";
 }
 
 }  // namespace

@@ -7,6 +7,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <mutex>
 #include <thread>
 
 #include <torch/torch.h>
@@ -41,6 +42,11 @@ std::shared_ptr<ProcessGroup> threadRank(const std::shared_ptr<store::Store>& st
 }
 
 torch::nn::Sequential makeNet() {
+  // The seed and the draws under one lock: the ranks are threads, and libtorch's default
+  // generator is one for the process -- unguarded, their draws would interleave and rank 0's
+  // model (which DDP broadcasts) would differ from the reference's.
+  static std::mutex generator;
+  std::lock_guard<std::mutex> lock(generator);
   torch::manual_seed(3);
   return torch::nn::Sequential(torch::nn::Linear(8, 32), torch::nn::ReLU(),
                                torch::nn::Linear(32, 4));

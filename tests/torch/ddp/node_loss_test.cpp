@@ -9,6 +9,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <mutex>
 #include <thread>
 
 #include <torch/torch.h>
@@ -38,6 +39,11 @@ at::Tensor input(size_t i) {
 at::Tensor target(size_t i) { return torch::cos(torch::arange(2, torch::kFloat) + i * 0.05); }
 
 torch::nn::Sequential makeNet() {
+  // The seed and the draws under one lock: the ranks are threads, and libtorch's default
+  // generator is one for the process -- unguarded, their draws would interleave and rank 0's
+  // model (which DDP broadcasts) would differ from the reference's.
+  static std::mutex generator;
+  std::lock_guard<std::mutex> lock(generator);
   torch::manual_seed(7);
   return torch::nn::Sequential(torch::nn::Linear(8, 16), torch::nn::Tanh(),
                                torch::nn::Linear(16, 2));

@@ -8,6 +8,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <mutex>
 #include <thread>
 
 #include <torch/torch.h>
@@ -34,6 +35,11 @@ at::Tensor input(size_t i) {
 at::Tensor target(size_t i) { return torch::sin(torch::arange(3, torch::kFloat) * 0.5 + i * 0.07); }
 
 torch::nn::Sequential makeNet() {
+  // The seed and the draws under one lock: the ranks are threads, and libtorch's default
+  // generator is one for the process -- unguarded, their draws would interleave and rank 0's
+  // model (which DDP broadcasts) would differ from the reference's.
+  static std::mutex generator;
+  std::lock_guard<std::mutex> lock(generator);
   torch::manual_seed(11);
   return torch::nn::Sequential(torch::nn::Linear(6, 12), torch::nn::Tanh(),
                                torch::nn::Linear(12, 3));

@@ -6,12 +6,16 @@
 // compare their parameters bit for bit and the new rank 0 writes them to --out.
 //
 //   node_loss_worker [--reference] [--steps N] [--global-batch B] [--step-ms MS] [--out FILE]
+//                    [phase flags, below]
 //
 // The data: 48 fixed samples; every step consumes a global batch of B (12) of an epoch's order,
 // split over the ranks (B / world each, so 6 and 4 ranks both divide it): the math of a step does
 // not depend on the world size.
+#include <signal.h>
+
 #include <chrono>
 #include <fstream>
+#include <functional>
 #include <iostream>
 #include <string>
 #include <thread>
@@ -23,12 +27,81 @@
 
 namespace {
 
+// --- Phase flags: where in a step a node is lost, and a Checkpointer to lose it in. ---
+//   --collective-timeout-ms MS    the group's collective timeout (a hung peer's bound)
+//   --bucket-bytes B              DDP's bucket caps (small: several allreduces per backward)
+//   --kill-in-backward S:R        rank R SIGKILLs itself in step S's backward, from the gradient
+//                                 hook of the first layer's weight: after the last layer's bucket
+//                                 allreduce began, before the first layer's
+//   --kill-in-optimizer S:R:WHEN  rank R SIGKILLs itself in step S after tryStep() returned true,
+//                                 WHEN = before | after sgd.step()
+//   --ckpt DIR --save-every K [--async]
+//                                 a Checkpointer over the TrainingState: at the start of every
+//                                 step S with S % K == 0 (inside tryStep's work, as
+//                                 docs/training.md says) it saves the state after step S - 1;
+//                                 at the end it saves the last step, restores it at the final
+//                                 world size and prints "rank R restored step S saved at world W"
+//   --kill-after-save S:R         rank R SIGKILLs itself 150 ms after the save begun in step S
+//                                 returned (its write still in flight under a slow
+//                                 DTRAIN_IO_FAULT)
+struct At {
+  int64_t step = -1;
+  int rank = -1;
+  std::string when;
+  bool now(int64_t s, int r) const { return s == step && r == rank; }
+};
+
+At parseAt(const std::string& flag, const std::string& text) {
+  At at;
+  const size_t colon = text.find(':');
+  DTRAIN_CHECK_ARG(colon != std::string::npos, "{} needs STEP:RANK, got \"{}\"", flag, text);
+  at.step = std::stoll(text.substr(0, colon));
+  const std::string rest = text.substr(colon + 1);
+  const size_t second = rest.find(':');
+  at.rank = std::stoi(rest.substr(0, second));
+  if (second != std::string::npos) at.when = rest.substr(second + 1);
+  return at;
+}
+
+struct Phases {
+  int64_t collectiveTimeoutMs = 60000;
+  int64_t bucketBytes = 0;  // 0: DDP's defaults
+  At killInBackward;
+  At killInOptimizer;
+  std::string ckpt;
+  int64_t saveEvery = 0;
+  bool async = false;
+  At killAfterSave;
+};
+
+// True when `f` is a phase flag (its value taken with `next`).
+bool parsePhaseFlag(const std::string& f, const std::function<std::string()>& next, Phases& p) {
+  if (f == "--collective-timeout-ms") p.collectiveTimeoutMs = std::stoll(next());
+  else if (f == "--bucket-bytes") p.bucketBytes = std::stoll(next());
+  else if (f == "--kill-in-backward") p.killInBackward = parseAt(f, next());
+  else if (f == "--kill-in-optimizer") p.killInOptimizer = parseAt(f, next());
+  else if (f == "--ckpt") p.ckpt = next();
+  else if (f == "--save-every") p.saveEvery = std::stoll(next());
+  else if (f == "--async") p.async = true;
+  else if (f == "--kill-after-save") p.killAfterSave = parseAt(f, next());
+  else return false;
+  return true;
+}
+
+[[noreturn]] void killSelf(const std::string& where) {
+  std::cout << "killing myself " << where << "\n" << std::flush;
+  ::raise(SIGKILL);
+  std::abort();
+}
+// --- end of the phase flags ---
+
 struct Args {
   bool reference = false;
   int64_t steps = 8;
   int64_t globalBatch = 12;
   int64_t stepMs = 0;
   std::string out;
+  Phases phases;
 };
 
 Args parse(int argc, char** argv) {
@@ -44,6 +117,7 @@ Args parse(int argc, char** argv) {
     else if (f == "--global-batch") a.globalBatch = std::stoll(next());
     else if (f == "--step-ms") a.stepMs = std::stoll(next());
     else if (f == "--out") a.out = next();
+    else if (parsePhaseFlag(f, next, a.phases)) continue;
     else DTRAIN_THROW(dtrain::InvalidArgument, "unknown flag {}", f);
   }
   return a;
@@ -67,7 +141,7 @@ int run(const Args& args) {
   std::shared_ptr<dtrain::ProcessGroup> group;
   if (!args.reference) {
     dtrain::InitOptions init;
-    init.timeout = std::chrono::seconds(60);
+    init.timeout = std::chrono::milliseconds(args.phases.collectiveTimeoutMs);
     init.connectTimeout = std::chrono::seconds(30);
     group = dtrain::init(init);
   }
@@ -78,8 +152,15 @@ int run(const Args& args) {
   torch::manual_seed(7);
   torch::nn::Sequential net(torch::nn::Linear(8, 16), torch::nn::Tanh(), torch::nn::Linear(16, 4));
   std::unique_ptr<dtrain::DistributedDataParallel<torch::nn::Sequential>> ddp;
-  if (group)
-    ddp = std::make_unique<dtrain::DistributedDataParallel<torch::nn::Sequential>>(net, group);
+  if (group) {
+    dtrain::DdpOptions ddpOptions;
+    if (args.phases.bucketBytes > 0) {
+      ddpOptions.firstBucketBytes = static_cast<size_t>(args.phases.bucketBytes);
+      ddpOptions.bucketBytes = static_cast<size_t>(args.phases.bucketBytes);
+    }
+    ddp = std::make_unique<dtrain::DistributedDataParallel<torch::nn::Sequential>>(net, group,
+                                                                                   ddpOptions);
+  }
   torch::optim::SGD sgd(net->parameters(), torch::optim::SGDOptions(0.05).momentum(0.9));
   torch::optim::StepLR schedule(sgd, /*step_size=*/3, /*gamma=*/0.7);
   dtrain::SamplerOptions samplerOptions;
@@ -94,11 +175,39 @@ int run(const Args& args) {
     state->addScheduler("lr", schedule);
     state->addSampler("data", sampler);
   }
+  const Phases& phases = args.phases;
+  std::unique_ptr<dtrain::Checkpointer> ckpt;
+  if (state && !phases.ckpt.empty()) {
+    dtrain::CheckpointOptions o(phases.ckpt);
+    o.timeout = std::chrono::seconds(20);
+    o.handlePreemption = false;
+    ckpt = std::make_unique<dtrain::Checkpointer>(state, o);
+  }
+  int64_t currentStep = 0;
+  if (group && phases.killInBackward.step >= 0) {
+    // The first layer's weight gets its gradient last: the later layers' buckets are in flight.
+    net->ptr(0)->named_parameters()["weight"].register_hook([&](const torch::Tensor& g) {
+      if (phases.killInBackward.now(currentStep, group->rank())) killSelf("in backward");
+      return g;
+    });
+  }
   int discarded = 0;
   for (int64_t step = 0; step < args.steps;) {
     if (step % stepsPerEpoch == 0) sampler.setEpoch(step / stepsPerEpoch);
     const int world = group ? group->size() : 1;
+    currentStep = step;
     auto work = [&] {
+      if (ckpt && phases.saveEvery > 0 && step > 0 && step % phases.saveEvery == 0) {
+        if (phases.async) {
+          ckpt->saveAsync(step - 1);
+        } else {
+          ckpt->save(step - 1);
+        }
+        if (phases.killAfterSave.now(step, group->rank())) {
+          std::this_thread::sleep_for(std::chrono::milliseconds(150));
+          killSelf("during the save of step " + std::to_string(step - 1));
+        }
+      }
       auto indices = sampler.next(static_cast<size_t>(args.globalBatch / world)).value();
       auto idx = torch::tensor(std::vector<int64_t>(indices.begin(), indices.end()), torch::kLong);
       sgd.zero_grad();
@@ -119,7 +228,10 @@ int run(const Args& args) {
     } else {
       work();
     }
+    const bool killHere = group && phases.killInOptimizer.now(step, group->rank());
+    if (killHere && phases.killInOptimizer.when == "before") killSelf("before sgd.step()");
     sgd.step();
+    if (killHere && phases.killInOptimizer.when == "after") killSelf("after sgd.step()");
     schedule.step();
     if (group && group->rank() == 0) {
       std::cout << fmt::format("step {} world {}\n", step, group->size()) << std::flush;
@@ -131,6 +243,16 @@ int run(const Args& args) {
   if (!group) {
     if (!args.out.empty()) write(args.out, mine);
     return 0;
+  }
+  if (ckpt) {
+    // The last step, saved at the final world size and read back by every rank.
+    ckpt->save(args.steps - 1);
+    auto restored = ckpt->restore();
+    DTRAIN_CHECK(restored.has_value(), "rank {}: nothing to restore", group->rank());
+    std::cout << fmt::format("rank {} restored step {} saved at world {}\n", group->rank(),
+                             restored->step, restored->savedWorldSize)
+              << std::flush;
+    mine = flat(*net);
   }
   auto all = group->allgather(mine);
   bool same = true;
