@@ -12,7 +12,6 @@
 #include <chrono>
 #include <filesystem>
 #include <fstream>
-#include <mutex>
 #include <sstream>
 #include <thread>
 
@@ -26,7 +25,7 @@
 #include "dtrain/torch/distributed_sampler.h"
 #include "dtrain/torch/init.h"
 #include "dtrain/torch/training_state.h"
-#include "membership.h"
+#include "node_loss_support.h"
 
 namespace dtrain::testing::node_loss_checkpoint_test {
 namespace {
@@ -37,33 +36,6 @@ constexpr int kSteps = 6;
 constexpr int kLoss = 3;
 constexpr int64_t kGlobalBatch = 12;
 constexpr size_t kSamples = 120;
-
-at::Tensor input(size_t i) {
-  return torch::sin(torch::arange(8, torch::kFloat) * 0.37 + static_cast<double>(i) * 0.11);
-}
-at::Tensor target(size_t i) { return torch::cos(torch::arange(2, torch::kFloat) + i * 0.05); }
-
-torch::nn::Sequential makeNet() {
-  // The seed and the draws under one lock: the ranks are threads, and libtorch's default
-  // generator is one for the process -- unguarded, their draws would interleave and rank 0's
-  // model (which DDP broadcasts) would differ from the reference's.
-  static std::mutex generator;
-  std::lock_guard<std::mutex> lock(generator);
-  torch::manual_seed(7);
-  return torch::nn::Sequential(torch::nn::Linear(8, 16), torch::nn::Tanh(),
-                               torch::nn::Linear(16, 2));
-}
-
-void stepOn(torch::nn::Sequential& net, DistributedDataParallel<torch::nn::Sequential>* ddp,
-            const std::vector<size_t>& indices) {
-  std::vector<at::Tensor> xs, ys;
-  for (size_t i : indices) {
-    xs.push_back(input(i));
-    ys.push_back(target(i));
-  }
-  auto out = ddp ? (*ddp)(torch::stack(xs)) : net->forward(torch::stack(xs));
-  torch::mse_loss(out, torch::stack(ys)).backward();
-}
 
 std::string slurp(const std::string& path) {
   std::ifstream in(path);
@@ -95,27 +67,13 @@ TEST(NodeLossCheckpoint, SurvivorsAgreeOnThePendingSaveAndSaveAtTheNewWorldSize)
   for (int rank = 0; rank < kNodes * kPerNode; ++rank) {
     threads.emplace_back([&, rank] {
       const int node = rank / kPerNode;
-      InitOptions o;
-      o.backend = "gloo";
-      o.sharedMemory = false;
-      o.rank = rank;
-      o.worldSize = kNodes * kPerNode;
-      o.localRank = rank % kPerNode;
-      o.store = store;
-      o.node = "node" + std::to_string(node);
-      o.reformOnNodeLoss = true;
-      o.nodeId = std::to_string(node);
-      o.hostMemoryCache = false;
-      o.timeout = std::chrono::seconds(60);
-      auto group = init(o);
-      auto net = makeNet();
-      DistributedDataParallel<torch::nn::Sequential> ddp(net, group);
-      torch::optim::SGD sgd(ddp.parameters(), torch::optim::SGDOptions(0.05).momentum(0.9));
-      DistributedSampler sampler(kSamples, group->size(), group->rank());
-      auto state = std::make_shared<TrainingState>(group);
-      state->addModule("net", net);
-      state->addOptimizer("sgd", sgd);
-      state->addSampler("data", sampler);
+      auto group = nodeLossRank(store, rank, kNodes * kPerNode, rank % kPerNode, node);
+      NodeLossTrainer t(group, kSamples);
+      auto& net = t.net;
+      auto& ddp = t.ddp;
+      auto& sgd = t.sgd;
+      auto& sampler = t.sampler;
+      auto& state = t.state;
       CheckpointOptions co(dir);
       co.nodeId = node;
       co.localRank = rank % kPerNode;
@@ -139,7 +97,7 @@ TEST(NodeLossCheckpoint, SurvivorsAgreeOnThePendingSaveAndSaveAtTheNewWorldSize)
             ckpt->saveAsync(step - 1);  // agrees on the save of step - 2 first
           }
           sgd.zero_grad();
-          stepOn(net, &ddp, *sampler.next(static_cast<size_t>(kGlobalBatch / group->size())));
+          nodeLossStep(net, &ddp, *sampler.next(static_cast<size_t>(kGlobalBatch / group->size())));
         });
         if (!done) {
           if (r.discarded++ == 0) {
@@ -167,25 +125,20 @@ TEST(NodeLossCheckpoint, SurvivorsAgreeOnThePendingSaveAndSaveAtTheNewWorldSize)
   }
   while (inLossSave.load() < 4) std::this_thread::sleep_for(std::chrono::milliseconds(5));
   std::this_thread::sleep_for(std::chrono::milliseconds(300));
-  membership::Epoch e;
-  e.epoch = 1;
-  e.worldSize = 4;
-  e.nodes = {{"0", 0, 2}, {"1", 2, 2}};
-  e.why = "node 2 (test) went silent";
   epochWrittenNs = std::chrono::steady_clock::now().time_since_epoch().count();
-  store->set(membership::epochKey(), store::toBytes(membership::encodeEpoch(e)));
+  publishEpoch(*store, 1, {{"0", 0, 2}, {"1", 2, 2}}, "node 2 (test) went silent");
   for (auto& t : threads) t.join();
   lostCkpt.clear();
   for (auto& g : lost) {
     if (g) g->shutdown();
   }
 
-  auto reference = makeNet();
+  auto reference = makeNodeLossNet();
   torch::optim::SGD sgd(reference->parameters(), torch::optim::SGDOptions(0.05).momentum(0.9));
   DistributedSampler all(kSamples, 1, 0);
   for (int step = 0; step < kSteps; ++step) {
     sgd.zero_grad();
-    stepOn(reference, nullptr, *all.next(static_cast<size_t>(kGlobalBatch)));
+    nodeLossStep(reference, nullptr, *all.next(static_cast<size_t>(kGlobalBatch)));
     sgd.step();
   }
   const auto expected = reference->parameters();
@@ -197,13 +150,7 @@ TEST(NodeLossCheckpoint, SurvivorsAgreeOnThePendingSaveAndSaveAtTheNewWorldSize)
     EXPECT_LT(r.abortedAfterEpochMs, 1000) << "rank " << rank << " left the agreement late";
     EXPECT_EQ(r.restoredStep, kSteps - 1) << "rank " << rank;
     EXPECT_EQ(r.restoredWorld, 4) << "rank " << rank;
-    ASSERT_EQ(r.params.size(), expected.size());
-    for (size_t i = 0; i < expected.size(); ++i) {
-      const double err = (r.params[i] - expected[i]).abs().max().item<double>() /
-                         std::max(1e-12, expected[i].abs().max().item<double>());
-      EXPECT_LE(err, 1e-5) << "rank " << rank << " parameter " << i;
-      EXPECT_TRUE(torch::equal(r.params[i], results[0].params[i])) << "rank " << rank;
-    }
+    expectParametersMatch(r.params, expected, results[0].params, rank);
   }
   // The survivors' nodes: the step pending at the loss agreed and kept, the last at world 4.
   for (int node = 0; node < 2; ++node) {

@@ -7,7 +7,6 @@
 
 #include <atomic>
 #include <chrono>
-#include <mutex>
 #include <thread>
 
 #include <torch/torch.h>
@@ -19,37 +18,16 @@
 #include "dtrain/torch/init.h"
 #include "dtrain/torch/training_state.h"
 #include "dtrain/torch/zero.h"
-#include "membership.h"
+#include "node_loss_support.h"
 
 namespace dtrain::testing::node_loss_limits_test {
 namespace {
 
-std::shared_ptr<ProcessGroup> threadRank(const std::shared_ptr<store::Store>& store, int rank,
-                                         int world, bool reform) {
-  InitOptions o;
-  o.backend = "gloo";
-  o.sharedMemory = false;
-  o.rank = rank;
-  o.worldSize = world;
-  o.localRank = 0;
-  o.store = store;
-  o.node = "node" + std::to_string(rank);
-  o.reformOnNodeLoss = reform;
-  o.nodeId = std::to_string(rank);
-  o.hostMemoryCache = false;
-  o.timeout = std::chrono::seconds(60);
-  return init(o);
-}
-
 torch::nn::Sequential makeNet() {
-  // The seed and the draws under one lock: the ranks are threads, and libtorch's default
-  // generator is one for the process -- unguarded, their draws would interleave and rank 0's
-  // model (which DDP broadcasts) would differ from the reference's.
-  static std::mutex generator;
-  std::lock_guard<std::mutex> lock(generator);
-  torch::manual_seed(3);
-  return torch::nn::Sequential(torch::nn::Linear(8, 32), torch::nn::ReLU(),
-                               torch::nn::Linear(32, 4));
+  return seeded(3, [] {
+    return torch::nn::Sequential(torch::nn::Linear(8, 32), torch::nn::ReLU(),
+                                 torch::nn::Linear(32, 4));
+  });
 }
 
 struct Counts {
@@ -64,7 +42,7 @@ Counts countSteps(bool reform) {
   std::vector<std::thread> threads;
   for (int rank = 0; rank < 2; ++rank) {
     threads.emplace_back([&, rank] {
-      auto group = threadRank(store, rank, 2, reform);
+      auto group = nodeLossRank(store, rank, 2, 0, rank, reform);
       EXPECT_EQ(group->reformsOnNodeLoss(), reform);
       auto net = makeNet();
       DistributedDataParallel<torch::nn::Sequential> ddp(net, group);
@@ -109,7 +87,7 @@ TEST(NodeLossLimits, UnderZeroAFailureGoesToTheRestartPath) {
   std::vector<std::thread> threads;
   for (int rank = 0; rank < 2; ++rank) {
     threads.emplace_back([&, rank] {
-      auto group = threadRank(store, rank, 2, true);
+      auto group = nodeLossRank(store, rank, 2, 0, rank);
       auto net = makeNet();
       DistributedDataParallel<torch::nn::Sequential> ddp(net, group);
       ZeroOptions zo;
@@ -141,12 +119,7 @@ TEST(NodeLossLimits, UnderZeroAFailureGoesToTheRestartPath) {
   }
   while (!rank1Waits.load()) std::this_thread::sleep_for(std::chrono::milliseconds(5));
   std::this_thread::sleep_for(std::chrono::milliseconds(200));
-  membership::Epoch e;
-  e.epoch = 1;
-  e.worldSize = 2;
-  e.nodes = {{"0", 0, 1}, {"1", 1, 1}};
-  e.why = "a test's epoch";
-  store->set(membership::epochKey(), store::toBytes(membership::encodeEpoch(e)));
+  publishEpoch(*store, 1, {{"0", 0, 1}, {"1", 1, 1}}, "a test's epoch");
   for (auto& t : threads) t.join();
   for (int rank = 0; rank < 2; ++rank) {
     EXPECT_NE(thrown[static_cast<size_t>(rank)].find("membership changed: epoch 1"),

@@ -9,7 +9,6 @@
 
 #include <atomic>
 #include <chrono>
-#include <mutex>
 #include <thread>
 
 #include <torch/torch.h>
@@ -21,7 +20,7 @@
 #include "dtrain/torch/distributed_sampler.h"
 #include "dtrain/torch/init.h"
 #include "dtrain/torch/training_state.h"
-#include "membership.h"
+#include "node_loss_support.h"
 
 namespace dtrain::testing::node_loss_test {
 namespace {
@@ -32,33 +31,6 @@ constexpr int kSteps = 6;
 constexpr int kLoss = 3;              // node 2's ranks do not take part in step kLoss
 constexpr int64_t kGlobalBatch = 12;  // 2 per rank of 6, 3 per rank of 4
 constexpr size_t kSamples = 120;
-
-at::Tensor input(size_t i) {
-  return torch::sin(torch::arange(8, torch::kFloat) * 0.37 + static_cast<double>(i) * 0.11);
-}
-at::Tensor target(size_t i) { return torch::cos(torch::arange(2, torch::kFloat) + i * 0.05); }
-
-torch::nn::Sequential makeNet() {
-  // The seed and the draws under one lock: the ranks are threads, and libtorch's default
-  // generator is one for the process -- unguarded, their draws would interleave and rank 0's
-  // model (which DDP broadcasts) would differ from the reference's.
-  static std::mutex generator;
-  std::lock_guard<std::mutex> lock(generator);
-  torch::manual_seed(7);
-  return torch::nn::Sequential(torch::nn::Linear(8, 16), torch::nn::Tanh(),
-                               torch::nn::Linear(16, 2));
-}
-
-void stepOn(torch::nn::Sequential& net, DistributedDataParallel<torch::nn::Sequential>* ddp,
-            const std::vector<size_t>& indices) {
-  std::vector<at::Tensor> xs, ys;
-  for (size_t i : indices) {
-    xs.push_back(input(i));
-    ys.push_back(target(i));
-  }
-  auto out = ddp ? (*ddp)(torch::stack(xs)) : net->forward(torch::stack(xs));
-  torch::mse_loss(out, torch::stack(ys)).backward();
-}
 
 struct RankResult {
   std::vector<at::Tensor> params;
@@ -80,27 +52,13 @@ TEST(NodeLoss, SurvivorsReformAndMatchOneProcessOnTheGlobalBatch) {
   for (int rank = 0; rank < kNodes * kPerNode; ++rank) {
     threads.emplace_back([&, rank] {
       const int node = rank / kPerNode;
-      InitOptions o;
-      o.backend = "gloo";
-      o.sharedMemory = false;
-      o.rank = rank;
-      o.worldSize = kNodes * kPerNode;
-      o.localRank = rank % kPerNode;
-      o.store = store;
-      o.node = "node" + std::to_string(node);
-      o.reformOnNodeLoss = true;
-      o.nodeId = std::to_string(node);
-      o.hostMemoryCache = false;
-      o.timeout = std::chrono::seconds(60);
-      auto group = init(o);
-      auto net = makeNet();
-      DistributedDataParallel<torch::nn::Sequential> ddp(net, group);
-      torch::optim::SGD sgd(ddp.parameters(), torch::optim::SGDOptions(0.05).momentum(0.9));
-      DistributedSampler sampler(kSamples, group->size(), group->rank());
-      auto state = std::make_shared<TrainingState>(group);
-      state->addModule("net", net);
-      state->addOptimizer("sgd", sgd);
-      state->addSampler("data", sampler);
+      auto group = nodeLossRank(store, rank, kNodes * kPerNode, rank % kPerNode, node);
+      NodeLossTrainer t(group, kSamples);
+      auto& net = t.net;
+      auto& ddp = t.ddp;
+      auto& sgd = t.sgd;
+      auto& sampler = t.sampler;
+      auto& state = t.state;
       RankResult& r = results[static_cast<size_t>(rank)];
       for (int64_t step = 0; step < kSteps;) {
         state->beginStep(step);
@@ -113,7 +71,7 @@ TEST(NodeLoss, SurvivorsReformAndMatchOneProcessOnTheGlobalBatch) {
           sgd.zero_grad();
           auto batch = sampler.next(static_cast<size_t>(kGlobalBatch / group->size()));
           if (step == kLoss) blockedInLoss.fetch_add(1);
-          stepOn(net, &ddp, *batch);
+          nodeLossStep(net, &ddp, *batch);
         });
         if (!done) {
           if (r.discarded++ == 0) {
@@ -136,13 +94,8 @@ TEST(NodeLoss, SurvivorsReformAndMatchOneProcessOnTheGlobalBatch) {
   // The master: once the survivors are inside step kLoss, node 2 is declared lost.
   while (blockedInLoss.load() < 4) std::this_thread::sleep_for(std::chrono::milliseconds(5));
   std::this_thread::sleep_for(std::chrono::milliseconds(300));
-  membership::Epoch e;
-  e.epoch = 1;
-  e.worldSize = 4;
-  e.nodes = {{"0", 0, 2}, {"1", 2, 2}};
-  e.why = "node 2 (test) went silent";
   epochWrittenNs = std::chrono::steady_clock::now().time_since_epoch().count();
-  store->set(membership::epochKey(), store::toBytes(membership::encodeEpoch(e)));
+  publishEpoch(*store, 1, {{"0", 0, 2}, {"1", 2, 2}}, "node 2 (test) went silent");
   for (auto& t : threads) t.join();
   for (auto& g : lost) {
     if (g) g->shutdown();
@@ -150,12 +103,12 @@ TEST(NodeLoss, SurvivorsReformAndMatchOneProcessOnTheGlobalBatch) {
 
   EXPECT_EQ(store->add(membership::formedKey(1), 0), 4) << "every survivor re-formed once";
   // One process on the whole global batch, step by step.
-  auto reference = makeNet();
+  auto reference = makeNodeLossNet();
   torch::optim::SGD sgd(reference->parameters(), torch::optim::SGDOptions(0.05).momentum(0.9));
   DistributedSampler all(kSamples, 1, 0);
   for (int step = 0; step < kSteps; ++step) {
     sgd.zero_grad();
-    stepOn(reference, nullptr, *all.next(static_cast<size_t>(kGlobalBatch)));
+    nodeLossStep(reference, nullptr, *all.next(static_cast<size_t>(kGlobalBatch)));
     sgd.step();
   }
   const auto expected = reference->parameters();
@@ -166,14 +119,7 @@ TEST(NodeLoss, SurvivorsReformAndMatchOneProcessOnTheGlobalBatch) {
     EXPECT_EQ(r.discarded, 1) << "rank " << rank << " discarded the step of the loss once";
     EXPECT_GE(r.abortedAfterEpochMs, 0);
     EXPECT_LT(r.abortedAfterEpochMs, 1000) << "rank " << rank << " left its allreduce late";
-    ASSERT_EQ(r.params.size(), expected.size());
-    for (size_t i = 0; i < expected.size(); ++i) {
-      const double err = (r.params[i] - expected[i]).abs().max().item<double>() /
-                         std::max(1e-12, expected[i].abs().max().item<double>());
-      EXPECT_LE(err, 1e-5) << "rank " << rank << " parameter " << i;
-      EXPECT_TRUE(torch::equal(r.params[i], results[0].params[i]))
-          << "rank " << rank << " differs from rank 0 in parameter " << i;
-    }
+    expectParametersMatch(r.params, expected, results[0].params, rank);
   }
 }
 
@@ -189,20 +135,8 @@ TEST(NodeLoss, AMemberOneStepAheadHandsItsStateOver) {
   std::vector<std::thread> threads;
   for (int rank = 0; rank < 2; ++rank) {
     threads.emplace_back([&, rank] {
-      InitOptions o;
-      o.backend = "gloo";
-      o.sharedMemory = false;
-      o.rank = rank;
-      o.worldSize = 2;
-      o.localRank = 0;
-      o.store = store;
-      o.node = "node" + std::to_string(rank);
-      o.reformOnNodeLoss = true;
-      o.nodeId = std::to_string(rank);
-      o.hostMemoryCache = false;
-      o.timeout = std::chrono::seconds(60);
-      auto group = init(o);
-      auto net = makeNet();
+      auto group = nodeLossRank(store, rank, 2, 0, rank);
+      auto net = makeNodeLossNet();
       DistributedDataParallel<torch::nn::Sequential> ddp(net, group);
       torch::optim::SGD sgd(ddp.parameters(), torch::optim::SGDOptions(0.05).momentum(0.9));
       torch::optim::StepLR schedule(sgd, /*step_size=*/2, /*gamma=*/0.5);
@@ -218,7 +152,7 @@ TEST(NodeLoss, AMemberOneStepAheadHandsItsStateOver) {
         const bool done = state->tryStep([&] {
           sgd.zero_grad();
           auto batch = sampler.next(static_cast<size_t>(kGlobalBatch / group->size()));
-          stepOn(net, &ddp, *batch);
+          nodeLossStep(net, &ddp, *batch);
           if (rank == 1 && step == kLoss && group->epoch() == 0) {
             rank1Waits = true;
             group->barrier();  // rank 0 never comes: only the epoch ends it
@@ -241,21 +175,16 @@ TEST(NodeLoss, AMemberOneStepAheadHandsItsStateOver) {
   }
   while (!rank1Waits.load()) std::this_thread::sleep_for(std::chrono::milliseconds(5));
   std::this_thread::sleep_for(std::chrono::milliseconds(200));
-  membership::Epoch e;
-  e.epoch = 1;
-  e.worldSize = 2;
-  e.nodes = {{"0", 0, 1}, {"1", 1, 1}};
-  e.why = "a test's epoch of the same nodes";
-  store->set(membership::epochKey(), store::toBytes(membership::encodeEpoch(e)));
+  publishEpoch(*store, 1, {{"0", 0, 1}, {"1", 1, 1}}, "a test's epoch of the same nodes");
   for (auto& t : threads) t.join();
 
-  auto reference = makeNet();
+  auto reference = makeNodeLossNet();
   torch::optim::SGD sgd(reference->parameters(), torch::optim::SGDOptions(0.05).momentum(0.9));
   torch::optim::StepLR schedule(sgd, /*step_size=*/2, /*gamma=*/0.5);
   DistributedSampler all(kSamples, 1, 0);
   for (int step = 0; step < kSteps; ++step) {
     sgd.zero_grad();
-    stepOn(reference, nullptr, *all.next(static_cast<size_t>(kGlobalBatch)));
+    nodeLossStep(reference, nullptr, *all.next(static_cast<size_t>(kGlobalBatch)));
     sgd.step();
     schedule.step();
   }
@@ -264,29 +193,14 @@ TEST(NodeLoss, AMemberOneStepAheadHandsItsStateOver) {
   EXPECT_EQ(results[1].discarded, 1) << "rank 1 discards step kLoss";
   for (int rank = 0; rank < 2; ++rank) {
     const RankResult& r = results[static_cast<size_t>(rank)];
-    ASSERT_EQ(r.params.size(), expected.size());
-    for (size_t i = 0; i < expected.size(); ++i) {
-      const double err = (r.params[i] - expected[i]).abs().max().item<double>() /
-                         std::max(1e-12, expected[i].abs().max().item<double>());
-      EXPECT_LE(err, 1e-5) << "rank " << rank << " parameter " << i;
-      EXPECT_TRUE(torch::equal(r.params[i], results[0].params[i]))
-          << "rank " << rank << " differs from rank 0 in parameter " << i;
-    }
+    expectParametersMatch(r.params, expected, results[0].params, rank);
   }
 }
 
 // Outside the mode, tryStep is work() and true, and a failure propagates untouched.
 TEST(NodeLoss, WithoutTheModeTryStepIsTheWorkItself) {
   auto store = std::make_shared<store::HashStore>();
-  InitOptions o;
-  o.backend = "gloo";
-  o.sharedMemory = false;
-  o.rank = 0;
-  o.worldSize = 1;
-  o.localRank = 0;
-  o.store = store;
-  o.hostMemoryCache = false;
-  auto group = init(o);
+  auto group = nodeLossRank(store, 0, 1, 0, 0, /*reform=*/false);
   EXPECT_FALSE(group->reformsOnNodeLoss());
   TrainingState state(group);
   int ran = 0;

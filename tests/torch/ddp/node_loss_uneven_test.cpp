@@ -8,7 +8,6 @@
 
 #include <atomic>
 #include <chrono>
-#include <mutex>
 #include <thread>
 
 #include <torch/torch.h>
@@ -18,7 +17,7 @@
 #include "dtrain/torch/distributed_sampler.h"
 #include "dtrain/torch/init.h"
 #include "dtrain/torch/training_state.h"
-#include "membership.h"
+#include "node_loss_support.h"
 
 namespace dtrain::testing::node_loss_uneven_test {
 namespace {
@@ -35,14 +34,10 @@ at::Tensor input(size_t i) {
 at::Tensor target(size_t i) { return torch::sin(torch::arange(3, torch::kFloat) * 0.5 + i * 0.07); }
 
 torch::nn::Sequential makeNet() {
-  // The seed and the draws under one lock: the ranks are threads, and libtorch's default
-  // generator is one for the process -- unguarded, their draws would interleave and rank 0's
-  // model (which DDP broadcasts) would differ from the reference's.
-  static std::mutex generator;
-  std::lock_guard<std::mutex> lock(generator);
-  torch::manual_seed(11);
-  return torch::nn::Sequential(torch::nn::Linear(6, 12), torch::nn::Tanh(),
-                               torch::nn::Linear(12, 3));
+  return seeded(11, [] {
+    return torch::nn::Sequential(torch::nn::Linear(6, 12), torch::nn::Tanh(),
+                                 torch::nn::Linear(12, 3));
+  });
 }
 
 at::Tensor lossOf(torch::nn::Sequential& net, DistributedDataParallel<torch::nn::Sequential>* ddp,
@@ -65,19 +60,7 @@ TEST(NodeLossUneven, SurvivorsSplitTheGlobalBatchUnevenlyAndAverageBySamples) {
   std::vector<std::thread> threads;
   for (int rank = 0; rank < kRanks; ++rank) {
     threads.emplace_back([&, rank] {
-      InitOptions o;
-      o.backend = "gloo";
-      o.sharedMemory = false;
-      o.rank = rank;
-      o.worldSize = kRanks;
-      o.localRank = 0;
-      o.store = store;
-      o.node = "node" + std::to_string(rank);
-      o.reformOnNodeLoss = true;
-      o.nodeId = std::to_string(rank);
-      o.hostMemoryCache = false;
-      o.timeout = std::chrono::seconds(60);
-      auto group = init(o);
+      auto group = nodeLossRank(store, rank, kRanks, 0, rank);
       auto net = makeNet();
       DistributedDataParallel<torch::nn::Sequential> ddp(net, group);
       torch::optim::Adam adam(ddp.parameters(), torch::optim::AdamOptions(0.01));
@@ -115,12 +98,8 @@ TEST(NodeLossUneven, SurvivorsSplitTheGlobalBatchUnevenlyAndAverageBySamples) {
   }
   while (inLossStep.load() < 4) std::this_thread::sleep_for(std::chrono::milliseconds(5));
   std::this_thread::sleep_for(std::chrono::milliseconds(200));
-  membership::Epoch e;
-  e.epoch = 1;
-  e.worldSize = 4;
-  e.nodes = {{"0", 0, 1}, {"1", 1, 1}, {"2", 2, 1}, {"3", 3, 1}};
-  e.why = "node 4 (test) went silent";
-  store->set(membership::epochKey(), store::toBytes(membership::encodeEpoch(e)));
+  publishEpoch(*store, 1, {{"0", 0, 1}, {"1", 1, 1}, {"2", 2, 1}, {"3", 3, 1}},
+               "node 4 (test) went silent");
   for (auto& t : threads) t.join();
   for (auto& g : lost) {
     if (g) g->shutdown();
@@ -139,14 +118,7 @@ TEST(NodeLossUneven, SurvivorsSplitTheGlobalBatchUnevenlyAndAverageBySamples) {
     // Steps kLoss..kSteps-1 among 4: shares of 3, 3, 2, 2.
     const std::vector<size_t> want(kSteps - kLoss, rank < 2 ? 3 : 2);
     EXPECT_EQ(sharesAfter[static_cast<size_t>(rank)], want) << "rank " << rank;
-    const auto& got = params[static_cast<size_t>(rank)];
-    ASSERT_EQ(got.size(), expected.size());
-    for (size_t i = 0; i < expected.size(); ++i) {
-      const double err = (got[i] - expected[i]).abs().max().item<double>() /
-                         std::max(1e-12, expected[i].abs().max().item<double>());
-      EXPECT_LE(err, 1e-5) << "rank " << rank << " parameter " << i;
-      EXPECT_TRUE(torch::equal(got[i], params[0][i])) << "rank " << rank << " parameter " << i;
-    }
+    expectParametersMatch(params[static_cast<size_t>(rank)], expected, params[0], rank);
   }
 }
 
