@@ -453,7 +453,18 @@ struct Training {
     while (step < opt.steps) {
       state.beginStep(step);  // where the step begins (DTRAIN_FAULT: tests kill or stop a rank)
       const auto stepStart = Clock::now();
-      trainStep();
+      // The step as a transaction: under `launch --on-node-loss continue`, a node lost during it
+      // discards it on every survivor, the group re-forms among them and the step runs again
+      // (docs/training.md, "Surviving a lost node"); the update is its last, local part. Each
+      // rank keeps its batch size, so the global batch shrinks with the world. Otherwise (and
+      // under ZeRO, whose shards do not re-form yet) a failure ends the run as before.
+      if (!state.tryStep([&] { trainStep(); })) {
+        step = state.currentStep();
+        progress.line(
+            fmt::format("a node was lost: step {} runs again on {} ranks", step, group.size()));
+        continue;
+      }
+      ++step;
       record(std::chrono::duration<double>(Clock::now() - stepStart).count());
       if (opt.evalEvery > 0 && step % opt.evalEvery == 0) evaluateNow();
       if (checkpointer) {
@@ -514,7 +525,6 @@ struct Training {
     scaler.step(optimizer);  // optimizer.step(), unless a rank's gradients overflowed
     scaler.update();
     optimizerSeconds = std::chrono::duration<double>(Clock::now() - optimizerStart).count();
-    ++step;
   }
 
   // The forward and the loss under autocast with --amp; backward outside it, as in PyTorch.

@@ -6,10 +6,11 @@ and resumes bitwise; a state_dict saved by PyTorch (benchmarks/gpt/gpt_model.py)
 whose validation loss is PyTorch's, and an export of a run loads into the PyTorch model with
 torch.load(weights_only=True) and load_state_dict(strict=True) and gives its validation loss;
 --lora trains the adapters only (the base bitwise unchanged, at every stage); against the
-PyTorch peer (DDP, FSDP2) every step's loss agrees; bad input exits with one clear message.
+PyTorch peer (DDP, FSDP2) every step's loss agrees; bad input exits with one clear message; a
+node lost under --on-node-loss continue costs one step and the survivors end bitwise equal.
 
 Usage: train_gpt_test.py <build-dir> [test ...]   (tests: train, zero, resume, interop, lora,
-peer, usage; default all)
+peer, usage, node_loss; default all)
 """
 import json
 import math
@@ -187,6 +188,54 @@ def test_resume():
         if fingerprint(run) != expected:
             fail("the resumed run does not end bitwise equal to the uninterrupted one")
     print("resume: ok")
+
+
+def test_node_loss():
+    """3 nodes of 1 rank each, started by hand on loopback, under --on-node-loss continue: rank 2
+    SIGKILLed at step 4 leaves its node behind; the other two are told (epoch 1), discard that
+    step, re-form as 2 ranks and train to the end, bitwise equal; launch on node 0 exits 0."""
+    import socket
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    with tempfile.TemporaryDirectory() as tmp:
+        data = corpus(os.path.join(tmp, "t"))
+        procs, outs = [], []
+        for node in range(3):
+            out = open(os.path.join(tmp, f"node{node}.log"), "w+")
+            outs.append(out)
+            procs.append(subprocess.Popen(
+                [LAUNCH, "--nnodes", "2:3", "--node-rank", str(node), "--rdzv-endpoint",
+                 f"127.0.0.1:{port}", "--nproc-per-node", "1", "--on-node-loss", "continue",
+                 "--heartbeat-interval", "0.5", "--heartbeat-timeout", "3", "--grace-period", "5",
+                 TRAINER] + COMMON + ["--steps", "10", "--eval-every", "0", "--data", data],
+                stdout=out, stderr=subprocess.STDOUT, text=True,
+                env=dict(os.environ, DTRAIN_FAULT="signal:KILL@rank=2,step=4")))
+        codes = []
+        for p in procs:
+            try:
+                codes.append(p.wait(240))
+            except subprocess.TimeoutExpired:
+                for q in procs:
+                    q.kill()
+                fail("a node's launch did not finish within 240 s")
+        logs = []
+        for out in outs:
+            out.seek(0)
+            logs.append(out.read())
+            out.close()
+        sys.stdout.write(logs[0])
+        if codes[0] != 0 or codes[1] != 0:
+            fail(f"nodes 0 and 1 should end 0 after going on without node 2: {codes}")
+        if not re.search(r"goes on without node 2 .*epoch 1: 2 nodes, 2 ranks", logs[0]):
+            fail("node 0's launch did not go on without node 2 in epoch 1")
+        if "a node was lost: step 4 runs again on 2 ranks" not in logs[0]:
+            fail("the survivors did not run step 4 again on 2 ranks")
+        prints = {m.group(1): m.group(2) for log in logs[:2]
+                  for m in re.finditer(r"fingerprint of rank (\d)'s model: ([0-9a-f]{16})", log)}
+        if sorted(prints) != ["0", "1"] or prints["0"] != prints["1"]:
+            fail(f"the survivors do not agree bitwise: {prints}")
+    print("node_loss: ok")
 
 
 def peer_val_loss(model, text_path, val_fraction=0.1, batches=16, ranks=2):
@@ -387,7 +436,8 @@ def test_usage():
 
 
 TESTS = {"train": test_train, "zero": test_zero, "resume": test_resume,
-         "interop": test_interop, "lora": test_lora, "peer": test_peer, "usage": test_usage}
+         "interop": test_interop, "lora": test_lora, "peer": test_peer, "usage": test_usage,
+         "node_loss": test_node_loss}
 
 if __name__ == "__main__":
     for name in sys.argv[2:] or list(TESTS):
