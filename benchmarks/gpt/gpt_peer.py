@@ -167,6 +167,10 @@ def main():
     if out:
         out.write(json.dumps({"peak_rss_bytes": [t.item() for t in peaks]}) + "\n")
         out.close()
+    # Every rank past its last collective before any tears its Gloo pairs down: a rank of the
+    # FSDP2 --amp peer once died in teardown ("terminate called without an active exception")
+    # while the other still finished.
+    dist.barrier()
     dist.destroy_process_group()
 
 
