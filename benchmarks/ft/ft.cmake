@@ -5,7 +5,7 @@
 if(DTRAIN_HAVE_GLOO)
   add_executable(ft_bench benchmarks/ft/ft_bench.cpp benchmarks/ft/ft_job.cpp
                           benchmarks/ft/ft_worker.cpp)
-  target_link_libraries(ft_bench PRIVATE dtrain dtrain_bench_stats dtrain_testing fmt::fmt)
+  target_link_libraries(ft_bench PRIVATE dtrain dtrain_launch_bench_run dtrain_testing fmt::fmt)
   target_compile_definitions(ft_bench PRIVATE
     DTRAIN_FT_LAUNCH="$<TARGET_FILE:launch>"
     DTRAIN_FT_SELF="$<TARGET_FILE:ft_bench>"

@@ -13,6 +13,7 @@
 
 #include <fmt/format.h>
 
+#include "bench_run.h"
 #include "free_port.h"
 #include "ft_bench.h"
 
@@ -20,18 +21,9 @@ namespace dtrain::bench {
 
 namespace {
 
-// The stdout of `sh -c command` (stderr too); *rc its exit status.
+// The output of `sh -c command`, stderr too (bench_run.h's shellOut).
 std::string shell(const std::string& command, int* rc = nullptr) {
-  std::string out;
-  FILE* p = ::popen((command + " 2>&1").c_str(), "r");
-  if (!p) throw std::runtime_error("popen failed: " + command);
-  char buf[4096];
-  size_t n;
-  while ((n = std::fread(buf, 1, sizeof buf, p)) > 0) out.append(buf, n);
-  const int status = ::pclose(p);
-  if (rc) *rc = WIFEXITED(status) ? WEXITSTATUS(status) : 128;
-  while (!out.empty() && (out.back() == '\n' || out.back() == ' ')) out.pop_back();
-  return out;
+  return shellOut(command + " 2>&1", rc);
 }
 
 std::vector<pid_t> namespacePids(const std::string& ns) {

@@ -14,6 +14,7 @@
 
 #include <torch/torch.h>
 
+#include "ddp_models.h"
 #include "dtrain/base/store.h"
 #include "dtrain/torch/ddp.h"
 #include "dtrain/torch/distributed_sampler.h"
@@ -122,9 +123,7 @@ inline void expectParametersMatch(const std::vector<at::Tensor>& got,
   ASSERT_EQ(got.size(), expected.size()) << "rank " << rank;
   ASSERT_EQ(first.size(), expected.size());
   for (size_t i = 0; i < expected.size(); ++i) {
-    const double err = (got[i] - expected[i]).abs().max().item<double>() /
-                       std::max(1e-12, expected[i].abs().max().item<double>());
-    EXPECT_LE(err, 1e-5) << "rank " << rank << " parameter " << i;
+    EXPECT_LE(relativeError(got[i], expected[i]), 1e-5) << "rank " << rank << " parameter " << i;
     EXPECT_TRUE(torch::equal(got[i], first[i]))
         << "rank " << rank << " differs from rank 0 in parameter " << i;
   }
