@@ -10,6 +10,7 @@
 #include "dtrain/torch/zero.h"
 #include "fault.h"
 #include "registry.h"
+#include "rollback.h"
 
 namespace dtrain {
 
@@ -100,8 +101,74 @@ void TrainingState::beginStep(int64_t step) {
   fault::injectAt(group_->rank(), step);
 }
 
+void TrainingState::setMirrorInterval(int64_t steps) {
+  DTRAIN_CHECK_ARG(steps >= 1, "TrainingState::setMirrorInterval({}): at least 1 step", steps);
+  mirrorInterval_ = steps;
+}
+
+void TrainingState::refreshMirrors() {
+  if (registry_->sharded.empty() || step_ < 0 || !group_->reformsOnNodeLoss()) return;
+  for (const auto& e : registry_->sharded) {
+    if (!e.optimizer->reformable()) return;  // stage 3: a loss takes the restart path
+  }
+  if (!rollback_) rollback_ = std::make_unique<state::Rollback>();
+  state::Rollback& rb = *rollback_;
+  if (!rb.refreshNow && rb.lastRefresh >= 0 && step_ - rb.lastRefresh < mirrorInterval_ &&
+      step_ >= rb.lastRefresh) {
+    return;
+  }
+  state::copyReplicated(*registry_, step_, rb.pending);
+  for (const auto& e : registry_->sharded) e.optimizer->refreshMirror(step_);
+  std::swap(rb.current, rb.pending);
+  rb.lastRefresh = step_;
+  rb.refreshNow = false;
+}
+
+int64_t TrainingState::restoreShards(const std::exception& failure) {
+  for (const auto& e : registry_->sharded) {
+    if (!e.optimizer->reformable()) {
+      DTRAIN_LOG(Error,
+                 "step {}: a collective failed under ZeRO stage {}, whose sharded state does not "
+                 "re-form in memory: the job restarts from its last checkpoint ({})",
+                 step_, e.optimizer->options().stage, failure.what());
+      throw;
+    }
+  }
+  if (!rollback_ || (rollback_->current.generation < 0 && rollback_->pending.generation < 0)) {
+    DTRAIN_LOG(Error,
+               "step {}: a collective failed under ZeRO before its sharded state was first "
+               "mirrored (TrainingState::beginStep() gives the steps): the job restarts from its "
+               "last checkpoint ({})",
+               step_, failure.what());
+    throw;
+  }
+  DTRAIN_LOG(Warn, "step {}: discarded on rank {}: {}", step_, group_->rank(), failure.what());
+  if (!group_->reform()) throw;
+  state::Rollback& rb = *rollback_;
+  std::vector<ShardedOptimizer*> optimizers;
+  for (const auto& e : registry_->sharded) optimizers.push_back(e.optimizer);
+  std::string why;
+  const int64_t generation = restoreFromMirrors(
+      optimizers, *group_, {rb.current.generation, rb.pending.generation}, why);
+  if (generation < 0) {
+    DTRAIN_THROW(Error,
+                 "step {}: ZeRO's sharded state cannot be restored in memory: {}; the job "
+                 "restarts from its last checkpoint (the failure: {})",
+                 step_, why, failure.what());
+  }
+  state::restoreReplicated(*registry_, *group_,
+                           rb.current.generation == generation ? rb.current : rb.pending);
+  DTRAIN_LOG(Warn,
+             "step {}: the sharded state of step {} restored from the mirrors on {} ranks "
+             "(Note [Shard mirrors]); {} step(s) run again",
+             step_, generation, group_->size(), step_ - generation + 1);
+  rb.refreshNow = true;
+  return generation;
+}
+
 bool TrainingState::tryStep(const std::function<void()>& work) {
   try {
+    refreshMirrors();
     work();
     return true;
   } catch (const std::exception& e) {
@@ -112,11 +179,8 @@ bool TrainingState::tryStep(const std::function<void()>& work) {
       throw;
     }
     if (!registry_->sharded.empty()) {
-      DTRAIN_LOG(Error,
-                 "step {}: a collective failed under ZeRO, whose sharded state does not re-form "
-                 "in memory yet: the job restarts from its last checkpoint ({})",
-                 step_, e.what());
-      throw;
+      step_ = restoreShards(e);
+      return false;
     }
     DTRAIN_LOG(Warn, "step {}: discarded on rank {}: {}", step_, group_->rank(), e.what());
     // No new epoch in time: not a loss the launcher decided to survive.

@@ -34,7 +34,8 @@ ShardedOptimizer::ShardedOptimizer(DdpCore& ddp,
                                    OptimizerFactory factory, ZeroOptions options)
     : torch::optim::Optimizer(std::vector<torch::optim::OptimizerParamGroup>{},
                               defaultsOf(factory)),
-      options_(options) {
+      options_(options),
+      factory_(factory) {
   zero::BuiltShards built = zero::buildShards(ddp, std::move(groups), factory, options_);
   shards_ = std::move(built.shards);
   sync_ = std::move(built.sync);
@@ -84,6 +85,36 @@ torch::Tensor ShardedOptimizer::step(LossClosure closure) {
   if (!options_.deferAllgatherWait) shards.settleGathers();
   shards.trimPools();  // Note [Communication buffers of a step]
   return loss;
+}
+
+void ShardedOptimizer::reformUnits() {
+  DTRAIN_CHECK_ARG(reformable(),
+                   "ShardedOptimizer::reformUnits: only stages 1 and 2 built through a "
+                   "DistributedDataParallel wrapper re-form in memory (this is stage {}{})",
+                   options_.stage, wrapperCore_ ? "" : ", built over a DdpCore");
+  // The groups as the user gave them -- the module's parameters, each group's options as they
+  // are now (a scheduler's learning rate) -- read from the old units before they go.
+  std::vector<std::vector<at::Tensor>> members(param_groups_.size());
+  {
+    zero::ShardGroup& old = *shards_;
+    for (size_t k = 0; k < old.size(); ++k) {
+      for (const auto& p : old.unit(k).params()) members[old.groupOf(k)].push_back(p.param);
+    }
+  }
+  std::vector<torch::optim::OptimizerParamGroup> groups;
+  for (size_t g = 0; g < param_groups_.size(); ++g) {
+    groups.emplace_back(std::move(members[g]), param_groups_[g].options().clone());
+  }
+  DdpCore& core = wrapperCore_();  // the wrapper's buckets for the new world
+  shards_.reset();
+  sync_.reset();
+  zero::BuiltShards built = zero::buildShards(core, std::move(groups), factory_, options_);
+  shards_ = std::move(built.shards);
+  sync_ = std::move(built.sync);
+  param_groups_.clear();
+  for (const auto& group : built.groups) add_param_group(group);
+  shards_->trimPools();
+  lastStep_ = {};
 }
 
 void ShardedOptimizer::waitForParameters() { shards_->settleGathers(); }

@@ -41,6 +41,7 @@ class DistributedSampler;
 
 namespace state {
 struct Registry;
+struct Rollback;
 }  // namespace state
 
 // User metadata kept with the state: key -> string, number or tensor (on the CPU).
@@ -106,10 +107,22 @@ class TrainingState {
   //     ++step;
   //   }
   //
+  // Under ZeRO stages 1 and 2 (a ShardedOptimizer registered) the optimizer's step has
+  // collectives of its own: run it inside `work`. Each rank's sharded state is then mirrored on
+  // another node every setMirrorInterval() steps, at the start of the step (docs/design.md
+  // "Sharded state across a lost node"), with a copy of the replicated state; after a loss
+  // every survivor rolls back to the newest generation whose blocks all survived -- up to that
+  // many steps -- re-sharded for the new world, and currentStep() is that generation's step.
+  //
   // Anything else -- an error of the program's own, a failure the launcher did not decide to
-  // survive, any failure under ZeRO (its sharded state does not re-form yet) -- propagates, and
-  // the launcher's restart path takes over. Outside that mode it is work() and true.
+  // survive, a failure under ZeRO stage 3 or one whose blocks no survivor holds (a rank and the
+  // rank keeping its mirror both lost) -- propagates, and the launcher's restart path takes
+  // over. Outside that mode it is work() and true.
   bool tryStep(const std::function<void()>& work);
+  // ZeRO stages 1 and 2 under `--on-node-loss continue`: mirror the sharded state every `steps`
+  // steps (>= 1; 10 by default). Fewer: less lost on a loss, more traffic per step (each rank's
+  // sharded state, once, to one rank). Not collective; the same on every rank.
+  void setMirrorInterval(int64_t steps);
   // The step of the last beginStep() -- after tryStep() returned false, the step to run -- -1
   // before the first.
   int64_t currentStep() const { return step_; }
@@ -122,8 +135,14 @@ class TrainingState {
 
  private:
   std::shared_ptr<ProcessGroup> group_;
+  // ZeRO under node loss: the mirrors' schedule and the replicated state's copies.
+  void refreshMirrors();
+  int64_t restoreShards(const std::exception& failure);
+
   std::unique_ptr<state::Registry> registry_;
+  std::unique_ptr<state::Rollback> rollback_;
   int64_t step_ = -1;
+  int64_t mirrorInterval_ = 10;
 };
 
 }  // namespace dtrain

@@ -56,6 +56,7 @@ namespace dtrain {
 namespace zero {
 class ShardGroup;
 class ShardedGradientSync;
+class ShardMirror;
 }  // namespace zero
 
 // How each rank builds the real optimizer over its shards: the defaults (as a libtorch
@@ -247,7 +248,9 @@ class ShardedOptimizer : public torch::optim::Optimizer {
   template <typename ModuleType>
   ShardedOptimizer(DistributedDataParallel<ModuleType>& ddp, OptimizerFactory factory,
                    ZeroOptions options = {})
-      : ShardedOptimizer(ddp.core(), {}, std::move(factory), options) {}
+      : ShardedOptimizer(ddp.core(), {}, std::move(factory), options) {
+    followWrapper(ddp);
+  }
   // Groups of the module's parameters, as a libtorch optimizer takes them (a group without
   // options gets the factory's defaults). Together they must hold every trained parameter,
   // each once.
@@ -255,7 +258,9 @@ class ShardedOptimizer : public torch::optim::Optimizer {
   ShardedOptimizer(DistributedDataParallel<ModuleType>& ddp,
                    std::vector<torch::optim::OptimizerParamGroup> groups, OptimizerFactory factory,
                    ZeroOptions options = {})
-      : ShardedOptimizer(ddp.core(), std::move(groups), std::move(factory), options) {}
+      : ShardedOptimizer(ddp.core(), std::move(groups), std::move(factory), options) {
+    followWrapper(ddp);
+  }
   ShardedOptimizer(DdpCore& ddp, std::vector<torch::optim::OptimizerParamGroup> groups,
                    OptimizerFactory factory, ZeroOptions options);
   ~ShardedOptimizer() override;
@@ -290,8 +295,28 @@ class ShardedOptimizer : public torch::optim::Optimizer {
   // `read`; the parameters are then all-gathered. Collective.
   void loadShardState(const ShardReader& read);
 
+  // After the process group re-formed among the survivors of a lost node (ProcessGroup::
+  // reform): the DDP wrapper's buckets and this optimizer's units are built again for the new
+  // world, with the groups' options as they are now. Their state starts empty: the caller loads
+  // it (TrainingState::tryStep from the in-memory mirrors: docs/design.md "Sharded state across
+  // a lost node"). Stages 1 and 2, built through a DistributedDataParallel wrapper. Collective
+  // over the new members.
+  void reformUnits();
+  // Whether reformUnits() can rebuild this optimizer (stages 1 and 2, built through a wrapper).
+  bool reformable() const { return options_.stage < 3 && static_cast<bool>(wrapperCore_); }
+
+  // Node loss (docs/design.md "Sharded state across a lost node"): TrainingState::tryStep's
+  // under `launch --on-node-loss continue`, not the program's. Copies this rank's
+  // blocks (master weights or parameter values, optimizer state, step counts) to a rank of
+  // another node, as the state at the start of training step `generation`; each rank keeps such
+  // a copy of another's. Collective.
+  void refreshMirror(int64_t generation);
+  // Bytes the mirrors hold on this rank: its own blocks' copy and the held rank's, twice.
+  size_t mirrorBytes() const;
+
   // Internal: the units and their state machine.
   zero::ShardGroup& shards() { return *shards_; }
+  zero::ShardMirror& mirror();
 
  private:
   struct StepTimes {
@@ -302,11 +327,34 @@ class ShardedOptimizer : public torch::optim::Optimizer {
     std::chrono::nanoseconds unitGatherWait{0};
   };
 
+  // The wrapper's machinery as it is now: after a re-form, made again for the new world first.
+  template <typename ModuleType>
+  void followWrapper(DistributedDataParallel<ModuleType>& ddp) {
+    wrapperCore_ = [&ddp]() -> DdpCore& {
+      if (ddp.core().stale()) ddp.reform();
+      return ddp.core();
+    };
+  }
+
   ZeroOptions options_;
+  OptimizerFactory factory_;
+  std::function<DdpCore&()> wrapperCore_;  // null: built over a DdpCore alone
   std::shared_ptr<zero::ShardGroup> shards_;
   std::shared_ptr<zero::ShardedGradientSync> sync_;  // owned with DDP, which drives it
+  std::unique_ptr<zero::ShardMirror> mirror_;        // made at the first refreshMirror()
   StepTimes lastStep_;
 };
+
+// Node loss under ZeRO stages 1 and 2 (docs/design.md "Sharded state across a lost node"): after
+// `group` re-formed among the survivors, the newest generation of which every old rank's blocks
+// are on some survivor -- its own copy, or the mirror another node keeps -- and of which every
+// survivor holds the rest of its state (`replicated`: the generations TrainingState kept its
+// replicated state of). Each of `optimizers` is then built again for the new world
+// (reformUnits()) and loaded with that generation, the blocks re-sharded by one reduce-scatter
+// per unit and field; returns it. With no such generation nothing changes: returns -1 and `why`
+// names the ranks whose blocks are lost. Collective over the new members.
+int64_t restoreFromMirrors(const std::vector<ShardedOptimizer*>& optimizers, ProcessGroup& group,
+                           const std::vector<int64_t>& replicated, std::string& why);
 
 // Clips the gradients of `optimizer`'s shards so that their norm over every rank -- the norm of
 // the whole model's averaged gradient -- is at most `maxNorm`, as torch::nn::utils::

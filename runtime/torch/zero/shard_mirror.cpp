@@ -1,0 +1,574 @@
+// ZeRO's sharded state kept alive across a lost node: mirrors on another node, and the restore
+// at the survivors' world size. See Note [Shard mirrors].
+//
+// Note [Shard mirrors]
+// ~~~~~~~~~~~~~~~~~~~~
+// Under ZeRO a rank's blocks -- its 1/N of the master weights (the parameters' values where they
+// are stepped in place) and of the optimizer's state -- exist nowhere else in memory, so a lost
+// node takes them with it. Under `--on-node-loss continue` TrainingState::tryStep keeps them
+// alive: every K steps (TrainingState::setMirrorInterval, 10 by default), at the start of a
+// step, each rank sends its blocks to its holder -- the rank of the same local index on the next
+// node in rank order (a one-node job: the next rank) -- over a two-member subgroup (the
+// communicator has no send/recv: a broadcast from the owner), and receives the blocks of the
+// ranks it holds into a pending copy. One allreduce then commits the generation: its success on
+// any rank means every rank had received what it holds, so the pending copies become the current
+// ones and each rank copies its own blocks as of that generation. The replicated rest of the state
+// (samplers, schedulers, scalers, buffers, RNG, other optimizers) is copied by TrainingState at
+// the same point.
+//
+// After a loss the survivors re-form (ProcessGroup::reform) and all roll back to one generation:
+// the newest of which every old rank's blocks are on some survivor -- its own copy if it
+// survived, else the mirror its holder kept -- and every survivor has its own blocks and its
+// replicated copy. A loss during a refresh leaves the pending copies incomplete on some holders;
+// the previous generation is then the newest complete one (each survivor still has its blocks of
+// it: the own copy is replaced only at the commit, and until then the live blocks are the new
+// generation, unchanged since the refresh began at the start of the step). Losing a rank and its
+// holder (two adjacent nodes) loses that rank's blocks: restoreFromMirrors() names them and the
+// job takes the restart path (its last checkpoint).
+//
+// The restore keeps the layout rule (Note [Shard layout]): the units are built again for the new
+// world (ShardedOptimizer::reformUnits) and every block of every field moves to the rank that
+// owns its elements now, by one reduce-scatter per unit and field: each survivor writes the old
+// blocks it provides at their place in the unit's flat range and -0.0 everywhere else, so the
+// sum is each element's one value exactly (x + -0.0 == x for every x, -0.0 and NaN included).
+// A reduce-scatter moves about the whole sharded state -- every element's block changes hands
+// when N changes -- rather than the lost ranks' state alone; it is what ft_bench measures.
+// Memory per rank: the own copy and two copies of the blocks it holds (current and pending), so
+// 3 x its sharded state, in the shards' own memory (the device's on a GPU: no host placement).
+#include "shard_mirror.h"
+
+#include <algorithm>
+#include <chrono>
+#include <map>
+#include <set>
+#include <string>
+#include <thread>
+#include <unordered_map>
+
+#include <ATen/ATen.h>
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include "../optimizer_state.h"
+#include "../torch_compat.h"
+#include "dtrain/base/error.h"
+#include "dtrain/base/logging.h"
+#include "dtrain/torch/zero.h"
+#include "shard_group.h"
+
+namespace dtrain::zero {
+
+namespace {
+
+torch::optim::OptimizerParamState* mirroredStateOf(ShardUnit& u) {
+  auto& optimizer = u.optimizer();
+  auto it = optimizer.state().find(compat::optimizerStateKey(u.optimized()));
+  return it == optimizer.state().end() ? nullptr : it->second.get();
+}
+
+// The tensors of unit `u`'s block in payload order (master, then the fields present) and the
+// header entries (step, mask).
+std::vector<at::Tensor> liveBlocks(ShardUnit& u, int64_t& step, int64_t& mask) {
+  std::vector<at::Tensor> out{u.optimized()};
+  step = -1;
+  mask = 0;
+  if (auto* state = mirroredStateOf(u)) {
+    optim_state::StateFields fields = optim_state::fieldsOf(*state);
+    for (size_t i = 0; i < fields.tensors.size(); ++i) {
+      if (!fields.tensors[i].second->defined()) continue;
+      mask |= int64_t{1} << i;
+      out.push_back(*fields.tensors[i].second);
+    }
+    if (fields.step) step = *fields.step;
+  }
+  return out;
+}
+
+// Per unit: where its master block and each present field start in a payload of `layout`.
+std::vector<std::vector<int64_t>> payloadOffsets(const std::vector<int64_t>& header,
+                                                 const ShardLayout& layout) {
+  std::vector<std::vector<int64_t>> out(layout.units.size());
+  int64_t at = 0;
+  for (size_t k = 0; k < layout.units.size(); ++k) {
+    const int64_t fields = 1 +
+                           __builtin_popcountll(static_cast<unsigned long long>(header[3 + 2 * k]));
+    for (int64_t f = 0; f < fields; ++f) {
+      out[k].push_back(at);
+      at += layout.units[k].shardNumel;
+    }
+  }
+  out.push_back({at});  // the payload's length
+  return out;
+}
+
+int64_t headerLength(size_t units) { return 2 + 2 * static_cast<int64_t>(units); }
+
+void checkMirrorable(ShardGroup& shards) {
+  const at::Tensor first = shards.unit(0).optimized();
+  for (size_t k = 0; k < shards.size(); ++k) {
+    const at::Tensor t = shards.unit(k).optimized();
+    DTRAIN_CHECK_ARG(t.scalar_type() == first.scalar_type(),
+                     "shard mirrors: {} steps {} blocks, the first unit {}; mirrors need one "
+                     "dtype. HINT: ZeroOptions::masterWeights gives every 16-bit unit float32 "
+                     "masters",
+                     shards.unit(k).describe(), c10::toString(t.scalar_type()),
+                     c10::toString(first.scalar_type()));
+    DTRAIN_CHECK_ARG(t.device() == shards.group().device(),
+                     "shard mirrors: {} is offloaded to the host; mirrors of offloaded shards "
+                     "are not built. HINT: ZeroOptions::offload = false, or --on-node-loss "
+                     "restart",
+                     shards.unit(k).describe());
+  }
+}
+
+}  // namespace
+
+void ShardMirror::waitAll(ProcessGroup& group, std::vector<std::shared_ptr<comm::Work>>& works) {
+  // The pairs are subgroups, which the membership watcher does not abort: a pair with a lost
+  // rank would wait its whole timeout. So the waits watch the group's communicator, which the
+  // watcher aborts at a new epoch, and abort the pairs then.
+  for (auto& w : works) {
+    while (!w->isCompleted()) {
+      if (std::exception_ptr failed = group.communicator().error()) {
+        for (auto& p : pairs_) {
+          if (p) p->communicator().abort("the group's membership changed during a mirror refresh");
+        }
+        std::rethrow_exception(failed);
+      }
+      std::this_thread::sleep_for(std::chrono::microseconds(200));
+    }
+    w->wait();  // its error, if it failed
+  }
+  works.clear();
+}
+
+void packBlocks(ShardGroup& shards, int64_t generation, PackedBlocks& into) {
+  checkMirrorable(shards);
+  std::vector<int64_t> header{generation, static_cast<int64_t>(shards.size())};
+  std::vector<std::vector<at::Tensor>> blocks;
+  int64_t total = 0;
+  for (size_t k = 0; k < shards.size(); ++k) {
+    int64_t step = -1, mask = 0;
+    blocks.push_back(liveBlocks(shards.unit(k), step, mask));
+    header.push_back(step);
+    header.push_back(mask);
+    for (const auto& b : blocks.back()) total += b.numel();
+  }
+  const at::Tensor first = shards.unit(0).optimized();
+  if (!into.payload.defined() || into.payload.numel() != total ||
+      into.payload.scalar_type() != first.scalar_type()) {
+    into.payload = at::empty({total}, first.options());
+  }
+  int64_t at = 0;
+  for (const auto& unit : blocks) {
+    for (const auto& b : unit) {
+      into.payload.narrow(0, at, b.numel()).copy_(b);
+      at += b.numel();
+    }
+  }
+  into.header = std::move(header);
+}
+
+void ShardMirror::buildPairs(ProcessGroup& group) {
+  const int n = group.size();
+  const auto locals = group.allgather(at::tensor({static_cast<int64_t>(group.localRank())}));
+  // Nodes: runs of ranks from local rank 0 (launch numbers ranks node by node).
+  std::vector<std::pair<int, int>> nodes;  // (first rank, ranks)
+  for (int r = 0; r < n; ++r) {
+    if (nodes.empty() || locals[static_cast<size_t>(r)].item<int64_t>() == 0) {
+      nodes.emplace_back(r, 0);
+    }
+    ++nodes.back().second;
+  }
+  holderOf_.assign(static_cast<size_t>(n), -1);
+  for (size_t i = 0; i < nodes.size(); ++i) {
+    const auto [first, count] = nodes[i];
+    const auto [nextFirst, nextCount] = nodes[(i + 1) % nodes.size()];
+    for (int l = 0; l < count; ++l) {
+      holderOf_[static_cast<size_t>(first + l)] = nodes.size() == 1 ? (first + l + 1) % n
+                                                                    : nextFirst + l % nextCount;
+    }
+  }
+  pairs_.assign(static_cast<size_t>(n), nullptr);
+  for (int r = 0; r < n; ++r) {  // in rank order on every rank: newGroup is collective
+    const int h = holderOf_[static_cast<size_t>(r)];
+    if (h == r) continue;
+    try {
+      pairs_[static_cast<size_t>(r)] = group.newGroup({r, h});
+    } catch (const InvalidArgument& e) {
+      DTRAIN_THROW(InvalidArgument,
+                   "shard mirrors: the {} backend makes no subgroups, and a mirror goes to its "
+                   "holder over one ({}). HINT: --on-node-loss restart",
+                   group.backend(), e.what());
+    }
+  }
+  held_.clear();
+  for (int r = 0; r < n; ++r) {
+    if (holderOf_[static_cast<size_t>(r)] == group.rank() && r != group.rank()) {
+      held_.push_back(Held{r, {}, {}, false});
+    }
+  }
+  DTRAIN_CHECK(static_cast<int>(held_.size()) <= kMaxHeld,
+               "shard mirrors: rank {} would hold the blocks of {} ranks (at most {})",
+               group.rank(), held_.size(), kMaxHeld);
+  epoch_ = group.epoch();
+}
+
+void ShardMirror::refresh(ShardGroup& shards, int64_t generation) {
+  ProcessGroup& group = shards.group();
+  if (group.size() < 2) return;
+  checkMirrorable(shards);
+  if (epoch_ != group.epoch() || pairs_.size() != static_cast<size_t>(group.size())) {
+    buildPairs(group);
+  }
+  const int me = group.rank();
+  refreshing_ = generation;
+  oldRank_ = me;
+  oldLayout_ = shards.layout();
+  for (auto& h : held_) h.pendingDone = false;
+
+  // The headers, then the blocks: this rank's from its live tensors (nothing copied to send),
+  // the held ranks' into their pending copies.
+  std::vector<int64_t> header{generation, static_cast<int64_t>(shards.size())};
+  std::vector<at::Tensor> mine;
+  for (size_t k = 0; k < shards.size(); ++k) {
+    int64_t step = -1, mask = 0;
+    for (auto& b : liveBlocks(shards.unit(k), step, mask)) mine.push_back(b);
+    header.push_back(step);
+    header.push_back(mask);
+  }
+  const int64_t hlen = headerLength(shards.size());
+  std::vector<std::shared_ptr<comm::Work>> works;
+  std::vector<at::Tensor> headers(static_cast<size_t>(group.size()));
+  for (int r = 0; r < group.size(); ++r) {
+    auto& pair = pairs_[static_cast<size_t>(r)];
+    if (!pair) continue;
+    const int root = r < holderOf_[static_cast<size_t>(r)] ? 0 : 1;  // members are sorted
+    at::Tensor& h = headers[static_cast<size_t>(r)];
+    h = r == me ? at::tensor(header, at::kLong) : at::empty({hlen}, at::kLong);
+    works.push_back(pair->broadcastAsync(h, root));
+  }
+  waitAll(group, works);
+  std::vector<at::Tensor> keep;  // what the broadcasts read or write, alive until they end
+  for (int r = 0; r < group.size(); ++r) {
+    auto& pair = pairs_[static_cast<size_t>(r)];
+    if (!pair) continue;
+    const int root = r < holderOf_[static_cast<size_t>(r)] ? 0 : 1;
+    if (r == me) {
+      for (auto& b : mine) {
+        keep.push_back(b);
+        works.push_back(pair->broadcastAsync(keep.back(), root));
+      }
+      continue;
+    }
+    auto it = std::find_if(held_.begin(), held_.end(), [&](const Held& h) { return h.owner == r; });
+    DTRAIN_CHECK(it != held_.end(), "shard mirrors: rank {} is in rank {}'s pair but holds none",
+                 me, r);
+    const at::Tensor& h = headers[static_cast<size_t>(r)];
+    it->pending.header.assign(h.data_ptr<int64_t>(), h.data_ptr<int64_t>() + hlen);
+    DTRAIN_CHECK(it->pending.header[1] == static_cast<int64_t>(shards.size()) &&
+                     it->pending.header[0] == generation,
+                 "shard mirrors: rank {} sent {} units of generation {}, rank {} has {} units "
+                 "at generation {}",
+                 r, it->pending.header[1], it->pending.header[0], me, shards.size(), generation);
+    const auto offsets = payloadOffsets(it->pending.header, oldLayout_);
+    const int64_t total = offsets.back().front();
+    if (!it->pending.payload.defined() || it->pending.payload.numel() != total) {
+      it->pending.payload = at::empty({total}, shards.unit(0).optimized().options());
+    }
+    for (size_t k = 0; k < shards.size(); ++k) {
+      for (int64_t off : offsets[k]) {
+        keep.push_back(it->pending.payload.narrow(0, off, oldLayout_.units[k].shardNumel));
+        works.push_back(pair->broadcastAsync(keep.back(), root));
+      }
+    }
+  }
+  waitAll(group, works);
+  for (auto& h : held_) h.pendingDone = true;
+
+  // The commit: its success here means every rank received what it holds.
+  at::Tensor done = at::ones({1}, at::TensorOptions().device(group.device()));
+  group.allreduce(done);
+  for (auto& h : held_) {
+    std::swap(h.current, h.pending);
+    h.pendingDone = false;
+  }
+  packBlocks(shards, generation, own_);
+  refreshing_ = -1;
+}
+
+size_t ShardMirror::bytes() const {
+  size_t total = 0;
+  auto add = [&](const PackedBlocks& b) {
+    if (b.payload.defined()) total += b.payload.numel() * b.payload.element_size();
+  };
+  add(own_);
+  for (const auto& h : held_) {
+    add(h.current);
+    add(h.pending);
+  }
+  return total;
+}
+
+at::Tensor ShardMirror::offer() const {
+  at::Tensor t = at::full({kOfferLength}, int64_t{-1}, at::kLong);
+  auto a = t.accessor<int64_t, 1>();
+  a[0] = oldRank_;
+  a[1] = static_cast<int64_t>(holderOf_.size());
+  a[2] = own_.generation();
+  a[3] = refreshing_;
+  int64_t at = 4;
+  a[at++] = 0;  // reserved
+  a[at++] = 0;  // count of held entries, below
+  const int64_t countAt = at - 1;
+  for (const auto& h : held_) {
+    if (h.current.generation() >= 0) {
+      a[at++] = h.owner;
+      a[at++] = h.current.generation();
+    }
+    if (h.pendingDone && h.pending.generation() >= 0) {
+      a[at++] = h.owner;
+      a[at++] = h.pending.generation();
+    }
+  }
+  a[countAt] = (at - countAt - 1) / 2;
+  return t;
+}
+
+ShardMirror::Offer ShardMirror::parse(const at::Tensor& offer) {
+  auto a = offer.accessor<int64_t, 1>();
+  Offer o;
+  o.oldRank = static_cast<int>(a[0]);
+  o.oldWorld = static_cast<int>(a[1]);
+  for (int i = 2; i < 4; ++i) {
+    if (a[i] >= 0) o.own.push_back(a[i]);
+  }
+  const int64_t count = a[5];
+  for (int64_t i = 0; i < count; ++i) {
+    o.held.emplace_back(static_cast<int>(a[6 + 2 * i]), a[7 + 2 * i]);
+  }
+  return o;
+}
+
+void ShardMirror::prepareRestore(ShardGroup& shards, int64_t generation) {
+  if (refreshing_ == generation && own_.generation() != generation) {
+    packBlocks(shards, generation, own_);
+  }
+  refreshing_ = -1;
+}
+
+const PackedBlocks* ShardMirror::blocksOf(int owner, int64_t generation) const {
+  if (owner == oldRank_ && own_.generation() == generation) return &own_;
+  for (const auto& h : held_) {
+    if (h.owner != owner) continue;
+    if (h.current.generation() == generation) return &h.current;
+    if (h.pending.generation() == generation) return &h.pending;
+  }
+  return nullptr;
+}
+
+void ShardMirror::reset() {
+  epoch_ = -1;
+  holderOf_.clear();
+  pairs_.clear();
+  oldRank_ = -1;
+  oldLayout_ = {};
+  own_ = {};
+  refreshing_ = -1;
+  held_.clear();
+}
+
+}  // namespace dtrain::zero
+
+namespace dtrain {
+
+zero::ShardMirror& ShardedOptimizer::mirror() {
+  if (!mirror_) mirror_ = std::make_unique<zero::ShardMirror>();
+  return *mirror_;
+}
+
+void ShardedOptimizer::refreshMirror(int64_t generation) {
+  DTRAIN_CHECK_ARG(reformable(),
+                   "ShardedOptimizer: shard mirrors are for stages 1 and 2 built through a "
+                   "DistributedDataParallel wrapper (this is stage {})",
+                   options_.stage);
+  at::NoGradGuard noGrad;
+  shards_->settleGathers();
+  mirror().refresh(*shards_, generation);
+}
+
+size_t ShardedOptimizer::mirrorBytes() const { return mirror_ ? mirror_->bytes() : 0; }
+
+namespace {
+
+using zero::PackedBlocks;
+using zero::ShardMirror;
+
+// The newest generation every old rank's blocks are somewhere of, for every optimizer; -1 with
+// `why` otherwise.
+int64_t chooseGeneration(const std::vector<std::vector<ShardMirror::Offer>>& offers,
+                         const std::vector<std::vector<int64_t>>& replicated, std::string& why) {
+  std::set<int64_t, std::greater<>> candidates;
+  for (const auto& o : offers.front()) candidates.insert(o.own.begin(), o.own.end());
+  std::string firstWhy;
+  for (int64_t g : candidates) {
+    std::set<int> missing;
+    bool everySurvivor = true;
+    for (size_t s = 0; s < replicated.size(); ++s) {
+      if (std::find(replicated[s].begin(), replicated[s].end(), g) == replicated[s].end()) {
+        everySurvivor = false;
+      }
+    }
+    for (const auto& perRank : offers) {
+      const int oldWorld = perRank.front().oldWorld;
+      for (const auto& o : perRank) {
+        if (std::find(o.own.begin(), o.own.end(), g) == o.own.end()) everySurvivor = false;
+      }
+      for (int old = 0; old < oldWorld; ++old) {
+        bool found = false;
+        for (const auto& o : perRank) {
+          if (o.oldRank == old && std::find(o.own.begin(), o.own.end(), g) != o.own.end()) {
+            found = true;
+          }
+          for (const auto& [owner, gen] : o.held) found = found || (owner == old && gen == g);
+        }
+        if (!found) missing.insert(old);
+      }
+    }
+    if (everySurvivor && missing.empty()) return g;
+    if (firstWhy.empty()) {
+      firstWhy = missing.empty()
+                     ? fmt::format("a survivor lacks its own state of generation {}", g)
+                     : fmt::format("the blocks of rank(s) {} of the old world at the start of "
+                                   "step {} are on no survivor (each rank and the rank keeping "
+                                   "its mirror were lost)",
+                                   fmt::join(missing, ", "), g);
+    }
+  }
+  why = firstWhy.empty() ? "no survivor holds a mirrored generation yet" : firstWhy;
+  return -1;
+}
+
+}  // namespace
+
+int64_t restoreFromMirrors(const std::vector<ShardedOptimizer*>& optimizers, ProcessGroup& group,
+                           const std::vector<int64_t>& replicated, std::string& why) {
+  DTRAIN_CHECK_ARG(!optimizers.empty(), "restoreFromMirrors: no optimizers");
+  at::NoGradGuard noGrad;
+  std::vector<std::vector<ShardMirror::Offer>> offers;
+  for (auto* opt : optimizers) {
+    std::vector<ShardMirror::Offer> perRank;
+    for (const auto& t : group.allgather(opt->mirror().offer())) {
+      perRank.push_back(ShardMirror::parse(t));
+    }
+    offers.push_back(std::move(perRank));
+  }
+  at::Tensor mine = at::full({2}, int64_t{-1}, at::kLong);
+  for (size_t i = 0; i < std::min<size_t>(2, replicated.size()); ++i) {
+    mine[static_cast<int64_t>(i)] = replicated[i];
+  }
+  std::vector<std::vector<int64_t>> replicatedOf;
+  for (const auto& t : group.allgather(mine)) {
+    replicatedOf.push_back({t[0].item<int64_t>(), t[1].item<int64_t>()});
+  }
+  const int64_t g = chooseGeneration(offers, replicatedOf, why);
+  if (g < 0) return -1;
+
+  for (size_t j = 0; j < optimizers.size(); ++j) {
+    ShardedOptimizer& opt = *optimizers[j];
+    ShardMirror& mirror = opt.mirror();
+    mirror.prepareRestore(opt.shards(), g);
+    const ShardLayout oldLayout = mirror.oldLayout();
+    const PackedBlocks* ownBlocks = mirror.blocksOf(mirror.oldRank(), g);
+    DTRAIN_CHECK(ownBlocks != nullptr, "restoreFromMirrors: rank {} lost its own generation {}",
+                 group.rank(), g);
+    const std::vector<int64_t> header = ownBlocks->header;
+    // Who provides each old rank's blocks: the lowest new rank that has them.
+    std::vector<int> provider(static_cast<size_t>(offers[j].front().oldWorld), -1);
+    for (int s = static_cast<int>(offers[j].size()) - 1; s >= 0; --s) {
+      const auto& o = offers[j][static_cast<size_t>(s)];
+      if (std::find(o.own.begin(), o.own.end(), g) != o.own.end()) {
+        provider[static_cast<size_t>(o.oldRank)] = s;
+      }
+      for (const auto& [owner, gen] : o.held) {
+        if (gen == g) provider[static_cast<size_t>(owner)] = s;
+      }
+    }
+    opt.reformUnits();
+    zero::ShardGroup& shards = opt.shards();
+    const ShardLayout& layout = shards.layout();
+    DTRAIN_CHECK(layout.units.size() == oldLayout.units.size(),
+                 "restoreFromMirrors: {} units now, {} before the loss", layout.units.size(),
+                 oldLayout.units.size());
+    const int n = group.size();
+    const int me = group.rank();
+    // Per unit: the new block of each field, by name ("master" first).
+    std::vector<std::map<std::string, at::Tensor>> blocks(layout.units.size());
+    std::vector<int64_t> steps(layout.units.size(), -1);
+    for (size_t k = 0; k < layout.units.size(); ++k) {
+      const auto& was = oldLayout.units[k];
+      const auto& now = layout.units[k];
+      DTRAIN_CHECK(was.numel == now.numel, "restoreFromMirrors: unit {} has {} elements, {} before",
+                   k, now.numel, was.numel);
+      const char* type = optim_state::optimizerType(shards.unit(k).optimizer());
+      DTRAIN_CHECK_ARG(type != nullptr,
+                       "restoreFromMirrors: the real optimizer's type is not one whose state "
+                       "can be loaded (SGD, Adam, AdamW, Adagrad, RMSprop)");
+      auto probe = optim_state::newParamState(type);
+      const optim_state::StateFields fields = optim_state::fieldsOf(*probe);
+      std::vector<std::string> names{"master"};
+      const int64_t mask = header[3 + 2 * k];
+      for (size_t i = 0; i < fields.tensors.size(); ++i) {
+        if (mask & (int64_t{1} << i)) names.emplace_back(fields.tensors[i].first);
+      }
+      steps[k] = header[2 + 2 * k];
+      for (size_t f = 0; f < names.size(); ++f) {
+        at::Tensor flat = at::full({now.shardNumel * n}, -0.0,
+                                   shards.unit(k).optimized().options());
+        for (int old = 0; old < static_cast<int>(provider.size()); ++old) {
+          if (provider[static_cast<size_t>(old)] != me) continue;
+          const PackedBlocks* b = mirror.blocksOf(old, g);
+          DTRAIN_CHECK(b != nullptr,
+                       "restoreFromMirrors: rank {} offered old rank {}'s blocks "
+                       "of generation {} and has none",
+                       me, old, g);
+          const auto offsets = zero::payloadOffsets(b->header, oldLayout);
+          const int64_t begin = was.shardNumel * old;
+          const int64_t len = std::min(was.shardNumel, was.numel - begin);
+          if (len <= 0) continue;
+          flat.narrow(0, begin, len).copy_(b->payload.narrow(0, offsets[k][f], len));
+        }
+        at::Tensor block = at::empty({now.shardNumel}, flat.options());
+        group.reduceScatter(block, flat);
+        blocks[k][names[f]] = block;
+      }
+    }
+    // The reader loadShardState() asks, by parameter name and element range.
+    std::unordered_map<std::string, std::pair<size_t, int64_t>> where;  // unit, flat offset
+    for (size_t k = 0; k < layout.units.size(); ++k) {
+      const auto& params = shards.unit(k).params();
+      for (size_t j2 = 0; j2 < params.size(); ++j2) {
+        where[params[j2].name] = {k, layout.units[k].offsets[j2]};
+      }
+    }
+    opt.loadShardState([&](const ShardField& what, at::Tensor& out) {
+      auto it = where.find(what.param);
+      DTRAIN_CHECK(it != where.end(), "restoreFromMirrors: no unit has {}", what.param);
+      const auto [k, offset] = it->second;
+      if (what.field == "step") {
+        if (steps[k] < 0) return false;
+        out.fill_(steps[k]);
+        return true;
+      }
+      auto f = blocks[k].find(what.field);
+      if (f == blocks[k].end()) return false;
+      const int64_t at = offset + what.begin - layout.units[k].shardNumel * me;
+      out.copy_(f->second.narrow(0, at, what.end - what.begin));
+      return true;
+    });
+    mirror.reset();
+  }
+  return g;
+}
+
+}  // namespace dtrain

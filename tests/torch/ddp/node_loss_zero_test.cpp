@@ -1,0 +1,208 @@
+// ZeRO's sharded state surviving a lost node in memory (Note [Shard mirrors] in
+// runtime/torch/zero/shard_mirror.cpp), with ranks as threads over real Gloo communicators and
+// the test as the launcher's master (node_loss_support.h). 3 nodes x 2 ranks train with Adam
+// under ZeRO stage 1 or 2, mirroring every kInterval steps; node 2 stops; the survivors roll back
+// to the newest generation whose blocks all survived, re-shard them for 4 ranks, run the lost
+// steps again and must end equal to one process that trained every step on the whole global
+// batch, the ranks bitwise equal.
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <chrono>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <torch/torch.h>
+
+#include "dtrain/base/error.h"
+#include "dtrain/base/store.h"
+#include "dtrain/torch/ddp.h"
+#include "dtrain/torch/distributed_sampler.h"
+#include "dtrain/torch/init.h"
+#include "dtrain/torch/training_state.h"
+#include "dtrain/torch/zero.h"
+#include "node_loss_support.h"
+
+namespace dtrain::testing::node_loss_zero_test {
+namespace {
+
+constexpr int kNodes = 3;
+constexpr int kPerNode = 2;
+constexpr int kSteps = 7;
+constexpr int kInterval = 2;  // mirrored at the start of steps 0, 2, 4, ...
+constexpr int64_t kGlobalBatch = 12;
+constexpr size_t kSamples = 120;
+
+torch::optim::AdamOptions adam() { return torch::optim::AdamOptions(0.01); }
+
+// One rank: the 6-rank tests' model under DDP and a ShardedOptimizer with Adam, in units small
+// enough that the model is several of them and their blocks end unevenly.
+struct ZeroTrainer {
+  ZeroTrainer(std::shared_ptr<ProcessGroup> g, int stage)
+      : group(std::move(g)),
+        net(makeNodeLossNet()),
+        ddp(net, group),
+        optimizer(ddp, optimizerFactory<torch::optim::Adam>(adam()), options(stage)),
+        sampler(kSamples, group->size(), group->rank()),
+        state(std::make_shared<TrainingState>(group)) {
+    state->addModule("net", net);
+    state->addOptimizer("adam", optimizer);
+    state->addSampler("data", sampler);
+    state->setMirrorInterval(kInterval);
+  }
+  static ZeroOptions options(int stage) {
+    ZeroOptions o;
+    o.stage = stage;
+    o.firstUnitBytes = 200;
+    o.unitBytes = 300;
+    return o;
+  }
+
+  std::shared_ptr<ProcessGroup> group;
+  torch::nn::Sequential net;
+  DistributedDataParallel<torch::nn::Sequential> ddp;
+  ShardedOptimizer optimizer;
+  DistributedSampler sampler;
+  std::shared_ptr<TrainingState> state;
+};
+
+struct RankResult {
+  std::vector<at::Tensor> params;
+  int finalSize = 0;
+  int discarded = 0;
+  int64_t rolledBackTo = -1;
+  std::string thrown;
+  size_t mirrorBytes = 0;  // at the end
+  int64_t owned = 0;       // elements of this rank's blocks
+};
+
+// Runs 6 ranks; the ranks of the nodes in `lostNodes` stop at the start of step `lossStep`
+// (before its mirror refresh, when it has one); once the survivors wait in that step, the test
+// publishes the epoch of `survivors` (node ids). Returns every rank's result.
+std::vector<RankResult> runSix(int stage, int lossStep, const std::vector<int>& lostNodes,
+                               const std::vector<membership::EpochNode>& survivors,
+                               size_t survivorRanks) {
+  auto store = std::make_shared<store::HashStore>();
+  std::vector<RankResult> results(kNodes * kPerNode);
+  std::vector<std::unique_ptr<ZeroTrainer>> trainers(kNodes * kPerNode);
+  std::atomic<int> waiting{0};
+  std::vector<std::thread> threads;
+  for (int rank = 0; rank < kNodes * kPerNode; ++rank) {
+    threads.emplace_back([&, rank] {
+      const int node = rank / kPerNode;
+      const bool lost = std::find(lostNodes.begin(), lostNodes.end(), node) != lostNodes.end();
+      auto group = nodeLossRank(store, rank, kNodes * kPerNode, rank % kPerNode, node);
+      auto& t = trainers[static_cast<size_t>(rank)];
+      t = std::make_unique<ZeroTrainer>(group, stage);
+      RankResult& r = results[static_cast<size_t>(rank)];
+      try {
+        for (int64_t step = 0; step < kSteps;) {
+          t->state->beginStep(step);
+          // "Lost": its ranks never join a collective again; their groups stay open, so the
+          // survivors see silence, as from a node whose traffic is dropped.
+          if (lost && step == lossStep) return;
+          if (step == lossStep && group->epoch() == 0) waiting.fetch_add(1);
+          const bool done = t->state->tryStep([&] {
+            t->optimizer.zero_grad();
+            auto batch = t->sampler.next(static_cast<size_t>(kGlobalBatch / group->size()));
+            nodeLossStep(t->net, &t->ddp, *batch);
+            t->optimizer.step();
+          });
+          if (!done) {
+            ++r.discarded;
+            r.rolledBackTo = t->state->currentStep();
+            step = t->state->currentStep();
+            continue;
+          }
+          ++step;
+        }
+      } catch (const std::exception& e) {
+        r.thrown = e.what();
+      }
+      for (const auto& p : t->net->parameters()) r.params.push_back(p.detach().clone());
+      r.finalSize = t->group->size();
+      r.mirrorBytes = t->optimizer.mirrorBytes();
+      r.owned = t->optimizer.stats().owned;
+    });
+  }
+  while (waiting.load() < static_cast<int>(survivorRanks)) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  publishEpoch(*store, 1, survivors, "the test's lost node(s)");
+  for (auto& t : threads) t.join();
+  for (auto& t : trainers) {
+    if (t) t->group->shutdown();
+  }
+  return results;
+}
+
+// One process with Adam on the whole global batch, step by step.
+std::vector<at::Tensor> reference() {
+  auto net = makeNodeLossNet();
+  torch::optim::Adam opt(net->parameters(), adam());
+  DistributedSampler all(kSamples, 1, 0);
+  for (int step = 0; step < kSteps; ++step) {
+    opt.zero_grad();
+    nodeLossStep(net, nullptr, *all.next(static_cast<size_t>(kGlobalBatch)));
+    opt.step();
+  }
+  std::vector<at::Tensor> out;
+  for (const auto& p : net->parameters()) out.push_back(p.detach().clone());
+  return out;
+}
+
+class ZeroNodeLoss : public ::testing::TestWithParam<int> {};
+
+// Node 2 lost at step 3: generation 2 (mirrored at the start of step 2) is complete -- ranks 4
+// and 5's blocks on node 0 -- so steps 2 and 3 run again on 4 ranks.
+TEST_P(ZeroNodeLoss, SurvivorsRollBackToTheMirrorAndMatchOneProcess) {
+  const auto results = runSix(GetParam(), 3, {2}, {{"0", 0, 2}, {"1", 2, 2}}, 4);
+  const auto expected = reference();
+  for (int rank = 0; rank < 4; ++rank) {
+    const RankResult& r = results[static_cast<size_t>(rank)];
+    EXPECT_EQ(r.thrown, "") << "rank " << rank;
+    EXPECT_EQ(r.finalSize, 4) << "rank " << rank;
+    EXPECT_EQ(r.discarded, 1) << "rank " << rank;
+    EXPECT_EQ(r.rolledBackTo, 2) << "rank " << rank;
+    expectParametersMatch(r.params, expected, results[0].params, rank);
+    // Mirrored again in the new world: its own blocks and two copies of another rank's, each
+    // the master and Adam's two moments in float32.
+    EXPECT_EQ(r.mirrorBytes, static_cast<size_t>(3 * 3 * 4 * r.owned)) << "rank " << rank;
+  }
+}
+
+// Node 2 lost at the start of step 4, whose refresh is then in flight on the survivors: its
+// blocks of generation 4 never came, so generation 2 is the newest complete one.
+TEST_P(ZeroNodeLoss, ALossDuringAMirrorRefreshRollsBackToTheGenerationBefore) {
+  const auto results = runSix(GetParam(), 4, {2}, {{"0", 0, 2}, {"1", 2, 2}}, 4);
+  const auto expected = reference();
+  for (int rank = 0; rank < 4; ++rank) {
+    const RankResult& r = results[static_cast<size_t>(rank)];
+    EXPECT_EQ(r.thrown, "") << "rank " << rank;
+    EXPECT_EQ(r.rolledBackTo, 2) << "rank " << rank;
+    expectParametersMatch(r.params, expected, results[0].params, rank);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Stages, ZeroNodeLoss, ::testing::Values(1, 2),
+                         [](const auto& info) { return "Stage" + std::to_string(info.param); });
+
+// Nodes 1 and 2 lost together: node 1's blocks were mirrored on node 2, so ranks 2 and 3's
+// blocks are nowhere. The survivors re-form, find no complete generation and take the restart
+// path: tryStep throws, naming the ranks.
+TEST(ZeroNodeLossLimits, LosingARankAndItsMirrorTakesTheRestartPath) {
+  const auto results = runSix(2, 3, {1, 2}, {{"0", 0, 2}}, 2);
+  for (int rank = 0; rank < 2; ++rank) {
+    const RankResult& r = results[static_cast<size_t>(rank)];
+    EXPECT_NE(r.thrown.find("rank(s) 2, 3 of the old world"), std::string::npos)
+        << "rank " << rank << ": " << r.thrown;
+    EXPECT_EQ(r.finalSize, 2) << "rank " << rank;
+    EXPECT_EQ(r.discarded, 0) << "rank " << rank;
+  }
+}
+
+}  // namespace
+}  // namespace dtrain::testing::node_loss_zero_test
