@@ -17,9 +17,20 @@ and optimizer parts, host time), and every rank's peak resident set from launch'
 (ours / the peer's, the median of the pairs' ratios with its min-max), the step's parts, and the
 peak resident memory per rank (the largest rank's) with its ratio.
 
+The memory pass, before a row's pairs and apart from them: one run of each side with
+--memory-steps steps, both counting CPU tensor storage with the tests' counting allocator
+(librecompute_counting.so of the target recompute_counting: BUILD's, or --counting-lib):
+train_gpt, unchanged, loads it with LD_PRELOAD, the peer with --counting-lib right after
+`import torch`. Each rank writes the peak of its live tensor bytes over the whole run (start-up
+included) at exit (DTRAIN_COUNTING_PEAK_FILE); the row gets the largest rank's of each side in
+MiB and their ratio (ours / the peer's). The counting allocator takes a mutex per allocation and
+keeps dtrain's host memory cache off, so it never runs in the timed pairs.
+--memory-only runs the memory pass alone, --no-memory the pairs alone.
+
   benchmarks/gpt/gpt_bench.py BUILD [--presets nano,small] [--worlds 2,4] [--pairs 5]
                               [--steps 12] [--warmup 4] [--configs ddp,zero3,zero3_rc,zero3_amp]
-                              [--batch-size 8] [--json FILE]
+                              [--batch-size 8] [--memory-steps 4] [--counting-lib LIB]
+                              [--memory-only | --no-memory] [--json FILE]
 """
 import argparse
 import json
@@ -29,6 +40,7 @@ import sys
 import tempfile
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+PEER = os.path.join(HERE, "gpt_peer.py")
 sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.join(HERE, "..", "common"))  # benchmarks/common/stats.py
 from stats import median, paired_ratios, spread  # noqa: E402
@@ -64,6 +76,81 @@ def median_after(steps, key, warmup):
     return median(s[key] for s in steps if s["step"] > warmup)
 
 
+class Sides:
+    """The command lines of one row's two sides under launch."""
+
+    def __init__(self, a, preset, world, name, init):
+        self.launch = [os.path.join(a.build, "launch"), "--nproc-per-node", str(world)]
+        self.trainer = os.path.join(a.build, "train_gpt")
+        self.world = world
+        self.common = ["--preset", preset, "--batch-size", str(a.batch_size), "--warmup-steps",
+                       "2", "--data", a.data, "--init-from", init, "--threads", "1"]
+        self.ours_flags, self.peer_flags = CONFIGS[name]
+        self.ours_env = None if a.shm else {"DTRAIN_SHM": "0"}
+
+    def ours(self, steps, launch_flags=(), wrapper=()):
+        return (self.launch + list(launch_flags) + list(wrapper) + [self.trainer]
+                + ["--steps", str(steps)] + self.common + self.ours_flags
+                + ["--eval-every", "0", "--sample-tokens", "0"])
+
+    def peer(self, steps, metrics, launch_flags=(), extra=()):
+        return (self.launch + list(launch_flags) + ["--python", sys.executable, PEER]
+                + ["--steps", str(steps)] + self.common + self.peer_flags
+                + ["--metrics-file", metrics] + list(extra))
+
+
+def timed_pairs(a, tmp, sides):
+    """--pairs pairs of runs, alternating which side goes first: per pair and side the median
+    step parts after --warmup and the largest rank's peak resident set."""
+    pairs = []
+    for i in range(a.pairs):
+        pair = {}
+        for side in (["ours", "peer"] if i % 2 == 0 else ["peer", "ours"]):
+            metrics = os.path.join(tmp, f"{side}.jsonl")
+            if os.path.exists(metrics):
+                os.remove(metrics)
+            lm = ["--metrics-file", metrics, "--sample-interval", "0.2"]
+            if side == "ours":
+                steps, rss = run(sides.ours(a.steps, lm), metrics, env=sides.ours_env)
+            else:
+                peer_metrics = os.path.join(tmp, "peer-steps.jsonl")
+                _, rss = run(sides.peer(a.steps, peer_metrics, lm), metrics)
+                steps = [s for s in records(peer_metrics) if "step_seconds" in s]
+            pair[side] = {k: median_after(steps, k + "_seconds", a.warmup)
+                          for k in ("step", "forward", "backward", "optimizer")}
+            pair[side]["rss"] = rss
+        pairs.append(pair)
+    return pairs
+
+
+def peak_tensor_bytes(cmd, prefix, world, env=None):
+    """Runs one side under the counting allocator (DTRAIN_COUNTING_PEAK_FILE=prefix): the largest
+    rank's peak of live tensor bytes, which each rank writes to PREFIX.<RANK> at its exit."""
+    files = [f"{prefix}.{rank}" for rank in range(world)]
+    for path in files:
+        if os.path.exists(path):
+            os.remove(path)
+    run(cmd, os.devnull, env=dict(env or {}, DTRAIN_COUNTING_PEAK_FILE=prefix))
+    for rank, path in enumerate(files):
+        if not os.path.exists(path):
+            sys.exit(f"gpt_bench: rank {rank} of {' '.join(cmd)} wrote no {path}; HINT: is the "
+                     f"library given the one the target recompute_counting builds?")
+    return max(int(open(path).read()) for path in files)
+
+
+def memory_pass(a, tmp, sides, counting):
+    """One run of each side of --memory-steps steps under the counting allocator."""
+    prefix = os.path.join(tmp, "peak")
+    # LD_PRELOAD through env(1), so that it reaches the workers only: loaded into launch too it
+    # would pull libtorch in there and write a peak file of launch's own.
+    ours = peak_tensor_bytes(sides.ours(a.memory_steps, wrapper=["env", f"LD_PRELOAD={counting}"]),
+                             prefix, sides.world, sides.ours_env)
+    peer = peak_tensor_bytes(sides.peer(a.memory_steps, os.path.join(tmp, "peer-memory.jsonl"),
+                                        extra=["--counting-lib", counting]), prefix, sides.world)
+    return {"ours_peak_tensor_bytes": ours, "peer_peak_tensor_bytes": peer,
+            "peak_tensor_ratio": ours / peer}
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("build")
@@ -76,23 +163,39 @@ def main():
     p.add_argument("--batch-size", type=int, default=8)
     p.add_argument("--shm", action="store_true", help="dtrain over shared memory (default: Gloo)")
     p.add_argument("--data", default="/usr/share/games/fortunes")
+    p.add_argument("--memory-steps", type=int, default=4, help="steps of a memory pass's run")
+    p.add_argument("--counting-lib", default="",
+                   help="librecompute_counting.so for the memory pass (default: BUILD's)")
+    passes = p.add_mutually_exclusive_group()
+    passes.add_argument("--memory-only", action="store_true", help="the memory pass alone")
+    passes.add_argument("--no-memory", action="store_true", help="the timed pairs alone")
     p.add_argument("--json", default="")
     a = p.parse_args()
     import torch
     from gpt_model import GPT, GPTConfig
 
-    launch = os.path.join(a.build, "launch")
-    trainer = os.path.join(a.build, "train_gpt")
-    peer = os.path.join(HERE, "gpt_peer.py")
+    timed, counted = not a.memory_only, not a.no_memory
+    counting = os.path.abspath(a.counting_lib or os.path.join(a.build, "librecompute_counting.so"))
+    if counted and not os.path.isfile(counting):
+        sys.exit(f"gpt_bench: no counting library {counting} for the memory pass; HINT: build the "
+                 f"target recompute_counting, give --counting-lib, or --no-memory")
     results = []
-    print(f"# gpt_bench: {a.pairs} pairs per row, {a.steps} steps each (medians after "
-          f"{a.warmup}), batch {a.batch_size} per rank, 1 thread per rank; dtrain over "
-          f"{'shared memory' if a.shm else 'Gloo'}, the peer over Gloo (PyTorch "
-          f"{torch.__version__}); ratio: ours / the peer's tokens/s, median [min-max] of the "
-          f"pairs; ms: ours/peer's median step parts; rss: peak resident MiB per rank (largest)")
-    print(f"# {'preset':>6} {'world':>5} {'config':>10} {'ours tok/s':>10} {'peer tok/s':>10} "
-          f"{'ratio':>6} {'[min-max]':>13} {'fwd ms':>13} {'bwd ms':>13} {'opt ms':>11} "
-          f"{'rss ours':>8} {'peer':>6} {'ratio':>6}")
+    if timed:
+        print(f"# gpt_bench: {a.pairs} pairs per row, {a.steps} steps each (medians after "
+              f"{a.warmup}), batch {a.batch_size} per rank, 1 thread per rank; dtrain over "
+              f"{'shared memory' if a.shm else 'Gloo'}, the peer over Gloo (PyTorch "
+              f"{torch.__version__}); ratio: ours / the peer's tokens/s, median [min-max] of the "
+              f"pairs; ms: ours/peer's median step parts; rss: peak resident MiB per rank "
+              f"(largest)")
+    if counted:
+        print(f"# memory pass: one run per side of {a.memory_steps} steps, batch {a.batch_size} "
+              f"per rank, under the counting allocator (PyTorch {torch.__version__}); tensor: "
+              f"peak live tensor MiB per rank over the whole run (largest rank), ours / peer's")
+    print(f"# {'preset':>6} {'world':>5} {'config':>10}"
+          + (f" {'ours tok/s':>10} {'peer tok/s':>10} {'ratio':>6} {'[min-max]':>13} "
+             f"{'fwd ms':>13} {'bwd ms':>13} {'opt ms':>11} {'rss ours':>8} {'peer':>6} "
+             f"{'ratio':>6}" if timed else "")
+          + (f" {'tensor ours':>11} {'peer':>7} {'ratio':>6}" if counted else ""))
     with tempfile.TemporaryDirectory() as tmp:
         for preset in a.presets.split(","):
             config = GPTConfig.preset(preset)
@@ -100,64 +203,42 @@ def main():
             init = os.path.join(tmp, f"{preset}.pt")
             torch.save(GPT(config).state_dict(), init)
             tokens = a.batch_size * config.context
-            common = ["--preset", preset, "--steps", str(a.steps), "--batch-size",
-                      str(a.batch_size), "--warmup-steps", "2", "--data", a.data, "--init-from",
-                      init, "--threads", "1"]
             for world in [int(w) for w in a.worlds.split(",")]:
                 for name in a.configs.split(","):
-                    ours_flags, peer_flags = CONFIGS[name]
-                    pairs = []
-                    for i in range(a.pairs):
-                        sides = {}
-                        for side in (["ours", "peer"] if i % 2 == 0 else ["peer", "ours"]):
-                            metrics = os.path.join(tmp, f"{side}.jsonl")
-                            if os.path.exists(metrics):
-                                os.remove(metrics)
-                            lm = ["--metrics-file", metrics, "--sample-interval", "0.2"]
-                            if side == "ours":
-                                cmd = ([launch, "--nproc-per-node", str(world)] + lm
-                                       + [trainer] + common + ours_flags
-                                       + ["--eval-every", "0", "--sample-tokens", "0"])
-                                steps, rss = run(cmd, metrics,
-                                                 env=None if a.shm else {"DTRAIN_SHM": "0"})
-                            else:
-                                peer_metrics = os.path.join(tmp, "peer-steps.jsonl")
-                                cmd = ([launch, "--nproc-per-node", str(world)] + lm
-                                       + ["--python", sys.executable, peer] + common + peer_flags
-                                       + ["--metrics-file", peer_metrics])
-                                _, rss = run(cmd, metrics)
-                                steps = records(peer_metrics)
-                                steps = [s for s in steps if "step_seconds" in s]
-                            sides[side] = {
-                                k: median_after(steps, k + "_seconds", a.warmup)
-                                for k in ("step", "forward", "backward", "optimizer")}
-                            sides[side]["rss"] = rss
-                        pairs.append(sides)
-                    def side_of(side, key):
-                        return [p[side][key] for p in pairs]
+                    sides = Sides(a, preset, world, name, init)
+                    row = {"preset": preset, "world": world, "config": name}
+                    line = f"  {preset:>6} {world:>5} {name:>10}"
+                    if counted:
+                        row.update(memory_pass(a, tmp, sides, counting))
+                    if timed:
+                        pairs = timed_pairs(a, tmp, sides)
 
-                    def med(side, key):
-                        return median(side_of(side, key))
-                    # ours / the peer's tokens/s per pair: the peer's step / ours.
-                    ratios = paired_ratios(side_of("peer", "step"), side_of("ours", "step"))
-                    lo, hi = spread(ratios)
-                    row = {"preset": preset, "world": world, "config": name,
-                           "ours_tokens_per_s": tokens * world / med("ours", "step"),
-                           "peer_tokens_per_s": tokens * world / med("peer", "step"),
-                           "ratio": median(ratios), "ratio_min": lo, "ratio_max": hi,
-                           "pairs": pairs}
-                    for side in ("ours", "peer"):
-                        for key in ("forward", "backward", "optimizer", "rss"):
-                            row[f"{side}_{key}"] = med(side, key)
+                        def med(side, key):
+                            return median(p[side][key] for p in pairs)
+                        # ours / the peer's tokens/s per pair: the peer's step / ours.
+                        ratios = paired_ratios([p["peer"]["step"] for p in pairs],
+                                               [p["ours"]["step"] for p in pairs])
+                        lo, hi = spread(ratios)
+                        row.update(ours_tokens_per_s=tokens * world / med("ours", "step"),
+                                   peer_tokens_per_s=tokens * world / med("peer", "step"),
+                                   ratio=median(ratios), ratio_min=lo, ratio_max=hi, pairs=pairs)
+                        for side in ("ours", "peer"):
+                            for key in ("forward", "backward", "optimizer", "rss"):
+                                row[f"{side}_{key}"] = med(side, key)
+                        ms = {k: f"{row['ours_' + k] * 1e3:.0f}/{row['peer_' + k] * 1e3:.0f}"
+                              for k in ("forward", "backward", "optimizer")}
+                        line += (f" {row['ours_tokens_per_s']:>10.0f} "
+                                 f"{row['peer_tokens_per_s']:>10.0f} {row['ratio']:>6.3f} "
+                                 f"[{lo:.3f}-{hi:.3f}] {ms['forward']:>13} {ms['backward']:>13} "
+                                 f"{ms['optimizer']:>11} {row['ours_rss'] / 2**20:>8.0f} "
+                                 f"{row['peer_rss'] / 2**20:>6.0f} "
+                                 f"{row['ours_rss'] / row['peer_rss']:>6.3f}")
+                    if counted:
+                        line += (f" {row['ours_peak_tensor_bytes'] / 2**20:>11.1f} "
+                                 f"{row['peer_peak_tensor_bytes'] / 2**20:>7.1f} "
+                                 f"{row['peak_tensor_ratio']:>6.3f}")
                     results.append(row)
-                    ms = {k: f"{row['ours_' + k] * 1e3:.0f}/{row['peer_' + k] * 1e3:.0f}"
-                          for k in ("forward", "backward", "optimizer")}
-                    print(f"  {preset:>6} {world:>5} {name:>10} {row['ours_tokens_per_s']:>10.0f} "
-                          f"{row['peer_tokens_per_s']:>10.0f} {row['ratio']:>6.3f} "
-                          f"[{row['ratio_min']:.3f}-{row['ratio_max']:.3f}] {ms['forward']:>13} "
-                          f"{ms['backward']:>13} {ms['optimizer']:>11} "
-                          f"{row['ours_rss'] / 2**20:>8.0f} {row['peer_rss'] / 2**20:>6.0f} "
-                          f"{row['ours_rss'] / row['peer_rss']:>6.3f}", flush=True)
+                    print(line, flush=True)
     if a.json:
         with open(a.json, "w") as f:
             json.dump(results, f, indent=1)

@@ -7,11 +7,19 @@ draws the same batches (windows at offsets from a generator seeded as train_gpt 
 and writes one JSON record per step (rank 0): the loss, the step's seconds, and at the end every
 rank's peak resident set.
 
+--counting-lib PATH loads librecompute_counting.so (benchmarks/recompute/counting_library.cpp, the
+tests' counting CPU allocator) first thing in main(), before the process group and the model:
+every CPU tensor's storage is then counted as train_gpt's is under gpt_bench's memory pass. With
+DTRAIN_COUNTING_PEAK_FILE=PREFIX in the environment the library writes this rank's peak of live
+tensor bytes over the whole run to PREFIX.<RANK> at exit, as it does for train_gpt loaded with
+LD_PRELOAD.
+
   launch --nproc-per-node 2 --python .venv/bin/python3 benchmarks/gpt/gpt_peer.py \\
       --mode fsdp2 --steps 20 --data corpus.txt --init-from init.pt --metrics-file peer.jsonl
 """
 import argparse
 import contextlib
+import ctypes
 import json
 import math
 import os
@@ -80,7 +88,12 @@ def main():
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--metrics-file", required=True)
+    p.add_argument("--counting-lib", default="",
+                   help="librecompute_counting.so: count CPU tensor bytes (see above)")
     a = p.parse_args()
+    if a.counting_lib:
+        # After `import torch` (the library uses its libc10), before any tensor of the run.
+        ctypes.CDLL(a.counting_lib).dtrain_counting_install()
     torch.set_num_threads(a.threads)
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
@@ -123,7 +136,10 @@ def main():
 
     text = read_corpus(a.data)
     val = int(len(text) * a.val_fraction)
-    train = torch.frombuffer(bytearray(text[:len(text) - val]), dtype=torch.uint8)
+    # The training text in tensor storage, as train_gpt holds its corpus, so that a memory pass
+    # (--counting-lib) counts it on both sides: bytes in Python objects are no tensor's storage.
+    train = torch.frombuffer(bytearray(text[:len(text) - val]), dtype=torch.uint8).clone()
+    del text
     context = config.context
     out = open(a.metrics_file, "w") if rank == 0 else None
     for step in range(a.steps):

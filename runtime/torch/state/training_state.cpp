@@ -1,5 +1,6 @@
 #include "dtrain/torch/training_state.h"
 
+#include <chrono>
 #include <utility>
 
 #include <ATen/ATen.h>
@@ -148,6 +149,8 @@ int64_t TrainingState::restoreShards(const std::exception& failure) {
   std::vector<ShardedOptimizer*> optimizers;
   for (const auto& e : registry_->sharded) optimizers.push_back(e.optimizer);
   std::string why;
+  const auto started = std::chrono::steady_clock::now();
+  const uint64_t sentBefore = group_->communicator().payloadBytes();
   const int64_t generation = restoreFromMirrors(
       optimizers, *group_, {rb.current.generation, rb.pending.generation}, why);
   if (generation < 0) {
@@ -159,9 +162,13 @@ int64_t TrainingState::restoreShards(const std::exception& failure) {
   state::restoreReplicated(*registry_, *group_,
                            rb.current.generation == generation ? rb.current : rb.pending);
   DTRAIN_LOG(Warn,
-             "step {}: the sharded state of step {} restored from the mirrors on {} ranks "
-             "(Note [Shard mirrors]); {} step(s) run again",
-             step_, generation, group_->size(), step_ - generation + 1);
+             "step {}: the sharded state of step {} restored from the mirrors on {} ranks in "
+             "{:.3f} s, {} payload bytes through rank {} (Note [Shard mirrors]); {} step(s) run "
+             "again",
+             step_, generation, group_->size(),
+             std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count(),
+             group_->communicator().payloadBytes() - sentBefore, group_->rank(),
+             step_ - generation + 1);
   rb.refreshNow = true;
   return generation;
 }
