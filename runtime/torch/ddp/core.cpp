@@ -66,7 +66,12 @@ DdpCore::DdpCore(std::shared_ptr<torch::nn::Module> module, std::shared_ptr<Proc
   const std::unordered_set<const void*> built(builtList.begin(), builtList.end());
   std::vector<at::Tensor> everything;
   for (const auto& p : params) {
-    if (!built.count(p.tensor.unsafeGetTensorImpl())) everything.push_back(p.tensor);
+    // Nor those of resharded units bound before (a wrapper re-made after a re-form under
+    // ZeRO-3: their values are in the units' blocks, restored from the mirrors).
+    const bool memoryless = p.tensor.numel() > 0 && p.tensor.storage().data() == nullptr;
+    if (!built.count(p.tensor.unsafeGetTensorImpl()) && !memoryless) {
+      everything.push_back(p.tensor);
+    }
   }
   for (const auto& b : buffers) everything.push_back(b.tensor);
   // In buckets: a model as large as the memory left must not need a second copy of itself.

@@ -110,7 +110,7 @@ void TrainingState::setMirrorInterval(int64_t steps) {
 void TrainingState::refreshMirrors() {
   if (registry_->sharded.empty() || step_ < 0 || !group_->reformsOnNodeLoss()) return;
   for (const auto& e : registry_->sharded) {
-    if (!e.optimizer->reformable()) return;  // stage 3: a loss takes the restart path
+    if (!e.optimizer->reformable()) return;  // built over a DdpCore: the restart path
   }
   if (!rollback_) rollback_ = std::make_unique<state::Rollback>();
   state::Rollback& rb = *rollback_;
@@ -129,9 +129,11 @@ int64_t TrainingState::restoreShards(const std::exception& failure) {
   for (const auto& e : registry_->sharded) {
     if (!e.optimizer->reformable()) {
       DTRAIN_LOG(Error,
-                 "step {}: a collective failed under ZeRO stage {}, whose sharded state does not "
-                 "re-form in memory: the job restarts from its last checkpoint ({})",
-                 step_, e.optimizer->options().stage, failure.what());
+                 "step {}: a collective failed under a ShardedOptimizer built over a DdpCore, "
+                 "which cannot build its units again (build it through the "
+                 "DistributedDataParallel wrapper): the job restarts from its last checkpoint "
+                 "({})",
+                 step_, failure.what());
       throw;
     }
   }

@@ -206,7 +206,9 @@ ShardedUnit fullyShard(torch::nn::AnyModule module, const ShardPlacement& where,
 }
 
 void ShardedUnitImpl::bind(std::shared_ptr<zero::UnitBinding> binding) {
-  DTRAIN_CHECK_ARG(binding_ == nullptr,
+  // A binding whose ShardGroup is gone (a ShardedOptimizer built again after a re-form) gives
+  // way.
+  DTRAIN_CHECK_ARG(binding_ == nullptr || binding_->expired(),
                    "ShardedUnit {}: bound to a second stage-3 "
                    "ShardedOptimizer. HINT: one ShardedOptimizer per model",
                    binding->name());

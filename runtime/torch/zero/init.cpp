@@ -461,6 +461,11 @@ class BuiltGathers {
   std::vector<std::shared_ptr<ShardedUnitImpl>> modules_;
 };
 
+// The owned block of a unit built again after a re-form, before its values are loaded.
+at::Tensor emptyBlock(const at::Tensor& param, const UnitLayout& unit, ProcessGroup& pg) {
+  return at::zeros({unit.shardNumel}, param.options().device(pg.device()));
+}
+
 at::ScalarType masterTypeOf(at::ScalarType dtype, const ZeroOptions& options) {
   const bool low = dtype == at::kHalf || dtype == at::kBFloat16;
   return options.masterWeights && low ? at::kFloat : dtype;
@@ -469,7 +474,8 @@ at::ScalarType masterTypeOf(at::ScalarType dtype, const ZeroOptions& options) {
 }  // namespace
 
 BuiltShards buildShards(DdpCore& ddp, std::vector<torch::optim::OptimizerParamGroup> groups,
-                        const OptimizerFactory& factory, const ZeroOptions& options) {
+                        const OptimizerFactory& factory, const ZeroOptions& options,
+                        bool reforming) {
   checkOptions(ddp, factory, options);
   ProcessGroup& pg = ddp.group();
   const auto& trained = ddp.trainedParameters();
@@ -550,6 +556,9 @@ BuiltShards buildShards(DdpCore& ddp, std::vector<torch::optim::OptimizerParamGr
       // A unit fullyShard laid out as this layout does takes its block as built; any other is
       // gathered once from the blocks as built (Note [Units sharded when built]).
       at::Tensor asBuilt = resharded ? builtGathers.adopt(tensors, u) : at::Tensor();
+      // Built again after a re-form: the module's parameters have no memory; the block is
+      // loaded from the mirrors next (Note [Shard mirrors]).
+      if (reforming && resharded) asBuilt = emptyBlock(trained[u.params.front()].second, u, pg);
       if (!asBuilt.defined()) builtGathers.gather(tensors, pg.communicator());
       // ZeroOptions::paramDtype: a marked unit's float32 parameters held in it, their values
       // the master's.
@@ -579,7 +588,8 @@ BuiltShards buildShards(DdpCore& ddp, std::vector<torch::optim::OptimizerParamGr
         tensors.push_back(frozen[i].second);
       }
       const at::ScalarType dtype = frozen[u.params.front()].second.scalar_type();
-      at::Tensor asBuilt = builtGathers.adopt(tensors, u);
+      at::Tensor asBuilt = reforming ? emptyBlock(frozen[u.params.front()].second, u, pg)
+                                     : builtGathers.adopt(tensors, u);
       if (!asBuilt.defined()) builtGathers.gather(tensors, pg.communicator());
       UnitDtypes types;
       types.param = types.master = types.grad = dtype;

@@ -26,7 +26,10 @@ struct BuiltShards {
 
 // Collective. Throws InvalidArgument naming the parameter or option at fault, Error when the
 // ranks disagree.
+// `reforming`: built again after a re-form (ShardedOptimizer::reformUnits): stage 3's resharded
+// units take empty blocks, their values loaded next, and gather nothing.
 BuiltShards buildShards(DdpCore& ddp, std::vector<torch::optim::OptimizerParamGroup> groups,
-                        const OptimizerFactory& factory, const ZeroOptions& options);
+                        const OptimizerFactory& factory, const ZeroOptions& options,
+                        bool reforming = false);
 
 }  // namespace dtrain::zero

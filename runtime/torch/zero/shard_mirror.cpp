@@ -4,7 +4,8 @@
 // Note [Shard mirrors]
 // ~~~~~~~~~~~~~~~~~~~~
 // Under ZeRO a rank's blocks -- its 1/N of the master weights (the parameters' values where they
-// are stepped in place) and of the optimizer's state -- exist nowhere else in memory, so a lost
+// are stepped in place) and of the optimizer's state; at stage 3 of the parameters too, frozen
+// units' included -- exist nowhere else in memory, so a lost
 // node takes them with it. Under `--on-node-loss continue` TrainingState::tryStep keeps them
 // alive: every K steps (TrainingState::setMirrorInterval, 10 by default), at the start of a
 // step, each rank sends its blocks to its holder -- the rank of the same local index on the next
@@ -58,6 +59,8 @@
 
 namespace dtrain::zero {
 
+at::Tensor masterBlock(ShardUnit& u) { return u.frozen() ? u.ownedParams() : u.optimized(); }
+
 namespace {
 
 torch::optim::OptimizerParamState* mirroredStateOf(ShardUnit& u) {
@@ -69,9 +72,10 @@ torch::optim::OptimizerParamState* mirroredStateOf(ShardUnit& u) {
 // The tensors of unit `u`'s block in payload order (master, then the fields present) and the
 // header entries (step, mask).
 std::vector<at::Tensor> liveBlocks(ShardUnit& u, int64_t& step, int64_t& mask) {
-  std::vector<at::Tensor> out{u.optimized()};
+  std::vector<at::Tensor> out{masterBlock(u)};
   step = -1;
   mask = 0;
+  if (u.frozen()) return out;
   if (auto* state = mirroredStateOf(u)) {
     optim_state::StateFields fields = optim_state::fieldsOf(*state);
     for (size_t i = 0; i < fields.tensors.size(); ++i) {
@@ -84,17 +88,17 @@ std::vector<at::Tensor> liveBlocks(ShardUnit& u, int64_t& step, int64_t& mask) {
   return out;
 }
 
-// Per unit: where its master block and each present field start in a payload of `layout`.
+// Per unit: where its master block and each present field start in a payload of `units`.
 std::vector<std::vector<int64_t>> payloadOffsets(const std::vector<int64_t>& header,
-                                                 const ShardLayout& layout) {
-  std::vector<std::vector<int64_t>> out(layout.units.size());
+                                                 const std::vector<UnitLayout>& units) {
+  std::vector<std::vector<int64_t>> out(units.size());
   int64_t at = 0;
-  for (size_t k = 0; k < layout.units.size(); ++k) {
+  for (size_t k = 0; k < units.size(); ++k) {
     const int64_t fields = 1 +
                            __builtin_popcountll(static_cast<unsigned long long>(header[3 + 2 * k]));
     for (int64_t f = 0; f < fields; ++f) {
       out[k].push_back(at);
-      at += layout.units[k].shardNumel;
+      at += units[k].shardNumel;
     }
   }
   out.push_back({at});  // the payload's length
@@ -104,9 +108,9 @@ std::vector<std::vector<int64_t>> payloadOffsets(const std::vector<int64_t>& hea
 int64_t headerLength(size_t units) { return 2 + 2 * static_cast<int64_t>(units); }
 
 void checkMirrorable(ShardGroup& shards) {
-  const at::Tensor first = shards.unit(0).optimized();
-  for (size_t k = 0; k < shards.size(); ++k) {
-    const at::Tensor t = shards.unit(k).optimized();
+  const at::Tensor first = masterBlock(shards.unit(0));
+  for (size_t k = 0; k < shards.unitCount(); ++k) {
+    const at::Tensor t = masterBlock(shards.unit(k));
     DTRAIN_CHECK_ARG(t.scalar_type() == first.scalar_type(),
                      "shard mirrors: {} steps {} blocks, the first unit {}; mirrors need one "
                      "dtype. HINT: ZeroOptions::masterWeights gives every 16-bit unit float32 "
@@ -122,6 +126,13 @@ void checkMirrorable(ShardGroup& shards) {
 }
 
 }  // namespace
+
+std::vector<UnitLayout> unitsOf(ShardGroup& shards) {
+  std::vector<UnitLayout> out = shards.layout().units;
+  const auto& frozen = shards.frozenLayout().units;
+  out.insert(out.end(), frozen.begin(), frozen.end());
+  return out;
+}
 
 void ShardMirror::waitAll(ProcessGroup& group, std::vector<std::shared_ptr<comm::Work>>& works) {
   // The pairs are subgroups, which the membership watcher does not abort: a pair with a lost
@@ -144,17 +155,17 @@ void ShardMirror::waitAll(ProcessGroup& group, std::vector<std::shared_ptr<comm:
 
 void packBlocks(ShardGroup& shards, int64_t generation, PackedBlocks& into) {
   checkMirrorable(shards);
-  std::vector<int64_t> header{generation, static_cast<int64_t>(shards.size())};
+  std::vector<int64_t> header{generation, static_cast<int64_t>(shards.unitCount())};
   std::vector<std::vector<at::Tensor>> blocks;
   int64_t total = 0;
-  for (size_t k = 0; k < shards.size(); ++k) {
+  for (size_t k = 0; k < shards.unitCount(); ++k) {
     int64_t step = -1, mask = 0;
     blocks.push_back(liveBlocks(shards.unit(k), step, mask));
     header.push_back(step);
     header.push_back(mask);
     for (const auto& b : blocks.back()) total += b.numel();
   }
-  const at::Tensor first = shards.unit(0).optimized();
+  const at::Tensor first = masterBlock(shards.unit(0));
   if (!into.payload.defined() || into.payload.numel() != total ||
       into.payload.scalar_type() != first.scalar_type()) {
     into.payload = at::empty({total}, first.options());
@@ -224,20 +235,20 @@ void ShardMirror::refresh(ShardGroup& shards, int64_t generation) {
   const int me = group.rank();
   refreshing_ = generation;
   oldRank_ = me;
-  oldLayout_ = shards.layout();
+  oldUnits_ = unitsOf(shards);
   for (auto& h : held_) h.pendingDone = false;
 
   // The headers, then the blocks: this rank's from its live tensors (nothing copied to send),
   // the held ranks' into their pending copies.
-  std::vector<int64_t> header{generation, static_cast<int64_t>(shards.size())};
+  std::vector<int64_t> header{generation, static_cast<int64_t>(shards.unitCount())};
   std::vector<at::Tensor> mine;
-  for (size_t k = 0; k < shards.size(); ++k) {
+  for (size_t k = 0; k < shards.unitCount(); ++k) {
     int64_t step = -1, mask = 0;
     for (auto& b : liveBlocks(shards.unit(k), step, mask)) mine.push_back(b);
     header.push_back(step);
     header.push_back(mask);
   }
-  const int64_t hlen = headerLength(shards.size());
+  const int64_t hlen = headerLength(shards.unitCount());
   std::vector<std::shared_ptr<comm::Work>> works;
   std::vector<at::Tensor> headers(static_cast<size_t>(group.size()));
   for (int r = 0; r < group.size(); ++r) {
@@ -266,19 +277,20 @@ void ShardMirror::refresh(ShardGroup& shards, int64_t generation) {
                  me, r);
     const at::Tensor& h = headers[static_cast<size_t>(r)];
     it->pending.header.assign(h.data_ptr<int64_t>(), h.data_ptr<int64_t>() + hlen);
-    DTRAIN_CHECK(it->pending.header[1] == static_cast<int64_t>(shards.size()) &&
+    DTRAIN_CHECK(it->pending.header[1] == static_cast<int64_t>(shards.unitCount()) &&
                      it->pending.header[0] == generation,
                  "shard mirrors: rank {} sent {} units of generation {}, rank {} has {} units "
                  "at generation {}",
-                 r, it->pending.header[1], it->pending.header[0], me, shards.size(), generation);
-    const auto offsets = payloadOffsets(it->pending.header, oldLayout_);
+                 r, it->pending.header[1], it->pending.header[0], me, shards.unitCount(),
+                 generation);
+    const auto offsets = payloadOffsets(it->pending.header, oldUnits_);
     const int64_t total = offsets.back().front();
     if (!it->pending.payload.defined() || it->pending.payload.numel() != total) {
-      it->pending.payload = at::empty({total}, shards.unit(0).optimized().options());
+      it->pending.payload = at::empty({total}, masterBlock(shards.unit(0)).options());
     }
-    for (size_t k = 0; k < shards.size(); ++k) {
+    for (size_t k = 0; k < shards.unitCount(); ++k) {
       for (int64_t off : offsets[k]) {
-        keep.push_back(it->pending.payload.narrow(0, off, oldLayout_.units[k].shardNumel));
+        keep.push_back(it->pending.payload.narrow(0, off, oldUnits_[k].shardNumel));
         works.push_back(pair->broadcastAsync(keep.back(), root));
       }
     }
@@ -372,7 +384,7 @@ void ShardMirror::reset() {
   holderOf_.clear();
   pairs_.clear();
   oldRank_ = -1;
-  oldLayout_ = {};
+  oldUnits_.clear();
   own_ = {};
   refreshing_ = -1;
   held_.clear();
@@ -389,9 +401,8 @@ zero::ShardMirror& ShardedOptimizer::mirror() {
 
 void ShardedOptimizer::refreshMirror(int64_t generation) {
   DTRAIN_CHECK_ARG(reformable(),
-                   "ShardedOptimizer: shard mirrors are for stages 1 and 2 built through a "
-                   "DistributedDataParallel wrapper (this is stage {})",
-                   options_.stage);
+                   "ShardedOptimizer: shard mirrors are for an optimizer built through a "
+                   "DistributedDataParallel wrapper");
   at::NoGradGuard noGrad;
   shards_->settleGathers();
   mirror().refresh(*shards_, generation);
@@ -478,7 +489,7 @@ int64_t restoreFromMirrors(const std::vector<ShardedOptimizer*>& optimizers, Pro
     ShardedOptimizer& opt = *optimizers[j];
     ShardMirror& mirror = opt.mirror();
     mirror.prepareRestore(opt.shards(), g);
-    const ShardLayout oldLayout = mirror.oldLayout();
+    const std::vector<UnitLayout> oldUnits = mirror.oldUnits();
     const PackedBlocks* ownBlocks = mirror.blocksOf(mirror.oldRank(), g);
     DTRAIN_CHECK(ownBlocks != nullptr, "restoreFromMirrors: rank {} lost its own generation {}",
                  group.rank(), g);
@@ -496,35 +507,37 @@ int64_t restoreFromMirrors(const std::vector<ShardedOptimizer*>& optimizers, Pro
     }
     opt.reformUnits();
     zero::ShardGroup& shards = opt.shards();
-    const ShardLayout& layout = shards.layout();
-    DTRAIN_CHECK(layout.units.size() == oldLayout.units.size(),
-                 "restoreFromMirrors: {} units now, {} before the loss", layout.units.size(),
-                 oldLayout.units.size());
+    const std::vector<UnitLayout> units = zero::unitsOf(shards);
+    DTRAIN_CHECK(units.size() == oldUnits.size(),
+                 "restoreFromMirrors: {} units now, {} before the loss", units.size(),
+                 oldUnits.size());
     const int n = group.size();
     const int me = group.rank();
     // Per unit: the new block of each field, by name ("master" first).
-    std::vector<std::map<std::string, at::Tensor>> blocks(layout.units.size());
-    std::vector<int64_t> steps(layout.units.size(), -1);
-    for (size_t k = 0; k < layout.units.size(); ++k) {
-      const auto& was = oldLayout.units[k];
-      const auto& now = layout.units[k];
+    std::vector<std::map<std::string, at::Tensor>> blocks(units.size());
+    std::vector<int64_t> steps(units.size(), -1);
+    for (size_t k = 0; k < units.size(); ++k) {
+      const auto& was = oldUnits[k];
+      const auto& now = units[k];
       DTRAIN_CHECK(was.numel == now.numel, "restoreFromMirrors: unit {} has {} elements, {} before",
                    k, now.numel, was.numel);
-      const char* type = optim_state::optimizerType(shards.unit(k).optimizer());
-      DTRAIN_CHECK_ARG(type != nullptr,
-                       "restoreFromMirrors: the real optimizer's type is not one whose state "
-                       "can be loaded (SGD, Adam, AdamW, Adagrad, RMSprop)");
-      auto probe = optim_state::newParamState(type);
-      const optim_state::StateFields fields = optim_state::fieldsOf(*probe);
       std::vector<std::string> names{"master"};
       const int64_t mask = header[3 + 2 * k];
-      for (size_t i = 0; i < fields.tensors.size(); ++i) {
-        if (mask & (int64_t{1} << i)) names.emplace_back(fields.tensors[i].first);
+      if (k < shards.size()) {  // a trained unit: its optimizer's fields
+        const char* type = optim_state::optimizerType(shards.unit(k).optimizer());
+        DTRAIN_CHECK_ARG(type != nullptr,
+                         "restoreFromMirrors: the real optimizer's type is not one whose state "
+                         "can be loaded (SGD, Adam, AdamW, Adagrad, RMSprop)");
+        auto probe = optim_state::newParamState(type);
+        const optim_state::StateFields fields = optim_state::fieldsOf(*probe);
+        for (size_t i = 0; i < fields.tensors.size(); ++i) {
+          if (mask & (int64_t{1} << i)) names.emplace_back(fields.tensors[i].first);
+        }
       }
       steps[k] = header[2 + 2 * k];
       for (size_t f = 0; f < names.size(); ++f) {
         at::Tensor flat = at::full({now.shardNumel * n}, -0.0,
-                                   shards.unit(k).optimized().options());
+                                   zero::masterBlock(shards.unit(k)).options());
         for (int old = 0; old < static_cast<int>(provider.size()); ++old) {
           if (provider[static_cast<size_t>(old)] != me) continue;
           const PackedBlocks* b = mirror.blocksOf(old, g);
@@ -532,7 +545,7 @@ int64_t restoreFromMirrors(const std::vector<ShardedOptimizer*>& optimizers, Pro
                        "restoreFromMirrors: rank {} offered old rank {}'s blocks "
                        "of generation {} and has none",
                        me, old, g);
-          const auto offsets = zero::payloadOffsets(b->header, oldLayout);
+          const auto offsets = zero::payloadOffsets(b->header, oldUnits);
           const int64_t begin = was.shardNumel * old;
           const int64_t len = std::min(was.shardNumel, was.numel - begin);
           if (len <= 0) continue;
@@ -545,10 +558,10 @@ int64_t restoreFromMirrors(const std::vector<ShardedOptimizer*>& optimizers, Pro
     }
     // The reader loadShardState() asks, by parameter name and element range.
     std::unordered_map<std::string, std::pair<size_t, int64_t>> where;  // unit, flat offset
-    for (size_t k = 0; k < layout.units.size(); ++k) {
+    for (size_t k = 0; k < units.size(); ++k) {
       const auto& params = shards.unit(k).params();
       for (size_t j2 = 0; j2 < params.size(); ++j2) {
-        where[params[j2].name] = {k, layout.units[k].offsets[j2]};
+        where[params[j2].name] = {k, units[k].offsets[j2]};
       }
     }
     opt.loadShardState([&](const ShardField& what, at::Tensor& out) {
@@ -562,7 +575,7 @@ int64_t restoreFromMirrors(const std::vector<ShardedOptimizer*>& optimizers, Pro
       }
       auto f = blocks[k].find(what.field);
       if (f == blocks[k].end()) return false;
-      const int64_t at = offset + what.begin - layout.units[k].shardNumel * me;
+      const int64_t at = offset + what.begin - units[k].shardNumel * me;
       out.copy_(f->second.narrow(0, at, what.end - what.begin));
       return true;
     });

@@ -17,6 +17,7 @@
 namespace dtrain::zero {
 
 class ShardGroup;
+class ShardUnit;
 
 // One rank's blocks of every unit, packed: `header` is [generation, units, then per unit its
 // optimizer's step count (-1: none yet) and the mask of its state fields present (bit i: the
@@ -54,7 +55,8 @@ class ShardMirror {
   // The blocks of old rank `owner` at `generation` this rank holds (its own or a mirror), or
   // nullptr.
   const PackedBlocks* blocksOf(int owner, int64_t generation) const;
-  const ShardLayout& oldLayout() const { return oldLayout_; }
+  // The units (trained, then frozen) of the world the copies were made in.
+  const std::vector<UnitLayout>& oldUnits() const { return oldUnits_; }
   int oldRank() const { return oldRank_; }
   // After a restore: the copies are of a world that is gone.
   void reset();
@@ -68,7 +70,7 @@ class ShardMirror {
   std::vector<std::shared_ptr<ProcessGroup>> pairs_;  // per rank: {rank, holder}, null: not in
   bool subgroups_ = true;
   int oldRank_ = -1;
-  ShardLayout oldLayout_;
+  std::vector<UnitLayout> oldUnits_;
   PackedBlocks own_;         // this rank's blocks at own_.generation()
   int64_t refreshing_ = -1;  // a refresh of this generation began and did not commit
   struct Held {
@@ -82,5 +84,10 @@ class ShardMirror {
 
 // Packs `shards`' blocks of this rank into `into` (its payload reused when it has the size).
 void packBlocks(ShardGroup& shards, int64_t generation, PackedBlocks& into);
+// Its units' layouts: the trained units', then the frozen ones' (Note [Frozen units]).
+std::vector<UnitLayout> unitsOf(ShardGroup& shards);
+// The block of unit `u` a mirror keeps as its "master": what its optimizer steps (master
+// weights, or the parameters' values stepped in place); a frozen unit's owned parameters.
+at::Tensor masterBlock(ShardUnit& u);
 
 }  // namespace dtrain::zero

@@ -175,6 +175,21 @@ void ShardUnit::bindOverStorage(comm::Communicator& comm, const c10::Device& dev
   if (resharded_) releaseFull();
 }
 
+void ShardUnit::releaseForRebuild() {
+  if (!resharded_) return;
+  at::NoGradGuard noGrad;
+  const auto options = at::TensorOptions().dtype(givenType_).device(device_);
+  const size_t bytes = std::max<size_t>(1, paddedNumel() * c10::elementSize(givenType_));
+  at::Storage storage(at::Storage::use_byte_size_t(), bytes, at::DataPtr(nullptr, device_),
+                      /*allocator=*/nullptr, /*resizable=*/false);
+  for (size_t j = 0; j < params_.size(); ++j) {
+    at::Tensor& p = params_[j].param;
+    p.set_data(ddp::tensorIn(storage, layout_.offsets[j], p.sizes(), options));
+    p.mutable_grad() = at::Tensor();
+  }
+  storage.unsafeGetStorageImpl()->set_nbytes(0);
+}
+
 void ShardUnit::holdFull(std::shared_ptr<comm::Buffer> buffer) {
   DTRAIN_CHECK(stage_ == 3 && paramMemory_ == nullptr, "{}: full parameters held twice",
                describe());

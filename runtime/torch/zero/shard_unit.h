@@ -95,6 +95,10 @@ class ShardUnit {
   // The dtype the parameters were given in: dtype(), or float32 where ZeroOptions::paramDtype
   // converted them (their values are then the master's).
   at::ScalarType givenType() const { return givenType_; }
+  // Before the unit is built again for another world (ShardedOptimizer::reformUnits): a
+  // resharded unit's parameters become tensors of their dtype as given, without memory, as a
+  // unit sharded when built has them.
+  void releaseForRebuild();
   bool converted() const { return givenType_ != dtype_; }
   at::ScalarType gradType() const { return gradType_; }  // of fullGrads and reduced
   bool hasMaster() const { return master_.defined(); }

@@ -88,10 +88,8 @@ torch::Tensor ShardedOptimizer::step(LossClosure closure) {
 }
 
 void ShardedOptimizer::reformUnits() {
-  DTRAIN_CHECK_ARG(reformable(),
-                   "ShardedOptimizer::reformUnits: only stages 1 and 2 built through a "
-                   "DistributedDataParallel wrapper re-form in memory (this is stage {}{})",
-                   options_.stage, wrapperCore_ ? "" : ", built over a DdpCore");
+  DTRAIN_CHECK_ARG(reformable(), "ShardedOptimizer::reformUnits: only an optimizer built through a "
+                                 "DistributedDataParallel wrapper re-forms in memory");
   // The groups as the user gave them -- the module's parameters, each group's options as they
   // are now (a scheduler's learning rate) -- read from the old units before they go.
   std::vector<std::vector<at::Tensor>> members(param_groups_.size());
@@ -105,10 +103,12 @@ void ShardedOptimizer::reformUnits() {
   for (size_t g = 0; g < param_groups_.size(); ++g) {
     groups.emplace_back(std::move(members[g]), param_groups_[g].options().clone());
   }
+  for (size_t k = 0; k < shards_->unitCount(); ++k) shards_->unit(k).releaseForRebuild();
   DdpCore& core = wrapperCore_();  // the wrapper's buckets for the new world
   shards_.reset();
   sync_.reset();
-  zero::BuiltShards built = zero::buildShards(core, std::move(groups), factory_, options_);
+  zero::BuiltShards built = zero::buildShards(core, std::move(groups), factory_, options_,
+                                              /*reforming=*/true);
   shards_ = std::move(built.shards);
   sync_ = std::move(built.sync);
   param_groups_.clear();

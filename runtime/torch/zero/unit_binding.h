@@ -34,6 +34,8 @@ class UnitBinding {
   void inputGradientArrived();
 
   const std::string& name() const { return name_; }
+  // Its ShardGroup is gone.
+  bool expired() const { return shards_.expired(); }
   const std::vector<size_t>& units() const { return units_; }
 
  private:

@@ -1,7 +1,8 @@
 // ZeRO's sharded state surviving a lost node in memory (Note [Shard mirrors] in
 // runtime/torch/zero/shard_mirror.cpp), with ranks as threads over real Gloo communicators and
 // the test as the launcher's master (node_loss_support.h). 3 nodes x 2 ranks train with Adam
-// under ZeRO stage 1 or 2, mirroring every kInterval steps; node 2 stops; the survivors roll back
+// under ZeRO stage 1, 2 or 3 (every layer a unit; also with a frozen parameter, sharded in a
+// unit of its own), mirroring every kInterval steps; node 2 stops; the survivors roll back
 // to the newest generation whose blocks all survived, re-shard them for 4 ranks, run the lost
 // steps again and must end equal to one process that trained every step on the whole global
 // batch, the ranks bitwise equal.
@@ -9,6 +10,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <map>
 #include <memory>
 #include <string>
 #include <thread>
@@ -20,6 +22,7 @@
 #include "dtrain/base/store.h"
 #include "dtrain/torch/ddp.h"
 #include "dtrain/torch/distributed_sampler.h"
+#include "dtrain/torch/fully_shard.h"
 #include "dtrain/torch/init.h"
 #include "dtrain/torch/training_state.h"
 #include "dtrain/torch/zero.h"
@@ -37,14 +40,26 @@ constexpr size_t kSamples = 120;
 
 torch::optim::AdamOptions adam() { return torch::optim::AdamOptions(0.01); }
 
+// A stage, and whether the first layer's bias is frozen (at stage 3: a frozen unit).
+struct Mode {
+  int stage = 2;
+  bool frozen = false;
+};
+
+torch::nn::Sequential makeNet(const Mode& mode) {
+  torch::nn::Sequential net = makeNodeLossNet();
+  if (mode.frozen) net->named_parameters()["0.bias"].set_requires_grad(false);
+  return mode.stage == 3 ? shardEveryChild(net) : net;
+}
+
 // One rank: the 6-rank tests' model under DDP and a ShardedOptimizer with Adam, in units small
 // enough that the model is several of them and their blocks end unevenly.
 struct ZeroTrainer {
-  ZeroTrainer(std::shared_ptr<ProcessGroup> g, int stage)
+  ZeroTrainer(std::shared_ptr<ProcessGroup> g, const Mode& mode)
       : group(std::move(g)),
-        net(makeNodeLossNet()),
+        net(makeNet(mode)),
         ddp(net, group),
-        optimizer(ddp, optimizerFactory<torch::optim::Adam>(adam()), options(stage)),
+        optimizer(ddp, optimizerFactory<torch::optim::Adam>(adam()), options(mode.stage)),
         sampler(kSamples, group->size(), group->rank()),
         state(std::make_shared<TrainingState>(group)) {
     state->addModule("net", net);
@@ -81,7 +96,7 @@ struct RankResult {
 // Runs 6 ranks; the ranks of the nodes in `lostNodes` stop at the start of step `lossStep`
 // (before its mirror refresh, when it has one); once the survivors wait in that step, the test
 // publishes the epoch of `survivors` (node ids). Returns every rank's result.
-std::vector<RankResult> runSix(int stage, int lossStep, const std::vector<int>& lostNodes,
+std::vector<RankResult> runSix(const Mode& mode, int lossStep, const std::vector<int>& lostNodes,
                                const std::vector<membership::EpochNode>& survivors,
                                size_t survivorRanks) {
   auto store = std::make_shared<store::HashStore>();
@@ -95,7 +110,7 @@ std::vector<RankResult> runSix(int stage, int lossStep, const std::vector<int>& 
       const bool lost = std::find(lostNodes.begin(), lostNodes.end(), node) != lostNodes.end();
       auto group = nodeLossRank(store, rank, kNodes * kPerNode, rank % kPerNode, node);
       auto& t = trainers[static_cast<size_t>(rank)];
-      t = std::make_unique<ZeroTrainer>(group, stage);
+      t = std::make_unique<ZeroTrainer>(group, mode);
       RankResult& r = results[static_cast<size_t>(rank)];
       try {
         for (int64_t step = 0; step < kSteps;) {
@@ -120,8 +135,18 @@ std::vector<RankResult> runSix(int stage, int lossStep, const std::vector<int>& 
         }
       } catch (const std::exception& e) {
         r.thrown = e.what();
+        r.finalSize = group->size();
+        return;  // its group is not the optimizer's world any more
       }
-      for (const auto& p : t->net->parameters()) r.params.push_back(p.detach().clone());
+      // In the reference's order (stage 3 frees the parameters: gathered, by name).
+      std::map<std::string, at::Tensor> full;
+      for (auto& [name, tensor] : gatherFullParameters(t->optimizer)) full[name] = tensor;
+      for (const auto& p : t->net->named_parameters()) {
+        if (!full.count(p.key())) full[p.key()] = p.value().detach().clone();  // frozen, whole
+      }
+      for (const auto& p : makeNodeLossNet()->named_parameters()) {
+        r.params.push_back(full.at(p.key()));
+      }
       r.finalSize = t->group->size();
       r.mirrorBytes = t->optimizer.mirrorBytes();
       r.owned = t->optimizer.stats().owned;
@@ -140,9 +165,14 @@ std::vector<RankResult> runSix(int stage, int lossStep, const std::vector<int>& 
 }
 
 // One process with Adam on the whole global batch, step by step.
-std::vector<at::Tensor> reference() {
+std::vector<at::Tensor> reference(const Mode& mode) {
   auto net = makeNodeLossNet();
-  torch::optim::Adam opt(net->parameters(), adam());
+  if (mode.frozen) net->named_parameters()["0.bias"].set_requires_grad(false);
+  std::vector<at::Tensor> trained;
+  for (const auto& p : net->parameters()) {
+    if (p.requires_grad()) trained.push_back(p);
+  }
+  torch::optim::Adam opt(trained, adam());
   DistributedSampler all(kSamples, 1, 0);
   for (int step = 0; step < kSteps; ++step) {
     opt.zero_grad();
@@ -154,13 +184,13 @@ std::vector<at::Tensor> reference() {
   return out;
 }
 
-class ZeroNodeLoss : public ::testing::TestWithParam<int> {};
+class ZeroNodeLoss : public ::testing::TestWithParam<Mode> {};
 
 // Node 2 lost at step 3: generation 2 (mirrored at the start of step 2) is complete -- ranks 4
 // and 5's blocks on node 0 -- so steps 2 and 3 run again on 4 ranks.
 TEST_P(ZeroNodeLoss, SurvivorsRollBackToTheMirrorAndMatchOneProcess) {
   const auto results = runSix(GetParam(), 3, {2}, {{"0", 0, 2}, {"1", 2, 2}}, 4);
-  const auto expected = reference();
+  const auto expected = reference(GetParam());
   for (int rank = 0; rank < 4; ++rank) {
     const RankResult& r = results[static_cast<size_t>(rank)];
     EXPECT_EQ(r.thrown, "") << "rank " << rank;
@@ -169,8 +199,10 @@ TEST_P(ZeroNodeLoss, SurvivorsRollBackToTheMirrorAndMatchOneProcess) {
     EXPECT_EQ(r.rolledBackTo, 2) << "rank " << rank;
     expectParametersMatch(r.params, expected, results[0].params, rank);
     // Mirrored again in the new world: its own blocks and two copies of another rank's, each
-    // the master and Adam's two moments in float32.
-    EXPECT_EQ(r.mirrorBytes, static_cast<size_t>(3 * 3 * 4 * r.owned)) << "rank " << rank;
+    // the master and Adam's two moments in float32 (and a frozen unit's block, no moments).
+    if (!GetParam().frozen) {
+      EXPECT_EQ(r.mirrorBytes, static_cast<size_t>(3 * 3 * 4 * r.owned)) << "rank " << rank;
+    }
   }
 }
 
@@ -178,7 +210,7 @@ TEST_P(ZeroNodeLoss, SurvivorsRollBackToTheMirrorAndMatchOneProcess) {
 // blocks of generation 4 never came, so generation 2 is the newest complete one.
 TEST_P(ZeroNodeLoss, ALossDuringAMirrorRefreshRollsBackToTheGenerationBefore) {
   const auto results = runSix(GetParam(), 4, {2}, {{"0", 0, 2}, {"1", 2, 2}}, 4);
-  const auto expected = reference();
+  const auto expected = reference(GetParam());
   for (int rank = 0; rank < 4; ++rank) {
     const RankResult& r = results[static_cast<size_t>(rank)];
     EXPECT_EQ(r.thrown, "") << "rank " << rank;
@@ -187,14 +219,19 @@ TEST_P(ZeroNodeLoss, ALossDuringAMirrorRefreshRollsBackToTheGenerationBefore) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Stages, ZeroNodeLoss, ::testing::Values(1, 2),
-                         [](const auto& info) { return "Stage" + std::to_string(info.param); });
+INSTANTIATE_TEST_SUITE_P(Stages, ZeroNodeLoss,
+                         ::testing::Values(Mode{1, false}, Mode{2, false}, Mode{3, false},
+                                           Mode{3, true}),
+                         [](const auto& info) {
+                           return "Stage" + std::to_string(info.param.stage) +
+                                  (info.param.frozen ? "Frozen" : "");
+                         });
 
 // Nodes 1 and 2 lost together: node 1's blocks were mirrored on node 2, so ranks 2 and 3's
 // blocks are nowhere. The survivors re-form, find no complete generation and take the restart
 // path: tryStep throws, naming the ranks.
 TEST(ZeroNodeLossLimits, LosingARankAndItsMirrorTakesTheRestartPath) {
-  const auto results = runSix(2, 3, {1, 2}, {{"0", 0, 2}}, 2);
+  const auto results = runSix(Mode{2, false}, 3, {1, 2}, {{"0", 0, 2}}, 2);
   for (int rank = 0; rank < 2; ++rank) {
     const RankResult& r = results[static_cast<size_t>(rank)];
     EXPECT_NE(r.thrown.find("rank(s) 2, 3 of the old world"), std::string::npos)

@@ -107,7 +107,7 @@ class TrainingState {
   //     ++step;
   //   }
   //
-  // Under ZeRO stages 1 and 2 (a ShardedOptimizer registered) the optimizer's step has
+  // Under ZeRO (a ShardedOptimizer registered, any stage) the optimizer's step has
   // collectives of its own: run it inside `work`. Each rank's sharded state is then mirrored on
   // another node every setMirrorInterval() steps, at the start of the step (docs/design.md
   // "Sharded state across a lost node"), with a copy of the replicated state; after a loss
@@ -115,11 +115,11 @@ class TrainingState {
   // many steps -- re-sharded for the new world, and currentStep() is that generation's step.
   //
   // Anything else -- an error of the program's own, a failure the launcher did not decide to
-  // survive, a failure under ZeRO stage 3 or one whose blocks no survivor holds (a rank and the
-  // rank keeping its mirror both lost) -- propagates, and the launcher's restart path takes
+  // survive, a failure under ZeRO before its first mirror or one whose blocks no survivor holds
+  // (a rank and the rank keeping its mirror both lost) -- propagates, and the launcher's restart path takes
   // over. Outside that mode it is work() and true.
   bool tryStep(const std::function<void()>& work);
-  // ZeRO stages 1 and 2 under `--on-node-loss continue`: mirror the sharded state every `steps`
+  // ZeRO under `--on-node-loss continue`: mirror the sharded state every `steps`
   // steps (>= 1; 10 by default). Fewer: less lost on a loss, more traffic per step (each rank's
   // sharded state, once, to one rank). Not collective; the same on every rank.
   void setMirrorInterval(int64_t steps);

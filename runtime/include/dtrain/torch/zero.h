@@ -299,11 +299,11 @@ class ShardedOptimizer : public torch::optim::Optimizer {
   // reform): the DDP wrapper's buckets and this optimizer's units are built again for the new
   // world, with the groups' options as they are now. Their state starts empty: the caller loads
   // it (TrainingState::tryStep from the in-memory mirrors: docs/design.md "Sharded state across
-  // a lost node"). Stages 1 and 2, built through a DistributedDataParallel wrapper. Collective
+  // a lost node"). An optimizer built through a DistributedDataParallel wrapper. Collective
   // over the new members.
   void reformUnits();
-  // Whether reformUnits() can rebuild this optimizer (stages 1 and 2, built through a wrapper).
-  bool reformable() const { return options_.stage < 3 && static_cast<bool>(wrapperCore_); }
+  // Whether reformUnits() can rebuild this optimizer (built through the wrapper).
+  bool reformable() const { return static_cast<bool>(wrapperCore_); }
 
   // Node loss (docs/design.md "Sharded state across a lost node"): TrainingState::tryStep's
   // under `launch --on-node-loss continue`, not the program's. Copies this rank's
@@ -345,7 +345,7 @@ class ShardedOptimizer : public torch::optim::Optimizer {
   StepTimes lastStep_;
 };
 
-// Node loss under ZeRO stages 1 and 2 (docs/design.md "Sharded state across a lost node"): after
+// Node loss under ZeRO (docs/design.md "Sharded state across a lost node"): after
 // `group` re-formed among the survivors, the newest generation of which every old rank's blocks
 // are on some survivor -- its own copy, or the mirror another node keeps -- and of which every
 // survivor holds the rest of its state (`replicated`: the generations TrainingState kept its
