@@ -42,6 +42,7 @@ struct Rollback {
   ReplicaCopy pending;  // the one being mirrored, until its commit
   int64_t lastRefresh = -1;
   bool refreshNow = false;  // after a restore: the mirrors are of a world that is gone
+  std::string unmirrored;   // why a sharded optimizer is not mirrored (then none is)
 };
 
 // Copies `registry`'s replicated state as it is at the start of step `generation` (the samplers'

@@ -4,6 +4,7 @@
 #include <utility>
 
 #include <ATen/ATen.h>
+#include <fmt/format.h>
 
 #include "dtrain/base/error.h"
 #include "dtrain/base/logging.h"
@@ -109,11 +110,19 @@ void TrainingState::setMirrorInterval(int64_t steps) {
 
 void TrainingState::refreshMirrors() {
   if (registry_->sharded.empty() || step_ < 0 || !group_->reformsOnNodeLoss()) return;
-  for (const auto& e : registry_->sharded) {
-    if (!e.optimizer->reformable()) return;  // built over a DdpCore: the restart path
+  if (!rollback_) {
+    rollback_ = std::make_unique<state::Rollback>();
+    for (const auto& e : registry_->sharded) {
+      const std::string why = e.optimizer->whyNotMirrored();
+      if (why.empty()) continue;
+      // The same on every rank: none of them mirrors, and a lost node takes the restart path.
+      rollback_->unmirrored = fmt::format("optimizer \"{}\" is not mirrored: {}", e.name, why);
+      DTRAIN_LOG(Warn, "{}; a lost node takes the restart path", rollback_->unmirrored);
+      break;
+    }
   }
-  if (!rollback_) rollback_ = std::make_unique<state::Rollback>();
   state::Rollback& rb = *rollback_;
+  if (!rb.unmirrored.empty()) return;
   if (!rb.refreshNow && rb.lastRefresh >= 0 && step_ - rb.lastRefresh < mirrorInterval_ &&
       step_ >= rb.lastRefresh) {
     return;
@@ -126,16 +135,12 @@ void TrainingState::refreshMirrors() {
 }
 
 int64_t TrainingState::restoreShards(const std::exception& failure) {
-  for (const auto& e : registry_->sharded) {
-    if (!e.optimizer->reformable()) {
-      DTRAIN_LOG(Error,
-                 "step {}: a collective failed under a ShardedOptimizer built over a DdpCore, "
-                 "which cannot build its units again (build it through the "
-                 "DistributedDataParallel wrapper): the job restarts from its last checkpoint "
-                 "({})",
-                 step_, failure.what());
-      throw;
-    }
+  if (rollback_ && !rollback_->unmirrored.empty()) {
+    DTRAIN_LOG(Error,
+               "step {}: a collective failed under ZeRO and {}: the job restarts from its "
+               "last checkpoint ({})",
+               step_, rollback_->unmirrored, failure.what());
+    throw;
   }
   if (!rollback_ || (rollback_->current.generation < 0 && rollback_->pending.generation < 0)) {
     DTRAIN_LOG(Error,

@@ -107,22 +107,29 @@ std::vector<std::vector<int64_t>> payloadOffsets(const std::vector<int64_t>& hea
 
 int64_t headerLength(size_t units) { return 2 + 2 * static_cast<int64_t>(units); }
 
-void checkMirrorable(ShardGroup& shards) {
+// Empty when `shards` can be mirrored, else why not.
+std::string whyNotMirrorable(ShardGroup& shards) {
   const at::Tensor first = masterBlock(shards.unit(0));
   for (size_t k = 0; k < shards.unitCount(); ++k) {
     const at::Tensor t = masterBlock(shards.unit(k));
-    DTRAIN_CHECK_ARG(t.scalar_type() == first.scalar_type(),
-                     "shard mirrors: {} steps {} blocks, the first unit {}; mirrors need one "
-                     "dtype. HINT: ZeroOptions::masterWeights gives every 16-bit unit float32 "
-                     "masters",
-                     shards.unit(k).describe(), c10::toString(t.scalar_type()),
-                     c10::toString(first.scalar_type()));
-    DTRAIN_CHECK_ARG(t.device() == shards.group().device(),
-                     "shard mirrors: {} is offloaded to the host; mirrors of offloaded shards "
-                     "are not built. HINT: ZeroOptions::offload = false, or --on-node-loss "
-                     "restart",
-                     shards.unit(k).describe());
+    if (t.scalar_type() != first.scalar_type()) {
+      return fmt::format(
+          "{} keeps {} blocks, the first unit {}: mirrors take one dtype (ZeroOptions::"
+          "masterWeights gives every 16-bit unit float32 masters)",
+          shards.unit(k).describe(), c10::toString(t.scalar_type()),
+          c10::toString(first.scalar_type()));
+    }
+    if (t.device() != shards.group().device()) {
+      return fmt::format("{} is offloaded to the host: offloaded shards are not mirrored",
+                         shards.unit(k).describe());
+    }
   }
+  return {};
+}
+
+void checkMirrorable(ShardGroup& shards) {
+  const std::string why = whyNotMirrorable(shards);
+  DTRAIN_CHECK_ARG(why.empty(), "shard mirrors: {}", why);
 }
 
 }  // namespace
@@ -406,6 +413,13 @@ void ShardedOptimizer::refreshMirror(int64_t generation) {
   at::NoGradGuard noGrad;
   shards_->settleGathers();
   mirror().refresh(*shards_, generation);
+}
+
+std::string ShardedOptimizer::whyNotMirrored() {
+  if (!reformable()) {
+    return "it was built over a DdpCore, not through the DistributedDataParallel wrapper";
+  }
+  return zero::whyNotMirrorable(*shards_);
 }
 
 size_t ShardedOptimizer::mirrorBytes() const { return mirror_ ? mirror_->bytes() : 0; }

@@ -80,10 +80,11 @@ TEST(NodeLossLimits, AStepWithoutAFailureSendsNothingMore) {
   EXPECT_EQ(on.bytes, off.bytes) << "payload bytes in 5 steps, mode on vs off";
 }
 
-// Under ZeRO the survivors restore the sharded state from its mirrors, made at the steps
-// beginStep() names (node_loss_zero_test.cpp); a program that names none has no mirror, and a
-// failure takes the restart path.
-TEST(NodeLossLimits, UnderZeroAFailureBeforeTheFirstMirrorGoesToTheRestartPath) {
+// Under ZeRO the survivors restore the sharded state from its mirrors (node_loss_zero_test.cpp).
+// Without one, a failure takes the restart path: a program that names no step (beginStep()),
+// whose state is never mirrored, or an optimizer built over a DdpCore rather than the wrapper,
+// which cannot build its units again (the program names its steps; nothing is mirrored).
+void expectRestartPathUnderZero(bool overCore) {
   auto store = std::make_shared<store::HashStore>();
   std::atomic<bool> rank1Waits{false};
   std::vector<std::string> thrown(2);
@@ -95,22 +96,27 @@ TEST(NodeLossLimits, UnderZeroAFailureBeforeTheFirstMirrorGoesToTheRestartPath) 
       DistributedDataParallel<torch::nn::Sequential> ddp(net, group);
       ZeroOptions zo;
       zo.stage = 1;
-      ShardedOptimizer sgd(ddp, optimizerFactory<torch::optim::SGD>(torch::optim::SGDOptions(0.1)),
-                           zo);
+      auto factory = optimizerFactory<torch::optim::SGD>(torch::optim::SGDOptions(0.1));
+      auto sgd = overCore ? std::make_unique<ShardedOptimizer>(
+                                ddp.core(), std::vector<torch::optim::OptimizerParamGroup>{},
+                                factory, zo)
+                          : std::make_unique<ShardedOptimizer>(ddp, factory, zo);
+      EXPECT_EQ(sgd->whyNotMirrored().empty(), !overCore);
       auto state = std::make_shared<TrainingState>(group);
       state->addModule("net", net);
-      state->addOptimizer("sgd", sgd);
+      state->addOptimizer("sgd", *sgd);
       try {
         for (int64_t step = 0; step < 4; ++step) {
+          if (overCore) state->beginStep(step);
           state->tryStep([&] {
-            sgd.zero_grad();
+            sgd->zero_grad();
             torch::mse_loss(ddp(torch::ones({2, 8})), torch::zeros({2, 4})).backward();
             if (rank == 1 && step == 2) {
               rank1Waits = true;
               group->barrier();  // rank 0 never comes: only the epoch ends it
             }
           });
-          sgd.step();
+          sgd->step();
         }
         ADD_FAILURE() << "rank " << rank << " went on under ZeRO after its group was aborted";
       } catch (const MembershipChanged& e) {
@@ -128,6 +134,14 @@ TEST(NodeLossLimits, UnderZeroAFailureBeforeTheFirstMirrorGoesToTheRestartPath) 
               std::string::npos)
         << "rank " << rank << ": " << thrown[static_cast<size_t>(rank)];
   }
+}
+
+TEST(NodeLossLimits, UnderZeroAFailureBeforeTheFirstMirrorGoesToTheRestartPath) {
+  expectRestartPathUnderZero(/*overCore=*/false);
+}
+
+TEST(NodeLossLimits, UnderZeroAnOptimizerWithoutItsWrapperGoesToTheRestartPath) {
+  expectRestartPathUnderZero(/*overCore=*/true);
 }
 
 }  // namespace

@@ -115,9 +115,10 @@ class TrainingState {
   // many steps -- re-sharded for the new world, and currentStep() is that generation's step.
   //
   // Anything else -- an error of the program's own, a failure the launcher did not decide to
-  // survive, a failure under ZeRO before its first mirror or one whose blocks no survivor holds
-  // (a rank and the rank keeping its mirror both lost) -- propagates, and the launcher's restart path takes
-  // over. Outside that mode it is work() and true.
+  // survive, a failure under ZeRO before its first mirror, of shards that are not mirrored (said
+  // in one line at the first step), or of blocks no survivor holds (a rank and the rank keeping
+  // its mirror both lost) -- propagates, and the launcher's restart path takes over. Outside
+  // that mode it is work() and true.
   bool tryStep(const std::function<void()>& work);
   // ZeRO under `--on-node-loss continue`: mirror the sharded state every `steps`
   // steps (>= 1; 10 by default). Fewer: less lost on a loss, more traffic per step (each rank's

@@ -311,6 +311,9 @@ class ShardedOptimizer : public torch::optim::Optimizer {
   // another node, as the state at the start of training step `generation`; each rank keeps such
   // a copy of another's. Collective.
   void refreshMirror(int64_t generation);
+  // Empty when refreshMirror() can mirror this optimizer, else why not (offloaded shards on an
+  // accelerator, units of several dtypes, built without the wrapper): the same on every rank.
+  std::string whyNotMirrored();
   // Bytes the mirrors hold on this rank: its own blocks' copy and the held rank's, twice.
   size_t mirrorBytes() const;
 
