@@ -455,9 +455,12 @@ struct Training {
       const auto stepStart = Clock::now();
       // The step as a transaction: under `launch --on-node-loss continue`, a node lost during it
       // discards it on every survivor, the group re-forms among them and the step runs again
-      // (docs/training.md, "Surviving a lost node"); the update is its last, local part. Each
-      // rank keeps its batch size, so the global batch shrinks with the world. Otherwise (and
-      // under ZeRO, whose shards do not re-form yet) a failure ends the run as before.
+      // (docs/training.md, "Surviving a lost node"); the update is its last part. Each rank
+      // keeps its batch size, so the global batch shrinks with the world. Under --zero the
+      // update has collectives and the shards lived on the lost node too: the survivors roll
+      // back to the last step whose shards were mirrored on another node (every 10 steps:
+      // TrainingState::setMirrorInterval) and run the steps from there again. Otherwise a
+      // failure ends the run as before.
       if (!state.tryStep([&] { trainStep(); })) {
         step = state.currentStep();
         progress.line(

@@ -10,6 +10,8 @@
 // dropped, its workers SIGSTOPped (hung, not lost: the restart path), a kill in backward between
 // bucket allreduces and around the optimizer step, during a background checkpoint save, and a
 // slow node that must never be evicted. Each launch is bounded (runLaunch / wait): none hangs.
+// Last, ZeRO stages 2 and 1 (issue 44, point 4; row N45): the whole node killed, the survivors
+// roll the sharded state back to its mirrors on the other nodes and end as one process.
 #include <gtest/gtest.h>
 #include <signal.h>
 #include <unistd.h>
@@ -19,6 +21,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <iostream>
+#include <regex>
 #include <string>
 #include <vector>
 
@@ -99,9 +102,11 @@ std::vector<std::string> job(const Cluster& c, const std::string& out, int steps
 }
 
 // Every survivor (ranks 0-3 of epoch 1) ended bitwise equal after discarding `discarded` steps,
-// and the parameters rank 0 wrote equal one process's within 1e-5.
+// and the parameters rank 0 wrote equal one process's within 1e-5 (the worker run alone with
+// --reference and `referenceFlags`: --zero S for Adam).
 void expectSurvivorsMatchOneProcess(const Cluster& c, const LaunchResult& r, const std::string& out,
-                                    int steps, int discarded = 1) {
+                                    int steps, int discarded = 1,
+                                    const std::vector<std::string>& referenceFlags = {}) {
   for (int rank = 0; rank < 4; ++rank) {
     EXPECT_EQ(countLines(r.out, fmt::format("rank {} final identical across ranks world 4 epoch 1 "
                                             "discarded {}",
@@ -111,9 +116,10 @@ void expectSurvivorsMatchOneProcess(const Cluster& c, const LaunchResult& r, con
         << r.all();
   }
   const std::string ref = out + ".ref";
-  ASSERT_EQ(
-      std::system(fmt::format("{} --reference --steps {} --out {}", worker(), steps, ref).c_str()),
-      0);
+  ASSERT_EQ(std::system(fmt::format("{} --reference --steps {} --out {} {}", worker(), steps, ref,
+                                    fmt::join(referenceFlags, " "))
+                            .c_str()),
+            0);
   const auto got = floats(readFile(out));
   const auto want = floats(readFile(ref));
   ASSERT_EQ(got.size(), want.size()) << c.dir();
@@ -287,6 +293,80 @@ TEST(NodeLossE2E, ASlowNodeIsNeverEvicted) {
       << r.all();
   EXPECT_GT(r.seconds, 4) << "the slow step was not slow";
 }
+
+// (6) ZeRO stages 2 and 3 (every layer a unit) (issue 44, point 4): Adam's sharded state mirrored on the next node
+// every 2 steps (at the start of steps 0, 2, 4, ...). Node 2's whole namespace is SIGKILLed once
+// rank 0 finished step 4: generation 4 was committed everywhere (its commit allreduce ended on
+// rank 0, so every rank had received what it holds), and the survivors fail in a later step S.
+// They roll back to the newest complete generation -- S rounded down to even, or the one before
+// when the kill landed in S's own refresh -- re-shard it for 4 ranks, run the lost steps again
+// and end as one process running Adam on the whole global batch.
+class NodeLossZeroE2E : public ::testing::TestWithParam<int> {};
+
+// What a survivor's discard line says: the step it discarded, the generation it rolled back to.
+struct Rollback {
+  int64_t discarded = -1;
+  int64_t generation = -1;
+};
+
+TEST_P(NodeLossZeroE2E, AWholeNodeKilledRollsTheSurvivorsBackToTheMirrors) {
+  if (::access(worker().c_str(), X_OK) != 0) GTEST_SKIP() << "node_loss_worker not built";
+  DTRAIN_CLUSTER_OR_SKIP(c, 3);
+  const std::string stage = std::to_string(GetParam());
+  const std::string out = c->dir() + "/params";
+  constexpr int kSteps = 10;
+  LaunchProcess p(
+      job(*c, out, kSteps, {"--zero", stage, "--mirror-every", "2", "--step-ms", "150"}));
+  ASSERT_TRUE(p.waitForOutput("step 4 world 6", 30)) << p.out() << p.err();
+  c->killHost(2);
+  const double killedAt = p.elapsed();
+  LaunchResult r = p.wait(40);
+  show(r);
+  ASSERT_EQ(r.exitCode, 0) << r.all();
+  expectReportNames(*c, r, {"lost its agent"});
+
+  std::vector<Rollback> said(4);
+  const std::regex discard(
+      R"(rank (\d) discarded step (\d+): now rank \d of 4 \(epoch 1\), rolled back to step (\d+))");
+  for (std::sregex_iterator m(r.out.begin(), r.out.end(), discard), end; m != end; ++m) {
+    said.at(std::stoul((*m)[1])) = {std::stoll((*m)[2]), std::stoll((*m)[3])};
+  }
+  const Rollback rb = said[0];
+  std::vector<double> restoreSeconds;
+  const std::regex restored(
+      R"(step (\d+): the sharded state of step (\d+) restored from the mirrors on 4 ranks in )"
+      R"(([0-9.]+) s)");
+  for (std::sregex_iterator m(r.err.begin(), r.err.end(), restored), end; m != end; ++m) {
+    EXPECT_EQ(std::stoll((*m)[1]), rb.discarded) << m->str();
+    EXPECT_EQ(std::stoll((*m)[2]), rb.generation) << m->str();
+    restoreSeconds.push_back(std::stod((*m)[3]));
+  }
+  EXPECT_EQ(restoreSeconds.size(), 4u) << r.err;
+  for (int rank = 0; rank < 4; ++rank) {
+    EXPECT_EQ(said[rank].discarded, rb.discarded) << "rank " << rank << ":\n" << r.out;
+    EXPECT_EQ(said[rank].generation, rb.generation) << "rank " << rank << ":\n" << r.out;
+  }
+  EXPECT_GE(rb.generation, 4) << r.all();
+  EXPECT_TRUE(rb.generation == rb.discarded - rb.discarded % 2 ||
+              (rb.discarded % 2 == 0 && rb.generation == rb.discarded - 2))
+      << "discarded step " << rb.discarded << ", rolled back to step " << rb.generation;
+  // The survivors ran the generation's step again, on 4 ranks, after the loss.
+  const double rerun = p.firstSeen(fmt::format("step {} world 4", rb.generation));
+  EXPECT_GT(rerun, killedAt) << r.out;
+  std::printf("ZeRO-%s: node 2 killed after step 4 (%.2f s); survivors discarded step %lld, "
+              "rolled back to step %lld (restore %.3f s, slowest rank); step %lld run again "
+              "%.2f s after the kill\n",
+              stage.c_str(), killedAt, static_cast<long long>(rb.discarded),
+              static_cast<long long>(rb.generation),
+              restoreSeconds.empty()
+                  ? -1.0
+                  : *std::max_element(restoreSeconds.begin(), restoreSeconds.end()),
+              static_cast<long long>(rb.generation), rerun - killedAt);
+  expectSurvivorsMatchOneProcess(*c, r, out, kSteps, 1, {"--zero", stage});
+}
+
+INSTANTIATE_TEST_SUITE_P(Stages, NodeLossZeroE2E, ::testing::Values(2, 3),
+                         [](const auto& info) { return "Stage" + std::to_string(info.param); });
 
 }  // namespace
 }  // namespace dtrain::testing::node_loss_e2e_test

@@ -6,7 +6,14 @@
 // compare their parameters bit for bit and the new rank 0 writes them to --out.
 //
 //   node_loss_worker [--reference] [--steps N] [--global-batch B] [--step-ms MS] [--out FILE]
-//                    [phase flags, below]
+//                    [--zero 1|2|3 [--mirror-every K]] [phase flags, below]
+//
+// --zero S: Adam instead, sharded by a ShardedOptimizer of stage S over the DDP wrapper (units
+// small enough that the model is several of them; stage 3: every layer a unit), its step inside tryStep's work (it has
+// collectives), the sharded state mirrored every K steps (TrainingState::setMirrorInterval; the
+// default 10 without --mirror-every). After a loss the survivors roll back to the newest
+// complete generation, run its steps again and say "rolled back to step G" in their discard
+// line. With --reference: plain Adam, the run to equal.
 //
 // The data: 48 fixed samples; every step consumes a global batch of B (12) of an epoch's order,
 // split over the ranks (B / world each, so 6 and 4 ranks both divide it): the math of a step does
@@ -17,6 +24,7 @@
 #include <fstream>
 #include <functional>
 #include <iostream>
+#include <map>
 #include <string>
 #include <thread>
 
@@ -33,8 +41,9 @@ namespace {
 //   --kill-in-backward S:R        rank R SIGKILLs itself in step S's backward, from the gradient
 //                                 hook of the first layer's weight: after the last layer's bucket
 //                                 allreduce began, before the first layer's
-//   --kill-in-optimizer S:R:WHEN  rank R SIGKILLs itself in step S after tryStep() returned true,
-//                                 WHEN = before | after sgd.step()
+//   --kill-in-optimizer S:R:WHEN  rank R SIGKILLs itself in step S after tryStep() returned true
+//                                 (--zero: inside tryStep's work), WHEN = before | after the
+//                                 optimizer's step
 //   --ckpt DIR --save-every K [--async]
 //                                 a Checkpointer over the TrainingState: at the start of every
 //                                 step S with S % K == 0 (inside tryStep's work, as
@@ -101,6 +110,8 @@ struct Args {
   int64_t globalBatch = 12;
   int64_t stepMs = 0;
   std::string out;
+  int zero = 0;             // 0: DDP
+  int64_t mirrorEvery = 0;  // 0: TrainingState's default
   Phases phases;
 };
 
@@ -117,17 +128,30 @@ Args parse(int argc, char** argv) {
     else if (f == "--global-batch") a.globalBatch = std::stoll(next());
     else if (f == "--step-ms") a.stepMs = std::stoll(next());
     else if (f == "--out") a.out = next();
+    else if (f == "--zero") a.zero = std::stoi(next());
+    else if (f == "--mirror-every") a.mirrorEvery = std::stoll(next());
     else if (parsePhaseFlag(f, next, a.phases)) continue;
     else DTRAIN_THROW(dtrain::InvalidArgument, "unknown flag {}", f);
   }
+  DTRAIN_CHECK_ARG(a.zero >= 0 && a.zero <= 3, "--zero {}: 1, 2 or 3", a.zero);
+  DTRAIN_CHECK_ARG(a.mirrorEvery == 0 || a.zero > 0, "--mirror-every needs --zero");
   return a;
 }
 
 constexpr int64_t kSamples = 48;
 
-torch::Tensor flat(torch::nn::Module& m) {
+// The parameters in the model's order, flattened; a stage-3 optimizer's gathered (its units
+// hold them only while in use).
+torch::Tensor flat(torch::nn::Module& m, dtrain::ShardedOptimizer* sharded = nullptr) {
+  std::map<std::string, torch::Tensor> full;
+  if (sharded && sharded->options().stage == 3) {
+    for (auto& [name, tensor] : dtrain::gatherFullParameters(*sharded)) full[name] = tensor;
+  }
   std::vector<torch::Tensor> parts;
-  for (const auto& p : m.parameters()) parts.push_back(p.detach().flatten());
+  for (const auto& p : m.named_parameters()) {
+    auto it = full.find(p.key());
+    parts.push_back((it != full.end() ? it->second : p.value()).detach().flatten());
+  }
   return torch::cat(parts);
 }
 
@@ -151,6 +175,7 @@ int run(const Args& args) {
   auto y = torch::randn({kSamples, 4});
   torch::manual_seed(7);
   torch::nn::Sequential net(torch::nn::Linear(8, 16), torch::nn::Tanh(), torch::nn::Linear(16, 4));
+  if (group && args.zero == 3) net = dtrain::shardEveryChild(net);  // names unchanged
   std::unique_ptr<dtrain::DistributedDataParallel<torch::nn::Sequential>> ddp;
   if (group) {
     dtrain::DdpOptions ddpOptions;
@@ -161,8 +186,26 @@ int run(const Args& args) {
     ddp = std::make_unique<dtrain::DistributedDataParallel<torch::nn::Sequential>>(net, group,
                                                                                    ddpOptions);
   }
-  torch::optim::SGD sgd(net->parameters(), torch::optim::SGDOptions(0.05).momentum(0.9));
-  torch::optim::StepLR schedule(sgd, /*step_size=*/3, /*gamma=*/0.7);
+  // DDP: SGD with momentum. ZeRO: Adam, sharded over the ranks (one process: plain Adam).
+  std::unique_ptr<torch::optim::Optimizer> optimizer;
+  dtrain::ShardedOptimizer* sharded = nullptr;
+  const auto adam = torch::optim::AdamOptions(0.01);
+  if (args.zero == 0) {
+    optimizer = std::make_unique<torch::optim::SGD>(net->parameters(),
+                                                    torch::optim::SGDOptions(0.05).momentum(0.9));
+  } else if (!ddp) {
+    optimizer = std::make_unique<torch::optim::Adam>(net->parameters(), adam);
+  } else {
+    dtrain::ZeroOptions zeroOptions;
+    zeroOptions.stage = args.zero;
+    zeroOptions.firstUnitBytes = 200;
+    zeroOptions.unitBytes = 300;
+    auto made = std::make_unique<dtrain::ShardedOptimizer>(
+        *ddp, dtrain::optimizerFactory<torch::optim::Adam>(adam), zeroOptions);
+    sharded = made.get();
+    optimizer = std::move(made);
+  }
+  torch::optim::StepLR schedule(*optimizer, /*step_size=*/3, /*gamma=*/0.7);
   dtrain::SamplerOptions samplerOptions;
   samplerOptions.seed = 5;
   dtrain::DistributedSampler sampler(kSamples, group ? group->size() : 1, group ? group->rank() : 0,
@@ -171,9 +214,10 @@ int run(const Args& args) {
   if (group) {
     state = std::make_shared<dtrain::TrainingState>(group);
     state->addModule("model", net);
-    state->addOptimizer("sgd", sgd);
+    state->addOptimizer(args.zero > 0 ? "adam" : "sgd", *optimizer);
     state->addScheduler("lr", schedule);
     state->addSampler("data", sampler);
+    if (args.mirrorEvery > 0) state->setMirrorInterval(args.mirrorEvery);
   }
   const Phases& phases = args.phases;
   std::unique_ptr<dtrain::Checkpointer> ckpt;
@@ -192,6 +236,13 @@ int run(const Args& args) {
     });
   }
   int discarded = 0;
+  auto stepOptimizer = [&] {
+    const bool killHere = group && phases.killInOptimizer.now(currentStep, group->rank());
+    const std::string name = sharded ? "the sharded Adam's step()" : "sgd.step()";
+    if (killHere && phases.killInOptimizer.when == "before") killSelf("before " + name);
+    optimizer->step();
+    if (killHere && phases.killInOptimizer.when == "after") killSelf("after " + name);
+  };
   for (int64_t step = 0; step < args.steps;) {
     if (step % stepsPerEpoch == 0) sampler.setEpoch(step / stepsPerEpoch);
     const int world = group ? group->size() : 1;
@@ -210,17 +261,26 @@ int run(const Args& args) {
       }
       auto indices = sampler.next(static_cast<size_t>(args.globalBatch / world)).value();
       auto idx = torch::tensor(std::vector<int64_t>(indices.begin(), indices.end()), torch::kLong);
-      sgd.zero_grad();
+      if (sharded) {
+        sharded->zero_grad();
+      } else {
+        optimizer->zero_grad();
+      }
       auto in = x.index_select(0, idx);
       auto out = ddp ? (*ddp)(in) : net->forward(in);
       torch::mse_loss(out, y.index_select(0, idx)).backward();
+      // ZeRO's step all-gathers the parameters: it is part of the transaction.
+      if (sharded) stepOptimizer();
     };
     if (state) {
       state->beginStep(step);
       if (!state->tryStep(work)) {
         ++discarded;
-        std::cout << fmt::format("rank {} discarded step {}: now rank {} of {} (epoch {})\n",
-                                 group->rank(), step, group->rank(), group->size(), group->epoch())
+        std::cout << fmt::format("rank {} discarded step {}: now rank {} of {} (epoch {}){}\n",
+                                 group->rank(), step, group->rank(), group->size(), group->epoch(),
+                                 sharded
+                                     ? fmt::format(", rolled back to step {}", state->currentStep())
+                                     : "")
                   << std::flush;
         step = state->currentStep();
         continue;
@@ -228,10 +288,7 @@ int run(const Args& args) {
     } else {
       work();
     }
-    const bool killHere = group && phases.killInOptimizer.now(step, group->rank());
-    if (killHere && phases.killInOptimizer.when == "before") killSelf("before sgd.step()");
-    sgd.step();
-    if (killHere && phases.killInOptimizer.when == "after") killSelf("after sgd.step()");
+    if (!sharded) stepOptimizer();
     schedule.step();
     if (group && group->rank() == 0) {
       std::cout << fmt::format("step {} world {}\n", step, group->size()) << std::flush;
@@ -239,7 +296,7 @@ int run(const Args& args) {
     ++step;
     if (args.stepMs > 0) std::this_thread::sleep_for(std::chrono::milliseconds(args.stepMs));
   }
-  auto mine = flat(*net);
+  auto mine = flat(*net, sharded);
   if (!group) {
     if (!args.out.empty()) write(args.out, mine);
     return 0;
