@@ -81,6 +81,7 @@ struct Options {
   std::string checkpointDir;
   int64_t saveEvery = 100;   // steps; 0: at the end only
   int64_t evalEvery = 100;   // steps; 0: at the end only
+  int64_t mirrorEvery = 10;  // --zero under --on-node-loss continue: steps between shard mirrors
   int64_t evalBatches = 16;  // validation sequences, spread over the ranks
   int64_t logEvery = 10;
   int64_t sampleTokens = 200;  // generated at the end; 0: none
@@ -134,6 +135,9 @@ cxxopts::Options optionSpec(const Options& o) {
                          "(default: none)", none())
       ("save-every", "checkpoint every N steps (0: at the end only)", str(o.saveEvery))
       ("eval-every", "validation loss every N steps (0: at the end only)", str(o.evalEvery))
+      ("mirror-every", "--zero under launch --on-node-loss continue: mirror the shards on "
+                       "another node every N steps (a loss runs at most N steps again)",
+                       str(o.mirrorEvery))
       ("eval-batches", "validation sequences per evaluation, spread over the ranks",
                        str(o.evalBatches))
       ("log-every", "steps per progress line", str(o.logEvery))
@@ -191,6 +195,7 @@ Options parseOptions(int argc, char** argv) {
   if (r.count("checkpoint-dir")) o.checkpointDir = r["checkpoint-dir"].as<std::string>();
   o.saveEvery = number<int64_t>(r, "save-every", 0, 1e9);
   o.evalEvery = number<int64_t>(r, "eval-every", 0, 1e9);
+  o.mirrorEvery = number<int64_t>(r, "mirror-every", 1, 1e9);
   o.evalBatches = number<int64_t>(r, "eval-batches", 1, 1e6);
   o.logEvery = number<int64_t>(r, "log-every", 1, 1e9);
   o.sampleTokens = number<int64_t>(r, "sample-tokens", 0, 1e6);
@@ -402,11 +407,14 @@ std::unique_ptr<torch::optim::Optimizer> makeOptimizer(
 std::shared_ptr<dtrain::TrainingState> makeState(std::shared_ptr<dtrain::ProcessGroup> group,
                                                  examples::Gpt& model,
                                                  torch::optim::Optimizer& optimizer,
-                                                 dtrain::GradScaler& scaler) {
+                                                 dtrain::GradScaler& scaler, int64_t mirrorEvery) {
   auto state = std::make_shared<dtrain::TrainingState>(std::move(group));
   state->addModule("model", model);
   state->addOptimizer("optimizer", optimizer);
   state->addScaler("scaler", scaler);
+  // With --zero under `launch --on-node-loss continue`: how often the shards are mirrored on
+  // another node, the most steps a lost node makes the survivors run again.
+  state->setMirrorInterval(mirrorEvery);
   return state;
 }
 
@@ -458,8 +466,8 @@ struct Training {
       // (docs/training.md, "Surviving a lost node"); the update is its last part. Each rank
       // keeps its batch size, so the global batch shrinks with the world. Under --zero the
       // update has collectives and the shards lived on the lost node too: the survivors roll
-      // back to the last step whose shards were mirrored on another node (every 10 steps:
-      // TrainingState::setMirrorInterval) and run the steps from there again. Otherwise a
+      // back to the last step whose shards were mirrored on another node (every --mirror-every
+      // steps: TrainingState::setMirrorInterval) and run the steps from there again. Otherwise a
       // failure ends the run as before.
       if (!state.tryStep([&] { trainStep(); })) {
         step = state.currentStep();
@@ -723,7 +731,8 @@ int main(int argc, char** argv) {
     dtrain::GradScaler scaler(group, scalerOptions);
 
     // 6. The training state, checkpoints and resume.
-    std::shared_ptr<dtrain::TrainingState> state = makeState(group, model, *optimizer, scaler);
+    std::shared_ptr<dtrain::TrainingState> state = makeState(group, model, *optimizer, scaler,
+                                                             opt.mirrorEvery);
     std::unique_ptr<dtrain::Checkpointer> checkpointer;
     int64_t firstStep = 0;
     if (!opt.checkpointDir.empty()) {
