@@ -22,9 +22,12 @@ The memory pass, before a row's pairs and apart from them: one run of each side 
 (librecompute_counting.so of the target recompute_counting: BUILD's, or --counting-lib):
 train_gpt, unchanged, loads it with LD_PRELOAD, the peer with --counting-lib right after
 `import torch`. Each rank writes the peak of its live tensor bytes over the whole run (start-up
-included) at exit (DTRAIN_COUNTING_PEAK_FILE); the row gets the largest rank's of each side in
-MiB and their ratio (ours / the peer's). The counting allocator takes a mutex per allocation and
-keeps dtrain's host memory cache off, so it never runs in the timed pairs.
+included) at exit (DTRAIN_COUNTING_PEAK_FILE); ours' with the communicator buffers that hold
+dtrain's gradient buckets and gathered units, which the peer's DDP and FSDP2 hold in tensors
+(dtrain over Gloo in this pass, whose buffers the library counts). The row gets the largest
+rank's of each side in MiB and their ratio (ours / the peer's). The counting allocator takes a
+mutex per allocation and keeps dtrain's host memory cache off, so it never runs in the timed
+pairs.
 --memory-only runs the memory pass alone, --no-memory the pairs alone.
 
   benchmarks/gpt/gpt_bench.py BUILD [--presets nano,small] [--worlds 2,4] [--pairs 5]
@@ -123,9 +126,10 @@ def timed_pairs(a, tmp, sides):
     return pairs
 
 
-def peak_tensor_bytes(cmd, prefix, world, env=None):
-    """Runs one side under the counting allocator (DTRAIN_COUNTING_PEAK_FILE=prefix): the largest
-    rank's peak of live tensor bytes, which each rank writes to PREFIX.<RANK> at its exit."""
+def peaks(cmd, prefix, world, env=None):
+    """Runs one side under the counting allocator (DTRAIN_COUNTING_PEAK_FILE=prefix): the peaks
+    of the largest rank (by peak_bytes), which each rank writes to PREFIX.<RANK> at its exit
+    (Note [Counting a whole program] in benchmarks/recompute/counting_library.cpp)."""
     files = [f"{prefix}.{rank}" for rank in range(world)]
     for path in files:
         if os.path.exists(path):
@@ -135,20 +139,29 @@ def peak_tensor_bytes(cmd, prefix, world, env=None):
         if not os.path.exists(path):
             sys.exit(f"gpt_bench: rank {rank} of {' '.join(cmd)} wrote no {path}; HINT: is the "
                      f"library given the one the target recompute_counting builds?")
-    return max(int(open(path).read()) for path in files)
+    return max((json.load(open(path)) for path in files), key=lambda r: r["peak_bytes"])
 
 
 def memory_pass(a, tmp, sides, counting):
-    """One run of each side of --memory-steps steps under the counting allocator."""
+    """One run of each side of --memory-steps steps under the counting allocator: ours' tensor
+    storage and communicator buffers together (Note [Communicator buffers] in
+    counting_library.cpp; dtrain over Gloo, whose buffers it counts), the peer's tensors."""
     prefix = os.path.join(tmp, "peak")
     # LD_PRELOAD through env(1), so that it reaches the workers only: loaded into launch too it
     # would pull libtorch in there and write a peak file of launch's own.
-    ours = peak_tensor_bytes(sides.ours(a.memory_steps, wrapper=["env", f"LD_PRELOAD={counting}"]),
-                             prefix, sides.world, sides.ours_env)
-    peer = peak_tensor_bytes(sides.peer(a.memory_steps, os.path.join(tmp, "peer-memory.jsonl"),
-                                        extra=["--counting-lib", counting]), prefix, sides.world)
-    return {"ours_peak_tensor_bytes": ours, "peer_peak_tensor_bytes": peer,
-            "peak_tensor_ratio": ours / peer}
+    ours = peaks(sides.ours(a.memory_steps, wrapper=["env", f"LD_PRELOAD={counting}"]), prefix,
+                 sides.world, {"DTRAIN_SHM": "0"})
+    if ours["buffer_peak_bytes"] == 0:
+        sys.exit(f"gpt_bench: {counting} counted no communicator buffer of train_gpt (every "
+                 f"configuration has gradient buckets); HINT: does libdtrain_comm.so still call "
+                 f"HostBufferPool::allocate through its PLT? (Note [Communicator buffers])")
+    peer = peaks(sides.peer(a.memory_steps, os.path.join(tmp, "peer-memory.jsonl"),
+                            extra=["--counting-lib", counting]), prefix, sides.world)
+    return {"ours_peak_tensor_bytes": ours["peak_bytes"],
+            "ours_peak_tensor_storage_bytes": ours["tensor_peak_bytes"],
+            "ours_peak_buffer_bytes": ours["buffer_peak_bytes"],
+            "peer_peak_tensor_bytes": peer["peak_bytes"],
+            "peak_tensor_ratio": ours["peak_bytes"] / peer["peak_bytes"]}
 
 
 def main():
@@ -190,12 +203,13 @@ def main():
     if counted:
         print(f"# memory pass: one run per side of {a.memory_steps} steps, batch {a.batch_size} "
               f"per rank, under the counting allocator (PyTorch {torch.__version__}); tensor: "
-              f"peak live tensor MiB per rank over the whole run (largest rank), ours / peer's")
+              f"peak live tensor MiB per rank over the whole run (largest rank), ours with its "
+              f"communicator buffers (buffers: their own peak), and the peer's")
     print(f"# {'preset':>6} {'world':>5} {'config':>10}"
           + (f" {'ours tok/s':>10} {'peer tok/s':>10} {'ratio':>6} {'[min-max]':>13} "
              f"{'fwd ms':>13} {'bwd ms':>13} {'opt ms':>11} {'rss ours':>8} {'peer':>6} "
              f"{'ratio':>6}" if timed else "")
-          + (f" {'tensor ours':>11} {'peer':>7} {'ratio':>6}" if counted else ""))
+          + (f" {'tensor ours':>11} {'buffers':>7} {'peer':>7} {'ratio':>6}" if counted else ""))
     with tempfile.TemporaryDirectory() as tmp:
         for preset in a.presets.split(","):
             config = GPTConfig.preset(preset)
@@ -235,6 +249,7 @@ def main():
                                  f"{row['ours_rss'] / row['peer_rss']:>6.3f}")
                     if counted:
                         line += (f" {row['ours_peak_tensor_bytes'] / 2**20:>11.1f} "
+                                 f"{row['ours_peak_buffer_bytes'] / 2**20:>7.1f} "
                                  f"{row['peer_peak_tensor_bytes'] / 2**20:>7.1f} "
                                  f"{row['peak_tensor_ratio']:>6.3f}")
                     results.append(row)

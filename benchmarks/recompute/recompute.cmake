@@ -7,6 +7,11 @@
 if(TARGET dtrain_examples)
   add_library(recompute_counting SHARED benchmarks/recompute/counting_library.cpp)
   target_link_libraries(recompute_counting PRIVATE torch dtrain_testing)  # counting_allocator.h
+  # dtrain/comm/communicator.h's Buffer, whose virtual functions it calls on the buffers of the
+  # communicator it counts when preloaded into a dtrain program (gpt_bench): headers only, so
+  # that the Python peers can load it beside their libtorch without dtrain's libraries.
+  target_include_directories(recompute_counting PRIVATE
+                             $<TARGET_PROPERTY:dtrain_comm,INTERFACE_INCLUDE_DIRECTORIES>)
   dtrain_warnings(recompute_counting)
 
   add_executable(recompute_bench
