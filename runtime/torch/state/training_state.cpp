@@ -157,9 +157,9 @@ int64_t TrainingState::restoreShards(const std::exception& failure) {
   for (const auto& e : registry_->sharded) optimizers.push_back(e.optimizer);
   std::string why;
   const auto started = std::chrono::steady_clock::now();
-  const uint64_t sentBefore = group_->communicator().payloadBytes();
+  uint64_t sent = 0;
   const int64_t generation = restoreFromMirrors(
-      optimizers, *group_, {rb.current.generation, rb.pending.generation}, why);
+      optimizers, *group_, {rb.current.generation, rb.pending.generation}, why, &sent);
   if (generation < 0) {
     DTRAIN_THROW(Error,
                  "step {}: ZeRO's sharded state cannot be restored in memory: {}; the job "
@@ -168,14 +168,14 @@ int64_t TrainingState::restoreShards(const std::exception& failure) {
   }
   state::restoreReplicated(*registry_, *group_,
                            rb.current.generation == generation ? rb.current : rb.pending);
-  DTRAIN_LOG(Warn,
-             "step {}: the sharded state of step {} restored from the mirrors on {} ranks in "
-             "{:.3f} s, {} payload bytes through rank {} (Note [Shard mirrors]); {} step(s) run "
-             "again",
-             step_, generation, group_->size(),
-             std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count(),
-             group_->communicator().payloadBytes() - sentBefore, group_->rank(),
-             step_ - generation + 1);
+  DTRAIN_LOG(
+      Warn,
+      "step {}: the sharded state of step {} restored from the mirrors on {} ranks in "
+      "{:.3f} s, {} payload bytes through rank {} (sent; Note [Shard mirrors]); {} step(s) run "
+      "again",
+      step_, generation, group_->size(),
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count(), sent,
+      group_->rank(), step_ - generation + 1);
   rb.refreshNow = true;
   return generation;
 }

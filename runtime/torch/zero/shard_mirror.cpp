@@ -28,12 +28,14 @@
 // job takes the restart path (its last checkpoint).
 //
 // The restore keeps the layout rule (Note [Shard layout]): the units are built again for the new
-// world (ShardedOptimizer::reformUnits) and every block of every field moves to the rank that
-// owns its elements now, by one reduce-scatter per unit and field: each survivor writes the old
-// blocks it provides at their place in the unit's flat range and -0.0 everywhere else, so the
-// sum is each element's one value exactly (x + -0.0 == x for every x, -0.0 and NaN included).
-// A reduce-scatter moves about the whole sharded state -- every element's block changes hands
-// when N changes -- rather than the lost ranks' state alone; it is what ft_bench measures.
+// world (ShardedOptimizer::reformUnits) and every piece of every old block moves to the rank that
+// owns its elements now, once: from the survivor that provides the old block (its own, or the
+// mirror it holds; the lowest rank when several) to the new owner, over a subgroup of the two
+// made for the restore (one broadcast per direction of each pair that exchanges anything, all
+// pieces of all units and fields packed). A contiguous layout moves most elements when N
+// changes -- each rank sends about its 1/N of the sharded state, not only the lost ranks' --
+// which is what ft_bench measures; a layout of fixed virtual shards would move only the lost
+// ranks' blocks, at the price of a rank's blocks no longer being one range of the flat buffer.
 // Memory per rank: the own copy and two copies of the blocks it holds (current and pending), so
 // 3 x its sharded state, in the shards' own memory (the device's on a GPU: no host placement).
 #include "shard_mirror.h"
@@ -44,6 +46,7 @@
 #include <set>
 #include <string>
 #include <thread>
+#include <tuple>
 #include <unordered_map>
 
 #include <ATen/ATen.h>
@@ -474,11 +477,153 @@ int64_t chooseGeneration(const std::vector<std::vector<ShardMirror::Offer>>& off
   return -1;
 }
 
+// Waits for `works`; when `group`'s communicator fails first (another loss during the restore:
+// the membership watcher aborts it, not the subgroups), aborts `pairs` and rethrows that.
+void waitWatching(ProcessGroup& group, std::vector<std::shared_ptr<comm::Work>>& works,
+                  const std::vector<std::shared_ptr<ProcessGroup>>& pairs) {
+  for (auto& w : works) {
+    while (!w->isCompleted()) {
+      if (std::exception_ptr failed = group.communicator().error()) {
+        for (const auto& p : pairs) {
+          if (p) p->communicator().abort("the group's membership changed during a restore");
+        }
+        std::rethrow_exception(failed);
+      }
+      std::this_thread::sleep_for(std::chrono::microseconds(200));
+    }
+    w->wait();
+  }
+  works.clear();
+}
+
+// One piece of a unit's field that moves from one new rank to another: flat positions
+// [begin, begin + len) of unit `unit`, field `field`, held as old rank `old`'s block.
+struct Piece {
+  size_t unit;
+  size_t field;
+  int old;
+  int64_t begin;
+  int64_t len;
+};
+
+// Every old block to the new rank that owns its elements now (Note [Shard mirrors]): each piece
+// goes once, from the new rank that provides its old block to the one that owns it now, over a
+// subgroup of the two (the communicator has no send/recv): one broadcast per direction of each
+// pair that exchanges anything, made only for the restore. Fills `blocks[k][f]` (this rank's new
+// block of unit k's field f, zero where no element is) and returns the bytes this rank sent.
+uint64_t redistribute(ProcessGroup& group, const zero::ShardMirror& mirror, int64_t generation,
+                      const std::vector<UnitLayout>& oldUnits, const std::vector<UnitLayout>& units,
+                      const std::vector<size_t>& fieldCount, const std::vector<int>& provider,
+                      const at::TensorOptions& options,
+                      std::vector<std::vector<at::Tensor>>& blocks) {
+  const int n = group.size();
+  const int me = group.rank();
+  blocks.assign(units.size(), {});
+  for (size_t k = 0; k < units.size(); ++k) {
+    for (size_t f = 0; f < fieldCount[k]; ++f) {
+      blocks[k].push_back(at::zeros({units[k].shardNumel}, options));
+    }
+  }
+  // from -> to -> pieces, the same lists on every rank.
+  std::vector<std::vector<std::vector<Piece>>> moves(
+      static_cast<size_t>(n), std::vector<std::vector<Piece>>(static_cast<size_t>(n)));
+  auto payloadOf = [&](int old, size_t k, size_t f, int64_t flatBegin, int64_t len) {
+    const zero::PackedBlocks* b = mirror.blocksOf(old, generation);
+    DTRAIN_CHECK(b != nullptr, "restoreFromMirrors: rank {} has no blocks of old rank {} at {}", me,
+                 old, generation);
+    const auto offsets = zero::payloadOffsets(b->header, oldUnits);
+    return b->payload.narrow(0, offsets[k][f] + flatBegin - oldUnits[k].shardNumel * old, len);
+  };
+  for (size_t k = 0; k < units.size(); ++k) {
+    const int64_t was = oldUnits[k].shardNumel;
+    const int64_t now = units[k].shardNumel;
+    const int64_t numel = units[k].numel;
+    for (int old = 0; old < static_cast<int>(provider.size()); ++old) {
+      const int64_t oldBegin = was * old;
+      const int64_t oldEnd = std::min(oldBegin + was, numel);
+      const int from = provider[static_cast<size_t>(old)];
+      for (int to = 0; to < n && oldBegin < oldEnd; ++to) {
+        const int64_t begin = std::max(oldBegin, now * to);
+        const int64_t end = std::min(oldEnd, now * (to + 1));
+        if (begin >= end) continue;
+        for (size_t f = 0; f < fieldCount[k]; ++f) {
+          if (from == to) {
+            if (from == me) {
+              blocks[k][f]
+                  .narrow(0, begin - now * me, end - begin)
+                  .copy_(payloadOf(old, k, f, begin, end - begin));
+            }
+            continue;
+          }
+          moves[static_cast<size_t>(from)][static_cast<size_t>(to)].push_back(
+              {k, f, old, begin, end - begin});
+        }
+      }
+    }
+  }
+  // The pairs that exchange anything, in one order everywhere (newGroup is collective).
+  std::vector<std::shared_ptr<ProcessGroup>> pairs;
+  std::vector<std::pair<int, int>> members;
+  for (int a = 0; a < n; ++a) {
+    for (int b = a + 1; b < n; ++b) {
+      const auto& ab = moves[static_cast<size_t>(a)][static_cast<size_t>(b)];
+      const auto& ba = moves[static_cast<size_t>(b)][static_cast<size_t>(a)];
+      if (ab.empty() && ba.empty()) continue;
+      pairs.push_back(group.newGroup({a, b}));
+      members.emplace_back(a, b);
+    }
+  }
+  auto total = [](const std::vector<Piece>& pieces) {
+    int64_t sum = 0;
+    for (const auto& p : pieces) sum += p.len;
+    return sum;
+  };
+  uint64_t sent = 0;
+  std::vector<std::shared_ptr<comm::Work>> works;
+  std::vector<std::pair<const std::vector<Piece>*, at::Tensor>> received;
+  std::vector<at::Tensor> keep;
+  for (size_t i = 0; i < pairs.size(); ++i) {
+    const auto [a, b] = members[i];
+    if (me != a && me != b) continue;
+    // a -> b first (root 0: members are sorted), then b -> a, on both members.
+    for (const auto [from, to, root] : {std::tuple{a, b, 0}, std::tuple{b, a, 1}}) {
+      const auto& pieces = moves[static_cast<size_t>(from)][static_cast<size_t>(to)];
+      if (pieces.empty()) continue;
+      at::Tensor buffer = at::empty({total(pieces)}, options);
+      if (me == from) {
+        int64_t at = 0;
+        for (const auto& p : pieces) {
+          buffer.narrow(0, at, p.len).copy_(payloadOf(p.old, p.unit, p.field, p.begin, p.len));
+          at += p.len;
+        }
+        sent += static_cast<uint64_t>(buffer.numel()) * buffer.element_size();
+      } else {
+        received.emplace_back(&pieces, buffer);
+      }
+      keep.push_back(buffer);
+      works.push_back(pairs[i]->broadcastAsync(keep.back(), root));
+    }
+  }
+  waitWatching(group, works, pairs);
+  for (const auto& [pieces, buffer] : received) {
+    int64_t at = 0;
+    for (const auto& p : *pieces) {
+      blocks[p.unit][p.field]
+          .narrow(0, p.begin - units[p.unit].shardNumel * me, p.len)
+          .copy_(buffer.narrow(0, at, p.len));
+      at += p.len;
+    }
+  }
+  return sent;
+}
+
 }  // namespace
 
 int64_t restoreFromMirrors(const std::vector<ShardedOptimizer*>& optimizers, ProcessGroup& group,
-                           const std::vector<int64_t>& replicated, std::string& why) {
+                           const std::vector<int64_t>& replicated, std::string& why,
+                           uint64_t* bytesSent) {
   DTRAIN_CHECK_ARG(!optimizers.empty(), "restoreFromMirrors: no optimizers");
+  if (bytesSent) *bytesSent = 0;
   at::NoGradGuard noGrad;
   std::vector<std::vector<ShardMirror::Offer>> offers;
   for (auto* opt : optimizers) {
@@ -525,17 +670,16 @@ int64_t restoreFromMirrors(const std::vector<ShardedOptimizer*>& optimizers, Pro
     DTRAIN_CHECK(units.size() == oldUnits.size(),
                  "restoreFromMirrors: {} units now, {} before the loss", units.size(),
                  oldUnits.size());
-    const int n = group.size();
     const int me = group.rank();
-    // Per unit: the new block of each field, by name ("master" first).
-    std::vector<std::map<std::string, at::Tensor>> blocks(units.size());
+    // Per unit: its fields ("master" first, then the optimizer's present), its step count.
+    std::vector<std::vector<std::string>> names(units.size());
+    std::vector<size_t> fieldCount(units.size());
     std::vector<int64_t> steps(units.size(), -1);
     for (size_t k = 0; k < units.size(); ++k) {
-      const auto& was = oldUnits[k];
-      const auto& now = units[k];
-      DTRAIN_CHECK(was.numel == now.numel, "restoreFromMirrors: unit {} has {} elements, {} before",
-                   k, now.numel, was.numel);
-      std::vector<std::string> names{"master"};
+      DTRAIN_CHECK(oldUnits[k].numel == units[k].numel,
+                   "restoreFromMirrors: unit {} has {} elements, {} before", k, units[k].numel,
+                   oldUnits[k].numel);
+      names[k].emplace_back("master");
       const int64_t mask = header[3 + 2 * k];
       if (k < shards.size()) {  // a trained unit: its optimizer's fields
         const char* type = optim_state::optimizerType(shards.unit(k).optimizer());
@@ -545,31 +689,16 @@ int64_t restoreFromMirrors(const std::vector<ShardedOptimizer*>& optimizers, Pro
         auto probe = optim_state::newParamState(type);
         const optim_state::StateFields fields = optim_state::fieldsOf(*probe);
         for (size_t i = 0; i < fields.tensors.size(); ++i) {
-          if (mask & (int64_t{1} << i)) names.emplace_back(fields.tensors[i].first);
+          if (mask & (int64_t{1} << i)) names[k].emplace_back(fields.tensors[i].first);
         }
       }
+      fieldCount[k] = names[k].size();
       steps[k] = header[2 + 2 * k];
-      for (size_t f = 0; f < names.size(); ++f) {
-        at::Tensor flat = at::full({now.shardNumel * n}, -0.0,
-                                   zero::masterBlock(shards.unit(k)).options());
-        for (int old = 0; old < static_cast<int>(provider.size()); ++old) {
-          if (provider[static_cast<size_t>(old)] != me) continue;
-          const PackedBlocks* b = mirror.blocksOf(old, g);
-          DTRAIN_CHECK(b != nullptr,
-                       "restoreFromMirrors: rank {} offered old rank {}'s blocks "
-                       "of generation {} and has none",
-                       me, old, g);
-          const auto offsets = zero::payloadOffsets(b->header, oldUnits);
-          const int64_t begin = was.shardNumel * old;
-          const int64_t len = std::min(was.shardNumel, was.numel - begin);
-          if (len <= 0) continue;
-          flat.narrow(0, begin, len).copy_(b->payload.narrow(0, offsets[k][f], len));
-        }
-        at::Tensor block = at::empty({now.shardNumel}, flat.options());
-        group.reduceScatter(block, flat);
-        blocks[k][names[f]] = block;
-      }
     }
+    std::vector<std::vector<at::Tensor>> blocks;
+    const uint64_t sent = redistribute(group, mirror, g, oldUnits, units, fieldCount, provider,
+                                       zero::masterBlock(shards.unit(0)).options(), blocks);
+    if (bytesSent) *bytesSent += sent;
     // The reader loadShardState() asks, by parameter name and element range.
     std::unordered_map<std::string, std::pair<size_t, int64_t>> where;  // unit, flat offset
     for (size_t k = 0; k < units.size(); ++k) {
@@ -587,10 +716,11 @@ int64_t restoreFromMirrors(const std::vector<ShardedOptimizer*>& optimizers, Pro
         out.fill_(steps[k]);
         return true;
       }
-      auto f = blocks[k].find(what.field);
-      if (f == blocks[k].end()) return false;
+      auto f = std::find(names[k].begin(), names[k].end(), what.field);
+      if (f == names[k].end()) return false;
       const int64_t at = offset + what.begin - units[k].shardNumel * me;
-      out.copy_(f->second.narrow(0, at, what.end - what.begin));
+      out.copy_(blocks[k][static_cast<size_t>(f - names[k].begin())].narrow(0, at,
+                                                                            what.end - what.begin));
       return true;
     });
     mirror.reset();

@@ -353,11 +353,13 @@ class ShardedOptimizer : public torch::optim::Optimizer {
 // are on some survivor -- its own copy, or the mirror another node keeps -- and of which every
 // survivor holds the rest of its state (`replicated`: the generations TrainingState kept its
 // replicated state of). Each of `optimizers` is then built again for the new world
-// (reformUnits()) and loaded with that generation, the blocks re-sharded by one reduce-scatter
-// per unit and field; returns it. With no such generation nothing changes: returns -1 and `why`
-// names the ranks whose blocks are lost. Collective over the new members.
+// (reformUnits()) and loaded with that generation, each element of each block sent once, from
+// the survivor that holds it to its new owner; returns it, and the bytes this rank sent in
+// `bytesSent`. With no such generation nothing changes: returns -1 and `why` names the ranks
+// whose blocks are lost. Collective over the new members.
 int64_t restoreFromMirrors(const std::vector<ShardedOptimizer*>& optimizers, ProcessGroup& group,
-                           const std::vector<int64_t>& replicated, std::string& why);
+                           const std::vector<int64_t>& replicated, std::string& why,
+                           uint64_t* bytesSent = nullptr);
 
 // Clips the gradients of `optimizer`'s shards so that their norm over every rank -- the norm of
 // the whole model's averaged gradient -- is at most `maxNorm`, as torch::nn::utils::
