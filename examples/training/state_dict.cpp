@@ -269,7 +269,13 @@ class Unpickler {
     if ((f == "torch._utils._rebuild_tensor_v2" || f == "torch._utils._rebuild_tensor") &&
         a.size() >= 4 && a[0]->kind == Value::Kind::Storage) {
       Ref v = make(Value::Kind::Tensor);
-      v->tensor = storage(*a[0]).as_strided(ints(*a[2]), ints(*a[3]), a[1]->i).clone();
+      const at::Tensor whole = storage(*a[0]);
+      at::Tensor view = whole.as_strided(ints(*a[2]), ints(*a[3]), a[1]->i);
+      // A tensor that is its whole storage (a parameter saved alone: the usual case) is that
+      // storage, not a copy, so the state_dict is held once; a view of part of a storage (or
+      // of one shared with another tensor) gets memory of its own.
+      const bool alone = a[1]->i == 0 && view.is_contiguous() && view.numel() == whole.numel();
+      v->tensor = alone ? view : view.clone();
       return v;
     }
     if ((f == "torch._utils._rebuild_parameter" ||
