@@ -2,23 +2,25 @@
 // survivors re-form in memory and lose the step in flight) beside today's restart path
 // (`--on-node-loss restart --max-restarts 1`: every worker torn down, started again, the last
 // checkpoint read), interleaved in one run; and what the mode costs a job that loses nothing
-// (benchmarks/README.md, "ft_bench"). Needs root: a simulated cluster of network namespaces.
+// (benchmarks/README.md, "ft_bench"). With --zero 1|2 the same under ZeRO, its sharded state
+// mirrored on another node (ft_zero.cpp). Needs root: a simulated cluster of network namespaces.
 //
 //   ft_bench [--runs N] [--pairs N] [--steps N] [--compute-ms MS] [--save-every K]
 //            [--kinds kill,drop] [--seed S] [--show] [--smoke]
+//            [--zero STAGE [--mirror-every K] [--block-steps B] [--lose-after S] [--features F]
+//             [--width W] [--depth L]]
 //   ft_bench --worker ...      the job's worker (ft_worker.cpp), run by launch
 #include <unistd.h>
 
 #include <algorithm>
 #include <cstdio>
-#include <fstream>
 #include <random>
-#include <set>
 #include <string>
 #include <vector>
 
 #include <fmt/format.h>
 
+#include "bench_run.h"
 #include "common/stats.h"
 #include "ft_bench.h"
 
@@ -26,25 +28,11 @@ namespace dtrain::bench {
 
 namespace {
 
-constexpr int kNodes = 3;
-constexpr int kPerNode = 2;
-constexpr int kLostNode = 2;  // ranks 4 and 5; the store is on the bridge, outside every node
-constexpr double kHeartbeatTimeout = 3;
-
-struct Options {
-  int runs = 10;
-  int pairs = 20;
-  int64_t steps = 40;
-  int64_t computeMs = 150;
-  int64_t saveEvery = 10;
-  std::vector<Loss> kinds = {Loss::kKill, Loss::kDrop};
-  unsigned seed = 43;
-  bool show = false;  // every failure run's lines on stderr
-};
-
 const char* kUsage =
     "usage: ft_bench [--runs N] [--pairs N] [--steps N] [--compute-ms MS] [--save-every K]\n"
-    "                [--kinds kill,drop] [--seed S] [--show] [--smoke]\n";
+    "                [--kinds kill,drop] [--seed S] [--show] [--smoke]\n"
+    "                [--zero STAGE [--mirror-every K] [--block-steps B] [--lose-after S]\n"
+    "                 [--features F] [--width W] [--depth L]]\n";
 
 Options parse(int argc, char** argv) {
   Options o;
@@ -62,6 +50,13 @@ Options parse(int argc, char** argv) {
     else if (f == "--steps") o.steps = std::stoll(value());
     else if (f == "--compute-ms") o.computeMs = std::stoll(value());
     else if (f == "--save-every") o.saveEvery = std::stoll(value());
+    else if (f == "--zero") o.zero = std::stoi(value());
+    else if (f == "--mirror-every") o.mirrorEvery = std::stoll(value());
+    else if (f == "--block-steps") o.blockSteps = std::stoll(value());
+    else if (f == "--lose-after") o.loseAfter = std::stoll(value());
+    else if (f == "--features") o.features = std::stoll(value());
+    else if (f == "--width") o.width = std::stoll(value());
+    else if (f == "--depth") o.depth = std::stoll(value());
     else if (f == "--show") o.show = true;
     else if (f == "--seed") o.seed = static_cast<unsigned>(std::stoul(value()));
     else if (f == "--kinds") {
@@ -81,18 +76,26 @@ Options parse(int argc, char** argv) {
       std::exit(2);
     }
   }
+  if (o.zero != 0 && o.zero != 1 && o.zero != 2) {
+    std::fprintf(stderr, "ft_bench: --zero %d: 1 or 2\n%s", o.zero, kUsage);
+    std::exit(2);
+  }
+  // The DDP rows' defaults; the ZeRO rows' are ft_zero.cpp's.
+  if (o.zero == 0) {
+    if (o.kinds.empty()) o.kinds = {Loss::kKill, Loss::kDrop};
+    if (o.steps < 0) o.steps = 40;
+    if (o.computeMs < 0) o.computeMs = 150;
+    if (o.saveEvery < 0) o.saveEvery = 10;
+  }
   return o;
 }
 
-std::string loadAverage() {
-  std::ifstream in("/proc/loadavg");
-  std::string a, b, c;
-  in >> a >> b >> c;
-  return a + " " + b + " " + c;
-}
+}  // namespace
 
 std::vector<std::string> launchArgv(const Options& o, const SimCluster& c, bool continueMode,
-                                    int64_t saveEvery, const std::string& checkpointDir) {
+                                    int64_t steps, int64_t saveEvery,
+                                    const std::string& checkpointDir,
+                                    const std::vector<std::string>& extra) {
   std::vector<std::string> a = {
       DTRAIN_FT_LAUNCH, "--hosts", c.hostList(), "--ssh-config", c.sshConfig(), "--rdzv-endpoint",
       c.endpoint(), "--nnodes", fmt::format("2:{}", kNodes), "--nproc-per-node",
@@ -103,121 +106,17 @@ std::vector<std::string> launchArgv(const Options& o, const SimCluster& c, bool 
       "--heartbeat-interval", "0.5", "--heartbeat-timeout", "3", "--rdzv-timeout", "20",
       "--grace-period", "2", "--ssh-connect-timeout", "3",
       // The worker: this program.
-      DTRAIN_FT_SELF, "--worker", "--steps", std::to_string(o.steps), "--compute-ms",
+      DTRAIN_FT_SELF, "--worker", "--steps", std::to_string(steps), "--compute-ms",
       std::to_string(o.computeMs)};
   if (saveEvery > 0) {
     a.insert(a.end(),
              {"--save-every", std::to_string(saveEvery), "--checkpoint-dir", checkpointDir});
   }
+  a.insert(a.end(), extra.begin(), extra.end());
   return a;
 }
 
-// A commit of rank 0: step, world, when.
-struct Commit {
-  int64_t step;
-  int world;
-  double t;
-  double workMs;
-};
-
-std::vector<Commit> commits(const JobRun& run) {
-  std::vector<Commit> out;
-  for (const auto& l : run.lines) {
-    const size_t at = l.text.find("ft step ");
-    if (l.err || at == std::string::npos) continue;
-    out.push_back({std::stoll(l.text.substr(at + 8)), static_cast<int>(field(l.text, "world")),
-                   field(l.text, "t"), field(l.text, "work_ms")});
-  }
-  return out;
-}
-
-int rankOf(const std::string& text) {
-  const size_t at = text.find(" rank ", text.find("ft "));
-  return at == std::string::npos ? -1 : std::stoi(text.substr(at + 6));
-}
-
-// What one failure cost: seconds from the loss unless named otherwise; -1 where not seen.
-struct Failure {
-  std::string problem;      // empty when the run went as it should
-  double detection = -1;    // -> the master's decision line
-  double out = -1;          // -> the last survivor out of its step's work
-  double reformMs = -1;     // the slowest survivor's re-form, its own log's figure
-  double discarded = -1;    // -> the last survivor's discard (re-formed, state settled)
-  double first = -1;        // -> the first step committed after the loss
-  double stepsLost = -1;    // steps trained and thrown away
-  double secondsLost = -1;  // the stall: next commit - last commit before - one step period
-  int64_t lastBefore = -1;  // the last step committed before the loss
-  int64_t restored = -1;    // restart path: the step the checkpoint had
-};
-
-Failure measure(const JobRun& run, bool continueMode) {
-  Failure f;
-  const std::vector<Commit> all = commits(run);
-  std::vector<double> periods;
-  double tLast = 0;
-  for (size_t i = 0; i < all.size(); ++i) {
-    if (all[i].t >= run.lostAt) break;
-    f.lastBefore = all[i].step;
-    tLast = all[i].t;
-    if (i >= 2) periods.push_back(all[i].t - all[i - 1].t);
-  }
-  for (const auto& c : all) {
-    if (c.t > run.lostAt && c.step == f.lastBefore + 1) {
-      f.first = c.t - run.lostAt;
-      f.secondsLost = c.t - tLast - median(periods);
-      break;
-    }
-  }
-  std::set<int64_t> discardedSteps;
-  for (const auto& l : run.lines) {
-    if (l.t < run.lostAt) continue;
-    const double t = field(l.text, "t");
-    if (l.text.find("launch: round 0 goes on without") != std::string::npos && f.detection < 0)
-      f.detection = l.t - run.lostAt;
-    if (!continueMode && l.text.find("launch: stopping round 0") != std::string::npos &&
-        f.detection < 0)
-      f.detection = l.t - run.lostAt;
-    if (l.text.find("ft restored step ") != std::string::npos)
-      f.restored = std::stoll(l.text.substr(l.text.find("ft restored step ") + 17));
-    // Only the survivors, ranks 0-3 of the first epoch: the lost node's ranks were 4 and 5.
-    if (l.text.find("ft out step ") != std::string::npos && rankOf(l.text) < kLostNode * kPerNode)
-      f.out = std::max(f.out, t - run.lostAt);
-    if (l.text.find("ft discarded step ") != std::string::npos) {
-      f.discarded = std::max(f.discarded, t - run.lostAt);
-      discardedSteps.insert(std::stoll(l.text.substr(l.text.find("ft discarded step ") + 18)));
-    }
-    const size_t re = l.text.find("re-formed in membership epoch");
-    if (re != std::string::npos) {
-      const size_t in = l.text.rfind(", in ");
-      if (in != std::string::npos)
-        f.reformMs = std::max(f.reformMs, std::stod(l.text.substr(in + 5)));
-    }
-  }
-  if (continueMode) {
-    f.stepsLost = static_cast<double>(discardedSteps.size());
-  } else if (f.restored >= -1 && f.first >= 0) {
-    // Recomputed since the checkpoint, and the step in flight.
-    f.stepsLost = static_cast<double>(f.lastBefore - f.restored + 1);
-  }
-  int finals = 0, restarts = 0;
-  for (const auto& l : run.lines) {
-    if (l.text.find("ft done rank ") != std::string::npos) ++finals;
-    if (l.text.find("ft start ") != std::string::npos) ++restarts;
-  }
-  if (run.exitCode != 0) f.problem = fmt::format("launch exited {}", run.exitCode);
-  else if (f.first < 0) f.problem = "no step committed after the loss";
-  else if (finals != (kNodes - 1) * kPerNode)
-    f.problem = fmt::format("{} workers finished, not {}", finals, (kNodes - 1) * kPerNode);
-  else if (continueMode && restarts != 1) f.problem = "fell back to the restart path";
-  else if (!continueMode && restarts != 2) f.problem = "did not restart";
-  return f;
-}
-
-std::string cell(const std::vector<double>& v, const char* format = "{:.2f}") {
-  if (v.empty()) return "-";
-  return fmt::format(fmt::runtime(std::string(format) + " [" + format + "-" + format + "]"),
-                     median(v), spread(v).min, spread(v).max);
-}
+namespace {
 
 struct Column {
   std::vector<double> detection, out, reformMs, discarded, first, firstLessDetection, stepsLost,
@@ -272,20 +171,6 @@ void printFailures(const Options& o, Loss kind, const Column& cont, const Column
              verdict(!lostRatio.empty() && median(lostRatio) <= 0.1));
 }
 
-void printRaw(const char* mode, Loss kind, int run, const Failure& f) {
-  fmt::print("raw {} {} run {}: lost after step {} detection {:.3f} out {:.3f} reform_ms {:.0f} "
-             "discarded {:.3f} first {:.3f} steps_lost {:.0f} seconds_lost {:.3f} restored {}{}\n",
-             mode, lossName(kind), run, f.lastBefore, f.detection, f.out, f.reformMs, f.discarded,
-             f.first, f.stepsLost, f.secondsLost, f.restored,
-             f.problem.empty() ? "" : " PROBLEM: " + f.problem);
-  std::fflush(stdout);
-}
-
-void dumpJob(const JobRun& run) {
-  for (const auto& l : run.lines)
-    fmt::print(stderr, "  {:.3f} {} {}\n", l.t - run.started, l.err ? "E" : "O", l.text);
-}
-
 // No failure: the mode on and off, job by job, alternating which goes first.
 struct NoFailure {
   double periodMs = -1;  // median step period of rank 0's commits
@@ -329,7 +214,7 @@ int runBench(const Options& o) {
     for (int side = 0; side < 2; ++side) {
       const bool on = (p + side) % 2 == 0;
       JobSpec spec;
-      spec.argv = launchArgv(o, cluster, on, 0, "");
+      spec.argv = launchArgv(o, cluster, on, o.steps, 0, "");
       const JobRun run = runJob(spec, cluster);
       const NoFailure n = measureNoFailure(run);
       if (run.exitCode != 0 || n.periodMs < 0) {
@@ -369,7 +254,7 @@ int runBench(const Options& o) {
         const bool on = (r + side) % 2 == 0;
         cluster.up();
         JobSpec spec;
-        spec.argv = launchArgv(o, cluster, on, o.saveEvery,
+        spec.argv = launchArgv(o, cluster, on, o.steps, o.saveEvery,
                                cluster.workDir() + "/ckpt-" + std::to_string(r));
         spec.loss = kind;
         spec.node = kLostNode;
@@ -421,7 +306,8 @@ int main(int argc, char** argv) {
   try {
     if (argc > 1 && std::string(argv[1]) == "--worker")
       return dtrain::bench::ftWorker(argc - 2, argv + 2);
-    return dtrain::bench::runBench(dtrain::bench::parse(argc, argv));
+    const dtrain::bench::Options o = dtrain::bench::parse(argc, argv);
+    return o.zero > 0 ? dtrain::bench::runZeroBench(o) : dtrain::bench::runBench(o);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "ft_bench: %s\n", e.what());
     return 1;

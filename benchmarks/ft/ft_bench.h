@@ -1,12 +1,19 @@
 #pragma once
 // ft_bench's parts (benchmarks/README.md, "ft_bench"): the worker it runs under `launch`
-// (ft_worker.cpp), the simulated cluster and the jobs it runs there (ft_job.cpp), and what one
-// job's output says (JobRecord).
+// (ft_worker.cpp), the simulated cluster and the jobs it runs there (ft_job.cpp), what a job's
+// lines say about a lost node (ft_measure.cpp), the DDP rows (ft_bench.cpp) and the ZeRO rows
+// (ft_zero.cpp).
 
+#include <cstdint>
 #include <string>
 #include <vector>
 
 namespace dtrain::bench {
+
+constexpr int kNodes = 3;
+constexpr int kPerNode = 2;
+constexpr int kLostNode = 2;  // ranks 4 and 5; the store is on the bridge, outside every node
+constexpr double kHeartbeatTimeout = 3;
 
 // CLOCK_REALTIME in seconds: one clock for the driver and every worker in every namespace.
 double wallNow();
@@ -83,5 +90,75 @@ JobRun runJob(const JobSpec& spec, SimCluster& cluster);
 
 // The value after "key=" in `text` (up to a space), or -1 when absent.
 double field(const std::string& text, const std::string& key);
+
+// ft_bench's command line (ft_bench.cpp parses it). -1: the mode's default (DDP rows, or with
+// --zero the ZeRO rows: ft_zero.cpp).
+struct Options {
+  int runs = 10;
+  int pairs = 20;
+  int64_t steps = -1;
+  int64_t computeMs = -1;
+  int64_t saveEvery = -1;
+  std::vector<Loss> kinds;  // none given: the mode's default
+  unsigned seed = 43;
+  bool show = false;  // every failure run's lines on stderr
+  int zero = 0;       // ZeRO's stage (1, 2); 0: the DDP rows
+  int64_t mirrorEvery = -1;
+  int64_t blockSteps = -1;  // ZeRO, no failure: the blocks mirrored and not, in turn
+  int64_t loseAfter = -1;   // ZeRO: every loss after this step (-1: at random), to look at one
+  int64_t features = -1;    // the worker's MLP
+  int64_t width = -1;
+  int64_t depth = -1;
+};
+
+// launch's command line for one job of `o` on `c`: --on-node-loss continue or restart, the
+// worker with a checkpoint every `saveEvery` steps (0: none), `steps` steps and `extra` flags.
+std::vector<std::string> launchArgv(const Options& o, const SimCluster& c, bool continueMode,
+                                    int64_t steps, int64_t saveEvery,
+                                    const std::string& checkpointDir,
+                                    const std::vector<std::string>& extra = {});
+
+// A commit of rank 0: step, world, when.
+struct Commit {
+  int64_t step;
+  int world;
+  double t;
+  double workMs;
+};
+std::vector<Commit> commits(const JobRun& run);
+
+// What one failure cost: seconds from the loss unless named otherwise; -1 where not seen.
+struct Failure {
+  std::string problem;      // empty when the run went as it should
+  double detection = -1;    // -> the master's decision line
+  double out = -1;          // -> the last survivor out of its step's work
+  double reformMs = -1;     // the slowest survivor's re-form, its own log's figure
+  double discarded = -1;    // -> the last survivor's discard (re-formed, state settled)
+  double firstAny = -1;     // -> the first step committed after the loss, whichever it is
+  double firstWork = -1;    // that step's tryStep() less the compute sleep, seconds
+  double first = -1;        // -> the step after the last one committed before, committed again
+  double stepsLost = -1;    // steps trained and thrown away
+  double secondsLost = -1;  // the stall: `first`'s commit - last commit before - one step period
+  double period = -1;       // one step: the median period of the commits before the loss
+  int64_t lastBefore = -1;  // the last step committed before the loss
+  int64_t restored = -1;    // restart path: the step the checkpoint had
+  // ZeRO: the survivors' restore from the mirrors, their log line's figures (Note [Shard
+  // mirrors]): the generation rolled back to, the slowest survivor's seconds, the bytes of every
+  // survivor summed and the largest.
+  int64_t generation = -1;
+  double restoreSeconds = -1;
+  double restoreBytes = -1;
+  double restoreBytesMax = -1;
+};
+Failure measure(const JobRun& run, bool continueMode);
+
+void printRaw(const char* mode, Loss kind, int run, const Failure& f);
+// Every line of `run` on stderr, its time from the job's start.
+void dumpJob(const JobRun& run);
+// "median [min-max]" of `v` in `format`; "-" for none.
+std::string cell(const std::vector<double>& v, const char* format = "{:.2f}");
+
+// The ZeRO rows (ft_zero.cpp), run as root.
+int runZeroBench(const Options& o);
 
 }  // namespace dtrain::bench

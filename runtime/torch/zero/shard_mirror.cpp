@@ -43,6 +43,7 @@
 #include <algorithm>
 #include <chrono>
 #include <map>
+#include <mutex>
 #include <set>
 #include <string>
 #include <thread>
@@ -137,6 +138,19 @@ void checkMirrorable(ShardGroup& shards) {
 
 }  // namespace
 
+// Pair subgroups aborted because the group's membership changed: one may still wait in a receive
+// from a lost rank (Gloo's broadcast is not cut short: Note [Interrupting Gloo]), and destroying
+// it would wait for the collective timeout. They are let go without waiting: kept, unreferenced
+// by the mirror, until the process ends.
+void abandon(const std::vector<std::shared_ptr<ProcessGroup>>& pairs) {
+  static std::mutex mutex;
+  static auto* abandoned = new std::vector<std::shared_ptr<ProcessGroup>>();
+  std::lock_guard<std::mutex> lock(mutex);
+  for (const auto& p : pairs) {
+    if (p) abandoned->push_back(p);
+  }
+}
+
 std::vector<UnitLayout> unitsOf(ShardGroup& shards) {
   std::vector<UnitLayout> out = shards.layout().units;
   const auto& frozen = shards.frozenLayout().units;
@@ -154,6 +168,7 @@ void ShardMirror::waitAll(ProcessGroup& group, std::vector<std::shared_ptr<comm:
         for (auto& p : pairs_) {
           if (p) p->communicator().abort("the group's membership changed during a mirror refresh");
         }
+        abandon(pairs_);
         std::rethrow_exception(failed);
       }
       std::this_thread::sleep_for(std::chrono::microseconds(200));
@@ -487,6 +502,7 @@ void waitWatching(ProcessGroup& group, std::vector<std::shared_ptr<comm::Work>>&
         for (const auto& p : pairs) {
           if (p) p->communicator().abort("the group's membership changed during a restore");
         }
+        zero::abandon(pairs);
         std::rethrow_exception(failed);
       }
       std::this_thread::sleep_for(std::chrono::microseconds(200));

@@ -84,6 +84,9 @@ class ShardMirror {
 
 // Packs `shards`' blocks of this rank into `into` (its payload reused when it has the size).
 void packBlocks(ShardGroup& shards, int64_t generation, PackedBlocks& into);
+// Keeps aborted pair subgroups alive, unreferenced, until the process ends: destroying one that
+// waits in a receive from a lost rank would wait for the collective timeout.
+void abandon(const std::vector<std::shared_ptr<ProcessGroup>>& pairs);
 // Its units' layouts: the trained units', then the frozen ones' (Note [Frozen units]).
 std::vector<UnitLayout> unitsOf(ShardGroup& shards);
 // The block of unit `u` a mirror keeps as its "master": what its optimizer steps (master

@@ -294,13 +294,13 @@ TEST(NodeLossE2E, ASlowNodeIsNeverEvicted) {
   EXPECT_GT(r.seconds, 4) << "the slow step was not slow";
 }
 
-// (6) ZeRO stages 2 and 3 (every layer a unit) (issue 44, point 4): Adam's sharded state mirrored on the next node
-// every 2 steps (at the start of steps 0, 2, 4, ...). Node 2's whole namespace is SIGKILLed once
-// rank 0 finished step 4: generation 4 was committed everywhere (its commit allreduce ended on
-// rank 0, so every rank had received what it holds), and the survivors fail in a later step S.
-// They roll back to the newest complete generation -- S rounded down to even, or the one before
-// when the kill landed in S's own refresh -- re-shard it for 4 ranks, run the lost steps again
-// and end as one process running Adam on the whole global batch.
+// (6) ZeRO stages 2 and 3 (stage 3: every layer a unit) (issue 44, point 4): Adam's sharded state
+// mirrored on the next node every 2 steps (at the start of steps 0, 2, 4, ...). Node 2's whole
+// namespace is SIGKILLed once rank 0 finished step 4: generation 4 was committed everywhere (its
+// commit allreduce ended on rank 0, so every rank had received what it holds), and the survivors
+// fail in a later step S. They roll back to the newest complete generation -- S rounded down to
+// even, or the one before when the kill landed in S's own refresh -- re-shard it for 4 ranks, run
+// the lost steps again and end as one process running Adam on the whole global batch.
 class NodeLossZeroE2E : public ::testing::TestWithParam<int> {};
 
 // What a survivor's discard line says: the step it discarded, the generation it rolled back to.

@@ -9,11 +9,11 @@
 //                    [--zero 1|2|3 [--mirror-every K]] [phase flags, below]
 //
 // --zero S: Adam instead, sharded by a ShardedOptimizer of stage S over the DDP wrapper (units
-// small enough that the model is several of them; stage 3: every layer a unit), its step inside tryStep's work (it has
-// collectives), the sharded state mirrored every K steps (TrainingState::setMirrorInterval; the
-// default 10 without --mirror-every). After a loss the survivors roll back to the newest
-// complete generation, run its steps again and say "rolled back to step G" in their discard
-// line. With --reference: plain Adam, the run to equal.
+// small enough that the model is several of them; stage 3: every layer a unit), its step inside
+// tryStep's work (it has collectives), the sharded state mirrored every K steps
+// (TrainingState::setMirrorInterval; the default 10 without --mirror-every). After a loss the
+// survivors roll back to the newest complete generation, run its steps again and say "rolled back
+// to step G" in their discard line. With --reference: plain Adam, the run to equal.
 //
 // The data: 48 fixed samples; every step consumes a global batch of B (12) of an epoch's order,
 // split over the ranks (B / world each, so 6 and 4 ranks both divide it): the math of a step does
