@@ -158,17 +158,18 @@ std::vector<UnitLayout> unitsOf(ShardGroup& shards) {
   return out;
 }
 
-void ShardMirror::waitAll(ProcessGroup& group, std::vector<std::shared_ptr<comm::Work>>& works) {
-  // The pairs are subgroups, which the membership watcher does not abort: a pair with a lost
-  // rank would wait its whole timeout. So the waits watch the group's communicator, which the
-  // watcher aborts at a new epoch, and abort the pairs then.
+// The pairs are subgroups, which the membership watcher does not abort: a pair with a lost rank
+// would wait its whole timeout. So the waits watch the group's communicator, which the watcher
+// aborts at a new epoch, and abort (and abandon) the pairs then, rethrowing the group's failure.
+void waitWatching(ProcessGroup& group, std::vector<std::shared_ptr<comm::Work>>& works,
+                  const std::vector<std::shared_ptr<ProcessGroup>>& pairs, const char* during) {
   for (auto& w : works) {
     while (!w->isCompleted()) {
       if (std::exception_ptr failed = group.communicator().error()) {
-        for (auto& p : pairs_) {
-          if (p) p->communicator().abort("the group's membership changed during a mirror refresh");
+        for (const auto& p : pairs) {
+          if (p) p->communicator().abort(fmt::format("the group's membership changed {}", during));
         }
-        abandon(pairs_);
+        abandon(pairs);
         std::rethrow_exception(failed);
       }
       std::this_thread::sleep_for(std::chrono::microseconds(200));
@@ -284,7 +285,7 @@ void ShardMirror::refresh(ShardGroup& shards, int64_t generation) {
     h = r == me ? at::tensor(header, at::kLong) : at::empty({hlen}, at::kLong);
     works.push_back(pair->broadcastAsync(h, root));
   }
-  waitAll(group, works);
+  waitWatching(group, works, pairs_, "during a mirror refresh");
   std::vector<at::Tensor> keep;  // what the broadcasts read or write, alive until they end
   for (int r = 0; r < group.size(); ++r) {
     auto& pair = pairs_[static_cast<size_t>(r)];
@@ -320,7 +321,7 @@ void ShardMirror::refresh(ShardGroup& shards, int64_t generation) {
       }
     }
   }
-  waitAll(group, works);
+  waitWatching(group, works, pairs_, "during a mirror refresh");
   for (auto& h : held_) h.pendingDone = true;
 
   // The commit: its success here means every rank received what it holds.
@@ -492,26 +493,6 @@ int64_t chooseGeneration(const std::vector<std::vector<ShardMirror::Offer>>& off
   return -1;
 }
 
-// Waits for `works`; when `group`'s communicator fails first (another loss during the restore:
-// the membership watcher aborts it, not the subgroups), aborts `pairs` and rethrows that.
-void waitWatching(ProcessGroup& group, std::vector<std::shared_ptr<comm::Work>>& works,
-                  const std::vector<std::shared_ptr<ProcessGroup>>& pairs) {
-  for (auto& w : works) {
-    while (!w->isCompleted()) {
-      if (std::exception_ptr failed = group.communicator().error()) {
-        for (const auto& p : pairs) {
-          if (p) p->communicator().abort("the group's membership changed during a restore");
-        }
-        zero::abandon(pairs);
-        std::rethrow_exception(failed);
-      }
-      std::this_thread::sleep_for(std::chrono::microseconds(200));
-    }
-    w->wait();
-  }
-  works.clear();
-}
-
 // One piece of a unit's field that moves from one new rank to another: flat positions
 // [begin, begin + len) of unit `unit`, field `field`, held as old rank `old`'s block.
 struct Piece {
@@ -620,7 +601,7 @@ uint64_t redistribute(ProcessGroup& group, const zero::ShardMirror& mirror, int6
       works.push_back(pairs[i]->broadcastAsync(keep.back(), root));
     }
   }
-  waitWatching(group, works, pairs);
+  zero::waitWatching(group, works, pairs, "during a restore");
   for (const auto& [pieces, buffer] : received) {
     int64_t at = 0;
     for (const auto& p : *pieces) {

@@ -63,7 +63,6 @@ class ShardMirror {
 
  private:
   void buildPairs(ProcessGroup& group);
-  void waitAll(ProcessGroup& group, std::vector<std::shared_ptr<comm::Work>>& works);
 
   int epoch_ = -1;                                    // the group's epoch the pairs were made for
   std::vector<int> holderOf_;                         // old rank -> the rank keeping its mirror
@@ -87,6 +86,10 @@ void packBlocks(ShardGroup& shards, int64_t generation, PackedBlocks& into);
 // Keeps aborted pair subgroups alive, unreferenced, until the process ends: destroying one that
 // waits in a receive from a lost rank would wait for the collective timeout.
 void abandon(const std::vector<std::shared_ptr<ProcessGroup>>& pairs);
+// Waits for `works` over pair subgroups `pairs`; when `group`'s communicator fails first (the
+// membership watcher aborts it, not the subgroups), aborts and abandons the pairs and rethrows.
+void waitWatching(ProcessGroup& group, std::vector<std::shared_ptr<comm::Work>>& works,
+                  const std::vector<std::shared_ptr<ProcessGroup>>& pairs, const char* during);
 // Its units' layouts: the trained units', then the frozen ones' (Note [Frozen units]).
 std::vector<UnitLayout> unitsOf(ShardGroup& shards);
 // The block of unit `u` a mirror keeps as its "master": what its optimizer steps (master
