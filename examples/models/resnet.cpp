@@ -173,16 +173,34 @@ int64_t parameterCount(const torch::nn::Module& module) {
   return n;
 }
 
-uint64_t fingerprint(const std::vector<torch::Tensor>& tensors) {
-  uint64_t hash = 0xcbf29ce484222325ULL;
-  for (const auto& t : tensors) {
-    torch::Tensor c = t.detach().cpu().contiguous();
-    const auto* p = static_cast<const uint8_t*>(c.data_ptr());
-    for (size_t i = 0, n = c.numel() * c.element_size(); i < n; ++i) {
-      hash = (hash ^ p[i]) * 0x100000001b3ULL;
-    }
-  }
+namespace {
+
+constexpr uint64_t kFnvOffset = 0xcbf29ce484222325ULL;
+constexpr uint64_t kFnvPrime = 0x100000001b3ULL;
+
+uint64_t fnv1a(uint64_t hash, const uint8_t* p, size_t n) {
+  for (size_t i = 0; i < n; ++i) hash = (hash ^ p[i]) * kFnvPrime;
   return hash;
+}
+
+}  // namespace
+
+uint64_t tensorHash(const torch::Tensor& tensor) {
+  torch::Tensor c = tensor.detach().cpu().contiguous();
+  return fnv1a(kFnvOffset, static_cast<const uint8_t*>(c.data_ptr()), c.numel() * c.element_size());
+}
+
+uint64_t combineHashes(const std::vector<uint64_t>& hashes) {
+  uint64_t hash = kFnvOffset;
+  for (uint64_t h : hashes) hash = fnv1a(hash, reinterpret_cast<const uint8_t*>(&h), sizeof h);
+  return hash;
+}
+
+uint64_t fingerprint(const std::vector<torch::Tensor>& tensors) {
+  std::vector<uint64_t> hashes;
+  hashes.reserve(tensors.size());
+  for (const auto& t : tensors) hashes.push_back(tensorHash(t));
+  return combineHashes(hashes);
 }
 
 uint64_t fingerprint(const torch::nn::Module& module) {

@@ -98,10 +98,14 @@ ResNet makeResNet(const ResNetOptions& options);
 // Number of parameter elements (not buffers).
 int64_t parameterCount(const torch::nn::Module& module);
 
-// FNV-1a over the bytes of every parameter and buffer, in order: equal fingerprints on two ranks
-// mean bitwise-equal models (up to a 2^-64 chance).
+// FNV-1a over the hashes of every parameter and buffer, in order, each FNV-1a over its bytes:
+// equal fingerprints on two ranks mean bitwise-equal models (up to a 2^-64 chance). A tensor's
+// hash needs only that tensor, so a sharded model can be hashed one gathered unit at a time.
 uint64_t fingerprint(const torch::nn::Module& module);
-// The same over `tensors`, in order (a sharded model's gathered parameters, then its buffers).
+// The same over `tensors`, in order.
 uint64_t fingerprint(const std::vector<torch::Tensor>& tensors);
+// Its parts: one tensor's hash, and the fingerprint of a sequence of them.
+uint64_t tensorHash(const torch::Tensor& tensor);
+uint64_t combineHashes(const std::vector<uint64_t>& hashes);
 
 }  // namespace examples

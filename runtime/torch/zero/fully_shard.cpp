@@ -3,6 +3,7 @@
 #include "dtrain/torch/fully_shard.h"
 
 #include <cstdint>
+#include <functional>
 
 #include <ATen/ATen.h>
 #include <torch/autograd.h>
@@ -228,28 +229,39 @@ torch::nn::Sequential shardEveryChild(const torch::nn::Sequential& sequential,
   return out;
 }
 
-std::vector<std::pair<std::string, at::Tensor>> gatherFullParameters(ShardedOptimizer& optimizer) {
+void visitFullParameters(ShardedOptimizer& optimizer,
+                         const std::function<void(const std::string&, const at::Tensor&)>& visit) {
   zero::ShardGroup& shards = optimizer.shards();
   shards.settleGathers();  // Note [Deferred all-gathers]: the last step's, not waited for yet
   at::NoGradGuard noGrad;
-  std::vector<std::pair<std::string, at::Tensor>> out;
   for (size_t k = 0; k < shards.unitCount(); ++k) {  // the frozen units too, last
     zero::ShardUnit& unit = shards.unit(k);
     if (unit.converted()) {  // ZeroOptions::paramDtype: the values are the master's
       const at::Tensor full = shards.gatherMaster(k);
       for (size_t j = 0; j < unit.params().size(); ++j) {
         const at::Tensor& p = unit.params()[j].param;
-        out.emplace_back(
-            unit.params()[j].name,
-            full.narrow(0, unit.layout().offsets[j], p.numel()).view(p.sizes()).clone());
+        visit(unit.params()[j].name,
+              full.narrow(0, unit.layout().offsets[j], p.numel()).view(p.sizes()));
       }
       continue;
     }
     const bool gathered = shards.unshard(k, zero::ShardGroup::Why::Full,
                                          unit.params().front().name);
-    for (const auto& p : unit.params()) out.emplace_back(p.name, p.param.detach().clone());
+    try {
+      for (const auto& p : unit.params()) visit(p.name, p.param.detach());
+    } catch (...) {
+      if (gathered) shards.reshard(k);
+      throw;
+    }
     if (gathered) shards.reshard(k);
   }
+}
+
+std::vector<std::pair<std::string, at::Tensor>> gatherFullParameters(ShardedOptimizer& optimizer) {
+  std::vector<std::pair<std::string, at::Tensor>> out;
+  visitFullParameters(optimizer, [&](const std::string& name, const at::Tensor& full) {
+    out.emplace_back(name, full.clone());
+  });
   return out;
 }
 

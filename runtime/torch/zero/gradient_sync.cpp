@@ -210,6 +210,7 @@ void ShardedGradientSync::dropAccumulatedLocked() {
   for (size_t k = 0; k < shards_->size(); ++k) {
     shards_->unit(k).optimized().mutable_grad() = at::Tensor();
   }
+  shards_->releaseShardGradients();
   if (shards_->stage() == 1) {
     if (open_) shards_->abandonAccumulation();
     open_ = false;

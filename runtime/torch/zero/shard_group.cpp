@@ -167,6 +167,12 @@ void ShardGroup::dropShardGradient(size_t k, size_t j) {
   u.shardGrad().narrow(0, begin - mine, end - begin).zero_();
 }
 
+void ShardGroup::releaseShardGradients() {
+  for (size_t k = 0; k < units_.size(); ++k) {
+    if (grads_[k] != Grads::Reducing) units_[k]->releaseShardGrad();
+  }
+}
+
 void ShardGroup::lease(size_t k) {
   // See Note [Gradient buckets of stage 2].
   ShardUnit& u = *units_[k];
@@ -225,7 +231,7 @@ void ShardGroup::fill(size_t k, size_t j, const fault::Fault* poison) {
 
 at::Tensor ShardGroup::addedLater(size_t k) {
   ShardUnit& u = *units_[k];
-  if (stage() == 1 || u.hasMaster() || !u.shardGradAttached()) return {};
+  if (stage() == 1 || !u.gradInReduced() || !u.shardGradAttached()) return {};
   const int64_t s = u.shardNumel();
   return u.fullGrads().narrow(0, group_->rank() * s, s);
 }
@@ -235,6 +241,7 @@ void ShardGroup::launchReduce(size_t k) {
                "rank {}: ZeRO: reduce-scatter of {}, which is "
                "{}",
                group_->rank(), units_[k]->describe(), gradsName(grads_[k]));
+  units_[k]->ensureReduced();
   reduceInto_[k] = addedLater(k);  // see Note [Accumulating into the shard]
   reduceWork_[k] = reduceScatterUnit(comm_, *units_[k], call(), reduceInto_[k]);
   grads_[k] = Grads::Reducing;
@@ -252,7 +259,7 @@ std::chrono::nanoseconds ShardGroup::finishReduce(size_t k) {
   work->waitOnStream(compat::currentStream(group_->device()), options_.timeout);
   const auto waited = std::chrono::steady_clock::now() - start;
   at::NoGradGuard noGrad;
-  if (u.hasMaster()) {
+  if (u.hasMaster() && !u.gradInReduced()) {
     u.takeReduced();
   } else if (reduceInto_[k].defined()) {
     u.reduced().add_(reduceInto_[k]);  // the shard's gradient + this backward's average

@@ -174,6 +174,9 @@ class ShardGroup {
   void abandonAccumulation();
   // Parameter j's part of unit k's shard gradient is zeroed: the program zeroed its gradient.
   void dropShardGradient(size_t k, size_t j);
+  // The shards' gradients were unset: stages 2 and 3 free their memory (ShardUnit::
+  // releaseShardGrad) except a unit's whose reduce-scatter is still running.
+  void releaseShardGradients();
 
   // --- parameter side (ShardedOptimizer::step) ---
   // Throws when any unit's gradients are not ready to step (see Note [Unit states]).

@@ -83,9 +83,8 @@ ShardUnit::ShardUnit(size_t index, const UnitLayout& layout, std::vector<UnitPar
       grad = gradViews_[j];
     }
     reduced_ = ddp::tensorOver(gradMemory_, rank_ * shardNumel(), {shardNumel()}, options);
-  } else {
-    reduced_ = at::zeros({shardNumel()}, options.dtype(gradType_));
   }
+  // Stages 2 and 3: reduced_ is made by the first reduce-scatter (ensureReduced()).
   if (offload && device.type() != c10::DeviceType::CPU) {
     // Pinned, so that the copies to and from the device run at the link's speed.
     const auto host = at::TensorOptions().device(at::kCPU).pinned_memory(true);
@@ -96,9 +95,12 @@ ShardUnit::ShardUnit(size_t index, const UnitLayout& layout, std::vector<UnitPar
     optimized_ = master_;
   } else if (masterType != dtype_) {
     master_ = masterFrom.to(masterType).clone();
-    shardGrad_ = at::zeros_like(master_);
+    // A float32 reduce-scatter (stage 3 under autocast) writes the master's gradient itself.
+    gradInReduced_ = stage != 1 && gradType_ == masterType;
+    if (!gradInReduced_) shardGrad_ = at::zeros_like(master_);
     optimized_ = master_;
   } else {
+    gradInReduced_ = stage != 1;
     shardGrad_ = reduced_;
     optimized_ = ownedParams_;
   }
@@ -235,7 +237,8 @@ bool ShardUnit::shardGradAttached() const {
 void ShardUnit::attachShardGrad() { optimized_.mutable_grad() = shardGrad_; }
 
 void ShardUnit::takeReduced() {
-  DTRAIN_CHECK(hasMaster(), "{}: no master weights to take the reduced gradient", describe());
+  DTRAIN_CHECK(hasMaster() && !gradInReduced_,
+               "{}: no master gradient apart from the reduced one to take it", describe());
   at::Tensor from = reduced_;
   if (offloaded()) {
     hostReduced_.copy_(reduced_);  // synchronous: ordered after the collective on this stream
@@ -244,9 +247,24 @@ void ShardUnit::takeReduced() {
   if (shardGradAttached()) {
     shardGrad_.add_(from);
   } else {
+    if (!shardGrad_.defined()) shardGrad_ = at::empty_like(master_);
     shardGrad_.copy_(from);
     attachShardGrad();
   }
+}
+
+void ShardUnit::ensureReduced() {
+  if (stage_ == 1 || frozen_ || reduced_.defined()) return;
+  reduced_ = at::empty({shardNumel()}, at::TensorOptions().dtype(gradType_).device(device_));
+  if (gradInReduced_) shardGrad_ = reduced_;
+}
+
+void ShardUnit::releaseShardGrad() {
+  // Stage 1's reduced_ is a block of its gradient buffer; an offloaded master's gradient is
+  // pinned host memory, costly to make again: both stay.
+  if (stage_ == 1 || frozen_ || shardGradAttached()) return;
+  reduced_ = at::Tensor();
+  if (gradInReduced_ || !offloaded()) shardGrad_ = at::Tensor();
 }
 
 void ShardUnit::leaseGrads(std::shared_ptr<comm::Buffer> bucket) {
@@ -275,7 +293,7 @@ size_t ShardUnit::parameterBytes() const {
 size_t ShardUnit::gradientBytes() const {
   // Stage 1: the full buffer, of which reduced is a block; stage 2: reduced. Master: its gradient.
   size_t bytes = stage_ == 1 ? storageBytes(fullGrads_) : storageBytes(reduced_);
-  if (master_.defined()) bytes += storageBytes(shardGrad_);
+  if (master_.defined() && !gradInReduced_) bytes += storageBytes(shardGrad_);
   return bytes;
 }
 

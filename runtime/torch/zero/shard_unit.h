@@ -119,6 +119,15 @@ class ShardUnit {
   at::Tensor& optimized() { return optimized_; }
   // The optimizer's gradient of optimized(): reduced(), or master's float32 gradient.
   at::Tensor& shardGrad() { return shardGrad_; }
+  // Whether shardGrad() is reduced() (stages 2 and 3 without master weights, or with a
+  // reduce-scatter in the master's dtype): the reduce-scatter writes the optimizer's gradient.
+  bool gradInReduced() const { return gradInReduced_; }
+  // Stages 2 and 3: reduced() (and the master's gradient) exist from the unit's first
+  // reduce-scatter after zero_grad() to the next zero_grad(), as FSDP2's sharded gradients do
+  // under set_to_none: ensureReduced() before a reduce-scatter makes them, releaseShardGrad()
+  // once the optimizer's gradient is unset frees them (docs/design.md "Sharding").
+  void ensureReduced();
+  void releaseShardGrad();
 
   // Whether optimized().grad() is still shardGrad(): libtorch 2.x's zero_grad() unsets it.
   bool shardGradAttached() const;
@@ -175,6 +184,7 @@ class ShardUnit {
   const bool resharded_;
   const bool frozen_;
   const c10::Device device_;
+  bool gradInReduced_ = false;
   std::shared_ptr<comm::Buffer> paramMemory_;  // stage 3: what fullStorage_ holds now, if any
   at::Storage fullStorage_;                    // stage 3
   std::shared_ptr<comm::Buffer> gradMemory_;   // stage 1: owned; stage 2: the leased bucket

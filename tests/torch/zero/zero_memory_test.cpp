@@ -107,6 +107,57 @@ INSTANTIATE_TEST_SUITE_P(Ranks, ZeroMemory,
                                   std::to_string(info.param.second);
                          });
 
+// Stages 2 and 3 free a shard's gradient at zero_grad() and make it again at the next
+// reduce-scatter (FSDP2's sharded gradients under set_to_none): between zero_grad() and backward a
+// rank holds no gradient. A float32 reduce-scatter of bfloat16 units (reduceDtype) writes the
+// master's float32 gradient itself, no second block: bfloat16 Adam then holds 2 + 16/N bytes per
+// parameter after backward (parameters 2, the shard's gradient 4/N, master 4/N, Adam 8/N).
+TEST(ZeroMemory, ShardGradientsLiveFromTheFirstReduceScatterToZeroGrad) {
+  constexpr int kWorld = 2;
+  auto threads = ThreadWorld::create(kWorld);
+  threads->run([&](int rank) {
+    auto group = threadGroup(*threads, rank);
+    torch::manual_seed(1);
+    Mlp net(64, 256, 64);  // 98,880 parameters
+    net->to(torch::kBFloat16);
+    DistributedDataParallel<Mlp> ddp(net, group);
+    ZeroOptions zo;
+    zo.stage = 2;
+    zo.reduceDtype = torch::kFloat32;
+    zo.firstUnitBytes = 64 << 10;
+    zo.unitBytes = 128 << 10;
+    ShardedOptimizer adam(
+        ddp, optimizerFactory<torch::optim::Adam>(torch::optim::AdamOptions(1e-3)), zo);
+    const double psi = 98880;
+    const double shardGradient = 4 * psi / kWorld;
+    const auto bf16 = torch::TensorOptions().dtype(torch::kBFloat16);
+    for (int s = 0; s < 3; ++s) {
+      adam.zero_grad();
+      EXPECT_EQ(adam.stats().memory.gradients, 0u) << "step " << s << ": freed by zero_grad()";
+      torch::manual_seed(10 + s);
+      torch::mse_loss(ddp(torch::randn({4, 64}, bf16)), torch::randn({4, 64}, bf16)).backward();
+      const dtrain::ZeroMemory after = adam.stats().memory;
+      EXPECT_NEAR(static_cast<double>(after.gradients), shardGradient, 4 * 16)
+          << "step " << s << ": the float32 shard's gradient once (padding aside)";
+      EXPECT_EQ(after.looseGradients, 0u);
+      adam.step();
+    }
+    const Measured m = measure(*net, adam);
+    std::vector<torch::Tensor> masters;  // what the optimizer steps: the float32 master shards
+    for (auto& g : adam.param_groups()) {
+      for (auto& p : g.params()) masters.push_back(p);
+    }
+    const size_t master = coveredBytes(masters);
+    const double formula = (2 + 16.0 / kWorld) * psi;
+    EXPECT_NEAR(m.total() + master, formula, 0.02 * formula)
+        << "rank " << rank << ": parameters " << m.params << ", gradients " << m.grads
+        << ", master " << master << ", optimizer state " << m.state
+        << " (the master's own gradient would add " << shardGradient << ")";
+    EXPECT_NEAR(m.grads, shardGradient, 4 * 16) << "the master's gradient is the shard's";
+    EXPECT_NEAR(adam.stats().memory.modelState(), m.total() + master, 0.002 * m.total());
+  });
+}
+
 // Accumulation::Local (Note [Sharded backward]): under noSync() stage 2 keeps the full gradients
 // in the parameters' .grad, no communication, until the synchronising backward moves them into
 // buckets and frees them.

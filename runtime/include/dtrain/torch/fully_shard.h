@@ -33,6 +33,7 @@
 //   torch::nn::Sequential body;
 //   for (int i = 0; i < 48; ++i) body->push_back(dtrain::fullyShard(Block(4096), *group));
 
+#include <functional>
 #include <memory>
 #include <string>
 #include <utility>
@@ -152,5 +153,11 @@ torch::nn::Sequential shardEveryChild(const torch::nn::Sequential& sequential,
 // already, under the same names in the model. What a test compares, or an export saves.
 // Collective.
 std::vector<std::pair<std::string, at::Tensor>> gatherFullParameters(ShardedOptimizer& optimizer);
+// The same parameters, in the same order, handed to `visit` full but not copied, one unit held at
+// a time (stage 3 gathers a unit, visits its parameters and frees it before the next): what a
+// program that reads the whole model once (a hash, a norm, a write) needs, in the memory of one
+// unit instead of the whole model. The tensor is valid during the call only. Collective.
+void visitFullParameters(ShardedOptimizer& optimizer,
+                         const std::function<void(const std::string&, const at::Tensor&)>& visit);
 
 }  // namespace dtrain
