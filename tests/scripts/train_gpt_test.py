@@ -343,9 +343,9 @@ def test_peer():
     """train_gpt against its PyTorch 2.14 peer (benchmarks/gpt/gpt_peer.py) on the same model,
     initial weights, batches and schedule, plain SGD in float32: DDP against PyTorch DDP, and
     ZeRO-3 with recompute against FSDP2 (fully_shard per block and on the root) with
-    torch.utils.checkpoint, every step's loss within 1e-5; under bfloat16 autocast, ZeRO-3's
-    blocks gathered in bfloat16 against FSDP2's MixedPrecisionPolicy(bfloat16, float32), within
-    1e-3."""
+    torch.utils.checkpoint, every step's loss and the closing validation loss within 1e-5; under
+    bfloat16 autocast, ZeRO-3's blocks gathered in bfloat16 against FSDP2's
+    MixedPrecisionPolicy(bfloat16, float32), within 1e-3."""
     import torch
     from gpt_model import GPT, GPTConfig
     with tempfile.TemporaryDirectory() as tmp:
@@ -381,7 +381,12 @@ def test_peer():
             if worst > tolerance:
                 fail(f"{name} against PyTorch's {' '.join(theirs)}: a loss {worst:.2e} apart "
                      f"(tolerance {tolerance}):\n{a}\n{b}")
-            print(f"peer: {name}: losses within {worst:.1e} of PyTorch's {' '.join(theirs)}")
+            va, vb = val_loss(mine, 8), val_loss(peer, 8)
+            if abs(va - vb) / vb > tolerance:
+                fail(f"{name} against PyTorch's {' '.join(theirs)}: validation losses {va} and "
+                     f"{vb} (tolerance {tolerance})")
+            print(f"peer: {name}: losses within {worst:.1e} of PyTorch's {' '.join(theirs)}, "
+                  f"validation {abs(va - vb) / vb:.1e}")
     print("peer: ok")
 
 

@@ -47,7 +47,7 @@ const char* gradientCompressionName(GradientCompression compression) {
 }
 
 DdpCore::DdpCore(std::shared_ptr<torch::nn::Module> module, std::shared_ptr<ProcessGroup> group,
-                 DdpOptions options)
+                 DdpOptions options, const std::unordered_set<const void*>& loadedLater)
     : module_(std::move(module)), group_(std::move(group)), options_(options) {
   DTRAIN_CHECK_ARG(module_ != nullptr, "DistributedDataParallel needs a module");
   DTRAIN_CHECK_ARG(group_ != nullptr, "DistributedDataParallel needs a process group");
@@ -69,7 +69,8 @@ DdpCore::DdpCore(std::shared_ptr<torch::nn::Module> module, std::shared_ptr<Proc
     // Nor those of resharded units bound before (a wrapper re-made after a re-form under
     // ZeRO-3: their values are in the units' blocks, restored from the mirrors).
     const bool memoryless = p.tensor.numel() > 0 && p.tensor.storage().data() == nullptr;
-    if (!built.count(p.tensor.unsafeGetTensorImpl()) && !memoryless) {
+    const void* impl = p.tensor.unsafeGetTensorImpl();
+    if (!built.count(impl) && !memoryless && !loadedLater.count(impl)) {
       everything.push_back(p.tensor);
     }
   }

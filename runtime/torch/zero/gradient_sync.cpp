@@ -210,7 +210,6 @@ void ShardedGradientSync::dropAccumulatedLocked() {
   for (size_t k = 0; k < shards_->size(); ++k) {
     shards_->unit(k).optimized().mutable_grad() = at::Tensor();
   }
-  shards_->releaseShardGradients();
   if (shards_->stage() == 1) {
     if (open_) shards_->abandonAccumulation();
     open_ = false;
@@ -354,7 +353,7 @@ void ShardedGradientSync::finalizeLocked(std::vector<size_t>& missing) {
                                                                     stats_.iteration, true);
   if (const auto* f = after) {
     for (size_t k = 0; k < shards_->size(); ++k) {
-      at::Tensor& grad = shards_->shardGrad(k);
+      at::Tensor grad = shards_->shardGrad(k);
       if (grad.numel() == 0) continue;
       at::NoGradGuard noGrad;
       ddp::poison(grad, *f);  // this rank's shard alone: the reduce-scatter is over

@@ -167,12 +167,6 @@ void ShardGroup::dropShardGradient(size_t k, size_t j) {
   u.shardGrad().narrow(0, begin - mine, end - begin).zero_();
 }
 
-void ShardGroup::releaseShardGradients() {
-  for (size_t k = 0; k < units_.size(); ++k) {
-    if (grads_[k] != Grads::Reducing) units_[k]->releaseShardGrad();
-  }
-}
-
 void ShardGroup::lease(size_t k) {
   // See Note [Gradient buckets of stage 2].
   ShardUnit& u = *units_[k];
@@ -267,6 +261,7 @@ std::chrono::nanoseconds ShardGroup::finishReduce(size_t k) {
   } else if (!u.shardGradAttached()) {
     u.attachShardGrad();
   }
+  u.letGoOfGradient();
   if (stage() != 1) {
     pool_.give(u.returnGrads());
     grads_[k] = Grads::Empty;

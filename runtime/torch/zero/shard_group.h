@@ -165,7 +165,7 @@ class ShardGroup {
   // Waits for unit k's reduce-scatter; returns how long.
   std::chrono::nanoseconds finishReduce(size_t k);
   // The gradient the optimizer sees of unit k (for the nan-grad fault after the collective).
-  at::Tensor& shardGrad(size_t k) { return units_[k]->shardGrad(); }
+  at::Tensor shardGrad(size_t k) { return units_[k]->shardGrad(); }
   // A noSync() backward accumulated since the last synchronising one: a step now would use
   // gradients no rank has averaged.
   void setLocalGradients(bool pending) { localGradients_ = pending; }
@@ -174,9 +174,6 @@ class ShardGroup {
   void abandonAccumulation();
   // Parameter j's part of unit k's shard gradient is zeroed: the program zeroed its gradient.
   void dropShardGradient(size_t k, size_t j);
-  // The shards' gradients were unset: stages 2 and 3 free their memory (ShardUnit::
-  // releaseShardGrad) except a unit's whose reduce-scatter is still running.
-  void releaseShardGradients();
 
   // --- parameter side (ShardedOptimizer::step) ---
   // Throws when any unit's gradients are not ready to step (see Note [Unit states]).

@@ -95,9 +95,9 @@ ShardUnit::ShardUnit(size_t index, const UnitLayout& layout, std::vector<UnitPar
     optimized_ = master_;
   } else if (masterType != dtype_) {
     master_ = masterFrom.to(masterType).clone();
-    // A float32 reduce-scatter (stage 3 under autocast) writes the master's gradient itself.
+    // A float32 reduce-scatter (stage 3 under autocast) writes the master's gradient itself;
+    // else takeReduced() makes the master's gradient at the first reduce-scatter.
     gradInReduced_ = stage != 1 && gradType_ == masterType;
-    if (!gradInReduced_) shardGrad_ = at::zeros_like(master_);
     optimized_ = master_;
   } else {
     gradInReduced_ = stage != 1;
@@ -231,10 +231,18 @@ std::string ShardUnit::describe() const {
 
 bool ShardUnit::shardGradAttached() const {
   const at::Tensor& grad = optimized_.grad();
-  return grad.defined() && grad.data_ptr() == shardGrad_.data_ptr();
+  return grad.defined() && attached_ != nullptr && grad.data_ptr() == attached_;
 }
 
-void ShardUnit::attachShardGrad() { optimized_.mutable_grad() = shardGrad_; }
+void ShardUnit::attachShardGrad() {
+  optimized_.mutable_grad() = shardGrad_;
+  attached_ = shardGrad_.defined() ? shardGrad_.data_ptr() : nullptr;
+}
+
+at::Tensor ShardUnit::shardGrad() const {
+  if (shardGrad_.defined()) return shardGrad_;
+  return shardGradAttached() ? optimized_.grad() : at::Tensor();
+}
 
 void ShardUnit::takeReduced() {
   DTRAIN_CHECK(hasMaster() && !gradInReduced_,
@@ -245,7 +253,7 @@ void ShardUnit::takeReduced() {
     from = hostReduced_;
   }
   if (shardGradAttached()) {
-    shardGrad_.add_(from);
+    shardGrad().add_(from);
   } else {
     if (!shardGrad_.defined()) shardGrad_ = at::empty_like(master_);
     shardGrad_.copy_(from);
@@ -255,16 +263,20 @@ void ShardUnit::takeReduced() {
 
 void ShardUnit::ensureReduced() {
   if (stage_ == 1 || frozen_ || reduced_.defined()) return;
-  reduced_ = at::empty({shardNumel()}, at::TensorOptions().dtype(gradType_).device(device_));
+  if (gradInReduced_ && shardGradAttached()) {
+    reduced_ = optimized_.grad();  // the reduce-scatter adds into the gradient accumulated so far
+  } else {
+    reduced_ = at::empty({shardNumel()}, at::TensorOptions().dtype(gradType_).device(device_));
+  }
   if (gradInReduced_) shardGrad_ = reduced_;
 }
 
-void ShardUnit::releaseShardGrad() {
-  // Stage 1's reduced_ is a block of its gradient buffer; an offloaded master's gradient is
-  // pinned host memory, costly to make again: both stay.
-  if (stage_ == 1 || frozen_ || shardGradAttached()) return;
+void ShardUnit::letGoOfGradient() {
+  // Stage 1's reduced_ is a block of its gradient buffer; an offloaded master's gradient and
+  // its host buffer are pinned memory, costly to make again: they stay.
+  if (stage_ == 1 || frozen_ || offloaded()) return;
   reduced_ = at::Tensor();
-  if (gradInReduced_ || !offloaded()) shardGrad_ = at::Tensor();
+  shardGrad_ = at::Tensor();
 }
 
 void ShardUnit::leaseGrads(std::shared_ptr<comm::Buffer> bucket) {
@@ -292,8 +304,13 @@ size_t ShardUnit::parameterBytes() const {
 
 size_t ShardUnit::gradientBytes() const {
   // Stage 1: the full buffer, of which reduced is a block; stage 2: reduced. Master: its gradient.
-  size_t bytes = stage_ == 1 ? storageBytes(fullGrads_) : storageBytes(reduced_);
-  if (master_.defined() && !gradInReduced_) bytes += storageBytes(shardGrad_);
+  size_t bytes = 0;
+  if (stage_ == 1) {
+    bytes = storageBytes(fullGrads_);
+  } else if (!gradInReduced_) {
+    bytes = storageBytes(reduced_);  // the reduce-scatter's output, while it is held
+  }
+  if (gradInReduced_ || master_.defined()) bytes += storageBytes(shardGrad());
   return bytes;
 }
 

@@ -117,19 +117,22 @@ class ShardUnit {
   at::Tensor& reduced() { return reduced_; }
   at::Tensor& master() { return master_; }
   at::Tensor& optimized() { return optimized_; }
-  // The optimizer's gradient of optimized(): reduced(), or master's float32 gradient.
-  at::Tensor& shardGrad() { return shardGrad_; }
+  // The optimizer's gradient of optimized() -- reduced(), or the master's float32 gradient --
+  // while the unit holds it or optimized() has it; else undefined.
+  at::Tensor shardGrad() const;
   // Whether shardGrad() is reduced() (stages 2 and 3 without master weights, or with a
   // reduce-scatter in the master's dtype): the reduce-scatter writes the optimizer's gradient.
   bool gradInReduced() const { return gradInReduced_; }
-  // Stages 2 and 3: reduced() (and the master's gradient) exist from the unit's first
-  // reduce-scatter after zero_grad() to the next zero_grad(), as FSDP2's sharded gradients do
-  // under set_to_none: ensureReduced() before a reduce-scatter makes them, releaseShardGrad()
-  // once the optimizer's gradient is unset frees them (docs/design.md "Sharding").
+  // Stages 2 and 3, not offloaded: between reduce-scatters the unit keeps no reference to the
+  // shard's gradient, optimized().grad() alone holds it, so that zero_grad() (either, set_to_none)
+  // frees it at once, as FSDP2's sharded gradients are freed (docs/design.md "Sharding").
+  // ensureReduced() before a reduce-scatter takes it back or makes a new one; letGoOfGradient()
+  // once the reduce-scatter's result is in it.
   void ensureReduced();
-  void releaseShardGrad();
+  void letGoOfGradient();
 
-  // Whether optimized().grad() is still shardGrad(): libtorch 2.x's zero_grad() unsets it.
+  // Whether optimized().grad() is still the gradient this unit attached (the same memory):
+  // libtorch 2.x's zero_grad() unsets it.
   bool shardGradAttached() const;
   void attachShardGrad();
   // Master weights: the reduce-scatter's result (reduced()) into the master's gradient, added,
@@ -185,6 +188,7 @@ class ShardUnit {
   const bool frozen_;
   const c10::Device device_;
   bool gradInReduced_ = false;
+  const void* attached_ = nullptr;             // the data of the gradient attached to optimized_
   std::shared_ptr<comm::Buffer> paramMemory_;  // stage 3: what fullStorage_ holds now, if any
   at::Storage fullStorage_;                    // stage 3
   std::shared_ptr<comm::Buffer> gradMemory_;   // stage 1: owned; stage 2: the leased bucket

@@ -93,10 +93,14 @@ void ShardedOptimizer::reformUnits() {
   // The groups as the user gave them -- the module's parameters, each group's options as they
   // are now (a scheduler's learning rate) -- read from the old units before they go.
   std::vector<std::vector<at::Tensor>> members(param_groups_.size());
+  std::unordered_set<const void*> loadedLater;  // every parameter the restore writes
   {
     zero::ShardGroup& old = *shards_;
     for (size_t k = 0; k < old.size(); ++k) {
-      for (const auto& p : old.unit(k).params()) members[old.groupOf(k)].push_back(p.param);
+      for (const auto& p : old.unit(k).params()) {
+        members[old.groupOf(k)].push_back(p.param);
+        loadedLater.insert(p.param.unsafeGetTensorImpl());
+      }
     }
   }
   std::vector<torch::optim::OptimizerParamGroup> groups;
@@ -104,7 +108,7 @@ void ShardedOptimizer::reformUnits() {
     groups.emplace_back(std::move(members[g]), param_groups_[g].options().clone());
   }
   for (size_t k = 0; k < shards_->unitCount(); ++k) shards_->unit(k).releaseForRebuild();
-  DdpCore& core = wrapperCore_();  // the wrapper's buckets for the new world
+  DdpCore& core = wrapperCore_(loadedLater);  // the wrapper's buckets for the new world
   shards_.reset();
   sync_.reset();
   zero::BuiltShards built = zero::buildShards(core, std::move(groups), factory_, options_,

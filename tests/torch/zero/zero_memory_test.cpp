@@ -107,9 +107,9 @@ INSTANTIATE_TEST_SUITE_P(Ranks, ZeroMemory,
                                   std::to_string(info.param.second);
                          });
 
-// Stages 2 and 3 free a shard's gradient at zero_grad() and make it again at the next
-// reduce-scatter (FSDP2's sharded gradients under set_to_none): between zero_grad() and backward a
-// rank holds no gradient. A float32 reduce-scatter of bfloat16 units (reduceDtype) writes the
+// Stages 2 and 3 free a shard's gradient at zero_grad() -- the ShardedOptimizer's or libtorch's
+// own through an Optimizer& -- and make it again at the next reduce-scatter (FSDP2's sharded
+// gradients under set_to_none): between zero_grad() and backward a rank holds no gradient. A float32 reduce-scatter of bfloat16 units (reduceDtype) writes the
 // master's float32 gradient itself, no second block: bfloat16 Adam then holds 2 + 16/N bytes per
 // parameter after backward (parameters 2, the shard's gradient 4/N, master 4/N, Adam 8/N).
 TEST(ZeroMemory, ShardGradientsLiveFromTheFirstReduceScatterToZeroGrad) {
@@ -131,15 +131,30 @@ TEST(ZeroMemory, ShardGradientsLiveFromTheFirstReduceScatterToZeroGrad) {
     const double psi = 98880;
     const double shardGradient = 4 * psi / kWorld;
     const auto bf16 = torch::TensorOptions().dtype(torch::kBFloat16);
+    std::vector<c10::weak_intrusive_ptr<c10::StorageImpl>> last;  // the last backward's
     for (int s = 0; s < 3; ++s) {
-      adam.zero_grad();
+      if (s == 1) {
+        static_cast<torch::optim::Optimizer&>(adam).zero_grad();  // libtorch's own, set_to_none
+      } else {
+        adam.zero_grad();
+      }
       EXPECT_EQ(adam.stats().memory.gradients, 0u) << "step " << s << ": freed by zero_grad()";
+      for (const auto& weak : last) {
+        EXPECT_TRUE(weak.expired()) << "step " << s << ": a gradient's memory outlived zero_grad()";
+      }
+      last.clear();
       torch::manual_seed(10 + s);
       torch::mse_loss(ddp(torch::randn({4, 64}, bf16)), torch::randn({4, 64}, bf16)).backward();
       const dtrain::ZeroMemory after = adam.stats().memory;
       EXPECT_NEAR(static_cast<double>(after.gradients), shardGradient, 4 * 16)
           << "step " << s << ": the float32 shard's gradient once (padding aside)";
       EXPECT_EQ(after.looseGradients, 0u);
+      for (auto& g : adam.param_groups()) {
+        for (auto& p : g.params()) {
+          if (p.grad().defined()) last.emplace_back(p.grad().storage().getWeakStorageImpl());
+        }
+      }
+      EXPECT_FALSE(last.empty());
       adam.step();
     }
     const Measured m = measure(*net, adam);

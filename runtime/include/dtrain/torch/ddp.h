@@ -162,12 +162,14 @@ class DistributedDataParallel {
 
   // Makes the buckets again for the group's new world after it re-formed among the survivors of
   // a lost node (ProcessGroup::reform): the next forward does it by itself. Collective over the
-  // new members; the parameters are broadcast from the new rank 0 as at construction.
-  void reform() {
+  // new members; the parameters are broadcast from the new rank 0 as at construction, but those
+  // in `loadedLater` (their TensorImpl), which the caller writes on every rank next.
+  void reform(const std::unordered_set<const void*>& loadedLater = {}) {
     auto group = core_->groupPtr();
     DdpOptions options = core_->options();
     core_.reset();  // its hooks go before the new core installs its own
-    core_ = std::make_unique<DdpCore>(detail::modulePtr(module_), std::move(group), options);
+    core_ = std::make_unique<DdpCore>(detail::modulePtr(module_), std::move(group), options,
+                                      loadedLater);
   }
 
   ProcessGroup& processGroup() { return core_->group(); }

@@ -41,6 +41,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <unordered_set>
 #include <utility>
 #include <vector>
 
@@ -297,10 +298,10 @@ class ShardedOptimizer : public torch::optim::Optimizer {
 
   // After the process group re-formed among the survivors of a lost node (ProcessGroup::
   // reform): the DDP wrapper's buckets and this optimizer's units are built again for the new
-  // world, with the groups' options as they are now. Their state starts empty: the caller loads
-  // it (TrainingState::tryStep from the in-memory mirrors: docs/design.md "Sharded state across
-  // a lost node"). An optimizer built through a DistributedDataParallel wrapper. Collective
-  // over the new members.
+  // world, with the groups' options as they are now. Their state starts empty, and the wrapper
+  // does not broadcast this optimizer's parameters: the caller loads both (TrainingState::tryStep
+  // from the in-memory mirrors: docs/design.md "Sharded state across a lost node"). An optimizer
+  // built through a DistributedDataParallel wrapper. Collective over the new members.
   void reformUnits();
   // Whether reformUnits() can rebuild this optimizer (built through the wrapper).
   bool reformable() const { return static_cast<bool>(wrapperCore_); }
@@ -331,17 +332,20 @@ class ShardedOptimizer : public torch::optim::Optimizer {
   };
 
   // The wrapper's machinery as it is now: after a re-form, made again for the new world first.
+  // `loadedLater`: the parameters the caller loads next, which the wrapper made again for the new
+  // world does not broadcast.
   template <typename ModuleType>
   void followWrapper(DistributedDataParallel<ModuleType>& ddp) {
-    wrapperCore_ = [&ddp]() -> DdpCore& {
-      if (ddp.core().stale()) ddp.reform();
+    wrapperCore_ = [&ddp](const std::unordered_set<const void*>& loadedLater) -> DdpCore& {
+      if (ddp.core().stale()) ddp.reform(loadedLater);
       return ddp.core();
     };
   }
 
   ZeroOptions options_;
   OptimizerFactory factory_;
-  std::function<DdpCore&()> wrapperCore_;  // null: built over a DdpCore alone
+  // null: built over a DdpCore alone
+  std::function<DdpCore&(const std::unordered_set<const void*>& loadedLater)> wrapperCore_;
   std::shared_ptr<zero::ShardGroup> shards_;
   std::shared_ptr<zero::ShardedGradientSync> sync_;  // owned with DDP, which drives it
   std::unique_ptr<zero::ShardMirror> mirror_;        // made at the first refreshMirror()

@@ -9,6 +9,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <unordered_set>
 #include <utility>
 #include <vector>
 
@@ -32,9 +33,11 @@ class CoalescedBroadcast;
 class DdpCore {
  public:
   // Checks that every rank has the same parameters and buffers, broadcasts them from rank 0 and
-  // installs the gradient hooks. Collective: every rank constructs it.
+  // installs the gradient hooks. Collective: every rank constructs it. `loadedLater`: parameters
+  // (their TensorImpl) not broadcast, because the caller writes them on every rank next (a
+  // ShardedOptimizer's after a re-form, from the restored blocks).
   DdpCore(std::shared_ptr<torch::nn::Module> module, std::shared_ptr<ProcessGroup> group,
-          DdpOptions options);
+          DdpOptions options, const std::unordered_set<const void*>& loadedLater = {});
   ~DdpCore();
   DdpCore(const DdpCore&) = delete;
   DdpCore& operator=(const DdpCore&) = delete;
