@@ -4,8 +4,10 @@ MixedPrecisionPolicy(param_dtype=bfloat16, reduce_dtype=float32) under --amp), a
 torch.utils.checkpoint(use_reentrant=False) per block under --recompute -- over Gloo, under
 `launch --python PYTHON` or torchrun. It reads the same flags as train_gpt for what they share,
 draws the same batches (windows at offsets from a generator seeded as train_gpt seeds its own)
-and writes one JSON record per step (rank 0): the loss, the step's seconds, and at the end every
-rank's peak resident set.
+and writes one JSON record per step (rank 0): the loss, the step's seconds, and at the end the
+validation loss over the windows train_gpt evaluates at its end (--eval-batches, spread over the
+ranks: the validation text is held from the start, as train_gpt holds it) and every rank's peak
+resident set.
 
 --counting-lib PATH loads librecompute_counting.so (benchmarks/recompute/counting_library.cpp, the
 tests' counting CPU allocator) first thing in main(), before the process group and the model:
@@ -33,6 +35,8 @@ from torch.nn import functional as F
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from gpt_model import GPT, GPTConfig  # noqa: E402
+
+COUNTING = None  # the counting library, under --counting-lib
 
 MASK = (1 << 64) - 1
 
@@ -84,6 +88,8 @@ def main():
     p.add_argument("--recompute", action="store_true")
     p.add_argument("--data", required=True)
     p.add_argument("--val-fraction", type=float, default=0.1)
+    p.add_argument("--eval-batches", type=int, default=16,
+                   help="validation windows at the end, spread over the ranks (train_gpt's)")
     p.add_argument("--init-from", required=True, help="the initial state_dict (both sides')")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--threads", type=int, default=1)
@@ -93,7 +99,9 @@ def main():
     a = p.parse_args()
     if a.counting_lib:
         # After `import torch` (the library uses its libc10), before any tensor of the run.
-        ctypes.CDLL(a.counting_lib).dtrain_counting_install()
+        global COUNTING
+        COUNTING = ctypes.CDLL(a.counting_lib)
+        COUNTING.dtrain_counting_install()
     torch.set_num_threads(a.threads)
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
@@ -139,6 +147,7 @@ def main():
     # The training text in tensor storage, as train_gpt holds its corpus, so that a memory pass
     # (--counting-lib) counts it on both sides: bytes in Python objects are no tensor's storage.
     train = torch.frombuffer(bytearray(text[:len(text) - val]), dtype=torch.uint8).clone()
+    valid = torch.frombuffer(bytearray(text[len(text) - val:]), dtype=torch.uint8).clone()
     del text
     context = config.context
     out = open(a.metrics_file, "w") if rank == 0 else None
@@ -177,6 +186,24 @@ def main():
                                   "step_seconds": end - start, "forward_seconds": forward_s,
                                   "backward_seconds": backward_s,
                                   "optimizer_seconds": end - t2}) + "\n")
+    # The validation train_gpt runs at its end (Training::evaluateNow): this rank's share of the
+    # windows, the summed loss and count over the ranks. Collective under FSDP2.
+    each = max(1, a.eval_batches // world)
+    span = valid.numel() - context - 1
+    offsets = torch.tensor([i * span // (each * world)
+                            for i in range(rank * each, (rank + 1) * each)])
+    seq = valid[offsets[:, None] + torch.arange(context + 1)].long()
+    x, y = seq[:, :-1], seq[:, 1:]
+    model.eval()
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16, enabled=a.amp):
+        logits = wrapped(x).float()
+        sums = torch.stack([F.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1),
+                                            reduction="sum").double(),
+                            torch.tensor(float(y.numel()), dtype=torch.double)])
+    model.train()
+    dist.all_reduce(sums)
+    if out:
+        out.write(json.dumps({"step": a.steps, "val_loss": (sums[0] / sums[1]).item()}) + "\n")
     peak = torch.tensor([resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024.0])
     peaks = [torch.zeros(1) for _ in range(world)]
     dist.all_gather(peaks, peak)
@@ -192,3 +219,11 @@ def main():
 
 if __name__ == "__main__":
     main()
+    # Every result is written: skip the interpreter's teardown, in which PyTorch 2.14's threads
+    # have aborted the process ("terminate called without an active exception") after the run,
+    # as they did the DCP and ZeRO peers'; the counting library's peak file is written first.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    if COUNTING is not None:
+        COUNTING.dtrain_counting_write_peak()
+    os._exit(0)
