@@ -109,9 +109,10 @@ INSTANTIATE_TEST_SUITE_P(Ranks, ZeroMemory,
 
 // Stages 2 and 3 free a shard's gradient at zero_grad() -- the ShardedOptimizer's or libtorch's
 // own through an Optimizer& -- and make it again at the next reduce-scatter (FSDP2's sharded
-// gradients under set_to_none): between zero_grad() and backward a rank holds no gradient. A float32 reduce-scatter of bfloat16 units (reduceDtype) writes the
-// master's float32 gradient itself, no second block: bfloat16 Adam then holds 2 + 16/N bytes per
-// parameter after backward (parameters 2, the shard's gradient 4/N, master 4/N, Adam 8/N).
+// gradients under set_to_none): between zero_grad() and backward a rank holds no gradient. A
+// float32 reduce-scatter of bfloat16 units (reduceDtype) writes the master's float32 gradient
+// itself, no second block: bfloat16 Adam then holds 2 + 16/N bytes per parameter after backward
+// (parameters 2, the shard's gradient 4/N, master 4/N, Adam 8/N).
 TEST(ZeroMemory, ShardGradientsLiveFromTheFirstReduceScatterToZeroGrad) {
   constexpr int kWorld = 2;
   auto threads = ThreadWorld::create(kWorld);
