@@ -27,7 +27,7 @@ std::shared_ptr<comm::Work> reduceScatterUnit(comm::Communicator& comm, ShardUni
 
 std::shared_ptr<comm::Work> allgatherUnit(comm::Communicator& comm, ShardUnit& unit,
                                           const comm::CallOptions& call) {
-  return comm.allgatherAsync(unit.ownedParams().data_ptr(), unit.fullParams().data_ptr(),
+  return comm.allgatherAsync(unit.sendBlock().data_ptr(), unit.fullParams().data_ptr(),
                              static_cast<size_t>(unit.shardNumel()), toDataType(unit.fullParams()),
                              call);
 }

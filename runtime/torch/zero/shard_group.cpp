@@ -300,7 +300,7 @@ void ShardGroup::shardWritten(size_t k) {
   const Params rest = u.resharded() ? Params::Free : Params::Gathered;
   DTRAIN_CHECK(params_[k] == rest, "rank {}: ZeRO: {} is {}, not {}, when its shard is written",
                group_->rank(), u.describe(), paramsName(params_[k]), paramsName(rest));
-  if (u.hasMaster()) {
+  if (u.hasMaster() && u.ownedParams().defined()) {  // a converted unit rounds at its gathers
     at::NoGradGuard noGrad;
     u.ownedParams().copy_(u.master());  // offload: from the host's memory, per unit
   }

@@ -583,7 +583,7 @@ uint64_t redistribute(ProcessGroup& group, const zero::ShardMirror& mirror, int6
     const auto [a, b] = members[i];
     if (me != a && me != b) continue;
     // a -> b first (root 0: members are sorted), then b -> a, on both members.
-    for (const auto [from, to, root] : {std::tuple{a, b, 0}, std::tuple{b, a, 1}}) {
+    for (const auto& [from, to, root] : {std::tuple{a, b, 0}, std::tuple{b, a, 1}}) {
       const auto& pieces = moves[static_cast<size_t>(from)][static_cast<size_t>(to)];
       if (pieces.empty()) continue;
       at::Tensor buffer = at::empty({total(pieces)}, options);

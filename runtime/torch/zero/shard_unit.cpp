@@ -99,6 +99,10 @@ ShardUnit::ShardUnit(size_t index, const UnitLayout& layout, std::vector<UnitPar
     // else takeReduced() makes the master's gradient at the first reduce-scatter.
     gradInReduced_ = stage != 1 && gradType_ == masterType;
     optimized_ = master_;
+    // A converted unit keeps no rounding of its block: each all-gather rounds the master into
+    // the rank's own place of the gathered unit (sendBlock()), as FSDP2's mixed precision casts
+    // its float32 shard into the all-gather's input.
+    if (converted()) ownedParams_ = at::Tensor();
   } else {
     gradInReduced_ = stage != 1;
     shardGrad_ = reduced_;
@@ -227,6 +231,15 @@ std::string ShardUnit::describe() const {
   if (params_.size() == 1) return fmt::format("unit {} ({})", index_, first);
   return fmt::format("unit {} ({} .. {}, {} parameters)", index_, first, params_.back().name,
                      params_.size());
+}
+
+at::Tensor ShardUnit::sendBlock() {
+  if (ownedParams_.defined()) return ownedParams_;
+  DTRAIN_CHECK(converted() && master_.defined() && paramMemory_ != nullptr,
+               "{}: no block to send: neither its own nor the full parameters held", describe());
+  at::Tensor mine = fullParams_.narrow(0, rank_ * shardNumel(), shardNumel());
+  mine.copy_(master_);  // the rounding the block would keep: the same values, bitwise
+  return mine;
 }
 
 bool ShardUnit::shardGradAttached() const {

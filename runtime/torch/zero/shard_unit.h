@@ -61,7 +61,8 @@ struct UnitParam {
 //                is the averaged gradient of the shard: reduced, or master's float32 gradient.
 // Plain tensors over the buffers (not autograd views), so optimizers may detach_() them.
 // Stage 3 (Note [ZeRO-3 unit lifecycle] in shard_group.h) differs in the parameters only:
-//   ownedParams  S elements of memory of their own, the one copy that persists between uses.
+//   ownedParams  S elements of memory of their own, the one copy that persists between uses;
+//                none for a converted unit, whose master is that copy (rounded at each gather).
 //   fullParams   P elements over ONE storage that every parameter shares (set_data onto a
 //                tensor at::Tensor::set_() over it, not a from_blob per parameter), so that
 //                swapping that storage's data pointer (holdFull / releaseFull) gathers or frees
@@ -109,7 +110,11 @@ class ShardUnit {
   std::string describe() const;
 
   at::Tensor& fullParams() { return fullParams_; }
+  // Undefined for a converted unit (ZeroOptions::paramDtype): its block is the master's.
   at::Tensor& ownedParams() { return ownedParams_; }
+  // What this rank sends of the unit to an all-gather: ownedParams(), or for a converted unit
+  // the master rounded into its own place of fullParams() (held: the all-gather runs in place).
+  at::Tensor sendBlock();
   // Undefined while a stage-2 unit holds no bucket.
   at::Tensor& fullGrads() { return fullGrads_; }
   // Parameter j's range of fullGrads, shaped as the parameter.

@@ -211,6 +211,41 @@ TEST(ZeroParamDtypeMemory, AutocastKeepsNoCopyOfTheWeightsBetweenForwardAndBackw
 }
 
 // The option is stage 3's, with master weights, and 16-bit: anything else is refused by name.
+// A converted unit keeps its float32 master alone between uses, as FSDP2 keeps its float32 shard:
+// no bfloat16 rounding of its block beside it (each all-gather rounds the master into the
+// gathered unit). The training is that of the units that kept one (the tests above: bitwise
+// equal to units built whole, and to the reference).
+TEST(ZeroParamDtypeMemory, AConvertedUnitKeepsItsMasterAloneBetweenUses) {
+  constexpr int kWorld = 2;
+  constexpr int64_t kWidth = 64;
+  constexpr int kLayers = 4;
+  auto threads = ThreadWorld::create(kWorld);
+  threads->run([&](int rank) {
+    const auto group = threadGroup(*threads, rank);
+    torch::nn::Sequential body = buildSeeded(7, [&] {
+      torch::nn::Sequential layers;
+      for (int l = 0; l < kLayers; ++l) layers->push_back(torch::nn::Linear(kWidth, kWidth));
+      return shardEveryChild(layers);
+    });
+    DistributedDataParallel<torch::nn::Sequential> ddp(body, group);
+    ZeroOptions zo;
+    zo.stage = 3;
+    zo.paramDtype = at::kBFloat16;
+    ShardedOptimizer optimizer(
+        ddp, optimizerFactory<torch::optim::SGD>(torch::optim::SGDOptions(0.01)), zo);
+    for (int step = 0; step < 2; ++step) {
+      optimizer.zero_grad();
+      AutocastGuard autocast(torch::kCPU, true);
+      ddp(torch::randn({4, kWidth})).to(torch::kFloat).square().mean().backward();
+      optimizer.step();
+    }
+    const ZeroMemory m = optimizer.stats().memory;
+    const int64_t shard = (kWidth * kWidth + kWidth + kWorld - 1) / kWorld;  // per unit
+    EXPECT_EQ(m.parameters, 0u) << "rank " << rank << ": no bfloat16 block between uses";
+    EXPECT_EQ(m.masterWeights, static_cast<size_t>(kLayers * shard * 4));
+  });
+}
+
 TEST(ZeroParamDtypeOptions, RefusedOutsideStage3WithMasterWeights) {
   auto threads = ThreadWorld::create(1);
   threads->run([&](int rank) {

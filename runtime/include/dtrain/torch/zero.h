@@ -100,7 +100,7 @@ struct ZeroOptions {
   // Stage 3, under autocast (FSDP2's MixedPrecisionPolicy(param_dtype=...)): the dtype the float32
   // parameters of marked units (ShardedUnit) are gathered and computed in -- bfloat16 or float16.
   // Their float32 values become master shards that the optimizer steps (masterWeights needed);
-  // the block a rank keeps is their rounding, the all-gather moves half the bytes, and the
+  // a rank keeps its master block alone, rounded into each all-gather (half the bytes), and the
   // module's parameters are views of the gathered unit in this dtype. So autocast finds the
   // weights in its own dtype and makes no copy of them: between forward and backward nothing but
   // the gathered unit holds them, freed on reshard (unset, autocast's cast copies, which autograd
