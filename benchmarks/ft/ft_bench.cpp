@@ -118,26 +118,13 @@ std::vector<std::string> launchArgv(const Options& o, const SimCluster& c, bool 
 
 namespace {
 
-struct Column {
-  std::vector<double> detection, out, reformMs, discarded, first, firstLessDetection, stepsLost,
-      secondsLost;
-  int problems = 0;
+// The DDP table's: the first committed step is the step reached again (one step lost).
+struct Column : FailureColumn {
+  std::vector<double> firstLessDetection;
   void add(const Failure& f) {
-    if (!f.problem.empty()) {
-      ++problems;
-      return;
+    if (FailureColumn::add(f) && f.first >= 0 && f.detection >= 0) {
+      firstLessDetection.push_back(f.first - f.detection);
     }
-    auto put = [](std::vector<double>& v, double x) {
-      if (x >= 0) v.push_back(x);
-    };
-    put(detection, f.detection);
-    put(out, f.out);
-    put(reformMs, f.reformMs);
-    put(discarded, f.discarded);
-    put(first, f.first);
-    if (f.first >= 0 && f.detection >= 0) firstLessDetection.push_back(f.first - f.detection);
-    put(stepsLost, f.stepsLost);
-    put(secondsLost, f.secondsLost);
   }
 };
 

@@ -152,6 +152,17 @@ struct Failure {
 };
 Failure measure(const JobRun& run, bool continueMode);
 
+// The figures of one path's runs that both tables give, each over the runs that measured it,
+// and how many runs did not go as they should.
+struct FailureColumn {
+  std::vector<double> detection, out, reformMs, discarded, first, stepsLost, secondsLost;
+  int problems = 0;
+  // Adds `f`'s figures; false (counted in problems) when the run did not go as it should.
+  bool add(const Failure& f);
+};
+// Appends `x` to `v` when it was measured (x >= 0).
+void putMeasured(std::vector<double>& v, double x);
+
 void printRaw(const char* mode, Loss kind, int run, const Failure& f);
 // Every line of `run` on stderr, its time from the job's start.
 void dumpJob(const JobRun& run);

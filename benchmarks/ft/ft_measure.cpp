@@ -119,6 +119,25 @@ Failure measure(const JobRun& run, bool continueMode) {
   return f;
 }
 
+void putMeasured(std::vector<double>& v, double x) {
+  if (x >= 0) v.push_back(x);
+}
+
+bool FailureColumn::add(const Failure& f) {
+  if (!f.problem.empty()) {
+    ++problems;
+    return false;
+  }
+  putMeasured(detection, f.detection);
+  putMeasured(out, f.out);
+  putMeasured(reformMs, f.reformMs);
+  putMeasured(discarded, f.discarded);
+  putMeasured(first, f.first);
+  putMeasured(stepsLost, f.stepsLost);
+  putMeasured(secondsLost, f.secondsLost);
+  return true;
+}
+
 std::string cell(const std::vector<double>& v, const char* format) {
   if (v.empty()) return "-";
   return fmt::format(fmt::runtime(std::string(format) + " [" + format + "-" + format + "]"),

@@ -90,33 +90,21 @@ std::vector<std::string> zeroFlags(const Options& o, bool blocks) {
   return f;
 }
 
-struct ZeroColumn {
+// The ZeRO table's: the first committed step after the loss is not the step reached again
+// (up to K + 1 steps are run again), so both are given.
+struct ZeroColumn : FailureColumn {
   int64_t interval = 0;  // the mirrors' (the checkpoints')
-  std::vector<double> detection, out, reformMs, restoreSeconds, discarded, firstAny, firstWork,
-      firstLessDetection, first, stepsLost, secondsLost, period, bytesMax, bytesTotal;
-  int problems = 0;
+  std::vector<double> restoreSeconds, firstAny, firstWork, firstLessDetection, period, bytesMax,
+      bytesTotal;
   int duringRefresh = 0;  // losses during a refresh: back to the generation before, K + 1 steps
   int atFirst = 0;        // restores of generation 0, mirrored before Adam's first step
   void add(const Failure& f) {
-    if (!f.problem.empty()) {
-      ++problems;
-      return;
-    }
-    auto put = [](std::vector<double>& v, double x) {
-      if (x >= 0) v.push_back(x);
-    };
-    put(detection, f.detection);
-    put(out, f.out);
-    put(reformMs, f.reformMs);
-    put(restoreSeconds, f.restoreSeconds);
-    put(discarded, f.discarded);
-    put(firstAny, f.firstAny);
-    put(firstWork, f.firstWork);
+    if (!FailureColumn::add(f)) return;
+    putMeasured(restoreSeconds, f.restoreSeconds);
+    putMeasured(firstAny, f.firstAny);
+    putMeasured(firstWork, f.firstWork);
     if (f.firstAny >= 0 && f.detection >= 0) firstLessDetection.push_back(f.firstAny - f.detection);
-    put(first, f.first);
-    put(stepsLost, f.stepsLost);
-    put(secondsLost, f.secondsLost);
-    put(period, f.period);
+    putMeasured(period, f.period);
     if (f.stepsLost > static_cast<double>(interval)) ++duringRefresh;
     if (f.generation == 0) ++atFirst;
     // Generation 0 holds the master block alone (no moments yet): not the state a loss later

@@ -1,8 +1,8 @@
 // librecompute_counting.so: the counting CPU allocator of the tests (testing/counting_allocator.h)
 // as a library of its own, so that a benchmark's two sides count CPU tensor storage bytes the
 // same way. Two ways in:
-//   - ctypes, after `import torch` (the same libc10 as this build's): recompute_peer.py and
-//     zero_peer.py call the functions at the end of this file.
+//   - ctypes, after `import torch` (the same libc10 as this build's): recompute_peer.py,
+//     zero_peer.py and gpt_peer.py call the functions at the end of this file.
 //   - DTRAIN_COUNTING_PEAK_FILE=PREFIX in the environment: the library installs the allocator as
 //     it is loaded and, when the process exits, writes the whole run's peak to PREFIX.<RANK>. See
 //     Note [Counting a whole program] and Note [Communicator buffers].
@@ -32,7 +32,9 @@
 // posix_memalign, as the peer (gpt_peer.py --counting-lib, which loads this library right after
 // `import torch`) does. The peak is the whole run's, start-up included, as an OOM kill sees it.
 // Written when the process exits normally (main returns, or it calls exit; not a crash), by the
-// process that loaded the library only (a forked child inherits the handler, not the file).
+// process that loaded the library only (a forked child inherits the handler, not the file); a
+// process that leaves by _exit(), skipping the handlers, calls dtrain_counting_write_peak()
+// first (gpt_peer.py skips the interpreter's teardown so).
 // PREFIX.<RANK> holds one JSON object: peak_bytes (tensor storage and communicator buffers
 // together, at one moment), tensor_peak_bytes (libtorch's allocator alone) and buffer_peak_bytes
 // (the buffers alone); RANK is the variable launch and torchrun set (0 without it). Written to

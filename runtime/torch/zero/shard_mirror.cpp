@@ -136,8 +136,6 @@ void checkMirrorable(ShardGroup& shards) {
   DTRAIN_CHECK_ARG(why.empty(), "shard mirrors: {}", why);
 }
 
-}  // namespace
-
 // Pair subgroups aborted because the group's membership changed: one may still wait in a receive
 // from a lost rank (Gloo's broadcast is not cut short: Note [Interrupting Gloo]), and destroying
 // it would wait for the collective timeout. They are let go without waiting: kept, unreferenced
@@ -150,6 +148,8 @@ void abandon(const std::vector<std::shared_ptr<ProcessGroup>>& pairs) {
     if (p) abandoned->push_back(p);
   }
 }
+
+}  // namespace
 
 std::vector<UnitLayout> unitsOf(ShardGroup& shards) {
   std::vector<UnitLayout> out = shards.layout().units;
@@ -524,12 +524,21 @@ uint64_t redistribute(ProcessGroup& group, const zero::ShardMirror& mirror, int6
   // from -> to -> pieces, the same lists on every rank.
   std::vector<std::vector<std::vector<Piece>>> moves(
       static_cast<size_t>(n), std::vector<std::vector<Piece>>(static_cast<size_t>(n)));
+  // The old blocks this rank provides, and where each unit's field starts in their payload.
+  std::vector<const zero::PackedBlocks*> provided(provider.size(), nullptr);
+  std::vector<std::vector<std::vector<int64_t>>> offsets(provider.size());
+  for (size_t old = 0; old < provider.size(); ++old) {
+    if (provider[old] != me) continue;
+    provided[old] = mirror.blocksOf(static_cast<int>(old), generation);
+    DTRAIN_CHECK(provided[old] != nullptr,
+                 "restoreFromMirrors: rank {} has no blocks of old rank {} at {}", me, old,
+                 generation);
+    offsets[old] = zero::payloadOffsets(provided[old]->header, oldUnits);
+  }
   auto payloadOf = [&](int old, size_t k, size_t f, int64_t flatBegin, int64_t len) {
-    const zero::PackedBlocks* b = mirror.blocksOf(old, generation);
-    DTRAIN_CHECK(b != nullptr, "restoreFromMirrors: rank {} has no blocks of old rank {} at {}", me,
-                 old, generation);
-    const auto offsets = zero::payloadOffsets(b->header, oldUnits);
-    return b->payload.narrow(0, offsets[k][f] + flatBegin - oldUnits[k].shardNumel * old, len);
+    const auto o = static_cast<size_t>(old);
+    return provided[o]->payload.narrow(
+        0, offsets[o][k][f] + flatBegin - oldUnits[k].shardNumel * old, len);
   };
   for (size_t k = 0; k < units.size(); ++k) {
     const int64_t was = oldUnits[k].shardNumel;

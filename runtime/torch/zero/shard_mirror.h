@@ -83,11 +83,10 @@ class ShardMirror {
 
 // Packs `shards`' blocks of this rank into `into` (its payload reused when it has the size).
 void packBlocks(ShardGroup& shards, int64_t generation, PackedBlocks& into);
-// Keeps aborted pair subgroups alive, unreferenced, until the process ends: destroying one that
-// waits in a receive from a lost rank would wait for the collective timeout.
-void abandon(const std::vector<std::shared_ptr<ProcessGroup>>& pairs);
 // Waits for `works` over pair subgroups `pairs`; when `group`'s communicator fails first (the
-// membership watcher aborts it, not the subgroups), aborts and abandons the pairs and rethrows.
+// membership watcher aborts it, not the subgroups), aborts the pairs, keeps them alive until the
+// process ends (destroying one that waits in a receive from a lost rank would wait for the
+// collective timeout) and rethrows.
 void waitWatching(ProcessGroup& group, std::vector<std::shared_ptr<comm::Work>>& works,
                   const std::vector<std::shared_ptr<ProcessGroup>>& pairs, const char* during);
 // Its units' layouts: the trained units', then the frozen ones' (Note [Frozen units]).
