@@ -247,11 +247,7 @@ int runBench(const Options& o) {
         spec.node = kLostNode;
         spec.loseAfter = after;
         spec.loseDelay = delay;
-        const JobRun run = runJob(spec, cluster);
-        cluster.down();
-        const Failure f = run.lostAt > 0 ? measure(run, on) : Failure{"the node was never lost"};
-        printRaw(on ? "continue" : "restart", kind, r, f);
-        if (!f.problem.empty() || o.show) dumpJob(run);
+        const Failure f = runLoss(spec, cluster, on, r, o.show);
         (on ? cont : restart).add(f);
         byMode[on ? 0 : 1] = f;
       }

@@ -164,6 +164,11 @@ struct FailureColumn {
 void putMeasured(std::vector<double>& v, double x);
 
 void printRaw(const char* mode, Loss kind, int run, const Failure& f);
+// One side of run `r` with a loss (spec.loss): the job, the cluster brought down after it, its
+// figures measured and printed raw; every line of the job with `show` or when it went wrong. The
+// job's lines in `job` when given.
+Failure runLoss(const JobSpec& spec, SimCluster& cluster, bool continueMode, int r, bool show,
+                JobRun* job = nullptr);
 // Every line of `run` on stderr, its time from the job's start.
 void dumpJob(const JobRun& run);
 // "median [min-max]" of `v` in `format`; "-" for none.

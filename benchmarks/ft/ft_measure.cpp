@@ -159,6 +159,18 @@ void printRaw(const char* mode, Loss kind, int run, const Failure& f) {
   std::fflush(stdout);
 }
 
+Failure runLoss(const JobSpec& spec, SimCluster& cluster, bool continueMode, int r, bool show,
+                JobRun* job) {
+  JobRun run = runJob(spec, cluster);
+  cluster.down();
+  const Failure f = run.lostAt > 0 ? measure(run, continueMode)
+                                   : Failure{"the node was never lost"};
+  printRaw(continueMode ? "continue" : "restart", spec.loss, r, f);
+  if (!f.problem.empty() || show) dumpJob(run);
+  if (job) *job = std::move(run);
+  return f;
+}
+
 void dumpJob(const JobRun& run) {
   for (const auto& l : run.lines)
     fmt::print(stderr, "  {:.3f} {} {}\n", l.t - run.started, l.err ? "E" : "O", l.text);

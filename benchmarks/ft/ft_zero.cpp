@@ -285,11 +285,8 @@ int runZeroBench(const Options& given) {
         spec.loseAfter = lastAfter;
         spec.loseDelay = delay;
         spec.timeoutSeconds = 120 + 30.0 * static_cast<double>(lastAfter + 3 + k);
-        const JobRun run = runJob(spec, cluster);
-        cluster.down();
-        const Failure f = run.lostAt > 0 ? measure(run, on) : Failure{"the node was never lost"};
-        printRaw(on ? "continue" : "restart", kind, r, f);
-        if (!f.problem.empty() || o.show) dumpJob(run);
+        JobRun run;
+        const Failure f = runLoss(spec, cluster, on, r, o.show, &run);
         (on ? cont : restart).add(f);
         byMode[on ? 0 : 1] = f;
         const std::vector<Holding> h = holdings(run);
