@@ -39,12 +39,13 @@ def corpus(path, size=200_000):
     """Deterministic English-like text: words drawn from a small vocabulary by a fixed LCG."""
     words = ("the quick brown fox jumps over a lazy dog while seven wizards quietly box "
              "jugs of liquor and every lazy dwarf packs my box with five dozen jugs").split()
-    out, x = [], 12345
-    while sum(len(w) + 1 for w in out) < size:
+    out, x, length = [], 12345, 0
+    while length < size:
         x = (x * 1103515245 + 12345) % (1 << 31)
         out.append(words[x % len(words)])
         if x % 11 == 0:
             out[-1] += ".\n"
+        length += len(out[-1]) + 1
     with open(path, "w") as f:
         f.write(" ".join(out))
     return path
