@@ -30,10 +30,18 @@ mutex per allocation and keeps dtrain's host memory cache off, so it never runs 
 pairs.
 --memory-only runs the memory pass alone, --no-memory the pairs alone.
 
+--cgroup runs the memory-cgroup pass alone (root and a writable cgroup file system; SKIP with the
+reason otherwise): a GPT too large for DDP at 4 ranks (8 blocks x 768, 57.0M parameters, batch 1,
+2 steps) under ours' zero3_rc and ddp and the peer's, each first in a memory cgroup of its own
+without a limit (its peak: launch and every rank; and the largest rank's peak resident set from
+launch's samples), then each again under one limit halfway between ours' zero3_rc peak and ours'
+ddp peak: what trains there, and what launch reports of a side that does not (its workers
+killed by the OOM killer).
+
   benchmarks/gpt/gpt_bench.py BUILD [--presets nano,small] [--worlds 2,4] [--pairs 5]
                               [--steps 12] [--warmup 4] [--configs ddp,zero3,zero3_rc,zero3_amp]
                               [--batch-size 8] [--memory-steps 4] [--counting-lib LIB]
-                              [--memory-only | --no-memory] [--json FILE]
+                              [--memory-only | --no-memory | --cgroup] [--json FILE]
 """
 import argparse
 import json
@@ -41,6 +49,7 @@ import os
 import subprocess
 import sys
 import tempfile
+import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 PEER = os.path.join(HERE, "gpt_peer.py")
@@ -82,12 +91,13 @@ def median_after(steps, key, warmup):
 class Sides:
     """The command lines of one row's two sides under launch."""
 
-    def __init__(self, a, preset, world, name, init):
+    def __init__(self, a, preset, world, name, init, batch_size=None, shape=()):
         self.launch = [os.path.join(a.build, "launch"), "--nproc-per-node", str(world)]
         self.trainer = os.path.join(a.build, "train_gpt")
         self.world = world
-        self.common = ["--preset", preset, "--batch-size", str(a.batch_size), "--warmup-steps",
-                       "2", "--data", a.data, "--init-from", init, "--threads", "1"]
+        self.common = (["--preset", preset, "--batch-size", str(batch_size or a.batch_size),
+                        "--warmup-steps", "2", "--data", a.data, "--init-from", init,
+                        "--threads", "1"] + list(shape))
         self.ours_flags, self.peer_flags = CONFIGS[name]
         self.ours_env = None if a.shm else {"DTRAIN_SHM": "0"}
 
@@ -164,6 +174,127 @@ def memory_pass(a, tmp, sides, counting):
             "peak_tensor_ratio": ours["peak_bytes"] / peer["peak_bytes"]}
 
 
+# The cgroup pass's model: too large for DDP at 4 ranks under the limit (57.0M parameters: 16
+# bytes each per rank with AdamW under DDP, 16/4 under ZeRO-3), batch 1, 2 steps, 4 windows of
+# closing evaluation.
+CGROUP_SHAPE = ["--layers", "8", "--dim", "768", "--heads", "12", "--context", "128",
+                "--eval-batches", "4"]
+CGROUP_WORLD = 4
+
+
+class MemoryCgroup:
+    """A memory cgroup of its own (v1's memory controller or v2), made empty for one run: its
+    limit, the command's wrapper that enters it, and its peak usage after the run (every process
+    in it: launch and its workers)."""
+
+    def __init__(self, name, limit):
+        v1 = os.path.exists("/sys/fs/cgroup/memory/cgroup.procs")
+        self.dir = os.path.join("/sys/fs/cgroup/memory" if v1 else "/sys/fs/cgroup", name)
+        self.peak_file = "memory.max_usage_in_bytes" if v1 else "memory.peak"
+        os.mkdir(self.dir)
+        with open(os.path.join(self.dir, "memory.limit_in_bytes" if v1 else "memory.max"),
+                  "w") as f:
+            f.write(str(limit) if limit else ("-1" if v1 else "max"))
+
+    def wrapper(self):
+        return ["/bin/sh", "-c", f'echo $$ > {self.dir}/cgroup.procs && exec "$@"', "sh"]
+
+    def peak(self):
+        with open(os.path.join(self.dir, self.peak_file)) as f:
+            return int(f.read())
+
+    def remove(self):
+        for _ in range(50):  # its processes leave it when they are reaped
+            try:
+                os.rmdir(self.dir)
+                return
+            except OSError:
+                time.sleep(0.1)
+        sys.exit(f"gpt_bench: the cgroup {self.dir} is still busy after its run")
+
+
+def cgroup_unavailable():
+    """Why no memory cgroup can be made here, or None."""
+    try:
+        probe = MemoryCgroup(f"gpt-bench-probe-{os.getpid()}", 0)
+    except OSError as e:
+        return f"cannot create a memory cgroup ({e}); needs root and a writable cgroup file system"
+    probe.remove()
+    return None
+
+
+def in_cgroup(cmd, name, limit, env=None):
+    """Runs cmd (launch and its workers) in a fresh memory cgroup: its exit code, output, the
+    cgroup's peak bytes."""
+    cgroup = MemoryCgroup(f"{name}-{os.getpid()}", limit)
+    try:
+        out = subprocess.run(cgroup.wrapper() + cmd, capture_output=True, text=True, timeout=900,
+                             env=dict(os.environ, **(env or {})))
+        return out.returncode, out.stdout + out.stderr, cgroup.peak()
+    finally:
+        cgroup.remove()
+
+
+def cgroup_pass(a, tmp):
+    """A GPT too large for DDP at 4 ranks (CGROUP_SHAPE), both sides: each run once in a cgroup
+    without a limit for its peak, then every run again in a cgroup whose limit lies halfway
+    between ZeRO-3 with recompute's peak and DDP's (ours): what trains there, and what launch
+    says of what does not."""
+    import torch
+    from gpt_model import GPT, GPTConfig
+    why = cgroup_unavailable()
+    if why:
+        print(f"# cgroup pass: SKIP: {why}")
+        return []
+    config = GPTConfig(layers=8, dim=768, heads=12, context=128)
+    torch.manual_seed(0)
+    init = os.path.join(tmp, "cgroup.pt")
+    torch.save(GPT(config).state_dict(), init)
+    parameters = sum(t.numel() for t in GPT(config).parameters())
+    runs = {}
+    metrics = os.path.join(tmp, "cgroup.jsonl")
+    lm = ["--metrics-file", metrics, "--sample-interval", "0.2"]
+    for name in ("zero3_rc", "ddp"):
+        sides = Sides(a, "nano", CGROUP_WORLD, name, init, batch_size=1, shape=CGROUP_SHAPE)
+        runs[("ours", name)] = (sides.ours(2, lm), sides.ours_env)
+        runs[("peer", name)] = (sides.peer(2, os.path.join(tmp, "cgroup-peer.jsonl"), lm), None)
+    rows = {}
+    for (side, name), (cmd, env) in runs.items():
+        if os.path.exists(metrics):
+            os.remove(metrics)
+        rc, out, peak = in_cgroup(cmd, "gpt-bench", 0, env)
+        if rc != 0:
+            sys.exit(f"gpt_bench: {side} {name} failed without a memory limit:\n{out[-3000:]}")
+        rss = max(r["rss_peak_bytes"] for r in records(metrics)
+                  if r.get("source") == "launch" and "rss_peak_bytes" in r)
+        rows[(side, name)] = {"side": side, "config": name, "peak_unlimited_bytes": peak,
+                              "rss_peak_per_rank_bytes": rss}
+    low, high = (rows[("ours", "zero3_rc")]["peak_unlimited_bytes"],
+                 rows[("ours", "ddp")]["peak_unlimited_bytes"])
+    if low >= high:
+        sys.exit(f"gpt_bench: ZeRO-3 with recompute peaked at {low / 2**20:.0f} MiB, DDP at "
+                 f"{high / 2**20:.0f}: no limit lies between them for this model")
+    limit = (low + high) // 2 // 2**20 * 2**20
+    print(f"# cgroup pass: a GPT of {parameters / 1e6:.1f}M parameters "
+          f"({' '.join(CGROUP_SHAPE)}), {CGROUP_WORLD} ranks, batch 1, 2 steps; peak: the "
+          f"cgroup's (launch and every rank) without a limit; then each again under a limit of "
+          f"{limit / 2**20:.0f} MiB (halfway between ours' zero3_rc and ddp)")
+    print(f"# {'side':>5} {'config':>9} {'peak MiB':>9} {'rank RSS':>9}  under the limit")
+    for (side, name), (cmd, env) in runs.items():
+        rc, out, peak = in_cgroup(cmd, "gpt-bench", limit, env)
+        oom = "likely killed by the OOM killer" in out
+        # launch's one line on the root cause, without the kernel log's quote.
+        said = next((line.strip().removeprefix("launch: ").split(" (kernel log")[0]
+                     for line in out.splitlines() if "killed by SIGKILL" in line), "")
+        row = rows[(side, name)]
+        row.update(limit_bytes=limit, exit_code=rc, oom_said=oom, launch_line=said,
+                   parameters=parameters)
+        outcome = "trained" if rc == 0 else f"exit {rc}" + (f", launch: {said}" if said else "")
+        print(f"  {side:>5} {name:>9} {row['peak_unlimited_bytes'] / 2**20:>9.0f} "
+              f"{row['rss_peak_per_rank_bytes'] / 2**20:>9.0f}  {outcome}", flush=True)
+    return list(rows.values())
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("build")
@@ -182,11 +313,20 @@ def main():
     passes = p.add_mutually_exclusive_group()
     passes.add_argument("--memory-only", action="store_true", help="the memory pass alone")
     passes.add_argument("--no-memory", action="store_true", help="the timed pairs alone")
+    passes.add_argument("--cgroup", action="store_true",
+                        help="the memory-cgroup pass alone (root; SKIP otherwise)")
     p.add_argument("--json", default="")
     a = p.parse_args()
     import torch
     from gpt_model import GPT, GPTConfig
 
+    if a.cgroup:
+        with tempfile.TemporaryDirectory() as tmp:
+            results = cgroup_pass(a, tmp)
+        if a.json:
+            with open(a.json, "w") as f:
+                json.dump(results, f, indent=1)
+        return
     timed, counted = not a.memory_only, not a.no_memory
     counting = os.path.abspath(a.counting_lib or os.path.join(a.build, "librecompute_counting.so"))
     if counted and not os.path.isfile(counting):

@@ -2,12 +2,12 @@
 PyTorch 2.14 user would -- DDP, or FSDP2 (fully_shard per block and on the root, with
 MixedPrecisionPolicy(param_dtype=bfloat16, reduce_dtype=float32) under --amp), and
 torch.utils.checkpoint(use_reentrant=False) per block under --recompute -- over Gloo, under
-`launch --python PYTHON` or torchrun. It reads the same flags as train_gpt for what they share,
-draws the same batches (windows at offsets from a generator seeded as train_gpt seeds its own)
-and writes one JSON record per step (rank 0): the loss, the step's seconds, and at the end the
-validation loss over the windows train_gpt evaluates at its end (--eval-batches, spread over the
-ranks: the validation text is held from the start, as train_gpt holds it) and every rank's peak
-resident set.
+`launch --python PYTHON` or torchrun. It reads the same flags as train_gpt for what they share
+(the preset, and --layers, --heads, --dim, --context over it), draws the same batches (windows at
+offsets from a generator seeded as train_gpt seeds its own) and writes one JSON record per step
+(rank 0): the loss, the step's seconds, and at the end the validation loss over the windows
+train_gpt evaluates at its end (--eval-batches, spread over the ranks: the validation text is
+held from the start, as train_gpt holds it) and every rank's peak resident set.
 
 --counting-lib PATH loads librecompute_counting.so (benchmarks/recompute/counting_library.cpp, the
 tests' counting CPU allocator) first thing in main(), before the process group and the model:
@@ -22,6 +22,7 @@ LD_PRELOAD.
 import argparse
 import contextlib
 import ctypes
+import dataclasses
 import json
 import math
 import os
@@ -75,6 +76,8 @@ def main():
     p = argparse.ArgumentParser()
     p.add_argument("--mode", choices=["ddp", "fsdp2"], default="ddp")
     p.add_argument("--preset", default="nano")
+    for flag in ("layers", "heads", "dim", "context"):
+        p.add_argument(f"--{flag}", type=int, default=0, help="(default: the preset's)")
     p.add_argument("--steps", type=int, default=20)
     p.add_argument("--batch-size", type=int, default=16)
     p.add_argument("--accum-steps", type=int, default=1)
@@ -107,6 +110,8 @@ def main():
     rank, world = dist.get_rank(), dist.get_world_size()
 
     config = GPTConfig.preset(a.preset)
+    shape = {k: getattr(a, k) for k in ("layers", "heads", "dim", "context") if getattr(a, k)}
+    config = dataclasses.replace(config, **shape)
     model = GPT(config)
     model.load_state_dict(torch.load(a.init_from, weights_only=True), strict=True)
     blocks = list(model.blocks)
