@@ -1,6 +1,7 @@
 #include "dtrain/torch/recompute.h"
 
 #include <algorithm>
+#include <memory>
 #include <optional>
 #include <set>
 #include <unordered_set>
@@ -134,6 +135,32 @@ std::vector<c10::Device> cudaDevicesOf(at::TensorList a, at::TensorList b) {
   return devices;
 }
 
+// Note [Incoming gradients]
+// The gradient a recomputed segment receives (a block output's gradient: 25.7 MB for a block
+// of ResNet-50's layer2 at batch 16) is needed by the first nodes of its recomputed graph only.
+// A C++ autograd function's backward would hold it until the whole recomputed backward returns:
+// libtorch's CppNode keeps the list it passes to backward, a by-value parameter is a second copy,
+// and the roots' list handed to the engine a third. So backward takes the engine's list by
+// reference and gradients() moves the gradients out of it, and a pre-hook on each root node of
+// the recomputed graph clears the roots' list when the first of them runs -- the engine has
+// taken its own references by then (its input buffer, or GraphRoot's outputs for several roots).
+// From there the engine alone holds the gradient, and frees it when the nodes that read it are
+// done, as PyTorch's non-reentrant checkpoint does inside its one backward.
+// RecomputeMemory.TheIncomingGradientFreesBeforeTheSegmentsBackwardEnds checks it.
+// (The hook shares the list: a graph kept for a double backward keeps the hook.)
+class ReleaseOnEntry : public torch::autograd::FunctionPreHook {
+ public:
+  explicit ReleaseOnEntry(std::shared_ptr<torch::autograd::variable_list> held)
+      : held_(std::move(held)) {}
+  torch::autograd::variable_list operator()(const torch::autograd::variable_list& grads) override {
+    for (auto& g : *held_) g.reset();
+    return grads;
+  }
+
+ private:
+  std::shared_ptr<torch::autograd::variable_list> held_;
+};
+
 class RecomputeFunction : public torch::autograd::Function<RecomputeFunction> {
  public:
   using variable_list = torch::autograd::variable_list;
@@ -152,7 +179,10 @@ class RecomputeFunction : public torch::autograd::Function<RecomputeFunction> {
     return outputs;
   }
 
-  static variable_list backward(torch::autograd::AutogradContext* ctx, variable_list grads) {
+  // `grads` is the engine's own list (libtorch passes it as an lvalue): gradients() takes the
+  // incoming gradients out of it, so that each frees once the recomputed graph is done with it
+  // (Note [Incoming gradients]).
+  static variable_list backward(torch::autograd::AutogradContext* ctx, variable_list& grads) {
     auto run = c10::static_intrusive_pointer_cast<RecomputeRun>(ctx->saved_data["run"].toCapsule());
     const variable_list saved = ctx->get_saved_variables();
     const size_t count = saved.size();
@@ -186,8 +216,9 @@ class RecomputeFunction : public torch::autograd::Function<RecomputeFunction> {
   }
 
  private:
-  // Runs fn again and writes the gradients of the inputs and parameters into result.
-  static void gradients(RecomputeRun& run, const variable_list& grads, const variable_list& saved,
+  // Runs fn again and writes the gradients of the inputs and parameters into result. Takes the
+  // incoming gradients out of `grads`.
+  static void gradients(RecomputeRun& run, variable_list& grads, const variable_list& saved,
                         const std::vector<at::Tensor>& inputs, const std::vector<bool>& needed,
                         bool createGraph, variable_list& result) {
     const size_t count = saved.size();
@@ -196,13 +227,14 @@ class RecomputeFunction : public torch::autograd::Function<RecomputeFunction> {
     // What torch::autograd::grad(outputs, wrt, grads) does, by edges: the recomputed outputs are
     // not held while their graph runs, so each frees as soon as autograd is done with it.
     torch::autograd::edge_list roots, wrt;
-    variable_list rootGrads;
+    auto rootGrads = std::make_shared<variable_list>();
     for (size_t i = 0; i < outputs.size() && i < grads.size(); ++i) {
       if (grads[i].defined() && outputs[i].requires_grad()) {
         roots.push_back(torch::autograd::impl::gradient_edge(outputs[i]));
-        rootGrads.push_back(grads[i]);
+        rootGrads->push_back(std::move(grads[i]));
       }
     }
+    grads.clear();
     outputs.clear();
     std::vector<size_t> wrtIndex;
     for (size_t k = 0; k < count; ++k) {
@@ -212,10 +244,15 @@ class RecomputeFunction : public torch::autograd::Function<RecomputeFunction> {
       wrtIndex.push_back(k);
     }
     if (roots.empty() || wrt.empty()) return;
+    // The engine holds its own references to rootGrads' tensors from before the first node of
+    // the recomputed graph runs: that node's pre-hook lets go of ours (Note [Incoming gradients]).
+    for (const auto& root : roots) {
+      root.function->add_pre_hook(std::make_unique<ReleaseOnEntry>(rootGrads));
+    }
     // accumulate_grad = false: the gradients are captured where the edges end; no AccumulateGrad
     // node runs, so no hook fires and no .grad changes (Note [Recompute]).
     variable_list computed = torch::autograd::Engine::get_default_engine().execute(
-        roots, rootGrads, /*keep_graph=*/createGraph, createGraph, /*accumulate_grad=*/false, wrt);
+        roots, *rootGrads, /*keep_graph=*/createGraph, createGraph, /*accumulate_grad=*/false, wrt);
     for (size_t j = 0; j < wrtIndex.size(); ++j) result[1 + wrtIndex[j]] = std::move(computed[j]);
   }
 
