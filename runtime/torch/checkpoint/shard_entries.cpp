@@ -343,9 +343,22 @@ std::vector<uint32_t> shardOwners(const CheckpointReader& reader) {
   return out;
 }
 
-std::vector<uint8_t> readShardBlob(const CheckpointReader& reader, uint32_t owner,
-                                   const std::vector<ShardedEntry>& sharded,
-                                   const ModuleShards& modules, const RecordFilter& wanted) {
+namespace {
+
+// One record of rank `owner` in a checkpoint file: its fields' entries (a freed master's from its
+// module entry) and its step's.
+struct SavedRecord {
+  std::string optimizer, param;
+  const Entry* any = nullptr;  // one of its fields: the shape and range
+  std::vector<std::pair<std::string, const Entry*>> fields;
+  const Entry* step = nullptr;
+  int64_t begin() const { return static_cast<int64_t>(any->elementOffset); }
+  int64_t end() const { return begin() + static_cast<int64_t>(any->elementCount); }
+};
+
+std::vector<SavedRecord> savedRecords(const CheckpointReader& reader, uint32_t owner,
+                                      const std::vector<ShardedEntry>& sharded,
+                                      const ModuleShards& modules) {
   // (optimizer, parameter) -> its fields and step, in manifest order.
   struct Parts {
     const Entry* any = nullptr;
@@ -392,35 +405,43 @@ std::vector<uint8_t> readShardBlob(const CheckpointReader& reader, uint32_t owne
       masters[key] = e;
     }
   }
-  BlobWriter w;
+  std::vector<SavedRecord> out;
   for (const auto& [key, p] : records) {
     if (!p.any) continue;
-    const int64_t first = static_cast<int64_t>(p.any->elementOffset);
-    if (wanted &&
-        !wanted(key.first, key.second, first, first + static_cast<int64_t>(p.any->elementCount))) {
-      continue;
-    }
+    SavedRecord r;
+    r.optimizer = key.first;
+    r.param = key.second;
+    r.any = p.any;
+    r.step = p.step;
     auto master = masters.find(key);
-    const Entry* fromModule = master == masters.end() ? nullptr : master->second;
-    std::optional<int64_t> step;
-    if (p.step) {
-      at::Tensor v = at::empty({}, at::kLong);
-      DTRAIN_CHECK_T(CheckpointError, p.step->dtype == DType::Int64 && p.step->size == 8,
-                     "checkpoint {}: entry \"{}\" is not an int64", reader.name(), p.step->name);
-      reader.read(*p.step, v.data_ptr());
-      step = v.item<int64_t>();
-    }
-    const int64_t begin = static_cast<int64_t>(p.any->elementOffset);
-    putRecordHead(w, key.first, key.second, p.any->shape, begin,
-                  begin + static_cast<int64_t>(p.any->elementCount), step,
-                  p.fields.size() + (fromModule ? 1 : 0));
-    if (fromModule) {
-      w.str("master");
-      w.u(static_cast<uint64_t>(fromModule->dtype), 1);
-      reader.read(*fromModule, w.data(fromModule->size));
-    }
-    for (const Entry* e : p.fields) {
-      w.str(e->name.substr(e->name.rfind('/') + 1));
+    if (master != masters.end()) r.fields.emplace_back("master", master->second);
+    for (const Entry* e : p.fields)
+      r.fields.emplace_back(e->name.substr(e->name.rfind('/') + 1), e);
+    out.push_back(std::move(r));
+  }
+  return out;
+}
+
+std::optional<int64_t> readStep(const CheckpointReader& reader, const SavedRecord& r) {
+  if (!r.step) return std::nullopt;
+  DTRAIN_CHECK_T(CheckpointError, r.step->dtype == DType::Int64 && r.step->size == 8,
+                 "checkpoint {}: entry \"{}\" is not an int64", reader.name(), r.step->name);
+  int64_t v = 0;
+  reader.read(*r.step, &v);
+  return v;
+}
+
+}  // namespace
+
+std::vector<uint8_t> readShardBlob(const CheckpointReader& reader, uint32_t owner,
+                                   const std::vector<ShardedEntry>& sharded,
+                                   const ModuleShards& modules) {
+  BlobWriter w;
+  for (const SavedRecord& r : savedRecords(reader, owner, sharded, modules)) {
+    putRecordHead(w, r.optimizer, r.param, r.any->shape, r.begin(), r.end(), readStep(reader, r),
+                  r.fields.size());
+    for (const auto& [name, e] : r.fields) {
+      w.str(name);
       w.u(static_cast<uint64_t>(e->dtype), 1);
       reader.read(*e, w.data(e->size));
     }
@@ -476,11 +497,13 @@ ShardAssembly::ShardAssembly(const std::vector<ShardedEntry>& sharded) : sharded
   }
 }
 
-bool ShardAssembly::wants(const std::string& optimizer, const std::string& param, int64_t begin,
-                          int64_t end) const {
-  auto it = needs_.find({optimizer, param});
-  if (it == needs_.end()) return false;
-  return std::max(begin, it->second.begin) < std::min(end, it->second.end);
+at::Tensor& ShardAssembly::field(Need& need, const std::string& param, const std::string& name,
+                                 DType dtype) {
+  at::Tensor& into = need.fields[name];
+  if (!into.defined()) into = at::empty({need.end - need.begin}, toScalarType(dtype));
+  DTRAIN_CHECK_T(CheckpointError, static_cast<size_t>(into.element_size()) == dtypeSize(dtype),
+                 "checkpoint: field {} of {} was saved with different dtypes", name, param);
+  return into;
 }
 
 void ShardAssembly::add(const uint8_t* blob, size_t size) {
@@ -492,16 +515,45 @@ void ShardAssembly::add(const uint8_t* blob, size_t size) {
     if (lo >= hi) continue;
     if (r.step) need.step = r.step;
     for (const BlobField& f : r.fields) {
-      at::Tensor& into = need.fields[f.name];
-      if (!into.defined()) into = at::empty({need.end - need.begin}, toScalarType(f.dtype));
+      at::Tensor& into = field(need, r.param, f.name, f.dtype);
       const size_t es = dtypeSize(f.dtype);
-      DTRAIN_CHECK_T(CheckpointError, static_cast<size_t>(into.element_size()) == es,
-                     "checkpoint: field {} of {} was saved with different dtypes", f.name, r.param);
       std::memcpy(static_cast<uint8_t*>(into.data_ptr()) + (lo - need.begin) * es,
                   blob + f.offset + (lo - r.begin) * es, static_cast<size_t>(hi - lo) * es);
       need.covered[f.name] += hi - lo;
     }
   }
+}
+
+void ShardAssembly::read(const CheckpointReader& reader, uint32_t owner,
+                         const ModuleShards& modules) {
+  // What this owner covers is counted once all of it was read: a checksum failure half-way
+  // leaves the counts as they were, and the records come again from a holder's blob (add()).
+  std::vector<std::pair<int64_t*, int64_t>> covered;
+  std::vector<std::pair<Need*, int64_t>> steps;
+  std::vector<uint8_t> scratch;
+  for (const SavedRecord& r : savedRecords(reader, owner, sharded_, modules)) {
+    auto it = needs_.find({r.optimizer, r.param});
+    if (it == needs_.end()) continue;
+    Need& need = it->second;
+    const int64_t lo = std::max(r.begin(), need.begin), hi = std::min(r.end(), need.end);
+    if (lo >= hi) continue;
+    if (auto step = readStep(reader, r)) steps.emplace_back(&need, *step);
+    for (const auto& [name, e] : r.fields) {
+      at::Tensor& into = field(need, r.param, name, e->dtype);
+      const size_t es = dtypeSize(e->dtype);
+      auto* to = static_cast<uint8_t*>(into.data_ptr()) + (lo - need.begin) * es;
+      if (lo == r.begin() && hi == r.end()) {
+        reader.read(*e, to);  // the whole entry: straight into place, no copy
+      } else {
+        scratch.resize(e->size);
+        reader.read(*e, scratch.data());
+        std::memcpy(to, scratch.data() + (lo - r.begin()) * es, static_cast<size_t>(hi - lo) * es);
+      }
+      covered.emplace_back(&need.covered[name], hi - lo);
+    }
+  }
+  for (auto& [count, n] : covered) *count += n;
+  for (auto& [need, step] : steps) need->step = step;
 }
 
 std::string ShardAssembly::missing() const {

@@ -42,18 +42,13 @@ std::vector<Item> shardedReplicatedItems(const std::vector<ShardedEntry>& sharde
 // The ranks whose shards a file holds (the owners of its owned entries, kShardSaversEntry's
 // among them: a rank that saved no record is listed too, except in files written before it was).
 std::vector<uint32_t> shardOwners(const CheckpointReader& reader);
-// Whether a record (optimizer, parameter, [begin, end)) is to be read.
-using RecordFilter =
-    std::function<bool(const std::string&, const std::string&, int64_t begin, int64_t end)>;
 // Rank `owner`'s records in `reader`, read (checksums checked) into a blob as encodeShards()
-// makes them; with `wanted`, only the records it accepts (the others' bytes are not read).
-// `modules`: the module entry of every sharded parameter (moduleEntries()), whose owned range
-// is the `master` field of a record saved without one (Note [One copy of a freed master]).
-// Throws CheckpointError for damage.
+// makes them. `modules`: the module entry of every sharded parameter (moduleEntries()), whose
+// owned range is the `master` field of a record saved without one (Note [One copy of a freed
+// master]). Throws CheckpointError for damage.
 std::vector<uint8_t> readShardBlob(const CheckpointReader& reader, uint32_t owner,
                                    const std::vector<ShardedEntry>& sharded,
-                                   const ModuleShards& modules,
-                                   const RecordFilter& wanted = nullptr);
+                                   const ModuleShards& modules);
 
 // Checks the replicated entries of the sharded optimizers (type, group count) and sets each
 // group's learning rate. Throws CheckpointError naming what does not fit.
@@ -67,11 +62,12 @@ void restoreShardedReplicated(const CheckpointReader& reader,
 class ShardAssembly {
  public:
   explicit ShardAssembly(const std::vector<ShardedEntry>& sharded);
-  // Whether a record of (optimizer, parameter) over [begin, end) overlaps this rank's ranges.
-  bool wants(const std::string& optimizer, const std::string& param, int64_t begin,
-             int64_t end) const;
   // Copies the parts of `blob`'s records that overlap this rank's ranges.
   void add(const uint8_t* blob, size_t size);
+  // The same from rank `owner`'s records in `reader`, without a blob: only the records that
+  // overlap this rank's ranges are read (checksums checked), an entry wholly wanted straight into
+  // place. Throws CheckpointError on damage, leaving what counts as covered unchanged.
+  void read(const CheckpointReader& reader, uint32_t owner, const ModuleShards& modules);
   // "" when every field that was saved covers this rank's ranges exactly, else what is missing.
   std::string missing() const;
   // ShardedOptimizer::loadShardState() of each optimizer from what was added. Collective.
@@ -85,6 +81,8 @@ class ShardAssembly {
     std::map<std::string, int64_t> covered;    // field -> elements copied
     std::optional<int64_t> step;
   };
+  static at::Tensor& field(Need& need, const std::string& param, const std::string& name,
+                           DType dtype);
   std::vector<ShardedEntry> sharded_;
   std::map<std::pair<std::string, std::string>, Need> needs_;  // (optimizer, parameter)
 };

@@ -181,15 +181,15 @@ ShardExchange::ShardHolders ShardExchange::listShardHolders(std::vector<int64_t>
 // A restore sends a saved rank's shards over the group only to ranks that cannot read them on
 // their own node. Every node holds the step's file by then (copyToNodesLacking()), and each rank
 // first reads from it the records of each saved rank the file lists -- only those that overlap
-// the rank's own ranges in today's layout (readShardBlob()'s filter: the others are not read;
-// each one read has its checksum checked). A saved rank whose records it cannot read so -- its
-// node's file lacks them (from three nodes on a file holds two nodes' shards) or they are
-// damaged there -- it marks as lacking. One allgather of every rank's marks is the agreement:
-// the same bytes on every rank, so every rank derives the same list of saved ranks to send, in
-// saved-rank order, and skips the others. For each of these, as before, each holder in turn
-// says through agreement->share() whether its copy is intact (its size, or -1: the next holder
-// is asked; none left: the step is dropped everywhere) and the first that is broadcasts it
-// whole; only the ranks that marked it add it to what they assemble, so none adds a saved
+// the rank's own ranges in today's layout, straight into what it assembles (ShardAssembly::read():
+// the others are not read; each one read has its checksum checked). A saved rank whose records
+// it cannot read so -- its node's file lacks them (from three nodes on a file holds two nodes'
+// shards) or they are damaged there -- it marks as lacking. One allgather of every rank's marks
+// is the agreement: the same bytes on every rank, so every rank derives the same list of saved
+// ranks to send, in saved-rank order, and skips the others. For each of these, as before, each
+// holder in turn says through agreement->share() whether its copy is intact (its size, or -1:
+// the next holder is asked; none left: the step is dropped everywhere) and the first that is
+// broadcasts it whole; only the ranks that marked it add it to what they assemble, so none adds a saved
 // rank's records twice. The collective calls -- the allgather, per saved rank sent the shares
 // and one broadcast, the closing agree() -- depend only on what every rank has received, never
 // on what a rank read locally, so every rank makes them in the same order. When every node's
@@ -203,15 +203,10 @@ bool ShardExchange::loadShards(int64_t step, const ShardHolders& h, std::string&
   std::vector<uint8_t> lacking(saved, 1);  // per saved rank: 1 when this rank needs it sent
   try {
     const auto reader = checkpoint::CheckpointReader::open(path);
-    const checkpoint::RecordFilter wanted =
-        [&assembly](const std::string& optimizer, const std::string& param, int64_t begin,
-                    int64_t end) { return assembly.wants(optimizer, param, begin, end); };
     for (uint32_t o : checkpoint::shardOwners(reader)) {
       if (o >= saved) continue;
       try {
-        const std::vector<uint8_t> blob = checkpoint::readShardBlob(reader, o, registered_.sharded,
-                                                                    modules, wanted);
-        assembly.add(blob.data(), blob.size());
+        assembly.read(reader, o, modules);  // the records it wants, straight into place
         lacking[o] = 0;
       } catch (const std::exception& e) {
         DTRAIN_LOG(Warn,
