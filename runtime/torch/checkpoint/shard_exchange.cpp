@@ -189,11 +189,11 @@ ShardExchange::ShardHolders ShardExchange::listShardHolders(std::vector<int64_t>
 // ranks to send, in saved-rank order, and skips the others. For each of these, as before, each
 // holder in turn says through agreement->share() whether its copy is intact (its size, or -1:
 // the next holder is asked; none left: the step is dropped everywhere) and the first that is
-// broadcasts it whole; only the ranks that marked it add it to what they assemble, so none adds a saved
-// rank's records twice. The collective calls -- the allgather, per saved rank sent the shares
-// and one broadcast, the closing agree() -- depend only on what every rank has received, never
-// on what a rank read locally, so every rank makes them in the same order. When every node's
-// file holds every saved rank's shards (one or two nodes), no shard is sent at all.
+// broadcasts it whole; only the ranks that marked it add it to what they assemble, so none adds
+// a saved rank's records twice. The collective calls -- the allgather, per saved rank sent the
+// shares and one broadcast, the closing agree() -- depend only on what every rank has received,
+// never on what a rank read locally, so every rank makes them in the same order. When every
+// node's file holds every saved rank's shards (one or two nodes), no shard is sent at all.
 bool ShardExchange::loadShards(int64_t step, const ShardHolders& h, std::string& why) {
   checkpoint::ShardAssembly assembly(registered_.sharded);
   const checkpoint::ModuleShards modules = checkpoint::moduleEntries(
