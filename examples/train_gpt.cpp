@@ -7,7 +7,8 @@
 //   launch --nproc-per-node 2 ./train_gpt --preset nano --steps 200 --checkpoint-dir ckpt
 //   launch --nproc-per-node 2 ./train_gpt --preset small --zero 3 --recompute --amp
 //
-// Read it top to bottom, each step where it is defined; main, at the end, takes them in order:
+// Read it top to bottom, each step where it is defined; main, at the end, takes them in order
+// (but the data, read once the model is built):
 //   1. options            5. optimizer, learning-rate schedule, loss scaling
 //   2. join the job       6. checkpoints and resume
 //   3. data               7. metrics
@@ -717,9 +718,6 @@ int main(int argc, char** argv) {
     const bool leader = group->rank() == 0;
     const torch::Device device = group->device();
 
-    // 3. Data.
-    Data data = loadData(opt);
-
     // 4. Model and DDP.
     examples::Gpt model = buildModel(opt, *group);
     dtrain::DistributedDataParallel<examples::Gpt> ddp(model, group);
@@ -729,6 +727,11 @@ int main(int argc, char** argv) {
     dtrain::GradScalerOptions scalerOptions;
     scalerOptions.enabled = opt.amp && device.is_cuda();
     dtrain::GradScaler scaler(group, scalerOptions);
+
+    // 3. Data, read once the model is built and, with --zero 3, sharded: with --init-from the
+    //    model is first built whole beside the state_dict it loads, and the corpus, not needed
+    //    before the first step, would add to that start-up peak.
+    Data data = loadData(opt);
 
     // 6. The training state, checkpoints and resume.
     std::shared_ptr<dtrain::TrainingState> state = makeState(group, model, *optimizer, scaler,

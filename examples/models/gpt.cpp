@@ -84,8 +84,12 @@ MlpImpl::MlpImpl(const GptOptions& o) : dropout(o.dropout) {
 }
 
 torch::Tensor MlpImpl::forward(const torch::Tensor& x) {
-  return F::dropout(proj(F::gelu(fc(x))),
-                    F::DropoutFuncOptions().p(dropout).training(is_training()));
+  // Two statements, not one: a temporary lives to the end of its full expression, so fc's output
+  // (4 x the width) would outlast gelu into proj. Where nothing saved it for backward -- an
+  // evaluation, a sample, recompute's first forward -- it is freed before proj allocates, as in
+  // PyTorch, whose F.gelu lets go of its argument when it returns.
+  const torch::Tensor hidden = F::gelu(fc(x));
+  return F::dropout(proj(hidden), F::DropoutFuncOptions().p(dropout).training(is_training()));
 }
 
 GptBlockImpl::GptBlockImpl(const GptOptions& o) {

@@ -248,10 +248,12 @@ class Unpickler {
     if (it != storages_.end()) return it->second;
     const std::string record = "data/" + s.s;
     if (!archive_.hasRecord(record)) fail("its storage " + record + " is missing");
-    auto [data, size] = archive_.getRecord(record);
+    // Read straight into the tensor: a record read into a buffer of its own and copied would
+    // hold each storage twice for a moment (the largest one beside the whole state_dict).
+    const size_t size = archive_.getRecordSize(record);
     const size_t elem = c10::elementSize(s.dtype);
     at::Tensor t = at::empty({static_cast<int64_t>(size / elem)}, at::TensorOptions(s.dtype));
-    std::memcpy(t.data_ptr(), data.get(), size);
+    if (size > 0) archive_.getRecord(record, t.data_ptr(), size);
     storages_[s.s] = t;
     return t;
   }
@@ -319,8 +321,12 @@ std::vector<std::pair<std::string, at::Tensor>> readStateDict(const std::string&
           fmt::format("{}: saved {}-endian; this reads little-endian", path, order));
     }
   }
-  auto [data, size] = archive->getRecord("data.pkl");
-  Unpickler unpickler(path, *archive, std::string(static_cast<const char*>(data.get()), size));
+  std::string pickle;
+  {
+    auto [data, size] = archive->getRecord("data.pkl");
+    pickle.assign(static_cast<const char*>(data.get()), size);
+  }  // the record's buffer goes before the storages are read: the unpickler reads its own copy
+  Unpickler unpickler(path, *archive, std::move(pickle));
   const Ref root = unpickler.run();
   if (root->kind != Value::Kind::Dict) {
     throw std::runtime_error(fmt::format("{}: it holds no dict of tensors. HINT: save the "

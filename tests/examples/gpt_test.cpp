@@ -1,7 +1,9 @@
 // examples/models/gpt and examples/training/state_dict: the parameter count of every preset, the
 // tied head and the causal mask, LoRA starting as its base with only the adapters trained,
-// recompute bitwise, and PyTorch's model (benchmarks/gpt/gpt_model.py): its state_dict, read
-// without Python, gives this model PyTorch's logits; what is not a state_dict is refused.
+// recompute bitwise, the MLP's memory without gradients, and PyTorch's model
+// (benchmarks/gpt/gpt_model.py): its state_dict, read without Python (and held once), gives this
+// model PyTorch's logits; what is not a state_dict is refused.
+#include <algorithm>
 #include <cstdlib>
 #include <map>
 #include <string>
@@ -9,6 +11,7 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include "counting_allocator.h"
 #include "models/gpt.h"
 #include "test_support.h"
 #include "training/state_dict.h"
@@ -109,6 +112,26 @@ TEST(GptModel, RecomputeGivesTheSameGradientsBitwise) {
   for (const auto& [name, g] : plain) EXPECT_TRUE(torch::equal(recomputed.at(name), g)) << name;
 }
 
+// Without gradients (an evaluation, a sample, recompute's first forward) the MLP frees fc's output
+// before proj allocates its own: at most fc's and gelu's outputs (4 x the width each) at once, as
+// in PyTorch, never those and proj's output together.
+TEST(GptModel, AnMlpWithoutGradientsHoldsAtMostTwoHiddenActivations) {
+  auto& counting = dtrain::testing::CountingCpuAllocator::install();
+  const GptOptions o = *gptPreset("nano");
+  Mlp mlp(o);
+  const torch::Tensor x = torch::randn({4, 32, o.dim});
+  const int64_t out = x.numel() * static_cast<int64_t>(sizeof(float));  // proj's
+  const int64_t hidden = 4 * out;                                       // fc's, gelu's
+  torch::NoGradGuard noGrad;
+  const int64_t before = counting.live();
+  counting.resetPeak();
+  const torch::Tensor y = mlp(x);
+  const int64_t peak = counting.peak() - before;
+  EXPECT_GE(peak, 2 * hidden);        // the count sees fc's and gelu's outputs alive together
+  EXPECT_LT(peak, 2 * hidden + out);  // but fc's gone before proj's output is made
+  EXPECT_EQ(y.sizes(), x.sizes());
+}
+
 std::string peerScript(const std::string& body) {
   return "import sys, torch\nsys.path.insert(0, '" + dtrain::testing::sourceDir() +
          "/benchmarks/gpt')\nfrom gpt_model import GPT, GPTConfig\n" + body;
@@ -145,6 +168,34 @@ TEST(GptInterop, PyTorchsStateDictGivesPyTorchsLogits) {
   const torch::Tensor logits = model->forward(batch.at("tokens"));
   EXPECT_TRUE(torch::allclose(logits, batch.at("logits"), 1e-5, 1e-5))
       << (logits - batch.at("logits")).abs().max().item<double>();
+}
+
+// readStateDict holds a state_dict once: each storage is read straight into its tensor, so the
+// reading's peak is the tensors' bytes, not those and a record's buffer (the largest's) beside.
+TEST(GptInterop, AStateDictIsReadIntoItsTensorsWithNoSecondCopy) {
+  dtrain::testing::TempDir dir;
+  dtrain::testing::writeFile(
+      dir.file("peer.py"),
+      peerScript("torch.save(GPT(GPTConfig.preset('nano')).state_dict(), sys.argv[1])\n"));
+  const std::string cmd = dtrain::testing::python() + " " + dir.file("peer.py") + " " +
+                          dir.file("model.pt");
+  ASSERT_EQ(std::system(cmd.c_str()), 0) << cmd;
+  auto& counting = dtrain::testing::CountingCpuAllocator::install();
+  const int64_t before = counting.live();
+  counting.resetPeak();
+  int64_t total = 0, largest = 0;
+  {
+    const auto state = readStateDict(dir.file("model.pt"));
+    for (const auto& [name, t] : state) {
+      const auto bytes = static_cast<int64_t>(t.storage().nbytes());
+      total += bytes;
+      largest = std::max(largest, bytes);
+    }
+    EXPECT_EQ(counting.live() - before, total);  // each parameter its own storage, nothing else
+  }
+  const int64_t peak = counting.peak() - before;
+  EXPECT_GE(peak, total);
+  EXPECT_LT(peak, total + largest);
 }
 
 // A pickled module (torch.save(model)), a checkpoint of several things and a file that is no
