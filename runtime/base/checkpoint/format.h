@@ -199,6 +199,9 @@ class CheckpointReader {
   // Reads one record's bytes into `out` (entry.size bytes) and checks its checksum: throws
   // CheckpointError naming file, entry and offset on a mismatch.
   void read(const Entry& entry, void* out) const;
+  // Bytes [from, from + n) of one record into `out` (n bytes), its checksum checked over the
+  // whole record as read() does -- through a small buffer, so the rest costs no memory.
+  void readPart(const Entry& entry, uint64_t from, uint64_t n, void* out) const;
   // Checks every record's checksum (reading through a bounded buffer); throws naming the first
   // bad entry.
   void verify() const;

@@ -439,6 +439,53 @@ void CheckpointReader::read(const Entry& e, void* out) const {
       source_->name(), e.name, e.offset, e.size);
 }
 
+void CheckpointReader::readPart(const Entry& e, uint64_t from, uint64_t n, void* out) const {
+  DTRAIN_CHECK_ARG(from <= e.size && n <= e.size - from,
+                   "CheckpointReader::readPart: bytes [{}, {}) of entry \"{}\" ({} bytes)", from,
+                   from + n, e.name, e.size);
+  if (from == 0 && n == e.size) {
+    read(e, out);
+    return;
+  }
+  if (const uint8_t* mem = source_->memory()) {
+    read(e, nullptr);
+    if (n) std::memcpy(out, mem + e.offset + from, n);
+    return;
+  }
+  // The wanted bytes are read into place and hashed there; the others through a buffer of
+  // kChunk bytes that stays in the CPU's cache.
+  constexpr uint64_t kChunk = 256 << 10;
+  std::vector<uint8_t> buffer(static_cast<size_t>(std::min(kChunk, e.size)));
+  auto* into = static_cast<uint8_t*>(out);
+  XXH3_state_t* state = XXH3_createState();
+  XXH3_64bits_reset(state);
+  try {
+    for (uint64_t done = 0; done < e.size;) {
+      uint64_t len = std::min(kChunk, e.size - done);
+      uint8_t* at = buffer.data();
+      if (done >= from && done < from + n) {
+        len = std::min(len, from + n - done);  // inside the wanted range: straight into place
+        at = into + (done - from);
+      } else if (done < from) {
+        len = std::min(len, from - done);  // up to the wanted range, through the buffer
+      }
+      source_->readAt(e.offset + done, at, static_cast<size_t>(len));
+      XXH3_64bits_update(state, at, static_cast<size_t>(len));
+      done += len;
+    }
+  } catch (...) {
+    XXH3_freeState(state);
+    throw;
+  }
+  const uint64_t sum = XXH3_64bits_digest(state);
+  XXH3_freeState(state);
+  DTRAIN_CHECK_T(
+      CheckpointError, sum == e.checksum,
+      "checkpoint {}: entry \"{}\" (data at offset {}, {} bytes): checksum mismatch: the "
+      "data is damaged",
+      source_->name(), e.name, e.offset, e.size);
+}
+
 void CheckpointReader::verify() const {
   constexpr size_t kChunk = 8 << 20;
   std::vector<uint8_t> buffer;

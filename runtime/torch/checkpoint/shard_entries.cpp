@@ -530,7 +530,6 @@ void ShardAssembly::read(const CheckpointReader& reader, uint32_t owner,
   // leaves the counts as they were, and the records come again from a holder's blob (add()).
   std::vector<std::pair<int64_t*, int64_t>> covered;
   std::vector<std::pair<Need*, int64_t>> steps;
-  std::vector<uint8_t> scratch;
   for (const SavedRecord& r : savedRecords(reader, owner, sharded_, modules)) {
     auto it = needs_.find({r.optimizer, r.param});
     if (it == needs_.end()) continue;
@@ -542,13 +541,9 @@ void ShardAssembly::read(const CheckpointReader& reader, uint32_t owner,
       at::Tensor& into = field(need, r.param, name, e->dtype);
       const size_t es = dtypeSize(e->dtype);
       auto* to = static_cast<uint8_t*>(into.data_ptr()) + (lo - need.begin) * es;
-      if (lo == r.begin() && hi == r.end()) {
-        reader.read(*e, to);  // the whole entry: straight into place, no copy
-      } else {
-        scratch.resize(e->size);
-        reader.read(*e, scratch.data());
-        std::memcpy(to, scratch.data() + (lo - r.begin()) * es, static_cast<size_t>(hi - lo) * es);
-      }
+      // Straight into place; of an entry wanted in part the rest only passes the checksum.
+      reader.readPart(*e, static_cast<uint64_t>(lo - r.begin()) * es,
+                      static_cast<uint64_t>(hi - lo) * es, to);
       covered.emplace_back(&need.covered[name], hi - lo);
     }
   }

@@ -65,8 +65,9 @@ class ShardAssembly {
   // Copies the parts of `blob`'s records that overlap this rank's ranges.
   void add(const uint8_t* blob, size_t size);
   // The same from rank `owner`'s records in `reader`, without a blob: only the records that
-  // overlap this rank's ranges are read (checksums checked), an entry wholly wanted straight into
-  // place. Throws CheckpointError on damage, leaving what counts as covered unchanged.
+  // overlap this rank's ranges are read (checksums checked), the overlap straight into place
+  // (CheckpointReader::readPart). Throws CheckpointError on damage, leaving what counts as
+  // covered unchanged.
   void read(const CheckpointReader& reader, uint32_t owner, const ModuleShards& modules);
   // "" when every field that was saved covers this rank's ranges exactly, else what is missing.
   std::string missing() const;

@@ -124,6 +124,59 @@ TEST(CheckpointFormat, EverySingleByteFlipIsRefused) {
   }
 }
 
+// readPart(): any byte range of an entry, from a file (read in chunks of 256 KiB, the wanted
+// bytes straight into place) and from memory, equals that range of read()'s; and the checksum
+// still covers the whole entry: a flip outside the range is refused, naming the entry.
+TEST(CheckpointFormat, APartOfAnEntryIsReadExactlyAndTheWholeEntryChecked) {
+  testing::TempDir dir;
+  const Bytes whole = sampleFileBytes(3, 700000);  // entries over two chunks and a half
+  const std::string path = dir.file("parts.ckpt");
+  testing::writeFile(path, std::string(whole.begin(), whole.end()));
+  const CheckpointReader fromFile = CheckpointReader::open(path);
+  const CheckpointReader fromMemory(memorySource(whole.data(), whole.size(), "parts"));
+  constexpr uint64_t kChunk = 256 << 10;
+  int checked = 0;
+  for (size_t i = 0; i < fromFile.entries().size(); ++i) {
+    const Entry& e = fromFile.entries()[i];
+    if (e.size < 3 * kChunk / 2) continue;
+    Bytes all(e.size);
+    fromFile.read(e, all.data());
+    const std::pair<uint64_t, uint64_t> parts[] = {
+        {0, e.size},      {0, 1},
+        {1, e.size - 1},  {kChunk - 3, 10},
+        {kChunk, kChunk}, {e.size / 3, 7},
+        {e.size - 5, 5},  {e.size, 0},
+        {5, 2 * kChunk},  {kChunk + 1, e.size - kChunk - 2}};
+    for (const auto& [from, n] : parts) {
+      for (const CheckpointReader* reader : {&fromFile, &fromMemory}) {
+        Bytes part(n + 1, 0xAB);
+        reader->readPart(reader->entries()[i], from, n, part.data());
+        EXPECT_TRUE(std::equal(part.begin(), part.begin() + n, all.begin() + from))
+            << e.name << " [" << from << ", " << from + n << ")";
+        EXPECT_EQ(part[n], 0xAB) << e.name << ": wrote past [" << from << ", " << from + n << ")";
+        ++checked;
+      }
+    }
+    // A flip near the entry's end, outside [0, 10): the part is refused.
+    Bytes damaged = whole;
+    damaged[e.offset + e.size - 2] ^= 0x20;
+    const std::string bad = dir.file("damaged.ckpt");
+    testing::writeFile(bad, std::string(damaged.begin(), damaged.end()));
+    Bytes part(10);
+    try {
+      CheckpointReader::open(bad).readPart(e, 0, 10, part.data());
+      ADD_FAILURE() << e.name << ": a flip outside the part passed";
+    } catch (const CheckpointError& error) {
+      EXPECT_NE(std::string(error.what()).find("\"" + e.name + "\""), std::string::npos)
+          << error.what();
+      EXPECT_NE(std::string(error.what()).find("checksum mismatch"), std::string::npos)
+          << error.what();
+    }
+    EXPECT_THROW(fromFile.readPart(e, e.size - 1, 2, part.data()), InvalidArgument);
+  }
+  EXPECT_GT(checked, 0) << "no entry of the sample spans two chunks";
+}
+
 struct Crafted {
   const char* name;
   void (*craft)(Bytes&);
