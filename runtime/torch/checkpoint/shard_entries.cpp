@@ -63,33 +63,59 @@ namespace {
 //   i64 begin, end; u8 has step, i64 step; u8 fields; per field: u16 name length, name,
 //   u8 format dtype, zero padding to 8, the data (end - begin elements), zero padding to 8.
 // Data stays 8-aligned, so a blob's entries are written straight from it.
+// A blob is written in two passes of the same code (blobOf()): the first, with no buffer, only
+// counts its bytes; the second writes them into a tensor of that size -- one allocation, no
+// copy on growth, no bytes cleared that are written anyway.
 class BlobWriter {
  public:
+  BlobWriter() = default;  // counting
+  BlobWriter(uint8_t* out, size_t size) : out_(out), size_(size) {}
   void u(uint64_t v, size_t n) {
-    out_.resize(out_.size() + n);
-    putLE(out_.data() + out_.size() - n, v, n);
+    if (uint8_t* at = room(n)) putLE(at, v, n);
   }
   void str(const std::string& s) {
     u(s.size(), 2);
-    out_.insert(out_.end(), s.begin(), s.end());
+    if (uint8_t* at = room(s.size())) std::memcpy(at, s.data(), s.size());
   }
-  void pad() { out_.resize((out_.size() + 7) / 8 * 8, 0); }
-  // Room for n bytes of data, 8-aligned before and after.
+  void pad() {
+    const size_t n = (at_ + 7) / 8 * 8 - at_;
+    if (uint8_t* at = room(n)) std::memset(at, 0, n);
+  }
+  // Room for n bytes of data, 8-aligned before and after; nullptr while counting.
   uint8_t* data(size_t n) {
     pad();
-    const size_t at = out_.size();
-    out_.resize(at + n);
+    uint8_t* at = room(n);
     pad();
-    return out_.data() + at;
+    return at;
   }
-  std::vector<uint8_t> take() {
-    pad();
-    return std::move(out_);
-  }
+  size_t size() const { return at_; }
 
  private:
-  std::vector<uint8_t> out_;
+  uint8_t* room(size_t n) {
+    uint8_t* at = out_ ? out_ + at_ : nullptr;
+    at_ += n;
+    DTRAIN_CHECK(!out_ || at_ <= size_, "shard blob: {} bytes written into {}", at_, size_);
+    return at;
+  }
+  uint8_t* out_ = nullptr;
+  size_t size_ = 0;
+  size_t at_ = 0;
 };
+
+// The blob `emit(BlobWriter&)` writes, in a byte tensor of its size.
+template <typename Emit>
+at::Tensor blobOf(const Emit& emit) {
+  BlobWriter counting;
+  emit(counting);
+  counting.pad();
+  at::Tensor blob = at::empty({static_cast<int64_t>(counting.size())}, at::kByte);
+  BlobWriter w(blob.data_ptr<uint8_t>(), counting.size());
+  emit(w);
+  w.pad();
+  DTRAIN_CHECK(w.size() == counting.size(), "shard blob: {} bytes written, {} counted", w.size(),
+               counting.size());
+  return blob;
+}
 
 struct BlobField {
   std::string name;
@@ -241,23 +267,29 @@ std::vector<std::vector<int>> shardKeepers(const std::vector<int>& nodeOf,
   return out;
 }
 
-std::vector<uint8_t> encodeShards(const std::vector<ShardedEntry>& sharded) {
-  BlobWriter w;
+at::Tensor encodeShards(const std::vector<ShardedEntry>& sharded) {
+  std::vector<std::pair<std::string, ShardRecord>> records;
   for (const auto& s : sharded) {
-    for (const ShardRecord& r : s.optimizer->shardRecords()) {
-      if (r.end <= r.begin) continue;
-      std::vector<std::pair<std::string, at::Tensor>> fields = {{"master", r.master}};
-      fields.insert(fields.end(), r.state.begin(), r.state.end());
-      putRecordHead(w, s.name, r.param, r.shape, r.begin, r.end, r.step, fields.size());
-      for (const auto& [name, t] : fields) {
-        at::Tensor host = t.detach().contiguous().cpu();
-        w.str(name);
-        w.u(static_cast<uint64_t>(toFormatDType(host.scalar_type(), r.param + "/" + name)), 1);
-        std::memcpy(w.data(host.nbytes()), host.data_ptr(), host.nbytes());
-      }
+    for (ShardRecord& r : s.optimizer->shardRecords()) {
+      if (r.end > r.begin) records.emplace_back(s.name, std::move(r));
     }
   }
-  return w.take();
+  at::NoGradGuard noGrad;
+  return blobOf([&records](BlobWriter& w) {
+    for (const auto& [optimizer, r] : records) {
+      std::vector<std::pair<std::string, at::Tensor>> fields = {{"master", r.master}};
+      fields.insert(fields.end(), r.state.begin(), r.state.end());
+      putRecordHead(w, optimizer, r.param, r.shape, r.begin, r.end, r.step, fields.size());
+      for (const auto& [name, t] : fields) {
+        w.str(name);
+        w.u(static_cast<uint64_t>(toFormatDType(t.scalar_type(), r.param + "/" + name)), 1);
+        // Straight from the tensor, wherever it lives, into the blob: one copy.
+        if (uint8_t* to = w.data(t.nbytes())) {
+          at::from_blob(to, t.sizes(), t.options().device(at::kCPU)).copy_(t.detach());
+        }
+      }
+    }
+  });
 }
 
 std::vector<Item> shardItems(uint32_t owner, uint32_t world, const at::Tensor& blob,
@@ -433,20 +465,24 @@ std::optional<int64_t> readStep(const CheckpointReader& reader, const SavedRecor
 
 }  // namespace
 
-std::vector<uint8_t> readShardBlob(const CheckpointReader& reader, uint32_t owner,
-                                   const std::vector<ShardedEntry>& sharded,
-                                   const ModuleShards& modules) {
-  BlobWriter w;
-  for (const SavedRecord& r : savedRecords(reader, owner, sharded, modules)) {
-    putRecordHead(w, r.optimizer, r.param, r.any->shape, r.begin(), r.end(), readStep(reader, r),
-                  r.fields.size());
-    for (const auto& [name, e] : r.fields) {
-      w.str(name);
-      w.u(static_cast<uint64_t>(e->dtype), 1);
-      reader.read(*e, w.data(e->size));
-    }
+at::Tensor readShardBlob(const CheckpointReader& reader, uint32_t owner,
+                         const std::vector<ShardedEntry>& sharded, const ModuleShards& modules) {
+  std::vector<std::pair<SavedRecord, std::optional<int64_t>>> records;
+  for (SavedRecord& r : savedRecords(reader, owner, sharded, modules)) {
+    std::optional<int64_t> step = readStep(reader, r);
+    records.emplace_back(std::move(r), step);
   }
-  return w.take();
+  return blobOf([&](BlobWriter& w) {
+    for (const auto& [r, step] : records) {
+      putRecordHead(w, r.optimizer, r.param, r.any->shape, r.begin(), r.end(), step,
+                    r.fields.size());
+      for (const auto& [name, e] : r.fields) {
+        w.str(name);
+        w.u(static_cast<uint64_t>(e->dtype), 1);
+        if (uint8_t* to = w.data(e->size)) reader.read(*e, to);
+      }
+    }
+  });
 }
 
 void checkShardedRestorable(const CheckpointReader& reader,

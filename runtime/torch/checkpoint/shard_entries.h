@@ -24,9 +24,9 @@ namespace dtrain::checkpoint {
 std::vector<std::vector<int>> shardKeepers(const std::vector<int>& nodeOf,
                                            const std::map<int, int>& writerOf);
 
-// This rank's records of every sharded optimizer, copied into one host blob (the format of the
-// blobs is private to shard_entries.cpp).
-std::vector<uint8_t> encodeShards(const std::vector<ShardedEntry>& sharded);
+// This rank's records of every sharded optimizer, copied into one host blob, a byte tensor (the
+// format of the blobs is private to shard_entries.cpp).
+at::Tensor encodeShards(const std::vector<ShardedEntry>& sharded);
 // The entry that names the ranks that saved a step's shards (Note [Sharded checkpoint files]).
 inline constexpr const char* kShardSaversEntry = "shards/records";
 
@@ -46,9 +46,8 @@ std::vector<uint32_t> shardOwners(const CheckpointReader& reader);
 // makes them. `modules`: the module entry of every sharded parameter (moduleEntries()), whose
 // owned range is the `master` field of a record saved without one (Note [One copy of a freed
 // master]). Throws CheckpointError for damage.
-std::vector<uint8_t> readShardBlob(const CheckpointReader& reader, uint32_t owner,
-                                   const std::vector<ShardedEntry>& sharded,
-                                   const ModuleShards& modules);
+at::Tensor readShardBlob(const CheckpointReader& reader, uint32_t owner,
+                         const std::vector<ShardedEntry>& sharded, const ModuleShards& modules);
 
 // Checks the replicated entries of the sharded optimizers (type, group count) and sets each
 // group's learning rate. Throws CheckpointError naming what does not fit.

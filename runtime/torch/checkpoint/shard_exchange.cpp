@@ -85,19 +85,14 @@ void ShardExchange::buildKeeperGroups() {
 
 std::vector<std::pair<int, at::Tensor>> ShardExchange::exchangeShards() {
   buildKeeperGroups();
-  const std::vector<uint8_t> mine = checkpoint::encodeShards(registered_.sharded);
-  auto hostBlob = [](const std::vector<uint8_t>& bytes) {
-    at::Tensor t = at::empty({static_cast<int64_t>(bytes.size())}, at::kByte);
-    if (!bytes.empty()) std::memcpy(t.data_ptr(), bytes.data(), bytes.size());
-    return t;
-  };
+  const at::Tensor mine = checkpoint::encodeShards(registered_.sharded);
   std::vector<std::pair<int, at::Tensor>> kept;
   // Ranks in order: two groups that share members are entered in the same order by all of them.
   for (int r = 0; r < placement_.world; ++r) {
     const bool keeper = placement_.writer && contains(keepers_[r], placement_.rank);
     std::shared_ptr<ProcessGroup> g = subgroups_ ? keeperGroups_[r] : placement_.group;
     if (!g) {
-      if (r == placement_.rank && keeper) kept.emplace_back(r, hostBlob(mine));
+      if (r == placement_.rank && keeper) kept.emplace_back(r, mine);
       continue;
     }
     // The root's place in the group: subgroups rank their members by their rank here.
@@ -108,11 +103,11 @@ std::vector<std::pair<int, at::Tensor>> ShardExchange::exchangeShards() {
       std::sort(members.begin(), members.end());
       root = static_cast<int>(std::find(members.begin(), members.end(), r) - members.begin());
     }
-    const int64_t size = static_cast<int64_t>(r == placement_.rank ? mine.size() : 0);
+    const int64_t size = r == placement_.rank ? mine.numel() : 0;
     at::Tensor length = at::full({1}, size, at::kLong).to(g->device());
     g->broadcast(length, root);
     const int64_t n = length.cpu().item<int64_t>();
-    at::Tensor blob = r == placement_.rank ? hostBlob(mine) : at::empty({n}, at::kByte);
+    at::Tensor blob = r == placement_.rank ? mine : at::empty({n}, at::kByte);
     at::Tensor onDevice = blob.to(g->device());
     if (n > 0) g->broadcast(onDevice, root);
     if (keeper) kept.emplace_back(r, r == placement_.rank ? blob : onDevice.cpu());
@@ -233,13 +228,13 @@ bool ShardExchange::loadShards(int64_t step, const ShardHolders& h, std::string&
     bool got = false;
     std::vector<std::string> damaged;
     for (int source : holders) {
-      std::vector<uint8_t> blob;
+      at::Tensor blob;
       int64_t size = -1;
       if (placement_.rank == source) {
         try {
           blob = checkpoint::readShardBlob(checkpoint::CheckpointReader::open(path), o,
                                            registered_.sharded, modules);
-          size = static_cast<int64_t>(blob.size());
+          size = blob.numel();
         } catch (const std::exception& e) {
           DTRAIN_LOG(Warn, "rank {}: the shards of rank {} in {} are damaged: {}", placement_.rank,
                      o, path, e.what());
@@ -254,10 +249,7 @@ bool ShardExchange::loadShards(int64_t step, const ShardHolders& h, std::string&
         damaged.push_back(fmt::format("node {}", placement_.nodeOf[source]));
         continue;
       }
-      at::Tensor t = at::empty({size}, at::kByte);
-      if (placement_.rank == source && size > 0) {
-        std::memcpy(t.data_ptr(), blob.data(), blob.size());
-      }
+      at::Tensor t = placement_.rank == source ? blob : at::empty({size}, at::kByte);
       at::Tensor onDevice = t.to(placement_.group->device());
       if (size > 0) placement_.group->broadcast(onDevice, source);
       if (lacking[o]) {
