@@ -11,6 +11,7 @@
 #include <cerrno>
 #include <cstring>
 #include <map>
+#include <memory>
 #include <numeric>
 
 #include <fmt/format.h>
@@ -399,86 +400,42 @@ std::vector<const Entry*> CheckpointReader::find(const std::string& name) const 
   return out;
 }
 
-void CheckpointReader::read(const Entry& e, void* out) const {
-  if (const uint8_t* mem = source_->memory()) {
-    DTRAIN_CHECK_T(CheckpointError, checksum(mem + e.offset, e.size) == e.checksum,
-                   "checkpoint {}: entry \"{}\" (data at offset {}, {} bytes): checksum mismatch: "
-                   "the data is damaged",
-                   source_->name(), e.name, e.offset, e.size);
-    if (out && e.size) std::memcpy(out, mem + e.offset, e.size);
-    return;
-  }
-  // In chunks, each hashed while it is still in the CPU's cache: one pass over memory, not two.
-  constexpr uint64_t kChunk = 256 << 10;
-  auto* p = static_cast<uint8_t*>(out);
-  uint64_t sum = 0;
-  if (e.size <= kChunk) {
-    source_->readAt(e.offset, p, e.size);
-    sum = checksum(p, e.size);
-  } else {
-    XXH3_state_t* state = XXH3_createState();
-    XXH3_64bits_reset(state);
-    try {
-      for (uint64_t done = 0; done < e.size;) {
-        size_t n = static_cast<size_t>(std::min(kChunk, e.size - done));
-        source_->readAt(e.offset + done, p + done, n);
-        XXH3_64bits_update(state, p + done, n);
-        done += n;
-      }
-    } catch (...) {
-      XXH3_freeState(state);
-      throw;
-    }
-    sum = XXH3_64bits_digest(state);
-    XXH3_freeState(state);
-  }
-  DTRAIN_CHECK_T(
-      CheckpointError, sum == e.checksum,
-      "checkpoint {}: entry \"{}\" (data at offset {}, {} bytes): checksum mismatch: the "
-      "data is damaged",
-      source_->name(), e.name, e.offset, e.size);
-}
+void CheckpointReader::read(const Entry& e, void* out) const { readPart(e, 0, e.size, out); }
 
 void CheckpointReader::readPart(const Entry& e, uint64_t from, uint64_t n, void* out) const {
-  DTRAIN_CHECK_ARG(from <= e.size && n <= e.size - from,
+  DTRAIN_CHECK_ARG(from <= e.size && n <= e.size - from && (out || n == 0),
                    "CheckpointReader::readPart: bytes [{}, {}) of entry \"{}\" ({} bytes)", from,
                    from + n, e.name, e.size);
-  if (from == 0 && n == e.size) {
-    read(e, out);
-    return;
-  }
+  uint64_t sum = 0;
   if (const uint8_t* mem = source_->memory()) {
-    read(e, nullptr);
+    sum = checksum(mem + e.offset, e.size);
     if (n) std::memcpy(out, mem + e.offset + from, n);
-    return;
-  }
-  // The wanted bytes are read into place and hashed there; the others through a buffer of
-  // kChunk bytes that stays in the CPU's cache.
-  constexpr uint64_t kChunk = 256 << 10;
-  std::vector<uint8_t> buffer(static_cast<size_t>(std::min(kChunk, e.size)));
-  auto* into = static_cast<uint8_t*>(out);
-  XXH3_state_t* state = XXH3_createState();
-  XXH3_64bits_reset(state);
-  try {
+  } else {
+    // In chunks, each hashed while it is still in the CPU's cache: the wanted bytes read into
+    // place, the others through a buffer of kChunk bytes.
+    constexpr uint64_t kChunk = 256 << 10;
+    std::vector<uint8_t> buffer;
+    auto* into = static_cast<uint8_t*>(out);
+    std::unique_ptr<XXH3_state_t, XXH_errorcode (*)(XXH3_state_t*)> state(XXH3_createState(),
+                                                                          XXH3_freeState);
+    XXH3_64bits_reset(state.get());
     for (uint64_t done = 0; done < e.size;) {
       uint64_t len = std::min(kChunk, e.size - done);
-      uint8_t* at = buffer.data();
+      uint8_t* at = nullptr;
       if (done >= from && done < from + n) {
-        len = std::min(len, from + n - done);  // inside the wanted range: straight into place
+        len = std::min(len, from + n - done);
         at = into + (done - from);
-      } else if (done < from) {
-        len = std::min(len, from - done);  // up to the wanted range, through the buffer
+      } else {
+        if (done < from) len = std::min(len, from - done);
+        buffer.resize(static_cast<size_t>(std::min(kChunk, e.size)));
+        at = buffer.data();
       }
       source_->readAt(e.offset + done, at, static_cast<size_t>(len));
-      XXH3_64bits_update(state, at, static_cast<size_t>(len));
+      XXH3_64bits_update(state.get(), at, static_cast<size_t>(len));
       done += len;
     }
-  } catch (...) {
-    XXH3_freeState(state);
-    throw;
+    sum = XXH3_64bits_digest(state.get());
   }
-  const uint64_t sum = XXH3_64bits_digest(state);
-  XXH3_freeState(state);
   DTRAIN_CHECK_T(
       CheckpointError, sum == e.checksum,
       "checkpoint {}: entry \"{}\" (data at offset {}, {} bytes): checksum mismatch: the "
@@ -487,34 +444,7 @@ void CheckpointReader::readPart(const Entry& e, uint64_t from, uint64_t n, void*
 }
 
 void CheckpointReader::verify() const {
-  constexpr size_t kChunk = 8 << 20;
-  std::vector<uint8_t> buffer;
-  for (const auto& e : entries_) {
-    if (source_->memory()) {
-      read(e, nullptr);
-      continue;
-    }
-    XXH3_state_t* state = XXH3_createState();
-    XXH3_64bits_reset(state);
-    buffer.resize(std::min<uint64_t>(kChunk, std::max<uint64_t>(e.size, 1)));
-    try {
-      for (uint64_t done = 0; done < e.size;) {
-        size_t n = static_cast<size_t>(std::min<uint64_t>(buffer.size(), e.size - done));
-        source_->readAt(e.offset + done, buffer.data(), n);
-        XXH3_64bits_update(state, buffer.data(), n);
-        done += n;
-      }
-    } catch (...) {
-      XXH3_freeState(state);
-      throw;
-    }
-    uint64_t sum = XXH3_64bits_digest(state);
-    XXH3_freeState(state);
-    DTRAIN_CHECK_T(CheckpointError, sum == e.checksum,
-                   "checkpoint {}: entry \"{}\" (data at offset {}, {} bytes): checksum mismatch: "
-                   "the data is damaged",
-                   source_->name(), e.name, e.offset, e.size);
-  }
+  for (const auto& e : entries_) readPart(e, 0, 0, nullptr);  // each byte hashed, none kept
   // The bytes between entries (alignment padding) are no entry's: they must be zero, so that
   // no byte of the file escapes a check.
   std::vector<const Entry*> order;
@@ -523,6 +453,8 @@ void CheckpointReader::verify() const {
             [](const Entry* a, const Entry* b) { return a->offset < b->offset; });
   uint64_t pos = header_.dataOffset;
   const uint64_t end = header_.dataOffset + header_.dataSize;
+  constexpr uint64_t kChunk = 8 << 20;
+  std::vector<uint8_t> buffer;
   auto checkZero = [&](uint64_t from, uint64_t to, const Entry* after) {
     while (from < to) {
       size_t n = static_cast<size_t>(std::min<uint64_t>(to - from, kChunk));
