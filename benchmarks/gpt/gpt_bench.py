@@ -248,9 +248,11 @@ def cgroup_pass(a, tmp):
         return []
     config = GPTConfig(layers=8, dim=768, heads=12, context=128)
     torch.manual_seed(0)
+    model = GPT(config)
     init = os.path.join(tmp, "cgroup.pt")
-    torch.save(GPT(config).state_dict(), init)
-    parameters = sum(t.numel() for t in GPT(config).parameters())
+    torch.save(model.state_dict(), init)
+    parameters = sum(t.numel() for t in model.parameters())
+    del model
     runs = {}
     metrics = os.path.join(tmp, "cgroup.jsonl")
     lm = ["--metrics-file", metrics, "--sample-interval", "0.2"]

@@ -533,29 +533,34 @@ ShardAssembly::ShardAssembly(const std::vector<ShardedEntry>& sharded) : sharded
   }
 }
 
-at::Tensor& ShardAssembly::field(Need& need, const std::string& param, const std::string& name,
-                                 DType dtype) {
+ShardAssembly::Overlap ShardAssembly::overlap(const std::string& optimizer,
+                                              const std::string& param, int64_t begin,
+                                              int64_t end) {
+  auto it = needs_.find({optimizer, param});
+  if (it == needs_.end()) return {};
+  const int64_t lo = std::max(begin, it->second.begin), hi = std::min(end, it->second.end);
+  return lo < hi ? Overlap{&it->second, lo, hi} : Overlap{};
+}
+
+uint8_t* ShardAssembly::place(Need& need, const std::string& param, const std::string& name,
+                              DType dtype, int64_t element) {
   at::Tensor& into = need.fields[name];
   if (!into.defined()) into = at::empty({need.end - need.begin}, toScalarType(dtype));
   DTRAIN_CHECK_T(CheckpointError, static_cast<size_t>(into.element_size()) == dtypeSize(dtype),
                  "checkpoint: field {} of {} was saved with different dtypes", name, param);
-  return into;
+  return static_cast<uint8_t*>(into.data_ptr()) + (element - need.begin) * dtypeSize(dtype);
 }
 
 void ShardAssembly::add(const uint8_t* blob, size_t size) {
   for (const BlobRecord& r : decode(blob, size)) {
-    auto it = needs_.find({r.optimizer, r.param});
-    if (it == needs_.end()) continue;
-    Need& need = it->second;
-    const int64_t lo = std::max(r.begin, need.begin), hi = std::min(r.end, need.end);
-    if (lo >= hi) continue;
-    if (r.step) need.step = r.step;
+    const Overlap o = overlap(r.optimizer, r.param, r.begin, r.end);
+    if (!o.need) continue;
+    if (r.step) o.need->step = r.step;
     for (const BlobField& f : r.fields) {
-      at::Tensor& into = field(need, r.param, f.name, f.dtype);
       const size_t es = dtypeSize(f.dtype);
-      std::memcpy(static_cast<uint8_t*>(into.data_ptr()) + (lo - need.begin) * es,
-                  blob + f.offset + (lo - r.begin) * es, static_cast<size_t>(hi - lo) * es);
-      need.covered[f.name] += hi - lo;
+      std::memcpy(place(*o.need, r.param, f.name, f.dtype, o.lo),
+                  blob + f.offset + (o.lo - r.begin) * es, static_cast<size_t>(o.hi - o.lo) * es);
+      o.need->covered[f.name] += o.hi - o.lo;
     }
   }
 }
@@ -567,20 +572,16 @@ void ShardAssembly::read(const CheckpointReader& reader, uint32_t owner,
   std::vector<std::pair<int64_t*, int64_t>> covered;
   std::vector<std::pair<Need*, int64_t>> steps;
   for (const SavedRecord& r : savedRecords(reader, owner, sharded_, modules)) {
-    auto it = needs_.find({r.optimizer, r.param});
-    if (it == needs_.end()) continue;
-    Need& need = it->second;
-    const int64_t lo = std::max(r.begin(), need.begin), hi = std::min(r.end(), need.end);
-    if (lo >= hi) continue;
-    if (auto step = readStep(reader, r)) steps.emplace_back(&need, *step);
+    const Overlap o = overlap(r.optimizer, r.param, r.begin(), r.end());
+    if (!o.need) continue;
+    if (auto step = readStep(reader, r)) steps.emplace_back(o.need, *step);
     for (const auto& [name, e] : r.fields) {
-      at::Tensor& into = field(need, r.param, name, e->dtype);
-      const size_t es = dtypeSize(e->dtype);
-      auto* to = static_cast<uint8_t*>(into.data_ptr()) + (lo - need.begin) * es;
+      const uint64_t es = dtypeSize(e->dtype);
       // Straight into place; of an entry wanted in part the rest only passes the checksum.
-      reader.readPart(*e, static_cast<uint64_t>(lo - r.begin()) * es,
-                      static_cast<uint64_t>(hi - lo) * es, to);
-      covered.emplace_back(&need.covered[name], hi - lo);
+      reader.readPart(*e, static_cast<uint64_t>(o.lo - r.begin()) * es,
+                      static_cast<uint64_t>(o.hi - o.lo) * es,
+                      place(*o.need, r.param, name, e->dtype, o.lo));
+      covered.emplace_back(&o.need->covered[name], o.hi - o.lo);
     }
   }
   for (auto& [count, n] : covered) *count += n;

@@ -81,8 +81,16 @@ class ShardAssembly {
     std::map<std::string, int64_t> covered;    // field -> elements copied
     std::optional<int64_t> step;
   };
-  static at::Tensor& field(Need& need, const std::string& param, const std::string& name,
-                           DType dtype);
+  struct Overlap {
+    Need* need = nullptr;  // none: the record is not this rank's
+    int64_t lo = 0, hi = 0;
+  };
+  // The need of (optimizer, param) that [begin, end) overlaps, and the elements in common.
+  Overlap overlap(const std::string& optimizer, const std::string& param, int64_t begin,
+                  int64_t end);
+  // Where element `element` of field `name` goes (its tensor made at the first use).
+  static uint8_t* place(Need& need, const std::string& param, const std::string& name, DType dtype,
+                        int64_t element);
   std::vector<ShardedEntry> sharded_;
   std::map<std::pair<std::string, std::string>, Need> needs_;  // (optimizer, parameter)
 };
