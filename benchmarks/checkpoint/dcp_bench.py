@@ -5,11 +5,15 @@ FSDP2 (dcp_peer.py) on the same MLP trained one Adam step, in pairs of runs that
 side goes first, under launch on this machine (Gloo on both sides, one thread per rank).
 
 Per pair, saved world W and side: a save job at W ranks -- save (timed), fingerprint the
-parameters, one more step, load (timed) and check -- then the bytes of the checkpoint directory
-(du --apparent-size), then a load job at the other world size W' -- a model of other values, one
-step, load (timed: re-sharded from W to W') and check. A check compares every parameter after
-the load with the saved one bitwise (a 64-bit fingerprint, Note [Parameter fingerprint] in
-sharded_bench.cpp). The page cache is warm for every load (the files were just written).
+parameters, one more step, the loads -- then the bytes of the checkpoint directory (du
+--apparent-size), then a load job at the other world size W' -- a model of other values, one
+step, the loads (re-sharded from W to W'). The loads: load (timed) and check, twice, the
+checkpoint's files first dropped from the page cache (cold: a restore on another machine, or
+much later), then read once (warm: right after the save on the same machine), the same way on
+both sides (Note [Page cache before a load], sharded_bench.cpp): dtrain writes its bulk with
+O_DIRECT and leaves none of it cached, DCP writes through the page cache. A check compares every
+parameter after the load with the saved one bitwise (a 64-bit fingerprint, Note [Parameter
+fingerprint] in sharded_bench.cpp).
 
 fsync: dtrain's save() fsyncs its file, the directory and LATEST before it returns; DCP's
 FileSystemWriter (sync_files=True, its default) fsyncs every data file and .metadata but not the
@@ -37,7 +41,9 @@ sys.path.insert(0, os.path.join(HERE, "..", "common"))  # benchmarks/common/stat
 from stats import median, paired_ratios, spread  # noqa: E402
 
 SIDES = ("ours", "peer")
-OPS = ("save", "load", "reload")  # reload: the load job at the other world size
+# reload: the load job's, at the other world size; cold / warm: the page cache emptied of the
+# checkpoint's files, or filled with them, before the load (Note [Page cache before a load])
+OPS = ("save", "load_cold", "load_warm", "reload_cold", "reload_warm")
 
 
 def series(pairs, side, key):
@@ -87,8 +93,10 @@ def run_side(a, side, world, other, scratch):
     nbytes = apparent_bytes(ckpt)
     loaded = run_job(a, side, "load", other, scratch)
     shutil.rmtree(ckpt)
-    return {"save": saved["save_s"], "load": saved["load_s"], "reload": loaded["load_s"],
-            "bytes": nbytes, "checks": [saved["check"], loaded["check"]]}
+    return {"save": saved["save_s"], "load_cold": saved["load_cold_s"],
+            "load_warm": saved["load_warm_s"], "reload_cold": loaded["load_cold_s"],
+            "reload_warm": loaded["load_warm_s"], "bytes": nbytes,
+            "checks": [saved["check"], loaded["check"]]}
 
 
 def main():
@@ -122,11 +130,11 @@ def main():
           f"dtrain ZeRO-3 Checkpointer vs FSDP2 + DCP (PyTorch {torch.__version__}), Gloo, "
           f"1 thread per rank")
     print("# save: until every rank returned, fsync included (dtrain: file, directory, LATEST; "
-          "DCP: files, .metadata, + the directory's fsync added); load: warm page cache; "
-          "reload: loaded at the other world size")
+          "DCP: files, .metadata, + the directory's fsync added); load: cold (the files dropped "
+          "from the page cache) then warm (read once), each job; load@W: at the other size")
     print("# speedup: peer's time / ours (above 1: dtrain faster), median of the pairs' ratios "
           "[min-max]; MB: du --apparent-size of the checkpoint directory")
-    print(f"# {'saved':>5} {'op':>10} {'ours_s':>8} {'peer_s':>8} {'speedup':>7} "
+    print(f"# {'saved':>5} {'op':>15} {'ours_s':>8} {'peer_s':>8} {'speedup':>7} "
           f"{'[min-max]':>13}")
     rows, failed = [], []
     began = time.perf_counter()
@@ -152,10 +160,13 @@ def main():
                 ours = median(series(pairs, "ours", op))
                 peer = median(series(pairs, "peer", op))
                 lo, hi = spread(ratios)
-                name = f"load@{other}" if op == "reload" else f"{op}@{world}"
+                cache = op.split("_")[1] if "_" in op else ""
+                name = (f"load@{other}" if op.startswith("re") else
+                        "load" if cache else op) + ("" if op.startswith("re") else f"@{world}")
+                name += f" {cache}" if cache else ""
                 row[op] = {"ours_s": ours, "peer_s": peer, "speedup": median(ratios),
                            "min": lo, "max": hi}
-                print(f"  {world:>5} {name:>10} {ours:>8.3f} {peer:>8.3f} "
+                print(f"  {world:>5} {name:>15} {ours:>8.3f} {peer:>8.3f} "
                       f"{median(ratios):>7.2f} [{lo:.2f}-{hi:.2f}]", flush=True)
             ratios = paired_ratios(series(pairs, "ours", "bytes"), series(pairs, "peer", "bytes"))
             lo, hi = spread(ratios)

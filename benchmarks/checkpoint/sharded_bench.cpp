@@ -11,7 +11,11 @@
 // side.
 #include "sharded_bench.h"
 
+#include <fcntl.h>
+#include <unistd.h>
+
 #include <chrono>
+#include <filesystem>
 #include <fstream>
 #include <map>
 #include <optional>
@@ -83,6 +87,32 @@ double timed(ProcessGroup& group, Fn&& fn) {
   return std::chrono::duration<double>(Clock::now() - start).count();
 }
 
+// Note [Page cache before a load]
+// A load's time depends on whether the file's pages are in the page cache, and the two sides
+// leave it differently: dtrain's synchronous save writes its bulk with O_DIRECT (Note [Staged
+// direct writes], file_io.cpp), none of it cached, DCP's buffered writes leave it all cached.
+// So each job loads twice, the page cache set the same way on both sides first: "cold", every
+// file of the directory fsynced and dropped from it (posix_fadvise(DONTNEED), no root needed:
+// what a restore after a restart on another machine or much later sees), then "warm", every
+// file read once (a restore right after the save on the same machine). dcp_peer.py does the
+// same. One node: local rank 0 prepares, the others wait at the timed load's first barrier.
+void prepareCache(const std::string& dir, bool warm) {
+  std::vector<char> buffer(warm ? size_t{4} << 20 : 0);
+  for (const auto& f : std::filesystem::recursive_directory_iterator(dir)) {
+    if (!f.is_regular_file()) continue;
+    const int fd = ::open(f.path().c_str(), O_RDONLY);
+    DTRAIN_CHECK(fd >= 0, "cannot open {}", f.path().string());
+    if (warm) {
+      while (::read(fd, buffer.data(), buffer.size()) > 0) {
+      }
+    } else {
+      ::fsync(fd);
+      ::posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);
+    }
+    ::close(fd);
+  }
+}
+
 }  // namespace
 
 ShardedConfig parseShardedArgs(int argc, char** argv) {
@@ -142,11 +172,19 @@ int runShardedJob(const ShardedConfig& c) {
   } else {
     saved = nlohmann::json::parse(std::ifstream(c.reference)).get<std::map<std::string, int64_t>>();
   }
-  std::optional<RestoredCheckpoint> restored;
-  result["load_s"] = timed(*group, [&] { restored = checkpointer.restore(); });
-  DTRAIN_CHECK(restored.has_value(), "rank {}: no checkpoint to restore in {}", rank, c.dir);
-  result["saved_world"] = restored->savedWorldSize;
-  result["check"] = fingerprints(optimizer) == saved;
+  // See Note [Page cache before a load].
+  const bool preparer = group->localRank() == 0;
+  bool checked = true;
+  for (const bool warm : {false, true}) {
+    if (preparer) prepareCache(c.dir, warm);
+    std::optional<RestoredCheckpoint> restored;
+    result[warm ? "load_warm_s" : "load_cold_s"] = timed(
+        *group, [&] { restored = checkpointer.restore(); });
+    DTRAIN_CHECK(restored.has_value(), "rank {}: no checkpoint to restore in {}", rank, c.dir);
+    result["saved_world"] = restored->savedWorldSize;
+    checked = fingerprints(optimizer) == saved && checked;
+  }
+  result["check"] = checked;
   if (rank == 0) std::ofstream(c.result) << result.dump() << "\n";
   group->barrier();
   group->shutdown();

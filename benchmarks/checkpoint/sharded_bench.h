@@ -20,8 +20,10 @@ constexpr int kShardedBatch = 4;
 
 struct ShardedConfig {
   // "save": build (seed 0), one Adam step, save (timed), fingerprint the parameters into
-  // `reference`, one more step, restore (timed) and check. "load": build (seed 1), one step,
-  // restore (timed) at this world size whatever the saved one, check against `reference`.
+  // `reference`, one more step, then the loads. "load": build (seed 1), one step, then the loads
+  // at this world size whatever the saved one. The loads: restore (timed) and check against
+  // `reference`, twice, the page cache first emptied of the checkpoint, then filled with it
+  // (Note [Page cache before a load], sharded_bench.cpp).
   std::string job;
   std::string dir;        // the checkpoint directory (CheckpointOptions::directory)
   std::string reference;  // the saved parameters' fingerprints (JSON)

@@ -178,6 +178,9 @@ class ByteSource {
   virtual const std::string& name() const = 0;
   // A pointer to the bytes when they are in memory already (no copy needed); null for files.
   virtual const uint8_t* memory() const { return nullptr; }
+  // A hint that `size` bytes at `offset` are read next: a file asks the kernel to start reading
+  // them all at once (Note [Reading ahead], reader.cpp). Never fails.
+  virtual void willRead(uint64_t /*offset*/, uint64_t /*size*/) const {}
 };
 
 std::unique_ptr<ByteSource> openFileSource(const std::string& path);
@@ -202,6 +205,9 @@ class CheckpointReader {
   // Bytes [from, from + n) of one record into `out` (n bytes), its checksum checked over the
   // whole record as read() does -- through a small buffer, so the rest costs no memory.
   void readPart(const Entry& entry, uint64_t from, uint64_t n, void* out) const;
+  // A hint that `entry` is read soon (ByteSource::willRead): a caller that reads many asks for
+  // them all first (Note [Reading ahead], reader.cpp).
+  void willRead(const Entry& entry) const { source_->willRead(entry.offset, entry.size); }
   // Checks every record's checksum (reading through a bounded buffer); throws naming the first
   // bad entry.
   void verify() const;

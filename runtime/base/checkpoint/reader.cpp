@@ -36,6 +36,14 @@ bool addOk(uint64_t a, uint64_t b, uint64_t* out) {
 bool knownDType(uint8_t code) { return code >= 1 && code <= 12; }
 bool knownKind(uint8_t code) { return code >= 1 && code <= 4; }
 
+// Note [Reading ahead]
+// readPart() reads an entry in 256 KiB chunks, hashing each while it is in the CPU's cache. From
+// the page cache that is the fastest way; from the device it is one synchronous request at a
+// time, each waiting its latency, the kernel's readahead window (128 KiB by default) too small to
+// hide it: a restore at 2 ranks from a file not in the page cache took 0.65 s where DCP's,
+// reading each tensor in one call, took 0.32 s (dcp_bench, 705 MB). So the whole entry is asked
+// for first (posix_fadvise(WILLNEED)): the kernel queues all of its reads at once, and the chunks
+// then find their pages arriving or arrived. Pages already cached cost a lookup each.
 class FileSource : public ByteSource {
  public:
   FileSource(std::string path, int fd, uint64_t size)
@@ -43,6 +51,11 @@ class FileSource : public ByteSource {
   ~FileSource() override { ::close(fd_); }
   uint64_t size() const override { return size_; }
   const std::string& name() const override { return path_; }
+  void willRead(uint64_t offset, uint64_t size) const override {
+    // See Note [Reading ahead]. Only a hint: an error changes nothing that follows.
+    (void)::posix_fadvise(fd_, static_cast<off_t>(offset), static_cast<off_t>(size),
+                          POSIX_FADV_WILLNEED);
+  }
   void readAt(uint64_t offset, void* out, size_t size) const override {
     auto* p = static_cast<char*>(out);
     size_t done = 0;
@@ -412,8 +425,10 @@ void CheckpointReader::readPart(const Entry& e, uint64_t from, uint64_t n, void*
     if (n) std::memcpy(out, mem + e.offset + from, n);
   } else {
     // In chunks, each hashed while it is still in the CPU's cache: the wanted bytes read into
-    // place, the others through a buffer of kChunk bytes.
+    // place, the others through a buffer of kChunk bytes; the whole entry asked for first (Note
+    // [Reading ahead]).
     constexpr uint64_t kChunk = 256 << 10;
+    source_->willRead(e.offset, e.size);
     std::vector<uint8_t> buffer;
     auto* into = static_cast<uint8_t*>(out);
     std::unique_ptr<XXH3_state_t, XXH_errorcode (*)(XXH3_state_t*)> state(XXH3_createState(),

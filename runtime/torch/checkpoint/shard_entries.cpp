@@ -571,7 +571,13 @@ void ShardAssembly::read(const CheckpointReader& reader, uint32_t owner,
   // leaves the counts as they were, and the records come again from a holder's blob (add()).
   std::vector<std::pair<int64_t*, int64_t>> covered;
   std::vector<std::pair<Need*, int64_t>> steps;
-  for (const SavedRecord& r : savedRecords(reader, owner, sharded_, modules)) {
+  const std::vector<SavedRecord> records = savedRecords(reader, owner, sharded_, modules);
+  for (const SavedRecord& r : records) {
+    // Every entry this rank reads, asked for at once (Note [Reading ahead], reader.cpp).
+    if (!overlap(r.optimizer, r.param, r.begin(), r.end()).need) continue;
+    for (const auto& field : r.fields) reader.willRead(*field.second);
+  }
+  for (const SavedRecord& r : records) {
     const Overlap o = overlap(r.optimizer, r.param, r.begin(), r.end());
     if (!o.need) continue;
     if (auto step = readStep(reader, r)) steps.emplace_back(o.need, *step);

@@ -1,6 +1,7 @@
 // Note [Direct writes] (runtime/base/checkpoint/file_io.cpp): a region placed by
-// directRegionStart() has its whole blocks written with O_DIRECT, the file byte for byte what the
-// buffered write makes; refusals (EINVAL at the open or at a write, injected or from a filesystem
+// directRegionStart(), and a large save staged through a window (Note [Staged direct writes]),
+// has its whole blocks written with O_DIRECT, the file byte for byte what the buffered write
+// makes; refusals (EINVAL at the open or at a write, injected or from a filesystem
 // without O_DIRECT) fall back to the buffered write and are not asked again; other errors fail
 // the save.
 #include <fcntl.h>
@@ -136,6 +137,59 @@ TEST(DirectWrites, ARefusalFallsBackToTheBufferedWriteAndIsNotAskedAgain) {
     EXPECT_EQ(ops.directStats().refusals, 1);
     EXPECT_EQ(testing::verifyError(dir.file("second")), "");
   }
+}
+
+// Note [Staged direct writes]: a large save from the entries' own memory (writeCheckpointFile)
+// streams its data region through the staging window and writes nearly all of it with O_DIRECT,
+// the file byte for byte the buffered one; a refusal falls back to buffered windows; a small save
+// is written buffered as before.
+TEST(DirectWrites, ALargeSaveFromTheEntriesMemoryIsStagedAndWrittenDirectly) {
+  TempDir dir;
+  if (!acceptsDirect(dir.path())) GTEST_SKIP() << dir.path() << " refuses O_DIRECT";
+  // Five staging windows and a partial one; the reference written the buffered way only (a
+  // region off the block grid).
+  const auto sample = testing::sampleCheckpoint(7, (size_t{40} << 20) + 12345);
+  const uint64_t dataSize = sample.layout.header.dataSize;
+  {
+    Layout layout = sample.layout;
+    Region shifted = regionOf(sample, kDataAlignment);
+    FileOps reference = opsWith("");
+    writeCheckpointFileFromRegion(reference, dir.file("buffered"), layout, shifted.start);
+    ASSERT_EQ(reference.directStats().bytes, 0u);
+  }
+  const std::string want = testing::readFile(dir.file("buffered"));
+  for (Hashing hashing : {Hashing::Beside, Hashing::Inline}) {
+    Layout layout = sample.layout;
+    FileOps ops = opsWith("");
+    std::vector<uint8_t> scratch;
+    SaveProgress progress;
+    writeCheckpointFile(ops, dir.file("staged"), layout, sample.pointers(), scratch, &progress,
+                        hashing);
+    // Buffered: the first block's head, the last window's partial block, and that window when it
+    // is below kDirectMinBytes.
+    EXPECT_GE(ops.directStats().bytes, dataSize - kDirectMinBytes - 2 * kDirectAlignment);
+    EXPECT_LE(ops.directStats().bytes, dataSize);
+    EXPECT_EQ(ops.directStats().refusals, 0);
+    EXPECT_EQ(progress.bytesWritten.load(), want.size());
+    EXPECT_EQ(testing::verifyError(dir.file("staged")), "");
+    EXPECT_TRUE(testing::readFile(dir.file("staged")) == want) << "the staged file differs";
+  }
+
+  // O_DIRECT refused at the first direct open: every window buffered, the same file, asked once.
+  Layout layout = sample.layout;
+  FileOps refused = opsWith("open:EINVAL@2");
+  std::vector<uint8_t> scratch;
+  writeCheckpointFile(refused, dir.file("refused"), layout, sample.pointers(), scratch);
+  EXPECT_EQ(refused.directStats().refusals, 1);
+  EXPECT_EQ(refused.directStats().bytes, 0u);
+  EXPECT_TRUE(testing::readFile(dir.file("refused")) == want) << "the fallback file differs";
+
+  // A small save (12 MiB) is written the buffered way, in as few calls as before.
+  auto small = testing::sampleCheckpoint(7, kPayload);
+  FileOps ops = opsWith("");
+  writeCheckpointFile(ops, dir.file("small"), small.layout, small.pointers(), scratch);
+  EXPECT_EQ(ops.directStats().bytes, 0u);
+  EXPECT_EQ(testing::verifyError(dir.file("small")), "");
 }
 
 // Any other error of the direct open or write fails the save, as a buffered one's would.
