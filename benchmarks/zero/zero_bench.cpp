@@ -17,11 +17,13 @@
 //
 // With --defer, stages 1 and 2 run a third job, ZeRO with deferAllgatherWait, --data-mib M
 // gives every job a data phase after step() (Note [Data phase] in zero_bench_worker.cpp), and
-// --micro M makes each step M micro-batches, all but the last under noSync().
+// --micro M makes each step M micro-batches, all but the last under noSync(). With --one-bucket,
+// stage 3 runs a fifth job, ZeRO-3 with one gradient bucket in flight instead of two (zero3o:
+// what the memory of one bucket costs in overlap).
 //
 //   zero_bench [--worlds 2,4] [--stages 1,2,3] [--steps 5] [--warmup 2] [--width 4096]
 //              [--io 1024] [--layers 7] [--batch 16] [--forward-prefetch] [--defer]
-//              [--data-mib 0] [--micro 1] [--no-shm] [--smoke]
+//              [--data-mib 0] [--micro 1] [--one-bucket] [--no-shm] [--smoke]
 #include <unistd.h>
 
 #include <algorithm>
@@ -46,6 +48,7 @@ struct Options {
   std::vector<int> worlds = {2, 4};
   std::vector<int> stages = {1, 2, 3};
   bool noShm = false;
+  bool oneBucket = false;  // stage 3 also runs with one gradient bucket in flight (zero3o)
   bool smoke = false;
   bool worker = false;
 };
@@ -65,7 +68,8 @@ Options parse(int argc, char** argv) {
       std::fputs("usage: zero_bench [--worlds 2,4] [--stages 1,2,3] [--steps 5] [--warmup 2]\n"
                  "                  [--width 4096] [--io 1024] [--layers 7] [--batch 16]\n"
                  "                  [--forward-prefetch] [--defer] [--data-mib 0] [--micro 1]\n"
-                 "                  [--autocast] [--param-dtype] [--no-shm] [--smoke]\n"
+                 "                  [--autocast] [--param-dtype] [--one-bucket] [--no-shm] "
+                 "[--smoke]\n"
                  "ZeRO stages 1, 2 and 3 against plain DDP (Adam, an MLP of 92M parameters), "
                  "interleaved (stage 3 beside DDP and ZeRO-2). Stage 3 runs twice: the model "
                  "built whole and sharded by the optimizer (zero3), and built unit by unit with "
@@ -76,7 +80,8 @@ Options parse(int argc, char** argv) {
                  "M: M micro-batches per step, all but the last under noSync(); --autocast: "
                  "forwards under "
                  "AutocastGuard (bfloat16); --param-dtype: stage 3 gathers its units in bfloat16 "
-                 "(ZeroOptions::paramDtype). See "
+                 "(ZeroOptions::paramDtype); --one-bucket: stage 3 also runs with one gradient "
+                 "bucket in flight instead of two (zero3o, ZeroOptions::bucketsInFlight). See "
                  "benchmarks/README.md.\n",
                  stdout);
       std::exit(0);
@@ -87,6 +92,8 @@ Options parse(int argc, char** argv) {
     else if (a == "--forward-prefetch") o.job.forwardPrefetch = true;
     else if (a == "--build-sharded") o.job.buildSharded = true;  // worker: Units::ShardedAsBuilt
     else if (a == "--defer") o.job.defer = true;
+    else if (a == "--one-bucket") o.oneBucket = true;
+    else if (a == "--buckets-in-flight") o.job.bucketsInFlight = std::stoi(value());  // worker
     else if (a == "--data-mib") o.job.dataMib = std::stod(value());
     else if (a == "--micro") o.job.micro = std::max(1, std::stoi(value()));
     else if (a == "--autocast") o.job.autocast = true;
@@ -112,6 +119,7 @@ Options parse(int argc, char** argv) {
     o.job.warmup = 1;
     o.job.steps = 2;
     o.job.defer = true;  // every job kind runs
+    o.oneBucket = true;
     if (o.job.dataMib == 0) o.job.dataMib = 1;
   }
   return o;
@@ -122,6 +130,7 @@ struct JobKind {
   int stage = 0;
   bool buildSharded = false;  // every layer sharded as it is built (fullyShard)
   bool defer = false;         // ZeroOptions::deferAllgatherWait
+  int buckets = 2;            // ZeroOptions::bucketsInFlight
 };
 
 std::vector<std::string> workerArgs(const Options& o, JobKind kind, const std::string& out,
@@ -138,6 +147,10 @@ std::vector<std::string> workerArgs(const Options& o, JobKind kind, const std::s
   if (o.job.forwardPrefetch) args.push_back("--forward-prefetch");
   if (kind.buildSharded) args.push_back("--build-sharded");
   if (kind.defer) args.push_back("--defer");
+  if (kind.buckets != 2) {
+    args.push_back("--buckets-in-flight");
+    args.push_back(std::to_string(kind.buckets));
+  }
   if (o.job.autocast) args.push_back("--autocast");
   if (o.job.paramDtype && kind.stage == 3) args.push_back("--param-dtype");
   if (o.job.micro > 1) {
@@ -161,22 +174,29 @@ double loadAverage() {
 // The jobs that run together for `stage`: DDP, and at stage 3 ZeRO-2 (its aim is relative to
 // ZeRO-2's step) and ZeRO-3 twice, its model built whole and built unit by unit (what building
 // costs, Note [Build peak] in zero_bench_worker.cpp); with --defer at stages 1 and 2, ZeRO with
-// its all-gathers waited for after the data phase, beside the one that waits in step().
-std::vector<JobKind> jobsFor(int stage, bool defer) {
+// its all-gathers waited for after the data phase, beside the one that waits in step(); with
+// --one-bucket at stage 3, ZeRO-3 with one gradient bucket in flight instead of two (zero3o).
+std::vector<JobKind> jobsFor(int stage, bool defer, bool oneBucket) {
+  if (stage == 3 && oneBucket) return {{0}, {2}, {3}, {3, true}, {3, false, false, 1}};
   if (stage == 3) return {{0}, {2}, {3}, {3, true}};
   if (defer) return {{0}, {stage}, {stage, false, true}};
   return {{0}, {stage}};
 }
 
-// "3", "3b" (built sharded), "2d" (deferred): the job's files and the table's method column.
-std::string tag(int stage, bool buildSharded, bool defer = false) {
-  return fmt::format("{}{}{}", stage, buildSharded ? "b" : "", defer ? "d" : "");
+// "3", "3b" (built sharded), "2d" (deferred), "3o" (one bucket in flight): the job's files and
+// the table's method column.
+std::string tag(int stage, bool buildSharded, bool defer = false, int buckets = 2) {
+  return fmt::format("{}{}{}{}", stage, buildSharded ? "b" : "", defer ? "d" : "",
+                     buckets == 1   ? "o"
+                     : buckets != 2 ? fmt::format("o{}", buckets)
+                                    : "");
 }
 
 std::string methodName(JobKind kind) {
   if (kind.stage == 0) return "DDP";
-  return fmt::format("ZeRO-{}{}{}", kind.stage, kind.buildSharded ? " built sharded" : "",
-                     kind.defer ? " deferred" : "");
+  return fmt::format("ZeRO-{}{}{}{}", kind.stage, kind.buildSharded ? " built sharded" : "",
+                     kind.defer ? " deferred" : "",
+                     kind.buckets != 2 ? fmt::format(" {} bucket(s) in flight", kind.buckets) : "");
 }
 
 // The jobs of `kinds` on `world` ranks, taking turns (the first to go rotates step by step).
@@ -189,8 +209,8 @@ std::vector<ZeroResult> runTogether(const Options& o, int world, const std::vect
   std::vector<std::string> outs;
   try {
     for (JobKind kind : kinds) {
-      const std::string base = fmt::format("{}_{}", run,
-                                           tag(kind.stage, kind.buildSharded, kind.defer));
+      const std::string base = fmt::format(
+          "{}_{}", run, tag(kind.stage, kind.buildSharded, kind.defer, kind.buckets));
       outs.push_back(base + ".json");
       turns.push_back(std::make_unique<TurnGiver>(base));
       jobs.push_back(startWorkers(methodName(kind), world,
@@ -238,15 +258,15 @@ void printRow(const ZeroResult& r, const ZeroResult& ddp) {
   double pss = 0;
   for (double p : r.pssBytes) pss = std::max(pss, p);
   const bool isDdp = r.stage == 0;
-  fmt::print("  {:>5} {:>6} {:>8.1f} {:>8.1f} {:>7.1f} {:>7.1f} {:>6.1f} {:>6} {:>6} {:>7.1f} "
-             "{:>6.0f}% {:>8.1f} {:>8.1f} {:>6.3f} {:>7.0f} {:>7.2f}\n",
-             r.world, isDdp ? "ddp" : "zero" + tag(r.stage, r.buildSharded, r.defer),
-             median(r.stepMs), median(r.computeMs), median(r.commMs), median(r.optimizerMs),
-             median(r.otherMs),
-             isDdp ? "-" : fmt::format("{:.3f}", pairedRatio(r.stepMs, ddp.stepMs)),
-             isDdp ? "-" : fmt::format("{:.2f}", pairedRatio(r.commMs, ddp.commMs)),
-             median(r.aloneMs), 100 * hiddenShare(r), r.stateBytes / MiB, formula / MiB,
-             r.stateBytes / formula, pss / MiB, median(r.payloadBytes) / psi);
+  fmt::print(
+      "  {:>5} {:>6} {:>8.1f} {:>8.1f} {:>7.1f} {:>7.1f} {:>6.1f} {:>6} {:>6} {:>7.1f} "
+      "{:>6.0f}% {:>8.1f} {:>8.1f} {:>6.3f} {:>7.0f} {:>7.2f}\n",
+      r.world, isDdp ? "ddp" : "zero" + tag(r.stage, r.buildSharded, r.defer, r.bucketsInFlight),
+      median(r.stepMs), median(r.computeMs), median(r.commMs), median(r.optimizerMs),
+      median(r.otherMs), isDdp ? "-" : fmt::format("{:.3f}", pairedRatio(r.stepMs, ddp.stepMs)),
+      isDdp ? "-" : fmt::format("{:.2f}", pairedRatio(r.commMs, ddp.commMs)), median(r.aloneMs),
+      100 * hiddenShare(r), r.stateBytes / MiB, formula / MiB, r.stateBytes / formula, pss / MiB,
+      median(r.payloadBytes) / psi);
 }
 
 // Per step: comm plus the wait for the other ranks after the step (Note [Waiting for the others]
@@ -364,8 +384,8 @@ int runDriver(const Options& o) {
   for (int world : o.worlds) {
     for (int stage : o.stages) {
       const double loadBefore = loadAverage();
-      const std::vector<ZeroResult> results = runTogether(o, world, jobsFor(stage, o.job.defer),
-                                                          dir);
+      const std::vector<ZeroResult> results = runTogether(
+          o, world, jobsFor(stage, o.job.defer, o.oneBucket), dir);
       const double loadAfter = loadAverage();
       const ZeroResult& ddp = results.front();
       const ZeroResult& zero = stage == 3 ? results[2] : results[1];
@@ -387,6 +407,16 @@ int runDriver(const Options& o) {
       if (stage == 3) {
         printStage3(o, zero, results[1]);
         printBuild(o, {&zero, &results[3]});
+        if (results.size() > 4) {
+          // See --one-bucket: what one bucket in flight instead of two costs the step.
+          const ZeroResult& one = results[4];
+          fmt::print("  {:>5} one gradient bucket in flight (zero3o) against two (zero3): step "
+                     "{:.3f} (paired ratio; {:.1f} against {:.1f} ms), comm waited for {:.1f} "
+                     "against {:.1f} ms, payload per step {:.3f}\n",
+                     "", pairedRatio(one.stepMs, zero.stepMs), median(one.stepMs),
+                     median(zero.stepMs), median(one.commMs), median(zero.commMs),
+                     median(one.payloadBytes) / median(zero.payloadBytes));
+        }
       }
       std::fflush(stdout);
     }

@@ -25,6 +25,9 @@ struct ZeroConfig {
   // stages 1 and 2: ZeroOptions::deferAllgatherWait (the job waits for the all-gathers after its
   // data phase, where the next forward would)
   bool defer = false;
+  // stages 2 and 3: ZeroOptions::bucketsInFlight (gradient buckets waiting for their
+  // reduce-scatter before backward waits for the oldest)
+  int bucketsInFlight = 2;
   // MiB of 8-bit pixels each step normalises after step(), a stand-in for loading the next batch
   // (Note [Data phase] in zero_bench_worker.cpp); 0: none
   double dataMib = 0;
@@ -51,6 +54,7 @@ struct ZeroResult {
   int stage = 0;
   bool buildSharded = false;
   bool defer = false;
+  int bucketsInFlight = 2;
   int world = 0;
   int64_t parameters = 0;
   std::string backend;

@@ -132,6 +132,7 @@ std::unique_ptr<torch::optim::Optimizer> makeOptimizer(DistributedDataParallel<D
   zo.stage = stage;
   zo.forwardPrefetch = config.forwardPrefetch;
   zo.deferAllgatherWait = config.defer;
+  zo.bucketsInFlight = config.bucketsInFlight;
   if (stage == 3 && config.paramDtype) zo.paramDtype = at::kBFloat16;
   return std::make_unique<ShardedOptimizer>(ddp, optimizerFactory<torch::optim::Adam>(adamOptions),
                                             zo);
@@ -553,6 +554,7 @@ int runZeroWorker(const ZeroConfig& config) {
   r.stage = config.stage;
   r.buildSharded = config.buildSharded;
   r.defer = config.defer;
+  r.bucketsInFlight = config.bucketsInFlight;
   r.world = group->size();
   r.backend = group->backend();
   for (const auto& p : ddp.parameters()) {
@@ -579,6 +581,7 @@ std::string toJson(const ZeroResult& r) {
   nlohmann::json j = {{"stage", r.stage},
                       {"build_sharded", r.buildSharded},
                       {"defer", r.defer},
+                      {"buckets_in_flight", r.bucketsInFlight},
                       {"data_ms", r.dataMs},
                       {"end_wait_ms", r.endWaitMs},
                       {"world", r.world},
@@ -623,6 +626,7 @@ ZeroResult zeroResultFromJson(const std::string& text) {
   r.stage = j.at("stage").get<int>();
   r.buildSharded = j.at("build_sharded").get<bool>();
   r.defer = j.at("defer").get<bool>();
+  r.bucketsInFlight = j.at("buckets_in_flight").get<int>();
   r.dataMs = j.at("data_ms").get<std::vector<double>>();
   r.endWaitMs = j.at("end_wait_ms").get<std::vector<double>>();
   r.world = j.at("world").get<int>();

@@ -18,7 +18,7 @@ step are the same from run to run; their ratios are printed the same way.
 
   benchmarks/zero/zero_peer_bench.py BUILD --counting-lib LIB [--worlds 2,4] [--pairs 5]
       [--width 1024] [--io 256] [--layers 6] [--batch 16] [--steps 5] [--warmup 2]
-      [--check-steps 3] [--json FILE] [--smoke]
+      [--check-steps 3] [--buckets-in-flight 2] [--json FILE] [--smoke]
 BUILD holds zero_bench and launch; LIB is librecompute_counting.so (benchmarks/recompute).
 """
 import argparse
@@ -56,7 +56,8 @@ def model_args(a):
 def ours(a, world, stage, out):
     cmd = ([os.path.join(a.build, "launch"), "--nproc-per-node", str(world), "--",
             os.path.join(a.build, "zero_bench"), "--worker", "--stage", str(stage)]
-           + model_args(a) + ["--warmup", str(a.warmup), "--steps", str(a.steps), "--out", out])
+           + model_args(a) + ["--warmup", str(a.warmup), "--steps", str(a.steps), "--out", out,
+                              "--buckets-in-flight", str(a.buckets_in_flight)])
     return run(cmd, out, env={"DTRAIN_SHM": "0"})
 
 
@@ -145,6 +146,8 @@ def main():
     for name, default in (("width", 1024), ("io", 256), ("layers", 6), ("batch", 16),
                           ("steps", 5), ("warmup", 2), ("check-steps", 3)):
         p.add_argument("--" + name, type=int, default=default)
+    p.add_argument("--buckets-in-flight", type=int, default=2,
+                   help="dtrain's ZeroOptions::bucketsInFlight (its default: 2)")
     p.add_argument("--json", default="")
     p.add_argument("--smoke", action="store_true",
                    help="the plumbing in CI time: world 2, a small model, one pair whose peer "
