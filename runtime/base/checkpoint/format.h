@@ -65,6 +65,7 @@
 // verify(), which also checks that the padding between entries is zero, so that no byte of a
 // file escapes a check. Nothing in a file is ever executed or deserialised into objects.
 
+#include <algorithm>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -205,9 +206,15 @@ class CheckpointReader {
   // Bytes [from, from + n) of one record into `out` (n bytes), its checksum checked over the
   // whole record as read() does -- through a small buffer, so the rest costs no memory.
   void readPart(const Entry& entry, uint64_t from, uint64_t n, void* out) const;
-  // A hint that `entry` is read soon (ByteSource::willRead): a caller that reads many asks for
-  // them all first (Note [Reading ahead], reader.cpp).
-  void willRead(const Entry& entry) const { source_->willRead(entry.offset, entry.size); }
+  // A hint that the first `n` bytes of `entry` (at most all of it) are read soon
+  // (ByteSource::willRead): a caller that reads many asks for them together, up to
+  // readAheadBytes() in all (Note [Reading ahead], reader.cpp).
+  void willRead(const Entry& entry, uint64_t n) const {
+    source_->willRead(entry.offset, std::min(n, entry.size));
+  }
+  // The most a reader asks for ahead of what it has read: a quarter of the memory available
+  // when the reader was opened (Note [Reading ahead]).
+  uint64_t readAheadBytes() const { return readAhead_; }
   // Checks every record's checksum (reading through a bounded buffer); throws naming the first
   // bad entry.
   void verify() const;
@@ -221,6 +228,7 @@ class CheckpointReader {
   std::unique_ptr<ByteSource> source_;
   Header header_;
   std::vector<Entry> entries_;
+  uint64_t readAhead_ = 0;
 };
 
 }  // namespace dtrain::checkpoint

@@ -10,9 +10,11 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <fstream>
 #include <map>
 #include <memory>
 #include <numeric>
+#include <string>
 
 #include <fmt/format.h>
 #include <xxhash.h>
@@ -41,9 +43,28 @@ bool knownKind(uint8_t code) { return code >= 1 && code <= 4; }
 // the page cache that is the fastest way; from the device it is one synchronous request at a
 // time, each waiting its latency, the kernel's readahead window (128 KiB by default) too small to
 // hide it: a restore at 2 ranks from a file not in the page cache took 0.65 s where DCP's,
-// reading each tensor in one call, took 0.32 s (dcp_bench, 705 MB). So the whole entry is asked
-// for first (posix_fadvise(WILLNEED)): the kernel queues all of its reads at once, and the chunks
-// then find their pages arriving or arrived. Pages already cached cost a lookup each.
+// reading each tensor in one call, took 0.32 s (dcp_bench, 705 MB). So the bytes are asked for
+// first (posix_fadvise(WILLNEED)): the kernel queues their reads at once, and the chunks then
+// find their pages arriving or arrived; a caller about to read many entries (a restoring rank's
+// shard records, ShardAssembly::read) asks for all of them together, where the device gets the
+// most requests at once (0.43 s against 0.52 s in 5 interleaved pairs against asking for 256 MiB
+// at once and 64 MiB ahead of each entry's reads). Bounded by a quarter of MemAvailable at the
+// open (readAheadBytes()), so that state larger than memory does not fill the page cache with
+// pages evicted before they are read: readPart() asks for at most that much beyond the chunk it
+// reads. Pages already cached cost a lookup each.
+// A quarter of /proc/meminfo's MemAvailable, at least 64 MiB (256 MiB when it cannot be read).
+uint64_t readAheadBudget() {
+  constexpr uint64_t kLeast = uint64_t{64} << 20;
+  std::ifstream in("/proc/meminfo");
+  std::string key;
+  uint64_t kib = 0;
+  std::string unit;
+  while (in >> key >> kib >> unit) {
+    if (key == "MemAvailable:") return std::max(kLeast, kib * 1024 / 4);
+  }
+  return 4 * kLeast;
+}
+
 class FileSource : public ByteSource {
  public:
   FileSource(std::string path, int fd, uint64_t size)
@@ -253,6 +274,7 @@ CheckpointReader::CheckpointReader(std::unique_ptr<ByteSource> source)
   parseHeader();
   parseManifest();
   checkEntries();
+  if (!source_->memory()) readAhead_ = readAheadBudget();
 }
 
 CheckpointReader CheckpointReader::open(const std::string& path) {
@@ -425,16 +447,21 @@ void CheckpointReader::readPart(const Entry& e, uint64_t from, uint64_t n, void*
     if (n) std::memcpy(out, mem + e.offset + from, n);
   } else {
     // In chunks, each hashed while it is still in the CPU's cache: the wanted bytes read into
-    // place, the others through a buffer of kChunk bytes; the whole entry asked for first (Note
-    // [Reading ahead]).
+    // place, the others through a buffer of kChunk bytes; the bytes ahead asked for as it goes
+    // (Note [Reading ahead]).
     constexpr uint64_t kChunk = 256 << 10;
-    source_->willRead(e.offset, e.size);
     std::vector<uint8_t> buffer;
     auto* into = static_cast<uint8_t*>(out);
     std::unique_ptr<XXH3_state_t, XXH_errorcode (*)(XXH3_state_t*)> state(XXH3_createState(),
                                                                           XXH3_freeState);
     XXH3_64bits_reset(state.get());
+    uint64_t asked = 0;  // bytes of the entry asked for ahead (Note [Reading ahead])
     for (uint64_t done = 0; done < e.size;) {
+      if (asked < e.size && done + readAhead_ / 2 >= asked) {
+        const uint64_t ask = std::min(readAhead_, e.size - asked);
+        source_->willRead(e.offset + asked, ask);
+        asked += ask;
+      }
       uint64_t len = std::min(kChunk, e.size - done);
       uint8_t* at = nullptr;
       if (done >= from && done < from + n) {

@@ -572,10 +572,17 @@ void ShardAssembly::read(const CheckpointReader& reader, uint32_t owner,
   std::vector<std::pair<int64_t*, int64_t>> covered;
   std::vector<std::pair<Need*, int64_t>> steps;
   const std::vector<SavedRecord> records = savedRecords(reader, owner, sharded_, modules);
+  // Every entry this rank reads, asked for at once, up to the reader's bound (Note [Reading
+  // ahead], reader.cpp).
+  uint64_t asked = 0;
+  const uint64_t budget = reader.readAheadBytes();
   for (const SavedRecord& r : records) {
-    // Every entry this rank reads, asked for at once (Note [Reading ahead], reader.cpp).
     if (!overlap(r.optimizer, r.param, r.begin(), r.end()).need) continue;
-    for (const auto& field : r.fields) reader.willRead(*field.second);
+    for (const auto& field : r.fields) {
+      if (asked >= budget) break;
+      reader.willRead(*field.second, budget - asked);
+      asked += std::min(budget - asked, field.second->size);
+    }
   }
   for (const SavedRecord& r : records) {
     const Overlap o = overlap(r.optimizer, r.param, r.begin(), r.end());
