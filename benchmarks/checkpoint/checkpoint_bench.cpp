@@ -146,24 +146,6 @@ struct Peer {
   }
 };
 
-void dropFromCache(const std::string& path) {
-  int fd = ::open(path.c_str(), O_RDONLY);
-  ::fsync(fd);
-  ::posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);
-  ::close(fd);
-}
-
-// Reads `path` once, so that its pages are in the page cache: a save of this size writes its
-// bulk with O_DIRECT (Note [Staged direct writes] in file_io.cpp) and leaves none cached, where
-// torch.save's buffered write leaves all of it; "warm" rows read both files from the cache.
-void readIntoCache(const std::string& path) {
-  int fd = ::open(path.c_str(), O_RDONLY);
-  std::vector<char> buffer(size_t{4} << 20);
-  while (fd >= 0 && ::read(fd, buffer.data(), buffer.size()) > 0) {
-  }
-  ::close(fd);
-}
-
 uint64_t fileSize(const std::string& path) {
   struct stat st {};
   return ::stat(path.c_str(), &st) == 0 ? static_cast<uint64_t>(st.st_size) : 0;
@@ -225,7 +207,10 @@ IoTimes measureIo(int reps, dtrain::Checkpointer& checkpointer, Peer& peer,
     checkpointer.committedSteps();
     std::string file = checkpointer.nodeDirectory() + "/" + fmt::format("step-{:08d}", step);
     io.bytes = fileSize(file);
-    readIntoCache(file);  // dd's input and the warm load read it from the page cache
+    // dd's input and the warm load read it from the page cache: a save of this size writes its
+    // bulk with O_DIRECT (Note [Staged direct writes] in file_io.cpp) and leaves none cached,
+    // where torch.save's buffered write leaves all of it.
+    dtrain::bench::readIntoCache(file);
     t["dd write+fsync"].push_back(timeCommand(
         {"dd", "if=" + file, "of=" + dir + "/dd.bin", "bs=4M", "conv=fsync", "status=none"}));
     if (peer.ok) {
@@ -236,7 +221,7 @@ IoTimes measureIo(int reps, dtrain::Checkpointer& checkpointer, Peer& peer,
     checkpointer.restore();
     t["load"].push_back(since(start));
     if (peer.ok) t["torch.load"].push_back(peer.ask("load " + dir + "/torch.pt"));
-    dropFromCache(file);
+    dtrain::bench::dropFromCache(file);
     start = Clock::now();
     checkpointer.restore();
     t["load cold"].push_back(since(start));
@@ -246,7 +231,7 @@ IoTimes measureIo(int reps, dtrain::Checkpointer& checkpointer, Peer& peer,
     }
     t["dd read"].push_back(
         timeCommand({"dd", "if=" + file, "of=/dev/null", "bs=4M", "status=none"}));
-    dropFromCache(dir + "/dd.bin");
+    dtrain::bench::dropFromCache(dir + "/dd.bin");
     t["dd read cold"].push_back(
         timeCommand({"dd", "if=" + dir + "/dd.bin", "of=/dev/null", "bs=4M", "status=none"}));
     checkpointer.committedSteps();

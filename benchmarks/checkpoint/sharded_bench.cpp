@@ -97,23 +97,34 @@ double timed(ProcessGroup& group, Fn&& fn) {
 // file read once (a restore right after the save on the same machine). dcp_peer.py does the
 // same. One node: local rank 0 prepares, the others wait at the timed load's first barrier.
 void prepareCache(const std::string& dir, bool warm) {
-  std::vector<char> buffer(warm ? size_t{4} << 20 : 0);
   for (const auto& f : std::filesystem::recursive_directory_iterator(dir)) {
     if (!f.is_regular_file()) continue;
-    const int fd = ::open(f.path().c_str(), O_RDONLY);
-    DTRAIN_CHECK(fd >= 0, "cannot open {}", f.path().string());
     if (warm) {
-      while (::read(fd, buffer.data(), buffer.size()) > 0) {
-      }
+      readIntoCache(f.path().string());
     } else {
-      ::fsync(fd);
-      ::posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);
+      dropFromCache(f.path().string());
     }
-    ::close(fd);
   }
 }
 
 }  // namespace
+
+void dropFromCache(const std::string& path) {
+  const int fd = ::open(path.c_str(), O_RDONLY);
+  DTRAIN_CHECK(fd >= 0, "cannot open {}", path);
+  ::fsync(fd);
+  ::posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);
+  ::close(fd);
+}
+
+void readIntoCache(const std::string& path) {
+  const int fd = ::open(path.c_str(), O_RDONLY);
+  DTRAIN_CHECK(fd >= 0, "cannot open {}", path);
+  std::vector<char> buffer(size_t{4} << 20);
+  while (::read(fd, buffer.data(), buffer.size()) > 0) {
+  }
+  ::close(fd);
+}
 
 ShardedConfig parseShardedArgs(int argc, char** argv) {
   ShardedConfig c;

@@ -34,6 +34,11 @@ struct ShardedConfig {
   int batch = kShardedBatch;
 };
 
+// `path` fsynced and dropped from the page cache (posix_fadvise(DONTNEED), no root needed), or
+// read once so that all of it is there.
+void dropFromCache(const std::string& path);
+void readIntoCache(const std::string& path);
+
 // Parses the arguments after --sharded; throws InvalidArgument naming what was wrong.
 ShardedConfig parseShardedArgs(int argc, char** argv);
 

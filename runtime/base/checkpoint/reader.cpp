@@ -52,6 +52,7 @@ bool knownKind(uint8_t code) { return code >= 1 && code <= 4; }
 // open (readAheadBytes()), so that state larger than memory does not fill the page cache with
 // pages evicted before they are read: readPart() asks for at most that much beyond the chunk it
 // reads. Pages already cached cost a lookup each.
+
 // A quarter of /proc/meminfo's MemAvailable, at least 64 MiB (256 MiB when it cannot be read).
 uint64_t readAheadBudget() {
   constexpr uint64_t kLeast = uint64_t{64} << 20;
