@@ -65,6 +65,8 @@ std::shared_ptr<comm::Buffer> GradientPool::takeFree(size_t bytes) {
   auto bucket = std::move(free_[best].bucket);
   free_.erase(free_.begin() + static_cast<std::ptrdiff_t>(best));
   ++leased_;
+  leasedBytes_ += bucket->bytes();
+  leasedPeak_ = std::max(leasedPeak_, leasedBytes_);
   return bucket;
 }
 
@@ -81,13 +83,20 @@ std::shared_ptr<comm::Buffer> GradientPool::allocate(size_t bytes) {
   auto bucket = comm_.allocate(std::max<size_t>(1, bytes));
   capacity_ += bucket->bytes();
   ++leased_;
+  leasedBytes_ += bucket->bytes();
+  leasedPeak_ = std::max(leasedPeak_, leasedBytes_);
   return bucket;
 }
 
 void GradientPool::give(std::shared_ptr<comm::Buffer> bucket) {
   DTRAIN_CHECK(bucket != nullptr && leased_ > 0, "GradientPool: a bucket given back twice");
   --leased_;
-  free_.push_back({std::move(bucket), generation_});
+  leasedBytes_ -= bucket->bytes();
+  if (keepFree_) {
+    free_.push_back({std::move(bucket), generation_});
+  } else {
+    capacity_ -= bucket->bytes();  // to the communicator's cache, when the last view goes
+  }
 }
 
 void GradientPool::trim() {
@@ -100,6 +109,8 @@ void GradientPool::trim() {
     }
   }
   ++generation_;
+  lastLeasedPeak_ = leasedPeak_;
+  leasedPeak_ = leasedBytes_;
 }
 
 }  // namespace dtrain::zero

@@ -4,6 +4,7 @@
 // parameters, in place), the gradient norm over every rank's shards, and stage 2's pool of
 // full-size gradient buckets.
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -40,26 +41,35 @@ double globalNorm(comm::Communicator& comm, const std::vector<at::Tensor>& grads
 // Stage 2's full-size gradient buckets and stage 3's gathered units come from
 // Communicator::allocate (shared-memory arena pages, pre-touched Gloo memory, device memory) and
 // are reused from one step to the next, through a GradientPool each: the first touch of fresh
-// pages is slow (~14 us per 4 KiB page on the CPU), cudaMalloc and cudaFree synchronise. What a
-// pool holds between steps should be what the step has in flight at once, as PyTorch FSDP2's
-// caching allocator holds its all-gather outputs and reduce-scatter inputs:
-//   - a buffer is the request's size, as the communicator rounds it (a page), not more: units of
-//     one layout are near-equal, and a larger free buffer serves a smaller unit (the smallest
-//     that fits), so a step reuses what the last one left, never a doubled size class;
-//   - a new buffer first releases the free ones too small for it, so the pool holds what the
-//     units in flight need, not their history;
-//   - trim(), once per step (ShardGroup::trimPools, from ShardedOptimizer::step), releases the
-//     free buffers that lay idle since before the last trim -- a one-off full gather
-//     (gatherFullParameters), more buckets than a steady step leases -- and then the
-//     communicator's own cache (Communicator::trimBuffers, Note [Host buffer reuse] in
-//     runtime/comm/host_buffer_pool.h) gives back what it kept idle as long, such as the buffers
-//     the units were bound through when built whole. What every step uses is never released, so
-//     no page is touched twice in a steady state.
+// pages is slow (~14 us per 4 KiB page on the CPU), cudaMalloc and cudaFree synchronise. A step
+// holds what it has in flight at once, as PyTorch FSDP2 holds its all-gather outputs and
+// reduce-scatter inputs in tensors it frees when done; what it does with a buffer it is done
+// with depends on where the memory lives:
+//   - host memory (a CPU communicator: Gloo's pool, the shared-memory arena): given back to the
+//     communicator at once. Its cache keeps the buffer, pages touched, for the next request it
+//     fits (Note [Host buffer reuse] in runtime/comm/host_buffer_pool.h), from either pool: a
+//     gathered unit's buffer serves the next gradient bucket as the allocator's free lists
+//     serve FSDP2's next tensor. So a buffer is in use exactly while a collective or a unit
+//     needs it, and none is held idle by a pool while the step's activations peak (the start
+//     of backward, before any gradient is ready);
+//   - device memory (NCCL, whose buffers are freed when released): kept in the pool, free, for
+//     the next request; a new buffer first releases the free ones too small for it, so the pool
+//     holds what the units in flight need, not their history.
+// Either way a buffer is the request's size as the communicator rounds it (a page), and units of
+// one layout are near-equal, so a step reuses what the last one left, never a doubled size
+// class. trim(), once per step (ShardGroup::trimPools, from ShardedOptimizer::step), releases
+// the free buffers that lay idle since before the last trim -- a one-off full gather
+// (gatherFullParameters), more buckets than a steady step leases -- and then the communicator's
+// own cache (Communicator::trimBuffers) gives back what it kept idle as long, such as the
+// buffers the units were bound through when built whole. What every step uses is never released
+// to the system, so no page is touched twice in a steady state.
 class GradientPool {
  public:
-  explicit GradientPool(comm::Communicator& comm) : comm_(comm) {}
+  // keepFree: the pool keeps the buffers given back (device memory); otherwise the communicator
+  // does.
+  GradientPool(comm::Communicator& comm, bool keepFree) : comm_(comm), keepFree_(keepFree) {}
 
-  // A free bucket of at least `bytes` (the smallest such), or null when none is free.
+  // A free bucket of at least `bytes` (the smallest such) kept here, or null when none is.
   std::shared_ptr<comm::Buffer> takeFree(size_t bytes);
   // A new bucket of at least `bytes`; free buckets too small for it are released first.
   std::shared_ptr<comm::Buffer> allocate(size_t bytes);
@@ -68,7 +78,12 @@ class GradientPool {
   void trim();
 
   size_t leased() const { return leased_; }
-  size_t capacityBytes() const { return capacity_; }
+  // What the pool's buffers take: those leased and those kept free here; for a pool that keeps
+  // none, the most leased at once over the cycle before the last trim() or since (what a step
+  // takes of the communicator's memory, cached between steps).
+  size_t capacityBytes() const {
+    return keepFree_ ? capacity_ : std::max(leasedPeak_, lastLeasedPeak_);
+  }
 
  private:
   struct Free {
@@ -76,9 +91,13 @@ class GradientPool {
     uint64_t generation;  // trims done when it was given back
   };
   comm::Communicator& comm_;
+  bool keepFree_;
   std::vector<Free> free_;
   size_t leased_ = 0;
-  size_t capacity_ = 0;
+  size_t capacity_ = 0;     // leased and free bytes
+  size_t leasedBytes_ = 0;  // leased bytes now
+  size_t leasedPeak_ = 0;   // the most leasedBytes_ since the last trim()
+  size_t lastLeasedPeak_ = 0;
   uint64_t generation_ = 0;
 };
 

@@ -37,7 +37,11 @@
 // the parameter's .grad released. Buckets come from a pool and go back to it; when
 // ZeroOptions::bucketsInFlight of them are out and another unit needs one, backward waits for the
 // oldest reduce-scatter first (when one is running; otherwise the pool grows), so the full-size
-// gradient memory stays a few units whatever the model's size.
+// gradient memory stays a few units whatever the model's size. Before a bucket is taken, the
+// reduce-scatters already over give theirs back, without waiting (finishCompletedReduces): on the
+// CPU that buffer then serves the request from the communicator's cache (Note [Communication
+// buffers of a step] in collectives.h), instead of a second one being in use beside a bucket
+// that only waits for its turn to be finished.
 
 namespace dtrain::zero {
 
@@ -80,8 +84,9 @@ ShardGroup::ShardGroup(std::shared_ptr<ProcessGroup> group, ShardLayout layout,
       reduceWork_(units_.size()),
       reduceInto_(units_.size()),
       gatherWork_(units_.size()),
-      pool_(comm_),
-      paramPool_(comm_),
+      // Note [Communication buffers of a step]: host memory goes back to the communicator.
+      pool_(comm_, /*keepFree=*/!group_->device().is_cpu()),
+      paramPool_(comm_, /*keepFree=*/!group_->device().is_cpu()),
       gathers_(units_.size(), 0),
       modules_(units_.size()),
       forwardOrder_(units_.size()),
@@ -167,8 +172,16 @@ void ShardGroup::dropShardGradient(size_t k, size_t j) {
   u.shardGrad().narrow(0, begin - mine, end - begin).zero_();
 }
 
+void ShardGroup::finishCompletedReduces() {
+  // See Note [Gradient buckets of stage 2]: in launch order, as finishReduce() requires.
+  while (!reducing_.empty() && reduceWork_[reducing_.front()]->isCompleted()) {
+    finishReduce(reducing_.front());
+  }
+}
+
 void ShardGroup::lease(size_t k) {
   // See Note [Gradient buckets of stage 2].
+  finishCompletedReduces();
   ShardUnit& u = *units_[k];
   const size_t bytes = u.paddedNumel() * c10::elementSize(u.gradType());
   auto bucket = pool_.takeFree(bytes);

@@ -161,9 +161,11 @@ struct ZeroMemory {
   size_t gradients = 0;       // held between steps: stage 1 full, stage 2 this rank's shard
   size_t masterWeights = 0;   // float32 master shards (lower-precision parameters; offload: all)
   size_t optimizerState = 0;  // the real optimizers' state over this rank's shards
-  // Stage 2's full-size gradient buckets (reused; alive only while their reduce-scatter runs,
-  // kept for the next backward): communication memory, like DDP's buckets without
-  // gradientAsBucketView.
+  // Stage 2's full-size gradient buckets (alive only while their reduce-scatter runs, reused
+  // by the next backward): communication memory, like DDP's buckets without
+  // gradientAsBucketView. On the CPU, the most in use at once over the last step (between steps
+  // they wait in the communicator's cache, BufferStats::cachedBytes); on a GPU, those in use and
+  // those kept free for the next backward.
   size_t buckets = 0;
   // Gradients of the module's parameters outside the units' buffers: stages 2 and 3's full
   // gradients accumulated under noSync() until the synchronising backward.
@@ -172,8 +174,8 @@ struct ZeroMemory {
   // size, while it holds a buffer of the reuse pool), and the most ever gathered at once.
   size_t gathered = 0;
   size_t peakGathered = 0;
-  // Stage 3: the buffers of the pool gathered units draw from, in use or kept for the next
-  // gather -- communication memory, as `buckets` (docs/design.md, "Communication buffers").
+  // Stage 3: the buffers gathered units draw from, counted as `buckets` are -- communication
+  // memory (docs/design.md, "Communication buffers").
   size_t gatherPool = 0;
 
   // Offload (ZeroOptions::offload on an accelerator): how many of the bytes above are in the
