@@ -68,11 +68,13 @@ constexpr const char* kPeakFileVariable = "DTRAIN_COUNTING_PEAK_FILE";
 // What this process holds, tensors and communicator buffers together. Guarded by mutex.
 struct Totals {
   std::mutex mutex;
-  bool buffersCounted = false;                 // set once, by the constructor below
-  int64_t bufferBytes = 0;                     // handed out by the pool, not released
-  int64_t bufferPeak = 0;                      // the most bufferBytes at once
-  int64_t tensorPeak = 0;                      // the allocator's peaks before its resets
-  int64_t peak = 0;                            // the most tensor + buffer bytes at once
+  bool buffersCounted = false;   // set once, by the constructor below
+  int64_t bufferBytes = 0;       // handed out by the pool, not released
+  int64_t bufferPeak = 0;        // the most bufferBytes at once
+  int64_t tensorPeak = 0;        // the allocator's peaks before its resets
+  int64_t peak = 0;              // the most tensor + buffer bytes at once
+  int64_t windowTensorPeak = 0;  // the same two since dtrain_counting_window_start
+  int64_t windowPeak = 0;
   std::unordered_map<void*, int64_t> buffers;  // data -> bytes counted
   std::string path;                            // PREFIX.<RANK>
   pid_t pid = 0;                               // the process that writes it
@@ -90,6 +92,8 @@ void closeInterval(Totals& t, CountingCpuAllocator& a) {
   const int64_t tensorPeak = a.peak();
   t.tensorPeak = std::max(t.tensorPeak, tensorPeak);
   t.peak = std::max(t.peak, tensorPeak + t.bufferBytes);
+  t.windowTensorPeak = std::max(t.windowTensorPeak, tensorPeak);
+  t.windowPeak = std::max(t.windowPeak, tensorPeak + t.bufferBytes);
   a.resetPeak();
 }
 
@@ -197,6 +201,30 @@ int64_t dtrain_counting_peak() {
 // What the exit handler writes (DTRAIN_COUNTING_PEAK_FILE), now: for a process that leaves with
 // _exit() and skips the handlers (a Python peer skipping the interpreter's teardown).
 void dtrain_counting_write_peak() { writePeak(); }
+// A window of a program that preloads this library with DTRAIN_COUNTING_PEAK_FILE set (so that
+// buffers are counted): zero_bench's worker measures a training step so (Note [Peak in a step] in
+// benchmarks/zero/zero_bench_worker.cpp). Start, then read the most tensor bytes alive at once
+// and the most tensor and buffer bytes at one moment since; -1 for both where buffers are not
+// counted. The whole run's figures are not touched.
+void dtrain_counting_window_start() {
+  Totals& t = totals();
+  std::lock_guard<std::mutex> lock(t.mutex);
+  CountingCpuAllocator& a = CountingCpuAllocator::install();
+  closeInterval(t, a);
+  t.windowTensorPeak = a.live();
+  t.windowPeak = a.live() + t.bufferBytes;
+}
+void dtrain_counting_window_peaks(int64_t* tensorPeak, int64_t* peak) {
+  Totals& t = totals();
+  std::lock_guard<std::mutex> lock(t.mutex);
+  if (!t.buffersCounted) {
+    *tensorPeak = *peak = -1;
+    return;
+  }
+  closeInterval(t, CountingCpuAllocator::install());
+  *tensorPeak = t.windowTensorPeak;
+  *peak = t.windowPeak;
+}
 void dtrain_counting_reset_peak() {
   Totals& t = totals();
   std::lock_guard<std::mutex> lock(t.mutex);

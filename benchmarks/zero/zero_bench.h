@@ -91,6 +91,9 @@ struct ZeroResult {
   // between steps, what the communicator keeps cached and unused after them, and the real
   // optimizers' state (ZeroMemory::optimizerState; DDP: Adam's).
   std::vector<double> stepPeakStorageBytes, commPeakBytes, commHeldBytes, commIdleBytes;
+  // Tensor storage and communicator buffers at one moment, per rank; empty unless the counting
+  // library is preloaded (Note [Peak in a step] in zero_bench_worker.cpp).
+  std::vector<double> stepPeakBytes;
   std::vector<double> optimizerStateBytes;
   std::vector<double> socketBytes;  // rank 0's bytes written per step (/proc/self/io wchar)
 };

@@ -6,6 +6,8 @@
 // segment in every rank), the full
 // parameters alive at once, the payload bytes of each step (Communicator::payloadBytes()) and
 // what its collectives cost alone.
+#include <dlfcn.h>
+
 #include <chrono>
 #include <cstring>
 #include <fstream>
@@ -266,18 +268,31 @@ class DataPhase {
 // Note [Peak in a step]
 // What a rank holds at the most in a training step, for the comparison with PyTorch's FSDP2 and
 // ZeroRedundancyOptimizer (benchmarks/zero/zero_peer.py counts its side with the same counting
-// allocator, loaded when its process starts): the peak of CPU tensor storage alive, counted from
-// the worker's start (the model, its gradients, the optimizer's state, the batch, activations,
-// the parts gathered into tensors), reset when each timed step begins and read when it ends, the
-// most over the timed steps; plus the most of the communicator's buffers in use at once in those
-// steps (Communicator::bufferStats(), peak reset likewise), where ZeRO keeps what PyTorch's FSDP2
-// holds in tensors: gathered units and gradient buckets (stage 1: the units' full gradients). A
-// buffer a ZeRO pool keeps for the next step counts as in use: the pools keep what a step uses
-// (Note [Communication buffers of a step] in runtime/torch/zero/collectives.h). Both peaks are
-// read apart, so their sum bounds the step's peak from above. Reported beside it, not in it: the
-// buffers in use between steps (held), and the communicator's cache of released buffers after
-// the timed steps (idle: resident memory nobody uses, what the OOM killer sees too). The
-// benchmark's own buffers (CollectivesAlone) are left out of all three.
+// allocator, loaded when its process starts): CPU tensor storage alive, counted from the
+// worker's start (the model, its gradients, the optimizer's state, the batch, activations, the
+// parts gathered into tensors), plus the communicator's buffers in use, where ZeRO keeps what
+// PyTorch's FSDP2 holds in tensors: gathered units and gradient buckets (stage 1: the units'
+// full gradients). Each is reset when a timed step begins and read when it ends, the most over
+// the timed steps. Two ways:
+//   - at one moment, when the counting library (benchmarks/recompute/counting_library.cpp) is
+//     preloaded with DTRAIN_COUNTING_PEAK_FILE set, as zero_peer_bench.py runs this worker: the
+//     library counts both at every buffer event (Note [Communicator buffers] there), and
+//     dtrain_counting_window_start / _peaks bound the step. This is the figure set beside the
+//     peer's, whose buffers are tensors counted at the same moments;
+//   - apart, always: the tensor storage's peak (the installed CountingCpuAllocator) and the
+//     buffers' (Communicator::bufferStats()), whose sum bounds the step's peak from above.
+// Reported beside them, not in them: the buffers in use between steps (held), and the
+// communicator's cache of released buffers after the timed steps (idle: resident memory nobody
+// uses, what the OOM killer sees too, as the allocator's free lists on the peer's side). The
+// benchmark's own buffers (CollectivesAlone) are left out of all of them.
+struct StepWindow {
+  using Start = void (*)();
+  using Peaks = void (*)(int64_t*, int64_t*);
+  Start start = reinterpret_cast<Start>(::dlsym(RTLD_DEFAULT, "dtrain_counting_window_start"));
+  Peaks peaks = reinterpret_cast<Peaks>(::dlsym(RTLD_DEFAULT, "dtrain_counting_window_peaks"));
+
+  bool counted() const { return start != nullptr && peaks != nullptr; }
+};
 
 // /proc/self/io's wchar: bytes this process passed to write() and its kin, Gloo's sockets
 // among them (its TCP pairs send with writev; sendmsg() would not count).
@@ -304,7 +319,8 @@ void timeSteps(const ZeroConfig& config, const Training& t, ZeroResult& r) {
   DataPhase data(config.dataMib);
   TurnTaker turns(config.turns, t.group.rank() == 0);
   auto& storage = testing::CountingCpuAllocator::install();
-  double peakStorage = 0, peakComm = 0, heldComm = 0;
+  const StepWindow window;  // Note [Peak in a step]
+  double peakStorage = 0, peakComm = 0, heldComm = 0, peakBoth = -1;
   for (int i = 0; i < config.warmup + config.steps; ++i) {
     turns.begin();
     t.group.barrier();
@@ -313,6 +329,7 @@ void timeSteps(const ZeroConfig& config, const Training& t, ZeroResult& r) {
     const double written0 = writtenBytes();
     storage.resetPeak();
     comm.resetBufferPeak();
+    if (window.counted()) window.start();
     const auto t0 = Clock::now();
     if (t.sharded) {
       t.sharded->zero_grad();  // unsets the shards' gradients: see ShardedOptimizer::zero_grad()
@@ -330,7 +347,9 @@ void timeSteps(const ZeroConfig& config, const Training& t, ZeroResult& r) {
     const auto t5 = Clock::now();
     const uint64_t payload = comm.payloadBytes() - payload0;
     const double written = writtenBytes() - written0;
-    const auto stepPeak = static_cast<double>(storage.peak());
+    auto stepPeak = static_cast<double>(storage.peak());
+    int64_t windowTensors = -1, windowBoth = -1;
+    if (window.counted()) window.peaks(&windowTensors, &windowBoth);
     const comm::BufferStats buffers = comm.bufferStats();
     t.group.barrier();  // Note [Waiting for the others]
     const auto t6 = Clock::now();
@@ -363,6 +382,12 @@ void timeSteps(const ZeroConfig& config, const Training& t, ZeroResult& r) {
     r.otherMs.push_back(r.stepMs.back() - r.computeMs.back() - r.commMs.back() - optimizerMs);
     r.payloadBytes.push_back(static_cast<double>(payload));
     r.socketBytes.push_back(written);
+    if (windowBoth >= 0) {
+      // The library's own count: the allocator installed here may be the library's one, whose
+      // peak it restarts at every buffer event.
+      stepPeak = static_cast<double>(windowTensors);
+      peakBoth = std::max(peakBoth, static_cast<double>(windowBoth) - aloneBuffers);
+    }
     peakStorage = std::max(peakStorage, stepPeak);
     peakComm = std::max(peakComm, static_cast<double>(buffers.peakInUseBytes) - aloneBuffers);
     heldComm = std::max(heldComm, static_cast<double>(buffers.inUseBytes) - aloneBuffers);
@@ -376,14 +401,15 @@ void timeSteps(const ZeroConfig& config, const Training& t, ZeroResult& r) {
   } else {
     optimizerState = adamStateBytes(static_cast<torch::optim::Adam&>(t.optimizer));
   }
-  const auto ranks = t.group.allgather(
-      torch::tensor({peakStorage, peakComm, heldComm, idleComm, optimizerState}, torch::kDouble));
+  const auto ranks = t.group.allgather(torch::tensor(
+      {peakStorage, peakComm, heldComm, idleComm, optimizerState, peakBoth}, torch::kDouble));
   for (const auto& b : ranks) {
     r.stepPeakStorageBytes.push_back(b[0].item<double>());
     r.commPeakBytes.push_back(b[1].item<double>());
     r.commHeldBytes.push_back(b[2].item<double>());
     r.commIdleBytes.push_back(b[3].item<double>());
     r.optimizerStateBytes.push_back(b[4].item<double>());
+    if (b[5].item<double>() >= 0) r.stepPeakBytes.push_back(b[5].item<double>());
   }
 }
 
@@ -615,6 +641,7 @@ std::string toJson(const ZeroResult& r) {
                       {"comm_peak_bytes", r.commPeakBytes},
                       {"comm_held_bytes", r.commHeldBytes},
                       {"comm_idle_bytes", r.commIdleBytes},
+                      {"step_peak_bytes", r.stepPeakBytes},
                       {"optimizer_state_bytes", r.optimizerStateBytes},
                       {"socket_bytes", r.socketBytes}};
   return j.dump();
@@ -660,6 +687,7 @@ ZeroResult zeroResultFromJson(const std::string& text) {
   r.commPeakBytes = j.at("comm_peak_bytes").get<std::vector<double>>();
   r.commHeldBytes = j.at("comm_held_bytes").get<std::vector<double>>();
   r.commIdleBytes = j.at("comm_idle_bytes").get<std::vector<double>>();
+  r.stepPeakBytes = j.at("step_peak_bytes").get<std::vector<double>>();
   r.optimizerStateBytes = j.at("optimizer_state_bytes").get<std::vector<double>>();
   r.socketBytes = j.at("socket_bytes").get<std::vector<double>>();
   return r;

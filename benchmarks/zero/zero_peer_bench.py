@@ -58,7 +58,15 @@ def ours(a, world, stage, out):
             os.path.join(a.build, "zero_bench"), "--worker", "--stage", str(stage)]
            + model_args(a) + ["--warmup", str(a.warmup), "--steps", str(a.steps), "--out", out,
                               "--buckets-in-flight", str(a.buckets_in_flight)])
-    return run(cmd, out, env={"DTRAIN_SHM": "0"})
+    # The counting library preloaded counts tensors and communicator buffers at one moment
+    # (Note [Peak in a step] in zero_bench_worker.cpp); its whole-run files are not read.
+    env = {"DTRAIN_SHM": "0", "LD_PRELOAD": os.path.abspath(a.counting_lib),
+           "DTRAIN_COUNTING_PEAK_FILE": os.path.join(os.path.dirname(out), "whole-run")}
+    r = run(cmd, out, env=env)
+    if len(r.get("step_peak_bytes") or []) != len(r["step_peak_storage_bytes"]):
+        sys.exit("zero_peer_bench: zero_bench's worker counted no step peak with the counting "
+                 f"library preloaded ({a.counting_lib}): its functions were not found")
+    return r
 
 
 def peer(a, world, stage, out, check=False):
@@ -94,8 +102,9 @@ def print_stage3(world, pairs, check):
           f"{median_spread(step):>21} {med(0, 'peak') / MiB:>8.2f} {med(1, 'peak') / MiB:>8.2f} "
           f"{median_spread(peak):>21} {med(0, 'idle') / MiB:>7.2f} {o['bus'] / MiB:>7.2f} "
           f"{p['bus'] / MiB:>7.2f} {median_spread(bus):>21} {median_spread(sock):>21}")
-    print(f"  {'':>5} ours: peak = {o['storage'] / MiB:.2f} MiB tensor storage + "
-          f"{o['buffers'] / MiB:.2f} MiB communicator buffers in use (largest rank); held "
+    print(f"  {'':>5} ours: peak {o['peak'] / MiB:.2f} MiB at one moment; apart, "
+          f"{o['storage'] / MiB:.2f} MiB tensor storage and {o['buffers'] / MiB:.2f} MiB "
+          f"communicator buffers in use at their most (largest rank); held "
           f"between steps {o['held'] / MiB:.2f} MiB (most of any rank); socket MiB/step "
           f"ours {o['socket'] / MiB:.2f}, peer {p['socket'] / MiB:.2f}; aims: peak "
           f"{aim(median(peak))}, bus bytes {aim(median(bus))} (<= 1.0); peer check: "
@@ -118,14 +127,15 @@ def print_stage1(world, pairs, check):
 
 
 def figures(r):
-    """One run's figures. Peak: the largest rank's most in a step, tensor storage plus dtrain's
-    communicator buffers in use (Note [Peak in a step] in zero_bench_worker.cpp; the peer holds
-    none outside tensors). Held (in use between steps) and idle (the communicator's cache of
-    released buffers, resident but unused) are reported apart, the most of any rank."""
+    """One run's figures. Peak: the largest rank's most in a step, tensor storage and dtrain's
+    communicator buffers in use at one moment (Note [Peak in a step] in zero_bench_worker.cpp;
+    the peer holds none outside tensors); storage and buffers: the same rank's two peaks apart.
+    Held (in use between steps) and idle (the communicator's cache of released buffers, resident
+    but unused) are reported apart, the most of any rank."""
     storage = r["step_peak_storage_bytes"]
     none = [0] * len(storage)
     buffers = r.get("comm_peak_bytes") or none
-    totals = [s + b for s, b in zip(storage, buffers)]
+    totals = r.get("step_peak_bytes") or storage  # the peer: tensors alone
     i = totals.index(max(totals))
     return {"step": median(r["step_ms"]), "bus": median(r["payload_bytes"]),
             "socket": median(r["socket_bytes"]), "peak": totals[i],
@@ -163,10 +173,10 @@ def main():
           f"who goes first, {a.steps} steps (+{a.warmup} warm-up) each; ratio = ours / the "
           f"peer's, median [min-max] of the pairs{', SMOKE' if a.smoke else ''}")
     print("# ms: median step; peak: MiB per rank at the most in a step (largest rank; ours: "
-          "tensor storage + communicator buffers in use); idle: ours, MiB of released "
-          "communicator buffers cached after the steps (resident, unused, not in the peak; most "
-          "of any rank); bus: MiB per step counted as nccl-tests' busbw; socket: bytes written "
-          "per step (/proc/self/io wchar), ratio")
+          "tensor storage and communicator buffers in use at one moment); idle: ours, MiB of "
+          "released communicator buffers cached after the steps (resident, unused, not in the "
+          "peak; most of any rank); bus: MiB per step counted as nccl-tests' busbw; socket: "
+          "bytes written per step (/proc/self/io wchar), ratio")
     print(f"# {'world':>5} {'method':>12} {'ours ms':>8} {'peer ms':>8} {'step ratio':>21} "
           f"{'peak':>8} {'peer':>8} {'peak ratio':>21} {'idle':>7} {'bus':>7} {'peer':>7} "
           f"{'bus ratio':>21} {'socket ratio':>21}")
