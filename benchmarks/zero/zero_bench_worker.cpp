@@ -223,8 +223,9 @@ Clock::duration forwardBackward(const Training& t) {
   const auto start = Clock::now();
   torch::Tensor out = forwardOf(t);
   const auto forward = Clock::now() - start;
-  out = probeBackward(out, ProbeLog::Kind::GradIn, t.layers, &t.probes);
-  lossOf(out, t).backward();
+  torch::Tensor loss = lossOf(probeBackward(out, ProbeLog::Kind::GradIn, t.layers, &t.probes), t);
+  out.reset();  // what backward needs of the output, autograd keeps: as the peer's one expression
+  loss.backward();
   return forward;
 }
 
