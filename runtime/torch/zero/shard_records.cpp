@@ -1,6 +1,8 @@
 // What a sharded checkpoint needs of a ShardedOptimizer (dtrain/torch/zero.h): this rank's shard
 // records, by parameter name and element range (independent of units and world size), and the
 // loading of a state saved at any world size. See Note [Shard records].
+#include <algorithm>
+#include <cstring>
 #include <utility>
 #include <vector>
 
@@ -101,23 +103,47 @@ void ShardedOptimizer::loadShardState(const ShardReader& read) {
     auto fresh = optim_state::newParamState(type);
     optim_state::StateFields probe = optim_state::fieldsOf(*fresh);
     auto& states = optimizer.state();
+    // Each field is read straight into its place -- the master shard, and a state field's tensor
+    // at its first saved range: the state's own where nothing else holds it (its pages touched
+    // already, as DCP loads into the state_dict's tensors), else a new one, uninitialised --
+    // with no staging copy and no pass of zeros first; what no saved range wrote (padding, a
+    // range saved without that field) is zeroed afterwards, as a tensor made of zeros has it.
+    std::vector<at::Tensor> own(probe.tensors.size());
+    if (auto it = states.find(key); it != states.end()) {
+      optim_state::StateFields old = optim_state::fieldsOf(*it->second);
+      for (size_t f = 0; f < own.size() && f < old.tensors.size(); ++f) {
+        at::Tensor& t = *old.tensors[f].second;
+        if (std::strcmp(old.tensors[f].first, probe.tensors[f].first) == 0 && t.defined() &&
+            t.sizes() == u.optimized().sizes() && t.dtype() == u.optimized().dtype() &&
+            t.device() == u.optimized().device() && t.use_count() == 1 &&
+            t.storage().use_count() == 1) {
+          own[f] = std::move(t);  // no view of it anywhere (a save in flight holds views)
+        }
+      }
+    }
     states.erase(key);  // the unit ends exactly as saved: what was not saved is absent
     bool saved = false;
     std::optional<int64_t> step;
+    std::vector<std::vector<std::pair<int64_t, int64_t>>> written(probe.tensors.size());
     for (const OwnedRange& r : ranges) {
       if (r.unit != k) continue;
       const std::string& name = u.params()[slotOf(u, r.param)].name;
       const int64_t len = r.end - r.begin;
-      at::Tensor part = at::empty({len}, u.optimized().options());
-      DTRAIN_CHECK(read({name, "master", r.begin, r.end}, part),
+      at::Tensor master = u.optimized().narrow(0, r.shardOffset, len);
+      DTRAIN_CHECK(read({name, "master", r.begin, r.end}, master),
                    "ShardedOptimizer::loadShardState: the saved state has no values of {} "
                    "[{}, {})",
                    name, r.begin, r.end);
-      u.optimized().narrow(0, r.shardOffset, len).copy_(part);
-      for (auto& [field, tensor] : probe.tensors) {
-        if (!read({name, field, r.begin, r.end}, part)) continue;
-        if (!tensor->defined()) *tensor = at::zeros_like(u.optimized());
-        tensor->narrow(0, r.shardOffset, len).copy_(part);
+      for (size_t f = 0; f < probe.tensors.size(); ++f) {
+        at::Tensor& tensor = *probe.tensors[f].second;
+        const bool made = !tensor.defined();
+        if (made) tensor = own[f].defined() ? own[f] : at::empty_like(u.optimized());
+        at::Tensor place = tensor.narrow(0, r.shardOffset, len);
+        if (!read({name, probe.tensors[f].first, r.begin, r.end}, place)) {
+          if (made) tensor = at::Tensor();
+          continue;
+        }
+        written[f].emplace_back(r.shardOffset, len);
         saved = true;
       }
       at::Tensor count = at::zeros({1}, at::kLong);
@@ -130,6 +156,17 @@ void ShardedOptimizer::loadShardState(const ShardReader& read) {
         step = value;
         saved = true;
       }
+    }
+    for (size_t f = 0; f < probe.tensors.size(); ++f) {
+      at::Tensor& tensor = *probe.tensors[f].second;
+      if (!tensor.defined()) continue;
+      std::sort(written[f].begin(), written[f].end());
+      int64_t pos = 0;
+      for (const auto& [offset, len] : written[f]) {
+        if (offset > pos) tensor.narrow(0, pos, offset - pos).zero_();
+        pos = std::max(pos, offset + len);
+      }
+      if (pos < tensor.numel()) tensor.narrow(0, pos, tensor.numel() - pos).zero_();
     }
     if (saved) {
       if (probe.step) *probe.step = step.value_or(0);
@@ -146,14 +183,13 @@ void ShardedOptimizer::loadShardState(const ShardReader& read) {
     if (!u->frozen()) continue;
     const std::string& name = u->params()[slotOf(*u, r.param)].name;
     const int64_t len = r.end - r.begin;
-    at::Tensor part = at::empty({len}, u->ownedParams().options());
-    DTRAIN_CHECK(read({name, "master", r.begin, r.end}, part),
+    at::Tensor place = u->ownedParams().narrow(0, r.shardOffset, len);
+    DTRAIN_CHECK(read({name, "master", r.begin, r.end}, place),
                  "ShardedOptimizer::loadShardState: the saved state has no values of frozen {} "
                  "[{}, {}). HINT: a state saved where frozen parameters were whole (stages 1 and "
                  "2, or before stage 3 sharded them) has none; load such values into the model "
                  "before the stage-3 optimizer is built",
                  name, r.begin, r.end);
-    u->ownedParams().narrow(0, r.shardOffset, len).copy_(part);
   }
 }
 

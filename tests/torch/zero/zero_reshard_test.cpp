@@ -122,5 +122,66 @@ TEST(ZeroReshard, ParametersOnlyLeaveTheOptimizerUnstepped) {
   }
 }
 
+// A load into an optimizer that has stepped fills its state's own tensors in place (no second
+// copy of the state in memory), unless something holds a view of them -- a save in flight, here
+// the records taken before -- which then keeps the values it holds while a new tensor is loaded.
+TEST(ZeroReshard, ALoadFillsTheStatesOwnTensorsUnlessAViewOfThemIsHeld) {
+  constexpr int kWorld = 2;
+  auto threads = ThreadWorld::create(kWorld);
+  threads->run([&](int rank) {
+    auto group = threadGroup(*threads, rank);
+    Mlp net = buildSeeded(100, [] { return Mlp(7, 13, 5); });
+    DistributedDataParallel<Mlp> ddp(net, group);
+    ZeroOptions zo;
+    zo.stage = 2;
+    ShardedOptimizer adam(ddp, factoryFor("adamw"), zo);
+    auto train = [&](int s) {
+      auto x = randnSeeded({kGlobalBatch, 7}, 500 + s), y = randnSeeded({kGlobalBatch, 5}, 700 + s);
+      adam.zero_grad();
+      torch::mse_loss(ddp(shard(x, rank, kWorld)), shard(y, rank, kWorld)).backward();
+      adam.step();
+    };
+    // This rank's records hold its own elements alone (NaN elsewhere): compared bitwise so.
+    auto expectSaved = [&](const Snapshot& got, const Snapshot& want) {
+      ASSERT_EQ(got.fields.size(), want.fields.size());
+      for (const auto& [key, t] : want.fields) {
+        ASSERT_TRUE(got.fields.count(key)) << key.first << " " << key.second;
+        EXPECT_TRUE(torch::allclose(got.fields.at(key), t, 0, 0, /*equal_nan=*/true))
+            << "rank " << rank << ": " << key.first << " " << key.second;
+      }
+      EXPECT_EQ(got.steps, want.steps);
+    };
+    // The first field's place in this rank's first record.
+    auto where = [&] {
+      auto records = adam.shardRecords();
+      EXPECT_FALSE(records.empty() || records[0].state.empty());
+      return records[0].state[0].second.data_ptr();
+    };
+    train(0);
+    train(1);
+    Snapshot saved;
+    addRecords(saved, adam.shardRecords());
+    for (auto& [key, t] : saved.fields) t = t.clone();
+    train(2);
+    void* const before = where();
+    adam.loadShardState(readerOf(saved));
+    Snapshot loaded;
+    addRecords(loaded, adam.shardRecords());
+    expectSaved(loaded, saved);
+    EXPECT_EQ(where(), before) << "rank " << rank << ": loaded into the state's own tensor";
+
+    train(3);
+    const auto held = adam.shardRecords();  // views of the state, as a save in flight holds
+    const at::Tensor heldValues = held[0].state[0].second.clone();
+    adam.loadShardState(readerOf(saved));
+    EXPECT_NE(where(), held[0].state[0].second.data_ptr()) << "rank " << rank;
+    EXPECT_TRUE(torch::equal(held[0].state[0].second, heldValues))
+        << "rank " << rank << ": the held view's values changed under it";
+    Snapshot again;
+    addRecords(again, adam.shardRecords());
+    expectSaved(again, saved);
+  });
+}
+
 }  // namespace
 }  // namespace dtrain::testing::zero_reshard_test

@@ -241,8 +241,9 @@ struct ShardField {
   int64_t end = 0;
 };
 // Fills `out` (float32 or the field's dtype, [end - begin]; "step": int64 [1]) with what was
-// saved, gathered from the records of whichever ranks held it; false when nothing was saved for
-// that field (the state stays absent).
+// saved, gathered from the records of whichever ranks held it; false, `out` untouched, when
+// nothing was saved for that field (the state stays absent). `out` is a view of the place the
+// values go (the shard's own memory): write into it (copy_, fill_), never rebind it.
 using ShardReader = std::function<bool(const ShardField& what, at::Tensor& out)>;
 
 class ShardedOptimizer : public torch::optim::Optimizer {
