@@ -37,11 +37,12 @@
 // the parameter's .grad released. Buckets come from a pool and go back to it; when
 // ZeroOptions::bucketsInFlight of them are out and another unit needs one, backward waits for the
 // oldest reduce-scatter first (when one is running; otherwise the pool grows), so the full-size
-// gradient memory stays a few units whatever the model's size. Before a bucket is taken, the
-// reduce-scatters already over give theirs back, without waiting (finishCompletedReduces): on the
-// CPU that buffer then serves the request from the communicator's cache (Note [Communication
-// buffers of a step] in collectives.h), instead of a second one being in use beside a bucket
-// that only waits for its turn to be finished.
+// gradient memory stays a few units whatever the model's size. A bucket goes back when its
+// reduce-scatter is finished there (or at the end of backward), not as soon as the collective is
+// over: so which buffers a step takes does not depend on how fast its collectives ran, and on the
+// CPU the communicator's cache (Note [Communication buffers of a step] in collectives.h) sees the
+// same requests every step -- a bucket returned early in one step, idle at a trim, would be freed
+// and touched fresh again in the next slower step.
 
 namespace dtrain::zero {
 
@@ -172,16 +173,8 @@ void ShardGroup::dropShardGradient(size_t k, size_t j) {
   u.shardGrad().narrow(0, begin - mine, end - begin).zero_();
 }
 
-void ShardGroup::finishCompletedReduces() {
-  // See Note [Gradient buckets of stage 2]: in launch order, as finishReduce() requires.
-  while (!reducing_.empty() && reduceWork_[reducing_.front()]->isCompleted()) {
-    finishReduce(reducing_.front());
-  }
-}
-
 void ShardGroup::lease(size_t k) {
   // See Note [Gradient buckets of stage 2].
-  finishCompletedReduces();
   ShardUnit& u = *units_[k];
   const size_t bytes = u.paddedNumel() * c10::elementSize(u.gradType());
   auto bucket = pool_.takeFree(bytes);

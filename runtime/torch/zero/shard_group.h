@@ -164,8 +164,6 @@ class ShardGroup {
   void launchReduce(size_t k);
   // Waits for unit k's reduce-scatter; returns how long.
   std::chrono::nanoseconds finishReduce(size_t k);
-  // finishReduce() on each reduce-scatter over already, oldest first, without waiting.
-  void finishCompletedReduces();
   // The gradient the optimizer sees of unit k (for the nan-grad fault after the collective).
   at::Tensor shardGrad(size_t k) { return units_[k]->shardGrad(); }
   // A noSync() backward accumulated since the last synchronising one: a step now would use
