@@ -53,6 +53,37 @@ std::vector<std::pair<OwnedRange, zero::ShardUnit*>> ownedRanges(zero::ShardGrou
   return out;
 }
 
+// The field tensors of `state` (null: none) that a load may fill in place, each taken out of it
+// where it is defined, shaped, typed and placed as `like`, and held by nothing else: no other
+// handle, no view (a save in flight holds views). Undefined where not.
+std::vector<at::Tensor> reusableFields(torch::optim::OptimizerParamState* state,
+                                       const optim_state::StateFields& probe,
+                                       const at::Tensor& like) {
+  std::vector<at::Tensor> own(probe.tensors.size());
+  if (state == nullptr) return own;
+  optim_state::StateFields old = optim_state::fieldsOf(*state);
+  for (size_t f = 0; f < own.size() && f < old.tensors.size(); ++f) {
+    at::Tensor& t = *old.tensors[f].second;
+    if (std::strcmp(old.tensors[f].first, probe.tensors[f].first) == 0 && t.defined() &&
+        t.sizes() == like.sizes() && t.dtype() == like.dtype() && t.device() == like.device() &&
+        t.use_count() == 1 && t.storage().use_count() == 1) {
+      own[f] = std::move(t);
+    }
+  }
+  return own;
+}
+
+// Zeroes the elements of the flat `tensor` that no (offset, length) of `written` covers.
+void zeroOutside(at::Tensor& tensor, std::vector<std::pair<int64_t, int64_t>> written) {
+  std::sort(written.begin(), written.end());
+  int64_t pos = 0;
+  for (const auto& [offset, len] : written) {
+    if (offset > pos) tensor.narrow(0, pos, offset - pos).zero_();
+    pos = std::max(pos, offset + len);
+  }
+  if (pos < tensor.numel()) tensor.narrow(0, pos, tensor.numel() - pos).zero_();
+}
+
 }  // namespace
 
 std::vector<ShardRecord> ShardedOptimizer::shardRecords() {
@@ -108,19 +139,7 @@ void ShardedOptimizer::loadShardState(const ShardReader& read) {
     // already, as DCP loads into the state_dict's tensors), else a new one, uninitialised --
     // with no staging copy and no pass of zeros first; what no saved range wrote (padding, a
     // range saved without that field) is zeroed afterwards, as a tensor made of zeros has it.
-    std::vector<at::Tensor> own(probe.tensors.size());
-    if (auto it = states.find(key); it != states.end()) {
-      optim_state::StateFields old = optim_state::fieldsOf(*it->second);
-      for (size_t f = 0; f < own.size() && f < old.tensors.size(); ++f) {
-        at::Tensor& t = *old.tensors[f].second;
-        if (std::strcmp(old.tensors[f].first, probe.tensors[f].first) == 0 && t.defined() &&
-            t.sizes() == u.optimized().sizes() && t.dtype() == u.optimized().dtype() &&
-            t.device() == u.optimized().device() && t.use_count() == 1 &&
-            t.storage().use_count() == 1) {
-          own[f] = std::move(t);  // no view of it anywhere (a save in flight holds views)
-        }
-      }
-    }
+    std::vector<at::Tensor> own = reusableFields(stateOf(u), probe, u.optimized());
     states.erase(key);  // the unit ends exactly as saved: what was not saved is absent
     bool saved = false;
     std::optional<int64_t> step;
@@ -158,15 +177,7 @@ void ShardedOptimizer::loadShardState(const ShardReader& read) {
       }
     }
     for (size_t f = 0; f < probe.tensors.size(); ++f) {
-      at::Tensor& tensor = *probe.tensors[f].second;
-      if (!tensor.defined()) continue;
-      std::sort(written[f].begin(), written[f].end());
-      int64_t pos = 0;
-      for (const auto& [offset, len] : written[f]) {
-        if (offset > pos) tensor.narrow(0, pos, offset - pos).zero_();
-        pos = std::max(pos, offset + len);
-      }
-      if (pos < tensor.numel()) tensor.narrow(0, pos, tensor.numel() - pos).zero_();
+      if (probe.tensors[f].second->defined()) zeroOutside(*probe.tensors[f].second, written[f]);
     }
     if (saved) {
       if (probe.step) *probe.step = step.value_or(0);
