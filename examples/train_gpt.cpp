@@ -300,7 +300,7 @@ at::Generator generatorFor(uint64_t seed, int64_t step, int64_t micro, int rank)
 //    own, sharded the moment it is built (dtrain::fullyShard) so no rank holds the blocks whole
 //    -- unless --init-from has to load them first: then they are built whole, loaded, and the
 //    optimizer shards them. The embeddings and the final LayerNorm are the root's (the tied head
-//    uses the token embedding at both ends of the model).
+//    uses the token embedding at both ends of the model): the model itself is marked for them.
 // ---------------------------------------------------------------------------------------------
 // Copies a PyTorch state_dict (torch.save's file) into the model by name. Every parameter the
 // model trains from the start must be there with its shape; LoRA adapters, new to a base model,
@@ -344,6 +344,18 @@ examples::Gpt buildModel(const Options& opt, const dtrain::ProcessGroup& group) 
   return model;
 }
 
+// The model as DDP runs it: the whole model marked as a unit too, as FSDP2's recipe applies
+// fully_shard to the root after the blocks. Under --zero 3 that shards the parameters of no block
+// -- the embeddings, the head tied to the token embedding, the final LayerNorm -- like the blocks,
+// 1/N per rank, gathered (in bfloat16 under --amp, as FSDP2's root) from the model's forward to
+// the end of its backward; evaluation and generation run through it too. At other stages no
+// ShardedOptimizer binds it and it only runs the model.
+dtrain::ShardedUnit markModel(examples::Gpt& model) {
+  dtrain::ShardedUnitOptions root;
+  root.reshardAfterForward = false;  // backward starts with the head: keep it gathered
+  return dtrain::ShardedUnit(model, root);
+}
+
 // ---------------------------------------------------------------------------------------------
 // 5. Optimizer, schedule and loss scaling. AdamW in two groups, as GPT recipes have it: weight
 //    decay on matrices and embeddings, none on biases and LayerNorms (with --lora only the
@@ -357,8 +369,8 @@ examples::Gpt buildModel(const Options& opt, const dtrain::ProcessGroup& group) 
 //    underflow: the GradScaler scales the loss; bfloat16 needs none (the scaler is disabled).
 // ---------------------------------------------------------------------------------------------
 std::unique_ptr<torch::optim::Optimizer> makeOptimizer(
-    const Options& opt, examples::Gpt& model, dtrain::DistributedDataParallel<examples::Gpt>& ddp,
-    const torch::Device& device) {
+    const Options& opt, examples::Gpt& model,
+    dtrain::DistributedDataParallel<dtrain::ShardedUnit>& ddp, const torch::Device& device) {
   // Each group's options in full, and the optimizer's defaults with weight_decay left at its
   // type's default: libtorch 2.x replaces a group's option that equals its type's default (SGD's
   // weight_decay 0, AdamW's 0.01) by the optimizer's default, so defaults with weight_decay 0.1
@@ -434,7 +446,8 @@ struct Training {
   dtrain::ProcessGroup& group;
   Data& data;
   examples::Gpt& model;
-  dtrain::DistributedDataParallel<examples::Gpt>& ddp;
+  dtrain::ShardedUnit& net;  // runs the model: gathers its root's units under --zero 3
+  dtrain::DistributedDataParallel<dtrain::ShardedUnit>& ddp;
   torch::optim::Optimizer& optimizer;
   dtrain::GradScaler& scaler;
   dtrain::TrainingState& state;
@@ -593,7 +606,7 @@ struct Training {
       torch::NoGradGuard noGrad;
       model->eval();
       dtrain::AutocastGuard autocast(device(), opt.amp);
-      torch::Tensor logits = model->forward(x.to(device())).to(torch::kFloat);
+      torch::Tensor logits = net->forward(x.to(device())).to(torch::kFloat);
       sums[0].copy_(torch::nn::functional::cross_entropy(
           logits.reshape({-1, logits.size(-1)}), y.to(device()).reshape({-1}),
           torch::nn::functional::CrossEntropyFuncOptions().reduction(torch::kSum)));
@@ -616,8 +629,8 @@ struct Training {
     constexpr double kMiB = 1 << 20;
     if (auto* sharded = dynamic_cast<dtrain::ShardedOptimizer*>(&optimizer)) {
       const dtrain::ZeroMemory m = sharded->stats().memory;
-      // Frozen parameters the shards do not hold (all of them at stages 1 and 2, the root's at
-      // 3) stay whole; a freed one's storage has no bytes.
+      // Frozen parameters the shards do not hold (all of them at stages 1 and 2, none at 3)
+      // stay whole; a freed one's storage has no bytes.
       std::set<const void*> seen;
       double whole = 0;
       for (const auto& p : model->parameters()) {
@@ -692,8 +705,10 @@ struct Training {
       torch::Tensor out;
       {
         dtrain::AutocastGuard autocast(device(), opt.amp);
-        out = examples::generate(model, prompt.to(torch::kLong).to(device()), opt.sampleTokens,
-                                 opt.temperature, opt.topK, generatorFor(opt.seed, -1, -1, 0))
+        out = examples::generate(
+                  model, [&](const torch::Tensor& x) { return net->forward(x); },
+                  prompt.to(torch::kLong).to(device()), opt.sampleTokens, opt.temperature, opt.topK,
+                  generatorFor(opt.seed, -1, -1, 0))
                   .to(torch::kCPU, torch::kUInt8);
       }
       const std::string sample(reinterpret_cast<const char*>(out.data_ptr()),
@@ -720,7 +735,8 @@ int main(int argc, char** argv) {
 
     // 4. Model and DDP.
     examples::Gpt model = buildModel(opt, *group);
-    dtrain::DistributedDataParallel<examples::Gpt> ddp(model, group);
+    dtrain::ShardedUnit net = markModel(model);
+    dtrain::DistributedDataParallel<dtrain::ShardedUnit> ddp(net, group);
 
     // 5. Optimizer and loss scaling (the schedule is set every step).
     std::unique_ptr<torch::optim::Optimizer> optimizer = makeOptimizer(opt, model, ddp, device);
@@ -780,9 +796,9 @@ int main(int argc, char** argv) {
                   opt.lr, static_cast<double>(data.train.numel() + data.val.numel()) / 1e6);
       std::fflush(stdout);
     }
-    Training training{
-        opt,     *group,   data, model, ddp, *optimizer, scaler, *state, checkpointer.get(),
-        metrics, firstStep};
+    Training training{opt,     *group,     data,   model,  net,
+                      ddp,     *optimizer, scaler, *state, checkpointer.get(),
+                      metrics, firstStep};
     if (!training.run()) {
       group->shutdown();
       return dtrain::kExitPreempted;

@@ -171,6 +171,14 @@ DecayGroups decayGroups(torch::nn::Module& model) {
 
 torch::Tensor generate(Gpt& model, torch::Tensor prompt, int64_t count, double temperature,
                        int64_t topK, at::Generator generator) {
+  return generate(
+      model, [&](const torch::Tensor& x) { return model->forward(x); }, std::move(prompt), count,
+      temperature, topK, std::move(generator));
+}
+
+torch::Tensor generate(Gpt& model, const std::function<torch::Tensor(const torch::Tensor&)>& run,
+                       torch::Tensor prompt, int64_t count, double temperature, int64_t topK,
+                       at::Generator generator) {
   torch::NoGradGuard noGrad;
   const bool training = model->is_training();
   model->eval();
@@ -179,7 +187,7 @@ torch::Tensor generate(Gpt& model, torch::Tensor prompt, int64_t count, double t
     const int64_t t = tokens.size(1);
     torch::Tensor context = tokens.narrow(1, std::max<int64_t>(0, t - model->options.context),
                                           std::min(t, model->options.context));
-    torch::Tensor logits = model->forward(context).select(1, -1).to(torch::kFloat) /
+    torch::Tensor logits = run(context).select(1, -1).to(torch::kFloat) /
                            std::max(temperature, 1e-6);
     if (topK > 0 && topK < logits.size(-1)) {
       const torch::Tensor kth = std::get<0>(logits.topk(topK)).select(-1, -1).unsqueeze(-1);

@@ -23,9 +23,11 @@
 //     the blocks' inputs and backward runs each block again;
 //   - shardBlocks: every block is a dtrain::ShardedUnit (ZeRO-3): under a stage-3
 //     ShardedOptimizer its parameters are gathered only while it runs; the embeddings (the tied
-//     head uses the token embedding at both ends of the model) and ln_f are the root's. With
-//     shardAsBuilt each block is sharded the moment it is built (dtrain::fullyShard).
+//     head uses the token embedding at both ends of the model) and ln_f are the root's, a unit
+//     when the model itself is marked too (train_gpt's markModel). With shardAsBuilt each block
+//     is sharded the moment it is built (dtrain::fullyShard).
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <string>
 #include <vector>
@@ -120,5 +122,10 @@ DecayGroups decayGroups(torch::nn::Module& model);
 // `generator`. The context is the last options.context tokens.
 torch::Tensor generate(Gpt& model, torch::Tensor prompt, int64_t count, double temperature,
                        int64_t topK, at::Generator generator);
+// The same with each forward through `run` (a dtrain::ShardedUnit around the model, which
+// gathers what it shards).
+torch::Tensor generate(Gpt& model, const std::function<torch::Tensor(const torch::Tensor&)>& run,
+                       torch::Tensor prompt, int64_t count, double temperature, int64_t topK,
+                       at::Generator generator);
 
 }  // namespace examples
