@@ -31,13 +31,25 @@
 // world (ShardedOptimizer::reformUnits) and every piece of every old block moves to the rank that
 // owns its elements now, once: from the survivor that provides the old block (its own, or the
 // mirror it holds; the lowest rank when several) to the new owner, over a subgroup of the two
-// made for the restore (one broadcast per direction of each pair that exchanges anything, all
-// pieces of all units and fields packed). A contiguous layout moves most elements when N
-// changes -- each rank sends about its 1/N of the sharded state, not only the lost ranks' --
-// which is what ft_bench measures; a layout of fixed virtual shards would move only the lost
-// ranks' blocks, at the price of a rank's blocks no longer being one range of the flat buffer.
+// made for the restore (a broadcast per piece, from the old copy into the new blocks: Note
+// [Memory of a restore]). A contiguous layout moves most elements when N changes -- each rank
+// sends about its 1/N of the sharded state, not only the lost ranks' -- which is what ft_bench
+// measures; a layout of fixed virtual shards would move only the lost ranks' blocks, at the
+// price of a rank's blocks no longer being one range of the flat buffer.
 // Memory per rank: the own copy and two copies of the blocks it holds (current and pending), so
 // 3 x its sharded state, in the shards' own memory (the device's on a GPU: no host placement).
+//
+// Note [Memory of a restore]
+// A restore runs in a new world, whose blocks are larger than the old copies' (N - lost ranks
+// share what N held), so their memory is new, and on the CPU new memory costs a page fault per
+// page at first touch (Note [Host buffer reuse] in runtime/comm/host_buffer_pool.h) -- ~0.2 s per
+// 277 MB rank on ft_bench's model, paid by every survivor at once, on cores they share. So the
+// restore touches the new world's blocks once: each piece is broadcast from the old copy it is
+// part of straight into the rank's new blocks (no staging buffer on either side), and those
+// blocks -- one tensor laid out as a mirror's payload -- become, once loaded into the live state,
+// the memory of the own copy the next refresh packs (at once: a restored generation is mirrored
+// again before the step that runs it). Only the held copies of the new world then touch fresh
+// memory.
 #include "shard_mirror.h"
 
 #include <algorithm>
@@ -405,13 +417,14 @@ const PackedBlocks* ShardMirror::blocksOf(int owner, int64_t generation) const {
   return nullptr;
 }
 
-void ShardMirror::reset() {
+void ShardMirror::reset(at::Tensor spare) {
   epoch_ = -1;
   holderOf_.clear();
   pairs_.clear();
   oldRank_ = -1;
   oldUnits_.clear();
   own_ = {};
+  own_.payload = std::move(spare);  // no generation: memory for packBlocks, nothing to offer
   refreshing_ = -1;
   held_.clear();
 }
@@ -505,20 +518,29 @@ struct Piece {
 
 // Every old block to the new rank that owns its elements now (Note [Shard mirrors]): each piece
 // goes once, from the new rank that provides its old block to the one that owns it now, over a
-// subgroup of the two (the communicator has no send/recv): one broadcast per direction of each
-// pair that exchanges anything, made only for the restore. Fills `blocks[k][f]` (this rank's new
-// block of unit k's field f, zero where no element is) and returns the bytes this rank sent.
+// subgroup of the two (the communicator has no send/recv), made only for the restore: a
+// broadcast per piece, from the old block it is part of straight into the new block, so that no
+// staging memory is touched (Note [Memory of a restore]). Fills `packed`, this rank's new blocks
+// of every unit and field in a mirror payload's order (zero where no element is), and
+// `blocks[k][f]`, its views per unit k and field f; returns the bytes this rank sent.
 uint64_t redistribute(ProcessGroup& group, const zero::ShardMirror& mirror, int64_t generation,
                       const std::vector<UnitLayout>& oldUnits, const std::vector<UnitLayout>& units,
                       const std::vector<size_t>& fieldCount, const std::vector<int>& provider,
-                      const at::TensorOptions& options,
+                      const at::TensorOptions& options, at::Tensor& packed,
                       std::vector<std::vector<at::Tensor>>& blocks) {
   const int n = group.size();
   const int me = group.rank();
+  int64_t total = 0;
+  for (size_t k = 0; k < units.size(); ++k) {
+    total += units[k].shardNumel * static_cast<int64_t>(fieldCount[k]);
+  }
+  packed = at::zeros({total}, options);
   blocks.assign(units.size(), {});
+  int64_t at = 0;
   for (size_t k = 0; k < units.size(); ++k) {
     for (size_t f = 0; f < fieldCount[k]; ++f) {
-      blocks[k].push_back(at::zeros({units[k].shardNumel}, options));
+      blocks[k].push_back(packed.narrow(0, at, units[k].shardNumel));
+      at += units[k].shardNumel;
     }
   }
   // from -> to -> pieces, the same lists on every rank.
@@ -579,47 +601,27 @@ uint64_t redistribute(ProcessGroup& group, const zero::ShardMirror& mirror, int6
       members.emplace_back(a, b);
     }
   }
-  auto total = [](const std::vector<Piece>& pieces) {
-    int64_t sum = 0;
-    for (const auto& p : pieces) sum += p.len;
-    return sum;
-  };
   uint64_t sent = 0;
   std::vector<std::shared_ptr<comm::Work>> works;
-  std::vector<std::pair<const std::vector<Piece>*, at::Tensor>> received;
-  std::vector<at::Tensor> keep;
+  std::vector<at::Tensor> keep;  // what the broadcasts read or write, alive until they end
   for (size_t i = 0; i < pairs.size(); ++i) {
     const auto [a, b] = members[i];
     if (me != a && me != b) continue;
-    // a -> b first (root 0: members are sorted), then b -> a, on both members.
+    // a -> b first (root 0: members are sorted), then b -> a, piece by piece on both members.
     for (const auto& [from, to, root] : {std::tuple{a, b, 0}, std::tuple{b, a, 1}}) {
-      const auto& pieces = moves[static_cast<size_t>(from)][static_cast<size_t>(to)];
-      if (pieces.empty()) continue;
-      at::Tensor buffer = at::empty({total(pieces)}, options);
-      if (me == from) {
-        int64_t at = 0;
-        for (const auto& p : pieces) {
-          buffer.narrow(0, at, p.len).copy_(payloadOf(p.old, p.unit, p.field, p.begin, p.len));
-          at += p.len;
+      for (const auto& p : moves[static_cast<size_t>(from)][static_cast<size_t>(to)]) {
+        if (me == from) {
+          keep.push_back(payloadOf(p.old, p.unit, p.field, p.begin, p.len));
+          sent += static_cast<uint64_t>(p.len) * keep.back().element_size();
+        } else {
+          keep.push_back(
+              blocks[p.unit][p.field].narrow(0, p.begin - units[p.unit].shardNumel * me, p.len));
         }
-        sent += static_cast<uint64_t>(buffer.numel()) * buffer.element_size();
-      } else {
-        received.emplace_back(&pieces, buffer);
+        works.push_back(pairs[i]->broadcastAsync(keep.back(), root));
       }
-      keep.push_back(buffer);
-      works.push_back(pairs[i]->broadcastAsync(keep.back(), root));
     }
   }
   zero::waitWatching(group, works, pairs, "during a restore");
-  for (const auto& [pieces, buffer] : received) {
-    int64_t at = 0;
-    for (const auto& p : *pieces) {
-      blocks[p.unit][p.field]
-          .narrow(0, p.begin - units[p.unit].shardNumel * me, p.len)
-          .copy_(buffer.narrow(0, at, p.len));
-      at += p.len;
-    }
-  }
   return sent;
 }
 
@@ -701,9 +703,10 @@ int64_t restoreFromMirrors(const std::vector<ShardedOptimizer*>& optimizers, Pro
       fieldCount[k] = names[k].size();
       steps[k] = header[2 + 2 * k];
     }
+    at::Tensor packed;
     std::vector<std::vector<at::Tensor>> blocks;
     const uint64_t sent = redistribute(group, mirror, g, oldUnits, units, fieldCount, provider,
-                                       zero::masterBlock(shards.unit(0)).options(), blocks);
+                                       zero::masterBlock(shards.unit(0)).options(), packed, blocks);
     if (bytesSent) *bytesSent += sent;
     // The reader loadShardState() asks, by parameter name and element range.
     std::unordered_map<std::string, std::pair<size_t, int64_t>> where;  // unit, flat offset
@@ -729,7 +732,8 @@ int64_t restoreFromMirrors(const std::vector<ShardedOptimizer*>& optimizers, Pro
                                                                             what.end - what.begin));
       return true;
     });
-    mirror.reset();
+    blocks.clear();
+    mirror.reset(std::move(packed));  // the next refresh's own copy (Note [Memory of a restore])
   }
   return g;
 }

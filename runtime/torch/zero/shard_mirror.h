@@ -58,8 +58,9 @@ class ShardMirror {
   // The units (trained, then frozen) of the world the copies were made in.
   const std::vector<UnitLayout>& oldUnits() const { return oldUnits_; }
   int oldRank() const { return oldRank_; }
-  // After a restore: the copies are of a world that is gone.
-  void reset();
+  // After a restore: the copies are of a world that is gone. `spare`, when defined, is memory the
+  // next refresh packs this rank's own copy into if it has the size (Note [Memory of a restore]).
+  void reset(at::Tensor spare = {});
 
  private:
   void buildPairs(ProcessGroup& group);
