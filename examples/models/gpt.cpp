@@ -169,13 +169,6 @@ DecayGroups decayGroups(torch::nn::Module& model) {
   return groups;
 }
 
-torch::Tensor generate(Gpt& model, torch::Tensor prompt, int64_t count, double temperature,
-                       int64_t topK, at::Generator generator) {
-  return generate(
-      model, [&](const torch::Tensor& x) { return model->forward(x); }, std::move(prompt), count,
-      temperature, topK, std::move(generator));
-}
-
 torch::Tensor generate(Gpt& model, const std::function<torch::Tensor(const torch::Tensor&)>& run,
                        torch::Tensor prompt, int64_t count, double temperature, int64_t topK,
                        at::Generator generator) {

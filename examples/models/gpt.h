@@ -117,13 +117,11 @@ struct DecayGroups {
 };
 DecayGroups decayGroups(torch::nn::Module& model);
 
-// `count` tokens sampled after `prompt` ([T] int64), one at a time through `model` in eval mode
-// and without gradients: multinomial at `temperature` over the `topK` most likely (0: all), from
-// `generator`. The context is the last options.context tokens.
-torch::Tensor generate(Gpt& model, torch::Tensor prompt, int64_t count, double temperature,
-                       int64_t topK, at::Generator generator);
-// The same with each forward through `run` (a dtrain::ShardedUnit around the model, which
-// gathers what it shards).
+// `count` tokens sampled after `prompt` ([T] int64), one at a time, `model` in eval mode and
+// without gradients, each forward through `run` (the model's own forward, or a dtrain::
+// ShardedUnit around the model, which gathers what it shards): multinomial at `temperature` over
+// the `topK` most likely (0: all), from `generator`. The context is the last options.context
+// tokens.
 torch::Tensor generate(Gpt& model, const std::function<torch::Tensor(const torch::Tensor&)>& run,
                        torch::Tensor prompt, int64_t count, double temperature, int64_t topK,
                        at::Generator generator);

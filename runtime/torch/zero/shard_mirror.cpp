@@ -732,7 +732,6 @@ int64_t restoreFromMirrors(const std::vector<ShardedOptimizer*>& optimizers, Pro
                                                                             what.end - what.begin));
       return true;
     });
-    blocks.clear();
     mirror.reset(std::move(packed));  // the next refresh's own copy (Note [Memory of a restore])
   }
   return g;
