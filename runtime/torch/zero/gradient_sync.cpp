@@ -306,6 +306,7 @@ void ShardedGradientSync::markReadyLocked(size_t index, bool hookFired) {
   shards_->fill(p.unit, p.slot, poison);
   if (--pending_[p.unit] == 0) {
     shards_->gradientsComplete(p.unit);  // stage 3: Note [ZeRO-3 unit lifecycle]
+    shards_->fillDeferred(p.unit);       // Note [Gradients wider than the parameters]
     launchReadyUnitsLocked();
   }
 }

@@ -31,6 +31,20 @@
 //   master gradient, and the reduce-scatter's result is added to it afterwards likewise.
 // A shard whose gradient zero_grad() unset (libtorch 2.x) counts as zero and gets it back.
 //
+// Note [Gradients wider than the parameters]
+// A unit whose parameters are 16-bit and whose gradients are reduced in float32
+// (ZeroOptions::paramDtype with a float32 reduceDtype, FSDP2's MixedPrecisionPolicy(bfloat16,
+// float32)) would hold a float32 bucket -- twice its parameters' bytes -- from its first
+// gradient, through the rest of its backward, while the activations of that backward are still
+// alive. Instead fill() leaves each gradient as autograd made it, in the parameter's dtype, in
+// its .grad, and fillDeferred() -- once the unit's last gradient is in and a stage-3 unit has
+// been resharded -- leases the bucket and copies them all into it, converting, before the
+// unit's reduce-scatter is launched: during the unit's backward it holds its gradients in 16
+// bits, half the bucket, as FSDP2 does (its foreach_reduce copies the unit's gradients into the
+// float32 reduce-scatter input after its backward and the reshard). The values are the same
+// bitwise: the conversion is exact either way. train_gpt's small preset with --amp at batch 8
+// per rank: the peak per rank 5.5 MiB (2.4 %) lower (gpt_bench), the step time unchanged (A/B).
+
 // Note [Gradient buckets of stage 2]
 // A stage-2 unit's full gradients exist only from its first gradient of a synchronising backward
 // to the end of its reduce-scatter: each gradient autograd hands over is copied into a bucket and
@@ -187,7 +201,37 @@ void ShardGroup::lease(size_t k) {
   u.leaseGrads(std::move(bucket));
 }
 
+bool ShardGroup::defersFill(size_t k) const {
+  const ShardUnit& u = *units_[k];
+  return stage() != 1 && c10::elementSize(u.gradType()) > c10::elementSize(u.dtype());
+}
+
 void ShardGroup::fill(size_t k, size_t j, const fault::Fault* poison) {
+  if (!defersFill(k)) {
+    copyIn(k, j, poison);
+    return;
+  }
+  // See Note [Gradients wider than the parameters].
+  DTRAIN_CHECK(grads_[k] == Grads::Empty,
+               "rank {}: ZeRO: a gradient of {} arrived while its unit is {}", group_->rank(),
+               units_[k]->params()[j].name, gradsName(grads_[k]));
+  if (poison != nullptr) {
+    deferredPoison_ = poison;
+    poisonUnit_ = k;
+    poisonSlot_ = j;
+  }
+}
+
+void ShardGroup::fillDeferred(size_t k) {
+  if (!defersFill(k)) return;
+  for (size_t j = 0; j < units_[k]->params().size(); ++j) {
+    const bool poisoned = deferredPoison_ != nullptr && poisonUnit_ == k && poisonSlot_ == j;
+    copyIn(k, j, poisoned ? deferredPoison_ : nullptr);
+    if (poisoned) deferredPoison_ = nullptr;
+  }
+}
+
+void ShardGroup::copyIn(size_t k, size_t j, const fault::Fault* poison) {
   ShardUnit& u = *units_[k];
   if (stage() != 1 && grads_[k] == Grads::Empty) {
     lease(k);

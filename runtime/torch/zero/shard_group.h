@@ -160,7 +160,12 @@ class ShardGroup {
   void openAccumulation();
   // Writes parameter j's gradient of this pass (undefined: zeros) into unit k's full gradients,
   // divided by N for 16-bit units; `poison`: the nan-grad fault to write into it.
+  // A unit whose gradients are reduced in a wider dtype than its parameters' keeps them in the
+  // parameters' .grad until its last one is in (Note [Gradients wider than the parameters]).
   void fill(size_t k, size_t j, const fault::Fault* poison);
+  // The backward's hooks, once unit k's last gradient of a synchronising pass is in (after
+  // gradientsComplete()): what fill() left in .grad goes into the unit's bucket.
+  void fillDeferred(size_t k);
   void launchReduce(size_t k);
   // Waits for unit k's reduce-scatter; returns how long.
   std::chrono::nanoseconds finishReduce(size_t k);
@@ -231,6 +236,11 @@ class ShardGroup {
 
  private:
   void lease(size_t k);
+  // Writes parameter j's gradient into unit k's bucket (leased at the unit's first): fill()'s
+  // work, done at once or by fillDeferred().
+  void copyIn(size_t k, size_t j, const fault::Fault* poison);
+  // Note [Gradients wider than the parameters].
+  bool defersFill(size_t k) const;
   // Stages 2 and 3, a unit whose shard holds a gradient already: the bucket's own block, which
   // its reduce-scatter then writes and finishReduce() adds to the shard's gradient (Note
   // [Accumulating into the shard]); undefined otherwise.
@@ -271,6 +281,10 @@ class ShardGroup {
   std::vector<at::Tensor> reduceInto_;  // per unit: addedLater() of its running reduce-scatter
   std::vector<std::shared_ptr<comm::Work>> gatherWork_;
   std::deque<size_t> reducing_;  // units whose reduce-scatter runs, in launch order
+  // The nan-grad fault of a pass, for a gradient fill() left in .grad: its unit and slot.
+  const fault::Fault* deferredPoison_ = nullptr;
+  size_t poisonUnit_ = 0;
+  size_t poisonSlot_ = 0;
   bool localGradients_ = false;
   GradientPool pool_;
   GradientPool paramPool_;  // stage 3: the full parameters of gathered units

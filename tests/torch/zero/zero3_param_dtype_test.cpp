@@ -5,12 +5,15 @@
 #include <functional>
 #include <map>
 #include <string>
+#include <thread>
 #include <tuple>
 #include <vector>
 
 #include <gtest/gtest.h>
 
+#include "../process_group_support.h"
 #include "counting_allocator.h"
+#include "dtrain/comm/gloo_communicator.h"
 #include "dtrain/torch/autocast.h"
 #include "dtrain/torch/fully_shard.h"
 #include "zero3_support.h"
@@ -244,6 +247,97 @@ TEST(ZeroParamDtypeMemory, AConvertedUnitKeepsItsMasterAloneBetweenUses) {
     EXPECT_EQ(m.parameters, 0u) << "rank " << rank << ": no bfloat16 block between uses";
     EXPECT_EQ(m.masterWeights, static_cast<size_t>(kLayers * shard * 4));
   });
+}
+
+// Two Linear layers in one marked unit; `inside` runs when the gradient of the first layer's
+// output is in, before that layer's backward: the second layer's gradients are in by then (its
+// accumulators run before the nodes the engine has ready with them), the unit's are not all.
+struct TwoLayerImpl : torch::nn::Module {
+  TwoLayerImpl(int64_t width, std::function<void()> inside)
+      : a(register_module("a", torch::nn::Linear(width, width))),
+        b(register_module("b", torch::nn::Linear(width, width))),
+        inside(std::move(inside)) {}
+  torch::Tensor forward(const torch::Tensor& x) {
+    torch::Tensor h = a(x);
+    if (h.requires_grad()) {
+      h.register_hook([this](const torch::Tensor& g) {
+        inside();
+        return g;
+      });
+    }
+    return b(torch::tanh(h));
+  }
+  torch::nn::Linear a, b;
+  std::function<void()> inside;
+};
+TORCH_MODULE(TwoLayer);
+
+// Note [Gradients wider than the parameters] (runtime/torch/zero/shard_group.cpp): a unit gathered
+// in bfloat16 whose gradients are reduced in float32 holds them as autograd made them, bfloat16 in
+// the parameters' .grad, until its last one is in -- no float32 bucket, twice the parameters'
+// bytes, beside the gathered unit during its backward -- and reduce-scatters them in float32 then.
+TEST(ZeroParamDtypeMemory, AUnitHoldsItsGradientsInItsOwnDtypeUntilTheLastIsIn) {
+  if (!comm::glooAvailable()) GTEST_SKIP() << "built without Gloo";
+  constexpr int kWorld = 2;
+  constexpr int64_t kWidth = 256;
+  // The unit's full float32 gradients: what a bucket takes.
+  constexpr size_t kBucketBytes = 2 * (kWidth * kWidth + kWidth) * 4;
+  const auto groups = glooGroups(kWorld,
+                                 [](comm::GlooOptions& o) { o.timeout = comm::Millis(10000); });
+  std::vector<std::thread> threads;
+  std::vector<std::exception_ptr> errors(kWorld);
+  for (int rank = 0; rank < kWorld; ++rank) {
+    threads.emplace_back([&, rank] {
+      try {
+        const auto& group = groups[static_cast<size_t>(rank)];
+        std::vector<std::string> seen;
+        TwoLayer layer{nullptr};
+        torch::nn::Sequential body = buildSeeded(7, [&] {
+          torch::nn::Sequential layers;
+          layer = TwoLayer(kWidth, [] {});
+          layers->push_back(layer);
+          return shardEveryChild(layers);
+        });
+        TwoLayerImpl& unit = *layer;
+        unit.inside = [&] {
+          const at::Tensor& g = unit.b->weight.grad();
+          const size_t inUse = group->communicator().bufferStats().inUseBytes;
+          seen.push_back(g.defined() ? std::string(c10::toString(g.scalar_type())) : "none");
+          EXPECT_LT(inUse, kBucketBytes)
+              << "rank " << rank << ": buffers in use in the unit's backward: a float32 bucket";
+        };
+        DistributedDataParallel<torch::nn::Sequential> ddp(body, group);
+        ZeroOptions zo;
+        zo.stage = 3;
+        zo.paramDtype = at::kBFloat16;
+        zo.reduceDtype = at::kFloat;
+        ShardedOptimizer optimizer(
+            ddp, optimizerFactory<torch::optim::SGD>(torch::optim::SGDOptions(0.01)), zo);
+        for (int step = 0; step < 2; ++step) {
+          optimizer.zero_grad();
+          torch::Tensor out;
+          {
+            AutocastGuard autocast(torch::kCPU, true);
+            out = ddp(torch::randn({4, kWidth}));
+          }
+          out.to(torch::kFloat).square().mean().backward();
+          // After backward the gradient lives on in the float32 shard only (.grad unset, or a
+          // placeholder over one element: Note [Zeroed gradients] in gradient_sync.cpp).
+          const at::Tensor& after = unit.b->weight.grad();
+          EXPECT_TRUE(!after.defined() || after.storage().nbytes() <= 2)
+              << "rank " << rank << ": the full gradient is given up once reduce-scattered";
+          optimizer.step();
+        }
+        EXPECT_EQ(seen, (std::vector<std::string>{"BFloat16", "BFloat16"})) << "rank " << rank;
+      } catch (...) {
+        errors[static_cast<size_t>(rank)] = std::current_exception();
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (auto& e : errors) {
+    if (e) std::rethrow_exception(e);
+  }
 }
 
 TEST(ZeroParamDtypeOptions, RefusedOutsideStage3WithMasterWeights) {
