@@ -26,16 +26,22 @@ struct Rule {
   Grammar grammar;
   long long min = 0;
   long long max = 0;
-  std::vector<const char*> words = {};  // case-insensitive
+  std::vector<const char*> words = {};  // case-insensitive unless exactCase
+  bool exactCase = false;               // NCCL compares with strcmp (the path levels)
+  const char* expects = nullptr;        // what the error says instead of "NCCL expects ..."
 };
 
 const std::vector<Rule>& rules() {
+  // NCCL's path types up to SYS, as NCCL_P2P_LEVEL and NCCL_NET_GDR_LEVEL take them (exact case:
+  // "pix" is not PIX to NCCL, which then keeps its default without a word).
+  static const std::vector<const char*> kPathLevels = {"LOC", "NVL", "NVB", "C2C", "PIX",
+                                                       "PXB", "P2C", "PXN", "PHB", "SYS"};
   static const std::vector<Rule> kRules = {
       {"NCCL_DEBUG", Grammar::Enum, 0, 0, {"VERSION", "WARN", "INFO", "TRACE", "ABORT"}},
       {"NCCL_IB_DISABLE", Grammar::Bool},
       {"NCCL_P2P_DISABLE", Grammar::Bool},
       {"NCCL_SHM_DISABLE", Grammar::Bool},
-      {"NCCL_NVLS_ENABLE", Grammar::Bool},
+      {"NCCL_NVLS_ENABLE", Grammar::Int, 0, 2},  // 2: NCCL's default, NVLS where supported
       {"NCCL_CUMEM_ENABLE", Grammar::Bool},
       {"NCCL_COLLNET_ENABLE", Grammar::Bool},
       {"NCCL_CHECK_POINTERS", Grammar::Bool},
@@ -53,8 +59,17 @@ const std::vector<Rule>& rules() {
       {"NCCL_IB_TIMEOUT", Grammar::Int, 1, 31},
       {"NCCL_IB_RETRY_CNT", Grammar::Int, 0, 7},
       {"NCCL_IB_GID_INDEX", Grammar::Int, -1, 255},
-      {"NCCL_NET_GDR_LEVEL", Grammar::IntOrEnum, 0, 5, {"LOC", "PIX", "PXB", "PHB", "SYS", "NVL"}},
-      {"NCCL_P2P_LEVEL", Grammar::IntOrEnum, 0, 5, {"LOC", "NVL", "PIX", "PXB", "PHB", "SYS"}},
+      {"NCCL_NET_GDR_LEVEL", Grammar::IntOrEnum, 0, 5, kPathLevels, true},
+      {"NCCL_P2P_LEVEL", Grammar::IntOrEnum, 0, 5, kPathLevels, true},
+      // NCCL reads it over any configuration: with 0 every call on the communicator returns
+      // ncclInProgress, which the backend (blocking communicators) takes for a failure.
+      {"NCCL_COMM_BLOCKING",
+       Grammar::Enum,
+       0,
+       0,
+       {"1"},
+       true,
+       "dtrain's NCCL communicators are blocking, so 1 or unset"},
       {"NCCL_LAUNCH_MODE", Grammar::Enum, 0, 0, {"PARALLEL", "GROUP"}},
       {"NCCL_SOCKET_FAMILY", Grammar::Enum, 0, 0, {"AF_INET", "AF_INET6"}},
       {"NCCL_PROTO", Grammar::EnumList, 0, 0, {"LL", "LL128", "SIMPLE"}},
@@ -87,8 +102,8 @@ bool isInt(const std::string& v, long long min, long long max) {
   return parseInt64(v, &x) && x >= min && x <= max;
 }
 
-bool isWord(const std::string& v, const std::vector<const char*>& words) {
-  const std::string u = upper(v);
+bool isWord(const std::string& v, const std::vector<const char*>& words, bool exactCase = false) {
+  const std::string u = exactCase ? v : upper(v);
   return std::any_of(words.begin(), words.end(), [&](const char* w) { return u == w; });
 }
 
@@ -141,10 +156,10 @@ bool valid(const Rule& r, const std::string& v) {
   switch (r.grammar) {
     case Grammar::Bool: return v == "0" || v == "1";
     case Grammar::Int: return isInt(v, r.min, r.max);
-    case Grammar::Enum: return isWord(v, r.words);
+    case Grammar::Enum: return isWord(v, r.words, r.exactCase);
     case Grammar::EnumList: return isWordList(v, r.words);
     case Grammar::Interfaces: return isInterfaceList(v);
-    case Grammar::IntOrEnum: return isInt(v, r.min, r.max) || isWord(v, r.words);
+    case Grammar::IntOrEnum: return isInt(v, r.min, r.max) || isWord(v, r.words, r.exactCase);
   }
   return true;
 }
@@ -156,10 +171,12 @@ void validateNcclEnvironment(const std::function<const char*(const char*)>& env)
   for (const Rule& r : rules()) {
     const char* value = lookup(r.name);
     if (value == nullptr) continue;
+    const std::string expected = r.expects != nullptr ? r.expects
+                                                      : fmt::format("NCCL expects {}", accepted(r));
     DTRAIN_CHECK_ARG(valid(r, value),
-                     "{}=\"{}\" is not a valid value: NCCL expects {}. HINT: fix or unset {} "
+                     "{}=\"{}\" is not a valid value: {}. HINT: fix or unset {} "
                      "(launch forwards NCCL_* variables to every node)",
-                     r.name, value, accepted(r), r.name);
+                     r.name, value, expected, r.name);
   }
 }
 

@@ -115,10 +115,22 @@ NcclCommunicator::NcclCommunicator(const NcclOptions& o)
   }
   checkNccl(ncclCommInitRank(&comm_, size_, id, rank_), nullptr, who(),
             fmt::format("ncclCommInitRank on cuda:{}", device_));
-  checkCuda(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "cudaStreamCreate");
-  checkCuda(cudaMalloc(&barrierScratch_, sizeof(float)), "cudaMalloc");
-  DTRAIN_LOG(Info, "nccl {}: communicator on cuda:{} (NCCL {}), collective timeout {} ms", who(),
-             device_, NCCL_VERSION_CODE, timeout_.count());
+  try {
+    checkCuda(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "cudaStreamCreate");
+    checkCuda(cudaMalloc(&barrierScratch_, sizeof(float)), "cudaMalloc");
+  } catch (...) {
+    // No destructor runs after a constructor throws: give back what NCCL and CUDA hold.
+    ncclCommAbort(comm_);
+    if (stream_ != nullptr) cudaStreamDestroy(stream_);
+    throw;
+  }
+  // The library loaded may not be the one whose nccl.h this was built against: both are named.
+  int loaded = 0;
+  if (ncclGetVersion(&loaded) != ncclSuccess) loaded = 0;
+  DTRAIN_LOG(Info,
+             "nccl {}: communicator on cuda:{} (NCCL {} loaded, built against {}), collective "
+             "timeout {} ms",
+             who(), device_, loaded, NCCL_VERSION_CODE, timeout_.count());
 }
 
 void NcclCommunicator::start() {
@@ -209,6 +221,7 @@ std::shared_ptr<Work> NcclCommunicator::submit(CollectiveInfo info, const CallOp
     ncclResult_t rc = launch(comm_, stream_, info.count);
     if (rc != ncclSuccess) {
       cudaEventDestroy(done);
+      recorder_.setState(info.seq, FlightRecorder::State::Failed);
       auto error = ncclError(rc, comm_, who(), info.describeWithSeq());
       if (rc != ncclInvalidArgument && rc != ncclInvalidUsage) {
         keepFirstError(error);  // the watchdog aborts on its next round
@@ -263,18 +276,26 @@ void NcclCommunicator::watchdogMain() {
     }
     auto now = std::chrono::steady_clock::now();
     std::shared_ptr<NcclWork> late;
+    std::exception_ptr cudaFailure;
     beat("cudaEventQuery of the oldest pending collective");
-    while (!pending_.empty()) {
+    while (!pending_.empty() && !cudaFailure) {
       auto& head = pending_.front();
-      if (head->pollOnWatchdog()) {
-        recorder_.setState(head->info().seq, FlightRecorder::State::Done);
+      if (head->pollOnWatchdog(&cudaFailure)) {
+        recorder_.setState(head->info().seq, cudaFailure ? FlightRecorder::State::Failed
+                                                         : FlightRecorder::State::Done);
         pending_.pop_front();
         continue;
       }
       if (now > head->deadline()) late = head;
       break;
     }
-    if (late) {
+    if (cudaFailure) {
+      // The device failed under the communicator (an illegal access, a lost GPU): it fails too.
+      lock.unlock();
+      beat("failing the communicator after a CUDA error");
+      failOnWatchdog(cudaFailure);
+      lock.lock();
+    } else if (late) {
       lock.unlock();
       beat("failing the communicator after a collective's timeout");
       failOnWatchdog(timeoutError(*this, late->info(), recorder_));  // Note [NCCL failure report]
@@ -492,10 +513,16 @@ void NcclCommunicator::shutdown() {
     aborted = aborted_;
   }
   if (comm_ != nullptr) {
-    if (healthy) {
-      ncclCommFinalize(comm_);
+    // A failed finalize leaves NCCL's kernels and proxy possibly running: only ncclCommAbort,
+    // which stops them, may free the communicator then (ncclCommDestroy would wait for them).
+    const ncclResult_t finalized = healthy ? ncclCommFinalize(comm_) : ncclSuccess;
+    if (healthy && finalized == ncclSuccess) {
       ncclCommDestroy(comm_);
     } else if (!aborted) {
+      if (healthy) {
+        DTRAIN_LOG(Warn, "nccl {}: ncclCommFinalize in shutdown() failed: {} ({}); aborting", who(),
+                   ncclGetErrorString(finalized), nccl_compat::lastError(comm_));
+      }
       ncclCommAbort(comm_);
     }
     comm_ = nullptr;  // an aborted communicator is already freed

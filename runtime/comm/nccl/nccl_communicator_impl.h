@@ -44,8 +44,9 @@ class NcclWork final : public Work {
 
   const CollectiveInfo& info() const { return info_; }
   std::chrono::steady_clock::time_point deadline() const { return deadline_; }
-  // By the watchdog: the collective finished on the GPU.
-  bool pollOnWatchdog();
+  // By the watchdog: the collective finished on the GPU, or CUDA failed it (then the error, also
+  // the Work's, goes to `cudaFailure`).
+  bool pollOnWatchdog(std::exception_ptr* cudaFailure);
   void fail(std::exception_ptr error);
 
  private:

@@ -34,7 +34,7 @@ NcclWork::~NcclWork() {
   }
 }
 
-bool NcclWork::pollOnWatchdog() {
+bool NcclWork::pollOnWatchdog(std::exception_ptr* cudaFailure) {
   if (finished_.load()) return true;
   cudaError_t rc = cudaEventQuery(done_);
   if (rc == cudaSuccess) {
@@ -42,10 +42,11 @@ bool NcclWork::pollOnWatchdog() {
     return true;
   }
   if (rc != cudaErrorNotReady) {
-    fail(std::make_exception_ptr(
-        Error(fmt::format("nccl {}: {}: CUDA error {} while waiting for "
-                          "the collective",
-                          who_, info_.describeWithSeq(), cudaGetErrorString(rc)))));
+    auto error = std::make_exception_ptr(
+        Error(fmt::format("nccl {}: {}: CUDA error {} ({}) while waiting for the collective", who_,
+                          info_.describeWithSeq(), cudaGetErrorName(rc), cudaGetErrorString(rc))));
+    fail(error);
+    if (cudaFailure != nullptr) *cudaFailure = error;
     return true;
   }
   return false;
@@ -70,6 +71,7 @@ std::exception_ptr NcclWork::errorNow() {
 
 bool NcclWork::isCompleted() {
   if (finished_.load()) return true;
+  DeviceGuard guard(device_);  // a thread without a device must not get a context on GPU 0
   return cudaEventQuery(done_) == cudaSuccess || errorNow() != nullptr;
 }
 
@@ -79,6 +81,9 @@ void NcclWork::waitOnStream(void* stream, Millis timeout) {
   DTRAIN_CHECK_ARG(timeout >= Millis::zero(), "nccl {}: Work::wait: negative timeout {} ms", who_,
                    timeout.count());
   if (auto error = errorNow()) std::rethrow_exception(error);
+  // A null stream is the legacy default stream of the current device: it must be device_'s, as
+  // at issue (and a thread without a device must not get a context on GPU 0).
+  DeviceGuard guard(device_);
   if (!blocking_) {
     // The caller's stream continues after the collective; the host does not wait for the GPU.
     checkCuda(cudaStreamWaitEvent(after, done_, 0),
@@ -88,7 +93,8 @@ void NcclWork::waitOnStream(void* stream, Millis timeout) {
   // Blocking: poll until the GPU is done, the watchdog fails the communicator, or the limit.
   const auto start = std::chrono::steady_clock::now();
   const auto limit = timeout > Millis::zero() ? start + timeout : waitLimit_;
-  while (cudaEventQuery(done_) == cudaErrorNotReady) {
+  cudaError_t rc;
+  while ((rc = cudaEventQuery(done_)) == cudaErrorNotReady) {
     if (auto error = errorNow()) std::rethrow_exception(error);
     if (std::chrono::steady_clock::now() > limit) {
       DTRAIN_THROW(
@@ -104,6 +110,8 @@ void NcclWork::waitOnStream(void* stream, Millis timeout) {
     std::this_thread::sleep_for(std::chrono::microseconds(50));
   }
   if (auto error = errorNow()) std::rethrow_exception(error);
+  // Any other answer is an error (possibly an earlier asynchronous one), not completion.
+  checkCuda(rc, fmt::format("nccl {}: {}: cudaEventQuery", who_, info_.describeWithSeq()));
   finished_.store(true);
   checkCuda(cudaStreamWaitEvent(after, done_, 0), "cudaStreamWaitEvent");
 }
