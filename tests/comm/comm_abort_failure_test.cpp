@@ -27,6 +27,7 @@ using testing::WorldKind;
 // Far beyond the bounds below: a wait that abort() did not release fails them.
 constexpr milliseconds kTimeout{10000};
 constexpr double kBoundMs = 1000;
+constexpr double kMarginMs = 1000;  // for a loaded 2-core machine
 const char* const kReason = "node 7 (10.0.0.7) lost";
 
 std::string label(const ::testing::TestParamInfo<WorldKind>& info) { return info.param.label(); }
@@ -115,6 +116,42 @@ TEST_P(Abort, BlockedAllreduceThrowsMembershipChangedAtOnce) {
 
 TEST_P(Abort, BlockedBarrierThrowsMembershipChangedAtOnce) {
   expectBlockedCollectivesThrowMembershipChanged(GetParam(), /*barrier=*/true);
+}
+
+// P21: on one node the ranks share a segment, so abort() on one rank alone -- the watcher of that
+// process -- fails the node's other ranks blocked in the collective with MembershipChanged too,
+// quoting its reason: they re-form together. Rank 3 never joins; only rank 1 is aborted.
+TEST(ShmAbort, OneRanksAbortFailsTheNodesOtherBlockedRanksAtOnce) {
+  auto world = makeWorld(WorldKind{"shm", 4}, kTimeout);
+  constexpr int kAborted = 1;
+  const auto start = Clock::now();
+  double abortedAtMs = 0;
+  std::thread watcher([&] {
+    std::this_thread::sleep_for(milliseconds(300));
+    abortedAtMs = elapsedMs(start);
+    world[kAborted]->abort(kReason);
+  });
+  std::vector<std::string> errors(3);
+  std::vector<double> tookMs(3);
+  runRanks(3, [&](int r) {
+    std::vector<float> x(1024, 1.0f);
+    errors[r] = membershipChangedFrom(
+        [&] { world[r]->allreduce(x.data(), x.size(), DataType::Float32, ReduceOp::Sum); }, r);
+    tookMs[r] = elapsedMs(start);
+  });
+  watcher.join();
+  for (int r = 0; r < 3; ++r) {
+    EXPECT_GE(tookMs[r], abortedAtMs - 1) << "rank " << r << " returned before the abort";
+    EXPECT_LE(tookMs[r] - abortedAtMs, kBoundMs + kMarginMs)
+        << "rank " << r << ": bound of the abort, " << tookMs[r] - abortedAtMs << " ms";
+    EXPECT_CONTAINS(errors[r], fmt::format("rank {}/4", r));
+    EXPECT_CONTAINS(errors[r], fmt::format("membership changed: {}", kReason));
+    if (r != kAborted) {
+      EXPECT_CONTAINS(errors[r], fmt::format("rank {} (pid", kAborted));
+    }
+  }
+  expectAbortedForGood(*world[kAborted], kAborted);
+  for (auto& c : world) c->shutdown();
 }
 
 // P20-P22: abort() before any collective; a second abort() keeps the first reason.

@@ -169,17 +169,27 @@ TEST(GlooFailure, ACheckedCallIsComparedWithTheCheckOffAndLabelsTellEqualCallsAp
 }
 
 TEST(GlooFailure, CollectiveCheckCatchesASkippedCollectiveAtOnce) {
+  // P4 with the collective check: rank 0 skips seq 0, so the ranks compare different calls and
+  // both fail on the check, long before the timeout.
   auto w = world(2, {faultAt(fault::Kind::SkipCollective, 0, 0)}, /*check=*/true);
   std::vector<std::string> errors(2);
+  std::vector<double> took(2);
   runRanks(2, [&](int r) {
     std::vector<int64_t> x(4, 1);
+    auto start = std::chrono::steady_clock::now();
     errors[r] = messageOf([&] {
       w[r]->allreduce(x.data(), 4, DataType::Int64, ReduceOp::Sum);
       w[r]->broadcast(x.data(), 4, DataType::Int64, 0);
     });
+    took[r] = elapsedMs(start);
   });
+  EXPECT_CONTAINS(errors[0], "rank 0/2: collective check failed: this rank calls seq 1 broadcast("
+                             "int64 x 4, root 0); rank 1 calls seq 0 allreduce(int64 x 4, sum)");
   EXPECT_CONTAINS(errors[1], "this rank calls seq 0 allreduce(int64 x 4, sum); rank 0 calls seq 1 "
                              "broadcast(int64 x 4, root 0)");
+  for (int r = 0; r < 2; ++r) {
+    EXPECT_LT(took[r], kTimeout.count() / 2) << "P4: rank " << r << " took " << took[r] << " ms";
+  }
 }
 
 TEST(GlooFailure, APeerThatGoesAwayFailsTheOthersWithinTwoSeconds) {

@@ -223,6 +223,7 @@ TEST(GradScalerProcesses, OneRankAloneOverflowsAfterTheAllreduce) {
 struct RankRun {
   int exitCode = -1;
   std::string output;
+  double endedMs = -1;  // when it exited, after the ranks were started (20 ms polls)
 };
 
 // One simulated node: the worker's arguments there and its extra environment ("NAME=value").
@@ -277,17 +278,25 @@ std::vector<RankRun> runAsTwoNodes(const std::vector<SimulatedNode>& nodes,
     pids.push_back(pid);
   }
   std::vector<RankRun> runs(world);
-  auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(90);
-  for (int rank = 0; rank < world; ++rank) {
-    int status = 0;
-    while (::waitpid(pids[rank], &status, WNOHANG) == 0) {
-      if (std::chrono::steady_clock::now() > deadline) {
-        for (pid_t p : pids) ::kill(p, SIGKILL);
-      }
-      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  const auto started = std::chrono::steady_clock::now();
+  const auto deadline = started + std::chrono::seconds(90);
+  // Every rank polled each round, so that each one's exit time is its own.
+  for (int left = world; left > 0;) {
+    for (int rank = 0; rank < world; ++rank) {
+      int status = 0;
+      if (runs[rank].endedMs >= 0 || ::waitpid(pids[rank], &status, WNOHANG) == 0) continue;
+      runs[rank].endedMs = std::chrono::duration<double, std::milli>(
+                               std::chrono::steady_clock::now() - started)
+                               .count();
+      runs[rank].exitCode = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+      runs[rank].output = readFile(logDir + "/" + tag + "-rank" + std::to_string(rank) + ".log");
+      --left;
     }
-    runs[rank].exitCode = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-    runs[rank].output = readFile(logDir + "/" + tag + "-rank" + std::to_string(rank) + ".log");
+    if (left == 0) break;
+    if (std::chrono::steady_clock::now() > deadline) {
+      for (pid_t p : pids) ::kill(p, SIGKILL);
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }
   return runs;
 }
@@ -357,11 +366,17 @@ void expectPythonLoadsExport(const TempDir& dir, const std::string& exported,
 // one rank is SIGKILLed while a save is in progress -- a node's writer (rank 2) in the middle of
 // writing its file (crash@io=21: after the first save, inside the second), or a rank that writes
 // nothing (rank 3) while the asynchronous save of step 5 is written but not yet agreed, so LATEST
-// has not moved. The survivors fail (the checkpoint's short timeout bounds their wait); the rerun
-// restores a step whose shards are all intact (step 2, or step 5 where a node's file was complete:
-// with two nodes each file holds every shard) and ends bitwise as the uninterrupted run.
+// has not moved. The survivors fail within the checkpoint's deadline (its timeout + its grace)
+// after the kill (their exit: + 1 s of teardown + kMargin); the rerun restores a step whose
+// shards are all intact (step 2, or step 5 where a node's file was complete: with two nodes each
+// file holds every shard) and ends bitwise as the uninterrupted run.
 TEST(ShardedCheckpointProcesses, AnyRankKilledDuringASaveLeavesAStepToResumeFrom) {
   TempDir dir;
+  // --checkpoint-timeout-ms and its grace, clamp(timeout / 2, 1 s, 60 s): Placement::deadline().
+  constexpr double kDeadlineMs = 5000 + 2500;
+  // What is measured is the survivor's exit: after its failure it tears down, and its closing
+  // barrier fails once a peer's exit closes the connection and the report grace (500 ms) passes.
+  constexpr double kTeardownMs = 1000;
   const std::vector<std::string> common = {
       "--zero", "2", "--checkpoint-timeout-ms", "5000", "--collective-timeout-ms", "10000"};
   auto args = [&](const std::string& ckpt, const std::string& out, std::vector<std::string> extra) {
@@ -387,7 +402,16 @@ TEST(ShardedCheckpointProcesses, AnyRankKilledDuringASaveLeavesAStepToResumeFrom
     first.insert(first.end(), kill.extra.begin(), kill.extra.end());
     const SimulatedNode node{args(ckpt, out, first), {kill.env}};
     auto killed = runAsTwoNodes({node, node}, dir.path(), "killed-" + kill.name);
-    EXPECT_NE(killed[kill.name == "writer" ? 2 : 3].exitCode, 0) << "the fault did not fire";
+    const int victim = kill.name == "writer" ? 2 : 3;
+    EXPECT_NE(killed[victim].exitCode, 0) << "the fault did not fire";
+    for (int rank = 0; rank < 4; ++rank) {
+      if (rank == victim) continue;
+      const double afterKillMs = killed[rank].endedMs - killed[victim].endedMs;
+      EXPECT_NE(killed[rank].exitCode, 0) << "rank " << rank << " went on\n" << killed[rank].output;
+      EXPECT_LT(afterKillMs, kDeadlineMs + kTeardownMs + kMargin * 1000)
+          << "rank " << rank << " failed late\n"
+          << killed[rank].output;
+    }
     for (int n = 0; n < 2; ++n) {
       EXPECT_EQ(readFile(fmt::format("{}/node{}/LATEST", ckpt, n)), "step-00000002\n")
           << "LATEST moved before every node held the shards";

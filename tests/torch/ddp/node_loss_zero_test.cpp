@@ -89,9 +89,10 @@ struct RankResult {
   int discarded = 0;
   int64_t rolledBackTo = -1;
   std::string thrown;
-  size_t mirrorBytes = 0;          // at the end
-  size_t mirrorBytesRestored = 0;  // right after the restore, before the next refresh
-  int64_t owned = 0;               // elements of this rank's blocks
+  size_t mirrorBytes = 0;           // at the end
+  size_t mirrorBytesRestored = 0;   // right after the restore, before the next refresh
+  int64_t owned = 0;                // elements of this rank's blocks
+  double abortedAfterEpochMs = -1;  // its first discarded step ended, after the epoch's write
 };
 
 // Runs 6 ranks; the ranks of the nodes in `lostNodes` stop at the start of step `lossStep`
@@ -104,6 +105,7 @@ std::vector<RankResult> runSix(const Mode& mode, int lossStep, const std::vector
   std::vector<RankResult> results(kNodes * kPerNode);
   std::vector<std::unique_ptr<ZeroTrainer>> trainers(kNodes * kPerNode);
   std::atomic<int> waiting{0};
+  std::atomic<int64_t> epochWrittenNs{0};
   std::vector<std::thread> threads;
   for (int rank = 0; rank < kNodes * kPerNode; ++rank) {
     threads.emplace_back([&, rank] {
@@ -127,6 +129,11 @@ std::vector<RankResult> runSix(const Mode& mode, int lossStep, const std::vector
             t->optimizer.step();
           });
           if (!done) {
+            if (r.discarded == 0) {
+              r.abortedAfterEpochMs = (std::chrono::steady_clock::now().time_since_epoch().count() -
+                                       epochWrittenNs.load()) /
+                                      1e6;
+            }
             r.mirrorBytesRestored = t->optimizer.mirrorBytes();
             ++r.discarded;
             r.rolledBackTo = t->state->currentStep();
@@ -158,6 +165,7 @@ std::vector<RankResult> runSix(const Mode& mode, int lossStep, const std::vector
     std::this_thread::sleep_for(std::chrono::milliseconds(5));
   }
   std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  epochWrittenNs = std::chrono::steady_clock::now().time_since_epoch().count();
   publishEpoch(*store, 1, survivors, "the test's lost node(s)");
   for (auto& t : threads) t.join();
   for (auto& t : trainers) {
@@ -212,7 +220,9 @@ TEST_P(ZeroNodeLoss, SurvivorsRollBackToTheMirrorAndMatchOneProcess) {
 }
 
 // Node 2 lost at the start of step 4, whose refresh is then in flight on the survivors: its
-// blocks of generation 4 never came, so generation 2 is the newest complete one.
+// blocks of generation 4 never came, so generation 2 is the newest complete one. The pair
+// broadcasts the survivors wait in are aborted with the group's communicator: each survivor's
+// step ends (discarded, re-formed, rolled back) < 1 s after the epoch.
 TEST_P(ZeroNodeLoss, ALossDuringAMirrorRefreshRollsBackToTheGenerationBefore) {
   const auto results = runSix(GetParam(), 4, {2}, {{"0", 0, 2}, {"1", 2, 2}}, 4);
   const auto expected = reference(GetParam());
@@ -220,6 +230,8 @@ TEST_P(ZeroNodeLoss, ALossDuringAMirrorRefreshRollsBackToTheGenerationBefore) {
     const RankResult& r = results[static_cast<size_t>(rank)];
     EXPECT_EQ(r.thrown, "") << "rank " << rank;
     EXPECT_EQ(r.rolledBackTo, 2) << "rank " << rank;
+    EXPECT_GE(r.abortedAfterEpochMs, 0) << "rank " << rank;
+    EXPECT_LT(r.abortedAfterEpochMs, 1000) << "rank " << rank << " left the refresh late";
     expectParametersMatch(r.params, expected, results[0].params, rank);
   }
 }
