@@ -147,11 +147,55 @@ TEST(ShmAbort, OneRanksAbortFailsTheNodesOtherBlockedRanksAtOnce) {
     EXPECT_CONTAINS(errors[r], fmt::format("rank {}/4", r));
     EXPECT_CONTAINS(errors[r], fmt::format("membership changed: {}", kReason));
     if (r != kAborted) {
-      EXPECT_CONTAINS(errors[r], fmt::format("rank {} (pid", kAborted));
+      // Rank 1 itself, not a peer that failed because of it (Note [A failure is final for the
+      // segment] in runtime/comm/shm/shm_engine.cpp).
+      EXPECT_CONTAINS(errors[r], fmt::format("failed: rank {} (pid", kAborted));
     }
   }
   expectAbortedForGood(*world[kAborted], kAborted);
   for (auto& c : world) c->shutdown();
+}
+
+// P21: a rank that enters a collective after one rank of its node was aborted fails at once with
+// MembershipChanged too, quoting the aborted rank, before the collective check and before any data
+// moves. Rank 3 had not joined the allreduce ranks 0-2 threw out of: a barrier must not fail as a
+// mismatch against the allreduce its peers posted, and that allreduce must not complete from the
+// inputs they left behind (Note [A failure is final for the segment] in
+// runtime/comm/shm/shm_engine.cpp).
+TEST(ShmAbort, ARankEnteringAfterTheAbortFailsWithMembershipChangedToo) {
+  constexpr int kAborted = 1;
+  constexpr int kLate = 3;
+  for (const bool barrier : {true, false}) {
+    SCOPED_TRACE(barrier ? "late barrier" : "late allreduce");
+    auto world = makeWorld(WorldKind{"shm", 4}, kTimeout);
+    std::thread watcher([&] {
+      std::this_thread::sleep_for(milliseconds(100));
+      world[kAborted]->abort(kReason);
+    });
+    runRanks(kLate, [&](int r) {  // ranks 0-2, blocked until rank 1's abort
+      std::vector<float> x(1024, 1.0f);
+      membershipChangedFrom(
+          [&] { world[r]->allreduce(x.data(), x.size(), DataType::Float32, ReduceOp::Sum); }, r);
+    });
+    watcher.join();
+    std::vector<float> x(1024, 1.0f);
+    const auto start = Clock::now();
+    const std::string error = membershipChangedFrom(
+        [&] {
+          if (barrier) {
+            world[kLate]->barrier();
+          } else {
+            world[kLate]->allreduce(x.data(), x.size(), DataType::Float32, ReduceOp::Sum);
+          }
+        },
+        kLate);
+    EXPECT_LT(elapsedMs(start), kBoundMs) << "at once, not at the timeout";
+    EXPECT_CONTAINS(error, fmt::format("rank {}/4", kLate));
+    EXPECT_CONTAINS(error, fmt::format("failed: rank {} (pid", kAborted));
+    EXPECT_CONTAINS(error, fmt::format("membership changed: {}", kReason));
+    EXPECT_EQ(x, std::vector<float>(1024, 1.0f)) << "the late rank's buffer is untouched";
+    for (auto& c : world) c->shutdown();
+  }
 }
 
 // P20-P22: abort() before any collective; a second abort() keeps the first reason.

@@ -88,6 +88,28 @@ namespace dtrain::comm::shm {
 // the node's ranks outnumber its cores (options_.yield: sharing is then unavoidable), nor when
 // this thread may run on one CPU only.
 
+// Note [A failure is final for the segment]
+// A rank that fails, or is aborted (Communicator::abort()), marks itself in its control block
+// (Engine::mark); its peers blocked in a collective see the mark at their next look
+// (Note [Waiting]) and fail too. That alone misses a rank that enters a collective afterwards:
+// what the others posted on entry stays in the segment after they have thrown out of the
+// collective, so the late rank's waits find every peer's progress already there, never sleep,
+// never look at the marks, and the rank then fails the collective check against what its peers
+// had called (its barrier against their allreduce) instead of with the abort, or completes the
+// collective from the inputs they left behind while they failed it. So the first rank to be
+// marked failed or aborted also names itself and its state in the segment header
+// (SegmentHeader::firstFailed), and every collective reads that word on entry, before it posts or
+// compares anything: from then on each entry on each rank throws what the first failure calls
+// for, MembershipChanged for an aborted rank (its node re-forms with it) and NetworkError for a
+// failed one, quoting it and its reason. Blocked ranks quote that first rank too rather than a
+// peer that failed because of it. The cost is one acquire load per collective (a plain load on
+// x86-64) of a cache line no rank writes after joining but for that once. A rank that shuts down
+// is not named there: a peer may still read its last broadcast, and a wait for it fails at its
+// next look. The header is set before the rank's own mark, so a rank that has seen the mark finds
+// it set; what it cannot cover is a rank that entered before the mark was set and then finds every
+// input posted: it may finish the collective its peers leave, the race of any abort with a
+// collective's last step.
+
 namespace {
 
 bool reached(uint32_t value, uint32_t target) { return static_cast<int32_t>(value - target) >= 0; }
@@ -143,6 +165,7 @@ Engine::Engine(std::shared_ptr<Segment> segment, const EngineOptions& options)
       rank_(segment_->rank()),
       size_(segment_->size()),
       me_(segment_->control(rank_)),
+      firstFailed_(segment_->header().firstFailed),
       peers_(peersOf(*segment_)) {
   phase_ = me_.progress.load(std::memory_order_relaxed);
 }
@@ -156,6 +179,7 @@ std::string Engine::describePeer(int rank) const {
 }
 
 void Engine::enter(const CollectiveInfo& info, bool owned, int64_t inputOffset) {
+  checkNoneFailed();  // Note [A failure is final for the segment]
   Descriptor& d = me_.ring[info.seq % kDescriptorRing];
   d.what = Fingerprint::of(info);
   d.owned = owned ? 1 : 0;
@@ -309,29 +333,40 @@ void Engine::throwSelfAborted() const {
   DTRAIN_THROW(Error, "this rank's communicator was aborted while it waited ({})", reason);
 }
 
+void Engine::throwFailed(uint32_t first, int waitingFor, const char* what) const {
+  const int r = failedRank(first);
+  if (r == rank_) throwSelfAborted();
+  throwMarked(r, failedState(first), waitingFor, what);
+}
+
+void Engine::throwMarked(int r, uint32_t state, int waitingFor, const char* what) const {
+  const std::string waiting = waitingFor < 0 || r == waitingFor
+                                  ? ""
+                                  : fmt::format(" (this rank was waiting for rank {} {})",
+                                                nameOf(waitingFor), what);
+  if (state == kClosed) {
+    DTRAIN_THROW(NetworkError, "{} shut down its communicator{}{}", describePeer(r),
+                 r == waitingFor ? fmt::format(" while this rank waited for it {}", what) : "",
+                 waiting);
+  }
+  char reason[kReasonBytes];
+  std::memcpy(reason, segment_->control(r).reason, sizeof(reason));
+  reason[sizeof(reason) - 1] = '\0';
+  if (state == kMembership) {
+    DTRAIN_THROW(MembershipChanged, "{} was aborted{}: {}", describePeer(r), waiting, reason);
+  }
+  DTRAIN_THROW(NetworkError, "{} failed{}: {}", describePeer(r), waiting, reason);
+}
+
 void Engine::checkPeers(int waitingFor, const char* what) {
   checkSelf();
+  // The first rank marked is the one to quote, not a peer that failed because of it.
+  const uint32_t first = firstFailed_.load(std::memory_order_acquire);
+  if (first != 0) throwFailed(first, waitingFor, what);
   for (int r = 0; r < size_; ++r) {
     if (r == rank_) continue;
-    RankControl& c = segment_->control(r);
-    const uint32_t state = c.aborted.load(std::memory_order_acquire);
-    if (state == 0) continue;
-    const std::string waiting = r == waitingFor
-                                    ? ""
-                                    : fmt::format(" (this rank was waiting for rank {} {})",
-                                                  nameOf(waitingFor), what);
-    if (state == kClosed) {
-      DTRAIN_THROW(NetworkError, "{} shut down its communicator{}{}", describePeer(r),
-                   r == waitingFor ? fmt::format(" while this rank waited for it {}", what) : "",
-                   waiting);
-    }
-    char reason[kReasonBytes];
-    std::memcpy(reason, c.reason, sizeof(reason));
-    reason[sizeof(reason) - 1] = '\0';
-    if (state == kMembership) {
-      DTRAIN_THROW(MembershipChanged, "{} was aborted{}: {}", describePeer(r), waiting, reason);
-    }
-    DTRAIN_THROW(NetworkError, "{} failed{}: {}", describePeer(r), waiting, reason);
+    const uint32_t state = segment_->control(r).aborted.load(std::memory_order_acquire);
+    if (state != 0) throwMarked(r, state, waitingFor, what);
   }
   const int dead = peers_.firstDead();
   if (dead >= 0) {
@@ -391,6 +426,13 @@ void Engine::mark(uint32_t state, const std::string& reason) {
     const size_t n = std::min(reason.size(), kReasonBytes - 1);
     std::memcpy(me_.reason, reason.data(), n);
     me_.reason[n] = '\0';
+    if (state != kClosed) {
+      // Before this rank's own mark: a peer that saw the mark finds the header set too (Note [A
+      // failure is final for the segment]).
+      uint32_t none = 0;
+      firstFailed_.compare_exchange_strong(none, packFailed(rank_, state),
+                                           std::memory_order_seq_cst);
+    }
     uint32_t expected = 0;
     me_.aborted.compare_exchange_strong(expected, state, std::memory_order_seq_cst);
   }

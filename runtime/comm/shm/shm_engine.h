@@ -4,9 +4,11 @@
 // Work handles and a permanent error, HierarchicalCommunicator drives it with a Gloo step between
 // its reduce-scatter and allgather halves. See Note [Shared-memory collectives].
 //
-// Failures throw: NetworkError when a peer died or failed (naming it), TimeoutError at the
-// deadline (naming the rank waited for and where it is), InvalidArgument when the ranks call
-// different collectives, Error when one is ahead or behind (a skipped collective).
+// Failures throw: MembershipChanged when a rank of the segment was aborted, NetworkError when a
+// peer died or failed (naming it; once a rank was marked failed or aborted, at every rank's next
+// collective entry, Note [A failure is final for the segment]), TimeoutError at the deadline
+// (naming the rank waited for and where it is), InvalidArgument when the ranks call different
+// collectives, Error when one is ahead or behind (a skipped collective).
 
 #include <chrono>
 #include <functional>
@@ -88,6 +90,20 @@ class Engine {
   static constexpr uint32_t kClosed = 2;
   static constexpr uint32_t kMembership = 3;
   void mark(uint32_t state, const std::string& reason);
+  // SegmentHeader::firstFailed: the rank and state packed in one word, 0 for none.
+  static uint32_t packFailed(int rank, uint32_t state) {
+    return state << 16 | static_cast<uint32_t>(rank + 1);
+  }
+  static int failedRank(uint32_t first) { return static_cast<int>(first & 0xffff) - 1; }
+  static uint32_t failedState(uint32_t first) { return first >> 16; }
+  // On entry, before anything is posted or compared: throws once a rank of the segment was
+  // marked failed or aborted (Note [A failure is final for the segment]).
+  void checkNoneFailed() const {
+    const uint32_t first = firstFailed_.load(std::memory_order_acquire);
+    if (first != 0) throwFailed(first);
+  }
+  // `waitingFor` < 0: on entry, waiting for nobody.
+  [[noreturn]] void throwFailed(uint32_t first, int waitingFor = -1, const char* what = "") const;
   void enter(const CollectiveInfo& info, bool owned, int64_t inputOffset);
   void leave();
   void advance();
@@ -113,6 +129,8 @@ class Engine {
   [[noreturn]] void failWaiting(int peer, uint32_t target, Clock::time_point deadline,
                                 const char* what);
   void checkPeers(int waitingFor, const char* what);
+  // Rank `peer` is marked `state`: the error its peers throw.
+  [[noreturn]] void throwMarked(int peer, uint32_t state, int waitingFor, const char* what) const;
   // Throws once this rank is marked failed or gone: abort() from another thread.
   void checkSelf() const {
     if (me_.aborted.load(std::memory_order_acquire) != 0) throwSelfAborted();
@@ -136,6 +154,7 @@ class Engine {
   int rank_;
   int size_;
   RankControl& me_;
+  std::atomic<uint32_t>& firstFailed_;  // the segment's (SegmentHeader::firstFailed)
   PeerWatch peers_;
   std::mutex markMutex_;          // mark() from the executor and from abort() on another thread
   uint32_t phase_ = 0;            // this rank's progress word, mirrored

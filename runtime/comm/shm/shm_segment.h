@@ -25,7 +25,7 @@
 namespace dtrain::comm::shm {
 
 constexpr uint64_t kSegmentMagic = 0x6d68732d6e696172ull;  // "rain-shm"
-constexpr uint32_t kSegmentVersion = 3;  // 3: descriptors carry the caller's label
+constexpr uint32_t kSegmentVersion = 4;  // 4: the header names the first rank that failed
 constexpr int kDescriptorRing = 4;
 constexpr size_t kReasonBytes = 768;
 // Most ranks one segment serves (one node).
@@ -86,6 +86,10 @@ struct SegmentHeader {
   uint64_t arenaOffset;
   Tuning tuning;                 // rank 0's: what every rank runs by
   std::atomic<uint32_t> joined;  // ranks that mapped the segment and published their pid
+  // Set once, by the first rank marked failed or aborted (not shut down): its rank and state
+  // (RankControl::aborted), packed by Engine; 0 while none is. Every collective entry reads it
+  // (Note [A failure is final for the segment] in shm_engine.cpp).
+  std::atomic<uint32_t> firstFailed;
 };
 
 struct SegmentOptions {
