@@ -19,6 +19,13 @@ inline std::chrono::steady_clock::time_point after(std::chrono::steady_clock::ti
                  std::chrono::duration<double>(seconds));
 }
 
+// CLOCK_MONOTONIC in seconds (the steady clock on Linux): one clock for every process of the
+// host, in every network namespace, so the "t=" of the agents', the master's and the workers'
+// lines can be subtracted from one another.
+inline double monotonicSeconds() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
 // Seconds from `t` until now.
 inline double secondsSince(std::chrono::steady_clock::time_point t) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();

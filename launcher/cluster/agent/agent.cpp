@@ -267,10 +267,6 @@ NodeContext Agent::nodeContext() const {
   return node;
 }
 
-double monotonicNow() {
-  return std::chrono::duration<double>(Clock::now().time_since_epoch()).count();
-}
-
 void Agent::claimNode() {
   NodeClaim mine;
   mine.nonce = newRunId() + newRunId();
@@ -345,7 +341,7 @@ void Agent::notifyMaster() { store_->add(keys::events(), 1); }
 void Agent::join(int round) {
   // Stamped before the join is sent: on a loaded machine an agent can wait long to run again
   // after its add returns, and a stamp taken then would put its join after the plan it led to.
-  const double sent = monotonicNow();
+  const double sent = monotonicSeconds();
   store_->setString(keys::join(round, setup_.node), encodeJoin(join_));
   notifyMaster();
   DTRAIN_LOG(Info, "launch: round {}: joined at t={:.6f}", round, sent);
@@ -374,7 +370,7 @@ int Agent::runRounds() {
     }
     const RoundPlan& plan = *now.plan;  // Note [Plan in the state]
     const PlannedNode* mine = plan.find(setup_.node);
-    DTRAIN_LOG(Info, "launch: round {}: plan read at t={:.6f}: {}", round, monotonicNow(),
+    DTRAIN_LOG(Info, "launch: round {}: plan read at t={:.6f}: {}", round, monotonicSeconds(),
                mine ? fmt::format("node rank {} of {}, world size {}", mine->nodeRank,
                                   plan.nodes.size(), plan.worldSize)
                     : fmt::format("not among its {} nodes; waiting to join round {}",
@@ -525,6 +521,11 @@ monitor::MonitorContext Agent::monitorContext(const RoundPlan& plan) const {
 
 void Agent::report(int round, const AttemptResult& result) {
   if (std::string why = heartbeat_->lost(); !why.empty()) throw AgentExit{kExitInfrastructure, why};
+  if (!result.nodeLost.empty()) {
+    // The master's epoch line carries its t= too: their difference is the time to go on.
+    say(fmt::format("{}: round {}: reporting node_lost at t={:.6f}: {}", me_, round,
+                    monotonicSeconds(), result.nodeLost));
+  }
   try {
     store_->setString(keys::result(round, setup_.node), encodeResult(result));
     notifyMaster();

@@ -29,10 +29,6 @@ constexpr double kAckSeconds = 10;
 // How often the store's load is logged (DTRAIN_VERBOSE=1).
 constexpr double kStoreLoadSeconds = 5;
 
-double monotonicSeconds() {
-  return std::chrono::duration<double>(Clock::now().time_since_epoch()).count();
-}
-
 }  // namespace
 
 Coordinator::Coordinator(std::shared_ptr<store::Store> store, CoordinatorOptions options)

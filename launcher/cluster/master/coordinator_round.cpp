@@ -104,16 +104,18 @@ bool Coordinator::goOnWithout(RoundWatch& w, const std::string& node, LossKind k
   const membership::Epoch next = epochWithout(w.epoch, {node}, who + " " + cause);
   store_->setString(epochStoreKey(w.plan.round), membership::encodeEpoch(next));
   store_->flush();
+  const double writtenAt = monotonicSeconds();  // the agent's node_lost line has its t= too
   reforms_.push_back(now);
   w.epoch = next;
   w.reforming = true;
   w.reformDeadline = after(now, options_.heartbeatTimeout + kReformSeconds);
   w.leftOut[node] = fmt::format("{}; the job went on without it in epoch {} of round {}", cause,
                                 next.epoch, w.plan.round);
-  say(fmt::format("launch: round {} goes on without {}: {}; epoch {}: {} node{}, {} rank{}",
+  say(fmt::format("launch: round {} goes on without {}: {}; epoch {}: {} node{}, {} rank{} "
+                  "(written at t={:.6f})",
                   w.plan.round, who, cause, next.epoch, next.nodes.size(),
-                  next.nodes.size() == 1 ? "" : "s", next.worldSize,
-                  next.worldSize == 1 ? "" : "s"));
+                  next.nodes.size() == 1 ? "" : "s", next.worldSize, next.worldSize == 1 ? "" : "s",
+                  writtenAt));
   logStoreLoad(now, fmt::format("round {} epoch {}", w.plan.round, next.epoch));
   return true;
 }

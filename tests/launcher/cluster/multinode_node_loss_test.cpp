@@ -64,6 +64,15 @@ double epochSeenAt(const std::string& out) {
   return std::stod(out.substr(out.find(" t=", at) + 3));
 }
 
+// The "at t=" (CLOCK_MONOTONIC seconds) on the first line of `text` holding `needle`; -1 if none.
+double timeOnLine(const std::string& text, const std::string& needle) {
+  const size_t at = text.find(needle);
+  if (at == std::string::npos) return -1;
+  const size_t t = text.find("at t=", at);
+  if (t == std::string::npos || t > text.find('\n', at)) return -1;
+  return std::stod(text.substr(t + 5));
+}
+
 // (1) Node 2's workers SIGKILLed: epoch 1 without it, the survivors exit 0, launch exits 0.
 TEST(MultiNodeNodeLoss, KilledWorkersLeaveTheirNodeBehindAndTheJobEndsZero) {
   DTRAIN_CLUSTER_OR_SKIP(c, 3);
@@ -89,6 +98,16 @@ TEST(MultiNodeNodeLoss, KilledWorkersLeaveTheirNodeBehindAndTheJobEndsZero) {
       << r.err;
   EXPECT_EQ(r.err.find("stopping round 0"), std::string::npos) << r.err;
   EXPECT_LT(r.seconds, 25) << r.err;
+  // Row N25's bound: epoch 1 is written within one store round trip (milliseconds) of node 2's
+  // agent reporting node_lost; both lines carry the same clock's t=.
+  const double reportedAt = timeOnLine(r.err, "round 0: reporting node_lost at t=");
+  const double writtenAt = timeOnLine(r.err, "launch: round 0 goes on without " + node2);
+  ASSERT_GT(reportedAt, 0) << r.err;
+  ASSERT_GT(writtenAt, 0) << r.err;
+  const double toEpoch = writtenAt - reportedAt;
+  EXPECT_GE(toEpoch, 0) << r.err;
+  EXPECT_LT(toEpoch, 1 + kMargin) << r.err;
+  std::printf("node_lost reported -> epoch 1 written: %.3f ms\n", toEpoch * 1e3);
 }
 
 // (2) Node 2 cut off: epoch 1 reaches the survivors within --heartbeat-timeout + 1 s.
