@@ -3,8 +3,10 @@
 // fake communicator), or over real Gloo communicators (makeGlooWorld), both from
 // thread_communicator_support.h.
 
+#include <exception>
 #include <functional>
 #include <memory>
+#include <thread>
 #include <vector>
 
 #include "dtrain/comm/gloo_communicator.h"
@@ -26,6 +28,29 @@ inline std::vector<std::shared_ptr<ProcessGroup>> glooGroups(
     groups.push_back(std::make_shared<ProcessGroup>(std::move(communicator), rank++, c10::kCPU));
   }
   return groups;
+}
+
+// Runs fn(rank, group) on a thread per rank over glooGroups(n) with collective timeout
+// `timeout`, and rethrows the first rank's exception once every thread has ended.
+inline void runOnGlooGroups(
+    int n, comm::Millis timeout,
+    const std::function<void(int, const std::shared_ptr<ProcessGroup>&)>& fn) {
+  const auto groups = glooGroups(n, [&](comm::GlooOptions& o) { o.timeout = timeout; });
+  std::vector<std::thread> threads;
+  std::vector<std::exception_ptr> errors(static_cast<size_t>(n));
+  for (int rank = 0; rank < n; ++rank) {
+    threads.emplace_back([&, rank] {
+      try {
+        fn(rank, groups[static_cast<size_t>(rank)]);
+      } catch (...) {
+        errors[static_cast<size_t>(rank)] = std::current_exception();
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (auto& e : errors) {
+    if (e) std::rethrow_exception(e);
+  }
 }
 
 }  // namespace dtrain::testing

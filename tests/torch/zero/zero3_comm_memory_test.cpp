@@ -27,50 +27,35 @@ constexpr int kLayers = 4;
 TEST(Zero3CommMemory, HeldBetweenStepsIsAStepsPeakAndTheBuildIsGone) {
   if (!comm::glooAvailable()) GTEST_SKIP() << "built without Gloo";
   constexpr int kWorld = 2;
-  const auto groups = glooGroups(kWorld,
-                                 [](comm::GlooOptions& o) { o.timeout = comm::Millis(10000); });
   std::vector<comm::BufferStats> afterWarmup(kWorld), end(kWorld);
   std::vector<size_t> stepPeak(kWorld, 0);
   std::vector<ZeroMemory> memory(kWorld);
-  std::vector<std::thread> threads;
-  std::vector<std::exception_ptr> errors(kWorld);
-  for (int rank = 0; rank < kWorld; ++rank) {
-    threads.emplace_back([&, rank] {
-      try {
-        const auto& group = groups[static_cast<size_t>(rank)];
-        comm::Communicator& comm = group->communicator();
-        torch::manual_seed(5);
-        torch::nn::Sequential body;
-        for (int l = 0; l < kLayers; ++l) body->push_back(torch::nn::Linear(kWidth, kWidth));
-        auto net = shardEveryChild(body);  // built whole, every layer a unit
-        DistributedDataParallel<torch::nn::Sequential> ddp(net, group);
-        const auto x = torch::randn({4, kWidth});
-        // A forward before the optimizer: DDP makes its buckets, which stage 3 then replaces.
-        ddp(x);
-        ZeroOptions zo;
-        zo.stage = 3;
-        ShardedOptimizer optimizer(
-            ddp, optimizerFactory<torch::optim::Adam>(torch::optim::AdamOptions(1e-3)), zo);
-        for (int s = 0; s < 4; ++s) {
-          if (s == 2) afterWarmup[static_cast<size_t>(rank)] = comm.bufferStats();
-          comm.resetBufferPeak();
-          optimizer.zero_grad();
-          ddp(x).square().mean().backward();
-          optimizer.step();
-          auto& peak = stepPeak[static_cast<size_t>(rank)];
-          if (s >= 2) peak = std::max(peak, comm.bufferStats().peakInUseBytes);
-        }
-        end[static_cast<size_t>(rank)] = comm.bufferStats();
-        memory[static_cast<size_t>(rank)] = optimizer.stats().memory;
-      } catch (...) {
-        errors[static_cast<size_t>(rank)] = std::current_exception();
-      }
-    });
-  }
-  for (auto& t : threads) t.join();
-  for (auto& e : errors) {
-    if (e) std::rethrow_exception(e);
-  }
+  runOnGlooGroups(kWorld, comm::Millis(10000), [&](int rank, const auto& group) {
+    comm::Communicator& comm = group->communicator();
+    torch::manual_seed(5);
+    torch::nn::Sequential body;
+    for (int l = 0; l < kLayers; ++l) body->push_back(torch::nn::Linear(kWidth, kWidth));
+    auto net = shardEveryChild(body);  // built whole, every layer a unit
+    DistributedDataParallel<torch::nn::Sequential> ddp(net, group);
+    const auto x = torch::randn({4, kWidth});
+    // A forward before the optimizer: DDP makes its buckets, which stage 3 then replaces.
+    ddp(x);
+    ZeroOptions zo;
+    zo.stage = 3;
+    ShardedOptimizer optimizer(
+        ddp, optimizerFactory<torch::optim::Adam>(torch::optim::AdamOptions(1e-3)), zo);
+    for (int s = 0; s < 4; ++s) {
+      if (s == 2) afterWarmup[static_cast<size_t>(rank)] = comm.bufferStats();
+      comm.resetBufferPeak();
+      optimizer.zero_grad();
+      ddp(x).square().mean().backward();
+      optimizer.step();
+      auto& peak = stepPeak[static_cast<size_t>(rank)];
+      if (s >= 2) peak = std::max(peak, comm.bufferStats().peakInUseBytes);
+    }
+    end[static_cast<size_t>(rank)] = comm.bufferStats();
+    memory[static_cast<size_t>(rank)] = optimizer.stats().memory;
+  });
   for (int r = 0; r < kWorld; ++r) {
     const comm::BufferStats& s = end[static_cast<size_t>(r)];
     SCOPED_TRACE("rank " + std::to_string(r));

@@ -5,7 +5,6 @@
 #include <functional>
 #include <map>
 #include <string>
-#include <thread>
 #include <tuple>
 #include <vector>
 
@@ -282,62 +281,47 @@ TEST(ZeroParamDtypeMemory, AUnitHoldsItsGradientsInItsOwnDtypeUntilTheLastIsIn) 
   constexpr int64_t kWidth = 256;
   // The unit's full float32 gradients: what a bucket takes.
   constexpr size_t kBucketBytes = 2 * (kWidth * kWidth + kWidth) * 4;
-  const auto groups = glooGroups(kWorld,
-                                 [](comm::GlooOptions& o) { o.timeout = comm::Millis(10000); });
-  std::vector<std::thread> threads;
-  std::vector<std::exception_ptr> errors(kWorld);
-  for (int rank = 0; rank < kWorld; ++rank) {
-    threads.emplace_back([&, rank] {
-      try {
-        const auto& group = groups[static_cast<size_t>(rank)];
-        std::vector<std::string> seen;
-        TwoLayer layer{nullptr};
-        torch::nn::Sequential body = buildSeeded(7, [&] {
-          torch::nn::Sequential layers;
-          layer = TwoLayer(kWidth, [] {});
-          layers->push_back(layer);
-          return shardEveryChild(layers);
-        });
-        TwoLayerImpl& unit = *layer;
-        unit.inside = [&] {
-          const at::Tensor& g = unit.b->weight.grad();
-          const size_t inUse = group->communicator().bufferStats().inUseBytes;
-          seen.push_back(g.defined() ? std::string(c10::toString(g.scalar_type())) : "none");
-          EXPECT_LT(inUse, kBucketBytes)
-              << "rank " << rank << ": buffers in use in the unit's backward: a float32 bucket";
-        };
-        DistributedDataParallel<torch::nn::Sequential> ddp(body, group);
-        ZeroOptions zo;
-        zo.stage = 3;
-        zo.paramDtype = at::kBFloat16;
-        zo.reduceDtype = at::kFloat;
-        ShardedOptimizer optimizer(
-            ddp, optimizerFactory<torch::optim::SGD>(torch::optim::SGDOptions(0.01)), zo);
-        for (int step = 0; step < 2; ++step) {
-          optimizer.zero_grad();
-          torch::Tensor out;
-          {
-            AutocastGuard autocast(torch::kCPU, true);
-            out = ddp(torch::randn({4, kWidth}));
-          }
-          out.to(torch::kFloat).square().mean().backward();
-          // After backward the gradient lives on in the float32 shard only (.grad unset, or a
-          // placeholder over one element: Note [Zeroed gradients] in gradient_sync.cpp).
-          const at::Tensor& after = unit.b->weight.grad();
-          EXPECT_TRUE(!after.defined() || after.storage().nbytes() <= 2)
-              << "rank " << rank << ": the full gradient is given up once reduce-scattered";
-          optimizer.step();
-        }
-        EXPECT_EQ(seen, (std::vector<std::string>{"BFloat16", "BFloat16"})) << "rank " << rank;
-      } catch (...) {
-        errors[static_cast<size_t>(rank)] = std::current_exception();
-      }
+  runOnGlooGroups(kWorld, comm::Millis(10000), [&](int rank, const auto& group) {
+    std::vector<std::string> seen;
+    TwoLayer layer{nullptr};
+    torch::nn::Sequential body = buildSeeded(7, [&] {
+      torch::nn::Sequential layers;
+      layer = TwoLayer(kWidth, [] {});
+      layers->push_back(layer);
+      return shardEveryChild(layers);
     });
-  }
-  for (auto& t : threads) t.join();
-  for (auto& e : errors) {
-    if (e) std::rethrow_exception(e);
-  }
+    TwoLayerImpl& unit = *layer;
+    unit.inside = [&] {
+      const at::Tensor& g = unit.b->weight.grad();
+      const size_t inUse = group->communicator().bufferStats().inUseBytes;
+      seen.push_back(g.defined() ? std::string(c10::toString(g.scalar_type())) : "none");
+      EXPECT_LT(inUse, kBucketBytes)
+          << "rank " << rank << ": buffers in use in the unit's backward: a float32 bucket";
+    };
+    DistributedDataParallel<torch::nn::Sequential> ddp(body, group);
+    ZeroOptions zo;
+    zo.stage = 3;
+    zo.paramDtype = at::kBFloat16;
+    zo.reduceDtype = at::kFloat;
+    ShardedOptimizer optimizer(
+        ddp, optimizerFactory<torch::optim::SGD>(torch::optim::SGDOptions(0.01)), zo);
+    for (int step = 0; step < 2; ++step) {
+      optimizer.zero_grad();
+      torch::Tensor out;
+      {
+        AutocastGuard autocast(torch::kCPU, true);
+        out = ddp(torch::randn({4, kWidth}));
+      }
+      out.to(torch::kFloat).square().mean().backward();
+      // After backward the gradient lives on in the float32 shard only (.grad unset, or a
+      // placeholder over one element: Note [Zeroed gradients] in gradient_sync.cpp).
+      const at::Tensor& after = unit.b->weight.grad();
+      EXPECT_TRUE(!after.defined() || after.storage().nbytes() <= 2)
+          << "rank " << rank << ": the full gradient is given up once reduce-scattered";
+      optimizer.step();
+    }
+    EXPECT_EQ(seen, (std::vector<std::string>{"BFloat16", "BFloat16"})) << "rank " << rank;
+  });
 }
 
 TEST(ZeroParamDtypeOptions, RefusedOutsideStage3WithMasterWeights) {
