@@ -73,6 +73,15 @@ void expectAbortedForGood(Communicator& c, int rank) {
 // P20-P22: every rank but the last is blocked in a collective the last never joins (a lost node);
 // another thread aborts every rank 300 ms later. `barrier`: Gloo's own algorithm (else our
 // direct allreduce), whose wait Gloo's pairs must release (Note [Interrupting Gloo]).
+// The collective the abort tests block in: a barrier, or an allreduce of `x`.
+void barrierOrAllreduce(Communicator& c, bool barrier, std::vector<float>& x) {
+  if (barrier) {
+    c.barrier();
+  } else {
+    c.allreduce(x.data(), x.size(), DataType::Float32, ReduceOp::Sum);
+  }
+}
+
 void expectBlockedCollectivesThrowMembershipChanged(const WorldKind& kind, bool barrier) {
   auto world = makeWorld(kind, kTimeout);
   const int n = static_cast<int>(world.size());
@@ -87,15 +96,7 @@ void expectBlockedCollectivesThrowMembershipChanged(const WorldKind& kind, bool 
   std::vector<double> tookMs(static_cast<size_t>(n - 1));
   runRanks(n - 1, [&](int r) {
     std::vector<float> x(1024, 1.0f);
-    errors[r] = membershipChangedFrom(
-        [&] {
-          if (barrier) {
-            world[r]->barrier();
-          } else {
-            world[r]->allreduce(x.data(), x.size(), DataType::Float32, ReduceOp::Sum);
-          }
-        },
-        r);
+    errors[r] = membershipChangedFrom([&] { barrierOrAllreduce(*world[r], barrier, x); }, r);
     tookMs[r] = elapsedMs(start);
   });
   watcher.join();
@@ -181,14 +182,7 @@ TEST(ShmAbort, ARankEnteringAfterTheAbortFailsWithMembershipChangedToo) {
     std::vector<float> x(1024, 1.0f);
     const auto start = Clock::now();
     const std::string error = membershipChangedFrom(
-        [&] {
-          if (barrier) {
-            world[kLate]->barrier();
-          } else {
-            world[kLate]->allreduce(x.data(), x.size(), DataType::Float32, ReduceOp::Sum);
-          }
-        },
-        kLate);
+        [&] { barrierOrAllreduce(*world[kLate], barrier, x); }, kLate);
     EXPECT_LT(elapsedMs(start), kBoundMs) << "at once, not at the timeout";
     EXPECT_CONTAINS(error, fmt::format("rank {}/4", kLate));
     EXPECT_CONTAINS(error, fmt::format("failed: rank {} (pid", kAborted));
