@@ -61,15 +61,16 @@ const std::vector<Rule>& rules() {
       {"NCCL_IB_GID_INDEX", Grammar::Int, -1, 255},
       {"NCCL_NET_GDR_LEVEL", Grammar::IntOrEnum, 0, 5, kPathLevels, true},
       {"NCCL_P2P_LEVEL", Grammar::IntOrEnum, 0, 5, kPathLevels, true},
-      // NCCL reads it over any configuration: with 0 every call on the communicator returns
-      // ncclInProgress, which the backend (blocking communicators) takes for a failure.
+      // NCCL reads it over any configuration: with 1 init has no deadline and an abort waits
+      // for a caller inside NCCL (Note [Non-blocking communicators] in nccl/nccl_progress.h).
       {"NCCL_COMM_BLOCKING",
        Grammar::Enum,
        0,
        0,
-       {"1"},
+       {"0"},
        true,
-       "dtrain's NCCL communicators are blocking, so 1 or unset"},
+       "dtrain's NCCL communicators are non-blocking, so that init has a deadline and an abort "
+       "never waits for a call inside NCCL: 0 or unset"},
       {"NCCL_LAUNCH_MODE", Grammar::Enum, 0, 0, {"PARALLEL", "GROUP"}},
       {"NCCL_SOCKET_FAMILY", Grammar::Enum, 0, 0, {"AF_INET", "AF_INET6"}},
       {"NCCL_PROTO", Grammar::EnumList, 0, 0, {"LL", "LL128", "SIMPLE"}},

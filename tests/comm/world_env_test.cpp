@@ -245,12 +245,11 @@ TEST(NcclEnvironment, InvalidValuesAreRejectedNamingTheVariable) {
       // NCCL's path levels are compared with strcmp: "pix" would silently be no setting at all.
       {{{"NCCL_P2P_LEVEL", "NVB"}, {"NCCL_NET_GDR_LEVEL", "PXN"}, {"NCCL_NVLS_ENABLE", "2"}}, ""},
       {{{"NCCL_P2P_LEVEL", "pix"}}, "NCCL_P2P_LEVEL=\"pix\" is not a valid value"},
-      // NCCL_COMM_BLOCKING=0 overrides any configuration and makes every NCCL call return
-      // ncclInProgress, which a blocking backend takes for a failure.
-      {{{"NCCL_COMM_BLOCKING", "1"}}, ""},
-      {{{"NCCL_COMM_BLOCKING", "0"}},
-       "NCCL_COMM_BLOCKING=\"0\" is not a valid value: dtrain's NCCL communicators are "
-       "blocking, so 1 or unset"},
+      // NCCL_COMM_BLOCKING=1 overrides any configuration: init would have no deadline.
+      {{{"NCCL_COMM_BLOCKING", "0"}}, ""},
+      {{{"NCCL_COMM_BLOCKING", "1"}},
+       "NCCL_COMM_BLOCKING=\"1\" is not a valid value: dtrain's NCCL communicators are "
+       "non-blocking, so that init has a deadline"},
   };
   for (const auto& c : cases) {
     std::string error = errorOf([&] { validateNcclEnvironment(lookup(c.env)); });

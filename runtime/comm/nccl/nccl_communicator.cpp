@@ -12,6 +12,7 @@
 #include "dtrain/base/timeout.h"
 #include "failure_report.h"
 #include "nccl_errors.h"
+#include "nccl_progress.h"
 #include "nccl_types.h"
 #include "store_collective_check.h"
 
@@ -113,8 +114,7 @@ NcclCommunicator::NcclCommunicator(const NcclOptions& o)
                  who(), bytes.size(), sizeof(id));
     std::memcpy(&id, bytes.data(), sizeof(id));
   }
-  checkNccl(ncclCommInitRank(&comm_, size_, id, rank_), nullptr, who(),
-            fmt::format("ncclCommInitRank on cuda:{}", device_));
+  initComm(id, connectTimeout);
   try {
     checkCuda(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "cudaStreamCreate");
     checkCuda(cudaMalloc(&barrierScratch_, sizeof(float)), "cudaMalloc");
@@ -131,6 +131,31 @@ NcclCommunicator::NcclCommunicator(const NcclOptions& o)
              "nccl {}: communicator on cuda:{} (NCCL {} loaded, built against {}), collective "
              "timeout {} ms",
              who(), device_, loaded, NCCL_VERSION_CODE, timeout_.count());
+}
+
+// Note [Non-blocking communicators] (nccl_progress.h): init returns at once and completes in
+// NCCL's threads; this rank waits for it at most `limit`, then aborts it.
+void NcclCommunicator::initComm(const ncclUniqueId& id, Millis limit) {
+  const std::string what = fmt::format("ncclCommInitRank on cuda:{}", device_);
+  ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+  config.blocking = 0;
+  ncclResult_t rc = ncclCommInitRankConfig(&comm_, size_, id, rank_, &config);
+  const NcclProgress p = awaitNccl(comm_, rc, std::chrono::steady_clock::now() + limit,
+                                   [] { return false; });
+  if (p.result == ncclSuccess) return;
+  // NCCL's message first: the abort below frees what it is read from.
+  const std::exception_ptr error = p.timedOut ? nullptr : ncclError(p.result, comm_, who(), what);
+  if (comm_ != nullptr) ncclCommAbort(comm_);
+  comm_ = nullptr;
+  if (p.timedOut) {
+    DTRAIN_THROW(TimeoutError,
+                 "NCCL: {}: {} did not complete within {} ms (NcclOptions::connectTimeout); the "
+                 "communicator was aborted. HINT: every one of the {} ranks must create it with "
+                 "the same store and name, and NCCL must reach every peer (NCCL_DEBUG=INFO "
+                 "shows where it waits; NCCL_SOCKET_IFNAME picks the interface)",
+                 who(), what, limit.count(), size_);
+  }
+  std::rethrow_exception(error);
 }
 
 void NcclCommunicator::start() {
@@ -219,9 +244,13 @@ std::shared_ptr<Work> NcclCommunicator::submit(CollectiveInfo info, const CallOp
   } else {
     recorder_.setState(info.seq, FlightRecorder::State::Running);
     ncclResult_t rc = launch(comm_, stream_, info.count);
+    if (rc == ncclInProgress) {
+      rc = awaitEnqueue(rc, info, std::chrono::steady_clock::now() + timeout);
+    }
     if (rc != ncclSuccess) {
       cudaEventDestroy(done);
       recorder_.setState(info.seq, FlightRecorder::State::Failed);
+      if (rc == ncclInProgress) std::rethrow_exception(this->error());  // given up: error kept
       auto error = ncclError(rc, comm_, who(), info.describeWithSeq());
       if (rc != ncclInvalidArgument && rc != ncclInvalidUsage) {
         keepFirstError(error);  // the watchdog aborts on its next round
@@ -239,6 +268,27 @@ std::shared_ptr<Work> NcclCommunicator::submit(CollectiveInfo info, const CallOp
     pending_.push_back(work);
   }
   return work;
+}
+
+ncclResult_t NcclCommunicator::awaitEnqueue(ncclResult_t rc, const CollectiveInfo& info,
+                                            std::chrono::steady_clock::time_point deadline) {
+  // Stops as soon as the communicator has an error: the watchdog's ncclCommAbort then waits for
+  // this caller to leave the issue lock (Note [Non-blocking communicators]).
+  const NcclProgress p = awaitNccl(comm_, rc, deadline, [this] { return error() != nullptr; });
+  if (p.timedOut) {
+    try {
+      DTRAIN_THROW(TimeoutError,
+                   "nccl {}: {} on cuda:{} was not enqueued within its timeout: NCCL was still "
+                   "setting it up (connecting to a peer); the communicator is aborted and every "
+                   "later call fails. HINT: a peer that died or cannot be reached leaves NCCL "
+                   "connecting; the launcher's report names the rank that failed first",
+                   who(), info.describeWithSeq(), device_);
+    } catch (...) {
+      keepFirstError(std::current_exception());
+    }
+    wake_.notify_all();  // the watchdog aborts on its next turn
+  }
+  return p.result;
 }
 
 void NcclCommunicator::watchdogMain() {
@@ -404,10 +454,12 @@ std::exception_ptr NcclCommunicator::withReports(std::exception_ptr error,
 // NCCL allows one thread at a time on a communicator, and ncclCommAbort frees it: aborting while
 // a caller is inside an NCCL call on it would free the communicator under that call. So the abort
 // happens only under issueMutex_, which every caller holds while it uses comm_ (shutdown too).
-// Enqueuing a collective returns at once; a caller holds the lock longer only when NCCL blocks
-// inside the call (connecting to a peer that died, say). Then the watchdog waits for it, saying
-// so every few seconds, instead of freeing the communicator under it: the pending work has failed
-// already (every waiter has the error), and the dead peer ends the job through the launcher.
+// The communicator is non-blocking (Note [Non-blocking communicators] in nccl_progress.h): no
+// NCCL call blocks its caller, and a caller waiting for an enqueue still in progress (connecting
+// to a peer) polls outside NCCL and gives up as soon as the communicator has an error -- which
+// the watchdog sets before it comes here, and abort() before it wakes the watchdog. So the lock
+// comes within one poll. The wait below stays for what no poll covers (a CUDA call that hangs):
+// the watchdog says so every few seconds instead of freeing the communicator under the caller.
 void NcclCommunicator::abortOnWatchdog() {
   std::unique_lock<std::timed_mutex> issue(issueMutex_, std::defer_lock);
   const auto start = std::chrono::steady_clock::now();
@@ -515,11 +567,22 @@ void NcclCommunicator::shutdown() {
   if (comm_ != nullptr) {
     // A failed finalize leaves NCCL's kernels and proxy possibly running: only ncclCommAbort,
     // which stops them, may free the communicator then (ncclCommDestroy would wait for them).
-    const ncclResult_t finalized = healthy ? ncclCommFinalize(comm_) : ncclSuccess;
+    // Non-blocking (Note [Non-blocking communicators]): finalize completes in NCCL's threads,
+    // waited for at most the collective timeout.
+    const ncclResult_t finalized = healthy ? awaitNccl(comm_, ncclCommFinalize(comm_),
+                                                       std::chrono::steady_clock::now() + timeout_,
+                                                       [] { return false; })
+                                                 .result
+                                           : ncclSuccess;
     if (healthy && finalized == ncclSuccess) {
       ncclCommDestroy(comm_);
     } else if (!aborted) {
-      if (healthy) {
+      if (healthy && finalized == ncclInProgress) {
+        DTRAIN_LOG(Warn,
+                   "nccl {}: ncclCommFinalize in shutdown() did not complete within {} ms; "
+                   "aborting",
+                   who(), timeout_.count());
+      } else if (healthy) {
         DTRAIN_LOG(Warn, "nccl {}: ncclCommFinalize in shutdown() failed: {} ({}); aborting", who(),
                    ncclGetErrorString(finalized), nccl_compat::lastError(comm_));
       }

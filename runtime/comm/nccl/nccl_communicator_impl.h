@@ -106,6 +106,14 @@ class NcclCommunicator final : public CommunicatorBase,
 
   std::shared_ptr<Work> submit(CollectiveInfo info, const CallOptions& options, bool blocking,
                                const Launch& launch);
+  // Creates comm_ (non-blocking) and waits at most `limit` for it; throws, with nothing held,
+  // when it fails or times out.
+  void initComm(const ncclUniqueId& id, Millis limit);
+  // Waits for an enqueue that returned ncclInProgress, under the issue lock, until it completes,
+  // the communicator fails or is aborted, or `deadline`; returns what the enqueue came to
+  // (ncclInProgress when it was given up: the error to throw is the communicator's then).
+  ncclResult_t awaitEnqueue(ncclResult_t rc, const CollectiveInfo& info,
+                            std::chrono::steady_clock::time_point deadline);
   void watchdogMain();
   // Fails the communicator with `error` (first error wins, with what the other ranks reported
   // added: failure_report.h), fails pending work, aborts NCCL.

@@ -1,15 +1,19 @@
 // What of the NCCL backend can be checked without a GPU (label unit; built whenever NCCL and CUDA
 // are found, runs everywhere): the device guard's rule (Note [Device guards and GPU 0]) through a
-// fake device API, how the failure report joins an NCCL error, and the dtype/op mapping (which no
-// GPU test can see: at world size 1 an allreduce is an identity whatever NCCL was told).
+// fake device API, how the failure report joins an NCCL error, the dtype/op mapping (which no
+// GPU test can see: at world size 1 an allreduce is an identity whatever NCCL was told), and how a
+// non-blocking NCCL call is waited for (Note [Non-blocking communicators]) through a fake NCCL.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <chrono>
 #include <map>
 #include <vector>
 
 #include "device_guard.h"
 #include "dtrain/base/error.h"
 #include "nccl_errors.h"
+#include "nccl_progress.h"
 #include "nccl_types.h"
 
 namespace dtrain::comm::nccl_build_test {
@@ -128,6 +132,87 @@ TEST(NcclMapping, EveryReductionIsItsNcclTwin) {
   EXPECT_EQ(toNcclRedOp(ReduceOp::Max), ncclMax);
   EXPECT_EQ(toNcclRedOp(ReduceOp::Min), ncclMin);
   EXPECT_THROW(toNcclRedOp(static_cast<ReduceOp>(200)), InvalidArgument);
+}
+
+// A communicator's state as NCCL would report it, one answer per poll, on a clock that moves
+// only when the poller sleeps.
+struct FakeNccl {
+  using Clock = std::chrono::steady_clock;
+  static inline std::vector<ncclResult_t> answers;  // what each poll returns; the last repeats
+  static inline size_t polls = 0;
+  static inline Clock::duration slept{};
+  static inline ncclComm_t polled = nullptr;
+
+  static void reset(std::vector<ncclResult_t> a) {
+    answers = std::move(a);
+    polls = 0;
+    slept = {};
+  }
+  static ncclResult_t state(ncclComm_t comm, ncclResult_t* result) {
+    polled = comm;
+    *result = answers[std::min(polls, answers.size() - 1)];
+    ++polls;
+    return ncclSuccess;
+  }
+  static Clock::time_point now() { return Clock::time_point() + slept; }
+  static void sleep(std::chrono::microseconds d) { slept += d; }
+};
+
+const auto kNever = FakeNccl::Clock::time_point::max();
+ncclComm_t fakeComm() { return reinterpret_cast<ncclComm_t>(0x1234); }
+
+TEST(NcclProgress, ACallThatReturnedDoneIsNeverPolled) {
+  FakeNccl::reset({ncclInternalError});
+  const NcclProgress p = awaitNccl<FakeNccl>(fakeComm(), ncclSuccess, kNever, [] { return false; });
+  EXPECT_EQ(p.result, ncclSuccess);
+  EXPECT_EQ(FakeNccl::polls, 0U);
+  FakeNccl::reset({ncclSuccess});
+  EXPECT_EQ(awaitNccl<FakeNccl>(fakeComm(), ncclRemoteError, kNever, [] { return false; }).result,
+            ncclRemoteError);
+  EXPECT_EQ(FakeNccl::polls, 0U);
+}
+
+TEST(NcclProgress, AnInProgressCallIsPolledUntilItsStateLeavesInProgress) {
+  FakeNccl::reset({ncclInProgress, ncclInProgress, ncclInProgress, ncclSuccess});
+  NcclProgress p = awaitNccl<FakeNccl>(fakeComm(), ncclInProgress, kNever, [] { return false; });
+  EXPECT_EQ(p.result, ncclSuccess);
+  EXPECT_FALSE(p.timedOut);
+  EXPECT_FALSE(p.stopped);
+  EXPECT_EQ(FakeNccl::polls, 4U);
+  EXPECT_EQ(FakeNccl::polled, fakeComm());
+  // Backing off from 10 us: 10 + 20 + 40 + 80 before the fourth answer.
+  EXPECT_EQ(FakeNccl::slept, std::chrono::microseconds(150));
+  // A failure while connecting is the call's outcome.
+  FakeNccl::reset({ncclInProgress, ncclRemoteError});
+  p = awaitNccl<FakeNccl>(fakeComm(), ncclInProgress, kNever, [] { return false; });
+  EXPECT_EQ(p.result, ncclRemoteError);
+  EXPECT_FALSE(p.timedOut);
+}
+
+TEST(NcclProgress, TheDeadlineEndsTheWaitWithTheCallStillInProgress) {
+  // Polls back off to one a millisecond, so a 50 ms deadline is kept within a poll.
+  FakeNccl::reset({ncclInProgress});
+  const auto deadline = FakeNccl::now() + std::chrono::milliseconds(50);
+  const NcclProgress p = awaitNccl<FakeNccl>(fakeComm(), ncclInProgress, deadline,
+                                             [] { return false; });
+  EXPECT_TRUE(p.timedOut);
+  EXPECT_FALSE(p.stopped);
+  EXPECT_EQ(p.result, ncclInProgress);
+  EXPECT_GE(FakeNccl::slept, std::chrono::milliseconds(50));
+  EXPECT_LT(FakeNccl::slept, std::chrono::milliseconds(52));
+  EXPECT_LT(FakeNccl::polls, 60U) << "it kept polling every 10 us";
+}
+
+TEST(NcclProgress, TheStopConditionEndsTheWaitBeforeTheNextPoll) {
+  // The communicator failed (or was aborted) after the third poll: the caller stops waiting, so
+  // the watchdog's ncclCommAbort gets the issue lock.
+  FakeNccl::reset({ncclInProgress});
+  const NcclProgress p = awaitNccl<FakeNccl>(fakeComm(), ncclInProgress, kNever,
+                                             [] { return FakeNccl::polls >= 3; });
+  EXPECT_TRUE(p.stopped);
+  EXPECT_FALSE(p.timedOut);
+  EXPECT_EQ(p.result, ncclInProgress);
+  EXPECT_EQ(FakeNccl::polls, 3U);
 }
 
 }  // namespace

@@ -1,7 +1,7 @@
 // The NCCL backend on one GPU (world size 1: NCCL refuses two ranks on one device). Skipped
 // without a GPU. Covers init, every collective and dtype, ordering with the caller's stream both
-// ways, the watchdog's timeout-abort through an injected hang (DTRAIN_FAULT kinds), and an abort
-// from another thread (Communicator::abort).
+// ways, the watchdog's timeout-abort through an injected hang (DTRAIN_FAULT kinds), an abort
+// from another thread (Communicator::abort), and init's deadline.
 #include <gtest/gtest.h>
 
 #include <cuda_runtime.h>
@@ -90,6 +90,36 @@ TEST_F(NcclGpu, InitDescribesTheDevice) {
   c->barrier();
   c->shutdown();
   EXPECT_THROW(c->barrier(), Error);
+}
+
+// Note [Non-blocking communicators]: a communicator of two ranks of which only rank 0 ever comes
+// (the other's process died before init) ends in a TimeoutError at connectTimeout, aborted,
+// instead of waiting in NCCL for good.
+TEST_F(NcclGpu, InitWithARankThatNeverComesTimesOut) {
+  NcclOptions o;
+  o.rank = 0;
+  o.size = 2;
+  o.store = std::make_shared<store::HashStore>();
+  o.device = 0;
+  o.connectTimeout = milliseconds(2000);
+  const auto start = std::chrono::steady_clock::now();
+  std::string message;
+  try {
+    createNcclCommunicator(o);
+    ADD_FAILURE() << "init of two ranks returned with one";
+  } catch (const TimeoutError& e) {
+    message = e.what();
+  }
+  const auto took = std::chrono::steady_clock::now() - start;
+  EXPECT_GE(took, milliseconds(1900));
+  EXPECT_LT(took, milliseconds(7000)) << "ncclCommAbort of the init took long";
+  EXPECT_NE(message.find("ncclCommInitRank on cuda:0 did not complete within 2000 ms"),
+            std::string::npos)
+      << message;
+  // The device is usable after the abort.
+  auto c = make();
+  c->barrier();
+  c->shutdown();
 }
 
 TEST_F(NcclGpu, EveryCollectiveAndDtypeAtWorldSizeOne) {

@@ -27,7 +27,9 @@ struct NcclOptions {
   int device = 0;  // CUDA device index: cuda:LOCAL_RANK
   // Zero: the default (Note [Zero timeouts] in dtrain/base/timeout.h).
   Millis timeout = kDefaultCollectiveTimeout;
-  Millis connectTimeout = kDefaultConnectTimeout;  // waiting for rank 0's ncclUniqueId
+  // Waiting for rank 0's ncclUniqueId, then for NCCL's init of the communicator (each at most
+  // this long; a late init is aborted: docs/design.md "Communicator").
+  Millis connectTimeout = kDefaultConnectTimeout;
   // Work::wait() blocks the host until the GPU has finished the collective (or its timeout
   // passed) instead of only ordering the caller's stream after it.
   bool blockingWait = false;
