@@ -108,10 +108,17 @@ TEST(ManualMultiNode, ANodeStartedAgainJoinsTheNextRoundNotAFinishedOne) {
   ASSERT_TRUE(waitForWorkers(*node1, 1, 20)) << node1->out() << node1->err();
   ASSERT_TRUE(node1->waitForOutput("rank 1: step 3", 20)) << node1->out();
   node1->signal(SIGKILL);
+  const double killedAt = node0.elapsed();  // times on node 0's clock from here
   node1->wait(10);
+  const double againAt = node0.elapsed();
   LaunchProcess again(cat(cat(nodeArgs(port, "2", 1), restarts), worker));
+  ASSERT_TRUE(again.waitForOutput("worker rank=", 30)) << again.out() << again.err();
   LaunchResult r1 = again.wait(60);
   LaunchResult r0 = node0.wait(60);
+  // N20's bound: the new agent's workers run within the heartbeat timeout (the old claim's
+  // silence), one heartbeat read and one rendezvous of the kill.
+  const double rejoined = againAt + again.firstSeen("worker rank=") - killedAt;
+  EXPECT_LT(rejoined, kSilent + 1 + 2 * kMargin) << r0.err << r1.err;
   EXPECT_EQ(r0.exitCode, 0) << r0.all();
   EXPECT_EQ(r1.exitCode, 0) << r1.all();
   EXPECT_NE(r1.err.find("took node 1 over from a silent launch"), std::string::npos) << r1.err;
@@ -137,11 +144,21 @@ TEST(ManualMultiNode, AnElasticJobGrowsWhenANodeJoinsAndNodeIdsStay) {
   LaunchProcess node0(cat(cat(nodeArgs(port, "2:3", 0), options), worker));
   LaunchProcess node2(cat(cat(nodeArgs(port, "2:3", 2), options), worker));
   ASSERT_TRUE(waitForWorkers(node2, 1, 30)) << node2.out() << node2.err();
+  const double lateAt = node0.elapsed();  // node 1's start on node 0's clock
   LaunchProcess node1(cat(cat(nodeArgs(port, "2:3", 1), options), worker));
+  // Each side read while it writes, so that firstSeen() is when a line came.
+  ASSERT_TRUE(node0.waitForOutput("waits to join", 10)) << node0.err();
+  ASSERT_TRUE(node1.waitForOutput("worker rank=", 30)) << node1.out() << node1.err();
   LaunchResult r1 = node1.wait(90);
   LaunchResult r0 = node0.wait(30);
   LaunchResult r2 = node2.wait(30);
   for (const LaunchResult* r : {&r0, &r1, &r2}) EXPECT_EQ(r->exitCode, 0) << r->all();
+  // N22's bounds: seen within one heartbeat read of its join; its workers run within that, the
+  // grace period (5 s: the workers' SIGTERM path) and one rendezvous.
+  const double seen = node0.firstSeen("waits to join");
+  ASSERT_GE(seen, 0) << r0.err;
+  EXPECT_LT(seen - lateAt, kBeat + kMargin) << r0.err;
+  EXPECT_LT(node1.firstSeen("worker rank="), kBeat + 5 + 2 * kMargin) << r0.err << r1.all();
   EXPECT_NE(r0.err.find("node 1 (node rank 1) waits to join: the job grows from 2 to 3 nodes "
                         "(elastic --nnodes 2:3)"),
             std::string::npos)
