@@ -43,6 +43,10 @@ std::string formatMultiNodeDryRun(const LaunchConfig& config, const MultiNodePla
                                        plan.minNodes, config.maxReforms, config.reformWindow)
                          : " (stop every node, restart from the checkpoint)",
                      config.maxRestarts);
+  out += fmt::format("On a node joining below the maximum: --on-node-join {}\n",
+                     config.onNodeJoin == OnNodeJoin::Live
+                         ? "live (taken into the running round in the next membership epoch)"
+                         : "restart (the round stops, every node restarts from the checkpoint)");
   out += "Every node's workers get, over their own environment:\n";
   for (const auto& [k, v] : redacted(plan.forwarded)) out += "    " + k + "=" + v + "\n";
   out += fmt::format(

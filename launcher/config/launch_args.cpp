@@ -54,6 +54,12 @@ const OptionSpec kOptions[] = {
      [](LaunchConfig& c, const std::string& v, const std::string& l) {
        c.onNodeLoss = parseOnNodeLoss(v, l);
      }},
+    {"on-node-join", 0, "restart|live",
+     "a node joining an elastic job below MAX: restart every node (default), or take it in "
+     "live (needs --on-node-loss continue)",
+     [](LaunchConfig& c, const std::string& v, const std::string& l) {
+       c.onNodeJoin = parseOnNodeJoin(v, l);
+     }},
     {"max-reforms", 0, "K", "continue mode: at most K re-forms per window, then a restart (3)",
      [](LaunchConfig& c, const std::string& v, const std::string& l) {
        c.maxReforms = parseIntValue(v, l, 0, 1000000);

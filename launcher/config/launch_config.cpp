@@ -263,7 +263,7 @@ bool isReservedWorkerVariable(const std::string& name) {
       env::kRoleName,    env::kMasterAddr,     env::kMasterPort,    env::kRestartCount,
       env::kMaxRestarts, env::kRunId,          env::kUseAgentStore, env::kErrorFile,
       env::kStoreAddr,   env::kStorePort,      env::kStoreToken,    env::kDtrainRestartCount,
-      env::kDtrainRunId, env::kOnNodeLoss,     env::kNodeLossWait,
+      env::kDtrainRunId, env::kOnNodeLoss,     env::kNodeLossWait,  env::kJoinEpoch,
   };
   for (const char* r : kReserved) {
     if (name == r) return true;
@@ -282,6 +282,19 @@ OnNodeLoss parseOnNodeLoss(const std::string& text, const std::string& label) {
 
 const char* onNodeLossName(OnNodeLoss mode) {
   return mode == OnNodeLoss::Continue ? "continue" : "restart";
+}
+
+OnNodeJoin parseOnNodeJoin(const std::string& text, const std::string& label) {
+  if (text == "restart") return OnNodeJoin::Restart;
+  if (text == "live") return OnNodeJoin::Live;
+  DTRAIN_THROW(InvalidArgument,
+               "{} {}: use restart (stop every node and restart with the new one from the "
+               "checkpoint, the default) or live (take it into the running round)",
+               label, quoteValue(text));
+}
+
+const char* onNodeJoinName(OnNodeJoin mode) {
+  return mode == OnNodeJoin::Live ? "live" : "restart";
 }
 
 int resolveNproc(const NprocSpec& spec, int cpus, int gpus) {
@@ -410,6 +423,10 @@ void validateSupervision(const LaunchConfig& c) {
                    label("rdzv-endpoint"), label("master-port"), c.masterPort);
   DTRAIN_CHECK_ARG(c.maxRestarts >= 0, "{} {} must be 0 or more", label("max-restarts"),
                    c.maxRestarts);
+  DTRAIN_CHECK_ARG(c.onNodeJoin != OnNodeJoin::Live || c.onNodeLoss == OnNodeLoss::Continue,
+                   "{} live needs {} continue: a node taken into the running round joins its "
+                   "membership epochs, which only that mode has",
+                   label("on-node-join"), label("on-node-loss"));
   DTRAIN_CHECK_ARG(c.maxReforms >= 0, "{} {} must be 0 or more", label("max-reforms"),
                    c.maxReforms);
   DTRAIN_CHECK_ARG(c.reformWindow > 0 && c.reformWindow <= kMaxTimeoutSeconds,

@@ -61,6 +61,14 @@ struct NprocSpec {
 // runtime/base/membership.h; Note [Node loss] in launcher/cluster/master/node_loss.h).
 enum class OnNodeLoss { Restart, Continue };
 
+// --on-node-join: what an elastic job running below MAX of --nnodes MIN:MAX does when a node
+// comes to join. Restart: today's -- stop the round through the workers' preemption path and
+// plan every node in the next one (Note [Coordinator loop]). Live (needs --on-node-loss
+// continue): take it into the running round in the next membership epoch; the members re-form
+// with it and hand it their state (Note [Joining a running round] in
+// launcher/cluster/master/node_loss.h). For DDP programs that step through TrainingState::tryStep.
+enum class OnNodeJoin { Restart, Live };
+
 // The value of --redirects / --tee: which streams of which local rank ("3", or "0:3,1:2").
 struct StreamSpec {
   int all = 0;                 // ranks not listed in perRank
@@ -105,6 +113,7 @@ struct LaunchConfig {
   // A lost node: restart (default) or go on without it; at most maxReforms re-forms per
   // reformWindow seconds, then the restart path.
   OnNodeLoss onNodeLoss = OnNodeLoss::Restart;
+  OnNodeJoin onNodeJoin = OnNodeJoin::Restart;
   int maxReforms = kDefaultMaxReforms;
   double reformWindow = kDefaultReformWindowSeconds;
 
@@ -179,6 +188,8 @@ int64_t parseByteCount(const std::string& text, const std::string& label);      
 bool parseBool(const std::string& text, const std::string& label);
 OnNodeLoss parseOnNodeLoss(const std::string& text, const std::string& label);  // restart|continue
 const char* onNodeLossName(OnNodeLoss mode);
+OnNodeJoin parseOnNodeJoin(const std::string& text, const std::string& label);  // restart|live
+const char* onNodeJoinName(OnNodeJoin mode);
 
 // The number of workers for `spec` on a machine with `cpus` usable CPUs and `gpus` visible GPUs.
 // Throws InvalidArgument for "gpu" on a machine without GPUs.

@@ -70,6 +70,7 @@ EnvMap workerEnv(const LaunchConfig& config, const NodeContext& node, int localR
     // --heartbeat-timeout plus one heartbeat read.
     set(env::kOnNodeLoss, onNodeLossName(config.onNodeLoss));
     set(env::kNodeLossWait, fmt::format("{:g}", config.heartbeatTimeout + 5));
+    if (node.joinEpoch > 0) setInt(env::kJoinEpoch, node.joinEpoch);
   }
 
   // Leave the user's choice alone; otherwise split the CPUs between the local workers (at least 1)

@@ -23,6 +23,9 @@ struct NodeContext {
   int localWorldSize = 1;  // workers on this node
   int rankOffset = 0;      // global rank of local rank 0 (prefix sum over the nodes before)
   int worldSize = 1;       // workers of the whole job
+  // > 0: this node was taken into the running round in this membership epoch (--on-node-join
+  // live); its ranks and world size are the epoch's.
+  int joinEpoch = 0;
   int cpuCount = 1;        // CPUs this launcher may use (affinity), for OMP_NUM_THREADS
   std::string masterAddr;  // an IP, never a host name
   int masterPort = 0;

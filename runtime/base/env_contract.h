@@ -43,6 +43,9 @@ constexpr const char* kNodeId = "DTRAIN_NODE_ID";
 // (--heartbeat-timeout + 5).
 constexpr const char* kOnNodeLoss = "DTRAIN_ON_NODE_LOSS";
 constexpr const char* kNodeLossWait = "DTRAIN_NODE_LOSS_WAIT";
+// The membership epoch a worker of a node taken into a running round starts in (`launch
+// --on-node-join live`); unset or 0: the round's plan.
+constexpr const char* kJoinEpoch = "DTRAIN_JOIN_EPOCH";
 
 // Runtime settings, forwarded to every node.
 constexpr const char* kVerbose = "DTRAIN_VERBOSE";

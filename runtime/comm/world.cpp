@@ -19,7 +19,9 @@
 #include "dtrain/base/tcp_store.h"
 #include "dtrain/comm/nccl_communicator.h"
 #include "env_contract.h"
+#include "membership.h"
 #include "net/net_interface.h"
+#include "parse_int.h"
 #include "world_reform.h"
 
 namespace dtrain::comm {
@@ -91,6 +93,17 @@ std::string hostNodeKey() {
   return fmt::format("host {} boot {}", host, boot);
 }
 
+// DTRAIN_JOIN_EPOCH: 0 when unset.
+int joinEpochFromEnv() {
+  const char* text = std::getenv(env::kJoinEpoch);
+  if (text == nullptr || *text == '\0') return 0;
+  int64_t epoch = 0;
+  DTRAIN_CHECK_ARG(parseInt64(text, &epoch) && epoch >= 0 && epoch < (1 << 30),
+                   "{}=\"{}\" is not a membership epoch (0 or more). HINT: `launch` sets it",
+                   env::kJoinEpoch, text);
+  return static_cast<int>(epoch);
+}
+
 }  // namespace
 
 World connectWorld(const WorldOptions& o, bool cudaDevicesUsable) {
@@ -123,16 +136,30 @@ World connectWorld(const WorldOptions& o, bool cudaDevicesUsable) {
     w.store = hostedStore(w, o);
   }
 
+  // Note [Joining a running round] (launcher/cluster/master/node_loss.h): a worker of a node
+  // taken in live starts in the epoch that took it in, among its members, under its prefix.
+  w.epoch = joinEpochFromEnv();
+  w.joinPending = w.epoch > 0;
   BackendSetup setup{o,
                      w.env,
                      w.store,
-                     "pg/" + o.name,
+                     w.epoch > 0 ? fmt::format("pg/{}/{}", o.name, membership::epochPrefix(w.epoch))
+                                 : "pg/" + o.name,
                      w.device,
                      devices,
                      w.env.node.empty() ? hostNodeKey() : w.env.node};
   w.communicator = entry.create(setup);
   w.backend = w.communicator->backendName();
   watchMembership(w, o, entry.name, setup.node, devices);
+  if (w.joinPending) {
+    DTRAIN_CHECK(w.reform != nullptr,
+                 "{}={} (a node taken into a running round) needs {}=continue: the launcher sets "
+                 "both (--on-node-join live with --on-node-loss continue)",
+                 env::kJoinEpoch, w.epoch, env::kOnNodeLoss);
+    w.store->add(membership::formedKey(w.epoch), 1);
+    DTRAIN_LOG(Warn, "joined the running round in membership epoch {}: rank {}/{}", w.epoch,
+               w.env.rank, w.env.worldSize);
+  }
   DTRAIN_LOG(Info, "{}: rank {}/{} (local rank {}) from {}, backend {}", o.name, w.env.rank,
              w.env.worldSize, w.env.localRank, launcherName(w.env.launcher), w.backend);
   return w;

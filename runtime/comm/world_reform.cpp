@@ -45,6 +45,7 @@ void watchMembership(World& w, const WorldOptions& options, const std::string& b
   {
     std::lock_guard<std::mutex> g(r->target->mutex);
     r->target->current = w.communicator;
+    r->target->epoch = w.epoch;  // a worker that joined a running round starts past epoch 0
   }
   // Its own connection: the watcher's waits must never hold up the training thread's requests.
   // An explicit store (in-process, tests) serves both.

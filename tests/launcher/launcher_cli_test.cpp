@@ -80,6 +80,18 @@ INSTANTIATE_TEST_SUITE_P(
                   {},
                   {"DTRAIN_LAUNCH_ON_NODE_LOSS=keep"},
                   "DTRAIN_LAUNCH_ON_NODE_LOSS (environment) \"keep\""},
+        UsageCase{"BadOnNodeJoin",
+                  {"--on-node-join", "soon"},
+                  {},
+                  "--on-node-join \"soon\": use restart"},
+        UsageCase{"LiveJoinWithoutContinue",
+                  {"--on-node-join", "live"},
+                  {},
+                  "--on-node-join live needs --on-node-loss continue"},
+        UsageCase{"BadEnvOnNodeJoin",
+                  {"--on-node-loss", "continue"},
+                  {"DTRAIN_LAUNCH_ON_NODE_JOIN=now"},
+                  "DTRAIN_LAUNCH_ON_NODE_JOIN (environment) \"now\""},
         UsageCase{"NegativeMaxReforms", {"--max-reforms", "-1"}, {}, "--max-reforms"},
         UsageCase{"ZeroReformWindow", {"--reform-window", "0"}, {}, "--reform-window"},
         UsageCase{"PortOutOfRange", {"--master-port", "70000"}, {}, "--master-port"},
@@ -184,6 +196,30 @@ TEST(LaunchCli, LongestValuesNeverKillLaunch) {
     EXPECT_EQ(r.exitCode, 127) << r.all().substr(0, 600);
     EXPECT_LT(r.err.size(), 800u) << r.err.substr(0, 1200);
   }
+}
+
+// A manual node's dry run says what a node coming late meets: the round restarted (default) or
+// taken in live (Note [Joining a running round]).
+TEST(LaunchCli, DryRunSaysWhatANodeJoiningBelowTheMaximumMeets) {
+  const std::vector<std::string> manual{
+      "--nnodes",       "2:3",     "--node-rank", "0", "--rdzv-endpoint", "127.0.0.1:29555",
+      "--on-node-loss", "continue"};
+  std::vector<std::string> args = manual;
+  args.insert(args.end(), {"--dry-run", workerPath()});
+  LaunchResult r = runLaunch(args);
+  EXPECT_EQ(r.exitCode, 0) << r.all();
+  EXPECT_NE(r.all().find("On a node joining below the maximum: --on-node-join restart (the round "
+                         "stops, every node restarts from the checkpoint)"),
+            std::string::npos)
+      << r.all();
+  args = manual;
+  args.insert(args.end(), {"--on-node-join", "live", "--dry-run", workerPath()});
+  r = runLaunch(args);
+  EXPECT_EQ(r.exitCode, 0) << r.all();
+  EXPECT_NE(r.all().find("--on-node-join live (taken into the running round in the next "
+                         "membership epoch)"),
+            std::string::npos)
+      << r.all();
 }
 
 // U3: a missing or unexecutable program is refused by name and host, before anything starts.

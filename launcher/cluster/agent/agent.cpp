@@ -103,6 +103,9 @@ class Agent {
   // throws AgentExit when the heartbeat thread lost the store, launch was signalled, or the
   // rendezvous of `round` outlasted --rdzv-timeout.
   JobPhase awaitPhase(int round, JobPhase::Kind kind, const std::string& what);
+  // `now` is round `round` - 1 running with a plan that took this node in live (Note [Joining a
+  // running round] in launcher/cluster/master/node_loss.h).
+  bool takenInLive(const JobPhase& now, int round) const;
   // Throws AgentExit with the job's end (launch/end), acknowledging it.
   [[noreturn]] void followEnd();
   // Throws AgentExit when round `round`'s decision ended the job (acknowledged already).
@@ -358,6 +361,8 @@ int Agent::runRounds() {
   while (true) {
     join(round);
     now = awaitPhase(round, JobPhase::Run, fmt::format("round {}'s plan from the master", round));
+    // Note [Joining a running round]: the round in progress took this node in.
+    if (takenInLive(now, round)) round = now.round;
     if (now.round > round || now.kind == JobPhase::Decided) {
       round = now.kind == JobPhase::Gather ? now.round : now.round + 1;  // it passed without us
       continue;
@@ -371,8 +376,12 @@ int Agent::runRounds() {
     const RoundPlan& plan = *now.plan;  // Note [Plan in the state]
     const PlannedNode* mine = plan.find(setup_.node);
     DTRAIN_LOG(Info, "launch: round {}: plan read at t={:.6f}: {}", round, monotonicSeconds(),
-               mine ? fmt::format("node rank {} of {}, world size {}", mine->nodeRank,
-                                  plan.nodes.size(), plan.worldSize)
+               mine ? fmt::format("node rank {} of {}, world size {}{}", mine->nodeRank,
+                                  plan.nodes.size(), plan.worldSize,
+                                  plan.epoch > 0 ? fmt::format(", taken in live in membership "
+                                                               "epoch {}",
+                                                               plan.epoch)
+                                                 : "")
                     : fmt::format("not among its {} nodes; waiting to join round {}",
                                   plan.nodes.size(), round + 1));
     if (!mine) {
@@ -404,6 +413,7 @@ JobPhase Agent::awaitPhase(int round, JobPhase::Kind kind, const std::string& wh
     const JobPhase& now = phase_;
     if (now.kind == JobPhase::Ended) followEnd();
     if (!phaseSeen_.empty() && now.reached(round, kind)) return now;
+    if (kind == JobPhase::Run && takenInLive(now, round)) return now;
     if (now.kind == JobPhase::Decided && now.round < round && now.round != decisionRead) {
       // Waiting to join: the round before may have ended the job.
       decisionRead = now.round;
@@ -432,6 +442,11 @@ JobPhase Agent::awaitPhase(int round, JobPhase::Kind kind, const std::string& wh
   }
 }
 
+bool Agent::takenInLive(const JobPhase& now, int round) const {
+  return now.kind == JobPhase::Run && now.round == round - 1 && now.plan && now.plan->epoch > 0 &&
+         now.plan->find(setup_.node) != nullptr;
+}
+
 void Agent::followEnd() {
   auto [code, message] = decodeEnd(store_->getString(keys::end()));
   try {
@@ -457,6 +472,7 @@ void Agent::runRound(int round, const RoundPlan& plan, const PlannedNode& mine) 
   node_.numNodes = static_cast<int>(plan.nodes.size());
   node_.rankOffset = mine.rankOffset;
   node_.worldSize = plan.worldSize;
+  node_.joinEpoch = plan.epoch;
   node_.masterAddr = plan.masterAddr;
   node_.masterPort = plan.masterPort;
   if (!supervisor_) startSupervisor(plan);

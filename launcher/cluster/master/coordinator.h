@@ -56,6 +56,9 @@ struct CoordinatorOptions {
   // A lost node of the running round: restart, or go on without it (Note [Node loss] in
   // node_loss.h), at most maxReforms times per reformWindow seconds.
   OnNodeLoss onNodeLoss = OnNodeLoss::Restart;
+  // A node waiting to join below maxNodes: restart the round with it, or take it into the
+  // running round (Note [Joining a running round] in node_loss.h).
+  OnNodeJoin onNodeJoin = OnNodeJoin::Restart;
   int maxReforms = kDefaultMaxReforms;
   double reformWindow = kDefaultReformWindowSeconds;
   // The node whose loss takes the store and this coordinator with it (node rank 0 of a manual
@@ -179,8 +182,13 @@ class Coordinator : public JobControl {
   void noteLostNodes(RoundWatch& w, Clock::time_point now);
   // Results, the next round's joins, the stop key: one request.
   void readRoundKeys(RoundWatch& w, Clock::time_point now);
-  // A node waits to join and the job may grow: stop the round to take it in.
+  // A node waits to join and the job may grow: stop the round to take it in, or under
+  // --on-node-join live take it into the running round (admitLive).
   void growIfWaiting(RoundWatch& w);
+  void admitLive(RoundWatch& w);
+  // A left-out node of the round taken in again: its old workers go to the report as Lost, its
+  // records are cleared; returns its index in the round's plan.
+  int retire(RoundWatch& w, const std::string& node);
   void noteDead(RoundWatch& w, const std::string& node, const std::string& why, bool deadline);
   // Note [Node loss]: node `node` of the running round is lost (`cause`, for the epoch's why).
   // True when the round goes on without it (the next epoch is written); false when the caller

@@ -9,6 +9,37 @@
 
 namespace dtrain::launcher {
 
+namespace {
+
+// A worker of node `n`, which reported, gone with its node (Note [Node loss]): Lost, and not a
+// root cause.
+void loseWithNode(WorkerOutcome& worker, const PlannedNode& n, const std::string& why) {
+  worker.state = WorkerOutcome::State::Lost;
+  worker.lostReason = fmt::format("its node {} ({}) was lost: {}", n.node, n.label, why);
+  worker.leftBehind = true;
+}
+
+// The workers of node `n`, which never reported, as Lost (`why`), ended `at` seconds into the
+// round.
+void addUnreported(const PlannedNode& n, const std::string& why, bool leftBehind, bool deadline,
+                   double at, std::vector<WorkerOutcome>* out) {
+  for (int i = 0; i < n.localWorldSize; ++i) {
+    WorkerOutcome lost;
+    lost.rank = n.rankOffset + i;
+    lost.localRank = i;
+    lost.state = WorkerOutcome::State::Lost;
+    lost.lostReason = fmt::format("its node {} ({}{}) was lost: {}", n.node, n.label,
+                                  n.address == n.label ? "" : ", " + n.address, why);
+    lost.lostToDeadline = deadline;
+    lost.leftBehind = leftBehind;
+    lost.host = n.label;
+    lost.endSeconds = at;
+    out->push_back(lost);
+  }
+}
+
+}  // namespace
+
 // One round while it runs (superviseRound).
 struct Coordinator::RoundWatch {
   struct Dead {
@@ -22,8 +53,10 @@ struct Coordinator::RoundWatch {
     return plan.find(node) != nullptr && results.count(node) == 0 && dead.count(node) == 0;
   }
 
-  const RoundPlan& plan;
-  const std::map<std::string, JoinInfo>& joins;  // the plan's nodes' joins
+  // The round's plan and its nodes' joins; under --on-node-join live the nodes taken in are
+  // added (admitLive).
+  RoundPlan plan;
+  std::map<std::string, JoinInfo> joins;
   const Clock::time_point start;
   std::map<std::string, AttemptResult> results;
   std::map<std::string, Dead> dead;
@@ -39,6 +72,9 @@ struct Coordinator::RoundWatch {
   // and whether a loss fell back to the restart path.
   membership::Epoch epoch;
   std::map<std::string, std::string> leftOut;
+  // Workers of a left-out node whose id came back and was taken in again (Note [Joining a
+  // running round]): Lost, for the report.
+  std::vector<WorkerOutcome> retired;
   bool reforming = false;
   Clock::time_point reformDeadline;
   bool fellBack = false;
@@ -184,9 +220,14 @@ void Coordinator::readRoundKeys(RoundWatch& w, Clock::time_point now) {
   std::vector<std::string> open;
   std::vector<std::string> joiners;  // who may join the next round: open nodes (another agent)
                                      // and nodes neither planned nor waiting
+  const bool live = options_.onNodeJoin == OnNodeJoin::Live;
   for (const auto& e : options_.nodes) {
     if (w.open(e.node)) open.push_back(e.node);
-    if (w.open(e.node) || (w.plan.find(e.node) == nullptr && w.waiting.count(e.node) == 0)) {
+    // Under --on-node-join live a left-out node's id may come back with a new agent (a
+    // replacement given the same --node-rank): it joins like a node never planned.
+    const bool back = live && w.leftOut.count(e.node) != 0;
+    if (w.open(e.node) ||
+        ((w.plan.find(e.node) == nullptr || back) && w.waiting.count(e.node) == 0)) {
       joiners.push_back(e.node);
     }
   }
@@ -216,7 +257,9 @@ void Coordinator::readRoundKeys(RoundWatch& w, Clock::time_point now) {
     NodeState& s = nodes_[node];
     if (!s.staleNonce.empty() && j.nonce == s.staleNonce) continue;
     auto planned = w.joins.find(node);
-    if (planned != w.joins.end()) {
+    const bool back = live && w.leftOut.count(node) != 0 && planned != w.joins.end() &&
+                      j.nonce != planned->second.nonce;
+    if (planned != w.joins.end() && !back) {
       // A planned node's agent joins the next round only after the decision: this is another
       // agent, started again on that node, so the one in the plan is gone.
       if (w.open(node) && j.nonce != planned->second.nonce) {
@@ -302,6 +345,10 @@ void Coordinator::noteLostNodes(RoundWatch& w, Clock::time_point now) {
 }
 
 void Coordinator::growIfWaiting(RoundWatch& w) {
+  if (options_.onNodeJoin == OnNodeJoin::Live) {
+    admitLive(w);
+    return;
+  }
   const size_t planned = w.plan.nodes.size();
   if (w.stopSeen || !w.growth.empty() || w.waiting.empty() ||
       planned >= static_cast<size_t>(options_.maxNodes)) {
@@ -319,9 +366,91 @@ void Coordinator::growIfWaiting(RoundWatch& w) {
   if (stopRound(w.plan.round, why)) w.growth = why;
 }
 
+// Note [Joining a running round] (node_loss.h): the waiting nodes, up to --nnodes MAX, join the
+// members in the next epoch; the state's plan, rewritten as the epoch sees the round, is what
+// their agents start their workers from.
+void Coordinator::admitLive(RoundWatch& w) {
+  if (w.stopSeen || w.fellBack || w.reforming || w.waiting.empty() ||
+      w.epoch.nodes.size() >= static_cast<size_t>(options_.maxNodes)) {
+    return;
+  }
+  std::vector<std::pair<std::string, JoinInfo>> taken;
+  for (auto it = w.waiting.begin();
+       it != w.waiting.end() &&
+       w.epoch.nodes.size() + taken.size() < static_cast<size_t>(options_.maxNodes);) {
+    taken.emplace_back(it->first, it->second);
+    it = w.waiting.erase(it);
+  }
+  std::string who;
+  for (const auto& [node, j] : taken) {
+    who += fmt::format("{}node {} ({})", who.empty() ? "" : ", ", node, expected(node)->label);
+  }
+  std::vector<std::pair<std::string, int>> sizes;
+  for (const auto& [node, j] : taken) sizes.emplace_back(node, j.localWorldSize);
+  const membership::Epoch next = epochWith(w.epoch, sizes, who + " joined");
+  for (const auto& [node, j] : taken) {
+    PlannedNode n;
+    n.node = node;
+    n.nodeRank = static_cast<int>(w.plan.nodes.size());
+    if (w.plan.find(node) != nullptr) n.nodeRank = retire(w, node);
+    for (const auto& m : next.nodes) {
+      if (m.node == node) n.rankOffset = m.rankOffset;
+    }
+    n.localWorldSize = j.localWorldSize;
+    n.host = j.host;
+    n.label = j.label;  // as assignRanks labels a planned node
+    n.address = j.address;
+    if (n.nodeRank < static_cast<int>(w.plan.nodes.size())) {
+      w.plan.nodes[static_cast<size_t>(n.nodeRank)] = n;
+    } else {
+      w.plan.nodes.push_back(n);
+    }
+    w.joins[node] = j;
+    tracker_.watch(node, Clock::now());
+  }
+  const auto now = Clock::now();
+  store_->setString(epochStoreKey(w.plan.round), membership::encodeEpoch(next));
+  const RoundPlan seen = planOfEpoch(w.plan, next);
+  store_->setString(keys::plan(w.plan.round), encodePlan(seen));  // for tools and people
+  setPhase(w.plan.round, JobPhase::Run, &seen);
+  w.epoch = next;
+  w.reforming = true;
+  w.reformDeadline = after(now, options_.heartbeatTimeout + kReformSeconds);
+  say(fmt::format("launch: round {} takes in {} live (--on-node-join live); epoch {}: {} node{}, "
+                  "{} rank{}",
+                  w.plan.round, who, next.epoch, next.nodes.size(),
+                  next.nodes.size() == 1 ? "" : "s", next.worldSize,
+                  next.worldSize == 1 ? "" : "s"));
+  logStoreLoad(now, fmt::format("round {} epoch {}", w.plan.round, next.epoch));
+}
+
+int Coordinator::retire(RoundWatch& w, const std::string& node) {
+  size_t index = 0;
+  while (w.plan.nodes[index].node != node) ++index;
+  const PlannedNode& n = w.plan.nodes[index];
+  const std::string why = w.leftOut[node];
+  leftOut_.push_back(fmt::format("launch: node {} ({}) was lost: {}", node, n.label, why));
+  auto r = w.results.find(node);
+  if (r != w.results.end()) {
+    for (auto worker : r->second.workers) {
+      if (worker.host.empty()) worker.host = n.label;
+      loseWithNode(worker, n, why);
+      w.retired.push_back(worker);
+    }
+  } else {
+    auto d = w.dead.find(node);
+    addUnreported(n, why, true, false, d != w.dead.end() ? d->second.at : 0, &w.retired);
+  }
+  w.results.erase(node);
+  w.dead.erase(node);
+  w.leftOut.erase(node);
+  return static_cast<int>(index);
+}
+
 AttemptResult Coordinator::roundOutcome(const RoundWatch& w, std::vector<std::string>* reported) {
   AttemptResult all;
   all.attempt = w.plan.round;
+  all.workers = w.retired;
   for (const auto& n : w.plan.nodes) {
     auto r = w.results.find(n.node);
     auto left = w.leftOut.find(n.node);
@@ -333,13 +462,7 @@ AttemptResult Coordinator::roundOutcome(const RoundWatch& w, std::vector<std::st
       reported->push_back(n.node);
       for (auto worker : r->second.workers) {
         if (worker.host.empty()) worker.host = n.label;
-        if (left != w.leftOut.end()) {
-          // Its workers went with the node (Note [Node loss]): Lost, and not a root cause.
-          worker.state = WorkerOutcome::State::Lost;
-          worker.lostReason = fmt::format("its node {} ({}) was lost: {}", n.node, n.label,
-                                          left->second);
-          worker.leftBehind = true;
-        }
+        if (left != w.leftOut.end()) loseWithNode(worker, n, left->second);
         all.workers.push_back(worker);
       }
       if (r->second.launcherSignal != 0 && all.launcherSignal == 0) {
@@ -357,20 +480,8 @@ AttemptResult Coordinator::roundOutcome(const RoundWatch& w, std::vector<std::st
     const RoundWatch::Dead d = found != w.dead.end() ? found->second : RoundWatch::Dead{};
     auto join = w.joins.find(n.node);
     markLost(n.node, d.why, join != w.joins.end() ? join->second.nonce : "", false);
-    for (int i = 0; i < n.localWorldSize; ++i) {
-      WorkerOutcome lost;
-      lost.rank = n.rankOffset + i;
-      lost.localRank = i;
-      lost.state = WorkerOutcome::State::Lost;
-      lost.lostReason = fmt::format("its node {} ({}{}) was lost: {}", n.node, n.label,
-                                    n.address == n.label ? "" : ", " + n.address,
-                                    left != w.leftOut.end() ? left->second : d.why);
-      lost.lostToDeadline = d.deadline;
-      lost.leftBehind = left != w.leftOut.end();
-      lost.host = n.label;
-      lost.endSeconds = d.at;
-      all.workers.push_back(lost);
-    }
+    addUnreported(n, left != w.leftOut.end() ? left->second : d.why, left != w.leftOut.end(),
+                  d.deadline, d.at, &all.workers);
   }
   if (w.signalSeen != 0) {
     all.launcherSignal = w.signalSeen;

@@ -52,6 +52,7 @@ CoordinatorOptions coordinatorOptions(const LaunchConfig& config, const MultiNod
   co.gracePeriod = config.gracePeriod;
   co.maxRestarts = config.maxRestarts;
   co.onNodeLoss = config.onNodeLoss;
+  co.onNodeJoin = config.onNodeJoin;
   co.maxReforms = config.maxReforms;
   co.reformWindow = config.reformWindow;
   co.storeNode = plan.fanOut ? "" : "0";  // node rank 0 of a manual job hosts the store

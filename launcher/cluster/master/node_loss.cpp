@@ -47,6 +47,36 @@ membership::Epoch epochWithout(const membership::Epoch& previous, const std::set
   return next;
 }
 
+membership::Epoch epochWith(const membership::Epoch& previous,
+                            const std::vector<std::pair<std::string, int>>& joining,
+                            const std::string& why) {
+  membership::Epoch next = previous;
+  next.epoch = previous.epoch + 1;
+  next.why = why;
+  for (const auto& [node, size] : joining) {
+    next.nodes.push_back(membership::EpochNode{node, next.worldSize, size});
+    next.worldSize += size;
+  }
+  return next;
+}
+
+RoundPlan planOfEpoch(const RoundPlan& plan, const membership::Epoch& e) {
+  RoundPlan out = plan;
+  out.nodes.clear();
+  out.worldSize = e.worldSize;
+  out.epoch = e.epoch;
+  for (const auto& m : e.nodes) {
+    PlannedNode n;
+    if (const PlannedNode* p = plan.find(m.node)) n = *p;
+    n.node = m.node;
+    n.nodeRank = static_cast<int>(out.nodes.size());
+    n.rankOffset = m.rankOffset;
+    n.localWorldSize = m.localWorldSize;
+    out.nodes.push_back(std::move(n));
+  }
+  return out;
+}
+
 membership::Epoch epochOfPlan(const RoundPlan& plan) {
   membership::Epoch e;
   e.epoch = 0;

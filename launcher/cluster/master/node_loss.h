@@ -21,6 +21,24 @@
 //   - the lost node hosts the store (node rank 0 of a manual job): the coordinator and the store
 //     go with it, so nothing is left to decide -- every agent loses the store instead.
 
+//
+// Note [Joining a running round]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// Under --on-node-join live (with --on-node-loss continue) a node that comes to join while the
+// running round has fewer than MAX of --nnodes MIN:MAX members is taken into that round instead
+// of stopping it: the master writes the next epoch -- the members in their order, then the
+// newcomers, so no member's rank moves -- and rewrites launch/state's plan as that epoch sees the
+// round (planOfEpoch: its members, the epoch's ranks and world size, the epoch's number). The
+// newcomer's agent, waiting for the next round, finds itself in the running round's plan and
+// starts its workers with DTRAIN_JOIN_EPOCH: their world is built in that epoch. The members'
+// workers abort their communicators on the new epoch as on a loss (the step in flight is
+// discarded), re-form with the newcomers, and hand them their state (Note [Settling after a
+// re-form]); a newcomer's first TrainingState::tryStep is that settling. A loss while it is in
+// progress falls back to the restart path, as during any re-form; no newcomer is taken in while
+// a re-form is in progress, and a join is not counted against --max-reforms (no node was lost).
+// DDP programs only: a ZeRO program's newcomer says so in one error and the restart path takes
+// over.
+
 #include <chrono>
 #include <set>
 #include <string>
@@ -68,6 +86,14 @@ membership::Epoch epochWithout(const membership::Epoch& previous, const std::set
                                const std::string& why);
 // Epoch 0 of a round: its plan.
 membership::Epoch epochOfPlan(const RoundPlan& plan);
+// The epoch after `previous` with the nodes `joining` ([node, local world size]) after its
+// members (Note [Joining a running round]); epoch number + 1; `why` as given.
+membership::Epoch epochWith(const membership::Epoch& previous,
+                            const std::vector<std::pair<std::string, int>>& joining,
+                            const std::string& why);
+// Round `plan` as epoch `e` sees it, for launch/state: e's members in its rank order, node ranks
+// 0.., the epoch's rank offsets and world size, `epoch` = e's number; hosts as in `plan`.
+RoundPlan planOfEpoch(const RoundPlan& plan, const membership::Epoch& e);
 
 // The round's keys of Note [Membership epochs], with the round's prefix ("round<R>/...").
 std::string epochStoreKey(int round);

@@ -60,10 +60,12 @@ T field(const json& j, const char* name, const char* what) {
 
 // What the full plan and the plan in launch/state share: run id, world size, MASTER_ADDR/PORT.
 json planHeader(const RoundPlan& p) {
-  return {{"run_id", p.runId},
-          {"world_size", p.worldSize},
-          {"master_addr", p.masterAddr},
-          {"master_port", p.masterPort}};
+  json v = {{"run_id", p.runId},
+            {"world_size", p.worldSize},
+            {"master_addr", p.masterAddr},
+            {"master_port", p.masterPort}};
+  if (p.epoch > 0) v["epoch"] = p.epoch;
+  return v;
 }
 
 void readPlanHeader(const json& v, const char* what, RoundPlan* p) {
@@ -71,6 +73,7 @@ void readPlanHeader(const json& v, const char* what, RoundPlan* p) {
   p->worldSize = field<int>(v, "world_size", what);
   p->masterAddr = field<std::string>(v, "master_addr", what);
   p->masterPort = field<int>(v, "master_port", what);
+  if (v.contains("epoch")) p->epoch = field<int>(v, "epoch", what);
 }
 
 }  // namespace

@@ -116,6 +116,10 @@ struct RoundPlan {
   std::string masterAddr;
   int masterPort = 0;
   std::vector<PlannedNode> nodes;  // in node-rank order
+  // > 0 (launch/state only): the plan as membership epoch `epoch` of the running round sees it,
+  // written when a node was taken in live (Note [Joining a running round] in
+  // launcher/cluster/master/node_loss.h).
+  int epoch = 0;
   const PlannedNode* find(const std::string& node) const;
 };
 

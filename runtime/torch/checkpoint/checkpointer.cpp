@@ -122,6 +122,16 @@ void Checkpointer::Impl::followEpoch() {
   const int oldWorld = placement.world;
   placement.refresh();
   exchange.reset();
+  if (!directoryMade && placement.writer) {
+    // A rank that joined a running round: its node's directory, made here without an agreement
+    // (the members make none now); a failure shows in the next save's.
+    try {
+      checkpoint::makeDirectories(*ops, dir);
+    } catch (const std::exception& e) {
+      DTRAIN_LOG(Error, "rank {}: {}", placement.rank, e.what());
+    }
+  }
+  directoryMade = true;
   epoch = now;
   DTRAIN_LOG(Info,
              "rank {}/{}: the group re-formed in epoch {}: the checkpointer follows it (it was "
@@ -148,8 +158,22 @@ Checkpointer::Checkpointer(std::shared_ptr<TrainingState> state, CheckpointOptio
   DTRAIN_CHECK_ARG(options_.timeout.count() > 0, "Checkpointer: timeout must be positive");
   impl_ = std::make_unique<Impl>(group_, options_, state_->registry());
   Impl& m = *impl_;
-  m.placement.place();
   nodeDir_ = m.dir;
+  auto handleTerm = [&] {
+    if (!options_.handlePreemption) return;
+    installTermHandler();
+    m.signalInstalled = true;
+  };
+  if (group_->joinPending()) {
+    // A rank taken into a running round (Note [Joining a running round] in
+    // launcher/cluster/master/node_loss.h) makes no collective before the members have handed it
+    // their state: it places the ranks at its first call after that, when the members place
+    // them again after their re-form (followEpoch).
+    m.epoch = -1;
+    handleTerm();
+    return;
+  }
+  m.placement.place();
   std::string error;
   if (m.placement.writer) {
     try {
@@ -159,10 +183,8 @@ Checkpointer::Checkpointer(std::shared_ptr<TrainingState> state, CheckpointOptio
     }
   }
   m.placement.agree(error, "creating the checkpoint directory");
-  if (options_.handlePreemption) {
-    installTermHandler();
-    m.signalInstalled = true;
-  }
+  m.directoryMade = true;
+  handleTerm();
 }
 
 Checkpointer::~Checkpointer() {
@@ -201,26 +223,49 @@ void Checkpointer::setMetadata(const std::string& key, MetadataValue value) {
 }
 
 std::optional<RestoredCheckpoint> Checkpointer::restore() {
+  if (group_->joinPending()) {
+    DTRAIN_LOG(Warn,
+               "rank {}: taken into a running round: nothing restored from {}; the "
+               "members hand over their state at the first step",
+               group_->rank(), options_.directory);
+    return std::nullopt;
+  }
   impl_->followEpoch();
   return impl_->restorer.restore();
 }
 
+// A rank taken into a running round holds nothing of its own to save before the members have
+// handed it their state (its first tryStep), and they make no collective meanwhile: its calls
+// before then are nothing (a stop request stays set for the next preempted()).
+bool Checkpointer::beforeJoinSettled(const char* call) const {
+  if (!group_->joinPending()) return false;
+  DTRAIN_LOG(Warn,
+             "rank {}: Checkpointer::{} before the first step of a rank taken into a running "
+             "round does nothing (its state comes from the members at that step)",
+             group_->rank(), call);
+  return true;
+}
+
 void Checkpointer::save(int64_t step, int64_t epoch) {
+  if (beforeJoinSettled("save")) return;
   impl_->followEpoch();
   impl_->saver.save(step, epoch, /*async=*/false);
 }
 
 void Checkpointer::saveAsync(int64_t step, int64_t epoch) {
+  if (beforeJoinSettled("saveAsync")) return;
   impl_->followEpoch();
   impl_->saver.save(step, epoch, /*async=*/true);
 }
 
 void Checkpointer::wait() {
+  if (beforeJoinSettled("wait")) return;
   impl_->followEpoch();
   impl_->saver.waitPending();
 }
 
 bool Checkpointer::preempted(int64_t step, int64_t epoch) {
+  if (beforeJoinSettled("preempted")) return false;
   impl_->followEpoch();
   int64_t flag = stopRequested() ? 1 : 0;
   if (impl_->placement.world > 1) {

@@ -35,7 +35,8 @@ struct Checkpointer::Impl {
   checkpoint::Saver saver;
   checkpoint::Restorer restorer;
   bool signalInstalled = false;
-  int epoch = 0;  // the group's membership epoch that `placement` describes
+  int epoch = 0;  // the group's membership epoch that `placement` describes; -1: not placed yet
+  bool directoryMade = false;  // this node's directory was made (by its writer)
 };
 
 }  // namespace dtrain

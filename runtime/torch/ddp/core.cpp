@@ -52,12 +52,18 @@ DdpCore::DdpCore(std::shared_ptr<torch::nn::Module> module, std::shared_ptr<Proc
   DTRAIN_CHECK_ARG(module_ != nullptr, "DistributedDataParallel needs a module");
   DTRAIN_CHECK_ARG(group_ != nullptr, "DistributedDataParallel needs a process group");
   epoch_ = group_->epoch();
+  // A rank taken into a running round (ProcessGroup::joinPending) builds nothing collective yet:
+  // its first step settles with the members (TrainingState::tryStep), and the first forward
+  // after it makes this core again as theirs is made after their re-form -- the model compared
+  // and broadcast then, in the same order on every rank.
+  const bool deferred = group_->joinPending();
+  if (deferred) epoch_ = -1;
   auto params = named(module_->named_parameters(/*recurse=*/true));
   auto buffers = named(module_->named_buffers(/*recurse=*/true));
   for (const auto& p : params) checkDevice(*group_, p, "parameter");
   for (const auto& b : buffers) checkDevice(*group_, b, "buffer");
 
-  ddp::verifySameModel(*group_, params, buffers);
+  if (!deferred) ddp::verifySameModel(*group_, params, buffers);
 
   // Parameters of units sharded when built have no memory: no rank holds rank 0's values to
   // broadcast, and the stage-3 optimizer compares what the ranks built instead (Note [Units
@@ -76,8 +82,10 @@ DdpCore::DdpCore(std::shared_ptr<torch::nn::Module> module, std::shared_ptr<Proc
   }
   for (const auto& b : buffers) everything.push_back(b.tensor);
   // In buckets: a model as large as the memory left must not need a second copy of itself.
-  ddp::CoalescedBroadcast(*group_, everything, ddp::kStateBroadcastBucketBytes)
-      .run(0, options_.timeout);
+  if (!deferred) {
+    ddp::CoalescedBroadcast(*group_, everything, ddp::kStateBroadcastBucketBytes)
+        .run(0, options_.timeout);
+  }
 
   for (const auto& p : params) {
     if (p.tensor.requires_grad()) trained_.emplace_back(p.name, p.tensor);

@@ -181,6 +181,20 @@ int64_t TrainingState::restoreShards(const std::exception& failure) {
 }
 
 bool TrainingState::tryStep(const std::function<void()>& work) {
+  if (group_->joinPending()) {
+    // Note [Joining a running round] (launcher/cluster/master/node_loss.h): the members re-form
+    // with this rank and settle; so does it, at their step, before its first.
+    DTRAIN_CHECK_ARG(registry_->sharded.empty(),
+                     "rank {} was taken into a running round (launch --on-node-join live), but "
+                     "its state is sharded (ZeRO): a running ZeRO job cannot hand a newcomer its "
+                     "shards. HINT: use --on-node-join restart (the default) for ZeRO programs",
+                     group_->rank());
+    step_ = state::settleAfterReform(*registry_, *group_, step_);
+    group_->settleJoin();
+    DTRAIN_LOG(Warn, "joined at step {} as rank {}/{} (membership epoch {})", step_, group_->rank(),
+               group_->size(), group_->epoch());
+    return false;
+  }
   try {
     refreshMirrors();
     work();

@@ -73,6 +73,13 @@ TEST(OnNodeLossWorkerEnv, SetOnlyInContinueMode) {
   env = workerEnv(c, node, 1, 0);
   EXPECT_EQ(env[env::kOnNodeLoss], "continue");
   EXPECT_EQ(env[env::kNodeLossWait], "8");  // --heartbeat-timeout + 5
+  EXPECT_EQ(env.count(env::kJoinEpoch), 0u);
+  // A node taken into a running round (Note [Joining a running round]): its epoch too.
+  node.joinEpoch = 2;
+  env = workerEnv(c, node, 1, 0);
+  EXPECT_EQ(env[env::kJoinEpoch], "2");
+  EXPECT_THROW(parseLaunchArgs({"--env", "DTRAIN_JOIN_EPOCH=1", "x"}, {}), InvalidArgument)
+      << "launch sets it";
 }
 
 NodeLossFacts goodFacts() {
@@ -175,6 +182,36 @@ TEST(EpochWithout, KeepsThePlansOrderAndRenumbersTheRanks) {
   EXPECT_EQ(e2.rankOf("1", 0), 0);
   EXPECT_EQ(epochStoreKey(2), "round2/launch/epoch");
   EXPECT_EQ(formedStoreKey(2, 1), "round2/launch/epoch1/formed");
+}
+
+// Note [Joining a running round]: newcomers come after the members, so no member's rank moves;
+// the state's plan is the round as that epoch sees it (lost nodes gone, hosts kept).
+TEST(EpochWith, AppendsTheNewcomersAndThePlanFollowsTheEpoch) {
+  const RoundPlan plan = threeNodePlan();
+  const membership::Epoch e1 = epochWithout(epochOfPlan(plan), {"2"}, "node 2 (h3) went silent");
+  const membership::Epoch e2 = epochWith(e1, {{"3", 4}, {"2", 1}},
+                                         "node 3 (h4), node 2 (h3) joined");
+  EXPECT_EQ(e2.epoch, 2);
+  EXPECT_EQ(e2.worldSize, 9);
+  EXPECT_EQ(e2.rankOf("0", 1), 1);
+  EXPECT_EQ(e2.rankOf("1", 0), 2);  // as in epoch 1
+  EXPECT_EQ(e2.rankOf("3", 0), 4);
+  EXPECT_EQ(e2.rankOf("2", 0), 8);
+  EXPECT_EQ(e2.why, "node 3 (h4), node 2 (h3) joined");
+  const RoundPlan seen = planOfEpoch(plan, e2);
+  EXPECT_EQ(seen.epoch, 2);
+  EXPECT_EQ(seen.round, 2);
+  EXPECT_EQ(seen.worldSize, 9);
+  ASSERT_EQ(seen.nodes.size(), 4u);
+  EXPECT_EQ(seen.nodes[1].node, "1");
+  EXPECT_EQ(seen.nodes[1].nodeRank, 1);
+  EXPECT_EQ(seen.nodes[1].rankOffset, 2);
+  EXPECT_EQ(seen.nodes[1].address, "10.0.0.2");
+  EXPECT_EQ(seen.nodes[2].node, "3");
+  EXPECT_EQ(seen.nodes[2].localWorldSize, 4);
+  EXPECT_EQ(seen.nodes[3].node, "2");
+  EXPECT_EQ(seen.nodes[3].rankOffset, 8);
+  EXPECT_EQ(seen.nodes[3].label, "h3");  // a node id that came back keeps its plan's host
 }
 
 TEST(ReformsWithin, CountsOnlyTheWindow) {

@@ -150,6 +150,11 @@ TEST(Rendezvous, JobPhasesAndClaimsRoundTrip) {
   EXPECT_EQ(back.plan->find("1")->localWorldSize, 4);
   EXPECT_EQ(back.plan->find("4")->rankOffset, 0);
   EXPECT_EQ(back.plan->find("2"), nullptr);
+  EXPECT_EQ(back.plan->epoch, 0);
+  EXPECT_EQ(text.find("epoch"), std::string::npos) << text;
+  // Note [Joining a running round]: the plan as a later membership epoch sees the round.
+  p.plan->epoch = 2;
+  EXPECT_EQ(decodePhase(encodePhase(p)).plan->epoch, 2);
   try {
     decodePhase("3 run\n{\"run_id\": \"j\", \"world_size\": 2, \"master_addr\": \"a\", "
                 "\"master_port\": 1, \"nodes\": [[\"0\", 0, \"x\", 2]]}");
@@ -490,6 +495,55 @@ TEST(Coordinator, ANodeWaitingToJoinGrowsTheJobWithoutCountingARestart) {
   EXPECT_EQ(h.store->getString(keys::decision(0)), "restart");
   EXPECT_EQ(grown, 3u);
   EXPECT_EQ(h.store->getString(keys::decision(1)), "end 0");
+}
+
+// Note [Joining a running round]: under --on-node-join live a node that joins while the round
+// runs below --nnodes MAX is taken into that round: no stop key, epoch 1 with it after the
+// members (their ranks unchanged), launch/state's plan as epoch 1 sees the round, and the round
+// ends 0 once all three report.
+TEST(Coordinator, ANodeWaitingToJoinIsTakenIntoTheRunningRoundLive) {
+  Harness h(3, 2);
+  h.options.onNodeLoss = OnNodeLoss::Continue;
+  h.options.onNodeJoin = OnNodeJoin::Live;
+  Beats beats(*h.store, {"0", "1", "2"});
+  h.join(0, "0");
+  h.join(0, "1");
+  Coordinator c(h.store, h.options);
+  JobPhase seen;
+  membership::Epoch epoch;
+  std::thread agents([&] {
+    EXPECT_EQ(h.awaitPlan(0).nodes.size(), 2u);
+    h.join(1, "2");
+    for (int i = 0; i < 5000 && !(seen.plan && seen.plan->epoch > 0); ++i) {
+      seen = decodePhase(h.store->getString(keys::state()));
+      std::this_thread::sleep_for(1ms);
+    }
+    epoch = membership::decodeEpoch(h.store->getString(epochStoreKey(0)));
+    h.store->add(formedStoreKey(0, 1), 6);
+    for (const char* n : {"0", "1", "2"}) h.succeed(0, n);
+  });
+  EXPECT_EQ(c.run(), 0);
+  agents.join();
+  // Never stopped: the only stop key is the one the master writes with its decision.
+  EXPECT_EQ(h.store->getString(keys::stop(0)), "round 0 is over (end 0)");
+  EXPECT_EQ(h.store->getString(keys::decision(0)), "end 0");
+  ASSERT_TRUE(seen.plan.has_value());
+  EXPECT_EQ(seen.round, 0);
+  EXPECT_EQ(seen.kind, JobPhase::Run);
+  EXPECT_EQ(seen.plan->epoch, 1);
+  EXPECT_EQ(seen.plan->worldSize, 6);
+  ASSERT_EQ(seen.plan->nodes.size(), 3u);
+  ASSERT_NE(seen.plan->find("2"), nullptr);
+  EXPECT_EQ(seen.plan->find("2")->rankOffset, 4);
+  EXPECT_EQ(seen.plan->find("2")->nodeRank, 2);
+  EXPECT_EQ(seen.plan->find("0")->rankOffset, 0);
+  EXPECT_EQ(seen.plan->find("1")->rankOffset, 2);
+  EXPECT_EQ(epoch.epoch, 1);
+  EXPECT_EQ(epoch.worldSize, 6);
+  EXPECT_EQ(epoch.rankOf("2", 1), 5);
+  EXPECT_EQ(epoch.rankOf("1", 0), 2);
+  EXPECT_EQ(epoch.why, "node 2 (h2) joined");
+  // Without the mode (the default), the same join stops the round instead: the test above.
 }
 
 // Issue 19 item 9: a node's agent started again while the round runs (its old one is gone) joins

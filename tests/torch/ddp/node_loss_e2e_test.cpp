@@ -41,11 +41,32 @@ std::vector<float> floats(const std::string& bytes) {
   return v;
 }
 
+// The parameters a job's rank 0 wrote to `out` equal, within 1e-5 relative, those of one process
+// that trained the same `steps` on the whole global batch (the worker alone with --reference and
+// `referenceFlags`: --zero S for Adam).
+void expectEqualsOneProcess(const std::string& out, int steps,
+                            const std::vector<std::string>& referenceFlags = {}) {
+  const std::string ref = out + ".ref";
+  ASSERT_EQ(std::system(fmt::format("{} --reference --steps {} --out {} {}", worker(), steps, ref,
+                                    fmt::join(referenceFlags, " "))
+                            .c_str()),
+            0);
+  const auto got = floats(readFile(out));
+  const auto want = floats(readFile(ref));
+  ASSERT_EQ(got.size(), want.size()) << out;
+  ASSERT_FALSE(want.empty());
+  double worst = 0, scale = 0;
+  for (size_t i = 0; i < want.size(); ++i) {
+    worst = std::max(worst, static_cast<double>(std::abs(got[i] - want[i])));
+    scale = std::max(scale, static_cast<double>(std::abs(want[i])));
+  }
+  EXPECT_LE(worst / scale, 1e-5) << "the parameters differ from one process's";
+}
+
 TEST(NodeLossE2E, ANodeKilledMidStepCostsOneStepAndTheSurvivorsEndAsOneProcess) {
   if (::access(worker().c_str(), X_OK) != 0) GTEST_SKIP() << "node_loss_worker not built";
   DTRAIN_CLUSTER_OR_SKIP(c, 3);
   const std::string out = c->dir() + "/params";
-  const std::string ref = c->dir() + "/ref.params";
   LaunchResult job = runLaunch(
       fanOut(*c, {"--on-node-loss", "continue", "--nnodes", "2:3", "--nproc-per-node", "2",
                   worker(), "--steps", "8", "--out", out}),
@@ -62,17 +83,7 @@ TEST(NodeLossE2E, ANodeKilledMidStepCostsOneStepAndTheSurvivorsEndAsOneProcess) 
   }
   EXPECT_NE(job.all().find("epoch 1"), std::string::npos) << job.all();
 
-  ASSERT_EQ(std::system((worker() + " --reference --steps 8 --out " + ref).c_str()), 0);
-  const auto got = floats(readFile(out));
-  const auto want = floats(readFile(ref));
-  ASSERT_EQ(got.size(), want.size());
-  ASSERT_FALSE(want.empty());
-  double worst = 0, scale = 0;
-  for (size_t i = 0; i < want.size(); ++i) {
-    worst = std::max(worst, static_cast<double>(std::abs(got[i] - want[i])));
-    scale = std::max(scale, static_cast<double>(std::abs(want[i])));
-  }
-  EXPECT_LE(worst / scale, 1e-5) << "the survivors' parameters differ from one process's";
+  expectEqualsOneProcess(out, 8);
 }
 
 }  // namespace
@@ -104,8 +115,8 @@ std::vector<std::string> job(const Cluster& c, const std::string& out, int steps
 // Every survivor (ranks 0-3 of epoch 1) ended bitwise equal after discarding `discarded` steps,
 // and the parameters rank 0 wrote equal one process's within 1e-5 (the worker run alone with
 // --reference and `referenceFlags`: --zero S for Adam).
-void expectSurvivorsMatchOneProcess(const Cluster& c, const LaunchResult& r, const std::string& out,
-                                    int steps, int discarded = 1,
+void expectSurvivorsMatchOneProcess(const LaunchResult& r, const std::string& out, int steps,
+                                    int discarded = 1,
                                     const std::vector<std::string>& referenceFlags = {}) {
   for (int rank = 0; rank < 4; ++rank) {
     EXPECT_EQ(countLines(r.out, fmt::format("rank {} final identical across ranks world 4 epoch 1 "
@@ -115,21 +126,7 @@ void expectSurvivorsMatchOneProcess(const Cluster& c, const LaunchResult& r, con
         << "rank " << rank << ":\n"
         << r.all();
   }
-  const std::string ref = out + ".ref";
-  ASSERT_EQ(std::system(fmt::format("{} --reference --steps {} --out {} {}", worker(), steps, ref,
-                                    fmt::join(referenceFlags, " "))
-                            .c_str()),
-            0);
-  const auto got = floats(readFile(out));
-  const auto want = floats(readFile(ref));
-  ASSERT_EQ(got.size(), want.size()) << c.dir();
-  ASSERT_FALSE(want.empty());
-  double worst = 0, scale = 0;
-  for (size_t i = 0; i < want.size(); ++i) {
-    worst = std::max(worst, static_cast<double>(std::abs(got[i] - want[i])));
-    scale = std::max(scale, static_cast<double>(std::abs(want[i])));
-  }
-  EXPECT_LE(worst / scale, 1e-5) << "the survivors' parameters differ from one process's";
+  expectEqualsOneProcess(out, steps, referenceFlags);
 }
 
 // The launch report names the node, the epoch and the cause (`cause`: a part of its text).
@@ -165,7 +162,7 @@ TEST(NodeLossE2E, AWholeNodeKilledMidTrainingIsLeftBehind) {
   show(r);
   ASSERT_EQ(r.exitCode, 0) << r.all();
   expectReportNames(*c, r, {"lost its agent"});
-  expectSurvivorsMatchOneProcess(*c, r, out, 14);
+  expectSurvivorsMatchOneProcess(r, out, 14);
 }
 
 // (2) The node's traffic silently dropped (nft, loopback spared): the epoch within
@@ -193,7 +190,7 @@ TEST(NodeLossE2E, ANodeWhoseTrafficIsDroppedIsLeftWithinTheHeartbeatBound) {
   EXPECT_LT(decided, kHeartbeatTimeout + 1) << r.err;
   expectReportNames(*c, r,
                     {"on " + c->hosts()[2] + " went silent", "lost its agent: its ssh session"});
-  expectSurvivorsMatchOneProcess(*c, r, out, 14);
+  expectSurvivorsMatchOneProcess(r, out, 14);
 }
 
 // (3) The node's workers SIGSTOPped: hung but alive, its agent's heartbeat healthy, so no epoch
@@ -242,7 +239,7 @@ TEST(NodeLossE2E, ALossInEachPhaseOfAStepCostsOneStep) {
     ASSERT_EQ(r.exitCode, 0) << r.all();
     EXPECT_EQ(countLines(r.out, "killing myself "), 1) << r.out;
     expectReportNames(*c, r, {"lost its workers: rank"});
-    expectSurvivorsMatchOneProcess(*c, r, out, 8);
+    expectSurvivorsMatchOneProcess(r, out, 8);
   }
 }
 
@@ -262,7 +259,7 @@ TEST(NodeLossE2E, ANodeLostDuringABackgroundSaveLeavesNoHalfCheckpoint) {
   ASSERT_EQ(r.exitCode, 0) << r.all();
   EXPECT_EQ(countLines(r.out, "killing myself during the save of step 3"), 1) << r.out;
   expectReportNames(*c, r, {"lost its workers: rank"});
-  expectSurvivorsMatchOneProcess(*c, r, out, 8);
+  expectSurvivorsMatchOneProcess(r, out, 8);
   EXPECT_EQ(countLines(r.out, "restored step 7 saved at world 4"), 4) << r.out;
   auto step = [&](int node, int s) { return fmt::format("{}/node{}/step-{:08d}", ckpt, node, s); };
   auto exists = [](const std::string& path) { return ::access(path.c_str(), F_OK) == 0; };
@@ -362,11 +359,177 @@ TEST_P(NodeLossZeroE2E, AWholeNodeKilledRollsTheSurvivorsBackToTheMirrors) {
                   ? -1.0
                   : *std::max_element(restoreSeconds.begin(), restoreSeconds.end()),
               static_cast<long long>(rb.generation), rerun - killedAt);
-  expectSurvivorsMatchOneProcess(*c, r, out, kSteps, 1, {"--zero", stage});
+  expectSurvivorsMatchOneProcess(r, out, kSteps, 1, {"--zero", stage});
 }
 
 INSTANTIATE_TEST_SUITE_P(Stages, NodeLossZeroE2E, ::testing::Values(2, 3),
                          [](const auto& info) { return "Stage" + std::to_string(info.param); });
+
+}  // namespace
+}  // namespace dtrain::testing::node_loss_e2e_test
+
+namespace dtrain::testing::node_loss_e2e_test {
+namespace {
+
+// Note [Joining a running round] (launcher/cluster/master/node_loss.h): a manual job of up to 3
+// nodes x 2 ranks on loopback (no namespaces needed) under `--on-node-loss continue
+// --on-node-join live`. Nodes 0 and 1 start it at 4 ranks; node 2 comes once they are training
+// and is taken into the running round in epoch 1, no round stopped or restarted: the members
+// discard the step in flight, re-form with it at 6 ranks and hand it their state, and the job
+// ends 0 with all 6 ranks bitwise equal and, within 1e-5, equal to one process that trained
+// every step on the whole global batch (the worker's math does not depend on the world size).
+TEST(NodeJoinE2E, ANodeComingLateIsTakenIntoTheRunningRoundAndEveryRankEndsAsOneProcess) {
+  if (::access(worker().c_str(), X_OK) != 0) GTEST_SKIP() << "node_loss_worker not built";
+  TempDir dir;
+  const std::string out = dir.path() + "/params";
+  const int port = freeLoopbackPort();
+  constexpr int kSteps = 24;
+  auto node = [&](int rank) {
+    return std::vector<std::string>{"--nnodes",
+                                    "2:3",
+                                    "--node-rank",
+                                    std::to_string(rank),
+                                    "--rdzv-endpoint",
+                                    fmt::format("127.0.0.1:{}", port),
+                                    "--rdzv-timeout",
+                                    "3",
+                                    "--nproc-per-node",
+                                    "2",
+                                    "--on-node-loss",
+                                    "continue",
+                                    "--on-node-join",
+                                    "live",
+                                    "--heartbeat-interval",
+                                    "0.5",
+                                    "--heartbeat-timeout",
+                                    "3",
+                                    "--grace-period",
+                                    "2",
+                                    worker(),
+                                    "--steps",
+                                    std::to_string(kSteps),
+                                    "--step-ms",
+                                    "250",
+                                    "--out",
+                                    out};
+  };
+  LaunchProcess node0(node(0));
+  LaunchProcess node1(node(1));
+  ASSERT_TRUE(node0.waitForOutput("step 3 world 4", 60)) << node0.out() << node0.err();
+  LaunchProcess node2(node(2));
+  LaunchResult r2 = node2.wait(120);
+  LaunchResult r0 = node0.wait(60);
+  LaunchResult r1 = node1.wait(60);
+  show(r0);
+  show(r1);
+  show(r2);
+  for (const LaunchResult* r : {&r0, &r1, &r2}) ASSERT_EQ(r->exitCode, 0) << r->all();
+  EXPECT_NE(r0.err.find("launch: round 0 takes in node 2 (node rank 2) live (--on-node-join "
+                        "live); epoch 1: 3 nodes, 6 ranks"),
+            std::string::npos)
+      << r0.err;
+  // One round: nothing stopped, restarted or read back.
+  for (const LaunchResult* r : {&r0, &r1, &r2}) {
+    EXPECT_EQ(r->all().find("stopping round"), std::string::npos) << r->all();
+    EXPECT_EQ(r->all().find("attempt=1"), std::string::npos) << r->all();
+  }
+  const std::string all = r0.out + r1.out + r2.out;
+  for (int rank = 0; rank < 6; ++rank) {
+    EXPECT_TRUE(std::regex_search(
+        all, std::regex(fmt::format("rank {} final identical across ranks world 6 epoch 1 "
+                                    "discarded [01]\n",
+                                    rank))))
+        << "rank " << rank << ":\n"
+        << all;
+  }
+  // The newcomer's ranks trained the steps after their join, at world size 6.
+  EXPECT_NE(r2.err.find("joined the running round in membership epoch 1"), std::string::npos)
+      << r2.err;
+  EXPECT_NE(r0.out.find(fmt::format("step {} world 6", kSteps - 1)), std::string::npos) << r0.out;
+
+  expectEqualsOneProcess(out, kSteps);
+}
+
+// The spot case across network namespaces: a manual job of 3 nodes x 2 ranks (a launch per host,
+// node 0's hosting the store), `--on-node-loss continue --on-node-join live`. Host 2 is killed
+// whole (its launch, workers and sshd): the survivors go on at 4 ranks in epoch 1. A replacement
+// host (the fourth) runs `launch --node-rank 2`: it takes node 2's id over once the old claim is
+// silent and is taken into the running round in epoch 2, no round restarted: the job ends 0 with
+// all 6 ranks bitwise equal and, within 1e-5, equal to one process on the whole batch; the report
+// names the first node 2's workers as lost.
+TEST(NodeJoinE2E, AReplacementForAKilledHostJoinsTheRunningRoundAcrossNamespaces) {
+  if (::access(worker().c_str(), X_OK) != 0) GTEST_SKIP() << "node_loss_worker not built";
+  DTRAIN_CLUSTER_OR_SKIP(c, 4);
+  const std::string token = c->dir() + "/job.token";
+  writeFile(token, "0123456789abcdef0123456789abcdef\n");
+  const std::string out = c->dir() + "/params";
+  constexpr int kSteps = 60;
+  auto node = [&](int rank) {
+    return cat(timings(), {"--nnodes",
+                           "2:3",
+                           "--node-rank",
+                           std::to_string(rank),
+                           "--rdzv-endpoint",
+                           c->hosts()[0] + ":29400",
+                           "--token-file",
+                           token,
+                           "--nproc-per-node",
+                           "2",
+                           "--on-node-loss",
+                           "continue",
+                           "--on-node-join",
+                           "live",
+                           worker(),
+                           "--steps",
+                           std::to_string(kSteps),
+                           "--step-ms",
+                           "250",
+                           "--out",
+                           out});
+  };
+  LaunchProcess node0(node(0), {}, c->on(0));
+  LaunchProcess node1(node(1), {}, c->on(1));
+  auto node2 = std::make_unique<LaunchProcess>(node(2), std::vector<std::string>{}, c->on(2));
+  ASSERT_TRUE(node0.waitForOutput("step 3 world 6", 90)) << node0.out() << node0.err();
+  c->killHost(2);
+  node2->wait(10);
+  ASSERT_TRUE(node0.waitForOutput("world 4", 30)) << node0.out() << node0.err();
+  LaunchProcess replacement(node(2), {}, c->on(3));
+  LaunchResult r2 = replacement.wait(120);
+  LaunchResult r0 = node0.wait(60);
+  LaunchResult r1 = node1.wait(60);
+  show(r0);
+  show(r1);
+  show(r2);
+  for (const LaunchResult* r : {&r0, &r1, &r2}) ASSERT_EQ(r->exitCode, 0) << r->all();
+  EXPECT_TRUE(std::regex_search(r0.err, std::regex("launch: round 0 goes on without node 2 "
+                                                   "\\([^)]*\\): on [0-9.]+ went silent")))
+      << r0.err;
+  EXPECT_NE(r0.err.find("launch: round 0 takes in node 2 (node rank 2) live (--on-node-join "
+                        "live); epoch 2: 3 nodes, 6 ranks"),
+            std::string::npos)
+      << r0.err;
+  EXPECT_NE(r2.err.find("took node 2 over from a silent launch"), std::string::npos) << r2.err;
+  EXPECT_EQ(r0.all().find("stopping round"), std::string::npos) << r0.all();
+  EXPECT_EQ(r2.all().find("attempt=1"), std::string::npos) << r2.all();
+  // The report: the first node 2's two workers lost with their node, the job still 0.
+  EXPECT_TRUE(std::regex_search(r0.err, std::regex("launch: node 2 \\([^)]*\\) was lost: on "
+                                                   "[0-9.]+ went silent .*; the job went on "
+                                                   "without it in epoch 1 of round 0")))
+      << r0.err;
+  const std::string all = r0.out + r1.out + r2.out;
+  for (int rank = 0; rank < 6; ++rank) {
+    EXPECT_TRUE(std::regex_search(
+        all, std::regex(fmt::format("rank {} final identical across ranks world 6 epoch 2 "
+                                    "discarded [0-2]\n",
+                                    rank))))
+        << "rank " << rank << ":\n"
+        << all;
+  }
+  EXPECT_NE(r0.out.find(fmt::format("step {} world 6", kSteps - 1)), std::string::npos) << r0.out;
+
+  expectEqualsOneProcess(out, kSteps);
+}
 
 }  // namespace
 }  // namespace dtrain::testing::node_loss_e2e_test

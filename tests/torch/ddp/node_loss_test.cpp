@@ -7,6 +7,8 @@
 // step on the whole global batch, and the survivors must be bitwise equal.
 #include <gtest/gtest.h>
 
+#include <stdlib.h>
+
 #include <atomic>
 #include <chrono>
 #include <thread>
@@ -16,11 +18,14 @@
 #include "dtrain/base/error.h"
 #include "dtrain/base/store.h"
 #include "dtrain/comm/world.h"
+#include "dtrain/torch/checkpoint.h"
 #include "dtrain/torch/ddp.h"
 #include "dtrain/torch/distributed_sampler.h"
 #include "dtrain/torch/init.h"
 #include "dtrain/torch/training_state.h"
+#include "dtrain/torch/zero.h"
 #include "node_loss_support.h"
+#include "test_support.h"
 
 namespace dtrain::testing::node_loss_test {
 namespace {
@@ -208,6 +213,75 @@ TEST(NodeLoss, WithoutTheModeTryStepIsTheWorkItself) {
   EXPECT_EQ(ran, 1);
   EXPECT_THROW(state.tryStep([] { throw NetworkError("peer gone"); }), NetworkError);
   group->shutdown();
+}
+
+// Note [Joining a running round]: a rank started in a running round (DTRAIN_JOIN_EPOCH, as
+// `launch --on-node-join live` sets it) builds its world in that epoch and makes no collective
+// before its first tryStep: neither DistributedDataParallel's construction nor a Checkpointer's
+// (whose restore() gives nothing). That tryStep settles with the members -- here none but itself
+// -- and returns false without running the work, at their step; the next runs the step, DDP
+// making its core then. A rank whose state is sharded refuses the join in one error.
+TEST(NodeJoin, ANewcomersFirstTryStepSettlesAndNothingBeforeItIsCollective) {
+  TempDir dir;
+  ::setenv("DTRAIN_JOIN_EPOCH", "3", 1);
+  auto store = std::make_shared<store::HashStore>();
+  auto group = nodeLossRank(store, 0, 1, 0, 0);
+  ::unsetenv("DTRAIN_JOIN_EPOCH");
+  EXPECT_EQ(group->epoch(), 3);
+  EXPECT_TRUE(group->joinPending());
+  EXPECT_EQ(store->getString("launch/epoch3/formed"), "1");
+  torch::manual_seed(1);
+  torch::nn::Linear net(4, 2);
+  DistributedDataParallel<torch::nn::Linear> ddp(net, group);
+  torch::optim::SGD sgd(net->parameters(), torch::optim::SGDOptions(0.1));
+  auto state = std::make_shared<TrainingState>(group);
+  state->addModule("model", net.ptr());
+  state->addOptimizer("sgd", sgd);
+  CheckpointOptions co(dir.path());
+  co.handlePreemption = false;
+  Checkpointer ckpt(state, co);
+  EXPECT_FALSE(ckpt.restore().has_value());
+  EXPECT_EQ(group->communicator().sequenceNumber(), 0u) << "a collective before the settling";
+  state->beginStep(0);
+  int ran = 0;
+  auto work = [&] {
+    ++ran;
+    sgd.zero_grad();
+    ddp(torch::ones({3, 4})).sum().backward();
+  };
+  EXPECT_FALSE(state->tryStep(work));
+  EXPECT_EQ(ran, 0);
+  EXPECT_FALSE(group->joinPending());
+  EXPECT_EQ(state->currentStep(), 0);
+  state->beginStep(0);
+  EXPECT_TRUE(state->tryStep(work));
+  EXPECT_EQ(ran, 1);
+  EXPECT_TRUE(net->weight.grad().defined());
+  ckpt.save(0);
+  EXPECT_EQ(ckpt.restore()->step, 0);
+  group->shutdown();
+
+  ::setenv("DTRAIN_JOIN_EPOCH", "1", 1);
+  auto zeroStore = std::make_shared<store::HashStore>();
+  auto zeroGroup = nodeLossRank(zeroStore, 0, 1, 0, 0);
+  ::unsetenv("DTRAIN_JOIN_EPOCH");
+  torch::nn::Linear zeroNet(4, 2);
+  DistributedDataParallel<torch::nn::Linear> zeroDdp(zeroNet, zeroGroup);
+  ShardedOptimizer adam(zeroDdp, optimizerFactory<torch::optim::Adam>(torch::optim::AdamOptions()),
+                        ZeroOptions{});
+  TrainingState zeroState(zeroGroup);
+  zeroState.addModule("model", zeroNet.ptr());
+  zeroState.addOptimizer("adam", adam);
+  try {
+    zeroState.tryStep([] {});
+    ADD_FAILURE() << "a ZeRO rank joined a running round";
+  } catch (const InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find("its state is sharded (ZeRO): a running ZeRO job cannot "
+                                         "hand a newcomer its shards"),
+              std::string::npos)
+        << e.what();
+  }
+  zeroGroup->shutdown();
 }
 
 }  // namespace

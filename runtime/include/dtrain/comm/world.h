@@ -141,6 +141,10 @@ struct World {
   bool closed = false;  // set by shutdownWorld()
   // The membership epoch the communicator belongs to: 0 as planned, +1 at each re-form.
   int epoch = 0;
+  // This rank was started in a running round, in membership epoch `epoch` (DTRAIN_JOIN_EPOCH:
+  // `launch --on-node-join live`), and the members have not handed it their state yet: its first
+  // step settles (TrainingState::tryStep), which clears this.
+  bool joinPending = false;
   // Under `launch --on-node-loss continue` (DTRAIN_ON_NODE_LOSS=continue): the watch on the
   // round's membership and what a re-form needs (runtime/comm/world_reform.h); null otherwise.
   std::shared_ptr<WorldReform> reform;

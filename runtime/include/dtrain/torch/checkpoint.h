@@ -192,6 +192,11 @@ class Checkpointer {
   // as soon as its background write ends, before wait() or the next save confirms it.
   std::vector<CheckpointWrite> finishedWrites();
 
+  // A rank taken into a running round (`launch --on-node-join live`, docs/training.md "Surviving a
+  // lost node"): until its first TrainingState::tryStep has settled with the members, restore()
+  // gives nothing and save(), saveAsync(), wait() and preempted() do nothing (preempted() is
+  // false), without a collective.
+
   // This node's directory.
   const std::string& nodeDirectory() const { return nodeDir_; }
   // Steps committed in this node's directory, newest first.
@@ -200,6 +205,8 @@ class Checkpointer {
   struct Impl;
 
  private:
+  // True (after saying so) when `call` comes before a joining rank's first step settled.
+  bool beforeJoinSettled(const char* call) const;
   std::shared_ptr<TrainingState> state_;
   std::shared_ptr<ProcessGroup> group_;
   CheckpointOptions options_;

@@ -73,6 +73,13 @@ class ProcessGroup {
   // step). Subgroups made before are not re-formed. Collective over the new members; false when
   // no new epoch came (rethrow what failed). TrainingState::tryStep() calls it.
   bool reform();
+  // This rank was started in a running round (`launch --on-node-join live`) and has not been
+  // handed the members' state yet: TrainingState::tryStep does that first (settleJoin()), and
+  // DistributedDataParallel leaves its broadcast of the parameters until then.
+  bool joinPending() const { return world_ && world_->joinPending; }
+  void settleJoin() {
+    if (world_) world_->joinPending = false;
+  }
 
   // Idempotent; collectives after it fail. When rank 0 hosts the store (srun/mpirun), every rank
   // meets at a barrier first, so call it on every rank.
