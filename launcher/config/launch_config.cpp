@@ -271,13 +271,26 @@ bool isReservedWorkerVariable(const std::string& name) {
   return name.rfind(env::kLaunchOptionPrefix, 0) == 0;
 }
 
+size_t parseChoice(const std::string& text, const std::string& label,
+                   const std::vector<std::pair<const char*, const char*>>& choices) {
+  std::string offered;
+  for (size_t i = 0; i < choices.size(); ++i) {
+    if (text == choices[i].first) return i;
+    offered += fmt::format("{}{} ({})",
+                           i == 0                    ? ""
+                           : i + 1 == choices.size() ? " or "
+                                                     : ", ",
+                           choices[i].first, choices[i].second);
+  }
+  DTRAIN_THROW(InvalidArgument, "{} {}: use {}", label, quoteValue(text), offered);
+}
+
 OnNodeLoss parseOnNodeLoss(const std::string& text, const std::string& label) {
-  if (text == "restart") return OnNodeLoss::Restart;
-  if (text == "continue") return OnNodeLoss::Continue;
-  DTRAIN_THROW(InvalidArgument,
-               "{} {}: use restart (stop every node and restart from the checkpoint, the "
-               "default) or continue (the surviving nodes go on without the lost one)",
-               label, quoteValue(text));
+  return parseChoice(text, label,
+                     {{"restart", "stop every node and restart from the checkpoint, the default"},
+                      {"continue", "the surviving nodes go on without the lost one"}}) == 0
+             ? OnNodeLoss::Restart
+             : OnNodeLoss::Continue;
 }
 
 const char* onNodeLossName(OnNodeLoss mode) {
@@ -285,16 +298,13 @@ const char* onNodeLossName(OnNodeLoss mode) {
 }
 
 OnNodeJoin parseOnNodeJoin(const std::string& text, const std::string& label) {
-  if (text == "restart") return OnNodeJoin::Restart;
-  if (text == "live") return OnNodeJoin::Live;
-  DTRAIN_THROW(InvalidArgument,
-               "{} {}: use restart (stop every node and restart with the new one from the "
-               "checkpoint, the default) or live (take it into the running round)",
-               label, quoteValue(text));
-}
-
-const char* onNodeJoinName(OnNodeJoin mode) {
-  return mode == OnNodeJoin::Live ? "live" : "restart";
+  return parseChoice(
+             text, label,
+             {{"restart", "stop every node and restart with the new one from the checkpoint, the "
+                          "default"},
+              {"live", "take it into the running round"}}) == 0
+             ? OnNodeJoin::Restart
+             : OnNodeJoin::Live;
 }
 
 int resolveNproc(const NprocSpec& spec, int cpus, int gpus) {

@@ -189,7 +189,10 @@ bool parseBool(const std::string& text, const std::string& label);
 OnNodeLoss parseOnNodeLoss(const std::string& text, const std::string& label);  // restart|continue
 const char* onNodeLossName(OnNodeLoss mode);
 OnNodeJoin parseOnNodeJoin(const std::string& text, const std::string& label);  // restart|live
-const char* onNodeJoinName(OnNodeJoin mode);
+// The index of `text` among `choices` ([name, what it means], ...), else InvalidArgument: "LABEL
+// "text": use a (what a means) or b (...)".
+size_t parseChoice(const std::string& text, const std::string& label,
+                   const std::vector<std::pair<const char*, const char*>>& choices);
 
 // The number of workers for `spec` on a machine with `cpus` usable CPUs and `gpus` visible GPUs.
 // Throws InvalidArgument for "gpu" on a machine without GPUs.

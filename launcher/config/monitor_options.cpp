@@ -31,12 +31,11 @@ void parseMetricsEndpoint(const std::string& text, const std::string& label, Mon
 }
 
 StallAction parseStallAction(const std::string& text, const std::string& label) {
-  if (text == "report") return StallAction::Report;
-  if (text == "stop") return StallAction::Stop;
-  DTRAIN_THROW(InvalidArgument,
-               "{} {}: use report (print where the ranks are and go on) or "
-               "stop (print it, then stop the job and exit 124)",
-               label, quoteValue(text));
+  return parseChoice(text, label,
+                     {{"report", "print where the ranks are and go on"},
+                      {"stop", "print it, then stop the job and exit 124"}}) == 0
+             ? StallAction::Report
+             : StallAction::Stop;
 }
 
 const char* stallActionName(StallAction action) {

@@ -17,6 +17,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
@@ -371,6 +372,57 @@ INSTANTIATE_TEST_SUITE_P(Stages, NodeLossZeroE2E, ::testing::Values(2, 3),
 namespace dtrain::testing::node_loss_e2e_test {
 namespace {
 
+// Node `rank` of a manual job of up to 3 nodes x 2 ranks under `--on-node-loss continue
+// --on-node-join live` running the worker for `steps` steps of 250 ms, its parameters to `out`.
+std::vector<std::string> joinJob(int rank, int steps, const std::string& out) {
+  return {"--nnodes",
+          "2:3",
+          "--node-rank",
+          std::to_string(rank),
+          "--nproc-per-node",
+          "2",
+          "--on-node-loss",
+          "continue",
+          "--on-node-join",
+          "live",
+          worker(),
+          "--steps",
+          std::to_string(steps),
+          "--step-ms",
+          "250",
+          "--out",
+          out};
+}
+
+// Waits for a grown job's launches -- the newcomer's first, then nodes 0 and 1 -- and shows them;
+// each must exit 0.
+std::array<LaunchResult, 3> finishGrownJob(LaunchProcess& late, LaunchProcess& node0,
+                                           LaunchProcess& node1) {
+  std::array<LaunchResult, 3> r{late.wait(120), node0.wait(60), node1.wait(60)};
+  for (const LaunchResult& each : r) {
+    show(each);
+    EXPECT_EQ(each.exitCode, 0) << each.all();
+  }
+  return r;
+}
+
+// Every one of a grown job's 6 ranks ended bitwise equal to the others in membership epoch
+// `epoch` (having discarded at most `discarded` steps: the join's, and a loss's), rank 0 ran the
+// last step at 6 ranks, and its parameters equal one process's (expectEqualsOneProcess).
+void expectSixRanksMatchOneProcess(const std::string& all, const std::string& rank0, int epoch,
+                                   int discarded, const std::string& out, int steps) {
+  for (int rank = 0; rank < 6; ++rank) {
+    EXPECT_TRUE(std::regex_search(
+        all, std::regex(fmt::format("rank {} final identical across ranks world 6 epoch {} "
+                                    "discarded [0-{}]\n",
+                                    rank, epoch, discarded))))
+        << "rank " << rank << ":\n"
+        << all;
+  }
+  EXPECT_NE(rank0.find(fmt::format("step {} world 6", steps - 1)), std::string::npos) << rank0;
+  expectEqualsOneProcess(out, steps);
+}
+
 // Note [Joining a running round] (launcher/cluster/master/node_loss.h): a manual job of up to 3
 // nodes x 2 ranks on loopback (no namespaces needed) under `--on-node-loss continue
 // --on-node-join live`. Nodes 0 and 1 start it at 4 ranks; node 2 comes once they are training
@@ -385,69 +437,29 @@ TEST(NodeJoinE2E, ANodeComingLateIsTakenIntoTheRunningRoundAndEveryRankEndsAsOne
   const int port = freeLoopbackPort();
   constexpr int kSteps = 24;
   auto node = [&](int rank) {
-    return std::vector<std::string>{"--nnodes",
-                                    "2:3",
-                                    "--node-rank",
-                                    std::to_string(rank),
-                                    "--rdzv-endpoint",
-                                    fmt::format("127.0.0.1:{}", port),
-                                    "--rdzv-timeout",
-                                    "3",
-                                    "--nproc-per-node",
-                                    "2",
-                                    "--on-node-loss",
-                                    "continue",
-                                    "--on-node-join",
-                                    "live",
-                                    "--heartbeat-interval",
-                                    "0.5",
-                                    "--heartbeat-timeout",
-                                    "3",
-                                    "--grace-period",
-                                    "2",
-                                    worker(),
-                                    "--steps",
-                                    std::to_string(kSteps),
-                                    "--step-ms",
-                                    "250",
-                                    "--out",
-                                    out};
+    return cat({"--rdzv-endpoint", fmt::format("127.0.0.1:{}", port), "--rdzv-timeout", "3",
+                "--heartbeat-interval", "0.5", "--heartbeat-timeout", "3", "--grace-period", "2"},
+               joinJob(rank, kSteps, out));
   };
   LaunchProcess node0(node(0));
   LaunchProcess node1(node(1));
   ASSERT_TRUE(node0.waitForOutput("step 3 world 4", 60)) << node0.out() << node0.err();
   LaunchProcess node2(node(2));
-  LaunchResult r2 = node2.wait(120);
-  LaunchResult r0 = node0.wait(60);
-  LaunchResult r1 = node1.wait(60);
-  show(r0);
-  show(r1);
-  show(r2);
-  for (const LaunchResult* r : {&r0, &r1, &r2}) ASSERT_EQ(r->exitCode, 0) << r->all();
+  const auto [r2, r0, r1] = finishGrownJob(node2, node0, node1);
+  ASSERT_FALSE(HasFailure());
   EXPECT_NE(r0.err.find("launch: round 0 takes in node 2 (node rank 2) live (--on-node-join "
                         "live); epoch 1: 3 nodes, 6 ranks"),
             std::string::npos)
       << r0.err;
   // One round: nothing stopped, restarted or read back.
-  for (const LaunchResult* r : {&r0, &r1, &r2}) {
-    EXPECT_EQ(r->all().find("stopping round"), std::string::npos) << r->all();
-    EXPECT_EQ(r->all().find("attempt=1"), std::string::npos) << r->all();
-  }
-  const std::string all = r0.out + r1.out + r2.out;
-  for (int rank = 0; rank < 6; ++rank) {
-    EXPECT_TRUE(std::regex_search(
-        all, std::regex(fmt::format("rank {} final identical across ranks world 6 epoch 1 "
-                                    "discarded [01]\n",
-                                    rank))))
-        << "rank " << rank << ":\n"
-        << all;
+  for (const LaunchResult& r : {r0, r1, r2}) {
+    EXPECT_EQ(r.all().find("stopping round"), std::string::npos) << r.all();
+    EXPECT_EQ(r.all().find("attempt=1"), std::string::npos) << r.all();
   }
   // The newcomer's ranks trained the steps after their join, at world size 6.
   EXPECT_NE(r2.err.find("joined the running round in membership epoch 1"), std::string::npos)
       << r2.err;
-  EXPECT_NE(r0.out.find(fmt::format("step {} world 6", kSteps - 1)), std::string::npos) << r0.out;
-
-  expectEqualsOneProcess(out, kSteps);
+  expectSixRanksMatchOneProcess(r0.out + r1.out + r2.out, r0.out, 1, 1, out, kSteps);
 }
 
 // The spot case across network namespaces: a manual job of 3 nodes x 2 ranks (a launch per host,
@@ -465,27 +477,8 @@ TEST(NodeJoinE2E, AReplacementForAKilledHostJoinsTheRunningRoundAcrossNamespaces
   const std::string out = c->dir() + "/params";
   constexpr int kSteps = 60;
   auto node = [&](int rank) {
-    return cat(timings(), {"--nnodes",
-                           "2:3",
-                           "--node-rank",
-                           std::to_string(rank),
-                           "--rdzv-endpoint",
-                           c->hosts()[0] + ":29400",
-                           "--token-file",
-                           token,
-                           "--nproc-per-node",
-                           "2",
-                           "--on-node-loss",
-                           "continue",
-                           "--on-node-join",
-                           "live",
-                           worker(),
-                           "--steps",
-                           std::to_string(kSteps),
-                           "--step-ms",
-                           "250",
-                           "--out",
-                           out});
+    return cat(cat(timings(), {"--rdzv-endpoint", c->hosts()[0] + ":29400", "--token-file", token}),
+               joinJob(rank, kSteps, out));
   };
   LaunchProcess node0(node(0), {}, c->on(0));
   LaunchProcess node1(node(1), {}, c->on(1));
@@ -495,13 +488,8 @@ TEST(NodeJoinE2E, AReplacementForAKilledHostJoinsTheRunningRoundAcrossNamespaces
   node2->wait(10);
   ASSERT_TRUE(node0.waitForOutput("world 4", 30)) << node0.out() << node0.err();
   LaunchProcess replacement(node(2), {}, c->on(3));
-  LaunchResult r2 = replacement.wait(120);
-  LaunchResult r0 = node0.wait(60);
-  LaunchResult r1 = node1.wait(60);
-  show(r0);
-  show(r1);
-  show(r2);
-  for (const LaunchResult* r : {&r0, &r1, &r2}) ASSERT_EQ(r->exitCode, 0) << r->all();
+  const auto [r2, r0, r1] = finishGrownJob(replacement, node0, node1);
+  ASSERT_FALSE(HasFailure());
   EXPECT_TRUE(std::regex_search(r0.err, std::regex("launch: round 0 goes on without node 2 "
                                                    "\\([^)]*\\): on [0-9.]+ went silent")))
       << r0.err;
@@ -517,18 +505,7 @@ TEST(NodeJoinE2E, AReplacementForAKilledHostJoinsTheRunningRoundAcrossNamespaces
                                                    "[0-9.]+ went silent .*; the job went on "
                                                    "without it in epoch 1 of round 0")))
       << r0.err;
-  const std::string all = r0.out + r1.out + r2.out;
-  for (int rank = 0; rank < 6; ++rank) {
-    EXPECT_TRUE(std::regex_search(
-        all, std::regex(fmt::format("rank {} final identical across ranks world 6 epoch 2 "
-                                    "discarded [0-2]\n",
-                                    rank))))
-        << "rank " << rank << ":\n"
-        << all;
-  }
-  EXPECT_NE(r0.out.find(fmt::format("step {} world 6", kSteps - 1)), std::string::npos) << r0.out;
-
-  expectEqualsOneProcess(out, kSteps);
+  expectSixRanksMatchOneProcess(r0.out + r1.out + r2.out, r0.out, 2, 2, out, kSteps);
 }
 
 }  // namespace
