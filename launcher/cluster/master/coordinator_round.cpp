@@ -374,6 +374,11 @@ void Coordinator::admitLive(RoundWatch& w) {
       w.epoch.nodes.size() >= static_cast<size_t>(options_.maxNodes)) {
     return;
   }
+  // A member that reported has no workers left: the job is finishing, and a newcomer's workers
+  // would wait for members that are gone. The node waits; the round's end ends it too.
+  for (const auto& m : w.epoch.nodes) {
+    if (w.results.count(m.node) != 0) return;
+  }
   std::vector<std::pair<std::string, JoinInfo>> taken;
   for (auto it = w.waiting.begin();
        it != w.waiting.end() &&

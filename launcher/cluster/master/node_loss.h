@@ -35,7 +35,12 @@
 // discarded), re-form with the newcomers, and hand them their state (Note [Settling after a
 // re-form]); a newcomer's first TrainingState::tryStep is that settling. A loss while it is in
 // progress falls back to the restart path, as during any re-form; no newcomer is taken in while
-// a re-form is in progress, and a join is not counted against --max-reforms (no node was lost).
+// a re-form is in progress, nor once a member has reported (its workers ended: the job is
+// finishing), and a join is not counted against --max-reforms (no node was lost). Like a loss, a
+// join aborts the members' collectives wherever they are: a program whose members are past their
+// last tryStep and still make collectives (a final gather), or have all exited when the newcomer
+// starts, fails the round (the restart path) -- a join at the very end of a job can cost a
+// restart.
 // DDP programs only: a ZeRO program's newcomer says so in one error and the restart path takes
 // over.
 

@@ -546,6 +546,30 @@ TEST(Coordinator, ANodeWaitingToJoinIsTakenIntoTheRunningRoundLive) {
   // Without the mode (the default), the same join stops the round instead: the test above.
 }
 
+// Once a member has reported (its workers ended: the job is finishing) no node is taken in: the
+// newcomer would wait for members that are gone. The round ends 0 without an epoch.
+TEST(Coordinator, NoNodeIsTakenInLiveOnceAMemberReported) {
+  Harness h(3, 2);
+  h.options.onNodeLoss = OnNodeLoss::Continue;
+  h.options.onNodeJoin = OnNodeJoin::Live;
+  Beats beats(*h.store, {"0", "1", "2"});
+  h.join(0, "0");
+  h.join(0, "1");
+  Coordinator c(h.store, h.options);
+  std::thread agents([&] {
+    h.awaitPlan(0);
+    h.succeed(0, "0");
+    std::this_thread::sleep_for(100ms);
+    h.join(1, "2");
+    std::this_thread::sleep_for(300ms);
+    h.succeed(0, "1");
+  });
+  EXPECT_EQ(c.run(), 0);
+  agents.join();
+  EXPECT_FALSE(h.store->check({epochStoreKey(0)})) << h.store->getString(epochStoreKey(0));
+  EXPECT_EQ(h.store->getString(keys::decision(0)), "end 0");
+}
+
 // Issue 19 item 9: a node's agent started again while the round runs (its old one is gone) joins
 // the next round; the master sees another agent's join for a planned node and stops the round
 // naming it, and the restart plans the node with its new agent.
