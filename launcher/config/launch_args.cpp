@@ -56,7 +56,7 @@ const OptionSpec kOptions[] = {
      }},
     {"on-node-join", 0, "restart|live",
      "a node joining an elastic job below MAX: restart every node (default), or take it in "
-     "live (needs --on-node-loss continue)",
+     "live (with on-node-loss continue)",
      [](LaunchConfig& c, const std::string& v, const std::string& l) {
        c.onNodeJoin = parseOnNodeJoin(v, l);
      }},
