@@ -483,15 +483,29 @@ struct Training {
       // back to the last step whose shards were mirrored on another node (every --mirror-every
       // steps: TrainingState::setMirrorInterval) and run the steps from there again. Otherwise a
       // failure ends the run as before.
+      // A node taken into the running job (launch --on-node-join live) settles with the members
+      // at its first step: it gets their state and their step. For the members a join is what a
+      // loss is: the step runs again, on more ranks.
+      const bool joining = group.joinPending();
+      const int ranks = group.size();
       if (!state.tryStep([&] { trainStep(); })) {
         step = state.currentStep();
-        progress.line(
-            fmt::format("a node was lost: step {} runs again on {} ranks", step, group.size()));
+        if (joining) {
+          std::printf("rank %d joined the running job at step %lld on %d ranks\n", group.rank(),
+                      static_cast<long long>(step), group.size());
+        } else {
+          progress.line(fmt::format("a node {}: step {} runs again on {} ranks",
+                                    group.size() > ranks ? "joined" : "was lost", step,
+                                    group.size()));
+        }
         continue;
       }
       ++step;
       record(std::chrono::duration<double>(Clock::now() - stepStart).count());
-      if (opt.evalEvery > 0 && step % opt.evalEvery == 0) evaluateNow();
+      // Collectives between steps: a node lost or joining meanwhile cuts them short, and the
+      // next step re-forms the group (TrainingState::tryCollective).
+      if (opt.evalEvery > 0 && step % opt.evalEvery == 0)
+        state.tryCollective([&] { evaluateNow(); });
       if (checkpointer) {
         if (opt.saveEvery > 0 && step % opt.saveEvery == 0) save();
         if (checkpointer->preempted(step)) {
@@ -585,7 +599,9 @@ struct Training {
                           {"loss_scale", scaler.isEnabled() ? scaler.getScale() : 1.0}});
     examples::recordCheckpointWrites(checkpointer, metrics);
     if (step % opt.logEvery == 0 || step == opt.steps) {
-      progress.report(0, step, std::isnan(gradNorm) ? "" : fmt::format("  |g| {:.3f}", gradNorm));
+      state.tryCollective([&] {  // its sums are allreduced: as evaluateNow() in run()
+        progress.report(0, step, std::isnan(gradNorm) ? "" : fmt::format("  |g| {:.3f}", gradNorm));
+      });
     }
   }
 

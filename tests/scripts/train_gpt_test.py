@@ -10,7 +10,7 @@ PyTorch peer (DDP, FSDP2) every step's loss agrees; bad input exits with one cle
 node lost under --on-node-loss continue costs one step and the survivors end bitwise equal.
 
 Usage: train_gpt_test.py <build-dir> [test ...]   (tests: train, zero, resume, interop, lora,
-peer, usage, node_loss; default all)
+peer, usage, node_loss, node_join; default all)
 """
 import json
 import math
@@ -20,6 +20,7 @@ import subprocess
 import sys
 import tempfile
 import threading
+import time
 
 BUILD = os.path.abspath(sys.argv[1])
 SOURCE = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -239,6 +240,74 @@ def test_node_loss():
     print("node_loss: ok")
 
 
+def test_node_join():
+    """Nodes 0 and 1 of 1 rank each start on loopback under --on-node-loss continue
+    --on-node-join live (--nnodes 2:3); node 2 comes once they train and is taken into the running
+    job (epoch 1): the members run their step in flight again on 3 ranks (a progress report it
+    cuts short is dropped), node 2 starts from their state at their step, and all three end 0 in
+    one round, bitwise equal."""
+    import socket
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    with tempfile.TemporaryDirectory() as tmp:
+        data = corpus(os.path.join(tmp, "t"))
+        procs, outs = [], []
+
+        def start(node):
+            out = open(os.path.join(tmp, f"node{node}.log"), "w+")
+            outs.append(out)
+            procs.append(subprocess.Popen(
+                [LAUNCH, "--nnodes", "2:3", "--node-rank", str(node), "--rdzv-endpoint",
+                 f"127.0.0.1:{port}", "--rdzv-timeout", "3", "--nproc-per-node", "1",
+                 "--on-node-loss", "continue", "--on-node-join", "live",
+                 "--heartbeat-interval", "0.5", "--heartbeat-timeout", "3", "--grace-period", "5",
+                 TRAINER] + COMMON + ["--steps", "40", "--eval-every", "0", "--log-every", "1",
+                                      "--data", data],
+                stdout=out, stderr=subprocess.STDOUT, text=True))
+
+        def stop(why):
+            for q in procs:
+                q.kill()
+            fail(why)
+
+        start(0)
+        start(1)
+        deadline = time.time() + 120
+        while "step 3/" not in open(outs[0].name).read():
+            if time.time() > deadline:
+                stop("nodes 0 and 1 did not reach step 3 within 120 s")
+            time.sleep(0.1)
+        start(2)
+        codes = []
+        for p in procs:
+            try:
+                codes.append(p.wait(240))
+            except subprocess.TimeoutExpired:
+                stop("a node's launch did not finish within 240 s")
+        logs = []
+        for out in outs:
+            out.seek(0)
+            logs.append(out.read())
+            out.close()
+        sys.stdout.write(logs[0] + logs[2])
+        if codes != [0, 0, 0]:
+            fail(f"every node should end 0 with node 2 taken in: {codes}")
+        if not re.search(r"takes in node 2 .*live .*epoch 1: 3 nodes, 3 ranks", logs[0]):
+            fail("node 0's launch did not take node 2 into the running round in epoch 1")
+        if "stopping round" in logs[0] or not re.search(r"a node joined: step (\d+) runs again "
+                                                        r"on 3 ranks", logs[0]):
+            fail("the members did not run their step again on 3 ranks in the same round")
+        rerun = re.search(r"a node joined: step (\d+) runs again", logs[0]).group(1)
+        if f"rank 2 joined the running job at step {rerun} on 3 ranks" not in logs[2]:
+            fail(f"node 2 did not join at the members' step {rerun}")
+        prints = {m.group(1): m.group(2) for log in logs
+                  for m in re.finditer(r"fingerprint of rank (\d)'s model: ([0-9a-f]{16})", log)}
+        if sorted(prints) != ["0", "1", "2"] or len(set(prints.values())) != 1:
+            fail(f"the three ranks do not agree bitwise: {prints}")
+    print("node_join: ok")
+
+
 def peer_val_loss(model, text_path, val_fraction=0.1, batches=16, ranks=2):
     import torch
     from gpt_model import validation_windows
@@ -442,7 +511,7 @@ def test_usage():
 
 TESTS = {"train": test_train, "zero": test_zero, "resume": test_resume,
          "interop": test_interop, "lora": test_lora, "peer": test_peer, "usage": test_usage,
-         "node_loss": test_node_loss}
+         "node_loss": test_node_loss, "node_join": test_node_join}
 
 if __name__ == "__main__":
     for name in sys.argv[2:] or list(TESTS):

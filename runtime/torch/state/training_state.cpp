@@ -180,6 +180,27 @@ int64_t TrainingState::restoreShards(const std::exception& failure) {
   return generation;
 }
 
+bool TrainingState::tryCollective(const std::function<void()>& work) {
+  if (group_->joinPending()) return false;
+  try {
+    work();
+    return true;
+  } catch (const std::exception& e) {
+    if (!membershipChanged(e)) throw;
+    DTRAIN_LOG(Warn,
+               "rank {}: a collective between steps was cut short ({}); the next step "
+               "re-forms the group",
+               group_->rank(), e.what());
+    return false;
+  }
+}
+
+bool TrainingState::membershipChanged(const std::exception& e) const {
+  // A failure of the program's own, with every collective healthy, is no node loss.
+  return group_->reformsOnNodeLoss() && (dynamic_cast<const MembershipChanged*>(&e) != nullptr ||
+                                         group_->communicator().error() != nullptr);
+}
+
 bool TrainingState::tryStep(const std::function<void()>& work) {
   if (group_->joinPending()) {
     // Note [Joining a running round] (launcher/cluster/master/node_loss.h): the members re-form
@@ -200,12 +221,7 @@ bool TrainingState::tryStep(const std::function<void()>& work) {
     work();
     return true;
   } catch (const std::exception& e) {
-    if (!group_->reformsOnNodeLoss()) throw;
-    // A failure of the program's own, with every collective healthy, is no node loss.
-    if (dynamic_cast<const MembershipChanged*>(&e) == nullptr &&
-        group_->communicator().error() == nullptr) {
-      throw;
-    }
+    if (!membershipChanged(e)) throw;
     if (!registry_->sharded.empty()) {
       step_ = restoreShards(e);
       return false;

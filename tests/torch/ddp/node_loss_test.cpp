@@ -212,6 +212,9 @@ TEST(NodeLoss, WithoutTheModeTryStepIsTheWorkItself) {
   EXPECT_TRUE(state.tryStep([&] { ++ran; }));
   EXPECT_EQ(ran, 1);
   EXPECT_THROW(state.tryStep([] { throw NetworkError("peer gone"); }), NetworkError);
+  EXPECT_TRUE(state.tryCollective([&] { ++ran; }));
+  EXPECT_EQ(ran, 2);
+  EXPECT_THROW(state.tryCollective([] { throw NetworkError("peer gone"); }), NetworkError);
   group->shutdown();
 }
 
@@ -241,6 +244,9 @@ TEST(NodeJoin, ANewcomersFirstTryStepSettlesAndNothingBeforeItIsCollective) {
   co.handlePreemption = false;
   Checkpointer ckpt(state, co);
   EXPECT_FALSE(ckpt.restore().has_value());
+  bool reported = false;
+  EXPECT_FALSE(state->tryCollective([&] { reported = true; }));
+  EXPECT_FALSE(reported) << "a collective between steps before the settling";
   EXPECT_EQ(group->communicator().sequenceNumber(), 0u) << "a collective before the settling";
   state->beginStep(0);
   int ran = 0;
@@ -259,6 +265,13 @@ TEST(NodeJoin, ANewcomersFirstTryStepSettlesAndNothingBeforeItIsCollective) {
   EXPECT_TRUE(net->weight.grad().defined());
   ckpt.save(0);
   EXPECT_EQ(ckpt.restore()->step, 0);
+  EXPECT_TRUE(state->tryCollective([&] { group->barrier(); }));
+  // A membership change cuts a collective between steps short: false, for the next tryStep to
+  // re-form; a program's own error propagates.
+  EXPECT_THROW(state->tryCollective([] { throw InvalidArgument("the program's own"); }),
+               InvalidArgument);
+  group->communicator().abort("epoch 4: a test's join");
+  EXPECT_FALSE(state->tryCollective([&] { group->barrier(); }));
   group->shutdown();
 
   ::setenv("DTRAIN_JOIN_EPOCH", "1", 1);

@@ -120,6 +120,13 @@ class TrainingState {
   // its mirror both lost) -- propagates, and the launcher's restart path takes over. Outside
   // that mode it is work() and true.
   bool tryStep(const std::function<void()>& work);
+  // Collectives between steps that a lost or joining node may cut short -- a progress report's
+  // allreduce, an evaluation -- where nothing is to be discarded: runs `work` and returns true;
+  // false when, under `--on-node-loss continue`, the group's communicator failed or was aborted
+  // meanwhile (the next tryStep re-forms the group and settles), and without running `work` on a
+  // rank taken into a running round before its first tryStep. Anything else propagates; outside
+  // that mode it is work() and true.
+  bool tryCollective(const std::function<void()>& work);
   // ZeRO under `--on-node-loss continue`: mirror the sharded state every `steps`
   // steps (>= 1; 10 by default). Fewer: less lost on a loss, more traffic per step (each rank's
   // sharded state, once, to one rank). Not collective; the same on every rank.
@@ -139,6 +146,9 @@ class TrainingState {
   // ZeRO under node loss: the mirrors' schedule and the replicated state's copies.
   void refreshMirrors();
   int64_t restoreShards(const std::exception& failure);
+  // `e` is a failure a re-form follows: under the mode, MembershipChanged or the communicator
+  // failed (a program's own error with every collective healthy is none).
+  bool membershipChanged(const std::exception& e) const;
 
   std::unique_ptr<state::Registry> registry_;
   std::unique_ptr<state::Rollback> rollback_;
