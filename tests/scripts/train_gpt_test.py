@@ -192,14 +192,37 @@ def test_resume():
     print("resume: ok")
 
 
+def loopback_port():
+    """A port free on loopback now, for a job's store."""
+    import socket
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def finish_nodes(procs, outs, seconds=240):
+    """Waits for every node's launch (all killed past `seconds`): their exit codes and logs."""
+    codes = []
+    for p in procs:
+        try:
+            codes.append(p.wait(seconds))
+        except subprocess.TimeoutExpired:
+            for q in procs:
+                q.kill()
+            fail(f"a node's launch did not finish within {seconds} s")
+    logs = []
+    for out in outs:
+        out.seek(0)
+        logs.append(out.read())
+        out.close()
+    return codes, logs
+
+
 def test_node_loss():
     """3 nodes of 1 rank each, started by hand on loopback, under --on-node-loss continue: rank 2
     SIGKILLed at step 4 leaves its node behind; the other two are told (epoch 1), discard that
     step, re-form as 2 ranks and train to the end, bitwise equal; launch on node 0 exits 0."""
-    import socket
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = loopback_port()
     with tempfile.TemporaryDirectory() as tmp:
         data = corpus(os.path.join(tmp, "t"))
         procs, outs = [], []
@@ -213,19 +236,7 @@ def test_node_loss():
                  TRAINER] + COMMON + ["--steps", "10", "--eval-every", "0", "--data", data],
                 stdout=out, stderr=subprocess.STDOUT, text=True,
                 env=dict(os.environ, DTRAIN_FAULT="signal:KILL@rank=2,step=4")))
-        codes = []
-        for p in procs:
-            try:
-                codes.append(p.wait(240))
-            except subprocess.TimeoutExpired:
-                for q in procs:
-                    q.kill()
-                fail("a node's launch did not finish within 240 s")
-        logs = []
-        for out in outs:
-            out.seek(0)
-            logs.append(out.read())
-            out.close()
+        codes, logs = finish_nodes(procs, outs)
         sys.stdout.write(logs[0])
         if codes[0] != 0 or codes[1] != 0:
             fail(f"nodes 0 and 1 should end 0 after going on without node 2: {codes}")
@@ -246,10 +257,7 @@ def test_node_join():
     job (epoch 1): the members run their step in flight again on 3 ranks (a progress report it
     cuts short is dropped), node 2 starts from their state at their step, and all three end 0 in
     one round, bitwise equal."""
-    import socket
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = loopback_port()
     with tempfile.TemporaryDirectory() as tmp:
         data = corpus(os.path.join(tmp, "t"))
         procs, outs = [], []
@@ -279,17 +287,7 @@ def test_node_join():
                 stop("nodes 0 and 1 did not reach step 3 within 120 s")
             time.sleep(0.1)
         start(2)
-        codes = []
-        for p in procs:
-            try:
-                codes.append(p.wait(240))
-            except subprocess.TimeoutExpired:
-                stop("a node's launch did not finish within 240 s")
-        logs = []
-        for out in outs:
-            out.seek(0)
-            logs.append(out.read())
-            out.close()
+        codes, logs = finish_nodes(procs, outs)
         sys.stdout.write(logs[0] + logs[2])
         if codes != [0, 0, 0]:
             fail(f"every node should end 0 with node 2 taken in: {codes}")

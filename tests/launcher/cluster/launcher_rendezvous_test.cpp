@@ -497,17 +497,23 @@ TEST(Coordinator, ANodeWaitingToJoinGrowsTheJobWithoutCountingARestart) {
   EXPECT_EQ(h.store->getString(keys::decision(1)), "end 0");
 }
 
+// A job of up to 3 nodes under --on-node-loss continue --on-node-join live; nodes 0 and 1 join
+// round 0.
+void startLiveJob(Harness& h) {
+  h.options.onNodeLoss = OnNodeLoss::Continue;
+  h.options.onNodeJoin = OnNodeJoin::Live;
+  h.join(0, "0");
+  h.join(0, "1");
+}
+
 // Note [Joining a running round]: under --on-node-join live a node that joins while the round
 // runs below --nnodes MAX is taken into that round: no stop key, epoch 1 with it after the
 // members (their ranks unchanged), launch/state's plan as epoch 1 sees the round, and the round
 // ends 0 once all three report.
 TEST(Coordinator, ANodeWaitingToJoinIsTakenIntoTheRunningRoundLive) {
   Harness h(3, 2);
-  h.options.onNodeLoss = OnNodeLoss::Continue;
-  h.options.onNodeJoin = OnNodeJoin::Live;
+  startLiveJob(h);
   Beats beats(*h.store, {"0", "1", "2"});
-  h.join(0, "0");
-  h.join(0, "1");
   Coordinator c(h.store, h.options);
   JobPhase seen;
   membership::Epoch epoch;
@@ -550,11 +556,8 @@ TEST(Coordinator, ANodeWaitingToJoinIsTakenIntoTheRunningRoundLive) {
 // newcomer would wait for members that are gone. The round ends 0 without an epoch.
 TEST(Coordinator, NoNodeIsTakenInLiveOnceAMemberReported) {
   Harness h(3, 2);
-  h.options.onNodeLoss = OnNodeLoss::Continue;
-  h.options.onNodeJoin = OnNodeJoin::Live;
+  startLiveJob(h);
   Beats beats(*h.store, {"0", "1", "2"});
-  h.join(0, "0");
-  h.join(0, "1");
   Coordinator c(h.store, h.options);
   std::thread agents([&] {
     h.awaitPlan(0);
