@@ -504,8 +504,9 @@ struct Training {
       record(std::chrono::duration<double>(Clock::now() - stepStart).count());
       // Collectives between steps: a node lost or joining meanwhile cuts them short, and the
       // next step re-forms the group (TrainingState::tryCollective).
-      if (opt.evalEvery > 0 && step % opt.evalEvery == 0)
+      if (opt.evalEvery > 0 && step % opt.evalEvery == 0) {
         state.tryCollective([&] { evaluateNow(); });
+      }
       if (checkpointer) {
         if (opt.saveEvery > 0 && step % opt.saveEvery == 0) save();
         if (checkpointer->preempted(step)) {

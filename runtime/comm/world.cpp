@@ -143,8 +143,7 @@ World connectWorld(const WorldOptions& o, bool cudaDevicesUsable) {
   BackendSetup setup{o,
                      w.env,
                      w.store,
-                     w.epoch > 0 ? fmt::format("pg/{}/{}", o.name, membership::epochPrefix(w.epoch))
-                                 : "pg/" + o.name,
+                     worldPrefix(o.name, w.epoch),
                      w.device,
                      devices,
                      w.env.node.empty() ? hostNodeKey() : w.env.node};

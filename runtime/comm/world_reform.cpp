@@ -68,6 +68,10 @@ void watchMembership(World& w, const WorldOptions& options, const std::string& b
   w.reform = std::move(r);
 }
 
+std::string worldPrefix(const std::string& name, int epoch) {
+  return epoch > 0 ? fmt::format("pg/{}/{}", name, membership::epochPrefix(epoch)) : "pg/" + name;
+}
+
 bool reformsOnNodeLoss(const World& world) { return world.reform != nullptr; }
 
 bool reformWorld(World& w) {
@@ -96,11 +100,8 @@ bool reformWorld(World& w) {
   env.rank = rank;
   env.worldSize = e.worldSize;
   const auto start = std::chrono::steady_clock::now();
-  BackendSetup setup{
-      r.options, env,
-      w.store,   fmt::format("pg/{}/{}", r.options.name, membership::epochPrefix(e.epoch)),
-      w.device,  r.cudaDevices,
-      r.nodeKey};
+  BackendSetup setup{r.options, env,           w.store,  worldPrefix(r.options.name, e.epoch),
+                     w.device,  r.cudaDevices, r.nodeKey};
   std::shared_ptr<Communicator> c = entry->create(setup);
   const int oldRank = w.env.rank;
   const int oldSize = w.env.worldSize;

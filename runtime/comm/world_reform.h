@@ -31,6 +31,10 @@ class WorldReform {
   std::unique_ptr<MembershipWatcher> watcher;
 };
 
+// The store prefix of world `name`'s communicator in membership epoch `epoch`: "pg/<name>" at
+// epoch 0 (the plan), "pg/<name>/epoch<E>" after (Note [Membership epochs]).
+std::string worldPrefix(const std::string& name, int epoch);
+
 // Sets world.reform up when the environment asks for it (DTRAIN_ON_NODE_LOSS=continue under
 // launch): a store connection of its own for the watcher, which aborts the current communicator
 // when a newer epoch comes. `backend`: the table's entry name, `nodeKey`: BackendSetup::node.

@@ -19,6 +19,11 @@ void loseWithNode(WorkerOutcome& worker, const PlannedNode& n, const std::string
   worker.leftBehind = true;
 }
 
+// The report's line for node `n`, lost (`why`) and gone on without.
+std::string lostLine(const PlannedNode& n, const std::string& why) {
+  return fmt::format("launch: node {} ({}) was lost: {}", n.node, n.label, why);
+}
+
 // The workers of node `n`, which never reported, as Lost (`why`), ended `at` seconds into the
 // round.
 void addUnreported(const PlannedNode& n, const std::string& why, bool leftBehind, bool deadline,
@@ -387,25 +392,23 @@ void Coordinator::admitLive(RoundWatch& w) {
     it = w.waiting.erase(it);
   }
   std::string who;
+  std::vector<std::pair<std::string, int>> sizes;
   for (const auto& [node, j] : taken) {
     who += fmt::format("{}node {} ({})", who.empty() ? "" : ", ", node, expected(node)->label);
+    sizes.emplace_back(node, j.localWorldSize);
   }
-  std::vector<std::pair<std::string, int>> sizes;
-  for (const auto& [node, j] : taken) sizes.emplace_back(node, j.localWorldSize);
   const membership::Epoch next = epochWith(w.epoch, sizes, who + " joined");
   for (const auto& [node, j] : taken) {
-    PlannedNode n;
-    n.node = node;
-    n.nodeRank = static_cast<int>(w.plan.nodes.size());
-    if (w.plan.find(node) != nullptr) n.nodeRank = retire(w, node);
-    for (const auto& m : next.nodes) {
-      if (m.node == node) n.rankOffset = m.rankOffset;
-    }
-    n.localWorldSize = j.localWorldSize;
-    n.host = j.host;
-    n.label = j.label;  // as assignRanks labels a planned node
-    n.address = j.address;
-    if (n.nodeRank < static_cast<int>(w.plan.nodes.size())) {
+    // A left-out node's id that came back takes its old place in the plan; a new one goes last.
+    const bool back = w.plan.find(node) != nullptr;
+    PlannedNode n{node,
+                  back ? retire(w, node) : static_cast<int>(w.plan.nodes.size()),
+                  next.rankOf(node, 0),
+                  j.localWorldSize,
+                  j.host,
+                  j.label,  // as assignRanks labels a planned node
+                  j.address};
+    if (back) {
       w.plan.nodes[static_cast<size_t>(n.nodeRank)] = n;
     } else {
       w.plan.nodes.push_back(n);
@@ -434,7 +437,7 @@ int Coordinator::retire(RoundWatch& w, const std::string& node) {
   while (w.plan.nodes[index].node != node) ++index;
   const PlannedNode& n = w.plan.nodes[index];
   const std::string why = w.leftOut[node];
-  leftOut_.push_back(fmt::format("launch: node {} ({}) was lost: {}", node, n.label, why));
+  leftOut_.push_back(lostLine(n, why));
   auto r = w.results.find(node);
   if (r != w.results.end()) {
     for (auto worker : r->second.workers) {
@@ -460,8 +463,7 @@ AttemptResult Coordinator::roundOutcome(const RoundWatch& w, std::vector<std::st
     auto r = w.results.find(n.node);
     auto left = w.leftOut.find(n.node);
     if (left != w.leftOut.end()) {
-      leftOut_.push_back(
-          fmt::format("launch: node {} ({}) was lost: {}", n.node, n.label, left->second));
+      leftOut_.push_back(lostLine(n, left->second));
     }
     if (r != w.results.end()) {
       reported->push_back(n.node);

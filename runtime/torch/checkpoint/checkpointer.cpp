@@ -122,7 +122,7 @@ void Checkpointer::Impl::followEpoch() {
   const int oldWorld = placement.world;
   placement.refresh();
   exchange.reset();
-  if (!directoryMade && placement.writer) {
+  if (epoch < 0 && placement.writer) {
     // A rank that joined a running round: its node's directory, made here without an agreement
     // (the members make none now); a failure shows in the next save's.
     try {
@@ -131,7 +131,6 @@ void Checkpointer::Impl::followEpoch() {
       DTRAIN_LOG(Error, "rank {}: {}", placement.rank, e.what());
     }
   }
-  directoryMade = true;
   epoch = now;
   DTRAIN_LOG(Info,
              "rank {}/{}: the group re-formed in epoch {}: the checkpointer follows it (it was "
@@ -183,7 +182,6 @@ Checkpointer::Checkpointer(std::shared_ptr<TrainingState> state, CheckpointOptio
     }
   }
   m.placement.agree(error, "creating the checkpoint directory");
-  m.directoryMade = true;
   handleTerm();
 }
 
@@ -223,13 +221,7 @@ void Checkpointer::setMetadata(const std::string& key, MetadataValue value) {
 }
 
 std::optional<RestoredCheckpoint> Checkpointer::restore() {
-  if (group_->joinPending()) {
-    DTRAIN_LOG(Warn,
-               "rank {}: taken into a running round: nothing restored from {}; the "
-               "members hand over their state at the first step",
-               group_->rank(), options_.directory);
-    return std::nullopt;
-  }
+  if (beforeJoinSettled("restore")) return std::nullopt;
   impl_->followEpoch();
   return impl_->restorer.restore();
 }

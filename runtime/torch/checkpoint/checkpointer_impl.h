@@ -35,8 +35,9 @@ struct Checkpointer::Impl {
   checkpoint::Saver saver;
   checkpoint::Restorer restorer;
   bool signalInstalled = false;
-  int epoch = 0;  // the group's membership epoch that `placement` describes; -1: not placed yet
-  bool directoryMade = false;  // this node's directory was made (by its writer)
+  // The group's membership epoch that `placement` describes; -1: not placed yet (a rank taken
+  // into a running round: its node's directory is not made yet either).
+  int epoch = 0;
 };
 
 }  // namespace dtrain

@@ -226,6 +226,17 @@ TEST(NodeLoss, WithoutTheModeTryStepIsTheWorkItself) {
 // making its core then. A rank whose state is sharded refuses the join in one error.
 TEST(NodeJoin, ANewcomersFirstTryStepSettlesAndNothingBeforeItIsCollective) {
   TempDir dir;
+  {
+    // A checkpoint in the directory already, which a newcomer must not read.
+    auto earlier = nodeLossRank(std::make_shared<store::HashStore>(), 0, 1, 0, 0);
+    torch::nn::Linear saved(4, 2);
+    auto savedState = std::make_shared<TrainingState>(earlier);
+    savedState->addModule("model", saved.ptr());
+    CheckpointOptions co(dir.path());
+    co.handlePreemption = false;
+    Checkpointer(savedState, co).save(0);
+    earlier->shutdown();
+  }
   ::setenv("DTRAIN_JOIN_EPOCH", "3", 1);
   auto store = std::make_shared<store::HashStore>();
   auto group = nodeLossRank(store, 0, 1, 0, 0);
