@@ -138,7 +138,7 @@ World connectWorld(const WorldOptions& o, bool cudaDevicesUsable) {
 
   // Note [Joining a running round] (launcher/cluster/master/node_loss.h): a worker of a node
   // taken in live starts in the epoch that took it in, among its members, under its prefix.
-  w.epoch = joinEpochFromEnv();
+  w.epoch = o.joinEpoch >= 0 ? o.joinEpoch : joinEpochFromEnv();
   w.joinPending = w.epoch > 0;
   BackendSetup setup{o,
                      w.env,

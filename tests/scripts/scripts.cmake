@@ -60,14 +60,16 @@ if(TARGET train_gpt)
            COMMAND ${DTRAIN_PYTHON} ${_train_gpt_test} ${CMAKE_BINARY_DIR} node_loss)
   add_test(NAME examples.train_gpt.node_join
            COMMAND ${DTRAIN_PYTHON} ${_train_gpt_test} ${CMAKE_BINARY_DIR} node_join)
+  add_test(NAME examples.train_gpt.node_join_zero
+           COMMAND ${DTRAIN_PYTHON} ${_train_gpt_test} ${CMAKE_BINARY_DIR} node_join_zero)
   set_tests_properties(examples.train_gpt.train examples.train_gpt.zero
                        examples.train_gpt.resume examples.train_gpt.interop
                        examples.train_gpt.lora examples.train_gpt.peer examples.train_gpt.usage
                        examples.train_gpt.node_loss examples.train_gpt.node_join
-                       PROPERTIES LABELS e2e TIMEOUT 300)
+                       examples.train_gpt.node_join_zero PROPERTIES LABELS e2e TIMEOUT 300)
   # Three launches on loopback, each a node with its store traffic and heartbeats: serial.
   set_tests_properties(examples.train_gpt.node_loss examples.train_gpt.node_join
-                       PROPERTIES RUN_SERIAL TRUE)
+                       examples.train_gpt.node_join_zero PROPERTIES RUN_SERIAL TRUE)
 endif()
 
 add_test(NAME scripts.plot_metrics

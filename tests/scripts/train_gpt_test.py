@@ -7,10 +7,12 @@ whose validation loss is PyTorch's, and an export of a run loads into the PyTorc
 torch.load(weights_only=True) and load_state_dict(strict=True) and gives its validation loss;
 --lora trains the adapters only (the base bitwise unchanged, at every stage); against the
 PyTorch peer (DDP, FSDP2) every step's loss agrees; bad input exits with one clear message; a
-node lost under --on-node-loss continue costs one step and the survivors end bitwise equal.
+node lost under --on-node-loss continue costs one step and the survivors end bitwise equal; a
+node that comes under --on-node-join live is taken into the running job, under DDP and --zero 2,
+all ranks ending bitwise equal.
 
 Usage: train_gpt_test.py <build-dir> [test ...]   (tests: train, zero, resume, interop, lora,
-peer, usage, node_loss, node_join; default all)
+peer, usage, node_loss, node_join, node_join_zero; default all)
 """
 import json
 import math
@@ -251,13 +253,15 @@ def test_node_loss():
     print("node_loss: ok")
 
 
-def test_node_join():
+def test_node_join(zero=None):
     """Nodes 0 and 1 of 1 rank each start on loopback under --on-node-loss continue
     --on-node-join live (--nnodes 2:3); node 2 comes once they train and is taken into the running
     job (epoch 1): the members run their step in flight again on 3 ranks (a progress report it
     cuts short is dropped), node 2 starts from their state at their step, and all three end 0 in
-    one round, bitwise equal."""
+    one round, bitwise equal. With `zero` (--zero 2, mirrored every 4 steps) the members roll
+    back to their last mirrored step and re-shard for 3 ranks, node 2 receiving its shards."""
     port = loopback_port()
+    extra = [] if zero is None else ["--zero", zero, "--mirror-every", "4"]
     with tempfile.TemporaryDirectory() as tmp:
         data = corpus(os.path.join(tmp, "t"))
         procs, outs = [], []
@@ -270,8 +274,8 @@ def test_node_join():
                  f"127.0.0.1:{port}", "--rdzv-timeout", "3", "--nproc-per-node", "1",
                  "--on-node-loss", "continue", "--on-node-join", "live",
                  "--heartbeat-interval", "0.5", "--heartbeat-timeout", "3", "--grace-period", "5",
-                 TRAINER] + COMMON + ["--steps", "40", "--eval-every", "0", "--log-every", "1",
-                                      "--data", data],
+                 TRAINER] + COMMON + extra + ["--steps", "40", "--eval-every", "0",
+                                              "--log-every", "1", "--data", data],
                 stdout=out, stderr=subprocess.STDOUT, text=True))
 
         def stop(why):
@@ -303,7 +307,13 @@ def test_node_join():
                   for m in re.finditer(r"fingerprint of rank (\d)'s model: ([0-9a-f]{16})", log)}
         if sorted(prints) != ["0", "1", "2"] or len(set(prints.values())) != 1:
             fail(f"the three ranks do not agree bitwise: {prints}")
-    print("node_join: ok")
+        if zero is not None:
+            if int(rerun) % 4 != 0:
+                fail(f"under --zero the members ran again from step {rerun}, not a mirrored one")
+            if not re.search(r"restored from the mirrors on 3 ranks \(1 of them joined\)",
+                             logs[0]):
+                fail("rank 0 did not restore the sharded state for 3 ranks, 1 of them joined")
+    print("node_join" + ("" if zero is None else f" --zero {zero}") + ": ok")
 
 
 def peer_val_loss(model, text_path, val_fraction=0.1, batches=16, ranks=2):
@@ -509,7 +519,8 @@ def test_usage():
 
 TESTS = {"train": test_train, "zero": test_zero, "resume": test_resume,
          "interop": test_interop, "lora": test_lora, "peer": test_peer, "usage": test_usage,
-         "node_loss": test_node_loss, "node_join": test_node_join}
+         "node_loss": test_node_loss, "node_join": test_node_join,
+         "node_join_zero": lambda: test_node_join(zero="2")}
 
 if __name__ == "__main__":
     for name in sys.argv[2:] or list(TESTS):

@@ -49,10 +49,21 @@ struct Registry {
   std::vector<SamplerState> stepStart;
 };
 
+// Unsets every registered module's parameters' gradients.
+void dropGradients(Registry& registry);
+
 // After `group` re-formed in a step that failed (TrainingState::tryStep): drops the registered
 // modules' gradients, hands the state of a member that applied one step more over to the others,
 // re-shards the samplers for the new world, and returns the step every member runs next.
 // Collective over the new members.
 int64_t settleAfterReform(Registry& registry, ProcessGroup& group, int64_t step);
+
+// Under ZeRO, after the sharded state was restored on every member of a group that took ranks
+// into the running round (TrainingState::tryStep): `root`, a member, hands the replicated rest --
+// module buffers, the other optimizers, the sharded optimizers' group options, schedulers,
+// scalers, the samplers' positions where the step begins -- to every member, the samplers
+// re-sharded for the world -- and drops the modules' gradients. Not the CPU generator: each rank
+// keeps its own stream. Collective.
+void handOverReplicated(Registry& registry, ProcessGroup& group, int root);
 
 }  // namespace dtrain::state

@@ -67,10 +67,8 @@ void copyReplicated(Registry& r, int64_t generation, ReplicaCopy& into) {
 void restoreReplicated(Registry& r, ProcessGroup& group, const ReplicaCopy& from) {
   at::NoGradGuard noGrad;
   size_t b = 0;
+  dropGradients(r);
   for (auto& [name, module] : r.modules) {
-    for (auto& p : module->parameters(/*recurse=*/true)) {
-      if (p.grad().defined()) p.mutable_grad() = at::Tensor();
-    }
     for (auto& buffer : module->buffers(/*recurse=*/true)) {
       if (!buffer.defined()) continue;
       DTRAIN_CHECK(b < from.buffers.size(), "rollback: more module buffers than were copied");

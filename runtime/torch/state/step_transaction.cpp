@@ -35,20 +35,31 @@ namespace dtrain::state {
 namespace {
 
 // `bytes` from `root` to every member.
+// Host values travel as tensors on the group's device (a GPU group's collectives take no host
+// tensor) and are read back on the host.
+void broadcastHost(ProcessGroup& group, at::Tensor& host, int root) {
+  at::Tensor onDevice = host.to(group.device());
+  group.broadcast(onDevice, root);
+  host = onDevice.cpu();
+}
+
 void broadcastBytes(ProcessGroup& group, std::string& bytes, int root) {
   at::Tensor size = at::tensor({static_cast<int64_t>(bytes.size())}, at::kLong);
-  group.broadcast(size, root);
+  broadcastHost(group, size, root);
   at::Tensor data = at::empty({size.item<int64_t>()}, at::kByte);
   if (group.rank() == root) std::memcpy(data.data_ptr(), bytes.data(), bytes.size());
-  group.broadcast(data, root);
+  if (data.numel() > 0) broadcastHost(group, data, root);
   bytes.assign(static_cast<const char*>(data.data_ptr()), static_cast<size_t>(data.numel()));
 }
 
-void handOver(Registry& r, ProcessGroup& group, int root) {
+// `root`'s replicated state to every member: with `parameters`, the modules' parameters (under
+// ZeRO the sharded optimizers' are restored from the mirrors instead, and their groups' options
+// are sent).
+void handOver(Registry& r, ProcessGroup& group, int root, bool parameters) {
   at::NoGradGuard noGrad;
   for (auto& [name, module] : r.modules) {
     for (auto& p : module->parameters(/*recurse=*/true)) {
-      if (p.numel() > 0) group.broadcast(p, root);
+      if (parameters && p.numel() > 0) group.broadcast(p, root);
     }
     for (auto& b : module->buffers(/*recurse=*/true)) {
       if (b.defined() && b.numel() > 0) group.broadcast(b, root);
@@ -71,10 +82,29 @@ void handOver(Registry& r, ProcessGroup& group, int root) {
       optimizer->load(archive);
     }
   }
+  for (auto& e : r.sharded) {  // the options a scheduler or the program set: the learning rate
+    for (auto& g : e.optimizer->param_groups()) {
+      std::string bytes;
+      if (group.rank() == root) {
+        torch::serialize::OutputArchive archive;
+        g.options().serialize(archive);
+        std::ostringstream out;
+        archive.save_to(out);
+        bytes = out.str();
+      }
+      broadcastBytes(group, bytes, root);
+      if (group.rank() != root) {
+        torch::serialize::InputArchive archive;
+        std::istringstream in(bytes);
+        archive.load_from(in);
+        g.options().serialize(archive);
+      }
+    }
+  }
   for (auto& [name, scheduler] : r.schedulers) {
     at::Tensor count = at::tensor({static_cast<int64_t>(compat::schedulerStepCount(*scheduler))},
                                   at::kLong);
-    group.broadcast(count, root);
+    broadcastHost(group, count, root);
     compat::schedulerStepCount(*scheduler) = static_cast<unsigned>(count.item<int64_t>());
   }
   for (auto& [name, scaler] : r.scalers) {
@@ -83,7 +113,7 @@ void handOver(Registry& r, ProcessGroup& group, int root) {
                                static_cast<double>(s.growthInterval),
                                static_cast<double>(s.growthTracker)},
                               at::kDouble);
-    group.broadcast(v, root);
+    broadcastHost(group, v, root);
     auto a = v.accessor<double, 1>();
     s.scale = a[0];
     s.growthFactor = a[1];
@@ -94,16 +124,41 @@ void handOver(Registry& r, ProcessGroup& group, int root) {
   }
 }
 
+// Every sampler from `root`'s position where the step to run begins, re-sharded for the world.
+void shareSamplers(Registry& r, ProcessGroup& group, int root) {
+  for (size_t i = 0; i < r.samplers.size(); ++i) {
+    SamplerState at = i < r.stepStart.size() ? r.stepStart[i] : r.samplers[i].state();
+    std::vector<uint8_t> encoded = at.encode();
+    std::string bytes(encoded.begin(), encoded.end());
+    broadcastBytes(group, bytes, root);
+    at = SamplerState::decode(std::vector<uint8_t>(bytes.begin(), bytes.end()));
+    r.samplers[i].sampler->reshard(group.size(), group.rank(), at);
+    if (i < r.stepStart.size()) r.stepStart[i] = at;
+  }
+}
+
 }  // namespace
 
-int64_t settleAfterReform(Registry& r, ProcessGroup& group, int64_t step) {
-  // The discarded step's gradients, partly accumulated, must not reach the next attempt.
+void handOverReplicated(Registry& r, ProcessGroup& group, int root) {
+  // On a newcomer: what its optimizer built alone left (ZeRO's placeholders of the first build).
+  dropGradients(r);
+  handOver(r, group, root, /*parameters=*/false);
+  r.stepStart.resize(r.samplers.size());
+  shareSamplers(r, group, root);
+}
+
+void dropGradients(Registry& r) {
   for (auto& [name, module] : r.modules) {
     for (auto& p : module->parameters(/*recurse=*/true)) {
       if (p.grad().defined()) p.mutable_grad() = at::Tensor();
     }
   }
-  const auto steps = group.allgather(at::tensor({step}, at::kLong));
+}
+
+int64_t settleAfterReform(Registry& r, ProcessGroup& group, int64_t step) {
+  // The discarded step's gradients, partly accumulated, must not reach the next attempt.
+  dropGradients(r);
+  const auto steps = group.allgather(at::tensor({step}, at::kLong).to(group.device()));
   int64_t top = step;
   for (const auto& s : steps) top = std::max(top, s.item<int64_t>());
   int root = -1;
@@ -118,18 +173,9 @@ int64_t settleAfterReform(Registry& r, ProcessGroup& group, int64_t step) {
                "members were at different steps after the re-form; rank {} (at step {}) "
                "hands its state over (Note [Settling after a re-form])",
                root, top);
-    handOver(r, group, root);
+    handOver(r, group, root, /*parameters=*/true);
   }
-  // Every sampler from where the step to run begins, for the new world.
-  for (size_t i = 0; i < r.samplers.size(); ++i) {
-    SamplerState at = i < r.stepStart.size() ? r.stepStart[i] : r.samplers[i].state();
-    std::vector<uint8_t> encoded = at.encode();
-    std::string bytes(encoded.begin(), encoded.end());
-    broadcastBytes(group, bytes, root);
-    at = SamplerState::decode(std::vector<uint8_t>(bytes.begin(), bytes.end()));
-    r.samplers[i].sampler->reshard(group.size(), group.rank(), at);
-    if (i < r.stepStart.size()) r.stepStart[i] = at;
-  }
+  shareSamplers(r, group, root);
   return top;
 }
 

@@ -158,8 +158,9 @@ int64_t TrainingState::restoreShards(const std::exception& failure) {
   std::string why;
   const auto started = std::chrono::steady_clock::now();
   uint64_t sent = 0;
+  int joined = 0;
   const int64_t generation = restoreFromMirrors(
-      optimizers, *group_, {rb.current.generation, rb.pending.generation}, why, &sent);
+      optimizers, *group_, {rb.current.generation, rb.pending.generation}, why, &sent, &joined);
   if (generation < 0) {
     DTRAIN_THROW(Error,
                  "step {}: ZeRO's sharded state cannot be restored in memory: {}; the job "
@@ -168,12 +169,14 @@ int64_t TrainingState::restoreShards(const std::exception& failure) {
   }
   state::restoreReplicated(*registry_, *group_,
                            rb.current.generation == generation ? rb.current : rb.pending);
+  // Ranks taken into the running round have the sharded state now, and the rest from rank 0.
+  if (joined > 0) state::handOverReplicated(*registry_, *group_, 0);
   DTRAIN_LOG(
       Warn,
-      "step {}: the sharded state of step {} restored from the mirrors on {} ranks in "
-      "{:.3f} s, {} payload bytes through rank {} (sent; Note [Shard mirrors]); {} step(s) run "
-      "again",
+      "step {}: the sharded state of step {} restored from the mirrors on {} ranks{} in {:.3f} "
+      "s, {} payload bytes through rank {} (sent; Note [Shard mirrors]); {} step(s) run again",
       step_, generation, group_->size(),
+      joined > 0 ? fmt::format(" ({} of them joined)", joined) : std::string(),
       std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count(), sent,
       group_->rank(), step_ - generation + 1);
   rb.refreshNow = true;
@@ -201,17 +204,46 @@ bool TrainingState::membershipChanged(const std::exception& e) const {
                                          group_->communicator().error() != nullptr);
 }
 
+int64_t TrainingState::joinShards() {
+  for (const auto& e : registry_->sharded) {
+    // The members' mirrors are off too (the same reason on every rank): their restore fails
+    // and the job restarts; this rank says why at once.
+    const std::string why = e.optimizer->whyNotMirrored();
+    DTRAIN_CHECK_ARG(why.empty(),
+                     "rank {} was taken into a running round (launch --on-node-join live), but "
+                     "optimizer \"{}\" is not mirrored ({}), so the members cannot hand it its "
+                     "shards. HINT: use --on-node-join restart (the default) for this program",
+                     group_->rank(), e.name, why);
+  }
+  // The wrapper's core and the units are made again with the members (reformUnits): no longer
+  // deferred.
+  group_->settleJoin();
+  std::vector<ShardedOptimizer*> optimizers;
+  for (const auto& e : registry_->sharded) optimizers.push_back(e.optimizer);
+  std::string why;
+  int joined = 0;
+  const int64_t generation = restoreFromMirrors(optimizers, *group_, {}, why, nullptr, &joined);
+  DTRAIN_CHECK(generation >= 0,
+               "rank {} was taken into a running round, but the members' sharded state cannot "
+               "be restored in memory: {}; the job restarts from its last checkpoint",
+               group_->rank(), why);
+  state::handOverReplicated(*registry_, *group_, 0);
+  // Its first refreshMirrors() mirrors the restored generation, as the members' does.
+  return generation;
+}
+
 bool TrainingState::tryStep(const std::function<void()>& work) {
   if (group_->joinPending()) {
     // Note [Joining a running round] (launcher/cluster/master/node_loss.h): the members re-form
-    // with this rank and settle; so does it, at their step, before its first.
-    DTRAIN_CHECK_ARG(registry_->sharded.empty(),
-                     "rank {} was taken into a running round (launch --on-node-join live), but "
-                     "its state is sharded (ZeRO): a running ZeRO job cannot hand a newcomer its "
-                     "shards. HINT: use --on-node-join restart (the default) for ZeRO programs",
-                     group_->rank());
-    step_ = state::settleAfterReform(*registry_, *group_, step_);
-    group_->settleJoin();
+    // with this rank and settle; so does it, at their step, before its first. Under ZeRO they
+    // restore their sharded state from the mirrors into the new world, this rank's blocks
+    // included (Note [Shard mirrors]).
+    if (registry_->sharded.empty()) {
+      step_ = state::settleAfterReform(*registry_, *group_, step_);
+      group_->settleJoin();
+    } else {
+      step_ = joinShards();
+    }
     DTRAIN_LOG(Warn, "joined at step {} as rank {}/{} (membership epoch {})", step_, group_->rank(),
                group_->size(), group_->epoch());
     return false;

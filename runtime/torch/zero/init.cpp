@@ -420,12 +420,21 @@ class BuiltGathers {
     return owned;
   }
 
-  // Before unit `params` is bound (unless adopted).
-  void gather(const std::vector<at::Tensor>& params, comm::Communicator& comm) {
+  // Before unit `params` is bound (unless adopted). `deferred`: this rank joins a running round
+  // and makes no collective before it settles (Note [Joining a running round]), so a part that
+  // needs its peers' blocks is refused.
+  void gather(const std::vector<at::Tensor>& params, comm::Communicator& comm,
+              bool deferred = false) {
     for (const auto& p : params) {
       auto it = partOf_.find(p.unsafeGetTensorImpl());
       if (it == partOf_.end()) continue;
       Part& part = parts_[it->second];
+      DTRAIN_CHECK_ARG(part.full.defined() || !deferred,
+                       "ShardedOptimizer: this rank joins a running round (launch --on-node-join "
+                       "live), and a unit sharded when built (fullyShard) is laid out otherwise "
+                       "than the optimizer's units: gathering it needs the members, who are not "
+                       "there before the first step. HINT: build that module whole on a newcomer, "
+                       "or use --on-node-join restart");
       if (!part.full.defined()) part.full = part.built->gather(part.index, comm, call_);
     }
   }
@@ -485,7 +494,12 @@ BuiltShards buildShards(DdpCore& ddp, std::vector<torch::optim::OptimizerParamGr
   // Stage 3 shards the frozen parameters of marked modules too (Note [Frozen units]).
   const std::vector<Named> frozen = options.stage == 3 ? frozenParameters(*ddp.module())
                                                        : std::vector<Named>();
-  agreeAcrossRanks(pg, trained, frozen, groupOf, options);
+  // A rank taken into a running round builds its units alone, as after a re-form, and settles
+  // with the members at its first step: the check across ranks and the values come then
+  // (TrainingState::tryStep, ShardedOptimizer::reformUnits; Note [Shard mirrors]).
+  const bool deferred = pg.joinPending();
+  const bool emptyBlocks = reforming || deferred;
+  if (!deferred) agreeAcrossRanks(pg, trained, frozen, groupOf, options);
 
   // One key per (group, dtype): Note [Shard layout].
   std::vector<ShardInput> inputs;
@@ -513,7 +527,7 @@ BuiltShards buildShards(DdpCore& ddp, std::vector<torch::optim::OptimizerParamGr
         frozenOfRoot.push_back(frozen[i]);
       }
     }
-    agreeOnBuiltUnits(pg, marked);
+    if (!deferred) agreeOnBuiltUnits(pg, marked);
     layout = layoutMarked(marked, inputs, pg.size(), ownerOf);
     std::vector<size_t> frozenOwnerOf;
     frozenLayout = layoutFrozen(marked, frozen, pg.size(), frozenOwnerOf);
@@ -540,7 +554,7 @@ BuiltShards buildShards(DdpCore& ddp, std::vector<torch::optim::OptimizerParamGr
     // A frozen parameter of the root built sharded (tied to a use outside its unit) is made
     // whole, as the root's frozen parameters are.
     for (const auto& [name, t] : frozenOfRoot) {
-      builtGathers.gather({t}, pg.communicator());
+      builtGathers.gather({t}, pg.communicator(), deferred);
       builtGathers.bound({t});
     }
     for (size_t k = 0; k < layout.units.size(); ++k) {
@@ -558,8 +572,8 @@ BuiltShards buildShards(DdpCore& ddp, std::vector<torch::optim::OptimizerParamGr
       at::Tensor asBuilt = resharded ? builtGathers.adopt(tensors, u) : at::Tensor();
       // Built again after a re-form: the module's parameters have no memory; the block is
       // loaded from the mirrors next (Note [Shard mirrors]).
-      if (reforming && resharded) asBuilt = emptyBlock(trained[u.params.front()].second, u, pg);
-      if (!asBuilt.defined()) builtGathers.gather(tensors, pg.communicator());
+      if (emptyBlocks && resharded) asBuilt = emptyBlock(trained[u.params.front()].second, u, pg);
+      if (!asBuilt.defined()) builtGathers.gather(tensors, pg.communicator(), deferred);
       // ZeroOptions::paramDtype: a marked unit's float32 parameters held in it, their values
       // the master's.
       const bool convert = options.paramDtype && resharded && dtype == at::kFloat;
@@ -588,9 +602,9 @@ BuiltShards buildShards(DdpCore& ddp, std::vector<torch::optim::OptimizerParamGr
         tensors.push_back(frozen[i].second);
       }
       const at::ScalarType dtype = frozen[u.params.front()].second.scalar_type();
-      at::Tensor asBuilt = reforming ? emptyBlock(frozen[u.params.front()].second, u, pg)
-                                     : builtGathers.adopt(tensors, u);
-      if (!asBuilt.defined()) builtGathers.gather(tensors, pg.communicator());
+      at::Tensor asBuilt = emptyBlocks ? emptyBlock(frozen[u.params.front()].second, u, pg)
+                                       : builtGathers.adopt(tensors, u);
+      if (!asBuilt.defined()) builtGathers.gather(tensors, pg.communicator(), deferred);
       UnitDtypes types;
       types.param = types.master = types.grad = dtype;
       units.push_back(std::make_unique<ShardUnit>(

@@ -27,7 +27,9 @@ struct BuiltShards {
 // Collective. Throws InvalidArgument naming the parameter or option at fault, Error when the
 // ranks disagree.
 // `reforming`: built again after a re-form (ShardedOptimizer::reformUnits): stage 3's resharded
-// units take empty blocks, their values loaded next, and gather nothing.
+// units take empty blocks, their values loaded next, and gather nothing. On a rank that joins a
+// running round (ProcessGroup::joinPending) it is not collective: the units are built alone, as
+// when reforming, and built again with the members at its first step.
 BuiltShards buildShards(DdpCore& ddp, std::vector<torch::optim::OptimizerParamGroup> groups,
                         const OptimizerFactory& factory, const ZeroOptions& options,
                         bool reforming = false);

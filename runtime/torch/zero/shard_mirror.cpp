@@ -25,7 +25,10 @@
 // it: the own copy is replaced only at the commit, and until then the live blocks are the new
 // generation, unchanged since the refresh began at the start of the step). Losing a rank and its
 // holder (two adjacent nodes) loses that rank's blocks: restoreFromMirrors() names them and the
-// job takes the restart path (its last checkpoint).
+// job takes the restart path (its last checkpoint). A rank taken into the running round
+// (`launch --on-node-join live`) is one more rank of the new world that holds no old block: it
+// offers nothing, is handed its blocks like the others, and the first member tells it the old
+// world's block lengths and step counts.
 //
 // The restore keeps the layout rule (Note [Shard layout]): the units are built again for the new
 // world (ShardedOptimizer::reformUnits) and every piece of every old block moves to the rank that
@@ -220,11 +223,14 @@ void packBlocks(ShardGroup& shards, int64_t generation, PackedBlocks& into) {
 
 void ShardMirror::buildPairs(ProcessGroup& group) {
   const int n = group.size();
-  const auto locals = group.allgather(at::tensor({static_cast<int64_t>(group.localRank())}));
+  // Small host values travel as tensors on the group's device (a GPU group's collectives take
+  // no host tensor) and are read back on the host.
+  const auto locals = group.allgather(
+      at::tensor({static_cast<int64_t>(group.localRank())}).to(group.device()));
   // Nodes: runs of ranks from local rank 0 (launch numbers ranks node by node).
   std::vector<std::pair<int, int>> nodes;  // (first rank, ranks)
   for (int r = 0; r < n; ++r) {
-    if (nodes.empty() || locals[static_cast<size_t>(r)].item<int64_t>() == 0) {
+    if (nodes.empty() || locals[static_cast<size_t>(r)].cpu().item<int64_t>() == 0) {
       nodes.emplace_back(r, 0);
     }
     ++nodes.back().second;
@@ -294,7 +300,8 @@ void ShardMirror::refresh(ShardGroup& shards, int64_t generation) {
     if (!pair) continue;
     const int root = r < holderOf_[static_cast<size_t>(r)] ? 0 : 1;  // members are sorted
     at::Tensor& h = headers[static_cast<size_t>(r)];
-    h = r == me ? at::tensor(header, at::kLong) : at::empty({hlen}, at::kLong);
+    h = r == me ? at::tensor(header, at::kLong).to(group.device())
+                : at::empty({hlen}, at::TensorOptions(at::kLong).device(group.device()));
     works.push_back(pair->broadcastAsync(h, root));
   }
   waitWatching(group, works, pairs_, "during a mirror refresh");
@@ -313,7 +320,7 @@ void ShardMirror::refresh(ShardGroup& shards, int64_t generation) {
     auto it = std::find_if(held_.begin(), held_.end(), [&](const Held& h) { return h.owner == r; });
     DTRAIN_CHECK(it != held_.end(), "shard mirrors: rank {} is in rank {}'s pair but holds none",
                  me, r);
-    const at::Tensor& h = headers[static_cast<size_t>(r)];
+    const at::Tensor h = headers[static_cast<size_t>(r)].cpu();
     it->pending.header.assign(h.data_ptr<int64_t>(), h.data_ptr<int64_t>() + hlen);
     DTRAIN_CHECK(it->pending.header[1] == static_cast<int64_t>(shards.unitCount()) &&
                      it->pending.header[0] == generation,
@@ -461,8 +468,16 @@ namespace {
 using zero::PackedBlocks;
 using zero::ShardMirror;
 
+// The old world's size: every member's offer names it; a newcomer's (oldRank -1) names none.
+int oldWorldOf(const std::vector<ShardMirror::Offer>& perRank) {
+  int n = 0;
+  for (const auto& o : perRank) n = std::max(n, o.oldWorld);
+  return n;
+}
+
 // The newest generation every old rank's blocks are somewhere of, for every optimizer; -1 with
-// `why` otherwise.
+// `why` otherwise. A rank that joined the running round (oldRank -1) holds nothing and needs
+// nothing of its own: it is handed its blocks and the replicated state.
 int64_t chooseGeneration(const std::vector<std::vector<ShardMirror::Offer>>& offers,
                          const std::vector<std::vector<int64_t>>& replicated, std::string& why) {
   std::set<int64_t, std::greater<>> candidates;
@@ -472,13 +487,15 @@ int64_t chooseGeneration(const std::vector<std::vector<ShardMirror::Offer>>& off
     std::set<int> missing;
     bool everySurvivor = true;
     for (size_t s = 0; s < replicated.size(); ++s) {
+      if (offers.front()[s].oldRank < 0) continue;
       if (std::find(replicated[s].begin(), replicated[s].end(), g) == replicated[s].end()) {
         everySurvivor = false;
       }
     }
     for (const auto& perRank : offers) {
-      const int oldWorld = perRank.front().oldWorld;
+      const int oldWorld = oldWorldOf(perRank);
       for (const auto& o : perRank) {
+        if (o.oldRank < 0) continue;
         if (std::find(o.own.begin(), o.own.end(), g) == o.own.end()) everySurvivor = false;
       }
       for (int old = 0; old < oldWorld; ++old) {
@@ -629,15 +646,16 @@ uint64_t redistribute(ProcessGroup& group, const zero::ShardMirror& mirror, int6
 
 int64_t restoreFromMirrors(const std::vector<ShardedOptimizer*>& optimizers, ProcessGroup& group,
                            const std::vector<int64_t>& replicated, std::string& why,
-                           uint64_t* bytesSent) {
+                           uint64_t* bytesSent, int* joined) {
   DTRAIN_CHECK_ARG(!optimizers.empty(), "restoreFromMirrors: no optimizers");
   if (bytesSent) *bytesSent = 0;
+  if (joined) *joined = 0;
   at::NoGradGuard noGrad;
   std::vector<std::vector<ShardMirror::Offer>> offers;
   for (auto* opt : optimizers) {
     std::vector<ShardMirror::Offer> perRank;
-    for (const auto& t : group.allgather(opt->mirror().offer())) {
-      perRank.push_back(ShardMirror::parse(t));
+    for (const auto& t : group.allgather(opt->mirror().offer().to(group.device()))) {
+      perRank.push_back(ShardMirror::parse(t.cpu()));
     }
     offers.push_back(std::move(perRank));
   }
@@ -646,23 +664,42 @@ int64_t restoreFromMirrors(const std::vector<ShardedOptimizer*>& optimizers, Pro
     mine[static_cast<int64_t>(i)] = replicated[i];
   }
   std::vector<std::vector<int64_t>> replicatedOf;
-  for (const auto& t : group.allgather(mine)) {
-    replicatedOf.push_back({t[0].item<int64_t>(), t[1].item<int64_t>()});
+  for (const auto& t : group.allgather(mine.to(group.device()))) {
+    const at::Tensor host = t.cpu();
+    replicatedOf.push_back({host[0].item<int64_t>(), host[1].item<int64_t>()});
   }
   const int64_t g = chooseGeneration(offers, replicatedOf, why);
   if (g < 0) return -1;
+  // Ranks taken into the running round (Note [Joining a running round]) have no old blocks: the
+  // first member says what the old world's were.
+  int newcomers = 0;
+  int firstMember = -1;
+  for (int s = 0; s < group.size(); ++s) {
+    if (offers.front()[static_cast<size_t>(s)].oldRank < 0) {
+      ++newcomers;
+    } else if (firstMember < 0) {
+      firstMember = s;
+    }
+  }
+  DTRAIN_CHECK(firstMember >= 0, "restoreFromMirrors: no rank of the old world");
+  if (joined) *joined = newcomers;
 
   for (size_t j = 0; j < optimizers.size(); ++j) {
     ShardedOptimizer& opt = *optimizers[j];
     ShardMirror& mirror = opt.mirror();
-    mirror.prepareRestore(opt.shards(), g);
-    const std::vector<UnitLayout> oldUnits = mirror.oldUnits();
-    const PackedBlocks* ownBlocks = mirror.blocksOf(mirror.oldRank(), g);
-    DTRAIN_CHECK(ownBlocks != nullptr, "restoreFromMirrors: rank {} lost its own generation {}",
-                 group.rank(), g);
-    const std::vector<int64_t> header = ownBlocks->header;
+    const bool newcomer = offers[j][static_cast<size_t>(group.rank())].oldRank < 0;
+    std::vector<UnitLayout> oldUnits;
+    std::vector<int64_t> header;
+    if (!newcomer) {
+      mirror.prepareRestore(opt.shards(), g);
+      oldUnits = mirror.oldUnits();
+      const PackedBlocks* ownBlocks = mirror.blocksOf(mirror.oldRank(), g);
+      DTRAIN_CHECK(ownBlocks != nullptr, "restoreFromMirrors: rank {} lost its own generation {}",
+                   group.rank(), g);
+      header = ownBlocks->header;
+    }
     // Who provides each old rank's blocks: the lowest new rank that has them.
-    std::vector<int> provider(static_cast<size_t>(offers[j].front().oldWorld), -1);
+    std::vector<int> provider(static_cast<size_t>(oldWorldOf(offers[j])), -1);
     for (int s = static_cast<int>(offers[j].size()) - 1; s >= 0; --s) {
       const auto& o = offers[j][static_cast<size_t>(s)];
       if (std::find(o.own.begin(), o.own.end(), g) != o.own.end()) {
@@ -675,6 +712,33 @@ int64_t restoreFromMirrors(const std::vector<ShardedOptimizer*>& optimizers, Pro
     opt.reformUnits();
     zero::ShardGroup& shards = opt.shards();
     const std::vector<UnitLayout> units = zero::unitsOf(shards);
+    if (newcomers > 0) {
+      // The header (step counts, fields present) and the old blocks' lengths, from the first
+      // member: all a newcomer needs to place every piece it receives.
+      const auto u = static_cast<int64_t>(units.size());
+      at::Tensor shared = at::empty({zero::headerLength(units.size()) + u}, at::kLong);
+      if (group.rank() == firstMember) {
+        DTRAIN_CHECK(static_cast<int64_t>(header.size()) == zero::headerLength(units.size()) &&
+                         oldUnits.size() == units.size(),
+                     "restoreFromMirrors: {} units now, {} before", units.size(), oldUnits.size());
+        std::copy(header.begin(), header.end(), shared.data_ptr<int64_t>());
+        for (int64_t k = 0; k < u; ++k) {
+          shared.data_ptr<int64_t>()[static_cast<int64_t>(header.size()) + k] =
+              oldUnits[static_cast<size_t>(k)].shardNumel;
+        }
+      }
+      at::Tensor onDevice = shared.to(group.device());
+      group.broadcast(onDevice, firstMember);
+      shared = onDevice.cpu();
+      if (newcomer) {
+        const int64_t* a = shared.data_ptr<int64_t>();
+        header.assign(a, a + zero::headerLength(units.size()));
+        oldUnits = units;  // their elements and offsets; the block length was the old world's
+        for (int64_t k = 0; k < u; ++k) {
+          oldUnits[static_cast<size_t>(k)].shardNumel = a[static_cast<int64_t>(header.size()) + k];
+        }
+      }
+    }
     DTRAIN_CHECK(units.size() == oldUnits.size(),
                  "restoreFromMirrors: {} units now, {} before the loss", units.size(),
                  oldUnits.size());

@@ -25,10 +25,11 @@
 namespace dtrain::testing {
 
 // Rank `rank` of `world`, local rank `localRank` on node `node` (its id in the epochs), re-forming
-// on a lost node when `reform`.
+// on a lost node when `reform`; taken into the running round in `joinEpoch` when > 0 (-1: as
+// DTRAIN_JOIN_EPOCH says).
 inline std::shared_ptr<ProcessGroup> nodeLossRank(const std::shared_ptr<store::Store>& store,
                                                   int rank, int world, int localRank, int node,
-                                                  bool reform = true) {
+                                                  bool reform = true, int joinEpoch = -1) {
   InitOptions o;
   o.backend = "gloo";
   o.sharedMemory = false;
@@ -39,6 +40,7 @@ inline std::shared_ptr<ProcessGroup> nodeLossRank(const std::shared_ptr<store::S
   o.node = "node" + std::to_string(node);
   o.reformOnNodeLoss = reform;
   o.nodeId = std::to_string(node);
+  o.joinEpoch = joinEpoch;
   o.hostMemoryCache = false;
   o.timeout = std::chrono::seconds(60);
   return init(o);

@@ -223,7 +223,8 @@ TEST(NodeLoss, WithoutTheModeTryStepIsTheWorkItself) {
 // before its first tryStep: neither DistributedDataParallel's construction nor a Checkpointer's
 // (whose restore() gives nothing). That tryStep settles with the members -- here none but itself
 // -- and returns false without running the work, at their step; the next runs the step, DDP
-// making its core then. A rank whose state is sharded refuses the join in one error.
+// making its core then. A rank whose sharded optimizer is not mirrored refuses the join in one
+// error.
 TEST(NodeJoin, ANewcomersFirstTryStepSettlesAndNothingBeforeItIsCollective) {
   TempDir dir;
   {
@@ -285,23 +286,26 @@ TEST(NodeJoin, ANewcomersFirstTryStepSettlesAndNothingBeforeItIsCollective) {
   EXPECT_FALSE(state->tryCollective([&] { group->barrier(); }));
   group->shutdown();
 
-  ::setenv("DTRAIN_JOIN_EPOCH", "1", 1);
-  auto zeroStore = std::make_shared<store::HashStore>();
-  auto zeroGroup = nodeLossRank(zeroStore, 0, 1, 0, 0);
-  ::unsetenv("DTRAIN_JOIN_EPOCH");
+  // Under ZeRO the members hand a newcomer its shards from their mirrors (node_loss_zero_test's
+  // ZeroNodeJoin); an optimizer that is not mirrored -- here built over a DdpCore, not through
+  // the wrapper -- cannot be, and the newcomer refuses the join in one error.
+  auto zeroGroup = nodeLossRank(std::make_shared<store::HashStore>(), 0, 1, 0, 0,
+                                /*reform=*/true, /*joinEpoch=*/1);
+  EXPECT_TRUE(zeroGroup->joinPending());
   torch::nn::Linear zeroNet(4, 2);
-  DistributedDataParallel<torch::nn::Linear> zeroDdp(zeroNet, zeroGroup);
-  ShardedOptimizer adam(zeroDdp, optimizerFactory<torch::optim::Adam>(torch::optim::AdamOptions()),
+  DdpCore core(zeroNet.ptr(), zeroGroup, DdpOptions{});
+  ShardedOptimizer adam(core, {torch::optim::OptimizerParamGroup(zeroNet->parameters())},
+                        optimizerFactory<torch::optim::Adam>(torch::optim::AdamOptions()),
                         ZeroOptions{});
   TrainingState zeroState(zeroGroup);
   zeroState.addModule("model", zeroNet.ptr());
   zeroState.addOptimizer("adam", adam);
   try {
     zeroState.tryStep([] {});
-    ADD_FAILURE() << "a ZeRO rank joined a running round";
+    ADD_FAILURE() << "a ZeRO rank joined without mirrors";
   } catch (const InvalidArgument& e) {
-    EXPECT_NE(std::string(e.what()).find("its state is sharded (ZeRO): a running ZeRO job cannot "
-                                         "hand a newcomer its shards"),
+    EXPECT_NE(std::string(e.what()).find("optimizer \"adam\" is not mirrored (it was built over "
+                                         "a DdpCore"),
               std::string::npos)
         << e.what();
   }

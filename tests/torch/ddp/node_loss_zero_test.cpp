@@ -10,6 +10,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -95,6 +96,55 @@ struct RankResult {
   double abortedAfterEpochMs = -1;  // its first discarded step ended, after the epoch's write
 };
 
+// Trains `t` from step `first` to kSteps through tryStep, filling `r`; `atStart(step)` runs after
+// each beginStep and ends the rank when it returns false ("lost": it never joins a collective
+// again, and its group stays open, so the survivors see silence, as from a node whose traffic is
+// dropped). Then `r` takes the final parameters in the reference's order.
+void train(ZeroTrainer& t, RankResult& r, int64_t first, const std::atomic<int64_t>& epochWrittenNs,
+           const std::function<bool(int64_t)>& atStart) {
+  ProcessGroup& group = *t.group;
+  try {
+    for (int64_t step = first; step < kSteps;) {
+      t.state->beginStep(step);
+      if (!atStart(step)) return;
+      const bool done = t.state->tryStep([&] {
+        // libtorch's own zero_grad, as a program holding a torch::optim::Optimizer& calls it
+        // (train_gpt): it unsets the shards' gradients, not the parameters' placeholders.
+        static_cast<torch::optim::Optimizer&>(t.optimizer).zero_grad();
+        auto batch = t.sampler.next(static_cast<size_t>(kGlobalBatch / group.size()));
+        nodeLossStep(t.net, &t.ddp, *batch);
+        t.optimizer.step();
+      });
+      if (!done) {
+        if (r.discarded == 0) {
+          const int64_t now = std::chrono::steady_clock::now().time_since_epoch().count();
+          r.abortedAfterEpochMs = static_cast<double>(now - epochWrittenNs.load()) / 1e6;
+        }
+        r.mirrorBytesRestored = t.optimizer.mirrorBytes();
+        ++r.discarded;
+        r.rolledBackTo = t.state->currentStep();
+        step = t.state->currentStep();
+        continue;
+      }
+      ++step;
+    }
+  } catch (const std::exception& e) {
+    r.thrown = e.what();
+    r.finalSize = group.size();
+    return;  // its group is not the optimizer's world any more
+  }
+  // In the reference's order (stage 3 frees the parameters: gathered, by name).
+  std::map<std::string, at::Tensor> full;
+  for (auto& [name, tensor] : gatherFullParameters(t.optimizer)) full[name] = tensor;
+  for (const auto& p : t.net->named_parameters()) {
+    if (!full.count(p.key())) full[p.key()] = p.value().detach().clone();  // frozen, whole
+  }
+  for (const auto& p : makeNodeLossNet()->named_parameters()) r.params.push_back(full.at(p.key()));
+  r.finalSize = group.size();
+  r.mirrorBytes = t.optimizer.mirrorBytes();
+  r.owned = t.optimizer.stats().owned;
+}
+
 // Runs 6 ranks; the ranks of the nodes in `lostNodes` stop at the start of step `lossStep`
 // (before its mirror refresh, when it has one); once the survivors wait in that step, the test
 // publishes the epoch of `survivors` (node ids). Returns every rank's result.
@@ -114,51 +164,11 @@ std::vector<RankResult> runSix(const Mode& mode, int lossStep, const std::vector
       auto group = nodeLossRank(store, rank, kNodes * kPerNode, rank % kPerNode, node);
       auto& t = trainers[static_cast<size_t>(rank)];
       t = std::make_unique<ZeroTrainer>(group, mode);
-      RankResult& r = results[static_cast<size_t>(rank)];
-      try {
-        for (int64_t step = 0; step < kSteps;) {
-          t->state->beginStep(step);
-          // "Lost": its ranks never join a collective again; their groups stay open, so the
-          // survivors see silence, as from a node whose traffic is dropped.
-          if (lost && step == lossStep) return;
-          if (step == lossStep && group->epoch() == 0) waiting.fetch_add(1);
-          const bool done = t->state->tryStep([&] {
-            t->optimizer.zero_grad();
-            auto batch = t->sampler.next(static_cast<size_t>(kGlobalBatch / group->size()));
-            nodeLossStep(t->net, &t->ddp, *batch);
-            t->optimizer.step();
-          });
-          if (!done) {
-            if (r.discarded == 0) {
-              r.abortedAfterEpochMs = (std::chrono::steady_clock::now().time_since_epoch().count() -
-                                       epochWrittenNs.load()) /
-                                      1e6;
-            }
-            r.mirrorBytesRestored = t->optimizer.mirrorBytes();
-            ++r.discarded;
-            r.rolledBackTo = t->state->currentStep();
-            step = t->state->currentStep();
-            continue;
-          }
-          ++step;
-        }
-      } catch (const std::exception& e) {
-        r.thrown = e.what();
-        r.finalSize = group->size();
-        return;  // its group is not the optimizer's world any more
-      }
-      // In the reference's order (stage 3 frees the parameters: gathered, by name).
-      std::map<std::string, at::Tensor> full;
-      for (auto& [name, tensor] : gatherFullParameters(t->optimizer)) full[name] = tensor;
-      for (const auto& p : t->net->named_parameters()) {
-        if (!full.count(p.key())) full[p.key()] = p.value().detach().clone();  // frozen, whole
-      }
-      for (const auto& p : makeNodeLossNet()->named_parameters()) {
-        r.params.push_back(full.at(p.key()));
-      }
-      r.finalSize = t->group->size();
-      r.mirrorBytes = t->optimizer.mirrorBytes();
-      r.owned = t->optimizer.stats().owned;
+      train(*t, results[static_cast<size_t>(rank)], 0, epochWrittenNs, [&](int64_t step) {
+        if (lost && step == lossStep) return false;
+        if (step == lossStep && group->epoch() == 0) waiting.fetch_add(1);
+        return true;
+      });
     });
   }
   while (waiting.load() < static_cast<int>(survivorRanks)) {
@@ -237,6 +247,83 @@ TEST_P(ZeroNodeLoss, ALossDuringAMirrorRefreshRollsBackToTheGenerationBefore) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Stages, ZeroNodeLoss,
+                         ::testing::Values(Mode{1, false}, Mode{2, false}, Mode{3, false},
+                                           Mode{3, true}),
+                         [](const auto& info) {
+                           return "Stage" + std::to_string(info.param.stage) +
+                                  (info.param.frozen ? "Frozen" : "");
+                         });
+
+// A node joins the running round under ZeRO (Note [Joining a running round] in
+// launcher/cluster/master/node_loss.h): 2 nodes x 2 ranks train; at the start of step 3 the test
+// publishes epoch 1 with a third node, whose 2 ranks start then, taken in. The members' step fails
+// (the epoch aborted their communicator); they roll back to generation 2 and re-shard it for 6
+// ranks, the newcomers receiving their blocks from them and the replicated state from rank 0;
+// the newcomers' first tryStep returns false at step 2 too. All 6 run steps 2..6 and end equal to
+// one process on the whole global batch, bitwise equal, mirrored again in the 6-rank world. A
+// newcomer makes no collective before its first tryStep: its optimizer is built alone.
+class ZeroNodeJoin : public ::testing::TestWithParam<Mode> {};
+
+TEST_P(ZeroNodeJoin, NewcomersReceiveTheirShardsAndAllMatchOneProcess) {
+  constexpr int kJoin = 3;
+  constexpr int kMembers = 4;
+  constexpr int kWorld = kNodes * kPerNode;
+  auto store = std::make_shared<store::HashStore>();
+  std::vector<RankResult> results(kWorld);
+  std::vector<std::unique_ptr<ZeroTrainer>> trainers(kWorld);
+  std::vector<uint64_t> collectivesBeforeTryStep(kWorld, 0);
+  std::atomic<int> waiting{0};
+  std::atomic<int64_t> epochWrittenNs{0};
+  std::vector<std::thread> threads;
+  auto start = [&](int rank, int world, int joinEpoch) {
+    threads.emplace_back([&, rank, world, joinEpoch] {
+      auto group = nodeLossRank(store, rank, world, rank % kPerNode, rank / kPerNode,
+                                /*reform=*/true, joinEpoch);
+      auto& t = trainers[static_cast<size_t>(rank)];
+      t = std::make_unique<ZeroTrainer>(group, GetParam());
+      collectivesBeforeTryStep[static_cast<size_t>(rank)] = group->communicator().sequenceNumber();
+      train(*t, results[static_cast<size_t>(rank)], 0, epochWrittenNs, [&](int64_t step) {
+        if (step == kJoin && group->epoch() == 0) {
+          waiting.fetch_add(1);
+          // Its step begins once the epoch aborted the communicator: the first collective fails.
+          const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+          while (group->communicator().error() == nullptr &&
+                 std::chrono::steady_clock::now() < deadline) {
+            std::this_thread::sleep_for(std::chrono::milliseconds(1));
+          }
+        }
+        return true;
+      });
+    });
+  };
+  for (int rank = 0; rank < kMembers; ++rank) start(rank, kMembers, 0);
+  while (waiting.load() < kMembers) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  epochWrittenNs = std::chrono::steady_clock::now().time_since_epoch().count();
+  publishEpoch(*store, 1, {{"0", 0, 2}, {"1", 2, 2}, {"2", 4, 2}}, "the test's joining node");
+  for (int rank = kMembers; rank < kWorld; ++rank) start(rank, kWorld, 1);
+  for (auto& t : threads) t.join();
+  for (auto& t : trainers) {
+    if (t) t->group->shutdown();
+  }
+  const auto expected = reference(GetParam());
+  for (int rank = 0; rank < kWorld; ++rank) {
+    const RankResult& r = results[static_cast<size_t>(rank)];
+    EXPECT_EQ(r.thrown, "") << "rank " << rank;
+    EXPECT_EQ(r.finalSize, kWorld) << "rank " << rank;
+    EXPECT_EQ(r.discarded, 1) << "rank " << rank;
+    EXPECT_EQ(r.rolledBackTo, 2) << "rank " << rank;
+    expectParametersMatch(r.params, expected, results[0].params, rank);
+    if (!GetParam().frozen) {
+      EXPECT_EQ(r.mirrorBytes, static_cast<size_t>(3 * 3 * 4 * r.owned)) << "rank " << rank;
+    }
+    if (rank >= kMembers) {
+      EXPECT_EQ(collectivesBeforeTryStep[static_cast<size_t>(rank)], 0u)
+          << "newcomer " << rank << " made a collective before its first tryStep";
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Stages, ZeroNodeJoin,
                          ::testing::Values(Mode{1, false}, Mode{2, false}, Mode{3, false},
                                            Mode{3, true}),
                          [](const auto& info) {

@@ -62,6 +62,10 @@ struct WorldOptions {
   // this rank's node in the epochs (DTRAIN_NODE_ID under launch).
   bool reformOnNodeLoss = false;
   std::string nodeId;
+  // A rank taken into a running round: the membership epoch that took it in (docs/design.md
+  // "Node loss"; set with an explicit `store`: tests, custom launchers). -1: from
+  // DTRAIN_JOIN_EPOCH, which `launch --on-node-join live` sets; 0: none.
+  int joinEpoch = -1;
 };
 
 enum class Launcher { Explicit, Launch, Slurm, Mpi };

@@ -113,6 +113,9 @@ class TrainingState {
   // "Sharded state across a lost node"), with a copy of the replicated state; after a loss
   // every survivor rolls back to the newest generation whose blocks all survived -- up to that
   // many steps -- re-sharded for the new world, and currentStep() is that generation's step.
+  // A node taken into the running round (`launch --on-node-join live`) is the same to the
+  // members: they roll back and re-shard for the larger world, the newcomer receiving its blocks
+  // and the replicated state, and everyone runs the generation's step next.
   //
   // Anything else -- an error of the program's own, a failure the launcher did not decide to
   // survive, a failure under ZeRO before its first mirror, of shards that are not mirrored (said
@@ -146,6 +149,9 @@ class TrainingState {
   // ZeRO under node loss: the mirrors' schedule and the replicated state's copies.
   void refreshMirrors();
   int64_t restoreShards(const std::exception& failure);
+  // A rank taken into a running round under ZeRO: its blocks and the replicated state from the
+  // members, who restore theirs (restoreShards) at the same time; the generation's step.
+  int64_t joinShards();
   // `e` is a failure a re-form follows: under the mode, MembershipChanged or the communicator
   // failed (a program's own error with every collective healthy is none).
   bool membershipChanged(const std::exception& e) const;

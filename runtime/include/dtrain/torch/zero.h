@@ -362,11 +362,13 @@ class ShardedOptimizer : public torch::optim::Optimizer {
 // replicated state of). Each of `optimizers` is then built again for the new world
 // (reformUnits()) and loaded with that generation, each element of each block sent once, from
 // the survivor that holds it to its new owner; returns it, and the bytes this rank sent in
-// `bytesSent`. With no such generation nothing changes: returns -1 and `why` names the ranks
-// whose blocks are lost. Collective over the new members.
+// `bytesSent`. A rank taken into the running round (its mirror empty: it held no block of the
+// old world) receives its blocks like the others; `joined` is how many such ranks the group has.
+// With no such generation nothing changes: returns -1 and `why` names the ranks whose blocks are
+// lost. Collective over the new members.
 int64_t restoreFromMirrors(const std::vector<ShardedOptimizer*>& optimizers, ProcessGroup& group,
                            const std::vector<int64_t>& replicated, std::string& why,
-                           uint64_t* bytesSent = nullptr);
+                           uint64_t* bytesSent = nullptr, int* joined = nullptr);
 
 // Clips the gradients of `optimizer`'s shards so that their norm over every rank -- the norm of
 // the whole model's averaged gradient -- is at most `maxNorm`, as torch::nn::utils::
