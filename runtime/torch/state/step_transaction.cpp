@@ -52,6 +52,26 @@ void broadcastBytes(ProcessGroup& group, std::string& bytes, int root) {
   bytes.assign(static_cast<const char*>(data.data_ptr()), static_cast<size_t>(data.numel()));
 }
 
+// What `save` writes into a libtorch archive on `root`, given to `load` on every other member.
+template <typename Save, typename Load>
+void broadcastArchive(ProcessGroup& group, int root, const Save& save, const Load& load) {
+  std::string bytes;
+  if (group.rank() == root) {
+    torch::serialize::OutputArchive archive;
+    save(archive);
+    std::ostringstream out;
+    archive.save_to(out);
+    bytes = out.str();
+  }
+  broadcastBytes(group, bytes, root);
+  if (group.rank() != root) {
+    torch::serialize::InputArchive archive;
+    std::istringstream in(bytes);
+    archive.load_from(in);
+    load(archive);
+  }
+}
+
 // `root`'s replicated state to every member: with `parameters`, the modules' parameters (under
 // ZeRO the sharded optimizers' are restored from the mirrors instead, and their groups' options
 // are sent).
@@ -66,39 +86,15 @@ void handOver(Registry& r, ProcessGroup& group, int root, bool parameters) {
     }
   }
   for (auto& [name, optimizer] : r.optimizers) {
-    std::string bytes;
-    if (group.rank() == root) {
-      torch::serialize::OutputArchive archive;
-      optimizer->save(archive);
-      std::ostringstream out;
-      archive.save_to(out);
-      bytes = out.str();
-    }
-    broadcastBytes(group, bytes, root);
-    if (group.rank() != root) {
-      torch::serialize::InputArchive archive;
-      std::istringstream in(bytes);
-      archive.load_from(in);
-      optimizer->load(archive);
-    }
+    broadcastArchive(
+        group, root, [&](auto& out) { optimizer->save(out); },
+        [&](auto& in) { optimizer->load(in); });
   }
   for (auto& e : r.sharded) {  // the options a scheduler or the program set: the learning rate
     for (auto& g : e.optimizer->param_groups()) {
-      std::string bytes;
-      if (group.rank() == root) {
-        torch::serialize::OutputArchive archive;
-        g.options().serialize(archive);
-        std::ostringstream out;
-        archive.save_to(out);
-        bytes = out.str();
-      }
-      broadcastBytes(group, bytes, root);
-      if (group.rank() != root) {
-        torch::serialize::InputArchive archive;
-        std::istringstream in(bytes);
-        archive.load_from(in);
-        g.options().serialize(archive);
-      }
+      broadcastArchive(
+          group, root, [&](auto& out) { g.options().serialize(out); },
+          [&](auto& in) { g.options().serialize(in); });
     }
   }
   for (auto& [name, scheduler] : r.schedulers) {

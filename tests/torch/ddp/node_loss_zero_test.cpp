@@ -184,8 +184,9 @@ std::vector<RankResult> runSix(const Mode& mode, int lossStep, const std::vector
   return results;
 }
 
-// One process with Adam on the whole global batch, step by step.
-std::vector<at::Tensor> reference(const Mode& mode) {
+// One process with Adam on the whole global batch, step by step; from step 1 at learning rate
+// `laterLr` when it is set (as a scheduler would change it).
+std::vector<at::Tensor> reference(const Mode& mode, double laterLr = 0) {
   auto net = makeNodeLossNet();
   if (mode.frozen) net->named_parameters()["0.bias"].set_requires_grad(false);
   std::vector<at::Tensor> trained;
@@ -195,6 +196,7 @@ std::vector<at::Tensor> reference(const Mode& mode) {
   torch::optim::Adam opt(trained, adam());
   DistributedSampler all(kSamples, 1, 0);
   for (int step = 0; step < kSteps; ++step) {
+    if (step == 1 && laterLr > 0) opt.param_groups()[0].options().set_lr(laterLr);
     opt.zero_grad();
     nodeLossStep(net, nullptr, *all.next(static_cast<size_t>(kGlobalBatch)));
     opt.step();
@@ -260,13 +262,16 @@ INSTANTIATE_TEST_SUITE_P(Stages, ZeroNodeLoss,
 // (the epoch aborted their communicator); they roll back to generation 2 and re-shard it for 6
 // ranks, the newcomers receiving their blocks from them and the replicated state from rank 0;
 // the newcomers' first tryStep returns false at step 2 too. All 6 run steps 2..6 and end equal to
-// one process on the whole global batch, bitwise equal, mirrored again in the 6-rank world. A
-// newcomer makes no collective before its first tryStep: its optimizer is built alone.
+// one process on the whole global batch, bitwise equal, mirrored again in the 6-rank world. The
+// members changed the learning rate at step 1, as a scheduler would: the newcomers' comes with
+// the replicated state. A newcomer makes no collective before its first tryStep: its optimizer is
+// built alone.
 class ZeroNodeJoin : public ::testing::TestWithParam<Mode> {};
 
 TEST_P(ZeroNodeJoin, NewcomersReceiveTheirShardsAndAllMatchOneProcess) {
   constexpr int kJoin = 3;
   constexpr int kMembers = 4;
+  constexpr double kLaterLr = 0.02;
   constexpr int kWorld = kNodes * kPerNode;
   auto store = std::make_shared<store::HashStore>();
   std::vector<RankResult> results(kWorld);
@@ -283,6 +288,9 @@ TEST_P(ZeroNodeJoin, NewcomersReceiveTheirShardsAndAllMatchOneProcess) {
       t = std::make_unique<ZeroTrainer>(group, GetParam());
       collectivesBeforeTryStep[static_cast<size_t>(rank)] = group->communicator().sequenceNumber();
       train(*t, results[static_cast<size_t>(rank)], 0, epochWrittenNs, [&](int64_t step) {
+        if (step == 1 && group->epoch() == 0) {
+          t->optimizer.param_groups()[0].options().set_lr(kLaterLr);
+        }
         if (step == kJoin && group->epoch() == 0) {
           waiting.fetch_add(1);
           // Its step begins once the epoch aborted the communicator: the first collective fails.
@@ -305,7 +313,7 @@ TEST_P(ZeroNodeJoin, NewcomersReceiveTheirShardsAndAllMatchOneProcess) {
   for (auto& t : trainers) {
     if (t) t->group->shutdown();
   }
-  const auto expected = reference(GetParam());
+  const auto expected = reference(GetParam(), kLaterLr);
   for (int rank = 0; rank < kWorld; ++rank) {
     const RankResult& r = results[static_cast<size_t>(rank)];
     EXPECT_EQ(r.thrown, "") << "rank " << rank;
