@@ -6,7 +6,7 @@
 if(DTRAIN_HAVE_GLOO)
   add_executable(ft_bench benchmarks/ft/ft_bench.cpp benchmarks/ft/ft_job.cpp
                           benchmarks/ft/ft_measure.cpp benchmarks/ft/ft_worker.cpp
-                          benchmarks/ft/ft_zero.cpp)
+                          benchmarks/ft/ft_zero.cpp benchmarks/ft/ft_join.cpp)
   target_link_libraries(ft_bench PRIVATE dtrain dtrain_launch_bench_run dtrain_testing fmt::fmt)
   target_compile_definitions(ft_bench PRIVATE
     DTRAIN_FT_LAUNCH="$<TARGET_FILE:launch>"

@@ -3,10 +3,12 @@
 // (`--on-node-loss restart --max-restarts 1`: every worker torn down, started again, the last
 // checkpoint read), interleaved in one run; and what the mode costs a job that loses nothing
 // (benchmarks/README.md, "ft_bench"). With --zero 1|2 the same under ZeRO, its sharded state
-// mirrored on another node (ft_zero.cpp). Needs root: a simulated cluster of network namespaces.
+// mirrored on another node (ft_zero.cpp); with --kinds join, a node that comes to the running job
+// taken in live or by a restart (ft_join.cpp). Needs root: a simulated cluster of network
+// namespaces.
 //
 //   ft_bench [--runs N] [--pairs N] [--steps N] [--compute-ms MS] [--save-every K]
-//            [--kinds kill,drop] [--seed S] [--show] [--smoke]
+//            [--kinds kill,drop,join] [--seed S] [--show] [--smoke]
 //            [--zero STAGE [--mirror-every K] [--block-steps B] [--lose-after S] [--features F]
 //             [--width W] [--depth L]]
 //   ft_bench --worker ...      the job's worker (ft_worker.cpp), run by launch
@@ -30,7 +32,7 @@ namespace {
 
 const char* kUsage =
     "usage: ft_bench [--runs N] [--pairs N] [--steps N] [--compute-ms MS] [--save-every K]\n"
-    "                [--kinds kill,drop] [--seed S] [--show] [--smoke]\n"
+    "                [--kinds kill,drop,join] [--seed S] [--show] [--smoke]\n"
     "                [--zero STAGE [--mirror-every K] [--block-steps B] [--lose-after S]\n"
     "                 [--features F] [--width W] [--depth L]]\n";
 
@@ -64,6 +66,7 @@ Options parse(int argc, char** argv) {
       const std::string v = value();
       if (v.find("kill") != std::string::npos) o.kinds.push_back(Loss::kKill);
       if (v.find("drop") != std::string::npos) o.kinds.push_back(Loss::kDrop);
+      if (v.find("join") != std::string::npos) o.kinds.push_back(Loss::kJoin);
     } else if (f == "--smoke") {
       o.runs = 1;
       o.pairs = 2;
@@ -78,6 +81,10 @@ Options parse(int argc, char** argv) {
   }
   if (o.zero != 0 && o.zero != 1 && o.zero != 2) {
     std::fprintf(stderr, "ft_bench: --zero %d: 1 or 2\n%s", o.zero, kUsage);
+    std::exit(2);
+  }
+  if (o.zero != 0 && std::find(o.kinds.begin(), o.kinds.end(), Loss::kJoin) != o.kinds.end()) {
+    std::fprintf(stderr, "ft_bench: --kinds join is of the DDP rows, not --zero's\n%s", kUsage);
     std::exit(2);
   }
   // The DDP rows' defaults; the ZeRO rows' are ft_zero.cpp's.
@@ -225,6 +232,7 @@ int runBench(const Options& o) {
   std::vector<std::pair<Loss, std::pair<Column, Column>>> results;
   std::vector<std::vector<double>> lostRatios;
   for (Loss kind : o.kinds) {
+    if (kind == Loss::kJoin) continue;  // runJoinBench's
     Column cont, restart;
     std::vector<double> lostRatio;
     for (int r = 0; r < o.runs; ++r) {
@@ -262,19 +270,24 @@ int runBench(const Options& o) {
     printFailures(o, results[i].first, results[i].second.first, results[i].second.second,
                   lostRatios[i]);
   }
-  fmt::print("\n# no failure: {} interleaved pairs of {}-step jobs, continue / restart\n", o.pairs,
-             o.steps);
-  fmt::print(
-      "| measure | continue | restart | continue / restart (paired) |\n|---|---:|---:|---:|\n");
-  fmt::print("| step period, ms | {} | {} | {} |\n", cell(periodOn), cell(periodOff),
-             cell(periodRatios, "{:.4f}"));
-  fmt::print("| step's work less compute, ms | {} | {} | {} |\n", cell(workOn, "{:.3f}"),
-             cell(workOff, "{:.3f}"), cell(workRatios, "{:.3f}"));
-  fmt::print("| collectives per step | {} | {} | {:+.3f} |\n", cell(perStepOn, "{:.3f}"),
-             cell(perStepOff, "{:.3f}"), median(perStepOn) - median(perStepOff));
-  fmt::print("# aims: step <= 1.03x: {}; 0 extra messages per step: {}\n",
-             !periodRatios.empty() && median(periodRatios) <= 1.03 ? "met" : "NOT met",
-             !perStepOn.empty() && median(perStepOn) == median(perStepOff) ? "met" : "NOT met");
+  if (std::find(o.kinds.begin(), o.kinds.end(), Loss::kJoin) != o.kinds.end()) {
+    runJoinBench(o, o.seed);
+  }
+  if (o.pairs > 0) {  // --pairs 0: the failure rows only
+    fmt::print("\n# no failure: {} interleaved pairs of {}-step jobs, continue / restart\n",
+               o.pairs, o.steps);
+    fmt::print(
+        "| measure | continue | restart | continue / restart (paired) |\n|---|---:|---:|---:|\n");
+    fmt::print("| step period, ms | {} | {} | {} |\n", cell(periodOn), cell(periodOff),
+               cell(periodRatios, "{:.4f}"));
+    fmt::print("| step's work less compute, ms | {} | {} | {} |\n", cell(workOn, "{:.3f}"),
+               cell(workOff, "{:.3f}"), cell(workRatios, "{:.3f}"));
+    fmt::print("| collectives per step | {} | {} | {:+.3f} |\n", cell(perStepOn, "{:.3f}"),
+               cell(perStepOff, "{:.3f}"), median(perStepOn) - median(perStepOff));
+    fmt::print("# aims: step <= 1.03x: {}; 0 extra messages per step: {}\n",
+               !periodRatios.empty() && median(periodRatios) <= 1.03 ? "met" : "NOT met",
+               !perStepOn.empty() && median(perStepOn) == median(perStepOff) ? "met" : "NOT met");
+  }
   fmt::print("# torchft's published figures, NOT measured here: a failure a minute, 11 s steps, "
              "81 % efficiency; Gloo re-formed in < 1 s; ~1 step lost per failure\n");
   fmt::print("# load average after: {}\n", loadAverage());

@@ -1,10 +1,13 @@
 #pragma once
 // ft_bench's parts (benchmarks/README.md, "ft_bench"): the worker it runs under `launch`
 // (ft_worker.cpp), the simulated cluster and the jobs it runs there (ft_job.cpp), what a job's
-// lines say about a lost node (ft_measure.cpp), the DDP rows (ft_bench.cpp) and the ZeRO rows
-// (ft_zero.cpp).
+// lines say about a lost node (ft_measure.cpp), the DDP rows (ft_bench.cpp), the ZeRO rows
+// (ft_zero.cpp) and a node that joins (ft_join.cpp).
+
+#include <sys/types.h>
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -21,11 +24,12 @@ double wallNow();
 // ft_bench --worker ARGS...: the training job (ft_worker.cpp), argv after "--worker".
 int ftWorker(int argc, char** argv);
 
-// How a node is lost.
+// How a node is lost -- or, kJoin, comes (ft_join.cpp).
 enum class Loss {
   kNone,
   kKill,  // every process of its namespace SIGKILLed: agent, workers, sshd
   kDrop,  // its traffic silently dropped (nft, both directions of its interface)
+  kJoin,  // a node's launch started while the job runs below its maximum
 };
 const char* lossName(Loss loss);
 
@@ -43,8 +47,11 @@ class SimCluster {
   void down();
   // Loses node k now; returns the time (wallNow()) the loss took effect.
   double lose(int k, Loss loss) const;
+  // `argv` run on node k (its network and mount namespaces).
+  std::vector<std::string> onHost(int k, std::vector<std::string> argv) const;
 
   const std::string& hostList() const { return hostList_; }
+  const std::string& stateDir() const { return stateDir_; }
   const std::string& sshConfig() const { return sshConfig_; }
   const std::string& endpoint() const { return endpoint_; }  // launch's store on the bridge
   const std::string& workDir() const { return workDir_; }    // same path, private per host
@@ -58,7 +65,17 @@ class SimCluster {
   std::string sshConfig_;
   std::string endpoint_;
   std::string workDir_;
+  std::string stateDir_;
 };
+
+// A process started in the background, its output (stdout and stderr) in `log`; reaped by
+// finish(), killed past `seconds`. Its exit code, -1 when killed.
+struct Background {
+  pid_t pid = -1;
+  std::string log;
+};
+Background startBackground(const std::vector<std::string>& argv, const std::string& log);
+int finish(Background& b, double seconds);
 
 // One line of a job's output: when the driver read it (wallNow()) and from which stream.
 struct Line {
@@ -75,6 +92,8 @@ struct JobSpec {
   int64_t loseAfter = 0;  // ... once rank 0 committed this step
   double loseDelay = 0;   // ... and this many seconds passed after it
   double timeoutSeconds = 120;
+  // Instead of losing `node`: what to do then (a node joining); returns when it took effect.
+  std::function<double()> cue;
 };
 
 struct JobRun {
@@ -176,5 +195,7 @@ std::string cell(const std::vector<double>& v, const char* format = "{:.2f}");
 
 // The ZeRO rows (ft_zero.cpp), run as root.
 int runZeroBench(const Options& o);
+// The join rows (ft_join.cpp), run as root: `o.runs` runs, each --on-node-join live and restart.
+void runJoinBench(const Options& o, unsigned seed);
 
 }  // namespace dtrain::bench

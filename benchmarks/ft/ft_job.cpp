@@ -48,6 +48,7 @@ const char* lossName(Loss loss) {
     case Loss::kNone: return "none";
     case Loss::kKill: return "SIGKILL";
     case Loss::kDrop: return "dropped";
+    case Loss::kJoin: return "join";
   }
   return "?";
 }
@@ -76,6 +77,7 @@ void SimCluster::up() {
   }
   if (static_cast<int>(list.size()) != nodes_)
     throw std::runtime_error("netns-cluster.sh up: no hosts in " + dir);
+  stateDir_ = dir;
   sshConfig_ = dir + "/ssh_config";
   workDir_ = dir + "/work";
   const std::string bridge = list[0].substr(0, list[0].rfind('.')) + ".254";
@@ -87,6 +89,49 @@ void SimCluster::down() {
   if (!isUp_) return;
   shell(fmt::format("{} down {}", script_, name_));
   isUp_ = false;
+}
+
+std::vector<std::string> SimCluster::onHost(int k, std::vector<std::string> argv) const {
+  std::vector<std::string> out = {script_, "exec", name_, std::to_string(k)};
+  out.insert(out.end(), argv.begin(), argv.end());
+  return out;
+}
+
+Background startBackground(const std::vector<std::string>& argv, const std::string& log) {
+  Background b;
+  b.log = log;
+  b.pid = ::fork();
+  if (b.pid == 0) {
+    const int fd = ::open(log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    if (fd >= 0) {
+      ::dup2(fd, 1);
+      ::dup2(fd, 2);
+    }
+    std::vector<char*> args;
+    for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
+    args.push_back(nullptr);
+    ::execv(args[0], args.data());
+    ::_exit(127);
+  }
+  if (b.pid < 0) throw std::runtime_error("fork failed");
+  return b;
+}
+
+int finish(Background& b, double seconds) {
+  if (b.pid <= 0) return -1;
+  const double deadline = wallNow() + seconds;
+  int status = 0;
+  while (::waitpid(b.pid, &status, WNOHANG) == 0) {
+    if (wallNow() > deadline) {
+      ::kill(b.pid, SIGKILL);
+      ::waitpid(b.pid, &status, 0);
+      b.pid = -1;
+      return -1;
+    }
+    ::usleep(20000);
+  }
+  b.pid = -1;
+  return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
 }
 
 double SimCluster::lose(int k, Loss loss) const {
@@ -157,14 +202,14 @@ JobRun runJob(const JobSpec& spec, SimCluster& cluster) {
       for (size_t l = before; l < run.lines.size() && loseAt == 0 && run.lostAt == 0; ++l) {
         const std::string& text = run.lines[l].text;
         const size_t at = text.find("ft step ");
-        if (spec.loss != Loss::kNone && at != std::string::npos &&
+        if ((spec.loss != Loss::kNone || spec.cue) && at != std::string::npos &&
             std::stoll(text.substr(at + 8)) >= spec.loseAfter) {
           loseAt = now + spec.loseDelay;
         }
       }
     }
     if (loseAt > 0 && run.lostAt == 0 && wallNow() >= loseAt) {
-      run.lostAt = cluster.lose(spec.node, spec.loss);
+      run.lostAt = spec.cue ? spec.cue() : cluster.lose(spec.node, spec.loss);
     }
     if (wallNow() - run.started > spec.timeoutSeconds) {
       ::kill(pid, SIGKILL);

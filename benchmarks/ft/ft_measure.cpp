@@ -24,7 +24,8 @@ int rankOf(const std::string& text) {
 // A survivor's restore from the mirrors, as TrainingState::tryStep logs it: the bytes it sent
 // (or, as the first restore counted them, its communicator's payload bytes meanwhile).
 const std::regex kRestoreLine(
-    R"(the sharded state of step (\d+) restored from the mirrors on \d+ ranks in ([0-9.]+) s, )"
+    R"(the sharded state of step (\d+) restored from the mirrors on \d+ ranks)"
+    R"((?: \(\d+ of them joined\))? in ([0-9.]+) s, )"
     R"((\d+) (?:payload bytes through|bytes sent by) rank \d+ .*; (\d+) step\(s\) run again)");
 
 }  // namespace
@@ -34,7 +35,10 @@ std::vector<Commit> commits(const JobRun& run) {
   for (const auto& l : run.lines) {
     const size_t at = l.text.find("ft step ");
     if (l.err || at == std::string::npos) continue;
-    out.push_back({std::stoll(l.text.substr(at + 8)), static_cast<int>(field(l.text, "world")),
+    // "ft step S world W t=... work_ms=..."
+    const size_t world = l.text.find(" world ", at);
+    out.push_back({std::stoll(l.text.substr(at + 8)),
+                   world == std::string::npos ? -1 : std::stoi(l.text.substr(world + 7)),
                    field(l.text, "t"), field(l.text, "work_ms")});
   }
   return out;
