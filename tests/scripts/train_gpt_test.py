@@ -259,11 +259,14 @@ def test_node_join(zero=None):
     job (epoch 1): the members run their step in flight again on 3 ranks (a progress report it
     cuts short is dropped), node 2 starts from their state at their step, and all three end 0 in
     one round, bitwise equal. With `zero` (--zero 2, mirrored every 4 steps) the members roll
-    back to their last mirrored step and re-shard for 3 ranks, node 2 receiving its shards."""
+    back to their last mirrored step and re-shard for 3 ranks, node 2 receiving its shards; the
+    sharded checkpoints after are of the 3-rank world on every node, and verify."""
     port = loopback_port()
-    extra = [] if zero is None else ["--zero", zero, "--mirror-every", "4"]
     with tempfile.TemporaryDirectory() as tmp:
         data = corpus(os.path.join(tmp, "t"))
+        # Under --zero, sharded checkpoints too: saved by 3 ranks after the join.
+        extra = [] if zero is None else ["--zero", zero, "--mirror-every", "4", "--checkpoint-dir",
+                                         os.path.join(tmp, "ckpt"), "--save-every", "16"]
         procs, outs = [], []
 
         def start(node):
@@ -313,6 +316,16 @@ def test_node_join(zero=None):
             if not re.search(r"restored from the mirrors on 3 ranks \(1 of them joined\)",
                              logs[0]):
                 fail("rank 0 did not restore the sharded state for 3 ranks, 1 of them joined")
+            # The last save is of the 3-rank world, node 2's shards among them, and whole.
+            listed = subprocess.run([CHECKPOINT, "list", os.path.join(tmp, "ckpt")], text=True,
+                                    capture_output=True).stdout
+            last = re.findall(r"step-00000040  epoch \d+  world (\d)", listed)
+            if last != ["3", "3", "3"]:
+                fail(f"step 40 was not saved by the 3-rank world on every node:\n{listed}")
+            verify = subprocess.run([CHECKPOINT, "verify", os.path.join(tmp, "ckpt")], text=True,
+                                    capture_output=True)
+            if verify.returncode != 0:
+                fail(f"checkpoint verify failed:\n{verify.stdout}{verify.stderr}")
     print("node_join" + ("" if zero is None else f" --zero {zero}") + ": ok")
 
 
