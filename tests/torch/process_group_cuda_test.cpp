@@ -1,15 +1,19 @@
 // The torch facade on CUDA tensors (built only against a CUDA libtorch; skipped without a GPU):
 // init() picks NCCL on cuda:0, collectives run in place, ordered with torch's current stream;
-// DistributedDataParallel on a CUDA module. One GPU: world size 1, where the averaged gradient
-// is the rank's own, so a plain copy of the model is the reference.
+// DistributedDataParallel on a CUDA module; a newcomer's settling (node loss and join) on CUDA.
+// One GPU: world size 1, where the averaged gradient is the rank's own, so a plain copy of the
+// model is the reference.
 #include <gtest/gtest.h>
 
 #include <torch/torch.h>
 
 #include "dtrain/base/error.h"
+#include "dtrain/base/store.h"
 #include "dtrain/comm/nccl_communicator.h"
 #include "dtrain/torch/ddp.h"
+#include "dtrain/torch/distributed_sampler.h"
 #include "dtrain/torch/init.h"
+#include "dtrain/torch/training_state.h"
 
 namespace dtrain::process_group_cuda_test {
 namespace {
@@ -125,6 +129,50 @@ TEST(DdpCuda, HalfPrecisionCompressionStaysClose) {
   DdpOptions options;
   options.compression = GradientCompression::Fp16;
   expectDdpMatchesPlainModel(options, 1, 2e-3);
+}
+
+// A rank taken into a running round on a GPU (`launch --on-node-join live`; world size 1: no
+// member but itself). Its first tryStep settles -- the allgather of the ranks' steps, the sampler's
+// position broadcast -- and those host values travel on the group's device: an NCCL group takes
+// no host tensor. Then a step trains on CUDA.
+TEST(NodeJoinCuda, ANewcomersSettlingCarriesItsHostValuesOnTheGpu) {
+  if (comm::cudaDeviceCount() == 0 || !torch::cuda::is_available()) GTEST_SKIP() << "no GPU";
+  InitOptions o;
+  o.rank = 0;
+  o.worldSize = 1;
+  o.localRank = 0;
+  o.store = std::make_shared<store::HashStore>();
+  o.reformOnNodeLoss = true;
+  o.nodeId = "0";
+  o.joinEpoch = 1;
+  auto pg = init(o);
+  ASSERT_TRUE(pg->joinPending());
+  EXPECT_EQ(pg->device(), c10::Device(c10::kCUDA, 0));
+  torch::nn::Linear net(4, 2);
+  net->to(pg->device());
+  DistributedDataParallel<torch::nn::Linear> ddp(net, pg);
+  torch::optim::SGD sgd(net->parameters(), torch::optim::SGDOptions(0.1));
+  DistributedSampler sampler(16, 1, 0);
+  TrainingState state(pg);
+  state.addModule("model", net.ptr());
+  state.addOptimizer("sgd", sgd);
+  state.addSampler("data", sampler);
+  auto work = [&] {
+    sgd.zero_grad();
+    auto batch = sampler.next(4).value();
+    ddp(torch::ones({static_cast<int64_t>(batch.size()), 4}, torch::device(pg->device())))
+        .sum()
+        .backward();
+  };
+  state.beginStep(0);
+  EXPECT_FALSE(state.tryStep(work));  // the settling
+  EXPECT_FALSE(pg->joinPending());
+  EXPECT_EQ(state.currentStep(), 0);
+  state.beginStep(0);
+  EXPECT_TRUE(state.tryStep(work));
+  ASSERT_TRUE(net->weight.grad().defined());
+  EXPECT_TRUE(net->weight.grad().is_cuda());
+  pg->shutdown();
 }
 
 }  // namespace
