@@ -41,8 +41,8 @@
 // last tryStep and still make collectives (a final gather), or have all exited when the newcomer
 // starts, fails the round (the restart path) -- a join at the very end of a job can cost a
 // restart.
-// Under ZeRO the members roll back to their last mirror and re-shard it for the larger world, the
-// newcomer receiving its shards (docs/design.md "Sharded state across a lost node"); a program
+// Under ZeRO the members re-shard their state for the larger world, the newcomer receiving its
+// shards (docs/design.md "Sharded state across a lost node"); a program
 // whose sharded optimizer is not mirrored says so in one error and the restart path takes over.
 
 #include <chrono>

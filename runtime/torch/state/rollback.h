@@ -40,6 +40,7 @@ struct ReplicaCopy {
 struct Rollback {
   ReplicaCopy current;  // the last committed generation's
   ReplicaCopy pending;  // the one being mirrored, until its commit
+  ReplicaCopy live;     // at a failure that changed no sharded state: the failed step's start
   int64_t lastRefresh = -1;
   bool refreshNow = false;  // after a restore: the mirrors are of a world that is gone
   std::string unmirrored;   // why a sharded optimizer is not mirrored (then none is)

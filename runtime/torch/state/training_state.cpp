@@ -1,5 +1,6 @@
 #include "dtrain/torch/training_state.h"
 
+#include <algorithm>
 #include <chrono>
 #include <utility>
 
@@ -151,16 +152,29 @@ int64_t TrainingState::restoreShards(const std::exception& failure) {
     throw;
   }
   DTRAIN_LOG(Warn, "step {}: discarded on rank {}: {}", step_, group_->rank(), failure.what());
-  if (!group_->reform()) throw;
   state::Rollback& rb = *rollback_;
   std::vector<ShardedOptimizer*> optimizers;
   for (const auto& e : registry_->sharded) optimizers.push_back(e.optimizer);
+  const int before = group_->size();
+  if (!group_->reform()) throw;
+  // A node joined (an epoch that takes nodes in loses none): every old rank's blocks are alive.
+  // When the failure came before any optimizer stepped (in forward, backward, a mirror refresh),
+  // they and the replicated state are still those of the step's start -- one more generation to
+  // offer, the newest, and only the step in flight runs again. The units are still the old
+  // world's until the restore builds them again.
+  rb.live = {};
+  if (group_->size() > before && std::none_of(optimizers.begin(), optimizers.end(),
+                                              [](ShardedOptimizer* o) { return o->stepping(); })) {
+    for (auto* o : optimizers) o->keepLiveBlocks(step_);
+    state::copyReplicated(*registry_, step_, rb.live);
+  }
   std::string why;
   const auto started = std::chrono::steady_clock::now();
   uint64_t sent = 0;
   int joined = 0;
   const int64_t generation = restoreFromMirrors(
-      optimizers, *group_, {rb.current.generation, rb.pending.generation}, why, &sent, &joined);
+      optimizers, *group_, {rb.current.generation, rb.pending.generation, rb.live.generation}, why,
+      &sent, &joined);
   if (generation < 0) {
     DTRAIN_THROW(Error,
                  "step {}: ZeRO's sharded state cannot be restored in memory: {}; the job "
@@ -168,7 +182,10 @@ int64_t TrainingState::restoreShards(const std::exception& failure) {
                  step_, why, failure.what());
   }
   state::restoreReplicated(*registry_, *group_,
-                           rb.current.generation == generation ? rb.current : rb.pending);
+                           rb.current.generation == generation   ? rb.current
+                           : rb.pending.generation == generation ? rb.pending
+                                                                 : rb.live);
+  rb.live = {};
   // Ranks taken into the running round have the sharded state now, and the rest from rank 0.
   if (joined > 0) state::handOverReplicated(*registry_, *group_, 0);
   DTRAIN_LOG(

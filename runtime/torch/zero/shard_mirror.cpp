@@ -28,7 +28,9 @@
 // job takes the restart path (its last checkpoint). A rank taken into the running round
 // (`launch --on-node-join live`) is one more rank of the new world that holds no old block: it
 // offers nothing, is handed its blocks like the others, and the first member tells it the old
-// world's block lengths and step counts.
+// world's block lengths and step counts. No block was lost then, so a member whose failed step had
+// not begun its optimizer step also offers its live blocks as that step's generation (keepLive):
+// restored, they cost only the step in flight.
 //
 // The restore keeps the layout rule (Note [Shard layout]): the units are built again for the new
 // world (ShardedOptimizer::reformUnits) and every piece of every old block moves to the rank that
@@ -374,8 +376,8 @@ at::Tensor ShardMirror::offer() const {
   a[1] = static_cast<int64_t>(holderOf_.size());
   a[2] = own_.generation();
   a[3] = refreshing_;
-  int64_t at = 4;
-  a[at++] = 0;  // reserved
+  a[4] = live_.generation();
+  int64_t at = 5;
   a[at++] = 0;  // count of held entries, below
   const int64_t countAt = at - 1;
   for (const auto& h : held_) {
@@ -397,7 +399,7 @@ ShardMirror::Offer ShardMirror::parse(const at::Tensor& offer) {
   Offer o;
   o.oldRank = static_cast<int>(a[0]);
   o.oldWorld = static_cast<int>(a[1]);
-  for (int i = 2; i < 4; ++i) {
+  for (int i = 2; i < 5; ++i) {
     if (a[i] >= 0) o.own.push_back(a[i]);
   }
   const int64_t count = a[5];
@@ -414,8 +416,14 @@ void ShardMirror::prepareRestore(ShardGroup& shards, int64_t generation) {
   refreshing_ = -1;
 }
 
+void ShardMirror::keepLive(ShardGroup& shards, int64_t generation) {
+  if (oldRank_ < 0 || generation < 0) return;  // no world the mirrors were made in
+  packBlocks(shards, generation, live_);
+}
+
 const PackedBlocks* ShardMirror::blocksOf(int owner, int64_t generation) const {
   if (owner == oldRank_ && own_.generation() == generation) return &own_;
+  if (owner == oldRank_ && live_.generation() == generation) return &live_;
   for (const auto& h : held_) {
     if (h.owner != owner) continue;
     if (h.current.generation() == generation) return &h.current;
@@ -432,6 +440,7 @@ void ShardMirror::reset(at::Tensor spare) {
   oldUnits_.clear();
   own_ = {};
   own_.payload = std::move(spare);  // no generation: memory for packBlocks, nothing to offer
+  live_ = {};
   refreshing_ = -1;
   held_.clear();
 }
@@ -452,6 +461,11 @@ void ShardedOptimizer::refreshMirror(int64_t generation) {
   at::NoGradGuard noGrad;
   shards_->settleGathers();
   mirror().refresh(*shards_, generation);
+}
+
+void ShardedOptimizer::keepLiveBlocks(int64_t generation) {
+  at::NoGradGuard noGrad;
+  mirror().keepLive(*shards_, generation);
 }
 
 std::string ShardedOptimizer::whyNotMirrored() {
@@ -510,7 +524,15 @@ int64_t chooseGeneration(const std::vector<std::vector<ShardMirror::Offer>>& off
       }
     }
     if (everySurvivor && missing.empty()) return g;
-    if (firstWhy.empty()) {
+    // Why is told of the newest generation some rank mirrored: one kept live after a failure
+    // (ShardMirror::keepLive) has no copy on another node by design.
+    bool mirrored = false;
+    for (const auto& perRank : offers) {
+      for (const auto& o : perRank) {
+        for (const auto& [owner, gen] : o.held) mirrored = mirrored || gen == g;
+      }
+    }
+    if (firstWhy.empty() && mirrored) {
       firstWhy = missing.empty()
                      ? fmt::format("a survivor lacks its own state of generation {}", g)
                      : fmt::format("the blocks of rank(s) {} of the old world at the start of "
@@ -659,14 +681,15 @@ int64_t restoreFromMirrors(const std::vector<ShardedOptimizer*>& optimizers, Pro
     }
     offers.push_back(std::move(perRank));
   }
-  at::Tensor mine = at::full({2}, int64_t{-1}, at::kLong);
-  for (size_t i = 0; i < std::min<size_t>(2, replicated.size()); ++i) {
+  at::Tensor mine = at::full({3}, int64_t{-1}, at::kLong);
+  for (size_t i = 0; i < std::min<size_t>(3, replicated.size()); ++i) {
     mine[static_cast<int64_t>(i)] = replicated[i];
   }
   std::vector<std::vector<int64_t>> replicatedOf;
   for (const auto& t : group.allgather(mine.to(group.device()))) {
     const at::Tensor host = t.cpu();
-    replicatedOf.push_back({host[0].item<int64_t>(), host[1].item<int64_t>()});
+    replicatedOf.push_back(
+        {host[0].item<int64_t>(), host[1].item<int64_t>(), host[2].item<int64_t>()});
   }
   const int64_t g = chooseGeneration(offers, replicatedOf, why);
   if (g < 0) return -1;

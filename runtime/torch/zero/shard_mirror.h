@@ -52,6 +52,10 @@ class ShardMirror {
   // Before the units are built again: the live blocks become the own copy when they are the
   // generation about to be restored (a refresh of it began and did not commit here).
   void prepareRestore(ShardGroup& shards, int64_t generation);
+  // After a failure that left the live blocks as they were at the start of step `generation`
+  // (the optimizer had not stepped): they are offered as that generation too. Only every rank's
+  // own blocks are kept so, so it is restored only when no rank's were lost: a join.
+  void keepLive(ShardGroup& shards, int64_t generation);
   // The blocks of old rank `owner` at `generation` this rank holds (its own or a mirror), or
   // nullptr.
   const PackedBlocks* blocksOf(int owner, int64_t generation) const;
@@ -72,6 +76,7 @@ class ShardMirror {
   int oldRank_ = -1;
   std::vector<UnitLayout> oldUnits_;
   PackedBlocks own_;         // this rank's blocks at own_.generation()
+  PackedBlocks live_;        // keepLive()'s: the live blocks at the start of a failed step
   int64_t refreshing_ = -1;  // a refresh of this generation began and did not commit
   struct Held {
     int owner = -1;

@@ -73,6 +73,7 @@ torch::Tensor ShardedOptimizer::step(LossClosure closure) {
   lastStep_.unitGatherWait = gathers.waited;
   // Last unit first: the all-gather left to wait for after the last step is then the first
   // unit's, small by design (Note [Shard layout]), and the parameters come back in forward order.
+  stepping_ = true;  // until it returns: a failure from here on may leave units stepped
   for (size_t k = shards.size(); k-- > 0;) {
     const auto start = Clock::now();
     shards.stepUnit(k);
@@ -84,6 +85,7 @@ torch::Tensor ShardedOptimizer::step(LossClosure closure) {
   // Note [Deferred all-gathers]: or the next forward waits.
   if (!options_.deferAllgatherWait) shards.settleGathers();
   shards.trimPools();  // Note [Communication buffers of a step]
+  stepping_ = false;
   return loss;
 }
 
@@ -119,6 +121,7 @@ void ShardedOptimizer::reformUnits() {
   for (const auto& group : built.groups) add_param_group(group);
   shards_->trimPools();
   lastStep_ = {};
+  stepping_ = false;
 }
 
 void ShardedOptimizer::waitForParameters() { shards_->settleGathers(); }

@@ -101,7 +101,8 @@ struct RankResult {
 // again, and its group stays open, so the survivors see silence, as from a node whose traffic is
 // dropped). Then `r` takes the final parameters in the reference's order.
 void train(ZeroTrainer& t, RankResult& r, int64_t first, const std::atomic<int64_t>& epochWrittenNs,
-           const std::function<bool(int64_t)>& atStart) {
+           const std::function<bool(int64_t)>& atStart,
+           const std::function<void(int64_t)>& beforeOptimizerStep = nullptr) {
   ProcessGroup& group = *t.group;
   try {
     for (int64_t step = first; step < kSteps;) {
@@ -113,6 +114,7 @@ void train(ZeroTrainer& t, RankResult& r, int64_t first, const std::atomic<int64
         static_cast<torch::optim::Optimizer&>(t.optimizer).zero_grad();
         auto batch = t.sampler.next(static_cast<size_t>(kGlobalBatch / group.size()));
         nodeLossStep(t.net, &t.ddp, *batch);
+        if (beforeOptimizerStep) beforeOptimizerStep(step);
         t.optimizer.step();
       });
       if (!done) {
@@ -258,25 +260,34 @@ INSTANTIATE_TEST_SUITE_P(Stages, ZeroNodeLoss,
 
 // A node joins the running round under ZeRO (Note [Joining a running round] in
 // launcher/cluster/master/node_loss.h): 2 nodes x 2 ranks train; at the start of step 3 the test
-// publishes epoch 1 with a third node, whose 2 ranks start then, taken in. The members' step fails
-// (the epoch aborted their communicator); they roll back to generation 2 and re-shard it for 6
-// ranks, the newcomers receiving their blocks from them and the replicated state from rank 0;
-// the newcomers' first tryStep returns false at step 2 too. All 6 run steps 2..6 and end equal to
-// one process on the whole global batch, bitwise equal, mirrored again in the 6-rank world. The
+// publishes epoch 1 with a third node, whose 2 ranks start then, taken in. The members' step 3
+// fails in its gradient sync (the epoch aborted their communicator), before the optimizer changed
+// anything: their blocks as they are are those of step 3's start (ShardMirror::keepLive), a
+// generation no rank lost, so they re-shard it for 6 ranks -- not the mirror of step 2 -- the
+// newcomers receiving their blocks from them and the replicated state from rank 0; the newcomers'
+// first tryStep returns false at step 3 too. All 6 run steps 3..6 and end equal to one process on
+// the whole global batch, bitwise equal, mirrored again in the 6-rank world. The
 // members changed the learning rate at step 1, as a scheduler would: the newcomers' comes with
 // the replicated state. A newcomer makes no collective before its first tryStep: its optimizer is
 // built alone.
-class ZeroNodeJoin : public ::testing::TestWithParam<Mode> {};
+constexpr int kJoin = 3;
+constexpr int kMembers = 4;
+constexpr double kLaterLr = 0.02;
+constexpr int kWorld = kNodes * kPerNode;
 
-TEST_P(ZeroNodeJoin, NewcomersReceiveTheirShardsAndAllMatchOneProcess) {
-  constexpr int kJoin = 3;
-  constexpr int kMembers = 4;
-  constexpr double kLaterLr = 0.02;
-  constexpr int kWorld = kNodes * kPerNode;
+struct JoinResult {
+  std::vector<RankResult> ranks;
+  std::vector<uint64_t> collectivesBeforeTryStep;
+};
+
+// The members wait for the join's epoch to abort their communicator at the start of step kJoin,
+// or, `inOptimizerStep`, once its backward is done, before its optimizer step.
+JoinResult runJoin(const Mode& mode, bool inOptimizerStep) {
   auto store = std::make_shared<store::HashStore>();
-  std::vector<RankResult> results(kWorld);
+  JoinResult out;
+  out.ranks.resize(kWorld);
+  out.collectivesBeforeTryStep.assign(kWorld, 0);
   std::vector<std::unique_ptr<ZeroTrainer>> trainers(kWorld);
-  std::vector<uint64_t> collectivesBeforeTryStep(kWorld, 0);
   std::atomic<int> waiting{0};
   std::atomic<int64_t> epochWrittenNs{0};
   std::vector<std::thread> threads;
@@ -285,23 +296,29 @@ TEST_P(ZeroNodeJoin, NewcomersReceiveTheirShardsAndAllMatchOneProcess) {
       auto group = nodeLossRank(store, rank, world, rank % kPerNode, rank / kPerNode,
                                 /*reform=*/true, joinEpoch);
       auto& t = trainers[static_cast<size_t>(rank)];
-      t = std::make_unique<ZeroTrainer>(group, GetParam());
-      collectivesBeforeTryStep[static_cast<size_t>(rank)] = group->communicator().sequenceNumber();
-      train(*t, results[static_cast<size_t>(rank)], 0, epochWrittenNs, [&](int64_t step) {
-        if (step == 1 && group->epoch() == 0) {
-          t->optimizer.param_groups()[0].options().set_lr(kLaterLr);
+      t = std::make_unique<ZeroTrainer>(group, mode);
+      out.collectivesBeforeTryStep[static_cast<size_t>(rank)] =
+          group->communicator().sequenceNumber();
+      auto waitForTheEpoch = [&] {
+        waiting.fetch_add(1);
+        const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+        while (group->communicator().error() == nullptr &&
+               std::chrono::steady_clock::now() < deadline) {
+          std::this_thread::sleep_for(std::chrono::milliseconds(1));
         }
-        if (step == kJoin && group->epoch() == 0) {
-          waiting.fetch_add(1);
-          // Its step begins once the epoch aborted the communicator: the first collective fails.
-          const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
-          while (group->communicator().error() == nullptr &&
-                 std::chrono::steady_clock::now() < deadline) {
-            std::this_thread::sleep_for(std::chrono::milliseconds(1));
-          }
-        }
-        return true;
-      });
+      };
+      train(
+          *t, out.ranks[static_cast<size_t>(rank)], 0, epochWrittenNs,
+          [&](int64_t step) {
+            if (step == 1 && group->epoch() == 0) {
+              t->optimizer.param_groups()[0].options().set_lr(kLaterLr);
+            }
+            if (step == kJoin && group->epoch() == 0 && !inOptimizerStep) waitForTheEpoch();
+            return true;
+          },
+          [&](int64_t step) {
+            if (step == kJoin && group->epoch() == 0 && inOptimizerStep) waitForTheEpoch();
+          });
     });
   };
   for (int rank = 0; rank < kMembers; ++rank) start(rank, kMembers, 0);
@@ -313,22 +330,41 @@ TEST_P(ZeroNodeJoin, NewcomersReceiveTheirShardsAndAllMatchOneProcess) {
   for (auto& t : trainers) {
     if (t) t->group->shutdown();
   }
-  const auto expected = reference(GetParam(), kLaterLr);
+  return out;
+}
+
+// Every rank ends as one process on the whole batch, having run again from step `rolledBackTo`.
+void expectJoined(const JoinResult& out, const Mode& mode, int64_t rolledBackTo) {
+  const auto expected = reference(mode, kLaterLr);
   for (int rank = 0; rank < kWorld; ++rank) {
-    const RankResult& r = results[static_cast<size_t>(rank)];
+    const RankResult& r = out.ranks[static_cast<size_t>(rank)];
     EXPECT_EQ(r.thrown, "") << "rank " << rank;
     EXPECT_EQ(r.finalSize, kWorld) << "rank " << rank;
     EXPECT_EQ(r.discarded, 1) << "rank " << rank;
-    EXPECT_EQ(r.rolledBackTo, 2) << "rank " << rank;
-    expectParametersMatch(r.params, expected, results[0].params, rank);
-    if (!GetParam().frozen) {
+    EXPECT_EQ(r.rolledBackTo, rolledBackTo) << "rank " << rank;
+    expectParametersMatch(r.params, expected, out.ranks[0].params, rank);
+    if (!mode.frozen) {
       EXPECT_EQ(r.mirrorBytes, static_cast<size_t>(3 * 3 * 4 * r.owned)) << "rank " << rank;
     }
     if (rank >= kMembers) {
-      EXPECT_EQ(collectivesBeforeTryStep[static_cast<size_t>(rank)], 0u)
+      EXPECT_EQ(out.collectivesBeforeTryStep[static_cast<size_t>(rank)], 0u)
           << "newcomer " << rank << " made a collective before its first tryStep";
     }
   }
+}
+
+class ZeroNodeJoin : public ::testing::TestWithParam<Mode> {};
+
+TEST_P(ZeroNodeJoin, NewcomersReceiveTheirShardsAndAllMatchOneProcess) {
+  expectJoined(runJoin(GetParam(), /*inOptimizerStep=*/false), GetParam(), kJoin);
+}
+
+// The join's epoch comes while the members are in their optimizer step (stages 1 and 2: its
+// all-gathers fail after the first unit stepped): their blocks are no longer the step's start,
+// so they keep none, and the newest generation is the mirror of step 2.
+TEST_P(ZeroNodeJoin, AJoinInTheOptimizerStepRestoresTheMirror) {
+  if (GetParam().stage == 3) GTEST_SKIP() << "stage 3's step makes no collective";
+  expectJoined(runJoin(GetParam(), /*inOptimizerStep=*/true), GetParam(), 2);
 }
 
 INSTANTIATE_TEST_SUITE_P(Stages, ZeroNodeJoin,

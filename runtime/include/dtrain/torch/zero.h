@@ -320,6 +320,12 @@ class ShardedOptimizer : public torch::optim::Optimizer {
   std::string whyNotMirrored();
   // Bytes the mirrors hold on this rank: its own blocks' copy and the held rank's, twice.
   size_t mirrorBytes() const;
+  // Inside step(), or a step() that failed after it began changing the units: the blocks may no
+  // longer be those of the step's start (TrainingState::tryStep's test before keeping them).
+  bool stepping() const { return stepping_; }
+  // After a failure outside step(): this rank's blocks, as they are, offered as those of the
+  // start of step `generation` by the next restore (TrainingState::tryStep). Not collective.
+  void keepLiveBlocks(int64_t generation);
 
   // Internal: the units and their state machine.
   zero::ShardGroup& shards() { return *shards_; }
@@ -353,6 +359,7 @@ class ShardedOptimizer : public torch::optim::Optimizer {
   std::shared_ptr<zero::ShardedGradientSync> sync_;  // owned with DDP, which drives it
   std::unique_ptr<zero::ShardMirror> mirror_;        // made at the first refreshMirror()
   StepTimes lastStep_;
+  bool stepping_ = false;
 };
 
 // Node loss under ZeRO (docs/design.md "Sharded state across a lost node"): after
