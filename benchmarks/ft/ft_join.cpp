@@ -3,9 +3,9 @@
 // ranks under `--nnodes 2:3 --on-node-loss continue`, the DDP rows' worker with a checkpoint every
 // --save-every steps; after step 15-24 (scaled to --steps), at a random moment within the next
 // step, node 2's launch starts. Under `--on-node-join live` the master takes it into the running
-// round (the members discard their step in flight and hand it their state); under `restart` (the
-// default) it stops the round and every node starts again from the last checkpoint. Both per run,
-// interleaved, each on a fresh cluster.
+// round (the members train on until its ranks reach their first step, then discard their step in
+// flight and hand it their state); under `restart` (the default) it stops the round and every node
+// starts again from the last checkpoint. Both per run, interleaved, each on a fresh cluster.
 #include <algorithm>
 #include <cstdio>
 #include <random>
@@ -26,11 +26,12 @@ namespace {
 // not seen.
 struct Join {
   std::string problem;
-  double decided = -1;      // -> the master's line: taken in, or the round stopped
-  double reformMs = -1;     // the slowest member's re-form (live)
-  double first = -1;        // -> the step after the last one committed before, committed again
-  double wide = -1;         // -> the first step committed at 6 ranks
-  double stepsLost = -1;    // trained and thrown away
+  double decided = -1;    // -> the master's line: taken in, or the round stopped
+  double ready = -1;      // -> live: the newcomer's ranks at their first step (the epoch in effect)
+  double reformMs = -1;   // the slowest member's re-form (live)
+  double first = -1;      // -> the step after the last one committed before `cut`, committed again
+  double wide = -1;       // -> the first step committed at 6 ranks
+  double stepsLost = -1;  // trained and thrown away
   double secondsLost = -1;  // the members' stall: `first`'s commit - last before - one period
   int64_t lastBefore = -1;
 };
@@ -47,17 +48,28 @@ Join measureJoin(const JobRun& run, bool live, int codes) {
     }
   }
   if (run.lostAt > 0 && decidedAt > 0) j.decided = decidedAt - run.lostAt;
+  // Where the members are interrupted: live, once the newcomer is ready (Note [Joining a running
+  // round] in launcher/cluster/master/node_loss.h); else at the decision.
+  double cut = live ? 0 : decidedAt;
+  for (const auto& l : run.lines) {
+    if (!live || decidedAt == 0 || l.t < decidedAt) continue;
+    if (l.text.find("epoch 1 takes effect") != std::string::npos) {
+      cut = l.t;
+      j.ready = cut - run.lostAt;
+      break;
+    }
+  }
   const std::vector<Commit> all = commits(run);
   std::vector<double> periods;
   double tLast = 0;
-  for (size_t i = 0; i < all.size() && decidedAt > 0; ++i) {
-    if (all[i].t >= decidedAt) break;
+  for (size_t i = 0; i < all.size() && cut > 0; ++i) {
+    if (all[i].t >= cut) break;
     j.lastBefore = all[i].step;
     tLast = all[i].t;
     if (i >= 2) periods.push_back(all[i].t - all[i - 1].t);
   }
   for (const auto& c : all) {
-    if (decidedAt == 0 || c.t < decidedAt) continue;
+    if (cut == 0 || c.t < cut) continue;
     if (j.first < 0 && c.step == j.lastBefore + 1) {
       j.first = c.t - run.lostAt;
       j.secondsLost = c.t - tLast - median(periods, 0);
@@ -67,7 +79,7 @@ Join measureJoin(const JobRun& run, bool live, int codes) {
   std::set<int64_t> discarded;
   int64_t restored = -2;
   for (const auto& l : run.lines) {
-    if (l.t < decidedAt) continue;
+    if (cut == 0 || l.t < cut) continue;
     const size_t d = l.text.find("ft discarded step ");
     if (d != std::string::npos) discarded.insert(std::stoll(l.text.substr(d + 18)));
     const size_t r = l.text.find("ft restored step ");
@@ -85,6 +97,7 @@ Join measureJoin(const JobRun& run, bool live, int codes) {
   }
   if (codes != 0) j.problem = fmt::format("a node's launch did not exit 0 ({})", codes);
   else if (decidedAt == 0) j.problem = "the master did not decide on node 2";
+  else if (cut == 0) j.problem = "the newcomer never became ready";
   else if (j.first < 0 || j.wide < 0) j.problem = "no step committed at 6 ranks";
   else if (live && restored >= -1) j.problem = "fell back to the restart path";
   else if (!live && restored < -1) j.problem = "did not restart from the checkpoint";
@@ -92,15 +105,15 @@ Join measureJoin(const JobRun& run, bool live, int codes) {
 }
 
 void printJoinRaw(bool live, int run, const Join& j) {
-  fmt::print("raw {} join run {}: after step {} decided {:.3f} reform_ms {:.0f} first {:.3f} "
-             "wide {:.3f} steps_lost {:.0f} seconds_lost {:.3f}{}\n",
-             live ? "live" : "restart", run, j.lastBefore, j.decided, j.reformMs, j.first, j.wide,
-             j.stepsLost, j.secondsLost, j.problem.empty() ? "" : " PROBLEM: " + j.problem);
+  fmt::print("raw {} join run {}: after step {} decided {:.3f} ready {:.3f} reform_ms {:.0f} first "
+             "{:.3f} wide {:.3f} steps_lost {:.0f} seconds_lost {:.3f}{}\n",
+             live ? "live" : "restart", run, j.lastBefore, j.decided, j.ready, j.reformMs, j.first,
+             j.wide, j.stepsLost, j.secondsLost, j.problem.empty() ? "" : " PROBLEM: " + j.problem);
   std::fflush(stdout);
 }
 
 struct JoinColumn {
-  std::vector<double> decided, reformMs, first, wide, stepsLost, secondsLost;
+  std::vector<double> decided, ready, reformMs, first, wide, stepsLost, secondsLost;
   int problems = 0;
   bool add(const Join& j) {
     if (!j.problem.empty()) {
@@ -108,6 +121,7 @@ struct JoinColumn {
       return false;
     }
     putMeasured(decided, j.decided);
+    putMeasured(ready, j.ready);
     putMeasured(reformMs, j.reformMs);
     putMeasured(first, j.first);
     putMeasured(wide, j.wide);
@@ -228,8 +242,10 @@ void runJoinBench(const Options& o, unsigned seed) {
              o.saveEvery);
   fmt::print("| the master's decision (taken in / round stopped) | {} | {} |\n", cell(live.decided),
              cell(restart.decided));
+  fmt::print("| the newcomer's ranks at their first step (the epoch takes effect) | {} | - |\n",
+             cell(live.ready));
   fmt::print("| re-form, ms (slowest member) | {} | - |\n", cell(live.reformMs, "{:.0f}"));
-  fmt::print("| the step in flight committed again | {} | {} |\n", cell(live.first),
+  fmt::print("| the step in flight then committed again | {} | {} |\n", cell(live.first),
              cell(restart.first));
   fmt::print("| first step at 6 ranks | {} | {} |\n", cell(live.wide), cell(restart.wide));
   fmt::print("| steps lost | {} | {} |\n", cell(live.stepsLost, "{:.0f}"),

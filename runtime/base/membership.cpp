@@ -12,6 +12,8 @@ std::string epochKey() { return "launch/epoch"; }
 
 std::string formedKey(int epoch) { return fmt::format("launch/epoch{}/formed", epoch); }
 
+std::string readyKey(int epoch) { return fmt::format("launch/epoch{}/ready", epoch); }
+
 std::string epochPrefix(int epoch) { return fmt::format("epoch{}", epoch); }
 
 int Epoch::rankOf(const std::string& node, int localRank) const {
@@ -30,6 +32,7 @@ std::string encodeEpoch(const Epoch& epoch) {
                       {"world_size", epoch.worldSize},
                       {"nodes", nodes},
                       {"why", epoch.why}};
+  if (epoch.joining > 0) j["joining"] = epoch.joining;
   return fmt::format("{}\n{}", epoch.epoch, j.dump());
 }
 
@@ -45,6 +48,7 @@ Epoch decodeEpoch(const std::string& text) {
     e.epoch = j.at("epoch").get<int>();
     e.worldSize = j.at("world_size").get<int>();
     e.why = j.value("why", "");
+    e.joining = j.value("joining", 0);
     for (const auto& n : j.at("nodes")) {
       e.nodes.push_back(
           EpochNode{n.at(0).get<std::string>(), n.at(1).get<int>(), n.at(2).get<int>()});
@@ -69,6 +73,10 @@ Epoch decodeEpoch(const std::string& text) {
   if (next != e.worldSize || e.worldSize < 1) {
     DTRAIN_THROW(InvalidArgument, "membership epoch {}: its nodes hold {} ranks, world size {}",
                  e.epoch, next, e.worldSize);
+  }
+  if (e.joining < 0 || e.joining >= e.worldSize) {
+    DTRAIN_THROW(InvalidArgument, "membership epoch {}: {} joining ranks of {}", e.epoch, e.joining,
+                 e.worldSize);
   }
   return e;
 }

@@ -16,6 +16,14 @@
 // "launch/epoch<E>/formed" once its communicators of epoch E are built: the master counts the
 // re-form done when the counter reaches the epoch's world size, and a loss before that ends the
 // round the old way (a restart).
+//
+// An epoch that takes nodes into the running round (`--on-node-join live`) names how many of its
+// ranks are new ("joining"). It takes effect only once all of them are ready: each newcomer's
+// worker adds 1 to "launch/epoch<E>/ready" when its program reaches its first step (until then it
+// holds no communicator: Note [Admission when ready] in runtime/comm/world_reform.cpp), and a
+// member's watcher reports the epoch -- aborting its communicators -- only when the counter
+// reaches that number. The members train on meanwhile: they wait out the re-form, not the
+// newcomers' start-up.
 
 #include <string>
 #include <vector>
@@ -25,6 +33,7 @@ namespace dtrain::membership {
 // Keys, relative to the round's prefix "round<R>/" (a worker's store view is the round's).
 std::string epochKey();            // "launch/epoch": the master's latest epoch (encodeEpoch)
 std::string formedKey(int epoch);  // "launch/epoch<E>/formed": counter of ranks re-formed
+std::string readyKey(int epoch);   // "launch/epoch<E>/ready": counter of joining ranks ready
 // The store prefix of epoch E's communicators: "epoch<E>" (epoch 0 has none: today's keys).
 std::string epochPrefix(int epoch);
 
@@ -41,12 +50,16 @@ struct Epoch {
   std::vector<EpochNode> nodes;  // in rank order
   // Why this epoch began, for logs and errors: "node 2 (h3) went silent".
   std::string why;
+  // Ranks of this epoch new to the round (taken in live): it takes effect once that many have
+  // added themselves to readyKey(epoch). 0: at once (a loss).
+  int joining = 0;
   // The rank of local rank `localRank` of node `node` in this epoch; -1 when not a member.
   int rankOf(const std::string& node, int localRank) const;
 };
 
 // "E\n" + JSON {"epoch", "world_size", "nodes": [[node, rank_offset, local_world_size], ...],
-// "why"}: the epoch number first, so a reader that only needs it stops at the newline.
+// "why"[, "joining"]}: the epoch number first, so a reader that only needs it stops at the
+// newline.
 std::string encodeEpoch(const Epoch& epoch);
 // Throws InvalidArgument naming what is malformed: a bad number, missing fields, ranks that do
 // not cover [0, world_size) in order.

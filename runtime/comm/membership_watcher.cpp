@@ -4,8 +4,38 @@
 
 #include "dtrain/base/error.h"
 #include "dtrain/base/logging.h"
+#include "parse_int.h"
 
 namespace dtrain::comm {
+
+namespace {
+
+// Until `epoch`'s ready counter reaches its joining ranks (true), a value of the epoch key other
+// than `seen` is written (false: the caller reads it), or `stopped()` (false).
+template <typename Stopped>
+bool awaitReady(store::Store& store, const membership::Epoch& epoch, const store::Bytes& seen,
+                const Stopped& stopped) {
+  constexpr std::chrono::milliseconds kSlice{200};
+  const std::string key = membership::readyKey(epoch.epoch);
+  while (!stopped()) {
+    try {
+      const auto values = store.tryMultiGet({key, membership::epochKey()});
+      if (values[1] && *values[1] != seen) return false;
+      int64_t count = 0;
+      if (values[0] && parseInt64(store::toString(*values[0]), &count) && count >= epoch.joining) {
+        return true;
+      }
+      store.waitChanged(key, values[0] ? *values[0] : store::Bytes{}, kSlice);
+    } catch (const TimeoutError&) {
+    } catch (const std::exception& e) {
+      DTRAIN_LOG(Warn, "membership watch: epoch {}'s ready counter: {}", epoch.epoch, e.what());
+      std::this_thread::sleep_for(std::chrono::seconds(1));
+    }
+  }
+  return false;
+}
+
+}  // namespace
 
 MembershipWatcher::MembershipWatcher(std::shared_ptr<store::Store> store,
                                      std::function<void(const membership::Epoch&)> onEpoch)
@@ -47,6 +77,13 @@ MembershipWatcher::MembershipWatcher(std::shared_ptr<store::Store> store,
         std::lock_guard<std::mutex> g(shared->mutex);
         if (shared->stop) return;
         if (shared->latest && shared->latest->epoch >= epoch.epoch) continue;
+      }
+      // Note [Membership epochs]: a join takes effect once its newcomers are ready; a newer
+      // epoch written meanwhile is read instead.
+      if (epoch.joining > 0 && !awaitReady(*store, epoch, seen, stopped)) continue;
+      {
+        std::lock_guard<std::mutex> g(shared->mutex);
+        if (shared->stop) return;
         shared->latest = epoch;
       }
       shared->changed.notify_all();

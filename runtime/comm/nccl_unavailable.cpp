@@ -14,4 +14,10 @@ std::shared_ptr<Communicator> createNcclCommunicator(const NcclOptions&) {
                "machine with the CUDA toolkit and NCCL (NCCL_ROOT, CUDAToolkit_ROOT)");
 }
 
+std::shared_ptr<Buffer> allocateCudaBuffer(int, size_t) {
+  DTRAIN_THROW(InvalidArgument,
+               "dtrain was built without NCCL, so there is no device memory to "
+               "allocate. HINT: build on a machine with the CUDA toolkit and NCCL");
+}
+
 }  // namespace dtrain::comm

@@ -147,7 +147,9 @@ World connectWorld(const WorldOptions& o, bool cudaDevicesUsable) {
                      w.device,
                      devices,
                      w.env.node.empty() ? hostNodeKey() : w.env.node};
-  w.communicator = entry.create(setup);
+  // Note [Admission when ready] (world_reform.cpp): a rank taken in connects at its first step.
+  w.communicator = w.joinPending ? pendingCommunicator(entry, setup) : entry.create(setup);
+  w.awaitingAdmission = w.joinPending;
   w.backend = w.communicator->backendName();
   watchMembership(w, o, entry.name, setup.node, devices);
   if (w.joinPending) {
@@ -155,9 +157,10 @@ World connectWorld(const WorldOptions& o, bool cudaDevicesUsable) {
                  "{}={} (a node taken into a running round) needs {}=continue: the launcher sets "
                  "both (--on-node-join live with --on-node-loss continue)",
                  env::kJoinEpoch, w.epoch, env::kOnNodeLoss);
-    w.store->add(membership::formedKey(w.epoch), 1);
-    DTRAIN_LOG(Warn, "joined the running round in membership epoch {}: rank {}/{}", w.epoch,
-               w.env.rank, w.env.worldSize);
+    DTRAIN_LOG(Warn,
+               "joined the running round in membership epoch {}: rank {}/{}, connected at its "
+               "first step",
+               w.epoch, w.env.rank, w.env.worldSize);
   }
   DTRAIN_LOG(Info, "{}: rank {}/{} (local rank {}) from {}, backend {}", o.name, w.env.rank,
              w.env.worldSize, w.env.localRank, launcherName(w.env.launcher), w.backend);

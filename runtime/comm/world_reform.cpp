@@ -9,7 +9,9 @@
 #include "dtrain/base/error.h"
 #include "dtrain/base/job_store.h"
 #include "dtrain/base/logging.h"
+#include "dtrain/comm/nccl_communicator.h"
 #include "env_contract.h"
+#include "host_buffer_pool.h"
 #include "parse_int.h"
 
 namespace dtrain::comm {
@@ -74,6 +76,128 @@ std::string worldPrefix(const std::string& name, int epoch) {
 
 bool reformsOnNodeLoss(const World& world) { return world.reform != nullptr; }
 
+namespace {
+
+// Note [Admission when ready]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// A worker started in a running round (DTRAIN_JOIN_EPOCH=E: `launch --on-node-join live`) must
+// not hold the members up while it starts: its process, libtorch, its model, its data and -- on
+// a GPU -- its CUDA context take seconds to minutes, which the members would wait out idle in the
+// new epoch's rendezvous. So connectWorld gives it a communicator that connects nothing
+// (PendingCommunicator: its rank and world size as planned, allocate()'s memory where the
+// backend's would be, every collective refused in one message), and its first
+// TrainingState::tryStep admits it (admitWorld): it adds 1 to epoch E's ready counter, then builds
+// its communicator of epoch E, which completes once the members have left theirs and joined it.
+// The members' watchers report epoch E -- aborting their step in flight -- only when every
+// joining rank is ready (Note [Membership epochs] in runtime/base/membership.h): until then they
+// train on, and they wait out the re-form only.
+class PendingCommunicator final : public Communicator {
+ public:
+  PendingCommunicator(int rank, int size, const BackendEntry& entry, int device)
+      : rank_(rank), size_(size), backend_(entry.name), device_(entry.cuda ? device : -1) {
+    if (device_ < 0) pool_ = HostBufferPool::create();
+  }
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+  const char* backendName() const override { return backend_; }
+  std::shared_ptr<Work> allreduceAsync(void*, size_t, DataType, ReduceOp,
+                                       const CallOptions&) override {
+    refuse("allreduce");
+  }
+  std::shared_ptr<Work> broadcastAsync(void*, size_t, DataType, int, const CallOptions&) override {
+    refuse("broadcast");
+  }
+  std::shared_ptr<Work> allgatherAsync(const void*, void*, size_t, DataType,
+                                       const CallOptions&) override {
+    refuse("allgather");
+  }
+  std::shared_ptr<Work> reduceScatterAsync(const void*, void*, size_t, DataType, ReduceOp,
+                                           const CallOptions&) override {
+    refuse("reduce-scatter");
+  }
+  std::shared_ptr<Work> barrierAsync(const CallOptions&) override { refuse("barrier"); }
+  std::shared_ptr<Communicator> createGroup(const GroupSpec&) override { refuse("a subgroup"); }
+  // What is built before the first step over this memory (a ShardedOptimizer's units) is built
+  // again over the real communicator's at that step.
+  std::shared_ptr<Buffer> allocate(size_t bytes) override {
+    return pool_ ? pool_->allocate(bytes) : allocateCudaBuffer(device_, bytes);
+  }
+  void shutdown() override {}
+  void abort(const std::string&) override {}
+
+ private:
+  [[noreturn]] void refuse(const char* what) const {
+    DTRAIN_THROW(InvalidArgument,
+                 "{} on rank {}/{} before its first step: this rank was taken into a running "
+                 "round (launch --on-node-join live) and has no communicator until its first "
+                 "TrainingState::tryStep admits it among the members. HINT: make no collective "
+                 "before the first tryStep (DistributedDataParallel, ShardedOptimizer and "
+                 "Checkpointer wait for it on their own; TrainingState::tryCollective returns "
+                 "false)",
+                 what, rank_, size_);
+  }
+
+  int rank_;
+  int size_;
+  const char* backend_;
+  int device_;
+  std::shared_ptr<HostBufferPool> pool_;
+};
+
+// Builds `w`'s communicator of membership epoch `epoch` as rank `rank` of `worldSize`, under the
+// epoch's prefix, and counts it formed. Collective over the epoch's members.
+void formEpoch(World& w, int epoch, int rank, int worldSize) {
+  WorldReform& r = *w.reform;
+  const BackendEntry* entry = nullptr;
+  for (const auto& b : backendTable()) {
+    if (r.backend == b.name) entry = &b;
+  }
+  DTRAIN_CHECK(entry != nullptr, "backend {} vanished from the table", r.backend);
+  WorldEnv env = w.env;
+  env.rank = rank;
+  env.worldSize = worldSize;
+  BackendSetup setup{r.options, env,           w.store,  worldPrefix(r.options.name, epoch),
+                     w.device,  r.cudaDevices, r.nodeKey};
+  std::shared_ptr<Communicator> c = entry->create(setup);
+  w.communicator = c;
+  w.backend = c->backendName();
+  w.env = env;
+  w.epoch = epoch;
+  {
+    std::lock_guard<std::mutex> g(r.target->mutex);
+    r.target->current = c;
+    r.target->epoch = epoch;
+  }
+  // An epoch newer than this one may have come while the communicator was built.
+  if (auto newer = r.watcher->latest(); newer && newer->epoch > epoch) {
+    c->abort(fmt::format("epoch {}: {}", newer->epoch, newer->why));
+  }
+  w.store->add(membership::formedKey(epoch), 1);
+  log::setTag(fmt::format("[dtrain rank {}]", rank));
+}
+
+}  // namespace
+
+std::shared_ptr<Communicator> pendingCommunicator(const BackendEntry& entry,
+                                                  const BackendSetup& setup) {
+  return std::make_shared<PendingCommunicator>(setup.env.rank, setup.env.worldSize, entry,
+                                               setup.device);
+}
+
+void admitWorld(World& w) {
+  if (!w.awaitingAdmission || w.closed) return;
+  DTRAIN_CHECK(w.reform != nullptr, "a rank taken into a running round needs the membership watch");
+  const auto start = std::chrono::steady_clock::now();
+  // Note [Admission when ready]: the members leave their step once every joining rank counted.
+  w.store->add(membership::readyKey(w.epoch), 1);
+  formEpoch(w, w.epoch, w.env.rank, w.env.worldSize);
+  w.awaitingAdmission = false;
+  DTRAIN_LOG(
+      Warn, "admitted to membership epoch {}: rank {}/{}, {:.0f} ms after it was ready", w.epoch,
+      w.env.rank, w.env.worldSize,
+      std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count());
+}
+
 bool reformWorld(World& w) {
   if (!w.reform || w.closed) return false;
   WorldReform& r = *w.reform;
@@ -91,34 +215,10 @@ bool reformWorld(World& w) {
                  "the launcher went on without this node",
                  w.env.rank, r.nodeId, w.env.localRank, e.epoch, e.why);
   }
-  const BackendEntry* entry = nullptr;
-  for (const auto& b : backendTable()) {
-    if (r.backend == b.name) entry = &b;
-  }
-  DTRAIN_CHECK(entry != nullptr, "backend {} vanished from the table", r.backend);
-  WorldEnv env = w.env;
-  env.rank = rank;
-  env.worldSize = e.worldSize;
   const auto start = std::chrono::steady_clock::now();
-  BackendSetup setup{r.options, env,           w.store,  worldPrefix(r.options.name, e.epoch),
-                     w.device,  r.cudaDevices, r.nodeKey};
-  std::shared_ptr<Communicator> c = entry->create(setup);
   const int oldRank = w.env.rank;
   const int oldSize = w.env.worldSize;
-  w.communicator = c;
-  w.env = env;
-  w.epoch = e.epoch;
-  {
-    std::lock_guard<std::mutex> g(r.target->mutex);
-    r.target->current = c;
-    r.target->epoch = e.epoch;
-  }
-  // An epoch newer than this one may have come while the communicator was built.
-  if (auto newer = r.watcher->latest(); newer && newer->epoch > e.epoch) {
-    c->abort(fmt::format("epoch {}: {}", newer->epoch, newer->why));
-  }
-  w.store->add(membership::formedKey(e.epoch), 1);
-  log::setTag(fmt::format("[dtrain rank {}]", rank));
+  formEpoch(w, e.epoch, rank, e.worldSize);
   DTRAIN_LOG(
       Warn, "re-formed in membership epoch {} ({}): rank {}/{} was {}/{}, in {:.0f} ms", e.epoch,
       e.why, rank, e.worldSize, oldRank, oldSize,

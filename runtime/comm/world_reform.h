@@ -41,4 +41,10 @@ std::string worldPrefix(const std::string& name, int epoch);
 void watchMembership(World& world, const WorldOptions& options, const std::string& backend,
                      const std::string& nodeKey, int cudaDevices);
 
+// The communicator of a rank taken into a running round until admitWorld() (Note [Admission when
+// ready] in world_reform.cpp): `setup`'s rank and world size, memory from allocate() as `entry`'s
+// backend gives it, every collective refused.
+std::shared_ptr<Communicator> pendingCommunicator(const BackendEntry& entry,
+                                                  const BackendSetup& setup);
+
 }  // namespace dtrain::comm

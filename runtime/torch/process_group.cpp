@@ -133,6 +133,12 @@ bool ProcessGroup::reform() {
   return true;
 }
 
+void ProcessGroup::admit() {
+  if (!world_ || !world_->awaitingAdmission) return;
+  comm::admitWorld(*world_);
+  communicator_ = world_->communicator;
+}
+
 std::shared_ptr<store::Store> ProcessGroup::store() const {
   return world_ ? world_->store : nullptr;
 }

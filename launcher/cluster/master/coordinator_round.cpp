@@ -1,5 +1,8 @@
 // The Coordinator while a round runs: results, heartbeats, lost sessions, nodes waiting to join
 // (Note [Coordinator loop]).
+#include <algorithm>
+#include <set>
+
 #include "dtrain/base/error.h"
 #include "fault.h"
 #include "launcher/cluster/master/coordinator.h"
@@ -82,6 +85,11 @@ struct Coordinator::RoundWatch {
   std::vector<WorkerOutcome> retired;
   bool reforming = false;
   Clock::time_point reformDeadline;
+  // A join whose epoch is written but not in effect: the nodes taken in, until their ranks are
+  // ready (Note [Joining a running round]); empty otherwise.
+  std::set<std::string> joining;
+  std::string joiningWho;  // "node 2 (h3)", for the lines that follow it
+  Clock::time_point joinedAt;
   bool fellBack = false;
 };
 
@@ -163,12 +171,33 @@ bool Coordinator::goOnWithout(RoundWatch& w, const std::string& node, LossKind k
 
 void Coordinator::followReform(RoundWatch& w, Clock::time_point now) {
   if (!w.reforming || w.stopSeen) return;
+  if (!w.joining.empty()) {
+    // Every member reported while the newcomers were starting: only their workers are left.
+    bool membersLeft = false;
+    for (const auto& m : w.epoch.nodes) {
+      membersLeft = membersLeft || (w.joining.count(m.node) == 0 && w.open(m.node));
+    }
+    if (!membersLeft) {
+      w.reforming = false;
+      const std::string why = fmt::format("the members finished before {} reached its first step",
+                                          w.joiningWho);
+      say(fmt::format("launch: round {}: {}; stopping its workers", w.plan.round, why));
+      w.joining.clear();
+      stopRound(w.plan.round, why);
+      return;
+    }
+  }
   if (now <= w.reformDeadline) return;
   w.reforming = false;
   w.fellBack = true;
-  const std::string why = fmt::format(
-      "the survivors did not re-form epoch {} within {:g} s (--heartbeat-timeout + {:g})",
-      w.epoch.epoch, options_.heartbeatTimeout + kReformSeconds, kReformSeconds);
+  const std::string why =
+      !w.joining.empty()
+          ? fmt::format("{} did not reach its first step within {:.0f} s of being taken in "
+                        "(the larger of --rdzv-timeout and --heartbeat-timeout + {:g})",
+                        w.joiningWho, secondsSince(w.joinedAt), kReformSeconds)
+          : fmt::format(
+                "the survivors did not re-form epoch {} within {:g} s (--heartbeat-timeout + {:g})",
+                w.epoch.epoch, options_.heartbeatTimeout + kReformSeconds, kReformSeconds);
   say(fmt::format("launch: round {}: {}; falling back to the restart path (--max-restarts {})",
                   w.plan.round, why, options_.maxRestarts));
   stopRound(w.plan.round, why);
@@ -314,12 +343,23 @@ void Coordinator::noteLostNodes(RoundWatch& w, Clock::time_point now) {
     markLost(g.node, g.why, waiting != w.waiting.end() ? waiting->second.nonce : "", true);
     if (waiting != w.waiting.end()) w.waiting.erase(waiting);
   }
-  std::optional<store::Bytes> formed;
-  const auto silent = readHeartbeats(
-      now, w.reforming ? formedStoreKey(plan.round, w.epoch.epoch) : "", &formed);
+  // A pending join's ready counter, else a re-form's formed one: the formed one cannot move
+  // before the ready one is complete.
+  const bool pending = !w.joining.empty();
+  std::optional<store::Bytes> counter;
+  const auto silent = readHeartbeats(now,
+                                     !w.reforming ? ""
+                                     : pending    ? readyStoreKey(plan.round, w.epoch.epoch)
+                                                  : formedStoreKey(plan.round, w.epoch.epoch),
+                                     &counter);
   int64_t count = 0;
-  if (w.reforming && formed && parseInt64(store::toString(*formed), &count) &&
-      count >= w.epoch.worldSize) {
+  const bool read = w.reforming && counter && parseInt64(store::toString(*counter), &count);
+  if (read && pending && count >= w.epoch.joining) {
+    say(fmt::format("launch: round {}: {} ready after {:.1f} s; epoch {} takes effect", plan.round,
+                    w.joiningWho, secondsSince(w.joinedAt), w.epoch.epoch));
+    w.joining.clear();
+    w.reformDeadline = after(now, options_.heartbeatTimeout + kReformSeconds);
+  } else if (read && !pending && count >= w.epoch.worldSize) {
     w.reforming = false;
     DTRAIN_LOG(Info, "launch: round {}: epoch {} re-formed ({} ranks) {:.3f} s into the round",
                plan.round, w.epoch.epoch, count, secondsSince(w.start));
@@ -423,7 +463,12 @@ void Coordinator::admitLive(RoundWatch& w) {
   setPhase(w.plan.round, JobPhase::Run, &seen);
   w.epoch = next;
   w.reforming = true;
-  w.reformDeadline = after(now, options_.heartbeatTimeout + kReformSeconds);
+  // Note [Joining a running round]: the members take the epoch in once the newcomers are ready.
+  for (const auto& [node, j] : taken) w.joining.insert(node);
+  w.joiningWho = who;
+  w.joinedAt = now;
+  w.reformDeadline = after(
+      now, std::max(options_.rdzvTimeout, options_.heartbeatTimeout + kReformSeconds));
   say(fmt::format("launch: round {} takes in {} live (--on-node-join live); epoch {}: {} node{}, "
                   "{} rank{}",
                   w.plan.round, who, next.epoch, next.nodes.size(),

@@ -53,9 +53,11 @@ membership::Epoch epochWith(const membership::Epoch& previous,
   membership::Epoch next = previous;
   next.epoch = previous.epoch + 1;
   next.why = why;
+  next.joining = 0;
   for (const auto& [node, size] : joining) {
     next.nodes.push_back(membership::EpochNode{node, next.worldSize, size});
     next.worldSize += size;
+    next.joining += size;
   }
   return next;
 }
@@ -94,6 +96,10 @@ std::string epochStoreKey(int round) {
 
 std::string formedStoreKey(int round, int epoch) {
   return fmt::format("round{}/{}", round, membership::formedKey(epoch));
+}
+
+std::string readyStoreKey(int round, int epoch) {
+  return fmt::format("round{}/{}", round, membership::readyKey(epoch));
 }
 
 int reformsWithin(const std::vector<std::chrono::steady_clock::time_point>& times,

@@ -27,20 +27,25 @@
 // Under --on-node-join live (with --on-node-loss continue) a node that comes to join while the
 // running round has fewer than MAX of --nnodes MIN:MAX members is taken into that round instead
 // of stopping it: the master writes the next epoch -- the members in their order, then the
-// newcomers, so no member's rank moves -- and rewrites launch/state's plan as that epoch sees the
-// round (planOfEpoch: its members, the epoch's ranks and world size, the epoch's number). The
-// newcomer's agent, waiting for the next round, finds itself in the running round's plan and
-// starts its workers with DTRAIN_JOIN_EPOCH: their world is built in that epoch. The members'
-// workers abort their communicators on the new epoch as on a loss (the step in flight is
-// discarded), re-form with the newcomers, and hand them their state (Note [Settling after a
-// re-form]); a newcomer's first TrainingState::tryStep is that settling. A loss while it is in
-// progress falls back to the restart path, as during any re-form; no newcomer is taken in while
-// a re-form is in progress, nor once a member has reported (its workers ended: the job is
-// finishing), and a join is not counted against --max-reforms (no node was lost). Like a loss, a
-// join aborts the members' collectives wherever they are: a program whose members are past their
-// last tryStep and still make collectives (a final gather), or have all exited when the newcomer
-// starts, fails the round (the restart path) -- a join at the very end of a job can cost a
-// restart.
+// newcomers, so no member's rank moves, its `joining` their ranks -- and rewrites launch/state's
+// plan as that epoch sees the round (planOfEpoch: its members, the epoch's ranks and world size,
+// the epoch's number). The newcomer's agent, waiting for the next round, finds itself in the
+// running round's plan and starts its workers with DTRAIN_JOIN_EPOCH: their world is built in
+// that epoch, without a communicator until their first TrainingState::tryStep, where each adds
+// itself to the epoch's ready counter (Note [Admission when ready] in
+// runtime/comm/world_reform.cpp). The members train on meanwhile: their workers take the epoch
+// in only once the counter reaches its `joining` ranks (the master says "ready after N s"), then
+// abort their communicators as on a loss (the step in flight is discarded), re-form with the
+// newcomers, and hand them their state (Note [Settling after a re-form]); a newcomer's first
+// tryStep is that settling. The re-form's deadline starts when they are ready; before, the
+// newcomers have the larger of --rdzv-timeout and --heartbeat-timeout + 30 s to reach their first
+// step. A loss while a join is pending or re-forming falls back to the restart path, as during
+// any re-form; no newcomer is taken in while a re-form is in progress, nor once a member has
+// reported (its workers ended: the job is finishing), and a join is not counted against
+// --max-reforms (no node was lost). When every member has reported before the newcomers were
+// ready, the round is stopped -- only the newcomers' workers were left -- and ends as the members
+// did. A join that becomes ready after the members' last tryStep, while they still make
+// collectives (a final gather), aborts those and fails the round (the restart path).
 // Under ZeRO the members re-shard their state for the larger world, the newcomer receiving its
 // shards (docs/design.md "Sharded state across a lost node"); a program
 // whose sharded optimizer is not mirrored says so in one error and the restart path takes over.
@@ -93,7 +98,8 @@ membership::Epoch epochWithout(const membership::Epoch& previous, const std::set
 // Epoch 0 of a round: its plan.
 membership::Epoch epochOfPlan(const RoundPlan& plan);
 // The epoch after `previous` with the nodes `joining` ([node, local world size]) after its
-// members (Note [Joining a running round]); epoch number + 1; `why` as given.
+// members (Note [Joining a running round]); epoch number + 1; `why` as given; its `joining` the
+// newcomers' ranks.
 membership::Epoch epochWith(const membership::Epoch& previous,
                             const std::vector<std::pair<std::string, int>>& joining,
                             const std::string& why);
@@ -104,6 +110,7 @@ RoundPlan planOfEpoch(const RoundPlan& plan, const membership::Epoch& e);
 // The round's keys of Note [Membership epochs], with the round's prefix ("round<R>/...").
 std::string epochStoreKey(int round);
 std::string formedStoreKey(int round, int epoch);
+std::string readyStoreKey(int round, int epoch);
 
 // The re-forms of `times` within `window` seconds before `now`.
 int reformsWithin(const std::vector<std::chrono::steady_clock::time_point>& times,

@@ -539,12 +539,16 @@ std::shared_ptr<Work> NcclCommunicator::barrierAsync(const CallOptions& options)
                 });
 }
 
-std::shared_ptr<Buffer> NcclCommunicator::allocate(size_t bytes) {
-  DeviceGuard guard(device_);
+std::shared_ptr<Buffer> allocateCudaBuffer(int device, size_t bytes) {
+  DeviceGuard guard(device);
   void* data = nullptr;
   checkCuda(cudaMalloc(&data, bytes == 0 ? 1 : bytes),
-            fmt::format("cudaMalloc({} bytes) on cuda:{}", bytes, device_));
-  return std::make_shared<DeviceBuffer>(data, bytes, device_);
+            fmt::format("cudaMalloc({} bytes) on cuda:{}", bytes, device));
+  return std::make_shared<DeviceBuffer>(data, bytes, device);
+}
+
+std::shared_ptr<Buffer> NcclCommunicator::allocate(size_t bytes) {
+  return allocateCudaBuffer(device_, bytes);
 }
 
 void NcclCommunicator::shutdown() {

@@ -222,16 +222,6 @@ bool TrainingState::membershipChanged(const std::exception& e) const {
 }
 
 int64_t TrainingState::joinShards() {
-  for (const auto& e : registry_->sharded) {
-    // The members' mirrors are off too (the same reason on every rank): their restore fails
-    // and the job restarts; this rank says why at once.
-    const std::string why = e.optimizer->whyNotMirrored();
-    DTRAIN_CHECK_ARG(why.empty(),
-                     "rank {} was taken into a running round (launch --on-node-join live), but "
-                     "optimizer \"{}\" is not mirrored ({}), so the members cannot hand it its "
-                     "shards. HINT: use --on-node-join restart (the default) for this program",
-                     group_->rank(), e.name, why);
-  }
   // The wrapper's core and the units are made again with the members (reformUnits): no longer
   // deferred.
   group_->settleJoin();
@@ -255,6 +245,19 @@ bool TrainingState::tryStep(const std::function<void()>& work) {
     // with this rank and settle; so does it, at their step, before its first. Under ZeRO they
     // restore their sharded state from the mirrors into the new world, this rank's blocks
     // included (Note [Shard mirrors]).
+    for (const auto& e : registry_->sharded) {
+      // The members' mirrors are off too (the same reason on every rank): their restore would
+      // fail and the job restart; this rank says why at once, before the members are told.
+      const std::string why = e.optimizer->whyNotMirrored();
+      DTRAIN_CHECK_ARG(why.empty(),
+                       "rank {} was taken into a running round (launch --on-node-join live), but "
+                       "optimizer \"{}\" is not mirrored ({}), so the members cannot hand it its "
+                       "shards. HINT: use --on-node-join restart (the default) for this program",
+                       group_->rank(), e.name, why);
+    }
+    // Note [Admission when ready] (runtime/comm/world_reform.cpp): the members learn now that
+    // this rank is ready, leave their step, and form the epoch with it.
+    group_->admit();
     if (registry_->sharded.empty()) {
       step_ = state::settleAfterReform(*registry_, *group_, step_);
       group_->settleJoin();

@@ -198,6 +198,18 @@ TEST(EpochWith, AppendsTheNewcomersAndThePlanFollowsTheEpoch) {
   EXPECT_EQ(e2.rankOf("3", 0), 4);
   EXPECT_EQ(e2.rankOf("2", 0), 8);
   EXPECT_EQ(e2.why, "node 3 (h4), node 2 (h3) joined");
+  // It takes effect once the newcomers' 5 ranks are ready (Note [Membership epochs]); the
+  // members read that number back, and an epoch after it (a loss) joins nobody.
+  EXPECT_EQ(e2.joining, 5);
+  EXPECT_EQ(membership::decodeEpoch(membership::encodeEpoch(e2)).joining, 5);
+  EXPECT_EQ(e1.joining, 0);
+  EXPECT_EQ(epochWithout(e2, {"3"}, "node 3 (h4) went silent").joining, 0);
+  EXPECT_EQ(epochWith(e2, {{"4", 2}}, "node 4 (h5) joined").joining, 2);
+  EXPECT_EQ(readyStoreKey(2, 2), "round2/launch/epoch2/ready");
+  // Malformed: more joining ranks than the epoch's members could hand their state to.
+  membership::Epoch bad = e2;
+  bad.joining = 9;
+  EXPECT_THROW(membership::decodeEpoch(membership::encodeEpoch(bad)), InvalidArgument);
   const RoundPlan seen = planOfEpoch(plan, e2);
   EXPECT_EQ(seen.epoch, 2);
   EXPECT_EQ(seen.round, 2);

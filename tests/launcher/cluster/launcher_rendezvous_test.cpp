@@ -525,7 +525,12 @@ TEST(Coordinator, ANodeWaitingToJoinIsTakenIntoTheRunningRoundLive) {
       std::this_thread::sleep_for(1ms);
     }
     epoch = membership::decodeEpoch(h.store->getString(epochStoreKey(0)));
+    // The newcomer's 2 ranks reach their first step (the members take the epoch in), then all
+    // 6 form it; the master reads the counters with the heartbeats (every 500 ms at most).
+    h.store->add(readyStoreKey(0, 1), 2);
+    std::this_thread::sleep_for(1500ms);
     h.store->add(formedStoreKey(0, 1), 6);
+    std::this_thread::sleep_for(1000ms);
     for (const char* n : {"0", "1", "2"}) h.succeed(0, n);
   });
   EXPECT_EQ(c.run(), 0);
@@ -549,7 +554,37 @@ TEST(Coordinator, ANodeWaitingToJoinIsTakenIntoTheRunningRoundLive) {
   EXPECT_EQ(epoch.rankOf("2", 1), 5);
   EXPECT_EQ(epoch.rankOf("1", 0), 2);
   EXPECT_EQ(epoch.why, "node 2 (h2) joined");
+  EXPECT_EQ(epoch.joining, 2);
   // Without the mode (the default), the same join stops the round instead: the test above.
+}
+
+// Note [Joining a running round]: the members report (the job is done) while the newcomer's ranks
+// have not reached their first step -- the epoch never took effect, nobody left a step. The
+// master stops the round, whose only workers left are the newcomer's, and it ends 0.
+TEST(Coordinator, MembersThatFinishBeforeTheNewcomerIsReadyStopItsWorkers) {
+  Harness h(3, 2);
+  startLiveJob(h);
+  Beats beats(*h.store, {"0", "1", "2"});
+  Coordinator c(h.store, h.options);
+  std::string stop;
+  std::thread agents([&] {
+    EXPECT_EQ(h.awaitPlan(0).nodes.size(), 2u);
+    h.join(1, "2");
+    JobPhase seen;
+    for (int i = 0; i < 5000 && !(seen.plan && seen.plan->epoch > 0); ++i) {
+      seen = decodePhase(h.store->getString(keys::state()));
+      std::this_thread::sleep_for(1ms);
+    }
+    h.succeed(0, "0");
+    h.succeed(0, "1");
+    h.store->wait({keys::stop(0)}, 5000ms);
+    stop = h.store->getString(keys::stop(0));
+    h.report(0, "2", 143, /*stopped=*/true);
+  });
+  EXPECT_EQ(c.run(), 0);
+  agents.join();
+  EXPECT_EQ(stop, "the members finished before node 2 (h2) reached its first step");
+  EXPECT_EQ(h.store->getString(keys::decision(0)), "end 0");
 }
 
 // Once a member has reported (its workers ended: the job is finishing) no node is taken in: the

@@ -462,6 +462,83 @@ TEST(NodeJoinE2E, ANodeComingLateIsTakenIntoTheRunningRoundAndEveryRankEndsAsOne
   expectSixRanksMatchOneProcess(r0.out + r1.out + r2.out, r0.out, 1, 1, out, kSteps);
 }
 
+// Note [Joining a running round]: the newcomer's start-up (here 3 s of sleep before its first
+// step) is not the members' to wait out -- the epoch that takes it in is written at once, but
+// takes effect only when its ranks are ready (the master says so, "ready after N s"). The members
+// train on at 4 ranks meanwhile, discard only the step in flight then, and all 6 ranks end as one
+// process.
+TEST(NodeJoinE2E, TheMembersTrainOnWhileTheNewcomerStarts) {
+  if (::access(worker().c_str(), X_OK) != 0) GTEST_SKIP() << "node_loss_worker not built";
+  TempDir dir;
+  const std::string out = dir.path() + "/params";
+  const int port = freeLoopbackPort();
+  constexpr int kSteps = 40;
+  auto node = [&](int rank, const std::vector<std::string>& extra) {
+    return cat(
+        cat({"--rdzv-endpoint", fmt::format("127.0.0.1:{}", port), "--rdzv-timeout", "3",
+             "--heartbeat-interval", "0.5", "--heartbeat-timeout", "3", "--grace-period", "2"},
+            joinJob(rank, kSteps, out)),
+        extra);
+  };
+  LaunchProcess node0(node(0, {}));
+  LaunchProcess node1(node(1, {}));
+  ASSERT_TRUE(node0.waitForOutput("step 3 world 4", 60)) << node0.out() << node0.err();
+  LaunchProcess node2(node(2, {"--startup-ms", "3000"}));
+  const auto [r2, r0, r1] = finishGrownJob(node2, node0, node1);
+  ASSERT_FALSE(HasFailure());
+  std::smatch ready;
+  ASSERT_TRUE(std::regex_search(r0.err, ready,
+                                std::regex("launch: round 0: node 2 \\(node rank 2\\) ready after "
+                                           "([0-9.]+) s; epoch 1 takes effect")))
+      << r0.err;
+  EXPECT_GE(std::stod(ready[1]), 3.0) << r0.err;
+  // Rank 0 went on at 4 ranks through the newcomer's 3 s (12 steps of 250 ms) and discarded one
+  // step, well after the one in flight when the node came (step 4 or so).
+  std::smatch discarded;
+  ASSERT_TRUE(std::regex_search(r0.out, discarded,
+                                std::regex("rank 0 discarded step ([0-9]+): now rank 0 of 6")))
+      << r0.out;
+  EXPECT_GE(std::stoi(discarded[1]), 12) << r0.out;
+  expectSixRanksMatchOneProcess(r0.out + r1.out + r2.out, r0.out, 1, 1, out, kSteps);
+}
+
+// A newcomer that is still starting when the members finish (its start-up 60 s, the job's 24
+// steps of 250 ms) does not cost the job a restart: the members never leave their steps, the
+// master stops the newcomer's workers once every member has reported, and the job ends 0 at 4
+// ranks, equal to one process.
+TEST(NodeJoinE2E, MembersThatFinishBeforeTheNewcomerIsReadyEndTheJob) {
+  if (::access(worker().c_str(), X_OK) != 0) GTEST_SKIP() << "node_loss_worker not built";
+  TempDir dir;
+  const std::string out = dir.path() + "/params";
+  const int port = freeLoopbackPort();
+  constexpr int kSteps = 24;
+  auto node = [&](int rank, const std::vector<std::string>& extra) {
+    return cat(
+        cat({"--rdzv-endpoint", fmt::format("127.0.0.1:{}", port), "--rdzv-timeout", "3",
+             "--heartbeat-interval", "0.5", "--heartbeat-timeout", "3", "--grace-period", "2"},
+            joinJob(rank, kSteps, out)),
+        extra);
+  };
+  LaunchProcess node0(node(0, {}));
+  LaunchProcess node1(node(1, {}));
+  ASSERT_TRUE(node0.waitForOutput("step 3 world 4", 60)) << node0.out() << node0.err();
+  LaunchProcess node2(node(2, {"--startup-ms", "60000"}));
+  const auto [r2, r0, r1] = finishGrownJob(node2, node0, node1);
+  ASSERT_FALSE(HasFailure());
+  EXPECT_NE(r0.err.find("launch: round 0: the members finished before node 2 (node rank 2) "
+                        "reached its first step; stopping its workers"),
+            std::string::npos)
+      << r0.err;
+  for (const LaunchResult& r : {r0, r1, r2}) {
+    EXPECT_EQ(r.all().find("attempt=1"), std::string::npos) << r.all();
+  }
+  EXPECT_EQ(r0.out.find("discarded step"), std::string::npos) << r0.out;
+  EXPECT_NE(r0.out.find("rank 0 final identical across ranks world 4 epoch 0 discarded 0\n"),
+            std::string::npos)
+      << r0.out;
+  expectEqualsOneProcess(out, kSteps);
+}
+
 // The spot case across network namespaces: a manual job of 3 nodes x 2 ranks (a launch per host,
 // node 0's hosting the store), `--on-node-loss continue --on-node-join live`. Host 2 is killed
 // whole (its launch, workers and sshd): the survivors go on at 4 ranks in epoch 1. A replacement

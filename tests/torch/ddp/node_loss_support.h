@@ -46,11 +46,13 @@ inline std::shared_ptr<ProcessGroup> nodeLossRank(const std::shared_ptr<store::S
   return init(o);
 }
 
-// What the master writes: epoch `epoch` of `nodes` ({node id, rank offset, local world size}).
+// What the master writes: epoch `epoch` of `nodes` ({node id, rank offset, local world size}),
+// `joining` of whose ranks are taken in (it takes effect once they are ready).
 inline void publishEpoch(store::Store& store, int epoch, std::vector<membership::EpochNode> nodes,
-                         const std::string& why) {
+                         const std::string& why, int joining = 0) {
   membership::Epoch e;
   e.epoch = epoch;
+  e.joining = joining;
   for (const auto& n : nodes) e.worldSize += n.localWorldSize;
   e.nodes = std::move(nodes);
   e.why = why;

@@ -244,7 +244,20 @@ TEST(NodeJoin, ANewcomersFirstTryStepSettlesAndNothingBeforeItIsCollective) {
   ::unsetenv("DTRAIN_JOIN_EPOCH");
   EXPECT_EQ(group->epoch(), 3);
   EXPECT_TRUE(group->joinPending());
-  EXPECT_EQ(store->getString("launch/epoch3/formed"), "1");
+  // Note [Admission when ready]: nothing connected, nothing counted, until its first tryStep.
+  const auto counters = [&] {
+    return store->tryMultiGet({"launch/epoch3/ready", "launch/epoch3/formed"});
+  };
+  EXPECT_FALSE(counters()[0].has_value()) << "ready before its first step";
+  EXPECT_FALSE(counters()[1].has_value()) << "formed before its first step";
+  try {
+    group->barrier();
+    ADD_FAILURE() << "a collective before the first step";
+  } catch (const InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find("barrier on rank 0/1 before its first step"),
+              std::string::npos)
+        << e.what();
+  }
   torch::manual_seed(1);
   torch::nn::Linear net(4, 2);
   DistributedDataParallel<torch::nn::Linear> ddp(net, group);
@@ -270,6 +283,8 @@ TEST(NodeJoin, ANewcomersFirstTryStepSettlesAndNothingBeforeItIsCollective) {
   EXPECT_FALSE(state->tryStep(work));
   EXPECT_EQ(ran, 0);
   EXPECT_FALSE(group->joinPending());
+  EXPECT_EQ(store::toString(*counters()[0]), "1");
+  EXPECT_EQ(store::toString(*counters()[1]), "1");
   EXPECT_EQ(state->currentStep(), 0);
   state->beginStep(0);
   EXPECT_TRUE(state->tryStep(work));
@@ -310,6 +325,99 @@ TEST(NodeJoin, ANewcomersFirstTryStepSettlesAndNothingBeforeItIsCollective) {
         << e.what();
   }
   zeroGroup->shutdown();
+}
+
+// Note [Admission when ready] (runtime/comm/world_reform.cpp): 2 nodes x 2 ranks train under
+// DDP; after their step kPublished the test publishes epoch 1 taking a third node's 2 ranks in.
+// The newcomers "start up" until the members have committed step kReady: the members must train
+// on meanwhile (the epoch takes effect only when both newcomers reached their first tryStep), then
+// discard the one step in flight, re-form at 6 ranks with the newcomers, and all end bitwise
+// equal and equal to one process on the whole global batch. Should the newcomers not come, the
+// members wait at step kLast for the abort rather than end before the join.
+TEST(NodeJoin, TheMembersTrainOnUntilTheNewcomersAreReady) {
+  constexpr int kMembers = 4;
+  constexpr int kWorld = 6;
+  constexpr int64_t kJoinSteps = 16;
+  constexpr int64_t kPublished = 2;
+  constexpr int64_t kReady = 8;
+  constexpr int64_t kLast = 12;
+  constexpr size_t kJoinSamples = kJoinSteps * kGlobalBatch;
+  auto store = std::make_shared<store::HashStore>();
+  std::vector<RankResult> results(kWorld);
+  std::vector<int64_t> discardedAt(kWorld, -1);
+  std::atomic<int64_t> committed{-1};  // rank 0's last committed step
+  std::vector<std::thread> threads;
+  auto start = [&](int rank, int world, int joinEpoch) {
+    threads.emplace_back([&, rank, world, joinEpoch] {
+      auto group = nodeLossRank(store, rank, world, rank % 2, rank / 2, /*reform=*/true, joinEpoch);
+      NodeLossTrainer t(group, kJoinSamples);
+      if (joinEpoch > 0) {
+        // The newcomer's start-up: its process, model and data, while the members train (they
+        // would wait for it in the re-form, were they told at once: then 20 s at most).
+        const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+        while (committed.load() < kReady && std::chrono::steady_clock::now() < deadline) {
+          std::this_thread::sleep_for(std::chrono::milliseconds(1));
+        }
+      }
+      RankResult& r = results[static_cast<size_t>(rank)];
+      for (int64_t step = 0; step < kJoinSteps;) {
+        t.state->beginStep(step);
+        const bool done = t.state->tryStep([&] {
+          if (step == kLast && group->size() == kMembers) {
+            const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+            while (group->communicator().error() == nullptr &&
+                   std::chrono::steady_clock::now() < deadline) {
+              std::this_thread::sleep_for(std::chrono::milliseconds(1));
+            }
+          }
+          t.sgd.zero_grad();
+          auto batch = t.sampler.next(static_cast<size_t>(kGlobalBatch / group->size()));
+          nodeLossStep(t.net, &t.ddp, *batch);
+        });
+        if (!done) {
+          if (r.discarded++ == 0) discardedAt[static_cast<size_t>(rank)] = step;
+          step = t.state->currentStep();
+          continue;
+        }
+        t.sgd.step();
+        if (rank == 0) committed = step;
+        ++step;
+      }
+      for (const auto& p : t.net->parameters()) r.params.push_back(p.detach().clone());
+      r.finalRank = group->rank();
+      r.finalSize = group->size();
+      group->shutdown();
+    });
+  };
+  for (int rank = 0; rank < kMembers; ++rank) start(rank, kMembers, 0);
+  while (committed.load() < kPublished) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  publishEpoch(*store, 1, {{"0", 0, 2}, {"1", 2, 2}, {"2", 4, 2}}, "the test's joining node",
+               /*joining=*/2);
+  for (int rank = kMembers; rank < kWorld; ++rank) start(rank, kWorld, 1);
+  for (auto& t : threads) t.join();
+
+  EXPECT_EQ(store->add(membership::readyKey(1), 0), 2) << "each newcomer said it was ready once";
+  EXPECT_EQ(store->add(membership::formedKey(1), 0), kWorld) << "every rank formed epoch 1 once";
+  auto reference = makeNodeLossNet();
+  torch::optim::SGD sgd(reference->parameters(), torch::optim::SGDOptions(0.05).momentum(0.9));
+  DistributedSampler all(kJoinSamples, 1, 0);
+  for (int64_t step = 0; step < kJoinSteps; ++step) {
+    sgd.zero_grad();
+    nodeLossStep(reference, nullptr, *all.next(static_cast<size_t>(kGlobalBatch)));
+    sgd.step();
+  }
+  const auto expected = reference->parameters();
+  for (int rank = 0; rank < kWorld; ++rank) {
+    const RankResult& r = results[static_cast<size_t>(rank)];
+    EXPECT_EQ(r.finalRank, rank);
+    EXPECT_EQ(r.finalSize, kWorld);
+    EXPECT_EQ(r.discarded, 1) << "rank " << rank;
+    if (rank < kMembers) {
+      EXPECT_GE(discardedAt[static_cast<size_t>(rank)], kReady)
+          << "member " << rank << " left its step before the newcomers were ready";
+    }
+    expectParametersMatch(r.params, expected, results[0].params, rank);
+  }
 }
 
 }  // namespace

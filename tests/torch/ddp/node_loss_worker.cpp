@@ -6,7 +6,10 @@
 // compare their parameters bit for bit and the new rank 0 writes them to --out.
 //
 //   node_loss_worker [--reference] [--steps N] [--global-batch B] [--step-ms MS] [--out FILE]
-//                    [--zero 1|2|3 [--mirror-every K]] [phase flags, below]
+//                    [--zero 1|2|3 [--mirror-every K]] [--startup-ms MS] [phase flags, below]
+//
+// --startup-ms MS: a rank taken into a running round (DTRAIN_JOIN_EPOCH set) sleeps MS before
+// its first step, as a slow start-up would (a large model, its data, a GPU's context).
 //
 // --zero S: Adam instead, sharded by a ShardedOptimizer of stage S over the DDP wrapper (units
 // small enough that the model is several of them; stage 3: every layer a unit), its step inside
@@ -112,6 +115,7 @@ struct Args {
   std::string out;
   int zero = 0;             // 0: DDP
   int64_t mirrorEvery = 0;  // 0: TrainingState's default
+  int64_t startupMs = 0;    // a newcomer's start-up
   Phases phases;
 };
 
@@ -130,6 +134,7 @@ Args parse(int argc, char** argv) {
     else if (f == "--out") a.out = next();
     else if (f == "--zero") a.zero = std::stoi(next());
     else if (f == "--mirror-every") a.mirrorEvery = std::stoll(next());
+    else if (f == "--startup-ms") a.startupMs = std::stoll(next());
     else if (parsePhaseFlag(f, next, a.phases)) continue;
     else DTRAIN_THROW(dtrain::InvalidArgument, "unknown flag {}", f);
   }
@@ -243,6 +248,9 @@ int run(const Args& args) {
     optimizer->step();
     if (killHere && phases.killInOptimizer.when == "after") killSelf("after " + name);
   };
+  if (group && group->joinPending() && args.startupMs > 0) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(args.startupMs));
+  }
   for (int64_t step = 0; step < args.steps;) {
     if (step % stepsPerEpoch == 0) sampler.setEpoch(step / stepsPerEpoch);
     const int world = group ? group->size() : 1;

@@ -260,7 +260,8 @@ INSTANTIATE_TEST_SUITE_P(Stages, ZeroNodeLoss,
 
 // A node joins the running round under ZeRO (Note [Joining a running round] in
 // launcher/cluster/master/node_loss.h): 2 nodes x 2 ranks train; at the start of step 3 the test
-// publishes epoch 1 with a third node, whose 2 ranks start then, taken in. The members' step 3
+// publishes epoch 1 with a third node, whose 2 ranks start then, taken in; the members wait in
+// step 3 until the newcomers' first tryStep makes the epoch take effect. The members' step 3
 // fails in its gradient sync (the epoch aborted their communicator), before the optimizer changed
 // anything: their blocks as they are are those of step 3's start (ShardMirror::keepLive), a
 // generation no rank lost, so they re-shard it for 6 ranks -- not the mirror of step 2 -- the
@@ -324,7 +325,8 @@ JoinResult runJoin(const Mode& mode, bool inOptimizerStep) {
   for (int rank = 0; rank < kMembers; ++rank) start(rank, kMembers, 0);
   while (waiting.load() < kMembers) std::this_thread::sleep_for(std::chrono::milliseconds(5));
   epochWrittenNs = std::chrono::steady_clock::now().time_since_epoch().count();
-  publishEpoch(*store, 1, {{"0", 0, 2}, {"1", 2, 2}, {"2", 4, 2}}, "the test's joining node");
+  publishEpoch(*store, 1, {{"0", 0, 2}, {"1", 2, 2}, {"2", 4, 2}}, "the test's joining node",
+               /*joining=*/2);
   for (int rank = kMembers; rank < kWorld; ++rank) start(rank, kWorld, 1);
   for (auto& t : threads) t.join();
   for (auto& t : trainers) {

@@ -61,4 +61,9 @@ void validateNcclEnvironment(const std::function<const char*(const char*)>& env 
 
 std::shared_ptr<Communicator> createNcclCommunicator(const NcclOptions& options);
 
+// `bytes` of device memory on cuda:`device`, as NcclCommunicator::allocate gives them, without a
+// communicator (a rank not admitted yet); freed when released. Throws InvalidArgument in a build
+// without NCCL.
+std::shared_ptr<Buffer> allocateCudaBuffer(int device, size_t bytes);
+
 }  // namespace dtrain::comm

@@ -149,6 +149,9 @@ struct World {
   // `launch --on-node-join live`), and the members have not handed it their state yet: its first
   // step settles (TrainingState::tryStep), which clears this.
   bool joinPending = false;
+  // A joinPending rank's communicator connects nothing until admitWorld() (its collectives are
+  // refused): the members go on training while it starts.
+  bool awaitingAdmission = false;
   // Under `launch --on-node-loss continue` (DTRAIN_ON_NODE_LOSS=continue): the watch on the
   // round's membership and what a re-form needs (runtime/comm/world_reform.h); null otherwise.
   std::shared_ptr<WorldReform> reform;
@@ -169,6 +172,12 @@ bool reformsOnNodeLoss(const World& world);
 // time: the failure was not a node loss the launcher decided to survive, and the caller rethrows
 // its error. Throws MembershipChanged when this rank is not a member of the new epoch.
 bool reformWorld(World& world);
+
+// A rank taken into a running round (World::awaitingAdmission) joins its members: it tells them
+// it is ready -- only then do they leave their step for the epoch that takes it in -- and builds
+// its communicator among them, blocking until they have (docs/design.md, "Node loss"). Collective
+// over the epoch's members; a no-op once admitted. TrainingState::tryStep calls it.
+void admitWorld(World& world);
 
 // Shuts `world` down cleanly: when rank 0 hosts the store, everyone first meets at a barrier so
 // the store outlives every rank's last use of it. Idempotent.

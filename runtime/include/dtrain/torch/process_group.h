@@ -77,6 +77,10 @@ class ProcessGroup {
   // handed the members' state yet: TrainingState::tryStep does that first (settleJoin()), and
   // DistributedDataParallel leaves its broadcast of the parameters until then.
   bool joinPending() const { return world_ && world_->joinPending; }
+  // Such a rank has no communicator until it is admitted among the members (comm::admitWorld):
+  // its collectives are refused until then, so that the members train on while it starts
+  // (docs/design.md, "Node loss"). TrainingState::tryStep admits it first; a no-op after.
+  void admit();
   void settleJoin() {
     if (world_) world_->joinPending = false;
   }
