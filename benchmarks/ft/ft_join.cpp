@@ -48,16 +48,19 @@ Join measureJoin(const JobRun& run, bool live, int codes) {
     }
   }
   if (run.lostAt > 0 && decidedAt > 0) j.decided = decidedAt - run.lostAt;
-  // Where the members are interrupted: live, once the newcomer is ready (Note [Joining a running
-  // round] in launcher/cluster/master/node_loss.h); else at the decision.
+  // Where the members are interrupted: live, when their watchers take the epoch in -- once the
+  // newcomer's ranks are ready (Note [Joining a running round] in
+  // launcher/cluster/master/node_loss.h); the master says so within its heartbeat-read period.
+  // Else at the decision.
   double cut = live ? 0 : decidedAt;
+  bool masterSaw = !live;
   for (const auto& l : run.lines) {
     if (!live || decidedAt == 0 || l.t < decidedAt) continue;
-    if (l.text.find("epoch 1 takes effect") != std::string::npos) {
+    if (cut == 0 && l.text.find("membership epoch 1: ") != std::string::npos) {
       cut = l.t;
       j.ready = cut - run.lostAt;
-      break;
     }
+    masterSaw = masterSaw || l.text.find("epoch 1 takes effect") != std::string::npos;
   }
   const std::vector<Commit> all = commits(run);
   std::vector<double> periods;
@@ -97,7 +100,7 @@ Join measureJoin(const JobRun& run, bool live, int codes) {
   }
   if (codes != 0) j.problem = fmt::format("a node's launch did not exit 0 ({})", codes);
   else if (decidedAt == 0) j.problem = "the master did not decide on node 2";
-  else if (cut == 0) j.problem = "the newcomer never became ready";
+  else if (cut == 0 || !masterSaw) j.problem = "the newcomer never became ready";
   else if (j.first < 0 || j.wide < 0) j.problem = "no step committed at 6 ranks";
   else if (live && restored >= -1) j.problem = "fell back to the restart path";
   else if (!live && restored < -1) j.problem = "did not restart from the checkpoint";

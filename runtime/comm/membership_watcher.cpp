@@ -15,7 +15,6 @@ namespace {
 template <typename Stopped>
 bool awaitReady(store::Store& store, const membership::Epoch& epoch, const store::Bytes& seen,
                 const Stopped& stopped) {
-  constexpr std::chrono::milliseconds kSlice{200};
   const std::string key = membership::readyKey(epoch.epoch);
   while (!stopped()) {
     try {
@@ -25,7 +24,8 @@ bool awaitReady(store::Store& store, const membership::Epoch& epoch, const store
       if (values[0] && parseInt64(store::toString(*values[0]), &count) && count >= epoch.joining) {
         return true;
       }
-      store.waitChanged(key, values[0] ? *values[0] : store::Bytes{}, kSlice);
+      store.waitChanged(key, values[0] ? *values[0] : store::Bytes{},
+                        MembershipWatcher::kWaitSlice);
     } catch (const TimeoutError&) {
     } catch (const std::exception& e) {
       DTRAIN_LOG(Warn, "membership watch: epoch {}'s ready counter: {}", epoch.epoch, e.what());
