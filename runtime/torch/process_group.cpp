@@ -127,6 +127,26 @@ ProcessGroup::~ProcessGroup() {
   }
 }
 
+void ProcessGroup::broadcastHost(at::Tensor& host, int root) {
+  DTRAIN_CHECK_ARG(host.device().is_cpu(), "broadcastHost: a {} tensor, expected a host (cpu) one",
+                   host.device().str());
+  if (device_.is_cpu()) {
+    broadcast(host, root);
+    return;
+  }
+  at::Tensor onDevice = host.to(device_);
+  broadcast(onDevice, root);
+  host.copy_(onDevice);
+}
+
+std::vector<at::Tensor> ProcessGroup::allgatherHost(const at::Tensor& host) {
+  DTRAIN_CHECK_ARG(host.device().is_cpu(), "allgatherHost: a {} tensor, expected a host (cpu) one",
+                   host.device().str());
+  std::vector<at::Tensor> all = allgather(host.to(device_));
+  for (auto& t : all) t = t.cpu();
+  return all;
+}
+
 bool ProcessGroup::reform() {
   if (!world_ || !comm::reformWorld(*world_)) return false;
   communicator_ = world_->communicator;

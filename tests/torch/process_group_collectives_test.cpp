@@ -228,6 +228,31 @@ TEST(ProcessGroupCollectives, AllgatherAndReduceScatter) {
   });
 }
 
+// Small host values (steps, lengths, headers) through any group: broadcastHost writes into the
+// caller's tensor, allgatherHost returns host tensors; a tensor that is not on the host is refused
+// (on a CUDA group they travel on its device: dtrain_gpu_torch_tests).
+TEST(ProcessGroupCollectives, HostValuesComeBackIntoHostTensors) {
+  if (!comm::glooAvailable()) GTEST_SKIP() << "built without Gloo";
+  const int n = 3;
+  auto pgs = makeGroups(n);
+  testing::runRanks(n, [&](int r) {
+    auto v = torch::full({2}, int64_t{10} * r, torch::kLong);
+    const void* storage = v.data_ptr();
+    pgs[r]->broadcastHost(v, 2);
+    EXPECT_EQ(v.data_ptr(), storage);
+    EXPECT_TRUE(v.equal(torch::full({2}, int64_t{20}, torch::kLong))) << v;
+    auto all = pgs[r]->allgatherHost(torch::tensor({int64_t{r} + 1}));
+    ASSERT_EQ(all.size(), static_cast<size_t>(n));
+    for (int s = 0; s < n; ++s) {
+      EXPECT_TRUE(all[s].device().is_cpu());
+      EXPECT_EQ(all[s].item<int64_t>(), s + 1);
+    }
+    auto elsewhere = torch::empty({1}, torch::TensorOptions(torch::kLong).device(torch::kMeta));
+    EXPECT_THROW(pgs[r]->allgatherHost(elsewhere), InvalidArgument);
+    EXPECT_THROW(pgs[r]->broadcastHost(elsewhere, 0), InvalidArgument);
+  });
+}
+
 TEST(ProcessGroupCollectives, ZeroElementTensors) {
   if (!comm::glooAvailable()) GTEST_SKIP() << "built without Gloo";
   const int n = 2;

@@ -117,9 +117,10 @@ Placement::Placement(std::shared_ptr<ProcessGroup> g, const CheckpointOptions& o
 
 std::vector<int64_t> Placement::allgather(int64_t value) {
   if (world == 1) return {value};
-  at::Tensor t = at::full({1}, value, at::kLong).to(group->device());
   std::vector<int64_t> out;
-  for (const auto& v : group->allgather(t)) out.push_back(v.cpu().item<int64_t>());
+  for (const auto& v : group->allgatherHost(at::full({1}, value, at::kLong))) {
+    out.push_back(v.item<int64_t>());
+  }
   return out;
 }
 
@@ -129,11 +130,10 @@ std::vector<std::vector<uint8_t>> Placement::allgatherBytes(const std::vector<ui
   int64_t longest = *std::max_element(lengths.begin(), lengths.end());
   at::Tensor buf = at::zeros({std::max<int64_t>(longest, 1)}, at::kByte);
   if (!mine.empty()) std::memcpy(buf.data_ptr(), mine.data(), mine.size());
-  auto all = group->allgather(buf.to(group->device()));
+  auto all = group->allgatherHost(buf);
   std::vector<std::vector<uint8_t>> out;
   for (int r = 0; r < world; ++r) {
-    at::Tensor host = all[r].cpu();
-    const auto* p = host.data_ptr<uint8_t>();
+    const auto* p = all[r].data_ptr<uint8_t>();
     out.emplace_back(p, p + lengths[r]);
   }
   return out;

@@ -46,24 +46,21 @@ void verifySameModel(ProcessGroup& group, const std::vector<NamedTensor>& params
                      const std::vector<NamedTensor>& buffers) {
   auto lines = describe(params, buffers);
   std::string text = fmt::format("{}", fmt::join(lines, "\n"));
-  auto device = group.device();
-  auto hashes = group.allgather(at::tensor({fingerprint(text)}, at::kLong).to(device));
+  auto hashes = group.allgatherHost(at::tensor({fingerprint(text)}, at::kLong));
   bool same = true;
   for (const auto& h : hashes) same = same && h.item<int64_t>() == hashes[0].item<int64_t>();
   if (same) return;
 
   // They differ: exchange the descriptions to say where.
-  auto lengths = group.allgather(
-      at::tensor({static_cast<int64_t>(text.size())}, at::kLong).to(device));
+  auto lengths = group.allgatherHost(at::tensor({static_cast<int64_t>(text.size())}, at::kLong));
   int64_t longest = 0;
   for (const auto& l : lengths) longest = std::max(longest, l.item<int64_t>());
   auto mine = at::zeros({longest}, at::kByte);
   std::memcpy(mine.data_ptr(), text.data(), text.size());
-  auto texts = group.allgather(mine.to(device));
+  auto texts = group.allgatherHost(mine);
   std::vector<std::vector<std::string>> perRank;
   for (size_t r = 0; r < texts.size(); ++r) {
-    auto host = texts[r].cpu();
-    std::string s(static_cast<const char*>(host.data_ptr()),
+    std::string s(static_cast<const char*>(texts[r].data_ptr()),
                   static_cast<size_t>(lengths[r].item<int64_t>()));
     std::vector<std::string> entries;
     std::istringstream in(s);

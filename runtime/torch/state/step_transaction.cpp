@@ -34,21 +34,14 @@ namespace dtrain::state {
 
 namespace {
 
-// `bytes` from `root` to every member.
-// Host values travel as tensors on the group's device (a GPU group's collectives take no host
-// tensor) and are read back on the host.
-void broadcastHost(ProcessGroup& group, at::Tensor& host, int root) {
-  at::Tensor onDevice = host.to(group.device());
-  group.broadcast(onDevice, root);
-  host = onDevice.cpu();
-}
-
+// `bytes` from `root` to every member. Host values travel through ProcessGroup::broadcastHost
+// (a GPU group's collectives take no host tensor).
 void broadcastBytes(ProcessGroup& group, std::string& bytes, int root) {
   at::Tensor size = at::tensor({static_cast<int64_t>(bytes.size())}, at::kLong);
-  broadcastHost(group, size, root);
+  group.broadcastHost(size, root);
   at::Tensor data = at::empty({size.item<int64_t>()}, at::kByte);
   if (group.rank() == root) std::memcpy(data.data_ptr(), bytes.data(), bytes.size());
-  if (data.numel() > 0) broadcastHost(group, data, root);
+  if (data.numel() > 0) group.broadcastHost(data, root);
   bytes.assign(static_cast<const char*>(data.data_ptr()), static_cast<size_t>(data.numel()));
 }
 
@@ -100,7 +93,7 @@ void handOver(Registry& r, ProcessGroup& group, int root, bool parameters) {
   for (auto& [name, scheduler] : r.schedulers) {
     at::Tensor count = at::tensor({static_cast<int64_t>(compat::schedulerStepCount(*scheduler))},
                                   at::kLong);
-    broadcastHost(group, count, root);
+    group.broadcastHost(count, root);
     compat::schedulerStepCount(*scheduler) = static_cast<unsigned>(count.item<int64_t>());
   }
   for (auto& [name, scaler] : r.scalers) {
@@ -109,7 +102,7 @@ void handOver(Registry& r, ProcessGroup& group, int root, bool parameters) {
                                static_cast<double>(s.growthInterval),
                                static_cast<double>(s.growthTracker)},
                               at::kDouble);
-    broadcastHost(group, v, root);
+    group.broadcastHost(v, root);
     auto a = v.accessor<double, 1>();
     s.scale = a[0];
     s.growthFactor = a[1];
@@ -154,7 +147,7 @@ void dropGradients(Registry& r) {
 int64_t settleAfterReform(Registry& r, ProcessGroup& group, int64_t step) {
   // The discarded step's gradients, partly accumulated, must not reach the next attempt.
   dropGradients(r);
-  const auto steps = group.allgather(at::tensor({step}, at::kLong).to(group.device()));
+  const auto steps = group.allgatherHost(at::tensor({step}, at::kLong));
   int64_t top = step;
   for (const auto& s : steps) top = std::max(top, s.item<int64_t>());
   int root = -1;

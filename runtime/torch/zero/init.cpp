@@ -131,9 +131,9 @@ void agreeAcrossRanks(ProcessGroup& group, const std::vector<Named>& trained,
       options.stage, static_cast<int64_t>(options.firstUnitBytes),
       static_cast<int64_t>(options.unitBytes), options.masterWeights ? 1 : 0,
       options.paramDtype ? static_cast<int64_t>(*options.paramDtype) : -1};
-  auto all = group.allgather(at::tensor(mine, at::kLong).to(group.device()));
+  auto all = group.allgatherHost(at::tensor(mine, at::kLong));
   for (size_t r = 0; r < all.size(); ++r) {
-    auto theirs = all[r].cpu();
+    const at::Tensor& theirs = all[r];
     const bool same = std::equal(mine.begin(), mine.end(), theirs.data_ptr<int64_t>());
     DTRAIN_CHECK(same,
                  "rank {}: ShardedOptimizer: ranks disagree on the ZeroOptions: this rank has "
@@ -340,11 +340,9 @@ void agreeOnBuiltUnits(ProcessGroup& pg, const std::vector<Marked>& marked) {
     mine.push_back(placement);
     mine.push_back(static_cast<int64_t>(sum));
   }
-  auto all = pg.allgather(at::tensor(mine, at::kLong).to(pg.device()));
   std::vector<std::vector<int64_t>> rows;
-  for (const auto& t : all) {
-    at::Tensor host = t.cpu();
-    rows.emplace_back(host.data_ptr<int64_t>(), host.data_ptr<int64_t>() + host.numel());
+  for (const auto& t : pg.allgatherHost(at::tensor(mine, at::kLong))) {
+    rows.emplace_back(t.data_ptr<int64_t>(), t.data_ptr<int64_t>() + t.numel());
   }
   for (size_t g = 0; g < marked.size(); ++g) {
     std::vector<int> notHere, notBuilt;

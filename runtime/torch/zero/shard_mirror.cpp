@@ -225,14 +225,11 @@ void packBlocks(ShardGroup& shards, int64_t generation, PackedBlocks& into) {
 
 void ShardMirror::buildPairs(ProcessGroup& group) {
   const int n = group.size();
-  // Small host values travel as tensors on the group's device (a GPU group's collectives take
-  // no host tensor) and are read back on the host.
-  const auto locals = group.allgather(
-      at::tensor({static_cast<int64_t>(group.localRank())}).to(group.device()));
+  const auto locals = group.allgatherHost(at::tensor({static_cast<int64_t>(group.localRank())}));
   // Nodes: runs of ranks from local rank 0 (launch numbers ranks node by node).
   std::vector<std::pair<int, int>> nodes;  // (first rank, ranks)
   for (int r = 0; r < n; ++r) {
-    if (nodes.empty() || locals[static_cast<size_t>(r)].cpu().item<int64_t>() == 0) {
+    if (nodes.empty() || locals[static_cast<size_t>(r)].item<int64_t>() == 0) {
       nodes.emplace_back(r, 0);
     }
     ++nodes.back().second;
@@ -676,8 +673,8 @@ int64_t restoreFromMirrors(const std::vector<ShardedOptimizer*>& optimizers, Pro
   std::vector<std::vector<ShardMirror::Offer>> offers;
   for (auto* opt : optimizers) {
     std::vector<ShardMirror::Offer> perRank;
-    for (const auto& t : group.allgather(opt->mirror().offer().to(group.device()))) {
-      perRank.push_back(ShardMirror::parse(t.cpu()));
+    for (const auto& t : group.allgatherHost(opt->mirror().offer())) {
+      perRank.push_back(ShardMirror::parse(t));
     }
     offers.push_back(std::move(perRank));
   }
@@ -686,10 +683,8 @@ int64_t restoreFromMirrors(const std::vector<ShardedOptimizer*>& optimizers, Pro
     mine[static_cast<int64_t>(i)] = replicated[i];
   }
   std::vector<std::vector<int64_t>> replicatedOf;
-  for (const auto& t : group.allgather(mine.to(group.device()))) {
-    const at::Tensor host = t.cpu();
-    replicatedOf.push_back(
-        {host[0].item<int64_t>(), host[1].item<int64_t>(), host[2].item<int64_t>()});
+  for (const auto& t : group.allgatherHost(mine)) {
+    replicatedOf.push_back({t[0].item<int64_t>(), t[1].item<int64_t>(), t[2].item<int64_t>()});
   }
   const int64_t g = chooseGeneration(offers, replicatedOf, why);
   if (g < 0) return -1;
@@ -750,9 +745,7 @@ int64_t restoreFromMirrors(const std::vector<ShardedOptimizer*>& optimizers, Pro
               oldUnits[static_cast<size_t>(k)].shardNumel;
         }
       }
-      at::Tensor onDevice = shared.to(group.device());
-      group.broadcast(onDevice, firstMember);
-      shared = onDevice.cpu();
+      group.broadcastHost(shared, firstMember);
       if (newcomer) {
         const int64_t* a = shared.data_ptr<int64_t>();
         header.assign(a, a + zero::headerLength(units.size()));

@@ -50,6 +50,12 @@ class ProcessGroup {
   // `output` receives op over all ranks' block rank().
   void reduceScatter(at::Tensor& output, const at::Tensor& input, ReduceOp op = ReduceOp::Sum);
   void barrier();
+  // Small host values -- steps, lengths, headers -- on a group of any backend, as
+  // torch.distributed's broadcast_object_list moves its sizes: a CUDA group's collectives take
+  // no host tensor, so `host` (a CPU tensor) travels on device() and comes back into it; a CPU
+  // group uses it as it is. allgatherHost returns size() CPU tensors, rank r's at index r.
+  void broadcastHost(at::Tensor& host, int root = 0);
+  std::vector<at::Tensor> allgatherHost(const at::Tensor& host);
 
   // Subgroups, as torch.distributed.new_group: collective over this group (every rank calls
   // them, in the same order); ranks outside the new group get nullptr. The new group runs its
