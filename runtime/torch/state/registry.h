@@ -47,6 +47,13 @@ struct Registry {
   // Each sampler's position where the current step began (TrainingState::beginStep): where a
   // step discarded after a lost node starts again (step_transaction.cpp).
   std::vector<SamplerState> stepStart;
+
+  // The sharded optimizers, in registration order (what a restore from the mirrors takes).
+  std::vector<ShardedOptimizer*> shardedOptimizers() const {
+    std::vector<ShardedOptimizer*> out;
+    for (const auto& e : sharded) out.push_back(e.optimizer);
+    return out;
+  }
 };
 
 // Unsets every registered module's parameters' gradients.

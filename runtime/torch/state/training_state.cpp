@@ -153,8 +153,7 @@ int64_t TrainingState::restoreShards(const std::exception& failure) {
   }
   DTRAIN_LOG(Warn, "step {}: discarded on rank {}: {}", step_, group_->rank(), failure.what());
   state::Rollback& rb = *rollback_;
-  std::vector<ShardedOptimizer*> optimizers;
-  for (const auto& e : registry_->sharded) optimizers.push_back(e.optimizer);
+  const std::vector<ShardedOptimizer*> optimizers = registry_->shardedOptimizers();
   const int before = group_->size();
   if (!group_->reform()) throw;
   // A node joined (an epoch that takes nodes in loses none): every old rank's blocks are alive.
@@ -225,8 +224,7 @@ int64_t TrainingState::joinShards() {
   // The wrapper's core and the units are made again with the members (reformUnits): no longer
   // deferred.
   group_->settleJoin();
-  std::vector<ShardedOptimizer*> optimizers;
-  for (const auto& e : registry_->sharded) optimizers.push_back(e.optimizer);
+  const std::vector<ShardedOptimizer*> optimizers = registry_->shardedOptimizers();
   std::string why;
   int joined = 0;
   const int64_t generation = restoreFromMirrors(optimizers, *group_, {}, why, nullptr, &joined);
