@@ -186,6 +186,11 @@ class Coordinator : public JobControl {
   // --on-node-join live take it into the running round (admitLive).
   void growIfWaiting(RoundWatch& w);
   void admitLive(RoundWatch& w);
+  // Under --on-node-join live, when the master starts the agents (fan-out): a left-out node's
+  // agent is started again every --heartbeat-timeout once its session has ended, until the node
+  // is taken back in (Note [Joining a running round]). `sessionEnded`: its session is gone already.
+  void planRejoin(RoundWatch& w, const std::string& node, bool sessionEnded);
+  void startLeftOutAgain(RoundWatch& w, Clock::time_point now);
   // A left-out node of the round taken in again: its old workers go to the report as Lost, its
   // records are cleared; returns its index in the round's plan.
   int retire(RoundWatch& w, const std::string& node);

@@ -90,6 +90,13 @@ struct Coordinator::RoundWatch {
   std::set<std::string> joining;
   std::string joiningWho;  // "node 2 (h3)", for the lines that follow it
   Clock::time_point joinedAt;
+  // Left-out nodes whose agent the master starts again (planRejoin): whether the last session
+  // has ended, and when to start the next.
+  struct Rejoin {
+    bool sessionEnded = false;
+    Clock::time_point next;
+  };
+  std::map<std::string, Rejoin> rejoin;
   bool fellBack = false;
 };
 
@@ -165,6 +172,7 @@ bool Coordinator::goOnWithout(RoundWatch& w, const std::string& node, LossKind k
                   w.plan.round, who, cause, next.epoch, next.nodes.size(),
                   next.nodes.size() == 1 ? "" : "s", next.worldSize, next.worldSize == 1 ? "" : "s",
                   writtenAt));
+  planRejoin(w, node, kind == LossKind::AgentGone);
   logStoreLoad(now, fmt::format("round {} epoch {}", w.plan.round, next.epoch));
   return true;
 }
@@ -209,6 +217,7 @@ bool Coordinator::roundStep(RoundWatch& w, bool eventsMoved) {
   if (eventsMoved) readRoundKeys(w, now);
   noteLostNodes(w, now);
   followReform(w, now);
+  startLeftOutAgain(w, now);
   growIfWaiting(w);
   if (w.results.size() + w.dead.size() == w.plan.nodes.size()) return true;
   const double reportWithin = options_.gracePeriod + options_.heartbeatTimeout + 5;
@@ -342,6 +351,10 @@ void Coordinator::noteLostNodes(RoundWatch& w, Clock::time_point now) {
     auto waiting = w.waiting.find(g.node);
     markLost(g.node, g.why, waiting != w.waiting.end() ? waiting->second.nonce : "", true);
     if (waiting != w.waiting.end()) w.waiting.erase(waiting);
+    if (auto r = w.rejoin.find(g.node); r != w.rejoin.end()) {
+      r->second.sessionEnded = true;
+      DTRAIN_LOG(Info, "launch: node {}'s agent could not come back yet: {}", g.node, g.why);
+    }
   }
   // A pending join's ready counter, else a re-form's formed one: the formed one cannot move
   // before the ready one is complete.
@@ -454,6 +467,7 @@ void Coordinator::admitLive(RoundWatch& w) {
       w.plan.nodes.push_back(n);
     }
     w.joins[node] = j;
+    w.rejoin.erase(node);
     tracker_.watch(node, Clock::now());
   }
   const auto now = Clock::now();
@@ -475,6 +489,48 @@ void Coordinator::admitLive(RoundWatch& w) {
                   next.nodes.size() == 1 ? "" : "s", next.worldSize,
                   next.worldSize == 1 ? "" : "s"));
   logStoreLoad(now, fmt::format("round {} epoch {}", w.plan.round, next.epoch));
+}
+
+void Coordinator::planRejoin(RoundWatch& w, const std::string& node, bool sessionEnded) {
+  if (options_.onNodeJoin != OnNodeJoin::Live || !options_.startsAgents) return;
+  const double period = std::max(1.0, options_.heartbeatTimeout);
+  w.rejoin[node] = RoundWatch::Rejoin{sessionEnded, after(Clock::now(), period)};
+  const PlannedNode* n = w.plan.find(node);
+  say(fmt::format("launch: node {} ({}): its agent is started again every {:g} s until it comes "
+                  "back (--on-node-join live)",
+                  node, n ? n->label : node, period));
+}
+
+void Coordinator::startLeftOutAgain(RoundWatch& w, Clock::time_point now) {
+  if (w.rejoin.empty() || w.stopSeen || w.fellBack) return;
+  // A member that reported has no workers left: the job is finishing.
+  for (const auto& m : w.epoch.nodes) {
+    if (w.results.count(m.node) != 0) return;
+  }
+  std::vector<std::string> start;
+  for (auto& [node, r] : w.rejoin) {
+    if (!r.sessionEnded || now < r.next || w.waiting.count(node) != 0) continue;
+    r.sessionEnded = false;
+    r.next = after(now, std::max(1.0, options_.heartbeatTimeout));
+    start.push_back(node);
+  }
+  if (start.empty()) return;
+  for (const auto& n : start) {
+    // Its new agent claims the node at once (Note [Node claims]), as after a restart.
+    const auto claim = store_->tryMultiGet({keys::claim(n)})[0];
+    if (claim) store_->compareSet(keys::claim(n), *claim, store::toBytes(kReleasedClaim));
+    nodes_[n].lost = false;
+    nodes_[n].gone = false;
+    DTRAIN_LOG(Info, "launch: starting node {}'s agent again (--on-node-join live)", n);
+  }
+  {
+    std::lock_guard<std::mutex> g(mutex_);
+    for (const auto& n : start) {
+      lost_.erase(n);
+      goneToRestart_.push_back(n);
+    }
+  }
+  if (options_.wake) options_.wake();
 }
 
 int Coordinator::retire(RoundWatch& w, const std::string& node) {

@@ -46,6 +46,10 @@
 // ready, the round is stopped -- only the newcomers' workers were left -- and ends as the members
 // did. A join that becomes ready after the members' last tryStep, while they still make
 // collectives (a final gather), aborts those and fails the round (the restart path).
+// When the master starts the agents (fan-out), it starts a left-out node's agent again every
+// --heartbeat-timeout once the node's session has ended (planRejoin), until the node is taken back
+// in or the job is finishing: a host that comes back (its cable in again, a spot VM restarted
+// under the same name) rejoins without anyone running launch on it.
 // Under ZeRO the members re-shard their state for the larger world, the newcomer receiving its
 // shards (docs/design.md "Sharded state across a lost node"); a program
 // whose sharded optimizer is not mirrored says so in one error and the restart path takes over.

@@ -585,5 +585,37 @@ TEST(NodeJoinE2E, AReplacementForAKilledHostJoinsTheRunningRoundAcrossNamespaces
   expectSixRanksMatchOneProcess(r0.out + r1.out + r2.out, r0.out, 2, 2, out, kSteps);
 }
 
+// Fan-out mode (`--hosts`, the master starts every agent over ssh) under `--on-node-join live`:
+// host 2 is cut off (its cable out), the survivors go on at 4 ranks, and the master starts node
+// 2's agent again every --heartbeat-timeout once its ssh session has ended. When the cable is back,
+// the next start reaches the host, its agent takes node 2's id over and is taken into the running
+// round in epoch 2: the job ends 0 with all 6 ranks bitwise equal and equal to one process.
+TEST(NodeJoinE2E, AFanOutMasterStartsACutOffHostsAgentAgainAndItJoinsLive) {
+  if (::access(worker().c_str(), X_OK) != 0) GTEST_SKIP() << "node_loss_worker not built";
+  DTRAIN_CLUSTER_OR_SKIP(c, 3);
+  const std::string out = c->dir() + "/params";
+  constexpr int kSteps = 100;
+  LaunchProcess p(job(*c, out, kSteps, {"--step-ms", "250"}, {"--on-node-join", "live"}));
+  ASSERT_TRUE(p.waitForOutput("step 3 world 6", 60)) << p.out() << p.err();
+  c->link(2, false);
+  const bool shrunk = p.waitForOutput("world 4", 30);
+  c->link(2, true);
+  ASSERT_TRUE(shrunk) << p.out() << p.err();
+  LaunchResult r = p.wait(120);
+  show(r);
+  ASSERT_EQ(r.exitCode, 0) << r.all();
+  EXPECT_NE(r.err.find("launch: round 0 goes on without node 2 ("), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("): its agent is started again every 3 s until it comes back "
+                       "(--on-node-join live)"),
+            std::string::npos)
+      << r.err;
+  EXPECT_TRUE(std::regex_search(r.err, std::regex("launch: round 0 takes in node 2 \\([^)]*\\) "
+                                                  "live \\(--on-node-join live\\); epoch 2: 3 "
+                                                  "nodes, 6 ranks")))
+      << r.err;
+  EXPECT_EQ(r.all().find("attempt=1"), std::string::npos) << r.all();
+  expectSixRanksMatchOneProcess(r.out, r.out, 2, 2, out, kSteps);
+}
+
 }  // namespace
 }  // namespace dtrain::testing::node_loss_e2e_test
