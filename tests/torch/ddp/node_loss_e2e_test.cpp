@@ -406,6 +406,29 @@ std::array<LaunchResult, 3> finishGrownJob(LaunchProcess& late, LaunchProcess& n
   return r;
 }
 
+// A grown job on loopback: nodes 0 and 1 of `joinJob` (`steps` steps, parameters to `out`)
+// start it at 4 ranks; node 2, its worker given `newcomerFlags` too, once rank 0 trains. The
+// results of node 2, 0 and 1, each having exited 0 (finishGrownJob).
+std::array<LaunchResult, 3> growOnLoopback(int steps, const std::string& out,
+                                           const std::vector<std::string>& newcomerFlags) {
+  const int port = freeLoopbackPort();
+  auto node = [&](int rank, const std::vector<std::string>& extra) {
+    return cat(
+        cat({"--rdzv-endpoint", fmt::format("127.0.0.1:{}", port), "--rdzv-timeout", "3",
+             "--heartbeat-interval", "0.5", "--heartbeat-timeout", "3", "--grace-period", "2"},
+            joinJob(rank, steps, out)),
+        extra);
+  };
+  LaunchProcess node0(node(0, {}));
+  LaunchProcess node1(node(1, {}));
+  if (!node0.waitForOutput("step 3 world 4", 60)) {
+    ADD_FAILURE() << "nodes 0 and 1 did not train: " << node0.out() << node0.err();
+    return {};
+  }
+  LaunchProcess node2(node(2, newcomerFlags));
+  return finishGrownJob(node2, node0, node1);
+}
+
 // Every one of a grown job's 6 ranks ended bitwise equal to the others in membership epoch
 // `epoch` (having discarded at most `discarded` steps: the join's, and a loss's), rank 0 ran the
 // last step at 6 ranks, and its parameters equal one process's (expectEqualsOneProcess).
@@ -434,18 +457,8 @@ TEST(NodeJoinE2E, ANodeComingLateIsTakenIntoTheRunningRoundAndEveryRankEndsAsOne
   if (::access(worker().c_str(), X_OK) != 0) GTEST_SKIP() << "node_loss_worker not built";
   TempDir dir;
   const std::string out = dir.path() + "/params";
-  const int port = freeLoopbackPort();
   constexpr int kSteps = 24;
-  auto node = [&](int rank) {
-    return cat({"--rdzv-endpoint", fmt::format("127.0.0.1:{}", port), "--rdzv-timeout", "3",
-                "--heartbeat-interval", "0.5", "--heartbeat-timeout", "3", "--grace-period", "2"},
-               joinJob(rank, kSteps, out));
-  };
-  LaunchProcess node0(node(0));
-  LaunchProcess node1(node(1));
-  ASSERT_TRUE(node0.waitForOutput("step 3 world 4", 60)) << node0.out() << node0.err();
-  LaunchProcess node2(node(2));
-  const auto [r2, r0, r1] = finishGrownJob(node2, node0, node1);
+  const auto [r2, r0, r1] = growOnLoopback(kSteps, out, {});
   ASSERT_FALSE(HasFailure());
   EXPECT_NE(r0.err.find("launch: round 0 takes in node 2 (node rank 2) live (--on-node-join "
                         "live); epoch 1: 3 nodes, 6 ranks"),
@@ -471,20 +484,8 @@ TEST(NodeJoinE2E, TheMembersTrainOnWhileTheNewcomerStarts) {
   if (::access(worker().c_str(), X_OK) != 0) GTEST_SKIP() << "node_loss_worker not built";
   TempDir dir;
   const std::string out = dir.path() + "/params";
-  const int port = freeLoopbackPort();
   constexpr int kSteps = 40;
-  auto node = [&](int rank, const std::vector<std::string>& extra) {
-    return cat(
-        cat({"--rdzv-endpoint", fmt::format("127.0.0.1:{}", port), "--rdzv-timeout", "3",
-             "--heartbeat-interval", "0.5", "--heartbeat-timeout", "3", "--grace-period", "2"},
-            joinJob(rank, kSteps, out)),
-        extra);
-  };
-  LaunchProcess node0(node(0, {}));
-  LaunchProcess node1(node(1, {}));
-  ASSERT_TRUE(node0.waitForOutput("step 3 world 4", 60)) << node0.out() << node0.err();
-  LaunchProcess node2(node(2, {"--startup-ms", "3000"}));
-  const auto [r2, r0, r1] = finishGrownJob(node2, node0, node1);
+  const auto [r2, r0, r1] = growOnLoopback(kSteps, out, {"--startup-ms", "3000"});
   ASSERT_FALSE(HasFailure());
   std::smatch ready;
   ASSERT_TRUE(std::regex_search(r0.err, ready,
@@ -510,20 +511,8 @@ TEST(NodeJoinE2E, MembersThatFinishBeforeTheNewcomerIsReadyEndTheJob) {
   if (::access(worker().c_str(), X_OK) != 0) GTEST_SKIP() << "node_loss_worker not built";
   TempDir dir;
   const std::string out = dir.path() + "/params";
-  const int port = freeLoopbackPort();
   constexpr int kSteps = 24;
-  auto node = [&](int rank, const std::vector<std::string>& extra) {
-    return cat(
-        cat({"--rdzv-endpoint", fmt::format("127.0.0.1:{}", port), "--rdzv-timeout", "3",
-             "--heartbeat-interval", "0.5", "--heartbeat-timeout", "3", "--grace-period", "2"},
-            joinJob(rank, kSteps, out)),
-        extra);
-  };
-  LaunchProcess node0(node(0, {}));
-  LaunchProcess node1(node(1, {}));
-  ASSERT_TRUE(node0.waitForOutput("step 3 world 4", 60)) << node0.out() << node0.err();
-  LaunchProcess node2(node(2, {"--startup-ms", "60000"}));
-  const auto [r2, r0, r1] = finishGrownJob(node2, node0, node1);
+  const auto [r2, r0, r1] = growOnLoopback(kSteps, out, {"--startup-ms", "60000"});
   ASSERT_FALSE(HasFailure());
   EXPECT_NE(r0.err.find("launch: round 0: the members finished before node 2 (node rank 2) "
                         "reached its first step; stopping its workers"),
