@@ -558,6 +558,53 @@ TEST(Coordinator, ANodeWaitingToJoinIsTakenIntoTheRunningRoundLive) {
   // Without the mode (the default), the same join stops the round instead: the test above.
 }
 
+// Fan-out under --on-node-join live: node 2's ssh session ends mid-round, the round goes on
+// without it, and the master asks for its agent to be started again (takeGoneNodes, after a
+// wake) once its session has ended and --heartbeat-timeout (at least 1 s) has passed, again each
+// time the new session ends too, its claim released for the new agent; nothing more once the
+// members report.
+TEST(Coordinator, AFanOutMasterStartsALeftOutNodesAgentAgain) {
+  Harness h(3, 2);
+  startLiveJob(h);
+  h.join(0, "2");
+  h.options.startsAgents = true;
+  std::atomic<int> wakes{0};
+  h.options.wake = [&] { ++wakes; };
+  Beats beats(*h.store, {"0", "1", "2"});
+  Coordinator c(h.store, h.options);
+  std::vector<double> startedAfter;
+  std::string claim;
+  std::thread agents([&] {
+    EXPECT_EQ(h.awaitPlan(0).nodes.size(), 3u);
+    h.store->setString(keys::claim("2"), "the first agent's");
+    auto gone = std::chrono::steady_clock::now();
+    c.nodeGone("2", "its ssh session exited with code 255");
+    for (int attempt = 0; attempt < 2; ++attempt) {
+      std::vector<std::string> again;
+      for (int i = 0; i < 500 && again.empty(); ++i) {
+        again = c.takeGoneNodes();
+        if (again.empty()) std::this_thread::sleep_for(10ms);
+      }
+      EXPECT_EQ(again, std::vector<std::string>{"2"}) << "attempt " << attempt;
+      startedAfter.push_back(
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - gone).count());
+      if (attempt == 0) claim = h.store->getString(keys::claim("2"));
+      gone = std::chrono::steady_clock::now();
+      c.nodeGone("2", "its ssh session exited with code 255: No route to host");
+    }
+    h.store->add(formedStoreKey(0, 1), 4);
+    for (const char* n : {"0", "1"}) h.succeed(0, n);
+  });
+  EXPECT_EQ(c.run(), 0);
+  agents.join();
+  ASSERT_EQ(startedAfter.size(), 2u);
+  for (double t : startedAfter)
+    EXPECT_GE(t, 0.9) << "sooner than a second (--heartbeat-timeout 0.4)";
+  EXPECT_GE(wakes.load(), 2);
+  EXPECT_EQ(claim, kReleasedClaim);
+  EXPECT_TRUE(c.takeGoneNodes().empty());
+}
+
 // Note [Joining a running round]: the members report (the job is done) while the newcomer's ranks
 // have not reached their first step -- the epoch never took effect, nobody left a step. The
 // master stops the round, whose only workers left are the newcomer's, and it ends 0.
