@@ -34,8 +34,9 @@
 //
 // The restore keeps the layout rule (Note [Shard layout]): the units are built again for the new
 // world (ShardedOptimizer::reformUnits) and every piece of every old block moves to the rank that
-// owns its elements now, once: from the survivor that provides the old block (its own, or the
-// mirror it holds; the lowest rank when several) to the new owner, over a subgroup of the two
+// owns its elements now, once: from the survivor that provides the old block (its own when its
+// old rank survived -- what it keeps moves nowhere --, else the lowest rank holding its mirror) to
+// the new owner, over a subgroup of the two
 // made for the restore (a broadcast per piece, from the old copy into the new blocks: Note
 // [Memory of a restore]). A contiguous layout moves most elements when N changes -- each rank
 // sends about its 1/N of the sharded state, not only the lost ranks' -- which is what ft_bench
@@ -716,15 +717,18 @@ int64_t restoreFromMirrors(const std::vector<ShardedOptimizer*>& optimizers, Pro
                    group.rank(), g);
       header = ownBlocks->header;
     }
-    // Who provides each old rank's blocks: the lowest new rank that has them.
+    // Who provides each old rank's blocks: that rank itself when it survived with them (what
+    // it keeps moves nowhere), else the lowest new rank that holds them.
     std::vector<int> provider(static_cast<size_t>(oldWorldOf(offers[j])), -1);
     for (int s = static_cast<int>(offers[j].size()) - 1; s >= 0; --s) {
-      const auto& o = offers[j][static_cast<size_t>(s)];
-      if (std::find(o.own.begin(), o.own.end(), g) != o.own.end()) {
-        provider[static_cast<size_t>(o.oldRank)] = s;
-      }
-      for (const auto& [owner, gen] : o.held) {
+      for (const auto& [owner, gen] : offers[j][static_cast<size_t>(s)].held) {
         if (gen == g) provider[static_cast<size_t>(owner)] = s;
+      }
+    }
+    for (int s = 0; s < static_cast<int>(offers[j].size()); ++s) {
+      const auto& o = offers[j][static_cast<size_t>(s)];
+      if (o.oldRank >= 0 && std::find(o.own.begin(), o.own.end(), g) != o.own.end()) {
+        provider[static_cast<size_t>(o.oldRank)] = s;
       }
     }
     opt.reformUnits();
