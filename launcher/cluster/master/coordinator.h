@@ -190,6 +190,7 @@ class Coordinator : public JobControl {
   // agent is started again every --heartbeat-timeout once its session has ended, until the node
   // is taken back in (Note [Joining a running round]). `sessionEnded`: its session is gone already.
   void planRejoin(RoundWatch& w, const std::string& node, bool sessionEnded);
+  double rejoinPeriod() const;  // --heartbeat-timeout, at least 1 s
   void startLeftOutAgain(RoundWatch& w, Clock::time_point now);
   // A left-out node of the round taken in again: its old workers go to the report as Lost, its
   // records are cleared; returns its index in the round's plan.

@@ -491,9 +491,11 @@ void Coordinator::admitLive(RoundWatch& w) {
   logStoreLoad(now, fmt::format("round {} epoch {}", w.plan.round, next.epoch));
 }
 
+double Coordinator::rejoinPeriod() const { return std::max(1.0, options_.heartbeatTimeout); }
+
 void Coordinator::planRejoin(RoundWatch& w, const std::string& node, bool sessionEnded) {
   if (options_.onNodeJoin != OnNodeJoin::Live || !options_.startsAgents) return;
-  const double period = std::max(1.0, options_.heartbeatTimeout);
+  const double period = rejoinPeriod();
   w.rejoin[node] = RoundWatch::Rejoin{sessionEnded, after(Clock::now(), period)};
   const PlannedNode* n = w.plan.find(node);
   say(fmt::format("launch: node {} ({}): its agent is started again every {:g} s until it comes "
@@ -511,7 +513,7 @@ void Coordinator::startLeftOutAgain(RoundWatch& w, Clock::time_point now) {
   for (auto& [node, r] : w.rejoin) {
     if (!r.sessionEnded || now < r.next || w.waiting.count(node) != 0) continue;
     r.sessionEnded = false;
-    r.next = after(now, std::max(1.0, options_.heartbeatTimeout));
+    r.next = after(now, rejoinPeriod());
     start.push_back(node);
   }
   if (start.empty()) return;
