@@ -70,12 +70,15 @@ std::exception_ptr CommunicatorBase::markAborted(const std::string& reason) {
       earlier = fmt::format(" (it had failed before: {})", e.what());
     }
   }
-  error_ = DTRAIN_ERROR_PTR(MembershipChanged,
-                            "{}: membership changed: {}; this communicator was aborted and every "
-                            "pending and later collective on it fails{}. HINT: a step run "
-                            "in TrainingState::tryStep is discarded and the group re-forms "
-                            "among the survivors (docs/training.md, \"Surviving a lost node\")",
-                            me, reason, earlier);
+  error_ = DTRAIN_ERROR_PTR(
+      MembershipChanged,
+      "{}: membership changed: {}; this communicator was aborted and every pending and later "
+      "collective on it fails{}. HINT: a step run in TrainingState::tryStep is discarded and the "
+      "group re-forms among the survivors{} (docs/training.md, \"Surviving a lost node\")",
+      me, reason, earlier,
+      isGroup() ? "; this is a subgroup (split/newGroup), which is not re-formed: make it again "
+                  "from the re-formed group"
+                : "");
   membershipAborted_ = true;
   return error_;
 }

@@ -3,6 +3,7 @@
 // then each backend builds its own kind of communicator over the members (createGroup).
 #include <algorithm>
 #include <functional>
+#include <mutex>
 #include <sstream>
 
 #include <fmt/format.h>
@@ -95,6 +96,43 @@ std::shared_ptr<Communicator> formGroup(
 
 }  // namespace
 
+std::shared_ptr<Communicator> Communicator::keepGroup(std::shared_ptr<Communicator> group) {
+  if (!group) return group;
+  group->isGroup_ = true;
+  std::lock_guard<std::mutex> lock(groupsMutex_);
+  // Forget the groups the program let go, so that a program making groups in a loop does not
+  // grow the list.
+  groups_.erase(std::remove_if(groups_.begin(), groups_.end(),
+                               [](const std::weak_ptr<Communicator>& g) { return g.expired(); }),
+                groups_.end());
+  groups_.push_back(group);
+  return group;
+}
+
+std::vector<std::shared_ptr<Communicator>> Communicator::liveGroups() const {
+  std::vector<std::shared_ptr<Communicator>> out;
+  std::lock_guard<std::mutex> lock(groupsMutex_);
+  for (const auto& g : groups_) {
+    if (auto group = g.lock()) out.push_back(std::move(group));
+  }
+  return out;
+}
+
+void Communicator::abortWithGroups(const std::string& reason) {
+  // This communicator first: a rank whose subgroup fails from this abort finds the world failed
+  // too (TrainingState tells a stale subgroup from a lost node by that).
+  abort(reason);
+  for (const auto& g : liveGroups()) g->abortWithGroups(reason);
+}
+
+std::exception_ptr Communicator::errorWithGroups() const {
+  if (std::exception_ptr e = error()) return e;
+  for (const auto& g : liveGroups()) {
+    if (std::exception_ptr e = g->errorWithGroups()) return e;
+  }
+  return nullptr;
+}
+
 std::shared_ptr<Communicator> Communicator::createGroup(const GroupSpec&) {
   DTRAIN_THROW(InvalidArgument, "{}: the {} backend does not create subgroups", describe(),
                backendName());
@@ -109,11 +147,12 @@ std::shared_ptr<Communicator> Communicator::split(int color, int key, const Grou
   Entry mine{color < 0 ? -1 : color, key, "-"};
   const auto entries = agree(*ctx->store, prefix, rank(), size(), mine, ctx->connectTimeout,
                              "split");
-  return formGroup(*this, prefix, entries, mine.color, options, ctx->timeout, ctx->connectTimeout,
-                   [&](const std::vector<int>& members, int me, const std::string& name,
-                       Millis timeout, Millis connectTimeout) {
-                     return createGroup(GroupSpec{members, me, name, timeout, connectTimeout});
-                   });
+  return keepGroup(
+      formGroup(*this, prefix, entries, mine.color, options, ctx->timeout, ctx->connectTimeout,
+                [&](const std::vector<int>& members, int me, const std::string& name,
+                    Millis timeout, Millis connectTimeout) {
+                  return createGroup(GroupSpec{members, me, name, timeout, connectTimeout});
+                }));
 }
 
 std::shared_ptr<Communicator> Communicator::newGroup(std::vector<int> ranks,
@@ -132,11 +171,12 @@ std::shared_ptr<Communicator> Communicator::newGroup(std::vector<int> ranks,
   Entry mine{member ? 0 : -1, -1, fmt::format("{}", fmt::join(ranks, ","))};
   const auto entries = agree(*ctx->store, prefix, rank(), size(), mine, ctx->connectTimeout,
                              "newGroup");
-  return formGroup(*this, prefix, entries, mine.color, options, ctx->timeout, ctx->connectTimeout,
-                   [&](const std::vector<int>& members, int me, const std::string& name,
-                       Millis timeout, Millis connectTimeout) {
-                     return createGroup(GroupSpec{members, me, name, timeout, connectTimeout});
-                   });
+  return keepGroup(
+      formGroup(*this, prefix, entries, mine.color, options, ctx->timeout, ctx->connectTimeout,
+                [&](const std::vector<int>& members, int me, const std::string& name,
+                    Millis timeout, Millis connectTimeout) {
+                  return createGroup(GroupSpec{members, me, name, timeout, connectTimeout});
+                }));
 }
 
 }  // namespace dtrain::comm

@@ -65,7 +65,8 @@ void watchMembership(World& w, const WorldOptions& options, const std::string& b
           if (e.epoch <= target->epoch) return;
           c = target->current.lock();
         }
-        if (c) c->abort(fmt::format("epoch {}: {}", e.epoch, e.why));
+        // The program's subgroups of this world too: they hold its ranks, a lost one among them.
+        if (c) c->abortWithGroups(fmt::format("epoch {}: {}", e.epoch, e.why));
       });
   w.reform = std::move(r);
 }
@@ -205,7 +206,7 @@ bool reformWorld(World& w) {
   // The newest: two losses decided before this rank looked are one re-form.
   const membership::Epoch e = *r.watcher->latest();
   if (w.communicator) {
-    w.communicator->abort(fmt::format("epoch {}: {}", e.epoch, e.why));
+    w.communicator->abortWithGroups(fmt::format("epoch {}: {}", e.epoch, e.why));
     w.communicator->shutdown();
   }
   const int rank = e.rankOf(r.nodeId, w.env.localRank);

@@ -1,8 +1,9 @@
 // Communicator::abort() from another thread, on every CPU backend with ranks as threads
-// (docs/reliability.md P20-P23): what a watcher thread does when a node of the job is lost. A rank
-// blocked in a collective that can never finish leaves it at once with MembershipChanged (bound
-// 1 s; designed for ~100 ms); every later call fails fast with it; shutdown() returns. Also an
-// abort before any collective, of an idle communicator, and in the middle of a 64 MiB transfer.
+// (docs/reliability.md P20-P23, P26): what a watcher thread does when a node of the job is lost.
+// A rank blocked in a collective that can never finish leaves it at once with MembershipChanged
+// (bound 1 s; designed for ~100 ms); every later call fails fast with it; shutdown() returns.
+// Also an abort before any collective, of an idle communicator, in the middle of a 64 MiB
+// transfer, and of the subgroups made from a world (abortWithGroups).
 #include <gtest/gtest.h>
 
 #include <chrono>
@@ -221,6 +222,67 @@ TEST_P(Abort, IdleThenShutdown) {
     c->abort("after shutdown");
     EXPECT_LT(elapsedMs(start), 2000);
     EXPECT_CONTAINS(messageOf([&] { std::rethrow_exception(c->error()); }), kReason);
+  }
+}
+
+// P26: the membership watcher aborts the world with abortWithGroups(), which takes the groups
+// made from it too: a rank blocked in a subgroup's collective with the lost rank leaves it, at
+// every depth (g1 of the world, g2 split from g1). Rank 3 never joins; ranks 0 and 2 wait in g1
+// (all four ranks), rank 1 in its g2 pair with rank 3. A group the program let go is not kept.
+TEST_P(Abort, AbortWithGroupsReleasesTheGroupsMadeFromIt) {
+  auto world = makeWorld(GetParam(), kTimeout);
+  const int n = static_cast<int>(world.size());
+  std::vector<std::shared_ptr<Communicator>> g1(n), g2(n);
+  std::vector<std::weak_ptr<Communicator>> dropped(n);
+  runRanks(n, [&](int r) {
+    g1[r] = world[r]->newGroup({0, 1, 2, 3});
+    g2[r] = g1[r]->split(r % 2);
+    dropped[r] = world[r]->newGroup({0, 1});
+  });
+  for (int r = 0; r < n; ++r) {
+    EXPECT_TRUE(dropped[r].expired()) << "rank " << r << ": the world keeps no group alive";
+    EXPECT_EQ(world[r]->errorWithGroups(), nullptr) << "rank " << r << ": healthy";
+  }
+  // abort() alone leaves the groups working (the world's own communicator only).
+  world[0]->abort(kReason);
+  EXPECT_EQ(g1[0]->error(), nullptr);
+  EXPECT_NE(world[0]->errorWithGroups(), nullptr);
+  const auto start = Clock::now();
+  double abortedAtMs = 0;
+  std::thread watcher([&] {
+    std::this_thread::sleep_for(milliseconds(300));
+    abortedAtMs = elapsedMs(start);
+    for (auto& c : world) c->abortWithGroups(kReason);
+  });
+  std::vector<std::string> errors(static_cast<size_t>(n - 1));
+  std::vector<double> tookMs(static_cast<size_t>(n - 1));
+  runRanks(n - 1, [&](int r) {
+    std::vector<float> x(1024, 1.0f);
+    Communicator& blockedIn = r == 1 ? *g2[r] : *g1[r];
+    errors[r] = membershipChangedFrom(
+        [&] { blockedIn.allreduce(x.data(), x.size(), DataType::Float32, ReduceOp::Sum); }, r);
+    tookMs[r] = elapsedMs(start);
+  });
+  watcher.join();
+  for (int r = 0; r < n - 1; ++r) {
+    EXPECT_GE(tookMs[r], abortedAtMs - 1) << "rank " << r << " returned before the abort";
+    EXPECT_LE(tookMs[r] - abortedAtMs, kBoundMs) << "rank " << r << ": bound of the abort";
+    EXPECT_CONTAINS(errors[r], kReason);  // its own abort's, or (shm) a node peer's quoting it
+  }
+  for (int r = 0; r < n; ++r) {
+    for (const auto& c : {world[r], g1[r], g2[r]}) {
+      const std::string error = messageOf([&] { std::rethrow_exception(c->error()); });
+      EXPECT_CONTAINS(error, fmt::format("membership changed: {}", kReason)) << c->describe();
+      const bool says = error.find("this is a subgroup (split/newGroup), which is not re-formed: "
+                                   "make it again") != std::string::npos;
+      EXPECT_EQ(says, c != world[r]) << "rank " << r << ": " << c->describe() << ": " << error;
+    }
+    EXPECT_NE(world[r]->errorWithGroups(), nullptr);
+  }
+  for (int r = 0; r < n; ++r) {
+    g2[r]->shutdown();
+    g1[r]->shutdown();
+    world[r]->shutdown();
   }
 }
 

@@ -40,8 +40,9 @@ ShardExchange::ShardExchange(Placement& placement, state::Registry& registered, 
     : placement_(placement), registered_(registered), dir_(std::move(dir)) {}
 
 void ShardExchange::reset() {
-  // The old world's subgroups may wait for a lost member: aborted first (a subgroup is not
-  // aborted with its parent), so that shutting them down never waits.
+  // The old world's subgroups may wait for a lost member: aborted first (the epoch's
+  // abortWithGroups did when they came from the world; a second abort changes nothing), so that
+  // shutting them down never waits.
   for (auto& g : keeperGroups_) {
     if (!g) continue;
     try {

@@ -215,9 +215,20 @@ bool TrainingState::tryCollective(const std::function<void()>& work) {
 }
 
 bool TrainingState::membershipChanged(const std::exception& e) const {
+  if (!group_->reformsOnNodeLoss()) return false;
+  // The group's communicator or a subgroup made from it failed: the watcher aborts them all at a
+  // new epoch, and a subgroup's connection to a lost node may break before it does.
+  if (group_->communicator().errorWithGroups() != nullptr) return true;
   // A failure of the program's own, with every collective healthy, is no node loss.
-  return group_->reformsOnNodeLoss() && (dynamic_cast<const MembershipChanged*>(&e) != nullptr ||
-                                         group_->communicator().error() != nullptr);
+  if (dynamic_cast<const MembershipChanged*>(&e) == nullptr) return false;
+  // Aborted while the group and its subgroups are healthy: the collective ran on a subgroup made
+  // before a re-form (aborted with that world), which waiting for another epoch cannot mend.
+  DTRAIN_THROW(InvalidArgument,
+               "step {}: rank {}/{}: a collective ran on a communicator aborted at an earlier "
+               "membership change ({}); the group has re-formed since (membership epoch {}). "
+               "HINT: subgroups (split/newGroup) are not re-formed: make them again from the "
+               "group when its epoch() changes (docs/training.md, \"Surviving a lost node\")",
+               step_, group_->rank(), group_->size(), e.what(), group_->epoch());
 }
 
 int64_t TrainingState::joinShards() {

@@ -176,9 +176,10 @@ std::vector<UnitLayout> unitsOf(ShardGroup& shards) {
   return out;
 }
 
-// The pairs are subgroups, which the membership watcher does not abort: a pair with a lost rank
-// would wait its whole timeout. So the waits watch the group's communicator, which the watcher
-// aborts at a new epoch, and abort (and abandon) the pairs then, rethrowing the group's failure.
+// The pairs are subgroups: the membership watcher aborts them with the world at a new epoch
+// (abortWithGroups), but an abort does not end a Gloo broadcast's receive in flight, so a pair
+// with a lost rank could still wait its whole timeout. So the waits watch the group's
+// communicator, and abort (and abandon) the pairs once it failed, rethrowing its failure.
 void waitWatching(ProcessGroup& group, std::vector<std::shared_ptr<comm::Work>>& works,
                   const std::vector<std::shared_ptr<ProcessGroup>>& pairs, const char* during) {
   for (auto& w : works) {

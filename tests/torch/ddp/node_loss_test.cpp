@@ -202,6 +202,139 @@ TEST(NodeLoss, AMemberOneStepAheadHandsItsStateOver) {
   }
 }
 
+// The program's subgroups under the mode (Communicator::abortWithGroups, TrainingState's
+// membershipChanged). 4 nodes x 1 rank; nodes 2 and 3 are lost after step 0. Rank 0 waits in a
+// subgroup with silent rank 3 -- only the epoch's abort of the world's groups ends it (before,
+// the subgroup's timeout); rank 1's subgroup with rank 2 fails first, rank 2 having closed it --
+// a subgroup failed with the world healthy, a loss still (before, rethrown: a program error that
+// restarts the job). Both discard the step and re-form. The stale subgroups, used after the
+// re-form, fail at once naming what to do (not after DTRAIN_NODE_LOSS_WAIT); one made from the
+// re-formed group works.
+TEST(NodeLoss, SubgroupsAreAbortedWithTheWorldAndAStaleOneIsNamed) {
+  auto store = std::make_shared<store::HashStore>();
+  constexpr int kRanks = 4;
+  std::vector<std::shared_ptr<ProcessGroup>> groups(kRanks);
+  std::vector<std::shared_ptr<ProcessGroup>> pairs(kRanks);
+  std::atomic<int> firstStepDone{0};
+  std::atomic<bool> rank0Blocked{false};
+  std::atomic<bool> rank1SawItFail{false};
+  std::atomic<bool> lostMayGo{false};
+  struct Survivor {
+    bool discarded = false;
+    double leftMs = -1;  // from the epoch's publication
+    int size = 0;
+    std::string stale;
+    double staleMs = -1;
+    float fresh = 0;
+    std::string unexpected;
+  };
+  std::vector<Survivor> survivors(2);
+  std::atomic<int64_t> publishedNs{0};
+  auto sinceEpochMs = [&] {
+    return (std::chrono::steady_clock::now().time_since_epoch().count() - publishedNs.load()) / 1e6;
+  };
+  std::vector<std::thread> threads;
+  for (int rank = 0; rank < kRanks; ++rank) {
+    threads.emplace_back([&, rank] {
+      auto group = nodeLossRank(store, rank, kRanks, 0, rank);
+      groups[rank] = group;
+      // {0, 3} and {1, 2}: each survivor paired with a node to be lost.
+      auto a = group->newGroup({0, 3});
+      auto b = group->newGroup({1, 2});
+      pairs[rank] = a ? a : b;
+      TrainingState state(group);
+      auto one = [&] {
+        at::Tensor x = at::ones({4});
+        pairs[rank]->allreduce(x);
+        return x[0].item<float>();
+      };
+      state.beginStep(0);
+      EXPECT_TRUE(state.tryStep([&] { EXPECT_EQ(one(), 2.0f); }));
+      ++firstStepDone;
+      if (rank >= 2) {
+        // Lost: rank 3 goes silent, rank 2 closes its subgroup as a killed process's sockets
+        // close; both keep the rest open until the survivors are done.
+        if (rank == 2) pairs[rank]->shutdown();
+        while (!lostMayGo.load()) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+        return;
+      }
+      Survivor& me = survivors[static_cast<size_t>(rank)];
+      try {
+        while (firstStepDone.load() < kRanks) {
+          std::this_thread::sleep_for(std::chrono::milliseconds(5));
+        }
+        state.beginStep(1);
+        me.discarded = !state.tryStep([&] {
+          if (rank == 0) rank0Blocked = true;
+          try {
+            one();
+          } catch (const NetworkError&) {
+            if (rank == 1) rank1SawItFail = true;
+            throw;
+          }
+        });
+        me.leftMs = sinceEpochMs();
+        me.size = group->size();
+        state.beginStep(state.currentStep());
+        const auto start = std::chrono::steady_clock::now();
+        try {
+          state.tryStep([&] { one(); });
+          me.stale = "(returned)";
+        } catch (const InvalidArgument& e) {
+          me.stale = e.what();
+        }
+        me.staleMs = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() -
+                                                               start)
+                         .count();
+        auto fresh = group->newGroup({0, 1});
+        at::Tensor x = at::full({4}, static_cast<float>(group->rank() + 1));
+        fresh->allreduce(x);
+        me.fresh = x[0].item<float>();
+        fresh->shutdown();
+      } catch (const std::exception& e) {
+        me.unexpected = e.what();
+      }
+    });
+  }
+  auto waitFor = [](const std::atomic<bool>& flag) {
+    const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+    while (!flag.load() && std::chrono::steady_clock::now() < until) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
+    return flag.load();
+  };
+  EXPECT_TRUE(waitFor(rank0Blocked));
+  EXPECT_TRUE(waitFor(rank1SawItFail)) << "rank 1's subgroup did not fail from rank 2's close";
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));  // rank 0 in its wait
+  publishedNs = std::chrono::steady_clock::now().time_since_epoch().count();
+  publishEpoch(*store, 1, {{"0", 0, 1}, {"1", 1, 1}}, "nodes 2 and 3 lost (a test's epoch)");
+  threads[0].join();
+  threads[1].join();
+  lostMayGo = true;
+  threads[2].join();
+  threads[3].join();
+  for (int rank = 0; rank < 2; ++rank) {
+    const Survivor& me = survivors[static_cast<size_t>(rank)];
+    EXPECT_EQ(me.unexpected, "") << "rank " << rank;
+    EXPECT_TRUE(me.discarded) << "rank " << rank;
+    EXPECT_GE(me.leftMs, 0) << "rank " << rank << " left its step before the epoch";
+    EXPECT_LT(me.leftMs, 5000) << "rank " << rank << ": out of the subgroup's wait by the epoch";
+    EXPECT_EQ(me.size, 2) << "rank " << rank;
+    EXPECT_NE(me.stale.find("the group has re-formed since (membership epoch 1)"),
+              std::string::npos)
+        << me.stale;
+    EXPECT_NE(me.stale.find("subgroups (split/newGroup) are not re-formed: make them again"),
+              std::string::npos)
+        << me.stale;
+    EXPECT_LT(me.staleMs, 2000) << "rank " << rank << ": named at once, not after a wait";
+    EXPECT_EQ(me.fresh, 3.0f) << "rank " << rank << ": a group made after the re-form";
+  }
+  for (int rank = 0; rank < kRanks; ++rank) {
+    if (pairs[rank]) pairs[rank]->shutdown();
+    groups[rank]->shutdown();
+  }
+}
+
 // Outside the mode, tryStep is work() and true, and a failure propagates untouched.
 TEST(NodeLoss, WithoutTheModeTryStepIsTheWorkItself) {
   auto store = std::make_shared<store::HashStore>();

@@ -18,6 +18,7 @@
 #include <cstdint>
 #include <exception>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <string>
 #include <vector>
@@ -172,8 +173,18 @@ class Communicator {
   // a second abort keeps the first reason. shutdown() still works afterwards and never hangs;
   // abort never ends the process. It aborts this communicator (for the hierarchical one, both its
   // parts) and nothing else: a subgroup made by split()/newGroup() is a communicator of its own,
-  // aborted on its own. Per backend: docs/design.md "Communicator".
+  // aborted on its own (abortWithGroups() takes them too). Per backend: docs/design.md
+  // "Communicator".
   virtual void abort(const std::string& reason) = 0;
+  // abort() of this communicator, then of every group split()/newGroup() made from it that is
+  // still referenced, and of theirs, with the same reason: what the membership watcher calls on
+  // the world, whose subgroups hold the same ranks -- one of them with a lost peer would
+  // otherwise wait out its timeout. Thread-safe as abort().
+  void abortWithGroups(const std::string& reason);
+  // The first error of this communicator, else of a group made from it (still referenced, theirs
+  // too); null while all are healthy. A lost peer may fail a subgroup's collective before anyone
+  // aborts the world.
+  std::exception_ptr errorWithGroups() const;
 
   // The first error once the communicator has failed (every later call rethrows it); null while
   // healthy.
@@ -251,9 +262,18 @@ class Communicator {
     Millis connectTimeout;
   };
   virtual std::shared_ptr<Communicator> createGroup(const GroupSpec& spec);
+  // Made by split()/newGroup() of another communicator: a group is not re-formed with its world
+  // (an aborted one says so).
+  bool isGroup() const { return isGroup_; }
 
  private:
+  std::shared_ptr<Communicator> keepGroup(std::shared_ptr<Communicator> group);
+  std::vector<std::shared_ptr<Communicator>> liveGroups() const;
+
   std::atomic<uint64_t> groupsCreated_{0};
+  std::atomic<bool> isGroup_{false};
+  mutable std::mutex groupsMutex_;
+  std::vector<std::weak_ptr<Communicator>> groups_;  // made by split()/newGroup(), guarded
 };
 
 }  // namespace dtrain::comm

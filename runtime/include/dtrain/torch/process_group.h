@@ -76,8 +76,9 @@ class ProcessGroup {
   // After a collective failed: comm::reformWorld (dtrain/comm/world.h) -- waits for the
   // launcher's next epoch and replaces the communicator by one among its members: rank() and
   // size() change, communicator() is another object (do not keep references to it across a
-  // step). Subgroups made before are not re-formed. Collective over the new members; false when
-  // no new epoch came (rethrow what failed). TrainingState::tryStep() calls it.
+  // step). Subgroups made before are not re-formed: the new epoch aborted them with the world
+  // (a collective on one fails naming it); make them again. Collective over the new members;
+  // false when no new epoch came (rethrow what failed). TrainingState::tryStep() calls it.
   bool reform();
   // This rank was started in a running round (`launch --on-node-join live`) and has not been
   // handed the members' state yet: TrainingState::tryStep does that first (settleJoin()), and

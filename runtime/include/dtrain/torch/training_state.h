@@ -152,8 +152,9 @@ class TrainingState {
   // A rank taken into a running round under ZeRO: its blocks and the replicated state from the
   // members, who restore theirs (restoreShards) at the same time; the generation's step.
   int64_t joinShards();
-  // `e` is a failure a re-form follows: under the mode, MembershipChanged or the communicator
-  // failed (a program's own error with every collective healthy is none).
+  // `e` is a failure a re-form follows: under the mode, the group's communicator or a subgroup
+  // made from it failed (a program's own error with every collective healthy is none). A
+  // MembershipChanged from a subgroup made before the last re-form throws InvalidArgument.
   bool membershipChanged(const std::exception& e) const;
 
   std::unique_ptr<state::Registry> registry_;
