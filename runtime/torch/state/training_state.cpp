@@ -187,14 +187,16 @@ int64_t TrainingState::restoreShards(const std::exception& failure) {
   rb.live = {};
   // Ranks taken into the running round have the sharded state now, and the rest from rank 0.
   if (joined > 0) state::handOverReplicated(*registry_, *group_, 0);
+  lastRestore_ = {
+      generation, sent,
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count()};
   DTRAIN_LOG(
       Warn,
       "step {}: the sharded state of step {} restored from the mirrors on {} ranks{} in {:.3f} "
       "s, {} payload bytes through rank {} (sent; Note [Shard mirrors]); {} step(s) run again",
       step_, generation, group_->size(),
       joined > 0 ? fmt::format(" ({} of them joined)", joined) : std::string(),
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count(), sent,
-      group_->rank(), step_ - generation + 1);
+      lastRestore_.seconds, sent, group_->rank(), step_ - generation + 1);
   rb.refreshNow = true;
   return generation;
 }
@@ -238,12 +240,17 @@ int64_t TrainingState::joinShards() {
   const std::vector<ShardedOptimizer*> optimizers = registry_->shardedOptimizers();
   std::string why;
   int joined = 0;
-  const int64_t generation = restoreFromMirrors(optimizers, *group_, {}, why, nullptr, &joined);
+  uint64_t sent = 0;
+  const auto started = std::chrono::steady_clock::now();
+  const int64_t generation = restoreFromMirrors(optimizers, *group_, {}, why, &sent, &joined);
   DTRAIN_CHECK(generation >= 0,
                "rank {} was taken into a running round, but the members' sharded state cannot "
                "be restored in memory: {}; the job restarts from its last checkpoint",
                group_->rank(), why);
   state::handOverReplicated(*registry_, *group_, 0);
+  lastRestore_ = {
+      generation, sent,
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count()};
   // Its first refreshMirrors() mirrors the restored generation, as the members' does.
   return generation;
 }

@@ -94,7 +94,24 @@ struct RankResult {
   size_t mirrorBytesRestored = 0;   // right after the restore, before the next refresh
   int64_t owned = 0;                // elements of this rank's blocks
   double abortedAfterEpochMs = -1;  // its first discarded step ended, after the epoch's write
+  uint64_t restoreSent = 0;         // TrainingState::lastShardRestore().bytesSent, at the end
+  // (param, begin, end, fields: the master and the state's) of its shard records: as built in
+  // the world of 6, and at the end.
+  struct Range {
+    std::string param;
+    int64_t begin = 0, end = 0;
+    size_t fields = 0;
+  };
+  std::vector<Range> built, last;
 };
+
+std::vector<RankResult::Range> rangesOf(ShardedOptimizer& optimizer) {
+  std::vector<RankResult::Range> out;
+  for (const auto& record : optimizer.shardRecords()) {
+    out.push_back({record.param, record.begin, record.end, 1 + record.state.size()});
+  }
+  return out;
+}
 
 // Trains `t` from step `first` to kSteps through tryStep, filling `r`; `atStart(step)` runs after
 // each beginStep and ends the rank when it returns false ("lost": it never joins a collective
@@ -145,6 +162,8 @@ void train(ZeroTrainer& t, RankResult& r, int64_t first, const std::atomic<int64
   r.finalSize = group.size();
   r.mirrorBytes = t.optimizer.mirrorBytes();
   r.owned = t.optimizer.stats().owned;
+  r.restoreSent = t.state->lastShardRestore().bytesSent;
+  r.last = rangesOf(t.optimizer);
 }
 
 // Runs 6 ranks; the ranks of the nodes in `lostNodes` stop at the start of step `lossStep`
@@ -166,6 +185,7 @@ std::vector<RankResult> runSix(const Mode& mode, int lossStep, const std::vector
       auto group = nodeLossRank(store, rank, kNodes * kPerNode, rank % kPerNode, node);
       auto& t = trainers[static_cast<size_t>(rank)];
       t = std::make_unique<ZeroTrainer>(group, mode);
+      results[static_cast<size_t>(rank)].built = rangesOf(t->optimizer);
       train(*t, results[static_cast<size_t>(rank)], 0, epochWrittenNs, [&](int64_t step) {
         if (lost && step == lossStep) return false;
         if (step == lossStep && group->epoch() == 0) waiting.fetch_add(1);
@@ -231,6 +251,29 @@ TEST_P(ZeroNodeLoss, SurvivorsRollBackToTheMirrorAndMatchOneProcess) {
       EXPECT_EQ(r.mirrorBytesRestored, static_cast<size_t>(3 * 4 * r.owned)) << "rank " << rank;
     }
   }
+  // The re-shard's traffic (issue 44's "bytes moved on a loss"): every element of every field
+  // goes once to its new owner, from the survivor that provides it -- its old owner when that
+  // survived, else the holder of its mirror (node 2's ranks 4 and 5 on node 0's ranks 0 and 1)
+  // -- and nothing else moves. So what the survivors sent, summed, is the float32 bytes of the
+  // elements each new owner did not provide itself, from the records' ranges alone.
+  const std::map<int, std::vector<int>> provides{{0, {0, 4}}, {1, {1, 5}}, {2, {2}}, {3, {3}}};
+  uint64_t expectedBytes = 0, sentBytes = 0;
+  for (int rank = 0; rank < 4; ++rank) {
+    const RankResult& r = results[static_cast<size_t>(rank)];
+    sentBytes += r.restoreSent;
+    for (const auto& now : r.last) {
+      int64_t own = 0;  // elements of `now` this rank provided itself
+      for (int old : provides.at(rank)) {
+        for (const auto& was : results[static_cast<size_t>(old)].built) {
+          if (was.param != now.param) continue;
+          own += std::max<int64_t>(0, std::min(was.end, now.end) - std::max(was.begin, now.begin));
+        }
+      }
+      expectedBytes += static_cast<uint64_t>(now.end - now.begin - own) * now.fields * 4;
+    }
+  }
+  EXPECT_GT(expectedBytes, 0u);
+  EXPECT_EQ(sentBytes, expectedBytes) << "summed over the survivors";
 }
 
 // Node 2 lost at the start of step 4, whose refresh is then in flight on the survivors: its

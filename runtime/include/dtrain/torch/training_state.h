@@ -137,6 +137,16 @@ class TrainingState {
   // The step of the last beginStep() -- after tryStep() returned false, the step to run -- -1
   // before the first.
   int64_t currentStep() const { return step_; }
+  // ZeRO: the last restore of the sharded state in memory (after a loss, or a join): the step of
+  // the generation restored, the payload bytes this rank sent to re-shard it (every piece of
+  // every block once, from the rank that provides it to its new owner: docs/design.md "Sharded
+  // state across a lost node"), and its seconds; step -1 before any.
+  struct ShardRestore {
+    int64_t step = -1;
+    uint64_t bytesSent = 0;
+    double seconds = 0;
+  };
+  const ShardRestore& lastShardRestore() const { return lastRestore_; }
 
   const std::shared_ptr<ProcessGroup>& group() const { return group_; }
 
@@ -161,6 +171,7 @@ class TrainingState {
   std::unique_ptr<state::Rollback> rollback_;
   int64_t step_ = -1;
   int64_t mirrorInterval_ = 10;
+  ShardRestore lastRestore_;
 };
 
 }  // namespace dtrain
