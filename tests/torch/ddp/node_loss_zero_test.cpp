@@ -343,6 +343,7 @@ JoinResult runJoin(const Mode& mode, bool inOptimizerStep) {
       t = std::make_unique<ZeroTrainer>(group, mode);
       out.collectivesBeforeTryStep[static_cast<size_t>(rank)] =
           group->communicator().sequenceNumber();
+      out.ranks[static_cast<size_t>(rank)].built = rangesOf(t->optimizer);
       auto waitForTheEpoch = [&] {
         waiting.fetch_add(1);
         const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
@@ -396,6 +397,26 @@ void expectJoined(const JoinResult& out, const Mode& mode, int64_t rolledBackTo)
           << "newcomer " << rank << " made a collective before its first tryStep";
     }
   }
+  // The re-shard's traffic: each member provides its own blocks (no block was lost), each element
+  // goes once to its new owner, the newcomers send nothing; so what the ranks sent, summed, is
+  // the float32 bytes of the elements each rank did not own in the world of 4 (as the loss
+  // test's, from the records' ranges alone).
+  uint64_t expectedBytes = 0, sentBytes = 0;
+  for (int rank = 0; rank < kWorld; ++rank) {
+    const RankResult& r = out.ranks[static_cast<size_t>(rank)];
+    sentBytes += r.restoreSent;
+    if (rank >= kMembers) EXPECT_EQ(r.restoreSent, 0u) << "newcomer " << rank;
+    for (const auto& now : r.last) {
+      int64_t own = 0;
+      for (const auto& was : rank < kMembers ? r.built : std::vector<RankResult::Range>{}) {
+        if (was.param != now.param) continue;
+        own += std::max<int64_t>(0, std::min(was.end, now.end) - std::max(was.begin, now.begin));
+      }
+      expectedBytes += static_cast<uint64_t>(now.end - now.begin - own) * now.fields * 4;
+    }
+  }
+  EXPECT_GT(expectedBytes, 0u);
+  EXPECT_EQ(sentBytes, expectedBytes) << "summed over the ranks";
 }
 
 class ZeroNodeJoin : public ::testing::TestWithParam<Mode> {};
