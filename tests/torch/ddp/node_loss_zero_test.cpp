@@ -113,6 +113,32 @@ std::vector<RankResult::Range> rangesOf(ShardedOptimizer& optimizer) {
   return out;
 }
 
+// The re-shard's traffic (issue 44's "bytes moved on a loss"): every element of every field goes
+// once to its new owner, from the rank that provides it, and nothing else moves. So what the
+// ranks sent (TrainingState::lastShardRestore()), summed over `ranks`, is the float32 bytes of
+// the elements each rank's records hold at the end and it did not provide itself -- those of the
+// old ranks `provides(rank)` names, as built -- from the records' ranges alone.
+void expectReshardBytes(const std::vector<RankResult>& results, int ranks,
+                        const std::function<std::vector<int>(int)>& provides) {
+  uint64_t expectedBytes = 0, sentBytes = 0;
+  for (int rank = 0; rank < ranks; ++rank) {
+    const RankResult& r = results[static_cast<size_t>(rank)];
+    sentBytes += r.restoreSent;
+    for (const auto& now : r.last) {
+      int64_t own = 0;  // elements of `now` this rank provided itself
+      for (int old : provides(rank)) {
+        for (const auto& was : results[static_cast<size_t>(old)].built) {
+          if (was.param != now.param) continue;
+          own += std::max<int64_t>(0, std::min(was.end, now.end) - std::max(was.begin, now.begin));
+        }
+      }
+      expectedBytes += static_cast<uint64_t>(now.end - now.begin - own) * now.fields * 4;
+    }
+  }
+  EXPECT_GT(expectedBytes, 0u);
+  EXPECT_EQ(sentBytes, expectedBytes) << "summed over " << ranks << " ranks";
+}
+
 // Trains `t` from step `first` to kSteps through tryStep, filling `r`; `atStart(step)` runs after
 // each beginStep and ends the rank when it returns false ("lost": it never joins a collective
 // again, and its group stays open, so the survivors see silence, as from a node whose traffic is
@@ -251,29 +277,11 @@ TEST_P(ZeroNodeLoss, SurvivorsRollBackToTheMirrorAndMatchOneProcess) {
       EXPECT_EQ(r.mirrorBytesRestored, static_cast<size_t>(3 * 4 * r.owned)) << "rank " << rank;
     }
   }
-  // The re-shard's traffic (issue 44's "bytes moved on a loss"): every element of every field
-  // goes once to its new owner, from the survivor that provides it -- its old owner when that
-  // survived, else the holder of its mirror (node 2's ranks 4 and 5 on node 0's ranks 0 and 1)
-  // -- and nothing else moves. So what the survivors sent, summed, is the float32 bytes of the
-  // elements each new owner did not provide itself, from the records' ranges alone.
-  const std::map<int, std::vector<int>> provides{{0, {0, 4}}, {1, {1, 5}}, {2, {2}}, {3, {3}}};
-  uint64_t expectedBytes = 0, sentBytes = 0;
-  for (int rank = 0; rank < 4; ++rank) {
-    const RankResult& r = results[static_cast<size_t>(rank)];
-    sentBytes += r.restoreSent;
-    for (const auto& now : r.last) {
-      int64_t own = 0;  // elements of `now` this rank provided itself
-      for (int old : provides.at(rank)) {
-        for (const auto& was : results[static_cast<size_t>(old)].built) {
-          if (was.param != now.param) continue;
-          own += std::max<int64_t>(0, std::min(was.end, now.end) - std::max(was.begin, now.begin));
-        }
-      }
-      expectedBytes += static_cast<uint64_t>(now.end - now.begin - own) * now.fields * 4;
-    }
-  }
-  EXPECT_GT(expectedBytes, 0u);
-  EXPECT_EQ(sentBytes, expectedBytes) << "summed over the survivors";
+  // Each survivor provides its own old blocks; node 2's ranks 4 and 5 come from their mirrors on
+  // node 0's ranks 0 and 1.
+  expectReshardBytes(results, 4, [](int rank) {
+    return rank < 2 ? std::vector<int>{rank, rank + 4} : std::vector<int>{rank};
+  });
 }
 
 // Node 2 lost at the start of step 4, whose refresh is then in flight on the survivors: its
@@ -397,26 +405,13 @@ void expectJoined(const JoinResult& out, const Mode& mode, int64_t rolledBackTo)
           << "newcomer " << rank << " made a collective before its first tryStep";
     }
   }
-  // The re-shard's traffic: each member provides its own blocks (no block was lost), each element
-  // goes once to its new owner, the newcomers send nothing; so what the ranks sent, summed, is
-  // the float32 bytes of the elements each rank did not own in the world of 4 (as the loss
-  // test's, from the records' ranges alone).
-  uint64_t expectedBytes = 0, sentBytes = 0;
-  for (int rank = 0; rank < kWorld; ++rank) {
-    const RankResult& r = out.ranks[static_cast<size_t>(rank)];
-    sentBytes += r.restoreSent;
-    if (rank >= kMembers) EXPECT_EQ(r.restoreSent, 0u) << "newcomer " << rank;
-    for (const auto& now : r.last) {
-      int64_t own = 0;
-      for (const auto& was : rank < kMembers ? r.built : std::vector<RankResult::Range>{}) {
-        if (was.param != now.param) continue;
-        own += std::max<int64_t>(0, std::min(was.end, now.end) - std::max(was.begin, now.begin));
-      }
-      expectedBytes += static_cast<uint64_t>(now.end - now.begin - own) * now.fields * 4;
-    }
+  // Each member provides its own blocks (no block was lost); the newcomers send nothing.
+  for (int rank = kMembers; rank < kWorld; ++rank) {
+    EXPECT_EQ(out.ranks[static_cast<size_t>(rank)].restoreSent, 0u) << "newcomer " << rank;
   }
-  EXPECT_GT(expectedBytes, 0u);
-  EXPECT_EQ(sentBytes, expectedBytes) << "summed over the ranks";
+  expectReshardBytes(out.ranks, kWorld, [](int rank) {
+    return rank < kMembers ? std::vector<int>{rank} : std::vector<int>{};
+  });
 }
 
 class ZeroNodeJoin : public ::testing::TestWithParam<Mode> {};
