@@ -166,6 +166,33 @@ TEST(NodeLossE2E, AWholeNodeKilledMidTrainingIsLeftBehind) {
   expectSurvivorsMatchOneProcess(r, out, 14);
 }
 
+// (1b) A subgroup of the program's own in every step (node_loss_worker --subgroup: the ranks of
+// one local rank across the nodes, made again when the epoch changes, as docs/training.md shows),
+// and node 2's traffic silently dropped: a survivor waiting in the subgroup with node 2 sees no
+// broken connection, only silence, and leaves it when the epoch aborts the world's groups with
+// the world (before: the subgroup's collective timeout, then the restart path); the survivors
+// remake the subgroup at 2 nodes and end as one process, with no restart.
+TEST(NodeLossE2E, AProgramsSubgroupIsAbortedWithTheWorldAndMadeAgain) {
+  if (::access(worker().c_str(), X_OK) != 0) GTEST_SKIP() << "node_loss_worker not built";
+  if (::access("/usr/sbin/nft", X_OK) != 0) GTEST_SKIP() << "no nft (nftables) here";
+  DTRAIN_CLUSTER_OR_SKIP(c, 3);
+  const std::string out = c->dir() + "/params";
+  LaunchProcess p(job(*c, out, 14, {"--step-ms", "150", "--subgroup"}));
+  ASSERT_TRUE(p.waitForOutput("step 3 world 6 subgroup 3", 30)) << p.out() << p.err();
+  ASSERT_EQ(c->run(2, "nft add table inet cut && "
+                      "nft add chain inet cut in '{ type filter hook input priority 0; }' && "
+                      "nft add chain inet cut out '{ type filter hook output priority 0; }' && "
+                      "nft add rule inet cut in iifname != lo drop && "
+                      "nft add rule inet cut out oifname != lo drop"),
+            0);
+  LaunchResult r = p.wait(60);
+  show(r);
+  ASSERT_EQ(r.exitCode, 0) << r.all();
+  EXPECT_EQ(r.err.find("stopping round 0"), std::string::npos) << r.err;
+  EXPECT_GE(countLines(r.out, "world 4 subgroup 2"), 1) << r.out;
+  expectSurvivorsMatchOneProcess(r, out, 14);
+}
+
 // (2) The node's traffic silently dropped (nft, loopback spared): the epoch within
 // --heartbeat-timeout + 1 s of the cut, the survivors go on.
 TEST(NodeLossE2E, ANodeWhoseTrafficIsDroppedIsLeftWithinTheHeartbeatBound) {

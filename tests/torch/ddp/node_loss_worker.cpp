@@ -53,6 +53,8 @@ namespace {
 //                                 docs/training.md says) it saves the state after step S - 1;
 //                                 at the end it saves the last step, restores it at the final
 //                                 world size and prints "rank R restored step S saved at world W"
+//   --subgroup                    every step allreduces over a subgroup of the program's own
+//                                 (group->split(localRank)), made again when the epoch changes
 //   --kill-after-save S:R         rank R SIGKILLs itself 150 ms after the save begun in step S
 //                                 returned (its write still in flight under a slow
 //                                 DTRAIN_IO_FAULT)
@@ -116,6 +118,7 @@ struct Args {
   int zero = 0;             // 0: DDP
   int64_t mirrorEvery = 0;  // 0: TrainingState's default
   int64_t startupMs = 0;    // a newcomer's start-up
+  bool subgroup = false;    // a group per local rank across nodes, allreduced in every step
   Phases phases;
 };
 
@@ -135,6 +138,7 @@ Args parse(int argc, char** argv) {
     else if (f == "--zero") a.zero = std::stoi(next());
     else if (f == "--mirror-every") a.mirrorEvery = std::stoll(next());
     else if (f == "--startup-ms") a.startupMs = std::stoll(next());
+    else if (f == "--subgroup") a.subgroup = true;
     else if (parsePhaseFlag(f, next, a.phases)) continue;
     else DTRAIN_THROW(dtrain::InvalidArgument, "unknown flag {}", f);
   }
@@ -251,6 +255,22 @@ int run(const Args& args) {
   if (group && group->joinPending() && args.startupMs > 0) {
     std::this_thread::sleep_for(std::chrono::milliseconds(args.startupMs));
   }
+  // --subgroup: the pattern of docs/training.md ("Surviving a lost node"): a subgroup of the
+  // program's own -- the ranks of one local rank across the nodes -- made again inside the step
+  // whenever the group re-formed; its allreduce must count every node of the epoch.
+  std::shared_ptr<dtrain::ProcessGroup> across;
+  int acrossEpoch = -1;
+  auto useSubgroup = [&] {
+    if (acrossEpoch != group->epoch()) {
+      across = group->split(group->localRank());
+      acrossEpoch = group->epoch();
+    }
+    at::Tensor one = torch::ones({1});
+    across->allreduce(one);
+    DTRAIN_CHECK(one.item<float>() == static_cast<float>(across->size()),
+                 "rank {}: the subgroup's allreduce counts {} of its {} ranks", group->rank(),
+                 one.item<float>(), across->size());
+  };
   for (int64_t step = 0; step < args.steps;) {
     if (step % stepsPerEpoch == 0) sampler.setEpoch(step / stepsPerEpoch);
     const int world = group ? group->size() : 1;
@@ -267,6 +287,7 @@ int run(const Args& args) {
           killSelf("during the save of step " + std::to_string(step - 1));
         }
       }
+      if (args.subgroup && group) useSubgroup();
       auto indices = sampler.next(static_cast<size_t>(args.globalBatch / world)).value();
       auto idx = torch::tensor(std::vector<int64_t>(indices.begin(), indices.end()), torch::kLong);
       if (sharded) {
@@ -299,7 +320,9 @@ int run(const Args& args) {
     if (!sharded) stepOptimizer();
     schedule.step();
     if (group && group->rank() == 0) {
-      std::cout << fmt::format("step {} world {}\n", step, group->size()) << std::flush;
+      std::cout << fmt::format("step {} world {}{}\n", step, group->size(),
+                               across ? fmt::format(" subgroup {}", across->size()) : "")
+                << std::flush;
     }
     ++step;
     if (args.stepMs > 0) std::this_thread::sleep_for(std::chrono::milliseconds(args.stepMs));
