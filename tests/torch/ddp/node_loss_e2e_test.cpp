@@ -130,6 +130,15 @@ void expectSurvivorsMatchOneProcess(const LaunchResult& r, const std::string& ou
   expectEqualsOneProcess(out, steps, referenceFlags);
 }
 
+// Drops every packet in and out of a host's namespace but loopback's (nft): silence, as from a
+// node cut off without its sockets resetting.
+constexpr const char* kDropTraffic =
+    "nft add table inet cut && "
+    "nft add chain inet cut in '{ type filter hook input priority 0; }' && "
+    "nft add chain inet cut out '{ type filter hook output priority 0; }' && "
+    "nft add rule inet cut in iifname != lo drop && "
+    "nft add rule inet cut out oifname != lo drop";
+
 // The launch report names the node, the epoch and the cause (`cause`: a part of its text).
 // `causes`: what the report may give as the cause (the first that appears must appear in both
 // lines): a cut-off node shows as silent, or as its ssh session ending, whichever comes first.
@@ -179,12 +188,7 @@ TEST(NodeLossE2E, AProgramsSubgroupIsAbortedWithTheWorldAndMadeAgain) {
   const std::string out = c->dir() + "/params";
   LaunchProcess p(job(*c, out, 14, {"--step-ms", "150", "--subgroup"}));
   ASSERT_TRUE(p.waitForOutput("step 3 world 6 subgroup 3", 30)) << p.out() << p.err();
-  ASSERT_EQ(c->run(2, "nft add table inet cut && "
-                      "nft add chain inet cut in '{ type filter hook input priority 0; }' && "
-                      "nft add chain inet cut out '{ type filter hook output priority 0; }' && "
-                      "nft add rule inet cut in iifname != lo drop && "
-                      "nft add rule inet cut out oifname != lo drop"),
-            0);
+  ASSERT_EQ(c->run(2, kDropTraffic), 0);
   LaunchResult r = p.wait(60);
   show(r);
   ASSERT_EQ(r.exitCode, 0) << r.all();
@@ -202,12 +206,7 @@ TEST(NodeLossE2E, ANodeWhoseTrafficIsDroppedIsLeftWithinTheHeartbeatBound) {
   const std::string out = c->dir() + "/params";
   LaunchProcess p(job(*c, out, 14, {"--step-ms", "150"}));
   ASSERT_TRUE(p.waitForOutput("step 3 world 6", 30)) << p.out() << p.err();
-  ASSERT_EQ(c->run(2, "nft add table inet cut && "
-                      "nft add chain inet cut in '{ type filter hook input priority 0; }' && "
-                      "nft add chain inet cut out '{ type filter hook output priority 0; }' && "
-                      "nft add rule inet cut in iifname != lo drop && "
-                      "nft add rule inet cut out oifname != lo drop"),
-            0);
+  ASSERT_EQ(c->run(2, kDropTraffic), 0);
   const double cutAt = p.elapsed();
   LaunchResult r = p.wait(40);
   show(r);
