@@ -36,12 +36,12 @@
 // world (ShardedOptimizer::reformUnits) and every piece of every old block moves to the rank that
 // owns its elements now, once: from the survivor that provides the old block (its own when its
 // old rank survived -- what it keeps moves nowhere --, else the lowest rank holding its mirror) to
-// the new owner, over a subgroup of the two
-// made for the restore (a broadcast per piece, from the old copy into the new blocks: Note
-// [Memory of a restore]). A contiguous layout moves most elements when N changes -- each rank
-// sends about its 1/N of the sharded state, not only the lost ranks' -- which is what ft_bench
-// measures; a layout of fixed virtual shards would move only the lost ranks' blocks, at the
-// price of a rank's blocks no longer being one range of the flat buffer.
+// the new owner, over a subgroup of the two made for the restore (a broadcast per piece, from the
+// old copy into the new blocks: Note [Memory of a restore]). A contiguous layout moves most
+// elements when N changes -- each rank sends about its 1/N of the sharded state, not only the
+// lost ranks' -- which is what ft_bench measures; a layout of fixed virtual shards would move
+// only the lost ranks' blocks, at the price of a rank's blocks no longer being one range of the
+// flat buffer.
 // Memory per rank: the own copy and two copies of the blocks it holds (current and pending), so
 // 3 x its sharded state, in the shards' own memory (the device's on a GPU: no host placement).
 //
