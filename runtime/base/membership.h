@@ -24,7 +24,16 @@
 // member's watcher reports the epoch -- aborting its communicators -- only when the counter
 // reaches that number. The members train on meanwhile: they wait out the re-form, not the
 // newcomers' start-up.
+//
+// The master cancels a join not yet in effect (a member or a newcomer lost meanwhile) by adding
+// -kJoinCancelled to its ready counter: the returned value tells it at once whether every joining
+// rank had counted already (then the join took effect, and a loss is one during a re-form), and
+// a counter below 0 tells a member's watcher and every newcomer that the epoch never takes
+// effect. The master then writes a newer epoch -- the survivors, joining none -- and once they
+// have re-formed, one that takes the newcomers in again; a newcomer waits for an epoch that names
+// it among its joining ranks and counts itself ready there (its rank may have moved).
 
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -34,6 +43,8 @@ namespace dtrain::membership {
 std::string epochKey();            // "launch/epoch": the master's latest epoch (encodeEpoch)
 std::string formedKey(int epoch);  // "launch/epoch<E>/formed": counter of ranks re-formed
 std::string readyKey(int epoch);   // "launch/epoch<E>/ready": counter of joining ranks ready
+// Added (negated) to a ready counter by the master to cancel the join: far below any count.
+constexpr int64_t kJoinCancelled = int64_t{1} << 40;
 // The store prefix of epoch E's communicators: "epoch<E>" (epoch 0 has none: today's keys).
 std::string epochPrefix(int epoch);
 

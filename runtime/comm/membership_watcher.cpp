@@ -21,8 +21,12 @@ bool awaitReady(store::Store& store, const membership::Epoch& epoch, const store
       const auto values = store.tryMultiGet({key, membership::epochKey()});
       if (values[1] && *values[1] != seen) return false;
       int64_t count = 0;
-      if (values[0] && parseInt64(store::toString(*values[0]), &count) && count >= epoch.joining) {
-        return true;
+      const bool read = values[0] && parseInt64(store::toString(*values[0]), &count);
+      if (read && count >= epoch.joining) return true;
+      if (read && count < 0) {
+        // Cancelled (Note [Membership epochs]): it never takes effect; the master writes a newer.
+        store.waitChanged(membership::epochKey(), seen, MembershipWatcher::kWaitSlice);
+        continue;
       }
       store.waitChanged(key, values[0] ? *values[0] : store::Bytes{},
                         MembershipWatcher::kWaitSlice);

@@ -87,11 +87,15 @@ namespace {
 // new epoch's rendezvous. So connectWorld gives it a communicator that connects nothing
 // (PendingCommunicator: its rank and world size as planned, allocate()'s memory where the
 // backend's would be, every collective refused in one message), and its first
-// TrainingState::tryStep admits it (admitWorld): it adds 1 to epoch E's ready counter, then builds
-// its communicator of epoch E, which completes once the members have left theirs and joined it.
-// The members' watchers report epoch E -- aborting their step in flight -- only when every
-// joining rank is ready (Note [Membership epochs] in runtime/base/membership.h): until then they
-// train on, and they wait out the re-form only.
+// TrainingState::tryStep admits it (admitWorld): it adds 1 to epoch E's ready counter, waits until
+// every joining rank has, then builds its communicator of epoch E, which completes once the
+// members have left theirs and joined it. The members' watchers report epoch E -- aborting their
+// step in flight -- only when every joining rank is ready (Note [Membership epochs] in
+// runtime/base/membership.h): until then they train on, and they wait out the re-form only.
+// A join the master called off before that (a node lost meanwhile: its ready counter below 0)
+// never takes effect; the rank then waits for the epoch that takes it in again -- after the
+// survivors' re-form, its rank and world size moved -- and counts itself ready there
+// (awaitAdmission). Its PendingCommunicator's rank and size are the first plan's until then.
 class PendingCommunicator final : public Communicator {
  public:
   PendingCommunicator(int rank, int size, const BackendEntry& entry, int device)
@@ -185,13 +189,86 @@ std::shared_ptr<Communicator> pendingCommunicator(const BackendEntry& entry,
                                                setup.device);
 }
 
+namespace {
+
+// Note [Admission when ready]: `w`'s place in the newest epoch that takes it in. Reads the
+// round's epoch and ready keys until this rank's join can take effect -- every joining rank
+// counted in the epoch the rank is in -- and returns that epoch; counts the rank ready once per
+// epoch. A join the master cancelled (its counter below 0) is followed to the epoch that takes
+// the rank in again, its rank and world size as that epoch numbers them. TimeoutError when
+// nothing moves for the connect timeout: the launcher neither took the rank in nor stopped it.
+membership::Epoch awaitAdmission(World& w) {
+  WorldReform& r = *w.reform;
+  store::Store& store = *w.store;
+  const Millis bound = r.options.connectTimeout > Millis(0) ? r.options.connectTimeout
+                                                            : kDefaultConnectTimeout;
+  int counted = -1;  // the epoch whose ready counter has this rank
+  for (;;) {
+    const auto values = store.tryMultiGet({membership::epochKey(), membership::readyKey(w.epoch)});
+    // What to wait for a change of next: the epoch key, or this epoch's ready counter.
+    std::string watched = membership::epochKey();
+    store::Bytes seen = values[0] ? *values[0] : store::Bytes{};
+    if (!values[0] && counted < 0) {
+      // No epoch written: no launcher decides (a program given a store of its own). Counted and
+      // formed at once, as the epoch this rank was started in.
+      store.add(membership::readyKey(w.epoch), 1);
+      membership::Epoch e;
+      e.epoch = w.epoch;
+      e.worldSize = w.env.worldSize;
+      return e;
+    }
+    if (values[0]) {
+      const membership::Epoch e = membership::decodeEpoch(store::toString(*values[0]));
+      const int rank = e.rankOf(r.nodeId, w.env.localRank);
+      if (e.epoch > w.epoch && e.joining > 0 && rank >= e.worldSize - e.joining) {
+        DTRAIN_LOG(Warn,
+                   "membership epoch {} did not take effect: taken in again in epoch {} ({}) as "
+                   "rank {}/{}",
+                   w.epoch, e.epoch, e.why, rank, e.worldSize);
+        w.epoch = e.epoch;
+        w.env.rank = rank;
+        w.env.worldSize = e.worldSize;
+        continue;
+      }
+      int64_t count = 0;
+      const bool read = values[1] && parseInt64(store::toString(*values[1]), &count);
+      // Else an older epoch, a newer one that does not take this rank in (the survivors of a
+      // loss re-form first), or this one cancelled: the master writes the next.
+      if (e.epoch == w.epoch && !(read && count < 0)) {
+        if (counted != w.epoch) {
+          // The members leave their step once every joining rank counted.
+          count = store.add(membership::readyKey(w.epoch), 1);
+          counted = w.epoch;
+          if (count >= e.joining) return e;
+          continue;  // read the counter again: the master may have cancelled it meanwhile
+        }
+        if (read && count >= e.joining) return e;
+        watched = membership::readyKey(w.epoch);
+        seen = values[1] ? *values[1] : store::Bytes{};
+      }
+    }
+    try {
+      store.waitChanged(watched, seen, bound);
+    } catch (const TimeoutError&) {
+      DTRAIN_THROW(TimeoutError,
+                   "rank {} (node {}, local rank {}) was taken into a running round in membership "
+                   "epoch {} but nothing moved for {} s: the launcher neither took it in (epoch "
+                   "key {}) nor stopped it",
+                   w.env.rank, r.nodeId, w.env.localRank, w.epoch,
+                   std::chrono::duration_cast<std::chrono::seconds>(bound).count(),
+                   membership::epochKey());
+    }
+  }
+}
+
+}  // namespace
+
 void admitWorld(World& w) {
   if (!w.awaitingAdmission || w.closed) return;
   DTRAIN_CHECK(w.reform != nullptr, "a rank taken into a running round needs the membership watch");
   const auto start = std::chrono::steady_clock::now();
-  // Note [Admission when ready]: the members leave their step once every joining rank counted.
-  w.store->add(membership::readyKey(w.epoch), 1);
-  formEpoch(w, w.epoch, w.env.rank, w.env.worldSize);
+  const membership::Epoch e = awaitAdmission(w);
+  formEpoch(w, e.epoch, w.env.rank, w.env.worldSize);
   w.awaitingAdmission = false;
   DTRAIN_LOG(
       Warn, "admitted to membership epoch {}: rank {}/{}, {:.0f} ms after it was ready", w.epoch,

@@ -200,6 +200,11 @@ class Coordinator : public JobControl {
   // True when the round goes on without it (the next epoch is written); false when the caller
   // stops the round as under --on-node-loss restart (the one line saying why is printed).
   bool goOnWithout(RoundWatch& w, const std::string& node, LossKind kind, const std::string& cause);
+  // Note [Joining a running round]: a loss while a join is pending cancels the join (its ready
+  // counter); true when it was cancelled -- the members' epoch is the round's again and the
+  // newcomers wait to be taken in again (admitLive) -- false when every newcomer had counted
+  // ready: the join took effect and a loss now is one during a re-form.
+  bool cancelJoin(RoundWatch& w, const std::string& cause);
   // A re-form in progress: complete once its formed counter reached the epoch's world size;
   // not complete within --heartbeat-timeout + 30 s: the round stops (restart path).
   void followReform(RoundWatch& w, Clock::time_point now);

@@ -90,6 +90,9 @@ struct Coordinator::RoundWatch {
   std::set<std::string> joining;
   std::string joiningWho;  // "node 2 (h3)", for the lines that follow it
   Clock::time_point joinedAt;
+  // Newcomers whose join a loss cancelled (cancelJoin), with their local world sizes: taken in
+  // again once the survivors have re-formed (admitLive).
+  std::map<std::string, int> carried;
   // Left-out nodes whose agent the master starts again (planRejoin): whether the last session
   // has ended, and when to start the next.
   struct Rejoin {
@@ -139,6 +142,18 @@ bool Coordinator::goOnWithout(RoundWatch& w, const std::string& node, LossKind k
   const auto now = Clock::now();
   const PlannedNode* n = w.plan.find(node);
   const std::string who = fmt::format("node {} ({})", node, n ? n->label : node);
+  // Note [Joining a running round]: a join not in effect yet is called off first; then a lost
+  // newcomer costs the members nothing, and a lost member is a loss among them.
+  if (!w.joining.empty()) cancelJoin(w, who + " " + cause);
+  if (w.carried.erase(node) != 0) {
+    w.leftOut[node] = fmt::format("{}; it was lost while joining round {}, before it was taken "
+                                  "in",
+                                  cause, w.plan.round);
+    say(fmt::format("launch: round {} goes on without {}: {}; it had not been taken in yet",
+                    w.plan.round, who, cause));
+    planRejoin(w, node, kind == LossKind::AgentGone);
+    return true;
+  }
   NodeLossFacts f;
   f.kind = kind;
   f.nodesLeft = 0;
@@ -174,6 +189,38 @@ bool Coordinator::goOnWithout(RoundWatch& w, const std::string& node, LossKind k
                   writtenAt));
   planRejoin(w, node, kind == LossKind::AgentGone);
   logStoreLoad(now, fmt::format("round {} epoch {}", w.plan.round, next.epoch));
+  return true;
+}
+
+bool Coordinator::cancelJoin(RoundWatch& w, const std::string& cause) {
+  // Note [Membership epochs]: one add both cancels the join and says whether it had taken effect.
+  const int64_t before = store_->add(readyStoreKey(w.plan.round, w.epoch.epoch),
+                                     -membership::kJoinCancelled) +
+                         membership::kJoinCancelled;
+  if (before >= w.epoch.joining) {
+    // Every newcomer counted: the members are re-forming with them (its deadline from now on, as
+    // when the master reads the counter complete).
+    w.joining.clear();
+    w.reformDeadline = after(Clock::now(), options_.heartbeatTimeout + kReformSeconds);
+    return false;
+  }
+  for (const auto& node : w.joining) {
+    const membership::EpochNode* m = nullptr;
+    for (const auto& e : w.epoch.nodes) {
+      if (e.node == node) m = &e;
+    }
+    if (m != nullptr) w.carried[node] = m->localWorldSize;
+  }
+  // The members' epoch, under the cancelled one's number: the next epoch written is newer still.
+  membership::Epoch members = epochWithout(w.epoch, w.joining, w.epoch.why);
+  members.epoch = w.epoch.epoch;
+  say(fmt::format("launch: round {}: the join of {} in epoch {} is called off ({} of {} "
+                  "rank{} ready): {}",
+                  w.plan.round, w.joiningWho, w.epoch.epoch, std::max<int64_t>(before, 0),
+                  w.epoch.joining, w.epoch.joining == 1 ? "" : "s", cause));
+  w.epoch = members;
+  w.joining.clear();
+  w.reforming = false;
   return true;
 }
 
@@ -428,29 +475,54 @@ void Coordinator::growIfWaiting(RoundWatch& w) {
 // members in the next epoch; the state's plan, rewritten as the epoch sees the round, is what
 // their agents start their workers from.
 void Coordinator::admitLive(RoundWatch& w) {
-  if (w.stopSeen || w.fellBack || w.reforming || w.waiting.empty() ||
+  if (w.stopSeen || w.fellBack || w.reforming || (w.waiting.empty() && w.carried.empty()) ||
       w.epoch.nodes.size() >= static_cast<size_t>(options_.maxNodes)) {
     return;
   }
   // A member that reported has no workers left: the job is finishing, and a newcomer's workers
-  // would wait for members that are gone. The node waits; the round's end ends it too.
+  // would wait for members that are gone. The node waits; the round's end ends it too. A
+  // newcomer whose join a loss cancelled has its workers started: they are stopped.
   for (const auto& m : w.epoch.nodes) {
-    if (w.results.count(m.node) != 0) return;
+    if (w.results.count(m.node) == 0) continue;
+    if (!w.carried.empty()) {
+      std::string who;
+      for (const auto& [node, size] : w.carried) {
+        who += fmt::format("{}node {} ({})", who.empty() ? "" : ", ", node,
+                           w.plan.find(node)->label);
+      }
+      const std::string why = fmt::format("the members finished before {} was taken in again", who);
+      say(fmt::format("launch: round {}: {}; stopping its workers", w.plan.round, why));
+      w.carried.clear();
+      stopRound(w.plan.round, why);
+    }
+    return;
+  }
+  // Newcomers whose join a loss cancelled come first: their workers wait already.
+  std::string again;
+  std::vector<std::pair<std::string, int>> sizes;
+  for (const auto& [node, size] : w.carried) {
+    again += fmt::format("{}node {} ({})", again.empty() ? "" : ", ", node, expected(node)->label);
+    sizes.emplace_back(node, size);
   }
   std::vector<std::pair<std::string, JoinInfo>> taken;
   for (auto it = w.waiting.begin();
-       it != w.waiting.end() &&
-       w.epoch.nodes.size() + taken.size() < static_cast<size_t>(options_.maxNodes);) {
+       it != w.waiting.end() && w.epoch.nodes.size() + sizes.size() + taken.size() <
+                                    static_cast<size_t>(options_.maxNodes);) {
     taken.emplace_back(it->first, it->second);
     it = w.waiting.erase(it);
   }
-  std::string who;
-  std::vector<std::pair<std::string, int>> sizes;
+  std::string who = again;
   for (const auto& [node, j] : taken) {
     who += fmt::format("{}node {} ({})", who.empty() ? "" : ", ", node, expected(node)->label);
     sizes.emplace_back(node, j.localWorldSize);
   }
   const membership::Epoch next = epochWith(w.epoch, sizes, who + " joined");
+  for (const auto& [node, size] : w.carried) {
+    // Its place in the plan stays; its ranks follow the survivors'.
+    size_t index = 0;
+    while (w.plan.nodes[index].node != node) ++index;
+    w.plan.nodes[index].rankOffset = next.rankOf(node, 0);
+  }
   for (const auto& [node, j] : taken) {
     // A left-out node's id that came back takes its old place in the plan; a new one goes last.
     const bool back = w.plan.find(node) != nullptr;
@@ -479,13 +551,15 @@ void Coordinator::admitLive(RoundWatch& w) {
   w.reforming = true;
   // Note [Joining a running round]: the members take the epoch in once the newcomers are ready.
   for (const auto& [node, j] : taken) w.joining.insert(node);
+  for (const auto& [node, size] : w.carried) w.joining.insert(node);
+  w.carried.clear();
   w.joiningWho = who;
   w.joinedAt = now;
   w.reformDeadline = after(
       now, std::max(options_.rdzvTimeout, options_.heartbeatTimeout + kReformSeconds));
-  say(fmt::format("launch: round {} takes in {} live (--on-node-join live); epoch {}: {} node{}, "
+  say(fmt::format("launch: round {} takes in {} live{} (--on-node-join live); epoch {}: {} node{}, "
                   "{} rank{}",
-                  w.plan.round, who, next.epoch, next.nodes.size(),
+                  w.plan.round, who, again.empty() ? "" : " again", next.epoch, next.nodes.size(),
                   next.nodes.size() == 1 ? "" : "s", next.worldSize,
                   next.worldSize == 1 ? "" : "s"));
   logStoreLoad(now, fmt::format("round {} epoch {}", w.plan.round, next.epoch));

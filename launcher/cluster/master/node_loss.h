@@ -16,7 +16,8 @@
 //   - a worker exits with a non-zero code of its own (a program bug must not evict node after
 //     node: that agent writes the stop key as today, and the master never sees a node loss);
 //   - a node is lost while the last re-form is in progress (its formed counter has not reached
-//     the epoch's world size), or a re-form is not complete within --heartbeat-timeout + 30 s;
+//     the epoch's world size; for a join, once every newcomer counted ready), or a re-form is not
+//     complete within --heartbeat-timeout + 30 s;
 //   - it would be more than --max-reforms re-forms within --reform-window seconds;
 //   - the lost node hosts the store (node rank 0 of a manual job): the coordinator and the store
 //     go with it, so nothing is left to decide -- every agent loses the store instead.
@@ -39,13 +40,20 @@
 // newcomers, and hand them their state (Note [Settling after a re-form]); a newcomer's first
 // tryStep is that settling. The re-form's deadline starts when they are ready; before, the
 // newcomers have the larger of --rdzv-timeout and --heartbeat-timeout + 30 s to reach their first
-// step. A loss while a join is pending or re-forming falls back to the restart path, as during
-// any re-form; no newcomer is taken in while a re-form is in progress, nor once a member has
-// reported (its workers ended: the job is finishing), and a join is not counted against
-// --max-reforms (no node was lost). When every member has reported before the newcomers were
-// ready, the round is stopped -- only the newcomers' workers were left -- and ends as the members
-// did. A join that becomes ready after the members' last tryStep, while they still make
-// collectives (a final gather), aborts those and fails the round (the restart path).
+// step. A loss while a join is pending -- not every newcomer ready -- calls the join off
+// (Coordinator::cancelJoin: one add to its ready counter, Note [Membership epochs], which also
+// says whether the join took effect meanwhile): a lost newcomer costs the members nothing (no
+// epoch is written; they never took the join in), and a lost member is a loss among the members
+// -- the next epoch is theirs without it -- after whose re-form the newcomers are taken in again
+// in an epoch of their own, their ranks after the survivors'; their workers follow on their own
+// (Note [Admission when ready] in runtime/comm/world_reform.cpp). A loss once the join took
+// effect is one during a re-form: the restart path. No newcomer is taken in while a re-form is
+// in progress, nor once a member has reported (its workers ended: the job is finishing), and a
+// join is not counted against --max-reforms (no node was lost). When every member has reported
+// before the newcomers were ready (or taken in again), the round is stopped -- only the
+// newcomers' workers were left -- and ends as the members did. A join that becomes ready after
+// the members' last tryStep, while they still make collectives (a final gather), aborts those
+// and fails the round (the restart path).
 // When the master starts the agents (fan-out), it starts a left-out node's agent again every
 // --heartbeat-timeout once the node's session has ended (planRejoin), until the node is taken back
 // in or the job is finishing: a host that comes back (its cable in again, a spot VM restarted

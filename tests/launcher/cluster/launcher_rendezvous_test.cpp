@@ -558,6 +558,100 @@ TEST(Coordinator, ANodeWaitingToJoinIsTakenIntoTheRunningRoundLive) {
   // Without the mode (the default), the same join stops the round instead: the test above.
 }
 
+// Round 0's membership epoch once the master has written epoch `number` (5 s at most).
+membership::Epoch awaitEpoch(Harness& h, int number) {
+  membership::Epoch e;
+  for (int i = 0; i < 5000 && e.epoch < number; ++i) {
+    if (h.store->check({epochStoreKey(0)})) {
+      e = membership::decodeEpoch(h.store->getString(epochStoreKey(0)));
+    }
+    if (e.epoch < number) std::this_thread::sleep_for(1ms);
+  }
+  EXPECT_EQ(e.epoch, number);
+  return e;
+}
+
+// Note [Joining a running round]: a member lost while the newcomer starts (none of its ranks
+// ready). The join is called off -- its ready counter far below 0, which the newcomer's ranks and
+// the members' watchers read -- and the round goes on without the member in epoch 2, the
+// survivors only; once they have re-formed, epoch 3 takes the newcomer in again after them and
+// launch/state's plan follows. The round ends 0, never stopped.
+TEST(Coordinator, AMemberLostWhileAJoinIsPendingCallsItOffAndTakesTheNewcomerInAgain) {
+  Harness h(3, 1);
+  startLiveJob(h);
+  Beats beats(*h.store, {"0", "1", "2"});
+  Coordinator c(h.store, h.options);
+  membership::Epoch without, again;
+  int64_t cancelled = 0;
+  JobPhase seen;
+  std::thread agents([&] {
+    EXPECT_EQ(h.awaitPlan(0).nodes.size(), 2u);
+    h.join(1, "2");
+    awaitEpoch(h, 1);
+    c.nodeGone("1", "its ssh session exited with code 255");
+    without = awaitEpoch(h, 2);
+    cancelled = h.store->add(readyStoreKey(0, 1), 0);
+    h.store->add(formedStoreKey(0, 2), 2);  // node 0's 2 ranks re-formed
+    again = awaitEpoch(h, 3);
+    for (int i = 0; i < 5000 && !(seen.plan && seen.plan->epoch == 3); ++i) {
+      seen = decodePhase(h.store->getString(keys::state()));
+      std::this_thread::sleep_for(1ms);
+    }
+    h.store->add(readyStoreKey(0, 3), 2);
+    std::this_thread::sleep_for(1000ms);  // the master reads the counters with the heartbeats
+    h.store->add(formedStoreKey(0, 3), 4);
+    std::this_thread::sleep_for(700ms);
+    h.succeed(0, "0");
+    h.succeed(0, "2");
+  });
+  EXPECT_EQ(c.run(), 0);
+  agents.join();
+  EXPECT_EQ(h.store->getString(keys::stop(0)), "round 0 is over (end 0)");
+  EXPECT_LT(cancelled, 0);
+  EXPECT_EQ(without.worldSize, 2);
+  ASSERT_EQ(without.nodes.size(), 1u);
+  EXPECT_EQ(without.nodes[0].node, "0");
+  EXPECT_EQ(without.joining, 0);
+  EXPECT_EQ(again.worldSize, 4);
+  EXPECT_EQ(again.joining, 2);
+  EXPECT_EQ(again.rankOf("0", 1), 1);
+  EXPECT_EQ(again.rankOf("2", 0), 2);
+  EXPECT_EQ(again.rankOf("1", 0), -1);
+  ASSERT_TRUE(seen.plan.has_value());
+  EXPECT_EQ(seen.plan->worldSize, 4);
+  ASSERT_NE(seen.plan->find("2"), nullptr);
+  EXPECT_EQ(seen.plan->find("2")->rankOffset, 2);
+  EXPECT_EQ(seen.plan->find("1"), nullptr);
+}
+
+// The same loss once every newcomer rank counted itself ready: the join took effect (the members
+// are re-forming with the newcomers), so the loss is one during a re-form and the round falls
+// back to the restart path -- the master's cancelling add finds the counter complete.
+TEST(Coordinator, AMemberLostOnceTheNewcomersAreReadyFallsBackToTheRestart) {
+  Harness h(3, 1);
+  startLiveJob(h);
+  Beats beats(*h.store, {"0", "1", "2"});
+  Coordinator c(h.store, h.options);
+  std::string stop;
+  std::thread agents([&] {
+    h.awaitPlan(0);
+    h.join(1, "2");
+    awaitEpoch(h, 1);
+    h.store->add(readyStoreKey(0, 1), 2);
+    c.nodeGone("1", "its ssh session exited with code 255");
+    for (int i = 0; i < 5000 && !h.store->check({keys::stop(0)}); ++i) {
+      std::this_thread::sleep_for(1ms);
+    }
+    if (h.store->check({keys::stop(0)})) stop = h.store->getString(keys::stop(0));
+    h.report(0, "0", 143, /*stopped=*/true);
+    h.report(0, "2", 143, /*stopped=*/true);
+  });
+  EXPECT_NE(c.run(), 0);  // the restart path, with no restart left (--max-restarts 0)
+  agents.join();
+  EXPECT_EQ(stop, "node 1 (h1): its ssh session exited with code 255");
+  EXPECT_EQ(membership::decodeEpoch(h.store->getString(epochStoreKey(0))).epoch, 1);
+}
+
 // Fan-out under --on-node-join live: node 2's ssh session ends mid-round, the round goes on
 // without it, and the master asks for its agent to be started again (takeGoneNodes, after a
 // wake) once its session has ended and --heartbeat-timeout (at least 1 s) has passed, again each

@@ -432,6 +432,16 @@ std::array<LaunchResult, 3> finishGrownJob(LaunchProcess& late, LaunchProcess& n
   return r;
 }
 
+// Node `rank` of `joinJob` on loopback with the store at `port` and a 3 s heartbeat timeout, its
+// worker given `extra` too.
+std::vector<std::string> loopbackNode(int port, int rank, int steps, const std::string& out,
+                                      const std::vector<std::string>& extra) {
+  return cat(cat({"--rdzv-endpoint", fmt::format("127.0.0.1:{}", port), "--rdzv-timeout", "3",
+                  "--heartbeat-interval", "0.5", "--heartbeat-timeout", "3", "--grace-period", "2"},
+                 joinJob(rank, steps, out)),
+             extra);
+}
+
 // A grown job on loopback: nodes 0 and 1 of `joinJob` (`steps` steps, parameters to `out`)
 // start it at 4 ranks; node 2, its worker given `newcomerFlags` too, once rank 0 trains. The
 // results of node 2, 0 and 1, each having exited 0 (finishGrownJob).
@@ -439,11 +449,7 @@ std::array<LaunchResult, 3> growOnLoopback(int steps, const std::string& out,
                                            const std::vector<std::string>& newcomerFlags) {
   const int port = freeLoopbackPort();
   auto node = [&](int rank, const std::vector<std::string>& extra) {
-    return cat(
-        cat({"--rdzv-endpoint", fmt::format("127.0.0.1:{}", port), "--rdzv-timeout", "3",
-             "--heartbeat-interval", "0.5", "--heartbeat-timeout", "3", "--grace-period", "2"},
-            joinJob(rank, steps, out)),
-        extra);
+    return loopbackNode(port, rank, steps, out, extra);
   };
   LaunchProcess node0(node(0, {}));
   LaunchProcess node1(node(1, {}));
@@ -551,6 +557,153 @@ TEST(NodeJoinE2E, MembersThatFinishBeforeTheNewcomerIsReadyEndTheJob) {
   EXPECT_NE(r0.out.find("rank 0 final identical across ranks world 4 epoch 0 discarded 0\n"),
             std::string::npos)
       << r0.out;
+  expectEqualsOneProcess(out, kSteps);
+}
+
+// SIGKILLs `pid` and every process under it, children first collected so none is re-parented
+// away: a node's launch and its workers gone at once.
+void killTree(pid_t pid) {
+  std::vector<pid_t> all{pid};
+  for (size_t i = 0; i < all.size(); ++i) {
+    for (pid_t c : childrenOf(all[i])) all.push_back(c);
+  }
+  for (pid_t p : all) ::kill(p, SIGKILL);
+}
+
+// Note [Joining a running round] (launcher/cluster/master/node_loss.h): a member lost while a
+// newcomer starts. Nodes 0 and 1 train at 4 ranks (`--nnodes 1:3`); node 2 comes with an 8 s
+// start-up, and once the master has taken it in (epoch 1, not in effect: none of its ranks is
+// ready) node 1 is killed whole. The master calls the join off (its ready counter) instead of
+// falling back to the restart, goes on without node 1 in epoch 2 (node 0 alone re-forms at 2
+// ranks), then takes node 2 in again in epoch 3, its ranks 2 and 3 now; its workers follow
+// from epoch 1 to 3 on their own. One round; the 4 ranks end bitwise equal and equal to one
+// process. Before, the loss fell back to the restart path ("still re-forming"). Under DDP, and
+// under ZeRO-2 (mirrors every 2 steps: node 0 rolls back to its mirrors of node 1's blocks, then
+// hands the newcomer its shards at the join).
+struct JoinMode {
+  const char* name;
+  std::vector<std::string> flags;  // the worker's, on every node and for the reference
+  int maxDiscarded;                // steps a rank may discard: the loss's and the join's
+};
+
+class NodeJoinLossE2E : public ::testing::TestWithParam<JoinMode> {};
+
+TEST_P(NodeJoinLossE2E, AMemberLostWhileANewcomerStartsCallsTheJoinOffAndTakesItInAgain) {
+  if (::access(worker().c_str(), X_OK) != 0) GTEST_SKIP() << "node_loss_worker not built";
+  const JoinMode& mode = GetParam();
+  TempDir dir;
+  const std::string out = dir.path() + "/params";
+  constexpr int kSteps = 64;
+  const int port = freeLoopbackPort();
+  auto node = [&](int rank, const std::vector<std::string>& extra) {
+    std::vector<std::string> args = loopbackNode(port, rank, kSteps, out, cat(mode.flags, extra));
+    *std::find(args.begin(), args.end(), "2:3") = "1:3";
+    return args;
+  };
+  LaunchProcess node0(node(0, {}));
+  LaunchProcess node1(node(1, {}));
+  ASSERT_TRUE(node0.waitForOutput("step 3 world 4", 60)) << node0.out() << node0.err();
+  LaunchProcess node2(node(2, {"--startup-ms", "8000"}));
+  ASSERT_TRUE(node0.waitFor(
+      [](const std::string&, const std::string& err) {
+        return err.find("takes in node 2 (node rank 2) live") != std::string::npos;
+      },
+      60))
+      << node0.err() << node2.err();
+  killTree(node1.pid());
+  const LaunchResult r2 = node2.wait(120);
+  const LaunchResult r0 = node0.wait(60);
+  show(r2);
+  show(r0);
+  ASSERT_EQ(r0.exitCode, 0) << r0.all();
+  ASSERT_EQ(r2.exitCode, 0) << r2.all();
+  EXPECT_NE(r0.err.find("launch: round 0: the join of node 2 (node rank 2) in epoch 1 is called "
+                        "off (0 of 2 ranks ready): node 1 ("),
+            std::string::npos)
+      << r0.err;
+  EXPECT_TRUE(std::regex_search(r0.err, std::regex("launch: round 0 goes on without node 1 "
+                                                   "\\([^)]*\\): .*; epoch 2: 1 node, 2 "
+                                                   "ranks")))
+      << r0.err;
+  EXPECT_NE(r0.err.find("launch: round 0 takes in node 2 (node rank 2) live again (--on-node-join "
+                        "live); epoch 3: 2 nodes, 4 ranks"),
+            std::string::npos)
+      << r0.err;
+  EXPECT_NE(r2.err.find("membership epoch 1 did not take effect: taken in again in epoch 3"),
+            std::string::npos)
+      << r2.err;
+  for (const LaunchResult& r : {r0, r2}) {
+    EXPECT_EQ(r.all().find("stopping round"), std::string::npos) << r.all();
+    EXPECT_EQ(r.all().find("attempt=1"), std::string::npos) << r.all();
+  }
+  const std::string all = r0.out + r2.out;
+  for (int rank = 0; rank < 4; ++rank) {
+    std::smatch m;
+    ASSERT_TRUE(std::regex_search(
+        all, m,
+        std::regex(fmt::format("rank {} final identical across ranks world 4 epoch 3 discarded "
+                               "([0-9]+)\n",
+                               rank))))
+        << "rank " << rank << ":\n"
+        << all;
+    EXPECT_LE(std::stoi(m[1]), mode.maxDiscarded) << all;
+  }
+  EXPECT_NE(r0.out.find(fmt::format("step {} world 4", kSteps - 1)), std::string::npos) << r0.out;
+  expectEqualsOneProcess(out, kSteps, mode.flags);
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Modes, NodeJoinLossE2E,
+    ::testing::Values(JoinMode{"Ddp", {}, 2},
+                      JoinMode{"Zero2", {"--zero", "2", "--mirror-every", "2"}, 2}),
+    [](const ::testing::TestParamInfo<JoinMode>& info) { return std::string(info.param.name); });
+
+// A newcomer lost while it starts (its start-up 8 s; killed whole once the master has taken it
+// in): the master calls its join off and goes on without it -- no epoch written, so the members
+// never leave their steps -- and the job ends 0 at 4 ranks in epoch 0, equal to one process.
+// Before, the loss fell back to the restart path ("still re-forming").
+TEST(NodeJoinE2E, ANewcomerLostWhileItStartsCostsTheMembersNothing) {
+  if (::access(worker().c_str(), X_OK) != 0) GTEST_SKIP() << "node_loss_worker not built";
+  TempDir dir;
+  const std::string out = dir.path() + "/params";
+  constexpr int kSteps = 40;
+  const int port = freeLoopbackPort();
+  LaunchProcess node0(loopbackNode(port, 0, kSteps, out, {}));
+  LaunchProcess node1(loopbackNode(port, 1, kSteps, out, {}));
+  ASSERT_TRUE(node0.waitForOutput("step 3 world 4", 60)) << node0.out() << node0.err();
+  LaunchProcess node2(loopbackNode(port, 2, kSteps, out, {"--startup-ms", "8000"}));
+  ASSERT_TRUE(node0.waitFor(
+      [](const std::string&, const std::string& err) {
+        return err.find("takes in node 2 (node rank 2) live") != std::string::npos;
+      },
+      60))
+      << node0.err() << node2.err();
+  killTree(node2.pid());
+  const LaunchResult r0 = node0.wait(60);
+  const LaunchResult r1 = node1.wait(60);
+  show(r0);
+  ASSERT_EQ(r0.exitCode, 0) << r0.all();
+  ASSERT_EQ(r1.exitCode, 0) << r1.all();
+  EXPECT_NE(r0.err.find("launch: round 0: the join of node 2 (node rank 2) in epoch 1 is called "
+                        "off (0 of 2 ranks ready): node 2 ("),
+            std::string::npos)
+      << r0.err;
+  EXPECT_TRUE(std::regex_search(r0.err, std::regex("launch: round 0 goes on without node 2 "
+                                                   "\\([^)]*\\): .*; it had not been taken in "
+                                                   "yet")))
+      << r0.err;
+  for (const LaunchResult& r : {r0, r1}) {
+    EXPECT_EQ(r.all().find("stopping round"), std::string::npos) << r.all();
+    EXPECT_EQ(r.all().find("discarded step"), std::string::npos) << r.all();
+  }
+  for (int rank = 0; rank < 4; ++rank) {
+    EXPECT_NE((r0.out + r1.out)
+                  .find(fmt::format("rank {} final identical across ranks world 4 epoch 0 "
+                                    "discarded 0\n",
+                                    rank)),
+              std::string::npos)
+        << r0.out << r1.out;
+  }
   expectEqualsOneProcess(out, kSteps);
 }
 
