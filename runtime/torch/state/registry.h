@@ -62,8 +62,10 @@ void dropGradients(Registry& registry);
 // After `group` re-formed in a step that failed (TrainingState::tryStep): drops the registered
 // modules' gradients, hands the state of a member that applied one step more over to the others,
 // re-shards the samplers for the new world, and returns the step every member runs next.
-// Collective over the new members.
-int64_t settleAfterReform(Registry& registry, ProcessGroup& group, int64_t step);
+// Collective over the new members. `*partial`: in, this rank's state may be part of another's (a
+// settling cut short while it received: it is handed a whole state, never chosen to hand one);
+// out, set when this rank starts receiving one (Note [Settling after a re-form]).
+int64_t settleAfterReform(Registry& registry, ProcessGroup& group, int64_t step, bool* partial);
 
 // Under ZeRO, after the sharded state was restored on every member of a group that took ranks
 // into the running round (TrainingState::tryStep): `root`, a member, hands the replicated rest --

@@ -12,7 +12,12 @@
 // they were in (one allgather of a number); when some applied one step more, the lowest-ranked
 // of them hands its replicated state (parameters, buffers, optimizers, schedulers, scalers,
 // sampler positions) to the rest by broadcast, and every member runs the next step from there.
-// A step is never half applied on a rank, and the ranks never go on apart.
+// A step is never half applied on a rank, and the ranks never go on apart. A newer membership
+// epoch may cut the settling itself short (a newcomer taken in right after a loss's re-form):
+// the members re-form again and settle again, and a rank that had begun to receive a state says
+// so -- its own may now be part of another's -- so it is handed a whole one and never hands its
+// own. If none is left whole (the only member ahead lost meanwhile, every other receiving), the
+// job restarts.
 
 #include <cstring>
 #include <sstream>
@@ -144,27 +149,38 @@ void dropGradients(Registry& r) {
   }
 }
 
-int64_t settleAfterReform(Registry& r, ProcessGroup& group, int64_t step) {
+int64_t settleAfterReform(Registry& r, ProcessGroup& group, int64_t step, bool* partial) {
   // The discarded step's gradients, partly accumulated, must not reach the next attempt.
   dropGradients(r);
-  const auto steps = group.allgatherHost(at::tensor({step}, at::kLong));
-  int64_t top = step;
-  for (const auto& s : steps) top = std::max(top, s.item<int64_t>());
+  const auto all = group.allgatherHost(at::tensor({step, *partial ? 1L : 0L}, at::kLong));
+  // The root: the lowest-ranked member at the highest step whose state is whole.
+  int64_t top = -1;
   int root = -1;
   bool equal = true;
-  for (int i = 0; i < static_cast<int>(steps.size()); ++i) {
-    const int64_t s = steps[static_cast<size_t>(i)].item<int64_t>();
-    if (s != top) equal = false;
-    if (s == top && root < 0) root = i;
+  for (int i = 0; i < static_cast<int>(all.size()); ++i) {
+    const int64_t s = all[static_cast<size_t>(i)][0].item<int64_t>();
+    const bool whole = all[static_cast<size_t>(i)][1].item<int64_t>() == 0;
+    if (s != step || !whole) equal = false;
+    if (whole && s > top) {
+      top = s;
+      root = i;
+    }
   }
+  DTRAIN_CHECK(root >= 0,
+               "rank {}/{}: a settling after a re-form was cut short by another membership "
+               "change while every member was receiving state, so none holds a whole one; the "
+               "job restarts from its last checkpoint",
+               group.rank(), group.size());
   if (!equal) {
     DTRAIN_LOG(Warn,
                "members were at different steps after the re-form; rank {} (at step {}) "
                "hands its state over (Note [Settling after a re-form])",
                root, top);
+    if (group.rank() != root) *partial = true;
     handOver(r, group, root, /*parameters=*/true);
   }
   shareSamplers(r, group, root);
+  *partial = false;
   return top;
 }
 

@@ -275,7 +275,7 @@ bool TrainingState::tryStep(const std::function<void()>& work) {
     // this rank is ready, leave their step, and form the epoch with it.
     group_->admit();
     if (registry_->sharded.empty()) {
-      step_ = state::settleAfterReform(*registry_, *group_, step_);
+      step_ = settle();
       group_->settleJoin();
     } else {
       step_ = joinShards();
@@ -298,8 +298,22 @@ bool TrainingState::tryStep(const std::function<void()>& work) {
     // No new epoch in time: not a loss the launcher decided to survive.
     if (!group_->reform()) throw;
   }
-  step_ = state::settleAfterReform(*registry_, *group_, step_);
+  step_ = settle();
   return false;
+}
+
+int64_t TrainingState::settle() {
+  bool partial = false;
+  for (;;) {
+    try {
+      return state::settleAfterReform(*registry_, *group_, step_, &partial);
+    } catch (const std::exception& e) {
+      if (!membershipChanged(e)) throw;
+      DTRAIN_LOG(Warn, "step {}: the settling after the re-form was cut short on rank {}: {}",
+                 step_, group_->rank(), e.what());
+      if (!group_->reform()) throw;
+    }
+  }
 }
 
 }  // namespace dtrain

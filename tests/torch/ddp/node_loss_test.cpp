@@ -11,6 +11,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <functional>
 #include <thread>
 
 #include <torch/torch.h>
@@ -549,6 +550,130 @@ TEST(NodeJoin, TheMembersTrainOnUntilTheNewcomersAreReady) {
       EXPECT_GE(discardedAt[static_cast<size_t>(rank)], kReady)
           << "member " << rank << " left its step before the newcomers were ready";
     }
+    expectParametersMatch(r.params, expected, results[0].params, rank);
+  }
+}
+
+// Note [Joining a running round] (launcher/cluster/master/node_loss.h): a member node lost while
+// a join is pending, the test as the master. Nodes 0 and 1 (2 ranks each) train; epoch 1 takes
+// node 2 in (its 2 ranks planned as ranks 4 and 5 of 6). One newcomer rank reaches its first
+// step and counts itself ready (1 of 2); then node 1 goes silent. The master calls the join off
+// (its ready counter far below 0), writes epoch 2 without node 1 (node 0 alone) and, once node 0
+// trains in it, epoch 3 taking node 2 in again after it -- as ranks 2 and 3 of 4. The newcomer rank
+// that had counted waits through the cancel; the other reaches its first step only after epoch
+// 3 and finds its place there. All 4 end at world 4 in epoch 3, bitwise equal and equal to one
+// process on the whole batch.
+TEST(NodeJoin, ANewcomerFollowsACancelledJoinToTheEpochThatTakesItInAgain) {
+  constexpr int64_t kJoinSteps = 16;
+  constexpr size_t kJoinSamples = kJoinSteps * kGlobalBatch;
+  auto store = std::make_shared<store::HashStore>();
+  std::vector<RankResult> results(6);
+  std::vector<std::shared_ptr<ProcessGroup>> lost(6);
+  std::atomic<int64_t> committed{-1};  // rank 0's last committed step
+  std::atomic<int> committedAtTwo{0};  // steps node 0's ranks committed in epoch 2
+  constexpr int64_t kHold = 3;         // the members wait here for lossStep
+  constexpr int64_t kJoined = 9;       // node 0 alone waits in this step for epoch 3
+  constexpr int64_t kNever = 1 << 30;
+  std::atomic<int64_t> lossStep{kNever};  // node 1's ranks leave before this step
+  std::atomic<bool> secondMayStart{false};
+  std::atomic<int> inTheLostStep{0};
+  std::vector<std::thread> threads;
+  auto start = [&](int rank, int world, int joinEpoch) {
+    threads.emplace_back([&, rank, world, joinEpoch] {
+      const int node = rank / 2;
+      auto group = nodeLossRank(store, rank, world, rank % 2, node, /*reform=*/true, joinEpoch);
+      NodeLossTrainer t(group, kJoinSamples);
+      if (rank == 5) {
+        while (!secondMayStart.load()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+      }
+      RankResult& r = results[static_cast<size_t>(rank)];
+      for (int64_t step = 0; step < kJoinSteps;) {
+        t.state->beginStep(step);
+        // The members wait at step kHold for the test to pick the step node 1 leaves before.
+        while (step == kHold && lossStep.load() == kNever) {
+          std::this_thread::sleep_for(std::chrono::milliseconds(1));
+        }
+        if (node == 1 && step == lossStep.load()) {
+          lost[static_cast<size_t>(rank)] = group;  // silent: its groups stay open
+          return;
+        }
+        const bool done = t.state->tryStep([&] {
+          t.sgd.zero_grad();
+          auto batch = t.sampler.next(static_cast<size_t>(kGlobalBatch / group->size()));
+          if (step == lossStep.load() && group->size() == 4) inTheLostStep.fetch_add(1);
+          if (step == kJoined && group->size() == 2) {
+            // Node 0 alone: here until epoch 3 takes effect (the newcomers ready) and aborts it.
+            const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+            while (group->communicator().error() == nullptr &&
+                   std::chrono::steady_clock::now() < deadline) {
+              std::this_thread::sleep_for(std::chrono::milliseconds(1));
+            }
+          }
+          nodeLossStep(t.net, &t.ddp, *batch);
+        });
+        if (!done) {
+          ++r.discarded;
+          step = t.state->currentStep();
+          continue;
+        }
+        t.sgd.step();
+        if (rank == 0) committed = step;
+        if (group->size() == 2) committedAtTwo.fetch_add(1);
+        ++step;
+      }
+      for (const auto& p : t.net->parameters()) r.params.push_back(p.detach().clone());
+      r.finalRank = group->rank();
+      r.finalSize = group->size();
+      group->shutdown();
+    });
+  };
+  const auto counter = [&](const std::string& key) { return store->add(key, 0); };
+  const auto await = [](const std::function<bool()>& done, const char* what) {
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+    while (!done() && std::chrono::steady_clock::now() < deadline) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    }
+    EXPECT_TRUE(done()) << what;
+  };
+  for (int rank = 0; rank < 4; ++rank) start(rank, 4, 0);
+  await([&] { return committed.load() >= 2; }, "the members trained 3 steps");
+  publishEpoch(*store, 1, {{"0", 0, 2}, {"1", 2, 2}, {"2", 4, 2}}, "node 2 (test) joined",
+               /*joining=*/2);
+  for (int rank = 4; rank < 6; ++rank) start(rank, 6, 1);
+  await([&] { return counter(membership::readyKey(1)) == 1; }, "newcomer rank 4 counted ready");
+  lossStep = kHold + 1;  // every member waits before step kHold
+  await([&] { return inTheLostStep.load() >= 2; }, "node 0's ranks in the step node 1 left");
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  const int64_t before = store->add(membership::readyKey(1), -membership::kJoinCancelled) +
+                         membership::kJoinCancelled;
+  EXPECT_EQ(before, 1) << "one of the join's 2 ranks was ready when it was called off";
+  publishEpoch(*store, 2, {{"0", 0, 2}}, "node 1 (test) went silent");
+  // Once node 0 trains at 2 ranks: epoch 3 then cuts a step short, not its settling.
+  await([&] { return committedAtTwo.load() >= 2; }, "node 0 trained in epoch 2");
+  publishEpoch(*store, 3, {{"0", 0, 2}, {"2", 2, 2}}, "node 2 (test) joined", /*joining=*/2);
+  secondMayStart = true;
+  for (auto& t : threads) t.join();
+  for (auto& g : lost) {
+    if (g) g->shutdown();
+  }
+
+  EXPECT_LT(counter(membership::readyKey(1)), 0) << "epoch 1 never took effect";
+  EXPECT_EQ(counter(membership::readyKey(3)), 2) << "each newcomer rank ready once in epoch 3";
+  EXPECT_EQ(counter(membership::formedKey(3)), 4) << "every rank formed epoch 3 once";
+  EXPECT_FALSE(store->check({membership::formedKey(1)})) << "nobody formed epoch 1";
+  auto reference = makeNodeLossNet();
+  torch::optim::SGD sgd(reference->parameters(), torch::optim::SGDOptions(0.05).momentum(0.9));
+  DistributedSampler all(kJoinSamples, 1, 0);
+  for (int64_t step = 0; step < kJoinSteps; ++step) {
+    sgd.zero_grad();
+    nodeLossStep(reference, nullptr, *all.next(static_cast<size_t>(kGlobalBatch)));
+    sgd.step();
+  }
+  const auto expected = reference->parameters();
+  for (int rank : {0, 1, 4, 5}) {
+    const RankResult& r = results[static_cast<size_t>(rank)];
+    EXPECT_EQ(r.finalRank, rank < 2 ? rank : rank - 2) << "rank " << rank;
+    EXPECT_EQ(r.finalSize, 4) << "rank " << rank;
     expectParametersMatch(r.params, expected, results[0].params, rank);
   }
 }

@@ -40,6 +40,7 @@
 #include <torch/nn/module.h>
 #include <torch/nn/pimpl.h>
 
+#include "dtrain/base/error.h"
 #include "dtrain/torch/ddp_options.h"
 #include "dtrain/torch/ddp_stats.h"
 #include "dtrain/torch/detail/ddp_core.h"
@@ -122,11 +123,13 @@ class DistributedDataParallel {
   DistributedDataParallel(ModuleType module, std::shared_ptr<ProcessGroup> group,
                           DdpOptions options = {})
       : module_(std::move(module)),
+        group_(group),
+        options_(options),
         core_(std::make_unique<DdpCore>(detail::modulePtr(module_), std::move(group), options)) {}
 
   template <typename... Args>
   auto forward(Args&&... args) {
-    if (core_->stale()) reform();
+    if (stale()) reform();
     core_->beforeForward();
     auto output = module_->forward(std::forward<Args>(args)...);
     std::vector<at::Tensor> tensors;
@@ -140,11 +143,11 @@ class DistributedDataParallel {
   }
 
   // See NoSyncGuard. Use as `auto guard = ddp.noSync();`.
-  [[nodiscard]] NoSyncGuard noSync() { return NoSyncGuard(*core_); }
+  [[nodiscard]] NoSyncGuard noSync() { return NoSyncGuard(core()); }
 
   // Broadcasts the buffers from rank 0 now (collective), e.g. before saving a checkpoint, since
   // each rank's last forward updated its running statistics with its own batch.
-  void syncBuffers() { core_->syncBuffers(); }
+  void syncBuffers() { core().syncBuffers(); }
 
   ModuleType& module() { return module_; }
   const ModuleType& module() const { return module_; }
@@ -164,23 +167,35 @@ class DistributedDataParallel {
   // a lost node (ProcessGroup::reform): the next forward does it by itself. Collective over the
   // new members; the parameters are broadcast from the new rank 0 as at construction, but those
   // in `loadedLater` (their TensorImpl), which the caller writes on every rank next.
+  // A re-form that fails -- its collectives cut short by a newer membership epoch -- leaves no
+  // machinery (stale() stays true), and the next forward, after the group re-formed again, makes
+  // it once more.
   void reform(const std::unordered_set<const void*>& loadedLater = {}) {
-    auto group = core_->groupPtr();
-    DdpOptions options = core_->options();
     core_.reset();  // its hooks go before the new core installs its own
-    core_ = std::make_unique<DdpCore>(detail::modulePtr(module_), std::move(group), options,
-                                      loadedLater);
+    core_ = std::make_unique<DdpCore>(detail::modulePtr(module_), group_, options_, loadedLater);
   }
+  // The machinery belongs to an older membership epoch than the group's, or a re-form failed:
+  // the next forward (or reform()) makes it again.
+  bool stale() const { return !core_ || core_->stale(); }
 
-  ProcessGroup& processGroup() { return core_->group(); }
+  ProcessGroup& processGroup() { return *group_; }
   // The type-independent machinery, for what builds on DDP (dtrain::ShardedOptimizer).
-  DdpCore& core() { return *core_; }
-  const DdpOptions& options() const { return core_->options(); }
-  const DdpIterationStats& lastIteration() const { return core_->lastIteration(); }
-  std::vector<std::vector<std::string>> bucketNames() const { return core_->bucketNames(); }
+  DdpCore& core() { return machinery(); }
+  const DdpOptions& options() const { return options_; }
+  const DdpIterationStats& lastIteration() const { return machinery().lastIteration(); }
+  std::vector<std::vector<std::string>> bucketNames() const { return machinery().bucketNames(); }
 
  private:
+  DdpCore& machinery() const {
+    DTRAIN_CHECK(core_ != nullptr,
+                 "DistributedDataParallel: its re-form for the group's new membership epoch "
+                 "failed, so it has no machinery until the next forward makes it again");
+    return *core_;
+  }
+
   ModuleType module_;
+  std::shared_ptr<ProcessGroup> group_;
+  DdpOptions options_;
   std::unique_ptr<DdpCore> core_;
 };
 

@@ -166,6 +166,10 @@ class TrainingState {
   // made from it failed (a program's own error with every collective healthy is none). A
   // MembershipChanged from a subgroup made before the last re-form throws InvalidArgument.
   bool membershipChanged(const std::exception& e) const;
+  // After a re-form: the members settle on one state and step (docs/design.md, "Node loss"),
+  // re-forming and settling again when a newer epoch cuts that short (a rank cut short while it
+  // received a state is handed a whole one then); the step every member runs next.
+  int64_t settle();
 
   std::unique_ptr<state::Registry> registry_;
   std::unique_ptr<state::Rollback> rollback_;

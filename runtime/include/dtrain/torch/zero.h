@@ -346,7 +346,7 @@ class ShardedOptimizer : public torch::optim::Optimizer {
   template <typename ModuleType>
   void followWrapper(DistributedDataParallel<ModuleType>& ddp) {
     wrapperCore_ = [&ddp](const std::unordered_set<const void*>& loadedLater) -> DdpCore& {
-      if (ddp.core().stale()) ddp.reform(loadedLater);
+      if (ddp.stale()) ddp.reform(loadedLater);
       return ddp.core();
     };
   }
