@@ -46,6 +46,20 @@ struct RankResult {
   double abortedAfterEpochMs = -1;
 };
 
+// The parameters of one process that trains `steps` steps on the whole global batch of a
+// `samples`-sample dataset, step by step (SGD with momentum, no schedule).
+std::vector<at::Tensor> oneProcessParameters(size_t samples, int64_t steps) {
+  auto reference = makeNodeLossNet();
+  torch::optim::SGD sgd(reference->parameters(), torch::optim::SGDOptions(0.05).momentum(0.9));
+  DistributedSampler all(samples, 1, 0);
+  for (int64_t step = 0; step < steps; ++step) {
+    sgd.zero_grad();
+    nodeLossStep(reference, nullptr, *all.next(static_cast<size_t>(kGlobalBatch)));
+    sgd.step();
+  }
+  return reference->parameters();
+}
+
 TEST(NodeLoss, SurvivorsReformAndMatchOneProcessOnTheGlobalBatch) {
   auto store = std::make_shared<store::HashStore>();
   std::vector<RankResult> results(kNodes * kPerNode);
@@ -108,16 +122,7 @@ TEST(NodeLoss, SurvivorsReformAndMatchOneProcessOnTheGlobalBatch) {
   }
 
   EXPECT_EQ(store->add(membership::formedKey(1), 0), 4) << "every survivor re-formed once";
-  // One process on the whole global batch, step by step.
-  auto reference = makeNodeLossNet();
-  torch::optim::SGD sgd(reference->parameters(), torch::optim::SGDOptions(0.05).momentum(0.9));
-  DistributedSampler all(kSamples, 1, 0);
-  for (int step = 0; step < kSteps; ++step) {
-    sgd.zero_grad();
-    nodeLossStep(reference, nullptr, *all.next(static_cast<size_t>(kGlobalBatch)));
-    sgd.step();
-  }
-  const auto expected = reference->parameters();
+  const auto expected = oneProcessParameters(kSamples, kSteps);
   for (int rank = 0; rank < 4; ++rank) {
     const RankResult& r = results[static_cast<size_t>(rank)];
     EXPECT_EQ(r.finalRank, rank);
@@ -532,15 +537,7 @@ TEST(NodeJoin, TheMembersTrainOnUntilTheNewcomersAreReady) {
 
   EXPECT_EQ(store->add(membership::readyKey(1), 0), 2) << "each newcomer said it was ready once";
   EXPECT_EQ(store->add(membership::formedKey(1), 0), kWorld) << "every rank formed epoch 1 once";
-  auto reference = makeNodeLossNet();
-  torch::optim::SGD sgd(reference->parameters(), torch::optim::SGDOptions(0.05).momentum(0.9));
-  DistributedSampler all(kJoinSamples, 1, 0);
-  for (int64_t step = 0; step < kJoinSteps; ++step) {
-    sgd.zero_grad();
-    nodeLossStep(reference, nullptr, *all.next(static_cast<size_t>(kGlobalBatch)));
-    sgd.step();
-  }
-  const auto expected = reference->parameters();
+  const auto expected = oneProcessParameters(kJoinSamples, kJoinSteps);
   for (int rank = 0; rank < kWorld; ++rank) {
     const RankResult& r = results[static_cast<size_t>(rank)];
     EXPECT_EQ(r.finalRank, rank);
@@ -661,15 +658,7 @@ TEST(NodeJoin, ANewcomerFollowsACancelledJoinToTheEpochThatTakesItInAgain) {
   EXPECT_EQ(counter(membership::readyKey(3)), 2) << "each newcomer rank ready once in epoch 3";
   EXPECT_EQ(counter(membership::formedKey(3)), 4) << "every rank formed epoch 3 once";
   EXPECT_FALSE(store->check({membership::formedKey(1)})) << "nobody formed epoch 1";
-  auto reference = makeNodeLossNet();
-  torch::optim::SGD sgd(reference->parameters(), torch::optim::SGDOptions(0.05).momentum(0.9));
-  DistributedSampler all(kJoinSamples, 1, 0);
-  for (int64_t step = 0; step < kJoinSteps; ++step) {
-    sgd.zero_grad();
-    nodeLossStep(reference, nullptr, *all.next(static_cast<size_t>(kGlobalBatch)));
-    sgd.step();
-  }
-  const auto expected = reference->parameters();
+  const auto expected = oneProcessParameters(kJoinSamples, kJoinSteps);
   for (int rank : {0, 1, 4, 5}) {
     const RankResult& r = results[static_cast<size_t>(rank)];
     EXPECT_EQ(r.finalRank, rank < 2 ? rank : rank - 2) << "rank " << rank;
