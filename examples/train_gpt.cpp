@@ -484,19 +484,24 @@ struct Training {
       // steps: TrainingState::setMirrorInterval) and run the steps from there again. Otherwise a
       // failure ends the run as before.
       // A node taken into the running job (launch --on-node-join live) settles with the members
-      // at its first step: it gets their state and their step. For the members a join is what a
-      // loss is: the step runs again, on more ranks.
+      // at its first step: it gets their state and their step. The members finish the step in
+      // flight and re-form with it before the next, which then runs on more ranks (nothing is
+      // run twice; a step longer than DTRAIN_JOIN_WAIT seconds is cut short as for a loss).
       const bool joining = group.joinPending();
       const int ranks = group.size();
-      if (!state.tryStep([&] { trainStep(); })) {
+      bool ran = false;
+      if (!state.tryStep([&] {
+            ran = true;
+            trainStep();
+          })) {
         step = state.currentStep();
         if (joining) {
           std::printf("rank %d joined the running job at step %lld on %d ranks\n", group.rank(),
                       static_cast<long long>(step), group.size());
         } else {
-          progress.line(fmt::format("a node {}: step {} runs again on {} ranks",
+          progress.line(fmt::format("a node {}: step {} runs {}on {} ranks",
                                     group.size() > ranks ? "joined" : "was lost", step,
-                                    group.size()));
+                                    ran ? "again " : "", group.size()));
         }
         continue;
       }

@@ -29,10 +29,15 @@ struct Join {
   double decided = -1;    // -> the master's line: taken in, or the round stopped
   double ready = -1;      // -> live: the newcomer's ranks at their first step (the epoch in effect)
   double reformMs = -1;   // the slowest member's re-form (live)
-  double first = -1;      // -> the step after the last one committed before `cut`, committed again
+  double first = -1;      // -> the step after the last one committed before `cut`, committed
+                          // (live: the step in flight, run once -- Note [Joins at step
+                          // boundaries] -- or again when the join cut it short)
   double wide = -1;       // -> the first step committed at 6 ranks
   double stepsLost = -1;  // trained and thrown away
-  double secondsLost = -1;  // the members' stall: `first`'s commit - last before - one period
+  // The members' stall: live, the first commit at 6 ranks - the commit before it - one period
+  // (the re-form and the settling, with the step in flight when the join cut it short);
+  // restart, `first`'s commit - the last before `cut` - one period.
+  double secondsLost = -1;
   int64_t lastBefore = -1;
 };
 
@@ -71,13 +76,18 @@ Join measureJoin(const JobRun& run, bool live, int codes) {
     tLast = all[i].t;
     if (i >= 2) periods.push_back(all[i].t - all[i - 1].t);
   }
+  double previous = tLast;  // the commit before the one looked at
   for (const auto& c : all) {
     if (cut == 0 || c.t < cut) continue;
     if (j.first < 0 && c.step == j.lastBefore + 1) {
       j.first = c.t - run.lostAt;
-      j.secondsLost = c.t - tLast - median(periods, 0);
+      if (!live) j.secondsLost = c.t - tLast - median(periods, 0);
     }
-    if (j.wide < 0 && c.world == kNodes * kPerNode) j.wide = c.t - run.lostAt;
+    if (j.wide < 0 && c.world == kNodes * kPerNode) {
+      j.wide = c.t - run.lostAt;
+      if (live) j.secondsLost = c.t - previous - median(periods, 0);
+    }
+    previous = c.t;
   }
   std::set<int64_t> discarded;
   int64_t restored = -2;
@@ -248,7 +258,7 @@ void runJoinBench(const Options& o, unsigned seed) {
   fmt::print("| the newcomer's ranks at their first step (the epoch takes effect) | {} | - |\n",
              cell(live.ready));
   fmt::print("| re-form, ms (slowest member) | {} | - |\n", cell(live.reformMs, "{:.0f}"));
-  fmt::print("| the step in flight then committed again | {} | {} |\n", cell(live.first),
+  fmt::print("| the step in flight committed (restart: again) | {} | {} |\n", cell(live.first),
              cell(restart.first));
   fmt::print("| first step at 6 ranks | {} | {} |\n", cell(live.wide), cell(restart.wide));
   fmt::print("| steps lost | {} | {} |\n", cell(live.stepsLost, "{:.0f}"),

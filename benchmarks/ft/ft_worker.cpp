@@ -24,6 +24,8 @@
 //                                                 collective a lost node left hanging)
 //   ft discarded step S rank R now R2/W epoch E resume S2 t=  tryStep() returned false
 //                                                 (re-formed); S2 the step run next
+//   ft re-formed before step S rank R now R2/W epoch E resume S2 t=  the same, its work not
+//                                                 begun (a join at the step boundary)
 //   ft done rank R steps N collectives C world W epoch E
 //       C: the communicator's sequenceNumber() over the steps (collectives issued), when the
 //       job never re-formed (a re-formed communicator counts from 0)
@@ -197,7 +199,9 @@ int ftWorker(int argc, char** argv) {
     }
     state->beginStep(step);
     const auto began = std::chrono::steady_clock::now();
+    bool ran = false;
     const bool done = state->tryStep([&] {
+      ran = true;
       try {
         std::this_thread::sleep_for(std::chrono::milliseconds(args.computeMs));
         auto indices = sampler.next(static_cast<size_t>(kGlobalBatch / world)).value();
@@ -214,9 +218,9 @@ int ftWorker(int argc, char** argv) {
       }
     });
     if (!done) {
-      say(fmt::format("ft discarded step {} rank {} now {}/{} epoch {} resume {} t={:.6f}\n", step,
-                      rank, group->rank(), group->size(), group->epoch(), state->currentStep(),
-                      wallNow()));
+      say(fmt::format("ft {} step {} rank {} now {}/{} epoch {} resume {} t={:.6f}\n",
+                      ran ? "discarded" : "re-formed before", step, rank, group->rank(),
+                      group->size(), group->epoch(), state->currentStep(), wallNow()));
       step = state->currentStep();
       continue;
     }

@@ -46,6 +46,10 @@ constexpr const char* kNodeLossWait = "DTRAIN_NODE_LOSS_WAIT";
 // The membership epoch a worker of a node taken into a running round starts in (`launch
 // --on-node-join live`); unset or 0: the round's plan.
 constexpr const char* kJoinEpoch = "DTRAIN_JOIN_EPOCH";
+// The seconds a member's step in flight may run on once a node taken into the running round is
+// ready, before it is cut short for the join (Note [Joins at step boundaries] in
+// runtime/comm/world_reform.cpp); 20 when unset, 0: at once. Forwarded like the settings below.
+constexpr const char* kJoinWait = "DTRAIN_JOIN_WAIT";
 
 // Runtime settings, forwarded to every node.
 constexpr const char* kVerbose = "DTRAIN_VERBOSE";

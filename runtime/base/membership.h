@@ -21,9 +21,9 @@
 // ranks are new ("joining"). It takes effect only once all of them are ready: each newcomer's
 // worker adds 1 to "launch/epoch<E>/ready" when its program reaches its first step (until then it
 // holds no communicator: Note [Admission when ready] in runtime/comm/world_reform.cpp), and a
-// member's watcher reports the epoch -- aborting its communicators -- only when the counter
-// reaches that number. The members train on meanwhile: they wait out the re-form, not the
-// newcomers' start-up.
+// member's watcher reports the epoch only when the counter reaches that number; the member then
+// re-forms at its next step boundary (Note [Joins at step boundaries] there). The members train
+// on meanwhile: they wait out the re-form, not the newcomers' start-up.
 //
 // The master cancels a join not yet in effect (a member or a newcomer lost meanwhile) by adding
 // -kJoinCancelled to its ready counter: the returned value tells it at once whether every joining

@@ -44,6 +44,14 @@ void watchMembership(World& w, const WorldOptions& options, const std::string& b
                      env::kNodeLossWait, wait);
     r->wait = std::chrono::seconds(seconds);
   }
+  if (const char* wait = std::getenv(env::kJoinWait)) {
+    int64_t seconds = 0;
+    DTRAIN_CHECK_ARG(parseInt64(wait, &seconds) && seconds >= 0,
+                     "{}=\"{}\" is not a number of seconds (0 or more): how long a step in "
+                     "flight may run on once a joining node is ready",
+                     env::kJoinWait, wait);
+    r->joinWait = std::chrono::seconds(seconds);
+  }
   {
     std::lock_guard<std::mutex> g(r->target->mutex);
     r->target->current = w.communicator;
@@ -58,11 +66,24 @@ void watchMembership(World& w, const WorldOptions& options, const std::string& b
     own = store::connectToJobStore(jo);
   }
   r->watcher = std::make_unique<MembershipWatcher>(
-      std::move(own), [target = r->target](const membership::Epoch& e) {
+      std::move(own), [target = r->target, joinWait = r->joinWait](const membership::Epoch& e) {
         std::shared_ptr<Communicator> c;
         {
-          std::lock_guard<std::mutex> g(target->mutex);
+          std::unique_lock<std::mutex> g(target->mutex);
           if (e.epoch <= target->epoch) return;
+          if (e.joining > 0 && target->boundaries && joinWait.count() > 0) {
+            // Note [Joins at step boundaries]: the step in flight runs on; the next boundary
+            // re-forms. The master writes no newer epoch while this one re-forms.
+            target->joinReady = e.epoch;
+            if (target->formed.wait_for(g, joinWait, [&] { return target->epoch >= e.epoch; })) {
+              return;
+            }
+            DTRAIN_LOG(Warn,
+                       "membership epoch {} takes nodes in, and no step boundary came within {} "
+                       "s ({}): the step in flight is cut short for the join",
+                       e.epoch, std::chrono::duration_cast<std::chrono::seconds>(joinWait).count(),
+                       env::kJoinWait);
+          }
           c = target->current.lock();
         }
         // The program's subgroups of this world too: they hold its ranks, a lost one among them.
@@ -77,6 +98,44 @@ std::string worldPrefix(const std::string& name, int epoch) {
 
 bool reformsOnNodeLoss(const World& world) { return world.reform != nullptr; }
 
+// Note [Joins at step boundaries]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// A join costs the members no step. Once every newcomer is ready (Note [Admission when ready]),
+// a member's watcher no longer aborts its step in flight, as it does for a loss: the step runs
+// to its end and is applied, and the member re-forms with the newcomers at its next step
+// boundary -- the start of its next TrainingState::tryStep, before any work -- then settles and
+// hands them the state (ZeRO: its own blocks of that very step re-sharded, no mirror rolled back
+// to). That holds once the program has shown it has boundaries (its first tryStep: a program that
+// re-forms on its own, from failed collectives, is aborted as before).
+//
+// The members need not agree on the boundary beforehand. A member that reaches it has completed
+// every collective of the step before, so every other member has at least entered each of them
+// and will reach the same boundary -- unless its watcher saw the epoch a moment later, after it
+// had begun the next step. Such a rank blocks in that step's first collective with a member that
+// never comes; the members that re-form abort their old communicators (reformWorld), which
+// closes their connections (Gloo) and marks their node's segment (shared memory), so its
+// collective fails at once, its step is discarded (no member applied it) and it re-forms too.
+// Every member then stands at the same step, as the settling finds. Should a rank reach no
+// boundary for DTRAIN_JOIN_WAIT seconds (20 by default: a step longer than that, a program
+// stopped between steps), its watcher aborts the step in flight as for a loss, well inside the
+// master's deadline for the re-form (--heartbeat-timeout + 30 s). The members that end their
+// last step while a join is ready never re-form: the master stops the newcomers once every
+// member has reported (Note [Joining a running round] in launcher/cluster/master/node_loss.h).
+bool stepBoundary(World& w) {
+  if (!w.reform || w.closed || w.awaitingAdmission) return false;
+  WorldReform::Target& t = *w.reform->target;
+  std::lock_guard<std::mutex> g(t.mutex);
+  t.boundaries = true;
+  return t.joinReady > t.epoch;
+}
+
+bool joinReady(const World& w) {
+  if (!w.reform || w.closed) return false;
+  WorldReform::Target& t = *w.reform->target;
+  std::lock_guard<std::mutex> g(t.mutex);
+  return t.joinReady > t.epoch;
+}
+
 namespace {
 
 // Note [Admission when ready]
@@ -89,9 +148,10 @@ namespace {
 // backend's would be, every collective refused in one message), and its first
 // TrainingState::tryStep admits it (admitWorld): it adds 1 to epoch E's ready counter, waits until
 // every joining rank has, then builds its communicator of epoch E, which completes once the
-// members have left theirs and joined it. The members' watchers report epoch E -- aborting their
-// step in flight -- only when every joining rank is ready (Note [Membership epochs] in
-// runtime/base/membership.h): until then they train on, and they wait out the re-form only.
+// members have left theirs and joined it. The members' watchers report epoch E only when every
+// joining rank is ready (Note [Membership epochs] in runtime/base/membership.h): until then they
+// train on, and then they finish their step in flight and re-form at its end (Note [Joins at step
+// boundaries]), so they wait out the re-form only.
 // A join the master called off before that (a node lost meanwhile: its ready counter below 0)
 // never takes effect; the rank then waits for the epoch that takes it in again -- after the
 // survivors' re-form, its rank and world size moved -- and counts itself ready there
@@ -173,6 +233,7 @@ void formEpoch(World& w, int epoch, int rank, int worldSize) {
     r.target->current = c;
     r.target->epoch = epoch;
   }
+  r.target->formed.notify_all();
   // An epoch newer than this one may have come while the communicator was built.
   if (auto newer = r.watcher->latest(); newer && newer->epoch > epoch) {
     c->abort(fmt::format("epoch {}: {}", newer->epoch, newer->why));

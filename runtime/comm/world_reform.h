@@ -3,6 +3,7 @@
 // built, and the watch on the round's membership epochs. Internal to dtrain_comm.
 
 #include <chrono>
+#include <condition_variable>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -17,8 +18,13 @@ class WorldReform {
   // The communicator a new epoch aborts: the world's current one.
   struct Target {
     std::mutex mutex;
+    std::condition_variable formed;       // notified when `epoch` moves
     std::weak_ptr<Communicator> current;  // guarded by mutex
     int epoch = 0;                        // guarded by mutex: current's epoch
+    // Note [Joins at step boundaries]: the program marks its step boundaries (stepBoundary);
+    // the newest epoch that takes nodes in and is ready, 0 before any.
+    bool boundaries = false;  // guarded by mutex
+    int joinReady = 0;        // guarded by mutex
   };
 
   WorldOptions options;  // as connectWorld() was given them (the store left out)
@@ -26,7 +32,8 @@ class WorldReform {
   std::string nodeKey;   // the shared-memory node key (BackendSetup::node)
   std::string backend;   // the backend table's entry that built the world
   int cudaDevices = 0;
-  std::chrono::milliseconds wait{35000};  // DTRAIN_NODE_LOSS_WAIT
+  std::chrono::milliseconds wait{35000};      // DTRAIN_NODE_LOSS_WAIT
+  std::chrono::milliseconds joinWait{20000};  // DTRAIN_JOIN_WAIT
   std::shared_ptr<Target> target = std::make_shared<Target>();
   std::unique_ptr<MembershipWatcher> watcher;
 };

@@ -88,6 +88,9 @@ struct Coordinator::RoundWatch {
   // A join whose epoch is written but not in effect: the nodes taken in, until their ranks are
   // ready (Note [Joining a running round]); empty otherwise.
   std::set<std::string> joining;
+  // The nodes the epoch in progress takes in, until the members have re-formed with them (Note
+  // [Joins at step boundaries] in runtime/comm/world_reform.cpp: at their next step boundary).
+  std::set<std::string> newcomers;
   std::string joiningWho;  // "node 2 (h3)", for the lines that follow it
   Clock::time_point joinedAt;
   // Newcomers whose join a loss cancelled (cancelJoin), with their local world sizes: taken in
@@ -220,30 +223,36 @@ bool Coordinator::cancelJoin(RoundWatch& w, const std::string& cause) {
                   w.epoch.joining, w.epoch.joining == 1 ? "" : "s", cause));
   w.epoch = members;
   w.joining.clear();
+  w.newcomers.clear();
   w.reforming = false;
   return true;
 }
 
 void Coordinator::followReform(RoundWatch& w, Clock::time_point now) {
   if (!w.reforming || w.stopSeen) return;
-  if (!w.joining.empty()) {
-    // Every member reported while the newcomers were starting: only their workers are left.
+  if (!w.newcomers.empty()) {
+    // Every member reported while the newcomers were starting, or before its next step boundary
+    // took them in (their last step ran on): only the newcomers' workers are left.
     bool membersLeft = false;
     for (const auto& m : w.epoch.nodes) {
-      membersLeft = membersLeft || (w.joining.count(m.node) == 0 && w.open(m.node));
+      membersLeft = membersLeft || (w.newcomers.count(m.node) == 0 && w.open(m.node));
     }
     if (!membersLeft) {
       w.reforming = false;
-      const std::string why = fmt::format("the members finished before {} reached its first step",
-                                          w.joiningWho);
+      const std::string why =
+          w.joining.empty()
+              ? fmt::format("the members finished before they re-formed with {}", w.joiningWho)
+              : fmt::format("the members finished before {} reached its first step", w.joiningWho);
       say(fmt::format("launch: round {}: {}; stopping its workers", w.plan.round, why));
       w.joining.clear();
+      w.newcomers.clear();
       stopRound(w.plan.round, why);
       return;
     }
   }
   if (now <= w.reformDeadline) return;
   w.reforming = false;
+  w.newcomers.clear();
   w.fellBack = true;
   const std::string why =
       !w.joining.empty()
@@ -421,6 +430,7 @@ void Coordinator::noteLostNodes(RoundWatch& w, Clock::time_point now) {
     w.reformDeadline = after(now, options_.heartbeatTimeout + kReformSeconds);
   } else if (read && !pending && count >= w.epoch.worldSize) {
     w.reforming = false;
+    w.newcomers.clear();
     DTRAIN_LOG(Info, "launch: round {}: epoch {} re-formed ({} ranks) {:.3f} s into the round",
                plan.round, w.epoch.epoch, count, secondsSince(w.start));
   }
@@ -552,6 +562,7 @@ void Coordinator::admitLive(RoundWatch& w) {
   // Note [Joining a running round]: the members take the epoch in once the newcomers are ready.
   for (const auto& [node, j] : taken) w.joining.insert(node);
   for (const auto& [node, size] : w.carried) w.joining.insert(node);
+  w.newcomers = w.joining;
   w.carried.clear();
   w.joiningWho = who;
   w.joinedAt = now;

@@ -36,11 +36,12 @@
 // itself to the epoch's ready counter (Note [Admission when ready] in
 // runtime/comm/world_reform.cpp). The members train on meanwhile: their workers take the epoch
 // in only once the counter reaches its `joining` ranks (the master says "ready after N s"), then
-// abort their communicators as on a loss (the step in flight is discarded), re-form with the
-// newcomers, and hand them their state (Note [Settling after a re-form]); a newcomer's first
-// tryStep is that settling. The re-form's deadline starts when they are ready; before, the
-// newcomers have the larger of --rdzv-timeout and --heartbeat-timeout + 30 s to reach their first
-// step. A loss while a join is pending -- not every newcomer ready -- calls the join off
+// finish the step in flight and re-form with the newcomers at their next step boundary (Note
+// [Joins at step boundaries] in runtime/comm/world_reform.cpp), and hand them their state (Note
+// [Settling after a re-form]); a newcomer's first tryStep is that settling. The re-form's
+// deadline starts when they are ready; before, the newcomers have the larger of --rdzv-timeout and
+// --heartbeat-timeout + 30 s to reach their first step. A loss while a join is pending -- not
+// every newcomer ready -- calls the join off
 // (Coordinator::cancelJoin: one add to its ready counter, Note [Membership epochs], which also
 // says whether the join took effect meanwhile): a lost newcomer costs the members nothing (no
 // epoch is written; they never took the join in), and a lost member is a loss among the members
@@ -50,10 +51,9 @@
 // effect is one during a re-form: the restart path. No newcomer is taken in while a re-form is
 // in progress, nor once a member has reported (its workers ended: the job is finishing), and a
 // join is not counted against --max-reforms (no node was lost). When every member has reported
-// before the newcomers were ready (or taken in again), the round is stopped -- only the
-// newcomers' workers were left -- and ends as the members did. A join that becomes ready after
-// the members' last tryStep, while they still make collectives (a final gather), aborts those
-// and fails the round (the restart path).
+// before the newcomers were ready (or taken in again), or before the step boundary that would
+// have taken them in (the join ready during the members' last step or after it, which runs on),
+// the round is stopped -- only the newcomers' workers were left -- and ends as the members did.
 // When the master starts the agents (fan-out), it starts a left-out node's agent again every
 // --heartbeat-timeout once the node's session has ended (planRejoin), until the node is taken back
 // in or the job is finishing: a host that comes back (its cable in again, a spot VM restarted

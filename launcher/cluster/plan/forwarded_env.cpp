@@ -28,7 +28,7 @@ bool isForwardedVariable(const std::string& name) {
     if (startsWith(name, prefix)) return true;
   }
   for (const char* exact : {"PATH", "LD_LIBRARY_PATH", "PYTHONPATH", env::kVerbose, env::kBackend,
-                            env::kShm, env::kFault, env::kIoFault}) {
+                            env::kShm, env::kFault, env::kIoFault, env::kJoinWait}) {
     if (name == exact) return true;
   }
   return false;

@@ -135,27 +135,37 @@ void TrainingState::refreshMirrors() {
   rb.refreshNow = false;
 }
 
-int64_t TrainingState::restoreShards(const std::exception& failure) {
+int64_t TrainingState::restoreShards(const std::exception* failure) {
+  // A failed step rethrows its failure (the caller is handling it); a join at a step boundary
+  // has none.
+  const std::string what = failure != nullptr ? failure->what()
+                                              : "a node taken in at this step boundary";
+  const auto fail = [&](const std::string& message) {
+    DTRAIN_LOG(Error, "{}", message);
+    if (failure != nullptr) throw;
+    DTRAIN_THROW(Error, "{}", message);
+  };
   if (rollback_ && !rollback_->unmirrored.empty()) {
-    DTRAIN_LOG(Error,
-               "step {}: a collective failed under ZeRO and {}: the job restarts from its "
-               "last checkpoint ({})",
-               step_, rollback_->unmirrored, failure.what());
-    throw;
+    fail(fmt::format("step {}: the group changed under ZeRO and {}: the job restarts from its "
+                     "last checkpoint ({})",
+                     step_, rollback_->unmirrored, what));
   }
   if (!rollback_ || (rollback_->current.generation < 0 && rollback_->pending.generation < 0)) {
-    DTRAIN_LOG(Error,
-               "step {}: a collective failed under ZeRO before its sharded state was first "
-               "mirrored (TrainingState::beginStep() gives the steps): the job restarts from its "
-               "last checkpoint ({})",
-               step_, failure.what());
-    throw;
+    fail(fmt::format("step {}: the group changed under ZeRO before its sharded state was first "
+                     "mirrored (TrainingState::beginStep() gives the steps): the job restarts "
+                     "from its last checkpoint ({})",
+                     step_, what));
   }
-  DTRAIN_LOG(Warn, "step {}: discarded on rank {}: {}", step_, group_->rank(), failure.what());
+  if (failure != nullptr) {
+    DTRAIN_LOG(Warn, "step {}: discarded on rank {}: {}", step_, group_->rank(), what);
+  }
   state::Rollback& rb = *rollback_;
   const std::vector<ShardedOptimizer*> optimizers = registry_->shardedOptimizers();
   const int before = group_->size();
-  if (!group_->reform()) throw;
+  if (!group_->reform()) {
+    fail(fmt::format("step {}: rank {}: no membership epoch came to re-form in ({})", step_,
+                     group_->rank(), what));
+  }
   // A node joined (an epoch that takes nodes in loses none): every old rank's blocks are alive.
   // When the failure came before any optimizer stepped (in forward, backward, a mirror refresh),
   // they and the replicated state are still those of the step's start -- one more generation to
@@ -178,7 +188,7 @@ int64_t TrainingState::restoreShards(const std::exception& failure) {
     DTRAIN_THROW(Error,
                  "step {}: ZeRO's sharded state cannot be restored in memory: {}; the job "
                  "restarts from its last checkpoint (the failure: {})",
-                 step_, why, failure.what());
+                 step_, why, what);
   }
   state::restoreReplicated(*registry_, *group_,
                            rb.current.generation == generation   ? rb.current
@@ -196,7 +206,7 @@ int64_t TrainingState::restoreShards(const std::exception& failure) {
       "s, {} payload bytes through rank {} (sent; Note [Shard mirrors]); {} step(s) run again",
       step_, generation, group_->size(),
       joined > 0 ? fmt::format(" ({} of them joined)", joined) : std::string(),
-      lastRestore_.seconds, sent, group_->rank(), step_ - generation + 1);
+      lastRestore_.seconds, sent, group_->rank(), step_ - generation + (failure ? 1 : 0));
   rb.refreshNow = true;
   return generation;
 }
@@ -284,6 +294,21 @@ bool TrainingState::tryStep(const std::function<void()>& work) {
                group_->size(), group_->epoch());
     return false;
   }
+  if (group_->stepBoundary()) {
+    // Note [Joins at step boundaries] (runtime/comm/world_reform.cpp): nothing of the step ran.
+    DTRAIN_LOG(Warn,
+               "step {}: rank {} re-forms before the step with the nodes taken into the running "
+               "round (nothing discarded)",
+               step_, group_->rank());
+    if (!registry_->sharded.empty()) {
+      step_ = restoreShards(nullptr);
+      return false;
+    }
+    DTRAIN_CHECK(group_->reform(), "step {}: rank {}: a join was ready but no epoch came", step_,
+                 group_->rank());
+    step_ = settle();
+    return false;
+  }
   try {
     refreshMirrors();
     work();
@@ -291,7 +316,7 @@ bool TrainingState::tryStep(const std::function<void()>& work) {
   } catch (const std::exception& e) {
     if (!membershipChanged(e)) throw;
     if (!registry_->sharded.empty()) {
-      step_ = restoreShards(e);
+      step_ = restoreShards(&e);
       return false;
     }
     DTRAIN_LOG(Warn, "step {}: discarded on rank {}: {}", step_, group_->rank(), e.what());

@@ -699,10 +699,12 @@ TEST(Coordinator, AFanOutMasterStartsALeftOutNodesAgentAgain) {
   EXPECT_TRUE(c.takeGoneNodes().empty());
 }
 
-// Note [Joining a running round]: the members report (the job is done) while the newcomer's ranks
-// have not reached their first step -- the epoch never took effect, nobody left a step. The
-// master stops the round, whose only workers left are the newcomer's, and it ends 0.
-TEST(Coordinator, MembersThatFinishBeforeTheNewcomerIsReadyStopItsWorkers) {
+// The members report (the job is done) while node 2 is being taken in; `ready`: once its ranks
+// reached their first step (the epoch took effect) -- the members' last step ran on (Note [Joins
+// at step boundaries] in runtime/comm/world_reform.cpp), so they never re-formed with it. The
+// master stops the round, whose only workers left are the newcomer's, and it ends 0. Returns
+// the round's stop key.
+std::string membersFinishWhileANodeIsTakenIn(bool ready) {
   Harness h(3, 2);
   startLiveJob(h);
   Beats beats(*h.store, {"0", "1", "2"});
@@ -716,6 +718,10 @@ TEST(Coordinator, MembersThatFinishBeforeTheNewcomerIsReadyStopItsWorkers) {
       seen = decodePhase(h.store->getString(keys::state()));
       std::this_thread::sleep_for(1ms);
     }
+    if (ready) {
+      h.store->add(readyStoreKey(0, 1), 2);
+      std::this_thread::sleep_for(1500ms);  // the master reads the counter with the heartbeats
+    }
     h.succeed(0, "0");
     h.succeed(0, "1");
     h.store->wait({keys::stop(0)}, 5000ms);
@@ -724,8 +730,22 @@ TEST(Coordinator, MembersThatFinishBeforeTheNewcomerIsReadyStopItsWorkers) {
   });
   EXPECT_EQ(c.run(), 0);
   agents.join();
-  EXPECT_EQ(stop, "the members finished before node 2 (h2) reached its first step");
   EXPECT_EQ(h.store->getString(keys::decision(0)), "end 0");
+  return stop;
+}
+
+// Note [Joining a running round]: the members report while the newcomer's ranks have not reached
+// their first step -- the epoch never took effect, nobody left a step.
+TEST(Coordinator, MembersThatFinishBeforeTheNewcomerIsReadyStopItsWorkers) {
+  EXPECT_EQ(membersFinishWhileANodeIsTakenIn(/*ready=*/false),
+            "the members finished before node 2 (h2) reached its first step");
+}
+
+// The newcomer ready during the members' last step: they finish it and end, never reaching the
+// step boundary that would take it in. Not a re-form that failed: no restart.
+TEST(Coordinator, MembersThatFinishOnceTheNewcomerIsReadyStopItsWorkers) {
+  EXPECT_EQ(membersFinishWhileANodeIsTakenIn(/*ready=*/true),
+            "the members finished before they re-formed with node 2 (h2)");
 }
 
 // Once a member has reported (its workers ended: the job is finishing) no node is taken in: the

@@ -11,7 +11,9 @@
 
 #include <atomic>
 #include <chrono>
+#include <cstdio>
 #include <functional>
+#include <set>
 #include <thread>
 
 #include <torch/torch.h>
@@ -469,21 +471,23 @@ TEST(NodeJoin, ANewcomersFirstTryStepSettlesAndNothingBeforeItIsCollective) {
 // Note [Admission when ready] (runtime/comm/world_reform.cpp): 2 nodes x 2 ranks train under
 // DDP; after their step kPublished the test publishes epoch 1 taking a third node's 2 ranks in.
 // The newcomers "start up" until the members have committed step kReady: the members must train
-// on meanwhile (the epoch takes effect only when both newcomers reached their first tryStep), then
-// discard the one step in flight, re-form at 6 ranks with the newcomers, and all end bitwise
-// equal and equal to one process on the whole global batch. Should the newcomers not come, the
-// members wait at step kLast for the abort rather than end before the join.
-TEST(NodeJoin, TheMembersTrainOnUntilTheNewcomersAreReady) {
+// on meanwhile (the epoch takes effect only when both newcomers reached their first tryStep).
+// Note [Joins at step boundaries]: then no member's step is cut short -- they wait at the
+// boundary of step kHold for the join to be ready (else they might end before it), re-form
+// there with the newcomers at 6 ranks, run no step twice, and all end bitwise equal and equal to
+// one process on the whole global batch.
+TEST(NodeJoin, TheMembersTrainOnUntilTheNewcomersAreReadyAndLoseNoStep) {
   constexpr int kMembers = 4;
   constexpr int kWorld = 6;
   constexpr int64_t kJoinSteps = 16;
   constexpr int64_t kPublished = 2;
   constexpr int64_t kReady = 8;
-  constexpr int64_t kLast = 12;
+  constexpr int64_t kHold = kReady + 1;
   constexpr size_t kJoinSamples = kJoinSteps * kGlobalBatch;
   auto store = std::make_shared<store::HashStore>();
   std::vector<RankResult> results(kWorld);
-  std::vector<int64_t> discardedAt(kWorld, -1);
+  std::vector<int64_t> reformedAt(kWorld, -1);
+  std::vector<int> ranTwice(kWorld, 0);
   std::atomic<int64_t> committed{-1};  // rank 0's last committed step
   std::vector<std::thread> threads;
   auto start = [&](int rank, int world, int joinEpoch) {
@@ -499,22 +503,23 @@ TEST(NodeJoin, TheMembersTrainOnUntilTheNewcomersAreReady) {
         }
       }
       RankResult& r = results[static_cast<size_t>(rank)];
+      std::set<int64_t> ran;
       for (int64_t step = 0; step < kJoinSteps;) {
         t.state->beginStep(step);
-        const bool done = t.state->tryStep([&] {
-          if (step == kLast && group->size() == kMembers) {
-            const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
-            while (group->communicator().error() == nullptr &&
-                   std::chrono::steady_clock::now() < deadline) {
-              std::this_thread::sleep_for(std::chrono::milliseconds(1));
-            }
+        if (step == kHold && group->size() == kMembers) {
+          const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+          while (!group->joinReady() && std::chrono::steady_clock::now() < deadline) {
+            std::this_thread::sleep_for(std::chrono::milliseconds(1));
           }
+        }
+        const bool done = t.state->tryStep([&] {
+          if (!ran.insert(step).second) ++ranTwice[static_cast<size_t>(rank)];
           t.sgd.zero_grad();
           auto batch = t.sampler.next(static_cast<size_t>(kGlobalBatch / group->size()));
           nodeLossStep(t.net, &t.ddp, *batch);
         });
         if (!done) {
-          if (r.discarded++ == 0) discardedAt[static_cast<size_t>(rank)] = step;
+          if (r.discarded++ == 0) reformedAt[static_cast<size_t>(rank)] = step;
           step = t.state->currentStep();
           continue;
         }
@@ -542,11 +547,106 @@ TEST(NodeJoin, TheMembersTrainOnUntilTheNewcomersAreReady) {
     const RankResult& r = results[static_cast<size_t>(rank)];
     EXPECT_EQ(r.finalRank, rank);
     EXPECT_EQ(r.finalSize, kWorld);
+    // One tryStep returned false on each rank: the newcomer's first, the members' at kHold.
     EXPECT_EQ(r.discarded, 1) << "rank " << rank;
+    EXPECT_EQ(ranTwice[static_cast<size_t>(rank)], 0) << "rank " << rank << " ran a step twice";
     if (rank < kMembers) {
-      EXPECT_GE(discardedAt[static_cast<size_t>(rank)], kReady)
-          << "member " << rank << " left its step before the newcomers were ready";
+      EXPECT_EQ(reformedAt[static_cast<size_t>(rank)], kHold)
+          << "member " << rank << " re-formed elsewhere than at the boundary of step " << kHold;
     }
+    expectParametersMatch(r.params, expected, results[0].params, rank);
+  }
+}
+
+// Note [Joins at step boundaries]: a member that began its next step before its watcher saw the
+// join ready (here rank 3, let into step kHold while the others wait at its boundary) blocks in
+// that step's first collective with members that never come. The others re-form at the
+// boundary, aborting their old communicators, which fails rank 3's collective at once -- not
+// after DTRAIN_JOIN_WAIT (45 s here) or the collective timeout (60 s): it discards the step no
+// member applied and re-forms too. All 6 end bitwise equal and equal to one process.
+TEST(NodeJoin, AMemberPastTheStepBoundaryIsCutShortWhenTheOthersReForm) {
+  constexpr int kMembers = 4;
+  constexpr int kWorld = 6;
+  constexpr int64_t kJoinSteps = 12;
+  constexpr int64_t kHold = 5;
+  constexpr size_t kJoinSamples = kJoinSteps * kGlobalBatch;
+  ::setenv("DTRAIN_JOIN_WAIT", "45", 1);
+  auto store = std::make_shared<store::HashStore>();
+  std::vector<RankResult> results(kWorld);
+  std::vector<int> ranTwice(kWorld, 0);
+  std::atomic<int> atHold{0};
+  std::atomic<bool> inStep{false};        // rank 3 is in step kHold's work at 4 ranks
+  std::atomic<int64_t> readyNs{0};        // when the test saw the join ready
+  std::atomic<int64_t> rank3FailedNs{0};  // when rank 3's tryStep of kHold came back
+  const auto nowNs = [] { return std::chrono::steady_clock::now().time_since_epoch().count(); };
+  std::vector<std::thread> threads;
+  auto start = [&](int rank, int world, int joinEpoch) {
+    threads.emplace_back([&, rank, world, joinEpoch] {
+      auto group = nodeLossRank(store, rank, world, rank % 2, rank / 2, /*reform=*/true, joinEpoch);
+      NodeLossTrainer t(group, kJoinSamples);
+      RankResult& r = results[static_cast<size_t>(rank)];
+      std::set<int64_t> ran;
+      for (int64_t step = 0; step < kJoinSteps;) {
+        t.state->beginStep(step);
+        const bool held = step == kHold && group->size() == kMembers;
+        if (held) atHold.fetch_add(1);
+        if (held && rank != 3) {
+          const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+          while (!group->joinReady() && std::chrono::steady_clock::now() < deadline) {
+            std::this_thread::sleep_for(std::chrono::milliseconds(1));
+          }
+        }
+        const bool done = t.state->tryStep([&] {
+          if (!ran.insert(step).second) ++ranTwice[static_cast<size_t>(rank)];
+          if (held && rank == 3) inStep = true;
+          t.sgd.zero_grad();
+          auto batch = t.sampler.next(static_cast<size_t>(kGlobalBatch / group->size()));
+          nodeLossStep(t.net, &t.ddp, *batch);
+        });
+        if (held && rank == 3) rank3FailedNs = nowNs();
+        if (!done) {
+          ++r.discarded;
+          step = t.state->currentStep();
+          continue;
+        }
+        t.sgd.step();
+        ++step;
+      }
+      for (const auto& p : t.net->parameters()) r.params.push_back(p.detach().clone());
+      r.finalRank = group->rank();
+      r.finalSize = group->size();
+      group->shutdown();
+    });
+  };
+  for (int rank = 0; rank < kMembers; ++rank) start(rank, kMembers, 0);
+  const auto await = [](const std::function<bool()>& done, const char* what) {
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+    while (!done() && std::chrono::steady_clock::now() < deadline) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    }
+    EXPECT_TRUE(done()) << what;
+  };
+  await([&] { return atHold.load() == kMembers && inStep.load(); },
+        "the members at step 5, rank 3 in its work");
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));  // rank 3 in its allreduce
+  publishEpoch(*store, 1, {{"0", 0, 2}, {"1", 2, 2}, {"2", 4, 2}}, "the test's joining node",
+               /*joining=*/2);
+  for (int rank = kMembers; rank < kWorld; ++rank) start(rank, kWorld, 1);
+  await([&] { return store->add(membership::readyKey(1), 0) >= 2; }, "the newcomers ready");
+  readyNs = nowNs();
+  for (auto& t : threads) t.join();
+  ::unsetenv("DTRAIN_JOIN_WAIT");
+
+  EXPECT_EQ(store->add(membership::formedKey(1), 0), kWorld) << "every rank formed epoch 1 once";
+  const double leftS = static_cast<double>(rank3FailedNs.load() - readyNs.load()) / 1e9;
+  EXPECT_LT(leftS, 10.0) << "rank 3 left its step " << leftS << " s after the join was ready";
+  std::printf("rank 3 left its step %.3f s after the join was ready\n", leftS);
+  const auto expected = oneProcessParameters(kJoinSamples, kJoinSteps);
+  for (int rank = 0; rank < kWorld; ++rank) {
+    const RankResult& r = results[static_cast<size_t>(rank)];
+    EXPECT_EQ(r.finalSize, kWorld) << "rank " << rank;
+    EXPECT_EQ(r.discarded, 1) << "rank " << rank;
+    EXPECT_EQ(ranTwice[static_cast<size_t>(rank)], rank == 3 ? 1 : 0) << "rank " << rank;
     expectParametersMatch(r.params, expected, results[0].params, rank);
   }
 }
@@ -569,7 +669,7 @@ TEST(NodeJoin, ANewcomerFollowsACancelledJoinToTheEpochThatTakesItInAgain) {
   std::atomic<int64_t> committed{-1};  // rank 0's last committed step
   std::atomic<int> committedAtTwo{0};  // steps node 0's ranks committed in epoch 2
   constexpr int64_t kHold = 3;         // the members wait here for lossStep
-  constexpr int64_t kJoined = 9;       // node 0 alone waits in this step for epoch 3
+  constexpr int64_t kJoined = 9;       // node 0 alone waits before this step for epoch 3
   constexpr int64_t kNever = 1 << 30;
   std::atomic<int64_t> lossStep{kNever};  // node 1's ranks leave before this step
   std::atomic<bool> secondMayStart{false};
@@ -594,18 +694,17 @@ TEST(NodeJoin, ANewcomerFollowsACancelledJoinToTheEpochThatTakesItInAgain) {
           lost[static_cast<size_t>(rank)] = group;  // silent: its groups stay open
           return;
         }
+        if (step == kJoined && group->size() == 2) {
+          // Node 0 alone: at this boundary until epoch 3 takes effect (the newcomers ready).
+          const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+          while (!group->joinReady() && std::chrono::steady_clock::now() < deadline) {
+            std::this_thread::sleep_for(std::chrono::milliseconds(1));
+          }
+        }
         const bool done = t.state->tryStep([&] {
           t.sgd.zero_grad();
           auto batch = t.sampler.next(static_cast<size_t>(kGlobalBatch / group->size()));
           if (step == lossStep.load() && group->size() == 4) inTheLostStep.fetch_add(1);
-          if (step == kJoined && group->size() == 2) {
-            // Node 0 alone: here until epoch 3 takes effect (the newcomers ready) and aborts it.
-            const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
-            while (group->communicator().error() == nullptr &&
-                   std::chrono::steady_clock::now() < deadline) {
-              std::this_thread::sleep_for(std::chrono::milliseconds(1));
-            }
-          }
           nodeLossStep(t.net, &t.ddp, *batch);
         });
         if (!done) {
@@ -645,7 +744,8 @@ TEST(NodeJoin, ANewcomerFollowsACancelledJoinToTheEpochThatTakesItInAgain) {
                          membership::kJoinCancelled;
   EXPECT_EQ(before, 1) << "one of the join's 2 ranks was ready when it was called off";
   publishEpoch(*store, 2, {{"0", 0, 2}}, "node 1 (test) went silent");
-  // Once node 0 trains at 2 ranks: epoch 3 then cuts a step short, not its settling.
+  // Once node 0 trains at 2 ranks: epoch 3 then takes effect at a step boundary, not in its
+  // settling.
   await([&] { return committedAtTwo.load() >= 2; }, "node 0 trained in epoch 2");
   publishEpoch(*store, 3, {{"0", 0, 2}, {"2", 2, 2}}, "node 2 (test) joined", /*joining=*/2);
   secondMayStart = true;

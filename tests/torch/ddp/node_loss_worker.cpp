@@ -275,7 +275,9 @@ int run(const Args& args) {
     if (step % stepsPerEpoch == 0) sampler.setEpoch(step / stepsPerEpoch);
     const int world = group ? group->size() : 1;
     currentStep = step;
+    bool ran = false;  // a join at the step boundary re-forms before the work (false, not run)
     auto work = [&] {
+      ran = true;
       if (ckpt && phases.saveEvery > 0 && step > 0 && step % phases.saveEvery == 0) {
         if (phases.async) {
           ckpt->saveAsync(step - 1);
@@ -304,9 +306,10 @@ int run(const Args& args) {
     if (state) {
       state->beginStep(step);
       if (!state->tryStep(work)) {
-        ++discarded;
-        std::cout << fmt::format("rank {} discarded step {}: now rank {} of {} (epoch {}){}\n",
-                                 group->rank(), step, group->rank(), group->size(), group->epoch(),
+        if (ran) ++discarded;
+        std::cout << fmt::format("rank {} {} step {}: now rank {} of {} (epoch {}){}\n",
+                                 group->rank(), ran ? "discarded" : "re-formed before", step,
+                                 group->rank(), group->size(), group->epoch(),
                                  sharded
                                      ? fmt::format(", rolled back to step {}", state->currentStep())
                                      : "")

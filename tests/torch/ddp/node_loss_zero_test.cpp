@@ -10,6 +10,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <cstdlib>
 #include <functional>
 #include <map>
 #include <memory>
@@ -332,9 +333,12 @@ struct JoinResult {
   std::vector<uint64_t> collectivesBeforeTryStep;
 };
 
-// The members wait for the join's epoch to abort their communicator at the start of step kJoin,
-// or, `inOptimizerStep`, once its backward is done, before its optimizer step.
+// The members wait for the join's epoch at the boundary of step kJoin, where they re-form with
+// the newcomers (Note [Joins at step boundaries]), or, `inOptimizerStep`, once its backward is
+// done, before its optimizer step, for the epoch to abort their communicator: a join that cuts a
+// step short (DTRAIN_JOIN_WAIT=0 here; a step longer than it, or a rank past the boundary).
 JoinResult runJoin(const Mode& mode, bool inOptimizerStep) {
+  if (inOptimizerStep) ::setenv("DTRAIN_JOIN_WAIT", "0", 1);
   auto store = std::make_shared<store::HashStore>();
   JoinResult out;
   out.ranks.resize(kWorld);
@@ -355,7 +359,7 @@ JoinResult runJoin(const Mode& mode, bool inOptimizerStep) {
       auto waitForTheEpoch = [&] {
         waiting.fetch_add(1);
         const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
-        while (group->communicator().error() == nullptr &&
+        while ((inOptimizerStep ? group->communicator().error() == nullptr : !group->joinReady()) &&
                std::chrono::steady_clock::now() < deadline) {
           std::this_thread::sleep_for(std::chrono::milliseconds(1));
         }
@@ -384,6 +388,7 @@ JoinResult runJoin(const Mode& mode, bool inOptimizerStep) {
   for (auto& t : trainers) {
     if (t) t->group->shutdown();
   }
+  ::unsetenv("DTRAIN_JOIN_WAIT");
   return out;
 }
 

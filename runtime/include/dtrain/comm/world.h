@@ -173,6 +173,15 @@ bool reformsOnNodeLoss(const World& world);
 // its error. Throws MembershipChanged when this rank is not a member of the new epoch.
 bool reformWorld(World& world);
 
+// A step boundary of the program (TrainingState::tryStep calls it before a step's work). From
+// the first on, a node taken into the running round lets this rank's step in flight finish
+// (docs/design.md, "Node loss"): true when one is ready and the world has not re-formed with it
+// yet -- the caller re-forms (reformWorld) before the step. Not collective.
+bool stepBoundary(World& world);
+// True when a node taken into the running round is ready and the world has not re-formed with it
+// yet (the next stepBoundary returns true). Not collective.
+bool joinReady(const World& world);
+
 // A rank taken into a running round (World::awaitingAdmission) joins its members: it tells them
 // it is ready -- only then do they leave their step for the epoch that takes it in -- and builds
 // its communicator among them, blocking until they have (docs/design.md, "Node loss"). Collective

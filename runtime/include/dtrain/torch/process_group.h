@@ -91,6 +91,12 @@ class ProcessGroup {
   void settleJoin() {
     if (world_) world_->joinPending = false;
   }
+  // A step boundary (comm::stepBoundary): true when a node taken into the running round is ready
+  // and this group has not re-formed with it yet -- the members re-form before the step rather
+  // than discard it. TrainingState::tryStep calls it before a step's work.
+  bool stepBoundary() { return world_ && comm::stepBoundary(*world_); }
+  // Whether the next stepBoundary() re-forms (comm::joinReady). Not collective.
+  bool joinReady() const { return world_ && comm::joinReady(*world_); }
 
   // Idempotent; collectives after it fail. When rank 0 hosts the store (srun/mpirun), every rank
   // meets at a barrier first, so call it on every rank.

@@ -95,7 +95,12 @@ class TrainingState {
   // modules' gradients dropped, the state of a member that had applied one step more handed to
   // the others (all members equal), every registered sampler re-sharded for the new world at the
   // position where the step to run begins; run step currentStep() again, with the new
-  // group->size() (and DDP, which re-makes its buckets at its next forward):
+  // group->size() (and DDP, which re-makes its buckets at its next forward). A node taken into
+  // the running round (`launch --on-node-join live`) costs no step: the step in flight finishes,
+  // and the next tryStep re-forms with the newcomer before running anything, hands it the state
+  // and returns false without running `work` -- run currentStep() at the new size, the same way
+  // (docs/design.md, "Node loss"; a rank that reaches no step boundary within DTRAIN_JOIN_WAIT
+  // seconds, 20 by default, has its step cut short as for a loss):
   //
   //   for (int64_t step = start; step < steps;) {
   //     state->beginStep(step);
@@ -113,9 +118,9 @@ class TrainingState {
   // "Sharded state across a lost node"), with a copy of the replicated state; after a loss
   // every survivor rolls back to the newest generation whose blocks all survived -- up to that
   // many steps -- re-sharded for the new world, and currentStep() is that generation's step.
-  // A node taken into the running round (`launch --on-node-join live`) is the same to the
-  // members: they roll back and re-shard for the larger world, the newcomer receiving its blocks
-  // and the replicated state, and everyone runs the generation's step next.
+  // A node taken into the running round re-shards the members' own blocks of the step about to
+  // run for the larger world, the newcomer receiving its blocks and the replicated state (when
+  // the join cut a step short instead, the members roll back as after a loss).
   //
   // Anything else -- an error of the program's own, a failure the launcher did not decide to
   // survive, a failure under ZeRO before its first mirror, of shards that are not mirrored (said
@@ -158,7 +163,7 @@ class TrainingState {
   std::shared_ptr<ProcessGroup> group_;
   // ZeRO under node loss: the mirrors' schedule and the replicated state's copies.
   void refreshMirrors();
-  int64_t restoreShards(const std::exception& failure);
+  int64_t restoreShards(const std::exception* failure);  // null: a join at a boundary
   // A rank taken into a running round under ZeRO: its blocks and the replicated state from the
   // members, who restore theirs (restoreShards) at the same time; the generation's step.
   int64_t joinShards();
