@@ -115,6 +115,7 @@ bool reformsOnNodeLoss(const World& world) { return world.reform != nullptr; }
 // never comes; the members that re-form abort their old communicators (reformWorld), which
 // closes their connections (Gloo) and marks their node's segment (shared memory), so its
 // collective fails at once, its step is discarded (no member applied it) and it re-forms too.
+// (NCCL: an abort does not end the peers' kernels; such a rank waits out DTRAIN_JOIN_WAIT.)
 // Every member then stands at the same step, as the settling finds. Should a rank reach no
 // boundary for DTRAIN_JOIN_WAIT seconds (20 by default: a step longer than that, a program
 // stopped between steps), its watcher aborts the step in flight as for a loss, well inside the
