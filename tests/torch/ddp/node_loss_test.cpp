@@ -62,6 +62,32 @@ std::vector<at::Tensor> oneProcessParameters(size_t samples, int64_t steps) {
   return reference->parameters();
 }
 
+// Waits, 30 s at most, until `done()`; a test failure naming `what` when it never is.
+void awaitFor(const std::function<bool()>& done, const char* what) {
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+  while (!done() && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  }
+  EXPECT_TRUE(done()) << what;
+}
+
+// A member at a step boundary until its watcher holds a join ready (30 s at most): its next
+// tryStep re-forms there (Note [Joins at step boundaries] in runtime/comm/world_reform.cpp).
+void awaitJoinReady(const ProcessGroup& group) {
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+  while (!group.joinReady() && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+}
+
+// The end of a rank's thread: its parameters, final rank and size; its group shut down.
+void finishRank(RankResult& r, torch::nn::Module& net, ProcessGroup& group) {
+  for (const auto& p : net.parameters()) r.params.push_back(p.detach().clone());
+  r.finalRank = group.rank();
+  r.finalSize = group.size();
+  group.shutdown();
+}
+
 TEST(NodeLoss, SurvivorsReformAndMatchOneProcessOnTheGlobalBatch) {
   auto store = std::make_shared<store::HashStore>();
   std::vector<RankResult> results(kNodes * kPerNode);
@@ -507,10 +533,7 @@ TEST(NodeJoin, TheMembersTrainOnUntilTheNewcomersAreReadyAndLoseNoStep) {
       for (int64_t step = 0; step < kJoinSteps;) {
         t.state->beginStep(step);
         if (step == kHold && group->size() == kMembers) {
-          const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
-          while (!group->joinReady() && std::chrono::steady_clock::now() < deadline) {
-            std::this_thread::sleep_for(std::chrono::milliseconds(1));
-          }
+          awaitJoinReady(*group);
         }
         const bool done = t.state->tryStep([&] {
           if (!ran.insert(step).second) ++ranTwice[static_cast<size_t>(rank)];
@@ -527,10 +550,7 @@ TEST(NodeJoin, TheMembersTrainOnUntilTheNewcomersAreReadyAndLoseNoStep) {
         if (rank == 0) committed = step;
         ++step;
       }
-      for (const auto& p : t.net->parameters()) r.params.push_back(p.detach().clone());
-      r.finalRank = group->rank();
-      r.finalSize = group->size();
-      group->shutdown();
+      finishRank(r, *t.net, *group);
     });
   };
   for (int rank = 0; rank < kMembers; ++rank) start(rank, kMembers, 0);
@@ -591,10 +611,7 @@ TEST(NodeJoin, AMemberPastTheStepBoundaryIsCutShortWhenTheOthersReForm) {
         const bool held = step == kHold && group->size() == kMembers;
         if (held) atHold.fetch_add(1);
         if (held && rank != 3) {
-          const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
-          while (!group->joinReady() && std::chrono::steady_clock::now() < deadline) {
-            std::this_thread::sleep_for(std::chrono::milliseconds(1));
-          }
+          awaitJoinReady(*group);
         }
         const bool done = t.state->tryStep([&] {
           if (!ran.insert(step).second) ++ranTwice[static_cast<size_t>(rank)];
@@ -612,27 +629,17 @@ TEST(NodeJoin, AMemberPastTheStepBoundaryIsCutShortWhenTheOthersReForm) {
         t.sgd.step();
         ++step;
       }
-      for (const auto& p : t.net->parameters()) r.params.push_back(p.detach().clone());
-      r.finalRank = group->rank();
-      r.finalSize = group->size();
-      group->shutdown();
+      finishRank(r, *t.net, *group);
     });
   };
   for (int rank = 0; rank < kMembers; ++rank) start(rank, kMembers, 0);
-  const auto await = [](const std::function<bool()>& done, const char* what) {
-    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
-    while (!done() && std::chrono::steady_clock::now() < deadline) {
-      std::this_thread::sleep_for(std::chrono::milliseconds(2));
-    }
-    EXPECT_TRUE(done()) << what;
-  };
-  await([&] { return atHold.load() == kMembers && inStep.load(); },
-        "the members at step 5, rank 3 in its work");
+  awaitFor([&] { return atHold.load() == kMembers && inStep.load(); },
+           "the members at step 5, rank 3 in its work");
   std::this_thread::sleep_for(std::chrono::milliseconds(100));  // rank 3 in its allreduce
   publishEpoch(*store, 1, {{"0", 0, 2}, {"1", 2, 2}, {"2", 4, 2}}, "the test's joining node",
                /*joining=*/2);
   for (int rank = kMembers; rank < kWorld; ++rank) start(rank, kWorld, 1);
-  await([&] { return store->add(membership::readyKey(1), 0) >= 2; }, "the newcomers ready");
+  awaitFor([&] { return store->add(membership::readyKey(1), 0) >= 2; }, "the newcomers ready");
   readyNs = nowNs();
   for (auto& t : threads) t.join();
   ::unsetenv("DTRAIN_JOIN_WAIT");
@@ -696,10 +703,7 @@ TEST(NodeJoin, ANewcomerFollowsACancelledJoinToTheEpochThatTakesItInAgain) {
         }
         if (step == kJoined && group->size() == 2) {
           // Node 0 alone: at this boundary until epoch 3 takes effect (the newcomers ready).
-          const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
-          while (!group->joinReady() && std::chrono::steady_clock::now() < deadline) {
-            std::this_thread::sleep_for(std::chrono::milliseconds(1));
-          }
+          awaitJoinReady(*group);
         }
         const bool done = t.state->tryStep([&] {
           t.sgd.zero_grad();
@@ -717,28 +721,18 @@ TEST(NodeJoin, ANewcomerFollowsACancelledJoinToTheEpochThatTakesItInAgain) {
         if (group->size() == 2) committedAtTwo.fetch_add(1);
         ++step;
       }
-      for (const auto& p : t.net->parameters()) r.params.push_back(p.detach().clone());
-      r.finalRank = group->rank();
-      r.finalSize = group->size();
-      group->shutdown();
+      finishRank(r, *t.net, *group);
     });
   };
   const auto counter = [&](const std::string& key) { return store->add(key, 0); };
-  const auto await = [](const std::function<bool()>& done, const char* what) {
-    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
-    while (!done() && std::chrono::steady_clock::now() < deadline) {
-      std::this_thread::sleep_for(std::chrono::milliseconds(2));
-    }
-    EXPECT_TRUE(done()) << what;
-  };
   for (int rank = 0; rank < 4; ++rank) start(rank, 4, 0);
-  await([&] { return committed.load() >= 2; }, "the members trained 3 steps");
+  awaitFor([&] { return committed.load() >= 2; }, "the members trained 3 steps");
   publishEpoch(*store, 1, {{"0", 0, 2}, {"1", 2, 2}, {"2", 4, 2}}, "node 2 (test) joined",
                /*joining=*/2);
   for (int rank = 4; rank < 6; ++rank) start(rank, 6, 1);
-  await([&] { return counter(membership::readyKey(1)) == 1; }, "newcomer rank 4 counted ready");
+  awaitFor([&] { return counter(membership::readyKey(1)) == 1; }, "newcomer rank 4 counted ready");
   lossStep = kHold + 1;  // every member waits before step kHold
-  await([&] { return inTheLostStep.load() >= 2; }, "node 0's ranks in the step node 1 left");
+  awaitFor([&] { return inTheLostStep.load() >= 2; }, "node 0's ranks in the step node 1 left");
   std::this_thread::sleep_for(std::chrono::milliseconds(200));
   const int64_t before = store->add(membership::readyKey(1), -membership::kJoinCancelled) +
                          membership::kJoinCancelled;
@@ -746,7 +740,7 @@ TEST(NodeJoin, ANewcomerFollowsACancelledJoinToTheEpochThatTakesItInAgain) {
   publishEpoch(*store, 2, {{"0", 0, 2}}, "node 1 (test) went silent");
   // Once node 0 trains at 2 ranks: epoch 3 then takes effect at a step boundary, not in its
   // settling.
-  await([&] { return committedAtTwo.load() >= 2; }, "node 0 trained in epoch 2");
+  awaitFor([&] { return committedAtTwo.load() >= 2; }, "node 0 trained in epoch 2");
   publishEpoch(*store, 3, {{"0", 0, 2}, {"2", 2, 2}}, "node 2 (test) joined", /*joining=*/2);
   secondMayStart = true;
   for (auto& t : threads) t.join();
