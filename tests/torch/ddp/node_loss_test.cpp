@@ -15,6 +15,7 @@
 #include <functional>
 #include <set>
 #include <thread>
+#include <tuple>
 
 #include <torch/torch.h>
 
@@ -383,6 +384,30 @@ TEST(NodeLoss, WithoutTheModeTryStepIsTheWorkItself) {
   EXPECT_EQ(ran, 2);
   EXPECT_THROW(state.tryCollective([] { throw NetworkError("peer gone"); }), NetworkError);
   group->shutdown();
+}
+
+// The environment's waits (docs/design.md, "Node loss"; `launch` sets DTRAIN_NODE_LOSS_WAIT, a user
+// may set DTRAIN_JOIN_WAIT): a value that is not a number of seconds is refused when the world is
+// made, naming the variable and its value -- never read as 0 or as the default.
+TEST(NodeLoss, AWaitThatIsNoNumberOfSecondsIsRefusedNamingIt) {
+  const std::vector<std::tuple<const char*, const char*, const char*>> cases = {
+      {"DTRAIN_JOIN_WAIT", "-1", "DTRAIN_JOIN_WAIT=\"-1\" is not a number of seconds (0 or more)"},
+      {"DTRAIN_JOIN_WAIT", "20s", "DTRAIN_JOIN_WAIT=\"20s\" is not a number of seconds"},
+      {"DTRAIN_NODE_LOSS_WAIT", "0",
+       "DTRAIN_NODE_LOSS_WAIT=\"0\" is not a positive number of seconds"}};
+  for (const auto& [name, value, expected] : cases) {
+    ::setenv(name, value, 1);
+    try {
+      nodeLossRank(std::make_shared<store::HashStore>(), 0, 1, 0, 0)->shutdown();
+      ADD_FAILURE() << name << "=" << value << " was taken";
+    } catch (const InvalidArgument& e) {
+      EXPECT_NE(std::string(e.what()).find(expected), std::string::npos) << e.what();
+    }
+    ::unsetenv(name);
+  }
+  ::setenv("DTRAIN_JOIN_WAIT", "0", 1);  // 0: a join cuts the step in flight short at once
+  nodeLossRank(std::make_shared<store::HashStore>(), 0, 1, 0, 0)->shutdown();
+  ::unsetenv("DTRAIN_JOIN_WAIT");
 }
 
 // Note [Joining a running round]: a rank started in a running round (DTRAIN_JOIN_EPOCH, as
