@@ -133,15 +133,7 @@ TEST(NodeLossCheckpoint, SurvivorsAgreeOnThePendingSaveAndSaveAtTheNewWorldSize)
     if (g) g->shutdown();
   }
 
-  auto reference = makeNodeLossNet();
-  torch::optim::SGD sgd(reference->parameters(), torch::optim::SGDOptions(0.05).momentum(0.9));
-  DistributedSampler all(kSamples, 1, 0);
-  for (int step = 0; step < kSteps; ++step) {
-    sgd.zero_grad();
-    nodeLossStep(reference, nullptr, *all.next(static_cast<size_t>(kGlobalBatch)));
-    sgd.step();
-  }
-  const auto expected = reference->parameters();
+  const auto expected = oneProcessParameters(kSamples, kSteps, kGlobalBatch);
   for (int rank = 0; rank < 4; ++rank) {
     const RankResult& r = results[static_cast<size_t>(rank)];
     EXPECT_EQ(r.finalSize, 4);

@@ -96,6 +96,22 @@ inline void nodeLossStep(torch::nn::Sequential& net,
   torch::mse_loss(out, torch::stack(ys)).backward();
 }
 
+// The parameters of one process that trains `steps` steps on the whole global batch
+// (`globalBatch` samples of a `samples`-sample dataset), step by step (SGD with momentum, no
+// schedule): what every rank of the tests must end with.
+inline std::vector<at::Tensor> oneProcessParameters(size_t samples, int64_t steps,
+                                                    int64_t globalBatch) {
+  auto reference = makeNodeLossNet();
+  torch::optim::SGD sgd(reference->parameters(), torch::optim::SGDOptions(0.05).momentum(0.9));
+  DistributedSampler all(samples, 1, 0);
+  for (int64_t step = 0; step < steps; ++step) {
+    sgd.zero_grad();
+    nodeLossStep(reference, nullptr, *all.next(static_cast<size_t>(globalBatch)));
+    sgd.step();
+  }
+  return reference->parameters();
+}
+
 // One rank's trainer of the 6-rank tests: the model under DDP, SGD with momentum and a sampler,
 // all registered in a TrainingState.
 struct NodeLossTrainer {

@@ -49,20 +49,6 @@ struct RankResult {
   double abortedAfterEpochMs = -1;
 };
 
-// The parameters of one process that trains `steps` steps on the whole global batch of a
-// `samples`-sample dataset, step by step (SGD with momentum, no schedule).
-std::vector<at::Tensor> oneProcessParameters(size_t samples, int64_t steps) {
-  auto reference = makeNodeLossNet();
-  torch::optim::SGD sgd(reference->parameters(), torch::optim::SGDOptions(0.05).momentum(0.9));
-  DistributedSampler all(samples, 1, 0);
-  for (int64_t step = 0; step < steps; ++step) {
-    sgd.zero_grad();
-    nodeLossStep(reference, nullptr, *all.next(static_cast<size_t>(kGlobalBatch)));
-    sgd.step();
-  }
-  return reference->parameters();
-}
-
 // Waits, 30 s at most, until `done()`; a test failure naming `what` when it never is.
 void awaitFor(const std::function<bool()>& done, const char* what) {
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
@@ -151,7 +137,7 @@ TEST(NodeLoss, SurvivorsReformAndMatchOneProcessOnTheGlobalBatch) {
   }
 
   EXPECT_EQ(store->add(membership::formedKey(1), 0), 4) << "every survivor re-formed once";
-  const auto expected = oneProcessParameters(kSamples, kSteps);
+  const auto expected = oneProcessParameters(kSamples, kSteps, kGlobalBatch);
   for (int rank = 0; rank < 4; ++rank) {
     const RankResult& r = results[static_cast<size_t>(rank)];
     EXPECT_EQ(r.finalRank, rank);
@@ -587,7 +573,7 @@ TEST(NodeJoin, TheMembersTrainOnUntilTheNewcomersAreReadyAndLoseNoStep) {
 
   EXPECT_EQ(store->add(membership::readyKey(1), 0), 2) << "each newcomer said it was ready once";
   EXPECT_EQ(store->add(membership::formedKey(1), 0), kWorld) << "every rank formed epoch 1 once";
-  const auto expected = oneProcessParameters(kJoinSamples, kJoinSteps);
+  const auto expected = oneProcessParameters(kJoinSamples, kJoinSteps, kGlobalBatch);
   for (int rank = 0; rank < kWorld; ++rank) {
     const RankResult& r = results[static_cast<size_t>(rank)];
     EXPECT_EQ(r.finalRank, rank);
@@ -673,7 +659,7 @@ TEST(NodeJoin, AMemberPastTheStepBoundaryIsCutShortWhenTheOthersReForm) {
   const double leftS = static_cast<double>(rank3FailedNs.load() - readyNs.load()) / 1e9;
   EXPECT_LT(leftS, 10.0) << "rank 3 left its step " << leftS << " s after the join was ready";
   std::printf("rank 3 left its step %.3f s after the join was ready\n", leftS);
-  const auto expected = oneProcessParameters(kJoinSamples, kJoinSteps);
+  const auto expected = oneProcessParameters(kJoinSamples, kJoinSteps, kGlobalBatch);
   for (int rank = 0; rank < kWorld; ++rank) {
     const RankResult& r = results[static_cast<size_t>(rank)];
     EXPECT_EQ(r.finalSize, kWorld) << "rank " << rank;
@@ -777,7 +763,7 @@ TEST(NodeJoin, ANewcomerFollowsACancelledJoinToTheEpochThatTakesItInAgain) {
   EXPECT_EQ(counter(membership::readyKey(3)), 2) << "each newcomer rank ready once in epoch 3";
   EXPECT_EQ(counter(membership::formedKey(3)), 4) << "every rank formed epoch 3 once";
   EXPECT_FALSE(store->check({membership::formedKey(1)})) << "nobody formed epoch 1";
-  const auto expected = oneProcessParameters(kJoinSamples, kJoinSteps);
+  const auto expected = oneProcessParameters(kJoinSamples, kJoinSteps, kGlobalBatch);
   for (int rank : {0, 1, 4, 5}) {
     const RankResult& r = results[static_cast<size_t>(rank)];
     EXPECT_EQ(r.finalRank, rank < 2 ? rank : rank - 2) << "rank " << rank;
