@@ -13,10 +13,10 @@
 // of them hands its replicated state (parameters, buffers, optimizers, schedulers, scalers,
 // sampler positions) to the rest by broadcast, and every member runs the next step from there.
 // A step is never half applied on a rank, and the ranks never go on apart. A newer membership
-// epoch may cut the settling itself short (a newcomer taken in right after a loss's re-form):
-// the members re-form again and settle again, and a rank that had begun to receive a state says
-// so -- its own may now be part of another's -- so it is handed a whole one and never hands its
-// own. If none is left whole (the only member ahead lost meanwhile, every other receiving), the
+// epoch may cut the settling itself short (a node lost right after a re-form, or a join that
+// waited DTRAIN_JOIN_WAIT for a step boundary): the members re-form again and settle again, and
+// a rank that had begun to receive a state says so -- its own may now be part of another's -- so
+// it is handed a whole one and never hands its own. If none is left whole (the only member ahead lost meanwhile, every other receiving), the
 // job restarts.
 
 #include <cstring>
