@@ -16,8 +16,8 @@
 // epoch may cut the settling itself short (a node lost right after a re-form, or a join that
 // waited DTRAIN_JOIN_WAIT for a step boundary): the members re-form again and settle again, and
 // a rank that had begun to receive a state says so -- its own may now be part of another's -- so
-// it is handed a whole one and never hands its own. If none is left whole (the only member ahead lost meanwhile, every other receiving), the
-// job restarts.
+// it is handed a whole one and never hands its own. If none is left whole (the only member ahead
+// lost meanwhile, every other receiving), the job restarts.
 
 #include <cstring>
 #include <sstream>
