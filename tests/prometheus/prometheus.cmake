@@ -13,9 +13,11 @@ add_test(NAME prometheus.test_rules
 set_tests_properties(prometheus.check_rules prometheus.test_rules
                      PROPERTIES LABELS unit SKIP_RETURN_CODE 77 TIMEOUT 60)
 
-# Every `for:` shortened to 1 s, Prometheus scraping every second: about a minute.
+# Every `for:` shortened to 1 s, Prometheus scraping every second: about half a minute, most of
+# it waiting on the job's 100 ms steps, so it runs beside other tests (32 s with three busy loops
+# on CI's 2 cores as alone).
 add_test(NAME prometheus.alerts
          COMMAND ${DTRAIN_PYTHON} ${CMAKE_CURRENT_SOURCE_DIR}/tests/prometheus/prometheus_alerts_test.py
                  ${CMAKE_CURRENT_SOURCE_DIR} ${CMAKE_BINARY_DIR})
 set_tests_properties(prometheus.alerts PROPERTIES LABELS integration SKIP_RETURN_CODE 77
-                     TIMEOUT 180 RUN_SERIAL ON)
+                     TIMEOUT 180)
