@@ -26,6 +26,7 @@
 #include "launcher/seconds.h"
 #include "launcher/supervisor/output.h"
 #include "launcher/supervisor/supervisor.h"
+#include "membership.h"
 #include "net/socket.h"
 #include "parse_int.h"
 
@@ -69,8 +70,9 @@ int takePendingSignal() {
 // the join, so the job ends naming this node instead of waiting for it); connect to the store;
 // start the heartbeat thread; then per round: join, wait for the plan, run this node's attempt
 // when it is in the plan (the Supervisor and this node's monitor are made for the first one),
-// report its result, wait for the master's decision and acknowledge it; finally stop the workers'
-// supervision and remove a temporary job directory.
+// report its result (or, the round having gone on without this node, join again: Note [Left
+// out of a running round]), wait for the master's decision and acknowledge it; finally stop the
+// workers' supervision and remove a temporary job directory.
 class Agent {
  public:
   Agent(const AgentSetup& setup, const EnvMap& environment);
@@ -90,7 +92,12 @@ class Agent {
   bool holderAlive(const NodeClaim& holder);
   int runRounds();
   void join(int round);
-  void runRound(int round, const RoundPlan& plan, const PlannedNode& mine);
+  // This node's attempt of round `round`; false when the round went on without this node while
+  // it ran (Note [Left out of a running round]): nothing reported, the caller joins again.
+  bool runRound(int round, const RoundPlan& plan, const PlannedNode& mine);
+  // Note [Left out of a running round]: round `round`'s latest membership epoch when it leaves
+  // this node out; nullopt while this node is a member, or no epoch was written.
+  std::optional<membership::Epoch> leftOutOf(int round);
   void startSupervisor(const RoundPlan& plan);
   monitor::MonitorContext monitorContext(const RoundPlan& plan) const;
   void report(int round, const AttemptResult& result);
@@ -388,7 +395,12 @@ int Agent::runRounds() {
       ++round;
       continue;
     }
-    runRound(round, plan, *mine);
+    if (!runRound(round, plan, *mine)) {
+      // Note [Left out of a running round]: this agent joins again as a new one would.
+      join_.nonce = newRunId() + newRunId();
+      ++round;
+      continue;
+    }
     awaitPhase(round, JobPhase::Decided,
                fmt::format("the master's decision after round {}", round));
     const std::string decision = store_->getString(keys::decision(round));
@@ -466,8 +478,35 @@ void Agent::followDecision(int round, const std::string& decision) {
   throw AgentExit{static_cast<int>(code), ""};
 }
 
+// Note [Left out of a running round]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// Under --on-node-loss continue the master can go on without a node whose agent is alive: a
+// partition healed before this agent's --heartbeat-timeout ran out (the master's ran out first,
+// or the agent's is longer), or its agent stalled. Its workers then read the round's epoch, find
+// themselves out of it and end with an error that is no program bug (the runtime's
+// MembershipChanged: "the launcher went on without this node"). So the agent reads the epoch
+// before it writes the round's stop key for a failed worker, and after the attempt: when the
+// round's latest epoch leaves this node out, it writes neither the stop key (that would stop the
+// survivors, and with the failed worker left behind with its node the job would end 0 after a
+// few steps) nor a result (the master watches the node no more in this round; once the node is
+// taken back in, a result of the old attempt would be read as the new one's), says so in one
+// line and, after one more heartbeat has reached the store, joins again as a new agent would --
+// a new nonce, the next round: under --on-node-join live the master takes it back into the
+// running round (Note [Joining a running round] in launcher/cluster/master/node_loss.h), else it
+// waits for the next round.
+std::optional<membership::Epoch> Agent::leftOutOf(int round) {
+  if (config_.onNodeLoss != OnNodeLoss::Continue) return std::nullopt;
+  const auto value = store_->tryMultiGet({epochStoreKey(round)})[0];
+  if (!value) return std::nullopt;
+  membership::Epoch e = membership::decodeEpoch(store::toString(*value));
+  for (const auto& n : e.nodes) {
+    if (n.node == setup_.node) return std::nullopt;
+  }
+  return e;
+}
+
 // This node's attempt of round `round`: its workers as the plan numbers them.
-void Agent::runRound(int round, const RoundPlan& plan, const PlannedNode& mine) {
+bool Agent::runRound(int round, const RoundPlan& plan, const PlannedNode& mine) {
   node_.nodeRank = mine.nodeRank;
   node_.numNodes = static_cast<int>(plan.nodes.size());
   node_.rankOffset = mine.rankOffset;
@@ -483,6 +522,7 @@ void Agent::runRound(int round, const RoundPlan& plan, const PlannedNode& mine) 
   hooks.signalLosesNode = config_.onNodeLoss == OnNodeLoss::Continue;
   hooks.onTeardown = [this, round](const std::string& why) {
     try {
+      if (leftOutOf(round)) return;  // Note [Left out of a running round]
       store_->compareSet(keys::stop(round), {}, store::toBytes(why));
       notifyMaster();
     } catch (const Error&) {
@@ -490,8 +530,31 @@ void Agent::runRound(int round, const RoundPlan& plan, const PlannedNode& mine) 
     }
   };
   AttemptResult result = supervisor_->runAttempt(round, hooks);
+  std::optional<membership::Epoch> out;
+  try {
+    out = leftOutOf(round);
+  } catch (const Error&) {
+    // The store is gone: report() says so.
+  }
+  if (out) {
+    say(fmt::format("{}: round {} went on without this node in membership epoch {} ({}); its "
+                    "workers ended; joining again{}",
+                    me_, round, out->epoch, out->why,
+                    config_.onNodeJoin == OnNodeJoin::Live
+                        ? " (--on-node-join live)"
+                        : fmt::format(" for round {}", round + 1)));
+    // The master watches this node's heartbeat again once it is taken back in: a beat first,
+    // from a connection that came through whatever left the node out.
+    heartbeat_->awaitBeat(heartbeat_->beats(),
+                          millis(config_.heartbeatTimeout + config_.heartbeatInterval));
+    if (std::string why = heartbeat_->lost(); !why.empty()) {
+      throw AgentExit{kExitInfrastructure, why};
+    }
+    return false;
+  }
   for (auto& w : result.workers) w.host = label_;
   report(round, result);
+  return true;
 }
 
 void Agent::startSupervisor(const RoundPlan& plan) {

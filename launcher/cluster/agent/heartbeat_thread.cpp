@@ -76,6 +76,17 @@ std::string HeartbeatThread::lost() {
   return lost_;
 }
 
+uint64_t HeartbeatThread::beats() {
+  std::lock_guard<std::mutex> g(mutex_);
+  return beats_;
+}
+
+bool HeartbeatThread::awaitBeat(uint64_t seen, Millis timeout) {
+  std::unique_lock<std::mutex> g(mutex_);
+  return changed_.wait_for(g, timeout, [&] { return beats_ > seen || !lost_.empty(); }) &&
+         lost_.empty();
+}
+
 void HeartbeatThread::wake() {
   uint64_t one = 1;
   (void)!::write(wakeFd_, &one, sizeof one);
@@ -86,6 +97,7 @@ void HeartbeatThread::fail(const std::string& why) {
     std::lock_guard<std::mutex> g(mutex_);
     if (lost_.empty()) lost_ = why;
   }
+  changed_.notify_all();
   wake();
 }
 
@@ -122,6 +134,11 @@ void HeartbeatThread::loop() {
       if (Clock::now() - lastBeat >= interval_ - std::min(kBeatSlack, interval_ / 10)) {
         store->add(keys::heartbeat(node_), 1);
         lastBeat = lastOk = Clock::now();
+        {
+          std::lock_guard<std::mutex> g(mutex_);
+          ++beats_;
+        }
+        changed_.notify_all();
       }
       // Until the next beat: at most kMaxSlice, so that stdin's end is noticed in time.
       const auto slice = std::clamp(

@@ -48,6 +48,10 @@ class HeartbeatThread {
   void setRound(int round);
   // Why this node must stop on its own (store lost, master gone); empty while all is well.
   std::string lost();
+  // How many beats the store has taken so far; awaitBeat() waits (at most `timeout`) for one more
+  // than `seen`, and says whether it came.
+  uint64_t beats();
+  bool awaitBeat(uint64_t seen, std::chrono::milliseconds timeout);
 
  private:
   void wake();
@@ -69,6 +73,7 @@ class HeartbeatThread {
   bool quit_ = false;                // guarded by mutex_
   int round_ = -1;                   // guarded by mutex_
   std::string lost_;                 // guarded by mutex_
+  uint64_t beats_ = 0;               // guarded by mutex_
   std::thread thread_;
 };
 

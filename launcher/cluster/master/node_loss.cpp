@@ -90,18 +90,6 @@ membership::Epoch epochOfPlan(const RoundPlan& plan) {
   return e;
 }
 
-std::string epochStoreKey(int round) {
-  return fmt::format("round{}/{}", round, membership::epochKey());
-}
-
-std::string formedStoreKey(int round, int epoch) {
-  return fmt::format("round{}/{}", round, membership::formedKey(epoch));
-}
-
-std::string readyStoreKey(int round, int epoch) {
-  return fmt::format("round{}/{}", round, membership::readyKey(epoch));
-}
-
 int reformsWithin(const std::vector<std::chrono::steady_clock::time_point>& times,
                   std::chrono::steady_clock::time_point now, double window) {
   int n = 0;

@@ -14,7 +14,9 @@
 // --max-restarts lasts -- saying why in one line, when:
 //   - fewer than the minimum of --nnodes MIN:MAX would remain;
 //   - a worker exits with a non-zero code of its own (a program bug must not evict node after
-//     node: that agent writes the stop key as today, and the master never sees a node loss);
+//     node: that agent writes the stop key as today, and the master never sees a node loss) --
+//     unless the round went on without that worker's node already (Note [Left out of a running
+//     round] in launcher/cluster/agent/agent.cpp: its workers end because they are out);
 //   - a node is lost while the last re-form is in progress (its formed counter has not reached
 //     the epoch's world size; for a join, once every newcomer counted ready), or a re-form is not
 //     complete within --heartbeat-timeout + 30 s;
@@ -57,7 +59,9 @@
 // When the master starts the agents (fan-out), it starts a left-out node's agent again every
 // --heartbeat-timeout once the node's session has ended (planRejoin), until the node is taken back
 // in or the job is finishing: a host that comes back (its cable in again, a spot VM restarted
-// under the same name) rejoins without anyone running launch on it.
+// under the same name) rejoins without anyone running launch on it. An agent that outlived what
+// left its node out (a partition healed in time) joins again by itself, in either mode (Note
+// [Left out of a running round] in launcher/cluster/agent/agent.cpp).
 // Under ZeRO the members re-shard their state for the larger world, the newcomer receiving its
 // shards (docs/design.md "Sharded state across a lost node"); a program
 // whose sharded optimizer is not mirrored says so in one error and the restart path takes over.
@@ -118,11 +122,6 @@ membership::Epoch epochWith(const membership::Epoch& previous,
 // Round `plan` as epoch `e` sees it, for launch/state: e's members in its rank order, node ranks
 // 0.., the epoch's rank offsets and world size, `epoch` = e's number; hosts as in `plan`.
 RoundPlan planOfEpoch(const RoundPlan& plan, const membership::Epoch& e);
-
-// The round's keys of Note [Membership epochs], with the round's prefix ("round<R>/...").
-std::string epochStoreKey(int round);
-std::string formedStoreKey(int round, int epoch);
-std::string readyStoreKey(int round, int epoch);
 
 // The re-forms of `times` within `window` seconds before `now`.
 int reformsWithin(const std::vector<std::chrono::steady_clock::time_point>& times,

@@ -6,6 +6,7 @@
 #include <nlohmann/json.hpp>
 
 #include "dtrain/base/error.h"
+#include "membership.h"
 #include "parse_int.h"
 
 namespace dtrain::launcher {
@@ -32,6 +33,18 @@ std::string ack(int round, const std::string& node) {
   return fmt::format("round{}/launch/ack/{}", round, node);
 }
 }  // namespace keys
+
+std::string epochStoreKey(int round) {
+  return fmt::format("round{}/{}", round, membership::epochKey());
+}
+
+std::string formedStoreKey(int round, int epoch) {
+  return fmt::format("round{}/{}", round, membership::formedKey(epoch));
+}
+
+std::string readyStoreKey(int round, int epoch) {
+  return fmt::format("round{}/{}", round, membership::readyKey(epoch));
+}
 
 namespace {
 

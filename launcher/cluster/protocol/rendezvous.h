@@ -88,6 +88,14 @@ std::string decision(int round);
 std::string ack(int round, const std::string& node);
 }  // namespace keys
 
+// The round's keys of Note [Membership epochs] (runtime/base/membership.h), with the round's
+// prefix ("round<R>/..."): the master writes the epoch, the workers add to its counters, and an
+// agent reads it to learn whether the round went on without its node (Note [Left out of a
+// running round] in agent.cpp).
+std::string epochStoreKey(int round);
+std::string formedStoreKey(int round, int epoch);
+std::string readyStoreKey(int round, int epoch);
+
 // The class of a request on the job's store by its first key, for the store's counts: 0 the
 // agents' heartbeats, 1 monitoring (the ranks' progress, the nodes' samples and stacks: every
 // key under "monitor/" of a round), 2 the rest (rendezvous, rounds, the workers' own keys).

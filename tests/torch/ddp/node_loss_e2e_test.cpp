@@ -764,6 +764,54 @@ TEST(NodeJoinE2E, AReplacementForAKilledHostJoinsTheRunningRoundAcrossNamespaces
   expectSixRanksMatchOneProcess(r0.out + r1.out + r2.out, r0.out, 2, 2, out, kSteps);
 }
 
+// A partition that heals while the cut-off node's agent is still alive (Note [Left out of a
+// running round] in launcher/cluster/agent/agent.cpp): a manual job of 3 nodes x 2 ranks whose
+// node 2 runs launch with a longer --heartbeat-timeout than the master's, so its agent outlives
+// the cut by design (with equal timeouts it does so by chance). The survivors go on at 4 ranks;
+// once the cable is back, node 2's workers find themselves out of epoch 1 and end with an error,
+// which must not stop the round (it did: the survivors were stopped and the job ended 0 after a
+// few steps). Its agent joins again in place and is taken into the running round in epoch 2: every
+// launch ends 0, all 6 ranks bitwise equal and equal to one process.
+TEST(NodeJoinE2E, AnAgentThatOutlivesAHealedPartitionRejoinsTheRunningRound) {
+  if (::access(worker().c_str(), X_OK) != 0) GTEST_SKIP() << "node_loss_worker not built";
+  DTRAIN_CLUSTER_OR_SKIP(c, 3);
+  const std::string token = c->dir() + "/job.token";
+  writeFile(token, "0123456789abcdef0123456789abcdef\n");
+  const std::string out = c->dir() + "/params";
+  constexpr int kSteps = 80;
+  auto node = [&](int rank, const std::vector<std::string>& patience) {
+    return cat(cat(cat(timings(), patience),
+                   {"--rdzv-endpoint", c->hosts()[0] + ":29400", "--token-file", token}),
+               joinJob(rank, kSteps, out));
+  };
+  LaunchProcess node0(node(0, {}), {}, c->on(0));
+  LaunchProcess node1(node(1, {}), {}, c->on(1));
+  LaunchProcess node2(node(2, {"--heartbeat-timeout", "20"}), {}, c->on(2));
+  ASSERT_TRUE(node0.waitForOutput("step 3 world 6", 90)) << node0.out() << node0.err();
+  c->link(2, false);
+  const bool shrunk = node0.waitForOutput("world 4", 30);
+  c->link(2, true);
+  ASSERT_TRUE(shrunk) << node0.out() << node0.err();
+  const auto [r2, r0, r1] = finishGrownJob(node2, node0, node1);
+  ASSERT_FALSE(HasFailure());
+  EXPECT_TRUE(std::regex_search(r0.err, std::regex("launch: round 0 goes on without node 2 "
+                                                   "\\([^)]*\\): on [0-9.]+ went silent")))
+      << r0.err;
+  EXPECT_NE(r2.err.find("round 0 went on without this node in membership epoch 1 ("),
+            std::string::npos)
+      << r2.err;
+  EXPECT_NE(r2.err.find("joining again (--on-node-join live)"), std::string::npos) << r2.err;
+  EXPECT_NE(r0.err.find("launch: round 0 takes in node 2 (node rank 2) live (--on-node-join "
+                        "live); epoch 2: 3 nodes, 6 ranks"),
+            std::string::npos)
+      << r0.err;
+  for (const LaunchResult* r : {&r0, &r1, &r2}) {
+    EXPECT_EQ(r->all().find("stopping round"), std::string::npos) << r->all();
+    EXPECT_EQ(r->all().find("attempt=1"), std::string::npos) << r->all();
+  }
+  expectSixRanksMatchOneProcess(r0.out + r1.out + r2.out, r0.out, 2, 2, out, kSteps);
+}
+
 // Fan-out mode (`--hosts`, the master starts every agent over ssh) under `--on-node-join live`:
 // host 2 is cut off (its cable out), the survivors go on at 4 ranks, and the master starts node
 // 2's agent again every --heartbeat-timeout once its ssh session has ended. When the cable is back,
