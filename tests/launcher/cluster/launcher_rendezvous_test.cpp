@@ -652,6 +652,31 @@ TEST(Coordinator, AMemberLostOnceTheNewcomersAreReadyFallsBackToTheRestart) {
   EXPECT_EQ(membership::decodeEpoch(h.store->getString(epochStoreKey(0))).epoch, 1);
 }
 
+// A round an agent stopped for a worker's failure never ends 0, even when that worker was left
+// behind with its node meanwhile: node 2 is lost (its ssh session ended), the round goes on in
+// epoch 1, then node 2's agent writes the stop key for its worker's exit 1 -- what an agent that
+// outlived the loss did before Note [Left out of a running round] (launcher/cluster/agent/
+// agent.cpp) -- and the survivors, stopped, report 143. Node 2's workers are the root cause.
+TEST(Coordinator, ARoundAnAgentStoppedNeverEndsZero) {
+  Harness h(3, 2);
+  h.options.onNodeLoss = OnNodeLoss::Continue;
+  for (const char* n : {"0", "1", "2"}) h.join(0, n);
+  Beats beats(*h.store, {"0", "1", "2"});
+  Coordinator c(h.store, h.options);
+  std::thread agents([&] {
+    h.awaitPlan(0);
+    c.nodeGone("2", "its ssh session exited with code 255");
+    awaitEpoch(h, 1);
+    h.store->compareSet(keys::stop(0), {},
+                        store::toBytes("rank 5 (pid 812) on h2 exited with code 1"));
+    h.store->add(keys::events(), 1);
+    h.report(0, "0", 143, /*stopped=*/true);
+    h.report(0, "1", 143, /*stopped=*/true);
+  });
+  EXPECT_EQ(c.run(), 125);  // node 2's workers, lost with it
+  agents.join();
+}
+
 // Fan-out under --on-node-join live: node 2's ssh session ends mid-round, the round goes on
 // without it, and the master asks for its agent to be started again (takeGoneNodes, after a
 // wake) once its session has ended and --heartbeat-timeout (at least 1 s) has passed, again each
