@@ -545,8 +545,7 @@ bool Agent::runRound(int round, const RoundPlan& plan, const PlannedNode& mine) 
                         : fmt::format(" for round {}", round + 1)));
     // The master watches this node's heartbeat again once it is taken back in: a beat first,
     // from a connection that came through whatever left the node out.
-    heartbeat_->awaitBeat(heartbeat_->beats(),
-                          millis(config_.heartbeatTimeout + config_.heartbeatInterval));
+    heartbeat_->awaitNextBeat(millis(config_.heartbeatTimeout + config_.heartbeatInterval));
     if (std::string why = heartbeat_->lost(); !why.empty()) {
       throw AgentExit{kExitInfrastructure, why};
     }

@@ -76,15 +76,10 @@ std::string HeartbeatThread::lost() {
   return lost_;
 }
 
-uint64_t HeartbeatThread::beats() {
-  std::lock_guard<std::mutex> g(mutex_);
-  return beats_;
-}
-
-bool HeartbeatThread::awaitBeat(uint64_t seen, Millis timeout) {
+void HeartbeatThread::awaitNextBeat(Millis timeout) {
   std::unique_lock<std::mutex> g(mutex_);
-  return changed_.wait_for(g, timeout, [&] { return beats_ > seen || !lost_.empty(); }) &&
-         lost_.empty();
+  const uint64_t seen = beats_;
+  changed_.wait_for(g, timeout, [&] { return beats_ > seen || !lost_.empty(); });
 }
 
 void HeartbeatThread::wake() {

@@ -48,10 +48,9 @@ class HeartbeatThread {
   void setRound(int round);
   // Why this node must stop on its own (store lost, master gone); empty while all is well.
   std::string lost();
-  // How many beats the store has taken so far; awaitBeat() waits (at most `timeout`) for one more
-  // than `seen`, and says whether it came.
-  uint64_t beats();
-  bool awaitBeat(uint64_t seen, std::chrono::milliseconds timeout);
+  // Waits until the store has taken one more beat than before the call, this node is lost, or
+  // `timeout` passed.
+  void awaitNextBeat(std::chrono::milliseconds timeout);
 
  private:
   void wake();

@@ -421,6 +421,22 @@ std::vector<std::string> joinJob(int rank, int steps, const std::string& out) {
           out};
 }
 
+// A manual job across the namespaces of `c` (node 0's launch hosts the store): the job token
+// file it shares, written once, and node `rank`'s launch of `joinJob` with `launchFlags` after
+// the common timings (a later flag wins).
+std::string writeJobToken(const Cluster& c) {
+  const std::string token = c.dir() + "/job.token";
+  writeFile(token, "0123456789abcdef0123456789abcdef\n");
+  return token;
+}
+std::vector<std::string> manualNode(const Cluster& c, const std::string& token, int rank, int steps,
+                                    const std::string& out,
+                                    const std::vector<std::string>& launchFlags = {}) {
+  return cat(cat(cat(timings(), launchFlags),
+                 {"--rdzv-endpoint", c.hosts()[0] + ":29400", "--token-file", token}),
+             joinJob(rank, steps, out));
+}
+
 // Waits for a grown job's launches -- the newcomer's first, then nodes 0 and 1 -- and shows them;
 // each must exit 0.
 std::array<LaunchResult, 3> finishGrownJob(LaunchProcess& late, LaunchProcess& node0,
@@ -728,14 +744,10 @@ TEST(NodeJoinE2E, ANewcomerLostWhileItStartsCostsTheMembersNothing) {
 TEST(NodeJoinE2E, AReplacementForAKilledHostJoinsTheRunningRoundAcrossNamespaces) {
   if (::access(worker().c_str(), X_OK) != 0) GTEST_SKIP() << "node_loss_worker not built";
   DTRAIN_CLUSTER_OR_SKIP(c, 4);
-  const std::string token = c->dir() + "/job.token";
-  writeFile(token, "0123456789abcdef0123456789abcdef\n");
+  const std::string token = writeJobToken(*c);
   const std::string out = c->dir() + "/params";
   constexpr int kSteps = 60;
-  auto node = [&](int rank) {
-    return cat(cat(timings(), {"--rdzv-endpoint", c->hosts()[0] + ":29400", "--token-file", token}),
-               joinJob(rank, kSteps, out));
-  };
+  auto node = [&](int rank) { return manualNode(*c, token, rank, kSteps, out); };
   LaunchProcess node0(node(0), {}, c->on(0));
   LaunchProcess node1(node(1), {}, c->on(1));
   auto node2 = std::make_unique<LaunchProcess>(node(2), std::vector<std::string>{}, c->on(2));
@@ -775,18 +787,13 @@ TEST(NodeJoinE2E, AReplacementForAKilledHostJoinsTheRunningRoundAcrossNamespaces
 TEST(NodeJoinE2E, AnAgentThatOutlivesAHealedPartitionRejoinsTheRunningRound) {
   if (::access(worker().c_str(), X_OK) != 0) GTEST_SKIP() << "node_loss_worker not built";
   DTRAIN_CLUSTER_OR_SKIP(c, 3);
-  const std::string token = c->dir() + "/job.token";
-  writeFile(token, "0123456789abcdef0123456789abcdef\n");
+  const std::string token = writeJobToken(*c);
   const std::string out = c->dir() + "/params";
   constexpr int kSteps = 80;
-  auto node = [&](int rank, const std::vector<std::string>& patience) {
-    return cat(cat(cat(timings(), patience),
-                   {"--rdzv-endpoint", c->hosts()[0] + ":29400", "--token-file", token}),
-               joinJob(rank, kSteps, out));
-  };
-  LaunchProcess node0(node(0, {}), {}, c->on(0));
-  LaunchProcess node1(node(1, {}), {}, c->on(1));
-  LaunchProcess node2(node(2, {"--heartbeat-timeout", "20"}), {}, c->on(2));
+  LaunchProcess node0(manualNode(*c, token, 0, kSteps, out), {}, c->on(0));
+  LaunchProcess node1(manualNode(*c, token, 1, kSteps, out), {}, c->on(1));
+  LaunchProcess node2(manualNode(*c, token, 2, kSteps, out, {"--heartbeat-timeout", "20"}), {},
+                      c->on(2));
   ASSERT_TRUE(node0.waitForOutput("step 3 world 6", 90)) << node0.out() << node0.err();
   c->link(2, false);
   const bool shrunk = node0.waitForOutput("world 4", 30);
