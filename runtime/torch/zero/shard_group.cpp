@@ -58,6 +58,37 @@
 // same requests every step -- a bucket returned early in one step, idle at a trim, would be freed
 // and touched fresh again in the next slower step.
 
+// Note [Buckets back before the next prefetch]
+// Stage 3 on the CPU, where a buffer given back to the communicator serves the next request
+// (Note [Communication buffers of a step] in collectives.h), and a communicator runs its
+// collectives one at a time in issue order (runtime/comm/collective_queue.h). While unit k
+// computes its backward, three units' buffers are needed: unit k gathered, unit k-1 arriving
+// (the prefetch), and the bucket of unit k+1, whose reduce-scatter overlaps that compute. Two
+// more used to join them: unit k's own bucket, leased at its first gradient while its gathered
+// parameters were still alive, and the bucket of unit k+2, held until a later lease waited for
+// it -- four units' buffers and autograd's gradient at the peak, where PyTorch's FSDP2
+// (foreach_reduce frees the gathered parameters before the reduce-scatter's copy-in, and waits
+// for each reduce-scatter on the CPU) holds three. Three rules, none of which waits for more
+// than backward waits for anyway:
+//   - a resharded unit's gradients stay in .grad, as autograd made them, until its last one is
+//     in; then the reshard gives its gathered buffer back and the bucket takes it (fill()
+//     deferred as in Note [Gradients wider than the parameters]). The same copies, made when
+//     the reduce-scatter could start anyway;
+//   - before backward prefetches the next unit, unshard() waits for unit k's own all-gather --
+//     which it would wait for next anyway -- and finishes the reduce-scatters issued before it,
+//     over by then; their buckets go back and the prefetched unit takes one;
+//   - a unit's bucket is leased once the reduce-scatters issued before the prefetched unit's
+//     all-gather are over: backward waits for that all-gather right after, and it runs after
+//     them. So one bucket is leased at a time (two for the last unit of backward, which
+//     prefetches nothing), bucketsInFlight or not, and the shard gradient the new
+//     reduce-scatter writes -- allocated while autograd still holds the unit's last gradient --
+//     no longer meets a second bucket.
+// Which buffers a step holds does not depend on how fast its collectives ran. zero_peer_bench's
+// 4.7M MLP at 2 ranks: 12.0 MiB of buffers at the most instead of 16.0, the peak per rank
+// 47.85 MiB (51.85 before) against FSDP2's 49.72-51.79; the step the same (A/B in
+// benchmarks/README.md). On a device the pools keep their own free buffers, so a bucket cannot
+// take a gathered unit's memory, and the streams' order is not the host's: none applies there.
+
 namespace dtrain::zero {
 
 namespace {
@@ -99,6 +130,8 @@ ShardGroup::ShardGroup(std::shared_ptr<ProcessGroup> group, ShardLayout layout,
       reduceWork_(units_.size()),
       reduceInto_(units_.size()),
       gatherWork_(units_.size()),
+      reduceIssued_(units_.size(), 0),
+      gatherIssued_(units_.size(), 0),
       // Note [Communication buffers of a step]: host memory goes back to the communicator.
       pool_(comm_, /*keepFree=*/!group_->device().is_cpu()),
       paramPool_(comm_, /*keepFree=*/!group_->device().is_cpu()),
@@ -191,6 +224,13 @@ void ShardGroup::lease(size_t k) {
   // See Note [Gradient buckets of stage 2].
   ShardUnit& u = *units_[k];
   const size_t bytes = u.paddedNumel() * c10::elementSize(u.gradType());
+  // See Note [Buckets back before the next prefetch]
+  if (stage() == 3 && group_->device().is_cpu() && prefetched_ != UnitOrder::kNone &&
+      params_[prefetched_] == Params::Gathering) {
+    while (!reducing_.empty() && reduceIssued_[reducing_.front()] < gatherIssued_[prefetched_]) {
+      finishReduce(reducing_.front());
+    }
+  }
   auto bucket = pool_.takeFree(bytes);
   while (!bucket && pool_.leased() >= static_cast<size_t>(std::max(1, options_.bucketsInFlight)) &&
          !reducing_.empty()) {
@@ -201,9 +241,19 @@ void ShardGroup::lease(size_t k) {
   u.leaseGrads(std::move(bucket));
 }
 
+void ShardGroup::finishReducesBefore(size_t k) {
+  while (!reducing_.empty() && reduceIssued_[reducing_.front()] < gatherIssued_[k] &&
+         reduceWork_[reducing_.front()]->isCompleted()) {
+    finishReduce(reducing_.front());
+  }
+}
+
 bool ShardGroup::defersFill(size_t k) const {
   const ShardUnit& u = *units_[k];
-  return stage() != 1 && c10::elementSize(u.gradType()) > c10::elementSize(u.dtype());
+  if (stage() == 1) return false;
+  if (c10::elementSize(u.gradType()) > c10::elementSize(u.dtype())) return true;
+  // See Note [Buckets back before the next prefetch]
+  return stage() == 3 && u.resharded() && group_->device().is_cpu();
 }
 
 void ShardGroup::fill(size_t k, size_t j, const fault::Fault* poison) {
@@ -288,6 +338,7 @@ void ShardGroup::launchReduce(size_t k) {
   units_[k]->ensureReduced();
   reduceInto_[k] = addedLater(k);  // see Note [Accumulating into the shard]
   reduceWork_[k] = reduceScatterUnit(comm_, *units_[k], call(), reduceInto_[k]);
+  reduceIssued_[k] = ++issued_;
   grads_[k] = Grads::Reducing;
   reducing_.push_back(k);
 }
@@ -392,6 +443,11 @@ bool ShardGroup::unshard(size_t k, Why why, const std::string& module) {
   const size_t next = order ? order->needed(k) : UnitOrder::kNone;
   const bool prefetch = why == Why::Backward ? options_.backwardPrefetch : options_.forwardPrefetch;
   if (prefetch && next != UnitOrder::kNone && params_[next] == Params::Free) {
+    if (why == Why::Backward && group_->device().is_cpu()) {
+      // See Note [Buckets back before the next prefetch]
+      if (params_[k] == Params::Gathering) waitUnitGather(k, why);
+      finishReducesBefore(k);
+    }
     issueUnitGather(next, why, /*prefetch=*/true);
   }
   if (params_[k] == Params::Gathering) waitUnitGather(k, why);
@@ -407,11 +463,13 @@ void ShardGroup::issueUnitGather(size_t k, Why why, bool prefetch) {
   gatheredPeak_ = std::max(gatheredPeak_, gatheredNow_);
   u.holdFull(std::move(buffer));
   params_[k] = Params::Gathering;
+  gatherIssued_[k] = ++issued_;
   comm::CallOptions labelled = call();  // Note [Which unit is gathered]
   labelled.label = fmt::format("unit {} {} {} ({})", k, whyName(why), ++gathers_[k], modules_[k]);
   labelled.check = true;
   ++counts_.gathers;
   if (prefetch) ++counts_.prefetched;
+  if (prefetch && why == Why::Backward) prefetched_ = k;
   inUnitTerms(k, why, [&] { gatherWork_[k] = allgatherUnit(comm_, u, labelled); });
 }
 
@@ -522,6 +580,7 @@ void ShardGroup::tryFrozenRelease(size_t r) {
 
 void ShardGroup::backwardEnded() {
   inBackward_ = false;
+  prefetched_ = UnitOrder::kNone;
   backwardOrder_.finishRecording();
   for (size_t k = 0; k < units_.size(); ++k) {
     if (!units_[k]->resharded()) continue;

@@ -161,7 +161,8 @@ class ShardGroup {
   // Writes parameter j's gradient of this pass (undefined: zeros) into unit k's full gradients,
   // divided by N for 16-bit units; `poison`: the nan-grad fault to write into it.
   // A unit whose gradients are reduced in a wider dtype than its parameters' keeps them in the
-  // parameters' .grad until its last one is in (Note [Gradients wider than the parameters]).
+  // parameters' .grad until its last one is in (Note [Gradients wider than the parameters]), and
+  // so does a stage-3 unit on the CPU (Note [Buckets back before the next prefetch]).
   void fill(size_t k, size_t j, const fault::Fault* poison);
   // The backward's hooks, once unit k's last gradient of a synchronising pass is in (after
   // gradientsComplete()): what fill() left in .grad goes into the unit's bucket.
@@ -236,10 +237,13 @@ class ShardGroup {
 
  private:
   void lease(size_t k);
+  // See Note [Buckets back before the next prefetch]: finishes the reduce-scatters issued before
+  // unit k's all-gather that are over.
+  void finishReducesBefore(size_t k);
   // Writes parameter j's gradient into unit k's bucket (leased at the unit's first): fill()'s
   // work, done at once or by fillDeferred().
   void copyIn(size_t k, size_t j, const fault::Fault* poison);
-  // Note [Gradients wider than the parameters].
+  // Note [Gradients wider than the parameters]; Note [Buckets back before the next prefetch].
   bool defersFill(size_t k) const;
   // Stages 2 and 3, a unit whose shard holds a gradient already: the bucket's own block, which
   // its reduce-scatter then writes and finishReduce() adds to the shard's gradient (Note
@@ -281,6 +285,12 @@ class ShardGroup {
   std::vector<at::Tensor> reduceInto_;  // per unit: addedLater() of its running reduce-scatter
   std::vector<std::shared_ptr<comm::Work>> gatherWork_;
   std::deque<size_t> reducing_;  // units whose reduce-scatter runs, in launch order
+  // See Note [Buckets back before the next prefetch]: the order each unit's last reduce-scatter and
+  // stage-3 all-gather were issued in, one count for both.
+  uint64_t issued_ = 0;
+  std::vector<uint64_t> reduceIssued_;
+  std::vector<uint64_t> gatherIssued_;
+  size_t prefetched_ = SIZE_MAX;  // the unit backward prefetched last (UnitOrder::kNone: none)
   // The nan-grad fault of a pass, for a gradient fill() left in .grad: its unit and slot.
   const fault::Fault* deferredPoison_ = nullptr;
   size_t poisonUnit_ = 0;
