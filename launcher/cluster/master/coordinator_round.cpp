@@ -73,7 +73,7 @@ struct Coordinator::RoundWatch {
   bool signalFirst = false;
   bool stopSeen = false;
   Clock::time_point stopAt;
-  std::string agentStop;     // the stop key an agent wrote for a reason of its own
+  bool agentStop = false;    // an agent wrote the stop key, for a reason of its own
   std::string deadlineStop;  // this round was stopped for a deadline (stopForDeadline)
   std::string growth;        // this round was stopped to take in the waiting nodes
   // Note [Node loss]: the round's current membership epoch (0: its plan), the nodes it went on
@@ -384,7 +384,7 @@ void Coordinator::readRoundKeys(RoundWatch& w, Clock::time_point now) {
     const std::string why = store::toString(*values.back());
     // An agent's own reason (a worker's non-zero exit, its launch signalled) is never a lost
     // node: under --on-node-loss continue, say that this is the restart path (Note [Node loss]).
-    if (why != stopWritten_) w.agentStop = why;
+    if (why != stopWritten_) w.agentStop = true;
     const bool notALoss = options_.onNodeLoss == OnNodeLoss::Continue && !w.fellBack &&
                           why != stopWritten_;
     say(fmt::format("launch: stopping round {} on every node: {}{}", round, why,
@@ -688,7 +688,7 @@ AttemptResult Coordinator::roundOutcome(const RoundWatch& w, std::vector<std::st
   // A round an agent stopped for a worker's failure never ends 0: should every failed worker be
   // left behind with its node by now (the stopping agent's node went out of the epoch meanwhile),
   // the earliest of them is the root cause again.
-  if (!w.agentStop.empty() && all.launcherSignal == 0 && all.deadlineStop.empty() &&
+  if (w.agentStop && all.launcherSignal == 0 && all.deadlineStop.empty() &&
       rootCauseIndex(all.workers) < 0) {
     WorkerOutcome* first = nullptr;
     for (auto& worker : all.workers) {

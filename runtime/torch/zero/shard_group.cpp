@@ -225,11 +225,9 @@ void ShardGroup::lease(size_t k) {
   ShardUnit& u = *units_[k];
   const size_t bytes = u.paddedNumel() * c10::elementSize(u.gradType());
   // See Note [Buckets back before the next prefetch]
-  if (stage() == 3 && group_->device().is_cpu() && prefetched_ != UnitOrder::kNone &&
+  if (stage() == 3 && buffersBackInOrder() && prefetched_ != UnitOrder::kNone &&
       params_[prefetched_] == Params::Gathering) {
-    while (!reducing_.empty() && reduceIssued_[reducing_.front()] < gatherIssued_[prefetched_]) {
-      finishReduce(reducing_.front());
-    }
+    finishReducesBefore(prefetched_);
   }
   auto bucket = pool_.takeFree(bytes);
   while (!bucket && pool_.leased() >= static_cast<size_t>(std::max(1, options_.bucketsInFlight)) &&
@@ -242,8 +240,7 @@ void ShardGroup::lease(size_t k) {
 }
 
 void ShardGroup::finishReducesBefore(size_t k) {
-  while (!reducing_.empty() && reduceIssued_[reducing_.front()] < gatherIssued_[k] &&
-         reduceWork_[reducing_.front()]->isCompleted()) {
+  while (!reducing_.empty() && reduceIssued_[reducing_.front()] < gatherIssued_[k]) {
     finishReduce(reducing_.front());
   }
 }
@@ -253,7 +250,7 @@ bool ShardGroup::defersFill(size_t k) const {
   if (stage() == 1) return false;
   if (c10::elementSize(u.gradType()) > c10::elementSize(u.dtype())) return true;
   // See Note [Buckets back before the next prefetch]
-  return stage() == 3 && u.resharded() && group_->device().is_cpu();
+  return stage() == 3 && u.resharded() && buffersBackInOrder();
 }
 
 void ShardGroup::fill(size_t k, size_t j, const fault::Fault* poison) {
@@ -443,7 +440,7 @@ bool ShardGroup::unshard(size_t k, Why why, const std::string& module) {
   const size_t next = order ? order->needed(k) : UnitOrder::kNone;
   const bool prefetch = why == Why::Backward ? options_.backwardPrefetch : options_.forwardPrefetch;
   if (prefetch && next != UnitOrder::kNone && params_[next] == Params::Free) {
-    if (why == Why::Backward && group_->device().is_cpu()) {
+    if (why == Why::Backward && buffersBackInOrder()) {
       // See Note [Buckets back before the next prefetch]
       if (params_[k] == Params::Gathering) waitUnitGather(k, why);
       finishReducesBefore(k);

@@ -238,8 +238,11 @@ class ShardGroup {
  private:
   void lease(size_t k);
   // See Note [Buckets back before the next prefetch]: finishes the reduce-scatters issued before
-  // unit k's all-gather that are over.
+  // unit k's all-gather (over once it is, on such a communicator).
   void finishReducesBefore(size_t k);
+  // Whether that Note applies: host buffers, given back to the communicator, and collectives run
+  // in issue order (a CPU communicator).
+  bool buffersBackInOrder() const { return group_->device().is_cpu(); }
   // Writes parameter j's gradient into unit k's bucket (leased at the unit's first): fill()'s
   // work, done at once or by fillDeferred().
   void copyIn(size_t k, size_t j, const fault::Fault* poison);
@@ -290,7 +293,7 @@ class ShardGroup {
   uint64_t issued_ = 0;
   std::vector<uint64_t> reduceIssued_;
   std::vector<uint64_t> gatherIssued_;
-  size_t prefetched_ = SIZE_MAX;  // the unit backward prefetched last (UnitOrder::kNone: none)
+  size_t prefetched_ = UnitOrder::kNone;  // the unit backward prefetched last
   // The nan-grad fault of a pass, for a gradient fill() left in .grad: its unit and slot.
   const fault::Fault* deferredPoison_ = nullptr;
   size_t poisonUnit_ = 0;

@@ -110,8 +110,9 @@ struct ZeroOptions {
   std::optional<at::ScalarType> paramDtype;
   // Stages 2 and 3: how many full-size gradient buckets may be waiting for their reduce-scatter
   // before backward waits for the oldest. Stage 3 on the CPU with backwardPrefetch leases one at
-  // a time anyway: the reduce-scatters queued before the prefetched unit's all-gather are over
-  // by the time backward needs that unit (docs/design.md "Sharding").
+  // a time anyway (two for backward's last unit): the reduce-scatters queued before the
+  // prefetched unit's all-gather are over by the time backward needs that unit (docs/design.md
+  // "Sharding").
   int bucketsInFlight = 2;
   // Overlap unit k's all-gather with unit k+1's optimizer step. Off: one unit after the other.
   bool overlapAllgather = true;
